@@ -1,0 +1,89 @@
+#include "common/partition.h"
+
+#include <algorithm>
+#include <numeric>
+
+#include "absl/strings/str_cat.h"
+
+namespace pstrain {
+
+absl::StatusOr<PartitionPlan> PartitionPlan::Create(
+    const std::vector<int64_t>& param_num_elements, int64_t partition_bytes,
+    int num_shards) {
+  if (num_shards <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("num_shards must be > 0, got ", num_shards));
+  }
+  if (partition_bytes < 4 || partition_bytes % 4 != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "partition_bytes must be a positive multiple of 4 bytes, got ",
+        partition_bytes));
+  }
+  if (param_num_elements.empty()) {
+    return absl::InvalidArgumentError("the model has no parameters");
+  }
+  PartitionPlan plan;
+  plan.num_shards_ = num_shards;
+  plan.partition_bytes_ = partition_bytes;
+  plan.param_num_elements_ = param_num_elements;
+  const int64_t chunk_elements = partition_bytes / 4;
+  for (size_t p = 0; p < param_num_elements.size(); ++p) {
+    const int64_t n = param_num_elements[p];
+    if (n <= 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "parameter ", p, " has ", n, " elements; expected > 0"));
+    }
+    plan.first_chunk_.push_back(static_cast<int>(plan.chunks_.size()));
+    int32_t index = 0;
+    for (int64_t offset = 0; offset < n; offset += chunk_elements) {
+      ChunkSpec c;
+      c.param_id = static_cast<int32_t>(p);
+      c.chunk_index = index++;
+      c.offset = offset;
+      c.num_elements = std::min(chunk_elements, n - offset);
+      plan.chunks_.push_back(c);
+    }
+  }
+  // Greedy balancing: largest chunk first onto the least loaded shard.
+  std::vector<int> order(plan.chunks_.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](int a, int b) {
+    return plan.chunks_[a].num_elements > plan.chunks_[b].num_elements;
+  });
+  std::vector<int64_t> load(num_shards, 0);
+  for (int i : order) {
+    const int shard = static_cast<int>(
+        std::min_element(load.begin(), load.end()) - load.begin());
+    plan.chunks_[i].shard = shard;
+    load[shard] += plan.chunks_[i].num_elements;
+  }
+  return plan;
+}
+
+std::vector<ChunkSpec> PartitionPlan::ChunksOfShard(int shard) const {
+  std::vector<ChunkSpec> out;
+  for (const ChunkSpec& c : chunks_) {
+    if (c.shard == shard) out.push_back(c);
+  }
+  return out;
+}
+
+int PartitionPlan::FindChunk(int32_t param_id, int32_t chunk_index) const {
+  if (param_id < 0 || param_id >= static_cast<int32_t>(first_chunk_.size())) {
+    return -1;
+  }
+  const int i = first_chunk_[param_id] + chunk_index;
+  if (chunk_index < 0 || i >= static_cast<int>(chunks_.size()) ||
+      chunks_[i].param_id != param_id) {
+    return -1;
+  }
+  return i;
+}
+
+std::vector<int64_t> PartitionPlan::BytesPerShard() const {
+  std::vector<int64_t> bytes(num_shards_, 0);
+  for (const ChunkSpec& c : chunks_) bytes[c.shard] += c.num_elements * 4;
+  return bytes;
+}
+
+}  // namespace pstrain

@@ -1,0 +1,72 @@
+// The partition plan: how the model's parameter tensors are cut into chunks
+// and which parameter-server shard owns each chunk.
+//
+// Every process derives the same plan from the model's ordered list of
+// parameter sizes, the chunk size bound and the number of shards, with no
+// lookup (as BytePS does, Jiang et al., OSDI 2020): each tensor is cut into
+// chunks of at most `partition_bytes` bytes (the last chunk of a tensor may
+// be smaller), then chunks are assigned, largest first, to the shard holding
+// the fewest bytes so far (ties to the lower shard index, so the result is
+// deterministic). A chunk is keyed by (param_id, chunk_index).
+//
+// Thread-safety: immutable after Create(); const methods may be called from
+// any thread.
+#ifndef PSTRAIN_COMMON_PARTITION_H_
+#define PSTRAIN_COMMON_PARTITION_H_
+
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace pstrain {
+
+struct ChunkSpec {
+  int32_t param_id = 0;
+  int32_t chunk_index = 0;
+  // Offset of the chunk's first element in its tensor, in elements.
+  int64_t offset = 0;
+  // Number of fp32 elements in the chunk.
+  int64_t num_elements = 0;
+  // Index of the shard that owns the chunk.
+  int32_t shard = 0;
+};
+
+class PartitionPlan {
+ public:
+  // Default chunk bound: 4 MiB, as in BytePS.
+  static constexpr int64_t kDefaultPartitionBytes = 4 << 20;
+
+  // `param_num_elements`: element count of each parameter tensor (fp32), in
+  // model order; each must be > 0. `partition_bytes` must be a positive
+  // multiple of 4 bytes (one fp32). Returns INVALID_ARGUMENT otherwise.
+  static absl::StatusOr<PartitionPlan> Create(
+      const std::vector<int64_t>& param_num_elements, int64_t partition_bytes,
+      int num_shards);
+
+  int num_shards() const { return num_shards_; }
+  int64_t partition_bytes() const { return partition_bytes_; }
+  const std::vector<int64_t>& param_num_elements() const {
+    return param_num_elements_;
+  }
+  // Every chunk, ordered by (param_id, chunk_index).
+  const std::vector<ChunkSpec>& chunks() const { return chunks_; }
+  // The chunks owned by `shard`, ordered by (param_id, chunk_index).
+  std::vector<ChunkSpec> ChunksOfShard(int shard) const;
+  // Index into chunks() of (param_id, chunk_index), or -1 if there is none.
+  int FindChunk(int32_t param_id, int32_t chunk_index) const;
+  // Bytes owned by each shard.
+  std::vector<int64_t> BytesPerShard() const;
+
+ private:
+  int num_shards_ = 0;
+  int64_t partition_bytes_ = 0;
+  std::vector<int64_t> param_num_elements_;
+  std::vector<ChunkSpec> chunks_;
+  // first_chunk_[p] = index in chunks_ of (p, 0).
+  std::vector<int> first_chunk_;
+};
+
+}  // namespace pstrain
+
+#endif  // PSTRAIN_COMMON_PARTITION_H_
