@@ -1,0 +1,47 @@
+#include "common/flags_util.h"
+
+#include <cerrno>
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+#include "common/status.h"
+
+namespace pstrain {
+
+absl::Status WriteFileAtomically(const std::string& path,
+                                 absl::string_view contents) {
+  const std::string tmp = absl::StrCat(path, ".tmp");
+  FILE* f = std::fopen(tmp.c_str(), "wb");
+  if (f == nullptr) return ErrnoToStatus(errno, tmp);
+  const size_t written = std::fwrite(contents.data(), 1, contents.size(), f);
+  const int close_result = std::fclose(f);
+  if (written != contents.size() || close_result != 0) {
+    std::remove(tmp.c_str());
+    return absl::InternalError(absl::StrCat("short write to ", tmp));
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    const int error = errno;
+    std::remove(tmp.c_str());
+    return ErrnoToStatus(error, path);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ReadFile(const std::string& path, std::string* contents) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return ErrnoToStatus(errno, path);
+  std::ostringstream buffer;
+  buffer << in.rdbuf();
+  *contents = buffer.str();
+  return absl::OkStatus();
+}
+
+void PrintError(absl::string_view program, absl::string_view message) {
+  std::fprintf(stderr, "%s: error: %s\n", std::string(program).c_str(),
+               std::string(message).c_str());
+  std::fflush(stderr);
+}
+
+}  // namespace pstrain

@@ -1,0 +1,39 @@
+// Adam and AdamW updates for the parameter server's fp32 master weights.
+//
+// Formula: Kingma & Ba, "Adam: A Method for Stochastic Optimization", ICLR
+// 2015, Algorithm 1, with bias correction, computed in the same order as
+// PyTorch 1.13's `torch.optim.Adam` (single-tensor path):
+//   m = beta1 * m + (1 - beta1) * g
+//   v = beta2 * v + (1 - beta2) * g * g
+//   w = w - (lr / (1 - beta1^t)) * m / (sqrt(v) / sqrt(1 - beta2^t) + eps)
+// With weight_decay > 0 the decay is decoupled (AdamW, Loshchilov & Hutter,
+// "Decoupled Weight Decay Regularization", ICLR 2019), applied first as in
+// `torch.optim.AdamW`: w = w * (1 - lr * weight_decay).
+//
+// The update reads w, g, m, v and writes w, m, v: it is memory-bound, written
+// as one pass the compiler vectorises.
+#ifndef PSTRAIN_SERVER_ADAM_H_
+#define PSTRAIN_SERVER_ADAM_H_
+
+#include <cstdint>
+
+namespace pstrain {
+
+struct AdamOptions {
+  float lr = 1e-3f;
+  float beta1 = 0.9f;
+  float beta2 = 0.999f;
+  float epsilon = 1e-8f;
+  // Decoupled weight decay (AdamW); 0 gives plain Adam.
+  float weight_decay = 0.0f;
+};
+
+// Applies update number `step` (1-based: the first update is step 1) to `n`
+// elements. `w`, `m`, `v` are updated in place; `g` is read. The arrays must
+// not overlap. Thread-compatible: callers serialise updates of one tensor.
+void AdamUpdate(const AdamOptions& options, int64_t step, float* w,
+                const float* g, float* m, float* v, int64_t n);
+
+}  // namespace pstrain
+
+#endif  // PSTRAIN_SERVER_ADAM_H_

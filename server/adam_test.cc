@@ -1,0 +1,86 @@
+// Adam and AdamW against fixed vectors from PyTorch 1.13's torch.optim.Adam
+// and torch.optim.AdamW (testdata/gen_adam_fixture.py).
+#include "server/adam.h"
+
+#include <cmath>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+
+namespace pstrain {
+namespace {
+
+std::vector<float> ReadFloats(std::istringstream& in) {
+  std::vector<float> out;
+  double x;
+  while (in >> x) out.push_back(static_cast<float>(x));
+  return out;
+}
+
+TEST(AdamTest, MatchesPyTorchAdamAndAdamW) {
+  std::ifstream file("testdata/adam_fixture.txt");
+  ASSERT_TRUE(file) << "missing testdata/adam_fixture.txt";
+  std::string line;
+  int cases = 0;
+  int checked_steps = 0;
+  AdamOptions options;
+  std::vector<float> w, m, v, g;
+  std::string name;
+  while (std::getline(file, line)) {
+    std::istringstream in(line);
+    std::string tag;
+    in >> tag;
+    if (tag == "case") {
+      int n, steps;
+      double lr, b1, b2, eps, wd;
+      in >> name >> lr >> b1 >> b2 >> eps >> wd >> n >> steps;
+      options = AdamOptions{static_cast<float>(lr), static_cast<float>(b1),
+                            static_cast<float>(b2), static_cast<float>(eps),
+                            static_cast<float>(wd)};
+      ++cases;
+    } else if (tag == "w0") {
+      w = ReadFloats(in);
+      m.assign(w.size(), 0.0f);
+      v.assign(w.size(), 0.0f);
+    } else if (tag == "g") {
+      int step;
+      in >> step;
+      g = ReadFloats(in);
+      ASSERT_EQ(g.size(), w.size());
+      AdamUpdate(options, step, w.data(), g.data(), m.data(), v.data(),
+                 static_cast<int64_t>(w.size()));
+    } else if (tag == "w") {
+      int step;
+      in >> step;
+      const std::vector<float> expected = ReadFloats(in);
+      ASSERT_EQ(expected.size(), w.size());
+      for (size_t i = 0; i < w.size(); ++i) {
+        EXPECT_NEAR(w[i], expected[i], 2e-6f * (1.0f + std::fabs(expected[i])))
+            << name << " step " << step << " element " << i;
+      }
+      ++checked_steps;
+    }
+  }
+  EXPECT_EQ(cases, 4);
+  EXPECT_EQ(checked_steps, 20);
+}
+
+TEST(AdamTest, FirstStepMovesEachWeightByLr) {
+  // With bias correction, step 1 gives m_hat = g, v_hat = g^2, so each weight
+  // moves by lr * g / (|g| + eps) ~= lr * sign(g).
+  AdamOptions options;
+  options.lr = 0.01f;
+  std::vector<float> w = {1.0f, -2.0f, 3.0f};
+  std::vector<float> g = {0.5f, -4.0f, 1e-3f};
+  std::vector<float> m(3, 0.0f), v(3, 0.0f);
+  AdamUpdate(options, 1, w.data(), g.data(), m.data(), v.data(), 3);
+  EXPECT_NEAR(w[0], 0.99f, 1e-6f);
+  EXPECT_NEAR(w[1], -1.99f, 1e-6f);
+  EXPECT_NEAR(w[2], 2.99f, 1e-5f);
+}
+
+}  // namespace
+}  // namespace pstrain

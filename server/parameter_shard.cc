@@ -1,0 +1,221 @@
+#include "server/parameter_shard.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace pstrain {
+
+ParameterShard::ParameterShard(const ShardOptions& options)
+    : options_(options) {}
+
+absl::Status ParameterShard::CheckWorker(const std::string& job_id,
+                                         int worker_id) const {
+  if (job_id != options_.job_id) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "job id \"", job_id, "\" does not match this shard's job \"",
+        options_.job_id, "\""));
+  }
+  if (worker_id < 0 || worker_id >= options_.num_workers) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("worker id ", worker_id, " is outside the job's [0, ",
+                     options_.num_workers, ")"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ParameterShard::Initialize(
+    const std::vector<int64_t>& param_num_elements, int64_t partition_bytes,
+    std::vector<InitChunk> chunks) {
+  absl::MutexLock lock(&init_mu_);
+  if (initialized_.load()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("shard ", options_.shard_index, " is already initialised"));
+  }
+  absl::StatusOr<PartitionPlan> plan = PartitionPlan::Create(
+      param_num_elements, partition_bytes, options_.num_shards);
+  if (!plan.ok()) return plan.status();
+
+  std::vector<int> local_index(plan->chunks().size(), -1);
+  std::vector<std::unique_ptr<ChunkState>> states;
+  for (size_t i = 0; i < plan->chunks().size(); ++i) {
+    const ChunkSpec& spec = plan->chunks()[i];
+    if (spec.shard != options_.shard_index) continue;
+    local_index[i] = static_cast<int>(states.size());
+    auto state = std::make_unique<ChunkState>();
+    state->spec = spec;
+    states.push_back(std::move(state));
+  }
+  if (chunks.size() != states.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("init sent ", chunks.size(), " chunks; shard ",
+                     options_.shard_index, " owns ", states.size()));
+  }
+  for (InitChunk& c : chunks) {
+    const int global = plan->FindChunk(c.param_id, c.chunk_index);
+    if (global < 0 || local_index[global] < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("init chunk (", c.param_id, ", ", c.chunk_index,
+                       ") is not owned by shard ", options_.shard_index));
+    }
+    ChunkState& state = *states[local_index[global]];
+    absl::MutexLock chunk_lock(&state.mu);
+    if (!state.weights.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "init chunk (", c.param_id, ", ", c.chunk_index, ") sent twice"));
+    }
+    if (static_cast<int64_t>(c.values.size()) != state.spec.num_elements) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "init chunk (", c.param_id, ", ", c.chunk_index, ") has ",
+          c.values.size(), " elements; expected ", state.spec.num_elements));
+    }
+    const size_t n = c.values.size();
+    state.weights = std::move(c.values);
+    state.m.assign(n, 0.0f);
+    state.v.assign(n, 0.0f);
+    state.pending.resize(options_.num_workers);
+    state.has_pending.assign(options_.num_workers, false);
+  }
+  plan_ = std::make_unique<PartitionPlan>(*std::move(plan));
+  chunks_ = std::move(states);
+  local_index_ = std::move(local_index);
+  initialized_.store(true);
+  return absl::OkStatus();
+}
+
+absl::Status ParameterShard::WaitReady(absl::Time deadline) const {
+  absl::MutexLock lock(&init_mu_);
+  auto ready = [this]() { return initialized_.load(); };
+  // initialized_ only changes under init_mu_, so the condition is re-checked
+  // whenever the mutex is released.
+  if (!init_mu_.AwaitWithDeadline(absl::Condition(&ready), deadline)) {
+    return absl::DeadlineExceededError(absl::StrCat(
+        "shard ", options_.shard_index,
+        " was not initialised by worker 0 before the deadline"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ParameterShard::Push(int worker_id, int32_t param_id,
+                                  int32_t chunk_index, int64_t step,
+                                  absl::Span<const float> gradient) {
+  if (!initialized_.load()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "push to shard ", options_.shard_index, " before it was initialised"));
+  }
+  if (worker_id < 0 || worker_id >= options_.num_workers) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("worker id ", worker_id, " is outside the job's [0, ",
+                     options_.num_workers, ")"));
+  }
+  const int global = plan_->FindChunk(param_id, chunk_index);
+  if (global < 0 || local_index_[global] < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("chunk (", param_id, ", ", chunk_index,
+                     ") is not owned by shard ", options_.shard_index));
+  }
+  ChunkState& chunk = *chunks_[local_index_[global]];
+  if (static_cast<int64_t>(gradient.size()) != chunk.spec.num_elements) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "chunk (", param_id, ", ", chunk_index, ") push has ", gradient.size(),
+        " elements; expected ", chunk.spec.num_elements));
+  }
+  absl::MutexLock lock(&chunk.mu);
+  pushes_.fetch_add(1, std::memory_order_relaxed);
+  if (options_.mode == SyncMode::kAsync) {
+    ApplyLocked(chunk, gradient.data());
+    return absl::OkStatus();
+  }
+  if (step != chunk.version) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "push of chunk (", param_id, ", ", chunk_index, ") for step ", step,
+        " but the chunk is at version ", chunk.version));
+  }
+  if (chunk.has_pending[worker_id]) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("worker ", worker_id, " pushed chunk (", param_id, ", ",
+                     chunk_index, ") of step ", step, " twice"));
+  }
+  chunk.pending[worker_id].assign(gradient.begin(), gradient.end());
+  chunk.has_pending[worker_id] = true;
+  if (++chunk.num_pending < options_.num_workers) return absl::OkStatus();
+
+  // Barrier reached: average in worker-id order, then one Adam update.
+  const int64_t n = chunk.spec.num_elements;
+  chunk.sum.assign(chunk.pending[0].begin(), chunk.pending[0].end());
+  float* sum = chunk.sum.data();
+  for (int w = 1; w < options_.num_workers; ++w) {
+    const float* g = chunk.pending[w].data();
+    for (int64_t i = 0; i < n; ++i) sum[i] += g[i];
+  }
+  if (options_.num_workers > 1) {
+    const float scale = 1.0f / static_cast<float>(options_.num_workers);
+    for (int64_t i = 0; i < n; ++i) sum[i] *= scale;
+  }
+  ApplyLocked(chunk, sum);
+  std::fill(chunk.has_pending.begin(), chunk.has_pending.end(), false);
+  chunk.num_pending = 0;
+  return absl::OkStatus();
+}
+
+void ParameterShard::ApplyLocked(ChunkState& chunk, const float* gradient) {
+  ++chunk.version;
+  AdamUpdate(options_.adam, chunk.version, chunk.weights.data(), gradient,
+             chunk.m.data(), chunk.v.data(), chunk.spec.num_elements);
+}
+
+absl::Status ParameterShard::Pull(int64_t min_version, int64_t samples,
+                                  absl::Time deadline,
+                                  const PullVisitor& visit) {
+  if (!initialized_.load()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "pull from shard ", options_.shard_index, " before it was initialised"));
+  }
+  samples_.fetch_add(samples, std::memory_order_relaxed);
+  pulls_.fetch_add(1, std::memory_order_relaxed);
+  for (const std::unique_ptr<ChunkState>& state : chunks_) {
+    ChunkState& chunk = *state;
+    auto ready = [&chunk, min_version]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+      return chunk.version >= min_version;
+    };
+    if (!chunk.mu.LockWhenWithDeadline(absl::Condition(&ready), deadline)) {
+      std::vector<int> missing;
+      for (int w = 0; w < options_.num_workers; ++w) {
+        if (!chunk.has_pending[w]) missing.push_back(w);
+      }
+      const int64_t version = chunk.version;
+      chunk.mu.Unlock();
+      return absl::DeadlineExceededError(absl::StrCat(
+          "pull of version ", min_version, " from shard ",
+          options_.shard_index, " timed out at chunk (", chunk.spec.param_id,
+          ", ", chunk.spec.chunk_index, "), still at version ", version,
+          "; no push yet from worker(s) ", absl::StrJoin(missing, ",")));
+    }
+    visit(chunk.spec, chunk.version,
+          absl::MakeConstSpan(chunk.weights.data(), chunk.weights.size()));
+    chunk.mu.Unlock();
+  }
+  return absl::OkStatus();
+}
+
+ShardStats ParameterShard::Stats() const {
+  ShardStats stats;
+  stats.samples = samples_.load();
+  stats.pushes = pushes_.load();
+  stats.pulls = pulls_.load();
+  if (initialized_.load()) {
+    int64_t min_version = -1;
+    for (const std::unique_ptr<ChunkState>& chunk : chunks_) {
+      absl::MutexLock lock(&chunk->mu);
+      if (min_version < 0 || chunk->version < min_version) {
+        min_version = chunk->version;
+      }
+    }
+    stats.min_version = std::max<int64_t>(min_version, 0);
+  }
+  return stats;
+}
+
+}  // namespace pstrain

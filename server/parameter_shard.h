@@ -1,0 +1,155 @@
+// ParameterShard: one shard of the parameter server, without any networking.
+//
+// It holds, for every chunk the partition plan gives this shard, the fp32
+// master weights, the Adam state (m, v, step count) and the chunk's version
+// (the number of updates applied). It aggregates pushed gradients and applies
+// Adam:
+//  - sync mode: a chunk's gradients of step v from all `num_workers` workers
+//    are kept apart, then summed in worker-id order (so the result does not
+//    depend on arrival order), divided by num_workers, and Adam is applied
+//    once; the chunk becomes version v+1 and pulls waiting for it wake up.
+//  - async mode: every push is applied at once and bumps the version.
+//
+// The gRPC service (ps_service.h) only converts messages and statuses.
+//
+// Errors, and what they leave behind (nothing, in every case):
+//  - INVALID_ARGUMENT: wrong job id, worker id outside [0, num_workers),
+//    unknown chunk key, wrong element count or dtype, a second push of the
+//    same chunk and step by the same worker, a layout that does not match.
+//  - FAILED_PRECONDITION: push or pull before Initialize(); a sync push for a
+//    step other than the chunk's current version; a second Initialize().
+//  - DEADLINE_EXCEEDED: Pull() or WaitReady() past their deadline.
+//
+// Thread-safety: all methods may be called concurrently. Each chunk has its
+// own mutex, so chunks aggregate and update in parallel.
+#ifndef PSTRAIN_SERVER_PARAMETER_SHARD_H_
+#define PSTRAIN_SERVER_PARAMETER_SHARD_H_
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+#include "common/partition.h"
+#include "server/adam.h"
+
+namespace pstrain {
+
+enum class SyncMode { kSync, kAsync };
+
+struct ShardOptions {
+  std::string job_id = "local";
+  int shard_index = 0;
+  int num_shards = 1;
+  int num_workers = 1;
+  SyncMode mode = SyncMode::kSync;
+  AdamOptions adam;
+};
+
+// Initial values of one chunk, as sent by worker 0.
+struct InitChunk {
+  int32_t param_id = 0;
+  int32_t chunk_index = 0;
+  std::vector<float> values;
+};
+
+struct ShardStats {
+  int64_t samples = 0;
+  int64_t min_version = 0;
+  int64_t pushes = 0;
+  int64_t pulls = 0;
+};
+
+class ParameterShard {
+ public:
+  explicit ParameterShard(const ShardOptions& options);
+  ParameterShard(const ParameterShard&) = delete;
+  ParameterShard& operator=(const ParameterShard&) = delete;
+
+  const ShardOptions& options() const { return options_; }
+
+  // INVALID_ARGUMENT unless `job_id` is this job's and 0 <= worker_id <
+  // num_workers.
+  absl::Status CheckWorker(const std::string& job_id, int worker_id) const;
+
+  // Derives the partition plan from the model layout and installs the
+  // initial weights of every chunk this shard owns (all of them, each once).
+  // All or nothing: on error the shard stays uninitialised.
+  absl::Status Initialize(const std::vector<int64_t>& param_num_elements,
+                          int64_t partition_bytes,
+                          std::vector<InitChunk> chunks);
+
+  bool initialized() const { return initialized_.load(); }
+
+  // Blocks until Initialize() succeeded or `deadline` passes.
+  absl::Status WaitReady(absl::Time deadline) const;
+
+  // The layout given to Initialize(); only valid once initialized().
+  const PartitionPlan& plan() const { return *plan_; }
+
+  // Pushes worker `worker_id`'s gradient of chunk (param_id, chunk_index)
+  // for step `step` (the weights version the gradient was computed on).
+  // `gradient` must have the chunk's element count.
+  absl::Status Push(int worker_id, int32_t param_id, int32_t chunk_index,
+                    int64_t step, absl::Span<const float> gradient);
+
+  // Called once per chunk of this shard, in plan order, with the chunk's
+  // weights at a version >= min_version. The span is valid only during the
+  // call (the chunk's lock is held).
+  using PullVisitor = std::function<void(const ChunkSpec& chunk,
+                                         int64_t version,
+                                         absl::Span<const float> weights)>;
+  // Waits, chunk by chunk, for version >= min_version (min_version 0: the
+  // newest) and hands each chunk to `visit` as soon as it is ready, so the
+  // first chunks can be sent while later ones are still aggregating.
+  // `samples` (training samples of the worker's last step) is added to the
+  // shard's throughput counter.
+  absl::Status Pull(int64_t min_version, int64_t samples, absl::Time deadline,
+                    const PullVisitor& visit);
+
+  ShardStats Stats() const;
+
+ private:
+  struct ChunkState {
+    ChunkSpec spec;
+    mutable absl::Mutex mu;
+    std::vector<float> weights ABSL_GUARDED_BY(mu);
+    std::vector<float> m ABSL_GUARDED_BY(mu);
+    std::vector<float> v ABSL_GUARDED_BY(mu);
+    int64_t version ABSL_GUARDED_BY(mu) = 0;
+    // Sync mode: one gradient slot per worker for the current step.
+    std::vector<std::vector<float>> pending ABSL_GUARDED_BY(mu);
+    std::vector<bool> has_pending ABSL_GUARDED_BY(mu);
+    int num_pending ABSL_GUARDED_BY(mu) = 0;
+    std::vector<float> sum ABSL_GUARDED_BY(mu);
+  };
+
+  void ApplyLocked(ChunkState& chunk, const float* gradient)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk.mu);
+
+  const ShardOptions options_;
+
+  mutable absl::Mutex init_mu_;
+  std::atomic<bool> initialized_{false};
+  // Set once by Initialize() before initialized_ becomes true; immutable
+  // afterwards.
+  std::unique_ptr<PartitionPlan> plan_;
+  std::vector<std::unique_ptr<ChunkState>> chunks_;
+  // Index into chunks_ by the plan's global chunk index; -1: not ours.
+  std::vector<int> local_index_;
+
+  std::atomic<int64_t> samples_{0};
+  std::atomic<int64_t> pushes_{0};
+  std::atomic<int64_t> pulls_{0};
+};
+
+}  // namespace pstrain
+
+#endif  // PSTRAIN_SERVER_PARAMETER_SHARD_H_

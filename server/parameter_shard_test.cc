@@ -1,0 +1,158 @@
+#include "server/parameter_shard.h"
+
+#include <thread>
+#include <vector>
+
+#include "absl/time/clock.h"
+#include "gtest/gtest.h"
+
+namespace pstrain {
+namespace {
+
+// One parameter of 6 elements, one of 2, in 16-byte chunks on 1 shard:
+// chunks (0,0) of 4, (0,1) of 2, (1,0) of 2.
+ShardOptions Options(int num_workers, SyncMode mode) {
+  ShardOptions options;
+  options.job_id = "job";
+  options.num_workers = num_workers;
+  options.mode = mode;
+  options.adam.lr = 0.1f;
+  return options;
+}
+
+std::vector<InitChunk> InitChunks() {
+  return {{0, 0, {1, 2, 3, 4}}, {0, 1, {5, 6}}, {1, 0, {7, 8}}};
+}
+
+std::vector<std::vector<float>> PullAll(ParameterShard& shard,
+                                        int64_t min_version,
+                                        absl::Status* status = nullptr) {
+  std::vector<std::vector<float>> out;
+  absl::Status s = shard.Pull(
+      min_version, 0, absl::Now() + absl::Seconds(5),
+      [&](const ChunkSpec&, int64_t, absl::Span<const float> w) {
+        out.emplace_back(w.begin(), w.end());
+      });
+  if (status != nullptr) *status = s;
+  return out;
+}
+
+TEST(ParameterShardTest, RejectsPushAndPullBeforeInit) {
+  ParameterShard shard(Options(1, SyncMode::kSync));
+  const std::vector<float> g = {1, 1, 1, 1};
+  absl::Status status = shard.Push(0, 0, 0, 0, g);
+  EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(status.message(), "push to shard 0 before it was initialised");
+  PullAll(shard, 0, &status);
+  EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(shard.WaitReady(absl::Now() + absl::Milliseconds(10)).code(),
+            absl::StatusCode::kDeadlineExceeded);
+}
+
+TEST(ParameterShardTest, BadPushesGetInvalidArgumentAndChangeNothing) {
+  ParameterShard shard(Options(2, SyncMode::kSync));
+  ASSERT_TRUE(shard.Initialize({6, 2}, 16, InitChunks()).ok());
+  const std::vector<float> four = {1, 1, 1, 1};
+  absl::Status status = shard.Push(0, 3, 0, 0, four);
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(status.message(), "chunk (3, 0) is not owned by shard 0");
+  status = shard.Push(0, 0, 1, 0, four);
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(status.message(),
+            "chunk (0, 1) push has 4 elements; expected 2");
+  status = shard.Push(2, 0, 0, 0, four);
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(status.message(), "worker id 2 is outside the job's [0, 2)");
+  EXPECT_EQ(shard.CheckWorker("other", 0).message(),
+            "job id \"other\" does not match this shard's job \"job\"");
+  // A push for a step other than the current version.
+  status = shard.Push(0, 0, 0, 5, four);
+  EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition);
+  // Twice the same push: the second is refused, the first stays pending.
+  ASSERT_TRUE(shard.Push(0, 0, 0, 0, four).ok());
+  status = shard.Push(0, 0, 0, 0, four);
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  // Nothing was applied: version 0, weights as initialised.
+  const auto weights = PullAll(shard, 0);
+  ASSERT_EQ(weights.size(), 3u);
+  EXPECT_EQ(weights[0], (std::vector<float>{1, 2, 3, 4}));
+  EXPECT_EQ(weights[1], (std::vector<float>{5, 6}));
+  EXPECT_EQ(shard.Stats().min_version, 0);
+}
+
+TEST(ParameterShardTest, InitIsAllOrNothing) {
+  ParameterShard shard(Options(1, SyncMode::kSync));
+  std::vector<InitChunk> chunks = InitChunks();
+  chunks[2].values = {1, 2, 3};
+  absl::Status status = shard.Initialize({6, 2}, 16, chunks);
+  EXPECT_EQ(status.message(),
+            "init chunk (1, 0) has 3 elements; expected 2");
+  EXPECT_FALSE(shard.initialized());
+  chunks = InitChunks();
+  chunks.pop_back();
+  EXPECT_EQ(shard.Initialize({6, 2}, 16, chunks).message(),
+            "init sent 2 chunks; shard 0 owns 3");
+  EXPECT_FALSE(shard.initialized());
+  ASSERT_TRUE(shard.Initialize({6, 2}, 16, InitChunks()).ok());
+  EXPECT_EQ(shard.Initialize({6, 2}, 16, InitChunks()).code(),
+            absl::StatusCode::kFailedPrecondition);
+}
+
+TEST(ParameterShardTest, SyncAveragesWorkersThenAppliesAdamOnce) {
+  ParameterShard shard(Options(2, SyncMode::kSync));
+  ASSERT_TRUE(shard.Initialize({6, 2}, 16, InitChunks()).ok());
+  // Worker 0 pushes +3, worker 1 pushes -1: the mean is +1, so Adam's first
+  // step moves every weight by -lr (0.1).
+  for (int w = 0; w < 2; ++w) {
+    const float value = w == 0 ? 3.0f : -1.0f;
+    ASSERT_TRUE(shard.Push(w, 0, 0, 0, std::vector<float>(4, value)).ok());
+    ASSERT_TRUE(shard.Push(w, 0, 1, 0, std::vector<float>(2, value)).ok());
+    if (w == 0) {
+      // Half the workers pushed: nothing is applied yet, the pull for
+      // version 1 times out naming worker 1.
+      absl::Status status = shard.Pull(
+          1, 0, absl::Now() + absl::Milliseconds(20),
+          [](const ChunkSpec&, int64_t, absl::Span<const float>) {});
+      EXPECT_EQ(status.code(), absl::StatusCode::kDeadlineExceeded);
+      EXPECT_NE(status.message().find("no push yet from worker(s) 1"),
+                std::string::npos)
+          << status.message();
+    }
+    ASSERT_TRUE(shard.Push(w, 1, 0, 0, std::vector<float>(2, value)).ok());
+  }
+  const auto weights = PullAll(shard, 1);
+  ASSERT_EQ(weights.size(), 3u);
+  EXPECT_NEAR(weights[0][0], 0.9f, 1e-6f);
+  EXPECT_NEAR(weights[0][3], 3.9f, 1e-6f);
+  EXPECT_NEAR(weights[2][1], 7.9f, 1e-6f);
+  EXPECT_EQ(shard.Stats().min_version, 1);
+}
+
+TEST(ParameterShardTest, PullWaitsForBarrierFromAnotherThread) {
+  ParameterShard shard(Options(2, SyncMode::kSync));
+  ASSERT_TRUE(shard.Initialize({6, 2}, 16, InitChunks()).ok());
+  std::vector<std::vector<float>> pulled;
+  std::thread puller([&] { pulled = PullAll(shard, 1); });
+  for (int w = 0; w < 2; ++w) {
+    ASSERT_TRUE(shard.Push(w, 0, 0, 0, std::vector<float>(4, 1.0f)).ok());
+    ASSERT_TRUE(shard.Push(w, 0, 1, 0, std::vector<float>(2, 1.0f)).ok());
+    ASSERT_TRUE(shard.Push(w, 1, 0, 0, std::vector<float>(2, 1.0f)).ok());
+  }
+  puller.join();
+  ASSERT_EQ(pulled.size(), 3u);
+  EXPECT_NEAR(pulled[1][0], 4.9f, 1e-6f);
+}
+
+TEST(ParameterShardTest, AsyncAppliesEveryPush) {
+  ParameterShard shard(Options(2, SyncMode::kAsync));
+  ASSERT_TRUE(shard.Initialize({6, 2}, 16, InitChunks()).ok());
+  ASSERT_TRUE(shard.Push(1, 1, 0, 0, std::vector<float>(2, 1.0f)).ok());
+  ASSERT_TRUE(shard.Push(0, 1, 0, 0, std::vector<float>(2, 1.0f)).ok());
+  const auto weights = PullAll(shard, 0);
+  // Two Adam steps with the same gradient: each moves by lr.
+  EXPECT_NEAR(weights[2][0], 6.8f, 1e-5f);
+  EXPECT_EQ(weights[0], (std::vector<float>{1, 2, 3, 4}));
+}
+
+}  // namespace
+}  // namespace pstrain

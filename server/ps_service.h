@@ -1,0 +1,72 @@
+// The gRPC face of one ParameterShard: converts messages and statuses, and
+// nothing else. See proto/ps.proto for the protocol.
+//
+// Thread-safety: gRPC calls the handlers from its own threads concurrently;
+// all state lives in the thread-safe ParameterShard.
+#ifndef PSTRAIN_SERVER_PS_SERVICE_H_
+#define PSTRAIN_SERVER_PS_SERVICE_H_
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/synchronization/notification.h"
+#include "absl/time/time.h"
+#include "proto/ps.grpc.pb.h"
+#include "server/parameter_shard.h"
+
+namespace pstrain {
+
+// gRPC channel/server arguments pstrain sets on purpose rather than leaving
+// gRPC's defaults: message size limits (a chunk is at most a few MiB, but
+// --partition_bytes may be raised) and keepalive, so a dead peer breaks a
+// long-lived stream within seconds instead of never.
+constexpr int kMaxMessageBytes = 256 << 20;
+constexpr int kKeepaliveTimeMs = 10000;
+constexpr int kKeepaliveTimeoutMs = 10000;
+
+class PsService final : public ParameterServer::Service {
+ public:
+  // `pull_timeout`: how long a pull may wait for a version (sync mode: for
+  // the slowest worker) before it fails with DEADLINE_EXCEEDED.
+  PsService(ParameterShard* shard, absl::Duration pull_timeout);
+
+  grpc::Status Init(grpc::ServerContext* context,
+                    grpc::ServerReader<InitRequest>* reader,
+                    InitResponse* response) override;
+  grpc::Status WaitReady(grpc::ServerContext* context,
+                         const WaitReadyRequest* request,
+                         WaitReadyResponse* response) override;
+  grpc::Status PushPull(
+      grpc::ServerContext* context,
+      grpc::ServerReaderWriter<PushPullResponse, PushPullRequest>* stream)
+      override;
+  grpc::Status Stats(grpc::ServerContext* context,
+                     const StatsRequest* request,
+                     StatsResponse* response) override;
+  grpc::Status WorkerDone(grpc::ServerContext* context,
+                          const WorkerDoneRequest* request,
+                          WorkerDoneResponse* response) override;
+
+  // Notified when every worker of the job has called WorkerDone.
+  absl::Notification& all_workers_done() { return all_workers_done_; }
+  // Time of the last request, for the idle timeout.
+  absl::Time last_request_time() const;
+
+ private:
+  void Touch();
+
+  ParameterShard* const shard_;
+  const absl::Duration pull_timeout_;
+  std::atomic<int64_t> bytes_received_{0};
+  std::atomic<int64_t> bytes_sent_{0};
+  std::atomic<int64_t> last_request_unix_ms_;
+  absl::Mutex done_mu_;
+  std::vector<bool> done_ ABSL_GUARDED_BY(done_mu_);
+  absl::Notification all_workers_done_;
+};
+
+}  // namespace pstrain
+
+#endif  // PSTRAIN_SERVER_PS_SERVICE_H_
