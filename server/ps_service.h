@@ -13,18 +13,11 @@
 
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
+#include "common/rpc_options.h"
 #include "proto/ps.grpc.pb.h"
 #include "server/parameter_shard.h"
 
 namespace pstrain {
-
-// gRPC channel/server arguments pstrain sets on purpose rather than leaving
-// gRPC's defaults: message size limits (a chunk is at most a few MiB, but
-// --partition_bytes may be raised) and keepalive, so a dead peer breaks a
-// long-lived stream within seconds instead of never.
-constexpr int kMaxMessageBytes = 256 << 20;
-constexpr int kKeepaliveTimeMs = 10000;
-constexpr int kKeepaliveTimeoutMs = 10000;
 
 class PsService final : public ParameterServer::Service {
  public:

@@ -1,0 +1,253 @@
+#include "worker/ps_client.h"
+
+#include <algorithm>
+#include <thread>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/status.h"
+#include "common/tensor_codec.h"
+#include "common/rpc_options.h"
+
+namespace pstrain {
+namespace {
+
+void SetDeadline(grpc::ClientContext* context, absl::Duration timeout) {
+  context->set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+}
+
+}  // namespace
+
+grpc::ChannelArguments PsChannelArguments() {
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(kMaxMessageBytes);
+  args.SetMaxSendMessageSize(kMaxMessageBytes);
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, kKeepaliveTimeMs);
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, kKeepaliveTimeoutMs);
+  args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  // Each worker's channel to a shard is its own TCP connection.
+  args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+  return args;
+}
+
+PsClient::PsClient(const PsClientOptions& options, const PartitionPlan& plan)
+    : options_(options), plan_(plan) {}
+
+PsClient::~PsClient() {
+  for (size_t i = 0; i < streams_.size(); ++i) {
+    if (streams_[i].context != nullptr) streams_[i].context->TryCancel();
+  }
+}
+
+absl::StatusOr<std::unique_ptr<PsClient>> PsClient::Create(
+    const PsClientOptions& options, const PartitionPlan& plan) {
+  if (static_cast<int>(options.addresses.size()) != plan.num_shards()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        options.addresses.size(), " PS addresses for a plan of ",
+        plan.num_shards(), " shards"));
+  }
+  std::unique_ptr<PsClient> client(new PsClient(options, plan));
+  for (int s = 0; s < plan.num_shards(); ++s) {
+    client->shard_chunks_.push_back(plan.ChunksOfShard(s));
+    client->stubs_.push_back(ParameterServer::NewStub(grpc::CreateCustomChannel(
+        options.addresses[s], grpc::InsecureChannelCredentials(),
+        PsChannelArguments())));
+  }
+  client->streams_.resize(plan.num_shards());
+  return client;
+}
+
+void PsClient::SetHeader(RequestHeader* header) const {
+  header->set_job_id(options_.job_id);
+  header->set_worker_id(options_.worker_id);
+}
+
+absl::Status PsClient::ShardError(int shard, const grpc::Status& status) const {
+  absl::Status s = FromGrpcStatus(status);
+  return absl::Status(s.code(),
+                      absl::StrCat("shard ", shard, " (",
+                                   options_.addresses[shard], "): ", s.message()));
+}
+
+absl::Status PsClient::Initialize(
+    const std::vector<absl::Span<const float>>& params) {
+  for (int s = 0; s < num_shards(); ++s) {
+    grpc::ClientContext context;
+    SetDeadline(&context, options_.rpc_timeout);
+    InitResponse response;
+    auto writer = stubs_[s]->Init(&context, &response);
+    InitRequest first;
+    SetHeader(first.mutable_header());
+    for (int64_t n : plan_.param_num_elements()) {
+      first.mutable_layout()->add_param_num_elements(n);
+    }
+    first.mutable_layout()->set_partition_bytes(plan_.partition_bytes());
+    bool ok = writer->Write(first);
+    for (const ChunkSpec& c : shard_chunks_[s]) {
+      if (!ok) break;
+      InitRequest request;
+      SetHeader(request.mutable_header());
+      EncodeFloatChunk(c.param_id, c.chunk_index, 0,
+                       params[c.param_id].subspan(c.offset, c.num_elements),
+                       request.mutable_chunk());
+      ok = writer->Write(request);
+    }
+    writer->WritesDone();
+    const grpc::Status status = writer->Finish();
+    if (!status.ok()) return ShardError(s, status);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status PsClient::WaitReady(absl::Duration timeout) {
+  for (int s = 0; s < num_shards(); ++s) {
+    grpc::ClientContext context;
+    SetDeadline(&context, timeout);
+    context.set_wait_for_ready(true);  // the shard may still be starting
+    WaitReadyRequest request;
+    SetHeader(request.mutable_header());
+    WaitReadyResponse response;
+    const grpc::Status status = stubs_[s]->WaitReady(&context, request, &response);
+    if (!status.ok()) return ShardError(s, status);
+    const std::vector<int64_t> sizes(
+        response.layout().param_num_elements().begin(),
+        response.layout().param_num_elements().end());
+    if (sizes != plan_.param_num_elements() ||
+        response.layout().partition_bytes() != plan_.partition_bytes()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "shard ", s, " (", options_.addresses[s],
+          ") was initialised with a different model layout (",
+          sizes.size(), " tensors) than this worker's (",
+          plan_.param_num_elements().size(), " tensors)"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status PsClient::FinishStream(int shard) {
+  Stream& s = streams_[shard];
+  s.stream->WritesDone();
+  const grpc::Status status = s.stream->Finish();
+  s.stream.reset();
+  s.context.reset();
+  if (status.ok()) {
+    return absl::UnavailableError(absl::StrCat(
+        "shard ", shard, " (", options_.addresses[shard],
+        "): stream ended early"));
+  }
+  return ShardError(shard, status);
+}
+
+absl::Status PsClient::PushPullShard(
+    int shard, int64_t step, const std::vector<absl::Span<const float>>& grads,
+    int64_t min_version, int64_t samples,
+    const std::vector<absl::Span<float>>& weights, int64_t* version) {
+  Stream& s = streams_[shard];
+  if (s.stream == nullptr) {
+    s.context = std::make_unique<grpc::ClientContext>();
+    SetDeadline(s.context.get(), options_.stream_timeout);
+    s.stream = stubs_[shard]->PushPull(s.context.get());
+  }
+  PushPullRequest request;
+  SetHeader(request.mutable_header());
+  if (!grads.empty()) {
+    for (const ChunkSpec& c : shard_chunks_[shard]) {
+      EncodeFloatChunk(c.param_id, c.chunk_index, step,
+                       grads[c.param_id].subspan(c.offset, c.num_elements),
+                       request.mutable_push());
+      if (!s.stream->Write(request)) return FinishStream(shard);
+    }
+  }
+  request.mutable_pull()->set_min_version(min_version);
+  request.mutable_pull()->set_samples(samples);
+  if (!s.stream->Write(request)) return FinishStream(shard);
+  PushPullResponse response;
+  int64_t smallest = -1;
+  size_t received = 0;
+  while (true) {
+    if (!s.stream->Read(&response)) return FinishStream(shard);
+    if (response.has_chunk()) {
+      const TensorChunk& chunk = response.chunk();
+      const int index =
+          plan_.FindChunk(chunk.key().param_id(), chunk.key().chunk_index());
+      if (index < 0 || plan_.chunks()[index].shard != shard) {
+        return absl::DataLossError(absl::StrCat(
+            "shard ", shard, " sent chunk (", chunk.key().param_id(), ", ",
+            chunk.key().chunk_index(), ") it does not own"));
+      }
+      const ChunkSpec& c = plan_.chunks()[index];
+      absl::Status status = DecodeFloatChunkInto(
+          chunk, weights[c.param_id].subspan(c.offset, c.num_elements));
+      if (!status.ok()) return status;
+      smallest = smallest < 0 ? chunk.version()
+                              : std::min(smallest, chunk.version());
+      ++received;
+    }
+    if (response.last_of_pull()) break;
+  }
+  if (received != shard_chunks_[shard].size()) {
+    return absl::DataLossError(absl::StrCat(
+        "shard ", shard, " answered a pull with ", received, " chunks; expected ",
+        shard_chunks_[shard].size()));
+  }
+  *version = smallest;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<int64_t> PsClient::PushPull(
+    int64_t step, const std::vector<absl::Span<const float>>& gradients,
+    int64_t min_version, int64_t samples,
+    const std::vector<absl::Span<float>>& weights) {
+  const int n = num_shards();
+  std::vector<absl::Status> statuses(n);
+  std::vector<int64_t> versions(n, 0);
+  std::vector<std::thread> threads;
+  for (int s = 1; s < n; ++s) {
+    threads.emplace_back([&, s] {
+      statuses[s] = PushPullShard(s, step, gradients, min_version, samples,
+                                  weights, &versions[s]);
+    });
+  }
+  statuses[0] = PushPullShard(0, step, gradients, min_version, samples, weights,
+                              &versions[0]);
+  for (std::thread& t : threads) t.join();
+  for (const absl::Status& status : statuses) {
+    if (!status.ok()) return status;
+  }
+  return *std::min_element(versions.begin(), versions.end());
+}
+
+absl::StatusOr<StatsResponse> PsClient::Stats(int shard) {
+  grpc::ClientContext context;
+  SetDeadline(&context, options_.rpc_timeout);
+  StatsRequest request;
+  SetHeader(request.mutable_header());
+  StatsResponse response;
+  const grpc::Status status = stubs_[shard]->Stats(&context, request, &response);
+  if (!status.ok()) return ShardError(shard, status);
+  return response;
+}
+
+absl::Status PsClient::Done() {
+  absl::Status first_error;
+  for (int s = 0; s < num_shards(); ++s) {
+    if (streams_[s].stream != nullptr) {
+      streams_[s].stream->WritesDone();
+      const grpc::Status status = streams_[s].stream->Finish();
+      streams_[s].stream.reset();
+      streams_[s].context.reset();
+      if (!status.ok() && first_error.ok()) first_error = ShardError(s, status);
+    }
+    grpc::ClientContext context;
+    SetDeadline(&context, options_.rpc_timeout);
+    WorkerDoneRequest request;
+    SetHeader(request.mutable_header());
+    WorkerDoneResponse response;
+    const grpc::Status status =
+        stubs_[s]->WorkerDone(&context, request, &response);
+    if (!status.ok() && first_error.ok()) first_error = ShardError(s, status);
+  }
+  return first_error;
+}
+
+}  // namespace pstrain

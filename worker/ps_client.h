@@ -1,0 +1,109 @@
+// PsClient: a worker's connection to every parameter-server shard.
+//
+// One long-lived bidirectional PushPull stream per shard carries, each step,
+// the gradient chunks the partition plan assigns to that shard, then a pull
+// of the weights; shards are served in parallel (one thread per shard per
+// step). Unary calls (Init, WaitReady, Stats, WorkerDone) each carry a
+// deadline of `rpc_timeout`; the streams carry `stream_timeout` (the whole
+// job's bound) and rely on gRPC keepalive and the server's pull timeout, so
+// that no call waits forever.
+//
+// Tensors: `params`, `gradients` and `weights` are spans over each parameter
+// tensor in model order, fp32, with the plan's element counts.
+//
+// Errors: a failed call returns its gRPC status as absl::Status, with the
+// shard index and address put in front of the message.
+//
+// Thread-compatible: one PsClient per worker thread.
+#ifndef PSTRAIN_WORKER_PS_CLIENT_H_
+#define PSTRAIN_WORKER_PS_CLIENT_H_
+
+#include <grpcpp/grpcpp.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+#include "common/partition.h"
+#include "proto/ps.grpc.pb.h"
+
+namespace pstrain {
+
+struct PsClientOptions {
+  // host:port of every shard, by shard index.
+  std::vector<std::string> addresses;
+  std::string job_id = "local";
+  int worker_id = 0;
+  // Deadline of each unary call.
+  absl::Duration rpc_timeout = absl::Seconds(60);
+  // Deadline of each long-lived PushPull stream.
+  absl::Duration stream_timeout = absl::Hours(24);
+};
+
+class PsClient {
+ public:
+  // Creates one channel per shard; connects lazily.
+  static absl::StatusOr<std::unique_ptr<PsClient>> Create(
+      const PsClientOptions& options, const PartitionPlan& plan);
+  ~PsClient();
+
+  // Worker 0 only: sends the layout and initial weights to every shard.
+  absl::Status Initialize(const std::vector<absl::Span<const float>>& params);
+
+  // Waits until every shard is initialised (at most `timeout`), and checks
+  // each shard's layout equals this worker's plan (FAILED_PRECONDITION if
+  // not: the workers built different models).
+  absl::Status WaitReady(absl::Duration timeout);
+
+  // Pushes `gradients` as step `step` (skipped when `gradients` is empty),
+  // then pulls every chunk at version >= `min_version` into `weights`.
+  // `samples` is the number of training samples of this step (for the
+  // shards' throughput counters). Returns the smallest version pulled.
+  absl::StatusOr<int64_t> PushPull(
+      int64_t step, const std::vector<absl::Span<const float>>& gradients,
+      int64_t min_version, int64_t samples,
+      const std::vector<absl::Span<float>>& weights);
+
+  absl::StatusOr<StatsResponse> Stats(int shard);
+
+  // Tells every shard this worker has finished and closes the streams.
+  absl::Status Done();
+
+  int num_shards() const { return static_cast<int>(stubs_.size()); }
+
+ private:
+  struct Stream {
+    std::unique_ptr<grpc::ClientContext> context;
+    std::unique_ptr<grpc::ClientReaderWriter<PushPullRequest, PushPullResponse>>
+        stream;
+  };
+
+  PsClient(const PsClientOptions& options, const PartitionPlan& plan);
+  absl::Status ShardError(int shard, const grpc::Status& status) const;
+  absl::Status PushPullShard(int shard, int64_t step,
+                             const std::vector<absl::Span<const float>>& grads,
+                             int64_t min_version, int64_t samples,
+                             const std::vector<absl::Span<float>>& weights,
+                             int64_t* version);
+  // Ends a broken stream and returns its status.
+  absl::Status FinishStream(int shard);
+  void SetHeader(RequestHeader* header) const;
+
+  const PsClientOptions options_;
+  const PartitionPlan plan_;
+  std::vector<std::vector<ChunkSpec>> shard_chunks_;
+  std::vector<std::unique_ptr<ParameterServer::Stub>> stubs_;
+  std::vector<Stream> streams_;
+};
+
+// Channel arguments shared by every pstrain client: message size limits
+// raised on purpose and keepalive pings.
+grpc::ChannelArguments PsChannelArguments();
+
+}  // namespace pstrain
+
+#endif  // PSTRAIN_WORKER_PS_CLIENT_H_

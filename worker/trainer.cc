@@ -1,0 +1,207 @@
+#include "worker/trainer.h"
+
+#include <cstdio>
+#include <memory>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/status.h"
+#include "models/model.h"
+#include "worker/ps_client.h"
+
+namespace pstrain {
+namespace {
+
+constexpr int kEvalBatch = 1000;
+
+struct Evaluation {
+  double accuracy = 0;
+  double loss = 0;
+};
+
+absl::StatusOr<Evaluation> Evaluate(Model& model, const LabeledImages& test) {
+  Evaluation eval;
+  int64_t correct = 0;
+  double loss_sum = 0;
+  std::vector<int64_t> indices(test.count);
+  for (int64_t i = 0; i < test.count; ++i) indices[i] = i;
+  Tensor images;
+  std::vector<int32_t> labels;
+  for (int64_t begin = 0; begin < test.count; begin += kEvalBatch) {
+    const int64_t n = std::min<int64_t>(kEvalBatch, test.count - begin);
+    GatherBatch(test, indices, begin, n, &images, &labels);
+    ASSIGN_OR_RETURN(const Tensor* logits, model.Forward(images));
+    ASSIGN_OR_RETURN(float loss, SoftmaxCrossEntropy(*logits, labels, nullptr));
+    loss_sum += double{loss} * n;
+    const int64_t k = logits->shape[1];
+    for (int64_t i = 0; i < n; ++i) {
+      const float* row = &logits->data[i * k];
+      const int64_t best = std::max_element(row, row + k) - row;
+      if (best == labels[i]) ++correct;
+    }
+  }
+  eval.accuracy = static_cast<double>(correct) / std::max<int64_t>(test.count, 1);
+  eval.loss = loss_sum / std::max<int64_t>(test.count, 1);
+  return eval;
+}
+
+}  // namespace
+
+absl::StatusOr<TrainerOutput> RunWorker(const TrainerOptions& options,
+                                        const Dataset& dataset) {
+  if (options.mode != "sync" && options.mode != "async") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("mode \"", options.mode, "\"; expected sync or async"));
+  }
+  if (options.batch_size <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "batch size ", options.batch_size, "; expected a positive number"));
+  }
+  const bool sync = options.mode == "sync";
+  const bool chief = options.worker_id == 0;
+  ASSIGN_OR_RETURN(std::unique_ptr<Model> model,
+                   Model::Create(options.model, dataset.train.chw,
+                                 dataset.num_classes, options.seed));
+  ASSIGN_OR_RETURN(PartitionPlan plan,
+                   PartitionPlan::Create(model->ParamNumElements(),
+                                         options.partition_bytes,
+                                         static_cast<int>(
+                                             options.ps_addresses.size())));
+  PsClientOptions client_options;
+  client_options.addresses = options.ps_addresses;
+  client_options.job_id = options.job_id;
+  client_options.worker_id = options.worker_id;
+  client_options.rpc_timeout = options.rpc_timeout;
+  ASSIGN_OR_RETURN(std::unique_ptr<PsClient> client,
+                   PsClient::Create(client_options, plan));
+
+  std::vector<absl::Span<float>> weights;
+  std::vector<absl::Span<const float>> gradients;
+  for (Param* p : model->params()) {
+    weights.push_back(absl::MakeSpan(p->value.data));
+    gradients.push_back(absl::MakeConstSpan(p->grad.data));
+  }
+  if (chief) {
+    std::vector<absl::Span<const float>> initial(weights.begin(),
+                                                 weights.end());
+    RETURN_IF_ERROR(client->Initialize(initial));
+  }
+  RETURN_IF_ERROR(client->WaitReady(options.init_timeout));
+  ASSIGN_OR_RETURN(int64_t version, client->PushPull(0, {}, 0, 0, weights));
+
+  const ShardedSampler sampler(dataset.train.count, options.worker_id,
+                               options.num_workers, options.seed);
+  int64_t steps_per_epoch = sampler.samples_per_worker() / options.batch_size;
+  if (options.max_steps_per_epoch > 0) {
+    steps_per_epoch = std::min(steps_per_epoch, options.max_steps_per_epoch);
+  }
+  if (steps_per_epoch <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "batch size ", options.batch_size, " is larger than this worker's ",
+        sampler.samples_per_worker(), " training samples"));
+  }
+
+  TrainerOutput output;
+  RunResult& result = output.result;
+  result.set_num_ps(static_cast<int>(options.ps_addresses.size()));
+  result.set_num_workers(options.num_workers);
+  result.set_mode(options.mode);
+  result.set_model(options.model);
+  result.set_dataset(dataset.name);
+  result.set_batch_size(options.batch_size);
+  result.set_epochs(options.epochs);
+  result.set_num_parameters(model->NumParameters());
+  if (chief && options.verbose) {
+    std::printf("model %s: %lld parameters, %.2f MFLOPs forward per sample; "
+                "%zu chunks on %d shards; %lld steps per epoch per worker\n",
+                options.model.c_str(),
+                static_cast<long long>(model->NumParameters()),
+                2.0 * model->ForwardMacsPerSample() / 1e6, plan.chunks().size(),
+                plan.num_shards(), static_cast<long long>(steps_per_epoch));
+    std::fflush(stdout);
+  }
+
+  int64_t samples_at_start = 0;
+  if (chief) {
+    ASSIGN_OR_RETURN(StatsResponse stats, client->Stats(0));
+    samples_at_start = stats.samples();
+  }
+  int64_t window_samples = samples_at_start;
+  absl::Time window_start = absl::Now();
+  int64_t step = 0;
+  double train_seconds = 0;
+  Tensor images;
+  std::vector<int32_t> labels;
+  for (int epoch = 0; epoch < options.epochs; ++epoch) {
+    const std::vector<int64_t> indices = sampler.EpochIndices(epoch);
+    const absl::Time epoch_start = absl::Now();
+    double loss_sum = 0;
+    for (int64_t i = 0; i < steps_per_epoch; ++i) {
+      GatherBatch(dataset.train, indices, i * options.batch_size,
+                  options.batch_size, &images, &labels);
+      ASSIGN_OR_RETURN(float loss, model->ForwardBackward(images, labels));
+      loss_sum += loss;
+      ASSIGN_OR_RETURN(version,
+                       client->PushPull(version, gradients,
+                                        sync ? version + 1 : 0,
+                                        options.batch_size, weights));
+      ++step;
+      if (chief && options.log_every_steps > 0 &&
+          step % options.log_every_steps == 0) {
+        ASSIGN_OR_RETURN(StatsResponse stats, client->Stats(0));
+        const absl::Time now = absl::Now();
+        const double seconds = absl::ToDoubleSeconds(now - window_start);
+        if (options.verbose) {
+          std::printf("Step%lld: %.2f data/sec\n", static_cast<long long>(step),
+                      (stats.samples() - window_samples) / seconds);
+          std::fflush(stdout);
+        }
+        window_samples = stats.samples();
+        window_start = now;
+      }
+    }
+    const double epoch_seconds = absl::ToDoubleSeconds(absl::Now() - epoch_start);
+    train_seconds += epoch_seconds;
+    if (chief && options.evaluate) {
+      const absl::Time test_start = absl::Now();
+      ASSIGN_OR_RETURN(Evaluation eval, Evaluate(*model, dataset.test));
+      const double test_seconds =
+          absl::ToDoubleSeconds(absl::Now() - test_start);
+      EpochResult* e = result.add_epoch_results();
+      e->set_epoch(epoch);
+      e->set_train_seconds(epoch_seconds);
+      e->set_test_seconds(test_seconds);
+      e->set_test_accuracy(eval.accuracy);
+      e->set_test_loss(eval.loss);
+      e->set_train_loss(loss_sum / steps_per_epoch);
+      result.set_test_accuracy(eval.accuracy);
+      if (options.verbose) {
+        std::printf(
+            "Epoch %d in %.2f sec, test time %.2f sec, test accuracy: %.4f\n",
+            epoch, epoch_seconds, test_seconds, eval.accuracy);
+        std::fflush(stdout);
+      }
+      // Evaluation time is not training time: restart the throughput window.
+      ASSIGN_OR_RETURN(StatsResponse stats, client->Stats(0));
+      window_samples = stats.samples();
+      window_start = absl::Now();
+    }
+  }
+  result.set_steps(step);
+  result.set_runtime_seconds(train_seconds);
+  if (chief) {
+    ASSIGN_OR_RETURN(StatsResponse stats, client->Stats(0));
+    // Samples of every worker, counted by shard 0. In sync mode this is
+    // num_workers * batch_size * steps exactly.
+    result.set_throughput_samples_per_sec(
+        (stats.samples() - samples_at_start) / std::max(train_seconds, 1e-9));
+  }
+  for (const Param* p : model->params()) {
+    output.final_weights.push_back(p->value.data);
+  }
+  RETURN_IF_ERROR(client->Done());
+  return output;
+}
+
+}  // namespace pstrain
