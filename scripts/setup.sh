@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Installs what pstrain needs from Debian 12's packages (nothing else is
+# downloaded) and builds every target. Safe to run again: installs only what
+# is missing.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+packages=(
+  bazel-bootstrap bazel-rules-java g++ git procps
+  libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
+  libabsl-dev libgtest-dev libgmock-dev libbenchmark-dev libdnnl-dev
+  zlib1g-dev dataset-fashion-mnist
+)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" \
+    || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "setup: installing ${missing[*]}"
+  sudo_cmd=""
+  [ "$(id -u)" -eq 0 ] || sudo_cmd="sudo"
+  $sudo_cmd apt-get update -q
+  DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -q "${missing[@]}"
+fi
+bazel build //...

@@ -1,0 +1,179 @@
+// Starts the real binaries through `pstrain run` and checks what a user sees:
+// the step and epoch lines, the table, the JSON, the exact errors for bad
+// input (exit code 2, nothing started), and that a failing process stops the
+// job with exit code 1 and leaves no process behind.
+#include <sys/wait.h>
+#include <zlib.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <regex>
+#include <sstream>
+#include <string>
+
+#include "google/protobuf/util/json_util.h"
+#include "gtest/gtest.h"
+#include "proto/results.pb.h"
+
+namespace {
+
+constexpr char kFashion[] = "/usr/share/datasets/fashion-mnist";
+
+struct Result {
+  int exit_code = -1;
+  std::string output;
+};
+
+std::string TempDir() { return std::getenv("TEST_TMPDIR"); }
+
+Result RunPstrain(const std::string& args) {
+  const std::string command = "tools/pstrain run " + args + " 2>&1";
+  Result result;
+  FILE* pipe = popen(command.c_str(), "r");
+  if (pipe == nullptr) return result;
+  char buffer[4096];
+  size_t n;
+  while ((n = fread(buffer, 1, sizeof(buffer), pipe)) > 0) {
+    result.output.append(buffer, n);
+  }
+  const int status = pclose(pipe);
+  result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return result;
+}
+
+int CountProcesses(const std::string& name) {
+  FILE* pipe = popen(("pgrep -c -x " + name).c_str(), "r");
+  int count = 0;
+  if (pipe != nullptr) {
+    if (fscanf(pipe, "%d", &count) != 1) count = 0;
+    pclose(pipe);
+  }
+  return count;
+}
+
+bool HaveFashionMnist() {
+  std::ifstream f(std::string(kFashion) + "/train-images-idx3-ubyte.gz");
+  return f.good();
+}
+
+TEST(RunCliTest, SmallJobPrintsStepEpochLinesTableAndJson) {
+  if (!HaveFashionMnist()) GTEST_SKIP() << "dataset-fashion-mnist not installed";
+  const std::string json_path = TempDir() + "/results.json";
+  const Result r = RunPstrain(
+      "--epochs=2 --max_steps_per_epoch=30 --log_every_steps=10 "
+      "--results_json=" + json_path);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(std::regex_search(
+      r.output, std::regex(R"(\[worker0\] Step10: [0-9]+\.[0-9]{2} data/sec)")))
+      << r.output;
+  EXPECT_TRUE(std::regex_search(r.output,
+                                std::regex(R"(\[worker0\] Step60: [0-9.]+ data/sec)")));
+  EXPECT_TRUE(std::regex_search(
+      r.output, std::regex(R"(\[worker0\] Epoch 1 in [0-9]+\.[0-9]{2} sec, test )"
+                           R"(time [0-9]+\.[0-9]{2} sec, test accuracy: 0\.[0-9]{4})")))
+      << r.output;
+  EXPECT_NE(r.output.find("[ps0] all workers done"), std::string::npos);
+  EXPECT_NE(r.output.find("[ps1] all workers done"), std::string::npos);
+  EXPECT_NE(r.output.find("| #PS | #Workers | Mode | Model | Batchsize | Epochs "
+                          "| Steps | Runtime | Throughput (data/sec) | Test "
+                          "accuracy |"),
+            std::string::npos);
+  EXPECT_TRUE(std::regex_search(
+      r.output, std::regex(R"(\| 2 \| 2 \| sync \| lenet5 \| 64 \| 2 \| 60 \| )")));
+
+  std::ifstream in(json_path);
+  std::stringstream json;
+  json << in.rdbuf();
+  pstrain::RunResult result;
+  ASSERT_TRUE(google::protobuf::util::JsonStringToMessage(json.str(), &result).ok())
+      << json.str();
+  EXPECT_EQ(result.num_ps(), 2);
+  EXPECT_EQ(result.num_workers(), 2);
+  EXPECT_EQ(result.steps(), 60);
+  EXPECT_EQ(result.num_parameters(), 61706);
+  EXPECT_EQ(result.epoch_results_size(), 2);
+  // 60 steps of global batch 128 already learn most of Fashion-MNIST.
+  EXPECT_GT(result.test_accuracy(), 0.55);
+  EXPECT_GT(result.throughput_samples_per_sec(), 0);
+  // Throughput counts every worker's samples: 2 * 64 * 60 over the runtime.
+  EXPECT_NEAR(result.throughput_samples_per_sec() * result.runtime_seconds(),
+              2 * 64 * 60, 1e-6 * 7680);
+  EXPECT_EQ(CountProcesses("pstrain_ps"), 0);
+  EXPECT_EQ(CountProcesses("pstrain_worker"), 0);
+}
+
+TEST(RunCliTest, BadInputGetsOneLineErrorAndExitCode2) {
+  struct Case {
+    std::string args;
+    std::string error;
+  };
+  const Case cases[] = {
+      {"--model=resnet9000",
+       "pstrain: error: --model=resnet9000: unknown model; expected one of: "
+       "lenet5, mlp\n"},
+      {"--batch_size=0",
+       "pstrain: error: --batch_size=0: expected a positive number of samples "
+       "per worker\n"},
+      {"--batch_size=-4",
+       "pstrain: error: --batch_size=-4: expected a positive number of "
+       "samples per worker\n"},
+      {"--data_dir=/nonexistent",
+       "pstrain: error: --dataset=fashion_mnist --data_dir=/nonexistent: "
+       "/nonexistent/train-images-idx3-ubyte: no such file (expected an IDX "
+       "file, gzipped or plain)\n"},
+      {"--dataset=cifar100",
+       "pstrain: error: --dataset=cifar100 --data_dir=" + std::string(kFashion) +
+           ": unknown dataset \"cifar100\"; expected one of: fashion_mnist, "
+           "mnist\n"},
+      {"--mode=semi", "pstrain: error: --mode=semi: expected sync or async\n"},
+  };
+  for (const Case& c : cases) {
+    const Result r = RunPstrain(c.args);
+    EXPECT_EQ(r.exit_code, 2) << c.args;
+    EXPECT_EQ(r.output, c.error) << c.args;
+  }
+}
+
+TEST(RunCliTest, CorruptDatasetGetsOneLineErrorAndExitCode2) {
+  const std::string dir = TempDir() + "/corrupt";
+  ASSERT_EQ(std::system(("mkdir -p " + dir).c_str()), 0);
+  // A gzip stream cut short: an IDX header declaring 60000 images of 28x28,
+  // then only 100 bytes.
+  gzFile f = gzopen((dir + "/train-images-idx3-ubyte.gz").c_str(), "wb");
+  const unsigned char header[] = {0, 0, 8, 3, 0, 0, 0xea, 0x60,
+                                  0, 0, 0, 28, 0, 0, 0, 28};
+  gzwrite(f, header, sizeof(header));
+  const std::string some(100, 'x');
+  gzwrite(f, some.data(), some.size());
+  gzclose(f);
+  const Result r = RunPstrain("--data_dir=" + dir);
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_EQ(r.output, "pstrain: error: --dataset=fashion_mnist --data_dir=" +
+                          dir + ": " + dir +
+                          "/train-images-idx3-ubyte.gz: truncated or corrupt; "
+                          "expected 47040000 bytes of data after the header\n");
+}
+
+TEST(RunCliTest, FailingWorkerStopsTheJobAndLeavesNoProcess) {
+  if (!HaveFashionMnist()) GTEST_SKIP() << "dataset-fashion-mnist not installed";
+  // Workers that exit with code 1 at once; the shards must be stopped.
+  const Result r = RunPstrain("--worker_binary=/bin/false");
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_TRUE(std::regex_search(
+      r.output,
+      std::regex(R"(pstrain: error: worker[01] failed with exit code 1\n$)")))
+      << r.output;
+  EXPECT_EQ(CountProcesses("pstrain_ps"), 0);
+}
+
+TEST(RunCliTest, MissingBinaryIsNamedBeforeAnythingStarts) {
+  if (!HaveFashionMnist()) GTEST_SKIP() << "dataset-fashion-mnist not installed";
+  const Result r = RunPstrain("--ps_binary=/nonexistent/pstrain_ps");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_EQ(r.output,
+            "pstrain: error: /nonexistent/pstrain_ps: not an executable; build "
+            "it with bazel build //server:pstrain_ps //worker:pstrain_worker\n");
+}
+
+}  // namespace
