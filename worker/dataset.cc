@@ -3,6 +3,7 @@
 #include <zlib.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cerrno>
 #include <cstring>
 #include <numeric>
@@ -173,8 +174,25 @@ absl::StatusOr<Dataset> LoadDataset(const std::string& name,
     return absl::DataLossError(
         absl::StrCat(data_dir, ": train and test images differ in size"));
   }
+  // Standardise both splits with the training set's pixel mean and standard
+  // deviation (as torchvision's Normalize with the dataset's statistics).
+  double sum = 0, sum_sq = 0;
+  for (float x : train->images) {
+    sum += x;
+    sum_sq += double{x} * x;
+  }
+  const double n = static_cast<double>(std::max<size_t>(train->images.size(), 1));
+  const double mean = sum / n;
+  const double stddev = std::sqrt(std::max(sum_sq / n - mean * mean, 1e-12));
+  for (LabeledImages* split : {&*train, &*test}) {
+    for (float& x : split->images) {
+      x = static_cast<float>((x - mean) / stddev);
+    }
+  }
   dataset.train = *std::move(train);
   dataset.test = *std::move(test);
+  dataset.pixel_mean = mean;
+  dataset.pixel_stddev = stddev;
   return dataset;
 }
 

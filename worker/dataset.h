@@ -27,8 +27,9 @@ struct IdxArray {
 // corrupt file, or trailing bytes.
 absl::StatusOr<IdxArray> ReadIdx(const std::string& path);
 
-// Images [N, C, H, W] scaled to [0, 1] (as torchvision's ToTensor) and
-// labels in [0, num_classes).
+// Images [N, C, H, W] and labels in [0, num_classes). LoadDataset scales
+// pixels to [0, 1] (as torchvision's ToTensor), then standardises them with
+// the training set's mean and standard deviation (as Normalize).
 struct LabeledImages {
   Shape chw;
   int64_t count = 0;
@@ -41,6 +42,10 @@ struct Dataset {
   int num_classes = 0;
   LabeledImages train;
   LabeledImages test;
+  // Statistics of the training pixels in [0, 1], used to standardise both
+  // splits (Fashion-MNIST: 0.2860 and 0.3530).
+  double pixel_mean = 0;
+  double pixel_stddev = 1;
 };
 
 // "fashion_mnist" or "mnist" from `data_dir` (train-images-idx3-ubyte[.gz],

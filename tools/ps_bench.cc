@@ -1,0 +1,229 @@
+// ps_bench: push+pull of a model between one worker and 1 or 2 PS shards on
+// loopback, against plain TCP sockets moving the same bytes in the same run.
+//
+// One "step" pushes every gradient byte of the model and pulls every weight
+// byte back (2 x model bytes on the wire), as a training step does; the
+// shards apply Adam in between. The TCP baseline sends the model's bytes to a
+// socket server and reads them back over one connection.
+//   GB/s  = 2 * model bytes / time (10^9 bytes per GB)
+//   ratio = TCP time / PS time (1.0: as fast as raw TCP)
+//   #wrong: elements of the pulled weights that differ from a local Adam
+//           replica given the same gradients (0 expected).
+#include <arpa/inet.h>
+#include <grpcpp/grpcpp.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <thread>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/partition.h"
+#include "common/rpc_options.h"
+#include "server/adam.h"
+#include "server/parameter_shard.h"
+#include "server/ps_service.h"
+#include "worker/ps_client.h"
+
+ABSL_FLAG(int64_t, model_bytes, 100'000'000, "Model size in bytes (fp32).");
+ABSL_FLAG(int64_t, tensor_bytes, 4'000'000, "Size of each model tensor.");
+ABSL_FLAG(int64_t, partition_bytes, 4 << 20, "Chunk bound, bytes.");
+ABSL_FLAG(int, repeats, 5, "Timed steps per configuration (median shown).");
+
+namespace pstrain {
+namespace {
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// Sends `bytes` to a loopback echo server and reads them back; seconds.
+std::vector<double> TimeTcp(int64_t bytes, int repeats) {
+  const int listener = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+  socklen_t len = sizeof(addr);
+  getsockname(listener, reinterpret_cast<sockaddr*>(&addr), &len);
+  listen(listener, 1);
+  std::vector<char> server_buffer(bytes);
+  std::thread server([&] {
+    const int fd = accept(listener, nullptr, nullptr);
+    for (int r = 0; r < repeats + 1; ++r) {
+      int64_t got = 0;
+      while (got < bytes) {
+        const ssize_t n = read(fd, server_buffer.data() + got, bytes - got);
+        if (n <= 0) return;
+        got += n;
+      }
+      int64_t sent = 0;
+      while (sent < bytes) {
+        const ssize_t n = write(fd, server_buffer.data() + sent, bytes - sent);
+        if (n <= 0) return;
+        sent += n;
+      }
+    }
+    close(fd);
+  });
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+  std::vector<char> buffer(bytes, 1);
+  std::vector<double> times;
+  for (int r = 0; r < repeats + 1; ++r) {  // the first is warm-up
+    const absl::Time start = absl::Now();
+    std::thread writer([&] {
+      int64_t sent = 0;
+      while (sent < bytes) {
+        const ssize_t n = write(fd, buffer.data() + sent, bytes - sent);
+        if (n <= 0) return;
+        sent += n;
+      }
+    });
+    std::vector<char> in(bytes);
+    int64_t got = 0;
+    while (got < bytes) {
+      const ssize_t n = read(fd, in.data() + got, bytes - got);
+      if (n <= 0) break;
+      got += n;
+    }
+    writer.join();
+    if (r > 0) times.push_back(absl::ToDoubleSeconds(absl::Now() - start));
+  }
+  close(fd);
+  server.join();
+  close(listener);
+  return times;
+}
+
+struct PsRun {
+  std::vector<double> seconds;
+  int64_t wrong = 0;
+};
+
+PsRun TimePs(int num_shards, const std::vector<int64_t>& sizes,
+             int64_t partition_bytes, int repeats) {
+  PsRun run;
+  std::vector<std::unique_ptr<ParameterShard>> shards;
+  std::vector<std::unique_ptr<PsService>> services;
+  std::vector<std::unique_ptr<grpc::Server>> servers;
+  std::vector<std::string> addresses;
+  AdamOptions adam;
+  for (int s = 0; s < num_shards; ++s) {
+    ShardOptions options;
+    options.shard_index = s;
+    options.num_shards = num_shards;
+    options.adam = adam;
+    shards.push_back(std::make_unique<ParameterShard>(options));
+    services.push_back(
+        std::make_unique<PsService>(shards.back().get(), absl::Seconds(60)));
+    grpc::ServerBuilder builder;
+    int port = 0;
+    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(),
+                             &port);
+    builder.SetMaxReceiveMessageSize(kMaxMessageBytes);
+    builder.SetMaxSendMessageSize(kMaxMessageBytes);
+    builder.RegisterService(services.back().get());
+    servers.push_back(builder.BuildAndStart());
+    addresses.push_back(absl::StrCat("127.0.0.1:", port));
+  }
+  auto plan = PartitionPlan::Create(sizes, partition_bytes, num_shards);
+  PsClientOptions client_options;
+  client_options.addresses = addresses;
+  auto client = PsClient::Create(client_options, *plan);
+  std::vector<std::vector<float>> weights, grads, replica, m, v;
+  std::vector<absl::Span<float>> weight_spans;
+  std::vector<absl::Span<const float>> grad_spans;
+  for (size_t p = 0; p < sizes.size(); ++p) {
+    weights.emplace_back(sizes[p]);
+    grads.emplace_back(sizes[p]);
+    for (int64_t i = 0; i < sizes[p]; ++i) {
+      weights[p][i] = 0.001f * static_cast<float>((i * 31 + p) % 1000);
+      grads[p][i] = 0.01f * static_cast<float>((i * 17 + p) % 200 - 100);
+    }
+    replica.push_back(weights[p]);
+    m.emplace_back(sizes[p], 0.0f);
+    v.emplace_back(sizes[p], 0.0f);
+    weight_spans.push_back(absl::MakeSpan(weights[p]));
+    grad_spans.push_back(absl::MakeConstSpan(grads[p]));
+  }
+  std::vector<absl::Span<const float>> init(weight_spans.begin(),
+                                            weight_spans.end());
+  if (!(*client)->Initialize(init).ok() ||
+      !(*client)->WaitReady(absl::Seconds(10)).ok()) {
+    std::fprintf(stderr, "ps_bench: init failed\n");
+    std::exit(1);
+  }
+  int64_t version = 0;
+  for (int r = 0; r < repeats + 1; ++r) {  // the first is warm-up
+    const absl::Time start = absl::Now();
+    auto pulled = (*client)->PushPull(version, grad_spans, version + 1, 0,
+                                      weight_spans);
+    const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
+    if (!pulled.ok()) {
+      std::fprintf(stderr, "ps_bench: %s\n", pulled.status().ToString().c_str());
+      std::exit(1);
+    }
+    version = *pulled;
+    if (r > 0) run.seconds.push_back(seconds);
+    for (size_t p = 0; p < sizes.size(); ++p) {
+      AdamUpdate(adam, version, replica[p].data(), grads[p].data(),
+                 m[p].data(), v[p].data(), sizes[p]);
+    }
+  }
+  for (size_t p = 0; p < sizes.size(); ++p) {
+    for (int64_t i = 0; i < sizes[p]; ++i) {
+      if (replica[p][i] != weights[p][i]) ++run.wrong;
+    }
+  }
+  (void)(*client)->Done();
+  for (auto& server : servers) server->Shutdown();
+  return run;
+}
+
+}  // namespace
+}  // namespace pstrain
+
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  const int64_t model_bytes = absl::GetFlag(FLAGS_model_bytes);
+  const int64_t tensor_bytes = absl::GetFlag(FLAGS_tensor_bytes);
+  const int repeats = std::max(1, absl::GetFlag(FLAGS_repeats));
+  std::vector<int64_t> sizes;
+  for (int64_t left = model_bytes / 4; left > 0; left -= tensor_bytes / 4) {
+    sizes.push_back(std::min(left, tensor_bytes / 4));
+  }
+  const std::vector<double> tcp = pstrain::TimeTcp(model_bytes, repeats);
+  const double tcp_median = pstrain::Median(tcp);
+  std::printf("# ps_bench: push+pull of a %lld-byte model (%zu tensors), 1 "
+              "worker, loopback, median of %d steps\n",
+              static_cast<long long>(model_bytes), sizes.size(), repeats);
+  std::printf("# %12s %7s %-10s %10s %8s %10s %7s\n", "payload", "shards",
+              "transport", "time", "GB/s", "ratio", "#wrong");
+  std::printf("# %12s %7s %-10s %10s %8s %10s %7s\n", "(B)", "", "", "(ms)",
+              "", "(vs TCP)", "");
+  std::printf("  %12lld %7s %-10s %10.1f %8.2f %10.2f %7s\n",
+              static_cast<long long>(model_bytes), "-", "raw TCP",
+              tcp_median * 1e3, 2.0 * model_bytes / tcp_median / 1e9, 1.0,
+              "-");
+  for (int shards : {1, 2}) {
+    const pstrain::PsRun run = pstrain::TimePs(
+        shards, sizes, absl::GetFlag(FLAGS_partition_bytes), repeats);
+    const double median = pstrain::Median(run.seconds);
+    std::printf("  %12lld %7d %-10s %10.1f %8.2f %10.2f %7lld\n",
+                static_cast<long long>(model_bytes), shards, "pstrain",
+                median * 1e3, 2.0 * model_bytes / median / 1e9,
+                tcp_median / median, static_cast<long long>(run.wrong));
+  }
+  return 0;
+}
