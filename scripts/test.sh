@@ -3,4 +3,12 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-bazel test //...
+log=$(mktemp)
+status=0
+bazel test //... 2>&1 | tee "$log" || status=$?
+# One plain summary line from Bazel's ("Executed N out of M tests: ...").
+total=$(grep -c -E '^//[^ ]+ +(\(cached\) )?(PASSED|FAILED|TIMEOUT|FLAKY|NO STATUS)' "$log" || true)
+failed=$(grep -c -E '^//[^ ]+ +(\(cached\) )?(FAILED|TIMEOUT|NO STATUS)' "$log" || true)
+rm -f "$log"
+echo "bazel test: $((total - failed)) passed, ${failed} failed"
+exit $status
