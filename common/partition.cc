@@ -30,8 +30,8 @@ absl::StatusOr<PartitionPlan> PartitionPlan::Create(
   for (size_t p = 0; p < param_num_elements.size(); ++p) {
     const int64_t n = param_num_elements[p];
     if (n <= 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "parameter ", p, " has ", n, " elements; expected > 0"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("parameter ", p, " has ", n, " elements; expected > 0"));
     }
     plan.first_chunk_.push_back(static_cast<int>(plan.chunks_.size()));
     int32_t index = 0;

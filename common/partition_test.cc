@@ -29,8 +29,8 @@ TEST(PartitionPlanTest, CutsTensorsIntoBoundedChunks) {
 
 TEST(PartitionPlanTest, BalancesBytesAcrossShards) {
   // LeNet-5's parameter sizes.
-  const std::vector<int64_t> sizes = {150, 6, 2400, 16, 48000, 120,
-                                      10080, 84, 840, 10};
+  const std::vector<int64_t> sizes = {150, 6,     2400, 16,  48000,
+                                      120, 10080, 84,   840, 10};
   auto plan = PartitionPlan::Create(sizes, 4 << 10, 2);
   ASSERT_TRUE(plan.ok());
   const std::vector<int64_t> bytes = plan->BytesPerShard();

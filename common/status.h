@@ -18,15 +18,15 @@
 #define PSTRAIN_CONCAT_(a, b) PSTRAIN_CONCAT_INNER_(a, b)
 
 // Returns early from the enclosing function if `expr` is not OK.
-#define RETURN_IF_ERROR(expr)                   \
-  do {                                          \
-    ::absl::Status _pstrain_status = (expr);    \
+#define RETURN_IF_ERROR(expr)                          \
+  do {                                                 \
+    ::absl::Status _pstrain_status = (expr);           \
     if (!_pstrain_status.ok()) return _pstrain_status; \
   } while (0)
 
 // `lhs = *expr` if `expr` (an absl::StatusOr) is OK; otherwise returns its
 // status from the enclosing function.
-#define ASSIGN_OR_RETURN(lhs, expr)                                      \
+#define ASSIGN_OR_RETURN(lhs, expr)                                         \
   ASSIGN_OR_RETURN_IMPL_(PSTRAIN_CONCAT_(_pstrain_statusor, __LINE__), lhs, \
                          expr)
 #define ASSIGN_OR_RETURN_IMPL_(statusor, lhs, expr) \

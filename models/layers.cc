@@ -67,14 +67,15 @@ class Conv2d final : public Layer {
   absl::StatusOr<Shape> OutputShape(const Shape& in) const override {
     if (in.size() != 4 || in[1] != in_c_) {
       return absl::InvalidArgumentError(
-          absl::StrCat(name(), ": input ", ShapeToString(in),
-                       "; expected [N, ", in_c_, ", H, W]"));
+          absl::StrCat(name(), ": input ", ShapeToString(in), "; expected [N, ",
+                       in_c_, ", H, W]"));
     }
     const int64_t oh = (in[2] + 2 * pad_ - k_) / stride_ + 1;
     const int64_t ow = (in[3] + 2 * pad_ - k_) / stride_ + 1;
     if (oh <= 0 || ow <= 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          name(), ": input ", ShapeToString(in), " is smaller than the kernel"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(name(), ": input ", ShapeToString(in),
+                       " is smaller than the kernel"));
     }
     return Shape{in[0], out_c_, oh, ow};
   }
@@ -82,12 +83,11 @@ class Conv2d final : public Layer {
   void Forward(const Tensor& in, Tensor* out) override {
     Prepare(in.shape);
     out->Resize(out_shape_);
-    fwd_.execute(CpuStream(), {{DNNL_ARG_SRC, Wrap(src_md_, in.data.data())},
-                               {DNNL_ARG_WEIGHTS,
-                                Wrap(wei_md_, weight_.value.data.data())},
-                               {DNNL_ARG_BIAS,
-                                Wrap(bias_md_, bias_.value.data.data())},
-                               {DNNL_ARG_DST, Wrap(dst_md_, out->data.data())}});
+    fwd_.execute(CpuStream(),
+                 {{DNNL_ARG_SRC, Wrap(src_md_, in.data.data())},
+                  {DNNL_ARG_WEIGHTS, Wrap(wei_md_, weight_.value.data.data())},
+                  {DNNL_ARG_BIAS, Wrap(bias_md_, bias_.value.data.data())},
+                  {DNNL_ARG_DST, Wrap(dst_md_, out->data.data())}});
     CpuStream().wait();
   }
 
@@ -132,15 +132,15 @@ class Conv2d final : public Layer {
     const memory::dims padding = {pad_, pad_};
     dnnl::convolution_forward::primitive_desc fwd_pd(
         dnnl::convolution_forward::desc(
-            prop_kind::forward_training, algorithm::convolution_direct,
-            src_md_, wei_md_, bias_md_, dst_md_, strides, padding, padding),
+            prop_kind::forward_training, algorithm::convolution_direct, src_md_,
+            wei_md_, bias_md_, dst_md_, strides, padding, padding),
         CpuEngine());
     fwd_ = dnnl::convolution_forward(fwd_pd);
     bwd_data_ = dnnl::convolution_backward_data(
         dnnl::convolution_backward_data::primitive_desc(
-            dnnl::convolution_backward_data::desc(
-                algorithm::convolution_direct, src_md_, wei_md_, dst_md_,
-                strides, padding, padding),
+            dnnl::convolution_backward_data::desc(algorithm::convolution_direct,
+                                                  src_md_, wei_md_, dst_md_,
+                                                  strides, padding, padding),
             CpuEngine(), fwd_pd));
     bwd_weights_ = dnnl::convolution_backward_weights(
         dnnl::convolution_backward_weights::primitive_desc(
@@ -190,12 +190,11 @@ class Linear final : public Layer {
   void Forward(const Tensor& in, Tensor* out) override {
     Prepare(in.shape);
     out->Resize({in.shape[0], out_f_});
-    fwd_.execute(CpuStream(), {{DNNL_ARG_SRC, Wrap(src_md_, in.data.data())},
-                               {DNNL_ARG_WEIGHTS,
-                                Wrap(wei_md_, weight_.value.data.data())},
-                               {DNNL_ARG_BIAS,
-                                Wrap(bias_md_, bias_.value.data.data())},
-                               {DNNL_ARG_DST, Wrap(dst_md_, out->data.data())}});
+    fwd_.execute(CpuStream(),
+                 {{DNNL_ARG_SRC, Wrap(src_md_, in.data.data())},
+                  {DNNL_ARG_WEIGHTS, Wrap(wei_md_, weight_.value.data.data())},
+                  {DNNL_ARG_BIAS, Wrap(bias_md_, bias_.value.data.data())},
+                  {DNNL_ARG_DST, Wrap(dst_md_, out->data.data())}});
     CpuStream().wait();
   }
 
@@ -322,10 +321,9 @@ class MaxPool2d final : public Layer {
   void Forward(const Tensor& in, Tensor* out) override {
     Prepare(in.shape);
     out->Resize(out_shape_);
-    fwd_.execute(CpuStream(),
-                 {{DNNL_ARG_SRC, Wrap(src_md_, in.data.data())},
-                  {DNNL_ARG_DST, Wrap(dst_md_, out->data.data())},
-                  {DNNL_ARG_WORKSPACE, workspace_}});
+    fwd_.execute(CpuStream(), {{DNNL_ARG_SRC, Wrap(src_md_, in.data.data())},
+                               {DNNL_ARG_DST, Wrap(dst_md_, out->data.data())},
+                               {DNNL_ARG_WORKSPACE, workspace_}});
     CpuStream().wait();
   }
   // Uses the workspace of the last Forward(), which must have been on `in`.
@@ -431,9 +429,8 @@ absl::StatusOr<float> SoftmaxCrossEntropy(const Tensor& logits,
   for (int64_t i = 0; i < n; ++i) {
     const int32_t label = labels[i];
     if (label < 0 || label >= k) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("label ", label, " of sample ", i, " is outside [0, ",
-                       k, ")"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "label ", label, " of sample ", i, " is outside [0, ", k, ")"));
     }
     const float* row = &logits.data[i * k];
     const float max = *std::max_element(row, row + k);

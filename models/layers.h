@@ -38,8 +38,8 @@ class Layer {
   // writes dLoss/dIn into `din` (resized to in.shape) and overwrites the
   // gradients of this layer's parameters. `din` may be null for the first
   // layer (no input gradient needed).
-  virtual void Backward(const Tensor& in, const Tensor& out,
-                        const Tensor& dout, Tensor* din) = 0;
+  virtual void Backward(const Tensor& in, const Tensor& out, const Tensor& dout,
+                        Tensor* din) = 0;
   // This layer's parameters, in a fixed order (weight, then bias).
   virtual std::vector<Param*> params() { return {}; }
   // Multiply-accumulates of one forward pass of one sample.

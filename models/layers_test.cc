@@ -10,9 +10,9 @@
 #include <cmath>
 #include <fstream>
 #include <functional>
-#include <sstream>
 #include <numeric>
 #include <random>
+#include <sstream>
 
 #include "gtest/gtest.h"
 #include "models/model.h"
@@ -149,8 +149,8 @@ TEST(LayersTest, MaxPoolGradientsWithDistinctInputs) {
   Tensor out;
   pool->Forward(x, &out);
   ASSERT_EQ(out.shape, (Shape{2, 2, 2, 3}));
-  EXPECT_FLOAT_EQ(out.data[0], std::max({x.data[0], x.data[1], x.data[6],
-                                         x.data[7]}));
+  EXPECT_FLOAT_EQ(out.data[0],
+                  std::max({x.data[0], x.data[1], x.data[6], x.data[7]}));
   CheckLayerGradients(*pool, x, 12);
 }
 
@@ -168,9 +168,10 @@ TEST(LayersTest, SoftmaxCrossEntropyValueAndGradient) {
     Tensor plus = logits, minus = logits;
     plus.data[i] += 1e-3f;
     minus.data[i] -= 1e-3f;
-    const double numeric = (double{*SoftmaxCrossEntropy(plus, labels, nullptr)} -
-                            *SoftmaxCrossEntropy(minus, labels, nullptr)) /
-                           2e-3;
+    const double numeric =
+        (double{*SoftmaxCrossEntropy(plus, labels, nullptr)} -
+         *SoftmaxCrossEntropy(minus, labels, nullptr)) /
+        2e-3;
     EXPECT_NEAR(d.data[i], numeric, 1e-3);
   }
   EXPECT_EQ(SoftmaxCrossEntropy(logits, {2, 3}, nullptr).status().message(),

@@ -19,9 +19,9 @@ absl::Status ParameterShard::CheckWorker(const std::string& job_id,
         options_.job_id, "\""));
   }
   if (worker_id < 0 || worker_id >= options_.num_workers) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("worker id ", worker_id, " is outside the job's [0, ",
-                     options_.num_workers, ")"));
+    return absl::InvalidArgumentError(absl::StrCat("worker id ", worker_id,
+                                                   " is outside the job's [0, ",
+                                                   options_.num_workers, ")"));
   }
   return absl::OkStatus();
 }
@@ -31,8 +31,8 @@ absl::Status ParameterShard::Initialize(
     std::vector<InitChunk> chunks) {
   absl::MutexLock lock(&init_mu_);
   if (initialized_.load()) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("shard ", options_.shard_index, " is already initialised"));
+    return absl::FailedPreconditionError(absl::StrCat(
+        "shard ", options_.shard_index, " is already initialised"));
   }
   absl::StatusOr<PartitionPlan> plan = PartitionPlan::Create(
       param_num_elements, partition_bytes, options_.num_shards);
@@ -91,9 +91,9 @@ absl::Status ParameterShard::WaitReady(absl::Time deadline) const {
   // initialized_ only changes under init_mu_, so the condition is re-checked
   // whenever the mutex is released.
   if (!init_mu_.AwaitWithDeadline(absl::Condition(&ready), deadline)) {
-    return absl::DeadlineExceededError(absl::StrCat(
-        "shard ", options_.shard_index,
-        " was not initialised by worker 0 before the deadline"));
+    return absl::DeadlineExceededError(
+        absl::StrCat("shard ", options_.shard_index,
+                     " was not initialised by worker 0 before the deadline"));
   }
   return absl::OkStatus();
 }
@@ -106,9 +106,9 @@ absl::Status ParameterShard::Push(int worker_id, int32_t param_id,
         "push to shard ", options_.shard_index, " before it was initialised"));
   }
   if (worker_id < 0 || worker_id >= options_.num_workers) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("worker id ", worker_id, " is outside the job's [0, ",
-                     options_.num_workers, ")"));
+    return absl::InvalidArgumentError(absl::StrCat("worker id ", worker_id,
+                                                   " is outside the job's [0, ",
+                                                   options_.num_workers, ")"));
   }
   const int global = plan_->FindChunk(param_id, chunk_index);
   if (global < 0 || local_index_[global] < 0) {
@@ -170,8 +170,9 @@ absl::Status ParameterShard::Pull(int64_t min_version, int64_t samples,
                                   absl::Time deadline,
                                   const PullVisitor& visit) {
   if (!initialized_.load()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "pull from shard ", options_.shard_index, " before it was initialised"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("pull from shard ", options_.shard_index,
+                     " before it was initialised"));
   }
   samples_.fetch_add(samples, std::memory_order_relaxed);
   pulls_.fetch_add(1, std::memory_order_relaxed);
@@ -188,9 +189,9 @@ absl::Status ParameterShard::Pull(int64_t min_version, int64_t samples,
       const int64_t version = chunk.version;
       chunk.mu.Unlock();
       return absl::DeadlineExceededError(absl::StrCat(
-          "pull of version ", min_version, " from shard ",
-          options_.shard_index, " timed out at chunk (", chunk.spec.param_id,
-          ", ", chunk.spec.chunk_index, "), still at version ", version,
+          "pull of version ", min_version, " from shard ", options_.shard_index,
+          " timed out at chunk (", chunk.spec.param_id, ", ",
+          chunk.spec.chunk_index, "), still at version ", version,
           "; no push yet from worker(s) ", absl::StrJoin(missing, ",")));
     }
     visit(chunk.spec, chunk.version,

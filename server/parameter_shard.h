@@ -103,9 +103,9 @@ class ParameterShard {
   // Called once per chunk of this shard, in plan order, with the chunk's
   // weights at a version >= min_version. The span is valid only during the
   // call (the chunk's lock is held).
-  using PullVisitor = std::function<void(const ChunkSpec& chunk,
-                                         int64_t version,
-                                         absl::Span<const float> weights)>;
+  using PullVisitor =
+      std::function<void(const ChunkSpec& chunk, int64_t version,
+                         absl::Span<const float> weights)>;
   // Waits, chunk by chunk, for version >= min_version (min_version 0: the
   // newest) and hands each chunk to `visit` as soon as it is ready, so the
   // first chunks can be sent while later ones are still aggregating.

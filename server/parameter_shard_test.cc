@@ -28,11 +28,11 @@ std::vector<std::vector<float>> PullAll(ParameterShard& shard,
                                         int64_t min_version,
                                         absl::Status* status = nullptr) {
   std::vector<std::vector<float>> out;
-  absl::Status s = shard.Pull(
-      min_version, 0, absl::Now() + absl::Seconds(5),
-      [&](const ChunkSpec&, int64_t, absl::Span<const float> w) {
-        out.emplace_back(w.begin(), w.end());
-      });
+  absl::Status s =
+      shard.Pull(min_version, 0, absl::Now() + absl::Seconds(5),
+                 [&](const ChunkSpec&, int64_t, absl::Span<const float> w) {
+                   out.emplace_back(w.begin(), w.end());
+                 });
   if (status != nullptr) *status = s;
   return out;
 }
@@ -58,8 +58,7 @@ TEST(ParameterShardTest, BadPushesGetInvalidArgumentAndChangeNothing) {
   EXPECT_EQ(status.message(), "chunk (3, 0) is not owned by shard 0");
   status = shard.Push(0, 0, 1, 0, four);
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(status.message(),
-            "chunk (0, 1) push has 4 elements; expected 2");
+  EXPECT_EQ(status.message(), "chunk (0, 1) push has 4 elements; expected 2");
   status = shard.Push(2, 0, 0, 0, four);
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(status.message(), "worker id 2 is outside the job's [0, 2)");
@@ -85,8 +84,7 @@ TEST(ParameterShardTest, InitIsAllOrNothing) {
   std::vector<InitChunk> chunks = InitChunks();
   chunks[2].values = {1, 2, 3};
   absl::Status status = shard.Initialize({6, 2}, 16, chunks);
-  EXPECT_EQ(status.message(),
-            "init chunk (1, 0) has 3 elements; expected 2");
+  EXPECT_EQ(status.message(), "init chunk (1, 0) has 3 elements; expected 2");
   EXPECT_FALSE(shard.initialized());
   chunks = InitChunks();
   chunks.pop_back();
@@ -110,9 +108,9 @@ TEST(ParameterShardTest, SyncAveragesWorkersThenAppliesAdamOnce) {
     if (w == 0) {
       // Half the workers pushed: nothing is applied yet, the pull for
       // version 1 times out naming worker 1.
-      absl::Status status = shard.Pull(
-          1, 0, absl::Now() + absl::Milliseconds(20),
-          [](const ChunkSpec&, int64_t, absl::Span<const float>) {});
+      absl::Status status =
+          shard.Pull(1, 0, absl::Now() + absl::Milliseconds(20),
+                     [](const ChunkSpec&, int64_t, absl::Span<const float>) {});
       EXPECT_EQ(status.code(), absl::StatusCode::kDeadlineExceeded);
       EXPECT_NE(status.message().find("no push yet from worker(s) 1"),
                 std::string::npos)

@@ -64,8 +64,8 @@ int main(int argc, char** argv) {
   } else if (mode == "async") {
     options.mode = pstrain::SyncMode::kAsync;
   } else {
-    pstrain::PrintError(program, absl::StrCat("--mode=", mode,
-                                              ": expected sync or async"));
+    pstrain::PrintError(
+        program, absl::StrCat("--mode=", mode, ": expected sync or async"));
     return 2;
   }
   if (options.num_shards <= 0 || options.shard_index < 0 ||
@@ -77,9 +77,9 @@ int main(int argc, char** argv) {
     return 2;
   }
   if (options.num_workers <= 0) {
-    pstrain::PrintError(program, absl::StrCat("--num_workers=",
-                                              options.num_workers,
-                                              ": expected > 0"));
+    pstrain::PrintError(
+        program,
+        absl::StrCat("--num_workers=", options.num_workers, ": expected > 0"));
     return 2;
   }
   options.adam.lr = static_cast<float>(absl::GetFlag(FLAGS_lr));
@@ -88,7 +88,8 @@ int main(int argc, char** argv) {
   options.adam.epsilon = static_cast<float>(absl::GetFlag(FLAGS_epsilon));
   options.adam.weight_decay =
       static_cast<float>(absl::GetFlag(FLAGS_weight_decay));
-  if (!(options.adam.lr > 0) || !(options.adam.beta1 >= 0 && options.adam.beta1 < 1) ||
+  if (!(options.adam.lr > 0) ||
+      !(options.adam.beta1 >= 0 && options.adam.beta1 < 1) ||
       !(options.adam.beta2 >= 0 && options.adam.beta2 < 1) ||
       !(options.adam.epsilon > 0) || !(options.adam.weight_decay >= 0)) {
     pstrain::PrintError(program,
@@ -113,8 +114,8 @@ int main(int argc, char** argv) {
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS,
                              pstrain::kKeepaliveTimeoutMs);
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
-  builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS,
-                             5000);
+  builder.AddChannelArgument(
+      GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 5000);
   builder.RegisterService(&service);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || bound_port == 0) {
@@ -154,10 +155,10 @@ int main(int argc, char** argv) {
       break;
     }
     if (absl::Now() - service.last_request_time() > idle_timeout) {
-      pstrain::PrintError(program,
-                          absl::StrCat("no request for ",
-                                       absl::GetFlag(FLAGS_idle_timeout_s),
-                                       " s (--idle_timeout_s); exiting"));
+      pstrain::PrintError(
+          program,
+          absl::StrCat("no request for ", absl::GetFlag(FLAGS_idle_timeout_s),
+                       " s (--idle_timeout_s); exiting"));
       exit_code = 1;
       break;
     }

@@ -33,8 +33,8 @@ grpc::Status PsService::Init(grpc::ServerContext* context,
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                         "init stream carried no message");
   }
-  absl::Status status =
-      shard_->CheckWorker(request.header().job_id(), request.header().worker_id());
+  absl::Status status = shard_->CheckWorker(request.header().job_id(),
+                                            request.header().worker_id());
   if (!status.ok()) return ToGrpcStatus(status);
   if (request.header().worker_id() != 0) {
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
@@ -105,11 +105,10 @@ grpc::Status PsService::PushPull(
     if (!status.ok()) return ToGrpcStatus(status);
     if (worker_id < 0) worker_id = request.header().worker_id();
     if (worker_id != request.header().worker_id()) {
-      return grpc::Status(
-          grpc::StatusCode::INVALID_ARGUMENT,
-          absl::StrCat("stream of worker ", worker_id,
-                       " carried a request of worker ",
-                       request.header().worker_id()));
+      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                          absl::StrCat("stream of worker ", worker_id,
+                                       " carried a request of worker ",
+                                       request.header().worker_id()));
     }
     if (request.has_push()) {
       const TensorChunk& chunk = request.push();
@@ -117,9 +116,9 @@ grpc::Status PsService::PushPull(
                                 std::memory_order_relaxed);
       status = DecodeFloatChunk(chunk, &gradient);
       if (!status.ok()) return ToGrpcStatus(status);
-      status = shard_->Push(worker_id, chunk.key().param_id(),
-                            chunk.key().chunk_index(), chunk.version(),
-                            gradient);
+      status =
+          shard_->Push(worker_id, chunk.key().param_id(),
+                       chunk.key().chunk_index(), chunk.version(), gradient);
       if (!status.ok()) return ToGrpcStatus(status);
     } else if (request.has_pull()) {
       std::vector<PushPullResponse> replies;
@@ -141,9 +140,8 @@ grpc::Status PsService::PushPull(
       }
       replies.back().set_last_of_pull(true);
       for (PushPullResponse& reply : replies) {
-        bytes_sent_.fetch_add(
-            static_cast<int64_t>(reply.chunk().data().size()),
-            std::memory_order_relaxed);
+        bytes_sent_.fetch_add(static_cast<int64_t>(reply.chunk().data().size()),
+                              std::memory_order_relaxed);
         if (!stream->Write(reply)) {
           return grpc::Status(grpc::StatusCode::UNAVAILABLE,
                               "worker closed the stream during a pull");

@@ -35,8 +35,7 @@ class PsService final : public ParameterServer::Service {
       grpc::ServerContext* context,
       grpc::ServerReaderWriter<PushPullResponse, PushPullRequest>* stream)
       override;
-  grpc::Status Stats(grpc::ServerContext* context,
-                     const StatsRequest* request,
+  grpc::Status Stats(grpc::ServerContext* context, const StatsRequest* request,
                      StatsResponse* response) override;
   grpc::Status WorkerDone(grpc::ServerContext* context,
                           const WorkerDoneRequest* request,

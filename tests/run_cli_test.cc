@@ -58,35 +58,41 @@ bool HaveFashionMnist() {
 }
 
 TEST(RunCliTest, SmallJobPrintsStepEpochLinesTableAndJson) {
-  if (!HaveFashionMnist()) GTEST_SKIP() << "dataset-fashion-mnist not installed";
+  if (!HaveFashionMnist())
+    GTEST_SKIP() << "dataset-fashion-mnist not installed";
   const std::string json_path = TempDir() + "/results.json";
   const Result r = RunPstrain(
       "--epochs=2 --max_steps_per_epoch=30 --log_every_steps=10 "
-      "--results_json=" + json_path);
+      "--results_json=" +
+      json_path);
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_TRUE(std::regex_search(
       r.output, std::regex(R"(\[worker0\] Step10: [0-9]+\.[0-9]{2} data/sec)")))
       << r.output;
-  EXPECT_TRUE(std::regex_search(r.output,
-                                std::regex(R"(\[worker0\] Step60: [0-9.]+ data/sec)")));
   EXPECT_TRUE(std::regex_search(
-      r.output, std::regex(R"(\[worker0\] Epoch 1 in [0-9]+\.[0-9]{2} sec, test )"
-                           R"(time [0-9]+\.[0-9]{2} sec, test accuracy: 0\.[0-9]{4})")))
+      r.output, std::regex(R"(\[worker0\] Step60: [0-9.]+ data/sec)")));
+  EXPECT_TRUE(std::regex_search(
+      r.output,
+      std::regex(R"(\[worker0\] Epoch 1 in [0-9]+\.[0-9]{2} sec, test )"
+                 R"(time [0-9]+\.[0-9]{2} sec, test accuracy: 0\.[0-9]{4})")))
       << r.output;
   EXPECT_NE(r.output.find("[ps0] all workers done"), std::string::npos);
   EXPECT_NE(r.output.find("[ps1] all workers done"), std::string::npos);
-  EXPECT_NE(r.output.find("| #PS | #Workers | Mode | Model | Batchsize | Epochs "
-                          "| Steps | Runtime | Throughput (data/sec) | Test "
-                          "accuracy |"),
-            std::string::npos);
+  EXPECT_NE(
+      r.output.find("| #PS | #Workers | Mode | Model | Batchsize | Epochs "
+                    "| Steps | Runtime | Throughput (data/sec) | Test "
+                    "accuracy |"),
+      std::string::npos);
   EXPECT_TRUE(std::regex_search(
-      r.output, std::regex(R"(\| 2 \| 2 \| sync \| lenet5 \| 64 \| 2 \| 60 \| )")));
+      r.output,
+      std::regex(R"(\| 2 \| 2 \| sync \| lenet5 \| 64 \| 2 \| 60 \| )")));
 
   std::ifstream in(json_path);
   std::stringstream json;
   json << in.rdbuf();
   pstrain::RunResult result;
-  ASSERT_TRUE(google::protobuf::util::JsonStringToMessage(json.str(), &result).ok())
+  ASSERT_TRUE(
+      google::protobuf::util::JsonStringToMessage(json.str(), &result).ok())
       << json.str();
   EXPECT_EQ(result.num_ps(), 2);
   EXPECT_EQ(result.num_workers(), 2);
@@ -123,7 +129,8 @@ TEST(RunCliTest, BadInputGetsOneLineErrorAndExitCode2) {
        "/nonexistent/train-images-idx3-ubyte: no such file (expected an IDX "
        "file, gzipped or plain)\n"},
       {"--dataset=cifar100",
-       "pstrain: error: --dataset=cifar100 --data_dir=" + std::string(kFashion) +
+       "pstrain: error: --dataset=cifar100 --data_dir=" +
+           std::string(kFashion) +
            ": unknown dataset \"cifar100\"; expected one of: fashion_mnist, "
            "mnist\n"},
       {"--mode=semi", "pstrain: error: --mode=semi: expected sync or async\n"},
@@ -141,8 +148,8 @@ TEST(RunCliTest, CorruptDatasetGetsOneLineErrorAndExitCode2) {
   // A gzip stream cut short: an IDX header declaring 60000 images of 28x28,
   // then only 100 bytes.
   gzFile f = gzopen((dir + "/train-images-idx3-ubyte.gz").c_str(), "wb");
-  const unsigned char header[] = {0, 0, 8, 3, 0, 0, 0xea, 0x60,
-                                  0, 0, 0, 28, 0, 0, 0, 28};
+  const unsigned char header[] = {0, 0, 8, 3,  0, 0, 0xea, 0x60,
+                                  0, 0, 0, 28, 0, 0, 0,    28};
   gzwrite(f, header, sizeof(header));
   const std::string some(100, 'x');
   gzwrite(f, some.data(), some.size());
@@ -156,7 +163,8 @@ TEST(RunCliTest, CorruptDatasetGetsOneLineErrorAndExitCode2) {
 }
 
 TEST(RunCliTest, FailingWorkerStopsTheJobAndLeavesNoProcess) {
-  if (!HaveFashionMnist()) GTEST_SKIP() << "dataset-fashion-mnist not installed";
+  if (!HaveFashionMnist())
+    GTEST_SKIP() << "dataset-fashion-mnist not installed";
   // Workers that exit with code 1 at once; the shards must be stopped.
   const Result r = RunPstrain("--worker_binary=/bin/false");
   EXPECT_EQ(r.exit_code, 1) << r.output;
@@ -168,12 +176,14 @@ TEST(RunCliTest, FailingWorkerStopsTheJobAndLeavesNoProcess) {
 }
 
 TEST(RunCliTest, MissingBinaryIsNamedBeforeAnythingStarts) {
-  if (!HaveFashionMnist()) GTEST_SKIP() << "dataset-fashion-mnist not installed";
+  if (!HaveFashionMnist())
+    GTEST_SKIP() << "dataset-fashion-mnist not installed";
   const Result r = RunPstrain("--ps_binary=/nonexistent/pstrain_ps");
   EXPECT_EQ(r.exit_code, 2);
-  EXPECT_EQ(r.output,
-            "pstrain: error: /nonexistent/pstrain_ps: not an executable; build "
-            "it with bazel build //server:pstrain_ps //worker:pstrain_worker\n");
+  EXPECT_EQ(
+      r.output,
+      "pstrain: error: /nonexistent/pstrain_ps: not an executable; build "
+      "it with bazel build //server:pstrain_ps //worker:pstrain_worker\n");
 }
 
 }  // namespace

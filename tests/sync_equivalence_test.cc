@@ -141,7 +141,8 @@ TEST_P(SyncEquivalenceTest, TwoWorkersOfBatch32EqualOneWorkerOfBatch64) {
   EXPECT_LT(relative, 1e-5) << GetParam();
   // The weights did move: 50 Adam steps of lr 1e-3 from the initial model.
   const Dataset same = data;
-  const auto zero_steps_apart = RelativeDifference(one, Train(same, GetParam(), 1, 64, 1));
+  const auto zero_steps_apart =
+      RelativeDifference(one, Train(same, GetParam(), 1, 64, 1));
   EXPECT_GT(zero_steps_apart, 1e-3);
 }
 

@@ -70,7 +70,8 @@ absl::Status LocalCluster::Start(const std::string& role,
     dup2(pipe_fds[1], STDERR_FILENO);
     for (const std::string& kv : env) putenv(const_cast<char*>(kv.c_str()));
     std::vector<char*> args;
-    for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+    for (const std::string& a : argv)
+      args.push_back(const_cast<char*>(a.c_str()));
     args.push_back(nullptr);
     execv(args[0], args.data());
     std::fprintf(stderr, "error: cannot run %s: %s\n", args[0],
@@ -82,7 +83,8 @@ absl::Status LocalCluster::Start(const std::string& role,
   child->role = role;
   child->pid = pid;
   child->last_error_line = std::make_shared<std::string>();
-  child->reader = std::thread(PumpLines, pipe_fds[0], role, child->last_error_line);
+  child->reader =
+      std::thread(PumpLines, pipe_fds[0], role, child->last_error_line);
   running_[pid] = std::move(child);
   return absl::OkStatus();
 }

@@ -34,7 +34,8 @@ class LocalCluster {
   ~LocalCluster();  // kills and reaps whatever is still running
 
   // Starts `argv` as `role` with extra environment `env` ("K=V").
-  absl::Status Start(const std::string& role, const std::vector<std::string>& argv,
+  absl::Status Start(const std::string& role,
+                     const std::vector<std::string>& argv,
                      const std::vector<std::string>& env = {});
 
   // Waits up to `timeout` for any child to exit; returns its exit, or

@@ -167,18 +167,19 @@ PsRun TimePs(int num_shards, const std::vector<int64_t>& sizes,
   int64_t version = 0;
   for (int r = 0; r < repeats + 1; ++r) {  // the first is warm-up
     const absl::Time start = absl::Now();
-    auto pulled = (*client)->PushPull(version, grad_spans, version + 1, 0,
-                                      weight_spans);
+    auto pulled =
+        (*client)->PushPull(version, grad_spans, version + 1, 0, weight_spans);
     const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
     if (!pulled.ok()) {
-      std::fprintf(stderr, "ps_bench: %s\n", pulled.status().ToString().c_str());
+      std::fprintf(stderr, "ps_bench: %s\n",
+                   pulled.status().ToString().c_str());
       std::exit(1);
     }
     version = *pulled;
     if (r > 0) run.seconds.push_back(seconds);
     for (size_t p = 0; p < sizes.size(); ++p) {
-      AdamUpdate(adam, version, replica[p].data(), grads[p].data(),
-                 m[p].data(), v[p].data(), sizes[p]);
+      AdamUpdate(adam, version, replica[p].data(), grads[p].data(), m[p].data(),
+                 v[p].data(), sizes[p]);
     }
   }
   for (size_t p = 0; p < sizes.size(); ++p) {
@@ -205,17 +206,17 @@ int main(int argc, char** argv) {
   }
   const std::vector<double> tcp = pstrain::TimeTcp(model_bytes, repeats);
   const double tcp_median = pstrain::Median(tcp);
-  std::printf("# ps_bench: push+pull of a %lld-byte model (%zu tensors), 1 "
-              "worker, loopback, median of %d steps\n",
-              static_cast<long long>(model_bytes), sizes.size(), repeats);
+  std::printf(
+      "# ps_bench: push+pull of a %lld-byte model (%zu tensors), 1 "
+      "worker, loopback, median of %d steps\n",
+      static_cast<long long>(model_bytes), sizes.size(), repeats);
   std::printf("# %12s %7s %-10s %10s %8s %10s %7s\n", "payload", "shards",
               "transport", "time", "GB/s", "ratio", "#wrong");
-  std::printf("# %12s %7s %-10s %10s %8s %10s %7s\n", "(B)", "", "", "(ms)",
-              "", "(vs TCP)", "");
+  std::printf("# %12s %7s %-10s %10s %8s %10s %7s\n", "(B)", "", "", "(ms)", "",
+              "(vs TCP)", "");
   std::printf("  %12lld %7s %-10s %10.1f %8.2f %10.2f %7s\n",
               static_cast<long long>(model_bytes), "-", "raw TCP",
-              tcp_median * 1e3, 2.0 * model_bytes / tcp_median / 1e9, 1.0,
-              "-");
+              tcp_median * 1e3, 2.0 * model_bytes / tcp_median / 1e9, 1.0, "-");
   for (int shards : {1, 2}) {
     const pstrain::PsRun run = pstrain::TimePs(
         shards, sizes, absl::GetFlag(FLAGS_partition_bytes), repeats);

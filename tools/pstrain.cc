@@ -79,8 +79,8 @@ std::string SiblingBinary(const std::string& package, const std::string& name) {
   const ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
   if (n <= 0) return name;
   std::string dir(self, n);
-  dir = dir.substr(0, dir.rfind('/'));        // .../tools
-  dir = dir.substr(0, dir.rfind('/'));        // ...
+  dir = dir.substr(0, dir.rfind('/'));  // .../tools
+  dir = dir.substr(0, dir.rfind('/'));  // ...
   return absl::StrCat(dir, "/", package, "/", name);
 }
 
@@ -110,8 +110,10 @@ int Run() {
 
   // Every check before any process starts.
   if (!Model::IsKnown(model)) {
-    return Fail(2, absl::StrCat("--model=", model, ": unknown model; expected "
-                                "one of: ", Model::KnownModels()));
+    return Fail(2, absl::StrCat("--model=", model,
+                                ": unknown model; expected "
+                                "one of: ",
+                                Model::KnownModels()));
   }
   if (batch_size <= 0) {
     return Fail(2, absl::StrCat("--batch_size=", batch_size,
@@ -122,8 +124,8 @@ int Run() {
     return Fail(2, absl::StrCat("--num_ps=", num_ps, ": expected >= 1"));
   }
   if (num_workers <= 0) {
-    return Fail(2, absl::StrCat("--num_workers=", num_workers,
-                                ": expected >= 1"));
+    return Fail(2,
+                absl::StrCat("--num_workers=", num_workers, ": expected >= 1"));
   }
   if (epochs <= 0) {
     return Fail(2, absl::StrCat("--epochs=", epochs, ": expected >= 1"));
@@ -142,9 +144,11 @@ int Run() {
                                 data_dir, ": ", dataset.status().message()));
   }
   if (dataset->train.count / num_workers < batch_size) {
-    return Fail(2, absl::StrCat("--batch_size=", batch_size, ": larger than "
-                                "each worker's ", dataset->train.count /
-                                num_workers, " training samples"));
+    return Fail(2, absl::StrCat("--batch_size=", batch_size,
+                                ": larger than "
+                                "each worker's ",
+                                dataset->train.count / num_workers,
+                                " training samples"));
   }
   std::string ps_binary = absl::GetFlag(FLAGS_ps_binary);
   if (ps_binary.empty()) ps_binary = SiblingBinary("server", "pstrain_ps");
@@ -154,7 +158,8 @@ int Run() {
   }
   for (const std::string& binary : {ps_binary, worker_binary}) {
     if (access(binary.c_str(), X_OK) != 0) {
-      return Fail(2, absl::StrCat(binary, ": not an executable; build it with "
+      return Fail(2, absl::StrCat(binary,
+                                  ": not an executable; build it with "
                                   "bazel build //server:pstrain_ps "
                                   "//worker:pstrain_worker"));
     }
@@ -210,13 +215,14 @@ int Run() {
       if (g_signal != 0) return interrupted();
       ChildExit exit = cluster.WaitAny(absl::Milliseconds(20));
       if (!exit.role.empty()) {
-        return fail_job(absl::StrCat(exit.role, " exited with code ", exit.code,
-                                     " before serving: ", exit.last_error_line));
+        return fail_job(
+            absl::StrCat(exit.role, " exited with code ", exit.code,
+                         " before serving: ", exit.last_error_line));
       }
       if (absl::Now() > deadline) {
-        return fail_job(absl::StrCat("ps", s, " did not report its port within ",
-                                     absl::GetFlag(FLAGS_startup_timeout_s),
-                                     " s"));
+        return fail_job(
+            absl::StrCat("ps", s, " did not report its port within ",
+                         absl::GetFlag(FLAGS_startup_timeout_s), " s"));
       }
     }
     while (!port.empty() && port.back() == '\n') port.pop_back();
@@ -240,7 +246,8 @@ int Run() {
         absl::StrCat("--batch_size=", batch_size),
         absl::StrCat("--epochs=", epochs),
         absl::StrCat("--seed=", absl::GetFlag(FLAGS_seed)),
-        absl::StrCat("--log_every_steps=", absl::GetFlag(FLAGS_log_every_steps)),
+        absl::StrCat("--log_every_steps=",
+                     absl::GetFlag(FLAGS_log_every_steps)),
         absl::StrCat("--partition_bytes=", partition_bytes),
         absl::StrCat("--max_steps_per_epoch=",
                      absl::GetFlag(FLAGS_max_steps_per_epoch))};
@@ -257,12 +264,13 @@ int Run() {
     ChildExit exit = cluster.WaitAny(absl::Milliseconds(100));
     if (exit.role.empty()) continue;
     if (exit.code != 0) {
-      return fail_job(absl::StrCat(
-          exit.role, " failed with ",
-          exit.code > 0 ? absl::StrCat("exit code ", exit.code)
-                        : absl::StrCat("signal ", -exit.code),
-          exit.last_error_line.empty() ? ""
-                                       : absl::StrCat(": ", exit.last_error_line)));
+      return fail_job(
+          absl::StrCat(exit.role, " failed with ",
+                       exit.code > 0 ? absl::StrCat("exit code ", exit.code)
+                                     : absl::StrCat("signal ", -exit.code),
+                       exit.last_error_line.empty()
+                           ? ""
+                           : absl::StrCat(": ", exit.last_error_line)));
     }
     // A shard exits 0 only once every worker said done, which can happen
     // before the last worker process is reaped here.
@@ -282,8 +290,9 @@ int Run() {
   std::string json;
   absl::Status status = ReadFile(results_file, &json);
   std::system(absl::StrCat("rm -rf ", run_dir).c_str());
-  if (!status.ok()) return Fail(1, absl::StrCat("worker0 wrote no results: ",
-                                                status.ToString()));
+  if (!status.ok())
+    return Fail(1,
+                absl::StrCat("worker0 wrote no results: ", status.ToString()));
   RunResult result;
   if (!google::protobuf::util::JsonStringToMessage(json, &result).ok()) {
     return Fail(1, "worker0's results are not valid JSON");
@@ -308,11 +317,10 @@ int main(int argc, char** argv) {
   std::vector<char*> positional = absl::ParseCommandLine(argc, argv);
   if (positional.size() != 2 || std::string(positional[1]) != "run") {
     pstrain::PrintError(
-        "pstrain",
-        absl::StrCat("expected the command \"run\"; got \"",
-                     positional.size() > 1 ? positional[1] : "", "\"",
-                     positional.size() > 2 ? " and more" : "",
-                     " (usage: pstrain run [--flags])"));
+        "pstrain", absl::StrCat("expected the command \"run\"; got \"",
+                                positional.size() > 1 ? positional[1] : "",
+                                "\"", positional.size() > 2 ? " and more" : "",
+                                " (usage: pstrain run [--flags])"));
     return 2;
   }
   return pstrain::Run();

@@ -1,14 +1,14 @@
 #include "worker/dataset.h"
 
+#include <sys/stat.h>
 #include <zlib.h>
 
 #include <algorithm>
-#include <cmath>
 #include <cerrno>
+#include <cmath>
 #include <cstring>
 #include <numeric>
 #include <random>
-#include <sys/stat.h>
 
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
@@ -20,8 +20,7 @@ namespace {
 bool ReadExactly(gzFile f, void* out, size_t n) {
   char* p = static_cast<char*>(out);
   while (n > 0) {
-    const unsigned chunk =
-        static_cast<unsigned>(std::min<size_t>(n, 1u << 30));
+    const unsigned chunk = static_cast<unsigned>(std::min<size_t>(n, 1u << 30));
     const int got = gzread(f, p, chunk);
     if (got <= 0) return false;
     p += got;
@@ -56,7 +55,8 @@ absl::StatusOr<LabeledImages> LoadSplit(const std::string& dir,
   if (!labels.ok()) return labels.status();
   if (images->dims.size() != 3) {
     return absl::DataLossError(absl::StrCat(
-        images_path, ": expected an image file (magic 0x00000803, 3 dims), got ",
+        images_path,
+        ": expected an image file (magic 0x00000803, 3 dims), got ",
         images->dims.size(), " dims"));
   }
   if (labels->dims.size() != 1) {
@@ -80,9 +80,9 @@ absl::StatusOr<LabeledImages> LoadSplit(const std::string& dir,
   for (int64_t i = 0; i < out.count; ++i) {
     const int label = labels->data[i];
     if (label >= num_classes) {
-      return absl::DataLossError(absl::StrCat(
-          labels_path, ": label ", label, " of sample ", i,
-          " is outside [0, ", num_classes, ")"));
+      return absl::DataLossError(
+          absl::StrCat(labels_path, ": label ", label, " of sample ", i,
+                       " is outside [0, ", num_classes, ")"));
     }
     out.labels[i] = label;
   }
@@ -107,9 +107,10 @@ absl::StatusOr<IdxArray> ReadIdx(const std::string& path) {
         absl::StrCat(path, ": truncated or corrupt (no IDX header)"));
   } else if (header[0] != 0 || header[1] != 0 || header[2] != 0x08 ||
              header[3] < 1 || header[3] > 4) {
-    status = absl::DataLossError(absl::StrCat(
-        path, ": bad magic number 0x", absl::Hex(BigEndian32(header), absl::kZeroPad8),
-        "; expected 0x00000801 (labels) or 0x00000803 (images)"));
+    status = absl::DataLossError(
+        absl::StrCat(path, ": bad magic number 0x",
+                     absl::Hex(BigEndian32(header), absl::kZeroPad8),
+                     "; expected 0x00000801 (labels) or 0x00000803 (images)"));
   } else {
     int64_t total = 1;
     for (int d = 0; d < header[3]; ++d) {
@@ -137,15 +138,15 @@ absl::StatusOr<IdxArray> ReadIdx(const std::string& path) {
     if (status.ok()) {
       out.data.resize(total);
       if (!ReadExactly(f, out.data.data(), out.data.size())) {
-        status = absl::DataLossError(absl::StrCat(
-            path, ": truncated or corrupt; expected ", total,
-            " bytes of data after the header"));
+        status = absl::DataLossError(
+            absl::StrCat(path, ": truncated or corrupt; expected ", total,
+                         " bytes of data after the header"));
       } else {
         char extra;
         if (gzread(f, &extra, 1) != 0) {
-          status = absl::DataLossError(absl::StrCat(
-              path, ": trailing bytes after the ", total,
-              " bytes the header declares"));
+          status = absl::DataLossError(
+              absl::StrCat(path, ": trailing bytes after the ", total,
+                           " bytes the header declares"));
         }
       }
     }
@@ -181,7 +182,8 @@ absl::StatusOr<Dataset> LoadDataset(const std::string& name,
     sum += x;
     sum_sq += double{x} * x;
   }
-  const double n = static_cast<double>(std::max<size_t>(train->images.size(), 1));
+  const double n =
+      static_cast<double>(std::max<size_t>(train->images.size(), 1));
   const double mean = sum / n;
   const double stddev = std::sqrt(std::max(sum_sq / n - mean * mean, 1e-12));
   for (LabeledImages* split : {&*train, &*test}) {
@@ -210,7 +212,8 @@ std::vector<int64_t> ShardedSampler::EpochIndices(int epoch) const {
   // standard library) derives the same permutation.
   std::mt19937_64 rng(seed_ * 1000003ull + static_cast<uint64_t>(epoch));
   for (int64_t i = num_samples_ - 1; i > 0; --i) {
-    const int64_t j = static_cast<int64_t>(rng() % static_cast<uint64_t>(i + 1));
+    const int64_t j =
+        static_cast<int64_t>(rng() % static_cast<uint64_t>(i + 1));
     std::swap(order[i], order[j]);
   }
   std::vector<int64_t> mine;
@@ -225,8 +228,8 @@ void GatherBatch(const LabeledImages& source,
                  const std::vector<int64_t>& indices, size_t begin, size_t n,
                  Tensor* images, std::vector<int32_t>* labels) {
   const int64_t per = NumElements(source.chw);
-  images->Resize({static_cast<int64_t>(n), source.chw[0], source.chw[1],
-                  source.chw[2]});
+  images->Resize(
+      {static_cast<int64_t>(n), source.chw[0], source.chw[1], source.chw[2]});
   labels->resize(n);
   for (size_t i = 0; i < n; ++i) {
     const int64_t s = indices[begin + i];

@@ -46,8 +46,8 @@ void WriteGzip(const std::string& path, const std::vector<unsigned char>& b) {
 }
 
 TEST(IdxTest, ReadsPlainAndGzip) {
-  const std::vector<unsigned char> bytes = IdxBytes(3, {2, 2, 3},
-      {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 255});
+  const std::vector<unsigned char> bytes =
+      IdxBytes(3, {2, 2, 3}, {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 255});
   const std::string plain = TempDir() + "/a-idx3-ubyte";
   const std::string gz = TempDir() + "/a-idx3-ubyte.gz";
   WritePlain(plain, bytes);
@@ -63,22 +63,26 @@ TEST(IdxTest, ReadsPlainAndGzip) {
 TEST(IdxTest, RejectsMissingBadMagicTruncatedAndTrailing) {
   const std::string dir = TempDir();
   EXPECT_EQ(ReadIdx(dir + "/missing").status().message(),
-            dir + "/missing: no such file (expected an IDX file, gzipped or "
-                  "plain)");
+            dir +
+                "/missing: no such file (expected an IDX file, gzipped or "
+                "plain)");
   std::vector<unsigned char> bytes = IdxBytes(1, {3}, {1, 2, 3});
   bytes[2] = 0x09;
   WritePlain(dir + "/magic", bytes);
   EXPECT_EQ(ReadIdx(dir + "/magic").status().message(),
-            dir + "/magic: bad magic number 0x00000901; expected 0x00000801 "
-                  "(labels) or 0x00000803 (images)");
+            dir +
+                "/magic: bad magic number 0x00000901; expected 0x00000801 "
+                "(labels) or 0x00000803 (images)");
   WriteGzip(dir + "/short.gz", IdxBytes(1, {5}, {1, 2, 3}));
   absl::Status status = ReadIdx(dir + "/short.gz").status();
   EXPECT_EQ(status.code(), absl::StatusCode::kDataLoss);
-  EXPECT_EQ(status.message(), dir + "/short.gz: truncated or corrupt; expected "
-                                    "5 bytes of data after the header");
+  EXPECT_EQ(status.message(), dir +
+                                  "/short.gz: truncated or corrupt; expected "
+                                  "5 bytes of data after the header");
   WritePlain(dir + "/long", IdxBytes(1, {2}, {1, 2, 3}));
-  EXPECT_EQ(ReadIdx(dir + "/long").status().message(),
-            dir + "/long: trailing bytes after the 2 bytes the header declares");
+  EXPECT_EQ(
+      ReadIdx(dir + "/long").status().message(),
+      dir + "/long: trailing bytes after the 2 bytes the header declares");
   // A gzip file cut in the middle of its stream.
   std::vector<unsigned char> big(5000);
   for (size_t i = 0; i < big.size(); ++i) big[i] = (i * 7919) % 251;

@@ -5,9 +5,9 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/rpc_options.h"
 #include "common/status.h"
 #include "common/tensor_codec.h"
-#include "common/rpc_options.h"
 
 namespace pstrain {
 namespace {
@@ -42,9 +42,9 @@ PsClient::~PsClient() {
 absl::StatusOr<std::unique_ptr<PsClient>> PsClient::Create(
     const PsClientOptions& options, const PartitionPlan& plan) {
   if (static_cast<int>(options.addresses.size()) != plan.num_shards()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        options.addresses.size(), " PS addresses for a plan of ",
-        plan.num_shards(), " shards"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(options.addresses.size(), " PS addresses for a plan of ",
+                     plan.num_shards(), " shards"));
   }
   std::unique_ptr<PsClient> client(new PsClient(options, plan));
   for (int s = 0; s < plan.num_shards(); ++s) {
@@ -64,9 +64,9 @@ void PsClient::SetHeader(RequestHeader* header) const {
 
 absl::Status PsClient::ShardError(int shard, const grpc::Status& status) const {
   absl::Status s = FromGrpcStatus(status);
-  return absl::Status(s.code(),
-                      absl::StrCat("shard ", shard, " (",
-                                   options_.addresses[shard], "): ", s.message()));
+  return absl::Status(
+      s.code(), absl::StrCat("shard ", shard, " (", options_.addresses[shard],
+                             "): ", s.message()));
 }
 
 absl::Status PsClient::Initialize(
@@ -107,18 +107,19 @@ absl::Status PsClient::WaitReady(absl::Duration timeout) {
     WaitReadyRequest request;
     SetHeader(request.mutable_header());
     WaitReadyResponse response;
-    const grpc::Status status = stubs_[s]->WaitReady(&context, request, &response);
+    const grpc::Status status =
+        stubs_[s]->WaitReady(&context, request, &response);
     if (!status.ok()) return ShardError(s, status);
     const std::vector<int64_t> sizes(
         response.layout().param_num_elements().begin(),
         response.layout().param_num_elements().end());
     if (sizes != plan_.param_num_elements() ||
         response.layout().partition_bytes() != plan_.partition_bytes()) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "shard ", s, " (", options_.addresses[s],
-          ") was initialised with a different model layout (",
-          sizes.size(), " tensors) than this worker's (",
-          plan_.param_num_elements().size(), " tensors)"));
+      return absl::FailedPreconditionError(
+          absl::StrCat("shard ", s, " (", options_.addresses[s],
+                       ") was initialised with a different model layout (",
+                       sizes.size(), " tensors) than this worker's (",
+                       plan_.param_num_elements().size(), " tensors)"));
     }
   }
   return absl::OkStatus();
@@ -131,9 +132,9 @@ absl::Status PsClient::FinishStream(int shard) {
   s.stream.reset();
   s.context.reset();
   if (status.ok()) {
-    return absl::UnavailableError(absl::StrCat(
-        "shard ", shard, " (", options_.addresses[shard],
-        "): stream ended early"));
+    return absl::UnavailableError(absl::StrCat("shard ", shard, " (",
+                                               options_.addresses[shard],
+                                               "): stream ended early"));
   }
   return ShardError(shard, status);
 }
@@ -179,16 +180,16 @@ absl::Status PsClient::PushPullShard(
       absl::Status status = DecodeFloatChunkInto(
           chunk, weights[c.param_id].subspan(c.offset, c.num_elements));
       if (!status.ok()) return status;
-      smallest = smallest < 0 ? chunk.version()
-                              : std::min(smallest, chunk.version());
+      smallest =
+          smallest < 0 ? chunk.version() : std::min(smallest, chunk.version());
       ++received;
     }
     if (response.last_of_pull()) break;
   }
   if (received != shard_chunks_[shard].size()) {
-    return absl::DataLossError(absl::StrCat(
-        "shard ", shard, " answered a pull with ", received, " chunks; expected ",
-        shard_chunks_[shard].size()));
+    return absl::DataLossError(
+        absl::StrCat("shard ", shard, " answered a pull with ", received,
+                     " chunks; expected ", shard_chunks_[shard].size()));
   }
   *version = smallest;
   return absl::OkStatus();
@@ -223,7 +224,8 @@ absl::StatusOr<StatsResponse> PsClient::Stats(int shard) {
   StatsRequest request;
   SetHeader(request.mutable_header());
   StatsResponse response;
-  const grpc::Status status = stubs_[shard]->Stats(&context, request, &response);
+  const grpc::Status status =
+      stubs_[shard]->Stats(&context, request, &response);
   if (!status.ok()) return ShardError(shard, status);
   return response;
 }

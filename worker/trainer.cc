@@ -41,7 +41,8 @@ absl::StatusOr<Evaluation> Evaluate(Model& model, const LabeledImages& test) {
       if (best == labels[i]) ++correct;
     }
   }
-  eval.accuracy = static_cast<double>(correct) / std::max<int64_t>(test.count, 1);
+  eval.accuracy =
+      static_cast<double>(correct) / std::max<int64_t>(test.count, 1);
   eval.loss = loss_sum / std::max<int64_t>(test.count, 1);
   return eval;
 }
@@ -63,11 +64,10 @@ absl::StatusOr<TrainerOutput> RunWorker(const TrainerOptions& options,
   ASSIGN_OR_RETURN(std::unique_ptr<Model> model,
                    Model::Create(options.model, dataset.train.chw,
                                  dataset.num_classes, options.seed));
-  ASSIGN_OR_RETURN(PartitionPlan plan,
-                   PartitionPlan::Create(model->ParamNumElements(),
-                                         options.partition_bytes,
-                                         static_cast<int>(
-                                             options.ps_addresses.size())));
+  ASSIGN_OR_RETURN(
+      PartitionPlan plan,
+      PartitionPlan::Create(model->ParamNumElements(), options.partition_bytes,
+                            static_cast<int>(options.ps_addresses.size())));
   PsClientOptions client_options;
   client_options.addresses = options.ps_addresses;
   client_options.job_id = options.job_id;
@@ -113,12 +113,12 @@ absl::StatusOr<TrainerOutput> RunWorker(const TrainerOptions& options,
   result.set_epochs(options.epochs);
   result.set_num_parameters(model->NumParameters());
   if (chief && options.verbose) {
-    std::printf("model %s: %lld parameters, %.2f MFLOPs forward per sample; "
-                "%zu chunks on %d shards; %lld steps per epoch per worker\n",
-                options.model.c_str(),
-                static_cast<long long>(model->NumParameters()),
-                2.0 * model->ForwardMacsPerSample() / 1e6, plan.chunks().size(),
-                plan.num_shards(), static_cast<long long>(steps_per_epoch));
+    std::printf(
+        "model %s: %lld parameters, %.2f MFLOPs forward per sample; "
+        "%zu chunks on %d shards; %lld steps per epoch per worker\n",
+        options.model.c_str(), static_cast<long long>(model->NumParameters()),
+        2.0 * model->ForwardMacsPerSample() / 1e6, plan.chunks().size(),
+        plan.num_shards(), static_cast<long long>(steps_per_epoch));
     std::fflush(stdout);
   }
 
@@ -142,10 +142,9 @@ absl::StatusOr<TrainerOutput> RunWorker(const TrainerOptions& options,
                   options.batch_size, &images, &labels);
       ASSIGN_OR_RETURN(float loss, model->ForwardBackward(images, labels));
       loss_sum += loss;
-      ASSIGN_OR_RETURN(version,
-                       client->PushPull(version, gradients,
-                                        sync ? version + 1 : 0,
-                                        options.batch_size, weights));
+      ASSIGN_OR_RETURN(
+          version, client->PushPull(version, gradients, sync ? version + 1 : 0,
+                                    options.batch_size, weights));
       ++step;
       if (chief && options.log_every_steps > 0 &&
           step % options.log_every_steps == 0) {
@@ -161,7 +160,8 @@ absl::StatusOr<TrainerOutput> RunWorker(const TrainerOptions& options,
         window_start = now;
       }
     }
-    const double epoch_seconds = absl::ToDoubleSeconds(absl::Now() - epoch_start);
+    const double epoch_seconds =
+        absl::ToDoubleSeconds(absl::Now() - epoch_start);
     train_seconds += epoch_seconds;
     if (chief && options.evaluate) {
       const absl::Time test_start = absl::Now();
@@ -194,8 +194,8 @@ absl::StatusOr<TrainerOutput> RunWorker(const TrainerOptions& options,
     ASSIGN_OR_RETURN(StatsResponse stats, client->Stats(0));
     // Samples of every worker, counted by shard 0. In sync mode this is
     // num_workers * batch_size * steps exactly.
-    result.set_throughput_samples_per_sec(
-        (stats.samples() - samples_at_start) / std::max(train_seconds, 1e-9));
+    result.set_throughput_samples_per_sec((stats.samples() - samples_at_start) /
+                                          std::max(train_seconds, 1e-9));
   }
   for (const Param* p : model->params()) {
     output.final_weights.push_back(p->value.data);

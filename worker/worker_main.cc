@@ -23,7 +23,8 @@ ABSL_FLAG(int, num_workers, 1, "Number of workers in the job.");
 ABSL_FLAG(std::string, ps_addresses, "",
           "Comma-separated host:port of every PS shard, by shard index.");
 ABSL_FLAG(std::string, model, "lenet5", "Model: lenet5 or mlp.");
-ABSL_FLAG(std::string, dataset, "fashion_mnist", "Dataset: fashion_mnist or mnist.");
+ABSL_FLAG(std::string, dataset, "fashion_mnist",
+          "Dataset: fashion_mnist or mnist.");
 ABSL_FLAG(std::string, data_dir, "/usr/share/datasets/fashion-mnist",
           "Folder holding the dataset's IDX files (gzipped or plain).");
 ABSL_FLAG(std::string, mode, "sync", "sync or async; must match the shards.");
@@ -50,8 +51,8 @@ int main(int argc, char** argv) {
   options.job_id = absl::GetFlag(FLAGS_job_id);
   options.worker_id = absl::GetFlag(FLAGS_worker_id);
   options.num_workers = absl::GetFlag(FLAGS_num_workers);
-  for (absl::string_view a :
-       absl::StrSplit(absl::GetFlag(FLAGS_ps_addresses), ',', absl::SkipEmpty())) {
+  for (absl::string_view a : absl::StrSplit(absl::GetFlag(FLAGS_ps_addresses),
+                                            ',', absl::SkipEmpty())) {
     options.ps_addresses.emplace_back(a);
   }
   if (options.ps_addresses.empty()) {
@@ -87,8 +88,9 @@ int main(int argc, char** argv) {
   absl::StatusOr<pstrain::TrainerOutput> output =
       pstrain::RunWorker(options, *dataset);
   if (!output.ok()) {
-    pstrain::PrintError(program, absl::StrCat("worker ", options.worker_id,
-                                              ": ", output.status().ToString()));
+    pstrain::PrintError(program,
+                        absl::StrCat("worker ", options.worker_id, ": ",
+                                     output.status().ToString()));
     return 1;
   }
   const std::string results_json = absl::GetFlag(FLAGS_results_json);
