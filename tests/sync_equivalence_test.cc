@@ -2,8 +2,6 @@
 // workers of batch b over the same samples reach the same weights as one
 // worker of batch W*b, to float rounding. Runs real shards behind real gRPC
 // servers on loopback, with the workers as threads of this process.
-#include <grpcpp/grpcpp.h>
-
 #include <cmath>
 #include <cstdio>
 #include <memory>
@@ -12,10 +10,8 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "common/rpc_options.h"
 #include "gtest/gtest.h"
-#include "server/parameter_shard.h"
-#include "server/ps_service.h"
+#include "server/local_shards.h"
 #include "worker/trainer.h"
 
 namespace pstrain {
@@ -49,40 +45,12 @@ Dataset MakeDataset(int64_t count) {
   return d;
 }
 
-struct LocalShards {
-  std::vector<std::unique_ptr<ParameterShard>> shards;
-  std::vector<std::unique_ptr<PsService>> services;
-  std::vector<std::unique_ptr<grpc::Server>> servers;
-  std::vector<std::string> addresses;
-
-  LocalShards(int num_shards, int num_workers) {
-    for (int s = 0; s < num_shards; ++s) {
-      ShardOptions options;
-      options.shard_index = s;
-      options.num_shards = num_shards;
-      options.num_workers = num_workers;
-      shards.push_back(std::make_unique<ParameterShard>(options));
-      services.push_back(
-          std::make_unique<PsService>(shards.back().get(), absl::Seconds(60)));
-      grpc::ServerBuilder builder;
-      int port = 0;
-      builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(),
-                               &port);
-      builder.SetMaxReceiveMessageSize(kMaxMessageBytes);
-      builder.RegisterService(services.back().get());
-      servers.push_back(builder.BuildAndStart());
-      addresses.push_back(absl::StrCat("127.0.0.1:", port));
-    }
-  }
-  ~LocalShards() {
-    for (auto& server : servers) server->Shutdown();
-  }
-};
-
 std::vector<std::vector<float>> Train(const Dataset& data,
                                       const std::string& model, int workers,
                                       int batch_size, int steps) {
-  LocalShards shards(2, workers);
+  ShardOptions shard_options;
+  shard_options.num_workers = workers;
+  LocalShards shards(2, shard_options);
   std::vector<absl::StatusOr<TrainerOutput>> outputs(workers);
   std::vector<std::thread> threads;
   for (int w = 0; w < workers; ++w) {
@@ -90,7 +58,7 @@ std::vector<std::vector<float>> Train(const Dataset& data,
       TrainerOptions options;
       options.worker_id = w;
       options.num_workers = workers;
-      options.ps_addresses = shards.addresses;
+      options.ps_addresses = shards.addresses();
       options.model = model;
       options.batch_size = batch_size;
       options.epochs = 1;

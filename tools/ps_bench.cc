@@ -30,8 +30,7 @@
 #include "common/partition.h"
 #include "common/rpc_options.h"
 #include "server/adam.h"
-#include "server/parameter_shard.h"
-#include "server/ps_service.h"
+#include "server/local_shards.h"
 #include "worker/ps_client.h"
 
 ABSL_FLAG(int64_t, model_bytes, 100'000'000, "Model size in bytes (fp32).");
@@ -114,32 +113,13 @@ struct PsRun {
 PsRun TimePs(int num_shards, const std::vector<int64_t>& sizes,
              int64_t partition_bytes, int repeats) {
   PsRun run;
-  std::vector<std::unique_ptr<ParameterShard>> shards;
-  std::vector<std::unique_ptr<PsService>> services;
-  std::vector<std::unique_ptr<grpc::Server>> servers;
-  std::vector<std::string> addresses;
   AdamOptions adam;
-  for (int s = 0; s < num_shards; ++s) {
-    ShardOptions options;
-    options.shard_index = s;
-    options.num_shards = num_shards;
-    options.adam = adam;
-    shards.push_back(std::make_unique<ParameterShard>(options));
-    services.push_back(
-        std::make_unique<PsService>(shards.back().get(), absl::Seconds(60)));
-    grpc::ServerBuilder builder;
-    int port = 0;
-    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(),
-                             &port);
-    builder.SetMaxReceiveMessageSize(kMaxMessageBytes);
-    builder.SetMaxSendMessageSize(kMaxMessageBytes);
-    builder.RegisterService(services.back().get());
-    servers.push_back(builder.BuildAndStart());
-    addresses.push_back(absl::StrCat("127.0.0.1:", port));
-  }
+  ShardOptions shard_options;
+  shard_options.adam = adam;
+  LocalShards shards(num_shards, shard_options);
   auto plan = PartitionPlan::Create(sizes, partition_bytes, num_shards);
   PsClientOptions client_options;
-  client_options.addresses = addresses;
+  client_options.addresses = shards.addresses();
   auto client = PsClient::Create(client_options, *plan);
   std::vector<std::vector<float>> weights, grads, replica, m, v;
   std::vector<absl::Span<float>> weight_spans;
@@ -188,7 +168,6 @@ PsRun TimePs(int num_shards, const std::vector<int64_t>& sizes,
     }
   }
   (void)(*client)->Done();
-  for (auto& server : servers) server->Shutdown();
   return run;
 }
 
