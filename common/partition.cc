@@ -9,7 +9,7 @@ namespace pstrain {
 
 absl::StatusOr<PartitionPlan> PartitionPlan::Create(
     const std::vector<int64_t>& param_num_elements, int64_t partition_bytes,
-    int num_shards) {
+    int num_shards, int num_buffers) {
   if (num_shards <= 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("num_shards must be > 0, got ", num_shards));
@@ -22,7 +22,14 @@ absl::StatusOr<PartitionPlan> PartitionPlan::Create(
   if (param_num_elements.empty()) {
     return absl::InvalidArgumentError("the model has no parameters");
   }
+  if (num_buffers < 0 ||
+      num_buffers >= static_cast<int>(param_num_elements.size())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("num_buffers ", num_buffers, "; expected in [0, ",
+                     param_num_elements.size(), ") (at least one parameter)"));
+  }
   PartitionPlan plan;
+  plan.num_buffers_ = num_buffers;
   plan.num_shards_ = num_shards;
   plan.partition_bytes_ = partition_bytes;
   plan.param_num_elements_ = param_num_elements;

@@ -39,15 +39,24 @@ class PartitionPlan {
 
   // `param_num_elements`: element count of each parameter tensor (fp32), in
   // model order; each must be > 0. `partition_bytes` must be a positive
-  // multiple of 4 bytes (one fp32). Returns INVALID_ARGUMENT otherwise.
+  // multiple of 4 bytes (one fp32). The last `num_buffers` tensors are
+  // buffers (BatchNorm running statistics): the PS averages them over
+  // workers instead of applying the optimizer. Returns INVALID_ARGUMENT
+  // otherwise.
   static absl::StatusOr<PartitionPlan> Create(
       const std::vector<int64_t>& param_num_elements, int64_t partition_bytes,
-      int num_shards);
+      int num_shards, int num_buffers = 0);
 
   int num_shards() const { return num_shards_; }
   int64_t partition_bytes() const { return partition_bytes_; }
   const std::vector<int64_t>& param_num_elements() const {
     return param_num_elements_;
+  }
+  int num_buffers() const { return num_buffers_; }
+  // Whether tensor `param_id` is a buffer (one of the last num_buffers()).
+  bool is_buffer(int32_t param_id) const {
+    return param_id >= static_cast<int32_t>(param_num_elements_.size()) -
+                           num_buffers_;
   }
   // Every chunk, ordered by (param_id, chunk_index).
   const std::vector<ChunkSpec>& chunks() const { return chunks_; }
@@ -61,6 +70,7 @@ class PartitionPlan {
  private:
   int num_shards_ = 0;
   int64_t partition_bytes_ = 0;
+  int num_buffers_ = 0;
   std::vector<int64_t> param_num_elements_;
   std::vector<ChunkSpec> chunks_;
   // first_chunk_[p] = index in chunks_ of (p, 0).

@@ -1,20 +1,25 @@
-// Finite-difference checks of every layer's backward pass, in the manner of
-// Caffe's GradientChecker: loss L = sum(out * R) for a fixed random R, central
-// differences with step h = 1e-2, tolerance 1e-2 relative (scale
-// max(1, |analytic|, |numeric|)). Conv and linear are linear in their input
-// and weights, so central differences are exact up to fp32 rounding; ReLU and
-// max pooling get inputs kept 2h away from their kinks.
-#include "models/layers.h"
-
+// Every layer of the CPU backend:
+//  - against PyTorch (testdata/layers_fixture.txt, written by
+//    testdata/gen_layers_fixture.py with Debian's python3-torch): forward
+//    output, input gradient, parameter gradients and BatchNorm running
+//    statistics, on small shapes with inputs and weights given by formulas;
+//  - by finite differences, in the manner of Caffe's GradientChecker: loss
+//    L = sum(out * R) for a fixed random R, central differences with step
+//    h = 1e-2, tolerance 1e-2 relative (scale max(1, |analytic|, |numeric|)).
+//    Conv and linear are linear in their input and weights, so central
+//    differences are exact up to fp32 rounding; ReLU and max pooling get
+//    inputs kept away from their kinks.
 #include <algorithm>
 #include <cmath>
 #include <fstream>
-#include <functional>
+#include <map>
 #include <numeric>
 #include <random>
 #include <sstream>
 
 #include "gtest/gtest.h"
+#include "models/backend.h"
+#include "models/layer_spec.h"
 #include "models/model.h"
 
 namespace pstrain {
@@ -23,17 +28,103 @@ namespace {
 constexpr float kStep = 1e-2f;
 constexpr float kTolerance = 1e-2f;
 
-Tensor RandomTensor(const Shape& shape, std::mt19937_64& rng) {
-  Tensor t(shape);
-  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
-  for (float& x : t.data) x = dist(rng);
-  return t;
+std::vector<float> Values(const DeviceTensor& t) {
+  return std::vector<float>(t.data(), t.data() + t.size());
 }
 
-double WeightedSum(const Tensor& out, const Tensor& r) {
-  double s = 0.0;
-  for (int64_t i = 0; i < out.size(); ++i) s += double{out.data[i]} * r.data[i];
-  return s;
+// One layer on the CPU backend with its own parameters and buffers.
+class Harness {
+ public:
+  explicit Harness(const LayerSpec& spec, uint64_t seed = 1)
+      : backend_(NewCpuBackend()), spec_(spec) {
+    const auto param_specs = ParamSpecs(spec);
+    const auto buffer_specs = BufferSpecs(spec);
+    params_.resize(param_specs.size());
+    buffers_.resize(buffer_specs.size());
+    std::vector<Param*> params;
+    std::vector<Buffer*> buffers;
+    std::mt19937_64 rng(seed);
+    std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+    for (size_t i = 0; i < param_specs.size(); ++i) {
+      params_[i].name = param_specs[i].name;
+      params_[i].value = DeviceTensor(backend_.get());
+      params_[i].grad = DeviceTensor(backend_.get());
+      EXPECT_TRUE(params_[i].value.Resize(param_specs[i].shape).ok());
+      EXPECT_TRUE(params_[i].grad.Resize(param_specs[i].shape).ok());
+      for (int64_t j = 0; j < params_[i].value.size(); ++j) {
+        params_[i].value.data()[j] = dist(rng);
+      }
+      params.push_back(&params_[i]);
+    }
+    for (size_t i = 0; i < buffer_specs.size(); ++i) {
+      buffers_[i].value = DeviceTensor(backend_.get());
+      EXPECT_TRUE(buffers_[i].value.Resize(buffer_specs[i].shape).ok());
+      std::fill_n(buffers_[i].value.data(), buffers_[i].value.size(),
+                  buffer_specs[i].name == "running_var" ? 1.0f : 0.0f);
+      buffers.push_back(&buffers_[i]);
+    }
+    layer_ = *backend_->CreateLayer(spec, params, buffers, seed);
+  }
+
+  DeviceTensor Make(const Shape& shape, const std::vector<float>& values) {
+    DeviceTensor t(backend_.get());
+    EXPECT_TRUE(t.Resize(shape).ok());
+    EXPECT_EQ(static_cast<int64_t>(values.size()), t.size());
+    std::copy(values.begin(), values.end(), t.data());
+    return t;
+  }
+
+  // Forward of `inputs`; returns the output values.
+  std::vector<float> Forward(const std::vector<DeviceTensor*>& inputs,
+                             bool training = true) {
+    std::vector<const DeviceTensor*> in(inputs.begin(), inputs.end());
+    std::vector<Shape> shapes;
+    for (const DeviceTensor* t : in) shapes.push_back(t->shape());
+    out_ = DeviceTensor(backend_.get());
+    EXPECT_TRUE(out_.Resize(*OutputShape(spec_, shapes)).ok());
+    absl::Status s = layer_->Forward(in, &out_, training);
+    EXPECT_TRUE(s.ok()) << s;
+    return Values(out_);
+  }
+
+  // Backward of the last Forward with dLoss/dOut = `dout`; returns the
+  // input gradients.
+  std::vector<std::vector<float>> Backward(
+      const std::vector<DeviceTensor*>& inputs, const std::vector<float>& dout) {
+    std::vector<const DeviceTensor*> in(inputs.begin(), inputs.end());
+    DeviceTensor d = Make(out_.shape(), dout);
+    std::vector<DeviceTensor> din_store;
+    for (const DeviceTensor* t : in) {
+      din_store.emplace_back(backend_.get());
+      EXPECT_TRUE(din_store.back().Resize(t->shape()).ok());
+    }
+    std::vector<DeviceTensor*> din;
+    for (DeviceTensor& t : din_store) din.push_back(&t);
+    absl::Status s = layer_->Backward(in, out_, d, din);
+    EXPECT_TRUE(s.ok()) << s;
+    std::vector<std::vector<float>> result;
+    for (DeviceTensor& t : din_store) result.push_back(Values(t));
+    return result;
+  }
+
+  std::vector<Param>& params() { return params_; }
+  std::vector<Buffer>& buffers() { return buffers_; }
+  const Shape& out_shape() const { return out_.shape(); }
+
+ private:
+  std::unique_ptr<Backend> backend_;
+  LayerSpec spec_;
+  std::vector<Param> params_;
+  std::vector<Buffer> buffers_;
+  std::unique_ptr<Layer> layer_;
+  DeviceTensor out_;
+};
+
+std::vector<float> RandomValues(int64_t n, std::mt19937_64& rng) {
+  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+  std::vector<float> v(n);
+  for (float& x : v) x = dist(rng);
+  return v;
 }
 
 void ExpectClose(float analytic, double numeric, const std::string& what) {
@@ -42,24 +133,35 @@ void ExpectClose(float analytic, double numeric, const std::string& what) {
   EXPECT_NEAR(analytic, numeric, kTolerance * scale) << what;
 }
 
-// Checks d(sum(layer(x) * R))/dx and /dparams against central differences.
-void CheckLayerGradients(Layer& layer, Tensor x, uint64_t seed,
-                         bool check_input = true) {
-  std::mt19937_64 rng(seed);
-  Tensor out;
-  layer.Forward(x, &out);
-  const Tensor r = RandomTensor(out.shape, rng);
-  Tensor din;
-  layer.Backward(x, out, r, &din);
-  ASSERT_EQ(din.shape, x.shape);
+// Checks d(sum(layer(x) * R))/dx and /dparams against central differences
+// (training mode).
+void CheckGradients(const LayerSpec& spec, const Shape& shape,
+                    std::vector<float> x_values, uint64_t seed,
+                    int num_inputs = 1) {
+  Harness h(spec, seed);
+  std::mt19937_64 rng(seed + 100);
+  std::vector<DeviceTensor> store;
+  for (int i = 0; i < num_inputs; ++i) {
+    store.push_back(h.Make(shape, i == 0 ? x_values
+                                         : RandomValues(NumElements(shape),
+                                                        rng)));
+  }
+  std::vector<DeviceTensor*> inputs;
+  for (DeviceTensor& t : store) inputs.push_back(&t);
+  const std::vector<float> out = h.Forward(inputs);
+  const std::vector<float> r = RandomValues(out.size(), rng);
+  const std::vector<std::vector<float>> din = h.Backward(inputs, r);
+  std::vector<std::vector<float>> grads;
+  for (Param& p : h.params()) grads.push_back(Values(p.grad));
   auto loss = [&]() {
-    Tensor o;
-    layer.Forward(x, &o);
-    return WeightedSum(o, r);
+    const std::vector<float> o = h.Forward(inputs);
+    double s = 0;
+    for (size_t i = 0; i < o.size(); ++i) s += double{o[i]} * r[i];
+    return s;
   };
-  auto check = [&](std::vector<float>& values, const std::vector<float>& grad,
+  auto check = [&](float* values, int64_t n, const std::vector<float>& grad,
                    const std::string& what) {
-    for (size_t i = 0; i < values.size(); ++i) {
+    for (int64_t i = 0; i < n; ++i) {
       const float saved = values[i];
       values[i] = saved + kStep;
       const double plus = loss();
@@ -70,219 +172,254 @@ void CheckLayerGradients(Layer& layer, Tensor x, uint64_t seed,
                   what + "[" + std::to_string(i) + "]");
     }
   };
-  if (check_input) check(x.data, din.data, layer.name() + " input");
-  for (Param* p : layer.params()) {
-    const std::vector<float> grad = p->grad.data;
-    check(p->value.data, grad, layer.name() + " " + p->name);
+  for (int i = 0; i < num_inputs; ++i) {
+    check(inputs[i]->data(), inputs[i]->size(), din[i],
+          LayerName(spec) + " input " + std::to_string(i));
+  }
+  for (size_t p = 0; p < h.params().size(); ++p) {
+    check(h.params()[p].value.data(), h.params()[p].value.size(), grads[p],
+          LayerName(spec) + " " + h.params()[p].name);
   }
 }
 
-TEST(LayersTest, Conv2dGradients) {
-  std::mt19937_64 rng(1);
-  auto conv = MakeConv2d(2, 3, 3, 1, 1, rng);
-  CheckLayerGradients(*conv, RandomTensor({2, 2, 5, 5}, rng), 2);
+std::vector<float> RandomInput(const Shape& shape, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  return RandomValues(NumElements(shape), rng);
 }
 
-TEST(LayersTest, Conv2dStridedGradients) {
-  std::mt19937_64 rng(3);
-  auto conv = MakeConv2d(3, 2, 3, 2, 0, rng);
-  CheckLayerGradients(*conv, RandomTensor({2, 3, 7, 7}, rng), 4);
-}
-
-TEST(LayersTest, Conv2dForwardMatchesDirectSum) {
-  std::mt19937_64 rng(5);
-  auto conv = MakeConv2d(1, 1, 3, 1, 1, rng);
-  Param* w = conv->params()[0];
-  Param* b = conv->params()[1];
-  Tensor x = RandomTensor({1, 1, 4, 4}, rng);
-  Tensor out;
-  conv->Forward(x, &out);
-  ASSERT_EQ(out.shape, (Shape{1, 1, 4, 4}));
-  // Output (1, 2): cross-correlation over rows 0..2, columns 1..3.
-  double expected = b->value.data[0];
-  for (int i = 0; i < 3; ++i) {
-    for (int j = 0; j < 3; ++j) {
-      expected += double{w->value.data[i * 3 + j]} * x.data[i * 4 + (1 + j)];
-    }
-  }
-  EXPECT_NEAR(out.data[1 * 4 + 2], expected, 1e-5);
-}
-
-TEST(LayersTest, LinearGradients) {
-  std::mt19937_64 rng(6);
-  auto fc = MakeLinear(7, 4, rng);
-  CheckLayerGradients(*fc, RandomTensor({3, 7}, rng), 7);
-}
-
-TEST(LayersTest, LinearForwardIsXWtPlusB) {
-  std::mt19937_64 rng(8);
-  auto fc = MakeLinear(2, 2, rng);
-  fc->params()[0]->value.data = {1, 2, 3, 4};
-  fc->params()[1]->value.data = {0.5f, -1};
-  Tensor x({1, 2});
-  x.data = {1, -1};
-  Tensor out;
-  fc->Forward(x, &out);
-  EXPECT_FLOAT_EQ(out.data[0], 1 - 2 + 0.5f);
-  EXPECT_FLOAT_EQ(out.data[1], 3 - 4 - 1);
-}
-
-TEST(LayersTest, ReluGradientsAwayFromKink) {
-  std::mt19937_64 rng(9);
-  Tensor x = RandomTensor({2, 3, 4, 4}, rng);
-  for (float& v : x.data) {
-    if (std::fabs(v) < 2 * kStep) v += v < 0 ? -3 * kStep : 3 * kStep;
-  }
-  auto relu = MakeRelu();
-  CheckLayerGradients(*relu, x, 10);
-}
-
-TEST(LayersTest, MaxPoolGradientsWithDistinctInputs) {
-  std::mt19937_64 rng(11);
-  Tensor x({2, 2, 4, 6});
-  // Distinct values 0.05 apart: no tie within a window under a 1e-2 nudge.
-  std::vector<int> order(x.size());
+// Distinct values 0.05 apart: no tie within a pooling window under a nudge.
+std::vector<float> DistinctInput(const Shape& shape, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::vector<int> order(NumElements(shape));
   std::iota(order.begin(), order.end(), 0);
   std::shuffle(order.begin(), order.end(), rng);
-  for (int64_t i = 0; i < x.size(); ++i) x.data[i] = 0.05f * order[i] - 2.0f;
-  auto pool = MakeMaxPool2d(2, 2);
-  Tensor out;
-  pool->Forward(x, &out);
-  ASSERT_EQ(out.shape, (Shape{2, 2, 2, 3}));
-  EXPECT_FLOAT_EQ(out.data[0],
-                  std::max({x.data[0], x.data[1], x.data[6], x.data[7]}));
-  CheckLayerGradients(*pool, x, 12);
+  std::vector<float> v(order.size());
+  for (size_t i = 0; i < v.size(); ++i) v[i] = 0.05f * order[i] - 2.0f;
+  return v;
 }
 
-TEST(LayersTest, SoftmaxCrossEntropyValueAndGradient) {
-  Tensor logits({2, 3});
-  logits.data = {1.0f, 2.0f, 3.0f, 0.5f, 0.5f, -1.0f};
-  const std::vector<int32_t> labels = {2, 0};
-  Tensor d;
-  absl::StatusOr<float> loss = SoftmaxCrossEntropy(logits, labels, &d);
-  ASSERT_TRUE(loss.ok());
-  // PyTorch: F.cross_entropy(tensor([[1,2,3],[.5,.5,-1]]), tensor([2,0]))
-  //          = 0.6032611131668091.
-  EXPECT_NEAR(*loss, 0.6032611131668091, 1e-6);
-  for (int64_t i = 0; i < logits.size(); ++i) {
-    Tensor plus = logits, minus = logits;
-    plus.data[i] += 1e-3f;
-    minus.data[i] -= 1e-3f;
-    const double numeric =
-        (double{*SoftmaxCrossEntropy(plus, labels, nullptr)} -
-         *SoftmaxCrossEntropy(minus, labels, nullptr)) /
-        2e-3;
-    EXPECT_NEAR(d.data[i], numeric, 1e-3);
+TEST(FiniteDifferences, Conv2dWithBias) {
+  const Shape shape = {2, 2, 5, 5};
+  CheckGradients(LayerSpec::Conv2d(2, 3, 3, 1, 1, true), shape,
+                 RandomInput(shape, 1), 2);
+}
+
+TEST(FiniteDifferences, Conv2dStridedWithoutBias) {
+  const Shape shape = {2, 3, 7, 7};
+  CheckGradients(LayerSpec::Conv2d(3, 2, 3, 2, 1, false), shape,
+                 RandomInput(shape, 3), 4);
+}
+
+TEST(FiniteDifferences, Linear) {
+  const Shape shape = {3, 7};
+  CheckGradients(LayerSpec::Linear(7, 4), shape, RandomInput(shape, 5), 6);
+}
+
+TEST(FiniteDifferences, BatchNorm2dTraining) {
+  const Shape shape = {3, 2, 3, 3};
+  // The loss is quadratic-ish in x through the batch statistics; a smaller
+  // relative error needs inputs of spread ~1, which these have.
+  CheckGradients(LayerSpec::BatchNorm2d(2), shape, RandomInput(shape, 7), 8);
+}
+
+TEST(FiniteDifferences, ReluAwayFromKink) {
+  const Shape shape = {2, 3, 4, 4};
+  std::vector<float> x = RandomInput(shape, 9);
+  for (float& v : x) {
+    if (std::fabs(v) < 2 * kStep) v += v < 0 ? -3 * kStep : 3 * kStep;
   }
-  EXPECT_EQ(SoftmaxCrossEntropy(logits, {2, 3}, nullptr).status().message(),
-            "label 3 of sample 1 is outside [0, 3)");
+  CheckGradients(LayerSpec::Relu(), shape, x, 10);
 }
 
-TEST(ModelTest, LeNet5HasTheClassicParameterCount) {
-  auto model = Model::Create("lenet5", {1, 28, 28}, 10, 1);
-  ASSERT_TRUE(model.ok()) << model.status();
-  EXPECT_EQ((*model)->NumParameters(), 61706);
-  EXPECT_EQ((*model)->params().size(), 10u);
-  EXPECT_EQ((*model)->ParamNumElements()[4], 400 * 120);
+TEST(FiniteDifferences, MaxPoolPadded) {
+  const Shape shape = {2, 2, 5, 6};
+  CheckGradients(LayerSpec::MaxPool2d(3, 2, 1), shape,
+                 DistinctInput(shape, 11), 12);
 }
 
-TEST(ModelTest, UnknownModelNamesTheKnownOnes) {
-  auto model = Model::Create("resnet9000", {1, 28, 28}, 10, 1);
-  EXPECT_EQ(model.status().message(),
-            "unknown model \"resnet9000\"; expected one of: lenet5, mlp");
+TEST(FiniteDifferences, AvgPool) {
+  const Shape shape = {2, 2, 4, 6};
+  CheckGradients(LayerSpec::AvgPool2d(2, 2, 0), shape, RandomInput(shape, 13),
+                 14);
 }
 
-// LeNet-5's composition (padding, pooling, flatten order) is checked against
-// PyTorch rather than finite differences, whose central differences cross
-// too many ReLU and max-pool kinks in a whole network.
-TEST(ModelTest, LeNet5MatchesPyTorchForwardAndBackward) {
-  auto created = Model::Create("lenet5", {1, 28, 28}, 10, 1);
-  ASSERT_TRUE(created.ok());
-  Model& model = **created;
-  // testdata/gen_lenet_fixture.py defines these formulas.
-  for (size_t p = 0; p < model.params().size(); ++p) {
-    std::vector<float>& w = model.params()[p]->value.data;
-    for (size_t i = 0; i < w.size(); ++i) {
-      w[i] = static_cast<float>(0.1 * std::sin(0.7 * i + 1.3 * p));
+TEST(FiniteDifferences, GlobalAvgPool) {
+  const Shape shape = {2, 3, 3, 4};
+  CheckGradients(LayerSpec::GlobalAvgPool(), shape, RandomInput(shape, 15),
+                 16);
+}
+
+TEST(FiniteDifferences, ResidualAdd) {
+  const Shape shape = {2, 3, 2, 2};
+  CheckGradients(LayerSpec::Add(), shape, RandomInput(shape, 17), 18, 2);
+}
+
+TEST(FiniteDifferences, Flatten) {
+  const Shape shape = {2, 3, 2, 2};
+  CheckGradients(LayerSpec::Flatten(), shape, RandomInput(shape, 19), 20);
+}
+
+TEST(Dropout, ZeroesAboutPAndScalesTheRestAndBackwardUsesTheMask) {
+  const Shape shape = {4, 1000};
+  Harness h(LayerSpec::Dropout(0.3f), 21);
+  std::vector<float> ones(NumElements(shape), 1.0f);
+  DeviceTensor x = h.Make(shape, ones);
+  const std::vector<float> out = h.Forward({&x});
+  int zeros = 0;
+  for (float v : out) {
+    if (v == 0.0f) {
+      ++zeros;
+    } else {
+      EXPECT_FLOAT_EQ(v, 1.0f / 0.7f);
     }
   }
-  Tensor x({2, 1, 28, 28});
-  for (int64_t i = 0; i < x.size(); ++i) {
-    x.data[i] = static_cast<float>(0.5 * std::cos(0.37 * i));
+  // 4000 Bernoulli(0.3) draws: mean 1200, sd 29; 5 sd either side.
+  EXPECT_NEAR(zeros, 1200, 145);
+  std::vector<float> dout(ones.size(), 2.0f);
+  const std::vector<float> din = h.Backward({&x}, dout)[0];
+  for (size_t i = 0; i < din.size(); ++i) {
+    EXPECT_FLOAT_EQ(din[i], out[i] * 2.0f);
   }
-  absl::StatusOr<float> loss = model.ForwardBackward(x, {3, 7});
-  ASSERT_TRUE(loss.ok());
-  std::ifstream file("testdata/lenet5_fixture.txt");
-  ASSERT_TRUE(file) << "missing testdata/lenet5_fixture.txt";
+  // Eval mode is the identity.
+  EXPECT_EQ(h.Forward({&x}, false), ones);
+}
+
+// ---- PyTorch fixtures ----
+
+// testdata/gen_layers_fixture.py: "case NAME", then lines "TAG n v1 ... vn"
+// (input, input2, dout, param:NAME, out, din, din2, grad:NAME, buffer:NAME,
+// eval_out), then "end".
+struct FixtureCase {
+  std::string name;
+  std::map<std::string, std::vector<float>> values;
+};
+
+std::vector<FixtureCase> ReadFixture(const std::string& path) {
+  std::ifstream file(path);
+  EXPECT_TRUE(file) << "missing " << path;
+  std::vector<FixtureCase> cases;
   std::string line;
-  int grads_checked = 0;
   while (std::getline(file, line)) {
     std::istringstream in(line);
     std::string tag;
     in >> tag;
-    if (tag == "loss") {
-      double expected;
-      in >> expected;
-      EXPECT_NEAR(*loss, expected, 1e-5);
-    } else if (tag == "logits") {
-      const Tensor* logits = *model.Forward(x);
-      for (int i = 0; i < 20; ++i) {
-        double expected;
-        in >> expected;
-        EXPECT_NEAR(logits->data[i], expected, 1e-5) << "logit " << i;
-      }
-    } else if (tag == "grad") {
-      size_t p;
+    if (tag == "case") {
+      cases.emplace_back();
+      in >> cases.back().name;
+    } else if (!tag.empty() && tag != "end" && !cases.empty()) {
       int64_t n;
-      double sum, sum_abs;
-      in >> p >> n >> sum >> sum_abs;
-      ASSERT_LT(p, model.params().size());
-      const std::vector<float>& g = model.params()[p]->grad.data;
-      ASSERT_EQ(static_cast<int64_t>(g.size()), n);
-      double s = 0, sa = 0;
-      for (float v : g) {
-        s += v;
-        sa += std::fabs(v);
-      }
-      EXPECT_NEAR(s, sum, 1e-5 + 1e-4 * sum_abs) << "param " << p;
-      EXPECT_NEAR(sa, sum_abs, 1e-4 * sum_abs) << "param " << p;
-      for (int64_t i = 0; i < std::min<int64_t>(8, n); ++i) {
-        double expected;
-        in >> expected;
-        EXPECT_NEAR(g[i], expected, 1e-6 + 1e-4 * std::fabs(expected))
-            << "param " << p << " element " << i;
-      }
-      ++grads_checked;
+      in >> n;
+      std::vector<float> v(n);
+      for (float& x : v) in >> x;
+      cases.back().values[tag] = v;
     }
   }
-  EXPECT_EQ(grads_checked, 10);
+  return cases;
 }
 
-TEST(ModelTest, WholeModelGradientMatchesFiniteDifferences) {
-  for (const char* name : {"mlp"}) {
-    auto model = Model::Create(name, {1, 16, 16}, 4, 3);
-    ASSERT_TRUE(model.ok()) << model.status();
-    std::mt19937_64 rng(4);
-    Tensor x = RandomTensor({2, 1, 16, 16}, rng);
-    const std::vector<int32_t> labels = {1, 3};
-    ASSERT_TRUE((*model)->ForwardBackward(x, labels).ok());
-    // Spot-check a few elements of every parameter tensor.
-    for (Param* p : (*model)->params()) {
-      const std::vector<float> grad = p->grad.data;
-      for (int64_t i = 0; i < p->value.size(); i += 1 + p->value.size() / 5) {
-        const float saved = p->value.data[i];
-        // A small step keeps ReLU and max-pool kinks out of the difference.
-        p->value.data[i] = saved + 2e-3f;
-        const double plus = *(*model)->ForwardBackward(x, labels);
-        p->value.data[i] = saved - 2e-3f;
-        const double minus = *(*model)->ForwardBackward(x, labels);
-        p->value.data[i] = saved;
-        const double numeric = (plus - minus) / 4e-3;
-        EXPECT_NEAR(grad[i], numeric, 2e-4 + 0.02 * std::fabs(numeric))
-            << name << " " << p->name << "[" << i << "]";
-      }
+void ExpectAllNear(const std::vector<float>& actual,
+                   const std::vector<float>& expected,
+                   const std::string& what) {
+  ASSERT_EQ(actual.size(), expected.size()) << what;
+  for (size_t i = 0; i < actual.size(); ++i) {
+    EXPECT_NEAR(actual[i], expected[i], 1e-4 + 1e-4 * std::fabs(expected[i]))
+        << what << "[" << i << "]";
+  }
+}
+
+struct PyTorchCase {
+  std::string name;
+  LayerSpec spec;
+  Shape shape;
+  int num_inputs = 1;
+};
+
+std::vector<PyTorchCase> PyTorchCases() {
+  return {
+      {"conv_bias", LayerSpec::Conv2d(3, 4, 3, 1, 1, true), {2, 3, 5, 5}},
+      {"conv_stride2_nobias",
+       LayerSpec::Conv2d(3, 4, 3, 2, 1, false),
+       {2, 3, 6, 6}},
+      {"conv1x1_stride2", LayerSpec::Conv2d(4, 6, 1, 2, 0, false), {2, 4, 5, 5}},
+      {"conv7x7_stride2", LayerSpec::Conv2d(3, 4, 7, 2, 3, false), {1, 3, 9, 9}},
+      {"batchnorm", LayerSpec::BatchNorm2d(3), {4, 3, 3, 2}},
+      {"relu", LayerSpec::Relu(), {2, 3, 4, 4}},
+      {"maxpool3s2p1", LayerSpec::MaxPool2d(3, 2, 1), {2, 3, 6, 7}},
+      {"maxpool2", LayerSpec::MaxPool2d(2, 2, 0), {2, 2, 6, 6}},
+      {"avgpool2", LayerSpec::AvgPool2d(2, 2, 0), {2, 2, 6, 4}},
+      {"avgpool3s2p1", LayerSpec::AvgPool2d(3, 2, 1), {2, 2, 5, 5}},
+      {"globalavgpool", LayerSpec::GlobalAvgPool(), {2, 4, 3, 5}},
+      {"linear", LayerSpec::Linear(12, 5), {3, 12}},
+      {"flatten", LayerSpec::Flatten(), {2, 3, 2, 2}},
+      {"add", LayerSpec::Add(), {2, 3, 2, 2}, 2},
+  };
+}
+
+TEST(PyTorchFixtures, EveryLayerMatchesForwardBackwardAndRunningStats) {
+  const std::vector<FixtureCase> fixture =
+      ReadFixture("testdata/layers_fixture.txt");
+  std::map<std::string, const FixtureCase*> by_name;
+  for (const FixtureCase& c : fixture) by_name[c.name] = &c;
+  for (const PyTorchCase& c : PyTorchCases()) {
+    SCOPED_TRACE(c.name);
+    ASSERT_TRUE(by_name.count(c.name)) << "fixture has no case " << c.name;
+    const auto& v = by_name[c.name]->values;
+    Harness h(c.spec);
+    for (Param& p : h.params()) {
+      const std::vector<float>& w = v.at("param:" + p.name);
+      ASSERT_EQ(static_cast<int64_t>(w.size()), p.value.size()) << p.name;
+      std::copy(w.begin(), w.end(), p.value.data());
+    }
+    DeviceTensor x = h.Make(c.shape, v.at("input"));
+    DeviceTensor x2;
+    std::vector<DeviceTensor*> inputs = {&x};
+    if (c.num_inputs == 2) {
+      x2 = h.Make(c.shape, v.at("input2"));
+      inputs.push_back(&x2);
+    }
+    ExpectAllNear(h.Forward(inputs), v.at("out"), "out");
+    const auto din = h.Backward(inputs, v.at("dout"));
+    ExpectAllNear(din[0], v.at("din"), "din");
+    if (c.num_inputs == 2) ExpectAllNear(din[1], v.at("din2"), "din2");
+    for (Param& p : h.params()) {
+      ExpectAllNear(Values(p.grad), v.at("grad:" + p.name), "grad:" + p.name);
+    }
+    for (size_t b = 0; b < h.buffers().size(); ++b) {
+      const std::string name = BufferSpecs(c.spec)[b].name;
+      ExpectAllNear(Values(h.buffers()[b].value), v.at("buffer:" + name),
+                    "buffer:" + name);
+    }
+    if (v.count("eval_out")) {
+      ExpectAllNear(h.Forward(inputs, false), v.at("eval_out"), "eval_out");
     }
   }
+}
+
+TEST(SoftmaxCrossEntropy, ValueGradientAndBadLabel) {
+  const std::vector<float> logits = {1.0f, 2.0f, 3.0f, 0.5f, 0.5f, -1.0f};
+  const std::vector<int32_t> labels = {2, 0};
+  std::vector<float> d(6);
+  absl::StatusOr<float> loss =
+      HostSoftmaxCrossEntropy(logits.data(), 2, 3, labels, d.data());
+  ASSERT_TRUE(loss.ok());
+  // PyTorch: F.cross_entropy(tensor([[1,2,3],[.5,.5,-1]]), tensor([2,0]))
+  //          = 0.6032611131668091.
+  EXPECT_NEAR(*loss, 0.6032611131668091, 1e-6);
+  for (int i = 0; i < 6; ++i) {
+    std::vector<float> plus = logits, minus = logits;
+    plus[i] += 1e-3f;
+    minus[i] -= 1e-3f;
+    const double numeric =
+        (double{*HostSoftmaxCrossEntropy(plus.data(), 2, 3, labels, nullptr)} -
+         *HostSoftmaxCrossEntropy(minus.data(), 2, 3, labels, nullptr)) /
+        2e-3;
+    EXPECT_NEAR(d[i], numeric, 1e-3);
+  }
+  const std::vector<int32_t> bad = {2, 3};
+  EXPECT_EQ(HostSoftmaxCrossEntropy(logits.data(), 2, 3, bad, nullptr)
+                .status()
+                .message(),
+            "label 3 of sample 1 is outside [0, 3)");
 }
 
 }  // namespace

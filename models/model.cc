@@ -1,16 +1,324 @@
 #include "models/model.h"
 
+#include <algorithm>
+#include <cmath>
 #include <random>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 
 namespace pstrain {
 
-absl::StatusOr<std::unique_ptr<Model>> Model::Create(const std::string& name,
-                                                     const Shape& input_chw,
-                                                     int num_classes,
-                                                     uint64_t seed) {
+struct Model::Node {
+  std::string name;
+  LayerSpec spec;
+  std::vector<int> inputs;  // -1: the model's input.
+  std::vector<Param> params;
+  std::vector<Buffer> buffers;
+  int first_param = 0;   // Index of params[0] in Model::params_.
+  int first_buffer = 0;  // Index of buffers[0] in Model::buffers_.
+  std::unique_ptr<Layer> layer;
+  Shape sample_shape;  // Output shape for a batch of 1.
+  DeviceTensor out;
+  DeviceTensor grad;
+  bool grad_written = false;
+};
+
+namespace {
+
+constexpr int kInput = -1;
+
+enum class Init {
+  kDefault,        // U(-1/sqrt(fan_in), 1/sqrt(fan_in)) for weight and bias.
+  kKaimingFanOut,  // N(0, 2 / (out * k * k)), bias 0 (torchvision ResNet).
+  kNormal001,      // N(0, 0.01), bias 0 (torchvision VGG's linear layers).
+};
+
+}  // namespace
+
+// Appends layers to a model under construction, tracking shapes for a batch
+// of 1 and drawing initial weights on the host.
+class ModelBuilder {
+ public:
+  ModelBuilder(Model* model, const ModelOptions& options)
+      : model_(model), rng_(options.seed), dropout_seed_(options.dropout_seed) {}
+
+  // Adds `spec` named `name` on `inputs` (default: the last node). Returns
+  // the node index; errors are kept and returned by status().
+  int Add(const std::string& name, const LayerSpec& spec,
+          std::vector<int> inputs = {}, Init init = Init::kDefault) {
+    if (!status_.ok()) return last_;
+    if (inputs.empty()) inputs = {last_};
+    std::vector<Shape> in_shapes;
+    for (int i : inputs) in_shapes.push_back(shape(i));
+    absl::StatusOr<Shape> out = OutputShape(spec, in_shapes);
+    if (!out.ok()) {
+      status_ = absl::InvalidArgumentError(
+          absl::StrCat(model_->name_, ": layer ", name, ": ",
+                       out.status().message()));
+      return last_;
+    }
+    auto node = std::make_unique<Model::Node>();
+    node->name = name;
+    node->spec = spec;
+    node->inputs = inputs;
+    node->sample_shape = *out;
+    Backend* backend = model_->backend_;
+    node->out = DeviceTensor(backend);
+    node->grad = DeviceTensor(backend);
+    const std::vector<TensorSpec> param_specs = ParamSpecs(spec);
+    const std::vector<TensorSpec> buffer_specs = BufferSpecs(spec);
+    node->params.resize(param_specs.size());
+    node->buffers.resize(buffer_specs.size());
+    std::vector<Param*> params;
+    std::vector<Buffer*> buffers;
+    for (size_t i = 0; i < param_specs.size(); ++i) {
+      Param& p = node->params[i];
+      p.name = absl::StrCat(name, ".", param_specs[i].name);
+      p.value = DeviceTensor(backend);
+      p.grad = DeviceTensor(backend);
+      if (!Check(p.value.Resize(param_specs[i].shape)) ||
+          !Check(p.grad.Resize(param_specs[i].shape))) {
+        return last_;
+      }
+      std::vector<float> host(p.value.size());
+      Initialise(spec, init, param_specs[i].name, &host);
+      if (!Check(backend->CopyToDevice(host.data(), host.size(),
+                                       p.value.data()))) {
+        return last_;
+      }
+      params.push_back(&p);
+    }
+    for (size_t i = 0; i < buffer_specs.size(); ++i) {
+      Buffer& b = node->buffers[i];
+      b.name = absl::StrCat(name, ".", buffer_specs[i].name);
+      b.value = DeviceTensor(backend);
+      if (!Check(b.value.Resize(buffer_specs[i].shape))) return last_;
+      // running_mean 0, running_var 1.
+      std::vector<float> host(b.value.size(),
+                              buffer_specs[i].name == "running_var" ? 1 : 0);
+      if (!Check(backend->CopyToDevice(host.data(), host.size(),
+                                       b.value.data())) ||
+          !Check(backend->Synchronize())) {
+        return last_;
+      }
+      buffers.push_back(&b);
+    }
+    if (!Check(backend->Synchronize())) return last_;
+    const uint64_t seed =
+        dropout_seed_ * 0x9E3779B97F4A7C15ull + model_->nodes_.size();
+    absl::StatusOr<std::unique_ptr<Layer>> layer = backend->CreateLayer(
+        spec, std::move(params), std::move(buffers), seed);
+    if (!Check(layer.status())) return last_;
+    node->layer = *std::move(layer);
+    model_->nodes_.push_back(std::move(node));
+    last_ = static_cast<int>(model_->nodes_.size()) - 1;
+    return last_;
+  }
+
+  Shape shape(int node) const {
+    if (node == kInput) {
+      return {1, model_->input_chw_[0], model_->input_chw_[1],
+              model_->input_chw_[2]};
+    }
+    return model_->nodes_[node]->sample_shape;
+  }
+  int last() const { return last_; }
+  const absl::Status& status() const { return status_; }
+
+ private:
+  bool Check(const absl::Status& status) {
+    if (!status.ok() && status_.ok()) status_ = status;
+    return status.ok();
+  }
+
+  void Initialise(const LayerSpec& spec, Init init, const std::string& what,
+                  std::vector<float>* values) {
+    if (spec.type == LayerType::kBatchNorm2d) {
+      std::fill(values->begin(), values->end(), what == "weight" ? 1.0f : 0.0f);
+      return;
+    }
+    const bool bias = what == "bias";
+    if (init == Init::kKaimingFanOut || init == Init::kNormal001) {
+      if (bias) {
+        std::fill(values->begin(), values->end(), 0.0f);
+        return;
+      }
+      const double fan_out = spec.type == LayerType::kConv2d
+                                 ? spec.out_channels * spec.kernel * spec.kernel
+                                 : spec.out_channels;
+      const float stddev = init == Init::kNormal001
+                               ? 0.01f
+                               : static_cast<float>(std::sqrt(2.0 / fan_out));
+      std::normal_distribution<float> dist(0.0f, stddev);
+      for (float& x : *values) x = dist(rng_);
+      return;
+    }
+    const double fan_in = spec.type == LayerType::kConv2d
+                              ? spec.in_channels * spec.kernel * spec.kernel
+                              : spec.in_channels;
+    const float bound = static_cast<float>(1.0 / std::sqrt(fan_in));
+    std::uniform_real_distribution<float> dist(-bound, bound);
+    for (float& x : *values) x = dist(rng_);
+  }
+
+  Model* model_;
+  std::mt19937_64 rng_;
+  const uint64_t dropout_seed_;
+  int last_ = kInput;
+  absl::Status status_;
+};
+
+namespace {
+
+void BuildMlp(ModelBuilder& b, int num_classes) {
+  b.Add("flatten", LayerSpec::Flatten());
+  const int64_t features = b.shape(b.last())[1];
+  b.Add("fc1", LayerSpec::Linear(features, 256));
+  b.Add("relu1", LayerSpec::Relu());
+  b.Add("fc2", LayerSpec::Linear(256, 128));
+  b.Add("relu2", LayerSpec::Relu());
+  b.Add("fc3", LayerSpec::Linear(128, num_classes));
+}
+
+void BuildLenet5(ModelBuilder& b, int64_t channels, int num_classes) {
+  b.Add("conv1", LayerSpec::Conv2d(channels, 6, 5, 1, 2, true));
+  b.Add("relu1", LayerSpec::Relu());
+  b.Add("pool1", LayerSpec::MaxPool2d(2, 2, 0));
+  b.Add("conv2", LayerSpec::Conv2d(6, 16, 5, 1, 0, true));
+  b.Add("relu2", LayerSpec::Relu());
+  b.Add("pool2", LayerSpec::MaxPool2d(2, 2, 0));
+  b.Add("flatten", LayerSpec::Flatten());
+  b.Add("fc1", LayerSpec::Linear(b.shape(b.last())[1], 120));
+  b.Add("relu3", LayerSpec::Relu());
+  b.Add("fc2", LayerSpec::Linear(120, 84));
+  b.Add("relu4", LayerSpec::Relu());
+  b.Add("fc3", LayerSpec::Linear(84, num_classes));
+}
+
+void BuildAlexnet(ModelBuilder& b, int64_t channels, int64_t size,
+                  int num_classes) {
+  const bool imagenet = size > 64;
+  const LayerSpec pool = imagenet ? LayerSpec::MaxPool2d(3, 2, 0)
+                                  : LayerSpec::MaxPool2d(2, 2, 0);
+  b.Add("features.0", imagenet ? LayerSpec::Conv2d(channels, 64, 11, 4, 2, true)
+                               : LayerSpec::Conv2d(channels, 64, 3, 1, 1, true));
+  b.Add("features.1", LayerSpec::Relu());
+  b.Add("features.2", pool);
+  b.Add("features.3", LayerSpec::Conv2d(64, 192, 5, 1, 2, true));
+  b.Add("features.4", LayerSpec::Relu());
+  b.Add("features.5", pool);
+  b.Add("features.6", LayerSpec::Conv2d(192, 384, 3, 1, 1, true));
+  b.Add("features.7", LayerSpec::Relu());
+  b.Add("features.8", LayerSpec::Conv2d(384, 256, 3, 1, 1, true));
+  b.Add("features.9", LayerSpec::Relu());
+  b.Add("features.10", LayerSpec::Conv2d(256, 256, 3, 1, 1, true));
+  b.Add("features.11", LayerSpec::Relu());
+  b.Add("features.12", pool);
+  b.Add("flatten", LayerSpec::Flatten());
+  b.Add("classifier.0", LayerSpec::Dropout(0.5f));
+  b.Add("classifier.1", LayerSpec::Linear(b.shape(b.last())[1], 4096));
+  b.Add("classifier.2", LayerSpec::Relu());
+  b.Add("classifier.3", LayerSpec::Dropout(0.5f));
+  b.Add("classifier.4", LayerSpec::Linear(4096, 4096));
+  b.Add("classifier.5", LayerSpec::Relu());
+  b.Add("classifier.6", LayerSpec::Linear(4096, num_classes));
+}
+
+void BuildVgg16(ModelBuilder& b, int64_t channels, int num_classes) {
+  const int kPool = 0;
+  const int config[] = {64,  64,  kPool, 128, 128, kPool, 256, 256, 256, kPool,
+                        512, 512, 512, kPool, 512, 512, 512, kPool};
+  int64_t in = channels;
+  int index = 0;
+  for (int c : config) {
+    if (c == kPool) {
+      if (b.shape(b.last())[2] >= 2) {
+        b.Add(absl::StrCat("features.", index),
+              LayerSpec::MaxPool2d(2, 2, 0));
+      }
+      ++index;
+      continue;
+    }
+    b.Add(absl::StrCat("features.", index++),
+          LayerSpec::Conv2d(in, c, 3, 1, 1, true), {}, Init::kKaimingFanOut);
+    b.Add(absl::StrCat("features.", index++), LayerSpec::Relu());
+    in = c;
+  }
+  b.Add("flatten", LayerSpec::Flatten());
+  b.Add("classifier.0", LayerSpec::Linear(b.shape(b.last())[1], 4096), {},
+        Init::kNormal001);
+  b.Add("classifier.1", LayerSpec::Relu());
+  b.Add("classifier.2", LayerSpec::Dropout(0.5f));
+  b.Add("classifier.3", LayerSpec::Linear(4096, 4096), {}, Init::kNormal001);
+  b.Add("classifier.4", LayerSpec::Relu());
+  b.Add("classifier.5", LayerSpec::Dropout(0.5f));
+  b.Add("classifier.6", LayerSpec::Linear(4096, num_classes), {},
+        Init::kNormal001);
+}
+
+// conv (no bias, Kaiming) then BatchNorm.
+int ConvBn(ModelBuilder& b, const std::string& conv, const std::string& bn,
+           int input, int64_t in, int64_t out, int64_t k, int64_t stride) {
+  b.Add(conv, LayerSpec::Conv2d(in, out, k, stride, k / 2, false), {input},
+        Init::kKaimingFanOut);
+  return b.Add(bn, LayerSpec::BatchNorm2d(out));
+}
+
+void BuildResnet(ModelBuilder& b, int64_t channels, int64_t size,
+                 const std::vector<int>& blocks, bool bottleneck,
+                 int num_classes) {
+  const int64_t expansion = bottleneck ? 4 : 1;
+  if (size > 64) {
+    ConvBn(b, "conv1", "bn1", kInput, channels, 64, 7, 2);
+  } else {
+    ConvBn(b, "conv1", "bn1", kInput, channels, 64, 3, 1);
+  }
+  b.Add("relu", LayerSpec::Relu());
+  if (size > 32) b.Add("maxpool", LayerSpec::MaxPool2d(3, 2, 1));
+  int64_t in = 64;
+  const int64_t planes_of_stage[] = {64, 128, 256, 512};
+  for (int stage = 0; stage < 4; ++stage) {
+    const int64_t planes = planes_of_stage[stage];
+    for (int i = 0; i < blocks[stage]; ++i) {
+      const std::string p = absl::StrCat("layer", stage + 1, ".", i, ".");
+      const int64_t stride = (i == 0 && stage > 0) ? 2 : 1;
+      const int block_input = b.last();
+      int x;
+      if (bottleneck) {
+        x = ConvBn(b, p + "conv1", p + "bn1", block_input, in, planes, 1, 1);
+        x = b.Add(p + "relu1", LayerSpec::Relu());
+        x = ConvBn(b, p + "conv2", p + "bn2", x, planes, planes, 3, stride);
+        x = b.Add(p + "relu2", LayerSpec::Relu());
+        x = ConvBn(b, p + "conv3", p + "bn3", x, planes, planes * expansion, 1,
+                   1);
+      } else {
+        x = ConvBn(b, p + "conv1", p + "bn1", block_input, in, planes, 3,
+                   stride);
+        x = b.Add(p + "relu1", LayerSpec::Relu());
+        x = ConvBn(b, p + "conv2", p + "bn2", x, planes, planes, 3, 1);
+      }
+      int shortcut = block_input;
+      if (stride != 1 || in != planes * expansion) {
+        shortcut = ConvBn(b, p + "downsample.0", p + "downsample.1",
+                          block_input, in, planes * expansion, 1, stride);
+      }
+      b.Add(p + "add", LayerSpec::Add(), {x, shortcut});
+      b.Add(p + "relu", LayerSpec::Relu());
+      in = planes * expansion;
+    }
+  }
+  b.Add("avgpool", LayerSpec::GlobalAvgPool());
+  b.Add("flatten", LayerSpec::Flatten());
+  b.Add("fc", LayerSpec::Linear(in, num_classes));
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Model>> Model::Create(
+    const std::string& name, const Shape& input_chw, int num_classes,
+    const ModelOptions& options, Backend* backend) {
   if (input_chw.size() != 3 || NumElements(input_chw) <= 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("model input ", ShapeToString(input_chw),
@@ -20,66 +328,100 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Create(const std::string& name,
     return absl::InvalidArgumentError(
         absl::StrCat("num_classes ", num_classes, "; expected >= 2"));
   }
-  std::unique_ptr<Model> model(new Model());
-  model->name_ = name;
-  model->input_chw_ = input_chw;
-  std::mt19937_64 rng(seed);
-  auto& layers = model->layers_;
-  const int64_t c = input_chw[0];
-  if (name == "mlp") {
-    layers.push_back(MakeFlatten());
-    layers.push_back(MakeLinear(NumElements(input_chw), 256, rng));
-    layers.push_back(MakeRelu());
-    layers.push_back(MakeLinear(256, 128, rng));
-    layers.push_back(MakeRelu());
-    layers.push_back(MakeLinear(128, num_classes, rng));
-  } else if (name == "lenet5") {
-    layers.push_back(MakeConv2d(c, 6, 5, 1, 2, rng));
-    layers.push_back(MakeRelu());
-    layers.push_back(MakeMaxPool2d(2, 2));
-    layers.push_back(MakeConv2d(6, 16, 5, 1, 0, rng));
-    layers.push_back(MakeRelu());
-    layers.push_back(MakeMaxPool2d(2, 2));
-    layers.push_back(MakeFlatten());
-    // 16 x 5 x 5 = 400 for 28x28 inputs; other sizes adapt.
-    const int64_t h = ((input_chw[1]) / 2 - 4) / 2;
-    const int64_t w = ((input_chw[2]) / 2 - 4) / 2;
-    if (h <= 0 || w <= 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("lenet5: input ", ShapeToString(input_chw),
-                       " is too small; expected H, W >= 12"));
-    }
-    layers.push_back(MakeLinear(16 * h * w, 120, rng));
-    layers.push_back(MakeRelu());
-    layers.push_back(MakeLinear(120, 84, rng));
-    layers.push_back(MakeRelu());
-    layers.push_back(MakeLinear(84, num_classes, rng));
-  } else {
+  if (!IsKnown(name)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "unknown model \"", name, "\"; expected one of: ", KnownModels()));
   }
-  // Check the chain of shapes once, for a batch of 1.
-  Shape shape = {1, input_chw[0], input_chw[1], input_chw[2]};
-  for (const auto& layer : layers) {
-    absl::StatusOr<Shape> out = layer->OutputShape(shape);
-    if (!out.ok()) return out.status();
-    shape = *out;
-    for (Param* p : layer->params()) model->params_.push_back(p);
+  std::unique_ptr<Model> model(new Model());
+  model->name_ = name;
+  model->backend_ = backend;
+  model->input_chw_ = input_chw;
+  model->input_ = DeviceTensor(backend);
+  model->scratch_ = DeviceTensor(backend);
+  model->dlogits_ = DeviceTensor(backend);
+  ModelBuilder b(model.get(), options);
+  const int64_t c = input_chw[0];
+  const int64_t size = std::min(input_chw[1], input_chw[2]);
+  if (name == "mlp") {
+    BuildMlp(b, num_classes);
+  } else if (name == "lenet5") {
+    BuildLenet5(b, c, num_classes);
+  } else if (name == "alexnet") {
+    BuildAlexnet(b, c, size, num_classes);
+  } else if (name == "vgg16") {
+    BuildVgg16(b, c, num_classes);
+  } else if (name == "resnet18") {
+    BuildResnet(b, c, size, {2, 2, 2, 2}, false, num_classes);
+  } else if (name == "resnet34") {
+    BuildResnet(b, c, size, {3, 4, 6, 3}, false, num_classes);
+  } else if (name == "resnet50") {
+    BuildResnet(b, c, size, {3, 4, 6, 3}, true, num_classes);
+  } else if (name == "resnet101") {
+    BuildResnet(b, c, size, {3, 4, 23, 3}, true, num_classes);
   }
-  model->activations_.resize(layers.size() + 1);
-  model->grads_.resize(layers.size() + 1);
+  if (!b.status().ok()) return b.status();
+  absl::Status finished = model->Finish(input_chw);
+  if (!finished.ok()) return finished;
   return model;
 }
 
-std::string Model::KnownModels() { return "lenet5, mlp"; }
-
-bool Model::IsKnown(const std::string& name) {
-  return name == "lenet5" || name == "mlp";
+absl::Status Model::Finish(const Shape& input_chw) {
+  for (auto& node : nodes_) {
+    node->first_param = static_cast<int>(params_.size());
+    node->first_buffer = static_cast<int>(buffers_.size());
+    for (Param& p : node->params) params_.push_back(&p);
+    for (Buffer& b : node->buffers) buffers_.push_back(&b);
+  }
+  // Host staging: alias the tensors on host-memory backends, else pinned
+  // buffers (one block per tensor).
+  const bool alias = backend_->host_memory();
+  auto staging = [&](DeviceTensor& t) -> absl::StatusOr<float*> {
+    if (alias) return t.data();
+    absl::StatusOr<float*> block = backend_->AllocateHost(t.size());
+    if (block.ok()) host_blocks_.push_back(*block);
+    return block;
+  };
+  for (Param* p : params_) {
+    absl::StatusOr<float*> w = staging(p->value);
+    if (!w.ok()) return w.status();
+    absl::StatusOr<float*> g = staging(p->grad);
+    if (!g.ok()) return g.status();
+    host_weights_.push_back(absl::MakeSpan(*w, p->value.size()));
+    host_gradients_.push_back(absl::MakeConstSpan(*g, p->grad.size()));
+  }
+  for (Buffer* b : buffers_) {
+    absl::StatusOr<float*> w = staging(b->value);
+    if (!w.ok()) return w.status();
+    absl::StatusOr<float*> g = staging(b->value);
+    if (!g.ok()) return g.status();
+    host_weights_.push_back(absl::MakeSpan(*w, b->value.size()));
+    host_gradients_.push_back(absl::MakeConstSpan(*g, b->value.size()));
+  }
+  return StoreHostWeights();
 }
 
-std::vector<int64_t> Model::ParamNumElements() const {
+Model::~Model() {
+  nodes_.clear();
+  for (float* block : host_blocks_) backend_->FreeHost(block);
+}
+
+std::string Model::KnownModels() {
+  return "alexnet, lenet5, mlp, resnet101, resnet18, resnet34, resnet50, "
+         "vgg16";
+}
+
+bool Model::IsKnown(const std::string& name) {
+  for (const char* known : {"alexnet", "lenet5", "mlp", "resnet101",
+                            "resnet18", "resnet34", "resnet50", "vgg16"}) {
+    if (name == known) return true;
+  }
+  return false;
+}
+
+std::vector<int64_t> Model::PsTensorNumElements() const {
   std::vector<int64_t> sizes;
   for (const Param* p : params_) sizes.push_back(p->value.size());
+  for (const Buffer* b : buffers_) sizes.push_back(b->value.size());
   return sizes;
 }
 
@@ -90,43 +432,180 @@ int64_t Model::NumParameters() const {
 }
 
 int64_t Model::ForwardMacsPerSample() const {
-  Shape shape = {1, input_chw_[0], input_chw_[1], input_chw_[2]};
   int64_t macs = 0;
-  for (const auto& layer : layers_) {
-    macs += layer->ForwardMacsPerSample(shape);
-    shape = *layer->OutputShape(shape);
+  for (const auto& node : nodes_) {
+    const Shape in =
+        node->inputs[0] == kInput
+            ? Shape{1, input_chw_[0], input_chw_[1], input_chw_[2]}
+            : nodes_[node->inputs[0]]->sample_shape;
+    macs += pstrain::ForwardMacsPerSample(node->spec, in);
   }
   return macs;
 }
 
-absl::StatusOr<const Tensor*> Model::Forward(const Tensor& input) {
+std::string Model::Summary() const {
+  std::string out;
+  for (const auto& node : nodes_) {
+    int64_t n = 0;
+    for (const Param& p : node->params) n += p.value.size();
+    Shape shape(node->sample_shape.begin() + 1, node->sample_shape.end());
+    absl::StrAppendFormat(&out, "  %-24s %-16s %-18s %lld\n", node->name,
+                          LayerName(node->spec), ShapeToString(shape),
+                          static_cast<long long>(n));
+  }
+  return out;
+}
+
+absl::StatusOr<const Tensor*> Model::Forward(const Tensor& input,
+                                             bool training) {
   if (input.shape.size() != 4 || input.shape[1] != input_chw_[0] ||
-      input.shape[2] != input_chw_[1] || input.shape[3] != input_chw_[2]) {
+      input.shape[2] != input_chw_[1] || input.shape[3] != input_chw_[2] ||
+      input.shape[0] <= 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         name_, ": input ", ShapeToString(input.shape), "; expected [N, ",
         input_chw_[0], ", ", input_chw_[1], ", ", input_chw_[2], "]"));
   }
-  const Tensor* in = &input;
-  for (size_t i = 0; i < layers_.size(); ++i) {
-    layers_[i]->Forward(*in, &activations_[i + 1]);
-    in = &activations_[i + 1];
+  absl::Status s = input_.Resize(input.shape);
+  if (!s.ok()) return s;
+  s = backend_->CopyToDevice(input.data.data(), input.size(), input_.data());
+  if (!s.ok()) return s;
+  for (auto& node : nodes_) {
+    std::vector<const DeviceTensor*> in;
+    std::vector<Shape> shapes;
+    for (int i : node->inputs) {
+      in.push_back(i == kInput ? &input_ : &nodes_[i]->out);
+      shapes.push_back(in.back()->shape());
+    }
+    absl::StatusOr<Shape> out_shape = OutputShape(node->spec, shapes);
+    if (!out_shape.ok()) return out_shape.status();
+    s = node->out.Resize(*out_shape);
+    if (!s.ok()) return s;
+    s = node->layer->Forward(in, &node->out, training);
+    if (!s.ok()) {
+      return absl::Status(s.code(),
+                          absl::StrCat(node->name, ": ", s.message()));
+    }
   }
-  return in;
+  const DeviceTensor& logits = nodes_.back()->out;
+  host_logits_.Resize(logits.shape());
+  s = backend_->CopyToHost(logits.data(), logits.size(),
+                           host_logits_.data.data());
+  if (!s.ok()) return s;
+  s = backend_->Synchronize();
+  if (!s.ok()) return s;
+  return &host_logits_;
 }
 
-absl::StatusOr<float> Model::ForwardBackward(
-    const Tensor& input, const std::vector<int32_t>& labels) {
-  absl::StatusOr<const Tensor*> logits = Forward(input);
-  if (!logits.ok()) return logits.status();
-  absl::StatusOr<float> loss =
-      SoftmaxCrossEntropy(**logits, labels, &grads_.back());
-  if (!loss.ok()) return loss.status();
-  for (size_t i = layers_.size(); i-- > 0;) {
-    const Tensor& in = i == 0 ? input : activations_[i];
-    layers_[i]->Backward(in, activations_[i + 1], grads_[i + 1],
-                         i == 0 ? nullptr : &grads_[i]);
+absl::Status Model::CopyGradientsToHost(const Node& node) {
+  if (backend_->host_memory()) return absl::OkStatus();
+  for (size_t i = 0; i < node.params.size(); ++i) {
+    const DeviceTensor& g = node.params[i].grad;
+    absl::Status s = backend_->CopyToHost(
+        g.data(), g.size(),
+        const_cast<float*>(host_gradients_[node.first_param + i].data()));
+    if (!s.ok()) return s;
   }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<float> Model::ForwardBackward(const Tensor& input,
+                                             absl::Span<const int32_t> labels) {
+  absl::StatusOr<const Tensor*> logits = Forward(input, true);
+  if (!logits.ok()) return logits.status();
+  const DeviceTensor& device_logits = nodes_.back()->out;
+  absl::Status s = dlogits_.Resize(device_logits.shape());
+  if (!s.ok()) return s;
+  absl::StatusOr<float> loss =
+      backend_->SoftmaxCrossEntropy(device_logits, labels, &dlogits_);
+  if (!loss.ok()) return loss.status();
+  for (auto& node : nodes_) node->grad_written = false;
+  for (size_t n = nodes_.size(); n-- > 0;) {
+    Node& node = *nodes_[n];
+    const DeviceTensor& dout = n + 1 == nodes_.size() ? dlogits_ : node.grad;
+    if (n + 1 < nodes_.size() && !node.grad_written) {
+      return absl::InternalError(
+          absl::StrCat(name_, ": output of ", node.name, " is never used"));
+    }
+    std::vector<const DeviceTensor*> in;
+    std::vector<DeviceTensor*> din;
+    std::vector<int> accumulate_into;  // Producer of each scratch use.
+    for (int i : node.inputs) {
+      if (i == kInput) {
+        in.push_back(&input_);
+        din.push_back(nullptr);
+        continue;
+      }
+      Node& producer = *nodes_[i];
+      in.push_back(&producer.out);
+      if (!producer.grad_written) {
+        s = producer.grad.Resize(producer.out.shape());
+        if (!s.ok()) return s;
+        producer.grad_written = true;
+        din.push_back(&producer.grad);
+      } else {
+        if (!accumulate_into.empty()) {
+          return absl::InternalError(absl::StrCat(
+              name_, ": ", node.name, " needs two accumulated gradients"));
+        }
+        s = scratch_.Resize(producer.out.shape());
+        if (!s.ok()) return s;
+        accumulate_into.push_back(i);
+        din.push_back(&scratch_);
+      }
+    }
+    s = node.layer->Backward(in, node.out, dout, din);
+    if (!s.ok()) {
+      return absl::Status(s.code(),
+                          absl::StrCat(node.name, ": ", s.message()));
+    }
+    for (int i : accumulate_into) {
+      s = backend_->Accumulate(scratch_.data(), scratch_.size(),
+                               nodes_[i]->grad.data());
+      if (!s.ok()) return s;
+    }
+    // Start the device-to-host copy of this layer's gradients while the
+    // backward pass goes on.
+    s = CopyGradientsToHost(node);
+    if (!s.ok()) return s;
+  }
+  if (!backend_->host_memory()) {
+    for (size_t i = 0; i < buffers_.size(); ++i) {
+      const DeviceTensor& v = buffers_[i]->value;
+      s = backend_->CopyToHost(
+          v.data(), v.size(),
+          const_cast<float*>(host_gradients_[params_.size() + i].data()));
+      if (!s.ok()) return s;
+    }
+  }
+  s = backend_->Synchronize();
+  if (!s.ok()) return s;
   return *loss;
+}
+
+absl::Status Model::LoadHostWeights() {
+  if (backend_->host_memory()) return absl::OkStatus();
+  for (size_t i = 0; i < host_weights_.size(); ++i) {
+    DeviceTensor& t = i < params_.size()
+                          ? params_[i]->value
+                          : buffers_[i - params_.size()]->value;
+    absl::Status s =
+        backend_->CopyToDevice(host_weights_[i].data(), t.size(), t.data());
+    if (!s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Model::StoreHostWeights() {
+  if (backend_->host_memory()) return absl::OkStatus();
+  for (size_t i = 0; i < host_weights_.size(); ++i) {
+    const DeviceTensor& t = i < params_.size()
+                                ? params_[i]->value
+                                : buffers_[i - params_.size()]->value;
+    absl::Status s =
+        backend_->CopyToHost(t.data(), t.size(), host_weights_[i].data());
+    if (!s.ok()) return s;
+  }
+  return backend_->Synchronize();
 }
 
 }  // namespace pstrain

@@ -1,12 +1,47 @@
-// A model: an ordered chain of layers ending in logits, trained with softmax
-// cross-entropy; and the model zoo.
+// A model: a directed acyclic graph of layers (a chain with residual adds)
+// ending in logits, trained with softmax cross-entropy, running on one
+// Backend; and the model zoo.
 //
-// Zoo (input NCHW fp32, output [N, num_classes] logits):
+// Zoo (input NCHW fp32 [N, C, H, W], output [N, num_classes] logits). Each
+// model adapts its stem to the input size:
 //  - "mlp":    flatten, fc(C*H*W)-256, ReLU, fc256-128, ReLU, fc128-K.
-//  - "lenet5": conv5x5-6 (padding 2), ReLU, maxpool2, conv5x5-16, ReLU,
-//              maxpool2, flatten, fc400-120, ReLU, fc120-84, ReLU, fc84-10
-//              (LeCun et al. 1998 with ReLU and max pooling, as in the usual
-//              PyTorch version; 61,706 parameters for 28x28x1, 10 classes).
+//  - "lenet5": conv5x5-6 (pad 2), ReLU, maxpool2, conv5x5-16, ReLU, maxpool2,
+//              fc-120, ReLU, fc120-84, ReLU, fc84-K (LeCun et al. 1998 with
+//              ReLU and max pooling; 61,706 parameters at 28x28x1, K = 10).
+//  - "alexnet": torchvision's AlexNet (Krizhevsky 2014 "one weird trick"
+//              variant). H > 64: the ImageNet stem conv11x11/4 and 3x3/2 max
+//              pools (61,100,840 parameters at 224x224x3, K = 1000); H <= 64:
+//              a conv3x3/1 stem and 2x2/2 max pools. The classifier takes the
+//              flattened features (at 224 they are 6x6, where torchvision's
+//              adaptive average pool is the identity).
+//  - "vgg16":  torchvision's VGG-16 (configuration D, no BatchNorm; 138,357,544
+//              parameters at 224x224x3, K = 1000). A 2x2 max pool is skipped
+//              once the feature map is 1x1 (28x28 inputs).
+//  - "resnet18", "resnet34" (basic blocks), "resnet50", "resnet101"
+//              (bottleneck blocks, stride on the 3x3 as torchvision's v1.5),
+//              He et al. 2016. Stem: H > 64: conv7x7/2, BN, ReLU,
+//              maxpool3x3/2 (ImageNet; ResNet-50 has 25,557,032 parameters
+//              at 224x224x3, K = 1000, as torchvision); 32 < H <= 64:
+//              conv3x3/1, BN, ReLU, maxpool3x3/2; H <= 32: conv3x3/1, BN,
+//              ReLU and no max pool (the CIFAR ResNets). Convolutions have no
+//              bias; global average pooling; fc to K.
+// Initialisation as torchvision: ResNet and VGG convolutions Kaiming-normal
+// (fan_out, ReLU gain; He et al. 2015), BatchNorm weight 1 and bias 0, VGG's
+// linear layers N(0, 0.01) with zero bias; everything else PyTorch's default
+// U(-1/sqrt(fan_in), 1/sqrt(fan_in)).
+//
+// Parameters and buffers: params() are trained by the PS's Adam; buffers()
+// (BatchNorm running mean and variance) are sent to the PS with every push
+// and averaged there over workers without Adam (see server/parameter_shard.h)
+// so that evaluation uses statistics of all workers' data. The PS sees the
+// params, then the buffers, as one list of tensors ("PS tensors").
+//
+// Host staging: the PS client reads gradients from and writes weights to
+// host memory. HostGradients() and HostWeights() are spans over it, one per
+// PS tensor. On the CPU backend they are the model's own tensors (no copy);
+// on CUDA they are pinned buffers, filled by device-to-host copies issued as
+// each layer's backward finishes (overlapping the rest of the backward pass)
+// and copied to the device by LoadHostWeights() on the copy stream.
 //
 // Thread-compatible: one Model per training thread.
 #ifndef PSTRAIN_MODELS_MODEL_H_
@@ -18,54 +53,96 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "models/layers.h"
+#include "absl/types/span.h"
+#include "models/backend.h"
+#include "models/layer_spec.h"
 #include "models/tensor.h"
 
 namespace pstrain {
 
+struct ModelOptions {
+  // Seed of the initial weights (the same on every worker).
+  uint64_t seed = 1;
+  // Seed of dropout masks (differs per worker).
+  uint64_t dropout_seed = 1;
+};
+
 class Model {
  public:
-  // Builds zoo model `name` for inputs of `input_chw` = {C, H, W} and
-  // `num_classes` outputs, with weights drawn from `seed`. INVALID_ARGUMENT
-  // naming the known models for an unknown name, or naming the layer whose
-  // input shape does not fit.
-  static absl::StatusOr<std::unique_ptr<Model>> Create(const std::string& name,
-                                                       const Shape& input_chw,
-                                                       int num_classes,
-                                                       uint64_t seed);
+  // Builds zoo model `name` on `backend` (not owned; must outlive the model)
+  // for inputs `input_chw` = {C, H, W} and `num_classes` outputs.
+  // INVALID_ARGUMENT naming the known models for an unknown name, or naming
+  // the layer whose input shape does not fit.
+  static absl::StatusOr<std::unique_ptr<Model>> Create(
+      const std::string& name, const Shape& input_chw, int num_classes,
+      const ModelOptions& options, Backend* backend);
 
-  // "lenet5, mlp".
+  // "alexnet, lenet5, mlp, resnet101, resnet18, resnet34, resnet50, vgg16".
   static std::string KnownModels();
   static bool IsKnown(const std::string& name);
 
   const std::string& name() const { return name_; }
-  // Every parameter tensor in model order (layer by layer, weight then bias).
+  Backend* backend() const { return backend_; }
   const std::vector<Param*>& params() const { return params_; }
-  std::vector<int64_t> ParamNumElements() const;
+  const std::vector<Buffer*>& buffers() const { return buffers_; }
+  // Element counts of the PS tensors: params, then buffers.
+  std::vector<int64_t> PsTensorNumElements() const;
+  int num_ps_tensors() const {
+    return static_cast<int>(params_.size() + buffers_.size());
+  }
+  // Trainable parameters (buffers not counted, as torchvision's tables).
   int64_t NumParameters() const;
-  // Forward multiply-accumulates per sample.
   int64_t ForwardMacsPerSample() const;
+  // One line per layer: name, type, output shape per sample, parameters.
+  std::string Summary() const;
 
-  // Forward pass; returns the logits [N, num_classes] (valid until the next
-  // call). INVALID_ARGUMENT if `input` is not [N, C, H, W] of this model.
-  absl::StatusOr<const Tensor*> Forward(const Tensor& input);
+  // Forward pass of `input` (host, [N, C, H, W]) in eval mode (BatchNorm
+  // running statistics, no dropout) or training mode. Returns the logits on
+  // the host [N, num_classes], valid until the next call.
+  absl::StatusOr<const Tensor*> Forward(const Tensor& input,
+                                        bool training = false);
 
-  // Forward and backward on one batch: fills every Param::grad with
-  // d(mean cross-entropy)/d(param) and returns the loss.
+  // Training forward and backward on one batch. Fills every Param::grad with
+  // d(mean cross-entropy)/d(param) and the host gradient staging with the
+  // gradients and the current buffer values; returns the loss.
   absl::StatusOr<float> ForwardBackward(const Tensor& input,
-                                        const std::vector<int32_t>& labels);
+                                        absl::Span<const int32_t> labels);
+
+  // Host staging, one span per PS tensor (see above).
+  const std::vector<absl::Span<float>>& HostWeights() { return host_weights_; }
+  const std::vector<absl::Span<const float>>& HostGradients() {
+    return host_gradients_;
+  }
+  // Copies HostWeights() into the model's params and buffers.
+  absl::Status LoadHostWeights();
+  // Copies the model's params and buffers into HostWeights().
+  absl::Status StoreHostWeights();
 
  private:
+  struct Node;
   Model() = default;
+  absl::Status Finish(const Shape& input_chw);
+  absl::Status CopyGradientsToHost(const Node& node);
 
   std::string name_;
+  Backend* backend_ = nullptr;
   Shape input_chw_;
-  std::vector<std::unique_ptr<Layer>> layers_;
+  std::vector<std::unique_ptr<Node>> nodes_;
   std::vector<Param*> params_;
-  // activations_[i] is the input of layer i; the last is the logits.
-  std::vector<Tensor> activations_;
-  std::vector<Tensor> grads_;
-  Tensor dlogits_;
+  std::vector<Buffer*> buffers_;
+  DeviceTensor input_;
+  DeviceTensor scratch_;
+  DeviceTensor dlogits_;
+  Tensor host_logits_;
+  std::vector<absl::Span<float>> host_weights_;
+  std::vector<absl::Span<const float>> host_gradients_;
+  // Pinned staging on backends without host memory.
+  std::vector<float*> host_blocks_;
+
+  friend class ModelBuilder;
+
+ public:
+  ~Model();
 };
 
 }  // namespace pstrain

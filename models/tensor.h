@@ -1,5 +1,6 @@
-// Host tensors of the CPU backend: dense fp32, row-major, NCHW for images and
-// NC for feature vectors.
+// Host tensors: dense fp32, row-major, NCHW for images and NC for feature
+// vectors (input batches, logits). Tensors in a backend's memory are
+// DeviceTensor (backend.h).
 //
 // Thread-compatible: a Tensor is a value; concurrent reads are safe.
 #ifndef PSTRAIN_MODELS_TENSOR_H_
@@ -33,14 +34,6 @@ struct Tensor {
     data.resize(NumElements(s));
   }
   int64_t size() const { return static_cast<int64_t>(data.size()); }
-};
-
-// A trainable parameter: its value and the gradient of the loss with respect
-// to it (same shape), written by the owning layer's Backward().
-struct Param {
-  std::string name;
-  Tensor value;
-  Tensor grad;
 };
 
 }  // namespace pstrain

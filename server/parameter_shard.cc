@@ -28,14 +28,14 @@ absl::Status ParameterShard::CheckWorker(const std::string& job_id,
 
 absl::Status ParameterShard::Initialize(
     const std::vector<int64_t>& param_num_elements, int64_t partition_bytes,
-    std::vector<InitChunk> chunks) {
+    std::vector<InitChunk> chunks, int num_buffers) {
   absl::MutexLock lock(&init_mu_);
   if (initialized_.load()) {
     return absl::FailedPreconditionError(absl::StrCat(
         "shard ", options_.shard_index, " is already initialised"));
   }
   absl::StatusOr<PartitionPlan> plan = PartitionPlan::Create(
-      param_num_elements, partition_bytes, options_.num_shards);
+      param_num_elements, partition_bytes, options_.num_shards, num_buffers);
   if (!plan.ok()) return plan.status();
 
   std::vector<int> local_index(plan->chunks().size(), -1);
@@ -125,6 +125,25 @@ absl::Status ParameterShard::Push(int worker_id, int32_t param_id,
   absl::MutexLock lock(&chunk.mu);
   pushes_.fetch_add(1, std::memory_order_relaxed);
   if (options_.mode == SyncMode::kAsync) {
+    if (plan_->is_buffer(param_id)) {
+      // The average of every worker's latest values, in worker-id order.
+      if (!chunk.has_pending[worker_id]) {
+        chunk.has_pending[worker_id] = true;
+        ++chunk.num_latest;
+      }
+      chunk.pending[worker_id].assign(gradient.begin(), gradient.end());
+      const int64_t n = chunk.spec.num_elements;
+      std::fill(chunk.weights.begin(), chunk.weights.end(), 0.0f);
+      for (int w = 0; w < options_.num_workers; ++w) {
+        if (!chunk.has_pending[w]) continue;
+        const float* v = chunk.pending[w].data();
+        for (int64_t i = 0; i < n; ++i) chunk.weights[i] += v[i];
+      }
+      const float scale = 1.0f / static_cast<float>(chunk.num_latest);
+      for (int64_t i = 0; i < n; ++i) chunk.weights[i] *= scale;
+      ++chunk.version;
+      return absl::OkStatus();
+    }
     ApplyLocked(chunk, gradient.data());
     return absl::OkStatus();
   }
@@ -162,6 +181,12 @@ absl::Status ParameterShard::Push(int worker_id, int32_t param_id,
 
 void ParameterShard::ApplyLocked(ChunkState& chunk, const float* gradient) {
   ++chunk.version;
+  if (plan_->is_buffer(chunk.spec.param_id)) {
+    // Sync mode: `gradient` is the workers' average of the buffer.
+    std::copy(gradient, gradient + chunk.spec.num_elements,
+              chunk.weights.begin());
+    return;
+  }
   AdamUpdate(options_.adam, chunk.version, chunk.weights.data(), gradient,
              chunk.m.data(), chunk.v.data(), chunk.spec.num_elements);
 }

@@ -9,6 +9,14 @@
 //    depend on arrival order), divided by num_workers, and Adam is applied
 //    once; the chunk becomes version v+1 and pulls waiting for it wake up.
 //  - async mode: every push is applied at once and bumps the version.
+//  - buffers (BatchNorm running statistics, the plan's last tensors): a push
+//    carries the worker's current values, not a gradient. Sync mode: the
+//    average of the step's pushes (in worker-id order) replaces the value,
+//    without Adam. Async mode: each worker's latest push is kept and the
+//    value is their average. Averaging running statistics over workers, as
+//    Horovod's and DDP's users do by syncing BatchNorm buffers, makes the
+//    evaluated model use statistics of all the data, not of worker 0's
+//    shard alone.
 //
 // The gRPC service (ps_service.h) only converts messages and statuses.
 //
@@ -82,9 +90,10 @@ class ParameterShard {
   // Derives the partition plan from the model layout and installs the
   // initial weights of every chunk this shard owns (all of them, each once).
   // All or nothing: on error the shard stays uninitialised.
+  // The last `num_buffers` tensors are buffers (see PartitionPlan).
   absl::Status Initialize(const std::vector<int64_t>& param_num_elements,
                           int64_t partition_bytes,
-                          std::vector<InitChunk> chunks);
+                          std::vector<InitChunk> chunks, int num_buffers = 0);
 
   bool initialized() const { return initialized_.load(); }
 
@@ -129,6 +138,8 @@ class ParameterShard {
     std::vector<bool> has_pending ABSL_GUARDED_BY(mu);
     int num_pending ABSL_GUARDED_BY(mu) = 0;
     std::vector<float> sum ABSL_GUARDED_BY(mu);
+    // Buffers in async mode: which workers' latest values are in pending.
+    int num_latest ABSL_GUARDED_BY(mu) = 0;
   };
 
   void ApplyLocked(ChunkState& chunk, const float* gradient)

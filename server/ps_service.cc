@@ -50,6 +50,7 @@ grpc::Status PsService::Init(grpc::ServerContext* context,
       request.layout().param_num_elements().begin(),
       request.layout().param_num_elements().end());
   const int64_t partition_bytes = request.layout().partition_bytes();
+  const int num_buffers = request.layout().num_buffers();
   std::vector<InitChunk> chunks;
   int64_t elements = 0;
   while (reader->Read(&request)) {
@@ -62,7 +63,8 @@ grpc::Status PsService::Init(grpc::ServerContext* context,
     chunks.push_back(std::move(chunk));
   }
   const int64_t num_chunks = static_cast<int64_t>(chunks.size());
-  status = shard_->Initialize(sizes, partition_bytes, std::move(chunks));
+  status = shard_->Initialize(sizes, partition_bytes, std::move(chunks),
+                              num_buffers);
   if (!status.ok()) return ToGrpcStatus(status);
   response->set_num_chunks(num_chunks);
   response->set_num_elements(elements);
@@ -89,6 +91,7 @@ grpc::Status PsService::WaitReady(grpc::ServerContext* context,
   }
   response->mutable_layout()->set_partition_bytes(
       shard_->plan().partition_bytes());
+  response->mutable_layout()->set_num_buffers(shard_->plan().num_buffers());
   return grpc::Status::OK;
 }
 

@@ -29,13 +29,11 @@
 #include "models/model.h"
 #include "proto/results.pb.h"
 #include "tools/local_cluster.h"
+#include "worker/data_flags.h"
 #include "worker/dataset.h"
 
-ABSL_FLAG(std::string, model, "lenet5", "Model: lenet5 or mlp.");
-ABSL_FLAG(std::string, dataset, "fashion_mnist",
-          "Dataset: fashion_mnist or mnist.");
-ABSL_FLAG(std::string, data_dir, "/usr/share/datasets/fashion-mnist",
-          "Folder holding the dataset's IDX files (gzipped or plain).");
+ABSL_FLAG(std::string, model, "lenet5",
+          "Model: alexnet, lenet5, mlp, resnet18/34/50/101 or vgg16.");
 ABSL_FLAG(int, num_ps, 2, "Number of parameter-server shard processes.");
 ABSL_FLAG(int, num_workers, 2, "Number of worker processes.");
 ABSL_FLAG(int, batch_size, 64, "Samples per step per worker.");
@@ -100,8 +98,6 @@ std::string FormatTable(const RunResult& r) {
 
 int Run() {
   const std::string model = absl::GetFlag(FLAGS_model);
-  const std::string dataset_name = absl::GetFlag(FLAGS_dataset);
-  const std::string data_dir = absl::GetFlag(FLAGS_data_dir);
   const std::string mode = absl::GetFlag(FLAGS_mode);
   const int num_ps = absl::GetFlag(FLAGS_num_ps);
   const int num_workers = absl::GetFlag(FLAGS_num_workers);
@@ -138,11 +134,11 @@ int Run() {
     return Fail(2, absl::StrCat("--partition_bytes=", partition_bytes,
                                 ": expected a positive multiple of 4"));
   }
-  absl::StatusOr<Dataset> dataset = LoadDataset(dataset_name, data_dir);
-  if (!dataset.ok()) {
-    return Fail(2, absl::StrCat("--dataset=", dataset_name, " --data_dir=",
-                                data_dir, ": ", dataset.status().message()));
+  if (absl::Status s = CheckBackendFlags(); !s.ok()) {
+    return Fail(2, std::string(s.message()));
   }
+  absl::StatusOr<Dataset> dataset = LoadDatasetFromFlags();
+  if (!dataset.ok()) return Fail(2, std::string(dataset.status().message()));
   if (dataset->train.count / num_workers < batch_size) {
     return Fail(2, absl::StrCat("--batch_size=", batch_size,
                                 ": larger than "
@@ -240,8 +236,6 @@ int Run() {
         absl::StrCat("--num_workers=", num_workers),
         absl::StrCat("--ps_addresses=", absl::StrJoin(addresses, ",")),
         absl::StrCat("--model=", model),
-        absl::StrCat("--dataset=", dataset_name),
-        absl::StrCat("--data_dir=", data_dir),
         absl::StrCat("--mode=", mode),
         absl::StrCat("--batch_size=", batch_size),
         absl::StrCat("--epochs=", epochs),
@@ -251,6 +245,9 @@ int Run() {
         absl::StrCat("--partition_bytes=", partition_bytes),
         absl::StrCat("--max_steps_per_epoch=",
                      absl::GetFlag(FLAGS_max_steps_per_epoch))};
+    for (std::string& arg : DataAndBackendFlagArgs()) {
+      argv.push_back(std::move(arg));
+    }
     if (w == 0) argv.push_back(absl::StrCat("--results_json=", results_file));
     absl::Status status =
         cluster.Start(absl::StrCat("worker", w), argv, {omp_threads});

@@ -71,6 +71,7 @@ absl::StatusOr<LabeledImages> LoadSplit(const std::string& dir,
   }
   LabeledImages out;
   out.count = images->dims[0];
+  out.stored = out.count;
   out.chw = {1, images->dims[1], images->dims[2]};
   out.images.resize(images->data.size());
   for (size_t i = 0; i < images->data.size(); ++i) {
@@ -156,46 +157,166 @@ absl::StatusOr<IdxArray> ReadIdx(const std::string& path) {
   return out;
 }
 
-std::string KnownDatasets() { return "fashion_mnist, mnist"; }
+std::string KnownDatasets() {
+  return "cifar10, fashion_mnist, mnist, synthetic";
+}
+
+absl::StatusOr<LabeledImages> ReadCifarBatch(const std::string& path) {
+  constexpr int64_t kRecord = 1 + 3 * 32 * 32;
+  struct stat st;
+  if (::stat(path.c_str(), &st) != 0) {
+    return absl::NotFoundError(
+        absl::StrCat(path, ": cannot open: ", std::strerror(errno)));
+  }
+  if (st.st_size <= 0 || st.st_size % kRecord != 0) {
+    return absl::DataLossError(absl::StrCat(
+        path, ": ", st.st_size, " bytes; expected a positive multiple of ",
+        kRecord, " (CIFAR-10 records of 1 label byte and 3072 pixels)"));
+  }
+  gzFile f = gzopen(path.c_str(), "rb");
+  if (f == nullptr) {
+    return absl::NotFoundError(absl::StrCat(path, ": cannot open"));
+  }
+  std::vector<uint8_t> raw(st.st_size);
+  const bool ok = ReadExactly(f, raw.data(), raw.size());
+  gzclose(f);
+  if (!ok) return absl::DataLossError(absl::StrCat(path, ": short read"));
+  LabeledImages out;
+  out.chw = {3, 32, 32};
+  out.count = out.stored = st.st_size / kRecord;
+  out.images.resize(out.count * 3072);
+  out.labels.resize(out.count);
+  for (int64_t i = 0; i < out.count; ++i) {
+    const uint8_t* rec = &raw[i * kRecord];
+    if (rec[0] >= 10) {
+      return absl::DataLossError(absl::StrCat(
+          path, ": record ", i, " has label ", rec[0], "; expected 0..9"));
+    }
+    out.labels[i] = rec[0];
+    for (int j = 0; j < 3072; ++j) {
+      out.images[i * 3072 + j] = rec[1 + j] / 255.0f;
+    }
+  }
+  return out;
+}
+
+namespace {
+
+absl::StatusOr<Dataset> LoadCifar10(const std::string& dir) {
+  Dataset dataset;
+  dataset.num_classes = 10;
+  dataset.train.chw = {3, 32, 32};
+  for (int b = 1; b <= 5; ++b) {
+    absl::StatusOr<LabeledImages> batch =
+        ReadCifarBatch(absl::StrCat(dir, "/data_batch_", b, ".bin"));
+    if (!batch.ok()) return batch.status();
+    LabeledImages& train = dataset.train;
+    train.images.insert(train.images.end(), batch->images.begin(),
+                        batch->images.end());
+    train.labels.insert(train.labels.end(), batch->labels.begin(),
+                        batch->labels.end());
+    train.count += batch->count;
+  }
+  dataset.train.stored = dataset.train.count;
+  absl::StatusOr<LabeledImages> test =
+      ReadCifarBatch(absl::StrCat(dir, "/test_batch.bin"));
+  if (!test.ok()) return test.status();
+  dataset.test = *std::move(test);
+  dataset.augment = true;
+  return dataset;
+}
+
+absl::StatusOr<Dataset> MakeSynthetic(const DatasetOptions& o) {
+  if (o.image_size < 1 || o.channels < 1 || o.num_classes < 2 ||
+      o.train_samples < 1 || o.test_samples < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "synthetic data: image_size ", o.image_size, ", channels ", o.channels,
+        ", num_classes ", o.num_classes, ", samples ", o.train_samples, "/",
+        o.test_samples,
+        "; expected sizes >= 1, num_classes >= 2 and samples >= 1"));
+  }
+  Dataset dataset;
+  dataset.num_classes = o.num_classes;
+  std::mt19937_64 rng(o.seed);
+  std::uniform_real_distribution<float> pixel(0.0f, 1.0f);
+  auto make = [&](int64_t count, LabeledImages* split) {
+    constexpr int64_t kPool = 64;
+    split->chw = {o.channels, o.image_size, o.image_size};
+    split->count = count;
+    split->stored = std::min(count, kPool);
+    split->images.resize(split->stored * NumElements(split->chw));
+    for (float& x : split->images) x = pixel(rng);
+    split->labels.resize(count);
+    for (int32_t& y : split->labels) {
+      y = static_cast<int32_t>(rng() % static_cast<uint64_t>(o.num_classes));
+    }
+  };
+  make(o.train_samples, &dataset.train);
+  make(o.test_samples, &dataset.test);
+  return dataset;
+}
+
+}  // namespace
 
 absl::StatusOr<Dataset> LoadDataset(const std::string& name,
-                                    const std::string& data_dir) {
-  if (name != "fashion_mnist" && name != "mnist") {
+                                    const std::string& data_dir,
+                                    const DatasetOptions& options) {
+  absl::StatusOr<Dataset> loaded;
+  if (name == "fashion_mnist" || name == "mnist") {
+    Dataset dataset;
+    dataset.num_classes = 10;
+    absl::StatusOr<LabeledImages> train = LoadSplit(data_dir, "train", 10);
+    if (!train.ok()) return train.status();
+    absl::StatusOr<LabeledImages> test = LoadSplit(data_dir, "t10k", 10);
+    if (!test.ok()) return test.status();
+    dataset.train = *std::move(train);
+    dataset.test = *std::move(test);
+    loaded = std::move(dataset);
+  } else if (name == "cifar10") {
+    loaded = LoadCifar10(data_dir);
+  } else if (name == "synthetic") {
+    loaded = MakeSynthetic(options);
+  } else {
     return absl::InvalidArgumentError(absl::StrCat(
         "unknown dataset \"", name, "\"; expected one of: ", KnownDatasets()));
   }
-  Dataset dataset;
+  if (!loaded.ok()) return loaded.status();
+  Dataset& dataset = *loaded;
   dataset.name = name;
-  dataset.num_classes = 10;
-  absl::StatusOr<LabeledImages> train = LoadSplit(data_dir, "train", 10);
-  if (!train.ok()) return train.status();
-  absl::StatusOr<LabeledImages> test = LoadSplit(data_dir, "t10k", 10);
-  if (!test.ok()) return test.status();
-  if (train->chw != test->chw) {
+  if (dataset.train.chw != dataset.test.chw) {
     return absl::DataLossError(
         absl::StrCat(data_dir, ": train and test images differ in size"));
   }
-  // Standardise both splits with the training set's pixel mean and standard
-  // deviation (as torchvision's Normalize with the dataset's statistics).
-  double sum = 0, sum_sq = 0;
-  for (float x : train->images) {
-    sum += x;
-    sum_sq += double{x} * x;
-  }
-  const double n =
-      static_cast<double>(std::max<size_t>(train->images.size(), 1));
-  const double mean = sum / n;
-  const double stddev = std::sqrt(std::max(sum_sq / n - mean * mean, 1e-12));
-  for (LabeledImages* split : {&*train, &*test}) {
-    for (float& x : split->images) {
-      x = static_cast<float>((x - mean) / stddev);
+  // Standardise both splits with the training set's per-channel mean and
+  // standard deviation (as torchvision's Normalize with the dataset's
+  // statistics).
+  const int64_t channels = dataset.train.chw[0];
+  const int64_t plane = dataset.train.chw[1] * dataset.train.chw[2];
+  for (int64_t c = 0; c < channels; ++c) {
+    double sum = 0, sum_sq = 0;
+    for (int64_t i = 0; i < dataset.train.stored; ++i) {
+      const float* p = &dataset.train.images[(i * channels + c) * plane];
+      for (int64_t j = 0; j < plane; ++j) {
+        sum += p[j];
+        sum_sq += double{p[j]} * p[j];
+      }
+    }
+    const double n =
+        static_cast<double>(std::max<int64_t>(dataset.train.stored * plane, 1));
+    const double mean = sum / n;
+    const double stddev = std::sqrt(std::max(sum_sq / n - mean * mean, 1e-12));
+    dataset.channel_mean.push_back(mean);
+    dataset.channel_stddev.push_back(stddev);
+    for (LabeledImages* split : {&dataset.train, &dataset.test}) {
+      for (int64_t i = 0; i < split->stored; ++i) {
+        float* p = &split->images[(i * channels + c) * plane];
+        for (int64_t j = 0; j < plane; ++j) {
+          p[j] = static_cast<float>((p[j] - mean) / stddev);
+        }
+      }
     }
   }
-  dataset.train = *std::move(train);
-  dataset.test = *std::move(test);
-  dataset.pixel_mean = mean;
-  dataset.pixel_stddev = stddev;
-  return dataset;
+  return loaded;
 }
 
 ShardedSampler::ShardedSampler(int64_t num_samples, int worker_id,
@@ -226,17 +347,88 @@ std::vector<int64_t> ShardedSampler::EpochIndices(int epoch) const {
 
 void GatherBatch(const LabeledImages& source,
                  const std::vector<int64_t>& indices, size_t begin, size_t n,
-                 Tensor* images, std::vector<int32_t>* labels) {
-  const int64_t per = NumElements(source.chw);
-  images->Resize(
-      {static_cast<int64_t>(n), source.chw[0], source.chw[1], source.chw[2]});
+                 Tensor* images, std::vector<int32_t>* labels,
+                 std::mt19937_64* augment) {
+  const int64_t c = source.chw[0], h = source.chw[1], w = source.chw[2];
+  const int64_t per = c * h * w;
+  images->Resize({static_cast<int64_t>(n), c, h, w});
   labels->resize(n);
+  constexpr int kPad = 4;
   for (size_t i = 0; i < n; ++i) {
     const int64_t s = indices[begin + i];
-    std::memcpy(&images->data[i * per], &source.images[s * per],
-                per * sizeof(float));
+    const float* src = &source.images[(s % source.stored) * per];
+    float* dst = &images->data[i * per];
     (*labels)[i] = source.labels[s];
+    if (augment == nullptr) {
+      std::memcpy(dst, src, per * sizeof(float));
+      continue;
+    }
+    // Crop offset in [-4, 4] of the padded image, and a coin for the flip.
+    const int dy = static_cast<int>((*augment)() % (2 * kPad + 1)) - kPad;
+    const int dx = static_cast<int>((*augment)() % (2 * kPad + 1)) - kPad;
+    const bool flip = ((*augment)() & 1) != 0;
+    for (int64_t ch = 0; ch < c; ++ch) {
+      for (int64_t y = 0; y < h; ++y) {
+        const int64_t sy = y + dy;
+        float* row = dst + (ch * h + y) * w;
+        for (int64_t x = 0; x < w; ++x) {
+          const int64_t sx = (flip ? w - 1 - x : x) + dx;
+          row[x] = (sy < 0 || sy >= h || sx < 0 || sx >= w)
+                       ? 0.0f
+                       : src[(ch * h + sy) * w + sx];
+        }
+      }
+    }
   }
+}
+
+BatchPrefetcher::BatchPrefetcher(const LabeledImages& source,
+                                 const std::vector<int64_t>& indices,
+                                 int64_t batch_size, int64_t num_batches,
+                                 bool augment, uint64_t seed, int depth)
+    : source_(source),
+      indices_(indices),
+      batch_size_(batch_size),
+      num_batches_(num_batches),
+      augment_(augment),
+      depth_(std::max(depth, 1)),
+      rng_(seed) {
+  thread_ = std::thread([this] { Produce(); });
+}
+
+BatchPrefetcher::~BatchPrefetcher() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  thread_.join();
+}
+
+void BatchPrefetcher::Produce() {
+  for (int64_t i = 0; i < num_batches_; ++i) {
+    Batch batch;
+    GatherBatch(source_, indices_, i * batch_size_, batch_size_,
+                &batch.images, &batch.labels, augment_ ? &rng_ : nullptr);
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [this] {
+      return stop_ || static_cast<int>(ready_.size()) < depth_;
+    });
+    if (stop_) return;
+    ready_.push_back(std::move(batch));
+    cv_.notify_all();
+  }
+}
+
+bool BatchPrefetcher::Next(Batch* batch) {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (consumed_ >= num_batches_) return false;
+  cv_.wait(lock, [this] { return !ready_.empty(); });
+  *batch = std::move(ready_.front());
+  ready_.pop_front();
+  ++consumed_;
+  cv_.notify_all();
+  return true;
 }
 
 }  // namespace pstrain

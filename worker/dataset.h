@@ -1,14 +1,26 @@
-// Datasets for the workers: the IDX format of MNIST and Fashion-MNIST
-// (LeCun's format: big-endian magic 0x00000801 for labels, 0x00000803 for
-// images, then the dimensions, then unsigned bytes), read gzipped or plain
-// through zlib; and the sharded sampler.
+// Datasets for the workers:
+//  - the IDX format of MNIST and Fashion-MNIST (LeCun's format: big-endian
+//    magic 0x00000801 for labels, 0x00000803 for images, then the
+//    dimensions, then unsigned bytes), read gzipped or plain through zlib;
+//  - the CIFAR-10 binary format (Krizhevsky 2009: records of 1 label byte and
+//    3072 pixel bytes, the red, green and blue 32x32 planes; data_batch_1..5
+//    .bin for training, test_batch.bin for test, 10,000 records each);
+//  - "synthetic": fixed-seed random images of --image_size and labels of
+//    --num_classes, for throughput runs without a dataset on disk (as the
+//    field's benchmark tools do);
+// and the sharded sampler, augmentation and a batch prefetcher.
 //
 // Thread-compatible: a loaded Dataset is immutable and may be shared.
 #ifndef PSTRAIN_WORKER_DATASET_H_
 #define PSTRAIN_WORKER_DATASET_H_
 
+#include <condition_variable>
 #include <cstdint>
+#include <deque>
+#include <mutex>
+#include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -28,13 +40,17 @@ struct IdxArray {
 absl::StatusOr<IdxArray> ReadIdx(const std::string& path);
 
 // Images [N, C, H, W] and labels in [0, num_classes). LoadDataset scales
-// pixels to [0, 1] (as torchvision's ToTensor), then standardises them with
-// the training set's mean and standard deviation (as Normalize).
+// pixels to [0, 1] (as torchvision's ToTensor), then standardises each
+// channel with the training set's mean and standard deviation (as
+// Normalize).
 struct LabeledImages {
   Shape chw;
   int64_t count = 0;
-  std::vector<float> images;  // count * C * H * W
-  std::vector<int32_t> labels;
+  // stored * C * H * W values; sample i is image i % stored (stored ==
+  // count except for synthetic data, which keeps a small pool of images).
+  std::vector<float> images;
+  int64_t stored = 0;
+  std::vector<int32_t> labels;  // count values
 };
 
 struct Dataset {
@@ -42,18 +58,40 @@ struct Dataset {
   int num_classes = 0;
   LabeledImages train;
   LabeledImages test;
-  // Statistics of the training pixels in [0, 1], used to standardise both
-  // splits (Fashion-MNIST: 0.2860 and 0.3530).
-  double pixel_mean = 0;
-  double pixel_stddev = 1;
+  // Per-channel statistics of the training pixels in [0, 1], used to
+  // standardise both splits (Fashion-MNIST: 0.2860 and 0.3530).
+  std::vector<double> channel_mean;
+  std::vector<double> channel_stddev;
+  // Random crop with 4 pixels of zero padding and horizontal flip for
+  // training batches (CIFAR-10, as in He et al. 2016).
+  bool augment = false;
+};
+
+struct DatasetOptions {
+  // Synthetic data only.
+  int image_size = 224;
+  int channels = 3;
+  int num_classes = 1000;
+  int64_t train_samples = 12800;
+  int64_t test_samples = 1000;
+  uint64_t seed = 1;
 };
 
 // "fashion_mnist" or "mnist" from `data_dir` (train-images-idx3-ubyte[.gz],
-// train-labels-idx1-ubyte[.gz], t10k-...). INVALID_ARGUMENT for an unknown
-// dataset name; the ReadIdx errors, and DATA_LOSS when images and labels
-// disagree in count or a label is out of range.
+// train-labels-idx1-ubyte[.gz], t10k-...); "cifar10" from `data_dir`
+// (data_batch_1.bin ... data_batch_5.bin, test_batch.bin); "synthetic" from
+// `options`. INVALID_ARGUMENT for an unknown dataset name or bad synthetic
+// sizes; the ReadIdx errors; DATA_LOSS when images and labels disagree in
+// count, a label is out of range, or a CIFAR file is not a whole number of
+// 3073-byte records (naming the file).
 absl::StatusOr<Dataset> LoadDataset(const std::string& name,
-                                    const std::string& data_dir);
+                                    const std::string& data_dir,
+                                    const DatasetOptions& options = {});
+
+// Reads one CIFAR-10 binary batch file: NOT_FOUND if missing; DATA_LOSS if
+// its size is not a positive multiple of 3073 bytes or a label is >= 10.
+// Pixels scaled to [0, 1], not standardised.
+absl::StatusOr<LabeledImages> ReadCifarBatch(const std::string& path);
 
 std::string KnownDatasets();
 
@@ -79,10 +117,51 @@ class ShardedSampler {
 };
 
 // Copies samples `indices` of `source` into a batch tensor [n, C, H, W] and
-// labels.
+// labels. With `augment` (non-null), each image is randomly flipped
+// horizontally and cropped from its 4-pixel zero-padded version (padding 0
+// is the standardised value of the channel mean).
 void GatherBatch(const LabeledImages& source,
                  const std::vector<int64_t>& indices, size_t begin, size_t n,
-                 Tensor* images, std::vector<int32_t>* labels);
+                 Tensor* images, std::vector<int32_t>* labels,
+                 std::mt19937_64* augment = nullptr);
+
+// Prepares the training batches of one epoch on a background thread, up to
+// `depth` batches ahead, so data loading overlaps training.
+//
+// Thread-safety: Next() from one thread; the producer is internal.
+class BatchPrefetcher {
+ public:
+  struct Batch {
+    Tensor images;
+    std::vector<int32_t> labels;
+  };
+  // Batches i = 0 .. num_batches-1 of `batch_size` from `indices`.
+  // `source` and `indices` must outlive the prefetcher.
+  BatchPrefetcher(const LabeledImages& source,
+                  const std::vector<int64_t>& indices, int64_t batch_size,
+                  int64_t num_batches, bool augment, uint64_t seed,
+                  int depth = 2);
+  ~BatchPrefetcher();
+  // The next batch, in order; false after the last.
+  bool Next(Batch* batch);
+
+ private:
+  void Produce();
+
+  const LabeledImages& source_;
+  const std::vector<int64_t>& indices_;
+  const int64_t batch_size_;
+  const int64_t num_batches_;
+  const bool augment_;
+  const int depth_;
+  std::mt19937_64 rng_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Batch> ready_;
+  bool stop_ = false;
+  int64_t consumed_ = 0;
+  std::thread thread_;
+};
 
 }  // namespace pstrain
 

@@ -82,6 +82,7 @@ absl::Status PsClient::Initialize(
       first.mutable_layout()->add_param_num_elements(n);
     }
     first.mutable_layout()->set_partition_bytes(plan_.partition_bytes());
+    first.mutable_layout()->set_num_buffers(plan_.num_buffers());
     bool ok = writer->Write(first);
     for (const ChunkSpec& c : shard_chunks_[s]) {
       if (!ok) break;
@@ -114,7 +115,8 @@ absl::Status PsClient::WaitReady(absl::Duration timeout) {
         response.layout().param_num_elements().begin(),
         response.layout().param_num_elements().end());
     if (sizes != plan_.param_num_elements() ||
-        response.layout().partition_bytes() != plan_.partition_bytes()) {
+        response.layout().partition_bytes() != plan_.partition_bytes() ||
+        response.layout().num_buffers() != plan_.num_buffers()) {
       return absl::FailedPreconditionError(
           absl::StrCat("shard ", s, " (", options_.addresses[s],
                        ") was initialised with a different model layout (",

@@ -13,14 +13,13 @@
 namespace pstrain {
 namespace {
 
-constexpr int kEvalBatch = 1000;
-
 struct Evaluation {
   double accuracy = 0;
   double loss = 0;
 };
 
-absl::StatusOr<Evaluation> Evaluate(Model& model, const LabeledImages& test) {
+absl::StatusOr<Evaluation> Evaluate(Model& model, const LabeledImages& test,
+                                    int eval_batch) {
   Evaluation eval;
   int64_t correct = 0;
   double loss_sum = 0;
@@ -28,13 +27,15 @@ absl::StatusOr<Evaluation> Evaluate(Model& model, const LabeledImages& test) {
   for (int64_t i = 0; i < test.count; ++i) indices[i] = i;
   Tensor images;
   std::vector<int32_t> labels;
-  for (int64_t begin = 0; begin < test.count; begin += kEvalBatch) {
-    const int64_t n = std::min<int64_t>(kEvalBatch, test.count - begin);
+  for (int64_t begin = 0; begin < test.count; begin += eval_batch) {
+    const int64_t n = std::min<int64_t>(eval_batch, test.count - begin);
     GatherBatch(test, indices, begin, n, &images, &labels);
     ASSIGN_OR_RETURN(const Tensor* logits, model.Forward(images));
-    ASSIGN_OR_RETURN(float loss, SoftmaxCrossEntropy(*logits, labels, nullptr));
-    loss_sum += double{loss} * n;
     const int64_t k = logits->shape[1];
+    ASSIGN_OR_RETURN(float loss, HostSoftmaxCrossEntropy(logits->data.data(),
+                                                         n, k, labels,
+                                                         nullptr));
+    loss_sum += double{loss} * n;
     for (int64_t i = 0; i < n; ++i) {
       const float* row = &logits->data[i * k];
       const int64_t best = std::max_element(row, row + k) - row;
@@ -61,13 +62,21 @@ absl::StatusOr<TrainerOutput> RunWorker(const TrainerOptions& options,
   }
   const bool sync = options.mode == "sync";
   const bool chief = options.worker_id == 0;
+  ASSIGN_OR_RETURN(std::unique_ptr<Backend> backend,
+                   Backend::Create(options.backend, options.gpu));
+  ModelOptions model_options;
+  model_options.seed = options.seed;
+  model_options.dropout_seed = options.seed * 7919 + options.worker_id;
   ASSIGN_OR_RETURN(std::unique_ptr<Model> model,
                    Model::Create(options.model, dataset.train.chw,
-                                 dataset.num_classes, options.seed));
+                                 dataset.num_classes, model_options,
+                                 backend.get()));
   ASSIGN_OR_RETURN(
       PartitionPlan plan,
-      PartitionPlan::Create(model->ParamNumElements(), options.partition_bytes,
-                            static_cast<int>(options.ps_addresses.size())));
+      PartitionPlan::Create(model->PsTensorNumElements(),
+                            options.partition_bytes,
+                            static_cast<int>(options.ps_addresses.size()),
+                            static_cast<int>(model->buffers().size())));
   PsClientOptions client_options;
   client_options.addresses = options.ps_addresses;
   client_options.job_id = options.job_id;
@@ -76,12 +85,9 @@ absl::StatusOr<TrainerOutput> RunWorker(const TrainerOptions& options,
   ASSIGN_OR_RETURN(std::unique_ptr<PsClient> client,
                    PsClient::Create(client_options, plan));
 
-  std::vector<absl::Span<float>> weights;
-  std::vector<absl::Span<const float>> gradients;
-  for (Param* p : model->params()) {
-    weights.push_back(absl::MakeSpan(p->value.data));
-    gradients.push_back(absl::MakeConstSpan(p->grad.data));
-  }
+  const std::vector<absl::Span<float>>& weights = model->HostWeights();
+  const std::vector<absl::Span<const float>>& gradients =
+      model->HostGradients();
   if (chief) {
     std::vector<absl::Span<const float>> initial(weights.begin(),
                                                  weights.end());
@@ -89,6 +95,7 @@ absl::StatusOr<TrainerOutput> RunWorker(const TrainerOptions& options,
   }
   RETURN_IF_ERROR(client->WaitReady(options.init_timeout));
   ASSIGN_OR_RETURN(int64_t version, client->PushPull(0, {}, 0, 0, weights));
+  RETURN_IF_ERROR(model->LoadHostWeights());
 
   const ShardedSampler sampler(dataset.train.count, options.worker_id,
                                options.num_workers, options.seed);
@@ -114,11 +121,14 @@ absl::StatusOr<TrainerOutput> RunWorker(const TrainerOptions& options,
   result.set_num_parameters(model->NumParameters());
   if (chief && options.verbose) {
     std::printf(
-        "model %s: %lld parameters, %.2f MFLOPs forward per sample; "
-        "%zu chunks on %d shards; %lld steps per epoch per worker\n",
-        options.model.c_str(), static_cast<long long>(model->NumParameters()),
-        2.0 * model->ForwardMacsPerSample() / 1e6, plan.chunks().size(),
-        plan.num_shards(), static_cast<long long>(steps_per_epoch));
+        "model %s on %s: %lld parameters, %zu buffers, %.2f MFLOPs forward "
+        "per sample; %zu chunks on %d shards; %lld steps per epoch per "
+        "worker\n",
+        options.model.c_str(), backend->name().c_str(),
+        static_cast<long long>(model->NumParameters()),
+        model->buffers().size(), 2.0 * model->ForwardMacsPerSample() / 1e6,
+        plan.chunks().size(), plan.num_shards(),
+        static_cast<long long>(steps_per_epoch));
     std::fflush(stdout);
   }
 
@@ -131,20 +141,27 @@ absl::StatusOr<TrainerOutput> RunWorker(const TrainerOptions& options,
   absl::Time window_start = absl::Now();
   int64_t step = 0;
   double train_seconds = 0;
-  Tensor images;
-  std::vector<int32_t> labels;
+  BatchPrefetcher::Batch batch;
   for (int epoch = 0; epoch < options.epochs; ++epoch) {
     const std::vector<int64_t> indices = sampler.EpochIndices(epoch);
     const absl::Time epoch_start = absl::Now();
     double loss_sum = 0;
+    // The next batches are gathered (and augmented) on a background thread.
+    BatchPrefetcher prefetcher(
+        dataset.train, indices, options.batch_size, steps_per_epoch,
+        dataset.augment,
+        options.seed * 104729 + epoch * 131 + options.worker_id);
     for (int64_t i = 0; i < steps_per_epoch; ++i) {
-      GatherBatch(dataset.train, indices, i * options.batch_size,
-                  options.batch_size, &images, &labels);
-      ASSIGN_OR_RETURN(float loss, model->ForwardBackward(images, labels));
+      if (!prefetcher.Next(&batch)) {
+        return absl::InternalError("prefetcher ended before the epoch");
+      }
+      ASSIGN_OR_RETURN(float loss,
+                       model->ForwardBackward(batch.images, batch.labels));
       loss_sum += loss;
       ASSIGN_OR_RETURN(
           version, client->PushPull(version, gradients, sync ? version + 1 : 0,
                                     options.batch_size, weights));
+      RETURN_IF_ERROR(model->LoadHostWeights());
       ++step;
       if (chief && options.log_every_steps > 0 &&
           step % options.log_every_steps == 0) {
@@ -165,7 +182,8 @@ absl::StatusOr<TrainerOutput> RunWorker(const TrainerOptions& options,
     train_seconds += epoch_seconds;
     if (chief && options.evaluate) {
       const absl::Time test_start = absl::Now();
-      ASSIGN_OR_RETURN(Evaluation eval, Evaluate(*model, dataset.test));
+      ASSIGN_OR_RETURN(Evaluation eval,
+                       Evaluate(*model, dataset.test, options.eval_batch_size));
       const double test_seconds =
           absl::ToDoubleSeconds(absl::Now() - test_start);
       EpochResult* e = result.add_epoch_results();
@@ -197,8 +215,8 @@ absl::StatusOr<TrainerOutput> RunWorker(const TrainerOptions& options,
     result.set_throughput_samples_per_sec((stats.samples() - samples_at_start) /
                                           std::max(train_seconds, 1e-9));
   }
-  for (const Param* p : model->params()) {
-    output.final_weights.push_back(p->value.data);
+  for (absl::Span<float> w : weights) {
+    output.final_weights.emplace_back(w.begin(), w.end());
   }
   RETURN_IF_ERROR(client->Done());
   return output;

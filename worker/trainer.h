@@ -2,9 +2,10 @@
 // parameter server.
 //
 // Each step: forward and backward on this worker's batch (its shard of the
-// data from ShardedSampler), push every gradient chunk to the shard that owns
-// it, pull the new weights (sync: version v+1, after the barrier; async: the
-// newest) into the model. Worker 0 initialises the shards with its model's
+// data from ShardedSampler, gathered ahead by a BatchPrefetcher), push every
+// gradient chunk (and the BatchNorm running statistics) to the shard that
+// owns it, pull the new weights (sync: version v+1, after the barrier; async:
+// the newest) into the model. Worker 0 initialises the shards with its model's
 // initial weights; the others wait for them, so all start from one model.
 // Worker 0 also prints the throughput lines ("Step200: 8123.45 data/sec",
 // samples/sec summed over all workers, measured by shard 0's sample counter
@@ -36,6 +37,11 @@ struct TrainerOptions {
   // host:port of each PS shard, by shard index.
   std::vector<std::string> ps_addresses;
   std::string model = "lenet5";
+  // "cpu" or "cuda" (see models/backend.h) and the GPU index for cuda.
+  std::string backend = "cpu";
+  int gpu = 0;
+  // Batch size of the test-set evaluation.
+  int eval_batch_size = 500;
   // "sync" or "async"; must match the shards' mode.
   std::string mode = "sync";
   // Per worker.
@@ -58,7 +64,8 @@ struct TrainerOptions {
 struct TrainerOutput {
   // Filled on worker 0 (throughput, epochs, accuracy); steps on every worker.
   RunResult result;
-  // The model's weights after the last pull, per parameter tensor.
+  // The model's weights after the last pull, per PS tensor (parameters,
+  // then BatchNorm buffers).
   std::vector<std::vector<float>> final_weights;
 };
 

@@ -1,4 +1,4 @@
-// pstrain_worker: one data-parallel worker process (CPU backend).
+// pstrain_worker: one data-parallel worker process (CPU or CUDA backend).
 //
 // Loads the dataset, builds the model, connects to every PS shard in
 // --ps_addresses and trains its shard of the data (see worker/trainer.h).
@@ -14,6 +14,7 @@
 #include "absl/strings/str_split.h"
 #include "common/flags_util.h"
 #include "google/protobuf/util/json_util.h"
+#include "worker/data_flags.h"
 #include "worker/dataset.h"
 #include "worker/trainer.h"
 
@@ -22,11 +23,8 @@ ABSL_FLAG(int, worker_id, 0, "This worker's index in [0, num_workers).");
 ABSL_FLAG(int, num_workers, 1, "Number of workers in the job.");
 ABSL_FLAG(std::string, ps_addresses, "",
           "Comma-separated host:port of every PS shard, by shard index.");
-ABSL_FLAG(std::string, model, "lenet5", "Model: lenet5 or mlp.");
-ABSL_FLAG(std::string, dataset, "fashion_mnist",
-          "Dataset: fashion_mnist or mnist.");
-ABSL_FLAG(std::string, data_dir, "/usr/share/datasets/fashion-mnist",
-          "Folder holding the dataset's IDX files (gzipped or plain).");
+ABSL_FLAG(std::string, model, "lenet5",
+          "Model: alexnet, lenet5, mlp, resnet18/34/50/101 or vgg16.");
 ABSL_FLAG(std::string, mode, "sync", "sync or async; must match the shards.");
 ABSL_FLAG(int, batch_size, 64, "Samples per step on this worker.");
 ABSL_FLAG(int, epochs, 2, "Epochs over the training set.");
@@ -79,8 +77,13 @@ int main(int argc, char** argv) {
   options.init_timeout = absl::Seconds(absl::GetFlag(FLAGS_init_timeout_s));
   options.rpc_timeout = absl::Seconds(absl::GetFlag(FLAGS_rpc_timeout_s));
 
-  absl::StatusOr<pstrain::Dataset> dataset = pstrain::LoadDataset(
-      absl::GetFlag(FLAGS_dataset), absl::GetFlag(FLAGS_data_dir));
+  options.backend = absl::GetFlag(FLAGS_backend);
+  options.gpu = absl::GetFlag(FLAGS_gpu);
+  if (absl::Status s = pstrain::CheckBackendFlags(); !s.ok()) {
+    pstrain::PrintError(program, s.message());
+    return 2;
+  }
+  absl::StatusOr<pstrain::Dataset> dataset = pstrain::LoadDatasetFromFlags();
   if (!dataset.ok()) {
     pstrain::PrintError(program, dataset.status().message());
     return 2;

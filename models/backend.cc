@@ -1,0 +1,95 @@
+#include "models/backend.h"
+
+#include <algorithm>
+#include <cmath>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace pstrain {
+
+std::string ShapeToString(const Shape& shape) {
+  return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
+}
+
+DeviceTensor::DeviceTensor(DeviceTensor&& other) noexcept
+    : backend_(other.backend_),
+      shape_(std::move(other.shape_)),
+      data_(other.data_),
+      capacity_(other.capacity_) {
+  other.data_ = nullptr;
+  other.capacity_ = 0;
+  other.shape_.clear();
+}
+
+DeviceTensor& DeviceTensor::operator=(DeviceTensor&& other) noexcept {
+  if (this != &other) {
+    if (data_ != nullptr) backend_->Free(data_);
+    backend_ = other.backend_;
+    shape_ = std::move(other.shape_);
+    data_ = other.data_;
+    capacity_ = other.capacity_;
+    other.data_ = nullptr;
+    other.capacity_ = 0;
+    other.shape_.clear();
+  }
+  return *this;
+}
+
+DeviceTensor::~DeviceTensor() {
+  if (data_ != nullptr) backend_->Free(data_);
+}
+
+absl::Status DeviceTensor::Resize(const Shape& shape) {
+  if (backend_ == nullptr) {
+    return absl::FailedPreconditionError("tensor has no backend");
+  }
+  const int64_t n = NumElements(shape);
+  if (n > capacity_) {
+    if (data_ != nullptr) backend_->Free(data_);
+    data_ = nullptr;
+    capacity_ = 0;
+    absl::StatusOr<float*> data = backend_->Allocate(n);
+    if (!data.ok()) return data.status();
+    data_ = *data;
+    capacity_ = n;
+  }
+  shape_ = shape;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<float> HostSoftmaxCrossEntropy(const float* logits, int64_t n,
+                                              int64_t k,
+                                              absl::Span<const int32_t> labels,
+                                              float* dlogits) {
+  if (static_cast<int64_t>(labels.size()) != n) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("softmax cross-entropy: ", labels.size(),
+                     " labels for ", n, " rows of logits"));
+  }
+  double loss = 0.0;
+  for (int64_t i = 0; i < n; ++i) {
+    const int32_t label = labels[i];
+    if (label < 0 || label >= k) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "label ", label, " of sample ", i, " is outside [0, ", k, ")"));
+    }
+    const float* row = logits + i * k;
+    const float max = *std::max_element(row, row + k);
+    double sum = 0.0;
+    for (int64_t j = 0; j < k; ++j) sum += std::exp(row[j] - max);
+    const double log_sum = std::log(sum);
+    loss += log_sum - (row[label] - max);
+    if (dlogits != nullptr) {
+      float* d = dlogits + i * k;
+      for (int64_t j = 0; j < k; ++j) {
+        const double p = std::exp(row[j] - max - log_sum);
+        d[j] = static_cast<float>((p - (j == label ? 1.0 : 0.0)) / n);
+      }
+    }
+  }
+  return static_cast<float>(loss / std::max<int64_t>(n, 1));
+}
+
+}  // namespace pstrain

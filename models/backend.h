@@ -1,0 +1,167 @@
+// Backends: where a model's tensors live and which library computes its
+// layers.
+//
+//  - "cpu": host memory; oneDNN primitives (convolution, batch
+//    normalisation, pooling, ReLU, inner product, binary add) and our own
+//    loops for softmax cross-entropy and dropout. Always built.
+//  - "cuda": device memory on GPU --gpu; cuDNN (convolution, batch
+//    normalisation, pooling, activations), cuBLAS (linear layers) and our own
+//    kernels for softmax cross-entropy, elementwise add and dropout. Built
+//    only with `bazel build --config=cuda`; fp32 storage, TF32 tensor-core
+//    math allowed for convolutions and GEMMs (as PyTorch's default for
+//    cuDNN convolutions).
+//
+// All tensors are fp32, NCHW for images, [N, F] for features.
+//
+// Thread-safety: a Backend, its tensors and its layers belong to one
+// training thread (the CUDA backend owns one stream for compute and one for
+// copies). Create() may be called from any thread.
+#ifndef PSTRAIN_MODELS_BACKEND_H_
+#define PSTRAIN_MODELS_BACKEND_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "models/layer_spec.h"
+#include "models/tensor.h"
+
+namespace pstrain {
+
+class Backend;
+
+// A tensor in a backend's memory (host memory for cpu, device memory for
+// cuda). Move-only; frees its memory on destruction. Resize() keeps the
+// allocation when the new shape fits in it.
+class DeviceTensor {
+ public:
+  DeviceTensor() = default;
+  explicit DeviceTensor(Backend* backend) : backend_(backend) {}
+  DeviceTensor(DeviceTensor&& other) noexcept;
+  DeviceTensor& operator=(DeviceTensor&& other) noexcept;
+  DeviceTensor(const DeviceTensor&) = delete;
+  DeviceTensor& operator=(const DeviceTensor&) = delete;
+  ~DeviceTensor();
+
+  // RESOURCE_EXHAUSTED (naming the bytes) when the backend cannot allocate.
+  absl::Status Resize(const Shape& shape);
+
+  const Shape& shape() const { return shape_; }
+  int64_t size() const { return NumElements(shape_); }
+  float* data() { return data_; }
+  const float* data() const { return data_; }
+  Backend* backend() const { return backend_; }
+
+ private:
+  Backend* backend_ = nullptr;
+  Shape shape_;
+  float* data_ = nullptr;
+  int64_t capacity_ = 0;
+};
+
+// A trainable parameter and the gradient of the loss with respect to it
+// (same shape), both in the backend's memory.
+struct Param {
+  std::string name;  // "layer1.0.conv1.weight"
+  DeviceTensor value;
+  DeviceTensor grad;
+};
+
+// A non-trainable tensor the model keeps and the PS averages (BatchNorm's
+// running mean and variance).
+struct Buffer {
+  std::string name;  // "layer1.0.bn1.running_mean"
+  DeviceTensor value;
+};
+
+// A layer running on a backend. The model sizes every output and input
+// gradient before it calls Forward/Backward.
+class Layer {
+ public:
+  virtual ~Layer() = default;
+  // out = f(in). `training` selects batch statistics and dropout; false:
+  // running statistics and identity. Training forwards of BatchNorm update
+  // its running statistics.
+  virtual absl::Status Forward(absl::Span<const DeviceTensor* const> in,
+                               DeviceTensor* out, bool training) = 0;
+  // Given the last training Forward()'s inputs `in` and output `out`, and
+  // dLoss/dOut `dout`: writes dLoss/dIn into din[i] (null: not needed) and
+  // overwrites the gradients of the layer's parameters.
+  virtual absl::Status Backward(absl::Span<const DeviceTensor* const> in,
+                                const DeviceTensor& out,
+                                const DeviceTensor& dout,
+                                absl::Span<DeviceTensor* const> din) = 0;
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+
+  // "cpu", or "cuda" with GPU `gpu`. INVALID_ARGUMENT for another name;
+  // FAILED_PRECONDITION when this build has no CUDA ("rebuild with
+  // --config=cuda") or no GPU `gpu` is visible.
+  static absl::StatusOr<std::unique_ptr<Backend>> Create(
+      const std::string& name, int gpu = 0);
+  // Whether Create("cuda", gpu) would succeed, and why not.
+  static absl::Status CudaAvailable(int gpu = 0);
+
+  // "cpu" or "cuda:0 (NVIDIA H100 ...)".
+  virtual std::string name() const = 0;
+  // True when device memory is host memory (copies are plain memcpy).
+  virtual bool host_memory() const = 0;
+
+  virtual absl::StatusOr<float*> Allocate(int64_t elements) = 0;
+  virtual void Free(float* data) = 0;
+  // Host memory the device copies from and to fast (pinned on CUDA).
+  virtual absl::StatusOr<float*> AllocateHost(int64_t elements) = 0;
+  virtual void FreeHost(float* data) = 0;
+
+  // Copies on the backend's copy stream, ordered after all compute issued so
+  // far; they complete by the next Synchronize().
+  virtual absl::Status CopyToDevice(const float* host, int64_t elements,
+                                    float* device) = 0;
+  virtual absl::Status CopyToHost(const float* device, int64_t elements,
+                                  float* host) = 0;
+  virtual absl::Status CopyOnDevice(const float* src, int64_t elements,
+                                    float* dst) = 0;
+  // Waits for all compute and copies issued so far.
+  virtual absl::Status Synchronize() = 0;
+
+  // The layer `spec` with its parameters `params` and buffers `buffers`
+  // (sized as ParamSpecs/BufferSpecs say; the layer keeps the pointers).
+  // `seed` drives dropout masks.
+  virtual absl::StatusOr<std::unique_ptr<Layer>> CreateLayer(
+      const LayerSpec& spec, std::vector<Param*> params,
+      std::vector<Buffer*> buffers, uint64_t seed) = 0;
+
+  // y += x, elementwise over `elements`.
+  virtual absl::Status Accumulate(const float* x, int64_t elements,
+                                  float* y) = 0;
+
+  // Softmax cross-entropy averaged over the batch, as PyTorch's
+  // nn.CrossEntropyLoss(reduction='mean'). `logits` [N, K]; `labels` (host)
+  // N values in [0, K). Writes dLoss/dLogits = (softmax - onehot) / N into
+  // `dlogits` when not null and returns the loss. INVALID_ARGUMENT for a
+  // label out of range or a shape mismatch.
+  virtual absl::StatusOr<float> SoftmaxCrossEntropy(
+      const DeviceTensor& logits, absl::Span<const int32_t> labels,
+      DeviceTensor* dlogits) = 0;
+};
+
+// Backend factories; the CUDA one exists only in --config=cuda builds.
+std::unique_ptr<Backend> NewCpuBackend();
+
+// Host-side softmax cross-entropy, shared by the CPU backend and tests.
+// `logits` is N x K row-major.
+absl::StatusOr<float> HostSoftmaxCrossEntropy(const float* logits, int64_t n,
+                                              int64_t k,
+                                              absl::Span<const int32_t> labels,
+                                              float* dlogits);
+
+}  // namespace pstrain
+
+#endif  // PSTRAIN_MODELS_BACKEND_H_

@@ -1,0 +1,662 @@
+// The CPU backend: oneDNN 2.6 primitives on plain NCHW / NC host memory.
+// Primitives are created for the first input shape a layer sees and again
+// whenever the shape or the training flag changes.
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <unordered_map>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "models/backend.h"
+#include "oneapi/dnnl/dnnl.hpp"
+
+namespace pstrain {
+namespace {
+
+using dnnl::algorithm;
+using dnnl::memory;
+using dnnl::prop_kind;
+using tag = dnnl::memory::format_tag;
+using dt = dnnl::memory::data_type;
+
+dnnl::engine& CpuEngine() {
+  static dnnl::engine* engine = new dnnl::engine(dnnl::engine::kind::cpu, 0);
+  return *engine;
+}
+
+dnnl::stream& CpuStream() {
+  thread_local dnnl::stream stream(CpuEngine());
+  return stream;
+}
+
+// A memory object over caller-owned fp32 data (oneDNN does not copy).
+memory Wrap(const memory::desc& md, const float* data) {
+  return memory(md, CpuEngine(), const_cast<float*>(data));
+}
+
+memory::dims Dims(const Shape& s) { return memory::dims(s.begin(), s.end()); }
+
+memory::desc Nchw(const Shape& s) {
+  return memory::desc(Dims(s), dt::f32, tag::nchw);
+}
+
+memory::desc Flat(int64_t n) { return memory::desc({n}, dt::f32, tag::x); }
+
+// oneDNN reports errors by exception; turn them into a status naming the
+// layer.
+template <typename F>
+absl::Status Run(const LayerSpec& spec, F&& f) {
+  try {
+    f();
+    CpuStream().wait();
+  } catch (const dnnl::error& e) {
+    return absl::InternalError(
+        absl::StrCat(LayerName(spec), ": oneDNN: ", e.what()));
+  }
+  return absl::OkStatus();
+}
+
+class Conv2d final : public Layer {
+ public:
+  Conv2d(const LayerSpec& spec, std::vector<Param*> params)
+      : spec_(spec), weight_(params[0]), bias_(spec.bias ? params[1] : nullptr) {}
+
+  absl::Status Forward(absl::Span<const DeviceTensor* const> in,
+                       DeviceTensor* out, bool training) override {
+    return Run(spec_, [&] {
+      Prepare(in[0]->shape());
+      std::unordered_map<int, memory> args = {
+          {DNNL_ARG_SRC, Wrap(src_md_, in[0]->data())},
+          {DNNL_ARG_WEIGHTS, Wrap(wei_md_, weight_->value.data())},
+          {DNNL_ARG_DST, Wrap(dst_md_, out->data())}};
+      if (bias_ != nullptr) {
+        args[DNNL_ARG_BIAS] = Wrap(bias_md_, bias_->value.data());
+      }
+      fwd_.execute(CpuStream(), args);
+    });
+  }
+
+  absl::Status Backward(absl::Span<const DeviceTensor* const> in,
+                        const DeviceTensor& out, const DeviceTensor& dout,
+                        absl::Span<DeviceTensor* const> din) override {
+    return Run(spec_, [&] {
+      Prepare(in[0]->shape());
+      std::unordered_map<int, memory> args = {
+          {DNNL_ARG_SRC, Wrap(src_md_, in[0]->data())},
+          {DNNL_ARG_DIFF_DST, Wrap(dst_md_, dout.data())},
+          {DNNL_ARG_DIFF_WEIGHTS, Wrap(wei_md_, weight_->grad.data())}};
+      if (bias_ != nullptr) {
+        args[DNNL_ARG_DIFF_BIAS] = Wrap(bias_md_, bias_->grad.data());
+      }
+      bwd_weights_.execute(CpuStream(), args);
+      if (din[0] != nullptr) {
+        bwd_data_.execute(
+            CpuStream(),
+            {{DNNL_ARG_DIFF_DST, Wrap(dst_md_, dout.data())},
+             {DNNL_ARG_WEIGHTS, Wrap(wei_md_, weight_->value.data())},
+             {DNNL_ARG_DIFF_SRC, Wrap(src_md_, din[0]->data())}});
+      }
+    });
+  }
+
+ private:
+  void Prepare(const Shape& in) {
+    if (in == in_shape_) return;
+    in_shape_ = in;
+    const Shape out = *OutputShape(spec_, {in});
+    src_md_ = Nchw(in);
+    wei_md_ = memory::desc(Dims(weight_->value.shape()), dt::f32, tag::oihw);
+    bias_md_ = Flat(spec_.out_channels);
+    dst_md_ = Nchw(out);
+    const memory::dims strides = {spec_.stride, spec_.stride};
+    const memory::dims padding = {spec_.padding, spec_.padding};
+    const auto fwd_desc =
+        bias_ != nullptr
+            ? dnnl::convolution_forward::desc(
+                  prop_kind::forward_training, algorithm::convolution_direct,
+                  src_md_, wei_md_, bias_md_, dst_md_, strides, padding,
+                  padding)
+            : dnnl::convolution_forward::desc(
+                  prop_kind::forward_training, algorithm::convolution_direct,
+                  src_md_, wei_md_, dst_md_, strides, padding, padding);
+    dnnl::convolution_forward::primitive_desc fwd_pd(fwd_desc, CpuEngine());
+    fwd_ = dnnl::convolution_forward(fwd_pd);
+    bwd_data_ = dnnl::convolution_backward_data(
+        dnnl::convolution_backward_data::primitive_desc(
+            dnnl::convolution_backward_data::desc(algorithm::convolution_direct,
+                                                  src_md_, wei_md_, dst_md_,
+                                                  strides, padding, padding),
+            CpuEngine(), fwd_pd));
+    const auto bwd_desc =
+        bias_ != nullptr
+            ? dnnl::convolution_backward_weights::desc(
+                  algorithm::convolution_direct, src_md_, wei_md_, bias_md_,
+                  dst_md_, strides, padding, padding)
+            : dnnl::convolution_backward_weights::desc(
+                  algorithm::convolution_direct, src_md_, wei_md_, dst_md_,
+                  strides, padding, padding);
+    bwd_weights_ = dnnl::convolution_backward_weights(
+        dnnl::convolution_backward_weights::primitive_desc(bwd_desc,
+                                                           CpuEngine(), fwd_pd));
+  }
+
+  const LayerSpec spec_;
+  Param* weight_;
+  Param* bias_;
+  Shape in_shape_;
+  memory::desc src_md_, wei_md_, bias_md_, dst_md_;
+  dnnl::convolution_forward fwd_;
+  dnnl::convolution_backward_data bwd_data_;
+  dnnl::convolution_backward_weights bwd_weights_;
+};
+
+class Linear final : public Layer {
+ public:
+  Linear(const LayerSpec& spec, std::vector<Param*> params)
+      : spec_(spec), weight_(params[0]), bias_(params[1]) {}
+
+  absl::Status Forward(absl::Span<const DeviceTensor* const> in,
+                       DeviceTensor* out, bool training) override {
+    return Run(spec_, [&] {
+      Prepare(in[0]->shape()[0]);
+      fwd_.execute(CpuStream(),
+                   {{DNNL_ARG_SRC, Wrap(src_md_, in[0]->data())},
+                    {DNNL_ARG_WEIGHTS, Wrap(wei_md_, weight_->value.data())},
+                    {DNNL_ARG_BIAS, Wrap(bias_md_, bias_->value.data())},
+                    {DNNL_ARG_DST, Wrap(dst_md_, out->data())}});
+    });
+  }
+
+  absl::Status Backward(absl::Span<const DeviceTensor* const> in,
+                        const DeviceTensor& out, const DeviceTensor& dout,
+                        absl::Span<DeviceTensor* const> din) override {
+    return Run(spec_, [&] {
+      Prepare(in[0]->shape()[0]);
+      bwd_weights_.execute(
+          CpuStream(),
+          {{DNNL_ARG_SRC, Wrap(src_md_, in[0]->data())},
+           {DNNL_ARG_DIFF_DST, Wrap(dst_md_, dout.data())},
+           {DNNL_ARG_DIFF_WEIGHTS, Wrap(wei_md_, weight_->grad.data())},
+           {DNNL_ARG_DIFF_BIAS, Wrap(bias_md_, bias_->grad.data())}});
+      if (din[0] != nullptr) {
+        bwd_data_.execute(
+            CpuStream(),
+            {{DNNL_ARG_DIFF_DST, Wrap(dst_md_, dout.data())},
+             {DNNL_ARG_WEIGHTS, Wrap(wei_md_, weight_->value.data())},
+             {DNNL_ARG_DIFF_SRC, Wrap(src_md_, din[0]->data())}});
+      }
+    });
+  }
+
+ private:
+  void Prepare(int64_t n) {
+    if (n == n_) return;
+    n_ = n;
+    const int64_t in_f = spec_.in_channels, out_f = spec_.out_channels;
+    src_md_ = memory::desc({n, in_f}, dt::f32, tag::nc);
+    wei_md_ = memory::desc({out_f, in_f}, dt::f32, tag::oi);
+    bias_md_ = Flat(out_f);
+    dst_md_ = memory::desc({n, out_f}, dt::f32, tag::nc);
+    dnnl::inner_product_forward::primitive_desc fwd_pd(
+        dnnl::inner_product_forward::desc(prop_kind::forward_training, src_md_,
+                                          wei_md_, bias_md_, dst_md_),
+        CpuEngine());
+    fwd_ = dnnl::inner_product_forward(fwd_pd);
+    bwd_data_ = dnnl::inner_product_backward_data(
+        dnnl::inner_product_backward_data::primitive_desc(
+            dnnl::inner_product_backward_data::desc(src_md_, wei_md_, dst_md_),
+            CpuEngine(), fwd_pd));
+    bwd_weights_ = dnnl::inner_product_backward_weights(
+        dnnl::inner_product_backward_weights::primitive_desc(
+            dnnl::inner_product_backward_weights::desc(src_md_, wei_md_,
+                                                       bias_md_, dst_md_),
+            CpuEngine(), fwd_pd));
+  }
+
+  const LayerSpec spec_;
+  Param* weight_;
+  Param* bias_;
+  int64_t n_ = -1;
+  memory::desc src_md_, wei_md_, bias_md_, dst_md_;
+  dnnl::inner_product_forward fwd_;
+  dnnl::inner_product_backward_data bwd_data_;
+  dnnl::inner_product_backward_weights bwd_weights_;
+};
+
+// BatchNorm2d on oneDNN's batch_normalization with separate scale and shift.
+// oneDNN returns the batch mean and biased variance; the running statistics
+// are updated here as PyTorch does (unbiased variance, momentum).
+class BatchNorm2d final : public Layer {
+ public:
+  BatchNorm2d(const LayerSpec& spec, std::vector<Param*> params,
+              std::vector<Buffer*> buffers)
+      : spec_(spec),
+        weight_(params[0]),
+        bias_(params[1]),
+        running_mean_(buffers[0]),
+        running_var_(buffers[1]),
+        mean_(spec.in_channels),
+        var_(spec.in_channels) {}
+
+  absl::Status Forward(absl::Span<const DeviceTensor* const> in,
+                       DeviceTensor* out, bool training) override {
+    const Shape& shape = in[0]->shape();
+    absl::Status status = Run(spec_, [&] {
+      Prepare(shape, training);
+      std::unordered_map<int, memory> args = {
+          {DNNL_ARG_SRC, Wrap(data_md_, in[0]->data())},
+          {DNNL_ARG_DST, Wrap(data_md_, out->data())},
+          {DNNL_ARG_SCALE, Wrap(c_md_, weight_->value.data())},
+          {DNNL_ARG_SHIFT, Wrap(c_md_, bias_->value.data())}};
+      if (training) {
+        args[DNNL_ARG_MEAN] = Wrap(c_md_, mean_.data());
+        args[DNNL_ARG_VARIANCE] = Wrap(c_md_, var_.data());
+      } else {
+        args[DNNL_ARG_MEAN] = Wrap(c_md_, running_mean_->value.data());
+        args[DNNL_ARG_VARIANCE] = Wrap(c_md_, running_var_->value.data());
+      }
+      fwd_.execute(CpuStream(), args);
+    });
+    if (!status.ok() || !training) return status;
+    const int64_t count = shape[0] * shape[2] * shape[3];
+    const float unbias =
+        count > 1 ? static_cast<float>(count) / static_cast<float>(count - 1)
+                  : 1.0f;
+    const float m = spec_.momentum;
+    float* rm = running_mean_->value.data();
+    float* rv = running_var_->value.data();
+    for (int64_t c = 0; c < spec_.in_channels; ++c) {
+      rm[c] = (1 - m) * rm[c] + m * mean_[c];
+      rv[c] = (1 - m) * rv[c] + m * var_[c] * unbias;
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status Backward(absl::Span<const DeviceTensor* const> in,
+                        const DeviceTensor& out, const DeviceTensor& dout,
+                        absl::Span<DeviceTensor* const> din) override {
+    // oneDNN's backward always writes diff_src; use a scratch tensor when
+    // the caller needs none.
+    std::vector<float> scratch;
+    float* diff_src = nullptr;
+    if (din[0] != nullptr) {
+      diff_src = din[0]->data();
+    } else {
+      scratch.resize(in[0]->size());
+      diff_src = scratch.data();
+    }
+    return Run(spec_, [&] {
+      Prepare(in[0]->shape(), true);
+      bwd_.execute(CpuStream(),
+                   {{DNNL_ARG_SRC, Wrap(data_md_, in[0]->data())},
+                    {DNNL_ARG_MEAN, Wrap(c_md_, mean_.data())},
+                    {DNNL_ARG_VARIANCE, Wrap(c_md_, var_.data())},
+                    {DNNL_ARG_DIFF_DST, Wrap(data_md_, dout.data())},
+                    {DNNL_ARG_SCALE, Wrap(c_md_, weight_->value.data())},
+                    {DNNL_ARG_SHIFT, Wrap(c_md_, bias_->value.data())},
+                    {DNNL_ARG_DIFF_SRC, Wrap(data_md_, diff_src)},
+                    {DNNL_ARG_DIFF_SCALE, Wrap(c_md_, weight_->grad.data())},
+                    {DNNL_ARG_DIFF_SHIFT, Wrap(c_md_, bias_->grad.data())}});
+    });
+  }
+
+ private:
+  void Prepare(const Shape& shape, bool training) {
+    if (shape == shape_ && training == training_) return;
+    shape_ = shape;
+    training_ = training;
+    data_md_ = Nchw(shape);
+    c_md_ = Flat(spec_.in_channels);
+    auto flags = dnnl::normalization_flags::use_scale |
+                 dnnl::normalization_flags::use_shift;
+    if (!training) flags |= dnnl::normalization_flags::use_global_stats;
+    dnnl::batch_normalization_forward::primitive_desc fwd_pd(
+        dnnl::batch_normalization_forward::desc(
+            training ? prop_kind::forward_training
+                     : prop_kind::forward_inference,
+            data_md_, spec_.epsilon, flags),
+        CpuEngine());
+    fwd_ = dnnl::batch_normalization_forward(fwd_pd);
+    if (training) {
+      bwd_ = dnnl::batch_normalization_backward(
+          dnnl::batch_normalization_backward::primitive_desc(
+              dnnl::batch_normalization_backward::desc(
+                  prop_kind::backward, data_md_, data_md_, spec_.epsilon,
+                  flags),
+              CpuEngine(), fwd_pd));
+    }
+  }
+
+  const LayerSpec spec_;
+  Param* weight_;
+  Param* bias_;
+  Buffer* running_mean_;
+  Buffer* running_var_;
+  // Batch statistics of the last training forward.
+  std::vector<float> mean_, var_;
+  Shape shape_;
+  bool training_ = false;
+  memory::desc data_md_, c_md_;
+  dnnl::batch_normalization_forward fwd_;
+  dnnl::batch_normalization_backward bwd_;
+};
+
+// Elementwise ReLU over the tensor as one flat vector.
+class Relu final : public Layer {
+ public:
+  explicit Relu(const LayerSpec& spec) : spec_(spec) {}
+  absl::Status Forward(absl::Span<const DeviceTensor* const> in,
+                       DeviceTensor* out, bool training) override {
+    return Run(spec_, [&] {
+      Prepare(in[0]->size());
+      fwd_.execute(CpuStream(), {{DNNL_ARG_SRC, Wrap(md_, in[0]->data())},
+                                 {DNNL_ARG_DST, Wrap(md_, out->data())}});
+    });
+  }
+  absl::Status Backward(absl::Span<const DeviceTensor* const> in,
+                        const DeviceTensor& out, const DeviceTensor& dout,
+                        absl::Span<DeviceTensor* const> din) override {
+    if (din[0] == nullptr) return absl::OkStatus();
+    return Run(spec_, [&] {
+      Prepare(in[0]->size());
+      bwd_.execute(CpuStream(),
+                   {{DNNL_ARG_SRC, Wrap(md_, in[0]->data())},
+                    {DNNL_ARG_DIFF_DST, Wrap(md_, dout.data())},
+                    {DNNL_ARG_DIFF_SRC, Wrap(md_, din[0]->data())}});
+    });
+  }
+
+ private:
+  void Prepare(int64_t n) {
+    if (n == n_) return;
+    n_ = n;
+    md_ = Flat(n);
+    dnnl::eltwise_forward::primitive_desc fwd_pd(
+        dnnl::eltwise_forward::desc(prop_kind::forward_training,
+                                    algorithm::eltwise_relu, md_, 0.0f),
+        CpuEngine());
+    fwd_ = dnnl::eltwise_forward(fwd_pd);
+    bwd_ = dnnl::eltwise_backward(dnnl::eltwise_backward::primitive_desc(
+        dnnl::eltwise_backward::desc(algorithm::eltwise_relu, md_, md_, 0.0f),
+        CpuEngine(), fwd_pd));
+  }
+
+  const LayerSpec spec_;
+  int64_t n_ = -1;
+  memory::desc md_;
+  dnnl::eltwise_forward fwd_;
+  dnnl::eltwise_backward bwd_;
+};
+
+// Max, average and global average pooling. Max pooling keeps the workspace
+// of the last training forward for its backward.
+class Pool2d final : public Layer {
+ public:
+  explicit Pool2d(const LayerSpec& spec) : spec_(spec) {}
+
+  absl::Status Forward(absl::Span<const DeviceTensor* const> in,
+                       DeviceTensor* out, bool training) override {
+    return Run(spec_, [&] {
+      Prepare(in[0]->shape(), training);
+      std::unordered_map<int, memory> args = {
+          {DNNL_ARG_SRC, Wrap(src_md_, in[0]->data())},
+          {DNNL_ARG_DST, Wrap(dst_md_, out->data())}};
+      if (training && max()) args[DNNL_ARG_WORKSPACE] = workspace_;
+      fwd_.execute(CpuStream(), args);
+    });
+  }
+
+  absl::Status Backward(absl::Span<const DeviceTensor* const> in,
+                        const DeviceTensor& out, const DeviceTensor& dout,
+                        absl::Span<DeviceTensor* const> din) override {
+    if (din[0] == nullptr) return absl::OkStatus();
+    return Run(spec_, [&] {
+      Prepare(in[0]->shape(), true);
+      std::unordered_map<int, memory> args = {
+          {DNNL_ARG_DIFF_DST, Wrap(dst_md_, dout.data())},
+          {DNNL_ARG_DIFF_SRC, Wrap(src_md_, din[0]->data())}};
+      if (max()) args[DNNL_ARG_WORKSPACE] = workspace_;
+      bwd_.execute(CpuStream(), args);
+    });
+  }
+
+ private:
+  bool max() const { return spec_.type == LayerType::kMaxPool2d; }
+
+  void Prepare(const Shape& in, bool training) {
+    if (in == in_shape_ && training == training_) return;
+    in_shape_ = in;
+    training_ = training;
+    const Shape out = *OutputShape(spec_, {in});
+    src_md_ = Nchw(in);
+    dst_md_ = Nchw(out);
+    memory::dims kernel = {spec_.kernel, spec_.kernel};
+    memory::dims strides = {spec_.stride, spec_.stride};
+    memory::dims padding = {spec_.padding, spec_.padding};
+    if (spec_.type == LayerType::kGlobalAvgPool) {
+      kernel = {in[2], in[3]};
+      strides = {1, 1};
+      padding = {0, 0};
+    }
+    const algorithm alg = max() ? algorithm::pooling_max
+                                : algorithm::pooling_avg_include_padding;
+    dnnl::pooling_forward::primitive_desc fwd_pd(
+        dnnl::pooling_forward::desc(training ? prop_kind::forward_training
+                                             : prop_kind::forward_inference,
+                                    alg, src_md_, dst_md_, strides, kernel,
+                                    padding, padding),
+        CpuEngine());
+    fwd_ = dnnl::pooling_forward(fwd_pd);
+    if (training) {
+      if (max()) workspace_ = memory(fwd_pd.workspace_desc(), CpuEngine());
+      bwd_ = dnnl::pooling_backward(dnnl::pooling_backward::primitive_desc(
+          dnnl::pooling_backward::desc(alg, src_md_, dst_md_, strides, kernel,
+                                       padding, padding),
+          CpuEngine(), fwd_pd));
+    }
+  }
+
+  const LayerSpec spec_;
+  Shape in_shape_;
+  bool training_ = false;
+  memory::desc src_md_, dst_md_;
+  memory workspace_;
+  dnnl::pooling_forward fwd_;
+  dnnl::pooling_backward bwd_;
+};
+
+// Residual add on oneDNN's binary primitive; its gradient goes unchanged to
+// both inputs.
+class Add final : public Layer {
+ public:
+  explicit Add(const LayerSpec& spec) : spec_(spec) {}
+  absl::Status Forward(absl::Span<const DeviceTensor* const> in,
+                       DeviceTensor* out, bool training) override {
+    return Run(spec_, [&] {
+      const int64_t n = in[0]->size();
+      if (n != n_) {
+        n_ = n;
+        md_ = Flat(n);
+        fwd_ = dnnl::binary(dnnl::binary::primitive_desc(
+            dnnl::binary::desc(algorithm::binary_add, md_, md_, md_),
+            CpuEngine()));
+      }
+      fwd_.execute(CpuStream(), {{DNNL_ARG_SRC_0, Wrap(md_, in[0]->data())},
+                                 {DNNL_ARG_SRC_1, Wrap(md_, in[1]->data())},
+                                 {DNNL_ARG_DST, Wrap(md_, out->data())}});
+    });
+  }
+  absl::Status Backward(absl::Span<const DeviceTensor* const> in,
+                        const DeviceTensor& out, const DeviceTensor& dout,
+                        absl::Span<DeviceTensor* const> din) override {
+    for (DeviceTensor* d : din) {
+      if (d != nullptr) {
+        std::memcpy(d->data(), dout.data(), sizeof(float) * dout.size());
+      }
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  const LayerSpec spec_;
+  int64_t n_ = -1;
+  memory::desc md_;
+  dnnl::binary fwd_;
+};
+
+// Copies: flatten (a new shape over the same values) and dropout in eval.
+class Flatten final : public Layer {
+ public:
+  absl::Status Forward(absl::Span<const DeviceTensor* const> in,
+                       DeviceTensor* out, bool training) override {
+    std::memcpy(out->data(), in[0]->data(), sizeof(float) * in[0]->size());
+    return absl::OkStatus();
+  }
+  absl::Status Backward(absl::Span<const DeviceTensor* const> in,
+                        const DeviceTensor& out, const DeviceTensor& dout,
+                        absl::Span<DeviceTensor* const> din) override {
+    if (din[0] != nullptr) {
+      std::memcpy(din[0]->data(), dout.data(), sizeof(float) * dout.size());
+    }
+    return absl::OkStatus();
+  }
+};
+
+// Inverted dropout (as nn.Dropout): in training each element is zeroed with
+// probability p and the rest scaled by 1 / (1 - p); identity in eval.
+class Dropout final : public Layer {
+ public:
+  Dropout(const LayerSpec& spec, uint64_t seed) : spec_(spec), rng_(seed) {}
+  absl::Status Forward(absl::Span<const DeviceTensor* const> in,
+                       DeviceTensor* out, bool training) override {
+    const int64_t n = in[0]->size();
+    const float* x = in[0]->data();
+    float* y = out->data();
+    if (!training) {
+      std::memcpy(y, x, sizeof(float) * n);
+      return absl::OkStatus();
+    }
+    mask_.resize(n);
+    const float keep = 1.0f - spec_.dropout;
+    const float scale = keep > 0 ? 1.0f / keep : 0.0f;
+    std::bernoulli_distribution bern(keep);
+    for (int64_t i = 0; i < n; ++i) {
+      mask_[i] = bern(rng_) ? scale : 0.0f;
+      y[i] = x[i] * mask_[i];
+    }
+    return absl::OkStatus();
+  }
+  absl::Status Backward(absl::Span<const DeviceTensor* const> in,
+                        const DeviceTensor& out, const DeviceTensor& dout,
+                        absl::Span<DeviceTensor* const> din) override {
+    if (din[0] == nullptr) return absl::OkStatus();
+    const int64_t n = dout.size();
+    if (static_cast<int64_t>(mask_.size()) != n) {
+      return absl::FailedPreconditionError(
+          "dropout: backward without a training forward of this shape");
+    }
+    for (int64_t i = 0; i < n; ++i) {
+      din[0]->data()[i] = dout.data()[i] * mask_[i];
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  const LayerSpec spec_;
+  std::mt19937_64 rng_;
+  std::vector<float> mask_;
+};
+
+class CpuBackend final : public Backend {
+ public:
+  std::string name() const override { return "cpu"; }
+  bool host_memory() const override { return true; }
+
+  absl::StatusOr<float*> Allocate(int64_t elements) override {
+    const size_t bytes =
+        (sizeof(float) * std::max<int64_t>(elements, 1) + 63) / 64 * 64;
+    void* p = std::aligned_alloc(64, bytes);
+    if (p == nullptr) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("cpu: cannot allocate ", bytes, " bytes"));
+    }
+    return static_cast<float*>(p);
+  }
+  void Free(float* data) override { std::free(data); }
+  absl::StatusOr<float*> AllocateHost(int64_t elements) override {
+    return Allocate(elements);
+  }
+  void FreeHost(float* data) override { Free(data); }
+
+  absl::Status CopyToDevice(const float* host, int64_t elements,
+                            float* device) override {
+    if (host != device) std::memcpy(device, host, sizeof(float) * elements);
+    return absl::OkStatus();
+  }
+  absl::Status CopyToHost(const float* device, int64_t elements,
+                          float* host) override {
+    return CopyToDevice(device, elements, host);
+  }
+  absl::Status CopyOnDevice(const float* src, int64_t elements,
+                            float* dst) override {
+    return CopyToDevice(src, elements, dst);
+  }
+  absl::Status Synchronize() override { return absl::OkStatus(); }
+
+  absl::StatusOr<std::unique_ptr<Layer>> CreateLayer(
+      const LayerSpec& spec, std::vector<Param*> params,
+      std::vector<Buffer*> buffers, uint64_t seed) override {
+    switch (spec.type) {
+      case LayerType::kConv2d:
+        return std::unique_ptr<Layer>(new Conv2d(spec, std::move(params)));
+      case LayerType::kLinear:
+        return std::unique_ptr<Layer>(new Linear(spec, std::move(params)));
+      case LayerType::kBatchNorm2d:
+        return std::unique_ptr<Layer>(
+            new BatchNorm2d(spec, std::move(params), std::move(buffers)));
+      case LayerType::kRelu:
+        return std::unique_ptr<Layer>(new Relu(spec));
+      case LayerType::kMaxPool2d:
+      case LayerType::kAvgPool2d:
+      case LayerType::kGlobalAvgPool:
+        return std::unique_ptr<Layer>(new Pool2d(spec));
+      case LayerType::kAdd:
+        return std::unique_ptr<Layer>(new Add(spec));
+      case LayerType::kFlatten:
+        return std::unique_ptr<Layer>(new Flatten());
+      case LayerType::kDropout:
+        return std::unique_ptr<Layer>(new Dropout(spec, seed));
+    }
+    return absl::InvalidArgumentError("unknown layer type");
+  }
+
+  absl::Status Accumulate(const float* x, int64_t elements,
+                          float* y) override {
+    for (int64_t i = 0; i < elements; ++i) y[i] += x[i];
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<float> SoftmaxCrossEntropy(const DeviceTensor& logits,
+                                            absl::Span<const int32_t> labels,
+                                            DeviceTensor* dlogits) override {
+    if (logits.shape().size() != 2) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("softmax cross-entropy: logits ",
+                       ShapeToString(logits.shape()), "; expected [N, K]"));
+    }
+    return HostSoftmaxCrossEntropy(
+        logits.data(), logits.shape()[0], logits.shape()[1], labels,
+        dlogits != nullptr ? dlogits->data() : nullptr);
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> NewCpuBackend() {
+  return std::make_unique<CpuBackend>();
+}
+
+}  // namespace pstrain

@@ -1,0 +1,229 @@
+#include "models/layer_spec.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+
+namespace pstrain {
+
+LayerSpec LayerSpec::Conv2d(int64_t in, int64_t out, int64_t kernel,
+                            int64_t stride, int64_t padding, bool bias) {
+  LayerSpec s;
+  s.type = LayerType::kConv2d;
+  s.in_channels = in;
+  s.out_channels = out;
+  s.kernel = kernel;
+  s.stride = stride;
+  s.padding = padding;
+  s.bias = bias;
+  return s;
+}
+
+LayerSpec LayerSpec::BatchNorm2d(int64_t channels) {
+  LayerSpec s;
+  s.type = LayerType::kBatchNorm2d;
+  s.in_channels = s.out_channels = channels;
+  return s;
+}
+
+LayerSpec LayerSpec::Relu() { return LayerSpec(); }
+
+LayerSpec LayerSpec::MaxPool2d(int64_t kernel, int64_t stride,
+                               int64_t padding) {
+  LayerSpec s;
+  s.type = LayerType::kMaxPool2d;
+  s.kernel = kernel;
+  s.stride = stride;
+  s.padding = padding;
+  return s;
+}
+
+LayerSpec LayerSpec::AvgPool2d(int64_t kernel, int64_t stride,
+                               int64_t padding) {
+  LayerSpec s = MaxPool2d(kernel, stride, padding);
+  s.type = LayerType::kAvgPool2d;
+  return s;
+}
+
+LayerSpec LayerSpec::GlobalAvgPool() {
+  LayerSpec s;
+  s.type = LayerType::kGlobalAvgPool;
+  return s;
+}
+
+LayerSpec LayerSpec::Linear(int64_t in_features, int64_t out_features) {
+  LayerSpec s;
+  s.type = LayerType::kLinear;
+  s.in_channels = in_features;
+  s.out_channels = out_features;
+  return s;
+}
+
+LayerSpec LayerSpec::Dropout(float p) {
+  LayerSpec s;
+  s.type = LayerType::kDropout;
+  s.dropout = p;
+  return s;
+}
+
+LayerSpec LayerSpec::Flatten() {
+  LayerSpec s;
+  s.type = LayerType::kFlatten;
+  return s;
+}
+
+LayerSpec LayerSpec::Add() {
+  LayerSpec s;
+  s.type = LayerType::kAdd;
+  return s;
+}
+
+std::string LayerName(const LayerSpec& s) {
+  switch (s.type) {
+    case LayerType::kConv2d:
+      return absl::StrCat("conv", s.kernel, "x", s.kernel, "-", s.out_channels,
+                          s.stride > 1 ? absl::StrCat("/", s.stride) : "");
+    case LayerType::kBatchNorm2d:
+      return absl::StrCat("bn", s.in_channels);
+    case LayerType::kRelu:
+      return "relu";
+    case LayerType::kMaxPool2d:
+      return absl::StrCat("maxpool", s.kernel);
+    case LayerType::kAvgPool2d:
+      return absl::StrCat("avgpool", s.kernel);
+    case LayerType::kGlobalAvgPool:
+      return "globalavgpool";
+    case LayerType::kLinear:
+      return absl::StrCat("fc", s.in_channels, "-", s.out_channels);
+    case LayerType::kDropout:
+      return absl::StrCat("dropout", s.dropout);
+    case LayerType::kFlatten:
+      return "flatten";
+    case LayerType::kAdd:
+      return "add";
+  }
+  return "?";
+}
+
+int NumInputs(const LayerSpec& spec) {
+  return spec.type == LayerType::kAdd ? 2 : 1;
+}
+
+std::vector<TensorSpec> ParamSpecs(const LayerSpec& s) {
+  switch (s.type) {
+    case LayerType::kConv2d: {
+      std::vector<TensorSpec> p = {
+          {"weight", {s.out_channels, s.in_channels, s.kernel, s.kernel}}};
+      if (s.bias) p.push_back({"bias", {s.out_channels}});
+      return p;
+    }
+    case LayerType::kLinear:
+      return {{"weight", {s.out_channels, s.in_channels}},
+              {"bias", {s.out_channels}}};
+    case LayerType::kBatchNorm2d:
+      return {{"weight", {s.in_channels}}, {"bias", {s.in_channels}}};
+    default:
+      return {};
+  }
+}
+
+std::vector<TensorSpec> BufferSpecs(const LayerSpec& s) {
+  if (s.type != LayerType::kBatchNorm2d) return {};
+  return {{"running_mean", {s.in_channels}}, {"running_var", {s.in_channels}}};
+}
+
+namespace {
+
+absl::Status BadInput(const LayerSpec& s, const Shape& in,
+                      absl::string_view expected) {
+  return absl::InvalidArgumentError(absl::StrCat(
+      LayerName(s), ": input ", ShapeToString(in), "; expected ", expected));
+}
+
+absl::StatusOr<Shape> WindowOutput(const LayerSpec& s, const Shape& in,
+                                   int64_t channels) {
+  if (in.size() != 4 || (channels > 0 && in[1] != channels)) {
+    return BadInput(
+        s, in,
+        channels > 0 ? absl::StrCat("[N, ", channels, ", H, W]") : "[N, C, H, W]");
+  }
+  const int64_t oh = (in[2] + 2 * s.padding - s.kernel) / s.stride + 1;
+  const int64_t ow = (in[3] + 2 * s.padding - s.kernel) / s.stride + 1;
+  if (in[2] + 2 * s.padding < s.kernel || in[3] + 2 * s.padding < s.kernel ||
+      oh <= 0 || ow <= 0) {
+    return BadInput(s, in,
+                    absl::StrCat("H, W >= ", s.kernel - 2 * s.padding,
+                                 " (the window with its padding)"));
+  }
+  return Shape{in[0], channels > 0 ? channels : in[1], oh, ow};
+}
+
+}  // namespace
+
+absl::StatusOr<Shape> OutputShape(const LayerSpec& s,
+                                  const std::vector<Shape>& inputs) {
+  if (static_cast<int>(inputs.size()) != NumInputs(s)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(LayerName(s), ": ", inputs.size(), " inputs; expected ",
+                     NumInputs(s)));
+  }
+  const Shape& in = inputs[0];
+  switch (s.type) {
+    case LayerType::kConv2d: {
+      absl::StatusOr<Shape> out = WindowOutput(s, in, s.in_channels);
+      if (!out.ok()) return out.status();
+      (*out)[1] = s.out_channels;
+      return out;
+    }
+    case LayerType::kMaxPool2d:
+    case LayerType::kAvgPool2d:
+      return WindowOutput(s, in, 0);
+    case LayerType::kBatchNorm2d:
+      if (in.size() != 4 || in[1] != s.in_channels) {
+        return BadInput(s, in, absl::StrCat("[N, ", s.in_channels, ", H, W]"));
+      }
+      return in;
+    case LayerType::kGlobalAvgPool:
+      if (in.size() != 4) return BadInput(s, in, "[N, C, H, W]");
+      return Shape{in[0], in[1], 1, 1};
+    case LayerType::kLinear:
+      if (in.empty() || in[0] <= 0 ||
+          NumElements(in) != in[0] * s.in_channels) {
+        return BadInput(s, in,
+                        absl::StrCat("[N, ", s.in_channels, "] (",
+                                     s.in_channels, " features per sample)"));
+      }
+      return Shape{in[0], s.out_channels};
+    case LayerType::kFlatten:
+      if (in.empty() || in[0] <= 0) return BadInput(s, in, "a batch axis");
+      return Shape{in[0], NumElements(in) / in[0]};
+    case LayerType::kAdd:
+      if (inputs[0] != inputs[1]) {
+        return BadInput(s, inputs[1],
+                        absl::StrCat(ShapeToString(inputs[0]),
+                                     " (both inputs of one shape)"));
+      }
+      return in;
+    case LayerType::kRelu:
+    case LayerType::kDropout:
+      return in;
+  }
+  return absl::InternalError("unknown layer type");
+}
+
+int64_t ForwardMacsPerSample(const LayerSpec& s, const Shape& input) {
+  switch (s.type) {
+    case LayerType::kConv2d: {
+      absl::StatusOr<Shape> out = OutputShape(s, {input});
+      if (!out.ok()) return 0;
+      return (*out)[1] * (*out)[2] * (*out)[3] * s.in_channels * s.kernel *
+             s.kernel;
+    }
+    case LayerType::kLinear:
+      return s.in_channels * s.out_channels;
+    default:
+      return 0;
+  }
+}
+
+}  // namespace pstrain

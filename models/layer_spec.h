@@ -1,0 +1,94 @@
+// What a layer is, independent of the backend that runs it: its type and
+// hyperparameters, the shapes of its parameters and buffers, its output shape
+// and its cost. Backends (backend.h) turn a LayerSpec into a running layer.
+//
+// Shapes are NCHW fp32 for images and [N, F] for feature vectors. Parameter
+// shapes follow PyTorch: conv weight OIHW [out, in, k, k], linear weight
+// [out_features, in_features], BatchNorm weight/bias/running stats [C].
+//
+// Thread-safety: plain values and pure functions.
+#ifndef PSTRAIN_MODELS_LAYER_SPEC_H_
+#define PSTRAIN_MODELS_LAYER_SPEC_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "models/tensor.h"
+
+namespace pstrain {
+
+enum class LayerType {
+  kConv2d,         // groups = 1, square kernel, stride, zero padding.
+  kBatchNorm2d,    // per-channel, over N, H, W (Ioffe & Szegedy 2015).
+  kRelu,
+  kMaxPool2d,      // square window, stride, padding (padded with -inf).
+  kAvgPool2d,      // square window; padding counted (count_include_pad).
+  kGlobalAvgPool,  // [N, C, H, W] -> [N, C, 1, 1].
+  kLinear,         // y = x W^T + b over [N, in_features].
+  kDropout,        // inverted dropout: kept values scaled by 1 / (1 - p).
+  kFlatten,        // [N, ...] -> [N, prod(...)].
+  kAdd,            // two inputs of one shape (the residual add).
+};
+
+struct LayerSpec {
+  LayerType type = LayerType::kRelu;
+  // Conv2d: channels; Linear: features.
+  int64_t in_channels = 0;
+  int64_t out_channels = 0;
+  // Conv2d and pooling.
+  int64_t kernel = 1;
+  int64_t stride = 1;
+  int64_t padding = 0;
+  // Conv2d and Linear.
+  bool bias = true;
+  // Dropout probability of zeroing an element.
+  float dropout = 0.5f;
+  // BatchNorm2d, as PyTorch's defaults: running = (1 - momentum) * running +
+  // momentum * batch statistic (unbiased variance), eps added to the
+  // variance.
+  float momentum = 0.1f;
+  float epsilon = 1e-5f;
+
+  static LayerSpec Conv2d(int64_t in, int64_t out, int64_t kernel,
+                          int64_t stride, int64_t padding, bool bias);
+  static LayerSpec BatchNorm2d(int64_t channels);
+  static LayerSpec Relu();
+  static LayerSpec MaxPool2d(int64_t kernel, int64_t stride, int64_t padding);
+  static LayerSpec AvgPool2d(int64_t kernel, int64_t stride, int64_t padding);
+  static LayerSpec GlobalAvgPool();
+  static LayerSpec Linear(int64_t in_features, int64_t out_features);
+  static LayerSpec Dropout(float p);
+  static LayerSpec Flatten();
+  static LayerSpec Add();
+};
+
+// "conv3x3-64", "bn64", "fc512-10", ...
+std::string LayerName(const LayerSpec& spec);
+
+// Number of inputs the layer takes (2 for kAdd, else 1).
+int NumInputs(const LayerSpec& spec);
+
+struct TensorSpec {
+  std::string name;  // "weight", "bias", "running_mean", "running_var".
+  Shape shape;
+};
+
+// Trainable parameters, in PyTorch's order (weight, then bias).
+std::vector<TensorSpec> ParamSpecs(const LayerSpec& spec);
+// Non-trainable buffers (BatchNorm's running mean and variance).
+std::vector<TensorSpec> BufferSpecs(const LayerSpec& spec);
+
+// Output shape for the given input shapes. INVALID_ARGUMENT naming the layer
+// and the expected shape when they do not fit.
+absl::StatusOr<Shape> OutputShape(const LayerSpec& spec,
+                                  const std::vector<Shape>& inputs);
+
+// Multiply-accumulates of one forward pass of one sample (FLOPs = 2 x MACs).
+// Counts convolutions and linear layers only, as the field's tables do.
+int64_t ForwardMacsPerSample(const LayerSpec& spec, const Shape& input);
+
+}  // namespace pstrain
+
+#endif  // PSTRAIN_MODELS_LAYER_SPEC_H_

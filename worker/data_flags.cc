@@ -1,0 +1,76 @@
+#include "worker/data_flags.h"
+
+#include "absl/flags/flag.h"
+#include "absl/strings/str_cat.h"
+#include "models/backend.h"
+
+ABSL_FLAG(std::string, dataset, "fashion_mnist",
+          "Dataset: fashion_mnist, mnist, cifar10 or synthetic.");
+ABSL_FLAG(std::string, data_dir, "/usr/share/datasets/fashion-mnist",
+          "Folder holding the dataset's files (IDX, gzipped or plain; "
+          "CIFAR-10 binary batches).");
+ABSL_FLAG(int, image_size, 224,
+          "Synthetic data: images are 3 x image_size x image_size.");
+ABSL_FLAG(int, num_classes, 1000, "Synthetic data: number of classes.");
+ABSL_FLAG(int64_t, synthetic_samples, 12800,
+          "Synthetic data: training samples per epoch (test: 1000).");
+ABSL_FLAG(std::string, backend, "cpu",
+          "Where workers compute: cpu (oneDNN) or cuda (cuDNN, cuBLAS; "
+          "needs a --config=cuda build and a GPU).");
+ABSL_FLAG(int, gpu, 0, "CUDA backend: index of the GPU to use.");
+
+namespace pstrain {
+
+absl::StatusOr<Dataset> LoadDatasetFromFlags() {
+  const std::string name = absl::GetFlag(FLAGS_dataset);
+  const std::string dir = absl::GetFlag(FLAGS_data_dir);
+  DatasetOptions options;
+  options.image_size = absl::GetFlag(FLAGS_image_size);
+  options.num_classes = absl::GetFlag(FLAGS_num_classes);
+  options.train_samples = absl::GetFlag(FLAGS_synthetic_samples);
+  absl::StatusOr<Dataset> dataset = LoadDataset(name, dir, options);
+  if (!dataset.ok()) {
+    const std::string where =
+        name == "synthetic"
+            ? absl::StrCat("--dataset=synthetic --image_size=",
+                           options.image_size, " --num_classes=",
+                           options.num_classes, " --synthetic_samples=",
+                           options.train_samples)
+            : absl::StrCat("--dataset=", name, " --data_dir=", dir);
+    return absl::Status(dataset.status().code(),
+                        absl::StrCat(where, ": ", dataset.status().message()));
+  }
+  return dataset;
+}
+
+absl::Status CheckBackendFlags() {
+  const std::string backend = absl::GetFlag(FLAGS_backend);
+  const int gpu = absl::GetFlag(FLAGS_gpu);
+  if (backend == "cpu") return absl::OkStatus();
+  if (backend != "cuda") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--backend=", backend, ": expected cpu or cuda"));
+  }
+  absl::Status status = Backend::CudaAvailable(gpu);
+  if (!status.ok()) {
+    return absl::Status(status.code(), absl::StrCat("--backend=cuda --gpu=",
+                                                    gpu, ": ",
+                                                    status.message()));
+  }
+  return absl::OkStatus();
+}
+
+std::vector<std::string> DataAndBackendFlagArgs() {
+  return {
+      absl::StrCat("--dataset=", absl::GetFlag(FLAGS_dataset)),
+      absl::StrCat("--data_dir=", absl::GetFlag(FLAGS_data_dir)),
+      absl::StrCat("--image_size=", absl::GetFlag(FLAGS_image_size)),
+      absl::StrCat("--num_classes=", absl::GetFlag(FLAGS_num_classes)),
+      absl::StrCat("--synthetic_samples=",
+                   absl::GetFlag(FLAGS_synthetic_samples)),
+      absl::StrCat("--backend=", absl::GetFlag(FLAGS_backend)),
+      absl::StrCat("--gpu=", absl::GetFlag(FLAGS_gpu)),
+  };
+}
+
+}  // namespace pstrain

@@ -1,0 +1,41 @@
+// Command-line flags shared by pstrain_worker, `pstrain run` and
+// train_bench: the dataset (--dataset, --data_dir, --image_size,
+// --num_classes, --synthetic_samples) and the backend (--backend, --gpu).
+// Defined once here so that `pstrain run` forwards exactly what a worker
+// parses.
+//
+// Thread-safety: call from main() only.
+#ifndef PSTRAIN_WORKER_DATA_FLAGS_H_
+#define PSTRAIN_WORKER_DATA_FLAGS_H_
+
+#include <string>
+#include <vector>
+
+#include "absl/flags/declare.h"
+#include "absl/status/statusor.h"
+#include "worker/dataset.h"
+
+ABSL_DECLARE_FLAG(std::string, dataset);
+ABSL_DECLARE_FLAG(std::string, data_dir);
+ABSL_DECLARE_FLAG(int, image_size);
+ABSL_DECLARE_FLAG(int, num_classes);
+ABSL_DECLARE_FLAG(int64_t, synthetic_samples);
+ABSL_DECLARE_FLAG(std::string, backend);
+ABSL_DECLARE_FLAG(int, gpu);
+
+namespace pstrain {
+
+// Loads the dataset the flags name. Errors name the flags:
+// "--dataset=cifar10 --data_dir=/x: /x/data_batch_1.bin: cannot open ...".
+absl::StatusOr<Dataset> LoadDatasetFromFlags();
+
+// Checks --backend and --gpu (a cuda backend needs a CUDA build and a
+// visible GPU); the error names the flag.
+absl::Status CheckBackendFlags();
+
+// The flags above as "--name=value" arguments, for a child process.
+std::vector<std::string> DataAndBackendFlagArgs();
+
+}  // namespace pstrain
+
+#endif  // PSTRAIN_WORKER_DATA_FLAGS_H_
