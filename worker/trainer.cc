@@ -1,5 +1,7 @@
 #include "worker/trainer.h"
 
+#include <omp.h>
+
 #include <cstdio>
 #include <memory>
 #include <utility>
@@ -182,8 +184,14 @@ absl::StatusOr<TrainerOutput> RunWorker(const TrainerOptions& options,
     train_seconds += epoch_seconds;
     if (chief && options.evaluate) {
       const absl::Time test_start = absl::Now();
-      ASSIGN_OR_RETURN(Evaluation eval,
-                       Evaluate(*model, dataset.test, options.eval_batch_size));
+      // The other workers wait at the next step's barrier (or have
+      // finished): evaluate with every core.
+      const int train_threads = omp_get_max_threads();
+      omp_set_num_threads(omp_get_num_procs());
+      absl::StatusOr<Evaluation> evaluated =
+          Evaluate(*model, dataset.test, options.eval_batch_size);
+      omp_set_num_threads(train_threads);
+      ASSIGN_OR_RETURN(Evaluation eval, std::move(evaluated));
       const double test_seconds =
           absl::ToDoubleSeconds(absl::Now() - test_start);
       EpochResult* e = result.add_epoch_results();

@@ -1,0 +1,71 @@
+#!/usr/bin/env python3
+"""PyTorch baseline of train_bench: times forward + backward + Adam step of a
+zoo model (tools/torch_models.py) on a fixed random batch and prints one
+line: "samples_per_sec=<float> params=<int> loss=<float> device=<str>".
+
+Run by `train_bench --compare_pytorch`; also usable by hand:
+  python3 tools/torch_bench.py --model resnet18 --channels 1 --image_size 28 \\
+      --num_classes 10 --batch_size 64 --steps 20 --device cpu --threads 2
+"""
+import argparse
+import os
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from torch_models import build_any  # noqa: E402
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--model", required=True)
+    p.add_argument("--channels", type=int, required=True)
+    p.add_argument("--image_size", type=int, required=True)
+    p.add_argument("--num_classes", type=int, required=True)
+    p.add_argument("--batch_size", type=int, required=True)
+    p.add_argument("--steps", type=int, required=True)
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--threads", type=int, default=0)
+    a = p.parse_args()
+    if a.threads > 0:
+        torch.set_num_threads(a.threads)
+    device = torch.device(a.device)
+    if device.type == "cuda":
+        torch.backends.cudnn.benchmark = True
+    torch.manual_seed(1)
+    model = build_any(a.model, a.channels, a.image_size, a.num_classes).to(device)
+    model.train()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    x = torch.randn(a.batch_size, a.channels, a.image_size, a.image_size, device=device)
+    y = torch.randint(0, a.num_classes, (a.batch_size,), device=device)
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        return loss
+
+    loss = None
+    for _ in range(a.warmup):
+        loss = step()
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(a.steps):
+        loss = step()
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    seconds = time.perf_counter() - start
+    params = sum(t.numel() for t in model.parameters())
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    print(f"samples_per_sec={a.batch_size * a.steps / seconds:.3f} params={params} "
+          f"loss={loss.item():.4f} device={name}")
+
+
+if __name__ == "__main__":
+    main()
