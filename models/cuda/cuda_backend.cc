@@ -1,0 +1,797 @@
+// The CUDA backend: cuDNN (convolution, batch normalisation, pooling, ReLU),
+// cuBLAS (linear layers, gradient accumulation) and our kernels
+// (kernels.h). Two streams: compute, and copy for host transfers, ordered
+// with events so that gradient copies to pinned host memory overlap the rest
+// of the backward pass.
+//
+// cuDNN 9 marks its legacy (descriptor) API deprecated in favour of the graph
+// API; it is still shipped and supported, and it is what PyTorch 2.x's
+// non-graph paths call. This file is compiled with
+// -Wno-deprecated-declarations for that reason.
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+#include <cudnn.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "models/backend.h"
+#include "models/cuda/kernels.h"
+
+namespace pstrain {
+namespace {
+
+// Every CUDA, cuDNN and cuBLAS status becomes an absl::Status here, naming
+// the call that failed.
+absl::Status CudaStatus(cudaError_t e, const char* call) {
+  if (e == cudaSuccess) return absl::OkStatus();
+  return absl::InternalError(
+      absl::StrCat("CUDA: ", call, ": ", cudaGetErrorString(e)));
+}
+absl::Status CudaStatus(cudnnStatus_t s, const char* call) {
+  if (s == CUDNN_STATUS_SUCCESS) return absl::OkStatus();
+  return absl::InternalError(
+      absl::StrCat("cuDNN: ", call, ": ", cudnnGetErrorString(s)));
+}
+absl::Status CudaStatus(cublasStatus_t s, const char* call) {
+  if (s == CUBLAS_STATUS_SUCCESS) return absl::OkStatus();
+  return absl::InternalError(
+      absl::StrCat("cuBLAS: ", call, ": ", cublasGetStatusString(s)));
+}
+
+#define CUDA_RETURN_IF_ERROR(expr)                                  \
+  do {                                                              \
+    absl::Status _cuda_status = ::pstrain::CudaStatus(expr, #expr); \
+    if (!_cuda_status.ok()) return _cuda_status;                    \
+  } while (0)
+
+// A kernel launch: the launch error, then (in debug builds of the caller)
+// nothing more; asynchronous errors surface at the next Synchronize().
+#define CUDA_RETURN_IF_LAUNCH_ERROR(launch) CUDA_RETURN_IF_ERROR(launch)
+
+const float kOne = 1.0f;
+const float kZero = 0.0f;
+
+class CudaBackend;
+
+// RAII cuDNN descriptors.
+struct TensorDesc {
+  cudnnTensorDescriptor_t d = nullptr;
+  TensorDesc() { cudnnCreateTensorDescriptor(&d); }
+  ~TensorDesc() { cudnnDestroyTensorDescriptor(d); }
+  absl::Status Set(const Shape& s) {
+    int n = 1, c = 1, h = 1, w = 1;
+    if (s.size() == 4) {
+      n = s[0], c = s[1], h = s[2], w = s[3];
+    } else if (s.size() == 2) {
+      n = s[0], c = s[1];
+    } else {
+      c = static_cast<int>(NumElements(s));
+    }
+    CUDA_RETURN_IF_ERROR(cudnnSetTensor4dDescriptor(
+        d, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, n, c, h, w));
+    return absl::OkStatus();
+  }
+};
+
+class CudaBackend final : public Backend {
+ public:
+  ~CudaBackend() override {
+    if (workspace_ != nullptr) cudaFree(workspace_);
+    if (ones_ != nullptr) cudaFree(ones_);
+    if (scratch_ != nullptr) cudaFree(scratch_);
+    if (labels_ != nullptr) cudaFree(labels_);
+    if (losses_ != nullptr) cudaFree(losses_);
+    if (cublas_ != nullptr) cublasDestroy(cublas_);
+    if (cudnn_ != nullptr) cudnnDestroy(cudnn_);
+    if (compute_done_ != nullptr) cudaEventDestroy(compute_done_);
+    if (copy_done_ != nullptr) cudaEventDestroy(copy_done_);
+    if (compute_ != nullptr) cudaStreamDestroy(compute_);
+    if (copy_ != nullptr) cudaStreamDestroy(copy_);
+  }
+
+  absl::Status Init(int gpu) {
+    gpu_ = gpu;
+    CUDA_RETURN_IF_ERROR(cudaSetDevice(gpu));
+    cudaDeviceProp prop;
+    CUDA_RETURN_IF_ERROR(cudaGetDeviceProperties(&prop, gpu));
+    name_ = absl::StrCat("cuda:", gpu, " (", prop.name, ")");
+    CUDA_RETURN_IF_ERROR(
+        cudaStreamCreateWithFlags(&compute_, cudaStreamNonBlocking));
+    CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&copy_, cudaStreamNonBlocking));
+    CUDA_RETURN_IF_ERROR(
+        cudaEventCreateWithFlags(&compute_done_, cudaEventDisableTiming));
+    CUDA_RETURN_IF_ERROR(
+        cudaEventCreateWithFlags(&copy_done_, cudaEventDisableTiming));
+    CUDA_RETURN_IF_ERROR(cudnnCreate(&cudnn_));
+    CUDA_RETURN_IF_ERROR(cudnnSetStream(cudnn_, compute_));
+    CUDA_RETURN_IF_ERROR(cublasCreate(&cublas_));
+    CUDA_RETURN_IF_ERROR(cublasSetStream(cublas_, compute_));
+    // TF32 tensor cores for fp32 GEMMs (PyTorch's default for cuDNN
+    // convolutions; documented in models/backend.h).
+    CUDA_RETURN_IF_ERROR(cublasSetMathMode(cublas_, CUBLAS_TF32_TENSOR_OP_MATH));
+    return absl::OkStatus();
+  }
+
+  std::string name() const override { return name_; }
+  bool host_memory() const override { return false; }
+
+  absl::StatusOr<float*> Allocate(int64_t elements) override {
+    void* p = nullptr;
+    const size_t bytes = sizeof(float) * std::max<int64_t>(elements, 1);
+    cudaError_t e = cudaMalloc(&p, bytes);
+    if (e != cudaSuccess) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          name_, ": cannot allocate ", bytes, " bytes: ",
+          cudaGetErrorString(e)));
+    }
+    return static_cast<float*>(p);
+  }
+  void Free(float* data) override { cudaFree(data); }
+  absl::StatusOr<float*> AllocateHost(int64_t elements) override {
+    void* p = nullptr;
+    const size_t bytes = sizeof(float) * std::max<int64_t>(elements, 1);
+    cudaError_t e = cudaMallocHost(&p, bytes);
+    if (e != cudaSuccess) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          name_, ": cannot allocate ", bytes, " pinned bytes: ",
+          cudaGetErrorString(e)));
+    }
+    return static_cast<float*>(p);
+  }
+  void FreeHost(float* data) override { cudaFreeHost(data); }
+
+  // The copy stream first waits for all compute issued so far.
+  absl::Status CopyToDevice(const float* host, int64_t elements,
+                            float* device) override {
+    CUDA_RETURN_IF_ERROR(cudaEventRecord(compute_done_, compute_));
+    CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(copy_, compute_done_, 0));
+    CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(device, host, sizeof(float) * elements,
+                                         cudaMemcpyHostToDevice, copy_));
+    // Later compute reads what was copied.
+    CUDA_RETURN_IF_ERROR(cudaEventRecord(copy_done_, copy_));
+    CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(compute_, copy_done_, 0));
+    return absl::OkStatus();
+  }
+  absl::Status CopyToHost(const float* device, int64_t elements,
+                          float* host) override {
+    CUDA_RETURN_IF_ERROR(cudaEventRecord(compute_done_, compute_));
+    CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(copy_, compute_done_, 0));
+    CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(host, device, sizeof(float) * elements,
+                                         cudaMemcpyDeviceToHost, copy_));
+    return absl::OkStatus();
+  }
+  absl::Status CopyOnDevice(const float* src, int64_t elements,
+                            float* dst) override {
+    CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dst, src, sizeof(float) * elements,
+                                         cudaMemcpyDeviceToDevice, compute_));
+    return absl::OkStatus();
+  }
+  absl::Status Synchronize() override {
+    CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(compute_));
+    CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(copy_));
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<std::unique_ptr<Layer>> CreateLayer(
+      const LayerSpec& spec, std::vector<Param*> params,
+      std::vector<Buffer*> buffers, uint64_t seed) override;
+
+  absl::Status Accumulate(const float* x, int64_t elements,
+                          float* y) override {
+    CUDA_RETURN_IF_LAUNCH_ERROR(cuda::LaunchAdd(x, y, elements, y, compute_));
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<float> SoftmaxCrossEntropy(const DeviceTensor& logits,
+                                            absl::Span<const int32_t> labels,
+                                            DeviceTensor* dlogits) override {
+    if (logits.shape().size() != 2 ||
+        logits.shape()[0] != static_cast<int64_t>(labels.size())) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "softmax cross-entropy: logits ", ShapeToString(logits.shape()),
+          "; expected [", labels.size(), ", K]"));
+    }
+    const int64_t n = logits.shape()[0], k = logits.shape()[1];
+    for (int64_t i = 0; i < n; ++i) {
+      if (labels[i] < 0 || labels[i] >= k) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "label ", labels[i], " of sample ", i, " is outside [0, ", k,
+            ")"));
+      }
+    }
+    if (n > label_capacity_) {
+      if (labels_ != nullptr) cudaFree(labels_);
+      if (losses_ != nullptr) cudaFree(losses_);
+      labels_ = nullptr;
+      losses_ = nullptr;
+      CUDA_RETURN_IF_ERROR(cudaMalloc(&labels_, sizeof(int32_t) * n));
+      CUDA_RETURN_IF_ERROR(cudaMalloc(&losses_, sizeof(float) * n));
+      label_capacity_ = n;
+    }
+    CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(labels_, labels.data(),
+                                         sizeof(int32_t) * n,
+                                         cudaMemcpyHostToDevice, compute_));
+    CUDA_RETURN_IF_LAUNCH_ERROR(cuda::LaunchSoftmaxCrossEntropy(
+        logits.data(), labels_, n, k,
+        dlogits != nullptr ? dlogits->data() : nullptr, losses_, compute_));
+    std::vector<float> host(n);
+    CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(host.data(), losses_,
+                                         sizeof(float) * n,
+                                         cudaMemcpyDeviceToHost, compute_));
+    CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(compute_));
+    double sum = 0;
+    for (float l : host) sum += l;
+    return static_cast<float>(sum / n);
+  }
+
+  // Shared by the layers.
+  cudnnHandle_t cudnn() const { return cudnn_; }
+  cublasHandle_t cublas() const { return cublas_; }
+  cudaStream_t compute() const { return compute_; }
+
+  // A device workspace of at least `bytes` (cuDNN convolutions).
+  absl::StatusOr<void*> Workspace(size_t bytes) {
+    if (bytes > workspace_bytes_) {
+      if (workspace_ != nullptr) {
+        CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(compute_));
+        cudaFree(workspace_);
+      }
+      workspace_ = nullptr;
+      workspace_bytes_ = 0;
+      CUDA_RETURN_IF_ERROR(cudaMalloc(&workspace_, bytes));
+      workspace_bytes_ = bytes;
+    }
+    return workspace_;
+  }
+
+  // A device vector of at least `n` ones (bias gradients by GEMV).
+  absl::StatusOr<const float*> Ones(int64_t n) {
+    if (n > ones_size_) {
+      if (ones_ != nullptr) {
+        CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(compute_));
+        cudaFree(ones_);
+      }
+      ones_ = nullptr;
+      CUDA_RETURN_IF_ERROR(cudaMalloc(&ones_, sizeof(float) * n));
+      std::vector<float> host(n, 1.0f);
+      CUDA_RETURN_IF_ERROR(cudaMemcpy(ones_, host.data(), sizeof(float) * n,
+                                      cudaMemcpyHostToDevice));
+      ones_size_ = n;
+    }
+    return ones_;
+  }
+
+  // Scratch device memory for outputs nobody needs (BatchNorm's dx of the
+  // first layer).
+  absl::StatusOr<float*> Scratch(int64_t n) {
+    if (n > scratch_size_) {
+      if (scratch_ != nullptr) {
+        CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(compute_));
+        cudaFree(scratch_);
+      }
+      scratch_ = nullptr;
+      CUDA_RETURN_IF_ERROR(cudaMalloc(&scratch_, sizeof(float) * n));
+      scratch_size_ = n;
+    }
+    return scratch_;
+  }
+
+ private:
+  int gpu_ = 0;
+  std::string name_;
+  cudaStream_t compute_ = nullptr;
+  cudaStream_t copy_ = nullptr;
+  cudaEvent_t compute_done_ = nullptr;
+  cudaEvent_t copy_done_ = nullptr;
+  cudnnHandle_t cudnn_ = nullptr;
+  cublasHandle_t cublas_ = nullptr;
+  void* workspace_ = nullptr;
+  size_t workspace_bytes_ = 0;
+  float* ones_ = nullptr;
+  int64_t ones_size_ = 0;
+  float* scratch_ = nullptr;
+  int64_t scratch_size_ = 0;
+  int32_t* labels_ = nullptr;
+  float* losses_ = nullptr;
+  int64_t label_capacity_ = 0;
+};
+
+// Convolution with the fastest algorithms cuDNN finds for each shape (as
+// PyTorch's cudnn.benchmark = True), TF32 tensor-op math allowed.
+class Conv2d final : public Layer {
+ public:
+  Conv2d(CudaBackend* b, const LayerSpec& spec, std::vector<Param*> params)
+      : b_(b),
+        spec_(spec),
+        weight_(params[0]),
+        bias_(spec.bias ? params[1] : nullptr) {
+    cudnnCreateFilterDescriptor(&filter_);
+    cudnnCreateConvolutionDescriptor(&conv_);
+  }
+  ~Conv2d() override {
+    cudnnDestroyFilterDescriptor(filter_);
+    cudnnDestroyConvolutionDescriptor(conv_);
+  }
+
+  absl::Status Forward(absl::Span<const DeviceTensor* const> in,
+                       DeviceTensor* out, bool training) override {
+    absl::Status s = Prepare(in[0]->shape(), out->shape());
+    if (!s.ok()) return s;
+    absl::StatusOr<void*> ws = b_->Workspace(workspace_bytes_);
+    if (!ws.ok()) return ws.status();
+    CUDA_RETURN_IF_ERROR(cudnnConvolutionForward(
+        b_->cudnn(), &kOne, x_.d, in[0]->data(), filter_,
+        weight_->value.data(), conv_, fwd_algo_, *ws, workspace_bytes_, &kZero,
+        y_.d, out->data()));
+    if (bias_ != nullptr) {
+      CUDA_RETURN_IF_ERROR(cudnnAddTensor(b_->cudnn(), &kOne, bias_desc_.d,
+                                          bias_->value.data(), &kOne, y_.d,
+                                          out->data()));
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status Backward(absl::Span<const DeviceTensor* const> in,
+                        const DeviceTensor& out, const DeviceTensor& dout,
+                        absl::Span<DeviceTensor* const> din) override {
+    absl::Status s = Prepare(in[0]->shape(), out.shape());
+    if (!s.ok()) return s;
+    absl::StatusOr<void*> ws = b_->Workspace(workspace_bytes_);
+    if (!ws.ok()) return ws.status();
+    CUDA_RETURN_IF_ERROR(cudnnConvolutionBackwardFilter(
+        b_->cudnn(), &kOne, x_.d, in[0]->data(), y_.d, dout.data(), conv_,
+        bwd_filter_algo_, *ws, workspace_bytes_, &kZero, filter_,
+        weight_->grad.data()));
+    if (bias_ != nullptr) {
+      CUDA_RETURN_IF_ERROR(cudnnConvolutionBackwardBias(
+          b_->cudnn(), &kOne, y_.d, dout.data(), &kZero, bias_desc_.d,
+          bias_->grad.data()));
+    }
+    if (din[0] != nullptr) {
+      CUDA_RETURN_IF_ERROR(cudnnConvolutionBackwardData(
+          b_->cudnn(), &kOne, filter_, weight_->value.data(), y_.d,
+          dout.data(), conv_, bwd_data_algo_, *ws, workspace_bytes_, &kZero,
+          x_.d, din[0]->data()));
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  absl::Status Prepare(const Shape& in, const Shape& out) {
+    if (in == in_shape_) return absl::OkStatus();
+    in_shape_ = in;
+    absl::Status s = x_.Set(in);
+    if (s.ok()) s = y_.Set(out);
+    if (s.ok()) s = bias_desc_.Set({1, spec_.out_channels, 1, 1});
+    if (!s.ok()) return s;
+    const int k = static_cast<int>(spec_.kernel);
+    CUDA_RETURN_IF_ERROR(cudnnSetFilter4dDescriptor(
+        filter_, CUDNN_DATA_FLOAT, CUDNN_TENSOR_NCHW,
+        static_cast<int>(spec_.out_channels),
+        static_cast<int>(spec_.in_channels), k, k));
+    const int p = static_cast<int>(spec_.padding);
+    const int st = static_cast<int>(spec_.stride);
+    CUDA_RETURN_IF_ERROR(cudnnSetConvolution2dDescriptor(
+        conv_, p, p, st, st, 1, 1, CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT));
+    CUDA_RETURN_IF_ERROR(cudnnSetConvolutionMathType(conv_, CUDNN_TENSOR_OP_MATH));
+    // cudnnFind* times every algorithm on scratch tensors it allocates.
+    int count = 0;
+    cudnnConvolutionFwdAlgoPerf_t fwd[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
+    CUDA_RETURN_IF_ERROR(cudnnFindConvolutionForwardAlgorithm(
+        b_->cudnn(), x_.d, filter_, conv_, y_.d,
+        CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &count, fwd));
+    if (count < 1 || fwd[0].status != CUDNN_STATUS_SUCCESS) {
+      return absl::InternalError(
+          absl::StrCat(LayerName(spec_), ": no cuDNN forward algorithm"));
+    }
+    fwd_algo_ = fwd[0].algo;
+    size_t bytes = fwd[0].memory;
+    cudnnConvolutionBwdDataAlgoPerf_t data[CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT];
+    CUDA_RETURN_IF_ERROR(cudnnFindConvolutionBackwardDataAlgorithm(
+        b_->cudnn(), filter_, y_.d, conv_, x_.d,
+        CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &count, data));
+    if (count < 1 || data[0].status != CUDNN_STATUS_SUCCESS) {
+      return absl::InternalError(absl::StrCat(
+          LayerName(spec_), ": no cuDNN backward-data algorithm"));
+    }
+    bwd_data_algo_ = data[0].algo;
+    bytes = std::max(bytes, data[0].memory);
+    cudnnConvolutionBwdFilterAlgoPerf_t filt
+        [CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT];
+    CUDA_RETURN_IF_ERROR(cudnnFindConvolutionBackwardFilterAlgorithm(
+        b_->cudnn(), x_.d, y_.d, conv_, filter_,
+        CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &count, filt));
+    if (count < 1 || filt[0].status != CUDNN_STATUS_SUCCESS) {
+      return absl::InternalError(absl::StrCat(
+          LayerName(spec_), ": no cuDNN backward-filter algorithm"));
+    }
+    bwd_filter_algo_ = filt[0].algo;
+    workspace_bytes_ = std::max(bytes, filt[0].memory);
+    return absl::OkStatus();
+  }
+
+  CudaBackend* b_;
+  const LayerSpec spec_;
+  Param* weight_;
+  Param* bias_;
+  Shape in_shape_;
+  TensorDesc x_, y_, bias_desc_;
+  cudnnFilterDescriptor_t filter_ = nullptr;
+  cudnnConvolutionDescriptor_t conv_ = nullptr;
+  cudnnConvolutionFwdAlgo_t fwd_algo_{};
+  cudnnConvolutionBwdDataAlgo_t bwd_data_algo_{};
+  cudnnConvolutionBwdFilterAlgo_t bwd_filter_algo_{};
+  size_t workspace_bytes_ = 0;
+};
+
+// BatchNorm2d, spatial mode. cuDNN updates the running mean and the running
+// (unbiased) variance with factor `momentum`, as PyTorch does.
+class BatchNorm2d final : public Layer {
+ public:
+  BatchNorm2d(CudaBackend* b, const LayerSpec& spec,
+              std::vector<Param*> params, std::vector<Buffer*> buffers)
+      : b_(b),
+        spec_(spec),
+        weight_(params[0]),
+        bias_(params[1]),
+        running_mean_(buffers[0]),
+        running_var_(buffers[1]),
+        save_mean_(b),
+        save_inv_var_(b) {}
+
+  absl::Status Forward(absl::Span<const DeviceTensor* const> in,
+                       DeviceTensor* out, bool training) override {
+    absl::Status s = Prepare(in[0]->shape());
+    if (!s.ok()) return s;
+    if (!training) {
+      CUDA_RETURN_IF_ERROR(cudnnBatchNormalizationForwardInference(
+          b_->cudnn(), CUDNN_BATCHNORM_SPATIAL, &kOne, &kZero, x_.d,
+          in[0]->data(), x_.d, out->data(), c_.d, weight_->value.data(),
+          bias_->value.data(), running_mean_->value.data(),
+          running_var_->value.data(), spec_.epsilon));
+      return absl::OkStatus();
+    }
+    CUDA_RETURN_IF_ERROR(cudnnBatchNormalizationForwardTraining(
+        b_->cudnn(), CUDNN_BATCHNORM_SPATIAL, &kOne, &kZero, x_.d,
+        in[0]->data(), x_.d, out->data(), c_.d, weight_->value.data(),
+        bias_->value.data(), spec_.momentum, running_mean_->value.data(),
+        running_var_->value.data(), spec_.epsilon, save_mean_.data(),
+        save_inv_var_.data()));
+    return absl::OkStatus();
+  }
+
+  absl::Status Backward(absl::Span<const DeviceTensor* const> in,
+                        const DeviceTensor& out, const DeviceTensor& dout,
+                        absl::Span<DeviceTensor* const> din) override {
+    absl::Status s = Prepare(in[0]->shape());
+    if (!s.ok()) return s;
+    float* dx = nullptr;
+    if (din[0] != nullptr) {
+      dx = din[0]->data();
+    } else {
+      absl::StatusOr<float*> scratch = b_->Scratch(in[0]->size());
+      if (!scratch.ok()) return scratch.status();
+      dx = *scratch;
+    }
+    CUDA_RETURN_IF_ERROR(cudnnBatchNormalizationBackward(
+        b_->cudnn(), CUDNN_BATCHNORM_SPATIAL, &kOne, &kZero, &kOne, &kZero,
+        x_.d, in[0]->data(), x_.d, dout.data(), x_.d, dx, c_.d,
+        weight_->value.data(), weight_->grad.data(), bias_->grad.data(),
+        spec_.epsilon, save_mean_.data(), save_inv_var_.data()));
+    return absl::OkStatus();
+  }
+
+ private:
+  absl::Status Prepare(const Shape& in) {
+    if (in == shape_) return absl::OkStatus();
+    shape_ = in;
+    absl::Status s = x_.Set(in);
+    if (s.ok()) s = c_.Set({1, spec_.in_channels, 1, 1});
+    if (s.ok()) s = save_mean_.Resize({spec_.in_channels});
+    if (s.ok()) s = save_inv_var_.Resize({spec_.in_channels});
+    return s;
+  }
+
+  CudaBackend* b_;
+  const LayerSpec spec_;
+  Param* weight_;
+  Param* bias_;
+  Buffer* running_mean_;
+  Buffer* running_var_;
+  DeviceTensor save_mean_, save_inv_var_;
+  Shape shape_;
+  TensorDesc x_, c_;
+};
+
+class Relu final : public Layer {
+ public:
+  explicit Relu(CudaBackend* b) : b_(b) {
+    cudnnCreateActivationDescriptor(&act_);
+    cudnnSetActivationDescriptor(act_, CUDNN_ACTIVATION_RELU,
+                                 CUDNN_NOT_PROPAGATE_NAN, 0.0);
+  }
+  ~Relu() override { cudnnDestroyActivationDescriptor(act_); }
+  absl::Status Forward(absl::Span<const DeviceTensor* const> in,
+                       DeviceTensor* out, bool training) override {
+    absl::Status s = x_.Set({in[0]->size()});
+    if (!s.ok()) return s;
+    CUDA_RETURN_IF_ERROR(cudnnActivationForward(b_->cudnn(), act_, &kOne, x_.d,
+                                                in[0]->data(), &kZero, x_.d,
+                                                out->data()));
+    return absl::OkStatus();
+  }
+  absl::Status Backward(absl::Span<const DeviceTensor* const> in,
+                        const DeviceTensor& out, const DeviceTensor& dout,
+                        absl::Span<DeviceTensor* const> din) override {
+    if (din[0] == nullptr) return absl::OkStatus();
+    absl::Status s = x_.Set({in[0]->size()});
+    if (!s.ok()) return s;
+    CUDA_RETURN_IF_ERROR(cudnnActivationBackward(
+        b_->cudnn(), act_, &kOne, x_.d, out.data(), x_.d, dout.data(), x_.d,
+        in[0]->data(), &kZero, x_.d, din[0]->data()));
+    return absl::OkStatus();
+  }
+
+ private:
+  CudaBackend* b_;
+  cudnnActivationDescriptor_t act_ = nullptr;
+  TensorDesc x_;
+};
+
+class Pool2d final : public Layer {
+ public:
+  Pool2d(CudaBackend* b, const LayerSpec& spec) : b_(b), spec_(spec) {
+    cudnnCreatePoolingDescriptor(&pool_);
+  }
+  ~Pool2d() override { cudnnDestroyPoolingDescriptor(pool_); }
+  absl::Status Forward(absl::Span<const DeviceTensor* const> in,
+                       DeviceTensor* out, bool training) override {
+    absl::Status s = Prepare(in[0]->shape(), out->shape());
+    if (!s.ok()) return s;
+    CUDA_RETURN_IF_ERROR(cudnnPoolingForward(b_->cudnn(), pool_, &kOne, x_.d,
+                                             in[0]->data(), &kZero, y_.d,
+                                             out->data()));
+    return absl::OkStatus();
+  }
+  absl::Status Backward(absl::Span<const DeviceTensor* const> in,
+                        const DeviceTensor& out, const DeviceTensor& dout,
+                        absl::Span<DeviceTensor* const> din) override {
+    if (din[0] == nullptr) return absl::OkStatus();
+    absl::Status s = Prepare(in[0]->shape(), out.shape());
+    if (!s.ok()) return s;
+    CUDA_RETURN_IF_ERROR(cudnnPoolingBackward(
+        b_->cudnn(), pool_, &kOne, y_.d, out.data(), y_.d, dout.data(), x_.d,
+        in[0]->data(), &kZero, x_.d, din[0]->data()));
+    return absl::OkStatus();
+  }
+
+ private:
+  absl::Status Prepare(const Shape& in, const Shape& out) {
+    if (in == in_shape_) return absl::OkStatus();
+    in_shape_ = in;
+    absl::Status s = x_.Set(in);
+    if (s.ok()) s = y_.Set(out);
+    if (!s.ok()) return s;
+    int kh = static_cast<int>(spec_.kernel), kw = kh;
+    int stride = static_cast<int>(spec_.stride);
+    int pad = static_cast<int>(spec_.padding);
+    if (spec_.type == LayerType::kGlobalAvgPool) {
+      kh = static_cast<int>(in[2]);
+      kw = static_cast<int>(in[3]);
+      stride = 1;
+      pad = 0;
+    }
+    const cudnnPoolingMode_t mode =
+        spec_.type == LayerType::kMaxPool2d
+            ? CUDNN_POOLING_MAX
+            : CUDNN_POOLING_AVERAGE_COUNT_INCLUDE_PADDING;
+    CUDA_RETURN_IF_ERROR(cudnnSetPooling2dDescriptor(
+        pool_, mode, CUDNN_NOT_PROPAGATE_NAN, kh, kw, pad, pad, stride,
+        stride));
+    return absl::OkStatus();
+  }
+
+  CudaBackend* b_;
+  const LayerSpec spec_;
+  cudnnPoolingDescriptor_t pool_ = nullptr;
+  Shape in_shape_;
+  TensorDesc x_, y_;
+};
+
+// y[N, O] = x[N, I] W^T + b on cuBLAS (column-major: Y = W^T X with W^T
+// read from the row-major [O, I] weight).
+class Linear final : public Layer {
+ public:
+  Linear(CudaBackend* b, const LayerSpec& spec, std::vector<Param*> params)
+      : b_(b), spec_(spec), weight_(params[0]), bias_(params[1]) {}
+
+  absl::Status Forward(absl::Span<const DeviceTensor* const> in,
+                       DeviceTensor* out, bool training) override {
+    const int n = static_cast<int>(in[0]->shape()[0]);
+    const int i = static_cast<int>(spec_.in_channels);
+    const int o = static_cast<int>(spec_.out_channels);
+    absl::StatusOr<const float*> ones = b_->Ones(n);
+    if (!ones.ok()) return ones.status();
+    // Y = b 1^T, then Y += W^T X.
+    CUDA_RETURN_IF_ERROR(cublasSgemm(b_->cublas(), CUBLAS_OP_N, CUBLAS_OP_N, o,
+                                     n, 1, &kOne, bias_->value.data(), o, *ones,
+                                     1, &kZero, out->data(), o));
+    CUDA_RETURN_IF_ERROR(cublasSgemm(b_->cublas(), CUBLAS_OP_T, CUBLAS_OP_N, o,
+                                     n, i, &kOne, weight_->value.data(), i,
+                                     in[0]->data(), i, &kOne, out->data(), o));
+    return absl::OkStatus();
+  }
+
+  absl::Status Backward(absl::Span<const DeviceTensor* const> in,
+                        const DeviceTensor& out, const DeviceTensor& dout,
+                        absl::Span<DeviceTensor* const> din) override {
+    const int n = static_cast<int>(in[0]->shape()[0]);
+    const int i = static_cast<int>(spec_.in_channels);
+    const int o = static_cast<int>(spec_.out_channels);
+    absl::StatusOr<const float*> ones = b_->Ones(n);
+    if (!ones.ok()) return ones.status();
+    // dW (col-major I x O) = X dY^T.
+    CUDA_RETURN_IF_ERROR(cublasSgemm(b_->cublas(), CUBLAS_OP_N, CUBLAS_OP_T, i,
+                                     o, n, &kOne, in[0]->data(), i, dout.data(),
+                                     o, &kZero, weight_->grad.data(), i));
+    // db = dY 1.
+    CUDA_RETURN_IF_ERROR(cublasSgemv(b_->cublas(), CUBLAS_OP_N, o, n, &kOne,
+                                     dout.data(), o, *ones, 1, &kZero,
+                                     bias_->grad.data(), 1));
+    if (din[0] != nullptr) {
+      // dX (col-major I x N) = W dY.
+      CUDA_RETURN_IF_ERROR(cublasSgemm(
+          b_->cublas(), CUBLAS_OP_N, CUBLAS_OP_N, i, n, o, &kOne,
+          weight_->value.data(), i, dout.data(), o, &kZero, din[0]->data(), i));
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  CudaBackend* b_;
+  const LayerSpec spec_;
+  Param* weight_;
+  Param* bias_;
+};
+
+class Add final : public Layer {
+ public:
+  explicit Add(CudaBackend* b) : b_(b) {}
+  absl::Status Forward(absl::Span<const DeviceTensor* const> in,
+                       DeviceTensor* out, bool training) override {
+    CUDA_RETURN_IF_LAUNCH_ERROR(cuda::LaunchAdd(in[0]->data(), in[1]->data(),
+                                                out->size(), out->data(),
+                                                b_->compute()));
+    return absl::OkStatus();
+  }
+  absl::Status Backward(absl::Span<const DeviceTensor* const> in,
+                        const DeviceTensor& out, const DeviceTensor& dout,
+                        absl::Span<DeviceTensor* const> din) override {
+    for (DeviceTensor* d : din) {
+      if (d == nullptr) continue;
+      absl::Status s = b_->CopyOnDevice(dout.data(), dout.size(), d->data());
+      if (!s.ok()) return s;
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  CudaBackend* b_;
+};
+
+class Flatten final : public Layer {
+ public:
+  explicit Flatten(CudaBackend* b) : b_(b) {}
+  absl::Status Forward(absl::Span<const DeviceTensor* const> in,
+                       DeviceTensor* out, bool training) override {
+    return b_->CopyOnDevice(in[0]->data(), in[0]->size(), out->data());
+  }
+  absl::Status Backward(absl::Span<const DeviceTensor* const> in,
+                        const DeviceTensor& out, const DeviceTensor& dout,
+                        absl::Span<DeviceTensor* const> din) override {
+    if (din[0] == nullptr) return absl::OkStatus();
+    return b_->CopyOnDevice(dout.data(), dout.size(), din[0]->data());
+  }
+
+ private:
+  CudaBackend* b_;
+};
+
+class Dropout final : public Layer {
+ public:
+  Dropout(CudaBackend* b, const LayerSpec& spec, uint64_t seed)
+      : b_(b), spec_(spec), seed_(seed), mask_(b) {}
+  absl::Status Forward(absl::Span<const DeviceTensor* const> in,
+                       DeviceTensor* out, bool training) override {
+    if (!training) {
+      return b_->CopyOnDevice(in[0]->data(), in[0]->size(), out->data());
+    }
+    absl::Status s = mask_.Resize(in[0]->shape());
+    if (!s.ok()) return s;
+    CUDA_RETURN_IF_LAUNCH_ERROR(cuda::LaunchDropout(
+        in[0]->data(), in[0]->size(), 1.0f - spec_.dropout,
+        seed_ + 0x9E3779B97F4A7C15ull * ++calls_, mask_.data(), out->data(),
+        b_->compute()));
+    return absl::OkStatus();
+  }
+  absl::Status Backward(absl::Span<const DeviceTensor* const> in,
+                        const DeviceTensor& out, const DeviceTensor& dout,
+                        absl::Span<DeviceTensor* const> din) override {
+    if (din[0] == nullptr) return absl::OkStatus();
+    if (mask_.size() != dout.size()) {
+      return absl::FailedPreconditionError(
+          "dropout: backward without a training forward of this shape");
+    }
+    CUDA_RETURN_IF_LAUNCH_ERROR(cuda::LaunchMultiply(
+        dout.data(), mask_.data(), dout.size(), din[0]->data(), b_->compute()));
+    return absl::OkStatus();
+  }
+
+ private:
+  CudaBackend* b_;
+  const LayerSpec spec_;
+  const uint64_t seed_;
+  uint64_t calls_ = 0;
+  DeviceTensor mask_;
+};
+
+absl::StatusOr<std::unique_ptr<Layer>> CudaBackend::CreateLayer(
+    const LayerSpec& spec, std::vector<Param*> params,
+    std::vector<Buffer*> buffers, uint64_t seed) {
+  switch (spec.type) {
+    case LayerType::kConv2d:
+      return std::unique_ptr<Layer>(new Conv2d(this, spec, std::move(params)));
+    case LayerType::kLinear:
+      return std::unique_ptr<Layer>(new Linear(this, spec, std::move(params)));
+    case LayerType::kBatchNorm2d:
+      return std::unique_ptr<Layer>(
+          new BatchNorm2d(this, spec, std::move(params), std::move(buffers)));
+    case LayerType::kRelu:
+      return std::unique_ptr<Layer>(new Relu(this));
+    case LayerType::kMaxPool2d:
+    case LayerType::kAvgPool2d:
+    case LayerType::kGlobalAvgPool:
+      return std::unique_ptr<Layer>(new Pool2d(this, spec));
+    case LayerType::kAdd:
+      return std::unique_ptr<Layer>(new Add(this));
+    case LayerType::kFlatten:
+      return std::unique_ptr<Layer>(new Flatten(this));
+    case LayerType::kDropout:
+      return std::unique_ptr<Layer>(new Dropout(this, spec, seed));
+  }
+  return absl::InvalidArgumentError("unknown layer type");
+}
+
+}  // namespace
+
+absl::Status CudaDeviceAvailable(int gpu) {
+  int count = 0;
+  const cudaError_t e = cudaGetDeviceCount(&count);
+  if (e != cudaSuccess) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "no CUDA device is visible (", cudaGetErrorString(e), ")"));
+  }
+  if (gpu < 0 || gpu >= count) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "GPU ", gpu, " is not visible; ", count, " CUDA device(s) found"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<Backend>> NewCudaBackend(int gpu) {
+  absl::Status available = CudaDeviceAvailable(gpu);
+  if (!available.ok()) return available;
+  auto backend = std::make_unique<CudaBackend>();
+  absl::Status s = backend->Init(gpu);
+  if (!s.ok()) return s;
+  return std::unique_ptr<Backend>(std::move(backend));
+}
+
+}  // namespace pstrain

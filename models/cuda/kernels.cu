@@ -1,0 +1,125 @@
+#include "models/cuda/kernels.h"
+
+#include <cstdint>
+
+namespace pstrain {
+namespace cuda {
+namespace {
+
+constexpr int kThreads = 256;
+
+int Blocks(int64_t n) {
+  const int64_t blocks = (n + kThreads - 1) / kThreads;
+  return static_cast<int>(blocks < 65535 ? (blocks > 0 ? blocks : 1) : 65535);
+}
+
+// One block per row; threads stride over the k classes.
+__global__ void SoftmaxCrossEntropyKernel(const float* logits,
+                                          const int32_t* labels, int64_t n,
+                                          int64_t k, float* dlogits,
+                                          float* loss) {
+  __shared__ float shared[kThreads];
+  for (int64_t row = blockIdx.x; row < n; row += gridDim.x) {
+    const float* x = logits + row * k;
+    float max = -INFINITY;
+    for (int64_t j = threadIdx.x; j < k; j += blockDim.x) max = fmaxf(max, x[j]);
+    shared[threadIdx.x] = max;
+    __syncthreads();
+    for (int s = blockDim.x / 2; s > 0; s >>= 1) {
+      if (threadIdx.x < s) {
+        shared[threadIdx.x] = fmaxf(shared[threadIdx.x], shared[threadIdx.x + s]);
+      }
+      __syncthreads();
+    }
+    max = shared[0];
+    __syncthreads();
+    float sum = 0.0f;
+    for (int64_t j = threadIdx.x; j < k; j += blockDim.x) sum += expf(x[j] - max);
+    shared[threadIdx.x] = sum;
+    __syncthreads();
+    for (int s = blockDim.x / 2; s > 0; s >>= 1) {
+      if (threadIdx.x < s) shared[threadIdx.x] += shared[threadIdx.x + s];
+      __syncthreads();
+    }
+    const float log_sum = logf(shared[0]);
+    __syncthreads();
+    const int32_t label = labels[row];
+    if (threadIdx.x == 0) loss[row] = log_sum - (x[label] - max);
+    if (dlogits != nullptr) {
+      for (int64_t j = threadIdx.x; j < k; j += blockDim.x) {
+        const float p = expf(x[j] - max - log_sum);
+        dlogits[row * k + j] = (p - (j == label ? 1.0f : 0.0f)) / n;
+      }
+    }
+  }
+}
+
+__global__ void AddKernel(const float* a, const float* b, int64_t n,
+                          float* out) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{blockDim.x} * gridDim.x) {
+    out[i] = a[i] + b[i];
+  }
+}
+
+__global__ void MultiplyKernel(const float* a, const float* b, int64_t n,
+                               float* out) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{blockDim.x} * gridDim.x) {
+    out[i] = a[i] * b[i];
+  }
+}
+
+__device__ uint64_t SplitMix64(uint64_t x) {
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+
+__global__ void DropoutKernel(const float* x, int64_t n, float keep,
+                              uint64_t seed, float* mask, float* y) {
+  const float scale = keep > 0.0f ? 1.0f / keep : 0.0f;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{blockDim.x} * gridDim.x) {
+    const uint64_t r = SplitMix64(seed ^ SplitMix64(static_cast<uint64_t>(i)));
+    const float u = (r >> 40) * (1.0f / 16777216.0f);  // 24 bits in [0, 1).
+    const float m = u < keep ? scale : 0.0f;
+    mask[i] = m;
+    y[i] = x[i] * m;
+  }
+}
+
+}  // namespace
+
+cudaError_t LaunchSoftmaxCrossEntropy(const float* logits,
+                                      const int32_t* labels, int64_t n,
+                                      int64_t k, float* dlogits, float* loss,
+                                      cudaStream_t stream) {
+  const int blocks = static_cast<int>(n < 65535 ? (n > 0 ? n : 1) : 65535);
+  SoftmaxCrossEntropyKernel<<<blocks, kThreads, 0, stream>>>(
+      logits, labels, n, k, dlogits, loss);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchAdd(const float* a, const float* b, int64_t n, float* out,
+                      cudaStream_t stream) {
+  AddKernel<<<Blocks(n), kThreads, 0, stream>>>(a, b, n, out);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchDropout(const float* x, int64_t n, float keep,
+                          uint64_t seed, float* mask, float* y,
+                          cudaStream_t stream) {
+  DropoutKernel<<<Blocks(n), kThreads, 0, stream>>>(x, n, keep, seed, mask, y);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchMultiply(const float* a, const float* b, int64_t n,
+                           float* out, cudaStream_t stream) {
+  MultiplyKernel<<<Blocks(n), kThreads, 0, stream>>>(a, b, n, out);
+  return cudaGetLastError();
+}
+
+}  // namespace cuda
+}  // namespace pstrain

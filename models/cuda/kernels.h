@@ -1,0 +1,42 @@
+// Our own CUDA kernels, for the operations cuDNN and cuBLAS do not have:
+// softmax cross-entropy, elementwise add and dropout. Each launcher enqueues
+// on `stream` and returns cudaGetLastError() after the launch (the caller
+// turns it into a status, cuda_backend.cc).
+//
+// All pointers are device pointers; sizes are element counts.
+#ifndef PSTRAIN_MODELS_CUDA_KERNELS_H_
+#define PSTRAIN_MODELS_CUDA_KERNELS_H_
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+namespace pstrain {
+namespace cuda {
+
+// Per row i of logits [n, k]: loss[i] = logsumexp(row) - row[label[i]];
+// dlogits (may be null) = (softmax(row) - onehot(label)) / n.
+cudaError_t LaunchSoftmaxCrossEntropy(const float* logits,
+                                      const int32_t* labels, int64_t n,
+                                      int64_t k, float* dlogits, float* loss,
+                                      cudaStream_t stream);
+
+// out = a + b.
+cudaError_t LaunchAdd(const float* a, const float* b, int64_t n, float* out,
+                      cudaStream_t stream);
+
+// mask[i] = (hash(seed, i) < keep) ? 1 / keep : 0; y = x * mask. The hash is
+// a counter-based generator (SplitMix64 of seed and index), so no state
+// lives on the device.
+cudaError_t LaunchDropout(const float* x, int64_t n, float keep,
+                          uint64_t seed, float* mask, float* y,
+                          cudaStream_t stream);
+
+// out = a * b, elementwise.
+cudaError_t LaunchMultiply(const float* a, const float* b, int64_t n,
+                           float* out, cudaStream_t stream);
+
+}  // namespace cuda
+}  // namespace pstrain
+
+#endif  // PSTRAIN_MODELS_CUDA_KERNELS_H_
