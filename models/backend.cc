@@ -17,7 +17,8 @@ DeviceTensor::DeviceTensor(DeviceTensor&& other) noexcept
     : backend_(other.backend_),
       shape_(std::move(other.shape_)),
       data_(other.data_),
-      capacity_(other.capacity_) {
+      capacity_(other.capacity_),
+      layout_(other.layout_) {
   other.data_ = nullptr;
   other.capacity_ = 0;
   other.shape_.clear();
@@ -30,6 +31,7 @@ DeviceTensor& DeviceTensor::operator=(DeviceTensor&& other) noexcept {
     shape_ = std::move(other.shape_);
     data_ = other.data_;
     capacity_ = other.capacity_;
+    layout_ = other.layout_;
     other.data_ = nullptr;
     other.capacity_ = 0;
     other.shape_.clear();

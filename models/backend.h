@@ -37,6 +37,14 @@ class Backend;
 // A tensor in a backend's memory (host memory for cpu, device memory for
 // cuda). Move-only; frees its memory on destruction. Resize() keeps the
 // allocation when the new shape fits in it.
+//
+// layout(): how the elements are ordered. 0 is dense row-major (NCHW, NC),
+// the only layout parameters, inputs, logits and anything a caller reads
+// have. A backend may keep activations in its own layout (the CPU backend:
+// 8 or 16, oneDNN's channel-blocked nChw8c / nChw16c, for channel counts
+// that are multiples of the block); layers set their output's layout and
+// read their inputs' layout. Elementwise operations (ReLU, add, dropout,
+// gradient accumulation) work on any layout shared by their operands.
 class DeviceTensor {
  public:
   DeviceTensor() = default;
@@ -51,6 +59,8 @@ class DeviceTensor {
   absl::Status Resize(const Shape& shape);
 
   const Shape& shape() const { return shape_; }
+  int layout() const { return layout_; }
+  void set_layout(int layout) { layout_ = layout; }
   int64_t size() const { return NumElements(shape_); }
   float* data() { return data_; }
   const float* data() const { return data_; }
@@ -61,6 +71,7 @@ class DeviceTensor {
   Shape shape_;
   float* data_ = nullptr;
   int64_t capacity_ = 0;
+  int layout_ = 0;
 };
 
 // A trainable parameter and the gradient of the loss with respect to it

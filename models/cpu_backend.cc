@@ -1,6 +1,16 @@
-// The CPU backend: oneDNN 2.6 primitives on plain NCHW / NC host memory.
-// Primitives are created for the first input shape a layer sees and again
-// whenever the shape or the training flag changes.
+// The CPU backend: oneDNN 2.6 primitives on host memory.
+//
+// Activations with a channel count that is a multiple of the CPU's block (16
+// with AVX-512, else 8) stay in oneDNN's channel-blocked layout (nChw16c /
+// nChw8c) from the convolution that writes them to the flatten that ends the
+// feature extractor, so convolutions and batch normalisation run oneDNN's
+// direct JIT kernels without reordering activations (PyTorch on NCHW
+// tensors reorders around every convolution). Parameters stay dense (OIHW);
+// convolutions reorder weights into their preferred layout each step and
+// weight gradients back.
+//
+// Primitives are created for the first input shape and layout a layer sees
+// and again whenever they or the training flag change.
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
@@ -43,6 +53,40 @@ memory::desc Nchw(const Shape& s) {
   return memory::desc(Dims(s), dt::f32, tag::nchw);
 }
 
+// Channel block of the blocked activation layout for this CPU.
+int Block() {
+  static const int block =
+      dnnl::get_effective_cpu_isa() >= dnnl::cpu_isa::avx512_core ? 16 : 8;
+  return block;
+}
+
+// The layout a layer producing `channels` channels writes.
+int PreferredLayout(int64_t channels) {
+  return channels % Block() == 0 ? Block() : 0;
+}
+
+// The oneDNN descriptor of a tensor of shape `s` in `layout`.
+memory::desc Md(const Shape& s, int layout) {
+  if (s.size() == 4) {
+    if (layout == 16) return memory::desc(Dims(s), dt::f32, tag::nChw16c);
+    if (layout == 8) return memory::desc(Dims(s), dt::f32, tag::nChw8c);
+    return Nchw(s);
+  }
+  if (s.size() == 2) return memory::desc(Dims(s), dt::f32, tag::nc);
+  return memory::desc({NumElements(s)}, dt::f32, tag::x);
+}
+
+// Copies `src` (shape `s`, layout `from`) into `dst` in layout `to`.
+void Reorder(const Shape& s, int from, const float* src, int to, float* dst) {
+  if (from == to) {
+    if (src != dst) std::memcpy(dst, src, sizeof(float) * NumElements(s));
+    return;
+  }
+  memory a = Wrap(Md(s, from), src);
+  memory b = Wrap(Md(s, to), dst);
+  dnnl::reorder(a, b).execute(CpuStream(), a, b);
+}
+
 memory::desc Flat(int64_t n) { return memory::desc({n}, dt::f32, tag::x); }
 
 // oneDNN reports errors by exception; turn them into a status naming the
@@ -67,15 +111,22 @@ class Conv2d final : public Layer {
   absl::Status Forward(absl::Span<const DeviceTensor* const> in,
                        DeviceTensor* out, bool training) override {
     return Run(spec_, [&] {
-      Prepare(in[0]->shape());
+      Prepare(in[0]->shape(), in[0]->layout());
+      memory weights = Wrap(wei_md_, weight_->value.data());
+      if (fwd_wei_.get(true) != nullptr) {
+        dnnl::reorder(weights, fwd_wei_)
+            .execute(CpuStream(), weights, fwd_wei_);
+        weights = fwd_wei_;
+      }
       std::unordered_map<int, memory> args = {
           {DNNL_ARG_SRC, Wrap(src_md_, in[0]->data())},
-          {DNNL_ARG_WEIGHTS, Wrap(wei_md_, weight_->value.data())},
+          {DNNL_ARG_WEIGHTS, weights},
           {DNNL_ARG_DST, Wrap(dst_md_, out->data())}};
       if (bias_ != nullptr) {
         args[DNNL_ARG_BIAS] = Wrap(bias_md_, bias_->value.data());
       }
       fwd_.execute(CpuStream(), args);
+      out->set_layout(out_layout_);
     });
   }
 
@@ -83,71 +134,134 @@ class Conv2d final : public Layer {
                         const DeviceTensor& out, const DeviceTensor& dout,
                         absl::Span<DeviceTensor* const> din) override {
     return Run(spec_, [&] {
-      Prepare(in[0]->shape());
+      Prepare(in[0]->shape(), in[0]->layout());
+      // The backward primitives that have no JIT kernel for the blocked
+      // gradient take it dense (plain_dout_md_).
+      memory blocked_dout = Wrap(dst_md_, dout.data());
+      memory plain_dout;
+      if (plain_dout_for_weights_ || plain_dout_for_data_) {
+        plain_dout_.resize(dout.size());
+        plain_dout = Wrap(plain_dout_md_, plain_dout_.data());
+        dnnl::reorder(blocked_dout, plain_dout)
+            .execute(CpuStream(), blocked_dout, plain_dout);
+      }
+      memory grad = Wrap(wei_md_, weight_->grad.data());
       std::unordered_map<int, memory> args = {
           {DNNL_ARG_SRC, Wrap(src_md_, in[0]->data())},
-          {DNNL_ARG_DIFF_DST, Wrap(dst_md_, dout.data())},
-          {DNNL_ARG_DIFF_WEIGHTS, Wrap(wei_md_, weight_->grad.data())}};
+          {DNNL_ARG_DIFF_DST,
+           plain_dout_for_weights_ ? plain_dout : blocked_dout},
+          {DNNL_ARG_DIFF_WEIGHTS,
+           diff_wei_.get(true) != nullptr ? diff_wei_ : grad}};
       if (bias_ != nullptr) {
         args[DNNL_ARG_DIFF_BIAS] = Wrap(bias_md_, bias_->grad.data());
       }
       bwd_weights_.execute(CpuStream(), args);
+      if (diff_wei_.get(true) != nullptr) {
+        dnnl::reorder(diff_wei_, grad).execute(CpuStream(), diff_wei_, grad);
+      }
       if (din[0] != nullptr) {
-        bwd_data_.execute(
-            CpuStream(),
-            {{DNNL_ARG_DIFF_DST, Wrap(dst_md_, dout.data())},
-             {DNNL_ARG_WEIGHTS, Wrap(wei_md_, weight_->value.data())},
-             {DNNL_ARG_DIFF_SRC, Wrap(src_md_, din[0]->data())}});
+        memory weights = Wrap(wei_md_, weight_->value.data());
+        if (bwd_wei_.get(true) != nullptr) {
+          dnnl::reorder(weights, bwd_wei_)
+              .execute(CpuStream(), weights, bwd_wei_);
+          weights = bwd_wei_;
+        }
+        bwd_data_.execute(CpuStream(),
+                          {{DNNL_ARG_DIFF_DST,
+                            plain_dout_for_data_ ? plain_dout : blocked_dout},
+                           {DNNL_ARG_WEIGHTS, weights},
+                           {DNNL_ARG_DIFF_SRC, Wrap(src_md_, din[0]->data())}});
+        din[0]->set_layout(in[0]->layout());
       }
     });
   }
 
  private:
-  void Prepare(const Shape& in) {
-    if (in == in_shape_) return;
+  void Prepare(const Shape& in, int layout) {
+    if (in == in_shape_ && layout == in_layout_) return;
     in_shape_ = in;
+    in_layout_ = layout;
     const Shape out = *OutputShape(spec_, {in});
-    src_md_ = Nchw(in);
+    out_layout_ = PreferredLayout(spec_.out_channels);
+    src_md_ = Md(in, layout);
     wei_md_ = memory::desc(Dims(weight_->value.shape()), dt::f32, tag::oihw);
+    const memory::desc wei_any(Dims(weight_->value.shape()), dt::f32,
+                               tag::any);
     bias_md_ = Flat(spec_.out_channels);
-    dst_md_ = Nchw(out);
+    dst_md_ = Md(out, out_layout_);
     const memory::dims strides = {spec_.stride, spec_.stride};
     const memory::dims padding = {spec_.padding, spec_.padding};
     const auto fwd_desc =
         bias_ != nullptr
             ? dnnl::convolution_forward::desc(
                   prop_kind::forward_training, algorithm::convolution_direct,
-                  src_md_, wei_md_, bias_md_, dst_md_, strides, padding,
+                  src_md_, wei_any, bias_md_, dst_md_, strides, padding,
                   padding)
             : dnnl::convolution_forward::desc(
                   prop_kind::forward_training, algorithm::convolution_direct,
-                  src_md_, wei_md_, dst_md_, strides, padding, padding);
+                  src_md_, wei_any, dst_md_, strides, padding, padding);
     dnnl::convolution_forward::primitive_desc fwd_pd(fwd_desc, CpuEngine());
     fwd_ = dnnl::convolution_forward(fwd_pd);
-    bwd_data_ = dnnl::convolution_backward_data(
-        dnnl::convolution_backward_data::primitive_desc(
-            dnnl::convolution_backward_data::desc(algorithm::convolution_direct,
-                                                  src_md_, wei_md_, dst_md_,
-                                                  strides, padding, padding),
-            CpuEngine(), fwd_pd));
-    const auto bwd_desc =
-        bias_ != nullptr
-            ? dnnl::convolution_backward_weights::desc(
-                  algorithm::convolution_direct, src_md_, wei_md_, bias_md_,
-                  dst_md_, strides, padding, padding)
-            : dnnl::convolution_backward_weights::desc(
-                  algorithm::convolution_direct, src_md_, wei_md_, dst_md_,
-                  strides, padding, padding);
-    bwd_weights_ = dnnl::convolution_backward_weights(
-        dnnl::convolution_backward_weights::primitive_desc(bwd_desc,
-                                                           CpuEngine(), fwd_pd));
+    fwd_wei_ = fwd_pd.weights_desc() == wei_md_
+                   ? memory()
+                   : memory(fwd_pd.weights_desc(), CpuEngine());
+    // oneDNN has no JIT backward kernels for a dense source with fewer
+    // channels than a block and a blocked output (LeNet's second conv);
+    // those fall back to the reference kernel, ~100x slower. Such backward
+    // primitives take the output gradient dense instead.
+    plain_dout_md_ = Nchw(out);
+    auto is_reference = [](const auto& pd) {
+      return std::string(pd.impl_info_str()).rfind("ref", 0) == 0;
+    };
+    auto make_data_pd = [&](const memory::desc& dst) {
+      return dnnl::convolution_backward_data::primitive_desc(
+          dnnl::convolution_backward_data::desc(algorithm::convolution_direct,
+                                                src_md_, wei_any, dst, strides,
+                                                padding, padding),
+          CpuEngine(), fwd_pd);
+    };
+    auto data_pd = make_data_pd(dst_md_);
+    plain_dout_for_data_ = out_layout_ != 0 && is_reference(data_pd);
+    if (plain_dout_for_data_) data_pd = make_data_pd(plain_dout_md_);
+    bwd_data_ = dnnl::convolution_backward_data(data_pd);
+    bwd_wei_ = data_pd.weights_desc() == wei_md_
+                   ? memory()
+                   : memory(data_pd.weights_desc(), CpuEngine());
+    auto make_weights_pd = [&](const memory::desc& dst) {
+      const auto desc =
+          bias_ != nullptr
+              ? dnnl::convolution_backward_weights::desc(
+                    algorithm::convolution_direct, src_md_, wei_any, bias_md_,
+                    dst, strides, padding, padding)
+              : dnnl::convolution_backward_weights::desc(
+                    algorithm::convolution_direct, src_md_, wei_any, dst,
+                    strides, padding, padding);
+      return dnnl::convolution_backward_weights::primitive_desc(
+          desc, CpuEngine(), fwd_pd);
+    };
+    auto weights_pd = make_weights_pd(dst_md_);
+    plain_dout_for_weights_ = out_layout_ != 0 && is_reference(weights_pd);
+    if (plain_dout_for_weights_) weights_pd = make_weights_pd(plain_dout_md_);
+    bwd_weights_ = dnnl::convolution_backward_weights(weights_pd);
+    diff_wei_ = weights_pd.diff_weights_desc() == wei_md_
+                    ? memory()
+                    : memory(weights_pd.diff_weights_desc(), CpuEngine());
   }
 
   const LayerSpec spec_;
   Param* weight_;
   Param* bias_;
   Shape in_shape_;
+  int in_layout_ = -1;
+  int out_layout_ = 0;
   memory::desc src_md_, wei_md_, bias_md_, dst_md_;
+  // Weights and weight gradients in the primitives' layouts (empty when the
+  // primitive takes OIHW).
+  memory fwd_wei_, bwd_wei_, diff_wei_;
+  memory::desc plain_dout_md_;
+  bool plain_dout_for_data_ = false;
+  bool plain_dout_for_weights_ = false;
+  std::vector<float> plain_dout_;
   dnnl::convolution_forward fwd_;
   dnnl::convolution_backward_data bwd_data_;
   dnnl::convolution_backward_weights bwd_weights_;
@@ -160,6 +274,11 @@ class Linear final : public Layer {
 
   absl::Status Forward(absl::Span<const DeviceTensor* const> in,
                        DeviceTensor* out, bool training) override {
+    if (in[0]->layout() != 0) {
+      return absl::InternalError(
+          absl::StrCat(LayerName(spec_), ": input in blocked layout"));
+    }
+    out->set_layout(0);
     return Run(spec_, [&] {
       Prepare(in[0]->shape()[0]);
       fwd_.execute(CpuStream(),
@@ -187,6 +306,7 @@ class Linear final : public Layer {
             {{DNNL_ARG_DIFF_DST, Wrap(dst_md_, dout.data())},
              {DNNL_ARG_WEIGHTS, Wrap(wei_md_, weight_->value.data())},
              {DNNL_ARG_DIFF_SRC, Wrap(src_md_, din[0]->data())}});
+        din[0]->set_layout(0);
       }
     });
   }
@@ -244,8 +364,9 @@ class BatchNorm2d final : public Layer {
   absl::Status Forward(absl::Span<const DeviceTensor* const> in,
                        DeviceTensor* out, bool training) override {
     const Shape& shape = in[0]->shape();
+    out->set_layout(in[0]->layout());
     absl::Status status = Run(spec_, [&] {
-      Prepare(shape, training);
+      Prepare(shape, in[0]->layout(), training);
       std::unordered_map<int, memory> args = {
           {DNNL_ARG_SRC, Wrap(data_md_, in[0]->data())},
           {DNNL_ARG_DST, Wrap(data_md_, out->data())},
@@ -288,8 +409,9 @@ class BatchNorm2d final : public Layer {
       scratch.resize(in[0]->size());
       diff_src = scratch.data();
     }
+    if (din[0] != nullptr) din[0]->set_layout(in[0]->layout());
     return Run(spec_, [&] {
-      Prepare(in[0]->shape(), true);
+      Prepare(in[0]->shape(), in[0]->layout(), true);
       bwd_.execute(CpuStream(),
                    {{DNNL_ARG_SRC, Wrap(data_md_, in[0]->data())},
                     {DNNL_ARG_MEAN, Wrap(c_md_, mean_.data())},
@@ -304,11 +426,12 @@ class BatchNorm2d final : public Layer {
   }
 
  private:
-  void Prepare(const Shape& shape, bool training) {
-    if (shape == shape_ && training == training_) return;
+  void Prepare(const Shape& shape, int layout, bool training) {
+    if (shape == shape_ && layout == layout_ && training == training_) return;
     shape_ = shape;
+    layout_ = layout;
     training_ = training;
-    data_md_ = Nchw(shape);
+    data_md_ = Md(shape, layout);
     c_md_ = Flat(spec_.in_channels);
     auto flags = dnnl::normalization_flags::use_scale |
                  dnnl::normalization_flags::use_shift;
@@ -338,6 +461,7 @@ class BatchNorm2d final : public Layer {
   // Batch statistics of the last training forward.
   std::vector<float> mean_, var_;
   Shape shape_;
+  int layout_ = -1;
   bool training_ = false;
   memory::desc data_md_, c_md_;
   dnnl::batch_normalization_forward fwd_;
@@ -350,6 +474,7 @@ class Relu final : public Layer {
   explicit Relu(const LayerSpec& spec) : spec_(spec) {}
   absl::Status Forward(absl::Span<const DeviceTensor* const> in,
                        DeviceTensor* out, bool training) override {
+    out->set_layout(in[0]->layout());
     return Run(spec_, [&] {
       Prepare(in[0]->size());
       fwd_.execute(CpuStream(), {{DNNL_ARG_SRC, Wrap(md_, in[0]->data())},
@@ -360,6 +485,7 @@ class Relu final : public Layer {
                         const DeviceTensor& out, const DeviceTensor& dout,
                         absl::Span<DeviceTensor* const> din) override {
     if (din[0] == nullptr) return absl::OkStatus();
+    din[0]->set_layout(in[0]->layout());
     return Run(spec_, [&] {
       Prepare(in[0]->size());
       bwd_.execute(CpuStream(),
@@ -399,8 +525,9 @@ class Pool2d final : public Layer {
 
   absl::Status Forward(absl::Span<const DeviceTensor* const> in,
                        DeviceTensor* out, bool training) override {
+    out->set_layout(in[0]->layout());
     return Run(spec_, [&] {
-      Prepare(in[0]->shape(), training);
+      Prepare(in[0]->shape(), in[0]->layout(), training);
       std::unordered_map<int, memory> args = {
           {DNNL_ARG_SRC, Wrap(src_md_, in[0]->data())},
           {DNNL_ARG_DST, Wrap(dst_md_, out->data())}};
@@ -413,8 +540,9 @@ class Pool2d final : public Layer {
                         const DeviceTensor& out, const DeviceTensor& dout,
                         absl::Span<DeviceTensor* const> din) override {
     if (din[0] == nullptr) return absl::OkStatus();
+    din[0]->set_layout(in[0]->layout());
     return Run(spec_, [&] {
-      Prepare(in[0]->shape(), true);
+      Prepare(in[0]->shape(), in[0]->layout(), true);
       std::unordered_map<int, memory> args = {
           {DNNL_ARG_DIFF_DST, Wrap(dst_md_, dout.data())},
           {DNNL_ARG_DIFF_SRC, Wrap(src_md_, din[0]->data())}};
@@ -426,13 +554,14 @@ class Pool2d final : public Layer {
  private:
   bool max() const { return spec_.type == LayerType::kMaxPool2d; }
 
-  void Prepare(const Shape& in, bool training) {
-    if (in == in_shape_ && training == training_) return;
+  void Prepare(const Shape& in, int layout, bool training) {
+    if (in == in_shape_ && layout == layout_ && training == training_) return;
     in_shape_ = in;
+    layout_ = layout;
     training_ = training;
     const Shape out = *OutputShape(spec_, {in});
-    src_md_ = Nchw(in);
-    dst_md_ = Nchw(out);
+    src_md_ = Md(in, layout);
+    dst_md_ = Md(out, layout);
     memory::dims kernel = {spec_.kernel, spec_.kernel};
     memory::dims strides = {spec_.stride, spec_.stride};
     memory::dims padding = {spec_.padding, spec_.padding};
@@ -461,6 +590,7 @@ class Pool2d final : public Layer {
 
   const LayerSpec spec_;
   Shape in_shape_;
+  int layout_ = -1;
   bool training_ = false;
   memory::desc src_md_, dst_md_;
   memory workspace_;
@@ -475,8 +605,17 @@ class Add final : public Layer {
   explicit Add(const LayerSpec& spec) : spec_(spec) {}
   absl::Status Forward(absl::Span<const DeviceTensor* const> in,
                        DeviceTensor* out, bool training) override {
+    out->set_layout(in[0]->layout());
     return Run(spec_, [&] {
       const int64_t n = in[0]->size();
+      // Both operands in the first one's layout.
+      const float* b = in[1]->data();
+      if (in[1]->layout() != in[0]->layout()) {
+        converted_.resize(n);
+        Reorder(in[1]->shape(), in[1]->layout(), b, in[0]->layout(),
+                converted_.data());
+        b = converted_.data();
+      }
       if (n != n_) {
         n_ = n;
         md_ = Flat(n);
@@ -485,44 +624,55 @@ class Add final : public Layer {
             CpuEngine()));
       }
       fwd_.execute(CpuStream(), {{DNNL_ARG_SRC_0, Wrap(md_, in[0]->data())},
-                                 {DNNL_ARG_SRC_1, Wrap(md_, in[1]->data())},
+                                 {DNNL_ARG_SRC_1, Wrap(md_, b)},
                                  {DNNL_ARG_DST, Wrap(md_, out->data())}});
     });
   }
   absl::Status Backward(absl::Span<const DeviceTensor* const> in,
                         const DeviceTensor& out, const DeviceTensor& dout,
                         absl::Span<DeviceTensor* const> din) override {
-    for (DeviceTensor* d : din) {
-      if (d != nullptr) {
-        std::memcpy(d->data(), dout.data(), sizeof(float) * dout.size());
+    return Run(spec_, [&] {
+      for (size_t i = 0; i < din.size(); ++i) {
+        if (din[i] == nullptr) continue;
+        Reorder(dout.shape(), dout.layout(), dout.data(), in[i]->layout(),
+                din[i]->data());
+        din[i]->set_layout(in[i]->layout());
       }
-    }
-    return absl::OkStatus();
+    });
   }
 
  private:
   const LayerSpec spec_;
+  std::vector<float> converted_;
   int64_t n_ = -1;
   memory::desc md_;
   dnnl::binary fwd_;
 };
 
-// Copies: flatten (a new shape over the same values) and dropout in eval.
+// Flatten: a dense [N, C*H*W] copy of the input, reordered out of the
+// blocked layout when the input has one.
 class Flatten final : public Layer {
  public:
+  explicit Flatten(const LayerSpec& spec) : spec_(spec) {}
   absl::Status Forward(absl::Span<const DeviceTensor* const> in,
                        DeviceTensor* out, bool training) override {
-    std::memcpy(out->data(), in[0]->data(), sizeof(float) * in[0]->size());
-    return absl::OkStatus();
+    out->set_layout(0);
+    return Run(spec_, [&] {
+      Reorder(in[0]->shape(), in[0]->layout(), in[0]->data(), 0, out->data());
+    });
   }
   absl::Status Backward(absl::Span<const DeviceTensor* const> in,
                         const DeviceTensor& out, const DeviceTensor& dout,
                         absl::Span<DeviceTensor* const> din) override {
-    if (din[0] != nullptr) {
-      std::memcpy(din[0]->data(), dout.data(), sizeof(float) * dout.size());
-    }
-    return absl::OkStatus();
+    if (din[0] == nullptr) return absl::OkStatus();
+    din[0]->set_layout(in[0]->layout());
+    return Run(spec_, [&] {
+      Reorder(in[0]->shape(), 0, dout.data(), in[0]->layout(), din[0]->data());
+    });
   }
+
+ private:
+  const LayerSpec spec_;
 };
 
 // Inverted dropout (as nn.Dropout): in training each element is zeroed with
@@ -535,6 +685,7 @@ class Dropout final : public Layer {
     const int64_t n = in[0]->size();
     const float* x = in[0]->data();
     float* y = out->data();
+    out->set_layout(in[0]->layout());
     if (!training) {
       std::memcpy(y, x, sizeof(float) * n);
       return absl::OkStatus();
@@ -561,6 +712,7 @@ class Dropout final : public Layer {
     for (int64_t i = 0; i < n; ++i) {
       din[0]->data()[i] = dout.data()[i] * mask_[i];
     }
+    din[0]->set_layout(in[0]->layout());
     return absl::OkStatus();
   }
 
@@ -626,7 +778,7 @@ class CpuBackend final : public Backend {
       case LayerType::kAdd:
         return std::unique_ptr<Layer>(new Add(spec));
       case LayerType::kFlatten:
-        return std::unique_ptr<Layer>(new Flatten());
+        return std::unique_ptr<Layer>(new Flatten(spec));
       case LayerType::kDropout:
         return std::unique_ptr<Layer>(new Dropout(spec, seed));
     }

@@ -93,6 +93,7 @@ class Harness {
       const std::vector<DeviceTensor*>& inputs, const std::vector<float>& dout) {
     std::vector<const DeviceTensor*> in(inputs.begin(), inputs.end());
     DeviceTensor d = Make(out_.shape(), dout);
+    d.set_layout(out_.layout());
     std::vector<DeviceTensor> din_store;
     for (const DeviceTensor* t : in) {
       din_store.emplace_back(backend_.get());
@@ -208,6 +209,14 @@ TEST(FiniteDifferences, Conv2dStridedWithoutBias) {
   const Shape shape = {2, 3, 7, 7};
   CheckGradients(LayerSpec::Conv2d(3, 2, 3, 2, 1, false), shape,
                  RandomInput(shape, 3), 4);
+}
+
+// 16 channels in and out: the output (and, for the second convolution, the
+// input) use the CPU's channel-blocked layout.
+TEST(FiniteDifferences, Conv2dBlockedLayout) {
+  const Shape shape = {1, 16, 3, 3};
+  CheckGradients(LayerSpec::Conv2d(16, 16, 3, 1, 1, false), shape,
+                 RandomInput(shape, 31), 32);
 }
 
 TEST(FiniteDifferences, Linear) {

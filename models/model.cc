@@ -467,6 +467,7 @@ absl::StatusOr<const Tensor*> Model::Forward(const Tensor& input,
   }
   absl::Status s = input_.Resize(input.shape);
   if (!s.ok()) return s;
+  input_.set_layout(0);
   s = backend_->CopyToDevice(input.data.data(), input.size(), input_.data());
   if (!s.ok()) return s;
   for (auto& node : nodes_) {
@@ -487,6 +488,10 @@ absl::StatusOr<const Tensor*> Model::Forward(const Tensor& input,
     }
   }
   const DeviceTensor& logits = nodes_.back()->out;
+  if (logits.layout() != 0) {
+    return absl::InternalError(absl::StrCat(name_, ": logits in layout ",
+                                            logits.layout()));
+  }
   host_logits_.Resize(logits.shape());
   s = backend_->CopyToHost(logits.data(), logits.size(),
                            host_logits_.data.data());
@@ -515,6 +520,7 @@ absl::StatusOr<float> Model::ForwardBackward(const Tensor& input,
   const DeviceTensor& device_logits = nodes_.back()->out;
   absl::Status s = dlogits_.Resize(device_logits.shape());
   if (!s.ok()) return s;
+  dlogits_.set_layout(0);
   absl::StatusOr<float> loss =
       backend_->SoftmaxCrossEntropy(device_logits, labels, &dlogits_);
   if (!loss.ok()) return loss.status();
@@ -540,6 +546,7 @@ absl::StatusOr<float> Model::ForwardBackward(const Tensor& input,
       if (!producer.grad_written) {
         s = producer.grad.Resize(producer.out.shape());
         if (!s.ok()) return s;
+        producer.grad.set_layout(producer.out.layout());
         producer.grad_written = true;
         din.push_back(&producer.grad);
       } else {
@@ -549,6 +556,7 @@ absl::StatusOr<float> Model::ForwardBackward(const Tensor& input,
         }
         s = scratch_.Resize(producer.out.shape());
         if (!s.ok()) return s;
+        scratch_.set_layout(producer.out.layout());
         accumulate_into.push_back(i);
         din.push_back(&scratch_);
       }

@@ -117,7 +117,8 @@ TEST(RunCliTest, BadInputGetsOneLineErrorAndExitCode2) {
   const Case cases[] = {
       {"--model=resnet9000",
        "pstrain: error: --model=resnet9000: unknown model; expected one of: "
-       "lenet5, mlp\n"},
+       "alexnet, lenet5, mlp, resnet101, resnet18, resnet34, resnet50, "
+       "vgg16\n"},
       {"--batch_size=0",
        "pstrain: error: --batch_size=0: expected a positive number of samples "
        "per worker\n"},
@@ -131,8 +132,17 @@ TEST(RunCliTest, BadInputGetsOneLineErrorAndExitCode2) {
       {"--dataset=cifar100",
        "pstrain: error: --dataset=cifar100 --data_dir=" +
            std::string(kFashion) +
-           ": unknown dataset \"cifar100\"; expected one of: fashion_mnist, "
-           "mnist\n"},
+           ": unknown dataset \"cifar100\"; expected one of: cifar10, "
+           "fashion_mnist, mnist, synthetic\n"},
+      {"--backend=cuda",
+       "pstrain: error: --backend=cuda --gpu=0: this build has no CUDA "
+       "backend; rebuild with bazel build --config=cuda\n"},
+      {"--backend=tpu",
+       "pstrain: error: --backend=tpu: expected cpu or cuda\n"},
+      {"--dataset=cifar10 --data_dir=/nonexistent",
+       "pstrain: error: --dataset=cifar10 --data_dir=/nonexistent: "
+       "/nonexistent/data_batch_1.bin: cannot open: No such file or "
+       "directory\n"},
       {"--mode=semi", "pstrain: error: --mode=semi: expected sync or async\n"},
   };
   for (const Case& c : cases) {

@@ -28,6 +28,7 @@ Dataset MakeDataset(int64_t count) {
   for (LabeledImages* split : {&d.train, &d.test}) {
     split->chw = {1, 28, 28};
     split->count = split == &d.train ? count : 256;
+    split->stored = split->count;
     split->images.resize(split->count * 784);
     split->labels.resize(split->count);
     for (int64_t i = 0; i < split->count; ++i) {

@@ -2,7 +2,9 @@
 
 #include <zlib.h>
 
+#include <cmath>
 #include <cstdio>
+#include <random>
 #include <set>
 #include <string>
 #include <vector>
@@ -99,8 +101,8 @@ TEST(IdxTest, RejectsMissingBadMagicTruncatedAndTrailing) {
 
 TEST(DatasetTest, UnknownDatasetAndMismatchedCounts) {
   EXPECT_EQ(LoadDataset("imagenet", "/nowhere").status().message(),
-            "unknown dataset \"imagenet\"; expected one of: fashion_mnist, "
-            "mnist");
+            "unknown dataset \"imagenet\"; expected one of: cifar10, "
+            "fashion_mnist, mnist, synthetic");
   const std::string dir = TempDir() + "/ds";
   std::system(("mkdir -p " + dir).c_str());
   WritePlain(dir + "/train-images-idx3-ubyte",
@@ -134,6 +136,141 @@ TEST(ShardedSamplerTest, WorkersSplitEachGlobalBatchDisjointly) {
     EXPECT_EQ(seen.size(), 1000u);
   }
   EXPECT_NE(one.EpochIndices(0), one.EpochIndices(1));
+}
+
+// Two CIFAR-10 records: label, then 1024 red, 1024 green, 1024 blue bytes.
+std::vector<unsigned char> CifarRecords(const std::vector<int>& labels) {
+  std::vector<unsigned char> bytes;
+  for (size_t r = 0; r < labels.size(); ++r) {
+    bytes.push_back(static_cast<unsigned char>(labels[r]));
+    for (int j = 0; j < 3072; ++j) {
+      bytes.push_back(static_cast<unsigned char>((j * 7 + r * 13) % 256));
+    }
+  }
+  return bytes;
+}
+
+TEST(CifarTest, ReadsRecordsAndRejectsBadSizesAndLabels) {
+  const std::string dir = TempDir() + "/cifar";
+  std::system(("mkdir -p " + dir).c_str());
+  WritePlain(dir + "/ok.bin", CifarRecords({3, 9}));
+  absl::StatusOr<LabeledImages> ok = ReadCifarBatch(dir + "/ok.bin");
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  EXPECT_EQ(ok->count, 2);
+  EXPECT_EQ(ok->chw, (Shape{3, 32, 32}));
+  EXPECT_EQ(ok->labels, (std::vector<int32_t>{3, 9}));
+  // Record 1, green plane (offset 1024), pixel 5: byte (1029 * 7 + 13) % 256.
+  EXPECT_FLOAT_EQ(ok->images[3072 + 1024 + 5], ((1029 * 7 + 13) % 256) / 255.0f);
+
+  std::vector<unsigned char> cut = CifarRecords({1});
+  cut.pop_back();
+  WritePlain(dir + "/cut.bin", cut);
+  EXPECT_EQ(ReadCifarBatch(dir + "/cut.bin").status().message(),
+            dir + "/cut.bin: 3072 bytes; expected a positive multiple of 3073 "
+                  "(CIFAR-10 records of 1 label byte and 3072 pixels)");
+  WritePlain(dir + "/label.bin", CifarRecords({4, 10}));
+  EXPECT_EQ(ReadCifarBatch(dir + "/label.bin").status().message(),
+            dir + "/label.bin: record 1 has label 10; expected 0..9");
+  EXPECT_EQ(ReadCifarBatch(dir + "/none.bin").status().code(),
+            absl::StatusCode::kNotFound);
+}
+
+TEST(CifarTest, LoadsFiveTrainingBatchesAndTheTestBatchStandardised) {
+  const std::string dir = TempDir() + "/cifar10";
+  std::system(("mkdir -p " + dir).c_str());
+  for (int b = 1; b <= 5; ++b) {
+    WritePlain(dir + "/data_batch_" + std::to_string(b) + ".bin",
+               CifarRecords({b, b + 1}));
+  }
+  WritePlain(dir + "/test_batch.bin", CifarRecords({0}));
+  absl::StatusOr<Dataset> d = LoadDataset("cifar10", dir);
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_EQ(d->train.count, 10);
+  EXPECT_EQ(d->test.count, 1);
+  EXPECT_TRUE(d->augment);
+  ASSERT_EQ(d->channel_mean.size(), 3u);
+  // Each training channel now has mean 0 and variance 1.
+  for (int c = 0; c < 3; ++c) {
+    double sum = 0, sum_sq = 0;
+    for (int64_t i = 0; i < d->train.count; ++i) {
+      for (int j = 0; j < 1024; ++j) {
+        const float v = d->train.images[(i * 3 + c) * 1024 + j];
+        sum += v;
+        sum_sq += double{v} * v;
+      }
+    }
+    const double n = 10 * 1024;
+    EXPECT_NEAR(sum / n, 0.0, 1e-4) << "channel " << c;
+    EXPECT_NEAR(sum_sq / n, 1.0, 1e-3) << "channel " << c;
+  }
+}
+
+TEST(SyntheticTest, SizesLabelsAndBadOptions) {
+  DatasetOptions o;
+  o.image_size = 8;
+  o.num_classes = 5;
+  o.train_samples = 300;
+  o.test_samples = 20;
+  absl::StatusOr<Dataset> d = LoadDataset("synthetic", "", o);
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_EQ(d->train.chw, (Shape{3, 8, 8}));
+  EXPECT_EQ(d->train.count, 300);
+  EXPECT_EQ(d->train.stored, 64);
+  for (int32_t y : d->train.labels) {
+    EXPECT_GE(y, 0);
+    EXPECT_LT(y, 5);
+  }
+  o.num_classes = 1;
+  EXPECT_EQ(LoadDataset("synthetic", "", o).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST(AugmentTest, FlipAndCropKeepPixelsFromTheSourceOrZeroPadding) {
+  LabeledImages src;
+  src.chw = {1, 4, 4};
+  src.count = src.stored = 1;
+  src.labels = {2};
+  for (int i = 0; i < 16; ++i) src.images.push_back(1.0f + i);
+  std::mt19937_64 rng(5);
+  Tensor images;
+  std::vector<int32_t> labels;
+  bool saw_shift = false;
+  for (int trial = 0; trial < 50; ++trial) {
+    GatherBatch(src, {0}, 0, 1, &images, &labels, &rng);
+    EXPECT_EQ(labels[0], 2);
+    int nonzero = 0;
+    for (float v : images.data) {
+      if (v == 0.0f) continue;
+      ++nonzero;
+      EXPECT_TRUE(v >= 1.0f && v <= 16.0f && v == std::floor(v)) << v;
+    }
+    // A shift of (dy, dx) keeps (4-|dy|) x (4-|dx|) pixels, at least 0.
+    if (nonzero < 16) saw_shift = true;
+  }
+  EXPECT_TRUE(saw_shift);
+}
+
+TEST(PrefetcherTest, YieldsTheSameBatchesInOrderAsGatherBatch) {
+  LabeledImages src;
+  src.chw = {1, 2, 2};
+  src.count = src.stored = 20;
+  for (int i = 0; i < 20; ++i) {
+    src.labels.push_back(i % 10);
+    for (int j = 0; j < 4; ++j) src.images.push_back(i * 10.0f + j);
+  }
+  std::vector<int64_t> order;
+  for (int i = 19; i >= 0; --i) order.push_back(i);
+  BatchPrefetcher prefetcher(src, order, 3, 6, false, 1);
+  BatchPrefetcher::Batch batch;
+  for (int b = 0; b < 6; ++b) {
+    ASSERT_TRUE(prefetcher.Next(&batch));
+    Tensor expected;
+    std::vector<int32_t> labels;
+    GatherBatch(src, order, b * 3, 3, &expected, &labels);
+    EXPECT_EQ(batch.images.data, expected.data) << "batch " << b;
+    EXPECT_EQ(batch.labels, labels);
+  }
+  EXPECT_FALSE(prefetcher.Next(&batch));
 }
 
 }  // namespace
