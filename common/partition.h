@@ -55,8 +55,8 @@ class PartitionPlan {
   int num_buffers() const { return num_buffers_; }
   // Whether tensor `param_id` is a buffer (one of the last num_buffers()).
   bool is_buffer(int32_t param_id) const {
-    return param_id >= static_cast<int32_t>(param_num_elements_.size()) -
-                           num_buffers_;
+    return param_id >=
+           static_cast<int32_t>(param_num_elements_.size()) - num_buffers_;
   }
   // Every chunk, ordered by (param_id, chunk_index).
   const std::vector<ChunkSpec>& chunks() const { return chunks_; }

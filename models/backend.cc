@@ -67,8 +67,8 @@ absl::StatusOr<float> HostSoftmaxCrossEntropy(const float* logits, int64_t n,
                                               float* dlogits) {
   if (static_cast<int64_t>(labels.size()) != n) {
     return absl::InvalidArgumentError(
-        absl::StrCat("softmax cross-entropy: ", labels.size(),
-                     " labels for ", n, " rows of logits"));
+        absl::StrCat("softmax cross-entropy: ", labels.size(), " labels for ",
+                     n, " rows of logits"));
   }
   double loss = 0.0;
   for (int64_t i = 0; i < n; ++i) {

@@ -106,7 +106,9 @@ absl::Status Run(const LayerSpec& spec, F&& f) {
 class Conv2d final : public Layer {
  public:
   Conv2d(const LayerSpec& spec, std::vector<Param*> params)
-      : spec_(spec), weight_(params[0]), bias_(spec.bias ? params[1] : nullptr) {}
+      : spec_(spec),
+        weight_(params[0]),
+        bias_(spec.bias ? params[1] : nullptr) {}
 
   absl::Status Forward(absl::Span<const DeviceTensor* const> in,
                        DeviceTensor* out, bool training) override {
@@ -185,8 +187,7 @@ class Conv2d final : public Layer {
     out_layout_ = PreferredLayout(spec_.out_channels);
     src_md_ = Md(in, layout);
     wei_md_ = memory::desc(Dims(weight_->value.shape()), dt::f32, tag::oihw);
-    const memory::desc wei_any(Dims(weight_->value.shape()), dt::f32,
-                               tag::any);
+    const memory::desc wei_any(Dims(weight_->value.shape()), dt::f32, tag::any);
     bias_md_ = Flat(spec_.out_channels);
     dst_md_ = Md(out, out_layout_);
     const memory::dims strides = {spec_.stride, spec_.stride};
@@ -446,9 +447,9 @@ class BatchNorm2d final : public Layer {
     if (training) {
       bwd_ = dnnl::batch_normalization_backward(
           dnnl::batch_normalization_backward::primitive_desc(
-              dnnl::batch_normalization_backward::desc(
-                  prop_kind::backward, data_md_, data_md_, spec_.epsilon,
-                  flags),
+              dnnl::batch_normalization_backward::desc(prop_kind::backward,
+                                                       data_md_, data_md_,
+                                                       spec_.epsilon, flags),
               CpuEngine(), fwd_pd));
     }
   }
@@ -570,8 +571,8 @@ class Pool2d final : public Layer {
       strides = {1, 1};
       padding = {0, 0};
     }
-    const algorithm alg = max() ? algorithm::pooling_max
-                                : algorithm::pooling_avg_include_padding;
+    const algorithm alg =
+        max() ? algorithm::pooling_max : algorithm::pooling_avg_include_padding;
     dnnl::pooling_forward::primitive_desc fwd_pd(
         dnnl::pooling_forward::desc(training ? prop_kind::forward_training
                                              : prop_kind::forward_inference,
@@ -785,8 +786,7 @@ class CpuBackend final : public Backend {
     return absl::InvalidArgumentError("unknown layer type");
   }
 
-  absl::Status Accumulate(const float* x, int64_t elements,
-                          float* y) override {
+  absl::Status Accumulate(const float* x, int64_t elements, float* y) override {
     for (int64_t i = 0; i < elements; ++i) y[i] += x[i];
     return absl::OkStatus();
   }

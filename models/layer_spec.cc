@@ -143,9 +143,9 @@ absl::Status BadInput(const LayerSpec& s, const Shape& in,
 absl::StatusOr<Shape> WindowOutput(const LayerSpec& s, const Shape& in,
                                    int64_t channels) {
   if (in.size() != 4 || (channels > 0 && in[1] != channels)) {
-    return BadInput(
-        s, in,
-        channels > 0 ? absl::StrCat("[N, ", channels, ", H, W]") : "[N, C, H, W]");
+    return BadInput(s, in,
+                    channels > 0 ? absl::StrCat("[N, ", channels, ", H, W]")
+                                 : "[N, C, H, W]");
   }
   const int64_t oh = (in[2] + 2 * s.padding - s.kernel) / s.stride + 1;
   const int64_t ow = (in[3] + 2 * s.padding - s.kernel) / s.stride + 1;
@@ -163,9 +163,8 @@ absl::StatusOr<Shape> WindowOutput(const LayerSpec& s, const Shape& in,
 absl::StatusOr<Shape> OutputShape(const LayerSpec& s,
                                   const std::vector<Shape>& inputs) {
   if (static_cast<int>(inputs.size()) != NumInputs(s)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(LayerName(s), ": ", inputs.size(), " inputs; expected ",
-                     NumInputs(s)));
+    return absl::InvalidArgumentError(absl::StrCat(
+        LayerName(s), ": ", inputs.size(), " inputs; expected ", NumInputs(s)));
   }
   const Shape& in = inputs[0];
   switch (s.type) {

@@ -20,8 +20,8 @@
 namespace pstrain {
 
 enum class LayerType {
-  kConv2d,         // groups = 1, square kernel, stride, zero padding.
-  kBatchNorm2d,    // per-channel, over N, H, W (Ioffe & Szegedy 2015).
+  kConv2d,       // groups = 1, square kernel, stride, zero padding.
+  kBatchNorm2d,  // per-channel, over N, H, W (Ioffe & Szegedy 2015).
   kRelu,
   kMaxPool2d,      // square window, stride, padding (padded with -inf).
   kAvgPool2d,      // square window; padding counted (count_include_pad).

@@ -19,6 +19,7 @@
 
 #include "gtest/gtest.h"
 #include "models/backend.h"
+#include "models/layer_harness.h"
 #include "models/layer_spec.h"
 #include "models/model.h"
 
@@ -27,99 +28,6 @@ namespace {
 
 constexpr float kStep = 1e-2f;
 constexpr float kTolerance = 1e-2f;
-
-std::vector<float> Values(const DeviceTensor& t) {
-  return std::vector<float>(t.data(), t.data() + t.size());
-}
-
-// One layer on the CPU backend with its own parameters and buffers.
-class Harness {
- public:
-  explicit Harness(const LayerSpec& spec, uint64_t seed = 1)
-      : backend_(NewCpuBackend()), spec_(spec) {
-    const auto param_specs = ParamSpecs(spec);
-    const auto buffer_specs = BufferSpecs(spec);
-    params_.resize(param_specs.size());
-    buffers_.resize(buffer_specs.size());
-    std::vector<Param*> params;
-    std::vector<Buffer*> buffers;
-    std::mt19937_64 rng(seed);
-    std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
-    for (size_t i = 0; i < param_specs.size(); ++i) {
-      params_[i].name = param_specs[i].name;
-      params_[i].value = DeviceTensor(backend_.get());
-      params_[i].grad = DeviceTensor(backend_.get());
-      EXPECT_TRUE(params_[i].value.Resize(param_specs[i].shape).ok());
-      EXPECT_TRUE(params_[i].grad.Resize(param_specs[i].shape).ok());
-      for (int64_t j = 0; j < params_[i].value.size(); ++j) {
-        params_[i].value.data()[j] = dist(rng);
-      }
-      params.push_back(&params_[i]);
-    }
-    for (size_t i = 0; i < buffer_specs.size(); ++i) {
-      buffers_[i].value = DeviceTensor(backend_.get());
-      EXPECT_TRUE(buffers_[i].value.Resize(buffer_specs[i].shape).ok());
-      std::fill_n(buffers_[i].value.data(), buffers_[i].value.size(),
-                  buffer_specs[i].name == "running_var" ? 1.0f : 0.0f);
-      buffers.push_back(&buffers_[i]);
-    }
-    layer_ = *backend_->CreateLayer(spec, params, buffers, seed);
-  }
-
-  DeviceTensor Make(const Shape& shape, const std::vector<float>& values) {
-    DeviceTensor t(backend_.get());
-    EXPECT_TRUE(t.Resize(shape).ok());
-    EXPECT_EQ(static_cast<int64_t>(values.size()), t.size());
-    std::copy(values.begin(), values.end(), t.data());
-    return t;
-  }
-
-  // Forward of `inputs`; returns the output values.
-  std::vector<float> Forward(const std::vector<DeviceTensor*>& inputs,
-                             bool training = true) {
-    std::vector<const DeviceTensor*> in(inputs.begin(), inputs.end());
-    std::vector<Shape> shapes;
-    for (const DeviceTensor* t : in) shapes.push_back(t->shape());
-    out_ = DeviceTensor(backend_.get());
-    EXPECT_TRUE(out_.Resize(*OutputShape(spec_, shapes)).ok());
-    absl::Status s = layer_->Forward(in, &out_, training);
-    EXPECT_TRUE(s.ok()) << s;
-    return Values(out_);
-  }
-
-  // Backward of the last Forward with dLoss/dOut = `dout`; returns the
-  // input gradients.
-  std::vector<std::vector<float>> Backward(
-      const std::vector<DeviceTensor*>& inputs, const std::vector<float>& dout) {
-    std::vector<const DeviceTensor*> in(inputs.begin(), inputs.end());
-    DeviceTensor d = Make(out_.shape(), dout);
-    d.set_layout(out_.layout());
-    std::vector<DeviceTensor> din_store;
-    for (const DeviceTensor* t : in) {
-      din_store.emplace_back(backend_.get());
-      EXPECT_TRUE(din_store.back().Resize(t->shape()).ok());
-    }
-    std::vector<DeviceTensor*> din;
-    for (DeviceTensor& t : din_store) din.push_back(&t);
-    absl::Status s = layer_->Backward(in, out_, d, din);
-    EXPECT_TRUE(s.ok()) << s;
-    std::vector<std::vector<float>> result;
-    for (DeviceTensor& t : din_store) result.push_back(Values(t));
-    return result;
-  }
-
-  std::vector<Param>& params() { return params_; }
-  std::vector<Buffer>& buffers() { return buffers_; }
-  const Shape& out_shape() const { return out_.shape(); }
-
- private:
-  std::unique_ptr<Backend> backend_;
-  LayerSpec spec_;
-  std::vector<Param> params_;
-  std::vector<Buffer> buffers_;
-  std::unique_ptr<Layer> layer_;
-  DeviceTensor out_;
-};
 
 std::vector<float> RandomValues(int64_t n, std::mt19937_64& rng) {
   std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
@@ -139,13 +47,13 @@ void ExpectClose(float analytic, double numeric, const std::string& what) {
 void CheckGradients(const LayerSpec& spec, const Shape& shape,
                     std::vector<float> x_values, uint64_t seed,
                     int num_inputs = 1) {
-  Harness h(spec, seed);
+  std::unique_ptr<Backend> cpu = NewCpuBackend();
+  Harness h(cpu.get(), spec, seed);
   std::mt19937_64 rng(seed + 100);
   std::vector<DeviceTensor> store;
   for (int i = 0; i < num_inputs; ++i) {
-    store.push_back(h.Make(shape, i == 0 ? x_values
-                                         : RandomValues(NumElements(shape),
-                                                        rng)));
+    store.push_back(h.Make(
+        shape, i == 0 ? x_values : RandomValues(NumElements(shape), rng)));
   }
   std::vector<DeviceTensor*> inputs;
   for (DeviceTensor& t : store) inputs.push_back(&t);
@@ -242,8 +150,8 @@ TEST(FiniteDifferences, ReluAwayFromKink) {
 
 TEST(FiniteDifferences, MaxPoolPadded) {
   const Shape shape = {2, 2, 5, 6};
-  CheckGradients(LayerSpec::MaxPool2d(3, 2, 1), shape,
-                 DistinctInput(shape, 11), 12);
+  CheckGradients(LayerSpec::MaxPool2d(3, 2, 1), shape, DistinctInput(shape, 11),
+                 12);
 }
 
 TEST(FiniteDifferences, AvgPool) {
@@ -254,8 +162,7 @@ TEST(FiniteDifferences, AvgPool) {
 
 TEST(FiniteDifferences, GlobalAvgPool) {
   const Shape shape = {2, 3, 3, 4};
-  CheckGradients(LayerSpec::GlobalAvgPool(), shape, RandomInput(shape, 15),
-                 16);
+  CheckGradients(LayerSpec::GlobalAvgPool(), shape, RandomInput(shape, 15), 16);
 }
 
 TEST(FiniteDifferences, ResidualAdd) {
@@ -270,7 +177,8 @@ TEST(FiniteDifferences, Flatten) {
 
 TEST(Dropout, ZeroesAboutPAndScalesTheRestAndBackwardUsesTheMask) {
   const Shape shape = {4, 1000};
-  Harness h(LayerSpec::Dropout(0.3f), 21);
+  std::unique_ptr<Backend> cpu = NewCpuBackend();
+  Harness h(cpu.get(), LayerSpec::Dropout(0.3f), 21);
   std::vector<float> ones(NumElements(shape), 1.0f);
   DeviceTensor x = h.Make(shape, ones);
   const std::vector<float> out = h.Forward({&x});
@@ -336,44 +244,17 @@ void ExpectAllNear(const std::vector<float>& actual,
   }
 }
 
-struct PyTorchCase {
-  std::string name;
-  LayerSpec spec;
-  Shape shape;
-  int num_inputs = 1;
-};
-
-std::vector<PyTorchCase> PyTorchCases() {
-  return {
-      {"conv_bias", LayerSpec::Conv2d(3, 4, 3, 1, 1, true), {2, 3, 5, 5}},
-      {"conv_stride2_nobias",
-       LayerSpec::Conv2d(3, 4, 3, 2, 1, false),
-       {2, 3, 6, 6}},
-      {"conv1x1_stride2", LayerSpec::Conv2d(4, 6, 1, 2, 0, false), {2, 4, 5, 5}},
-      {"conv7x7_stride2", LayerSpec::Conv2d(3, 4, 7, 2, 3, false), {1, 3, 9, 9}},
-      {"batchnorm", LayerSpec::BatchNorm2d(3), {4, 3, 3, 2}},
-      {"relu", LayerSpec::Relu(), {2, 3, 4, 4}},
-      {"maxpool3s2p1", LayerSpec::MaxPool2d(3, 2, 1), {2, 3, 6, 7}},
-      {"maxpool2", LayerSpec::MaxPool2d(2, 2, 0), {2, 2, 6, 6}},
-      {"avgpool2", LayerSpec::AvgPool2d(2, 2, 0), {2, 2, 6, 4}},
-      {"avgpool3s2p1", LayerSpec::AvgPool2d(3, 2, 1), {2, 2, 5, 5}},
-      {"globalavgpool", LayerSpec::GlobalAvgPool(), {2, 4, 3, 5}},
-      {"linear", LayerSpec::Linear(12, 5), {3, 12}},
-      {"flatten", LayerSpec::Flatten(), {2, 3, 2, 2}},
-      {"add", LayerSpec::Add(), {2, 3, 2, 2}, 2},
-  };
-}
-
 TEST(PyTorchFixtures, EveryLayerMatchesForwardBackwardAndRunningStats) {
   const std::vector<FixtureCase> fixture =
       ReadFixture("testdata/layers_fixture.txt");
   std::map<std::string, const FixtureCase*> by_name;
   for (const FixtureCase& c : fixture) by_name[c.name] = &c;
-  for (const PyTorchCase& c : PyTorchCases()) {
+  for (const LayerCase& c : LayerCases()) {
     SCOPED_TRACE(c.name);
     ASSERT_TRUE(by_name.count(c.name)) << "fixture has no case " << c.name;
     const auto& v = by_name[c.name]->values;
-    Harness h(c.spec);
+    std::unique_ptr<Backend> cpu = NewCpuBackend();
+    Harness h(cpu.get(), c.spec);
     for (Param& p : h.params()) {
       const std::vector<float>& w = v.at("param:" + p.name);
       ASSERT_EQ(static_cast<int64_t>(w.size()), p.value.size()) << p.name;

@@ -42,7 +42,9 @@ enum class Init {
 class ModelBuilder {
  public:
   ModelBuilder(Model* model, const ModelOptions& options)
-      : model_(model), rng_(options.seed), dropout_seed_(options.dropout_seed) {}
+      : model_(model),
+        rng_(options.seed),
+        dropout_seed_(options.dropout_seed) {}
 
   // Adds `spec` named `name` on `inputs` (default: the last node). Returns
   // the node index; errors are kept and returned by status().
@@ -54,9 +56,8 @@ class ModelBuilder {
     for (int i : inputs) in_shapes.push_back(shape(i));
     absl::StatusOr<Shape> out = OutputShape(spec, in_shapes);
     if (!out.ok()) {
-      status_ = absl::InvalidArgumentError(
-          absl::StrCat(model_->name_, ": layer ", name, ": ",
-                       out.status().message()));
+      status_ = absl::InvalidArgumentError(absl::StrCat(
+          model_->name_, ": layer ", name, ": ", out.status().message()));
       return last_;
     }
     auto node = std::make_unique<Model::Node>();
@@ -108,8 +109,8 @@ class ModelBuilder {
     if (!Check(backend->Synchronize())) return last_;
     const uint64_t seed =
         dropout_seed_ * 0x9E3779B97F4A7C15ull + model_->nodes_.size();
-    absl::StatusOr<std::unique_ptr<Layer>> layer = backend->CreateLayer(
-        spec, std::move(params), std::move(buffers), seed);
+    absl::StatusOr<std::unique_ptr<Layer>> layer =
+        backend->CreateLayer(spec, std::move(params), std::move(buffers), seed);
     if (!Check(layer.status())) return last_;
     node->layer = *std::move(layer);
     model_->nodes_.push_back(std::move(node));
@@ -200,10 +201,11 @@ void BuildLenet5(ModelBuilder& b, int64_t channels, int num_classes) {
 void BuildAlexnet(ModelBuilder& b, int64_t channels, int64_t size,
                   int num_classes) {
   const bool imagenet = size > 64;
-  const LayerSpec pool = imagenet ? LayerSpec::MaxPool2d(3, 2, 0)
-                                  : LayerSpec::MaxPool2d(2, 2, 0);
-  b.Add("features.0", imagenet ? LayerSpec::Conv2d(channels, 64, 11, 4, 2, true)
-                               : LayerSpec::Conv2d(channels, 64, 3, 1, 1, true));
+  const LayerSpec pool =
+      imagenet ? LayerSpec::MaxPool2d(3, 2, 0) : LayerSpec::MaxPool2d(2, 2, 0);
+  b.Add("features.0", imagenet
+                          ? LayerSpec::Conv2d(channels, 64, 11, 4, 2, true)
+                          : LayerSpec::Conv2d(channels, 64, 3, 1, 1, true));
   b.Add("features.1", LayerSpec::Relu());
   b.Add("features.2", pool);
   b.Add("features.3", LayerSpec::Conv2d(64, 192, 5, 1, 2, true));
@@ -228,15 +230,14 @@ void BuildAlexnet(ModelBuilder& b, int64_t channels, int64_t size,
 
 void BuildVgg16(ModelBuilder& b, int64_t channels, int num_classes) {
   const int kPool = 0;
-  const int config[] = {64,  64,  kPool, 128, 128, kPool, 256, 256, 256, kPool,
-                        512, 512, 512, kPool, 512, 512, 512, kPool};
+  const int config[] = {64,    64,  kPool, 128, 128,   kPool, 256, 256, 256,
+                        kPool, 512, 512,   512, kPool, 512,   512, 512, kPool};
   int64_t in = channels;
   int index = 0;
   for (int c : config) {
     if (c == kPool) {
       if (b.shape(b.last())[2] >= 2) {
-        b.Add(absl::StrCat("features.", index),
-              LayerSpec::MaxPool2d(2, 2, 0));
+        b.Add(absl::StrCat("features.", index), LayerSpec::MaxPool2d(2, 2, 0));
       }
       ++index;
       continue;
@@ -411,8 +412,8 @@ std::string Model::KnownModels() {
 }
 
 bool Model::IsKnown(const std::string& name) {
-  for (const char* known : {"alexnet", "lenet5", "mlp", "resnet101",
-                            "resnet18", "resnet34", "resnet50", "vgg16"}) {
+  for (const char* known : {"alexnet", "lenet5", "mlp", "resnet101", "resnet18",
+                            "resnet34", "resnet50", "vgg16"}) {
     if (name == known) return true;
   }
   return false;
@@ -434,10 +435,9 @@ int64_t Model::NumParameters() const {
 int64_t Model::ForwardMacsPerSample() const {
   int64_t macs = 0;
   for (const auto& node : nodes_) {
-    const Shape in =
-        node->inputs[0] == kInput
-            ? Shape{1, input_chw_[0], input_chw_[1], input_chw_[2]}
-            : nodes_[node->inputs[0]]->sample_shape;
+    const Shape in = node->inputs[0] == kInput
+                         ? Shape{1, input_chw_[0], input_chw_[1], input_chw_[2]}
+                         : nodes_[node->inputs[0]]->sample_shape;
     macs += pstrain::ForwardMacsPerSample(node->spec, in);
   }
   return macs;
@@ -489,8 +489,8 @@ absl::StatusOr<const Tensor*> Model::Forward(const Tensor& input,
   }
   const DeviceTensor& logits = nodes_.back()->out;
   if (logits.layout() != 0) {
-    return absl::InternalError(absl::StrCat(name_, ": logits in layout ",
-                                            logits.layout()));
+    return absl::InternalError(
+        absl::StrCat(name_, ": logits in layout ", logits.layout()));
   }
   host_logits_.Resize(logits.shape());
   s = backend_->CopyToHost(logits.data(), logits.size(),
@@ -563,8 +563,7 @@ absl::StatusOr<float> Model::ForwardBackward(const Tensor& input,
     }
     s = node.layer->Backward(in, node.out, dout, din);
     if (!s.ok()) {
-      return absl::Status(s.code(),
-                          absl::StrCat(node.name, ": ", s.message()));
+      return absl::Status(s.code(), absl::StrCat(node.name, ": ", s.message()));
     }
     for (int i : accumulate_into) {
       s = backend_->Accumulate(scratch_.data(), scratch_.size(),
@@ -593,9 +592,8 @@ absl::StatusOr<float> Model::ForwardBackward(const Tensor& input,
 absl::Status Model::LoadHostWeights() {
   if (backend_->host_memory()) return absl::OkStatus();
   for (size_t i = 0; i < host_weights_.size(); ++i) {
-    DeviceTensor& t = i < params_.size()
-                          ? params_[i]->value
-                          : buffers_[i - params_.size()]->value;
+    DeviceTensor& t = i < params_.size() ? params_[i]->value
+                                         : buffers_[i - params_.size()]->value;
     absl::Status s =
         backend_->CopyToDevice(host_weights_[i].data(), t.size(), t.data());
     if (!s.ok()) return s;

@@ -29,12 +29,11 @@ std::unique_ptr<Model> MustCreate(const std::string& name, const Shape& chw,
 TEST(ModelZoo, ParameterCountsMatchTorchvision) {
   std::unique_ptr<Backend> cpu = NewCpuBackend();
   const std::map<std::string, int64_t> torchvision = {
-      {"resnet18", 11689512}, {"resnet34", 21797672},
-      {"resnet50", 25557032}, {"resnet101", 44549160},
-      {"alexnet", 61100840},  {"vgg16", 138357544}};
+      {"resnet18", 11689512},  {"resnet34", 21797672}, {"resnet50", 25557032},
+      {"resnet101", 44549160}, {"alexnet", 61100840},  {"vgg16", 138357544}};
   for (const auto& [name, count] : torchvision) {
-    std::unique_ptr<Model> model = MustCreate(name, {3, 224, 224}, 1000,
-                                              cpu.get());
+    std::unique_ptr<Model> model =
+        MustCreate(name, {3, 224, 224}, 1000, cpu.get());
     ASSERT_NE(model, nullptr);
     EXPECT_EQ(model->NumParameters(), count) << name;
   }
@@ -54,8 +53,8 @@ TEST(ModelZoo, ForwardMacsOfResNet50MatchThePublishedFigure) {
 
 TEST(ModelZoo, LeNet5HasTheClassicParameterCount) {
   std::unique_ptr<Backend> cpu = NewCpuBackend();
-  std::unique_ptr<Model> model = MustCreate("lenet5", {1, 28, 28}, 10,
-                                            cpu.get());
+  std::unique_ptr<Model> model =
+      MustCreate("lenet5", {1, 28, 28}, 10, cpu.get());
   ASSERT_NE(model, nullptr);
   EXPECT_EQ(model->NumParameters(), 61706);
   EXPECT_EQ(model->params().size(), 10u);
@@ -64,8 +63,8 @@ TEST(ModelZoo, LeNet5HasTheClassicParameterCount) {
 
 TEST(ModelZoo, UnknownModelAndTooSmallInputAreNamed) {
   std::unique_ptr<Backend> cpu = NewCpuBackend();
-  auto model = Model::Create("resnet9000", {1, 28, 28}, 10, ModelOptions(),
-                             cpu.get());
+  auto model =
+      Model::Create("resnet9000", {1, 28, 28}, 10, ModelOptions(), cpu.get());
   EXPECT_EQ(model.status().message(),
             "unknown model \"resnet9000\"; expected one of: alexnet, lenet5, "
             "mlp, resnet101, resnet18, resnet34, resnet50, vgg16");
@@ -192,8 +191,8 @@ TEST(ModelZoo, WholeModelsMatchPyTorch) {
 // LeNet-5's composition (padding, pooling, flatten order) against PyTorch.
 TEST(ModelZoo, LeNet5MatchesPyTorchForwardAndBackward) {
   std::unique_ptr<Backend> cpu = NewCpuBackend();
-  std::unique_ptr<Model> created = MustCreate("lenet5", {1, 28, 28}, 10,
-                                              cpu.get());
+  std::unique_ptr<Model> created =
+      MustCreate("lenet5", {1, 28, 28}, 10, cpu.get());
   ASSERT_NE(created, nullptr);
   Model& model = *created;
   // testdata/gen_lenet_fixture.py defines these formulas.
@@ -289,8 +288,8 @@ TEST(ModelZoo, MlpGradientMatchesFiniteDifferences) {
 // With CPU staging the host spans are the model's own tensors.
 TEST(ModelZoo, HostStagingCoversParamsThenBuffers) {
   std::unique_ptr<Backend> cpu = NewCpuBackend();
-  std::unique_ptr<Model> model = MustCreate("resnet18", {1, 28, 28}, 10,
-                                            cpu.get());
+  std::unique_ptr<Model> model =
+      MustCreate("resnet18", {1, 28, 28}, 10, cpu.get());
   ASSERT_NE(model, nullptr);
   ASSERT_EQ(model->HostWeights().size(),
             model->params().size() + model->buffers().size());

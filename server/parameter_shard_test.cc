@@ -152,5 +152,46 @@ TEST(ParameterShardTest, AsyncAppliesEveryPush) {
   EXPECT_EQ(weights[0], (std::vector<float>{1, 2, 3, 4}));
 }
 
+// Tensor 1 (2 elements) is a buffer: its pushes are values, averaged over
+// workers with no Adam, while tensor 0 is still trained.
+TEST(ParameterShardTest, SyncBuffersAreTheWorkersAverageWithoutAdam) {
+  ParameterShard shard(Options(2, SyncMode::kSync));
+  ASSERT_TRUE(shard.Initialize({6, 2}, 16, InitChunks(), 1).ok());
+  EXPECT_TRUE(shard.plan().is_buffer(1));
+  EXPECT_FALSE(shard.plan().is_buffer(0));
+  const std::vector<float> g4 = {1, 1, 1, 1}, g2 = {1, 1};
+  for (int w = 0; w < 2; ++w) {
+    ASSERT_TRUE(shard.Push(w, 0, 0, 0, g4).ok());
+    ASSERT_TRUE(shard.Push(w, 0, 1, 0, g2).ok());
+  }
+  const std::vector<float> mean0 = {0.5f, 10.0f}, mean1 = {1.5f, 20.0f};
+  ASSERT_TRUE(shard.Push(0, 1, 0, 0, mean0).ok());
+  ASSERT_TRUE(shard.Push(1, 1, 0, 0, mean1).ok());
+  const auto w = PullAll(shard, 1);
+  ASSERT_EQ(w.size(), 3u);
+  // Adam's first step moves every weight by lr = 0.1 against the gradient.
+  EXPECT_NEAR(w[0][0], 1 - 0.1f, 1e-5);
+  EXPECT_EQ(w[2], (std::vector<float>{1.0f, 15.0f}));
+}
+
+TEST(ParameterShardTest, AsyncBuffersAverageEachWorkersLatestPush) {
+  ParameterShard shard(Options(2, SyncMode::kAsync));
+  ASSERT_TRUE(shard.Initialize({6, 2}, 16, InitChunks(), 1).ok());
+  ASSERT_TRUE(shard.Push(0, 1, 0, 0, std::vector<float>{2, 4}).ok());
+  EXPECT_EQ(PullAll(shard, 0)[2], (std::vector<float>{2, 4}));
+  ASSERT_TRUE(shard.Push(1, 1, 0, 0, std::vector<float>{4, 8}).ok());
+  EXPECT_EQ(PullAll(shard, 0)[2], (std::vector<float>{3, 6}));
+  // Worker 0's newer values replace its older ones.
+  ASSERT_TRUE(shard.Push(0, 1, 0, 0, std::vector<float>{0, 0}).ok());
+  EXPECT_EQ(PullAll(shard, 0)[2], (std::vector<float>{2, 4}));
+}
+
+TEST(ParameterShardTest, LayoutWithOnlyBuffersIsRefused) {
+  ParameterShard shard(Options(1, SyncMode::kSync));
+  EXPECT_EQ(shard.Initialize({6, 2}, 16, InitChunks(), 2).message(),
+            "num_buffers 2; expected in [0, 2) (at least one parameter)");
+  EXPECT_FALSE(shard.initialized());
+}
+
 }  // namespace
 }  // namespace pstrain

@@ -42,8 +42,9 @@ ABSL_FLAG(int, batch_size, 64, "Samples per step.");
 ABSL_FLAG(int, steps, 20, "Timed steps.");
 ABSL_FLAG(int, warmup, 3, "Untimed steps first.");
 ABSL_FLAG(int, threads, 0, "CPU threads (0: all cores).");
-ABSL_FLAG(bool, compare_pytorch, false,
-          "Also time the same model in PyTorch (python3 tools/torch_bench.py).");
+ABSL_FLAG(
+    bool, compare_pytorch, false,
+    "Also time the same model in PyTorch (python3 tools/torch_bench.py).");
 ABSL_FLAG(std::string, python, "/usr/bin/python3",
           "Python with torch for --compare_pytorch.");
 
@@ -105,8 +106,8 @@ TorchResult RunTorch(const std::string& model, const Shape& chw, int classes,
     r.error = lines.empty() ? "python failed" : lines.back();
     return r;
   }
-  for (absl::string_view field : absl::StrSplit(out, absl::ByAnyChar(" \n"),
-                                                absl::SkipEmpty())) {
+  for (absl::string_view field :
+       absl::StrSplit(out, absl::ByAnyChar(" \n"), absl::SkipEmpty())) {
     std::pair<std::string, std::string> kv = absl::StrSplit(field, '=');
     if (kv.first == "samples_per_sec") {
       r.ok = absl::SimpleAtod(kv.second, &r.samples_per_sec);
@@ -128,9 +129,9 @@ int Main() {
   const int steps = absl::GetFlag(FLAGS_steps);
   const int warmup = absl::GetFlag(FLAGS_warmup);
   if (batch <= 0 || steps <= 0 || warmup < 0) {
-    PrintError(kProgram, absl::StrCat("--batch_size=", batch, " --steps=",
-                                      steps, " --warmup=", warmup,
-                                      ": expected positive sizes"));
+    PrintError(kProgram,
+               absl::StrCat("--batch_size=", batch, " --steps=", steps,
+                            " --warmup=", warmup, ": expected positive sizes"));
     return 2;
   }
   if (!Model::IsKnown(model_name)) {
@@ -215,29 +216,28 @@ int Main() {
   std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   std::string torch_rate = "-", torch_params = "-", ratio = "-";
   if (absl::GetFlag(FLAGS_compare_pytorch)) {
-    TorchResult t = RunTorch(model_name, chw, dataset->num_classes, batch,
-                             steps, warmup, threads,
-                             backend_name == "cuda"
-                                 ? absl::StrCat("cuda:", absl::GetFlag(FLAGS_gpu))
-                                 : "cpu");
+    TorchResult t = RunTorch(
+        model_name, chw, dataset->num_classes, batch, steps, warmup, threads,
+        backend_name == "cuda" ? absl::StrCat("cuda:", absl::GetFlag(FLAGS_gpu))
+                               : "cpu");
     if (t.ok) {
       torch_rate = absl::StrFormat("%.1f", t.samples_per_sec);
-      torch_params = absl::StrCat(t.params, t.params == m.NumParameters()
-                                                ? " (same)"
-                                                : " (DIFFERENT)");
+      torch_params = absl::StrCat(
+          t.params, t.params == m.NumParameters() ? " (same)" : " (DIFFERENT)");
       ratio = absl::StrFormat("%.2fx", rate / t.samples_per_sec);
     } else {
       torch_rate = absl::StrCat("error: ", t.error);
     }
   }
-  std::printf("| %s | %s | %s | %d | %d | %lld | %.1f | %.1f | %.3f -> %.3f%s "
-              "| %s | %s | %s |\n",
-              model_name.c_str(), ShapeToString(chw).c_str(),
-              (*backend)->name().c_str(), threads, batch,
-              static_cast<long long>(m.NumParameters()),
-              2.0 * m.ForwardMacsPerSample() / 1e6, rate, first_loss,
-              last_loss, loss_ok ? " (falls)" : " (DOES NOT FALL)",
-              torch_rate.c_str(), torch_params.c_str(), ratio.c_str());
+  std::printf(
+      "| %s | %s | %s | %d | %d | %lld | %.1f | %.1f | %.3f -> %.3f%s "
+      "| %s | %s | %s |\n",
+      model_name.c_str(), ShapeToString(chw).c_str(),
+      (*backend)->name().c_str(), threads, batch,
+      static_cast<long long>(m.NumParameters()),
+      2.0 * m.ForwardMacsPerSample() / 1e6, rate, first_loss, last_loss,
+      loss_ok ? " (falls)" : " (DOES NOT FALL)", torch_rate.c_str(),
+      torch_params.c_str(), ratio.c_str());
   return loss_ok ? 0 : 1;
 }
 

@@ -32,10 +32,10 @@ absl::StatusOr<Dataset> LoadDatasetFromFlags() {
   if (!dataset.ok()) {
     const std::string where =
         name == "synthetic"
-            ? absl::StrCat("--dataset=synthetic --image_size=",
-                           options.image_size, " --num_classes=",
-                           options.num_classes, " --synthetic_samples=",
-                           options.train_samples)
+            ? absl::StrCat(
+                  "--dataset=synthetic --image_size=", options.image_size,
+                  " --num_classes=", options.num_classes,
+                  " --synthetic_samples=", options.train_samples)
             : absl::StrCat("--dataset=", name, " --data_dir=", dir);
     return absl::Status(dataset.status().code(),
                         absl::StrCat(where, ": ", dataset.status().message()));
@@ -53,9 +53,9 @@ absl::Status CheckBackendFlags() {
   }
   absl::Status status = Backend::CudaAvailable(gpu);
   if (!status.ok()) {
-    return absl::Status(status.code(), absl::StrCat("--backend=cuda --gpu=",
-                                                    gpu, ": ",
-                                                    status.message()));
+    return absl::Status(
+        status.code(),
+        absl::StrCat("--backend=cuda --gpu=", gpu, ": ", status.message()));
   }
   return absl::OkStatus();
 }

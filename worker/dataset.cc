@@ -408,8 +408,8 @@ BatchPrefetcher::~BatchPrefetcher() {
 void BatchPrefetcher::Produce() {
   for (int64_t i = 0; i < num_batches_; ++i) {
     Batch batch;
-    GatherBatch(source_, indices_, i * batch_size_, batch_size_,
-                &batch.images, &batch.labels, augment_ ? &rng_ : nullptr);
+    GatherBatch(source_, indices_, i * batch_size_, batch_size_, &batch.images,
+                &batch.labels, augment_ ? &rng_ : nullptr);
     std::unique_lock<std::mutex> lock(mu_);
     cv_.wait(lock, [this] {
       return stop_ || static_cast<int>(ready_.size()) < depth_;

@@ -160,14 +160,16 @@ TEST(CifarTest, ReadsRecordsAndRejectsBadSizesAndLabels) {
   EXPECT_EQ(ok->chw, (Shape{3, 32, 32}));
   EXPECT_EQ(ok->labels, (std::vector<int32_t>{3, 9}));
   // Record 1, green plane (offset 1024), pixel 5: byte (1029 * 7 + 13) % 256.
-  EXPECT_FLOAT_EQ(ok->images[3072 + 1024 + 5], ((1029 * 7 + 13) % 256) / 255.0f);
+  EXPECT_FLOAT_EQ(ok->images[3072 + 1024 + 5],
+                  ((1029 * 7 + 13) % 256) / 255.0f);
 
   std::vector<unsigned char> cut = CifarRecords({1});
   cut.pop_back();
   WritePlain(dir + "/cut.bin", cut);
   EXPECT_EQ(ReadCifarBatch(dir + "/cut.bin").status().message(),
-            dir + "/cut.bin: 3072 bytes; expected a positive multiple of 3073 "
-                  "(CIFAR-10 records of 1 label byte and 3072 pixels)");
+            dir +
+                "/cut.bin: 3072 bytes; expected a positive multiple of 3073 "
+                "(CIFAR-10 records of 1 label byte and 3072 pixels)");
   WritePlain(dir + "/label.bin", CifarRecords({4, 10}));
   EXPECT_EQ(ReadCifarBatch(dir + "/label.bin").status().message(),
             dir + "/label.bin: record 1 has label 10; expected 0..9");

@@ -34,9 +34,8 @@ absl::StatusOr<Evaluation> Evaluate(Model& model, const LabeledImages& test,
     GatherBatch(test, indices, begin, n, &images, &labels);
     ASSIGN_OR_RETURN(const Tensor* logits, model.Forward(images));
     const int64_t k = logits->shape[1];
-    ASSIGN_OR_RETURN(float loss, HostSoftmaxCrossEntropy(logits->data.data(),
-                                                         n, k, labels,
-                                                         nullptr));
+    ASSIGN_OR_RETURN(float loss, HostSoftmaxCrossEntropy(logits->data.data(), n,
+                                                         k, labels, nullptr));
     loss_sum += double{loss} * n;
     for (int64_t i = 0; i < n; ++i) {
       const float* row = &logits->data[i * k];
@@ -69,16 +68,15 @@ absl::StatusOr<TrainerOutput> RunWorker(const TrainerOptions& options,
   ModelOptions model_options;
   model_options.seed = options.seed;
   model_options.dropout_seed = options.seed * 7919 + options.worker_id;
-  ASSIGN_OR_RETURN(std::unique_ptr<Model> model,
-                   Model::Create(options.model, dataset.train.chw,
-                                 dataset.num_classes, model_options,
-                                 backend.get()));
   ASSIGN_OR_RETURN(
-      PartitionPlan plan,
-      PartitionPlan::Create(model->PsTensorNumElements(),
-                            options.partition_bytes,
-                            static_cast<int>(options.ps_addresses.size()),
-                            static_cast<int>(model->buffers().size())));
+      std::unique_ptr<Model> model,
+      Model::Create(options.model, dataset.train.chw, dataset.num_classes,
+                    model_options, backend.get()));
+  ASSIGN_OR_RETURN(PartitionPlan plan,
+                   PartitionPlan::Create(
+                       model->PsTensorNumElements(), options.partition_bytes,
+                       static_cast<int>(options.ps_addresses.size()),
+                       static_cast<int>(model->buffers().size())));
   PsClientOptions client_options;
   client_options.addresses = options.ps_addresses;
   client_options.job_id = options.job_id;
@@ -127,10 +125,9 @@ absl::StatusOr<TrainerOutput> RunWorker(const TrainerOptions& options,
         "per sample; %zu chunks on %d shards; %lld steps per epoch per "
         "worker\n",
         options.model.c_str(), backend->name().c_str(),
-        static_cast<long long>(model->NumParameters()),
-        model->buffers().size(), 2.0 * model->ForwardMacsPerSample() / 1e6,
-        plan.chunks().size(), plan.num_shards(),
-        static_cast<long long>(steps_per_epoch));
+        static_cast<long long>(model->NumParameters()), model->buffers().size(),
+        2.0 * model->ForwardMacsPerSample() / 1e6, plan.chunks().size(),
+        plan.num_shards(), static_cast<long long>(steps_per_epoch));
     std::fflush(stdout);
   }
 

@@ -104,7 +104,8 @@ class CudaBackend final : public Backend {
     name_ = absl::StrCat("cuda:", gpu, " (", prop.name, ")");
     CUDA_RETURN_IF_ERROR(
         cudaStreamCreateWithFlags(&compute_, cudaStreamNonBlocking));
-    CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&copy_, cudaStreamNonBlocking));
+    CUDA_RETURN_IF_ERROR(
+        cudaStreamCreateWithFlags(&copy_, cudaStreamNonBlocking));
     CUDA_RETURN_IF_ERROR(
         cudaEventCreateWithFlags(&compute_done_, cudaEventDisableTiming));
     CUDA_RETURN_IF_ERROR(
@@ -115,7 +116,8 @@ class CudaBackend final : public Backend {
     CUDA_RETURN_IF_ERROR(cublasSetStream(cublas_, compute_));
     // TF32 tensor cores for fp32 GEMMs (PyTorch's default for cuDNN
     // convolutions; documented in models/backend.h).
-    CUDA_RETURN_IF_ERROR(cublasSetMathMode(cublas_, CUBLAS_TF32_TENSOR_OP_MATH));
+    CUDA_RETURN_IF_ERROR(
+        cublasSetMathMode(cublas_, CUBLAS_TF32_TENSOR_OP_MATH));
     return absl::OkStatus();
   }
 
@@ -127,9 +129,9 @@ class CudaBackend final : public Backend {
     const size_t bytes = sizeof(float) * std::max<int64_t>(elements, 1);
     cudaError_t e = cudaMalloc(&p, bytes);
     if (e != cudaSuccess) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          name_, ": cannot allocate ", bytes, " bytes: ",
-          cudaGetErrorString(e)));
+      return absl::ResourceExhaustedError(
+          absl::StrCat(name_, ": cannot allocate ", bytes,
+                       " bytes: ", cudaGetErrorString(e)));
     }
     return static_cast<float*>(p);
   }
@@ -139,9 +141,9 @@ class CudaBackend final : public Backend {
     const size_t bytes = sizeof(float) * std::max<int64_t>(elements, 1);
     cudaError_t e = cudaMallocHost(&p, bytes);
     if (e != cudaSuccess) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          name_, ": cannot allocate ", bytes, " pinned bytes: ",
-          cudaGetErrorString(e)));
+      return absl::ResourceExhaustedError(
+          absl::StrCat(name_, ": cannot allocate ", bytes,
+                       " pinned bytes: ", cudaGetErrorString(e)));
     }
     return static_cast<float*>(p);
   }
@@ -183,8 +185,7 @@ class CudaBackend final : public Backend {
       const LayerSpec& spec, std::vector<Param*> params,
       std::vector<Buffer*> buffers, uint64_t seed) override;
 
-  absl::Status Accumulate(const float* x, int64_t elements,
-                          float* y) override {
+  absl::Status Accumulate(const float* x, int64_t elements, float* y) override {
     CUDA_RETURN_IF_LAUNCH_ERROR(cuda::LaunchAdd(x, y, elements, y, compute_));
     return absl::OkStatus();
   }
@@ -202,8 +203,7 @@ class CudaBackend final : public Backend {
     for (int64_t i = 0; i < n; ++i) {
       if (labels[i] < 0 || labels[i] >= k) {
         return absl::InvalidArgumentError(absl::StrCat(
-            "label ", labels[i], " of sample ", i, " is outside [0, ", k,
-            ")"));
+            "label ", labels[i], " of sample ", i, " is outside [0, ", k, ")"));
       }
     }
     if (n > label_capacity_) {
@@ -327,9 +327,8 @@ class Conv2d final : public Layer {
     absl::StatusOr<void*> ws = b_->Workspace(workspace_bytes_);
     if (!ws.ok()) return ws.status();
     CUDA_RETURN_IF_ERROR(cudnnConvolutionForward(
-        b_->cudnn(), &kOne, x_.d, in[0]->data(), filter_,
-        weight_->value.data(), conv_, fwd_algo_, *ws, workspace_bytes_, &kZero,
-        y_.d, out->data()));
+        b_->cudnn(), &kOne, x_.d, in[0]->data(), filter_, weight_->value.data(),
+        conv_, fwd_algo_, *ws, workspace_bytes_, &kZero, y_.d, out->data()));
     if (bias_ != nullptr) {
       CUDA_RETURN_IF_ERROR(cudnnAddTensor(b_->cudnn(), &kOne, bias_desc_.d,
                                           bias_->value.data(), &kOne, y_.d,
@@ -356,9 +355,9 @@ class Conv2d final : public Layer {
     }
     if (din[0] != nullptr) {
       CUDA_RETURN_IF_ERROR(cudnnConvolutionBackwardData(
-          b_->cudnn(), &kOne, filter_, weight_->value.data(), y_.d,
-          dout.data(), conv_, bwd_data_algo_, *ws, workspace_bytes_, &kZero,
-          x_.d, din[0]->data()));
+          b_->cudnn(), &kOne, filter_, weight_->value.data(), y_.d, dout.data(),
+          conv_, bwd_data_algo_, *ws, workspace_bytes_, &kZero, x_.d,
+          din[0]->data()));
     }
     return absl::OkStatus();
   }
@@ -372,15 +371,16 @@ class Conv2d final : public Layer {
     if (s.ok()) s = bias_desc_.Set({1, spec_.out_channels, 1, 1});
     if (!s.ok()) return s;
     const int k = static_cast<int>(spec_.kernel);
-    CUDA_RETURN_IF_ERROR(cudnnSetFilter4dDescriptor(
-        filter_, CUDNN_DATA_FLOAT, CUDNN_TENSOR_NCHW,
-        static_cast<int>(spec_.out_channels),
-        static_cast<int>(spec_.in_channels), k, k));
+    CUDA_RETURN_IF_ERROR(
+        cudnnSetFilter4dDescriptor(filter_, CUDNN_DATA_FLOAT, CUDNN_TENSOR_NCHW,
+                                   static_cast<int>(spec_.out_channels),
+                                   static_cast<int>(spec_.in_channels), k, k));
     const int p = static_cast<int>(spec_.padding);
     const int st = static_cast<int>(spec_.stride);
     CUDA_RETURN_IF_ERROR(cudnnSetConvolution2dDescriptor(
         conv_, p, p, st, st, 1, 1, CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT));
-    CUDA_RETURN_IF_ERROR(cudnnSetConvolutionMathType(conv_, CUDNN_TENSOR_OP_MATH));
+    CUDA_RETURN_IF_ERROR(
+        cudnnSetConvolutionMathType(conv_, CUDNN_TENSOR_OP_MATH));
     // cudnnFind* times every algorithm on scratch tensors it allocates.
     int count = 0;
     cudnnConvolutionFwdAlgoPerf_t fwd[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
@@ -393,18 +393,19 @@ class Conv2d final : public Layer {
     }
     fwd_algo_ = fwd[0].algo;
     size_t bytes = fwd[0].memory;
-    cudnnConvolutionBwdDataAlgoPerf_t data[CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT];
+    cudnnConvolutionBwdDataAlgoPerf_t
+        data[CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT];
     CUDA_RETURN_IF_ERROR(cudnnFindConvolutionBackwardDataAlgorithm(
         b_->cudnn(), filter_, y_.d, conv_, x_.d,
         CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &count, data));
     if (count < 1 || data[0].status != CUDNN_STATUS_SUCCESS) {
-      return absl::InternalError(absl::StrCat(
-          LayerName(spec_), ": no cuDNN backward-data algorithm"));
+      return absl::InternalError(
+          absl::StrCat(LayerName(spec_), ": no cuDNN backward-data algorithm"));
     }
     bwd_data_algo_ = data[0].algo;
     bytes = std::max(bytes, data[0].memory);
-    cudnnConvolutionBwdFilterAlgoPerf_t filt
-        [CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT];
+    cudnnConvolutionBwdFilterAlgoPerf_t
+        filt[CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT];
     CUDA_RETURN_IF_ERROR(cudnnFindConvolutionBackwardFilterAlgorithm(
         b_->cudnn(), x_.d, y_.d, conv_, filter_,
         CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &count, filt));
@@ -435,8 +436,8 @@ class Conv2d final : public Layer {
 // (unbiased) variance with factor `momentum`, as PyTorch does.
 class BatchNorm2d final : public Layer {
  public:
-  BatchNorm2d(CudaBackend* b, const LayerSpec& spec,
-              std::vector<Param*> params, std::vector<Buffer*> buffers)
+  BatchNorm2d(CudaBackend* b, const LayerSpec& spec, std::vector<Param*> params,
+              std::vector<Buffer*> buffers)
       : b_(b),
         spec_(spec),
         weight_(params[0]),
@@ -592,9 +593,9 @@ class Pool2d final : public Layer {
         spec_.type == LayerType::kMaxPool2d
             ? CUDNN_POOLING_MAX
             : CUDNN_POOLING_AVERAGE_COUNT_INCLUDE_PADDING;
-    CUDA_RETURN_IF_ERROR(cudnnSetPooling2dDescriptor(
-        pool_, mode, CUDNN_NOT_PROPAGATE_NAN, kh, kw, pad, pad, stride,
-        stride));
+    CUDA_RETURN_IF_ERROR(
+        cudnnSetPooling2dDescriptor(pool_, mode, CUDNN_NOT_PROPAGATE_NAN, kh,
+                                    kw, pad, pad, stride, stride));
     return absl::OkStatus();
   }
 
@@ -666,9 +667,8 @@ class Add final : public Layer {
   explicit Add(CudaBackend* b) : b_(b) {}
   absl::Status Forward(absl::Span<const DeviceTensor* const> in,
                        DeviceTensor* out, bool training) override {
-    CUDA_RETURN_IF_LAUNCH_ERROR(cuda::LaunchAdd(in[0]->data(), in[1]->data(),
-                                                out->size(), out->data(),
-                                                b_->compute()));
+    CUDA_RETURN_IF_LAUNCH_ERROR(cuda::LaunchAdd(
+        in[0]->data(), in[1]->data(), out->size(), out->data(), b_->compute()));
     return absl::OkStatus();
   }
   absl::Status Backward(absl::Span<const DeviceTensor* const> in,
@@ -715,10 +715,10 @@ class Dropout final : public Layer {
     }
     absl::Status s = mask_.Resize(in[0]->shape());
     if (!s.ok()) return s;
-    CUDA_RETURN_IF_LAUNCH_ERROR(cuda::LaunchDropout(
-        in[0]->data(), in[0]->size(), 1.0f - spec_.dropout,
-        seed_ + 0x9E3779B97F4A7C15ull * ++calls_, mask_.data(), out->data(),
-        b_->compute()));
+    CUDA_RETURN_IF_LAUNCH_ERROR(
+        cuda::LaunchDropout(in[0]->data(), in[0]->size(), 1.0f - spec_.dropout,
+                            seed_ + 0x9E3779B97F4A7C15ull * ++calls_,
+                            mask_.data(), out->data(), b_->compute()));
     return absl::OkStatus();
   }
   absl::Status Backward(absl::Span<const DeviceTensor* const> in,

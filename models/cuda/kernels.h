@@ -28,9 +28,8 @@ cudaError_t LaunchAdd(const float* a, const float* b, int64_t n, float* out,
 // mask[i] = (hash(seed, i) < keep) ? 1 / keep : 0; y = x * mask. The hash is
 // a counter-based generator (SplitMix64 of seed and index), so no state
 // lives on the device.
-cudaError_t LaunchDropout(const float* x, int64_t n, float keep,
-                          uint64_t seed, float* mask, float* y,
-                          cudaStream_t stream);
+cudaError_t LaunchDropout(const float* x, int64_t n, float keep, uint64_t seed,
+                          float* mask, float* y, cudaStream_t stream);
 
 // out = a * b, elementwise.
 cudaError_t LaunchMultiply(const float* a, const float* b, int64_t n,

@@ -1,0 +1,165 @@
+// Test helper: one layer on a backend with its own parameters and buffers,
+// driven by host vectors (copied to and from the backend's memory).
+#ifndef PSTRAIN_MODELS_LAYER_HARNESS_H_
+#define PSTRAIN_MODELS_LAYER_HARNESS_H_
+
+#include <algorithm>
+#include <memory>
+#include <random>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "models/backend.h"
+#include "models/layer_spec.h"
+
+namespace pstrain {
+
+// The values of `t` in memory order, copied to the host.
+inline std::vector<float> Values(const DeviceTensor& t) {
+  std::vector<float> v(t.size());
+  Backend* b = t.backend();
+  EXPECT_TRUE(b->CopyToHost(t.data(), t.size(), v.data()).ok());
+  EXPECT_TRUE(b->Synchronize().ok());
+  return v;
+}
+
+// One layer on the CPU backend with its own parameters and buffers.
+class Harness {
+ public:
+  // Parameters are drawn from U(-1, 1) with `seed` (the same values on
+  // every backend).
+  Harness(Backend* backend, const LayerSpec& spec, uint64_t seed = 1)
+      : backend_(backend), spec_(spec) {
+    const auto param_specs = ParamSpecs(spec);
+    const auto buffer_specs = BufferSpecs(spec);
+    params_.resize(param_specs.size());
+    buffers_.resize(buffer_specs.size());
+    std::vector<Param*> params;
+    std::vector<Buffer*> buffers;
+    std::mt19937_64 rng(seed);
+    std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+    for (size_t i = 0; i < param_specs.size(); ++i) {
+      params_[i].name = param_specs[i].name;
+      params_[i].value = DeviceTensor(backend_);
+      params_[i].grad = DeviceTensor(backend_);
+      EXPECT_TRUE(params_[i].value.Resize(param_specs[i].shape).ok());
+      EXPECT_TRUE(params_[i].grad.Resize(param_specs[i].shape).ok());
+      std::vector<float> host(params_[i].value.size());
+      for (float& x : host) x = dist(rng);
+      SetValues(&params_[i].value, host);
+      params.push_back(&params_[i]);
+    }
+    for (size_t i = 0; i < buffer_specs.size(); ++i) {
+      buffers_[i].value = DeviceTensor(backend_);
+      EXPECT_TRUE(buffers_[i].value.Resize(buffer_specs[i].shape).ok());
+      SetValues(&buffers_[i].value,
+                std::vector<float>(
+                    buffers_[i].value.size(),
+                    buffer_specs[i].name == "running_var" ? 1.0f : 0.0f));
+      buffers.push_back(&buffers_[i]);
+    }
+    layer_ = *backend_->CreateLayer(spec, params, buffers, seed);
+  }
+
+  void SetValues(DeviceTensor* t, const std::vector<float>& values) {
+    EXPECT_EQ(static_cast<int64_t>(values.size()), t->size());
+    EXPECT_TRUE(
+        backend_->CopyToDevice(values.data(), t->size(), t->data()).ok());
+    EXPECT_TRUE(backend_->Synchronize().ok());
+  }
+
+  DeviceTensor Make(const Shape& shape, const std::vector<float>& values) {
+    DeviceTensor t(backend_);
+    EXPECT_TRUE(t.Resize(shape).ok());
+    EXPECT_EQ(static_cast<int64_t>(values.size()), t.size());
+    EXPECT_TRUE(backend_->CopyToDevice(values.data(), t.size(), t.data()).ok());
+    EXPECT_TRUE(backend_->Synchronize().ok());
+    return t;
+  }
+
+  // Forward of `inputs`; returns the output values.
+  std::vector<float> Forward(const std::vector<DeviceTensor*>& inputs,
+                             bool training = true) {
+    std::vector<const DeviceTensor*> in(inputs.begin(), inputs.end());
+    std::vector<Shape> shapes;
+    for (const DeviceTensor* t : in) shapes.push_back(t->shape());
+    out_ = DeviceTensor(backend_);
+    EXPECT_TRUE(out_.Resize(*OutputShape(spec_, shapes)).ok());
+    absl::Status s = layer_->Forward(in, &out_, training);
+    EXPECT_TRUE(s.ok()) << s;
+    return Values(out_);
+  }
+
+  // Backward of the last Forward with dLoss/dOut = `dout`; returns the
+  // input gradients.
+  std::vector<std::vector<float>> Backward(
+      const std::vector<DeviceTensor*>& inputs,
+      const std::vector<float>& dout) {
+    std::vector<const DeviceTensor*> in(inputs.begin(), inputs.end());
+    DeviceTensor d = Make(out_.shape(), dout);
+    d.set_layout(out_.layout());
+    std::vector<DeviceTensor> din_store;
+    for (const DeviceTensor* t : in) {
+      din_store.emplace_back(backend_);
+      EXPECT_TRUE(din_store.back().Resize(t->shape()).ok());
+    }
+    std::vector<DeviceTensor*> din;
+    for (DeviceTensor& t : din_store) din.push_back(&t);
+    absl::Status s = layer_->Backward(in, out_, d, din);
+    EXPECT_TRUE(s.ok()) << s;
+    std::vector<std::vector<float>> result;
+    for (DeviceTensor& t : din_store) result.push_back(Values(t));
+    return result;
+  }
+
+  std::vector<Param>& params() { return params_; }
+  std::vector<Buffer>& buffers() { return buffers_; }
+  const Shape& out_shape() const { return out_.shape(); }
+
+ private:
+  Backend* backend_;
+  LayerSpec spec_;
+  std::vector<Param> params_;
+  std::vector<Buffer> buffers_;
+  std::unique_ptr<Layer> layer_;
+  DeviceTensor out_;
+};
+
+// The layer cases both the CPU test (against PyTorch fixtures) and the GPU
+// test (against the CPU backend) run; names match
+// testdata/gen_layers_fixture.py.
+struct LayerCase {
+  std::string name;
+  LayerSpec spec;
+  Shape shape;
+  int num_inputs = 1;
+};
+
+inline std::vector<LayerCase> LayerCases() {
+  return {
+      {"conv_bias", LayerSpec::Conv2d(3, 4, 3, 1, 1, true), {2, 3, 5, 5}},
+      {"conv_stride2_nobias",
+       LayerSpec::Conv2d(3, 4, 3, 2, 1, false),
+       {2, 3, 6, 6}},
+      {"conv1x1_stride2",
+       LayerSpec::Conv2d(4, 6, 1, 2, 0, false),
+       {2, 4, 5, 5}},
+      {"conv7x7_stride2",
+       LayerSpec::Conv2d(3, 4, 7, 2, 3, false),
+       {1, 3, 9, 9}},
+      {"batchnorm", LayerSpec::BatchNorm2d(3), {4, 3, 3, 2}},
+      {"relu", LayerSpec::Relu(), {2, 3, 4, 4}},
+      {"maxpool3s2p1", LayerSpec::MaxPool2d(3, 2, 1), {2, 3, 6, 7}},
+      {"maxpool2", LayerSpec::MaxPool2d(2, 2, 0), {2, 2, 6, 6}},
+      {"avgpool2", LayerSpec::AvgPool2d(2, 2, 0), {2, 2, 6, 4}},
+      {"avgpool3s2p1", LayerSpec::AvgPool2d(3, 2, 1), {2, 2, 5, 5}},
+      {"globalavgpool", LayerSpec::GlobalAvgPool(), {2, 4, 3, 5}},
+      {"linear", LayerSpec::Linear(12, 5), {3, 12}},
+      {"flatten", LayerSpec::Flatten(), {2, 3, 2, 2}},
+      {"add", LayerSpec::Add(), {2, 3, 2, 2}, 2},
+  };
+}
+
+}  // namespace pstrain
+
+#endif  // PSTRAIN_MODELS_LAYER_HARNESS_H_
