@@ -118,5 +118,26 @@ TEST_P(SyncEquivalenceTest, TwoWorkersOfBatch32EqualOneWorkerOfBatch64) {
 INSTANTIATE_TEST_SUITE_P(Models, SyncEquivalenceTest,
                          ::testing::Values("mlp", "lenet5"));
 
+// ResNet-18's 20 BatchNorm layers end to end: their running statistics
+// travel to the PS as buffers and come back (averaged; the arithmetic is in
+// server/parameter_shard_test), so both workers end with identical buffers
+// (Train checks every PS tensor is equal), moved from their initial 0
+// (mean) and 1 (variance).
+TEST(BatchNormOnPs, WorkersEndWithTheSameAveragedRunningStatistics) {
+  const Dataset data = MakeDataset(64);
+  const auto weights = Train(data, "resnet18", 2, 4, 2);
+  ASSERT_GE(weights.size(), 40u);
+  const size_t first_buffer = weights.size() - 40;
+  double mean_moved = 0, var_moved = 0;
+  for (size_t b = first_buffer; b < weights.size(); ++b) {
+    const bool is_var = (b - first_buffer) % 2 == 1;
+    for (float v : weights[b]) {
+      (is_var ? var_moved : mean_moved) += std::fabs(v - (is_var ? 1.0 : 0.0));
+    }
+  }
+  EXPECT_GT(mean_moved, 1e-3);
+  EXPECT_GT(var_moved, 1e-3);
+}
+
 }  // namespace
 }  // namespace pstrain

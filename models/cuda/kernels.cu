@@ -1,6 +1,6 @@
-#include "models/cuda/kernels.h"
-
 #include <cstdint>
+
+#include "models/cuda/kernels.h"
 
 namespace pstrain {
 namespace cuda {
@@ -22,19 +22,22 @@ __global__ void SoftmaxCrossEntropyKernel(const float* logits,
   for (int64_t row = blockIdx.x; row < n; row += gridDim.x) {
     const float* x = logits + row * k;
     float max = -INFINITY;
-    for (int64_t j = threadIdx.x; j < k; j += blockDim.x) max = fmaxf(max, x[j]);
+    for (int64_t j = threadIdx.x; j < k; j += blockDim.x)
+      max = fmaxf(max, x[j]);
     shared[threadIdx.x] = max;
     __syncthreads();
     for (int s = blockDim.x / 2; s > 0; s >>= 1) {
       if (threadIdx.x < s) {
-        shared[threadIdx.x] = fmaxf(shared[threadIdx.x], shared[threadIdx.x + s]);
+        shared[threadIdx.x] =
+            fmaxf(shared[threadIdx.x], shared[threadIdx.x + s]);
       }
       __syncthreads();
     }
     max = shared[0];
     __syncthreads();
     float sum = 0.0f;
-    for (int64_t j = threadIdx.x; j < k; j += blockDim.x) sum += expf(x[j] - max);
+    for (int64_t j = threadIdx.x; j < k; j += blockDim.x)
+      sum += expf(x[j] - max);
     shared[threadIdx.x] = sum;
     __syncthreads();
     for (int s = blockDim.x / 2; s > 0; s >>= 1) {
@@ -97,8 +100,8 @@ cudaError_t LaunchSoftmaxCrossEntropy(const float* logits,
                                       int64_t k, float* dlogits, float* loss,
                                       cudaStream_t stream) {
   const int blocks = static_cast<int>(n < 65535 ? (n > 0 ? n : 1) : 65535);
-  SoftmaxCrossEntropyKernel<<<blocks, kThreads, 0, stream>>>(
-      logits, labels, n, k, dlogits, loss);
+  SoftmaxCrossEntropyKernel<<<blocks, kThreads, 0, stream>>>(logits, labels, n,
+                                                             k, dlogits, loss);
   return cudaGetLastError();
 }
 
@@ -108,9 +111,8 @@ cudaError_t LaunchAdd(const float* a, const float* b, int64_t n, float* out,
   return cudaGetLastError();
 }
 
-cudaError_t LaunchDropout(const float* x, int64_t n, float keep,
-                          uint64_t seed, float* mask, float* y,
-                          cudaStream_t stream) {
+cudaError_t LaunchDropout(const float* x, int64_t n, float keep, uint64_t seed,
+                          float* mask, float* y, cudaStream_t stream) {
   DropoutKernel<<<Blocks(n), kThreads, 0, stream>>>(x, n, keep, seed, mask, y);
   return cudaGetLastError();
 }
