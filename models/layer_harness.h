@@ -125,6 +125,31 @@ class Harness {
   DeviceTensor out_;
 };
 
+// Checks inverted dropout with p = 0.3 on `h` (a Dropout(0.3) harness): in
+// training, about 30% of 4000 ones are zeroed and the rest scaled by 1/0.7
+// (5 standard deviations either side), and the backward multiplies the
+// gradient by the same mask.
+inline void ExpectInvertedDropout(Harness& h) {
+  const std::vector<float> ones(4000, 1.0f);
+  DeviceTensor x = h.Make({4, 1000}, ones);
+  const std::vector<float> out = h.Forward({&x});
+  int zeros = 0;
+  for (float v : out) {
+    if (v == 0.0f) {
+      ++zeros;
+    } else {
+      EXPECT_FLOAT_EQ(v, 1.0f / 0.7f);
+    }
+  }
+  // 4000 Bernoulli(0.3) draws: mean 1200, sd 29.
+  EXPECT_NEAR(zeros, 1200, 145);
+  const std::vector<float> din =
+      h.Backward({&x}, std::vector<float>(ones.size(), 2.0f))[0];
+  for (size_t i = 0; i < din.size(); ++i) {
+    EXPECT_FLOAT_EQ(din[i], out[i] * 2.0f);
+  }
+}
+
 // The layer cases both the CPU test (against PyTorch fixtures) and the GPU
 // test (against the CPU backend) run; names match
 // testdata/gen_layers_fixture.py.

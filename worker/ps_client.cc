@@ -233,16 +233,22 @@ absl::StatusOr<StatsResponse> PsClient::Stats(int shard) {
   return response;
 }
 
-absl::Status PsClient::Done() {
+absl::Status PsClient::CloseStreams() {
   absl::Status first_error;
   for (int s = 0; s < num_shards(); ++s) {
-    if (streams_[s].stream != nullptr) {
-      streams_[s].stream->WritesDone();
-      const grpc::Status status = streams_[s].stream->Finish();
-      streams_[s].stream.reset();
-      streams_[s].context.reset();
-      if (!status.ok() && first_error.ok()) first_error = ShardError(s, status);
-    }
+    if (streams_[s].stream == nullptr) continue;
+    streams_[s].stream->WritesDone();
+    const grpc::Status status = streams_[s].stream->Finish();
+    streams_[s].stream.reset();
+    streams_[s].context.reset();
+    if (!status.ok() && first_error.ok()) first_error = ShardError(s, status);
+  }
+  return first_error;
+}
+
+absl::Status PsClient::Done() {
+  absl::Status first_error = CloseStreams();
+  for (int s = 0; s < num_shards(); ++s) {
     grpc::ClientContext context;
     SetDeadline(&context, options_.rpc_timeout);
     WorkerDoneRequest request;

@@ -70,6 +70,13 @@ class PsClient {
 
   absl::StatusOr<StatsResponse> Stats(int shard);
 
+  // Half-closes and finishes every PushPull stream; the next PushPull opens
+  // new ones. Called before work that leaves the streams idle for long (a
+  // minutes-long evaluation): gRPC's synchronous client reads keepalive ping
+  // acks only while a call polls, so an idle stream can die with "keepalive
+  // watchdog timeout". Errors: the first stream's final status.
+  absl::Status CloseStreams();
+
   // Tells every shard this worker has finished and closes the streams.
   absl::Status Done();
 

@@ -180,6 +180,8 @@ absl::StatusOr<TrainerOutput> RunWorker(const TrainerOptions& options,
         absl::ToDoubleSeconds(absl::Now() - epoch_start);
     train_seconds += epoch_seconds;
     if (chief && options.evaluate) {
+      // No stream may sit idle through the evaluation (see CloseStreams).
+      RETURN_IF_ERROR(client->CloseStreams());
       const absl::Time test_start = absl::Now();
       // The other workers wait at the next step's barrier (or have
       // finished): evaluate with every core.

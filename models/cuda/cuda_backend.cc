@@ -125,27 +125,11 @@ class CudaBackend final : public Backend {
   bool host_memory() const override { return false; }
 
   absl::StatusOr<float*> Allocate(int64_t elements) override {
-    void* p = nullptr;
-    const size_t bytes = sizeof(float) * std::max<int64_t>(elements, 1);
-    cudaError_t e = cudaMalloc(&p, bytes);
-    if (e != cudaSuccess) {
-      return absl::ResourceExhaustedError(
-          absl::StrCat(name_, ": cannot allocate ", bytes,
-                       " bytes: ", cudaGetErrorString(e)));
-    }
-    return static_cast<float*>(p);
+    return AllocateWith(cudaMalloc, "device", elements);
   }
   void Free(float* data) override { cudaFree(data); }
   absl::StatusOr<float*> AllocateHost(int64_t elements) override {
-    void* p = nullptr;
-    const size_t bytes = sizeof(float) * std::max<int64_t>(elements, 1);
-    cudaError_t e = cudaMallocHost(&p, bytes);
-    if (e != cudaSuccess) {
-      return absl::ResourceExhaustedError(
-          absl::StrCat(name_, ": cannot allocate ", bytes,
-                       " pinned bytes: ", cudaGetErrorString(e)));
-    }
-    return static_cast<float*>(p);
+    return AllocateWith(cudaMallocHost, "pinned host", elements);
   }
   void FreeHost(float* data) override { cudaFreeHost(data); }
 
@@ -284,6 +268,20 @@ class CudaBackend final : public Backend {
   }
 
  private:
+  // RESOURCE_EXHAUSTED naming the bytes and `kind` of memory on failure.
+  absl::StatusOr<float*> AllocateWith(cudaError_t (*allocate)(void**, size_t),
+                                      const char* kind, int64_t elements) {
+    void* p = nullptr;
+    const size_t bytes = sizeof(float) * std::max<int64_t>(elements, 1);
+    const cudaError_t e = allocate(&p, bytes);
+    if (e != cudaSuccess) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat(name_, ": cannot allocate ", bytes, " bytes of ", kind,
+                       " memory: ", cudaGetErrorString(e)));
+    }
+    return static_cast<float*>(p);
+  }
+
   int gpu_ = 0;
   std::string name_;
   cudaStream_t compute_ = nullptr;
