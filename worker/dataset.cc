@@ -161,6 +161,11 @@ std::string KnownDatasets() {
   return "cifar10, fashion_mnist, mnist, synthetic";
 }
 
+bool IsKnownDataset(const std::string& name) {
+  return name == "cifar10" || name == "fashion_mnist" || name == "mnist" ||
+         name == "synthetic";
+}
+
 absl::StatusOr<LabeledImages> ReadCifarBatch(const std::string& path) {
   constexpr int64_t kRecord = 1 + 3 * 32 * 32;
   struct stat st;

@@ -94,6 +94,7 @@ absl::StatusOr<Dataset> LoadDataset(const std::string& name,
 absl::StatusOr<LabeledImages> ReadCifarBatch(const std::string& path);
 
 std::string KnownDatasets();
+bool IsKnownDataset(const std::string& name);
 
 // Splits each epoch's shuffled order of the training set among workers the
 // way PyTorch's DistributedSampler does: worker w of W takes positions

@@ -1,0 +1,170 @@
+#include "coordinator/job_spec.h"
+
+#include <map>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "google/protobuf/io/tokenizer.h"
+#include "google/protobuf/text_format.h"
+#include "models/model.h"
+#include "worker/dataset.h"
+
+namespace pstrain {
+namespace {
+
+// Keeps the first error the text-format parser reports.
+class FirstError : public google::protobuf::io::ErrorCollector {
+ public:
+  void AddError(int line, google::protobuf::io::ColumnNumber column,
+                const std::string& message) override {
+    if (!error_.empty()) return;
+    // The parser counts from 0.
+    error_ = absl::StrCat(line + 1, ":", column + 1, ": ", message);
+  }
+  const std::string& error() const { return error_; }
+
+ private:
+  std::string error_;
+};
+
+absl::Status Bad(absl::string_view field, absl::string_view message) {
+  return absl::InvalidArgumentError(absl::StrCat(field, ": ", message));
+}
+
+absl::Status CheckHosts(
+    const google::protobuf::RepeatedPtrField<HostPort>& hosts,
+    const char* field, int count) {
+  if (!hosts.empty() && hosts.size() != count) {
+    return Bad(field, absl::StrCat(hosts.size(), " entries; expected ", count,
+                                   " (one per task) or none"));
+  }
+  for (int i = 0; i < hosts.size(); ++i) {
+    const std::string name = absl::StrCat(field, "[", i, "]");
+    if (hosts[i].host().empty()) return Bad(name, "host is empty");
+    if (hosts[i].port() < 0 || hosts[i].port() > 65535) {
+      return Bad(name,
+                 absl::StrCat("port ", hosts[i].port(), "; expected 0..65535"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+void ApplyJobDefaults(JobSpec* spec) {
+  if (spec->model().empty()) spec->set_model("lenet5");
+  if (spec->dataset().empty()) spec->set_dataset("fashion_mnist");
+  if (spec->data_dir().empty()) {
+    spec->set_data_dir("/usr/share/datasets/fashion-mnist");
+  }
+  if (spec->backend().empty()) spec->set_backend("cpu");
+  if (spec->mode().empty()) spec->set_mode("sync");
+  if (spec->seed() == 0) spec->set_seed(1);
+  if (spec->partition_bytes() == 0) spec->set_partition_bytes(4 << 20);
+  OptimizerSpec* o = spec->mutable_optimizer();
+  if (!o->has_lr()) o->set_lr(1e-3);
+  if (!o->has_beta1()) o->set_beta1(0.9);
+  if (!o->has_beta2()) o->set_beta2(0.999);
+  if (!o->has_epsilon()) o->set_epsilon(1e-8);
+  if (!o->has_weight_decay()) o->set_weight_decay(0.0);
+}
+
+absl::Status ValidateJobSpec(const JobSpec& spec) {
+  if (!Model::IsKnown(spec.model())) {
+    return Bad("model", absl::StrCat("\"", spec.model(),
+                                     "\" is not a known model; expected one "
+                                     "of: ",
+                                     Model::KnownModels()));
+  }
+  if (!IsKnownDataset(spec.dataset())) {
+    return Bad("dataset", absl::StrCat("\"", spec.dataset(),
+                                       "\" is not a known dataset; expected "
+                                       "one of: ",
+                                       KnownDatasets()));
+  }
+  if (spec.backend() != "cpu" && spec.backend() != "cuda") {
+    return Bad("backend",
+               absl::StrCat("\"", spec.backend(), "\"; expected cpu or cuda"));
+  }
+  if (spec.mode() != "sync" && spec.mode() != "async") {
+    return Bad("mode",
+               absl::StrCat("\"", spec.mode(), "\"; expected sync or async"));
+  }
+  for (const auto& [field, value] :
+       {std::pair<const char*, int>{"num_ps", spec.num_ps()},
+        {"num_workers", spec.num_workers()},
+        {"batch_size", spec.batch_size()},
+        {"epochs", spec.epochs()}}) {
+    if (value < 1) return Bad(field, absl::StrCat(value, "; expected >= 1"));
+  }
+  if (spec.partition_bytes() < 4 || spec.partition_bytes() % 4 != 0) {
+    return Bad("partition_bytes",
+               absl::StrCat(spec.partition_bytes(),
+                            "; expected a positive multiple of 4"));
+  }
+  const OptimizerSpec& o = spec.optimizer();
+  if (!(o.lr() > 0)) {
+    return Bad("optimizer.lr", absl::StrCat(o.lr(), "; expected > 0"));
+  }
+  for (const auto& [field, value] :
+       {std::pair<const char*, double>{"optimizer.beta1", o.beta1()},
+        {"optimizer.beta2", o.beta2()}}) {
+    if (!(value >= 0 && value < 1)) {
+      return Bad(field, absl::StrCat(value, "; expected 0 <= beta < 1"));
+    }
+  }
+  if (!(o.epsilon() > 0)) {
+    return Bad("optimizer.epsilon",
+               absl::StrCat(o.epsilon(), "; expected > 0"));
+  }
+  if (!(o.weight_decay() >= 0)) {
+    return Bad("optimizer.weight_decay",
+               absl::StrCat(o.weight_decay(), "; expected >= 0"));
+  }
+  absl::Status s = CheckHosts(spec.ps_hosts(), "ps_hosts", spec.num_ps());
+  if (!s.ok()) return s;
+  s = CheckHosts(spec.worker_hosts(), "worker_hosts", spec.num_workers());
+  if (!s.ok()) return s;
+  // Every task needs its own address: the same host:port twice, in either
+  // list, would make the second task fail to bind.
+  std::map<std::pair<std::string, int>, std::string> seen;
+  for (const auto& [field, hosts] :
+       {std::pair<const char*,
+                  const google::protobuf::RepeatedPtrField<HostPort>*>{
+            "ps_hosts", &spec.ps_hosts()},
+        {"worker_hosts", &spec.worker_hosts()}}) {
+    for (int i = 0; i < hosts->size(); ++i) {
+      const HostPort& h = (*hosts)[i];
+      if (h.port() == 0) continue;
+      const std::string name = absl::StrCat(field, "[", i, "]");
+      auto [it, inserted] =
+          seen.emplace(std::make_pair(h.host(), h.port()), name);
+      if (!inserted) {
+        return Bad(name,
+                   absl::StrCat(h.host(), ":", h.port(),
+                                " is already the address of ", it->second));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<JobSpec> ParseJobSpec(absl::string_view text,
+                                     const std::string& source) {
+  JobSpec spec;
+  google::protobuf::TextFormat::Parser parser;
+  FirstError errors;
+  parser.RecordErrorsTo(&errors);
+  if (!parser.ParseFromString(std::string(text), &spec)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(source, ":", errors.error()));
+  }
+  ApplyJobDefaults(&spec);
+  absl::Status s = ValidateJobSpec(spec);
+  if (!s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(source, ": ", s.message()));
+  }
+  return spec;
+}
+
+}  // namespace pstrain
