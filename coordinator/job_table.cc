@@ -1,0 +1,298 @@
+#include "coordinator/job_table.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/flags_util.h"
+
+namespace pstrain {
+namespace {
+
+int64_t Ms(absl::Time t) { return absl::ToUnixMillis(t); }
+
+// The host:port the spec gives a task, or "an unassigned host".
+std::string PlannedAddress(const JobSpec& spec, TaskRole role, int index) {
+  const auto& hosts = role == ROLE_PS ? spec.ps_hosts() : spec.worker_hosts();
+  if (index >= hosts.size()) return "an unassigned host";
+  return absl::StrCat(hosts[index].host(), ":", hosts[index].port());
+}
+
+}  // namespace
+
+std::string TaskName(TaskRole role, int index) {
+  return absl::StrCat(role == ROLE_PS ? "ps " : "worker ", index);
+}
+
+bool JobEnded(JobState state) {
+  return state == JOB_SUCCEEDED || state == JOB_FAILED ||
+         state == JOB_CANCELLED;
+}
+
+JobTable::JobTable(std::string job_file) : job_file_(std::move(job_file)) {
+  table_.set_next_id(1);
+}
+
+absl::StatusOr<std::unique_ptr<JobTable>> JobTable::Load(
+    const std::string& job_file) {
+  std::string bytes;
+  absl::Status s = ReadFile(job_file, &bytes);
+  if (!s.ok()) return s;
+  auto table = std::make_unique<JobTable>(job_file);
+  absl::MutexLock lock(&table->mu_);
+  if (!table->table_.ParseFromString(bytes)) {
+    return absl::DataLossError(
+        absl::StrCat(job_file, ": not a pstrain job table"));
+  }
+  return table;
+}
+
+absl::Status JobTable::Persist() {
+  if (job_file_.empty()) return absl::OkStatus();
+  return WriteFileAtomically(job_file_, table_.SerializeAsString());
+}
+
+JobInfo* JobTable::Find(const std::string& id) {
+  for (JobInfo& job : *table_.mutable_jobs()) {
+    if (job.id() == id) return &job;
+  }
+  return nullptr;
+}
+
+absl::StatusOr<TaskInfo*> JobTable::FindTask(JobInfo* job, TaskRole role,
+                                             int index) {
+  if (role != ROLE_PS && role != ROLE_WORKER) {
+    return absl::InvalidArgumentError("task role must be ps or worker");
+  }
+  const int count =
+      role == ROLE_PS ? job->spec().num_ps() : job->spec().num_workers();
+  if (index < 0 || index >= count) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        job->id(), ": ", TaskName(role, index), " is outside the job's ", count,
+        " ", role == ROLE_PS ? "ps" : "worker", " tasks"));
+  }
+  const int offset = role == ROLE_PS ? 0 : job->spec().num_ps();
+  return job->mutable_tasks(offset + index);
+}
+
+void JobTable::End(JobInfo* job, JobState state, const std::string& message,
+                   absl::Time now) {
+  job->set_state(state);
+  job->set_message(message);
+  job->set_end_ms(Ms(now));
+}
+
+absl::StatusOr<std::string> JobTable::Submit(const JobSpec& spec,
+                                             absl::Time now) {
+  absl::MutexLock lock(&mu_);
+  JobInfo* job = table_.add_jobs();
+  job->set_id(absl::StrCat("job-", table_.next_id()));
+  table_.set_next_id(table_.next_id() + 1);
+  *job->mutable_spec() = spec;
+  job->set_state(JOB_PENDING);
+  job->set_submit_ms(Ms(now));
+  for (const auto& [role, count] :
+       {std::pair<TaskRole, int>{ROLE_PS, spec.num_ps()},
+        {ROLE_WORKER, spec.num_workers()}}) {
+    for (int i = 0; i < count; ++i) {
+      TaskInfo* task = job->add_tasks();
+      task->set_role(role);
+      task->set_index(i);
+      task->set_state(TASK_WAITING);
+    }
+  }
+  const std::string id = job->id();
+  absl::Status s = Persist();
+  if (!s.ok()) {
+    table_.mutable_jobs()->RemoveLast();
+    return s;
+  }
+  return id;
+}
+
+absl::Status JobTable::Register(const std::string& id, TaskRole role, int index,
+                                const std::string& address, absl::Time now) {
+  absl::MutexLock lock(&mu_);
+  JobInfo* job = Find(id);
+  if (job == nullptr) return absl::NotFoundError("unknown job " + id);
+  absl::StatusOr<TaskInfo*> task = FindTask(job, role, index);
+  if (!task.ok()) return task.status();
+  if (JobEnded(job->state())) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(id, " has ended: ", job->message()));
+  }
+  if ((*task)->state() != TASK_WAITING) {
+    if ((*task)->address() == address) return absl::OkStatus();
+    return absl::AlreadyExistsError(absl::StrCat(
+        id, ": ", TaskName(role, index), " already registered from ",
+        (*task)->address(), "; refusing ", address));
+  }
+  (*task)->set_state(TASK_REGISTERED);
+  (*task)->set_address(address);
+  (*task)->set_last_heartbeat_ms(Ms(now));
+  bool all = true;
+  for (const TaskInfo& t : job->tasks()) all &= t.state() != TASK_WAITING;
+  if (all) job->set_state(JOB_RUNNING);
+  return Persist();
+}
+
+absl::StatusOr<std::vector<std::string>> JobTable::WaitForLayout(
+    const std::string& id, absl::Time deadline) {
+  absl::MutexLock lock(&mu_);
+  auto ready = [this, &id]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    JobInfo* job = Find(id);
+    return job == nullptr || job->state() != JOB_PENDING;
+  };
+  mu_.AwaitWithDeadline(absl::Condition(&ready), deadline);
+  JobInfo* job = Find(id);
+  if (job == nullptr) return absl::NotFoundError("unknown job " + id);
+  if (JobEnded(job->state())) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(id, " has ended: ", job->message()));
+  }
+  if (job->state() == JOB_PENDING) {
+    std::vector<std::string> missing;
+    for (const TaskInfo& t : job->tasks()) {
+      if (t.state() == TASK_WAITING) {
+        missing.push_back(TaskName(t.role(), t.index()));
+      }
+    }
+    return absl::DeadlineExceededError(
+        absl::StrCat(id, ": still waiting for ", absl::StrJoin(missing, ", ")));
+  }
+  std::vector<std::string> addresses;
+  for (const TaskInfo& t : job->tasks()) addresses.push_back(t.address());
+  return addresses;
+}
+
+absl::StatusOr<JobState> JobTable::Heartbeat(const std::string& id,
+                                             TaskRole role, int index,
+                                             absl::Time now) {
+  absl::MutexLock lock(&mu_);
+  JobInfo* job = Find(id);
+  if (job == nullptr) return absl::NotFoundError("unknown job " + id);
+  absl::StatusOr<TaskInfo*> task = FindTask(job, role, index);
+  if (!task.ok()) return task.status();
+  if ((*task)->state() == TASK_REGISTERED) {
+    (*task)->set_last_heartbeat_ms(Ms(now));
+  }
+  // Heartbeats are not persisted: a restarted coordinator restarts every
+  // task's timeout from its first check.
+  return job->state();
+}
+
+absl::Status JobTable::TaskFinished(const std::string& id, TaskRole role,
+                                    int index, bool ok,
+                                    const std::string& message,
+                                    absl::Time now) {
+  absl::MutexLock lock(&mu_);
+  JobInfo* job = Find(id);
+  if (job == nullptr) return absl::NotFoundError("unknown job " + id);
+  absl::StatusOr<TaskInfo*> task = FindTask(job, role, index);
+  if (!task.ok()) return task.status();
+  if (JobEnded(job->state())) return absl::OkStatus();
+  (*task)->set_state(ok ? TASK_DONE : TASK_FAILED);
+  (*task)->set_message(message);
+  if (!ok) {
+    End(job, JOB_FAILED,
+        absl::StrCat(TaskName(role, index), " on ", (*task)->address(),
+                     " failed: ", message),
+        now);
+  } else {
+    bool all_workers = true;
+    for (const TaskInfo& t : job->tasks()) {
+      if (t.role() == ROLE_WORKER) all_workers &= t.state() == TASK_DONE;
+    }
+    if (all_workers) End(job, JOB_SUCCEEDED, "", now);
+  }
+  return Persist();
+}
+
+absl::Status JobTable::Cancel(const std::string& id, absl::Time now) {
+  absl::MutexLock lock(&mu_);
+  JobInfo* job = Find(id);
+  if (job == nullptr) return absl::NotFoundError("unknown job " + id);
+  if (JobEnded(job->state())) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        id, " has already ended (", JobState_Name(job->state()), ")"));
+  }
+  End(job, JOB_CANCELLED, "cancelled", now);
+  return Persist();
+}
+
+std::vector<std::string> JobTable::CheckHeartbeats(absl::Time now,
+                                                   absl::Duration timeout) {
+  absl::MutexLock lock(&mu_);
+  std::vector<std::string> failed;
+  const int64_t limit = absl::ToInt64Milliseconds(timeout);
+  for (JobInfo& job : *table_.mutable_jobs()) {
+    if (JobEnded(job.state())) continue;
+    std::vector<std::string> problems;
+    for (TaskInfo& t : *job.mutable_tasks()) {
+      if (t.state() == TASK_REGISTERED &&
+          Ms(now) - t.last_heartbeat_ms() > limit) {
+        t.set_state(TASK_LOST);
+        problems.push_back(
+            absl::StrCat("lost ", TaskName(t.role(), t.index()), " on ",
+                         t.address(), ": no heartbeat for ",
+                         (Ms(now) - t.last_heartbeat_ms()) / 1000, " s"));
+      } else if (t.state() == TASK_WAITING &&
+                 Ms(now) - job.submit_ms() > limit) {
+        problems.push_back(
+            absl::StrCat("waiting for ", TaskName(t.role(), t.index()), " on ",
+                         PlannedAddress(job.spec(), t.role(), t.index()),
+                         " for ", (Ms(now) - job.submit_ms()) / 1000, " s"));
+      }
+    }
+    if (problems.empty()) continue;
+    End(&job, JOB_FAILED, absl::StrJoin(problems, "; "), now);
+    failed.push_back(job.id());
+  }
+  if (!failed.empty()) Persist().IgnoreError();
+  return failed;
+}
+
+absl::Status JobTable::Set(const std::string& id, const std::string& key,
+                           const std::string& value) {
+  absl::MutexLock lock(&mu_);
+  JobInfo* job = Find(id);
+  if (job == nullptr) return absl::NotFoundError("unknown job " + id);
+  (*job->mutable_kv())[key] = value;
+  return Persist();
+}
+
+absl::StatusOr<std::string> JobTable::WaitForKey(const std::string& id,
+                                                 const std::string& key,
+                                                 absl::Time deadline) {
+  absl::MutexLock lock(&mu_);
+  auto ready = [this, &id, &key]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    JobInfo* job = Find(id);
+    return job == nullptr || job->kv().contains(key) || JobEnded(job->state());
+  };
+  mu_.AwaitWithDeadline(absl::Condition(&ready), deadline);
+  JobInfo* job = Find(id);
+  if (job == nullptr) return absl::NotFoundError("unknown job " + id);
+  auto it = job->kv().find(key);
+  if (it != job->kv().end()) return it->second;
+  if (JobEnded(job->state())) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(id, " has ended: ", job->message()));
+  }
+  return absl::DeadlineExceededError(
+      absl::StrCat(id, ": key \"", key, "\" was not set in time"));
+}
+
+absl::StatusOr<JobInfo> JobTable::Get(const std::string& id) const {
+  absl::MutexLock lock(&mu_);
+  for (const JobInfo& job : table_.jobs()) {
+    if (job.id() == id) return job;
+  }
+  return absl::NotFoundError("unknown job " + id);
+}
+
+std::vector<JobInfo> JobTable::List() const {
+  absl::MutexLock lock(&mu_);
+  return std::vector<JobInfo>(table_.jobs().begin(), table_.jobs().end());
+}
+
+}  // namespace pstrain

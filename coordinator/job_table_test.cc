@@ -1,0 +1,213 @@
+#include "coordinator/job_table.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <random>
+#include <thread>
+
+#include "coordinator/job_spec.h"
+#include "gtest/gtest.h"
+
+namespace pstrain {
+namespace {
+
+const absl::Time kT0 = absl::FromUnixSeconds(1000000);
+
+JobSpec Spec() {
+  return *ParseJobSpec(
+      "num_ps: 2 num_workers: 2 batch_size: 8 epochs: 1 "
+      "ps_hosts { host: \"10.0.0.2\" port: 7000 } "
+      "ps_hosts { host: \"10.0.0.3\" port: 7000 } "
+      "worker_hosts { host: \"10.0.0.4\" port: 7001 } "
+      "worker_hosts { host: \"10.0.0.5\" port: 7001 }",
+      "test");
+}
+
+struct Task {
+  TaskRole role;
+  int index;
+  std::string address;
+};
+
+std::vector<Task> Tasks() {
+  return {{ROLE_PS, 0, "10.0.0.2:7000"},
+          {ROLE_PS, 1, "10.0.0.3:7000"},
+          {ROLE_WORKER, 0, "10.0.0.4:7001"},
+          {ROLE_WORKER, 1, "10.0.0.5:7001"}};
+}
+
+std::string TempFile(const std::string& name) {
+  return std::string(std::getenv("TEST_TMPDIR")) + "/" + name;
+}
+
+TEST(JobTableTest, PendingRunningSucceeded) {
+  JobTable table;
+  const std::string id = *table.Submit(Spec(), kT0);
+  EXPECT_EQ(id, "job-1");
+  EXPECT_EQ(table.Get(id)->state(), JOB_PENDING);
+  for (const Task& t : Tasks()) {
+    ASSERT_TRUE(table.Register(id, t.role, t.index, t.address, kT0).ok());
+  }
+  EXPECT_EQ(table.Get(id)->state(), JOB_RUNNING);
+  EXPECT_EQ(*table.WaitForLayout(id, kT0),
+            (std::vector<std::string>{"10.0.0.2:7000", "10.0.0.3:7000",
+                                      "10.0.0.4:7001", "10.0.0.5:7001"}));
+  ASSERT_TRUE(table.TaskFinished(id, ROLE_WORKER, 0, true, "", kT0).ok());
+  EXPECT_EQ(table.Get(id)->state(), JOB_RUNNING);
+  ASSERT_TRUE(table.TaskFinished(id, ROLE_WORKER, 1, true, "", kT0).ok());
+  EXPECT_EQ(table.Get(id)->state(), JOB_SUCCEEDED);
+  // Heartbeats now tell the PS tasks to stop.
+  EXPECT_EQ(*table.Heartbeat(id, ROLE_PS, 0, kT0), JOB_SUCCEEDED);
+  EXPECT_EQ(table.Cancel(id, kT0).code(),
+            absl::StatusCode::kFailedPrecondition);
+}
+
+// Tasks register from threads in a random order, each twice (a retried
+// call); the layout is complete and in index order every time.
+TEST(JobTableTest, RegistrationInAnyOrderAndTwice) {
+  for (int trial = 0; trial < 20; ++trial) {
+    JobTable table;
+    const std::string id = *table.Submit(Spec(), kT0);
+    std::vector<Task> tasks = Tasks();
+    std::mt19937 rng(trial);
+    std::shuffle(tasks.begin(), tasks.end(), rng);
+    std::vector<std::thread> threads;
+    absl::StatusOr<std::vector<std::string>> layout;
+    std::thread waiter([&] {
+      layout = table.WaitForLayout(id, absl::Now() + absl::Seconds(10));
+    });
+    for (const Task& t : tasks) {
+      threads.emplace_back([&table, &id, t] {
+        EXPECT_TRUE(table.Register(id, t.role, t.index, t.address, kT0).ok());
+        EXPECT_TRUE(table.Register(id, t.role, t.index, t.address, kT0).ok());
+      });
+    }
+    for (std::thread& t : threads) t.join();
+    waiter.join();
+    ASSERT_TRUE(layout.ok()) << layout.status();
+    EXPECT_EQ((*layout)[3], "10.0.0.5:7001");
+  }
+}
+
+TEST(JobTableTest, BadRegistrationsAreRefusedAndChangeNothing) {
+  JobTable table;
+  const std::string id = *table.Submit(Spec(), kT0);
+  ASSERT_TRUE(table.Register(id, ROLE_WORKER, 1, "10.0.0.5:7001", kT0).ok());
+  absl::Status s = table.Register(id, ROLE_WORKER, 1, "10.0.0.9:7001", kT0);
+  EXPECT_EQ(s.code(), absl::StatusCode::kAlreadyExists);
+  EXPECT_EQ(s.message(),
+            "job-1: worker 1 already registered from 10.0.0.5:7001; refusing "
+            "10.0.0.9:7001");
+  s = table.Register(id, ROLE_WORKER, 2, "10.0.0.6:7001", kT0);
+  EXPECT_EQ(s.message(), "job-1: worker 2 is outside the job's 2 worker tasks");
+  EXPECT_EQ(table.Register("job-9", ROLE_PS, 0, "h:1", kT0).code(),
+            absl::StatusCode::kNotFound);
+  EXPECT_EQ(table.Get(id)->tasks(3).address(), "10.0.0.5:7001");
+  absl::StatusOr<std::vector<std::string>> layout =
+      table.WaitForLayout(id, absl::Now() + absl::Milliseconds(20));
+  EXPECT_EQ(layout.status().message(),
+            "job-1: still waiting for ps 0, ps 1, worker 0");
+}
+
+TEST(JobTableTest, SilentTaskIsLostAndTheJobFailsNamingIt) {
+  JobTable table;
+  const std::string id = *table.Submit(Spec(), kT0);
+  for (const Task& t : Tasks()) {
+    ASSERT_TRUE(table.Register(id, t.role, t.index, t.address, kT0).ok());
+  }
+  const absl::Duration timeout = absl::Seconds(30);
+  for (int s = 10; s <= 60; s += 10) {
+    for (const Task& t : Tasks()) {
+      if (t.role == ROLE_WORKER && t.index == 1) continue;  // Killed.
+      ASSERT_TRUE(
+          table.Heartbeat(id, t.role, t.index, kT0 + absl::Seconds(s)).ok());
+    }
+    const auto failed = table.CheckHeartbeats(kT0 + absl::Seconds(s), timeout);
+    // Silent since registering at 0 s: past the 30 s timeout at the check of
+    // 40 s, which fails the job once.
+    EXPECT_EQ(failed.empty(), s != 40) << s;
+  }
+  const JobInfo job = *table.Get(id);
+  EXPECT_EQ(job.state(), JOB_FAILED);
+  EXPECT_EQ(job.message(),
+            "lost worker 1 on 10.0.0.5:7001: no heartbeat for 40 s");
+  EXPECT_EQ(job.tasks(3).state(), TASK_LOST);
+  EXPECT_EQ(*table.Heartbeat(id, ROLE_PS, 0, kT0), JOB_FAILED);
+}
+
+TEST(JobTableTest, TaskThatNeverRegistersFailsTheJob) {
+  JobTable table;
+  const std::string id = *table.Submit(Spec(), kT0);
+  for (const Task& t : Tasks()) {
+    if (t.role == ROLE_WORKER && t.index == 1) continue;
+    ASSERT_TRUE(table.Register(id, t.role, t.index, t.address, kT0).ok());
+  }
+  EXPECT_TRUE(
+      table.CheckHeartbeats(kT0 + absl::Seconds(5), absl::Seconds(60)).empty());
+  table.CheckHeartbeats(kT0 + absl::Seconds(62), absl::Seconds(60));
+  EXPECT_EQ(table.Get(id)->message(),
+            "lost ps 0 on 10.0.0.2:7000: no heartbeat for 62 s; lost ps 1 on "
+            "10.0.0.3:7000: no heartbeat for 62 s; lost worker 0 on "
+            "10.0.0.4:7001: no heartbeat for 62 s; waiting for worker 1 on "
+            "10.0.0.5:7001 for 62 s");
+}
+
+TEST(JobTableTest, FailureAndCancelEndTheJob) {
+  JobTable table;
+  const std::string a = *table.Submit(Spec(), kT0);
+  const std::string b = *table.Submit(Spec(), kT0);
+  ASSERT_TRUE(table.Register(a, ROLE_WORKER, 0, "10.0.0.4:7001", kT0).ok());
+  ASSERT_TRUE(
+      table.TaskFinished(a, ROLE_WORKER, 0, false, "cannot bind", kT0).ok());
+  EXPECT_EQ(table.Get(a)->message(),
+            "worker 0 on 10.0.0.4:7001 failed: cannot bind");
+  ASSERT_TRUE(table.Cancel(b, kT0).ok());
+  EXPECT_EQ(table.Get(b)->state(), JOB_CANCELLED);
+  EXPECT_EQ(table.Register(b, ROLE_PS, 0, "h:1", kT0).code(),
+            absl::StatusCode::kFailedPrecondition);
+}
+
+TEST(JobTableTest, KeyValueStoreWaitsForKeys) {
+  JobTable table;
+  const std::string id = *table.Submit(Spec(), kT0);
+  EXPECT_EQ(
+      table.WaitForKey(id, "nccl_id", absl::Now() + absl::Milliseconds(10))
+          .status()
+          .message(),
+      "job-1: key \"nccl_id\" was not set in time");
+  std::thread setter([&] {
+    absl::SleepFor(absl::Milliseconds(20));
+    EXPECT_TRUE(table.Set(id, "nccl_id", std::string("\x01\x00\x02", 3)).ok());
+  });
+  absl::StatusOr<std::string> value =
+      table.WaitForKey(id, "nccl_id", absl::Now() + absl::Seconds(10));
+  setter.join();
+  ASSERT_TRUE(value.ok()) << value.status();
+  EXPECT_EQ(*value, std::string("\x01\x00\x02", 3));
+}
+
+TEST(JobTableTest, RestartFromTheJobFileKeepsJobs) {
+  const std::string path = TempFile("jobs.pb");
+  std::string id;
+  {
+    JobTable table(path);
+    id = *table.Submit(Spec(), kT0);
+    ASSERT_TRUE(table.Register(id, ROLE_PS, 0, "10.0.0.2:7000", kT0).ok());
+    ASSERT_TRUE(table.Set(id, "k", "v").ok());
+  }
+  absl::StatusOr<std::unique_ptr<JobTable>> loaded = JobTable::Load(path);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  const JobInfo job = *(*loaded)->Get(id);
+  EXPECT_EQ(job.state(), JOB_PENDING);
+  EXPECT_EQ(job.tasks(0).address(), "10.0.0.2:7000");
+  EXPECT_EQ(job.kv().at("k"), "v");
+  EXPECT_EQ(job.spec().num_workers(), 2);
+  // Ids keep counting after a restart.
+  EXPECT_EQ(*(*loaded)->Submit(Spec(), kT0), "job-2");
+
+  EXPECT_EQ(JobTable::Load(TempFile("none.pb")).status().code(),
+            absl::StatusCode::kNotFound);
+}
+
+}  // namespace
+}  // namespace pstrain
