@@ -1,0 +1,148 @@
+// The Coordinator service over real gRPC (an in-process server on a free
+// port): statuses and messages as clients see them.
+#include "coordinator/coordinator_service.h"
+
+#include <memory>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "grpcpp/grpcpp.h"
+#include "gtest/gtest.h"
+
+namespace pstrain {
+namespace {
+
+class CoordinatorServiceTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    service_ = std::make_unique<CoordinatorService>(&table_, absl::Seconds(5));
+    grpc::ServerBuilder builder;
+    int port = 0;
+    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(),
+                             &port);
+    builder.RegisterService(service_.get());
+    server_ = builder.BuildAndStart();
+    ASSERT_NE(port, 0);
+    stub_ = Coordinator::NewStub(grpc::CreateChannel(
+        absl::StrCat("127.0.0.1:", port), grpc::InsecureChannelCredentials()));
+  }
+  void TearDown() override { server_->Shutdown(); }
+
+  static void SetDeadline(grpc::ClientContext* c, int ms = 5000) {
+    c->set_deadline(std::chrono::system_clock::now() +
+                    std::chrono::milliseconds(ms));
+  }
+
+  grpc::Status Register(const std::string& id, TaskRole role, int index,
+                        const std::string& address) {
+    grpc::ClientContext c;
+    SetDeadline(&c);
+    RegisterRequest r;
+    r.mutable_task()->set_job_id(id);
+    r.mutable_task()->set_role(role);
+    r.mutable_task()->set_index(index);
+    r.set_address(address);
+    RegisterResponse response;
+    return stub_->Register(&c, r, &response);
+  }
+
+  JobTable table_;
+  std::unique_ptr<CoordinatorService> service_;
+  std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<Coordinator::Stub> stub_;
+};
+
+TEST_F(CoordinatorServiceTest, SubmitRegisterLayoutHeartbeatFinish) {
+  grpc::ClientContext c;
+  SetDeadline(&c);
+  SubmitRequest submit;
+  submit.mutable_spec()->set_num_ps(1);
+  submit.mutable_spec()->set_num_workers(2);
+  submit.mutable_spec()->set_batch_size(8);
+  submit.mutable_spec()->set_epochs(1);
+  SubmitResponse submitted;
+  ASSERT_TRUE(stub_->Submit(&c, submit, &submitted).ok());
+  const std::string id = submitted.job_id();
+  EXPECT_EQ(id, "job-1");
+
+  ClusterLayout layout;
+  grpc::Status layout_status;
+  std::thread waiter([&] {
+    grpc::ClientContext wc;
+    SetDeadline(&wc);
+    JobRequest r;
+    r.set_job_id(id);
+    layout_status = stub_->WaitForLayout(&wc, r, &layout);
+  });
+  ASSERT_TRUE(Register(id, ROLE_WORKER, 1, "w1:7001").ok());
+  ASSERT_TRUE(Register(id, ROLE_PS, 0, "p0:7000").ok());
+  ASSERT_TRUE(Register(id, ROLE_WORKER, 0, "w0:7001").ok());
+  waiter.join();
+  ASSERT_TRUE(layout_status.ok()) << layout_status.error_message();
+  EXPECT_EQ(layout.ps_addresses(0), "p0:7000");
+  EXPECT_EQ(layout.worker_addresses(1), "w1:7001");
+
+  grpc::ClientContext hc;
+  SetDeadline(&hc);
+  HeartbeatRequest hb;
+  hb.mutable_task()->set_job_id(id);
+  hb.mutable_task()->set_role(ROLE_PS);
+  HeartbeatResponse hr;
+  ASSERT_TRUE(stub_->Heartbeat(&hc, hb, &hr).ok());
+  EXPECT_EQ(hr.state(), JOB_RUNNING);
+
+  for (int w = 0; w < 2; ++w) {
+    grpc::ClientContext fc;
+    SetDeadline(&fc);
+    TaskFinishedRequest f;
+    f.mutable_task()->set_job_id(id);
+    f.mutable_task()->set_role(ROLE_WORKER);
+    f.mutable_task()->set_index(w);
+    f.set_ok(true);
+    TaskFinishedResponse fr;
+    ASSERT_TRUE(stub_->TaskFinished(&fc, f, &fr).ok());
+  }
+  grpc::ClientContext gc;
+  SetDeadline(&gc);
+  JobRequest get;
+  get.set_job_id(id);
+  JobInfo job;
+  ASSERT_TRUE(stub_->GetJob(&gc, get, &job).ok());
+  EXPECT_EQ(job.state(), JOB_SUCCEEDED);
+}
+
+TEST_F(CoordinatorServiceTest, ErrorsReachTheClientWithTheirCodes) {
+  grpc::ClientContext c;
+  SetDeadline(&c);
+  SubmitRequest submit;
+  submit.mutable_spec()->set_num_ps(1);
+  submit.mutable_spec()->set_num_workers(0);
+  SubmitResponse submitted;
+  grpc::Status s = stub_->Submit(&c, submit, &submitted);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(s.error_message(), "num_workers: 0; expected >= 1");
+
+  EXPECT_EQ(Register("job-7", ROLE_PS, 0, "h:1").error_code(),
+            grpc::StatusCode::NOT_FOUND);
+
+  // A wait is bounded by the caller's deadline and names what is missing.
+  grpc::ClientContext kc;
+  SetDeadline(&kc);
+  SubmitRequest ok = submit;
+  ok.mutable_spec()->set_num_workers(1);
+  ok.mutable_spec()->set_batch_size(1);
+  ok.mutable_spec()->set_epochs(1);
+  ASSERT_TRUE(stub_->Submit(&kc, ok, &submitted).ok());
+  grpc::ClientContext wc;
+  SetDeadline(&wc, 100);
+  KvWaitRequest wait;
+  wait.set_job_id(submitted.job_id());
+  wait.set_key("rendezvous");
+  KvWaitResponse value;
+  s = stub_->KvWait(&wc, wait, &value);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
+}
+
+}  // namespace
+}  // namespace pstrain
