@@ -28,6 +28,7 @@
 #include "google/protobuf/util/json_util.h"
 #include "models/model.h"
 #include "proto/results.pb.h"
+#include "tools/job_commands.h"
 #include "tools/local_cluster.h"
 #include "worker/data_flags.h"
 #include "worker/dataset.h"
@@ -310,15 +311,24 @@ int Run() {
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "pstrain run [--flags]: train a data-parallel job on this machine "
-      "(parameter-server shards and workers as local processes).");
+      "(parameter-server shards and workers as local processes).\n"
+      "pstrain submit JOB.pbtxt | status [ID] | cancel ID | wait ID "
+      "[--coordinator=HOST:PORT]: jobs on a pstrain_coordinator.");
   std::vector<char*> positional = absl::ParseCommandLine(argc, argv);
-  if (positional.size() != 2 || std::string(positional[1]) != "run") {
-    pstrain::PrintError(
-        "pstrain", absl::StrCat("expected the command \"run\"; got \"",
-                                positional.size() > 1 ? positional[1] : "",
-                                "\"", positional.size() > 2 ? " and more" : "",
-                                " (usage: pstrain run [--flags])"));
-    return 2;
-  }
-  return pstrain::Run();
+  const std::string command = positional.size() > 1 ? positional[1] : "";
+  const std::vector<std::string> args(
+      positional.size() > 2 ? positional.begin() + 2 : positional.end(),
+      positional.end());
+  if (command == "run" && args.empty()) return pstrain::Run();
+  if (command == "submit") return pstrain::SubmitCommand(args);
+  if (command == "status") return pstrain::StatusCommand(args);
+  if (command == "cancel") return pstrain::CancelCommand(args);
+  if (command == "wait") return pstrain::WaitCommand(args);
+  pstrain::PrintError(
+      "pstrain",
+      absl::StrCat("expected a command (run, submit, status, cancel, wait); "
+                   "got \"",
+                   command, "\"", args.empty() ? "" : " and more",
+                   " (usage: pstrain run [--flags])"));
+  return 2;
 }
