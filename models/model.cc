@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 
 namespace pstrain {
 
@@ -406,17 +407,18 @@ Model::~Model() {
   for (float* block : host_blocks_) backend_->FreeHost(block);
 }
 
-std::string Model::KnownModels() {
-  return "alexnet, lenet5, mlp, resnet101, resnet18, resnet34, resnet50, "
-         "vgg16";
-}
+namespace {
+// The zoo's names, sorted; Create() builds each.
+constexpr const char* kModels[] = {"alexnet",   "lenet5",   "mlp",
+                                   "resnet101", "resnet18", "resnet34",
+                                   "resnet50",  "vgg16"};
+}  // namespace
+
+std::string Model::KnownModels() { return absl::StrJoin(kModels, ", "); }
 
 bool Model::IsKnown(const std::string& name) {
-  for (const char* known : {"alexnet", "lenet5", "mlp", "resnet101", "resnet18",
-                            "resnet34", "resnet50", "vgg16"}) {
-    if (name == known) return true;
-  }
-  return false;
+  return std::find(std::begin(kModels), std::end(kModels), name) !=
+         std::end(kModels);
 }
 
 std::vector<int64_t> Model::PsTensorNumElements() const {

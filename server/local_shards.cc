@@ -1,7 +1,9 @@
 #include "server/local_shards.h"
 
+#include <cstdlib>
+
 #include "absl/strings/str_cat.h"
-#include "common/rpc_options.h"
+#include "common/grpc_server.h"
 
 namespace pstrain {
 
@@ -12,15 +14,12 @@ LocalShards::LocalShards(int num_shards, ShardOptions options) {
     shards_.push_back(std::make_unique<ParameterShard>(options));
     services_.push_back(
         std::make_unique<PsService>(shards_.back().get(), absl::Seconds(60)));
-    grpc::ServerBuilder builder;
-    int port = 0;
-    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(),
-                             &port);
-    builder.SetMaxReceiveMessageSize(kMaxMessageBytes);
-    builder.SetMaxSendMessageSize(kMaxMessageBytes);
-    builder.RegisterService(services_.back().get());
-    servers_.push_back(builder.BuildAndStart());
-    addresses_.push_back(absl::StrCat("127.0.0.1:", port));
+    absl::StatusOr<ListeningServer> listening =
+        StartGrpcServer("127.0.0.1:0", services_.back().get(), "");
+    // Test-only: failing to bind a loopback port 0 is a broken machine.
+    if (!listening.ok()) std::abort();
+    servers_.push_back(std::move(listening->server));
+    addresses_.push_back(absl::StrCat("127.0.0.1:", listening->port));
   }
 }
 

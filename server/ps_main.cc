@@ -17,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/flags_util.h"
+#include "common/grpc_server.h"
 #include "server/parameter_shard.h"
 #include "server/ps_service.h"
 
@@ -101,40 +102,15 @@ int main(int argc, char** argv) {
   pstrain::ParameterShard shard(options);
   pstrain::PsService service(
       &shard, absl::Seconds(absl::GetFlag(FLAGS_pull_timeout_s)));
-  grpc::ServerBuilder builder;
-  int bound_port = 0;
-  const std::string address =
-      absl::StrCat(absl::GetFlag(FLAGS_bind), ":", absl::GetFlag(FLAGS_port));
-  builder.AddListeningPort(address, grpc::InsecureServerCredentials(),
-                           &bound_port);
-  builder.SetMaxReceiveMessageSize(pstrain::kMaxMessageBytes);
-  builder.SetMaxSendMessageSize(pstrain::kMaxMessageBytes);
-  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS,
-                             pstrain::kKeepaliveTimeMs);
-  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS,
-                             pstrain::kKeepaliveTimeoutMs);
-  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
-  builder.AddChannelArgument(
-      GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 5000);
-  builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA,
-                             pstrain::kMaxPingsWithoutData);
-  builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PING_STRIKES,
-                             pstrain::kMaxPingStrikes);
-  builder.RegisterService(&service);
-  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
-  if (server == nullptr || bound_port == 0) {
-    pstrain::PrintError(program, absl::StrCat("cannot listen on ", address));
+  absl::StatusOr<pstrain::ListeningServer> listening = pstrain::StartGrpcServer(
+      absl::StrCat(absl::GetFlag(FLAGS_bind), ":", absl::GetFlag(FLAGS_port)),
+      &service, absl::GetFlag(FLAGS_port_file));
+  if (!listening.ok()) {
+    pstrain::PrintError(program, listening.status().message());
     return 1;
   }
-  const std::string port_file = absl::GetFlag(FLAGS_port_file);
-  if (!port_file.empty()) {
-    absl::Status status =
-        pstrain::WriteFileAtomically(port_file, absl::StrCat(bound_port, "\n"));
-    if (!status.ok()) {
-      pstrain::PrintError(program, status.ToString());
-      return 1;
-    }
-  }
+  std::unique_ptr<grpc::Server> server = std::move(listening->server);
+  const int bound_port = listening->port;
   std::printf("shard %d/%d of job %s listening on %s:%d (%s, %d workers)\n",
               options.shard_index, options.num_shards, options.job_id.c_str(),
               absl::GetFlag(FLAGS_bind).c_str(), bound_port, mode.c_str(),

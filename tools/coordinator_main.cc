@@ -18,7 +18,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "common/flags_util.h"
-#include "common/rpc_options.h"
+#include "common/grpc_server.h"
 #include "coordinator/coordinator_service.h"
 #include "coordinator/job_table.h"
 #include "grpcpp/grpcpp.h"
@@ -73,31 +73,15 @@ int main(int argc, char** argv) {
   }
   pstrain::CoordinatorService service(
       table.get(), absl::Seconds(absl::GetFlag(FLAGS_max_wait_s)));
-  grpc::ServerBuilder builder;
-  int bound_port = 0;
-  const std::string address =
-      absl::StrCat(absl::GetFlag(FLAGS_bind), ":", absl::GetFlag(FLAGS_port));
-  builder.AddListeningPort(address, grpc::InsecureServerCredentials(),
-                           &bound_port);
-  builder.SetMaxReceiveMessageSize(pstrain::kMaxMessageBytes);
-  builder.SetMaxSendMessageSize(pstrain::kMaxMessageBytes);
-  builder.RegisterService(&service);
-  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
-  if (server == nullptr || bound_port == 0) {
-    pstrain::PrintError(kProgram,
-                        absl::StrCat("cannot listen on ", address,
-                                     " (in use, or not an address here)"));
+  absl::StatusOr<pstrain::ListeningServer> listening = pstrain::StartGrpcServer(
+      absl::StrCat(absl::GetFlag(FLAGS_bind), ":", absl::GetFlag(FLAGS_port)),
+      &service, absl::GetFlag(FLAGS_port_file));
+  if (!listening.ok()) {
+    pstrain::PrintError(kProgram, listening.status().message());
     return 1;
   }
-  const std::string port_file = absl::GetFlag(FLAGS_port_file);
-  if (!port_file.empty()) {
-    absl::Status s =
-        pstrain::WriteFileAtomically(port_file, absl::StrCat(bound_port, "\n"));
-    if (!s.ok()) {
-      pstrain::PrintError(kProgram, s.ToString());
-      return 1;
-    }
-  }
+  std::unique_ptr<grpc::Server> server = std::move(listening->server);
+  const int bound_port = listening->port;
   std::printf("coordinator listening on %s:%d (job file %s, %zu jobs)\n",
               absl::GetFlag(FLAGS_bind).c_str(), bound_port,
               job_file.empty() ? "none" : job_file.c_str(),

@@ -11,6 +11,7 @@
 #include <random>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/status.h"
 
 namespace pstrain {
@@ -157,13 +158,17 @@ absl::StatusOr<IdxArray> ReadIdx(const std::string& path) {
   return out;
 }
 
-std::string KnownDatasets() {
-  return "cifar10, fashion_mnist, mnist, synthetic";
-}
+namespace {
+// Sorted; LoadDataset() reads each.
+constexpr const char* kDatasets[] = {"cifar10", "fashion_mnist", "mnist",
+                                     "synthetic"};
+}  // namespace
+
+std::string KnownDatasets() { return absl::StrJoin(kDatasets, ", "); }
 
 bool IsKnownDataset(const std::string& name) {
-  return name == "cifar10" || name == "fashion_mnist" || name == "mnist" ||
-         name == "synthetic";
+  return std::find(std::begin(kDatasets), std::end(kDatasets), name) !=
+         std::end(kDatasets);
 }
 
 absl::StatusOr<LabeledImages> ReadCifarBatch(const std::string& path) {

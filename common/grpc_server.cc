@@ -1,0 +1,41 @@
+#include "common/grpc_server.h"
+
+#include "absl/strings/str_cat.h"
+#include "common/flags_util.h"
+#include "common/rpc_options.h"
+
+namespace pstrain {
+
+absl::StatusOr<ListeningServer> StartGrpcServer(const std::string& address,
+                                                grpc::Service* service,
+                                                const std::string& port_file) {
+  grpc::ServerBuilder builder;
+  ListeningServer out;
+  builder.AddListeningPort(address, grpc::InsecureServerCredentials(),
+                           &out.port);
+  builder.SetMaxReceiveMessageSize(kMaxMessageBytes);
+  builder.SetMaxSendMessageSize(kMaxMessageBytes);
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, kKeepaliveTimeMs);
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS,
+                             kKeepaliveTimeoutMs);
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  builder.AddChannelArgument(
+      GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 5000);
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA,
+                             kMaxPingsWithoutData);
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PING_STRIKES, kMaxPingStrikes);
+  builder.RegisterService(service);
+  out.server = builder.BuildAndStart();
+  if (out.server == nullptr || out.port == 0) {
+    return absl::UnavailableError(absl::StrCat(
+        "cannot listen on ", address, " (in use, or not an address here)"));
+  }
+  if (!port_file.empty()) {
+    absl::Status s =
+        WriteFileAtomically(port_file, absl::StrCat(out.port, "\n"));
+    if (!s.ok()) return s;
+  }
+  return out;
+}
+
+}  // namespace pstrain
