@@ -1,6 +1,7 @@
 #include "coordinator/coordinator_service.h"
 
 #include <algorithm>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -9,6 +10,12 @@
 #include "coordinator/job_spec.h"
 
 namespace pstrain {
+namespace {
+
+// Get() without any log lines.
+constexpr int64_t kNoLog = std::numeric_limits<int64_t>::max();
+
+}  // namespace
 
 absl::Time CoordinatorService::Deadline(
     const grpc::ServerContext* context) const {
@@ -36,7 +43,8 @@ grpc::Status CoordinatorService::Submit(grpc::ServerContext* context,
 grpc::Status CoordinatorService::GetJob(grpc::ServerContext* context,
                                         const JobRequest* request,
                                         JobInfo* response) {
-  absl::StatusOr<JobInfo> job = table_->Get(request->job_id());
+  absl::StatusOr<JobInfo> job =
+      table_->Get(request->job_id(), request->log_since());
   if (!job.ok()) return ToGrpcStatus(job.status());
   *response = *std::move(job);
   return grpc::Status::OK;
@@ -73,7 +81,7 @@ grpc::Status CoordinatorService::WaitForLayout(grpc::ServerContext* context,
   absl::StatusOr<std::vector<std::string>> addresses =
       table_->WaitForLayout(request->job_id(), Deadline(context));
   if (!addresses.ok()) return ToGrpcStatus(addresses.status());
-  absl::StatusOr<JobInfo> job = table_->Get(request->job_id());
+  absl::StatusOr<JobInfo> job = table_->Get(request->job_id(), kNoLog);
   if (!job.ok()) return ToGrpcStatus(job.status());
   const int num_ps = job->spec().num_ps();
   for (int i = 0; i < static_cast<int>(addresses->size()); ++i) {
@@ -89,13 +97,11 @@ grpc::Status CoordinatorService::WaitForLayout(grpc::ServerContext* context,
 grpc::Status CoordinatorService::Heartbeat(grpc::ServerContext* context,
                                            const HeartbeatRequest* request,
                                            HeartbeatResponse* response) {
-  const TaskRef& t = request->task();
-  absl::StatusOr<JobState> state =
-      table_->Heartbeat(t.job_id(), t.role(), t.index(), absl::Now());
+  absl::StatusOr<JobState> state = table_->Heartbeat(*request, absl::Now());
   if (!state.ok()) return ToGrpcStatus(state.status());
   response->set_state(*state);
   if (JobEnded(*state)) {
-    absl::StatusOr<JobInfo> job = table_->Get(t.job_id());
+    absl::StatusOr<JobInfo> job = table_->Get(request->task().job_id(), kNoLog);
     if (job.ok()) response->set_message(job->message());
   }
   return grpc::Status::OK;
@@ -104,10 +110,7 @@ grpc::Status CoordinatorService::Heartbeat(grpc::ServerContext* context,
 grpc::Status CoordinatorService::TaskFinished(
     grpc::ServerContext* context, const TaskFinishedRequest* request,
     TaskFinishedResponse* response) {
-  const TaskRef& t = request->task();
-  return ToGrpcStatus(table_->TaskFinished(t.job_id(), t.role(), t.index(),
-                                           request->ok(), request->message(),
-                                           absl::Now()));
+  return ToGrpcStatus(table_->TaskFinished(*request, absl::Now()));
 }
 
 grpc::Status CoordinatorService::KvSet(grpc::ServerContext* context,

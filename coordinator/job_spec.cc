@@ -61,6 +61,10 @@ void ApplyJobDefaults(JobSpec* spec) {
   if (spec->mode().empty()) spec->set_mode("sync");
   if (spec->seed() == 0) spec->set_seed(1);
   if (spec->partition_bytes() == 0) spec->set_partition_bytes(4 << 20);
+  if (spec->log_every_steps() == 0) spec->set_log_every_steps(200);
+  if (spec->image_size() == 0) spec->set_image_size(224);
+  if (spec->num_classes() == 0) spec->set_num_classes(1000);
+  if (spec->synthetic_samples() == 0) spec->set_synthetic_samples(12800);
   OptimizerSpec* o = spec->mutable_optimizer();
   if (!o->has_lr()) o->set_lr(1e-3);
   if (!o->has_beta1()) o->set_beta1(0.9);
@@ -94,8 +98,20 @@ absl::Status ValidateJobSpec(const JobSpec& spec) {
        {std::pair<const char*, int>{"num_ps", spec.num_ps()},
         {"num_workers", spec.num_workers()},
         {"batch_size", spec.batch_size()},
-        {"epochs", spec.epochs()}}) {
+        {"epochs", spec.epochs()},
+        {"log_every_steps", spec.log_every_steps()},
+        {"image_size", spec.image_size()},
+        {"num_classes", spec.num_classes()}}) {
     if (value < 1) return Bad(field, absl::StrCat(value, "; expected >= 1"));
+  }
+  if (spec.synthetic_samples() < 1) {
+    return Bad("synthetic_samples",
+               absl::StrCat(spec.synthetic_samples(), "; expected >= 1"));
+  }
+  if (spec.max_steps_per_epoch() < 0) {
+    return Bad("max_steps_per_epoch",
+               absl::StrCat(spec.max_steps_per_epoch(),
+                            "; expected 0 (whole epochs) or more"));
   }
   if (spec.partition_bytes() < 4 || spec.partition_bytes() % 4 != 0) {
     return Bad("partition_bytes",

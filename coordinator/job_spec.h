@@ -3,7 +3,9 @@
 //
 // Defaults (as `pstrain run`): model "lenet5", dataset "fashion_mnist",
 // data_dir "/usr/share/datasets/fashion-mnist", backend "cpu", mode "sync",
-// seed 1, partition_bytes 4 MiB, the optimizer's defaults (proto/job.proto).
+// seed 1, partition_bytes 4 MiB, log_every_steps 200, image_size 224,
+// num_classes 1000, synthetic_samples 12800, the optimizer's defaults
+// (proto/job.proto).
 // num_ps, num_workers, batch_size and epochs have no default: they must be
 // set, and >= 1.
 //

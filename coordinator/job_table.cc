@@ -165,38 +165,67 @@ absl::StatusOr<std::vector<std::string>> JobTable::WaitForLayout(
   return addresses;
 }
 
-absl::StatusOr<JobState> JobTable::Heartbeat(const std::string& id,
-                                             TaskRole role, int index,
+void JobTable::AppendLog(
+    JobInfo* job, TaskRole role, int index,
+    const google::protobuf::RepeatedPtrField<std::string>& lines,
+    absl::Time now) {
+  for (const std::string& text : lines) {
+    LogLine* line = job->add_log();
+    line->set_seq(job->next_log_seq());
+    job->set_next_log_seq(job->next_log_seq() + 1);
+    line->set_time_ms(Ms(now));
+    line->set_role(role);
+    line->set_index(index);
+    line->set_text(text);
+  }
+  const int excess = job->log_size() - kMaxLogLines;
+  if (excess > 0) job->mutable_log()->DeleteSubrange(0, excess);
+}
+
+absl::StatusOr<JobState> JobTable::Heartbeat(const HeartbeatRequest& request,
                                              absl::Time now) {
+  const TaskRef& ref = request.task();
   absl::MutexLock lock(&mu_);
-  JobInfo* job = Find(id);
-  if (job == nullptr) return absl::NotFoundError("unknown job " + id);
-  absl::StatusOr<TaskInfo*> task = FindTask(job, role, index);
+  JobInfo* job = Find(ref.job_id());
+  if (job == nullptr) return absl::NotFoundError("unknown job " + ref.job_id());
+  absl::StatusOr<TaskInfo*> task = FindTask(job, ref.role(), ref.index());
   if (!task.ok()) return task.status();
   if ((*task)->state() == TASK_REGISTERED) {
     (*task)->set_last_heartbeat_ms(Ms(now));
   }
-  // Heartbeats are not persisted: a restarted coordinator restarts every
-  // task's timeout from its first check.
+  if (ref.role() == ROLE_WORKER && request.steps() > 0) {
+    (*task)->set_steps(request.steps());
+    (*task)->set_samples_per_sec(request.samples_per_sec());
+  }
+  AppendLog(job, ref.role(), ref.index(), request.log_lines(), now);
+  // Not persisted: a restarted coordinator restarts every task's timeout
+  // from its first check.
   return job->state();
 }
 
-absl::Status JobTable::TaskFinished(const std::string& id, TaskRole role,
-                                    int index, bool ok,
-                                    const std::string& message,
+absl::Status JobTable::TaskFinished(const TaskFinishedRequest& request,
                                     absl::Time now) {
+  const TaskRef& ref = request.task();
   absl::MutexLock lock(&mu_);
-  JobInfo* job = Find(id);
-  if (job == nullptr) return absl::NotFoundError("unknown job " + id);
-  absl::StatusOr<TaskInfo*> task = FindTask(job, role, index);
+  JobInfo* job = Find(ref.job_id());
+  if (job == nullptr) return absl::NotFoundError("unknown job " + ref.job_id());
+  absl::StatusOr<TaskInfo*> task = FindTask(job, ref.role(), ref.index());
   if (!task.ok()) return task.status();
-  if (JobEnded(job->state())) return absl::OkStatus();
-  (*task)->set_state(ok ? TASK_DONE : TASK_FAILED);
-  (*task)->set_message(message);
-  if (!ok) {
+  AppendLog(job, ref.role(), ref.index(), request.log_lines(), now);
+  if (ref.role() == ROLE_WORKER && ref.index() == 0 && request.has_result()) {
+    *job->mutable_result() = request.result();
+  }
+  if (JobEnded(job->state())) return Persist();
+  (*task)->set_state(request.ok() ? TASK_DONE : TASK_FAILED);
+  (*task)->set_message(request.message());
+  if (!request.ok()) {
+    const std::string where =
+        (*task)->address().empty()
+            ? PlannedAddress(job->spec(), ref.role(), ref.index())
+            : (*task)->address();
     End(job, JOB_FAILED,
-        absl::StrCat(TaskName(role, index), " on ", (*task)->address(),
-                     " failed: ", message),
+        absl::StrCat(TaskName(ref.role(), ref.index()), " on ", where,
+                     " failed: ", request.message()),
         now);
   } else {
     bool all_workers = true;
@@ -282,17 +311,28 @@ absl::StatusOr<std::string> JobTable::WaitForKey(const std::string& id,
       absl::StrCat(id, ": key \"", key, "\" was not set in time"));
 }
 
-absl::StatusOr<JobInfo> JobTable::Get(const std::string& id) const {
+absl::StatusOr<JobInfo> JobTable::Get(const std::string& id,
+                                      int64_t log_since) const {
   absl::MutexLock lock(&mu_);
   for (const JobInfo& job : table_.jobs()) {
-    if (job.id() == id) return job;
+    if (job.id() != id) continue;
+    JobInfo copy = job;
+    int keep_from = 0;
+    while (keep_from < copy.log_size() &&
+           copy.log(keep_from).seq() < log_since) {
+      ++keep_from;
+    }
+    copy.mutable_log()->DeleteSubrange(0, keep_from);
+    return copy;
   }
   return absl::NotFoundError("unknown job " + id);
 }
 
 std::vector<JobInfo> JobTable::List() const {
   absl::MutexLock lock(&mu_);
-  return std::vector<JobInfo>(table_.jobs().begin(), table_.jobs().end());
+  std::vector<JobInfo> jobs(table_.jobs().begin(), table_.jobs().end());
+  for (JobInfo& job : jobs) job.clear_log();
+  return jobs;
 }
 
 }  // namespace pstrain

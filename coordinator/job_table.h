@@ -30,6 +30,8 @@ namespace pstrain {
 
 class JobTable {
  public:
+  static constexpr int kMaxLogLines = 10000;
+
   // `job_file`: where the table is kept ("" for none).
   explicit JobTable(std::string job_file = "");
 
@@ -57,16 +59,20 @@ class JobTable {
   absl::StatusOr<std::vector<std::string>> WaitForLayout(const std::string& id,
                                                          absl::Time deadline);
 
-  // Records a heartbeat; returns the job's state (RUNNING: go on; an ended
-  // state: stop).
-  absl::StatusOr<JobState> Heartbeat(const std::string& id, TaskRole role,
-                                     int index, absl::Time now);
+  // Records a heartbeat of `request.task()`, appends its log lines to the
+  // job's log (the last kMaxLogLines are kept) and, for workers, its
+  // progress; returns the job's state (RUNNING: go on; an ended state:
+  // stop). Heartbeats and log lines are written to the job file with the
+  // next state change, not on their own.
+  absl::StatusOr<JobState> Heartbeat(const HeartbeatRequest& request,
+                                     absl::Time now);
 
-  // A task finished: `ok` false fails the job with `message`. The job
-  // succeeds when every worker is done.
-  absl::Status TaskFinished(const std::string& id, TaskRole role, int index,
-                            bool ok, const std::string& message,
-                            absl::Time now);
+  // `request.task()` finished: `ok` false fails the job with its message
+  // ("worker 1 on 10.0.0.5:7001 failed: ..."); a task may report a failure
+  // before it registered (a PS that cannot bind its port). The job
+  // succeeds when every worker is done. Worker 0's `result` becomes the
+  // job's. Reports after the job ended only add their log lines.
+  absl::Status TaskFinished(const TaskFinishedRequest& request, absl::Time now);
 
   // Ends a PENDING or RUNNING job as CANCELLED; FAILED_PRECONDITION if it
   // has already ended.
@@ -86,14 +92,19 @@ class JobTable {
                                          const std::string& key,
                                          absl::Time deadline);
 
-  // A copy of job `id` (NOT_FOUND if unknown), and of every job.
-  absl::StatusOr<JobInfo> Get(const std::string& id) const;
+  // A copy of job `id` (NOT_FOUND if unknown) with the log lines whose seq
+  // is >= `log_since`, and of every job without their logs.
+  absl::StatusOr<JobInfo> Get(const std::string& id,
+                              int64_t log_since = 0) const;
   std::vector<JobInfo> List() const;
 
  private:
   JobInfo* Find(const std::string& id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<TaskInfo*> FindTask(JobInfo* job, TaskRole role, int index)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void AppendLog(JobInfo* job, TaskRole role, int index,
+                 const google::protobuf::RepeatedPtrField<std::string>& lines,
+                 absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void End(JobInfo* job, JobState state, const std::string& message,
            absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status Persist() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -36,6 +36,33 @@ std::vector<Task> Tasks() {
           {ROLE_WORKER, 1, "10.0.0.5:7001"}};
 }
 
+TaskRef Ref(const std::string& id, TaskRole role, int index) {
+  TaskRef ref;
+  ref.set_job_id(id);
+  ref.set_role(role);
+  ref.set_index(index);
+  return ref;
+}
+
+absl::StatusOr<JobState> Beat(JobTable& table, const std::string& id,
+                              TaskRole role, int index, absl::Time now,
+                              std::vector<std::string> lines = {}) {
+  HeartbeatRequest request;
+  *request.mutable_task() = Ref(id, role, index);
+  for (std::string& line : lines) request.add_log_lines(std::move(line));
+  return table.Heartbeat(request, now);
+}
+
+absl::Status Finish(JobTable& table, const std::string& id, TaskRole role,
+                    int index, bool ok, const std::string& message,
+                    absl::Time now) {
+  TaskFinishedRequest request;
+  *request.mutable_task() = Ref(id, role, index);
+  request.set_ok(ok);
+  request.set_message(message);
+  return table.TaskFinished(request, now);
+}
+
 std::string TempFile(const std::string& name) {
   return std::string(std::getenv("TEST_TMPDIR")) + "/" + name;
 }
@@ -52,12 +79,12 @@ TEST(JobTableTest, PendingRunningSucceeded) {
   EXPECT_EQ(*table.WaitForLayout(id, kT0),
             (std::vector<std::string>{"10.0.0.2:7000", "10.0.0.3:7000",
                                       "10.0.0.4:7001", "10.0.0.5:7001"}));
-  ASSERT_TRUE(table.TaskFinished(id, ROLE_WORKER, 0, true, "", kT0).ok());
+  ASSERT_TRUE(Finish(table, id, ROLE_WORKER, 0, true, "", kT0).ok());
   EXPECT_EQ(table.Get(id)->state(), JOB_RUNNING);
-  ASSERT_TRUE(table.TaskFinished(id, ROLE_WORKER, 1, true, "", kT0).ok());
+  ASSERT_TRUE(Finish(table, id, ROLE_WORKER, 1, true, "", kT0).ok());
   EXPECT_EQ(table.Get(id)->state(), JOB_SUCCEEDED);
   // Heartbeats now tell the PS tasks to stop.
-  EXPECT_EQ(*table.Heartbeat(id, ROLE_PS, 0, kT0), JOB_SUCCEEDED);
+  EXPECT_EQ(*Beat(table, id, ROLE_PS, 0, kT0), JOB_SUCCEEDED);
   EXPECT_EQ(table.Cancel(id, kT0).code(),
             absl::StatusCode::kFailedPrecondition);
 }
@@ -120,7 +147,7 @@ TEST(JobTableTest, SilentTaskIsLostAndTheJobFailsNamingIt) {
     for (const Task& t : Tasks()) {
       if (t.role == ROLE_WORKER && t.index == 1) continue;  // Killed.
       ASSERT_TRUE(
-          table.Heartbeat(id, t.role, t.index, kT0 + absl::Seconds(s)).ok());
+          Beat(table, id, t.role, t.index, kT0 + absl::Seconds(s)).ok());
     }
     const auto failed = table.CheckHeartbeats(kT0 + absl::Seconds(s), timeout);
     // Silent since registering at 0 s: past the 30 s timeout at the check of
@@ -132,7 +159,7 @@ TEST(JobTableTest, SilentTaskIsLostAndTheJobFailsNamingIt) {
   EXPECT_EQ(job.message(),
             "lost worker 1 on 10.0.0.5:7001: no heartbeat for 40 s");
   EXPECT_EQ(job.tasks(3).state(), TASK_LOST);
-  EXPECT_EQ(*table.Heartbeat(id, ROLE_PS, 0, kT0), JOB_FAILED);
+  EXPECT_EQ(*Beat(table, id, ROLE_PS, 0, kT0), JOB_FAILED);
 }
 
 TEST(JobTableTest, TaskThatNeverRegistersFailsTheJob) {
@@ -157,14 +184,76 @@ TEST(JobTableTest, FailureAndCancelEndTheJob) {
   const std::string a = *table.Submit(Spec(), kT0);
   const std::string b = *table.Submit(Spec(), kT0);
   ASSERT_TRUE(table.Register(a, ROLE_WORKER, 0, "10.0.0.4:7001", kT0).ok());
-  ASSERT_TRUE(
-      table.TaskFinished(a, ROLE_WORKER, 0, false, "cannot bind", kT0).ok());
+  ASSERT_TRUE(Finish(table, a, ROLE_WORKER, 0, false, "cannot bind", kT0).ok());
   EXPECT_EQ(table.Get(a)->message(),
             "worker 0 on 10.0.0.4:7001 failed: cannot bind");
   ASSERT_TRUE(table.Cancel(b, kT0).ok());
   EXPECT_EQ(table.Get(b)->state(), JOB_CANCELLED);
   EXPECT_EQ(table.Register(b, ROLE_PS, 0, "h:1", kT0).code(),
             absl::StatusCode::kFailedPrecondition);
+}
+
+// A PS that cannot bind its port reports it before registering: the job
+// fails naming the address the spec planned for it.
+TEST(JobTableTest, FailureBeforeRegisteringNamesThePlannedAddress) {
+  JobTable table;
+  const std::string id = *table.Submit(Spec(), kT0);
+  ASSERT_TRUE(Finish(table, id, ROLE_PS, 1, false,
+                     "cannot listen on 10.0.0.3:7000: address in use", kT0)
+                  .ok());
+  const JobInfo job = *table.Get(id);
+  EXPECT_EQ(job.state(), JOB_FAILED);
+  EXPECT_EQ(job.message(),
+            "ps 1 on 10.0.0.3:7000 failed: cannot listen on 10.0.0.3:7000: "
+            "address in use");
+  EXPECT_EQ(job.tasks(1).state(), TASK_FAILED);
+}
+
+// Log lines arrive with heartbeats and the final report, are numbered per
+// job, can be read from an offset, and only the last kMaxLogLines stay.
+TEST(JobTableTest, LogLinesProgressAndResult) {
+  JobTable table;
+  const std::string id = *table.Submit(Spec(), kT0);
+  for (const Task& t : Tasks()) {
+    ASSERT_TRUE(table.Register(id, t.role, t.index, t.address, kT0).ok());
+  }
+  ASSERT_TRUE(Beat(table, id, ROLE_PS, 0, kT0, {"listening"}).ok());
+  HeartbeatRequest beat;
+  *beat.mutable_task() = Ref(id, ROLE_WORKER, 0);
+  beat.add_log_lines("Step200: 9000.00 data/sec");
+  beat.set_steps(200);
+  beat.set_samples_per_sec(4500);
+  ASSERT_TRUE(table.Heartbeat(beat, kT0).ok());
+  JobInfo job = *table.Get(id);
+  ASSERT_EQ(job.log_size(), 2);
+  EXPECT_EQ(job.log(1).seq(), 1);
+  EXPECT_EQ(job.log(1).role(), ROLE_WORKER);
+  EXPECT_EQ(job.log(1).text(), "Step200: 9000.00 data/sec");
+  EXPECT_EQ(job.tasks(2).steps(), 200);
+  EXPECT_DOUBLE_EQ(job.tasks(2).samples_per_sec(), 4500);
+  EXPECT_EQ(table.Get(id, 1)->log_size(), 1);
+  EXPECT_EQ(table.Get(id, 2)->log_size(), 0);
+  EXPECT_EQ(table.List()[0].log_size(), 0);
+
+  TaskFinishedRequest done;
+  *done.mutable_task() = Ref(id, ROLE_WORKER, 0);
+  done.set_ok(true);
+  done.add_log_lines("Epoch 0 in 1.00 sec, test accuracy: 0.8000");
+  done.mutable_result()->set_test_accuracy(0.8);
+  ASSERT_TRUE(table.TaskFinished(done, kT0).ok());
+  ASSERT_TRUE(Finish(table, id, ROLE_WORKER, 1, true, "", kT0).ok());
+  job = *table.Get(id);
+  EXPECT_EQ(job.state(), JOB_SUCCEEDED);
+  EXPECT_DOUBLE_EQ(job.result().test_accuracy(), 0.8);
+  EXPECT_EQ(job.log(2).text(), "Epoch 0 in 1.00 sec, test accuracy: 0.8000");
+
+  // The cap: the oldest lines go, the numbering goes on.
+  std::vector<std::string> many(JobTable::kMaxLogLines, "x");
+  ASSERT_TRUE(Beat(table, id, ROLE_PS, 1, kT0, many).ok());
+  job = *table.Get(id);
+  EXPECT_EQ(job.log_size(), JobTable::kMaxLogLines);
+  EXPECT_EQ(job.log(0).seq(), 3);
+  EXPECT_EQ(job.next_log_seq(), 3 + JobTable::kMaxLogLines);
 }
 
 TEST(JobTableTest, KeyValueStoreWaitsForKeys) {
