@@ -24,6 +24,9 @@ absl::StatusOr<ListeningServer> StartGrpcServer(const std::string& address,
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA,
                              kMaxPingsWithoutData);
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PING_STRIKES, kMaxPingStrikes);
+  // gRPC sets SO_REUSEPORT by default, which would let two tasks listen on
+  // one port and split its connections; a port in use must fail instead.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   builder.RegisterService(service);
   out.server = builder.BuildAndStart();
   if (out.server == nullptr || out.port == 0) {

@@ -212,6 +212,10 @@ absl::Status JobTable::TaskFinished(const TaskFinishedRequest& request,
   absl::StatusOr<TaskInfo*> task = FindTask(job, ref.role(), ref.index());
   if (!task.ok()) return task.status();
   AppendLog(job, ref.role(), ref.index(), request.log_lines(), now);
+  if (ref.role() == ROLE_WORKER && request.steps() > 0) {
+    (*task)->set_steps(request.steps());
+    (*task)->set_samples_per_sec(request.samples_per_sec());
+  }
   if (ref.role() == ROLE_WORKER && ref.index() == 0 && request.has_result()) {
     *job->mutable_result() = request.result();
   }
@@ -219,12 +223,17 @@ absl::Status JobTable::TaskFinished(const TaskFinishedRequest& request,
   (*task)->set_state(request.ok() ? TASK_DONE : TASK_FAILED);
   (*task)->set_message(request.message());
   if (!request.ok()) {
-    const std::string where =
-        (*task)->address().empty()
-            ? PlannedAddress(job->spec(), ref.role(), ref.index())
-            : (*task)->address();
+    std::string where = absl::StrCat(" on ", (*task)->address());
+    if ((*task)->address().empty()) {
+      const auto& hosts = ref.role() == ROLE_PS ? job->spec().ps_hosts()
+                                                : job->spec().worker_hosts();
+      where = hosts.empty()
+                  ? " (not registered)"
+                  : absl::StrCat(" on ", PlannedAddress(job->spec(), ref.role(),
+                                                        ref.index()));
+    }
     End(job, JOB_FAILED,
-        absl::StrCat(TaskName(ref.role(), ref.index()), " on ", where,
+        absl::StrCat(TaskName(ref.role(), ref.index()), where,
                      " failed: ", request.message()),
         now);
   } else {

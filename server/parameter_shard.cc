@@ -87,7 +87,7 @@ absl::Status ParameterShard::Initialize(
 
 absl::Status ParameterShard::WaitReady(absl::Time deadline) const {
   absl::MutexLock lock(&init_mu_);
-  auto ready = [this]() { return initialized_.load(); };
+  auto ready = [this]() { return initialized_.load() || aborted_.load(); };
   // initialized_ only changes under init_mu_, so the condition is re-checked
   // whenever the mutex is released.
   if (!init_mu_.AwaitWithDeadline(absl::Condition(&ready), deadline)) {
@@ -95,7 +95,30 @@ absl::Status ParameterShard::WaitReady(absl::Time deadline) const {
         absl::StrCat("shard ", options_.shard_index,
                      " was not initialised by worker 0 before the deadline"));
   }
+  if (aborted_.load()) return AbortedStatus();
   return absl::OkStatus();
+}
+
+absl::Status ParameterShard::AbortedStatus() const {
+  absl::MutexLock lock(&abort_mu_);
+  return absl::AbortedError(absl::StrCat("shard ", options_.shard_index,
+                                         " aborted: ", abort_reason_));
+}
+
+void ParameterShard::Abort(const std::string& reason) {
+  {
+    absl::MutexLock lock(&abort_mu_);
+    if (aborted_.load()) return;
+    abort_reason_ = reason;
+    aborted_.store(true);
+  }
+  // Waiters re-check their conditions when the mutex they wait on is
+  // released.
+  { absl::MutexLock lock(&init_mu_); }
+  if (!initialized_.load()) return;
+  for (const std::unique_ptr<ChunkState>& chunk : chunks_) {
+    absl::MutexLock lock(&chunk->mu);
+  }
 }
 
 absl::Status ParameterShard::Push(int worker_id, int32_t param_id,
@@ -203,8 +226,8 @@ absl::Status ParameterShard::Pull(int64_t min_version, int64_t samples,
   pulls_.fetch_add(1, std::memory_order_relaxed);
   for (const std::unique_ptr<ChunkState>& state : chunks_) {
     ChunkState& chunk = *state;
-    auto ready = [&chunk, min_version]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
-      return chunk.version >= min_version;
+    auto ready = [this, &chunk, min_version]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+      return chunk.version >= min_version || aborted_.load();
     };
     if (!chunk.mu.LockWhenWithDeadline(absl::Condition(&ready), deadline)) {
       std::vector<int> missing;
@@ -218,6 +241,10 @@ absl::Status ParameterShard::Pull(int64_t min_version, int64_t samples,
           " timed out at chunk (", chunk.spec.param_id, ", ",
           chunk.spec.chunk_index, "), still at version ", version,
           "; no push yet from worker(s) ", absl::StrJoin(missing, ",")));
+    }
+    if (aborted_.load()) {
+      chunk.mu.Unlock();
+      return AbortedStatus();
     }
     visit(chunk.spec, chunk.version,
           absl::MakeConstSpan(chunk.weights.data(), chunk.weights.size()));

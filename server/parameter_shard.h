@@ -125,6 +125,11 @@ class ParameterShard {
 
   ShardStats Stats() const;
 
+  // Ends every wait (WaitReady, Pull) now and later with ABORTED and
+  // `reason`: the job has ended elsewhere (a lost worker, a cancel), so no
+  // barrier will complete. Thread-safe; the first reason is kept.
+  void Abort(const std::string& reason);
+
  private:
   struct ChunkState {
     ChunkSpec spec;
@@ -147,6 +152,11 @@ class ParameterShard {
 
   const ShardOptions options_;
 
+  absl::Status AbortedStatus() const;
+
+  std::atomic<bool> aborted_{false};
+  mutable absl::Mutex abort_mu_;
+  std::string abort_reason_ ABSL_GUARDED_BY(abort_mu_);
   mutable absl::Mutex init_mu_;
   std::atomic<bool> initialized_{false};
   // Set once by Initialize() before initialized_ becomes true; immutable

@@ -141,6 +141,33 @@ TEST(ParameterShardTest, PullWaitsForBarrierFromAnotherThread) {
   EXPECT_NEAR(pulled[1][0], 4.9f, 1e-6f);
 }
 
+// A pull waiting at the barrier for a worker that died returns ABORTED as
+// soon as the shard is aborted, long before its deadline; so do later
+// pulls and waits.
+TEST(ParameterShardTest, AbortEndsWaitsAtTheBarrier) {
+  ParameterShard shard(Options(2, SyncMode::kSync));
+  ParameterShard uninitialised(Options(2, SyncMode::kSync));
+  ASSERT_TRUE(shard.Initialize({6, 2}, 16, InitChunks()).ok());
+  absl::Status status;
+  absl::Status ready_status;
+  const absl::Time start = absl::Now();
+  std::thread waiter([&] { PullAll(shard, 1, &status); });
+  std::thread ready_waiter([&] {
+    ready_status = uninitialised.WaitReady(absl::Now() + absl::Seconds(5));
+  });
+  absl::SleepFor(absl::Milliseconds(50));
+  shard.Abort("lost worker 1");
+  uninitialised.Abort("cancelled");
+  waiter.join();
+  ready_waiter.join();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(2));
+  EXPECT_EQ(status.code(), absl::StatusCode::kAborted);
+  EXPECT_EQ(status.message(), "shard 0 aborted: lost worker 1");
+  EXPECT_EQ(ready_status.code(), absl::StatusCode::kAborted);
+  PullAll(shard, 0, &status);
+  EXPECT_EQ(status.code(), absl::StatusCode::kAborted);
+}
+
 TEST(ParameterShardTest, AsyncAppliesEveryPush) {
   ParameterShard shard(Options(2, SyncMode::kAsync));
   ASSERT_TRUE(shard.Initialize({6, 2}, 16, InitChunks()).ok());

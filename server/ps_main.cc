@@ -1,11 +1,19 @@
-// pstrain_ps: one parameter-server shard process.
+// pstrain_ps: one parameter-server shard task of a job on a coordinator.
 //
-// Listens on --bind:--port (port 0: the OS picks one, written to
-// --port_file), serves the ParameterServer service for one shard of one job,
-// and exits when every worker has said WorkerDone, on SIGTERM/SIGINT, or
-// after --idle_timeout_s without any request.
+//   pstrain_ps --coordinator=HOST:PORT --job=ID --task_index=N [--bind=ADDR]
+//              [--port=P] [--advertise=HOST]
+//
+// Fetches the job's spec from the coordinator (mode, number of shards and
+// workers, Adam's hyperparameters), listens on --bind:--port (see
+// coordinator/task_flags.h), registers its advertised address, sends
+// heartbeats, and serves the ParameterServer service for shard N. It exits
+// 0 once every worker has said WorkerDone; 1 when the job ends otherwise
+// (a lost or failed task, a cancel: the coordinator's message is printed),
+// when the port cannot be bound (the job fails naming host and port), or
+// after --idle_timeout_s without any request; 128+signal on SIGTERM/SIGINT.
 #include <grpcpp/grpcpp.h>
 
+#include <atomic>
 #include <csignal>
 #include <cstdio>
 #include <memory>
@@ -15,27 +23,17 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "common/flags_util.h"
 #include "common/grpc_server.h"
+#include "coordinator/job_table.h"
+#include "coordinator/task_agent.h"
+#include "coordinator/task_flags.h"
 #include "server/parameter_shard.h"
 #include "server/ps_service.h"
 
-ABSL_FLAG(std::string, bind, "127.0.0.1", "Address to listen on.");
-ABSL_FLAG(int, port, 0, "TCP port to listen on; 0: chosen by the OS.");
-ABSL_FLAG(std::string, port_file, "",
-          "If set, the bound port is written to this file once serving.");
-ABSL_FLAG(std::string, job_id, "local", "Job id every request must carry.");
-ABSL_FLAG(int, shard_index, 0, "This shard's index in [0, num_shards).");
-ABSL_FLAG(int, num_shards, 1, "Number of PS shards in the job.");
-ABSL_FLAG(int, num_workers, 1, "Number of workers in the job.");
-ABSL_FLAG(std::string, mode, "sync", "sync (barrier per step) or async.");
-ABSL_FLAG(double, lr, 1e-3, "Adam learning rate.");
-ABSL_FLAG(double, beta1, 0.9, "Adam beta1.");
-ABSL_FLAG(double, beta2, 0.999, "Adam beta2.");
-ABSL_FLAG(double, epsilon, 1e-8, "Adam epsilon.");
-ABSL_FLAG(double, weight_decay, 0.0,
-          "Decoupled weight decay (AdamW); 0 gives Adam.");
 ABSL_FLAG(int, pull_timeout_s, 600,
           "Seconds a pull may wait for the slowest worker (sync mode) or for "
           "initialisation before failing with DEADLINE_EXCEEDED.");
@@ -44,78 +42,106 @@ ABSL_FLAG(int, idle_timeout_s, 900,
 
 namespace {
 
+constexpr char kProgram[] = "pstrain_ps";
 volatile std::sig_atomic_t g_signal = 0;
 void OnSignal(int signal) { g_signal = signal; }
+
+// The job's end as a heartbeat reported it.
+struct JobEnd {
+  absl::Mutex mu;
+  bool ended ABSL_GUARDED_BY(mu) = false;
+  pstrain::JobState state ABSL_GUARDED_BY(mu) = pstrain::JOB_STATE_UNSPECIFIED;
+  std::string message ABSL_GUARDED_BY(mu);
+};
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage("One pstrain parameter-server shard.");
+  absl::SetProgramUsageMessage(
+      "One pstrain parameter-server shard: pstrain_ps --coordinator=HOST:PORT "
+      "--job=ID --task_index=N [--bind=ADDR --port=P --advertise=HOST]");
   absl::ParseCommandLine(argc, argv);
-  const std::string program = "pstrain_ps";
 
+  absl::StatusOr<pstrain::TaskAgentOptions> agent_options =
+      pstrain::TaskAgentOptionsFromFlags(pstrain::ROLE_PS);
+  if (!agent_options.ok()) {
+    pstrain::PrintError(kProgram, agent_options.status().message());
+    return 2;
+  }
+  pstrain::TaskAgent agent(*agent_options);
+  const int index = agent_options->index;
+  absl::StatusOr<pstrain::JobSpec> spec = agent.FetchSpec();
+  if (!spec.ok()) {
+    pstrain::PrintError(
+        kProgram, absl::StrCat(agent.name(), ": ", spec.status().message()));
+    return 1;
+  }
+  // Fails the job with `message`, and exits with `code`.
+  auto fail = [&](int code, const std::string& message) {
+    pstrain::PrintError(kProgram, absl::StrCat(agent.name(), ": ", message));
+    absl::Status s = agent.Finish(false, message);
+    if (!s.ok()) pstrain::PrintError(kProgram, s.message());
+    return code;
+  };
+  if (index >= spec->num_ps()) {
+    return fail(2, absl::StrCat("task index ", index, " is outside the job's ",
+                                spec->num_ps(), " ps tasks"));
+  }
+  absl::StatusOr<pstrain::TaskAddress> address =
+      pstrain::TaskAddressFromFlags(*spec, pstrain::ROLE_PS, index);
+  if (!address.ok()) return fail(2, std::string(address.status().message()));
+
+  // The spec was validated at submission (coordinator/job_spec.h).
   pstrain::ShardOptions options;
-  options.job_id = absl::GetFlag(FLAGS_job_id);
-  options.shard_index = absl::GetFlag(FLAGS_shard_index);
-  options.num_shards = absl::GetFlag(FLAGS_num_shards);
-  options.num_workers = absl::GetFlag(FLAGS_num_workers);
-  const std::string mode = absl::GetFlag(FLAGS_mode);
-  if (mode == "sync") {
-    options.mode = pstrain::SyncMode::kSync;
-  } else if (mode == "async") {
-    options.mode = pstrain::SyncMode::kAsync;
-  } else {
-    pstrain::PrintError(
-        program, absl::StrCat("--mode=", mode, ": expected sync or async"));
-    return 2;
-  }
-  if (options.num_shards <= 0 || options.shard_index < 0 ||
-      options.shard_index >= options.num_shards) {
-    pstrain::PrintError(
-        program, absl::StrCat("--shard_index=", options.shard_index,
-                              ": expected 0 <= shard_index < --num_shards=",
-                              options.num_shards));
-    return 2;
-  }
-  if (options.num_workers <= 0) {
-    pstrain::PrintError(
-        program,
-        absl::StrCat("--num_workers=", options.num_workers, ": expected > 0"));
-    return 2;
-  }
-  options.adam.lr = static_cast<float>(absl::GetFlag(FLAGS_lr));
-  options.adam.beta1 = static_cast<float>(absl::GetFlag(FLAGS_beta1));
-  options.adam.beta2 = static_cast<float>(absl::GetFlag(FLAGS_beta2));
-  options.adam.epsilon = static_cast<float>(absl::GetFlag(FLAGS_epsilon));
+  options.job_id = agent_options->job_id;
+  options.shard_index = index;
+  options.num_shards = spec->num_ps();
+  options.num_workers = spec->num_workers();
+  options.mode = spec->mode() == "async" ? pstrain::SyncMode::kAsync
+                                         : pstrain::SyncMode::kSync;
+  options.adam.lr = static_cast<float>(spec->optimizer().lr());
+  options.adam.beta1 = static_cast<float>(spec->optimizer().beta1());
+  options.adam.beta2 = static_cast<float>(spec->optimizer().beta2());
+  options.adam.epsilon = static_cast<float>(spec->optimizer().epsilon());
   options.adam.weight_decay =
-      static_cast<float>(absl::GetFlag(FLAGS_weight_decay));
-  if (!(options.adam.lr > 0) ||
-      !(options.adam.beta1 >= 0 && options.adam.beta1 < 1) ||
-      !(options.adam.beta2 >= 0 && options.adam.beta2 < 1) ||
-      !(options.adam.epsilon > 0) || !(options.adam.weight_decay >= 0)) {
-    pstrain::PrintError(program,
-                        "Adam flags: expected lr > 0, 0 <= beta1, beta2 < 1, "
-                        "epsilon > 0, weight_decay >= 0");
-    return 2;
-  }
+      static_cast<float>(spec->optimizer().weight_decay());
 
   pstrain::ParameterShard shard(options);
   pstrain::PsService service(
       &shard, absl::Seconds(absl::GetFlag(FLAGS_pull_timeout_s)));
-  absl::StatusOr<pstrain::ListeningServer> listening = pstrain::StartGrpcServer(
-      absl::StrCat(absl::GetFlag(FLAGS_bind), ":", absl::GetFlag(FLAGS_port)),
-      &service, absl::GetFlag(FLAGS_port_file));
+  const std::string listen = absl::StrCat(address->bind, ":", address->port);
+  absl::StatusOr<pstrain::ListeningServer> listening =
+      pstrain::StartGrpcServer(listen, &service, "");
   if (!listening.ok()) {
-    pstrain::PrintError(program, listening.status().message());
-    return 1;
+    return fail(1, absl::StrCat("cannot listen on ", listen, " (advertised as ",
+                                address->advertise_host, ":", address->port,
+                                "): in use, or not an address of this host"));
   }
   std::unique_ptr<grpc::Server> server = std::move(listening->server);
-  const int bound_port = listening->port;
-  std::printf("shard %d/%d of job %s listening on %s:%d (%s, %d workers)\n",
-              options.shard_index, options.num_shards, options.job_id.c_str(),
-              absl::GetFlag(FLAGS_bind).c_str(), bound_port, mode.c_str(),
-              options.num_workers);
-  std::fflush(stdout);
+  const std::string advertised =
+      absl::StrCat(address->advertise_host, ":", listening->port);
+  absl::Status registered = agent.Register(advertised);
+  if (!registered.ok()) {
+    pstrain::PrintError(kProgram,
+                        absl::StrCat(agent.name(), ": ", registered.message()));
+    return 1;
+  }
+  JobEnd job_end;
+  agent.StartHeartbeats(
+      [&job_end, &shard](pstrain::JobState state, const std::string& message) {
+        // No barrier will complete now: release the pulls waiting on one so
+        // that the server can shut down.
+        if (state != pstrain::JOB_SUCCEEDED) shard.Abort(message);
+        absl::MutexLock lock(&job_end.mu);
+        job_end.ended = true;
+        job_end.state = state;
+        job_end.message = message;
+      });
+  agent.Log(absl::StrFormat(
+      "shard %d/%d of %s listening on %s:%d, advertised as %s (%s, %d "
+      "workers)",
+      index, options.num_shards, options.job_id, address->bind, listening->port,
+      advertised, spec->mode(), options.num_workers));
 
   std::signal(SIGTERM, OnSignal);
   std::signal(SIGINT, OnSignal);
@@ -125,21 +151,36 @@ int main(int argc, char** argv) {
   while (true) {
     if (service.all_workers_done().WaitForNotificationWithTimeout(
             absl::Milliseconds(100))) {
-      std::printf("all workers done; shard %d exiting\n", options.shard_index);
+      agent.Log(absl::StrCat("all workers done; shard ", index, " exiting"));
+      absl::Status s = agent.Finish(true, "");
+      if (!s.ok()) pstrain::PrintError(kProgram, s.message());
       break;
     }
+    {
+      absl::MutexLock lock(&job_end.mu);
+      if (job_end.ended) {
+        pstrain::PrintError(
+            kProgram, absl::StrCat(agent.name(), ": the job ended (",
+                                   pstrain::JobState_Name(job_end.state), ")",
+                                   job_end.message.empty() ? "" : ": ",
+                                   job_end.message, "; exiting"));
+        exit_code = job_end.state == pstrain::JOB_SUCCEEDED ? 0 : 1;
+        break;
+      }
+    }
     if (g_signal != 0) {
-      std::printf("signal %d; shard %d exiting\n", static_cast<int>(g_signal),
-                  options.shard_index);
       exit_code = 128 + g_signal;
+      shard.Abort(absl::StrCat("signal ", static_cast<int>(g_signal)));
+      fail(exit_code,
+           absl::StrCat("stopped by signal ", static_cast<int>(g_signal)));
       break;
     }
     if (absl::Now() - service.last_request_time() > idle_timeout) {
-      pstrain::PrintError(
-          program,
-          absl::StrCat("no request for ", absl::GetFlag(FLAGS_idle_timeout_s),
-                       " s (--idle_timeout_s); exiting"));
       exit_code = 1;
+      shard.Abort("idle timeout");
+      fail(exit_code,
+           absl::StrCat("no request for ", absl::GetFlag(FLAGS_idle_timeout_s),
+                        " s (--idle_timeout_s)"));
       break;
     }
   }

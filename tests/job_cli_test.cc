@@ -1,76 +1,21 @@
 // `pstrain submit | status | cancel | wait` against a real
 // pstrain_coordinator process: what a user sees, exit codes, and that a
 // restarted coordinator still knows the job (its job file).
-#include <signal.h>
-#include <sys/wait.h>
-#include <unistd.h>
-
-#include <cstdio>
-#include <cstdlib>
-#include <fstream>
-#include <sstream>
 #include <string>
 
 #include "gtest/gtest.h"
+#include "tests/cli_test_util.h"
 
 namespace {
 
-struct Result {
-  int exit_code = -1;
-  std::string output;
-};
-
-std::string TempDir() { return std::getenv("TEST_TMPDIR"); }
-
-Result RunCommand(const std::string& command) {
-  Result result;
-  FILE* pipe = popen((command + " 2>&1").c_str(), "r");
-  if (pipe == nullptr) return result;
-  char buffer[4096];
-  size_t n;
-  while ((n = fread(buffer, 1, sizeof(buffer), pipe)) > 0) {
-    result.output.append(buffer, n);
-  }
-  const int status = pclose(pipe);
-  result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return result;
-}
-
-// A coordinator process on a free port, keeping its jobs in `job_file`.
-class Coordinator {
- public:
-  explicit Coordinator(const std::string& job_file) {
-    const std::string port_file = TempDir() + "/coordinator.port";
-    std::remove(port_file.c_str());
-    pid_ = fork();
-    if (pid_ == 0) {
-      execl("tools/pstrain_coordinator", "pstrain_coordinator", "--port=0",
-            "--bind=127.0.0.1", ("--port_file=" + port_file).c_str(),
-            ("--job_file=" + job_file).c_str(), "--heartbeat_timeout_s=600",
-            static_cast<char*>(nullptr));
-      _exit(127);
-    }
-    for (int i = 0; i < 100 && port_.empty(); ++i) {
-      usleep(50000);
-      std::ifstream f(port_file);
-      std::getline(f, port_);
-    }
-  }
-  ~Coordinator() {
-    kill(pid_, SIGTERM);
-    waitpid(pid_, nullptr, 0);
-  }
-  std::string flag() const { return " --coordinator=127.0.0.1:" + port_; }
-  bool up() const { return !port_.empty(); }
-  const std::string& port() const { return port_; }
-
- private:
-  pid_t pid_ = -1;
-  std::string port_;
-};
+using pstrain::testing::CommandResult;
+using pstrain::testing::RunCommand;
+using pstrain::testing::TempDir;
+using Coordinator = pstrain::testing::CoordinatorProcess;
+using Result = pstrain::testing::CommandResult;
 
 void WriteFile(const std::string& path, const std::string& text) {
-  std::ofstream(path) << text;
+  pstrain::testing::WriteTextFile(path, text);
 }
 
 TEST(JobCliTest, SubmitStatusCancelWaitAndRestart) {
@@ -81,7 +26,7 @@ TEST(JobCliTest, SubmitStatusCancelWaitAndRestart) {
             "epochs: 1\nworker_hosts { host: \"10.0.0.4\" port: 7001 }\n"
             "worker_hosts { host: \"10.0.0.5\" port: 7001 }\n");
   {
-    Coordinator coordinator(job_file);
+    Coordinator coordinator(job_file, 600);
     ASSERT_TRUE(coordinator.up());
     Result r = RunCommand("tools/pstrain submit " + spec + coordinator.flag());
     EXPECT_EQ(r.exit_code, 0) << r.output;
@@ -90,12 +35,12 @@ TEST(JobCliTest, SubmitStatusCancelWaitAndRestart) {
     EXPECT_EQ(r.exit_code, 0) << r.output;
     EXPECT_EQ(r.output,
               "job-1 PENDING lenet5 1 ps 2 workers (0/3 registered)\n"
-              "  ps 0       WAITING  -\n"
-              "  worker 0   WAITING  -\n"
-              "  worker 1   WAITING  -\n");
+              "  ps 0       WAITING    -\n"
+              "  worker 0   WAITING    -\n"
+              "  worker 1   WAITING    -\n");
   }
   // A restarted coordinator still knows job-1.
-  Coordinator coordinator(job_file);
+  Coordinator coordinator(job_file, 600);
   ASSERT_TRUE(coordinator.up());
   Result r = RunCommand("tools/pstrain status" + coordinator.flag());
   EXPECT_EQ(r.output, "job-1 PENDING lenet5 1 ps 2 workers (0/3 registered)\n");

@@ -15,46 +15,17 @@
 #include "google/protobuf/util/json_util.h"
 #include "gtest/gtest.h"
 #include "proto/results.pb.h"
+#include "tests/cli_test_util.h"
 
 namespace {
 
-constexpr char kFashion[] = "/usr/share/datasets/fashion-mnist";
-
-struct Result {
-  int exit_code = -1;
-  std::string output;
-};
-
-std::string TempDir() { return std::getenv("TEST_TMPDIR"); }
+using pstrain::testing::CountProcesses;
+using pstrain::testing::HaveFashionMnist;
+using pstrain::testing::TempDir;
+using Result = pstrain::testing::CommandResult;
 
 Result RunPstrain(const std::string& args) {
-  const std::string command = "tools/pstrain run " + args + " 2>&1";
-  Result result;
-  FILE* pipe = popen(command.c_str(), "r");
-  if (pipe == nullptr) return result;
-  char buffer[4096];
-  size_t n;
-  while ((n = fread(buffer, 1, sizeof(buffer), pipe)) > 0) {
-    result.output.append(buffer, n);
-  }
-  const int status = pclose(pipe);
-  result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return result;
-}
-
-int CountProcesses(const std::string& name) {
-  FILE* pipe = popen(("pgrep -c -x " + name).c_str(), "r");
-  int count = 0;
-  if (pipe != nullptr) {
-    if (fscanf(pipe, "%d", &count) != 1) count = 0;
-    pclose(pipe);
-  }
-  return count;
-}
-
-bool HaveFashionMnist() {
-  std::ifstream f(std::string(kFashion) + "/train-images-idx3-ubyte.gz");
-  return f.good();
+  return pstrain::testing::RunCommand("tools/pstrain run " + args);
 }
 
 TEST(RunCliTest, SmallJobPrintsStepEpochLinesTableAndJson) {
@@ -131,7 +102,7 @@ TEST(RunCliTest, BadInputGetsOneLineErrorAndExitCode2) {
        "file, gzipped or plain)\n"},
       {"--dataset=cifar100",
        "pstrain: error: --dataset=cifar100 --data_dir=" +
-           std::string(kFashion) +
+           std::string(pstrain::testing::kFashionMnistDir) +
            ": unknown dataset \"cifar100\"; expected one of: cifar10, "
            "fashion_mnist, mnist, synthetic\n"},
       {"--backend=cuda",
@@ -180,7 +151,8 @@ TEST(RunCliTest, FailingWorkerStopsTheJobAndLeavesNoProcess) {
   EXPECT_EQ(r.exit_code, 1) << r.output;
   EXPECT_TRUE(std::regex_search(
       r.output,
-      std::regex(R"(pstrain: error: worker[01] failed with exit code 1\n$)")))
+      std::regex(R"(pstrain: error: job-1 FAILED: worker [01] \(not )"
+                 R"(registered\) failed: exited with exit code 1\n$)")))
       << r.output;
   EXPECT_EQ(CountProcesses("pstrain_ps"), 0);
 }

@@ -9,19 +9,14 @@
 #include <cstdio>
 #include <memory>
 #include <string>
-#include <thread>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "common/flags_util.h"
-#include "common/grpc_server.h"
-#include "coordinator/coordinator_service.h"
-#include "coordinator/job_table.h"
-#include "grpcpp/grpcpp.h"
+#include "coordinator/coordinator_server.h"
 
 ABSL_FLAG(std::string, bind, "0.0.0.0", "Address to listen on.");
 ABSL_FLAG(int, port, 7070, "Port to listen on (0: any free port).");
@@ -55,51 +50,38 @@ int main(int argc, char** argv) {
     return 2;
   }
   const std::string job_file = absl::GetFlag(FLAGS_job_file);
-  std::unique_ptr<pstrain::JobTable> table;
-  if (!job_file.empty()) {
-    absl::StatusOr<std::unique_ptr<pstrain::JobTable>> loaded =
-        pstrain::JobTable::Load(job_file);
-    if (loaded.ok()) {
-      table = *std::move(loaded);
-    } else if (absl::IsNotFound(loaded.status())) {
-      table = std::make_unique<pstrain::JobTable>(job_file);
-    } else {
-      pstrain::PrintError(kProgram, absl::StrCat("--job_file=", job_file, ": ",
-                                                 loaded.status().message()));
-      return 2;
-    }
-  } else {
-    table = std::make_unique<pstrain::JobTable>();
+  pstrain::CoordinatorServerOptions options;
+  options.address =
+      absl::StrCat(absl::GetFlag(FLAGS_bind), ":", absl::GetFlag(FLAGS_port));
+  options.job_file = job_file;
+  options.port_file = absl::GetFlag(FLAGS_port_file);
+  options.heartbeat_timeout = absl::Seconds(timeout_s);
+  options.max_wait = absl::Seconds(absl::GetFlag(FLAGS_max_wait_s));
+  options.on_job_failed = [](const pstrain::JobInfo& job) {
+    std::printf("%s FAILED: %s\n", job.id().c_str(), job.message().c_str());
+    std::fflush(stdout);
+  };
+  absl::StatusOr<std::unique_ptr<pstrain::CoordinatorServer>> server =
+      pstrain::CoordinatorServer::Start(options);
+  if (!server.ok()) {
+    // UNAVAILABLE: the address; anything else: the job file.
+    const bool file_error = !absl::IsUnavailable(server.status());
+    pstrain::PrintError(
+        kProgram,
+        absl::StrCat(
+            file_error ? absl::StrCat("--job_file=", job_file, ": ") : "",
+            server.status().message()));
+    return file_error ? 2 : 1;
   }
-  pstrain::CoordinatorService service(
-      table.get(), absl::Seconds(absl::GetFlag(FLAGS_max_wait_s)));
-  absl::StatusOr<pstrain::ListeningServer> listening = pstrain::StartGrpcServer(
-      absl::StrCat(absl::GetFlag(FLAGS_bind), ":", absl::GetFlag(FLAGS_port)),
-      &service, absl::GetFlag(FLAGS_port_file));
-  if (!listening.ok()) {
-    pstrain::PrintError(kProgram, listening.status().message());
-    return 1;
-  }
-  std::unique_ptr<grpc::Server> server = std::move(listening->server);
-  const int bound_port = listening->port;
   std::printf("coordinator listening on %s:%d (job file %s, %zu jobs)\n",
-              absl::GetFlag(FLAGS_bind).c_str(), bound_port,
+              absl::GetFlag(FLAGS_bind).c_str(), (*server)->port(),
               job_file.empty() ? "none" : job_file.c_str(),
-              table->List().size());
+              (*server)->table().List().size());
   std::fflush(stdout);
   std::signal(SIGINT, OnSignal);
   std::signal(SIGTERM, OnSignal);
-  while (g_signal == 0) {
-    absl::SleepFor(absl::Seconds(1));
-    for (const std::string& id :
-         table->CheckHeartbeats(absl::Now(), absl::Seconds(timeout_s))) {
-      absl::StatusOr<pstrain::JobInfo> job = table->Get(id);
-      std::printf("%s FAILED: %s\n", id.c_str(),
-                  job.ok() ? job->message().c_str() : "");
-      std::fflush(stdout);
-    }
-  }
+  while (g_signal == 0) absl::SleepFor(absl::Milliseconds(200));
   std::printf("signal %d; coordinator exiting\n", static_cast<int>(g_signal));
-  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  server->reset();
   return 0;
 }

@@ -6,10 +6,12 @@
 
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "common/flags_util.h"
 #include "coordinator/job_spec.h"
 #include "coordinator/job_table.h"
+#include "google/protobuf/util/json_util.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/coordinator.grpc.pb.h"
 
@@ -17,6 +19,10 @@ ABSL_FLAG(std::string, coordinator, "127.0.0.1:7070",
           "host:port of pstrain_coordinator (submit, status, cancel, wait).");
 ABSL_FLAG(int, rpc_timeout_s, 30, "Deadline of each coordinator call, s.");
 ABSL_FLAG(int, wait_poll_ms, 1000, "wait: milliseconds between polls.");
+ABSL_FLAG(std::string, launcher, "", "launch-lines: slurm, mpirun or ssh.");
+ABSL_FLAG(std::string, job, "\"$JOB\"",
+          "launch-lines: the job id the lines pass to the tasks (default: "
+          "the shell variable JOB, e.g. JOB=$(pstrain submit JOB.pbtxt)).");
 
 namespace pstrain {
 namespace {
@@ -46,22 +52,133 @@ int RpcFailure(const grpc::Status& status) {
                                                      : status.error_message()));
 }
 
-std::string StateName(JobState state) {
-  std::string name = JobState_Name(state);
-  return name.rfind("JOB_", 0) == 0 ? name.substr(4) : name;
+// "[worker0] Step200: ..." as `pstrain run` prefixes its tasks' lines.
+void PrintLogLines(const JobInfo& job) {
+  for (const LogLine& line : job.log()) {
+    std::printf("[%s%d] %s\n", line.role() == ROLE_PS ? "ps" : "worker",
+                line.index(), line.text().c_str());
+  }
+  std::fflush(stdout);
+}
+
+absl::StatusOr<JobInfo> GetJob(Coordinator::Stub* stub, const std::string& id,
+                               int64_t log_since, grpc::Status* rpc_status) {
+  grpc::ClientContext context;
+  SetDeadline(&context);
+  JobRequest request;
+  request.set_job_id(id);
+  request.set_log_since(log_since);
+  JobInfo job;
+  *rpc_status = stub->GetJob(&context, request, &job);
+  if (!rpc_status->ok()) return absl::UnavailableError("GetJob");
+  return job;
 }
 
 void PrintJobLine(const JobInfo& job) {
   int registered = 0;
-  for (const TaskInfo& t : job.tasks()) registered += t.state() != TASK_WAITING;
+  for (const TaskInfo& t : job.tasks()) registered += !t.address().empty();
   std::printf("%s %s %s %d ps %d workers (%d/%d registered)%s%s\n",
-              job.id().c_str(), StateName(job.state()).c_str(),
+              job.id().c_str(), JobStateName(job.state()).c_str(),
               job.spec().model().c_str(), job.spec().num_ps(),
               job.spec().num_workers(), registered, job.tasks_size(),
               job.message().empty() ? "" : ": ", job.message().c_str());
 }
 
 }  // namespace
+
+std::string JobStateName(JobState state) {
+  std::string name = JobState_Name(state);
+  return name.rfind("JOB_", 0) == 0 ? name.substr(4) : name;
+}
+
+std::string FormatResultTable(const RunResult& r) {
+  std::string out =
+      "| #PS | #Workers | Mode | Model | Batchsize | Epochs | Steps | Runtime "
+      "| Throughput (data/sec) | Test accuracy |\n"
+      "|---:|---:|---|---|---:|---:|---:|---:|---:|---:|\n";
+  absl::StrAppend(&out, "| ", r.num_ps(), " | ", r.num_workers(), " | ",
+                  r.mode(), " | ", r.model(), " | ", r.batch_size(), " | ",
+                  r.epochs(), " | ", r.steps(), " | ",
+                  absl::StrFormat("%.2f s", r.runtime_seconds()), " | ",
+                  absl::StrFormat("%.2f", r.throughput_samples_per_sec()),
+                  " | ", absl::StrFormat("%.4f", r.test_accuracy()), " |\n");
+  return out;
+}
+
+std::string ResultJson(const RunResult& result) {
+  std::string json;
+  google::protobuf::util::JsonPrintOptions options;
+  options.add_whitespace = true;
+  options.always_print_primitive_fields = true;
+  options.preserve_proto_field_names = true;
+  (void)google::protobuf::util::MessageToJsonString(result, &json, options);
+  return json;
+}
+
+absl::StatusOr<std::string> LaunchLines(const JobSpec& spec,
+                                        const std::string& launcher,
+                                        const std::string& coordinator,
+                                        const std::string& job,
+                                        const std::string& ps_binary,
+                                        const std::string& worker_binary) {
+  struct Role {
+    const char* name;
+    int count;
+    const google::protobuf::RepeatedPtrField<HostPort>* hosts;
+    std::string binary;
+  };
+  const Role roles[] = {
+      {"ps", spec.num_ps(), &spec.ps_hosts(), ps_binary},
+      {"worker", spec.num_workers(), &spec.worker_hosts(), worker_binary}};
+  const bool have_hosts =
+      !spec.ps_hosts().empty() && !spec.worker_hosts().empty();
+  if (launcher != "slurm" && launcher != "mpirun" && launcher != "ssh") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--launcher=", launcher, ": expected slurm, mpirun or ssh"));
+  }
+  if (launcher != "slurm" && !have_hosts) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--launcher=", launcher,
+        " needs ps_hosts and worker_hosts in the job spec (slurm does not)"));
+  }
+  std::string out =
+      absl::StrCat("# ", spec.num_ps(), " ps and ", spec.num_workers(),
+                   " worker tasks; ", "coordinator ", coordinator, "\n");
+  for (const Role& role : roles) {
+    const std::string task = absl::StrCat(
+        role.binary, " --coordinator=", coordinator, " --job=", job);
+    if (launcher == "slurm" && role.hosts->empty()) {
+      // One task per node; each takes its index from SLURM_PROCID.
+      absl::StrAppend(&out, "srun --ntasks=", role.count,
+                      " --nodes=", role.count, " --ntasks-per-node=1 ", task,
+                      " &\n");
+      continue;
+    }
+    if (launcher == "mpirun") {
+      const std::string hostfile = absl::StrCat(role.name, "_hosts.txt");
+      absl::StrAppend(&out, "cat > ", hostfile, " <<'EOF'\n");
+      for (const HostPort& h : *role.hosts) {
+        absl::StrAppend(&out, h.host(), " slots=1\n");
+      }
+      // --map-by node: rank i on the i-th line (OMPI_COMM_WORLD_RANK).
+      absl::StrAppend(&out, "EOF\nmpirun -np ", role.count, " --hostfile ",
+                      hostfile, " --map-by node ", task, " &\n");
+      continue;
+    }
+    for (int i = 0; i < role.count; ++i) {
+      const std::string& host = (*role.hosts)[i].host();
+      const std::string line = absl::StrCat(task, " --task_index=", i);
+      if (launcher == "slurm") {
+        absl::StrAppend(&out, "srun --ntasks=1 --nodes=1 --nodelist=", host,
+                        " ", line, " &\n");
+      } else {
+        absl::StrAppend(&out, "ssh ", host, " \"", line, "\" &\n");
+      }
+    }
+  }
+  absl::StrAppend(&out, "wait\n");
+  return out;
+}
 
 int SubmitCommand(const std::vector<std::string>& args) {
   if (args.size() != 1) {
@@ -107,9 +224,14 @@ int StatusCommand(const std::vector<std::string>& args) {
   for (const TaskInfo& t : job.tasks()) {
     std::string state = TaskState_Name(t.state());
     if (state.rfind("TASK_", 0) == 0) state = state.substr(5);
-    std::printf("  %-10s %-8s %s%s%s\n", TaskName(t.role(), t.index()).c_str(),
-                state.c_str(), t.address().empty() ? "-" : t.address().c_str(),
-                t.message().empty() ? "" : " ", t.message().c_str());
+    const std::string progress =
+        t.steps() > 0 ? absl::StrFormat(" %d steps, %.1f samples/sec",
+                                        t.steps(), t.samples_per_sec())
+                      : "";
+    std::printf(
+        "  %-10s %-10s %s%s%s%s\n", TaskName(t.role(), t.index()).c_str(),
+        state.c_str(), t.address().empty() ? "-" : t.address().c_str(),
+        progress.c_str(), t.message().empty() ? "" : " ", t.message().c_str());
   }
   return 0;
 }
@@ -129,28 +251,65 @@ int CancelCommand(const std::vector<std::string>& args) {
   return 0;
 }
 
+int LogsCommand(const std::vector<std::string>& args) {
+  if (args.size() != 1) {
+    return Fail(2, "usage: pstrain logs JOB_ID [--coordinator=HOST:PORT]");
+  }
+  grpc::Status status;
+  absl::StatusOr<JobInfo> job = GetJob(Stub().get(), args[0], 0, &status);
+  if (!job.ok()) return RpcFailure(status);
+  PrintLogLines(*job);
+  return 0;
+}
+
 int WaitCommand(const std::vector<std::string>& args) {
   if (args.size() != 1) {
     return Fail(2, "usage: pstrain wait JOB_ID [--coordinator=HOST:PORT]");
   }
   auto stub = Stub();
   JobState last = JOB_STATE_UNSPECIFIED;
+  int64_t log_since = 0;
   while (true) {
-    grpc::ClientContext context;
-    SetDeadline(&context);
-    JobRequest request;
-    request.set_job_id(args[0]);
-    JobInfo job;
-    const grpc::Status status = stub->GetJob(&context, request, &job);
-    if (!status.ok()) return RpcFailure(status);
-    if (job.state() != last) {
-      PrintJobLine(job);
-      std::fflush(stdout);
-      last = job.state();
+    grpc::Status status;
+    absl::StatusOr<JobInfo> job =
+        GetJob(stub.get(), args[0], log_since, &status);
+    if (!job.ok()) return RpcFailure(status);
+    if (job->state() != last) {
+      PrintJobLine(*job);
+      last = job->state();
     }
-    if (JobEnded(job.state())) return job.state() == JOB_SUCCEEDED ? 0 : 1;
+    PrintLogLines(*job);
+    log_since = job->next_log_seq();
+    if (JobEnded(job->state())) {
+      if (job->state() != JOB_SUCCEEDED) return 1;
+      std::printf("\n%s", FormatResultTable(job->result()).c_str());
+      std::fflush(stdout);
+      return 0;
+    }
     absl::SleepFor(absl::Milliseconds(absl::GetFlag(FLAGS_wait_poll_ms)));
   }
+}
+
+int LaunchLinesCommand(const std::vector<std::string>& args,
+                       const std::string& ps_binary,
+                       const std::string& worker_binary) {
+  if (args.size() != 1) {
+    return Fail(2,
+                "usage: pstrain launch-lines JOB.pbtxt "
+                "--launcher=slurm|mpirun|ssh [--coordinator=HOST:PORT] "
+                "[--job=ID]");
+  }
+  std::string text;
+  absl::Status s = ReadFile(args[0], &text);
+  if (!s.ok()) return Fail(2, std::string(s.message()));
+  absl::StatusOr<JobSpec> spec = ParseJobSpec(text, args[0]);
+  if (!spec.ok()) return Fail(2, std::string(spec.status().message()));
+  absl::StatusOr<std::string> lines = LaunchLines(
+      *spec, absl::GetFlag(FLAGS_launcher), absl::GetFlag(FLAGS_coordinator),
+      absl::GetFlag(FLAGS_job), ps_binary, worker_binary);
+  if (!lines.ok()) return Fail(2, std::string(lines.status().message()));
+  std::printf("%s", lines->c_str());
+  return 0;
 }
 
 }  // namespace pstrain

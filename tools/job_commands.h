@@ -1,12 +1,21 @@
-// `pstrain submit | status | cancel | wait`: clients of the coordinator
-// (tools/pstrain_coordinator at --coordinator=HOST:PORT).
+// `pstrain submit | status | logs | cancel | wait | launch-lines`: clients
+// of the coordinator (tools/pstrain_coordinator at --coordinator=HOST:PORT).
 //
 //   pstrain submit JOB.pbtxt   parses and checks the spec (the bad field is
 //                              named, exit 2), submits it, prints the job id.
-//   pstrain status [ID]        one line per job (or the job, with its tasks).
+//   pstrain status [ID]        one line per job (or the job, with its tasks,
+//                              their steps and samples/sec).
+//   pstrain logs ID            the lines the job's tasks printed ("[worker0]
+//                              Step200: 9003.12 data/sec"), as the
+//                              coordinator keeps them (the last 10000).
 //   pstrain cancel ID          ends a pending or running job.
-//   pstrain wait ID            polls until the job ends; prints its final
-//                              state; exit 0 only if it SUCCEEDED.
+//   pstrain wait ID            follows the job to its end: its tasks' lines
+//                              as they arrive, its final state, and the
+//                              results table of `pstrain run`; exit 0 only
+//                              if it SUCCEEDED.
+//   pstrain launch-lines JOB.pbtxt --launcher=slurm|mpirun|ssh [--job=ID]
+//                              the shell lines that start the job's tasks
+//                              (see LaunchLines below).
 //
 // Exit codes: 0 success; 1 the job failed or was cancelled (wait), or the
 // coordinator refused or could not be reached; 2 bad input (usage, spec).
@@ -17,11 +26,48 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/statusor.h"
+#include "proto/coordinator.pb.h"
+#include "proto/job.pb.h"
+#include "proto/results.pb.h"
+
 namespace pstrain {
+
+// The one-row markdown table `pstrain run` and `pstrain wait` print:
+// | #PS | #Workers | Mode | Model | Batchsize | Epochs | Steps | Runtime |
+// Throughput (data/sec) | Test accuracy |.
+std::string FormatResultTable(const RunResult& result);
+// `result` as JSON (protobuf's printer, field names as in the .proto).
+std::string ResultJson(const RunResult& result);
+// "RUNNING", "FAILED", ...
+std::string JobStateName(JobState state);
+
+// Shell lines that start every task of `spec` on its host, for
+//   slurm:  one `srun --ntasks=N` line per role (index from SLURM_PROCID),
+//           or, when the spec lists hosts, one `srun --nodelist=HOST` line
+//           per task;
+//   mpirun: per role, a hostfile (written by a here-document) and one
+//           `mpirun -np N --hostfile F --map-by node` line (index from
+//           OMPI_COMM_WORLD_RANK); needs the spec's hosts;
+//   ssh:    one `ssh HOST "..." &` line per task; needs the spec's hosts.
+// Each line runs `ps_binary` or `worker_binary` with
+// --coordinator=`coordinator` --job=`job` (e.g. "$JOB", set from `pstrain
+// submit`'s output). INVALID_ARGUMENT naming the launcher or the missing
+// host list.
+absl::StatusOr<std::string> LaunchLines(const JobSpec& spec,
+                                        const std::string& launcher,
+                                        const std::string& coordinator,
+                                        const std::string& job,
+                                        const std::string& ps_binary,
+                                        const std::string& worker_binary);
 
 // `args`: the positional arguments after the command name.
 int SubmitCommand(const std::vector<std::string>& args);
 int StatusCommand(const std::vector<std::string>& args);
+int LogsCommand(const std::vector<std::string>& args);
+int LaunchLinesCommand(const std::vector<std::string>& args,
+                       const std::string& ps_binary,
+                       const std::string& worker_binary);
 int CancelCommand(const std::vector<std::string>& args);
 int WaitCommand(const std::vector<std::string>& args);
 

@@ -13,8 +13,12 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <limits>
+#include <map>
+#include <memory>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/flags/flag.h"
@@ -25,9 +29,11 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "common/flags_util.h"
-#include "google/protobuf/util/json_util.h"
+#include "coordinator/coordinator_server.h"
+#include "coordinator/job_spec.h"
+#include "coordinator/job_table.h"
 #include "models/model.h"
-#include "proto/results.pb.h"
+#include "proto/coordinator.pb.h"
 #include "tools/job_commands.h"
 #include "tools/local_cluster.h"
 #include "worker/data_flags.h"
@@ -57,8 +63,8 @@ ABSL_FLAG(std::string, ps_binary, "",
           "pstrain_ps to run; default: the one built beside this program.");
 ABSL_FLAG(std::string, worker_binary, "",
           "pstrain_worker to run; default: the one built beside this program.");
-ABSL_FLAG(int, startup_timeout_s, 30,
-          "Seconds to wait for the shards to report their ports.");
+ABSL_FLAG(int, heartbeat_timeout_s, 60,
+          "Seconds of silence after which a task is lost and the job fails.");
 
 namespace pstrain {
 namespace {
@@ -66,6 +72,9 @@ namespace {
 constexpr char kProgram[] = "pstrain";
 volatile sig_atomic_t g_signal = 0;
 void OnSignal(int signal) { g_signal = signal; }
+
+// JobTable::Get without the log lines.
+constexpr int64_t kNoLogLines = std::numeric_limits<int64_t>::max();
 
 int Fail(int code, const std::string& message) {
   PrintError(kProgram, message);
@@ -83,19 +92,19 @@ std::string SiblingBinary(const std::string& package, const std::string& name) {
   return absl::StrCat(dir, "/", package, "/", name);
 }
 
-std::string FormatTable(const RunResult& r) {
-  std::string out =
-      "| #PS | #Workers | Mode | Model | Batchsize | Epochs | Steps | Runtime "
-      "| Throughput (data/sec) | Test accuracy |\n"
-      "|---:|---:|---|---|---:|---:|---:|---:|---:|---:|\n";
-  absl::StrAppend(&out, "| ", r.num_ps(), " | ", r.num_workers(), " | ",
-                  r.mode(), " | ", r.model(), " | ", r.batch_size(), " | ",
-                  r.epochs(), " | ", r.steps(), " | ",
-                  absl::StrFormat("%.2f s", r.runtime_seconds()), " | ",
-                  absl::StrFormat("%.2f", r.throughput_samples_per_sec()),
-                  " | ", absl::StrFormat("%.4f", r.test_accuracy()), " |\n");
-  return out;
+}  // namespace
+
+std::string PsBinary() {
+  const std::string flag = absl::GetFlag(FLAGS_ps_binary);
+  return flag.empty() ? SiblingBinary("server", "pstrain_ps") : flag;
 }
+
+std::string WorkerBinary() {
+  const std::string flag = absl::GetFlag(FLAGS_worker_binary);
+  return flag.empty() ? SiblingBinary("worker", "pstrain_worker") : flag;
+}
+
+namespace {
 
 int Run() {
   const std::string model = absl::GetFlag(FLAGS_model);
@@ -147,12 +156,8 @@ int Run() {
                                 dataset->train.count / num_workers,
                                 " training samples"));
   }
-  std::string ps_binary = absl::GetFlag(FLAGS_ps_binary);
-  if (ps_binary.empty()) ps_binary = SiblingBinary("server", "pstrain_ps");
-  std::string worker_binary = absl::GetFlag(FLAGS_worker_binary);
-  if (worker_binary.empty()) {
-    worker_binary = SiblingBinary("worker", "pstrain_worker");
-  }
+  const std::string ps_binary = PsBinary();
+  const std::string worker_binary = WorkerBinary();
   for (const std::string& binary : {ps_binary, worker_binary}) {
     if (access(binary.c_str(), X_OK) != 0) {
       return Fail(2, absl::StrCat(binary,
@@ -162,144 +167,129 @@ int Run() {
     }
   }
 
-  char dir_template[] = "/tmp/pstrain-run-XXXXXX";
-  if (mkdtemp(dir_template) == nullptr) {
-    return Fail(1, "cannot create a temporary folder in /tmp");
+  // The same job spec `pstrain submit` takes, served by an in-process
+  // coordinator on 127.0.0.1; the tasks are local processes.
+  JobSpec spec;
+  spec.set_model(model);
+  spec.set_dataset(absl::GetFlag(FLAGS_dataset));
+  spec.set_data_dir(absl::GetFlag(FLAGS_data_dir));
+  spec.set_image_size(absl::GetFlag(FLAGS_image_size));
+  spec.set_num_classes(absl::GetFlag(FLAGS_num_classes));
+  spec.set_synthetic_samples(absl::GetFlag(FLAGS_synthetic_samples));
+  spec.set_backend(absl::GetFlag(FLAGS_backend));
+  spec.set_mode(mode);
+  spec.set_num_ps(num_ps);
+  spec.set_num_workers(num_workers);
+  spec.set_batch_size(batch_size);
+  spec.set_epochs(epochs);
+  spec.set_seed(absl::GetFlag(FLAGS_seed));
+  spec.set_partition_bytes(partition_bytes);
+  spec.set_log_every_steps(absl::GetFlag(FLAGS_log_every_steps));
+  spec.set_max_steps_per_epoch(absl::GetFlag(FLAGS_max_steps_per_epoch));
+  OptimizerSpec* optimizer = spec.mutable_optimizer();
+  optimizer->set_lr(absl::GetFlag(FLAGS_lr));
+  optimizer->set_beta1(absl::GetFlag(FLAGS_beta1));
+  optimizer->set_beta2(absl::GetFlag(FLAGS_beta2));
+  optimizer->set_epsilon(absl::GetFlag(FLAGS_epsilon));
+  optimizer->set_weight_decay(absl::GetFlag(FLAGS_weight_decay));
+  ApplyJobDefaults(&spec);
+  if (absl::Status s = ValidateJobSpec(spec); !s.ok()) {
+    return Fail(2, absl::StrCat("flags: ", s.message()));
   }
-  const std::string run_dir = dir_template;
-  const std::string job_id = absl::StrCat("run-", getpid());
+
+  CoordinatorServerOptions coordinator_options;
+  coordinator_options.address = "127.0.0.1:0";
+  coordinator_options.heartbeat_timeout =
+      absl::Seconds(absl::GetFlag(FLAGS_heartbeat_timeout_s));
+  absl::StatusOr<std::unique_ptr<CoordinatorServer>> coordinator =
+      CoordinatorServer::Start(coordinator_options);
+  if (!coordinator.ok()) {
+    return Fail(1, absl::StrCat("in-process coordinator: ",
+                                coordinator.status().message()));
+  }
+  JobTable& table = (*coordinator)->table();
+  absl::StatusOr<std::string> submitted = table.Submit(spec, absl::Now());
+  if (!submitted.ok()) return Fail(1, submitted.status().ToString());
+  const std::string job_id = *submitted;
+  const std::string coordinator_flag =
+      absl::StrCat("--coordinator=127.0.0.1:", (*coordinator)->port());
   signal(SIGINT, OnSignal);
   signal(SIGTERM, OnSignal);
 
   LocalCluster cluster;
-  auto fail_job = [&](const std::string& message) {
-    cluster.StopAll(absl::Seconds(3));
-    std::system(absl::StrCat("rm -rf ", run_dir).c_str());
-    return Fail(1, message);
-  };
-  auto interrupted = [&]() {
-    cluster.StopAll(absl::Seconds(3));
-    std::system(absl::StrCat("rm -rf ", run_dir).c_str());
-    PrintError(kProgram, absl::StrCat("interrupted by signal ",
-                                      static_cast<int>(g_signal),
-                                      "; stopped every process"));
-    return 128 + g_signal;
-  };
-
+  std::map<std::string, std::pair<TaskRole, int>> tasks;
   for (int s = 0; s < num_ps; ++s) {
+    const std::string role = absl::StrCat("ps", s);
+    tasks[role] = {ROLE_PS, s};
     absl::Status status = cluster.Start(
-        absl::StrCat("ps", s),
-        {ps_binary, "--bind=127.0.0.1", "--port=0",
-         absl::StrCat("--port_file=", run_dir, "/ps", s, ".port"),
-         absl::StrCat("--job_id=", job_id), absl::StrCat("--shard_index=", s),
-         absl::StrCat("--num_shards=", num_ps),
-         absl::StrCat("--num_workers=", num_workers),
-         absl::StrCat("--mode=", mode),
-         absl::StrCat("--lr=", absl::GetFlag(FLAGS_lr)),
-         absl::StrCat("--beta1=", absl::GetFlag(FLAGS_beta1)),
-         absl::StrCat("--beta2=", absl::GetFlag(FLAGS_beta2)),
-         absl::StrCat("--epsilon=", absl::GetFlag(FLAGS_epsilon)),
-         absl::StrCat("--weight_decay=", absl::GetFlag(FLAGS_weight_decay))});
-    if (!status.ok()) return fail_job(status.ToString());
+        role, {ps_binary, coordinator_flag, absl::StrCat("--job=", job_id),
+               absl::StrCat("--task_index=", s), "--bind=127.0.0.1", "--port=0",
+               "--advertise=127.0.0.1"});
+    if (!status.ok()) return Fail(1, status.ToString());
   }
-  // Collect the ports the OS gave the shards.
-  std::vector<std::string> addresses(num_ps);
-  const absl::Time deadline =
-      absl::Now() + absl::Seconds(absl::GetFlag(FLAGS_startup_timeout_s));
-  for (int s = 0; s < num_ps; ++s) {
-    std::string port;
-    while (!ReadFile(absl::StrCat(run_dir, "/ps", s, ".port"), &port).ok()) {
-      if (g_signal != 0) return interrupted();
-      ChildExit exit = cluster.WaitAny(absl::Milliseconds(20));
-      if (!exit.role.empty()) {
-        return fail_job(
-            absl::StrCat(exit.role, " exited with code ", exit.code,
-                         " before serving: ", exit.last_error_line));
-      }
-      if (absl::Now() > deadline) {
-        return fail_job(
-            absl::StrCat("ps", s, " did not report its port within ",
-                         absl::GetFlag(FLAGS_startup_timeout_s), " s"));
-      }
-    }
-    while (!port.empty() && port.back() == '\n') port.pop_back();
-    addresses[s] = absl::StrCat("127.0.0.1:", port);
-  }
-  const std::string results_file = absl::StrCat(run_dir, "/results.json");
   const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
   const std::string omp_threads = absl::StrCat(
       "OMP_NUM_THREADS=", std::max<unsigned>(1, cores / num_workers));
   for (int w = 0; w < num_workers; ++w) {
-    std::vector<std::string> argv = {
-        worker_binary,
-        absl::StrCat("--job_id=", job_id),
-        absl::StrCat("--worker_id=", w),
-        absl::StrCat("--num_workers=", num_workers),
-        absl::StrCat("--ps_addresses=", absl::StrJoin(addresses, ",")),
-        absl::StrCat("--model=", model),
-        absl::StrCat("--mode=", mode),
-        absl::StrCat("--batch_size=", batch_size),
-        absl::StrCat("--epochs=", epochs),
-        absl::StrCat("--seed=", absl::GetFlag(FLAGS_seed)),
-        absl::StrCat("--log_every_steps=",
-                     absl::GetFlag(FLAGS_log_every_steps)),
-        absl::StrCat("--partition_bytes=", partition_bytes),
-        absl::StrCat("--max_steps_per_epoch=",
-                     absl::GetFlag(FLAGS_max_steps_per_epoch))};
-    for (std::string& arg : DataAndBackendFlagArgs()) {
-      argv.push_back(std::move(arg));
-    }
-    if (w == 0) argv.push_back(absl::StrCat("--results_json=", results_file));
-    absl::Status status =
-        cluster.Start(absl::StrCat("worker", w), argv, {omp_threads});
-    if (!status.ok()) return fail_job(status.ToString());
+    const std::string role = absl::StrCat("worker", w);
+    tasks[role] = {ROLE_WORKER, w};
+    absl::Status status = cluster.Start(
+        role,
+        {worker_binary, coordinator_flag, absl::StrCat("--job=", job_id),
+         absl::StrCat("--task_index=", w), "--advertise=127.0.0.1",
+         absl::StrCat("--gpu=", absl::GetFlag(FLAGS_gpu))},
+        {omp_threads});
+    if (!status.ok()) return Fail(1, status.ToString());
   }
 
-  // Wait for every worker; any failure stops the job.
-  int workers_left = num_workers;
-  while (workers_left > 0) {
-    if (g_signal != 0) return interrupted();
-    ChildExit exit = cluster.WaitAny(absl::Milliseconds(100));
-    if (exit.role.empty()) continue;
-    if (exit.code != 0) {
-      return fail_job(
-          absl::StrCat(exit.role, " failed with ",
-                       exit.code > 0 ? absl::StrCat("exit code ", exit.code)
-                                     : absl::StrCat("signal ", -exit.code),
-                       exit.last_error_line.empty()
-                           ? ""
-                           : absl::StrCat(": ", exit.last_error_line)));
+  // Follow the job to its end. A task that dies without reporting (a crash,
+  // a kill) fails the job here; the others learn it from their heartbeats.
+  JobInfo job;
+  while (true) {
+    if (g_signal != 0) {
+      table.Cancel(job_id, absl::Now()).IgnoreError();
+      cluster.StopAll(absl::Seconds(3));
+      PrintError(kProgram, absl::StrCat("interrupted by signal ",
+                                        static_cast<int>(g_signal),
+                                        "; stopped every process"));
+      return 128 + g_signal;
     }
-    // A shard exits 0 only once every worker said done, which can happen
-    // before the last worker process is reaped here.
-    if (exit.role.rfind("worker", 0) == 0) --workers_left;
-  }
-  // The shards exit by themselves once every worker said done.
-  const absl::Time ps_deadline = absl::Now() + absl::Seconds(10);
-  while (cluster.num_running() > 0 && absl::Now() < ps_deadline) {
     ChildExit exit = cluster.WaitAny(absl::Milliseconds(100));
     if (!exit.role.empty() && exit.code != 0) {
-      return fail_job(absl::StrCat(exit.role, " failed with exit code ",
-                                   exit.code, ": ", exit.last_error_line));
+      TaskFinishedRequest report;
+      report.mutable_task()->set_job_id(job_id);
+      report.mutable_task()->set_role(tasks[exit.role].first);
+      report.mutable_task()->set_index(tasks[exit.role].second);
+      report.set_message(absl::StrCat(
+          "exited with ",
+          exit.code > 0 ? absl::StrCat("exit code ", exit.code)
+                        : absl::StrCat("signal ", -exit.code),
+          exit.last_error_line.empty() ? "" : ": ", exit.last_error_line));
+      // A no-op when the task reported its failure itself.
+      table.TaskFinished(report, absl::Now()).IgnoreError();
     }
+    absl::StatusOr<JobInfo> current = table.Get(job_id, kNoLogLines);
+    if (!current.ok()) return Fail(1, current.status().ToString());
+    job = *std::move(current);
+    if (JobEnded(job.state())) break;
+  }
+  // Every task exits by itself once the job has ended (the shards after
+  // their last worker's WorkerDone, the rest at their next heartbeat).
+  const absl::Time exit_deadline = absl::Now() + absl::Seconds(10);
+  while (cluster.num_running() > 0 && absl::Now() < exit_deadline) {
+    cluster.WaitAny(absl::Milliseconds(100));
   }
   cluster.StopAll(absl::Seconds(2));
-
-  std::string json;
-  absl::Status status = ReadFile(results_file, &json);
-  std::system(absl::StrCat("rm -rf ", run_dir).c_str());
-  if (!status.ok())
-    return Fail(1,
-                absl::StrCat("worker0 wrote no results: ", status.ToString()));
-  RunResult result;
-  if (!google::protobuf::util::JsonStringToMessage(json, &result).ok()) {
-    return Fail(1, "worker0's results are not valid JSON");
+  if (job.state() != JOB_SUCCEEDED) {
+    return Fail(1, absl::StrCat(job_id, " ", JobStateName(job.state()), ": ",
+                                job.message()));
   }
-  std::printf("\n%s", FormatTable(result).c_str());
+  std::printf("\n%s", FormatResultTable(job.result()).c_str());
   std::fflush(stdout);
   const std::string results_json = absl::GetFlag(FLAGS_results_json);
   if (!results_json.empty()) {
-    status = WriteFileAtomically(results_json, json);
+    absl::Status status =
+        WriteFileAtomically(results_json, ResultJson(job.result()));
     if (!status.ok()) return Fail(1, status.ToString());
   }
   return 0;
@@ -312,8 +302,11 @@ int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "pstrain run [--flags]: train a data-parallel job on this machine "
       "(parameter-server shards and workers as local processes).\n"
-      "pstrain submit JOB.pbtxt | status [ID] | cancel ID | wait ID "
-      "[--coordinator=HOST:PORT]: jobs on a pstrain_coordinator.");
+      "pstrain submit JOB.pbtxt | status [ID] | logs ID | cancel ID | wait ID "
+      "[--coordinator=HOST:PORT]: jobs on a pstrain_coordinator.\n"
+      "pstrain launch-lines JOB.pbtxt --launcher=slurm|mpirun|ssh "
+      "[--coordinator=HOST:PORT] [--job=ID]: the lines that start its "
+      "tasks.");
   std::vector<char*> positional = absl::ParseCommandLine(argc, argv);
   const std::string command = positional.size() > 1 ? positional[1] : "";
   const std::vector<std::string> args(
@@ -324,9 +317,15 @@ int main(int argc, char** argv) {
   if (command == "status") return pstrain::StatusCommand(args);
   if (command == "cancel") return pstrain::CancelCommand(args);
   if (command == "wait") return pstrain::WaitCommand(args);
+  if (command == "logs") return pstrain::LogsCommand(args);
+  if (command == "launch-lines") {
+    return pstrain::LaunchLinesCommand(args, pstrain::PsBinary(),
+                                       pstrain::WorkerBinary());
+  }
   pstrain::PrintError(
       "pstrain",
-      absl::StrCat("expected a command (run, submit, status, cancel, wait); "
+      absl::StrCat("expected a command (run, submit, status, logs, cancel, "
+                   "wait, launch-lines); "
                    "got \"",
                    command, "\"", args.empty() ? "" : " and more",
                    " (usage: pstrain run [--flags])"));

@@ -2,7 +2,7 @@
 
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
-#include "models/backend.h"
+#include "worker/job_inputs.h"
 
 ABSL_FLAG(std::string, dataset, "fashion_mnist",
           "Dataset: fashion_mnist, mnist, cifar10 or synthetic.");
@@ -22,42 +22,17 @@ ABSL_FLAG(int, gpu, 0, "CUDA backend: index of the GPU to use.");
 namespace pstrain {
 
 absl::StatusOr<Dataset> LoadDatasetFromFlags() {
-  const std::string name = absl::GetFlag(FLAGS_dataset);
-  const std::string dir = absl::GetFlag(FLAGS_data_dir);
   DatasetOptions options;
   options.image_size = absl::GetFlag(FLAGS_image_size);
   options.num_classes = absl::GetFlag(FLAGS_num_classes);
   options.train_samples = absl::GetFlag(FLAGS_synthetic_samples);
-  absl::StatusOr<Dataset> dataset = LoadDataset(name, dir, options);
-  if (!dataset.ok()) {
-    const std::string where =
-        name == "synthetic"
-            ? absl::StrCat(
-                  "--dataset=synthetic --image_size=", options.image_size,
-                  " --num_classes=", options.num_classes,
-                  " --synthetic_samples=", options.train_samples)
-            : absl::StrCat("--dataset=", name, " --data_dir=", dir);
-    return absl::Status(dataset.status().code(),
-                        absl::StrCat(where, ": ", dataset.status().message()));
-  }
-  return dataset;
+  return LoadDatasetNamed(absl::GetFlag(FLAGS_dataset),
+                          absl::GetFlag(FLAGS_data_dir), options, "--");
 }
 
 absl::Status CheckBackendFlags() {
-  const std::string backend = absl::GetFlag(FLAGS_backend);
-  const int gpu = absl::GetFlag(FLAGS_gpu);
-  if (backend == "cpu") return absl::OkStatus();
-  if (backend != "cuda") {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--backend=", backend, ": expected cpu or cuda"));
-  }
-  absl::Status status = Backend::CudaAvailable(gpu);
-  if (!status.ok()) {
-    return absl::Status(
-        status.code(),
-        absl::StrCat("--backend=cuda --gpu=", gpu, ": ", status.message()));
-  }
-  return absl::OkStatus();
+  return CheckBackend(absl::GetFlag(FLAGS_backend), absl::GetFlag(FLAGS_gpu),
+                      "--");
 }
 
 std::vector<std::string> DataAndBackendFlagArgs() {

@@ -14,6 +14,7 @@
 #include "absl/flags/declare.h"
 #include "absl/status/statusor.h"
 #include "worker/dataset.h"
+#include "worker/job_inputs.h"
 
 ABSL_DECLARE_FLAG(std::string, dataset);
 ABSL_DECLARE_FLAG(std::string, data_dir);

@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "common/status.h"
 #include "models/model.h"
@@ -14,6 +15,15 @@
 
 namespace pstrain {
 namespace {
+
+void Emit(const TrainerOptions& options, const std::string& line) {
+  if (options.log_line) {
+    options.log_line(line);
+    return;
+  }
+  std::printf("%s\n", line.c_str());
+  std::fflush(stdout);
+}
 
 struct Evaluation {
   double accuracy = 0;
@@ -120,15 +130,14 @@ absl::StatusOr<TrainerOutput> RunWorker(const TrainerOptions& options,
   result.set_epochs(options.epochs);
   result.set_num_parameters(model->NumParameters());
   if (chief && options.verbose) {
-    std::printf(
-        "model %s on %s: %lld parameters, %zu buffers, %.2f MFLOPs forward "
-        "per sample; %zu chunks on %d shards; %lld steps per epoch per "
-        "worker\n",
-        options.model.c_str(), backend->name().c_str(),
-        static_cast<long long>(model->NumParameters()), model->buffers().size(),
-        2.0 * model->ForwardMacsPerSample() / 1e6, plan.chunks().size(),
-        plan.num_shards(), static_cast<long long>(steps_per_epoch));
-    std::fflush(stdout);
+    Emit(options,
+         absl::StrFormat(
+             "model %s on %s: %d parameters, %d buffers, %.2f MFLOPs forward "
+             "per sample; %d chunks on %d shards; %d steps per epoch per "
+             "worker",
+             options.model, backend->name(), model->NumParameters(),
+             model->buffers().size(), 2.0 * model->ForwardMacsPerSample() / 1e6,
+             plan.chunks().size(), plan.num_shards(), steps_per_epoch));
   }
 
   int64_t samples_at_start = 0;
@@ -162,15 +171,20 @@ absl::StatusOr<TrainerOutput> RunWorker(const TrainerOptions& options,
                                     options.batch_size, weights));
       RETURN_IF_ERROR(model->LoadHostWeights());
       ++step;
+      if (options.on_progress) {
+        const double seconds = absl::ToDoubleSeconds(absl::Now() - epoch_start);
+        options.on_progress(
+            step, options.batch_size * (i + 1) / std::max(seconds, 1e-9));
+      }
       if (chief && options.log_every_steps > 0 &&
           step % options.log_every_steps == 0) {
         ASSIGN_OR_RETURN(StatsResponse stats, client->Stats(0));
         const absl::Time now = absl::Now();
         const double seconds = absl::ToDoubleSeconds(now - window_start);
         if (options.verbose) {
-          std::printf("Step%lld: %.2f data/sec\n", static_cast<long long>(step),
-                      (stats.samples() - window_samples) / seconds);
-          std::fflush(stdout);
+          Emit(options,
+               absl::StrFormat("Step%d: %.2f data/sec", step,
+                               (stats.samples() - window_samples) / seconds));
         }
         window_samples = stats.samples();
         window_start = now;
@@ -202,10 +216,10 @@ absl::StatusOr<TrainerOutput> RunWorker(const TrainerOptions& options,
       e->set_train_loss(loss_sum / steps_per_epoch);
       result.set_test_accuracy(eval.accuracy);
       if (options.verbose) {
-        std::printf(
-            "Epoch %d in %.2f sec, test time %.2f sec, test accuracy: %.4f\n",
-            epoch, epoch_seconds, test_seconds, eval.accuracy);
-        std::fflush(stdout);
+        Emit(options, absl::StrFormat(
+                          "Epoch %d in %.2f sec, test time %.2f sec, test "
+                          "accuracy: %.4f",
+                          epoch, epoch_seconds, test_seconds, eval.accuracy));
       }
       // Evaluation time is not training time: restart the throughput window.
       ASSIGN_OR_RETURN(StatsResponse stats, client->Stats(0));

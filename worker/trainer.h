@@ -19,6 +19,7 @@
 #define PSTRAIN_WORKER_TRAINER_H_
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -57,6 +58,12 @@ struct TrainerOptions {
   bool evaluate = true;
   // Print step and epoch lines (worker 0 only).
   bool verbose = true;
+  // Where worker 0's step and epoch lines go, one line without its newline;
+  // unset: stdout. Called on the training thread.
+  std::function<void(const std::string&)> log_line;
+  // Called on the training thread after every step with the steps done so
+  // far and this worker's training samples/sec over the current epoch.
+  std::function<void(int64_t steps, double samples_per_sec)> on_progress;
   absl::Duration init_timeout = absl::Seconds(120);
   absl::Duration rpc_timeout = absl::Seconds(60);
 };

@@ -1,0 +1,71 @@
+// A running coordinator: the job table (reloaded from its job file when one
+// exists), the Coordinator gRPC service on one address, and a thread that
+// fails jobs with silent tasks once per `check_interval`. The daemon
+// (tools/pstrain_coordinator) and `pstrain run` (in-process, on 127.0.0.1)
+// both run this.
+//
+// Thread-safety: table() is thread-safe (see job_table.h); the callback runs
+// on the checking thread.
+#ifndef PSTRAIN_COORDINATOR_COORDINATOR_SERVER_H_
+#define PSTRAIN_COORDINATOR_COORDINATOR_SERVER_H_
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "absl/status/statusor.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/time.h"
+#include "coordinator/coordinator_service.h"
+#include "coordinator/job_table.h"
+#include "grpcpp/grpcpp.h"
+
+namespace pstrain {
+
+struct CoordinatorServerOptions {
+  // host:port to listen on; port 0: any free port (see port()).
+  std::string address = "0.0.0.0:7070";
+  // Where the job table is kept ("" for memory only). A missing file starts
+  // an empty table; one that does not parse is an error.
+  std::string job_file;
+  // If set, the bound port is written here once listening.
+  std::string port_file;
+  // A registered task silent this long is lost and its job FAILED; a task
+  // not registered this long after submission fails its job too.
+  absl::Duration heartbeat_timeout = absl::Seconds(60);
+  // Longest a blocking call (layout, key wait) waits.
+  absl::Duration max_wait = absl::Seconds(600);
+  absl::Duration check_interval = absl::Seconds(1);
+  // Called for each job a heartbeat check failed.
+  std::function<void(const JobInfo&)> on_job_failed;
+};
+
+class CoordinatorServer {
+ public:
+  // Errors: the job file's (DATA_LOSS when it does not parse, naming it);
+  // UNAVAILABLE when the address cannot be bound (see grpc_server.h).
+  static absl::StatusOr<std::unique_ptr<CoordinatorServer>> Start(
+      CoordinatorServerOptions options);
+  // Stops the checks and the server (2 s grace for calls in flight).
+  ~CoordinatorServer();
+
+  JobTable& table() { return *table_; }
+  int port() const { return port_; }
+
+ private:
+  CoordinatorServer() = default;
+  void CheckLoop();
+
+  CoordinatorServerOptions options_;
+  std::unique_ptr<JobTable> table_;
+  std::unique_ptr<CoordinatorService> service_;
+  std::unique_ptr<grpc::Server> server_;
+  int port_ = 0;
+  absl::Notification stop_;
+  std::thread checker_;
+};
+
+}  // namespace pstrain
+
+#endif  // PSTRAIN_COORDINATOR_COORDINATOR_SERVER_H_

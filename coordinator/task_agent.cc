@@ -1,0 +1,255 @@
+#include "coordinator/task_agent.h"
+
+#include <chrono>
+#include <cstdio>
+#include <limits>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/status.h"
+#include "coordinator/job_table.h"
+#include "grpcpp/grpcpp.h"
+
+namespace pstrain {
+namespace {
+
+constexpr size_t kMaxPendingLines = 10000;
+
+void SetDeadline(grpc::ClientContext* context, absl::Duration timeout) {
+  context->set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+  // Wait for the channel to connect rather than failing at once: tasks may
+  // start before the coordinator.
+  context->set_wait_for_ready(true);
+}
+
+bool Retryable(const grpc::Status& status) {
+  return status.error_code() == grpc::StatusCode::UNAVAILABLE ||
+         status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED;
+}
+
+std::string StateName(JobState state) {
+  std::string name = JobState_Name(state);
+  return name.rfind("JOB_", 0) == 0 ? name.substr(4) : name;
+}
+
+}  // namespace
+
+TaskAgent::TaskAgent(TaskAgentOptions options)
+    : options_(std::move(options)),
+      stub_(Coordinator::NewStub(grpc::CreateChannel(
+          options_.coordinator, grpc::InsecureChannelCredentials()))) {}
+
+TaskAgent::~TaskAgent() { StopHeartbeats(); }
+
+std::string TaskAgent::name() const {
+  return absl::StrCat(TaskName(options_.role, options_.index), " of ",
+                      options_.job_id);
+}
+
+TaskRef TaskAgent::Ref() const {
+  TaskRef ref;
+  ref.set_job_id(options_.job_id);
+  ref.set_role(options_.role);
+  ref.set_index(options_.index);
+  return ref;
+}
+
+absl::StatusOr<JobSpec> TaskAgent::FetchSpec() {
+  const absl::Time give_up = absl::Now() + options_.coordinator_timeout;
+  while (true) {
+    grpc::ClientContext context;
+    SetDeadline(&context, options_.rpc_timeout);
+    JobRequest request;
+    request.set_job_id(options_.job_id);
+    request.set_log_since(std::numeric_limits<int64_t>::max());
+    JobInfo job;
+    const grpc::Status status = stub_->GetJob(&context, request, &job);
+    if (status.ok()) {
+      if (JobEnded(job.state())) {
+        return absl::FailedPreconditionError(
+            absl::StrCat(job.id(), " has ended (", StateName(job.state()), ")",
+                         job.message().empty() ? "" : ": ", job.message()));
+      }
+      return job.spec();
+    }
+    if (!Retryable(status) || absl::Now() > give_up) {
+      return absl::Status(FromGrpcStatus(status).code(),
+                          absl::StrCat("coordinator ", options_.coordinator,
+                                       ": ", status.error_message()));
+    }
+    absl::SleepFor(absl::Seconds(1));
+  }
+}
+
+absl::Status TaskAgent::Register(const std::string& address) {
+  const absl::Time give_up = absl::Now() + options_.coordinator_timeout;
+  while (true) {
+    grpc::ClientContext context;
+    SetDeadline(&context, options_.rpc_timeout);
+    RegisterRequest request;
+    *request.mutable_task() = Ref();
+    request.set_address(address);
+    RegisterResponse response;
+    const grpc::Status status = stub_->Register(&context, request, &response);
+    // A retried registration from the same address is a no-op, so retrying
+    // after a lost answer is safe.
+    if (status.ok()) return absl::OkStatus();
+    if (!Retryable(status) || absl::Now() > give_up) {
+      return absl::Status(
+          FromGrpcStatus(status).code(),
+          absl::StrCat("register with coordinator ", options_.coordinator, ": ",
+                       status.error_message()));
+    }
+    absl::SleepFor(absl::Seconds(1));
+  }
+}
+
+absl::StatusOr<ClusterLayout> TaskAgent::WaitForLayout() {
+  absl::Time last_contact = absl::Now();
+  while (true) {
+    grpc::ClientContext context;
+    SetDeadline(&context, options_.rpc_timeout);
+    JobRequest request;
+    request.set_job_id(options_.job_id);
+    ClusterLayout layout;
+    const grpc::Status status =
+        stub_->WaitForLayout(&context, request, &layout);
+    if (status.ok()) return layout;
+    // DEADLINE_EXCEEDED from the coordinator means tasks are still missing;
+    // the coordinator fails the job if they never come.
+    if (status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
+      last_contact = absl::Now();
+      continue;
+    }
+    if (status.error_code() != grpc::StatusCode::UNAVAILABLE ||
+        absl::Now() - last_contact > options_.coordinator_timeout) {
+      return absl::Status(FromGrpcStatus(status).code(),
+                          absl::StrCat("waiting for the cluster layout: ",
+                                       status.error_message()));
+    }
+    absl::SleepFor(absl::Seconds(1));
+  }
+}
+
+void TaskAgent::StartHeartbeats(
+    std::function<void(JobState, const std::string&)> on_end) {
+  heartbeats_ = std::thread(
+      [this, on_end = std::move(on_end)] { HeartbeatLoop(on_end); });
+}
+
+void TaskAgent::HeartbeatLoop(
+    std::function<void(JobState, const std::string&)> on_end) {
+  absl::Time last_contact = absl::Now();
+  while (!stop_.WaitForNotificationWithTimeout(options_.heartbeat_interval)) {
+    HeartbeatRequest request;
+    *request.mutable_task() = Ref();
+    {
+      absl::MutexLock lock(&mu_);
+      for (std::string& line : pending_lines_) {
+        request.add_log_lines(std::move(line));
+      }
+      pending_lines_.clear();
+      request.set_steps(steps_);
+      request.set_samples_per_sec(samples_per_sec_);
+    }
+    grpc::ClientContext context;
+    // No wait_for_ready: a heartbeat that cannot be sent now is retried at
+    // the next interval.
+    context.set_deadline(
+        absl::ToChronoTime(absl::Now() + options_.rpc_timeout));
+    HeartbeatResponse response;
+    const grpc::Status status = stub_->Heartbeat(&context, request, &response);
+    if (status.ok()) {
+      last_contact = absl::Now();
+      if (JobEnded(response.state())) {
+        on_end(response.state(), response.message());
+        return;
+      }
+      continue;
+    }
+    {
+      // Not delivered: send these lines again next time.
+      absl::MutexLock lock(&mu_);
+      for (int i = request.log_lines_size() - 1; i >= 0; --i) {
+        pending_lines_.push_front(request.log_lines(i));
+      }
+      while (pending_lines_.size() > kMaxPendingLines) {
+        pending_lines_.pop_front();
+      }
+    }
+    if (!Retryable(status)) {
+      on_end(JOB_FAILED,
+             absl::StrCat("heartbeat refused by coordinator ",
+                          options_.coordinator, ": ", status.error_message()));
+      return;
+    }
+    if (absl::Now() - last_contact > options_.coordinator_timeout) {
+      on_end(JOB_FAILED,
+             absl::StrCat("coordinator ", options_.coordinator,
+                          " unreachable for ",
+                          absl::ToInt64Seconds(absl::Now() - last_contact),
+                          " s: ", status.error_message()));
+      return;
+    }
+  }
+}
+
+void TaskAgent::StopHeartbeats() {
+  if (!stop_.HasBeenNotified()) stop_.Notify();
+  if (heartbeats_.joinable() &&
+      heartbeats_.get_id() != std::this_thread::get_id()) {
+    heartbeats_.join();
+  }
+}
+
+void TaskAgent::Log(const std::string& line) {
+  std::printf("%s\n", line.c_str());
+  std::fflush(stdout);
+  absl::MutexLock lock(&mu_);
+  pending_lines_.push_back(line);
+  if (pending_lines_.size() > kMaxPendingLines) pending_lines_.pop_front();
+}
+
+void TaskAgent::SetProgress(int64_t steps, double samples_per_sec) {
+  absl::MutexLock lock(&mu_);
+  steps_ = steps;
+  samples_per_sec_ = samples_per_sec;
+}
+
+absl::Status TaskAgent::Finish(bool ok, const std::string& message,
+                               const RunResult* result) {
+  StopHeartbeats();
+  TaskFinishedRequest request;
+  *request.mutable_task() = Ref();
+  request.set_ok(ok);
+  request.set_message(message);
+  if (result != nullptr) *request.mutable_result() = *result;
+  {
+    absl::MutexLock lock(&mu_);
+    for (std::string& line : pending_lines_) {
+      request.add_log_lines(std::move(line));
+    }
+    pending_lines_.clear();
+    request.set_steps(steps_);
+    request.set_samples_per_sec(samples_per_sec_);
+  }
+  const absl::Time give_up = absl::Now() + options_.rpc_timeout;
+  while (true) {
+    grpc::ClientContext context;
+    SetDeadline(&context, options_.rpc_timeout);
+    TaskFinishedResponse response;
+    const grpc::Status status =
+        stub_->TaskFinished(&context, request, &response);
+    if (status.ok()) return absl::OkStatus();
+    if (!Retryable(status) || absl::Now() > give_up) {
+      return absl::Status(
+          FromGrpcStatus(status).code(),
+          absl::StrCat("reporting the end of ", name(), " to coordinator ",
+                       options_.coordinator, ": ", status.error_message()));
+    }
+    absl::SleepFor(absl::Seconds(1));
+  }
+}
+
+}  // namespace pstrain

@@ -1,0 +1,111 @@
+// TaskAgent: a pstrain_ps or pstrain_worker task's side of the coordinator
+// protocol (proto/coordinator.proto). A task
+//   1. fetches its job's spec (FetchSpec),
+//   2. registers the host:port it can be reached at (Register),
+//   3. sends a heartbeat every `heartbeat_interval` (StartHeartbeats), which
+//      carries the lines it printed (Log) and, for workers, its progress
+//      (SetProgress), and learns from the answer when the job has ended,
+//   4. workers wait for every task's address (WaitForLayout),
+//   5. reports its end, with worker 0's results (Finish).
+//
+// Every call has a deadline (`rpc_timeout`) and waits for the coordinator's
+// channel to connect (gRPC wait_for_ready), so tasks may start before the
+// coordinator. A coordinator that cannot be reached for `coordinator_timeout`
+// ends the task: no task waits forever.
+//
+// Thread-safety: Log and SetProgress may be called from any thread; the
+// other methods from one thread. The on_end callback runs on the heartbeat
+// thread and must not call Finish.
+#ifndef PSTRAIN_COORDINATOR_TASK_AGENT_H_
+#define PSTRAIN_COORDINATOR_TASK_AGENT_H_
+
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/time.h"
+#include "proto/coordinator.grpc.pb.h"
+
+namespace pstrain {
+
+struct TaskAgentOptions {
+  // host:port of the coordinator.
+  std::string coordinator;
+  std::string job_id;
+  TaskRole role = ROLE_WORKER;
+  int index = 0;
+  absl::Duration rpc_timeout = absl::Seconds(30);
+  absl::Duration heartbeat_interval = absl::Seconds(1);
+  absl::Duration coordinator_timeout = absl::Seconds(120);
+};
+
+class TaskAgent {
+ public:
+  explicit TaskAgent(TaskAgentOptions options);
+  ~TaskAgent();  // stops the heartbeats
+
+  const TaskAgentOptions& options() const { return options_; }
+  // "worker 1 of job-3".
+  std::string name() const;
+
+  // The job's spec. NOT_FOUND: the coordinator has no such job;
+  // FAILED_PRECONDITION: the job has ended ("job-3 has ended (CANCELLED):
+  // ..."); UNAVAILABLE: the coordinator was not reachable within
+  // coordinator_timeout.
+  absl::StatusOr<JobSpec> FetchSpec();
+
+  // Registers `address` (host:port) for this task; the coordinator's error
+  // otherwise (ALREADY_EXISTS: another process registered this task).
+  absl::Status Register(const std::string& address);
+
+  // Blocks until every task of the job has registered and returns their
+  // addresses; FAILED_PRECONDITION when the job ends first (the coordinator
+  // fails jobs whose tasks do not register within its heartbeat timeout).
+  absl::StatusOr<ClusterLayout> WaitForLayout();
+
+  // Starts the heartbeat thread. `on_end(state, message)` is called once,
+  // on that thread, when the coordinator reports that the job has ended, or
+  // with JOB_FAILED when it was unreachable for coordinator_timeout; the
+  // heartbeats then stop.
+  void StartHeartbeats(
+      std::function<void(JobState state, const std::string& message)> on_end);
+
+  // Prints `line` (no newline) on stdout and sends it with the next
+  // heartbeat (at most 10000 lines are queued; older ones are dropped).
+  void Log(const std::string& line);
+
+  // Workers: steps done and samples/sec, sent with the next heartbeat.
+  void SetProgress(int64_t steps, double samples_per_sec);
+
+  // Stops the heartbeats and reports the task's end with the lines not yet
+  // sent; `result` (worker 0) becomes the job's result. Retried while the
+  // coordinator is unreachable, for at most rpc_timeout.
+  absl::Status Finish(bool ok, const std::string& message,
+                      const RunResult* result = nullptr);
+
+ private:
+  TaskRef Ref() const;
+  void HeartbeatLoop(std::function<void(JobState, const std::string&)> on_end);
+  void StopHeartbeats();
+
+  const TaskAgentOptions options_;
+  std::unique_ptr<Coordinator::Stub> stub_;
+  absl::Notification stop_;
+  std::thread heartbeats_;
+
+  absl::Mutex mu_;
+  std::deque<std::string> pending_lines_ ABSL_GUARDED_BY(mu_);
+  int64_t steps_ ABSL_GUARDED_BY(mu_) = 0;
+  double samples_per_sec_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+}  // namespace pstrain
+
+#endif  // PSTRAIN_COORDINATOR_TASK_AGENT_H_

@@ -1,0 +1,130 @@
+#include "coordinator/task_flags.h"
+
+#include <unistd.h>
+
+#include <cstdlib>
+
+#include "absl/flags/flag.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+
+ABSL_FLAG(std::string, coordinator, "",
+          "host:port of the pstrain coordinator (required).");
+ABSL_FLAG(std::string, job, "",
+          "Id of the job to join, as `pstrain submit` printed it (required).");
+ABSL_FLAG(std::string, role, "",
+          "ps or worker; optional, must match the binary.");
+ABSL_FLAG(int, task_index, -1,
+          "This task's index among the job's tasks of its role; unset: "
+          "SLURM_PROCID, OMPI_COMM_WORLD_RANK or PMI_RANK.");
+ABSL_FLAG(std::string, bind, "0.0.0.0", "Address to listen on.");
+ABSL_FLAG(int, port, -1,
+          "Port to listen on; unset: the job spec's port for this task, else "
+          "any free port.");
+ABSL_FLAG(std::string, advertise, "",
+          "host[:port] other tasks use to reach this one; unset: the job "
+          "spec's host for this task, else this machine's hostname.");
+ABSL_FLAG(double, heartbeat_interval_s, 1.0,
+          "Seconds between heartbeats to the coordinator.");
+ABSL_FLAG(int, coordinator_timeout_s, 120,
+          "Give up (and exit) after the coordinator has been unreachable "
+          "this long, seconds.");
+ABSL_FLAG(int, coordinator_rpc_timeout_s, 30,
+          "Deadline of each call to the coordinator, seconds.");
+
+namespace pstrain {
+
+absl::StatusOr<TaskAgentOptions> TaskAgentOptionsFromFlags(TaskRole role) {
+  TaskAgentOptions options;
+  options.role = role;
+  const char* role_name = role == ROLE_PS ? "ps" : "worker";
+  options.coordinator = absl::GetFlag(FLAGS_coordinator);
+  if (options.coordinator.empty()) {
+    return absl::InvalidArgumentError(
+        "--coordinator is not set; expected host:port of the coordinator");
+  }
+  options.job_id = absl::GetFlag(FLAGS_job);
+  if (options.job_id.empty()) {
+    return absl::InvalidArgumentError(
+        "--job is not set; expected the id `pstrain submit` printed");
+  }
+  const std::string flag_role = absl::GetFlag(FLAGS_role);
+  if (!flag_role.empty() && flag_role != role_name) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--role=", flag_role, ": this binary runs ", role_name,
+                     " tasks; expected ", role_name));
+  }
+  options.index = absl::GetFlag(FLAGS_task_index);
+  if (options.index < 0) {
+    for (const char* variable :
+         {"SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK"}) {
+      const char* value = std::getenv(variable);
+      if (value == nullptr) continue;
+      if (!absl::SimpleAtoi(value, &options.index) || options.index < 0) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            variable, "=", value, ": expected a non-negative task index"));
+      }
+      break;
+    }
+  }
+  if (options.index < 0) {
+    return absl::InvalidArgumentError(
+        "--task_index is not set and none of SLURM_PROCID, "
+        "OMPI_COMM_WORLD_RANK, PMI_RANK is in the environment; expected "
+        "the task's index");
+  }
+  const double interval = absl::GetFlag(FLAGS_heartbeat_interval_s);
+  if (!(interval > 0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--heartbeat_interval_s=", interval, ": expected > 0"));
+  }
+  options.heartbeat_interval = absl::Seconds(interval);
+  options.coordinator_timeout =
+      absl::Seconds(absl::GetFlag(FLAGS_coordinator_timeout_s));
+  options.rpc_timeout =
+      absl::Seconds(absl::GetFlag(FLAGS_coordinator_rpc_timeout_s));
+  return options;
+}
+
+absl::StatusOr<TaskAddress> TaskAddressFromFlags(const JobSpec& spec,
+                                                 TaskRole role, int index) {
+  const auto& hosts = role == ROLE_PS ? spec.ps_hosts() : spec.worker_hosts();
+  const HostPort* planned = index < hosts.size() ? &hosts[index] : nullptr;
+  TaskAddress address;
+  address.bind = absl::GetFlag(FLAGS_bind);
+  address.port = absl::GetFlag(FLAGS_port);
+  if (address.port < 0) address.port = planned ? planned->port() : 0;
+  if (address.port > 65535) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--port=", address.port, ": expected 0..65535"));
+  }
+  std::string advertise = absl::GetFlag(FLAGS_advertise);
+  if (!advertise.empty()) {
+    const size_t colon = advertise.rfind(':');
+    if (colon != std::string::npos) {
+      int port = 0;
+      if (!absl::SimpleAtoi(advertise.substr(colon + 1), &port) ||
+          (address.port != 0 && port != address.port)) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "--advertise=", advertise, ": expected host or host:", address.port,
+            " (the port this task listens on)"));
+      }
+      address.port = port;
+      advertise = advertise.substr(0, colon);
+    }
+    address.advertise_host = advertise;
+  } else if (planned != nullptr) {
+    address.advertise_host = planned->host();
+  } else {
+    char name[256] = {};
+    if (gethostname(name, sizeof(name) - 1) != 0 || name[0] == '\0') {
+      return absl::InvalidArgumentError(
+          "--advertise is not set and the hostname is unknown; expected "
+          "host[:port]");
+    }
+    address.advertise_host = name;
+  }
+  return address;
+}
+
+}  // namespace pstrain

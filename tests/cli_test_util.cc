@@ -1,0 +1,127 @@
+#include "tests/cli_test_util.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+
+namespace pstrain::testing {
+
+CommandResult RunCommand(const std::string& command) {
+  CommandResult result;
+  FILE* pipe = popen((command + " 2>&1").c_str(), "r");
+  if (pipe == nullptr) return result;
+  char buffer[4096];
+  size_t n;
+  while ((n = fread(buffer, 1, sizeof(buffer), pipe)) > 0) {
+    result.output.append(buffer, n);
+  }
+  const int status = pclose(pipe);
+  result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return result;
+}
+
+std::string TempDir() { return std::getenv("TEST_TMPDIR"); }
+
+void WriteTextFile(const std::string& path, const std::string& text) {
+  std::ofstream(path) << text;
+}
+
+std::string ReadTextFile(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+bool HaveFashionMnist() {
+  std::ifstream f(std::string(kFashionMnistDir) +
+                  "/train-images-idx3-ubyte.gz");
+  return f.good();
+}
+
+int CountProcesses(const std::string& name) {
+  FILE* pipe = popen(("pgrep -c -x " + name).c_str(), "r");
+  int count = 0;
+  if (pipe != nullptr) {
+    if (fscanf(pipe, "%d", &count) != 1) count = 0;
+    pclose(pipe);
+  }
+  return count;
+}
+
+Process::Process(const std::vector<std::string>& argv,
+                 const std::string& log_file,
+                 const std::vector<std::string>& env) {
+  pid_ = fork();
+  if (pid_ != 0) return;
+  const int fd = open(log_file.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  if (fd >= 0) {
+    dup2(fd, STDOUT_FILENO);
+    dup2(fd, STDERR_FILENO);
+    close(fd);
+  }
+  for (const std::string& kv : env) putenv(const_cast<char*>(kv.c_str()));
+  std::vector<char*> args;
+  for (const std::string& a : argv)
+    args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  execv(args[0], args.data());
+  _exit(127);
+}
+
+Process::~Process() {
+  if (pid_ > 0 && !reaped_) {
+    kill(pid_, SIGKILL);
+    waitpid(pid_, nullptr, 0);
+  }
+}
+
+void Process::Kill(int signal) {
+  if (pid_ > 0 && !reaped_) kill(pid_, signal);
+}
+
+int Process::Wait(double timeout_s) {
+  for (int i = 0; i < timeout_s * 100; ++i) {
+    int status = 0;
+    if (waitpid(pid_, &status, WNOHANG) == pid_) {
+      reaped_ = true;
+      return WIFEXITED(status) ? WEXITSTATUS(status) : -WTERMSIG(status);
+    }
+    usleep(10000);
+  }
+  return -1000;
+}
+
+CoordinatorProcess::CoordinatorProcess(const std::string& job_file,
+                                       int heartbeat_timeout_s) {
+  const std::string port_file = TempDir() + "/coordinator.port";
+  std::remove(port_file.c_str());
+  pid_ = fork();
+  if (pid_ == 0) {
+    const std::string timeout =
+        "--heartbeat_timeout_s=" + std::to_string(heartbeat_timeout_s);
+    execl("tools/pstrain_coordinator", "pstrain_coordinator", "--port=0",
+          "--bind=127.0.0.1", ("--port_file=" + port_file).c_str(),
+          ("--job_file=" + job_file).c_str(), timeout.c_str(),
+          static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  for (int i = 0; i < 100 && port_.empty(); ++i) {
+    usleep(50000);
+    std::ifstream f(port_file);
+    std::getline(f, port_);
+  }
+}
+
+CoordinatorProcess::~CoordinatorProcess() {
+  kill(pid_, SIGTERM);
+  waitpid(pid_, nullptr, 0);
+}
+
+}  // namespace pstrain::testing

@@ -1,0 +1,31 @@
+// Loading a job's dataset and checking its backend, with errors that name
+// the inputs: shared by the command-line flags (worker/data_flags.h) and
+// the job spec a worker gets from its coordinator.
+//
+// Thread-safety: plain functions.
+#ifndef PSTRAIN_WORKER_JOB_INPUTS_H_
+#define PSTRAIN_WORKER_JOB_INPUTS_H_
+
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "worker/dataset.h"
+
+namespace pstrain {
+
+// Loads dataset `name` from `dir`; errors name the inputs, each written as
+// prefix + "name=value" ("--" for flags, "" for a job spec's fields).
+absl::StatusOr<Dataset> LoadDatasetNamed(const std::string& name,
+                                         const std::string& dir,
+                                         const DatasetOptions& options,
+                                         absl::string_view prefix);
+
+// Checks a backend name and GPU index (a cuda backend needs a CUDA build
+// and a visible GPU); the error names them with `prefix` as above.
+absl::Status CheckBackend(const std::string& backend, int gpu,
+                          absl::string_view prefix);
+
+}  // namespace pstrain
+
+#endif  // PSTRAIN_WORKER_JOB_INPUTS_H_
