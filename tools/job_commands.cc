@@ -20,7 +20,7 @@ ABSL_FLAG(std::string, coordinator, "127.0.0.1:7070",
 ABSL_FLAG(int, rpc_timeout_s, 30, "Deadline of each coordinator call, s.");
 ABSL_FLAG(int, wait_poll_ms, 1000, "wait: milliseconds between polls.");
 ABSL_FLAG(std::string, launcher, "", "launch-lines: slurm, mpirun or ssh.");
-ABSL_FLAG(std::string, job, "\"$JOB\"",
+ABSL_FLAG(std::string, job, "$JOB",
           "launch-lines: the job id the lines pass to the tasks (default: "
           "the shell variable JOB, e.g. JOB=$(pstrain submit JOB.pbtxt)).");
 

@@ -51,8 +51,8 @@ std::string JobStateName(JobState state);
 //           OMPI_COMM_WORLD_RANK); needs the spec's hosts;
 //   ssh:    one `ssh HOST "..." &` line per task; needs the spec's hosts.
 // Each line runs `ps_binary` or `worker_binary` with
-// --coordinator=`coordinator` --job=`job` (e.g. "$JOB", set from `pstrain
-// submit`'s output). INVALID_ARGUMENT naming the launcher or the missing
+// --coordinator=`coordinator` --job=`job` (by default $JOB, a shell
+// variable set from `pstrain submit`'s output). INVALID_ARGUMENT naming the launcher or the missing
 // host list.
 absl::StatusOr<std::string> LaunchLines(const JobSpec& spec,
                                         const std::string& launcher,
