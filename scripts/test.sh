@@ -11,4 +11,10 @@ total=$(grep -c -E '^//[^ ]+ +(\(cached\) )?(PASSED|FAILED|TIMEOUT|FLAKY|NO STAT
 failed=$(grep -c -E '^//[^ ]+ +(\(cached\) )?(FAILED|TIMEOUT|NO STATUS)' "$log" || true)
 rm -f "$log"
 echo "bazel test: $((total - failed)) passed, ${failed} failed"
+# The network-namespace cluster test passes with SKIP where it may not
+# create namespaces (not root); say so.
+netns_log=bazel-testlogs/tests/netns_cluster_test/test.log
+if [ -f "$netns_log" ] && grep -q '^SKIP' "$netns_log"; then
+  echo "netns_cluster_test: $(grep -h '^SKIP' "$netns_log")"
+fi
 exit $status

@@ -82,6 +82,7 @@ void PrintJobLine(const JobInfo& job) {
               job.spec().model().c_str(), job.spec().num_ps(),
               job.spec().num_workers(), registered, job.tasks_size(),
               job.message().empty() ? "" : ": ", job.message().c_str());
+  std::fflush(stdout);
 }
 
 }  // namespace
@@ -274,11 +275,11 @@ int WaitCommand(const std::vector<std::string>& args) {
     absl::StatusOr<JobInfo> job =
         GetJob(stub.get(), args[0], log_since, &status);
     if (!job.ok()) return RpcFailure(status);
+    PrintLogLines(*job);
     if (job->state() != last) {
       PrintJobLine(*job);
       last = job->state();
     }
-    PrintLogLines(*job);
     log_since = job->next_log_seq();
     if (JobEnded(job->state())) {
       if (job->state() != JOB_SUCCEEDED) return 1;
