@@ -14,7 +14,7 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
   std::unique_ptr<CoordinatorServer> server(new CoordinatorServer());
   if (!options.job_file.empty()) {
     absl::StatusOr<std::unique_ptr<JobTable>> loaded =
-        JobTable::Load(options.job_file);
+        JobTable::Load(options.job_file, absl::Now());
     if (loaded.ok()) {
       server->table_ = *std::move(loaded);
     } else if (absl::IsNotFound(loaded.status())) {

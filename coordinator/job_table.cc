@@ -1,5 +1,6 @@
 #include "coordinator/job_table.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -34,7 +35,7 @@ JobTable::JobTable(std::string job_file) : job_file_(std::move(job_file)) {
 }
 
 absl::StatusOr<std::unique_ptr<JobTable>> JobTable::Load(
-    const std::string& job_file) {
+    const std::string& job_file, absl::Time now) {
   std::string bytes;
   absl::Status s = ReadFile(job_file, &bytes);
   if (!s.ok()) return s;
@@ -43,6 +44,13 @@ absl::StatusOr<std::unique_ptr<JobTable>> JobTable::Load(
   if (!table->table_.ParseFromString(bytes)) {
     return absl::DataLossError(
         absl::StrCat(job_file, ": not a pstrain job table"));
+  }
+  table->loaded_ms_ = Ms(now);
+  for (JobInfo& job : *table->table_.mutable_jobs()) {
+    if (JobEnded(job.state())) continue;
+    for (TaskInfo& t : *job.mutable_tasks()) {
+      if (t.state() == TASK_REGISTERED) t.set_last_heartbeat_ms(Ms(now));
+    }
   }
   return table;
 }
@@ -198,8 +206,7 @@ absl::StatusOr<JobState> JobTable::Heartbeat(const HeartbeatRequest& request,
     (*task)->set_samples_per_sec(request.samples_per_sec());
   }
   AppendLog(job, ref.role(), ref.index(), request.log_lines(), now);
-  // Not persisted: a restarted coordinator restarts every task's timeout
-  // from its first check.
+  // Not persisted: Load() restarts every task's timeout.
   return job->state();
 }
 
@@ -275,7 +282,7 @@ std::vector<std::string> JobTable::CheckHeartbeats(absl::Time now,
                          t.address(), ": no heartbeat for ",
                          (Ms(now) - t.last_heartbeat_ms()) / 1000, " s"));
       } else if (t.state() == TASK_WAITING &&
-                 Ms(now) - job.submit_ms() > limit) {
+                 Ms(now) - std::max(job.submit_ms(), loaded_ms_) > limit) {
         problems.push_back(
             absl::StrCat("waiting for ", TaskName(t.role(), t.index()), " on ",
                          PlannedAddress(job.spec(), t.role(), t.index()),

@@ -36,9 +36,11 @@ class JobTable {
   explicit JobTable(std::string job_file = "");
 
   // A table from `job_file` (NOT_FOUND if missing; DATA_LOSS if it does not
-  // parse), writing its changes back there.
+  // parse), writing its changes back there, loaded at `now`: the heartbeat
+  // timeouts of the jobs still PENDING or RUNNING start again from `now`
+  // (the tasks could not reach a coordinator that was down).
   static absl::StatusOr<std::unique_ptr<JobTable>> Load(
-      const std::string& job_file);
+      const std::string& job_file, absl::Time now);
 
   // Adds a PENDING job (the spec must be valid, see job_spec.h); returns its
   // id, "job-1", "job-2", ...
@@ -110,6 +112,10 @@ class JobTable {
   absl::Status Persist() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const std::string job_file_;
+  // When Load() read the table (Unix ms; 0 for a new table): tasks still
+  // waiting to register are timed from here or their job's submission,
+  // whichever is later.
+  int64_t loaded_ms_ = 0;
   mutable absl::Mutex mu_;
   JobTableFile table_ ABSL_GUARDED_BY(mu_);
 };

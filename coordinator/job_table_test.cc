@@ -284,8 +284,16 @@ TEST(JobTableTest, RestartFromTheJobFileKeepsJobs) {
     ASSERT_TRUE(table.Register(id, ROLE_PS, 0, "10.0.0.2:7000", kT0).ok());
     ASSERT_TRUE(table.Set(id, "k", "v").ok());
   }
-  absl::StatusOr<std::unique_ptr<JobTable>> loaded = JobTable::Load(path);
+  // Restarted 10 minutes later, past the 60 s timeout of the task that
+  // registered and of those that did not: the timeouts start again.
+  const absl::Time restart = kT0 + absl::Minutes(10);
+  absl::StatusOr<std::unique_ptr<JobTable>> loaded =
+      JobTable::Load(path, restart);
   ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_TRUE(
+      (*loaded)
+          ->CheckHeartbeats(restart + absl::Seconds(30), absl::Seconds(60))
+          .empty());
   const JobInfo job = *(*loaded)->Get(id);
   EXPECT_EQ(job.state(), JOB_PENDING);
   EXPECT_EQ(job.tasks(0).address(), "10.0.0.2:7000");
@@ -294,7 +302,11 @@ TEST(JobTableTest, RestartFromTheJobFileKeepsJobs) {
   // Ids keep counting after a restart.
   EXPECT_EQ(*(*loaded)->Submit(Spec(), kT0), "job-2");
 
-  EXPECT_EQ(JobTable::Load(TempFile("none.pb")).status().code(),
+  // Both jobs' tasks are silent 61 s after the restart.
+  EXPECT_EQ((*loaded)->CheckHeartbeats(restart + absl::Seconds(61),
+                                       absl::Seconds(60)),
+            (std::vector<std::string>{"job-1", "job-2"}));
+  EXPECT_EQ(JobTable::Load(TempFile("none.pb"), kT0).status().code(),
             absl::StatusCode::kNotFound);
 }
 

@@ -1,7 +1,9 @@
 #include "tests/cli_test_util.h"
 
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -98,15 +100,28 @@ int Process::Wait(double timeout_s) {
   return -1000;
 }
 
+int FreePort() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr = {};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+  socklen_t len = sizeof(addr);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  close(fd);
+  return ntohs(addr.sin_port);
+}
+
 CoordinatorProcess::CoordinatorProcess(const std::string& job_file,
-                                       int heartbeat_timeout_s) {
+                                       int heartbeat_timeout_s, int port) {
   const std::string port_file = TempDir() + "/coordinator.port";
   std::remove(port_file.c_str());
   pid_ = fork();
   if (pid_ == 0) {
     const std::string timeout =
         "--heartbeat_timeout_s=" + std::to_string(heartbeat_timeout_s);
-    execl("tools/pstrain_coordinator", "pstrain_coordinator", "--port=0",
+    const std::string port_flag = "--port=" + std::to_string(port);
+    execl("tools/pstrain_coordinator", "pstrain_coordinator", port_flag.c_str(),
           "--bind=127.0.0.1", ("--port_file=" + port_file).c_str(),
           ("--job_file=" + job_file).c_str(), timeout.c_str(),
           static_cast<char*>(nullptr));
@@ -120,8 +135,15 @@ CoordinatorProcess::CoordinatorProcess(const std::string& job_file,
 }
 
 CoordinatorProcess::~CoordinatorProcess() {
+  if (pid_ <= 0) return;
   kill(pid_, SIGTERM);
   waitpid(pid_, nullptr, 0);
+}
+
+void CoordinatorProcess::Crash() {
+  kill(pid_, SIGKILL);
+  waitpid(pid_, nullptr, 0);
+  pid_ = -1;
 }
 
 }  // namespace pstrain::testing

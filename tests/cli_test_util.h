@@ -30,6 +30,8 @@ std::string TempDir();
 void WriteTextFile(const std::string& path, const std::string& text);
 std::string ReadTextFile(const std::string& path);
 bool HaveFashionMnist();
+// A TCP port that was free a moment ago.
+int FreePort();
 // Processes whose name is exactly `name`.
 int CountProcesses(const std::string& name);
 
@@ -55,11 +57,14 @@ class Process {
   bool reaped_ = false;
 };
 
-// A pstrain_coordinator process on a free port of 127.0.0.1.
+// A pstrain_coordinator process on 127.0.0.1, on `port` (0: a free one).
 class CoordinatorProcess {
  public:
-  CoordinatorProcess(const std::string& job_file, int heartbeat_timeout_s);
+  CoordinatorProcess(const std::string& job_file, int heartbeat_timeout_s,
+                     int port = 0);
   ~CoordinatorProcess();
+  // SIGKILL, as a crash.
+  void Crash();
   // " --coordinator=127.0.0.1:PORT".
   std::string flag() const { return " --coordinator=127.0.0.1:" + port_; }
   std::string address() const { return "127.0.0.1:" + port_; }

@@ -154,6 +154,48 @@ TEST(ClusterTest, KilledWorkerFailsTheJobNamingItAndEveryTaskExits) {
   EXPECT_EQ(CountProcesses("pstrain_worker"), 0);
 }
 
+// The coordinator crashes (SIGKILL) while the job trains and comes back on
+// the same port from its job file: the tasks keep training, retry their
+// heartbeats, and the job still SUCCEEDS.
+TEST(ClusterTest, JobSurvivesACoordinatorCrashAndRestart) {
+  if (!HaveFashionMnist())
+    GTEST_SKIP() << "dataset-fashion-mnist not installed";
+  const std::string job_file = TempDir() + "/jobs4.pb";
+  const int port = pstrain::testing::FreePort();
+  auto coordinator = std::make_unique<CoordinatorProcess>(job_file, 30, port);
+  ASSERT_TRUE(coordinator->up());
+  const std::string spec = TempDir() + "/restart.pbtxt";
+  WriteTextFile(spec,
+                "model: \"lenet5\" num_ps: 1 num_workers: 2 batch_size: 64 "
+                "epochs: 2 max_steps_per_epoch: 150 log_every_steps: 50\n");
+  auto r = RunCommand("tools/pstrain submit " + spec + coordinator->flag());
+  ASSERT_EQ(r.output, "job-1\n");
+  std::vector<std::unique_ptr<Process>> tasks;
+  tasks.push_back(StartTask("ps", 0, *coordinator, "job-1"));
+  tasks.push_back(StartTask("worker", 0, *coordinator, "job-1"));
+  tasks.push_back(StartTask("worker", 1, *coordinator, "job-1"));
+  bool training = false;
+  for (int i = 0; i < 300 && !training; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    r = RunCommand("tools/pstrain status job-1" + coordinator->flag());
+    training = r.output.find("RUNNING") != std::string::npos;
+  }
+  ASSERT_TRUE(training) << r.output;
+  coordinator->Crash();
+  std::this_thread::sleep_for(std::chrono::seconds(2));
+  coordinator = std::make_unique<CoordinatorProcess>(job_file, 30, port);
+  ASSERT_TRUE(coordinator->up());
+  r = RunCommand("tools/pstrain wait job-1 --wait_poll_ms=200" +
+                 coordinator->flag());
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("job-1 SUCCEEDED"), std::string::npos) << r.output;
+  EXPECT_TRUE(std::regex_search(
+      r.output,
+      std::regex(R"(\| 1 \| 2 \| sync \| lenet5 \| 64 \| 2 \| 300 \| )")))
+      << r.output;
+  for (auto& task : tasks) EXPECT_EQ(task->Wait(20), 0);
+}
+
 TEST(ClusterTest, PsThatCannotBindFailsTheJobNamingHostAndPort) {
   // Hold a port, then give it to ps 0 in the spec.
   const int fd = socket(AF_INET, SOCK_STREAM, 0);
