@@ -55,6 +55,17 @@ TaskRef TaskAgent::Ref() const {
   return ref;
 }
 
+template <typename Request>
+void TaskAgent::TakePending(Request* request) {
+  absl::MutexLock lock(&mu_);
+  for (std::string& line : pending_lines_) {
+    request->add_log_lines(std::move(line));
+  }
+  pending_lines_.clear();
+  request->set_steps(steps_);
+  request->set_samples_per_sec(samples_per_sec_);
+}
+
 absl::StatusOr<JobSpec> TaskAgent::FetchSpec() {
   const absl::Time give_up = absl::Now() + options_.coordinator_timeout;
   while (true) {
@@ -144,15 +155,7 @@ void TaskAgent::HeartbeatLoop(
   while (!stop_.WaitForNotificationWithTimeout(options_.heartbeat_interval)) {
     HeartbeatRequest request;
     *request.mutable_task() = Ref();
-    {
-      absl::MutexLock lock(&mu_);
-      for (std::string& line : pending_lines_) {
-        request.add_log_lines(std::move(line));
-      }
-      pending_lines_.clear();
-      request.set_steps(steps_);
-      request.set_samples_per_sec(samples_per_sec_);
-    }
+    TakePending(&request);
     grpc::ClientContext context;
     // No wait_for_ready: a heartbeat that cannot be sent now is retried at
     // the next interval.
@@ -225,15 +228,7 @@ absl::Status TaskAgent::Finish(bool ok, const std::string& message,
   request.set_ok(ok);
   request.set_message(message);
   if (result != nullptr) *request.mutable_result() = *result;
-  {
-    absl::MutexLock lock(&mu_);
-    for (std::string& line : pending_lines_) {
-      request.add_log_lines(std::move(line));
-    }
-    pending_lines_.clear();
-    request.set_steps(steps_);
-    request.set_samples_per_sec(samples_per_sec_);
-  }
+  TakePending(&request);
   const absl::Time give_up = absl::Now() + options_.rpc_timeout;
   while (true) {
     grpc::ClientContext context;

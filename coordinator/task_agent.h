@@ -92,6 +92,10 @@ class TaskAgent {
 
  private:
   TaskRef Ref() const;
+  // Moves the queued lines and the progress into a HeartbeatRequest or a
+  // TaskFinishedRequest.
+  template <typename Request>
+  void TakePending(Request* request);
   void HeartbeatLoop(std::function<void(JobState, const std::string&)> on_end);
   void StopHeartbeats();
 

@@ -7,6 +7,7 @@
 #include "absl/flags/flag.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "common/flags_util.h"
 
 ABSL_FLAG(std::string, coordinator, "",
           "host:port of the pstrain coordinator (required).");
@@ -125,6 +126,53 @@ absl::StatusOr<TaskAddress> TaskAddressFromFlags(const JobSpec& spec,
     address.advertise_host = name;
   }
   return address;
+}
+
+int FailTask(TaskAgent& agent, const char* program, int exit_code,
+             const std::string& message) {
+  PrintError(program, absl::StrCat(agent.name(), ": ", message));
+  absl::Status s = agent.Finish(false, message);
+  if (!s.ok()) PrintError(program, s.message());
+  return exit_code;
+}
+
+absl::StatusOr<JoinedTask> JoinJobFromFlags(TaskRole role, const char* program,
+                                            int* exit_code) {
+  absl::StatusOr<TaskAgentOptions> options = TaskAgentOptionsFromFlags(role);
+  if (!options.ok()) {
+    PrintError(program, options.status().message());
+    *exit_code = 2;
+    return options.status();
+  }
+  JoinedTask task;
+  task.agent = std::make_unique<TaskAgent>(*options);
+  absl::StatusOr<JobSpec> spec = task.agent->FetchSpec();
+  if (!spec.ok()) {
+    PrintError(program,
+               absl::StrCat(task.agent->name(), ": ", spec.status().message()));
+    *exit_code = 1;
+    return spec.status();
+  }
+  task.spec = *std::move(spec);
+  const int count =
+      role == ROLE_PS ? task.spec.num_ps() : task.spec.num_workers();
+  absl::Status status;
+  if (options->index >= count) {
+    status = absl::InvalidArgumentError(
+        absl::StrCat("task index ", options->index, " is outside the job's ",
+                     count, " ", role == ROLE_PS ? "ps" : "worker", " tasks"));
+  } else {
+    absl::StatusOr<TaskAddress> address =
+        TaskAddressFromFlags(task.spec, role, options->index);
+    if (address.ok()) task.address = *std::move(address);
+    status = address.status();
+  }
+  if (!status.ok()) {
+    *exit_code =
+        FailTask(*task.agent, program, 2, std::string(status.message()));
+    return status;
+  }
+  return task;
 }
 
 }  // namespace pstrain

@@ -17,6 +17,7 @@
 #ifndef PSTRAIN_COORDINATOR_TASK_FLAGS_H_
 #define PSTRAIN_COORDINATOR_TASK_FLAGS_H_
 
+#include <memory>
 #include <string>
 
 #include "absl/flags/declare.h"
@@ -52,6 +53,28 @@ struct TaskAddress {
 // --advertise port that differs from the port.
 absl::StatusOr<TaskAddress> TaskAddressFromFlags(const JobSpec& spec,
                                                  TaskRole role, int index);
+
+// A task that has joined its job: its agent (not yet registered), the
+// job's spec and its address.
+struct JoinedTask {
+  std::unique_ptr<TaskAgent> agent;
+  JobSpec spec;
+  TaskAddress address;
+};
+
+// Prints "`program`: error: `agent`'s name: `message`", reports the failure
+// to the coordinator (which fails the job with `message`) and returns
+// `exit_code`, for main() to return.
+int FailTask(TaskAgent& agent, const char* program, int exit_code,
+             const std::string& message);
+
+// The start every task shares: its identity from the flags, the job's spec
+// from the coordinator, its index checked against the spec's task count, and
+// its address. On error prints one line and sets `*exit_code`: 2 for bad
+// flags (and an index outside the job, reported to the coordinator), 1 when
+// the coordinator cannot be reached or the job has ended.
+absl::StatusOr<JoinedTask> JoinJobFromFlags(TaskRole role, const char* program,
+                                            int* exit_code);
 
 }  // namespace pstrain
 

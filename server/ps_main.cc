@@ -62,38 +62,21 @@ int main(int argc, char** argv) {
       "--job=ID --task_index=N [--bind=ADDR --port=P --advertise=HOST]");
   absl::ParseCommandLine(argc, argv);
 
-  absl::StatusOr<pstrain::TaskAgentOptions> agent_options =
-      pstrain::TaskAgentOptionsFromFlags(pstrain::ROLE_PS);
-  if (!agent_options.ok()) {
-    pstrain::PrintError(kProgram, agent_options.status().message());
-    return 2;
-  }
-  pstrain::TaskAgent agent(*agent_options);
-  const int index = agent_options->index;
-  absl::StatusOr<pstrain::JobSpec> spec = agent.FetchSpec();
-  if (!spec.ok()) {
-    pstrain::PrintError(
-        kProgram, absl::StrCat(agent.name(), ": ", spec.status().message()));
-    return 1;
-  }
-  // Fails the job with `message`, and exits with `code`.
+  int exit_code = 0;
+  absl::StatusOr<pstrain::JoinedTask> joined =
+      pstrain::JoinJobFromFlags(pstrain::ROLE_PS, kProgram, &exit_code);
+  if (!joined.ok()) return exit_code;
+  pstrain::TaskAgent& agent = *joined->agent;
+  const pstrain::JobSpec* spec = &joined->spec;
+  const pstrain::TaskAddress* address = &joined->address;
+  const int index = agent.options().index;
   auto fail = [&](int code, const std::string& message) {
-    pstrain::PrintError(kProgram, absl::StrCat(agent.name(), ": ", message));
-    absl::Status s = agent.Finish(false, message);
-    if (!s.ok()) pstrain::PrintError(kProgram, s.message());
-    return code;
+    return pstrain::FailTask(agent, kProgram, code, message);
   };
-  if (index >= spec->num_ps()) {
-    return fail(2, absl::StrCat("task index ", index, " is outside the job's ",
-                                spec->num_ps(), " ps tasks"));
-  }
-  absl::StatusOr<pstrain::TaskAddress> address =
-      pstrain::TaskAddressFromFlags(*spec, pstrain::ROLE_PS, index);
-  if (!address.ok()) return fail(2, std::string(address.status().message()));
 
   // The spec was validated at submission (coordinator/job_spec.h).
   pstrain::ShardOptions options;
-  options.job_id = agent_options->job_id;
+  options.job_id = agent.options().job_id;
   options.shard_index = index;
   options.num_shards = spec->num_ps();
   options.num_workers = spec->num_workers();
@@ -147,7 +130,6 @@ int main(int argc, char** argv) {
   std::signal(SIGINT, OnSignal);
   const absl::Duration idle_timeout =
       absl::Seconds(absl::GetFlag(FLAGS_idle_timeout_s));
-  int exit_code = 0;
   while (true) {
     if (service.all_workers_done().WaitForNotificationWithTimeout(
             absl::Milliseconds(100))) {

@@ -43,33 +43,17 @@ int main(int argc, char** argv) {
       "--coordinator=HOST:PORT --job=ID --task_index=N [--gpu=G]");
   absl::ParseCommandLine(argc, argv);
 
-  absl::StatusOr<pstrain::TaskAgentOptions> agent_options =
-      pstrain::TaskAgentOptionsFromFlags(pstrain::ROLE_WORKER);
-  if (!agent_options.ok()) {
-    pstrain::PrintError(kProgram, agent_options.status().message());
-    return 2;
-  }
-  pstrain::TaskAgent agent(*agent_options);
-  const int index = agent_options->index;
-  absl::StatusOr<pstrain::JobSpec> spec = agent.FetchSpec();
-  if (!spec.ok()) {
-    pstrain::PrintError(
-        kProgram, absl::StrCat(agent.name(), ": ", spec.status().message()));
-    return 1;
-  }
+  int exit_code = 0;
+  absl::StatusOr<pstrain::JoinedTask> joined =
+      pstrain::JoinJobFromFlags(pstrain::ROLE_WORKER, kProgram, &exit_code);
+  if (!joined.ok()) return exit_code;
+  pstrain::TaskAgent& agent = *joined->agent;
+  const pstrain::JobSpec* spec = &joined->spec;
+  const pstrain::TaskAddress* address = &joined->address;
+  const int index = agent.options().index;
   auto fail = [&](int code, const std::string& message) {
-    pstrain::PrintError(kProgram, absl::StrCat(agent.name(), ": ", message));
-    absl::Status s = agent.Finish(false, message);
-    if (!s.ok()) pstrain::PrintError(kProgram, s.message());
-    return code;
+    return pstrain::FailTask(agent, kProgram, code, message);
   };
-  if (index >= spec->num_workers()) {
-    return fail(2, absl::StrCat("task index ", index, " is outside the job's ",
-                                spec->num_workers(), " worker tasks"));
-  }
-  absl::StatusOr<pstrain::TaskAddress> address =
-      pstrain::TaskAddressFromFlags(*spec, pstrain::ROLE_WORKER, index);
-  if (!address.ok()) return fail(2, std::string(address.status().message()));
   const int gpu = absl::GetFlag(FLAGS_gpu);
   if (absl::Status s = pstrain::CheckBackend(spec->backend(), gpu, "");
       !s.ok()) {
@@ -109,7 +93,7 @@ int main(int argc, char** argv) {
   if (!layout.ok()) return fail(1, std::string(layout.status().message()));
 
   pstrain::TrainerOptions options;
-  options.job_id = agent_options->job_id;
+  options.job_id = agent.options().job_id;
   options.worker_id = index;
   options.num_workers = spec->num_workers();
   options.ps_addresses.assign(layout->ps_addresses().begin(),
