@@ -205,6 +205,9 @@ absl::StatusOr<JobState> JobTable::Heartbeat(const HeartbeatRequest& request,
     (*task)->set_steps(request.steps());
     (*task)->set_samples_per_sec(request.samples_per_sec());
   }
+  if (ref.role() == ROLE_WORKER && ref.index() == 0 && request.has_result()) {
+    *job->mutable_result() = request.result();
+  }
   AppendLog(job, ref.role(), ref.index(), request.log_lines(), now);
   // Not persisted: Load() restarts every task's timeout.
   return job->state();

@@ -223,7 +223,11 @@ TEST(JobTableTest, LogLinesProgressAndResult) {
   beat.add_log_lines("Step200: 9000.00 data/sec");
   beat.set_steps(200);
   beat.set_samples_per_sec(4500);
+  beat.mutable_result()->add_epoch_results()->set_test_accuracy(0.7);
   ASSERT_TRUE(table.Heartbeat(beat, kT0).ok());
+  // Worker 0's results so far (its epochs) are the job's.
+  EXPECT_DOUBLE_EQ(table.Get(id)->result().epoch_results(0).test_accuracy(),
+                   0.7);
   JobInfo job = *table.Get(id);
   ASSERT_EQ(job.log_size(), 2);
   EXPECT_EQ(job.log(1).seq(), 1);

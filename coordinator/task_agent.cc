@@ -64,6 +64,8 @@ void TaskAgent::TakePending(Request* request) {
   pending_lines_.clear();
   request->set_steps(steps_);
   request->set_samples_per_sec(samples_per_sec_);
+  if (result_ != nullptr) *request->mutable_result() = *std::move(result_);
+  result_.reset();
 }
 
 absl::StatusOr<JobSpec> TaskAgent::FetchSpec() {
@@ -214,6 +216,11 @@ void TaskAgent::Log(const std::string& line) {
   if (pending_lines_.size() > kMaxPendingLines) pending_lines_.pop_front();
 }
 
+void TaskAgent::SetResult(const RunResult& result) {
+  absl::MutexLock lock(&mu_);
+  result_ = std::make_unique<RunResult>(result);
+}
+
 void TaskAgent::SetProgress(int64_t steps, double samples_per_sec) {
   absl::MutexLock lock(&mu_);
   steps_ = steps;
@@ -227,8 +234,8 @@ absl::Status TaskAgent::Finish(bool ok, const std::string& message,
   *request.mutable_task() = Ref();
   request.set_ok(ok);
   request.set_message(message);
-  if (result != nullptr) *request.mutable_result() = *result;
   TakePending(&request);
+  if (result != nullptr) *request.mutable_result() = *result;
   const absl::Time give_up = absl::Now() + options_.rpc_timeout;
   while (true) {
     grpc::ClientContext context;

@@ -84,6 +84,9 @@ class TaskAgent {
   // Workers: steps done and samples/sec, sent with the next heartbeat.
   void SetProgress(int64_t steps, double samples_per_sec);
 
+  // Worker 0: the results so far, sent with the next heartbeat.
+  void SetResult(const RunResult& result);
+
   // Stops the heartbeats and reports the task's end with the lines not yet
   // sent; `result` (worker 0) becomes the job's result. Retried while the
   // coordinator is unreachable, for at most rpc_timeout.
@@ -108,6 +111,7 @@ class TaskAgent {
   std::deque<std::string> pending_lines_ ABSL_GUARDED_BY(mu_);
   int64_t steps_ ABSL_GUARDED_BY(mu_) = 0;
   double samples_per_sec_ ABSL_GUARDED_BY(mu_) = 0;
+  std::unique_ptr<RunResult> result_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace pstrain

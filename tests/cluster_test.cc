@@ -99,6 +99,10 @@ TEST(ClusterTest, SubmittedJobRunsOnTasksStartedByHand) {
             std::string::npos);
   r = RunCommand("tools/pstrain status job-1" + coordinator.flag());
   EXPECT_TRUE(std::regex_search(
+      r.output,
+      std::regex(R"(\n  epoch 0: [0-9.]+ s, test accuracy 0\.[0-9]{4}\n)")))
+      << r.output;
+  EXPECT_TRUE(std::regex_search(
       r.output, std::regex(R"(worker 1 +DONE +127\.0\.0\.1 +30 steps, )"
                            R"([0-9.]+ samples/sec)")))
       << r.output;

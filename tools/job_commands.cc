@@ -222,6 +222,10 @@ int StatusCommand(const std::vector<std::string>& args) {
   const grpc::Status status = stub->GetJob(&context, request, &job);
   if (!status.ok()) return RpcFailure(status);
   PrintJobLine(job);
+  for (const EpochResult& e : job.result().epoch_results()) {
+    std::printf("  epoch %d: %.2f s, test accuracy %.4f\n", e.epoch(),
+                e.train_seconds(), e.test_accuracy());
+  }
   for (const TaskInfo& t : job.tasks()) {
     std::string state = TaskState_Name(t.state());
     if (state.rfind("TASK_", 0) == 0) state = state.substr(5);

@@ -215,6 +215,7 @@ absl::StatusOr<TrainerOutput> RunWorker(const TrainerOptions& options,
       e->set_test_loss(eval.loss);
       e->set_train_loss(loss_sum / steps_per_epoch);
       result.set_test_accuracy(eval.accuracy);
+      if (options.on_epoch) options.on_epoch(result);
       if (options.verbose) {
         Emit(options, absl::StrFormat(
                           "Epoch %d in %.2f sec, test time %.2f sec, test "

@@ -64,6 +64,9 @@ struct TrainerOptions {
   // Called on the training thread after every step with the steps done so
   // far and this worker's training samples/sec over the current epoch.
   std::function<void(int64_t steps, double samples_per_sec)> on_progress;
+  // Worker 0: called on the training thread after each epoch's evaluation
+  // with the results so far.
+  std::function<void(const RunResult& so_far)> on_epoch;
   absl::Duration init_timeout = absl::Seconds(120);
   absl::Duration rpc_timeout = absl::Seconds(60);
 };

@@ -114,6 +114,9 @@ int main(int argc, char** argv) {
   options.on_progress = [&agent](int64_t steps, double samples_per_sec) {
     agent.SetProgress(steps, samples_per_sec);
   };
+  options.on_epoch = [&agent](const pstrain::RunResult& so_far) {
+    agent.SetResult(so_far);
+  };
   absl::StatusOr<pstrain::TrainerOutput> output =
       pstrain::RunWorker(options, *dataset);
   if (!output.ok()) return fail(1, output.status().ToString());
