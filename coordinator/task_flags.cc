@@ -156,22 +156,24 @@ absl::StatusOr<JoinedTask> JoinJobFromFlags(TaskRole role, const char* program,
   task.spec = *std::move(spec);
   const int count =
       role == ROLE_PS ? task.spec.num_ps() : task.spec.num_workers();
-  absl::Status status;
   if (options->index >= count) {
-    status = absl::InvalidArgumentError(
+    // Not a task of this job, so the coordinator would refuse its report.
+    const absl::Status status = absl::InvalidArgumentError(
         absl::StrCat("task index ", options->index, " is outside the job's ",
                      count, " ", role == ROLE_PS ? "ps" : "worker", " tasks"));
-  } else {
-    absl::StatusOr<TaskAddress> address =
-        TaskAddressFromFlags(task.spec, role, options->index);
-    if (address.ok()) task.address = *std::move(address);
-    status = address.status();
-  }
-  if (!status.ok()) {
-    *exit_code =
-        FailTask(*task.agent, program, 2, std::string(status.message()));
+    PrintError(program,
+               absl::StrCat(task.agent->name(), ": ", status.message()));
+    *exit_code = 2;
     return status;
   }
+  absl::StatusOr<TaskAddress> address =
+      TaskAddressFromFlags(task.spec, role, options->index);
+  if (!address.ok()) {
+    *exit_code = FailTask(*task.agent, program, 2,
+                          std::string(address.status().message()));
+    return address.status();
+  }
+  task.address = *std::move(address);
   return task;
 }
 

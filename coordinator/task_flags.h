@@ -71,8 +71,9 @@ int FailTask(TaskAgent& agent, const char* program, int exit_code,
 // The start every task shares: its identity from the flags, the job's spec
 // from the coordinator, its index checked against the spec's task count, and
 // its address. On error prints one line and sets `*exit_code`: 2 for bad
-// flags (and an index outside the job, reported to the coordinator), 1 when
-// the coordinator cannot be reached or the job has ended.
+// flags or an index outside the job (a bad --advertise or --port is also
+// reported to the coordinator, failing the job), 1 when the coordinator
+// cannot be reached, has no such job, or the job has ended.
 absl::StatusOr<JoinedTask> JoinJobFromFlags(TaskRole role, const char* program,
                                             int* exit_code);
 

@@ -200,6 +200,55 @@ TEST(ClusterTest, JobSurvivesACoordinatorCrashAndRestart) {
   for (auto& task : tasks) EXPECT_EQ(task->Wait(20), 0);
 }
 
+TEST(ClusterTest, BadTaskFlagsGetOneLineErrors) {
+  CoordinatorProcess coordinator(TempDir() + "/jobs5.pb", 30);
+  ASSERT_TRUE(coordinator.up());
+  struct Case {
+    std::string command;
+    int exit_code;
+    std::string output;
+  };
+  const std::vector<Case> cases = {
+      {"worker/pstrain_worker --job=job-1 --task_index=0", 2,
+       "pstrain_worker: error: --coordinator is not set; expected host:port "
+       "of the coordinator\n"},
+      {"worker/pstrain_worker --role=ps --job=job-1 --task_index=0" +
+           coordinator.flag(),
+       2,
+       "pstrain_worker: error: --role=ps: this binary runs worker tasks; "
+       "expected worker\n"},
+      {"env -u SLURM_PROCID -u OMPI_COMM_WORLD_RANK -u PMI_RANK "
+       "server/pstrain_ps --job=job-1" +
+           coordinator.flag(),
+       2,
+       "pstrain_ps: error: --task_index is not set and none of SLURM_PROCID, "
+       "OMPI_COMM_WORLD_RANK, PMI_RANK is in the environment; expected the "
+       "task's index\n"},
+      {"SLURM_PROCID=x server/pstrain_ps --job=job-1" + coordinator.flag(), 2,
+       "pstrain_ps: error: SLURM_PROCID=x: expected a non-negative task "
+       "index\n"},
+      {"server/pstrain_ps --job=job-9 --task_index=0" + coordinator.flag(), 1,
+       "pstrain_ps: error: ps 0 of job-9: coordinator " +
+           coordinator.address() + ": unknown job job-9\n"},
+  };
+  for (const Case& c : cases) {
+    const auto r = RunCommand(c.command);
+    EXPECT_EQ(r.exit_code, c.exit_code) << c.command;
+    EXPECT_EQ(r.output, c.output) << c.command;
+  }
+  // An index outside the job fails the job, naming the index.
+  const std::string spec = TempDir() + "/small.pbtxt";
+  WriteTextFile(spec, "num_ps: 1 num_workers: 1 batch_size: 64 epochs: 1\n");
+  auto r = RunCommand("tools/pstrain submit " + spec + coordinator.flag());
+  ASSERT_EQ(r.output, "job-1\n");
+  r = RunCommand("server/pstrain_ps --job=job-1 --task_index=3" +
+                 coordinator.flag());
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_EQ(r.output,
+            "pstrain_ps: error: ps 3 of job-1: task index 3 is outside the "
+            "job's 1 ps tasks\n");
+}
+
 TEST(ClusterTest, PsThatCannotBindFailsTheJobNamingHostAndPort) {
   // Hold a port, then give it to ps 0 in the spec.
   const int fd = socket(AF_INET, SOCK_STREAM, 0);
