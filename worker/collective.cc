@@ -1,0 +1,149 @@
+#include "worker/collective.h"
+
+#include <chrono>
+#include <exception>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gloo/allreduce.h"
+#include "gloo/broadcast.h"
+#include "gloo/math.h"
+#include "gloo/rendezvous/context.h"
+#include "gloo/rendezvous/prefix_store.h"
+#include "gloo/rendezvous/store.h"
+#include "gloo/transport/tcp/device.h"
+
+namespace pstrain {
+namespace {
+
+std::chrono::milliseconds ToChrono(absl::Duration d) {
+  return std::chrono::milliseconds(absl::ToInt64Milliseconds(d));
+}
+
+// Gloo's store interface over ours. Gloo reports errors by exception, so
+// ours become gloo::IoException here and statuses again at the Collective's
+// boundary.
+class GlooStore : public gloo::rendezvous::Store {
+ public:
+  GlooStore(RendezvousStore* store, absl::Duration timeout)
+      : store_(store), timeout_(timeout) {}
+
+  void set(const std::string& key, const std::vector<char>& data) override {
+    absl::Status s = store_->Set(key, std::string(data.begin(), data.end()));
+    if (!s.ok()) throw gloo::IoException(std::string(s.message()));
+  }
+
+  std::vector<char> get(const std::string& key) override {
+    absl::StatusOr<std::string> value = store_->Wait(key, timeout_);
+    if (!value.ok()) {
+      throw gloo::IoException(std::string(value.status().message()));
+    }
+    return std::vector<char>(value->begin(), value->end());
+  }
+
+  void wait(const std::vector<std::string>& keys) override {
+    wait(keys, ToChrono(timeout_));
+  }
+
+  void wait(const std::vector<std::string>& keys,
+            const std::chrono::milliseconds& timeout) override {
+    for (const std::string& key : keys) {
+      absl::StatusOr<std::string> value =
+          store_->Wait(key, absl::FromChrono(timeout));
+      if (!value.ok()) {
+        throw gloo::IoException(std::string(value.status().message()));
+      }
+    }
+  }
+
+ private:
+  RendezvousStore* const store_;
+  const absl::Duration timeout_;
+};
+
+}  // namespace
+
+absl::Status InProcessStore::Set(const std::string& key,
+                                 const std::string& value) {
+  absl::MutexLock lock(&mu_);
+  values_[key] = value;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> InProcessStore::Wait(const std::string& key,
+                                                 absl::Duration timeout) {
+  absl::MutexLock lock(&mu_);
+  auto ready = [this, &key]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return values_.count(key) > 0;
+  };
+  if (!mu_.AwaitWithTimeout(absl::Condition(&ready), timeout)) {
+    return absl::DeadlineExceededError(
+        absl::StrCat("rendezvous key \"", key, "\" was not set in time"));
+  }
+  return values_[key];
+}
+
+absl::StatusOr<std::unique_ptr<Collective>> Collective::CreateGloo(
+    int rank, int size, const std::string& hostname, RendezvousStore* store,
+    const std::string& prefix, absl::Duration timeout) {
+  if (size < 1 || rank < 0 || rank >= size) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "collective rank ", rank, " of ", size, ": expected 0 <= rank < size"));
+  }
+  std::unique_ptr<Collective> collective(new Collective(rank, size));
+  try {
+    gloo::transport::tcp::attr attr;
+    attr.hostname = hostname;
+    std::shared_ptr<gloo::transport::Device> device =
+        gloo::transport::tcp::CreateDevice(attr);
+    auto context = std::make_shared<gloo::rendezvous::Context>(rank, size);
+    context->setTimeout(ToChrono(timeout));
+    GlooStore gloo_store(store, timeout);
+    gloo::rendezvous::PrefixStore prefixed(prefix, gloo_store);
+    context->connectFullMesh(prefixed, device);
+    collective->context_ = std::move(context);
+  } catch (const std::exception& e) {
+    return absl::UnavailableError(
+        absl::StrCat("rank ", rank, " of ", size, " on ", hostname,
+                     ": connecting the workers (gloo): ", e.what()));
+  }
+  return collective;
+}
+
+Collective::~Collective() = default;
+
+absl::Status Collective::AllreduceSum(float* data, size_t n) {
+  if (size_ == 1 || n == 0) return absl::OkStatus();
+  try {
+    gloo::AllreduceOptions options(context_);
+    options.setAlgorithm(gloo::AllreduceOptions::Algorithm::RING);
+    options.setOutput(data, n);
+    void (*sum)(void*, const void*, const void*, size_t) = &gloo::sum<float>;
+    options.setReduceFunction(sum);
+    options.setTag(next_tag_++);
+    gloo::allreduce(options);
+  } catch (const std::exception& e) {
+    return absl::DeadlineExceededError(absl::StrCat(
+        "allreduce of ", n, " floats on rank ", rank_, ": ", e.what()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Collective::Broadcast(float* data, size_t n, int root) {
+  if (size_ == 1 || n == 0) return absl::OkStatus();
+  try {
+    gloo::BroadcastOptions options(context_);
+    options.setOutput(data, n);
+    options.setRoot(root);
+    options.setTag(next_tag_++);
+    gloo::broadcast(options);
+  } catch (const std::exception& e) {
+    return absl::DeadlineExceededError(absl::StrCat(
+        "broadcast of ", n, " floats from rank ", root, " on rank ", rank_,
+        ": ", e.what()));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace pstrain
