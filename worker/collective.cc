@@ -139,9 +139,9 @@ absl::Status Collective::Broadcast(float* data, size_t n, int root) {
     options.setTag(next_tag_++);
     gloo::broadcast(options);
   } catch (const std::exception& e) {
-    return absl::DeadlineExceededError(absl::StrCat(
-        "broadcast of ", n, " floats from rank ", root, " on rank ", rank_,
-        ": ", e.what()));
+    return absl::DeadlineExceededError(
+        absl::StrCat("broadcast of ", n, " floats from rank ", root,
+                     " on rank ", rank_, ": ", e.what()));
   }
   return absl::OkStatus();
 }

@@ -64,11 +64,11 @@ TEST(CollectiveTest, MissingRankTimesOutNamingTheKey) {
   EXPECT_NE(c.status().message().find("rank 0 of 2 on 127.0.0.1"),
             std::string::npos)
       << c.status();
-  EXPECT_EQ(Collective::CreateGloo(2, 2, "127.0.0.1", &store, "x",
-                                   absl::Seconds(1))
-                .status()
-                .code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(
+      Collective::CreateGloo(2, 2, "127.0.0.1", &store, "x", absl::Seconds(1))
+          .status()
+          .code(),
+      absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace

@@ -11,7 +11,7 @@
 #include "absl/time/clock.h"
 #include "common/status.h"
 #include "models/model.h"
-#include "worker/ps_client.h"
+#include "worker/gradient_exchange.h"
 
 namespace pstrain {
 namespace {
@@ -63,15 +63,19 @@ absl::StatusOr<Evaluation> Evaluate(Model& model, const LabeledImages& test,
 
 absl::StatusOr<TrainerOutput> RunWorker(const TrainerOptions& options,
                                         const Dataset& dataset) {
-  if (options.mode != "sync" && options.mode != "async") {
+  const bool allreduce = options.mode == "allreduce";
+  if (options.mode != "sync" && options.mode != "async" && !allreduce) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "mode \"", options.mode, "\"; expected sync, async or allreduce"));
+  }
+  if (allreduce && options.collective == nullptr) {
     return absl::InvalidArgumentError(
-        absl::StrCat("mode \"", options.mode, "\"; expected sync or async"));
+        "mode allreduce needs the workers' collective");
   }
   if (options.batch_size <= 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "batch size ", options.batch_size, "; expected a positive number"));
   }
-  const bool sync = options.mode == "sync";
   const bool chief = options.worker_id == 0;
   ASSIGN_OR_RETURN(std::unique_ptr<Backend> backend,
                    Backend::Create(options.backend, options.gpu));
@@ -82,29 +86,39 @@ absl::StatusOr<TrainerOutput> RunWorker(const TrainerOptions& options,
       std::unique_ptr<Model> model,
       Model::Create(options.model, dataset.train.chw, dataset.num_classes,
                     model_options, backend.get()));
-  ASSIGN_OR_RETURN(PartitionPlan plan,
-                   PartitionPlan::Create(
-                       model->PsTensorNumElements(), options.partition_bytes,
-                       static_cast<int>(options.ps_addresses.size()),
-                       static_cast<int>(model->buffers().size())));
-  PsClientOptions client_options;
-  client_options.addresses = options.ps_addresses;
-  client_options.job_id = options.job_id;
-  client_options.worker_id = options.worker_id;
-  client_options.rpc_timeout = options.rpc_timeout;
-  ASSIGN_OR_RETURN(std::unique_ptr<PsClient> client,
-                   PsClient::Create(client_options, plan));
+  const int num_buffers = static_cast<int>(model->buffers().size());
+  std::unique_ptr<GradientExchange> exchange;
+  std::string placement;
+  if (allreduce) {
+    exchange = CreateAllreduceExchange(options.collective, options.adam,
+                                       options.bucket_bytes, num_buffers);
+    placement = absl::StrFormat(
+        "ring allreduce over %d workers, buckets of "
+        "%d bytes",
+        options.num_workers, options.bucket_bytes);
+  } else {
+    ASSIGN_OR_RETURN(
+        PartitionPlan plan,
+        PartitionPlan::Create(
+            model->PsTensorNumElements(), options.partition_bytes,
+            static_cast<int>(options.ps_addresses.size()), num_buffers));
+    placement = absl::StrFormat("%d chunks on %d shards", plan.chunks().size(),
+                                plan.num_shards());
+    PsClientOptions client_options;
+    client_options.addresses = options.ps_addresses;
+    client_options.job_id = options.job_id;
+    client_options.worker_id = options.worker_id;
+    client_options.rpc_timeout = options.rpc_timeout;
+    ASSIGN_OR_RETURN(std::unique_ptr<PsClient> client,
+                     PsClient::Create(client_options, plan));
+    exchange = CreatePsExchange(std::move(client), options.mode == "sync",
+                                chief, options.init_timeout);
+  }
 
   const std::vector<absl::Span<float>>& weights = model->HostWeights();
   const std::vector<absl::Span<const float>>& gradients =
       model->HostGradients();
-  if (chief) {
-    std::vector<absl::Span<const float>> initial(weights.begin(),
-                                                 weights.end());
-    RETURN_IF_ERROR(client->Initialize(initial));
-  }
-  RETURN_IF_ERROR(client->WaitReady(options.init_timeout));
-  ASSIGN_OR_RETURN(int64_t version, client->PushPull(0, {}, 0, 0, weights));
+  RETURN_IF_ERROR(exchange->Start(weights));
   RETURN_IF_ERROR(model->LoadHostWeights());
 
   const ShardedSampler sampler(dataset.train.count, options.worker_id,
@@ -121,7 +135,8 @@ absl::StatusOr<TrainerOutput> RunWorker(const TrainerOptions& options,
 
   TrainerOutput output;
   RunResult& result = output.result;
-  result.set_num_ps(static_cast<int>(options.ps_addresses.size()));
+  result.set_num_ps(allreduce ? 0
+                              : static_cast<int>(options.ps_addresses.size()));
   result.set_num_workers(options.num_workers);
   result.set_mode(options.mode);
   result.set_model(options.model);
@@ -133,17 +148,15 @@ absl::StatusOr<TrainerOutput> RunWorker(const TrainerOptions& options,
     Emit(options,
          absl::StrFormat(
              "model %s on %s: %d parameters, %d buffers, %.2f MFLOPs forward "
-             "per sample; %d chunks on %d shards; %d steps per epoch per "
-             "worker",
+             "per sample; %s; %d steps per epoch per worker",
              options.model, backend->name(), model->NumParameters(),
              model->buffers().size(), 2.0 * model->ForwardMacsPerSample() / 1e6,
-             plan.chunks().size(), plan.num_shards(), steps_per_epoch));
+             placement, steps_per_epoch));
   }
 
   int64_t samples_at_start = 0;
   if (chief) {
-    ASSIGN_OR_RETURN(StatsResponse stats, client->Stats(0));
-    samples_at_start = stats.samples();
+    ASSIGN_OR_RETURN(samples_at_start, exchange->SamplesSoFar());
   }
   int64_t window_samples = samples_at_start;
   absl::Time window_start = absl::Now();
@@ -166,9 +179,7 @@ absl::StatusOr<TrainerOutput> RunWorker(const TrainerOptions& options,
       ASSIGN_OR_RETURN(float loss,
                        model->ForwardBackward(batch.images, batch.labels));
       loss_sum += loss;
-      ASSIGN_OR_RETURN(
-          version, client->PushPull(version, gradients, sync ? version + 1 : 0,
-                                    options.batch_size, weights));
+      RETURN_IF_ERROR(exchange->Step(gradients, options.batch_size, weights));
       RETURN_IF_ERROR(model->LoadHostWeights());
       ++step;
       if (options.on_progress) {
@@ -178,15 +189,14 @@ absl::StatusOr<TrainerOutput> RunWorker(const TrainerOptions& options,
       }
       if (chief && options.log_every_steps > 0 &&
           step % options.log_every_steps == 0) {
-        ASSIGN_OR_RETURN(StatsResponse stats, client->Stats(0));
+        ASSIGN_OR_RETURN(const int64_t samples, exchange->SamplesSoFar());
         const absl::Time now = absl::Now();
         const double seconds = absl::ToDoubleSeconds(now - window_start);
         if (options.verbose) {
-          Emit(options,
-               absl::StrFormat("Step%d: %.2f data/sec", step,
-                               (stats.samples() - window_samples) / seconds));
+          Emit(options, absl::StrFormat("Step%d: %.2f data/sec", step,
+                                        (samples - window_samples) / seconds));
         }
-        window_samples = stats.samples();
+        window_samples = samples;
         window_start = now;
       }
     }
@@ -195,7 +205,7 @@ absl::StatusOr<TrainerOutput> RunWorker(const TrainerOptions& options,
     train_seconds += epoch_seconds;
     if (chief && options.evaluate) {
       // No stream may sit idle through the evaluation (see CloseStreams).
-      RETURN_IF_ERROR(client->CloseStreams());
+      RETURN_IF_ERROR(exchange->BeforePause());
       const absl::Time test_start = absl::Now();
       // The other workers wait at the next step's barrier (or have
       // finished): evaluate with every core.
@@ -223,24 +233,23 @@ absl::StatusOr<TrainerOutput> RunWorker(const TrainerOptions& options,
                           epoch, epoch_seconds, test_seconds, eval.accuracy));
       }
       // Evaluation time is not training time: restart the throughput window.
-      ASSIGN_OR_RETURN(StatsResponse stats, client->Stats(0));
-      window_samples = stats.samples();
+      ASSIGN_OR_RETURN(window_samples, exchange->SamplesSoFar());
       window_start = absl::Now();
     }
   }
   result.set_steps(step);
   result.set_runtime_seconds(train_seconds);
   if (chief) {
-    ASSIGN_OR_RETURN(StatsResponse stats, client->Stats(0));
-    // Samples of every worker, counted by shard 0. In sync mode this is
+    ASSIGN_OR_RETURN(const int64_t samples, exchange->SamplesSoFar());
+    // Samples of every worker. In sync and allreduce modes this is
     // num_workers * batch_size * steps exactly.
-    result.set_throughput_samples_per_sec((stats.samples() - samples_at_start) /
+    result.set_throughput_samples_per_sec((samples - samples_at_start) /
                                           std::max(train_seconds, 1e-9));
   }
   for (absl::Span<float> w : weights) {
     output.final_weights.emplace_back(w.begin(), w.end());
   }
-  RETURN_IF_ERROR(client->Done());
+  RETURN_IF_ERROR(exchange->Finish());
   return output;
 }
 

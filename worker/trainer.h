@@ -27,6 +27,8 @@
 #include "absl/time/time.h"
 #include "common/partition.h"
 #include "proto/results.pb.h"
+#include "server/adam.h"
+#include "worker/collective.h"
 #include "worker/dataset.h"
 
 namespace pstrain {
@@ -43,8 +45,14 @@ struct TrainerOptions {
   int gpu = 0;
   // Batch size of the test-set evaluation.
   int eval_batch_size = 500;
-  // "sync" or "async"; must match the shards' mode.
+  // "sync" or "async" (must match the shards' mode), or "allreduce" (no
+  // shards; see worker/gradient_exchange.h).
   std::string mode = "sync";
+  // allreduce: the workers' collective (not owned), Adam's hyperparameters
+  // (applied on every worker) and the largest gradient bucket, bytes.
+  Collective* collective = nullptr;
+  AdamOptions adam;
+  int64_t bucket_bytes = 25 << 20;
   // Per worker.
   int batch_size = 64;
   int epochs = 2;

@@ -1,0 +1,70 @@
+// How a worker turns its gradients into the next weights, one per training
+// mode (the rest of the training loop, worker/trainer.h, is shared):
+//
+//   PS (sync, async): push every gradient chunk to the shard that owns it,
+//     pull the new weights (sync: after the barrier; async: the newest);
+//     Adam runs on the shards.
+//   allreduce: average the gradients over the workers with ring allreduce
+//     (worker/collective.h) in buckets of at most `bucket_bytes` (tensors in
+//     reverse order, as PyTorch DDP fills its buckets), then apply Adam on
+//     every worker with the same arithmetic as a sync shard (server/adam.h:
+//     sum, times 1/W, one update per step), so that in exact arithmetic the
+//     two modes train the same model. BatchNorm buffers are averaged and
+//     assigned, as on the shards.
+//
+// Tensors are the model's PS tensors (parameters, then `num_buffers`
+// BatchNorm buffers): fp32, host memory, lengths in elements.
+// Thread-compatible: one worker thread drives an exchange.
+#ifndef PSTRAIN_WORKER_GRADIENT_EXCHANGE_H_
+#define PSTRAIN_WORKER_GRADIENT_EXCHANGE_H_
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+#include "server/adam.h"
+#include "worker/collective.h"
+#include "worker/ps_client.h"
+
+namespace pstrain {
+
+class GradientExchange {
+ public:
+  virtual ~GradientExchange() = default;
+
+  // Gives every worker the same starting weights: worker 0's `weights`
+  // (its initialised model) on entry; everyone's on return.
+  virtual absl::Status Start(const std::vector<absl::Span<float>>& weights) = 0;
+
+  // One step: this worker's gradients (and buffer values) of a batch of
+  // `samples`; on return `weights` hold the next step's weights.
+  virtual absl::Status Step(
+      const std::vector<absl::Span<const float>>& gradients, int64_t samples,
+      const std::vector<absl::Span<float>>& weights) = 0;
+
+  // Training samples of all workers so far (for data/sec).
+  virtual absl::StatusOr<int64_t> SamplesSoFar() = 0;
+
+  // Before a long pause (worker 0's evaluation): let idle connections go.
+  virtual absl::Status BeforePause() = 0;
+
+  // This worker is done.
+  virtual absl::Status Finish() = 0;
+};
+
+// `client` is connected to the job's shards; `sync` selects the barrier.
+std::unique_ptr<GradientExchange> CreatePsExchange(
+    std::unique_ptr<PsClient> client, bool sync, bool chief,
+    absl::Duration init_timeout);
+
+// `collective` (not owned) connects the job's workers. `bucket_bytes` > 0.
+std::unique_ptr<GradientExchange> CreateAllreduceExchange(
+    Collective* collective, const AdamOptions& adam, int64_t bucket_bytes,
+    int num_buffers);
+
+}  // namespace pstrain
+
+#endif  // PSTRAIN_WORKER_GRADIENT_EXCHANGE_H_
