@@ -65,6 +65,7 @@ void ApplyJobDefaults(JobSpec* spec) {
   if (spec->image_size() == 0) spec->set_image_size(224);
   if (spec->num_classes() == 0) spec->set_num_classes(1000);
   if (spec->synthetic_samples() == 0) spec->set_synthetic_samples(12800);
+  if (spec->bucket_bytes() == 0) spec->set_bucket_bytes(25 << 20);
   OptimizerSpec* o = spec->mutable_optimizer();
   if (!o->has_lr()) o->set_lr(1e-3);
   if (!o->has_beta1()) o->set_beta1(0.9);
@@ -90,13 +91,25 @@ absl::Status ValidateJobSpec(const JobSpec& spec) {
     return Bad("backend",
                absl::StrCat("\"", spec.backend(), "\"; expected cpu or cuda"));
   }
-  if (spec.mode() != "sync" && spec.mode() != "async") {
-    return Bad("mode",
-               absl::StrCat("\"", spec.mode(), "\"; expected sync or async"));
+  const bool allreduce = spec.mode() == "allreduce";
+  if (spec.mode() != "sync" && spec.mode() != "async" && !allreduce) {
+    return Bad("mode", absl::StrCat("\"", spec.mode(),
+                                    "\"; expected sync, async or allreduce"));
+  }
+  if (allreduce && spec.num_ps() != 0) {
+    return Bad("num_ps", absl::StrCat(spec.num_ps(),
+                                      "; expected 0 for mode allreduce (it "
+                                      "has no parameter servers)"));
+  }
+  if (!allreduce && spec.num_ps() < 1) {
+    return Bad("num_ps", absl::StrCat(spec.num_ps(), "; expected >= 1"));
+  }
+  if (spec.bucket_bytes() < 4) {
+    return Bad("bucket_bytes",
+               absl::StrCat(spec.bucket_bytes(), "; expected >= 4"));
   }
   for (const auto& [field, value] :
-       {std::pair<const char*, int>{"num_ps", spec.num_ps()},
-        {"num_workers", spec.num_workers()},
+       {std::pair<const char*, int>{"num_workers", spec.num_workers()},
         {"batch_size", spec.batch_size()},
         {"epochs", spec.epochs()},
         {"log_every_steps", spec.log_every_steps()},

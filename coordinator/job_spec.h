@@ -4,7 +4,8 @@
 // Defaults (as `pstrain run`): model "lenet5", dataset "fashion_mnist",
 // data_dir "/usr/share/datasets/fashion-mnist", backend "cpu", mode "sync",
 // seed 1, partition_bytes 4 MiB, log_every_steps 200, image_size 224,
-// num_classes 1000, synthetic_samples 12800, the optimizer's defaults
+// num_classes 1000, synthetic_samples 12800, bucket_bytes 25 MiB, the
+// optimizer's defaults
 // (proto/job.proto).
 // num_ps, num_workers, batch_size and epochs have no default: they must be
 // set, and >= 1.
@@ -33,7 +34,8 @@ absl::StatusOr<JobSpec> ParseJobSpec(absl::string_view text,
 void ApplyJobDefaults(JobSpec* spec);
 
 // INVALID_ARGUMENT naming the first bad field and what was expected: an
-// unknown model, dataset, backend or mode; a count below 1; a
+// unknown model, dataset, backend or mode; a count below 1 (num_ps: 0 in
+// mode allreduce, >= 1 otherwise); a
 // partition_bytes that is not a positive multiple of 4; optimizer values
 // out of range (lr > 0, 0 <= beta < 1, epsilon > 0, weight_decay >= 0);
 // a host list whose length is neither 0 nor the task count; a port outside

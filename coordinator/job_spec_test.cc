@@ -58,7 +58,12 @@ TEST(JobSpecTest, BadSpecsNameTheField) {
       {"num_ps: 1 num_workers: 1 batch_size: 8",
        "job.pbtxt: epochs: 0; expected >= 1"},
       {counts + "mode: \"semi\"",
-       "job.pbtxt: mode: \"semi\"; expected sync or async"},
+       "job.pbtxt: mode: \"semi\"; expected sync, async or allreduce"},
+      {counts + "mode: \"allreduce\"",
+       "job.pbtxt: num_ps: 1; expected 0 for mode allreduce (it has no "
+       "parameter servers)"},
+      {"num_ps: 0 num_workers: 1 batch_size: 8 epochs: 1",
+       "job.pbtxt: num_ps: 0; expected >= 1"},
       {counts + "backend: \"tpu\"",
        "job.pbtxt: backend: \"tpu\"; expected cpu or cuda"},
       {counts + "partition_bytes: 6",

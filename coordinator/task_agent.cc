@@ -145,6 +145,45 @@ absl::StatusOr<ClusterLayout> TaskAgent::WaitForLayout() {
   }
 }
 
+absl::Status TaskAgent::KvSet(const std::string& key,
+                              const std::string& value) {
+  const absl::Time give_up = absl::Now() + options_.rpc_timeout;
+  while (true) {
+    grpc::ClientContext context;
+    SetDeadline(&context, options_.rpc_timeout);
+    KvSetRequest request;
+    request.set_job_id(options_.job_id);
+    request.set_key(key);
+    request.set_value(value);
+    KvSetResponse response;
+    const grpc::Status status = stub_->KvSet(&context, request, &response);
+    if (status.ok()) return absl::OkStatus();
+    if (!Retryable(status) || absl::Now() > give_up) {
+      return absl::Status(
+          FromGrpcStatus(status).code(),
+          absl::StrCat("setting key \"", key, "\": ", status.error_message()));
+    }
+    absl::SleepFor(absl::Seconds(1));
+  }
+}
+
+absl::StatusOr<std::string> TaskAgent::KvWait(const std::string& key,
+                                              absl::Duration timeout) {
+  grpc::ClientContext context;
+  SetDeadline(&context, timeout);
+  KvWaitRequest request;
+  request.set_job_id(options_.job_id);
+  request.set_key(key);
+  KvWaitResponse response;
+  const grpc::Status status = stub_->KvWait(&context, request, &response);
+  if (!status.ok()) {
+    return absl::Status(FromGrpcStatus(status).code(),
+                        absl::StrCat("waiting for key \"", key,
+                                     "\": ", status.error_message()));
+  }
+  return response.value();
+}
+
 void TaskAgent::StartHeartbeats(
     std::function<void(JobState, const std::string&)> on_end) {
   heartbeats_ = std::thread(

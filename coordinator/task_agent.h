@@ -87,6 +87,15 @@ class TaskAgent {
   // Worker 0: the results so far, sent with the next heartbeat.
   void SetResult(const RunResult& result);
 
+  // The job's key-value store (rendezvous of the allreduce workers):
+  // KvSet retried while the coordinator is unreachable (at most
+  // rpc_timeout); KvWait blocks until `key` is set, at most `timeout`
+  // (DEADLINE_EXCEEDED naming the key; FAILED_PRECONDITION if the job
+  // ended).
+  absl::Status KvSet(const std::string& key, const std::string& value);
+  absl::StatusOr<std::string> KvWait(const std::string& key,
+                                     absl::Duration timeout);
+
   // Stops the heartbeats and reports the task's end with the lines not yet
   // sent; `result` (worker 0) becomes the job's result. Retried while the
   // coordinator is unreachable, for at most rpc_timeout.

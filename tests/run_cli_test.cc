@@ -80,6 +80,26 @@ TEST(RunCliTest, SmallJobPrintsStepEpochLinesTableAndJson) {
   EXPECT_EQ(CountProcesses("pstrain_worker"), 0);
 }
 
+// Allreduce mode: no PS processes; workers rendezvous through the
+// coordinator's key-value store and train the same model as sync PS mode
+// (the weights are compared in //tests:sync_equivalence_test).
+TEST(RunCliTest, AllreduceModeRunsWithoutParameterServers) {
+  if (!HaveFashionMnist())
+    GTEST_SKIP() << "dataset-fashion-mnist not installed";
+  const Result r = RunPstrain(
+      "--mode=allreduce --epochs=1 --max_steps_per_epoch=30 "
+      "--log_every_steps=10");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(r.output.find("[ps"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("ring allreduce over 2 workers"), std::string::npos)
+      << r.output;
+  EXPECT_TRUE(std::regex_search(
+      r.output,
+      std::regex(R"(\| 0 \| 2 \| allreduce \| lenet5 \| 64 \| 1 \| 30 \| )")))
+      << r.output;
+  EXPECT_EQ(CountProcesses("pstrain_worker"), 0);
+}
+
 TEST(RunCliTest, BadInputGetsOneLineErrorAndExitCode2) {
   struct Case {
     std::string args;
@@ -114,7 +134,8 @@ TEST(RunCliTest, BadInputGetsOneLineErrorAndExitCode2) {
        "pstrain: error: --dataset=cifar10 --data_dir=/nonexistent: "
        "/nonexistent/data_batch_1.bin: cannot open: No such file or "
        "directory\n"},
-      {"--mode=semi", "pstrain: error: --mode=semi: expected sync or async\n"},
+      {"--mode=semi",
+       "pstrain: error: --mode=semi: expected sync, async or allreduce\n"},
   };
   for (const Case& c : cases) {
     const Result r = RunPstrain(c.args);

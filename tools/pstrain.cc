@@ -45,7 +45,11 @@ ABSL_FLAG(int, num_ps, 2, "Number of parameter-server shard processes.");
 ABSL_FLAG(int, num_workers, 2, "Number of worker processes.");
 ABSL_FLAG(int, batch_size, 64, "Samples per step per worker.");
 ABSL_FLAG(int, epochs, 2, "Epochs over the training set.");
-ABSL_FLAG(std::string, mode, "sync", "sync (barrier per step) or async.");
+ABSL_FLAG(std::string, mode, "sync",
+          "sync (PS, barrier per step), async (PS) or allreduce (Gloo ring "
+          "allreduce among the workers, no PS; --num_ps is ignored).");
+ABSL_FLAG(int64_t, bucket_bytes, 25 << 20,
+          "allreduce: largest gradient bucket, bytes.");
 ABSL_FLAG(double, lr, 1e-3, "Adam learning rate.");
 ABSL_FLAG(double, beta1, 0.9, "Adam beta1.");
 ABSL_FLAG(double, beta2, 0.999, "Adam beta2.");
@@ -109,7 +113,8 @@ namespace {
 int Run() {
   const std::string model = absl::GetFlag(FLAGS_model);
   const std::string mode = absl::GetFlag(FLAGS_mode);
-  const int num_ps = absl::GetFlag(FLAGS_num_ps);
+  const bool allreduce = mode == "allreduce";
+  const int num_ps = allreduce ? 0 : absl::GetFlag(FLAGS_num_ps);
   const int num_workers = absl::GetFlag(FLAGS_num_workers);
   const int batch_size = absl::GetFlag(FLAGS_batch_size);
   const int epochs = absl::GetFlag(FLAGS_epochs);
@@ -126,7 +131,7 @@ int Run() {
                                 ": expected a positive number of samples per "
                                 "worker"));
   }
-  if (num_ps <= 0) {
+  if (!allreduce && num_ps <= 0) {
     return Fail(2, absl::StrCat("--num_ps=", num_ps, ": expected >= 1"));
   }
   if (num_workers <= 0) {
@@ -136,8 +141,9 @@ int Run() {
   if (epochs <= 0) {
     return Fail(2, absl::StrCat("--epochs=", epochs, ": expected >= 1"));
   }
-  if (mode != "sync" && mode != "async") {
-    return Fail(2, absl::StrCat("--mode=", mode, ": expected sync or async"));
+  if (mode != "sync" && mode != "async" && !allreduce) {
+    return Fail(2, absl::StrCat("--mode=", mode,
+                                ": expected sync, async or allreduce"));
   }
   const int64_t partition_bytes = absl::GetFlag(FLAGS_partition_bytes);
   if (partition_bytes < 4 || partition_bytes % 4 != 0) {
@@ -186,6 +192,7 @@ int Run() {
   spec.set_partition_bytes(partition_bytes);
   spec.set_log_every_steps(absl::GetFlag(FLAGS_log_every_steps));
   spec.set_max_steps_per_epoch(absl::GetFlag(FLAGS_max_steps_per_epoch));
+  spec.set_bucket_bytes(absl::GetFlag(FLAGS_bucket_bytes));
   OptimizerSpec* optimizer = spec.mutable_optimizer();
   optimizer->set_lr(absl::GetFlag(FLAGS_lr));
   optimizer->set_beta1(absl::GetFlag(FLAGS_beta1));

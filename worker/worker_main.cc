@@ -12,6 +12,7 @@
 // ended elsewhere (a lost task, a cancel): the task stops at once.
 #include <cstdio>
 #include <cstdlib>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -22,6 +23,7 @@
 #include "common/flags_util.h"
 #include "coordinator/task_agent.h"
 #include "coordinator/task_flags.h"
+#include "worker/collective.h"
 #include "worker/dataset.h"
 #include "worker/job_inputs.h"
 #include "worker/trainer.h"
@@ -34,6 +36,22 @@ ABSL_FLAG(int, gpu, 0, "Backend cuda: index of the GPU this worker uses.");
 namespace {
 
 constexpr char kProgram[] = "pstrain_worker";
+
+// The allreduce workers' rendezvous, in the coordinator's per-job store.
+class CoordinatorStore : public pstrain::RendezvousStore {
+ public:
+  explicit CoordinatorStore(pstrain::TaskAgent* agent) : agent_(agent) {}
+  absl::Status Set(const std::string& key, const std::string& value) override {
+    return agent_->KvSet(key, value);
+  }
+  absl::StatusOr<std::string> Wait(const std::string& key,
+                                   absl::Duration timeout) override {
+    return agent_->KvWait(key, timeout);
+  }
+
+ private:
+  pstrain::TaskAgent* const agent_;
+};
 
 }  // namespace
 
@@ -92,6 +110,20 @@ int main(int argc, char** argv) {
   absl::StatusOr<pstrain::ClusterLayout> layout = agent.WaitForLayout();
   if (!layout.ok()) return fail(1, std::string(layout.status().message()));
 
+  // allreduce: connect the workers (Gloo, TCP on the advertised host).
+  CoordinatorStore store(&agent);
+  std::unique_ptr<pstrain::Collective> collective;
+  if (spec->mode() == "allreduce") {
+    absl::StatusOr<std::unique_ptr<pstrain::Collective>> connected =
+        pstrain::Collective::CreateGloo(
+            index, spec->num_workers(), address->advertise_host, &store, "gloo",
+            absl::Seconds(absl::GetFlag(FLAGS_init_timeout_s)));
+    if (!connected.ok()) {
+      return fail(1, std::string(connected.status().message()));
+    }
+    collective = *std::move(connected);
+  }
+
   pstrain::TrainerOptions options;
   options.job_id = agent.options().job_id;
   options.worker_id = index;
@@ -100,6 +132,14 @@ int main(int argc, char** argv) {
                               layout->ps_addresses().end());
   options.model = spec->model();
   options.mode = spec->mode();
+  options.collective = collective.get();
+  options.bucket_bytes = spec->bucket_bytes();
+  options.adam.lr = static_cast<float>(spec->optimizer().lr());
+  options.adam.beta1 = static_cast<float>(spec->optimizer().beta1());
+  options.adam.beta2 = static_cast<float>(spec->optimizer().beta2());
+  options.adam.epsilon = static_cast<float>(spec->optimizer().epsilon());
+  options.adam.weight_decay =
+      static_cast<float>(spec->optimizer().weight_decay());
   options.batch_size = spec->batch_size();
   options.epochs = spec->epochs();
   options.seed = spec->seed();
