@@ -1,7 +1,6 @@
 #include "coordinator/coordinator_service.h"
 
 #include <algorithm>
-#include <limits>
 #include <string>
 #include <vector>
 
@@ -10,12 +9,6 @@
 #include "coordinator/job_spec.h"
 
 namespace pstrain {
-namespace {
-
-// Get() without any log lines.
-constexpr int64_t kNoLog = std::numeric_limits<int64_t>::max();
-
-}  // namespace
 
 absl::Time CoordinatorService::Deadline(
     const grpc::ServerContext* context) const {
@@ -81,7 +74,8 @@ grpc::Status CoordinatorService::WaitForLayout(grpc::ServerContext* context,
   absl::StatusOr<std::vector<std::string>> addresses =
       table_->WaitForLayout(request->job_id(), Deadline(context));
   if (!addresses.ok()) return ToGrpcStatus(addresses.status());
-  absl::StatusOr<JobInfo> job = table_->Get(request->job_id(), kNoLog);
+  absl::StatusOr<JobInfo> job =
+      table_->Get(request->job_id(), JobTable::kNoLog);
   if (!job.ok()) return ToGrpcStatus(job.status());
   const int num_ps = job->spec().num_ps();
   for (int i = 0; i < static_cast<int>(addresses->size()); ++i) {
@@ -101,7 +95,8 @@ grpc::Status CoordinatorService::Heartbeat(grpc::ServerContext* context,
   if (!state.ok()) return ToGrpcStatus(state.status());
   response->set_state(*state);
   if (JobEnded(*state)) {
-    absl::StatusOr<JobInfo> job = table_->Get(request->task().job_id(), kNoLog);
+    absl::StatusOr<JobInfo> job =
+        table_->Get(request->task().job_id(), JobTable::kNoLog);
     if (job.ok()) response->set_message(job->message());
   }
   return grpc::Status::OK;

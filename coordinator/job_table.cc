@@ -25,6 +25,11 @@ std::string TaskName(TaskRole role, int index) {
   return absl::StrCat(role == ROLE_PS ? "ps " : "worker ", index);
 }
 
+std::string JobStateName(JobState state) {
+  std::string name = JobState_Name(state);
+  return name.rfind("JOB_", 0) == 0 ? name.substr(4) : name;
+}
+
 bool JobEnded(JobState state) {
   return state == JOB_SUCCEEDED || state == JOB_FAILED ||
          state == JOB_CANCELLED;

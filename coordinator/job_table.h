@@ -17,6 +17,8 @@
 #ifndef PSTRAIN_COORDINATOR_JOB_TABLE_H_
 #define PSTRAIN_COORDINATOR_JOB_TABLE_H_
 
+#include <cstdint>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -31,6 +33,8 @@ namespace pstrain {
 class JobTable {
  public:
   static constexpr int kMaxLogLines = 10000;
+  // A `log_since` for Get() that returns no log lines.
+  static constexpr int64_t kNoLog = std::numeric_limits<int64_t>::max();
 
   // `job_file`: where the table is kept ("" for none).
   explicit JobTable(std::string job_file = "");
@@ -122,6 +126,8 @@ class JobTable {
 
 // "ps 0", "worker 3".
 std::string TaskName(TaskRole role, int index);
+// "RUNNING", "FAILED", ... (JobState_Name without its "JOB_" prefix).
+std::string JobStateName(JobState state);
 bool JobEnded(JobState state);
 
 }  // namespace pstrain

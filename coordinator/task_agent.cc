@@ -2,7 +2,6 @@
 
 #include <chrono>
 #include <cstdio>
-#include <limits>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -26,11 +25,6 @@ void SetDeadline(grpc::ClientContext* context, absl::Duration timeout) {
 bool Retryable(const grpc::Status& status) {
   return status.error_code() == grpc::StatusCode::UNAVAILABLE ||
          status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED;
-}
-
-std::string StateName(JobState state) {
-  std::string name = JobState_Name(state);
-  return name.rfind("JOB_", 0) == 0 ? name.substr(4) : name;
 }
 
 }  // namespace
@@ -68,54 +62,59 @@ void TaskAgent::TakePending(Request* request) {
   result_.reset();
 }
 
-absl::StatusOr<JobSpec> TaskAgent::FetchSpec() {
-  const absl::Time give_up = absl::Now() + options_.coordinator_timeout;
+grpc::Status TaskAgent::CallWithRetry(
+    absl::Duration budget,
+    const std::function<grpc::Status(grpc::ClientContext*)>& call) {
+  const absl::Time give_up = absl::Now() + budget;
   while (true) {
     grpc::ClientContext context;
     SetDeadline(&context, options_.rpc_timeout);
-    JobRequest request;
-    request.set_job_id(options_.job_id);
-    request.set_log_since(std::numeric_limits<int64_t>::max());
-    JobInfo job;
-    const grpc::Status status = stub_->GetJob(&context, request, &job);
-    if (status.ok()) {
-      if (JobEnded(job.state())) {
-        return absl::FailedPreconditionError(
-            absl::StrCat(job.id(), " has ended (", StateName(job.state()), ")",
-                         job.message().empty() ? "" : ": ", job.message()));
-      }
-      return job.spec();
-    }
-    if (!Retryable(status) || absl::Now() > give_up) {
-      return absl::Status(FromGrpcStatus(status).code(),
-                          absl::StrCat("coordinator ", options_.coordinator,
-                                       ": ", status.error_message()));
+    const grpc::Status status = call(&context);
+    if (status.ok() || !Retryable(status) || absl::Now() > give_up) {
+      return status;
     }
     absl::SleepFor(absl::Seconds(1));
   }
 }
 
-absl::Status TaskAgent::Register(const std::string& address) {
-  const absl::Time give_up = absl::Now() + options_.coordinator_timeout;
-  while (true) {
-    grpc::ClientContext context;
-    SetDeadline(&context, options_.rpc_timeout);
-    RegisterRequest request;
-    *request.mutable_task() = Ref();
-    request.set_address(address);
-    RegisterResponse response;
-    const grpc::Status status = stub_->Register(&context, request, &response);
-    // A retried registration from the same address is a no-op, so retrying
-    // after a lost answer is safe.
-    if (status.ok()) return absl::OkStatus();
-    if (!Retryable(status) || absl::Now() > give_up) {
-      return absl::Status(
-          FromGrpcStatus(status).code(),
-          absl::StrCat("register with coordinator ", options_.coordinator, ": ",
-                       status.error_message()));
-    }
-    absl::SleepFor(absl::Seconds(1));
+absl::StatusOr<JobSpec> TaskAgent::FetchSpec() {
+  JobRequest request;
+  request.set_job_id(options_.job_id);
+  request.set_log_since(JobTable::kNoLog);
+  JobInfo job;
+  const grpc::Status status = CallWithRetry(
+      options_.coordinator_timeout, [&](grpc::ClientContext* context) {
+        return stub_->GetJob(context, request, &job);
+      });
+  if (!status.ok()) {
+    return absl::Status(FromGrpcStatus(status).code(),
+                        absl::StrCat("coordinator ", options_.coordinator, ": ",
+                                     status.error_message()));
   }
+  if (JobEnded(job.state())) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(job.id(), " has ended (", JobStateName(job.state()), ")",
+                     job.message().empty() ? "" : ": ", job.message()));
+  }
+  return job.spec();
+}
+
+absl::Status TaskAgent::Register(const std::string& address) {
+  RegisterRequest request;
+  *request.mutable_task() = Ref();
+  request.set_address(address);
+  RegisterResponse response;
+  // A retried registration from the same address is a no-op, so retrying
+  // after a lost answer is safe.
+  const grpc::Status status = CallWithRetry(
+      options_.coordinator_timeout, [&](grpc::ClientContext* context) {
+        return stub_->Register(context, request, &response);
+      });
+  if (status.ok()) return absl::OkStatus();
+  return absl::Status(
+      FromGrpcStatus(status).code(),
+      absl::StrCat("register with coordinator ", options_.coordinator, ": ",
+                   status.error_message()));
 }
 
 absl::StatusOr<ClusterLayout> TaskAgent::WaitForLayout() {
@@ -147,24 +146,19 @@ absl::StatusOr<ClusterLayout> TaskAgent::WaitForLayout() {
 
 absl::Status TaskAgent::KvSet(const std::string& key,
                               const std::string& value) {
-  const absl::Time give_up = absl::Now() + options_.rpc_timeout;
-  while (true) {
-    grpc::ClientContext context;
-    SetDeadline(&context, options_.rpc_timeout);
-    KvSetRequest request;
-    request.set_job_id(options_.job_id);
-    request.set_key(key);
-    request.set_value(value);
-    KvSetResponse response;
-    const grpc::Status status = stub_->KvSet(&context, request, &response);
-    if (status.ok()) return absl::OkStatus();
-    if (!Retryable(status) || absl::Now() > give_up) {
-      return absl::Status(
-          FromGrpcStatus(status).code(),
-          absl::StrCat("setting key \"", key, "\": ", status.error_message()));
-    }
-    absl::SleepFor(absl::Seconds(1));
-  }
+  KvSetRequest request;
+  request.set_job_id(options_.job_id);
+  request.set_key(key);
+  request.set_value(value);
+  KvSetResponse response;
+  const grpc::Status status =
+      CallWithRetry(options_.rpc_timeout, [&](grpc::ClientContext* context) {
+        return stub_->KvSet(context, request, &response);
+      });
+  if (status.ok()) return absl::OkStatus();
+  return absl::Status(
+      FromGrpcStatus(status).code(),
+      absl::StrCat("setting key \"", key, "\": ", status.error_message()));
 }
 
 absl::StatusOr<std::string> TaskAgent::KvWait(const std::string& key,
@@ -275,22 +269,16 @@ absl::Status TaskAgent::Finish(bool ok, const std::string& message,
   request.set_message(message);
   TakePending(&request);
   if (result != nullptr) *request.mutable_result() = *result;
-  const absl::Time give_up = absl::Now() + options_.rpc_timeout;
-  while (true) {
-    grpc::ClientContext context;
-    SetDeadline(&context, options_.rpc_timeout);
-    TaskFinishedResponse response;
-    const grpc::Status status =
-        stub_->TaskFinished(&context, request, &response);
-    if (status.ok()) return absl::OkStatus();
-    if (!Retryable(status) || absl::Now() > give_up) {
-      return absl::Status(
-          FromGrpcStatus(status).code(),
-          absl::StrCat("reporting the end of ", name(), " to coordinator ",
-                       options_.coordinator, ": ", status.error_message()));
-    }
-    absl::SleepFor(absl::Seconds(1));
-  }
+  TaskFinishedResponse response;
+  const grpc::Status status =
+      CallWithRetry(options_.rpc_timeout, [&](grpc::ClientContext* context) {
+        return stub_->TaskFinished(context, request, &response);
+      });
+  if (status.ok()) return absl::OkStatus();
+  return absl::Status(
+      FromGrpcStatus(status).code(),
+      absl::StrCat("reporting the end of ", name(), " to coordinator ",
+                   options_.coordinator, ": ", status.error_message()));
 }
 
 }  // namespace pstrain

@@ -104,6 +104,12 @@ class TaskAgent {
 
  private:
   TaskRef Ref() const;
+  // Runs `call` with a fresh context (deadline rpc_timeout, wait_for_ready)
+  // again every second while it fails with UNAVAILABLE or
+  // DEADLINE_EXCEEDED, for at most `budget`; returns the last status.
+  grpc::Status CallWithRetry(
+      absl::Duration budget,
+      const std::function<grpc::Status(grpc::ClientContext*)>& call);
   // Moves the queued lines and the progress into a HeartbeatRequest or a
   // TaskFinishedRequest.
   template <typename Request>

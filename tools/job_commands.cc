@@ -61,17 +61,15 @@ void PrintLogLines(const JobInfo& job) {
   std::fflush(stdout);
 }
 
-absl::StatusOr<JobInfo> GetJob(Coordinator::Stub* stub, const std::string& id,
-                               int64_t log_since, grpc::Status* rpc_status) {
+// Job `id` with its log lines from seq `log_since` on.
+grpc::Status GetJob(Coordinator::Stub* stub, const std::string& id,
+                    int64_t log_since, JobInfo* job) {
   grpc::ClientContext context;
   SetDeadline(&context);
   JobRequest request;
   request.set_job_id(id);
   request.set_log_since(log_since);
-  JobInfo job;
-  *rpc_status = stub->GetJob(&context, request, &job);
-  if (!rpc_status->ok()) return absl::UnavailableError("GetJob");
-  return job;
+  return stub->GetJob(&context, request, job);
 }
 
 void PrintJobLine(const JobInfo& job) {
@@ -86,11 +84,6 @@ void PrintJobLine(const JobInfo& job) {
 }
 
 }  // namespace
-
-std::string JobStateName(JobState state) {
-  std::string name = JobState_Name(state);
-  return name.rfind("JOB_", 0) == 0 ? name.substr(4) : name;
-}
 
 std::string FormatResultTable(const RunResult& r) {
   std::string out =
@@ -206,9 +199,9 @@ int StatusCommand(const std::vector<std::string>& args) {
     return Fail(2, "usage: pstrain status [JOB_ID] [--coordinator=HOST:PORT]");
   }
   auto stub = Stub();
-  grpc::ClientContext context;
-  SetDeadline(&context);
   if (args.empty()) {
+    grpc::ClientContext context;
+    SetDeadline(&context);
     ListJobsResponse response;
     const grpc::Status status =
         stub->ListJobs(&context, ListJobsRequest(), &response);
@@ -216,10 +209,9 @@ int StatusCommand(const std::vector<std::string>& args) {
     for (const JobInfo& job : response.jobs()) PrintJobLine(job);
     return 0;
   }
-  JobRequest request;
-  request.set_job_id(args[0]);
   JobInfo job;
-  const grpc::Status status = stub->GetJob(&context, request, &job);
+  const grpc::Status status =
+      GetJob(stub.get(), args[0], JobTable::kNoLog, &job);
   if (!status.ok()) return RpcFailure(status);
   PrintJobLine(job);
   for (const EpochResult& e : job.result().epoch_results()) {
@@ -260,10 +252,10 @@ int LogsCommand(const std::vector<std::string>& args) {
   if (args.size() != 1) {
     return Fail(2, "usage: pstrain logs JOB_ID [--coordinator=HOST:PORT]");
   }
-  grpc::Status status;
-  absl::StatusOr<JobInfo> job = GetJob(Stub().get(), args[0], 0, &status);
-  if (!job.ok()) return RpcFailure(status);
-  PrintLogLines(*job);
+  JobInfo job;
+  const grpc::Status status = GetJob(Stub().get(), args[0], 0, &job);
+  if (!status.ok()) return RpcFailure(status);
+  PrintLogLines(job);
   return 0;
 }
 
@@ -275,19 +267,18 @@ int WaitCommand(const std::vector<std::string>& args) {
   JobState last = JOB_STATE_UNSPECIFIED;
   int64_t log_since = 0;
   while (true) {
-    grpc::Status status;
-    absl::StatusOr<JobInfo> job =
-        GetJob(stub.get(), args[0], log_since, &status);
-    if (!job.ok()) return RpcFailure(status);
-    PrintLogLines(*job);
-    if (job->state() != last) {
-      PrintJobLine(*job);
-      last = job->state();
+    JobInfo job;
+    const grpc::Status status = GetJob(stub.get(), args[0], log_since, &job);
+    if (!status.ok()) return RpcFailure(status);
+    PrintLogLines(job);
+    if (job.state() != last) {
+      PrintJobLine(job);
+      last = job.state();
     }
-    log_since = job->next_log_seq();
-    if (JobEnded(job->state())) {
-      if (job->state() != JOB_SUCCEEDED) return 1;
-      std::printf("\n%s", FormatResultTable(job->result()).c_str());
+    log_since = job.next_log_seq();
+    if (JobEnded(job.state())) {
+      if (job.state() != JOB_SUCCEEDED) return 1;
+      std::printf("\n%s", FormatResultTable(job.result()).c_str());
       std::fflush(stdout);
       return 0;
     }

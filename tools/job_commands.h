@@ -39,8 +39,6 @@ namespace pstrain {
 std::string FormatResultTable(const RunResult& result);
 // `result` as JSON (protobuf's printer, field names as in the .proto).
 std::string ResultJson(const RunResult& result);
-// "RUNNING", "FAILED", ...
-std::string JobStateName(JobState state);
 
 // Shell lines that start every task of `spec` on its host, for
 //   slurm:  one `srun --ntasks=N` line per role (index from SLURM_PROCID),
@@ -52,8 +50,8 @@ std::string JobStateName(JobState state);
 //   ssh:    one `ssh HOST "..." &` line per task; needs the spec's hosts.
 // Each line runs `ps_binary` or `worker_binary` with
 // --coordinator=`coordinator` --job=`job` (by default $JOB, a shell
-// variable set from `pstrain submit`'s output). INVALID_ARGUMENT naming the launcher or the missing
-// host list.
+// variable set from `pstrain submit`'s output). INVALID_ARGUMENT naming the
+// launcher or the missing host list.
 absl::StatusOr<std::string> LaunchLines(const JobSpec& spec,
                                         const std::string& launcher,
                                         const std::string& coordinator,

@@ -13,7 +13,6 @@
 
 #include <cstdio>
 #include <cstdlib>
-#include <limits>
 #include <map>
 #include <memory>
 #include <string>
@@ -76,9 +75,6 @@ namespace {
 constexpr char kProgram[] = "pstrain";
 volatile sig_atomic_t g_signal = 0;
 void OnSignal(int signal) { g_signal = signal; }
-
-// JobTable::Get without the log lines.
-constexpr int64_t kNoLogLines = std::numeric_limits<int64_t>::max();
 
 int Fail(int code, const std::string& message) {
   PrintError(kProgram, message);
@@ -275,7 +271,7 @@ int Run() {
       // A no-op when the task reported its failure itself.
       table.TaskFinished(report, absl::Now()).IgnoreError();
     }
-    absl::StatusOr<JobInfo> current = table.Get(job_id, kNoLogLines);
+    absl::StatusOr<JobInfo> current = table.Get(job_id, JobTable::kNoLog);
     if (!current.ok()) return Fail(1, current.status().ToString());
     job = *std::move(current);
     if (JobEnded(job.state())) break;
