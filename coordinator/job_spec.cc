@@ -66,6 +66,7 @@ void ApplyJobDefaults(JobSpec* spec) {
   if (spec->num_classes() == 0) spec->set_num_classes(1000);
   if (spec->synthetic_samples() == 0) spec->set_synthetic_samples(12800);
   if (spec->bucket_bytes() == 0) spec->set_bucket_bytes(25 << 20);
+  if (spec->compute().empty()) spec->set_compute("model");
   OptimizerSpec* o = spec->mutable_optimizer();
   if (!o->has_lr()) o->set_lr(1e-3);
   if (!o->has_beta1()) o->set_beta1(0.9);
@@ -125,6 +126,27 @@ absl::Status ValidateJobSpec(const JobSpec& spec) {
     return Bad("max_steps_per_epoch",
                absl::StrCat(spec.max_steps_per_epoch(),
                             "; expected 0 (whole epochs) or more"));
+  }
+  if (spec.compute() == "synthetic") {
+    if (spec.model_bytes() < 4 || spec.model_bytes() % 4 != 0) {
+      return Bad("model_bytes",
+                 absl::StrCat(spec.model_bytes(),
+                              "; expected a positive multiple of 4 with "
+                              "compute synthetic"));
+    }
+    if (!(spec.compute_ms() >= 0)) {
+      return Bad("compute_ms",
+                 absl::StrCat(spec.compute_ms(), "; expected >= 0"));
+    }
+    if (spec.max_steps_per_epoch() < 1) {
+      return Bad("max_steps_per_epoch",
+                 absl::StrCat(spec.max_steps_per_epoch(),
+                              "; expected >= 1 with compute synthetic (it "
+                              "has no dataset to make epochs of)"));
+    }
+  } else if (spec.compute() != "model") {
+    return Bad("compute", absl::StrCat("\"", spec.compute(),
+                                       "\"; expected model or synthetic"));
   }
   if (spec.partition_bytes() < 4 || spec.partition_bytes() % 4 != 0) {
     return Bad("partition_bytes",

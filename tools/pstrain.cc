@@ -5,6 +5,17 @@
 //                         127.0.0.1 (ports chosen by the OS), their output
 //                         streamed with a role prefix, then a one-row table
 //                         of results (and JSON with --results_json).
+//                         With --ps_netns/--worker_netns each task runs in
+//                         its own network namespace instead.
+//   pstrain compare [flags]
+//                         Runs `run` once per configuration: each of
+//                         --modes (ps_sync, ps_async, allreduce) at each of
+//                         --workers, and each --num_ps for the PS modes;
+//                         prints every run's lines and table, then the
+//                         scaling and communication tables (tools/compare.h)
+//                         and writes them, as CSV, JSON and a gnuplot PNG,
+//                         into --out_dir. Every configuration is checked
+//                         before the first run starts.
 //
 // Exit codes: 0 success; 2 bad flags or input (nothing started); 1 a process
 // of the job failed (the others are stopped); 128+signal when interrupted.
@@ -13,6 +24,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <map>
 #include <memory>
 #include <string>
@@ -26,13 +38,16 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "common/flags_util.h"
+#include "common/status.h"
 #include "coordinator/coordinator_server.h"
 #include "coordinator/job_spec.h"
 #include "coordinator/job_table.h"
 #include "models/model.h"
 #include "proto/coordinator.pb.h"
+#include "tools/compare.h"
 #include "tools/job_commands.h"
 #include "tools/local_cluster.h"
 #include "worker/data_flags.h"
@@ -40,7 +55,9 @@
 
 ABSL_FLAG(std::string, model, "lenet5",
           "Model: alexnet, lenet5, mlp, resnet18/34/50/101 or vgg16.");
-ABSL_FLAG(int, num_ps, 2, "Number of parameter-server shard processes.");
+ABSL_FLAG(std::string, num_ps, "2",
+          "Number of parameter-server shard processes (compare: a list, "
+          "e.g. 2,4, one run per entry for the PS modes).");
 ABSL_FLAG(int, num_workers, 2, "Number of worker processes.");
 ABSL_FLAG(int, batch_size, 64, "Samples per step per worker.");
 ABSL_FLAG(int, epochs, 2, "Epochs over the training set.");
@@ -66,6 +83,37 @@ ABSL_FLAG(std::string, ps_binary, "",
           "pstrain_ps to run; default: the one built beside this program.");
 ABSL_FLAG(std::string, worker_binary, "",
           "pstrain_worker to run; default: the one built beside this program.");
+ABSL_FLAG(std::string, compute, "model",
+          "model: forward and backward of --model on --dataset; synthetic: "
+          "a stand-in for a GPU that sleeps --compute_ms per step and "
+          "exchanges --model_bytes of gradients (no dataset; set "
+          "--max_steps_per_epoch or, for compare, --steps).");
+ABSL_FLAG(double, compute_ms, 100, "synthetic compute: ms per step.");
+ABSL_FLAG(int64_t, model_bytes, 102228128,
+          "synthetic compute: bytes of fp32 gradients per worker per step "
+          "(default: ResNet-50's 25557032 parameters).");
+ABSL_FLAG(std::string, ps_netns, "",
+          "NETNS:IP,...: run PS shard i in network namespace NETNS (ip netns "
+          "exec), bound to IP. With --worker_netns.");
+ABSL_FLAG(std::string, worker_netns, "",
+          "NETNS:IP,...: run worker i in its network namespace, as "
+          "--ps_netns.");
+ABSL_FLAG(std::string, coordinator_host, "127.0.0.1",
+          "Address the in-process coordinator listens on (with namespaces: "
+          "one every namespace can reach).");
+ABSL_FLAG(std::string, workers, "1,2,4",
+          "compare: worker counts, e.g. 1,2,4 (one run each).");
+ABSL_FLAG(std::string, modes, "ps_sync,ps_async,allreduce",
+          "compare: ps_sync, ps_async and/or allreduce.");
+ABSL_FLAG(int, steps, 0,
+          "compare: if > 0, each run is one epoch of this many steps per "
+          "worker (instead of --epochs).");
+ABSL_FLAG(std::string, out_dir, "",
+          "compare: where results.md, results.csv, results.json, "
+          "throughput.gp and throughput.png go.");
+ABSL_FLAG(double, link_mbit, 0,
+          "compare: the link rate of each host, Mbit/s, for the bandwidth "
+          "bounds of the communication table (0: no bounds).");
 ABSL_FLAG(int, heartbeat_timeout_s, 60,
           "Seconds of silence after which a task is lost and the job fails.");
 
@@ -74,6 +122,8 @@ namespace {
 
 constexpr char kProgram[] = "pstrain";
 volatile sig_atomic_t g_signal = 0;
+// This program's command line, for the report of `compare`.
+std::string g_command_line;
 void OnSignal(int signal) { g_signal = signal; }
 
 int Fail(int code, const std::string& message) {
@@ -106,73 +156,93 @@ std::string WorkerBinary() {
 
 namespace {
 
-int Run() {
-  const std::string model = absl::GetFlag(FLAGS_model);
-  const std::string mode = absl::GetFlag(FLAGS_mode);
-  const bool allreduce = mode == "allreduce";
-  const int num_ps = allreduce ? 0 : absl::GetFlag(FLAGS_num_ps);
-  const int num_workers = absl::GetFlag(FLAGS_num_workers);
-  const int batch_size = absl::GetFlag(FLAGS_batch_size);
-  const int epochs = absl::GetFlag(FLAGS_epochs);
+// Where a job's tasks run: all on 127.0.0.1 (default), or each in its own
+// network namespace ("ip netns exec NS ..."), bound to that namespace's
+// address; the coordinator then listens on --coordinator_host.
+struct NetnsHost {
+  std::string netns;
+  std::string ip;
+};
+struct Placement {
+  std::string coordinator_host = "127.0.0.1";
+  std::vector<NetnsHost> ps;
+  std::vector<NetnsHost> workers;
+  bool netns() const { return !workers.empty(); }
+};
 
-  // Every check before any process starts.
-  if (!Model::IsKnown(model)) {
-    return Fail(2, absl::StrCat("--model=", model,
-                                ": unknown model; expected "
-                                "one of: ",
-                                Model::KnownModels()));
-  }
-  if (batch_size <= 0) {
-    return Fail(2, absl::StrCat("--batch_size=", batch_size,
-                                ": expected a positive number of samples per "
-                                "worker"));
-  }
-  if (!allreduce && num_ps <= 0) {
-    return Fail(2, absl::StrCat("--num_ps=", num_ps, ": expected >= 1"));
-  }
-  if (num_workers <= 0) {
-    return Fail(2,
-                absl::StrCat("--num_workers=", num_workers, ": expected >= 1"));
-  }
-  if (epochs <= 0) {
-    return Fail(2, absl::StrCat("--epochs=", epochs, ": expected >= 1"));
-  }
-  if (mode != "sync" && mode != "async" && !allreduce) {
-    return Fail(2, absl::StrCat("--mode=", mode,
-                                ": expected sync, async or allreduce"));
-  }
-  const int64_t partition_bytes = absl::GetFlag(FLAGS_partition_bytes);
-  if (partition_bytes < 4 || partition_bytes % 4 != 0) {
-    return Fail(2, absl::StrCat("--partition_bytes=", partition_bytes,
-                                ": expected a positive multiple of 4"));
-  }
-  if (absl::Status s = CheckBackendFlags(); !s.ok()) {
-    return Fail(2, std::string(s.message()));
-  }
-  absl::StatusOr<Dataset> dataset = LoadDatasetFromFlags();
-  if (!dataset.ok()) return Fail(2, std::string(dataset.status().message()));
-  if (dataset->train.count / num_workers < batch_size) {
-    return Fail(2, absl::StrCat("--batch_size=", batch_size,
-                                ": larger than "
-                                "each worker's ",
-                                dataset->train.count / num_workers,
-                                " training samples"));
-  }
-  const std::string ps_binary = PsBinary();
-  const std::string worker_binary = WorkerBinary();
-  for (const std::string& binary : {ps_binary, worker_binary}) {
-    if (access(binary.c_str(), X_OK) != 0) {
-      return Fail(2, absl::StrCat(binary,
-                                  ": not an executable; build it with "
-                                  "bazel build //server:pstrain_ps "
-                                  "//worker:pstrain_worker"));
+absl::StatusOr<std::vector<NetnsHost>> ParseNetnsHosts(
+    const std::string& flag, const std::string& text) {
+  std::vector<NetnsHost> hosts;
+  if (text.empty()) return hosts;
+  for (absl::string_view part : absl::StrSplit(text, ',')) {
+    std::pair<std::string, std::string> kv =
+        absl::StrSplit(part, absl::MaxSplits(':', 1));
+    if (kv.first.empty() || kv.second.empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--", flag, "=", text, ": \"", part,
+                       "\"; expected NETNS:IP entries separated by commas"));
     }
+    hosts.push_back({kv.first, kv.second});
   }
+  return hosts;
+}
 
-  // The same job spec `pstrain submit` takes, served by an in-process
-  // coordinator on 127.0.0.1; the tasks are local processes.
+constexpr char kIpBinary[] = "/usr/sbin/ip";
+
+absl::StatusOr<Placement> PlacementFromFlags() {
+  Placement placement;
+  ASSIGN_OR_RETURN(placement.ps,
+                   ParseNetnsHosts("ps_netns", absl::GetFlag(FLAGS_ps_netns)));
+  ASSIGN_OR_RETURN(
+      placement.workers,
+      ParseNetnsHosts("worker_netns", absl::GetFlag(FLAGS_worker_netns)));
+  placement.coordinator_host = absl::GetFlag(FLAGS_coordinator_host);
+  if (placement.ps.empty() != placement.workers.empty()) {
+    return absl::InvalidArgumentError(
+        "--ps_netns and --worker_netns: give both or neither");
+  }
+  if (placement.netns() && access(kIpBinary, X_OK) != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--worker_netns: ", kIpBinary,
+                     " is not an executable (apt-get install iproute2)"));
+  }
+  return placement;
+}
+
+// Checks that `placement` has room for `spec`'s tasks: on one machine at
+// most kLocalWorkersPerCore workers per core (beyond that a run measures
+// the scheduler); with namespaces, one per task.
+constexpr int kLocalWorkersPerCore = 4;
+absl::Status CheckRoom(const Placement& placement, int num_ps, int num_workers,
+                       const std::string& workers_flag) {
+  if (placement.netns()) {
+    if (num_workers > static_cast<int>(placement.workers.size())) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          workers_flag, "=", num_workers, ": only ", placement.workers.size(),
+          " worker namespaces in --worker_netns"));
+    }
+    if (num_ps > static_cast<int>(placement.ps.size())) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--num_ps=", num_ps, ": only ", placement.ps.size(),
+                       " PS namespaces in --ps_netns"));
+    }
+    return absl::OkStatus();
+  }
+  const int cores =
+      static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  if (num_workers > kLocalWorkersPerCore * cores) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        workers_flag, "=", num_workers, ": this machine has ", cores,
+        " cores; at most ", kLocalWorkersPerCore * cores,
+        " local workers can run (use a cluster, or --worker_netns)"));
+  }
+  return absl::OkStatus();
+}
+
+// The job spec the flags describe (mode, PS count and workers given).
+JobSpec SpecFromFlags(const std::string& mode, int num_ps, int num_workers) {
   JobSpec spec;
-  spec.set_model(model);
+  spec.set_model(absl::GetFlag(FLAGS_model));
   spec.set_dataset(absl::GetFlag(FLAGS_dataset));
   spec.set_data_dir(absl::GetFlag(FLAGS_data_dir));
   spec.set_image_size(absl::GetFlag(FLAGS_image_size));
@@ -180,15 +250,18 @@ int Run() {
   spec.set_synthetic_samples(absl::GetFlag(FLAGS_synthetic_samples));
   spec.set_backend(absl::GetFlag(FLAGS_backend));
   spec.set_mode(mode);
-  spec.set_num_ps(num_ps);
+  spec.set_num_ps(mode == "allreduce" ? 0 : num_ps);
   spec.set_num_workers(num_workers);
-  spec.set_batch_size(batch_size);
-  spec.set_epochs(epochs);
+  spec.set_batch_size(absl::GetFlag(FLAGS_batch_size));
+  spec.set_epochs(absl::GetFlag(FLAGS_epochs));
   spec.set_seed(absl::GetFlag(FLAGS_seed));
-  spec.set_partition_bytes(partition_bytes);
+  spec.set_partition_bytes(absl::GetFlag(FLAGS_partition_bytes));
   spec.set_log_every_steps(absl::GetFlag(FLAGS_log_every_steps));
   spec.set_max_steps_per_epoch(absl::GetFlag(FLAGS_max_steps_per_epoch));
   spec.set_bucket_bytes(absl::GetFlag(FLAGS_bucket_bytes));
+  spec.set_compute(absl::GetFlag(FLAGS_compute));
+  spec.set_compute_ms(absl::GetFlag(FLAGS_compute_ms));
+  spec.set_model_bytes(absl::GetFlag(FLAGS_model_bytes));
   OptimizerSpec* optimizer = spec.mutable_optimizer();
   optimizer->set_lr(absl::GetFlag(FLAGS_lr));
   optimizer->set_beta1(absl::GetFlag(FLAGS_beta1));
@@ -196,53 +269,97 @@ int Run() {
   optimizer->set_epsilon(absl::GetFlag(FLAGS_epsilon));
   optimizer->set_weight_decay(absl::GetFlag(FLAGS_weight_decay));
   ApplyJobDefaults(&spec);
-  if (absl::Status s = ValidateJobSpec(spec); !s.ok()) {
-    return Fail(2, absl::StrCat("flags: ", s.message()));
-  }
+  return spec;
+}
 
+// Every check of a spec that can be made before a process starts: the
+// spec's fields, its data (each worker's shard holds a batch) and the
+// binaries. `dataset` is null with synthetic compute.
+absl::Status CheckSpec(const JobSpec& spec, const Dataset* dataset) {
+  if (absl::Status s = ValidateJobSpec(spec); !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("flags: ", s.message()));
+  }
+  if (dataset != nullptr &&
+      dataset->train.count / spec.num_workers() < spec.batch_size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--batch_size=", spec.batch_size(), ": larger than each of ",
+        spec.num_workers(), " workers' ",
+        dataset->train.count / spec.num_workers(), " training samples"));
+  }
+  for (const std::string& binary : {PsBinary(), WorkerBinary()}) {
+    if (access(binary.c_str(), X_OK) != 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(binary,
+                       ": not an executable; build it with "
+                       "bazel build //server:pstrain_ps "
+                       "//worker:pstrain_worker"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// Runs `spec` (checked) to its end: an in-process coordinator, the same one
+// `pstrain submit` talks to, and the tasks as child processes placed by
+// `placement`. Returns worker 0's results; on failure the job's message
+// (every process stopped); CANCELLED after SIGINT/SIGTERM.
+absl::StatusOr<RunResult> RunJob(const JobSpec& spec,
+                                 const Placement& placement) {
   CoordinatorServerOptions coordinator_options;
-  coordinator_options.address = "127.0.0.1:0";
+  coordinator_options.address = absl::StrCat(placement.coordinator_host, ":0");
   coordinator_options.heartbeat_timeout =
       absl::Seconds(absl::GetFlag(FLAGS_heartbeat_timeout_s));
-  absl::StatusOr<std::unique_ptr<CoordinatorServer>> coordinator =
+  absl::StatusOr<std::unique_ptr<CoordinatorServer>> started =
       CoordinatorServer::Start(coordinator_options);
-  if (!coordinator.ok()) {
-    return Fail(1, absl::StrCat("in-process coordinator: ",
-                                coordinator.status().message()));
+  if (!started.ok()) {
+    return absl::InternalError(absl::StrCat("in-process coordinator on ",
+                                            coordinator_options.address, ": ",
+                                            started.status().message()));
   }
-  JobTable& table = (*coordinator)->table();
-  absl::StatusOr<std::string> submitted = table.Submit(spec, absl::Now());
-  if (!submitted.ok()) return Fail(1, submitted.status().ToString());
-  const std::string job_id = *submitted;
-  const std::string coordinator_flag =
-      absl::StrCat("--coordinator=127.0.0.1:", (*coordinator)->port());
-  signal(SIGINT, OnSignal);
-  signal(SIGTERM, OnSignal);
+  std::unique_ptr<CoordinatorServer> coordinator = *std::move(started);
+  JobTable& table = coordinator->table();
+  ASSIGN_OR_RETURN(const std::string job_id, table.Submit(spec, absl::Now()));
+  const std::string coordinator_flag = absl::StrCat(
+      "--coordinator=", placement.coordinator_host, ":", coordinator->port());
+
+  // argv of task `index` of `binary`, placed.
+  auto task_argv = [&](const std::string& binary, bool ps, int index) {
+    std::vector<std::string> argv;
+    std::string ip = "127.0.0.1";
+    if (placement.netns()) {
+      const NetnsHost& host =
+          ps ? placement.ps[index] : placement.workers[index];
+      argv = {kIpBinary, "netns", "exec", host.netns};
+      ip = host.ip;
+    }
+    argv.insert(argv.end(),
+                {binary, coordinator_flag, absl::StrCat("--job=", job_id),
+                 absl::StrCat("--task_index=", index),
+                 absl::StrCat("--advertise=", ip)});
+    if (ps) {
+      argv.insert(argv.end(), {absl::StrCat("--bind=", ip), "--port=0"});
+    } else {
+      argv.push_back(absl::StrCat("--gpu=", absl::GetFlag(FLAGS_gpu)));
+    }
+    return argv;
+  };
 
   LocalCluster cluster;
   std::map<std::string, std::pair<TaskRole, int>> tasks;
-  for (int s = 0; s < num_ps; ++s) {
+  for (int s = 0; s < spec.num_ps(); ++s) {
     const std::string role = absl::StrCat("ps", s);
     tasks[role] = {ROLE_PS, s};
-    absl::Status status = cluster.Start(
-        role, {ps_binary, coordinator_flag, absl::StrCat("--job=", job_id),
-               absl::StrCat("--task_index=", s), "--bind=127.0.0.1", "--port=0",
-               "--advertise=127.0.0.1"});
-    if (!status.ok()) return Fail(1, status.ToString());
+    RETURN_IF_ERROR(cluster.Start(role, task_argv(PsBinary(), true, s)));
   }
+  // Every task of a local run shares this machine's cores.
   const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
   const std::string omp_threads = absl::StrCat(
-      "OMP_NUM_THREADS=", std::max<unsigned>(1, cores / num_workers));
-  for (int w = 0; w < num_workers; ++w) {
+      "OMP_NUM_THREADS=",
+      std::max<unsigned>(1, cores / std::max(1, spec.num_workers())));
+  for (int w = 0; w < spec.num_workers(); ++w) {
     const std::string role = absl::StrCat("worker", w);
     tasks[role] = {ROLE_WORKER, w};
-    absl::Status status = cluster.Start(
-        role,
-        {worker_binary, coordinator_flag, absl::StrCat("--job=", job_id),
-         absl::StrCat("--task_index=", w), "--advertise=127.0.0.1",
-         absl::StrCat("--gpu=", absl::GetFlag(FLAGS_gpu))},
-        {omp_threads});
-    if (!status.ok()) return Fail(1, status.ToString());
+    RETURN_IF_ERROR(cluster.Start(role, task_argv(WorkerBinary(), false, w),
+                                  {omp_threads}));
   }
 
   // Follow the job to its end. A task that dies without reporting (a crash,
@@ -252,10 +369,9 @@ int Run() {
     if (g_signal != 0) {
       table.Cancel(job_id, absl::Now()).IgnoreError();
       cluster.StopAll(absl::Seconds(3));
-      PrintError(kProgram, absl::StrCat("interrupted by signal ",
-                                        static_cast<int>(g_signal),
-                                        "; stopped every process"));
-      return 128 + g_signal;
+      return absl::CancelledError(absl::StrCat("interrupted by signal ",
+                                               static_cast<int>(g_signal),
+                                               "; stopped every process"));
     }
     ChildExit exit = cluster.WaitAny(absl::Milliseconds(100));
     if (!exit.role.empty() && exit.code != 0) {
@@ -271,9 +387,7 @@ int Run() {
       // A no-op when the task reported its failure itself.
       table.TaskFinished(report, absl::Now()).IgnoreError();
     }
-    absl::StatusOr<JobInfo> current = table.Get(job_id, JobTable::kNoLog);
-    if (!current.ok()) return Fail(1, current.status().ToString());
-    job = *std::move(current);
+    ASSIGN_OR_RETURN(job, table.Get(job_id, JobTable::kNoLog));
     if (JobEnded(job.state())) break;
   }
   // Every task exits by itself once the job has ended (the shards after
@@ -284,17 +398,228 @@ int Run() {
   }
   cluster.StopAll(absl::Seconds(2));
   if (job.state() != JOB_SUCCEEDED) {
-    return Fail(1, absl::StrCat(job_id, " ", JobStateName(job.state()), ": ",
-                                job.message()));
+    return absl::AbortedError(absl::StrCat(
+        job_id, " ", JobStateName(job.state()), ": ", job.message()));
   }
-  std::printf("\n%s", FormatResultTable(job.result()).c_str());
+  return job.result();
+}
+
+int ExitCodeOf(const absl::Status& status) {
+  if (absl::IsCancelled(status)) return 128 + g_signal;
+  return 1;
+}
+
+// The dataset the flags name, loaded once to check batch sizes; null with
+// synthetic compute (it has none).
+absl::StatusOr<std::unique_ptr<Dataset>> CheckDataFromFlags() {
+  if (absl::GetFlag(FLAGS_compute) == "synthetic") {
+    return std::unique_ptr<Dataset>();
+  }
+  if (absl::Status s = CheckBackendFlags(); !s.ok()) return s;
+  ASSIGN_OR_RETURN(Dataset dataset, LoadDatasetFromFlags());
+  return std::make_unique<Dataset>(std::move(dataset));
+}
+
+int Run() {
+  const std::string mode = absl::GetFlag(FLAGS_mode);
+  if (mode != "sync" && mode != "async" && mode != "allreduce") {
+    return Fail(2, absl::StrCat("--mode=", mode,
+                                ": expected sync, async or allreduce"));
+  }
+  // Every check before any process starts.
+  absl::StatusOr<std::vector<int>> num_ps =
+      ParsePositiveList("num_ps", absl::GetFlag(FLAGS_num_ps));
+  if (!num_ps.ok()) return Fail(2, std::string(num_ps.status().message()));
+  if (num_ps->size() != 1) {
+    return Fail(2, absl::StrCat("--num_ps=", absl::GetFlag(FLAGS_num_ps),
+                                ": expected one number (lists are for "
+                                "pstrain compare)"));
+  }
+  const JobSpec spec =
+      SpecFromFlags(mode, (*num_ps)[0], absl::GetFlag(FLAGS_num_workers));
+  absl::StatusOr<Placement> placement = PlacementFromFlags();
+  if (!placement.ok()) {
+    return Fail(2, std::string(placement.status().message()));
+  }
+  if (absl::Status s = CheckRoom(*placement, spec.num_ps(), spec.num_workers(),
+                                 "--num_workers");
+      !s.ok()) {
+    return Fail(2, std::string(s.message()));
+  }
+  absl::StatusOr<std::unique_ptr<Dataset>> dataset = CheckDataFromFlags();
+  if (!dataset.ok()) return Fail(2, std::string(dataset.status().message()));
+  if (absl::Status s = CheckSpec(spec, dataset->get()); !s.ok()) {
+    return Fail(2, std::string(s.message()));
+  }
+  signal(SIGINT, OnSignal);
+  signal(SIGTERM, OnSignal);
+  absl::StatusOr<RunResult> result = RunJob(spec, *placement);
+  if (!result.ok()) {
+    return Fail(ExitCodeOf(result.status()),
+                std::string(result.status().message()));
+  }
+  std::printf("\n%s", FormatResultTable(*result).c_str());
   std::fflush(stdout);
   const std::string results_json = absl::GetFlag(FLAGS_results_json);
   if (!results_json.empty()) {
     absl::Status status =
-        WriteFileAtomically(results_json, ResultJson(job.result()));
+        WriteFileAtomically(results_json, ResultJson(*result));
     if (!status.ok()) return Fail(1, status.ToString());
   }
+  return 0;
+}
+
+// Runs `gnuplot SCRIPT`; its errors are printed by gnuplot itself.
+absl::Status RunGnuplot(const std::string& script_path) {
+  const std::string command = absl::StrCat("gnuplot '", script_path, "' 2>&1");
+  const int status = std::system(command.c_str());
+  if (status != 0) {
+    return absl::InternalError(
+        absl::StrCat("gnuplot ", script_path, " failed (status ", status, ")"));
+  }
+  return absl::OkStatus();
+}
+
+int Compare() {
+  // Every check before any process starts.
+  absl::StatusOr<std::vector<int>> workers =
+      ParsePositiveList("workers", absl::GetFlag(FLAGS_workers));
+  if (!workers.ok()) return Fail(2, std::string(workers.status().message()));
+  absl::StatusOr<std::vector<int>> num_ps =
+      ParsePositiveList("num_ps", absl::GetFlag(FLAGS_num_ps));
+  if (!num_ps.ok()) return Fail(2, std::string(num_ps.status().message()));
+  std::vector<std::string> modes =
+      absl::StrSplit(absl::GetFlag(FLAGS_modes), ',');
+  const std::string out_dir = absl::GetFlag(FLAGS_out_dir);
+  if (out_dir.empty()) {
+    return Fail(2,
+                "--out_dir: expected a directory for the table, CSV, "
+                "JSON and plot");
+  }
+  const int steps = absl::GetFlag(FLAGS_steps);
+  if (steps < 0) {
+    return Fail(2, absl::StrCat("--steps=", steps,
+                                ": expected >= 1, or 0 for whole --epochs"));
+  }
+  const double link_mbit = absl::GetFlag(FLAGS_link_mbit);
+  if (!(link_mbit >= 0)) {
+    return Fail(2, absl::StrCat("--link_mbit=", link_mbit, ": expected >= 0"));
+  }
+  absl::StatusOr<Placement> placement = PlacementFromFlags();
+  if (!placement.ok()) {
+    return Fail(2, std::string(placement.status().message()));
+  }
+  if (std::system("command -v gnuplot >/dev/null 2>&1") != 0) {
+    return Fail(2,
+                "gnuplot: not found; the plot needs it (apt-get install "
+                "gnuplot-nox)");
+  }
+  absl::StatusOr<std::unique_ptr<Dataset>> dataset = CheckDataFromFlags();
+  if (!dataset.ok()) return Fail(2, std::string(dataset.status().message()));
+
+  struct Config {
+    CompareRun run;
+    JobSpec spec;
+  };
+  std::vector<Config> configs;
+  for (const std::string& mode : modes) {
+    absl::StatusOr<std::string> job_mode = JobModeOf(mode);
+    if (!job_mode.ok()) {
+      return Fail(2, std::string(job_mode.status().message()));
+    }
+    const bool allreduce = *job_mode == "allreduce";
+    for (int k : allreduce ? std::vector<int>{0} : *num_ps) {
+      for (int w : *workers) {
+        Config c;
+        c.run.mode = mode;
+        c.run.num_ps = k;
+        c.run.num_workers = w;
+        c.run.num_nodes = placement->netns() ? k + w : 1;
+        if (absl::Status s = CheckRoom(*placement, k, w, "--workers");
+            !s.ok()) {
+          return Fail(2, std::string(s.message()));
+        }
+        c.spec = SpecFromFlags(*job_mode, k, w);
+        if (steps > 0) {
+          c.spec.set_epochs(1);
+          c.spec.set_max_steps_per_epoch(steps);
+        }
+        if (absl::Status s = CheckSpec(c.spec, dataset->get()); !s.ok()) {
+          return Fail(
+              2, absl::StrCat(mode, " with ", w, " workers: ", s.message()));
+        }
+        configs.push_back(std::move(c));
+      }
+    }
+  }
+  std::error_code error;
+  std::filesystem::create_directories(out_dir, error);
+  if (error) {
+    return Fail(2, absl::StrCat("--out_dir=", out_dir,
+                                ": cannot create: ", error.message()));
+  }
+  signal(SIGINT, OnSignal);
+  signal(SIGTERM, OnSignal);
+
+  std::vector<CompareRun> done;
+  for (size_t i = 0; i < configs.size(); ++i) {
+    Config& c = configs[i];
+    std::printf("\n=== run %zu/%zu: %s, %d PS, %d workers ===\n", i + 1,
+                configs.size(), c.run.mode.c_str(), c.run.num_ps,
+                c.run.num_workers);
+    std::fflush(stdout);
+    absl::StatusOr<RunResult> result = RunJob(c.spec, *placement);
+    if (!result.ok()) {
+      return Fail(ExitCodeOf(result.status()),
+                  absl::StrCat(c.run.mode, " with ", c.run.num_workers,
+                               " workers: ", result.status().message()));
+    }
+    c.run.result = *std::move(result);
+    std::printf("%s", FormatResultTable(c.run.result).c_str());
+    std::fflush(stdout);
+    done.push_back(c.run);
+  }
+
+  const double link_bytes_per_sec = link_mbit * 1e6 / 8;
+  const std::string scaling = FormatScalingTable(done);
+  const std::string communication =
+      FormatCommunicationTable(done, link_bytes_per_sec);
+  const RunResult& first = done.front().result;
+  const std::string title = absl::StrCat(
+      first.compute() == "synthetic"
+          ? absl::StrFormat("synthetic compute %.0f ms, %.1f MB of gradients",
+                            absl::GetFlag(FLAGS_compute_ms),
+                            first.model_bytes() / 1e6)
+          : absl::StrCat(first.model(), " on ", first.dataset()),
+      link_mbit > 0 ? absl::StrFormat(", %.0f Mbit/s links", link_mbit) : "",
+      placement->netns() ? ", one network namespace per task"
+                         : ", one machine");
+  const std::string report =
+      absl::StrCat("# pstrain compare: ", title, "\n\n", "Command: `",
+                   g_command_line, "`\n\n", scaling, "\n", communication);
+  std::printf("\n%s", report.c_str());
+  std::fflush(stdout);
+  const std::string png = absl::StrCat(out_dir, "/throughput.png");
+  const std::string script = absl::StrCat(out_dir, "/throughput.gp");
+  for (const auto& [path, text] :
+       {std::pair<std::string, std::string>{
+            absl::StrCat(out_dir, "/results.md"), report},
+        {absl::StrCat(out_dir, "/results.csv"),
+         CompareCsv(done, link_bytes_per_sec)},
+        {absl::StrCat(out_dir, "/results.json"),
+         CompareJson(done, link_bytes_per_sec)},
+        {script, GnuplotScript(done, png, title)}}) {
+    if (absl::Status s = WriteFileAtomically(path, text); !s.ok()) {
+      return Fail(1, s.ToString());
+    }
+  }
+  if (absl::Status s = RunGnuplot(script); !s.ok()) {
+    return Fail(1, std::string(s.message()));
+  }
+  std::printf(
+      "\nwrote %s/results.md, results.csv, results.json, "
+      "throughput.gp, throughput.png\n",
+      out_dir.c_str());
   return 0;
 }
 
@@ -307,15 +632,20 @@ int main(int argc, char** argv) {
       "(parameter-server shards and workers as local processes).\n"
       "pstrain submit JOB.pbtxt | status [ID] | logs ID | cancel ID | wait ID "
       "[--coordinator=HOST:PORT]: jobs on a pstrain_coordinator.\n"
+      "pstrain compare [--workers=1,2,4 --modes=ps_sync,ps_async,allreduce "
+      "--num_ps=2 --steps=N --out_dir=DIR]: run each configuration and "
+      "write the scaling tables, CSV, JSON and a throughput plot.\n"
       "pstrain launch-lines JOB.pbtxt --launcher=slurm|mpirun|ssh "
       "[--coordinator=HOST:PORT] [--job=ID]: the lines that start its "
       "tasks.");
+  pstrain::g_command_line = absl::StrJoin(argv, argv + argc, " ");
   std::vector<char*> positional = absl::ParseCommandLine(argc, argv);
   const std::string command = positional.size() > 1 ? positional[1] : "";
   const std::vector<std::string> args(
       positional.size() > 2 ? positional.begin() + 2 : positional.end(),
       positional.end());
   if (command == "run" && args.empty()) return pstrain::Run();
+  if (command == "compare" && args.empty()) return pstrain::Compare();
   if (command == "submit") return pstrain::SubmitCommand(args);
   if (command == "status") return pstrain::StatusCommand(args);
   if (command == "cancel") return pstrain::CancelCommand(args);

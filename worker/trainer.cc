@@ -4,8 +4,11 @@
 
 #include <cstdio>
 #include <memory>
+#include <string>
 #include <utility>
+#include <vector>
 
+#include "absl/memory/memory.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
@@ -30,8 +33,9 @@ struct Evaluation {
   double loss = 0;
 };
 
-absl::StatusOr<Evaluation> Evaluate(Model& model, const LabeledImages& test,
-                                    int eval_batch) {
+absl::StatusOr<Evaluation> EvaluateModel(Model& model,
+                                         const LabeledImages& test,
+                                         int eval_batch) {
   Evaluation eval;
   int64_t correct = 0;
   double loss_sum = 0;
@@ -59,6 +63,204 @@ absl::StatusOr<Evaluation> Evaluate(Model& model, const LabeledImages& test,
   return eval;
 }
 
+// What a worker computes each step: the real model (forward and backward
+// on its batches), or a stand-in for a GPU that sleeps compute_ms and
+// offers model-sized gradients (emulated-link runs, see trainer.h).
+class Workload {
+ public:
+  virtual ~Workload() = default;
+  // PS tensors: parameters, then num_buffers() BatchNorm buffers.
+  virtual const std::vector<absl::Span<float>>& weights() = 0;
+  virtual const std::vector<absl::Span<const float>>& gradients() = 0;
+  virtual int num_buffers() const = 0;
+  virtual std::vector<int64_t> TensorNumElements() const = 0;
+  // Copies weights() into whatever computes with them.
+  virtual absl::Status LoadWeights() = 0;
+  virtual int64_t steps_per_epoch() const = 0;
+  virtual void BeginEpoch(int epoch) = 0;
+  // One step's compute; the training loss (0 for the stand-in).
+  virtual absl::StatusOr<float> Step() = 0;
+  virtual bool can_evaluate() const = 0;
+  virtual absl::StatusOr<Evaluation> Evaluate() = 0;
+  virtual int64_t num_parameters() const = 0;
+  // "model lenet5 on cpu: ..." for worker 0's first line.
+  virtual std::string Describe() const = 0;
+};
+
+class ModelWorkload : public Workload {
+ public:
+  static absl::StatusOr<std::unique_ptr<Workload>> Create(
+      const TrainerOptions& options, const Dataset& dataset) {
+    auto w = absl::WrapUnique(new ModelWorkload(options, dataset));
+    ASSIGN_OR_RETURN(w->backend_,
+                     Backend::Create(options.backend, options.gpu));
+    ModelOptions model_options;
+    model_options.seed = options.seed;
+    model_options.dropout_seed = options.seed * 7919 + options.worker_id;
+    ASSIGN_OR_RETURN(
+        w->model_,
+        Model::Create(options.model, dataset.train.chw, dataset.num_classes,
+                      model_options, w->backend_.get()));
+    w->steps_per_epoch_ = w->sampler_.samples_per_worker() / options.batch_size;
+    if (options.max_steps_per_epoch > 0) {
+      w->steps_per_epoch_ =
+          std::min(w->steps_per_epoch_, options.max_steps_per_epoch);
+    }
+    if (w->steps_per_epoch_ <= 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "batch size ", options.batch_size, " is larger than this worker's ",
+          w->sampler_.samples_per_worker(), " training samples"));
+    }
+    return std::unique_ptr<Workload>(std::move(w));
+  }
+
+  const std::vector<absl::Span<float>>& weights() override {
+    return model_->HostWeights();
+  }
+  const std::vector<absl::Span<const float>>& gradients() override {
+    return model_->HostGradients();
+  }
+  int num_buffers() const override {
+    return static_cast<int>(model_->buffers().size());
+  }
+  std::vector<int64_t> TensorNumElements() const override {
+    return model_->PsTensorNumElements();
+  }
+  absl::Status LoadWeights() override { return model_->LoadHostWeights(); }
+  int64_t steps_per_epoch() const override { return steps_per_epoch_; }
+  void BeginEpoch(int epoch) override {
+    prefetcher_.reset();
+    indices_ = sampler_.EpochIndices(epoch);
+    // The next batches are gathered (and augmented) on a background thread.
+    prefetcher_ = std::make_unique<BatchPrefetcher>(
+        dataset_.train, indices_, options_.batch_size, steps_per_epoch_,
+        dataset_.augment,
+        options_.seed * 104729 + epoch * 131 + options_.worker_id);
+  }
+  absl::StatusOr<float> Step() override {
+    if (!prefetcher_->Next(&batch_)) {
+      return absl::InternalError("prefetcher ended before the epoch");
+    }
+    return model_->ForwardBackward(batch_.images, batch_.labels);
+  }
+  bool can_evaluate() const override { return true; }
+  absl::StatusOr<Evaluation> Evaluate() override {
+    return EvaluateModel(*model_, dataset_.test, options_.eval_batch_size);
+  }
+  int64_t num_parameters() const override { return model_->NumParameters(); }
+  std::string Describe() const override {
+    return absl::StrFormat(
+        "model %s on %s: %d parameters, %d buffers, %.2f MFLOPs forward per "
+        "sample",
+        options_.model, backend_->name(), model_->NumParameters(),
+        model_->buffers().size(), 2.0 * model_->ForwardMacsPerSample() / 1e6);
+  }
+
+ private:
+  ModelWorkload(const TrainerOptions& options, const Dataset& dataset)
+      : options_(options),
+        dataset_(dataset),
+        sampler_(dataset.train.count, options.worker_id, options.num_workers,
+                 options.seed) {}
+
+  const TrainerOptions& options_;
+  const Dataset& dataset_;
+  const ShardedSampler sampler_;
+  std::unique_ptr<Backend> backend_;
+  std::unique_ptr<Model> model_;
+  int64_t steps_per_epoch_ = 0;
+  std::vector<int64_t> indices_;
+  std::unique_ptr<BatchPrefetcher> prefetcher_;
+  BatchPrefetcher::Batch batch_;
+};
+
+class SyntheticWorkload : public Workload {
+ public:
+  static absl::StatusOr<std::unique_ptr<Workload>> Create(
+      const TrainerOptions& options) {
+    if (options.model_bytes < 4 || options.model_bytes % 4 != 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("synthetic compute: model_bytes ", options.model_bytes,
+                       "; expected a positive multiple of 4"));
+    }
+    if (options.compute_ms < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("synthetic compute: compute_ms ", options.compute_ms,
+                       "; expected >= 0"));
+    }
+    if (options.max_steps_per_epoch <= 0) {
+      return absl::InvalidArgumentError(
+          "synthetic compute has no dataset: set the steps per epoch "
+          "(max_steps_per_epoch > 0)");
+    }
+    auto w = absl::WrapUnique(new SyntheticWorkload(options));
+    int64_t left = options.model_bytes / 4;
+    while (left > 0) {
+      const int64_t n = std::min(left, kTensorElements);
+      w->sizes_.push_back(n);
+      left -= n;
+    }
+    // Weights as a model's initialisation: the same on every worker (the
+    // exchange broadcasts worker 0's anyway). Gradients: small fixed
+    // values, different per worker, so that sums and Adam do real work.
+    uint64_t state = options.seed * 0x9E3779B97F4A7C15ull + options.worker_id;
+    for (int64_t n : w->sizes_) {
+      w->weight_storage_.emplace_back(n, 0.01f);
+      std::vector<float>& g = w->gradient_storage_.emplace_back(n);
+      for (float& x : g) {
+        state = state * 6364136223846793005ull + 1442695040888963407ull;
+        x = static_cast<float>(static_cast<int32_t>(state >> 40)) * 1e-9f;
+      }
+    }
+    for (size_t t = 0; t < w->sizes_.size(); ++t) {
+      w->weights_.emplace_back(w->weight_storage_[t]);
+      w->gradients_.emplace_back(w->gradient_storage_[t]);
+    }
+    return std::unique_ptr<Workload>(std::move(w));
+  }
+
+  const std::vector<absl::Span<float>>& weights() override { return weights_; }
+  const std::vector<absl::Span<const float>>& gradients() override {
+    return gradients_;
+  }
+  int num_buffers() const override { return 0; }
+  std::vector<int64_t> TensorNumElements() const override { return sizes_; }
+  absl::Status LoadWeights() override { return absl::OkStatus(); }
+  int64_t steps_per_epoch() const override {
+    return options_.max_steps_per_epoch;
+  }
+  void BeginEpoch(int) override {}
+  absl::StatusOr<float> Step() override {
+    absl::SleepFor(absl::Milliseconds(options_.compute_ms));
+    return 0.0f;
+  }
+  bool can_evaluate() const override { return false; }
+  absl::StatusOr<Evaluation> Evaluate() override {
+    return absl::FailedPreconditionError("synthetic compute has no test set");
+  }
+  int64_t num_parameters() const override { return options_.model_bytes / 4; }
+  std::string Describe() const override {
+    return absl::StrFormat(
+        "synthetic compute: %.1f ms per step, %d bytes of gradients in %d "
+        "tensors",
+        options_.compute_ms, options_.model_bytes, sizes_.size());
+  }
+
+ private:
+  // Tensors of at most 1 MiB (ResNet-50's 161 average 0.63 MB).
+  static constexpr int64_t kTensorElements = 1 << 18;
+
+  explicit SyntheticWorkload(const TrainerOptions& options)
+      : options_(options) {}
+
+  const TrainerOptions& options_;
+  std::vector<int64_t> sizes_;
+  std::vector<std::vector<float>> weight_storage_;
+  std::vector<std::vector<float>> gradient_storage_;
+  std::vector<absl::Span<float>> weights_;
+  std::vector<absl::Span<const float>> gradients_;
+};
+
 }  // namespace
 
 absl::StatusOr<TrainerOutput> RunWorker(const TrainerOptions& options,
@@ -76,17 +278,19 @@ absl::StatusOr<TrainerOutput> RunWorker(const TrainerOptions& options,
     return absl::InvalidArgumentError(absl::StrCat(
         "batch size ", options.batch_size, "; expected a positive number"));
   }
+  const bool synthetic = options.compute == "synthetic";
+  if (!synthetic && options.compute != "model") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "compute \"", options.compute, "\"; expected model or synthetic"));
+  }
   const bool chief = options.worker_id == 0;
-  ASSIGN_OR_RETURN(std::unique_ptr<Backend> backend,
-                   Backend::Create(options.backend, options.gpu));
-  ModelOptions model_options;
-  model_options.seed = options.seed;
-  model_options.dropout_seed = options.seed * 7919 + options.worker_id;
-  ASSIGN_OR_RETURN(
-      std::unique_ptr<Model> model,
-      Model::Create(options.model, dataset.train.chw, dataset.num_classes,
-                    model_options, backend.get()));
-  const int num_buffers = static_cast<int>(model->buffers().size());
+  std::unique_ptr<Workload> workload;
+  if (synthetic) {
+    ASSIGN_OR_RETURN(workload, SyntheticWorkload::Create(options));
+  } else {
+    ASSIGN_OR_RETURN(workload, ModelWorkload::Create(options, dataset));
+  }
+  const int num_buffers = workload->num_buffers();
   std::unique_ptr<GradientExchange> exchange;
   std::string placement;
   if (allreduce) {
@@ -100,7 +304,7 @@ absl::StatusOr<TrainerOutput> RunWorker(const TrainerOptions& options,
     ASSIGN_OR_RETURN(
         PartitionPlan plan,
         PartitionPlan::Create(
-            model->PsTensorNumElements(), options.partition_bytes,
+            workload->TensorNumElements(), options.partition_bytes,
             static_cast<int>(options.ps_addresses.size()), num_buffers));
     placement = absl::StrFormat("%d chunks on %d shards", plan.chunks().size(),
                                 plan.num_shards());
@@ -115,23 +319,12 @@ absl::StatusOr<TrainerOutput> RunWorker(const TrainerOptions& options,
                                 chief, options.init_timeout);
   }
 
-  const std::vector<absl::Span<float>>& weights = model->HostWeights();
-  const std::vector<absl::Span<const float>>& gradients =
-      model->HostGradients();
+  const std::vector<absl::Span<float>>& weights = workload->weights();
+  const std::vector<absl::Span<const float>>& gradients = workload->gradients();
   RETURN_IF_ERROR(exchange->Start(weights));
-  RETURN_IF_ERROR(model->LoadHostWeights());
-
-  const ShardedSampler sampler(dataset.train.count, options.worker_id,
-                               options.num_workers, options.seed);
-  int64_t steps_per_epoch = sampler.samples_per_worker() / options.batch_size;
-  if (options.max_steps_per_epoch > 0) {
-    steps_per_epoch = std::min(steps_per_epoch, options.max_steps_per_epoch);
-  }
-  if (steps_per_epoch <= 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "batch size ", options.batch_size, " is larger than this worker's ",
-        sampler.samples_per_worker(), " training samples"));
-  }
+  RETURN_IF_ERROR(workload->LoadWeights());
+  const int64_t steps_per_epoch = workload->steps_per_epoch();
+  const bool evaluate = options.evaluate && workload->can_evaluate();
 
   TrainerOutput output;
   RunResult& result = output.result;
@@ -139,19 +332,21 @@ absl::StatusOr<TrainerOutput> RunWorker(const TrainerOptions& options,
                               : static_cast<int>(options.ps_addresses.size()));
   result.set_num_workers(options.num_workers);
   result.set_mode(options.mode);
-  result.set_model(options.model);
-  result.set_dataset(dataset.name);
+  result.set_model(synthetic ? "synthetic" : options.model);
+  result.set_dataset(synthetic ? "none" : dataset.name);
   result.set_batch_size(options.batch_size);
   result.set_epochs(options.epochs);
-  result.set_num_parameters(model->NumParameters());
+  result.set_num_parameters(workload->num_parameters());
+  result.set_compute(options.compute);
+  result.set_model_bytes([&] {
+    int64_t elements = 0;
+    for (int64_t n : workload->TensorNumElements()) elements += n;
+    return elements * 4;
+  }());
   if (chief && options.verbose) {
     Emit(options,
-         absl::StrFormat(
-             "model %s on %s: %d parameters, %d buffers, %.2f MFLOPs forward "
-             "per sample; %s; %d steps per epoch per worker",
-             options.model, backend->name(), model->NumParameters(),
-             model->buffers().size(), 2.0 * model->ForwardMacsPerSample() / 1e6,
-             placement, steps_per_epoch));
+         absl::StrFormat("%s; %s; %d steps per epoch per worker",
+                         workload->Describe(), placement, steps_per_epoch));
   }
 
   int64_t samples_at_start = 0;
@@ -162,25 +357,26 @@ absl::StatusOr<TrainerOutput> RunWorker(const TrainerOptions& options,
   absl::Time window_start = absl::Now();
   int64_t step = 0;
   double train_seconds = 0;
-  BatchPrefetcher::Batch batch;
+  absl::Duration compute_time;
+  absl::Duration exchange_time;
+  int64_t timed_steps = 0;
   for (int epoch = 0; epoch < options.epochs; ++epoch) {
-    const std::vector<int64_t> indices = sampler.EpochIndices(epoch);
     const absl::Time epoch_start = absl::Now();
     double loss_sum = 0;
-    // The next batches are gathered (and augmented) on a background thread.
-    BatchPrefetcher prefetcher(
-        dataset.train, indices, options.batch_size, steps_per_epoch,
-        dataset.augment,
-        options.seed * 104729 + epoch * 131 + options.worker_id);
+    workload->BeginEpoch(epoch);
     for (int64_t i = 0; i < steps_per_epoch; ++i) {
-      if (!prefetcher.Next(&batch)) {
-        return absl::InternalError("prefetcher ended before the epoch");
-      }
-      ASSIGN_OR_RETURN(float loss,
-                       model->ForwardBackward(batch.images, batch.labels));
+      const absl::Time step_start = absl::Now();
+      ASSIGN_OR_RETURN(float loss, workload->Step());
       loss_sum += loss;
+      const absl::Time computed = absl::Now();
       RETURN_IF_ERROR(exchange->Step(gradients, options.batch_size, weights));
-      RETURN_IF_ERROR(model->LoadHostWeights());
+      RETURN_IF_ERROR(workload->LoadWeights());
+      // The first step (connections, first allocations) is warm-up.
+      if (step > 0 || steps_per_epoch * options.epochs == 1) {
+        compute_time += computed - step_start;
+        exchange_time += absl::Now() - computed;
+        ++timed_steps;
+      }
       ++step;
       if (options.on_progress) {
         const double seconds = absl::ToDoubleSeconds(absl::Now() - epoch_start);
@@ -203,7 +399,7 @@ absl::StatusOr<TrainerOutput> RunWorker(const TrainerOptions& options,
     const double epoch_seconds =
         absl::ToDoubleSeconds(absl::Now() - epoch_start);
     train_seconds += epoch_seconds;
-    if (chief && options.evaluate) {
+    if (chief && evaluate) {
       // No stream may sit idle through the evaluation (see CloseStreams).
       RETURN_IF_ERROR(exchange->BeforePause());
       const absl::Time test_start = absl::Now();
@@ -211,8 +407,7 @@ absl::StatusOr<TrainerOutput> RunWorker(const TrainerOptions& options,
       // finished): evaluate with every core.
       const int train_threads = omp_get_max_threads();
       omp_set_num_threads(omp_get_num_procs());
-      absl::StatusOr<Evaluation> evaluated =
-          Evaluate(*model, dataset.test, options.eval_batch_size);
+      absl::StatusOr<Evaluation> evaluated = workload->Evaluate();
       omp_set_num_threads(train_threads);
       ASSIGN_OR_RETURN(Evaluation eval, std::move(evaluated));
       const double test_seconds =
@@ -239,6 +434,12 @@ absl::StatusOr<TrainerOutput> RunWorker(const TrainerOptions& options,
   }
   result.set_steps(step);
   result.set_runtime_seconds(train_seconds);
+  if (timed_steps > 0) {
+    result.set_compute_seconds_per_step(absl::ToDoubleSeconds(compute_time) /
+                                        timed_steps);
+    result.set_exchange_seconds_per_step(absl::ToDoubleSeconds(exchange_time) /
+                                         timed_steps);
+  }
   if (chief) {
     ASSIGN_OR_RETURN(const int64_t samples, exchange->SamplesSoFar());
     // Samples of every worker. In sync and allreduce modes this is

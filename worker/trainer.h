@@ -53,6 +53,14 @@ struct TrainerOptions {
   Collective* collective = nullptr;
   AdamOptions adam;
   int64_t bucket_bytes = 25 << 20;
+  // "model": forward and backward of `model` on the dataset's batches.
+  // "synthetic": a stand-in for a GPU (emulated-link runs): each step sleeps
+  // `compute_ms` and offers `model_bytes` of fixed gradients (fp32 tensors
+  // of at most 1 MiB); no dataset, no evaluation, and max_steps_per_epoch
+  // (> 0) steps per epoch. The exchange is the real one.
+  std::string compute = "model";
+  double compute_ms = 0;
+  int64_t model_bytes = 0;
   // Per worker.
   int batch_size = 64;
   int epochs = 2;
@@ -87,8 +95,11 @@ struct TrainerOutput {
   std::vector<std::vector<float>> final_weights;
 };
 
-// Runs the whole job on this worker. Errors: the first failing call's status
-// (a shard's, the model's or the data's), naming what failed.
+// Runs the whole job on this worker (`dataset` is unused with synthetic
+// compute). The result also holds the mean wall time per step of the
+// compute and of the gradient exchange, step 0 (warm-up) excluded. Errors: the
+// first failing call's status (a shard's, the model's or the data's), naming
+// what failed.
 absl::StatusOr<TrainerOutput> RunWorker(const TrainerOptions& options,
                                         const Dataset& dataset);
 

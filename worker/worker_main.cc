@@ -81,8 +81,12 @@ int main(int argc, char** argv) {
   data_options.image_size = spec->image_size();
   data_options.num_classes = spec->num_classes();
   data_options.train_samples = spec->synthetic_samples();
-  absl::StatusOr<pstrain::Dataset> dataset = pstrain::LoadDatasetNamed(
-      spec->dataset(), spec->data_dir(), data_options, "");
+  // Synthetic compute has no dataset.
+  absl::StatusOr<pstrain::Dataset> dataset = pstrain::Dataset();
+  if (spec->compute() != "synthetic") {
+    dataset = pstrain::LoadDatasetNamed(spec->dataset(), spec->data_dir(),
+                                        data_options, "");
+  }
   if (!dataset.ok()) return fail(2, std::string(dataset.status().message()));
 
   // Workers do not listen (yet); the address names the host they run on.
@@ -140,6 +144,9 @@ int main(int argc, char** argv) {
   options.adam.epsilon = static_cast<float>(spec->optimizer().epsilon());
   options.adam.weight_decay =
       static_cast<float>(spec->optimizer().weight_decay());
+  options.compute = spec->compute();
+  options.compute_ms = spec->compute_ms();
+  options.model_bytes = spec->model_bytes();
   options.batch_size = spec->batch_size();
   options.epochs = spec->epochs();
   options.seed = spec->seed();

@@ -1,0 +1,277 @@
+#include "tools/compare.h"
+
+#include <algorithm>
+#include <map>
+#include <set>
+#include <tuple>
+#include <utility>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "tools/job_commands.h"
+
+namespace pstrain {
+namespace {
+
+const RunResult* FindRun(const std::vector<CompareRun>& runs,
+                         const std::string& mode, int num_ps, int workers) {
+  for (const CompareRun& run : runs) {
+    if (run.mode == mode && run.num_ps == num_ps &&
+        run.num_workers == workers) {
+      return &run.result;
+    }
+  }
+  return nullptr;
+}
+
+// Throughput over the 1-worker run of the same series; 0 without one.
+double Speedup(const std::vector<CompareRun>& runs, const CompareRun& run) {
+  const RunResult* one = FindRun(runs, run.mode, run.num_ps, 1);
+  if (one == nullptr || one->throughput_samples_per_sec() <= 0) return 0;
+  return run.result.throughput_samples_per_sec() /
+         one->throughput_samples_per_sec();
+}
+
+// A PS run's throughput over allreduce's at the same workers; 0 if none.
+double PsOverAllreduce(const std::vector<CompareRun>& runs,
+                       const CompareRun& run) {
+  if (run.mode == "allreduce") return 0;
+  const RunResult* ar = FindRun(runs, "allreduce", 0, run.num_workers);
+  if (ar == nullptr || ar->throughput_samples_per_sec() <= 0) return 0;
+  return run.result.throughput_samples_per_sec() /
+         ar->throughput_samples_per_sec();
+}
+
+std::string Ratio(double x) {
+  return x > 0 ? absl::StrFormat("%.2fx", x) : "-";
+}
+
+bool Synthetic(const RunResult& r) { return r.compute() == "synthetic"; }
+
+std::string SeriesName(const CompareRun& run) {
+  return run.mode == "allreduce"
+             ? std::string("allreduce")
+             : absl::StrCat(run.mode, " (", run.num_ps, " PS)");
+}
+
+}  // namespace
+
+absl::StatusOr<std::string> JobModeOf(const std::string& compare_mode) {
+  if (compare_mode == "ps_sync") return std::string("sync");
+  if (compare_mode == "ps_async") return std::string("async");
+  if (compare_mode == "allreduce") return std::string("allreduce");
+  if (compare_mode == "allreduce_nccl") {
+    return absl::InvalidArgumentError(
+        "--modes=allreduce_nccl: this build has no NCCL collective (it needs "
+        "a CUDA build and GPU workers, and pstrain's NCCL path is not written "
+        "yet); expected ps_sync, ps_async or allreduce (Gloo)");
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("--modes: \"", compare_mode,
+                   "\" is not a mode; expected ps_sync, ps_async or "
+                   "allreduce"));
+}
+
+absl::StatusOr<std::vector<int>> ParsePositiveList(const std::string& flag,
+                                                   const std::string& text) {
+  std::vector<int> values;
+  for (absl::string_view part : absl::StrSplit(text, ',')) {
+    int value = 0;
+    if (!absl::SimpleAtoi(part, &value) || value < 1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--", flag, "=", text, ": \"", part,
+                       "\" is not a positive integer; expected a list like "
+                       "1,2,4"));
+    }
+    if (std::find(values.begin(), values.end(), value) != values.end()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--", flag, "=", text, ": ", value, " is repeated"));
+    }
+    values.push_back(value);
+  }
+  if (values.size() > 64) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--", flag, ": ", values.size(), " entries; expected at most 64"));
+  }
+  return values;
+}
+
+double AllreduceBoundSeconds(int64_t model_bytes, int workers,
+                             double link_bytes_per_sec) {
+  if (workers <= 1 || link_bytes_per_sec <= 0) return 0;
+  return 2.0 * (workers - 1) / workers * static_cast<double>(model_bytes) /
+         link_bytes_per_sec;
+}
+
+double PsBoundSeconds(int64_t model_bytes, int workers, int servers,
+                      double link_bytes_per_sec) {
+  if (servers <= 0 || link_bytes_per_sec <= 0) return 0;
+  const double m = static_cast<double>(model_bytes);
+  return std::max(m, m * workers / servers) / link_bytes_per_sec;
+}
+
+double BoundSeconds(const CompareRun& run, double link_bytes_per_sec) {
+  if (run.mode == "allreduce") {
+    return AllreduceBoundSeconds(run.result.model_bytes(), run.num_workers,
+                                 link_bytes_per_sec);
+  }
+  return PsBoundSeconds(run.result.model_bytes(), run.num_workers, run.num_ps,
+                        link_bytes_per_sec);
+}
+
+std::string FormatScalingTable(const std::vector<CompareRun>& runs) {
+  std::string out =
+      "| #Nodes | #Workers | Mode | #PS | Batchsize | Steps | Runtime | "
+      "Throughput (data/sec) | Speedup | PS/allreduce | Test accuracy |\n"
+      "|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|\n";
+  for (const CompareRun& run : runs) {
+    const RunResult& r = run.result;
+    absl::StrAppend(
+        &out, absl::StrFormat(
+                  "| %d | %d | %s | %d | %d | %d | %.2f s | %.2f | %s | "
+                  "%s | %s |\n",
+                  run.num_nodes, run.num_workers, run.mode, run.num_ps,
+                  r.batch_size(), r.steps(), r.runtime_seconds(),
+                  r.throughput_samples_per_sec(), Ratio(Speedup(runs, run)),
+                  Ratio(PsOverAllreduce(runs, run)),
+                  Synthetic(r) ? std::string("-")
+                               : absl::StrFormat("%.4f", r.test_accuracy())));
+  }
+  return out;
+}
+
+std::string FormatCommunicationTable(const std::vector<CompareRun>& runs,
+                                     double link_bytes_per_sec) {
+  const bool bounds = link_bytes_per_sec > 0;
+  std::string out = absl::StrCat(
+      "| #Workers | Mode | #PS | Model bytes | Compute/step | Exchange/step |",
+      bounds ? " Bound/step | Exchange/bound |" : "", "\n",
+      "|---:|---|---:|---:|---:|---:|", bounds ? "---:|---:|" : "", "\n");
+  for (const CompareRun& run : runs) {
+    const RunResult& r = run.result;
+    absl::StrAppend(
+        &out,
+        absl::StrFormat("| %d | %s | %d | %d | %.1f ms | %.1f ms |",
+                        run.num_workers, run.mode, run.num_ps, r.model_bytes(),
+                        r.compute_seconds_per_step() * 1e3,
+                        r.exchange_seconds_per_step() * 1e3));
+    if (bounds) {
+      const double bound = BoundSeconds(run, link_bytes_per_sec);
+      absl::StrAppend(
+          &out,
+          absl::StrFormat(
+              " %.1f ms | %s |", bound * 1e3,
+              Ratio(bound > 0 ? r.exchange_seconds_per_step() / bound : 0)));
+    }
+    absl::StrAppend(&out, "\n");
+  }
+  return out;
+}
+
+std::string CompareCsv(const std::vector<CompareRun>& runs,
+                       double link_bytes_per_sec) {
+  std::string out =
+      "mode,num_ps,num_workers,num_nodes,model,compute,batch_size,steps,"
+      "runtime_s,throughput_samples_per_sec,speedup,ps_over_allreduce,"
+      "test_accuracy,model_bytes,compute_ms_per_step,exchange_ms_per_step,"
+      "bound_ms_per_step\n";
+  for (const CompareRun& run : runs) {
+    const RunResult& r = run.result;
+    absl::StrAppend(
+        &out, absl::StrFormat(
+                  "%s,%d,%d,%d,%s,%s,%d,%d,%.3f,%.2f,%.4f,%.4f,%s,%d,"
+                  "%.3f,%.3f,%.3f\n",
+                  run.mode, run.num_ps, run.num_workers, run.num_nodes,
+                  r.model(), r.compute(), r.batch_size(), r.steps(),
+                  r.runtime_seconds(), r.throughput_samples_per_sec(),
+                  Speedup(runs, run), PsOverAllreduce(runs, run),
+                  Synthetic(r) ? std::string("")
+                               : absl::StrFormat("%.4f", r.test_accuracy()),
+                  r.model_bytes(), r.compute_seconds_per_step() * 1e3,
+                  r.exchange_seconds_per_step() * 1e3,
+                  BoundSeconds(run, link_bytes_per_sec) * 1e3));
+  }
+  return out;
+}
+
+std::string CompareJson(const std::vector<CompareRun>& runs,
+                        double link_bytes_per_sec) {
+  std::string out = absl::StrFormat("{\n\"link_mbit\": %.3f,\n\"runs\": [",
+                                    link_bytes_per_sec * 8 / 1e6);
+  for (size_t i = 0; i < runs.size(); ++i) {
+    const CompareRun& run = runs[i];
+    absl::StrAppend(
+        &out, i == 0 ? "\n" : ",\n",
+        absl::StrFormat("{\"mode\": \"%s\", \"num_ps\": %d, \"num_workers\": "
+                        "%d, \"num_nodes\": %d, \"speedup\": %.4f, "
+                        "\"ps_over_allreduce\": %.4f, "
+                        "\"bound_seconds_per_step\": %.6f,\n\"result\": ",
+                        run.mode, run.num_ps, run.num_workers, run.num_nodes,
+                        Speedup(runs, run), PsOverAllreduce(runs, run),
+                        BoundSeconds(run, link_bytes_per_sec)),
+        ResultJson(run.result), "}");
+  }
+  absl::StrAppend(&out, "\n]\n}\n");
+  return out;
+}
+
+std::string GnuplotScript(const std::vector<CompareRun>& runs,
+                          const std::string& png_path,
+                          const std::string& title) {
+  // One series per (mode, #PS), in the order the runs came.
+  std::vector<std::pair<std::string, int>> series;
+  for (const CompareRun& run : runs) {
+    std::pair<std::string, int> key{run.mode, run.num_ps};
+    if (std::find(series.begin(), series.end(), key) == series.end()) {
+      series.push_back(key);
+    }
+  }
+  int max_workers = 1;
+  for (const CompareRun& run : runs) {
+    max_workers = std::max(max_workers, run.num_workers);
+  }
+  std::string out = absl::StrCat(
+      "set terminal pngcairo size 900,600 font \"sans,11\"\n", "set output \"",
+      png_path, "\"\n", "set title \"", title, "\" noenhanced\n",
+      "set xlabel \"workers\"\n", "set ylabel \"throughput (data/sec)\"\n",
+      "set key top left noenhanced\n", "set grid\n",
+      absl::StrFormat("set xrange [0.5:%d.5]\n", max_workers),
+      "set yrange [0:*]\n", "set xtics 1\n");
+  std::string plots;
+  for (size_t s = 0; s < series.size(); ++s) {
+    std::vector<const CompareRun*> points;
+    for (const CompareRun& run : runs) {
+      if (run.mode == series[s].first && run.num_ps == series[s].second) {
+        points.push_back(&run);
+      }
+    }
+    std::sort(points.begin(), points.end(),
+              [](const CompareRun* a, const CompareRun* b) {
+                return a->num_workers < b->num_workers;
+              });
+    absl::StrAppend(&out, "$s", s, " << EOD\n");
+    for (const CompareRun* p : points) {
+      absl::StrAppend(&out,
+                      absl::StrFormat("%d %.3f\n", p->num_workers,
+                                      p->result.throughput_samples_per_sec()));
+    }
+    absl::StrAppend(&out, "EOD\n");
+    const RunResult* one = FindRun(runs, series[s].first, series[s].second, 1);
+    const std::string name = SeriesName(*points.front());
+    absl::StrAppend(&plots, plots.empty() ? "plot " : ", \\\n     ", "$s", s,
+                    " using 1:2 with linespoints lw 2 pt 7 lc ", s + 1,
+                    " title \"", name, "\"");
+    if (one != nullptr) {
+      absl::StrAppend(
+          &plots, ", \\\n     ",
+          absl::StrFormat("x * %.3f", one->throughput_samples_per_sec()),
+          " with lines dt 2 lw 1 lc ", s + 1, " title \"", name, ", ideal\"");
+    }
+  }
+  absl::StrAppend(&out, plots, "\n");
+  return out;
+}
+
+}  // namespace pstrain

@@ -1,0 +1,93 @@
+// `pstrain compare`: the reports of a scaling study, from the RunResults of
+// its runs (each mode at each worker count, and each PS count for the PS
+// modes). The runs themselves are made by tools/pstrain.cc; this file only
+// turns results into the tables, CSV, JSON and gnuplot script this field
+// publishes, and holds the bandwidth bounds the emulated-link runs are
+// compared with.
+//
+// Thread-safety: pure functions.
+#ifndef PSTRAIN_TOOLS_COMPARE_H_
+#define PSTRAIN_TOOLS_COMPARE_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "proto/results.pb.h"
+
+namespace pstrain {
+
+// One configuration of a comparison and what its run measured.
+struct CompareRun {
+  // "ps_sync", "ps_async" or "allreduce".
+  std::string mode;
+  int num_ps = 0;  // 0 for allreduce
+  int num_workers = 1;
+  // Machines the run used: 1 on one machine; with one host per task,
+  // num_ps + num_workers.
+  int num_nodes = 1;
+  RunResult result;
+};
+
+// The modes `--modes` accepts, and the job mode each runs ("sync", "async",
+// "allreduce"). INVALID_ARGUMENT naming the flag for anything else; for
+// allreduce_nccl, says that this build has no NCCL collective.
+absl::StatusOr<std::string> JobModeOf(const std::string& compare_mode);
+
+// "1,2,4" -> {1, 2, 4}: positive, distinct, at most 64 entries.
+// INVALID_ARGUMENT naming `flag` and the bad entry.
+absl::StatusOr<std::vector<int>> ParsePositiveList(const std::string& flag,
+                                                   const std::string& text);
+
+// Lower bounds on the communication time of one step, seconds, for
+// `model_bytes` of gradients per worker, `workers` workers and links of
+// `link_bytes_per_sec` per direction (full duplex, every host on its own
+// link, a non-blocking switch between them); from the BytePS analysis
+// (Jiang et al., "A Unified Architecture for Accelerating Distributed DNN
+// Training in Heterogeneous GPU/CPU Clusters", OSDI 2020, section 3.1):
+//   ring allreduce: each worker sends and receives 2(n-1)/n of the model:
+//     2 (n-1)/n * M / B;
+//   PS with k server hosts: each worker pushes M and pulls M (one each way),
+//     and each server receives and sends n/k of M: max(M, n M / k) / B.
+double AllreduceBoundSeconds(int64_t model_bytes, int workers,
+                             double link_bytes_per_sec);
+double PsBoundSeconds(int64_t model_bytes, int workers, int servers,
+                      double link_bytes_per_sec);
+// The bound of `run`'s scheme; 0 when link_bytes_per_sec <= 0.
+double BoundSeconds(const CompareRun& run, double link_bytes_per_sec);
+
+// The published table, one row per run in order:
+// | #Nodes | #Workers | Mode | #PS | Batchsize | Steps | Runtime |
+// Throughput (data/sec) | Speedup | PS/allreduce | Test accuracy |
+// Speedup: throughput over the 1-worker run of the same mode and #PS ("-"
+// without one). PS/allreduce: a PS row's throughput over the allreduce
+// run's with the same workers ("-" otherwise). Test accuracy "-" for
+// synthetic compute.
+std::string FormatScalingTable(const std::vector<CompareRun>& runs);
+
+// Per step, ms: | #Workers | Mode | #PS | Compute/step | Exchange/step |
+// Bound/step | Exchange/bound |, the last two only when
+// link_bytes_per_sec > 0. Exchange: push+barrier+pull, or allreduce+Adam.
+std::string FormatCommunicationTable(const std::vector<CompareRun>& runs,
+                                     double link_bytes_per_sec);
+
+// Every column above, one line per run, with a header line.
+std::string CompareCsv(const std::vector<CompareRun>& runs,
+                       double link_bytes_per_sec);
+// {"link_mbit": ..., "runs": [{"mode": ..., "num_ps": ..., "result": {...}
+// , "bound_seconds_per_step": ...}]}
+std::string CompareJson(const std::vector<CompareRun>& runs,
+                        double link_bytes_per_sec);
+
+// A gnuplot script (its data inline, as in CompareCsv) that draws
+// throughput (data/sec) against workers into `png_path`, one line per
+// mode and #PS, and each line's ideal linear scaling (its 1-worker
+// throughput times the workers) dashed in the same colour.
+std::string GnuplotScript(const std::vector<CompareRun>& runs,
+                          const std::string& png_path,
+                          const std::string& title);
+
+}  // namespace pstrain
+
+#endif  // PSTRAIN_TOOLS_COMPARE_H_

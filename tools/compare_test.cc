@@ -1,0 +1,156 @@
+#include "tools/compare.h"
+
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_split.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace pstrain {
+namespace {
+
+using ::testing::HasSubstr;
+
+CompareRun MakeRun(const std::string& mode, int num_ps, int workers,
+                   double throughput, double exchange_s) {
+  CompareRun run;
+  run.mode = mode;
+  run.num_ps = num_ps;
+  run.num_workers = workers;
+  run.num_nodes = num_ps + workers;
+  run.result.set_compute("synthetic");
+  run.result.set_model("synthetic");
+  run.result.set_batch_size(32);
+  run.result.set_steps(10);
+  run.result.set_runtime_seconds(2.5);
+  run.result.set_throughput_samples_per_sec(throughput);
+  run.result.set_model_bytes(100000000);
+  run.result.set_exchange_seconds_per_step(exchange_s);
+  run.result.set_compute_seconds_per_step(0.1);
+  return run;
+}
+
+TEST(BoundsTest, MatchTheBytePsFormulas) {
+  const double link = 125e6;  // 1 Gbit/s, bytes/s
+  // Allreduce: 2 (n-1)/n M / B: 4 workers, 100 MB -> 1.5 * 0.8 s.
+  EXPECT_DOUBLE_EQ(AllreduceBoundSeconds(100000000, 4, link), 1.2);
+  EXPECT_DOUBLE_EQ(AllreduceBoundSeconds(100000000, 1, link), 0.0);
+  // PS: max(M, n M / k) / B.
+  EXPECT_DOUBLE_EQ(PsBoundSeconds(100000000, 4, 4, link), 0.8);
+  EXPECT_DOUBLE_EQ(PsBoundSeconds(100000000, 4, 2, link), 1.6);
+  EXPECT_DOUBLE_EQ(PsBoundSeconds(100000000, 2, 4, link), 0.8);
+  EXPECT_DOUBLE_EQ(PsBoundSeconds(100000000, 4, 2, 0), 0.0);
+  EXPECT_DOUBLE_EQ(BoundSeconds(MakeRun("allreduce", 0, 4, 1, 1), link), 1.2);
+  EXPECT_DOUBLE_EQ(BoundSeconds(MakeRun("ps_sync", 2, 4, 1, 1), link), 1.6);
+}
+
+TEST(ScalingTableTest, SpeedupAndPsOverAllreduce) {
+  const std::vector<CompareRun> runs = {MakeRun("ps_sync", 2, 1, 100, 0.5),
+                                        MakeRun("ps_sync", 2, 4, 300, 0.9),
+                                        MakeRun("allreduce", 0, 1, 110, 0.0),
+                                        MakeRun("allreduce", 0, 4, 200, 1.3)};
+  const std::string table = FormatScalingTable(runs);
+  const std::vector<std::string> lines = absl::StrSplit(table, '\n');
+  ASSERT_GE(lines.size(), 6u);
+  EXPECT_EQ(lines[0],
+            "| #Nodes | #Workers | Mode | #PS | Batchsize | Steps | Runtime | "
+            "Throughput (data/sec) | Speedup | PS/allreduce | Test accuracy |");
+  // 300 / 100 = 3.00x over 1 worker; 300 / 200 = 1.50x over allreduce;
+  // synthetic compute has no accuracy.
+  EXPECT_EQ(lines[3],
+            "| 6 | 4 | ps_sync | 2 | 32 | 10 | 2.50 s | 300.00 | 3.00x | "
+            "1.50x | - |");
+  EXPECT_EQ(lines[2],
+            "| 3 | 1 | ps_sync | 2 | 32 | 10 | 2.50 s | 100.00 | 1.00x | "
+            "0.91x | - |");
+  EXPECT_EQ(lines[5],
+            "| 4 | 4 | allreduce | 0 | 32 | 10 | 2.50 s | 200.00 | 1.82x | "
+            "- | - |");
+}
+
+TEST(ScalingTableTest, NoOneWorkerRunMeansNoSpeedup) {
+  CompareRun run = MakeRun("ps_async", 1, 2, 50, 0.1);
+  run.result.set_compute("model");
+  run.result.set_test_accuracy(0.8596);
+  const std::string table = FormatScalingTable({run});
+  EXPECT_THAT(table, HasSubstr("| 50.00 | - | - | 0.8596 |"));
+}
+
+TEST(CommunicationTableTest, RatioToBound) {
+  const double link = 125e6;
+  const std::string table = FormatCommunicationTable(
+      {MakeRun("ps_sync", 4, 4, 1, 0.88), MakeRun("allreduce", 0, 4, 1, 1.32)},
+      link);
+  EXPECT_THAT(table, HasSubstr("| 4 | ps_sync | 4 | 100000000 | 100.0 ms | "
+                               "880.0 ms | 800.0 ms | 1.10x |"));
+  EXPECT_THAT(table, HasSubstr("| 4 | allreduce | 0 | 100000000 | 100.0 ms | "
+                               "1320.0 ms | 1200.0 ms | 1.10x |"));
+  // Without a link rate there are no bound columns.
+  EXPECT_THAT(FormatCommunicationTable({MakeRun("ps_sync", 4, 4, 1, 0.88)}, 0),
+              ::testing::Not(HasSubstr("Bound")));
+}
+
+TEST(CsvTest, OneLinePerRunWithEveryColumn) {
+  const std::string csv = CompareCsv(
+      {MakeRun("ps_sync", 2, 1, 100, 0.5), MakeRun("ps_sync", 2, 2, 150, 0.6)},
+      125e6);
+  const std::vector<std::string> lines =
+      absl::StrSplit(csv, '\n', absl::SkipEmpty());
+  ASSERT_EQ(lines.size(), 3u);
+  const size_t columns =
+      std::vector<std::string>(absl::StrSplit(lines[0], ',')).size();
+  EXPECT_EQ(columns, 17u);
+  for (const std::string& line : lines) {
+    EXPECT_EQ(std::vector<std::string>(absl::StrSplit(line, ',')).size(),
+              columns)
+        << line;
+  }
+  EXPECT_THAT(lines[2], HasSubstr("ps_sync,2,2,4,synthetic,synthetic,32,10,"));
+  // speedup 1.5, bound max(M, 2M/2)/B = 0.8 s.
+  EXPECT_THAT(lines[2], HasSubstr(",1.5000,"));
+  EXPECT_THAT(lines[2], HasSubstr(",800.000"));
+}
+
+TEST(JsonTest, HoldsEveryRun) {
+  const std::string json = CompareJson(
+      {MakeRun("ps_sync", 2, 1, 100, 0.5), MakeRun("allreduce", 0, 1, 90, 0.1)},
+      125e6);
+  EXPECT_THAT(json, HasSubstr("\"link_mbit\": 1000.000"));
+  EXPECT_THAT(json, HasSubstr("\"mode\": \"allreduce\""));
+  EXPECT_THAT(json, HasSubstr("\"throughput_samples_per_sec\": 100"));
+}
+
+TEST(GnuplotTest, OneSeriesPerModeWithDashedIdealLine) {
+  const std::string script = GnuplotScript(
+      {MakeRun("ps_sync", 2, 1, 100, 0.5), MakeRun("ps_sync", 2, 2, 150, 0.6),
+       MakeRun("allreduce", 0, 1, 90, 0.1),
+       MakeRun("allreduce", 0, 2, 170, 0.1)},
+      "/tmp/x.png", "t");
+  EXPECT_THAT(script, HasSubstr("set output \"/tmp/x.png\""));
+  EXPECT_THAT(script, HasSubstr("$s0 << EOD\n1 100.000\n2 150.000\nEOD\n"));
+  EXPECT_THAT(script, HasSubstr("$s1 << EOD\n1 90.000\n2 170.000\nEOD\n"));
+  EXPECT_THAT(script, HasSubstr("x * 100.000 with lines dt 2"));
+  EXPECT_THAT(script, HasSubstr("title \"ps_sync (2 PS)\""));
+}
+
+TEST(ParseTest, ListsAndModes) {
+  EXPECT_EQ(*ParsePositiveList("workers", "1,2,4"),
+            (std::vector<int>{1, 2, 4}));
+  EXPECT_THAT(ParsePositiveList("workers", "1,x").status().message(),
+              HasSubstr("--workers=1,x: \"x\" is not a positive integer"));
+  EXPECT_THAT(ParsePositiveList("workers", "0").status().message(),
+              HasSubstr("\"0\" is not a positive integer"));
+  EXPECT_THAT(ParsePositiveList("workers", "2,2").status().message(),
+              HasSubstr("2 is repeated"));
+  EXPECT_EQ(*JobModeOf("ps_sync"), "sync");
+  EXPECT_EQ(*JobModeOf("ps_async"), "async");
+  EXPECT_EQ(*JobModeOf("allreduce"), "allreduce");
+  EXPECT_THAT(JobModeOf("allreduce_nccl").status().message(),
+              HasSubstr("this build has no NCCL collective"));
+  EXPECT_THAT(JobModeOf("ring").status().message(),
+              HasSubstr("\"ring\" is not a mode"));
+}
+
+}  // namespace
+}  // namespace pstrain
