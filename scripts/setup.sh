@@ -9,7 +9,7 @@ packages=(
   bazel-bootstrap bazel-rules-java g++ git procps
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev libgtest-dev libgmock-dev libbenchmark-dev libdnnl-dev
-  zlib1g-dev dataset-fashion-mnist iproute2 libgloo-dev
+  zlib1g-dev dataset-fashion-mnist iproute2 libgloo-dev gnuplot-nox iperf3
 )
 missing=()
 for p in "${packages[@]}"; do

@@ -215,8 +215,9 @@ void ParameterShard::ApplyLocked(ChunkState& chunk, const float* gradient) {
 }
 
 absl::Status ParameterShard::Pull(int64_t min_version, int64_t samples,
-                                  absl::Time deadline,
-                                  const PullVisitor& visit) {
+                                  absl::Time deadline, const PullVisitor& visit,
+                                  const std::function<bool()>& after_chunk,
+                                  const std::atomic<bool>* cancelled) {
   if (!initialized_.load()) {
     return absl::FailedPreconditionError(
         absl::StrCat("pull from shard ", options_.shard_index,
@@ -229,7 +230,23 @@ absl::Status ParameterShard::Pull(int64_t min_version, int64_t samples,
     auto ready = [this, &chunk, min_version]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
       return chunk.version >= min_version || aborted_.load();
     };
-    if (!chunk.mu.LockWhenWithDeadline(absl::Condition(&ready), deadline)) {
+    // Waits in slices, so that a broken caller is noticed.
+    while (true) {
+      const absl::Time slice =
+          cancelled == nullptr
+              ? deadline
+              : std::min(deadline, absl::Now() + absl::Milliseconds(100));
+      if (chunk.mu.LockWhenWithDeadline(absl::Condition(&ready), slice)) break;
+      if (cancelled != nullptr && cancelled->load()) {
+        chunk.mu.Unlock();
+        return absl::CancelledError(
+            absl::StrCat("pull from shard ", options_.shard_index,
+                         " cancelled: the worker's stream ended"));
+      }
+      if (absl::Now() < deadline) {
+        chunk.mu.Unlock();
+        continue;
+      }
       std::vector<int> missing;
       for (int w = 0; w < options_.num_workers; ++w) {
         if (!chunk.has_pending[w]) missing.push_back(w);
@@ -249,6 +266,11 @@ absl::Status ParameterShard::Pull(int64_t min_version, int64_t samples,
     visit(chunk.spec, chunk.version,
           absl::MakeConstSpan(chunk.weights.data(), chunk.weights.size()));
     chunk.mu.Unlock();
+    if (after_chunk && !after_chunk()) {
+      return absl::CancelledError(
+          absl::StrCat("pull from shard ", options_.shard_index,
+                       " cancelled: the worker's stream ended"));
+    }
   }
   return absl::OkStatus();
 }

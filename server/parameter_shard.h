@@ -120,8 +120,16 @@ class ParameterShard {
   // first chunks can be sent while later ones are still aggregating.
   // `samples` (training samples of the worker's last step) is added to the
   // shard's throughput counter.
+  //
+  // `after_chunk` (optional) runs after each visit, outside the chunk's
+  // lock: where a server writes the chunk it encoded in `visit`; false stops
+  // the pull with CANCELLED. `cancelled` (optional) is polled every 100 ms
+  // while waiting; once true the pull ends with CANCELLED (the caller's
+  // stream broke).
   absl::Status Pull(int64_t min_version, int64_t samples, absl::Time deadline,
-                    const PullVisitor& visit);
+                    const PullVisitor& visit,
+                    const std::function<bool()>& after_chunk = nullptr,
+                    const std::atomic<bool>* cancelled = nullptr);
 
   ShardStats Stats() const;
 

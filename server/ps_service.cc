@@ -1,10 +1,14 @@
 #include "server/ps_service.h"
 
+#include <atomic>
 #include <cstring>
+#include <deque>
+#include <thread>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "common/status.h"
 #include "common/tensor_codec.h"
 
@@ -95,9 +99,86 @@ grpc::Status PsService::WaitReady(grpc::ServerContext* context,
   return grpc::Status::OK;
 }
 
+// One worker's PushPull stream. This thread reads (pushes are applied as
+// they arrive); a second thread serves the pulls, chunk by chunk, as each
+// chunk reaches the version asked for. A sync worker sends its pull before
+// its pushes, so the first updated chunks flow back down while the last
+// gradients still flow up: each direction of the link is busy at once, as
+// in BytePS's per-partition push/pull.
 grpc::Status PsService::PushPull(
     grpc::ServerContext* context,
     grpc::ServerReaderWriter<PushPullResponse, PushPullRequest>* stream) {
+  struct PullJob {
+    int64_t min_version;
+    int64_t samples;
+  };
+  absl::Mutex mu;
+  std::deque<PullJob> jobs;  // guarded by mu
+  bool closed = false;       // guarded by mu
+  std::atomic<bool> cancelled{false};
+  grpc::Status writer_status = grpc::Status::OK;  // written by the writer
+
+  std::thread writer([&] {
+    PushPullResponse reply;
+    while (true) {
+      PullJob job;
+      {
+        absl::MutexLock lock(&mu);
+        auto ready = [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+          return !jobs.empty() || closed;
+        };
+        mu.Await(absl::Condition(&ready));
+        if (jobs.empty()) return;
+        job = jobs.front();
+        jobs.pop_front();
+      }
+      bool write_failed = false;
+      absl::Status status = shard_->Pull(
+          job.min_version, job.samples, absl::Now() + pull_timeout_,
+          [&](const ChunkSpec& spec, int64_t version,
+              absl::Span<const float> weights) {
+            // Serialised under the chunk's lock, written after it.
+            reply.Clear();
+            EncodeFloatChunk(spec.param_id, spec.chunk_index, version, weights,
+                             reply.mutable_chunk());
+          },
+          [&] {
+            bytes_sent_.fetch_add(
+                static_cast<int64_t>(reply.chunk().data().size()),
+                std::memory_order_relaxed);
+            write_failed = !stream->Write(reply);
+            return !write_failed;
+          },
+          &cancelled);
+      if (status.ok()) {
+        // The end of this pull: a message without a chunk.
+        reply.Clear();
+        reply.set_last_of_pull(true);
+        write_failed = !stream->Write(reply);
+      }
+      if (!status.ok() || write_failed) {
+        writer_status = write_failed
+                            ? grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                                           "worker closed the stream during a "
+                                           "pull")
+                            : ToGrpcStatus(status);
+        context->TryCancel();  // ends the reader's Read
+        return;
+      }
+    }
+  });
+  // Stops the writer after its queued pulls (or at once when `cancel`) and
+  // returns the first error of either side.
+  auto finish = [&](grpc::Status reader_status, bool cancel) {
+    if (cancel) cancelled.store(true);
+    {
+      absl::MutexLock lock(&mu);
+      closed = true;
+    }
+    writer.join();
+    return reader_status.ok() ? writer_status : reader_status;
+  };
+
   PushPullRequest request;
   std::vector<float> gradient;
   int worker_id = -1;
@@ -105,57 +186,38 @@ grpc::Status PsService::PushPull(
     Touch();
     absl::Status status = shard_->CheckWorker(request.header().job_id(),
                                               request.header().worker_id());
-    if (!status.ok()) return ToGrpcStatus(status);
+    if (!status.ok()) return finish(ToGrpcStatus(status), true);
     if (worker_id < 0) worker_id = request.header().worker_id();
     if (worker_id != request.header().worker_id()) {
-      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                          absl::StrCat("stream of worker ", worker_id,
-                                       " carried a request of worker ",
-                                       request.header().worker_id()));
+      return finish(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                                 absl::StrCat("stream of worker ", worker_id,
+                                              " carried a request of worker ",
+                                              request.header().worker_id())),
+                    true);
     }
     if (request.has_push()) {
       const TensorChunk& chunk = request.push();
       bytes_received_.fetch_add(static_cast<int64_t>(chunk.data().size()),
                                 std::memory_order_relaxed);
       status = DecodeFloatChunk(chunk, &gradient);
-      if (!status.ok()) return ToGrpcStatus(status);
+      if (!status.ok()) return finish(ToGrpcStatus(status), true);
       status =
           shard_->Push(worker_id, chunk.key().param_id(),
                        chunk.key().chunk_index(), chunk.version(), gradient);
-      if (!status.ok()) return ToGrpcStatus(status);
+      if (!status.ok()) return finish(ToGrpcStatus(status), true);
     } else if (request.has_pull()) {
-      std::vector<PushPullResponse> replies;
-      // Each chunk is serialised under its lock and written after it.
-      grpc::Status write_status = grpc::Status::OK;
-      status = shard_->Pull(
-          request.pull().min_version(), request.pull().samples(),
-          absl::Now() + pull_timeout_,
-          [&](const ChunkSpec& spec, int64_t version,
-              absl::Span<const float> weights) {
-            PushPullResponse reply;
-            EncodeFloatChunk(spec.param_id, spec.chunk_index, version, weights,
-                             reply.mutable_chunk());
-            replies.push_back(std::move(reply));
-          });
-      if (!status.ok()) return ToGrpcStatus(status);
-      if (replies.empty()) {
-        replies.emplace_back();
-      }
-      replies.back().set_last_of_pull(true);
-      for (PushPullResponse& reply : replies) {
-        bytes_sent_.fetch_add(static_cast<int64_t>(reply.chunk().data().size()),
-                              std::memory_order_relaxed);
-        if (!stream->Write(reply)) {
-          return grpc::Status(grpc::StatusCode::UNAVAILABLE,
-                              "worker closed the stream during a pull");
-        }
-      }
+      absl::MutexLock lock(&mu);
+      jobs.push_back({request.pull().min_version(), request.pull().samples()});
     } else {
-      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                          "push/pull message carries neither push nor pull");
+      return finish(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                                 "push/pull message carries neither push nor "
+                                 "pull"),
+                    true);
     }
   }
-  return grpc::Status::OK;
+  // The worker half-closed (or the writer cancelled the call): serve what
+  // was asked for, then end.
+  return finish(grpc::Status::OK, context->IsCancelled());
 }
 
 grpc::Status PsService::Stats(grpc::ServerContext* context,

@@ -239,6 +239,33 @@ absl::Status CheckRoom(const Placement& placement, int num_ps, int num_workers,
   return absl::OkStatus();
 }
 
+// The flags' own checks, before a spec is built, naming the flag.
+absl::Status CheckModelFlags() {
+  const std::string model = absl::GetFlag(FLAGS_model);
+  if (!Model::IsKnown(model)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--model=", model,
+        ": unknown model; expected one of: ", Model::KnownModels()));
+  }
+  const int batch_size = absl::GetFlag(FLAGS_batch_size);
+  if (batch_size <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--batch_size=", batch_size,
+                     ": expected a positive number of samples per worker"));
+  }
+  const int epochs = absl::GetFlag(FLAGS_epochs);
+  if (epochs <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--epochs=", epochs, ": expected >= 1"));
+  }
+  const std::string compute = absl::GetFlag(FLAGS_compute);
+  if (compute != "model" && compute != "synthetic") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--compute=", compute, ": expected model or synthetic"));
+  }
+  return absl::OkStatus();
+}
+
 // The job spec the flags describe (mode, PS count and workers given).
 JobSpec SpecFromFlags(const std::string& mode, int num_ps, int num_workers) {
   JobSpec spec;
@@ -427,6 +454,9 @@ int Run() {
                                 ": expected sync, async or allreduce"));
   }
   // Every check before any process starts.
+  if (absl::Status s = CheckModelFlags(); !s.ok()) {
+    return Fail(2, std::string(s.message()));
+  }
   absl::StatusOr<std::vector<int>> num_ps =
       ParsePositiveList("num_ps", absl::GetFlag(FLAGS_num_ps));
   if (!num_ps.ok()) return Fail(2, std::string(num_ps.status().message()));
@@ -482,6 +512,9 @@ absl::Status RunGnuplot(const std::string& script_path) {
 
 int Compare() {
   // Every check before any process starts.
+  if (absl::Status s = CheckModelFlags(); !s.ok()) {
+    return Fail(2, std::string(s.message()));
+  }
   absl::StatusOr<std::vector<int>> workers =
       ParsePositiveList("workers", absl::GetFlag(FLAGS_workers));
   if (!workers.ok()) return Fail(2, std::string(workers.status().message()));

@@ -1,6 +1,7 @@
 #include "worker/ps_client.h"
 
 #include <algorithm>
+#include <atomic>
 #include <thread>
 #include <utility>
 
@@ -152,43 +153,69 @@ absl::Status PsClient::PushPullShard(
     SetDeadline(s.context.get(), options_.stream_timeout);
     s.stream = stubs_[shard]->PushPull(s.context.get());
   }
-  PushPullRequest request;
-  SetHeader(request.mutable_header());
-  if (!grads.empty()) {
+  auto write_pushes = [&]() {
+    PushPullRequest request;
+    SetHeader(request.mutable_header());
     for (const ChunkSpec& c : shard_chunks_[shard]) {
       EncodeFloatChunk(c.param_id, c.chunk_index, step,
                        grads[c.param_id].subspan(c.offset, c.num_elements),
                        request.mutable_push());
-      if (!s.stream->Write(request)) return FinishStream(shard);
+      if (!s.stream->Write(request)) return false;
     }
+    return true;
+  };
+  PushPullRequest pull;
+  SetHeader(pull.mutable_header());
+  pull.mutable_pull()->set_min_version(min_version);
+  pull.mutable_pull()->set_samples(samples);
+  // Sync: the pull goes first and the pushes from a second thread, so that
+  // the shard sends each updated chunk back while later gradients are still
+  // on their way up (both directions of the link busy). Async: pushes, then
+  // the pull, so that the pulled weights include this worker's update.
+  std::thread pusher;
+  std::atomic<bool> pushed{true};
+  if (!grads.empty() && min_version > 0) {
+    if (!s.stream->Write(pull)) return FinishStream(shard);
+    pusher = std::thread([&] { pushed.store(write_pushes()); });
+  } else {
+    if (!grads.empty() && !write_pushes()) return FinishStream(shard);
+    if (!s.stream->Write(pull)) return FinishStream(shard);
   }
-  request.mutable_pull()->set_min_version(min_version);
-  request.mutable_pull()->set_samples(samples);
-  if (!s.stream->Write(request)) return FinishStream(shard);
+  // Ends the call (so a blocked push returns), then the pusher.
+  auto fail = [&](absl::Status status) {
+    if (pusher.joinable()) {
+      s.context->TryCancel();
+      pusher.join();
+    }
+    absl::Status finished = FinishStream(shard);
+    return status.ok() ? finished : status;
+  };
   PushPullResponse response;
   int64_t smallest = -1;
   size_t received = 0;
   while (true) {
-    if (!s.stream->Read(&response)) return FinishStream(shard);
+    if (!s.stream->Read(&response)) return fail(absl::OkStatus());
     if (response.has_chunk()) {
       const TensorChunk& chunk = response.chunk();
       const int index =
           plan_.FindChunk(chunk.key().param_id(), chunk.key().chunk_index());
       if (index < 0 || plan_.chunks()[index].shard != shard) {
-        return absl::DataLossError(absl::StrCat(
+        return fail(absl::DataLossError(absl::StrCat(
             "shard ", shard, " sent chunk (", chunk.key().param_id(), ", ",
-            chunk.key().chunk_index(), ") it does not own"));
+            chunk.key().chunk_index(), ") it does not own")));
       }
       const ChunkSpec& c = plan_.chunks()[index];
       absl::Status status = DecodeFloatChunkInto(
           chunk, weights[c.param_id].subspan(c.offset, c.num_elements));
-      if (!status.ok()) return status;
+      if (!status.ok()) return fail(status);
       smallest =
           smallest < 0 ? chunk.version() : std::min(smallest, chunk.version());
       ++received;
     }
     if (response.last_of_pull()) break;
   }
+  if (pusher.joinable()) pusher.join();
+  if (!pushed.load()) return FinishStream(shard);
   if (received != shard_chunks_[shard].size()) {
     return absl::DataLossError(
         absl::StrCat("shard ", shard, " answered a pull with ", received,
