@@ -1,5 +1,6 @@
 #include "server/parameter_shard.h"
 
+#include <atomic>
 #include <thread>
 #include <vector>
 
@@ -166,6 +167,46 @@ TEST(ParameterShardTest, AbortEndsWaitsAtTheBarrier) {
   EXPECT_EQ(ready_status.code(), absl::StatusCode::kAborted);
   PullAll(shard, 0, &status);
   EXPECT_EQ(status.code(), absl::StatusCode::kAborted);
+}
+
+// A server's pull runs beside the pushes of its own stream: chunks are
+// handed out one by one as each reaches the version, with `after_chunk`
+// outside the lock, and a cancelled caller ends the wait.
+TEST(ParameterShardTest, PullHandsOutChunksAsTheyBecomeReadyAndCancels) {
+  ParameterShard shard(Options(1, SyncMode::kSync));
+  ASSERT_TRUE(shard.Initialize({6, 2}, 16, InitChunks()).ok());
+  std::atomic<int> written{0};
+  std::atomic<bool> cancelled{false};
+  absl::Status status;
+  std::thread puller([&] {
+    status = shard.Pull(
+        1, 0, absl::Now() + absl::Seconds(10),
+        [](const ChunkSpec&, int64_t version, absl::Span<const float>) {
+          EXPECT_EQ(version, 1);
+        },
+        [&] {
+          ++written;
+          return true;
+        },
+        &cancelled);
+  });
+  // Chunk by chunk: after the first chunk's push only it has gone out.
+  const std::vector<ChunkSpec> chunks = shard.plan().chunks();
+  ASSERT_GE(chunks.size(), 2u);
+  const ChunkSpec& first = chunks[0];
+  ASSERT_TRUE(shard
+                  .Push(0, first.param_id, first.chunk_index, 0,
+                        std::vector<float>(first.num_elements, 1.0f))
+                  .ok());
+  absl::SleepFor(absl::Milliseconds(300));
+  EXPECT_EQ(written.load(), 1);
+  // The caller's stream breaks: the wait for the second chunk ends.
+  const absl::Time start = absl::Now();
+  cancelled.store(true);
+  puller.join();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(1));
+  EXPECT_EQ(status.code(), absl::StatusCode::kCancelled);
+  EXPECT_EQ(written.load(), 1);
 }
 
 TEST(ParameterShardTest, AsyncAppliesEveryPush) {

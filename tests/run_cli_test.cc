@@ -5,6 +5,7 @@
 #include <sys/wait.h>
 #include <zlib.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -12,6 +13,7 @@
 #include <sstream>
 #include <string>
 
+#include "common/flags_util.h"
 #include "google/protobuf/util/json_util.h"
 #include "gtest/gtest.h"
 #include "proto/results.pb.h"
@@ -141,6 +143,86 @@ TEST(RunCliTest, BadInputGetsOneLineErrorAndExitCode2) {
     const Result r = RunPstrain(c.args);
     EXPECT_EQ(r.exit_code, 2) << c.args;
     EXPECT_EQ(r.output, c.error) << c.args;
+  }
+}
+
+// pstrain compare: two modes at 1 and 2 workers, each run real, then the
+// tables and the files (the plot needs gnuplot, as setup.sh installs).
+TEST(CompareCliTest, RunsEveryConfigurationAndWritesTablesAndPlot) {
+  const std::string out = TempDir() + "/compare";
+  const Result r = pstrain::testing::RunCommand(
+      "tools/pstrain compare --model=lenet5 --workers=1,2 "
+      "--modes=ps_sync,allreduce --num_ps=1 --steps=20 "
+      "--log_every_steps=10 --out_dir=" +
+      out);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("=== run 4/4: allreduce, 0 PS, 2 workers ==="),
+            std::string::npos)
+      << r.output;
+  // Two workers of 20 steps each: the same data as one worker of 40, so the
+  // 2-worker rows report 20 steps per worker and a speedup column.
+  EXPECT_TRUE(std::regex_search(
+      r.output,
+      std::regex(
+          R"(\| 1 \| 2 \| ps_sync \| 1 \| 64 \| 20 \| [0-9.]+ s \| [0-9.]+ \| [0-9.]+x \| [0-9.]+x \| 0\.[0-9]{4} \|)")))
+      << r.output;
+  EXPECT_TRUE(std::regex_search(
+      r.output,
+      std::regex(
+          R"(\| 1 \| 1 \| allreduce \| 0 \| 64 \| 20 \| [0-9.]+ s \| [0-9.]+ \| 1\.00x \| - \| 0\.[0-9]{4} \|)")))
+      << r.output;
+  for (const char* file : {"results.md", "results.csv", "results.json",
+                           "throughput.gp", "throughput.png"}) {
+    std::string contents;
+    ASSERT_TRUE(pstrain::ReadFile(out + "/" + file, &contents).ok()) << file;
+    EXPECT_GT(contents.size(), 100u) << file;
+  }
+  std::string png;
+  ASSERT_TRUE(pstrain::ReadFile(out + "/throughput.png", &png).ok());
+  EXPECT_EQ(png.substr(1, 3), "PNG");
+  std::string csv;
+  ASSERT_TRUE(pstrain::ReadFile(out + "/results.csv", &csv).ok());
+  EXPECT_EQ(std::count(csv.begin(), csv.end(), '\n'), 5) << csv;
+  EXPECT_EQ(CountProcesses("pstrain_worker"), 0);
+}
+
+TEST(CompareCliTest, BadInputGetsOneLineErrorBeforeAnythingStarts) {
+  const std::string out = TempDir() + "/compare_bad";
+  struct Case {
+    std::string args;
+    std::string error;
+  };
+  const Case cases[] = {
+      {"--workers=1,4096",
+       "--workers=4096: this machine has .* cores; at most .* local workers "
+       "can run \\(use a cluster, or --worker_netns\\)"},
+      {"--modes=ps_sync,allreduce_nccl",
+       "--modes=allreduce_nccl: this build has no NCCL collective"},
+      {"--modes=ps_sync,gossip", "--modes: \"gossip\" is not a mode"},
+      {"--workers=1,x", "--workers=1,x: \"x\" is not a positive integer"},
+      {"--num_ps=0", "--num_ps=0: \"0\" is not a positive integer"},
+      {"--steps=-1", "--steps=-1: expected >= 1, or 0 for whole --epochs"},
+      {"--workers=4 --batch_size=20000",
+       "--batch_size=20000: larger than each of 4 workers' 15000 training "
+       "samples"},
+      {"--compute=synthetic --model_bytes=6 --steps=2",
+       "model_bytes: 6; expected a positive multiple of 4"},
+      {"--ps_netns=a:10.0.0.1", "--ps_netns and --worker_netns: give both"},
+      {"--ps_netns=a:10.0.0.1 --worker_netns=b",
+       "--worker_netns=b: \"b\"; expected NETNS:IP entries"},
+  };
+  for (const Case& c : cases) {
+    const Result r = pstrain::testing::RunCommand(
+        "tools/pstrain compare --steps=5 --out_dir=" + out + " " + c.args);
+    EXPECT_EQ(r.exit_code, 2) << c.args << ": " << r.output;
+    EXPECT_TRUE(std::regex_search(
+        r.output, std::regex("^pstrain: error: .*" + c.error + ".*\n$")))
+        << c.args << ": " << r.output;
+    EXPECT_EQ(std::count(r.output.begin(), r.output.end(), '\n'), 1)
+        << r.output;
+    // Nothing ran: no results were written.
+    std::string unused;
+    EXPECT_FALSE(pstrain::ReadFile(out + "/results.md", &unused).ok());
   }
 }
 
