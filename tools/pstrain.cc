@@ -499,13 +499,15 @@ int Run() {
   return 0;
 }
 
-// Runs `gnuplot SCRIPT`; its errors are printed by gnuplot itself.
-absl::Status RunGnuplot(const std::string& script_path) {
-  const std::string command = absl::StrCat("gnuplot '", script_path, "' 2>&1");
+// Runs `gnuplot SCRIPT` in `dir` (the script names its PNG relative to
+// it); its errors are printed by gnuplot itself.
+absl::Status RunGnuplot(const std::string& dir, const std::string& script) {
+  const std::string command =
+      absl::StrCat("cd '", dir, "' && gnuplot '", script, "' 2>&1");
   const int status = std::system(command.c_str());
   if (status != 0) {
-    return absl::InternalError(
-        absl::StrCat("gnuplot ", script_path, " failed (status ", status, ")"));
+    return absl::InternalError(absl::StrCat("gnuplot ", dir, "/", script,
+                                            " failed (status ", status, ")"));
   }
   return absl::OkStatus();
 }
@@ -632,7 +634,8 @@ int Compare() {
                    g_command_line, "`\n\n", scaling, "\n", communication);
   std::printf("\n%s", report.c_str());
   std::fflush(stdout);
-  const std::string png = absl::StrCat(out_dir, "/throughput.png");
+  // Relative to out_dir, so the committed script runs anywhere.
+  const std::string png = "throughput.png";
   const std::string script = absl::StrCat(out_dir, "/throughput.gp");
   for (const auto& [path, text] :
        {std::pair<std::string, std::string>{
@@ -646,7 +649,7 @@ int Compare() {
       return Fail(1, s.ToString());
     }
   }
-  if (absl::Status s = RunGnuplot(script); !s.ok()) {
+  if (absl::Status s = RunGnuplot(out_dir, "throughput.gp"); !s.ok()) {
     return Fail(1, std::string(s.message()));
   }
   std::printf(

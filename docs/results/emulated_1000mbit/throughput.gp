@@ -1,5 +1,5 @@
 set terminal pngcairo size 900,600 font "sans,11"
-set output "/work/main/docs/results/emulated_1000mbit/throughput.png"
+set output "throughput.png"
 set title "synthetic compute 100 ms, 102.2 MB of gradients, 1000 Mbit/s links, one network namespace per task" noenhanced
 set xlabel "workers"
 set ylabel "throughput (data/sec)"

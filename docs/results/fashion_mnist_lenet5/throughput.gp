@@ -1,5 +1,5 @@
 set terminal pngcairo size 900,600 font "sans,11"
-set output "docs/results/fashion_mnist_lenet5/throughput.png"
+set output "throughput.png"
 set title "lenet5 on fashion_mnist, one machine" noenhanced
 set xlabel "workers"
 set ylabel "throughput (data/sec)"
