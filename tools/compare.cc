@@ -135,9 +135,7 @@ std::string FormatScalingTable(const std::vector<CompareRun>& runs) {
                   run.num_nodes, run.num_workers, run.mode, run.num_ps,
                   r.batch_size(), r.steps(), r.runtime_seconds(),
                   r.throughput_samples_per_sec(), Ratio(Speedup(runs, run)),
-                  Ratio(PsOverAllreduce(runs, run)),
-                  Synthetic(r) ? std::string("-")
-                               : absl::StrFormat("%.4f", r.test_accuracy())));
+                  Ratio(PsOverAllreduce(runs, run)), FormatTestAccuracy(r)));
   }
   return out;
 }

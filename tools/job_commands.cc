@@ -90,16 +90,20 @@ std::string FormatResultTable(const RunResult& r) {
       "| #PS | #Workers | Mode | Model | Batchsize | Epochs | Steps | Runtime "
       "| Throughput (data/sec) | Test accuracy |\n"
       "|---:|---:|---|---|---:|---:|---:|---:|---:|---:|\n";
-  absl::StrAppend(
-      &out, "| ", r.num_ps(), " | ", r.num_workers(), " | ", r.mode(), " | ",
-      r.model(), " | ", r.batch_size(), " | ", r.epochs(), " | ", r.steps(),
-      " | ", absl::StrFormat("%.2f s", r.runtime_seconds()), " | ",
-      absl::StrFormat("%.2f", r.throughput_samples_per_sec()), " | ",
-      // Synthetic compute has no test set.
-      r.compute() == "synthetic" ? std::string("-")
-                                 : absl::StrFormat("%.4f", r.test_accuracy()),
-      " |\n");
+  absl::StrAppend(&out, "| ", r.num_ps(), " | ", r.num_workers(), " | ",
+                  r.mode(), " | ", r.model(), " | ", r.batch_size(), " | ",
+                  r.epochs(), " | ", r.steps(), " | ",
+                  absl::StrFormat("%.2f s", r.runtime_seconds()), " | ",
+                  absl::StrFormat("%.2f", r.throughput_samples_per_sec()),
+                  " | ", FormatTestAccuracy(r), " |\n");
   return out;
+}
+
+std::string FormatTestAccuracy(const RunResult& r) {
+  // Synthetic compute has no test set.
+  return r.compute() == "synthetic"
+             ? std::string("-")
+             : absl::StrFormat("%.4f", r.test_accuracy());
 }
 
 std::string ResultJson(const RunResult& result) {

@@ -37,6 +37,9 @@ namespace pstrain {
 // | #PS | #Workers | Mode | Model | Batchsize | Epochs | Steps | Runtime |
 // Throughput (data/sec) | Test accuracy |.
 std::string FormatResultTable(const RunResult& result);
+// The test accuracy column of the tables: "0.8596", or "-" for synthetic
+// compute (no test set).
+std::string FormatTestAccuracy(const RunResult& result);
 // `result` as JSON (protobuf's printer, field names as in the .proto).
 std::string ResultJson(const RunResult& result);
 

@@ -300,8 +300,8 @@ JobSpec SpecFromFlags(const std::string& mode, int num_ps, int num_workers) {
 }
 
 // Every check of a spec that can be made before a process starts: the
-// spec's fields, its data (each worker's shard holds a batch) and the
-// binaries. `dataset` is null with synthetic compute.
+// spec's fields and its data (each worker's shard holds a batch). `dataset` is
+// null with synthetic compute.
 absl::Status CheckSpec(const JobSpec& spec, const Dataset* dataset) {
   if (absl::Status s = ValidateJobSpec(spec); !s.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("flags: ", s.message()));
@@ -313,6 +313,11 @@ absl::Status CheckSpec(const JobSpec& spec, const Dataset* dataset) {
         spec.num_workers(), " workers' ",
         dataset->train.count / spec.num_workers(), " training samples"));
   }
+  return absl::OkStatus();
+}
+
+// The task binaries a job starts.
+absl::Status CheckBinaries() {
   for (const std::string& binary : {PsBinary(), WorkerBinary()}) {
     if (access(binary.c_str(), X_OK) != 0) {
       return absl::InvalidArgumentError(
@@ -481,6 +486,9 @@ int Run() {
   if (absl::Status s = CheckSpec(spec, dataset->get()); !s.ok()) {
     return Fail(2, std::string(s.message()));
   }
+  if (absl::Status s = CheckBinaries(); !s.ok()) {
+    return Fail(2, std::string(s.message()));
+  }
   signal(SIGINT, OnSignal);
   signal(SIGTERM, OnSignal);
   absl::StatusOr<RunResult> result = RunJob(spec, *placement);
@@ -551,6 +559,9 @@ int Compare() {
   }
   absl::StatusOr<std::unique_ptr<Dataset>> dataset = CheckDataFromFlags();
   if (!dataset.ok()) return Fail(2, std::string(dataset.status().message()));
+  if (absl::Status s = CheckBinaries(); !s.ok()) {
+    return Fail(2, std::string(s.message()));
+  }
 
   struct Config {
     CompareRun run;
