@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <memory>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -11,6 +12,21 @@ namespace pstrain {
 
 std::string ShapeToString(const Shape& shape) {
   return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
+}
+
+namespace {
+
+class PassedFence : public CopyFence {
+ public:
+  absl::Status Wait() override { return absl::OkStatus(); }
+};
+
+}  // namespace
+
+absl::StatusOr<std::shared_ptr<CopyFence>> Backend::RecordCopies() {
+  static const std::shared_ptr<CopyFence>* const passed =
+      new std::shared_ptr<CopyFence>(std::make_shared<PassedFence>());
+  return *passed;
 }
 
 DeviceTensor::DeviceTensor(DeviceTensor&& other) noexcept

@@ -108,6 +108,17 @@ class Layer {
                                 absl::Span<DeviceTensor* const> din) = 0;
 };
 
+// A point in a backend's copy stream (Backend::RecordCopies()).
+class CopyFence {
+ public:
+  virtual ~CopyFence() = default;
+  // Blocks until every copy issued before the fence was recorded is
+  // complete; then host memory they wrote may be read. Thread-safe: any
+  // thread may wait, any number of times, while the training thread goes on
+  // issuing work. A fence must not outlive its backend.
+  virtual absl::Status Wait() = 0;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -141,6 +152,10 @@ class Backend {
                                     float* dst) = 0;
   // Waits for all compute and copies issued so far.
   virtual absl::Status Synchronize() = 0;
+  // A fence after the copies issued so far, for another thread to wait on
+  // (a CUDA event on the copy stream). Host-memory backends copy
+  // synchronously: their fence is already passed.
+  virtual absl::StatusOr<std::shared_ptr<CopyFence>> RecordCopies();
 
   // The layer `spec` with its parameters `params` and buffers `buffers`
   // (sized as ParamSpecs/BufferSpecs say; the layer keeps the pointers).

@@ -515,8 +515,17 @@ absl::Status Model::CopyGradientsToHost(const Node& node) {
   return absl::OkStatus();
 }
 
+absl::Status Model::NotifyReady(const GradientsReadyFn& on_ready,
+                                absl::Span<const int> tensors) {
+  absl::StatusOr<std::shared_ptr<CopyFence>> fence = backend_->RecordCopies();
+  if (!fence.ok()) return fence.status();
+  on_ready(tensors, *std::move(fence));
+  return absl::OkStatus();
+}
+
 absl::StatusOr<float> Model::ForwardBackward(const Tensor& input,
-                                             absl::Span<const int32_t> labels) {
+                                             absl::Span<const int32_t> labels,
+                                             const GradientsReadyFn& on_ready) {
   absl::StatusOr<const Tensor*> logits = Forward(input, true);
   if (!logits.ok()) return logits.status();
   const DeviceTensor& device_logits = nodes_.back()->out;
@@ -527,6 +536,7 @@ absl::StatusOr<float> Model::ForwardBackward(const Tensor& input,
       backend_->SoftmaxCrossEntropy(device_logits, labels, &dlogits_);
   if (!loss.ok()) return loss.status();
   for (auto& node : nodes_) node->grad_written = false;
+  std::vector<int> ready;  // PS tensors for on_ready.
   for (size_t n = nodes_.size(); n-- > 0;) {
     Node& node = *nodes_[n];
     const DeviceTensor& dout = n + 1 == nodes_.size() ? dlogits_ : node.grad;
@@ -576,6 +586,14 @@ absl::StatusOr<float> Model::ForwardBackward(const Tensor& input,
     // backward pass goes on.
     s = CopyGradientsToHost(node);
     if (!s.ok()) return s;
+    if (on_ready && !node.params.empty()) {
+      ready.clear();
+      for (size_t i = 0; i < node.params.size(); ++i) {
+        ready.push_back(node.first_param + static_cast<int>(i));
+      }
+      s = NotifyReady(on_ready, ready);
+      if (!s.ok()) return s;
+    }
   }
   if (!backend_->host_memory()) {
     for (size_t i = 0; i < buffers_.size(); ++i) {
@@ -585,6 +603,14 @@ absl::StatusOr<float> Model::ForwardBackward(const Tensor& input,
           const_cast<float*>(host_gradients_[params_.size() + i].data()));
       if (!s.ok()) return s;
     }
+  }
+  if (on_ready && !buffers_.empty()) {
+    ready.clear();
+    for (size_t i = 0; i < buffers_.size(); ++i) {
+      ready.push_back(static_cast<int>(params_.size() + i));
+    }
+    s = NotifyReady(on_ready, ready);
+    if (!s.ok()) return s;
   }
   s = backend_->Synchronize();
   if (!s.ok()) return s;

@@ -48,6 +48,7 @@
 #define PSTRAIN_MODELS_MODEL_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -59,6 +60,15 @@
 #include "models/tensor.h"
 
 namespace pstrain {
+
+// Called on the training thread during ForwardBackward() as gradients
+// become final: `tensors` are PS tensor indices (one layer's parameters as
+// its backward finishes; the BatchNorm buffers once, at the end), and their
+// host staging (HostGradients()) may be read once `fence` has been waited
+// on, from any thread, until the next ForwardBackward(). Gradient-bucket
+// allreduce starts from here (worker/gradient_exchange.h).
+using GradientsReadyFn = std::function<void(absl::Span<const int> tensors,
+                                            std::shared_ptr<CopyFence> fence)>;
 
 struct ModelOptions {
   // Seed of the initial weights (the same on every worker).
@@ -104,9 +114,12 @@ class Model {
 
   // Training forward and backward on one batch. Fills every Param::grad with
   // d(mean cross-entropy)/d(param) and the host gradient staging with the
-  // gradients and the current buffer values; returns the loss.
-  absl::StatusOr<float> ForwardBackward(const Tensor& input,
-                                        absl::Span<const int32_t> labels);
+  // gradients and the current buffer values; returns the loss. Calls
+  // `on_ready` (when set) for every PS tensor, in the order backward
+  // produces them.
+  absl::StatusOr<float> ForwardBackward(
+      const Tensor& input, absl::Span<const int32_t> labels,
+      const GradientsReadyFn& on_ready = nullptr);
 
   // Host staging, one span per PS tensor (see above).
   const std::vector<absl::Span<float>>& HostWeights() { return host_weights_; }
@@ -123,6 +136,9 @@ class Model {
   Model() = default;
   absl::Status Finish(const Shape& input_chw);
   absl::Status CopyGradientsToHost(const Node& node);
+  // on_ready(tensors, a fence after the copies issued so far).
+  absl::Status NotifyReady(const GradientsReadyFn& on_ready,
+                           absl::Span<const int> tensors);
 
   std::string name_;
   Backend* backend_ = nullptr;

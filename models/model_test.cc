@@ -4,6 +4,7 @@
 // gen_lenet_fixture.py), and a finite-difference check of a whole model.
 #include "models/model.h"
 
+#include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <map>
@@ -298,6 +299,52 @@ TEST(ModelZoo, HostStagingCoversParamsThenBuffers) {
   EXPECT_EQ(model->HostGradients()[first_buffer].data(),
             model->buffers()[0]->value.data());
   EXPECT_EQ(model->PsTensorNumElements().back(), 512);
+}
+
+// Backward announces every PS tensor once, each layer's parameters as soon as
+// its backward is done (so later layers' first), the buffers last; and what
+// it announced does not change before the pass ends.
+TEST(ModelZoo, GradientsReadyAnnouncesEachTensorOnceWithFinalValues) {
+  std::unique_ptr<Backend> cpu = NewCpuBackend();
+  std::unique_ptr<Model> model =
+      MustCreate("resnet18", {1, 28, 28}, 10, cpu.get());
+  ASSERT_NE(model, nullptr);
+  std::mt19937_64 rng(5);
+  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+  Tensor x({2, 1, 28, 28});
+  for (float& v : x.data) v = dist(rng);
+  const std::vector<int32_t> labels = {1, 7};
+  std::vector<int> order;
+  std::vector<std::vector<float>> announced(model->num_ps_tensors());
+  ASSERT_TRUE(model
+                  ->ForwardBackward(x, labels,
+                                    [&](absl::Span<const int> tensors,
+                                        std::shared_ptr<CopyFence> fence) {
+                                      ASSERT_NE(fence, nullptr);
+                                      ASSERT_TRUE(fence->Wait().ok());
+                                      for (int t : tensors) {
+                                        order.push_back(t);
+                                        const absl::Span<const float> g =
+                                            model->HostGradients()[t];
+                                        announced[t].assign(g.begin(), g.end());
+                                      }
+                                    })
+                  .ok());
+  const int num_params = static_cast<int>(model->params().size());
+  ASSERT_EQ(order.size(), static_cast<size_t>(model->num_ps_tensors()));
+  std::vector<int> sorted = order;
+  std::sort(sorted.begin(), sorted.end());
+  for (int t = 0; t < model->num_ps_tensors(); ++t) ASSERT_EQ(sorted[t], t);
+  // The fc layer (the last parameters) comes first, conv1's weight (tensor
+  // 0) is the last parameter, then the buffers.
+  EXPECT_EQ(order[0], num_params - 2);
+  EXPECT_EQ(order[num_params - 1], 0);
+  EXPECT_EQ(order[num_params], num_params);
+  for (int t = 0; t < model->num_ps_tensors(); ++t) {
+    const absl::Span<const float> g = model->HostGradients()[t];
+    EXPECT_EQ(announced[t], std::vector<float>(g.begin(), g.end()))
+        << "tensor " << t << " changed after it was announced";
+  }
 }
 
 }  // namespace

@@ -1,8 +1,13 @@
 #include "worker/gradient_exchange.h"
 
 #include <algorithm>
+#include <memory>
+#include <thread>  // NOLINT(build/c++11)
 #include <utility>
+#include <vector>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
 #include "common/status.h"
 
 namespace pstrain {
@@ -63,11 +68,20 @@ class AllreduceExchange : public GradientExchange {
         bucket_elements_(std::max<int64_t>(1, bucket_bytes / 4)),
         num_buffers_(num_buffers) {}
 
+  ~AllreduceExchange() override {
+    {
+      absl::MutexLock lock(&mu_);
+      abort_ = true;
+    }
+    if (communicator_.joinable()) communicator_.join();
+  }
+
   absl::Status Start(const std::vector<absl::Span<float>>& weights) override {
     for (const absl::Span<float>& w : weights) {
       RETURN_IF_ERROR(collective_->Broadcast(w.data(), w.size(), 0));
     }
-    const int num_params = static_cast<int>(weights.size()) - num_buffers_;
+    const int num_tensors = static_cast<int>(weights.size());
+    const int num_params = num_tensors - num_buffers_;
     m_.resize(num_params);
     v_.resize(num_params);
     for (int t = 0; t < num_params; ++t) {
@@ -79,7 +93,7 @@ class AllreduceExchange : public GradientExchange {
     // is larger on its own.
     buckets_.clear();
     int64_t filled = 0;
-    for (int t = static_cast<int>(weights.size()) - 1; t >= 0; --t) {
+    for (int t = num_tensors - 1; t >= 0; --t) {
       const int64_t n = static_cast<int64_t>(weights[t].size());
       if (buckets_.empty() || filled + n > bucket_elements_) {
         buckets_.emplace_back();
@@ -88,28 +102,56 @@ class AllreduceExchange : public GradientExchange {
       buckets_.back().push_back(t);
       filled += n;
     }
+    flat_.assign(buckets_.size(), {});
+    absl::MutexLock lock(&mu_);
+    ready_.assign(num_tensors, false);
+    fences_.assign(num_tensors, nullptr);
     return absl::OkStatus();
+  }
+
+  void GradientsReady(const std::vector<absl::Span<const float>>& gradients,
+                      absl::Span<const int> tensors,
+                      std::shared_ptr<CopyFence> fence) override {
+    absl::MutexLock lock(&mu_);
+    for (int t : tensors) {
+      if (t < 0 || t >= static_cast<int>(ready_.size())) continue;
+      ready_[t] = true;
+      fences_[t] = fence;
+    }
+    StartCommunicator(&gradients);
   }
 
   absl::Status Step(const std::vector<absl::Span<const float>>& gradients,
                     int64_t samples,
                     const std::vector<absl::Span<float>>& weights) override {
+    {
+      absl::MutexLock lock(&mu_);
+      // Whatever backward did not announce is final now.
+      ready_.assign(ready_.size(), true);
+      StartCommunicator(&gradients);
+    }
+    communicator_.join();
+    absl::Status communicated;
+    {
+      absl::MutexLock lock(&mu_);
+      communicated = std::move(communicator_status_);
+      communicator_status_ = absl::OkStatus();
+      ready_.assign(ready_.size(), false);
+      fences_.assign(fences_.size(), nullptr);
+    }
+    RETURN_IF_ERROR(communicated);
     ++step_;
     const int size = collective_->size();
     const float scale = 1.0f / static_cast<float>(size);
     const int num_params = static_cast<int>(weights.size()) - num_buffers_;
-    for (const std::vector<int>& bucket : buckets_) {
-      flat_.clear();
-      for (int t : bucket) {
-        flat_.insert(flat_.end(), gradients[t].begin(), gradients[t].end());
-      }
-      RETURN_IF_ERROR(collective_->AllreduceSum(flat_.data(), flat_.size()));
+    for (size_t b = 0; b < buckets_.size(); ++b) {
+      std::vector<float>& flat = flat_[b];
       // As a sync shard: the sum times 1/W (not for one worker).
       if (size > 1) {
-        for (float& x : flat_) x *= scale;
+        for (float& x : flat) x *= scale;
       }
-      const float* average = flat_.data();
-      for (int t : bucket) {
+      const float* average = flat.data();
+      for (int t : buckets_[b]) {
         const int64_t n = static_cast<int64_t>(weights[t].size());
         if (t >= num_params) {
           std::copy(average, average + n, weights[t].data());
@@ -130,16 +172,85 @@ class AllreduceExchange : public GradientExchange {
   absl::Status Finish() override { return absl::OkStatus(); }
 
  private:
+  // Starts this step's communication thread unless it runs.
+  void StartCommunicator(const std::vector<absl::Span<const float>>* gradients)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    gradients_ = gradients;
+    if (!communicator_.joinable()) {
+      communicator_ = std::thread([this] { Communicate(); });
+    }
+  }
+
+  // The communication thread: every bucket in order (the same on every
+  // worker, as collectives require), each as soon as it is ready.
+  void Communicate() {
+    for (size_t b = 0; b < buckets_.size(); ++b) {
+      const std::vector<int>& bucket = buckets_[b];
+      std::vector<std::shared_ptr<CopyFence>> fences;
+      const std::vector<absl::Span<const float>>* gradients = nullptr;
+      {
+        absl::MutexLock lock(&mu_);
+        auto bucket_ready = [this, &bucket]()
+                                ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+                                  if (abort_) return true;
+                                  for (int t : bucket) {
+                                    if (!ready_[t]) return false;
+                                  }
+                                  return true;
+                                };
+        mu_.Await(absl::Condition(&bucket_ready));
+        if (abort_) return;
+        for (int t : bucket) {
+          if (fences_[t] != nullptr && std::find(fences.begin(), fences.end(),
+                                                 fences_[t]) == fences.end()) {
+            fences.push_back(fences_[t]);
+          }
+        }
+        gradients = gradients_;
+      }
+      absl::Status s;
+      for (const std::shared_ptr<CopyFence>& fence : fences) {
+        s.Update(fence->Wait());
+      }
+      std::vector<float>& flat = flat_[b];
+      if (s.ok()) {
+        flat.clear();
+        for (int t : bucket) {
+          flat.insert(flat.end(), (*gradients)[t].begin(),
+                      (*gradients)[t].end());
+        }
+        s = collective_->AllreduceSum(flat.data(), flat.size());
+      }
+      if (!s.ok()) {
+        absl::MutexLock lock(&mu_);
+        communicator_status_ = std::move(s);
+        return;
+      }
+    }
+  }
+
   Collective* const collective_;
   const AdamOptions adam_;
   const int64_t bucket_elements_;
   const int num_buffers_;
+  // Set by Start(); read by both threads.
   std::vector<std::vector<int>> buckets_;
-  std::vector<float> flat_;
+  // Each bucket's gradients, then their sum; written by the communication
+  // thread, read by Step() after joining it.
+  std::vector<std::vector<float>> flat_;
   std::vector<std::vector<float>> m_;
   std::vector<std::vector<float>> v_;
   int64_t step_ = 0;
   int64_t samples_ = 0;
+
+  absl::Mutex mu_;
+  std::thread communicator_;
+  std::vector<bool> ready_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::shared_ptr<CopyFence>> fences_ ABSL_GUARDED_BY(mu_);
+  const std::vector<absl::Span<const float>>* gradients_ ABSL_GUARDED_BY(mu_) =
+      nullptr;
+  absl::Status communicator_status_ ABSL_GUARDED_BY(mu_);
+  bool abort_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 }  // namespace

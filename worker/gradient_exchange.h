@@ -6,15 +6,20 @@
 //     Adam runs on the shards.
 //   allreduce: average the gradients over the workers with ring allreduce
 //     (worker/collective.h) in buckets of at most `bucket_bytes` (tensors in
-//     reverse order, as PyTorch DDP fills its buckets), then apply Adam on
-//     every worker with the same arithmetic as a sync shard (server/adam.h:
-//     sum, times 1/W, one update per step), so that in exact arithmetic the
-//     two modes train the same model. BatchNorm buffers are averaged and
-//     assigned, as on the shards.
+//     reverse order, as PyTorch DDP fills its buckets). A communication
+//     thread allreduces each bucket, in bucket order on every worker, as
+//     soon as backward has produced all of its gradients (GradientsReady),
+//     so communication overlaps the rest of backward (Li et al., "PyTorch
+//     Distributed", VLDB 2020). Step() then applies Adam on every worker
+//     with the same arithmetic as a sync shard (server/adam.h: sum, times
+//     1/W, one update per step), so that in exact arithmetic the two modes
+//     train the same model. BatchNorm buffers are averaged and assigned, as
+//     on the shards.
 //
 // Tensors are the model's PS tensors (parameters, then `num_buffers`
 // BatchNorm buffers): fp32, host memory, lengths in elements.
-// Thread-compatible: one worker thread drives an exchange.
+// Thread-compatible: one worker thread drives an exchange (the allreduce
+// exchange's own communication thread is internal).
 #ifndef PSTRAIN_WORKER_GRADIENT_EXCHANGE_H_
 #define PSTRAIN_WORKER_GRADIENT_EXCHANGE_H_
 
@@ -25,6 +30,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
+#include "models/backend.h"
 #include "server/adam.h"
 #include "worker/collective.h"
 #include "worker/ps_client.h"
@@ -39,8 +45,17 @@ class GradientExchange {
   // (its initialised model) on entry; everyone's on return.
   virtual absl::Status Start(const std::vector<absl::Span<float>>& weights) = 0;
 
+  // During a step's compute: gradients `tensors` of `gradients` (the spans
+  // the next Step() gets) are final once `fence` (null: now) is passed (see
+  // GradientsReadyFn in models/model.h). The allreduce exchange starts
+  // their bucket's communication here; the PS exchange pushes in Step().
+  virtual void GradientsReady(
+      const std::vector<absl::Span<const float>>& gradients,
+      absl::Span<const int> tensors, std::shared_ptr<CopyFence> fence) {}
+
   // One step: this worker's gradients (and buffer values) of a batch of
-  // `samples`; on return `weights` hold the next step's weights.
+  // `samples`; on return `weights` hold the next step's weights. Tensors
+  // not named by GradientsReady() are taken as ready now.
   virtual absl::Status Step(
       const std::vector<absl::Span<const float>>& gradients, int64_t samples,
       const std::vector<absl::Span<float>>& weights) = 0;
@@ -61,6 +76,9 @@ std::unique_ptr<GradientExchange> CreatePsExchange(
     absl::Duration init_timeout);
 
 // `collective` (not owned) connects the job's workers. `bucket_bytes` > 0.
+// Communication errors (Gloo's, after the collective's timeout) come back
+// from Step(); destroying the exchange mid-step stops its thread once the
+// collective call in flight returns.
 std::unique_ptr<GradientExchange> CreateAllreduceExchange(
     Collective* collective, const AdamOptions& adam, int64_t bucket_bytes,
     int num_buffers);

@@ -78,8 +78,9 @@ class Workload {
   virtual absl::Status LoadWeights() = 0;
   virtual int64_t steps_per_epoch() const = 0;
   virtual void BeginEpoch(int epoch) = 0;
-  // One step's compute; the training loss (0 for the stand-in).
-  virtual absl::StatusOr<float> Step() = 0;
+  // One step's compute; the training loss (0 for the stand-in). Calls
+  // `on_ready` for every PS tensor as its gradient becomes final.
+  virtual absl::StatusOr<float> Step(const GradientsReadyFn& on_ready) = 0;
   virtual bool can_evaluate() const = 0;
   virtual absl::StatusOr<Evaluation> Evaluate() = 0;
   virtual int64_t num_parameters() const = 0;
@@ -137,11 +138,11 @@ class ModelWorkload : public Workload {
         dataset_.augment,
         options_.seed * 104729 + epoch * 131 + options_.worker_id);
   }
-  absl::StatusOr<float> Step() override {
+  absl::StatusOr<float> Step(const GradientsReadyFn& on_ready) override {
     if (!prefetcher_->Next(&batch_)) {
       return absl::InternalError("prefetcher ended before the epoch");
     }
-    return model_->ForwardBackward(batch_.images, batch_.labels);
+    return model_->ForwardBackward(batch_.images, batch_.labels, on_ready);
   }
   bool can_evaluate() const override { return true; }
   absl::StatusOr<Evaluation> Evaluate() override {
@@ -213,6 +214,7 @@ class SyntheticWorkload : public Workload {
       }
     }
     for (size_t t = 0; t < w->sizes_.size(); ++t) {
+      w->all_tensors_.push_back(static_cast<int>(w->sizes_.size() - 1 - t));
       w->weights_.emplace_back(w->weight_storage_[t]);
       w->gradients_.emplace_back(w->gradient_storage_[t]);
     }
@@ -230,8 +232,11 @@ class SyntheticWorkload : public Workload {
     return options_.max_steps_per_epoch;
   }
   void BeginEpoch(int) override {}
-  absl::StatusOr<float> Step() override {
+  // Every gradient at once when the sleep ends (a stand-in has no
+  // backward pass to overlap).
+  absl::StatusOr<float> Step(const GradientsReadyFn& on_ready) override {
     absl::SleepFor(absl::Milliseconds(options_.compute_ms));
+    on_ready(all_tensors_, nullptr);
     return 0.0f;
   }
   bool can_evaluate() const override { return false; }
@@ -255,6 +260,7 @@ class SyntheticWorkload : public Workload {
 
   const TrainerOptions& options_;
   std::vector<int64_t> sizes_;
+  std::vector<int> all_tensors_;  // Last first, as backward.
   std::vector<std::vector<float>> weight_storage_;
   std::vector<std::vector<float>> gradient_storage_;
   std::vector<absl::Span<float>> weights_;
@@ -349,6 +355,10 @@ absl::StatusOr<TrainerOutput> RunWorker(const TrainerOptions& options,
                          workload->Describe(), placement, steps_per_epoch));
   }
 
+  const GradientsReadyFn on_ready = [&](absl::Span<const int> tensors,
+                                        std::shared_ptr<CopyFence> fence) {
+    exchange->GradientsReady(gradients, tensors, std::move(fence));
+  };
   int64_t samples_at_start = 0;
   if (chief) {
     ASSIGN_OR_RETURN(samples_at_start, exchange->SamplesSoFar());
@@ -366,7 +376,7 @@ absl::StatusOr<TrainerOutput> RunWorker(const TrainerOptions& options,
     workload->BeginEpoch(epoch);
     for (int64_t i = 0; i < steps_per_epoch; ++i) {
       const absl::Time step_start = absl::Now();
-      ASSIGN_OR_RETURN(float loss, workload->Step());
+      ASSIGN_OR_RETURN(float loss, workload->Step(on_ready));
       loss_sum += loss;
       const absl::Time computed = absl::Now();
       RETURN_IF_ERROR(exchange->Step(gradients, options.batch_size, weights));

@@ -80,6 +80,24 @@ struct TensorDesc {
   }
 };
 
+// A CUDA event recorded on the copy stream.
+class CudaCopyFence final : public CopyFence {
+ public:
+  CudaCopyFence(int gpu, cudaEvent_t event) : gpu_(gpu), event_(event) {}
+  ~CudaCopyFence() override { cudaEventDestroy(event_); }
+
+  absl::Status Wait() override {
+    // The waiting thread may never have used this GPU.
+    CUDA_RETURN_IF_ERROR(cudaSetDevice(gpu_));
+    CUDA_RETURN_IF_ERROR(cudaEventSynchronize(event_));
+    return absl::OkStatus();
+  }
+
+ private:
+  const int gpu_;
+  const cudaEvent_t event_;
+};
+
 class CudaBackend final : public Backend {
  public:
   ~CudaBackend() override {
@@ -163,6 +181,14 @@ class CudaBackend final : public Backend {
     CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(compute_));
     CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(copy_));
     return absl::OkStatus();
+  }
+  absl::StatusOr<std::shared_ptr<CopyFence>> RecordCopies() override {
+    cudaEvent_t event = nullptr;
+    CUDA_RETURN_IF_ERROR(
+        cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
+    auto fence = std::make_shared<CudaCopyFence>(gpu_, event);
+    CUDA_RETURN_IF_ERROR(cudaEventRecord(event, copy_));
+    return fence;
   }
 
   absl::StatusOr<std::unique_ptr<Layer>> CreateLayer(
