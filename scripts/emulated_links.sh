@@ -166,6 +166,89 @@ measured, nominal = float(sys.argv[1]), float(sys.argv[2])
 sys.exit(0 if 0.85 * nominal <= measured <= 1.0 * nominal else 1)
 EOF
 
+# --- Raw TCP baseline: each scheme's bytes over plain sockets -------------
+# scripts/tcp_exchange.py moves one step's bytes in each scheme's pattern
+# with no gRPC, no aggregation and no step-to-step dependency: the time the
+# links and TCP allow, beside the bandwidth bound (median of 3 tries).
+TCPX="$(cd "$(dirname "$0")" && pwd)/tcp_exchange.py"
+RAW_DIR="$(mktemp -d)"
+# run_pattern: runs the servers and clients set up in SERVE/CONNECT
+# (arrays of "NETNS ARGS..."), prints the slowest client's seconds.
+run_pattern() {
+  local pids=() i=0 line
+  for line in "${SERVE[@]}"; do
+    # shellcheck disable=SC2086
+    ip netns exec $line &
+    pids+=($!)
+  done
+  for line in "${CONNECT[@]}"; do
+    # shellcheck disable=SC2086
+    ip netns exec $line >"$RAW_DIR/c$i" &
+    pids+=($!)
+    i=$((i + 1))
+  done
+  for pid in "${pids[@]}"; do
+    wait "$pid" || fail "raw TCP baseline: a transfer failed (see above)"
+  done
+  cat "$RAW_DIR"/c* | sort -g | tail -1
+  rm -f "$RAW_DIR"/c*
+}
+median3() { printf '%s\n' "$@" | sort -g | sed -n 2p; }
+ps_pattern() {  # ps_pattern N K
+  local n=$1 k=$2 share=$((MODEL_BYTES / $2)) servers="" s w
+  SERVE=() CONNECT=()
+  for ((s = 0; s < k; s++)); do
+    SERVE+=("$(ns_of "p$s") python3 $TCPX serve --bind $(ip_of "p$s") --port 7999 --peers $n --recv_bytes $share --send_bytes $share")
+    servers+="${servers:+,}$(ip_of "p$s"):7999"
+  done
+  for ((w = 0; w < n; w++)); do
+    CONNECT+=("$(ns_of "w$w") python3 $TCPX connect --servers $servers --send_bytes $share --recv_bytes $share")
+  done
+  run_pattern
+}
+ring_pattern() {  # ring_pattern N
+  local n=$1 bytes=$((2 * (${1} - 1) * MODEL_BYTES / ${1})) w
+  SERVE=() CONNECT=()
+  for ((w = 0; w < n; w++)); do
+    SERVE+=("$(ns_of "w$w") python3 $TCPX serve --bind $(ip_of "w$w") --port 7998 --peers 1 --recv_bytes $bytes --send_bytes 0")
+    CONNECT+=("$(ns_of "w$w") python3 $TCPX connect --servers $(ip_of "w$(((w + 1) % n))"):7998 --send_bytes $bytes --recv_bytes 0")
+  done
+  run_pattern
+}
+RAW_TABLE="| #Workers | Pattern | #PS | Bytes per worker each way | Raw TCP/step | Bound/step | Raw TCP/bound |
+|---:|---|---:|---:|---:|---:|---:|"
+for n in ${WORKERS//,/ }; do
+  runs=()
+  if [[ ",$MODES," == *,ps_* ]]; then
+    for k in ${NUM_PS//,/ }; do
+      runs+=("ps $k")
+    done
+  fi
+  [[ ",$MODES," == *,allreduce,* && "$n" -gt 1 ]] && runs+=("ring 0")
+  for run in "${runs[@]}"; do
+    read -r pattern k <<<"$run"
+    if [[ "$pattern" == ps ]]; then
+      t=() ; for _ in 1 2 3; do t+=("$(ps_pattern "$n" "$k")"); done
+      # BytePS bound: a worker's link carries M each way, a shard's n*M/k.
+      bytes=$MODEL_BYTES
+      bound_bytes=$((n > k ? n * MODEL_BYTES / k : MODEL_BYTES))
+    else
+      t=() ; for _ in 1 2 3; do t+=("$(ring_pattern "$n")"); done
+      bytes=$((2 * (n - 1) * MODEL_BYTES / n))
+      bound_bytes=$bytes
+    fi
+    RAW_TABLE+="
+$(python3 -c 'import sys
+n, pat, k, by, t, bb, mbit = sys.argv[1:]
+bound = int(bb) * 8 / (float(mbit) * 1e6)
+print("| %s | %s | %s | %s | %.1f ms | %.1f ms | %.2fx |" % (n, pat, k if pat == "ps" else 0, by, float(t) * 1e3, bound * 1e3, float(t) / bound))' \
+      "$n" "$pattern" "$k" "$bytes" "$(median3 "${t[@]}")" "$bound_bytes" "$LINK_MBIT")"
+  done
+done
+rmdir "$RAW_DIR"
+echo "raw TCP baseline (scripts/tcp_exchange.py, median of 3):"
+echo "$RAW_TABLE"
+
 # --- The comparison --------------------------------------------------------
 ps_netns=""
 for ((i = 0; i < MAX_PS; i++)); do
@@ -191,5 +274,11 @@ ip netns exec "$(ns_of c)" "$PSTRAIN" compare --compute=synthetic \
     "${LINK_MBIT} Mbit/s each way per host (tc tbf), ${LINK_DELAY_MS} ms" \
     "delay; iperf3 TCP check $TCP_MBIT Mbit/s; $(nproc) CPU cores shared" \
     "by every host."
+  echo
+  echo "Raw TCP baseline: the same bytes in each scheme's pattern over plain"
+  echo "sockets (scripts/tcp_exchange.py; no gRPC, no aggregation), median of"
+  echo "3 tries, on the same links:"
+  echo
+  echo "$RAW_TABLE"
 } >>"$OUT_DIR/results.md"
 echo "TCP check: $TCP_MBIT Mbit/s; results in $OUT_DIR"
