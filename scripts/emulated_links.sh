@@ -28,6 +28,8 @@
 #
 # Needs root (network namespaces, tc), iproute2 and iperf3.
 set -euo pipefail
+# shellcheck source=scripts/netns_hosts.sh
+source "$(dirname "$0")/netns_hosts.sh"
 
 LINK_MBIT=1000
 LINK_DELAY_MS=0
@@ -102,12 +104,8 @@ ns_of() { echo "${TAG}$1"; }
 IPERF_PID=""
 cleanup() {
   [[ -n "$IPERF_PID" ]] && kill "$IPERF_PID" 2>/dev/null
-  for h in "${HOSTS[@]}"; do
-    ns="$(ns_of "$h")"
-    for pid in $(ip netns pids "$ns" 2>/dev/null); do kill -9 "$pid"; done
-    ip netns del "$ns" 2>/dev/null || true
-  done
-  ip netns del "$SWITCH" 2>/dev/null || true
+  for h in "${HOSTS[@]}"; do netns_remove "$(ns_of "$h")"; done
+  netns_remove "$SWITCH"
 }
 trap cleanup EXIT
 
@@ -128,24 +126,13 @@ shape() {  # shape NETNS DEV
   fi
 }
 
-ip netns add "$SWITCH"
-ip -n "$SWITCH" link add br0 type bridge
-ip -n "$SWITCH" link set br0 up
+netns_switch "$SWITCH"
 for h in "${HOSTS[@]}"; do
   ns="$(ns_of "$h")"
-  ip netns add "$ns"
-  ip link add "${TAG}a$h" type veth peer name "${TAG}b$h"
-  ip link set "${TAG}a$h" netns "$ns"
-  ip link set "${TAG}b$h" netns "$SWITCH"
-  ip -n "$ns" link set "${TAG}a$h" name eth0
-  ip -n "$ns" addr add "$(ip_of "$h")/24" dev eth0
-  ip -n "$ns" link set eth0 up
-  ip -n "$ns" link set lo up
-  ip -n "$SWITCH" link set "${TAG}b$h" master br0
-  ip -n "$SWITCH" link set "${TAG}b$h" up
+  netns_host "$SWITCH" "$ns" "$(ip_of "$h")/24" "${TAG}$h"
   if [[ "$h" != c ]]; then
     shape "$ns" eth0
-    shape "$SWITCH" "${TAG}b$h"
+    shape "$SWITCH" "${TAG}$h"
   fi
 done
 echo "network: ${#HOSTS[@]} hosts on a switch, links ${LINK_MBIT} Mbit/s" \

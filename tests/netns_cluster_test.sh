@@ -19,8 +19,12 @@ set -u
 
 if [[ -n "${TEST_SRCDIR:-}" ]]; then
   BIN="$(pwd)"
+  # shellcheck source=scripts/netns_hosts.sh
+  source "$BIN/scripts/netns_hosts.sh"
 else
   BIN="$(cd "${1:-bazel-bin}" && pwd)"
+  # shellcheck source=scripts/netns_hosts.sh
+  source "$(dirname "$0")/../scripts/netns_hosts.sh"
 fi
 PSTRAIN="$BIN/tools/pstrain"
 PS="$BIN/server/pstrain_ps"
@@ -45,41 +49,24 @@ PIDS=()
 
 cleanup() {
   for pid in "${PIDS[@]}"; do kill -9 "$pid" 2>/dev/null; done
-  for i in 1 2 3 4 5; do
-    local ns
-    ns="$(host_ns "$i")"
-    for pid in $(ip netns pids "$ns" 2>/dev/null); do kill -9 "$pid"; done
-    ip netns del "$ns" 2>/dev/null
-  done
-  ip netns del "$SWITCH" 2>/dev/null
+  netns_remove "$(host_ns 1)" "$(host_ns 2)" "$(host_ns 3)" "$(host_ns 4)" \
+    "$(host_ns 5)" "$SWITCH"
   rm -rf "$TMP"
 }
 trap cleanup EXIT
 
-if ! err="$(ip netns add "$SWITCH" 2>&1)"; then
+if ! err="$(netns_switch "$SWITCH" 2>&1)"; then
   echo "SKIP: cannot create network namespaces here (needs root): $err"
   trap - EXIT
+  netns_remove "$SWITCH"
   rm -rf "$TMP"
   exit 0
 fi
 
 # --- The network ---------------------------------------------------------
 set -e
-ip -n "$SWITCH" link add br0 type bridge
-ip -n "$SWITCH" link set br0 up
-ip -n "$SWITCH" link set lo up
 for i in 1 2 3 4 5; do
-  ns="$(host_ns "$i")"
-  ip netns add "$ns"
-  ip link add "${TAG}a$i" type veth peer name "${TAG}b$i"
-  ip link set "${TAG}a$i" netns "$ns"
-  ip link set "${TAG}b$i" netns "$SWITCH"
-  ip -n "$ns" link set "${TAG}a$i" name eth0
-  ip -n "$ns" addr add "10.77.0.$i/24" dev eth0
-  ip -n "$ns" link set eth0 up
-  ip -n "$ns" link set lo up
-  ip -n "$SWITCH" link set "${TAG}b$i" master br0
-  ip -n "$SWITCH" link set "${TAG}b$i" up
+  netns_host "$SWITCH" "$(host_ns "$i")" "10.77.0.$i/24" "${TAG}s$i"
 done
 set +e
 echo "network: 5 hosts 10.77.0.1-5 on a bridge"
