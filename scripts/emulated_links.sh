@@ -268,4 +268,6 @@ ip netns exec "$(ns_of c)" "$PSTRAIN" compare --compute=synthetic \
   echo
   echo "$RAW_TABLE"
 } >>"$OUT_DIR/results.md"
+# Committed results carry no machine paths.
+sed -i "s|$(pwd)/||g" "$OUT_DIR/results.md" "$OUT_DIR/results.json"
 echo "TCP check: $TCP_MBIT Mbit/s; results in $OUT_DIR"

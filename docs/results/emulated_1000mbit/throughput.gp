@@ -9,23 +9,23 @@ set xrange [0.5:4.5]
 set yrange [0:*]
 set xtics 1
 $s0 << EOD
-1 32.757
-2 62.377
-4 60.209
+1 32.472
+2 62.971
+4 60.798
 EOD
 $s1 << EOD
-1 31.955
-2 60.619
-4 82.618
+1 32.015
+2 59.416
+4 88.070
 EOD
 $s2 << EOD
-1 165.219
-2 58.247
-4 76.630
+1 147.807
+2 57.768
+4 75.231
 EOD
 plot $s0 using 1:2 with linespoints lw 2 pt 7 lc 1 title "ps_sync (2 PS)", \
-     x * 32.757 with lines dt 2 lw 1 lc 1 title "ps_sync (2 PS), ideal", \
+     x * 32.472 with lines dt 2 lw 1 lc 1 title "ps_sync (2 PS), ideal", \
      $s1 using 1:2 with linespoints lw 2 pt 7 lc 2 title "ps_sync (4 PS)", \
-     x * 31.955 with lines dt 2 lw 1 lc 2 title "ps_sync (4 PS), ideal", \
+     x * 32.015 with lines dt 2 lw 1 lc 2 title "ps_sync (4 PS), ideal", \
      $s2 using 1:2 with linespoints lw 2 pt 7 lc 3 title "allreduce", \
-     x * 165.219 with lines dt 2 lw 1 lc 3 title "allreduce, ideal"
+     x * 147.807 with lines dt 2 lw 1 lc 3 title "allreduce, ideal"
