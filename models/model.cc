@@ -516,7 +516,10 @@ absl::Status Model::CopyGradientsToHost(const Node& node) {
 }
 
 absl::Status Model::NotifyReady(const GradientsReadyFn& on_ready,
-                                absl::Span<const int> tensors) {
+                                int first_tensor, int count) {
+  if (!on_ready || count == 0) return absl::OkStatus();
+  std::vector<int> tensors(count);
+  for (int i = 0; i < count; ++i) tensors[i] = first_tensor + i;
   absl::StatusOr<std::shared_ptr<CopyFence>> fence = backend_->RecordCopies();
   if (!fence.ok()) return fence.status();
   on_ready(tensors, *std::move(fence));
@@ -536,7 +539,6 @@ absl::StatusOr<float> Model::ForwardBackward(const Tensor& input,
       backend_->SoftmaxCrossEntropy(device_logits, labels, &dlogits_);
   if (!loss.ok()) return loss.status();
   for (auto& node : nodes_) node->grad_written = false;
-  std::vector<int> ready;  // PS tensors for on_ready.
   for (size_t n = nodes_.size(); n-- > 0;) {
     Node& node = *nodes_[n];
     const DeviceTensor& dout = n + 1 == nodes_.size() ? dlogits_ : node.grad;
@@ -586,14 +588,9 @@ absl::StatusOr<float> Model::ForwardBackward(const Tensor& input,
     // backward pass goes on.
     s = CopyGradientsToHost(node);
     if (!s.ok()) return s;
-    if (on_ready && !node.params.empty()) {
-      ready.clear();
-      for (size_t i = 0; i < node.params.size(); ++i) {
-        ready.push_back(node.first_param + static_cast<int>(i));
-      }
-      s = NotifyReady(on_ready, ready);
-      if (!s.ok()) return s;
-    }
+    s = NotifyReady(on_ready, node.first_param,
+                    static_cast<int>(node.params.size()));
+    if (!s.ok()) return s;
   }
   if (!backend_->host_memory()) {
     for (size_t i = 0; i < buffers_.size(); ++i) {
@@ -604,14 +601,9 @@ absl::StatusOr<float> Model::ForwardBackward(const Tensor& input,
       if (!s.ok()) return s;
     }
   }
-  if (on_ready && !buffers_.empty()) {
-    ready.clear();
-    for (size_t i = 0; i < buffers_.size(); ++i) {
-      ready.push_back(static_cast<int>(params_.size() + i));
-    }
-    s = NotifyReady(on_ready, ready);
-    if (!s.ok()) return s;
-  }
+  s = NotifyReady(on_ready, static_cast<int>(params_.size()),
+                  static_cast<int>(buffers_.size()));
+  if (!s.ok()) return s;
   s = backend_->Synchronize();
   if (!s.ok()) return s;
   return *loss;

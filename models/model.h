@@ -136,9 +136,10 @@ class Model {
   Model() = default;
   absl::Status Finish(const Shape& input_chw);
   absl::Status CopyGradientsToHost(const Node& node);
-  // on_ready(tensors, a fence after the copies issued so far).
-  absl::Status NotifyReady(const GradientsReadyFn& on_ready,
-                           absl::Span<const int> tensors);
+  // on_ready(PS tensors [first_tensor, first_tensor + count), a fence after
+  // the copies issued so far); nothing when on_ready is unset or count is 0.
+  absl::Status NotifyReady(const GradientsReadyFn& on_ready, int first_tensor,
+                           int count);
 
   std::string name_;
   Backend* backend_ = nullptr;

@@ -181,6 +181,14 @@ class AllreduceExchange : public GradientExchange {
     }
   }
 
+  bool AllReady(const std::vector<int>& tensors) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    for (int t : tensors) {
+      if (!ready_[t]) return false;
+    }
+    return true;
+  }
+
   // The communication thread: every bucket in order (the same on every
   // worker, as collectives require), each as soon as it is ready.
   void Communicate() {
@@ -190,14 +198,8 @@ class AllreduceExchange : public GradientExchange {
       const std::vector<absl::Span<const float>>* gradients = nullptr;
       {
         absl::MutexLock lock(&mu_);
-        auto bucket_ready = [this, &bucket]()
-                                ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-                                  if (abort_) return true;
-                                  for (int t : bucket) {
-                                    if (!ready_[t]) return false;
-                                  }
-                                  return true;
-                                };
+        auto bucket_ready = [this, &bucket]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(
+                                mu_) { return abort_ || AllReady(bucket); };
         mu_.Await(absl::Condition(&bucket_ready));
         if (abort_) return;
         for (int t : bucket) {
