@@ -7,7 +7,7 @@
 #        [--workers=4] [--num_ps=2,4] [--modes=ps_sync,allreduce]
 #        [--compute_ms=100] [--model_bytes=102228128] [--steps=10]
 #        [--batch_size=32] [--partition_bytes=4194304] [--out_dir=DIR]
-#        [--bin=bazel-bin]   (env QUEUE_MS=10: each shaped queue, ms)
+#        [--queue_ms=10] [--tcp_cc=NAME] [--bin=bazel-bin]
 #
 # Hosts: 10.78.0.1 runs `pstrain compare` and its coordinator (its link is
 # not shaped: control traffic only); 10.78.0.11.. the PS shards; 10.78.0.21..
@@ -22,9 +22,19 @@
 # emulation can go: the report says how many cores there were.
 #
 # Shaping: tbf (token bucket) on each host's egress and on the switch's
-# egress towards each host. --link_delay_ms > 0 adds netem delay, which
-# needs the sch_netem kernel module; without it the script stops with an
-# error before anything runs.
+# egress towards each host, each queue at most --queue_ms of traffic (tbf's
+# latency; packets beyond it are dropped, as by a switch's shallow buffer).
+# --link_delay_ms > 0 adds netem delay, which needs the sch_netem kernel
+# module; without it the script stops with an error before anything runs.
+#
+# TCP congestion control: every host uses the kernel's default
+# (/proc/sys/net/ipv4/tcp_congestion_control) unless --tcp_cc names one of
+# tcp_available_congestion_control. The choice matters for the PS: a sync
+# shard's chunk is ready only when the slowest of its n incoming flows
+# delivers it, so flow-rate unfairness shows up as step time (BENCHMARKS.md
+# compares bbr and cubic). A namespace may only pick a congestion control
+# in tcp_allowed_congestion_control, so --tcp_cc adds it there for the run
+# and puts the list back on exit. The report names the one used.
 #
 # Needs root (network namespaces, tc), iproute2 and iperf3.
 set -euo pipefail
@@ -33,7 +43,8 @@ source "$(dirname "$0")/netns_hosts.sh"
 
 LINK_MBIT=1000
 LINK_DELAY_MS=0
-QUEUE_MS=${QUEUE_MS:-10}
+QUEUE_MS=10
+TCP_CC=""
 WORKERS=4
 NUM_PS=2,4
 MODES=ps_sync,allreduce
@@ -48,6 +59,8 @@ for arg in "$@"; do
   case "$arg" in
     --link_mbit=*) LINK_MBIT="${arg#*=}" ;;
     --link_delay_ms=*) LINK_DELAY_MS="${arg#*=}" ;;
+    --queue_ms=*) QUEUE_MS="${arg#*=}" ;;
+    --tcp_cc=*) TCP_CC="${arg#*=}" ;;
     --workers=*) WORKERS="${arg#*=}" ;;
     --num_ps=*) NUM_PS="${arg#*=}" ;;
     --modes=*) MODES="${arg#*=}" ;;
@@ -73,6 +86,16 @@ fail() {
   fail "--link_mbit=$LINK_MBIT: expected a positive integer (Mbit/s)"
 [[ "$LINK_DELAY_MS" =~ ^[0-9]+(\.[0-9]+)?$ ]] ||
   fail "--link_delay_ms=$LINK_DELAY_MS: expected a number >= 0 (ms)"
+[[ "$QUEUE_MS" =~ ^[0-9]+$ && "$QUEUE_MS" -ge 1 ]] ||
+  fail "--queue_ms=$QUEUE_MS: expected a positive integer (ms)"
+CC_SYSCTL=/proc/sys/net/ipv4
+if [[ -z "$TCP_CC" ]]; then
+  TCP_CC="$(cat "$CC_SYSCTL/tcp_congestion_control")"
+elif ! tr ' ' '\n' <"$CC_SYSCTL/tcp_available_congestion_control" |
+  grep -qx "$TCP_CC"; then
+  fail "--tcp_cc=$TCP_CC: not one of this kernel's congestion controls" \
+    "($(cat "$CC_SYSCTL/tcp_available_congestion_control"))"
+fi
 [[ -n "$OUT_DIR" ]] || OUT_DIR="docs/results/emulated_${LINK_MBIT}mbit"
 BIN="$(cd "$BIN" && pwd)" || fail "--bin: no such directory"
 PSTRAIN="$BIN/tools/pstrain"
@@ -102,12 +125,22 @@ ip_of() {
 }
 ns_of() { echo "${TAG}$1"; }
 IPERF_PID=""
+ALLOWED_CC=""  # the allowed list to put back on exit, when changed
 cleanup() {
   [[ -n "$IPERF_PID" ]] && kill "$IPERF_PID" 2>/dev/null
   for h in "${HOSTS[@]}"; do netns_remove "$(ns_of "$h")"; done
   netns_remove "$SWITCH"
+  [[ -n "$ALLOWED_CC" ]] &&
+    echo "$ALLOWED_CC" >"$CC_SYSCTL/tcp_allowed_congestion_control"
+  return 0
 }
 trap cleanup EXIT
+if ! tr ' ' '\n' <"$CC_SYSCTL/tcp_allowed_congestion_control" |
+  grep -qx "$TCP_CC"; then
+  ALLOWED_CC="$(cat "$CC_SYSCTL/tcp_allowed_congestion_control")"
+  echo "$ALLOWED_CC $TCP_CC" >"$CC_SYSCTL/tcp_allowed_congestion_control" ||
+    fail "cannot allow --tcp_cc=$TCP_CC in network namespaces"
+fi
 
 # tc shaping of one interface: RATE Mbit/s, optional netem delay.
 shape() {  # shape NETNS DEV
@@ -130,13 +163,16 @@ netns_switch "$SWITCH"
 for h in "${HOSTS[@]}"; do
   ns="$(ns_of "$h")"
   netns_host "$SWITCH" "$ns" "$(ip_of "$h")/24" "${TAG}$h"
+  ip netns exec "$ns" sysctl -qw net.ipv4.tcp_congestion_control="$TCP_CC" ||
+    fail "cannot set TCP congestion control $TCP_CC in $ns"
   if [[ "$h" != c ]]; then
     shape "$ns" eth0
     shape "$SWITCH" "${TAG}$h"
   fi
 done
 echo "network: ${#HOSTS[@]} hosts on a switch, links ${LINK_MBIT} Mbit/s" \
-  "each way, ${LINK_DELAY_MS} ms delay; $(nproc) CPU cores shared by all"
+  "each way, ${LINK_DELAY_MS} ms delay, ${QUEUE_MS} ms queues, TCP" \
+  "$TCP_CC; $(nproc) CPU cores shared by all"
 
 # --- The shaped rate, by a plain TCP transfer ----------------------------
 ip netns exec "$(ns_of p0)" iperf3 -s -1 -B "$(ip_of p0)" >/dev/null 2>&1 &
@@ -258,8 +294,8 @@ ip netns exec "$(ns_of c)" "$PSTRAIN" compare --compute=synthetic \
 {
   echo
   echo "Emulated links: \`bash scripts/emulated_links.sh $*\`:" \
-    "${LINK_MBIT} Mbit/s each way per host (tc tbf), ${LINK_DELAY_MS} ms" \
-    "delay; iperf3 TCP check $TCP_MBIT Mbit/s; $(nproc) CPU cores shared" \
+    "${LINK_MBIT} Mbit/s each way per host (tc tbf, ${QUEUE_MS} ms queues)," \
+    "${LINK_DELAY_MS} ms delay, TCP congestion control $TCP_CC; iperf3 TCP check $TCP_MBIT Mbit/s; $(nproc) CPU cores shared" \
     "by every host."
   echo
   echo "Raw TCP baseline: the same bytes in each scheme's pattern over plain"
