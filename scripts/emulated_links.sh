@@ -10,7 +10,7 @@
 #        [--queue_ms=10] [--tcp_cc=NAME] [--bin=bazel-bin]
 #
 # Hosts: 10.78.0.1 runs `pstrain compare` and its coordinator (its link is
-# not shaped: control traffic only); 10.78.0.11.. the PS shards; 10.78.0.21..
+# not shaped: control traffic only); 10.78.0.11.. the PS shards; 10.78.0.71..
 # the workers. Workers use --compute=synthetic: each step sleeps
 # --compute_ms (a GPU's forward and backward) and exchanges --model_bytes of
 # gradients (default: ResNet-50's 25557032 fp32 parameters), so the links,
@@ -89,10 +89,11 @@ fail() {
 [[ "$QUEUE_MS" =~ ^[0-9]+$ && "$QUEUE_MS" -ge 1 ]] ||
   fail "--queue_ms=$QUEUE_MS: expected a positive integer (ms)"
 CC_SYSCTL=/proc/sys/net/ipv4
+# cc_listed LIST NAME: whether NAME is in the space-separated sysctl LIST.
+cc_listed() { tr ' ' '\n' <"$CC_SYSCTL/$1" | grep -qx "$2"; }
 if [[ -z "$TCP_CC" ]]; then
   TCP_CC="$(cat "$CC_SYSCTL/tcp_congestion_control")"
-elif ! tr ' ' '\n' <"$CC_SYSCTL/tcp_available_congestion_control" |
-  grep -qx "$TCP_CC"; then
+elif ! cc_listed tcp_available_congestion_control "$TCP_CC"; then
   fail "--tcp_cc=$TCP_CC: not one of this kernel's congestion controls" \
     "($(cat "$CC_SYSCTL/tcp_available_congestion_control"))"
 fi
@@ -135,8 +136,7 @@ cleanup() {
   return 0
 }
 trap cleanup EXIT
-if ! tr ' ' '\n' <"$CC_SYSCTL/tcp_allowed_congestion_control" |
-  grep -qx "$TCP_CC"; then
+if ! cc_listed tcp_allowed_congestion_control "$TCP_CC"; then
   ALLOWED_CC="$(cat "$CC_SYSCTL/tcp_allowed_congestion_control")"
   echo "$ALLOWED_CC $TCP_CC" >"$CC_SYSCTL/tcp_allowed_congestion_control" ||
     fail "cannot allow --tcp_cc=$TCP_CC in network namespaces"
@@ -295,8 +295,8 @@ ip netns exec "$(ns_of c)" "$PSTRAIN" compare --compute=synthetic \
   echo
   echo "Emulated links: \`bash scripts/emulated_links.sh $*\`:" \
     "${LINK_MBIT} Mbit/s each way per host (tc tbf, ${QUEUE_MS} ms queues)," \
-    "${LINK_DELAY_MS} ms delay, TCP congestion control $TCP_CC; iperf3 TCP check $TCP_MBIT Mbit/s; $(nproc) CPU cores shared" \
-    "by every host."
+    "${LINK_DELAY_MS} ms delay, TCP congestion control $TCP_CC; iperf3" \
+    "TCP check $TCP_MBIT Mbit/s; $(nproc) CPU cores shared by every host."
   echo
   echo "Raw TCP baseline: the same bytes in each scheme's pattern over plain"
   echo "sockets (scripts/tcp_exchange.py; no gRPC, no aggregation), median of"
