@@ -124,6 +124,17 @@ void ParameterShard::Abort(const std::string& reason) {
 absl::Status ParameterShard::Push(int worker_id, int32_t param_id,
                                   int32_t chunk_index, int64_t step,
                                   absl::Span<const float> gradient) {
+  return Push(worker_id, param_id, chunk_index, step,
+              static_cast<int64_t>(gradient.size()),
+              [gradient](absl::Span<float> out) {
+                std::copy(gradient.begin(), gradient.end(), out.begin());
+                return absl::OkStatus();
+              });
+}
+
+absl::Status ParameterShard::Push(int worker_id, int32_t param_id,
+                                  int32_t chunk_index, int64_t step,
+                                  int64_t num_elements, GradientSource fill) {
   if (!initialized_.load()) {
     return absl::FailedPreconditionError(absl::StrCat(
         "push to shard ", options_.shard_index, " before it was initialised"));
@@ -140,22 +151,25 @@ absl::Status ParameterShard::Push(int worker_id, int32_t param_id,
                      ") is not owned by shard ", options_.shard_index));
   }
   ChunkState& chunk = *chunks_[local_index_[global]];
-  if (static_cast<int64_t>(gradient.size()) != chunk.spec.num_elements) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "chunk (", param_id, ", ", chunk_index, ") push has ", gradient.size(),
-        " elements; expected ", chunk.spec.num_elements));
+  const int64_t n = chunk.spec.num_elements;
+  if (num_elements != n) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("chunk (", param_id, ", ", chunk_index, ") push has ",
+                     num_elements, " elements; expected ", n));
   }
   absl::MutexLock lock(&chunk.mu);
-  pushes_.fetch_add(1, std::memory_order_relaxed);
   if (options_.mode == SyncMode::kAsync) {
+    chunk.incoming.resize(n);
+    absl::Status status = fill(absl::MakeSpan(chunk.incoming));
+    if (!status.ok()) return status;
+    pushes_.fetch_add(1, std::memory_order_relaxed);
     if (plan_->is_buffer(param_id)) {
       // The average of every worker's latest values, in worker-id order.
       if (!chunk.has_pending[worker_id]) {
         chunk.has_pending[worker_id] = true;
         ++chunk.num_latest;
       }
-      chunk.pending[worker_id].assign(gradient.begin(), gradient.end());
-      const int64_t n = chunk.spec.num_elements;
+      chunk.pending[worker_id].swap(chunk.incoming);
       std::fill(chunk.weights.begin(), chunk.weights.end(), 0.0f);
       for (int w = 0; w < options_.num_workers; ++w) {
         if (!chunk.has_pending[w]) continue;
@@ -167,7 +181,7 @@ absl::Status ParameterShard::Push(int worker_id, int32_t param_id,
       ++chunk.version;
       return absl::OkStatus();
     }
-    ApplyLocked(chunk, gradient.data());
+    ApplyLocked(chunk, chunk.incoming.data());
     return absl::OkStatus();
   }
   if (step != chunk.version) {
@@ -180,14 +194,18 @@ absl::Status ParameterShard::Push(int worker_id, int32_t param_id,
         absl::StrCat("worker ", worker_id, " pushed chunk (", param_id, ", ",
                      chunk_index, ") of step ", step, " twice"));
   }
-  chunk.pending[worker_id].assign(gradient.begin(), gradient.end());
+  // The slot is only read once has_pending is set, so a failed fill leaves
+  // nothing behind.
+  chunk.pending[worker_id].resize(n);
+  absl::Status status = fill(absl::MakeSpan(chunk.pending[worker_id]));
+  if (!status.ok()) return status;
+  pushes_.fetch_add(1, std::memory_order_relaxed);
   chunk.has_pending[worker_id] = true;
   if (++chunk.num_pending < options_.num_workers) return absl::OkStatus();
 
-  // Barrier reached: average in worker-id order, then one Adam update.
-  const int64_t n = chunk.spec.num_elements;
-  chunk.sum.assign(chunk.pending[0].begin(), chunk.pending[0].end());
-  float* sum = chunk.sum.data();
+  // Barrier reached: average in worker-id order (into worker 0's slot,
+  // which the next step refills), then one Adam update.
+  float* sum = chunk.pending[0].data();
   for (int w = 1; w < options_.num_workers; ++w) {
     const float* g = chunk.pending[w].data();
     for (int64_t i = 0; i < n; ++i) sum[i] += g[i];

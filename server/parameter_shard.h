@@ -41,6 +41,7 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
@@ -109,6 +110,18 @@ class ParameterShard {
   absl::Status Push(int worker_id, int32_t param_id, int32_t chunk_index,
                     int64_t step, absl::Span<const float> gradient);
 
+  // Writes a gradient of exactly out.size() elements into `out` (a server
+  // copies a received payload straight into the shard's pending slot).
+  // Called with the chunk's lock held; an error aborts the push.
+  using GradientSource = absl::FunctionRef<absl::Status(absl::Span<float>)>;
+  // As above, the gradient of `num_elements` elements coming from `fill`.
+  // Checks worker, chunk, element count and step before `fill` runs, so a
+  // rejected push neither calls it nor changes any state. If `fill` fails
+  // (it should have checked its payload before), the push is dropped: the
+  // chunk keeps its weights and its other workers' pending gradients.
+  absl::Status Push(int worker_id, int32_t param_id, int32_t chunk_index,
+                    int64_t step, int64_t num_elements, GradientSource fill);
+
   // Called once per chunk of this shard, in plan order, with the chunk's
   // weights at a version >= min_version. The span is valid only during the
   // call (the chunk's lock is held).
@@ -146,11 +159,13 @@ class ParameterShard {
     std::vector<float> m ABSL_GUARDED_BY(mu);
     std::vector<float> v ABSL_GUARDED_BY(mu);
     int64_t version ABSL_GUARDED_BY(mu) = 0;
-    // Sync mode: one gradient slot per worker for the current step.
+    // Sync mode: one gradient slot per worker for the current step; the
+    // barrier sums into pending[0].
     std::vector<std::vector<float>> pending ABSL_GUARDED_BY(mu);
     std::vector<bool> has_pending ABSL_GUARDED_BY(mu);
     int num_pending ABSL_GUARDED_BY(mu) = 0;
-    std::vector<float> sum ABSL_GUARDED_BY(mu);
+    // Async mode: the gradient being pushed.
+    std::vector<float> incoming ABSL_GUARDED_BY(mu);
     // Buffers in async mode: which workers' latest values are in pending.
     int num_latest ABSL_GUARDED_BY(mu) = 0;
   };

@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "common/chunk_message.h"
 #include "common/status.h"
 #include "common/tensor_codec.h"
 
@@ -18,7 +19,20 @@ PsService::PsService(ParameterShard* shard, absl::Duration pull_timeout)
     : shard_(shard),
       pull_timeout_(pull_timeout),
       last_request_unix_ms_(absl::ToUnixMillis(absl::Now())),
-      done_(shard->options().num_workers, false) {}
+      done_(shard->options().num_workers, false) {
+  // PushPull moves grpc::ByteBuffers (common/chunk_message.h), not protobuf
+  // messages: its handler is replaced by one of ByteBuffer type, the way
+  // gRPC's generated code registers handlers. 2 is PushPull's index in
+  // proto/ps.proto's service.
+  MarkMethodStreamed(
+      2,
+      new grpc::internal::BidiStreamingHandler<PsService, grpc::ByteBuffer,
+                                               grpc::ByteBuffer>(
+          [](PsService* service, grpc::ServerContext* context,
+             grpc::ServerReaderWriter<grpc::ByteBuffer, grpc::ByteBuffer>*
+                 stream) { return service->PushPullStream(context, stream); },
+          this));
+}
 
 void PsService::Touch() {
   last_request_unix_ms_.store(absl::ToUnixMillis(absl::Now()));
@@ -105,9 +119,9 @@ grpc::Status PsService::WaitReady(grpc::ServerContext* context,
 // its pushes, so the first updated chunks flow back down while the last
 // gradients still flow up: each direction of the link is busy at once, as
 // in BytePS's per-partition push/pull.
-grpc::Status PsService::PushPull(
+grpc::Status PsService::PushPullStream(
     grpc::ServerContext* context,
-    grpc::ServerReaderWriter<PushPullResponse, PushPullRequest>* stream) {
+    grpc::ServerReaderWriter<grpc::ByteBuffer, grpc::ByteBuffer>* stream) {
   struct PullJob {
     int64_t min_version;
     int64_t samples;
@@ -119,7 +133,9 @@ grpc::Status PsService::PushPull(
   grpc::Status writer_status = grpc::Status::OK;  // written by the writer
 
   std::thread writer([&] {
-    PushPullResponse reply;
+    grpc::ByteBuffer reply;
+    int64_t reply_bytes = 0;
+    const PushPullResponse no_fields;
     while (true) {
       PullJob job;
       {
@@ -137,24 +153,23 @@ grpc::Status PsService::PushPull(
           job.min_version, job.samples, absl::Now() + pull_timeout_,
           [&](const ChunkSpec& spec, int64_t version,
               absl::Span<const float> weights) {
-            // Serialised under the chunk's lock, written after it.
-            reply.Clear();
-            EncodeFloatChunk(spec.param_id, spec.chunk_index, version, weights,
-                             reply.mutable_chunk());
+            // Copied under the chunk's lock, written after it.
+            reply =
+                EncodeChunkMessage(no_fields, kPullChunkField, spec.param_id,
+                                   spec.chunk_index, version, weights);
+            reply_bytes = static_cast<int64_t>(weights.size() * sizeof(float));
           },
           [&] {
-            bytes_sent_.fetch_add(
-                static_cast<int64_t>(reply.chunk().data().size()),
-                std::memory_order_relaxed);
+            bytes_sent_.fetch_add(reply_bytes, std::memory_order_relaxed);
             write_failed = !stream->Write(reply);
             return !write_failed;
           },
           &cancelled);
       if (status.ok()) {
         // The end of this pull: a message without a chunk.
-        reply.Clear();
-        reply.set_last_of_pull(true);
-        write_failed = !stream->Write(reply);
+        PushPullResponse last;
+        last.set_last_of_pull(true);
+        write_failed = !stream->Write(EncodeSmallMessage(last));
       }
       if (!status.ok() || write_failed) {
         writer_status = write_failed
@@ -179,13 +194,16 @@ grpc::Status PsService::PushPull(
     return reader_status.ok() ? writer_status : reader_status;
   };
 
-  PushPullRequest request;
-  std::vector<float> gradient;
+  grpc::ByteBuffer buffer;
+  ReceivedChunkMessage received;
+  PushPullRequest request;  // the fields besides a push's chunk
   int worker_id = -1;
-  while (stream->Read(&request)) {
+  while (stream->Read(&buffer)) {
     Touch();
-    absl::Status status = shard_->CheckWorker(request.header().job_id(),
-                                              request.header().worker_id());
+    absl::Status status = received.Parse(&buffer, kPushChunkField, &request);
+    if (!status.ok()) return finish(ToGrpcStatus(status), true);
+    status = shard_->CheckWorker(request.header().job_id(),
+                                 request.header().worker_id());
     if (!status.ok()) return finish(ToGrpcStatus(status), true);
     if (worker_id < 0) worker_id = request.header().worker_id();
     if (worker_id != request.header().worker_id()) {
@@ -195,15 +213,20 @@ grpc::Status PsService::PushPull(
                                               request.header().worker_id())),
                     true);
     }
-    if (request.has_push()) {
-      const TensorChunk& chunk = request.push();
-      bytes_received_.fetch_add(static_cast<int64_t>(chunk.data().size()),
+    if (received.has_chunk()) {
+      const TensorChunk& chunk = received.chunk();
+      bytes_received_.fetch_add(received.payload_bytes(),
                                 std::memory_order_relaxed);
-      status = DecodeFloatChunk(chunk, &gradient);
+      // Dtype and size are checked before the shard takes the push; the
+      // payload is then copied once, into the worker's pending slot.
+      status = received.CheckFloat(chunk.num_elements());
       if (!status.ok()) return finish(ToGrpcStatus(status), true);
-      status =
-          shard_->Push(worker_id, chunk.key().param_id(),
-                       chunk.key().chunk_index(), chunk.version(), gradient);
+      status = shard_->Push(worker_id, chunk.key().param_id(),
+                            chunk.key().chunk_index(), chunk.version(),
+                            chunk.num_elements(),
+                            [&received](absl::Span<float> out) {
+                              return received.CopyFloatPayload(out);
+                            });
       if (!status.ok()) return finish(ToGrpcStatus(status), true);
     } else if (request.has_pull()) {
       absl::MutexLock lock(&mu);

@@ -31,10 +31,11 @@ class PsService final : public ParameterServer::Service {
   grpc::Status WaitReady(grpc::ServerContext* context,
                          const WaitReadyRequest* request,
                          WaitReadyResponse* response) override;
-  grpc::Status PushPull(
+  // PushPull, with its messages as grpc::ByteBuffer (PushPullRequest in,
+  // PushPullResponse out; common/chunk_message.h).
+  grpc::Status PushPullStream(
       grpc::ServerContext* context,
-      grpc::ServerReaderWriter<PushPullResponse, PushPullRequest>* stream)
-      override;
+      grpc::ServerReaderWriter<grpc::ByteBuffer, grpc::ByteBuffer>* stream);
   grpc::Status Stats(grpc::ServerContext* context, const StatsRequest* request,
                      StatsResponse* response) override;
   grpc::Status WorkerDone(grpc::ServerContext* context,

@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/chunk_message.h"
 #include "common/rpc_options.h"
 #include "common/status.h"
 #include "common/tensor_codec.h"
@@ -51,9 +52,14 @@ absl::StatusOr<std::unique_ptr<PsClient>> PsClient::Create(
   std::unique_ptr<PsClient> client(new PsClient(options, plan));
   for (int s = 0; s < plan.num_shards(); ++s) {
     client->shard_chunks_.push_back(plan.ChunksOfShard(s));
-    client->stubs_.push_back(ParameterServer::NewStub(grpc::CreateCustomChannel(
+    client->channels_.push_back(grpc::CreateCustomChannel(
         options.addresses[s], grpc::InsecureChannelCredentials(),
-        PsChannelArguments())));
+        PsChannelArguments()));
+    client->stubs_.push_back(
+        ParameterServer::NewStub(client->channels_.back()));
+    client->push_pull_methods_.emplace_back(
+        kPushPullMethod, grpc::internal::RpcMethod::BIDI_STREAMING,
+        client->channels_.back());
   }
   client->streams_.resize(plan.num_shards());
   return client;
@@ -151,16 +157,23 @@ absl::Status PsClient::PushPullShard(
   if (s.stream == nullptr) {
     s.context = std::make_unique<grpc::ClientContext>();
     SetDeadline(s.context.get(), options_.stream_timeout);
-    s.stream = stubs_[shard]->PushPull(s.context.get());
+    // The stream moves grpc::ByteBuffers (common/chunk_message.h), created
+    // the way gRPC's generated stubs create theirs.
+    s.stream.reset(grpc::internal::ClientReaderWriterFactory<
+                   grpc::ByteBuffer,
+                   grpc::ByteBuffer>::Create(channels_[shard].get(),
+                                             push_pull_methods_[shard],
+                                             s.context.get()));
   }
   auto write_pushes = [&]() {
-    PushPullRequest request;
-    SetHeader(request.mutable_header());
+    PushPullRequest envelope;
+    SetHeader(envelope.mutable_header());
     for (const ChunkSpec& c : shard_chunks_[shard]) {
-      EncodeFloatChunk(c.param_id, c.chunk_index, step,
-                       grads[c.param_id].subspan(c.offset, c.num_elements),
-                       request.mutable_push());
-      if (!s.stream->Write(request)) return false;
+      if (!s.stream->Write(EncodeChunkMessage(
+              envelope, kPushChunkField, c.param_id, c.chunk_index, step,
+              grads[c.param_id].subspan(c.offset, c.num_elements)))) {
+        return false;
+      }
     }
     return true;
   };
@@ -175,11 +188,11 @@ absl::Status PsClient::PushPullShard(
   std::thread pusher;
   std::atomic<bool> pushed{true};
   if (!grads.empty() && min_version > 0) {
-    if (!s.stream->Write(pull)) return FinishStream(shard);
+    if (!s.stream->Write(EncodeSmallMessage(pull))) return FinishStream(shard);
     pusher = std::thread([&] { pushed.store(write_pushes()); });
   } else {
     if (!grads.empty() && !write_pushes()) return FinishStream(shard);
-    if (!s.stream->Write(pull)) return FinishStream(shard);
+    if (!s.stream->Write(EncodeSmallMessage(pull))) return FinishStream(shard);
   }
   // Ends the call (so a blocked push returns), then the pusher.
   auto fail = [&](absl::Status status) {
@@ -190,13 +203,20 @@ absl::Status PsClient::PushPullShard(
     absl::Status finished = FinishStream(shard);
     return status.ok() ? finished : status;
   };
-  PushPullResponse response;
+  grpc::ByteBuffer buffer;
+  ReceivedChunkMessage received;
+  PushPullResponse envelope;  // the fields besides the chunk
   int64_t smallest = -1;
-  size_t received = 0;
+  size_t received_chunks = 0;
   while (true) {
-    if (!s.stream->Read(&response)) return fail(absl::OkStatus());
-    if (response.has_chunk()) {
-      const TensorChunk& chunk = response.chunk();
+    if (!s.stream->Read(&buffer)) return fail(absl::OkStatus());
+    absl::Status status = received.Parse(&buffer, kPullChunkField, &envelope);
+    if (!status.ok()) {
+      return fail(absl::DataLossError(
+          absl::StrCat("shard ", shard, ": ", status.message())));
+    }
+    if (received.has_chunk()) {
+      const TensorChunk& chunk = received.chunk();
       const int index =
           plan_.FindChunk(chunk.key().param_id(), chunk.key().chunk_index());
       if (index < 0 || plan_.chunks()[index].shard != shard) {
@@ -205,20 +225,21 @@ absl::Status PsClient::PushPullShard(
             chunk.key().chunk_index(), ") it does not own")));
       }
       const ChunkSpec& c = plan_.chunks()[index];
-      absl::Status status = DecodeFloatChunkInto(
-          chunk, weights[c.param_id].subspan(c.offset, c.num_elements));
+      // One copy, from the received slices into the weights.
+      status = received.CopyFloatPayload(
+          weights[c.param_id].subspan(c.offset, c.num_elements));
       if (!status.ok()) return fail(status);
       smallest =
           smallest < 0 ? chunk.version() : std::min(smallest, chunk.version());
-      ++received;
+      ++received_chunks;
     }
-    if (response.last_of_pull()) break;
+    if (envelope.last_of_pull()) break;
   }
   if (pusher.joinable()) pusher.join();
   if (!pushed.load()) return FinishStream(shard);
-  if (received != shard_chunks_[shard].size()) {
+  if (received_chunks != shard_chunks_[shard].size()) {
     return absl::DataLossError(
-        absl::StrCat("shard ", shard, " answered a pull with ", received,
+        absl::StrCat("shard ", shard, " answered a pull with ", received_chunks,
                      " chunks; expected ", shard_chunks_[shard].size()));
   }
   *version = smallest;

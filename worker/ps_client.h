@@ -85,7 +85,8 @@ class PsClient {
  private:
   struct Stream {
     std::unique_ptr<grpc::ClientContext> context;
-    std::unique_ptr<grpc::ClientReaderWriter<PushPullRequest, PushPullResponse>>
+    std::unique_ptr<
+        grpc::ClientReaderWriter<grpc::ByteBuffer, grpc::ByteBuffer>>
         stream;
   };
 
@@ -103,7 +104,10 @@ class PsClient {
   const PsClientOptions options_;
   const PartitionPlan plan_;
   std::vector<std::vector<ChunkSpec>> shard_chunks_;
+  std::vector<std::shared_ptr<grpc::Channel>> channels_;
   std::vector<std::unique_ptr<ParameterServer::Stub>> stubs_;
+  // PushPull on each channel, as a method of ByteBuffer messages.
+  std::vector<grpc::internal::RpcMethod> push_pull_methods_;
   std::vector<Stream> streams_;
 };
 

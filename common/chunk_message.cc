@@ -1,0 +1,225 @@
+#include "common/chunk_message.h"
+
+#include <cstring>
+#include <limits>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "google/protobuf/io/coded_stream.h"
+#include "google/protobuf/io/zero_copy_stream_impl_lite.h"
+#include "grpc/slice.h"
+#include "grpcpp/support/proto_buffer_reader.h"
+#include "grpcpp/support/slice.h"
+
+namespace pstrain {
+namespace {
+
+using google::protobuf::io::CodedInputStream;
+using google::protobuf::io::CodedOutputStream;
+using google::protobuf::io::StringOutputStream;
+
+static_assert(sizeof(float) == 4, "fp32 must be 4 bytes");
+static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
+              "the wire format is little-endian; big-endian hosts need a swap");
+
+// Protobuf wire types (protobuf's encoding guide).
+constexpr uint32_t kVarint = 0;
+constexpr uint32_t kFixed64 = 1;
+constexpr uint32_t kLengthDelimited = 2;
+constexpr uint32_t kFixed32 = 5;
+
+constexpr uint32_t Tag(int field, uint32_t wire_type) {
+  return (static_cast<uint32_t>(field) << 3) | wire_type;
+}
+constexpr uint32_t kDataTag =
+    Tag(TensorChunk::kDataFieldNumber, kLengthDelimited);
+
+// Copies one field whose tag was just read from `in` to `out`, tag
+// included. False on a truncated field or a group (deprecated, not used by
+// ps.proto).
+bool CopyField(uint32_t tag, CodedInputStream* in, CodedOutputStream* out) {
+  out->WriteTag(tag);
+  switch (tag & 7) {
+    case kVarint: {
+      uint64_t v;
+      if (!in->ReadVarint64(&v)) return false;
+      out->WriteVarint64(v);
+      return true;
+    }
+    case kFixed64: {
+      uint64_t v;
+      if (!in->ReadLittleEndian64(&v)) return false;
+      out->WriteLittleEndian64(v);
+      return true;
+    }
+    case kLengthDelimited: {
+      uint32_t n;
+      std::string bytes;
+      if (!in->ReadVarint32(&n) ||
+          !in->ReadString(&bytes, static_cast<int>(n))) {
+        return false;
+      }
+      out->WriteVarint32(n);
+      out->WriteString(bytes);
+      return true;
+    }
+    case kFixed32: {
+      uint32_t v;
+      if (!in->ReadLittleEndian32(&v)) return false;
+      out->WriteLittleEndian32(v);
+      return true;
+    }
+    default:
+      return false;
+  }
+}
+
+absl::Status Malformed(const std::string& what) {
+  return absl::InvalidArgumentError(
+      absl::StrCat("malformed push/pull message: ", what));
+}
+
+std::string ChunkName(const TensorChunk& chunk) {
+  return absl::StrCat("chunk (", chunk.key().param_id(), ", ",
+                      chunk.key().chunk_index(), ")");
+}
+
+}  // namespace
+
+grpc::ByteBuffer EncodeChunkMessage(const google::protobuf::Message& envelope,
+                                    int chunk_field, int32_t param_id,
+                                    int32_t chunk_index, int64_t version,
+                                    absl::Span<const float> values) {
+  TensorChunk meta;
+  meta.mutable_key()->set_param_id(param_id);
+  meta.mutable_key()->set_chunk_index(chunk_index);
+  meta.set_dtype(DTYPE_FLOAT32);
+  meta.set_num_elements(static_cast<int64_t>(values.size()));
+  meta.set_version(version);
+  const std::string meta_bytes = meta.SerializeAsString();
+  const uint64_t payload = values.size() * sizeof(float);
+
+  std::string head = envelope.SerializeAsString();
+  {
+    StringOutputStream stream(&head);
+    CodedOutputStream out(&stream);
+    out.WriteTag(Tag(chunk_field, kLengthDelimited));
+    out.WriteVarint64(meta_bytes.size() +
+                      CodedOutputStream::VarintSize32(kDataTag) +
+                      CodedOutputStream::VarintSize64(payload) + payload);
+    out.WriteString(meta_bytes);
+    out.WriteTag(kDataTag);
+    out.WriteVarint64(payload);
+  }  // `out` flushes and trims `head` here.
+  grpc::Slice slices[2] = {grpc::Slice(head), grpc::Slice()};
+  if (payload == 0) return grpc::ByteBuffer(slices, 1);
+  grpc_slice data = grpc_slice_malloc(payload);
+  std::memcpy(GRPC_SLICE_START_PTR(data), values.data(), payload);
+  slices[1] = grpc::Slice(data, grpc::Slice::STEAL_REF);
+  return grpc::ByteBuffer(slices, 2);
+}
+
+grpc::ByteBuffer EncodeSmallMessage(const google::protobuf::Message& message) {
+  const grpc::Slice slice(message.SerializeAsString());
+  return grpc::ByteBuffer(&slice, 1);
+}
+
+absl::Status ReceivedChunkMessage::Parse(grpc::ByteBuffer* buffer,
+                                         int chunk_field,
+                                         google::protobuf::Message* envelope) {
+  buffer_.Clear();
+  buffer_.Swap(buffer);
+  has_chunk_ = false;
+  chunk_.Clear();
+  payload_offset_ = 0;
+  payload_bytes_ = 0;
+  if (buffer_.Length() > static_cast<size_t>(std::numeric_limits<int>::max())) {
+    return Malformed(absl::StrCat(buffer_.Length(), " bytes"));
+  }
+  std::string envelope_bytes;
+  std::string meta_bytes;
+  {
+    grpc::ProtoBufferReader reader(&buffer_);
+    CodedInputStream in(&reader);
+    StringOutputStream envelope_stream(&envelope_bytes);
+    CodedOutputStream envelope_out(&envelope_stream);
+    StringOutputStream meta_stream(&meta_bytes);
+    CodedOutputStream meta_out(&meta_stream);
+    const uint32_t chunk_tag = Tag(chunk_field, kLengthDelimited);
+    while (const uint32_t tag = in.ReadTag()) {
+      if (tag != chunk_tag) {
+        if (!CopyField(tag, &in, &envelope_out)) {
+          return Malformed(absl::StrCat("bad field ", tag >> 3));
+        }
+        continue;
+      }
+      if (has_chunk_) return Malformed("two chunks in one message");
+      has_chunk_ = true;
+      uint32_t length;
+      if (!in.ReadVarint32(&length)) return Malformed("truncated chunk");
+      const CodedInputStream::Limit limit =
+          in.PushLimit(static_cast<int>(length));
+      while (const uint32_t field = in.ReadTag()) {
+        if (field == kDataTag) {
+          uint32_t n;
+          if (!in.ReadVarint32(&n)) return Malformed("truncated data");
+          payload_offset_ = in.CurrentPosition();
+          payload_bytes_ = n;
+          if (!in.Skip(static_cast<int>(n))) return Malformed("truncated data");
+        } else if (!CopyField(field, &in, &meta_out)) {
+          return Malformed(absl::StrCat("bad chunk field ", field >> 3));
+        }
+      }
+      if (!in.ConsumedEntireMessage() || in.BytesUntilLimit() != 0) {
+        return Malformed("truncated chunk");
+      }
+      in.PopLimit(limit);
+    }
+    if (!in.ConsumedEntireMessage()) return Malformed("truncated message");
+  }  // the output streams flush here
+  if (!envelope->ParseFromString(envelope_bytes)) {
+    return Malformed(absl::StrCat("bad ", envelope->GetTypeName()));
+  }
+  if (has_chunk_ && !chunk_.ParseFromString(meta_bytes)) {
+    return Malformed("bad chunk");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ReceivedChunkMessage::CheckFloat(int64_t num_elements) const {
+  if (!has_chunk_) return Malformed("no chunk");
+  if (chunk_.dtype() != DTYPE_FLOAT32) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(ChunkName(chunk_), " has dtype ",
+                     DType_Name(chunk_.dtype()), "; expected DTYPE_FLOAT32"));
+  }
+  if (chunk_.num_elements() < 0 ||
+      payload_bytes_ != chunk_.num_elements() * 4) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        ChunkName(chunk_), " carries ", payload_bytes_, " bytes for ",
+        chunk_.num_elements(), " fp32 elements; expected ",
+        chunk_.num_elements() * 4, " bytes"));
+  }
+  if (chunk_.num_elements() != num_elements) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(ChunkName(chunk_), " has ", chunk_.num_elements(),
+                     " elements; expected ", num_elements));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ReceivedChunkMessage::CopyFloatPayload(absl::Span<float> out) {
+  absl::Status status = CheckFloat(static_cast<int64_t>(out.size()));
+  if (!status.ok()) return status;
+  if (payload_bytes_ == 0) return absl::OkStatus();
+  grpc::ProtoBufferReader reader(&buffer_);
+  CodedInputStream in(&reader);
+  if (!in.Skip(static_cast<int>(payload_offset_)) ||
+      !in.ReadRaw(out.data(), static_cast<int>(payload_bytes_))) {
+    return absl::InternalError(
+        absl::StrCat(ChunkName(chunk_), ": payload not where it was parsed"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace pstrain

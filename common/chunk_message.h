@@ -1,0 +1,95 @@
+// The PushPull stream's hot path: messages that carry one tensor chunk,
+// moved as grpc::ByteBuffer with a single copy of the payload on each side.
+//
+// On the wire these are ordinary protobuf messages (PushPullRequest with a
+// `push`, PushPullResponse with a `chunk`; proto/ps.proto), so any protobuf
+// client can talk to a shard. What differs is how pstrain builds and reads
+// them. Through protobuf, a payload is copied into the message's `bytes`
+// field, then into gRPC's slice on serialisation; on the other side from
+// the slices into the `bytes` field, then into its destination: four
+// user-space copies per chunk. Here the sender copies the tensor once into
+// a gRPC slice that goes to the socket as is, and the receiver parses every
+// field except the payload and copies the payload once, straight from the
+// received slices into the memory it belongs in (a shard's pending slot, a
+// worker's weights).
+//
+// Layout: fp32 little-endian, as TensorChunk (`num_elements` elements,
+// 4 * num_elements bytes of `data`).
+//
+// Thread-safety: EncodeChunkMessage is stateless; a ReceivedChunkMessage is
+// thread-compatible (one reader at a time).
+#ifndef PSTRAIN_COMMON_CHUNK_MESSAGE_H_
+#define PSTRAIN_COMMON_CHUNK_MESSAGE_H_
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "absl/types/span.h"
+#include "google/protobuf/message.h"
+#include "grpcpp/support/byte_buffer.h"
+#include "proto/ps.pb.h"
+
+namespace pstrain {
+
+// The PushPull method's full name (proto/ps.proto), for a client that
+// opens it with ByteBuffer messages.
+inline constexpr char kPushPullMethod[] = "/pstrain.ParameterServer/PushPull";
+
+// Field numbers of the chunk inside the two stream messages.
+inline constexpr int kPushChunkField = PushPullRequest::kPushFieldNumber;
+inline constexpr int kPullChunkField = PushPullResponse::kChunkFieldNumber;
+
+// Serialises `envelope` (the message's other fields, e.g. a PushPullRequest
+// holding only its header; it must not set field `chunk_field`) followed by
+// field `chunk_field`: a TensorChunk of key (param_id, chunk_index), dtype
+// FLOAT32, `values.size()` elements, `version`, and `values` as its data.
+// The payload is copied once, into a gRPC slice.
+grpc::ByteBuffer EncodeChunkMessage(const google::protobuf::Message& envelope,
+                                    int chunk_field, int32_t param_id,
+                                    int32_t chunk_index, int64_t version,
+                                    absl::Span<const float> values);
+
+// Serialises a message that carries no payload (a pull request, the end of
+// a pull) into a ByteBuffer.
+grpc::ByteBuffer EncodeSmallMessage(const google::protobuf::Message& message);
+
+// One received message of the form above, parsed except for the payload.
+class ReceivedChunkMessage {
+ public:
+  // Takes `buffer` over (it is left empty) and parses it: every field
+  // outside `chunk_field` into `envelope`; the chunk's key, dtype,
+  // element count and version into chunk(); the payload's place is
+  // remembered, not copied. A message without the chunk field parses with
+  // has_chunk() false.
+  //
+  // Errors: INVALID_ARGUMENT ("malformed ...") when the bytes are not a
+  // valid protobuf message of this shape (truncated, the chunk twice, a
+  // deprecated group).
+  absl::Status Parse(grpc::ByteBuffer* buffer, int chunk_field,
+                     google::protobuf::Message* envelope);
+
+  bool has_chunk() const { return has_chunk_; }
+  // The chunk without its data (data() is empty; see payload_bytes()).
+  const TensorChunk& chunk() const { return chunk_; }
+  int64_t payload_bytes() const { return payload_bytes_; }
+
+  // INVALID_ARGUMENT naming the chunk unless the chunk is dtype FLOAT32
+  // with 4 * num_elements payload bytes and num_elements == `num_elements`.
+  absl::Status CheckFloat(int64_t num_elements) const;
+
+  // CheckFloat(out.size()), then copies the payload into `out` (one copy,
+  // from the received slices).
+  absl::Status CopyFloatPayload(absl::Span<float> out);
+
+ private:
+  grpc::ByteBuffer buffer_;
+  bool has_chunk_ = false;
+  TensorChunk chunk_;
+  // Offset of the payload's first byte in buffer_, and its length.
+  int64_t payload_offset_ = 0;
+  int64_t payload_bytes_ = 0;
+};
+
+}  // namespace pstrain
+
+#endif  // PSTRAIN_COMMON_CHUNK_MESSAGE_H_

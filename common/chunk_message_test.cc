@@ -1,0 +1,181 @@
+#include "common/chunk_message.h"
+
+#include <string>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "grpcpp/support/slice.h"
+#include "gtest/gtest.h"
+
+namespace pstrain {
+namespace {
+
+using ::testing::ElementsAreArray;
+using ::testing::HasSubstr;
+
+std::string Flatten(const grpc::ByteBuffer& buffer) {
+  std::vector<grpc::Slice> slices;
+  EXPECT_TRUE(buffer.Dump(&slices).ok());
+  std::string bytes;
+  for (const grpc::Slice& s : slices) {
+    bytes.append(reinterpret_cast<const char*>(s.begin()), s.size());
+  }
+  return bytes;
+}
+
+grpc::ByteBuffer FromBytes(const std::string& bytes) {
+  const grpc::Slice slice(bytes);
+  return grpc::ByteBuffer(&slice, 1);
+}
+
+PushPullRequest PushEnvelope() {
+  PushPullRequest request;
+  request.mutable_header()->set_job_id("job-7");
+  request.mutable_header()->set_worker_id(3);
+  return request;
+}
+
+TEST(ChunkMessageTest, EncodedPushParsesAsTheProtobufMessage) {
+  const std::vector<float> values = {1.5f, -2.0f, 3.25f, 0.0f, 1e-30f};
+  const grpc::ByteBuffer buffer =
+      EncodeChunkMessage(PushEnvelope(), kPushChunkField, 4, 2, 17, values);
+  PushPullRequest parsed;
+  ASSERT_TRUE(parsed.ParseFromString(Flatten(buffer)));
+  EXPECT_EQ(parsed.header().job_id(), "job-7");
+  EXPECT_EQ(parsed.header().worker_id(), 3);
+  ASSERT_TRUE(parsed.has_push());
+  EXPECT_EQ(parsed.push().key().param_id(), 4);
+  EXPECT_EQ(parsed.push().key().chunk_index(), 2);
+  EXPECT_EQ(parsed.push().dtype(), DTYPE_FLOAT32);
+  EXPECT_EQ(parsed.push().num_elements(), 5);
+  EXPECT_EQ(parsed.push().version(), 17);
+  ASSERT_EQ(parsed.push().data().size(), values.size() * 4);
+  std::vector<float> decoded(values.size());
+  std::memcpy(decoded.data(), parsed.push().data().data(), values.size() * 4);
+  EXPECT_THAT(decoded, ElementsAreArray(values));
+}
+
+// A message serialised by protobuf itself (data before version, one slice
+// per message) reads the same: the reader does not depend on field order.
+TEST(ChunkMessageTest, ReadsMessagesSerialisedByProtobuf) {
+  PushPullResponse response;
+  TensorChunk* chunk = response.mutable_chunk();
+  chunk->mutable_key()->set_param_id(1);
+  chunk->mutable_key()->set_chunk_index(9);
+  chunk->set_dtype(DTYPE_FLOAT32);
+  chunk->set_num_elements(3);
+  const float values[3] = {7.0f, 8.5f, -9.0f};
+  chunk->set_data(reinterpret_cast<const char*>(values), sizeof(values));
+  chunk->set_version(42);
+  grpc::ByteBuffer buffer = FromBytes(response.SerializeAsString());
+
+  ReceivedChunkMessage received;
+  PushPullResponse envelope;
+  ASSERT_TRUE(received.Parse(&buffer, kPullChunkField, &envelope).ok());
+  EXPECT_FALSE(envelope.has_chunk());
+  EXPECT_FALSE(envelope.last_of_pull());
+  ASSERT_TRUE(received.has_chunk());
+  EXPECT_EQ(received.chunk().key().param_id(), 1);
+  EXPECT_EQ(received.chunk().key().chunk_index(), 9);
+  EXPECT_EQ(received.chunk().version(), 42);
+  EXPECT_TRUE(received.chunk().data().empty());
+  EXPECT_EQ(received.payload_bytes(), 12);
+  std::vector<float> out(3);
+  ASSERT_TRUE(received.CopyFloatPayload(absl::MakeSpan(out)).ok());
+  EXPECT_THAT(out, ElementsAreArray(values));
+}
+
+// Round trip through the encoder with a payload spread over many slices on
+// the receiving side (as gRPC delivers a large message).
+TEST(ChunkMessageTest, RoundTripOverManySlices) {
+  std::vector<float> values(10000);
+  for (size_t i = 0; i < values.size(); ++i) {
+    values[i] = static_cast<float>(i) * 0.5f - 7.0f;
+  }
+  PushPullResponse last;
+  const std::string bytes =
+      Flatten(EncodeChunkMessage(last, kPullChunkField, 0, 5, 3, values));
+  std::vector<grpc::Slice> slices;
+  for (size_t at = 0; at < bytes.size(); at += 1000) {
+    slices.emplace_back(bytes.substr(at, 1000));
+  }
+  grpc::ByteBuffer buffer(slices.data(), slices.size());
+  ReceivedChunkMessage received;
+  PushPullResponse envelope;
+  ASSERT_TRUE(received.Parse(&buffer, kPullChunkField, &envelope).ok());
+  EXPECT_EQ(received.chunk().version(), 3);
+  std::vector<float> out(values.size());
+  ASSERT_TRUE(received.CopyFloatPayload(absl::MakeSpan(out)).ok());
+  EXPECT_THAT(out, ElementsAreArray(values));
+}
+
+TEST(ChunkMessageTest, MessageWithoutChunk) {
+  PushPullRequest pull = PushEnvelope();
+  pull.mutable_pull()->set_min_version(6);
+  grpc::ByteBuffer buffer = EncodeSmallMessage(pull);
+  ReceivedChunkMessage received;
+  PushPullRequest envelope;
+  ASSERT_TRUE(received.Parse(&buffer, kPushChunkField, &envelope).ok());
+  EXPECT_FALSE(received.has_chunk());
+  EXPECT_EQ(envelope.pull().min_version(), 6);
+  EXPECT_EQ(envelope.header().worker_id(), 3);
+  std::vector<float> out(1);
+  EXPECT_FALSE(received.CopyFloatPayload(absl::MakeSpan(out)).ok());
+}
+
+TEST(ChunkMessageTest, RejectsWrongSizesAndDtypes) {
+  const std::vector<float> values(4, 1.0f);
+  PushPullRequest request = PushEnvelope();
+  grpc::ByteBuffer buffer =
+      EncodeChunkMessage(request, kPushChunkField, 0, 0, 0, values);
+  ReceivedChunkMessage received;
+  ASSERT_TRUE(received.Parse(&buffer, kPushChunkField, &request).ok());
+  std::vector<float> out(5, -1.0f);
+  const absl::Status status = received.CopyFloatPayload(absl::MakeSpan(out));
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(status.message(), HasSubstr("chunk (0, 0) has 4 elements"));
+  EXPECT_THAT(out, ElementsAreArray(std::vector<float>(5, -1.0f)));
+
+  // num_elements that does not match the payload.
+  PushPullRequest lying = PushEnvelope();
+  lying.mutable_push()->set_dtype(DTYPE_FLOAT32);
+  lying.mutable_push()->set_num_elements(3);
+  lying.mutable_push()->set_data(std::string(8, '\0'));
+  buffer = FromBytes(lying.SerializeAsString());
+  ASSERT_TRUE(received.Parse(&buffer, kPushChunkField, &request).ok());
+  EXPECT_THAT(received.CheckFloat(3).message(),
+              HasSubstr("carries 8 bytes for 3 fp32 elements"));
+
+  PushPullRequest untyped = PushEnvelope();
+  untyped.mutable_push()->set_num_elements(0);
+  buffer = FromBytes(untyped.SerializeAsString());
+  ASSERT_TRUE(received.Parse(&buffer, kPushChunkField, &request).ok());
+  EXPECT_THAT(received.CheckFloat(0).message(),
+              HasSubstr("dtype DTYPE_UNSPECIFIED; expected DTYPE_FLOAT32"));
+}
+
+TEST(ChunkMessageTest, RejectsMalformedBytes) {
+  const std::vector<float> values(64, 2.0f);
+  const std::string bytes = Flatten(
+      EncodeChunkMessage(PushEnvelope(), kPushChunkField, 1, 1, 1, values));
+  ReceivedChunkMessage received;
+  PushPullRequest envelope;
+  // Every cut inside the chunk is an error, never a crash or a short copy.
+  // (A cut right after the header is a valid message without a chunk.)
+  for (size_t cut = PushEnvelope().ByteSizeLong() + 1; cut < bytes.size();
+       cut += 7) {
+    grpc::ByteBuffer buffer = FromBytes(bytes.substr(0, cut));
+    const absl::Status status =
+        received.Parse(&buffer, kPushChunkField, &envelope);
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << cut;
+    EXPECT_THAT(status.message(), HasSubstr("malformed push/pull message"));
+  }
+  grpc::ByteBuffer doubled = FromBytes(bytes + bytes);
+  EXPECT_THAT(received.Parse(&doubled, kPushChunkField, &envelope).message(),
+              HasSubstr("two chunks in one message"));
+  grpc::ByteBuffer garbage = FromBytes(std::string("\xff\xff\xff\xff", 4));
+  EXPECT_FALSE(received.Parse(&garbage, kPushChunkField, &envelope).ok());
+}
+
+}  // namespace
+}  // namespace pstrain
