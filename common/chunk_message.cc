@@ -86,10 +86,35 @@ std::string ChunkName(const TensorChunk& chunk) {
 
 }  // namespace
 
+grpc::Slice PayloadLease::Lend(const void* data, size_t bytes) {
+  {
+    absl::MutexLock lock(&mu_);
+    ++lent_;
+  }
+  // gRPC only reads a slice it is given; the constructor's pointer is
+  // non-const because slices may also own writable memory.
+  return grpc::Slice(const_cast<void*>(data), bytes, &PayloadLease::Release,
+                     this);
+}
+
+void PayloadLease::Release(void* lease) {
+  PayloadLease* self = static_cast<PayloadLease*>(lease);
+  absl::MutexLock lock(&self->mu_);
+  --self->lent_;
+}
+
+bool PayloadLease::WaitReleased(absl::Time deadline) {
+  absl::MutexLock lock(&mu_);
+  auto released = [this]()
+                      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return lent_ == 0; };
+  return mu_.AwaitWithDeadline(absl::Condition(&released), deadline);
+}
+
 grpc::ByteBuffer EncodeChunkMessage(const google::protobuf::Message& envelope,
                                     int chunk_field, int32_t param_id,
                                     int32_t chunk_index, int64_t version,
-                                    absl::Span<const float> values) {
+                                    absl::Span<const float> values,
+                                    PayloadLease* lease) {
   TensorChunk meta;
   meta.mutable_key()->set_param_id(param_id);
   meta.mutable_key()->set_chunk_index(chunk_index);
@@ -113,6 +138,10 @@ grpc::ByteBuffer EncodeChunkMessage(const google::protobuf::Message& envelope,
   }  // `out` flushes and trims `head` here.
   grpc::Slice slices[2] = {grpc::Slice(head), grpc::Slice()};
   if (payload == 0) return grpc::ByteBuffer(slices, 1);
+  if (lease != nullptr) {
+    slices[1] = lease->Lend(values.data(), payload);
+    return grpc::ByteBuffer(slices, 2);
+  }
   grpc_slice data = grpc_slice_malloc(payload);
   std::memcpy(GRPC_SLICE_START_PTR(data), values.data(), payload);
   slices[1] = grpc::Slice(data, grpc::Slice::STEAL_REF);

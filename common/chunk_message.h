@@ -24,6 +24,8 @@
 #include <cstdint>
 
 #include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "google/protobuf/message.h"
 #include "grpcpp/support/byte_buffer.h"
@@ -39,15 +41,41 @@ inline constexpr char kPushPullMethod[] = "/pstrain.ParameterServer/PushPull";
 inline constexpr int kPushChunkField = PushPullRequest::kPushFieldNumber;
 inline constexpr int kPullChunkField = PushPullResponse::kChunkFieldNumber;
 
+// Lends caller memory to gRPC as slices (no copy) and tells when gRPC has
+// let go of every one: until then the memory must neither change nor go
+// away. Must outlive every slice it lent (wait for WaitReleased first).
+//
+// Thread-safe.
+class PayloadLease {
+ public:
+  PayloadLease() = default;
+  PayloadLease(const PayloadLease&) = delete;
+  PayloadLease& operator=(const PayloadLease&) = delete;
+
+  // A slice over `bytes` bytes at `data`, counted until gRPC releases it.
+  grpc::Slice Lend(const void* data, size_t bytes);
+  // Blocks until every lent slice is released (true) or `deadline` passes
+  // (false).
+  bool WaitReleased(absl::Time deadline);
+
+ private:
+  static void Release(void* lease);
+
+  absl::Mutex mu_;
+  int64_t lent_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
 // Serialises `envelope` (the message's other fields, e.g. a PushPullRequest
 // holding only its header; it must not set field `chunk_field`) followed by
 // field `chunk_field`: a TensorChunk of key (param_id, chunk_index), dtype
 // FLOAT32, `values.size()` elements, `version`, and `values` as its data.
-// The payload is copied once, into a gRPC slice.
+// The payload is copied once, into a gRPC slice; with a `lease`, it is not
+// copied at all but lent (see PayloadLease).
 grpc::ByteBuffer EncodeChunkMessage(const google::protobuf::Message& envelope,
                                     int chunk_field, int32_t param_id,
                                     int32_t chunk_index, int64_t version,
-                                    absl::Span<const float> values);
+                                    absl::Span<const float> values,
+                                    PayloadLease* lease = nullptr);
 
 // Serialises a message that carries no payload (a pull request, the end of
 // a pull) into a ByteBuffer.

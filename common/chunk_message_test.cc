@@ -1,8 +1,10 @@
 #include "common/chunk_message.h"
 
+#include <memory>
 #include <string>
 #include <vector>
 
+#include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "grpcpp/support/slice.h"
 #include "gtest/gtest.h"
@@ -175,6 +177,28 @@ TEST(ChunkMessageTest, RejectsMalformedBytes) {
               HasSubstr("two chunks in one message"));
   grpc::ByteBuffer garbage = FromBytes(std::string("\xff\xff\xff\xff", 4));
   EXPECT_FALSE(received.Parse(&garbage, kPushChunkField, &envelope).ok());
+}
+
+// A lent payload is not copied: the buffer reads the caller's memory, and
+// the lease counts the slice until the last buffer holding it is gone.
+TEST(ChunkMessageTest, LentPayloadIsReleasedWithTheLastBuffer) {
+  std::vector<float> values = {1.0f, 2.0f, 3.0f};
+  PayloadLease lease;
+  auto buffer = std::make_unique<grpc::ByteBuffer>(EncodeChunkMessage(
+      PushEnvelope(), kPushChunkField, 0, 0, 0, values, &lease));
+  auto copy = std::make_unique<grpc::ByteBuffer>(*buffer);
+  values[1] = 5.0f;  // visible through the buffer: nothing was copied
+  PushPullRequest parsed;
+  ASSERT_TRUE(parsed.ParseFromString(Flatten(*copy)));
+  std::vector<float> sent(3);
+  std::memcpy(sent.data(), parsed.push().data().data(), 12);
+  EXPECT_THAT(sent, ElementsAreArray({1.0f, 5.0f, 3.0f}));
+
+  EXPECT_FALSE(lease.WaitReleased(absl::Now() + absl::Milliseconds(10)));
+  buffer.reset();
+  EXPECT_FALSE(lease.WaitReleased(absl::Now() + absl::Milliseconds(10)));
+  copy.reset();
+  EXPECT_TRUE(lease.WaitReleased(absl::Now() + absl::Milliseconds(10)));
 }
 
 }  // namespace

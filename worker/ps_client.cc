@@ -37,8 +37,17 @@ PsClient::PsClient(const PsClientOptions& options, const PartitionPlan& plan)
     : options_(options), plan_(plan) {}
 
 PsClient::~PsClient() {
-  for (size_t i = 0; i < streams_.size(); ++i) {
-    if (streams_[i].context != nullptr) streams_[i].context->TryCancel();
+  for (Stream& s : streams_) {
+    if (s.context != nullptr) s.context->TryCancel();
+  }
+  // Ending the calls drops gRPC's references to lent gradients; the leases
+  // must outlive them.
+  for (Stream& s : streams_) {
+    s.stream.reset();
+    s.context.reset();
+  }
+  for (const std::unique_ptr<PayloadLease>& lease : leases_) {
+    lease->WaitReleased(absl::Now() + absl::Seconds(10));
   }
 }
 
@@ -62,6 +71,9 @@ absl::StatusOr<std::unique_ptr<PsClient>> PsClient::Create(
         client->channels_.back());
   }
   client->streams_.resize(plan.num_shards());
+  for (int s = 0; s < plan.num_shards(); ++s) {
+    client->leases_.push_back(std::make_unique<PayloadLease>());
+  }
   return client;
 }
 
@@ -171,7 +183,8 @@ absl::Status PsClient::PushPullShard(
     for (const ChunkSpec& c : shard_chunks_[shard]) {
       if (!s.stream->Write(EncodeChunkMessage(
               envelope, kPushChunkField, c.param_id, c.chunk_index, step,
-              grads[c.param_id].subspan(c.offset, c.num_elements)))) {
+              grads[c.param_id].subspan(c.offset, c.num_elements),
+              leases_[shard].get()))) {
         return false;
       }
     }
@@ -263,6 +276,19 @@ absl::StatusOr<int64_t> PsClient::PushPull(
   statuses[0] = PushPullShard(0, step, gradients, min_version, samples, weights,
                               &versions[0]);
   for (std::thread& t : threads) t.join();
+  // The pushes lent `gradients` to gRPC without a copy, and the caller may
+  // change them once this returns: wait until gRPC has let go of every
+  // slice. After a successful pull this is only gRPC dropping references,
+  // since each shard answered the pull after it had read the pushes.
+  for (int s = 0; s < n; ++s) {
+    if (!leases_[s]->WaitReleased(absl::Now() + options_.rpc_timeout) &&
+        statuses[s].ok()) {
+      statuses[s] = absl::InternalError(
+          absl::StrCat("shard ", s, " (", options_.addresses[s],
+                       "): gRPC still holds the pushed gradients after ",
+                       absl::FormatDuration(options_.rpc_timeout)));
+    }
+  }
   for (const absl::Status& status : statuses) {
     if (!status.ok()) return status;
   }

@@ -28,6 +28,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
+#include "common/chunk_message.h"
 #include "common/partition.h"
 #include "proto/ps.grpc.pb.h"
 
@@ -63,6 +64,9 @@ class PsClient {
   // then pulls every chunk at version >= `min_version` into `weights`.
   // `samples` is the number of training samples of this step (for the
   // shards' throughput counters). Returns the smallest version pulled.
+  // `gradients` go to gRPC without a copy: they must not change until this
+  // returns, and it returns only once gRPC has released them (INTERNAL if
+  // it still holds them after `rpc_timeout`).
   absl::StatusOr<int64_t> PushPull(
       int64_t step, const std::vector<absl::Span<const float>>& gradients,
       int64_t min_version, int64_t samples,
@@ -108,6 +112,9 @@ class PsClient {
   std::vector<std::unique_ptr<ParameterServer::Stub>> stubs_;
   // PushPull on each channel, as a method of ByteBuffer messages.
   std::vector<grpc::internal::RpcMethod> push_pull_methods_;
+  // Lends each shard's pushes to gRPC (declared before streams_, so that
+  // it outlives the calls holding its slices).
+  std::vector<std::unique_ptr<PayloadLease>> leases_;
   std::vector<Stream> streams_;
 };
 
