@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/flags_util.h"
+#include "common/status.h"
 
 namespace pstrain {
 namespace {
@@ -72,6 +73,12 @@ JobInfo* JobTable::Find(const std::string& id) {
   return nullptr;
 }
 
+absl::StatusOr<JobInfo*> JobTable::FindJob(const std::string& id) {
+  JobInfo* job = Find(id);
+  if (job == nullptr) return absl::NotFoundError("unknown job " + id);
+  return job;
+}
+
 absl::StatusOr<TaskInfo*> JobTable::FindTask(JobInfo* job, TaskRole role,
                                              int index) {
   if (role != ROLE_PS && role != ROLE_WORKER) {
@@ -126,8 +133,7 @@ absl::StatusOr<std::string> JobTable::Submit(const JobSpec& spec,
 absl::Status JobTable::Register(const std::string& id, TaskRole role, int index,
                                 const std::string& address, absl::Time now) {
   absl::MutexLock lock(&mu_);
-  JobInfo* job = Find(id);
-  if (job == nullptr) return absl::NotFoundError("unknown job " + id);
+  ASSIGN_OR_RETURN(JobInfo * job, FindJob(id));
   absl::StatusOr<TaskInfo*> task = FindTask(job, role, index);
   if (!task.ok()) return task.status();
   if (JobEnded(job->state())) {
@@ -157,8 +163,7 @@ absl::StatusOr<std::vector<std::string>> JobTable::WaitForLayout(
     return job == nullptr || job->state() != JOB_PENDING;
   };
   mu_.AwaitWithDeadline(absl::Condition(&ready), deadline);
-  JobInfo* job = Find(id);
-  if (job == nullptr) return absl::NotFoundError("unknown job " + id);
+  ASSIGN_OR_RETURN(JobInfo * job, FindJob(id));
   if (JobEnded(job->state())) {
     return absl::FailedPreconditionError(
         absl::StrCat(id, " has ended: ", job->message()));
@@ -199,8 +204,7 @@ absl::StatusOr<JobState> JobTable::Heartbeat(const HeartbeatRequest& request,
                                              absl::Time now) {
   const TaskRef& ref = request.task();
   absl::MutexLock lock(&mu_);
-  JobInfo* job = Find(ref.job_id());
-  if (job == nullptr) return absl::NotFoundError("unknown job " + ref.job_id());
+  ASSIGN_OR_RETURN(JobInfo * job, FindJob(ref.job_id()));
   absl::StatusOr<TaskInfo*> task = FindTask(job, ref.role(), ref.index());
   if (!task.ok()) return task.status();
   if ((*task)->state() == TASK_REGISTERED) {
@@ -222,8 +226,7 @@ absl::Status JobTable::TaskFinished(const TaskFinishedRequest& request,
                                     absl::Time now) {
   const TaskRef& ref = request.task();
   absl::MutexLock lock(&mu_);
-  JobInfo* job = Find(ref.job_id());
-  if (job == nullptr) return absl::NotFoundError("unknown job " + ref.job_id());
+  ASSIGN_OR_RETURN(JobInfo * job, FindJob(ref.job_id()));
   absl::StatusOr<TaskInfo*> task = FindTask(job, ref.role(), ref.index());
   if (!task.ok()) return task.status();
   AppendLog(job, ref.role(), ref.index(), request.log_lines(), now);
@@ -263,8 +266,7 @@ absl::Status JobTable::TaskFinished(const TaskFinishedRequest& request,
 
 absl::Status JobTable::Cancel(const std::string& id, absl::Time now) {
   absl::MutexLock lock(&mu_);
-  JobInfo* job = Find(id);
-  if (job == nullptr) return absl::NotFoundError("unknown job " + id);
+  ASSIGN_OR_RETURN(JobInfo * job, FindJob(id));
   if (JobEnded(job->state())) {
     return absl::FailedPreconditionError(absl::StrCat(
         id, " has already ended (", JobState_Name(job->state()), ")"));
@@ -308,8 +310,7 @@ std::vector<std::string> JobTable::CheckHeartbeats(absl::Time now,
 absl::Status JobTable::Set(const std::string& id, const std::string& key,
                            const std::string& value) {
   absl::MutexLock lock(&mu_);
-  JobInfo* job = Find(id);
-  if (job == nullptr) return absl::NotFoundError("unknown job " + id);
+  ASSIGN_OR_RETURN(JobInfo * job, FindJob(id));
   (*job->mutable_kv())[key] = value;
   return Persist();
 }
@@ -323,8 +324,7 @@ absl::StatusOr<std::string> JobTable::WaitForKey(const std::string& id,
     return job == nullptr || job->kv().contains(key) || JobEnded(job->state());
   };
   mu_.AwaitWithDeadline(absl::Condition(&ready), deadline);
-  JobInfo* job = Find(id);
-  if (job == nullptr) return absl::NotFoundError("unknown job " + id);
+  ASSIGN_OR_RETURN(JobInfo * job, FindJob(id));
   auto it = job->kv().find(key);
   if (it != job->kv().end()) return it->second;
   if (JobEnded(job->state())) {

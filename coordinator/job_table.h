@@ -105,7 +105,11 @@ class JobTable {
   std::vector<JobInfo> List() const;
 
  private:
+  // nullptr if there is no such job.
   JobInfo* Find(const std::string& id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // As Find; NOT_FOUND "unknown job ID" if there is none.
+  absl::StatusOr<JobInfo*> FindJob(const std::string& id)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<TaskInfo*> FindTask(JobInfo* job, TaskRole role, int index)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void AppendLog(JobInfo* job, TaskRole role, int index,
