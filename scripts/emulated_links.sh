@@ -6,7 +6,8 @@
 #   bash scripts/emulated_links.sh [--link_mbit=1000] [--link_delay_ms=0]
 #        [--workers=4] [--num_ps=2,4] [--modes=ps_sync,allreduce]
 #        [--compute_ms=100] [--model_bytes=102228128] [--steps=10]
-#        [--batch_size=32] [--partition_bytes=4194304] [--out_dir=DIR]
+#        [--batch_size=32] [--partition_bytes=4194304]
+#        [--bucket_bytes=26214400] [--out_dir=DIR]
 #        [--queue_ms=10] [--tcp_cc=NAME] [--bin=bazel-bin]
 #
 # Hosts: 10.78.0.1 runs `pstrain compare` and its coordinator (its link is
@@ -53,6 +54,7 @@ MODEL_BYTES=102228128
 STEPS=10
 BATCH_SIZE=32
 PARTITION_BYTES=4194304
+BUCKET_BYTES=26214400
 OUT_DIR=""
 BIN=bazel-bin
 for arg in "$@"; do
@@ -69,6 +71,7 @@ for arg in "$@"; do
     --steps=*) STEPS="${arg#*=}" ;;
     --batch_size=*) BATCH_SIZE="${arg#*=}" ;;
     --partition_bytes=*) PARTITION_BYTES="${arg#*=}" ;;
+    --bucket_bytes=*) BUCKET_BYTES="${arg#*=}" ;;
     --out_dir=*) OUT_DIR="${arg#*=}" ;;
     --bin=*) BIN="${arg#*=}" ;;
     *)
@@ -286,7 +289,7 @@ OUT_DIR="$(cd "$OUT_DIR" && pwd)"
 ip netns exec "$(ns_of c)" "$PSTRAIN" compare --compute=synthetic \
   --compute_ms="$COMPUTE_MS" --model_bytes="$MODEL_BYTES" \
   --batch_size="$BATCH_SIZE" --partition_bytes="$PARTITION_BYTES" \
-  --workers="$WORKERS" --num_ps="$NUM_PS" \
+  --bucket_bytes="$BUCKET_BYTES" --workers="$WORKERS" --num_ps="$NUM_PS" \
   --modes="$MODES" --steps="$STEPS" --log_every_steps=1000000 \
   --link_mbit="$LINK_MBIT" --coordinator_host="$(ip_of c)" \
   --ps_netns="$ps_netns" --worker_netns="$worker_netns" \

@@ -29,16 +29,16 @@ class PsExchange : public GradientExchange {
       RETURN_IF_ERROR(client_->Initialize(initial));
     }
     RETURN_IF_ERROR(client_->WaitReady(init_timeout_));
-    ASSIGN_OR_RETURN(version_, client_->PushPull(0, {}, 0, 0, weights));
+    weights_ = weights;
+    ASSIGN_OR_RETURN(version_, client_->PushPull(0, {}, 0, 0, weights_));
     return absl::OkStatus();
   }
 
   absl::Status Step(const std::vector<absl::Span<const float>>& gradients,
-                    int64_t samples,
-                    const std::vector<absl::Span<float>>& weights) override {
+                    int64_t samples) override {
     ASSIGN_OR_RETURN(version_, client_->PushPull(version_, gradients,
                                                  sync_ ? version_ + 1 : 0,
-                                                 samples, weights));
+                                                 samples, weights_));
     return absl::OkStatus();
   }
 
@@ -56,6 +56,7 @@ class PsExchange : public GradientExchange {
   const bool sync_;
   const bool chief_;
   const absl::Duration init_timeout_;
+  std::vector<absl::Span<float>> weights_;
   int64_t version_ = 0;
 };
 
@@ -80,6 +81,7 @@ class AllreduceExchange : public GradientExchange {
     for (const absl::Span<float>& w : weights) {
       RETURN_IF_ERROR(collective_->Broadcast(w.data(), w.size(), 0));
     }
+    weights_ = weights;
     const int num_tensors = static_cast<int>(weights.size());
     const int num_params = num_tensors - num_buffers_;
     m_.resize(num_params);
@@ -122,8 +124,7 @@ class AllreduceExchange : public GradientExchange {
   }
 
   absl::Status Step(const std::vector<absl::Span<const float>>& gradients,
-                    int64_t samples,
-                    const std::vector<absl::Span<float>>& weights) override {
+                    int64_t samples) override {
     {
       absl::MutexLock lock(&mu_);
       // Whatever backward did not announce is final now.
@@ -141,28 +142,7 @@ class AllreduceExchange : public GradientExchange {
     }
     RETURN_IF_ERROR(communicated);
     ++step_;
-    const int size = collective_->size();
-    const float scale = 1.0f / static_cast<float>(size);
-    const int num_params = static_cast<int>(weights.size()) - num_buffers_;
-    for (size_t b = 0; b < buckets_.size(); ++b) {
-      std::vector<float>& flat = flat_[b];
-      // As a sync shard: the sum times 1/W (not for one worker).
-      if (size > 1) {
-        for (float& x : flat) x *= scale;
-      }
-      const float* average = flat.data();
-      for (int t : buckets_[b]) {
-        const int64_t n = static_cast<int64_t>(weights[t].size());
-        if (t >= num_params) {
-          std::copy(average, average + n, weights[t].data());
-        } else {
-          AdamUpdate(adam_, step_, weights[t].data(), average, m_[t].data(),
-                     v_[t].data(), n);
-        }
-        average += n;
-      }
-    }
-    samples_ += samples * size;
+    samples_ += samples * collective_->size();
     return absl::OkStatus();
   }
 
@@ -178,6 +158,33 @@ class AllreduceExchange : public GradientExchange {
     gradients_ = gradients;
     if (!communicator_.joinable()) {
       communicator_ = std::thread([this] { Communicate(); });
+    }
+  }
+
+  // Bucket `b`'s next weights from its summed gradients in flat_[b], as a
+  // sync shard computes them: the sum times 1/W (not for one worker), then
+  // Adam update number step_ + 1 for parameters, the average assigned for
+  // BatchNorm buffers. Runs on the communication thread; Step() increments
+  // step_ only after joining it.
+  void Update(size_t b) {
+    const int size = collective_->size();
+    const int64_t step = step_ + 1;
+    const int num_params = static_cast<int>(weights_.size()) - num_buffers_;
+    std::vector<float>& flat = flat_[b];
+    if (size > 1) {
+      const float scale = 1.0f / static_cast<float>(size);
+      for (float& x : flat) x *= scale;
+    }
+    const float* average = flat.data();
+    for (int t : buckets_[b]) {
+      const int64_t n = static_cast<int64_t>(weights_[t].size());
+      if (t >= num_params) {
+        std::copy(average, average + n, weights_[t].data());
+      } else {
+        AdamUpdate(adam_, step, weights_[t].data(), average, m_[t].data(),
+                   v_[t].data(), n);
+      }
+      average += n;
     }
   }
 
@@ -223,6 +230,7 @@ class AllreduceExchange : public GradientExchange {
         }
         s = collective_->AllreduceSum(flat.data(), flat.size());
       }
+      if (s.ok()) Update(b);
       if (!s.ok()) {
         absl::MutexLock lock(&mu_);
         communicator_status_ = std::move(s);
@@ -236,10 +244,13 @@ class AllreduceExchange : public GradientExchange {
   const int64_t bucket_elements_;
   const int num_buffers_;
   // Set by Start(); read by both threads.
+  std::vector<absl::Span<float>> weights_;
   std::vector<std::vector<int>> buckets_;
-  // Each bucket's gradients, then their sum; written by the communication
-  // thread, read by Step() after joining it.
+  // Each bucket's gradients, then their sum, then their average; the
+  // communication thread's alone.
   std::vector<std::vector<float>> flat_;
+  // Adam state, and the number of updates so far: written by the
+  // communication thread, step_ by Step() after joining it.
   std::vector<std::vector<float>> m_;
   std::vector<std::vector<float>> v_;
   int64_t step_ = 0;

@@ -10,11 +10,13 @@
 //     thread allreduces each bucket, in bucket order on every worker, as
 //     soon as backward has produced all of its gradients (GradientsReady),
 //     so communication overlaps the rest of backward (Li et al., "PyTorch
-//     Distributed", VLDB 2020). Step() then applies Adam on every worker
-//     with the same arithmetic as a sync shard (server/adam.h: sum, times
-//     1/W, one update per step), so that in exact arithmetic the two modes
-//     train the same model. BatchNorm buffers are averaged and assigned, as
-//     on the shards.
+//     Distributed", VLDB 2020). The same thread then applies Adam to the
+//     bucket's weights on every worker, while the next bucket is on the
+//     wire (the optimizer overlapped with communication, as PyTorch's
+//     DDP optimizer-in-backward), with the same arithmetic as a sync shard
+//     (server/adam.h: sum, times 1/W, one update per step), so that in
+//     exact arithmetic the two modes train the same model. BatchNorm
+//     buffers are averaged and assigned, as on the shards.
 //
 // Tensors are the model's PS tensors (parameters, then `num_buffers`
 // BatchNorm buffers): fp32, host memory, lengths in elements.
@@ -42,7 +44,9 @@ class GradientExchange {
   virtual ~GradientExchange() = default;
 
   // Gives every worker the same starting weights: worker 0's `weights`
-  // (its initialised model) on entry; everyone's on return.
+  // (its initialised model) on entry; everyone's on return. The exchange
+  // keeps the spans: every Step() writes the next weights into them, so
+  // they must stay valid (and not move) for the exchange's lifetime.
   virtual absl::Status Start(const std::vector<absl::Span<float>>& weights) = 0;
 
   // During a step's compute: gradients `tensors` of `gradients` (the spans
@@ -54,11 +58,15 @@ class GradientExchange {
       absl::Span<const int> tensors, std::shared_ptr<CopyFence> fence) {}
 
   // One step: this worker's gradients (and buffer values) of a batch of
-  // `samples`; on return `weights` hold the next step's weights. Tensors
-  // not named by GradientsReady() are taken as ready now.
+  // `samples`; on return the spans given to Start() hold the next step's
+  // weights. Tensors not named by GradientsReady() are taken as ready now.
+  // The allreduce exchange may write a bucket's weights before Step(), as
+  // soon as the bucket is averaged, while backward still runs: a tensor
+  // announced by GradientsReady() must no longer be read by this step's
+  // compute (true of a layer's weights once its backward has finished).
   virtual absl::Status Step(
-      const std::vector<absl::Span<const float>>& gradients, int64_t samples,
-      const std::vector<absl::Span<float>>& weights) = 0;
+      const std::vector<absl::Span<const float>>& gradients,
+      int64_t samples) = 0;
 
   // Training samples of all workers so far (for data/sec).
   virtual absl::StatusOr<int64_t> SamplesSoFar() = 0;

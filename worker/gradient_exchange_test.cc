@@ -105,9 +105,9 @@ TEST(AllreduceExchangeTest, BucketsStartDuringBackwardAndMatchAdam) {
           << "bucket 0 did not start before the rest of backward";
       exchange->GradientsReady(gradients, {1}, nullptr);
       exchange->GradientsReady(gradients, {0}, std::make_shared<ProbeFence>());
-      ASSERT_TRUE(exchange->Step(gradients, 8, weights).ok());
+      ASSERT_TRUE(exchange->Step(gradients, 8).ok());
       // Step 2: nothing announced; Step() exchanges everything.
-      ASSERT_TRUE(exchange->Step(gradients, 8, weights).ok());
+      ASSERT_TRUE(exchange->Step(gradients, 8).ok());
       EXPECT_EQ(*exchange->SamplesSoFar(), 2 * 8 * kSize);
       results[r] = w;
     });
@@ -137,7 +137,7 @@ TEST(AllreduceExchangeTest, FailedCopyIsStepsErrorAndMidStepExitIsPrompt) {
     exchange->GradientsReady(
         gradients, {2},
         std::make_shared<ProbeFence>(absl::DataLossError("copy 7 failed")));
-    const absl::Status s = exchange->Step(gradients, 1, weights);
+    const absl::Status s = exchange->Step(gradients, 1);
     EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
     EXPECT_EQ(s.message(), "copy 7 failed");
     // The weights were not touched.

@@ -379,7 +379,7 @@ absl::StatusOr<TrainerOutput> RunWorker(const TrainerOptions& options,
       ASSIGN_OR_RETURN(float loss, workload->Step(on_ready));
       loss_sum += loss;
       const absl::Time computed = absl::Now();
-      RETURN_IF_ERROR(exchange->Step(gradients, options.batch_size, weights));
+      RETURN_IF_ERROR(exchange->Step(gradients, options.batch_size));
       RETURN_IF_ERROR(workload->LoadWeights());
       // The first step (connections, first allocations) is warm-up.
       if (step > 0 || steps_per_epoch * options.epochs == 1) {
