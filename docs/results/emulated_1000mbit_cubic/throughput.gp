@@ -9,23 +9,23 @@ set xrange [0.5:4.5]
 set yrange [0:*]
 set xtics 1
 $s0 << EOD
-1 32.961
-2 63.335
-4 56.662
+1 32.919
+2 63.903
+4 54.407
 EOD
 $s1 << EOD
-1 32.564
-2 63.732
-4 118.904
+1 32.613
+2 61.785
+4 112.596
 EOD
 $s2 << EOD
-1 156.399
-2 58.177
-4 77.505
+1 181.832
+2 61.167
+4 82.919
 EOD
 plot $s0 using 1:2 with linespoints lw 2 pt 7 lc 1 title "ps_sync (2 PS)", \
-     x * 32.961 with lines dt 2 lw 1 lc 1 title "ps_sync (2 PS), ideal", \
+     x * 32.919 with lines dt 2 lw 1 lc 1 title "ps_sync (2 PS), ideal", \
      $s1 using 1:2 with linespoints lw 2 pt 7 lc 2 title "ps_sync (4 PS)", \
-     x * 32.564 with lines dt 2 lw 1 lc 2 title "ps_sync (4 PS), ideal", \
+     x * 32.613 with lines dt 2 lw 1 lc 2 title "ps_sync (4 PS), ideal", \
      $s2 using 1:2 with linespoints lw 2 pt 7 lc 3 title "allreduce", \
-     x * 156.399 with lines dt 2 lw 1 lc 3 title "allreduce, ideal"
+     x * 181.832 with lines dt 2 lw 1 lc 3 title "allreduce, ideal"
