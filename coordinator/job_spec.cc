@@ -138,6 +138,12 @@ absl::Status ValidateJobSpec(const JobSpec& spec) {
       return Bad("compute_ms",
                  absl::StrCat(spec.compute_ms(), "; expected >= 0"));
     }
+    if (!(spec.backward_fraction() >= 0 && spec.backward_fraction() <= 1)) {
+      return Bad("backward_fraction",
+                 absl::StrCat(spec.backward_fraction(),
+                              "; expected 0 to 1 (the share of compute_ms "
+                              "that is backward)"));
+    }
     if (spec.max_steps_per_epoch() < 1) {
       return Bad("max_steps_per_epoch",
                  absl::StrCat(spec.max_steps_per_epoch(),

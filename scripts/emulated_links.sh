@@ -5,7 +5,8 @@
 #
 #   bash scripts/emulated_links.sh [--link_mbit=1000] [--link_delay_ms=0]
 #        [--workers=4] [--num_ps=2,4] [--modes=ps_sync,allreduce]
-#        [--compute_ms=100] [--model_bytes=102228128] [--steps=10]
+#        [--compute_ms=100] [--backward_fraction=0]
+#        [--model_bytes=102228128] [--steps=10]
 #        [--batch_size=32] [--partition_bytes=4194304]
 #        [--bucket_bytes=26214400] [--out_dir=DIR]
 #        [--queue_ms=10] [--tcp_cc=NAME] [--bin=bazel-bin]
@@ -50,6 +51,7 @@ WORKERS=4
 NUM_PS=2,4
 MODES=ps_sync,allreduce
 COMPUTE_MS=100
+BACKWARD_FRACTION=0
 MODEL_BYTES=102228128
 STEPS=10
 BATCH_SIZE=32
@@ -67,6 +69,7 @@ for arg in "$@"; do
     --num_ps=*) NUM_PS="${arg#*=}" ;;
     --modes=*) MODES="${arg#*=}" ;;
     --compute_ms=*) COMPUTE_MS="${arg#*=}" ;;
+    --backward_fraction=*) BACKWARD_FRACTION="${arg#*=}" ;;
     --model_bytes=*) MODEL_BYTES="${arg#*=}" ;;
     --steps=*) STEPS="${arg#*=}" ;;
     --batch_size=*) BATCH_SIZE="${arg#*=}" ;;
@@ -287,7 +290,8 @@ done
 mkdir -p "$OUT_DIR"
 OUT_DIR="$(cd "$OUT_DIR" && pwd)"
 ip netns exec "$(ns_of c)" "$PSTRAIN" compare --compute=synthetic \
-  --compute_ms="$COMPUTE_MS" --model_bytes="$MODEL_BYTES" \
+  --compute_ms="$COMPUTE_MS" --backward_fraction="$BACKWARD_FRACTION" \
+  --model_bytes="$MODEL_BYTES" \
   --batch_size="$BATCH_SIZE" --partition_bytes="$PARTITION_BYTES" \
   --bucket_bytes="$BUCKET_BYTES" --workers="$WORKERS" --num_ps="$NUM_PS" \
   --modes="$MODES" --steps="$STEPS" --log_every_steps=1000000 \

@@ -207,6 +207,8 @@ TEST(CompareCliTest, BadInputGetsOneLineErrorBeforeAnythingStarts) {
        "samples"},
       {"--compute=synthetic --model_bytes=6 --steps=2",
        "model_bytes: 6; expected a positive multiple of 4"},
+      {"--compute=synthetic --backward_fraction=1.5 --steps=2",
+       "backward_fraction: 1.5; expected 0 to 1"},
       {"--ps_netns=a:10.0.0.1", "--ps_netns and --worker_netns: give both"},
       {"--ps_netns=a:10.0.0.1 --worker_netns=b",
        "--worker_netns=b: \"b\"; expected NETNS:IP entries"},

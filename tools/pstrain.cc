@@ -89,6 +89,10 @@ ABSL_FLAG(std::string, compute, "model",
           "exchanges --model_bytes of gradients (no dataset; set "
           "--max_steps_per_epoch or, for compare, --steps).");
 ABSL_FLAG(double, compute_ms, 100, "synthetic compute: ms per step.");
+ABSL_FLAG(double, backward_fraction, 0,
+          "synthetic compute: the share (0 to 1) of --compute_ms that is a "
+          "backward pass announcing gradients last tensor first, for "
+          "allreduce buckets to overlap; 0: all at the end of the step.");
 ABSL_FLAG(int64_t, model_bytes, 102228128,
           "synthetic compute: bytes of fp32 gradients per worker per step "
           "(default: ResNet-50's 25557032 parameters).");
@@ -289,6 +293,7 @@ JobSpec SpecFromFlags(const std::string& mode, int num_ps, int num_workers) {
   spec.set_compute(absl::GetFlag(FLAGS_compute));
   spec.set_compute_ms(absl::GetFlag(FLAGS_compute_ms));
   spec.set_model_bytes(absl::GetFlag(FLAGS_model_bytes));
+  spec.set_backward_fraction(absl::GetFlag(FLAGS_backward_fraction));
   OptimizerSpec* optimizer = spec.mutable_optimizer();
   optimizer->set_lr(absl::GetFlag(FLAGS_lr));
   optimizer->set_beta1(absl::GetFlag(FLAGS_beta1));
@@ -633,9 +638,18 @@ int Compare() {
   const RunResult& first = done.front().result;
   const std::string title = absl::StrCat(
       first.compute() == "synthetic"
-          ? absl::StrFormat("synthetic compute %.0f ms, %.1f MB of gradients",
-                            absl::GetFlag(FLAGS_compute_ms),
-                            first.model_bytes() / 1e6)
+          ? absl::StrCat(
+                absl::StrFormat("synthetic compute %.0f ms, %.1f MB of "
+                                "gradients",
+                                absl::GetFlag(FLAGS_compute_ms),
+                                first.model_bytes() / 1e6),
+                absl::GetFlag(FLAGS_backward_fraction) > 0
+                    ? absl::StrFormat(
+                          " (the last %.0f%% of compute a backward pass "
+                          "that allreduce overlaps: its Exchange/step is "
+                          "what is left after compute)",
+                          absl::GetFlag(FLAGS_backward_fraction) * 100)
+                    : "")
           : absl::StrCat(first.model(), " on ", first.dataset()),
       link_mbit > 0 ? absl::StrFormat(", %.0f Mbit/s links", link_mbit) : "",
       placement->netns() ? ", one network namespace per task"

@@ -184,10 +184,15 @@ class SyntheticWorkload : public Workload {
           absl::StrCat("synthetic compute: model_bytes ", options.model_bytes,
                        "; expected a positive multiple of 4"));
     }
-    if (options.compute_ms < 0) {
+    if (!(options.compute_ms >= 0)) {
       return absl::InvalidArgumentError(
           absl::StrCat("synthetic compute: compute_ms ", options.compute_ms,
                        "; expected >= 0"));
+    }
+    if (!(options.backward_fraction >= 0 && options.backward_fraction <= 1)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("synthetic compute: backward_fraction ",
+                       options.backward_fraction, "; expected 0 to 1"));
     }
     if (options.max_steps_per_epoch <= 0) {
       return absl::InvalidArgumentError(
@@ -232,11 +237,27 @@ class SyntheticWorkload : public Workload {
     return options_.max_steps_per_epoch;
   }
   void BeginEpoch(int) override {}
-  // Every gradient at once when the sleep ends (a stand-in has no
-  // backward pass to overlap).
+  // Forward: sleep. Backward (the last backward_fraction of the step):
+  // each tensor, last first, is announced once its share of the backward
+  // time (by size) has passed, measured from the step's start so that
+  // announcing does not add to the step. Without a backward fraction, every
+  // gradient at once when the sleep ends.
   absl::StatusOr<float> Step(const GradientsReadyFn& on_ready) override {
-    absl::SleepFor(absl::Milliseconds(options_.compute_ms));
-    on_ready(all_tensors_, nullptr);
+    const absl::Time start = absl::Now();
+    const absl::Duration step = absl::Milliseconds(options_.compute_ms);
+    const absl::Duration backward = step * options_.backward_fraction;
+    if (backward > absl::ZeroDuration()) {
+      const double total = static_cast<double>(options_.model_bytes / 4);
+      double done = 0;
+      for (int t : all_tensors_) {
+        done += static_cast<double>(sizes_[t]);
+        absl::SleepFor(start + (step - backward) + backward * (done / total) -
+                       absl::Now());
+        on_ready(absl::MakeConstSpan(&t, 1), nullptr);
+      }
+    }
+    absl::SleepFor(start + step - absl::Now());
+    if (backward <= absl::ZeroDuration()) on_ready(all_tensors_, nullptr);
     return 0.0f;
   }
   bool can_evaluate() const override { return false; }
@@ -246,9 +267,10 @@ class SyntheticWorkload : public Workload {
   int64_t num_parameters() const override { return options_.model_bytes / 4; }
   std::string Describe() const override {
     return absl::StrFormat(
-        "synthetic compute: %.1f ms per step, %d bytes of gradients in %d "
-        "tensors",
-        options_.compute_ms, options_.model_bytes, sizes_.size());
+        "synthetic compute: %.1f ms per step (the last %.0f%% a backward "
+        "pass), %d bytes of gradients in %d tensors",
+        options_.compute_ms, options_.backward_fraction * 100,
+        options_.model_bytes, sizes_.size());
   }
 
  private:

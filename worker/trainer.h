@@ -61,6 +61,10 @@ struct TrainerOptions {
   std::string compute = "model";
   double compute_ms = 0;
   int64_t model_bytes = 0;
+  // Synthetic: the last `backward_fraction` (0..1) of compute_ms announces
+  // the gradients one tensor at a time, last first, each after its share
+  // by size (a backward pass to overlap); 0: all at the end of the sleep.
+  double backward_fraction = 0;
   // Per worker.
   int batch_size = 64;
   int epochs = 2;

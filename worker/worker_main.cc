@@ -147,6 +147,7 @@ int main(int argc, char** argv) {
   options.compute = spec->compute();
   options.compute_ms = spec->compute_ms();
   options.model_bytes = spec->model_bytes();
+  options.backward_fraction = spec->backward_fraction();
   options.batch_size = spec->batch_size();
   options.epochs = spec->epochs();
   options.seed = spec->seed();
