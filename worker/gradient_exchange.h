@@ -85,8 +85,10 @@ std::unique_ptr<GradientExchange> CreatePsExchange(
 
 // `collective` (not owned) connects the job's workers. `bucket_bytes` > 0.
 // Communication errors (Gloo's, after the collective's timeout) come back
-// from Step(); destroying the exchange mid-step stops its thread once the
-// collective call in flight returns.
+// from Step(); the buckets averaged before the error are already applied,
+// so the weights are a mix of two steps and the run must stop (every
+// worker's collective fails with it). Destroying the exchange mid-step
+// stops its thread once the collective call in flight returns.
 std::unique_ptr<GradientExchange> CreateAllreduceExchange(
     Collective* collective, const AdamOptions& adam, int64_t bucket_bytes,
     int num_buffers);
