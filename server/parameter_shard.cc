@@ -119,6 +119,8 @@ void ParameterShard::Abort(const std::string& reason) {
   for (const std::unique_ptr<ChunkState>& chunk : chunks_) {
     absl::MutexLock lock(&chunk->mu);
   }
+  absl::MutexLock lock(&updates_mu_);
+  ++updates_;
 }
 
 absl::Status ParameterShard::Push(int worker_id, int32_t param_id,
@@ -179,6 +181,7 @@ absl::Status ParameterShard::Push(int worker_id, int32_t param_id,
       const float scale = 1.0f / static_cast<float>(chunk.num_latest);
       for (int64_t i = 0; i < n; ++i) chunk.weights[i] *= scale;
       ++chunk.version;
+      NoteUpdate();
       return absl::OkStatus();
     }
     ApplyLocked(chunk, chunk.incoming.data());
@@ -220,8 +223,14 @@ absl::Status ParameterShard::Push(int worker_id, int32_t param_id,
   return absl::OkStatus();
 }
 
+void ParameterShard::NoteUpdate() {
+  absl::MutexLock lock(&updates_mu_);
+  ++updates_;
+}
+
 void ParameterShard::ApplyLocked(ChunkState& chunk, const float* gradient) {
   ++chunk.version;
+  NoteUpdate();
   if (plan_->is_buffer(chunk.spec.param_id)) {
     // Sync mode: `gradient` is the workers' average of the buffer.
     std::copy(gradient, gradient + chunk.spec.num_elements,
@@ -243,52 +252,74 @@ absl::Status ParameterShard::Pull(int64_t min_version, int64_t samples,
   }
   samples_.fetch_add(samples, std::memory_order_relaxed);
   pulls_.fetch_add(1, std::memory_order_relaxed);
-  for (const std::unique_ptr<ChunkState>& state : chunks_) {
-    ChunkState& chunk = *state;
-    auto ready = [this, &chunk, min_version]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
-      return chunk.version >= min_version || aborted_.load();
-    };
-    // Waits in slices, so that a broken caller is noticed.
-    while (true) {
-      const absl::Time slice =
-          cancelled == nullptr
-              ? deadline
-              : std::min(deadline, absl::Now() + absl::Milliseconds(100));
-      if (chunk.mu.LockWhenWithDeadline(absl::Condition(&ready), slice)) break;
-      if (cancelled != nullptr && cancelled->load()) {
+  std::vector<bool> sent(chunks_.size(), false);
+  size_t remaining = chunks_.size();
+  while (remaining > 0) {
+    int64_t seen;
+    {
+      absl::MutexLock lock(&updates_mu_);
+      seen = updates_;
+    }
+    // Every chunk ready now, in plan order.
+    bool progressed = false;
+    for (size_t i = 0; i < chunks_.size(); ++i) {
+      if (sent[i]) continue;
+      ChunkState& chunk = *chunks_[i];
+      chunk.mu.Lock();
+      if (aborted_.load()) {
         chunk.mu.Unlock();
+        return AbortedStatus();
+      }
+      if (chunk.version < min_version) {
+        chunk.mu.Unlock();
+        continue;
+      }
+      visit(chunk.spec, chunk.version,
+            absl::MakeConstSpan(chunk.weights.data(), chunk.weights.size()));
+      chunk.mu.Unlock();
+      sent[i] = true;
+      --remaining;
+      progressed = true;
+      if (after_chunk && !after_chunk()) {
         return absl::CancelledError(
             absl::StrCat("pull from shard ", options_.shard_index,
                          " cancelled: the worker's stream ended"));
       }
-      if (absl::Now() < deadline) {
-        chunk.mu.Unlock();
-        continue;
-      }
-      std::vector<int> missing;
-      for (int w = 0; w < options_.num_workers; ++w) {
-        if (!chunk.has_pending[w]) missing.push_back(w);
-      }
-      const int64_t version = chunk.version;
-      chunk.mu.Unlock();
-      return absl::DeadlineExceededError(absl::StrCat(
-          "pull of version ", min_version, " from shard ", options_.shard_index,
-          " timed out at chunk (", chunk.spec.param_id, ", ",
-          chunk.spec.chunk_index, "), still at version ", version,
-          "; no push yet from worker(s) ", absl::StrJoin(missing, ",")));
     }
-    if (aborted_.load()) {
-      chunk.mu.Unlock();
-      return AbortedStatus();
-    }
-    visit(chunk.spec, chunk.version,
-          absl::MakeConstSpan(chunk.weights.data(), chunk.weights.size()));
-    chunk.mu.Unlock();
-    if (after_chunk && !after_chunk()) {
+    if (progressed) continue;
+    // None ready: wait for the next update, in slices, so that a broken
+    // caller is noticed.
+    auto changed = [this, seen]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+      return updates_ != seen || aborted_.load();
+    };
+    const absl::Time slice =
+        cancelled == nullptr
+            ? deadline
+            : std::min(deadline, absl::Now() + absl::Milliseconds(100));
+    updates_mu_.LockWhenWithDeadline(absl::Condition(&changed), slice);
+    updates_mu_.Unlock();
+    if (aborted_.load()) return AbortedStatus();
+    if (cancelled != nullptr && cancelled->load()) {
       return absl::CancelledError(
           absl::StrCat("pull from shard ", options_.shard_index,
                        " cancelled: the worker's stream ended"));
     }
+    if (absl::Now() < deadline) continue;
+    // Name the first chunk still waiting and whose push it lacks.
+    size_t first = 0;
+    while (sent[first]) ++first;
+    ChunkState& chunk = *chunks_[first];
+    absl::MutexLock lock(&chunk.mu);
+    if (chunk.version >= min_version) continue;  // arrived just now
+    std::vector<int> missing;
+    for (int w = 0; w < options_.num_workers; ++w) {
+      if (!chunk.has_pending[w]) missing.push_back(w);
+    }
+    return absl::DeadlineExceededError(absl::StrCat(
+        "pull of version ", min_version, " from shard ", options_.shard_index,
+        " timed out at chunk (", chunk.spec.param_id, ", ",
+        chunk.spec.chunk_index, "), still at version ", chunk.version,
+        "; no push yet from worker(s) ", absl::StrJoin(missing, ",")));
   }
   return absl::OkStatus();
 }

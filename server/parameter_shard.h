@@ -122,15 +122,17 @@ class ParameterShard {
   absl::Status Push(int worker_id, int32_t param_id, int32_t chunk_index,
                     int64_t step, int64_t num_elements, GradientSource fill);
 
-  // Called once per chunk of this shard, in plan order, with the chunk's
-  // weights at a version >= min_version. The span is valid only during the
-  // call (the chunk's lock is held).
+  // Called once per chunk of this shard with the chunk's weights at a
+  // version >= min_version. The span is valid only during the call (the
+  // chunk's lock is held).
   using PullVisitor =
       std::function<void(const ChunkSpec& chunk, int64_t version,
                          absl::Span<const float> weights)>;
-  // Waits, chunk by chunk, for version >= min_version (min_version 0: the
-  // newest) and hands each chunk to `visit` as soon as it is ready, so the
-  // first chunks can be sent while later ones are still aggregating.
+  // Hands each chunk to `visit` as soon as it reaches version >= min_version
+  // (min_version 0: the newest), in the order chunks get there (plan order
+  // among those ready together): the first aggregated chunks can be sent
+  // while later ones are still aggregating, whatever order the workers push
+  // in (a worker pushing during backward sends the last layers first).
   // `samples` (training samples of the worker's last step) is added to the
   // shard's throughput counter.
   //
@@ -170,6 +172,8 @@ class ParameterShard {
     int num_latest ABSL_GUARDED_BY(mu) = 0;
   };
 
+  // Wakes pulls waiting for a chunk: after a version change.
+  void NoteUpdate();
   void ApplyLocked(ChunkState& chunk, const float* gradient)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk.mu);
 
@@ -188,6 +192,11 @@ class ParameterShard {
   std::vector<std::unique_ptr<ChunkState>> chunks_;
   // Index into chunks_ by the plan's global chunk index; -1: not ours.
   std::vector<int> local_index_;
+  // Bumped after every version change (and by Abort()), so that a pull can
+  // wait for "some chunk changed". Taken after a chunk's lock, never
+  // before one.
+  mutable absl::Mutex updates_mu_;
+  int64_t updates_ ABSL_GUARDED_BY(updates_mu_) = 0;
 
   std::atomic<int64_t> samples_{0};
   std::atomic<int64_t> pushes_{0};

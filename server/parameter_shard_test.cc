@@ -4,6 +4,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "gtest/gtest.h"
 
@@ -207,6 +208,51 @@ TEST(ParameterShardTest, PullHandsOutChunksAsTheyBecomeReadyAndCancels) {
   EXPECT_LT(absl::Now() - start, absl::Seconds(1));
   EXPECT_EQ(status.code(), absl::StatusCode::kCancelled);
   EXPECT_EQ(written.load(), 1);
+}
+
+// A worker pushing during backward sends the last tensors first; the pull
+// must hand those out at once, not wait behind the first chunk.
+TEST(ParameterShardTest, PullHandsOutChunksInTheOrderTheyBecomeReady) {
+  ParameterShard shard(Options(2, SyncMode::kSync));
+  ASSERT_TRUE(shard.Initialize({6, 2}, 16, InitChunks()).ok());
+  absl::Mutex mu;
+  std::vector<int> order;  // param_id * 10 + chunk_index, as handed out
+  absl::Status status;
+  std::thread puller([&] {
+    status = shard.Pull(
+        1, 0, absl::Now() + absl::Seconds(10),
+        [&](const ChunkSpec& c, int64_t version, absl::Span<const float>) {
+          EXPECT_EQ(version, 1);
+          absl::MutexLock lock(&mu);
+          order.push_back(c.param_id * 10 + c.chunk_index);
+        });
+  });
+  auto push_both = [&](int param, int index, int n) {
+    for (int w = 0; w < 2; ++w) {
+      ASSERT_TRUE(
+          shard.Push(w, param, index, 0, std::vector<float>(n, 1.0f)).ok());
+    }
+  };
+  auto handed_out = [&] {
+    absl::MutexLock lock(&mu);
+    return order;
+  };
+  // Chunks (1,0), then (0,1), then (0,0): the reverse of plan order.
+  push_both(1, 0, 2);
+  const absl::Time start = absl::Now();
+  while (handed_out().empty() && absl::Now() < start + absl::Seconds(5)) {
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  EXPECT_EQ(handed_out(), std::vector<int>({10}));
+  push_both(0, 1, 2);
+  while (handed_out().size() < 2 && absl::Now() < start + absl::Seconds(5)) {
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  EXPECT_EQ(handed_out(), std::vector<int>({10, 1}));
+  push_both(0, 0, 4);
+  puller.join();
+  EXPECT_TRUE(status.ok()) << status;
+  EXPECT_EQ(handed_out(), std::vector<int>({10, 1, 0}));
 }
 
 TEST(ParameterShardTest, AsyncAppliesEveryPush) {
