@@ -34,11 +34,23 @@ class PsExchange : public GradientExchange {
     return absl::OkStatus();
   }
 
+  void GradientsReady(const std::vector<absl::Span<const float>>& gradients,
+                      int64_t samples, absl::Span<const int> tensors,
+                      std::shared_ptr<CopyFence> fence) override {
+    if (!client_->step_begun()) {
+      // An error here (none is expected: no step is in flight) comes back
+      // from Step(), which begins the step itself.
+      if (!BeginStep(gradients, samples).ok()) return;
+    }
+    client_->PushReady(tensors, std::move(fence));
+  }
+
   absl::Status Step(const std::vector<absl::Span<const float>>& gradients,
                     int64_t samples) override {
-    ASSIGN_OR_RETURN(version_, client_->PushPull(version_, gradients,
-                                                 sync_ ? version_ + 1 : 0,
-                                                 samples, weights_));
+    if (!client_->step_begun()) {
+      RETURN_IF_ERROR(BeginStep(gradients, samples));
+    }
+    ASSIGN_OR_RETURN(version_, client_->FinishStep());
     return absl::OkStatus();
   }
 
@@ -52,6 +64,12 @@ class PsExchange : public GradientExchange {
   absl::Status Finish() override { return client_->Done(); }
 
  private:
+  absl::Status BeginStep(const std::vector<absl::Span<const float>>& gradients,
+                         int64_t samples) {
+    return client_->BeginStep(version_, gradients, sync_ ? version_ + 1 : 0,
+                              samples, weights_);
+  }
+
   std::unique_ptr<PsClient> client_;
   const bool sync_;
   const bool chief_;
@@ -112,7 +130,7 @@ class AllreduceExchange : public GradientExchange {
   }
 
   void GradientsReady(const std::vector<absl::Span<const float>>& gradients,
-                      absl::Span<const int> tensors,
+                      int64_t samples, absl::Span<const int> tensors,
                       std::shared_ptr<CopyFence> fence) override {
     absl::MutexLock lock(&mu_);
     for (int t : tensors) {

@@ -2,8 +2,10 @@
 // mode (the rest of the training loop, worker/trainer.h, is shared):
 //
 //   PS (sync, async): push every gradient chunk to the shard that owns it,
-//     pull the new weights (sync: after the barrier; async: the newest);
-//     Adam runs on the shards.
+//     as soon as backward has produced it (GradientsReady), and pull the new
+//     weights (sync: each chunk once every worker's push of it is in;
+//     async: the newest, after this worker's pushes); Adam runs on the
+//     shards.
 //   allreduce: average the gradients over the workers with ring allreduce
 //     (worker/collective.h) in buckets of at most `bucket_bytes` (tensors in
 //     reverse order, as PyTorch DDP fills its buckets). A communication
@@ -50,20 +52,24 @@ class GradientExchange {
   virtual absl::Status Start(const std::vector<absl::Span<float>>& weights) = 0;
 
   // During a step's compute: gradients `tensors` of `gradients` (the spans
-  // the next Step() gets) are final once `fence` (null: now) is passed (see
-  // GradientsReadyFn in models/model.h). The allreduce exchange starts
-  // their bucket's communication here; the PS exchange pushes in Step().
+  // the next Step() gets, of a batch of `samples`) are final once `fence`
+  // (null: now) is passed (see GradientsReadyFn in models/model.h). The
+  // allreduce exchange starts their bucket's communication here; the PS
+  // exchange begins the step (sync: sends the pull) and pushes their
+  // chunks, as BytePS does during backward.
   virtual void GradientsReady(
-      const std::vector<absl::Span<const float>>& gradients,
+      const std::vector<absl::Span<const float>>& gradients, int64_t samples,
       absl::Span<const int> tensors, std::shared_ptr<CopyFence> fence) {}
 
   // One step: this worker's gradients (and buffer values) of a batch of
   // `samples`; on return the spans given to Start() hold the next step's
   // weights. Tensors not named by GradientsReady() are taken as ready now.
-  // The allreduce exchange may write a bucket's weights before Step(), as
-  // soon as the bucket is averaged, while backward still runs: a tensor
-  // announced by GradientsReady() must no longer be read by this step's
-  // compute (true of a layer's weights once its backward has finished).
+  // Either exchange may write a tensor's weights before Step(), while
+  // backward still runs (allreduce: once its bucket is averaged; sync PS:
+  // once every worker has pushed its chunk and the shard sent it back): a
+  // tensor announced by GradientsReady() must no longer be read by this
+  // step's compute (true of a layer's weights once its backward has
+  // finished).
   virtual absl::Status Step(
       const std::vector<absl::Span<const float>>& gradients,
       int64_t samples) = 0;

@@ -1,13 +1,19 @@
-// The allreduce exchange: buckets start during backward (before Step()),
-// and the weights after a step equal Adam applied to the average gradient,
-// whether or not backward announced its gradients.
+// Both exchanges: communication starts during backward (before Step()):
+// the allreduce's buckets, the PS's pushes (and, sync, the pulls of chunks
+// every worker has pushed); the weights after a step equal Adam applied to
+// the average gradient, whether or not backward announced its gradients.
 #include "worker/gradient_exchange.h"
 
+#include <atomic>
 #include <thread>  // NOLINT(build/c++11)
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
+#include "common/grpc_server.h"
+#include "common/partition.h"
 #include "gtest/gtest.h"
+#include "server/parameter_shard.h"
+#include "server/ps_service.h"
 
 namespace pstrain {
 namespace {
@@ -100,11 +106,12 @@ TEST(AllreduceExchangeTest, BucketsStartDuringBackwardAndMatchAdam) {
       // allreduce starts (the fence is waited on) before the other
       // gradients exist and before Step().
       auto first = std::make_shared<ProbeFence>();
-      exchange->GradientsReady(gradients, {2}, first);
+      exchange->GradientsReady(gradients, 8, {2}, first);
       EXPECT_TRUE(first->WaitedWithin(absl::Seconds(10)))
           << "bucket 0 did not start before the rest of backward";
-      exchange->GradientsReady(gradients, {1}, nullptr);
-      exchange->GradientsReady(gradients, {0}, std::make_shared<ProbeFence>());
+      exchange->GradientsReady(gradients, 8, {1}, nullptr);
+      exchange->GradientsReady(gradients, 8, {0},
+                               std::make_shared<ProbeFence>());
       ASSERT_TRUE(exchange->Step(gradients, 8).ok());
       // Step 2: nothing announced; Step() exchanges everything.
       ASSERT_TRUE(exchange->Step(gradients, 8).ok());
@@ -135,7 +142,7 @@ TEST(AllreduceExchangeTest, FailedCopyIsStepsErrorAndMidStepExitIsPrompt) {
         c->get(), AdamOptions(), kElements * sizeof(float), 0);
     ASSERT_TRUE(exchange->Start(weights).ok());
     exchange->GradientsReady(
-        gradients, {2},
+        gradients, 1, {2},
         std::make_shared<ProbeFence>(absl::DataLossError("copy 7 failed")));
     const absl::Status s = exchange->Step(gradients, 1);
     EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
@@ -149,7 +156,156 @@ TEST(AllreduceExchangeTest, FailedCopyIsStepsErrorAndMidStepExitIsPrompt) {
     std::unique_ptr<GradientExchange> exchange = CreateAllreduceExchange(
         c->get(), AdamOptions(), kElements * sizeof(float), 0);
     ASSERT_TRUE(exchange->Start(weights).ok());
-    exchange->GradientsReady(gradients, {2}, nullptr);
+    exchange->GradientsReady(gradients, 8, {2}, nullptr);
+  }
+  EXPECT_LT(absl::Now() - start, absl::Seconds(2));
+}
+
+// `num_shards` sync shards of a job of `num_workers`, each behind its own
+// gRPC server on 127.0.0.1, for tensors of kTensors x kElements in one
+// chunk each.
+class Shards {
+ public:
+  Shards(int num_shards, int num_workers) {
+    for (int s = 0; s < num_shards; ++s) {
+      ShardOptions options;
+      options.job_id = "job";
+      options.shard_index = s;
+      options.num_shards = num_shards;
+      options.num_workers = num_workers;
+      options.mode = SyncMode::kSync;
+      shards_.push_back(std::make_unique<ParameterShard>(options));
+      services_.push_back(
+          std::make_unique<PsService>(shards_.back().get(), absl::Seconds(10)));
+      absl::StatusOr<ListeningServer> listening =
+          StartGrpcServer("127.0.0.1:0", services_.back().get(), "");
+      EXPECT_TRUE(listening.ok()) << listening.status();
+      addresses_.push_back("127.0.0.1:" + std::to_string(listening->port));
+      servers_.push_back(std::move(listening->server));
+    }
+  }
+  ~Shards() {
+    for (auto& server : servers_) server->Shutdown();
+  }
+  PartitionPlan Plan() const {
+    return *PartitionPlan::Create(std::vector<int64_t>(kTensors, kElements),
+                                  kElements * sizeof(float),
+                                  static_cast<int>(shards_.size()));
+  }
+  std::unique_ptr<GradientExchange> Exchange(int worker, bool chief) const {
+    PsClientOptions options;
+    options.addresses = addresses_;
+    options.job_id = "job";
+    options.worker_id = worker;
+    options.rpc_timeout = absl::Seconds(10);
+    absl::StatusOr<std::unique_ptr<PsClient>> client =
+        PsClient::Create(options, Plan());
+    EXPECT_TRUE(client.ok()) << client.status();
+    return CreatePsExchange(*std::move(client), /*sync=*/true, chief,
+                            absl::Seconds(10));
+  }
+  ParameterShard& shard(int s) { return *shards_[s]; }
+
+ private:
+  std::vector<std::unique_ptr<ParameterShard>> shards_;
+  std::vector<std::unique_ptr<PsService>> services_;
+  std::vector<std::unique_ptr<grpc::Server>> servers_;
+  std::vector<std::string> addresses_;
+};
+
+TEST(PsExchangeTest, PushesStartDuringBackwardAndMatchAdam) {
+  constexpr int kWorkers = 2;
+  Shards shards(/*num_shards=*/2, kWorkers);
+  const PartitionPlan plan = shards.Plan();
+  ParameterShard& last_shard =
+      shards.shard(plan.chunks()[plan.FindChunk(kTensors - 1, 0)].shard);
+  std::vector<std::vector<std::vector<float>>> results(kWorkers);
+  std::atomic<int> checked{0};
+  std::vector<std::thread> workers;
+  for (int r = 0; r < kWorkers; ++r) {
+    workers.emplace_back([&, r] {
+      std::unique_ptr<GradientExchange> exchange =
+          shards.Exchange(r, /*chief=*/r == 0);
+      std::vector<std::vector<float>> w(kTensors,
+                                        std::vector<float>(kElements, 0.1f));
+      std::vector<std::vector<float>> g;
+      std::vector<absl::Span<float>> weights;
+      std::vector<absl::Span<const float>> gradients;
+      for (int t = 0; t < kTensors; ++t) g.push_back(Gradient(r, t));
+      for (int t = 0; t < kTensors; ++t) {
+        weights.emplace_back(w[t]);
+        gradients.emplace_back(g[t]);
+      }
+      const absl::Status started = exchange->Start(weights);
+      ASSERT_TRUE(started.ok()) << started;
+
+      // Step 1: backward announces the last tensor first; both workers'
+      // pushes of it reach its shard before anyone calls Step().
+      auto first = std::make_shared<ProbeFence>();
+      exchange->GradientsReady(gradients, 8, {kTensors - 1}, first);
+      EXPECT_TRUE(first->WaitedWithin(absl::Seconds(10)));
+      const absl::Time start = absl::Now();
+      while (last_shard.Stats().pushes < kWorkers &&
+             absl::Now() < start + absl::Seconds(10)) {
+        absl::SleepFor(absl::Milliseconds(1));
+      }
+      EXPECT_EQ(last_shard.Stats().pushes, kWorkers)
+          << "the pushes did not start before Step()";
+      // No worker goes on before both have looked.
+      ++checked;
+      while (checked.load() < kWorkers &&
+             absl::Now() < start + absl::Seconds(10)) {
+        absl::SleepFor(absl::Milliseconds(1));
+      }
+      exchange->GradientsReady(gradients, 8, {1}, nullptr);
+      exchange->GradientsReady(gradients, 8, {0},
+                               std::make_shared<ProbeFence>());
+      ASSERT_TRUE(exchange->Step(gradients, 8).ok());
+      // Step 2: nothing announced; Step() exchanges everything.
+      ASSERT_TRUE(exchange->Step(gradients, 8).ok());
+      results[r] = w;
+      ASSERT_TRUE(exchange->Finish().ok());
+    });
+  }
+  for (std::thread& t : workers) t.join();
+  const std::vector<std::vector<float>> expected =
+      Expected(kWorkers, 2, AdamOptions());
+  for (int r = 0; r < kWorkers; ++r) {
+    for (int t = 0; t < kTensors; ++t) {
+      EXPECT_EQ(results[r][t], expected[t])
+          << "worker " << r << " tensor " << t;
+    }
+  }
+}
+
+TEST(PsExchangeTest, FailedCopyIsStepsErrorAndMidStepExitIsPrompt) {
+  Shards shards(/*num_shards=*/1, /*num_workers=*/1);
+  std::vector<std::vector<float>> w(kTensors,
+                                    std::vector<float>(kElements, 0.1f));
+  std::vector<std::vector<float>> g(kTensors, std::vector<float>(kElements));
+  std::vector<absl::Span<float>> weights(w.begin(), w.end());
+  std::vector<absl::Span<const float>> gradients(g.begin(), g.end());
+  {
+    std::unique_ptr<GradientExchange> exchange = shards.Exchange(0, true);
+    ASSERT_TRUE(exchange->Start(weights).ok());
+    exchange->GradientsReady(
+        gradients, 1, {2},
+        std::make_shared<ProbeFence>(absl::DataLossError("copy 7 failed")));
+    const absl::Time start = absl::Now();
+    const absl::Status s = exchange->Step(gradients, 1);
+    EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+    EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+    EXPECT_EQ(s.message(), "copy 7 failed");
+    // Nothing reached the shard, and the weights were not touched.
+    EXPECT_EQ(shards.shard(0).Stats().pushes, 0);
+    EXPECT_EQ(w[2], std::vector<float>(kElements, 0.1f));
+  }
+  // Backward fails after one layer: the exchange goes away mid-step.
+  const absl::Time start = absl::Now();
+  {
+    std::unique_ptr<GradientExchange> exchange = shards.Exchange(0, false);
+    ASSERT_TRUE(exchange->Start(weights).ok());
+    exchange->GradientsReady(gradients, 1, {2}, nullptr);
   }
   EXPECT_LT(absl::Now() - start, absl::Seconds(2));
 }

@@ -1,11 +1,13 @@
 #include "worker/ps_client.h"
 
 #include <algorithm>
-#include <atomic>
-#include <thread>
+#include <deque>
+#include <thread>  // NOLINT(build/c++11)
 #include <utility>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "common/chunk_message.h"
 #include "common/rpc_options.h"
 #include "common/status.h"
@@ -37,6 +39,7 @@ PsClient::PsClient(const PsClientOptions& options, const PartitionPlan& plan)
     : options_(options), plan_(plan) {}
 
 PsClient::~PsClient() {
+  AbortStep();
   for (Stream& s : streams_) {
     if (s.context != nullptr) s.context->TryCancel();
   }
@@ -61,6 +64,11 @@ absl::StatusOr<std::unique_ptr<PsClient>> PsClient::Create(
   std::unique_ptr<PsClient> client(new PsClient(options, plan));
   for (int s = 0; s < plan.num_shards(); ++s) {
     client->shard_chunks_.push_back(plan.ChunksOfShard(s));
+    client->tensor_chunks_.resize(plan.param_num_elements().size());
+    for (size_t i = 0; i < client->shard_chunks_[s].size(); ++i) {
+      client->tensor_chunks_[client->shard_chunks_[s][i].param_id].emplace_back(
+          s, static_cast<int>(i));
+    }
     client->channels_.push_back(grpc::CreateCustomChannel(
         options.addresses[s], grpc::InsecureChannelCredentials(),
         PsChannelArguments()));
@@ -161,59 +169,89 @@ absl::Status PsClient::FinishStream(int shard) {
   return ShardError(shard, status);
 }
 
-absl::Status PsClient::PushPullShard(
-    int shard, int64_t step, const std::vector<absl::Span<const float>>& grads,
-    int64_t min_version, int64_t samples,
-    const std::vector<absl::Span<float>>& weights, int64_t* version) {
-  Stream& s = streams_[shard];
-  if (s.stream == nullptr) {
-    s.context = std::make_unique<grpc::ClientContext>();
-    SetDeadline(s.context.get(), options_.stream_timeout);
-    // The stream moves grpc::ByteBuffers (common/chunk_message.h), created
-    // the way gRPC's generated stubs create theirs.
-    s.stream.reset(grpc::internal::ClientReaderWriterFactory<
-                   grpc::ByteBuffer,
-                   grpc::ByteBuffer>::Create(channels_[shard].get(),
-                                             push_pull_methods_[shard],
-                                             s.context.get()));
-  }
-  auto write_pushes = [&]() {
-    PushPullRequest envelope;
-    SetHeader(envelope.mutable_header());
-    for (const ChunkSpec& c : shard_chunks_[shard]) {
-      if (!s.stream->Write(EncodeChunkMessage(
-              envelope, kPushChunkField, c.param_id, c.chunk_index, step,
-              grads[c.param_id].subspan(c.offset, c.num_elements),
-              leases_[shard].get()))) {
-        return false;
-      }
-    }
-    return true;
-  };
+struct PsClient::StepState {
+  int64_t step = 0;
+  int64_t min_version = 0;
+  std::vector<absl::Span<const float>> gradients;
+  std::vector<absl::Span<float>> weights;
+  // The pull request, sent by each shard's pusher.
   PushPullRequest pull;
-  SetHeader(pull.mutable_header());
-  pull.mutable_pull()->set_min_version(min_version);
-  pull.mutable_pull()->set_samples(samples);
-  // Sync: the pull goes first and the pushes from a second thread, so that
-  // the shard sends each updated chunk back while later gradients are still
-  // on their way up (both directions of the link busy). Async: pushes, then
-  // the pull, so that the pulled weights include this worker's update.
-  std::thread pusher;
-  std::atomic<bool> pushed{true};
-  if (!grads.empty() && min_version > 0) {
-    if (!s.stream->Write(EncodeSmallMessage(pull))) return FinishStream(shard);
-    pusher = std::thread([&] { pushed.store(write_pushes()); });
-  } else {
-    if (!grads.empty() && !write_pushes()) return FinishStream(shard);
-    if (!s.stream->Write(EncodeSmallMessage(pull))) return FinishStream(shard);
+  bool pull_first = false;
+
+  absl::Mutex mu;
+  // Per shard: chunks let go and not yet pushed (indices into
+  // shard_chunks_[shard]), each with the fence to pass first.
+  std::vector<std::deque<std::pair<int, std::shared_ptr<CopyFence>>>> ready
+      ABSL_GUARDED_BY(mu);
+  std::vector<bool> released ABSL_GUARDED_BY(mu);  // per tensor
+  bool all_released ABSL_GUARDED_BY(mu) = false;
+  bool aborted ABSL_GUARDED_BY(mu) = false;
+
+  // One per shard: its reader (which runs its pusher).
+  std::vector<std::thread> threads;
+  std::vector<absl::Status> statuses;
+  std::vector<int64_t> versions;
+};
+
+absl::Status PsClient::WritePushes(int shard, StepState* state) {
+  Stream& s = streams_[shard];
+  if (state->pull_first && !s.stream->Write(EncodeSmallMessage(state->pull))) {
+    return absl::UnavailableError("stream broke");
   }
-  // Ends the call (so a blocked push returns), then the pusher.
-  auto fail = [&](absl::Status status) {
-    if (pusher.joinable()) {
-      s.context->TryCancel();
-      pusher.join();
+  PushPullRequest envelope;
+  SetHeader(envelope.mutable_header());
+  while (true) {
+    std::pair<int, std::shared_ptr<CopyFence>> next;
+    {
+      absl::MutexLock lock(&state->mu);
+      auto go = [state, shard]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(state->mu) {
+        return state->aborted || state->all_released ||
+               !state->ready[shard].empty();
+      };
+      state->mu.Await(absl::Condition(&go));
+      if (state->aborted) return absl::CancelledError("step aborted");
+      if (state->ready[shard].empty()) break;  // all released and pushed
+      next = std::move(state->ready[shard].front());
+      state->ready[shard].pop_front();
     }
+    if (next.second != nullptr) {
+      absl::Status fenced = next.second->Wait();
+      if (!fenced.ok()) return fenced;
+    }
+    const ChunkSpec& c = shard_chunks_[shard][next.first];
+    if (!s.stream->Write(EncodeChunkMessage(
+            envelope, kPushChunkField, c.param_id, c.chunk_index, state->step,
+            state->gradients[c.param_id].subspan(c.offset, c.num_elements),
+            leases_[shard].get()))) {
+      return absl::UnavailableError("stream broke");
+    }
+  }
+  if (!state->pull_first && !s.stream->Write(EncodeSmallMessage(state->pull))) {
+    return absl::UnavailableError("stream broke");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status PsClient::PushPullShard(int shard, StepState* state,
+                                     int64_t* version) {
+  Stream& s = streams_[shard];
+  absl::Status pushed;
+  std::thread pusher([&] {
+    pushed = WritePushes(shard, state);
+    // The shard will not answer without this worker's pushes: end the call
+    // so that the read below returns.
+    if (!pushed.ok()) s.context->TryCancel();
+  });
+  // Ends the call (so a blocked push returns), then the pusher; a pusher's
+  // own error (a failed fence) comes first.
+  auto fail = [&](absl::Status status) {
+    s.context->TryCancel();
+    pusher.join();
     absl::Status finished = FinishStream(shard);
+    if (!pushed.ok() && !absl::IsUnavailable(pushed) &&
+        !absl::IsCancelled(pushed)) {
+      return pushed;
+    }
     return status.ok() ? finished : status;
   };
   grpc::ByteBuffer buffer;
@@ -240,7 +278,7 @@ absl::Status PsClient::PushPullShard(
       const ChunkSpec& c = plan_.chunks()[index];
       // One copy, from the received slices into the weights.
       status = received.CopyFloatPayload(
-          weights[c.param_id].subspan(c.offset, c.num_elements));
+          state->weights[c.param_id].subspan(c.offset, c.num_elements));
       if (!status.ok()) return fail(status);
       smallest =
           smallest < 0 ? chunk.version() : std::min(smallest, chunk.version());
@@ -248,8 +286,13 @@ absl::Status PsClient::PushPullShard(
     }
     if (envelope.last_of_pull()) break;
   }
-  if (pusher.joinable()) pusher.join();
-  if (!pushed.load()) return FinishStream(shard);
+  // The pull is complete, so the shard has read every push (sync: it
+  // needed them; async: they went before the pull): the pusher is done.
+  pusher.join();
+  if (!pushed.ok()) {
+    if (absl::IsUnavailable(pushed)) return FinishStream(shard);
+    return pushed;
+  }
   if (received_chunks != shard_chunks_[shard].size()) {
     return absl::DataLossError(
         absl::StrCat("shard ", shard, " answered a pull with ", received_chunks,
@@ -263,36 +306,128 @@ absl::StatusOr<int64_t> PsClient::PushPull(
     int64_t step, const std::vector<absl::Span<const float>>& gradients,
     int64_t min_version, int64_t samples,
     const std::vector<absl::Span<float>>& weights) {
+  RETURN_IF_ERROR(BeginStep(step, gradients, min_version, samples, weights));
+  return FinishStep();
+}
+
+absl::Status PsClient::BeginStep(
+    int64_t step, const std::vector<absl::Span<const float>>& gradients,
+    int64_t min_version, int64_t samples,
+    const std::vector<absl::Span<float>>& weights) {
+  if (step_ != nullptr) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("step ", step, " begun while step ", step_->step,
+                     " is still in flight"));
+  }
   const int n = num_shards();
-  std::vector<absl::Status> statuses(n);
-  std::vector<int64_t> versions(n, 0);
-  std::vector<std::thread> threads;
-  for (int s = 1; s < n; ++s) {
-    threads.emplace_back([&, s] {
-      statuses[s] = PushPullShard(s, step, gradients, min_version, samples,
-                                  weights, &versions[s]);
+  step_ = std::make_unique<StepState>();
+  StepState* state = step_.get();
+  state->step = step;
+  state->min_version = min_version;
+  state->gradients = gradients;
+  state->weights = weights;
+  SetHeader(state->pull.mutable_header());
+  state->pull.mutable_pull()->set_min_version(min_version);
+  state->pull.mutable_pull()->set_samples(samples);
+  state->pull_first = !gradients.empty() && min_version > 0;
+  {
+    absl::MutexLock lock(&state->mu);
+    state->ready.resize(n);
+    state->released.assign(tensor_chunks_.size(), false);
+    state->all_released = gradients.empty();
+  }
+  state->statuses.assign(n, absl::OkStatus());
+  state->versions.assign(n, 0);
+  for (int s = 0; s < n; ++s) {
+    Stream& stream = streams_[s];
+    if (stream.stream == nullptr) {
+      stream.context = std::make_unique<grpc::ClientContext>();
+      SetDeadline(stream.context.get(), options_.stream_timeout);
+      // The stream moves grpc::ByteBuffers (common/chunk_message.h),
+      // created the way gRPC's generated stubs create theirs.
+      stream.stream.reset(grpc::internal::ClientReaderWriterFactory<
+                          grpc::ByteBuffer,
+                          grpc::ByteBuffer>::Create(channels_[s].get(),
+                                                    push_pull_methods_[s],
+                                                    stream.context.get()));
+    }
+  }
+  for (int s = 0; s < n; ++s) {
+    state->threads.emplace_back([this, state, s] {
+      state->statuses[s] = PushPullShard(s, state, &state->versions[s]);
     });
   }
-  statuses[0] = PushPullShard(0, step, gradients, min_version, samples, weights,
-                              &versions[0]);
-  for (std::thread& t : threads) t.join();
-  // The pushes lent `gradients` to gRPC without a copy, and the caller may
+  return absl::OkStatus();
+}
+
+void PsClient::PushReady(absl::Span<const int> tensors,
+                         std::shared_ptr<CopyFence> fence) {
+  if (step_ == nullptr || step_->gradients.empty()) return;
+  StepState* state = step_.get();
+  absl::MutexLock lock(&state->mu);
+  for (int t : tensors) {
+    if (t < 0 || t >= static_cast<int>(tensor_chunks_.size()) ||
+        state->released[t]) {
+      continue;
+    }
+    state->released[t] = true;
+    for (const auto& [shard, index] : tensor_chunks_[t]) {
+      state->ready[shard].emplace_back(index, fence);
+    }
+  }
+}
+
+absl::StatusOr<int64_t> PsClient::FinishStep() {
+  if (step_ == nullptr) {
+    return absl::FailedPreconditionError("no step begun");
+  }
+  StepState* state = step_.get();
+  {
+    absl::MutexLock lock(&state->mu);
+    if (!state->all_released) {
+      for (size_t t = 0; t < tensor_chunks_.size(); ++t) {
+        if (state->released[t]) continue;
+        state->released[t] = true;
+        for (const auto& [shard, index] : tensor_chunks_[t]) {
+          state->ready[shard].emplace_back(index, nullptr);
+        }
+      }
+      state->all_released = true;
+    }
+  }
+  for (std::thread& t : state->threads) t.join();
+  std::unique_ptr<StepState> done = std::move(step_);
+  const int n = num_shards();
+  // The pushes lent the gradients to gRPC without a copy, and the caller may
   // change them once this returns: wait until gRPC has let go of every
   // slice. After a successful pull this is only gRPC dropping references,
   // since each shard answered the pull after it had read the pushes.
   for (int s = 0; s < n; ++s) {
     if (!leases_[s]->WaitReleased(absl::Now() + options_.rpc_timeout) &&
-        statuses[s].ok()) {
-      statuses[s] = absl::InternalError(
+        done->statuses[s].ok()) {
+      done->statuses[s] = absl::InternalError(
           absl::StrCat("shard ", s, " (", options_.addresses[s],
                        "): gRPC still holds the pushed gradients after ",
                        absl::FormatDuration(options_.rpc_timeout)));
     }
   }
-  for (const absl::Status& status : statuses) {
+  for (const absl::Status& status : done->statuses) {
     if (!status.ok()) return status;
   }
-  return *std::min_element(versions.begin(), versions.end());
+  return *std::min_element(done->versions.begin(), done->versions.end());
+}
+
+void PsClient::AbortStep() {
+  if (step_ == nullptr) return;
+  {
+    absl::MutexLock lock(&step_->mu);
+    step_->aborted = true;
+  }
+  for (Stream& s : streams_) {
+    if (s.context != nullptr) s.context->TryCancel();
+  }
+  for (std::thread& t : step_->threads) t.join();
+  step_.reset();
 }
 
 absl::StatusOr<StatsResponse> PsClient::Stats(int shard) {

@@ -14,7 +14,8 @@
 // Errors: a failed call returns its gRPC status as absl::Status, with the
 // shard index and address put in front of the message.
 //
-// Thread-compatible: one PsClient per worker thread.
+// Thread-compatible: one PsClient per worker thread (a step's own threads
+// are internal).
 #ifndef PSTRAIN_WORKER_PS_CLIENT_H_
 #define PSTRAIN_WORKER_PS_CLIENT_H_
 
@@ -23,6 +24,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -30,6 +32,7 @@
 #include "absl/types/span.h"
 #include "common/chunk_message.h"
 #include "common/partition.h"
+#include "models/backend.h"
 #include "proto/ps.grpc.pb.h"
 
 namespace pstrain {
@@ -61,16 +64,43 @@ class PsClient {
   absl::Status WaitReady(absl::Duration timeout);
 
   // Pushes `gradients` as step `step` (skipped when `gradients` is empty),
-  // then pulls every chunk at version >= `min_version` into `weights`.
-  // `samples` is the number of training samples of this step (for the
-  // shards' throughput counters). Returns the smallest version pulled.
-  // `gradients` go to gRPC without a copy: they must not change until this
-  // returns, and it returns only once gRPC has released them (INTERNAL if
-  // it still holds them after `rpc_timeout`).
+  // then pulls every chunk at version >= `min_version` into `weights`:
+  // BeginStep(), then FinishStep().
   absl::StatusOr<int64_t> PushPull(
       int64_t step, const std::vector<absl::Span<const float>>& gradients,
       int64_t min_version, int64_t samples,
       const std::vector<absl::Span<float>>& weights);
+
+  // One step in three calls, so that pushes can start during backward (as
+  // BytePS schedules them) while later gradients are still being computed.
+  //
+  // BeginStep() opens the streams and starts, per shard, a thread that
+  // sends the pull (sync, min_version > 0: first, so that updated chunks
+  // come back while later gradients still go up; async: after the pushes,
+  // so that the pulled weights include this worker's update) and pushes
+  // chunks as they are let go, and a thread that reads the pulled chunks
+  // into `weights` as the shard sends them. `samples` is the number of
+  // training samples of this step (for the shards' throughput counters).
+  // FAILED_PRECONDITION if a step is already begun.
+  absl::Status BeginStep(int64_t step,
+                         const std::vector<absl::Span<const float>>& gradients,
+                         int64_t min_version, int64_t samples,
+                         const std::vector<absl::Span<float>>& weights);
+  // Lets the chunks of `tensors` (indices into `gradients`) go, each once
+  // `fence` (null: none) is passed, in the order given; out-of-range and
+  // already released tensors are ignored. Thread-safe against the step's
+  // own threads; called by the thread that called BeginStep().
+  void PushReady(absl::Span<const int> tensors,
+                 std::shared_ptr<CopyFence> fence);
+  // Lets every other chunk go, waits for the whole pull and returns the
+  // smallest version pulled. Every chunk of `weights` is written by then;
+  // one whose tensor was let go may be written earlier (sync: once every
+  // worker has pushed it). `gradients` go to gRPC without a copy: they must
+  // not change until this returns, and it returns only once gRPC has
+  // released them (INTERNAL if it still holds them after `rpc_timeout`).
+  // FAILED_PRECONDITION without BeginStep().
+  absl::StatusOr<int64_t> FinishStep();
+  bool step_begun() const { return step_ != nullptr; }
 
   absl::StatusOr<StatsResponse> Stats(int shard);
 
@@ -94,13 +124,16 @@ class PsClient {
         stream;
   };
 
+  struct StepState;
+
   PsClient(const PsClientOptions& options, const PartitionPlan& plan);
   absl::Status ShardError(int shard, const grpc::Status& status) const;
-  absl::Status PushPullShard(int shard, int64_t step,
-                             const std::vector<absl::Span<const float>>& grads,
-                             int64_t min_version, int64_t samples,
-                             const std::vector<absl::Span<float>>& weights,
-                             int64_t* version);
+  // A shard's part of the step: its pushes and the pull (threads of
+  // BeginStep()).
+  absl::Status PushPullShard(int shard, StepState* state, int64_t* version);
+  absl::Status WritePushes(int shard, StepState* state);
+  // Ends the step in flight at once (the destructor's path).
+  void AbortStep();
   // Ends a broken stream and returns its status.
   absl::Status FinishStream(int shard);
   void SetHeader(RequestHeader* header) const;
@@ -108,6 +141,9 @@ class PsClient {
   const PsClientOptions options_;
   const PartitionPlan plan_;
   std::vector<std::vector<ChunkSpec>> shard_chunks_;
+  // For each tensor, the (shard, index into shard_chunks_[shard]) of its
+  // chunks.
+  std::vector<std::vector<std::pair<int, int>>> tensor_chunks_;
   std::vector<std::shared_ptr<grpc::Channel>> channels_;
   std::vector<std::unique_ptr<ParameterServer::Stub>> stubs_;
   // PushPull on each channel, as a method of ByteBuffer messages.
@@ -116,6 +152,8 @@ class PsClient {
   // it outlives the calls holding its slices).
   std::vector<std::unique_ptr<PayloadLease>> leases_;
   std::vector<Stream> streams_;
+  // The step between BeginStep() and FinishStep(); null otherwise.
+  std::unique_ptr<StepState> step_;
 };
 
 // Channel arguments shared by every pstrain client: message size limits

@@ -379,7 +379,8 @@ absl::StatusOr<TrainerOutput> RunWorker(const TrainerOptions& options,
 
   const GradientsReadyFn on_ready = [&](absl::Span<const int> tensors,
                                         std::shared_ptr<CopyFence> fence) {
-    exchange->GradientsReady(gradients, tensors, std::move(fence));
+    exchange->GradientsReady(gradients, options.batch_size, tensors,
+                             std::move(fence));
   };
   int64_t samples_at_start = 0;
   if (chief) {
