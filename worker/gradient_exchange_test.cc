@@ -76,6 +76,26 @@ std::vector<std::vector<float>> Expected(int size, int steps,
   return w;
 }
 
+// Rank `rank`'s weights (all 0.1) and gradients (Gradient()), with the
+// spans an exchange takes over them. Not movable: the spans point inside.
+struct RankTensors {
+  explicit RankTensors(int rank)
+      : w(kTensors, std::vector<float>(kElements, 0.1f)) {
+    for (int t = 0; t < kTensors; ++t) g.push_back(Gradient(rank, t));
+    for (int t = 0; t < kTensors; ++t) {
+      weights.emplace_back(w[t]);
+      gradients.emplace_back(g[t]);
+    }
+  }
+  RankTensors(const RankTensors&) = delete;
+  RankTensors& operator=(const RankTensors&) = delete;
+
+  std::vector<std::vector<float>> w;
+  std::vector<std::vector<float>> g;
+  std::vector<absl::Span<float>> weights;
+  std::vector<absl::Span<const float>> gradients;
+};
+
 TEST(AllreduceExchangeTest, BucketsStartDuringBackwardAndMatchAdam) {
   constexpr int kSize = 2;
   AdamOptions adam;
@@ -90,16 +110,10 @@ TEST(AllreduceExchangeTest, BucketsStartDuringBackwardAndMatchAdam) {
       // One tensor per bucket.
       std::unique_ptr<GradientExchange> exchange = CreateAllreduceExchange(
           c->get(), adam, kElements * sizeof(float), /*num_buffers=*/0);
-      std::vector<std::vector<float>> w(kTensors,
-                                        std::vector<float>(kElements, 0.1f));
-      std::vector<std::vector<float>> g;
-      std::vector<absl::Span<float>> weights;
-      std::vector<absl::Span<const float>> gradients;
-      for (int t = 0; t < kTensors; ++t) g.push_back(Gradient(r, t));
-      for (int t = 0; t < kTensors; ++t) {
-        weights.emplace_back(w[t]);
-        gradients.emplace_back(g[t]);
-      }
+      RankTensors tensors(r);
+      const std::vector<std::vector<float>>& w = tensors.w;
+      const std::vector<absl::Span<float>>& weights = tensors.weights;
+      const std::vector<absl::Span<const float>>& gradients = tensors.gradients;
       ASSERT_TRUE(exchange->Start(weights).ok());
 
       // Step 1: backward announces the last tensor first; its bucket's
@@ -226,16 +240,10 @@ TEST(PsExchangeTest, PushesStartDuringBackwardAndMatchAdam) {
     workers.emplace_back([&, r] {
       std::unique_ptr<GradientExchange> exchange =
           shards.Exchange(r, /*chief=*/r == 0);
-      std::vector<std::vector<float>> w(kTensors,
-                                        std::vector<float>(kElements, 0.1f));
-      std::vector<std::vector<float>> g;
-      std::vector<absl::Span<float>> weights;
-      std::vector<absl::Span<const float>> gradients;
-      for (int t = 0; t < kTensors; ++t) g.push_back(Gradient(r, t));
-      for (int t = 0; t < kTensors; ++t) {
-        weights.emplace_back(w[t]);
-        gradients.emplace_back(g[t]);
-      }
+      RankTensors tensors(r);
+      const std::vector<std::vector<float>>& w = tensors.w;
+      const std::vector<absl::Span<float>>& weights = tensors.weights;
+      const std::vector<absl::Span<const float>>& gradients = tensors.gradients;
       const absl::Status started = exchange->Start(weights);
       ASSERT_TRUE(started.ok()) << started;
 
