@@ -171,7 +171,6 @@ absl::Status PsClient::FinishStream(int shard) {
 
 struct PsClient::StepState {
   int64_t step = 0;
-  int64_t min_version = 0;
   std::vector<absl::Span<const float>> gradients;
   std::vector<absl::Span<float>> weights;
   // The pull request, sent by each shard's pusher.
@@ -323,7 +322,6 @@ absl::Status PsClient::BeginStep(
   step_ = std::make_unique<StepState>();
   StepState* state = step_.get();
   state->step = step;
-  state->min_version = min_version;
   state->gradients = gradients;
   state->weights = weights;
   SetHeader(state->pull.mutable_header());
