@@ -66,7 +66,7 @@ namespace pstrain {
 // its backward finishes; the BatchNorm buffers once, at the end), and their
 // host staging (HostGradients()) may be read once `fence` has been waited
 // on, from any thread, until the next ForwardBackward(). Gradient-bucket
-// allreduce starts from here (worker/gradient_exchange.h).
+// allreduce and the PS pushes start from here (worker/gradient_exchange.h).
 using GradientsReadyFn = std::function<void(absl::Span<const int> tensors,
                                             std::shared_ptr<CopyFence> fence)>;
 
