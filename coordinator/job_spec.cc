@@ -224,4 +224,14 @@ absl::StatusOr<JobSpec> ParseJobSpec(absl::string_view text,
   return spec;
 }
 
+AdamOptions AdamOptionsOf(const OptimizerSpec& optimizer) {
+  AdamOptions adam;
+  adam.lr = static_cast<float>(optimizer.lr());
+  adam.beta1 = static_cast<float>(optimizer.beta1());
+  adam.beta2 = static_cast<float>(optimizer.beta2());
+  adam.epsilon = static_cast<float>(optimizer.epsilon());
+  adam.weight_decay = static_cast<float>(optimizer.weight_decay());
+  return adam;
+}
+
 }  // namespace pstrain

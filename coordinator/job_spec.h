@@ -19,6 +19,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "proto/job.pb.h"
+#include "server/adam.h"
 
 namespace pstrain {
 
@@ -41,6 +42,10 @@ void ApplyJobDefaults(JobSpec* spec);
 // a host list whose length is neither 0 nor the task count; a port outside
 // 0..65535; an empty host; the same host:port (port > 0) listed twice.
 absl::Status ValidateJobSpec(const JobSpec& spec);
+
+// The Adam hyperparameters of `optimizer` (doubles in the spec, fp32 in the
+// update), for the shards and for allreduce workers alike.
+AdamOptions AdamOptionsOf(const OptimizerSpec& optimizer);
 
 }  // namespace pstrain
 

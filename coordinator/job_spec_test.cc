@@ -35,6 +35,17 @@ TEST(JobSpecTest, ParsesAndFillsDefaults) {
   EXPECT_EQ(spec->worker_hosts(1).port(), 7002);
 }
 
+TEST(JobSpecTest, AdamOptionsComeFromTheOptimizer) {
+  absl::StatusOr<JobSpec> spec = ParseJobSpec(kGood, "job.pbtxt");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  const AdamOptions adam = AdamOptionsOf(spec->optimizer());
+  EXPECT_FLOAT_EQ(adam.lr, 1e-3f);
+  EXPECT_FLOAT_EQ(adam.beta1, 0.9f);
+  EXPECT_FLOAT_EQ(adam.beta2, 0.999f);
+  EXPECT_FLOAT_EQ(adam.epsilon, 1e-8f);
+  EXPECT_FLOAT_EQ(adam.weight_decay, 0.01f);
+}
+
 // Each bad spec is refused with the field named.
 TEST(JobSpecTest, BadSpecsNameTheField) {
   const std::string counts =

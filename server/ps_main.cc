@@ -28,6 +28,7 @@
 #include "absl/time/clock.h"
 #include "common/flags_util.h"
 #include "common/grpc_server.h"
+#include "coordinator/job_spec.h"
 #include "coordinator/job_table.h"
 #include "coordinator/task_agent.h"
 #include "coordinator/task_flags.h"
@@ -82,12 +83,7 @@ int main(int argc, char** argv) {
   options.num_workers = spec->num_workers();
   options.mode = spec->mode() == "async" ? pstrain::SyncMode::kAsync
                                          : pstrain::SyncMode::kSync;
-  options.adam.lr = static_cast<float>(spec->optimizer().lr());
-  options.adam.beta1 = static_cast<float>(spec->optimizer().beta1());
-  options.adam.beta2 = static_cast<float>(spec->optimizer().beta2());
-  options.adam.epsilon = static_cast<float>(spec->optimizer().epsilon());
-  options.adam.weight_decay =
-      static_cast<float>(spec->optimizer().weight_decay());
+  options.adam = pstrain::AdamOptionsOf(spec->optimizer());
 
   pstrain::ParameterShard shard(options);
   pstrain::PsService service(

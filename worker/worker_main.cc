@@ -21,6 +21,7 @@
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
 #include "common/flags_util.h"
+#include "coordinator/job_spec.h"
 #include "coordinator/task_agent.h"
 #include "coordinator/task_flags.h"
 #include "worker/collective.h"
@@ -138,12 +139,7 @@ int main(int argc, char** argv) {
   options.mode = spec->mode();
   options.collective = collective.get();
   options.bucket_bytes = spec->bucket_bytes();
-  options.adam.lr = static_cast<float>(spec->optimizer().lr());
-  options.adam.beta1 = static_cast<float>(spec->optimizer().beta1());
-  options.adam.beta2 = static_cast<float>(spec->optimizer().beta2());
-  options.adam.epsilon = static_cast<float>(spec->optimizer().epsilon());
-  options.adam.weight_decay =
-      static_cast<float>(spec->optimizer().weight_decay());
+  options.adam = pstrain::AdamOptionsOf(spec->optimizer());
   options.compute = spec->compute();
   options.compute_ms = spec->compute_ms();
   options.model_bytes = spec->model_bytes();
