@@ -84,14 +84,37 @@ absl::StatusOr<std::string> InProcessStore::Wait(const std::string& key,
   return values_[key];
 }
 
-absl::StatusOr<std::unique_ptr<Collective>> Collective::CreateGloo(
-    int rank, int size, const std::string& hostname, RendezvousStore* store,
-    const std::string& prefix, absl::Duration timeout) {
+namespace {
+
+// Gloo's ring over TCP.
+class GlooCollective : public Collective {
+ public:
+  GlooCollective(int rank, int size) : Collective(rank, size) {}
+
+  absl::Status AllreduceSum(float* data, size_t n) override;
+  absl::Status Broadcast(float* data, size_t n, int root) override;
+
+  std::shared_ptr<gloo::Context> context_;
+  // Gloo matches the operations of the ranks by tag.
+  uint32_t next_tag_ = 1;
+};
+
+}  // namespace
+
+absl::Status Collective::CheckRank(int rank, int size) {
   if (size < 1 || rank < 0 || rank >= size) {
     return absl::InvalidArgumentError(absl::StrCat(
         "collective rank ", rank, " of ", size, ": expected 0 <= rank < size"));
   }
-  std::unique_ptr<Collective> collective(new Collective(rank, size));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<Collective>> Collective::CreateGloo(
+    int rank, int size, const std::string& hostname, RendezvousStore* store,
+    const std::string& prefix, absl::Duration timeout) {
+  absl::Status valid = CheckRank(rank, size);
+  if (!valid.ok()) return valid;
+  auto collective = std::make_unique<GlooCollective>(rank, size);
   try {
     gloo::transport::tcp::attr attr;
     attr.hostname = hostname;
@@ -111,10 +134,8 @@ absl::StatusOr<std::unique_ptr<Collective>> Collective::CreateGloo(
   return collective;
 }
 
-Collective::~Collective() = default;
-
-absl::Status Collective::AllreduceSum(float* data, size_t n) {
-  if (size_ == 1 || n == 0) return absl::OkStatus();
+absl::Status GlooCollective::AllreduceSum(float* data, size_t n) {
+  if (size() == 1 || n == 0) return absl::OkStatus();
   try {
     gloo::AllreduceOptions options(context_);
     options.setAlgorithm(gloo::AllreduceOptions::Algorithm::RING);
@@ -125,13 +146,13 @@ absl::Status Collective::AllreduceSum(float* data, size_t n) {
     gloo::allreduce(options);
   } catch (const std::exception& e) {
     return absl::DeadlineExceededError(absl::StrCat(
-        "allreduce of ", n, " floats on rank ", rank_, ": ", e.what()));
+        "allreduce of ", n, " floats on rank ", rank(), ": ", e.what()));
   }
   return absl::OkStatus();
 }
 
-absl::Status Collective::Broadcast(float* data, size_t n, int root) {
-  if (size_ == 1 || n == 0) return absl::OkStatus();
+absl::Status GlooCollective::Broadcast(float* data, size_t n, int root) {
+  if (size() == 1 || n == 0) return absl::OkStatus();
   try {
     gloo::BroadcastOptions options(context_);
     options.setOutput(data, n);
@@ -141,7 +162,7 @@ absl::Status Collective::Broadcast(float* data, size_t n, int root) {
   } catch (const std::exception& e) {
     return absl::DeadlineExceededError(
         absl::StrCat("broadcast of ", n, " floats from rank ", root,
-                     " on rank ", rank_, ": ", e.what()));
+                     " on rank ", rank(), ": ", e.what()));
   }
   return absl::OkStatus();
 }

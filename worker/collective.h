@@ -1,9 +1,14 @@
 // Collectives among a job's workers for `--mode=allreduce`: in-place sum
-// allreduce and broadcast of fp32 arrays over Gloo's TCP transport
-// (Debian's libgloo-dev). Gloo's allreduce here is its ring algorithm
-// (Patarasuk & Yuan 2009): each rank sends and receives 2(n-1)/n of the
-// array. Ranks find each other through a RendezvousStore (the coordinator's
-// key-value store in a job, an in-process map in tests).
+// allreduce and broadcast of fp32 arrays in host memory, over
+//  - Gloo's TCP transport (Debian's libgloo-dev; CreateGloo), or
+//  - NCCL between GPUs (the CUDA toolkit's libnccl; CreateNccl, in builds
+//    with --config=cuda): each call stages the array through a buffer on
+//    the rank's GPU, so NCCL's transports (NVLink, PCIe, InfiniBand, TCP
+//    sockets) carry it.
+// Both run a ring allreduce (Patarasuk & Yuan 2009; Gloo's RING algorithm,
+// NCCL's ring or tree as NCCL picks): each rank sends and receives
+// 2(n-1)/n of the array. Ranks find each other through a RendezvousStore
+// (the coordinator's key-value store in a job, an in-process map in tests).
 //
 // Thread-safety: a Collective is used by one thread at a time, and every
 // rank must issue the same calls in the same order (as with any collective
@@ -20,10 +25,6 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-
-namespace gloo {
-class Context;
-}  // namespace gloo
 
 namespace pstrain {
 
@@ -51,6 +52,7 @@ class InProcessStore : public RendezvousStore {
 
 class Collective {
  public:
+  virtual ~Collective() = default;
   // Connects rank `rank` of `size` (all ranks call this with the same
   // `prefix`, a namespace in `store`), listening on `hostname` (an address
   // of this host the other ranks can reach; the port is chosen by the OS).
@@ -60,24 +62,40 @@ class Collective {
   static absl::StatusOr<std::unique_ptr<Collective>> CreateGloo(
       int rank, int size, const std::string& hostname, RendezvousStore* store,
       const std::string& prefix, absl::Duration timeout);
-  ~Collective();
+
+  // Whether this build has the NCCL collective (--config=cuda).
+  static bool HasNccl();
+  // Connects rank `rank` of `size` through NCCL on CUDA device `gpu` (one
+  // rank per GPU: NCCL refuses two ranks of a communicator on one device).
+  // Rank 0 creates the communicator's unique id and publishes it in
+  // `store` under `prefix`/nccl_id; the others wait for it. Every call
+  // (this one included) gives up after `timeout`: the communicator is
+  // aborted (ncclCommAbort), so a dead peer is an error, not a hang.
+  // Errors: INVALID_ARGUMENT for a bad rank or size; UNIMPLEMENTED in a
+  // build without CUDA; FAILED_PRECONDITION when `gpu` is not a visible
+  // device; UNAVAILABLE with NCCL's or CUDA's message when the ranks
+  // cannot connect; DEADLINE_EXCEEDED after `timeout`.
+  static absl::StatusOr<std::unique_ptr<Collective>> CreateNccl(
+      int rank, int size, int gpu, RendezvousStore* store,
+      const std::string& prefix, absl::Duration timeout);
 
   int rank() const { return rank_; }
   int size() const { return size_; }
 
   // data[i] = sum over ranks of data[i], `n` elements, in place.
-  absl::Status AllreduceSum(float* data, size_t n);
+  virtual absl::Status AllreduceSum(float* data, size_t n) = 0;
   // Every rank's data becomes rank `root`'s.
-  absl::Status Broadcast(float* data, size_t n, int root);
+  virtual absl::Status Broadcast(float* data, size_t n, int root) = 0;
 
- private:
+ protected:
   Collective(int rank, int size) : rank_(rank), size_(size) {}
 
+  // INVALID_ARGUMENT unless 0 <= rank < size.
+  static absl::Status CheckRank(int rank, int size);
+
+ private:
   const int rank_;
   const int size_;
-  std::shared_ptr<gloo::Context> context_;
-  // Gloo matches the operations of the ranks by tag.
-  uint32_t next_tag_ = 1;
 };
 
 }  // namespace pstrain
