@@ -67,6 +67,9 @@ void ApplyJobDefaults(JobSpec* spec) {
   if (spec->synthetic_samples() == 0) spec->set_synthetic_samples(12800);
   if (spec->bucket_bytes() == 0) spec->set_bucket_bytes(25 << 20);
   if (spec->compute().empty()) spec->set_compute("model");
+  if (spec->collective().empty() && spec->mode() == "allreduce") {
+    spec->set_collective("gloo");
+  }
   OptimizerSpec* o = spec->mutable_optimizer();
   if (!o->has_lr()) o->set_lr(1e-3);
   if (!o->has_beta1()) o->set_beta1(0.9);
@@ -101,6 +104,22 @@ absl::Status ValidateJobSpec(const JobSpec& spec) {
     return Bad("num_ps", absl::StrCat(spec.num_ps(),
                                       "; expected 0 for mode allreduce (it "
                                       "has no parameter servers)"));
+  }
+  if (allreduce && spec.collective() != "gloo" && spec.collective() != "nccl") {
+    return Bad("collective", absl::StrCat("\"", spec.collective(),
+                                          "\"; expected gloo or nccl"));
+  }
+  if (!allreduce && !spec.collective().empty()) {
+    return Bad(
+        "collective",
+        absl::StrCat("\"", spec.collective(), "\" with mode ", spec.mode(),
+                     "; expected none (only allreduce has one)"));
+  }
+  if (spec.collective() == "nccl" && spec.backend() != "cuda") {
+    return Bad("collective",
+               absl::StrCat("nccl with backend ", spec.backend(),
+                            "; expected backend cuda (NCCL runs between "
+                            "GPUs)"));
   }
   if (!allreduce && spec.num_ps() < 1) {
     return Bad("num_ps", absl::StrCat(spec.num_ps(), "; expected >= 1"));

@@ -33,6 +33,17 @@ TEST(JobSpecTest, ParsesAndFillsDefaults) {
   EXPECT_DOUBLE_EQ(spec->optimizer().beta2(), 0.999);
   EXPECT_DOUBLE_EQ(spec->optimizer().weight_decay(), 0.01);
   EXPECT_EQ(spec->worker_hosts(1).port(), 7002);
+  EXPECT_EQ(spec->collective(), "");  // a PS job has none
+  absl::StatusOr<JobSpec> allreduce = ParseJobSpec(
+      "num_ps: 0 num_workers: 2 batch_size: 8 epochs: 1 mode: \"allreduce\"",
+      "job.pbtxt");
+  ASSERT_TRUE(allreduce.ok()) << allreduce.status();
+  EXPECT_EQ(allreduce->collective(), "gloo");
+  absl::StatusOr<JobSpec> nccl = ParseJobSpec(
+      "num_ps: 0 num_workers: 2 batch_size: 8 epochs: 1 mode: \"allreduce\" "
+      "collective: \"nccl\" backend: \"cuda\"",
+      "job.pbtxt");
+  EXPECT_TRUE(nccl.ok()) << nccl.status();
 }
 
 TEST(JobSpecTest, AdamOptionsComeFromTheOptimizer) {
@@ -75,6 +86,16 @@ TEST(JobSpecTest, BadSpecsNameTheField) {
        "parameter servers)"},
       {"num_ps: 0 num_workers: 1 batch_size: 8 epochs: 1",
        "job.pbtxt: num_ps: 0; expected >= 1"},
+      {"num_ps: 0 num_workers: 2 batch_size: 8 epochs: 1 mode: \"allreduce\" "
+       "collective: \"mpi\"",
+       "job.pbtxt: collective: \"mpi\"; expected gloo or nccl"},
+      {"num_ps: 0 num_workers: 2 batch_size: 8 epochs: 1 mode: \"allreduce\" "
+       "collective: \"nccl\"",
+       "job.pbtxt: collective: nccl with backend cpu; expected backend cuda "
+       "(NCCL runs between GPUs)"},
+      {counts + "collective: \"gloo\"",
+       "job.pbtxt: collective: \"gloo\" with mode sync; expected none (only "
+       "allreduce has one)"},
       {counts + "backend: \"tpu\"",
        "job.pbtxt: backend: \"tpu\"; expected cpu or cuda"},
       {counts + "partition_bytes: 6",

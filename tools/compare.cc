@@ -11,6 +11,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "tools/job_commands.h"
+#include "worker/collective.h"
 
 namespace pstrain {
 namespace {
@@ -34,11 +35,13 @@ double Speedup(const std::vector<CompareRun>& runs, const CompareRun& run) {
          one->throughput_samples_per_sec();
 }
 
-// A PS run's throughput over allreduce's at the same workers; 0 if none.
+// A PS run's throughput over allreduce's at the same workers (NCCL's where
+// there is one, else Gloo's); 0 if none.
 double PsOverAllreduce(const std::vector<CompareRun>& runs,
                        const CompareRun& run) {
-  if (run.mode == "allreduce") return 0;
-  const RunResult* ar = FindRun(runs, "allreduce", 0, run.num_workers);
+  if (IsAllreduce(run.mode)) return 0;
+  const RunResult* ar = FindRun(runs, "allreduce_nccl", 0, run.num_workers);
+  if (ar == nullptr) ar = FindRun(runs, "allreduce", 0, run.num_workers);
   if (ar == nullptr || ar->throughput_samples_per_sec() <= 0) return 0;
   return run.result.throughput_samples_per_sec() /
          ar->throughput_samples_per_sec();
@@ -51,27 +54,32 @@ std::string Ratio(double x) {
 bool Synthetic(const RunResult& r) { return r.compute() == "synthetic"; }
 
 std::string SeriesName(const CompareRun& run) {
-  return run.mode == "allreduce"
-             ? std::string("allreduce")
+  return IsAllreduce(run.mode)
+             ? run.mode
              : absl::StrCat(run.mode, " (", run.num_ps, " PS)");
 }
 
 }  // namespace
+
+bool IsAllreduce(const std::string& compare_mode) {
+  return compare_mode == "allreduce" || compare_mode == "allreduce_nccl";
+}
 
 absl::StatusOr<std::string> JobModeOf(const std::string& compare_mode) {
   if (compare_mode == "ps_sync") return std::string("sync");
   if (compare_mode == "ps_async") return std::string("async");
   if (compare_mode == "allreduce") return std::string("allreduce");
   if (compare_mode == "allreduce_nccl") {
+    if (Collective::HasNccl()) return std::string("allreduce");
     return absl::InvalidArgumentError(
-        "--modes=allreduce_nccl: this build has no NCCL collective (it needs "
-        "a CUDA build and GPU workers, and pstrain's NCCL path is not written "
-        "yet); expected ps_sync, ps_async or allreduce (Gloo)");
+        "--modes=allreduce_nccl: this build has no NCCL collective (build "
+        "with bazel build --config=cuda, and run with --backend=cuda); "
+        "expected ps_sync, ps_async or allreduce (Gloo)");
   }
   return absl::InvalidArgumentError(
       absl::StrCat("--modes: \"", compare_mode,
-                   "\" is not a mode; expected ps_sync, ps_async or "
-                   "allreduce"));
+                   "\" is not a mode; expected ps_sync, ps_async, "
+                   "allreduce or allreduce_nccl"));
 }
 
 absl::StatusOr<std::vector<int>> ParsePositiveList(const std::string& flag,
@@ -113,7 +121,7 @@ double PsBoundSeconds(int64_t model_bytes, int workers, int servers,
 }
 
 double BoundSeconds(const CompareRun& run, double link_bytes_per_sec) {
-  if (run.mode == "allreduce") {
+  if (IsAllreduce(run.mode)) {
     return AllreduceBoundSeconds(run.result.model_bytes(), run.num_workers,
                                  link_bytes_per_sec);
   }

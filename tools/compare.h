@@ -20,7 +20,7 @@ namespace pstrain {
 
 // One configuration of a comparison and what its run measured.
 struct CompareRun {
-  // "ps_sync", "ps_async" or "allreduce".
+  // "ps_sync", "ps_async", "allreduce" (Gloo) or "allreduce_nccl".
   std::string mode;
   int num_ps = 0;  // 0 for allreduce
   int num_workers = 1;
@@ -31,9 +31,14 @@ struct CompareRun {
 };
 
 // The modes `--modes` accepts, and the job mode each runs ("sync", "async",
-// "allreduce"). INVALID_ARGUMENT naming the flag for anything else; for
-// allreduce_nccl, says that this build has no NCCL collective.
+// "allreduce"; allreduce_nccl is "allreduce" with the job's collective
+// "nccl"). INVALID_ARGUMENT naming the flag for anything else; for
+// allreduce_nccl in a build without CUDA, says that this build has no NCCL
+// collective.
 absl::StatusOr<std::string> JobModeOf(const std::string& compare_mode);
+
+// Whether `compare_mode` is an allreduce (Gloo or NCCL).
+bool IsAllreduce(const std::string& compare_mode);
 
 // "1,2,4" -> {1, 2, 4}: positive, distinct, at most 64 entries.
 // INVALID_ARGUMENT naming `flag` and the bad entry.

@@ -6,6 +6,7 @@
 #include "absl/strings/str_split.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "worker/collective.h"
 
 namespace pstrain {
 namespace {
@@ -43,6 +44,8 @@ TEST(BoundsTest, MatchTheBytePsFormulas) {
   EXPECT_DOUBLE_EQ(PsBoundSeconds(100000000, 4, 2, 0), 0.0);
   EXPECT_DOUBLE_EQ(BoundSeconds(MakeRun("allreduce", 0, 4, 1, 1), link), 1.2);
   EXPECT_DOUBLE_EQ(BoundSeconds(MakeRun("ps_sync", 2, 4, 1, 1), link), 1.6);
+  EXPECT_DOUBLE_EQ(BoundSeconds(MakeRun("allreduce_nccl", 0, 4, 1, 1), link),
+                   1.2);
 }
 
 TEST(ScalingTableTest, SpeedupAndPsOverAllreduce) {
@@ -67,6 +70,20 @@ TEST(ScalingTableTest, SpeedupAndPsOverAllreduce) {
   EXPECT_EQ(lines[5],
             "| 4 | 4 | allreduce | 0 | 32 | 10 | 2.50 s | 200.00 | 1.82x | "
             "- | - |");
+}
+
+// With both allreduces in a comparison, the PS is set against NCCL's (the
+// stronger baseline where there are GPUs).
+TEST(ScalingTableTest, PsOverAllreducePrefersNccl) {
+  const std::vector<CompareRun> runs = {
+      MakeRun("ps_sync", 2, 4, 300, 0.9), MakeRun("allreduce", 0, 4, 200, 1.3),
+      MakeRun("allreduce_nccl", 0, 4, 250, 1.0)};
+  const std::vector<std::string> lines =
+      absl::StrSplit(FormatScalingTable(runs), '\n');
+  ASSERT_GE(lines.size(), 5u);
+  EXPECT_THAT(lines[2], HasSubstr("| 300.00 | - | 1.20x | - |"));
+  EXPECT_THAT(lines[4], HasSubstr("| allreduce_nccl | 0 |"));
+  EXPECT_THAT(lines[4], HasSubstr("| 250.00 | - | - | - |"));
 }
 
 TEST(ScalingTableTest, NoOneWorkerRunMeansNoSpeedup) {
@@ -146,8 +163,16 @@ TEST(ParseTest, ListsAndModes) {
   EXPECT_EQ(*JobModeOf("ps_sync"), "sync");
   EXPECT_EQ(*JobModeOf("ps_async"), "async");
   EXPECT_EQ(*JobModeOf("allreduce"), "allreduce");
-  EXPECT_THAT(JobModeOf("allreduce_nccl").status().message(),
-              HasSubstr("this build has no NCCL collective"));
+  if (Collective::HasNccl()) {
+    EXPECT_EQ(*JobModeOf("allreduce_nccl"), "allreduce");
+  } else {
+    EXPECT_THAT(JobModeOf("allreduce_nccl").status().message(),
+                HasSubstr("--modes=allreduce_nccl: this build has no NCCL "
+                          "collective (build with bazel build --config=cuda"));
+  }
+  EXPECT_TRUE(IsAllreduce("allreduce"));
+  EXPECT_TRUE(IsAllreduce("allreduce_nccl"));
+  EXPECT_FALSE(IsAllreduce("ps_sync"));
   EXPECT_THAT(JobModeOf("ring").status().message(),
               HasSubstr("\"ring\" is not a mode"));
 }

@@ -591,6 +591,7 @@ int Compare() {
           return Fail(2, std::string(s.message()));
         }
         c.spec = SpecFromFlags(*job_mode, k, w);
+        if (mode == "allreduce_nccl") c.spec.set_collective("nccl");
         if (steps > 0) {
           c.spec.set_epochs(1);
           c.spec.set_max_steps_per_epoch(steps);

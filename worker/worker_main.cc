@@ -115,14 +115,20 @@ int main(int argc, char** argv) {
   absl::StatusOr<pstrain::ClusterLayout> layout = agent.WaitForLayout();
   if (!layout.ok()) return fail(1, std::string(layout.status().message()));
 
-  // allreduce: connect the workers (Gloo, TCP on the advertised host).
+  // allreduce: connect the workers (Gloo: TCP on the advertised host;
+  // NCCL: this worker's GPU).
   CoordinatorStore store(&agent);
   std::unique_ptr<pstrain::Collective> collective;
   if (spec->mode() == "allreduce") {
+    const absl::Duration timeout =
+        absl::Seconds(absl::GetFlag(FLAGS_init_timeout_s));
     absl::StatusOr<std::unique_ptr<pstrain::Collective>> connected =
-        pstrain::Collective::CreateGloo(
-            index, spec->num_workers(), address->advertise_host, &store, "gloo",
-            absl::Seconds(absl::GetFlag(FLAGS_init_timeout_s)));
+        spec->collective() == "nccl"
+            ? pstrain::Collective::CreateNccl(index, spec->num_workers(), gpu,
+                                              &store, "nccl", timeout)
+            : pstrain::Collective::CreateGloo(index, spec->num_workers(),
+                                              address->advertise_host, &store,
+                                              "gloo", timeout);
     if (!connected.ok()) {
       return fail(1, std::string(connected.status().message()));
     }
