@@ -375,7 +375,11 @@ absl::StatusOr<RunResult> RunJob(const JobSpec& spec,
     if (ps) {
       argv.insert(argv.end(), {absl::StrCat("--bind=", ip), "--port=0"});
     } else {
-      argv.push_back(absl::StrCat("--gpu=", absl::GetFlag(FLAGS_gpu)));
+      // NCCL needs one GPU per rank: worker w takes GPU --gpu + w. Other
+      // modes share --gpu.
+      argv.push_back(absl::StrCat(
+          "--gpu=", absl::GetFlag(FLAGS_gpu) +
+                        (spec.collective() == "nccl" ? index : 0)));
     }
     return argv;
   };

@@ -17,7 +17,9 @@ ABSL_FLAG(int64_t, synthetic_samples, 12800,
 ABSL_FLAG(std::string, backend, "cpu",
           "Where workers compute: cpu (oneDNN) or cuda (cuDNN, cuBLAS; "
           "needs a --config=cuda build and a GPU).");
-ABSL_FLAG(int, gpu, 0, "CUDA backend: index of the GPU to use.");
+ABSL_FLAG(int, gpu, 0,
+          "CUDA backend: index of the GPU to use (pstrain run/compare with "
+          "allreduce over NCCL: worker w uses GPU gpu + w).");
 
 namespace pstrain {
 
