@@ -37,15 +37,10 @@ class NcclCollective : public Collective {
   ~NcclCollective() override {
     if (comm_ != nullptr) {
       // Finalize flushes this rank's outstanding work; when it cannot finish
-      // in time (a peer is gone) the communicator is aborted instead.
-      absl::Status finalized =
-          Finish(ncclCommFinalize(comm_), "finalize", absl::Now() + timeout_);
-      if (comm_ != nullptr) {
-        if (finalized.ok()) {
-          ncclCommDestroy(comm_);
-        } else {
-          ncclCommAbort(comm_);
-        }
+      // in time (a peer is gone) Finish aborts the communicator instead.
+      if (Finish(ncclCommFinalize(comm_), "finalize", absl::Now() + timeout_)
+              .ok()) {
+        ncclCommDestroy(comm_);
       }
     }
     if (buffer_ != nullptr) cudaFree(buffer_);
@@ -117,6 +112,11 @@ class NcclCollective : public Collective {
   }
 
  private:
+  absl::Status CudaFailed(const std::string& what, cudaError_t error) const {
+    return absl::InternalError(
+        absl::StrCat(what, " on NCCL rank ", rank(), ": ", CudaError(error)));
+  }
+
   // Copies `data` to the GPU, runs `op` on it there, copies it back.
   template <typename Op>
   absl::Status Run(float* data, size_t n, const std::string& what, Op op) {
@@ -141,24 +141,21 @@ class NcclCollective : public Collective {
                               cudaMemcpyHostToDevice, stream_);
     }
     if (error != cudaSuccess) {
-      return absl::InternalError(
-          absl::StrCat(what, " on NCCL rank ", rank(), ": ", CudaError(error)));
+      return CudaFailed(what, error);
     }
     absl::Status status = Finish(op(), what, deadline);
     if (!status.ok()) return status;
     error = cudaMemcpyAsync(data, buffer_, n * sizeof(float),
                             cudaMemcpyDeviceToHost, stream_);
     if (error != cudaSuccess) {
-      return absl::InternalError(
-          absl::StrCat(what, " on NCCL rank ", rank(), ": ", CudaError(error)));
+      return CudaFailed(what, error);
     }
     // The stream holds the copy in, the collective and the copy out.
     while (true) {
       error = cudaStreamQuery(stream_);
       if (error == cudaSuccess) return absl::OkStatus();
       if (error != cudaErrorNotReady) {
-        return absl::InternalError(absl::StrCat(what, " on NCCL rank ", rank(),
-                                                ": ", CudaError(error)));
+        return CudaFailed(what, error);
       }
       ncclResult_t async = ncclSuccess;
       ncclCommGetAsyncError(comm_, &async);
