@@ -119,8 +119,7 @@ void ParameterShard::Abort(const std::string& reason) {
   for (const std::unique_ptr<ChunkState>& chunk : chunks_) {
     absl::MutexLock lock(&chunk->mu);
   }
-  absl::MutexLock lock(&updates_mu_);
-  ++updates_;
+  NoteUpdate();  // wakes pulls waiting for any chunk
 }
 
 absl::Status ParameterShard::Push(int worker_id, int32_t param_id,
@@ -252,6 +251,11 @@ absl::Status ParameterShard::Pull(int64_t min_version, int64_t samples,
   }
   samples_.fetch_add(samples, std::memory_order_relaxed);
   pulls_.fetch_add(1, std::memory_order_relaxed);
+  auto stream_ended = [this] {
+    return absl::CancelledError(
+        absl::StrCat("pull from shard ", options_.shard_index,
+                     " cancelled: the worker's stream ended"));
+  };
   std::vector<bool> sent(chunks_.size(), false);
   size_t remaining = chunks_.size();
   while (remaining > 0) {
@@ -281,9 +285,7 @@ absl::Status ParameterShard::Pull(int64_t min_version, int64_t samples,
       --remaining;
       progressed = true;
       if (after_chunk && !after_chunk()) {
-        return absl::CancelledError(
-            absl::StrCat("pull from shard ", options_.shard_index,
-                         " cancelled: the worker's stream ended"));
+        return stream_ended();
       }
     }
     if (progressed) continue;
@@ -300,9 +302,7 @@ absl::Status ParameterShard::Pull(int64_t min_version, int64_t samples,
     updates_mu_.Unlock();
     if (aborted_.load()) return AbortedStatus();
     if (cancelled != nullptr && cancelled->load()) {
-      return absl::CancelledError(
-          absl::StrCat("pull from shard ", options_.shard_index,
-                       " cancelled: the worker's stream ended"));
+      return stream_ended();
     }
     if (absl::Now() < deadline) continue;
     // Name the first chunk still waiting and whose push it lacks.

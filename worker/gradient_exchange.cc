@@ -248,12 +248,12 @@ class AllreduceExchange : public GradientExchange {
         }
         s = collective_->AllreduceSum(flat.data(), flat.size());
       }
-      if (s.ok()) Update(b);
       if (!s.ok()) {
         absl::MutexLock lock(&mu_);
         communicator_status_ = std::move(s);
         return;
       }
+      Update(b);
     }
   }
 
