@@ -156,6 +156,10 @@ class Backend {
   // (a CUDA event on the copy stream). Host-memory backends copy
   // synchronously: their fence is already passed.
   virtual absl::StatusOr<std::shared_ptr<CopyFence>> RecordCopies();
+  // Bytes of the device's memory in use by every process on it (CUDA:
+  // total - free from cudaMemGetInfo, so a caller subtracts a baseline taken
+  // before its own allocations). UNIMPLEMENTED on host-memory backends.
+  virtual absl::StatusOr<int64_t> DeviceMemoryInUseBytes();
 
   // The layer `spec` with its parameters `params` and buffers `buffers`
   // (sized as ParamSpecs/BufferSpecs say; the layer keeps the pointers).

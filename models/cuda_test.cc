@@ -7,13 +7,22 @@
 // Tolerances: cuDNN and cuBLAS may use TF32 (10-bit mantissa) for fp32
 // convolutions and GEMMs, so single layers agree to ~1e-3 relative and deep
 // models to ~1e-2 of the gradient mass.
+//
+// With PSTRAIN_LAYER_ERRORS=FILE set, EveryLayerMatchesTheCpuBackend also
+// writes a Markdown table of each layer case's largest absolute and relative
+// (to the largest CPU magnitude) differences there (scripts/gpu_check.sh).
+#include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <memory>
+#include <string>
 
 #include "gtest/gtest.h"
 #include "models/backend.h"
 #include "models/layer_harness.h"
 #include "models/model.h"
+#include "server/adam.h"
 
 namespace pstrain {
 namespace {
@@ -29,6 +38,21 @@ class CudaTest : public ::testing::Test {
     cpu_ = NewCpuBackend();
   }
   std::unique_ptr<Backend> cpu_, cuda_;
+};
+
+// The largest |gpu - cpu| of a comparison, absolute and relative to the
+// largest |cpu| (at least 1e-3), over everything a layer case compares.
+struct MaxError {
+  double abs = 0, rel = 0;
+  void Add(const std::vector<float>& gpu, const std::vector<float>& cpu) {
+    double scale = 1e-3, diff = 0;
+    for (float v : cpu) scale = std::max(scale, double{std::fabs(v)});
+    for (size_t i = 0; i < std::min(gpu.size(), cpu.size()); ++i) {
+      diff = std::max(diff, std::fabs(double{gpu[i]} - cpu[i]));
+    }
+    abs = std::max(abs, diff);
+    rel = std::max(rel, diff / scale);
+  }
 };
 
 void ExpectClose(const std::vector<float>& gpu, const std::vector<float>& cpu,
@@ -50,7 +74,16 @@ std::vector<float> Formula(int64_t n, double a, double b) {
 }
 
 TEST_F(CudaTest, EveryLayerMatchesTheCpuBackend) {
+  const char* report_path = std::getenv("PSTRAIN_LAYER_ERRORS");
+  FILE* report =
+      report_path != nullptr ? std::fopen(report_path, "w") : nullptr;
+  if (report != nullptr) {
+    std::fprintf(report,
+                 "| layer case | forward max abs | forward max rel | backward "
+                 "max abs | backward max rel |\n|---|---:|---:|---:|---:|\n");
+  }
   for (const LayerCase& c : LayerCases()) {
+    MaxError forward, backward;
     SCOPED_TRACE(c.name);
     Harness cpu(cpu_.get(), c.spec, 7);
     Harness gpu(cuda_.get(), c.spec, 7);
@@ -67,21 +100,33 @@ TEST_F(CudaTest, EveryLayerMatchesTheCpuBackend) {
     const std::vector<float> cpu_out = cpu.Forward(cpu_ptrs);
     const std::vector<float> gpu_out = gpu.Forward(gpu_ptrs);
     ExpectClose(gpu_out, cpu_out, 2e-3, "out");
+    forward.Add(gpu_out, cpu_out);
     const std::vector<float> dout = Formula(cpu_out.size(), 0.53, 0.0);
     const auto cpu_din = cpu.Backward(cpu_ptrs, dout);
     const auto gpu_din = gpu.Backward(gpu_ptrs, dout);
     for (size_t i = 0; i < cpu_din.size(); ++i) {
       ExpectClose(gpu_din[i], cpu_din[i], 2e-3, "din");
+      backward.Add(gpu_din[i], cpu_din[i]);
     }
     for (size_t p = 0; p < cpu.params().size(); ++p) {
-      ExpectClose(Values(gpu.params()[p].grad), Values(cpu.params()[p].grad),
-                  2e-3, "grad " + cpu.params()[p].name);
+      const std::vector<float> g = Values(gpu.params()[p].grad);
+      const std::vector<float> r = Values(cpu.params()[p].grad);
+      ExpectClose(g, r, 2e-3, "grad " + cpu.params()[p].name);
+      backward.Add(g, r);
     }
     for (size_t b = 0; b < cpu.buffers().size(); ++b) {
-      ExpectClose(Values(gpu.buffers()[b].value),
-                  Values(cpu.buffers()[b].value), 2e-3, "buffer");
+      const std::vector<float> g = Values(gpu.buffers()[b].value);
+      const std::vector<float> r = Values(cpu.buffers()[b].value);
+      ExpectClose(g, r, 2e-3, "buffer");
+      forward.Add(g, r);
+    }
+    if (report != nullptr) {
+      std::fprintf(report, "| %s | %.3g | %.3g | %.3g | %.3g |\n",
+                   c.name.c_str(), forward.abs, forward.rel, backward.abs,
+                   backward.rel);
     }
   }
+  if (report != nullptr) std::fclose(report);
 }
 
 TEST_F(CudaTest, DropoutKeepsAboutOneMinusPAndScales) {
@@ -128,6 +173,58 @@ TEST_F(CudaTest, WholeModelsMatchTheCpuBackend) {
       }
       EXPECT_LE(diff, 2e-2 * mass + 1e-6) << (*cpu)->params()[p]->name;
     }
+  }
+}
+
+// A few training steps of every zoo model on the GPU, each as a PS worker
+// takes them (forward and backward, Adam on the host, weights loaded back):
+// the loss stays finite and falls on a fixed batch (the training loss; for
+// the models with dropout, whose training loss is noisy, the eval-mode loss).
+TEST_F(CudaTest, EveryZooModelTrainsAFewSteps) {
+  for (const std::string name :
+       {"mlp", "lenet5", "alexnet", "vgg16", "resnet18", "resnet34", "resnet50",
+        "resnet101"}) {
+    SCOPED_TRACE(name);
+    const Shape chw =
+        name == "mlp" || name == "lenet5" ? Shape{1, 28, 28} : Shape{3, 32, 32};
+    auto model = Model::Create(name, chw, 10, ModelOptions(), cuda_.get());
+    ASSERT_TRUE(model.ok()) << model.status();
+    Model& m = **model;
+    Tensor x({8, chw[0], chw[1], chw[2]});
+    x.data = Formula(x.size(), 0.29, 0.3);
+    const std::vector<int32_t> labels = {0, 1, 2, 3, 4, 5, 6, 7};
+    std::vector<std::vector<float>> adam_m, adam_v;
+    for (const auto& w : m.HostWeights()) {
+      adam_m.emplace_back(w.size());
+      adam_v.emplace_back(w.size());
+    }
+    AdamOptions adam;
+    adam.lr = 1e-3f;
+    const bool dropout = name == "alexnet" || name == "vgg16";
+    auto eval_loss = [&]() -> float {
+      absl::StatusOr<const Tensor*> logits = m.Forward(x);
+      if (!logits.ok()) return NAN;
+      absl::StatusOr<float> loss = HostSoftmaxCrossEntropy(
+          (*logits)->data.data(), 8, 10, labels, nullptr);
+      return loss.ok() ? *loss : NAN;
+    };
+    float first = dropout ? eval_loss() : NAN, last = NAN;
+    for (int step = 1; step <= 5; ++step) {
+      absl::StatusOr<float> loss = m.ForwardBackward(x, labels);
+      ASSERT_TRUE(loss.ok()) << loss.status();
+      ASSERT_TRUE(std::isfinite(*loss)) << "step " << step;
+      if (step == 1 && !dropout) first = *loss;
+      last = *loss;
+      for (size_t i = 0; i < m.params().size(); ++i) {
+        AdamUpdate(adam, step, m.HostWeights()[i].data(),
+                   m.HostGradients()[i].data(), adam_m[i].data(),
+                   adam_v[i].data(), m.HostWeights()[i].size());
+      }
+      ASSERT_TRUE(m.LoadHostWeights().ok());
+    }
+    if (dropout) last = eval_loss();
+    ASSERT_TRUE(std::isfinite(first) && std::isfinite(last));
+    EXPECT_LT(last, first) << "loss " << first << " -> " << last;
   }
 }
 

@@ -105,6 +105,32 @@ std::string LayerName(const LayerSpec& s) {
   return "?";
 }
 
+std::string LayerTypeName(LayerType type) {
+  switch (type) {
+    case LayerType::kConv2d:
+      return "conv2d";
+    case LayerType::kBatchNorm2d:
+      return "batchnorm2d";
+    case LayerType::kRelu:
+      return "relu";
+    case LayerType::kMaxPool2d:
+      return "maxpool2d";
+    case LayerType::kAvgPool2d:
+      return "avgpool2d";
+    case LayerType::kGlobalAvgPool:
+      return "globalavgpool";
+    case LayerType::kLinear:
+      return "linear";
+    case LayerType::kDropout:
+      return "dropout";
+    case LayerType::kFlatten:
+      return "flatten";
+    case LayerType::kAdd:
+      return "add";
+  }
+  return "?";
+}
+
 int NumInputs(const LayerSpec& spec) {
   return spec.type == LayerType::kAdd ? 2 : 1;
 }

@@ -66,6 +66,10 @@ struct LayerSpec {
 
 // "conv3x3-64", "bn64", "fc512-10", ...
 std::string LayerName(const LayerSpec& spec);
+// The type alone, as PyTorch's module names: "conv2d", "batchnorm2d",
+// "relu", "maxpool2d", "avgpool2d", "globalavgpool", "linear", "dropout",
+// "flatten", "add".
+std::string LayerTypeName(LayerType type);
 
 // Number of inputs the layer takes (2 for kAdd, else 1).
 int NumInputs(const LayerSpec& spec);

@@ -8,6 +8,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 
 namespace pstrain {
 
@@ -458,6 +460,28 @@ std::string Model::Summary() const {
   return out;
 }
 
+namespace {
+
+// Milliseconds from `start` once the backend's queued work is done.
+absl::StatusOr<double> SyncedMs(Backend* backend, absl::Time start) {
+  absl::Status s = backend->Synchronize();
+  if (!s.ok()) return s;
+  return absl::ToDoubleMilliseconds(absl::Now() - start);
+}
+
+}  // namespace
+
+void Model::EnableLayerTiming(bool on) {
+  time_layers_ = on;
+  layer_times_.clear();
+  if (!on) return;
+  for (const auto& node : nodes_) {
+    layer_times_.push_back({node->name, LayerTypeName(node->spec.type),
+                            LayerName(node->spec), 0, 0});
+  }
+  layer_times_.push_back({"loss", "loss", "softmax_cross_entropy", 0, 0});
+}
+
 absl::StatusOr<const Tensor*> Model::Forward(const Tensor& input,
                                              bool training) {
   if (input.shape.size() != 4 || input.shape[1] != input_chw_[0] ||
@@ -472,7 +496,13 @@ absl::StatusOr<const Tensor*> Model::Forward(const Tensor& input,
   input_.set_layout(0);
   s = backend_->CopyToDevice(input.data.data(), input.size(), input_.data());
   if (!s.ok()) return s;
-  for (auto& node : nodes_) {
+  if (time_layers_) {
+    s = backend_->Synchronize();
+    if (!s.ok()) return s;
+  }
+  for (size_t n = 0; n < nodes_.size(); ++n) {
+    const std::unique_ptr<Node>& node = nodes_[n];
+    const absl::Time start = absl::Now();
     std::vector<const DeviceTensor*> in;
     std::vector<Shape> shapes;
     for (int i : node->inputs) {
@@ -487,6 +517,11 @@ absl::StatusOr<const Tensor*> Model::Forward(const Tensor& input,
     if (!s.ok()) {
       return absl::Status(s.code(),
                           absl::StrCat(node->name, ": ", s.message()));
+    }
+    if (time_layers_) {
+      absl::StatusOr<double> ms = SyncedMs(backend_, start);
+      if (!ms.ok()) return ms.status();
+      layer_times_[n].forward_ms += *ms;
     }
   }
   const DeviceTensor& logits = nodes_.back()->out;
@@ -535,12 +570,19 @@ absl::StatusOr<float> Model::ForwardBackward(const Tensor& input,
   absl::Status s = dlogits_.Resize(device_logits.shape());
   if (!s.ok()) return s;
   dlogits_.set_layout(0);
+  const absl::Time loss_start = absl::Now();
   absl::StatusOr<float> loss =
       backend_->SoftmaxCrossEntropy(device_logits, labels, &dlogits_);
   if (!loss.ok()) return loss.status();
+  if (time_layers_) {
+    absl::StatusOr<double> ms = SyncedMs(backend_, loss_start);
+    if (!ms.ok()) return ms.status();
+    layer_times_.back().forward_ms += *ms;
+  }
   for (auto& node : nodes_) node->grad_written = false;
   for (size_t n = nodes_.size(); n-- > 0;) {
     Node& node = *nodes_[n];
+    const absl::Time start = absl::Now();
     const DeviceTensor& dout = n + 1 == nodes_.size() ? dlogits_ : node.grad;
     if (n + 1 < nodes_.size() && !node.grad_written) {
       return absl::InternalError(
@@ -583,6 +625,11 @@ absl::StatusOr<float> Model::ForwardBackward(const Tensor& input,
       s = backend_->Accumulate(scratch_.data(), scratch_.size(),
                                nodes_[i]->grad.data());
       if (!s.ok()) return s;
+    }
+    if (time_layers_) {
+      absl::StatusOr<double> ms = SyncedMs(backend_, start);
+      if (!ms.ok()) return ms.status();
+      layer_times_[n].backward_ms += *ms;
     }
     // Start the device-to-host copy of this layer's gradients while the
     // backward pass goes on.

@@ -70,6 +70,19 @@ namespace pstrain {
 using GradientsReadyFn = std::function<void(absl::Span<const int> tensors,
                                             std::shared_ptr<CopyFence> fence)>;
 
+// Wall time one layer took, summed over the steps since
+// Model::EnableLayerTiming(true) (ms). With timing on, the backend is
+// synchronized before and after every layer's forward and backward, so each
+// figure is that layer's own device time and the steps themselves get slower
+// (a profile, not a throughput measurement).
+struct LayerTime {
+  std::string name;  // The node's name ("layer1.0.conv1"), or "loss".
+  std::string type;  // LayerTypeName(): "conv2d", ..., or "loss".
+  std::string spec;  // LayerName(): "conv3x3-64", ..., or "cross_entropy".
+  double forward_ms = 0;
+  double backward_ms = 0;  // Includes accumulating a shared input's gradient.
+};
+
 struct ModelOptions {
   // Seed of the initial weights (the same on every worker).
   uint64_t seed = 1;
@@ -131,6 +144,11 @@ class Model {
   // Copies the model's params and buffers into HostWeights().
   absl::Status StoreHostWeights();
 
+  // Per-layer timing (see LayerTime); turning it on clears the sums.
+  void EnableLayerTiming(bool on);
+  // One entry per layer in forward order, then "loss"; empty when off.
+  const std::vector<LayerTime>& LayerTimes() const { return layer_times_; }
+
  private:
   struct Node;
   Model() = default;
@@ -155,6 +173,8 @@ class Model {
   std::vector<absl::Span<const float>> host_gradients_;
   // Pinned staging on backends without host memory.
   std::vector<float*> host_blocks_;
+  bool time_layers_ = false;
+  std::vector<LayerTime> layer_times_;  // nodes_, then the loss.
 
   friend class ModelBuilder;
 

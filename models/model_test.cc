@@ -301,6 +301,46 @@ TEST(ModelZoo, HostStagingCoversParamsThenBuffers) {
   EXPECT_EQ(model->PsTensorNumElements().back(), 512);
 }
 
+// Layer timing: one entry per layer in forward order and one for the loss,
+// each with time in both directions once steps ran, none while it is off,
+// and the same loss as without timing (it only adds synchronization).
+TEST(ModelZoo, LayerTimingCoversEveryLayerAndChangesNothing) {
+  std::unique_ptr<Backend> cpu = NewCpuBackend();
+  std::unique_ptr<Model> timed =
+      MustCreate("lenet5", {1, 28, 28}, 10, cpu.get());
+  std::unique_ptr<Model> plain =
+      MustCreate("lenet5", {1, 28, 28}, 10, cpu.get());
+  ASSERT_NE(timed, nullptr);
+  ASSERT_NE(plain, nullptr);
+  EXPECT_TRUE(timed->LayerTimes().empty());
+  timed->EnableLayerTiming(true);
+  Tensor x({4, 1, 28, 28});
+  for (size_t i = 0; i < x.data.size(); ++i) x.data[i] = std::sin(0.1 * i);
+  const std::vector<int32_t> labels = {1, 2, 3, 4};
+  for (int step = 0; step < 2; ++step) {
+    absl::StatusOr<float> a = timed->ForwardBackward(x, labels);
+    absl::StatusOr<float> b = plain->ForwardBackward(x, labels);
+    ASSERT_TRUE(a.ok() && b.ok());
+    EXPECT_EQ(*a, *b);
+  }
+  const std::vector<LayerTime>& times = timed->LayerTimes();
+  // conv1 relu1 pool1 conv2 relu2 pool2 flatten fc1 relu3 fc2 relu4 fc3.
+  ASSERT_EQ(times.size(), 13u);
+  EXPECT_EQ(times[0].name, "conv1");
+  EXPECT_EQ(times[0].type, "conv2d");
+  EXPECT_EQ(times[0].spec, "conv5x5-6");
+  EXPECT_EQ(times[11].type, "linear");
+  EXPECT_EQ(times.back().name, "loss");
+  for (const LayerTime& t : times) {
+    EXPECT_GT(t.forward_ms, 0) << t.name;
+    if (t.name != "loss") {
+      EXPECT_GT(t.backward_ms, 0) << t.name;
+    }
+  }
+  timed->EnableLayerTiming(false);
+  EXPECT_TRUE(timed->LayerTimes().empty());
+}
+
 // Backward announces every PS tensor once, each layer's parameters as soon as
 // its backward is done (so later layers' first), the buffers last; and what
 // it announced does not change before the pass ends.

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs what pstrain needs from Debian 12's packages (nothing else is
-# downloaded) and builds every target. Safe to run again: installs only what
-# is missing.
+# downloaded) and builds every target (`--install_only`: installs, builds
+# nothing). Safe to run again: installs only what is missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -10,6 +10,7 @@ packages=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev libgtest-dev libgmock-dev libbenchmark-dev libdnnl-dev
   zlib1g-dev dataset-fashion-mnist iproute2 libgloo-dev gnuplot-nox iperf3
+  python3 patchelf xz-utils nlohmann-json3-dev
 )
 missing=()
 for p in "${packages[@]}"; do
@@ -23,4 +24,4 @@ if [ ${#missing[@]} -gt 0 ]; then
   $sudo_cmd apt-get update -q
   DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -q "${missing[@]}"
 fi
-bazel build //...
+[ "${1:-}" = "--install_only" ] || bazel build //...

@@ -10,7 +10,21 @@ bazel test //... 2>&1 | tee "$log" || status=$?
 total=$(grep -c -E '^//[^ ]+ +(\(cached\) )?(PASSED|FAILED|TIMEOUT|FLAKY|NO STATUS)' "$log" || true)
 failed=$(grep -c -E '^//[^ ]+ +(\(cached\) )?(FAILED|TIMEOUT|NO STATUS)' "$log" || true)
 rm -f "$log"
-echo "bazel test: $((total - failed)) passed, ${failed} failed"
+# The GPU bundle (a --config=cuda build laid out for a GPU host) and its
+# dry run: one more test, which says SKIP where there is no CUDA toolkit.
+bundle_ok=1
+if [ -x /usr/local/cuda/bin/nvcc ]; then
+  bash scripts/gpu_bundle.sh --no_setup || bundle_ok=0
+fi
+if [ $bundle_ok = 1 ]; then
+  bash tests/gpu_bundle_test.sh || bundle_ok=0
+fi
+total=$((total + 1))
+if [ $bundle_ok = 0 ]; then
+  failed=$((failed + 1))
+  status=1
+fi
+echo "tests: $((total - failed)) passed, ${failed} failed"
 # The network-namespace cluster test passes with SKIP where it may not
 # create namespaces (not root); say so.
 netns_log=bazel-testlogs/tests/netns_cluster_test/test.log

@@ -1,5 +1,6 @@
-// ps_bench: push+pull of a model between one worker and 1 or 2 PS shards on
-// loopback, against plain TCP sockets moving the same bytes in the same run.
+// ps_bench: push+pull of a model between one worker and --shards PS shards
+// (1 and 2 by default) on loopback, against plain TCP sockets moving the same
+// bytes in the same run.
 //
 // One "step" pushes every gradient byte of the model and pulls every weight
 // byte back (2 x model bytes on the wire), as a training step does; the
@@ -20,11 +21,13 @@
 #include <cstdio>
 #include <cstring>
 #include <memory>
+#include <string>
 #include <thread>
 #include <vector>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/partition.h"
@@ -37,6 +40,9 @@ ABSL_FLAG(int64_t, model_bytes, 100'000'000, "Model size in bytes (fp32).");
 ABSL_FLAG(int64_t, tensor_bytes, 4'000'000, "Size of each model tensor.");
 ABSL_FLAG(int64_t, partition_bytes, 4 << 20, "Chunk bound, bytes.");
 ABSL_FLAG(int, repeats, 5, "Timed steps per configuration (median shown).");
+ABSL_FLAG(std::vector<std::string>, shards,
+          std::vector<std::string>({"1", "2"}),
+          "Comma-separated PS shard counts to time, each in its own run.");
 
 namespace pstrain {
 namespace {
@@ -176,6 +182,25 @@ PsRun TimePs(int num_shards, const std::vector<int64_t>& sizes,
 
 int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
+  std::vector<int> shard_counts;
+  for (const std::string& s : absl::GetFlag(FLAGS_shards)) {
+    int n = 0;
+    if (!absl::SimpleAtoi(s, &n) || n < 1 || n > 64) {
+      std::fprintf(stderr,
+                   "ps_bench: --shards: '%s' is not a shard count; expected "
+                   "whole numbers from 1 to 64, e.g. --shards=1,2,4\n",
+                   s.c_str());
+      return 2;
+    }
+    shard_counts.push_back(n);
+  }
+  if (absl::GetFlag(FLAGS_model_bytes) < 4 ||
+      absl::GetFlag(FLAGS_tensor_bytes) < 4) {
+    std::fprintf(stderr,
+                 "ps_bench: --model_bytes and --tensor_bytes: expected at "
+                 "least 4 bytes (one fp32)\n");
+    return 2;
+  }
   const int64_t model_bytes = absl::GetFlag(FLAGS_model_bytes);
   const int64_t tensor_bytes = absl::GetFlag(FLAGS_tensor_bytes);
   const int repeats = std::max(1, absl::GetFlag(FLAGS_repeats));
@@ -196,7 +221,7 @@ int main(int argc, char** argv) {
   std::printf("  %12lld %7s %-10s %10.1f %8.2f %10.2f %7s\n",
               static_cast<long long>(model_bytes), "-", "raw TCP",
               tcp_median * 1e3, 2.0 * model_bytes / tcp_median / 1e9, 1.0, "-");
-  for (int shards : {1, 2}) {
+  for (int shards : shard_counts) {
     const pstrain::PsRun run = pstrain::TimePs(
         shards, sizes, absl::GetFlag(FLAGS_partition_bytes), repeats);
     const double median = pstrain::Median(run.seconds);

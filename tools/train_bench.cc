@@ -17,10 +17,13 @@
 #include <omp.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <map>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/flags/flag.h"
@@ -47,6 +50,10 @@ ABSL_FLAG(
     "Also time the same model in PyTorch (python3 tools/torch_bench.py).");
 ABSL_FLAG(std::string, python, "/usr/bin/python3",
           "Python with torch for --compare_pytorch.");
+ABSL_FLAG(bool, layer_times, false,
+          "After the timed steps, profile up to 10 more with the backend "
+          "synchronized after every layer and print a per-layer time table "
+          "(ms per step).");
 
 namespace pstrain {
 namespace {
@@ -74,7 +81,7 @@ struct TorchResult {
   bool ok = false;
   double samples_per_sec = 0;
   int64_t params = 0;
-  std::string loss, device, error;
+  std::string loss, device, memory_mib = "-", error;
 };
 
 TorchResult RunTorch(const std::string& model, const Shape& chw, int classes,
@@ -90,7 +97,8 @@ TorchResult RunTorch(const std::string& model, const Shape& chw, int classes,
       absl::GetFlag(FLAGS_python), " ", script, " --model ", model,
       " --channels ", chw[0], " --image_size ", chw[1], " --num_classes ",
       classes, " --batch_size ", batch, " --steps ", steps, " --warmup ",
-      warmup, " --device ", device, " --threads ", threads, " 2>&1");
+      warmup, " --device ", device, " --threads ", threads, " --tf32 ",
+      device == "cpu" ? 0 : 1, " 2>&1");
   FILE* pipe = popen(cmd.c_str(), "r");
   if (pipe == nullptr) {
     r.error = "cannot start " + cmd;
@@ -117,10 +125,80 @@ TorchResult RunTorch(const std::string& model, const Shape& chw, int classes,
       r.loss = kv.second;
     } else if (kv.first == "device") {
       r.device = kv.second;
+    } else if (kv.first == "memory_mib") {
+      r.memory_mib = kv.second;
     }
   }
   if (!r.ok) r.error = "unexpected output: " + out;
   return r;
+}
+
+// Prints the profile of `steps` steps (Model::LayerTimes and the host
+// update's `update_seconds`) as two Markdown tables in ms per step: the sums
+// by layer type with the host update, and the 20 slowest layers.
+void PrintLayerTimes(const Model& m, int steps, double update_seconds,
+                     int batch) {
+  struct Sum {
+    int layers = 0;
+    double forward_ms = 0, backward_ms = 0;
+  };
+  std::vector<LayerTime> layers = m.LayerTimes();
+  const double update_ms = update_seconds * 1e3;
+  double total_ms = update_ms;
+  std::map<std::string, Sum> by_type;
+  for (const LayerTime& l : layers) {
+    total_ms += l.forward_ms + l.backward_ms;
+    Sum& t = by_type[l.type];
+    ++t.layers;
+    t.forward_ms += l.forward_ms;
+    t.backward_ms += l.backward_ms;
+  }
+  if (steps <= 0 || total_ms <= 0) return;
+  auto per_step = [&](double sum_ms) { return sum_ms / steps; };
+  auto share = [&](double sum_ms) { return 100 * sum_ms / total_ms; };
+  std::printf(
+      "\nPer-layer times: %s, batch %d, on %s; ms per step, mean of %d "
+      "steps with the backend synchronized after every layer (%.2f ms/step "
+      "in all)\n\n",
+      m.name().c_str(), batch, m.backend()->name().c_str(), steps,
+      per_step(total_ms));
+  std::vector<std::pair<std::string, Sum>> types(by_type.begin(),
+                                                 by_type.end());
+  std::sort(types.begin(), types.end(), [](const auto& a, const auto& b) {
+    return a.second.forward_ms + a.second.backward_ms >
+           b.second.forward_ms + b.second.backward_ms;
+  });
+  std::printf(
+      "| layer type | layers | forward (ms) | backward (ms) | total (ms) | "
+      "share |\n|---|---:|---:|---:|---:|---:|\n");
+  for (const auto& [type, t] : types) {
+    const double sum = t.forward_ms + t.backward_ms;
+    std::printf("| %s | %d | %.3f | %.3f | %.3f | %.1f%% |\n", type.c_str(),
+                t.layers, per_step(t.forward_ms), per_step(t.backward_ms),
+                per_step(sum), share(sum));
+  }
+  std::printf(
+      "| host update (Adam on the host, weights copied to the device) | - | "
+      "- | - | %.3f | %.1f%% |\n",
+      per_step(update_ms), share(update_ms));
+  std::sort(
+      layers.begin(), layers.end(), [](const LayerTime& a, const LayerTime& b) {
+        return a.forward_ms + a.backward_ms > b.forward_ms + b.backward_ms;
+      });
+  const size_t shown = std::min<size_t>(layers.size(), 20);
+  std::printf(
+      "\n| slowest layers | layer | forward (ms) | backward (ms) | total (ms) "
+      "| share |\n|---|---|---:|---:|---:|---:|\n");
+  for (size_t i = 0; i < shown; ++i) {
+    const LayerTime& l = layers[i];
+    const double sum = l.forward_ms + l.backward_ms;
+    std::printf("| %s | %s | %.3f | %.3f | %.3f | %.1f%% |\n", l.name.c_str(),
+                l.spec.c_str(), per_step(l.forward_ms), per_step(l.backward_ms),
+                per_step(sum), share(sum));
+  }
+  if (layers.size() > shown) {
+    std::printf("| (%zu more layers) | | | | | |\n", layers.size() - shown);
+  }
 }
 
 int Main() {
@@ -159,6 +237,11 @@ int Main() {
     PrintError(kProgram, backend.status().message());
     return 2;
   }
+  // Device memory before the model exists (the CUDA context's, other
+  // processes'); the table shows the peak above it.
+  absl::StatusOr<int64_t> memory_baseline =
+      (*backend)->DeviceMemoryInUseBytes();
+  int64_t memory_peak = 0;
   const Shape chw = dataset->train.chw;
   absl::StatusOr<std::unique_ptr<Model>> model = Model::Create(
       model_name, chw, dataset->num_classes, ModelOptions(), backend->get());
@@ -182,39 +265,75 @@ int Main() {
   }
   int64_t adam_step = 0;
   float first_loss = NAN, last_loss = NAN;
-  absl::Time start;
-  for (int s = 0; s < warmup + steps; ++s) {
-    if (s == warmup) start = absl::Now();
+  // One training step as a PS worker takes it: forward and backward, then
+  // the shard's Adam on the host gradients and the weights copied back.
+  // Returns the seconds of the host update (Adam + LoadHostWeights).
+  auto step = [&](int s) -> absl::StatusOr<double> {
     absl::StatusOr<float> loss = m.ForwardBackward(images, labels);
-    if (!loss.ok()) {
-      PrintError(kProgram, loss.status().ToString());
-      return 1;
-    }
+    if (!loss.ok()) return loss.status();
     if (s == 0) first_loss = *loss;
     last_loss = *loss;
+    const absl::Time update_start = absl::Now();
     ++adam_step;
     for (size_t i = 0; i < m.params().size(); ++i) {
       AdamUpdate(adam, adam_step, m.HostWeights()[i].data(),
                  m.HostGradients()[i].data(), adam_m[i].data(),
                  adam_v[i].data(), m.HostWeights()[i].size());
     }
-    if (absl::Status st = m.LoadHostWeights(); !st.ok()) {
-      PrintError(kProgram, st.ToString());
+    absl::Status st = m.LoadHostWeights();
+    if (!st.ok()) return st;
+    const double update_seconds =
+        absl::ToDoubleSeconds(absl::Now() - update_start);
+    if (memory_baseline.ok()) {
+      absl::StatusOr<int64_t> used = m.backend()->DeviceMemoryInUseBytes();
+      if (used.ok()) {
+        memory_peak = std::max(memory_peak, *used - *memory_baseline);
+      }
+    }
+    return update_seconds;
+  };
+  absl::Time start;
+  double update_seconds = 0;
+  for (int s = 0; s < warmup + steps; ++s) {
+    if (s == warmup) start = absl::Now();
+    absl::StatusOr<double> update = step(s);
+    if (!update.ok()) {
+      PrintError(kProgram, update.status().ToString());
       return 1;
     }
+    if (s >= warmup) update_seconds += *update;
   }
   const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
   const double rate = static_cast<double>(batch) * steps / seconds;
   const bool loss_ok = std::isfinite(first_loss) && std::isfinite(last_loss) &&
                        last_loss < first_loss;
 
+  // The per-layer profile, after (not inside) the timed steps.
+  const int profile_steps = std::min(steps, 10);
+  double profile_update_seconds = 0;
+  if (absl::GetFlag(FLAGS_layer_times)) {
+    m.EnableLayerTiming(true);
+    for (int s = 0; s < profile_steps; ++s) {
+      absl::StatusOr<double> update = step(warmup + steps + s);
+      if (!update.ok()) {
+        PrintError(kProgram, update.status().ToString());
+        return 1;
+      }
+      profile_update_seconds += *update;
+    }
+  }
+
+  const bool on_gpu = memory_baseline.ok();
   std::printf(
-      "| model | input | backend | threads | batch | params | MFLOPs/sample "
-      "| pstrain samples/sec | loss step 0 -> %d | PyTorch samples/sec | "
-      "PyTorch params | ratio |\n",
+      "| model | input | backend | TF32 | threads | batch | params | "
+      "MFLOPs/sample | pstrain samples/sec | host update (ms/step) | "
+      "memory (MiB) | loss step 0 -> %d | PyTorch samples/sec | PyTorch "
+      "memory (MiB) | PyTorch params | ratio |\n",
       warmup + steps - 1);
-  std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|\n");
-  std::string torch_rate = "-", torch_params = "-", ratio = "-";
+  std::printf(
+      "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+  std::string torch_rate = "-", torch_params = "-", ratio = "-",
+              torch_memory = "-";
   if (absl::GetFlag(FLAGS_compare_pytorch)) {
     TorchResult t = RunTorch(
         model_name, chw, dataset->num_classes, batch, steps, warmup, threads,
@@ -225,19 +344,29 @@ int Main() {
       torch_params = absl::StrCat(
           t.params, t.params == m.NumParameters() ? " (same)" : " (DIFFERENT)");
       ratio = absl::StrFormat("%.2fx", rate / t.samples_per_sec);
+      torch_memory = t.memory_mib;
     } else {
       torch_rate = absl::StrCat("error: ", t.error);
     }
   }
+  const std::string memory =
+      on_gpu ? absl::StrFormat("%.0f", memory_peak / 1048576.0) : "-";
   std::printf(
-      "| %s | %s | %s | %d | %d | %lld | %.1f | %.1f | %.3f -> %.3f%s "
-      "| %s | %s | %s |\n",
+      "| %s | %s | %s | %s | %d | %d | %lld | %.1f | %.1f | %.2f | %s | "
+      "%.3f -> %.3f%s | %s | %s | %s | %s |\n",
       model_name.c_str(), ShapeToString(chw).c_str(),
-      (*backend)->name().c_str(), threads, batch,
+      (*backend)->name().c_str(),
+      // models/cuda: CUDNN_TENSOR_OP_MATH and CUBLAS_TF32_TENSOR_OP_MATH;
+      // torch_bench.py --tf32 1 allows the same on PyTorch's side.
+      on_gpu ? "conv+GEMM" : "-", threads, batch,
       static_cast<long long>(m.NumParameters()),
-      2.0 * m.ForwardMacsPerSample() / 1e6, rate, first_loss, last_loss,
+      2.0 * m.ForwardMacsPerSample() / 1e6, rate, update_seconds * 1e3 / steps,
+      memory.c_str(), first_loss, last_loss,
       loss_ok ? " (falls)" : " (DOES NOT FALL)", torch_rate.c_str(),
-      torch_params.c_str(), ratio.c_str());
+      torch_memory.c_str(), torch_params.c_str(), ratio.c_str());
+  if (absl::GetFlag(FLAGS_layer_times)) {
+    PrintLayerTimes(m, profile_steps, profile_update_seconds, batch);
+  }
   return loss_ok ? 0 : 1;
 }
 

@@ -182,6 +182,12 @@ class CudaBackend final : public Backend {
     CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(copy_));
     return absl::OkStatus();
   }
+  absl::StatusOr<int64_t> DeviceMemoryInUseBytes() override {
+    size_t free_bytes = 0, total_bytes = 0;
+    CUDA_RETURN_IF_ERROR(cudaSetDevice(gpu_));
+    CUDA_RETURN_IF_ERROR(cudaMemGetInfo(&free_bytes, &total_bytes));
+    return static_cast<int64_t>(total_bytes - free_bytes);
+  }
   absl::StatusOr<std::shared_ptr<CopyFence>> RecordCopies() override {
     cudaEvent_t event = nullptr;
     CUDA_RETURN_IF_ERROR(

@@ -1,0 +1,448 @@
+#!/usr/bin/env bash
+# Every GPU check of pstrain in one go, run on a GPU host from an unpacked
+# bundle (scripts/gpu_bundle.sh puts this script at the bundle's root):
+#
+#   tar -xJf pstrain-gpu.tar.xz && bash gpu/gpu_check.sh OUT_DIR
+#
+# Sections, each under its own time limit (seconds, --quick in brackets):
+#   host        GPU, driver, CUDA/cuDNN/cuBLAS/NCCL, glibc, cores       60
+#   cuda_tests  tests/cuda_test (every layer and zoo model against the
+#               CPU backend: a max abs/rel error table) and the NCCL
+#               tests of tests/collective_test                           240
+#   train_bench train_bench --backend=cuda against PyTorch on the same
+#               GPU in the same run (ResNet-50 224x224 batch 64 and 128,
+#               ResNet-18 28x28x1 batch 64), with a per-layer time table  360
+#   pstrain_run pstrain run --backend=cuda, sync PS with 1 and 2 workers
+#               on the one GPU, LeNet-5 and ResNet-18 on Fashion-MNIST,
+#               beside the same runs on the CPU backend                   420
+#   allreduce   allreduce over NCCL with one rank, and Gloo between two
+#               CUDA workers                                              180
+#   ps_bench    PS push+pull against raw TCP on loopback, 1, 2, 4 shards  120
+# Without a GPU (or with --dry_run) the GPU parts are marked "skipped: no
+# GPU" and the rest runs. --quick shrinks every run (steps, bytes) to check
+# the script itself (tests/gpu_bundle_test.sh). --only=a,b runs those
+# sections (the device machine allows 10 minutes a command: split there).
+#
+# Whatever happens, OUT_DIR gets gpu_report.md and gpu_report.json with what
+# was measured so far (one entry per section: status, seconds, tables), and
+# logs/ with every command's output. Exit 0 when no section failed, 1 when
+# one did, 2 for bad arguments.
+#
+# The NVIDIA libraries come from this host: PyTorch's nvidia-* Python
+# packages (found through python3), then /usr/local/cuda and
+# /usr/local/nvidia; the rest is in the bundle's lib/.
+set -uo pipefail
+
+usage="usage: gpu_check.sh [--quick] [--dry_run] [--only=host,cuda_tests,train_bench,pstrain_run,allreduce,ps_bench] OUT_DIR"
+all_sections="host cuda_tests train_bench pstrain_run allreduce ps_bench"
+command_line="gpu_check.sh $*"
+quick=0
+dry_run=0
+only=""
+out=""
+for arg in "$@"; do
+  case "$arg" in
+    --quick) quick=1 ;;
+    --dry_run) dry_run=1 ;;
+    --only=*) only="${arg#*=}" ;;
+    -*) echo "gpu_check: unknown flag '$arg'; $usage" >&2; exit 2 ;;
+    *)
+      if [ -n "$out" ]; then
+        echo "gpu_check: one output folder expected, got '$out' and '$arg'; $usage" >&2
+        exit 2
+      fi
+      out="$arg"
+      ;;
+  esac
+done
+if [ -z "$out" ]; then
+  echo "gpu_check: no output folder given; $usage" >&2
+  exit 2
+fi
+for s in ${only//,/ }; do
+  if ! [[ " $all_sections " == *" $s "* ]]; then
+    echo "gpu_check: --only: unknown section '$s'; expected some of: $all_sections" >&2
+    exit 2
+  fi
+done
+root=$(cd "$(dirname "$0")" && pwd)
+if [ ! -x "$root/tools/pstrain" ]; then
+  echo "gpu_check: $root/tools/pstrain not found: run gpu_check.sh from an" \
+    "unpacked bundle (bash scripts/gpu_bundle.sh makes dist/gpu)" >&2
+  exit 2
+fi
+mkdir -p "$out/logs" || exit 2
+out=$(cd "$out" && pwd)
+data="$root/data/fashion-mnist"
+python=$(command -v python3 || true)
+: > "$out/sections.tsv"
+
+# --- NVIDIA libraries from the host --------------------------------------
+nv_dirs=()
+if [ -n "$python" ]; then
+  while read -r d; do
+    [ -n "$d" ] && nv_dirs+=("$d")
+  done < <("$python" - <<'EOF' 2>/dev/null
+import glob, os
+try:
+    import nvidia
+    roots = list(nvidia.__path__)
+except Exception:
+    roots = []
+seen = []
+for r in roots:
+    for f in sorted(glob.glob(os.path.join(r, "**", "lib*.so*"), recursive=True)):
+        d = os.path.dirname(f)
+        if d not in seen:
+            seen.append(d)
+print("\n".join(seen))
+EOF
+)
+fi
+for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib /usr/local/nvidia/lib64; do
+  [ -d "$d" ] && nv_dirs+=("$d")
+done
+nv_path=$(IFS=:; echo "${nv_dirs[*]}")
+export LD_LIBRARY_PATH="${nv_path}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+
+gpu=0
+gpu_reason="no GPU"
+if [ "$dry_run" = 1 ]; then
+  gpu_reason="no GPU (--dry_run)"
+elif command -v nvidia-smi >/dev/null && nvidia-smi -L 2>/dev/null | grep -q '^GPU'; then
+  gpu=1
+fi
+cores=$(nproc)
+
+# --- sections --------------------------------------------------------------
+wanted() { [ -z "$only" ] || [[ ",$only," == *",$1,"* ]]; }
+
+# record NAME STATUS SECONDS: one row of sections.tsv.
+record() { printf '%s\t%s\t%s\n' "$1" "$2" "$3" >> "$out/sections.tsv"; }
+
+# run_section NAME LIMIT_S FUNCTION: runs FUNCTION (which writes
+# $out/NAME.md) under LIMIT_S seconds, output in logs/NAME.log.
+run_section() {
+  local name=$1 limit=$2 fn=$3 start rc status
+  wanted "$name" || return 0
+  echo "gpu_check: $name (limit ${limit} s)"
+  start=$(date +%s)
+  export -f "$fn"
+  timeout --kill-after=10 "$limit" bash -c "$fn" > "$out/logs/$name.log" 2>&1
+  rc=$?
+  case $rc in
+    0) status=ok ;;
+    124 | 137) status="timeout after ${limit} s" ;;
+    *) status="failed (exit $rc)" ;;
+  esac
+  record "$name" "$status" "$(( $(date +%s) - start ))"
+  echo "gpu_check: $name: $status"
+  report
+}
+
+skip_section() {
+  wanted "$1" || return 0
+  echo "| $1 | skipped: $gpu_reason |" > "$out/$1.md"
+  record "$1" "skipped: $gpu_reason" 0
+  echo "gpu_check: $1: skipped: $gpu_reason"
+}
+
+# Steps and sizes of every run; --quick shrinks them.
+run_models="lenet5 resnet18"
+if [ "$quick" = 1 ]; then
+  run_models="lenet5"  # a ResNet-18 evaluation takes minutes on 2 cores
+  bench_steps=3; lenet_args="--epochs=1 --max_steps_per_epoch=20"
+  resnet_args="--epochs=1 --max_steps_per_epoch=3 --batch_size=16"
+  ps_bench_args="--model_bytes=8000000 --tensor_bytes=1000000 --repeats=2"
+else
+  bench_steps=30; lenet_args="--epochs=2"
+  resnet_args="--epochs=1 --max_steps_per_epoch=300"
+  ps_bench_args="--repeats=5"
+fi
+export root out data python cores gpu bench_steps lenet_args resnet_args \
+  ps_bench_args run_models
+
+host_section() {
+  row() { printf '| %s | %s |\n' "$1" "$2"; }
+  # The versions the libraries on LD_LIBRARY_PATH report themselves, and
+  # where the worker binary finds each.
+  libversions() {
+    [ -n "$python" ] || { echo "| NVIDIA libraries | no python3 to ask them |"; return; }
+    "$python" - <<'EOF'
+import ctypes
+def lib(name):
+    try:
+        return ctypes.CDLL(name)
+    except OSError:
+        return None
+v = ctypes.c_int()
+rows = []
+rt = lib("libcudart.so.13")
+if rt and rt.cudaRuntimeGetVersion(ctypes.byref(v)) == 0:
+    rows.append(("cudart", "%d.%d" % (v.value // 1000, v.value % 1000 // 10)))
+    if rt.cudaDriverGetVersion(ctypes.byref(v)) == 0 and v.value > 0:
+        rows.append(("CUDA (driver API)", "%d.%d" % (v.value // 1000, v.value % 1000 // 10)))
+    else:
+        rows.append(("CUDA (driver API)", "no driver"))
+else:
+    rows.append(("cudart", "libcudart.so.13 not found"))
+cublas = lib("libcublas.so.13")
+if cublas:
+    parts = []
+    for p in range(3):  # MAJOR_VERSION, MINOR_VERSION, PATCH_LEVEL
+        cublas.cublasGetProperty(p, ctypes.byref(v))
+        parts.append(str(v.value))
+    rows.append(("cuBLAS", ".".join(parts)))
+else:
+    rows.append(("cuBLAS", "libcublas.so.13 not found"))
+cudnn = lib("libcudnn.so.9")
+if cudnn:
+    cudnn.cudnnGetVersion.restype = ctypes.c_size_t
+    n = cudnn.cudnnGetVersion()
+    rows.append(("cuDNN", "%d.%d.%d" % (n // 10000, n % 10000 // 100, n % 100)))
+else:
+    rows.append(("cuDNN", "libcudnn.so.9 not found"))
+nccl = lib("libnccl.so.2")
+if nccl and nccl.ncclGetVersion(ctypes.byref(v)) == 0:
+    n = v.value
+    rows.append(("NCCL", "%d.%d.%d" % (n // 10000, n % 10000 // 100, n % 100)))
+else:
+    rows.append(("NCCL", "libnccl.so.2 not found"))
+for name, value in rows:
+    print("| %s | %s |" % (name, value))
+EOF
+    ldd "$root/worker/pstrain_worker" | awk '/cudart|cublas\.|cudnn\.|nccl/ {printf "| loads %s | %s |\n", $1, $3}'
+  }
+  {
+    echo "| what | value |"
+    echo "|---|---|"
+    if command -v nvidia-smi >/dev/null; then
+      row GPU "$(nvidia-smi --query-gpu=name,memory.total --format=csv,noheader 2>/dev/null | head -1)"
+      row "driver" "$(nvidia-smi --query-gpu=driver_version --format=csv,noheader 2>/dev/null | head -1)"
+      row "CUDA (driver)" "$(nvidia-smi 2>/dev/null | sed -n 's/.*CUDA Version: *\([0-9.]*\).*/\1/p' | head -1)"
+    else
+      row GPU "none (no nvidia-smi)"
+    fi
+    libversions
+    if [ -n "$python" ]; then
+      row PyTorch "$("$python" -c 'import torch; print(torch.__version__, "CUDA", torch.version.cuda, "cuDNN", torch.backends.cudnn.version(), "NCCL", ".".join(map(str, torch.cuda.nccl.version())) if torch.cuda.is_available() else "")' 2>&1 | tail -1)"
+    fi
+    row glibc "$(getconf GNU_LIBC_VERSION)"
+    row "CPU cores" "$cores ($(sed -n 's/^model name[^:]*: //p' /proc/cpuinfo | head -1))"
+    row memory "$(awk '/MemTotal/ {printf "%.0f GiB", $2 / 1048576}' /proc/meminfo)"
+    row kernel "$(uname -r)"
+    row bundle "$(head -1 "$root/BUNDLE_INFO" 2>/dev/null)"
+    row "NVIDIA library path" "${LD_LIBRARY_PATH:-none}"
+  } > "$out/host.md"
+  cat "$out/host.md"
+}
+
+cuda_tests_section() {
+  local rc=0
+  PSTRAIN_LAYER_ERRORS="$out/layer_errors.md" "$root/tests/cuda_test" 2>&1 | tee "$out/logs/cuda_test.out"
+  [ "${PIPESTATUS[0]}" = 0 ] || rc=1
+  "$root/tests/collective_test" --gtest_filter='Nccl*' 2>&1 | tee "$out/logs/collective_test.out"
+  [ "${PIPESTATUS[0]}" = 0 ] || rc=1
+  {
+    echo "| binary | passed | failed | skipped |"
+    echo "|---|---:|---:|---:|"
+    for t in cuda_test collective_test; do
+      f="$out/logs/$t.out"
+      printf '| %s | %s | %s | %s |\n' "$t" \
+        "$(sed -n 's/^\[  PASSED  \] \([0-9]*\) test.*/\1/p' "$f" | tail -1)" \
+        "$(grep -c '^\[  FAILED  \] [A-Z]' "$f")" \
+        "$(grep -c '^\[  SKIPPED \] [A-Z]' "$f")"
+    done
+    grep -h '^\[  FAILED  \] [A-Z]' "$out"/logs/cuda_test.out "$out"/logs/collective_test.out | sed 's/^/    /'
+    if [ -s "$out/layer_errors.md" ]; then
+      echo
+      cat "$out/layer_errors.md"
+    fi
+  } > "$out/cuda_tests.md"
+  return $rc
+}
+
+train_bench_section() {
+  local rc=0 first=1 config
+  : > "$out/train_bench.md"
+  for config in \
+    "--model=resnet50 --dataset=synthetic --image_size=224 --num_classes=1000 --batch_size=64 --layer_times" \
+    "--model=resnet50 --dataset=synthetic --image_size=224 --num_classes=1000 --batch_size=128" \
+    "--model=resnet18 --dataset=fashion_mnist --data_dir=$data --batch_size=64"; do
+    # shellcheck disable=SC2086
+    "$root/tools/train_bench" --backend=cuda $config --steps="$bench_steps" \
+      --warmup=5 --compare_pytorch --python="${python:-python3}" \
+      > "$out/logs/train_bench.out" 2>&1 || rc=1
+    cat "$out/logs/train_bench.out"
+    if [ $first = 1 ]; then
+      grep '^|' "$out/logs/train_bench.out" | head -2 >> "$out/train_bench.md"
+    fi
+    grep '^| resnet' "$out/logs/train_bench.out" >> "$out/train_bench.md"
+    # The per-layer table of the first configuration, after the rows.
+    if [ $first = 1 ]; then
+      sed -n '/^Per-layer/,$p' "$out/logs/train_bench.out" > "$out/layer_times.md"
+    fi
+    first=0
+  done
+  if [ -s "$out/layer_times.md" ]; then
+    { echo; cat "$out/layer_times.md"; } >> "$out/train_bench.md"
+  fi
+  return $rc
+}
+
+pstrain_run_section() {
+  local rc=0 backend model workers args json
+  {
+    echo "| backend | model | #PS | #Workers | Batchsize | Steps | Runtime (s) | Throughput (data/sec) | Test accuracy |"
+    echo "|---|---|---:|---:|---:|---:|---:|---:|---:|"
+  } > "$out/pstrain_run.md"
+  for model in $run_models; do
+    for backend in cuda cpu; do
+      for workers in 1 2; do
+        if [ "$backend" = cuda ] && [ "$gpu" != 1 ]; then
+          echo "| $backend | $model | 2 | $workers | - | - | - | skipped: no GPU | - |" >> "$out/pstrain_run.md"
+          continue
+        fi
+        args=$lenet_args
+        [ "$model" = resnet18 ] && args=$resnet_args
+        json="$out/logs/run_${model}_${backend}_${workers}.json"
+        echo "== pstrain run --backend=$backend --model=$model --num_workers=$workers $args"
+        # shellcheck disable=SC2086
+        if "$root/tools/pstrain" run --backend="$backend" --model="$model" \
+          --dataset=fashion_mnist --data_dir="$data" --num_ps=2 \
+          --num_workers="$workers" --mode=sync $args --results_json="$json"; then
+          "$python" - "$json" "$backend" >> "$out/pstrain_run.md" <<'EOF'
+import json, sys
+r = json.load(open(sys.argv[1]))
+print("| %s | %s | %d | %d | %d | %d | %.2f | %.1f | %.4f |" % (
+    sys.argv[2], r["model"], r["num_ps"], r["num_workers"], r["batch_size"],
+    int(r["steps"]), r["runtime_seconds"], r["throughput_samples_per_sec"],
+    r["test_accuracy"]))
+EOF
+        else
+          rc=1
+          echo "| $backend | $model | 2 | $workers | - | - | - | failed | - |" >> "$out/pstrain_run.md"
+        fi
+      done
+    done
+  done
+  return $rc
+}
+
+allreduce_section() {
+  local rc=0
+  echo "== allreduce over NCCL, one rank"
+  "$root/tools/pstrain" compare --backend=cuda --model=lenet5 \
+    --dataset=fashion_mnist --data_dir="$data" --workers=1 \
+    --modes=allreduce_nccl --steps=100 --out_dir="$out/logs/allreduce_nccl" || rc=1
+  echo "== allreduce over Gloo, two CUDA workers"
+  # shellcheck disable=SC2086
+  "$root/tools/pstrain" run --backend=cuda --model=lenet5 --mode=allreduce \
+    --dataset=fashion_mnist --data_dir="$data" --num_workers=2 $lenet_args \
+    --results_json="$out/logs/allreduce_gloo.json" || rc=1
+  {
+    echo "NCCL, one rank (pstrain compare --modes=allreduce_nccl --workers=1):"
+    echo
+    grep '^|' "$out/logs/allreduce_nccl/results.md" 2>/dev/null | head -3 || echo "(no results)"
+    echo
+    echo "Gloo, two CUDA workers:"
+    echo
+    if [ -s "$out/logs/allreduce_gloo.json" ]; then
+      "$python" - "$out/logs/allreduce_gloo.json" <<'EOF'
+import json, sys
+r = json.load(open(sys.argv[1]))
+print("| #Workers | Steps | Throughput (data/sec) | Test accuracy |")
+print("|---:|---:|---:|---:|")
+print("| %d | %d | %.1f | %.4f |" % (r["num_workers"], int(r["steps"]),
+      r["throughput_samples_per_sec"], r["test_accuracy"]))
+EOF
+    else
+      echo "(no results)"
+    fi
+  } > "$out/allreduce.md"
+  return $rc
+}
+
+ps_bench_section() {
+  # shellcheck disable=SC2086
+  "$root/tools/ps_bench" --shards=1,2,4 $ps_bench_args > "$out/logs/ps_bench.out" 2>&1
+  local rc=$?
+  cat "$out/logs/ps_bench.out"
+  { echo '```'; cat "$out/logs/ps_bench.out"; echo '```'; } > "$out/ps_bench.md"
+  return $rc
+}
+# --- the report (rewritten after every section) ---------------------------
+report() {
+  {
+    echo "# pstrain GPU check"
+    echo
+    echo "$(date -u +%Y-%m-%dT%H:%M:%SZ), $(hostname), bundle: $(head -1 "$root/BUNDLE_INFO" 2>/dev/null)"
+    echo "Command: $command_line"
+    echo
+    echo "| section | status | seconds |"
+    echo "|---|---|---:|"
+    awk -F'\t' '{printf "| %s | %s | %s |\n", $1, $2, $3}' "$out/sections.tsv"
+    while IFS=$'\t' read -r name _ _; do
+      echo
+      echo "## $name"
+      echo
+      cat "$out/$name.md" 2>/dev/null || echo "(no output: see logs/$name.log)"
+    done < "$out/sections.tsv"
+  } > "$out/gpu_report.md"
+  if [ -n "$python" ]; then
+    "$python" - "$out" <<'EOF' || echo "gpu_check: could not write gpu_report.json" >&2
+import json, os, sys
+out = sys.argv[1]
+
+def tables(text):
+    """Markdown tables as lists of {column: cell} rows."""
+    result, header = [], None
+    for line in text.splitlines() + [""]:
+        if line.startswith("|"):
+            cells = [c.strip() for c in line.strip().strip("|").split("|")]
+            if header is None:
+                header = cells
+                result.append([])
+            elif not all(set(c) <= set("-:") for c in cells):
+                result[-1].append(dict(zip(header, cells)))
+        else:
+            header = None
+    return [t for t in result if t]
+
+sections = []
+for line in open(os.path.join(out, "sections.tsv")):
+    name, status, seconds = line.rstrip("\n").split("\t")
+    md = os.path.join(out, name + ".md")
+    text = open(md).read() if os.path.exists(md) else ""
+    sections.append({"section": name, "status": status, "seconds": int(seconds),
+                     "tables": tables(text), "log": "logs/%s.log" % name})
+json.dump({"sections": sections}, open(os.path.join(out, "gpu_report.json"), "w"), indent=1)
+EOF
+  fi
+}
+trap report EXIT
+
+# --- run -----------------------------------------------------------------
+echo "gpu_check: bundle $root, output $out, GPU: $([ $gpu = 1 ] && echo yes || echo "$gpu_reason"), quick: $quick"
+run_section host 60 host_section
+if [ "$gpu" = 1 ]; then
+  run_section cuda_tests 240 cuda_tests_section
+  run_section train_bench 360 train_bench_section
+else
+  skip_section cuda_tests
+  skip_section train_bench
+fi
+# CPU rows run without a GPU; the CUDA rows say "skipped: no GPU".
+run_section pstrain_run 420 pstrain_run_section
+if [ "$gpu" = 1 ]; then
+  run_section allreduce 180 allreduce_section
+else
+  skip_section allreduce
+fi
+run_section ps_bench 120 ps_bench_section
+report
+if cut -f2 "$out/sections.tsv" | grep -qv -e '^ok$' -e '^skipped'; then
+  echo "gpu_check: some sections failed; see $out/gpu_report.md"
+  exit 1
+fi
+echo "gpu_check: done; see $out/gpu_report.md"
