@@ -21,7 +21,8 @@
 # Without a GPU (or with --dry_run) the GPU parts are marked "skipped: no
 # GPU" and the rest runs. --quick shrinks every run (steps, bytes) to check
 # the script itself (tests/gpu_bundle_test.sh). --only=a,b runs those
-# sections (the device machine allows 10 minutes a command: split there).
+# sections, replacing only those in OUT_DIR's report (the device machine
+# allows 10 minutes a command: split the check there, same OUT_DIR).
 #
 # Whatever happens, OUT_DIR gets gpu_report.md and gpu_report.json with what
 # was measured so far (one entry per section: status, seconds, tables), and
@@ -75,7 +76,16 @@ mkdir -p "$out/logs" || exit 2
 out=$(cd "$out" && pwd)
 data="$root/data/fashion-mnist"
 python=$(command -v python3 || true)
-: > "$out/sections.tsv"
+# A full run starts the report afresh; --only replaces its sections' rows
+# in OUT_DIR's report and keeps the others, so runs split over several
+# commands add up to one report.
+if [ -z "$only" ] || [ ! -f "$out/sections.tsv" ]; then
+  : > "$out/sections.tsv"
+else
+  awk -F'\t' -v only=",$only," 'index(only, "," $1 ",") == 0' \
+    "$out/sections.tsv" > "$out/sections.tsv.new" &&
+    mv "$out/sections.tsv.new" "$out/sections.tsv"
+fi
 
 # --- NVIDIA libraries from the host --------------------------------------
 nv_dirs=()
