@@ -256,19 +256,31 @@ cuda_tests_section() {
   {
     echo "| binary | passed | failed | skipped |"
     echo "|---|---:|---:|---:|"
+    # gtest's closing counts ("[  PASSED  ] 2 tests.", "[  FAILED  ] 1
+    # test, listed below:"), then the failed and skipped tests by name.
+    count() {
+      local n
+      n=$(sed -n "s/^\[  $1 *\] \([0-9]*\) tests*[,.].*/\1/p" "$2" | tail -1)
+      echo "${n:-0}"
+    }
     for t in cuda_test collective_test; do
       f="$out/logs/$t.out"
-      printf '| %s | %s | %s | %s |\n' "$t" \
-        "$(sed -n 's/^\[  PASSED  \] \([0-9]*\) test.*/\1/p' "$f" | tail -1)" \
-        "$(grep -c '^\[  FAILED  \] [A-Z]' "$f")" \
-        "$(grep -c '^\[  SKIPPED \] [A-Z]' "$f")"
+      printf '| %s | %s | %s | %s |\n' "$t" "$(count PASSED "$f")" \
+        "$(count FAILED "$f")" "$(count SKIPPED "$f")"
     done
-    grep -h '^\[  FAILED  \] [A-Z]' "$out"/logs/cuda_test.out "$out"/logs/collective_test.out | sed 's/^/    /'
+    for t in cuda_test collective_test; do
+      awk -v t="$t" '/^\[  (FAILED|SKIPPED) *\] [0-9]+ tests?, listed below/ {list = $0 ~ /FAILED/ ? "failed" : "skipped"; next}
+        list != "" && /^\[  (FAILED|SKIPPED) *\] [A-Za-z]/ {line = $0; sub(/^\[[^]]*\] /, "", line); print "- " t " " list ": " line}' "$out/logs/$t.out"
+    done
+    if [ "$(count PASSED "$out/logs/cuda_test.out")" = 0 ]; then
+      echo "- cuda_test passed no test: the GPU checks did not run"
+    fi
     if [ -s "$out/layer_errors.md" ]; then
       echo
       cat "$out/layer_errors.md"
     fi
   } > "$out/cuda_tests.md"
+  grep -q '^- cuda_test passed no test' "$out/cuda_tests.md" && rc=1
   return $rc
 }
 
@@ -287,7 +299,9 @@ train_bench_section() {
     if [ $first = 1 ]; then
       grep '^|' "$out/logs/train_bench.out" | head -2 >> "$out/train_bench.md"
     fi
-    grep '^| resnet' "$out/logs/train_bench.out" >> "$out/train_bench.md"
+    if ! grep '^| resnet' "$out/logs/train_bench.out" >> "$out/train_bench.md"; then
+      echo "| failed: $(tail -1 "$out/logs/train_bench.out") |" >> "$out/train_bench.md"
+    fi
     # The per-layer table of the first configuration, after the rows.
     if [ $first = 1 ]; then
       sed -n '/^Per-layer/,$p' "$out/logs/train_bench.out" > "$out/layer_times.md"
@@ -341,23 +355,33 @@ EOF
 
 allreduce_section() {
   local rc=0
+  local nccl_error="" gloo_error=""
   echo "== allreduce over NCCL, one rank"
   "$root/tools/pstrain" compare --backend=cuda --model=lenet5 \
     --dataset=fashion_mnist --data_dir="$data" --workers=1 \
-    --modes=allreduce_nccl --steps=100 --out_dir="$out/logs/allreduce_nccl" || rc=1
+    --modes=allreduce_nccl --steps=100 --out_dir="$out/logs/allreduce_nccl" \
+    2>&1 | tee "$out/logs/allreduce_nccl.out"
+  [ "${PIPESTATUS[0]}" = 0 ] || { rc=1; nccl_error=$(tail -1 "$out/logs/allreduce_nccl.out"); }
   echo "== allreduce over Gloo, two CUDA workers"
   # shellcheck disable=SC2086
   "$root/tools/pstrain" run --backend=cuda --model=lenet5 --mode=allreduce \
     --dataset=fashion_mnist --data_dir="$data" --num_workers=2 $lenet_args \
-    --results_json="$out/logs/allreduce_gloo.json" || rc=1
+    --results_json="$out/logs/allreduce_gloo.json" 2>&1 | tee "$out/logs/allreduce_gloo.out"
+  [ "${PIPESTATUS[0]}" = 0 ] || { rc=1; gloo_error=$(tail -1 "$out/logs/allreduce_gloo.out"); }
   {
     echo "NCCL, one rank (pstrain compare --modes=allreduce_nccl --workers=1):"
     echo
-    grep '^|' "$out/logs/allreduce_nccl/results.md" 2>/dev/null | head -3 || echo "(no results)"
+    if [ -n "$nccl_error" ]; then
+      echo "failed: $nccl_error"
+    else
+      grep '^|' "$out/logs/allreduce_nccl/results.md" 2>/dev/null | head -3
+    fi
     echo
     echo "Gloo, two CUDA workers:"
     echo
-    if [ -s "$out/logs/allreduce_gloo.json" ]; then
+    if [ -n "$gloo_error" ]; then
+      echo "failed: $gloo_error"
+    elif [ -s "$out/logs/allreduce_gloo.json" ]; then
       "$python" - "$out/logs/allreduce_gloo.json" <<'EOF'
 import json, sys
 r = json.load(open(sys.argv[1]))
