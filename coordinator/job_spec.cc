@@ -169,6 +169,10 @@ absl::Status ValidateJobSpec(const JobSpec& spec) {
                               "; expected >= 1 with compute synthetic (it "
                               "has no dataset to make epochs of)"));
     }
+    if (!spec.init_from().empty() || !spec.checkpoint_dir().empty()) {
+      return Bad(spec.init_from().empty() ? "checkpoint_dir" : "init_from",
+                 "compute synthetic has no model to load or save");
+    }
   } else if (spec.compute() != "model") {
     return Bad("compute", absl::StrCat("\"", spec.compute(),
                                        "\"; expected model or synthetic"));

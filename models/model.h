@@ -105,6 +105,8 @@ class Model {
   static bool IsKnown(const std::string& name);
 
   const std::string& name() const { return name_; }
+  // {C, H, W} of one input sample.
+  const Shape& input_chw() const { return input_chw_; }
   Backend* backend() const { return backend_; }
   const std::vector<Param*>& params() const { return params_; }
   const std::vector<Buffer*>& buffers() const { return buffers_; }

@@ -14,6 +14,7 @@
 #include "absl/time/clock.h"
 #include "common/status.h"
 #include "models/model.h"
+#include "models/model_file.h"
 #include "worker/gradient_exchange.h"
 
 namespace pstrain {
@@ -26,41 +27,6 @@ void Emit(const TrainerOptions& options, const std::string& line) {
   }
   std::printf("%s\n", line.c_str());
   std::fflush(stdout);
-}
-
-struct Evaluation {
-  double accuracy = 0;
-  double loss = 0;
-};
-
-absl::StatusOr<Evaluation> EvaluateModel(Model& model,
-                                         const LabeledImages& test,
-                                         int eval_batch) {
-  Evaluation eval;
-  int64_t correct = 0;
-  double loss_sum = 0;
-  std::vector<int64_t> indices(test.count);
-  for (int64_t i = 0; i < test.count; ++i) indices[i] = i;
-  Tensor images;
-  std::vector<int32_t> labels;
-  for (int64_t begin = 0; begin < test.count; begin += eval_batch) {
-    const int64_t n = std::min<int64_t>(eval_batch, test.count - begin);
-    GatherBatch(test, indices, begin, n, &images, &labels);
-    ASSIGN_OR_RETURN(const Tensor* logits, model.Forward(images));
-    const int64_t k = logits->shape[1];
-    ASSIGN_OR_RETURN(float loss, HostSoftmaxCrossEntropy(logits->data.data(), n,
-                                                         k, labels, nullptr));
-    loss_sum += double{loss} * n;
-    for (int64_t i = 0; i < n; ++i) {
-      const float* row = &logits->data[i * k];
-      const int64_t best = std::max_element(row, row + k) - row;
-      if (best == labels[i]) ++correct;
-    }
-  }
-  eval.accuracy =
-      static_cast<double>(correct) / std::max<int64_t>(test.count, 1);
-  eval.loss = loss_sum / std::max<int64_t>(test.count, 1);
-  return eval;
 }
 
 // What a worker computes each step: the real model (forward and backward
@@ -86,6 +52,10 @@ class Workload {
   virtual int64_t num_parameters() const = 0;
   // "model lenet5 on cpu: ..." for worker 0's first line.
   virtual std::string Describe() const = 0;
+  // The model's weights from / to a model file (models/model_file.h); the
+  // saved file records `steps`.
+  virtual absl::Status LoadModel(const std::string& path) = 0;
+  virtual absl::Status SaveModel(const std::string& path, int64_t steps) = 0;
 };
 
 class ModelWorkload : public Workload {
@@ -149,6 +119,18 @@ class ModelWorkload : public Workload {
     return EvaluateModel(*model_, dataset_.test, options_.eval_batch_size);
   }
   int64_t num_parameters() const override { return model_->NumParameters(); }
+  absl::Status LoadModel(const std::string& path) override {
+    return LoadModelFile(path, model_.get());
+  }
+  absl::Status SaveModel(const std::string& path, int64_t steps) override {
+    ModelFileInfo info;
+    info.model = options_.model;
+    info.input_chw = dataset_.train.chw;
+    info.num_classes = dataset_.num_classes;
+    info.steps = steps;
+    info.dataset = dataset_.name;
+    return SaveModelFile(*model_, model_->HostWeights(), info, path);
+  }
   std::string Describe() const override {
     return absl::StrFormat(
         "model %s on %s: %d parameters, %d buffers, %.2f MFLOPs forward per "
@@ -261,6 +243,13 @@ class SyntheticWorkload : public Workload {
     return 0.0f;
   }
   bool can_evaluate() const override { return false; }
+  absl::Status LoadModel(const std::string&) override {
+    return absl::InvalidArgumentError(
+        "compute synthetic has no model to load weights into");
+  }
+  absl::Status SaveModel(const std::string&, int64_t) override {
+    return absl::InvalidArgumentError("compute synthetic has no model to save");
+  }
   absl::StatusOr<Evaluation> Evaluate() override {
     return absl::FailedPreconditionError("synthetic compute has no test set");
   }
@@ -290,6 +279,36 @@ class SyntheticWorkload : public Workload {
 };
 
 }  // namespace
+
+absl::StatusOr<Evaluation> EvaluateModel(Model& model,
+                                         const LabeledImages& test,
+                                         int eval_batch) {
+  Evaluation eval;
+  int64_t correct = 0;
+  double loss_sum = 0;
+  std::vector<int64_t> indices(test.count);
+  for (int64_t i = 0; i < test.count; ++i) indices[i] = i;
+  Tensor images;
+  std::vector<int32_t> labels;
+  for (int64_t begin = 0; begin < test.count; begin += eval_batch) {
+    const int64_t n = std::min<int64_t>(eval_batch, test.count - begin);
+    GatherBatch(test, indices, begin, n, &images, &labels);
+    ASSIGN_OR_RETURN(const Tensor* logits, model.Forward(images));
+    const int64_t k = logits->shape[1];
+    ASSIGN_OR_RETURN(float loss, HostSoftmaxCrossEntropy(logits->data.data(), n,
+                                                         k, labels, nullptr));
+    loss_sum += double{loss} * n;
+    for (int64_t i = 0; i < n; ++i) {
+      const float* row = &logits->data[i * k];
+      const int64_t best = std::max_element(row, row + k) - row;
+      if (best == labels[i]) ++correct;
+    }
+  }
+  eval.accuracy =
+      static_cast<double>(correct) / std::max<int64_t>(test.count, 1);
+  eval.loss = loss_sum / std::max<int64_t>(test.count, 1);
+  return eval;
+}
 
 absl::StatusOr<TrainerOutput> RunWorker(const TrainerOptions& options,
                                         const Dataset& dataset) {
@@ -347,6 +366,9 @@ absl::StatusOr<TrainerOutput> RunWorker(const TrainerOptions& options,
                                 chief, options.init_timeout);
   }
 
+  if (!options.init_from.empty()) {
+    RETURN_IF_ERROR(workload->LoadModel(options.init_from));
+  }
   const std::vector<absl::Span<float>>& weights = workload->weights();
   const std::vector<absl::Span<const float>>& gradients = workload->gradients();
   RETURN_IF_ERROR(exchange->Start(weights));
@@ -482,6 +504,13 @@ absl::StatusOr<TrainerOutput> RunWorker(const TrainerOptions& options,
   }
   for (absl::Span<float> w : weights) {
     output.final_weights.emplace_back(w.begin(), w.end());
+  }
+  if (chief && !options.model_out.empty()) {
+    RETURN_IF_ERROR(workload->SaveModel(options.model_out, step));
+    if (options.verbose) {
+      Emit(options, absl::StrCat("Saved the trained model (", step,
+                                 " steps) to ", options.model_out));
+    }
   }
   RETURN_IF_ERROR(exchange->Finish());
   return output;

@@ -26,6 +26,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "common/partition.h"
+#include "models/model.h"
 #include "proto/results.pb.h"
 #include "server/adam.h"
 #include "worker/collective.h"
@@ -74,6 +75,13 @@ struct TrainerOptions {
   // 0: every full batch of the worker's shard; otherwise at most this many
   // steps per epoch (short test and benchmark runs).
   int64_t max_steps_per_epoch = 0;
+  // A model file (models/model_file.h) every worker loads its initial
+  // weights from instead of `seed`'s (worker 0's reach the shards, or the
+  // other workers in allreduce mode); empty: `seed`'s.
+  std::string init_from;
+  // Worker 0 writes the final weights (after the last pull) there as a
+  // model file; empty: nowhere.
+  std::string model_out;
   // Whether worker 0 evaluates on the test set after each epoch.
   bool evaluate = true;
   // Print step and epoch lines (worker 0 only).
@@ -106,6 +114,16 @@ struct TrainerOutput {
 // what failed.
 absl::StatusOr<TrainerOutput> RunWorker(const TrainerOptions& options,
                                         const Dataset& dataset);
+
+// Mean cross-entropy and accuracy of `model` (eval mode) over all of
+// `split`, in batches of `batch_size`.
+struct Evaluation {
+  double loss = 0;
+  double accuracy = 0;
+};
+absl::StatusOr<Evaluation> EvaluateModel(Model& model,
+                                         const LabeledImages& split,
+                                         int batch_size);
 
 }  // namespace pstrain
 

@@ -156,6 +156,10 @@ int main(int argc, char** argv) {
   options.log_every_steps = spec->log_every_steps();
   options.partition_bytes = spec->partition_bytes();
   options.max_steps_per_epoch = spec->max_steps_per_epoch();
+  options.init_from = spec->init_from();
+  if (!spec->checkpoint_dir().empty()) {
+    options.model_out = spec->checkpoint_dir() + "/model.safetensors";
+  }
   options.backend = spec->backend();
   options.gpu = gpu;
   options.init_timeout = absl::Seconds(absl::GetFlag(FLAGS_init_timeout_s));

@@ -1,0 +1,164 @@
+#include "models/model_file.h"
+
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+#include "common/safetensors.h"
+
+namespace pstrain {
+namespace {
+
+constexpr char kFormat[] = "pstrain.model/1";
+constexpr char kRunningMean[] = ".running_mean";
+constexpr char kBatchesTracked[] = ".num_batches_tracked";
+
+struct NamedShape {
+  std::string name;
+  Shape shape;
+};
+
+// The model's PS tensors in HostWeights() order: parameters, then buffers.
+std::vector<NamedShape> PsTensors(const Model& model) {
+  std::vector<NamedShape> out;
+  for (const Param* p : model.params()) {
+    out.push_back({p->name, p->value.shape()});
+  }
+  for (const Buffer* b : model.buffers()) {
+    out.push_back({b->name, b->value.shape()});
+  }
+  return out;
+}
+
+}  // namespace
+
+std::string ModelFilePath(const std::string& path) {
+  struct stat st;
+  if (stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) {
+    return absl::StrCat(absl::StripSuffix(path, "/"), "/model.safetensors");
+  }
+  return path;
+}
+
+absl::Status SaveModelFile(const Model& model,
+                           absl::Span<const absl::Span<float>> weights,
+                           const ModelFileInfo& info, const std::string& path) {
+  const std::vector<NamedShape> tensors = PsTensors(model);
+  if (weights.size() != tensors.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": ", weights.size(), " weight tensors for model ",
+                     model.name(), ", which has ", tensors.size()));
+  }
+  std::vector<safetensors::TensorView> views;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    if (static_cast<int64_t>(weights[i].size()) !=
+        NumElements(tensors[i].shape)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          path, ": tensor '", tensors[i].name, "' has ", weights[i].size(),
+          " elements; its shape ", ShapeToString(tensors[i].shape), " has ",
+          NumElements(tensors[i].shape)));
+    }
+    views.push_back(
+        safetensors::F32View(tensors[i].name, tensors[i].shape, weights[i]));
+  }
+  // torch.nn.BatchNorm2d's counter, one per layer that has running stats.
+  const int64_t steps = info.steps;
+  for (const Buffer* b : model.buffers()) {
+    if (!absl::EndsWith(b->name, kRunningMean)) continue;
+    views.push_back(safetensors::I64View(
+        absl::StrCat(absl::StripSuffix(b->name, kRunningMean), kBatchesTracked),
+        {}, absl::MakeConstSpan(&steps, 1)));
+  }
+  std::map<std::string, std::string> metadata = {
+      {"format", kFormat},
+      {"model", info.model},
+      {"input_chw", absl::StrJoin(info.input_chw, ",")},
+      {"num_classes", absl::StrCat(info.num_classes)},
+      {"steps", absl::StrCat(info.steps)},
+      {"dataset", info.dataset},
+  };
+  absl::StatusOr<safetensors::WriteResult> written =
+      safetensors::Write(path, views, metadata);
+  return written.status();
+}
+
+absl::StatusOr<ModelFileInfo> ReadModelFileInfo(const std::string& path) {
+  absl::StatusOr<safetensors::File> file = safetensors::File::Read(path);
+  if (!file.ok()) return file.status();
+  const std::map<std::string, std::string>& m = file->metadata();
+  auto get = [&](const char* key) -> std::string {
+    auto it = m.find(key);
+    return it == m.end() ? "" : it->second;
+  };
+  if (get("format") != kFormat) {
+    return absl::DataLossError(absl::StrCat(
+        path, ": not a pstrain model file (metadata \"format\" is \"",
+        get("format"), "\"; expected \"", kFormat, "\")"));
+  }
+  ModelFileInfo info;
+  info.model = get("model");
+  info.dataset = get("dataset");
+  for (absl::string_view d : absl::StrSplit(get("input_chw"), ',')) {
+    int64_t v = 0;
+    if (!absl::SimpleAtoi(d, &v) || v <= 0) {
+      info.input_chw.clear();
+      break;
+    }
+    info.input_chw.push_back(v);
+  }
+  if (info.model.empty() || info.input_chw.size() != 3 ||
+      !absl::SimpleAtoi(get("num_classes"), &info.num_classes) ||
+      info.num_classes <= 0 || !absl::SimpleAtoi(get("steps"), &info.steps)) {
+    return absl::DataLossError(
+        absl::StrCat(path, ": bad model metadata (model \"", info.model,
+                     "\", input_chw \"", get("input_chw"), "\", num_classes \"",
+                     get("num_classes"), "\", steps \"", get("steps"), "\")"));
+  }
+  return info;
+}
+
+absl::Status LoadModelFile(const std::string& path, Model* model) {
+  absl::StatusOr<safetensors::File> file = safetensors::File::Read(path);
+  if (!file.ok()) return file.status();
+  const std::vector<NamedShape> tensors = PsTensors(*model);
+  // Everything is checked before any weight is written.
+  std::vector<const safetensors::Tensor*> found;
+  for (const NamedShape& t : tensors) {
+    const safetensors::Tensor* f = file->Find(t.name);
+    if (f == nullptr) {
+      return absl::NotFoundError(absl::StrCat(path, ": tensor '", t.name,
+                                              "' of model ", model->name(),
+                                              " is not in the file"));
+    }
+    absl::StatusOr<const safetensors::Tensor*> checked =
+        file->Get(t.name, safetensors::Dtype::kF32, t.shape);
+    if (!checked.ok()) return checked.status();
+    found.push_back(*checked);
+  }
+  for (const safetensors::Tensor& f : file->tensors()) {
+    const bool known =
+        std::any_of(tensors.begin(), tensors.end(),
+                    [&](const NamedShape& t) { return t.name == f.name; });
+    if (!known && !absl::EndsWith(f.name, kBatchesTracked)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          path, ": tensor '", f.name,
+          "' is not a parameter or buffer of model ", model->name(), " (",
+          ShapeToString(model->input_chw()), " input)"));
+    }
+  }
+  const std::vector<absl::Span<float>>& host = model->HostWeights();
+  for (size_t i = 0; i < found.size(); ++i) {
+    std::memcpy(host[i].data(), found[i]->bytes.data(), found[i]->bytes.size());
+  }
+  return model->LoadHostWeights();
+}
+
+}  // namespace pstrain

@@ -1,0 +1,71 @@
+// The trained model as one file PyTorch loads: a safetensors file
+// (common/safetensors.h) holding every parameter and BatchNorm buffer of a
+// zoo model under the names and layouts of the equivalent PyTorch module
+// (tools/torch_models.py: "conv1.weight" [out, in, kH, kW] (OIHW),
+// "fc1.weight" [out, in], "bn1.running_mean" [C], ...), plus one I64 scalar
+// "<bn>.num_batches_tracked" per BatchNorm layer, as torch.nn.BatchNorm2d's
+// state_dict has it, so that in PyTorch
+//
+//   model.load_state_dict(safetensors.torch.load_file(path))
+//
+// works with strict=True. The header's "__metadata__" says what the model is
+// ("format": "pstrain.model/1", "model", "input_chw" as "C,H,W",
+// "num_classes", "steps", "dataset"), so a reader can rebuild it.
+//
+// Thread-compatible: these functions touch the model (not thread-safe) and
+// the file; call them from the model's thread.
+#ifndef PSTRAIN_MODELS_MODEL_FILE_H_
+#define PSTRAIN_MODELS_MODEL_FILE_H_
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "models/model.h"
+#include "models/tensor.h"
+
+namespace pstrain {
+
+// What the file's metadata says about the model it holds.
+struct ModelFileInfo {
+  std::string model;  // Zoo name, "lenet5".
+  Shape input_chw;    // {C, H, W}.
+  int num_classes = 0;
+  int64_t steps = 0;  // Training steps (per worker) behind these weights.
+  std::string dataset;
+};
+
+// Writes `weights` (one span per PS tensor of `model`, as
+// Model::HostWeights(): parameters, then buffers) durably to `path` with the
+// metadata of `info` (its model and input must be `model`'s). BatchNorm's
+// num_batches_tracked is `info.steps`. Errors: INVALID_ARGUMENT if `weights`
+// does not match the model's tensors; the safetensors writer's otherwise
+// (NOT_FOUND for a missing folder, ...), each naming `path`.
+absl::Status SaveModelFile(const Model& model,
+                           absl::Span<const absl::Span<float>> weights,
+                           const ModelFileInfo& info, const std::string& path);
+
+// Reads the metadata of the model file `path` (validating the whole file).
+// DATA_LOSS naming the file when it is not a pstrain model file (no or bad
+// metadata) or not a valid safetensors file.
+absl::StatusOr<ModelFileInfo> ReadModelFileInfo(const std::string& path);
+
+// Loads the model file `path` into `model`'s weights and buffers (host
+// staging, then the device): every parameter and buffer must be in the file
+// as F32 with the model's shape, and the file may hold nothing else but
+// num_batches_tracked scalars. Errors name the file and the tensor:
+// NOT_FOUND (a tensor the model has is missing), INVALID_ARGUMENT (a shape
+// or dtype that differs, a tensor the model does not have), DATA_LOSS (not
+// a valid file). On error the model's weights are unchanged.
+absl::Status LoadModelFile(const std::string& path, Model* model);
+
+// `path` itself, or `path`/model.safetensors when `path` is a folder.
+std::string ModelFilePath(const std::string& path);
+
+}  // namespace pstrain
+
+#endif  // PSTRAIN_MODELS_MODEL_FILE_H_

@@ -1,0 +1,176 @@
+// model.safetensors against PyTorch (fixtures from
+// testdata/gen_model_file_fixture.py, no torch at test time), round trips,
+// and the errors of files that do not fit the model.
+#include "models/model_file.h"
+
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/safetensors.h"
+#include "gtest/gtest.h"
+#include "models/model.h"
+
+namespace pstrain {
+namespace {
+
+std::unique_ptr<Model> Make(const std::string& name, const Shape& chw,
+                            Backend* backend, uint64_t seed = 1) {
+  ModelOptions options;
+  options.seed = seed;
+  absl::StatusOr<std::unique_ptr<Model>> m =
+      Model::Create(name, chw, 10, options, backend);
+  EXPECT_TRUE(m.ok()) << m.status();
+  return m.ok() ? *std::move(m) : nullptr;
+}
+
+std::string TempPath(const std::string& name) {
+  const char* dir = std::getenv("TEST_TMPDIR");
+  return absl::StrCat(dir != nullptr ? dir : "/tmp", "/", name);
+}
+
+Tensor SinInput() {
+  Tensor x({2, 1, 28, 28});
+  for (size_t i = 0; i < x.data.size(); ++i) {
+    x.data[i] = static_cast<float>(std::sin(0.37 * i + 0.1));
+  }
+  return x;
+}
+
+ModelFileInfo InfoOf(const Model& m, int64_t steps) {
+  ModelFileInfo info;
+  info.model = m.name();
+  info.input_chw = m.input_chw();
+  info.num_classes = 10;
+  info.steps = steps;
+  info.dataset = "fashion_mnist";
+  return info;
+}
+
+// PyTorch's LeNet-5 state_dict loads into pstrain's LeNet-5 and gives
+// PyTorch's logits: names, layouts (OIHW, [out, in]) and order agree.
+TEST(ModelFile, PyTorchStateDictLoadsAndGivesPyTorchsLogits) {
+  std::unique_ptr<Backend> cpu = NewCpuBackend();
+  std::unique_ptr<Model> m = Make("lenet5", {1, 28, 28}, cpu.get());
+  ASSERT_NE(m, nullptr);
+  // PyTorch's file has no metadata: loading needs only the tensors.
+  ASSERT_TRUE(LoadModelFile("testdata/lenet5_torch.safetensors", m.get()).ok());
+  absl::StatusOr<const Tensor*> logits = m->Forward(SinInput());
+  ASSERT_TRUE(logits.ok()) << logits.status();
+  std::ifstream in("testdata/lenet5_torch_logits.txt");
+  std::vector<float> expected;
+  for (float v; in >> v;) expected.push_back(v);
+  ASSERT_EQ(expected.size(), 20u);
+  for (size_t i = 0; i < expected.size(); ++i) {
+    EXPECT_NEAR((*logits)->data[i], expected[i], 1e-5) << i;
+  }
+}
+
+// What pstrain writes for ResNet-18 has exactly the names, dtypes and shapes
+// of PyTorch's state_dict (BatchNorm's num_batches_tracked included), so
+// load_state_dict(strict=True) accepts it.
+TEST(ModelFile, ResNet18FileHasPyTorchsStateDictKeys) {
+  std::unique_ptr<Backend> cpu = NewCpuBackend();
+  std::unique_ptr<Model> m = Make("resnet18", {1, 28, 28}, cpu.get());
+  ASSERT_NE(m, nullptr);
+  const std::string path = TempPath("resnet18.safetensors");
+  ASSERT_TRUE(SaveModelFile(*m, m->HostWeights(), InfoOf(*m, 42), path).ok());
+  absl::StatusOr<safetensors::File> file = safetensors::File::Read(path);
+  ASSERT_TRUE(file.ok()) << file.status();
+  std::vector<std::string> ours;
+  for (const safetensors::Tensor& t : file->tensors()) {
+    ours.push_back(absl::StrCat(t.name, " ", safetensors::DtypeName(t.dtype),
+                                " ", absl::StrJoin(t.shape, ",")));
+  }
+  std::sort(ours.begin(), ours.end());
+  std::ifstream in("testdata/resnet18_torch_keys.txt");
+  std::vector<std::string> torch;
+  for (std::string line; std::getline(in, line);) torch.push_back(line);
+  std::sort(torch.begin(), torch.end());
+  ASSERT_EQ(torch.size(), 122u);  // 62 params, 40 BN stats, 20 counters.
+  EXPECT_EQ(ours, torch);
+  absl::StatusOr<const safetensors::Tensor*> tracked =
+      file->Get("bn1.num_batches_tracked", safetensors::Dtype::kI64, {});
+  ASSERT_TRUE(tracked.ok()) << tracked.status();
+  int64_t steps = 0;
+  std::memcpy(&steps, (*tracked)->bytes.data(), sizeof(steps));
+  EXPECT_EQ(steps, 42);
+}
+
+TEST(ModelFile, RoundTripRestoresWeightsBuffersAndMetadata) {
+  std::unique_ptr<Backend> cpu = NewCpuBackend();
+  std::unique_ptr<Model> a = Make("resnet18", {1, 28, 28}, cpu.get(), 1);
+  std::unique_ptr<Model> b = Make("resnet18", {1, 28, 28}, cpu.get(), 2);
+  ASSERT_TRUE(a != nullptr && b != nullptr);
+  // Non-default buffers, so that they are seen to travel.
+  a->HostWeights().back()[0] = 0.75f;
+  const std::string path = TempPath("round_trip.safetensors");
+  ASSERT_TRUE(SaveModelFile(*a, a->HostWeights(), InfoOf(*a, 7), path).ok());
+  ASSERT_TRUE(LoadModelFile(path, b.get()).ok());
+  for (size_t t = 0; t < a->HostWeights().size(); ++t) {
+    const auto& wa = a->HostWeights()[t];
+    const auto& wb = b->HostWeights()[t];
+    ASSERT_EQ(std::vector<float>(wa.begin(), wa.end()),
+              std::vector<float>(wb.begin(), wb.end()))
+        << t;
+  }
+  absl::StatusOr<ModelFileInfo> info = ReadModelFileInfo(path);
+  ASSERT_TRUE(info.ok()) << info.status();
+  EXPECT_EQ(info->model, "resnet18");
+  EXPECT_EQ(info->input_chw, (Shape{1, 28, 28}));
+  EXPECT_EQ(info->num_classes, 10);
+  EXPECT_EQ(info->steps, 7);
+  EXPECT_EQ(info->dataset, "fashion_mnist");
+}
+
+// A file for another model or input is refused naming the file and the
+// tensor, and the model keeps its weights.
+TEST(ModelFile, FileOfAnotherModelIsRefusedAndChangesNothing) {
+  std::unique_ptr<Backend> cpu = NewCpuBackend();
+  std::unique_ptr<Model> lenet = Make("lenet5", {1, 28, 28}, cpu.get());
+  std::unique_ptr<Model> mlp = Make("mlp", {1, 28, 28}, cpu.get());
+  std::unique_ptr<Model> lenet_rgb = Make("lenet5", {3, 32, 32}, cpu.get());
+  ASSERT_TRUE(lenet && mlp && lenet_rgb);
+  const std::vector<float> before(lenet_rgb->HostWeights()[0].begin(),
+                                  lenet_rgb->HostWeights()[0].end());
+  const std::string path = "testdata/lenet5_torch.safetensors";
+
+  // The MLP's fc1 is [256, 784]; LeNet-5's fc1 in the file is [120, 400].
+  absl::Status s = LoadModelFile(path, mlp.get());
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_TRUE(absl::StrContains(s.message(), path)) << s;
+  EXPECT_TRUE(absl::StrContains(s.message(), "fc1.weight")) << s;
+
+  s = LoadModelFile(path, lenet_rgb.get());
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_TRUE(absl::StrContains(s.message(), "conv1.weight")) << s;
+  EXPECT_EQ(std::vector<float>(lenet_rgb->HostWeights()[0].begin(),
+                               lenet_rgb->HostWeights()[0].end()),
+            before);
+
+  EXPECT_EQ(LoadModelFile(TempPath("missing.safetensors"), lenet.get()).code(),
+            absl::StatusCode::kNotFound);
+  // PyTorch's own file has no pstrain metadata.
+  absl::StatusOr<ModelFileInfo> info = ReadModelFileInfo(path);
+  EXPECT_EQ(info.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_TRUE(absl::StrContains(info.status().message(), path));
+}
+
+TEST(ModelFile, FolderMeansItsModelFile) {
+  EXPECT_EQ(ModelFilePath("testdata"), "testdata/model.safetensors");
+  EXPECT_EQ(ModelFilePath("testdata/"), "testdata/model.safetensors");
+  EXPECT_EQ(ModelFilePath("testdata/lenet5_torch.safetensors"),
+            "testdata/lenet5_torch.safetensors");
+}
+
+}  // namespace
+}  // namespace pstrain
