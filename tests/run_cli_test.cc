@@ -273,4 +273,59 @@ TEST(RunCliTest, MissingBinaryIsNamedBeforeAnythingStarts) {
       "it with bazel build //server:pstrain_ps //worker:pstrain_worker\n");
 }
 
+// The trained model is kept: worker 0 writes model.safetensors at the end,
+// `pstrain eval` gives the accuracy the run reported from it, the folder is
+// never overwritten, and --init_from refuses a file of another model before
+// anything starts.
+TEST(RunCliTest, CheckpointDirKeepsTheModelThatEvalScores) {
+  if (!HaveFashionMnist())
+    GTEST_SKIP() << "dataset-fashion-mnist not installed";
+  const std::string dir = TempDir() + "/ckpt";
+  const std::string json_path = TempDir() + "/ckpt_results.json";
+  const Result r =
+      RunPstrain("--epochs=1 --max_steps_per_epoch=40 --checkpoint_dir=" + dir +
+                 " --results_json=" + json_path);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("Saved the trained model (40 steps) to " + dir +
+                          "/model.safetensors"),
+            std::string::npos)
+      << r.output;
+  std::ifstream in(json_path);
+  std::stringstream json;
+  json << in.rdbuf();
+  pstrain::RunResult result;
+  ASSERT_TRUE(
+      google::protobuf::util::JsonStringToMessage(json.str(), &result).ok());
+
+  const Result eval =
+      pstrain::testing::RunCommand("tools/pstrain eval --checkpoint=" + dir);
+  ASSERT_EQ(eval.exit_code, 0) << eval.output;
+  char accuracy[32];
+  std::snprintf(accuracy, sizeof(accuracy), "test accuracy: %.4f",
+                result.test_accuracy());
+  EXPECT_NE(eval.output.find(accuracy), std::string::npos)
+      << eval.output << " expected " << accuracy;
+  EXPECT_NE(eval.output.find("lenet5 after 40 steps"), std::string::npos)
+      << eval.output;
+
+  const Result again = RunPstrain("--epochs=1 --checkpoint_dir=" + dir);
+  EXPECT_EQ(again.exit_code, 2) << again.output;
+  EXPECT_NE(again.output.find("not empty (holds model.safetensors)"),
+            std::string::npos)
+      << again.output;
+
+  const Result wrong =
+      RunPstrain("--model=mlp --init_from=" + dir + "/model.safetensors");
+  EXPECT_EQ(wrong.exit_code, 2) << wrong.output;
+  EXPECT_NE(wrong.output.find("--init_from: " + dir +
+                              "/model.safetensors: tensor 'fc1.weight'"),
+            std::string::npos)
+      << wrong.output;
+
+  const Result missing = pstrain::testing::RunCommand(
+      "tools/pstrain eval --checkpoint=" + TempDir() +
+      "/nothing_here.safetensors");
+  EXPECT_EQ(missing.exit_code, 2) << missing.output;
+}
+
 }  // namespace

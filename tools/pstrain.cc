@@ -46,12 +46,14 @@
 #include "coordinator/job_spec.h"
 #include "coordinator/job_table.h"
 #include "models/model.h"
+#include "models/model_file.h"
 #include "proto/coordinator.pb.h"
 #include "tools/compare.h"
 #include "tools/job_commands.h"
 #include "tools/local_cluster.h"
 #include "worker/data_flags.h"
 #include "worker/dataset.h"
+#include "worker/trainer.h"
 
 ABSL_FLAG(std::string, model, "lenet5",
           "Model: alexnet, lenet5, mlp, resnet18/34/50/101 or vgg16.");
@@ -120,6 +122,15 @@ ABSL_FLAG(double, link_mbit, 0,
           "bounds of the communication table (0: no bounds).");
 ABSL_FLAG(int, heartbeat_timeout_s, 60,
           "Seconds of silence after which a task is lost and the job fails.");
+ABSL_FLAG(std::string, init_from, "",
+          "run: start from this model file's weights (safetensors with "
+          "PyTorch's state_dict names, as model.safetensors) instead of "
+          "--seed's.");
+ABSL_FLAG(std::string, checkpoint_dir, "",
+          "run: an empty or new folder; worker 0 writes the trained model "
+          "there as model.safetensors when the job ends.");
+ABSL_FLAG(std::string, checkpoint, "",
+          "eval: a model file, or a folder holding model.safetensors.");
 
 namespace pstrain {
 namespace {
@@ -294,6 +305,14 @@ JobSpec SpecFromFlags(const std::string& mode, int num_ps, int num_workers) {
   spec.set_compute_ms(absl::GetFlag(FLAGS_compute_ms));
   spec.set_model_bytes(absl::GetFlag(FLAGS_model_bytes));
   spec.set_backward_fraction(absl::GetFlag(FLAGS_backward_fraction));
+  // Absolute, so that every task finds them whatever its folder.
+  auto absolute = [](const std::string& path) -> std::string {
+    return path.empty()
+               ? path
+               : std::filesystem::absolute(path).lexically_normal().string();
+  };
+  spec.set_init_from(absolute(absl::GetFlag(FLAGS_init_from)));
+  spec.set_checkpoint_dir(absolute(absl::GetFlag(FLAGS_checkpoint_dir)));
   OptimizerSpec* optimizer = spec.mutable_optimizer();
   optimizer->set_lr(absl::GetFlag(FLAGS_lr));
   optimizer->set_beta1(absl::GetFlag(FLAGS_beta1));
@@ -461,6 +480,99 @@ absl::StatusOr<std::unique_ptr<Dataset>> CheckDataFromFlags() {
   return std::make_unique<Dataset>(std::move(dataset));
 }
 
+// --init_from's file loads into the job's model (built here on the CPU from
+// the dataset's input shape), and --checkpoint_dir is a new or empty folder
+// (created here): one-line errors before anything starts.
+absl::Status CheckModelFiles(const JobSpec& spec, const Dataset* dataset) {
+  if (!spec.init_from().empty() && dataset != nullptr) {
+    std::unique_ptr<Backend> cpu = NewCpuBackend();
+    ModelOptions options;
+    options.seed = spec.seed();
+    ASSIGN_OR_RETURN(std::unique_ptr<Model> model,
+                     Model::Create(spec.model(), dataset->train.chw,
+                                   dataset->num_classes, options, cpu.get()));
+    if (absl::Status s = LoadModelFile(spec.init_from(), model.get());
+        !s.ok()) {
+      return absl::Status(s.code(), absl::StrCat("--init_from: ", s.message()));
+    }
+  }
+  const std::string dir = spec.checkpoint_dir();
+  if (dir.empty()) return absl::OkStatus();
+  std::error_code error;
+  if (std::filesystem::exists(dir, error)) {
+    if (!std::filesystem::is_directory(dir, error)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--checkpoint_dir=", dir, ": not a folder"));
+    }
+    for (const auto& entry : std::filesystem::directory_iterator(dir, error)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--checkpoint_dir=", dir, ": not empty (holds ",
+          entry.path().filename().string(),
+          "); nothing is overwritten: choose an empty or new folder"));
+    }
+    if (error) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--checkpoint_dir=", dir, ": cannot list it: ", error.message()));
+    }
+    return absl::OkStatus();
+  }
+  if (!std::filesystem::create_directories(dir, error)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--checkpoint_dir=", dir, ": cannot create it: ", error.message()));
+  }
+  return absl::OkStatus();
+}
+
+// pstrain eval --checkpoint=PATH: test loss and accuracy of a saved model
+// on the dataset of --dataset/--data_dir (the model, its input shape and
+// classes come from the file's metadata).
+int Eval() {
+  const std::string path = ModelFilePath(absl::GetFlag(FLAGS_checkpoint));
+  if (path.empty()) {
+    return Fail(2,
+                "--checkpoint: expected a model file or a folder holding "
+                "model.safetensors");
+  }
+  absl::StatusOr<ModelFileInfo> info = ReadModelFileInfo(path);
+  if (!info.ok()) return Fail(2, std::string(info.status().message()));
+  if (absl::Status s = CheckBackendFlags(); !s.ok()) {
+    return Fail(2, std::string(s.message()));
+  }
+  absl::StatusOr<Dataset> dataset = LoadDatasetFromFlags();
+  if (!dataset.ok()) return Fail(2, std::string(dataset.status().message()));
+  if (dataset->test.chw != info->input_chw ||
+      dataset->num_classes != info->num_classes) {
+    return Fail(
+        2, absl::StrCat(path, ": a ", info->model, " for ",
+                        ShapeToString(info->input_chw), " inputs and ",
+                        info->num_classes, " classes; dataset ", dataset->name,
+                        " has ", ShapeToString(dataset->test.chw), " and ",
+                        dataset->num_classes));
+  }
+  absl::StatusOr<std::unique_ptr<Backend>> backend =
+      Backend::Create(absl::GetFlag(FLAGS_backend), absl::GetFlag(FLAGS_gpu));
+  if (!backend.ok()) return Fail(2, std::string(backend.status().message()));
+  absl::StatusOr<std::unique_ptr<Model>> model =
+      Model::Create(info->model, info->input_chw, info->num_classes,
+                    ModelOptions(), backend->get());
+  if (!model.ok()) return Fail(2, std::string(model.status().message()));
+  if (absl::Status s = LoadModelFile(path, model->get()); !s.ok()) {
+    return Fail(2, std::string(s.message()));
+  }
+  const absl::Time start = absl::Now();
+  absl::StatusOr<Evaluation> eval =
+      EvaluateModel(**model, dataset->test, /*batch_size=*/500);
+  if (!eval.ok()) return Fail(1, eval.status().ToString());
+  std::printf(
+      "%s: %s after %lld steps, %s test set (%lld samples) on %s: test loss "
+      "%.4f, test accuracy: %.4f (%.2f sec)\n",
+      path.c_str(), info->model.c_str(), static_cast<long long>(info->steps),
+      dataset->name.c_str(), static_cast<long long>(dataset->test.count),
+      (*backend)->name().c_str(), eval->loss, eval->accuracy,
+      absl::ToDoubleSeconds(absl::Now() - start));
+  return 0;
+}
+
 int Run() {
   const std::string mode = absl::GetFlag(FLAGS_mode);
   if (mode != "sync" && mode != "async" && mode != "allreduce") {
@@ -496,6 +608,9 @@ int Run() {
     return Fail(2, std::string(s.message()));
   }
   if (absl::Status s = CheckBinaries(); !s.ok()) {
+    return Fail(2, std::string(s.message()));
+  }
+  if (absl::Status s = CheckModelFiles(spec, dataset->get()); !s.ok()) {
     return Fail(2, std::string(s.message()));
   }
   signal(SIGINT, OnSignal);
@@ -696,6 +811,8 @@ int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "pstrain run [--flags]: train a data-parallel job on this machine "
       "(parameter-server shards and workers as local processes).\n"
+      "pstrain eval --checkpoint=FILE_OR_DIR [--dataset=... --data_dir=... "
+      "--backend=...]: test loss and accuracy of a saved model.\n"
       "pstrain submit JOB.pbtxt | status [ID] | logs ID | cancel ID | wait ID "
       "[--coordinator=HOST:PORT]: jobs on a pstrain_coordinator.\n"
       "pstrain compare [--workers=1,2,4 --modes=ps_sync,ps_async,allreduce "
@@ -712,6 +829,7 @@ int main(int argc, char** argv) {
       positional.end());
   if (command == "run" && args.empty()) return pstrain::Run();
   if (command == "compare" && args.empty()) return pstrain::Compare();
+  if (command == "eval" && args.empty()) return pstrain::Eval();
   if (command == "submit") return pstrain::SubmitCommand(args);
   if (command == "status") return pstrain::StatusCommand(args);
   if (command == "cancel") return pstrain::CancelCommand(args);
@@ -723,7 +841,8 @@ int main(int argc, char** argv) {
   }
   pstrain::PrintError(
       "pstrain",
-      absl::StrCat("expected a command (run, submit, status, logs, cancel, "
+      absl::StrCat("expected a command (run, eval, submit, status, logs, "
+                   "cancel, "
                    "wait, launch-lines); "
                    "got \"",
                    command, "\"", args.empty() ? "" : " and more",
