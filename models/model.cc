@@ -460,17 +460,6 @@ std::string Model::Summary() const {
   return out;
 }
 
-namespace {
-
-// Milliseconds from `start` once the backend's queued work is done.
-absl::StatusOr<double> SyncedMs(Backend* backend, absl::Time start) {
-  absl::Status s = backend->Synchronize();
-  if (!s.ok()) return s;
-  return absl::ToDoubleMilliseconds(absl::Now() - start);
-}
-
-}  // namespace
-
 void Model::EnableLayerTiming(bool on) {
   time_layers_ = on;
   layer_times_.clear();
@@ -480,6 +469,17 @@ void Model::EnableLayerTiming(bool on) {
                             LayerName(node->spec), 0, 0});
   }
   layer_times_.push_back({"loss", "loss", "softmax_cross_entropy", 0, 0});
+}
+
+absl::Status Model::AddLayerTime(absl::Time start, size_t entry,
+                                 bool backward) {
+  if (!time_layers_) return absl::OkStatus();
+  absl::Status s = backend_->Synchronize();
+  if (!s.ok()) return s;
+  LayerTime& t = layer_times_[entry];
+  (backward ? t.backward_ms : t.forward_ms) +=
+      absl::ToDoubleMilliseconds(absl::Now() - start);
+  return absl::OkStatus();
 }
 
 absl::StatusOr<const Tensor*> Model::Forward(const Tensor& input,
@@ -496,7 +496,7 @@ absl::StatusOr<const Tensor*> Model::Forward(const Tensor& input,
   input_.set_layout(0);
   s = backend_->CopyToDevice(input.data.data(), input.size(), input_.data());
   if (!s.ok()) return s;
-  if (time_layers_) {
+  if (time_layers_) {  // Work queued before is not the first layer's.
     s = backend_->Synchronize();
     if (!s.ok()) return s;
   }
@@ -518,11 +518,8 @@ absl::StatusOr<const Tensor*> Model::Forward(const Tensor& input,
       return absl::Status(s.code(),
                           absl::StrCat(node->name, ": ", s.message()));
     }
-    if (time_layers_) {
-      absl::StatusOr<double> ms = SyncedMs(backend_, start);
-      if (!ms.ok()) return ms.status();
-      layer_times_[n].forward_ms += *ms;
-    }
+    s = AddLayerTime(start, n, /*backward=*/false);
+    if (!s.ok()) return s;
   }
   const DeviceTensor& logits = nodes_.back()->out;
   if (logits.layout() != 0) {
@@ -574,11 +571,8 @@ absl::StatusOr<float> Model::ForwardBackward(const Tensor& input,
   absl::StatusOr<float> loss =
       backend_->SoftmaxCrossEntropy(device_logits, labels, &dlogits_);
   if (!loss.ok()) return loss.status();
-  if (time_layers_) {
-    absl::StatusOr<double> ms = SyncedMs(backend_, loss_start);
-    if (!ms.ok()) return ms.status();
-    layer_times_.back().forward_ms += *ms;
-  }
+  s = AddLayerTime(loss_start, nodes_.size(), /*backward=*/false);
+  if (!s.ok()) return s;
   for (auto& node : nodes_) node->grad_written = false;
   for (size_t n = nodes_.size(); n-- > 0;) {
     Node& node = *nodes_[n];
@@ -626,11 +620,8 @@ absl::StatusOr<float> Model::ForwardBackward(const Tensor& input,
                                nodes_[i]->grad.data());
       if (!s.ok()) return s;
     }
-    if (time_layers_) {
-      absl::StatusOr<double> ms = SyncedMs(backend_, start);
-      if (!ms.ok()) return ms.status();
-      layer_times_[n].backward_ms += *ms;
-    }
+    s = AddLayerTime(start, n, /*backward=*/true);
+    if (!s.ok()) return s;
     // Start the device-to-host copy of this layer's gradients while the
     // backward pass goes on.
     s = CopyGradientsToHost(node);

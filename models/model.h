@@ -54,6 +54,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "models/backend.h"
 #include "models/layer_spec.h"
@@ -175,6 +176,10 @@ class Model {
   std::vector<absl::Span<const float>> host_gradients_;
   // Pinned staging on backends without host memory.
   std::vector<float*> host_blocks_;
+  // With timing on, waits for the backend and adds the ms since `start` to
+  // layer_times_[entry]'s forward or backward sum; with it off, nothing.
+  absl::Status AddLayerTime(absl::Time start, size_t entry, bool backward);
+
   bool time_layers_ = false;
   std::vector<LayerTime> layer_times_;  // nodes_, then the loss.
 

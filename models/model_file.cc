@@ -2,10 +2,9 @@
 
 #include <sys/stat.h>
 
-#include <algorithm>
 #include <cstring>
-#include <utility>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -131,23 +130,17 @@ absl::Status LoadModelFile(const std::string& path, Model* model) {
   const std::vector<NamedShape> tensors = PsTensors(*model);
   // Everything is checked before any weight is written.
   std::vector<const safetensors::Tensor*> found;
+  absl::flat_hash_set<std::string> names;
   for (const NamedShape& t : tensors) {
-    const safetensors::Tensor* f = file->Find(t.name);
-    if (f == nullptr) {
-      return absl::NotFoundError(absl::StrCat(path, ": tensor '", t.name,
-                                              "' of model ", model->name(),
-                                              " is not in the file"));
-    }
+    // NOT_FOUND when absent, INVALID_ARGUMENT for another dtype or shape.
     absl::StatusOr<const safetensors::Tensor*> checked =
         file->Get(t.name, safetensors::Dtype::kF32, t.shape);
     if (!checked.ok()) return checked.status();
     found.push_back(*checked);
+    names.insert(t.name);
   }
   for (const safetensors::Tensor& f : file->tensors()) {
-    const bool known =
-        std::any_of(tensors.begin(), tensors.end(),
-                    [&](const NamedShape& t) { return t.name == f.name; });
-    if (!known && !absl::EndsWith(f.name, kBatchesTracked)) {
+    if (!names.contains(f.name) && !absl::EndsWith(f.name, kBatchesTracked)) {
       return absl::InvalidArgumentError(absl::StrCat(
           path, ": tensor '", f.name,
           "' is not a parameter or buffer of model ", model->name(), " (",

@@ -62,9 +62,8 @@ binaries=(
   server/pstrain_ps worker/pstrain_worker
 )
 test_binaries=(models/cuda_test worker/collective_test)
-# Provided by the GPU host: glibc, and NVIDIA's libraries (the driver's
-# libcuda, and cudart/cuBLAS/cuDNN/NCCL from its CUDA or PyTorch packages).
-host_lib_re='^(linux-vdso\.so|ld-linux-x86-64\.so|libc\.so|libm\.so|libpthread\.so|libdl\.so|librt\.so|libresolv\.so|libutil\.so|libanl\.so|libcuda\.so|libcudart\.so|libcublas\.so|libcublasLt\.so|libcudnn[a-z_]*\.so|libnccl\.so|libnvrtc[a-z-]*\.so|libnvJitLink\.so)'
+# What the GPU host provides (glibc's and NVIDIA's libraries).
+source scripts/gpu_host_libs.sh  # host_lib_re
 
 if [ "$build" = 1 ]; then
   [ "$setup" = 1 ] && bash scripts/setup.sh --install_only

@@ -314,6 +314,20 @@ train_bench_section() {
   return $rc
 }
 
+# result_row RESULTS_JSON FORMAT FIELD...: FORMAT (Python %-style) applied
+# to those fields of a RunResult that `pstrain run --results_json` wrote
+# (int64 fields arrive as strings there).
+result_row() {
+  "$python" - "$@" <<'EOF'
+import json, sys
+r = json.load(open(sys.argv[1]))
+values = [r[k] for k in sys.argv[3:]]
+print(sys.argv[2] % tuple(int(v) if isinstance(v, str) and v.isdigit() else v
+                          for v in values))
+EOF
+}
+export -f result_row
+
 pstrain_run_section() {
   local rc=0 backend model workers args json
   {
@@ -335,14 +349,9 @@ pstrain_run_section() {
         if "$root/tools/pstrain" run --backend="$backend" --model="$model" \
           --dataset=fashion_mnist --data_dir="$data" --num_ps=2 \
           --num_workers="$workers" --mode=sync $args --results_json="$json"; then
-          "$python" - "$json" "$backend" >> "$out/pstrain_run.md" <<'EOF'
-import json, sys
-r = json.load(open(sys.argv[1]))
-print("| %s | %s | %d | %d | %d | %d | %.2f | %.1f | %.4f |" % (
-    sys.argv[2], r["model"], r["num_ps"], r["num_workers"], r["batch_size"],
-    int(r["steps"]), r["runtime_seconds"], r["throughput_samples_per_sec"],
-    r["test_accuracy"]))
-EOF
+          echo "| $backend $(result_row "$json" '| %s | %d | %d | %d | %d | %.2f | %.1f | %.4f |' \
+            model num_ps num_workers batch_size steps runtime_seconds \
+            throughput_samples_per_sec test_accuracy)" >> "$out/pstrain_run.md"
         else
           rc=1
           echo "| $backend | $model | 2 | $workers | - | - | - | failed | - |" >> "$out/pstrain_run.md"
@@ -382,14 +391,10 @@ allreduce_section() {
     if [ -n "$gloo_error" ]; then
       echo "failed: $gloo_error"
     elif [ -s "$out/logs/allreduce_gloo.json" ]; then
-      "$python" - "$out/logs/allreduce_gloo.json" <<'EOF'
-import json, sys
-r = json.load(open(sys.argv[1]))
-print("| #Workers | Steps | Throughput (data/sec) | Test accuracy |")
-print("|---:|---:|---:|---:|")
-print("| %d | %d | %.1f | %.4f |" % (r["num_workers"], int(r["steps"]),
-      r["throughput_samples_per_sec"], r["test_accuracy"]))
-EOF
+      echo "| #Workers | Steps | Throughput (data/sec) | Test accuracy |"
+      echo "|---:|---:|---:|---:|"
+      result_row "$out/logs/allreduce_gloo.json" '| %d | %d | %.1f | %.4f |' \
+        num_workers steps throughput_samples_per_sec test_accuracy
     else
       echo "(no results)"
     fi

@@ -48,7 +48,7 @@ for f in tools/torch_bench.py tools/torch_models.py BUNDLE_INFO \
 done
 
 # --- libraries -------------------------------------------------------------
-host_lib_re='^(ld-linux-x86-64\.so|libc\.so|libm\.so|libpthread\.so|libdl\.so|librt\.so|libresolv\.so|libutil\.so|libanl\.so|libcuda\.so|libcudart\.so|libcublas\.so|libcublasLt\.so|libcudnn[a-z_]*\.so|libnccl\.so|libnvrtc[a-z-]*\.so|libnvJitLink\.so)'
+source scripts/gpu_host_libs.sh  # host_lib_re
 unresolved() {  # prints "FILE: LIBRARY" for each need the bundle leaves open
   local elf need
   for elf in "$bundle"/tools/* "$bundle"/server/* "$bundle"/worker/* \

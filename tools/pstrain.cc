@@ -504,15 +504,16 @@ absl::Status CheckModelFiles(const JobSpec& spec, const Dataset* dataset) {
       return absl::InvalidArgumentError(
           absl::StrCat("--checkpoint_dir=", dir, ": not a folder"));
     }
-    for (const auto& entry : std::filesystem::directory_iterator(dir, error)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "--checkpoint_dir=", dir, ": not empty (holds ",
-          entry.path().filename().string(),
-          "); nothing is overwritten: choose an empty or new folder"));
-    }
+    std::filesystem::directory_iterator first(dir, error);
     if (error) {
       return absl::InvalidArgumentError(absl::StrCat(
           "--checkpoint_dir=", dir, ": cannot list it: ", error.message()));
+    }
+    if (first != std::filesystem::directory_iterator()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--checkpoint_dir=", dir, ": not empty (holds ",
+          first->path().filename().string(),
+          "); nothing is overwritten: choose an empty or new folder"));
     }
     return absl::OkStatus();
   }

@@ -7,10 +7,10 @@ tf32=<0|1> device=<str>".
 --tf32 1 allows TF32 tensor cores in cuDNN convolutions and in matmuls
 (torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32), as
 pstrain's CUDA backend does (CUDNN_TENSOR_OP_MATH, CUBLAS_TF32_TENSOR_OP_MATH);
---tf32 0 forbids both. memory_mib is the peak of the GPU's used memory
-(total - free, torch.cuda.mem_get_info, sampled after every step) above what
-was in use before the model was made: train_bench measures its own the same
-way.
+--tf32 0 forbids both. memory_mib is the GPU memory in use (total - free,
+torch.cuda.mem_get_info) after the timed steps, read once outside the timing,
+above what was in use before the model was made (PyTorch's caching allocator
+keeps what it reserved): train_bench measures its own the same way.
 
 Run by `train_bench --compare_pytorch`; also usable by hand:
   python3 tools/torch_bench.py --model resnet18 --channels 1 --image_size 28 \\
@@ -53,7 +53,6 @@ def main():
         torch.zeros(1, device=device)  # the CUDA context, before the baseline
         free, total = torch.cuda.mem_get_info(device)
         baseline = total - free
-    peak = [0]
     torch.manual_seed(1)
     model = build_any(a.model, a.channels, a.image_size, a.num_classes).to(device)
     model.train()
@@ -66,9 +65,6 @@ def main():
         loss = F.cross_entropy(model(x), y)
         loss.backward()
         opt.step()
-        if baseline is not None:
-            free, total = torch.cuda.mem_get_info(device)
-            peak[0] = max(peak[0], total - free - baseline)
         return loss
 
     loss = None
@@ -84,7 +80,10 @@ def main():
     seconds = time.perf_counter() - start
     params = sum(t.numel() for t in model.parameters())
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
-    memory = f"{peak[0] / 1048576:.0f}" if baseline is not None else "-"
+    memory = "-"
+    if baseline is not None:
+        free, total = torch.cuda.mem_get_info(device)
+        memory = f"{(total - free - baseline) / 1048576:.0f}"
     print(f"samples_per_sec={a.batch_size * a.steps / seconds:.3f} params={params} "
           f"loss={loss.item():.4f} memory_mib={memory} tf32={a.tf32} "
           f"device={name.replace(' ', '_')}")

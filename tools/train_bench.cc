@@ -23,7 +23,6 @@
 #include <map>
 #include <memory>
 #include <string>
-#include <utility>
 #include <vector>
 
 #include "absl/flags/flag.h"
@@ -138,17 +137,23 @@ TorchResult RunTorch(const std::string& model, const Shape& chw, int classes,
 // by layer type with the host update, and the 20 slowest layers.
 void PrintLayerTimes(const Model& m, int steps, double update_seconds,
                      int batch) {
-  struct Sum {
+  struct TypeSum {
+    std::string type;
     int layers = 0;
     double forward_ms = 0, backward_ms = 0;
+  };
+  auto total = [](const auto& t) { return t.forward_ms + t.backward_ms; };
+  auto slower = [&](const auto& a, const auto& b) {
+    return total(a) > total(b);
   };
   std::vector<LayerTime> layers = m.LayerTimes();
   const double update_ms = update_seconds * 1e3;
   double total_ms = update_ms;
-  std::map<std::string, Sum> by_type;
+  std::map<std::string, TypeSum> by_type;
   for (const LayerTime& l : layers) {
-    total_ms += l.forward_ms + l.backward_ms;
-    Sum& t = by_type[l.type];
+    total_ms += total(l);
+    TypeSum& t = by_type[l.type];
+    t.type = l.type;
     ++t.layers;
     t.forward_ms += l.forward_ms;
     t.backward_ms += l.backward_ms;
@@ -162,39 +167,31 @@ void PrintLayerTimes(const Model& m, int steps, double update_seconds,
       "in all)\n\n",
       m.name().c_str(), batch, m.backend()->name().c_str(), steps,
       per_step(total_ms));
-  std::vector<std::pair<std::string, Sum>> types(by_type.begin(),
-                                                 by_type.end());
-  std::sort(types.begin(), types.end(), [](const auto& a, const auto& b) {
-    return a.second.forward_ms + a.second.backward_ms >
-           b.second.forward_ms + b.second.backward_ms;
-  });
+  std::vector<TypeSum> types;
+  for (const auto& [type, t] : by_type) types.push_back(t);
+  std::sort(types.begin(), types.end(), slower);
   std::printf(
       "| layer type | layers | forward (ms) | backward (ms) | total (ms) | "
       "share |\n|---|---:|---:|---:|---:|---:|\n");
-  for (const auto& [type, t] : types) {
-    const double sum = t.forward_ms + t.backward_ms;
-    std::printf("| %s | %d | %.3f | %.3f | %.3f | %.1f%% |\n", type.c_str(),
+  for (const TypeSum& t : types) {
+    std::printf("| %s | %d | %.3f | %.3f | %.3f | %.1f%% |\n", t.type.c_str(),
                 t.layers, per_step(t.forward_ms), per_step(t.backward_ms),
-                per_step(sum), share(sum));
+                per_step(total(t)), share(total(t)));
   }
   std::printf(
       "| host update (Adam on the host, weights copied to the device) | - | "
       "- | - | %.3f | %.1f%% |\n",
       per_step(update_ms), share(update_ms));
-  std::sort(
-      layers.begin(), layers.end(), [](const LayerTime& a, const LayerTime& b) {
-        return a.forward_ms + a.backward_ms > b.forward_ms + b.backward_ms;
-      });
+  std::sort(layers.begin(), layers.end(), slower);
   const size_t shown = std::min<size_t>(layers.size(), 20);
   std::printf(
       "\n| slowest layers | layer | forward (ms) | backward (ms) | total (ms) "
       "| share |\n|---|---|---:|---:|---:|---:|\n");
   for (size_t i = 0; i < shown; ++i) {
     const LayerTime& l = layers[i];
-    const double sum = l.forward_ms + l.backward_ms;
     std::printf("| %s | %s | %.3f | %.3f | %.3f | %.1f%% |\n", l.name.c_str(),
                 l.spec.c_str(), per_step(l.forward_ms), per_step(l.backward_ms),
-                per_step(sum), share(sum));
+                per_step(total(l)), share(total(l)));
   }
   if (layers.size() > shown) {
     std::printf("| (%zu more layers) | | | | | |\n", layers.size() - shown);
@@ -238,10 +235,11 @@ int Main() {
     return 2;
   }
   // Device memory before the model exists (the CUDA context's, other
-  // processes'); the table shows the peak above it.
+  // processes'); the table shows what is in use above it after the timed
+  // steps (allocations are kept from the first step on), read once, outside
+  // the timing, as torch_bench.py does.
   absl::StatusOr<int64_t> memory_baseline =
       (*backend)->DeviceMemoryInUseBytes();
-  int64_t memory_peak = 0;
   const Shape chw = dataset->train.chw;
   absl::StatusOr<std::unique_ptr<Model>> model = Model::Create(
       model_name, chw, dataset->num_classes, ModelOptions(), backend->get());
@@ -282,15 +280,7 @@ int Main() {
     }
     absl::Status st = m.LoadHostWeights();
     if (!st.ok()) return st;
-    const double update_seconds =
-        absl::ToDoubleSeconds(absl::Now() - update_start);
-    if (memory_baseline.ok()) {
-      absl::StatusOr<int64_t> used = m.backend()->DeviceMemoryInUseBytes();
-      if (used.ok()) {
-        memory_peak = std::max(memory_peak, *used - *memory_baseline);
-      }
-    }
-    return update_seconds;
+    return absl::ToDoubleSeconds(absl::Now() - update_start);
   };
   absl::Time start;
   double update_seconds = 0;
@@ -305,6 +295,13 @@ int Main() {
   }
   const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
   const double rate = static_cast<double>(batch) * steps / seconds;
+  std::string memory = "-";
+  if (memory_baseline.ok()) {
+    absl::StatusOr<int64_t> used = m.backend()->DeviceMemoryInUseBytes();
+    if (used.ok()) {
+      memory = absl::StrFormat("%.0f", (*used - *memory_baseline) / 1048576.0);
+    }
+  }
   const bool loss_ok = std::isfinite(first_loss) && std::isfinite(last_loss) &&
                        last_loss < first_loss;
 
@@ -349,8 +346,6 @@ int Main() {
       torch_rate = absl::StrCat("error: ", t.error);
     }
   }
-  const std::string memory =
-      on_gpu ? absl::StrFormat("%.0f", memory_peak / 1048576.0) : "-";
   std::printf(
       "| %s | %s | %s | %s | %d | %d | %lld | %.1f | %.1f | %.2f | %s | "
       "%.3f -> %.3f%s | %s | %s | %s | %s |\n",
