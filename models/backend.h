@@ -29,6 +29,7 @@
 #include "absl/types/span.h"
 #include "models/layer_spec.h"
 #include "models/tensor.h"
+#include "server/adam.h"
 
 namespace pstrain {
 
@@ -167,6 +168,23 @@ class Backend {
   virtual absl::StatusOr<std::unique_ptr<Layer>> CreateLayer(
       const LayerSpec& spec, std::vector<Param*> params,
       std::vector<Buffer*> buffers, uint64_t seed) = 0;
+
+  // Whether fp32 convolutions and GEMMs may use TF32 tensor cores (10-bit
+  // mantissa; PyTorch's torch.backends.cudnn.allow_tf32 and
+  // torch.backends.cuda.matmul.allow_tf32). On by default on CUDA; takes
+  // effect for layers created afterwards. The CPU backend has no TF32: a
+  // no-op there.
+  virtual void AllowTf32(bool allow) { (void)allow; }
+  virtual bool tf32_allowed() const { return false; }
+
+  // One Adam/AdamW step on the backend's memory: `w`, `m`, `v` updated in
+  // place from the gradient `g`, `n` elements each, with server/adam.h's
+  // formula in its order (PyTorch's torch.optim.Adam/AdamW). `step` is
+  // 1-based. For a local optimizer (train_bench, as PyTorch's own loop);
+  // the PS applies its updates on the host (server/parameter_shard.h).
+  virtual absl::Status AdamUpdate(const AdamOptions& options, int64_t step,
+                                  float* w, const float* g, float* m, float* v,
+                                  int64_t n) = 0;
 
   // y += x, elementwise over `elements`.
   virtual absl::Status Accumulate(const float* x, int64_t elements,

@@ -786,6 +786,13 @@ class CpuBackend final : public Backend {
     return absl::InvalidArgumentError("unknown layer type");
   }
 
+  absl::Status AdamUpdate(const AdamOptions& options, int64_t step, float* w,
+                          const float* g, float* m, float* v,
+                          int64_t n) override {
+    pstrain::AdamUpdate(options, step, w, g, m, v, n);
+    return absl::OkStatus();
+  }
+
   absl::Status Accumulate(const float* x, int64_t elements, float* y) override {
     for (int64_t i = 0; i < elements; ++i) y[i] += x[i];
     return absl::OkStatus();

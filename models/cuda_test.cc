@@ -134,35 +134,46 @@ TEST_F(CudaTest, DropoutKeepsAboutOneMinusPAndScales) {
   ExpectInvertedDropout(gpu);
 }
 
+// Whole models, TF32 off (fp32 on FMA units on both sides: the comparison
+// is of the code, not of TF32's rounding), on inputs large enough that
+// every BatchNorm normalizes over at least 32 values per channel: with 4
+// (batch 4 at a 1x1 map) the backward divides by a standard deviation of 4
+// nearly equal numbers and amplifies rounding differences past any
+// tolerance (seen on the first H100 run, TF32 on: 30-100% of the gradient
+// mass on ResNet-18/50, differing from run to run).
 TEST_F(CudaTest, WholeModelsMatchTheCpuBackend) {
   struct Case {
     const char* name;
     Shape chw;
   };
+  cuda_->AllowTf32(false);
   for (const Case& c :
-       {Case{"lenet5", {1, 28, 28}}, Case{"resnet18", {1, 28, 28}},
-        Case{"resnet50", {3, 32, 32}}, Case{"vgg16", {3, 32, 32}}}) {
+       {Case{"lenet5", {1, 28, 28}}, Case{"resnet18", {1, 64, 64}},
+        Case{"resnet50", {3, 64, 64}}, Case{"vgg16", {3, 32, 32}}}) {
     SCOPED_TRACE(c.name);
     ModelOptions options;
     options.seed = 5;
     auto cpu = Model::Create(c.name, c.chw, 10, options, cpu_.get());
     auto gpu = Model::Create(c.name, c.chw, 10, options, cuda_.get());
     ASSERT_TRUE(cpu.ok() && gpu.ok());
-    Tensor x({4, c.chw[0], c.chw[1], c.chw[2]});
+    Tensor x({8, c.chw[0], c.chw[1], c.chw[2]});
     x.data = Formula(x.size(), 0.37, 0.1);
-    const std::vector<int32_t> labels = {1, 3, 5, 7};
+    const std::vector<int32_t> labels = {1, 3, 5, 7, 0, 2, 4, 6};
     // Eval-mode logits (no dropout), then a training step's gradients
     // (models with dropout draw different masks on each backend: only the
     // loss of eval mode is compared for them).
     const Tensor cpu_logits = **(*cpu)->Forward(x);
     const Tensor gpu_logits = **(*gpu)->Forward(x);
-    ExpectClose(gpu_logits.data, cpu_logits.data, 1e-2, "eval logits");
+    ExpectClose(gpu_logits.data, cpu_logits.data, 1e-3, "eval logits");
     if (std::string(c.name) == "vgg16") continue;
     auto cpu_loss = (*cpu)->ForwardBackward(x, labels);
     auto gpu_loss = (*gpu)->ForwardBackward(x, labels);
     ASSERT_TRUE(cpu_loss.ok() && gpu_loss.ok());
-    EXPECT_NEAR(*gpu_loss, *cpu_loss, 1e-2 * std::max(1.0f, *cpu_loss));
-    // The host staging holds the gradients after ForwardBackward.
+    EXPECT_NEAR(*gpu_loss, *cpu_loss, 1e-3 * std::max(1.0f, *cpu_loss));
+    // The host staging holds the gradients after ForwardBackward. The
+    // worst parameter's L1 difference over its L1 mass goes to the log.
+    double worst = 0;
+    std::string worst_name;
     for (size_t p = 0; p < (*cpu)->params().size(); ++p) {
       const auto& g = (*gpu)->HostGradients()[p];
       const auto& r = (*cpu)->HostGradients()[p];
@@ -171,8 +182,56 @@ TEST_F(CudaTest, WholeModelsMatchTheCpuBackend) {
         diff += std::fabs(double{g[i]} - r[i]);
         mass += std::fabs(r[i]);
       }
-      EXPECT_LE(diff, 2e-2 * mass + 1e-6) << (*cpu)->params()[p]->name;
+      const std::string& name = (*cpu)->params()[p]->name;
+      if (diff / (mass + 1e-30) > worst) {
+        worst = diff / (mass + 1e-30);
+        worst_name = name;
+      }
+      EXPECT_LE(diff, 1e-2 * mass + 1e-6) << name;
     }
+    std::printf("%s: worst gradient L1 difference / L1 mass: %.3g (%s)\n",
+                c.name, worst, worst_name.c_str());
+  }
+}
+
+// The CUDA Adam kernel rounds every operation as the host's AdamUpdate
+// does: the same weights and state bit for bit, Adam and AdamW, over steps
+// whose bias corrections differ.
+TEST_F(CudaTest, AdamKernelMatchesTheHostUpdateBitForBit) {
+  const int64_t n = 100003;  // Not a multiple of the block size.
+  for (const float weight_decay : {0.0f, 0.01f}) {
+    SCOPED_TRACE(weight_decay);
+    AdamOptions options;
+    options.lr = 3e-3f;
+    options.weight_decay = weight_decay;
+    std::vector<float> w = Formula(n, 0.31, 0.5), m(n, 0.0f), v(n, 0.0f);
+    DeviceTensor dw(cuda_.get()), dg(cuda_.get()), dm(cuda_.get()),
+        dv(cuda_.get());
+    for (DeviceTensor* t : {&dw, &dg, &dm, &dv})
+      ASSERT_TRUE(t->Resize({n}).ok());
+    ASSERT_TRUE(cuda_->CopyToDevice(w.data(), n, dw.data()).ok());
+    ASSERT_TRUE(cuda_->CopyToDevice(m.data(), n, dm.data()).ok());
+    ASSERT_TRUE(cuda_->CopyToDevice(v.data(), n, dv.data()).ok());
+    for (int step = 1; step <= 4; ++step) {
+      const std::vector<float> g = Formula(n, 0.17 * step, 0.02);
+      ASSERT_TRUE(cuda_->CopyToDevice(g.data(), n, dg.data()).ok());
+      ASSERT_TRUE(cuda_->Synchronize().ok());
+      AdamUpdate(options, step, w.data(), g.data(), m.data(), v.data(), n);
+      ASSERT_TRUE(cuda_
+                      ->AdamUpdate(options, step, dw.data(), dg.data(),
+                                   dm.data(), dv.data(), n)
+                      .ok());
+    }
+    std::vector<float> gw(n), gm(n), gv(n);
+    ASSERT_TRUE(cuda_->CopyToHost(dw.data(), n, gw.data()).ok());
+    ASSERT_TRUE(cuda_->CopyToHost(dm.data(), n, gm.data()).ok());
+    ASSERT_TRUE(cuda_->CopyToHost(dv.data(), n, gv.data()).ok());
+    ASSERT_TRUE(cuda_->Synchronize().ok());
+    int64_t differ = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      differ += gw[i] != w[i] || gm[i] != m[i] || gv[i] != v[i];
+    }
+    EXPECT_EQ(differ, 0) << "elements whose w, m or v differ";
   }
 }
 

@@ -536,7 +536,7 @@ absl::StatusOr<const Tensor*> Model::Forward(const Tensor& input,
 }
 
 absl::Status Model::CopyGradientsToHost(const Node& node) {
-  if (backend_->host_memory()) return absl::OkStatus();
+  if (backend_->host_memory() || !stage_gradients_) return absl::OkStatus();
   for (size_t i = 0; i < node.params.size(); ++i) {
     const DeviceTensor& g = node.params[i].grad;
     absl::Status s = backend_->CopyToHost(
@@ -549,7 +549,7 @@ absl::Status Model::CopyGradientsToHost(const Node& node) {
 
 absl::Status Model::NotifyReady(const GradientsReadyFn& on_ready,
                                 int first_tensor, int count) {
-  if (!on_ready || count == 0) return absl::OkStatus();
+  if (!on_ready || count == 0 || !stage_gradients_) return absl::OkStatus();
   std::vector<int> tensors(count);
   for (int i = 0; i < count; ++i) tensors[i] = first_tensor + i;
   absl::StatusOr<std::shared_ptr<CopyFence>> fence = backend_->RecordCopies();
@@ -630,7 +630,7 @@ absl::StatusOr<float> Model::ForwardBackward(const Tensor& input,
                     static_cast<int>(node.params.size()));
     if (!s.ok()) return s;
   }
-  if (!backend_->host_memory()) {
+  if (!backend_->host_memory() && stage_gradients_) {
     for (size_t i = 0; i < buffers_.size(); ++i) {
       const DeviceTensor& v = buffers_[i]->value;
       s = backend_->CopyToHost(
@@ -645,6 +645,36 @@ absl::StatusOr<float> Model::ForwardBackward(const Tensor& input,
   s = backend_->Synchronize();
   if (!s.ok()) return s;
   return *loss;
+}
+
+absl::Status Model::AdamStep(const AdamOptions& options) {
+  if (adam_m_.empty()) {
+    int64_t largest = 0;
+    for (const Param* p : params_) largest = std::max(largest, p->value.size());
+    const std::vector<float> zeros(largest, 0.0f);
+    for (const Param* p : params_) {
+      for (auto* state : {&adam_m_, &adam_v_}) {
+        state->emplace_back(backend_);
+        absl::Status s = state->back().Resize(p->value.shape());
+        if (!s.ok()) return s;
+        s = backend_->CopyToDevice(zeros.data(), p->value.size(),
+                                   state->back().data());
+        if (!s.ok()) return s;
+      }
+    }
+    // The copies read `zeros`, which goes out of scope below.
+    absl::Status s = backend_->Synchronize();
+    if (!s.ok()) return s;
+  }
+  ++adam_step_;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    Param& p = *params_[i];
+    absl::Status s = backend_->AdamUpdate(options, adam_step_, p.value.data(),
+                                          p.grad.data(), adam_m_[i].data(),
+                                          adam_v_[i].data(), p.value.size());
+    if (!s.ok()) return s;
+  }
+  return absl::OkStatus();
 }
 
 absl::Status Model::LoadHostWeights() {

@@ -147,6 +147,20 @@ class Model {
   // Copies the model's params and buffers into HostWeights().
   absl::Status StoreHostWeights();
 
+  // Whether ForwardBackward() fills the host staging (HostGradients()) and
+  // calls on_ready; on by default. Off for a loop that keeps the update on
+  // the backend (AdamStep()), which then copies nothing to the host.
+  void set_stage_gradients(bool on) { stage_gradients_ = on; }
+
+  // One Adam/AdamW step of every param on the backend (Backend::AdamUpdate)
+  // from the gradients of the last ForwardBackward(), with Adam's m and v
+  // kept on the backend (zero before the first step): the local optimizer
+  // of a single-process loop, as PyTorch's torch.optim.Adam on the GPU
+  // (tools/train_bench). The PS path does not use it: the shards own the
+  // optimizer there. Buffers are untouched (BatchNorm updates them).
+  // RESOURCE_EXHAUSTED when the state does not fit.
+  absl::Status AdamStep(const AdamOptions& options);
+
   // Per-layer timing (see LayerTime); turning it on clears the sums.
   void EnableLayerTiming(bool on);
   // One entry per layer in forward order, then "loss"; empty when off.
@@ -179,6 +193,11 @@ class Model {
   // With timing on, waits for the backend and adds the ms since `start` to
   // layer_times_[entry]'s forward or backward sum; with it off, nothing.
   absl::Status AddLayerTime(absl::Time start, size_t entry, bool backward);
+
+  bool stage_gradients_ = true;
+  // AdamStep()'s state, one m and v per param, and its update count.
+  std::vector<DeviceTensor> adam_m_, adam_v_;
+  int64_t adam_step_ = 0;
 
   bool time_layers_ = false;
   std::vector<LayerTime> layer_times_;  // nodes_, then the loss.

@@ -13,6 +13,7 @@
 
 #include "absl/strings/match.h"
 #include "gtest/gtest.h"
+#include "server/adam.h"
 
 namespace pstrain {
 namespace {
@@ -299,6 +300,51 @@ TEST(ModelZoo, HostStagingCoversParamsThenBuffers) {
   EXPECT_EQ(model->HostGradients()[first_buffer].data(),
             model->buffers()[0]->value.data());
   EXPECT_EQ(model->PsTensorNumElements().back(), 512);
+}
+
+// Model::AdamStep (the local optimizer train_bench uses) is the PS's update:
+// three steps of it give the weights three host AdamUpdate calls give,
+// from state that starts at zero, with the step count advancing. The same
+// steps with the host staging off give the same losses.
+TEST(ModelZoo, AdamStepIsTheShardsUpdate) {
+  std::unique_ptr<Backend> cpu = NewCpuBackend();
+  std::unique_ptr<Model> local =
+      MustCreate("lenet5", {1, 28, 28}, 10, cpu.get());
+  std::unique_ptr<Model> shard =
+      MustCreate("lenet5", {1, 28, 28}, 10, cpu.get());
+  ASSERT_NE(local, nullptr);
+  ASSERT_NE(shard, nullptr);
+  local->set_stage_gradients(false);
+  Tensor x({4, 1, 28, 28});
+  for (size_t i = 0; i < x.data.size(); ++i) x.data[i] = std::sin(0.1 * i);
+  const std::vector<int32_t> labels = {1, 2, 3, 4};
+  AdamOptions adam;
+  adam.lr = 0.01f;
+  adam.weight_decay = 0.01f;
+  std::vector<std::vector<float>> m, v;
+  for (const Param* p : shard->params()) {
+    m.emplace_back(p->value.size(), 0.0f);
+    v.emplace_back(p->value.size(), 0.0f);
+  }
+  for (int step = 1; step <= 3; ++step) {
+    absl::StatusOr<float> a = local->ForwardBackward(x, labels);
+    absl::StatusOr<float> b = shard->ForwardBackward(x, labels);
+    ASSERT_TRUE(a.ok() && b.ok());
+    EXPECT_EQ(*a, *b) << "step " << step;
+    ASSERT_TRUE(local->AdamStep(adam).ok());
+    for (size_t i = 0; i < shard->params().size(); ++i) {
+      AdamUpdate(adam, step, shard->HostWeights()[i].data(),
+                 shard->HostGradients()[i].data(), m[i].data(), v[i].data(),
+                 m[i].size());
+    }
+  }
+  for (size_t i = 0; i < shard->params().size(); ++i) {
+    const DeviceTensor& w = local->params()[i]->value;
+    const std::vector<float> got(w.data(), w.data() + w.size());
+    const absl::Span<float> want = shard->HostWeights()[i];
+    EXPECT_TRUE(std::equal(got.begin(), got.end(), want.begin()))
+        << shard->params()[i]->name;
+  }
 }
 
 // Layer timing: one entry per layer in forward order and one for the loss,

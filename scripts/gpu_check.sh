@@ -11,7 +11,9 @@
 #               tests of tests/collective_test                           240
 #   train_bench train_bench --backend=cuda against PyTorch on the same
 #               GPU in the same run (ResNet-50 224x224 batch 64 and 128,
-#               ResNet-18 28x28x1 batch 64), with a per-layer time table  360
+#               batch 64 with TF32 off and with the update on the host
+#               as a PS worker's step, ResNet-18 28x28x1 batch 64), with
+#               a per-layer time table                                    360
 #   pstrain_run pstrain run --backend=cuda, sync PS with 1 and 2 workers
 #               on the one GPU, LeNet-5 and ResNet-18 on Fashion-MNIST,
 #               beside the same runs on the CPU backend                   420
@@ -279,6 +281,12 @@ cuda_tests_section() {
       echo
       cat "$out/layer_errors.md"
     fi
+    if grep -q 'worst gradient' "$out/logs/cuda_test.out"; then
+      echo
+      echo "Whole models, TF32 off (CudaTest.WholeModelsMatchTheCpuBackend):"
+      echo
+      sed -n 's/^\(.*worst gradient.*\)$/- \1/p' "$out/logs/cuda_test.out"
+    fi
   } > "$out/cuda_tests.md"
   grep -q '^- cuda_test passed no test' "$out/cuda_tests.md" && rc=1
   return $rc
@@ -290,6 +298,8 @@ train_bench_section() {
   for config in \
     "--model=resnet50 --dataset=synthetic --image_size=224 --num_classes=1000 --batch_size=64 --layer_times" \
     "--model=resnet50 --dataset=synthetic --image_size=224 --num_classes=1000 --batch_size=128" \
+    "--model=resnet50 --dataset=synthetic --image_size=224 --num_classes=1000 --batch_size=64 --notf32" \
+    "--model=resnet50 --dataset=synthetic --image_size=224 --num_classes=1000 --batch_size=64 --update=host" \
     "--model=resnet18 --dataset=fashion_mnist --data_dir=$data --batch_size=64"; do
     # shellcheck disable=SC2086
     "$root/tools/train_bench" --backend=cuda $config --steps="$bench_steps" \
@@ -369,6 +379,7 @@ allreduce_section() {
   "$root/tools/pstrain" compare --backend=cuda --model=lenet5 \
     --dataset=fashion_mnist --data_dir="$data" --workers=1 \
     --modes=allreduce_nccl --steps=100 --out_dir="$out/logs/allreduce_nccl" \
+    --plot="$(command -v gnuplot >/dev/null && echo true || echo false)" \
     2>&1 | tee "$out/logs/allreduce_nccl.out"
   [ "${PIPESTATUS[0]}" = 0 ] || { rc=1; nccl_error=$(tail -1 "$out/logs/allreduce_nccl.out"); }
   echo "== allreduce over Gloo, two CUDA workers"

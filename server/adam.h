@@ -29,6 +29,20 @@ struct AdamOptions {
   float weight_decay = 0.0f;
 };
 
+// The per-step scalars of the update above, computed in double and rounded
+// to float once (as PyTorch does on the host): shared by AdamUpdate() and
+// the CUDA backend's kernel so both round alike.
+struct AdamStepConstants {
+  float beta1, beta2;
+  float one_minus_beta1, one_minus_beta2;
+  float step_size;                  // lr / (1 - beta1^t)
+  float inv_bias_correction2_sqrt;  // 1 / sqrt(1 - beta2^t)
+  float epsilon;
+  float decay;  // 1 - lr * weight_decay; applied only when decoupled.
+  bool decoupled;
+};
+AdamStepConstants AdamConstantsFor(const AdamOptions& options, int64_t step);
+
 // Applies update number `step` (1-based: the first update is step 1) to `n`
 // elements. `w`, `m`, `v` are updated in place; `g` is read. The arrays must
 // not overlap. Thread-compatible: callers serialise updates of one tensor.

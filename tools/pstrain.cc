@@ -120,6 +120,9 @@ ABSL_FLAG(std::string, out_dir, "",
 ABSL_FLAG(double, link_mbit, 0,
           "compare: the link rate of each host, Mbit/s, for the bandwidth "
           "bounds of the communication table (0: no bounds).");
+ABSL_FLAG(bool, plot, true,
+          "compare: draw throughput.png with gnuplot (--noplot writes only "
+          "throughput.gp, for hosts without gnuplot).");
 ABSL_FLAG(int, heartbeat_timeout_s, 60,
           "Seconds of silence after which a task is lost and the job fails.");
 ABSL_FLAG(std::string, init_from, "",
@@ -677,10 +680,11 @@ int Compare() {
   if (!placement.ok()) {
     return Fail(2, std::string(placement.status().message()));
   }
-  if (std::system("command -v gnuplot >/dev/null 2>&1") != 0) {
+  const bool plot = absl::GetFlag(FLAGS_plot);
+  if (plot && std::system("command -v gnuplot >/dev/null 2>&1") != 0) {
     return Fail(2,
                 "gnuplot: not found; the plot needs it (apt-get install "
-                "gnuplot-nox)");
+                "gnuplot-nox), or pass --noplot");
   }
   absl::StatusOr<std::unique_ptr<Dataset>> dataset = CheckDataFromFlags();
   if (!dataset.ok()) return Fail(2, std::string(dataset.status().message()));
@@ -795,13 +799,14 @@ int Compare() {
       return Fail(1, s.ToString());
     }
   }
-  if (absl::Status s = RunGnuplot(out_dir, "throughput.gp"); !s.ok()) {
-    return Fail(1, std::string(s.message()));
+  if (plot) {
+    if (absl::Status s = RunGnuplot(out_dir, "throughput.gp"); !s.ok()) {
+      return Fail(1, std::string(s.message()));
+    }
   }
   std::printf(
-      "\nwrote %s/results.md, results.csv, results.json, "
-      "throughput.gp, throughput.png\n",
-      out_dir.c_str());
+      "\nwrote %s/results.md, results.csv, results.json, throughput.gp%s\n",
+      out_dir.c_str(), plot ? ", throughput.png" : "");
   return 0;
 }
 

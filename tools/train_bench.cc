@@ -1,7 +1,11 @@
 // train_bench: training throughput of one zoo model on one backend, without
 // the parameter server: forward + backward + an Adam update of every
-// parameter (the PS's update, server/adam.h, applied on the host), on one
-// fixed batch, timed over --steps after --warmup steps.
+// parameter (server/adam.h's formula), on one fixed batch, timed over
+// --steps after --warmup steps. --update=device keeps the update on the
+// backend (Model::AdamStep: a fused kernel on CUDA, as PyTorch's loop keeps
+// torch.optim.Adam on the GPU); --update=host does what a PS worker's step
+// costs without the network: gradients to the host, Adam there, weights
+// back to the device.
 //
 // With --compare_pytorch, the same model (tools/torch_models.py: same
 // architecture and parameter count) is timed in PyTorch in the same run
@@ -49,6 +53,13 @@ ABSL_FLAG(
     "Also time the same model in PyTorch (python3 tools/torch_bench.py).");
 ABSL_FLAG(std::string, python, "/usr/bin/python3",
           "Python with torch for --compare_pytorch.");
+ABSL_FLAG(std::string, update, "device",
+          "Where Adam runs: device (on the backend, as PyTorch's loop) or "
+          "host (gradients copied to the host and weights back, as a PS "
+          "worker's step without the network).");
+ABSL_FLAG(bool, tf32, true,
+          "CUDA: allow TF32 tensor cores for fp32 convolutions and GEMMs, on "
+          "both sides (PyTorch: cudnn.allow_tf32, cuda.matmul.allow_tf32).");
 ABSL_FLAG(bool, layer_times, false,
           "After the timed steps, profile up to 10 more with the backend "
           "synchronized after every layer and print a per-layer time table "
@@ -85,7 +96,7 @@ struct TorchResult {
 
 TorchResult RunTorch(const std::string& model, const Shape& chw, int classes,
                      int batch, int steps, int warmup, int threads,
-                     const std::string& device) {
+                     const std::string& device, bool tf32) {
   TorchResult r;
   const std::string script = FindTorchBench();
   if (script.empty()) {
@@ -97,7 +108,7 @@ TorchResult RunTorch(const std::string& model, const Shape& chw, int classes,
       " --channels ", chw[0], " --image_size ", chw[1], " --num_classes ",
       classes, " --batch_size ", batch, " --steps ", steps, " --warmup ",
       warmup, " --device ", device, " --threads ", threads, " --tf32 ",
-      device == "cpu" ? 0 : 1, " 2>&1");
+      tf32 ? 1 : 0, " 2>&1");
   FILE* pipe = popen(cmd.c_str(), "r");
   if (pipe == nullptr) {
     r.error = "cannot start " + cmd;
@@ -136,7 +147,7 @@ TorchResult RunTorch(const std::string& model, const Shape& chw, int classes,
 // update's `update_seconds`) as two Markdown tables in ms per step: the sums
 // by layer type with the host update, and the 20 slowest layers.
 void PrintLayerTimes(const Model& m, int steps, double update_seconds,
-                     int batch) {
+                     int batch, bool host_update) {
   struct TypeSum {
     std::string type;
     int layers = 0;
@@ -178,10 +189,12 @@ void PrintLayerTimes(const Model& m, int steps, double update_seconds,
                 t.layers, per_step(t.forward_ms), per_step(t.backward_ms),
                 per_step(total(t)), share(total(t)));
   }
-  std::printf(
-      "| host update (Adam on the host, weights copied to the device) | - | "
-      "- | - | %.3f | %.1f%% |\n",
-      per_step(update_ms), share(update_ms));
+  std::printf("| %s | - | - | - | %.3f | %.1f%% |\n",
+              host_update
+                  ? "host update (Adam on the host, weights copied to the "
+                    "device)"
+                  : "device update (Adam on the backend)",
+              per_step(update_ms), share(update_ms));
   std::sort(layers.begin(), layers.end(), slower);
   const size_t shown = std::min<size_t>(layers.size(), 20);
   std::printf(
@@ -219,6 +232,13 @@ int Main() {
     PrintError(kProgram, s.message());
     return 2;
   }
+  const std::string update_where = absl::GetFlag(FLAGS_update);
+  if (update_where != "device" && update_where != "host") {
+    PrintError(kProgram, absl::StrCat("--update=", update_where,
+                                      ": expected device or host"));
+    return 2;
+  }
+  const bool host_update = update_where == "host";
   int threads = absl::GetFlag(FLAGS_threads);
   if (threads <= 0) threads = omp_get_num_procs();
   omp_set_num_threads(threads);
@@ -234,6 +254,7 @@ int Main() {
     PrintError(kProgram, backend.status().message());
     return 2;
   }
+  (*backend)->AllowTf32(absl::GetFlag(FLAGS_tf32));
   // Device memory before the model exists (the CUDA context's, other
   // processes'); the table shows what is in use above it after the timed
   // steps (allocations are kept from the first step on), read once, outside
@@ -254,18 +275,23 @@ int Main() {
   std::vector<int32_t> labels;
   GatherBatch(dataset->train, order, 0, batch, &images, &labels);
 
-  // Adam state on the host, as a PS shard keeps it.
   AdamOptions adam;
+  // --update=host: Adam state on the host, as a PS shard keeps it;
+  // --update=device: in the model (Model::AdamStep), no host staging.
   std::vector<std::vector<float>> adam_m, adam_v;
-  for (size_t i = 0; i < m.params().size(); ++i) {
-    adam_m.emplace_back(m.HostWeights()[i].size());
-    adam_v.emplace_back(m.HostWeights()[i].size());
+  if (host_update) {
+    for (size_t i = 0; i < m.params().size(); ++i) {
+      adam_m.emplace_back(m.HostWeights()[i].size());
+      adam_v.emplace_back(m.HostWeights()[i].size());
+    }
+  } else {
+    m.set_stage_gradients(false);
   }
   int64_t adam_step = 0;
   float first_loss = NAN, last_loss = NAN;
-  // One training step as a PS worker takes it: forward and backward, then
-  // the shard's Adam on the host gradients and the weights copied back.
-  // Returns the seconds of the host update (Adam + LoadHostWeights).
+  // One training step: forward and backward, then the update. Returns the
+  // seconds of the update (host: Adam + LoadHostWeights; device: the Adam
+  // kernels, the backend synchronized after them).
   auto step = [&](int s) -> absl::StatusOr<double> {
     absl::StatusOr<float> loss = m.ForwardBackward(images, labels);
     if (!loss.ok()) return loss.status();
@@ -273,13 +299,19 @@ int Main() {
     last_loss = *loss;
     const absl::Time update_start = absl::Now();
     ++adam_step;
-    for (size_t i = 0; i < m.params().size(); ++i) {
-      AdamUpdate(adam, adam_step, m.HostWeights()[i].data(),
-                 m.HostGradients()[i].data(), adam_m[i].data(),
-                 adam_v[i].data(), m.HostWeights()[i].size());
+    if (host_update) {
+      for (size_t i = 0; i < m.params().size(); ++i) {
+        AdamUpdate(adam, adam_step, m.HostWeights()[i].data(),
+                   m.HostGradients()[i].data(), adam_m[i].data(),
+                   adam_v[i].data(), m.HostWeights()[i].size());
+      }
+      absl::Status st = m.LoadHostWeights();
+      if (!st.ok()) return st;
+    } else {
+      absl::Status st = m.AdamStep(adam);
+      if (st.ok()) st = m.backend()->Synchronize();
+      if (!st.ok()) return st;
     }
-    absl::Status st = m.LoadHostWeights();
-    if (!st.ok()) return st;
     return absl::ToDoubleSeconds(absl::Now() - update_start);
   };
   absl::Time start;
@@ -323,19 +355,21 @@ int Main() {
   const bool on_gpu = memory_baseline.ok();
   std::printf(
       "| model | input | backend | TF32 | threads | batch | params | "
-      "MFLOPs/sample | pstrain samples/sec | host update (ms/step) | "
+      "MFLOPs/sample | update | pstrain samples/sec | update (ms/step) | "
       "memory (MiB) | loss step 0 -> %d | PyTorch samples/sec | PyTorch "
       "memory (MiB) | PyTorch params | ratio |\n",
       warmup + steps - 1);
   std::printf(
-      "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+      "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+      "\n");
   std::string torch_rate = "-", torch_params = "-", ratio = "-",
               torch_memory = "-";
   if (absl::GetFlag(FLAGS_compare_pytorch)) {
     TorchResult t = RunTorch(
         model_name, chw, dataset->num_classes, batch, steps, warmup, threads,
         backend_name == "cuda" ? absl::StrCat("cuda:", absl::GetFlag(FLAGS_gpu))
-                               : "cpu");
+                               : "cpu",
+        on_gpu && (*backend)->tf32_allowed());
     if (t.ok) {
       torch_rate = absl::StrFormat("%.1f", t.samples_per_sec);
       torch_params = absl::StrCat(
@@ -347,20 +381,23 @@ int Main() {
     }
   }
   std::printf(
-      "| %s | %s | %s | %s | %d | %d | %lld | %.1f | %.1f | %.2f | %s | "
+      "| %s | %s | %s | %s | %d | %d | %lld | %.1f | %s | %.1f | %.2f | %s | "
       "%.3f -> %.3f%s | %s | %s | %s | %s |\n",
       model_name.c_str(), ShapeToString(chw).c_str(),
       (*backend)->name().c_str(),
-      // models/cuda: CUDNN_TENSOR_OP_MATH and CUBLAS_TF32_TENSOR_OP_MATH;
-      // torch_bench.py --tf32 1 allows the same on PyTorch's side.
-      on_gpu ? "conv+GEMM" : "-", threads, batch,
-      static_cast<long long>(m.NumParameters()),
-      2.0 * m.ForwardMacsPerSample() / 1e6, rate, update_seconds * 1e3 / steps,
-      memory.c_str(), first_loss, last_loss,
+      // models/cuda: CUDNN_TENSOR_OP_MATH and CUBLAS_TF32_TENSOR_OP_MATH
+      // (or FMA math with --notf32); torch_bench.py --tf32 says the same.
+      !on_gpu                      ? "-"
+      : (*backend)->tf32_allowed() ? "conv+GEMM"
+                                   : "off",
+      threads, batch, static_cast<long long>(m.NumParameters()),
+      2.0 * m.ForwardMacsPerSample() / 1e6, update_where.c_str(), rate,
+      update_seconds * 1e3 / steps, memory.c_str(), first_loss, last_loss,
       loss_ok ? " (falls)" : " (DOES NOT FALL)", torch_rate.c_str(),
       torch_memory.c_str(), torch_params.c_str(), ratio.c_str());
   if (absl::GetFlag(FLAGS_layer_times)) {
-    PrintLayerTimes(m, profile_steps, profile_update_seconds, batch);
+    PrintLayerTimes(m, profile_steps, profile_update_seconds, batch,
+                    host_update);
   }
   return loss_ok ? 0 : 1;
 }

@@ -139,6 +139,14 @@ class CudaBackend final : public Backend {
     return absl::OkStatus();
   }
 
+  void AllowTf32(bool allow) override {
+    tf32_ = allow;
+    // CUBLAS_DEFAULT_MATH: fp32 GEMMs on FMA units, no tensor cores.
+    cublasSetMathMode(cublas_,
+                      allow ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH);
+  }
+  bool tf32_allowed() const override { return tf32_; }
+
   std::string name() const override { return name_; }
   bool host_memory() const override { return false; }
 
@@ -200,6 +208,14 @@ class CudaBackend final : public Backend {
   absl::StatusOr<std::unique_ptr<Layer>> CreateLayer(
       const LayerSpec& spec, std::vector<Param*> params,
       std::vector<Buffer*> buffers, uint64_t seed) override;
+
+  absl::Status AdamUpdate(const AdamOptions& options, int64_t step, float* w,
+                          const float* g, float* m, float* v,
+                          int64_t n) override {
+    CUDA_RETURN_IF_LAUNCH_ERROR(cuda::LaunchAdam(
+        AdamConstantsFor(options, step), w, g, m, v, n, compute_));
+    return absl::OkStatus();
+  }
 
   absl::Status Accumulate(const float* x, int64_t elements, float* y) override {
     CUDA_RETURN_IF_LAUNCH_ERROR(cuda::LaunchAdd(x, y, elements, y, compute_));
@@ -322,6 +338,7 @@ class CudaBackend final : public Backend {
   cudaEvent_t copy_done_ = nullptr;
   cudnnHandle_t cudnn_ = nullptr;
   cublasHandle_t cublas_ = nullptr;
+  bool tf32_ = true;
   void* workspace_ = nullptr;
   size_t workspace_bytes_ = 0;
   float* ones_ = nullptr;
@@ -409,8 +426,9 @@ class Conv2d final : public Layer {
     const int st = static_cast<int>(spec_.stride);
     CUDA_RETURN_IF_ERROR(cudnnSetConvolution2dDescriptor(
         conv_, p, p, st, st, 1, 1, CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT));
-    CUDA_RETURN_IF_ERROR(
-        cudnnSetConvolutionMathType(conv_, CUDNN_TENSOR_OP_MATH));
+    // CUDNN_FMA_MATH keeps fp32 convolutions off the tensor cores.
+    CUDA_RETURN_IF_ERROR(cudnnSetConvolutionMathType(
+        conv_, b_->tf32_allowed() ? CUDNN_TENSOR_OP_MATH : CUDNN_FMA_MATH));
     // cudnnFind* times every algorithm on scratch tensors it allocates.
     int count = 0;
     cudnnConvolutionFwdAlgoPerf_t fwd[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];

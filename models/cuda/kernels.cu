@@ -93,6 +93,28 @@ __global__ void DropoutKernel(const float* x, int64_t n, float keep,
   }
 }
 
+// Each operation rounded on its own (the _rn intrinsics are never fused
+// into FMAs), as the host's AdamUpdate computes it: the two agree bit for
+// bit (models/cuda_test.cc).
+__global__ void AdamKernel(AdamStepConstants c, float* w, const float* g,
+                           float* m, float* v, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{blockDim.x} * gridDim.x) {
+    const float gi = g[i];
+    const float mi =
+        __fadd_rn(__fmul_rn(c.beta1, m[i]), __fmul_rn(c.one_minus_beta1, gi));
+    const float vi = __fadd_rn(__fmul_rn(c.beta2, v[i]),
+                               __fmul_rn(__fmul_rn(c.one_minus_beta2, gi), gi));
+    m[i] = mi;
+    v[i] = vi;
+    const float wi = c.decoupled ? __fmul_rn(w[i], c.decay) : w[i];
+    const float denom =
+        __fadd_rn(__fmul_rn(__fsqrt_rn(vi), c.inv_bias_correction2_sqrt),
+                  c.epsilon);
+    w[i] = __fsub_rn(wi, __fdiv_rn(__fmul_rn(c.step_size, mi), denom));
+  }
+}
+
 }  // namespace
 
 cudaError_t LaunchSoftmaxCrossEntropy(const float* logits,
@@ -120,6 +142,12 @@ cudaError_t LaunchDropout(const float* x, int64_t n, float keep, uint64_t seed,
 cudaError_t LaunchMultiply(const float* a, const float* b, int64_t n,
                            float* out, cudaStream_t stream) {
   MultiplyKernel<<<Blocks(n), kThreads, 0, stream>>>(a, b, n, out);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchAdam(const AdamStepConstants& c, float* w, const float* g,
+                       float* m, float* v, int64_t n, cudaStream_t stream) {
+  AdamKernel<<<Blocks(n), kThreads, 0, stream>>>(c, w, g, m, v, n);
   return cudaGetLastError();
 }
 

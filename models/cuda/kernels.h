@@ -1,7 +1,7 @@
 // Our own CUDA kernels, for the operations cuDNN and cuBLAS do not have:
-// softmax cross-entropy, elementwise add and dropout. Each launcher enqueues
-// on `stream` and returns cudaGetLastError() after the launch (the caller
-// turns it into a status, cuda_backend.cc).
+// softmax cross-entropy, elementwise add, dropout and the Adam step. Each
+// launcher enqueues on `stream` and returns cudaGetLastError() after the launch
+// (the caller turns it into a status, cuda_backend.cc).
 //
 // All pointers are device pointers; sizes are element counts.
 #ifndef PSTRAIN_MODELS_CUDA_KERNELS_H_
@@ -10,6 +10,8 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+
+#include "server/adam.h"
 
 namespace pstrain {
 namespace cuda {
@@ -34,6 +36,11 @@ cudaError_t LaunchDropout(const float* x, int64_t n, float keep, uint64_t seed,
 // out = a * b, elementwise.
 cudaError_t LaunchMultiply(const float* a, const float* b, int64_t n,
                            float* out, cudaStream_t stream);
+
+// One Adam/AdamW step (server/adam.h's formula and order; the scalars from
+// AdamConstantsFor()): m, v, w updated in place from g.
+cudaError_t LaunchAdam(const AdamStepConstants& c, float* w, const float* g,
+                       float* m, float* v, int64_t n, cudaStream_t stream);
 
 }  // namespace cuda
 }  // namespace pstrain
