@@ -9,8 +9,9 @@
 
 namespace pstrain {
 
-// Writes `contents` to `path` atomically (a temporary file in the same
-// folder, then rename), so a reader never sees a partial file.
+// Writes `contents` to `path` atomically and durably (a temporary file in
+// the same folder, fsynced, renamed over `path`, then the folder fsynced), so
+// a reader never sees a partial file and an OK return survives a crash.
 absl::Status WriteFileAtomically(const std::string& path,
                                  absl::string_view contents);
 

@@ -10,7 +10,7 @@ packages=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev libgtest-dev libgmock-dev libbenchmark-dev libdnnl-dev
   zlib1g-dev dataset-fashion-mnist iproute2 libgloo-dev gnuplot-nox iperf3
-  python3 patchelf xz-utils nlohmann-json3-dev
+  python3 patchelf xz-utils nlohmann-json3-dev libjpeg62-turbo-dev libpng-dev
 )
 missing=()
 for p in "${packages[@]}"; do

@@ -72,9 +72,22 @@ absl::Status ParameterShard::Initialize(
           c.values.size(), " elements; expected ", state.spec.num_elements));
     }
     const size_t n = c.values.size();
+    for (const std::vector<float>* moment : {&c.m, &c.v}) {
+      if (!moment->empty() && moment->size() != n) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "init chunk (", c.param_id, ", ", c.chunk_index, ") has ",
+            moment->size(), " Adam state elements; expected ", n));
+      }
+    }
+    if (c.version < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("init chunk (", c.param_id, ", ", c.chunk_index,
+                       ") has version ", c.version, "; expected >= 0"));
+    }
     state.weights = std::move(c.values);
-    state.m.assign(n, 0.0f);
-    state.v.assign(n, 0.0f);
+    state.m = c.m.empty() ? std::vector<float>(n, 0.0f) : std::move(c.m);
+    state.v = c.v.empty() ? std::vector<float>(n, 0.0f) : std::move(c.v);
+    state.version = c.version;
     state.pending.resize(options_.num_workers);
     state.has_pending.assign(options_.num_workers, false);
   }
@@ -220,6 +233,36 @@ absl::Status ParameterShard::Push(int worker_id, int32_t param_id,
   std::fill(chunk.has_pending.begin(), chunk.has_pending.end(), false);
   chunk.num_pending = 0;
   return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<ChunkSnapshot>> ParameterShard::Snapshot(
+    int64_t expected_version) const {
+  if (!initialized_.load()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("checkpoint of shard ", options_.shard_index,
+                     " before it was initialised"));
+  }
+  std::vector<ChunkSnapshot> out(chunks_.size());
+  for (size_t i = 0; i < chunks_.size(); ++i) {
+    const ChunkState& chunk = *chunks_[i];
+    absl::MutexLock lock(&chunk.mu);
+    if (options_.mode == SyncMode::kSync && chunk.version != expected_version) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "checkpoint of step ", expected_version, ": chunk (",
+          chunk.spec.param_id, ", ", chunk.spec.chunk_index, ") of shard ",
+          options_.shard_index, " is at version ", chunk.version));
+    }
+    ChunkSnapshot& c = out[i];
+    c.spec = chunk.spec;
+    c.is_buffer = plan_->is_buffer(chunk.spec.param_id);
+    c.version = chunk.version;
+    c.weights = chunk.weights;
+    if (!c.is_buffer) {
+      c.m = chunk.m;
+      c.v = chunk.v;
+    }
+  }
+  return out;
 }
 
 void ParameterShard::NoteUpdate() {

@@ -62,11 +62,24 @@ struct ShardOptions {
   AdamOptions adam;
 };
 
-// Initial values of one chunk, as sent by worker 0.
+// Initial values of one chunk, as sent by worker 0. A fresh job sends only
+// `values`; a job resumed from a checkpoint also sends the Adam state `m`
+// and `v` (empty: zeros; buffers have none) and the chunk's `version` (the
+// updates applied so far, which is also Adam's step count).
 struct InitChunk {
   int32_t param_id = 0;
   int32_t chunk_index = 0;
   std::vector<float> values;
+  std::vector<float> m, v;
+  int64_t version = 0;
+};
+
+// One chunk's state as Snapshot() copied it.
+struct ChunkSnapshot {
+  ChunkSpec spec;
+  bool is_buffer = false;
+  int64_t version = 0;
+  std::vector<float> weights, m, v;  // m and v empty for buffers.
 };
 
 struct ShardStats {
@@ -147,6 +160,18 @@ class ParameterShard {
                     const std::atomic<bool>* cancelled = nullptr);
 
   ShardStats Stats() const;
+
+  // Copies every chunk of this shard (weights, Adam state, version), each
+  // under its own lock, in plan order: the in-memory half of a checkpoint
+  // (the file is written from the copy while training goes on). Sync mode:
+  // every chunk must be at `expected_version` (FAILED_PRECONDITION naming
+  // the first that is not), which holds when worker 0 asks after its pull
+  // of that version and before its next push, since no chunk can pass the
+  // barrier without that push: a consistent cut. Async mode: each chunk as
+  // it is (`expected_version` unchecked; the snapshot records each chunk's
+  // version). FAILED_PRECONDITION before Initialize().
+  absl::StatusOr<std::vector<ChunkSnapshot>> Snapshot(
+      int64_t expected_version) const;
 
   // Ends every wait (WaitReady, Pull) now and later with ABORTED and
   // `reason`: the job has ended elsewhere (a lost worker, a cancel), so no

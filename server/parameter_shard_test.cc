@@ -23,7 +23,13 @@ ShardOptions Options(int num_workers, SyncMode mode) {
 }
 
 std::vector<InitChunk> InitChunks() {
-  return {{0, 0, {1, 2, 3, 4}}, {0, 1, {5, 6}}, {1, 0, {7, 8}}};
+  std::vector<InitChunk> chunks(3);
+  chunks[0].values = {1, 2, 3, 4};
+  chunks[1].chunk_index = 1;
+  chunks[1].values = {5, 6};
+  chunks[2].param_id = 1;
+  chunks[2].values = {7, 8};
+  return chunks;
 }
 
 std::vector<std::vector<float>> PullAll(ParameterShard& shard,

@@ -1,8 +1,10 @@
 #include "server/ps_service.h"
 
+#include <algorithm>
 #include <atomic>
 #include <cstring>
 #include <deque>
+#include <memory>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -12,6 +14,7 @@
 #include "common/chunk_message.h"
 #include "common/status.h"
 #include "common/tensor_codec.h"
+#include "server/shard_checkpoint.h"
 
 namespace pstrain {
 
@@ -32,6 +35,93 @@ PsService::PsService(ParameterShard* shard, absl::Duration pull_timeout)
              grpc::ServerReaderWriter<grpc::ByteBuffer, grpc::ByteBuffer>*
                  stream) { return service->PushPullStream(context, stream); },
           this));
+}
+
+PsService::~PsService() {
+  std::thread writer;
+  {
+    absl::MutexLock lock(&checkpoint_mu_);
+    writer = std::move(checkpoint_writer_);
+  }
+  if (writer.joinable()) writer.join();
+}
+
+grpc::Status PsService::Checkpoint(grpc::ServerContext* context,
+                                   const CheckpointRequest* request,
+                                   CheckpointResponse* response) {
+  Touch();
+  absl::Status status = shard_->CheckWorker(request->header().job_id(),
+                                            request->header().worker_id());
+  if (!status.ok()) return ToGrpcStatus(status);
+  if (request->header().worker_id() != 0) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        "only worker 0 asks for checkpoints");
+  }
+  const int64_t step = request->step();
+  absl::MutexLock lock(&checkpoint_mu_);
+  if (request->wait()) {
+    if (step != checkpoint_step_) {
+      return grpc::Status(
+          grpc::StatusCode::FAILED_PRECONDITION,
+          absl::StrCat("shard ", shard_->options().shard_index,
+                       " began no checkpoint of step ", step,
+                       " (the last begun: ", checkpoint_step_, ")"));
+    }
+    const absl::Time deadline = absl::FromChrono(context->deadline());
+    if (!checkpoint_mu_.AwaitWithDeadline(absl::Condition(&checkpoint_done_),
+                                          deadline)) {
+      return grpc::Status(
+          grpc::StatusCode::DEADLINE_EXCEEDED,
+          absl::StrCat("shard ", shard_->options().shard_index,
+                       ": checkpoint of step ", step, " still being written"));
+    }
+    if (!checkpoint_status_.ok()) return ToGrpcStatus(checkpoint_status_);
+    *response = checkpoint_result_;
+    return grpc::Status::OK;
+  }
+  if (request->path().empty()) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        "checkpoint request without a path");
+  }
+  // One write at a time: the previous one finishes first.
+  if (checkpoint_writer_.joinable()) {
+    checkpoint_mu_.Await(absl::Condition(&checkpoint_done_));
+    checkpoint_mu_.Unlock();
+    checkpoint_writer_.join();
+    checkpoint_mu_.Lock();
+  }
+  absl::StatusOr<std::vector<ChunkSnapshot>> snapshot = shard_->Snapshot(step);
+  if (!snapshot.ok()) return ToGrpcStatus(snapshot.status());
+  checkpoint_step_ = step;
+  checkpoint_done_ = false;
+  checkpoint_status_ = absl::OkStatus();
+  checkpoint_result_.Clear();
+  checkpoint_writer_ =
+      std::thread([this, step, path = request->path(),
+                   chunks = std::make_shared<std::vector<ChunkSnapshot>>(
+                       *std::move(snapshot))]() {
+        const ShardOptions& o = shard_->options();
+        absl::StatusOr<safetensors::WriteResult> written = WriteShardCheckpoint(
+            path, *chunks, o.shard_index, o.num_shards, step);
+        CheckpointResponse result;
+        int64_t min_version = INT64_MAX, max_version = 0;
+        for (const ChunkSnapshot& c : *chunks) {
+          min_version = std::min(min_version, c.version);
+          max_version = std::max(max_version, c.version);
+        }
+        result.set_num_chunks(static_cast<int64_t>(chunks->size()));
+        result.set_min_version(chunks->empty() ? 0 : min_version);
+        result.set_max_version(max_version);
+        if (written.ok()) {
+          result.set_size_bytes(static_cast<int64_t>(written->size_bytes));
+          result.set_crc32(written->crc32);
+        }
+        absl::MutexLock lock(&checkpoint_mu_);
+        checkpoint_status_ = written.status();
+        checkpoint_result_ = result;
+        checkpoint_done_ = true;
+      });
+  return grpc::Status::OK;
 }
 
 void PsService::Touch() {
@@ -76,6 +166,13 @@ grpc::Status PsService::Init(grpc::ServerContext* context,
     chunk.param_id = request.chunk().key().param_id();
     chunk.chunk_index = request.chunk().key().chunk_index();
     status = DecodeFloatChunk(request.chunk(), &chunk.values);
+    if (!status.ok()) return ToGrpcStatus(status);
+    chunk.version = request.chunk().version();
+    if (request.has_adam_m())
+      status = DecodeFloatChunk(request.adam_m(), &chunk.m);
+    if (status.ok() && request.has_adam_v()) {
+      status = DecodeFloatChunk(request.adam_v(), &chunk.v);
+    }
     if (!status.ok()) return ToGrpcStatus(status);
     elements += static_cast<int64_t>(chunk.values.size());
     chunks.push_back(std::move(chunk));

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <thread>
 
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
@@ -24,6 +25,8 @@ class PsService final : public ParameterServer::Service {
   // `pull_timeout`: how long a pull may wait for a version (sync mode: for
   // the slowest worker) before it fails with DEADLINE_EXCEEDED.
   PsService(ParameterShard* shard, absl::Duration pull_timeout);
+  // Waits for a checkpoint write in flight.
+  ~PsService() override;
 
   grpc::Status Init(grpc::ServerContext* context,
                     grpc::ServerReader<InitRequest>* reader,
@@ -38,6 +41,9 @@ class PsService final : public ParameterServer::Service {
       grpc::ServerReaderWriter<grpc::ByteBuffer, grpc::ByteBuffer>* stream);
   grpc::Status Stats(grpc::ServerContext* context, const StatsRequest* request,
                      StatsResponse* response) override;
+  grpc::Status Checkpoint(grpc::ServerContext* context,
+                          const CheckpointRequest* request,
+                          CheckpointResponse* response) override;
   grpc::Status WorkerDone(grpc::ServerContext* context,
                           const WorkerDoneRequest* request,
                           WorkerDoneResponse* response) override;
@@ -58,6 +64,14 @@ class PsService final : public ParameterServer::Service {
   absl::Mutex done_mu_;
   std::vector<bool> done_ ABSL_GUARDED_BY(done_mu_);
   absl::Notification all_workers_done_;
+
+  // The checkpoint file being written in the background (one at a time).
+  absl::Mutex checkpoint_mu_;
+  std::thread checkpoint_writer_ ABSL_GUARDED_BY(checkpoint_mu_);
+  int64_t checkpoint_step_ ABSL_GUARDED_BY(checkpoint_mu_) = -1;
+  bool checkpoint_done_ ABSL_GUARDED_BY(checkpoint_mu_) = true;
+  absl::Status checkpoint_status_ ABSL_GUARDED_BY(checkpoint_mu_);
+  CheckpointResponse checkpoint_result_ ABSL_GUARDED_BY(checkpoint_mu_);
 };
 
 }  // namespace pstrain

@@ -32,7 +32,9 @@ class PsServiceTest : public ::testing::Test {
     options.mode = SyncMode::kSync;
     options.adam.lr = 0.1f;
     shard_ = std::make_unique<ParameterShard>(options);
-    ASSERT_TRUE(shard_->Initialize({4}, 16, {{0, 0, {1, 2, 3, 4}}}).ok());
+    std::vector<InitChunk> chunks(1);
+    chunks[0].values = {1, 2, 3, 4};
+    ASSERT_TRUE(shard_->Initialize({4}, 16, std::move(chunks)).ok());
     service_ = std::make_unique<PsService>(shard_.get(), absl::Seconds(5));
     absl::StatusOr<ListeningServer> listening =
         StartGrpcServer("127.0.0.1:0", service_.get(), "");

@@ -8,10 +8,13 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <regex>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include "common/flags_util.h"
 #include "google/protobuf/util/json_util.h"
@@ -34,13 +37,19 @@ TEST(RunCliTest, SmallJobPrintsStepEpochLinesTableAndJson) {
   if (!HaveFashionMnist())
     GTEST_SKIP() << "dataset-fashion-mnist not installed";
   const std::string json_path = TempDir() + "/results.json";
+  const std::string metrics_dir = TempDir() + "/metrics";
   const Result r = RunPstrain(
       "--epochs=2 --max_steps_per_epoch=30 --log_every_steps=10 "
-      "--results_json=" +
-      json_path);
+      "--metrics_dir=" +
+      metrics_dir + " --results_json=" + json_path);
   ASSERT_EQ(r.exit_code, 0) << r.output;
+  // The seeds' line, then loss, lr, the step of the run's total and the
+  // time left.
   EXPECT_TRUE(std::regex_search(
-      r.output, std::regex(R"(\[worker0\] Step10: [0-9]+\.[0-9]{2} data/sec)")))
+      r.output,
+      std::regex(R"(\[worker0\] Step10: [0-9]+\.[0-9]{2} data/sec, loss )"
+                 R"([0-9]+\.[0-9]{4}, lr 0\.001, step 10/60, ETA [0-9]+:)"
+                 R"([0-9]{2}\n)")))
       << r.output;
   EXPECT_TRUE(std::regex_search(
       r.output, std::regex(R"(\[worker0\] Step60: [0-9.]+ data/sec)")));
@@ -80,6 +89,51 @@ TEST(RunCliTest, SmallJobPrintsStepEpochLinesTableAndJson) {
               2 * 64 * 60, 1e-6 * 7680);
   EXPECT_EQ(CountProcesses("pstrain_ps"), 0);
   EXPECT_EQ(CountProcesses("pstrain_worker"), 0);
+
+  // The metrics files agree with the run's totals: each worker's interval
+  // rows cover its 60 steps (64 samples each), worker 0's evaluation rows
+  // hold the epochs' test results.
+  for (int w = 0; w < 2; ++w) {
+    const std::string base = metrics_dir + "/worker" + std::to_string(w);
+    std::istringstream csv(pstrain::testing::ReadTextFile(base + ".csv"));
+    std::string header;
+    std::getline(csv, header);
+    EXPECT_EQ(header,
+              "step,epoch,wall_time_s,elapsed_s,interval_steps,loss,lr,"
+              "samples_per_sec,job_samples_per_sec,compute_ms,exchange_ms,"
+              "test_loss,test_accuracy");
+    std::istringstream jsonl(pstrain::testing::ReadTextFile(base + ".jsonl"));
+    int64_t steps = 0;
+    int rows = 0;
+    std::vector<double> accuracies;
+    for (std::string line; std::getline(jsonl, line); ++rows) {
+      const nlohmann::json row = nlohmann::json::parse(line);
+      if (row["interval_steps"].is_number()) {
+        steps += row["interval_steps"].get<int64_t>();
+        EXPECT_EQ(row["step"].get<int64_t>() % 10, 0) << line;
+        EXPECT_EQ(row["lr"].get<double>(), 0.001) << line;
+        EXPECT_GT(row["loss"].get<double>(), 0) << line;
+        EXPECT_GT(row["samples_per_sec"].get<double>(), 0) << line;
+        EXPECT_EQ(row["job_samples_per_sec"].is_number(), w == 0) << line;
+      } else {
+        accuracies.push_back(row["test_accuracy"].get<double>());
+      }
+    }
+    EXPECT_EQ(steps, 60) << base;
+    EXPECT_EQ(rows, w == 0 ? 8 : 6) << base;
+    ASSERT_EQ(accuracies.size(), w == 0 ? 2u : 0u) << base;
+    for (size_t e = 0; e < accuracies.size(); ++e) {
+      EXPECT_NEAR(accuracies[e], result.epoch_results(e).test_accuracy(),
+                  1e-12);
+    }
+    int event_files = 0;
+    for (const auto& entry : std::filesystem::directory_iterator(
+             metrics_dir + "/tb/worker" + std::to_string(w))) {
+      event_files += entry.path().filename().string().rfind(
+                         "events.out.tfevents.", 0) == 0;
+    }
+    EXPECT_EQ(event_files, 1) << w;
+  }
 }
 
 // Allreduce mode: no PS processes; workers rendezvous through the

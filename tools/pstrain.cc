@@ -47,6 +47,7 @@
 #include "coordinator/job_table.h"
 #include "models/model.h"
 #include "models/model_file.h"
+#include "worker/checkpoint.h"
 #include "proto/coordinator.pb.h"
 #include "tools/compare.h"
 #include "tools/job_commands.h"
@@ -77,6 +78,11 @@ ABSL_FLAG(uint64_t, seed, 1, "Seed of the initial weights and the shuffles.");
 ABSL_FLAG(std::string, results_json, "",
           "If set, write the results here as JSON.");
 ABSL_FLAG(int, log_every_steps, 200, "Steps between throughput lines.");
+ABSL_FLAG(std::string, metrics_dir, "",
+          "run: if set, each worker j writes DIR/workerJ.csv and "
+          "DIR/workerJ.jsonl (a row every --log_every_steps steps and per "
+          "evaluation) and TensorBoard events under DIR/tb/workerJ/ "
+          "(tensorboard --logdir DIR/tb); empty: none.");
 ABSL_FLAG(int64_t, partition_bytes, 4 << 20,
           "Largest chunk of a tensor on the wire, bytes.");
 ABSL_FLAG(int64_t, max_steps_per_epoch, 0,
@@ -130,8 +136,18 @@ ABSL_FLAG(std::string, init_from, "",
           "PyTorch's state_dict names, as model.safetensors) instead of "
           "--seed's.");
 ABSL_FLAG(std::string, checkpoint_dir, "",
-          "run: an empty or new folder; worker 0 writes the trained model "
-          "there as model.safetensors when the job ends.");
+          "run: an empty or new folder (or, with --resume, one holding "
+          "checkpoints); worker 0 writes the trained model there as "
+          "model.safetensors when the job ends, and the checkpoints of "
+          "--checkpoint_every_steps in step-<N>/ folders.");
+ABSL_FLAG(int64_t, checkpoint_every_steps, 0,
+          "run: a sharded checkpoint (weights, Adam state, data position) "
+          "every this many steps into --checkpoint_dir; 0: none. PS modes.");
+ABSL_FLAG(int, keep_checkpoints, 3,
+          "run: how many of the newest checkpoints to keep (>= 1).");
+ABSL_FLAG(bool, resume, false,
+          "run: continue from --checkpoint_dir's newest checkpoint "
+          "(weights, Adam state, step and data position).");
 ABSL_FLAG(std::string, checkpoint, "",
           "eval: a model file, or a folder holding model.safetensors.");
 
@@ -315,7 +331,11 @@ JobSpec SpecFromFlags(const std::string& mode, int num_ps, int num_workers) {
                : std::filesystem::absolute(path).lexically_normal().string();
   };
   spec.set_init_from(absolute(absl::GetFlag(FLAGS_init_from)));
+  spec.set_metrics_dir(absolute(absl::GetFlag(FLAGS_metrics_dir)));
   spec.set_checkpoint_dir(absolute(absl::GetFlag(FLAGS_checkpoint_dir)));
+  spec.set_checkpoint_every_steps(absl::GetFlag(FLAGS_checkpoint_every_steps));
+  spec.set_keep_checkpoints(absl::GetFlag(FLAGS_keep_checkpoints));
+  spec.set_resume(absl::GetFlag(FLAGS_resume));
   OptimizerSpec* optimizer = spec.mutable_optimizer();
   optimizer->set_lr(absl::GetFlag(FLAGS_lr));
   optimizer->set_beta1(absl::GetFlag(FLAGS_beta1));
@@ -500,8 +520,35 @@ absl::Status CheckModelFiles(const JobSpec& spec, const Dataset* dataset) {
     }
   }
   const std::string dir = spec.checkpoint_dir();
-  if (dir.empty()) return absl::OkStatus();
+  if (spec.checkpoint_every_steps() < 0 || spec.keep_checkpoints() < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--checkpoint_every_steps=", spec.checkpoint_every_steps(),
+        " --keep_checkpoints=", spec.keep_checkpoints(),
+        ": expected >= 0 and >= 1"));
+  }
+  if (dir.empty()) {
+    if (spec.resume() || spec.checkpoint_every_steps() > 0) {
+      return absl::InvalidArgumentError(
+          "--resume and --checkpoint_every_steps need --checkpoint_dir");
+    }
+    return absl::OkStatus();
+  }
+  if ((spec.resume() || spec.checkpoint_every_steps() > 0) &&
+      spec.mode() == "allreduce") {
+    return absl::InvalidArgumentError(
+        "--checkpoint_every_steps and --resume: checkpoints are written by "
+        "parameter-server jobs (--mode=sync or async), not allreduce");
+  }
   std::error_code error;
+  if (spec.resume()) {
+    // The newest checkpoint must be there and verify before anything starts.
+    absl::StatusOr<CheckpointManifest> latest = ReadLatestCheckpoint(dir);
+    if (!latest.ok()) {
+      return absl::Status(latest.status().code(),
+                          absl::StrCat("--resume: ", latest.status().message()));
+    }
+    return absl::OkStatus();
+  }
   if (std::filesystem::exists(dir, error)) {
     if (!std::filesystem::is_directory(dir, error)) {
       return absl::InvalidArgumentError(
@@ -516,7 +563,8 @@ absl::Status CheckModelFiles(const JobSpec& spec, const Dataset* dataset) {
       return absl::InvalidArgumentError(absl::StrCat(
           "--checkpoint_dir=", dir, ": not empty (holds ",
           first->path().filename().string(),
-          "); nothing is overwritten: choose an empty or new folder"));
+          "); nothing is overwritten: choose an empty or new folder, or "
+          "--resume to continue from its checkpoints"));
     }
     return absl::OkStatus();
   }

@@ -5,12 +5,19 @@
 #include "worker/job_inputs.h"
 
 ABSL_FLAG(std::string, dataset, "fashion_mnist",
-          "Dataset: fashion_mnist, mnist, cifar10 or synthetic.");
+          "Dataset: fashion_mnist, mnist, cifar10, image_folder or "
+          "synthetic.");
 ABSL_FLAG(std::string, data_dir, "/usr/share/datasets/fashion-mnist",
           "Folder holding the dataset's files (IDX, gzipped or plain; "
-          "CIFAR-10 binary batches).");
+          "CIFAR-10 binary batches; image_folder: class folders of JPEG and "
+          "PNG files, or the tiny-ImageNet layout).");
 ABSL_FLAG(int, image_size, 224,
-          "Synthetic data: images are 3 x image_size x image_size.");
+          "Synthetic data: images are 3 x image_size x image_size; "
+          "image_folder: images are resized (bilinear) to image_size x "
+          "image_size pixels.");
+ABSL_FLAG(std::string, bad_images, "fail",
+          "image_folder: fail (stop, naming the first unreadable image) or "
+          "skip (leave unreadable images out; one warning line counts them).");
 ABSL_FLAG(int, num_classes, 1000, "Synthetic data: number of classes.");
 ABSL_FLAG(int64_t, synthetic_samples, 12800,
           "Synthetic data: training samples per epoch (test: 1000).");
@@ -26,6 +33,15 @@ namespace pstrain {
 absl::StatusOr<Dataset> LoadDatasetFromFlags() {
   DatasetOptions options;
   options.image_size = absl::GetFlag(FLAGS_image_size);
+  const std::string bad_images = absl::GetFlag(FLAGS_bad_images);
+  if (bad_images == "fail") {
+    options.bad_images = BadImages::kFail;
+  } else if (bad_images == "skip") {
+    options.bad_images = BadImages::kSkip;
+  } else {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--bad_images=", bad_images, ": expected fail or skip"));
+  }
   options.num_classes = absl::GetFlag(FLAGS_num_classes);
   options.train_samples = absl::GetFlag(FLAGS_synthetic_samples);
   return LoadDatasetNamed(absl::GetFlag(FLAGS_dataset),
@@ -42,6 +58,7 @@ std::vector<std::string> DataAndBackendFlagArgs() {
       absl::StrCat("--dataset=", absl::GetFlag(FLAGS_dataset)),
       absl::StrCat("--data_dir=", absl::GetFlag(FLAGS_data_dir)),
       absl::StrCat("--image_size=", absl::GetFlag(FLAGS_image_size)),
+      absl::StrCat("--bad_images=", absl::GetFlag(FLAGS_bad_images)),
       absl::StrCat("--num_classes=", absl::GetFlag(FLAGS_num_classes)),
       absl::StrCat("--synthetic_samples=",
                    absl::GetFlag(FLAGS_synthetic_samples)),

@@ -1,8 +1,8 @@
 // Command-line flags shared by pstrain_worker, `pstrain run` and
 // train_bench: the dataset (--dataset, --data_dir, --image_size,
-// --num_classes, --synthetic_samples) and the backend (--backend, --gpu).
-// Defined once here so that `pstrain run` forwards exactly what a worker
-// parses.
+// --bad_images, --num_classes, --synthetic_samples) and the backend (--backend,
+// --gpu). Defined once here so that `pstrain run` forwards exactly what a
+// worker parses.
 //
 // Thread-safety: call from main() only.
 #ifndef PSTRAIN_WORKER_DATA_FLAGS_H_
@@ -19,6 +19,7 @@
 ABSL_DECLARE_FLAG(std::string, dataset);
 ABSL_DECLARE_FLAG(std::string, data_dir);
 ABSL_DECLARE_FLAG(int, image_size);
+ABSL_DECLARE_FLAG(std::string, bad_images);
 ABSL_DECLARE_FLAG(int, num_classes);
 ABSL_DECLARE_FLAG(int64_t, synthetic_samples);
 ABSL_DECLARE_FLAG(std::string, backend);
@@ -27,7 +28,8 @@ ABSL_DECLARE_FLAG(int, gpu);
 namespace pstrain {
 
 // Loads the dataset the flags name. Errors name the flags:
-// "--dataset=cifar10 --data_dir=/x: /x/data_batch_1.bin: cannot open ...".
+// "--dataset=cifar10 --data_dir=/x: /x/data_batch_1.bin: cannot open ...";
+// INVALID_ARGUMENT for a --bad_images other than fail or skip.
 absl::StatusOr<Dataset> LoadDatasetFromFlags();
 
 // Checks --backend and --gpu (a cuda backend needs a CUDA build and a

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <numeric>
 #include <random>
@@ -13,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/status.h"
+#include "worker/image_folder.h"
 
 namespace pstrain {
 namespace {
@@ -160,8 +162,8 @@ absl::StatusOr<IdxArray> ReadIdx(const std::string& path) {
 
 namespace {
 // Sorted; LoadDataset() reads each.
-constexpr const char* kDatasets[] = {"cifar10", "fashion_mnist", "mnist",
-                                     "synthetic"};
+constexpr const char* kDatasets[] = {"cifar10", "fashion_mnist", "image_folder",
+                                     "mnist", "synthetic"};
 }  // namespace
 
 std::string KnownDatasets() { return absl::StrJoin(kDatasets, ", "); }
@@ -236,6 +238,42 @@ absl::StatusOr<Dataset> LoadCifar10(const std::string& dir) {
   return dataset;
 }
 
+LabeledImages FromImageFolderSplit(ImageFolderSplit split) {
+  LabeledImages out;
+  out.chw = {split.chw[0], split.chw[1], split.chw[2]};
+  out.count = out.stored = split.count;
+  out.images = std::move(split.images);
+  out.labels = std::move(split.labels);
+  return out;
+}
+
+absl::StatusOr<Dataset> LoadImageFolder(const std::string& dir,
+                                        const DatasetOptions& o) {
+  ImageFolderOptions options;
+  options.image_size = o.image_size;
+  options.bad_images = o.bad_images;
+  ASSIGN_OR_RETURN(ImageFolderDataset folder,
+                   ReadImageFolderDataset(dir, options));
+  const int64_t skipped = folder.train.skipped + folder.test.skipped;
+  if (skipped > 0) {
+    const std::string& first = folder.train.first_skipped.empty()
+                                   ? folder.test.first_skipped
+                                   : folder.train.first_skipped;
+    std::fprintf(stderr,
+                 "warning: image_folder %s: skipped %lld of %lld images that "
+                 "could not be read; the first: %s\n",
+                 dir.c_str(), static_cast<long long>(skipped),
+                 static_cast<long long>(skipped + folder.train.count +
+                                        folder.test.count),
+                 first.c_str());
+  }
+  Dataset dataset;
+  dataset.num_classes = static_cast<int>(folder.class_names.size());
+  dataset.train = FromImageFolderSplit(std::move(folder.train));
+  dataset.test = FromImageFolderSplit(std::move(folder.test));
+  return dataset;
+}
+
 absl::StatusOr<Dataset> MakeSynthetic(const DatasetOptions& o) {
   if (o.image_size < 1 || o.channels < 1 || o.num_classes < 2 ||
       o.train_samples < 1 || o.test_samples < 1) {
@@ -284,6 +322,8 @@ absl::StatusOr<Dataset> LoadDataset(const std::string& name,
     loaded = std::move(dataset);
   } else if (name == "cifar10") {
     loaded = LoadCifar10(data_dir);
+  } else if (name == "image_folder") {
+    loaded = LoadImageFolder(data_dir, options);
   } else if (name == "synthetic") {
     loaded = MakeSynthetic(options);
   } else {

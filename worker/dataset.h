@@ -5,6 +5,8 @@
 //  - the CIFAR-10 binary format (Krizhevsky 2009: records of 1 label byte and
 //    3072 pixel bytes, the red, green and blue 32x32 planes; data_batch_1..5
 //    .bin for training, test_batch.bin for test, 10,000 records each);
+//  - "image_folder": JPEG and PNG files in class folders, or in the
+//    tiny-ImageNet layout (worker/image_folder.h), resized to --image_size;
 //  - "synthetic": fixed-seed random images of --image_size and labels of
 //    --num_classes, for throughput runs without a dataset on disk (as the
 //    field's benchmark tools do);
@@ -25,6 +27,7 @@
 
 #include "absl/status/statusor.h"
 #include "models/tensor.h"
+#include "worker/image_folder.h"
 
 namespace pstrain {
 
@@ -68,8 +71,13 @@ struct Dataset {
 };
 
 struct DatasetOptions {
-  // Synthetic data only.
+  // Synthetic data: images are channels x image_size x image_size.
+  // image_folder: every image is resized to image_size x image_size.
   int image_size = 224;
+  // image_folder: skip and count unreadable images (a one-line warning on
+  // stderr names the count and the first), or fail naming the first.
+  BadImages bad_images = BadImages::kFail;
+  // Synthetic data only.
   int channels = 3;
   int num_classes = 1000;
   int64_t train_samples = 12800;
@@ -79,11 +87,14 @@ struct DatasetOptions {
 
 // "fashion_mnist" or "mnist" from `data_dir` (train-images-idx3-ubyte[.gz],
 // train-labels-idx1-ubyte[.gz], t10k-...); "cifar10" from `data_dir`
-// (data_batch_1.bin ... data_batch_5.bin, test_batch.bin); "synthetic" from
+// (data_batch_1.bin ... data_batch_5.bin, test_batch.bin); "image_folder"
+// from `data_dir` in any layout ReadImageFolderDataset reads (classes sorted
+// by name; the "class_folders" layout has no test split: test.count is 0),
+// with options.image_size and options.bad_images; "synthetic" from
 // `options`. INVALID_ARGUMENT for an unknown dataset name or bad synthetic
 // sizes; the ReadIdx errors; DATA_LOSS when images and labels disagree in
 // count, a label is out of range, or a CIFAR file is not a whole number of
-// 3073-byte records (naming the file).
+// 3073-byte records (naming the file); ReadImageFolderDataset's errors.
 absl::StatusOr<Dataset> LoadDataset(const std::string& name,
                                     const std::string& data_dir,
                                     const DatasetOptions& options = {});

@@ -22,11 +22,12 @@ class PsExchange : public GradientExchange {
         chief_(chief),
         init_timeout_(init_timeout) {}
 
-  absl::Status Start(const std::vector<absl::Span<float>>& weights) override {
+  absl::Status Start(const std::vector<absl::Span<float>>& weights,
+                     const ModelState* resume) override {
     if (chief_) {
       std::vector<absl::Span<const float>> initial(weights.begin(),
                                                    weights.end());
-      RETURN_IF_ERROR(client_->Initialize(initial));
+      RETURN_IF_ERROR(client_->Initialize(initial, resume));
     }
     RETURN_IF_ERROR(client_->WaitReady(init_timeout_));
     weights_ = weights;
@@ -58,6 +59,11 @@ class PsExchange : public GradientExchange {
     // Samples of every worker, counted by shard 0.
     ASSIGN_OR_RETURN(StatsResponse stats, client_->Stats(0));
     return stats.samples();
+  }
+
+  absl::StatusOr<std::vector<CheckpointResponse>> Checkpoint(
+      int64_t step, const std::vector<std::string>& paths, bool wait) override {
+    return client_->Checkpoint(step, paths, wait);
   }
 
   absl::Status BeforePause() override { return client_->CloseStreams(); }
@@ -95,7 +101,12 @@ class AllreduceExchange : public GradientExchange {
     if (communicator_.joinable()) communicator_.join();
   }
 
-  absl::Status Start(const std::vector<absl::Span<float>>& weights) override {
+  absl::Status Start(const std::vector<absl::Span<float>>& weights,
+                     const ModelState* resume) override {
+    if (resume != nullptr) {
+      return absl::UnimplementedError(
+          "allreduce jobs do not resume from PS checkpoints");
+    }
     for (const absl::Span<float>& w : weights) {
       RETURN_IF_ERROR(collective_->Broadcast(w.data(), w.size(), 0));
     }

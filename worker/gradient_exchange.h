@@ -49,7 +49,22 @@ class GradientExchange {
   // (its initialised model) on entry; everyone's on return. The exchange
   // keeps the spans: every Step() writes the next weights into them, so
   // they must stay valid (and not move) for the exchange's lifetime.
-  virtual absl::Status Start(const std::vector<absl::Span<float>>& weights) = 0;
+  // With `resume` (worker 0 of a PS job resumed from a checkpoint; the
+  // weights already hold the checkpoint's), the shards also get its Adam
+  // state and versions.
+  virtual absl::Status Start(const std::vector<absl::Span<float>>& weights,
+                             const ModelState* resume = nullptr) = 0;
+
+  // Worker 0 of a PS job: the shards' part of checkpoint `step` (see
+  // PsClient::Checkpoint). Thread-safe against Step(): a background thread
+  // may wait (`wait` true) while training goes on. UNIMPLEMENTED for
+  // allreduce.
+  virtual absl::StatusOr<std::vector<CheckpointResponse>> Checkpoint(
+      int64_t step, const std::vector<std::string>& paths, bool wait) {
+    return absl::UnimplementedError(
+        "checkpoints are written by parameter-server jobs (mode sync or "
+        "async), not allreduce");
+  }
 
   // During a step's compute: gradients `tensors` of `gradients` (the spans
   // the next Step() gets, of a batch of `samples`) are final once `fence`

@@ -98,7 +98,8 @@ absl::Status PsClient::ShardError(int shard, const grpc::Status& status) const {
 }
 
 absl::Status PsClient::Initialize(
-    const std::vector<absl::Span<const float>>& params) {
+    const std::vector<absl::Span<const float>>& params,
+    const ModelState* resume) {
   for (int s = 0; s < num_shards(); ++s) {
     grpc::ClientContext context;
     SetDeadline(&context, options_.rpc_timeout);
@@ -116,9 +117,23 @@ absl::Status PsClient::Initialize(
       if (!ok) break;
       InitRequest request;
       SetHeader(request.mutable_header());
-      EncodeFloatChunk(c.param_id, c.chunk_index, 0,
+      const int64_t version =
+          resume == nullptr
+              ? 0
+              : resume->VersionOf(c.param_id, c.offset, c.num_elements);
+      EncodeFloatChunk(c.param_id, c.chunk_index, version,
                        params[c.param_id].subspan(c.offset, c.num_elements),
                        request.mutable_chunk());
+      if (resume != nullptr && !resume->m[c.param_id].empty()) {
+        EncodeFloatChunk(c.param_id, c.chunk_index, version,
+                         absl::MakeConstSpan(resume->m[c.param_id])
+                             .subspan(c.offset, c.num_elements),
+                         request.mutable_adam_m());
+        EncodeFloatChunk(c.param_id, c.chunk_index, version,
+                         absl::MakeConstSpan(resume->v[c.param_id])
+                             .subspan(c.offset, c.num_elements),
+                         request.mutable_adam_v());
+      }
       ok = writer->Write(request);
     }
     writer->WritesDone();
@@ -438,6 +453,24 @@ absl::StatusOr<StatsResponse> PsClient::Stats(int shard) {
       stubs_[shard]->Stats(&context, request, &response);
   if (!status.ok()) return ShardError(shard, status);
   return response;
+}
+
+absl::StatusOr<std::vector<CheckpointResponse>> PsClient::Checkpoint(
+    int64_t step, const std::vector<std::string>& paths, bool wait) {
+  std::vector<CheckpointResponse> responses(num_shards());
+  for (int s = 0; s < num_shards(); ++s) {
+    grpc::ClientContext context;
+    SetDeadline(&context, options_.rpc_timeout);
+    CheckpointRequest request;
+    SetHeader(request.mutable_header());
+    request.set_step(step);
+    request.set_path(paths[s]);
+    request.set_wait(wait);
+    const grpc::Status status =
+        stubs_[s]->Checkpoint(&context, request, &responses[s]);
+    if (!status.ok()) return ShardError(s, status);
+  }
+  return responses;
 }
 
 absl::Status PsClient::CloseStreams() {

@@ -34,6 +34,7 @@
 #include "common/partition.h"
 #include "models/backend.h"
 #include "proto/ps.grpc.pb.h"
+#include "server/shard_checkpoint.h"
 
 namespace pstrain {
 
@@ -55,8 +56,19 @@ class PsClient {
       const PsClientOptions& options, const PartitionPlan& plan);
   ~PsClient();
 
-  // Worker 0 only: sends the layout and initial weights to every shard.
-  absl::Status Initialize(const std::vector<absl::Span<const float>>& params);
+  // Worker 0 only: sends the layout and initial weights to every shard;
+  // with `resume` (a checkpoint's state, server/shard_checkpoint.h), also
+  // each chunk's Adam state and version, so the shards go on where the
+  // checkpoint left off.
+  absl::Status Initialize(const std::vector<absl::Span<const float>>& params,
+                          const ModelState* resume = nullptr);
+
+  // Worker 0 only: asks shard s to save its part of checkpoint `step` to
+  // paths[s] (see CheckpointRequest in proto/ps.proto: !wait copies the
+  // state and starts the write; wait waits for it). One reply per shard;
+  // the first shard's error otherwise.
+  absl::StatusOr<std::vector<CheckpointResponse>> Checkpoint(
+      int64_t step, const std::vector<std::string>& paths, bool wait);
 
   // Waits until every shard is initialised (at most `timeout`), and checks
   // each shard's layout equals this worker's plan (FAILED_PRECONDITION if

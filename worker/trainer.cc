@@ -4,6 +4,7 @@
 
 #include <cstdio>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -15,7 +16,9 @@
 #include "common/status.h"
 #include "models/model.h"
 #include "models/model_file.h"
+#include "worker/checkpoint.h"
 #include "worker/gradient_exchange.h"
+#include "worker/metrics.h"
 
 namespace pstrain {
 namespace {
@@ -40,6 +43,11 @@ class Workload {
   virtual const std::vector<absl::Span<const float>>& gradients() = 0;
   virtual int num_buffers() const = 0;
   virtual std::vector<int64_t> TensorNumElements() const = 0;
+  // PS tensors' names and shapes, for checkpoints.
+  virtual std::vector<std::string> TensorNames() const = 0;
+  virtual std::vector<std::vector<int64_t>> TensorShapes() const = 0;
+  // Skips the next `n` batches of the epoch (a resumed run's position).
+  virtual void SkipBatches(int64_t n) = 0;
   // Copies weights() into whatever computes with them.
   virtual absl::Status LoadWeights() = 0;
   virtual int64_t steps_per_epoch() const = 0;
@@ -56,6 +64,9 @@ class Workload {
   // saved file records `steps`.
   virtual absl::Status LoadModel(const std::string& path) = 0;
   virtual absl::Status SaveModel(const std::string& path, int64_t steps) = 0;
+  // As SaveModel, with `weights` (PS tensors) in place of the model's own.
+  virtual absl::Status SaveWeights(const std::vector<absl::Span<float>>& weights,
+                                   const std::string& path, int64_t steps) = 0;
 };
 
 class ModelWorkload : public Workload {
@@ -97,6 +108,24 @@ class ModelWorkload : public Workload {
   std::vector<int64_t> TensorNumElements() const override {
     return model_->PsTensorNumElements();
   }
+  std::vector<std::string> TensorNames() const override {
+    std::vector<std::string> names;
+    for (const Param* p : model_->params()) names.push_back(p->name);
+    for (const Buffer* b : model_->buffers()) names.push_back(b->name);
+    return names;
+  }
+  std::vector<std::vector<int64_t>> TensorShapes() const override {
+    std::vector<std::vector<int64_t>> shapes;
+    for (const Param* p : model_->params()) shapes.push_back(p->value.shape());
+    for (const Buffer* b : model_->buffers()) {
+      shapes.push_back(b->value.shape());
+    }
+    return shapes;
+  }
+  void SkipBatches(int64_t n) override {
+    for (int64_t i = 0; i < n && prefetcher_->Next(&batch_); ++i) {
+    }
+  }
   absl::Status LoadWeights() override { return model_->LoadHostWeights(); }
   int64_t steps_per_epoch() const override { return steps_per_epoch_; }
   void BeginEpoch(int epoch) override {
@@ -123,13 +152,17 @@ class ModelWorkload : public Workload {
     return LoadModelFile(path, model_.get());
   }
   absl::Status SaveModel(const std::string& path, int64_t steps) override {
+    return SaveWeights(model_->HostWeights(), path, steps);
+  }
+  absl::Status SaveWeights(const std::vector<absl::Span<float>>& weights,
+                           const std::string& path, int64_t steps) override {
     ModelFileInfo info;
     info.model = options_.model;
     info.input_chw = dataset_.train.chw;
     info.num_classes = dataset_.num_classes;
     info.steps = steps;
     info.dataset = dataset_.name;
-    return SaveModelFile(*model_, model_->HostWeights(), info, path);
+    return SaveModelFile(*model_, weights, info, path);
   }
   std::string Describe() const override {
     return absl::StrFormat(
@@ -214,6 +247,19 @@ class SyntheticWorkload : public Workload {
   }
   int num_buffers() const override { return 0; }
   std::vector<int64_t> TensorNumElements() const override { return sizes_; }
+  std::vector<std::string> TensorNames() const override {
+    std::vector<std::string> names;
+    for (size_t t = 0; t < sizes_.size(); ++t) {
+      names.push_back(absl::StrCat("synthetic.", t));
+    }
+    return names;
+  }
+  std::vector<std::vector<int64_t>> TensorShapes() const override {
+    std::vector<std::vector<int64_t>> shapes;
+    for (int64_t n : sizes_) shapes.push_back({n});
+    return shapes;
+  }
+  void SkipBatches(int64_t) override {}
   absl::Status LoadWeights() override { return absl::OkStatus(); }
   int64_t steps_per_epoch() const override {
     return options_.max_steps_per_epoch;
@@ -248,6 +294,10 @@ class SyntheticWorkload : public Workload {
         "compute synthetic has no model to load weights into");
   }
   absl::Status SaveModel(const std::string&, int64_t) override {
+    return absl::InvalidArgumentError("compute synthetic has no model to save");
+  }
+  absl::Status SaveWeights(const std::vector<absl::Span<float>>&,
+                           const std::string&, int64_t) override {
     return absl::InvalidArgumentError("compute synthetic has no model to save");
   }
   absl::StatusOr<Evaluation> Evaluate() override {
@@ -371,9 +421,74 @@ absl::StatusOr<TrainerOutput> RunWorker(const TrainerOptions& options,
   }
   const std::vector<absl::Span<float>>& weights = workload->weights();
   const std::vector<absl::Span<const float>>& gradients = workload->gradients();
-  RETURN_IF_ERROR(exchange->Start(weights));
-  RETURN_IF_ERROR(workload->LoadWeights());
   const int64_t steps_per_epoch = workload->steps_per_epoch();
+  const int num_shards = static_cast<int>(options.ps_addresses.size());
+  if ((options.resume || options.checkpoint_every_steps > 0) &&
+      (allreduce || options.checkpoint_dir.empty())) {
+    return absl::InvalidArgumentError(
+        allreduce ? "checkpoints and resume are for parameter-server jobs "
+                    "(mode sync or async), not allreduce"
+                  : "checkpoints and resume need a checkpoint folder");
+  }
+  // Resume: the newest checkpoint's data position (every worker) and state
+  // (worker 0, for the shards).
+  int64_t start_step = 0;
+  ModelState resume_state;
+  if (options.resume) {
+    ASSIGN_OR_RETURN(CheckpointManifest manifest,
+                     ReadLatestCheckpoint(options.checkpoint_dir));
+    const DataPosition& p = manifest.position;
+    if (p.batch_size != options.batch_size ||
+        p.num_workers != options.num_workers ||
+        p.steps_per_epoch != steps_per_epoch || p.seed != options.seed) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          manifest.dir, ": saved with batch size ", p.batch_size, ", ",
+          p.num_workers, " workers, ", p.steps_per_epoch,
+          " steps per epoch and seed ", p.seed, "; this job has ",
+          options.batch_size, ", ", options.num_workers, ", ",
+          steps_per_epoch, " and ", options.seed,
+          ": its data position cannot be restored"));
+    }
+    start_step = p.epoch * steps_per_epoch + p.step_in_epoch;
+    if (chief) {
+      ASSIGN_OR_RETURN(resume_state,
+                       LoadCheckpointState(manifest, workload->TensorNames(),
+                                           workload->TensorShapes(),
+                                           num_buffers));
+      for (size_t t = 0; t < weights.size(); ++t) {
+        std::copy(resume_state.weights[t].begin(),
+                  resume_state.weights[t].end(), weights[t].begin());
+      }
+      if (options.verbose) {
+        Emit(options, absl::StrCat("Resuming from ", manifest.dir, " (step ",
+                                   manifest.step, ", epoch ", p.epoch, ")"));
+      }
+    }
+  }
+  RETURN_IF_ERROR(exchange->Start(
+      weights, chief && options.resume ? &resume_state : nullptr));
+  RETURN_IF_ERROR(workload->LoadWeights());
+  std::unique_ptr<CheckpointWriter> checkpoints;
+  if (chief && options.checkpoint_every_steps > 0) {
+    CheckpointJobInfo job;
+    job.mode = options.mode;
+    job.model = synthetic ? "synthetic" : options.model;
+    job.dataset = synthetic ? "none" : dataset.name;
+    job.num_shards = num_shards;
+    job.partition_bytes = options.partition_bytes;
+    job.adam = options.adam;
+    job.tensor_names = workload->TensorNames();
+    job.tensor_shapes = workload->TensorShapes();
+    job.num_buffers = num_buffers;
+    Workload* w = workload.get();
+    checkpoints = std::make_unique<CheckpointWriter>(
+        options.checkpoint_dir, options.keep_checkpoints, std::move(job),
+        exchange.get(),
+        [w](const std::vector<absl::Span<float>>& weights,
+            const std::string& path, int64_t step) {
+          return w->SaveWeights(weights, path, step);
+        });
+  }
   const bool evaluate = options.evaluate && workload->can_evaluate();
 
   TrainerOutput output;
@@ -410,45 +525,78 @@ absl::StatusOr<TrainerOutput> RunWorker(const TrainerOptions& options,
   }
   int64_t window_samples = samples_at_start;
   absl::Time window_start = absl::Now();
-  int64_t step = 0;
+  // Metrics rows (worker/metrics.h): this worker's files, worker 0's lines.
+  const int64_t total_steps = int64_t{options.epochs} * steps_per_epoch;
+  StepMetrics step_metrics(options.batch_size, options.adam.lr);
+  std::unique_ptr<MetricsWriter> metrics;
+  if (!options.metrics_dir.empty()) {
+    ASSIGN_OR_RETURN(
+        metrics, MetricsWriter::Create(options.metrics_dir, options.worker_id));
+  }
+  int64_t step = start_step;
   double train_seconds = 0;
   absl::Duration compute_time;
   absl::Duration exchange_time;
   int64_t timed_steps = 0;
-  for (int epoch = 0; epoch < options.epochs; ++epoch) {
+  for (int epoch = static_cast<int>(start_step / steps_per_epoch);
+       epoch < options.epochs; ++epoch) {
     const absl::Time epoch_start = absl::Now();
     double loss_sum = 0;
     workload->BeginEpoch(epoch);
-    for (int64_t i = 0; i < steps_per_epoch; ++i) {
+    const int64_t first = step - int64_t{epoch} * steps_per_epoch;
+    workload->SkipBatches(first);
+    for (int64_t i = first; i < steps_per_epoch; ++i) {
       const absl::Time step_start = absl::Now();
       ASSIGN_OR_RETURN(float loss, workload->Step(on_ready));
       loss_sum += loss;
       const absl::Time computed = absl::Now();
       RETURN_IF_ERROR(exchange->Step(gradients, options.batch_size));
       RETURN_IF_ERROR(workload->LoadWeights());
+      const absl::Time exchanged = absl::Now();
+      step_metrics.AddStep(
+          synthetic ? std::nullopt : std::optional<double>(loss),
+          computed - step_start, exchanged - computed);
       // The first step (connections, first allocations) is warm-up.
       if (step > 0 || steps_per_epoch * options.epochs == 1) {
         compute_time += computed - step_start;
-        exchange_time += absl::Now() - computed;
+        exchange_time += exchanged - computed;
         ++timed_steps;
       }
       ++step;
+      if (checkpoints != nullptr && step % options.checkpoint_every_steps == 0 &&
+          step < int64_t{options.epochs} * steps_per_epoch) {
+        DataPosition position;
+        position.epoch = step / steps_per_epoch;
+        position.step_in_epoch = step % steps_per_epoch;
+        position.steps_per_epoch = steps_per_epoch;
+        position.seed = options.seed;
+        position.batch_size = options.batch_size;
+        position.num_workers = options.num_workers;
+        RETURN_IF_ERROR(checkpoints->Begin(step, position, weights));
+      }
       if (options.on_progress) {
         const double seconds = absl::ToDoubleSeconds(absl::Now() - epoch_start);
         options.on_progress(
             step, options.batch_size * (i + 1) / std::max(seconds, 1e-9));
       }
-      if (chief && options.log_every_steps > 0 &&
-          step % options.log_every_steps == 0) {
-        ASSIGN_OR_RETURN(const int64_t samples, exchange->SamplesSoFar());
-        const absl::Time now = absl::Now();
-        const double seconds = absl::ToDoubleSeconds(now - window_start);
-        if (options.verbose) {
-          Emit(options, absl::StrFormat("Step%d: %.2f data/sec", step,
-                                        (samples - window_samples) / seconds));
+      const bool log_step =
+          options.log_every_steps > 0 && step % options.log_every_steps == 0;
+      if (log_step || (metrics != nullptr && step == total_steps)) {
+        MetricsRow row = step_metrics.TakeInterval(step, epoch);
+        if (chief && log_step) {
+          ASSIGN_OR_RETURN(const int64_t samples, exchange->SamplesSoFar());
+          const absl::Time now = absl::Now();
+          const double seconds = absl::ToDoubleSeconds(now - window_start);
+          row.job_samples_per_sec = (samples - window_samples) / seconds;
+          if (options.verbose) {
+            Emit(options, absl::StrFormat("Step%d: %.2f data/sec", step,
+                                          *row.job_samples_per_sec) +
+                              FormatStepDetails(row, total_steps));
+          }
+          window_samples = samples;
+          window_start = now;
         }
-        window_samples = samples;
-        window_start = now;
+        if (metrics != nullptr) RETURN_IF_ERROR(metrics->Write(row));
       }
     }
     const double epoch_seconds =
@@ -476,6 +624,10 @@ absl::StatusOr<TrainerOutput> RunWorker(const TrainerOptions& options,
       e->set_train_loss(loss_sum / steps_per_epoch);
       result.set_test_accuracy(eval.accuracy);
       if (options.on_epoch) options.on_epoch(result);
+      if (metrics != nullptr) {
+        RETURN_IF_ERROR(metrics->Write(
+            step_metrics.EvaluationRow(step, epoch, eval.loss, eval.accuracy)));
+      }
       if (options.verbose) {
         Emit(options, absl::StrFormat(
                           "Epoch %d in %.2f sec, test time %.2f sec, test "
@@ -485,6 +637,14 @@ absl::StatusOr<TrainerOutput> RunWorker(const TrainerOptions& options,
       // Evaluation time is not training time: restart the throughput window.
       ASSIGN_OR_RETURN(window_samples, exchange->SamplesSoFar());
       window_start = absl::Now();
+    }
+  }
+  if (checkpoints != nullptr) {
+    RETURN_IF_ERROR(checkpoints->Wait());
+    if (options.verbose && checkpoints->completed() > 0) {
+      Emit(options, absl::StrCat("Wrote ", checkpoints->completed(),
+                                 " checkpoints; the newest: ",
+                                 checkpoints->latest_path()));
     }
   }
   result.set_steps(step);

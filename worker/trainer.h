@@ -9,9 +9,11 @@
 // initial weights; the others wait for them, so all start from one model.
 // Worker 0 also prints the throughput lines ("Step200: 8123.45 data/sec",
 // samples/sec summed over all workers, measured by shard 0's sample counter
-// over the last --log_every_steps steps) and, after each epoch, evaluates on
-// the full test set with the pulled weights ("Epoch 0 in 14.21 sec, test time
-// 0.93 sec, test accuracy: 0.8702").
+// over the last --log_every_steps steps, then ", loss 0.4321, lr 0.001, step
+// 200/936, ETA 0:45": worker 0's mean loss over those steps, the step out of
+// the run's total and the time left at their rate; worker/metrics.h) and,
+// after each epoch, evaluates on the full test set with the pulled weights
+// ("Epoch 0 in 14.21 sec, test time 0.93 sec, test accuracy: 0.8702").
 //
 // Thread-compatible: RunWorker may run in several threads at once (tests run
 // whole jobs in one process), each with its own options.
@@ -71,6 +73,11 @@ struct TrainerOptions {
   int epochs = 2;
   uint64_t seed = 1;
   int log_every_steps = 200;
+  // If set, every worker writes its metrics into this folder
+  // (worker/metrics.h: worker<j>.csv, worker<j>.jsonl, tb/worker<j>/), one
+  // row every log_every_steps steps, one for the steps left at the end and
+  // one per evaluation; empty: none.
+  std::string metrics_dir;
   int64_t partition_bytes = PartitionPlan::kDefaultPartitionBytes;
   // 0: every full batch of the worker's shard; otherwise at most this many
   // steps per epoch (short test and benchmark runs).
@@ -82,6 +89,16 @@ struct TrainerOptions {
   // Worker 0 writes the final weights (after the last pull) there as a
   // model file; empty: nowhere.
   std::string model_out;
+  // Checkpoints (worker/checkpoint.h; PS modes): worker 0 writes one into
+  // `checkpoint_dir` every `checkpoint_every_steps` steps (0: none) and
+  // keeps the newest `keep_checkpoints`. With `resume`, every worker
+  // continues from the newest checkpoint there: worker 0 gives the shards
+  // its weights, Adam state and versions; every worker starts at its data
+  // position (the same batch size, workers and steps per epoch required).
+  std::string checkpoint_dir;
+  int64_t checkpoint_every_steps = 0;
+  int keep_checkpoints = 3;
+  bool resume = false;
   // Whether worker 0 evaluates on the test set after each epoch.
   bool evaluate = true;
   // Print step and epoch lines (worker 0 only).

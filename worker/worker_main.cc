@@ -154,9 +154,16 @@ int main(int argc, char** argv) {
   options.epochs = spec->epochs();
   options.seed = spec->seed();
   options.log_every_steps = spec->log_every_steps();
+  options.metrics_dir = spec->metrics_dir();
   options.partition_bytes = spec->partition_bytes();
   options.max_steps_per_epoch = spec->max_steps_per_epoch();
   options.init_from = spec->init_from();
+  options.checkpoint_dir = spec->checkpoint_dir();
+  options.checkpoint_every_steps = spec->checkpoint_every_steps();
+  if (spec->keep_checkpoints() > 0) {
+    options.keep_checkpoints = spec->keep_checkpoints();
+  }
+  options.resume = spec->resume();
   if (!spec->checkpoint_dir().empty()) {
     options.model_out = spec->checkpoint_dir() + "/model.safetensors";
   }

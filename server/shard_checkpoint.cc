@@ -1,0 +1,203 @@
+#include "server/shard_checkpoint.h"
+
+#include <algorithm>
+#include <cstring>
+#include <map>
+#include <utility>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+
+namespace pstrain {
+namespace {
+
+constexpr int kChunkColumns = 5;
+
+std::string ChunkName(const ChunkSpec& spec, char what) {
+  return absl::StrCat(spec.param_id, ":", spec.offset, ":", spec.num_elements,
+                      ":", std::string(1, what));
+}
+
+absl::Status Corrupt(const std::string& path, const std::string& what) {
+  return absl::DataLossError(
+      absl::StrCat(path, ": not a valid pstrain shard checkpoint: ", what));
+}
+
+}  // namespace
+
+absl::StatusOr<safetensors::WriteResult> WriteShardCheckpoint(
+    const std::string& path, const std::vector<ChunkSnapshot>& chunks,
+    int shard_index, int num_shards, int64_t step) {
+  std::vector<int64_t> table;
+  std::vector<safetensors::TensorView> views;
+  for (const ChunkSnapshot& c : chunks) {
+    table.insert(table.end(),
+                 {c.spec.param_id, c.spec.offset, c.spec.num_elements,
+                  c.version, c.is_buffer ? 1 : 0});
+  }
+  views.push_back(safetensors::I64View(
+      "chunks", {static_cast<int64_t>(chunks.size()), kChunkColumns}, table));
+  for (const ChunkSnapshot& c : chunks) {
+    const std::vector<int64_t> shape = {c.spec.num_elements};
+    views.push_back(
+        safetensors::F32View(ChunkName(c.spec, 'w'), shape, c.weights));
+    if (c.is_buffer) continue;
+    views.push_back(safetensors::F32View(ChunkName(c.spec, 'm'), shape, c.m));
+    views.push_back(safetensors::F32View(ChunkName(c.spec, 'v'), shape, c.v));
+  }
+  return safetensors::Write(path, views,
+                            {{"format", kShardCheckpointFormat},
+                             {"shard", absl::StrCat(shard_index)},
+                             {"num_shards", absl::StrCat(num_shards)},
+                             {"step", absl::StrCat(step)}});
+}
+
+absl::StatusOr<std::vector<ChunkSnapshot>> ReadShardCheckpoint(
+    const std::string& path, const safetensors::ReadOptions& options) {
+  absl::StatusOr<safetensors::File> file =
+      safetensors::File::Read(path, options);
+  if (!file.ok()) return file.status();
+  auto format = file->metadata().find("format");
+  if (format == file->metadata().end() ||
+      format->second != kShardCheckpointFormat) {
+    return Corrupt(path, absl::StrCat("metadata \"format\" is not \"",
+                                      kShardCheckpointFormat, "\""));
+  }
+  const safetensors::Tensor* table = file->Find("chunks");
+  if (table == nullptr || table->dtype != safetensors::Dtype::kI64 ||
+      table->shape.size() != 2 || table->shape[1] != kChunkColumns) {
+    return Corrupt(path, "no I64 tensor \"chunks\" of shape [N, 5]");
+  }
+  const int64_t n = table->shape[0];
+  std::vector<int64_t> rows(n * kChunkColumns);
+  std::memcpy(rows.data(), table->bytes.data(), rows.size() * sizeof(int64_t));
+  std::vector<ChunkSnapshot> chunks(n);
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t* r = &rows[i * kChunkColumns];
+    if (r[0] < 0 || r[0] > INT32_MAX || r[1] < 0 || r[2] <= 0 ||
+        r[1] > INT64_MAX - r[2] || r[3] < 0 || (r[4] != 0 && r[4] != 1)) {
+      return Corrupt(path, absl::StrCat("row ", i, " of \"chunks\" (", r[0],
+                                        ", ", r[1], ", ", r[2], ", ", r[3],
+                                        ", ", r[4], ") is out of range"));
+    }
+    ChunkSnapshot& c = chunks[i];
+    c.spec.param_id = static_cast<int32_t>(r[0]);
+    c.spec.offset = r[1];
+    c.spec.num_elements = r[2];
+    c.version = r[3];
+    c.is_buffer = r[4] == 1;
+    const std::vector<int64_t> shape = {c.spec.num_elements};
+    for (const auto& [what, out] :
+         {std::pair<char, std::vector<float>*>{'w', &c.weights},
+          {'m', &c.m},
+          {'v', &c.v}}) {
+      if (what != 'w' && c.is_buffer) continue;
+      absl::StatusOr<std::vector<float>> values =
+          file->ReadFloats(ChunkName(c.spec, what), shape);
+      if (!values.ok()) {
+        return Corrupt(path, std::string(values.status().message()));
+      }
+      *out = *std::move(values);
+    }
+  }
+  return chunks;
+}
+
+int64_t ModelState::VersionOf(int t, int64_t offset, int64_t n) const {
+  int64_t version = INT64_MAX;
+  for (const Range& r : versions[t]) {
+    if (r.offset < offset + n && offset < r.offset + r.num_elements) {
+      version = std::min(version, r.version);
+    }
+  }
+  return version == INT64_MAX ? 0 : version;
+}
+
+absl::StatusOr<ModelState> Assemble(
+    const std::vector<int64_t>& tensor_num_elements,
+    const std::vector<std::pair<std::string, std::vector<ChunkSnapshot>>>&
+        files) {
+  const size_t num_tensors = tensor_num_elements.size();
+  ModelState state;
+  state.weights.resize(num_tensors);
+  state.m.resize(num_tensors);
+  state.v.resize(num_tensors);
+  state.versions.resize(num_tensors);
+  // Which file gave each range, to name both in an overlap.
+  std::vector<std::map<int64_t, std::pair<int64_t, std::string>>> seen(
+      num_tensors);
+  std::vector<int> is_buffer(num_tensors, -1);
+  for (const auto& [path, chunks] : files) {
+    for (const ChunkSnapshot& c : chunks) {
+      const int t = c.spec.param_id;
+      if (t < 0 || static_cast<size_t>(t) >= num_tensors) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(path, ": holds PS tensor ", t, " but the model has ",
+                         num_tensors, " (a checkpoint of another model?)"));
+      }
+      const int64_t size = tensor_num_elements[t];
+      if (c.spec.offset + c.spec.num_elements > size) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            path, ": PS tensor ", t, " elements [", c.spec.offset, ", ",
+            c.spec.offset + c.spec.num_elements, ") pass its ", size,
+            " elements in this model (a checkpoint of another model?)"));
+      }
+      if (is_buffer[t] >= 0 && is_buffer[t] != (c.is_buffer ? 1 : 0)) {
+        return absl::DataLossError(
+            absl::StrCat(path, ": PS tensor ", t,
+                         " is a buffer in one chunk, not in another"));
+      }
+      is_buffer[t] = c.is_buffer ? 1 : 0;
+      auto& ranges = seen[t];
+      auto next = ranges.lower_bound(c.spec.offset);
+      const bool overlaps_next =
+          next != ranges.end() &&
+          next->first < c.spec.offset + c.spec.num_elements;
+      const bool overlaps_prev =
+          next != ranges.begin() &&
+          std::prev(next)->first + std::prev(next)->second.first >
+              c.spec.offset;
+      if (overlaps_next || overlaps_prev) {
+        const auto& other = overlaps_next ? *next : *std::prev(next);
+        return absl::DataLossError(absl::StrCat(
+            path, ": PS tensor ", t, " elements from ", c.spec.offset,
+            " overlap a chunk of ", other.second.second));
+      }
+      ranges[c.spec.offset] = {c.spec.num_elements, path};
+      if (state.weights[t].empty()) {
+        state.weights[t].assign(size, 0.0f);
+        if (!c.is_buffer) {
+          state.m[t].assign(size, 0.0f);
+          state.v[t].assign(size, 0.0f);
+        }
+      }
+      std::copy(c.weights.begin(), c.weights.end(),
+                state.weights[t].begin() + c.spec.offset);
+      if (!c.is_buffer) {
+        std::copy(c.m.begin(), c.m.end(), state.m[t].begin() + c.spec.offset);
+        std::copy(c.v.begin(), c.v.end(), state.v[t].begin() + c.spec.offset);
+      }
+      state.versions[t].push_back(
+          {c.spec.offset, c.spec.num_elements, c.version});
+    }
+  }
+  for (size_t t = 0; t < num_tensors; ++t) {
+    int64_t covered = 0;
+    for (const auto& [offset, range] : seen[t]) {
+      if (offset != covered) break;
+      covered += range.first;
+    }
+    if (covered != tensor_num_elements[t]) {
+      return absl::DataLossError(absl::StrCat(
+          "checkpoint: PS tensor ", t, " has elements from ", covered, " of ",
+          tensor_num_elements[t], " in no shard file (a shard file missing?)"));
+    }
+    std::sort(state.versions[t].begin(), state.versions[t].end(),
+              [](const ModelState::Range& a, const ModelState::Range& b) {
+                return a.offset < b.offset;
+              });
+  }
+  return state;
+}
+
+}  // namespace pstrain

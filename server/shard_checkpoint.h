@@ -1,0 +1,75 @@
+// A PS shard's part of a checkpoint, as a safetensors file
+// (common/safetensors.h), and the whole model's PS state put back together
+// from every shard's file.
+//
+// A shard file holds, for each chunk the shard owned, the tensors
+//   "<param_id>:<offset>:<num_elements>:w"   fp32 weights
+//   "<param_id>:<offset>:<num_elements>:m"   Adam's first moment (parameters)
+//   "<param_id>:<offset>:<num_elements>:v"   Adam's second moment
+// (offset and num_elements in elements of the PS tensor `param_id`: a chunk
+// is stored by what it is, not by the shard layout that held it) and one
+// I64 tensor "chunks" [num_chunks, 5] of (param_id, offset, num_elements,
+// version, is_buffer) rows, with metadata "format" =
+// "pstrain-shard-checkpoint/1", "shard", "num_shards" and "step".
+//
+// Assemble() joins the chunks of all shard files into whole PS tensors, so
+// that a checkpoint loads into a job with any number of shards and any
+// partition size (resharding on load, as PyTorch's distributed checkpoint).
+//
+// Errors are one line naming the file and the problem: DATA_LOSS for a file
+// that is not a valid shard file (bad layout, missing tensor, ranges that
+// overlap, leave a gap or pass the tensor's end), INVALID_ARGUMENT for a
+// checkpoint that does not fit the model (tensor count or sizes).
+// Thread-compatible.
+#ifndef PSTRAIN_SERVER_SHARD_CHECKPOINT_H_
+#define PSTRAIN_SERVER_SHARD_CHECKPOINT_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/safetensors.h"
+#include "server/parameter_shard.h"
+
+namespace pstrain {
+
+inline constexpr char kShardCheckpointFormat[] = "pstrain-shard-checkpoint/1";
+
+// Writes `chunks` (ParameterShard::Snapshot()) durably to `path`.
+absl::StatusOr<safetensors::WriteResult> WriteShardCheckpoint(
+    const std::string& path, const std::vector<ChunkSnapshot>& chunks,
+    int shard_index, int num_shards, int64_t step);
+
+// Reads a shard file back; `options` carries the manifest's size and crc32.
+// Only spec.param_id, spec.offset and spec.num_elements of each chunk are
+// set (the shard layout it had is not needed to load it).
+absl::StatusOr<std::vector<ChunkSnapshot>> ReadShardCheckpoint(
+    const std::string& path, const safetensors::ReadOptions& options = {});
+
+// The PS state of a whole model: per PS tensor (parameters, then buffers),
+// its weights, Adam state (empty for buffers) and, per element range, the
+// version of the chunk it came from.
+struct ModelState {
+  std::vector<std::vector<float>> weights, m, v;
+  struct Range {
+    int64_t offset = 0, num_elements = 0, version = 0;
+  };
+  std::vector<std::vector<Range>> versions;  // Sorted by offset.
+
+  // The version of elements [offset, offset + n) of tensor `t`: the
+  // smallest of the ranges they overlap (sync checkpoints have one).
+  int64_t VersionOf(int t, int64_t offset, int64_t n) const;
+};
+
+// Joins the chunks of every shard file (`files`: path -> its chunks, for
+// the error messages) into whole tensors of `tensor_num_elements` each
+// (PS tensor order). Every element must come exactly once.
+absl::StatusOr<ModelState> Assemble(
+    const std::vector<int64_t>& tensor_num_elements,
+    const std::vector<std::pair<std::string, std::vector<ChunkSnapshot>>>&
+        files);
+
+}  // namespace pstrain
+
+#endif  // PSTRAIN_SERVER_SHARD_CHECKPOINT_H_

@@ -1,0 +1,166 @@
+// Checkpoints of a parameter-server job, written under worker 0's direction
+// and read back to resume.
+//
+// Layout of --checkpoint_dir=DIR:
+//   DIR/step-<S>/shard-<i>.safetensors  shard i's chunks: weights, Adam m and
+//                                       v, versions (server/shard_checkpoint.h)
+//   DIR/step-<S>/model.safetensors      the whole model under PyTorch's
+//                                       state_dict names (models/model_file.h)
+//   DIR/step-<S>/manifest.json          written last: what makes the
+//                                       checkpoint exist (below)
+//   DIR/latest                          "step-<S>\n": the newest durable one
+//   DIR/model.safetensors               the final model, at the job's end
+//
+// manifest.json: "format" ("pstrain-checkpoint/1"), "step" (global step S:
+// in sync mode the version of every chunk), "mode", "model", "dataset",
+// "num_shards", "partition_bytes", "optimizer" (name, lr, beta1, beta2,
+// epsilon, weight_decay, step_count), "data_position" (epoch,
+// step_in_epoch, steps_per_epoch, seed, batch_size, num_workers),
+// "tensors" (every PS tensor's name, shape and whether it is a buffer: the
+// BatchNorm running statistics the shards average), "shards" (file,
+// size_bytes, crc32, min_version, max_version), "model_file" (file,
+// size_bytes, crc32), and "crc32": zlib's crc32 of the manifest's own
+// canonical JSON (nlohmann's dump(1)) without that field, so that no
+// damaged manifest loads.
+//
+// Writing (CheckpointWriter): at step S, worker 0 (after its pull of version
+// S, before its next push) asks every shard to copy its state in memory
+// (the consistent cut, see ParameterShard::Snapshot) and copies the pulled
+// weights; then training goes on while a background thread waits for the
+// shards' files to be durable, writes the model file and the manifest
+// (each fsynced, renamed, folder fsynced), moves DIR/latest, and removes
+// the checkpoints older than the newest `keep`. A checkpoint whose manifest
+// is missing or does not verify does not exist. Async mode: each shard
+// saves its chunks as they are at that moment; the manifest records each
+// shard's smallest and largest chunk version (a resumed async job restarts
+// each chunk at its saved version, Adam's step count included; chunks
+// split differently on load take the smallest version they overlap).
+//
+// Reading (ReadLatestCheckpoint, LoadCheckpointState): every file is
+// checked against the manifest's size and crc32 and every tensor against
+// the model; the state is reassembled per tensor, so a checkpoint loads
+// into a job with another number of shards or partition size.
+//
+// Errors are one line naming the file and the problem: NOT_FOUND (no
+// checkpoint), DATA_LOSS (a file that does not verify), INVALID_ARGUMENT
+// (a checkpoint of another model). Thread-compatible; the writer's
+// background thread is internal.
+#ifndef PSTRAIN_WORKER_CHECKPOINT_H_
+#define PSTRAIN_WORKER_CHECKPOINT_H_
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/types/span.h"
+#include "server/adam.h"
+#include "server/shard_checkpoint.h"
+#include "worker/gradient_exchange.h"
+
+namespace pstrain {
+
+inline constexpr char kCheckpointFormat[] = "pstrain-checkpoint/1";
+
+// Where the next step's batch comes from.
+struct DataPosition {
+  int64_t epoch = 0;
+  int64_t step_in_epoch = 0;
+  int64_t steps_per_epoch = 0;
+  uint64_t seed = 0;
+  int64_t batch_size = 0;
+  int64_t num_workers = 0;
+};
+
+// What every checkpoint of a job records besides its state.
+struct CheckpointJobInfo {
+  std::string mode, model, dataset;
+  int num_shards = 0;
+  int64_t partition_bytes = 0;
+  AdamOptions adam;
+  // PS tensors: names, shapes, and how many of the last are buffers.
+  std::vector<std::string> tensor_names;
+  std::vector<std::vector<int64_t>> tensor_shapes;
+  int num_buffers = 0;
+};
+
+struct CheckpointManifest {
+  std::string dir;  // DIR/step-<S>
+  int64_t step = 0;
+  CheckpointJobInfo job;
+  DataPosition position;
+  struct File {
+    std::string name;  // Relative to `dir`.
+    uint64_t size_bytes = 0;
+    uint32_t crc32 = 0;
+  };
+  std::vector<File> shard_files;
+  File model_file;
+};
+
+// "DIR/step-<step>".
+std::string CheckpointStepDir(const std::string& dir, int64_t step);
+
+// The manifest DIR/latest names, validated (not yet the files it lists).
+// NOT_FOUND when DIR has no checkpoint.
+absl::StatusOr<CheckpointManifest> ReadLatestCheckpoint(const std::string& dir);
+// The manifest of one checkpoint folder DIR/step-<S>.
+absl::StatusOr<CheckpointManifest> ReadCheckpointManifest(
+    const std::string& step_dir);
+
+// Reads every shard file of `manifest` (size and crc32 checked) and joins
+// them into the state of a model whose PS tensors are `names`/`shapes` with
+// the last `num_buffers` buffers: INVALID_ARGUMENT naming the first tensor
+// that differs from the manifest's.
+absl::StatusOr<ModelState> LoadCheckpointState(
+    const CheckpointManifest& manifest, const std::vector<std::string>& names,
+    const std::vector<std::vector<int64_t>>& shapes, int num_buffers);
+
+class CheckpointWriter {
+ public:
+  // Writes the model file of a checkpoint: weights (PS tensors), path.
+  using SaveModelFn =
+      std::function<absl::Status(const std::vector<absl::Span<float>>& weights,
+                                 const std::string& path, int64_t step)>;
+
+  // `exchange` (not owned) must be a PS exchange and outlive the writer.
+  CheckpointWriter(std::string dir, int keep, CheckpointJobInfo job,
+                   GradientExchange* exchange, SaveModelFn save_model);
+  // Waits for the checkpoint in flight (its error is lost: call Wait()).
+  ~CheckpointWriter();
+
+  // On the training thread, right after the pull of version `step`: waits
+  // for the previous checkpoint, has the shards copy their state, copies
+  // `weights`, and starts the rest in the background. An error of the
+  // previous checkpoint or of the shards comes back here.
+  absl::Status Begin(int64_t step, const DataPosition& position,
+                     const std::vector<absl::Span<float>>& weights);
+  // Waits for the checkpoint in flight; its error.
+  absl::Status Wait();
+
+  // Steps of the checkpoints made durable so far, and the newest's path.
+  int64_t completed() const;
+  std::string latest_path() const;
+
+ private:
+  absl::Status Finish(int64_t step, const DataPosition& position,
+                      const std::vector<std::vector<float>>& weights);
+
+  const std::string dir_;
+  const int keep_;
+  const CheckpointJobInfo job_;
+  GradientExchange* const exchange_;
+  const SaveModelFn save_model_;
+  std::thread background_;
+  mutable absl::Mutex mu_;
+  absl::Status background_status_ ABSL_GUARDED_BY(mu_);
+  int64_t completed_ ABSL_GUARDED_BY(mu_) = 0;
+  std::string latest_path_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace pstrain
+
+#endif  // PSTRAIN_WORKER_CHECKPOINT_H_

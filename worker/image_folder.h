@@ -1,0 +1,140 @@
+// Image-folder datasets for the workers: JPEG and PNG files in class folders,
+// decoded with libjpeg-turbo and libpng and resized to one square size.
+//
+// Layouts (ReadImageFolderDataset picks one by what `root` holds):
+//  - tiny-ImageNet: root/wnids.txt (one class id a line),
+//    root/train/<wnid>/images/*.JPEG for training, and root/val/images/*
+//    labelled by root/val/val_annotations.txt ("<file>\t<wnid>\t..." lines)
+//    for test; root/test (unlabelled) is not read;
+//  - split class folders: root/train/<class>/... for training and
+//    root/val/<class>/... (or, without val/, root/test/<class>/...) for
+//    test; a test class must also be a training class;
+//  - class folders: root/<class>/... for training and no test split.
+// Classes are ordered by name (byte order), so label i is the same class in
+// every process and every run, whatever order the folders are listed in.
+// Inside a class folder, files named *.jpg, *.jpeg or *.png (any case) in it
+// and in its subfolders are read, in order of their relative path; other
+// files, and names starting with '.', are ignored. The format is taken from
+// the file's first bytes, not its name.
+//
+// Pixels: each image is decoded to 8-bit grayscale or RGB (palette PNGs to
+// RGB; 16-bit PNGs keep the high byte; alpha is dropped, not composited;
+// CMYK JPEGs are read as Adobe's inverted CMYK), converted to the dataset's
+// channel count (gray to RGB by copying the plane; RGB to gray with the ITU-R
+// 601-2 luma weights in PIL's integer form, (19595 R + 38470 G + 7471 B +
+// 2^15) >> 16), scaled to [0, 1] (value / 255, as torchvision's ToTensor)
+// and resized to image_size x image_size. The resize is bilinear with
+// half-pixel centres, as PyTorch's
+// F.interpolate(mode="bilinear", align_corners=False, antialias=False) and
+// OpenCV's INTER_LINEAR: output pixel x samples the input at
+// max(0, (x + 0.5) * in / out - 0.5), between the two nearest pixels (the
+// last one repeated at the edge). No antialiasing: shrinking by more than
+// 2x drops detail (torchvision's Resize on PIL images antialiases). An image
+// already of the size is copied exactly. Images are stored NCHW as floats.
+//
+// Errors (absl::Status, one line, naming the path): NOT_FOUND for a missing
+// root; INVALID_ARGUMENT for bad options or a root whose layout is none of
+// the above; DATA_LOSS for a class folder with no image files, a bad
+// wnids.txt or val_annotations.txt line, or (BadImages::kFail) the first
+// unreadable image in the order above: "PATH: corrupt JPEG (Premature end of
+// JPEG file)". With BadImages::kSkip, unreadable images (empty, truncated,
+// corrupt, not a JPEG or PNG, too large, missing) are left out and counted;
+// a split with no readable image at all is still DATA_LOSS. A JPEG counts as
+// corrupt when libjpeg fails or warns (premature end, bad Huffman code, ...),
+// except for its "extraneous bytes before marker" warning, which leaves the
+// pixels whole. Decoding never prints and never exits the process: libjpeg
+// and libpng errors are caught (setjmp/longjmp in their error handlers).
+//
+// Thread-safety: the functions are reentrant and may run concurrently on
+// different inputs; ReadImageFolder* decode on options.num_threads threads
+// of their own and return when all have finished.
+#ifndef PSTRAIN_WORKER_IMAGE_FOLDER_H_
+#define PSTRAIN_WORKER_IMAGE_FOLDER_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace pstrain {
+
+// What to do with an image that cannot be read.
+enum class BadImages {
+  kFail,  // the whole read fails, naming the first such file
+  kSkip,  // it is left out and counted (ImageFolderSplit::skipped)
+};
+
+struct ImageFolderOptions {
+  // Images are resized to image_size x image_size pixels (1 to 4096).
+  int image_size = 64;
+  // 1 (grayscale) or 3 (RGB); 0: 1 if every image of the dataset (both
+  // splits) is grayscale, else 3. Decided from the files' headers first.
+  int channels = 0;
+  BadImages bad_images = BadImages::kFail;
+  // Decoding threads; 0: the machine's cores, at most 8.
+  int num_threads = 0;
+};
+
+// One decoded image: height x width pixels of `channels` (1: gray, 3: RGB)
+// interleaved 8-bit values, row by row (HWC).
+struct DecodedImage {
+  int height = 0;
+  int width = 0;
+  int channels = 0;
+  std::vector<uint8_t> pixels;  // height * width * channels
+};
+
+// Largest image DecodeImage accepts, in pixels (width * height); larger ones
+// are DATA_LOSS ("too large"), before anything is allocated for them.
+inline constexpr int64_t kMaxImagePixels = int64_t{1} << 26;
+
+// Decodes a JPEG or PNG held in memory (the format from its signature).
+// DATA_LOSS with the reason, without a file name: "empty file", "not a JPEG
+// or PNG file (starts with 47 49 46 38)", "corrupt JPEG (...)", "corrupt PNG
+// (...)", "... too large". `header_only`: reads the header alone and leaves
+// `pixels` empty (height, width and channels set).
+absl::StatusOr<DecodedImage> DecodeImage(const uint8_t* data, size_t size,
+                                         bool header_only = false);
+
+// Reads and decodes the file at `path`; errors as DecodeImage's, with
+// "PATH: " before them; NOT_FOUND if it cannot be opened.
+absl::StatusOr<DecodedImage> DecodeImageFile(const std::string& path,
+                                             bool header_only = false);
+
+// Writes `image` as `channels` (1 or 3) planes of size x size floats in
+// [0, 1] at `out` (channels * size * size values, NCHW order for one image),
+// converting channels and resizing as the file comment says.
+void ImageToChw(const DecodedImage& image, int channels, int size, float* out);
+
+// One split: `count` images [count, C, H, W] (chw = {C, H, W}, H = W =
+// image_size) with values in [0, 1], and their labels.
+struct ImageFolderSplit {
+  int64_t chw[3] = {0, 0, 0};
+  int64_t count = 0;
+  std::vector<float> images;    // count * C * H * W
+  std::vector<int32_t> labels;  // count values in [0, number of classes)
+  // BadImages::kSkip: images left out, and the first of them as
+  // "PATH: reason" (empty when none).
+  int64_t skipped = 0;
+  std::string first_skipped;
+};
+
+struct ImageFolderDataset {
+  // "tiny_imagenet", "split_class_folders" or "class_folders".
+  std::string layout;
+  // Label i is class_names[i]; sorted.
+  std::vector<std::string> class_names;
+  ImageFolderSplit train;
+  ImageFolderSplit test;  // count 0 for the "class_folders" layout
+};
+
+// Reads the dataset under `root` in whichever layout it has (see the file
+// comment); errors as the file comment says.
+absl::StatusOr<ImageFolderDataset> ReadImageFolderDataset(
+    const std::string& root, const ImageFolderOptions& options = {});
+
+}  // namespace pstrain
+
+#endif  // PSTRAIN_WORKER_IMAGE_FOLDER_H_

@@ -1,0 +1,606 @@
+#include "worker/image_folder.h"
+
+// clang-format off
+#include <cstdio>  // jpeglib.h needs FILE and size_t first
+#include <jpeglib.h>
+// clang-format on
+#include <png.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+#include "worker/dataset.h"
+
+namespace pstrain {
+namespace {
+
+namespace fs = std::filesystem;
+
+// A fresh folder under the test's temporary folder.
+std::string FreshDir(const std::string& name) {
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  const std::string dir =
+      absl::StrCat(tmp != nullptr ? tmp : "/tmp", "/image_folder_test/", name);
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  return dir;
+}
+
+void MakeDirs(const std::string& path) {
+  fs::create_directories(fs::path(path).parent_path());
+}
+
+// Known pixels: h x w x c interleaved, distinct per image (`seed`).
+std::vector<uint8_t> Pattern(int h, int w, int c, int seed) {
+  std::vector<uint8_t> p(static_cast<size_t>(h) * w * c);
+  for (int y = 0; y < h; ++y) {
+    for (int x = 0; x < w; ++x) {
+      for (int k = 0; k < c; ++k) {
+        // Smooth enough for JPEG at quality 100 to keep it closely.
+        p[(static_cast<size_t>(y) * w + x) * c + k] = static_cast<uint8_t>(
+            (40 + 9 * x + 7 * y + 50 * k + 13 * seed) % 200 + 20);
+      }
+    }
+  }
+  return p;
+}
+
+void WritePng(const std::string& path, int h, int w, int c,
+              const std::vector<uint8_t>& pixels) {
+  MakeDirs(path);
+  FILE* f = std::fopen(path.c_str(), "wb");
+  ASSERT_NE(f, nullptr) << path;
+  png_structp png =
+      png_create_write_struct(PNG_LIBPNG_VER_STRING, nullptr, nullptr, nullptr);
+  png_infop info = png_create_info_struct(png);
+  png_init_io(png, f);
+  png_set_IHDR(png, info, w, h, 8,
+               c == 1 ? PNG_COLOR_TYPE_GRAY
+                      : (c == 3 ? PNG_COLOR_TYPE_RGB : PNG_COLOR_TYPE_RGBA),
+               PNG_INTERLACE_NONE, PNG_COMPRESSION_TYPE_DEFAULT,
+               PNG_FILTER_TYPE_DEFAULT);
+  png_write_info(png, info);
+  for (int y = 0; y < h; ++y) {
+    png_write_row(png, const_cast<png_bytep>(pixels.data()) +
+                           static_cast<size_t>(y) * w * c);
+  }
+  png_write_end(png, nullptr);
+  png_destroy_write_struct(&png, &info);
+  std::fclose(f);
+}
+
+void WriteJpeg(const std::string& path, int h, int w, int c,
+               const std::vector<uint8_t>& pixels, int quality = 100) {
+  MakeDirs(path);
+  FILE* f = std::fopen(path.c_str(), "wb");
+  ASSERT_NE(f, nullptr) << path;
+  jpeg_compress_struct cinfo;
+  jpeg_error_mgr err;
+  cinfo.err = jpeg_std_error(&err);
+  jpeg_create_compress(&cinfo);
+  jpeg_stdio_dest(&cinfo, f);
+  cinfo.image_width = w;
+  cinfo.image_height = h;
+  cinfo.input_components = c;
+  cinfo.in_color_space = c == 1 ? JCS_GRAYSCALE : JCS_RGB;
+  jpeg_set_defaults(&cinfo);
+  jpeg_set_quality(&cinfo, quality, TRUE);
+  for (int k = 0; k < cinfo.num_components; ++k) {  // no chroma subsampling
+    cinfo.comp_info[k].h_samp_factor = 1;
+    cinfo.comp_info[k].v_samp_factor = 1;
+  }
+  jpeg_start_compress(&cinfo, TRUE);
+  while (cinfo.next_scanline < cinfo.image_height) {
+    JSAMPROW row = const_cast<JSAMPROW>(pixels.data()) +
+                   static_cast<size_t>(cinfo.next_scanline) * w * c;
+    jpeg_write_scanlines(&cinfo, &row, 1);
+  }
+  jpeg_finish_compress(&cinfo);
+  jpeg_destroy_compress(&cinfo);
+  std::fclose(f);
+}
+
+std::string ReadAll(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string((std::istreambuf_iterator<char>(in)),
+                     std::istreambuf_iterator<char>());
+}
+
+void WriteAll(const std::string& path, const std::string& bytes) {
+  MakeDirs(path);
+  std::ofstream(path, std::ios::binary) << bytes;
+}
+
+// The first `keep` bytes of `from`, written to `to`.
+void Truncate(const std::string& from, const std::string& to, size_t keep) {
+  WriteAll(to, ReadAll(from).substr(0, keep));
+}
+
+// Largest difference between a pixel written as a JPEG at quality 100
+// without chroma subsampling and the pixel read back (8-bit levels): the
+// patterns below wrap around, and their sharp edges cost a few levels.
+constexpr int kJpegTolerance = 6;
+
+// Pixel (y, x, k) of an interleaved image, as a float in [0, 1].
+float At(const std::vector<uint8_t>& p, int w, int c, int y, int x, int k) {
+  return p[(static_cast<size_t>(y) * w + x) * c + k] * (1.0f / 255.0f);
+}
+
+TEST(DecodeImageTest, PngDecodesToExactlyThePixelsWritten) {
+  const std::string dir = FreshDir("png");
+  for (int c : {1, 3}) {
+    const std::vector<uint8_t> pixels = Pattern(5, 7, c, c);
+    const std::string path = absl::StrCat(dir, "/a", c, ".png");
+    WritePng(path, 5, 7, c, pixels);
+    absl::StatusOr<DecodedImage> image = DecodeImageFile(path);
+    ASSERT_TRUE(image.ok()) << image.status();
+    EXPECT_EQ(image->height, 5);
+    EXPECT_EQ(image->width, 7);
+    EXPECT_EQ(image->channels, c);
+    EXPECT_EQ(image->pixels, pixels);
+  }
+}
+
+TEST(DecodeImageTest, PngAlphaIsDropped) {
+  const std::string dir = FreshDir("png_alpha");
+  const std::vector<uint8_t> rgba = Pattern(3, 4, 4, 0);
+  WritePng(dir + "/a.png", 3, 4, 4, rgba);
+  absl::StatusOr<DecodedImage> image = DecodeImageFile(dir + "/a.png");
+  ASSERT_TRUE(image.ok()) << image.status();
+  ASSERT_EQ(image->channels, 3);
+  for (size_t j = 0; j < 12; ++j) {
+    for (int k = 0; k < 3; ++k) {
+      EXPECT_EQ(image->pixels[3 * j + k], rgba[4 * j + k]);
+    }
+  }
+}
+
+TEST(DecodeImageTest, JpegAtQuality100IsCloseToThePixelsWritten) {
+  const std::string dir = FreshDir("jpeg");
+  for (int c : {1, 3}) {
+    const std::vector<uint8_t> pixels = Pattern(16, 24, c, c);
+    const std::string path = absl::StrCat(dir, "/a", c, ".jpg");
+    WriteJpeg(path, 16, 24, c, pixels);
+    absl::StatusOr<DecodedImage> image = DecodeImageFile(path);
+    ASSERT_TRUE(image.ok()) << image.status();
+    EXPECT_EQ(image->height, 16);
+    EXPECT_EQ(image->width, 24);
+    EXPECT_EQ(image->channels, c);
+    ASSERT_EQ(image->pixels.size(), pixels.size());
+    int worst = 0;
+    for (size_t i = 0; i < pixels.size(); ++i) {
+      worst = std::max(worst, std::abs(image->pixels[i] - pixels[i]));
+    }
+    EXPECT_LE(worst, kJpegTolerance) << "channels " << c;
+  }
+}
+
+TEST(DecodeImageTest, HeaderOnlyGivesSizeAndChannels) {
+  const std::string dir = FreshDir("header");
+  WriteJpeg(dir + "/a.jpg", 9, 11, 3, Pattern(9, 11, 3, 0));
+  absl::StatusOr<DecodedImage> image =
+      DecodeImageFile(dir + "/a.jpg", /*header_only=*/true);
+  ASSERT_TRUE(image.ok()) << image.status();
+  EXPECT_EQ(image->height, 9);
+  EXPECT_EQ(image->width, 11);
+  EXPECT_EQ(image->channels, 3);
+  EXPECT_TRUE(image->pixels.empty());
+}
+
+TEST(DecodeImageTest, BrokenFilesAreErrorsNotCrashes) {
+  const std::string dir = FreshDir("broken");
+  WriteJpeg(dir + "/good.jpg", 32, 32, 3, Pattern(32, 32, 3, 1));
+  WritePng(dir + "/good.png", 32, 32, 3, Pattern(32, 32, 3, 2));
+  const std::string jpeg = ReadAll(dir + "/good.jpg");
+  const std::string png = ReadAll(dir + "/good.png");
+  struct Case {
+    std::string bytes;
+    std::string expected;
+  };
+  std::string bad_crc = png;
+  bad_crc[png.find("IDAT") + 6] ^= 0x55;  // IDAT data, CRC now wrong
+  const std::vector<Case> cases = {
+      {"", "empty file"},
+      {"GIF89a....", "not a JPEG or PNG file (starts with 47 49 46 38)"},
+      {jpeg.substr(0, jpeg.size() / 2), "corrupt JPEG (Premature end"},
+      {jpeg.substr(0, 3), "corrupt JPEG ("},
+      {"\xff\xd8\xff\xe0garbagegarbagegarbage", "corrupt JPEG ("},
+      {png.substr(0, png.size() / 2), "corrupt PNG ("},
+      {png.substr(0, 8), "corrupt PNG (truncated file)"},
+      {png.substr(0, png.size() - 12), "corrupt PNG ("},  // no IEND
+      {bad_crc, "corrupt PNG ("},
+  };
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const std::string& b = cases[i].bytes;
+    absl::StatusOr<DecodedImage> image =
+        DecodeImage(reinterpret_cast<const uint8_t*>(b.data()), b.size());
+    ASSERT_FALSE(image.ok()) << "case " << i;
+    EXPECT_EQ(image.status().code(), absl::StatusCode::kDataLoss) << i;
+    EXPECT_EQ(image.status().message().find(cases[i].expected), 0u)
+        << "case " << i << ": " << image.status();
+  }
+}
+
+TEST(ImageToChwTest, BilinearResizeAsPyTorchAlignCornersFalse) {
+  // A 4 x 4 image of identical rows, shrunk to 2 x 2.
+  DecodedImage image;
+  image.height = image.width = 4;
+  image.channels = 1;
+  image.pixels = {0, 51, 102, 255, 0, 51, 102, 255,
+                  0, 51, 102, 255, 0, 51, 102, 255};
+  std::vector<float> down(2 * 2);
+  ImageToChw(image, 1, 2, down.data());
+  // Scale 2: output x samples 2x + 0.5, halfway between 2x and 2x + 1.
+  EXPECT_NEAR(down[0], 25.5f / 255.0f, 1e-6);
+  EXPECT_NEAR(down[1], 178.5f / 255.0f, 1e-6);
+  EXPECT_NEAR(down[2], 25.5f / 255.0f, 1e-6);
+
+  DecodedImage two;
+  two.height = two.width = 2;
+  two.channels = 1;
+  two.pixels = {0, 100, 200, 40};
+  std::vector<float> up(4 * 4);
+  ImageToChw(two, 1, 4, up.data());
+  // Scale 1/2: sources -0.25 (clamped to 0), 0.25, 0.75, 1.25 (edge).
+  const float w[4][2] = {{1, 0}, {0.75f, 0.25f}, {0.25f, 0.75f}, {0, 1}};
+  auto p = [&](int y, int x) { return two.pixels[y * 2 + x] / 255.0f; };
+  for (int y = 0; y < 4; ++y) {
+    for (int x = 0; x < 4; ++x) {
+      const float expected = w[y][0] * (w[x][0] * p(0, 0) + w[x][1] * p(0, 1)) +
+                             w[y][1] * (w[x][0] * p(1, 0) + w[x][1] * p(1, 1));
+      EXPECT_NEAR(up[y * 4 + x], expected, 1e-6) << y << "," << x;
+    }
+  }
+}
+
+TEST(ImageToChwTest, ChannelConversions) {
+  DecodedImage rgb;
+  rgb.height = rgb.width = 1;
+  rgb.channels = 3;
+  rgb.pixels = {200, 100, 50};
+  float gray;
+  ImageToChw(rgb, 1, 1, &gray);
+  // PIL: (200 * 19595 + 100 * 38470 + 50 * 7471 + 32768) >> 16 = 124.
+  EXPECT_EQ(gray, 124 * (1.0f / 255.0f));
+  DecodedImage one;
+  one.height = one.width = 1;
+  one.channels = 1;
+  one.pixels = {77};
+  float three[3];
+  ImageToChw(one, 3, 1, three);
+  for (float v : three) EXPECT_EQ(v, 77 * (1.0f / 255.0f));
+}
+
+// root/train/{cat,dog}, root/val/{cat,dog}: JPEG and PNG, gray and RGB.
+TEST(ImageFolderTest, ReadsSplitClassFoldersInFixedOrder) {
+  const std::string root = FreshDir("split");
+  const int s = 8;
+  // Written in an order unlike the sorted one.
+  WritePng(root + "/train/dog/b.png", s, s, 3, Pattern(s, s, 3, 1));
+  WritePng(root + "/train/cat/z.png", s, s, 3, Pattern(s, s, 3, 2));
+  WritePng(root + "/train/cat/a.PNG", s, s, 1, Pattern(s, s, 1, 3));
+  WriteJpeg(root + "/train/dog/a.jpeg", s, s, 3, Pattern(s, s, 3, 4));
+  WriteAll(root + "/train/dog/notes.txt", "not an image");
+  WriteAll(root + "/train/.hidden/x.png", "hidden: never read");
+  WritePng(root + "/val/dog/v.png", s, s, 3, Pattern(s, s, 3, 5));
+  ImageFolderOptions options;
+  options.image_size = s;
+  absl::StatusOr<ImageFolderDataset> d = ReadImageFolderDataset(root, options);
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_EQ(d->layout, "split_class_folders");
+  EXPECT_EQ(d->class_names, (std::vector<std::string>{"cat", "dog"}));
+  ASSERT_EQ(d->train.count, 4);
+  EXPECT_EQ(d->train.chw[0], 3);  // one RGB image makes the set RGB
+  EXPECT_EQ(d->train.chw[1], s);
+  EXPECT_EQ(d->train.chw[2], s);
+  EXPECT_EQ(d->train.labels, (std::vector<int32_t>{0, 0, 1, 1}));
+  EXPECT_EQ(d->train.skipped, 0);
+  // Sample 0 is cat/a.PNG (gray, copied to R, G and B), sample 1 cat/z.png.
+  const int64_t per = 3 * s * s;
+  const std::vector<uint8_t> gray = Pattern(s, s, 1, 3);
+  const std::vector<uint8_t> z = Pattern(s, s, 3, 2);
+  const std::vector<uint8_t> jpeg = Pattern(s, s, 3, 4);
+  for (int k = 0; k < 3; ++k) {
+    for (int y = 0; y < s; ++y) {
+      for (int x = 0; x < s; ++x) {
+        const int64_t j = (k * s + y) * s + x;
+        EXPECT_EQ(d->train.images[j], At(gray, s, 1, y, x, 0));
+        EXPECT_EQ(d->train.images[per + j], At(z, s, 3, y, x, k));
+        EXPECT_NEAR(d->train.images[2 * per + j], At(jpeg, s, 3, y, x, k),
+                    (kJpegTolerance + 0.5f) / 255);
+      }
+    }
+  }
+  ASSERT_EQ(d->test.count, 1);
+  EXPECT_EQ(d->test.labels, (std::vector<int32_t>{1}));
+  EXPECT_EQ(d->test.chw[0], 3);
+}
+
+TEST(ImageFolderTest, GrayOnlyIsOneChannelAndResized) {
+  const std::string root = FreshDir("gray");
+  WritePng(root + "/a/1.png", 10, 6, 1, Pattern(10, 6, 1, 0));
+  WritePng(root + "/b/1.png", 4, 4, 1, Pattern(4, 4, 1, 1));
+  ImageFolderOptions options;
+  options.image_size = 5;
+  absl::StatusOr<ImageFolderDataset> d = ReadImageFolderDataset(root, options);
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_EQ(d->layout, "class_folders");
+  EXPECT_EQ(d->train.chw[0], 1);
+  EXPECT_EQ(d->train.count, 2);
+  EXPECT_EQ(d->train.images.size(), 2u * 25);
+  EXPECT_EQ(d->test.count, 0);
+  for (float v : d->train.images) {
+    EXPECT_GE(v, 0.0f);
+    EXPECT_LE(v, 1.0f);
+  }
+  options.channels = 3;
+  d = ReadImageFolderDataset(root, options);
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_EQ(d->train.chw[0], 3);
+}
+
+TEST(ImageFolderTest, SameResultOnAnyNumberOfThreads) {
+  const std::string root = FreshDir("threads");
+  for (int i = 0; i < 12; ++i) {
+    WriteJpeg(absl::StrCat(root, "/c", i % 3, "/", i, ".jpg"), 20, 20, 3,
+              Pattern(20, 20, 3, i), 90);
+  }
+  ImageFolderOptions options;
+  options.image_size = 13;
+  options.num_threads = 1;
+  absl::StatusOr<ImageFolderDataset> one =
+      ReadImageFolderDataset(root, options);
+  options.num_threads = 4;
+  absl::StatusOr<ImageFolderDataset> four =
+      ReadImageFolderDataset(root, options);
+  ASSERT_TRUE(one.ok()) << one.status();
+  ASSERT_TRUE(four.ok()) << four.status();
+  EXPECT_EQ(one->train.images, four->train.images);
+  EXPECT_EQ(one->train.labels, four->train.labels);
+}
+
+TEST(ImageFolderTest, ReadsTinyImagenetLayout) {
+  const std::string root = FreshDir("tiny");
+  WriteAll(root + "/wnids.txt", "n02124075\nn01443537\n");  // not sorted
+  for (const char* wnid : {"n02124075", "n01443537"}) {
+    for (int i = 0; i < 3; ++i) {
+      WriteJpeg(absl::StrCat(root, "/train/", wnid, "/images/", wnid, "_", i,
+                             ".JPEG"),
+                64, 64, 3, Pattern(64, 64, 3, i), 90);
+    }
+    WriteAll(absl::StrCat(root, "/train/", wnid, "/", wnid, "_boxes.txt"),
+             "boxes\n");
+  }
+  WriteJpeg(root + "/val/images/val_0.JPEG", 64, 64, 3, Pattern(64, 64, 3, 7));
+  WriteJpeg(root + "/val/images/val_1.JPEG", 64, 64, 1, Pattern(64, 64, 1, 8));
+  WriteAll(root + "/val/val_annotations.txt",
+           "val_0.JPEG\tn02124075\t0\t32\t44\t62\n"
+           "val_1.JPEG\tn01443537\t52\t55\t57\t59\n");
+  WriteJpeg(root + "/test/images/test_0.JPEG", 64, 64, 3,
+            Pattern(64, 64, 3, 9));  // unlabelled: not read
+  ImageFolderOptions options;
+  options.image_size = 32;
+  absl::StatusOr<ImageFolderDataset> d = ReadImageFolderDataset(root, options);
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_EQ(d->layout, "tiny_imagenet");
+  EXPECT_EQ(d->class_names,
+            (std::vector<std::string>{"n01443537", "n02124075"}));
+  EXPECT_EQ(d->train.count, 6);
+  EXPECT_EQ(d->train.labels, (std::vector<int32_t>{0, 0, 0, 1, 1, 1}));
+  EXPECT_EQ(d->train.chw[0], 3);
+  EXPECT_EQ(d->train.chw[1], 32);
+  EXPECT_EQ(d->test.count, 2);
+  EXPECT_EQ(d->test.labels, (std::vector<int32_t>{1, 0}));
+
+  // A class id missing from wnids.txt is named with its line.
+  WriteAll(root + "/val/val_annotations.txt",
+           "val_0.JPEG\tn02124075\t0\t32\t44\t62\nval_1.JPEG\tn09999999\n");
+  d = ReadImageFolderDataset(root, options);
+  ASSERT_FALSE(d.ok());
+  EXPECT_EQ(d.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_NE(d.status().message().find("val_annotations.txt line 2: class "
+                                      "n09999999 is not in"),
+            std::string::npos)
+      << d.status();
+}
+
+// A tree with an empty file, a truncated JPEG, a truncated PNG and a file
+// that is not an image, among good ones.
+std::string TreeWithBrokenFiles() {
+  const std::string root = FreshDir("broken_tree");
+  WriteJpeg(root + "/a/0.jpg", 16, 16, 3, Pattern(16, 16, 3, 0));
+  WritePng(root + "/a/1.png", 16, 16, 3, Pattern(16, 16, 3, 1));
+  WriteAll(root + "/a/2_empty.jpg", "");
+  // Cut in the scan data: its header is whole.
+  Truncate(root + "/a/0.jpg", root + "/b/0_truncated.jpg",
+           ReadAll(root + "/a/0.jpg").size() - 40);
+  WritePng(root + "/b/1.png", 16, 16, 3, Pattern(16, 16, 3, 2));
+  Truncate(root + "/a/1.png", root + "/b/2_truncated.png", 100);
+  WriteAll(root + "/b/3_text.png", "hello");
+  WriteJpeg(root + "/b/4.jpg", 16, 16, 3, Pattern(16, 16, 3, 3));
+  return root;
+}
+
+TEST(ImageFolderTest, SkipModeCountsBrokenFiles) {
+  const std::string root = TreeWithBrokenFiles();
+  ImageFolderOptions options;
+  options.image_size = 16;
+  options.bad_images = BadImages::kSkip;
+  absl::StatusOr<ImageFolderDataset> d = ReadImageFolderDataset(root, options);
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_EQ(d->train.count, 4);
+  EXPECT_EQ(d->train.skipped, 4);
+  EXPECT_EQ(d->train.labels, (std::vector<int32_t>{0, 0, 1, 1}));
+  EXPECT_EQ(d->train.first_skipped, root + "/a/2_empty.jpg: empty file");
+  // The kept images are the good ones, in order.
+  const std::vector<uint8_t> last = Pattern(16, 16, 3, 3);
+  EXPECT_NEAR(d->train.images[3 * 768], At(last, 16, 3, 0, 0, 0),
+              (kJpegTolerance + 0.5f) / 255);
+  const std::vector<uint8_t> b1 = Pattern(16, 16, 3, 2);
+  EXPECT_EQ(d->train.images[2 * 768 + 17], At(b1, 16, 3, 1, 1, 0));
+
+  // Through LoadDataset: the same images, standardised.
+  DatasetOptions dataset_options;
+  dataset_options.image_size = 16;
+  dataset_options.bad_images = BadImages::kSkip;
+  absl::StatusOr<Dataset> loaded =
+      LoadDataset("image_folder", root, dataset_options);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_EQ(loaded->num_classes, 2);
+  EXPECT_EQ(loaded->train.count, 4);
+  EXPECT_EQ(loaded->train.chw, (Shape{3, 16, 16}));
+  EXPECT_EQ(loaded->channel_mean.size(), 3u);
+}
+
+TEST(ImageFolderTest, FailModeNamesTheFirstBrokenFile) {
+  const std::string root = TreeWithBrokenFiles();
+  ImageFolderOptions options;
+  options.image_size = 16;
+  absl::StatusOr<ImageFolderDataset> d = ReadImageFolderDataset(root, options);
+  ASSERT_FALSE(d.ok());
+  EXPECT_EQ(d.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_EQ(std::string(d.status().message()),
+            root + "/a/2_empty.jpg: empty file");
+  // Without it, the truncated JPEG (its header is whole: found when decoded).
+  fs::remove(root + "/a/2_empty.jpg");
+  d = ReadImageFolderDataset(root, options);
+  ASSERT_FALSE(d.ok());
+  EXPECT_EQ(std::string(d.status().message()),
+            root +
+                "/b/0_truncated.jpg: corrupt JPEG (Premature end of JPEG "
+                "file)");
+  fs::remove(root + "/b/0_truncated.jpg");
+  d = ReadImageFolderDataset(root, options);
+  ASSERT_FALSE(d.ok());
+  EXPECT_EQ(d.status().message().find(root + "/b/2_truncated.png: corrupt PNG"),
+            0u)
+      << d.status();
+  // LoadDataset's error is one line.
+  absl::StatusOr<Dataset> loaded = LoadDataset("image_folder", root);
+  ASSERT_FALSE(loaded.ok());
+  EXPECT_EQ(std::string(loaded.status().message()).find('\n'),
+            std::string::npos);
+}
+
+TEST(ImageFolderTest, SkipModeWithNoReadableImageIsAnError) {
+  const std::string root = FreshDir("all_bad");
+  WriteAll(root + "/a/x.jpg", "nope");
+  ImageFolderOptions options;
+  options.bad_images = BadImages::kSkip;
+  absl::StatusOr<ImageFolderDataset> d = ReadImageFolderDataset(root, options);
+  ASSERT_FALSE(d.ok());
+  EXPECT_EQ(d.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_NE(d.status().message().find("none of its 1 image files"),
+            std::string::npos)
+      << d.status();
+}
+
+TEST(ImageFolderTest, MissingEmptyAndUnknownFoldersAreOneLineErrors) {
+  const std::string root = FreshDir("errors");
+  absl::StatusOr<ImageFolderDataset> d =
+      ReadImageFolderDataset(root + "/missing");
+  EXPECT_EQ(d.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(std::string(d.status().message()),
+            root + "/missing: no such folder");
+
+  d = ReadImageFolderDataset(root);  // empty: no class folders
+  EXPECT_EQ(d.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(d.status().message().find(root + ": unknown layout"), 0u)
+      << d.status();
+
+  WriteAll(root + "/cat/readme.txt", "no images here");
+  d = ReadImageFolderDataset(root);
+  EXPECT_EQ(d.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_EQ(std::string(d.status().message()),
+            root + "/cat: no image files (*.jpg, *.jpeg, *.png)");
+
+  const std::string split = FreshDir("errors_split");
+  WritePng(split + "/train/cat/a.png", 4, 4, 1, Pattern(4, 4, 1, 0));
+  WritePng(split + "/val/dog/a.png", 4, 4, 1, Pattern(4, 4, 1, 0));
+  d = ReadImageFolderDataset(split);
+  EXPECT_EQ(d.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_NE(d.status().message().find("has no training folder"),
+            std::string::npos)
+      << d.status();
+
+  ImageFolderOptions bad;
+  bad.image_size = 0;
+  EXPECT_EQ(ReadImageFolderDataset(split, bad).status().code(),
+            absl::StatusCode::kInvalidArgument);
+
+  absl::StatusOr<Dataset> loaded = LoadDataset("image_folder", root + "/x");
+  EXPECT_EQ(loaded.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_TRUE(IsKnownDataset("image_folder"));
+}
+
+// Fashion-MNIST (Debian's dataset-fashion-mnist) written out as PNG class
+// folders reads back as the IDX reader's pixels.
+TEST(ImageFolderTest, FashionMnistAsPngMatchesIdx) {
+  const std::string data = "/usr/share/datasets/fashion-mnist";
+  absl::StatusOr<IdxArray> images =
+      ReadIdx(data + "/t10k-images-idx3-ubyte.gz");
+  absl::StatusOr<IdxArray> labels =
+      ReadIdx(data + "/t10k-labels-idx1-ubyte.gz");
+  if (absl::IsNotFound(images.status())) {
+    GTEST_SKIP() << "dataset-fashion-mnist not installed";
+  }
+  ASSERT_TRUE(images.ok()) << images.status();
+  ASSERT_TRUE(labels.ok()) << labels.status();
+  const std::string root = FreshDir("fashion");
+  constexpr int kTrain = 300, kTest = 100, kPixels = 28 * 28;
+  for (int i = 0; i < kTrain + kTest; ++i) {
+    const std::vector<uint8_t> pixels(images->data.begin() + i * kPixels,
+                                      images->data.begin() + (i + 1) * kPixels);
+    WritePng(absl::StrCat(root, i < kTrain ? "/train/" : "/test/",
+                          static_cast<int>(labels->data[i]), "/",
+                          absl::Dec(i, absl::kZeroPad5), ".png"),
+             28, 28, 1, pixels);
+  }
+  ImageFolderOptions options;
+  options.image_size = 28;
+  absl::StatusOr<ImageFolderDataset> d = ReadImageFolderDataset(root, options);
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_EQ(d->train.chw[0], 1);
+  ASSERT_EQ(d->train.count, kTrain);
+  ASSERT_EQ(d->test.count, kTest);
+  // Class folders "0".."9" sort as the labels; inside, by sample index.
+  for (const auto& [split, begin, end] :
+       {std::tuple(&d->train, 0, kTrain),
+        std::tuple(&d->test, kTrain, kTrain + kTest)}) {
+    int64_t k = 0;
+    for (int label = 0; label < 10; ++label) {
+      for (int i = begin; i < end; ++i) {
+        if (labels->data[i] != label) continue;
+        ASSERT_EQ(split->labels[k], label);
+        for (int j = 0; j < kPixels; ++j) {
+          // The IDX reader's expression, so equal to the bit.
+          ASSERT_EQ(split->images[k * kPixels + j],
+                    images->data[i * kPixels + j] * (1.0f / 255.0f))
+              << "sample " << i << " pixel " << j;
+        }
+        ++k;
+      }
+    }
+    EXPECT_EQ(k, end - begin);
+  }
+  DatasetOptions dataset_options;
+  dataset_options.image_size = 28;
+  absl::StatusOr<Dataset> loaded =
+      LoadDataset("image_folder", root, dataset_options);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_EQ(loaded->name, "image_folder");
+  EXPECT_EQ(loaded->num_classes, 10);
+  EXPECT_EQ(loaded->train.chw, (Shape{1, 28, 28}));
+  EXPECT_EQ(loaded->test.count, kTest);
+}
+
+}  // namespace
+}  // namespace pstrain
