@@ -47,11 +47,11 @@
 #include "coordinator/job_table.h"
 #include "models/model.h"
 #include "models/model_file.h"
-#include "worker/checkpoint.h"
 #include "proto/coordinator.pb.h"
 #include "tools/compare.h"
 #include "tools/job_commands.h"
 #include "tools/local_cluster.h"
+#include "worker/checkpoint.h"
 #include "worker/data_flags.h"
 #include "worker/dataset.h"
 #include "worker/trainer.h"
@@ -521,10 +521,10 @@ absl::Status CheckModelFiles(const JobSpec& spec, const Dataset* dataset) {
   }
   const std::string dir = spec.checkpoint_dir();
   if (spec.checkpoint_every_steps() < 0 || spec.keep_checkpoints() < 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--checkpoint_every_steps=", spec.checkpoint_every_steps(),
-        " --keep_checkpoints=", spec.keep_checkpoints(),
-        ": expected >= 0 and >= 1"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--checkpoint_every_steps=", spec.checkpoint_every_steps(),
+                     " --keep_checkpoints=", spec.keep_checkpoints(),
+                     ": expected >= 0 and >= 1"));
   }
   if (dir.empty()) {
     if (spec.resume() || spec.checkpoint_every_steps() > 0) {
@@ -543,9 +543,31 @@ absl::Status CheckModelFiles(const JobSpec& spec, const Dataset* dataset) {
   if (spec.resume()) {
     // The newest checkpoint must be there and verify before anything starts.
     absl::StatusOr<CheckpointManifest> latest = ReadLatestCheckpoint(dir);
-    if (!latest.ok()) {
-      return absl::Status(latest.status().code(),
-                          absl::StrCat("--resume: ", latest.status().message()));
+    absl::Status verified = latest.status();
+    if (verified.ok() && dataset != nullptr) {
+      // Every file read and checked against this job's model (on the CPU).
+      std::unique_ptr<Backend> cpu = NewCpuBackend();
+      ASSIGN_OR_RETURN(
+          std::unique_ptr<Model> model,
+          Model::Create(spec.model(), dataset->train.chw, dataset->num_classes,
+                        ModelOptions(), cpu.get()));
+      std::vector<std::string> names;
+      std::vector<std::vector<int64_t>> shapes;
+      for (const Param* p : model->params()) {
+        names.push_back(p->name);
+        shapes.push_back(p->value.shape());
+      }
+      for (const Buffer* b : model->buffers()) {
+        names.push_back(b->name);
+        shapes.push_back(b->value.shape());
+      }
+      verified = LoadCheckpointState(*latest, names, shapes,
+                                     static_cast<int>(model->buffers().size()))
+                     .status();
+    }
+    if (!verified.ok()) {
+      return absl::Status(verified.code(),
+                          absl::StrCat("--resume: ", verified.message()));
     }
     return absl::OkStatus();
   }
