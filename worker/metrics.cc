@@ -69,9 +69,16 @@ std::string CsvCell(const Column& column, std::optional<double> value) {
   return absl::StrFormat("%.6g", *value);
 }
 
-absl::StatusOr<std::FILE*> OpenForWriting(const std::string& path) {
-  std::FILE* file = std::fopen(path.c_str(), "w");
+// `path` emptied, or (append) positioned at its end.
+absl::StatusOr<std::FILE*> OpenForWriting(const std::string& path,
+                                          bool append) {
+  std::FILE* file = std::fopen(path.c_str(), append ? "a" : "w");
   if (file == nullptr) return ErrnoToStatus(errno, path);
+  if (append && std::fseek(file, 0, SEEK_END) != 0) {
+    const int error = errno;
+    std::fclose(file);
+    return ErrnoToStatus(error, path);
+  }
   return file;
 }
 
@@ -167,7 +174,7 @@ const char* MetricsWriter::CsvHeader() {
 }
 
 absl::StatusOr<std::unique_ptr<MetricsWriter>> MetricsWriter::Create(
-    const std::string& dir, int worker_id) {
+    const std::string& dir, int worker_id, bool append) {
   std::error_code error;
   std::filesystem::create_directories(dir, error);
   if (error) {
@@ -177,11 +184,15 @@ absl::StatusOr<std::unique_ptr<MetricsWriter>> MetricsWriter::Create(
   const std::string base = absl::StrCat(dir, "/worker", worker_id);
   writer->csv_path_ = base + ".csv";
   writer->jsonl_path_ = base + ".jsonl";
-  ASSIGN_OR_RETURN(writer->csv_, OpenForWriting(writer->csv_path_));
-  ASSIGN_OR_RETURN(writer->jsonl_, OpenForWriting(writer->jsonl_path_));
+  ASSIGN_OR_RETURN(writer->csv_, OpenForWriting(writer->csv_path_, append));
+  ASSIGN_OR_RETURN(writer->jsonl_, OpenForWriting(writer->jsonl_path_, append));
   ASSIGN_OR_RETURN(writer->tensorboard_, TensorBoardWriter::Create(absl::StrCat(
                                              dir, "/tb/worker", worker_id)));
-  RETURN_IF_ERROR(writer->Append(writer->csv_, writer->csv_path_, CsvHeader()));
+  // Positioned at the end: 0 only for an empty file.
+  if (std::ftell(writer->csv_) <= 0) {
+    RETURN_IF_ERROR(
+        writer->Append(writer->csv_, writer->csv_path_, CsvHeader()));
+  }
   return writer;
 }
 

@@ -15,9 +15,10 @@
 //                       train/samples_per_sec, train/job_samples_per_sec,
 //                       time/compute_ms, time/exchange_ms, test/loss,
 //                       test/accuracy
-// The CSV and JSONL files are replaced when a run starts; event files are
-// new files beside older ones. Every row is flushed to the OS when written
-// (a run can be watched while it trains); nothing is fsynced.
+// The CSV and JSONL files are replaced when a run starts, or appended to
+// when it resumes from a checkpoint; event files are new files beside older
+// ones (TensorBoard reads them as one run). Every row is flushed to the OS when
+// written (a run can be watched while it trains); nothing is fsynced.
 //
 // Per-phase times: the trainer measures two phases per step, the compute
 // (forward and backward, with the wait for the prefetched batch) and the
@@ -123,9 +124,10 @@ class MetricsWriter {
   // Creates `dir` (and dir/tb/worker<worker_id>), replaces
   // dir/worker<worker_id>.csv and .jsonl (writing the CSV header) and opens
   // a new event file. Errors name the path (NOT_FOUND, PERMISSION_DENIED,
-  // INTERNAL).
+  // INTERNAL). With `append` (a resumed run), rows go after those already
+  // in the CSV and JSONL files (the header only if the CSV is empty).
   static absl::StatusOr<std::unique_ptr<MetricsWriter>> Create(
-      const std::string& dir, int worker_id);
+      const std::string& dir, int worker_id, bool append = false);
   ~MetricsWriter();
 
   // Appends `row` to the three files. The first failure is returned by

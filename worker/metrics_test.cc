@@ -1,4 +1,3 @@
-#include <algorithm>
 #include "worker/metrics.h"
 
 #include <cstdlib>
@@ -158,14 +157,14 @@ TEST(MetricsWriterTest, WritesCsvJsonlAndTensorBoard) {
   const nlohmann::json second = nlohmann::json::parse(jsonl[1]);
   EXPECT_TRUE(second["loss"].is_null());
   EXPECT_DOUBLE_EQ(second["test_accuracy"].get<double>(), 0.5);
-  // The same keys as the CSV's columns (nlohmann's objects iterate sorted).
+  // The same keys as the CSV's columns, in their order (ordered_json keeps
+  // the file's order; nlohmann::json would sort them).
+  const nlohmann::ordered_json ordered =
+      nlohmann::ordered_json::parse(jsonl[0]);
   std::vector<std::string> keys;
-  for (auto it = first.begin(); it != first.end(); ++it)
-    keys.push_back(it.key());
-  std::vector<std::string> columns =
-      absl::StrSplit(MetricsWriter::CsvHeader(), ',');
-  std::sort(columns.begin(), columns.end());
-  EXPECT_EQ(keys, columns);
+  for (const auto& item : ordered.items()) keys.push_back(item.key());
+  EXPECT_EQ(keys, std::vector<std::string>(
+                      absl::StrSplit(MetricsWriter::CsvHeader(), ',')));
 
   std::string events_file;
   ASSERT_TRUE(ReadFile(events_path, &events_file).ok());
@@ -192,6 +191,41 @@ TEST(MetricsWriterTest, WritesCsvJsonlAndTensorBoard) {
   EXPECT_EQ(event.summary().value(0).tag(), "test/loss");
   EXPECT_EQ(event.summary().value(1).tag(), "test/accuracy");
   EXPECT_FLOAT_EQ(event.summary().value(1).simple_value(), 0.5f);
+}
+
+TEST(MetricsWriterTest, ResumedRunAppendsAfterTheRowsThere) {
+  const std::string dir = TestDir("append");
+  StepMetrics metrics(32, 0.01f, kStart);
+  metrics.AddStep(1.0, absl::Milliseconds(10), absl::Milliseconds(10));
+  {
+    auto first = MetricsWriter::Create(dir, 0);
+    ASSERT_TRUE(first.ok()) << first.status();
+    ASSERT_TRUE((*first)->Write(metrics.TakeInterval(1, 0, kStart)).ok());
+  }
+  {
+    auto resumed = MetricsWriter::Create(dir, 0, /*append=*/true);
+    ASSERT_TRUE(resumed.ok()) << resumed.status();
+    metrics.AddStep(1.0, absl::Milliseconds(10), absl::Milliseconds(10));
+    ASSERT_TRUE((*resumed)->Write(metrics.TakeInterval(2, 0, kStart)).ok());
+  }
+  const std::vector<std::string> csv = Lines(dir + "/worker0.csv");
+  ASSERT_EQ(csv.size(), 3u);
+  EXPECT_EQ(csv[0], MetricsWriter::CsvHeader());
+  EXPECT_EQ(csv[1].substr(0, 2), "1,");
+  EXPECT_EQ(csv[2].substr(0, 2), "2,");
+  EXPECT_EQ(Lines(dir + "/worker0.jsonl").size(), 2u);
+  int event_files = 0;
+  for (const auto& entry :
+       std::filesystem::directory_iterator(dir + "/tb/worker0")) {
+    event_files += entry.is_regular_file();
+  }
+  EXPECT_EQ(event_files, 2);
+
+  // Appending to a folder without files starts them with the header.
+  const std::string fresh = TestDir("append_fresh");
+  ASSERT_TRUE(MetricsWriter::Create(fresh, 3, /*append=*/true).ok());
+  EXPECT_EQ(Lines(fresh + "/worker3.csv"),
+            std::vector<std::string>{MetricsWriter::CsvHeader()});
 }
 
 TEST(MetricsWriterTest, FolderThatCannotBeMadeIsAnError) {

@@ -531,7 +531,8 @@ absl::StatusOr<TrainerOutput> RunWorker(const TrainerOptions& options,
   std::unique_ptr<MetricsWriter> metrics;
   if (!options.metrics_dir.empty()) {
     ASSIGN_OR_RETURN(
-        metrics, MetricsWriter::Create(options.metrics_dir, options.worker_id));
+        metrics, MetricsWriter::Create(options.metrics_dir, options.worker_id,
+                                       /*append=*/options.resume));
   }
   int64_t step = start_step;
   double train_seconds = 0;
