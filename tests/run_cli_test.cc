@@ -180,7 +180,7 @@ TEST(RunCliTest, BadInputGetsOneLineErrorAndExitCode2) {
        "pstrain: error: --dataset=cifar100 --data_dir=" +
            std::string(pstrain::testing::kFashionMnistDir) +
            ": unknown dataset \"cifar100\"; expected one of: cifar10, "
-           "fashion_mnist, mnist, synthetic\n"},
+           "fashion_mnist, image_folder, mnist, synthetic\n"},
       {"--backend=cuda",
        "pstrain: error: --backend=cuda --gpu=0: this build has no CUDA "
        "backend; rebuild with bazel build --config=cuda\n"},
