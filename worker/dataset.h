@@ -75,8 +75,12 @@ struct DatasetOptions {
   // image_folder: every image is resized to image_size x image_size.
   int image_size = 224;
   // image_folder: skip and count unreadable images (a one-line warning on
-  // stderr names the count and the first), or fail naming the first.
-  BadImages bad_images = BadImages::kFail;
+  // stderr names the count and the first), or fail naming the first. Skip
+  // by default because a job spec has no field for it yet: workers started
+  // from a spec skip (and warn), while --bad_images (default fail) decides
+  // for `pstrain run`, which loads the dataset itself before any worker
+  // starts, and for train_bench.
+  BadImages bad_images = BadImages::kSkip;
   // Synthetic data only.
   int channels = 3;
   int num_classes = 1000;

@@ -448,9 +448,8 @@ TEST(ImageFolderTest, SkipModeCountsBrokenFiles) {
   EXPECT_EQ(d->train.images[2 * 768 + 17], At(b1, 16, 3, 1, 1, 0));
 
   // Through LoadDataset: the same images, standardised.
-  DatasetOptions dataset_options;
+  DatasetOptions dataset_options;  // skips by default
   dataset_options.image_size = 16;
-  dataset_options.bad_images = BadImages::kSkip;
   absl::StatusOr<Dataset> loaded =
       LoadDataset("image_folder", root, dataset_options);
   ASSERT_TRUE(loaded.ok()) << loaded.status();
@@ -484,7 +483,10 @@ TEST(ImageFolderTest, FailModeNamesTheFirstBrokenFile) {
             0u)
       << d.status();
   // LoadDataset's error is one line.
-  absl::StatusOr<Dataset> loaded = LoadDataset("image_folder", root);
+  DatasetOptions fail;
+  fail.image_size = 16;
+  fail.bad_images = BadImages::kFail;
+  absl::StatusOr<Dataset> loaded = LoadDataset("image_folder", root, fail);
   ASSERT_FALSE(loaded.ok());
   EXPECT_EQ(std::string(loaded.status().message()).find('\n'),
             std::string::npos);
