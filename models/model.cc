@@ -430,6 +430,20 @@ std::vector<int64_t> Model::PsTensorNumElements() const {
   return sizes;
 }
 
+std::vector<std::string> Model::PsTensorNames() const {
+  std::vector<std::string> names;
+  for (const Param* p : params_) names.push_back(p->name);
+  for (const Buffer* b : buffers_) names.push_back(b->name);
+  return names;
+}
+
+std::vector<Shape> Model::PsTensorShapes() const {
+  std::vector<Shape> shapes;
+  for (const Param* p : params_) shapes.push_back(p->value.shape());
+  for (const Buffer* b : buffers_) shapes.push_back(b->value.shape());
+  return shapes;
+}
+
 int64_t Model::NumParameters() const {
   int64_t n = 0;
   for (const Param* p : params_) n += p->value.size();

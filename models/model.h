@@ -113,6 +113,9 @@ class Model {
   const std::vector<Buffer*>& buffers() const { return buffers_; }
   // Element counts of the PS tensors: params, then buffers.
   std::vector<int64_t> PsTensorNumElements() const;
+  // Names and shapes of the PS tensors, in the same order (checkpoints).
+  std::vector<std::string> PsTensorNames() const;
+  std::vector<Shape> PsTensorShapes() const;
   int num_ps_tensors() const {
     return static_cast<int>(params_.size() + buffers_.size());
   }

@@ -17,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "server/local_shards.h"
+#include "tests/quadrant_dataset.h"
 #include "worker/checkpoint.h"
 #include "worker/trainer.h"
 
@@ -25,30 +26,8 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// Label: the brightest quadrant, plus noise (as sync_equivalence_test).
 Dataset MakeDataset(int64_t count) {
-  Dataset d;
-  d.name = "synthetic";
-  d.num_classes = 10;
-  std::mt19937_64 rng(7);
-  std::uniform_real_distribution<float> noise(0.0f, 0.5f);
-  for (LabeledImages* split : {&d.train, &d.test}) {
-    split->chw = {1, 28, 28};
-    split->count = split == &d.train ? count : 64;
-    split->stored = split->count;
-    split->images.resize(split->count * 784);
-    split->labels.resize(split->count);
-    for (int64_t i = 0; i < split->count; ++i) {
-      const int label = static_cast<int>(rng() % 4);
-      split->labels[i] = label;
-      for (int p = 0; p < 784; ++p) {
-        const int quadrant = (p / 28 >= 14) * 2 + (p % 28 >= 14);
-        split->images[i * 784 + p] =
-            noise(rng) + (quadrant == label ? 0.5f : 0.0f);
-      }
-    }
-  }
-  return d;
+  return testing::MakeQuadrantDataset(count, 64, 7);
 }
 
 struct RunConfig {

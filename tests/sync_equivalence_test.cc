@@ -12,39 +12,15 @@
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "server/local_shards.h"
+#include "tests/quadrant_dataset.h"
 #include "worker/collective.h"
 #include "worker/trainer.h"
 
 namespace pstrain {
 namespace {
 
-// A learnable synthetic dataset: the label is which quadrant of the image
-// is brightest, plus noise; 28x28x1, 10 classes (labels 0..3 used).
 Dataset MakeDataset(int64_t count) {
-  Dataset d;
-  d.name = "synthetic";
-  d.num_classes = 10;
-  std::mt19937_64 rng(42);
-  std::uniform_real_distribution<float> noise(0.0f, 0.5f);
-  for (LabeledImages* split : {&d.train, &d.test}) {
-    split->chw = {1, 28, 28};
-    split->count = split == &d.train ? count : 256;
-    split->stored = split->count;
-    split->images.resize(split->count * 784);
-    split->labels.resize(split->count);
-    for (int64_t i = 0; i < split->count; ++i) {
-      const int label = static_cast<int>(rng() % 4);
-      split->labels[i] = label;
-      for (int y = 0; y < 28; ++y) {
-        for (int x = 0; x < 28; ++x) {
-          const int quadrant = (y >= 14) * 2 + (x >= 14);
-          split->images[i * 784 + y * 28 + x] =
-              noise(rng) + (quadrant == label ? 0.5f : 0.0f);
-        }
-      }
-    }
-  }
-  return d;
+  return testing::MakeQuadrantDataset(count, 256, 42);
 }
 
 // `mode` "sync" (two shards) or "allreduce" (Gloo, no shards).

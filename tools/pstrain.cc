@@ -551,17 +551,8 @@ absl::Status CheckModelFiles(const JobSpec& spec, const Dataset* dataset) {
           std::unique_ptr<Model> model,
           Model::Create(spec.model(), dataset->train.chw, dataset->num_classes,
                         ModelOptions(), cpu.get()));
-      std::vector<std::string> names;
-      std::vector<std::vector<int64_t>> shapes;
-      for (const Param* p : model->params()) {
-        names.push_back(p->name);
-        shapes.push_back(p->value.shape());
-      }
-      for (const Buffer* b : model->buffers()) {
-        names.push_back(b->name);
-        shapes.push_back(b->value.shape());
-      }
-      verified = LoadCheckpointState(*latest, names, shapes,
+      verified = LoadCheckpointState(*latest, model->PsTensorNames(),
+                                     model->PsTensorShapes(),
                                      static_cast<int>(model->buffers().size()))
                      .status();
     }

@@ -29,6 +29,16 @@ std::string ShardFileName(int shard) {
   return absl::StrCat("shard-", shard, ".safetensors");
 }
 
+// Each shard's file in checkpoint folder `step_dir`, by shard index.
+std::vector<std::string> ShardPaths(const std::string& step_dir,
+                                    int num_shards) {
+  std::vector<std::string> paths;
+  for (int s = 0; s < num_shards; ++s) {
+    paths.push_back(absl::StrCat(step_dir, "/", ShardFileName(s)));
+  }
+  return paths;
+}
+
 absl::Status BadManifest(const std::string& path, const std::string& what) {
   return absl::DataLossError(absl::StrCat(path, ": ", what));
 }
@@ -301,12 +311,10 @@ absl::Status CheckpointWriter::Begin(
     return absl::InternalError(
         absl::StrCat(step_dir, ": cannot create it: ", error.message()));
   }
-  std::vector<std::string> paths;
-  for (int s = 0; s < job_.num_shards; ++s) {
-    paths.push_back(absl::StrCat(step_dir, "/", ShardFileName(s)));
-  }
-  ASSIGN_OR_RETURN(std::vector<CheckpointResponse> begun,
-                   exchange_->Checkpoint(step, paths, /*wait=*/false));
+  RETURN_IF_ERROR(exchange_
+                      ->Checkpoint(step, ShardPaths(step_dir, job_.num_shards),
+                                   /*wait=*/false)
+                      .status());
   std::vector<std::vector<float>> copy;
   copy.reserve(weights.size());
   for (absl::Span<float> w : weights) copy.emplace_back(w.begin(), w.end());
@@ -322,12 +330,10 @@ absl::Status CheckpointWriter::Finish(
     int64_t step, const DataPosition& position,
     const std::vector<std::vector<float>>& weights) {
   const std::string step_dir = CheckpointStepDir(dir_, step);
-  std::vector<std::string> paths;
-  for (int s = 0; s < job_.num_shards; ++s) {
-    paths.push_back(absl::StrCat(step_dir, "/", ShardFileName(s)));
-  }
-  ASSIGN_OR_RETURN(std::vector<CheckpointResponse> shards,
-                   exchange_->Checkpoint(step, paths, /*wait=*/true));
+  ASSIGN_OR_RETURN(
+      std::vector<CheckpointResponse> shards,
+      exchange_->Checkpoint(step, ShardPaths(step_dir, job_.num_shards),
+                            /*wait=*/true));
   std::vector<absl::Span<float>> spans;
   for (const std::vector<float>& w : weights) {
     spans.emplace_back(const_cast<float*>(w.data()), w.size());

@@ -65,8 +65,9 @@ class Workload {
   virtual absl::Status LoadModel(const std::string& path) = 0;
   virtual absl::Status SaveModel(const std::string& path, int64_t steps) = 0;
   // As SaveModel, with `weights` (PS tensors) in place of the model's own.
-  virtual absl::Status SaveWeights(const std::vector<absl::Span<float>>& weights,
-                                   const std::string& path, int64_t steps) = 0;
+  virtual absl::Status SaveWeights(
+      const std::vector<absl::Span<float>>& weights, const std::string& path,
+      int64_t steps) = 0;
 };
 
 class ModelWorkload : public Workload {
@@ -109,18 +110,10 @@ class ModelWorkload : public Workload {
     return model_->PsTensorNumElements();
   }
   std::vector<std::string> TensorNames() const override {
-    std::vector<std::string> names;
-    for (const Param* p : model_->params()) names.push_back(p->name);
-    for (const Buffer* b : model_->buffers()) names.push_back(b->name);
-    return names;
+    return model_->PsTensorNames();
   }
   std::vector<std::vector<int64_t>> TensorShapes() const override {
-    std::vector<std::vector<int64_t>> shapes;
-    for (const Param* p : model_->params()) shapes.push_back(p->value.shape());
-    for (const Buffer* b : model_->buffers()) {
-      shapes.push_back(b->value.shape());
-    }
-    return shapes;
+    return model_->PsTensorShapes();
   }
   void SkipBatches(int64_t n) override {
     for (int64_t i = 0; i < n && prefetcher_->Next(&batch_); ++i) {
@@ -445,16 +438,15 @@ absl::StatusOr<TrainerOutput> RunWorker(const TrainerOptions& options,
           manifest.dir, ": saved with batch size ", p.batch_size, ", ",
           p.num_workers, " workers, ", p.steps_per_epoch,
           " steps per epoch and seed ", p.seed, "; this job has ",
-          options.batch_size, ", ", options.num_workers, ", ",
-          steps_per_epoch, " and ", options.seed,
-          ": its data position cannot be restored"));
+          options.batch_size, ", ", options.num_workers, ", ", steps_per_epoch,
+          " and ", options.seed, ": its data position cannot be restored"));
     }
     start_step = p.epoch * steps_per_epoch + p.step_in_epoch;
     if (chief) {
-      ASSIGN_OR_RETURN(resume_state,
-                       LoadCheckpointState(manifest, workload->TensorNames(),
-                                           workload->TensorShapes(),
-                                           num_buffers));
+      ASSIGN_OR_RETURN(
+          resume_state,
+          LoadCheckpointState(manifest, workload->TensorNames(),
+                              workload->TensorShapes(), num_buffers));
       for (size_t t = 0; t < weights.size(); ++t) {
         std::copy(resume_state.weights[t].begin(),
                   resume_state.weights[t].end(), weights[t].begin());
@@ -485,9 +477,8 @@ absl::StatusOr<TrainerOutput> RunWorker(const TrainerOptions& options,
         options.checkpoint_dir, options.keep_checkpoints, std::move(job),
         exchange.get(),
         [w](const std::vector<absl::Span<float>>& weights,
-            const std::string& path, int64_t step) {
-          return w->SaveWeights(weights, path, step);
-        });
+            const std::string& path,
+            int64_t step) { return w->SaveWeights(weights, path, step); });
   }
   const bool evaluate = options.evaluate && workload->can_evaluate();
 
@@ -564,7 +555,8 @@ absl::StatusOr<TrainerOutput> RunWorker(const TrainerOptions& options,
         ++timed_steps;
       }
       ++step;
-      if (checkpoints != nullptr && step % options.checkpoint_every_steps == 0 &&
+      if (checkpoints != nullptr &&
+          step % options.checkpoint_every_steps == 0 &&
           step < int64_t{options.epochs} * steps_per_epoch) {
         DataPosition position;
         position.epoch = step / steps_per_epoch;
