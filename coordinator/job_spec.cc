@@ -177,6 +177,16 @@ absl::Status ValidateJobSpec(const JobSpec& spec) {
     return Bad("compute", absl::StrCat("\"", spec.compute(),
                                        "\"; expected model or synthetic"));
   }
+  if (spec.max_restarts() < 0 || spec.max_restarts() > 1000) {
+    return Bad("max_restarts",
+               absl::StrCat(spec.max_restarts(), "; expected 0 to 1000"));
+  }
+  if (spec.max_restarts() > 0 && spec.mode() == "allreduce") {
+    return Bad("max_restarts",
+               absl::StrCat(spec.max_restarts(),
+                            "; allreduce jobs do not recover from failures "
+                            "(only parameter-server jobs do): expected 0"));
+  }
   if (spec.partition_bytes() < 4 || spec.partition_bytes() % 4 != 0) {
     return Bad("partition_bytes",
                absl::StrCat(spec.partition_bytes(),

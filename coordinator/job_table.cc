@@ -158,9 +158,17 @@ absl::Status JobTable::Register(const std::string& id, TaskRole role, int index,
 absl::StatusOr<std::vector<std::string>> JobTable::WaitForLayout(
     const std::string& id, absl::Time deadline) {
   absl::MutexLock lock(&mu_);
-  auto ready = [this, &id]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+  auto all_registered = [](const JobInfo& job) {
+    for (const TaskInfo& t : job.tasks()) {
+      if (t.state() == TASK_WAITING) return false;
+    }
+    return true;
+  };
+  auto ready = [this, &id,
+                &all_registered]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     JobInfo* job = Find(id);
-    return job == nullptr || job->state() != JOB_PENDING;
+    return job == nullptr || JobEnded(job->state()) ||
+           (job->state() != JOB_PENDING && all_registered(*job));
   };
   mu_.AwaitWithDeadline(absl::Condition(&ready), deadline);
   ASSIGN_OR_RETURN(JobInfo * job, FindJob(id));
@@ -168,7 +176,7 @@ absl::StatusOr<std::vector<std::string>> JobTable::WaitForLayout(
     return absl::FailedPreconditionError(
         absl::StrCat(id, " has ended: ", job->message()));
   }
-  if (job->state() == JOB_PENDING) {
+  if (!all_registered(*job)) {
     std::vector<std::string> missing;
     for (const TaskInfo& t : job->tasks()) {
       if (t.state() == TASK_WAITING) {
@@ -264,6 +272,28 @@ absl::Status JobTable::TaskFinished(const TaskFinishedRequest& request,
   return Persist();
 }
 
+absl::Status JobTable::TaskRestarting(const std::string& id, TaskRole role,
+                                      int index, const std::string& why,
+                                      absl::Time now) {
+  absl::MutexLock lock(&mu_);
+  ASSIGN_OR_RETURN(JobInfo * job, FindJob(id));
+  ASSIGN_OR_RETURN(TaskInfo * task, FindTask(job, role, index));
+  if (JobEnded(job->state())) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(id, " has ended: ", job->message()));
+  }
+  task->set_restarts(task->restarts() + 1);
+  task->set_state(TASK_WAITING);
+  task->set_address("");
+  task->set_message(why);
+  task->set_waiting_since_ms(Ms(now));
+  google::protobuf::RepeatedPtrField<std::string> line;
+  line.Add(absl::StrCat(TaskName(role, index), " ", why, "; restarting it (",
+                        "restart ", task->restarts(), ")"));
+  AppendLog(job, role, index, line, now);
+  return Persist();
+}
+
 absl::Status JobTable::Cancel(const std::string& id, absl::Time now) {
   absl::MutexLock lock(&mu_);
   ASSIGN_OR_RETURN(JobInfo * job, FindJob(id));
@@ -292,11 +322,15 @@ std::vector<std::string> JobTable::CheckHeartbeats(absl::Time now,
                          t.address(), ": no heartbeat for ",
                          (Ms(now) - t.last_heartbeat_ms()) / 1000, " s"));
       } else if (t.state() == TASK_WAITING &&
-                 Ms(now) - std::max(job.submit_ms(), loaded_ms_) > limit) {
+                 Ms(now) - std::max({job.submit_ms(), loaded_ms_,
+                                     t.waiting_since_ms()}) >
+                     limit) {
+        const int64_t since = std::max(job.submit_ms(), t.waiting_since_ms());
         problems.push_back(
-            absl::StrCat("waiting for ", TaskName(t.role(), t.index()), " on ",
+            absl::StrCat("waiting for ", TaskName(t.role(), t.index()),
+                         t.restarts() > 0 ? " (restarted)" : "", " on ",
                          PlannedAddress(job.spec(), t.role(), t.index()),
-                         " for ", (Ms(now) - job.submit_ms()) / 1000, " s"));
+                         " for ", (Ms(now) - since) / 1000, " s"));
       }
     }
     if (problems.empty()) continue;

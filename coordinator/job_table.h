@@ -58,8 +58,9 @@ class JobTable {
   absl::Status Register(const std::string& id, TaskRole role, int index,
                         const std::string& address, absl::Time now);
 
-  // Blocks until every task of job `id` registered, then returns the
-  // addresses of the PS tasks, then the workers, by index.
+  // Blocks until every task of job `id` is registered (again, after a
+  // restart), then returns the addresses of the PS tasks, then the
+  // workers, by index.
   // DEADLINE_EXCEEDED naming the tasks still missing; FAILED_PRECONDITION
   // if the job ended first (with its message).
   absl::StatusOr<std::vector<std::string>> WaitForLayout(const std::string& id,
@@ -79,6 +80,13 @@ class JobTable {
   // succeeds when every worker is done. Worker 0's `result` becomes the
   // job's. Reports after the job ended only add their log lines.
   absl::Status TaskFinished(const TaskFinishedRequest& request, absl::Time now);
+
+  // The supervisor restarts task (role, index) of job `id`, which died
+  // (`why`: its exit status): the task waits for its registration again
+  // (from any address), the job stays RUNNING, and the log records it.
+  // FAILED_PRECONDITION when the job has ended.
+  absl::Status TaskRestarting(const std::string& id, TaskRole role, int index,
+                              const std::string& why, absl::Time now);
 
   // Ends a PENDING or RUNNING job as CANCELLED; FAILED_PRECONDITION if it
   // has already ended.

@@ -26,52 +26,34 @@ absl::Status ParameterShard::CheckWorker(const std::string& job_id,
   return absl::OkStatus();
 }
 
-absl::Status ParameterShard::Initialize(
-    const std::vector<int64_t>& param_num_elements, int64_t partition_bytes,
-    std::vector<InitChunk> chunks, int num_buffers) {
-  absl::MutexLock lock(&init_mu_);
-  if (initialized_.load()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "shard ", options_.shard_index, " is already initialised"));
-  }
-  absl::StatusOr<PartitionPlan> plan = PartitionPlan::Create(
-      param_num_elements, partition_bytes, options_.num_shards, num_buffers);
-  if (!plan.ok()) return plan.status();
-
-  std::vector<int> local_index(plan->chunks().size(), -1);
-  std::vector<std::unique_ptr<ChunkState>> states;
-  for (size_t i = 0; i < plan->chunks().size(); ++i) {
-    const ChunkSpec& spec = plan->chunks()[i];
-    if (spec.shard != options_.shard_index) continue;
-    local_index[i] = static_cast<int>(states.size());
-    auto state = std::make_unique<ChunkState>();
-    state->spec = spec;
-    states.push_back(std::move(state));
-  }
-  if (chunks.size() != states.size()) {
+absl::StatusOr<std::vector<InitChunk*>> ParameterShard::MatchInitChunks(
+    const PartitionPlan& plan, const std::vector<int>& local_index,
+    const std::vector<int64_t>& local_sizes,
+    std::vector<InitChunk>& chunks) const {
+  if (chunks.size() != local_sizes.size()) {
     return absl::InvalidArgumentError(
         absl::StrCat("init sent ", chunks.size(), " chunks; shard ",
-                     options_.shard_index, " owns ", states.size()));
+                     options_.shard_index, " owns ", local_sizes.size()));
   }
+  std::vector<InitChunk*> by_local(local_sizes.size(), nullptr);
   for (InitChunk& c : chunks) {
-    const int global = plan->FindChunk(c.param_id, c.chunk_index);
+    const int global = plan.FindChunk(c.param_id, c.chunk_index);
     if (global < 0 || local_index[global] < 0) {
       return absl::InvalidArgumentError(
           absl::StrCat("init chunk (", c.param_id, ", ", c.chunk_index,
                        ") is not owned by shard ", options_.shard_index));
     }
-    ChunkState& state = *states[local_index[global]];
-    absl::MutexLock chunk_lock(&state.mu);
-    if (!state.weights.empty()) {
+    const int local = local_index[global];
+    if (by_local[local] != nullptr) {
       return absl::InvalidArgumentError(absl::StrCat(
           "init chunk (", c.param_id, ", ", c.chunk_index, ") sent twice"));
     }
-    if (static_cast<int64_t>(c.values.size()) != state.spec.num_elements) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "init chunk (", c.param_id, ", ", c.chunk_index, ") has ",
-          c.values.size(), " elements; expected ", state.spec.num_elements));
-    }
     const size_t n = c.values.size();
+    if (static_cast<int64_t>(n) != local_sizes[local]) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "init chunk (", c.param_id, ", ", c.chunk_index, ") has ", n,
+          " elements; expected ", local_sizes[local]));
+    }
     for (const std::vector<float>* moment : {&c.m, &c.v}) {
       if (!moment->empty() && moment->size() != n) {
         return absl::InvalidArgumentError(absl::StrCat(
@@ -84,26 +66,111 @@ absl::Status ParameterShard::Initialize(
           absl::StrCat("init chunk (", c.param_id, ", ", c.chunk_index,
                        ") has version ", c.version, "; expected >= 0"));
     }
+    by_local[local] = &c;
+  }
+  return by_local;
+}
+
+absl::Status ParameterShard::Initialize(
+    const std::vector<int64_t>& param_num_elements, int64_t partition_bytes,
+    std::vector<InitChunk> chunks, int num_buffers, int64_t generation) {
+  absl::MutexLock lock(&init_mu_);
+  // Installs chunk `c` into `state` (whose lock is held).
+  auto install = [this](InitChunk& c,
+                        ChunkState& state) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    const size_t n = c.values.size();
     state.weights = std::move(c.values);
     state.m = c.m.empty() ? std::vector<float>(n, 0.0f) : std::move(c.m);
     state.v = c.v.empty() ? std::vector<float>(n, 0.0f) : std::move(c.v);
     state.version = c.version;
-    state.pending.resize(options_.num_workers);
+    state.pending.assign(options_.num_workers, {});
     state.has_pending.assign(options_.num_workers, false);
+    state.num_pending = 0;
+    state.num_latest = 0;
+  };
+  if (initialized_.load()) {
+    if (generation <= generation_.load()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "shard ", options_.shard_index,
+          " is already initialised (generation ", generation_.load(),
+          "); a restore must name a higher generation, not ", generation));
+    }
+    // A restore: the same layout, every chunk replaced.
+    if (param_num_elements != plan_->param_num_elements() ||
+        partition_bytes != plan_->partition_bytes() ||
+        num_buffers != plan_->num_buffers()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("restore of shard ", options_.shard_index,
+                       " sent another model layout than the job's (",
+                       param_num_elements.size(), " tensors, ", partition_bytes,
+                       " bytes per chunk)"));
+    }
+    std::vector<int64_t> sizes;
+    for (const std::unique_ptr<ChunkState>& c : chunks_) {
+      sizes.push_back(c->spec.num_elements);
+    }
+    absl::StatusOr<std::vector<InitChunk*>> by_local =
+        MatchInitChunks(*plan_, local_index_, sizes, chunks);
+    if (!by_local.ok()) return by_local.status();
+    // From here on the older generation's pushes (checked under each
+    // chunk's lock) and pulls are refused; the new generation's wait in
+    // WaitReady() until init_mu_ is released.
+    generation_.store(generation);
+    for (size_t i = 0; i < chunks_.size(); ++i) {
+      absl::MutexLock chunk_lock(&chunks_[i]->mu);
+      install(*(*by_local)[i], *chunks_[i]);
+    }
+    broken_.store(false);
+    NoteUpdate();
+    return absl::OkStatus();
+  }
+  absl::StatusOr<PartitionPlan> plan = PartitionPlan::Create(
+      param_num_elements, partition_bytes, options_.num_shards, num_buffers);
+  if (!plan.ok()) return plan.status();
+
+  std::vector<int> local_index(plan->chunks().size(), -1);
+  std::vector<std::unique_ptr<ChunkState>> states;
+  std::vector<int64_t> sizes;
+  for (size_t i = 0; i < plan->chunks().size(); ++i) {
+    const ChunkSpec& spec = plan->chunks()[i];
+    if (spec.shard != options_.shard_index) continue;
+    local_index[i] = static_cast<int>(states.size());
+    auto state = std::make_unique<ChunkState>();
+    state->spec = spec;
+    sizes.push_back(spec.num_elements);
+    states.push_back(std::move(state));
+  }
+  absl::StatusOr<std::vector<InitChunk*>> by_local =
+      MatchInitChunks(*plan, local_index, sizes, chunks);
+  if (!by_local.ok()) return by_local.status();
+  for (size_t i = 0; i < states.size(); ++i) {
+    absl::MutexLock chunk_lock(&states[i]->mu);
+    install(*(*by_local)[i], *states[i]);
   }
   plan_ = std::make_unique<PartitionPlan>(*std::move(plan));
   chunks_ = std::move(states);
   local_index_ = std::move(local_index);
+  generation_.store(generation);
   initialized_.store(true);
   return absl::OkStatus();
 }
 
-absl::Status ParameterShard::WaitReady(absl::Time deadline) const {
+absl::Status ParameterShard::WaitReady(absl::Time deadline,
+                                       int64_t min_generation) const {
   absl::MutexLock lock(&init_mu_);
-  auto ready = [this]() { return initialized_.load() || aborted_.load(); };
+  auto ready = [this, min_generation]() {
+    return (initialized_.load() && generation_.load() >= min_generation) ||
+           aborted_.load();
+  };
   // initialized_ only changes under init_mu_, so the condition is re-checked
   // whenever the mutex is released.
   if (!init_mu_.AwaitWithDeadline(absl::Condition(&ready), deadline)) {
+    if (initialized_.load()) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          "shard ", options_.shard_index, " was not restored to generation ",
+          min_generation, " by worker 0 before the deadline (it is at ",
+          generation_.load(), ")"));
+    }
     return absl::DeadlineExceededError(
         absl::StrCat("shard ", options_.shard_index,
                      " was not initialised by worker 0 before the deadline"));
@@ -116,6 +183,40 @@ absl::Status ParameterShard::AbortedStatus() const {
   absl::MutexLock lock(&abort_mu_);
   return absl::AbortedError(absl::StrCat("shard ", options_.shard_index,
                                          " aborted: ", abort_reason_));
+}
+
+absl::Status ParameterShard::CheckGeneration(int64_t generation) const {
+  const int64_t current = generation_.load();
+  if (generation != current) {
+    return absl::AbortedError(absl::StrCat(
+        "shard ", options_.shard_index, " is at generation ", current,
+        " (restored by worker 0 after a failure); the request is of "
+        "generation ",
+        generation));
+  }
+  if (broken_.load()) {
+    absl::MutexLock lock(&abort_mu_);
+    return absl::AbortedError(
+        absl::StrCat("shard ", options_.shard_index,
+                     ": no step can complete: ", broken_reason_));
+  }
+  return absl::OkStatus();
+}
+
+void ParameterShard::BreakBarrier(int64_t generation,
+                                  const std::string& reason) {
+  if (options_.mode != SyncMode::kSync) return;
+  {
+    absl::MutexLock init_lock(&init_mu_);
+    if (!initialized_.load() || generation != generation_.load() ||
+        broken_.load()) {
+      return;
+    }
+    absl::MutexLock lock(&abort_mu_);
+    broken_reason_ = reason;
+    broken_.store(true);
+  }
+  NoteUpdate();  // wakes the pulls, which see broken_
 }
 
 void ParameterShard::Abort(const std::string& reason) {
@@ -137,18 +238,22 @@ void ParameterShard::Abort(const std::string& reason) {
 
 absl::Status ParameterShard::Push(int worker_id, int32_t param_id,
                                   int32_t chunk_index, int64_t step,
-                                  absl::Span<const float> gradient) {
-  return Push(worker_id, param_id, chunk_index, step,
-              static_cast<int64_t>(gradient.size()),
-              [gradient](absl::Span<float> out) {
-                std::copy(gradient.begin(), gradient.end(), out.begin());
-                return absl::OkStatus();
-              });
+                                  absl::Span<const float> gradient,
+                                  int64_t generation) {
+  return Push(
+      worker_id, param_id, chunk_index, step,
+      static_cast<int64_t>(gradient.size()),
+      [gradient](absl::Span<float> out) {
+        std::copy(gradient.begin(), gradient.end(), out.begin());
+        return absl::OkStatus();
+      },
+      generation);
 }
 
 absl::Status ParameterShard::Push(int worker_id, int32_t param_id,
                                   int32_t chunk_index, int64_t step,
-                                  int64_t num_elements, GradientSource fill) {
+                                  int64_t num_elements, GradientSource fill,
+                                  int64_t generation) {
   if (!initialized_.load()) {
     return absl::FailedPreconditionError(absl::StrCat(
         "push to shard ", options_.shard_index, " before it was initialised"));
@@ -172,6 +277,10 @@ absl::Status ParameterShard::Push(int worker_id, int32_t param_id,
                      num_elements, " elements; expected ", n));
   }
   absl::MutexLock lock(&chunk.mu);
+  // Under the chunk's lock: a restore bumps the generation before it
+  // replaces any chunk, so no push of the older one lands in restored state.
+  absl::Status current = CheckGeneration(generation);
+  if (!current.ok()) return current;
   if (options_.mode == SyncMode::kAsync) {
     chunk.incoming.resize(n);
     absl::Status status = fill(absl::MakeSpan(chunk.incoming));
@@ -286,7 +395,8 @@ void ParameterShard::ApplyLocked(ChunkState& chunk, const float* gradient) {
 absl::Status ParameterShard::Pull(int64_t min_version, int64_t samples,
                                   absl::Time deadline, const PullVisitor& visit,
                                   const std::function<bool()>& after_chunk,
-                                  const std::atomic<bool>* cancelled) {
+                                  const std::atomic<bool>* cancelled,
+                                  int64_t generation) {
   if (!initialized_.load()) {
     return absl::FailedPreconditionError(
         absl::StrCat("pull from shard ", options_.shard_index,
@@ -317,6 +427,10 @@ absl::Status ParameterShard::Pull(int64_t min_version, int64_t samples,
         chunk.mu.Unlock();
         return AbortedStatus();
       }
+      if (absl::Status current = CheckGeneration(generation); !current.ok()) {
+        chunk.mu.Unlock();
+        return current;
+      }
       if (chunk.version < min_version) {
         chunk.mu.Unlock();
         continue;
@@ -335,7 +449,7 @@ absl::Status ParameterShard::Pull(int64_t min_version, int64_t samples,
     // None ready: wait for the next update, in slices, so that a broken
     // caller is noticed.
     auto changed = [this, seen]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
-      return updates_ != seen || aborted_.load();
+      return updates_ != seen || aborted_.load() || broken_.load();
     };
     const absl::Time slice =
         cancelled == nullptr
@@ -344,6 +458,9 @@ absl::Status ParameterShard::Pull(int64_t min_version, int64_t samples,
     updates_mu_.LockWhenWithDeadline(absl::Condition(&changed), slice);
     updates_mu_.Unlock();
     if (aborted_.load()) return AbortedStatus();
+    if (absl::Status current = CheckGeneration(generation); !current.ok()) {
+      return current;
+    }
     if (cancelled != nullptr && cancelled->load()) {
       return stream_ended();
     }
@@ -369,6 +486,8 @@ absl::Status ParameterShard::Pull(int64_t min_version, int64_t samples,
 
 ShardStats ParameterShard::Stats() const {
   ShardStats stats;
+  stats.initialized = initialized_.load();
+  stats.generation = generation_.load();
   stats.samples = samples_.load();
   stats.pushes = pushes_.load();
   stats.pulls = pulls_.load();

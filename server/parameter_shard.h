@@ -25,8 +25,22 @@
 //    unknown chunk key, wrong element count or dtype, a second push of the
 //    same chunk and step by the same worker, a layout that does not match.
 //  - FAILED_PRECONDITION: push or pull before Initialize(); a sync push for a
-//    step other than the chunk's current version; a second Initialize().
+//    step other than the chunk's current version; a second Initialize() of
+//    a generation not above the shard's.
 //  - DEADLINE_EXCEEDED: Pull() or WaitReady() past their deadline.
+//  - ABORTED: a push or pull of another generation than the shard's, or
+//    (sync mode) of a generation whose barrier is broken (see below).
+//
+// Recovery (--max_restarts): the shard's state has a generation, 0 from
+// the first Initialize(). When a task dies, worker 0 restores every shard
+// to a checkpoint with Initialize() of a higher generation; pushes and
+// pulls carry the generation their worker works on, and the shard refuses
+// other generations' with ABORTED, so that no update of the abandoned
+// timeline reaches the restored state. In sync mode a worker's stream that
+// breaks mid-step (its process died, or it gave the step up) breaks the
+// generation's barrier: no step can complete without that worker, so every
+// waiting pull ends at once with ABORTED naming it, instead of at the pull
+// timeout.
 //
 // Thread-safety: all methods may be called concurrently. Each chunk has its
 // own mutex, so chunks aggregate and update in parallel.
@@ -83,6 +97,8 @@ struct ChunkSnapshot {
 };
 
 struct ShardStats {
+  bool initialized = false;
+  int64_t generation = 0;
   int64_t samples = 0;
   int64_t min_version = 0;
   int64_t pushes = 0;
@@ -103,16 +119,23 @@ class ParameterShard {
 
   // Derives the partition plan from the model layout and installs the
   // initial weights of every chunk this shard owns (all of them, each once).
-  // All or nothing: on error the shard stays uninitialised.
+  // All or nothing: on error the shard keeps the state it had.
   // The last `num_buffers` tensors are buffers (see PartitionPlan).
+  // `generation` 0: a job's first Initialize (once). Above the shard's
+  // generation: a restore, allowed on an initialised shard with the same
+  // layout; it replaces every chunk's weights, Adam state and version,
+  // drops pending pushes, and ends the older generation's pulls (ABORTED).
   absl::Status Initialize(const std::vector<int64_t>& param_num_elements,
                           int64_t partition_bytes,
-                          std::vector<InitChunk> chunks, int num_buffers = 0);
+                          std::vector<InitChunk> chunks, int num_buffers = 0,
+                          int64_t generation = 0);
 
   bool initialized() const { return initialized_.load(); }
+  int64_t generation() const { return generation_.load(); }
 
-  // Blocks until Initialize() succeeded or `deadline` passes.
-  absl::Status WaitReady(absl::Time deadline) const;
+  // Blocks until Initialize() succeeded with a generation of at least
+  // `min_generation`, or `deadline` passes.
+  absl::Status WaitReady(absl::Time deadline, int64_t min_generation = 0) const;
 
   // The layout given to Initialize(); only valid once initialized().
   const PartitionPlan& plan() const { return *plan_; }
@@ -120,8 +143,10 @@ class ParameterShard {
   // Pushes worker `worker_id`'s gradient of chunk (param_id, chunk_index)
   // for step `step` (the weights version the gradient was computed on).
   // `gradient` must have the chunk's element count.
+  // `generation`: the pusher's (ABORTED unless it is the shard's).
   absl::Status Push(int worker_id, int32_t param_id, int32_t chunk_index,
-                    int64_t step, absl::Span<const float> gradient);
+                    int64_t step, absl::Span<const float> gradient,
+                    int64_t generation = 0);
 
   // Writes a gradient of exactly out.size() elements into `out` (a server
   // copies a received payload straight into the shard's pending slot).
@@ -133,7 +158,8 @@ class ParameterShard {
   // (it should have checked its payload before), the push is dropped: the
   // chunk keeps its weights and its other workers' pending gradients.
   absl::Status Push(int worker_id, int32_t param_id, int32_t chunk_index,
-                    int64_t step, int64_t num_elements, GradientSource fill);
+                    int64_t step, int64_t num_elements, GradientSource fill,
+                    int64_t generation = 0);
 
   // Called once per chunk of this shard with the chunk's weights at a
   // version >= min_version. The span is valid only during the call (the
@@ -153,11 +179,20 @@ class ParameterShard {
   // lock: where a server writes the chunk it encoded in `visit`; false stops
   // the pull with CANCELLED. `cancelled` (optional) is polled every 100 ms
   // while waiting; once true the pull ends with CANCELLED (the caller's
-  // stream broke).
+  // stream broke). `generation`: the puller's; the pull ends with ABORTED
+  // once the shard is at another one, or its barrier broke.
   absl::Status Pull(int64_t min_version, int64_t samples, absl::Time deadline,
                     const PullVisitor& visit,
                     const std::function<bool()>& after_chunk = nullptr,
-                    const std::atomic<bool>* cancelled = nullptr);
+                    const std::atomic<bool>* cancelled = nullptr,
+                    int64_t generation = 0);
+
+  // Sync mode, while the shard is at `generation`: no step of it can
+  // complete any more (`reason`: which worker's stream broke). Every
+  // waiting and later push and pull of that generation ends with ABORTED
+  // and `reason`, until a restore (Initialize() of a higher generation).
+  // A no-op in async mode and for another generation. Thread-safe.
+  void BreakBarrier(int64_t generation, const std::string& reason);
 
   ShardStats Stats() const;
 
@@ -205,10 +240,23 @@ class ParameterShard {
   const ShardOptions options_;
 
   absl::Status AbortedStatus() const;
+  // OK if `generation` is the shard's and its barrier holds; else ABORTED.
+  absl::Status CheckGeneration(int64_t generation) const;
+  // Checks `chunks` against the plan (each owned chunk once, sizes, versions)
+  // and returns them by local chunk index; changes nothing.
+  absl::StatusOr<std::vector<InitChunk*>> MatchInitChunks(
+      const PartitionPlan& plan, const std::vector<int>& local_index,
+      const std::vector<int64_t>& local_sizes,
+      std::vector<InitChunk>& chunks) const;
 
   std::atomic<bool> aborted_{false};
   mutable absl::Mutex abort_mu_;
   std::string abort_reason_ ABSL_GUARDED_BY(abort_mu_);
+  // Changed under init_mu_ (and read anywhere): the state's generation and
+  // whether its barrier broke (with the reason, under abort_mu_).
+  std::atomic<int64_t> generation_{0};
+  std::atomic<bool> broken_{false};
+  std::string broken_reason_ ABSL_GUARDED_BY(abort_mu_);
   mutable absl::Mutex init_mu_;
   std::atomic<bool> initialized_{false};
   // Set once by Initialize() before initialized_ becomes true; immutable

@@ -159,6 +159,7 @@ grpc::Status PsService::Init(grpc::ServerContext* context,
       request.layout().param_num_elements().end());
   const int64_t partition_bytes = request.layout().partition_bytes();
   const int num_buffers = request.layout().num_buffers();
+  const int64_t generation = request.generation();
   std::vector<InitChunk> chunks;
   int64_t elements = 0;
   while (reader->Read(&request)) {
@@ -179,7 +180,7 @@ grpc::Status PsService::Init(grpc::ServerContext* context,
   }
   const int64_t num_chunks = static_cast<int64_t>(chunks.size());
   status = shard_->Initialize(sizes, partition_bytes, std::move(chunks),
-                              num_buffers);
+                              num_buffers, generation);
   if (!status.ok()) return ToGrpcStatus(status);
   response->set_num_chunks(num_chunks);
   response->set_num_elements(elements);
@@ -199,8 +200,9 @@ grpc::Status PsService::WaitReady(grpc::ServerContext* context,
   if (client_deadline != std::chrono::system_clock::time_point::max()) {
     deadline = std::min(deadline, absl::FromChrono(client_deadline));
   }
-  status = shard_->WaitReady(deadline);
+  status = shard_->WaitReady(deadline, request->min_generation());
   if (!status.ok()) return ToGrpcStatus(status);
+  response->set_generation(shard_->generation());
   for (int64_t n : shard_->plan().param_num_elements()) {
     response->mutable_layout()->add_param_num_elements(n);
   }
@@ -222,12 +224,14 @@ grpc::Status PsService::PushPullStream(
   struct PullJob {
     int64_t min_version;
     int64_t samples;
+    int64_t generation;
   };
   absl::Mutex mu;
   std::deque<PullJob> jobs;  // guarded by mu
   bool closed = false;       // guarded by mu
   std::atomic<bool> cancelled{false};
   grpc::Status writer_status = grpc::Status::OK;  // written by the writer
+  absl::Notification reader_done;                 // the reader's loop ended
 
   std::thread writer([&] {
     grpc::ByteBuffer reply;
@@ -261,7 +265,7 @@ grpc::Status PsService::PushPullStream(
             write_failed = !stream->Write(reply);
             return !write_failed;
           },
-          &cancelled);
+          &cancelled, job.generation);
       if (status.ok()) {
         // The end of this pull: a message without a chunk.
         PushPullResponse last;
@@ -274,15 +278,44 @@ grpc::Status PsService::PushPullStream(
                                            "worker closed the stream during a "
                                            "pull")
                             : ToGrpcStatus(status);
+        if (!write_failed) {
+          // Tell the worker in-band, so that it half-closes and reads this
+          // status as the call's (a cancel would show it CANCELLED).
+          PushPullResponse error;
+          error.set_error_code(writer_status.error_code());
+          error.set_error_message(writer_status.error_message());
+          if (stream->Write(EncodeSmallMessage(error)) &&
+              reader_done.WaitForNotificationWithTimeout(absl::Seconds(10))) {
+            return;
+          }
+        }
         context->TryCancel();  // ends the reader's Read
         return;
       }
     }
   });
+  grpc::ByteBuffer buffer;
+  ReceivedChunkMessage received;
+  PushPullRequest request;  // the fields besides a push's chunk
+  int worker_id = -1;
+  int64_t generation = 0;
   // Stops the writer after its queued pulls (or at once when `cancel`) and
-  // returns the first error of either side.
+  // returns the first error of either side. A stream that ends any other
+  // way than by the worker's half-close leaves a sync step that cannot
+  // complete: the barrier breaks (ParameterShard::BreakBarrier).
   auto finish = [&](grpc::Status reader_status, bool cancel) {
+    reader_done.Notify();
     if (cancel) cancelled.store(true);
+    // Not for a message this shard refused (reader_status): a bad push
+    // changes nothing, the barrier included.
+    if (cancel && reader_status.ok() && worker_id >= 0) {
+      shard_->BreakBarrier(
+          generation,
+          absl::StrCat("worker ", worker_id, "'s push/pull stream to shard ",
+                       shard_->options().shard_index,
+                       " broke mid-step (the worker died or gave the step "
+                       "up)"));
+    }
     {
       absl::MutexLock lock(&mu);
       closed = true;
@@ -291,10 +324,6 @@ grpc::Status PsService::PushPullStream(
     return reader_status.ok() ? writer_status : reader_status;
   };
 
-  grpc::ByteBuffer buffer;
-  ReceivedChunkMessage received;
-  PushPullRequest request;  // the fields besides a push's chunk
-  int worker_id = -1;
   while (stream->Read(&buffer)) {
     Touch();
     absl::Status status = received.Parse(&buffer, kPushChunkField, &request);
@@ -303,6 +332,7 @@ grpc::Status PsService::PushPullStream(
                                  request.header().worker_id());
     if (!status.ok()) return finish(ToGrpcStatus(status), true);
     if (worker_id < 0) worker_id = request.header().worker_id();
+    generation = request.header().generation();
     if (worker_id != request.header().worker_id()) {
       return finish(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                                  absl::StrCat("stream of worker ", worker_id,
@@ -318,16 +348,18 @@ grpc::Status PsService::PushPullStream(
       // payload is then copied once, into the worker's pending slot.
       status = received.CheckFloat(chunk.num_elements());
       if (!status.ok()) return finish(ToGrpcStatus(status), true);
-      status = shard_->Push(worker_id, chunk.key().param_id(),
-                            chunk.key().chunk_index(), chunk.version(),
-                            chunk.num_elements(),
-                            [&received](absl::Span<float> out) {
-                              return received.CopyFloatPayload(out);
-                            });
+      status = shard_->Push(
+          worker_id, chunk.key().param_id(), chunk.key().chunk_index(),
+          chunk.version(), chunk.num_elements(),
+          [&received](absl::Span<float> out) {
+            return received.CopyFloatPayload(out);
+          },
+          generation);
       if (!status.ok()) return finish(ToGrpcStatus(status), true);
     } else if (request.has_pull()) {
       absl::MutexLock lock(&mu);
-      jobs.push_back({request.pull().min_version(), request.pull().samples()});
+      jobs.push_back(
+          {request.pull().min_version(), request.pull().samples(), generation});
     } else {
       return finish(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                                  "push/pull message carries neither push nor "
@@ -348,6 +380,8 @@ grpc::Status PsService::Stats(grpc::ServerContext* context,
                                             request->header().worker_id());
   if (!status.ok()) return ToGrpcStatus(status);
   const ShardStats stats = shard_->Stats();
+  response->set_initialized(stats.initialized);
+  response->set_generation(stats.generation);
   response->set_samples(stats.samples);
   response->set_min_version(stats.min_version);
   response->set_pushes(stats.pushes);

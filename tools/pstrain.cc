@@ -145,6 +145,11 @@ ABSL_FLAG(int64_t, checkpoint_every_steps, 0,
           "every this many steps into --checkpoint_dir; 0: none. PS modes.");
 ABSL_FLAG(int, keep_checkpoints, 3,
           "run: how many of the newest checkpoints to keep (>= 1).");
+ABSL_FLAG(int, max_restarts, -1,
+          "run: restart a task that dies, up to this many times in all; the "
+          "workers roll back to the newest checkpoint and go on (PS modes). "
+          "-1: 3 with --checkpoint_dir, else 0 (the first death fails the "
+          "job).");
 ABSL_FLAG(bool, resume, false,
           "run: continue from --checkpoint_dir's newest checkpoint "
           "(weights, Adam state, step and data position).");
@@ -336,6 +341,11 @@ JobSpec SpecFromFlags(const std::string& mode, int num_ps, int num_workers) {
   spec.set_checkpoint_every_steps(absl::GetFlag(FLAGS_checkpoint_every_steps));
   spec.set_keep_checkpoints(absl::GetFlag(FLAGS_keep_checkpoints));
   spec.set_resume(absl::GetFlag(FLAGS_resume));
+  const int max_restarts = absl::GetFlag(FLAGS_max_restarts);
+  spec.set_max_restarts(max_restarts >= 0 ? max_restarts
+                        : !spec.checkpoint_dir().empty() && mode != "allreduce"
+                            ? 3
+                            : 0);
   OptimizerSpec* optimizer = spec.mutable_optimizer();
   optimizer->set_lr(absl::GetFlag(FLAGS_lr));
   optimizer->set_beta1(absl::GetFlag(FLAGS_beta1));
@@ -428,10 +438,15 @@ absl::StatusOr<RunResult> RunJob(const JobSpec& spec,
 
   LocalCluster cluster;
   std::map<std::string, std::pair<TaskRole, int>> tasks;
+  // Each task's argv and environment, to restart it.
+  std::map<std::string,
+           std::pair<std::vector<std::string>, std::vector<std::string>>>
+      launches;
   for (int s = 0; s < spec.num_ps(); ++s) {
     const std::string role = absl::StrCat("ps", s);
     tasks[role] = {ROLE_PS, s};
-    RETURN_IF_ERROR(cluster.Start(role, task_argv(PsBinary(), true, s)));
+    launches[role] = {task_argv(PsBinary(), true, s), {}};
+    RETURN_IF_ERROR(cluster.Start(role, launches[role].first));
   }
   // Every task of a local run shares this machine's cores.
   const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
@@ -441,13 +456,17 @@ absl::StatusOr<RunResult> RunJob(const JobSpec& spec,
   for (int w = 0; w < spec.num_workers(); ++w) {
     const std::string role = absl::StrCat("worker", w);
     tasks[role] = {ROLE_WORKER, w};
-    RETURN_IF_ERROR(cluster.Start(role, task_argv(WorkerBinary(), false, w),
-                                  {omp_threads}));
+    launches[role] = {task_argv(WorkerBinary(), false, w), {omp_threads}};
+    RETURN_IF_ERROR(
+        cluster.Start(role, launches[role].first, launches[role].second));
   }
 
   // Follow the job to its end. A task that dies without reporting (a crash,
-  // a kill) fails the job here; the others learn it from their heartbeats.
+  // a kill) is restarted (--max_restarts) or fails the job here; the others
+  // learn it from their heartbeats.
   JobInfo job;
+  int restarts = 0;
+  std::vector<std::string> deaths;
   while (true) {
     if (g_signal != 0) {
       table.Cancel(job_id, absl::Now()).IgnoreError();
@@ -458,15 +477,48 @@ absl::StatusOr<RunResult> RunJob(const JobSpec& spec,
     }
     ChildExit exit = cluster.WaitAny(absl::Milliseconds(100));
     if (!exit.role.empty() && exit.code != 0) {
+      const auto [role, index] = tasks[exit.role];
+      const std::string status = exit.code > 0
+                                     ? absl::StrCat("exit code ", exit.code)
+                                     : absl::StrCat("signal ", -exit.code);
+      deaths.push_back(absl::StrCat(TaskName(role, index), " (", status, ")"));
+      ASSIGN_OR_RETURN(job, table.Get(job_id, JobTable::kNoLog));
+      // A task that died while the job runs (not one that reported its own
+      // failure: that ended the job) is restarted within the budget; the
+      // others recover around it (worker/trainer.h).
+      if (!JobEnded(job.state()) && restarts < spec.max_restarts()) {
+        ++restarts;
+        const std::string why = absl::StrCat("died (", status, ")");
+        std::printf("pstrain: %s %s; restarting it (restart %d of %d)\n",
+                    TaskName(role, index).c_str(), why.c_str(), restarts,
+                    spec.max_restarts());
+        std::fflush(stdout);
+        RETURN_IF_ERROR(
+            table.TaskRestarting(job_id, role, index, why, absl::Now()));
+        std::vector<std::string> argv = launches[exit.role].first;
+        if (role == ROLE_WORKER) argv.push_back("--rejoin");
+        RETURN_IF_ERROR(
+            cluster.Start(exit.role, argv, launches[exit.role].second));
+        continue;
+      }
+      std::string budget;
+      if (spec.max_restarts() > 0) {
+        absl::StatusOr<CheckpointManifest> latest =
+            spec.checkpoint_dir().empty()
+                ? absl::NotFoundError("")
+                : ReadLatestCheckpoint(spec.checkpoint_dir());
+        budget = absl::StrCat(
+            " (the restart budget, --max_restarts=", spec.max_restarts(),
+            ", is spent; deaths: ", absl::StrJoin(deaths, ", "),
+            "; last checkpoint: ", latest.ok() ? latest->dir : "none", ")");
+      }
       TaskFinishedRequest report;
       report.mutable_task()->set_job_id(job_id);
-      report.mutable_task()->set_role(tasks[exit.role].first);
-      report.mutable_task()->set_index(tasks[exit.role].second);
-      report.set_message(absl::StrCat(
-          "exited with ",
-          exit.code > 0 ? absl::StrCat("exit code ", exit.code)
-                        : absl::StrCat("signal ", -exit.code),
-          exit.last_error_line.empty() ? "" : ": ", exit.last_error_line));
+      report.mutable_task()->set_role(role);
+      report.mutable_task()->set_index(index);
+      report.set_message(absl::StrCat("exited with ", status, budget,
+                                      exit.last_error_line.empty() ? "" : ": ",
+                                      exit.last_error_line));
       // A no-op when the task reported its failure itself.
       table.TaskFinished(report, absl::Now()).IgnoreError();
     }
@@ -520,6 +572,17 @@ absl::Status CheckModelFiles(const JobSpec& spec, const Dataset* dataset) {
     }
   }
   const std::string dir = spec.checkpoint_dir();
+  if (absl::GetFlag(FLAGS_max_restarts) < -1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--max_restarts=", absl::GetFlag(FLAGS_max_restarts),
+                     ": expected >= 0 (or -1: 3 with --checkpoint_dir)"));
+  }
+  if (spec.max_restarts() > 0 && spec.mode() == "allreduce") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--max_restarts=", spec.max_restarts(),
+                     ": allreduce jobs do not recover from failures; only "
+                     "parameter-server jobs (--mode=sync or async) do"));
+  }
   if (spec.checkpoint_every_steps() < 0 || spec.keep_checkpoints() < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("--checkpoint_every_steps=", spec.checkpoint_every_steps(),

@@ -1,5 +1,8 @@
 #include "worker/checkpoint.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <filesystem>
 #include <limits>
@@ -100,6 +103,64 @@ absl::StatusOr<CheckpointManifest::File> FileField(const std::string& path,
   ASSIGN_OR_RETURN(f.size_bytes, Field<uint64_t>(path, j, "size_bytes"));
   ASSIGN_OR_RETURN(f.crc32, Field<uint32_t>(path, j, "crc32"));
   return f;
+}
+
+// Makes the names in `folder` durable (fsync of the folder itself).
+absl::Status SyncFolder(const std::string& folder) {
+  const int fd = open(folder.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return ErrnoToStatus(errno, folder);
+  const int synced = fsync(fd);
+  const int error = errno;
+  close(fd);
+  return synced == 0 ? absl::OkStatus() : ErrnoToStatus(error, folder);
+}
+
+// The step DIR/latest names, or -1 if it names none.
+int64_t LatestStep(const std::string& dir) {
+  std::string text;
+  int64_t step = -1;
+  if (!ReadFile(absl::StrCat(dir, "/latest"), &text).ok()) return -1;
+  absl::string_view name = absl::StripAsciiWhitespace(text);
+  if (!absl::ConsumePrefix(&name, "step-") || !absl::SimpleAtoi(name, &step)) {
+    return -1;
+  }
+  return step;
+}
+
+// With no checkpoint write in flight and DIR/latest at `latest`: removes
+// every step folder but `latest` and the newest `keep` - 1 older ones that
+// have a manifest. Folders after `latest` and folders without a manifest are
+// what a killed writer left (a write or a removal cut short), and do not
+// count as checkpoints. A manifest goes first, so that a removal cut short
+// leaves no checkpoint behind. Errors are ignored: a folder left is removed
+// next time.
+void RemoveOldCheckpoints(const std::string& dir, int64_t latest, int keep) {
+  std::vector<int64_t> older;
+  std::vector<int64_t> remove;
+  std::error_code error;
+  for (const fs::directory_entry& e : fs::directory_iterator(dir, error)) {
+    const std::string name = e.path().filename().string();
+    int64_t s = 0;
+    if (!absl::StartsWith(name, "step-") ||
+        !absl::SimpleAtoi(absl::string_view(name).substr(5), &s) ||
+        s == latest) {
+      continue;
+    }
+    if (s < latest && fs::exists(e.path() / kManifest, error)) {
+      older.push_back(s);
+    } else {
+      remove.push_back(s);
+    }
+  }
+  std::sort(older.rbegin(), older.rend());
+  for (size_t i = std::max(keep - 1, 0); i < older.size(); ++i) {
+    remove.push_back(older[i]);
+  }
+  for (int64_t s : remove) {
+    const std::string step_dir = absl::StrCat(dir, "/step-", s);
+    fs::remove(absl::StrCat(step_dir, "/", kManifest), error);
+    fs::remove_all(step_dir, error);
+  }
 }
 
 }  // namespace
@@ -287,7 +348,9 @@ CheckpointWriter::~CheckpointWriter() {
 absl::Status CheckpointWriter::Wait() {
   if (background_.joinable()) background_.join();
   absl::MutexLock lock(&mu_);
-  return background_status_;
+  absl::Status status = std::move(background_status_);
+  background_status_ = absl::OkStatus();
+  return status;
 }
 
 int64_t CheckpointWriter::completed() const {
@@ -304,6 +367,11 @@ absl::Status CheckpointWriter::Begin(
     int64_t step, const DataPosition& position,
     const std::vector<absl::Span<float>>& weights) {
   RETURN_IF_ERROR(Wait());
+  // What a writer killed before this one left (this step's folder among
+  // them) goes first, so that DIR holds at most keep + 1 step folders.
+  if (const int64_t latest = LatestStep(dir_); latest >= 0) {
+    RemoveOldCheckpoints(dir_, latest, keep_);
+  }
   const std::string step_dir = CheckpointStepDir(dir_, step);
   std::error_code error;
   fs::create_directories(step_dir, error);
@@ -311,6 +379,8 @@ absl::Status CheckpointWriter::Begin(
     return absl::InternalError(
         absl::StrCat(step_dir, ": cannot create it: ", error.message()));
   }
+  // The folder's name is durable before DIR/latest can name it.
+  RETURN_IF_ERROR(SyncFolder(dir_));
   RETURN_IF_ERROR(exchange_
                       ->Checkpoint(step, ShardPaths(step_dir, job_.num_shards),
                                    /*wait=*/false)
@@ -394,22 +464,9 @@ absl::Status CheckpointWriter::Finish(
     ++completed_;
     latest_path_ = step_dir;
   }
-  // Keep the newest `keep_` checkpoints (by step); older ones go only now
-  // that the new one is durable and named by `latest`.
-  std::vector<int64_t> steps;
-  std::error_code error;
-  for (const fs::directory_entry& e : fs::directory_iterator(dir_, error)) {
-    const std::string name = e.path().filename().string();
-    int64_t s = 0;
-    if (absl::StartsWith(name, "step-") &&
-        absl::SimpleAtoi(absl::string_view(name).substr(5), &s) && s <= step) {
-      steps.push_back(s);
-    }
-  }
-  std::sort(steps.rbegin(), steps.rend());
-  for (size_t i = keep_; i < steps.size(); ++i) {
-    fs::remove_all(CheckpointStepDir(dir_, steps[i]), error);
-  }
+  // Keep the newest `keep_` checkpoints; older ones go only now that the new
+  // one is durable and named by `latest`.
+  RemoveOldCheckpoints(dir_, step, keep_);
   return absl::OkStatus();
 }
 

@@ -30,8 +30,12 @@
 // shards' files to be durable, writes the model file and the manifest
 // (each fsynced, renamed, folder fsynced), moves DIR/latest, and removes
 // the checkpoints older than the newest `keep`. A checkpoint whose manifest
-// is missing or does not verify does not exist. Async mode: each shard
-// saves its chunks as they are at that moment; the manifest records each
+// is missing or does not verify does not exist. A writer killed at any
+// moment (tests/checkpoint_crash_test) leaves DIR/latest naming a whole
+// checkpoint; what it left besides (a folder without a manifest, one after
+// `latest`, temporary files in them) is removed by the next writer's first
+// Begin, so DIR never holds more than keep + 1 step folders. Async mode: each
+// shard saves its chunks as they are at that moment; the manifest records each
 // shard's smallest and largest chunk version (a resumed async job restarts
 // each chunk at its saved version, Adam's step count included; chunks
 // split differently on load take the smallest version they overlap).
@@ -138,7 +142,8 @@ class CheckpointWriter {
   // previous checkpoint or of the shards comes back here.
   absl::Status Begin(int64_t step, const DataPosition& position,
                      const std::vector<absl::Span<float>>& weights);
-  // Waits for the checkpoint in flight; its error.
+  // Waits for the checkpoint in flight; its error (reported once: a run
+  // that recovers from a failure goes on writing checkpoints).
   absl::Status Wait();
 
   // Steps of the checkpoints made durable so far, and the newest's path.

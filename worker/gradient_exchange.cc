@@ -69,7 +69,38 @@ class PsExchange : public GradientExchange {
   absl::Status BeforePause() override { return client_->CloseStreams(); }
   absl::Status Finish() override { return client_->Done(); }
 
+  absl::StatusOr<int64_t> Recover(const std::vector<std::string>& addresses,
+                                  const ModelState* restore) override {
+    return Continue(addresses, restore, client_->generation() + 1);
+  }
+
+  absl::StatusOr<int64_t> Rejoin(const std::vector<absl::Span<float>>& weights,
+                                 const ModelState* restore) override {
+    weights_ = weights;
+    return Continue({}, restore, 0);
+  }
+
  private:
+  // Recover() and Rejoin(): the shards' generation of at least
+  // `min_generation` (worker 0: a new one it restores).
+  absl::StatusOr<int64_t> Continue(const std::vector<std::string>& addresses,
+                                   const ModelState* restore,
+                                   int64_t min_generation) {
+    client_->Reset();
+    if (!addresses.empty()) RETURN_IF_ERROR(client_->SetAddresses(addresses));
+    if (restore != nullptr) {
+      std::vector<absl::Span<const float>> weights;
+      for (const std::vector<float>& w : restore->weights) {
+        weights.push_back(absl::MakeConstSpan(w));
+      }
+      ASSIGN_OR_RETURN(min_generation,
+                       client_->Restore(weights, *restore, init_timeout_));
+    }
+    RETURN_IF_ERROR(client_->WaitReady(init_timeout_, min_generation));
+    ASSIGN_OR_RETURN(version_, client_->PushPull(0, {}, 0, 0, weights_));
+    return version_;
+  }
+
   absl::Status BeginStep(const std::vector<absl::Span<const float>>& gradients,
                          int64_t samples) {
     return client_->BeginStep(version_, gradients, sync_ ? version_ + 1 : 0,

@@ -55,6 +55,34 @@ class GradientExchange {
   virtual absl::Status Start(const std::vector<absl::Span<float>>& weights,
                              const ModelState* resume = nullptr) = 0;
 
+  // PS jobs that recover from failures (--max_restarts), after a step
+  // failed because a task died: gives up the step in flight and every
+  // stream, points the client at `addresses` (a restarted shard listens
+  // elsewhere; empty: unchanged), and continues on the shards' next
+  // generation (proto/ps.proto, RequestHeader): worker 0 (`restore`
+  // non-null: the newest checkpoint's state, or the job's initial weights)
+  // restores every shard to it first; the others wait for that (at most
+  // the init timeout). Then pulls the restored weights into the Start()
+  // spans and returns the smallest version pulled. UNIMPLEMENTED for
+  // allreduce.
+  virtual absl::StatusOr<int64_t> Recover(
+      const std::vector<std::string>& addresses, const ModelState* restore) {
+    return absl::UnimplementedError(
+        "allreduce jobs do not recover from failures; only parameter-server "
+        "jobs do");
+  }
+
+  // In place of Start(), for a task restarted into a running PS job: the
+  // shards are initialised already. Worker 0 (`restore` non-null) restores
+  // them as Recover() does; the others join the shards' current
+  // generation. Pulls the weights into `weights` (kept as in Start()) and
+  // returns the smallest version pulled.
+  virtual absl::StatusOr<int64_t> Rejoin(
+      const std::vector<absl::Span<float>>& weights,
+      const ModelState* restore) {
+    return Recover({}, restore);
+  }
+
   // Worker 0 of a PS job: the shards' part of checkpoint `step` (see
   // PsClient::Checkpoint). Thread-safe against Step(): a background thread
   // may wait (`wait` true) while training goes on. UNIMPLEMENTED for

@@ -308,11 +308,31 @@ TEST(PsExchangeTest, FailedCopyIsStepsErrorAndMidStepExitIsPrompt) {
     EXPECT_EQ(shards.shard(0).Stats().pushes, 0);
     EXPECT_EQ(w[2], std::vector<float>(kElements, 0.1f));
   }
-  // Backward fails after one layer: the exchange goes away mid-step.
-  const absl::Time start = absl::Now();
+  // The step given up mid-way broke the shard's barrier (its pull was in,
+  // its pushes never came): no step of this generation can complete, and
+  // a worker that joins hears why at once.
   {
     std::unique_ptr<GradientExchange> exchange = shards.Exchange(0, false);
-    ASSERT_TRUE(exchange->Start(weights).ok());
+    const absl::Status s = exchange->Start(weights);
+    EXPECT_EQ(s.code(), absl::StatusCode::kAborted) << s;
+    EXPECT_NE(s.message().find("worker 0's push/pull stream to shard 0 broke"),
+              std::string::npos)
+        << s;
+  }
+  // Worker 0 restores the shards (generation 1); then backward fails after
+  // one layer: the exchange goes away mid-step, promptly.
+  ModelState initial;
+  initial.weights = w;
+  initial.m.resize(kTensors);
+  initial.v.resize(kTensors);
+  initial.versions.resize(kTensors);
+  const absl::Time start = absl::Now();
+  {
+    std::unique_ptr<GradientExchange> exchange = shards.Exchange(0, true);
+    absl::StatusOr<int64_t> version = exchange->Rejoin(weights, &initial);
+    ASSERT_TRUE(version.ok()) << version.status();
+    EXPECT_EQ(*version, 0);
+    EXPECT_EQ(shards.shard(0).generation(), 1);
     exchange->GradientsReady(gradients, 1, {2}, nullptr);
   }
   EXPECT_LT(absl::Now() - start, absl::Seconds(2));

@@ -36,7 +36,15 @@ grpc::ChannelArguments PsChannelArguments() {
 }
 
 PsClient::PsClient(const PsClientOptions& options, const PartitionPlan& plan)
-    : options_(options), plan_(plan) {}
+    : options_(options), plan_(plan), addresses_(options.addresses) {}
+
+void PsClient::Connect(int s) {
+  channels_[s] = grpc::CreateCustomChannel(
+      addresses_[s], grpc::InsecureChannelCredentials(), PsChannelArguments());
+  stubs_[s] = ParameterServer::NewStub(channels_[s]);
+  push_pull_methods_[s] = std::make_unique<grpc::internal::RpcMethod>(
+      kPushPullMethod, grpc::internal::RpcMethod::BIDI_STREAMING, channels_[s]);
+}
 
 PsClient::~PsClient() {
   AbortStep();
@@ -69,14 +77,10 @@ absl::StatusOr<std::unique_ptr<PsClient>> PsClient::Create(
       client->tensor_chunks_[client->shard_chunks_[s][i].param_id].emplace_back(
           s, static_cast<int>(i));
     }
-    client->channels_.push_back(grpc::CreateCustomChannel(
-        options.addresses[s], grpc::InsecureChannelCredentials(),
-        PsChannelArguments()));
-    client->stubs_.push_back(
-        ParameterServer::NewStub(client->channels_.back()));
-    client->push_pull_methods_.emplace_back(
-        kPushPullMethod, grpc::internal::RpcMethod::BIDI_STREAMING,
-        client->channels_.back());
+    client->channels_.emplace_back();
+    client->stubs_.emplace_back();
+    client->push_pull_methods_.emplace_back();
+    client->Connect(s);
   }
   client->streams_.resize(plan.num_shards());
   for (int s = 0; s < plan.num_shards(); ++s) {
@@ -88,18 +92,46 @@ absl::StatusOr<std::unique_ptr<PsClient>> PsClient::Create(
 void PsClient::SetHeader(RequestHeader* header) const {
   header->set_job_id(options_.job_id);
   header->set_worker_id(options_.worker_id);
+  header->set_generation(generation_);
 }
 
 absl::Status PsClient::ShardError(int shard, const grpc::Status& status) const {
   absl::Status s = FromGrpcStatus(status);
-  return absl::Status(
-      s.code(), absl::StrCat("shard ", shard, " (", options_.addresses[shard],
-                             "): ", s.message()));
+  return absl::Status(s.code(),
+                      absl::StrCat("shard ", shard, " (", addresses_[shard],
+                                   "): ", s.message()));
 }
 
 absl::Status PsClient::Initialize(
     const std::vector<absl::Span<const float>>& params,
     const ModelState* resume) {
+  return InitializeAs(params, resume, 0);
+}
+
+absl::StatusOr<int64_t> PsClient::Restore(
+    const std::vector<absl::Span<const float>>& weights,
+    const ModelState& state, absl::Duration timeout) {
+  int64_t highest = 0;
+  for (int s = 0; s < num_shards(); ++s) {
+    grpc::ClientContext context;
+    SetDeadline(&context, timeout);
+    context.set_wait_for_ready(true);  // a restarted shard may be starting
+    StatsRequest request;
+    SetHeader(request.mutable_header());
+    StatsResponse response;
+    const grpc::Status status = stubs_[s]->Stats(&context, request, &response);
+    if (!status.ok()) return ShardError(s, status);
+    highest = std::max(highest, response.generation());
+  }
+  const int64_t generation = highest + 1;
+  RETURN_IF_ERROR(InitializeAs(weights, &state, generation));
+  generation_ = generation;
+  return generation;
+}
+
+absl::Status PsClient::InitializeAs(
+    const std::vector<absl::Span<const float>>& params,
+    const ModelState* resume, int64_t generation) {
   for (int s = 0; s < num_shards(); ++s) {
     grpc::ClientContext context;
     SetDeadline(&context, options_.rpc_timeout);
@@ -112,6 +144,7 @@ absl::Status PsClient::Initialize(
     }
     first.mutable_layout()->set_partition_bytes(plan_.partition_bytes());
     first.mutable_layout()->set_num_buffers(plan_.num_buffers());
+    first.set_generation(generation);
     bool ok = writer->Write(first);
     for (const ChunkSpec& c : shard_chunks_[s]) {
       if (!ok) break;
@@ -143,13 +176,19 @@ absl::Status PsClient::Initialize(
   return absl::OkStatus();
 }
 
-absl::Status PsClient::WaitReady(absl::Duration timeout) {
-  for (int s = 0; s < num_shards(); ++s) {
+absl::Status PsClient::WaitReady(absl::Duration timeout,
+                                 int64_t min_generation) {
+  const absl::Time deadline = absl::Now() + timeout;
+  int64_t generation = min_generation;
+  // Until every shard answers at the same generation (a shard already
+  // restored further raises the bar for the others).
+  for (int s = 0; s < num_shards();) {
     grpc::ClientContext context;
-    SetDeadline(&context, timeout);
+    context.set_deadline(absl::ToChronoTime(deadline));
     context.set_wait_for_ready(true);  // the shard may still be starting
     WaitReadyRequest request;
     SetHeader(request.mutable_header());
+    request.set_min_generation(generation);
     WaitReadyResponse response;
     const grpc::Status status =
         stubs_[s]->WaitReady(&context, request, &response);
@@ -161,25 +200,60 @@ absl::Status PsClient::WaitReady(absl::Duration timeout) {
         response.layout().partition_bytes() != plan_.partition_bytes() ||
         response.layout().num_buffers() != plan_.num_buffers()) {
       return absl::FailedPreconditionError(
-          absl::StrCat("shard ", s, " (", options_.addresses[s],
+          absl::StrCat("shard ", s, " (", addresses_[s],
                        ") was initialised with a different model layout (",
                        sizes.size(), " tensors) than this worker's (",
                        plan_.param_num_elements().size(), " tensors)"));
     }
+    if (response.generation() > generation) {
+      generation = response.generation();
+      s = 0;
+      continue;
+    }
+    ++s;
+  }
+  generation_ = generation;
+  return absl::OkStatus();
+}
+
+absl::Status PsClient::SetAddresses(const std::vector<std::string>& addresses) {
+  if (static_cast<int>(addresses.size()) != num_shards()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(addresses.size(), " PS addresses for a client of ",
+                     num_shards(), " shards"));
+  }
+  Reset();
+  for (int s = 0; s < num_shards(); ++s) {
+    if (addresses[s] == addresses_[s]) continue;
+    addresses_[s] = addresses[s];
+    Connect(s);
   }
   return absl::OkStatus();
+}
+
+void PsClient::Reset() {
+  AbortStep();
+  absl::MutexLock lock(&streams_mu_);
+  for (Stream& s : streams_) {
+    if (s.context != nullptr) s.context->TryCancel();
+    if (s.stream != nullptr) s.stream->Finish();
+    s.stream.reset();
+    s.context.reset();
+  }
 }
 
 absl::Status PsClient::FinishStream(int shard) {
   Stream& s = streams_[shard];
   s.stream->WritesDone();
   const grpc::Status status = s.stream->Finish();
-  s.stream.reset();
-  s.context.reset();
+  {
+    absl::MutexLock lock(&streams_mu_);
+    s.stream.reset();
+    s.context.reset();
+  }
   if (status.ok()) {
-    return absl::UnavailableError(absl::StrCat("shard ", shard, " (",
-                                               options_.addresses[shard],
-                                               "): stream ended early"));
+    return absl::UnavailableError(absl::StrCat(
+        "shard ", shard, " (", addresses_[shard], "): stream ended early"));
   }
   return ShardError(shard, status);
 }
@@ -253,13 +327,27 @@ absl::Status PsClient::PushPullShard(int shard, StepState* state,
   std::thread pusher([&] {
     pushed = WritePushes(shard, state);
     // The shard will not answer without this worker's pushes: end the call
-    // so that the read below returns.
-    if (!pushed.ok()) s.context->TryCancel();
+    // so that the read below returns (a broken stream has ended already).
+    if (!pushed.ok() && !absl::IsUnavailable(pushed)) {
+      absl::MutexLock lock(&streams_mu_);
+      s.context->TryCancel();
+    }
   });
-  // Ends the call (so a blocked push returns), then the pusher; a pusher's
-  // own error (a failed fence) comes first.
+  // Ends the step on this shard; a pusher's own error (a failed fence)
+  // comes first. `status` OK: the call ended on its own (the shard ended
+  // it, or its process or the connection died): the pusher is stopped
+  // without cancelling the call, so that Finish() reads the shard's real
+  // status. Otherwise this worker gives the call up (cancelled) and
+  // `status` is the error.
   auto fail = [&](absl::Status status) {
-    s.context->TryCancel();
+    {
+      absl::MutexLock lock(&state->mu);
+      state->aborted = true;
+    }
+    if (!status.ok()) {
+      absl::MutexLock lock(&streams_mu_);
+      s.context->TryCancel();
+    }
     pusher.join();
     absl::Status finished = FinishStream(shard);
     if (!pushed.ok() && !absl::IsUnavailable(pushed) &&
@@ -279,6 +367,11 @@ absl::Status PsClient::PushPullShard(int shard, StepState* state,
     if (!status.ok()) {
       return fail(absl::DataLossError(
           absl::StrCat("shard ", shard, ": ", status.message())));
+    }
+    if (envelope.error_code() != 0) {
+      // The shard ends the call with that error once this worker
+      // half-closes (FinishStream).
+      return fail(absl::OkStatus());
     }
     if (received.has_chunk()) {
       const TensorChunk& chunk = received.chunk();
@@ -361,13 +454,14 @@ absl::Status PsClient::BeginStep(
       stream.stream.reset(grpc::internal::ClientReaderWriterFactory<
                           grpc::ByteBuffer,
                           grpc::ByteBuffer>::Create(channels_[s].get(),
-                                                    push_pull_methods_[s],
+                                                    *push_pull_methods_[s],
                                                     stream.context.get()));
     }
   }
   for (int s = 0; s < n; ++s) {
     state->threads.emplace_back([this, state, s] {
       state->statuses[s] = PushPullShard(s, state, &state->versions[s]);
+      if (!state->statuses[s].ok()) CancelStep(state, s);
     });
   }
   return absl::OkStatus();
@@ -419,26 +513,41 @@ absl::StatusOr<int64_t> PsClient::FinishStep() {
     if (!leases_[s]->WaitReleased(absl::Now() + options_.rpc_timeout) &&
         done->statuses[s].ok()) {
       done->statuses[s] = absl::InternalError(
-          absl::StrCat("shard ", s, " (", options_.addresses[s],
+          absl::StrCat("shard ", s, " (", addresses_[s],
                        "): gRPC still holds the pushed gradients after ",
                        absl::FormatDuration(options_.rpc_timeout)));
     }
   }
+  // The first error that is not the cancel of a shard given up because
+  // another failed.
+  const absl::Status* first = nullptr;
   for (const absl::Status& status : done->statuses) {
-    if (!status.ok()) return status;
+    if (status.ok()) continue;
+    if (first == nullptr ||
+        (absl::IsCancelled(*first) && !absl::IsCancelled(status))) {
+      first = &status;
+    }
   }
+  if (first != nullptr) return *first;
   return *std::min_element(done->versions.begin(), done->versions.end());
+}
+
+void PsClient::CancelStep(StepState* state, int except) {
+  {
+    absl::MutexLock lock(&state->mu);
+    state->aborted = true;
+  }
+  absl::MutexLock lock(&streams_mu_);
+  for (int s = 0; s < num_shards(); ++s) {
+    if (s != except && streams_[s].context != nullptr) {
+      streams_[s].context->TryCancel();
+    }
+  }
 }
 
 void PsClient::AbortStep() {
   if (step_ == nullptr) return;
-  {
-    absl::MutexLock lock(&step_->mu);
-    step_->aborted = true;
-  }
-  for (Stream& s : streams_) {
-    if (s.context != nullptr) s.context->TryCancel();
-  }
+  CancelStep(step_.get(), -1);
   for (std::thread& t : step_->threads) t.join();
   step_.reset();
 }

@@ -12,7 +12,16 @@
 // tensor in model order, fp32, with the plan's element counts.
 //
 // Errors: a failed call returns its gRPC status as absl::Status, with the
-// shard index and address put in front of the message.
+// shard index and address put in front of the message: the shard's own
+// status when it ended the call, UNAVAILABLE when its process or the
+// connection died. A step that fails on one shard is given up on every
+// shard at once (their streams cancelled), and reports that first error,
+// not the CANCELLED of the others.
+//
+// Recovery (worker/trainer.h, --max_restarts): the client works on one
+// generation of the shards' state (see RequestHeader in proto/ps.proto);
+// Restore() moves every shard to a new one, WaitReady() follows it, and
+// SetAddresses() points the client at a restarted shard's new address.
 //
 // Thread-compatible: one PsClient per worker thread (a step's own threads
 // are internal).
@@ -28,6 +37,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "common/chunk_message.h"
@@ -63,6 +73,16 @@ class PsClient {
   absl::Status Initialize(const std::vector<absl::Span<const float>>& params,
                           const ModelState* resume = nullptr);
 
+  // Worker 0 only, after a task died: every shard takes `state` (a
+  // checkpoint's, or the job's initial weights with empty Adam state) as
+  // generation G+1, G the highest generation any shard is at (the
+  // shards' Init with a generation; see proto/ps.proto). Waits at most
+  // `timeout` for a restarted shard to answer. Returns the new generation,
+  // which the client then works on.
+  absl::StatusOr<int64_t> Restore(
+      const std::vector<absl::Span<const float>>& weights,
+      const ModelState& state, absl::Duration timeout);
+
   // Worker 0 only: asks shard s to save its part of checkpoint `step` to
   // paths[s] (see CheckpointRequest in proto/ps.proto: !wait copies the
   // state and starts the write; wait waits for it). One reply per shard;
@@ -70,10 +90,23 @@ class PsClient {
   absl::StatusOr<std::vector<CheckpointResponse>> Checkpoint(
       int64_t step, const std::vector<std::string>& paths, bool wait);
 
-  // Waits until every shard is initialised (at most `timeout`), and checks
-  // each shard's layout equals this worker's plan (FAILED_PRECONDITION if
-  // not: the workers built different models).
-  absl::Status WaitReady(absl::Duration timeout);
+  // Waits until every shard is initialised (at most `timeout`) at one
+  // generation of at least `min_generation`, checks each shard's layout
+  // equals this worker's plan (FAILED_PRECONDITION if not: the workers
+  // built different models), and works on that generation from then on.
+  absl::Status WaitReady(absl::Duration timeout, int64_t min_generation = 0);
+
+  // The generation this client's requests carry.
+  int64_t generation() const { return generation_; }
+
+  // Points shard s at addresses[s] (a restarted shard listens elsewhere):
+  // the streams are dropped, and channels of changed addresses replaced.
+  // Not during a step. INVALID_ARGUMENT for a wrong count.
+  absl::Status SetAddresses(const std::vector<std::string>& addresses);
+
+  // Gives up the step in flight (if any) and every stream, without waiting
+  // for the shards: after a failure, before recovering.
+  void Reset();
 
   // Pushes `gradients` as step `step` (skipped when `gradients` is empty),
   // then pulls every chunk at version >= `min_version` into `weights`:
@@ -139,6 +172,8 @@ class PsClient {
   struct StepState;
 
   PsClient(const PsClientOptions& options, const PartitionPlan& plan);
+  absl::Status InitializeAs(const std::vector<absl::Span<const float>>& params,
+                            const ModelState* resume, int64_t generation);
   absl::Status ShardError(int shard, const grpc::Status& status) const;
   // A shard's part of the step: its pushes and the pull (threads of
   // BeginStep()).
@@ -146,12 +181,19 @@ class PsClient {
   absl::Status WritePushes(int shard, StepState* state);
   // Ends the step in flight at once (the destructor's path).
   void AbortStep();
+  // Cancels every stream of the step but `except`'s (-1: all) and wakes its
+  // pushers: the step failed on one shard.
+  void CancelStep(StepState* state, int except);
   // Ends a broken stream and returns its status.
   absl::Status FinishStream(int shard);
+  // Channel, stub and PushPull method of shard `s` for addresses_[s].
+  void Connect(int s);
   void SetHeader(RequestHeader* header) const;
 
   const PsClientOptions options_;
   const PartitionPlan plan_;
+  std::vector<std::string> addresses_;
+  int64_t generation_ = 0;
   std::vector<std::vector<ChunkSpec>> shard_chunks_;
   // For each tensor, the (shard, index into shard_chunks_[shard]) of its
   // chunks.
@@ -159,10 +201,13 @@ class PsClient {
   std::vector<std::shared_ptr<grpc::Channel>> channels_;
   std::vector<std::unique_ptr<ParameterServer::Stub>> stubs_;
   // PushPull on each channel, as a method of ByteBuffer messages.
-  std::vector<grpc::internal::RpcMethod> push_pull_methods_;
+  std::vector<std::unique_ptr<grpc::internal::RpcMethod>> push_pull_methods_;
   // Lends each shard's pushes to gRPC (declared before streams_, so that
   // it outlives the calls holding its slices).
   std::vector<std::unique_ptr<PayloadLease>> leases_;
+  // Guards each stream's context against a reset while another step
+  // thread cancels it.
+  absl::Mutex streams_mu_;
   std::vector<Stream> streams_;
   // The step between BeginStep() and FinishStep(); null otherwise.
   std::unique_ptr<StepState> step_;

@@ -423,6 +423,19 @@ absl::StatusOr<TrainerOutput> RunWorker(const TrainerOptions& options,
                     "(mode sync or async), not allreduce"
                   : "checkpoints and resume need a checkpoint folder");
   }
+  // Recovery (see TrainerOptions::max_restarts): what worker 0 restores the
+  // shards to before the first checkpoint, the job's initial weights (the
+  // same on a restarted worker 0: from `seed` or `init_from`).
+  const bool recovers = options.max_restarts > 0 && !allreduce;
+  ModelState initial_state;
+  if (recovers && chief) {
+    for (absl::Span<float> w : weights) {
+      initial_state.weights.emplace_back(w.begin(), w.end());
+    }
+    initial_state.m.resize(weights.size());
+    initial_state.v.resize(weights.size());
+    initial_state.versions.resize(weights.size());
+  }
   // Resume: the newest checkpoint's data position (every worker) and state
   // (worker 0, for the shards).
   int64_t start_step = 0;
@@ -457,10 +470,105 @@ absl::StatusOr<TrainerOutput> RunWorker(const TrainerOptions& options,
       }
     }
   }
-  RETURN_IF_ERROR(exchange->Start(
-      weights, chief && options.resume ? &resume_state : nullptr));
-  RETURN_IF_ERROR(workload->LoadWeights());
+  // Worker 0's state to restore the shards to: the newest checkpoint's, or
+  // the initial one before the first.
+  auto restore_state = [&]() -> absl::StatusOr<ModelState> {
+    if (!options.checkpoint_dir.empty()) {
+      absl::StatusOr<CheckpointManifest> manifest =
+          ReadLatestCheckpoint(options.checkpoint_dir);
+      if (manifest.ok()) {
+        Emit(options, absl::StrCat("Restoring the shards to ", manifest->dir));
+        return LoadCheckpointState(*manifest, workload->TensorNames(),
+                                   workload->TensorShapes(), num_buffers);
+      }
+      if (!absl::IsNotFound(manifest.status())) return manifest.status();
+    }
+    Emit(options,
+         "Restoring the shards to the initial weights (no "
+         "checkpoint yet)");
+    return initial_state;
+  };
+  // The data position of a version pulled after a restore.
+  auto step_of_version = [&](int64_t version) {
+    return options.mode == "sync" ? version : version / options.num_workers;
+  };
   std::unique_ptr<CheckpointWriter> checkpoints;
+  // After `cause` (a failed step), the step to go on from, or the error
+  // that ends the run: not a failure a task's death explains, recovery
+  // off, or too many recoveries.
+  int recoveries = 0;
+  const int max_recoveries = 2 * options.max_restarts + 2;
+  auto recover = [&](absl::Status cause) -> absl::StatusOr<int64_t> {
+    while (true) {
+      const bool recoverable = absl::IsUnavailable(cause) ||
+                               absl::IsAborted(cause) ||
+                               absl::IsCancelled(cause);
+      if (!recovers || !recoverable) return cause;
+      if (recoveries >= max_recoveries) {
+        return absl::Status(cause.code(),
+                            absl::StrCat("gave up after ", recoveries,
+                                         " recoveries: ", cause.message()));
+      }
+      ++recoveries;
+      const absl::Time began = absl::Now();
+      Emit(options,
+           absl::StrCat("worker ", options.worker_id, ": step failed (",
+                        cause.ToString(), "); recovering (", recoveries,
+                        " of at most ", max_recoveries, ")"));
+      if (checkpoints != nullptr) {
+        // The checkpoint in flight may have lost a shard: it never becomes
+        // `latest` then.
+        if (absl::Status s = checkpoints->Wait(); !s.ok()) {
+          Emit(options, absl::StrCat("checkpoint abandoned: ", s.ToString()));
+        }
+      }
+      absl::StatusOr<int64_t> version = [&]() -> absl::StatusOr<int64_t> {
+        std::vector<std::string> addresses;
+        if (options.ps_addresses_fn) {
+          ASSIGN_OR_RETURN(addresses, options.ps_addresses_fn());
+        }
+        ModelState state;
+        if (chief) {
+          ASSIGN_OR_RETURN(state, restore_state());
+        }
+        return exchange->Recover(addresses, chief ? &state : nullptr);
+      }();
+      if (!version.ok()) {
+        cause = version.status();
+        continue;
+      }
+      RETURN_IF_ERROR(workload->LoadWeights());
+      const int64_t step = step_of_version(*version);
+      Emit(options,
+           absl::StrFormat("worker %d: recovered in %.2f s; going on from "
+                           "step %d (version %d)",
+                           options.worker_id,
+                           absl::ToDoubleSeconds(absl::Now() - began), step,
+                           *version));
+      return step;
+    }
+  };
+  if (options.rejoin && !allreduce) {
+    // A restarted task: the shards run already.
+    absl::StatusOr<int64_t> version = [&]() -> absl::StatusOr<int64_t> {
+      ModelState state;
+      if (chief) {
+        ASSIGN_OR_RETURN(state, restore_state());
+      }
+      return exchange->Rejoin(weights, chief ? &state : nullptr);
+    }();
+    absl::StatusOr<int64_t> joined =
+        version.ok() ? absl::StatusOr<int64_t>(step_of_version(*version))
+                     : recover(version.status());
+    if (!joined.ok()) return joined.status();
+    start_step = *joined;
+    Emit(options, absl::StrCat("worker ", options.worker_id,
+                               " rejoined the job at step ", start_step));
+  } else {
+    RETURN_IF_ERROR(exchange->Start(
+        weights, chief && options.resume ? &resume_state : nullptr));
+  }
+  RETURN_IF_ERROR(workload->LoadWeights());
   if (chief && options.checkpoint_every_steps > 0) {
     CheckpointJobInfo job;
     job.mode = options.mode;
@@ -521,9 +629,9 @@ absl::StatusOr<TrainerOutput> RunWorker(const TrainerOptions& options,
   StepMetrics step_metrics(options.batch_size, options.adam.lr);
   std::unique_ptr<MetricsWriter> metrics;
   if (!options.metrics_dir.empty()) {
-    ASSIGN_OR_RETURN(
-        metrics, MetricsWriter::Create(options.metrics_dir, options.worker_id,
-                                       /*append=*/options.resume));
+    ASSIGN_OR_RETURN(metrics, MetricsWriter::Create(
+                                  options.metrics_dir, options.worker_id,
+                                  /*append=*/options.resume || options.rejoin));
   }
   int64_t step = start_step;
   double train_seconds = 0;
@@ -532,12 +640,13 @@ absl::StatusOr<TrainerOutput> RunWorker(const TrainerOptions& options,
   int64_t timed_steps = 0;
   for (int epoch = static_cast<int>(start_step / steps_per_epoch);
        epoch < options.epochs; ++epoch) {
-    const absl::Time epoch_start = absl::Now();
+    absl::Time epoch_start = absl::Now();
     double loss_sum = 0;
     workload->BeginEpoch(epoch);
     const int64_t first = step - int64_t{epoch} * steps_per_epoch;
     workload->SkipBatches(first);
-    for (int64_t i = first; i < steps_per_epoch; ++i) {
+    // One step of the epoch; an error may be recovered from (below).
+    auto train_step = [&](int64_t i) -> absl::Status {
       const absl::Time step_start = absl::Now();
       ASSIGN_OR_RETURN(float loss, workload->Step(on_ready));
       loss_sum += loss;
@@ -591,11 +700,26 @@ absl::StatusOr<TrainerOutput> RunWorker(const TrainerOptions& options,
         }
         if (metrics != nullptr) RETURN_IF_ERROR(metrics->Write(row));
       }
+      return absl::OkStatus();
+    };
+    bool rolled_back = false;
+    for (int64_t i = first; i < steps_per_epoch; ++i) {
+      if (absl::Status s = train_step(i); !s.ok()) {
+        ASSIGN_OR_RETURN(step, recover(s));
+        rolled_back = true;
+        break;
+      }
+    }
+    if (rolled_back) {
+      train_seconds += absl::ToDoubleSeconds(absl::Now() - epoch_start);
+      epoch = static_cast<int>(step / steps_per_epoch) - 1;  // then ++epoch
+      continue;
     }
     const double epoch_seconds =
         absl::ToDoubleSeconds(absl::Now() - epoch_start);
     train_seconds += epoch_seconds;
-    if (chief && evaluate) {
+    absl::Status evaluated_epoch = [&]() -> absl::Status {
+      if (!(chief && evaluate)) return absl::OkStatus();
       // No stream may sit idle through the evaluation (see CloseStreams).
       RETURN_IF_ERROR(exchange->BeforePause());
       const absl::Time test_start = absl::Now();
@@ -630,6 +754,11 @@ absl::StatusOr<TrainerOutput> RunWorker(const TrainerOptions& options,
       // Evaluation time is not training time: restart the throughput window.
       ASSIGN_OR_RETURN(window_samples, exchange->SamplesSoFar());
       window_start = absl::Now();
+      return absl::OkStatus();
+    }();
+    if (!evaluated_epoch.ok()) {
+      ASSIGN_OR_RETURN(step, recover(evaluated_epoch));
+      epoch = static_cast<int>(step / steps_per_epoch) - 1;  // then ++epoch
     }
   }
   if (checkpoints != nullptr) {

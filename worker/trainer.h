@@ -99,6 +99,22 @@ struct TrainerOptions {
   int64_t checkpoint_every_steps = 0;
   int keep_checkpoints = 3;
   bool resume = false;
+  // Recovery (PS modes): up to `max_restarts` times (0: never; the first
+  // error ends the run), a step that fails because a task died (a shard's
+  // UNAVAILABLE, ABORTED or CANCELLED) is recovered instead: worker 0
+  // restores every shard to the newest checkpoint in `checkpoint_dir` (the
+  // job's initial weights before the first one), every worker pulls the
+  // restored weights and goes back to their step's data position (sync:
+  // the version; async: the smallest version over the workers), and the
+  // run goes on. `ps_addresses_fn` gives the shards' addresses again (a
+  // restarted shard listens elsewhere; null: unchanged); it may block until
+  // every task is up, and should have a deadline.
+  int max_restarts = 0;
+  std::function<absl::StatusOr<std::vector<std::string>>()> ps_addresses_fn;
+  // This process replaces a task that died: it joins the running job
+  // (worker 0 restoring the shards as above) instead of initialising the
+  // shards, and starts at the restored step.
+  bool rejoin = false;
   // Whether worker 0 evaluates on the test set after each epoch.
   bool evaluate = true;
   // Print step and epoch lines (worker 0 only).

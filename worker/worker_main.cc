@@ -33,6 +33,10 @@ ABSL_FLAG(int, init_timeout_s, 120,
           "Seconds to wait for the shards to be initialised.");
 ABSL_FLAG(int, rpc_timeout_s, 60, "Deadline of each unary PS RPC, seconds.");
 ABSL_FLAG(int, gpu, 0, "Backend cuda: index of the GPU this worker uses.");
+ABSL_FLAG(bool, rejoin, false,
+          "This task replaces one that died (set by the supervisor that "
+          "restarts it): join the running job instead of starting it; "
+          "worker 0 restores the shards to the newest checkpoint.");
 
 namespace {
 
@@ -164,6 +168,17 @@ int main(int argc, char** argv) {
     options.keep_checkpoints = spec->keep_checkpoints();
   }
   options.resume = spec->resume();
+  options.max_restarts = spec->max_restarts();
+  options.rejoin = absl::GetFlag(FLAGS_rejoin);
+  // A restarted shard registers a new address: ask the coordinator again
+  // (it answers once every task is registered).
+  options.ps_addresses_fn =
+      [&agent]() -> absl::StatusOr<std::vector<std::string>> {
+    absl::StatusOr<pstrain::ClusterLayout> now = agent.WaitForLayout();
+    if (!now.ok()) return now.status();
+    return std::vector<std::string>(now->ps_addresses().begin(),
+                                    now->ps_addresses().end());
+  };
   if (!spec->checkpoint_dir().empty()) {
     options.model_out = spec->checkpoint_dir() + "/model.safetensors";
   }
