@@ -70,14 +70,17 @@ class PsExchange : public GradientExchange {
   absl::Status Finish() override { return client_->Done(); }
 
   absl::StatusOr<int64_t> Recover(const std::vector<std::string>& addresses,
-                                  const ModelState* restore) override {
-    return Continue(addresses, restore, client_->generation() + 1);
+                                  const ModelState* restore,
+                                  absl::Duration timeout) override {
+    return Continue(addresses, restore, client_->generation() + 1, timeout);
   }
 
   absl::StatusOr<int64_t> Rejoin(const std::vector<absl::Span<float>>& weights,
-                                 const ModelState* restore) override {
+                                 const std::vector<std::string>& addresses,
+                                 const ModelState* restore,
+                                 absl::Duration timeout) override {
     weights_ = weights;
-    return Continue({}, restore, 0);
+    return Continue(addresses, restore, 0, timeout);
   }
 
  private:
@@ -85,7 +88,8 @@ class PsExchange : public GradientExchange {
   // `min_generation` (worker 0: a new one it restores).
   absl::StatusOr<int64_t> Continue(const std::vector<std::string>& addresses,
                                    const ModelState* restore,
-                                   int64_t min_generation) {
+                                   int64_t min_generation,
+                                   absl::Duration timeout) {
     client_->Reset();
     if (!addresses.empty()) RETURN_IF_ERROR(client_->SetAddresses(addresses));
     if (restore != nullptr) {
@@ -94,9 +98,10 @@ class PsExchange : public GradientExchange {
         weights.push_back(absl::MakeConstSpan(w));
       }
       ASSIGN_OR_RETURN(min_generation,
-                       client_->Restore(weights, *restore, init_timeout_));
+                       client_->Restore(weights, *restore, timeout));
     }
-    RETURN_IF_ERROR(client_->WaitReady(init_timeout_, min_generation));
+    RETURN_IF_ERROR(client_->WaitReady(timeout, min_generation,
+                                       /*wait_for_connection=*/false));
     ASSIGN_OR_RETURN(version_, client_->PushPull(0, {}, 0, 0, weights_));
     return version_;
   }

@@ -61,12 +61,15 @@ class GradientExchange {
   // elsewhere; empty: unchanged), and continues on the shards' next
   // generation (proto/ps.proto, RequestHeader): worker 0 (`restore`
   // non-null: the newest checkpoint's state, or the job's initial weights)
-  // restores every shard to it first; the others wait for that (at most
-  // the init timeout). Then pulls the restored weights into the Start()
-  // spans and returns the smallest version pulled. UNIMPLEMENTED for
-  // allreduce.
+  // restores every shard to it first; the others wait for that. Then pulls
+  // the restored weights into the Start() spans and returns the smallest
+  // version pulled. Each wait lasts at most `timeout`: a shard that is not
+  // back yet, or an address that is stale (the coordinator did not know of
+  // the death yet), gives UNAVAILABLE or DEADLINE_EXCEEDED, and the caller
+  // tries again with fresh addresses. UNIMPLEMENTED for allreduce.
   virtual absl::StatusOr<int64_t> Recover(
-      const std::vector<std::string>& addresses, const ModelState* restore) {
+      const std::vector<std::string>& addresses, const ModelState* restore,
+      absl::Duration timeout) {
     return absl::UnimplementedError(
         "allreduce jobs do not recover from failures; only parameter-server "
         "jobs do");
@@ -76,11 +79,12 @@ class GradientExchange {
   // shards are initialised already. Worker 0 (`restore` non-null) restores
   // them as Recover() does; the others join the shards' current
   // generation. Pulls the weights into `weights` (kept as in Start()) and
-  // returns the smallest version pulled.
+  // returns the smallest version pulled. Waits as Recover().
   virtual absl::StatusOr<int64_t> Rejoin(
       const std::vector<absl::Span<float>>& weights,
-      const ModelState* restore) {
-    return Recover({}, restore);
+      const std::vector<std::string>& addresses, const ModelState* restore,
+      absl::Duration timeout) {
+    return Recover(addresses, restore, timeout);
   }
 
   // Worker 0 of a PS job: the shards' part of checkpoint `step` (see

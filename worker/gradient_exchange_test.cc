@@ -329,7 +329,7 @@ TEST(PsExchangeTest, FailedCopyIsStepsErrorAndMidStepExitIsPrompt) {
   const absl::Time start = absl::Now();
   {
     std::unique_ptr<GradientExchange> exchange = shards.Exchange(0, true);
-    absl::StatusOr<int64_t> version = exchange->Rejoin(weights, &initial);
+    absl::StatusOr<int64_t> version = exchange->Rejoin(weights, {}, &initial, absl::Seconds(5));
     ASSERT_TRUE(version.ok()) << version.status();
     EXPECT_EQ(*version, 0);
     EXPECT_EQ(shards.shard(0).generation(), 1);

@@ -115,7 +115,6 @@ absl::StatusOr<int64_t> PsClient::Restore(
   for (int s = 0; s < num_shards(); ++s) {
     grpc::ClientContext context;
     SetDeadline(&context, timeout);
-    context.set_wait_for_ready(true);  // a restarted shard may be starting
     StatsRequest request;
     SetHeader(request.mutable_header());
     StatsResponse response;
@@ -177,7 +176,8 @@ absl::Status PsClient::InitializeAs(
 }
 
 absl::Status PsClient::WaitReady(absl::Duration timeout,
-                                 int64_t min_generation) {
+                                 int64_t min_generation,
+                                 bool wait_for_connection) {
   const absl::Time deadline = absl::Now() + timeout;
   int64_t generation = min_generation;
   // Until every shard answers at the same generation (a shard already
@@ -185,7 +185,8 @@ absl::Status PsClient::WaitReady(absl::Duration timeout,
   for (int s = 0; s < num_shards();) {
     grpc::ClientContext context;
     context.set_deadline(absl::ToChronoTime(deadline));
-    context.set_wait_for_ready(true);  // the shard may still be starting
+    // At a job's start the shard may still be starting.
+    context.set_wait_for_ready(wait_for_connection);
     WaitReadyRequest request;
     SetHeader(request.mutable_header());
     request.set_min_generation(generation);
@@ -274,6 +275,8 @@ struct PsClient::StepState {
   std::vector<bool> released ABSL_GUARDED_BY(mu);  // per tensor
   bool all_released ABSL_GUARDED_BY(mu) = false;
   bool aborted ABSL_GUARDED_BY(mu) = false;
+  // Per shard: its pusher is to stop (its call ended or is given up).
+  std::vector<bool> stopped ABSL_GUARDED_BY(mu);
 
   // One per shard: its reader (which runs its pusher).
   std::vector<std::thread> threads;
@@ -293,11 +296,14 @@ absl::Status PsClient::WritePushes(int shard, StepState* state) {
     {
       absl::MutexLock lock(&state->mu);
       auto go = [state, shard]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(state->mu) {
-        return state->aborted || state->all_released ||
+        return state->aborted || state->stopped[shard] ||
+               state->all_released ||
                !state->ready[shard].empty();
       };
       state->mu.Await(absl::Condition(&go));
-      if (state->aborted) return absl::CancelledError("step aborted");
+      if (state->aborted || state->stopped[shard]) {
+        return absl::CancelledError("step aborted");
+      }
       if (state->ready[shard].empty()) break;  // all released and pushed
       next = std::move(state->ready[shard].front());
       state->ready[shard].pop_front();
@@ -342,7 +348,7 @@ absl::Status PsClient::PushPullShard(int shard, StepState* state,
   auto fail = [&](absl::Status status) {
     {
       absl::MutexLock lock(&state->mu);
-      state->aborted = true;
+      state->stopped[shard] = true;
     }
     if (!status.ok()) {
       absl::MutexLock lock(&streams_mu_);
@@ -350,6 +356,14 @@ absl::Status PsClient::PushPullShard(int shard, StepState* state,
     }
     pusher.join();
     absl::Status finished = FinishStream(shard);
+    if (status.ok() && absl::IsCancelled(finished)) {
+      // This worker did not cancel the call: gRPC ended it when the
+      // connection died, without a status from the shard.
+      finished = absl::UnavailableError(absl::StrCat(
+          finished.message(),
+          " (the call ended without the shard's status: its process or the "
+          "connection died)"));
+    }
     if (!pushed.ok() && !absl::IsUnavailable(pushed) &&
         !absl::IsCancelled(pushed)) {
       return pushed;
@@ -439,6 +453,7 @@ absl::Status PsClient::BeginStep(
   {
     absl::MutexLock lock(&state->mu);
     state->ready.resize(n);
+    state->stopped.assign(n, false);
     state->released.assign(tensor_chunks_.size(), false);
     state->all_released = gradients.empty();
   }

@@ -76,9 +76,9 @@ class PsClient {
   // Worker 0 only, after a task died: every shard takes `state` (a
   // checkpoint's, or the job's initial weights with empty Adam state) as
   // generation G+1, G the highest generation any shard is at (the
-  // shards' Init with a generation; see proto/ps.proto). Waits at most
-  // `timeout` for a restarted shard to answer. Returns the new generation,
-  // which the client then works on.
+  // shards' Init with a generation; see proto/ps.proto): UNAVAILABLE at
+  // once for a shard that is not listening; each call lasts at most
+  // `timeout`. Returns the new generation, which the client then works on.
   absl::StatusOr<int64_t> Restore(
       const std::vector<absl::Span<const float>>& weights,
       const ModelState& state, absl::Duration timeout);
@@ -94,7 +94,11 @@ class PsClient {
   // generation of at least `min_generation`, checks each shard's layout
   // equals this worker's plan (FAILED_PRECONDITION if not: the workers
   // built different models), and works on that generation from then on.
-  absl::Status WaitReady(absl::Duration timeout, int64_t min_generation = 0);
+  // `wait_for_connection`: wait (within `timeout`) for a shard that does
+  // not accept connections yet, as at a job's start; false: UNAVAILABLE at
+  // once (a recovering worker may hold a dead shard's address).
+  absl::Status WaitReady(absl::Duration timeout, int64_t min_generation = 0,
+                         bool wait_for_connection = true);
 
   // The generation this client's requests carry.
   int64_t generation() const { return generation_; }

@@ -493,6 +493,39 @@ absl::StatusOr<TrainerOutput> RunWorker(const TrainerOptions& options,
     return options.mode == "sync" ? version : version / options.num_workers;
   };
   std::unique_ptr<CheckpointWriter> checkpoints;
+  // Reconnects after a failure (Recover) or as a restarted task (Rejoin):
+  // attempts of at most 5 s each, with fresh addresses and a growing pause
+  // between them, until init_timeout has passed; the smallest version
+  // pulled.
+  auto reconnect = [&](const ModelState* restore,
+                       bool rejoin) -> absl::StatusOr<int64_t> {
+    const absl::Time deadline = absl::Now() + options.init_timeout;
+    absl::Duration pause = absl::Milliseconds(100);
+    while (true) {
+      std::vector<std::string> addresses;
+      if (options.ps_addresses_fn) {
+        ASSIGN_OR_RETURN(addresses, options.ps_addresses_fn());
+      }
+      const absl::Duration attempt =
+          std::max(absl::Seconds(1),
+                   std::min(absl::Seconds(5), deadline - absl::Now()));
+      absl::StatusOr<int64_t> version =
+          rejoin ? exchange->Rejoin(weights, addresses, restore, attempt)
+                 : exchange->Recover(addresses, restore, attempt);
+      if (version.ok()) return version;
+      const absl::Status& s = version.status();
+      const bool again = absl::IsUnavailable(s) || absl::IsAborted(s) ||
+                         absl::IsCancelled(s) || absl::IsDeadlineExceeded(s);
+      if (!again || absl::Now() + pause > deadline) {
+        return absl::Status(
+            s.code(), absl::StrCat("reconnecting to the shards for ",
+                                   absl::FormatDuration(options.init_timeout),
+                                   ": ", s.message()));
+      }
+      absl::SleepFor(pause);
+      pause = std::min(pause * 2, absl::Seconds(2));
+    }
+  };
   // After `cause` (a failed step), the step to go on from, or the error
   // that ends the run: not a failure a task's death explains, recovery
   // off, or too many recoveries.
@@ -505,16 +538,16 @@ absl::StatusOr<TrainerOutput> RunWorker(const TrainerOptions& options,
                                absl::IsCancelled(cause);
       if (!recovers || !recoverable) return cause;
       if (recoveries >= max_recoveries) {
-        return absl::Status(cause.code(),
-                            absl::StrCat("gave up after ", recoveries,
-                                         " recoveries: ", cause.message()));
+        return absl::Status(
+            cause.code(), absl::StrCat("gave up after ", recoveries,
+                                       " recoveries: ", cause.message()));
       }
       ++recoveries;
       const absl::Time began = absl::Now();
-      Emit(options,
-           absl::StrCat("worker ", options.worker_id, ": step failed (",
-                        cause.ToString(), "); recovering (", recoveries,
-                        " of at most ", max_recoveries, ")"));
+      Emit(options, absl::StrCat("worker ", options.worker_id,
+                                 ": step failed (", cause.ToString(),
+                                 "); recovering (", recoveries, " of at most ",
+                                 max_recoveries, ")"));
       if (checkpoints != nullptr) {
         // The checkpoint in flight may have lost a shard: it never becomes
         // `latest` then.
@@ -522,17 +555,12 @@ absl::StatusOr<TrainerOutput> RunWorker(const TrainerOptions& options,
           Emit(options, absl::StrCat("checkpoint abandoned: ", s.ToString()));
         }
       }
-      absl::StatusOr<int64_t> version = [&]() -> absl::StatusOr<int64_t> {
-        std::vector<std::string> addresses;
-        if (options.ps_addresses_fn) {
-          ASSIGN_OR_RETURN(addresses, options.ps_addresses_fn());
-        }
-        ModelState state;
-        if (chief) {
-          ASSIGN_OR_RETURN(state, restore_state());
-        }
-        return exchange->Recover(addresses, chief ? &state : nullptr);
-      }();
+      ModelState state;
+      if (chief) {
+        ASSIGN_OR_RETURN(state, restore_state());
+      }
+      absl::StatusOr<int64_t> version =
+          reconnect(chief ? &state : nullptr, /*rejoin=*/false);
       if (!version.ok()) {
         cause = version.status();
         continue;
@@ -550,18 +578,14 @@ absl::StatusOr<TrainerOutput> RunWorker(const TrainerOptions& options,
   };
   if (options.rejoin && !allreduce) {
     // A restarted task: the shards run already.
-    absl::StatusOr<int64_t> version = [&]() -> absl::StatusOr<int64_t> {
-      ModelState state;
-      if (chief) {
-        ASSIGN_OR_RETURN(state, restore_state());
-      }
-      return exchange->Rejoin(weights, chief ? &state : nullptr);
-    }();
-    absl::StatusOr<int64_t> joined =
-        version.ok() ? absl::StatusOr<int64_t>(step_of_version(*version))
-                     : recover(version.status());
-    if (!joined.ok()) return joined.status();
-    start_step = *joined;
+    ModelState state;
+    if (chief) {
+      ASSIGN_OR_RETURN(state, restore_state());
+    }
+    absl::StatusOr<int64_t> version =
+        reconnect(chief ? &state : nullptr, /*rejoin=*/true);
+    if (!version.ok()) return version.status();
+    start_step = step_of_version(*version);
     Emit(options, absl::StrCat("worker ", options.worker_id,
                                " rejoined the job at step ", start_step));
   } else {
