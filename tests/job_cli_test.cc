@@ -58,64 +58,65 @@ TEST(JobCliTest, SubmitStatusCancelWaitAndRestart) {
                 ": job-1 has already ended (JOB_CANCELLED)\n");
 }
 
-TEST(JobCliTest, LaunchLinesForSlurmMpirunAndSsh) {
+// What the printed scripts do is tools/launch_lines_test (stand-in
+// launchers) and tests/launcher_test.sh (real Slurm and Open MPI); here the
+// command line: where the binaries come from, and the errors.
+TEST(JobCliTest, LaunchLinesNameInstalledBinariesNeverBazelsCache) {
   const std::string spec = TempDir() + "/hosts.pbtxt";
   WriteFile(spec,
             "num_ps: 2 num_workers: 2 batch_size: 64 epochs: 1\n"
             "ps_hosts { host: \"n2\" port: 7000 }\n"
             "ps_hosts { host: \"n3\" port: 7000 }\n"
             "worker_hosts { host: \"n4\" } worker_hosts { host: \"n5\" }\n");
-  const std::string common =
-      " --coordinator=n1:7070 --ps_binary=/opt/ps --worker_binary=/opt/worker";
+  // From Bazel's output tree, a --bin_dir is needed.
   Result r = RunCommand("tools/pstrain launch-lines " + spec +
-                        " --launcher=ssh" + common);
-  EXPECT_EQ(r.exit_code, 0) << r.output;
-  EXPECT_EQ(r.output,
-            "# 2 ps and 2 worker tasks; coordinator n1:7070\n"
-            "ssh n2 \"/opt/ps --coordinator=n1:7070 --job=$JOB "
-            "--task_index=0\" &\n"
-            "ssh n3 \"/opt/ps --coordinator=n1:7070 --job=$JOB "
-            "--task_index=1\" &\n"
-            "ssh n4 \"/opt/worker --coordinator=n1:7070 --job=$JOB "
-            "--task_index=0\" &\n"
-            "ssh n5 \"/opt/worker --coordinator=n1:7070 --job=$JOB "
-            "--task_index=1\" &\n"
-            "wait\n");
+                        " --launcher=ssh --coordinator=n1:7070");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.output.find("pstrain: error: launch-lines: expected "
+                          "--bin_dir=DIR, the folder holding pstrain_ps and "
+                          "pstrain_worker on every node"),
+            std::string::npos)
+      << r.output;
   r = RunCommand("tools/pstrain launch-lines " + spec +
-                 " --launcher=mpirun --job=job-7" + common);
+                 " --launcher=ssh --coordinator=n1:7070 --bin_dir=/opt/p/bin/");
   EXPECT_EQ(r.exit_code, 0) << r.output;
-  EXPECT_EQ(r.output,
-            "# 2 ps and 2 worker tasks; coordinator n1:7070\n"
-            "cat > ps_hosts.txt <<'EOF'\nn2 slots=1\nn3 slots=1\nEOF\n"
-            "mpirun -np 2 --hostfile ps_hosts.txt --map-by node /opt/ps "
-            "--coordinator=n1:7070 --job=job-7 &\n"
-            "cat > worker_hosts.txt <<'EOF'\nn4 slots=1\nn5 slots=1\nEOF\n"
-            "mpirun -np 2 --hostfile worker_hosts.txt --map-by node "
-            "/opt/worker --coordinator=n1:7070 --job=job-7 &\n"
-            "wait\n");
-  // Without hosts, Slurm places the tasks and SLURM_PROCID indexes them.
+  EXPECT_EQ(r.output.rfind("#!/usr/bin/env bash\n", 0), 0u) << r.output;
+  EXPECT_NE(r.output.find("\nPS=/opt/p/bin/pstrain_ps\n"
+                          "WORKER=/opt/p/bin/pstrain_worker\n"),
+            std::string::npos)
+      << r.output;
+  // An installed pstrain names its own folder.
+  const std::string prefix = TempDir() + "/opt";
+  r = RunCommand("tools/pstrain install --prefix=" + prefix);
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(r.output, prefix + "/bin/pstrain\n" + prefix + "/bin/pstrain_ps\n" +
+                          prefix + "/bin/pstrain_worker\n" + prefix +
+                          "/bin/pstrain_coordinator\n");
+  r = RunCommand(prefix + "/bin/pstrain launch-lines " + spec +
+                 " --launcher=mpirun --coordinator=n1:7070 --job=job-7");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("\nJOB=job-7\nCOORDINATOR=n1:7070\nPS=" + prefix +
+                          "/bin/pstrain_ps\nWORKER=" + prefix +
+                          "/bin/pstrain_worker\n"),
+            std::string::npos)
+      << r.output;
+
   const std::string anywhere = TempDir() + "/anywhere.pbtxt";
   WriteFile(anywhere, "num_ps: 2 num_workers: 4 batch_size: 64 epochs: 1\n");
   r = RunCommand("tools/pstrain launch-lines " + anywhere +
-                 " --launcher=slurm" + common);
-  EXPECT_EQ(r.exit_code, 0) << r.output;
-  EXPECT_EQ(r.output,
-            "# 2 ps and 4 worker tasks; coordinator n1:7070\n"
-            "srun --ntasks=2 --nodes=2 --ntasks-per-node=1 /opt/ps "
-            "--coordinator=n1:7070 --job=$JOB &\n"
-            "srun --ntasks=4 --nodes=4 --ntasks-per-node=1 /opt/worker "
-            "--coordinator=n1:7070 --job=$JOB &\n"
-            "wait\n");
-  r = RunCommand("tools/pstrain launch-lines " + anywhere + " --launcher=ssh" +
-                 common);
+                 " --launcher=ssh --bin_dir=/opt/p/bin");
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_EQ(r.output,
             "pstrain: error: --launcher=ssh needs ps_hosts and worker_hosts "
-            "in the job spec (slurm does not)\n");
-  r = RunCommand("tools/pstrain launch-lines " + anywhere + " --launcher=pbs");
+            "in the job spec (slurm and mpirun do not)\n");
+  r = RunCommand("tools/pstrain launch-lines " + anywhere +
+                 " --launcher=pbs --bin_dir=/opt/p/bin");
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_EQ(r.output,
             "pstrain: error: --launcher=pbs: expected slurm, mpirun or ssh\n");
+  r = RunCommand("tools/pstrain install");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_EQ(r.output, "pstrain: error: usage: pstrain install --prefix=DIR\n");
 }
 
 TEST(JobCliTest, BadSpecIsRefusedBeforeSubmitWithTheFieldNamed) {

@@ -19,10 +19,6 @@ ABSL_FLAG(std::string, coordinator, "127.0.0.1:7070",
           "host:port of pstrain_coordinator (submit, status, cancel, wait).");
 ABSL_FLAG(int, rpc_timeout_s, 30, "Deadline of each coordinator call, s.");
 ABSL_FLAG(int, wait_poll_ms, 1000, "wait: milliseconds between polls.");
-ABSL_FLAG(std::string, launcher, "", "launch-lines: slurm, mpirun or ssh.");
-ABSL_FLAG(std::string, job, "$JOB",
-          "launch-lines: the job id the lines pass to the tasks (default: "
-          "the shell variable JOB, e.g. JOB=$(pstrain submit JOB.pbtxt)).");
 
 namespace pstrain {
 namespace {
@@ -114,71 +110,6 @@ std::string ResultJson(const RunResult& result) {
   options.preserve_proto_field_names = true;
   (void)google::protobuf::util::MessageToJsonString(result, &json, options);
   return json;
-}
-
-absl::StatusOr<std::string> LaunchLines(const JobSpec& spec,
-                                        const std::string& launcher,
-                                        const std::string& coordinator,
-                                        const std::string& job,
-                                        const std::string& ps_binary,
-                                        const std::string& worker_binary) {
-  struct Role {
-    const char* name;
-    int count;
-    const google::protobuf::RepeatedPtrField<HostPort>* hosts;
-    std::string binary;
-  };
-  const Role roles[] = {
-      {"ps", spec.num_ps(), &spec.ps_hosts(), ps_binary},
-      {"worker", spec.num_workers(), &spec.worker_hosts(), worker_binary}};
-  const bool have_hosts =
-      !spec.ps_hosts().empty() && !spec.worker_hosts().empty();
-  if (launcher != "slurm" && launcher != "mpirun" && launcher != "ssh") {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--launcher=", launcher, ": expected slurm, mpirun or ssh"));
-  }
-  if (launcher != "slurm" && !have_hosts) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--launcher=", launcher,
-        " needs ps_hosts and worker_hosts in the job spec (slurm does not)"));
-  }
-  std::string out =
-      absl::StrCat("# ", spec.num_ps(), " ps and ", spec.num_workers(),
-                   " worker tasks; ", "coordinator ", coordinator, "\n");
-  for (const Role& role : roles) {
-    const std::string task = absl::StrCat(
-        role.binary, " --coordinator=", coordinator, " --job=", job);
-    if (launcher == "slurm" && role.hosts->empty()) {
-      // One task per node; each takes its index from SLURM_PROCID.
-      absl::StrAppend(&out, "srun --ntasks=", role.count,
-                      " --nodes=", role.count, " --ntasks-per-node=1 ", task,
-                      " &\n");
-      continue;
-    }
-    if (launcher == "mpirun") {
-      const std::string hostfile = absl::StrCat(role.name, "_hosts.txt");
-      absl::StrAppend(&out, "cat > ", hostfile, " <<'EOF'\n");
-      for (const HostPort& h : *role.hosts) {
-        absl::StrAppend(&out, h.host(), " slots=1\n");
-      }
-      // --map-by node: rank i on the i-th line (OMPI_COMM_WORLD_RANK).
-      absl::StrAppend(&out, "EOF\nmpirun -np ", role.count, " --hostfile ",
-                      hostfile, " --map-by node ", task, " &\n");
-      continue;
-    }
-    for (int i = 0; i < role.count; ++i) {
-      const std::string& host = (*role.hosts)[i].host();
-      const std::string line = absl::StrCat(task, " --task_index=", i);
-      if (launcher == "slurm") {
-        absl::StrAppend(&out, "srun --ntasks=1 --nodes=1 --nodelist=", host,
-                        " ", line, " &\n");
-      } else {
-        absl::StrAppend(&out, "ssh ", host, " \"", line, "\" &\n");
-      }
-    }
-  }
-  absl::StrAppend(&out, "wait\n");
-  return out;
 }
 
 int SubmitCommand(const std::vector<std::string>& args) {
@@ -291,28 +222,6 @@ int WaitCommand(const std::vector<std::string>& args) {
     }
     absl::SleepFor(absl::Milliseconds(absl::GetFlag(FLAGS_wait_poll_ms)));
   }
-}
-
-int LaunchLinesCommand(const std::vector<std::string>& args,
-                       const std::string& ps_binary,
-                       const std::string& worker_binary) {
-  if (args.size() != 1) {
-    return Fail(2,
-                "usage: pstrain launch-lines JOB.pbtxt "
-                "--launcher=slurm|mpirun|ssh [--coordinator=HOST:PORT] "
-                "[--job=ID]");
-  }
-  std::string text;
-  absl::Status s = ReadFile(args[0], &text);
-  if (!s.ok()) return Fail(2, std::string(s.message()));
-  absl::StatusOr<JobSpec> spec = ParseJobSpec(text, args[0]);
-  if (!spec.ok()) return Fail(2, std::string(spec.status().message()));
-  absl::StatusOr<std::string> lines = LaunchLines(
-      *spec, absl::GetFlag(FLAGS_launcher), absl::GetFlag(FLAGS_coordinator),
-      absl::GetFlag(FLAGS_job), ps_binary, worker_binary);
-  if (!lines.ok()) return Fail(2, std::string(lines.status().message()));
-  std::printf("%s", lines->c_str());
-  return 0;
 }
 
 }  // namespace pstrain

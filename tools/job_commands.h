@@ -1,4 +1,4 @@
-// `pstrain submit | status | logs | cancel | wait | launch-lines`: clients
+// `pstrain submit | status | logs | cancel | wait`: clients
 // of the coordinator (tools/pstrain_coordinator at --coordinator=HOST:PORT).
 //
 //   pstrain submit JOB.pbtxt   parses and checks the spec (the bad field is
@@ -13,9 +13,7 @@
 //                              as they arrive, its final state, and the
 //                              results table of `pstrain run`; exit 0 only
 //                              if it SUCCEEDED.
-//   pstrain launch-lines JOB.pbtxt --launcher=slurm|mpirun|ssh [--job=ID]
-//                              the shell lines that start the job's tasks
-//                              (see LaunchLines below).
+// (`pstrain launch-lines` and `pstrain install`: tools/launch_lines.h.)
 //
 // Exit codes: 0 success; 1 the job failed or was cancelled (wait), or the
 // coordinator refused or could not be reached; 2 bad input (usage, spec).
@@ -43,32 +41,10 @@ std::string FormatTestAccuracy(const RunResult& result);
 // `result` as JSON (protobuf's printer, field names as in the .proto).
 std::string ResultJson(const RunResult& result);
 
-// Shell lines that start every task of `spec` on its host, for
-//   slurm:  one `srun --ntasks=N` line per role (index from SLURM_PROCID),
-//           or, when the spec lists hosts, one `srun --nodelist=HOST` line
-//           per task;
-//   mpirun: per role, a hostfile (written by a here-document) and one
-//           `mpirun -np N --hostfile F --map-by node` line (index from
-//           OMPI_COMM_WORLD_RANK); needs the spec's hosts;
-//   ssh:    one `ssh HOST "..." &` line per task; needs the spec's hosts.
-// Each line runs `ps_binary` or `worker_binary` with
-// --coordinator=`coordinator` --job=`job` (by default $JOB, a shell
-// variable set from `pstrain submit`'s output). INVALID_ARGUMENT naming the
-// launcher or the missing host list.
-absl::StatusOr<std::string> LaunchLines(const JobSpec& spec,
-                                        const std::string& launcher,
-                                        const std::string& coordinator,
-                                        const std::string& job,
-                                        const std::string& ps_binary,
-                                        const std::string& worker_binary);
-
 // `args`: the positional arguments after the command name.
 int SubmitCommand(const std::vector<std::string>& args);
 int StatusCommand(const std::vector<std::string>& args);
 int LogsCommand(const std::vector<std::string>& args);
-int LaunchLinesCommand(const std::vector<std::string>& args,
-                       const std::string& ps_binary,
-                       const std::string& worker_binary);
 int CancelCommand(const std::vector<std::string>& args);
 int WaitCommand(const std::vector<std::string>& args);
 

@@ -50,6 +50,7 @@
 #include "proto/coordinator.pb.h"
 #include "tools/compare.h"
 #include "tools/job_commands.h"
+#include "tools/launch_lines.h"
 #include "tools/local_cluster.h"
 #include "worker/checkpoint.h"
 #include "worker/data_flags.h"
@@ -170,13 +171,16 @@ int Fail(int code, const std::string& message) {
   return code;
 }
 
-// bazel-bin/tools/pstrain -> bazel-bin/<package>/<name>.
+// An installed pstrain (pstrain install): PREFIX/bin/<name> beside it;
+// else bazel-bin/tools/pstrain -> bazel-bin/<package>/<name>.
 std::string SiblingBinary(const std::string& package, const std::string& name) {
   char self[4096];
   const ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
   if (n <= 0) return name;
   std::string dir(self, n);
-  dir = dir.substr(0, dir.rfind('/'));  // .../tools
+  dir = dir.substr(0, dir.rfind('/'));  // .../tools, or PREFIX/bin
+  const std::string beside = absl::StrCat(dir, "/", name);
+  if (access(beside.c_str(), X_OK) == 0) return beside;
   dir = dir.substr(0, dir.rfind('/'));  // ...
   return absl::StrCat(dir, "/", package, "/", name);
 }
@@ -191,6 +195,16 @@ std::string PsBinary() {
 std::string WorkerBinary() {
   const std::string flag = absl::GetFlag(FLAGS_worker_binary);
   return flag.empty() ? SiblingBinary("worker", "pstrain_worker") : flag;
+}
+
+std::string CoordinatorBinary() {
+  return SiblingBinary("tools", "pstrain_coordinator");
+}
+
+std::string SelfBinary() {
+  char self[4096];
+  const ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
+  return n > 0 ? std::string(self, n) : std::string("pstrain");
 }
 
 namespace {
@@ -949,8 +963,9 @@ int main(int argc, char** argv) {
       "--num_ps=2 --steps=N --out_dir=DIR]: run each configuration and "
       "write the scaling tables, CSV, JSON and a throughput plot.\n"
       "pstrain launch-lines JOB.pbtxt --launcher=slurm|mpirun|ssh "
-      "[--coordinator=HOST:PORT] [--job=ID]: the lines that start its "
-      "tasks.");
+      "[--coordinator=HOST:PORT] [--job=ID] [--bin_dir=DIR] [--sbatch]: a "
+      "script that starts its tasks and waits for them.\n"
+      "pstrain install --prefix=DIR: copy the binaries to DIR/bin.");
   pstrain::g_command_line = absl::StrJoin(argv, argv + argc, " ");
   std::vector<char*> positional = absl::ParseCommandLine(argc, argv);
   const std::string command = positional.size() > 1 ? positional[1] : "";
@@ -966,14 +981,20 @@ int main(int argc, char** argv) {
   if (command == "wait") return pstrain::WaitCommand(args);
   if (command == "logs") return pstrain::LogsCommand(args);
   if (command == "launch-lines") {
-    return pstrain::LaunchLinesCommand(args, pstrain::PsBinary(),
-                                       pstrain::WorkerBinary());
+    return pstrain::LaunchLinesCommand(args, absl::GetFlag(FLAGS_ps_binary),
+                                       absl::GetFlag(FLAGS_worker_binary));
+  }
+  if (command == "install") {
+    return pstrain::InstallCommand(
+        args, {pstrain::SelfBinary(), pstrain::PsBinary(),
+               pstrain::WorkerBinary(),
+               pstrain::CoordinatorBinary()});
   }
   pstrain::PrintError(
       "pstrain",
       absl::StrCat("expected a command (run, eval, submit, status, logs, "
                    "cancel, "
-                   "wait, launch-lines); "
+                   "wait, launch-lines, install); "
                    "got \"",
                    command, "\"", args.empty() ? "" : " and more",
                    " (usage: pstrain run [--flags])"));
