@@ -987,8 +987,7 @@ int main(int argc, char** argv) {
   if (command == "install") {
     return pstrain::InstallCommand(
         args, {pstrain::SelfBinary(), pstrain::PsBinary(),
-               pstrain::WorkerBinary(),
-               pstrain::CoordinatorBinary()});
+               pstrain::WorkerBinary(), pstrain::CoordinatorBinary()});
   }
   pstrain::PrintError(
       "pstrain",
