@@ -1,0 +1,265 @@
+// Jobs that survive their tasks' deaths (issue 20): `pstrain run` with
+// checkpoints, whose PS shards and workers are killed with SIGKILL mid-run,
+// as a crash would. The supervisor restarts them (--max_restarts), worker 0
+// restores every shard to the newest checkpoint, every worker rolls back to
+// its step, and the job finishes; a sync job ends with the same model, bit
+// for bit, as the run nobody killed (the restore is exact and the data
+// order a function of the step).
+#include <signal.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <functional>
+#include <regex>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "gtest/gtest.h"
+#include "tests/cli_test_util.h"
+
+namespace {
+
+using pstrain::testing::HaveFashionMnist;
+using pstrain::testing::Process;
+using pstrain::testing::ReadTextFile;
+using pstrain::testing::RunCommand;
+using pstrain::testing::TempDir;
+
+// 2 shards, 2 workers, LeNet-5 on Fashion-MNIST: 600 steps, a checkpoint
+// every 100.
+std::vector<std::string> RunArgv(const std::string& mode,
+                                 const std::string& dir,
+                                 const std::string& extra = "") {
+  std::vector<std::string> argv = {"tools/pstrain",
+                                   "run",
+                                   "--model=lenet5",
+                                   "--num_ps=2",
+                                   "--num_workers=2",
+                                   "--epochs=2",
+                                   "--max_steps_per_epoch=300",
+                                   "--log_every_steps=50",
+                                   "--mode=" + mode,
+                                   "--checkpoint_every_steps=100",
+                                   "--checkpoint_dir=" + dir,
+                                   "--heartbeat_timeout_s=30"};
+  if (!extra.empty()) argv.push_back(extra);
+  return argv;
+}
+
+// Polls `done` every 50 ms for at most `timeout`.
+bool WaitFor(const std::function<bool()>& done, absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  while (absl::Now() < deadline) {
+    if (done()) return true;
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  return done();
+}
+
+// The pid of `parent`'s child whose command line matches `pattern`, or -1.
+int ChildPid(pid_t parent, const std::string& pattern) {
+  const auto r = RunCommand(
+      absl::StrCat("pgrep -P ", parent, " -f '", pattern, "' | head -1"));
+  return r.output.empty() ? -1 : std::atoi(r.output.c_str());
+}
+
+// Kills (SIGKILL) `parent`'s child matching `pattern`; false if none.
+bool KillChild(pid_t parent, const std::string& pattern) {
+  const int pid = ChildPid(parent, pattern);
+  return pid > 0 && kill(pid, SIGKILL) == 0;
+}
+
+std::string Latest(const std::string& dir) {
+  std::error_code error;
+  if (!std::filesystem::exists(dir + "/latest", error)) return "";
+  return ReadTextFile(dir + "/latest");
+}
+
+// The final test accuracy of a run's table, or -1.
+double Accuracy(const std::string& output) {
+  std::smatch m;
+  if (!std::regex_search(
+          output, m,
+          std::regex(R"(\| [0-9.]+ s \| [0-9.]+ \| (0\.[0-9]{4}) \|)"))) {
+    return -1;
+  }
+  return std::stod(m[1].str());
+}
+
+int Count(const std::string& text, const std::string& what) {
+  int n = 0;
+  for (size_t at = text.find(what); at != std::string::npos;
+       at = text.find(what, at + 1)) {
+    ++n;
+  }
+  return n;
+}
+
+TEST(RecoveryTest, SyncJobSurvivesKilledShardAndWorkerWithTheSameModel) {
+  if (!HaveFashionMnist()) GTEST_SKIP() << "dataset-fashion-mnist missing";
+  const std::string clean_dir = TempDir() + "/clean";
+  std::string clean_command;
+  for (const std::string& a : RunArgv("sync", clean_dir)) {
+    clean_command += a + " ";
+  }
+  const auto clean = RunCommand(clean_command);
+  ASSERT_EQ(clean.exit_code, 0) << clean.output;
+  const double clean_accuracy = Accuracy(clean.output);
+  ASSERT_GT(clean_accuracy, 0.7) << clean.output;
+
+  const std::string dir = TempDir() + "/faulted";
+  const std::string log = TempDir() + "/faulted.log";
+  Process run(RunArgv("sync", dir), log);
+  // A shard dies once the first checkpoint is durable...
+  ASSERT_TRUE(WaitFor([&] { return !Latest(dir).empty(); }, absl::Minutes(2)))
+      << ReadTextFile(log);
+  const absl::Time killed_shard = absl::Now();
+  ASSERT_TRUE(KillChild(run.pid(), "pstrain_ps .*--task_index=1"))
+      << ReadTextFile(log);
+  // ... the job goes on from a checkpoint ...
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        const std::string text = ReadTextFile(log);
+        return text.find("worker 0: recovered") != std::string::npos &&
+               text.find("worker 1: recovered") != std::string::npos;
+      },
+      absl::Minutes(1)))
+      << ReadTextFile(log);
+  const absl::Duration recovery = absl::Now() - killed_shard;
+  // ... and a sync worker dies mid-step after the next checkpoint.
+  const std::string after = Latest(dir);
+  ASSERT_TRUE(WaitFor([&] { return Latest(dir) != after; }, absl::Minutes(1)))
+      << ReadTextFile(log);
+  ASSERT_TRUE(KillChild(run.pid(), "pstrain_worker .*--task_index=1"))
+      << ReadTextFile(log);
+  const int exit_code = run.Wait(240);
+  const std::string output = ReadTextFile(log);
+  ASSERT_EQ(exit_code, 0) << output;
+
+  EXPECT_NE(output.find("pstrain: ps 1 died (signal 9); restarting it "
+                        "(restart 1 of 3)"),
+            std::string::npos)
+      << output;
+  EXPECT_NE(output.find("pstrain: worker 1 died (signal 9); restarting it "
+                        "(restart 2 of 3)"),
+            std::string::npos)
+      << output;
+  // The shard's death reaches the workers as the connection's real error.
+  EXPECT_TRUE(std::regex_search(
+      output,
+      std::regex(R"(worker [01]: step failed \(UNAVAILABLE: shard 1 )")))
+      << output;
+  // The worker's death breaks the barrier at once, naming it.
+  EXPECT_NE(output.find("worker 1's push/pull stream to shard"),
+            std::string::npos)
+      << output;
+  // Every rollback goes to a checkpoint step (at most one interval lost).
+  const std::regex back(R"(going on from step ([0-9]+) \(version)");
+  int rollbacks = 0;
+  for (std::sregex_iterator it(output.begin(), output.end(), back), end;
+       it != end; ++it) {
+    EXPECT_EQ(std::stoi((*it)[1].str()) % 100, 0) << (*it)[0].str();
+    ++rollbacks;
+  }
+  EXPECT_GE(rollbacks, 3) << output;  // both workers, then worker 0
+  EXPECT_NE(output.find("[worker1] worker 1 rejoined the job at step"),
+            std::string::npos)
+      << output;
+  std::printf(
+      "recovery after the shard's SIGKILL: %.2f s (the kill to both "
+      "workers' " recovered " lines)\n",
+      absl::ToDoubleSeconds(recovery));
+  EXPECT_LT(recovery, absl::Seconds(20));
+
+  // The same model as the run nobody killed.
+  EXPECT_EQ(Accuracy(output), clean_accuracy) << output;
+  EXPECT_EQ(ReadTextFile(dir + "/model.safetensors"),
+            ReadTextFile(clean_dir + "/model.safetensors"));
+}
+
+TEST(RecoveryTest, AsyncJobSurvivesKilledShardAndRestartedWorkerGoesOn) {
+  if (!HaveFashionMnist()) GTEST_SKIP() << "dataset-fashion-mnist missing";
+  const std::string dir = TempDir() + "/async";
+  const std::string log = TempDir() + "/async.log";
+  Process run(RunArgv("async", dir), log);
+  ASSERT_TRUE(WaitFor([&] { return !Latest(dir).empty(); }, absl::Minutes(2)))
+      << ReadTextFile(log);
+  ASSERT_TRUE(KillChild(run.pid(), "pstrain_ps .*--task_index=0"))
+      << ReadTextFile(log);
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        return ReadTextFile(log).find("worker 1: recovered") !=
+               std::string::npos;
+      },
+      absl::Minutes(1)))
+      << ReadTextFile(log);
+  ASSERT_TRUE(KillChild(run.pid(), "pstrain_worker .*--task_index=1"))
+      << ReadTextFile(log);
+  ASSERT_EQ(run.Wait(240), 0) << ReadTextFile(log);
+  const std::string output = ReadTextFile(log);
+  // The restarted async worker goes on from the job's position, not from
+  // step 0.
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(
+      output, m,
+      std::regex(R"(\[worker1\] worker 1 rejoined the job at step ([0-9]+))")))
+      << output;
+  EXPECT_GT(std::stoi(m[1].str()), 100) << output;
+  EXPECT_GT(Accuracy(output), 0.75) << output;
+}
+
+TEST(RecoveryTest, SpentRestartBudgetFailsNamingEveryDeathAndCheckpoint) {
+  if (!HaveFashionMnist()) GTEST_SKIP() << "dataset-fashion-mnist missing";
+  const std::string dir = TempDir() + "/budget";
+  const std::string log = TempDir() + "/budget.log";
+  Process run(RunArgv("sync", dir, "--max_restarts=1"), log);
+  ASSERT_TRUE(WaitFor([&] { return !Latest(dir).empty(); }, absl::Minutes(2)))
+      << ReadTextFile(log);
+  ASSERT_TRUE(KillChild(run.pid(), "pstrain_ps .*--task_index=1"));
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        return Count(ReadTextFile(log), "shard 1/2 of job-1 listening") == 2 &&
+               ChildPid(run.pid(), "pstrain_ps .*--task_index=1") > 0;
+      },
+      absl::Minutes(1)))
+      << ReadTextFile(log);
+  ASSERT_TRUE(KillChild(run.pid(), "pstrain_ps .*--task_index=1"));
+  const int exit_code = run.Wait(120);
+  const std::string output = ReadTextFile(log);
+  EXPECT_EQ(exit_code, 1) << output;
+  EXPECT_TRUE(std::regex_search(
+      output,
+      std::regex(R"(ps 1 .*failed: exited with signal 9 \(the restart )"
+                 R"(budget, --max_restarts=1, is spent; deaths: ps 1 )"
+                 R"(\(signal 9\), ps 1 \(signal 9\); last checkpoint: .*)"
+                 R"(/budget/step-[0-9]+\))")))
+      << output;
+}
+
+TEST(RecoveryTest, WithoutRestartsAWorkersDeathFailsTheJobAtOnce) {
+  if (!HaveFashionMnist()) GTEST_SKIP() << "dataset-fashion-mnist missing";
+  const std::string log = TempDir() + "/norestart.log";
+  Process run({"tools/pstrain", "run", "--model=lenet5", "--num_ps=2",
+               "--num_workers=2", "--epochs=2", "--max_steps_per_epoch=300",
+               "--log_every_steps=50"},
+              log);
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        return ReadTextFile(log).find("[worker0] Step50:") != std::string::npos;
+      },
+      absl::Minutes(2)))
+      << ReadTextFile(log);
+  const absl::Time killed = absl::Now();
+  ASSERT_TRUE(KillChild(run.pid(), "pstrain_worker .*--task_index=1"));
+  const int exit_code = run.Wait(60);
+  const std::string output = ReadTextFile(log);
+  EXPECT_EQ(exit_code, 1) << output;
+  EXPECT_LT(absl::Now() - killed, absl::Seconds(20)) << output;
+  EXPECT_NE(output.find("worker 1"), std::string::npos) << output;
+  EXPECT_EQ(output.find("restarting it"), std::string::npos) << output;
+}
+
+}  // namespace
