@@ -1,7 +1,10 @@
 #include "coordinator/task_flags.h"
 
+#include <sched.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 
 #include "absl/flags/flag.h"
@@ -32,6 +35,10 @@ ABSL_FLAG(int, coordinator_timeout_s, 120,
           "this long, seconds.");
 ABSL_FLAG(int, coordinator_rpc_timeout_s, 30,
           "Deadline of each call to the coordinator, seconds.");
+ABSL_FLAG(int, threads, 0,
+          "CPU threads of this task (a worker's oneDNN/OpenMP pool); 0: "
+          "OMP_NUM_THREADS, SLURM_CPUS_PER_TASK, the cores divided by "
+          "OMPI_COMM_WORLD_LOCAL_SIZE, else every core (with a warning).");
 
 namespace pstrain {
 
@@ -126,6 +133,79 @@ absl::StatusOr<TaskAddress> TaskAddressFromFlags(const JobSpec& spec,
     address.advertise_host = name;
   }
   return address;
+}
+
+absl::StatusOr<TaskThreads> ResolveTaskThreads(
+    int flag, int cores,
+    const std::function<const char*(const char*)>& getenv) {
+  TaskThreads out;
+  if (flag < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--threads=", flag, ": expected >= 1 (0: automatic)"));
+  }
+  if (flag > 0) {
+    out.threads = flag;
+    out.source = "--threads";
+    return out;
+  }
+  for (const char* variable : {"OMP_NUM_THREADS", "SLURM_CPUS_PER_TASK",
+                               "OMPI_COMM_WORLD_LOCAL_SIZE"}) {
+    const char* value = getenv(variable);
+    if (value == nullptr || *value == '\0') continue;
+    int n = 0;
+    if (!absl::SimpleAtoi(value, &n) || n < 1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(variable, "=", value,
+                       ": expected a positive integer (or pass "
+                       "--threads)"));
+    }
+    if (std::string(variable) == "OMPI_COMM_WORLD_LOCAL_SIZE") {
+      out.threads = std::max(1, cores / n);
+      out.source = absl::StrCat(variable, "=", n, " of ", cores, " cores");
+    } else {
+      out.threads = n;
+      out.source = variable;
+    }
+    return out;
+  }
+  out.threads = std::max(1, cores);
+  out.source = absl::StrCat("all ", cores, " cores");
+  out.warning = true;
+  return out;
+}
+
+int UsableCores() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof(set), &set) == 0) {
+    return std::max(1, CPU_COUNT(&set));
+  }
+  return std::max(1, static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN)));
+}
+
+absl::StatusOr<int> TaskThreadsFromFlags(TaskAgent& agent, const char* program,
+                                         bool warn, int* exit_code) {
+  absl::StatusOr<TaskThreads> threads =
+      ResolveTaskThreads(absl::GetFlag(FLAGS_threads), UsableCores(),
+                         [](const char* name) { return std::getenv(name); });
+  if (!threads.ok()) {
+    *exit_code =
+        FailTask(agent, program, 2, std::string(threads.status().message()));
+    return threads.status();
+  }
+  agent.Log(absl::StrCat(agent.name(), ": ", threads->threads,
+                         threads->threads == 1 ? " thread (" : " threads (",
+                         threads->source, ")"));
+  if (warn && threads->warning) {
+    std::fprintf(stderr,
+                 "%s: warning: %s: no --threads, OMP_NUM_THREADS, "
+                 "SLURM_CPUS_PER_TASK or OMPI_COMM_WORLD_LOCAL_SIZE; using "
+                 "all %d cores. Pass --threads if other tasks share this "
+                 "node.\n",
+                 program, agent.name().c_str(), threads->threads);
+    std::fflush(stderr);
+  }
+  return threads->threads;
 }
 
 int FailTask(TaskAgent& agent, const char* program, int exit_code,

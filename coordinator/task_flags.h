@@ -12,11 +12,13 @@
 //                            spec's host for this task, else the hostname
 //   --heartbeat_interval_s, --coordinator_timeout_s,
 //   --coordinator_rpc_timeout_s
+//   --threads=N              CPU threads of the task (see TaskThreads)
 //
 // Thread-safety: call from main() only.
 #ifndef PSTRAIN_COORDINATOR_TASK_FLAGS_H_
 #define PSTRAIN_COORDINATOR_TASK_FLAGS_H_
 
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -32,6 +34,7 @@ ABSL_DECLARE_FLAG(int, task_index);
 ABSL_DECLARE_FLAG(std::string, bind);
 ABSL_DECLARE_FLAG(int, port);
 ABSL_DECLARE_FLAG(std::string, advertise);
+ABSL_DECLARE_FLAG(int, threads);
 
 namespace pstrain {
 
@@ -61,6 +64,38 @@ struct JoinedTask {
   JobSpec spec;
   TaskAddress address;
 };
+
+// How many CPU threads a task runs (a worker's oneDNN/OpenMP pool), and
+// where the number came from. In order: --threads; OMP_NUM_THREADS (what
+// `pstrain run` gives each local worker: the cores divided among them);
+// SLURM_CPUS_PER_TASK (srun --cpus-per-task); the cores divided by
+// OMPI_COMM_WORLD_LOCAL_SIZE (mpirun's tasks on this node); else every core
+// this process may run on, with `warning` set: other tasks on the node would
+// compete for the same cores (7 to 25 times slower steps were seen).
+struct TaskThreads {
+  int threads = 1;
+  // "--threads", "OMP_NUM_THREADS", "SLURM_CPUS_PER_TASK",
+  // "OMPI_COMM_WORLD_LOCAL_SIZE=2 of 16 cores", "all 16 cores".
+  std::string source;
+  bool warning = false;
+};
+
+// `flag`: --threads (0: unset); `cores`: the cores this process may use;
+// `getenv`: the environment. INVALID_ARGUMENT for a negative --threads or a
+// variable that is not a positive integer, naming it.
+absl::StatusOr<TaskThreads> ResolveTaskThreads(
+    int flag, int cores, const std::function<const char*(const char*)>& getenv);
+
+// The cores this process may run on (its CPU affinity; at least 1).
+int UsableCores();
+
+// Resolves --threads from the flags and the environment and reports it:
+// "`agent`'s name: N threads (source)" through the agent's log, and the
+// warning line on stderr when there is one and `warn` (a task whose work
+// the count sizes). On error, fails the task (FailTask, exit code 2) and
+// returns the status.
+absl::StatusOr<int> TaskThreadsFromFlags(TaskAgent& agent, const char* program,
+                                         bool warn, int* exit_code);
 
 // Prints "`program`: error: `agent`'s name: `message`", reports the failure
 // to the coordinator (which fails the job with `message`) and returns

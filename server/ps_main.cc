@@ -1,7 +1,7 @@
 // pstrain_ps: one parameter-server shard task of a job on a coordinator.
 //
 //   pstrain_ps --coordinator=HOST:PORT --job=ID --task_index=N [--bind=ADDR]
-//              [--port=P] [--advertise=HOST]
+//              [--port=P] [--advertise=HOST] [--threads=N]
 //
 // Fetches the job's spec from the coordinator (mode, number of shards and
 // workers, Adam's hyperparameters), listens on --bind:--port (see
@@ -75,6 +75,12 @@ int main(int argc, char** argv) {
     return pstrain::FailTask(agent, kProgram, code, message);
   };
 
+  // Reported like every task's. The shard applies Adam on the thread of the
+  // worker stream that completes a chunk (up to num_workers at once); it has
+  // no pool of its own for --threads to size yet.
+  if (!pstrain::TaskThreadsFromFlags(agent, kProgram, false, &exit_code).ok()) {
+    return exit_code;
+  }
   // The spec was validated at submission (coordinator/job_spec.h).
   pstrain::ShardOptions options;
   options.job_id = agent.options().job_id;

@@ -1,7 +1,7 @@
 // pstrain_worker: one data-parallel worker task of a job on a coordinator.
 //
 //   pstrain_worker --coordinator=HOST:PORT --job=ID --task_index=N [--gpu=G]
-//                  [--advertise=HOST]
+//                  [--advertise=HOST] [--threads=N]
 //
 // Fetches the job's spec from the coordinator, loads the dataset, registers,
 // sends heartbeats (with its step and epoch lines and its progress), waits
@@ -10,6 +10,8 @@
 // when it finishes. Exit codes: 0 done; 2 bad flags or spec input (the job
 // fails with the message); 1 a training or coordinator error, or the job
 // ended elsewhere (a lost task, a cancel): the task stops at once.
+#include <omp.h>
+
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
@@ -77,6 +79,11 @@ int main(int argc, char** argv) {
   auto fail = [&](int code, const std::string& message) {
     return pstrain::FailTask(agent, kProgram, code, message);
   };
+  // oneDNN's primitives run on the training (this) thread's OpenMP pool.
+  absl::StatusOr<int> threads =
+      pstrain::TaskThreadsFromFlags(agent, kProgram, true, &exit_code);
+  if (!threads.ok()) return exit_code;
+  omp_set_num_threads(*threads);
   const int gpu = absl::GetFlag(FLAGS_gpu);
   if (absl::Status s = pstrain::CheckBackend(spec->backend(), gpu, "");
       !s.ok()) {
@@ -164,6 +171,7 @@ int main(int argc, char** argv) {
   options.init_from = spec->init_from();
   options.checkpoint_dir = spec->checkpoint_dir();
   options.checkpoint_every_steps = spec->checkpoint_every_steps();
+  options.checkpoint_every_secs = spec->checkpoint_every_secs();
   if (spec->keep_checkpoints() > 0) {
     options.keep_checkpoints = spec->keep_checkpoints();
   }
