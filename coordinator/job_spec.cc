@@ -67,6 +67,9 @@ void ApplyJobDefaults(JobSpec* spec) {
   if (spec->synthetic_samples() == 0) spec->set_synthetic_samples(12800);
   if (spec->bucket_bytes() == 0) spec->set_bucket_bytes(25 << 20);
   if (spec->compute().empty()) spec->set_compute("model");
+  if (spec->registration_timeout_s() == 0) {
+    spec->set_registration_timeout_s(600);
+  }
   if (spec->collective().empty() && spec->mode() == "allreduce") {
     spec->set_collective("gloo");
   }
@@ -181,11 +184,23 @@ absl::Status ValidateJobSpec(const JobSpec& spec) {
     return Bad("max_restarts",
                absl::StrCat(spec.max_restarts(), "; expected 0 to 1000"));
   }
+  if (!(spec.checkpoint_every_secs() >= 0 &&
+        spec.checkpoint_every_secs() <= 1e7)) {
+    return Bad("checkpoint_every_secs",
+               absl::StrCat(spec.checkpoint_every_secs(),
+                            "; expected 0 to 1e7 seconds"));
+  }
   if (spec.max_restarts() > 0 && spec.mode() == "allreduce") {
     return Bad("max_restarts",
                absl::StrCat(spec.max_restarts(),
                             "; allreduce jobs do not recover from failures "
                             "(only parameter-server jobs do): expected 0"));
+  }
+  if (spec.registration_timeout_s() < 1 ||
+      spec.registration_timeout_s() > 7 * 24 * 3600) {
+    return Bad("registration_timeout_s",
+               absl::StrCat(spec.registration_timeout_s(),
+                            "; expected 1 to 604800 seconds (0: 600)"));
   }
   if (spec.partition_bytes() < 4 || spec.partition_bytes() % 4 != 0) {
     return Bad("partition_bytes",

@@ -5,10 +5,13 @@
 // data_dir "/usr/share/datasets/fashion-mnist", backend "cpu", mode "sync",
 // seed 1, partition_bytes 4 MiB, log_every_steps 200, image_size 224,
 // num_classes 1000, synthetic_samples 12800, bucket_bytes 25 MiB, the
-// optimizer's defaults
-// (proto/job.proto).
-// num_ps, num_workers, batch_size and epochs have no default: they must be
-// set, and >= 1.
+// optimizer's defaults (proto/job.proto); and, unlike `pstrain run` (60),
+// registration_timeout_s 600, since a submitted job's tasks may wait in a
+// scheduler's queue.
+// num_ps (except in mode allreduce, where it is 0), num_workers, batch_size
+// and epochs have no default: they must be set, and >= 1. They are the
+// job's size, which the launcher must start as many tasks for, and proto3
+// cannot tell a field left out from one set to 0.
 //
 // Thread-safety: pure functions.
 #ifndef PSTRAIN_COORDINATOR_JOB_SPEC_H_

@@ -305,6 +305,19 @@ absl::Status JobTable::Cancel(const std::string& id, absl::Time now) {
   return Persist();
 }
 
+namespace {
+
+// How long task `t` of `job` may take to register: the spec's
+// registration_timeout_s the first time (a queued job waits for its nodes);
+// the heartbeat timeout `limit_ms` after a restart (or a spec without one).
+int64_t RegistrationLimitMs(const JobInfo& job, const TaskInfo& t,
+                            int64_t limit_ms) {
+  const int64_t spec_s = job.spec().registration_timeout_s();
+  return t.restarts() > 0 || spec_s <= 0 ? limit_ms : spec_s * 1000;
+}
+
+}  // namespace
+
 std::vector<std::string> JobTable::CheckHeartbeats(absl::Time now,
                                                    absl::Duration timeout) {
   absl::MutexLock lock(&mu_);
@@ -324,7 +337,7 @@ std::vector<std::string> JobTable::CheckHeartbeats(absl::Time now,
       } else if (t.state() == TASK_WAITING &&
                  Ms(now) - std::max({job.submit_ms(), loaded_ms_,
                                      t.waiting_since_ms()}) >
-                     limit) {
+                     RegistrationLimitMs(job, t, limit)) {
         const int64_t since = std::max(job.submit_ms(), t.waiting_since_ms());
         problems.push_back(
             absl::StrCat("waiting for ", TaskName(t.role(), t.index()),

@@ -4,8 +4,9 @@
 // A job fails when a task reports a failure, when a registered task is
 // silent for longer than the heartbeat timeout ("lost worker 1 on
 // 10.0.0.4:7001: no heartbeat for 62 s"), or when a task has not registered
-// within that timeout of submission ("waiting for worker 1 on
-// 10.0.0.4:7001 for 62 s"). Heartbeats answer with the job's state, so
+// within the spec's registration_timeout_s of submission ("waiting for
+// worker 1 on 10.0.0.4:7001 for 602 s"; a restarted task: within the
+// heartbeat timeout of its restart). Heartbeats answer with the job's state, so
 // tasks learn when to stop.
 //
 // Every change is written to the job file (when one is set) before the call

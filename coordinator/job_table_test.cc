@@ -164,7 +164,9 @@ TEST(JobTableTest, SilentTaskIsLostAndTheJobFailsNamingIt) {
 
 TEST(JobTableTest, TaskThatNeverRegistersFailsTheJob) {
   JobTable table;
-  const std::string id = *table.Submit(Spec(), kT0);
+  JobSpec spec = Spec();
+  spec.set_registration_timeout_s(60);
+  const std::string id = *table.Submit(spec, kT0);
   for (const Task& t : Tasks()) {
     if (t.role == ROLE_WORKER && t.index == 1) continue;
     ASSERT_TRUE(table.Register(id, t.role, t.index, t.address, kT0).ok());
@@ -177,6 +179,23 @@ TEST(JobTableTest, TaskThatNeverRegistersFailsTheJob) {
             "10.0.0.3:7000: no heartbeat for 62 s; lost worker 0 on "
             "10.0.0.4:7001: no heartbeat for 62 s; waiting for worker 1 on "
             "10.0.0.5:7001 for 62 s");
+}
+
+TEST(JobTableTest, QueuedTasksHaveTheSpecsRegistrationTimeout) {
+  // A submitted spec's default: 600 s, past the 60 s heartbeat timeout.
+  JobTable table;
+  const std::string id = *table.Submit(Spec(), kT0);
+  EXPECT_EQ(table.Get(id)->spec().registration_timeout_s(), 600);
+  EXPECT_TRUE(table.CheckHeartbeats(kT0 + absl::Seconds(599), absl::Seconds(60))
+                  .empty());
+  EXPECT_EQ(table.Get(id)->state(), JOB_PENDING);
+  table.CheckHeartbeats(kT0 + absl::Seconds(601), absl::Seconds(60));
+  EXPECT_EQ(table.Get(id)->state(), JOB_FAILED);
+  EXPECT_EQ(table.Get(id)->message().rfind("waiting for ps 0 on "
+                                           "10.0.0.2:7000 for 601 s; ",
+                                           0),
+            0u)
+      << table.Get(id)->message();
 }
 
 TEST(JobTableTest, FailureAndCancelEndTheJob) {

@@ -169,8 +169,8 @@ TEST(RecoveryTest, SyncJobSurvivesKilledShardAndWorkerWithTheSameModel) {
             std::string::npos)
       << output;
   std::printf(
-      "recovery after the shard's SIGKILL: %.2f s (the kill to both "
-      "workers' " recovered " lines)\n",
+      "recovery after the shard's SIGKILL: %.2f s (from the kill to both "
+      "workers' recovered lines)\n",
       absl::ToDoubleSeconds(recovery));
   EXPECT_LT(recovery, absl::Seconds(20));
 

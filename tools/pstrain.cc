@@ -132,6 +132,9 @@ ABSL_FLAG(bool, plot, true,
           "throughput.gp, for hosts without gnuplot).");
 ABSL_FLAG(int, heartbeat_timeout_s, 60,
           "Seconds of silence after which a task is lost and the job fails.");
+ABSL_FLAG(int, registration_timeout_s, 60,
+          "run: seconds every task has to register before the job fails "
+          "(submitted job specs default to 600).");
 ABSL_FLAG(std::string, init_from, "",
           "run: start from this model file's weights (safetensors with "
           "PyTorch's state_dict names, as model.safetensors) instead of "
@@ -144,6 +147,9 @@ ABSL_FLAG(std::string, checkpoint_dir, "",
 ABSL_FLAG(int64_t, checkpoint_every_steps, 0,
           "run: a sharded checkpoint (weights, Adam state, data position) "
           "every this many steps into --checkpoint_dir; 0: none. PS modes.");
+ABSL_FLAG(double, checkpoint_every_secs, 0,
+          "run: a checkpoint also once this many seconds have passed since "
+          "the last (after a step); 0: by --checkpoint_every_steps only.");
 ABSL_FLAG(int, keep_checkpoints, 3,
           "run: how many of the newest checkpoints to keep (>= 1).");
 ABSL_FLAG(int, max_restarts, -1,
@@ -343,6 +349,7 @@ JobSpec SpecFromFlags(const std::string& mode, int num_ps, int num_workers) {
   spec.set_compute_ms(absl::GetFlag(FLAGS_compute_ms));
   spec.set_model_bytes(absl::GetFlag(FLAGS_model_bytes));
   spec.set_backward_fraction(absl::GetFlag(FLAGS_backward_fraction));
+  spec.set_registration_timeout_s(absl::GetFlag(FLAGS_registration_timeout_s));
   // Absolute, so that every task finds them whatever its folder.
   auto absolute = [](const std::string& path) -> std::string {
     return path.empty()
@@ -353,6 +360,7 @@ JobSpec SpecFromFlags(const std::string& mode, int num_ps, int num_workers) {
   spec.set_metrics_dir(absolute(absl::GetFlag(FLAGS_metrics_dir)));
   spec.set_checkpoint_dir(absolute(absl::GetFlag(FLAGS_checkpoint_dir)));
   spec.set_checkpoint_every_steps(absl::GetFlag(FLAGS_checkpoint_every_steps));
+  spec.set_checkpoint_every_secs(absl::GetFlag(FLAGS_checkpoint_every_secs));
   spec.set_keep_checkpoints(absl::GetFlag(FLAGS_keep_checkpoints));
   spec.set_resume(absl::GetFlag(FLAGS_resume));
   const int max_restarts = absl::GetFlag(FLAGS_max_restarts);
@@ -603,18 +611,27 @@ absl::Status CheckModelFiles(const JobSpec& spec, const Dataset* dataset) {
                      " --keep_checkpoints=", spec.keep_checkpoints(),
                      ": expected >= 0 and >= 1"));
   }
+  if (!(spec.checkpoint_every_secs() >= 0 &&
+        spec.checkpoint_every_secs() <= 1e7)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--checkpoint_every_secs=", spec.checkpoint_every_secs(),
+                     ": expected 0 to 1e7 seconds"));
+  }
+  const bool checkpointing =
+      spec.checkpoint_every_steps() > 0 || spec.checkpoint_every_secs() > 0;
   if (dir.empty()) {
-    if (spec.resume() || spec.checkpoint_every_steps() > 0) {
+    if (spec.resume() || checkpointing) {
       return absl::InvalidArgumentError(
-          "--resume and --checkpoint_every_steps need --checkpoint_dir");
+          "--resume, --checkpoint_every_steps and --checkpoint_every_secs "
+          "need --checkpoint_dir");
     }
     return absl::OkStatus();
   }
-  if ((spec.resume() || spec.checkpoint_every_steps() > 0) &&
-      spec.mode() == "allreduce") {
+  if ((spec.resume() || checkpointing) && spec.mode() == "allreduce") {
     return absl::InvalidArgumentError(
-        "--checkpoint_every_steps and --resume: checkpoints are written by "
-        "parameter-server jobs (--mode=sync or async), not allreduce");
+        "--checkpoint_every_steps, --checkpoint_every_secs and --resume: "
+        "checkpoints are written by parameter-server jobs (--mode=sync or "
+        "async), not allreduce");
   }
   std::error_code error;
   if (spec.resume()) {

@@ -416,7 +416,9 @@ absl::StatusOr<TrainerOutput> RunWorker(const TrainerOptions& options,
   const std::vector<absl::Span<const float>>& gradients = workload->gradients();
   const int64_t steps_per_epoch = workload->steps_per_epoch();
   const int num_shards = static_cast<int>(options.ps_addresses.size());
-  if ((options.resume || options.checkpoint_every_steps > 0) &&
+  const bool checkpointing =
+      options.checkpoint_every_steps > 0 || options.checkpoint_every_secs > 0;
+  if ((options.resume || checkpointing) &&
       (allreduce || options.checkpoint_dir.empty())) {
     return absl::InvalidArgumentError(
         allreduce ? "checkpoints and resume are for parameter-server jobs "
@@ -506,9 +508,8 @@ absl::StatusOr<TrainerOutput> RunWorker(const TrainerOptions& options,
       if (options.ps_addresses_fn) {
         ASSIGN_OR_RETURN(addresses, options.ps_addresses_fn());
       }
-      const absl::Duration attempt =
-          std::max(absl::Seconds(1),
-                   std::min(absl::Seconds(5), deadline - absl::Now()));
+      const absl::Duration attempt = std::max(
+          absl::Seconds(1), std::min(absl::Seconds(5), deadline - absl::Now()));
       absl::StatusOr<int64_t> version =
           rejoin ? exchange->Rejoin(weights, addresses, restore, attempt)
                  : exchange->Recover(addresses, restore, attempt);
@@ -538,16 +539,16 @@ absl::StatusOr<TrainerOutput> RunWorker(const TrainerOptions& options,
                                absl::IsCancelled(cause);
       if (!recovers || !recoverable) return cause;
       if (recoveries >= max_recoveries) {
-        return absl::Status(
-            cause.code(), absl::StrCat("gave up after ", recoveries,
-                                       " recoveries: ", cause.message()));
+        return absl::Status(cause.code(),
+                            absl::StrCat("gave up after ", recoveries,
+                                         " recoveries: ", cause.message()));
       }
       ++recoveries;
       const absl::Time began = absl::Now();
-      Emit(options, absl::StrCat("worker ", options.worker_id,
-                                 ": step failed (", cause.ToString(),
-                                 "); recovering (", recoveries, " of at most ",
-                                 max_recoveries, ")"));
+      Emit(options,
+           absl::StrCat("worker ", options.worker_id, ": step failed (",
+                        cause.ToString(), "); recovering (", recoveries,
+                        " of at most ", max_recoveries, ")"));
       if (checkpoints != nullptr) {
         // The checkpoint in flight may have lost a shard: it never becomes
         // `latest` then.
@@ -593,7 +594,8 @@ absl::StatusOr<TrainerOutput> RunWorker(const TrainerOptions& options,
         weights, chief && options.resume ? &resume_state : nullptr));
   }
   RETURN_IF_ERROR(workload->LoadWeights());
-  if (chief && options.checkpoint_every_steps > 0) {
+  absl::Time last_checkpoint = absl::Now();
+  if (chief && checkpointing) {
     CheckpointJobInfo job;
     job.mode = options.mode;
     job.model = synthetic ? "synthetic" : options.model;
@@ -688,9 +690,15 @@ absl::StatusOr<TrainerOutput> RunWorker(const TrainerOptions& options,
         ++timed_steps;
       }
       ++step;
-      if (checkpoints != nullptr &&
-          step % options.checkpoint_every_steps == 0 &&
+      const bool checkpoint_due =
+          (options.checkpoint_every_steps > 0 &&
+           step % options.checkpoint_every_steps == 0) ||
+          (options.checkpoint_every_secs > 0 &&
+           absl::Now() - last_checkpoint >=
+               absl::Seconds(options.checkpoint_every_secs));
+      if (checkpoints != nullptr && checkpoint_due &&
           step < int64_t{options.epochs} * steps_per_epoch) {
+        last_checkpoint = absl::Now();
         DataPosition position;
         position.epoch = step / steps_per_epoch;
         position.step_in_epoch = step % steps_per_epoch;

@@ -90,13 +90,16 @@ struct TrainerOptions {
   // model file; empty: nowhere.
   std::string model_out;
   // Checkpoints (worker/checkpoint.h; PS modes): worker 0 writes one into
-  // `checkpoint_dir` every `checkpoint_every_steps` steps (0: none) and
-  // keeps the newest `keep_checkpoints`. With `resume`, every worker
-  // continues from the newest checkpoint there: worker 0 gives the shards
-  // its weights, Adam state and versions; every worker starts at its data
-  // position (the same batch size, workers and steps per epoch required).
+  // `checkpoint_dir` every `checkpoint_every_steps` steps and/or once
+  // `checkpoint_every_secs` seconds have passed since the last (at the end
+  // of a step; 0: neither) and keeps the newest `keep_checkpoints`. With
+  // `resume`, every worker continues from the newest checkpoint there: worker 0
+  // gives the shards its weights, Adam state and versions; every worker starts
+  // at its data position (the same batch size, workers and steps per epoch
+  // required).
   std::string checkpoint_dir;
   int64_t checkpoint_every_steps = 0;
+  double checkpoint_every_secs = 0;
   int keep_checkpoints = 3;
   bool resume = false;
   // Recovery (PS modes): up to `max_restarts` times (0: never; the first
