@@ -2,8 +2,10 @@
 
 #include <chrono>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "common/grpc_server.h"
 
@@ -46,12 +48,45 @@ CoordinatorServer::~CoordinatorServer() {
   }
 }
 
+std::string WaitingReport(const JobInfo& job, absl::Time now) {
+  if (job.state() != JOB_PENDING) return "";
+  std::vector<std::string> missing;
+  for (const TaskInfo& t : job.tasks()) {
+    if (t.state() != TASK_WAITING) continue;
+    const auto& hosts =
+        t.role() == ROLE_PS ? job.spec().ps_hosts() : job.spec().worker_hosts();
+    std::string name = TaskName(t.role(), t.index());
+    if (t.index() < hosts.size()) {
+      const HostPort& h = hosts[t.index()];
+      absl::StrAppend(&name, " on ", h.host(),
+                      h.port() > 0 ? absl::StrCat(":", h.port()) : "");
+    }
+    missing.push_back(name);
+  }
+  if (missing.empty()) return "";
+  const int64_t waited_s = (absl::ToUnixMillis(now) - job.submit_ms()) / 1000;
+  return absl::StrCat(job.id(), ": ", job.tasks_size() - missing.size(), "/",
+                      job.tasks_size(), " tasks registered after ", waited_s,
+                      " s; waiting for ", absl::StrJoin(missing, ", "),
+                      " (registration timeout ",
+                      job.spec().registration_timeout_s(), " s)");
+}
+
 void CoordinatorServer::CheckLoop() {
+  absl::Time next_report = absl::Now() + options_.waiting_report_interval;
   while (!stop_.WaitForNotificationWithTimeout(options_.check_interval)) {
     for (const std::string& id :
          table_->CheckHeartbeats(absl::Now(), options_.heartbeat_timeout)) {
       absl::StatusOr<JobInfo> job = table_->Get(id);
       if (job.ok() && options_.on_job_failed) options_.on_job_failed(*job);
+    }
+    const absl::Time now = absl::Now();
+    if (now < next_report) continue;
+    next_report = now + options_.waiting_report_interval;
+    if (!options_.on_waiting) continue;
+    for (const JobInfo& job : table_->List()) {
+      const std::string report = WaitingReport(job, now);
+      if (!report.empty()) options_.on_waiting(report);
     }
   }
 }

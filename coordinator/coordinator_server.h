@@ -39,7 +39,17 @@ struct CoordinatorServerOptions {
   absl::Duration check_interval = absl::Seconds(1);
   // Called for each job a heartbeat check failed.
   std::function<void(const JobInfo&)> on_job_failed;
+  // Every `waiting_report_interval`, called with WaitingReport() of each
+  // job still waiting for tasks to register (a queued launch can take
+  // minutes; this says which tasks have not come).
+  absl::Duration waiting_report_interval = absl::Seconds(60);
+  std::function<void(const std::string&)> on_waiting;
 };
+
+// "job-1: 2/4 tasks registered after 120 s; waiting for ps 0 on
+// 10.0.0.2:7000, worker 1 (registration timeout 600 s)" for a PENDING job
+// with tasks not yet registered at `now`; "" otherwise.
+std::string WaitingReport(const JobInfo& job, absl::Time now);
 
 class CoordinatorServer {
  public:

@@ -3,7 +3,9 @@
 // Serves the Coordinator service (proto/coordinator.proto) on --bind:--port,
 // keeps its job table in --job_file (reloaded at start-up, so a restarted
 // coordinator still knows its jobs) and, once a second, fails jobs whose
-// tasks are silent for longer than --heartbeat_timeout_s. Exits on SIGINT or
+// tasks are silent for longer than --heartbeat_timeout_s (or have not
+// registered within their spec's registration_timeout_s), printing once a
+// minute the tasks each pending job still waits for. Exits on SIGINT or
 // SIGTERM.
 #include <csignal>
 #include <cstdio>
@@ -59,6 +61,11 @@ int main(int argc, char** argv) {
   options.max_wait = absl::Seconds(absl::GetFlag(FLAGS_max_wait_s));
   options.on_job_failed = [](const pstrain::JobInfo& job) {
     std::printf("%s FAILED: %s\n", job.id().c_str(), job.message().c_str());
+    std::fflush(stdout);
+  };
+  // Once a minute, the jobs whose tasks have not all registered.
+  options.on_waiting = [](const std::string& report) {
+    std::printf("%s\n", report.c_str());
     std::fflush(stdout);
   };
   absl::StatusOr<std::unique_ptr<pstrain::CoordinatorServer>> server =

@@ -9,6 +9,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "common/flags_util.h"
+#include "coordinator/coordinator_server.h"
 #include "coordinator/job_spec.h"
 #include "coordinator/job_table.h"
 #include "google/protobuf/util/json_util.h"
@@ -204,6 +205,8 @@ int WaitCommand(const std::vector<std::string>& args) {
   auto stub = Stub();
   JobState last = JOB_STATE_UNSPECIFIED;
   int64_t log_since = 0;
+  // While tasks are missing (a queued launch), which ones, once a minute.
+  absl::Time next_report = absl::Now() + absl::Seconds(60);
   while (true) {
     JobInfo job;
     const grpc::Status status = GetJob(stub.get(), args[0], log_since, &job);
@@ -214,6 +217,14 @@ int WaitCommand(const std::vector<std::string>& args) {
       last = job.state();
     }
     log_since = job.next_log_seq();
+    if (absl::Now() >= next_report) {
+      next_report = absl::Now() + absl::Seconds(60);
+      const std::string report = WaitingReport(job, absl::Now());
+      if (!report.empty()) {
+        std::printf("%s\n", report.c_str());
+        std::fflush(stdout);
+      }
+    }
     if (JobEnded(job.state())) {
       if (job.state() != JOB_SUCCEEDED) return 1;
       std::printf("\n%s", FormatResultTable(job.result()).c_str());

@@ -12,7 +12,8 @@
 //   pstrain wait ID            follows the job to its end: its tasks' lines
 //                              as they arrive, its final state, and the
 //                              results table of `pstrain run`; exit 0 only
-//                              if it SUCCEEDED.
+//                              if it SUCCEEDED. While tasks have not all
+//                              registered, once a minute the ones missing.
 // (`pstrain launch-lines` and `pstrain install`: tools/launch_lines.h.)
 //
 // Exit codes: 0 success; 1 the job failed or was cancelled (wait), or the
