@@ -31,4 +31,10 @@ netns_log=bazel-testlogs/tests/netns_cluster_test/test.log
 if [ -f "$netns_log" ] && grep -q '^SKIP' "$netns_log"; then
   echo "netns_cluster_test: $(grep -h '^SKIP' "$netns_log")"
 fi
+# The launcher test passes with SKIP for a scheduler that cannot start here
+# (Slurm's daemons need root); say which and why.
+launcher_log=bazel-testlogs/tests/launcher_test/test.log
+if [ -f "$launcher_log" ]; then
+  grep -h '^SKIP' "$launcher_log" | sed 's/^/launcher_test: /'
+fi
 exit $status

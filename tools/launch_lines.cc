@@ -7,6 +7,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <map>
 #include <set>
 
@@ -357,11 +358,11 @@ std::string InstalledBinDir() {
 absl::Status InstallBinaries(const std::vector<std::string>& sources,
                              const std::string& prefix) {
   const std::string bin = prefix + "/bin";
-  for (const std::string& dir : {prefix, bin}) {
-    if (mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST) {
-      return absl::InternalError(
-          absl::StrCat("cannot create ", dir, ": ", std::strerror(errno)));
-    }
+  std::error_code error;
+  std::filesystem::create_directories(bin, error);
+  if (error) {
+    return absl::InternalError(
+        absl::StrCat("cannot create ", bin, ": ", error.message()));
   }
   for (const std::string& source : sources) {
     std::string contents;

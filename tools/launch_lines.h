@@ -83,7 +83,8 @@ std::string ShellQuote(const std::string& s);
 // output tree, which other nodes do not have).
 std::string InstalledBinDir();
 
-// Copies `sources` (executables) into `prefix`/bin, creating it; each file is
+// Copies `sources` (executables) into `prefix`/bin, creating the folders
+// that are missing; each file is
 // written beside its final name and renamed over it, so a running copy is
 // never overwritten in place. Errors name the file.
 absl::Status InstallBinaries(const std::vector<std::string>& sources,
