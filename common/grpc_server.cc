@@ -6,13 +6,16 @@
 
 namespace pstrain {
 
-absl::StatusOr<ListeningServer> StartGrpcServer(const std::string& address,
-                                                grpc::Service* service,
-                                                const std::string& port_file) {
+absl::StatusOr<ListeningServer> StartGrpcServer(
+    const std::string& address, grpc::Service* service,
+    const std::string& port_file,
+    std::shared_ptr<grpc::ServerCredentials> credentials) {
   grpc::ServerBuilder builder;
   ListeningServer out;
-  builder.AddListeningPort(address, grpc::InsecureServerCredentials(),
-                           &out.port);
+  builder.AddListeningPort(
+      address,
+      credentials != nullptr ? credentials : grpc::InsecureServerCredentials(),
+      &out.port);
   builder.SetMaxReceiveMessageSize(kMaxMessageBytes);
   builder.SetMaxSendMessageSize(kMaxMessageBytes);
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, kKeepaliveTimeMs);

@@ -22,12 +22,14 @@ struct ListeningServer {
 
 // Serves `service` (not owned; must outlive the server) on `address`
 // ("host:port", port 0: any free port) and, when `port_file` is not empty,
-// writes the bound port and a newline there atomically. UNAVAILABLE "cannot
+// writes the bound port and a newline there atomically. `credentials`:
+// the server's TLS (common/tls.h); null: plaintext. UNAVAILABLE "cannot
 // listen on <address> (in use, or not an address here)"; the error of the
 // port file's write.
-absl::StatusOr<ListeningServer> StartGrpcServer(const std::string& address,
-                                                grpc::Service* service,
-                                                const std::string& port_file);
+absl::StatusOr<ListeningServer> StartGrpcServer(
+    const std::string& address, grpc::Service* service,
+    const std::string& port_file,
+    std::shared_ptr<grpc::ServerCredentials> credentials = nullptr);
 
 }  // namespace pstrain
 

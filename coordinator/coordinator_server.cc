@@ -27,10 +27,12 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
   } else {
     server->table_ = std::make_unique<JobTable>();
   }
-  server->service_ = std::make_unique<CoordinatorService>(server->table_.get(),
-                                                          options.max_wait);
-  absl::StatusOr<ListeningServer> listening = StartGrpcServer(
-      options.address, server->service_.get(), options.port_file);
+  server->service_ = std::make_unique<CoordinatorService>(
+      server->table_.get(), options.max_wait,
+      /*authorize=*/options.credentials != nullptr);
+  absl::StatusOr<ListeningServer> listening =
+      StartGrpcServer(options.address, server->service_.get(),
+                      options.port_file, options.credentials);
   if (!listening.ok()) return listening.status();
   server->server_ = std::move(listening->server);
   server->port_ = listening->port;

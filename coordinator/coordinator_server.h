@@ -31,6 +31,9 @@ struct CoordinatorServerOptions {
   std::string job_file;
   // If set, the bound port is written here once listening.
   std::string port_file;
+  // The server's TLS (common/tls.h); null: plaintext. With TLS every call
+  // is authorized (common/authz.h).
+  std::shared_ptr<grpc::ServerCredentials> credentials;
   // A registered task silent this long is lost and its job FAILED; a task
   // not registered this long after submission fails its job too.
   absl::Duration heartbeat_timeout = absl::Seconds(60);

@@ -4,11 +4,24 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/status.h"
 #include "coordinator/job_spec.h"
 
 namespace pstrain {
+
+grpc::Status CoordinatorService::Authorize(const grpc::ServerContext& context,
+                                           const char* method,
+                                           const std::string& job,
+                                           TaskRole role, int index) const {
+  RequestClaims claims;
+  claims.job = job;
+  claims.role = role == ROLE_PS ? TlsRole::kPs : TlsRole::kWorker;
+  claims.index = role == ROLE_UNSPECIFIED ? -1 : index;
+  return authorizer_.Check(
+      context, absl::StrCat("/pstrain.Coordinator/", method), claims);
+}
 
 absl::Time CoordinatorService::Deadline(
     const grpc::ServerContext* context) const {
@@ -23,6 +36,9 @@ absl::Time CoordinatorService::Deadline(
 grpc::Status CoordinatorService::Submit(grpc::ServerContext* context,
                                         const SubmitRequest* request,
                                         SubmitResponse* response) {
+  if (grpc::Status denied = Authorize(*context, "Submit", ""); !denied.ok()) {
+    return denied;
+  }
   JobSpec spec = request->spec();
   ApplyJobDefaults(&spec);
   absl::Status s = ValidateJobSpec(spec);
@@ -36,6 +52,10 @@ grpc::Status CoordinatorService::Submit(grpc::ServerContext* context,
 grpc::Status CoordinatorService::GetJob(grpc::ServerContext* context,
                                         const JobRequest* request,
                                         JobInfo* response) {
+  if (grpc::Status denied = Authorize(*context, "GetJob", request->job_id());
+      !denied.ok()) {
+    return denied;
+  }
   absl::StatusOr<JobInfo> job =
       table_->Get(request->job_id(), request->log_since());
   if (!job.ok()) return ToGrpcStatus(job.status());
@@ -46,6 +66,9 @@ grpc::Status CoordinatorService::GetJob(grpc::ServerContext* context,
 grpc::Status CoordinatorService::ListJobs(grpc::ServerContext* context,
                                           const ListJobsRequest* request,
                                           ListJobsResponse* response) {
+  if (grpc::Status denied = Authorize(*context, "ListJobs", ""); !denied.ok()) {
+    return denied;
+  }
   for (JobInfo& job : table_->List()) *response->add_jobs() = std::move(job);
   return grpc::Status::OK;
 }
@@ -53,6 +76,10 @@ grpc::Status CoordinatorService::ListJobs(grpc::ServerContext* context,
 grpc::Status CoordinatorService::Cancel(grpc::ServerContext* context,
                                         const JobRequest* request,
                                         CancelResponse* response) {
+  if (grpc::Status denied = Authorize(*context, "Cancel", request->job_id());
+      !denied.ok()) {
+    return denied;
+  }
   return ToGrpcStatus(table_->Cancel(request->job_id(), absl::Now()));
 }
 
@@ -60,6 +87,11 @@ grpc::Status CoordinatorService::Register(grpc::ServerContext* context,
                                           const RegisterRequest* request,
                                           RegisterResponse* response) {
   const TaskRef& t = request->task();
+  if (grpc::Status denied =
+          Authorize(*context, "Register", t.job_id(), t.role(), t.index());
+      !denied.ok()) {
+    return denied;
+  }
   if (request->address().empty()) {
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                         "register: the task's address is empty");
@@ -71,6 +103,11 @@ grpc::Status CoordinatorService::Register(grpc::ServerContext* context,
 grpc::Status CoordinatorService::WaitForLayout(grpc::ServerContext* context,
                                                const JobRequest* request,
                                                ClusterLayout* response) {
+  if (grpc::Status denied =
+          Authorize(*context, "WaitForLayout", request->job_id());
+      !denied.ok()) {
+    return denied;
+  }
   absl::StatusOr<std::vector<std::string>> addresses =
       table_->WaitForLayout(request->job_id(), Deadline(context));
   if (!addresses.ok()) return ToGrpcStatus(addresses.status());
@@ -91,6 +128,12 @@ grpc::Status CoordinatorService::WaitForLayout(grpc::ServerContext* context,
 grpc::Status CoordinatorService::Heartbeat(grpc::ServerContext* context,
                                            const HeartbeatRequest* request,
                                            HeartbeatResponse* response) {
+  const TaskRef& t = request->task();
+  if (grpc::Status denied =
+          Authorize(*context, "Heartbeat", t.job_id(), t.role(), t.index());
+      !denied.ok()) {
+    return denied;
+  }
   absl::StatusOr<JobState> state = table_->Heartbeat(*request, absl::Now());
   if (!state.ok()) return ToGrpcStatus(state.status());
   response->set_state(*state);
@@ -105,12 +148,22 @@ grpc::Status CoordinatorService::Heartbeat(grpc::ServerContext* context,
 grpc::Status CoordinatorService::TaskFinished(
     grpc::ServerContext* context, const TaskFinishedRequest* request,
     TaskFinishedResponse* response) {
+  const TaskRef& t = request->task();
+  if (grpc::Status denied =
+          Authorize(*context, "TaskFinished", t.job_id(), t.role(), t.index());
+      !denied.ok()) {
+    return denied;
+  }
   return ToGrpcStatus(table_->TaskFinished(*request, absl::Now()));
 }
 
 grpc::Status CoordinatorService::KvSet(grpc::ServerContext* context,
                                        const KvSetRequest* request,
                                        KvSetResponse* response) {
+  if (grpc::Status denied = Authorize(*context, "KvSet", request->job_id());
+      !denied.ok()) {
+    return denied;
+  }
   if (request->key().empty()) {
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                         "kv set: the key is empty");
@@ -122,6 +175,10 @@ grpc::Status CoordinatorService::KvSet(grpc::ServerContext* context,
 grpc::Status CoordinatorService::KvWait(grpc::ServerContext* context,
                                         const KvWaitRequest* request,
                                         KvWaitResponse* response) {
+  if (grpc::Status denied = Authorize(*context, "KvWait", request->job_id());
+      !denied.ok()) {
+    return denied;
+  }
   absl::StatusOr<std::string> value =
       table_->WaitForKey(request->job_id(), request->key(), Deadline(context));
   if (!value.ok()) return ToGrpcStatus(value.status());

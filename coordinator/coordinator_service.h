@@ -8,6 +8,7 @@
 #define PSTRAIN_COORDINATOR_COORDINATOR_SERVICE_H_
 
 #include "absl/time/time.h"
+#include "common/authz.h"
 #include "coordinator/job_table.h"
 #include "proto/coordinator.grpc.pb.h"
 
@@ -15,9 +16,12 @@ namespace pstrain {
 
 class CoordinatorService final : public Coordinator::Service {
  public:
-  // `table` is not owned and must outlive the service.
-  CoordinatorService(JobTable* table, absl::Duration max_wait)
-      : table_(table), max_wait_(max_wait) {}
+  // `table` is not owned and must outlive the service. `authorize`: check
+  // every call's certificate against common/authz.h (a TLS server); false:
+  // a plaintext server, every call allowed.
+  CoordinatorService(JobTable* table, absl::Duration max_wait,
+                     bool authorize = false)
+      : table_(table), max_wait_(max_wait), authorizer_(authorize) {}
 
   grpc::Status Submit(grpc::ServerContext* context,
                       const SubmitRequest* request,
@@ -51,8 +55,16 @@ class CoordinatorService final : public Coordinator::Service {
   // The earlier of the caller's deadline and now + max_wait_.
   absl::Time Deadline(const grpc::ServerContext* context) const;
 
+  // The caller may call `method` (common/authz.h) about `job`, as task
+  // (`role`, `index`) where the rule names one.
+  grpc::Status Authorize(const grpc::ServerContext& context,
+                         const char* method, const std::string& job,
+                         TaskRole role = ROLE_UNSPECIFIED,
+                         int index = -1) const;
+
   JobTable* const table_;
   const absl::Duration max_wait_;
+  const Authorizer authorizer_;
 };
 
 }  // namespace pstrain

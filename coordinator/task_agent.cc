@@ -29,10 +29,22 @@ bool Retryable(const grpc::Status& status) {
 
 }  // namespace
 
-TaskAgent::TaskAgent(TaskAgentOptions options)
-    : options_(std::move(options)),
-      stub_(Coordinator::NewStub(grpc::CreateChannel(
-          options_.coordinator, grpc::InsecureChannelCredentials()))) {}
+TaskAgent::TaskAgent(TaskAgentOptions options) : options_(std::move(options)) {
+  TlsIdentity self;
+  self.role = options_.role == ROLE_PS ? TlsRole::kPs : TlsRole::kWorker;
+  self.index = options_.index;
+  self.job = options_.job_id;
+  absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials =
+      ChannelCredentials(options_.tls, self);
+  // Checked by the caller (TaskAgentOptionsFromFlags); a channel without
+  // credentials fails its calls with UNAVAILABLE.
+  grpc::ChannelArguments args;
+  SetPeerServerName(TlsIdentity{TlsRole::kCoordinator}, &args);
+  stub_ = Coordinator::NewStub(grpc::CreateCustomChannel(
+      options_.coordinator,
+      credentials.ok() ? *credentials : grpc::InsecureChannelCredentials(),
+      args));
+}
 
 TaskAgent::~TaskAgent() { StopHeartbeats(); }
 

@@ -30,6 +30,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
+#include "common/tls.h"
 #include "absl/time/time.h"
 #include "proto/coordinator.grpc.pb.h"
 
@@ -44,6 +45,8 @@ struct TaskAgentOptions {
   absl::Duration rpc_timeout = absl::Seconds(30);
   absl::Duration heartbeat_interval = absl::Seconds(1);
   absl::Duration coordinator_timeout = absl::Seconds(120);
+  // TLS to the coordinator as this task (common/tls.h); insecure: none.
+  TlsOptions tls = InsecureTlsOptions();
 };
 
 class TaskAgent {

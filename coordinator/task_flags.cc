@@ -11,6 +11,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/flags_util.h"
+#include "common/tls_flags.h"
 
 ABSL_FLAG(std::string, coordinator, "",
           "host:port of the pstrain coordinator (required).");
@@ -81,6 +82,15 @@ absl::StatusOr<TaskAgentOptions> TaskAgentOptionsFromFlags(TaskRole role) {
         "OMPI_COMM_WORLD_RANK, PMI_RANK is in the environment; expected "
         "the task's index");
   }
+  absl::StatusOr<TlsOptions> tls =
+      TlsOptionsFromFlags(role_name, "", /*warn=*/false);
+  if (!tls.ok()) return tls.status();
+  TlsIdentity self;
+  self.role = role == ROLE_PS ? TlsRole::kPs : TlsRole::kWorker;
+  self.index = options.index;
+  self.job = options.job_id;
+  if (absl::Status s = CheckTlsFiles(*tls, self); !s.ok()) return s;
+  options.tls = *tls;
   const double interval = absl::GetFlag(FLAGS_heartbeat_interval_s);
   if (!(interval > 0)) {
     return absl::InvalidArgumentError(

@@ -28,6 +28,8 @@
 #include "absl/time/clock.h"
 #include "common/flags_util.h"
 #include "common/grpc_server.h"
+#include "common/tls.h"
+#include "common/tls_flags.h"
 #include "coordinator/job_spec.h"
 #include "coordinator/job_table.h"
 #include "coordinator/task_agent.h"
@@ -91,12 +93,27 @@ int main(int argc, char** argv) {
                                          : pstrain::SyncMode::kSync;
   options.adam = pstrain::AdamOptionsOf(spec->optimizer());
 
+  // TLS as shard `index` of the job, every call authorized (common/authz.h);
+  // or --insecure, refused on a non-loopback address unless allowed.
+  absl::StatusOr<pstrain::TlsOptions> tls =
+      pstrain::TlsOptionsFromFlags(kProgram, address->bind);
+  if (!tls.ok()) return fail(2, std::string(tls.status().message()));
+  pstrain::TlsIdentity self;
+  self.role = pstrain::TlsRole::kPs;
+  self.index = index;
+  self.job = options.job_id;
+  absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials =
+      pstrain::ServerCredentials(*tls, self);
+  if (!credentials.ok()) {
+    return fail(2, std::string(credentials.status().message()));
+  }
   pstrain::ParameterShard shard(options);
-  pstrain::PsService service(
-      &shard, absl::Seconds(absl::GetFlag(FLAGS_pull_timeout_s)));
+  pstrain::PsService service(&shard,
+                             absl::Seconds(absl::GetFlag(FLAGS_pull_timeout_s)),
+                             /*authorize=*/!tls->insecure);
   const std::string listen = absl::StrCat(address->bind, ":", address->port);
   absl::StatusOr<pstrain::ListeningServer> listening =
-      pstrain::StartGrpcServer(listen, &service, "");
+      pstrain::StartGrpcServer(listen, &service, "", *credentials);
   if (!listening.ok()) {
     return fail(1, absl::StrCat("cannot listen on ", listen, " (advertised as ",
                                 address->advertise_host, ":", address->port,

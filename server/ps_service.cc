@@ -18,9 +18,11 @@
 
 namespace pstrain {
 
-PsService::PsService(ParameterShard* shard, absl::Duration pull_timeout)
+PsService::PsService(ParameterShard* shard, absl::Duration pull_timeout,
+                     bool authorize)
     : shard_(shard),
       pull_timeout_(pull_timeout),
+      authorizer_(authorize),
       last_request_unix_ms_(absl::ToUnixMillis(absl::Now())),
       done_(shard->options().num_workers, false) {
   // PushPull moves grpc::ByteBuffers (common/chunk_message.h), not protobuf
@@ -50,6 +52,11 @@ grpc::Status PsService::Checkpoint(grpc::ServerContext* context,
                                    const CheckpointRequest* request,
                                    CheckpointResponse* response) {
   Touch();
+  if (grpc::Status denied =
+          Authorize(*context, "Checkpoint", request->header());
+      !denied.ok()) {
+    return denied;
+  }
   absl::Status status = shard_->CheckWorker(request->header().job_id(),
                                             request->header().worker_id());
   if (!status.ok()) return ToGrpcStatus(status);
@@ -124,6 +131,19 @@ grpc::Status PsService::Checkpoint(grpc::ServerContext* context,
   return grpc::Status::OK;
 }
 
+grpc::Status PsService::Authorize(const grpc::ServerContext& context,
+                                  const char* method,
+                                  const RequestHeader& header) const {
+  // The shard's own job, not the request's: a worker of another job is
+  // refused whatever it claims.
+  RequestClaims claims;
+  claims.job = shard_->options().job_id;
+  claims.role = TlsRole::kWorker;
+  claims.index = header.worker_id();
+  return authorizer_.Check(
+      context, absl::StrCat("/pstrain.ParameterServer/", method), claims);
+}
+
 void PsService::Touch() {
   last_request_unix_ms_.store(absl::ToUnixMillis(absl::Now()));
 }
@@ -140,6 +160,10 @@ grpc::Status PsService::Init(grpc::ServerContext* context,
   if (!reader->Read(&request)) {
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                         "init stream carried no message");
+  }
+  if (grpc::Status denied = Authorize(*context, "Init", request.header());
+      !denied.ok()) {
+    return denied;
   }
   absl::Status status = shard_->CheckWorker(request.header().job_id(),
                                             request.header().worker_id());
@@ -191,6 +215,10 @@ grpc::Status PsService::WaitReady(grpc::ServerContext* context,
                                   const WaitReadyRequest* request,
                                   WaitReadyResponse* response) {
   Touch();
+  if (grpc::Status denied = Authorize(*context, "WaitReady", request->header());
+      !denied.ok()) {
+    return denied;
+  }
   absl::Status status = shard_->CheckWorker(request->header().job_id(),
                                             request->header().worker_id());
   if (!status.ok()) return ToGrpcStatus(status);
@@ -331,7 +359,14 @@ grpc::Status PsService::PushPullStream(
     status = shard_->CheckWorker(request.header().job_id(),
                                  request.header().worker_id());
     if (!status.ok()) return finish(ToGrpcStatus(status), true);
-    if (worker_id < 0) worker_id = request.header().worker_id();
+    if (worker_id < 0) {
+      if (grpc::Status denied =
+              Authorize(*context, "PushPull", request.header());
+          !denied.ok()) {
+        return finish(denied, true);
+      }
+      worker_id = request.header().worker_id();
+    }
     generation = request.header().generation();
     if (worker_id != request.header().worker_id()) {
       return finish(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
@@ -376,6 +411,10 @@ grpc::Status PsService::Stats(grpc::ServerContext* context,
                               const StatsRequest* request,
                               StatsResponse* response) {
   Touch();
+  if (grpc::Status denied = Authorize(*context, "Stats", request->header());
+      !denied.ok()) {
+    return denied;
+  }
   absl::Status status = shard_->CheckWorker(request->header().job_id(),
                                             request->header().worker_id());
   if (!status.ok()) return ToGrpcStatus(status);
@@ -395,6 +434,11 @@ grpc::Status PsService::WorkerDone(grpc::ServerContext* context,
                                    const WorkerDoneRequest* request,
                                    WorkerDoneResponse* response) {
   Touch();
+  if (grpc::Status denied =
+          Authorize(*context, "WorkerDone", request->header());
+      !denied.ok()) {
+    return denied;
+  }
   absl::Status status = shard_->CheckWorker(request->header().job_id(),
                                             request->header().worker_id());
   if (!status.ok()) return ToGrpcStatus(status);

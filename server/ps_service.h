@@ -14,6 +14,7 @@
 
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
+#include "common/authz.h"
 #include "common/rpc_options.h"
 #include "proto/ps.grpc.pb.h"
 #include "server/parameter_shard.h"
@@ -24,7 +25,10 @@ class PsService final : public ParameterServer::Service {
  public:
   // `pull_timeout`: how long a pull may wait for a version (sync mode: for
   // the slowest worker) before it fails with DEADLINE_EXCEEDED.
-  PsService(ParameterShard* shard, absl::Duration pull_timeout);
+  // `authorize`: check every call's certificate against common/authz.h (a
+  // TLS server); false: a plaintext server, every call allowed.
+  PsService(ParameterShard* shard, absl::Duration pull_timeout,
+            bool authorize = false);
   // Waits for a checkpoint write in flight.
   ~PsService() override;
 
@@ -56,8 +60,15 @@ class PsService final : public ParameterServer::Service {
  private:
   void Touch();
 
+  // The caller may make this call (common/authz.h) for `header`'s job and
+  // worker.
+  grpc::Status Authorize(const grpc::ServerContext& context,
+                         const char* method,
+                         const RequestHeader& header) const;
+
   ParameterShard* const shard_;
   const absl::Duration pull_timeout_;
+  const Authorizer authorizer_;
   std::atomic<int64_t> bytes_received_{0};
   std::atomic<int64_t> bytes_sent_{0};
   std::atomic<int64_t> last_request_unix_ms_;

@@ -11,6 +11,10 @@
 #include <cstdlib>
 #include <fstream>
 #include <sstream>
+#include <string>
+#include <vector>
+
+#include "common/tls.h"
 
 namespace pstrain::testing {
 
@@ -112,8 +116,27 @@ int FreePort() {
   return ntohs(addr.sin_port);
 }
 
+void UseTestCertificates() {
+  const std::string dir = TempDir() + "/tls";
+  std::vector<TlsIdentity> identities = {TlsIdentity{TlsRole::kCoordinator},
+                                         TlsIdentity{TlsRole::kAdmin}};
+  for (int i = 0; i < 8; ++i) {
+    identities.push_back(TlsIdentity{TlsRole::kPs, i, "*"});
+    identities.push_back(TlsIdentity{TlsRole::kWorker, i, "*"});
+  }
+  if (access((dir + "/admin.pem").c_str(), R_OK) != 0) {
+    const absl::Status made = MakeCertificates(dir, identities);
+    if (!made.ok()) {
+      std::fprintf(stderr, "test certificates: %s\n", made.ToString().c_str());
+      std::abort();
+    }
+  }
+  setenv("PSTRAIN_TLS_DIR", dir.c_str(), 1);
+}
+
 CoordinatorProcess::CoordinatorProcess(const std::string& job_file,
                                        int heartbeat_timeout_s, int port) {
+  UseTestCertificates();
   const std::string port_file = TempDir() + "/coordinator.port";
   std::remove(port_file.c_str());
   pid_ = fork();

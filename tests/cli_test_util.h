@@ -30,6 +30,10 @@ std::string TempDir();
 void WriteTextFile(const std::string& path, const std::string& text);
 std::string ReadTextFile(const std::string& path);
 bool HaveFashionMnist();
+// Makes a cluster's certificates (any job; coordinator, admin, 8 shards and
+// 8 workers) under $TEST_TMPDIR/tls once, and points PSTRAIN_TLS_DIR at
+// them, so that every pstrain process this test starts speaks mutual TLS.
+void UseTestCertificates();
 // A TCP port that was free a moment ago.
 int FreePort();
 // Processes whose name is exactly `name`.

@@ -44,6 +44,12 @@ fi
 TAG="p$$"
 SWITCH="${TAG}sw"
 TMP="$(mktemp -d /tmp/pstrain-netns-XXXXXX)"
+# Every process of this cluster speaks mutual TLS (common/tls.h): the
+# coordinator, the CLI and the tasks find their files through the
+# environment.
+"$PSTRAIN" certs --out="$TMP/tls" --num_ps=4 --num_workers=4 >/dev/null ||
+  { echo "FAIL: pstrain certs"; exit 1; }
+export PSTRAIN_TLS_DIR="$TMP/tls"
 host_ns() { echo "${TAG}h$1"; }
 PIDS=()
 

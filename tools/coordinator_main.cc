@@ -18,9 +18,13 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/flags_util.h"
+#include "common/tls.h"
+#include "common/tls_flags.h"
 #include "coordinator/coordinator_server.h"
 
-ABSL_FLAG(std::string, bind, "0.0.0.0", "Address to listen on.");
+ABSL_FLAG(std::string, bind, "127.0.0.1",
+          "Address to listen on (another host's tasks need this host's "
+          "address, or 0.0.0.0).");
 ABSL_FLAG(int, port, 7070, "Port to listen on (0: any free port).");
 ABSL_FLAG(std::string, port_file, "",
           "If set, the bound port is written here once listening.");
@@ -59,6 +63,24 @@ int main(int argc, char** argv) {
   options.port_file = absl::GetFlag(FLAGS_port_file);
   options.heartbeat_timeout = absl::Seconds(timeout_s);
   options.max_wait = absl::Seconds(absl::GetFlag(FLAGS_max_wait_s));
+  // TLS as the coordinator, every call authorized (common/authz.h); or
+  // --insecure, refused on a non-loopback address unless allowed.
+  absl::StatusOr<pstrain::TlsOptions> tls =
+      pstrain::TlsOptionsFromFlags(kProgram, absl::GetFlag(FLAGS_bind));
+  if (!tls.ok()) {
+    pstrain::PrintError(kProgram, tls.status().message());
+    return 2;
+  }
+  if (!tls->insecure) {
+    absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials =
+        pstrain::ServerCredentials(*tls,
+                                   {pstrain::TlsRole::kCoordinator, 0, "*"});
+    if (!credentials.ok()) {
+      pstrain::PrintError(kProgram, credentials.status().message());
+      return 2;
+    }
+    options.credentials = *credentials;
+  }
   options.on_job_failed = [](const pstrain::JobInfo& job) {
     std::printf("%s FAILED: %s\n", job.id().c_str(), job.message().c_str());
     std::fflush(stdout);

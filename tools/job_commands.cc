@@ -2,6 +2,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <memory>
 
 #include "absl/flags/flag.h"
@@ -9,6 +10,8 @@
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "common/flags_util.h"
+#include "common/tls.h"
+#include "common/tls_flags.h"
 #include "coordinator/coordinator_server.h"
 #include "coordinator/job_spec.h"
 #include "coordinator/job_table.h"
@@ -31,9 +34,18 @@ int Fail(int code, const std::string& message) {
   return code;
 }
 
+// A stub as the administrator (--tls_dir's admin certificate), or
+// plaintext with --insecure; exits 2 naming the problem otherwise.
 std::unique_ptr<Coordinator::Stub> Stub() {
-  return Coordinator::NewStub(grpc::CreateChannel(
-      absl::GetFlag(FLAGS_coordinator), grpc::InsecureChannelCredentials()));
+  absl::StatusOr<TlsOptions> tls = TlsOptionsFromFlags(kProgram);
+  absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials =
+      tls.ok() ? ChannelCredentials(*tls, TlsIdentity{TlsRole::kAdmin})
+               : tls.status();
+  if (!credentials.ok()) std::exit(Fail(2, credentials.status().ToString()));
+  grpc::ChannelArguments args;
+  SetPeerServerName(TlsIdentity{TlsRole::kCoordinator}, &args);
+  return Coordinator::NewStub(grpc::CreateCustomChannel(
+      absl::GetFlag(FLAGS_coordinator), *credentials, args));
 }
 
 void SetDeadline(grpc::ClientContext* context) {

@@ -12,6 +12,7 @@
 #include "common/rpc_options.h"
 #include "common/status.h"
 #include "common/tensor_codec.h"
+#include "common/tls.h"
 
 namespace pstrain {
 namespace {
@@ -39,8 +40,18 @@ PsClient::PsClient(const PsClientOptions& options, const PartitionPlan& plan)
     : options_(options), plan_(plan), addresses_(options.addresses) {}
 
 void PsClient::Connect(int s) {
+  grpc::ChannelArguments args = PsChannelArguments();
+  if (options_.credentials != nullptr) {
+    TlsIdentity shard;
+    shard.role = TlsRole::kPs;
+    shard.index = s;
+    SetPeerServerName(shard, &args);
+  }
   channels_[s] = grpc::CreateCustomChannel(
-      addresses_[s], grpc::InsecureChannelCredentials(), PsChannelArguments());
+      addresses_[s],
+      options_.credentials != nullptr ? options_.credentials
+                                      : grpc::InsecureChannelCredentials(),
+      args);
   stubs_[s] = ParameterServer::NewStub(channels_[s]);
   push_pull_methods_[s] = std::make_unique<grpc::internal::RpcMethod>(
       kPushPullMethod, grpc::internal::RpcMethod::BIDI_STREAMING, channels_[s]);
@@ -175,8 +186,7 @@ absl::Status PsClient::InitializeAs(
   return absl::OkStatus();
 }
 
-absl::Status PsClient::WaitReady(absl::Duration timeout,
-                                 int64_t min_generation,
+absl::Status PsClient::WaitReady(absl::Duration timeout, int64_t min_generation,
                                  bool wait_for_connection) {
   const absl::Time deadline = absl::Now() + timeout;
   int64_t generation = min_generation;
@@ -296,8 +306,7 @@ absl::Status PsClient::WritePushes(int shard, StepState* state) {
     {
       absl::MutexLock lock(&state->mu);
       auto go = [state, shard]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(state->mu) {
-        return state->aborted || state->stopped[shard] ||
-               state->all_released ||
+        return state->aborted || state->stopped[shard] || state->all_released ||
                !state->ready[shard].empty();
       };
       state->mu.Await(absl::Condition(&go));

@@ -57,6 +57,9 @@ struct PsClientOptions {
   absl::Duration rpc_timeout = absl::Seconds(60);
   // Deadline of each long-lived PushPull stream.
   absl::Duration stream_timeout = absl::Hours(24);
+  // TLS as this worker (common/tls.h): each shard s must prove to be
+  // "ps-<s>.pstrain". Null: plaintext.
+  std::shared_ptr<grpc::ChannelCredentials> credentials;
 };
 
 class PsClient {

@@ -403,6 +403,7 @@ absl::StatusOr<TrainerOutput> RunWorker(const TrainerOptions& options,
     client_options.job_id = options.job_id;
     client_options.worker_id = options.worker_id;
     client_options.rpc_timeout = options.rpc_timeout;
+    client_options.credentials = options.ps_credentials;
     ASSIGN_OR_RETURN(std::unique_ptr<PsClient> client,
                      PsClient::Create(client_options, plan));
     exchange = CreatePsExchange(std::move(client), options.mode == "sync",

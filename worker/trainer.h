@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "grpcpp/security/credentials.h"
 #include "absl/time/time.h"
 #include "common/partition.h"
 #include "models/model.h"
@@ -42,6 +43,8 @@ struct TrainerOptions {
   int num_workers = 1;
   // host:port of each PS shard, by shard index.
   std::vector<std::string> ps_addresses;
+  // TLS to the shards as this worker (common/tls.h); null: plaintext.
+  std::shared_ptr<grpc::ChannelCredentials> ps_credentials;
   std::string model = "lenet5";
   // "cpu" or "cuda" (see models/backend.h) and the GPU index for cuda.
   std::string backend = "cpu";

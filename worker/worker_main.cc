@@ -23,6 +23,7 @@
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
 #include "common/flags_util.h"
+#include "common/tls.h"
 #include "coordinator/job_spec.h"
 #include "coordinator/task_agent.h"
 #include "coordinator/task_flags.h"
@@ -152,6 +153,19 @@ int main(int argc, char** argv) {
   options.num_workers = spec->num_workers();
   options.ps_addresses.assign(layout->ps_addresses().begin(),
                               layout->ps_addresses().end());
+  // TLS to the shards as this worker: the agent's options, checked at join.
+  {
+    pstrain::TlsIdentity self;
+    self.role = pstrain::TlsRole::kWorker;
+    self.index = index;
+    self.job = agent.options().job_id;
+    absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials =
+        pstrain::ChannelCredentials(agent.options().tls, self);
+    if (!credentials.ok()) {
+      return fail(2, std::string(credentials.status().message()));
+    }
+    if (!agent.options().tls.insecure) options.ps_credentials = *credentials;
+  }
   options.model = spec->model();
   options.mode = spec->mode();
   options.collective = collective.get();

@@ -1,0 +1,470 @@
+#include "common/tls.h"
+
+#include <fcntl.h>
+#include <grpcpp/security/tls_certificate_provider.h>
+#include <grpcpp/security/tls_credentials_options.h>
+#include <openssl/bio.h>
+#include <openssl/bn.h>
+#include <openssl/err.h>
+#include <openssl/evp.h>
+#include <openssl/pem.h>
+#include <openssl/x509.h>
+#include <openssl/x509v3.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <sstream>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace pstrain {
+namespace {
+
+namespace fs = std::filesystem;
+
+struct KeyFree {
+  void operator()(EVP_PKEY* p) const { EVP_PKEY_free(p); }
+};
+struct CertFree {
+  void operator()(X509* p) const { X509_free(p); }
+};
+struct BioFree {
+  void operator()(BIO* p) const { BIO_free(p); }
+};
+using Key = std::unique_ptr<EVP_PKEY, KeyFree>;
+using Cert = std::unique_ptr<X509, CertFree>;
+using Bio = std::unique_ptr<BIO, BioFree>;
+
+// OpenSSL's queued errors as one line.
+absl::Status OpenSslError(const std::string& what) {
+  std::string detail;
+  for (unsigned long e = ERR_get_error(); e != 0; e = ERR_get_error()) {
+    char buffer[256];
+    ERR_error_string_n(e, buffer, sizeof(buffer));
+    absl::StrAppend(&detail, detail.empty() ? "" : "; ", buffer);
+  }
+  return absl::InternalError(
+      absl::StrCat(what, ": ", detail.empty() ? "OpenSSL failed" : detail));
+}
+
+absl::StatusOr<std::string> ReadAll(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(path, ": cannot read it (", std::strerror(errno), ")"));
+  }
+  std::stringstream bytes;
+  bytes << in.rdbuf();
+  return bytes.str();
+}
+
+// Writes `bytes` to `path` with `mode` (temporary file, fsync, rename).
+absl::Status WriteFileWithMode(const std::string& path,
+                               const std::string& bytes, mode_t mode) {
+  const std::string tmp = path + ".tmp";
+  const int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, mode);
+  if (fd < 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(tmp, ": cannot create it (", std::strerror(errno), ")"));
+  }
+  fchmod(fd, mode);  // whatever the umask
+  size_t done = 0;
+  while (done < bytes.size()) {
+    const ssize_t n = write(fd, bytes.data() + done, bytes.size() - done);
+    if (n <= 0) {
+      close(fd);
+      return absl::FailedPreconditionError(
+          absl::StrCat(tmp, ": write failed (", std::strerror(errno), ")"));
+    }
+    done += static_cast<size_t>(n);
+  }
+  if (fsync(fd) != 0 || close(fd) != 0 || rename(tmp.c_str(), path.c_str())) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(path, ": cannot write it (", std::strerror(errno), ")"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> ToPem(X509* cert) {
+  Bio bio(BIO_new(BIO_s_mem()));
+  if (!bio || PEM_write_bio_X509(bio.get(), cert) != 1) {
+    return OpenSslError("writing a certificate");
+  }
+  char* data = nullptr;
+  const long n = BIO_get_mem_data(bio.get(), &data);
+  return std::string(data, static_cast<size_t>(n));
+}
+
+absl::StatusOr<std::string> ToPem(EVP_PKEY* key) {
+  Bio bio(BIO_new(BIO_s_mem()));
+  if (!bio || PEM_write_bio_PrivateKey(bio.get(), key, nullptr, nullptr, 0,
+                                       nullptr, nullptr) != 1) {
+    return OpenSslError("writing a private key");
+  }
+  char* data = nullptr;
+  const long n = BIO_get_mem_data(bio.get(), &data);
+  return std::string(data, static_cast<size_t>(n));
+}
+
+absl::StatusOr<Cert> CertFromPem(const std::string& pem,
+                                 const std::string& path) {
+  Bio bio(BIO_new_mem_buf(pem.data(), static_cast<int>(pem.size())));
+  Cert cert(PEM_read_bio_X509(bio.get(), nullptr, nullptr, nullptr));
+  if (!cert) {
+    ERR_clear_error();
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": not a PEM certificate"));
+  }
+  return cert;
+}
+
+absl::StatusOr<Key> KeyFromPem(const std::string& pem,
+                               const std::string& path) {
+  Bio bio(BIO_new_mem_buf(pem.data(), static_cast<int>(pem.size())));
+  Key key(PEM_read_bio_PrivateKey(bio.get(), nullptr, nullptr, nullptr));
+  if (!key) {
+    ERR_clear_error();
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": not a PEM private key"));
+  }
+  return key;
+}
+
+absl::Status AddExtension(X509* cert, X509* issuer, int nid,
+                          const std::string& value) {
+  X509V3_CTX ctx;
+  X509V3_set_ctx_nodb(&ctx);
+  X509V3_set_ctx(&ctx, issuer, cert, nullptr, nullptr, 0);
+  X509_EXTENSION* ext = X509V3_EXT_conf_nid(nullptr, &ctx, nid, value.c_str());
+  if (ext == nullptr) return OpenSslError("certificate extension " + value);
+  const int added = X509_add_ext(cert, ext, -1);
+  X509_EXTENSION_free(ext);
+  if (added != 1) return OpenSslError("certificate extension " + value);
+  return absl::OkStatus();
+}
+
+// A certificate for `common_name` with `key`'s public half, signed by
+// `issuer_key` (`issuer` null: self-signed, a CA).
+absl::StatusOr<Cert> MakeCert(const std::string& common_name, EVP_PKEY* key,
+                              X509* issuer, EVP_PKEY* issuer_key,
+                              const std::vector<std::string>& alt_names,
+                              absl::Duration validity) {
+  Cert cert(X509_new());
+  if (!cert || X509_set_version(cert.get(), 2) != 1) {
+    return OpenSslError("a new certificate");
+  }
+  std::unique_ptr<BIGNUM, decltype(&BN_free)> serial(BN_new(), BN_free);
+  if (!serial ||
+      BN_rand(serial.get(), 120, BN_RAND_TOP_ANY, BN_RAND_BOTTOM_ANY) != 1 ||
+      BN_to_ASN1_INTEGER(serial.get(), X509_get_serialNumber(cert.get())) ==
+          nullptr) {
+    return OpenSslError("a certificate serial number");
+  }
+  X509_gmtime_adj(X509_getm_notBefore(cert.get()), -3600);
+  X509_gmtime_adj(X509_getm_notAfter(cert.get()),
+                  static_cast<long>(absl::ToInt64Seconds(validity)));
+  X509_set_pubkey(cert.get(), key);
+  X509_NAME* name = X509_get_subject_name(cert.get());
+  X509_NAME_add_entry_by_txt(name, "O", MBSTRING_ASC,
+                             reinterpret_cast<const unsigned char*>("pstrain"),
+                             -1, -1, 0);
+  X509_NAME_add_entry_by_txt(
+      name, "CN", MBSTRING_ASC,
+      reinterpret_cast<const unsigned char*>(common_name.c_str()), -1, -1, 0);
+  X509* signer = issuer == nullptr ? cert.get() : issuer;
+  X509_set_issuer_name(cert.get(), X509_get_subject_name(signer));
+  auto add = [&](int nid, const std::string& value) {
+    return AddExtension(cert.get(), signer, nid, value);
+  };
+  absl::Status s;
+  if (issuer == nullptr) {
+    s.Update(add(NID_basic_constraints, "critical,CA:TRUE,pathlen:0"));
+    s.Update(add(NID_key_usage, "critical,keyCertSign,cRLSign"));
+    s.Update(add(NID_subject_key_identifier, "hash"));
+  } else {
+    s.Update(add(NID_basic_constraints, "critical,CA:FALSE"));
+    s.Update(add(NID_key_usage, "critical,digitalSignature"));
+    s.Update(add(NID_ext_key_usage, "serverAuth,clientAuth"));
+    s.Update(add(NID_authority_key_identifier, "keyid"));
+    if (!alt_names.empty()) {
+      s.Update(add(NID_subject_alt_name, absl::StrJoin(alt_names, ",")));
+    }
+  }
+  if (!s.ok()) return s;
+  if (X509_sign(cert.get(), issuer_key, EVP_sha256()) == 0) {
+    return OpenSslError("signing the certificate of " + common_name);
+  }
+  return cert;
+}
+
+// "DNS:name" or "IP:1.2.3.4" for a subject alternative name.
+std::string AltName(const std::string& host) {
+  const bool ip = !host.empty() &&
+                  (host.find(':') != std::string::npos ||
+                   host.find_first_not_of("0123456789.") == std::string::npos);
+  return absl::StrCat(ip ? "IP:" : "DNS:", host);
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<PrivateFolder>> PrivateFolder::Create(
+    const std::string& prefix) {
+  const char* tmp = std::getenv("TMPDIR");
+  std::string pattern = absl::StrCat(tmp != nullptr && *tmp ? tmp : "/tmp", "/",
+                                     prefix, "-XXXXXX");
+  if (mkdtemp(pattern.data()) == nullptr) {  // mode 0700
+    return absl::FailedPreconditionError(
+        absl::StrCat(pattern, ": cannot create a private folder (",
+                     std::strerror(errno), ")"));
+  }
+  return std::unique_ptr<PrivateFolder>(new PrivateFolder(pattern));
+}
+
+PrivateFolder::~PrivateFolder() {
+  std::error_code error;
+  fs::remove_all(path_, error);
+}
+
+std::string IdentityName(const TlsIdentity& identity) {
+  switch (identity.role) {
+    case TlsRole::kCoordinator:
+      return "coordinator";
+    case TlsRole::kAdmin:
+      return "admin";
+    case TlsRole::kPs:
+      return absl::StrCat("ps:", identity.index, "@", identity.job);
+    case TlsRole::kWorker:
+      return absl::StrCat("worker:", identity.index, "@", identity.job);
+  }
+  return "";
+}
+
+absl::StatusOr<TlsIdentity> ParseIdentityName(const std::string& name) {
+  TlsIdentity id;
+  if (name == "coordinator") {
+    id.role = TlsRole::kCoordinator;
+    return id;
+  }
+  if (name == "admin") {
+    id.role = TlsRole::kAdmin;
+    return id;
+  }
+  const size_t colon = name.find(':');
+  const size_t at = name.find('@');
+  const std::string role = name.substr(0, colon);
+  if (colon != std::string::npos && at != std::string::npos && at > colon &&
+      (role == "ps" || role == "worker") &&
+      absl::SimpleAtoi(name.substr(colon + 1, at - colon - 1), &id.index) &&
+      id.index >= 0 && at + 1 < name.size()) {
+    id.role = role == "ps" ? TlsRole::kPs : TlsRole::kWorker;
+    id.job = name.substr(at + 1);
+    return id;
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("certificate name \"", name,
+                   "\": expected coordinator, admin, ps:<i>@<job> or "
+                   "worker:<j>@<job>"));
+}
+
+std::string IdentityStem(const TlsIdentity& identity) {
+  switch (identity.role) {
+    case TlsRole::kPs:
+      return absl::StrCat("ps-", identity.index);
+    case TlsRole::kWorker:
+      return absl::StrCat("worker-", identity.index);
+    default:
+      return IdentityName(identity);
+  }
+}
+
+std::string ServerName(const TlsIdentity& identity) {
+  switch (identity.role) {
+    case TlsRole::kCoordinator:
+      return "coordinator.pstrain";
+    case TlsRole::kPs:
+      return absl::StrCat("ps-", identity.index, ".pstrain");
+    default:
+      return "";
+  }
+}
+
+absl::Status MakeCertificates(const std::string& dir,
+                              const std::vector<TlsIdentity>& identities,
+                              const std::vector<std::string>& hosts,
+                              absl::Duration validity) {
+  std::error_code error;
+  fs::create_directories(dir, error);
+  if (error || chmod(dir.c_str(), 0700) != 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(dir, ": cannot create it as a private folder (",
+                     error ? error.message() : std::strerror(errno), ")"));
+  }
+  const std::string ca_pem_path = dir + "/ca.pem";
+  const std::string ca_key_path = dir + "/ca.key";
+  Key ca_key;
+  Cert ca;
+  if (fs::exists(ca_pem_path, error) && fs::exists(ca_key_path, error)) {
+    absl::StatusOr<std::string> pem = ReadAll(ca_pem_path);
+    if (!pem.ok()) return pem.status();
+    absl::StatusOr<Cert> cert = CertFromPem(*pem, ca_pem_path);
+    if (!cert.ok()) return cert.status();
+    absl::StatusOr<std::string> key_pem = ReadAll(ca_key_path);
+    if (!key_pem.ok()) return key_pem.status();
+    absl::StatusOr<Key> key = KeyFromPem(*key_pem, ca_key_path);
+    if (!key.ok()) return key.status();
+    ca = *std::move(cert);
+    ca_key = *std::move(key);
+  } else {
+    ca_key.reset(EVP_EC_gen("P-256"));
+    if (!ca_key) return OpenSslError("the CA's key");
+    absl::StatusOr<Cert> cert = MakeCert("pstrain cluster CA", ca_key.get(),
+                                         nullptr, ca_key.get(), {}, validity);
+    if (!cert.ok()) return cert.status();
+    ca = *std::move(cert);
+    absl::StatusOr<std::string> key_pem = ToPem(ca_key.get());
+    if (!key_pem.ok()) return key_pem.status();
+    absl::StatusOr<std::string> pem = ToPem(ca.get());
+    if (!pem.ok()) return pem.status();
+    absl::Status s = WriteFileWithMode(ca_key_path, *key_pem, 0600);
+    if (s.ok()) s = WriteFileWithMode(ca_pem_path, *pem, 0644);
+    if (!s.ok()) return s;
+  }
+  for (const TlsIdentity& identity : identities) {
+    Key key(EVP_EC_gen("P-256"));
+    if (!key) return OpenSslError("the key of " + IdentityName(identity));
+    std::vector<std::string> alt_names;
+    if (!ServerName(identity).empty()) {
+      alt_names.push_back("DNS:" + ServerName(identity));
+    }
+    for (const std::string& host : hosts) alt_names.push_back(AltName(host));
+    absl::StatusOr<Cert> cert =
+        MakeCert(IdentityName(identity), key.get(), ca.get(), ca_key.get(),
+                 alt_names, validity);
+    if (!cert.ok()) return cert.status();
+    absl::StatusOr<std::string> key_pem = ToPem(key.get());
+    if (!key_pem.ok()) return key_pem.status();
+    absl::StatusOr<std::string> pem = ToPem(cert->get());
+    if (!pem.ok()) return pem.status();
+    const std::string stem = absl::StrCat(dir, "/", IdentityStem(identity));
+    absl::Status s = WriteFileWithMode(stem + ".key", *key_pem, 0600);
+    if (s.ok()) s = WriteFileWithMode(stem + ".pem", *pem, 0644);
+    if (!s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckTlsFiles(const TlsOptions& options, const TlsIdentity& self) {
+  if (options.insecure) return absl::OkStatus();
+  if (options.dir.empty()) {
+    return absl::InvalidArgumentError(
+        "--tls_dir (or PSTRAIN_TLS_DIR) is not set: expected the folder of "
+        "`pstrain certs`, or --insecure for plaintext");
+  }
+  const std::string stem = absl::StrCat(options.dir, "/", IdentityStem(self));
+  absl::StatusOr<std::string> ca_pem = ReadAll(options.dir + "/ca.pem");
+  if (!ca_pem.ok()) return ca_pem.status();
+  absl::StatusOr<Cert> ca = CertFromPem(*ca_pem, options.dir + "/ca.pem");
+  if (!ca.ok()) return ca.status();
+  absl::StatusOr<std::string> pem = ReadAll(stem + ".pem");
+  if (!pem.ok()) return pem.status();
+  absl::StatusOr<Cert> cert = CertFromPem(*pem, stem + ".pem");
+  if (!cert.ok()) return cert.status();
+  absl::StatusOr<std::string> key_pem = ReadAll(stem + ".key");
+  if (!key_pem.ok()) return key_pem.status();
+  absl::StatusOr<Key> key = KeyFromPem(*key_pem, stem + ".key");
+  if (!key.ok()) return key.status();
+  if (X509_check_private_key(cert->get(), key->get()) != 1) {
+    ERR_clear_error();
+    return absl::InvalidArgumentError(
+        absl::StrCat(stem, ".key: not the private key of ", stem, ".pem"));
+  }
+  std::unique_ptr<EVP_PKEY, KeyFree> ca_public(X509_get_pubkey(ca->get()));
+  if (X509_verify(cert->get(), ca_public.get()) != 1) {
+    ERR_clear_error();
+    return absl::InvalidArgumentError(
+        absl::StrCat(stem, ".pem: not signed by ", options.dir, "/ca.pem"));
+  }
+  char name[256] = {0};
+  X509_NAME_get_text_by_NID(X509_get_subject_name(cert->get()), NID_commonName,
+                            name, sizeof(name));
+  if (name != IdentityName(self)) {
+    absl::StatusOr<TlsIdentity> named = ParseIdentityName(name);
+    // A certificate for any job serves a task of every job.
+    if (!named.ok() || named->role != self.role || named->index != self.index ||
+        named->job != "*") {
+      return absl::InvalidArgumentError(absl::StrCat(stem, ".pem: names \"",
+                                                     name, "\"; expected \"",
+                                                     IdentityName(self), "\""));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> ServerCredentials(
+    const TlsOptions& options, const TlsIdentity& self) {
+  if (options.insecure) return grpc::InsecureServerCredentials();
+  if (absl::Status s = CheckTlsFiles(options, self); !s.ok()) return s;
+  const std::string stem = absl::StrCat(options.dir, "/", IdentityStem(self));
+  auto provider =
+      std::make_shared<grpc::experimental::FileWatcherCertificateProvider>(
+          stem + ".key", stem + ".pem", options.dir + "/ca.pem",
+          options.refresh_s);
+  grpc::experimental::TlsServerCredentialsOptions tls(provider);
+  tls.watch_root_certs();
+  tls.watch_identity_key_cert_pairs();
+  tls.set_cert_request_type(
+      GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY);
+  return grpc::experimental::TlsServerCredentials(tls);
+}
+
+absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> ChannelCredentials(
+    const TlsOptions& options, const TlsIdentity& self) {
+  if (options.insecure) return grpc::InsecureChannelCredentials();
+  if (absl::Status s = CheckTlsFiles(options, self); !s.ok()) return s;
+  const std::string stem = absl::StrCat(options.dir, "/", IdentityStem(self));
+  auto provider =
+      std::make_shared<grpc::experimental::FileWatcherCertificateProvider>(
+          stem + ".key", stem + ".pem", options.dir + "/ca.pem",
+          options.refresh_s);
+  grpc::experimental::TlsChannelCredentialsOptions tls;
+  tls.set_certificate_provider(provider);
+  tls.watch_root_certs();
+  tls.watch_identity_key_cert_pairs();
+  tls.set_verify_server_certs(true);
+  return grpc::experimental::TlsCredentials(tls);
+}
+
+void SetPeerServerName(const TlsIdentity& server,
+                       grpc::ChannelArguments* args) {
+  args->SetSslTargetNameOverride(ServerName(server));
+}
+
+absl::StatusOr<TlsIdentity> PeerIdentity(const grpc::ServerContext& context) {
+  const std::shared_ptr<const grpc::AuthContext> auth = context.auth_context();
+  if (auth == nullptr || !auth->IsPeerAuthenticated()) {
+    return absl::UnauthenticatedError(
+        "no verified client certificate: expected one of this cluster's");
+  }
+  const std::vector<grpc::string_ref> names =
+      auth->FindPropertyValues("x509_common_name");
+  if (names.size() != 1) {
+    return absl::UnauthenticatedError(
+        "the client certificate names no single identity");
+  }
+  absl::StatusOr<TlsIdentity> identity =
+      ParseIdentityName(std::string(names[0].data(), names[0].size()));
+  if (!identity.ok()) {
+    return absl::UnauthenticatedError(identity.status().message());
+  }
+  return identity;
+}
+
+}  // namespace pstrain

@@ -1,0 +1,130 @@
+// Mutual TLS for every pstrain gRPC service: who is who, the certificates
+// that say so, and gRPC credentials made from them.
+//
+// Identities. Every certificate names one identity in its subject's common
+// name, under one job or any ("*"):
+//   "coordinator"          the coordinator (server; also the CLI's peer)
+//   "admin"                a user's CLI: submits, cancels, reads jobs
+//   "ps:<i>@<job>"         PS shard i of a job (server and client)
+//   "worker:<j>@<job>"     worker j of a job (client)
+// Servers also carry a DNS name for it, "coordinator.pstrain" or
+// "ps-<i>.pstrain", which clients check in place of the host name (gRPC's
+// target name override), so that a worker talks to shard 1 only when the
+// peer proves to be shard 1, wherever it runs. common/authz.h says which
+// identity may call which method.
+//
+// Files (MakeCertificates, `pstrain certs`): a folder (mode 0700) holding
+// ca.pem (the cluster's CA, P-256 ECDSA, self-signed), ca.key, and per
+// identity <stem>.pem (its certificate, signed by the CA) and <stem>.key
+// (its private key), stems "coordinator", "admin", "ps-<i>", "worker-<j>".
+// Keys are written 0600; no key or secret ever travels in argv.
+//
+// Credentials read the files through gRPC's file-watching provider, so
+// renewed certificates (written atomically, e.g. a new folder renamed into
+// place) are picked up within `refresh_s` without a restart.
+//
+// Errors: INVALID_ARGUMENT naming the flag or file and what was expected;
+// INTERNAL with OpenSSL's error for a failure making keys. Thread-safe
+// (plain functions).
+#ifndef PSTRAIN_COMMON_TLS_H_
+#define PSTRAIN_COMMON_TLS_H_
+
+#include <grpcpp/grpcpp.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+
+namespace pstrain {
+
+enum class TlsRole { kCoordinator, kAdmin, kPs, kWorker };
+
+struct TlsIdentity {
+  TlsRole role = TlsRole::kAdmin;
+  int index = 0;          // ps and worker only
+  std::string job = "*";  // ps and worker only; "*": any job
+
+  bool operator==(const TlsIdentity& o) const {
+    return role == o.role && index == o.index && job == o.job;
+  }
+};
+
+// The common name: "coordinator", "admin", "ps:1@job-1", "worker:0@*".
+std::string IdentityName(const TlsIdentity& identity);
+// The inverse; INVALID_ARGUMENT for anything else.
+absl::StatusOr<TlsIdentity> ParseIdentityName(const std::string& name);
+// "coordinator", "admin", "ps-1", "worker-0": the files' stem.
+std::string IdentityStem(const TlsIdentity& identity);
+// The DNS name a server's certificate carries and its clients check:
+// "coordinator.pstrain", "ps-1.pstrain"; "" for clients only.
+std::string ServerName(const TlsIdentity& identity);
+
+// Makes a CA in `dir` (created 0700; ca.pem and ca.key kept) unless ca.pem
+// and ca.key are there already, then a key and a CA-signed certificate per
+// identity, valid `validity` from an hour ago; `hosts` (names or IP
+// addresses) are added to every certificate's subject alternative names,
+// for clients that reach a server by its host name.
+absl::Status MakeCertificates(const std::string& dir,
+                              const std::vector<TlsIdentity>& identities,
+                              const std::vector<std::string>& hosts = {},
+                              absl::Duration validity = absl::Hours(24 * 365));
+
+// A folder only this user can enter (mode 0700, under $TMPDIR or /tmp),
+// removed with everything in it on destruction: `pstrain run`'s
+// certificates.
+class PrivateFolder {
+ public:
+  static absl::StatusOr<std::unique_ptr<PrivateFolder>> Create(
+      const std::string& prefix);
+  ~PrivateFolder();
+  const std::string& path() const { return path_; }
+
+ private:
+  explicit PrivateFolder(std::string path) : path_(std::move(path)) {}
+  const std::string path_;
+};
+
+// How a process secures its gRPC traffic.
+struct TlsOptions {
+  // Folder with ca.pem and this identity's <stem>.pem and <stem>.key.
+  // Empty: plaintext, allowed only with `insecure`.
+  std::string dir;
+  bool insecure = false;
+  // How often renewed files are looked for, seconds.
+  unsigned refresh_s = 60;
+};
+
+inline TlsOptions InsecureTlsOptions() {
+  TlsOptions options;
+  options.insecure = true;
+  return options;
+}
+
+// Checks that `options.dir` holds readable, matching files for `self`
+// (FAILED_PRECONDITION / INVALID_ARGUMENT naming the file otherwise).
+absl::Status CheckTlsFiles(const TlsOptions& options, const TlsIdentity& self);
+
+// A server as `self` that requires and verifies a client certificate from
+// the same CA. Plaintext with `insecure`.
+absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> ServerCredentials(
+    const TlsOptions& options, const TlsIdentity& self);
+
+// A client as `self` that verifies the server's certificate against the CA
+// and presents its own. Plaintext with `insecure`. Use with
+// SetPeerServerName().
+absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> ChannelCredentials(
+    const TlsOptions& options, const TlsIdentity& self);
+
+// The server name (ServerName()) the channel's peer must prove.
+void SetPeerServerName(const TlsIdentity& server, grpc::ChannelArguments* args);
+
+// The identity of an RPC's caller from its verified certificate;
+// UNAUTHENTICATED when there is none (a plaintext call).
+absl::StatusOr<TlsIdentity> PeerIdentity(const grpc::ServerContext& context);
+
+}  // namespace pstrain
+
+#endif  // PSTRAIN_COMMON_TLS_H_

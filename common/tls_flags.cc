@@ -1,0 +1,63 @@
+#include "common/tls_flags.h"
+
+#include <cstdio>
+#include <cstdlib>
+
+#include "absl/flags/flag.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+
+ABSL_FLAG(std::string, tls_dir, "",
+          "Folder of this cluster's TLS files (`pstrain certs --out=DIR`): "
+          "ca.pem and this process's certificate and key. Default: the "
+          "environment's PSTRAIN_TLS_DIR.");
+ABSL_FLAG(bool, insecure, false,
+          "Plaintext gRPC: no encryption and no authentication (anyone who "
+          "reaches the port can call every method). Prints a warning.");
+ABSL_FLAG(bool, insecure_allow_remote, false,
+          "With --insecure: allow listening on an address other than "
+          "loopback.");
+
+namespace pstrain {
+
+bool IsLoopback(const std::string& host) {
+  return host == "localhost" || host == "::1" || host == "[::1]" ||
+         absl::StartsWith(host, "127.");
+}
+
+absl::StatusOr<TlsOptions> TlsOptionsFromFlags(const char* program,
+                                               const std::string& bind,
+                                               bool warn) {
+  TlsOptions options;
+  options.insecure = absl::GetFlag(FLAGS_insecure);
+  options.dir = absl::GetFlag(FLAGS_tls_dir);
+  if (options.dir.empty()) {
+    const char* env = std::getenv("PSTRAIN_TLS_DIR");
+    if (env != nullptr) options.dir = env;
+  }
+  if (options.insecure) {
+    if (!bind.empty() && !IsLoopback(bind) &&
+        !absl::GetFlag(FLAGS_insecure_allow_remote)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--insecure with --bind=", bind,
+          ": plaintext on a non-loopback address lets anyone on the network "
+          "cancel jobs and read or change the model; add "
+          "--insecure_allow_remote to do it anyway, or use --tls_dir"));
+    }
+    if (!warn) return options;
+    std::fprintf(stderr,
+                 "%s: warning: --insecure: plaintext gRPC, no encryption and "
+                 "no authentication%s\n",
+                 program,
+                 bind.empty() ? "" : absl::StrCat(" on ", bind).c_str());
+    return options;
+  }
+  if (options.dir.empty()) {
+    return absl::InvalidArgumentError(
+        "--tls_dir is not set (nor PSTRAIN_TLS_DIR): expected the folder "
+        "`pstrain certs --out=DIR` made, or --insecure for plaintext");
+  }
+  return options;
+}
+
+}  // namespace pstrain

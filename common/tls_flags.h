@@ -1,0 +1,33 @@
+// The TLS flags every pstrain binary shares (common/tls.h):
+//   --tls_dir=DIR              the folder of `pstrain certs` (or the
+//                              environment's PSTRAIN_TLS_DIR)
+//   --insecure                 plaintext: no encryption, no authentication;
+//                              prints a warning line at start
+//   --insecure_allow_remote    with --insecure, allow a listening address
+//                              other than loopback
+// Thread-compatible (reads flags).
+#ifndef PSTRAIN_COMMON_TLS_FLAGS_H_
+#define PSTRAIN_COMMON_TLS_FLAGS_H_
+
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "common/tls.h"
+
+namespace pstrain {
+
+// The flags' TlsOptions for a process that listens on `bind` ("" for a
+// client only). INVALID_ARGUMENT, naming the flags: neither a TLS folder
+// nor --insecure; --insecure with a non-loopback `bind` without
+// --insecure_allow_remote. With --insecure and `warn`, `program` prints a
+// warning line to stderr.
+absl::StatusOr<TlsOptions> TlsOptionsFromFlags(const char* program,
+                                               const std::string& bind = "",
+                                               bool warn = true);
+
+// Whether `host` is a loopback address (127.0.0.0/8, ::1, localhost).
+bool IsLoopback(const std::string& host);
+
+}  // namespace pstrain
+
+#endif  // PSTRAIN_COMMON_TLS_FLAGS_H_
