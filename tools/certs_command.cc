@@ -1,0 +1,86 @@
+#include "tools/certs_command.h"
+
+#include <cstdio>
+
+#include "absl/flags/declare.h"
+#include "absl/flags/flag.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "common/flags_util.h"
+#include "common/tls.h"
+
+ABSL_FLAG(std::string, out, "",
+          "certs: the folder to write the CA and certificates to (created "
+          "0700).");
+ABSL_FLAG(std::string, hosts, "",
+          "certs: host names or IP addresses, comma-separated, added to "
+          "every certificate.");
+// Shared with run and launch-lines.
+ABSL_DECLARE_FLAG(std::string, num_ps);
+ABSL_DECLARE_FLAG(int, num_workers);
+ABSL_DECLARE_FLAG(std::string, job);
+
+namespace pstrain {
+
+int CertsCommand(const std::vector<std::string>& args) {
+  constexpr char kProgram[] = "pstrain certs";
+  if (!args.empty()) {
+    PrintError(kProgram, absl::StrCat("unexpected argument \"", args[0],
+                                      "\"; expected flags only"));
+    return 2;
+  }
+  const std::string out = absl::GetFlag(FLAGS_out);
+  if (out.empty()) {
+    PrintError(kProgram, "--out is not set; expected a folder to write to");
+    return 2;
+  }
+  int num_ps = 0;
+  if (!absl::SimpleAtoi(absl::GetFlag(FLAGS_num_ps), &num_ps) || num_ps < 0 ||
+      num_ps > 4096) {
+    PrintError(kProgram, absl::StrCat("--num_ps=", absl::GetFlag(FLAGS_num_ps),
+                                      ": expected one number, 0 to 4096"));
+    return 2;
+  }
+  const int num_workers = absl::GetFlag(FLAGS_num_workers);
+  if (num_workers < 0 || num_workers > 4096) {
+    PrintError(kProgram, absl::StrCat("--num_workers=", num_workers,
+                                      ": expected 0 to 4096"));
+    return 2;
+  }
+  // launch-lines' placeholder default means no job was named.
+  std::string job = absl::GetFlag(FLAGS_job);
+  if (job.empty() || job == "$JOB") job = "*";
+  if (job.find_first_of("@:/ ") != std::string::npos) {
+    PrintError(kProgram,
+               absl::StrCat("--job=", job, ": expected a job id (job-3) or *"));
+    return 2;
+  }
+  std::vector<std::string> hosts;
+  for (absl::string_view h :
+       absl::StrSplit(absl::GetFlag(FLAGS_hosts), ',', absl::SkipEmpty())) {
+    hosts.emplace_back(h);
+  }
+  std::vector<TlsIdentity> identities = {TlsIdentity{TlsRole::kCoordinator},
+                                         TlsIdentity{TlsRole::kAdmin}};
+  for (int i = 0; i < num_ps; ++i) {
+    identities.push_back(TlsIdentity{TlsRole::kPs, i, job});
+  }
+  for (int j = 0; j < num_workers; ++j) {
+    identities.push_back(TlsIdentity{TlsRole::kWorker, j, job});
+  }
+  if (absl::Status s = MakeCertificates(out, identities, hosts); !s.ok()) {
+    PrintError(kProgram, s.message());
+    return 2;
+  }
+  std::printf(
+      "wrote %s/: ca.pem, ca.key, and a certificate and key for the "
+      "coordinator, admin, ps-0..%d and worker-0..%d of job %s (folder 0700, "
+      "keys 0600). Give every node ca.pem and its tasks' .pem and .key; keep "
+      "ca.key and admin.key off the nodes. Use --tls_dir=%s or "
+      "PSTRAIN_TLS_DIR.\n",
+      out.c_str(), num_ps - 1, num_workers - 1, job.c_str(), out.c_str());
+  return 0;
+}
+
+}  // namespace pstrain

@@ -1,0 +1,21 @@
+// pstrain certs --out=DIR [--num_ps=N --num_workers=M] [--job=ID]
+//               [--hosts=HOST,...]: a cluster's CA and certificates
+// (common/tls.h) made with OpenSSL: ca.pem and ca.key (kept in DIR to make
+// more later; keep ca.key off the nodes), and a key and certificate for the
+// coordinator, the administrator (the CLI), ps-0..N-1 and worker-0..M-1 of
+// job ID ("*", the default: any job of this CA). --hosts adds host names or
+// addresses to every certificate, for tools that reach a server by name.
+#ifndef PSTRAIN_TOOLS_CERTS_COMMAND_H_
+#define PSTRAIN_TOOLS_CERTS_COMMAND_H_
+
+#include <string>
+#include <vector>
+
+namespace pstrain {
+
+// Exit code: 0 done, 2 bad flags or an unwritable folder.
+int CertsCommand(const std::vector<std::string>& args);
+
+}  // namespace pstrain
+
+#endif  // PSTRAIN_TOOLS_CERTS_COMMAND_H_
