@@ -34,6 +34,8 @@ TEST(JobSpecTest, ParsesAndFillsDefaults) {
   EXPECT_DOUBLE_EQ(spec->optimizer().weight_decay(), 0.01);
   EXPECT_EQ(spec->worker_hosts(1).port(), 7002);
   EXPECT_EQ(spec->collective(), "");  // a PS job has none
+  // Submitted jobs may wait in a scheduler's queue.
+  EXPECT_EQ(spec->registration_timeout_s(), 600);
   absl::StatusOr<JobSpec> allreduce = ParseJobSpec(
       "num_ps: 0 num_workers: 2 batch_size: 8 epochs: 1 mode: \"allreduce\"",
       "job.pbtxt");
@@ -98,6 +100,9 @@ TEST(JobSpecTest, BadSpecsNameTheField) {
        "allreduce has one)"},
       {counts + "backend: \"tpu\"",
        "job.pbtxt: backend: \"tpu\"; expected cpu or cuda"},
+      {counts + "registration_timeout_s: -5",
+       "job.pbtxt: registration_timeout_s: -5; expected 1 to 604800 seconds "
+       "(0: 600)"},
       {counts + "partition_bytes: 6",
        "job.pbtxt: partition_bytes: 6; expected a positive multiple of 4"},
       {counts + "optimizer { lr: 0 }",

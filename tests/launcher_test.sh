@@ -10,6 +10,9 @@
 #   2. Open MPI: README's mpirun block (launch-lines --launcher=mpirun, one
 #      mpirun per role from a hostfile, bash launch.sh) for the same job with
 #      its hosts listed.
+#   3. The same job through one `pstrain node` agent per node (README's
+#      slurm-node and mpirun-node blocks: srun --ntasks-per-node=1, mpirun
+#      --map-by ppr:1:node).
 # Each job must end SUCCEEDED with the test accuracy of `pstrain run` for
 # the same job. Then a job whose workers fail (a data_dir that does not
 # exist) under each launcher: the printed script must exit non-zero naming
@@ -19,7 +22,8 @@
 # the SKIP lines.
 #
 # Run by hand: bash tests/launcher_test.sh [BIN_DIR]   (default: bazel-bin)
-# or through Bazel: bazel test //tests:launcher_test
+# or through Bazel: bazel test //tests:launcher_test. STEPS=N (default 300)
+# sets the steps per worker, for the data/sec figures of BENCHMARKS.md.
 set -u
 
 if [[ -n "${TEST_SRCDIR:-}" ]]; then
@@ -30,6 +34,7 @@ else
   README="$(cd "$(dirname "$0")/.." && pwd)/README.md"
 fi
 DATA=/usr/share/datasets/fashion-mnist
+STEPS="${STEPS:-300}"
 for b in tools/pstrain tools/pstrain_coordinator server/pstrain_ps \
   worker/pstrain_worker; do
   [[ -x "$BIN/$b" ]] || { echo "FAIL: $BIN/$b is not built"; exit 1; }
@@ -80,14 +85,14 @@ readme_block() {
     inside { print }' "$README"
 }
 
-# The job: LeNet-5 on Fashion-MNIST, 2 PS, 2 workers, 300 steps.
+# The job: LeNet-5 on Fashion-MNIST, 2 PS, 2 workers, $STEPS steps.
 write_spec() {  # write_spec FILE [EXTRA FIELDS...]
   local file="$1"
   shift
   {
     echo 'model: "lenet5" dataset: "fashion_mnist" mode: "sync"'
     echo 'num_ps: 2 num_workers: 2 batch_size: 64 epochs: 1'
-    echo 'max_steps_per_epoch: 300 log_every_steps: 100'
+    echo "max_steps_per_epoch: $STEPS log_every_steps: 100"
     for line in "$@"; do echo "$line"; done
   } >"$file"
 }
@@ -98,7 +103,7 @@ HOSTS=('ps_hosts { host: "127.0.0.1" }' 'ps_hosts { host: "127.0.0.1" }'
 # 2 cores, as under the launchers below).
 REF_LOG="$TMP/run.log"
 "$BIN/tools/pstrain" run --num_ps=2 --num_workers=2 --batch_size=64 \
-  --epochs=1 --max_steps_per_epoch=300 --log_every_steps=100 >"$REF_LOG" 2>&1
+  --epochs=1 --max_steps_per_epoch="$STEPS" --log_every_steps=100 >"$REF_LOG" 2>&1
 # accuracy LOG: the last column of the results table.
 accuracy() { grep -E '^\| 2 \| 2 \| sync' "$1" | tail -1 | awk -F'|' '{gsub(/ /,"",$11); print $11}'; }
 # data_per_sec LOG: the mean of the StepN lines' data/sec.
@@ -258,6 +263,14 @@ else
     --coordinator="$COORD" >"$WORK/bad_slurm.sh"
   JOB="$JOB" timeout 120 bash "$WORK/bad_slurm.sh" >"$TMP/slurm_bad.log" 2>&1
   check_failure "slurm, failing workers" "$TMP/slurm_bad.log" "$?"
+  # The same job through one pstrain node agent per node (here: one).
+  rm -f "$WORK"/slurm-*.out
+  (cd "$WORK" && set -euo pipefail && eval "$(readme_block slurm-node)") \
+    >"$TMP/slurm_node.log" 2>&1
+  status=$?
+  cat "$WORK"/slurm-*.out >>"$TMP/slurm_node.log" 2>/dev/null
+  check_run "slurm, pstrain node (srun --ntasks-per-node=1)" \
+    "$TMP/slurm_node.log" "$status"
 fi
 
 # --- Open MPI ---------------------------------------------------------------
@@ -279,6 +292,11 @@ else
     --coordinator="$COORD" >"$WORK/bad_mpirun.sh"
   JOB="$JOB" timeout 120 bash "$WORK/bad_mpirun.sh" >"$TMP/mpirun_bad.log" 2>&1
   check_failure "mpirun, failing workers" "$TMP/mpirun_bad.log" "$?"
+  write_spec "$WORK/job.pbtxt" "${HOSTS[@]}"
+  (cd "$WORK" && set -euo pipefail && eval "$(readme_block mpirun-node)") \
+    >"$TMP/mpirun_node.log" 2>&1
+  check_run "mpirun, pstrain node (--map-by ppr:1:node)" \
+    "$TMP/mpirun_node.log" "$?"
 fi
 
 if [[ $FAILURES -gt 0 ]]; then

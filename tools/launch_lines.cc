@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -36,6 +37,15 @@ ABSL_FLAG(bool, sbatch, false,
 ABSL_FLAG(int, cpus_per_task, 1,
           "launch-lines, slurm: CPUs of each task (srun --cpus-per-task); "
           "each task runs that many threads.");
+ABSL_FLAG(bool, agent, false,
+          "launch-lines: start one `pstrain node` agent per node, which "
+          "starts that node's tasks (see pstrain node).");
+ABSL_FLAG(int, nodes, 1,
+          "launch-lines --agent, spec without hosts: how many nodes get an "
+          "agent.");
+ABSL_FLAG(int, gpus_per_node, 0,
+          "GPUs per node: launch-lines --agent passes it to the agents, "
+          "which give worker k of a node GPU k % this.");
 ABSL_FLAG(std::string, prefix, "",
           "install: copy the binaries to PREFIX/bin (created if missing).");
 
@@ -198,6 +208,10 @@ absl::StatusOr<std::string> LaunchScript(const JobSpec& spec,
     return absl::InvalidArgumentError(absl::StrCat(
         "--sbatch with --launcher=", launcher, ": expected --launcher=slurm"));
   }
+  if (options.agent && options.nodes < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--nodes=", options.nodes, ": expected >= 1"));
+  }
   if (options.cpus_per_task < 1) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--cpus_per_task=", options.cpus_per_task, ": expected >= 1"));
@@ -209,7 +223,30 @@ absl::StatusOr<std::string> LaunchScript(const JobSpec& spec,
   const std::string cpus = absl::StrCat(options.cpus_per_task);
 
   std::string out = "#!/usr/bin/env bash\n";
-  if (options.sbatch) {
+  // The spec's distinct hosts, in order of first appearance.
+  std::vector<std::string> distinct_hosts;
+  for (const Role& role : roles) {
+    for (const HostPort& h : *role.hosts) {
+      if (std::find(distinct_hosts.begin(), distinct_hosts.end(), h.host()) ==
+          distinct_hosts.end()) {
+        distinct_hosts.push_back(h.host());
+      }
+    }
+  }
+  const int agents =
+      all_hosts ? static_cast<int>(distinct_hosts.size()) : options.nodes;
+  if (options.sbatch && options.agent) {
+    absl::StrAppend(&out, "#SBATCH --job-name=pstrain-", spec.model(), "\n",
+                    "#SBATCH --nodes=", agents, "\n");
+    if (all_hosts) {
+      absl::StrAppend(&out,
+                      "#SBATCH --nodelist=", absl::StrJoin(distinct_hosts, ","),
+                      "\n");
+    }
+    absl::StrAppend(&out,
+                    "#SBATCH --ntasks-per-node=1\n"
+                    "#SBATCH --exclusive\n");
+  } else if (options.sbatch) {
     absl::StrAppend(&out, "#SBATCH --job-name=pstrain-", spec.model(), "\n");
     if (all_hosts) {
       std::map<std::string, int> per_host;
@@ -252,23 +289,23 @@ absl::StatusOr<std::string> LaunchScript(const JobSpec& spec,
   } else {
     absl::StrAppend(&out, "JOB=", ShellQuote(options.job), "\n");
   }
-  absl::StrAppend(&out, "COORDINATOR=", ShellQuote(options.coordinator), "\n",
-                  "PS=", ShellQuote(options.ps_binary), "\n",
-                  "WORKER=", ShellQuote(options.worker_binary), "\n");
+  absl::StrAppend(&out, "COORDINATOR=", ShellQuote(options.coordinator), "\n");
+  if (options.agent) {
+    absl::StrAppend(&out, "PSTRAIN=", ShellQuote(options.pstrain_binary), "\n");
+  } else {
+    absl::StrAppend(&out, "PS=", ShellQuote(options.ps_binary), "\n",
+                    "WORKER=", ShellQuote(options.worker_binary), "\n");
+  }
   if (launcher == "mpirun") {
     absl::StrAppend(&out,
                     "# Open MPI refuses to run as root unless asked to.\n"
                     "as_root=()\n"
                     "if [[ \"$(id -u)\" == 0 ]]; then "
                     "as_root=(--allow-run-as-root); fi\n");
-    if (all_hosts) {
-      absl::StrAppend(&out,
-                      "hostfiles=\"$(mktemp -d)\"\n"
-                      "trap 'rm -rf \"$hostfiles\"' EXIT\n");
-    }
   }
   absl::StrAppend(&out, kPrologue, "\n");
   if (launcher == "mpirun" && all_hosts) {
+    absl::StrAppend(&out, "hostfiles=\"$(mktemp -d)\"\n");
     // The prologue's EXIT trap replaced the one above.
     absl::StrAppend(&out,
                     "trap 'rm -f \"$done_file\"; rm -rf \"$hostfiles\"' "
@@ -277,6 +314,46 @@ absl::StatusOr<std::string> LaunchScript(const JobSpec& spec,
 
   const std::string task_flags =
       " --coordinator=\"$COORDINATOR\" --job=\"$JOB\"";
+  if (options.agent) {
+    std::string agent = absl::StrCat("\"$PSTRAIN\" node", task_flags);
+    if (options.gpus_per_node > 0) {
+      absl::StrAppend(&agent, " --gpus_per_node=", options.gpus_per_node);
+    }
+    if (launcher == "slurm") {
+      absl::StrAppend(
+          &out, "task \"node agents (srun, ", agents,
+          " nodes)\" srun --nodes=", agents, " --ntasks-per-node=1",
+          all_hosts
+              ? absl::StrCat(" --nodelist=", absl::StrJoin(distinct_hosts, ","))
+              : "",
+          " --job-name=pstrain-node ", agent, "\n");
+    } else if (launcher == "mpirun") {
+      const std::string mpirun =
+          "mpirun \"${as_root[@]}\" --map-by ppr:1:node --bind-to none";
+      if (all_hosts) {
+        absl::StrAppend(&out, "cat >\"$hostfiles/nodes\" <<'EOF'\n");
+        for (const std::string& host : distinct_hosts) {
+          absl::StrAppend(&out, host, " slots=1\n");
+        }
+        absl::StrAppend(&out, "EOF\n", "task \"node agents (mpirun, ", agents,
+                        " nodes)\" ", mpirun, " -np ", agents,
+                        " --hostfile \"$hostfiles/nodes\" ", agent, "\n");
+      } else {
+        absl::StrAppend(&out, "task \"node agents (mpirun, ", agents,
+                        " nodes)\" ", mpirun, " -np ", agents, " ", agent,
+                        "\n");
+      }
+    } else {
+      for (const std::string& host : distinct_hosts) {
+        const std::string quoted = ShellQuote(host);
+        absl::StrAppend(&out, "task \"node agent on ", quoted,
+                        "\" ssh -n -o BatchMode=yes ", quoted,
+                        " \"$(printf '%q ' ", agent, ")\"\n");
+      }
+    }
+    absl::StrAppend(&out, kEpilogue);
+    return out;
+  }
   for (const Role& role : roles) {
     if (role.count == 0) continue;
     const std::string binary = absl::StrCat("\"", role.binary_variable, "\"");
@@ -421,9 +498,13 @@ int LaunchLinesCommand(const std::vector<std::string>& args,
   options.job = absl::GetFlag(FLAGS_job);
   options.sbatch = absl::GetFlag(FLAGS_sbatch);
   options.cpus_per_task = absl::GetFlag(FLAGS_cpus_per_task);
+  options.agent = absl::GetFlag(FLAGS_agent);
+  options.nodes = absl::GetFlag(FLAGS_nodes);
+  options.gpus_per_node = absl::GetFlag(FLAGS_gpus_per_node);
   std::string bin_dir = absl::GetFlag(FLAGS_bin_dir);
   if (bin_dir.empty()) bin_dir = InstalledBinDir();
-  if (bin_dir.empty() && (ps_binary.empty() || worker_binary.empty())) {
+  if (bin_dir.empty() &&
+      (ps_binary.empty() || worker_binary.empty() || options.agent)) {
     return Fail(2,
                 "launch-lines: expected --bin_dir=DIR, the folder holding "
                 "pstrain_ps and pstrain_worker on every node (this pstrain "
@@ -437,6 +518,7 @@ int LaunchLinesCommand(const std::vector<std::string>& args,
   options.worker_binary = worker_binary.empty()
                               ? absl::StrCat(bin_dir, "/pstrain_worker")
                               : worker_binary;
+  options.pstrain_binary = absl::StrCat(bin_dir, "/pstrain");
   absl::StatusOr<std::string> script = LaunchScript(*spec, options);
   if (!script.ok()) return Fail(2, std::string(script.status().message()));
   std::printf("%s", script->c_str());

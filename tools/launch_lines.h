@@ -42,6 +42,16 @@ struct LaunchOptions {
   // slurm: CPUs of each task (srun --cpus-per-task; the tasks take their
   // thread count from it through SLURM_CPUS_PER_TASK).
   int cpus_per_task = 1;
+  // One `pstrain node` agent per node instead of the tasks themselves
+  // (tools/node_agent.h): it starts the node's tasks with their share of the
+  // cores and their GPU. `pstrain_binary`: the agent as the nodes see it.
+  bool agent = false;
+  std::string pstrain_binary;
+  // agent, spec without hosts: how many nodes (slurm: --nodes of the srun
+  // step and of the sbatch header; mpirun: -np with --map-by ppr:1:node).
+  int nodes = 1;
+  // agent: GPUs per node, passed as --gpus_per_node (0: none).
+  int gpus_per_node = 0;
 };
 
 // A complete bash script (`#!/usr/bin/env bash`, `set -euo pipefail`) that
@@ -69,6 +79,13 @@ struct LaunchOptions {
 //           with --allow-run-as-root, decided when the script runs.
 //   ssh:    one `ssh -n -o BatchMode=yes HOST 'CMD --task_index=I'` per task;
 //           needs the spec's hosts.
+// With `agent`, the launcher starts one `pstrain node` per node instead:
+//   slurm:  `srun --nodes=N --ntasks-per-node=1` (N: the spec's distinct
+//           hosts, with --nodelist, or `nodes`); --sbatch asks for N whole
+//           nodes (--exclusive), whose cores the agent divides;
+//   mpirun: `mpirun --map-by ppr:1:node --bind-to none`, with a hostfile of
+//           the spec's distinct hosts (slots=1), or -np `nodes`;
+//   ssh:    one ssh per distinct host.
 // INVALID_ARGUMENT naming the launcher, a missing host list (ssh), --sbatch
 // without slurm, or a cpus_per_task < 1.
 absl::StatusOr<std::string> LaunchScript(const JobSpec& spec,

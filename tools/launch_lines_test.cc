@@ -291,6 +291,56 @@ TEST(LaunchScriptTest, RefusesWhatCannotWork) {
             "--sbatch with --launcher=mpirun: expected --launcher=slurm");
 }
 
+TEST(LaunchScriptTest, AgentsOnePerNode) {
+  LaunchOptions options = Options("slurm");
+  options.agent = true;
+  options.pstrain_binary = "/opt/pstrain/bin/pstrain";
+  options.nodes = 3;
+  options.sbatch = true;
+  const std::string slurm = *LaunchScript(Spec(kAnywhere), options);
+  EXPECT_EQ(slurm.rfind("#!/usr/bin/env bash\n"
+                        "#SBATCH --job-name=pstrain-lenet5\n"
+                        "#SBATCH --nodes=3\n"
+                        "#SBATCH --ntasks-per-node=1\n"
+                        "#SBATCH --exclusive\n",
+                        0),
+            0u)
+      << slurm;
+  ScriptRun run = RunScript(slurm, "JOB=job-2");
+  EXPECT_EQ(run.exit_code, 0) << run.stderr_text;
+  EXPECT_EQ(run.calls,
+            "srun --nodes=3 --ntasks-per-node=1 --job-name=pstrain-node "
+            "/opt/pstrain/bin/pstrain node --coordinator=n1:7070 "
+            "--job=job-2\n");
+  // With hosts: one agent per distinct host (n2, n3, n4, n5).
+  options.launcher = "mpirun";
+  options.sbatch = false;
+  options.gpus_per_node = 8;
+  run = RunScript(*LaunchScript(Spec(kHosts), options), "JOB=job-2");
+  EXPECT_EQ(run.exit_code, 0) << run.stderr_text;
+  EXPECT_NE(run.calls.find("--map-by ppr:1:node --bind-to none -np 4 "
+                           "--hostfile "),
+            std::string::npos)
+      << run.calls;
+  EXPECT_NE(run.calls.find("/opt/pstrain/bin/pstrain node "
+                           "--coordinator=n1:7070 --job=job-2 "
+                           "--gpus_per_node=8 [hostfile: n2 slots=1;n3 "
+                           "slots=1;n4 slots=1;n5 slots=1;]"),
+            std::string::npos)
+      << run.calls;
+  options.launcher = "ssh";
+  options.gpus_per_node = 0;
+  run = RunScript(*LaunchScript(Spec(kHosts), options), "JOB=job-2");
+  EXPECT_EQ(run.exit_code, 0) << run.stderr_text;
+  EXPECT_EQ(std::count(run.calls.begin(), run.calls.end(), '\n'), 4)
+      << run.calls;
+  EXPECT_NE(run.calls.find("ssh -n -o BatchMode=yes n4 "
+                           "/opt/pstrain/bin/pstrain node "
+                           "--coordinator=n1:7070 --job=job-2 \n"),
+            std::string::npos)
+      << run.calls;
+}
+
 TEST(ShellQuoteTest, QuotesOnlyWhatNeedsIt) {
   EXPECT_EQ(ShellQuote("/opt/pstrain/bin"), "/opt/pstrain/bin");
   EXPECT_EQ(ShellQuote("10.0.0.1:7070"), "10.0.0.1:7070");

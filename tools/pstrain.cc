@@ -52,6 +52,7 @@
 #include "tools/job_commands.h"
 #include "tools/launch_lines.h"
 #include "tools/local_cluster.h"
+#include "tools/node_agent.h"
 #include "worker/checkpoint.h"
 #include "worker/data_flags.h"
 #include "worker/dataset.h"
@@ -982,7 +983,9 @@ int main(int argc, char** argv) {
       "pstrain launch-lines JOB.pbtxt --launcher=slurm|mpirun|ssh "
       "[--coordinator=HOST:PORT] [--job=ID] [--bin_dir=DIR] [--sbatch]: a "
       "script that starts its tasks and waits for them.\n"
-      "pstrain install --prefix=DIR: copy the binaries to DIR/bin.");
+      "pstrain install --prefix=DIR: copy the binaries to DIR/bin.\n"
+      "pstrain node --coordinator=HOST:PORT --job=ID: start this node's "
+      "tasks of a job and wait for them.");
   pstrain::g_command_line = absl::StrJoin(argv, argv + argc, " ");
   std::vector<char*> positional = absl::ParseCommandLine(argc, argv);
   const std::string command = positional.size() > 1 ? positional[1] : "";
@@ -1001,6 +1004,10 @@ int main(int argc, char** argv) {
     return pstrain::LaunchLinesCommand(args, absl::GetFlag(FLAGS_ps_binary),
                                        absl::GetFlag(FLAGS_worker_binary));
   }
+  if (command == "node") {
+    return pstrain::NodeCommand(args, pstrain::PsBinary(),
+                                pstrain::WorkerBinary());
+  }
   if (command == "install") {
     return pstrain::InstallCommand(
         args, {pstrain::SelfBinary(), pstrain::PsBinary(),
@@ -1010,7 +1017,7 @@ int main(int argc, char** argv) {
       "pstrain",
       absl::StrCat("expected a command (run, eval, submit, status, logs, "
                    "cancel, "
-                   "wait, launch-lines, install); "
+                   "wait, launch-lines, install, node); "
                    "got \"",
                    command, "\"", args.empty() ? "" : " and more",
                    " (usage: pstrain run [--flags])"));
