@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "common/tls.h"
 #include "server/parameter_shard.h"
 #include "server/ps_service.h"
 
@@ -21,8 +22,10 @@ namespace pstrain {
 class LocalShards {
  public:
   // Starts `num_shards` shards of `options` (shard_index and num_shards are
-  // set here for each).
-  LocalShards(int num_shards, ShardOptions options);
+  // set here for each). With `tls` not insecure, each serves mutual TLS as
+  // ps:<i>@<job_id> from tls.dir (common/tls.h) and authorizes every call.
+  LocalShards(int num_shards, ShardOptions options,
+              const TlsOptions& tls = InsecureTlsOptions());
   ~LocalShards();
 
   // host:port of each shard, by shard index.

@@ -32,6 +32,7 @@
 #include "absl/time/clock.h"
 #include "common/partition.h"
 #include "common/rpc_options.h"
+#include "common/tls.h"
 #include "server/adam.h"
 #include "server/local_shards.h"
 #include "worker/ps_client.h"
@@ -40,6 +41,9 @@ ABSL_FLAG(int64_t, model_bytes, 100'000'000, "Model size in bytes (fp32).");
 ABSL_FLAG(int64_t, tensor_bytes, 4'000'000, "Size of each model tensor.");
 ABSL_FLAG(int64_t, partition_bytes, 4 << 20, "Chunk bound, bytes.");
 ABSL_FLAG(int, repeats, 5, "Timed steps per configuration (median shown).");
+ABSL_FLAG(bool, tls, true,
+          "Also time each shard count over mutual TLS (common/tls.h), with "
+          "its ratio to plaintext.");
 ABSL_FLAG(std::vector<std::string>, shards,
           std::vector<std::string>({"1", "2"}),
           "Comma-separated PS shard counts to time, each in its own run.");
@@ -116,16 +120,28 @@ struct PsRun {
   int64_t wrong = 0;
 };
 
+// `tls`: mutual TLS between the worker and the shards (common/tls.h), or
+// plaintext (tls.insecure).
 PsRun TimePs(int num_shards, const std::vector<int64_t>& sizes,
-             int64_t partition_bytes, int repeats) {
+             int64_t partition_bytes, int repeats, const TlsOptions& tls) {
   PsRun run;
   AdamOptions adam;
   ShardOptions shard_options;
   shard_options.adam = adam;
-  LocalShards shards(num_shards, shard_options);
+  LocalShards shards(num_shards, shard_options, tls);
   auto plan = PartitionPlan::Create(sizes, partition_bytes, num_shards);
   PsClientOptions client_options;
   client_options.addresses = shards.addresses();
+  if (!tls.insecure) {
+    auto credentials = ChannelCredentials(
+        tls, TlsIdentity{TlsRole::kWorker, 0, shard_options.job_id});
+    if (!credentials.ok()) {
+      std::fprintf(stderr, "ps_bench: %s\n",
+                   credentials.status().ToString().c_str());
+      std::exit(1);
+    }
+    client_options.credentials = *credentials;
+  }
   auto client = PsClient::Create(client_options, *plan);
   std::vector<std::vector<float>> weights, grads, replica, m, v;
   std::vector<absl::Span<float>> weight_spans;
@@ -214,21 +230,49 @@ int main(int argc, char** argv) {
       "# ps_bench: push+pull of a %lld-byte model (%zu tensors), 1 "
       "worker, loopback, median of %d steps\n",
       static_cast<long long>(model_bytes), sizes.size(), repeats);
-  std::printf("# %12s %7s %-10s %10s %8s %10s %7s\n", "payload", "shards",
-              "transport", "time", "GB/s", "ratio", "#wrong");
-  std::printf("# %12s %7s %-10s %10s %8s %10s %7s\n", "(B)", "", "", "(ms)", "",
-              "(vs TCP)", "");
-  std::printf("  %12lld %7s %-10s %10.1f %8.2f %10.2f %7s\n",
+  // Certificates for the TLS rows: a fresh CA in a private folder.
+  std::unique_ptr<pstrain::PrivateFolder> folder;
+  pstrain::TlsOptions tls;
+  if (absl::GetFlag(FLAGS_tls)) {
+    auto made = pstrain::PrivateFolder::Create("ps_bench-tls");
+    std::vector<pstrain::TlsIdentity> ids = {
+        pstrain::TlsIdentity{pstrain::TlsRole::kWorker, 0, "local"}};
+    for (int s = 0; s < 64; ++s) {
+      ids.push_back(pstrain::TlsIdentity{pstrain::TlsRole::kPs, s, "local"});
+    }
+    if (!made.ok() || !pstrain::MakeCertificates((*made)->path(), ids).ok()) {
+      std::fprintf(stderr, "ps_bench: cannot make the TLS certificates\n");
+      return 1;
+    }
+    folder = *std::move(made);
+    tls.dir = folder->path();
+  }
+  std::printf("# %12s %7s %-12s %10s %8s %10s %11s %7s\n", "payload", "shards",
+              "transport", "time", "GB/s", "ratio", "TLS ratio", "#wrong");
+  std::printf("# %12s %7s %-12s %10s %8s %10s %11s %7s\n", "(B)", "", "",
+              "(ms)", "", "(vs TCP)", "(vs plain)", "");
+  std::printf("  %12lld %7s %-12s %10.1f %8.2f %10.2f %11s %7s\n",
               static_cast<long long>(model_bytes), "-", "raw TCP",
-              tcp_median * 1e3, 2.0 * model_bytes / tcp_median / 1e9, 1.0, "-");
+              tcp_median * 1e3, 2.0 * model_bytes / tcp_median / 1e9, 1.0, "-",
+              "-");
   for (int shards : shard_counts) {
-    const pstrain::PsRun run = pstrain::TimePs(
-        shards, sizes, absl::GetFlag(FLAGS_partition_bytes), repeats);
+    const pstrain::PsRun run =
+        pstrain::TimePs(shards, sizes, absl::GetFlag(FLAGS_partition_bytes),
+                        repeats, pstrain::InsecureTlsOptions());
     const double median = pstrain::Median(run.seconds);
-    std::printf("  %12lld %7d %-10s %10.1f %8.2f %10.2f %7lld\n",
+    std::printf("  %12lld %7d %-12s %10.1f %8.2f %10.2f %11s %7lld\n",
                 static_cast<long long>(model_bytes), shards, "pstrain",
                 median * 1e3, 2.0 * model_bytes / median / 1e9,
-                tcp_median / median, static_cast<long long>(run.wrong));
+                tcp_median / median, "-", static_cast<long long>(run.wrong));
+    if (folder == nullptr) continue;
+    const pstrain::PsRun secure = pstrain::TimePs(
+        shards, sizes, absl::GetFlag(FLAGS_partition_bytes), repeats, tls);
+    const double secure_median = pstrain::Median(secure.seconds);
+    std::printf("  %12lld %7d %-12s %10.1f %8.2f %10.2f %11.2f %7lld\n",
+                static_cast<long long>(model_bytes), shards, "pstrain+mTLS",
+                secure_median * 1e3, 2.0 * model_bytes / secure_median / 1e9,
+                tcp_median / secure_median, median / secure_median,
+                static_cast<long long>(secure.wrong));
   }
   return 0;
 }

@@ -32,6 +32,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/flags/declare.h"
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
@@ -42,12 +43,15 @@
 #include "absl/time/clock.h"
 #include "common/flags_util.h"
 #include "common/status.h"
+#include "common/tls.h"
+#include "common/tls_flags.h"
 #include "coordinator/coordinator_server.h"
 #include "coordinator/job_spec.h"
 #include "coordinator/job_table.h"
 #include "models/model.h"
 #include "models/model_file.h"
 #include "proto/coordinator.pb.h"
+#include "tools/certs_command.h"
 #include "tools/compare.h"
 #include "tools/job_commands.h"
 #include "tools/launch_lines.h"
@@ -153,6 +157,9 @@ ABSL_FLAG(double, checkpoint_every_secs, 0,
           "the last (after a step); 0: by --checkpoint_every_steps only.");
 ABSL_FLAG(int, keep_checkpoints, 3,
           "run: how many of the newest checkpoints to keep (>= 1).");
+ABSL_DECLARE_FLAG(bool, insecure);
+ABSL_DECLARE_FLAG(bool, insecure_allow_remote);
+
 ABSL_FLAG(int, max_restarts, -1,
           "run: restart a task that dies, up to this many times in all; the "
           "workers roll back to the newest checkpoint and go on (PS modes). "
@@ -416,10 +423,27 @@ absl::Status CheckBinaries() {
 // (every process stopped); CANCELLED after SIGINT/SIGTERM.
 absl::StatusOr<RunResult> RunJob(const JobSpec& spec,
                                  const Placement& placement) {
+  // Mutual TLS with no flag: a fresh CA and the run's certificates in a
+  // private folder (0700, keys 0600), removed at the end (--insecure:
+  // plaintext).
+  TlsOptions tls;
+  tls.insecure = absl::GetFlag(FLAGS_insecure);
+  std::unique_ptr<PrivateFolder> tls_folder;
+  if (!tls.insecure) {
+    ASSIGN_OR_RETURN(tls_folder, PrivateFolder::Create("pstrain-tls"));
+    tls.dir = tls_folder->path();
+    RETURN_IF_ERROR(MakeCertificates(
+        tls.dir, {TlsIdentity{TlsRole::kCoordinator}, TlsIdentity{}}));
+  }
   CoordinatorServerOptions coordinator_options;
   coordinator_options.address = absl::StrCat(placement.coordinator_host, ":0");
   coordinator_options.heartbeat_timeout =
       absl::Seconds(absl::GetFlag(FLAGS_heartbeat_timeout_s));
+  if (!tls.insecure) {
+    ASSIGN_OR_RETURN(
+        coordinator_options.credentials,
+        ServerCredentials(tls, TlsIdentity{TlsRole::kCoordinator}));
+  }
   absl::StatusOr<std::unique_ptr<CoordinatorServer>> started =
       CoordinatorServer::Start(coordinator_options);
   if (!started.ok()) {
@@ -432,6 +456,23 @@ absl::StatusOr<RunResult> RunJob(const JobSpec& spec,
   ASSIGN_OR_RETURN(const std::string job_id, table.Submit(spec, absl::Now()));
   const std::string coordinator_flag = absl::StrCat(
       "--coordinator=", placement.coordinator_host, ":", coordinator->port());
+  std::vector<std::string> tls_flags;
+  if (tls.insecure) {
+    tls_flags.push_back("--insecure");
+    if (absl::GetFlag(FLAGS_insecure_allow_remote)) {
+      tls_flags.push_back("--insecure_allow_remote");
+    }
+  } else {
+    std::vector<TlsIdentity> tasks;
+    for (int s = 0; s < spec.num_ps(); ++s) {
+      tasks.push_back(TlsIdentity{TlsRole::kPs, s, job_id});
+    }
+    for (int w = 0; w < spec.num_workers(); ++w) {
+      tasks.push_back(TlsIdentity{TlsRole::kWorker, w, job_id});
+    }
+    RETURN_IF_ERROR(MakeCertificates(tls.dir, tasks));
+    tls_flags.push_back("--tls_dir=" + tls.dir);
+  }
 
   // argv of task `index` of `binary`, placed.
   auto task_argv = [&](const std::string& binary, bool ps, int index) {
@@ -447,6 +488,7 @@ absl::StatusOr<RunResult> RunJob(const JobSpec& spec,
                 {binary, coordinator_flag, absl::StrCat("--job=", job_id),
                  absl::StrCat("--task_index=", index),
                  absl::StrCat("--advertise=", ip)});
+    argv.insert(argv.end(), tls_flags.begin(), tls_flags.end());
     if (ps) {
       argv.insert(argv.end(), {absl::StrCat("--bind=", ip), "--port=0"});
     } else {
@@ -984,6 +1026,8 @@ int main(int argc, char** argv) {
       "[--coordinator=HOST:PORT] [--job=ID] [--bin_dir=DIR] [--sbatch]: a "
       "script that starts its tasks and waits for them.\n"
       "pstrain install --prefix=DIR: copy the binaries to DIR/bin.\n"
+      "pstrain certs --out=DIR [--num_ps=N --num_workers=M --job=ID "
+      "--hosts=H,...]: a CA and mutual-TLS certificates for a cluster.\n"
       "pstrain node --coordinator=HOST:PORT --job=ID: start this node's "
       "tasks of a job and wait for them.");
   pstrain::g_command_line = absl::StrJoin(argv, argv + argc, " ");
@@ -995,6 +1039,7 @@ int main(int argc, char** argv) {
   if (command == "run" && args.empty()) return pstrain::Run();
   if (command == "compare" && args.empty()) return pstrain::Compare();
   if (command == "eval" && args.empty()) return pstrain::Eval();
+  if (command == "certs") return pstrain::CertsCommand(args);
   if (command == "submit") return pstrain::SubmitCommand(args);
   if (command == "status") return pstrain::StatusCommand(args);
   if (command == "cancel") return pstrain::CancelCommand(args);
@@ -1017,7 +1062,7 @@ int main(int argc, char** argv) {
       "pstrain",
       absl::StrCat("expected a command (run, eval, submit, status, logs, "
                    "cancel, "
-                   "wait, launch-lines, install, node); "
+                   "wait, launch-lines, install, node, certs); "
                    "got \"",
                    command, "\"", args.empty() ? "" : " and more",
                    " (usage: pstrain run [--flags])"));
