@@ -22,7 +22,10 @@ ABSL_FLAG(std::string, role, "",
 ABSL_FLAG(int, task_index, -1,
           "This task's index among the job's tasks of its role; unset: "
           "SLURM_PROCID, OMPI_COMM_WORLD_RANK or PMI_RANK.");
-ABSL_FLAG(std::string, bind, "0.0.0.0", "Address to listen on.");
+ABSL_FLAG(std::string, bind, "",
+          "Address to listen on (PS); unset: the advertised host's address, "
+          "so that only the interface other tasks reach listens (0.0.0.0: "
+          "all).");
 ABSL_FLAG(int, port, -1,
           "Port to listen on; unset: the job spec's port for this task, else "
           "any free port.");
@@ -142,6 +145,8 @@ absl::StatusOr<TaskAddress> TaskAddressFromFlags(const JobSpec& spec,
     }
     address.advertise_host = name;
   }
+  // Safe default: only the interface the other tasks are told to use.
+  if (address.bind.empty()) address.bind = address.advertise_host;
   return address;
 }
 

@@ -5,7 +5,8 @@
 //   --role=ps|worker         optional; must name this binary's role
 //   --task_index=N           this task's index; unset: SLURM_PROCID, then
 //                            OMPI_COMM_WORLD_RANK, then PMI_RANK
-//   --bind=ADDR              the address to listen on (PS; default 0.0.0.0)
+//   --bind=ADDR              the address to listen on (PS; default: the
+//                            advertised host's, not every interface)
 //   --port=N                 the port to listen on; unset: the job spec's
 //                            port for this task, else any free port
 //   --advertise=HOST[:PORT]  how other tasks reach this one; unset: the job

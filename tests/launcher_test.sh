@@ -125,6 +125,13 @@ same_accuracy() {
   awk -v a="$1" -v b="$2" 'BEGIN { d = a - b; exit !(d < 0.005 && d > -0.005) }'
 }
 
+# Mutual TLS as README's head-node block sets it up: every process the
+# quick starts launch (through sbatch, mpirun or pstrain node) inherits
+# PSTRAIN_TLS_DIR.
+"$BIN/tools/pstrain" certs --out="$TMP/tls" --num_ps=8 --num_workers=8 \
+  >/dev/null || fail "pstrain certs"
+export PSTRAIN_TLS_DIR="$TMP/tls"
+
 # The coordinator the quick starts talk to.
 COORD_PORT="$(free_port)"
 export COORD="127.0.0.1:$COORD_PORT"
