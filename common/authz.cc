@@ -46,6 +46,8 @@ const std::vector<MethodRule>& AuthorizationTable() {
       {"/pstrain.Coordinator/WaitForLayout", Caller::kTaskOfJob},
       {"/pstrain.Coordinator/Heartbeat", Caller::kTaskAsItself},
       {"/pstrain.Coordinator/TaskFinished", Caller::kTaskAsItself},
+      // The node agent, with the dead task's own key.
+      {"/pstrain.Coordinator/RestartTask", Caller::kTaskAsItself},
       {"/pstrain.Coordinator/KvSet", Caller::kWorkerOfJob},
       {"/pstrain.Coordinator/KvWait", Caller::kWorkerOfJob},
       {"/pstrain.ParameterServer/Init", Caller::kWorker0},

@@ -8,8 +8,10 @@
 //                      GetJob (tasks read their job's spec).
 //   kTaskOfJob         a PS or worker of the request's job: WaitForLayout.
 //   kTaskAsItself      the very task the request names (role, index, job):
-//                      Register, Heartbeat, TaskFinished: a task reports,
-//                      heartbeats and logs only as itself.
+//                      Register, Heartbeat, TaskFinished, RestartTask (the
+//                      node agent, with its dead task's key): a task
+//                      reports, heartbeats, logs and is restarted only as
+//                      itself.
 //   kWorkerOfJob       a worker of the request's job: KvSet, KvWait (the
 //                      allreduce rendezvous).
 //   kWorkerAsItself    a worker of the shard's job whose index is the

@@ -408,6 +408,59 @@ absl::Status CheckTlsFiles(const TlsOptions& options, const TlsIdentity& self) {
   return absl::OkStatus();
 }
 
+namespace {
+
+// The identity a certificate file names; errors name the file.
+absl::StatusOr<TlsIdentity> IdentityOfFile(const std::string& path) {
+  absl::StatusOr<std::string> pem = ReadAll(path);
+  if (!pem.ok()) return pem.status();
+  absl::StatusOr<Cert> cert = CertFromPem(*pem, path);
+  if (!cert.ok()) return cert.status();
+  char name[256] = {0};
+  X509_NAME_get_text_by_NID(X509_get_subject_name(cert->get()), NID_commonName,
+                            name, sizeof(name));
+  absl::StatusOr<TlsIdentity> id = ParseIdentityName(name);
+  if (!id.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": ", id.status().message()));
+  }
+  return id;
+}
+
+}  // namespace
+
+absl::StatusOr<TlsIdentity> TaskIdentityInFolder(const TlsOptions& options,
+                                                 TlsRole role, int index) {
+  TlsIdentity wanted;
+  wanted.role = role;
+  wanted.index = index;
+  const std::string path =
+      absl::StrCat(options.dir, "/", IdentityStem(wanted), ".pem");
+  std::error_code error;
+  if (!fs::exists(path, error)) {
+    return absl::NotFoundError(absl::StrCat(path, ": no such certificate"));
+  }
+  return IdentityOfFile(path);
+}
+
+absl::StatusOr<TlsIdentity> AnyTaskIdentityOfJob(const TlsOptions& options,
+                                                 const std::string& job) {
+  std::error_code error;
+  for (const fs::directory_entry& e :
+       fs::directory_iterator(options.dir, error)) {
+    const std::string name = e.path().filename().string();
+    if (e.path().extension() != ".pem" ||
+        (name.rfind("ps-", 0) != 0 && name.rfind("worker-", 0) != 0)) {
+      continue;
+    }
+    absl::StatusOr<TlsIdentity> id = IdentityOfFile(e.path().string());
+    if (id.ok() && (id->job == "*" || id->job == job)) return id;
+  }
+  return absl::NotFoundError(absl::StrCat(
+      options.dir, ": no certificate of a task of ", job,
+      " (ps-<i>.pem or worker-<j>.pem; pstrain certs makes them)"));
+}
+
 absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> ServerCredentials(
     const TlsOptions& options, const TlsIdentity& self) {
   if (options.insecure) return grpc::InsecureServerCredentials();

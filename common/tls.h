@@ -107,6 +107,18 @@ inline TlsOptions InsecureTlsOptions() {
 // (FAILED_PRECONDITION / INVALID_ARGUMENT naming the file otherwise).
 absl::Status CheckTlsFiles(const TlsOptions& options, const TlsIdentity& self);
 
+// The identity the certificate of task `role` `index` in `options.dir`
+// names (its job may be "*"), for a supervisor acting for that task (the
+// node agent); NOT_FOUND when the folder has none.
+absl::StatusOr<TlsIdentity> TaskIdentityInFolder(const TlsOptions& options,
+                                                 TlsRole role, int index);
+
+// The identity of any task certificate in `options.dir` of job `job` (or
+// of any job), for a process that reads that job's spec before it knows
+// its tasks (the node agent); NOT_FOUND when there is none.
+absl::StatusOr<TlsIdentity> AnyTaskIdentityOfJob(const TlsOptions& options,
+                                                 const std::string& job);
+
 // A server as `self` that requires and verifies a client certificate from
 // the same CA. Plaintext with `insecure`.
 absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> ServerCredentials(

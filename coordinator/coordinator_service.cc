@@ -157,6 +157,25 @@ grpc::Status CoordinatorService::TaskFinished(
   return ToGrpcStatus(table_->TaskFinished(*request, absl::Now()));
 }
 
+grpc::Status CoordinatorService::RestartTask(grpc::ServerContext* context,
+                                             const RestartTaskRequest* request,
+                                             RestartTaskResponse* response) {
+  const TaskRef& t = request->task();
+  if (grpc::Status denied =
+          Authorize(*context, "RestartTask", t.job_id(), t.role(), t.index());
+      !denied.ok()) {
+    return denied;
+  }
+  absl::StatusOr<int> restarts = table_->TaskRestarting(
+      t.job_id(), t.role(), t.index(),
+      request->why().empty() ? "died" : request->why(), absl::Now());
+  if (!restarts.ok()) return ToGrpcStatus(restarts.status());
+  response->set_restarts(*restarts);
+  absl::StatusOr<JobInfo> job = table_->Get(t.job_id(), JobTable::kNoLog);
+  if (job.ok()) response->set_max_restarts(job->spec().max_restarts());
+  return grpc::Status::OK;
+}
+
 grpc::Status CoordinatorService::KvSet(grpc::ServerContext* context,
                                        const KvSetRequest* request,
                                        KvSetResponse* response) {

@@ -45,6 +45,9 @@ class CoordinatorService final : public Coordinator::Service {
   grpc::Status TaskFinished(grpc::ServerContext* context,
                             const TaskFinishedRequest* request,
                             TaskFinishedResponse* response) override;
+  grpc::Status RestartTask(grpc::ServerContext* context,
+                           const RestartTaskRequest* request,
+                           RestartTaskResponse* response) override;
   grpc::Status KvSet(grpc::ServerContext* context, const KvSetRequest* request,
                      KvSetResponse* response) override;
   grpc::Status KvWait(grpc::ServerContext* context,

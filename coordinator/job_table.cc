@@ -272,15 +272,28 @@ absl::Status JobTable::TaskFinished(const TaskFinishedRequest& request,
   return Persist();
 }
 
-absl::Status JobTable::TaskRestarting(const std::string& id, TaskRole role,
-                                      int index, const std::string& why,
-                                      absl::Time now) {
+absl::StatusOr<int> JobTable::TaskRestarting(const std::string& id,
+                                             TaskRole role, int index,
+                                             const std::string& why,
+                                             absl::Time now) {
   absl::MutexLock lock(&mu_);
   ASSIGN_OR_RETURN(JobInfo * job, FindJob(id));
   ASSIGN_OR_RETURN(TaskInfo * task, FindTask(job, role, index));
   if (JobEnded(job->state())) {
     return absl::FailedPreconditionError(
         absl::StrCat(id, " has ended: ", job->message()));
+  }
+  int restarts = 0;
+  for (const TaskInfo& t : job->tasks()) restarts += t.restarts();
+  if (restarts >= job->spec().max_restarts()) {
+    const std::string message = absl::StrCat(
+        TaskName(role, index), " ", why, "; the job's restart budget (",
+        job->spec().max_restarts(), ") is spent");
+    task->set_state(TASK_FAILED);
+    task->set_message(why);
+    End(job, JOB_FAILED, message, now);
+    RETURN_IF_ERROR(Persist());
+    return absl::FailedPreconditionError(absl::StrCat(id, ": ", message));
   }
   task->set_restarts(task->restarts() + 1);
   task->set_state(TASK_WAITING);
@@ -289,9 +302,11 @@ absl::Status JobTable::TaskRestarting(const std::string& id, TaskRole role,
   task->set_waiting_since_ms(Ms(now));
   google::protobuf::RepeatedPtrField<std::string> line;
   line.Add(absl::StrCat(TaskName(role, index), " ", why, "; restarting it (",
-                        "restart ", task->restarts(), ")"));
+                        "restart ", restarts + 1, " of ",
+                        job->spec().max_restarts(), ")"));
   AppendLog(job, role, index, line, now);
-  return Persist();
+  RETURN_IF_ERROR(Persist());
+  return restarts + 1;
 }
 
 absl::Status JobTable::Cancel(const std::string& id, absl::Time now) {

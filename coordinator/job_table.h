@@ -85,9 +85,13 @@ class JobTable {
   // The supervisor restarts task (role, index) of job `id`, which died
   // (`why`: its exit status): the task waits for its registration again
   // (from any address), the job stays RUNNING, and the log records it.
-  // FAILED_PRECONDITION when the job has ended.
-  absl::Status TaskRestarting(const std::string& id, TaskRole role, int index,
-                              const std::string& why, absl::Time now);
+  // Returns the job's restarts so far, this one included.
+  // FAILED_PRECONDITION when the job has ended, or when its spec's
+  // max_restarts are spent: then the job FAILS naming the task, `why` and
+  // the budget.
+  absl::StatusOr<int> TaskRestarting(const std::string& id, TaskRole role,
+                                     int index, const std::string& why,
+                                     absl::Time now);
 
   // Ends a PENDING or RUNNING job as CANCELLED; FAILED_PRECONDITION if it
   // has already ended.

@@ -337,9 +337,15 @@ grpc::Status PsService::PushPullStream(
     // Not for a message this shard refused (reader_status): a bad push
     // changes nothing, the barrier included.
     if (cancel && reader_status.ok() && worker_id >= 0) {
+      std::string peer = context->peer();  // "ipv4:10.0.0.5:41234"
+      const size_t colon = peer.find(':');
+      if (colon != std::string::npos && peer.rfind("ip", 0) == 0) {
+        peer = peer.substr(colon + 1);
+      }
       shard_->BreakBarrier(
           generation,
-          absl::StrCat("worker ", worker_id, "'s push/pull stream to shard ",
+          absl::StrCat("worker ", worker_id, " on ", peer,
+                       ": its push/pull stream to shard ",
                        shard_->options().shard_index,
                        " broke mid-step (the worker died or gave the step "
                        "up)"));

@@ -76,6 +76,7 @@ class AuthzTest : public ::testing::Test {
     JobSpec spec;
     spec.set_num_ps(1);
     spec.set_num_workers(2);
+    spec.set_max_restarts(3);
     ASSERT_EQ(*table_.Submit(spec, absl::Now()), "job-1");
     coordinator_ = std::make_unique<CoordinatorService>(
         &table_, absl::Seconds(5), /*authorize=*/true);
@@ -258,6 +259,16 @@ TEST_F(AuthzTest, EveryMethodServesItsCallersAndRefusesEveryoneElse) {
         TaskFinishedResponse out;
         return coordinator(ch)->TaskFinished(&c, r, &out);
       }};
+  cases["/pstrain.Coordinator/RestartTask"] = {
+      {"worker:1@job-1"}, [&](grpc::Channel* ch) {
+        grpc::ClientContext c;
+        Deadline(&c);
+        RestartTaskRequest r;
+        task_ref(r.mutable_task());
+        r.set_why("died (signal 9)");
+        RestartTaskResponse out;
+        return coordinator(ch)->RestartTask(&c, r, &out);
+      }};
   cases["/pstrain.Coordinator/KvSet"] = {
       {"worker:0@job-1", "worker:1@job-1"}, [&](grpc::Channel* ch) {
         grpc::ClientContext c;
@@ -365,8 +376,8 @@ TEST_F(AuthzTest, EveryMethodServesItsCallersAndRefusesEveryoneElse) {
       ++methods;
     }
   }
-  EXPECT_EQ(methods, 16);
-  EXPECT_EQ(cases.size(), 16u);
+  EXPECT_EQ(methods, 17);
+  EXPECT_EQ(cases.size(), 17u);
 
   int served = 0, denied = 0, refused = 0;
   for (const auto& [method, c] : cases) {
@@ -401,12 +412,12 @@ TEST_F(AuthzTest, EveryMethodServesItsCallersAndRefusesEveryoneElse) {
               served, denied, refused);
   // Nothing a refused or denied caller sent changed any state: still one
   // job (the admin's submit, of an incomplete spec, was served and refused
-  // by validation), the log holds the served heartbeat's line only, and the
-  // shard took no push and no init.
+  // by validation), the log holds the served heartbeat's line and the
+  // served restart's only, and the shard took no push and no init.
   EXPECT_EQ(table_.List().size(), 1u);
   auto job = table_.Get("job-1");
   ASSERT_TRUE(job.ok());
-  EXPECT_EQ(job->log_size(), 1);
+  EXPECT_EQ(job->log_size(), 2);
   EXPECT_FALSE(shard_->initialized());
   EXPECT_EQ(shard_->Stats().pushes, 0);
 }

@@ -10,6 +10,9 @@
 #   2. The same with 20 epochs; SIGKILL worker 1 once it trains: the job
 #      ends FAILED within the heartbeat timeout, naming worker 1 and its
 #      host, and no process of the job is left.
+#   3. The 1-epoch job again through one `pstrain node` agent per host
+#      (hosts 2-5), which find their tasks by their addresses: it SUCCEEDS
+#      and every agent exits.
 #
 # Needs root (CAP_NET_ADMIN, CAP_SYS_ADMIN) to create namespaces; prints
 # SKIP and exits 0 where it may not. Run by hand:
@@ -192,7 +195,9 @@ ended_at=$(date +%s.%N)
 tail -3 "$TMP/wait2.txt"
 seconds=$(awk -v a="$killed_at" -v b="$ended_at" 'BEGIN { printf "%.1f", b - a }')
 [[ $code -eq 1 ]] || fail "pstrain wait $JOB exited $code, expected 1"
-grep -Eq "$JOB FAILED .*lost worker 1 on 10\.77\.0\.5: no heartbeat for [0-9]+ s" \
+# Named by its lost heartbeats or, sooner, by the shard whose barrier its
+# broken stream broke.
+grep -Eq "$JOB FAILED .*(lost worker 1 on 10\.77\.0\.5: no heartbeat for [0-9]+ s|worker 1 on 10\.77\.0\.5:[0-9]+: its push/pull stream)" \
   "$TMP/wait2.txt" || fail "the failure does not name worker 1 on 10.77.0.5"
 awk -v s="$seconds" -v t=$HEARTBEAT_TIMEOUT_S 'BEGIN { exit !(s <= t + 3) }' ||
   fail "FAILED after $seconds s, beyond the heartbeat timeout $HEARTBEAT_TIMEOUT_S s + 3 s"
@@ -204,6 +209,40 @@ for i in 2 3 4 5; do
   [[ -z "$left" ]] || fail "host 10.77.0.$i still runs: $left"
 done
 echo "job 2: FAILED $seconds s after the kill (heartbeat timeout $HEARTBEAT_TIMEOUT_S s), no task left"
+
+# --- 3. One pstrain node agent per host, no launcher ----------------------
+# Each agent finds its tasks by its namespace's address (10.77.0.2-5 in the
+# spec's hosts) and gives its worker its cores: pinned to one core each
+# (taskset), as on a node of its own, so the two workers do not fight over
+# this machine's cores.
+write_spec "$TMP/agents.pbtxt" 1
+JOB="$(on 1 "$PSTRAIN" submit "$TMP/agents.pbtxt" --coordinator=$COORD)"
+echo "submitted $JOB (1 epoch); one pstrain node agent on each of hosts 2-5"
+AGENT_PIDS=()
+for i in 2 3 4 5; do
+  on "$i" taskset -c $((i % 2)) "$PSTRAIN" node --coordinator=$COORD \
+    --job="$JOB" >"$TMP/agent$i.log" 2>&1 &
+  AGENT_PIDS+=($!)
+  PIDS+=($!)
+  disown
+done
+on 1 "$PSTRAIN" wait "$JOB" --coordinator=$COORD >"$TMP/wait3.txt" 2>&1
+code=$?
+tail -3 "$TMP/wait3.txt"
+[[ $code -eq 0 ]] || fail "pstrain wait $JOB (agents) exited $code"
+for i in 2 3 4 5; do
+  task=$([[ $i -le 3 ]] && echo "ps$((i - 2))" || echo "worker$((i - 4))")
+  grep -q "started $task" "$TMP/agent$i.log" ||
+    fail "the agent on 10.77.0.$i did not start $task: $(head -3 "$TMP/agent$i.log")"
+done
+grep -q "^\[worker1\] worker 1 of $JOB: 1 thread (--threads)" "$TMP/agent5.log" ||
+  fail "worker 1 was not given 1 thread by its agent: $(grep -m1 thread "$TMP/agent5.log")"
+for pid in "${AGENT_PIDS[@]}"; do
+  wait_exit "$pid" 15 || fail "agent pid $pid still running after the job"
+done
+grep -q "all 1 tasks of this node exited 0" "$TMP/agent4.log" ||
+  fail "the agent on 10.77.0.4 did not end cleanly: $(tail -2 "$TMP/agent4.log")"
+echo "job 3: SUCCEEDED through 4 pstrain node agents, every agent exited"
 
 if [[ $FAILURES -ne 0 ]]; then
   echo "--- logs ---"

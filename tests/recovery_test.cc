@@ -153,8 +153,7 @@ TEST(RecoveryTest, SyncJobSurvivesKilledShardAndWorkerWithTheSameModel) {
       std::regex(R"(worker [01]: step failed \(UNAVAILABLE: shard 1 )")))
       << output;
   // The worker's death breaks the barrier at once, naming it.
-  EXPECT_NE(output.find("worker 1's push/pull stream to shard"),
-            std::string::npos)
+  EXPECT_NE(output.find(": its push/pull stream to shard"), std::string::npos)
       << output;
   // Every rollback goes to a checkpoint step (at most one interval lost).
   const std::regex back(R"(going on from step ([0-9]+) \(version)");
@@ -237,6 +236,43 @@ TEST(RecoveryTest, SpentRestartBudgetFailsNamingEveryDeathAndCheckpoint) {
                  R"(\(signal 9\), ps 1 \(signal 9\); last checkpoint: .*)"
                  R"(/budget/step-[0-9]+\))")))
       << output;
+}
+
+// On a cluster the per-node agent supervises: a submitted job (over mTLS,
+// PSTRAIN_TLS_DIR) whose shard is killed is restarted by `pstrain node`
+// through the coordinator's RestartTask and finishes.
+TEST(RecoveryTest, NodeAgentRestartsAKilledShardOfASubmittedJob) {
+  if (!HaveFashionMnist()) GTEST_SKIP() << "dataset-fashion-mnist missing";
+  pstrain::testing::CoordinatorProcess coordinator(TempDir() + "/jobs.pb", 30);
+  ASSERT_TRUE(coordinator.up());
+  const std::string dir = TempDir() + "/node-ck";
+  const std::string spec = TempDir() + "/node.pbtxt";
+  pstrain::testing::WriteTextFile(
+      spec, absl::StrCat("model: \"lenet5\" num_ps: 2 num_workers: 2 "
+                         "batch_size: 64 epochs: 2 max_steps_per_epoch: 300 "
+                         "log_every_steps: 50 checkpoint_every_steps: 100 "
+                         "max_restarts: 2 checkpoint_dir: \"",
+                         dir, "\"\n"));
+  auto r = RunCommand("tools/pstrain submit " + spec + coordinator.flag());
+  ASSERT_EQ(r.output, "job-1\n") << r.output;
+  const std::string log = TempDir() + "/node.log";
+  Process node({"tools/pstrain", "node",
+                "--coordinator=" + coordinator.address(), "--job=job-1"},
+               log);
+  ASSERT_TRUE(WaitFor([&] { return !Latest(dir).empty(); }, absl::Minutes(2)))
+      << ReadTextFile(log);
+  ASSERT_TRUE(KillChild(node.pid(), "pstrain_ps .*--task_index=1"))
+      << ReadTextFile(log);
+  r = RunCommand("tools/pstrain wait job-1 --wait_poll_ms=200" +
+                 coordinator.flag());
+  EXPECT_EQ(r.exit_code, 0) << r.output << ReadTextFile(log);
+  EXPECT_EQ(node.Wait(60), 0) << ReadTextFile(log);
+  const std::string output = ReadTextFile(log);
+  EXPECT_NE(output.find("pstrain node: ps1 died (signal 9); restarting it "
+                        "(restart 1 of 2)"),
+            std::string::npos)
+      << output;
+  EXPECT_NE(output.find("recovered in"), std::string::npos) << output;
 }
 
 TEST(RecoveryTest, WithoutRestartsAWorkersDeathFailsTheJobAtOnce) {

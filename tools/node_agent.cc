@@ -11,6 +11,7 @@
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
+#include <map>
 #include <memory>
 
 #include "absl/flags/declare.h"
@@ -20,6 +21,8 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "common/flags_util.h"
+#include "common/tls.h"
+#include "common/tls_flags.h"
 #include "coordinator/job_table.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/coordinator.grpc.pb.h"
@@ -72,11 +75,35 @@ absl::StatusOr<int> FromEnvironment(std::initializer_list<const char*> names) {
 
 // The job's spec from the coordinator, retried while it cannot be reached
 // (it may come up after the agents) for at most `timeout`.
+// A stub to the coordinator as `self` (mutual TLS from `tls`, or plaintext
+// with tls.insecure).
+absl::StatusOr<std::unique_ptr<Coordinator::Stub>> CoordinatorStub(
+    const std::string& coordinator, const TlsOptions& tls,
+    const TlsIdentity& self) {
+  absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials =
+      ChannelCredentials(tls, self);
+  if (!credentials.ok()) return credentials.status();
+  grpc::ChannelArguments args;
+  SetPeerServerName(TlsIdentity{TlsRole::kCoordinator}, &args);
+  return Coordinator::NewStub(
+      grpc::CreateCustomChannel(coordinator, *credentials, args));
+}
+
+// The job, read with the key of any of its tasks in the TLS folder (the
+// node knows its tasks only from the spec).
 absl::StatusOr<JobInfo> FetchJob(const std::string& coordinator,
-                                 const std::string& id,
+                                 const std::string& id, const TlsOptions& tls,
                                  absl::Duration timeout) {
-  auto stub = Coordinator::NewStub(
-      grpc::CreateChannel(coordinator, grpc::InsecureChannelCredentials()));
+  TlsIdentity reader{TlsRole::kWorker, 0, id};
+  if (!tls.insecure) {
+    absl::StatusOr<TlsIdentity> any = AnyTaskIdentityOfJob(tls, id);
+    if (!any.ok()) return any.status();
+    reader = *any;
+  }
+  absl::StatusOr<std::unique_ptr<Coordinator::Stub>> made =
+      CoordinatorStub(coordinator, tls, reader);
+  if (!made.ok()) return made.status();
+  std::unique_ptr<Coordinator::Stub> stub = *std::move(made);
   const absl::Time give_up = absl::Now() + timeout;
   while (true) {
     grpc::ClientContext context;
@@ -231,8 +258,10 @@ int NodeCommand(const std::vector<std::string>& args,
     placement.num_nodes = std::max(1, *nodes);
   }
   const std::string coordinator = absl::GetFlag(FLAGS_coordinator);
+  absl::StatusOr<TlsOptions> tls = TlsOptionsFromFlags(kProgram);
+  if (!tls.ok()) return Fail(2, std::string(tls.status().message()));
   absl::StatusOr<JobInfo> job =
-      FetchJob(coordinator, job_id, absl::Seconds(120));
+      FetchJob(coordinator, job_id, *tls, absl::Seconds(120));
   if (!job.ok()) return Fail(1, std::string(job.status().message()));
   absl::StatusOr<std::vector<NodeTask>> tasks =
       PlanNodeTasks(job->spec(), placement);
@@ -250,6 +279,9 @@ int NodeCommand(const std::vector<std::string>& args,
   std::signal(SIGTERM, OnNodeSignal);
   LocalCluster cluster;
   std::vector<std::string> names;
+  // Each task's argv and identity, to restart it.
+  std::map<std::string, std::vector<std::string>> argvs;
+  std::map<std::string, TlsIdentity> identities;
   for (const NodeTask& t : *tasks) {
     const bool is_ps = t.role == ROLE_PS;
     const std::string name = absl::StrCat(is_ps ? "ps" : "worker", t.index);
@@ -258,6 +290,9 @@ int NodeCommand(const std::vector<std::string>& args,
         absl::StrCat("--job=", job_id), absl::StrCat("--task_index=", t.index),
         absl::StrCat("--threads=", t.threads)};
     if (t.gpu >= 0) argv.push_back(absl::StrCat("--gpu=", t.gpu));
+    argvs[name] = argv;
+    identities[name] =
+        TlsIdentity{is_ps ? TlsRole::kPs : TlsRole::kWorker, t.index, job_id};
     if (absl::Status s = cluster.Start(name, argv); !s.ok()) {
       cluster.StopAll(absl::Seconds(3));
       return Fail(1, absl::StrCat("cannot start ", name, ": ", s.message()));
@@ -290,6 +325,51 @@ int NodeCommand(const std::vector<std::string>& args,
         cluster.StopAll(absl::Seconds(3));
       }
       continue;
+    }
+    // A task that died while its job runs is restarted within the job's
+    // max_restarts, which the coordinator counts over every node
+    // (RestartTask, with the task's own key); workers rejoin.
+    if (exit.code != 0 && first_failure.role.empty() &&
+        job->spec().max_restarts() > 0) {
+      const std::string why =
+          absl::StrCat("died (",
+                       exit.code > 0 ? absl::StrCat("exit code ", exit.code)
+                                     : absl::StrCat("signal ", -exit.code),
+                       ")");
+      TlsIdentity as = identities[exit.role];
+      if (!tls->insecure) {
+        absl::StatusOr<TlsIdentity> own =
+            TaskIdentityInFolder(*tls, as.role, as.index);
+        if (own.ok()) as = *own;
+      }
+      absl::StatusOr<std::unique_ptr<Coordinator::Stub>> stub =
+          CoordinatorStub(coordinator, *tls, as);
+      grpc::Status restarted(grpc::StatusCode::UNAVAILABLE, "no stub");
+      RestartTaskResponse response;
+      if (stub.ok()) {
+        grpc::ClientContext context;
+        context.set_deadline(std::chrono::system_clock::now() +
+                             std::chrono::seconds(30));
+        RestartTaskRequest request;
+        request.mutable_task()->set_job_id(job_id);
+        request.mutable_task()->set_role(as.role == TlsRole::kPs ? ROLE_PS
+                                                                 : ROLE_WORKER);
+        request.mutable_task()->set_index(as.index);
+        request.set_why(why);
+        restarted = (*stub)->RestartTask(&context, request, &response);
+      }
+      if (restarted.ok()) {
+        std::vector<std::string> argv = argvs[exit.role];
+        if (as.role == TlsRole::kWorker) argv.push_back("--rejoin");
+        std::printf("%s: %s %s; restarting it (restart %d of %d)\n", kProgram,
+                    exit.role.c_str(), why.c_str(), response.restarts(),
+                    response.max_restarts());
+        std::fflush(stdout);
+        if (cluster.Start(exit.role, argv).ok()) continue;
+      } else {
+        PrintError(kProgram, absl::StrCat("not restarting ", exit.role, ": ",
+                                          restarted.error_message()));
+      }
     }
     if (exit.code != 0 && first_failure.role.empty()) {
       first_failure = exit;

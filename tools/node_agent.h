@@ -11,12 +11,14 @@
 //   pstrain node --coordinator=HOST:PORT --job=ID [--node_rank=R
 //                --num_nodes=N] [--gpus_per_node=G] [--bin_dir=DIR]
 //
-// TODO(issue 23 / issue 20): restart a task that dies, under the job's
-// `max_restarts` budget, as `pstrain run` does (the supervision of
-// RunJob() in tools/pstrain.cc, built with --max_restarts): move that
-// supervisor where both can use it (DESIGN.md: one supervisor, two homes)
-// and call it here instead of LocalCluster's plain wait. Until then a task
-// that dies fails the job.
+// A task that dies while its job runs is restarted, as `pstrain run`
+// restarts its tasks, within the job spec's `max_restarts`: the agent asks
+// the coordinator (RestartTask, with the dead task's own key from the TLS
+// folder), which counts restarts over every node and fails the job once
+// they are spent; a restarted worker gets --rejoin (worker/trainer.h's
+// recovery). The coordinator is reached over mutual TLS with the key of
+// any of the job's tasks in $PSTRAIN_TLS_DIR (--tls_dir), or plaintext
+// with --insecure.
 #ifndef PSTRAIN_TOOLS_NODE_AGENT_H_
 #define PSTRAIN_TOOLS_NODE_AGENT_H_
 

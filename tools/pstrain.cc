@@ -559,7 +559,8 @@ absl::StatusOr<RunResult> RunJob(const JobSpec& spec,
                     spec.max_restarts());
         std::fflush(stdout);
         RETURN_IF_ERROR(
-            table.TaskRestarting(job_id, role, index, why, absl::Now()));
+            table.TaskRestarting(job_id, role, index, why, absl::Now())
+                .status());
         std::vector<std::string> argv = launches[exit.role].first;
         if (role == ROLE_WORKER) argv.push_back("--rejoin");
         RETURN_IF_ERROR(

@@ -365,7 +365,12 @@ absl::Status PsClient::PushPullShard(int shard, StepState* state,
     }
     pusher.join();
     absl::Status finished = FinishStream(shard);
-    if (status.ok() && absl::IsCancelled(finished)) {
+    bool given_up = false;  // another shard's failure cancelled this call
+    {
+      absl::MutexLock lock(&state->mu);
+      given_up = state->aborted;
+    }
+    if (status.ok() && !given_up && absl::IsCancelled(finished)) {
       // This worker did not cancel the call: gRPC ended it when the
       // connection died, without a status from the shard.
       finished = absl::UnavailableError(absl::StrCat(
