@@ -1,6 +1,7 @@
 #include "server/parameter_shard.h"
 
 #include <algorithm>
+#include <cmath>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -185,6 +186,19 @@ absl::Status ParameterShard::AbortedStatus() const {
                                          " aborted: ", abort_reason_));
 }
 
+absl::Status ParameterShard::CheckFinite(int32_t param_id, int32_t chunk_index,
+                                         int64_t step,
+                                         absl::Span<const float> values) const {
+  for (size_t i = 0; i < values.size(); ++i) {
+    if (std::isfinite(values[i])) continue;
+    return absl::InvalidArgumentError(absl::StrCat(
+        "push of chunk (", param_id, ", ", chunk_index, ") of step ", step,
+        " holds a non-finite value (", values[i], " at element ", i,
+        " of the chunk); not applied, the weights are unchanged"));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ParameterShard::CheckGeneration(int64_t generation) const {
   const int64_t current = generation_.load();
   if (generation != current) {
@@ -284,6 +298,9 @@ absl::Status ParameterShard::Push(int worker_id, int32_t param_id,
   if (options_.mode == SyncMode::kAsync) {
     chunk.incoming.resize(n);
     absl::Status status = fill(absl::MakeSpan(chunk.incoming));
+    if (status.ok()) {
+      status = CheckFinite(param_id, chunk_index, step, chunk.incoming);
+    }
     if (!status.ok()) return status;
     pushes_.fetch_add(1, std::memory_order_relaxed);
     if (plan_->is_buffer(param_id)) {
@@ -322,6 +339,9 @@ absl::Status ParameterShard::Push(int worker_id, int32_t param_id,
   // nothing behind.
   chunk.pending[worker_id].resize(n);
   absl::Status status = fill(absl::MakeSpan(chunk.pending[worker_id]));
+  if (status.ok()) {
+    status = CheckFinite(param_id, chunk_index, step, chunk.pending[worker_id]);
+  }
   if (!status.ok()) return status;
   pushes_.fetch_add(1, std::memory_order_relaxed);
   chunk.has_pending[worker_id] = true;

@@ -23,7 +23,9 @@
 // Errors, and what they leave behind (nothing, in every case):
 //  - INVALID_ARGUMENT: wrong job id, worker id outside [0, num_workers),
 //    unknown chunk key, wrong element count or dtype, a second push of the
-//    same chunk and step by the same worker, a layout that does not match.
+//    same chunk and step by the same worker, a layout that does not match,
+//    a push holding a NaN or an infinity (never applied: one worker's
+//    non-finite gradient would poison the weights of every worker for good).
 //  - FAILED_PRECONDITION: push or pull before Initialize(); a sync push for a
 //    step other than the chunk's current version; a second Initialize() of
 //    a generation not above the shard's.
@@ -240,6 +242,10 @@ class ParameterShard {
   const ShardOptions options_;
 
   absl::Status AbortedStatus() const;
+  // INVALID_ARGUMENT naming the chunk, step and element if `values` (a
+  // pushed gradient, or buffer values) holds a NaN or an infinity.
+  absl::Status CheckFinite(int32_t param_id, int32_t chunk_index, int64_t step,
+                           absl::Span<const float> values) const;
   // OK if `generation` is the shard's and its barrier holds; else ABORTED.
   absl::Status CheckGeneration(int64_t generation) const;
   // Checks `chunks` against the plan (each owned chunk once, sizes, versions)

@@ -1,6 +1,9 @@
 #include "server/parameter_shard.h"
 
 #include <atomic>
+#include <cmath>
+#include <limits>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -85,6 +88,34 @@ TEST(ParameterShardTest, BadPushesGetInvalidArgumentAndChangeNothing) {
   EXPECT_EQ(weights[0], (std::vector<float>{1, 2, 3, 4}));
   EXPECT_EQ(weights[1], (std::vector<float>{5, 6}));
   EXPECT_EQ(shard.Stats().min_version, 0);
+}
+
+TEST(ParameterShardTest, NonFinitePushesAreRefusedAndChangeNothing) {
+  for (SyncMode mode : {SyncMode::kSync, SyncMode::kAsync}) {
+    ParameterShard shard(Options(1, mode));
+    ASSERT_TRUE(shard.Initialize({6, 2}, 16, InitChunks()).ok());
+    for (float bad : {std::numeric_limits<float>::quiet_NaN(),
+                      std::numeric_limits<float>::infinity(),
+                      -std::numeric_limits<float>::infinity()}) {
+      const std::vector<float> pushed = {0.5f, 0.5f, bad, 0.5f};
+      const absl::Status status = shard.Push(0, 0, 0, 0, pushed);
+      EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+      EXPECT_NE(status.message().find("push of chunk (0, 0) of step 0 holds "
+                                      "a non-finite value"),
+                std::string::npos)
+          << status;
+      EXPECT_NE(status.message().find("at element 2 of the chunk"),
+                std::string::npos)
+          << status;
+    }
+    // Nothing applied or pending: a good push then completes the step.
+    EXPECT_EQ(shard.Stats().pushes, 0);
+    ASSERT_TRUE(shard.Push(0, 0, 0, 0, std::vector<float>{1, 1, 1, 1}).ok());
+    const auto weights = PullAll(shard, 0);
+    ASSERT_EQ(weights.size(), 3u);
+    for (float w : weights[0]) EXPECT_TRUE(std::isfinite(w));
+    EXPECT_EQ(weights[1], (std::vector<float>{5, 6}));
+  }
 }
 
 TEST(ParameterShardTest, InitIsAllOrNothing) {
