@@ -163,14 +163,20 @@ check_run() {
 }
 
 # check_failure NAME LOG STATUS: the script exited non-zero naming the
-# worker tasks.
+# launcher command that failed first. That is the workers' step, or the
+# shards' when they end (the coordinator failed the job) before the workers'
+# launcher has finished reporting (mpirun first stops the other ranks); the
+# workers' own error must be in the log either way.
 check_failure() {
   local name="$1" log="$2" status="$3"
   if [[ "$status" == 0 ]]; then
     fail "$name: the script exited 0 although the workers failed"
     tail -20 "$log"
-  elif ! grep -qE '^launch: FAILED: worker tasks .* exited with status [1-9]' "$log"; then
-    fail "$name: no line naming the failed worker tasks"
+  elif ! grep -qE '^launch: FAILED: (worker|ps) tasks .* exited with status [1-9]' "$log"; then
+    fail "$name: no line naming the failed launcher command"
+    tail -20 "$log"
+  elif ! grep -q '/nonexistent' "$log"; then
+    fail "$name: the workers' error (their data_dir) is not in the output"
     tail -20 "$log"
   else
     echo "PASS: $name: exit $status, $(grep -E '^launch: FAILED' "$log")"

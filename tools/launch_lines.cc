@@ -297,11 +297,24 @@ absl::StatusOr<std::string> LaunchScript(const JobSpec& spec,
                     "WORKER=", ShellQuote(options.worker_binary), "\n");
   }
   if (launcher == "mpirun") {
+    absl::StrAppend(
+        &out,
+        "# Open MPI refuses to run as root unless asked to, and passes the\n"
+        "# tasks' TLS folder to other nodes only when asked to.\n"
+        "mpirun_options=()\n"
+        "if [[ \"$(id -u)\" == 0 ]]; then "
+        "mpirun_options+=(--allow-run-as-root); fi\n"
+        "if [[ -n \"${PSTRAIN_TLS_DIR:-}\" ]]; then "
+        "mpirun_options+=(-x PSTRAIN_TLS_DIR); fi\n");
+  }
+  if (launcher == "ssh") {
     absl::StrAppend(&out,
-                    "# Open MPI refuses to run as root unless asked to.\n"
-                    "as_root=()\n"
-                    "if [[ \"$(id -u)\" == 0 ]]; then "
-                    "as_root=(--allow-run-as-root); fi\n");
+                    "# ssh does not carry the environment: the tasks' TLS "
+                    "folder goes with the command.\n"
+                    "remote_env=()\n"
+                    "if [[ -n \"${PSTRAIN_TLS_DIR:-}\" ]]; then "
+                    "remote_env=(env \"PSTRAIN_TLS_DIR=$PSTRAIN_TLS_DIR\"); "
+                    "fi\n");
   }
   absl::StrAppend(&out, kPrologue, "\n");
   if (launcher == "mpirun" && all_hosts) {
@@ -329,7 +342,7 @@ absl::StatusOr<std::string> LaunchScript(const JobSpec& spec,
           " --job-name=pstrain-node ", agent, "\n");
     } else if (launcher == "mpirun") {
       const std::string mpirun =
-          "mpirun \"${as_root[@]}\" --map-by ppr:1:node --bind-to none";
+          "mpirun \"${mpirun_options[@]}\" --map-by ppr:1:node --bind-to none";
       if (all_hosts) {
         absl::StrAppend(&out, "cat >\"$hostfiles/nodes\" <<'EOF'\n");
         for (const std::string& host : distinct_hosts) {
@@ -348,7 +361,8 @@ absl::StatusOr<std::string> LaunchScript(const JobSpec& spec,
         const std::string quoted = ShellQuote(host);
         absl::StrAppend(&out, "task \"node agent on ", quoted,
                         "\" ssh -n -o BatchMode=yes ", quoted,
-                        " \"$(printf '%q ' ", agent, ")\"\n");
+                        " \"$(printf '%q ' \"${remote_env[@]}\" ", agent,
+                        ")\"\n");
       }
     }
     absl::StrAppend(&out, kEpilogue);
@@ -376,7 +390,7 @@ absl::StatusOr<std::string> LaunchScript(const JobSpec& spec,
       continue;
     }
     if (launcher == "mpirun") {
-      const std::string mpirun = "mpirun \"${as_root[@]}\"";
+      const std::string mpirun = "mpirun \"${mpirun_options[@]}\"";
       const std::string placement = " --map-by slot --bind-to none ";
       if (!all_hosts) {
         absl::StrAppend(&out, "task \"", role.name, " tasks (mpirun -np ",
@@ -412,8 +426,9 @@ absl::StatusOr<std::string> LaunchScript(const JobSpec& spec,
     for (int i = 0; i < role.count; ++i) {
       const std::string host = ShellQuote((*role.hosts)[i].host());
       absl::StrAppend(&out, "task \"", role.name, " ", i, " on ", host,
-                      "\" ssh -n -o BatchMode=yes ", host, " \"$(printf '%q ' ",
-                      binary, task_flags, " --task_index=", i, ")\"\n");
+                      "\" ssh -n -o BatchMode=yes ", host,
+                      " \"$(printf '%q ' \"${remote_env[@]}\" ", binary,
+                      task_flags, " --task_index=", i, ")\"\n");
     }
   }
   absl::StrAppend(&out, kEpilogue);

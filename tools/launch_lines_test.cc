@@ -240,6 +240,24 @@ TEST(LaunchScriptTest, SshQuotesTheRemoteCommand) {
       << run.calls;
 }
 
+TEST(LaunchScriptTest, TheTlsFolderReachesOtherNodes) {
+  // srun and sbatch pass the environment on; mpirun and ssh are told to.
+  ScriptRun run = RunScript(*LaunchScript(Spec(kHosts), Options("mpirun")),
+                            "JOB=job-1 PSTRAIN_TLS_DIR=/shared/tls");
+  EXPECT_EQ(run.exit_code, 0) << run.stderr_text;
+  EXPECT_NE(run.calls.find("-x PSTRAIN_TLS_DIR -np 3 --hostfile"),
+            std::string::npos)
+      << run.calls;
+  run = RunScript(*LaunchScript(Spec(kHosts), Options("ssh")),
+                  "JOB=job-1 PSTRAIN_TLS_DIR=/shared/tls");
+  EXPECT_EQ(run.exit_code, 0) << run.stderr_text;
+  EXPECT_NE(run.calls.find("ssh -n -o BatchMode=yes n5 env "
+                           "PSTRAIN_TLS_DIR=/shared/tls "
+                           "/opt/pstrain/bin/pstrain_worker "),
+            std::string::npos)
+      << run.calls;
+}
+
 TEST(LaunchScriptTest, FirstFailedTaskIsNamedAndDecidesTheExitStatus) {
   const std::string script = *LaunchScript(Spec(kHosts), Options("ssh"));
   ScriptRun run = RunScript(script, "JOB=job-1", "n5", 3);
