@@ -12,6 +12,8 @@
 //   ckpt_ms  = Begin (snapshot on the shards, copy of the worker's weights)
 //              to the end of the background write (Wait)
 //   stall_ms = Begin alone: what the training thread waits
+//   cpu_ms   = user + system time of every thread (shards and worker) from
+//              Begin to Wait: what a checkpoint can take from training
 //   MB/s     = bytes / time (10^6 bytes per MB)
 //   ratio    = plain ms / ckpt ms (1.0: as fast as a plain write+fsync)
 //   #wrong   = checkpoints that do not load, verify and equal their step's
@@ -20,9 +22,18 @@
 //
 // Train (--train): the training step time of `pstrain run` (--pstrain) of
 // --train_model with a checkpoint every --checkpoint_every steps against
-// none, --train_repeats runs of each, alternating; the mean step time of a
-// run is its training wall time (evaluation excluded) over its steps.
+// none, --train_repeats runs of each, alternating:
+//   step      = the run's training wall time (evaluation excluded) / steps
+//   cpu       = user + system seconds of every process of the run
+//   ratio     = median step with checkpoints / median step without
+//   within the runs: from the metrics rows (every 10 steps) of each
+//   checkpointing run, the time of the interval that ends at a checkpoint
+//   (its Begin) and of the 50 steps after it (its background write) beyond
+//   as many of the run's median intervals; over the steps between two
+//   checkpoints, that is the overhead on a machine whose load drifts
+//   between runs.
 #include <fcntl.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -67,7 +78,9 @@ ABSL_FLAG(std::string, pstrain, "bazel-bin/tools/pstrain",
 ABSL_FLAG(std::string, train_model, "resnet18", "Train: model.");
 ABSL_FLAG(int, image_size, 32, "Train: synthetic images are 3 x N x N.");
 ABSL_FLAG(int, batch_size, 8, "Train: samples per step.");
-ABSL_FLAG(int, train_steps, 700, "Train: steps per run (one epoch).");
+ABSL_FLAG(int, train_steps, 460,
+          "Train: steps per run (one epoch; 460: checkpoints at 200 and 400, "
+          "each with 50 steps after it).");
 ABSL_FLAG(int, checkpoint_every, 200, "Train: steps between checkpoints.");
 ABSL_FLAG(int, train_repeats, 3, "Train: runs of each kind (median).");
 
@@ -78,6 +91,14 @@ namespace fs = std::filesystem;
 using testing::CheckpointRig;
 using testing::ExpectedState;
 using testing::FixtureModel;
+
+// User + system seconds of this process (every thread) so far.
+double ProcessCpuSeconds() {
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  return usage.ru_utime.tv_sec + usage.ru_stime.tv_sec +
+         (usage.ru_utime.tv_usec + usage.ru_stime.tv_usec) * 1e-6;
+}
 
 double Median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
@@ -250,12 +271,12 @@ absl::Status WriteBench() {
   std::printf(
       "# Checkpoint write: real writer (%d shard files + model.safetensors + "
       "manifest, fsynced) vs plain write+fsync of the same bytes, folder %s\n"
-      "#%9s %10s %9s %6s %9s %8s %9s %8s %6s %9s %7s\n"
-      "#%9s %10s %9s %6s %9s %8s %9s %8s %6s %9s %7s\n",
+      "#%9s %10s %9s %6s %9s %8s %9s %8s %6s %9s %9s %7s\n"
+      "#%9s %10s %9s %6s %9s %8s %9s %8s %6s %9s %9s %7s\n",
       absl::GetFlag(FLAGS_num_ps), root.c_str(), "model", "elements", "bytes",
-      "files", "ckpt", "ckpt", "plain", "plain", "ratio", "stall", "#wrong", "",
-      "(#)", "(MB)", "(#)", "(ms)", "(MB/s)", "(ms)", "(MB/s)", "(x)", "(ms)",
-      "(#)");
+      "files", "ckpt", "ckpt", "plain", "plain", "ratio", "stall", "cpu",
+      "#wrong", "", "(#)", "(MB)", "(#)", "(ms)", "(MB/s)", "(ms)", "(MB/s)",
+      "(x)", "(ms)", "(ms)", "(#)");
   std::fflush(stdout);
   // What a copy into fresh memory costs here (page faults) against one
   // into memory already touched: the snapshot's and the copies' share.
@@ -287,17 +308,19 @@ absl::Status WriteBench() {
     ASSIGN_OR_RETURN(std::unique_ptr<CheckpointRig> rig,
                      CheckpointRig::Create(model.get(), options));
     ExpectedState expected(model.get(), options.adam);
-    std::vector<double> ckpt_s, plain_s, stall_s;
+    std::vector<double> ckpt_s, plain_s, stall_s, cpu_s;
     int64_t bytes = 0;
     int files = 0, wrong = 0;
     for (int r = -1; r < repeats; ++r) {  // r = -1: untimed warm-up.
       RETURN_IF_ERROR(rig->Step());
       auto checkpoint = [&]() -> absl::Status {
+        const double cpu_start = ProcessCpuSeconds();
         const absl::Time start = absl::Now();
         RETURN_IF_ERROR(rig->BeginCheckpoint());
         const absl::Time begun = absl::Now();
         RETURN_IF_ERROR(rig->writer().Wait());
         const absl::Time end = absl::Now();
+        const double cpu = ProcessCpuSeconds() - cpu_start;
         const std::string step_dir = CheckpointStepDir(dir, rig->step());
         bytes = FolderBytes(step_dir);
         files = static_cast<int>(std::distance(fs::directory_iterator(step_dir),
@@ -305,6 +328,7 @@ absl::Status WriteBench() {
         if (r >= 0) {
           ckpt_s.push_back(absl::ToDoubleSeconds(end - start));
           stall_s.push_back(absl::ToDoubleSeconds(begun - start));
+          cpu_s.push_back(cpu);
         }
         return absl::OkStatus();
       };
@@ -335,10 +359,11 @@ absl::Status WriteBench() {
     const double mb = static_cast<double>(bytes) / 1e6;
     ratio_sum += plain / ckpt;
     std::printf(
-        " %9s %10lld %9.1f %6d %9.1f %8.0f %9.1f %8.0f %6.2f %9.1f %7d\n",
+        " %9s %10lld %9.1f %6d %9.1f %8.0f %9.1f %8.0f %6.2f %9.1f %9.1f "
+        "%7d\n",
         spec.name.c_str(), static_cast<long long>(model->total_elements()), mb,
         files, ckpt * 1e3, mb / ckpt, plain * 1e3, mb / plain, plain / ckpt,
-        Median(stall_s) * 1e3, wrong);
+        Median(stall_s) * 1e3, Median(cpu_s) * 1e3, wrong);
     std::fflush(stdout);
     rig.reset();
     std::vector<double> shards_s, model_s, read_s, manifest_s;
@@ -372,8 +397,16 @@ absl::Status WriteBench() {
   return absl::OkStatus();
 }
 
+// Metrics rows every kIntervalSteps; a checkpoint's cost is looked for in
+// the kWindowSteps after it.
+constexpr int kIntervalSteps = 10;
+constexpr int kWindowSteps = 50;
+
 struct TrainRun {
+  double interval_ms = 0;  // Median interval away from checkpoints.
+  double extra_ms_per_checkpoint = 0;
   double ms_per_step = 0;
+  double cpu_s = 0;  // User + system, every process of the run.
   double compute_ms = 0, exchange_ms = 0;
   int64_t steps = 0;
   int checkpoints = 0;
@@ -383,7 +416,9 @@ absl::StatusOr<TrainRun> RunTraining(int checkpoint_every, int index) {
   const std::string root = absl::GetFlag(FLAGS_dir);
   const std::string ckpt_dir = absl::StrCat(root, "/train_ckpt");
   const std::string json_path = absl::StrCat(root, "/train.json");
+  const std::string metrics_dir = absl::StrCat(root, "/train_metrics");
   fs::remove_all(ckpt_dir);
+  fs::remove_all(metrics_dir);
   fs::remove(json_path);
   const int steps = absl::GetFlag(FLAGS_train_steps);
   const int batch = absl::GetFlag(FLAGS_batch_size);
@@ -394,12 +429,22 @@ absl::StatusOr<TrainRun> RunTraining(int checkpoint_every, int index) {
       absl::GetFlag(FLAGS_image_size), " --synthetic_samples=", steps * batch,
       " --num_ps=1 --num_workers=1 --batch_size=", batch,
       " --epochs=1 --max_steps_per_epoch=", steps,
-      " --log_every_steps=100 --results_json=", json_path);
+      " --log_every_steps=", kIntervalSteps, " --metrics_dir=", metrics_dir,
+      " --results_json=", json_path);
   if (checkpoint_every > 0) {
     absl::StrAppend(&command, " --checkpoint_dir=", ckpt_dir,
                     " --checkpoint_every_steps=", checkpoint_every);
   }
   std::fprintf(stderr, "# run %d: %s\n", index, command.c_str());
+  // CPU time of every process of the run (pstrain waits for its tasks, so
+  // theirs reach us when it is reaped).
+  auto children_cpu_s = [] {
+    rusage usage{};
+    getrusage(RUSAGE_CHILDREN, &usage);
+    return usage.ru_utime.tv_sec + usage.ru_stime.tv_sec +
+           (usage.ru_utime.tv_usec + usage.ru_stime.tv_usec) * 1e-6;
+  };
+  const double cpu_before = children_cpu_s();
   FILE* pipe = popen((command + " 2>&1").c_str(), "r");
   if (pipe == nullptr) return ErrnoToStatus(errno, "popen");
   std::string output;
@@ -411,6 +456,7 @@ absl::StatusOr<TrainRun> RunTraining(int checkpoint_every, int index) {
   if (pclose(pipe) != 0) {
     return absl::InternalError(absl::StrCat("pstrain run failed:\n", output));
   }
+  const double cpu_s = children_cpu_s() - cpu_before;
   std::string text;
   RETURN_IF_ERROR(ReadFile(json_path, &text));
   const nlohmann::json j = nlohmann::json::parse(text, nullptr, false);
@@ -429,6 +475,7 @@ absl::StatusOr<TrainRun> RunTraining(int checkpoint_every, int index) {
     return absl::DataLossError(absl::StrCat(json_path, ": no steps"));
   }
   run.ms_per_step = runtime * 1e3 / run.steps;
+  run.cpu_s = cpu_s;
   run.compute_ms = j.value("compute_seconds_per_step", 0.0) * 1e3;
   run.exchange_ms = j.value("exchange_seconds_per_step", 0.0) * 1e3;
   std::smatch match;
@@ -440,6 +487,47 @@ absl::StatusOr<TrainRun> RunTraining(int checkpoint_every, int index) {
     return absl::InternalError(
         absl::StrCat("the run wrote no checkpoint:\n", output));
   }
+  // Within the run: the time of the intervals from the one that ends at a
+  // checkpoint's step (its Begin) to kWindowSteps after it (its background
+  // write), beyond what as many of the run's median intervals take.
+  std::string rows;
+  RETURN_IF_ERROR(ReadFile(metrics_dir + "/worker0.jsonl", &rows));
+  std::vector<std::pair<int64_t, double>> intervals;  // (end step, seconds)
+  double last_elapsed = -1;
+  for (absl::string_view line : absl::StrSplit(rows, '\n')) {
+    const nlohmann::json row = nlohmann::json::parse(line, nullptr, false);
+    if (row.is_discarded() || !row.is_object() ||
+        !row.contains("interval_steps") ||
+        !row["interval_steps"].is_number_integer()) {
+      continue;
+    }
+    const double elapsed = row.value("elapsed_s", 0.0);
+    // The first interval (warm-up) and a short last one are left out.
+    if (last_elapsed >= 0 &&
+        row["interval_steps"].get<int64_t>() == kIntervalSteps) {
+      intervals.push_back(
+          {row.value("step", int64_t{0}), elapsed - last_elapsed});
+    }
+    last_elapsed = elapsed;
+  }
+  // The interval ending at a checkpoint's step holds its Begin; the next
+  // kWindowSteps / kIntervalSteps its background write.
+  auto in_window = [&](int64_t end_step) {
+    return checkpoint_every > 0 && end_step >= checkpoint_every &&
+           end_step % checkpoint_every <= kWindowSteps;
+  };
+  std::vector<double> quiet;
+  for (const auto& [end, seconds] : intervals) {
+    if (!in_window(end)) quiet.push_back(seconds);
+  }
+  run.interval_ms = Median(quiet) * 1e3;
+  if (run.checkpoints > 0) {
+    double extra = 0;
+    for (const auto& [end, seconds] : intervals) {
+      if (in_window(end)) extra += seconds * 1e3 - run.interval_ms;
+    }
+    run.extra_ms_per_checkpoint = extra / run.checkpoints;
+  }
   return run;
 }
 
@@ -447,7 +535,7 @@ absl::Status TrainBench() {
   fs::create_directories(absl::GetFlag(FLAGS_dir));
   const int every = absl::GetFlag(FLAGS_checkpoint_every);
   std::vector<double> none_ms, ckpt_ms, none_compute, ckpt_compute,
-      none_exchange, ckpt_exchange;
+      none_exchange, ckpt_exchange, extra_ms, step_ms_quiet, none_cpu, ckpt_cpu;
   int checkpoints = 0;
   for (int r = 0; r < absl::GetFlag(FLAGS_train_repeats); ++r) {
     for (int with : {0, 1}) {
@@ -455,36 +543,53 @@ absl::Status TrainBench() {
       const int kind = (r % 2 == 0) ? with : 1 - with;
       ASSIGN_OR_RETURN(TrainRun run,
                        RunTraining(kind == 1 ? every : 0, 2 * r + with));
-      std::fprintf(stderr, "#   %s: %.1f ms/step, %d checkpoints\n",
+      std::fprintf(stderr,
+                   "#   %s: %.1f ms/step (%.1f away from checkpoints), %d "
+                   "checkpoints, %.0f ms extra each, %.1f CPU s\n",
                    kind == 1 ? "checkpoints" : "none", run.ms_per_step,
-                   run.checkpoints);
+                   run.interval_ms / kIntervalSteps, run.checkpoints,
+                   run.extra_ms_per_checkpoint, run.cpu_s);
       (kind == 1 ? ckpt_ms : none_ms).push_back(run.ms_per_step);
       (kind == 1 ? ckpt_compute : none_compute).push_back(run.compute_ms);
       (kind == 1 ? ckpt_exchange : none_exchange).push_back(run.exchange_ms);
-      if (kind == 1) checkpoints = run.checkpoints;
+      (kind == 1 ? ckpt_cpu : none_cpu).push_back(run.cpu_s);
+      if (kind == 1) {
+        checkpoints = run.checkpoints;
+        extra_ms.push_back(run.extra_ms_per_checkpoint);
+        step_ms_quiet.push_back(run.interval_ms / kIntervalSteps);
+      }
     }
   }
   std::printf(
       "# Training step time, pstrain run --model=%s (synthetic 3x%dx%d, batch "
-      "%d, %d steps, 1 worker, 1 PS), checkpoint every %d steps vs none; "
-      "medians of %d runs each\n"
-      "#%12s %9s %10s %11s %12s %6s\n"
-      "#%12s %9s %10s %11s %12s %6s\n",
+      "%d, %d steps, 1 worker, 1 PS), a checkpoint every %d steps vs none; "
+      "medians of %d runs each, alternating\n"
+      "#%12s %9s %10s %11s %9s %12s %6s %9s\n"
+      "#%12s %9s %10s %11s %9s %12s %6s %9s\n",
       absl::GetFlag(FLAGS_train_model).c_str(), absl::GetFlag(FLAGS_image_size),
       absl::GetFlag(FLAGS_image_size), absl::GetFlag(FLAGS_batch_size),
       absl::GetFlag(FLAGS_train_steps), every,
       absl::GetFlag(FLAGS_train_repeats), "checkpoints", "step", "compute",
-      "exchange", "checkpoints", "ratio", "", "(ms)", "(ms)", "(ms)", "(#)",
-      "(x)");
-  const double base = Median(none_ms);
-  std::printf(" %12s %9.1f %10.1f %11.1f %12d %6.3f\n", "none", base,
-              Median(none_compute), Median(none_exchange), 0, 1.0);
-  std::printf(" %12s %9.1f %10.1f %11.1f %12d %6.3f\n",
+      "exchange", "cpu", "checkpoints", "ratio", "cpu ratio", "", "(ms)",
+      "(ms)", "(ms)", "(s)", "(#)", "(x)", "(x)");
+  const double base = Median(none_ms), base_cpu = Median(none_cpu);
+  std::printf(" %12s %9.1f %10.1f %11.1f %9.1f %12d %6.3f %9.3f\n", "none",
+              base, Median(none_compute), Median(none_exchange), base_cpu, 0,
+              1.0, 1.0);
+  std::printf(" %12s %9.1f %10.1f %11.1f %9.1f %12d %6.3f %9.3f\n",
               absl::StrCat("every ", every).c_str(), Median(ckpt_ms),
-              Median(ckpt_compute), Median(ckpt_exchange), checkpoints,
-              Median(ckpt_ms) / base);
+              Median(ckpt_compute), Median(ckpt_exchange), Median(ckpt_cpu),
+              checkpoints, Median(ckpt_ms) / base, Median(ckpt_cpu) / base_cpu);
   std::printf("# Step time with checkpoints / without: %.3f (goal <= 1.05)\n",
               Median(ckpt_ms) / base);
+  // The same within each checkpointing run, less sensitive to a machine
+  // whose load drifts between runs.
+  const double extra = Median(extra_ms), step = Median(step_ms_quiet);
+  std::printf(
+      "# Within the runs: a checkpoint adds %.0f ms to the %d steps after it "
+      "began (median; steps away from checkpoints: %.1f ms), i.e. %.3f of "
+      "the %d steps between checkpoints\n",
+      extra, kWindowSteps, step, 1 + extra / (every * step), every);
   return absl::OkStatus();
 }
 
