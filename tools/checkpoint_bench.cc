@@ -24,7 +24,10 @@
 // --train_model with a checkpoint every --checkpoint_every steps against
 // none, --train_repeats runs of each, alternating:
 //   step      = the run's training wall time (evaluation excluded) / steps
-//   cpu       = user + system seconds of every process of the run
+//   cpu       = user + system seconds of every process of the run (with
+//               OMP_WAIT_POLICY=passive: the work done, which the load of
+//               a shared machine changes much less than the wall time)
+//   cpu ratio = median cpu with checkpoints / median cpu without
 //   ratio     = median step with checkpoints / median step without
 //   within the runs: from the metrics rows (every 10 steps) of each
 //   checkpointing run, the time of the interval that ends at a checkpoint
@@ -422,8 +425,10 @@ absl::StatusOr<TrainRun> RunTraining(int checkpoint_every, int index) {
   fs::remove(json_path);
   const int steps = absl::GetFlag(FLAGS_train_steps);
   const int batch = absl::GetFlag(FLAGS_batch_size);
+  // Passive OpenMP waits, so that CPU time counts work, not spinning
+  // threads (which burn CPU for as long as a step waits, load included).
   std::string command = absl::StrCat(
-      absl::GetFlag(FLAGS_pstrain),
+      "OMP_WAIT_POLICY=passive ", absl::GetFlag(FLAGS_pstrain),
       " run --model=", absl::GetFlag(FLAGS_train_model),
       " --dataset=synthetic --num_classes=10 --image_size=",
       absl::GetFlag(FLAGS_image_size), " --synthetic_samples=", steps * batch,
