@@ -70,6 +70,7 @@ void ApplyJobDefaults(JobSpec* spec) {
   if (spec->registration_timeout_s() == 0) {
     spec->set_registration_timeout_s(600);
   }
+  if (!spec->has_max_nonfinite_steps()) spec->set_max_nonfinite_steps(10);
   if (spec->collective().empty() && spec->mode() == "allreduce") {
     spec->set_collective("gloo");
   }
@@ -179,6 +180,12 @@ absl::Status ValidateJobSpec(const JobSpec& spec) {
   } else if (spec.compute() != "model") {
     return Bad("compute", absl::StrCat("\"", spec.compute(),
                                        "\"; expected model or synthetic"));
+  }
+  if (spec.max_nonfinite_steps() < 0 ||
+      spec.max_nonfinite_steps() > 1000000) {
+    return Bad("max_nonfinite_steps",
+               absl::StrCat(spec.max_nonfinite_steps(),
+                            "; expected 0 to 1000000"));
   }
   if (spec.max_restarts() < 0 || spec.max_restarts() > 1000) {
     return Bad("max_restarts",

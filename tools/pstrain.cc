@@ -155,6 +155,10 @@ ABSL_FLAG(int64_t, checkpoint_every_steps, 0,
 ABSL_FLAG(double, checkpoint_every_secs, 0,
           "run: a checkpoint also once this many seconds have passed since "
           "the last (after a step); 0: by --checkpoint_every_steps only.");
+ABSL_FLAG(int, max_nonfinite_steps, 10,
+          "run: a step whose loss or gradients hold a NaN or an infinity on "
+          "any worker is skipped on every shard; after this many consecutive "
+          "skipped steps the job fails (0: at the first). PS modes.");
 ABSL_FLAG(int, keep_checkpoints, 3,
           "run: how many of the newest checkpoints to keep (>= 1).");
 ABSL_DECLARE_FLAG(bool, insecure);
@@ -370,6 +374,7 @@ JobSpec SpecFromFlags(const std::string& mode, int num_ps, int num_workers) {
   spec.set_checkpoint_every_steps(absl::GetFlag(FLAGS_checkpoint_every_steps));
   spec.set_checkpoint_every_secs(absl::GetFlag(FLAGS_checkpoint_every_secs));
   spec.set_keep_checkpoints(absl::GetFlag(FLAGS_keep_checkpoints));
+  spec.set_max_nonfinite_steps(absl::GetFlag(FLAGS_max_nonfinite_steps));
   spec.set_resume(absl::GetFlag(FLAGS_resume));
   const int max_restarts = absl::GetFlag(FLAGS_max_restarts);
   spec.set_max_restarts(max_restarts >= 0 ? max_restarts

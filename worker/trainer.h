@@ -104,6 +104,12 @@ struct TrainerOptions {
   int64_t checkpoint_every_steps = 0;
   double checkpoint_every_secs = 0;
   int keep_checkpoints = 3;
+  // Non-finite gradients (PS modes): a step whose loss or gradients hold a
+  // NaN or an infinity on any worker is skipped on every shard (its pushes
+  // marked skipped, so no shard applies a partial update); after
+  // `max_nonfinite_steps` consecutive skipped steps Train fails with
+  // FAILED_PRECONDITION naming the worker, step and first parameter.
+  int max_nonfinite_steps = 10;
   bool resume = false;
   // Recovery (PS modes): up to `max_restarts` times (0: never; the first
   // error ends the run), a step that fails because a task died (a shard's

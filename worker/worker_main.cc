@@ -186,6 +186,7 @@ int main(int argc, char** argv) {
   options.checkpoint_dir = spec->checkpoint_dir();
   options.checkpoint_every_steps = spec->checkpoint_every_steps();
   options.checkpoint_every_secs = spec->checkpoint_every_secs();
+  options.max_nonfinite_steps = spec->max_nonfinite_steps();
   if (spec->keep_checkpoints() > 0) {
     options.keep_checkpoints = spec->keep_checkpoints();
   }
