@@ -21,27 +21,41 @@ AdamStepConstants AdamConstantsFor(const AdamOptions& options, int64_t step) {
   return c;
 }
 
+namespace {
+
+// One element of the update; shared by the in-place and out-of-place loops
+// so that both round alike.
+inline void AdamElement(const AdamStepConstants& c, float w, float g, float m,
+                        float v, float* w_out, float* m_out, float* v_out) {
+  const float mi = c.beta1 * m + c.one_minus_beta1 * g;
+  const float vi = c.beta2 * v + c.one_minus_beta2 * g * g;
+  *m_out = mi;
+  *v_out = vi;
+  const float wi = c.decoupled ? w * c.decay : w;
+  const float denom = std::sqrt(vi) * c.inv_bias_correction2_sqrt + c.epsilon;
+  *w_out = wi - c.step_size * mi / denom;
+}
+
+}  // namespace
+
 void AdamUpdate(const AdamOptions& options, int64_t step, float* __restrict w,
                 const float* __restrict g, float* __restrict m,
                 float* __restrict v, int64_t n) {
   const AdamStepConstants c = AdamConstantsFor(options, step);
-  const float beta1 = c.beta1, beta2 = c.beta2;
-  const float one_minus_beta1 = c.one_minus_beta1;
-  const float one_minus_beta2 = c.one_minus_beta2;
-  const float step_size = c.step_size;
-  const float inv_bias_correction2_sqrt = c.inv_bias_correction2_sqrt;
-  const float eps = c.epsilon;
-  const float decay = c.decay;
-  const bool decoupled = c.decoupled;
   for (int64_t i = 0; i < n; ++i) {
-    const float gi = g[i];
-    const float mi = beta1 * m[i] + one_minus_beta1 * gi;
-    const float vi = beta2 * v[i] + one_minus_beta2 * gi * gi;
-    m[i] = mi;
-    v[i] = vi;
-    const float wi = decoupled ? w[i] * decay : w[i];
-    const float denom = std::sqrt(vi) * inv_bias_correction2_sqrt + eps;
-    w[i] = wi - step_size * mi / denom;
+    AdamElement(c, w[i], g[i], m[i], v[i], &w[i], &m[i], &v[i]);
+  }
+}
+
+void AdamUpdateInto(const AdamOptions& options, int64_t step,
+                    const float* __restrict w_in, const float* __restrict g,
+                    const float* __restrict m_in, const float* __restrict v_in,
+                    float* __restrict w_out, float* __restrict m_out,
+                    float* __restrict v_out, int64_t n) {
+  const AdamStepConstants c = AdamConstantsFor(options, step);
+  for (int64_t i = 0; i < n; ++i) {
+    AdamElement(c, w_in[i], g[i], m_in[i], v_in[i], &w_out[i], &m_out[i],
+                &v_out[i]);
   }
 }
 

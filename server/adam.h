@@ -49,6 +49,15 @@ AdamStepConstants AdamConstantsFor(const AdamOptions& options, int64_t step);
 void AdamUpdate(const AdamOptions& options, int64_t step, float* w,
                 const float* g, float* m, float* v, int64_t n);
 
+// The same update out of place: reads `w_in`, `m_in`, `v_in` and writes the
+// results to `w_out`, `m_out`, `v_out` (bit-identical to AdamUpdate on the
+// same inputs). A sync shard writes a step's update beside the state before
+// it, so that a step skipped for a non-finite gradient can be undone
+// (server/parameter_shard.h). No array may overlap another.
+void AdamUpdateInto(const AdamOptions& options, int64_t step, const float* w_in,
+                    const float* g, const float* m_in, const float* v_in,
+                    float* w_out, float* m_out, float* v_out, int64_t n);
+
 }  // namespace pstrain
 
 #endif  // PSTRAIN_SERVER_ADAM_H_

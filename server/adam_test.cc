@@ -3,6 +3,7 @@
 #include "server/adam.h"
 
 #include <cmath>
+#include <cstring>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -80,6 +81,31 @@ TEST(AdamTest, FirstStepMovesEachWeightByLr) {
   EXPECT_NEAR(w[0], 0.99f, 1e-6f);
   EXPECT_NEAR(w[1], -1.99f, 1e-6f);
   EXPECT_NEAR(w[2], 2.99f, 1e-5f);
+}
+
+TEST(AdamTest, OutOfPlaceEqualsInPlaceBitForBit) {
+  AdamOptions options;
+  options.lr = 3e-3f;
+  options.weight_decay = 0.01f;
+  const int n = 1000;
+  std::vector<float> w(n), g(n), m(n), v(n);
+  for (int i = 0; i < n; ++i) {
+    w[i] = std::sin(0.37f * i);
+    g[i] = std::cos(1.3f * i) * (i % 7 == 0 ? 100.0f : 0.01f);
+    m[i] = 0.1f * std::sin(0.11f * i);
+    v[i] = 0.01f * std::fabs(std::cos(0.05f * i));
+  }
+  const std::vector<float> w0 = w, m0 = m, v0 = v;
+  for (int step = 1; step <= 5; ++step) {
+    std::vector<float> wo(n), mo(n), vo(n);
+    AdamUpdateInto(options, step, w.data(), g.data(), m.data(), v.data(),
+                   wo.data(), mo.data(), vo.data(), n);
+    AdamUpdate(options, step, w.data(), g.data(), m.data(), v.data(), n);
+    ASSERT_EQ(0, std::memcmp(wo.data(), w.data(), n * sizeof(float)));
+    ASSERT_EQ(0, std::memcmp(mo.data(), m.data(), n * sizeof(float)));
+    ASSERT_EQ(0, std::memcmp(vo.data(), v.data(), n * sizeof(float)));
+  }
+  EXPECT_NE(0, std::memcmp(w0.data(), w.data(), n * sizeof(float)));
 }
 
 }  // namespace

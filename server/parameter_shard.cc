@@ -88,6 +88,18 @@ absl::Status ParameterShard::Initialize(
     state.has_pending.assign(options_.num_workers, false);
     state.num_pending = 0;
     state.num_latest = 0;
+    state.step_skipped = false;
+    state.undo_step = -1;
+  };
+  // Sync steps restart at the chunks' version (equal in sync mode).
+  auto reset_steps = [this](const std::vector<InitChunk*>& by_local) {
+    int64_t version = 0;
+    for (size_t i = 0; i < by_local.size(); ++i) {
+      version = i == 0 ? by_local[i]->version
+                       : std::min(version, by_local[i]->version);
+    }
+    absl::MutexLock step_lock(&step_mu_);
+    ResetStepsLocked(version);
   };
   if (initialized_.load()) {
     if (generation <= generation_.load()) {
@@ -117,6 +129,7 @@ absl::Status ParameterShard::Initialize(
     // chunk's lock) and pulls are refused; the new generation's wait in
     // WaitReady() until init_mu_ is released.
     generation_.store(generation);
+    reset_steps(*by_local);
     for (size_t i = 0; i < chunks_.size(); ++i) {
       absl::MutexLock chunk_lock(&chunks_[i]->mu);
       install(*(*by_local)[i], *chunks_[i]);
@@ -144,6 +157,7 @@ absl::Status ParameterShard::Initialize(
   absl::StatusOr<std::vector<InitChunk*>> by_local =
       MatchInitChunks(*plan, local_index, sizes, chunks);
   if (!by_local.ok()) return by_local.status();
+  reset_steps(*by_local);
   for (size_t i = 0; i < states.size(); ++i) {
     absl::MutexLock chunk_lock(&states[i]->mu);
     install(*(*by_local)[i], *states[i]);
@@ -189,14 +203,17 @@ absl::Status ParameterShard::AbortedStatus() const {
 absl::Status ParameterShard::CheckFinite(int32_t param_id, int32_t chunk_index,
                                          int64_t step,
                                          absl::Span<const float> values) const {
-  for (size_t i = 0; i < values.size(); ++i) {
-    if (std::isfinite(values[i])) continue;
-    return absl::InvalidArgumentError(absl::StrCat(
-        "push of chunk (", param_id, ", ", chunk_index, ") of step ", step,
-        " holds a non-finite value (", values[i], " at element ", i,
-        " of the chunk); not applied, the weights are unchanged"));
-  }
-  return absl::OkStatus();
+  const int64_t i = FindNonFinite(values);
+  if (i < 0) return absl::OkStatus();
+  const ChunkSpec& spec =
+      plan_->chunks()[plan_->FindChunk(param_id, chunk_index)];
+  return absl::InvalidArgumentError(absl::StrCat(
+      "push of parameter ", param_id, ", chunk ", chunk_index, " (elements ",
+      spec.offset, " to ", spec.offset + spec.num_elements - 1, ") of step ",
+      step, " holds a non-finite value (", NonFiniteText(values[i]),
+      " at element ", spec.offset + i,
+      " of the parameter) not marked as a skipped push; not applied, the "
+      "weights are unchanged"));
 }
 
 absl::Status ParameterShard::CheckGeneration(int64_t generation) const {
@@ -264,10 +281,9 @@ absl::Status ParameterShard::Push(int worker_id, int32_t param_id,
       generation);
 }
 
-absl::Status ParameterShard::Push(int worker_id, int32_t param_id,
-                                  int32_t chunk_index, int64_t step,
-                                  int64_t num_elements, GradientSource fill,
-                                  int64_t generation) {
+absl::StatusOr<ParameterShard::ChunkState*> ParameterShard::FindPushChunk(
+    int worker_id, int32_t param_id, int32_t chunk_index,
+    int64_t num_elements) {
   if (!initialized_.load()) {
     return absl::FailedPreconditionError(absl::StrCat(
         "push to shard ", options_.shard_index, " before it was initialised"));
@@ -285,11 +301,23 @@ absl::Status ParameterShard::Push(int worker_id, int32_t param_id,
   }
   ChunkState& chunk = *chunks_[local_index_[global]];
   const int64_t n = chunk.spec.num_elements;
-  if (num_elements != n) {
+  if (num_elements >= 0 && num_elements != n) {
     return absl::InvalidArgumentError(
         absl::StrCat("chunk (", param_id, ", ", chunk_index, ") push has ",
                      num_elements, " elements; expected ", n));
   }
+  return &chunk;
+}
+
+absl::Status ParameterShard::Push(int worker_id, int32_t param_id,
+                                  int32_t chunk_index, int64_t step,
+                                  int64_t num_elements, GradientSource fill,
+                                  int64_t generation) {
+  absl::StatusOr<ChunkState*> found =
+      FindPushChunk(worker_id, param_id, chunk_index, num_elements);
+  if (!found.ok()) return found.status();
+  ChunkState& chunk = **found;
+  const int64_t n = chunk.spec.num_elements;
   absl::MutexLock lock(&chunk.mu);
   // Under the chunk's lock: a restore bumps the generation before it
   // replaces any chunk, so no push of the older one lands in restored state.
@@ -330,6 +358,12 @@ absl::Status ParameterShard::Push(int worker_id, int32_t param_id,
         "push of chunk (", param_id, ", ", chunk_index, ") for step ", step,
         " but the chunk is at version ", chunk.version));
   }
+  if (step > decided_through_.load() + 1) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("push of chunk (", param_id, ", ", chunk_index,
+                     ") for step ", step, " before step ", step - 1,
+                     " was decided (not every worker has ended it)"));
+  }
   if (chunk.has_pending[worker_id]) {
     return absl::InvalidArgumentError(
         absl::StrCat("worker ", worker_id, " pushed chunk (", param_id, ", ",
@@ -345,22 +379,178 @@ absl::Status ParameterShard::Push(int worker_id, int32_t param_id,
   if (!status.ok()) return status;
   pushes_.fetch_add(1, std::memory_order_relaxed);
   chunk.has_pending[worker_id] = true;
-  if (++chunk.num_pending < options_.num_workers) return absl::OkStatus();
+  if (++chunk.num_pending == options_.num_workers) {
+    CompleteBarrierLocked(chunk);
+  }
+  return absl::OkStatus();
+}
 
-  // Barrier reached: average in worker-id order (into worker 0's slot,
-  // which the next step refills), then one Adam update.
-  float* sum = chunk.pending[0].data();
-  for (int w = 1; w < options_.num_workers; ++w) {
-    const float* g = chunk.pending[w].data();
-    for (int64_t i = 0; i < n; ++i) sum[i] += g[i];
+absl::Status ParameterShard::PushSkipped(int worker_id, int32_t param_id,
+                                         int32_t chunk_index, int64_t step,
+                                         int64_t generation) {
+  absl::StatusOr<ChunkState*> found =
+      FindPushChunk(worker_id, param_id, chunk_index, /*num_elements=*/-1);
+  if (!found.ok()) return found.status();
+  ChunkState& chunk = **found;
+  absl::MutexLock lock(&chunk.mu);
+  absl::Status current = CheckGeneration(generation);
+  if (!current.ok()) return current;
+  if (options_.mode == SyncMode::kAsync) {
+    skipped_.fetch_add(1, std::memory_order_relaxed);
+    return absl::OkStatus();
   }
-  if (options_.num_workers > 1) {
-    const float scale = 1.0f / static_cast<float>(options_.num_workers);
-    for (int64_t i = 0; i < n; ++i) sum[i] *= scale;
+  if (step != chunk.version) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "skipped push of chunk (", param_id, ", ", chunk_index, ") for step ",
+        step, " but the chunk is at version ", chunk.version));
   }
-  ApplyLocked(chunk, sum);
+  if (step > decided_through_.load() + 1) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("skipped push of chunk (", param_id, ", ", chunk_index,
+                     ") for step ", step, " before step ", step - 1,
+                     " was decided (not every worker has ended it)"));
+  }
+  if (chunk.has_pending[worker_id]) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("worker ", worker_id, " pushed chunk (", param_id, ", ",
+                     chunk_index, ") of step ", step, " twice"));
+  }
+  chunk.has_pending[worker_id] = true;
+  chunk.step_skipped = true;
+  if (++chunk.num_pending == options_.num_workers) {
+    CompleteBarrierLocked(chunk);
+  }
+  return absl::OkStatus();
+}
+
+void ParameterShard::CompleteBarrierLocked(ChunkState& chunk) {
+  const int64_t n = chunk.spec.num_elements;
+  const int64_t step = chunk.version;
+  if (chunk.step_skipped) {
+    // A worker skips this step: nothing to apply, nothing to undo.
+    chunk.undo_step = -1;
+  } else {
+    // Average in worker-id order (into worker 0's slot, which the next
+    // step refills), then one update, written beside the current state.
+    float* sum = chunk.pending[0].data();
+    for (int w = 1; w < options_.num_workers; ++w) {
+      const float* g = chunk.pending[w].data();
+      for (int64_t i = 0; i < n; ++i) sum[i] += g[i];
+    }
+    if (options_.num_workers > 1) {
+      const float scale = 1.0f / static_cast<float>(options_.num_workers);
+      for (int64_t i = 0; i < n; ++i) sum[i] *= scale;
+    }
+    chunk.prev_weights.resize(n);
+    if (plan_->is_buffer(chunk.spec.param_id)) {
+      std::copy(sum, sum + n, chunk.prev_weights.begin());
+    } else {
+      chunk.prev_m.resize(n);
+      chunk.prev_v.resize(n);
+      AdamUpdateInto(options_.adam, step + 1, chunk.weights.data(), sum,
+                     chunk.m.data(), chunk.v.data(), chunk.prev_weights.data(),
+                     chunk.prev_m.data(), chunk.prev_v.data(), n);
+      chunk.m.swap(chunk.prev_m);
+      chunk.v.swap(chunk.prev_v);
+    }
+    chunk.weights.swap(chunk.prev_weights);
+    chunk.undo_step = step;
+  }
+  chunk.version = step + 1;
+  chunk.step_skipped = false;
   std::fill(chunk.has_pending.begin(), chunk.has_pending.end(), false);
   chunk.num_pending = 0;
+  NoteUpdate();
+}
+
+void ParameterShard::ResetStepsLocked(int64_t version) {
+  ending_step_ = version;
+  ended_.assign(options_.num_workers, false);
+  num_ended_ = 0;
+  ending_skip_.reset();
+  decided_step_ = version - 1;
+  decided_through_.store(decided_step_);
+  recent_skips_.clear();
+}
+
+absl::Status ParameterShard::EndStep(int worker_id, int64_t step,
+                                     const NonFiniteValue* nonfinite,
+                                     int64_t generation) {
+  if (!initialized_.load()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("end of step ", step, " on shard ", options_.shard_index,
+                     " before it was initialised"));
+  }
+  if (options_.mode != SyncMode::kSync) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "end of step ", step, " sent to shard ", options_.shard_index,
+        ", which runs in async mode (step ends are for sync)"));
+  }
+  if (worker_id < 0 || worker_id >= options_.num_workers) {
+    return absl::InvalidArgumentError(absl::StrCat("worker id ", worker_id,
+                                                   " is outside the job's [0, ",
+                                                   options_.num_workers, ")"));
+  }
+  absl::MutexLock lock(&step_mu_);
+  if (absl::Status current = CheckGeneration(generation); !current.ok()) {
+    return current;
+  }
+  if (chunks_.empty()) return absl::OkStatus();  // nothing to decide
+  if (step != ending_step_) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("worker ", worker_id, " ended step ", step, " but shard ",
+                     options_.shard_index, " is collecting the ends of step ",
+                     ending_step_));
+  }
+  if (ended_[worker_id]) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("worker ", worker_id, " ended step ", step,
+                     " twice on shard ", options_.shard_index));
+  }
+  for (const std::unique_ptr<ChunkState>& c : chunks_) {
+    absl::MutexLock chunk_lock(&c->mu);
+    const bool pushed =
+        c->version > step || (c->version == step && c->has_pending[worker_id]);
+    if (!pushed) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("worker ", worker_id, " ended step ", step, " on shard ",
+                       options_.shard_index, " before pushing chunk (",
+                       c->spec.param_id, ", ", c->spec.chunk_index, ")"));
+    }
+  }
+  ended_[worker_id] = true;
+  ++num_ended_;
+  if (nonfinite != nullptr &&
+      (ending_skip_ == nullptr || worker_id < ending_skip_->worker_id)) {
+    ending_skip_ = std::make_unique<SkippedStepInfo>();
+    ending_skip_->step = step;
+    ending_skip_->worker_id = worker_id;
+    ending_skip_->nonfinite = *nonfinite;
+  }
+  if (num_ended_ < options_.num_workers) return absl::OkStatus();
+  // Decided. Every worker pushed every chunk, so every chunk is at step + 1.
+  if (ending_skip_ != nullptr) {
+    for (const std::unique_ptr<ChunkState>& c : chunks_) {
+      absl::MutexLock chunk_lock(&c->mu);
+      if (c->undo_step != step) continue;
+      c->weights.swap(c->prev_weights);
+      if (!plan_->is_buffer(c->spec.param_id)) {
+        c->m.swap(c->prev_m);
+        c->v.swap(c->prev_v);
+      }
+      c->undo_step = -1;
+    }
+    skipped_.fetch_add(1, std::memory_order_relaxed);
+    recent_skips_.push_back(*ending_skip_);
+    if (recent_skips_.size() > 8) recent_skips_.erase(recent_skips_.begin());
+  }
+  ending_skip_.reset();
+  ended_.assign(options_.num_workers, false);
+  num_ended_ = 0;
+  decided_step_ = step;
+  decided_through_.store(step);
+  ending_step_ = step + 1;
+  NoteUpdate();
   return absl::OkStatus();
 }
 
@@ -416,7 +606,8 @@ absl::Status ParameterShard::Pull(int64_t min_version, int64_t samples,
                                   absl::Time deadline, const PullVisitor& visit,
                                   const std::function<bool()>& after_chunk,
                                   const std::atomic<bool>* cancelled,
-                                  int64_t generation) {
+                                  int64_t generation,
+                                  SkippedStepInfo* skipped) {
   if (!initialized_.load()) {
     return absl::FailedPreconditionError(
         absl::StrCat("pull from shard ", options_.shard_index,
@@ -431,11 +622,35 @@ absl::Status ParameterShard::Pull(int64_t min_version, int64_t samples,
   };
   std::vector<bool> sent(chunks_.size(), false);
   size_t remaining = chunks_.size();
-  while (remaining > 0) {
+  // Sync: the step whose decision the pull waits for (see EndStep()).
+  const int64_t deciding = options_.mode == SyncMode::kSync && min_version >= 1
+                               ? min_version - 1
+                               : -1;
+  bool resent = false;
+  while (true) {
     int64_t seen;
     {
       absl::MutexLock lock(&updates_mu_);
       seen = updates_;
+    }
+    if (remaining == 0) {
+      if (deciding < 0 || chunks_.empty() || resent) return absl::OkStatus();
+      bool decided = false;
+      {
+        absl::MutexLock lock(&step_mu_);
+        if (decided_step_ >= deciding) {
+          decided = true;
+          for (const SkippedStepInfo& skip : recent_skips_) {
+            if (skip.step != deciding) continue;
+            // Skipped: every chunk again, with its restored weights.
+            if (skipped != nullptr) *skipped = skip;
+            std::fill(sent.begin(), sent.end(), false);
+            remaining = chunks_.size();
+            resent = true;
+          }
+        }
+      }
+      if (decided && !resent) return absl::OkStatus();
     }
     // Every chunk ready now, in plan order.
     bool progressed = false;
@@ -485,6 +700,18 @@ absl::Status ParameterShard::Pull(int64_t min_version, int64_t samples,
       return stream_ended();
     }
     if (absl::Now() < deadline) continue;
+    if (remaining == 0) {
+      absl::MutexLock lock(&step_mu_);
+      if (decided_step_ >= deciding) continue;  // decided just now
+      std::vector<int> missing;
+      for (int w = 0; w < options_.num_workers; ++w) {
+        if (!ended_[w]) missing.push_back(w);
+      }
+      return absl::DeadlineExceededError(absl::StrCat(
+          "pull of version ", min_version, " from shard ", options_.shard_index,
+          " timed out waiting for the end of step ", deciding,
+          " from worker(s) ", absl::StrJoin(missing, ",")));
+    }
     // Name the first chunk still waiting and whose push it lacks.
     size_t first = 0;
     while (sent[first]) ++first;
@@ -511,6 +738,7 @@ ShardStats ParameterShard::Stats() const {
   stats.samples = samples_.load();
   stats.pushes = pushes_.load();
   stats.pulls = pulls_.load();
+  stats.skipped = skipped_.load();
   if (initialized_.load()) {
     int64_t min_version = -1;
     for (const std::unique_ptr<ChunkState>& chunk : chunks_) {

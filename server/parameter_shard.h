@@ -9,6 +9,22 @@
 //    depend on arrival order), divided by num_workers, and Adam is applied
 //    once; the chunk becomes version v+1 and pulls waiting for it wake up.
 //  - async mode: every push is applied at once and bumps the version.
+//  - non-finite values (issue 22): a worker never pushes a chunk holding a
+//    NaN or an infinity; it sends PushSkipped() for it (and for every chunk
+//    after it in that step) and says so in its EndStep(). Sync mode: each
+//    chunk's update is applied as soon as every worker pushed it (into a
+//    second buffer: the state before it is kept) and released to pulls;
+//    once every worker's EndStep() of the step is in, the step is decided:
+//    if any worker found a non-finite value, every chunk is put back to its
+//    state before the step (buffers swapped; the version still advances,
+//    so Adam's step count t counts skipped steps too, unlike PyTorch's
+//    GradScaler, which does not call step()), and a pull of the step's
+//    version ends by sending every chunk again. Every worker sends the same
+//    EndStep to every shard, so every shard decides alike: no shard
+//    applies a partial step. A pull of version v + 1 returns once step v is
+//    decided. Async mode: a skipped push is dropped and counted; chunks the
+//    worker pushed before it found the value are applied (async updates are
+//    per chunk anyway).
 //  - buffers (BatchNorm running statistics, the plan's last tensors): a push
 //    carries the worker's current values, not a gradient. Sync mode: the
 //    average of the step's pushes (in worker-id order) replaces the value,
@@ -62,6 +78,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
+#include "common/nonfinite.h"
 #include "common/partition.h"
 #include "server/adam.h"
 
@@ -105,6 +122,8 @@ struct ShardStats {
   int64_t min_version = 0;
   int64_t pushes = 0;
   int64_t pulls = 0;
+  // Sync: steps skipped (non-finite values); async: pushes dropped.
+  int64_t skipped = 0;
 };
 
 class ParameterShard {
@@ -163,6 +182,25 @@ class ParameterShard {
                     int64_t step, int64_t num_elements, GradientSource fill,
                     int64_t generation = 0);
 
+  // In place of Push(): worker `worker_id` skips its chunk of `step` (a
+  // non-finite value in it or in a chunk before it). The same checks as
+  // Push() (worker, chunk, step, generation, once per worker and step).
+  // Sync mode: counts toward the chunk's barrier; the chunk's update of
+  // that step is not applied. Async mode: dropped and counted.
+  absl::Status PushSkipped(int worker_id, int32_t param_id, int32_t chunk_index,
+                           int64_t step, int64_t generation = 0);
+
+  // Sync mode: worker `worker_id` has pushed (or skipped) every chunk of
+  // `step` on this shard; `nonfinite` (null: none) is where it found a
+  // non-finite value in that step. Once every worker's end of the step is
+  // in, the step is decided (see the top of this file).
+  // Errors: FAILED_PRECONDITION in async mode, before Initialize(), or for
+  // a step other than the one being collected; INVALID_ARGUMENT for a
+  // second end of the step by the same worker, or an end before the
+  // worker's push of every chunk (naming the chunk); ABORTED as Push().
+  absl::Status EndStep(int worker_id, int64_t step,
+                       const NonFiniteValue* nonfinite, int64_t generation = 0);
+
   // Called once per chunk of this shard with the chunk's weights at a
   // version >= min_version. The span is valid only during the call (the
   // chunk's lock is held).
@@ -183,11 +221,16 @@ class ParameterShard {
   // while waiting; once true the pull ends with CANCELLED (the caller's
   // stream broke). `generation`: the puller's; the pull ends with ABORTED
   // once the shard is at another one, or its barrier broke.
+  //
+  // Sync mode, min_version >= 1: returns only once step min_version - 1 is
+  // decided (every worker's EndStep() in); if it was skipped, every chunk
+  // is visited again with its restored weights and `skipped` (optional)
+  // receives the decision.
   absl::Status Pull(int64_t min_version, int64_t samples, absl::Time deadline,
                     const PullVisitor& visit,
                     const std::function<bool()>& after_chunk = nullptr,
                     const std::atomic<bool>* cancelled = nullptr,
-                    int64_t generation = 0);
+                    int64_t generation = 0, SkippedStepInfo* skipped = nullptr);
 
   // Sync mode, while the shard is at `generation`: no step of it can
   // complete any more (`reason`: which worker's stream broke). Every
@@ -232,7 +275,25 @@ class ParameterShard {
     std::vector<float> incoming ABSL_GUARDED_BY(mu);
     // Buffers in async mode: which workers' latest values are in pending.
     int num_latest ABSL_GUARDED_BY(mu) = 0;
+    // Sync mode: a worker skipped its push of the current step.
+    bool step_skipped ABSL_GUARDED_BY(mu) = false;
+    // Sync mode: the state before the update of step `undo_step` (-1:
+    // none kept), until that step is decided; swapped back if it is
+    // skipped. Also the buffers the next update is written into.
+    std::vector<float> prev_weights ABSL_GUARDED_BY(mu);
+    std::vector<float> prev_m ABSL_GUARDED_BY(mu);
+    std::vector<float> prev_v ABSL_GUARDED_BY(mu);
+    int64_t undo_step ABSL_GUARDED_BY(mu) = -1;
   };
+
+  // Sync mode: the barrier of `chunk`'s step is complete (every worker
+  // pushed or skipped it): the update, kept undoable, and the version.
+  void CompleteBarrierLocked(ChunkState& chunk)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk.mu);
+  // The checks Push() and PushSkipped() share; the chunk on success.
+  absl::StatusOr<ChunkState*> FindPushChunk(int worker_id, int32_t param_id,
+                                            int32_t chunk_index,
+                                            int64_t num_elements);
 
   // Wakes pulls waiting for a chunk: after a version change.
   void NoteUpdate();
@@ -277,7 +338,26 @@ class ParameterShard {
   mutable absl::Mutex updates_mu_;
   int64_t updates_ ABSL_GUARDED_BY(updates_mu_) = 0;
 
+  // Sync mode: the step whose ends (EndStep) are being collected, who has
+  // ended it, and the first non-finite report; every step up to
+  // decided_step_ is decided; the last few skipped steps. Taken before a
+  // chunk's lock, never after one.
+  mutable absl::Mutex step_mu_;
+  int64_t ending_step_ ABSL_GUARDED_BY(step_mu_) = 0;
+  std::vector<bool> ended_ ABSL_GUARDED_BY(step_mu_);
+  int num_ended_ ABSL_GUARDED_BY(step_mu_) = 0;
+  std::unique_ptr<SkippedStepInfo> ending_skip_ ABSL_GUARDED_BY(step_mu_);
+  int64_t decided_step_ ABSL_GUARDED_BY(step_mu_) = -1;
+  std::vector<SkippedStepInfo> recent_skips_ ABSL_GUARDED_BY(step_mu_);
+  // decided_step_, readable under a chunk's lock: a sync push of step s
+  // needs step s - 1 decided.
+  std::atomic<int64_t> decided_through_{-1};
+  // Resets the above for chunks at `version` (Initialize()).
+  void ResetStepsLocked(int64_t version)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(step_mu_);
+
   std::atomic<int64_t> samples_{0};
+  std::atomic<int64_t> skipped_{0};
   std::atomic<int64_t> pushes_{0};
   std::atomic<int64_t> pulls_{0};
 };

@@ -48,6 +48,13 @@ std::vector<std::vector<float>> PullAll(ParameterShard& shard,
   return out;
 }
 
+// Every worker of `num_workers` ends sync step `step` (no non-finite value).
+void EndAll(ParameterShard& shard, int num_workers, int64_t step) {
+  for (int w = 0; w < num_workers; ++w) {
+    ASSERT_TRUE(shard.EndStep(w, step, nullptr).ok()) << w;
+  }
+}
+
 TEST(ParameterShardTest, RejectsPushAndPullBeforeInit) {
   ParameterShard shard(Options(1, SyncMode::kSync));
   const std::vector<float> g = {1, 1, 1, 1};
@@ -100,11 +107,12 @@ TEST(ParameterShardTest, NonFinitePushesAreRefusedAndChangeNothing) {
       const std::vector<float> pushed = {0.5f, 0.5f, bad, 0.5f};
       const absl::Status status = shard.Push(0, 0, 0, 0, pushed);
       EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
-      EXPECT_NE(status.message().find("push of chunk (0, 0) of step 0 holds "
-                                      "a non-finite value"),
+      EXPECT_NE(status.message().find("push of parameter 0, chunk 0 (elements "
+                                      "0 to 3) of step 0 holds a non-finite "
+                                      "value"),
                 std::string::npos)
           << status;
-      EXPECT_NE(status.message().find("at element 2 of the chunk"),
+      EXPECT_NE(status.message().find("at element 2 of the parameter"),
                 std::string::npos)
           << status;
     }
@@ -157,6 +165,7 @@ TEST(ParameterShardTest, SyncAveragesWorkersThenAppliesAdamOnce) {
     }
     ASSERT_TRUE(shard.Push(w, 1, 0, 0, std::vector<float>(2, value)).ok());
   }
+  EndAll(shard, 2, 0);
   const auto weights = PullAll(shard, 1);
   ASSERT_EQ(weights.size(), 3u);
   EXPECT_NEAR(weights[0][0], 0.9f, 1e-6f);
@@ -175,6 +184,7 @@ TEST(ParameterShardTest, PullWaitsForBarrierFromAnotherThread) {
     ASSERT_TRUE(shard.Push(w, 0, 1, 0, std::vector<float>(2, 1.0f)).ok());
     ASSERT_TRUE(shard.Push(w, 1, 0, 0, std::vector<float>(2, 1.0f)).ok());
   }
+  EndAll(shard, 2, 0);
   puller.join();
   ASSERT_EQ(pulled.size(), 3u);
   EXPECT_NEAR(pulled[1][0], 4.9f, 1e-6f);
@@ -287,6 +297,7 @@ TEST(ParameterShardTest, PullHandsOutChunksInTheOrderTheyBecomeReady) {
   }
   EXPECT_EQ(handed_out(), std::vector<int>({10, 1}));
   push_both(0, 0, 4);
+  EndAll(shard, 2, 0);
   puller.join();
   EXPECT_TRUE(status.ok()) << status;
   EXPECT_EQ(handed_out(), std::vector<int>({10, 1, 0}));
@@ -318,6 +329,7 @@ TEST(ParameterShardTest, SyncBuffersAreTheWorkersAverageWithoutAdam) {
   const std::vector<float> mean0 = {0.5f, 10.0f}, mean1 = {1.5f, 20.0f};
   ASSERT_TRUE(shard.Push(0, 1, 0, 0, mean0).ok());
   ASSERT_TRUE(shard.Push(1, 1, 0, 0, mean1).ok());
+  EndAll(shard, 2, 0);
   const auto w = PullAll(shard, 1);
   ASSERT_EQ(w.size(), 3u);
   // Adam's first step moves every weight by lr = 0.1 against the gradient.
@@ -342,6 +354,142 @@ TEST(ParameterShardTest, LayoutWithOnlyBuffersIsRefused) {
   EXPECT_EQ(shard.Initialize({6, 2}, 16, InitChunks(), 2).message(),
             "num_buffers 2; expected in [0, 2) (at least one parameter)");
   EXPECT_FALSE(shard.initialized());
+}
+
+// Issue 22: a step in which one worker found a non-finite value is skipped
+// on the whole shard, although some chunks' updates were applied (and
+// handed to pulls) before that worker's report came in.
+TEST(ParameterShardTest, SyncSkippedStepRestoresEveryChunkAndResends) {
+  ParameterShard shard(Options(2, SyncMode::kSync));
+  ASSERT_TRUE(shard.Initialize({6, 2}, 16, InitChunks()).ok());
+  // Step 0 applied normally (the Adam state then holds non-zero m, v).
+  for (int w = 0; w < 2; ++w) {
+    ASSERT_TRUE(shard.Push(w, 0, 0, 0, std::vector<float>(4, 1.0f)).ok());
+    ASSERT_TRUE(shard.Push(w, 0, 1, 0, std::vector<float>(2, 1.0f)).ok());
+    ASSERT_TRUE(shard.Push(w, 1, 0, 0, std::vector<float>(2, 1.0f)).ok());
+  }
+  EndAll(shard, 2, 0);
+  const auto before = PullAll(shard, 1);
+  ASSERT_EQ(before.size(), 3u);
+  // Step 1: chunk (1,0) gets both pushes (applied at once); worker 1 then
+  // finds a NaN in parameter 0 and skips its chunks (0,0) and (0,1).
+  std::vector<std::vector<float>> pulled;
+  std::vector<int64_t> versions;
+  SkippedStepInfo skipped;
+  absl::Status pull_status;
+  std::thread puller([&] {
+    pull_status = shard.Pull(
+        2, 0, absl::Now() + absl::Seconds(10),
+        [&](const ChunkSpec&, int64_t version, absl::Span<const float> w) {
+          pulled.emplace_back(w.begin(), w.end());
+          versions.push_back(version);
+        },
+        nullptr, nullptr, 0, &skipped);
+  });
+  ASSERT_TRUE(shard.Push(0, 1, 0, 1, std::vector<float>(2, 5.0f)).ok());
+  ASSERT_TRUE(shard.Push(1, 1, 0, 1, std::vector<float>(2, 5.0f)).ok());
+  ASSERT_TRUE(shard.Push(0, 0, 0, 1, std::vector<float>(4, 5.0f)).ok());
+  ASSERT_TRUE(shard.Push(0, 0, 1, 1, std::vector<float>(2, 5.0f)).ok());
+  ASSERT_TRUE(shard.PushSkipped(1, 0, 0, 1).ok());
+  ASSERT_TRUE(shard.PushSkipped(1, 0, 1, 1).ok());
+  // Chunk (1,0) was updated and handed out; the pull still waits for the
+  // decision.
+  const absl::Time start = absl::Now();
+  while (absl::Now() < start + absl::Seconds(5)) {
+    absl::SleepFor(absl::Milliseconds(5));
+    if (!pulled.empty()) break;
+  }
+  absl::SleepFor(absl::Milliseconds(50));
+  ASSERT_TRUE(shard.EndStep(0, 1, nullptr).ok());
+  NonFiniteValue nan;
+  nan.param_id = 0;
+  nan.element = 3;
+  nan.value = "nan";
+  ASSERT_TRUE(shard.EndStep(1, 1, &nan).ok());
+  puller.join();
+  ASSERT_TRUE(pull_status.ok()) << pull_status;
+  // 3 chunks, then all 3 again with the restored weights.
+  ASSERT_EQ(pulled.size(), 6u);
+  EXPECT_EQ(skipped.step, 1);
+  EXPECT_EQ(skipped.worker_id, 1);
+  EXPECT_EQ(skipped.nonfinite.param_id, 0);
+  EXPECT_EQ(skipped.nonfinite.element, 3);
+  EXPECT_EQ(skipped.nonfinite.value, "nan");
+  std::vector<std::vector<float>> last(pulled.end() - 3, pulled.end());
+  EXPECT_EQ(last, before);  // bit for bit: no chunk keeps a partial update
+  for (int64_t v : versions) EXPECT_EQ(v, 2);
+  EXPECT_EQ(shard.Stats().skipped, 1);
+  // Step 2 goes on from the restored state: pushes of step 2 are taken.
+  for (int w = 0; w < 2; ++w) {
+    ASSERT_TRUE(shard.Push(w, 0, 0, 2, std::vector<float>(4, 1.0f)).ok());
+    ASSERT_TRUE(shard.Push(w, 0, 1, 2, std::vector<float>(2, 1.0f)).ok());
+    ASSERT_TRUE(shard.Push(w, 1, 0, 2, std::vector<float>(2, 1.0f)).ok());
+  }
+  EndAll(shard, 2, 2);
+  const auto next = PullAll(shard, 3);
+  ASSERT_EQ(next.size(), 3u);
+  EXPECT_LT(next[0][0], before[0][0]);  // moved against the gradient
+}
+
+TEST(ParameterShardTest, StepEndsAreCheckedAndAsyncSkipsDropThePush) {
+  ParameterShard shard(Options(2, SyncMode::kSync));
+  ASSERT_TRUE(shard.Initialize({6, 2}, 16, InitChunks()).ok());
+  // An end before the worker's pushes names the chunk it lacks.
+  absl::Status status = shard.EndStep(0, 0, nullptr);
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(status.message(),
+            "worker 0 ended step 0 on shard 0 before pushing chunk (0, 0)");
+  for (int w = 0; w < 2; ++w) {
+    ASSERT_TRUE(shard.Push(w, 0, 0, 0, std::vector<float>(4, 1.0f)).ok());
+    ASSERT_TRUE(shard.PushSkipped(w, 0, 1, 0).ok());
+    ASSERT_TRUE(shard.Push(w, 1, 0, 0, std::vector<float>(2, 1.0f)).ok());
+  }
+  // A skipped push twice, and a push of the next step before this one is
+  // decided, are refused.
+  EXPECT_EQ(shard.PushSkipped(0, 0, 1, 0).code(),
+            absl::StatusCode::kFailedPrecondition);  // the chunk moved on
+  status = shard.Push(0, 0, 0, 1, std::vector<float>(4, 1.0f));
+  EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(status.message().find("before step 0 was decided"),
+            std::string::npos)
+      << status;
+  status = shard.EndStep(0, 3, nullptr);
+  EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(status.message(),
+            "worker 0 ended step 3 but shard 0 is collecting the ends of step "
+            "0");
+  ASSERT_TRUE(shard.EndStep(0, 0, nullptr).ok());
+  EXPECT_EQ(shard.EndStep(0, 0, nullptr).code(),
+            absl::StatusCode::kInvalidArgument);
+  // A pull of version 1 names the worker whose end is missing.
+  status =
+      shard.Pull(1, 0, absl::Now() + absl::Milliseconds(30),
+                 [](const ChunkSpec&, int64_t, absl::Span<const float>) {});
+  EXPECT_EQ(status.code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_NE(status.message().find("waiting for the end of step 0 from "
+                                  "worker(s) 1"),
+            std::string::npos)
+      << status;
+  // Step 0 was skipped (every chunk the worker marked): nothing changed.
+  NonFiniteValue inf;
+  inf.param_id = 0;
+  inf.element = 4;
+  inf.value = "inf";
+  ASSERT_TRUE(shard.EndStep(1, 0, &inf).ok());
+  std::vector<std::vector<float>> init;
+  for (const InitChunk& c : InitChunks()) init.push_back(c.values);
+  const auto after = PullAll(shard, 1);
+  ASSERT_EQ(after.size(), 6u);
+  EXPECT_EQ(std::vector<std::vector<float>>(after.begin() + 3, after.end()),
+            init);
+
+  ParameterShard async(Options(2, SyncMode::kAsync));
+  ASSERT_TRUE(async.Initialize({6, 2}, 16, InitChunks()).ok());
+  ASSERT_TRUE(async.PushSkipped(0, 0, 0, 0).ok());
+  EXPECT_EQ(async.Stats().skipped, 1);
+  EXPECT_EQ(PullAll(async, 0)[0], (std::vector<float>{1, 2, 3, 4}));
+  EXPECT_EQ(async.EndStep(0, 0, nullptr).code(),
+            absl::StatusCode::kFailedPrecondition);
 }
 
 }  // namespace

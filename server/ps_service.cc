@@ -278,6 +278,7 @@ grpc::Status PsService::PushPullStream(
         jobs.pop_front();
       }
       bool write_failed = false;
+      SkippedStepInfo skipped;
       absl::Status status = shard_->Pull(
           job.min_version, job.samples, absl::Now() + pull_timeout_,
           [&](const ChunkSpec& spec, int64_t version,
@@ -293,11 +294,19 @@ grpc::Status PsService::PushPullStream(
             write_failed = !stream->Write(reply);
             return !write_failed;
           },
-          &cancelled, job.generation);
+          &cancelled, job.generation, &skipped);
       if (status.ok()) {
         // The end of this pull: a message without a chunk.
         PushPullResponse last;
         last.set_last_of_pull(true);
+        if (skipped.step >= 0) {
+          SkippedStep* out = last.mutable_skipped_step();
+          out->set_step(skipped.step);
+          out->set_worker_id(skipped.worker_id);
+          out->mutable_nonfinite()->set_param_id(skipped.nonfinite.param_id);
+          out->mutable_nonfinite()->set_element(skipped.nonfinite.element);
+          out->mutable_nonfinite()->set_value(skipped.nonfinite.value);
+        }
         write_failed = !stream->Write(EncodeSmallMessage(last));
       }
       if (!status.ok() || write_failed) {
@@ -397,14 +406,33 @@ grpc::Status PsService::PushPullStream(
           },
           generation);
       if (!status.ok()) return finish(ToGrpcStatus(status), true);
+    } else if (request.has_skipped_push()) {
+      const SkippedPush& skip = request.skipped_push();
+      status = shard_->PushSkipped(worker_id, skip.key().param_id(),
+                                   skip.key().chunk_index(), skip.step(),
+                                   generation);
+      if (!status.ok()) return finish(ToGrpcStatus(status), true);
+    } else if (request.has_step_end()) {
+      const StepEnd& end = request.step_end();
+      NonFiniteValue nonfinite;
+      if (end.has_nonfinite()) {
+        nonfinite.param_id = end.nonfinite().param_id();
+        nonfinite.element = end.nonfinite().element();
+        // Bounded: it is echoed to every worker.
+        nonfinite.value = end.nonfinite().value().substr(0, 16);
+      }
+      status = shard_->EndStep(worker_id, end.step(),
+                               end.has_nonfinite() ? &nonfinite : nullptr,
+                               generation);
+      if (!status.ok()) return finish(ToGrpcStatus(status), true);
     } else if (request.has_pull()) {
       absl::MutexLock lock(&mu);
       jobs.push_back(
           {request.pull().min_version(), request.pull().samples(), generation});
     } else {
       return finish(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                                 "push/pull message carries neither push nor "
-                                 "pull"),
+                                 "push/pull message carries no push, skipped "
+                                 "push, step end or pull"),
                     true);
     }
   }
@@ -431,6 +459,7 @@ grpc::Status PsService::Stats(grpc::ServerContext* context,
   response->set_min_version(stats.min_version);
   response->set_pushes(stats.pushes);
   response->set_pulls(stats.pulls);
+  response->set_skipped(stats.skipped);
   response->set_bytes_received(bytes_received_.load());
   response->set_bytes_sent(bytes_sent_.load());
   return grpc::Status::OK;

@@ -63,6 +63,14 @@ class PsServiceTest : public ::testing::Test {
     chunk->set_version(0);
     return request;
   }
+  // Worker `worker`'s end of sync step `step` (every value finite).
+  static PushPullRequest End(int worker, int64_t step) {
+    PushPullRequest request;
+    request.mutable_header()->set_job_id("job");
+    request.mutable_header()->set_worker_id(worker);
+    request.mutable_step_end()->set_step(step);
+    return request;
+  }
   static std::string Bytes(const std::vector<float>& values) {
     return std::string(reinterpret_cast<const char*>(values.data()),
                        values.size() * sizeof(float));
@@ -116,9 +124,9 @@ TEST_F(PsServiceTest, ProtobufClientPushesAndPulls) {
   const std::vector<float> g0 = {0.5f, -1.0f, 2.0f, 0.0f};
   const std::vector<float> g1 = {1.5f, 1.0f, -2.0f, 4.0f};
   std::vector<PushPullResponse> replies;
-  ASSERT_TRUE(Exchange({Push(0, Bytes(g0), 4)}, &replies).ok());
+  ASSERT_TRUE(Exchange({Push(0, Bytes(g0), 4), End(0, 0)}, &replies).ok());
   PushPullRequest pull = Push(1, Bytes(g1), 4);
-  std::vector<PushPullRequest> requests = {pull};
+  std::vector<PushPullRequest> requests = {pull, End(1, 0)};
   pull.mutable_pull()->set_min_version(1);  // replaces the push (oneof)
   requests.push_back(pull);
   ASSERT_TRUE(Exchange(requests, &replies).ok());

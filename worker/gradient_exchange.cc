@@ -51,8 +51,20 @@ class PsExchange : public GradientExchange {
     if (!client_->step_begun()) {
       RETURN_IF_ERROR(BeginStep(gradients, samples));
     }
+    if (pending_mark_.has_value()) {
+      client_->MarkStepNonFinite(*pending_mark_);
+      pending_mark_.reset();
+    }
     ASSIGN_OR_RETURN(version_, client_->FinishStep());
     return absl::OkStatus();
+  }
+
+  void MarkStepNonFinite(const NonFiniteValue& value) override {
+    pending_mark_ = value;  // given to the step in Step()
+  }
+
+  std::optional<SkippedStepInfo> SkippedStep() const override {
+    return client_->skipped_step();
   }
 
   absl::StatusOr<int64_t> SamplesSoFar() override {
@@ -91,6 +103,7 @@ class PsExchange : public GradientExchange {
                                    int64_t min_generation,
                                    absl::Duration timeout) {
     client_->Reset();
+    pending_mark_.reset();
     if (!addresses.empty()) RETURN_IF_ERROR(client_->SetAddresses(addresses));
     if (restore != nullptr) {
       std::vector<absl::Span<const float>> weights;
@@ -118,6 +131,7 @@ class PsExchange : public GradientExchange {
   const absl::Duration init_timeout_;
   std::vector<absl::Span<float>> weights_;
   int64_t version_ = 0;
+  std::optional<NonFiniteValue> pending_mark_;
 };
 
 class AllreduceExchange : public GradientExchange {

@@ -29,11 +29,13 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
+#include "common/nonfinite.h"
 #include "models/backend.h"
 #include "server/adam.h"
 #include "worker/collective.h"
@@ -120,6 +122,21 @@ class GradientExchange {
   virtual absl::Status Step(
       const std::vector<absl::Span<const float>>& gradients,
       int64_t samples) = 0;
+
+  // Non-finite values (PS modes; server/parameter_shard.h): the PS
+  // exchange checks every gradient chunk as it pushes it. This reports one
+  // found elsewhere (the loss): the step is skipped as if a gradient held
+  // it. Call before Step(). Allreduce: ignored (see SkippedStep()).
+  virtual void MarkStepNonFinite(const NonFiniteValue& value) {}
+
+  // After Step(): the step was skipped, and who found what (sync PS: on
+  // every shard, reported by the lowest worker id that found a value;
+  // async PS: this worker's pushes from the value on were dropped), or
+  // nullopt. Allreduce: always nullopt; a non-finite gradient there is
+  // applied (not checked yet).
+  virtual std::optional<SkippedStepInfo> SkippedStep() const {
+    return std::nullopt;
+  }
 
   // Training samples of all workers so far (for data/sec).
   virtual absl::StatusOr<int64_t> SamplesSoFar() = 0;

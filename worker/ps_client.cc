@@ -288,10 +288,19 @@ struct PsClient::StepState {
   // Per shard: its pusher is to stop (its call ended or is given up).
   std::vector<bool> stopped ABSL_GUARDED_BY(mu);
 
+  // Sync steps with pushes: each pusher ends with a StepEnd, once every
+  // shard's pusher has pushed all (so that it reports the whole step).
+  bool send_step_end = false;
+  int pushers_done ABSL_GUARDED_BY(mu) = 0;
+  // The first non-finite value found in this step (null: none yet).
+  std::unique_ptr<NonFiniteValue> nonfinite ABSL_GUARDED_BY(mu);
+
   // One per shard: its reader (which runs its pusher).
   std::vector<std::thread> threads;
   std::vector<absl::Status> statuses;
   std::vector<int64_t> versions;
+  // Per shard: the step's skip decision (step -1: not skipped).
+  std::vector<SkippedStepInfo> skipped;
 };
 
 absl::Status PsClient::WritePushes(int shard, StepState* state) {
@@ -322,10 +331,67 @@ absl::Status PsClient::WritePushes(int shard, StepState* state) {
       if (!fenced.ok()) return fenced;
     }
     const ChunkSpec& c = shard_chunks_[shard][next.first];
-    if (!s.stream->Write(EncodeChunkMessage(
-            envelope, kPushChunkField, c.param_id, c.chunk_index, state->step,
-            state->gradients[c.param_id].subspan(c.offset, c.num_elements),
-            leases_[shard].get()))) {
+    const absl::Span<const float> values =
+        state->gradients[c.param_id].subspan(c.offset, c.num_elements);
+    bool skip;
+    {
+      absl::MutexLock lock(&state->mu);
+      skip = state->nonfinite != nullptr;
+    }
+    if (!skip) {
+      const int64_t bad = FindNonFinite(values);
+      if (bad >= 0) {
+        skip = true;
+        absl::MutexLock lock(&state->mu);
+        if (state->nonfinite == nullptr) {
+          state->nonfinite = std::make_unique<NonFiniteValue>();
+          state->nonfinite->param_id = c.param_id;
+          state->nonfinite->element = c.offset + bad;
+          state->nonfinite->value = NonFiniteText(values[bad]);
+        }
+      }
+    }
+    bool written;
+    if (skip) {
+      PushPullRequest skipped = envelope;
+      SkippedPush* push = skipped.mutable_skipped_push();
+      push->mutable_key()->set_param_id(c.param_id);
+      push->mutable_key()->set_chunk_index(c.chunk_index);
+      push->set_step(state->step);
+      written = s.stream->Write(EncodeSmallMessage(skipped));
+    } else {
+      written = s.stream->Write(EncodeChunkMessage(
+          envelope, kPushChunkField, c.param_id, c.chunk_index, state->step,
+          values, leases_[shard].get()));
+    }
+    if (!written) return absl::UnavailableError("stream broke");
+  }
+  if (state->send_step_end) {
+    // The end of the step, once every shard's chunks have been checked, so
+    // that every shard hears the same report.
+    PushPullRequest end = envelope;
+    end.mutable_step_end()->set_step(state->step);
+    {
+      absl::MutexLock lock(&state->mu);
+      ++state->pushers_done;
+      const int shards = num_shards();
+      auto all_pushed = [state, shard, shards]()
+                            ABSL_EXCLUSIVE_LOCKS_REQUIRED(state->mu) {
+                              return state->aborted || state->stopped[shard] ||
+                                     state->pushers_done == shards;
+                            };
+      state->mu.Await(absl::Condition(&all_pushed));
+      if (state->aborted || state->stopped[shard]) {
+        return absl::CancelledError("step aborted");
+      }
+      if (state->nonfinite != nullptr) {
+        NonFinite* report = end.mutable_step_end()->mutable_nonfinite();
+        report->set_param_id(state->nonfinite->param_id);
+        report->set_element(state->nonfinite->element);
+        report->set_value(state->nonfinite->value);
+      }
+    }
+    if (!s.stream->Write(EncodeSmallMessage(end))) {
       return absl::UnavailableError("stream broke");
     }
   }
@@ -401,6 +467,15 @@ absl::Status PsClient::PushPullShard(int shard, StepState* state,
       // half-closes (FinishStream).
       return fail(absl::OkStatus());
     }
+    if (envelope.has_skipped_step()) {
+      const SkippedStep& skip = envelope.skipped_step();
+      SkippedStepInfo& info = state->skipped[shard];
+      info.step = skip.step();
+      info.worker_id = skip.worker_id();
+      info.nonfinite.param_id = skip.nonfinite().param_id();
+      info.nonfinite.element = skip.nonfinite().element();
+      info.nonfinite.value = skip.nonfinite().value();
+    }
     if (received.has_chunk()) {
       const TensorChunk& chunk = received.chunk();
       const int index =
@@ -428,10 +503,14 @@ absl::Status PsClient::PushPullShard(int shard, StepState* state,
     if (absl::IsUnavailable(pushed)) return FinishStream(shard);
     return pushed;
   }
-  if (received_chunks != shard_chunks_[shard].size()) {
+  // A skipped step's pull sends every chunk twice (the second time
+  // restored).
+  const size_t expected =
+      shard_chunks_[shard].size() * (state->skipped[shard].step >= 0 ? 2 : 1);
+  if (received_chunks != expected) {
     return absl::DataLossError(
         absl::StrCat("shard ", shard, " answered a pull with ", received_chunks,
-                     " chunks; expected ", shard_chunks_[shard].size()));
+                     " chunks; expected ", expected));
   }
   *version = smallest;
   return absl::OkStatus();
@@ -464,6 +543,8 @@ absl::Status PsClient::BeginStep(
   state->pull.mutable_pull()->set_min_version(min_version);
   state->pull.mutable_pull()->set_samples(samples);
   state->pull_first = !gradients.empty() && min_version > 0;
+  state->send_step_end = state->pull_first;
+  skipped_step_.reset();
   {
     absl::MutexLock lock(&state->mu);
     state->ready.resize(n);
@@ -473,6 +554,7 @@ absl::Status PsClient::BeginStep(
   }
   state->statuses.assign(n, absl::OkStatus());
   state->versions.assign(n, 0);
+  state->skipped.assign(n, SkippedStepInfo());
   for (int s = 0; s < n; ++s) {
     Stream& stream = streams_[s];
     if (stream.stream == nullptr) {
@@ -558,7 +640,30 @@ absl::StatusOr<int64_t> PsClient::FinishStep() {
     }
   }
   if (first != nullptr) return *first;
+  // Every shard decides alike (proto/ps.proto StepEnd); a shard without
+  // chunks decides nothing.
+  for (const SkippedStepInfo& skip : done->skipped) {
+    if (skip.step >= 0) skipped_step_ = skip;
+  }
+  if (!done->send_step_end) {
+    absl::MutexLock lock(&done->mu);
+    if (done->nonfinite != nullptr) {
+      SkippedStepInfo own;
+      own.step = done->step;
+      own.worker_id = options_.worker_id;
+      own.nonfinite = *done->nonfinite;
+      skipped_step_ = own;
+    }
+  }
   return *std::min_element(done->versions.begin(), done->versions.end());
+}
+
+void PsClient::MarkStepNonFinite(const NonFiniteValue& value) {
+  if (step_ == nullptr) return;
+  absl::MutexLock lock(&step_->mu);
+  if (step_->nonfinite == nullptr) {
+    step_->nonfinite = std::make_unique<NonFiniteValue>(value);
+  }
 }
 
 void PsClient::CancelStep(StepState* state, int except) {

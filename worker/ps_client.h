@@ -32,6 +32,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -41,6 +42,7 @@
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "common/chunk_message.h"
+#include "common/nonfinite.h"
 #include "common/partition.h"
 #include "models/backend.h"
 #include "proto/ps.grpc.pb.h"
@@ -154,6 +156,21 @@ class PsClient {
   absl::StatusOr<int64_t> FinishStep();
   bool step_begun() const { return step_ != nullptr; }
 
+  // Non-finite values (common/nonfinite.h, server/parameter_shard.h): each
+  // chunk is checked as it is let go; from the first NaN or infinity on,
+  // this step's chunks are sent as skipped pushes, and (sync) every
+  // shard's step end reports where it was. MarkStepNonFinite() reports one
+  // found elsewhere (the loss) the same way; call it before FinishStep().
+  // No-op without a step begun.
+  void MarkStepNonFinite(const NonFiniteValue& value);
+  // After FinishStep() of a sync step: the shards' decision if the step
+  // was skipped (by any worker), else nullopt. Async: where this worker
+  // found a non-finite value, if it did (its pushes from there on were
+  // dropped).
+  const std::optional<SkippedStepInfo>& skipped_step() const {
+    return skipped_step_;
+  }
+
   absl::StatusOr<StatsResponse> Stats(int shard);
 
   // Half-closes and finishes every PushPull stream; the next PushPull opens
@@ -218,6 +235,7 @@ class PsClient {
   std::vector<Stream> streams_;
   // The step between BeginStep() and FinishStep(); null otherwise.
   std::unique_ptr<StepState> step_;
+  std::optional<SkippedStepInfo> skipped_step_;
 };
 
 // Channel arguments shared by every pstrain client: message size limits

@@ -2,7 +2,10 @@
 
 #include <omp.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <memory>
 #include <optional>
 #include <string>
@@ -12,6 +15,7 @@
 #include "absl/memory/memory.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "common/status.h"
 #include "models/model.h"
@@ -22,6 +26,46 @@
 
 namespace pstrain {
 namespace {
+
+// The test aid PSTRAIN_INJECT_NONFINITE="W:all" or "W:S1,S2,...": worker
+// W's gradient of parameter 0 gets a NaN at every step or at steps S1,
+// S2, ... (global steps). Unset or empty: nothing.
+struct NonFiniteInjection {
+  int worker = -1;
+  bool every_step = false;
+  std::vector<int64_t> steps;
+  bool At(int worker_id, int64_t step) const {
+    if (worker != worker_id) return false;
+    return every_step ||
+           std::find(steps.begin(), steps.end(), step) != steps.end();
+  }
+};
+
+absl::StatusOr<NonFiniteInjection> ParseNonFiniteInjection() {
+  NonFiniteInjection injection;
+  const char* text = std::getenv("PSTRAIN_INJECT_NONFINITE");
+  if (text == nullptr || *text == '\0') return injection;
+  const auto bad = [text] {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "PSTRAIN_INJECT_NONFINITE=\"", text,
+        "\"; expected WORKER:all or WORKER:STEP[,STEP...] (a test aid)"));
+  };
+  const std::vector<std::string> parts = absl::StrSplit(text, ':');
+  if (parts.size() != 2 || !absl::SimpleAtoi(parts[0], &injection.worker) ||
+      injection.worker < 0) {
+    return bad();
+  }
+  if (parts[1] == "all") {
+    injection.every_step = true;
+    return injection;
+  }
+  for (absl::string_view step : absl::StrSplit(parts[1], ',')) {
+    int64_t s;
+    if (!absl::SimpleAtoi(step, &s) || s < 0) return bad();
+    injection.steps.push_back(s);
+  }
+  return injection;
+}
 
 void Emit(const TrainerOptions& options, const std::string& line) {
   if (options.log_line) {
@@ -640,10 +684,34 @@ absl::StatusOr<TrainerOutput> RunWorker(const TrainerOptions& options,
                          workload->Describe(), placement, steps_per_epoch));
   }
 
+  ASSIGN_OR_RETURN(const NonFiniteInjection injection,
+                   ParseNonFiniteInjection());
+  int64_t step = start_step;
   const GradientsReadyFn on_ready = [&](absl::Span<const int> tensors,
                                         std::shared_ptr<CopyFence> fence) {
+    if (injection.At(options.worker_id, step) &&
+        std::find(tensors.begin(), tensors.end(), 0) != tensors.end()) {
+      // Parameter 0 (the first layer's, the last gradient backward makes,
+      // so later layers' chunks have gone out already) gets a NaN.
+      if (fence != nullptr) fence->Wait().IgnoreError();
+      const_cast<float*>(gradients[0].data())[0] = std::nanf("");
+    }
     exchange->GradientsReady(gradients, options.batch_size, tensors,
                              std::move(fence));
+  };
+  // Steps skipped for non-finite values (issue 22), in a row.
+  int consecutive_skips = 0;
+  const std::vector<std::string> tensor_names = workload->TensorNames();
+  auto describe = [&](const SkippedStepInfo& skip) {
+    const NonFiniteValue& v = skip.nonfinite;
+    const std::string where =
+        v.param_id < 0 ? "the loss"
+        : v.param_id < static_cast<int>(tensor_names.size())
+            ? absl::StrCat("element ", v.element, " of the gradient of ",
+                           tensor_names[v.param_id])
+            : absl::StrCat("element ", v.element, " of parameter ", v.param_id);
+    return absl::StrCat("step ", skip.step, ": worker ", skip.worker_id, "'s ",
+                        where, " is ", v.value);
   };
   int64_t samples_at_start = 0;
   if (chief) {
@@ -660,7 +728,6 @@ absl::StatusOr<TrainerOutput> RunWorker(const TrainerOptions& options,
                                   options.metrics_dir, options.worker_id,
                                   /*append=*/options.resume || options.rejoin));
   }
-  int64_t step = start_step;
   double train_seconds = 0;
   absl::Duration compute_time;
   absl::Duration exchange_time;
@@ -676,14 +743,41 @@ absl::StatusOr<TrainerOutput> RunWorker(const TrainerOptions& options,
     auto train_step = [&](int64_t i) -> absl::Status {
       const absl::Time step_start = absl::Now();
       ASSIGN_OR_RETURN(float loss, workload->Step(on_ready));
-      loss_sum += loss;
       const absl::Time computed = absl::Now();
+      if (!std::isfinite(loss)) {
+        NonFiniteValue value;
+        value.value = NonFiniteText(loss);
+        exchange->MarkStepNonFinite(value);
+      }
       RETURN_IF_ERROR(exchange->Step(gradients, options.batch_size));
       RETURN_IF_ERROR(workload->LoadWeights());
       const absl::Time exchanged = absl::Now();
-      step_metrics.AddStep(
-          synthetic ? std::nullopt : std::optional<double>(loss),
-          computed - step_start, exchanged - computed);
+      const std::optional<SkippedStepInfo> skipped = exchange->SkippedStep();
+      if (skipped.has_value()) {
+        ++consecutive_skips;
+        if (skipped->worker_id == options.worker_id) {
+          Emit(options, absl::StrCat("worker ", options.worker_id, ": ",
+                                     describe(*skipped),
+                                     "; the step is skipped on every shard (",
+                                     consecutive_skips, " in a row; at most ",
+                                     options.max_nonfinite_steps, ")"));
+        }
+        if (consecutive_skips > options.max_nonfinite_steps) {
+          return absl::FailedPreconditionError(
+              absl::StrCat(consecutive_skips,
+                           " consecutive steps skipped for non-finite values "
+                           "(--max_nonfinite_steps=",
+                           options.max_nonfinite_steps,
+                           "); the last: ", describe(*skipped)));
+        }
+      } else {
+        consecutive_skips = 0;
+        loss_sum += loss;
+      }
+      step_metrics.AddStep(synthetic || skipped.has_value()
+                               ? std::nullopt
+                               : std::optional<double>(loss),
+                           computed - step_start, exchanged - computed);
       // The first step (connections, first allocations) is warm-up.
       if (step > 0 || steps_per_epoch * options.epochs == 1) {
         compute_time += computed - step_start;
