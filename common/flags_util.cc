@@ -3,15 +3,171 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
+#include <iostream>
 #include <sstream>
 
+#include "absl/flags/commandlineflag.h"
+#include "absl/flags/internal/parse.h"
+#include "absl/flags/internal/usage.h"
+#include "absl/flags/reflection.h"
+#include "absl/flags/usage.h"
+#include "absl/flags/usage_config.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
 
 namespace pstrain {
+namespace {
+
+// absl's usage flags: not registered flags, handled by absl itself.
+bool IsUsageFlag(absl::string_view name) {
+  for (absl::string_view usage :
+       {"help", "helpfull", "helpshort", "helppackage", "helpon", "helpmatch",
+        "version", "only_check_args"}) {
+    if (name == usage) return true;
+  }
+  return false;
+}
+
+// Every flag of this project, whichever file defines it; absl's own
+// (--flagfile, --fromenv, ...) only with --helpfull.
+bool IsProjectFlagFile(absl::string_view file) {
+  return !absl::StrContains(file, "absl/");
+}
+
+bool g_help_requested = false;
+std::vector<std::string>& Specified() {
+  static auto* specified = new std::vector<std::string>;
+  return *specified;
+}
+
+[[noreturn]] void ExitWithUsageError(absl::string_view program,
+                                     absl::string_view message,
+                                     absl::string_view hint) {
+  PrintError(program, absl::StrCat(message, "; see ", hint));
+  std::exit(2);
+}
+
+}  // namespace
+
+std::vector<std::string> ParseFlagsOrExit(int argc, char** argv,
+                                          absl::string_view program,
+                                          absl::string_view hint,
+                                          bool handle_help) {
+  absl::FlagsUsageConfig config;
+  config.contains_help_flags = IsProjectFlagFile;
+  config.contains_helpshort_flags = IsProjectFlagFile;
+  absl::SetFlagsUsageConfig(config);
+  // Each argument checked as absl will read it (--name=value, --name value,
+  // --bool, --nobool; "--" ends the flags), so that absl's parse below,
+  // which exits 1 on an unknown flag or a bad value, finds neither.
+  for (int i = 1; i < argc; ++i) {
+    absl::string_view arg = argv[i];
+    if (arg == "--") break;
+    if (arg.size() < 2 || arg[0] != '-') continue;
+    arg.remove_prefix(arg[1] == '-' ? 2 : 1);
+    const size_t eq = arg.find('=');
+    const absl::string_view name = arg.substr(0, eq);
+    const bool has_value = eq != absl::string_view::npos;
+    absl::string_view value =
+        has_value ? arg.substr(eq + 1) : absl::string_view();
+    if (IsUsageFlag(name)) {
+      g_help_requested = true;
+      continue;
+    }
+    absl::CommandLineFlag* flag =
+        name.empty() ? nullptr : absl::FindCommandLineFlag(name);
+    bool negated = false;
+    if (flag == nullptr && absl::StartsWith(name, "no")) {
+      flag = absl::FindCommandLineFlag(name.substr(2));
+      negated = flag != nullptr && flag->IsOfType<bool>();
+      if (!negated) flag = nullptr;
+    }
+    if (flag == nullptr) {
+      ExitWithUsageError(program, absl::StrCat("unknown flag --", name), hint);
+    }
+    if (flag->IsRetired()) continue;
+    if (negated) {
+      if (has_value) {
+        ExitWithUsageError(program,
+                           absl::StrCat("--", name, "=", value, ": --no",
+                                        flag->Name(), " takes no value"),
+                           hint);
+      }
+      value = "false";
+    } else if (!has_value) {
+      if (flag->IsOfType<bool>()) {
+        value = "true";
+      } else if (i + 1 < argc) {
+        value = argv[++i];
+      } else {
+        ExitWithUsageError(
+            program, absl::StrCat("--", name, ": missing its value"), hint);
+      }
+    }
+    // The value absl will set again below; setting it here first is the
+    // only public way to learn whether it parses.
+    std::string error;
+    if (!flag->ParseFrom(value, &error)) {
+      ExitWithUsageError(
+          program, absl::StrCat("--", flag->Name(), "=", value, ": ", error),
+          hint);
+    }
+    std::vector<std::string>& specified = Specified();
+    if (std::find(specified.begin(), specified.end(), flag->Name()) ==
+        specified.end()) {
+      specified.push_back(std::string(flag->Name()));
+    }
+  }
+  std::vector<char*> positional = absl::flags_internal::ParseCommandLineImpl(
+      argc, argv, absl::flags_internal::ArgvListAction::kRemoveParsedArgs,
+      absl::flags_internal::UsageFlagsAction::kIgnoreUsage,
+      absl::flags_internal::OnUndefinedFlag::kAbortIfUndefined);
+  if (handle_help && g_help_requested) PrintUsageAndExit();
+  return std::vector<std::string>(
+      positional.empty() ? positional.end() : positional.begin() + 1,
+      positional.end());
+}
+
+bool HelpRequested() { return g_help_requested; }
+
+void PrintUsageAndExit() {
+  // 1 after --help, 0 after --version: both answered as asked.
+  absl::flags_internal::HandleUsageFlags(std::cout,
+                                         absl::ProgramUsageMessage());
+  std::cout.flush();
+  std::exit(0);
+}
+
+bool FlagSpecified(absl::string_view name) {
+  for (const std::string& specified : Specified()) {
+    if (specified == name) return true;
+  }
+  return false;
+}
+
+std::vector<std::string> SpecifiedFlags() { return Specified(); }
+
+std::string FlagHelpText(absl::string_view name) {
+  const absl::CommandLineFlag* flag = absl::FindCommandLineFlag(name);
+  if (flag == nullptr) return "";
+  std::ostringstream out;
+  absl::flags_internal::FlagHelp(out, *flag);
+  return out.str();
+}
+
+absl::Status CheckFlagRange(absl::string_view flag, int64_t value, int64_t lo,
+                            int64_t hi, absl::string_view unit) {
+  if (value >= lo && value <= hi) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat("--", flag, "=", value, ": expected ", lo, " to ", hi,
+                   unit.empty() ? "" : " ", unit));
+}
 
 absl::Status WriteFileAtomically(const std::string& path,
                                  absl::string_view contents) {

@@ -2,12 +2,53 @@
 #ifndef PSTRAIN_COMMON_FLAGS_UTIL_H_
 #define PSTRAIN_COMMON_FLAGS_UTIL_H_
 
+#include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
 
 namespace pstrain {
+
+// Parses argv's flags for `program` and returns the positional arguments
+// (argv[0] left out). Every binary's main() calls it in place of
+// absl::ParseCommandLine, so that all of them answer the same way:
+// - `--help` (and absl's --helpfull, --helpshort, --helpon=, --helpmatch=,
+//   --version) prints the usage message and every flag the program links
+//   (whatever file defines it) with its default, and exits 0; with
+//   `handle_help` false it is left to the caller (HelpRequested()).
+// - an unknown flag prints one line, "PROGRAM: error: unknown flag --x; see
+//   HINT", and exits 2 (absl itself exits 1);
+// - a value that does not parse (--num_workers=two) prints one line naming
+//   the flag and its value and exits 2.
+// Call once, from main(), before any flag is read.
+std::vector<std::string> ParseFlagsOrExit(int argc, char** argv,
+                                          absl::string_view program,
+                                          absl::string_view hint,
+                                          bool handle_help = true);
+
+// Whether a usage flag (--help and absl's others) was on the command line.
+bool HelpRequested();
+
+// absl's answer to the usage flags on stdout (the usage message and the
+// flags); then exits 0.
+[[noreturn]] void PrintUsageAndExit();
+
+// Whether flag `name` (no dashes) was given on the command line.
+bool FlagSpecified(absl::string_view name);
+
+// The names of the flags given on the command line, in order, each once.
+std::vector<std::string> SpecifiedFlags();
+
+// absl's help of flag `name` ("--name (help); default: value;"), for the
+// help of a subcommand; empty if there is no such flag.
+std::string FlagHelpText(absl::string_view name);
+
+// INVALID_ARGUMENT "--flag=value: expected LO to HI UNIT" unless
+// lo <= value <= hi; for the daemons' own flags (ports, timeouts, threads).
+absl::Status CheckFlagRange(absl::string_view flag, int64_t value, int64_t lo,
+                            int64_t hi, absl::string_view unit = "");
 
 // Writes `contents` to `path` atomically and durably (a temporary file in
 // the same folder, fsynced, renamed over `path`, then the folder fsynced), so

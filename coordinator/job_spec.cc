@@ -1,9 +1,14 @@
 #include "coordinator/job_spec.h"
 
+#include <cmath>
+#include <cstdlib>
+#include <limits>
 #include <map>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/status.h"
 #include "google/protobuf/io/tokenizer.h"
 #include "google/protobuf/text_format.h"
 #include "models/model.h"
@@ -31,6 +36,50 @@ absl::Status Bad(absl::string_view field, absl::string_view message) {
   return absl::InvalidArgumentError(absl::StrCat(field, ": ", message));
 }
 
+// The shortest text that reads back as `value` ("0.99999999", not StrCat's
+// "1").
+std::string Number(double value) {
+  if (value == std::floor(value) && std::fabs(value) < 1e15) {
+    return absl::StrFormat("%.0f", value);  // 3600000, not 3.6e+06
+  }
+  for (int precision = 6; precision < 17; ++precision) {
+    const std::string text = absl::StrFormat("%.*g", precision, value);
+    if (std::strtod(text.c_str(), nullptr) == value) return text;
+  }
+  return absl::StrFormat("%.17g", value);
+}
+std::string Number(int64_t value) { return absl::StrCat(value); }
+std::string Number(uint64_t value) { return absl::StrCat(value); }
+std::string Number(int value) { return absl::StrCat(value); }
+
+// "field: value; expected lo to hi[ unit]" unless lo <= value <= hi (NaN is
+// outside every range).
+template <typename T, typename Lo, typename Hi>
+absl::Status CheckRange(absl::string_view field, T value, Lo lo_bound,
+                        Hi hi_bound, absl::string_view unit = "") {
+  const T lo = static_cast<T>(lo_bound);
+  const T hi = static_cast<T>(hi_bound);
+  if (value >= lo && value <= hi) return absl::OkStatus();
+  return Bad(field,
+             absl::StrCat(Number(value), "; expected ", Number(lo), " to ",
+                          Number(hi), unit.empty() ? "" : " ", unit));
+}
+
+// As CheckRange, and a multiple of 4 (whole fp32 values).
+absl::Status CheckBytes(absl::string_view field, int64_t value, int64_t lo,
+                        int64_t hi) {
+  if (value >= lo && value <= hi && value % 4 == 0) return absl::OkStatus();
+  return Bad(field, absl::StrCat(value, "; expected a multiple of 4 from ", lo,
+                                 " to ", hi, " bytes"));
+}
+
+absl::Status CheckPath(absl::string_view field, const std::string& path) {
+  if (path.size() <= kMaxJobPathLength) return absl::OkStatus();
+  return Bad(field,
+             absl::StrCat("a path of ", path.size(),
+                          " characters; expected at most ", kMaxJobPathLength));
+}
+
 absl::Status CheckHosts(
     const google::protobuf::RepeatedPtrField<HostPort>& hosts,
     const char* field, int count) {
@@ -41,6 +90,11 @@ absl::Status CheckHosts(
   for (int i = 0; i < hosts.size(); ++i) {
     const std::string name = absl::StrCat(field, "[", i, "]");
     if (hosts[i].host().empty()) return Bad(name, "host is empty");
+    if (hosts[i].host().size() > kMaxHostLength) {
+      return Bad(
+          name, absl::StrCat("a host of ", hosts[i].host().size(),
+                             " characters; expected at most ", kMaxHostLength));
+    }
     if (hosts[i].port() < 0 || hosts[i].port() > 65535) {
       return Bad(name,
                  absl::StrCat("port ", hosts[i].port(), "; expected 0..65535"));
@@ -67,6 +121,7 @@ void ApplyJobDefaults(JobSpec* spec) {
   if (spec->synthetic_samples() == 0) spec->set_synthetic_samples(12800);
   if (spec->bucket_bytes() == 0) spec->set_bucket_bytes(25 << 20);
   if (spec->compute().empty()) spec->set_compute("model");
+  if (spec->keep_checkpoints() == 0) spec->set_keep_checkpoints(3);
   if (spec->registration_timeout_s() == 0) {
     spec->set_registration_timeout_s(600);
   }
@@ -125,48 +180,47 @@ absl::Status ValidateJobSpec(const JobSpec& spec) {
                             "; expected backend cuda (NCCL runs between "
                             "GPUs)"));
   }
-  if (!allreduce && spec.num_ps() < 1) {
-    return Bad("num_ps", absl::StrCat(spec.num_ps(), "; expected >= 1"));
+  // Every count and size before anything is allocated from it.
+  if (!allreduce) {
+    RETURN_IF_ERROR(CheckRange("num_ps", spec.num_ps(), 1, kMaxNumPs));
   }
-  if (spec.bucket_bytes() < 4) {
-    return Bad("bucket_bytes",
-               absl::StrCat(spec.bucket_bytes(), "; expected >= 4"));
-  }
-  for (const auto& [field, value] :
-       {std::pair<const char*, int>{"num_workers", spec.num_workers()},
-        {"batch_size", spec.batch_size()},
-        {"epochs", spec.epochs()},
-        {"log_every_steps", spec.log_every_steps()},
-        {"image_size", spec.image_size()},
-        {"num_classes", spec.num_classes()}}) {
-    if (value < 1) return Bad(field, absl::StrCat(value, "; expected >= 1"));
-  }
-  if (spec.synthetic_samples() < 1) {
-    return Bad("synthetic_samples",
-               absl::StrCat(spec.synthetic_samples(), "; expected >= 1"));
-  }
-  if (spec.max_steps_per_epoch() < 0) {
-    return Bad("max_steps_per_epoch",
-               absl::StrCat(spec.max_steps_per_epoch(),
-                            "; expected 0 (whole epochs) or more"));
+  RETURN_IF_ERROR(
+      CheckRange("num_workers", spec.num_workers(), 1, kMaxNumWorkers));
+  RETURN_IF_ERROR(
+      CheckRange("batch_size", spec.batch_size(), 1, kMaxBatchSize));
+  RETURN_IF_ERROR(CheckRange("epochs", spec.epochs(), 1, kMaxEpochs));
+  RETURN_IF_ERROR(CheckRange("seed", spec.seed(), uint64_t{1},
+                             std::numeric_limits<uint64_t>::max()));
+  RETURN_IF_ERROR(
+      CheckRange("log_every_steps", spec.log_every_steps(), 1, kMaxSteps));
+  RETURN_IF_ERROR(CheckRange("max_steps_per_epoch", spec.max_steps_per_epoch(),
+                             0, kMaxSteps, "(0: whole epochs)"));
+  RETURN_IF_ERROR(
+      CheckRange("image_size", spec.image_size(), 1, kMaxImageSize));
+  RETURN_IF_ERROR(
+      CheckRange("num_classes", spec.num_classes(), 1, kMaxNumClasses));
+  RETURN_IF_ERROR(CheckRange("synthetic_samples", spec.synthetic_samples(), 1,
+                             kMaxSyntheticSamples));
+  RETURN_IF_ERROR(CheckBytes("partition_bytes", spec.partition_bytes(), 4,
+                             kMaxPartitionBytes));
+  RETURN_IF_ERROR(CheckRange("bucket_bytes", spec.bucket_bytes(), 4,
+                             kMaxBucketBytes, "bytes"));
+  for (const auto& [field, path] : {std::pair<const char*, const std::string*>{
+                                        "data_dir", &spec.data_dir()},
+                                    {"init_from", &spec.init_from()},
+                                    {"checkpoint_dir", &spec.checkpoint_dir()},
+                                    {"metrics_dir", &spec.metrics_dir()}}) {
+    RETURN_IF_ERROR(CheckPath(field, *path));
   }
   if (spec.compute() == "synthetic") {
-    if (spec.model_bytes() < 4 || spec.model_bytes() % 4 != 0) {
-      return Bad("model_bytes",
-                 absl::StrCat(spec.model_bytes(),
-                              "; expected a positive multiple of 4 with "
-                              "compute synthetic"));
-    }
-    if (!(spec.compute_ms() >= 0)) {
-      return Bad("compute_ms",
-                 absl::StrCat(spec.compute_ms(), "; expected >= 0"));
-    }
-    if (!(spec.backward_fraction() >= 0 && spec.backward_fraction() <= 1)) {
-      return Bad("backward_fraction",
-                 absl::StrCat(spec.backward_fraction(),
-                              "; expected 0 to 1 (the share of compute_ms "
-                              "that is backward)"));
-    }
+    RETURN_IF_ERROR(
+        CheckBytes("model_bytes", spec.model_bytes(), 4, kMaxModelBytes));
+    RETURN_IF_ERROR(
+        CheckRange("compute_ms", spec.compute_ms(), 0.0, kMaxComputeMs, "ms"));
+    RETURN_IF_ERROR(CheckRange("backward_fraction", spec.backward_fraction(),
+                               0.0, 1.0,
+                               "(the share of compute_ms that is "
+                               "backward)"));
     if (spec.max_steps_per_epoch() < 1) {
       return Bad("max_steps_per_epoch",
                  absl::StrCat(spec.max_steps_per_epoch(),
@@ -181,58 +235,47 @@ absl::Status ValidateJobSpec(const JobSpec& spec) {
     return Bad("compute", absl::StrCat("\"", spec.compute(),
                                        "\"; expected model or synthetic"));
   }
-  if (spec.max_nonfinite_steps() < 0 ||
-      spec.max_nonfinite_steps() > 1000000) {
-    return Bad("max_nonfinite_steps",
-               absl::StrCat(spec.max_nonfinite_steps(),
-                            "; expected 0 to 1000000"));
-  }
-  if (spec.max_restarts() < 0 || spec.max_restarts() > 1000) {
-    return Bad("max_restarts",
-               absl::StrCat(spec.max_restarts(), "; expected 0 to 1000"));
-  }
-  if (!(spec.checkpoint_every_secs() >= 0 &&
-        spec.checkpoint_every_secs() <= 1e7)) {
-    return Bad("checkpoint_every_secs",
-               absl::StrCat(spec.checkpoint_every_secs(),
-                            "; expected 0 to 1e7 seconds"));
-  }
+  RETURN_IF_ERROR(CheckRange("checkpoint_every_steps",
+                             spec.checkpoint_every_steps(), 0, kMaxSteps,
+                             "(0: none)"));
+  RETURN_IF_ERROR(CheckRange("keep_checkpoints", spec.keep_checkpoints(), 1,
+                             kMaxKeepCheckpoints));
+  RETURN_IF_ERROR(CheckRange("max_nonfinite_steps", spec.max_nonfinite_steps(),
+                             0, kMaxNonfiniteSteps));
+  RETURN_IF_ERROR(
+      CheckRange("max_restarts", spec.max_restarts(), 0, kMaxRestarts));
+  RETURN_IF_ERROR(CheckRange("checkpoint_every_secs",
+                             spec.checkpoint_every_secs(), 0.0,
+                             kMaxCheckpointEverySecs, "seconds"));
   if (spec.max_restarts() > 0 && spec.mode() == "allreduce") {
     return Bad("max_restarts",
                absl::StrCat(spec.max_restarts(),
                             "; allreduce jobs do not recover from failures "
                             "(only parameter-server jobs do): expected 0"));
   }
-  if (spec.registration_timeout_s() < 1 ||
-      spec.registration_timeout_s() > 7 * 24 * 3600) {
-    return Bad("registration_timeout_s",
-               absl::StrCat(spec.registration_timeout_s(),
-                            "; expected 1 to 604800 seconds (0: 600)"));
-  }
-  if (spec.partition_bytes() < 4 || spec.partition_bytes() % 4 != 0) {
-    return Bad("partition_bytes",
-               absl::StrCat(spec.partition_bytes(),
-                            "; expected a positive multiple of 4"));
-  }
+  RETURN_IF_ERROR(CheckRange("registration_timeout_s",
+                             spec.registration_timeout_s(), 1,
+                             kMaxRegistrationTimeoutS, "seconds"));
+  // The optimizer runs in fp32: each value is checked as the update will
+  // see it.
   const OptimizerSpec& o = spec.optimizer();
-  if (!(o.lr() > 0)) {
-    return Bad("optimizer.lr", absl::StrCat(o.lr(), "; expected > 0"));
-  }
+  RETURN_IF_ERROR(CheckRange("optimizer.lr", o.lr(), kMinLr, kMaxLr));
   for (const auto& [field, value] :
        {std::pair<const char*, double>{"optimizer.beta1", o.beta1()},
         {"optimizer.beta2", o.beta2()}}) {
-    if (!(value >= 0 && value < 1)) {
-      return Bad(field, absl::StrCat(value, "; expected 0 <= beta < 1"));
+    // 1 - beta divides the bias correction: a beta that rounds to 1.0f
+    // would divide by zero.
+    if (!(value >= 0 && value < 1) || static_cast<float>(value) >= 1.0f) {
+      return Bad(field, absl::StrCat(Number(value),
+                                     "; expected 0 <= beta < 1, and below 1 "
+                                     "in fp32 (at most 0.99999994)"));
     }
   }
-  if (!(o.epsilon() > 0)) {
-    return Bad("optimizer.epsilon",
-               absl::StrCat(o.epsilon(), "; expected > 0"));
-  }
-  if (!(o.weight_decay() >= 0)) {
-    return Bad("optimizer.weight_decay",
-               absl::StrCat(o.weight_decay(), "; expected >= 0"));
-  }
+  RETURN_IF_ERROR(
+      CheckRange("optimizer.epsilon", o.epsilon(), kMinEpsilon, kMaxEpsilon));
+  RETURN_IF_ERROR(CheckRange("optimizer.weight_decay", o.weight_decay(), 0.0,
+                             kMaxWeightDecay));
+#undef PSTRAIN_CHECK
   absl::Status s = CheckHosts(spec.ps_hosts(), "ps_hosts", spec.num_ps());
   if (!s.ok()) return s;
   s = CheckHosts(spec.worker_hosts(), "worker_hosts", spec.num_workers());

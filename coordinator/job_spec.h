@@ -13,10 +13,56 @@
 // job's size, which the launcher must start as many tasks for, and proto3
 // cannot tell a field left out from one set to 0.
 //
+// Ranges (ValidateJobSpec), the one validation of a job: `pstrain run` and
+// `compare` build a spec from their flags and check it here, the
+// coordinator checks every submitted spec here (INVALID_ARGUMENT; it keeps
+// serving), and `pstrain submit` and the spec files read here too. Counts
+// and sizes are bounded so that nothing is allocated from an untrusted
+// number. In a spec file or a SubmitJob request, 0 (unset) in a field with a
+// default above means that default; a flag given as 0 is checked as 0.
+//
+//   field                    range                          unset (0)
+//   num_ps                   1 to 1024 (0 in allreduce)     required
+//   num_workers              1 to 4096                      required
+//   batch_size               1 to 65536                     required
+//   epochs                   1 to 1000000                   required
+//   seed                     1 to 2^64-1                    1
+//   log_every_steps          1 to 1e9                       200
+//   max_steps_per_epoch      0 to 1e9 (0: whole epochs)     0
+//   image_size               1 to 1024                      224
+//   num_classes              1 to 100000                    1000
+//   synthetic_samples        1 to 1e8                       12800
+//   partition_bytes          4 to 128 MiB, a multiple of 4  4 MiB
+//   bucket_bytes             4 to 1 GiB                     25 MiB
+//   model_bytes (synthetic)  4 to 16 GiB, a multiple of 4   required
+//   compute_ms (synthetic)   0 to 3600000                   0
+//   backward_fraction        0 to 1                         0
+//   checkpoint_every_steps   0 to 1e9 (0: none)             0
+//   checkpoint_every_secs    0 to 1e7 (0: by steps only)    0
+//   keep_checkpoints         1 to 1000                      3
+//   max_restarts             0 to 1000 (0 in allreduce)     0
+//   max_nonfinite_steps      0 to 1000000                   10
+//   registration_timeout_s   1 to 604800                    600
+//   optimizer.lr             1e-30 to 10                    0.001
+//   optimizer.beta1, beta2   0 <= beta < 1, also in fp32    0.9, 0.999
+//                            (1 - beta > 0 after rounding:
+//                            0.99999999 rounds to 1.0f)
+//   optimizer.epsilon        1e-30 to 1                     1e-8
+//   optimizer.weight_decay   0 to 1                         0
+//   data_dir, init_from,     at most 4096 characters
+//   checkpoint_dir, metrics_dir
+//   ps_hosts, worker_hosts   none or one per task; host 1 to 255
+//                            characters, port 0 to 65535
+// Doubles outside a range include NaN and the infinities. An error is one
+// line naming the field, the value and the range:
+// "num_workers: 2147483647; expected 1 to 4096".
+//
 // Thread-safety: pure functions.
 #ifndef PSTRAIN_COORDINATOR_JOB_SPEC_H_
 #define PSTRAIN_COORDINATOR_JOB_SPEC_H_
 
+#include <cstddef>
+#include <cstdint>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -25,6 +71,35 @@
 #include "server/adam.h"
 
 namespace pstrain {
+
+// The bounds of the table above.
+inline constexpr int kMaxNumPs = 1024;
+inline constexpr int kMaxNumWorkers = 4096;
+inline constexpr int kMaxBatchSize = 65536;
+inline constexpr int kMaxEpochs = 1000000;
+inline constexpr int64_t kMaxSteps = 1000000000;
+inline constexpr int kMaxImageSize = 1024;
+inline constexpr int kMaxNumClasses = 100000;
+inline constexpr int64_t kMaxSyntheticSamples = 100000000;
+inline constexpr int64_t kMaxPartitionBytes = int64_t{128} << 20;
+inline constexpr int64_t kMaxBucketBytes = int64_t{1} << 30;
+inline constexpr int64_t kMaxModelBytes = int64_t{16} << 30;
+inline constexpr double kMaxComputeMs = 3600000;
+inline constexpr double kMaxCheckpointEverySecs = 1e7;
+inline constexpr int kMaxKeepCheckpoints = 1000;
+inline constexpr int kMaxRestarts = 1000;
+inline constexpr int kMaxNonfiniteSteps = 1000000;
+inline constexpr int kMaxRegistrationTimeoutS = 7 * 24 * 3600;
+inline constexpr double kMinLr = 1e-30;
+inline constexpr double kMaxLr = 10;
+inline constexpr double kMinEpsilon = 1e-30;
+inline constexpr double kMaxEpsilon = 1;
+inline constexpr double kMaxWeightDecay = 1;
+inline constexpr size_t kMaxJobPathLength = 4096;
+inline constexpr size_t kMaxHostLength = 255;
+// --heartbeat_timeout_s of `pstrain run` and pstrain_coordinator: 1 to
+// 86400 seconds.
+inline constexpr int kMaxHeartbeatTimeoutS = 24 * 3600;
 
 // Parses `text` (protobuf text format) read from `source` (a file name, for
 // messages), fills the defaults and validates. INVALID_ARGUMENT with a
@@ -37,13 +112,14 @@ absl::StatusOr<JobSpec> ParseJobSpec(absl::string_view text,
 // Fills the unset fields listed above.
 void ApplyJobDefaults(JobSpec* spec);
 
-// INVALID_ARGUMENT naming the first bad field and what was expected: an
-// unknown model, dataset, backend or mode; a count below 1 (num_ps: 0 in
-// mode allreduce, >= 1 otherwise); a
-// partition_bytes that is not a positive multiple of 4; optimizer values
-// out of range (lr > 0, 0 <= beta < 1, epsilon > 0, weight_decay >= 0);
-// a host list whose length is neither 0 nor the task count; a port outside
-// 0..65535; an empty host; the same host:port (port > 0) listed twice.
+// INVALID_ARGUMENT naming the first bad field, its value and what was
+// expected: an unknown model, dataset, backend, mode, compute or
+// collective; a value outside the ranges above; a host list whose length is
+// neither 0 nor the task count; an empty host; the same host:port (port >
+// 0) listed twice; fields that contradict each other (max_restarts or a
+// collective with the wrong mode, nccl without cuda, init_from or
+// checkpoint_dir with synthetic compute). Reads `spec` after
+// ApplyJobDefaults: a 0 here is checked as 0.
 absl::Status ValidateJobSpec(const JobSpec& spec);
 
 // The Adam hyperparameters of `optimizer` (doubles in the spec, fp32 in the

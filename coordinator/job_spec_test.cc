@@ -1,6 +1,7 @@
 #include "coordinator/job_spec.h"
 
 #include <string>
+#include <utility>
 
 #include "gtest/gtest.h"
 
@@ -78,16 +79,16 @@ TEST(JobSpecTest, BadSpecsNameTheField) {
        "job.pbtxt: dataset: \"imagenet\" is not a known dataset; expected one "
        "of: cifar10, fashion_mnist, image_folder, mnist, synthetic"},
       {"num_ps: 1 num_workers: 0 batch_size: 8 epochs: 1",
-       "job.pbtxt: num_workers: 0; expected >= 1"},
+       "job.pbtxt: num_workers: 0; expected 1 to 4096"},
       {"num_ps: 1 num_workers: 1 batch_size: 8",
-       "job.pbtxt: epochs: 0; expected >= 1"},
+       "job.pbtxt: epochs: 0; expected 1 to 1000000"},
       {counts + "mode: \"semi\"",
        "job.pbtxt: mode: \"semi\"; expected sync, async or allreduce"},
       {counts + "mode: \"allreduce\"",
        "job.pbtxt: num_ps: 1; expected 0 for mode allreduce (it has no "
        "parameter servers)"},
       {"num_ps: 0 num_workers: 1 batch_size: 8 epochs: 1",
-       "job.pbtxt: num_ps: 0; expected >= 1"},
+       "job.pbtxt: num_ps: 0; expected 1 to 1024"},
       {"num_ps: 0 num_workers: 2 batch_size: 8 epochs: 1 mode: \"allreduce\" "
        "collective: \"mpi\"",
        "job.pbtxt: collective: \"mpi\"; expected gloo or nccl"},
@@ -101,14 +102,15 @@ TEST(JobSpecTest, BadSpecsNameTheField) {
       {counts + "backend: \"tpu\"",
        "job.pbtxt: backend: \"tpu\"; expected cpu or cuda"},
       {counts + "registration_timeout_s: -5",
-       "job.pbtxt: registration_timeout_s: -5; expected 1 to 604800 seconds "
-       "(0: 600)"},
+       "job.pbtxt: registration_timeout_s: -5; expected 1 to 604800 seconds"},
       {counts + "partition_bytes: 6",
-       "job.pbtxt: partition_bytes: 6; expected a positive multiple of 4"},
+       "job.pbtxt: partition_bytes: 6; expected a multiple of 4 from 4 to "
+       "134217728 bytes"},
       {counts + "optimizer { lr: 0 }",
-       "job.pbtxt: optimizer.lr: 0; expected > 0"},
+       "job.pbtxt: optimizer.lr: 0; expected 1e-30 to 10"},
       {counts + "optimizer { beta1: 1 }",
-       "job.pbtxt: optimizer.beta1: 1; expected 0 <= beta < 1"},
+       "job.pbtxt: optimizer.beta1: 1; expected 0 <= beta < 1, and below 1 "
+       "in fp32 (at most 0.99999994)"},
       {counts + "ps_hosts { host: \"a\" port: 1 } ps_hosts { host: \"b\" }",
        "job.pbtxt: ps_hosts: 2 entries; expected 1 (one per task) or none"},
       {counts + "worker_hosts { host: \"a\" port: 70000 }",
@@ -125,6 +127,167 @@ TEST(JobSpecTest, BadSpecsNameTheField) {
     EXPECT_EQ(spec.status().code(), absl::StatusCode::kInvalidArgument)
         << c.text;
     EXPECT_EQ(spec.status().message(), c.error) << c.text;
+  }
+}
+
+// Every range of job_spec.h at its edges: the bound itself is accepted,
+// one step beyond it is refused with the field, the value and the range.
+TEST(JobSpecTest, RangesAcceptTheirBoundsAndRefuseOneBeyond) {
+  const std::string base = "num_ps: 1 num_workers: 1 batch_size: 8 epochs: 1 ";
+  const std::string synthetic_no_model_bytes =
+      "num_ps: 1 num_workers: 1 batch_size: 8 epochs: 1 compute: "
+      "\"synthetic\" max_steps_per_epoch: 5 ";
+  const std::string synthetic = synthetic_no_model_bytes + "model_bytes: 400 ";
+  const struct {
+    std::string ok;   // just inside
+    std::string bad;  // just outside
+    std::string error;
+  } cases[] = {
+      {"num_ps: 1024 num_workers: 1 batch_size: 8 epochs: 1",
+       "num_ps: 1025 num_workers: 1 batch_size: 8 epochs: 1",
+       "num_ps: 1025; expected 1 to 1024"},
+      {"num_ps: 1 num_workers: 4096 batch_size: 8 epochs: 1",
+       "num_ps: 1 num_workers: 4097 batch_size: 8 epochs: 1",
+       "num_workers: 4097; expected 1 to 4096"},
+      {"num_ps: 1 num_workers: 1 batch_size: 8 epochs: 1",
+       "num_ps: 1 num_workers: 2147483647 batch_size: 8 epochs: 1",
+       "num_workers: 2147483647; expected 1 to 4096"},
+      {"num_ps: 1 num_workers: 1 batch_size: 65536 epochs: 1",
+       "num_ps: 1 num_workers: 1 batch_size: 65537 epochs: 1",
+       "batch_size: 65537; expected 1 to 65536"},
+      {"num_ps: 1 num_workers: 1 batch_size: 1 epochs: 1",
+       "num_ps: 1 num_workers: 1 batch_size: -1 epochs: 1",
+       "batch_size: -1; expected 1 to 65536"},
+      {"num_ps: 1 num_workers: 1 batch_size: 8 epochs: 1000000",
+       "num_ps: 1 num_workers: 1 batch_size: 8 epochs: 1000001",
+       "epochs: 1000001; expected 1 to 1000000"},
+      {base + "log_every_steps: 1000000000", base + "log_every_steps: -1",
+       "log_every_steps: -1; expected 1 to 1000000000"},
+      {base + "max_steps_per_epoch: 1000000000",
+       base + "max_steps_per_epoch: 1000000001",
+       "max_steps_per_epoch: 1000000001; expected 0 to 1000000000 (0: whole "
+       "epochs)"},
+      {base + "image_size: 1024", base + "image_size: 1025",
+       "image_size: 1025; expected 1 to 1024"},
+      {base + "num_classes: 100000", base + "num_classes: 100001",
+       "num_classes: 100001; expected 1 to 100000"},
+      {base + "synthetic_samples: 100000000",
+       base + "synthetic_samples: 100000001",
+       "synthetic_samples: 100000001; expected 1 to 100000000"},
+      {base + "partition_bytes: 134217728", base + "partition_bytes: 134217732",
+       "partition_bytes: 134217732; expected a multiple of 4 from 4 to "
+       "134217728 bytes"},
+      {base + "partition_bytes: 4", base + "partition_bytes: -4",
+       "partition_bytes: -4; expected a multiple of 4 from 4 to 134217728 "
+       "bytes"},
+      {base + "bucket_bytes: 1073741824", base + "bucket_bytes: 1073741825",
+       "bucket_bytes: 1073741825; expected 4 to 1073741824 bytes"},
+      {synthetic_no_model_bytes + "model_bytes: 17179869184",
+       synthetic_no_model_bytes + "model_bytes: 17179869188",
+       "model_bytes: 17179869188; expected a multiple of 4 from 4 to "
+       "17179869184 bytes"},
+      {synthetic + "compute_ms: 3600000", synthetic + "compute_ms: 3600000.5",
+       "compute_ms: 3600000.5; expected 0 to 3600000 ms"},
+      {synthetic + "compute_ms: 0", synthetic + "compute_ms: nan",
+       "compute_ms: nan; expected 0 to 3600000 ms"},
+      {synthetic + "backward_fraction: 1",
+       synthetic + "backward_fraction: 1.01",
+       "backward_fraction: 1.01; expected 0 to 1 (the share of compute_ms "
+       "that is backward)"},
+      {base + "checkpoint_every_steps: 1000000000",
+       base + "checkpoint_every_steps: -1",
+       "checkpoint_every_steps: -1; expected 0 to 1000000000 (0: none)"},
+      {base + "checkpoint_every_secs: 10000000",
+       base + "checkpoint_every_secs: inf",
+       "checkpoint_every_secs: inf; expected 0 to 10000000 seconds"},
+      {base + "keep_checkpoints: 1000", base + "keep_checkpoints: 1001",
+       "keep_checkpoints: 1001; expected 1 to 1000"},
+      {base + "keep_checkpoints: 1", base + "keep_checkpoints: -1",
+       "keep_checkpoints: -1; expected 1 to 1000"},
+      {base + "max_restarts: 1000", base + "max_restarts: 1001",
+       "max_restarts: 1001; expected 0 to 1000"},
+      {base + "max_nonfinite_steps: 1000000",
+       base + "max_nonfinite_steps: 1000001",
+       "max_nonfinite_steps: 1000001; expected 0 to 1000000"},
+      {base + "max_nonfinite_steps: 0", base + "max_nonfinite_steps: -1",
+       "max_nonfinite_steps: -1; expected 0 to 1000000"},
+      {base + "registration_timeout_s: 604800",
+       base + "registration_timeout_s: 604801",
+       "registration_timeout_s: 604801; expected 1 to 604800 seconds"},
+      {base + "optimizer { lr: 10 }", base + "optimizer { lr: 10.000001 }",
+       "optimizer.lr: 10.000001; expected 1e-30 to 10"},
+      {base + "optimizer { lr: 1e-30 }", base + "optimizer { lr: -0.001 }",
+       "optimizer.lr: -0.001; expected 1e-30 to 10"},
+      {base + "optimizer { lr: 0.1 }", base + "optimizer { lr: inf }",
+       "optimizer.lr: inf; expected 1e-30 to 10"},
+      {base + "optimizer { lr: 0.1 }", base + "optimizer { lr: nan }",
+       "optimizer.lr: nan; expected 1e-30 to 10"},
+      {base + "optimizer { epsilon: 1 }", base + "optimizer { epsilon: inf }",
+       "optimizer.epsilon: inf; expected 1e-30 to 1"},
+      {base + "optimizer { epsilon: 1e-30 }",
+       base + "optimizer { epsilon: 1e-31 }",
+       "optimizer.epsilon: 1e-31; expected 1e-30 to 1"},
+      {base + "optimizer { weight_decay: 1 }",
+       base + "optimizer { weight_decay: 1.5 }",
+       "optimizer.weight_decay: 1.5; expected 0 to 1"},
+      {base + "optimizer { weight_decay: 0 }",
+       base + "optimizer { weight_decay: -inf }",
+       "optimizer.weight_decay: -inf; expected 0 to 1"},
+      {base + "optimizer { beta1: 0 }", base + "optimizer { beta1: -0.1 }",
+       "optimizer.beta1: -0.1; expected 0 <= beta < 1, and below 1 in fp32 "
+       "(at most 0.99999994)"},
+      // 0.99999994 is the largest float below 1; 0.99999999 rounds to 1.0f,
+      // where 1 - beta2 would divide by zero.
+      {base + "optimizer { beta2: 0.99999994 }",
+       base + "optimizer { beta2: 0.99999999 }",
+       "optimizer.beta2: 0.99999999; expected 0 <= beta < 1, and below 1 in "
+       "fp32 (at most 0.99999994)"},
+      {base + "data_dir: \"" + std::string(4096, 'd') + "\"",
+       base + "data_dir: \"" + std::string(4097, 'd') + "\"",
+       "data_dir: a path of 4097 characters; expected at most 4096"},
+      {base + "ps_hosts { host: \"" + std::string(255, 'h') + "\" }",
+       base + "ps_hosts { host: \"" + std::string(256, 'h') + "\" }",
+       "ps_hosts[0]: a host of 256 characters; expected at most 255"},
+  };
+  for (const auto& c : cases) {
+    absl::StatusOr<JobSpec> ok = ParseJobSpec(c.ok, "job.pbtxt");
+    EXPECT_TRUE(ok.ok()) << c.ok.substr(0, 200) << ": " << ok.status();
+    absl::StatusOr<JobSpec> bad = ParseJobSpec(c.bad, "job.pbtxt");
+    EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument)
+        << c.bad.substr(0, 200);
+    EXPECT_EQ(bad.status().message(), "job.pbtxt: " + c.error)
+        << c.bad.substr(0, 200);
+  }
+}
+
+// In a spec, 0 means "unset": the documented default, which is in range.
+// Built by hand (as `pstrain run` does) and not defaulted, 0 is checked as 0.
+TEST(JobSpecTest, ZeroIsTheDefaultInASpecButAnErrorWhenSetExplicitly) {
+  absl::StatusOr<JobSpec> spec = ParseJobSpec(
+      "num_ps: 1 num_workers: 1 batch_size: 8 epochs: 1 partition_bytes: 0 "
+      "log_every_steps: 0 keep_checkpoints: 0 seed: 0",
+      "job.pbtxt");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->partition_bytes(), 4 << 20);
+  EXPECT_EQ(spec->log_every_steps(), 200);
+  EXPECT_EQ(spec->keep_checkpoints(), 3);
+  EXPECT_EQ(spec->seed(), 1u);
+  for (const auto& [field, error] :
+       {std::pair<std::string, std::string>{
+            "partition_bytes",
+            "partition_bytes: 0; expected a multiple of 4 from 4 to "
+            "134217728 bytes"},
+        {"log_every_steps", "log_every_steps: 0; expected 1 to 1000000000"},
+        {"keep_checkpoints", "keep_checkpoints: 0; expected 1 to 1000"},
+        {"seed", "seed: 0; expected 1 to 18446744073709551615"}}) {
+    JobSpec zero = *spec;
+    const google::protobuf::FieldDescriptor* f =
+        zero.GetDescriptor()->FindFieldByName(field);
+    ASSERT_NE(f, nullptr) << field;
+    zero.GetReflection()->ClearField(&zero, f);
+    const absl::Status s = ValidateJobSpec(zero);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << field;
+    EXPECT_EQ(s.message(), error);
   }
 }
 

@@ -95,9 +95,19 @@ absl::StatusOr<TaskAgentOptions> TaskAgentOptionsFromFlags(TaskRole role) {
   if (absl::Status s = CheckTlsFiles(*tls, self); !s.ok()) return s;
   options.tls = *tls;
   const double interval = absl::GetFlag(FLAGS_heartbeat_interval_s);
-  if (!(interval > 0)) {
+  if (!(interval >= 0.01 && interval <= 3600)) {
     return absl::InvalidArgumentError(
-        absl::StrCat("--heartbeat_interval_s=", interval, ": expected > 0"));
+        absl::StrCat("--heartbeat_interval_s=", interval,
+                     ": expected 0.01 to 3600 seconds"));
+  }
+  for (const absl::Status& s :
+       {CheckFlagRange("coordinator_timeout_s",
+                       absl::GetFlag(FLAGS_coordinator_timeout_s), 1, 86400,
+                       "seconds"),
+        CheckFlagRange("coordinator_rpc_timeout_s",
+                       absl::GetFlag(FLAGS_coordinator_rpc_timeout_s), 1, 86400,
+                       "seconds")}) {
+    if (!s.ok()) return s;
   }
   options.heartbeat_interval = absl::Seconds(interval);
   options.coordinator_timeout =
@@ -154,9 +164,10 @@ absl::StatusOr<TaskThreads> ResolveTaskThreads(
     int flag, int cores,
     const std::function<const char*(const char*)>& getenv) {
   TaskThreads out;
-  if (flag < 0) {
+  if (flag < 0 || flag > kMaxTaskThreads) {
     return absl::InvalidArgumentError(
-        absl::StrCat("--threads=", flag, ": expected >= 1 (0: automatic)"));
+        absl::StrCat("--threads=", flag, ": expected 1 to ", kMaxTaskThreads,
+                     " (0: automatic)"));
   }
   if (flag > 0) {
     out.threads = flag;

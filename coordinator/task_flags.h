@@ -39,6 +39,9 @@ ABSL_DECLARE_FLAG(int, threads);
 
 namespace pstrain {
 
+// --threads: 0 (automatic) or 1 to this.
+inline constexpr int kMaxTaskThreads = 1024;
+
 // The task's identity and timeouts from the flags. INVALID_ARGUMENT naming
 // the flag: --coordinator or --job empty, --role not `role`, no index
 // (neither --task_index nor a launcher's rank variable), a negative index.

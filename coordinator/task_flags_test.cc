@@ -58,7 +58,10 @@ TEST(TaskThreadsTest, NothingSetMeansEveryCoreWithAWarning) {
 
 TEST(TaskThreadsTest, BadValuesAreNamed) {
   EXPECT_EQ(ResolveTaskThreads(-1, 16, Env({})).status().message(),
-            "--threads=-1: expected >= 1 (0: automatic)");
+            "--threads=-1: expected 1 to 1024 (0: automatic)");
+  EXPECT_EQ(ResolveTaskThreads(1025, 16, Env({})).status().message(),
+            "--threads=1025: expected 1 to 1024 (0: automatic)");
+  EXPECT_TRUE(ResolveTaskThreads(1024, 16, Env({})).ok());
   EXPECT_EQ(ResolveTaskThreads(0, 16, Env({{"SLURM_CPUS_PER_TASK", "x"}}))
                 .status()
                 .message(),

@@ -20,7 +20,6 @@
 #include <string>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -63,7 +62,19 @@ int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "One pstrain parameter-server shard: pstrain_ps --coordinator=HOST:PORT "
       "--job=ID --task_index=N [--bind=ADDR --port=P --advertise=HOST]");
-  absl::ParseCommandLine(argc, argv);
+  pstrain::ParseFlagsOrExit(argc, argv, kProgram, "pstrain_ps --help");
+  for (const absl::Status& s :
+       {pstrain::CheckFlagRange("pull_timeout_s",
+                                absl::GetFlag(FLAGS_pull_timeout_s), 1, 86400,
+                                "seconds"),
+        pstrain::CheckFlagRange("idle_timeout_s",
+                                absl::GetFlag(FLAGS_idle_timeout_s), 1,
+                                7 * 86400, "seconds")}) {
+    if (!s.ok()) {
+      pstrain::PrintError(kProgram, s.message());
+      return 2;
+    }
+  }
 
   int exit_code = 0;
   absl::StatusOr<pstrain::JoinedTask> joined =

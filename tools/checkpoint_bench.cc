@@ -51,7 +51,7 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -602,7 +602,12 @@ absl::Status TrainBench() {
 }  // namespace pstrain
 
 int main(int argc, char** argv) {
-  absl::ParseCommandLine(argc, argv);
+  absl::SetProgramUsageMessage(
+      "checkpoint_bench [--flags]: what checkpoints cost: --write (a "
+      "checkpoint against write+fsync of the same bytes) and --train (step "
+      "time with and without checkpoints).");
+  pstrain::ParseFlagsOrExit(argc, argv, "checkpoint_bench",
+                            "checkpoint_bench --help");
   absl::Status status;
   if (absl::GetFlag(FLAGS_write)) status = pstrain::WriteBench();
   if (status.ok() && absl::GetFlag(FLAGS_train)) status = pstrain::TrainBench();

@@ -37,6 +37,12 @@ int Fail(int code, const std::string& message) {
 // A stub as the administrator (--tls_dir's admin certificate), or
 // plaintext with --insecure; exits 2 naming the problem otherwise.
 std::unique_ptr<Coordinator::Stub> Stub() {
+  if (absl::Status s =
+          CheckFlagRange("rpc_timeout_s", absl::GetFlag(FLAGS_rpc_timeout_s), 1,
+                         86400, "seconds");
+      !s.ok()) {
+    std::exit(Fail(2, std::string(s.message())));
+  }
   absl::StatusOr<TlsOptions> tls = TlsOptionsFromFlags(kProgram);
   absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials =
       tls.ok() ? ChannelCredentials(*tls, TlsIdentity{TlsRole::kAdmin})
@@ -213,6 +219,11 @@ int LogsCommand(const std::vector<std::string>& args) {
 int WaitCommand(const std::vector<std::string>& args) {
   if (args.size() != 1) {
     return Fail(2, "usage: pstrain wait JOB_ID [--coordinator=HOST:PORT]");
+  }
+  if (absl::Status s = CheckFlagRange(
+          "wait_poll_ms", absl::GetFlag(FLAGS_wait_poll_ms), 1, 60000, "ms");
+      !s.ok()) {
+    return Fail(2, std::string(s.message()));
   }
   auto stub = Stub();
   JobState last = JOB_STATE_UNSPECIFIED;

@@ -26,10 +26,11 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/flags_util.h"
 #include "common/partition.h"
 #include "common/rpc_options.h"
 #include "common/tls.h"
@@ -197,7 +198,10 @@ PsRun TimePs(int num_shards, const std::vector<int64_t>& sizes,
 }  // namespace pstrain
 
 int main(int argc, char** argv) {
-  absl::ParseCommandLine(argc, argv);
+  absl::SetProgramUsageMessage(
+      "ps_bench [--flags]: push+pull of a model between one worker and "
+      "--shards PS shards on loopback, against plain TCP sockets.");
+  pstrain::ParseFlagsOrExit(argc, argv, "ps_bench", "ps_bench --help");
   std::vector<int> shard_counts;
   for (const std::string& s : absl::GetFlag(FLAGS_shards)) {
     int n = 0;

@@ -34,12 +34,12 @@
 
 #include "absl/flags/declare.h"
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "common/flags_util.h"
 #include "common/status.h"
@@ -52,6 +52,7 @@
 #include "models/model_file.h"
 #include "proto/coordinator.pb.h"
 #include "tools/certs_command.h"
+#include "tools/command_help.h"
 #include "tools/compare.h"
 #include "tools/job_commands.h"
 #include "tools/launch_lines.h"
@@ -310,29 +311,76 @@ absl::Status CheckRoom(const Placement& placement, int num_ps, int num_workers,
   return absl::OkStatus();
 }
 
-// The flags' own checks, before a spec is built, naming the flag.
-absl::Status CheckModelFlags() {
-  const std::string model = absl::GetFlag(FLAGS_model);
-  if (!Model::IsKnown(model)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--model=", model,
-        ": unknown model; expected one of: ", Model::KnownModels()));
-  }
-  const int batch_size = absl::GetFlag(FLAGS_batch_size);
-  if (batch_size <= 0) {
+// The flags that `spec` (built from them) would ignore, given on the
+// command line anyway: an error naming the first, so that nobody believes a
+// flag took effect that did not. `command` is "run" or "compare".
+absl::Status CheckIgnoredFlags(const JobSpec& spec, const std::string& command,
+                               bool any_ps_mode, bool any_allreduce) {
+  auto ignored = [&](const char* flag, const std::string& why) {
     return absl::InvalidArgumentError(
-        absl::StrCat("--batch_size=", batch_size,
-                     ": expected a positive number of samples per worker"));
+        absl::StrCat("--", flag, " would be ignored: ", why,
+                     "; see pstrain help ", command));
+  };
+  const std::string modes =
+      command == "run" ? absl::StrCat("--mode=", spec.mode())
+                       : absl::StrCat("--modes=", absl::GetFlag(FLAGS_modes));
+  if (!any_allreduce && FlagSpecified("bucket_bytes")) {
+    return ignored(
+        "bucket_bytes",
+        absl::StrCat("only allreduce has gradient buckets, not ", modes));
   }
-  const int epochs = absl::GetFlag(FLAGS_epochs);
-  if (epochs <= 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--epochs=", epochs, ": expected >= 1"));
+  if (!any_ps_mode) {
+    for (const char* flag :
+         {"num_ps", "partition_bytes", "checkpoint_every_steps",
+          "checkpoint_every_secs", "keep_checkpoints", "resume", "max_restarts",
+          "max_nonfinite_steps"}) {
+      if (FlagSpecified(flag)) {
+        return ignored(flag, absl::StrCat("it is for the parameter-server "
+                                          "modes (sync, async), not ",
+                                          modes));
+      }
+    }
   }
-  const std::string compute = absl::GetFlag(FLAGS_compute);
-  if (compute != "model" && compute != "synthetic") {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--compute=", compute, ": expected model or synthetic"));
+  const bool synthetic = spec.compute() == "synthetic";
+  for (const char* flag : {"compute_ms", "model_bytes", "backward_fraction"}) {
+    if (!synthetic && FlagSpecified(flag)) {
+      return ignored(flag, "it is for --compute=synthetic");
+    }
+  }
+  if (synthetic) {
+    for (const char* flag : {"dataset", "data_dir", "image_size", "num_classes",
+                             "synthetic_samples"}) {
+      if (FlagSpecified(flag)) {
+        return ignored(flag, "--compute=synthetic reads no dataset");
+      }
+    }
+  } else {
+    const std::string& dataset = spec.dataset();
+    if (dataset != "synthetic") {
+      for (const char* flag : {"num_classes", "synthetic_samples"}) {
+        if (FlagSpecified(flag)) {
+          return ignored(flag, absl::StrCat("it is for --dataset=synthetic, "
+                                            "not ",
+                                            dataset));
+        }
+      }
+      if (dataset != "image_folder" && FlagSpecified("image_size")) {
+        return ignored("image_size",
+                       absl::StrCat("it is for --dataset=synthetic or "
+                                    "image_folder, not ",
+                                    dataset));
+      }
+    }
+  }
+  if (spec.backend() == "cpu" && FlagSpecified("gpu")) {
+    return ignored("gpu", "it is for --backend=cuda");
+  }
+  if (command == "compare" && absl::GetFlag(FLAGS_steps) > 0) {
+    for (const char* flag : {"epochs", "max_steps_per_epoch"}) {
+      if (FlagSpecified(flag)) {
+        return ignored(flag, "--steps sets one epoch of that many steps");
+      }
+    }
   }
   return absl::OkStatus();
 }
@@ -387,7 +435,9 @@ JobSpec SpecFromFlags(const std::string& mode, int num_ps, int num_workers) {
   optimizer->set_beta2(absl::GetFlag(FLAGS_beta2));
   optimizer->set_epsilon(absl::GetFlag(FLAGS_epsilon));
   optimizer->set_weight_decay(absl::GetFlag(FLAGS_weight_decay));
-  ApplyJobDefaults(&spec);
+  // Not ApplyJobDefaults: every field above comes from a flag with its own
+  // default, and a flag given as 0 is checked as 0, not made a default.
+  if (mode == "allreduce") spec.set_collective("gloo");
   return spec;
 }
 
@@ -396,7 +446,11 @@ JobSpec SpecFromFlags(const std::string& mode, int num_ps, int num_workers) {
 // null with synthetic compute.
 absl::Status CheckSpec(const JobSpec& spec, const Dataset* dataset) {
   if (absl::Status s = ValidateJobSpec(spec); !s.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat("flags: ", s.message()));
+    // "num_workers: 0; expected ..." names the flag --num_workers;
+    // "optimizer.lr: ..." names --lr.
+    absl::string_view message = s.message();
+    absl::ConsumePrefix(&message, "optimizer.");
+    return absl::InvalidArgumentError(absl::StrCat("--", message));
   }
   if (dataset != nullptr &&
       dataset->train.count / spec.num_workers() < spec.batch_size()) {
@@ -643,29 +697,6 @@ absl::Status CheckModelFiles(const JobSpec& spec, const Dataset* dataset) {
     }
   }
   const std::string dir = spec.checkpoint_dir();
-  if (absl::GetFlag(FLAGS_max_restarts) < -1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--max_restarts=", absl::GetFlag(FLAGS_max_restarts),
-                     ": expected >= 0 (or -1: 3 with --checkpoint_dir)"));
-  }
-  if (spec.max_restarts() > 0 && spec.mode() == "allreduce") {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--max_restarts=", spec.max_restarts(),
-                     ": allreduce jobs do not recover from failures; only "
-                     "parameter-server jobs (--mode=sync or async) do"));
-  }
-  if (spec.checkpoint_every_steps() < 0 || spec.keep_checkpoints() < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--checkpoint_every_steps=", spec.checkpoint_every_steps(),
-                     " --keep_checkpoints=", spec.keep_checkpoints(),
-                     ": expected >= 0 and >= 1"));
-  }
-  if (!(spec.checkpoint_every_secs() >= 0 &&
-        spec.checkpoint_every_secs() <= 1e7)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--checkpoint_every_secs=", spec.checkpoint_every_secs(),
-                     ": expected 0 to 1e7 seconds"));
-  }
   const bool checkpointing =
       spec.checkpoint_every_steps() > 0 || spec.checkpoint_every_secs() > 0;
   if (dir.empty()) {
@@ -781,14 +812,20 @@ int Eval() {
   return 0;
 }
 
+// --max_restarts: -1 (a default that depends on --checkpoint_dir) or a
+// count, which ValidateJobSpec checks.
+absl::Status CheckMaxRestartsFlag() {
+  const int max_restarts = absl::GetFlag(FLAGS_max_restarts);
+  if (max_restarts >= -1) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat("--max_restarts=", max_restarts, ": expected 0 to ",
+                   kMaxRestarts, ", or -1 (3 with --checkpoint_dir, else 0)"));
+}
+
 int Run() {
   const std::string mode = absl::GetFlag(FLAGS_mode);
-  if (mode != "sync" && mode != "async" && mode != "allreduce") {
-    return Fail(2, absl::StrCat("--mode=", mode,
-                                ": expected sync, async or allreduce"));
-  }
   // Every check before any process starts.
-  if (absl::Status s = CheckModelFlags(); !s.ok()) {
+  if (absl::Status s = CheckMaxRestartsFlag(); !s.ok()) {
     return Fail(2, std::string(s.message()));
   }
   absl::StatusOr<std::vector<int>> num_ps =
@@ -801,6 +838,22 @@ int Run() {
   }
   const JobSpec spec =
       SpecFromFlags(mode, (*num_ps)[0], absl::GetFlag(FLAGS_num_workers));
+  if (absl::Status s = CheckFlagRange("heartbeat_timeout_s",
+                                      absl::GetFlag(FLAGS_heartbeat_timeout_s),
+                                      1, kMaxHeartbeatTimeoutS, "seconds");
+      !s.ok()) {
+    return Fail(2, std::string(s.message()));
+  }
+  // The spec's ranges (the same ValidateJobSpec as a submitted spec's), then
+  // the flags the job would ignore.
+  if (absl::Status s = CheckSpec(spec, nullptr); !s.ok()) {
+    return Fail(2, std::string(s.message()));
+  }
+  if (absl::Status s = CheckIgnoredFlags(spec, "run", mode != "allreduce",
+                                         mode == "allreduce");
+      !s.ok()) {
+    return Fail(2, std::string(s.message()));
+  }
   absl::StatusOr<Placement> placement = PlacementFromFlags();
   if (!placement.ok()) {
     return Fail(2, std::string(placement.status().message()));
@@ -854,9 +907,6 @@ absl::Status RunGnuplot(const std::string& dir, const std::string& script) {
 
 int Compare() {
   // Every check before any process starts.
-  if (absl::Status s = CheckModelFlags(); !s.ok()) {
-    return Fail(2, std::string(s.message()));
-  }
   absl::StatusOr<std::vector<int>> workers =
       ParsePositiveList("workers", absl::GetFlag(FLAGS_workers));
   if (!workers.ok()) return Fail(2, std::string(workers.status().message()));
@@ -865,6 +915,31 @@ int Compare() {
   if (!num_ps.ok()) return Fail(2, std::string(num_ps.status().message()));
   std::vector<std::string> modes =
       absl::StrSplit(absl::GetFlag(FLAGS_modes), ',');
+  bool any_ps_mode = false;
+  bool any_allreduce = false;
+  for (const std::string& mode : modes) {
+    absl::StatusOr<std::string> job_mode = JobModeOf(mode);
+    if (!job_mode.ok()) {
+      return Fail(2, std::string(job_mode.status().message()));
+    }
+    (*job_mode == "allreduce" ? any_allreduce : any_ps_mode) = true;
+  }
+  // What every configuration shares (model, data, compute, optimizer),
+  // checked once here; each configuration's own spec in the loop below.
+  JobSpec shared = SpecFromFlags(any_ps_mode ? "sync" : "allreduce",
+                                 (*num_ps)[0], (*workers)[0]);
+  if (absl::GetFlag(FLAGS_steps) > 0) {
+    shared.set_epochs(1);
+    shared.set_max_steps_per_epoch(absl::GetFlag(FLAGS_steps));
+  }
+  if (absl::Status s = CheckSpec(shared, nullptr); !s.ok()) {
+    return Fail(2, std::string(s.message()));
+  }
+  if (absl::Status s =
+          CheckIgnoredFlags(shared, "compare", any_ps_mode, any_allreduce);
+      !s.ok()) {
+    return Fail(2, std::string(s.message()));
+  }
   const std::string out_dir = absl::GetFlag(FLAGS_out_dir);
   if (out_dir.empty()) {
     return Fail(2,
@@ -1037,11 +1112,70 @@ int main(int argc, char** argv) {
       "pstrain node --coordinator=HOST:PORT --job=ID: start this node's "
       "tasks of a job and wait for them.");
   pstrain::g_command_line = absl::StrJoin(argv, argv + argc, " ");
-  std::vector<char*> positional = absl::ParseCommandLine(argc, argv);
-  const std::string command = positional.size() > 1 ? positional[1] : "";
+  // Unknown flags and bad values: exit 2 here. --help is answered below, by
+  // command.
+  // Where an unknown flag's error points: the help of the command named
+  // (the first argument that is not a flag), else the list of commands.
+  std::string hint = "pstrain help";
+  for (int i = 1; i < argc; ++i) {
+    if (argv[i][0] == '-') continue;
+    if (pstrain::FindCommand(argv[i]) != nullptr) {
+      hint = absl::StrCat("pstrain help ", argv[i]);
+    }
+    break;
+  }
+  const std::vector<std::string> positional = pstrain::ParseFlagsOrExit(
+      argc, argv, "pstrain", hint, /*handle_help=*/false);
+  const std::string command = positional.empty() ? "" : positional[0];
   const std::vector<std::string> args(
-      positional.size() > 2 ? positional.begin() + 2 : positional.end(),
+      positional.empty() ? positional.end() : positional.begin() + 1,
       positional.end());
+  if (command.empty() && pstrain::HelpRequested()) {
+    pstrain::PrintUsageAndExit();
+  }
+  if (command == "help") {
+    if (args.size() > 1) {
+      pstrain::PrintError("pstrain", "usage: pstrain help [COMMAND]");
+      return 2;
+    }
+    const pstrain::CommandInfo* topic =
+        args.empty() ? nullptr : pstrain::FindCommand(args[0]);
+    if (!args.empty() && topic == nullptr) {
+      pstrain::PrintError("pstrain", absl::StrCat("unknown command \"", args[0],
+                                                  "\"; see pstrain help"));
+      return 2;
+    }
+    std::printf("%s", topic == nullptr ? pstrain::CommandsOverview().c_str()
+                                       : pstrain::CommandHelp(*topic).c_str());
+    return 0;
+  }
+  const pstrain::CommandInfo* info = pstrain::FindCommand(command);
+  if (info == nullptr) {
+    pstrain::PrintError(
+        "pstrain",
+        command.empty()
+            ? "expected a command (run, compare, eval, submit, status, logs, "
+              "cancel, wait, launch-lines, install, certs, node, help); see "
+              "pstrain help"
+            : absl::StrCat("unknown command \"", command,
+                           "\"; see pstrain help"));
+    return 2;
+  }
+  if (pstrain::HelpRequested()) {
+    std::printf("%s", pstrain::CommandHelp(*info).c_str());
+    return 0;
+  }
+  if (absl::Status s = pstrain::CheckFlagsOf(*info); !s.ok()) {
+    pstrain::PrintError("pstrain", s.message());
+    return 2;
+  }
+  if ((command == "run" || command == "compare" || command == "eval") &&
+      !args.empty()) {
+    pstrain::PrintError(
+        "pstrain", absl::StrCat("pstrain ", command, ": unexpected argument \"",
+                                args[0], "\"; see pstrain help ", command));
+    return 2;
+  }
   if (command == "run" && args.empty()) return pstrain::Run();
   if (command == "compare" && args.empty()) return pstrain::Compare();
   if (command == "eval" && args.empty()) return pstrain::Eval();
@@ -1064,13 +1198,5 @@ int main(int argc, char** argv) {
         args, {pstrain::SelfBinary(), pstrain::PsBinary(),
                pstrain::WorkerBinary(), pstrain::CoordinatorBinary()});
   }
-  pstrain::PrintError(
-      "pstrain",
-      absl::StrCat("expected a command (run, eval, submit, status, logs, "
-                   "cancel, "
-                   "wait, launch-lines, install, node, certs); "
-                   "got \"",
-                   command, "\"", args.empty() ? "" : " and more",
-                   " (usage: pstrain run [--flags])"));
-  return 2;
+  return 2;  // Commands() lists no other command.
 }

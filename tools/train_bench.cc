@@ -30,7 +30,6 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -409,6 +408,6 @@ int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "Training throughput of a zoo model; --compare_pytorch times PyTorch "
       "too.");
-  absl::ParseCommandLine(argc, argv);
+  pstrain::ParseFlagsOrExit(argc, argv, "train_bench", "train_bench --help");
   return pstrain::Main();
 }

@@ -19,7 +19,6 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
 #include "common/flags_util.h"
@@ -67,7 +66,20 @@ int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "One pstrain data-parallel worker: pstrain_worker "
       "--coordinator=HOST:PORT --job=ID --task_index=N [--gpu=G]");
-  absl::ParseCommandLine(argc, argv);
+  pstrain::ParseFlagsOrExit(argc, argv, kProgram, "pstrain_worker --help");
+  for (const absl::Status& s :
+       {pstrain::CheckFlagRange("init_timeout_s",
+                                absl::GetFlag(FLAGS_init_timeout_s), 1, 86400,
+                                "seconds"),
+        pstrain::CheckFlagRange("rpc_timeout_s",
+                                absl::GetFlag(FLAGS_rpc_timeout_s), 1, 86400,
+                                "seconds"),
+        pstrain::CheckFlagRange("gpu", absl::GetFlag(FLAGS_gpu), 0, 1023)}) {
+    if (!s.ok()) {
+      pstrain::PrintError(kProgram, s.message());
+      return 2;
+    }
+  }
 
   int exit_code = 0;
   absl::StatusOr<pstrain::JoinedTask> joined =

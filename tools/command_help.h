@@ -1,0 +1,46 @@
+// The subcommands of `pstrain`: what each does, its synopsis and the flags
+// it reads, for `pstrain help [COMMAND]`, `pstrain COMMAND --help` and the
+// check that refuses a flag the command would ignore.
+//
+// Thread-safety: call from main() only (reads the flag registry).
+#ifndef PSTRAIN_TOOLS_COMMAND_HELP_H_
+#define PSTRAIN_TOOLS_COMMAND_HELP_H_
+
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
+
+namespace pstrain {
+
+struct CommandInfo {
+  std::string name;      // "run"
+  std::string synopsis;  // "pstrain run [--flags]"
+  std::string summary;   // a paragraph
+  // Every flag the command reads (no dashes); any other flag given with it
+  // is an error.
+  std::vector<std::string> flags;
+};
+
+// Every subcommand, in the order `pstrain help` lists them.
+const std::vector<CommandInfo>& Commands();
+
+// The command called `name`, or null.
+const CommandInfo* FindCommand(absl::string_view name);
+
+// `pstrain help`: the synopsis of every command.
+std::string CommandsOverview();
+
+// `pstrain help COMMAND`: its synopsis and summary, then each of its flags
+// with its help and default.
+std::string CommandHelp(const CommandInfo& command);
+
+// INVALID_ARGUMENT "--x is not a flag of pstrain COMMAND (it would be
+// ignored); see pstrain help COMMAND" for the first flag on the command line
+// that `command` does not read.
+absl::Status CheckFlagsOf(const CommandInfo& command);
+
+}  // namespace pstrain
+
+#endif  // PSTRAIN_TOOLS_COMMAND_HELP_H_
