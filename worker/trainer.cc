@@ -752,15 +752,21 @@ absl::StatusOr<TrainerOutput> RunWorker(const TrainerOptions& options,
       RETURN_IF_ERROR(exchange->Step(gradients, options.batch_size));
       RETURN_IF_ERROR(workload->LoadWeights());
       const absl::Time exchanged = absl::Now();
-      const std::optional<SkippedStepInfo> skipped = exchange->SkippedStep();
+      std::optional<SkippedStepInfo> skipped = exchange->SkippedStep();
       if (skipped.has_value()) {
+        // Async: the shards' version is no step of this worker's; name
+        // the worker's own.
+        const bool async = options.mode == "async";
+        if (async) skipped->step = step;
         ++consecutive_skips;
         if (skipped->worker_id == options.worker_id) {
-          Emit(options, absl::StrCat("worker ", options.worker_id, ": ",
-                                     describe(*skipped),
-                                     "; the step is skipped on every shard (",
-                                     consecutive_skips, " in a row; at most ",
-                                     options.max_nonfinite_steps, ")"));
+          Emit(options,
+               absl::StrCat("worker ", options.worker_id, ": ",
+                            describe(*skipped),
+                            async ? "; its pushes from there on are dropped ("
+                                  : "; the step is skipped on every shard (",
+                            consecutive_skips, " in a row; at most ",
+                            options.max_nonfinite_steps, ")"));
         }
         if (consecutive_skips > options.max_nonfinite_steps) {
           return absl::FailedPreconditionError(
