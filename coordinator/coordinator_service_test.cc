@@ -2,7 +2,9 @@
 // port): statuses and messages as clients see them.
 #include "coordinator/coordinator_service.h"
 
+#include <limits>
 #include <memory>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -121,7 +123,7 @@ TEST_F(CoordinatorServiceTest, ErrorsReachTheClientWithTheirCodes) {
   SubmitResponse submitted;
   grpc::Status s = stub_->Submit(&c, submit, &submitted);
   EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
-  EXPECT_EQ(s.error_message(), "num_workers: 0; expected >= 1");
+  EXPECT_EQ(s.error_message(), "num_workers: 0; expected 1 to 4096");
 
   EXPECT_EQ(Register("job-7", ROLE_PS, 0, "h:1").error_code(),
             grpc::StatusCode::NOT_FOUND);
@@ -142,6 +144,56 @@ TEST_F(CoordinatorServiceTest, ErrorsReachTheClientWithTheirCodes) {
   KvWaitResponse value;
   s = stub_->KvWait(&wc, wait, &value);
   EXPECT_EQ(s.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
+}
+
+// A spec out of range is INVALID_ARGUMENT naming the field, the value and
+// the range, nothing is allocated or stored for it, and the coordinator
+// serves the next good submit.
+TEST_F(CoordinatorServiceTest, BadSpecIsInvalidArgumentAndTheNextGoodOneRuns) {
+  SubmitRequest good;
+  good.mutable_spec()->set_num_ps(1);
+  good.mutable_spec()->set_num_workers(2);
+  good.mutable_spec()->set_batch_size(8);
+  good.mutable_spec()->set_epochs(1);
+  const struct {
+    SubmitRequest request;
+    std::string error;
+  } bad[] = {
+      {[&] {
+         SubmitRequest r = good;
+         r.mutable_spec()->set_num_workers(2147483647);
+         return r;
+       }(),
+       "num_workers: 2147483647; expected 1 to 4096"},
+      {[&] {
+         SubmitRequest r = good;
+         r.mutable_spec()->mutable_optimizer()->set_lr(
+             std::numeric_limits<double>::infinity());
+         return r;
+       }(),
+       "optimizer.lr: inf; expected 1e-30 to 10"},
+      {[&] {
+         SubmitRequest r = good;
+         r.mutable_spec()->mutable_optimizer()->set_beta2(0.99999999);
+         return r;
+       }(),
+       "optimizer.beta2: 0.99999999; expected 0 <= beta < 1, and below 1 in "
+       "fp32 (at most 0.99999994)"},
+  };
+  for (const auto& b : bad) {
+    grpc::ClientContext c;
+    SetDeadline(&c);
+    SubmitResponse response;
+    const grpc::Status s = stub_->Submit(&c, b.request, &response);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+    EXPECT_EQ(s.error_message(), b.error);
+  }
+  EXPECT_TRUE(table_.List().empty());
+  grpc::ClientContext c;
+  SetDeadline(&c);
+  SubmitResponse response;
+  ASSERT_TRUE(stub_->Submit(&c, good, &response).ok());
+  EXPECT_EQ(response.job_id(), "job-1");
 }
 
 }  // namespace

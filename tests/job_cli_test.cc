@@ -2,6 +2,7 @@
 // pstrain_coordinator process: what a user sees, exit codes, and that a
 // restarted coordinator still knows the job (its job file).
 #include <string>
+#include <vector>
 
 #include "gtest/gtest.h"
 #include "tests/cli_test_util.h"
@@ -139,6 +140,160 @@ TEST(JobCliTest, BadSpecIsRefusedBeforeSubmitWithTheFieldNamed) {
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_EQ(r.output.rfind("pstrain: error: coordinator 127.0.0.1:1: ", 0), 0u)
       << r.output;
+}
+
+// A job spec out of range is refused by `pstrain submit` before any call:
+// one line naming the file, the field, the value and the range; exit 2.
+TEST(JobCliTest, SubmitRefusesAnOutOfRangeSpecWithExit2) {
+  const std::string spec = TempDir() + "/huge.pbtxt";
+  WriteFile(spec,
+            "num_ps: 1\nnum_workers: 2147483647\nbatch_size: 8\n"
+            "epochs: 1\n");
+  Result r =
+      RunCommand("tools/pstrain submit " + spec + " --coordinator=127.0.0.1:1");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_EQ(r.output, "pstrain: error: " + spec +
+                          ": num_workers: 2147483647; expected 1 to 4096\n");
+  WriteFile(spec,
+            "num_ps: 1 num_workers: 1 batch_size: 8 epochs: 1 "
+            "optimizer { beta2: 0.99999999 }");
+  r = RunCommand("tools/pstrain submit " + spec + " --coordinator=127.0.0.1:1");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("optimizer.beta2: 0.99999999; expected 0 <= beta < "
+                          "1, and below 1 in fp32"),
+            std::string::npos)
+      << r.output;
+}
+
+// Every binary's --help exits 0 and lists the flags of every file it links
+// (absl alone shows only the main file's, or "No flags matched"), with
+// their defaults.
+TEST(JobCliTest, EveryBinaryHelpExitsZeroAndListsAllItsFlags) {
+  const struct {
+    std::string binary;
+    std::vector<std::string> flags;
+  } binaries[] = {
+      {"tools/pstrain",
+       {"--model (", "--dataset (", "--backend (", "--coordinator (",
+        "--insecure (", "--launcher (", "--node_rank (", "--out ("}},
+      {"server/pstrain_ps",
+       {"--pull_timeout_s (", "--task_index (", "--threads (", "--tls_dir ("}},
+      {"worker/pstrain_worker",
+       {"--init_timeout_s (", "--rejoin (", "--coordinator (", "--insecure ("}},
+      {"tools/pstrain_coordinator",
+       {"--heartbeat_timeout_s (", "--job_file (", "--tls_dir ("}},
+  };
+  for (const auto& b : binaries) {
+    const Result r = RunCommand(b.binary + " --help");
+    EXPECT_EQ(r.exit_code, 0) << b.binary << ": " << r.output;
+    EXPECT_EQ(r.output.find("No flags matched"), std::string::npos) << b.binary;
+    EXPECT_NE(r.output.find("default: "), std::string::npos) << b.binary;
+    for (const std::string& flag : b.flags) {
+      EXPECT_NE(r.output.find(flag), std::string::npos)
+          << b.binary << " --help lacks " << flag << ":\n"
+          << r.output;
+    }
+  }
+}
+
+// An unknown flag or command: exit 2 and one line saying where to look,
+// for pstrain and for the daemons.
+TEST(JobCliTest, UnknownFlagsAndCommandsExit2WithOneLine) {
+  const struct {
+    std::string command;
+    std::string output;
+  } cases[] = {
+      {"tools/pstrain run --bogus",
+       "pstrain: error: unknown flag --bogus; see pstrain help run\n"},
+      {"tools/pstrain --bogus status",
+       "pstrain: error: unknown flag --bogus; see pstrain help status\n"},
+      {"tools/pstrain --nomodel run",
+       "pstrain: error: unknown flag --nomodel; see pstrain help run\n"},
+      {"tools/pstrain frob",
+       "pstrain: error: unknown command \"frob\"; see pstrain help\n"},
+      {"tools/pstrain help frob",
+       "pstrain: error: unknown command \"frob\"; see pstrain help\n"},
+      {"tools/pstrain run --num_workers=two",
+       "pstrain: error: --num_workers=two: Illegal value 'two' specified for "
+       "flag 'num_workers'; see pstrain help run\n"},
+      {"tools/pstrain run --num_workers",
+       "pstrain: error: --num_workers: missing its value; see pstrain help "
+       "run\n"},
+      {"server/pstrain_ps --bogus",
+       "pstrain_ps: error: unknown flag --bogus; see pstrain_ps --help\n"},
+      {"worker/pstrain_worker --bogus=1",
+       "pstrain_worker: error: unknown flag --bogus; see pstrain_worker "
+       "--help\n"},
+      {"tools/pstrain_coordinator --bogus",
+       "pstrain_coordinator: error: unknown flag --bogus; see "
+       "pstrain_coordinator --help\n"},
+  };
+  for (const auto& c : cases) {
+    const Result r = RunCommand(c.command);
+    EXPECT_EQ(r.exit_code, 2) << c.command << ": " << r.output;
+    EXPECT_EQ(r.output, c.output) << c.command;
+  }
+}
+
+// `pstrain help COMMAND` and `pstrain COMMAND --help` for every command:
+// exit 0, the synopsis, and each flag the command reads with its default.
+TEST(JobCliTest, HelpOfEveryCommand) {
+  for (const std::string command :
+       {"run", "compare", "eval", "submit", "status", "logs", "cancel", "wait",
+        "launch-lines", "install", "certs", "node"}) {
+    for (const std::string& line : {"tools/pstrain help " + command,
+                                    "tools/pstrain " + command + " --help"}) {
+      const Result r = RunCommand(line);
+      EXPECT_EQ(r.exit_code, 0) << line << ": " << r.output;
+      EXPECT_EQ(r.output.rfind("usage: pstrain " + command, 0), 0u)
+          << line << ": " << r.output;
+    }
+  }
+  Result r = RunCommand("tools/pstrain help run");
+  for (const std::string flag :
+       {"--num_workers (Number of worker processes.); default: 2;",
+        "--dataset (", "--backend (", "--max_nonfinite_steps (",
+        "--bucket_bytes ("}) {
+    EXPECT_NE(r.output.find(flag), std::string::npos) << flag << r.output;
+  }
+  // Flags of other commands are not run's.
+  EXPECT_EQ(r.output.find("--out_dir ("), std::string::npos) << r.output;
+  r = RunCommand("tools/pstrain help help");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(r.output.rfind("usage: pstrain help [COMMAND]", 0), 0u) << r.output;
+  r = RunCommand("tools/pstrain help");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("pstrain launch-lines JOB.pbtxt"), std::string::npos)
+      << r.output;
+  r = RunCommand("tools/pstrain");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+}
+
+// The daemons' own flags have ranges too: exit 2 and one line.
+TEST(JobCliTest, DaemonFlagRangesExit2) {
+  const struct {
+    std::string command;
+    std::string output;
+  } cases[] = {
+      {"tools/pstrain_coordinator --heartbeat_timeout_s=0",
+       "pstrain_coordinator: error: --heartbeat_timeout_s=0: expected 1 to "
+       "86400 seconds\n"},
+      {"tools/pstrain_coordinator --port=65536",
+       "pstrain_coordinator: error: --port=65536: expected 0 to 65535\n"},
+      {"server/pstrain_ps --idle_timeout_s=0",
+       "pstrain_ps: error: --idle_timeout_s=0: expected 1 to 604800 "
+       "seconds\n"},
+      {"worker/pstrain_worker --rpc_timeout_s=0",
+       "pstrain_worker: error: --rpc_timeout_s=0: expected 1 to 86400 "
+       "seconds\n"},
+      {"tools/pstrain wait job-1 --wait_poll_ms=0",
+       "pstrain: error: --wait_poll_ms=0: expected 1 to 60000 ms\n"},
+  };
+  for (const auto& c : cases) {
+    const Result r = RunCommand(c.command);
+    EXPECT_EQ(r.exit_code, 2) << c.command << ": " << r.output;
+    EXPECT_EQ(r.output, c.output) << c.command;
+  }
 }
 
 }  // namespace

@@ -163,35 +163,33 @@ TEST(RunCliTest, BadInputGetsOneLineErrorAndExitCode2) {
   };
   const Case cases[] = {
       {"--model=resnet9000",
-       "pstrain: error: --model=resnet9000: unknown model; expected one of: "
-       "alexnet, lenet5, mlp, resnet101, resnet18, resnet34, resnet50, "
-       "vgg16\n"},
+       "pstrain: error: --model: \"resnet9000\" is not a known model; "
+       "expected one of: alexnet, lenet5, mlp, resnet101, resnet18, resnet34, "
+       "resnet50, vgg16\n"},
       {"--batch_size=0",
-       "pstrain: error: --batch_size=0: expected a positive number of samples "
-       "per worker\n"},
+       "pstrain: error: --batch_size: 0; expected 1 to 65536\n"},
       {"--batch_size=-4",
-       "pstrain: error: --batch_size=-4: expected a positive number of "
-       "samples per worker\n"},
+       "pstrain: error: --batch_size: -4; expected 1 to 65536\n"},
       {"--data_dir=/nonexistent",
        "pstrain: error: --dataset=fashion_mnist --data_dir=/nonexistent: "
        "/nonexistent/train-images-idx3-ubyte: no such file (expected an IDX "
        "file, gzipped or plain)\n"},
       {"--dataset=cifar100",
-       "pstrain: error: --dataset=cifar100 --data_dir=" +
-           std::string(pstrain::testing::kFashionMnistDir) +
-           ": unknown dataset \"cifar100\"; expected one of: cifar10, "
-           "fashion_mnist, image_folder, mnist, synthetic\n"},
+       "pstrain: error: --dataset: \"cifar100\" is not a known dataset; "
+       "expected one of: cifar10, fashion_mnist, image_folder, mnist, "
+       "synthetic\n"},
       {"--backend=cuda",
        "pstrain: error: --backend=cuda --gpu=0: this build has no CUDA "
        "backend; rebuild with bazel build --config=cuda\n"},
       {"--backend=tpu",
-       "pstrain: error: --backend=tpu: expected cpu or cuda\n"},
+       "pstrain: error: --backend: \"tpu\"; expected cpu or cuda\n"},
       {"--dataset=cifar10 --data_dir=/nonexistent",
        "pstrain: error: --dataset=cifar10 --data_dir=/nonexistent: "
        "/nonexistent/data_batch_1.bin: cannot open: No such file or "
        "directory\n"},
       {"--mode=semi",
-       "pstrain: error: --mode=semi: expected sync, async or allreduce\n"},
+       "pstrain: error: --mode: \"semi\"; expected sync, async or "
+       "allreduce\n"},
   };
   for (const Case& c : cases) {
     const Result r = RunPstrain(c.args);
@@ -260,7 +258,8 @@ TEST(CompareCliTest, BadInputGetsOneLineErrorBeforeAnythingStarts) {
        "--batch_size=20000: larger than each of 4 workers' 15000 training "
        "samples"},
       {"--compute=synthetic --model_bytes=6 --steps=2",
-       "model_bytes: 6; expected a positive multiple of 4"},
+       "--model_bytes: 6; expected a multiple of 4 from 4 to 17179869184 "
+       "bytes"},
       {"--compute=synthetic --backward_fraction=1.5 --steps=2",
        "backward_fraction: 1.5; expected 0 to 1"},
       {"--ps_netns=a:10.0.0.1", "--ps_netns and --worker_netns: give both"},
@@ -380,6 +379,123 @@ TEST(RunCliTest, CheckpointDirKeepsTheModelThatEvalScores) {
       "tools/pstrain eval --checkpoint=" + TempDir() +
       "/nothing_here.safetensors");
   EXPECT_EQ(missing.exit_code, 2) << missing.output;
+}
+
+// `pstrain run`'s flags go through ValidateJobSpec: each range edge, just
+// inside and just outside. Nothing starts: a value just inside is shown to
+// pass by the next check's error (the ignored --bucket_bytes of a sync
+// run, checked after the ranges).
+TEST(RunCliTest, FlagRangesAtTheirEdges) {
+  const std::string next_check =
+      "pstrain: error: --bucket_bytes would be ignored: only allreduce has "
+      "gradient buckets, not --mode=sync; see pstrain help run\n";
+  const struct {
+    std::string inside;
+    std::string outside;
+    std::string error;
+  } cases[] = {
+      {"--num_workers=1", "--num_workers=2147483647",
+       "--num_workers: 2147483647; expected 1 to 4096"},
+      {"--num_workers=4096", "--num_workers=4097",
+       "--num_workers: 4097; expected 1 to 4096"},
+      {"--num_workers=1", "--num_workers=0",
+       "--num_workers: 0; expected 1 to 4096"},
+      {"--batch_size=65536", "--batch_size=65537",
+       "--batch_size: 65537; expected 1 to 65536"},
+      {"--epochs=1", "--epochs=0", "--epochs: 0; expected 1 to 1000000"},
+      {"--partition_bytes=4", "--partition_bytes=0",
+       "--partition_bytes: 0; expected a multiple of 4 from 4 to 134217728 "
+       "bytes"},
+      {"--log_every_steps=1", "--log_every_steps=0",
+       "--log_every_steps: 0; expected 1 to 1000000000"},
+      {"--registration_timeout_s=1", "--registration_timeout_s=0",
+       "--registration_timeout_s: 0; expected 1 to 604800 seconds"},
+      {"--keep_checkpoints=1", "--keep_checkpoints=0",
+       "--keep_checkpoints: 0; expected 1 to 1000"},
+      {"--seed=1", "--seed=0", "--seed: 0; expected 1 to 18446744073709551615"},
+      {"--max_nonfinite_steps=1000000", "--max_nonfinite_steps=1000001",
+       "--max_nonfinite_steps: 1000001; expected 0 to 1000000"},
+      {"--lr=10", "--lr=inf", "--lr: inf; expected 1e-30 to 10"},
+      {"--lr=0.5", "--lr=nan", "--lr: nan; expected 1e-30 to 10"},
+      {"--lr=1e-30", "--lr=0", "--lr: 0; expected 1e-30 to 10"},
+      {"--epsilon=1", "--epsilon=inf", "--epsilon: inf; expected 1e-30 to 1"},
+      {"--weight_decay=1", "--weight_decay=1.01",
+       "--weight_decay: 1.01; expected 0 to 1"},
+      {"--beta1=0", "--beta1=1",
+       "--beta1: 1; expected 0 <= beta < 1, and below 1 in fp32 (at most "
+       "0.99999994)"},
+      {"--beta2=0.99999994", "--beta2=0.99999999",
+       "--beta2: 0.99999999; expected 0 <= beta < 1, and below 1 in fp32 (at "
+       "most 0.99999994)"},
+      {"--max_restarts=1000", "--max_restarts=1001",
+       "--max_restarts: 1001; expected 0 to 1000"},
+  };
+  for (const auto& c : cases) {
+    Result r = RunPstrain(c.inside + " --bucket_bytes=8");
+    EXPECT_EQ(r.exit_code, 2) << c.inside << ": " << r.output;
+    EXPECT_EQ(r.output, next_check) << c.inside;
+    r = RunPstrain(c.outside);
+    EXPECT_EQ(r.exit_code, 2) << c.outside << ": " << r.output;
+    EXPECT_EQ(r.output, "pstrain: error: " + c.error + "\n") << c.outside;
+  }
+  Result r = RunPstrain("--heartbeat_timeout_s=0");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_EQ(r.output,
+            "pstrain: error: --heartbeat_timeout_s=0: expected 1 to 86400 "
+            "seconds\n");
+  r = RunPstrain("--max_restarts=-2");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+}
+
+// A flag that the command or its mode would ignore is an error naming it.
+TEST(RunCliTest, IgnoredFlagsAreErrors) {
+  const struct {
+    std::string command;
+    std::string error;
+  } cases[] = {
+      {"run --bucket_bytes=1024",
+       "--bucket_bytes would be ignored: only allreduce has gradient "
+       "buckets, not --mode=sync"},
+      {"run --compute_ms=5",
+       "--compute_ms would be ignored: it is for --compute=synthetic"},
+      {"run --mode=allreduce --num_ps=2",
+       "--num_ps would be ignored: it is for the parameter-server modes "
+       "(sync, async), not --mode=allreduce"},
+      {"run --mode=allreduce --checkpoint_every_steps=5",
+       "--checkpoint_every_steps would be ignored: it is for the "
+       "parameter-server modes (sync, async), not --mode=allreduce"},
+      {"run --mode=allreduce --max_nonfinite_steps=3",
+       "--max_nonfinite_steps would be ignored: it is for the "
+       "parameter-server modes (sync, async), not --mode=allreduce"},
+      {"run --compute=synthetic --max_steps_per_epoch=3 --dataset=mnist",
+       "--dataset would be ignored: --compute=synthetic reads no dataset"},
+      {"run --num_classes=10",
+       "--num_classes would be ignored: it is for --dataset=synthetic, not "
+       "fashion_mnist"},
+      {"run --gpu=1", "--gpu would be ignored: it is for --backend=cuda"},
+      {"run --steps=5",
+       "--steps is not a flag of pstrain run (it would be ignored)"},
+      {"run --coordinator=h:1",
+       "--coordinator is not a flag of pstrain run (it would be ignored)"},
+      {"compare --out_dir=/tmp/x --modes=ps_sync --bucket_bytes=8",
+       "--bucket_bytes would be ignored: only allreduce has gradient "
+       "buckets, not --modes=ps_sync"},
+      {"compare --out_dir=/tmp/x --steps=5 --epochs=3",
+       "--epochs would be ignored: --steps sets one epoch of that many steps"},
+      {"compare --out_dir=/tmp/x --num_workers=3",
+       "--num_workers is not a flag of pstrain compare (it would be "
+       "ignored)"},
+      {"status --model=mlp",
+       "--model is not a flag of pstrain status (it would be ignored)"},
+  };
+  for (const auto& c : cases) {
+    const Result r = pstrain::testing::RunCommand("tools/pstrain " + c.command);
+    EXPECT_EQ(r.exit_code, 2) << c.command << ": " << r.output;
+    const std::string command = c.command.substr(0, c.command.find(' '));
+    EXPECT_EQ(r.output, "pstrain: error: " + c.error + "; see pstrain help " +
+                            command + "\n")
+        << c.command;
+  }
 }
 
 }  // namespace
