@@ -1,7 +1,10 @@
 #include "common/partition.h"
 
 #include <algorithm>
+#include <functional>
 #include <numeric>
+#include <queue>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 
@@ -28,12 +31,40 @@ absl::StatusOr<PartitionPlan> PartitionPlan::Create(
         absl::StrCat("num_buffers ", num_buffers, "; expected in [0, ",
                      param_num_elements.size(), ") (at least one parameter)"));
   }
+  if (num_shards > kMaxShards) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "num_shards ", num_shards, "; expected at most ", kMaxShards));
+  }
+  // The layout may come from the network (a worker's Init): bound what it
+  // makes this process allocate before allocating anything.
+  const int64_t chunk_elements = partition_bytes / 4;
+  int64_t total_elements = 0;
+  int64_t total_chunks = 0;
+  for (size_t p = 0; p < param_num_elements.size(); ++p) {
+    const int64_t n = param_num_elements[p];
+    if (n <= 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("parameter ", p, " has ", n, " elements; expected > 0"));
+    }
+    if (n > kMaxElements - total_elements) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "parameter ", p, " has ", n, " elements; expected at most ",
+          kMaxElements, " elements in all"));
+    }
+    total_elements += n;
+    total_chunks += n / chunk_elements + (n % chunk_elements != 0 ? 1 : 0);
+    if (total_chunks > kMaxChunks) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "the layout makes more than ", kMaxChunks, " chunks of at most ",
+          partition_bytes, " bytes (parameter ", p, " of ", n,
+          " elements); raise partition_bytes"));
+    }
+  }
   PartitionPlan plan;
   plan.num_buffers_ = num_buffers;
   plan.num_shards_ = num_shards;
   plan.partition_bytes_ = partition_bytes;
   plan.param_num_elements_ = param_num_elements;
-  const int64_t chunk_elements = partition_bytes / 4;
   for (size_t p = 0; p < param_num_elements.size(); ++p) {
     const int64_t n = param_num_elements[p];
     if (n <= 0) {
@@ -57,12 +88,18 @@ absl::StatusOr<PartitionPlan> PartitionPlan::Create(
   std::stable_sort(order.begin(), order.end(), [&](int a, int b) {
     return plan.chunks_[a].num_elements > plan.chunks_[b].num_elements;
   });
-  std::vector<int64_t> load(num_shards, 0);
+  // The least loaded shard (ties: the lowest index) from a min-heap of
+  // (load, shard): O(log shards) per chunk, not O(shards).
+  std::priority_queue<std::pair<int64_t, int>,
+                      std::vector<std::pair<int64_t, int>>,
+                      std::greater<std::pair<int64_t, int>>>
+      load;
+  for (int s = 0; s < num_shards; ++s) load.push({0, s});
   for (int i : order) {
-    const int shard = static_cast<int>(
-        std::min_element(load.begin(), load.end()) - load.begin());
+    auto [bytes, shard] = load.top();
+    load.pop();
     plan.chunks_[i].shard = shard;
-    load[shard] += plan.chunks_[i].num_elements;
+    load.push({bytes + plan.chunks_[i].num_elements, shard});
   }
   return plan;
 }

@@ -36,10 +36,18 @@ class PartitionPlan {
  public:
   // Default chunk bound: 4 MiB, as in BytePS.
   static constexpr int64_t kDefaultPartitionBytes = 4 << 20;
+  // Bounds on a layout (INVALID_ARGUMENT past them), so that a plan made
+  // from an untrusted layout cannot allocate without limit: shards, chunks
+  // in all (32 bytes of ChunkSpec each), and fp32 elements in all (2^40:
+  // 4 TiB of weights).
+  static constexpr int kMaxShards = 4096;
+  static constexpr int64_t kMaxChunks = int64_t{1} << 22;
+  static constexpr int64_t kMaxElements = int64_t{1} << 40;
 
   // `param_num_elements`: element count of each parameter tensor (fp32), in
   // model order; each must be > 0. `partition_bytes` must be a positive
-  // multiple of 4 bytes (one fp32). The last `num_buffers` tensors are
+  // multiple of 4 bytes (one fp32). At most kMaxShards shards, kMaxChunks
+  // chunks and kMaxElements elements. The last `num_buffers` tensors are
   // buffers (BatchNorm running statistics): the PS averages them over
   // workers instead of applying the optimizer. Returns INVALID_ARGUMENT
   // otherwise.

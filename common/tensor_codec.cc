@@ -17,12 +17,14 @@ absl::Status CheckChunk(const TensorChunk& chunk) {
         "chunk (", chunk.key().param_id(), ", ", chunk.key().chunk_index(),
         ") has dtype ", DType_Name(chunk.dtype()), "; expected DTYPE_FLOAT32"));
   }
-  if (chunk.num_elements() < 0 ||
-      static_cast<int64_t>(chunk.data().size()) != chunk.num_elements() * 4) {
+  // (num_elements * 4 could overflow: divide the byte count instead.)
+  if (chunk.num_elements() < 0 || chunk.data().size() % 4 != 0 ||
+      static_cast<int64_t>(chunk.data().size() / 4) != chunk.num_elements()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "chunk (", chunk.key().param_id(), ", ", chunk.key().chunk_index(),
         ") carries ", chunk.data().size(), " bytes for ", chunk.num_elements(),
-        " fp32 elements; expected ", chunk.num_elements() * 4, " bytes"));
+        " fp32 elements; expected ",
+        static_cast<uint64_t>(chunk.num_elements()) * 4, " bytes"));
   }
   return absl::OkStatus();
 }
@@ -45,7 +47,10 @@ absl::Status DecodeFloatChunk(const TensorChunk& chunk,
   absl::Status status = CheckChunk(chunk);
   if (!status.ok()) return status;
   values->resize(chunk.num_elements());
-  std::memcpy(values->data(), chunk.data().data(), chunk.data().size());
+  // (memcpy from or to a null pointer is undefined even for 0 bytes.)
+  if (!chunk.data().empty()) {
+    std::memcpy(values->data(), chunk.data().data(), chunk.data().size());
+  }
   return absl::OkStatus();
 }
 
@@ -58,7 +63,9 @@ absl::Status DecodeFloatChunkInto(const TensorChunk& chunk,
         "chunk (", chunk.key().param_id(), ", ", chunk.key().chunk_index(),
         ") has ", chunk.num_elements(), " elements; expected ", out.size()));
   }
-  std::memcpy(out.data(), chunk.data().data(), chunk.data().size());
+  if (!out.empty()) {
+    std::memcpy(out.data(), chunk.data().data(), chunk.data().size());
+  }
   return absl::OkStatus();
 }
 
