@@ -19,6 +19,7 @@ targets=("$@")
 if [ ${#targets[@]} -eq 0 ]; then
   targets=($(sed -n 's/^ *name = "\(.*_fuzzer\)",$/\1/p' fuzz/BUILD))
 fi
+bash scripts/setup.sh --fuzz --install_only || exit 1
 output_base=${FUZZ_OUTPUT_BASE:-$HOME/.cache/bazel_fuzz}
 bazel=(bazel --output_base="$output_base")
 labels=()

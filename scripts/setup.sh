@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Installs what pstrain needs from Debian 12's packages (nothing else is
 # downloaded) and builds every target (`--install_only`: installs, builds
-# nothing). Safe to run again: installs only what is missing.
+# nothing; `--fuzz`: also clang-14 and libFuzzer for scripts/fuzz.sh, which
+# the main build and CI do not need). Safe to run again: installs only what
+# is missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -15,6 +17,13 @@ packages=(
   # 127.0.0.1) and Open MPI's mpirun run README's cluster quick starts.
   munge slurmctld slurmd slurm-client openmpi-bin
 )
+install_only=0
+for arg in "$@"; do
+  case "$arg" in
+    --install_only) install_only=1 ;;
+    --fuzz) packages+=(clang-14 libfuzzer-14-dev llvm-14) ;;
+  esac
+done
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" \
@@ -27,4 +36,4 @@ if [ ${#missing[@]} -gt 0 ]; then
   $sudo_cmd apt-get update -q
   DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -q "${missing[@]}"
 fi
-[ "${1:-}" = "--install_only" ] || bazel build //...
+[ $install_only = 1 ] || bazel build //...
