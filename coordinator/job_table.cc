@@ -1,12 +1,20 @@
 #include "coordinator/job_table.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <utility>
 
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/flags_util.h"
 #include "common/status.h"
+#include "google/protobuf/stubs/logging.h"
 
 namespace pstrain {
 namespace {
@@ -20,7 +28,133 @@ std::string PlannedAddress(const JobSpec& spec, TaskRole role, int index) {
   return absl::StrCat(hosts[index].host(), ":", hosts[index].port());
 }
 
+// The bytes of job file `path`; errors name it ("job file <path>: ...").
+absl::Status ReadJobFile(const std::string& path, std::string* bytes) {
+  const std::string name = absl::StrCat("job file ", path);
+  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return ErrnoToStatus(errno, name);
+  struct stat st;
+  if (fstat(fd, &st) != 0) {
+    const int error = errno;
+    close(fd);
+    return ErrnoToStatus(error, name);
+  }
+  if (!S_ISREG(st.st_mode)) {
+    close(fd);
+    return absl::FailedPreconditionError(absl::StrCat(
+        name, ": is ", S_ISDIR(st.st_mode) ? "a folder" : "not a regular file",
+        ", not a job file"));
+  }
+  bytes->clear();
+  char buffer[1 << 16];
+  while (true) {
+    const ssize_t n = read(fd, buffer, sizeof(buffer));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      const int error = errno;
+      close(fd);
+      return ErrnoToStatus(error, name);
+    }
+    if (n == 0) break;
+    if (static_cast<int64_t>(bytes->size()) + n > JobTable::kMaxJobFileBytes) {
+      close(fd);
+      return absl::DataLossError(
+          absl::StrCat(name, ": larger than ", JobTable::kMaxJobFileBytes,
+                       " bytes; not a pstrain job table"));
+    }
+    bytes->append(buffer, static_cast<size_t>(n));
+  }
+  close(fd);
+  return absl::OkStatus();
+}
+
 }  // namespace
+
+absl::Status ValidateJobTableLimits(const JobTableLimits& limits) {
+  if (limits.keep_finished_jobs < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "keep_finished_jobs ", limits.keep_finished_jobs, ": expected >= 0"));
+  }
+  if (limits.max_kv_key_bytes < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "max_kv_key_bytes ", limits.max_kv_key_bytes, ": expected >= 1"));
+  }
+  if (limits.max_kv_value_bytes < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "max_kv_value_bytes ", limits.max_kv_value_bytes, ": expected >= 0"));
+  }
+  if (limits.max_kv_keys_per_job < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "max_kv_keys_per_job ", limits.max_kv_keys_per_job, ": expected >= 1"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateJobTableFile(const JobTableFile& table) {
+  if (table.next_id() < 1) {
+    return absl::DataLossError(
+        absl::StrCat("next job id ", table.next_id(), ": expected >= 1"));
+  }
+  absl::flat_hash_set<std::string> ids;
+  for (int j = 0; j < table.jobs_size(); ++j) {
+    const JobInfo& job = table.jobs(j);
+    const std::string where =
+        job.id().empty() ? absl::StrCat("job #", j) : job.id();
+    int64_t n = 0;
+    if (job.id().rfind("job-", 0) != 0 ||
+        !absl::SimpleAtoi(job.id().substr(4), &n) || n < 1 ||
+        n >= table.next_id() || absl::StrCat("job-", n) != job.id()) {
+      return absl::DataLossError(
+          absl::StrCat(where, ": not an id this table gives (job-1 .. job-",
+                       table.next_id() - 1, ")"));
+    }
+    if (!ids.insert(job.id()).second) {
+      return absl::DataLossError(absl::StrCat(where, ": listed twice"));
+    }
+    if (!JobState_IsValid(job.state()) ||
+        job.state() == JOB_STATE_UNSPECIFIED) {
+      return absl::DataLossError(
+          absl::StrCat(where, ": unknown job state ", job.state()));
+    }
+    const int64_t num_ps = job.spec().num_ps();
+    const int64_t num_workers = job.spec().num_workers();
+    if (num_ps < 0 || num_workers < 1) {
+      return absl::DataLossError(absl::StrCat(where, ": ", num_ps, " ps and ",
+                                              num_workers, " workers"));
+    }
+    if (job.tasks_size() != num_ps + num_workers) {
+      return absl::DataLossError(absl::StrCat(where, ": ", job.tasks_size(),
+                                              " tasks for ", num_ps, " ps and ",
+                                              num_workers, " workers"));
+    }
+    for (int i = 0; i < job.tasks_size(); ++i) {
+      const TaskInfo& t = job.tasks(i);
+      const TaskRole role = i < num_ps ? ROLE_PS : ROLE_WORKER;
+      const int index = i < num_ps ? i : static_cast<int>(i - num_ps);
+      if (t.role() != role || t.index() != index) {
+        return absl::DataLossError(absl::StrCat(
+            where, ": task #", i, " is ", TaskName(t.role(), t.index()),
+            "; expected ", TaskName(role, index)));
+      }
+      if (!TaskState_IsValid(t.state()) ||
+          t.state() == TASK_STATE_UNSPECIFIED) {
+        return absl::DataLossError(
+            absl::StrCat(where, ": ", TaskName(role, index),
+                         " has unknown state ", t.state()));
+      }
+    }
+    int64_t previous = -1;
+    for (const LogLine& line : job.log()) {
+      if (line.seq() <= previous || line.seq() >= job.next_log_seq()) {
+        return absl::DataLossError(absl::StrCat(
+            where, ": log line ", line.seq(), " out of order (after ", previous,
+            ", next ", job.next_log_seq(), ")"));
+      }
+      previous = line.seq();
+    }
+  }
+  return absl::OkStatus();
+}
 
 std::string TaskName(TaskRole role, int index) {
   return absl::StrCat(role == ROLE_PS ? "ps " : "worker ", index);
@@ -36,21 +170,40 @@ bool JobEnded(JobState state) {
          state == JOB_CANCELLED;
 }
 
-JobTable::JobTable(std::string job_file) : job_file_(std::move(job_file)) {
+JobTable::JobTable(std::string job_file, JobTableLimits limits)
+    : job_file_(std::move(job_file)), limits_(limits) {
   table_.set_next_id(1);
 }
 
 absl::StatusOr<std::unique_ptr<JobTable>> JobTable::Load(
-    const std::string& job_file, absl::Time now) {
+    const std::string& job_file, absl::Time now, JobTableLimits limits) {
   std::string bytes;
-  absl::Status s = ReadFile(job_file, &bytes);
-  if (!s.ok()) return s;
-  auto table = std::make_unique<JobTable>(job_file);
-  absl::MutexLock lock(&table->mu_);
-  if (!table->table_.ParseFromString(bytes)) {
-    return absl::DataLossError(
-        absl::StrCat(job_file, ": not a pstrain job table"));
+  RETURN_IF_ERROR(ReadJobFile(job_file, &bytes));
+  const std::string name = absl::StrCat("job file ", job_file);
+  if (bytes.empty()) {
+    return absl::DataLossError(absl::StrCat(
+        name, ": is empty (a job table always holds its next job id)"));
   }
+  auto table = std::make_unique<JobTable>(job_file, limits);
+  absl::MutexLock lock(&table->mu_);
+  bool parsed;
+  {
+    // A string field with invalid UTF-8 makes protobuf log an ERROR of its
+    // own; the one-line error below says it all.
+    google::protobuf::LogSilencer silence;
+    parsed = table->table_.ParseFromString(bytes);
+  }
+  if (!parsed) {
+    return absl::DataLossError(absl::StrCat(name, ": not a pstrain job table (",
+                                            bytes.size(),
+                                            " bytes that do not parse)"));
+  }
+  absl::Status consistent = ValidateJobTableFile(table->table_);
+  if (!consistent.ok()) {
+    return absl::DataLossError(absl::StrCat(
+        name, ": not a consistent job table: ", consistent.message()));
+  }
+  table->Prune();
   table->loaded_ms_ = Ms(now);
   for (JobInfo& job : *table->table_.mutable_jobs()) {
     if (JobEnded(job.state())) continue;
@@ -62,8 +215,38 @@ absl::StatusOr<std::unique_ptr<JobTable>> JobTable::Load(
 }
 
 absl::Status JobTable::Persist() {
+  Prune();
   if (job_file_.empty()) return absl::OkStatus();
   return WriteFileAtomically(job_file_, table_.SerializeAsString());
+}
+
+absl::Status JobTable::Flush() {
+  absl::MutexLock lock(&mu_);
+  return Persist();
+}
+
+void JobTable::Prune() {
+  std::vector<int> ended;
+  for (int i = 0; i < table_.jobs_size(); ++i) {
+    if (JobEnded(table_.jobs(i).state())) ended.push_back(i);
+  }
+  const int excess =
+      static_cast<int>(ended.size()) - limits_.keep_finished_jobs;
+  if (excess <= 0) return;
+  // Oldest ended first; a tie keeps the table's (submission) order.
+  std::stable_sort(ended.begin(), ended.end(), [this](int a, int b) {
+    return table_.jobs(a).end_ms() < table_.jobs(b).end_ms();
+  });
+  std::vector<bool> drop(table_.jobs_size(), false);
+  for (int k = 0; k < excess; ++k) drop[ended[k]] = true;
+  auto* jobs = table_.mutable_jobs();
+  int kept = 0;
+  for (int i = 0; i < jobs->size(); ++i) {
+    if (drop[i]) continue;
+    if (kept != i) jobs->SwapElements(kept, i);
+    ++kept;
+  }
+  jobs->DeleteSubrange(kept, jobs->size() - kept);
 }
 
 JobInfo* JobTable::Find(const std::string& id) {
@@ -369,17 +552,46 @@ std::vector<std::string> JobTable::CheckHeartbeats(absl::Time now,
   return failed;
 }
 
+absl::Status JobTable::CheckKey(const std::string& key) const {
+  if (key.empty()) return absl::InvalidArgumentError("kv: the key is empty");
+  if (static_cast<int64_t>(key.size()) > limits_.max_kv_key_bytes) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("kv: a key of ", key.size(), " bytes; the limit is ",
+                     limits_.max_kv_key_bytes, " bytes"));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status JobTable::Set(const std::string& id, const std::string& key,
                            const std::string& value) {
+  RETURN_IF_ERROR(CheckKey(key));
+  if (static_cast<int64_t>(value.size()) > limits_.max_kv_value_bytes) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "kv: the value of key \"", key, "\" is ", value.size(),
+        " bytes; the limit is ", limits_.max_kv_value_bytes, " bytes"));
+  }
   absl::MutexLock lock(&mu_);
   ASSIGN_OR_RETURN(JobInfo * job, FindJob(id));
-  (*job->mutable_kv())[key] = value;
+  auto* kv = job->mutable_kv();
+  auto it = kv->find(key);
+  if (it == kv->end() &&
+      static_cast<int64_t>(kv->size()) >= limits_.max_kv_keys_per_job) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat(id, ": kv: the job's store holds ", kv->size(),
+                     " keys, the limit; refusing new key \"", key, "\""));
+  }
+  if (it != kv->end()) {
+    it->second = value;
+  } else {
+    (*kv)[key] = value;
+  }
   return Persist();
 }
 
 absl::StatusOr<std::string> JobTable::WaitForKey(const std::string& id,
                                                  const std::string& key,
                                                  absl::Time deadline) {
+  RETURN_IF_ERROR(CheckKey(key));
   absl::MutexLock lock(&mu_);
   auto ready = [this, &id, &key]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     JobInfo* job = Find(id);

@@ -13,6 +13,13 @@
 // returns, atomically, so Load() after a crash sees the last completed
 // change. Times are passed in (absl::Time) so tests control the clock.
 //
+// Bounded (JobTableLimits): the table keeps every PENDING or RUNNING job and
+// the newest `keep_finished_jobs` ended ones (the oldest-ended are pruned
+// first, with their logs and key-value stores); each job's key-value store
+// holds at most `max_kv_keys_per_job` keys of at most `max_kv_key_bytes`
+// bytes with values of at most `max_kv_value_bytes` bytes; each job keeps
+// its last kMaxLogLines log lines.
+//
 // Thread-safety: all methods may be called concurrently; WaitForLayout and
 // WaitForKey block without holding up other callers.
 #ifndef PSTRAIN_COORDINATOR_JOB_TABLE_H_
@@ -31,21 +38,55 @@
 
 namespace pstrain {
 
+// The limits of a JobTable; the defaults are pstrain_coordinator's.
+struct JobTableLimits {
+  // Ended (SUCCEEDED, FAILED, CANCELLED) jobs kept, count; >= 0. PENDING
+  // and RUNNING jobs are never pruned.
+  int keep_finished_jobs = 100;
+  // Key-value store of each job: the longest key, bytes (>= 1; an empty
+  // key is INVALID_ARGUMENT), the largest value, bytes (>= 0), and the
+  // most keys, count (>= 1). Rendezvous values (a Gloo address, an NCCL
+  // unique id of 128 bytes) are far smaller.
+  int64_t max_kv_key_bytes = 256;
+  int64_t max_kv_value_bytes = 64 << 10;
+  int64_t max_kv_keys_per_job = 1024;
+};
+
+// INVALID_ARGUMENT naming the first limit out of its range (see above).
+absl::Status ValidateJobTableLimits(const JobTableLimits& limits);
+
 class JobTable {
  public:
   static constexpr int kMaxLogLines = 10000;
   // A `log_since` for Get() that returns no log lines.
   static constexpr int64_t kNoLog = std::numeric_limits<int64_t>::max();
 
-  // `job_file`: where the table is kept ("" for none).
-  explicit JobTable(std::string job_file = "");
+  // `job_file`: where the table is kept ("" for none). `limits` must be
+  // valid (ValidateJobTableLimits).
+  explicit JobTable(std::string job_file = "",
+                    JobTableLimits limits = JobTableLimits());
 
-  // A table from `job_file` (NOT_FOUND if missing; DATA_LOSS if it does not
-  // parse), writing its changes back there, loaded at `now`: the heartbeat
-  // timeouts of the jobs still PENDING or RUNNING start again from `now`
-  // (the tasks could not reach a coordinator that was down).
+  // A table from `job_file`, writing its changes back there, loaded at
+  // `now`: the heartbeat timeouts of the jobs still PENDING or RUNNING
+  // start again from `now` (the tasks could not reach a coordinator that
+  // was down). Ended jobs beyond `limits` are pruned at once.
+  // Errors, each one line starting with "job file <job_file>: ":
+  // NOT_FOUND if it does not exist; FAILED_PRECONDITION if it is a folder
+  // or not a regular file; the read's error (PERMISSION_DENIED, ...) if it
+  // cannot be read; DATA_LOSS if it is empty, larger than kMaxJobFileBytes,
+  // does not parse as a job table, or parses but is inconsistent (what
+  // ValidateJobTableFile finds).
   static absl::StatusOr<std::unique_ptr<JobTable>> Load(
-      const std::string& job_file, absl::Time now);
+      const std::string& job_file, absl::Time now,
+      JobTableLimits limits = JobTableLimits());
+
+  // Largest job file Load() reads, bytes (1 GiB; protobuf refuses more
+  // than 2 GiB in one message anyway).
+  static constexpr int64_t kMaxJobFileBytes = int64_t{1} << 30;
+
+  // Writes the table to its job file now (a new file at start-up, so that
+  // a job file that cannot be written is found before the first job).
+  absl::Status Flush();
 
   // Adds a PENDING job (the spec must be valid, see job_spec.h); returns its
   // id, "job-1", "job-2", ...
@@ -102,11 +143,15 @@ class JobTable {
   std::vector<std::string> CheckHeartbeats(absl::Time now,
                                            absl::Duration timeout);
 
-  // The job's key-value store.
+  // The job's key-value store. INVALID_ARGUMENT for an empty key;
+  // RESOURCE_EXHAUSTED, naming the size or count and the limit, for a key
+  // or value over its limit or a new key past the job's key count (setting
+  // a key again is always allowed); the store is then unchanged.
   absl::Status Set(const std::string& id, const std::string& key,
                    const std::string& value);
   // Blocks until `key` is set or `deadline` passes (DEADLINE_EXCEEDED
-  // naming the key).
+  // naming the key). A key that Set() would refuse is refused at once, as
+  // there.
   absl::StatusOr<std::string> WaitForKey(const std::string& id,
                                          const std::string& key,
                                          absl::Time deadline);
@@ -130,9 +175,15 @@ class JobTable {
                  absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void End(JobInfo* job, JobState state, const std::string& message,
            absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Prunes the oldest-ended jobs beyond limits_.keep_finished_jobs, then
+  // writes the job file.
   absl::Status Persist() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Prune() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The key checks of Set() and WaitForKey().
+  absl::Status CheckKey(const std::string& key) const;
 
   const std::string job_file_;
+  const JobTableLimits limits_;
   // When Load() read the table (Unix ms; 0 for a new table): tasks still
   // waiting to register are timed from here or their job's submission,
   // whichever is later.
@@ -140,6 +191,15 @@ class JobTable {
   mutable absl::Mutex mu_;
   JobTableFile table_ ABSL_GUARDED_BY(mu_);
 };
+
+// OK if `table` is a job table this JobTable could have written: next_id
+// >= 1; every job's id "job-<n>" with 1 <= n < next_id, and unique; a known
+// state; num_ps >= 0 and num_workers >= 1; its tasks the num_ps PS tasks
+// then the num_workers workers, each with its role and index and a known
+// state; log lines in increasing seq below next_log_seq. Otherwise
+// DATA_LOSS naming the first inconsistency ("job-3: 2 tasks for 2 ps and 2
+// workers").
+absl::Status ValidateJobTableFile(const JobTableFile& table);
 
 // "ps 0", "worker 3".
 std::string TaskName(TaskRole role, int index);

@@ -1,10 +1,14 @@
 #include "coordinator/job_table.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
+#include <functional>
 #include <random>
 #include <thread>
 
+#include "absl/strings/str_cat.h"
+#include "common/flags_util.h"
 #include "coordinator/job_spec.h"
 #include "gtest/gtest.h"
 
@@ -334,6 +338,207 @@ TEST(JobTableTest, RestartFromTheJobFileKeepsJobs) {
             (std::vector<std::string>{"job-1", "job-2"}));
   EXPECT_EQ(JobTable::Load(TempFile("none.pb"), kT0).status().code(),
             absl::StatusCode::kNotFound);
+}
+
+TEST(JobTableTest, PruningKeepsTheNewestFinishedJobsAndEveryRunningOne) {
+  const std::string path = TempFile("pruned.pb");
+  JobTable table(path);  // keep_finished_jobs 100
+  std::vector<std::string> running, ended;
+  // 150 jobs ended one second apart, in an order unlike submission's, and
+  // 20 running ones submitted before them all.
+  for (int i = 0; i < 20; ++i) {
+    const std::string id = *table.Submit(Spec(), kT0);
+    for (const Task& t : Tasks()) {
+      ASSERT_TRUE(table.Register(id, t.role, t.index, t.address, kT0).ok());
+    }
+    running.push_back(id);
+  }
+  for (int i = 0; i < 150; ++i) ended.push_back(*table.Submit(Spec(), kT0));
+  std::vector<std::string> end_order = ended;
+  std::reverse(end_order.begin(), end_order.end());
+  for (int i = 0; i < 150; ++i) {
+    ASSERT_TRUE(table.Cancel(end_order[i], kT0 + absl::Seconds(i)).ok());
+  }
+  auto kept = [](const JobTable& t) {
+    int finished = 0, pending_or_running = 0;
+    for (const JobInfo& job : t.List()) {
+      (JobEnded(job.state()) ? finished : pending_or_running)++;
+    }
+    return std::pair<int, int>{finished, pending_or_running};
+  };
+  EXPECT_EQ(kept(table), (std::pair<int, int>{100, 20}));
+  // The 50 that ended first are gone; the 100 that ended last are kept.
+  for (int i = 0; i < 150; ++i) {
+    EXPECT_EQ(table.Get(end_order[i]).ok(), i >= 50) << end_order[i];
+  }
+  for (const std::string& id : running) {
+    EXPECT_EQ(table.Get(id)->state(), JOB_RUNNING) << id;
+  }
+  // The job file holds the same; a coordinator keeping fewer prunes at load.
+  absl::StatusOr<std::unique_ptr<JobTable>> loaded =
+      JobTable::Load(path, kT0 + absl::Hours(1));
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_EQ(kept(**loaded), (std::pair<int, int>{100, 20}));
+  JobTableLimits keep_ten;
+  keep_ten.keep_finished_jobs = 10;
+  loaded = JobTable::Load(path, kT0 + absl::Hours(1), keep_ten);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_EQ(kept(**loaded), (std::pair<int, int>{10, 20}));
+  EXPECT_TRUE((*loaded)->Get(end_order[149]).ok());
+  EXPECT_FALSE((*loaded)->Get(end_order[139]).ok());
+  // Ids are never reused after pruning.
+  EXPECT_EQ(*(*loaded)->Submit(Spec(), kT0), "job-171");
+}
+
+TEST(JobTableTest, KeyValueStoreIsBounded) {
+  JobTable table;  // key 256 B, value 64 KiB, 1024 keys per job
+  const std::string id = *table.Submit(Spec(), kT0);
+  const std::string other = *table.Submit(Spec(), kT0);
+  EXPECT_EQ(table.Set(id, "", "v").code(), absl::StatusCode::kInvalidArgument);
+  absl::Status s = table.Set(id, std::string(257, 'k'), "v");
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(s.message(), "kv: a key of 257 bytes; the limit is 256 bytes");
+  EXPECT_TRUE(table.Set(id, std::string(256, 'k'), "v").ok());
+  s = table.Set(id, "big", std::string((64 << 10) + 1, 'v'));
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(s.message(),
+            "kv: the value of key \"big\" is 65537 bytes; the limit is 65536 "
+            "bytes");
+  EXPECT_TRUE(table.Set(id, "big", std::string(64 << 10, 'v')).ok());
+  for (int i = 2; i < 1024; ++i) {
+    ASSERT_TRUE(table.Set(id, absl::StrCat("key", i), "v").ok()) << i;
+  }
+  s = table.Set(id, "one more", "v");
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(s.message(),
+            "job-1: kv: the job's store holds 1024 keys, the limit; refusing "
+            "new key \"one more\"");
+  // Setting a key again, and another job's keys, are still allowed.
+  EXPECT_TRUE(table.Set(id, "key2", "again").ok());
+  EXPECT_TRUE(table.Set(other, "one more", "v").ok());
+  const JobInfo job = *table.Get(id);
+  EXPECT_EQ(job.kv().size(), 1024u);
+  EXPECT_EQ(job.kv().at("key2"), "again");
+  EXPECT_EQ(job.kv().at("big").size(), 64u << 10);
+  EXPECT_FALSE(job.kv().contains("one more"));
+  // A key that could never be set is not waited for.
+  EXPECT_EQ(table
+                .WaitForKey(id, std::string(300, 'k'),
+                            absl::Now() + absl::Seconds(60))
+                .status()
+                .code(),
+            absl::StatusCode::kResourceExhausted);
+
+  JobTableLimits small;
+  small.max_kv_key_bytes = 4;
+  small.max_kv_value_bytes = 2;
+  small.max_kv_keys_per_job = 1;
+  JobTable bounded("", small);
+  const std::string b = *bounded.Submit(Spec(), kT0);
+  EXPECT_TRUE(bounded.Set(b, "abcd", "xy").ok());
+  EXPECT_FALSE(bounded.Set(b, "abcde", "x").ok());
+  EXPECT_FALSE(bounded.Set(b, "abcd", "xyz").ok());
+  EXPECT_FALSE(bounded.Set(b, "b", "x").ok());
+  JobTableLimits bad;
+  bad.max_kv_keys_per_job = 0;
+  EXPECT_EQ(ValidateJobTableLimits(bad).message(),
+            "max_kv_keys_per_job 0: expected >= 1");
+  bad = JobTableLimits();
+  bad.keep_finished_jobs = -1;
+  EXPECT_FALSE(ValidateJobTableLimits(bad).ok());
+}
+
+// Load() of a job file that is not one this table wrote: one line naming
+// the file, never a crash.
+TEST(JobTableTest, BrokenJobFilesAreRefusedNamingThem) {
+  auto load = [](const std::string& path) {
+    return JobTable::Load(path, kT0).status();
+  };
+  auto write = [](const std::string& name, const std::string& bytes) {
+    const std::string path = TempFile(name);
+    FILE* f = std::fopen(path.c_str(), "wb");
+    std::fwrite(bytes.data(), 1, bytes.size(), f);
+    std::fclose(f);
+    return path;
+  };
+  std::string path = write("empty.pb", "");
+  absl::Status s = load(path);
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss);
+  EXPECT_EQ(s.message(),
+            "job file " + path +
+                ": is empty (a job table always holds its next job id)");
+
+  path = write("garbage.pb", "\x0a\x10job");  // 16 bytes promised, 3 there
+  s = load(path);
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss);
+  EXPECT_EQ(s.message(), "job file " + path +
+                             ": not a pstrain job table (5 bytes that do not "
+                             "parse)");
+
+  s = load(std::getenv("TEST_TMPDIR"));
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(s.message(), absl::StrCat("job file ", std::getenv("TEST_TMPDIR"),
+                                      ": is a folder, not a job file"));
+
+  // Consistent tables only: the tasks the spec says, in order, known ids.
+  JobTable good(TempFile("good.pb"));
+  const std::string id = *good.Submit(Spec(), kT0);
+  ASSERT_TRUE(good.Register(id, ROLE_PS, 0, "10.0.0.2:7000", kT0).ok());
+  ASSERT_TRUE(
+      ReadFile(TempFile("good.pb"), &path).ok());  // path: the bytes now
+  JobTableFile file;
+  ASSERT_TRUE(file.ParseFromString(path));
+  ASSERT_TRUE(ValidateJobTableFile(file).ok());
+  const std::vector<std::pair<std::function<void(JobTableFile*)>, std::string>>
+      broken = {
+          {[](JobTableFile* f) {
+             f->mutable_jobs(0)->mutable_tasks()->RemoveLast();
+           },
+           "job-1: 3 tasks for 2 ps and 2 workers"},
+          {[](JobTableFile* f) {
+             f->mutable_jobs(0)->mutable_spec()->set_num_workers(100);
+           },
+           "job-1: 4 tasks for 2 ps and 100 workers"},
+          {[](JobTableFile* f) {
+             f->mutable_jobs(0)->mutable_tasks(1)->set_index(0);
+           },
+           "job-1: task #1 is ps 0; expected ps 1"},
+          {[](JobTableFile* f) {
+             f->mutable_jobs(0)->mutable_tasks(2)->set_state(
+                 static_cast<TaskState>(42));
+           },
+           "job-1: worker 0 has unknown state 42"},
+          {[](JobTableFile* f) {
+             f->mutable_jobs(0)->set_state(static_cast<JobState>(9));
+           },
+           "job-1: unknown job state 9"},
+          {[](JobTableFile* f) { f->set_next_id(0); },
+           "next job id 0: expected >= 1"},
+          {[](JobTableFile* f) { f->mutable_jobs(0)->set_id("job-7"); },
+           "job-7: not an id this table gives (job-1 .. job-1)"},
+          {[](JobTableFile* f) {
+             *f->add_jobs() = f->jobs(0);
+             f->set_next_id(5);
+           },
+           "job-1: listed twice"},
+          {[](JobTableFile* f) {
+             f->mutable_jobs(0)->add_log()->set_seq(3);
+             f->mutable_jobs(0)->add_log()->set_seq(2);
+             f->mutable_jobs(0)->set_next_log_seq(4);
+           },
+           "job-1: log line 2 out of order (after 3, next 4)"},
+      };
+  for (const auto& [breaks, message] : broken) {
+    JobTableFile bad = file;
+    breaks(&bad);
+    const std::string bad_path =
+        write("inconsistent.pb", bad.SerializeAsString());
+    s = load(bad_path);
+    EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss);
+    EXPECT_EQ(s.message(),
+              absl::StrCat("job file ", bad_path,
+                           ": not a consistent job table: ", message));
+  }
 }
 
 }  // namespace
