@@ -9,15 +9,28 @@ namespace pstrain {
 absl::StatusOr<ListeningServer> StartGrpcServer(
     const std::string& address, grpc::Service* service,
     const std::string& port_file,
-    std::shared_ptr<grpc::ServerCredentials> credentials) {
+    std::shared_ptr<grpc::ServerCredentials> credentials,
+    const ServerLimits& limits) {
   grpc::ServerBuilder builder;
+  grpc::ResourceQuota quota(absl::StrCat("pstrain server on ", address));
+  quota.SetMaxThreads(limits.max_threads);
+  quota.Resize(static_cast<size_t>(limits.max_memory_bytes));
+  builder.SetResourceQuota(quota);
+  builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS,
+                             limits.max_streams_per_connection);
+  builder.AddChannelArgument(GRPC_ARG_MAX_METADATA_SIZE,
+                             limits.max_metadata_bytes);
+  builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_IDLE_MS,
+                             limits.max_connection_idle_ms);
+  builder.AddChannelArgument(GRPC_ARG_SERVER_HANDSHAKE_TIMEOUT_MS,
+                             limits.handshake_timeout_ms);
   ListeningServer out;
   builder.AddListeningPort(
       address,
       credentials != nullptr ? credentials : grpc::InsecureServerCredentials(),
       &out.port);
-  builder.SetMaxReceiveMessageSize(kMaxMessageBytes);
-  builder.SetMaxSendMessageSize(kMaxMessageBytes);
+  builder.SetMaxReceiveMessageSize(limits.max_receive_message_bytes);
+  builder.SetMaxSendMessageSize(limits.max_send_message_bytes);
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, kKeepaliveTimeMs);
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS,
                              kKeepaliveTimeoutMs);

@@ -1,19 +1,61 @@
 // Starting a gRPC server the way every pstrain server starts: the message
-// limits and keepalive/ping settings of rpc_options.h, one listening
-// address, and (optionally) the bound port written to a file so that a
-// launcher can find a port chosen by the OS.
+// limits and keepalive/ping settings of rpc_options.h, the resource bounds
+// of ServerLimits, one listening address, and (optionally) the bound port
+// written to a file so that a launcher can find a port chosen by the OS.
 //
 // Thread-safety: a plain function.
 #ifndef PSTRAIN_COMMON_GRPC_SERVER_H_
 #define PSTRAIN_COMMON_GRPC_SERVER_H_
 
+#include <cstdint>
 #include <memory>
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "common/rpc_options.h"
 #include "grpcpp/grpcpp.h"
 
 namespace pstrain {
+
+// What one server may take from its host, each bound enforced by gRPC
+// itself (its resource quota and channel arguments), so that a client that
+// opens calls or connections and then stalls cannot exhaust the process.
+// gRPC 1.51 has no cap on the number of connections: they are bounded by
+// the memory quota, the handshake timeout and the idle timeout below.
+struct ServerLimits {
+  // Threads gRPC may run to serve calls, count (ResourceQuota::
+  // SetMaxThreads). A synchronous handler holds its thread for the whole
+  // call (a PS's PushPull stream for the whole training run, a blocking
+  // coordinator wait up to --max_wait_s), so this also caps the calls in
+  // progress: past it a new call fails at once with RESOURCE_EXHAUSTED and
+  // the calls already served carry on. A PS's PushPull stream runs one
+  // more thread of its own (server/ps_service.h), so a PS runs at most
+  // about twice this many.
+  int max_threads = 1024;
+  // Memory gRPC may hold for this server's connections and calls, bytes
+  // (ResourceQuota::Resize): as use nears it gRPC shrinks flow-control
+  // windows and frees idle connections' buffers.
+  int64_t max_memory_bytes = int64_t{1} << 30;
+  // Streams open at once on one connection, count
+  // (GRPC_ARG_MAX_CONCURRENT_STREAMS, sent in HTTP/2 SETTINGS); a client's
+  // further streams on that connection wait for a free slot.
+  int max_streams_per_connection = 100;
+  // Largest message received, bytes. gRPC compares each message's length
+  // prefix with it before buffering the message, and fails that call with
+  // RESOURCE_EXHAUSTED ("Received message larger than max").
+  int max_receive_message_bytes = kMaxMessageBytes;
+  // Largest message sent, bytes.
+  int max_send_message_bytes = kMaxMessageBytes;
+  // Largest header metadata of one call, bytes (GRPC_ARG_MAX_METADATA_SIZE).
+  int max_metadata_bytes = 16 << 10;
+  // A connection with no call in progress for this long is closed with a
+  // GOAWAY, ms (GRPC_ARG_MAX_CONNECTION_IDLE_MS); clients reconnect on
+  // their next call. Long-lived streams (PushPull) keep their connection.
+  int max_connection_idle_ms = 5 * 60 * 1000;
+  // A new connection must finish its TLS and HTTP/2 handshake within this,
+  // ms (GRPC_ARG_SERVER_HANDSHAKE_TIMEOUT_MS; gRPC's default is 120 s).
+  int handshake_timeout_ms = 20 * 1000;
+};
 
 struct ListeningServer {
   std::unique_ptr<grpc::Server> server;
@@ -25,11 +67,12 @@ struct ListeningServer {
 // writes the bound port and a newline there atomically. `credentials`:
 // the server's TLS (common/tls.h); null: plaintext. UNAVAILABLE "cannot
 // listen on <address> (in use, or not an address here)"; the error of the
-// port file's write.
+// port file's write. `limits`: see ServerLimits.
 absl::StatusOr<ListeningServer> StartGrpcServer(
     const std::string& address, grpc::Service* service,
     const std::string& port_file,
-    std::shared_ptr<grpc::ServerCredentials> credentials = nullptr);
+    std::shared_ptr<grpc::ServerCredentials> credentials = nullptr,
+    const ServerLimits& limits = ServerLimits());
 
 }  // namespace pstrain
 

@@ -8,31 +8,43 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "common/grpc_server.h"
+#include "common/status.h"
 
 namespace pstrain {
 
 absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
     CoordinatorServerOptions options) {
   std::unique_ptr<CoordinatorServer> server(new CoordinatorServer());
+  RETURN_IF_ERROR(ValidateJobTableLimits(options.table_limits));
   if (!options.job_file.empty()) {
     absl::StatusOr<std::unique_ptr<JobTable>> loaded =
-        JobTable::Load(options.job_file, absl::Now());
+        JobTable::Load(options.job_file, absl::Now(), options.table_limits);
     if (loaded.ok()) {
       server->table_ = *std::move(loaded);
     } else if (absl::IsNotFound(loaded.status())) {
-      server->table_ = std::make_unique<JobTable>(options.job_file);
+      // A new table; written now, so that a folder that is missing or not
+      // writable is found before the first job is submitted.
+      server->table_ =
+          std::make_unique<JobTable>(options.job_file, options.table_limits);
+      absl::Status written = server->table_->Flush();
+      if (!written.ok()) {
+        return absl::Status(
+            written.code(),
+            absl::StrCat("job file ", options.job_file,
+                         ": cannot be written: ", written.message()));
+      }
     } else {
       return loaded.status();
     }
   } else {
-    server->table_ = std::make_unique<JobTable>();
+    server->table_ = std::make_unique<JobTable>("", options.table_limits);
   }
   server->service_ = std::make_unique<CoordinatorService>(
       server->table_.get(), options.max_wait,
       /*authorize=*/options.credentials != nullptr);
-  absl::StatusOr<ListeningServer> listening =
-      StartGrpcServer(options.address, server->service_.get(),
-                      options.port_file, options.credentials);
+  absl::StatusOr<ListeningServer> listening = StartGrpcServer(
+      options.address, server->service_.get(), options.port_file,
+      options.credentials, options.server_limits);
   if (!listening.ok()) return listening.status();
   server->server_ = std::move(listening->server);
   server->port_ = listening->port;

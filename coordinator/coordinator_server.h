@@ -17,18 +17,34 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
+#include "common/grpc_server.h"
 #include "coordinator/coordinator_service.h"
 #include "coordinator/job_table.h"
 #include "grpcpp/grpcpp.h"
 
 namespace pstrain {
 
+// ServerLimits' defaults with max_receive_message_bytes 4 MiB.
+inline ServerLimits CoordinatorServerLimits() {
+  ServerLimits limits;
+  limits.max_receive_message_bytes = 4 << 20;
+  return limits;
+}
+
 struct CoordinatorServerOptions {
   // host:port to listen on; port 0: any free port (see port()).
   std::string address = "0.0.0.0:7070";
   // Where the job table is kept ("" for memory only). A missing file starts
-  // an empty table; one that does not parse is an error.
+  // an empty table, written there at once; one that is empty, a folder,
+  // unreadable, does not parse or is inconsistent is an error (see
+  // JobTable::Load).
   std::string job_file;
+  // How many ended jobs are kept and the key-value store's limits.
+  JobTableLimits table_limits;
+  // The server's resource bounds. Coordinator calls are small (a spec, a
+  // heartbeat's log lines), so it receives at most 4 MiB a message, gRPC's
+  // own default, rather than a PS's 256 MiB.
+  ServerLimits server_limits = CoordinatorServerLimits();
   // If set, the bound port is written here once listening.
   std::string port_file;
   // The server's TLS (common/tls.h); null: plaintext. With TLS every call
@@ -56,7 +72,8 @@ std::string WaitingReport(const JobInfo& job, absl::Time now);
 
 class CoordinatorServer {
  public:
-  // Errors: the job file's (DATA_LOSS when it does not parse, naming it);
+  // Errors: the job file's (JobTable::Load's, or the error of writing a new
+  // one), each naming it; INVALID_ARGUMENT for table_limits out of range;
   // UNAVAILABLE when the address cannot be bound (see grpc_server.h).
   static absl::StatusOr<std::unique_ptr<CoordinatorServer>> Start(
       CoordinatorServerOptions options);

@@ -1,8 +1,18 @@
-// WaitingReport: the line the coordinator prints once a minute while a
-// job's tasks have not all registered.
+// CoordinatorServer: the line it prints once a minute while a job's tasks
+// have not all registered (WaitingReport); its bounds over real gRPC (the
+// key-value store's limits, the message size, the thread cap), after which
+// it keeps serving.
 #include "coordinator/coordinator_server.h"
 
+#include <atomic>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "gtest/gtest.h"
+#include "proto/coordinator.grpc.pb.h"
 
 namespace pstrain {
 namespace {
@@ -32,6 +42,135 @@ TEST(WaitingReportTest, NamesTheTasksNotRegisteredYet) {
             "10.0.0.2:7000, worker 1 (registration timeout 600 s)");
   job.set_state(JOB_RUNNING);
   EXPECT_EQ(WaitingReport(job, now), "");
+}
+
+std::chrono::system_clock::time_point In(absl::Duration d) {
+  return absl::ToChronoTime(absl::Now() + d);
+}
+
+// A plaintext coordinator on 127.0.0.1 with one job, and a client.
+class BoundedCoordinatorTest : public ::testing::Test {
+ protected:
+  void Start(CoordinatorServerOptions options = {}) {
+    options.address = "127.0.0.1:0";
+    absl::StatusOr<std::unique_ptr<CoordinatorServer>> server =
+        CoordinatorServer::Start(options);
+    ASSERT_TRUE(server.ok()) << server.status();
+    server_ = *std::move(server);
+    JobSpec spec;
+    spec.set_num_ps(1);
+    spec.set_num_workers(1);
+    job_ = *server_->table().Submit(spec, absl::Now());
+    stub_ = Coordinator::NewStub(
+        grpc::CreateChannel(absl::StrCat("127.0.0.1:", server_->port()),
+                            grpc::InsecureChannelCredentials()));
+  }
+  grpc::Status Set(const std::string& key, const std::string& value) {
+    grpc::ClientContext context;
+    context.set_deadline(In(absl::Seconds(10)));
+    KvSetRequest request;
+    request.set_job_id(job_);
+    request.set_key(key);
+    request.set_value(value);
+    KvSetResponse response;
+    return stub_->KvSet(&context, request, &response);
+  }
+  grpc::Status Wait(const std::string& key, absl::Duration timeout) {
+    grpc::ClientContext context;
+    context.set_deadline(In(timeout));
+    KvWaitRequest request;
+    request.set_job_id(job_);
+    request.set_key(key);
+    KvWaitResponse response;
+    return stub_->KvWait(&context, request, &response);
+  }
+  // The coordinator still answers.
+  void ExpectServing() {
+    grpc::ClientContext context;
+    context.set_deadline(In(absl::Seconds(10)));
+    JobRequest request;
+    request.set_job_id(job_);
+    JobInfo job;
+    const grpc::Status status = stub_->GetJob(&context, request, &job);
+    EXPECT_TRUE(status.ok()) << status.error_message();
+    EXPECT_EQ(job.id(), job_);
+  }
+
+  std::unique_ptr<CoordinatorServer> server_;
+  std::string job_;
+  std::unique_ptr<Coordinator::Stub> stub_;
+};
+
+TEST_F(BoundedCoordinatorTest, KeyValueLimitsAreResourceExhausted) {
+  CoordinatorServerOptions options;
+  options.table_limits.max_kv_keys_per_job = 8;
+  Start(options);
+  EXPECT_EQ(Set("", "v").error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  grpc::Status status = Set(std::string(257, 'k'), "v");
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_EQ(status.error_message(),
+            "kv: a key of 257 bytes; the limit is 256 bytes");
+  status = Set("k", std::string((64 << 10) + 1, 'v'));
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  for (int i = 0; i < 8; ++i) {
+    ASSERT_TRUE(Set(absl::StrCat("k", i), "v").ok()) << i;
+  }
+  status = Set("k8", "v");
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_EQ(status.error_message(),
+            job_ +
+                ": kv: the job's store holds 8 keys, the limit; refusing "
+                "new key \"k8\"");
+  ExpectServing();
+  EXPECT_TRUE(Set("k0", "again").ok());
+  EXPECT_TRUE(Wait("k0", absl::Seconds(5)).ok());
+}
+
+TEST_F(BoundedCoordinatorTest, MessagesOverFourMiBAreRefusedBeforeReading) {
+  Start();
+  const grpc::Status status = Set("k", std::string(5 << 20, 'v'));
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED)
+      << status.error_message();
+  ExpectServing();
+  EXPECT_TRUE(Set("k", "v").ok());
+}
+
+TEST_F(BoundedCoordinatorTest, PastTheThreadCapCallsAreRefusedNotQueued) {
+  CoordinatorServerOptions options;
+  options.server_limits.max_threads = 6;
+  Start(options);
+  // 10 waits for a key nobody sets, each holding a thread for 3 s.
+  std::atomic<int> refused_at_once{0}, waited{0};
+  std::vector<std::thread> waits;
+  for (int i = 0; i < 10; ++i) {
+    waits.emplace_back([&] {
+      const absl::Time start = absl::Now();
+      const grpc::Status status = Wait("never", absl::Seconds(3));
+      if (status.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED &&
+          absl::Now() - start < absl::Seconds(2)) {
+        ++refused_at_once;
+      } else if (status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
+        ++waited;
+      }
+    });
+  }
+  for (std::thread& t : waits) t.join();
+  EXPECT_GE(refused_at_once.load(), 4);
+  EXPECT_GE(waited.load(), 1);
+  EXPECT_EQ(refused_at_once.load() + waited.load(), 10);
+  // The threads are free again (once gRPC has returned them to the quota).
+  grpc::Status status;
+  for (int i = 0; i < 50; ++i) {
+    grpc::ClientContext context;
+    context.set_deadline(In(absl::Seconds(10)));
+    JobRequest request;
+    request.set_job_id(job_);
+    JobInfo job;
+    status = stub_->GetJob(&context, request, &job);
+    if (status.ok()) break;
+    absl::SleepFor(absl::Milliseconds(100));
+  }
+  EXPECT_TRUE(status.ok()) << status.error_message();
 }
 
 }  // namespace
