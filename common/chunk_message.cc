@@ -5,6 +5,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "common/tensor_codec.h"
 #include "google/protobuf/io/coded_stream.h"
 #include "google/protobuf/io/zero_copy_stream_impl_lite.h"
 #include "grpc/slice.h"
@@ -220,7 +221,7 @@ absl::Status ReceivedChunkMessage::CheckFloat(int64_t num_elements) const {
   if (chunk_.dtype() != DTYPE_FLOAT32) {
     return absl::InvalidArgumentError(
         absl::StrCat(ChunkName(chunk_), " has dtype ",
-                     DType_Name(chunk_.dtype()), "; expected DTYPE_FLOAT32"));
+                     DTypeName(chunk_.dtype()), "; expected DTYPE_FLOAT32"));
   }
   if (chunk_.num_elements() < 0 ||
       payload_bytes_ != chunk_.num_elements() * 4) {

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "absl/time/clock.h"
+#include "common/tensor_codec.h"
 #include "gmock/gmock.h"
 #include "grpcpp/support/slice.h"
 #include "gtest/gtest.h"
@@ -154,6 +155,19 @@ TEST(ChunkMessageTest, RejectsWrongSizesAndDtypes) {
   ASSERT_TRUE(received.Parse(&buffer, kPushChunkField, &request).ok());
   EXPECT_THAT(received.CheckFloat(0).message(),
               HasSubstr("dtype DTYPE_UNSPECIFIED; expected DTYPE_FLOAT32"));
+
+  // A dtype number the protocol does not define is named by its number.
+  PushPullRequest unknown = PushEnvelope();
+  unknown.mutable_push()->set_dtype(static_cast<DType>(7));
+  unknown.mutable_push()->set_num_elements(1);
+  unknown.mutable_push()->set_data(std::string(4, '\0'));
+  buffer = FromBytes(unknown.SerializeAsString());
+  ASSERT_TRUE(received.Parse(&buffer, kPushChunkField, &request).ok());
+  EXPECT_THAT(received.CheckFloat(1).message(),
+              HasSubstr("has dtype unknown dtype 7; expected DTYPE_FLOAT32"));
+  std::vector<float> decoded;
+  EXPECT_THAT(DecodeFloatChunk(unknown.push(), &decoded).message(),
+              HasSubstr("has dtype unknown dtype 7; expected DTYPE_FLOAT32"));
 }
 
 TEST(ChunkMessageTest, RejectsMalformedBytes) {

@@ -15,7 +15,7 @@ absl::Status CheckChunk(const TensorChunk& chunk) {
   if (chunk.dtype() != DTYPE_FLOAT32) {
     return absl::InvalidArgumentError(absl::StrCat(
         "chunk (", chunk.key().param_id(), ", ", chunk.key().chunk_index(),
-        ") has dtype ", DType_Name(chunk.dtype()), "; expected DTYPE_FLOAT32"));
+        ") has dtype ", DTypeName(chunk.dtype()), "; expected DTYPE_FLOAT32"));
   }
   // (num_elements * 4 could overflow: divide the byte count instead.)
   if (chunk.num_elements() < 0 || chunk.data().size() % 4 != 0 ||
@@ -30,6 +30,11 @@ absl::Status CheckChunk(const TensorChunk& chunk) {
 }
 
 }  // namespace
+
+std::string DTypeName(int dtype) {
+  if (DType_IsValid(dtype)) return DType_Name(static_cast<DType>(dtype));
+  return absl::StrCat("unknown dtype ", dtype);
+}
 
 void EncodeFloatChunk(int32_t param_id, int32_t chunk_index, int64_t version,
                       absl::Span<const float> values, TensorChunk* chunk) {

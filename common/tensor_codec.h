@@ -6,6 +6,7 @@
 #define PSTRAIN_COMMON_TENSOR_CODEC_H_
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -13,6 +14,10 @@
 #include "proto/ps.pb.h"
 
 namespace pstrain {
+
+// "DTYPE_FLOAT32"; "unknown dtype 7" for a number the protocol does not
+// define (proto3 keeps unknown enum values, whose DType_Name is "").
+std::string DTypeName(int dtype);
 
 // Fills `chunk` with key, dtype FLOAT32, element count, `version` and the
 // bytes of `values` (one copy into the message).
