@@ -7,13 +7,19 @@
 // registered within their spec's registration_timeout_s), printing once a
 // minute the tasks each pending job still waits for. Exits on SIGINT or
 // SIGTERM.
+//
+// Bounded: it keeps the newest --keep_finished_jobs ended jobs (running
+// ones always), caps each job's key-value store (--max_kv_key_bytes,
+// --max_kv_value_bytes, --max_kv_keys_per_job), and serves within
+// CoordinatorServerLimits() (coordinator/coordinator_server.h). A job file
+// that is empty, a folder, unreadable, corrupt or inconsistent is a
+// one-line error naming it and exit 2.
 #include <csignal>
 #include <cstdio>
 #include <memory>
 #include <string>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -21,6 +27,7 @@
 #include "common/tls.h"
 #include "common/tls_flags.h"
 #include "coordinator/coordinator_server.h"
+#include "coordinator/job_spec.h"
 
 ABSL_FLAG(std::string, bind, "127.0.0.1",
           "Address to listen on (another host's tasks need this host's "
@@ -31,6 +38,16 @@ ABSL_FLAG(std::string, port_file, "",
 ABSL_FLAG(std::string, job_file, "",
           "Where the job table is kept and reloaded from (empty: memory "
           "only).");
+ABSL_FLAG(int, keep_finished_jobs, 100,
+          "Ended jobs (succeeded, failed, cancelled) kept in the table, the "
+          "oldest-ended pruned first; running jobs are always kept "
+          "(0..1000000).");
+ABSL_FLAG(int64_t, max_kv_key_bytes, 256,
+          "Longest key of a job's key-value store, bytes (1..65536).");
+ABSL_FLAG(int64_t, max_kv_value_bytes, 64 << 10,
+          "Largest value of a job's key-value store, bytes (0..1048576).");
+ABSL_FLAG(int64_t, max_kv_keys_per_job, 1024,
+          "Most keys in one job's key-value store (1..1000000).");
 ABSL_FLAG(int, heartbeat_timeout_s, 60,
           "Seconds of silence after which a task is lost and its job fails.");
 ABSL_FLAG(int, max_wait_s, 600,
@@ -47,13 +64,18 @@ constexpr char kProgram[] = "pstrain_coordinator";
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage("The pstrain job coordinator.");
-  absl::ParseCommandLine(argc, argv);
+  pstrain::ParseFlagsOrExit(argc, argv, kProgram, "pstrain_coordinator --help");
   const int timeout_s = absl::GetFlag(FLAGS_heartbeat_timeout_s);
-  if (timeout_s < 1) {
-    pstrain::PrintError(
-        kProgram,
-        absl::StrCat("--heartbeat_timeout_s=", timeout_s, ": expected >= 1"));
-    return 2;
+  for (const absl::Status& s :
+       {pstrain::CheckFlagRange("heartbeat_timeout_s", timeout_s, 1,
+                                pstrain::kMaxHeartbeatTimeoutS, "seconds"),
+        pstrain::CheckFlagRange("port", absl::GetFlag(FLAGS_port), 0, 65535),
+        pstrain::CheckFlagRange("max_wait_s", absl::GetFlag(FLAGS_max_wait_s),
+                                1, 86400, "seconds")}) {
+    if (!s.ok()) {
+      pstrain::PrintError(kProgram, s.message());
+      return 2;
+    }
   }
   const std::string job_file = absl::GetFlag(FLAGS_job_file);
   pstrain::CoordinatorServerOptions options;
@@ -63,6 +85,33 @@ int main(int argc, char** argv) {
   options.port_file = absl::GetFlag(FLAGS_port_file);
   options.heartbeat_timeout = absl::Seconds(timeout_s);
   options.max_wait = absl::Seconds(absl::GetFlag(FLAGS_max_wait_s));
+  options.table_limits.keep_finished_jobs =
+      absl::GetFlag(FLAGS_keep_finished_jobs);
+  options.table_limits.max_kv_key_bytes = absl::GetFlag(FLAGS_max_kv_key_bytes);
+  options.table_limits.max_kv_value_bytes =
+      absl::GetFlag(FLAGS_max_kv_value_bytes);
+  options.table_limits.max_kv_keys_per_job =
+      absl::GetFlag(FLAGS_max_kv_keys_per_job);
+  // The store lives in the job file and in memory: bounded even when
+  // raised. A value travels in one message of at most 4 MiB.
+  for (const absl::Status& s :
+       {pstrain::CheckFlagRange("keep_finished_jobs",
+                                options.table_limits.keep_finished_jobs, 0,
+                                1000000, "jobs"),
+        pstrain::CheckFlagRange("max_kv_key_bytes",
+                                options.table_limits.max_kv_key_bytes, 1,
+                                64 << 10, "bytes"),
+        pstrain::CheckFlagRange("max_kv_value_bytes",
+                                options.table_limits.max_kv_value_bytes, 0,
+                                1 << 20, "bytes"),
+        pstrain::CheckFlagRange("max_kv_keys_per_job",
+                                options.table_limits.max_kv_keys_per_job, 1,
+                                1000000, "keys")}) {
+    if (!s.ok()) {
+      pstrain::PrintError(kProgram, s.message());
+      return 2;
+    }
+  }
   // TLS as the coordinator, every call authorized (common/authz.h); or
   // --insecure, refused on a non-loopback address unless allowed.
   absl::StatusOr<pstrain::TlsOptions> tls =
@@ -93,13 +142,10 @@ int main(int argc, char** argv) {
   absl::StatusOr<std::unique_ptr<pstrain::CoordinatorServer>> server =
       pstrain::CoordinatorServer::Start(options);
   if (!server.ok()) {
-    // UNAVAILABLE: the address; anything else: the job file.
+    // UNAVAILABLE: the address; anything else: the job file (its errors
+    // name it: "job file /var/lib/pstrain/jobs.pb: is a folder, ...").
     const bool file_error = !absl::IsUnavailable(server.status());
-    pstrain::PrintError(
-        kProgram,
-        absl::StrCat(
-            file_error ? absl::StrCat("--job_file=", job_file, ": ") : "",
-            server.status().message()));
+    pstrain::PrintError(kProgram, server.status().message());
     return file_error ? 2 : 1;
   }
   std::printf("coordinator listening on %s:%d (job file %s, %zu jobs)\n",
