@@ -8,6 +8,22 @@
 #include "absl/strings/str_join.h"
 
 namespace pstrain {
+namespace {
+
+// PartitionPlan::FindChunk adds chunk_index to an int: an index near
+// INT32_MAX (from a push or an init on the network) overflows it and reads
+// outside the plan. No tensor has as many chunks as the plan, so such an
+// index is not found here first.
+int FindPlanChunk(const PartitionPlan& plan, int32_t param_id,
+                  int32_t chunk_index) {
+  if (chunk_index < 0 ||
+      static_cast<size_t>(chunk_index) >= plan.chunks().size()) {
+    return -1;
+  }
+  return plan.FindChunk(param_id, chunk_index);
+}
+
+}  // namespace
 
 ParameterShard::ParameterShard(const ShardOptions& options)
     : options_(options) {}
@@ -38,7 +54,7 @@ absl::StatusOr<std::vector<InitChunk*>> ParameterShard::MatchInitChunks(
   }
   std::vector<InitChunk*> by_local(local_sizes.size(), nullptr);
   for (InitChunk& c : chunks) {
-    const int global = plan.FindChunk(c.param_id, c.chunk_index);
+    const int global = FindPlanChunk(plan, c.param_id, c.chunk_index);
     if (global < 0 || local_index[global] < 0) {
       return absl::InvalidArgumentError(
           absl::StrCat("init chunk (", c.param_id, ", ", c.chunk_index,
@@ -293,7 +309,7 @@ absl::StatusOr<ParameterShard::ChunkState*> ParameterShard::FindPushChunk(
                                                    " is outside the job's [0, ",
                                                    options_.num_workers, ")"));
   }
-  const int global = plan_->FindChunk(param_id, chunk_index);
+  const int global = FindPlanChunk(*plan_, param_id, chunk_index);
   if (global < 0 || local_index_[global] < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("chunk (", param_id, ", ", chunk_index,
@@ -556,12 +572,20 @@ absl::Status ParameterShard::EndStep(int worker_id, int64_t step,
 
 absl::StatusOr<std::vector<ChunkSnapshot>> ParameterShard::Snapshot(
     int64_t expected_version) const {
+  std::vector<ChunkSnapshot> out;
+  absl::Status status = SnapshotInto(expected_version, &out);
+  if (!status.ok()) return status;
+  return out;
+}
+
+absl::Status ParameterShard::SnapshotInto(
+    int64_t expected_version, std::vector<ChunkSnapshot>* out) const {
   if (!initialized_.load()) {
     return absl::FailedPreconditionError(
         absl::StrCat("checkpoint of shard ", options_.shard_index,
                      " before it was initialised"));
   }
-  std::vector<ChunkSnapshot> out(chunks_.size());
+  out->resize(chunks_.size());
   for (size_t i = 0; i < chunks_.size(); ++i) {
     const ChunkState& chunk = *chunks_[i];
     absl::MutexLock lock(&chunk.mu);
@@ -571,17 +595,22 @@ absl::StatusOr<std::vector<ChunkSnapshot>> ParameterShard::Snapshot(
           chunk.spec.param_id, ", ", chunk.spec.chunk_index, ") of shard ",
           options_.shard_index, " is at version ", chunk.version));
     }
-    ChunkSnapshot& c = out[i];
+    ChunkSnapshot& c = (*out)[i];
     c.spec = chunk.spec;
     c.is_buffer = plan_->is_buffer(chunk.spec.param_id);
     c.version = chunk.version;
+    // Copy-assignment keeps the vectors' memory: a reused snapshot touches
+    // no fresh pages.
     c.weights = chunk.weights;
-    if (!c.is_buffer) {
+    if (c.is_buffer) {
+      c.m.clear();
+      c.v.clear();
+    } else {
       c.m = chunk.m;
       c.v = chunk.v;
     }
   }
-  return out;
+  return absl::OkStatus();
 }
 
 void ParameterShard::NoteUpdate() {

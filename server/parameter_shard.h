@@ -252,6 +252,11 @@ class ParameterShard {
   // version). FAILED_PRECONDITION before Initialize().
   absl::StatusOr<std::vector<ChunkSnapshot>> Snapshot(
       int64_t expected_version) const;
+  // As Snapshot(), into `out`, reusing its memory (a server that
+  // checkpoints every N steps keeps one snapshot: fresh memory's first
+  // touch costs more than the copy). On error `out` holds a partial copy.
+  absl::Status SnapshotInto(int64_t expected_version,
+                            std::vector<ChunkSnapshot>* out) const;
 
   // Ends every wait (WaitReady, Pull) now and later with ABORTED and
   // `reason`: the job has ended elsewhere (a lost worker, a cancel), so no

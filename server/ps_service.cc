@@ -97,16 +97,17 @@ grpc::Status PsService::Checkpoint(grpc::ServerContext* context,
     checkpoint_writer_.join();
     checkpoint_mu_.Lock();
   }
-  absl::StatusOr<std::vector<ChunkSnapshot>> snapshot = shard_->Snapshot(step);
-  if (!snapshot.ok()) return ToGrpcStatus(snapshot.status());
+  if (snapshot_ == nullptr) {
+    snapshot_ = std::make_shared<std::vector<ChunkSnapshot>>();
+  }
+  absl::Status snapshot = shard_->SnapshotInto(step, snapshot_.get());
+  if (!snapshot.ok()) return ToGrpcStatus(snapshot);
   checkpoint_step_ = step;
   checkpoint_done_ = false;
   checkpoint_status_ = absl::OkStatus();
   checkpoint_result_.Clear();
   checkpoint_writer_ =
-      std::thread([this, step, path = request->path(),
-                   chunks = std::make_shared<std::vector<ChunkSnapshot>>(
-                       *std::move(snapshot))]() {
+      std::thread([this, step, path = request->path(), chunks = snapshot_]() {
         const ShardOptions& o = shard_->options();
         absl::StatusOr<safetensors::WriteResult> written = WriteShardCheckpoint(
             path, *chunks, o.shard_index, o.num_shards, step);

@@ -62,8 +62,7 @@ class PsService final : public ParameterServer::Service {
 
   // The caller may make this call (common/authz.h) for `header`'s job and
   // worker.
-  grpc::Status Authorize(const grpc::ServerContext& context,
-                         const char* method,
+  grpc::Status Authorize(const grpc::ServerContext& context, const char* method,
                          const RequestHeader& header) const;
 
   ParameterShard* const shard_;
@@ -79,6 +78,10 @@ class PsService final : public ParameterServer::Service {
   // The checkpoint file being written in the background (one at a time).
   absl::Mutex checkpoint_mu_;
   std::thread checkpoint_writer_ ABSL_GUARDED_BY(checkpoint_mu_);
+  // The snapshot the writer writes, kept for the next checkpoint (one write
+  // at a time, so it is free again once the writer is joined).
+  std::shared_ptr<std::vector<ChunkSnapshot>> snapshot_
+      ABSL_GUARDED_BY(checkpoint_mu_);
   int64_t checkpoint_step_ ABSL_GUARDED_BY(checkpoint_mu_) = -1;
   bool checkpoint_done_ ABSL_GUARDED_BY(checkpoint_mu_) = true;
   absl::Status checkpoint_status_ ABSL_GUARDED_BY(checkpoint_mu_);

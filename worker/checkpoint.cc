@@ -385,11 +385,14 @@ absl::Status CheckpointWriter::Begin(
                       ->Checkpoint(step, ShardPaths(step_dir, job_.num_shards),
                                    /*wait=*/false)
                       .status());
-  std::vector<std::vector<float>> copy;
-  copy.reserve(weights.size());
-  for (absl::Span<float> w : weights) copy.emplace_back(w.begin(), w.end());
-  background_ = std::thread([this, step, position, copy = std::move(copy)]() {
-    absl::Status s = Finish(step, position, copy);
+  // Into the previous checkpoint's copy (its writer is done): no fresh
+  // memory to touch on the training thread.
+  weights_copy_.resize(weights.size());
+  for (size_t t = 0; t < weights.size(); ++t) {
+    weights_copy_[t].assign(weights[t].begin(), weights[t].end());
+  }
+  background_ = std::thread([this, step, position]() {
+    absl::Status s = Finish(step, position, weights_copy_);
     absl::MutexLock lock(&mu_);
     background_status_ = s;
   });
@@ -400,16 +403,18 @@ absl::Status CheckpointWriter::Finish(
     int64_t step, const DataPosition& position,
     const std::vector<std::vector<float>>& weights) {
   const std::string step_dir = CheckpointStepDir(dir_, step);
-  ASSIGN_OR_RETURN(
-      std::vector<CheckpointResponse> shards,
-      exchange_->Checkpoint(step, ShardPaths(step_dir, job_.num_shards),
-                            /*wait=*/true));
+  // The model file while the shards write theirs, then the shards' replies.
   std::vector<absl::Span<float>> spans;
   for (const std::vector<float>& w : weights) {
     spans.emplace_back(const_cast<float*>(w.data()), w.size());
   }
   const std::string model_path = absl::StrCat(step_dir, "/", kModelFile);
-  RETURN_IF_ERROR(save_model_(spans, model_path, step));
+  absl::Status saved = save_model_(spans, model_path, step);
+  ASSIGN_OR_RETURN(
+      std::vector<CheckpointResponse> shards,
+      exchange_->Checkpoint(step, ShardPaths(step_dir, job_.num_shards),
+                            /*wait=*/true));
+  RETURN_IF_ERROR(saved);
   ASSIGN_OR_RETURN(safetensors::File model_file,
                    safetensors::File::Read(model_path));
 

@@ -159,6 +159,9 @@ class CheckpointWriter {
   const CheckpointJobInfo job_;
   GradientExchange* const exchange_;
   const SaveModelFn save_model_;
+  // The weights Begin() copied, kept between checkpoints (read by the
+  // background thread; written by Begin() only after it is joined).
+  std::vector<std::vector<float>> weights_copy_;
   std::thread background_;
   mutable absl::Mutex mu_;
   absl::Status background_status_ ABSL_GUARDED_BY(mu_);
