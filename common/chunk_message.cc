@@ -223,12 +223,16 @@ absl::Status ReceivedChunkMessage::CheckFloat(int64_t num_elements) const {
         absl::StrCat(ChunkName(chunk_), " has dtype ",
                      DTypeName(chunk_.dtype()), "; expected DTYPE_FLOAT32"));
   }
-  if (chunk_.num_elements() < 0 ||
-      payload_bytes_ != chunk_.num_elements() * 4) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        ChunkName(chunk_), " carries ", payload_bytes_, " bytes for ",
-        chunk_.num_elements(), " fp32 elements; expected ",
-        chunk_.num_elements() * 4, " bytes"));
+  // (num_elements * 4 could overflow: a pushed count near 2^62 wrapped to
+  // 0 and passed with no payload. Divide the byte count instead.)
+  const int64_t n = chunk_.num_elements();
+  if (n < 0 || payload_bytes_ % 4 != 0 || payload_bytes_ / 4 != n) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(ChunkName(chunk_), " carries ", payload_bytes_,
+                     " bytes for ", n, " fp32 elements; expected ",
+                     n >= 0 && n <= std::numeric_limits<int64_t>::max() / 4
+                         ? absl::StrCat(n * 4, " bytes")
+                         : std::string("4 bytes per element")));
   }
   if (chunk_.num_elements() != num_elements) {
     return absl::InvalidArgumentError(
