@@ -116,12 +116,13 @@ int PartitionPlan::FindChunk(int32_t param_id, int32_t chunk_index) const {
   if (param_id < 0 || param_id >= static_cast<int32_t>(first_chunk_.size())) {
     return -1;
   }
-  const int i = first_chunk_[param_id] + chunk_index;
-  if (chunk_index < 0 || i >= static_cast<int>(chunks_.size()) ||
+  // In 64 bits: a chunk index from the network may be near INT32_MAX.
+  const int64_t i = int64_t{first_chunk_[param_id]} + chunk_index;
+  if (chunk_index < 0 || i >= static_cast<int64_t>(chunks_.size()) ||
       chunks_[i].param_id != param_id) {
     return -1;
   }
-  return i;
+  return static_cast<int>(i);
 }
 
 std::vector<int64_t> PartitionPlan::BytesPerShard() const {

@@ -23,6 +23,11 @@ TEST(PartitionPlanTest, CutsTensorsIntoBoundedChunks) {
   EXPECT_EQ(plan->FindChunk(0, 2), 2);
   EXPECT_EQ(plan->FindChunk(1, 0), 3);
   EXPECT_EQ(plan->FindChunk(1, 1), -1);
+  // Keys from the network: out of range, never an overflow.
+  EXPECT_EQ(plan->FindChunk(1, INT32_MAX), -1);
+  EXPECT_EQ(plan->FindChunk(0, INT32_MAX - 1), -1);
+  EXPECT_EQ(plan->FindChunk(0, -1), -1);
+  EXPECT_EQ(plan->FindChunk(INT32_MAX, 0), -1);
   EXPECT_EQ(plan->FindChunk(2, 0), -1);
   EXPECT_EQ(plan->FindChunk(-1, 0), -1);
 }

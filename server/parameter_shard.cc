@@ -8,22 +8,6 @@
 #include "absl/strings/str_join.h"
 
 namespace pstrain {
-namespace {
-
-// PartitionPlan::FindChunk adds chunk_index to an int: an index near
-// INT32_MAX (from a push or an init on the network) overflows it and reads
-// outside the plan. No tensor has as many chunks as the plan, so such an
-// index is not found here first.
-int FindPlanChunk(const PartitionPlan& plan, int32_t param_id,
-                  int32_t chunk_index) {
-  if (chunk_index < 0 ||
-      static_cast<size_t>(chunk_index) >= plan.chunks().size()) {
-    return -1;
-  }
-  return plan.FindChunk(param_id, chunk_index);
-}
-
-}  // namespace
 
 ParameterShard::ParameterShard(const ShardOptions& options)
     : options_(options) {}
@@ -54,7 +38,7 @@ absl::StatusOr<std::vector<InitChunk*>> ParameterShard::MatchInitChunks(
   }
   std::vector<InitChunk*> by_local(local_sizes.size(), nullptr);
   for (InitChunk& c : chunks) {
-    const int global = FindPlanChunk(plan, c.param_id, c.chunk_index);
+    const int global = plan.FindChunk(c.param_id, c.chunk_index);
     if (global < 0 || local_index[global] < 0) {
       return absl::InvalidArgumentError(
           absl::StrCat("init chunk (", c.param_id, ", ", c.chunk_index,
@@ -309,7 +293,7 @@ absl::StatusOr<ParameterShard::ChunkState*> ParameterShard::FindPushChunk(
                                                    " is outside the job's [0, ",
                                                    options_.num_workers, ")"));
   }
-  const int global = FindPlanChunk(*plan_, param_id, chunk_index);
+  const int global = plan_->FindChunk(param_id, chunk_index);
   if (global < 0 || local_index_[global] < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("chunk (", param_id, ", ", chunk_index,
@@ -463,9 +447,10 @@ void ParameterShard::CompleteBarrierLocked(ChunkState& chunk) {
     } else {
       chunk.prev_m.resize(n);
       chunk.prev_v.resize(n);
-      AdamUpdateInto(options_.adam, step + 1, chunk.weights.data(), sum,
-                     chunk.m.data(), chunk.v.data(), chunk.prev_weights.data(),
-                     chunk.prev_m.data(), chunk.prev_v.data(), n);
+      OptimizerUpdateInto(options_.adam, step + 1, chunk.weights.data(), sum,
+                          chunk.m.data(), chunk.v.data(),
+                          chunk.prev_weights.data(), chunk.prev_m.data(),
+                          chunk.prev_v.data(), n);
       chunk.m.swap(chunk.prev_m);
       chunk.v.swap(chunk.prev_v);
     }
@@ -627,8 +612,8 @@ void ParameterShard::ApplyLocked(ChunkState& chunk, const float* gradient) {
               chunk.weights.begin());
     return;
   }
-  AdamUpdate(options_.adam, chunk.version, chunk.weights.data(), gradient,
-             chunk.m.data(), chunk.v.data(), chunk.spec.num_elements);
+  OptimizerUpdate(options_.adam, chunk.version, chunk.weights.data(), gradient,
+                  chunk.m.data(), chunk.v.data(), chunk.spec.num_elements);
 }
 
 absl::Status ParameterShard::Pull(int64_t min_version, int64_t samples,
