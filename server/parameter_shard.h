@@ -1,9 +1,10 @@
 // ParameterShard: one shard of the parameter server, without any networking.
 //
 // It holds, for every chunk the partition plan gives this shard, the fp32
-// master weights, the Adam state (m, v, step count) and the chunk's version
+// master weights, the optimizer state (m, v, step count: Adam's moments, or
+// SGD's momentum buffer in m; server/optimizer.h) and the chunk's version
 // (the number of updates applied). It aggregates pushed gradients and applies
-// Adam:
+// the optimizer (called Adam below) at the scheduled lr of the step:
 //  - sync mode: a chunk's gradients of step v from all `num_workers` workers
 //    are kept apart, then summed in worker-id order (so the result does not
 //    depend on arrival order), divided by num_workers, and Adam is applied
@@ -80,7 +81,7 @@
 #include "absl/types/span.h"
 #include "common/nonfinite.h"
 #include "common/partition.h"
-#include "server/adam.h"
+#include "server/optimizer.h"
 
 namespace pstrain {
 
@@ -92,7 +93,9 @@ struct ShardOptions {
   int num_shards = 1;
   int num_workers = 1;
   SyncMode mode = SyncMode::kSync;
-  AdamOptions adam;
+  // The optimizer (server/optimizer.h): Adam unless adam.kind says SGD.
+  // Named for the Adam-only days; an AdamOptions converts to it.
+  OptimizerOptions adam;
 };
 
 // Initial values of one chunk, as sent by worker 0. A fresh job sends only
