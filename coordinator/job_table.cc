@@ -283,6 +283,12 @@ void JobTable::End(JobInfo* job, JobState state, const std::string& message,
   job->set_state(state);
   job->set_message(message);
   job->set_end_ms(Ms(now));
+  if (state == JOB_SUCCEEDED) return;
+  for (TaskInfo& t : *job->mutable_tasks()) {
+    if (t.state() == TASK_WAITING || t.state() == TASK_REGISTERED) {
+      t.set_state(TASK_STOPPED);
+    }
+  }
 }
 
 absl::StatusOr<std::string> JobTable::Submit(const JobSpec& spec,
@@ -377,12 +383,15 @@ absl::StatusOr<std::vector<std::string>> JobTable::WaitForLayout(
 void JobTable::AppendLog(
     JobInfo* job, TaskRole role, int index,
     const google::protobuf::RepeatedPtrField<std::string>& lines,
-    absl::Time now) {
-  for (const std::string& text : lines) {
+    absl::Time now, const google::protobuf::RepeatedField<int64_t>& times_ms) {
+  for (int i = 0; i < lines.size(); ++i) {
+    const std::string& text = lines[i];
     LogLine* line = job->add_log();
     line->set_seq(job->next_log_seq());
     job->set_next_log_seq(job->next_log_seq() + 1);
-    line->set_time_ms(Ms(now));
+    line->set_time_ms(i < times_ms.size() && times_ms[i] > 0
+                          ? std::min(times_ms[i], Ms(now))
+                          : Ms(now));
     line->set_role(role);
     line->set_index(index);
     line->set_text(text);
@@ -408,7 +417,8 @@ absl::StatusOr<JobState> JobTable::Heartbeat(const HeartbeatRequest& request,
   if (ref.role() == ROLE_WORKER && ref.index() == 0 && request.has_result()) {
     *job->mutable_result() = request.result();
   }
-  AppendLog(job, ref.role(), ref.index(), request.log_lines(), now);
+  AppendLog(job, ref.role(), ref.index(), request.log_lines(), now,
+            request.log_times_ms());
   // Not persisted: Load() restarts every task's timeout.
   return job->state();
 }
@@ -420,7 +430,8 @@ absl::Status JobTable::TaskFinished(const TaskFinishedRequest& request,
   ASSIGN_OR_RETURN(JobInfo * job, FindJob(ref.job_id()));
   absl::StatusOr<TaskInfo*> task = FindTask(job, ref.role(), ref.index());
   if (!task.ok()) return task.status();
-  AppendLog(job, ref.role(), ref.index(), request.log_lines(), now);
+  AppendLog(job, ref.role(), ref.index(), request.log_lines(), now,
+            request.log_times_ms());
   if (ref.role() == ROLE_WORKER && request.steps() > 0) {
     (*task)->set_steps(request.steps());
     (*task)->set_samples_per_sec(request.samples_per_sec());
@@ -428,7 +439,11 @@ absl::Status JobTable::TaskFinished(const TaskFinishedRequest& request,
   if (ref.role() == ROLE_WORKER && ref.index() == 0 && request.has_result()) {
     *job->mutable_result() = request.result();
   }
-  if (JobEnded(job->state())) return Persist();
+  if (JobEnded(job->state())) {
+    // Stopped by the job's end: a task that still finished cleanly is DONE.
+    if (request.ok()) (*task)->set_state(TASK_DONE);
+    return Persist();
+  }
   (*task)->set_state(request.ok() ? TASK_DONE : TASK_FAILED);
   (*task)->set_message(request.message());
   if (!request.ok()) {

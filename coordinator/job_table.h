@@ -170,9 +170,15 @@ class JobTable {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<TaskInfo*> FindTask(JobInfo* job, TaskRole role, int index)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Each line's time_ms is its entry in `times_ms` (when the task printed
+  // it; no later than `now`), or `now` where there is none.
   void AppendLog(JobInfo* job, TaskRole role, int index,
                  const google::protobuf::RepeatedPtrField<std::string>& lines,
-                 absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+                 absl::Time now,
+                 const google::protobuf::RepeatedField<int64_t>& times_ms = {})
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Also marks the tasks still WAITING or REGISTERED as STOPPED when the
+  // job did not succeed (they were told to stop, or never came).
   void End(JobInfo* job, JobState state, const std::string& message,
            absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Prunes the oldest-ended jobs beyond limits_.keep_finished_jobs, then

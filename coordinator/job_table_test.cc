@@ -283,6 +283,71 @@ TEST(JobTableTest, LogLinesProgressAndResult) {
   EXPECT_EQ(job.next_log_seq(), 3 + JobTable::kMaxLogLines);
 }
 
+// A cancelled job's tasks show what happened to them: told to stop
+// (registered) or never came (waiting); none stays REGISTERED. A task that
+// still reports a clean finish is DONE.
+TEST(JobTableTest, CancelledJobsTasksAreStoppedNotRegistered) {
+  JobTable table;
+  const std::string id = *table.Submit(Spec(), kT0);
+  ASSERT_TRUE(table.Register(id, ROLE_PS, 0, "10.0.0.2:7000", kT0).ok());
+  ASSERT_TRUE(table.Register(id, ROLE_WORKER, 0, "10.0.0.4:7001", kT0).ok());
+  ASSERT_TRUE(table.Cancel(id, kT0).ok());
+  JobInfo job = *table.Get(id);
+  for (const TaskInfo& t : job.tasks()) {
+    EXPECT_EQ(t.state(), TASK_STOPPED) << t.ShortDebugString();
+  }
+  EXPECT_EQ(job.tasks(0).address(), "10.0.0.2:7000");
+  ASSERT_TRUE(Finish(table, id, ROLE_WORKER, 0, true, "", kT0).ok());
+  EXPECT_EQ(table.Get(id)->tasks(2).state(), TASK_DONE);
+  EXPECT_EQ(table.Get(id)->state(), JOB_CANCELLED);
+
+  // A lost task fails the job: it is LOST, the others STOPPED.
+  const std::string b = *table.Submit(Spec(), kT0);
+  for (const Task& t : Tasks()) {
+    ASSERT_TRUE(table.Register(b, t.role, t.index, t.address, kT0).ok());
+  }
+  for (const Task& t : Tasks()) {
+    if (t.role == ROLE_PS && t.index == 1) continue;
+    ASSERT_TRUE(Beat(table, b, t.role, t.index, kT0 + absl::Seconds(40)).ok());
+  }
+  table.CheckHeartbeats(kT0 + absl::Seconds(40), absl::Seconds(30));
+  job = *table.Get(b);
+  EXPECT_EQ(job.state(), JOB_FAILED);
+  EXPECT_EQ(job.tasks(0).state(), TASK_STOPPED);
+  EXPECT_EQ(job.tasks(1).state(), TASK_LOST);
+}
+
+// Each line keeps the time its task printed it (never later than its
+// arrival), so lines from tasks that report at different moments can be put
+// in the order they were printed.
+TEST(JobTableTest, LogLinesKeepTheTimeTheyWerePrinted) {
+  JobTable table;
+  const std::string id = *table.Submit(Spec(), kT0);
+  const int64_t t0 = absl::ToUnixMillis(kT0);
+  HeartbeatRequest beat;
+  *beat.mutable_task() = Ref(id, ROLE_WORKER, 1);
+  beat.add_log_lines("late");
+  beat.add_log_times_ms(t0 + 2000);
+  beat.add_log_lines("from the future");
+  beat.add_log_times_ms(t0 + 99000);
+  beat.add_log_lines("no time");
+  ASSERT_TRUE(table.Heartbeat(beat, kT0 + absl::Seconds(3)).ok());
+  TaskFinishedRequest done;
+  *done.mutable_task() = Ref(id, ROLE_PS, 0);
+  done.set_ok(true);
+  done.add_log_lines("early");
+  done.add_log_times_ms(t0 + 1000);
+  ASSERT_TRUE(table.TaskFinished(done, kT0 + absl::Seconds(4)).ok());
+  const JobInfo job = *table.Get(id);
+  ASSERT_EQ(job.log_size(), 4);
+  EXPECT_EQ(job.log(0).time_ms(), t0 + 2000);
+  EXPECT_EQ(job.log(1).time_ms(), t0 + 3000);  // Clamped to its arrival.
+  EXPECT_EQ(job.log(2).time_ms(), t0 + 3000);
+  EXPECT_EQ(job.log(3).text(), "early");
+  EXPECT_EQ(job.log(3).time_ms(), t0 + 1000);
+  EXPECT_EQ(job.log(3).seq(), 3);
+}
+
 TEST(JobTableTest, KeyValueStoreWaitsForKeys) {
   JobTable table;
   const std::string id = *table.Submit(Spec(), kT0);

@@ -67,7 +67,9 @@ void TaskAgent::TakePending(Request* request) {
   for (std::string& line : pending_lines_) {
     request->add_log_lines(std::move(line));
   }
+  for (int64_t ms : pending_times_ms_) request->add_log_times_ms(ms);
   pending_lines_.clear();
+  pending_times_ms_.clear();
   request->set_steps(steps_);
   request->set_samples_per_sec(samples_per_sec_);
   if (result_ != nullptr) *request->mutable_result() = *std::move(result_);
@@ -223,9 +225,13 @@ void TaskAgent::HeartbeatLoop(
       absl::MutexLock lock(&mu_);
       for (int i = request.log_lines_size() - 1; i >= 0; --i) {
         pending_lines_.push_front(request.log_lines(i));
+        pending_times_ms_.push_front(i < request.log_times_ms_size()
+                                         ? request.log_times_ms(i)
+                                         : absl::ToUnixMillis(absl::Now()));
       }
       while (pending_lines_.size() > kMaxPendingLines) {
         pending_lines_.pop_front();
+        pending_times_ms_.pop_front();
       }
     }
     if (!Retryable(status)) {
@@ -258,7 +264,11 @@ void TaskAgent::Log(const std::string& line) {
   std::fflush(stdout);
   absl::MutexLock lock(&mu_);
   pending_lines_.push_back(line);
-  if (pending_lines_.size() > kMaxPendingLines) pending_lines_.pop_front();
+  pending_times_ms_.push_back(absl::ToUnixMillis(absl::Now()));
+  if (pending_lines_.size() > kMaxPendingLines) {
+    pending_lines_.pop_front();
+    pending_times_ms_.pop_front();
+  }
 }
 
 void TaskAgent::SetResult(const RunResult& result) {

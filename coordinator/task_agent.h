@@ -30,8 +30,8 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
-#include "common/tls.h"
 #include "absl/time/time.h"
+#include "common/tls.h"
 #include "proto/coordinator.grpc.pb.h"
 
 namespace pstrain {
@@ -127,6 +127,8 @@ class TaskAgent {
 
   absl::Mutex mu_;
   std::deque<std::string> pending_lines_ ABSL_GUARDED_BY(mu_);
+  // When each of pending_lines_ was logged, Unix ms (same length).
+  std::deque<int64_t> pending_times_ms_ ABSL_GUARDED_BY(mu_);
   int64_t steps_ ABSL_GUARDED_BY(mu_) = 0;
   double samples_per_sec_ ABSL_GUARDED_BY(mu_) = 0;
   std::unique_ptr<RunResult> result_ ABSL_GUARDED_BY(mu_);

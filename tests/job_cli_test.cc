@@ -52,6 +52,14 @@ TEST(JobCliTest, SubmitStatusCancelWaitAndRestart) {
   EXPECT_EQ(r.output,
             "job-1 CANCELLED lenet5 1 ps 2 workers (0/3 registered): "
             "cancelled\n");
+  // Its tasks never came: STOPPED, not WAITING or REGISTERED.
+  r = RunCommand("tools/pstrain status job-1" + coordinator.flag());
+  EXPECT_EQ(r.output,
+            "job-1 CANCELLED lenet5 1 ps 2 workers (0/3 registered): "
+            "cancelled\n"
+            "  ps 0       STOPPED    -\n"
+            "  worker 0   STOPPED    -\n"
+            "  worker 1   STOPPED    -\n");
   r = RunCommand("tools/pstrain cancel job-1" + coordinator.flag());
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_EQ(r.output,

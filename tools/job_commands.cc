@@ -1,9 +1,12 @@
 #include "tools/job_commands.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
+#include <set>
+#include <vector>
 
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
@@ -67,9 +70,15 @@ int RpcFailure(const grpc::Status& status) {
                                                      : status.error_message()));
 }
 
-// "[worker0] Step200: ..." as `pstrain run` prefixes its tasks' lines.
+// "[worker0] Step200: ..." as `pstrain run` prefixes its tasks' lines, in
+// the order the tasks printed them (LogLine.time_ms, then arrival).
 void PrintLogLines(const JobInfo& job) {
-  for (const LogLine& line : job.log()) {
+  std::vector<LogLine> lines(job.log().begin(), job.log().end());
+  std::stable_sort(lines.begin(), lines.end(),
+                   [](const LogLine& a, const LogLine& b) {
+                     return a.time_ms() < b.time_ms();
+                   });
+  for (const LogLine& line : lines) {
     std::printf("[%s%d] %s\n", line.role() == ROLE_PS ? "ps" : "worker",
                 line.index(), line.text().c_str());
   }
@@ -98,7 +107,56 @@ void PrintJobLine(const JobInfo& job) {
   std::fflush(stdout);
 }
 
+// The names of `type`'s 64-bit integer fields and its messages' (proto3
+// JSON writes those as strings).
+void Int64FieldNames(const google::protobuf::Descriptor* type,
+                     std::set<std::string>* names) {
+  using google::protobuf::FieldDescriptor;
+  for (int i = 0; i < type->field_count(); ++i) {
+    const FieldDescriptor* field = type->field(i);
+    switch (field->cpp_type()) {
+      case FieldDescriptor::CPPTYPE_INT64:
+      case FieldDescriptor::CPPTYPE_UINT64:
+        names->insert(field->name());
+        break;
+      case FieldDescriptor::CPPTYPE_MESSAGE:
+        if (field->message_type() != type) {
+          Int64FieldNames(field->message_type(), names);
+        }
+        break;
+      default:
+        break;
+    }
+  }
+}
+
 }  // namespace
+
+std::string Int64sAsNumbers(const google::protobuf::Descriptor* type,
+                            const std::string& json) {
+  std::set<std::string> names;
+  Int64FieldNames(type, &names);
+  std::string out = json;
+  for (const std::string& name : names) {
+    const std::string key = absl::StrCat("\"", name, "\": \"");
+    size_t at = 0;
+    while ((at = out.find(key, at)) != std::string::npos) {
+      const size_t value = at + key.size();
+      size_t end = value;
+      if (end < out.size() && out[end] == '-') ++end;
+      while (end < out.size() && out[end] >= '0' && out[end] <= '9') ++end;
+      // A key of this message (not text inside a string value, whose
+      // quotes are escaped) with a whole integer value.
+      if ((at == 0 || out[at - 1] != '\\') && end > value && end < out.size() &&
+          out[end] == '"') {
+        out.erase(end, 1);
+        out.erase(value - 1, 1);
+      }
+      at = value;
+    }
+  }
+  return out;
+}
 
 std::string FormatResultTable(const RunResult& r) {
   std::string out =
@@ -128,7 +186,7 @@ std::string ResultJson(const RunResult& result) {
   options.always_print_primitive_fields = true;
   options.preserve_proto_field_names = true;
   (void)google::protobuf::util::MessageToJsonString(result, &json, options);
-  return json;
+  return Int64sAsNumbers(RunResult::descriptor(), json);
 }
 
 int SubmitCommand(const std::vector<std::string>& args) {

@@ -39,8 +39,14 @@ std::string FormatResultTable(const RunResult& result);
 // The test accuracy column of the tables: "0.8596", or "-" for synthetic
 // compute (no test set).
 std::string FormatTestAccuracy(const RunResult& result);
-// `result` as JSON (protobuf's printer, field names as in the .proto).
+// `result` as JSON (protobuf's printer, field names as in the .proto),
+// with its 64-bit integers (steps, model_bytes, ...) as JSON numbers.
 std::string ResultJson(const RunResult& result);
+// `json`, protobuf's JSON of a `type` message, with the 64-bit integer
+// fields' values (written as strings, "steps": "120") as numbers
+// ("steps": 120).
+std::string Int64sAsNumbers(const google::protobuf::Descriptor* type,
+                            const std::string& json);
 
 // `args`: the positional arguments after the command name.
 int SubmitCommand(const std::vector<std::string>& args);
