@@ -19,9 +19,10 @@
 namespace pstrain {
 
 PsService::PsService(ParameterShard* shard, absl::Duration pull_timeout,
-                     bool authorize)
+                     bool authorize, absl::Duration write_timeout)
     : shard_(shard),
       pull_timeout_(pull_timeout),
+      write_timeout_(write_timeout),
       authorizer_(authorize),
       last_request_unix_ms_(absl::ToUnixMillis(absl::Now())),
       done_(shard->options().num_workers, false) {
@@ -37,9 +38,32 @@ PsService::PsService(ParameterShard* shard, absl::Duration pull_timeout,
              grpc::ServerReaderWriter<grpc::ByteBuffer, grpc::ByteBuffer>*
                  stream) { return service->PushPullStream(context, stream); },
           this));
+  watchdog_ = std::thread([this] { WatchWrites(); });
+}
+
+void PsService::WatchWrites() {
+  absl::MutexLock lock(&watch_mu_);
+  while (true) {
+    auto stopping = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(watch_mu_) {
+      return stopping_;
+    };
+    watch_mu_.AwaitWithTimeout(absl::Condition(&stopping), absl::Seconds(1));
+    if (stopping_) return;
+    const int64_t now = absl::ToUnixMillis(absl::Now());
+    const int64_t limit = absl::ToInt64Milliseconds(write_timeout_);
+    for (WriteWatch* watch : watches_) {
+      const int64_t since = watch->since_ms.load();
+      if (since != 0 && now - since > limit) watch->context->TryCancel();
+    }
+  }
 }
 
 PsService::~PsService() {
+  {
+    absl::MutexLock lock(&watch_mu_);
+    stopping_ = true;
+  }
+  watchdog_.join();
   std::thread writer;
   {
     absl::MutexLock lock(&checkpoint_mu_);
@@ -261,6 +285,28 @@ grpc::Status PsService::PushPullStream(
   std::atomic<bool> cancelled{false};
   grpc::Status writer_status = grpc::Status::OK;  // written by the writer
   absl::Notification reader_done;                 // the reader's loop ended
+  // The writer's pending write, watched (WatchWrites) until the stream ends.
+  WriteWatch watch;
+  watch.context = context;
+  {
+    absl::MutexLock lock(&watch_mu_);
+    watches_.insert(&watch);
+  }
+  struct Unwatch {
+    PsService* service;
+    WriteWatch* watch;
+    ~Unwatch() {
+      absl::MutexLock lock(&service->watch_mu_);
+      service->watches_.erase(watch);
+    }
+  } unwatch{this, &watch};
+  // A write, timed by the watchdog.
+  auto write = [&](const grpc::ByteBuffer& message) {
+    watch.since_ms.store(absl::ToUnixMillis(absl::Now()));
+    const bool written = stream->Write(message);
+    watch.since_ms.store(0);
+    return written;
+  };
 
   std::thread writer([&] {
     grpc::ByteBuffer reply;
@@ -292,7 +338,7 @@ grpc::Status PsService::PushPullStream(
           },
           [&] {
             bytes_sent_.fetch_add(reply_bytes, std::memory_order_relaxed);
-            write_failed = !stream->Write(reply);
+            write_failed = !write(reply);
             return !write_failed;
           },
           &cancelled, job.generation, &skipped);
@@ -308,7 +354,7 @@ grpc::Status PsService::PushPullStream(
           out->mutable_nonfinite()->set_element(skipped.nonfinite.element);
           out->mutable_nonfinite()->set_value(skipped.nonfinite.value);
         }
-        write_failed = !stream->Write(EncodeSmallMessage(last));
+        write_failed = !write(EncodeSmallMessage(last));
       }
       if (!status.ok() || write_failed) {
         writer_status = write_failed
@@ -322,7 +368,7 @@ grpc::Status PsService::PushPullStream(
           PushPullResponse error;
           error.set_error_code(writer_status.error_code());
           error.set_error_message(writer_status.error_message());
-          if (stream->Write(EncodeSmallMessage(error)) &&
+          if (write(EncodeSmallMessage(error)) &&
               reader_done.WaitForNotificationWithTimeout(absl::Seconds(10))) {
             return;
           }

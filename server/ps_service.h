@@ -9,6 +9,7 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <set>
 #include <string>
 #include <thread>
 
@@ -27,9 +28,15 @@ class PsService final : public ParameterServer::Service {
   // the slowest worker) before it fails with DEADLINE_EXCEEDED.
   // `authorize`: check every call's certificate against common/authz.h (a
   // TLS server); false: a plaintext server, every call allowed.
+  // `write_timeout`: how long one write of a pull's chunk may stay blocked
+  // on a worker that does not read (its HTTP/2 window full): past it the
+  // stream is cancelled (the worker's step fails, naming it via the
+  // barrier), so that a client that opens streams and never reads holds
+  // no thread for longer than that.
   PsService(ParameterShard* shard, absl::Duration pull_timeout,
-            bool authorize = false);
-  // Waits for a checkpoint write in flight.
+            bool authorize = false,
+            absl::Duration write_timeout = absl::Seconds(60));
+  // Waits for a checkpoint write in flight; stops the write watchdog.
   ~PsService() override;
 
   grpc::Status Init(grpc::ServerContext* context,
@@ -65,8 +72,23 @@ class PsService final : public ParameterServer::Service {
   grpc::Status Authorize(const grpc::ServerContext& context, const char* method,
                          const RequestHeader& header) const;
 
+  // A PushPull stream's write in progress, for the watchdog.
+  struct WriteWatch {
+    grpc::ServerContext* context;
+    // Unix ms when the pending write began; 0: none pending.
+    std::atomic<int64_t> since_ms{0};
+  };
+  // Every second: cancels the streams whose write has been pending longer
+  // than write_timeout_.
+  void WatchWrites();
+
   ParameterShard* const shard_;
   const absl::Duration pull_timeout_;
+  const absl::Duration write_timeout_;
+  absl::Mutex watch_mu_;
+  std::set<WriteWatch*> watches_ ABSL_GUARDED_BY(watch_mu_);
+  bool stopping_ ABSL_GUARDED_BY(watch_mu_) = false;
+  std::thread watchdog_;
   const Authorizer authorizer_;
   std::atomic<int64_t> bytes_received_{0};
   std::atomic<int64_t> bytes_sent_{0};
