@@ -83,15 +83,17 @@ const std::vector<CommandInfo>& Commands() {
               "resume"}})},
       {"compare",
        "pstrain compare --out_dir=DIR [--workers=1,2,4 "
-       "--modes=ps_sync,ps_async,allreduce --num_ps=2 --steps=N]",
-       "Runs `run` once per configuration (each of --modes at each of "
-       "--workers, and each --num_ps for the PS modes), then prints and "
+       "--modes=ps_sync,ps_async,allreduce --num_ps=2 --steps=N --repeats=N]",
+       "Runs `run` --repeats times per configuration (each of --modes at "
+       "each of --workers, and each --num_ps for the PS modes), then prints "
+       "and "
        "writes the scaling and communication tables as Markdown, CSV, JSON "
        "and a gnuplot PNG into --out_dir. Every configuration is checked "
        "before the first run starts.",
        Join({JobFlags(),
              DataFlags(),
-             {"workers", "modes", "steps", "out_dir", "link_mbit", "plot"}})},
+             {"workers", "modes", "steps", "repeats", "out_dir", "link_mbit",
+              "plot"}})},
       {"eval",
        "pstrain eval --checkpoint=FILE_OR_DIR [--dataset=... --data_dir=... "
        "--backend=...]",

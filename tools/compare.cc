@@ -1,6 +1,7 @@
 #include "tools/compare.h"
 
 #include <algorithm>
+#include <cmath>
 #include <map>
 #include <set>
 #include <tuple>
@@ -59,7 +60,57 @@ std::string SeriesName(const CompareRun& run) {
              : absl::StrCat(run.mode, " (", run.num_ps, " PS)");
 }
 
+// "" where a value does not apply (x <= 0), else x with `decimals`.
+std::string OrEmpty(double x, int decimals) {
+  return x > 0 ? absl::StrFormat("%.*f", decimals, x) : std::string();
+}
+
+// `title` broken into lines of about `width` characters at ", ", as a
+// gnuplot double-quoted string's contents ("\n" between lines).
+std::string WrapTitle(const std::string& title, size_t width) {
+  std::string out;
+  size_t line = 0;
+  for (absl::string_view part : absl::StrSplit(title, ", ")) {
+    if (!out.empty()) {
+      if (line + 2 + part.size() > width) {
+        absl::StrAppend(&out, ",\\n");
+        line = 0;
+      } else {
+        absl::StrAppend(&out, ", ");
+        line += 2;
+      }
+    }
+    absl::StrAppend(&out, part);
+    line += part.size();
+  }
+  return out;
+}
+
 }  // namespace
+
+int MedianIndex(const std::vector<double>& throughputs) {
+  if (throughputs.empty()) return -1;
+  std::vector<int> order(throughputs.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<int>(i);
+  std::sort(order.begin(), order.end(),
+            [&](int a, int b) { return throughputs[a] < throughputs[b]; });
+  return order[(order.size() - 1) / 2];
+}
+
+Spread SpreadOf(const CompareRun& run) {
+  Spread spread;
+  const std::vector<double>& x = run.throughputs;
+  if (x.size() < 2) return spread;
+  spread.repeats = static_cast<int>(x.size());
+  double sum = 0;
+  for (double v : x) sum += v;
+  spread.mean = sum / x.size();
+  double squares = 0;
+  for (double v : x) squares += (v - spread.mean) * (v - spread.mean);
+  spread.stddev = std::sqrt(squares / (x.size() - 1));
+  spread.cv = spread.mean > 0 ? spread.stddev / spread.mean : 0;
+  return spread;
+}
 
 bool IsAllreduce(const std::string& compare_mode) {
   return compare_mode == "allreduce" || compare_mode == "allreduce_nccl";
@@ -132,18 +183,25 @@ double BoundSeconds(const CompareRun& run, double link_bytes_per_sec) {
 std::string FormatScalingTable(const std::vector<CompareRun>& runs) {
   std::string out =
       "| #Nodes | #Workers | Mode | #PS | Batchsize | Steps | Runtime | "
-      "Throughput (data/sec) | Speedup | PS/allreduce | Test accuracy |\n"
-      "|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|\n";
+      "Throughput (samples/sec) | CV | Speedup | PS/allreduce | "
+      "Test accuracy |\n"
+      "|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n";
   for (const CompareRun& run : runs) {
     const RunResult& r = run.result;
+    const Spread spread = SpreadOf(run);
     absl::StrAppend(
         &out, absl::StrFormat(
-                  "| %d | %d | %s | %d | %d | %d | %.2f s | %.2f | %s | "
+                  "| %d | %d | %s | %d | %d | %d | %.2f s | %.2f | %s | %s | "
                   "%s | %s |\n",
                   run.num_nodes, run.num_workers, run.mode, run.num_ps,
                   r.batch_size(), r.steps(), r.runtime_seconds(),
-                  r.throughput_samples_per_sec(), Ratio(Speedup(runs, run)),
-                  Ratio(PsOverAllreduce(runs, run)), FormatTestAccuracy(r)));
+                  r.throughput_samples_per_sec(),
+                  spread.repeats > 1
+                      ? absl::StrFormat("%.1f%% (n=%d)", spread.cv * 100,
+                                        spread.repeats)
+                      : std::string("-"),
+                  Ratio(Speedup(runs, run)), Ratio(PsOverAllreduce(runs, run)),
+                  FormatTestAccuracy(r)));
   }
   return out;
 }
@@ -182,22 +240,30 @@ std::string CompareCsv(const std::vector<CompareRun>& runs,
       "mode,num_ps,num_workers,num_nodes,model,compute,batch_size,steps,"
       "runtime_s,throughput_samples_per_sec,speedup,ps_over_allreduce,"
       "test_accuracy,model_bytes,compute_ms_per_step,exchange_ms_per_step,"
-      "bound_ms_per_step\n";
+      "bound_ms_per_step,repeats,throughput_mean,throughput_stddev,"
+      "throughput_cv\n";
   for (const CompareRun& run : runs) {
     const RunResult& r = run.result;
+    const Spread spread = SpreadOf(run);
+    const bool spread_applies = spread.repeats > 1;
     absl::StrAppend(
-        &out, absl::StrFormat(
-                  "%s,%d,%d,%d,%s,%s,%d,%d,%.3f,%.2f,%.4f,%.4f,%s,%d,"
-                  "%.3f,%.3f,%.3f\n",
-                  run.mode, run.num_ps, run.num_workers, run.num_nodes,
-                  r.model(), r.compute(), r.batch_size(), r.steps(),
-                  r.runtime_seconds(), r.throughput_samples_per_sec(),
-                  Speedup(runs, run), PsOverAllreduce(runs, run),
-                  Synthetic(r) ? std::string("")
-                               : absl::StrFormat("%.4f", r.test_accuracy()),
-                  r.model_bytes(), r.compute_seconds_per_step() * 1e3,
-                  r.exchange_seconds_per_step() * 1e3,
-                  BoundSeconds(run, link_bytes_per_sec) * 1e3));
+        &out,
+        absl::StrFormat(
+            "%s,%d,%d,%d,%s,%s,%d,%d,%.3f,%.2f,%s,%s,%s,%d,"
+            "%.3f,%.3f,%s,%d,%s,%s,%s\n",
+            run.mode, run.num_ps, run.num_workers, run.num_nodes, r.model(),
+            r.compute(), r.batch_size(), r.steps(), r.runtime_seconds(),
+            r.throughput_samples_per_sec(), OrEmpty(Speedup(runs, run), 4),
+            OrEmpty(PsOverAllreduce(runs, run), 4),
+            Synthetic(r) ? std::string("")
+                         : absl::StrFormat("%.4f", r.test_accuracy()),
+            r.model_bytes(), r.compute_seconds_per_step() * 1e3,
+            r.exchange_seconds_per_step() * 1e3,
+            OrEmpty(BoundSeconds(run, link_bytes_per_sec) * 1e3, 3),
+            spread.repeats,
+            spread_applies ? absl::StrFormat("%.2f", spread.mean) : "",
+            spread_applies ? absl::StrFormat("%.2f", spread.stddev) : "",
+            spread_applies ? absl::StrFormat("%.4f", spread.cv) : ""));
   }
   return out;
 }
@@ -213,10 +279,14 @@ std::string CompareJson(const std::vector<CompareRun>& runs,
         absl::StrFormat("{\"mode\": \"%s\", \"num_ps\": %d, \"num_workers\": "
                         "%d, \"num_nodes\": %d, \"speedup\": %.4f, "
                         "\"ps_over_allreduce\": %.4f, "
-                        "\"bound_seconds_per_step\": %.6f,\n\"result\": ",
+                        "\"bound_seconds_per_step\": %.6f, \"repeats\": %d, "
+                        "\"throughput_mean\": %.3f, \"throughput_stddev\": "
+                        "%.3f, \"throughput_cv\": %.5f,\n\"result\": ",
                         run.mode, run.num_ps, run.num_workers, run.num_nodes,
                         Speedup(runs, run), PsOverAllreduce(runs, run),
-                        BoundSeconds(run, link_bytes_per_sec)),
+                        BoundSeconds(run, link_bytes_per_sec),
+                        SpreadOf(run).repeats, SpreadOf(run).mean,
+                        SpreadOf(run).stddev, SpreadOf(run).cv),
         ResultJson(run.result), "}");
   }
   absl::StrAppend(&out, "\n]\n}\n");
@@ -239,13 +309,15 @@ std::string GnuplotScript(const std::vector<CompareRun>& runs,
     max_workers = std::max(max_workers, run.num_workers);
   }
   std::string out = absl::StrCat(
-      "set terminal pngcairo size 900,600 font \"sans,11\"\n", "set output \"",
-      png_path, "\"\n", "set title \"", title, "\" noenhanced\n",
-      "set xlabel \"workers\"\n", "set ylabel \"throughput (data/sec)\"\n",
-      "set key top left noenhanced\n", "set grid\n",
+      "set terminal pngcairo size 1000,650 font \"sans,11\"\n", "set output \"",
+      png_path, "\"\n", "set title \"", WrapTitle(title, 90),
+      "\" noenhanced font \"sans,11\"\n", "set xlabel \"workers\"\n",
+      "set ylabel \"throughput (samples/sec)\"\n",
+      "set key top left noenhanced box opaque\n", "set grid\n",
       absl::StrFormat("set xrange [0.5:%d.5]\n", max_workers),
       "set yrange [0:*]\n", "set xtics 1\n");
   std::string plots;
+  bool has_ideal = false;
   for (size_t s = 0; s < series.size(); ++s) {
     std::vector<const CompareRun*> points;
     for (const CompareRun& run : runs) {
@@ -257,24 +329,39 @@ std::string GnuplotScript(const std::vector<CompareRun>& runs,
               [](const CompareRun* a, const CompareRun* b) {
                 return a->num_workers < b->num_workers;
               });
+    bool repeated = false;
     absl::StrAppend(&out, "$s", s, " << EOD\n");
     for (const CompareRun* p : points) {
+      const Spread spread = SpreadOf(*p);
+      repeated |= spread.repeats > 1;
       absl::StrAppend(&out,
-                      absl::StrFormat("%d %.3f\n", p->num_workers,
-                                      p->result.throughput_samples_per_sec()));
+                      absl::StrFormat("%d %.3f %.3f\n", p->num_workers,
+                                      p->result.throughput_samples_per_sec(),
+                                      spread.stddev));
     }
     absl::StrAppend(&out, "EOD\n");
     const RunResult* one = FindRun(runs, series[s].first, series[s].second, 1);
     const std::string name = SeriesName(*points.front());
+    // The measured line, with one standard deviation as error bars when it
+    // has repeats.
     absl::StrAppend(&plots, plots.empty() ? "plot " : ", \\\n     ", "$s", s,
-                    " using 1:2 with linespoints lw 2 pt 7 lc ", s + 1,
-                    " title \"", name, "\"");
+                    repeated ? " using 1:2:3 with yerrorlines"
+                             : " using 1:2 with linespoints",
+                    " lw 2 pt 7 ps 1.2 lc ", s + 1, " title \"", name, "\"");
     if (one != nullptr) {
+      // Its ideal scaling, dashed and as wide as the measured line, with no
+      // legend entry of its own (one entry below explains the dashes).
       absl::StrAppend(
           &plots, ", \\\n     ",
           absl::StrFormat("x * %.3f", one->throughput_samples_per_sec()),
-          " with lines dt 2 lw 1 lc ", s + 1, " title \"", name, ", ideal\"");
+          " with lines dt 2 lw 2 lc ", s + 1, " notitle");
+      has_ideal = true;
     }
+  }
+  if (has_ideal) {
+    absl::StrAppend(&plots,
+                    ", \\\n     NaN with lines dt 2 lw 2 lc rgb \"gray40\" "
+                    "title \"ideal (linear scaling from 1 worker)\"");
   }
   absl::StrAppend(&out, plots, "\n");
   return out;

@@ -27,8 +27,27 @@ struct CompareRun {
   // Machines the run used: 1 on one machine; with one host per task,
   // num_ps + num_workers.
   int num_nodes = 1;
+  // With --repeats=N > 1: the run whose throughput is the median of the N
+  // (the lower middle one for even N), and every run's samples/sec in the
+  // order they ran. Empty (or one entry): one run, no spread.
   RunResult result;
+  std::vector<double> throughputs;
 };
+
+// The spread of a configuration's repeated throughputs, samples/sec: mean,
+// sample standard deviation (n - 1) and coefficient of variation
+// (stddev / mean); all 0 with fewer than 2 repeats.
+struct Spread {
+  int repeats = 1;
+  double mean = 0;
+  double stddev = 0;
+  double cv = 0;
+};
+Spread SpreadOf(const CompareRun& run);
+
+// The index in `throughputs` of the median (lower middle for even sizes);
+// -1 when empty.
+int MedianIndex(const std::vector<double>& throughputs);
 
 // The modes `--modes` accepts, and the job mode each runs ("sync", "async",
 // "allreduce"; allreduce_nccl is "allreduce" with the job's collective
@@ -64,7 +83,9 @@ double BoundSeconds(const CompareRun& run, double link_bytes_per_sec);
 
 // The published table, one row per run in order:
 // | #Nodes | #Workers | Mode | #PS | Batchsize | Steps | Runtime |
-// Throughput (data/sec) | Speedup | PS/allreduce | Test accuracy |
+// Throughput (samples/sec) | CV | Speedup | PS/allreduce | Test accuracy |
+// Throughput: the median run's with repeats; CV its coefficient of
+// variation over the repeats in percent ("-" for one run).
 // Speedup: throughput over the 1-worker run of the same mode and #PS ("-"
 // without one). PS/allreduce: a PS row's throughput over the allreduce
 // run's with the same workers ("-" otherwise). Test accuracy "-" for
@@ -77,7 +98,9 @@ std::string FormatScalingTable(const std::vector<CompareRun>& runs);
 std::string FormatCommunicationTable(const std::vector<CompareRun>& runs,
                                      double link_bytes_per_sec);
 
-// Every column above, one line per run, with a header line.
+// Every column above, one line per run, with a header line; a value that
+// does not apply (no 1-worker run, no allreduce run, no link rate, no
+// repeats, synthetic accuracy) is empty, not 0.
 std::string CompareCsv(const std::vector<CompareRun>& runs,
                        double link_bytes_per_sec);
 // {"link_mbit": ..., "runs": [{"mode": ..., "num_ps": ..., "result": {...}
@@ -86,9 +109,12 @@ std::string CompareJson(const std::vector<CompareRun>& runs,
                         double link_bytes_per_sec);
 
 // A gnuplot script (its data inline, as in CompareCsv) that draws
-// throughput (data/sec) against workers into `png_path`, one line per
-// mode and #PS, and each line's ideal linear scaling (its 1-worker
-// throughput times the workers) dashed in the same colour.
+// throughput (samples/sec) against workers into `png_path`, one line per
+// mode and #PS with error bars (one standard deviation) where it has
+// repeats, and each line's ideal linear scaling (its 1-worker throughput
+// times the workers) dashed in the same colour; one legend entry per
+// series plus one for the ideal lines. A long `title` is broken into lines
+// at ", " so that it fits.
 std::string GnuplotScript(const std::vector<CompareRun>& runs,
                           const std::string& png_path,
                           const std::string& title);

@@ -58,17 +58,18 @@ TEST(ScalingTableTest, SpeedupAndPsOverAllreduce) {
   ASSERT_GE(lines.size(), 6u);
   EXPECT_EQ(lines[0],
             "| #Nodes | #Workers | Mode | #PS | Batchsize | Steps | Runtime | "
-            "Throughput (data/sec) | Speedup | PS/allreduce | Test accuracy |");
+            "Throughput (samples/sec) | CV | Speedup | PS/allreduce | "
+            "Test accuracy |");
   // 300 / 100 = 3.00x over 1 worker; 300 / 200 = 1.50x over allreduce;
   // synthetic compute has no accuracy.
   EXPECT_EQ(lines[3],
-            "| 6 | 4 | ps_sync | 2 | 32 | 10 | 2.50 s | 300.00 | 3.00x | "
+            "| 6 | 4 | ps_sync | 2 | 32 | 10 | 2.50 s | 300.00 | - | 3.00x | "
             "1.50x | - |");
   EXPECT_EQ(lines[2],
-            "| 3 | 1 | ps_sync | 2 | 32 | 10 | 2.50 s | 100.00 | 1.00x | "
+            "| 3 | 1 | ps_sync | 2 | 32 | 10 | 2.50 s | 100.00 | - | 1.00x | "
             "0.91x | - |");
   EXPECT_EQ(lines[5],
-            "| 4 | 4 | allreduce | 0 | 32 | 10 | 2.50 s | 200.00 | 1.82x | "
+            "| 4 | 4 | allreduce | 0 | 32 | 10 | 2.50 s | 200.00 | - | 1.82x | "
             "- | - |");
 }
 
@@ -81,7 +82,7 @@ TEST(ScalingTableTest, PsOverAllreducePrefersNccl) {
   const std::vector<std::string> lines =
       absl::StrSplit(FormatScalingTable(runs), '\n');
   ASSERT_GE(lines.size(), 5u);
-  EXPECT_THAT(lines[2], HasSubstr("| 300.00 | - | 1.20x | - |"));
+  EXPECT_THAT(lines[2], HasSubstr("| 300.00 | - | - | 1.20x | - |"));
   EXPECT_THAT(lines[4], HasSubstr("| allreduce_nccl | 0 |"));
   EXPECT_THAT(lines[4], HasSubstr("| 250.00 | - | - | - |"));
 }
@@ -91,7 +92,7 @@ TEST(ScalingTableTest, NoOneWorkerRunMeansNoSpeedup) {
   run.result.set_compute("model");
   run.result.set_test_accuracy(0.8596);
   const std::string table = FormatScalingTable({run});
-  EXPECT_THAT(table, HasSubstr("| 50.00 | - | - | 0.8596 |"));
+  EXPECT_THAT(table, HasSubstr("| 50.00 | - | - | - | 0.8596 |"));
 }
 
 TEST(CommunicationTableTest, RatioToBound) {
@@ -117,7 +118,7 @@ TEST(CsvTest, OneLinePerRunWithEveryColumn) {
   ASSERT_EQ(lines.size(), 3u);
   const size_t columns =
       std::vector<std::string>(absl::StrSplit(lines[0], ',')).size();
-  EXPECT_EQ(columns, 17u);
+  EXPECT_EQ(columns, 21u);
   for (const std::string& line : lines) {
     EXPECT_EQ(std::vector<std::string>(absl::StrSplit(line, ',')).size(),
               columns)
@@ -126,7 +127,52 @@ TEST(CsvTest, OneLinePerRunWithEveryColumn) {
   EXPECT_THAT(lines[2], HasSubstr("ps_sync,2,2,4,synthetic,synthetic,32,10,"));
   // speedup 1.5, bound max(M, 2M/2)/B = 0.8 s.
   EXPECT_THAT(lines[2], HasSubstr(",1.5000,"));
-  EXPECT_THAT(lines[2], HasSubstr(",800.000"));
+  EXPECT_THAT(lines[2], HasSubstr(",800.000,"));
+  // No allreduce run: ps_over_allreduce is empty, and so is the spread of
+  // a configuration run once.
+  EXPECT_THAT(lines[2], HasSubstr(",1.5000,,"));
+  EXPECT_THAT(lines[2], ::testing::EndsWith(",1,,,"));
+  // Without a link rate the bound is empty too, never 0.
+  const std::string no_link =
+      CompareCsv({MakeRun("ps_sync", 2, 2, 150, 0.6)}, 0);
+  EXPECT_THAT(no_link, ::testing::Not(HasSubstr("0.0000")));
+  EXPECT_THAT(no_link, ::testing::EndsWith(",,1,,,\n"));
+}
+
+CompareRun Repeated(CompareRun run, std::vector<double> throughputs) {
+  run.throughputs = std::move(throughputs);
+  return run;
+}
+
+TEST(RepeatsTest, MedianAndCoefficientOfVariation) {
+  EXPECT_EQ(MedianIndex({}), -1);
+  EXPECT_EQ(MedianIndex({5}), 0);
+  EXPECT_EQ(MedianIndex({9, 3, 5}), 2);
+  EXPECT_EQ(MedianIndex({9, 3, 5, 7}), 2);  // The lower middle one.
+  // 90, 100, 110: mean 100, sample stddev 10, CV 10%.
+  const CompareRun run =
+      Repeated(MakeRun("ps_sync", 2, 2, 100, 0.6), {110, 90, 100});
+  const Spread spread = SpreadOf(run);
+  EXPECT_EQ(spread.repeats, 3);
+  EXPECT_DOUBLE_EQ(spread.mean, 100);
+  EXPECT_DOUBLE_EQ(spread.stddev, 10);
+  EXPECT_DOUBLE_EQ(spread.cv, 0.1);
+  EXPECT_EQ(SpreadOf(MakeRun("ps_sync", 2, 2, 100, 0.6)).repeats, 1);
+  EXPECT_THAT(FormatScalingTable({run}), HasSubstr("| 100.00 | 10.0% (n=3) |"));
+  EXPECT_THAT(CompareCsv({run}, 0),
+              ::testing::EndsWith(",3,100.00,10.00,0.1000\n"));
+  EXPECT_THAT(CompareJson({run}, 0),
+              HasSubstr("\"repeats\": 3, \"throughput_mean\": 100.000, "
+                        "\"throughput_stddev\": 10.000, \"throughput_cv\": "
+                        "0.10000"));
+}
+
+// JSON numbers are numbers: RunResult's int64 fields are not strings.
+TEST(JsonTest, Int64FieldsAreNumbers) {
+  const std::string json = CompareJson({MakeRun("ps_sync", 2, 1, 100, 0.5)}, 0);
+  EXPECT_THAT(json, HasSubstr("\"steps\": 10,"));
+  EXPECT_THAT(json, HasSubstr("\"model_bytes\": 100000000"));
+  EXPECT_THAT(json, ::testing::Not(HasSubstr("\"steps\": \"")));
 }
 
 TEST(JsonTest, HoldsEveryRun) {
@@ -145,10 +191,49 @@ TEST(GnuplotTest, OneSeriesPerModeWithDashedIdealLine) {
        MakeRun("allreduce", 0, 2, 170, 0.1)},
       "/tmp/x.png", "t");
   EXPECT_THAT(script, HasSubstr("set output \"/tmp/x.png\""));
-  EXPECT_THAT(script, HasSubstr("$s0 << EOD\n1 100.000\n2 150.000\nEOD\n"));
-  EXPECT_THAT(script, HasSubstr("$s1 << EOD\n1 90.000\n2 170.000\nEOD\n"));
-  EXPECT_THAT(script, HasSubstr("x * 100.000 with lines dt 2"));
+  EXPECT_THAT(script, HasSubstr("set ylabel \"throughput (samples/sec)\""));
+  EXPECT_THAT(script, ::testing::Not(HasSubstr("data/sec")));
+  EXPECT_THAT(script,
+              HasSubstr("$s0 << EOD\n1 100.000 0.000\n2 150.000 0.000\nEOD\n"));
+  EXPECT_THAT(script,
+              HasSubstr("$s1 << EOD\n1 90.000 0.000\n2 170.000 0.000\nEOD\n"));
+  // The ideal lines as wide as the measured ones, without legend entries
+  // of their own: one entry explains the dashes (no doubled legend).
+  EXPECT_THAT(script,
+              HasSubstr("x * 100.000 with lines dt 2 lw 2 lc 1 notitle"));
+  EXPECT_THAT(script,
+              HasSubstr("x * 90.000 with lines dt 2 lw 2 lc 2 notitle"));
   EXPECT_THAT(script, HasSubstr("title \"ps_sync (2 PS)\""));
+  size_t titles = 0;
+  for (size_t at = script.find(" title \"", script.find("plot "));
+       at != std::string::npos; at = script.find(" title \"", at + 1)) {
+    ++titles;
+  }
+  EXPECT_EQ(titles, 3u);  // Two series and one "ideal" entry.
+  EXPECT_THAT(script, HasSubstr(" using 1:2 with linespoints"));
+  EXPECT_THAT(script, ::testing::Not(HasSubstr("yerrorlines")));
+}
+
+TEST(GnuplotTest, ErrorBarsWithRepeatsAndLongTitlesWrap) {
+  const std::string title =
+      "synthetic compute 50 ms, 44.7 MB of gradients (the last 60% of compute "
+      "a backward pass that allreduce overlaps), 1000 Mbit/s links, one "
+      "network namespace per task";
+  const std::string script = GnuplotScript(
+      {Repeated(MakeRun("ps_sync", 2, 1, 100, 0.5), {90, 100, 110}),
+       Repeated(MakeRun("ps_sync", 2, 2, 150, 0.6), {150, 150, 150})},
+      "x.png", title);
+  EXPECT_THAT(script,
+              HasSubstr("$s0 << EOD\n1 100.000 10.000\n2 150.000 0.000\n"));
+  EXPECT_THAT(script, HasSubstr("$s0 using 1:2:3 with yerrorlines"));
+  // Broken at ", " into lines of at most 90 characters.
+  const size_t start = script.find("set title \"") + 11;
+  const std::string shown =
+      script.substr(start, script.find('"', start) - start);
+  EXPECT_THAT(shown, HasSubstr(",\\n"));
+  for (absl::string_view line : absl::StrSplit(shown, "\\n")) {
+    EXPECT_LE(line.size(), 90u) << line;
+  }
 }
 
 TEST(ParseTest, ListsAndModes) {

@@ -127,6 +127,10 @@ ABSL_FLAG(std::string, modes, "ps_sync,ps_async,allreduce",
 ABSL_FLAG(int, steps, 0,
           "compare: if > 0, each run is one epoch of this many steps per "
           "worker (instead of --epochs).");
+ABSL_FLAG(int, repeats, 1,
+          "compare: runs of each configuration (1..100); with more than one "
+          "the tables give the median run and the coefficient of variation "
+          "of samples/sec, and the plot error bars.");
 ABSL_FLAG(std::string, out_dir, "",
           "compare: where results.md, results.csv, results.json, "
           "throughput.gp and throughput.png go.");
@@ -951,6 +955,10 @@ int Compare() {
     return Fail(2, absl::StrCat("--steps=", steps,
                                 ": expected >= 1, or 0 for whole --epochs"));
   }
+  const int repeats = absl::GetFlag(FLAGS_repeats);
+  if (repeats < 1 || repeats > 100) {
+    return Fail(2, absl::StrCat("--repeats=", repeats, ": expected 1..100"));
+  }
   const double link_mbit = absl::GetFlag(FLAGS_link_mbit);
   if (!(link_mbit >= 0)) {
     return Fail(2, absl::StrCat("--link_mbit=", link_mbit, ": expected >= 0"));
@@ -1019,19 +1027,28 @@ int Compare() {
   std::vector<CompareRun> done;
   for (size_t i = 0; i < configs.size(); ++i) {
     Config& c = configs[i];
-    std::printf("\n=== run %zu/%zu: %s, %d PS, %d workers ===\n", i + 1,
-                configs.size(), c.run.mode.c_str(), c.run.num_ps,
-                c.run.num_workers);
-    std::fflush(stdout);
-    absl::StatusOr<RunResult> result = RunJob(c.spec, *placement);
-    if (!result.ok()) {
-      return Fail(ExitCodeOf(result.status()),
-                  absl::StrCat(c.run.mode, " with ", c.run.num_workers,
-                               " workers: ", result.status().message()));
+    std::vector<RunResult> results;
+    for (int rep = 0; rep < repeats; ++rep) {
+      std::printf(
+          "\n=== run %zu/%zu: %s, %d PS, %d workers%s ===\n", i + 1,
+          configs.size(), c.run.mode.c_str(), c.run.num_ps, c.run.num_workers,
+          repeats > 1
+              ? absl::StrFormat(", repeat %d/%d", rep + 1, repeats).c_str()
+              : "");
+      std::fflush(stdout);
+      absl::StatusOr<RunResult> result = RunJob(c.spec, *placement);
+      if (!result.ok()) {
+        return Fail(ExitCodeOf(result.status()),
+                    absl::StrCat(c.run.mode, " with ", c.run.num_workers,
+                                 " workers: ", result.status().message()));
+      }
+      std::printf("%s", FormatResultTable(*result).c_str());
+      std::fflush(stdout);
+      c.run.throughputs.push_back(result->throughput_samples_per_sec());
+      results.push_back(*std::move(result));
     }
-    c.run.result = *std::move(result);
-    std::printf("%s", FormatResultTable(c.run.result).c_str());
-    std::fflush(stdout);
+    c.run.result = results[MedianIndex(c.run.throughputs)];
+    if (repeats == 1) c.run.throughputs.clear();
     done.push_back(c.run);
   }
 
