@@ -1,6 +1,7 @@
 #include "server/parameter_shard.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <utility>
 
@@ -423,6 +424,17 @@ absl::Status ParameterShard::PushSkipped(int worker_id, int32_t param_id,
   return absl::OkStatus();
 }
 
+namespace {
+
+// Nanoseconds on the steady clock since `start`.
+int64_t ElapsedNs(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now() - start)
+      .count();
+}
+
+}  // namespace
+
 void ParameterShard::CompleteBarrierLocked(ChunkState& chunk) {
   const int64_t n = chunk.spec.num_elements;
   const int64_t step = chunk.version;
@@ -447,15 +459,18 @@ void ParameterShard::CompleteBarrierLocked(ChunkState& chunk) {
     } else {
       chunk.prev_m.resize(n);
       chunk.prev_v.resize(n);
+      const auto start = std::chrono::steady_clock::now();
       OptimizerUpdateInto(options_.adam, step + 1, chunk.weights.data(), sum,
                           chunk.m.data(), chunk.v.data(),
                           chunk.prev_weights.data(), chunk.prev_m.data(),
                           chunk.prev_v.data(), n);
+      optimizer_ns_.fetch_add(ElapsedNs(start), std::memory_order_relaxed);
       chunk.m.swap(chunk.prev_m);
       chunk.v.swap(chunk.prev_v);
     }
     chunk.weights.swap(chunk.prev_weights);
     chunk.undo_step = step;
+    applied_.fetch_add(1, std::memory_order_relaxed);
   }
   chunk.version = step + 1;
   chunk.step_skipped = false;
@@ -605,6 +620,7 @@ void ParameterShard::NoteUpdate() {
 
 void ParameterShard::ApplyLocked(ChunkState& chunk, const float* gradient) {
   ++chunk.version;
+  applied_.fetch_add(1, std::memory_order_relaxed);
   NoteUpdate();
   if (plan_->is_buffer(chunk.spec.param_id)) {
     // Sync mode: `gradient` is the workers' average of the buffer.
@@ -612,8 +628,10 @@ void ParameterShard::ApplyLocked(ChunkState& chunk, const float* gradient) {
               chunk.weights.begin());
     return;
   }
+  const auto start = std::chrono::steady_clock::now();
   OptimizerUpdate(options_.adam, chunk.version, chunk.weights.data(), gradient,
                   chunk.m.data(), chunk.v.data(), chunk.spec.num_elements);
+  optimizer_ns_.fetch_add(ElapsedNs(start), std::memory_order_relaxed);
 }
 
 absl::Status ParameterShard::Pull(int64_t min_version, int64_t samples,
@@ -753,6 +771,8 @@ ShardStats ParameterShard::Stats() const {
   stats.pushes = pushes_.load();
   stats.pulls = pulls_.load();
   stats.skipped = skipped_.load();
+  stats.optimizer_ns = optimizer_ns_.load();
+  stats.updates = applied_.load();
   if (initialized_.load()) {
     int64_t min_version = -1;
     for (const std::unique_ptr<ChunkState>& chunk : chunks_) {

@@ -127,6 +127,12 @@ struct ShardStats {
   int64_t pulls = 0;
   // Sync: steps skipped (non-finite values); async: pushes dropped.
   int64_t skipped = 0;
+  // Chunk updates applied (one per chunk per completed barrier in sync
+  // mode, per push in async mode), and the time spent in the optimizer for
+  // them, ns (steady clock around each chunk's update; the averaging of
+  // the workers' gradients is not counted).
+  int64_t updates = 0;
+  int64_t optimizer_ns = 0;
 };
 
 class ParameterShard {
@@ -368,6 +374,8 @@ class ParameterShard {
   std::atomic<int64_t> skipped_{0};
   std::atomic<int64_t> pushes_{0};
   std::atomic<int64_t> pulls_{0};
+  std::atomic<int64_t> optimizer_ns_{0};
+  std::atomic<int64_t> applied_{0};
 };
 
 }  // namespace pstrain

@@ -172,6 +172,10 @@ TEST(ParameterShardTest, SyncAveragesWorkersThenAppliesAdamOnce) {
   EXPECT_NEAR(weights[0][3], 3.9f, 1e-6f);
   EXPECT_NEAR(weights[2][1], 7.9f, 1e-6f);
   EXPECT_EQ(shard.Stats().min_version, 1);
+  // One update per chunk of the step, timed (ShardStats.updates and
+  // .optimizer_ns, which the shard metrics rows report).
+  EXPECT_GE(shard.Stats().updates, 1);
+  EXPECT_GT(shard.Stats().optimizer_ns, 0);
 }
 
 TEST(ParameterShardTest, PullWaitsForBarrierFromAnotherThread) {
