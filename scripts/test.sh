@@ -24,6 +24,16 @@ if [ $bundle_ok = 0 ]; then
   failed=$((failed + 1))
   status=1
 fi
+# The libFuzzer targets (fuzz/), 25 s each after a clang-14 build: about
+# 13 more minutes cold (BENCHMARKS.md), so only when asked; their corpora
+# run in every `bazel test //...` above.
+if [ "${PSTRAIN_CI_FUZZ:-0}" = 1 ]; then
+  total=$((total + 1))
+  if ! bash scripts/fuzz.sh 25; then
+    failed=$((failed + 1))
+    status=1
+  fi
+fi
 echo "tests: $((total - failed)) passed, ${failed} failed"
 # The network-namespace cluster test passes with SKIP where it may not
 # create namespaces (not root); say so.
