@@ -1,5 +1,6 @@
 #include "coordinator/job_spec.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <limits>
@@ -73,6 +74,60 @@ absl::Status CheckBytes(absl::string_view field, int64_t value, int64_t lo,
                                  " to ", hi, " bytes"));
 }
 
+// The optimizer's name, SGD's momentum and the lr schedule (server/
+// optimizer.h), with torch.optim.SGD's refusals.
+absl::Status CheckOptimizer(const OptimizerSpec& o) {
+  const bool sgd = o.name() == "sgd";
+  if (!sgd && o.name() != "adam" && o.name() != "adamw") {
+    return Bad("optimizer.name", absl::StrCat("\"", o.name(),
+                                              "\"; expected adam, adamw or "
+                                              "sgd"));
+  }
+  if (!(o.momentum() >= 0 && o.momentum() < 1)) {
+    return Bad(
+        "optimizer.momentum",
+        absl::StrCat(Number(o.momentum()), "; expected 0 <= momentum < 1"));
+  }
+  RETURN_IF_ERROR(CheckRange("optimizer.dampening", o.dampening(), 0.0, 1.0));
+  if (!sgd && (o.momentum() != 0 || o.dampening() != 0 || o.nesterov())) {
+    return Bad("optimizer.name",
+               absl::StrCat(o.name(),
+                            " with momentum, dampening or nesterov; "
+                            "expected sgd (they are SGD's)"));
+  }
+  if (o.nesterov() && (o.momentum() <= 0 || o.dampening() != 0)) {
+    return Bad("optimizer.nesterov",
+               absl::StrCat("true with momentum ", Number(o.momentum()),
+                            " and dampening ", Number(o.dampening()),
+                            "; expected momentum > 0 and dampening 0"));
+  }
+  const std::string& schedule = o.lr_schedule();
+  if (schedule != "constant" && schedule != "step" && schedule != "cosine") {
+    return Bad(
+        "optimizer.lr_schedule",
+        absl::StrCat("\"", schedule, "\"; expected constant, step or cosine"));
+  }
+  RETURN_IF_ERROR(CheckRange("optimizer.warmup_steps", o.warmup_steps(), 0,
+                             kMaxSteps, "(0: none)"));
+  RETURN_IF_ERROR(CheckRange("optimizer.warmup_start_factor",
+                             o.warmup_start_factor(), 0.0, 1.0));
+  RETURN_IF_ERROR(CheckRange("optimizer.lr_gamma", o.lr_gamma(), 0.0, 1.0));
+  RETURN_IF_ERROR(CheckRange("optimizer.lr_min", o.lr_min(), 0.0, o.lr()));
+  RETURN_IF_ERROR(CheckRange("optimizer.lr_step_size", o.lr_step_size(),
+                             schedule == "step" ? 1 : 0, kMaxSteps));
+  RETURN_IF_ERROR(
+      CheckRange("optimizer.lr_total_steps", o.lr_total_steps(), 0, kMaxSteps));
+  if (schedule == "cosine" && o.lr_total_steps() <= o.warmup_steps()) {
+    return Bad(
+        "optimizer.lr_total_steps",
+        absl::StrCat(o.lr_total_steps(),
+                     " with a cosine schedule; expected more than "
+                     "warmup_steps (",
+                     o.warmup_steps(), "): set it, or max_steps_per_epoch"));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status CheckPath(absl::string_view field, const std::string& path) {
   if (path.size() <= kMaxJobPathLength) return absl::OkStatus();
   return Bad(field,
@@ -135,6 +190,17 @@ void ApplyJobDefaults(JobSpec* spec) {
   if (!o->has_beta2()) o->set_beta2(0.999);
   if (!o->has_epsilon()) o->set_epsilon(1e-8);
   if (!o->has_weight_decay()) o->set_weight_decay(0.0);
+  if (o->name().empty()) o->set_name("adam");
+  if (!o->has_momentum()) o->set_momentum(0.0);
+  if (!o->has_dampening()) o->set_dampening(0.0);
+  if (o->lr_schedule().empty()) o->set_lr_schedule("constant");
+  if (!o->has_warmup_start_factor()) o->set_warmup_start_factor(0.0);
+  if (!o->has_lr_gamma()) o->set_lr_gamma(0.1);
+  if (o->lr_schedule() == "cosine" && o->lr_total_steps() == 0 &&
+      spec->max_steps_per_epoch() > 0 && spec->epochs() > 0) {
+    o->set_lr_total_steps(int64_t{spec->epochs()} *
+                          spec->max_steps_per_epoch());
+  }
 }
 
 absl::Status ValidateJobSpec(const JobSpec& spec) {
@@ -275,6 +341,7 @@ absl::Status ValidateJobSpec(const JobSpec& spec) {
       CheckRange("optimizer.epsilon", o.epsilon(), kMinEpsilon, kMaxEpsilon));
   RETURN_IF_ERROR(CheckRange("optimizer.weight_decay", o.weight_decay(), 0.0,
                              kMaxWeightDecay));
+  RETURN_IF_ERROR(CheckOptimizer(o));
 #undef PSTRAIN_CHECK
   absl::Status s = CheckHosts(spec.ps_hosts(), "ps_hosts", spec.num_ps());
   if (!s.ok()) return s;
@@ -320,6 +387,26 @@ absl::StatusOr<JobSpec> ParseJobSpec(absl::string_view text,
     return absl::InvalidArgumentError(absl::StrCat(source, ": ", s.message()));
   }
   return spec;
+}
+
+OptimizerOptions OptimizerOptionsOf(const OptimizerSpec& optimizer) {
+  OptimizerOptions o = AdamOptionsOf(optimizer);
+  o.kind =
+      optimizer.name() == "sgd" ? OptimizerKind::kSgd : OptimizerKind::kAdam;
+  o.momentum = static_cast<float>(optimizer.momentum());
+  o.dampening = static_cast<float>(optimizer.dampening());
+  o.nesterov = optimizer.nesterov();
+  LrSchedule& s = o.schedule;
+  s.decay = optimizer.lr_schedule() == "step"     ? LrDecay::kStep
+            : optimizer.lr_schedule() == "cosine" ? LrDecay::kCosine
+                                                  : LrDecay::kConstant;
+  s.warmup_steps = optimizer.warmup_steps();
+  s.warmup_start_factor = optimizer.warmup_start_factor();
+  s.step_size = std::max<int64_t>(1, optimizer.lr_step_size());
+  s.gamma = optimizer.lr_gamma();
+  s.total_steps = std::max<int64_t>(1, optimizer.lr_total_steps());
+  s.min_lr = optimizer.lr_min();
+  return o;
 }
 
 AdamOptions AdamOptionsOf(const OptimizerSpec& optimizer) {

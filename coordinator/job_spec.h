@@ -49,6 +49,18 @@
 //                            0.99999999 rounds to 1.0f)
 //   optimizer.epsilon        1e-30 to 1                     1e-8
 //   optimizer.weight_decay   0 to 1                         0
+//   optimizer.name           adam, adamw (the same), sgd    adam
+//   optimizer.momentum       0 <= momentum < 1 (sgd only)   0
+//   optimizer.dampening      0 to 1 (sgd only)              0
+//   optimizer.nesterov       sgd, momentum > 0, dampening 0 false
+//   optimizer.lr_schedule    constant, step, cosine         constant
+//   optimizer.warmup_steps   0 to 1e9                       0
+//   optimizer.warmup_start_factor  0 to 1                   0
+//   optimizer.lr_step_size   1 to 1e9 for step              0
+//   optimizer.lr_gamma       0 to 1                         0.1
+//   optimizer.lr_min         0 to lr                        0
+//   optimizer.lr_total_steps above warmup_steps for cosine  epochs x
+//                                                      max_steps_per_epoch
 //   data_dir, init_from,     at most 4096 characters
 //   checkpoint_dir, metrics_dir
 //   ps_hosts, worker_hosts   none or one per task; host 1 to 255
@@ -69,6 +81,7 @@
 #include "absl/strings/string_view.h"
 #include "proto/job.pb.h"
 #include "server/adam.h"
+#include "server/optimizer.h"
 
 namespace pstrain {
 
@@ -125,6 +138,9 @@ absl::Status ValidateJobSpec(const JobSpec& spec);
 // The Adam hyperparameters of `optimizer` (doubles in the spec, fp32 in the
 // update), for the shards and for allreduce workers alike.
 AdamOptions AdamOptionsOf(const OptimizerSpec& optimizer);
+// The whole optimizer of `optimizer` (after ApplyJobDefaults): kind, Adam's
+// and SGD's hyperparameters, the lr schedule.
+OptimizerOptions OptimizerOptionsOf(const OptimizerSpec& optimizer);
 
 }  // namespace pstrain
 

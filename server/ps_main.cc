@@ -102,7 +102,7 @@ int main(int argc, char** argv) {
   options.num_workers = spec->num_workers();
   options.mode = spec->mode() == "async" ? pstrain::SyncMode::kAsync
                                          : pstrain::SyncMode::kSync;
-  options.adam = pstrain::AdamOptionsOf(spec->optimizer());
+  options.adam = pstrain::OptimizerOptionsOf(spec->optimizer());
 
   // TLS as shard `index` of the job, every call authorized (common/authz.h);
   // or --insecure, refused on a non-loopback address unless allowed.

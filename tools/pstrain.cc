@@ -76,11 +76,33 @@ ABSL_FLAG(std::string, mode, "sync",
           "allreduce among the workers, no PS; --num_ps is ignored).");
 ABSL_FLAG(int64_t, bucket_bytes, 25 << 20,
           "allreduce: largest gradient bucket, bytes.");
-ABSL_FLAG(double, lr, 1e-3, "Adam learning rate.");
+ABSL_FLAG(double, lr, 1e-3, "Learning rate (the schedule's peak).");
 ABSL_FLAG(double, beta1, 0.9, "Adam beta1.");
 ABSL_FLAG(double, beta2, 0.999, "Adam beta2.");
 ABSL_FLAG(double, epsilon, 1e-8, "Adam epsilon.");
-ABSL_FLAG(double, weight_decay, 0.0, "Decoupled weight decay (AdamW).");
+ABSL_FLAG(double, weight_decay, 0.0,
+          "Weight decay: decoupled for adam (AdamW), L2 for sgd (as torch).");
+ABSL_FLAG(std::string, optimizer, "adam",
+          "adam (AdamW with --weight_decay), adamw (the same) or sgd "
+          "(torch.optim.SGD).");
+ABSL_FLAG(double, momentum, 0.0, "sgd: momentum, 0 <= m < 1.");
+ABSL_FLAG(double, dampening, 0.0, "sgd: dampening of the momentum, 0 to 1.");
+ABSL_FLAG(bool, nesterov, false,
+          "sgd: Nesterov momentum (needs --momentum > 0, dampening 0).");
+ABSL_FLAG(std::string, lr_schedule, "constant",
+          "lr by global step: constant, step (StepLR) or cosine "
+          "(CosineAnnealingLR to --lr_min over the job's steps).");
+ABSL_FLAG(int64_t, warmup_steps, 0,
+          "Linear warmup from 0 to --lr over this many steps, then the "
+          "schedule (0: none).");
+ABSL_FLAG(int64_t, lr_step_size, 0,
+          "--lr_schedule=step: multiply the lr by --lr_gamma every this many "
+          "steps.");
+ABSL_FLAG(double, lr_gamma, 0.1, "--lr_schedule=step: the factor.");
+ABSL_FLAG(double, lr_min, 0.0, "--lr_schedule=cosine: the final lr.");
+ABSL_FLAG(int64_t, lr_total_steps, 0,
+          "--lr_schedule=cosine: its horizon, steps (0: epochs x "
+          "--max_steps_per_epoch).");
 ABSL_FLAG(uint64_t, seed, 1, "Seed of the initial weights and the shuffles.");
 ABSL_FLAG(std::string, results_json, "",
           "If set, write the results here as JSON.");
@@ -438,6 +460,16 @@ JobSpec SpecFromFlags(const std::string& mode, int num_ps, int num_workers) {
   optimizer->set_beta1(absl::GetFlag(FLAGS_beta1));
   optimizer->set_beta2(absl::GetFlag(FLAGS_beta2));
   optimizer->set_epsilon(absl::GetFlag(FLAGS_epsilon));
+  optimizer->set_name(absl::GetFlag(FLAGS_optimizer));
+  optimizer->set_momentum(absl::GetFlag(FLAGS_momentum));
+  optimizer->set_dampening(absl::GetFlag(FLAGS_dampening));
+  optimizer->set_nesterov(absl::GetFlag(FLAGS_nesterov));
+  optimizer->set_lr_schedule(absl::GetFlag(FLAGS_lr_schedule));
+  optimizer->set_warmup_steps(absl::GetFlag(FLAGS_warmup_steps));
+  optimizer->set_lr_step_size(absl::GetFlag(FLAGS_lr_step_size));
+  optimizer->set_lr_gamma(absl::GetFlag(FLAGS_lr_gamma));
+  optimizer->set_lr_min(absl::GetFlag(FLAGS_lr_min));
+  optimizer->set_lr_total_steps(absl::GetFlag(FLAGS_lr_total_steps));
   optimizer->set_weight_decay(absl::GetFlag(FLAGS_weight_decay));
   // Not ApplyJobDefaults: every field above comes from a flag with its own
   // default, and a flag given as 0 is checked as 0, not made a default.

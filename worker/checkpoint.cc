@@ -209,9 +209,11 @@ absl::StatusOr<CheckpointManifest> ReadCheckpointManifest(
   const json& opt = j.contains("optimizer") ? j["optimizer"] : empty;
   ASSIGN_OR_RETURN(std::string opt_name,
                    Field<std::string>(opt_path, opt, "name"));
-  if (opt_name != "adam") {
-    return BadManifest(
-        path, absl::StrCat("optimizer \"", opt_name, "\"; expected \"adam\""));
+  if (opt_name == "sgd") {
+    job.adam.kind = OptimizerKind::kSgd;
+  } else if (opt_name != "adam") {
+    return BadManifest(path, absl::StrCat("optimizer \"", opt_name,
+                                          "\"; expected \"adam\" or \"sgd\""));
   }
   ASSIGN_OR_RETURN(job.adam.lr, Field<float>(opt_path, opt, "lr"));
   ASSIGN_OR_RETURN(job.adam.beta1, Field<float>(opt_path, opt, "beta1"));
@@ -219,6 +221,14 @@ absl::StatusOr<CheckpointManifest> ReadCheckpointManifest(
   ASSIGN_OR_RETURN(job.adam.epsilon, Field<float>(opt_path, opt, "epsilon"));
   ASSIGN_OR_RETURN(job.adam.weight_decay,
                    Field<float>(opt_path, opt, "weight_decay"));
+  if (job.adam.kind == OptimizerKind::kSgd) {
+    // SGD's checkpoint: m holds the momentum buffer, v zeros.
+    ASSIGN_OR_RETURN(job.adam.momentum,
+                     Field<float>(opt_path, opt, "momentum"));
+    ASSIGN_OR_RETURN(job.adam.dampening,
+                     Field<float>(opt_path, opt, "dampening"));
+    ASSIGN_OR_RETURN(job.adam.nesterov, Field<bool>(opt_path, opt, "nesterov"));
+  }
   const std::string pos_path = path + " data_position";
   const json& pos = j.contains("data_position") ? j["data_position"] : empty;
   DataPosition& p = m.position;
@@ -426,13 +436,18 @@ absl::Status CheckpointWriter::Finish(
   j["dataset"] = job_.dataset;
   j["num_shards"] = job_.num_shards;
   j["partition_bytes"] = job_.partition_bytes;
-  j["optimizer"] = {{"name", "adam"},
+  j["optimizer"] = {{"name", std::string(OptimizerName(job_.adam.kind))},
                     {"lr", job_.adam.lr},
                     {"beta1", job_.adam.beta1},
                     {"beta2", job_.adam.beta2},
                     {"epsilon", job_.adam.epsilon},
                     {"weight_decay", job_.adam.weight_decay},
                     {"step_count", step}};
+  if (job_.adam.kind == OptimizerKind::kSgd) {
+    j["optimizer"]["momentum"] = job_.adam.momentum;
+    j["optimizer"]["dampening"] = job_.adam.dampening;
+    j["optimizer"]["nesterov"] = job_.adam.nesterov;
+  }
   j["data_position"] = {{"epoch", position.epoch},
                         {"step_in_epoch", position.step_in_epoch},
                         {"steps_per_epoch", position.steps_per_epoch},

@@ -62,6 +62,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/types/span.h"
 #include "server/adam.h"
+#include "server/optimizer.h"
 #include "server/shard_checkpoint.h"
 #include "worker/gradient_exchange.h"
 
@@ -84,7 +85,10 @@ struct CheckpointJobInfo {
   std::string mode, model, dataset;
   int num_shards = 0;
   int64_t partition_bytes = 0;
-  AdamOptions adam;
+  // The optimizer (its name round-trips: a resume with another one is
+  // refused). Saved per chunk: Adam's m and v; SGD's momentum buffer in m,
+  // v zeros (unused).
+  OptimizerOptions adam;
   // PS tensors: names, shapes, and how many of the last are buffers.
   std::vector<std::string> tensor_names;
   std::vector<std::vector<int64_t>> tensor_shapes;

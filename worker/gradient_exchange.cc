@@ -136,7 +136,7 @@ class PsExchange : public GradientExchange {
 
 class AllreduceExchange : public GradientExchange {
  public:
-  AllreduceExchange(Collective* collective, const AdamOptions& adam,
+  AllreduceExchange(Collective* collective, const OptimizerOptions& adam,
                     int64_t bucket_bytes, int num_buffers)
       : collective_(collective),
         adam_(adam),
@@ -242,9 +242,9 @@ class AllreduceExchange : public GradientExchange {
 
   // Bucket `b`'s next weights from its summed gradients in flat_[b], as a
   // sync shard computes them: the sum times 1/W (not for one worker), then
-  // Adam update number step_ + 1 for parameters, the average assigned for
-  // BatchNorm buffers. Runs on the communication thread; Step() increments
-  // step_ only after joining it.
+  // the optimizer's update number step_ + 1 for parameters, the average
+  // assigned for BatchNorm buffers. Runs on the communication thread; Step()
+  // increments step_ only after joining it.
   void Update(size_t b) {
     const int size = collective_->size();
     const int64_t step = step_ + 1;
@@ -260,8 +260,8 @@ class AllreduceExchange : public GradientExchange {
       if (t >= num_params) {
         std::copy(average, average + n, weights_[t].data());
       } else {
-        AdamUpdate(adam_, step, weights_[t].data(), average, m_[t].data(),
-                   v_[t].data(), n);
+        OptimizerUpdate(adam_, step, weights_[t].data(), average, m_[t].data(),
+                        v_[t].data(), n);
       }
       average += n;
     }
@@ -319,7 +319,7 @@ class AllreduceExchange : public GradientExchange {
   }
 
   Collective* const collective_;
-  const AdamOptions adam_;
+  const OptimizerOptions adam_;
   const int64_t bucket_elements_;
   const int num_buffers_;
   // Set by Start(); read by both threads.
@@ -355,7 +355,7 @@ std::unique_ptr<GradientExchange> CreatePsExchange(
 }
 
 std::unique_ptr<GradientExchange> CreateAllreduceExchange(
-    Collective* collective, const AdamOptions& adam, int64_t bucket_bytes,
+    Collective* collective, const OptimizerOptions& adam, int64_t bucket_bytes,
     int num_buffers) {
   return std::make_unique<AllreduceExchange>(collective, adam, bucket_bytes,
                                              num_buffers);

@@ -16,7 +16,9 @@
 //     bucket's weights on every worker, while the next bucket is on the
 //     wire (the optimizer overlapped with communication, as PyTorch's
 //     DDP optimizer-in-backward), with the same arithmetic as a sync shard
-//     (server/adam.h: sum, times 1/W, one update per step), so that in
+//     (server/optimizer.h: sum, times 1/W, one update per step at the
+//     scheduled lr, Adam or SGD with the momentum buffer in the tensor's
+//     m), so that in
 //     exact arithmetic the two modes train the same model. BatchNorm
 //     buffers are averaged and assigned, as on the shards.
 //
@@ -37,7 +39,7 @@
 #include "absl/types/span.h"
 #include "common/nonfinite.h"
 #include "models/backend.h"
-#include "server/adam.h"
+#include "server/optimizer.h"
 #include "worker/collective.h"
 #include "worker/ps_client.h"
 
@@ -160,7 +162,7 @@ std::unique_ptr<GradientExchange> CreatePsExchange(
 // worker's collective fails with it). Destroying the exchange mid-step
 // stops its thread once the collective call in flight returns.
 std::unique_ptr<GradientExchange> CreateAllreduceExchange(
-    Collective* collective, const AdamOptions& adam, int64_t bucket_bytes,
+    Collective* collective, const OptimizerOptions& adam, int64_t bucket_bytes,
     int num_buffers);
 
 }  // namespace pstrain

@@ -501,6 +501,14 @@ absl::StatusOr<TrainerOutput> RunWorker(const TrainerOptions& options,
           options.batch_size, ", ", options.num_workers, ", ", steps_per_epoch,
           " and ", options.seed, ": its data position cannot be restored"));
     }
+    // Adam's m and v mean nothing to SGD, and SGD's buffer nothing to Adam.
+    if (manifest.job.adam.kind != options.adam.kind) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(manifest.dir, ": saved with optimizer ",
+                       OptimizerName(manifest.job.adam.kind), "; this job has ",
+                       OptimizerName(options.adam.kind),
+                       ": its optimizer state cannot be restored"));
+    }
     start_step = p.epoch * steps_per_epoch + p.step_in_epoch;
     if (chief) {
       ASSIGN_OR_RETURN(
@@ -818,6 +826,10 @@ absl::StatusOr<TrainerOutput> RunWorker(const TrainerOptions& options,
           options.log_every_steps > 0 && step % options.log_every_steps == 0;
       if (log_step || (metrics != nullptr && step == total_steps)) {
         MetricsRow row = step_metrics.TakeInterval(step, epoch);
+        // The scheduled lr of the interval's last update, as StepMetrics
+        // keeps a float's decimal.
+        row.lr = std::stod(absl::StrFormat(
+            "%.7g", static_cast<float>(ScheduledLr(options.adam, step - 1))));
         if (chief && log_step) {
           ASSIGN_OR_RETURN(const int64_t samples, exchange->SamplesSoFar());
           const absl::Time now = absl::Now();

@@ -26,12 +26,13 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "grpcpp/security/credentials.h"
 #include "absl/time/time.h"
 #include "common/partition.h"
+#include "grpcpp/security/credentials.h"
 #include "models/model.h"
 #include "proto/results.pb.h"
 #include "server/adam.h"
+#include "server/optimizer.h"
 #include "worker/collective.h"
 #include "worker/dataset.h"
 
@@ -54,10 +55,11 @@ struct TrainerOptions {
   // "sync" or "async" (must match the shards' mode), or "allreduce" (no
   // shards; see worker/gradient_exchange.h).
   std::string mode = "sync";
-  // allreduce: the workers' collective (not owned), Adam's hyperparameters
-  // (applied on every worker) and the largest gradient bucket, bytes.
+  // allreduce: the workers' collective (not owned), the optimizer
+  // (applied on every worker; server/optimizer.h) and the largest gradient
+  // bucket, bytes. Every mode: its lr schedule gives the metrics' lr.
   Collective* collective = nullptr;
-  AdamOptions adam;
+  OptimizerOptions adam;
   int64_t bucket_bytes = 25 << 20;
   // "model": forward and backward of `model` on the dataset's batches.
   // "synthetic": a stand-in for a GPU (emulated-link runs): each step sleeps

@@ -182,7 +182,7 @@ int main(int argc, char** argv) {
   options.mode = spec->mode();
   options.collective = collective.get();
   options.bucket_bytes = spec->bucket_bytes();
-  options.adam = pstrain::AdamOptionsOf(spec->optimizer());
+  options.adam = pstrain::OptimizerOptionsOf(spec->optimizer());
   options.compute = spec->compute();
   options.compute_ms = spec->compute_ms();
   options.model_bytes = spec->model_bytes();
