@@ -52,9 +52,10 @@ std::vector<float> Gradient(int rank, int t) {
   return g;
 }
 
-// What one step must give: Adam (step `step`) on the average gradient.
+// What one step must give: the optimizer's update number `step` (Adam by
+// default) on the average gradient.
 std::vector<std::vector<float>> Expected(int size, int steps,
-                                         const AdamOptions& adam) {
+                                         const OptimizerOptions& adam) {
   std::vector<std::vector<float>> w(kTensors,
                                     std::vector<float>(kElements, 0.1f));
   std::vector<std::vector<float>> m(kTensors, std::vector<float>(kElements));
@@ -69,11 +70,30 @@ std::vector<std::vector<float>> Expected(int size, int steps,
       if (size > 1) {
         for (float& x : average) x *= 1.0f / size;
       }
-      AdamUpdate(adam, step, w[t].data(), average.data(), m[t].data(),
-                 v[t].data(), kElements);
+      OptimizerUpdate(adam, step, w[t].data(), average.data(), m[t].data(),
+                      v[t].data(), kElements);
     }
   }
   return w;
+}
+
+// SGD with Nesterov momentum and weight decay under a warmup + cosine
+// schedule (issue 25): the lr changes every step and the momentum buffer
+// carries over, so a step applied twice, skipped, or at another step's lr
+// would show.
+OptimizerOptions NesterovCosine() {
+  OptimizerOptions o;
+  o.kind = OptimizerKind::kSgd;
+  o.lr = 0.05f;
+  o.momentum = 0.9f;
+  o.nesterov = true;
+  o.weight_decay = 1e-3f;
+  o.schedule.decay = LrDecay::kCosine;
+  o.schedule.warmup_steps = 2;
+  o.schedule.warmup_start_factor = 0.1;
+  o.schedule.total_steps = 6;
+  o.schedule.min_lr = 0.001;
+  return o;
 }
 
 // Rank `rank`'s weights (all 0.1) and gradients (Gradient()), with the
@@ -339,6 +359,71 @@ TEST(PsExchangeTest, FailedCopyIsStepsErrorAndMidStepExitIsPrompt) {
     exchange->GradientsReady(gradients, 1, {2}, nullptr);
   }
   EXPECT_LT(absl::Now() - start, absl::Seconds(2));
+}
+
+// The same steps through a sync ParameterShard with 2 workers (one chunk
+// per tensor) and through the allreduce exchange give the single-process
+// update, bit for bit: both sum in worker order, scale by 1/W and call the
+// same update at the same scheduled lr.
+TEST(OptimizerEquivalenceTest, SgdOnTheShardAndInAllreduceIsOneUpdate) {
+  constexpr int kSize = 2;
+  constexpr int kSteps = 5;
+  const OptimizerOptions sgd = NesterovCosine();
+  const std::vector<std::vector<float>> expected = Expected(kSize, kSteps, sgd);
+  ASSERT_NE(expected[0][0], 0.1f);
+
+  ShardOptions options;
+  options.num_workers = kSize;
+  options.adam = sgd;
+  ParameterShard shard(options);
+  std::vector<InitChunk> chunks(kTensors);
+  for (int t = 0; t < kTensors; ++t) {
+    chunks[t].param_id = t;
+    chunks[t].values.assign(kElements, 0.1f);
+  }
+  ASSERT_TRUE(shard
+                  .Initialize(std::vector<int64_t>(kTensors, kElements),
+                              kElements * sizeof(float), std::move(chunks))
+                  .ok());
+  for (int64_t step = 0; step < kSteps; ++step) {
+    for (int r = 0; r < kSize; ++r) {
+      for (int t = 0; t < kTensors; ++t) {
+        ASSERT_TRUE(shard.Push(r, t, 0, step, Gradient(r, t)).ok());
+      }
+      ASSERT_TRUE(shard.EndStep(r, step, nullptr).ok());
+    }
+  }
+  std::vector<std::vector<float>> on_shard(kTensors);
+  ASSERT_TRUE(shard
+                  .Pull(kSteps, 0, absl::Now() + absl::Seconds(10),
+                        [&](const ChunkSpec& chunk, int64_t,
+                            absl::Span<const float> weights) {
+                          on_shard[chunk.param_id].assign(weights.begin(),
+                                                          weights.end());
+                        })
+                  .ok());
+  EXPECT_EQ(on_shard, expected);
+
+  InProcessStore store;
+  std::vector<std::vector<std::vector<float>>> results(kSize);
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < kSize; ++r) {
+    ranks.emplace_back([&, r] {
+      absl::StatusOr<std::unique_ptr<Collective>> c = Collective::CreateGloo(
+          r, kSize, "127.0.0.1", &store, "sgd", absl::Seconds(20));
+      ASSERT_TRUE(c.ok()) << c.status();
+      std::unique_ptr<GradientExchange> exchange = CreateAllreduceExchange(
+          c->get(), sgd, kElements * sizeof(float), /*num_buffers=*/0);
+      RankTensors tensors(r);
+      ASSERT_TRUE(exchange->Start(tensors.weights).ok());
+      for (int step = 0; step < kSteps; ++step) {
+        ASSERT_TRUE(exchange->Step(tensors.gradients, 8).ok());
+      }
+      results[r] = tensors.w;
+    });
+  }
+  for (std::thread& t : ranks) t.join();
+  for (int r = 0; r < kSize; ++r) EXPECT_EQ(results[r], expected) << r;
 }
 
 }  // namespace
