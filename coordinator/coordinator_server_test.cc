@@ -5,12 +5,16 @@
 #include "coordinator/coordinator_server.h"
 
 #include <atomic>
+#include <cmath>
+#include <limits>
+#include <random>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "coordinator/job_spec.h"
 #include "gtest/gtest.h"
 #include "proto/coordinator.grpc.pb.h"
 
@@ -171,6 +175,137 @@ TEST_F(BoundedCoordinatorTest, PastTheThreadCapCallsAreRefusedNotQueued) {
     absl::SleepFor(absl::Milliseconds(100));
   }
   EXPECT_TRUE(status.ok()) << status.error_message();
+}
+
+// Random job specs against the live coordinator (issue 22): every field of
+// a valid JobSpec and its optimizer set, with probability 1/2 (or 3% for
+// every 4th spec), to an edge value
+// (0, -1, INT_MAX, inf, NaN, 1e300, long or binary strings, hosts lists of
+// any length). Each Submit is accepted only if the spec is valid
+// (ValidateJobSpec after the defaults), else INVALID_ARGUMENT naming a
+// field; nothing else (no UNKNOWN, no crash), and the coordinator keeps
+// serving throughout.
+TEST_F(BoundedCoordinatorTest, RandomSpecsAreRefusedOrAcceptedNeverACrash) {
+  Start();
+  std::mt19937_64 random(22);
+  auto coin = [&] { return random() % 2 == 0; };
+  auto pick = [&](auto values) { return values[random() % values.size()]; };
+  const std::vector<int64_t> ints = {
+      0,    1,     -1,    2,       3,         7,         64,       4096,
+      4097, 65535, 65536, 1 << 20, INT32_MAX, INT32_MIN, INT64_MAX};
+  const double inf = std::numeric_limits<double>::infinity();
+  const std::vector<double> doubles = {
+      0,     1e-3,  -1, 1,  0.9,   0.999, 0.99999999, 1e-8,
+      1e-30, 1e-45, 10, 11, 1e300, inf,   -inf,       std::nan("")};
+  const std::vector<std::string> strings = {
+      "",          "lenet5",   "resnet18",
+      "sync",      "async",    "allreduce",
+      "cpu",       "cuda",     "fashion_mnist",
+      "synthetic", "model",    "gloo",
+      "/tmp/x",    "\x01\n\t", std::string(5000, 'a'),
+      "host-1"};
+  double p = 0.5;  // the chance of each field being set
+  auto fill = [&](google::protobuf::Message* m) {
+    const google::protobuf::Descriptor* d = m->GetDescriptor();
+    const google::protobuf::Reflection* r = m->GetReflection();
+    for (int i = 0; i < d->field_count(); ++i) {
+      const google::protobuf::FieldDescriptor* f = d->field(i);
+      if (std::uniform_real_distribution<double>(0, 1)(random) >= p) continue;
+      using F = google::protobuf::FieldDescriptor;
+      if (f->is_repeated()) {
+        if (f->cpp_type() != F::CPPTYPE_MESSAGE) continue;
+        const int n = static_cast<int>(random() % 4);
+        for (int k = 0; k < n; ++k) {
+          google::protobuf::Message* item = r->AddMessage(m, f);
+          const google::protobuf::Descriptor* hd = item->GetDescriptor();
+          for (int j = 0; j < hd->field_count(); ++j) {
+            const F* hf = hd->field(j);
+            if (hf->cpp_type() == F::CPPTYPE_STRING) {
+              item->GetReflection()->SetString(item, hf, pick(strings));
+            } else if (hf->cpp_type() == F::CPPTYPE_INT32) {
+              item->GetReflection()->SetInt32(item, hf,
+                                              static_cast<int32_t>(pick(ints)));
+            }
+          }
+        }
+        continue;
+      }
+      switch (f->cpp_type()) {
+        case F::CPPTYPE_INT32:
+          r->SetInt32(m, f, static_cast<int32_t>(pick(ints)));
+          break;
+        case F::CPPTYPE_INT64:
+          r->SetInt64(m, f, pick(ints));
+          break;
+        case F::CPPTYPE_UINT32:
+          r->SetUInt32(m, f, static_cast<uint32_t>(pick(ints)));
+          break;
+        case F::CPPTYPE_UINT64:
+          r->SetUInt64(m, f, static_cast<uint64_t>(pick(ints)));
+          break;
+        case F::CPPTYPE_DOUBLE:
+          r->SetDouble(m, f, pick(doubles));
+          break;
+        case F::CPPTYPE_FLOAT:
+          r->SetFloat(m, f, static_cast<float>(pick(doubles)));
+          break;
+        case F::CPPTYPE_BOOL:
+          r->SetBool(m, f, coin());
+          break;
+        case F::CPPTYPE_STRING:
+          r->SetString(m, f, pick(strings));
+          break;
+        default:
+          break;  // nested messages below; enums: none in JobSpec
+      }
+    }
+  };
+  int accepted = 0, refused = 0;
+  for (int i = 0; i < 2000; ++i) {
+    // From a valid spec: every 4th changes few fields (mostly accepted).
+    SubmitRequest request;
+    JobSpec* spec = request.mutable_spec();
+    spec->set_num_ps(1);
+    spec->set_num_workers(2);
+    spec->set_batch_size(32);
+    spec->set_epochs(1);
+    p = i % 4 == 0 ? 0.03 : 0.5;
+    fill(spec);
+    if (coin()) fill(request.mutable_spec()->mutable_optimizer());
+    JobSpec expected = request.spec();
+    ApplyJobDefaults(&expected);
+    const bool valid = ValidateJobSpec(expected).ok();
+    grpc::ClientContext context;
+    context.set_deadline(In(absl::Seconds(10)));
+    SubmitResponse response;
+    const grpc::Status status = stub_->Submit(&context, request, &response);
+    if (status.ok()) {
+      ++accepted;
+      EXPECT_TRUE(valid) << i << ": " << request.spec().ShortDebugString();
+    } else {
+      ++refused;
+      EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT)
+          << i << ": " << status.error_message();
+      EXPECT_FALSE(valid) << i << ": " << status.error_message();
+      EXPECT_EQ(status.error_message().find('\n'), std::string::npos);
+    }
+    if (i % 250 == 0) ExpectServing();
+  }
+  ExpectServing();
+  // Bytes that are not UTF-8 in a string field: gRPC itself refuses the
+  // message (INTERNAL, before the service sees it); still serving.
+  {
+    SubmitRequest request;
+    request.mutable_spec()->set_model("\xff\xfe");
+    grpc::ClientContext context;
+    context.set_deadline(In(absl::Seconds(10)));
+    SubmitResponse response;
+    EXPECT_FALSE(stub_->Submit(&context, request, &response).ok());
+    ExpectServing();
+  }
+  // Both outcomes were exercised.
+  EXPECT_GT(accepted, 0);
+  EXPECT_GT(refused, 1000);
 }
 
 }  // namespace

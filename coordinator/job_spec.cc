@@ -33,8 +33,32 @@ class FirstError : public google::protobuf::io::ErrorCollector {
   std::string error_;
 };
 
+// One line whatever the spec held: control characters escaped (\n, \x01),
+// and at most 300 characters (a 5000-character model name is cut).
+std::string OneLine(absl::string_view text) {
+  std::string out;
+  for (char c : text) {
+    if (out.size() >= 300) {
+      out += "...";
+      break;
+    }
+    const unsigned char u = static_cast<unsigned char>(c);
+    if (u >= 0x20 && u != 0x7f) {
+      out += c;
+    } else if (c == '\n') {
+      out += "\\n";
+    } else if (c == '\t') {
+      out += "\\t";
+    } else {
+      out += absl::StrFormat("\\x%02x", u);
+    }
+  }
+  return out;
+}
+
 absl::Status Bad(absl::string_view field, absl::string_view message) {
-  return absl::InvalidArgumentError(absl::StrCat(field, ": ", message));
+  return absl::InvalidArgumentError(
+      absl::StrCat(field, ": ", OneLine(message)));
 }
 
 // The shortest text that reads back as `value` ("0.99999999", not StrCat's
