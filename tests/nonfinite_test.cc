@@ -1,10 +1,10 @@
 // Non-finite gradients (issue 22) in real multi-process jobs: `pstrain run`
-// with 2 shards and 2 workers, a NaN injected into worker 1's gradient of
-// the first layer (PSTRAIN_INJECT_NONFINITE, the workers' test aid; the
-// first layer's gradient is the last backward makes, so the later layers'
-// chunks have reached the shards, and been applied, before the NaN is
-// found). One such step is skipped on every shard, logged, and the job ends
-// as accurate as a clean run; a NaN at every step fails the job after
+// with 2 shards and 2 workers (or 2 allreduce workers), a NaN injected into
+// worker 1's gradient of the first layer (PSTRAIN_INJECT_NONFINITE, the
+// workers' test aid; the first layer's gradient is the last backward makes, so
+// the later layers' chunks have reached the shards, and been applied, before
+// the NaN is found). One such step is skipped on every shard, logged, and the
+// job ends as accurate as a clean run; a NaN at every step fails the job after
 // --max_nonfinite_steps skips with the message naming worker, step and
 // parameter.
 #include <cstdlib>
@@ -24,7 +24,8 @@ std::string RunLine(const std::string& inject, const std::string& mode,
                     const std::string& extra = "") {
   return absl::StrCat(
       inject.empty() ? "" : "PSTRAIN_INJECT_NONFINITE=" + inject + " ",
-      "tools/pstrain run --model=lenet5 --num_ps=2 --num_workers=2 "
+      "tools/pstrain run --model=lenet5 --num_workers=2 ",
+      mode == "allreduce" ? "" : "--num_ps=2 ",
       "--epochs=1 --max_steps_per_epoch=300 --log_every_steps=100 --mode=",
       mode, " ", extra, " 2>&1");
 }
@@ -87,6 +88,34 @@ TEST_F(NonFiniteTest, AsyncDropsTheNanPushesAndTrains) {
             std::string::npos)
       << r.output;
   EXPECT_GT(TestAccuracy(r.output), 0.5) << r.output;
+}
+
+// Allreduce: every worker sees the same averaged gradients, so every worker
+// skips the step (the buckets applied before the NaN's are put back) and
+// the job ends as accurate as a clean allreduce run.
+TEST_F(NonFiniteTest, AllreduceSkipsTheStepOnEveryWorker) {
+  const auto clean = RunCommand(RunLine("", "allreduce"));
+  ASSERT_EQ(clean.exit_code, 0) << clean.output;
+  const auto skipped = RunCommand(RunLine("1:150", "allreduce"));
+  ASSERT_EQ(skipped.exit_code, 0) << skipped.output;
+  EXPECT_NE(skipped.output.find(
+                "worker 1: step 150: worker 1's element 0 of the gradient of "),
+            std::string::npos)
+      << skipped.output;
+  EXPECT_NE(skipped.output.find("is nan; the step is skipped on every worker "
+                                "(1 in a row; at most 10)"),
+            std::string::npos)
+      << skipped.output;
+  const double a = TestAccuracy(clean.output);
+  ASSERT_GT(a, 0.5) << clean.output;
+  EXPECT_NEAR(TestAccuracy(skipped.output), a, 0.005) << skipped.output;
+  const auto every =
+      RunCommand(RunLine("0:all", "allreduce", "--max_nonfinite_steps=2"));
+  EXPECT_EQ(every.exit_code, 1) << every.output;
+  EXPECT_NE(every.output.find("3 consecutive steps skipped for non-finite "
+                              "values (--max_nonfinite_steps=2)"),
+            std::string::npos)
+      << every.output;
 }
 
 }  // namespace

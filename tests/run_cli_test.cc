@@ -464,9 +464,6 @@ TEST(RunCliTest, IgnoredFlagsAreErrors) {
       {"run --mode=allreduce --checkpoint_every_steps=5",
        "--checkpoint_every_steps would be ignored: it is for the "
        "parameter-server modes (sync, async), not --mode=allreduce"},
-      {"run --mode=allreduce --max_nonfinite_steps=3",
-       "--max_nonfinite_steps would be ignored: it is for the "
-       "parameter-server modes (sync, async), not --mode=allreduce"},
       {"run --compute=synthetic --max_steps_per_epoch=3 --dataset=mnist",
        "--dataset would be ignored: --compute=synthetic reads no dataset"},
       {"run --num_classes=10",

@@ -80,7 +80,7 @@ const std::vector<CommandInfo>& Commands() {
        "per task with --ps_netns/--worker_netns) under an in-process "
        "coordinator; streams their lines and prints a table of results. "
        "Mode sync or async: PS flags (--num_ps, --partition_bytes, "
-       "checkpoints, --max_restarts, --max_nonfinite_steps); mode "
+       "checkpoints, --max_restarts); mode "
        "allreduce: --bucket_bytes. --compute=synthetic: --compute_ms, "
        "--model_bytes, --backward_fraction and no dataset flags. A flag "
        "the run would ignore is an error. Exit 0 done, 1 a task failed, 2 "

@@ -184,8 +184,9 @@ ABSL_FLAG(double, checkpoint_every_secs, 0,
           "the last (after a step); 0: by --checkpoint_every_steps only.");
 ABSL_FLAG(int, max_nonfinite_steps, 10,
           "run: a step whose loss or gradients hold a NaN or an infinity on "
-          "any worker is skipped on every shard; after this many consecutive "
-          "skipped steps the job fails (0: at the first). PS modes.");
+          "any worker is skipped on every shard (allreduce: a step whose "
+          "averaged gradients hold one, on every worker); after this many "
+          "consecutive skipped steps the job fails (0: at the first).");
 ABSL_FLAG(int, keep_checkpoints, 3,
           "run: how many of the newest checkpoints to keep (>= 1).");
 ABSL_DECLARE_FLAG(bool, insecure);
@@ -356,10 +357,9 @@ absl::Status CheckIgnoredFlags(const JobSpec& spec, const std::string& command,
         absl::StrCat("only allreduce has gradient buckets, not ", modes));
   }
   if (!any_ps_mode) {
-    for (const char* flag :
-         {"num_ps", "partition_bytes", "checkpoint_every_steps",
-          "checkpoint_every_secs", "keep_checkpoints", "resume", "max_restarts",
-          "max_nonfinite_steps"}) {
+    for (const char* flag : {"num_ps", "partition_bytes",
+                             "checkpoint_every_steps", "checkpoint_every_secs",
+                             "keep_checkpoints", "resume", "max_restarts"}) {
       if (FlagSpecified(flag)) {
         return ignored(flag, absl::StrCat("it is for the parameter-server "
                                           "modes (sync, async), not ",

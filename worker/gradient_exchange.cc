@@ -2,12 +2,14 @@
 
 #include <algorithm>
 #include <memory>
+#include <optional>
 #include <thread>  // NOLINT(build/c++11)
 #include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
+#include "common/nonfinite.h"
 #include "common/status.h"
 
 namespace pstrain {
@@ -184,6 +186,9 @@ class AllreduceExchange : public GradientExchange {
       filled += n;
     }
     flat_.assign(buckets_.size(), {});
+    prev_w_.assign(num_tensors, {});
+    prev_m_.assign(num_params, {});
+    prev_v_.assign(num_params, {});
     absl::MutexLock lock(&mu_);
     ready_.assign(num_tensors, false);
     fences_.assign(num_tensors, nullptr);
@@ -220,9 +225,30 @@ class AllreduceExchange : public GradientExchange {
       fences_.assign(fences_.size(), nullptr);
     }
     RETURN_IF_ERROR(communicated);
+    // A non-finite average (every worker sees the same sums): the tensors
+    // updated before it go back to their state before the step.
+    last_skip_.reset();
+    if (skip_.has_value()) {
+      for (int t : updated_) {
+        std::copy(prev_w_[t].begin(), prev_w_[t].end(), weights_[t].data());
+        if (t < static_cast<int>(m_.size())) {
+          m_[t].swap(prev_m_[t]);
+          v_[t].swap(prev_v_[t]);
+        }
+      }
+      skip_->step = step_;
+      last_skip_ = std::move(skip_);
+      skip_.reset();
+    }
+    updated_.clear();
+    own_nonfinite_.reset();
     ++step_;
     samples_ += samples * collective_->size();
     return absl::OkStatus();
+  }
+
+  std::optional<SkippedStepInfo> SkippedStep() const override {
+    return last_skip_;
   }
 
   // Every worker steps in lockstep with the same batch size.
@@ -245,11 +271,39 @@ class AllreduceExchange : public GradientExchange {
   // the optimizer's update number step_ + 1 for parameters, the average
   // assigned for BatchNorm buffers. Runs on the communication thread; Step()
   // increments step_ only after joining it.
+  //
+  // Non-finite values (issue 22): every worker sees the same sums, so all
+  // decide alike without a message. A bucket whose sum holds a NaN or an
+  // infinity is not applied, nor is any later bucket of the step, and
+  // Step() puts the tensors updated before it back (their previous weights
+  // copied, the optimizer state written beside the old one and swapped).
   void Update(size_t b) {
     const int size = collective_->size();
     const int64_t step = step_ + 1;
     const int num_params = static_cast<int>(weights_.size()) - num_buffers_;
     std::vector<float>& flat = flat_[b];
+    if (skip_.has_value()) return;  // an earlier bucket decided the step
+    if (const int64_t bad = FindNonFinite(flat); bad >= 0) {
+      SkippedStepInfo skip;
+      int64_t offset = bad;
+      for (int t : buckets_[b]) {
+        const int64_t n = static_cast<int64_t>(weights_[t].size());
+        if (offset < n) {
+          skip.nonfinite.param_id = t;
+          skip.nonfinite.element = offset;
+          break;
+        }
+        offset -= n;
+      }
+      skip.nonfinite.value = NonFiniteText(flat[bad]);
+      // This worker's own value, if it held one (else another worker's).
+      if (own_nonfinite_.has_value()) {
+        skip.worker_id = collective_->rank();
+        skip.nonfinite = *own_nonfinite_;
+      }
+      skip_ = std::move(skip);
+      return;
+    }
     if (size > 1) {
       const float scale = 1.0f / static_cast<float>(size);
       for (float& x : flat) x *= scale;
@@ -257,12 +311,19 @@ class AllreduceExchange : public GradientExchange {
     const float* average = flat.data();
     for (int t : buckets_[b]) {
       const int64_t n = static_cast<int64_t>(weights_[t].size());
+      prev_w_[t].assign(weights_[t].begin(), weights_[t].end());
       if (t >= num_params) {
         std::copy(average, average + n, weights_[t].data());
       } else {
-        OptimizerUpdate(adam_, step, weights_[t].data(), average, m_[t].data(),
-                        v_[t].data(), n);
+        prev_m_[t].resize(n);
+        prev_v_[t].resize(n);
+        OptimizerUpdateInto(adam_, step, prev_w_[t].data(), average,
+                            m_[t].data(), v_[t].data(), weights_[t].data(),
+                            prev_m_[t].data(), prev_v_[t].data(), n);
+        m_[t].swap(prev_m_[t]);
+        v_[t].swap(prev_v_[t]);
       }
+      updated_.push_back(t);
       average += n;
     }
   }
@@ -307,6 +368,22 @@ class AllreduceExchange : public GradientExchange {
           flat.insert(flat.end(), (*gradients)[t].begin(),
                       (*gradients)[t].end());
         }
+        if (!own_nonfinite_.has_value()) {
+          // Where this worker's own gradients hold one, to name it.
+          int64_t offset = 0;
+          for (int t : bucket) {
+            const int64_t bad = FindNonFinite((*gradients)[t]);
+            if (bad >= 0) {
+              NonFiniteValue own;
+              own.param_id = t;
+              own.element = bad;
+              own.value = NonFiniteText(flat[offset + bad]);
+              own_nonfinite_ = std::move(own);
+              break;
+            }
+            offset += static_cast<int64_t>((*gradients)[t].size());
+          }
+        }
         s = collective_->AllreduceSum(flat.data(), flat.size());
       }
       if (!s.ok()) {
@@ -332,6 +409,15 @@ class AllreduceExchange : public GradientExchange {
   // communication thread, step_ by Step() after joining it.
   std::vector<std::vector<float>> m_;
   std::vector<std::vector<float>> v_;
+  // This step's state before each tensor's update (kept for a skip), the
+  // tensors updated, this worker's own first non-finite value, and the
+  // step's skip: the communication thread's during a step, Step()'s after
+  // joining it.
+  std::vector<std::vector<float>> prev_w_, prev_m_, prev_v_;
+  std::vector<int> updated_;
+  std::optional<NonFiniteValue> own_nonfinite_;
+  std::optional<SkippedStepInfo> skip_;
+  std::optional<SkippedStepInfo> last_skip_;
   int64_t step_ = 0;
   int64_t samples_ = 0;
 

@@ -128,14 +128,17 @@ class GradientExchange {
   // Non-finite values (PS modes; server/parameter_shard.h): the PS
   // exchange checks every gradient chunk as it pushes it. This reports one
   // found elsewhere (the loss): the step is skipped as if a gradient held
-  // it. Call before Step(). Allreduce: ignored (see SkippedStep()).
+  // it. Call before Step(). Allreduce: ignored (the averaged gradients
+  // decide, the same on every worker; a loss is one worker's alone).
   virtual void MarkStepNonFinite(const NonFiniteValue& value) {}
 
-  // After Step(): the step was skipped, and who found what (sync PS: on
-  // every shard, reported by the lowest worker id that found a value;
-  // async PS: this worker's pushes from the value on were dropped), or
-  // nullopt. Allreduce: always nullopt; a non-finite gradient there is
-  // applied (not checked yet).
+  // After Step(): the step was skipped, and who found what, or nullopt.
+  // Sync PS: on every shard, reported by the lowest worker id that found a
+  // value. Async PS: this worker's pushes from the value on were dropped.
+  // Allreduce: a bucket's sum held a NaN or an infinity (every worker sees
+  // the same sums, so every worker skips alike) and the tensors updated
+  // before it in the step were put back; worker_id is this worker's rank
+  // if its own gradients held the value, else -1.
   virtual std::optional<SkippedStepInfo> SkippedStep() const {
     return std::nullopt;
   }

@@ -718,8 +718,11 @@ absl::StatusOr<TrainerOutput> RunWorker(const TrainerOptions& options,
             ? absl::StrCat("element ", v.element, " of the gradient of ",
                            tensor_names[v.param_id])
             : absl::StrCat("element ", v.element, " of parameter ", v.param_id);
-    return absl::StrCat("step ", skip.step, ": worker ", skip.worker_id, "'s ",
-                        where, " is ", v.value);
+    const std::string who = skip.worker_id < 0
+                                ? std::string("a worker's")
+                                : absl::StrCat("worker ", skip.worker_id, "'s");
+    return absl::StrCat("step ", skip.step, ": ", who, " ", where, " is ",
+                        v.value);
   };
   int64_t samples_at_start = 0;
   if (chief) {
@@ -769,12 +772,13 @@ absl::StatusOr<TrainerOutput> RunWorker(const TrainerOptions& options,
         ++consecutive_skips;
         if (skipped->worker_id == options.worker_id) {
           Emit(options,
-               absl::StrCat("worker ", options.worker_id, ": ",
-                            describe(*skipped),
-                            async ? "; its pushes from there on are dropped ("
-                                  : "; the step is skipped on every shard (",
-                            consecutive_skips, " in a row; at most ",
-                            options.max_nonfinite_steps, ")"));
+               absl::StrCat(
+                   "worker ", options.worker_id, ": ", describe(*skipped),
+                   async       ? "; its pushes from there on are dropped ("
+                   : allreduce ? "; the step is skipped on every worker ("
+                               : "; the step is skipped on every shard (",
+                   consecutive_skips, " in a row; at most ",
+                   options.max_nonfinite_steps, ")"));
         }
         if (consecutive_skips > options.max_nonfinite_steps) {
           return absl::FailedPreconditionError(
