@@ -354,21 +354,9 @@ absl::Status ParameterShard::Push(int worker_id, int32_t param_id,
     ApplyLocked(chunk, chunk.incoming.data());
     return absl::OkStatus();
   }
-  if (step != chunk.version) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "push of chunk (", param_id, ", ", chunk_index, ") for step ", step,
-        " but the chunk is at version ", chunk.version));
-  }
-  if (step > decided_through_.load() + 1) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("push of chunk (", param_id, ", ", chunk_index,
-                     ") for step ", step, " before step ", step - 1,
-                     " was decided (not every worker has ended it)"));
-  }
-  if (chunk.has_pending[worker_id]) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("worker ", worker_id, " pushed chunk (", param_id, ", ",
-                     chunk_index, ") of step ", step, " twice"));
+  if (absl::Status ok = CheckSyncPushLocked(chunk, worker_id, step, "push");
+      !ok.ok()) {
+    return ok;
   }
   // The slot is only read once has_pending is set, so a failed fill leaves
   // nothing behind.
@@ -382,6 +370,30 @@ absl::Status ParameterShard::Push(int worker_id, int32_t param_id,
   chunk.has_pending[worker_id] = true;
   if (++chunk.num_pending == options_.num_workers) {
     CompleteBarrierLocked(chunk);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ParameterShard::CheckSyncPushLocked(const ChunkState& chunk,
+                                                 int worker_id, int64_t step,
+                                                 absl::string_view what) const {
+  const int32_t param_id = chunk.spec.param_id;
+  const int32_t chunk_index = chunk.spec.chunk_index;
+  if (step != chunk.version) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        what, " of chunk (", param_id, ", ", chunk_index, ") for step ", step,
+        " but the chunk is at version ", chunk.version));
+  }
+  if (step > decided_through_.load() + 1) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(what, " of chunk (", param_id, ", ", chunk_index,
+                     ") for step ", step, " before step ", step - 1,
+                     " was decided (not every worker has ended it)"));
+  }
+  if (chunk.has_pending[worker_id]) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("worker ", worker_id, " pushed chunk (", param_id, ", ",
+                     chunk_index, ") of step ", step, " twice"));
   }
   return absl::OkStatus();
 }
@@ -400,21 +412,10 @@ absl::Status ParameterShard::PushSkipped(int worker_id, int32_t param_id,
     skipped_.fetch_add(1, std::memory_order_relaxed);
     return absl::OkStatus();
   }
-  if (step != chunk.version) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "skipped push of chunk (", param_id, ", ", chunk_index, ") for step ",
-        step, " but the chunk is at version ", chunk.version));
-  }
-  if (step > decided_through_.load() + 1) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("skipped push of chunk (", param_id, ", ", chunk_index,
-                     ") for step ", step, " before step ", step - 1,
-                     " was decided (not every worker has ended it)"));
-  }
-  if (chunk.has_pending[worker_id]) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("worker ", worker_id, " pushed chunk (", param_id, ", ",
-                     chunk_index, ") of step ", step, " twice"));
+  if (absl::Status ok =
+          CheckSyncPushLocked(chunk, worker_id, step, "skipped push");
+      !ok.ok()) {
+    return ok;
   }
   chunk.has_pending[worker_id] = true;
   chunk.step_skipped = true;

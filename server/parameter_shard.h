@@ -76,6 +76,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
+#include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
@@ -303,6 +304,11 @@ class ParameterShard {
   // Sync mode: the barrier of `chunk`'s step is complete (every worker
   // pushed or skipped it): the update, kept undoable, and the version.
   void CompleteBarrierLocked(ChunkState& chunk)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk.mu);
+  // Sync mode, the checks of a push (or skipped push: `what`) of `step`
+  // against the chunk: its version, the previous step decided, not twice.
+  absl::Status CheckSyncPushLocked(const ChunkState& chunk, int worker_id,
+                                   int64_t step, absl::string_view what) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk.mu);
   // The checks Push() and PushSkipped() share; the chunk on success.
   absl::StatusOr<ChunkState*> FindPushChunk(int worker_id, int32_t param_id,
