@@ -91,9 +91,10 @@ absl::Status ValidateJobTableLimits(const JobTableLimits& limits) {
 }
 
 absl::Status ValidateJobTableFile(const JobTableFile& table) {
-  if (table.next_id() < 1) {
-    return absl::DataLossError(
-        absl::StrCat("next job id ", table.next_id(), ": expected >= 1"));
+  // At most 2^53: the next Submit adds 1 (INT64_MAX would overflow).
+  if (table.next_id() < 1 || table.next_id() > (int64_t{1} << 53)) {
+    return absl::DataLossError(absl::StrCat(
+        "next job id ", table.next_id(), ": expected 1 to 9007199254740992"));
   }
   absl::flat_hash_set<std::string> ids;
   for (int j = 0; j < table.jobs_size(); ++j) {

@@ -578,7 +578,10 @@ TEST(JobTableTest, BrokenJobFilesAreRefusedNamingThem) {
            },
            "job-1: unknown job state 9"},
           {[](JobTableFile* f) { f->set_next_id(0); },
-           "next job id 0: expected >= 1"},
+           "next job id 0: expected 1 to 9007199254740992"},
+          {[](JobTableFile* f) { f->set_next_id(INT64_MAX); },
+           "next job id 9223372036854775807: expected 1 to "
+           "9007199254740992"},
           {[](JobTableFile* f) { f->mutable_jobs(0)->set_id("job-7"); },
            "job-7: not an id this table gives (job-1 .. job-1)"},
           {[](JobTableFile* f) {
