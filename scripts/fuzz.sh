@@ -10,7 +10,9 @@
 #
 #   bash scripts/fuzz.sh [seconds_per_target, default 300] [target ...]
 # Environment: FUZZ_OUTPUT_BASE (default $HOME/.cache/bazel_fuzz),
-# FUZZ_RSS_LIMIT_MB (2048).
+# FUZZ_RSS_LIMIT_MB (2048), FUZZ_SEED (1: the same inputs in the same order
+# on every run, so a CI run's result does not depend on luck; 0: libFuzzer
+# picks one).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 seconds=${1:-300}
@@ -37,6 +39,7 @@ for t in "${targets[@]}"; do
   start=$(date +%s.%N)
   "$bin/fuzz/$t" -max_total_time="$seconds" \
     -rss_limit_mb="${FUZZ_RSS_LIMIT_MB:-2048}" -timeout=25 -print_final_stats=1 \
+    -seed="${FUZZ_SEED:-1}" \
     -artifact_prefix="$work/$t/artifacts/" "$work/$t/corpus" \
     "fuzz/corpus/$t" >"$log" 2>&1
   rc=$?
