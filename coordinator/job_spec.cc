@@ -7,6 +7,7 @@
 #include <map>
 #include <utility>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/status.h"
@@ -346,6 +347,19 @@ absl::Status ValidateJobSpec(const JobSpec& spec) {
   RETURN_IF_ERROR(CheckRange("registration_timeout_s",
                              spec.registration_timeout_s(), 1,
                              kMaxRegistrationTimeoutS, "seconds"));
+  if (absl::StatusOr<Straggler> straggler =
+          ParseStraggler(spec.straggler(), spec.num_workers());
+      !straggler.ok()) {
+    return straggler.status();
+  }
+  RETURN_IF_ERROR(
+      CheckRange("staleness", spec.staleness(), 0, kMaxStaleness, "steps"));
+  if (spec.staleness() > 0 && spec.mode() != "sync") {
+    return Bad("staleness",
+               absl::StrCat(spec.staleness(), " with mode ", spec.mode(),
+                            "; expected 0 (a staleness bound is for mode "
+                            "sync; async has none)"));
+  }
   // The optimizer runs in fp32: each value is checked as the update will
   // see it.
   const OptimizerSpec& o = spec.optimizer();
@@ -431,6 +445,30 @@ OptimizerOptions OptimizerOptionsOf(const OptimizerSpec& optimizer) {
   s.total_steps = std::max<int64_t>(1, optimizer.lr_total_steps());
   s.min_lr = optimizer.lr_min();
   return o;
+}
+
+absl::StatusOr<Straggler> ParseStraggler(absl::string_view text,
+                                         int num_workers) {
+  Straggler straggler;
+  if (text.empty()) return straggler;
+  const size_t colon = text.find(':');
+  int worker = -1;
+  int64_t delay_ms = -1;
+  if (colon == absl::string_view::npos ||
+      !absl::SimpleAtoi(text.substr(0, colon), &worker) ||
+      !absl::SimpleAtoi(text.substr(colon + 1), &delay_ms) || worker < 0 ||
+      worker >= num_workers || delay_ms < 0 ||
+      delay_ms > kMaxStragglerDelayMs) {
+    return Bad("straggler",
+               absl::StrCat("\"", text,
+                            "\"; expected WORKER:DELAY_MS with "
+                            "WORKER 0 to ",
+                            std::max(0, num_workers - 1), " and DELAY_MS 0 to ",
+                            kMaxStragglerDelayMs));
+  }
+  straggler.worker = worker;
+  straggler.delay_ms = delay_ms;
+  return straggler;
 }
 
 AdamOptions AdamOptionsOf(const OptimizerSpec& optimizer) {

@@ -43,6 +43,9 @@
 //   max_restarts             0 to 1000 (0 in allreduce)     0
 //   max_nonfinite_steps      0 to 1000000                   10
 //   registration_timeout_s   1 to 604800                    600
+//   straggler (test aid)     "WORKER:DELAY_MS", WORKER 0 to  none
+//                            num_workers-1, DELAY_MS 0 to 600000
+//   staleness                0 to 1000; 0 unless mode sync  0 (sync)
 //   optimizer.lr             1e-30 to 10                    0.001
 //   optimizer.beta1, beta2   0 <= beta < 1, also in fp32    0.9, 0.999
 //                            (1 - beta > 0 after rounding:
@@ -113,6 +116,21 @@ inline constexpr size_t kMaxHostLength = 255;
 // --heartbeat_timeout_s of `pstrain run` and pstrain_coordinator: 1 to
 // 86400 seconds.
 inline constexpr int kMaxHeartbeatTimeoutS = 24 * 3600;
+inline constexpr int64_t kMaxStragglerDelayMs = 600000;
+inline constexpr int kMaxStaleness = 1000;
+
+// The straggler test knob (JobSpec.straggler, issue 25): worker `worker`
+// sleeps `delay_ms` milliseconds at the start of each step.
+struct Straggler {
+  int worker = -1;  // -1: no straggler
+  int64_t delay_ms = 0;
+};
+// Parses JobSpec.straggler: "" gives no straggler; otherwise
+// "WORKER:DELAY_MS" with 0 <= WORKER < num_workers and 0 <= DELAY_MS <=
+// kMaxStragglerDelayMs, else INVALID_ARGUMENT "straggler: \"x\"; expected
+// ...". Pure.
+absl::StatusOr<Straggler> ParseStraggler(absl::string_view text,
+                                         int num_workers);
 
 // Parses `text` (protobuf text format) read from `source` (a file name, for
 // messages), fills the defaults and validates. INVALID_ARGUMENT with a

@@ -211,6 +211,23 @@ TEST(JobSpecTest, RangesAcceptTheirBoundsAndRefuseOneBeyond) {
        "max_nonfinite_steps: 1000001; expected 0 to 1000000"},
       {base + "max_nonfinite_steps: 0", base + "max_nonfinite_steps: -1",
        "max_nonfinite_steps: -1; expected 0 to 1000000"},
+      {base + "straggler: \"0:600000\"", base + "straggler: \"1:100\"",
+       "straggler: \"1:100\"; expected WORKER:DELAY_MS with WORKER 0 to 0 "
+       "and DELAY_MS 0 to 600000"},
+      {base + "straggler: \"0:0\"", base + "straggler: \"0:600001\"",
+       "straggler: \"0:600001\"; expected WORKER:DELAY_MS with WORKER 0 to "
+       "0 and DELAY_MS 0 to 600000"},
+      {base + "straggler: \"0:5\"", base + "straggler: \"0-5\"",
+       "straggler: \"0-5\"; expected WORKER:DELAY_MS with WORKER 0 to 0 "
+       "and DELAY_MS 0 to 600000"},
+      {base + "staleness: 1000", base + "staleness: 1001",
+       "staleness: 1001; expected 0 to 1000 steps"},
+      {base + "staleness: 0", base + "staleness: -1",
+       "staleness: -1; expected 0 to 1000 steps"},
+      {base + "mode: \"sync\" staleness: 2",
+       base + "mode: \"async\" staleness: 2",
+       "staleness: 2 with mode async; expected 0 (a staleness bound is for "
+       "mode sync; async has none)"},
       {base + "registration_timeout_s: 604800",
        base + "registration_timeout_s: 604801",
        "registration_timeout_s: 604801; expected 1 to 604800 seconds"},

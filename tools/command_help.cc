@@ -52,6 +52,8 @@ const std::vector<std::string>& JobFlags() {
                                    "heartbeat_timeout_s",
                                    "registration_timeout_s",
                                    "max_nonfinite_steps",
+                                   "straggler",
+                                   "staleness",
                                    "insecure",
                                    "insecure_allow_remote"};
   return *flags;

@@ -187,6 +187,13 @@ ABSL_FLAG(int, max_nonfinite_steps, 10,
           "any worker is skipped on every shard (allreduce: a step whose "
           "averaged gradients hold one, on every worker); after this many "
           "consecutive skipped steps the job fails (0: at the first).");
+ABSL_FLAG(std::string, straggler, "",
+          "run: a test and benchmark aid: WORKER:DELAY_MS makes that worker "
+          "sleep DELAY_MS milliseconds at the start of every step (a "
+          "straggler of known slowness); empty: none.");
+ABSL_FLAG(int, staleness, 0,
+          "run, mode sync: bounded staleness; a worker may run at most this "
+          "many steps ahead of the slowest (0: plain sync; 0 to 1000).");
 ABSL_FLAG(int, keep_checkpoints, 3,
           "run: how many of the newest checkpoints to keep (>= 1).");
 ABSL_DECLARE_FLAG(bool, insecure);
@@ -449,6 +456,8 @@ JobSpec SpecFromFlags(const std::string& mode, int num_ps, int num_workers) {
   spec.set_checkpoint_every_secs(absl::GetFlag(FLAGS_checkpoint_every_secs));
   spec.set_keep_checkpoints(absl::GetFlag(FLAGS_keep_checkpoints));
   spec.set_max_nonfinite_steps(absl::GetFlag(FLAGS_max_nonfinite_steps));
+  spec.set_straggler(absl::GetFlag(FLAGS_straggler));
+  spec.set_staleness(absl::GetFlag(FLAGS_staleness));
   spec.set_resume(absl::GetFlag(FLAGS_resume));
   const int max_restarts = absl::GetFlag(FLAGS_max_restarts);
   spec.set_max_restarts(max_restarts >= 0 ? max_restarts

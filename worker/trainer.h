@@ -112,6 +112,11 @@ struct TrainerOptions {
   // `max_nonfinite_steps` consecutive skipped steps Train fails with
   // FAILED_PRECONDITION naming the worker, step and first parameter.
   int max_nonfinite_steps = 10;
+  // A test and benchmark aid (JobSpec.straggler): worker
+  // `straggler_worker` (-1: none) sleeps `straggler_delay_ms` at the start
+  // of every step, before its compute.
+  int straggler_worker = -1;
+  int64_t straggler_delay_ms = 0;
   bool resume = false;
   // Recovery (PS modes): up to `max_restarts` times (0: never; the first
   // error ends the run), a step that fails because a task died (a shard's

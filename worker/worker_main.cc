@@ -199,6 +199,15 @@ int main(int argc, char** argv) {
   options.checkpoint_every_steps = spec->checkpoint_every_steps();
   options.checkpoint_every_secs = spec->checkpoint_every_secs();
   options.max_nonfinite_steps = spec->max_nonfinite_steps();
+  // Validated at submission (coordinator/job_spec.h).
+  if (absl::StatusOr<pstrain::Straggler> straggler =
+          pstrain::ParseStraggler(spec->straggler(), spec->num_workers());
+      straggler.ok()) {
+    options.straggler_worker = straggler->worker;
+    options.straggler_delay_ms = straggler->delay_ms;
+  } else {
+    return fail(2, std::string(straggler.status().message()));
+  }
   if (spec->keep_checkpoints() > 0) {
     options.keep_checkpoints = spec->keep_checkpoints();
   }
