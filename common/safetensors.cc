@@ -448,7 +448,8 @@ TensorView I64View(std::string name, std::vector<int64_t> shape,
 
 absl::StatusOr<WriteResult> Write(
     const std::string& path, absl::Span<const TensorView> tensors,
-    const std::map<std::string, std::string>& metadata) {
+    const std::map<std::string, std::string>& metadata,
+    const WriteOptions& options) {
   ASSIGN_OR_RETURN(const std::string header,
                    BuildHeader(path, tensors, metadata));
 
@@ -487,6 +488,7 @@ absl::StatusOr<WriteResult> Write(
   if (::fsync(fd.get()) != 0) return fail("fsync");
   if (fd.Close() != 0) return fail("close");
   if (::rename(tmp.c_str(), path.c_str()) != 0) return fail("rename");
+  if (!options.sync_folder) return result;
 
   Fd dir(::open(folder.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
   if (dir.get() < 0 || ::fsync(dir.get()) != 0) {

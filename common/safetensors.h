@@ -23,7 +23,10 @@
 // fsyncs it, renames it over `path` and fsyncs the folder, so after an OK
 // return the file survives a crash, and at no time does `path` hold a partial
 // file. On error the temporary file is removed and `path` keeps its old
-// contents (or, if only the folder's fsync failed, has the new file).
+// contents (or, if only the folder's fsync failed, has the new file). With
+// WriteOptions::sync_folder false the folder's fsync is the caller's (a
+// checkpoint writes several files into one folder and fsyncs it once): the
+// file's contents are durable on return, its name only after that fsync.
 //
 // Errors are absl::Status values whose message is one line that begins with
 // the file's path and names the problem (a tensor's name is quoted with
@@ -113,13 +116,19 @@ struct WriteResult {
   uint32_t crc32 = 0;
 };
 
+struct WriteOptions {
+  // fsync the folder after the rename (see "Durability" above).
+  bool sync_folder = true;
+};
+
 // Writes `tensors` (in this order in the buffer) and `metadata` durably to
 // `path` (see above). Names must be unique, non-empty, valid UTF-8 and not
 // "__metadata__"; metadata keys and values valid UTF-8 (INVALID_ARGUMENT
 // otherwise). An empty `metadata` writes no "__metadata__" entry.
 absl::StatusOr<WriteResult> Write(
     const std::string& path, absl::Span<const TensorView> tensors,
-    const std::map<std::string, std::string>& metadata = {});
+    const std::map<std::string, std::string>& metadata = {},
+    const WriteOptions& options = {});
 
 // What a manifest says the file must be; DATA_LOSS if it is not.
 struct ReadOptions {

@@ -47,9 +47,10 @@ std::string ModelFilePath(const std::string& path) {
   return path;
 }
 
-absl::Status SaveModelFile(const Model& model,
-                           absl::Span<const absl::Span<float>> weights,
-                           const ModelFileInfo& info, const std::string& path) {
+absl::StatusOr<safetensors::WriteResult> SaveModelFile(
+    const Model& model, absl::Span<const absl::Span<float>> weights,
+    const ModelFileInfo& info, const std::string& path,
+    const safetensors::WriteOptions& options) {
   const std::vector<NamedShape> tensors = PsTensors(model);
   if (weights.size() != tensors.size()) {
     return absl::InvalidArgumentError(
@@ -84,9 +85,7 @@ absl::Status SaveModelFile(const Model& model,
       {"steps", absl::StrCat(info.steps)},
       {"dataset", info.dataset},
   };
-  absl::StatusOr<safetensors::WriteResult> written =
-      safetensors::Write(path, views, metadata);
-  return written.status();
+  return safetensors::Write(path, views, metadata, options);
 }
 
 absl::StatusOr<ModelFileInfo> ReadModelFileInfo(const std::string& path) {

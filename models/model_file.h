@@ -25,6 +25,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
+#include "common/safetensors.h"
 #include "models/model.h"
 #include "models/tensor.h"
 
@@ -44,10 +45,13 @@ struct ModelFileInfo {
 // metadata of `info` (its model and input must be `model`'s). BatchNorm's
 // num_batches_tracked is `info.steps`. Errors: INVALID_ARGUMENT if `weights`
 // does not match the model's tensors; the safetensors writer's otherwise
-// (NOT_FOUND for a missing folder, ...), each naming `path`.
-absl::Status SaveModelFile(const Model& model,
-                           absl::Span<const absl::Span<float>> weights,
-                           const ModelFileInfo& info, const std::string& path);
+// (NOT_FOUND for a missing folder, ...), each naming `path`. Returns the
+// file's size and crc32 (for a checkpoint's manifest); `options` as
+// safetensors::Write's.
+absl::StatusOr<safetensors::WriteResult> SaveModelFile(
+    const Model& model, absl::Span<const absl::Span<float>> weights,
+    const ModelFileInfo& info, const std::string& path,
+    const safetensors::WriteOptions& options = {});
 
 // Reads the metadata of the model file `path` (validating the whole file).
 // DATA_LOSS naming the file when it is not a pstrain model file (no or bad

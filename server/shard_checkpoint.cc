@@ -27,7 +27,8 @@ absl::Status Corrupt(const std::string& path, const std::string& what) {
 
 absl::StatusOr<safetensors::WriteResult> WriteShardCheckpoint(
     const std::string& path, const std::vector<ChunkSnapshot>& chunks,
-    int shard_index, int num_shards, int64_t step) {
+    int shard_index, int num_shards, int64_t step,
+    const safetensors::WriteOptions& options) {
   std::vector<int64_t> table;
   std::vector<safetensors::TensorView> views;
   for (const ChunkSnapshot& c : chunks) {
@@ -49,7 +50,8 @@ absl::StatusOr<safetensors::WriteResult> WriteShardCheckpoint(
                             {{"format", kShardCheckpointFormat},
                              {"shard", absl::StrCat(shard_index)},
                              {"num_shards", absl::StrCat(num_shards)},
-                             {"step", absl::StrCat(step)}});
+                             {"step", absl::StrCat(step)}},
+                            options);
 }
 
 absl::StatusOr<std::vector<ChunkSnapshot>> ReadShardCheckpoint(

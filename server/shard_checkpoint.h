@@ -36,10 +36,12 @@ namespace pstrain {
 
 inline constexpr char kShardCheckpointFormat[] = "pstrain-shard-checkpoint/1";
 
-// Writes `chunks` (ParameterShard::Snapshot()) durably to `path`.
+// Writes `chunks` (ParameterShard::Snapshot()) durably to `path`
+// (safetensors::Write with `options`).
 absl::StatusOr<safetensors::WriteResult> WriteShardCheckpoint(
     const std::string& path, const std::vector<ChunkSnapshot>& chunks,
-    int shard_index, int num_shards, int64_t step);
+    int shard_index, int num_shards, int64_t step,
+    const safetensors::WriteOptions& options = {});
 
 // Reads a shard file back; `options` carries the manifest's size and crc32.
 // Only spec.param_id, spec.offset and spec.num_elements of each chunk are

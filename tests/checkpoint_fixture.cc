@@ -84,9 +84,9 @@ int64_t FixtureModel::total_elements() const {
   return n;
 }
 
-absl::Status FixtureModel::SaveModelFile(
+absl::StatusOr<safetensors::WriteResult> FixtureModel::SaveModelFile(
     const std::vector<absl::Span<float>>& weights, const std::string& path,
-    int64_t step) const {
+    int64_t step, const safetensors::WriteOptions& write_options) const {
   if (model_ != nullptr) {
     ModelFileInfo info;
     info.model = name_;
@@ -94,7 +94,8 @@ absl::Status FixtureModel::SaveModelFile(
     info.num_classes = num_classes_;
     info.steps = step;
     info.dataset = "checkpoint_fixture";
-    return ::pstrain::SaveModelFile(*model_, weights, info, path);
+    return ::pstrain::SaveModelFile(*model_, weights, info, path,
+                                    write_options);
   }
   std::vector<safetensors::TensorView> views;
   for (size_t t = 0; t < weights.size(); ++t) {
@@ -102,8 +103,8 @@ absl::Status FixtureModel::SaveModelFile(
   }
   return safetensors::Write(path, views,
                             {{"format", "pstrain.checkpoint_fixture/1"},
-                             {"step", absl::StrCat(step)}})
-      .status();
+                             {"step", absl::StrCat(step)}},
+                            write_options);
 }
 
 absl::Status FixtureModel::CheckModelFile(
@@ -298,8 +299,9 @@ absl::StatusOr<std::unique_ptr<CheckpointRig>> CheckpointRig::Create(
       options.checkpoint_dir, options.keep_checkpoints, std::move(job),
       rig->exchange_.get(),
       [model](const std::vector<absl::Span<float>>& weights,
-              const std::string& path, int64_t step) {
-        return model->SaveModelFile(weights, path, step);
+              const std::string& path, int64_t step,
+              const safetensors::WriteOptions& write_options) {
+        return model->SaveModelFile(weights, path, step, write_options);
       });
   return rig;
 }

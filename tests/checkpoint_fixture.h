@@ -65,8 +65,9 @@ class FixtureModel {
   int64_t total_elements() const;
 
   // Writes `weights` (PS tensors) as the model file `path`.
-  absl::Status SaveModelFile(const std::vector<absl::Span<float>>& weights,
-                             const std::string& path, int64_t step) const;
+  absl::StatusOr<safetensors::WriteResult> SaveModelFile(
+      const std::vector<absl::Span<float>>& weights, const std::string& path,
+      int64_t step, const safetensors::WriteOptions& write_options = {}) const;
   // Checks the model file `file` of checkpoint folder `dir` (size and crc32
   // as the manifest says) holds exactly `weights`; DATA_LOSS naming the
   // first tensor that differs.

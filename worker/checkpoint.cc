@@ -389,8 +389,6 @@ absl::Status CheckpointWriter::Begin(
     return absl::InternalError(
         absl::StrCat(step_dir, ": cannot create it: ", error.message()));
   }
-  // The folder's name is durable before DIR/latest can name it.
-  RETURN_IF_ERROR(SyncFolder(dir_));
   RETURN_IF_ERROR(exchange_
                       ->Checkpoint(step, ShardPaths(step_dir, job_.num_shards),
                                    /*wait=*/false)
@@ -418,15 +416,22 @@ absl::Status CheckpointWriter::Finish(
   for (const std::vector<float>& w : weights) {
     spans.emplace_back(const_cast<float*>(w.data()), w.size());
   }
+  // Every file of the folder is fsynced by its writer, the folder once
+  // after them (the shards write theirs without the folder's fsync too).
   const std::string model_path = absl::StrCat(step_dir, "/", kModelFile);
-  absl::Status saved = save_model_(spans, model_path, step);
+  safetensors::WriteOptions in_folder;
+  in_folder.sync_folder = false;
+  absl::StatusOr<safetensors::WriteResult> model_file =
+      save_model_(spans, model_path, step, in_folder);
   ASSIGN_OR_RETURN(
       std::vector<CheckpointResponse> shards,
       exchange_->Checkpoint(step, ShardPaths(step_dir, job_.num_shards),
                             /*wait=*/true));
-  RETURN_IF_ERROR(saved);
-  ASSIGN_OR_RETURN(safetensors::File model_file,
-                   safetensors::File::Read(model_path));
+  RETURN_IF_ERROR(model_file.status());
+  // The data files' names, then the step folder's own, are durable before
+  // the manifest can exist.
+  RETURN_IF_ERROR(SyncFolder(step_dir));
+  RETURN_IF_ERROR(SyncFolder(dir_));
 
   json j;
   j["format"] = kCheckpointFormat;
@@ -473,7 +478,7 @@ absl::Status CheckpointWriter::Finish(
   }
   j["shards"] = files;
   j["model_file"] =
-      FileJson({kModelFile, model_file.size_bytes(), model_file.crc32()});
+      FileJson({kModelFile, model_file->size_bytes, model_file->crc32});
   j["crc32"] = ManifestCrc(j);
   RETURN_IF_ERROR(WriteFileAtomically(absl::StrCat(step_dir, "/", kManifest),
                                       j.dump(1) + "\n"));

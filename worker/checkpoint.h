@@ -129,10 +129,12 @@ absl::StatusOr<ModelState> LoadCheckpointState(
 
 class CheckpointWriter {
  public:
-  // Writes the model file of a checkpoint: weights (PS tensors), path.
-  using SaveModelFn =
-      std::function<absl::Status(const std::vector<absl::Span<float>>& weights,
-                                 const std::string& path, int64_t step)>;
+  // Writes the model file of a checkpoint (weights: PS tensors) to `path`
+  // with `options` (the writer fsyncs the folder itself: sync_folder is
+  // false); its size and crc32 for the manifest.
+  using SaveModelFn = std::function<absl::StatusOr<safetensors::WriteResult>(
+      const std::vector<absl::Span<float>>& weights, const std::string& path,
+      int64_t step, const safetensors::WriteOptions& options)>;
 
   // `exchange` (not owned) must be a PS exchange and outlive the writer.
   CheckpointWriter(std::string dir, int keep, CheckpointJobInfo job,
