@@ -133,8 +133,12 @@ grpc::Status PsService::Checkpoint(grpc::ServerContext* context,
   checkpoint_writer_ =
       std::thread([this, step, path = request->path(), chunks = snapshot_]() {
         const ShardOptions& o = shard_->options();
+        // The file's contents are fsynced; its folder is the caller's to
+        // fsync, once for every file of the checkpoint (proto/ps.proto).
+        safetensors::WriteOptions in_folder;
+        in_folder.sync_folder = false;
         absl::StatusOr<safetensors::WriteResult> written = WriteShardCheckpoint(
-            path, *chunks, o.shard_index, o.num_shards, step);
+            path, *chunks, o.shard_index, o.num_shards, step, in_folder);
         CheckpointResponse result;
         int64_t min_version = INT64_MAX, max_version = 0;
         for (const ChunkSnapshot& c : *chunks) {
