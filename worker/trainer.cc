@@ -17,6 +17,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
+#include "common/safetensors.h"
 #include "common/status.h"
 #include "models/model.h"
 #include "models/model_file.h"
@@ -108,10 +109,11 @@ class Workload {
   // saved file records `steps`.
   virtual absl::Status LoadModel(const std::string& path) = 0;
   virtual absl::Status SaveModel(const std::string& path, int64_t steps) = 0;
-  // As SaveModel, with `weights` (PS tensors) in place of the model's own.
-  virtual absl::Status SaveWeights(
+  // As SaveModel, with `weights` (PS tensors) in place of the model's own;
+  // the file's size and crc32.
+  virtual absl::StatusOr<safetensors::WriteResult> SaveWeights(
       const std::vector<absl::Span<float>>& weights, const std::string& path,
-      int64_t steps) = 0;
+      int64_t steps, const safetensors::WriteOptions& write_options) = 0;
 };
 
 class ModelWorkload : public Workload {
@@ -189,17 +191,18 @@ class ModelWorkload : public Workload {
     return LoadModelFile(path, model_.get());
   }
   absl::Status SaveModel(const std::string& path, int64_t steps) override {
-    return SaveWeights(model_->HostWeights(), path, steps);
+    return SaveWeights(model_->HostWeights(), path, steps, {}).status();
   }
-  absl::Status SaveWeights(const std::vector<absl::Span<float>>& weights,
-                           const std::string& path, int64_t steps) override {
+  absl::StatusOr<safetensors::WriteResult> SaveWeights(
+      const std::vector<absl::Span<float>>& weights, const std::string& path,
+      int64_t steps, const safetensors::WriteOptions& write_options) override {
     ModelFileInfo info;
     info.model = options_.model;
     info.input_chw = dataset_.train.chw;
     info.num_classes = dataset_.num_classes;
     info.steps = steps;
     info.dataset = dataset_.name;
-    return SaveModelFile(*model_, weights, info, path);
+    return SaveModelFile(*model_, weights, info, path, write_options);
   }
   std::string Describe() const override {
     return absl::StrFormat(
@@ -333,8 +336,9 @@ class SyntheticWorkload : public Workload {
   absl::Status SaveModel(const std::string&, int64_t) override {
     return absl::InvalidArgumentError("compute synthetic has no model to save");
   }
-  absl::Status SaveWeights(const std::vector<absl::Span<float>>&,
-                           const std::string&, int64_t) override {
+  absl::StatusOr<safetensors::WriteResult> SaveWeights(
+      const std::vector<absl::Span<float>>&, const std::string&, int64_t,
+      const safetensors::WriteOptions&) override {
     return absl::InvalidArgumentError("compute synthetic has no model to save");
   }
   absl::StatusOr<Evaluation> Evaluate() override {
@@ -664,8 +668,10 @@ absl::StatusOr<TrainerOutput> RunWorker(const TrainerOptions& options,
         options.checkpoint_dir, options.keep_checkpoints, std::move(job),
         exchange.get(),
         [w](const std::vector<absl::Span<float>>& weights,
-            const std::string& path,
-            int64_t step) { return w->SaveWeights(weights, path, step); });
+            const std::string& path, int64_t step,
+            const safetensors::WriteOptions& write_options) {
+          return w->SaveWeights(weights, path, step, write_options);
+        });
   }
   const bool evaluate = options.evaluate && workload->can_evaluate();
 
