@@ -7,6 +7,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <sstream>
@@ -17,8 +18,12 @@
 #include "absl/flags/reflection.h"
 #include "absl/flags/usage.h"
 #include "absl/flags/usage_config.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "common/status.h"
 
 namespace pstrain {
@@ -53,21 +58,103 @@ std::vector<std::string>& Specified() {
   std::exit(2);
 }
 
-}  // namespace
+// Where the arguments being checked come from: the command line, or a
+// --flagfile / --fromenv that absl expands in their place.
+struct ArgSource {
+  absl::string_view program;
+  absl::string_view hint;
+  std::string where;  // "" (the command line) or " in FILE"
+  int depth = 0;      // --flagfile nesting
+};
 
-std::vector<std::string> ParseFlagsOrExit(int argc, char** argv,
-                                          absl::string_view program,
-                                          absl::string_view hint,
-                                          bool handle_help) {
-  absl::FlagsUsageConfig config;
-  config.contains_help_flags = IsProjectFlagFile;
-  config.contains_helpshort_flags = IsProjectFlagFile;
-  absl::SetFlagsUsageConfig(config);
-  // Each argument checked as absl will read it (--name=value, --name value,
-  // --bool, --nobool; "--" ends the flags), so that absl's parse below,
-  // which exits 1 on an unknown flag or a bad value, finds neither.
-  for (int i = 1; i < argc; ++i) {
-    absl::string_view arg = argv[i];
+// absl reads a nested --flagfile as often as asked; a file naming itself
+// would never end.
+constexpr int kMaxFlagfileDepth = 10;
+
+void CheckArgs(const std::vector<std::string>& args, const ArgSource& source);
+
+// --flagfile=F1,F2: each file's lines as absl reads them (leading blanks
+// dropped; empty and '#' lines skipped; every other line one argument that
+// starts with '-'), checked like the command line's.
+void CheckFlagfiles(absl::string_view files, const ArgSource& source) {
+  for (absl::string_view file : absl::StrSplit(files, ',', absl::SkipEmpty())) {
+    const std::string path(file);
+    const std::string flag = absl::StrCat("--flagfile=", path, source.where);
+    if (source.depth >= kMaxFlagfileDepth) {
+      ExitWithUsageError(source.program,
+                         absl::StrCat(flag, ": flag files nested more than ",
+                                      kMaxFlagfileDepth, " deep"),
+                         source.hint);
+    }
+    std::error_code error;
+    if (std::filesystem::is_directory(path, error)) {
+      ExitWithUsageError(source.program,
+                         absl::StrCat(flag, ": a folder, expected a file"),
+                         source.hint);
+    }
+    std::string contents;
+    if (absl::Status s = ReadFile(path, &contents); !s.ok()) {
+      ExitWithUsageError(
+          source.program,
+          absl::StrCat("--flagfile", source.where, ": ", s.message()),
+          source.hint);
+    }
+    std::vector<std::string> args;
+    for (absl::string_view line : absl::StrSplit(contents, '\n')) {
+      absl::string_view stripped = absl::StripLeadingAsciiWhitespace(line);
+      if (stripped.empty() || stripped[0] == '#') continue;
+      if (stripped[0] != '-' || stripped == "--") {
+        ExitWithUsageError(
+            source.program,
+            absl::StrCat(flag, ": unexpected line \"",
+                         absl::CHexEscape(stripped.substr(0, 100)),
+                         "\"; expected --flag=value, a comment (#) or an "
+                         "empty line"),
+            source.hint);
+      }
+      args.push_back(std::string(stripped));
+    }
+    CheckArgs(args, ArgSource{source.program, source.hint,
+                              absl::StrCat(" in ", path), source.depth + 1});
+  }
+}
+
+// --fromenv=a,b (--tryfromenv): FLAGS_a and FLAGS_b from the environment,
+// as absl reads them ("--a=$FLAGS_a"); --fromenv needs each to be set.
+void CheckFromEnv(absl::string_view generator, absl::string_view names,
+                  const ArgSource& source) {
+  std::vector<std::string> args;
+  for (absl::string_view name : absl::StrSplit(names, ',', absl::SkipEmpty())) {
+    if (name == "fromenv" || name == "tryfromenv") {
+      ExitWithUsageError(
+          source.program,
+          absl::StrCat("--", generator, "=", names, source.where, ": --", name,
+                       " cannot come from the "
+                       "environment"),
+          source.hint);
+    }
+    const std::string variable = absl::StrCat("FLAGS_", name);
+    const char* value = std::getenv(variable.c_str());
+    if (value == nullptr) {
+      if (generator == "tryfromenv") continue;
+      ExitWithUsageError(source.program,
+                         absl::StrCat("--", generator, "=", names, source.where,
+                                      ": ", variable, " is not set"),
+                         source.hint);
+    }
+    args.push_back(absl::StrCat("--", name, "=", value));
+  }
+  CheckArgs(args, ArgSource{source.program, source.hint,
+                            absl::StrCat(source.where, " (--", generator, ")"),
+                            source.depth});
+}
+
+// Each argument checked as absl will read it (--name=value, --name value,
+// --bool, --nobool; "--" ends the flags), so that absl's parse, which exits
+// 1 on an unknown flag or a bad value, finds neither.
+void CheckArgs(const std::vector<std::string>& args, const ArgSource& source) {
+  for (size_t i = 0; i < args.size(); ++i) {
+    absl::string_view arg = args[i];
     if (arg == "--") break;
     if (arg.size() < 2 || arg[0] != '-') continue;
     arg.remove_prefix(arg[1] == '-' ? 2 : 1);
@@ -89,34 +176,51 @@ std::vector<std::string> ParseFlagsOrExit(int argc, char** argv,
       if (!negated) flag = nullptr;
     }
     if (flag == nullptr) {
-      ExitWithUsageError(program, absl::StrCat("unknown flag --", name), hint);
+      ExitWithUsageError(source.program,
+                         absl::StrCat("unknown flag --", name, source.where),
+                         source.hint);
     }
     if (flag->IsRetired()) continue;
     if (negated) {
       if (has_value) {
-        ExitWithUsageError(program,
-                           absl::StrCat("--", name, "=", value, ": --no",
-                                        flag->Name(), " takes no value"),
-                           hint);
+        ExitWithUsageError(
+            source.program,
+            absl::StrCat("--", name, "=", value, source.where, ": --no",
+                         flag->Name(), " takes no value"),
+            source.hint);
       }
       value = "false";
     } else if (!has_value) {
       if (flag->IsOfType<bool>()) {
         value = "true";
-      } else if (i + 1 < argc) {
-        value = argv[++i];
+      } else if (i + 1 < args.size()) {
+        value = args[++i];
       } else {
         ExitWithUsageError(
-            program, absl::StrCat("--", name, ": missing its value"), hint);
+            source.program,
+            absl::StrCat("--", name, source.where, ": missing its value"),
+            source.hint);
       }
+    }
+    // absl's generator flags: their files and variables are checked here,
+    // and absl sets them itself below (setting --flagfile here too would
+    // have absl read its files twice).
+    if (flag->Name() == "flagfile") {
+      CheckFlagfiles(value, source);
+      continue;
+    }
+    if (flag->Name() == "fromenv" || flag->Name() == "tryfromenv") {
+      CheckFromEnv(flag->Name(), value, source);
+      continue;
     }
     // The value absl will set again below; setting it here first is the
     // only public way to learn whether it parses.
     std::string error;
     if (!flag->ParseFrom(value, &error)) {
-      ExitWithUsageError(
-          program, absl::StrCat("--", flag->Name(), "=", value, ": ", error),
-          hint);
+      ExitWithUsageError(source.program,
+                         absl::StrCat("--", flag->Name(), "=", value,
+                                      source.where, ": ", error),
+                         source.hint);
     }
     std::vector<std::string>& specified = Specified();
     if (std::find(specified.begin(), specified.end(), flag->Name()) ==
@@ -124,6 +228,20 @@ std::vector<std::string> ParseFlagsOrExit(int argc, char** argv,
       specified.push_back(std::string(flag->Name()));
     }
   }
+}
+
+}  // namespace
+
+std::vector<std::string> ParseFlagsOrExit(int argc, char** argv,
+                                          absl::string_view program,
+                                          absl::string_view hint,
+                                          bool handle_help) {
+  absl::FlagsUsageConfig config;
+  config.contains_help_flags = IsProjectFlagFile;
+  config.contains_helpshort_flags = IsProjectFlagFile;
+  absl::SetFlagsUsageConfig(config);
+  CheckArgs(std::vector<std::string>(argv + std::min(argc, 1), argv + argc),
+            ArgSource{program, hint, "", 0});
   std::vector<char*> positional = absl::flags_internal::ParseCommandLineImpl(
       argc, argv, absl::flags_internal::ArgvListAction::kRemoveParsedArgs,
       absl::flags_internal::UsageFlagsAction::kIgnoreUsage,

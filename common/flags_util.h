@@ -22,6 +22,12 @@ namespace pstrain {
 //   HINT", and exits 2 (absl itself exits 1);
 // - a value that does not parse (--num_workers=two) prints one line naming
 //   the flag and its value and exits 2.
+// - the same for the flags in absl's --flagfile=F1,F2 (the line names the
+//   file: "unknown flag --x in F1"; nested flag files up to 10 deep) and
+//   --fromenv/--tryfromenv=a,b (FLAGS_a, ...); a flag file that cannot be
+//   read, or holds a line that is not a flag, a comment (#) or empty, exits
+//   2 with one line too. Their flags count as given (FlagSpecified,
+//   SpecifiedFlags); --flagfile and --fromenv themselves do not.
 // Call once, from main(), before any flag is read.
 std::vector<std::string> ParseFlagsOrExit(int argc, char** argv,
                                           absl::string_view program,

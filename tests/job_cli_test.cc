@@ -243,6 +243,83 @@ TEST(JobCliTest, UnknownFlagsAndCommandsExit2WithOneLine) {
   }
 }
 
+// Flags read from absl's --flagfile (and --fromenv) are checked like the
+// command line's: exit 2 and one line naming the file, never absl's exit 1;
+// a good flag file's values take effect and count as given.
+TEST(JobCliTest, FlagfileFlagsAreCheckedLikeTheCommandLines) {
+  const std::string dir = TempDir();
+  WriteFile(dir + "/unknown.flags",
+            "# a comment\n  --num_workers=3\n\n--bogus=1\n");
+  WriteFile(dir + "/value.flags", "--num_workers=two\n");
+  WriteFile(dir + "/ps.flags", "--threads=2\n--bogus\n");
+  WriteFile(dir + "/nested.flags", "--flagfile=" + dir + "/unknown.flags\n");
+  WriteFile(dir + "/line.flags", "num_workers=3\n");
+  WriteFile(dir + "/self.flags", "--flagfile=" + dir + "/self.flags\n");
+  WriteFile(dir + "/steps.flags", "--model=lenet5\n--steps=3\n");
+  const struct {
+    std::string command;
+    std::string output;
+  } cases[] = {
+      {"tools/pstrain run --flagfile=" + dir + "/unknown.flags",
+       "pstrain: error: unknown flag --bogus in " + dir +
+           "/unknown.flags; see pstrain help run\n"},
+      {"tools/pstrain run --flagfile " + dir + "/nested.flags",
+       "pstrain: error: unknown flag --bogus in " + dir +
+           "/unknown.flags; see pstrain help run\n"},
+      {"tools/pstrain run --flagfile=" + dir + "/value.flags",
+       "pstrain: error: --num_workers=two in " + dir +
+           "/value.flags: Illegal value 'two' specified for flag "
+           "'num_workers'; see pstrain help run\n"},
+      {"tools/pstrain run --flagfile=" + dir + "/line.flags",
+       "pstrain: error: --flagfile=" + dir +
+           "/line.flags: unexpected line \"num_workers=3\"; expected "
+           "--flag=value, a comment (#) or an empty line; see pstrain help "
+           "run\n"},
+      {"tools/pstrain run --flagfile=" + dir + "/missing.flags",
+       "pstrain: error: --flagfile: " + dir +
+           "/missing.flags: No such file or directory; see pstrain help "
+           "run\n"},
+      {"tools/pstrain run --flagfile=" + dir + "/self.flags",
+       "pstrain: error: --flagfile=" + dir + "/self.flags in " + dir +
+           "/self.flags: flag files nested more than 10 deep; see pstrain "
+           "help run\n"},
+      // A flag from a file is given like any other: run does not read it.
+      {"tools/pstrain run --flagfile=" + dir + "/steps.flags",
+       "pstrain: error: --steps is not a flag of pstrain run (it would be "
+       "ignored); see pstrain help run\n"},
+      {"server/pstrain_ps --flagfile=" + dir + "/ps.flags",
+       "pstrain_ps: error: unknown flag --bogus in " + dir +
+           "/ps.flags; see pstrain_ps --help\n"},
+      {"FLAGS_num_workers=x tools/pstrain run --fromenv=num_workers",
+       "pstrain: error: --num_workers=x (--fromenv): Illegal value 'x' "
+       "specified for flag 'num_workers'; see pstrain help run\n"},
+      {"tools/pstrain run --fromenv=bogus",
+       "pstrain: error: --fromenv=bogus: FLAGS_bogus is not set; see pstrain "
+       "help run\n"},
+      {"FLAGS_bogus=1 tools/pstrain run --fromenv=bogus",
+       "pstrain: error: unknown flag --bogus (--fromenv); see pstrain help "
+       "run\n"},
+  };
+  for (const auto& c : cases) {
+    const Result r = RunCommand(c.command);
+    EXPECT_EQ(r.exit_code, 2) << c.command << ": " << r.output;
+    EXPECT_EQ(r.output, c.output) << c.command;
+  }
+  // A good flag file: its values are the command's.
+  WriteFile(dir + "/spec.pbtxt",
+            "num_ps: 1 num_workers: 1 batch_size: 64 epochs: 1\n");
+  WriteFile(dir + "/launch.flags",
+            "# where the tasks report\n--launcher=slurm\n"
+            "--coordinator=n1:7070\n  --job=job-9\n");
+  const Result r = RunCommand("tools/pstrain launch-lines " + dir +
+                              "/spec.pbtxt --flagfile=" + dir +
+                              "/launch.flags --bin_dir=/opt/p/bin");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("\nJOB=job-9\nCOORDINATOR=n1:7070\n"),
+            std::string::npos)
+      << r.output;
+}
+
 // `pstrain help COMMAND` and `pstrain COMMAND --help` for every command:
 // exit 0, the synopsis, and each flag the command reads with its default.
 TEST(JobCliTest, HelpOfEveryCommand) {
