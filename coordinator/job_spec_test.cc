@@ -77,7 +77,7 @@ TEST(JobSpecTest, BadSpecsNameTheField) {
        "vgg16"},
       {counts + "dataset: \"imagenet\"",
        "job.pbtxt: dataset: \"imagenet\" is not a known dataset; expected one "
-       "of: cifar10, fashion_mnist, image_folder, mnist, synthetic"},
+       "of: cifar10, fashion_mnist, image_folder, mnist, records, synthetic"},
       {"num_ps: 1 num_workers: 0 batch_size: 8 epochs: 1",
        "job.pbtxt: num_workers: 0; expected 1 to 4096"},
       {"num_ps: 1 num_workers: 1 batch_size: 8",

@@ -5,12 +5,14 @@
 #include "worker/job_inputs.h"
 
 ABSL_FLAG(std::string, dataset, "fashion_mnist",
-          "Dataset: fashion_mnist, mnist, cifar10, image_folder or "
-          "synthetic.");
+          "Dataset: fashion_mnist, mnist, cifar10, image_folder, records "
+          "(packed record files, memory-mapped) or synthetic.");
 ABSL_FLAG(std::string, data_dir, "/usr/share/datasets/fashion-mnist",
           "Folder holding the dataset's files (IDX, gzipped or plain; "
           "CIFAR-10 binary batches; image_folder: class folders of JPEG and "
-          "PNG files, or the tiny-ImageNet layout).");
+          "PNG files, or the tiny-ImageNet layout; records: train.records "
+          "and test.records). Plain IDX and record files are memory-mapped, "
+          "not loaded.");
 ABSL_FLAG(int, image_size, 224,
           "Synthetic data: images are 3 x image_size x image_size; "
           "image_folder: images are resized (bilinear) to image_size x "

@@ -11,10 +11,12 @@
 #include <numeric>
 #include <random>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/status.h"
 #include "worker/image_folder.h"
+#include "worker/record_file.h"
 
 namespace pstrain {
 namespace {
@@ -45,13 +47,68 @@ std::string FindFile(const std::string& dir, const std::string& base) {
   return absl::StrCat(dir, "/", base);
 }
 
+// value_of for bytes as read, in every channel: the float the loaded path
+// stores, b * (1 / 255) for IDX (LoadSplit) or b / 255 for records (as
+// ReadCifarBatch and torchvision's ToTensor; the two differ in the last bit
+// for some b).
+enum class Scale { kTimesReciprocal, kDivide };
+std::vector<float> UnitScaleTable(int64_t channels, Scale scale) {
+  std::vector<float> table(static_cast<size_t>(channels) * 256);
+  for (size_t i = 0; i < table.size(); ++i) {
+    const float b = static_cast<float>(i % 256);
+    table[i] = scale == Scale::kDivide ? b / 255.0f : b * (1.0f / 255.0f);
+  }
+  return table;
+}
+
+absl::StatusOr<LabeledImages> MapIdxSplit(const std::string& images_path,
+                                          const std::string& labels_path) {
+  ASSIGN_OR_RETURN(MappedIdx images, MapIdxFile(images_path));
+  ASSIGN_OR_RETURN(MappedIdx labels, MapIdxFile(labels_path));
+  if (images.dims.size() != 3) {
+    return absl::DataLossError(absl::StrCat(
+        images_path,
+        ": expected an image file (magic 0x00000803, 3 dims), got ",
+        images.dims.size(), " dims"));
+  }
+  if (labels.dims.size() != 1) {
+    return absl::DataLossError(absl::StrCat(
+        labels_path, ": expected a label file (magic 0x00000801, 1 dim), got ",
+        labels.dims.size(), " dims"));
+  }
+  if (images.dims[0] != labels.dims[0]) {
+    return absl::DataLossError(absl::StrCat(
+        images_path, " holds ", images.dims[0], " images but ", labels_path,
+        " holds ", labels.dims[0], " labels; expected the same count"));
+  }
+  LabeledImages out;
+  out.count = out.stored = images.dims[0];
+  out.chw = {1, images.dims[1], images.dims[2]};
+  auto mapped = std::make_shared<MappedSplit>();
+  mapped->pixels = images.data;
+  mapped->pixel_stride = images.dims[1] * images.dims[2];
+  mapped->pixel_file = std::move(images.file);
+  mapped->labels = labels.data;
+  mapped->label_stride = 1;
+  mapped->label_bytes = 1;
+  mapped->label_file = std::move(labels.file);
+  mapped->value_of = UnitScaleTable(1, Scale::kTimesReciprocal);
+  out.mapped = std::move(mapped);
+  return out;
+}
+
 absl::StatusOr<LabeledImages> LoadSplit(const std::string& dir,
                                         const std::string& prefix,
-                                        int num_classes) {
+                                        int num_classes, bool map_files) {
   const std::string images_path =
       FindFile(dir, absl::StrCat(prefix, "-images-idx3-ubyte"));
   const std::string labels_path =
       FindFile(dir, absl::StrCat(prefix, "-labels-idx1-ubyte"));
+  if (map_files && !absl::EndsWith(images_path, ".gz") &&
+      !absl::EndsWith(labels_path, ".gz")) {
+    // Labels are checked against num_classes by LoadDataset's pass.
+    return MapIdxSplit(images_path, labels_path);
+  }
   absl::StatusOr<IdxArray> images = ReadIdx(images_path);
   if (!images.ok()) return images.status();
   absl::StatusOr<IdxArray> labels = ReadIdx(labels_path);
@@ -163,7 +220,7 @@ absl::StatusOr<IdxArray> ReadIdx(const std::string& path) {
 namespace {
 // Sorted; LoadDataset() reads each.
 constexpr const char* kDatasets[] = {"cifar10", "fashion_mnist", "image_folder",
-                                     "mnist", "synthetic"};
+                                     "mnist",   "records",       "synthetic"};
 }  // namespace
 
 std::string KnownDatasets() { return absl::StrJoin(kDatasets, ", "); }
@@ -274,6 +331,108 @@ absl::StatusOr<Dataset> LoadImageFolder(const std::string& dir,
   return dataset;
 }
 
+absl::StatusOr<LabeledImages> MapRecordSplit(const std::string& path,
+                                             int64_t* num_classes) {
+  ASSIGN_OR_RETURN(MappedRecords records, MapRecordFile(path));
+  const RecordFileHeader& h = records.header;
+  LabeledImages out;
+  out.chw = {h.channels, h.height, h.width};
+  out.count = out.stored = h.count;
+  auto mapped = std::make_shared<MappedSplit>();
+  const uint8_t* first = records.file->data() + kRecordHeaderBytes;
+  mapped->labels = first;
+  mapped->label_stride = h.record_bytes();
+  mapped->label_bytes = 4;
+  mapped->pixels = first + 4;
+  mapped->pixel_stride = h.record_bytes();
+  mapped->pixel_file = records.file;
+  mapped->label_file = std::move(records.file);
+  mapped->value_of = UnitScaleTable(h.channels, Scale::kDivide);
+  out.mapped = std::move(mapped);
+  *num_classes = std::max(*num_classes, h.num_classes);
+  return out;
+}
+
+absl::StatusOr<Dataset> LoadRecords(const std::string& dir) {
+  Dataset dataset;
+  int64_t num_classes = 0;
+  ASSIGN_OR_RETURN(dataset.train,
+                   MapRecordSplit(dir + "/train.records", &num_classes));
+  const std::string test_path = dir + "/test.records";
+  struct stat st;
+  if (::stat(test_path.c_str(), &st) == 0) {
+    ASSIGN_OR_RETURN(dataset.test, MapRecordSplit(test_path, &num_classes));
+    if (dataset.test.chw != dataset.train.chw) {
+      return absl::DataLossError(absl::StrCat(
+          test_path, ": images of ", dataset.test.chw[0], "x",
+          dataset.test.chw[1], "x", dataset.test.chw[2], "; expected ",
+          dataset.train.chw[0], "x", dataset.train.chw[1], "x",
+          dataset.train.chw[2], " as in train.records"));
+    }
+  } else {
+    dataset.test.chw = dataset.train.chw;
+  }
+  if (num_classes > (1 << 24)) {
+    return absl::DataLossError(absl::StrCat(dir, ": record files declare ",
+                                            num_classes,
+                                            " classes; expected at most 2^24"));
+  }
+  dataset.num_classes = static_cast<int>(num_classes);
+  return dataset;
+}
+
+// Per-channel sums of the split's pixels in [0, 1] and of their squares, in
+// the order the loaded path sums them (sample by sample, each plane row by
+// row), so both paths get the same statistics bit for bit. Checks a mapped
+// split's labels on the way. Mapped pages are released as they are read.
+absl::Status SumChannels(const LabeledImages& split, int num_classes,
+                         const std::string& where, std::vector<double>* sum,
+                         std::vector<double>* sum_sq) {
+  const int64_t channels = split.chw[0];
+  const int64_t plane = split.chw[1] * split.chw[2];
+  sum->assign(channels, 0.0);
+  sum_sq->assign(channels, 0.0);
+  for (int64_t i = 0; i < split.stored; ++i) {
+    for (int64_t c = 0; c < channels; ++c) {
+      double s = (*sum)[c], s2 = (*sum_sq)[c];
+      if (split.mapped != nullptr) {
+        const MappedSplit& m = *split.mapped;
+        const uint8_t* p = m.pixels + i * m.pixel_stride + c * plane;
+        const float* value = &m.value_of[c * 256];
+        for (int64_t j = 0; j < plane; ++j) {
+          const float v = value[p[j]];
+          s += v;
+          s2 += double{v} * v;
+        }
+      } else {
+        const float* p = &split.images[(i * channels + c) * plane];
+        for (int64_t j = 0; j < plane; ++j) {
+          s += p[j];
+          s2 += double{p[j]} * p[j];
+        }
+      }
+      (*sum)[c] = s;
+      (*sum_sq)[c] = s2;
+    }
+    if (split.mapped != nullptr) {
+      split.mapped->pixel_file->NoteRead(channels * plane);
+    }
+  }
+  if (split.mapped != nullptr) {
+    for (int64_t i = 0; i < split.count; ++i) {
+      const int32_t label = split.label(i);
+      if (label < 0 || label >= num_classes) {
+        return absl::DataLossError(
+            absl::StrCat(where, ": label ", label, " of sample ", i,
+                         " is outside [0, ", num_classes, ")"));
+      }
+    }
+    split.mapped->pixel_file->ReleaseResident();
+    split.mapped->label_file->ReleaseResident();
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<Dataset> MakeSynthetic(const DatasetOptions& o) {
   if (o.image_size < 1 || o.channels < 1 || o.num_classes < 2 ||
       o.train_samples < 1 || o.test_samples < 1) {
@@ -313,9 +472,11 @@ absl::StatusOr<Dataset> LoadDataset(const std::string& name,
   if (name == "fashion_mnist" || name == "mnist") {
     Dataset dataset;
     dataset.num_classes = 10;
-    absl::StatusOr<LabeledImages> train = LoadSplit(data_dir, "train", 10);
+    absl::StatusOr<LabeledImages> train =
+        LoadSplit(data_dir, "train", 10, options.map_files);
     if (!train.ok()) return train.status();
-    absl::StatusOr<LabeledImages> test = LoadSplit(data_dir, "t10k", 10);
+    absl::StatusOr<LabeledImages> test =
+        LoadSplit(data_dir, "t10k", 10, options.map_files);
     if (!test.ok()) return test.status();
     dataset.train = *std::move(train);
     dataset.test = *std::move(test);
@@ -324,6 +485,8 @@ absl::StatusOr<Dataset> LoadDataset(const std::string& name,
     loaded = LoadCifar10(data_dir);
   } else if (name == "image_folder") {
     loaded = LoadImageFolder(data_dir, options);
+  } else if (name == "records") {
+    loaded = LoadRecords(data_dir);
   } else if (name == "synthetic") {
     loaded = MakeSynthetic(options);
   } else {
@@ -339,25 +502,34 @@ absl::StatusOr<Dataset> LoadDataset(const std::string& name,
   }
   // Standardise both splits with the training set's per-channel mean and
   // standard deviation (as torchvision's Normalize with the dataset's
-  // statistics).
+  // statistics). Mapped splits get the standardised value of each byte.
   const int64_t channels = dataset.train.chw[0];
   const int64_t plane = dataset.train.chw[1] * dataset.train.chw[2];
+  std::vector<double> sums, sums_sq, unused, unused_sq;
+  RETURN_IF_ERROR(SumChannels(dataset.train, dataset.num_classes,
+                              absl::StrCat(data_dir, " (train)"), &sums,
+                              &sums_sq));
+  if (dataset.test.mapped != nullptr) {
+    RETURN_IF_ERROR(SumChannels(dataset.test, dataset.num_classes,
+                                absl::StrCat(data_dir, " (test)"), &unused,
+                                &unused_sq));
+  }
   for (int64_t c = 0; c < channels; ++c) {
-    double sum = 0, sum_sq = 0;
-    for (int64_t i = 0; i < dataset.train.stored; ++i) {
-      const float* p = &dataset.train.images[(i * channels + c) * plane];
-      for (int64_t j = 0; j < plane; ++j) {
-        sum += p[j];
-        sum_sq += double{p[j]} * p[j];
-      }
-    }
     const double n =
         static_cast<double>(std::max<int64_t>(dataset.train.stored * plane, 1));
-    const double mean = sum / n;
-    const double stddev = std::sqrt(std::max(sum_sq / n - mean * mean, 1e-12));
+    const double mean = sums[c] / n;
+    const double stddev =
+        std::sqrt(std::max(sums_sq[c] / n - mean * mean, 1e-12));
     dataset.channel_mean.push_back(mean);
     dataset.channel_stddev.push_back(stddev);
     for (LabeledImages* split : {&dataset.train, &dataset.test}) {
+      if (split->mapped != nullptr) {
+        float* value = &split->mapped->value_of[c * 256];
+        for (int b = 0; b < 256; ++b) {
+          value[b] = static_cast<float>((value[b] - mean) / stddev);
+        }
+        continue;
+      }
       for (int64_t i = 0; i < split->stored; ++i) {
         float* p = &split->images[(i * channels + c) * plane];
         for (int64_t j = 0; j < plane; ++j) {
@@ -369,6 +541,14 @@ absl::StatusOr<Dataset> LoadDataset(const std::string& name,
   return loaded;
 }
 
+int32_t LabeledImages::label(int64_t i) const {
+  if (mapped == nullptr) return labels[i];
+  const uint8_t* p = mapped->labels + i * mapped->label_stride;
+  if (mapped->label_bytes == 1) return p[0];
+  return static_cast<int32_t>(uint32_t{p[0]} | (uint32_t{p[1]} << 8) |
+                              (uint32_t{p[2]} << 16) | (uint32_t{p[3]} << 24));
+}
+
 ShardedSampler::ShardedSampler(int64_t num_samples, int worker_id,
                                int num_workers, uint64_t seed)
     : num_samples_(num_samples),
@@ -376,23 +556,40 @@ ShardedSampler::ShardedSampler(int64_t num_samples, int worker_id,
       num_workers_(num_workers),
       seed_(seed) {}
 
-std::vector<int64_t> ShardedSampler::EpochIndices(int epoch) const {
-  std::vector<int64_t> order(num_samples_);
-  std::iota(order.begin(), order.end(), 0);
-  // Fisher-Yates with an explicit generator, so every process (and every
-  // standard library) derives the same permutation.
-  std::mt19937_64 rng(seed_ * 1000003ull + static_cast<uint64_t>(epoch));
-  for (int64_t i = num_samples_ - 1; i > 0; --i) {
+namespace {
+
+// Fisher-Yates with an explicit generator, so every process (and every
+// standard library) derives the same permutation; Index is uint32_t when N
+// fits (half the memory, the same permutation).
+template <typename Index>
+std::vector<int64_t> ShuffledShare(int64_t n, uint64_t seed, int worker_id,
+                                   int num_workers, int64_t per_worker) {
+  std::vector<Index> order(n);
+  std::iota(order.begin(), order.end(), Index{0});
+  std::mt19937_64 rng(seed);
+  for (int64_t i = n - 1; i > 0; --i) {
     const int64_t j =
         static_cast<int64_t>(rng() % static_cast<uint64_t>(i + 1));
     std::swap(order[i], order[j]);
   }
   std::vector<int64_t> mine;
-  mine.reserve(samples_per_worker());
-  for (int64_t k = 0; k < samples_per_worker(); ++k) {
-    mine.push_back(order[worker_id_ + k * num_workers_]);
+  mine.reserve(per_worker);
+  for (int64_t k = 0; k < per_worker; ++k) {
+    mine.push_back(static_cast<int64_t>(order[worker_id + k * num_workers]));
   }
   return mine;
+}
+
+}  // namespace
+
+std::vector<int64_t> ShardedSampler::EpochIndices(int epoch) const {
+  const uint64_t seed = seed_ * 1000003ull + static_cast<uint64_t>(epoch);
+  if (num_samples_ <= int64_t{0xffffffff}) {
+    return ShuffledShare<uint32_t>(num_samples_, seed, worker_id_, num_workers_,
+                                   samples_per_worker());
+  }
+  return ShuffledShare<int64_t>(num_samples_, seed, worker_id_, num_workers_,
+                                samples_per_worker());
 }
 
 void GatherBatch(const LabeledImages& source,
@@ -404,14 +601,41 @@ void GatherBatch(const LabeledImages& source,
   images->Resize({static_cast<int64_t>(n), c, h, w});
   labels->resize(n);
   constexpr int kPad = 4;
+  std::vector<float> scratch;
+  const MappedSplit* mapped = source.mapped.get();
   for (size_t i = 0; i < n; ++i) {
     const int64_t s = indices[begin + i];
-    const float* src = &source.images[(s % source.stored) * per];
     float* dst = &images->data[i * per];
-    (*labels)[i] = source.labels[s];
-    if (augment == nullptr) {
-      std::memcpy(dst, src, per * sizeof(float));
-      continue;
+    (*labels)[i] = source.label(s);
+    const float* src;
+    if (mapped != nullptr) {
+      // Bytes to standardised floats through the table; straight into the
+      // batch when there is no augmentation.
+      float* out = dst;
+      if (augment != nullptr) {
+        scratch.resize(per);
+        out = scratch.data();
+      }
+      const uint8_t* p = mapped->pixels + s * mapped->pixel_stride;
+      const int64_t plane = h * w;
+      for (int64_t ch = 0; ch < c; ++ch) {
+        const float* value = &mapped->value_of[ch * 256];
+        for (int64_t j = 0; j < plane; ++j) {
+          out[ch * plane + j] = value[p[ch * plane + j]];
+        }
+      }
+      mapped->pixel_file->NoteRead(per);
+      if (mapped->label_file != mapped->pixel_file) {
+        mapped->label_file->NoteRead(mapped->label_bytes);
+      }
+      if (augment == nullptr) continue;
+      src = out;
+    } else {
+      src = &source.images[(s % source.stored) * per];
+      if (augment == nullptr) {
+        std::memcpy(dst, src, per * sizeof(float));
+        continue;
+      }
     }
     // Crop offset in [-4, 4] of the padded image, and a coin for the flip.
     const int dy = static_cast<int>((*augment)() % (2 * kPad + 1)) - kPad;

@@ -7,10 +7,20 @@
 //    .bin for training, test_batch.bin for test, 10,000 records each);
 //  - "image_folder": JPEG and PNG files in class folders, or in the
 //    tiny-ImageNet layout (worker/image_folder.h), resized to --image_size;
+//  - "records": pstrain's packed record files (worker/record_file.h),
+//    data_dir/train.records and data_dir/test.records (optional);
 //  - "synthetic": fixed-seed random images of --image_size and labels of
 //    --num_classes, for throughput runs without a dataset on disk (as the
 //    field's benchmark tools do);
 // and the sharded sampler, augmentation and a batch prefetcher.
+//
+// Datasets larger than memory: plain (not gzipped) IDX files and record
+// files are memory-mapped (worker/mapped_file.h), not loaded: a split keeps
+// only a pointer to its bytes and a 256-entry table per channel from a byte
+// to its standardised value, so resident memory does not grow with the
+// number of samples. The mapped and loaded paths give bit-identical
+// batches: the table holds exactly the float the loaded path computes, and
+// the per-channel statistics are summed in the same order.
 //
 // Thread-compatible: a loaded Dataset is immutable and may be shared.
 #ifndef PSTRAIN_WORKER_DATASET_H_
@@ -19,6 +29,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <memory>
 #include <mutex>
 #include <random>
 #include <string>
@@ -28,6 +39,7 @@
 #include "absl/status/statusor.h"
 #include "models/tensor.h"
 #include "worker/image_folder.h"
+#include "worker/mapped_file.h"
 
 namespace pstrain {
 
@@ -42,6 +54,8 @@ struct IdxArray {
 // corrupt file, or trailing bytes.
 absl::StatusOr<IdxArray> ReadIdx(const std::string& path);
 
+struct MappedSplit;  // Below.
+
 // Images [N, C, H, W] and labels in [0, num_classes). LoadDataset scales
 // pixels to [0, 1] (as torchvision's ToTensor), then standardises each
 // channel with the training set's mean and standard deviation (as
@@ -53,7 +67,29 @@ struct LabeledImages {
   // count except for synthetic data, which keeps a small pool of images).
   std::vector<float> images;
   int64_t stored = 0;
-  std::vector<int32_t> labels;  // count values
+  std::vector<int32_t> labels;  // count values (empty when mapped)
+  // Set for a memory-mapped split: `images` and `labels` are then empty
+  // and samples are read from the mapping by GatherBatch.
+  std::shared_ptr<MappedSplit> mapped;
+
+  // Label of sample i (from `labels` or the mapping).
+  int32_t label(int64_t i) const;
+};
+
+// The bytes of a memory-mapped split: sample i's C*H*W pixel bytes (CHW) at
+// pixels + i * pixel_stride and its label at labels + i * label_stride, one
+// unsigned byte (IDX) or an int32 little-endian (records).
+struct MappedSplit {
+  std::shared_ptr<const MappedFile> pixel_file;
+  std::shared_ptr<const MappedFile> label_file;
+  const uint8_t* pixels = nullptr;
+  int64_t pixel_stride = 0;
+  const uint8_t* labels = nullptr;
+  int64_t label_stride = 0;
+  int label_bytes = 1;  // 1 or 4
+  // value_of[c * 256 + b]: the float of byte b in channel c; b / 255 as
+  // read, the standardised value once LoadDataset has standardised.
+  std::vector<float> value_of;
 };
 
 struct Dataset {
@@ -87,18 +123,26 @@ struct DatasetOptions {
   int64_t train_samples = 12800;
   int64_t test_samples = 1000;
   uint64_t seed = 1;
+  // Memory-map plain IDX files (true) or read them into memory (false);
+  // the batches are the same either way. Gzipped IDX files are always
+  // read into memory, record files always mapped.
+  bool map_files = true;
 };
 
 // "fashion_mnist" or "mnist" from `data_dir` (train-images-idx3-ubyte[.gz],
 // train-labels-idx1-ubyte[.gz], t10k-...); "cifar10" from `data_dir`
-// (data_batch_1.bin ... data_batch_5.bin, test_batch.bin); "image_folder"
+// (data_batch_1.bin ... data_batch_5.bin, test_batch.bin); "records" from
+// `data_dir` (train.records; test.records if present, else test.count 0;
+// num_classes is the larger of the files' headers); "image_folder"
 // from `data_dir` in any layout ReadImageFolderDataset reads (classes sorted
 // by name; the "class_folders" layout has no test split: test.count is 0),
 // with options.image_size and options.bad_images; "synthetic" from
 // `options`. INVALID_ARGUMENT for an unknown dataset name or bad synthetic
 // sizes; the ReadIdx errors; DATA_LOSS when images and labels disagree in
 // count, a label is out of range, or a CIFAR file is not a whole number of
-// 3073-byte records (naming the file); ReadImageFolderDataset's errors.
+// 3073-byte records (naming the file); MapIdxFile's and MapRecordFile's
+// errors (worker/record_file.h), and DATA_LOSS when record files differ in
+// shape; ReadImageFolderDataset's errors.
 absl::StatusOr<Dataset> LoadDataset(const std::string& name,
                                     const std::string& data_dir,
                                     const DatasetOptions& options = {});
@@ -117,6 +161,14 @@ bool IsKnownDataset(const std::string& name);
 // batch size b together holds exactly batch i of one worker with batch W*b:
 // the invariant sync mode relies on. Each worker gets floor(N / W) samples,
 // so every worker runs the same number of steps.
+//
+// The shuffle is a permutation of indices only (Fisher-Yates over [0, N)),
+// not of the data: memory is 4 bytes per sample while it is made (16 MB for
+// 4 million) and 8 per sample of this worker for the result. A block shuffle
+// (shuffling runs of adjacent samples) would read files sequentially, but
+// keeps neighbours together in a batch and changes the order of every
+// existing run; with fixed-size records at computed offsets a random order
+// costs one page touch per sample, which mapped reads afford.
 class ShardedSampler {
  public:
   ShardedSampler(int64_t num_samples, int worker_id, int num_workers,
@@ -133,9 +185,10 @@ class ShardedSampler {
 };
 
 // Copies samples `indices` of `source` into a batch tensor [n, C, H, W] and
-// labels. With `augment` (non-null), each image is randomly flipped
-// horizontally and cropped from its 4-pixel zero-padded version (padding 0
-// is the standardised value of the channel mean).
+// labels (a mapped split's bytes go through its value_of table). With `augment`
+// (non-null), each image is randomly flipped horizontally and cropped from its
+// 4-pixel zero-padded version (padding 0 is the standardised value of the
+// channel mean).
 void GatherBatch(const LabeledImages& source,
                  const std::vector<int64_t>& indices, size_t begin, size_t n,
                  Tensor* images, std::vector<int32_t>* labels,

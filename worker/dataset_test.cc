@@ -102,7 +102,7 @@ TEST(IdxTest, RejectsMissingBadMagicTruncatedAndTrailing) {
 TEST(DatasetTest, UnknownDatasetAndMismatchedCounts) {
   EXPECT_EQ(LoadDataset("imagenet", "/nowhere").status().message(),
             "unknown dataset \"imagenet\"; expected one of: cifar10, "
-            "fashion_mnist, image_folder, mnist, synthetic");
+            "fashion_mnist, image_folder, mnist, records, synthetic");
   const std::string dir = TempDir() + "/ds";
   std::system(("mkdir -p " + dir).c_str());
   WritePlain(dir + "/train-images-idx3-ubyte",

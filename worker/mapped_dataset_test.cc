@@ -1,0 +1,281 @@
+// The memory-mapped readers against the loaded ones on the same data (plain
+// IDX against gzipped and loaded IDX; packed records against CIFAR-10's
+// binary batches, which scale bytes the same way, b / 255): the same
+// statistics, and the same batches, bit for bit, for a sampler seed, with
+// and without augmentation.
+#include <sys/stat.h>
+#include <zlib.h>
+
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "worker/dataset.h"
+#include "worker/record_file.h"
+
+namespace pstrain {
+namespace {
+
+std::string TempDir() {
+  const char* dir = std::getenv("TEST_TMPDIR");
+  return dir != nullptr ? dir : "/tmp";
+}
+
+std::string MakeDir(const std::string& name) {
+  const std::string dir = TempDir() + "/" + name;
+  ::mkdir(dir.c_str(), 0755);
+  return dir;
+}
+
+void WriteBytes(const std::string& path, const std::vector<uint8_t>& b,
+                bool gzip) {
+  if (gzip) {
+    gzFile f = gzopen(path.c_str(), "wb");
+    ASSERT_NE(f, nullptr);
+    gzwrite(f, b.data(), static_cast<unsigned>(b.size()));
+    gzclose(f);
+    return;
+  }
+  FILE* f = std::fopen(path.c_str(), "wb");
+  ASSERT_NE(f, nullptr);
+  std::fwrite(b.data(), 1, b.size(), f);
+  std::fclose(f);
+}
+
+std::vector<uint8_t> Idx(const std::vector<uint32_t>& dims,
+                         const std::vector<uint8_t>& data) {
+  std::vector<uint8_t> out = {0, 0, 0x08, static_cast<uint8_t>(dims.size())};
+  for (uint32_t d : dims) {
+    for (int s = 24; s >= 0; s -= 8) out.push_back((d >> s) & 0xff);
+  }
+  out.insert(out.end(), data.begin(), data.end());
+  return out;
+}
+
+struct RawSplit {
+  std::vector<uint8_t> pixels;  // count * per
+  std::vector<uint8_t> labels;
+};
+
+RawSplit RandomSplit(int count, int per, int classes, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  RawSplit s;
+  s.pixels.resize(static_cast<size_t>(count) * per);
+  for (uint8_t& p : s.pixels) p = static_cast<uint8_t>(rng() % 256);
+  for (int i = 0; i < count; ++i) s.labels.push_back(rng() % classes);
+  return s;
+}
+
+void WriteRecords(const std::string& path, const RawSplit& split, int c, int h,
+                  int w, int classes) {
+  absl::StatusOr<std::unique_ptr<RecordWriter>> writer =
+      RecordWriter::Open(path, c, h, w, classes);
+  ASSERT_TRUE(writer.ok()) << writer.status();
+  const size_t per = static_cast<size_t>(c) * h * w;
+  for (size_t i = 0; i < split.labels.size(); ++i) {
+    ASSERT_TRUE(
+        (*writer)->Append(split.labels[i], &split.pixels[i * per]).ok());
+  }
+  ASSERT_TRUE((*writer)->Close().ok());
+}
+
+// Every batch of two epochs of two workers (augmented and not), and the
+// whole test split, are the same in `a` and `b`.
+void ExpectSameBatches(const Dataset& a, const Dataset& b) {
+  ASSERT_EQ(a.train.count, b.train.count);
+  ASSERT_EQ(a.test.count, b.test.count);
+  ASSERT_EQ(a.train.chw, b.train.chw);
+  ASSERT_EQ(a.num_classes, b.num_classes);
+  ASSERT_EQ(a.channel_mean, b.channel_mean);  // Bit for bit.
+  ASSERT_EQ(a.channel_stddev, b.channel_stddev);
+  for (int worker = 0; worker < 2; ++worker) {
+    const ShardedSampler sampler(a.train.count, worker, 2, 17);
+    for (int epoch = 0; epoch < 2; ++epoch) {
+      const std::vector<int64_t> order = sampler.EpochIndices(epoch);
+      for (bool augment : {false, true}) {
+        std::mt19937_64 rng_a(epoch * 10 + worker), rng_b(epoch * 10 + worker);
+        for (size_t begin = 0; begin + 8 <= order.size(); begin += 8) {
+          Tensor ia, ib;
+          std::vector<int32_t> la, lb;
+          GatherBatch(a.train, order, begin, 8, &ia, &la,
+                      augment ? &rng_a : nullptr);
+          GatherBatch(b.train, order, begin, 8, &ib, &lb,
+                      augment ? &rng_b : nullptr);
+          ASSERT_EQ(la, lb) << "batch at " << begin;
+          ASSERT_EQ(ia.shape, ib.shape);
+          ASSERT_EQ(0, std::memcmp(ia.data.data(), ib.data.data(),
+                                   ia.data.size() * sizeof(float)))
+              << "worker " << worker << " epoch " << epoch << " augment "
+              << augment << " batch at " << begin;
+        }
+      }
+    }
+  }
+  std::vector<int64_t> all(a.test.count);
+  for (int64_t i = 0; i < a.test.count; ++i) all[i] = i;
+  Tensor ta, tb;
+  std::vector<int32_t> la, lb;
+  GatherBatch(a.test, all, 0, all.size(), &ta, &la);
+  GatherBatch(b.test, all, 0, all.size(), &tb, &lb);
+  EXPECT_EQ(la, lb);
+  EXPECT_EQ(0, std::memcmp(ta.data.data(), tb.data.data(),
+                           ta.data.size() * sizeof(float)));
+}
+
+TEST(MappedDatasetTest, MappedIdxGivesTheLoadedBatches) {
+  const RawSplit train = RandomSplit(203, 7 * 6, 10, 1);
+  const RawSplit test = RandomSplit(31, 7 * 6, 10, 2);
+  const std::string plain = MakeDir("idx_plain");
+  const std::string gz = MakeDir("idx_gz");
+  for (bool gzip : {false, true}) {
+    const std::string dir = gzip ? gz : plain;
+    const std::string ext = gzip ? ".gz" : "";
+    WriteBytes(dir + "/train-images-idx3-ubyte" + ext,
+               Idx({203, 7, 6}, train.pixels), gzip);
+    WriteBytes(dir + "/train-labels-idx1-ubyte" + ext, Idx({203}, train.labels),
+               gzip);
+    WriteBytes(dir + "/t10k-images-idx3-ubyte" + ext,
+               Idx({31, 7, 6}, test.pixels), gzip);
+    WriteBytes(dir + "/t10k-labels-idx1-ubyte" + ext, Idx({31}, test.labels),
+               gzip);
+  }
+
+  absl::StatusOr<Dataset> loaded_gz = LoadDataset("mnist", gz);
+  DatasetOptions in_memory;
+  in_memory.map_files = false;
+  absl::StatusOr<Dataset> loaded_plain = LoadDataset("mnist", plain, in_memory);
+  absl::StatusOr<Dataset> mapped = LoadDataset("mnist", plain);
+  ASSERT_TRUE(loaded_gz.ok()) << loaded_gz.status();
+  ASSERT_TRUE(loaded_plain.ok()) << loaded_plain.status();
+  ASSERT_TRUE(mapped.ok()) << mapped.status();
+  EXPECT_EQ(loaded_gz->train.mapped, nullptr);
+  EXPECT_EQ(loaded_plain->train.mapped, nullptr);
+  EXPECT_NE(mapped->train.mapped, nullptr);
+  EXPECT_TRUE(mapped->train.images.empty());
+  ExpectSameBatches(*loaded_gz, *loaded_plain);
+  ExpectSameBatches(*loaded_gz, *mapped);
+}
+
+TEST(MappedDatasetTest, RgbRecordsGiveTheCifarReadersBatches) {
+  // Five training batches of 12 and a test batch of 9, in CIFAR-10's format
+  // and as records.
+  const std::string cifar = MakeDir("cifar_small");
+  const std::string records = MakeDir("records_rgb");
+  RawSplit train, test;
+  for (int b = 0; b <= 5; ++b) {
+    const int count = b == 0 ? 9 : 12;
+    const RawSplit part = RandomSplit(count, 3072, 10, 100 + b);
+    std::vector<uint8_t> bytes;
+    for (int i = 0; i < count; ++i) {
+      bytes.push_back(part.labels[i]);
+      bytes.insert(bytes.end(), part.pixels.begin() + i * 3072,
+                   part.pixels.begin() + (i + 1) * 3072);
+    }
+    RawSplit& into = b == 0 ? test : train;
+    into.pixels.insert(into.pixels.end(), part.pixels.begin(),
+                       part.pixels.end());
+    into.labels.insert(into.labels.end(), part.labels.begin(),
+                       part.labels.end());
+    WriteBytes(b == 0 ? cifar + "/test_batch.bin"
+                      : cifar + "/data_batch_" + std::to_string(b) + ".bin",
+               bytes, false);
+  }
+  WriteRecords(records + "/train.records", train, 3, 32, 32, 10);
+  WriteRecords(records + "/test.records", test, 3, 32, 32, 10);
+  absl::StatusOr<Dataset> loaded = LoadDataset("cifar10", cifar);
+  absl::StatusOr<Dataset> mapped = LoadDataset("records", records);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  ASSERT_TRUE(mapped.ok()) << mapped.status();
+  ExpectSameBatches(*loaded, *mapped);
+}
+
+TEST(MappedDatasetTest, RecordsWithoutATestFileHaveAnEmptyTestSplit) {
+  const std::string dir = MakeDir("records_no_test");
+  WriteRecords(dir + "/train.records", RandomSplit(5, 4, 3, 9), 1, 2, 2, 3);
+  absl::StatusOr<Dataset> d = LoadDataset("records", dir);
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_EQ(d->num_classes, 3);
+  EXPECT_EQ(d->train.count, 5);
+  EXPECT_EQ(d->test.count, 0);
+}
+
+TEST(MappedDatasetTest, BadFilesAreOneLineDataLossNamingTheFile) {
+  const std::string dir = MakeDir("records_bad");
+  const std::string path = dir + "/train.records";
+  WriteRecords(path, RandomSplit(4, 4, 3, 9), 1, 2, 2, 3);
+  // Truncated: one byte short.
+  ::truncate(path.c_str(), 64 + 4 * 8 - 1);
+  absl::StatusOr<Dataset> d = LoadDataset("records", dir);
+  ASSERT_EQ(d.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_NE(d.status().message().find(path), std::string::npos);
+  EXPECT_NE(d.status().message().find("4 records of 8 bytes make 96"),
+            std::string::npos)
+      << d.status();
+  EXPECT_EQ(d.status().message().find('\n'), std::string::npos);
+
+  WriteBytes(path, std::vector<uint8_t>(96, 'x'), false);
+  d = LoadDataset("records", dir);
+  ASSERT_EQ(d.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_NE(d.status().message().find("bad magic"), std::string::npos);
+
+  // A label outside [0, num_classes) in a mapped IDX file.
+  const std::string idx = MakeDir("idx_bad_label");
+  WriteBytes(idx + "/train-images-idx3-ubyte", Idx({2, 1, 1}, {1, 2}), false);
+  WriteBytes(idx + "/train-labels-idx1-ubyte", Idx({2}, {3, 12}), false);
+  WriteBytes(idx + "/t10k-images-idx3-ubyte", Idx({1, 1, 1}, {1}), false);
+  WriteBytes(idx + "/t10k-labels-idx1-ubyte", Idx({1}, {0}), false);
+  d = LoadDataset("mnist", idx);
+  ASSERT_EQ(d.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_NE(d.status().message().find("label 12 of sample 1"),
+            std::string::npos)
+      << d.status();
+
+  // Trailing bytes after a mapped IDX file's data.
+  WriteBytes(idx + "/train-labels-idx1-ubyte", Idx({2}, {3, 1, 0}), false);
+  d = LoadDataset("mnist", idx);
+  ASSERT_EQ(d.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_NE(d.status().message().find("trailing bytes"), std::string::npos)
+      << d.status();
+}
+
+TEST(MappedDatasetTest, WriterRefusesLabelsOutsideTheClasses) {
+  absl::StatusOr<std::unique_ptr<RecordWriter>> w =
+      RecordWriter::Open(TempDir() + "/refuse.records", 1, 1, 1, 4);
+  ASSERT_TRUE(w.ok());
+  const uint8_t pixel = 0;
+  EXPECT_EQ((*w)->Append(4, &pixel).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ((*w)->Append(-1, &pixel).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE((*w)->Append(3, &pixel).ok());
+  EXPECT_TRUE((*w)->Close().ok());
+  EXPECT_EQ(
+      RecordWriter::Open(TempDir() + "/x.records", 0, 1, 1, 4).status().code(),
+      absl::StatusCode::kInvalidArgument);
+}
+
+TEST(MappedDatasetTest, MappedFileReleaseKeepsTheBytes) {
+  const std::string path = TempDir() + "/release.bin";
+  std::vector<uint8_t> bytes(1 << 20);
+  for (size_t i = 0; i < bytes.size(); ++i) bytes[i] = i * 31 % 251;
+  WriteBytes(path, bytes, false);
+  absl::StatusOr<std::unique_ptr<MappedFile>> f =
+      MappedFile::Open(path, /*release_every_bytes=*/4096);
+  ASSERT_TRUE(f.ok()) << f.status();
+  ASSERT_EQ((*f)->size(), bytes.size());
+  for (int round = 0; round < 3; ++round) {
+    for (size_t i = 0; i < bytes.size(); i += 4096) {
+      ASSERT_EQ((*f)->data()[i], bytes[i]);
+      (*f)->NoteRead(4096);
+    }
+    (*f)->ReleaseResident();
+  }
+  EXPECT_EQ(0, std::memcmp((*f)->data(), bytes.data(), bytes.size()));
+  EXPECT_EQ(MappedFile::Open(TempDir() + "/missing.bin").status().code(),
+            absl::StatusCode::kNotFound);
+}
+
+}  // namespace
+}  // namespace pstrain

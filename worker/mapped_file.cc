@@ -1,0 +1,65 @@
+#include "worker/mapped_file.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+
+#include "absl/memory/memory.h"
+#include "common/status.h"
+
+namespace pstrain {
+
+absl::StatusOr<std::unique_ptr<MappedFile>> MappedFile::Open(
+    const std::string& path, uint64_t release_every_bytes) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return ErrnoToStatus(errno, path);
+  struct stat st;
+  if (::fstat(fd, &st) != 0) {
+    const int error = errno;
+    ::close(fd);
+    return ErrnoToStatus(error, path);
+  }
+  const size_t size = static_cast<size_t>(st.st_size);
+  void* data = nullptr;
+  if (size > 0) {
+    data = ::mmap(nullptr, size, PROT_READ, MAP_SHARED, fd, 0);
+    if (data == MAP_FAILED) {
+      const int error = errno;
+      ::close(fd);
+      return ErrnoToStatus(error, path);
+    }
+    // Advice only: a refusal changes speed, not results.
+    (void)::madvise(data, size, MADV_RANDOM);
+  }
+  ::close(fd);  // The mapping keeps the file open.
+  return absl::WrapUnique(new MappedFile(
+      path, static_cast<const uint8_t*>(data), size, release_every_bytes));
+}
+
+MappedFile::~MappedFile() {
+  if (data_ != nullptr) {
+    ::munmap(const_cast<uint8_t*>(data_), size_);
+  }
+}
+
+void MappedFile::NoteRead(uint64_t bytes) const {
+  const uint64_t total =
+      read_since_release_.fetch_add(bytes, std::memory_order_relaxed) + bytes;
+  if (total >= release_every_bytes_ &&
+      read_since_release_.exchange(0, std::memory_order_relaxed) > 0) {
+    ReleaseResident();
+  }
+}
+
+void MappedFile::ReleaseResident() const {
+  if (data_ != nullptr) {
+    // A read-only file mapping: dropped pages are read again from the page
+    // cache or the file on the next touch, with the same contents.
+    (void)::madvise(const_cast<uint8_t*>(data_), size_, MADV_DONTNEED);
+  }
+}
+
+}  // namespace pstrain
