@@ -10,6 +10,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "common/trace.h"
 
 namespace pstrain {
 
@@ -575,6 +576,7 @@ absl::Status Model::NotifyReady(const GradientsReadyFn& on_ready,
 absl::StatusOr<float> Model::ForwardBackward(const Tensor& input,
                                              absl::Span<const int32_t> labels,
                                              const GradientsReadyFn& on_ready) {
+  const absl::Time forward_start = absl::Now();
   absl::StatusOr<const Tensor*> logits = Forward(input, true);
   if (!logits.ok()) return logits.status();
   const DeviceTensor& device_logits = nodes_.back()->out;
@@ -587,6 +589,10 @@ absl::StatusOr<float> Model::ForwardBackward(const Tensor& input,
   if (!loss.ok()) return loss.status();
   s = AddLayerTime(loss_start, nodes_.size(), /*backward=*/false);
   if (!s.ok()) return s;
+  const absl::Time backward_start = absl::Now();
+  last_forward_time_ = backward_start - forward_start;
+  trace::Complete("forward", "compute", absl::ToUnixMicros(forward_start),
+                  absl::ToUnixMicros(backward_start));
   for (auto& node : nodes_) node->grad_written = false;
   for (size_t n = nodes_.size(); n-- > 0;) {
     Node& node = *nodes_[n];
@@ -640,6 +646,11 @@ absl::StatusOr<float> Model::ForwardBackward(const Tensor& input,
     // backward pass goes on.
     s = CopyGradientsToHost(node);
     if (!s.ok()) return s;
+    trace::Complete("backward", "compute", absl::ToUnixMicros(start),
+                    trace::NowUs(),
+                    {{"layer", static_cast<int64_t>(n)},
+                     {"first_param", node.first_param},
+                     {"params", static_cast<int64_t>(node.params.size())}});
     s = NotifyReady(on_ready, node.first_param,
                     static_cast<int>(node.params.size()));
     if (!s.ok()) return s;
@@ -658,6 +669,7 @@ absl::StatusOr<float> Model::ForwardBackward(const Tensor& input,
   if (!s.ok()) return s;
   s = backend_->Synchronize();
   if (!s.ok()) return s;
+  last_backward_time_ = absl::Now() - backward_start;
   return *loss;
 }
 

@@ -140,6 +140,15 @@ class Model {
       const Tensor& input, absl::Span<const int32_t> labels,
       const GradientsReadyFn& on_ready = nullptr);
 
+  // The last ForwardBackward()'s wall times (host clock): the forward with
+  // the loss, and the backward with the gradients' staging and on_ready
+  // calls, up to its closing synchronize. On an asynchronous backend
+  // (CUDA) forward's figure is its kernels' launch and their wait falls in
+  // backward's. With tracing on (common/trace.h), the same as "forward" and
+  // per-layer "backward" events (args: layer index, first_param, params).
+  absl::Duration last_forward_time() const { return last_forward_time_; }
+  absl::Duration last_backward_time() const { return last_backward_time_; }
+
   // Host staging, one span per PS tensor (see above).
   const std::vector<absl::Span<float>>& HostWeights() { return host_weights_; }
   const std::vector<absl::Span<const float>>& HostGradients() {
@@ -204,6 +213,8 @@ class Model {
 
   bool time_layers_ = false;
   std::vector<LayerTime> layer_times_;  // nodes_, then the loss.
+  absl::Duration last_forward_time_;
+  absl::Duration last_backward_time_;
 
   friend class ModelBuilder;
 

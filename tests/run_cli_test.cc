@@ -101,7 +101,9 @@ TEST(RunCliTest, SmallJobPrintsStepEpochLinesTableAndJson) {
     EXPECT_EQ(header,
               "step,epoch,wall_time_s,elapsed_s,interval_steps,loss,lr,"
               "samples_per_sec,job_samples_per_sec,compute_ms,exchange_ms,"
-              "test_loss,test_accuracy");
+              "test_loss,test_accuracy,forward_ms,backward_ms,push_ms,"
+              "barrier_wait_ms,pull_ms,allreduce_ms,bytes_pushed,"
+              "bytes_pulled");
     std::istringstream jsonl(pstrain::testing::ReadTextFile(base + ".jsonl"));
     int64_t steps = 0;
     int rows = 0;
@@ -115,6 +117,21 @@ TEST(RunCliTest, SmallJobPrintsStepEpochLinesTableAndJson) {
         EXPECT_GT(row["loss"].get<double>(), 0) << line;
         EXPECT_GT(row["samples_per_sec"].get<double>(), 0) << line;
         EXPECT_EQ(row["job_samples_per_sec"].is_number(), w == 0) << line;
+        // Sync PS phases: forward and backward, push, barrier wait, pull;
+        // every step pushes and pulls all 61706 parameters (4 bytes each,
+        // and the messages' envelopes); no allreduce.
+        for (const char* phase : {"forward_ms", "backward_ms", "push_ms",
+                                  "barrier_wait_ms", "pull_ms"}) {
+          EXPECT_GE(row[phase].get<double>(), 0) << phase << " " << line;
+        }
+        EXPECT_GT(row["forward_ms"].get<double>(), 0) << line;
+        EXPECT_GT(row["backward_ms"].get<double>(), 0) << line;
+        EXPECT_TRUE(row["allreduce_ms"].is_null()) << line;
+        for (const char* bytes : {"bytes_pushed", "bytes_pulled"}) {
+          EXPECT_GE(row[bytes].get<double>(), 61706 * 4) << bytes << line;
+          EXPECT_LT(row[bytes].get<double>(), 61706 * 4 * 1.05)
+              << bytes << line;
+        }
       } else {
         accuracies.push_back(row["test_accuracy"].get<double>());
       }

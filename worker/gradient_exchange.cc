@@ -11,6 +11,7 @@
 #include "absl/synchronization/mutex.h"
 #include "common/nonfinite.h"
 #include "common/status.h"
+#include "common/trace.h"
 
 namespace pstrain {
 namespace {
@@ -67,6 +68,17 @@ class PsExchange : public GradientExchange {
 
   std::optional<SkippedStepInfo> SkippedStep() const override {
     return client_->skipped_step();
+  }
+
+  ExchangeStepTimes LastStepTimes() const override {
+    const PsStepTimes& t = client_->last_step_times();
+    ExchangeStepTimes times;
+    times.push = t.push;
+    times.barrier_wait = t.barrier_wait;
+    times.pull = t.pull;
+    times.bytes_pushed = t.bytes_pushed;
+    times.bytes_pulled = t.bytes_pulled;
+    return times;
   }
 
   absl::StatusOr<int64_t> SamplesSoFar() override {
@@ -242,6 +254,8 @@ class AllreduceExchange : public GradientExchange {
     }
     updated_.clear();
     own_nonfinite_.reset();
+    last_allreduce_ = allreduce_;
+    allreduce_ = absl::ZeroDuration();
     ++step_;
     samples_ += samples * collective_->size();
     return absl::OkStatus();
@@ -249,6 +263,12 @@ class AllreduceExchange : public GradientExchange {
 
   std::optional<SkippedStepInfo> SkippedStep() const override {
     return last_skip_;
+  }
+
+  ExchangeStepTimes LastStepTimes() const override {
+    ExchangeStepTimes times;
+    times.allreduce = last_allreduce_;
+    return times;
   }
 
   // Every worker steps in lockstep with the same batch size.
@@ -339,6 +359,7 @@ class AllreduceExchange : public GradientExchange {
   // The communication thread: every bucket in order (the same on every
   // worker, as collectives require), each as soon as it is ready.
   void Communicate() {
+    if (trace::Enabled()) trace::SetThreadName("allreduce");
     for (size_t b = 0; b < buckets_.size(); ++b) {
       const std::vector<int>& bucket = buckets_[b];
       std::vector<std::shared_ptr<CopyFence>> fences;
@@ -384,13 +405,22 @@ class AllreduceExchange : public GradientExchange {
             offset += static_cast<int64_t>((*gradients)[t].size());
           }
         }
+        trace::Scope traced("allreduce", "allreduce",
+                            {{"step", step_},
+                             {"bucket", static_cast<int64_t>(b)},
+                             {"bytes", static_cast<int64_t>(flat.size() * 4)}});
+        const absl::Time start = absl::Now();
         s = collective_->AllreduceSum(flat.data(), flat.size());
+        allreduce_ += absl::Now() - start;
       }
       if (!s.ok()) {
         absl::MutexLock lock(&mu_);
         communicator_status_ = std::move(s);
         return;
       }
+      trace::Scope traced(
+          "update", "allreduce",
+          {{"step", step_}, {"bucket", static_cast<int64_t>(b)}});
       Update(b);
     }
   }
@@ -420,6 +450,10 @@ class AllreduceExchange : public GradientExchange {
   std::optional<SkippedStepInfo> last_skip_;
   int64_t step_ = 0;
   int64_t samples_ = 0;
+  // Time in AllreduceSum this step (the communication thread's), and the
+  // last step's (Step()'s, after joining it).
+  absl::Duration allreduce_;
+  absl::Duration last_allreduce_;
 
   absl::Mutex mu_;
   std::thread communicator_;

@@ -45,6 +45,16 @@
 
 namespace pstrain {
 
+// One step's exchange, measured where it happens (worker/metrics.h): PS
+// modes: PsStepTimes (worker/ps_client.h); allreduce: the time the
+// communication thread spent in the step's bucket allreduces (summed; it
+// overlaps backward). Absent: not this mode's.
+struct ExchangeStepTimes {
+  std::optional<absl::Duration> push, barrier_wait, pull;
+  std::optional<int64_t> bytes_pushed, bytes_pulled;
+  std::optional<absl::Duration> allreduce;
+};
+
 class GradientExchange {
  public:
   virtual ~GradientExchange() = default;
@@ -142,6 +152,9 @@ class GradientExchange {
   virtual std::optional<SkippedStepInfo> SkippedStep() const {
     return std::nullopt;
   }
+
+  // After Step(): how its exchange went.
+  virtual ExchangeStepTimes LastStepTimes() const { return {}; }
 
   // Training samples of all workers so far (for data/sec).
   virtual absl::StatusOr<int64_t> SamplesSoFar() = 0;

@@ -1,8 +1,10 @@
 #include "worker/metrics.h"
 
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <filesystem>
+#include <iterator>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <system_error>
@@ -52,7 +54,28 @@ const Column kColumns[] = {
     {"test_loss", "test/loss", Format::kValue, PSTRAIN_ROW_FIELD(test_loss)},
     {"test_accuracy", "test/accuracy", Format::kValue,
      PSTRAIN_ROW_FIELD(test_accuracy)},
+    {"forward_ms", "time/forward_ms", Format::kValue,
+     PSTRAIN_ROW_FIELD(forward_ms)},
+    {"backward_ms", "time/backward_ms", Format::kValue,
+     PSTRAIN_ROW_FIELD(backward_ms)},
+    {"push_ms", "time/push_ms", Format::kValue, PSTRAIN_ROW_FIELD(push_ms)},
+    {"barrier_wait_ms", "time/barrier_wait_ms", Format::kValue,
+     PSTRAIN_ROW_FIELD(barrier_wait_ms)},
+    {"pull_ms", "time/pull_ms", Format::kValue, PSTRAIN_ROW_FIELD(pull_ms)},
+    {"allreduce_ms", "time/allreduce_ms", Format::kValue,
+     PSTRAIN_ROW_FIELD(allreduce_ms)},
+    {"bytes_pushed", "bytes/pushed", Format::kValue,
+     PSTRAIN_ROW_FIELD(bytes_pushed)},
+    {"bytes_pulled", "bytes/pulled", Format::kValue,
+     PSTRAIN_ROW_FIELD(bytes_pulled)},
 };
+
+// StepMetrics' phases, in StepPhases' order, and where their means go.
+std::optional<double> MetricsRow::*const kPhaseFields[] = {
+    &MetricsRow::forward_ms,   &MetricsRow::backward_ms,
+    &MetricsRow::push_ms,      &MetricsRow::barrier_wait_ms,
+    &MetricsRow::pull_ms,      &MetricsRow::allreduce_ms,
+    &MetricsRow::bytes_pushed, &MetricsRow::bytes_pulled};
 
 #undef PSTRAIN_ROW_FIELD
 
@@ -90,7 +113,7 @@ StepMetrics::StepMetrics(int batch_size, float lr, absl::Time start)
       start_(start) {}
 
 void StepMetrics::AddStep(std::optional<double> loss, absl::Duration compute,
-                          absl::Duration exchange) {
+                          absl::Duration exchange, const StepPhases& phases) {
   ++steps_;
   if (loss) {
     loss_sum_ += *loss;
@@ -98,6 +121,26 @@ void StepMetrics::AddStep(std::optional<double> loss, absl::Duration compute,
   }
   compute_ += compute;
   exchange_ += exchange;
+  const std::optional<absl::Duration> times[] = {
+      phases.forward,      phases.backward, phases.push,
+      phases.barrier_wait, phases.pull,     phases.allreduce};
+  static_assert(std::size(kPhaseFields) == kNumPhases);
+  int i = 0;
+  for (const std::optional<absl::Duration>& t : times) {
+    if (t) {
+      phase_sum_[i] += absl::ToDoubleMilliseconds(*t);
+      ++phase_steps_[i];
+    }
+    ++i;
+  }
+  for (const std::optional<int64_t>& bytes :
+       {phases.bytes_pushed, phases.bytes_pulled}) {
+    if (bytes) {
+      phase_sum_[i] += static_cast<double>(*bytes);
+      ++phase_steps_[i];
+    }
+    ++i;
+  }
 }
 
 MetricsRow StepMetrics::Row(int64_t step, int epoch, absl::Time now) const {
@@ -121,7 +164,14 @@ MetricsRow StepMetrics::TakeInterval(int64_t step, int epoch, absl::Time now) {
     }
     row.compute_ms = absl::ToDoubleMilliseconds(compute_) / steps_;
     row.exchange_ms = absl::ToDoubleMilliseconds(exchange_) / steps_;
+    for (int i = 0; i < kNumPhases; ++i) {
+      if (phase_steps_[i] == steps_) {
+        row.*kPhaseFields[i] = phase_sum_[i] / steps_;
+      }
+    }
   }
+  std::fill(std::begin(phase_sum_), std::end(phase_sum_), 0.0);
+  std::fill(std::begin(phase_steps_), std::end(phase_steps_), 0);
   steps_ = 0;
   loss_steps_ = 0;
   loss_sum_ = 0;

@@ -20,12 +20,29 @@
 // ones (TensorBoard reads them as one run). Every row is flushed to the OS when
 // written (a run can be watched while it trains); nothing is fsynced.
 //
-// Per-phase times: the trainer measures two phases per step, the compute
-// (forward and backward, with the wait for the prefetched batch) and the
-// gradient exchange (push, the barrier in sync mode, pull and the copy of
-// the new weights into the model). Not yet split out: forward vs backward,
-// push vs barrier wait vs pull, bytes pushed and pulled, and the shards'
-// Adam time (they are not measured separately anywhere yet).
+// Per-phase times (ms, the mean per step of the interval): compute_ms is
+// the step's compute (forward and backward, with the wait for the
+// prefetched batch) and exchange_ms the time after it until the new
+// weights are in the model (the rest of the pushes, the barrier in sync
+// mode, the pull, the copy into the model). Measured where they happen:
+//   forward_ms, backward_ms   models/model.h last_forward_time() and
+//                             last_backward_time() (absent with synthetic
+//                             compute, which has no model);
+//   push_ms, barrier_wait_ms, pull_ms   worker/ps_client.h PsStepTimes
+//                             (PS modes; barrier_wait_ms sync only): push
+//                             overlaps backward, and barrier_wait + pull
+//                             is the time from the last push's end to the
+//                             last pulled chunk's arrival;
+//   allreduce_ms              the communication thread's time in the
+//                             step's bucket allreduces (allreduce mode;
+//                             it overlaps backward);
+//   bytes_pushed, bytes_pulled   per step, the serialized PushPull messages
+//                             (PS modes).
+// A phase a mode does not have is empty in the CSV and null in the JSONL,
+// and has no TensorBoard series (time/forward_ms, time/backward_ms,
+// time/push_ms, time/barrier_wait_ms, time/pull_ms, time/allreduce_ms,
+// bytes/pushed, bytes/pulled). The shards' optimizer time is in the
+// shards' own rows (server/shard_metrics.h).
 //
 // Thread-compatible: StepMetrics and MetricsWriter are used by one training
 // thread each.
@@ -65,6 +82,16 @@ struct MetricsRow {
   std::optional<double> samples_per_sec;
   std::optional<double> compute_ms;
   std::optional<double> exchange_ms;
+  // Interval rows: the phases' mean per step (see the file comment);
+  // absent where the mode has no such phase.
+  std::optional<double> forward_ms;
+  std::optional<double> backward_ms;
+  std::optional<double> push_ms;
+  std::optional<double> barrier_wait_ms;
+  std::optional<double> pull_ms;
+  std::optional<double> allreduce_ms;
+  std::optional<double> bytes_pushed;
+  std::optional<double> bytes_pulled;
   // Worker 0's interval rows at log_every_steps: every worker's samples/sec
   // (shard 0's sample counter, or all workers' in allreduce mode), the
   // console's "data/sec". Absent elsewhere.
@@ -73,6 +100,14 @@ struct MetricsRow {
   // and accuracy (0..1). Absent on interval rows.
   std::optional<double> test_loss;
   std::optional<double> test_accuracy;
+};
+
+// One step's phases beside compute and exchange; absent: not measured
+// in this mode.
+struct StepPhases {
+  std::optional<absl::Duration> forward, backward;
+  std::optional<absl::Duration> push, barrier_wait, pull, allreduce;
+  std::optional<int64_t> bytes_pushed, bytes_pulled;
 };
 
 // Accumulates the steps of the current interval and turns them into rows.
@@ -84,8 +119,10 @@ class StepMetrics {
 
   // One step: its training loss (nullopt where there is none), the time
   // of its compute and of its exchange.
+  // A phase gets a mean in the row only if every step of the interval
+  // had it.
   void AddStep(std::optional<double> loss, absl::Duration compute,
-               absl::Duration exchange);
+               absl::Duration exchange, const StepPhases& phases = {});
   int64_t steps_in_interval() const { return steps_; }
 
   // The interval row ending at `step` of `epoch`; the next interval starts.
@@ -108,6 +145,11 @@ class StepMetrics {
   double loss_sum_ = 0;
   absl::Duration compute_;
   absl::Duration exchange_;
+  // Per phase (the order of kPhaseColumns in metrics.cc): its sum over the
+  // interval (ms, or bytes) and the steps that had it.
+  static constexpr int kNumPhases = 8;
+  double phase_sum_[kNumPhases] = {};
+  int64_t phase_steps_[kNumPhases] = {};
 };
 
 // What worker 0's console line adds after "StepN: X data/sec":

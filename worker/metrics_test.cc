@@ -74,6 +74,42 @@ TEST(StepMetricsTest, IntervalRowAveragesItsSteps) {
   EXPECT_FALSE(empty.compute_ms.has_value());
 }
 
+TEST(StepMetricsTest, PhasesAreMeansOverStepsThatAllHaveThem) {
+  StepMetrics metrics(/*batch_size=*/8, /*lr=*/1e-3f, kStart);
+  StepPhases a;
+  a.forward = absl::Milliseconds(4);
+  a.backward = absl::Milliseconds(8);
+  a.push = absl::Milliseconds(6);
+  a.barrier_wait = absl::Milliseconds(2);
+  a.pull = absl::Milliseconds(1);
+  a.bytes_pushed = 1000;
+  a.bytes_pulled = 3000;
+  StepPhases b = a;
+  b.forward = absl::Milliseconds(6);
+  b.bytes_pushed = 2000;
+  b.barrier_wait.reset();  // one step without: no mean
+  metrics.AddStep(1.0, absl::Milliseconds(12), absl::Milliseconds(3), a);
+  metrics.AddStep(1.0, absl::Milliseconds(14), absl::Milliseconds(3), b);
+  const MetricsRow row = metrics.TakeInterval(2, 0, kStart);
+  EXPECT_DOUBLE_EQ(*row.forward_ms, 5);
+  EXPECT_DOUBLE_EQ(*row.backward_ms, 8);
+  EXPECT_DOUBLE_EQ(*row.push_ms, 6);
+  EXPECT_FALSE(row.barrier_wait_ms.has_value());
+  EXPECT_DOUBLE_EQ(*row.pull_ms, 1);
+  EXPECT_FALSE(row.allreduce_ms.has_value()) << "not an allreduce step";
+  EXPECT_DOUBLE_EQ(*row.bytes_pushed, 1500);
+  EXPECT_DOUBLE_EQ(*row.bytes_pulled, 3000);
+  // The next interval starts from nothing.
+  StepPhases allreduce;
+  allreduce.allreduce = absl::Milliseconds(7);
+  metrics.AddStep(1.0, absl::Milliseconds(12), absl::Milliseconds(3),
+                  allreduce);
+  const MetricsRow next = metrics.TakeInterval(3, 0, kStart);
+  EXPECT_DOUBLE_EQ(*next.allreduce_ms, 7);
+  EXPECT_FALSE(next.forward_ms.has_value());
+  EXPECT_FALSE(next.bytes_pushed.has_value());
+}
+
 TEST(StepMetricsTest, EvaluationRowHasOnlyTestValues) {
   const StepMetrics metrics(64, 1e-3f, kStart);
   const MetricsRow row =
@@ -137,11 +173,13 @@ TEST(MetricsWriterTest, WritesCsvJsonlAndTensorBoard) {
   EXPECT_EQ(csv[0],
             "step,epoch,wall_time_s,elapsed_s,interval_steps,loss,lr,"
             "samples_per_sec,job_samples_per_sec,compute_ms,exchange_ms,"
-            "test_loss,test_accuracy");
+            "test_loss,test_accuracy,forward_ms,backward_ms,push_ms,"
+            "barrier_wait_ms,pull_ms,allreduce_ms,bytes_pushed,bytes_pulled");
   EXPECT_EQ(csv[0], MetricsWriter::CsvHeader());
-  EXPECT_EQ(csv[1], "2,0,1700000001.000,1.000,2,1.5,0.01,320,1234.5,80,20,,");
+  EXPECT_EQ(csv[1],
+            "2,0,1700000001.000,1.000,2,1.5,0.01,320,1234.5,80,20,,,,,,,,,,");
   // Empty cells where a value does not apply.
-  EXPECT_EQ(csv[2], "2,0,1700000002.000,2.000,,,,,,,,0.75,0.5");
+  EXPECT_EQ(csv[2], "2,0,1700000002.000,2.000,,,,,,,,0.75,0.5,,,,,,,,");
 
   const std::vector<std::string> jsonl = Lines(dir + "/worker1.jsonl");
   ASSERT_EQ(jsonl.size(), 2u);

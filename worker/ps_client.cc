@@ -13,6 +13,7 @@
 #include "common/status.h"
 #include "common/tensor_codec.h"
 #include "common/tls.h"
+#include "common/trace.h"
 
 namespace pstrain {
 namespace {
@@ -301,6 +302,13 @@ struct PsClient::StepState {
   std::vector<int64_t> versions;
   // Per shard: the step's skip decision (step -1: not skipped).
   std::vector<SkippedStepInfo> skipped;
+  // Per shard, written by its own threads, read after they are joined
+  // (PsStepTimes): the first push write's start and the last one's end
+  // (system clock, us; -1: no push), bytes pushed, and each pulled chunk's
+  // arrival and bytes.
+  std::vector<int64_t> first_push_us, last_push_us, bytes_pushed;
+  std::vector<std::vector<int64_t>> pull_arrivals_us;
+  std::vector<int64_t> bytes_pulled;
 };
 
 absl::Status PsClient::WritePushes(int shard, StepState* state) {
@@ -351,20 +359,36 @@ absl::Status PsClient::WritePushes(int shard, StepState* state) {
         }
       }
     }
-    bool written;
+    const int64_t push_start_us = trace::NowUs();
+    grpc::ByteBuffer message;
     if (skip) {
       PushPullRequest skipped = envelope;
       SkippedPush* push = skipped.mutable_skipped_push();
       push->mutable_key()->set_param_id(c.param_id);
       push->mutable_key()->set_chunk_index(c.chunk_index);
       push->set_step(state->step);
-      written = s.stream->Write(EncodeSmallMessage(skipped));
+      message = EncodeSmallMessage(skipped);
     } else {
-      written = s.stream->Write(EncodeChunkMessage(
-          envelope, kPushChunkField, c.param_id, c.chunk_index, state->step,
-          values, leases_[shard].get()));
+      message = EncodeChunkMessage(envelope, kPushChunkField, c.param_id,
+                                   c.chunk_index, state->step, values,
+                                   leases_[shard].get());
     }
-    if (!written) return absl::UnavailableError("stream broke");
+    const int64_t bytes = static_cast<int64_t>(message.Length());
+    if (!s.stream->Write(message)) {
+      return absl::UnavailableError("stream broke");
+    }
+    const int64_t push_end_us = trace::NowUs();
+    if (state->first_push_us[shard] < 0) {
+      state->first_push_us[shard] = push_start_us;
+    }
+    state->last_push_us[shard] = push_end_us;
+    state->bytes_pushed[shard] += bytes;
+    trace::Complete("push", "ps", push_start_us, push_end_us,
+                    {{"step", state->step},
+                     {"param", c.param_id},
+                     {"chunk", c.chunk_index},
+                     {"shard", shard},
+                     {"bytes", bytes}});
   }
   if (state->send_step_end) {
     // The end of the step, once every shard's chunks have been checked, so
@@ -405,7 +429,12 @@ absl::Status PsClient::PushPullShard(int shard, StepState* state,
                                      int64_t* version) {
   Stream& s = streams_[shard];
   absl::Status pushed;
+  if (trace::Enabled())
+    trace::SetThreadName(absl::StrCat("pull shard ", shard));
   std::thread pusher([&] {
+    if (trace::Enabled()) {
+      trace::SetThreadName(absl::StrCat("push shard ", shard));
+    }
     pushed = WritePushes(shard, state);
     // The shard will not answer without this worker's pushes: end the call
     // so that the read below returns (a broken stream has ended already).
@@ -457,6 +486,8 @@ absl::Status PsClient::PushPullShard(int shard, StepState* state,
   size_t received_chunks = 0;
   while (true) {
     if (!s.stream->Read(&buffer)) return fail(absl::OkStatus());
+    const int64_t arrived_us = trace::NowUs();
+    const int64_t bytes = static_cast<int64_t>(buffer.Length());
     absl::Status status = received.Parse(&buffer, kPullChunkField, &envelope);
     if (!status.ok()) {
       return fail(absl::DataLossError(
@@ -493,6 +524,15 @@ absl::Status PsClient::PushPullShard(int shard, StepState* state,
       smallest =
           smallest < 0 ? chunk.version() : std::min(smallest, chunk.version());
       ++received_chunks;
+      state->pull_arrivals_us[shard].push_back(arrived_us);
+      state->bytes_pulled[shard] += bytes;
+      // From the chunk's arrival to its copy into the weights.
+      trace::Complete("pull", "ps", arrived_us, trace::NowUs(),
+                      {{"step", state->step},
+                       {"param", c.param_id},
+                       {"chunk", c.chunk_index},
+                       {"shard", shard},
+                       {"version", chunk.version()}});
     }
     if (envelope.last_of_pull()) break;
   }
@@ -555,6 +595,11 @@ absl::Status PsClient::BeginStep(
   state->statuses.assign(n, absl::OkStatus());
   state->versions.assign(n, 0);
   state->skipped.assign(n, SkippedStepInfo());
+  state->first_push_us.assign(n, -1);
+  state->last_push_us.assign(n, -1);
+  state->bytes_pushed.assign(n, 0);
+  state->pull_arrivals_us.assign(n, {});
+  state->bytes_pulled.assign(n, 0);
   for (int s = 0; s < n; ++s) {
     Stream& stream = streams_[s];
     if (stream.stream == nullptr) {
@@ -595,6 +640,46 @@ void PsClient::PushReady(absl::Span<const int> tensors,
   }
 }
 
+PsStepTimes PsClient::StepTimesOf(const StepState& state) const {
+  PsStepTimes times;
+  int64_t first_push = -1, last_push = -1, last_arrival = -1;
+  for (int s = 0; s < num_shards(); ++s) {
+    times.bytes_pushed += state.bytes_pushed[s];
+    times.bytes_pulled += state.bytes_pulled[s];
+    if (state.first_push_us[s] >= 0) {
+      first_push = first_push < 0
+                       ? state.first_push_us[s]
+                       : std::min(first_push, state.first_push_us[s]);
+    }
+    last_push = std::max(last_push, state.last_push_us[s]);
+    for (int64_t t : state.pull_arrivals_us[s]) {
+      last_arrival = std::max(last_arrival, t);
+    }
+  }
+  if (first_push >= 0) times.push = absl::Microseconds(last_push - first_push);
+  if (last_arrival < 0) return times;
+  int64_t pull_from = last_push >= 0 ? last_push : last_arrival;
+  if (state.send_step_end && last_push >= 0) {
+    // The first arrival after the last push (there is one: a chunk cannot
+    // pass the barrier before this worker's push of it).
+    int64_t first_after = last_arrival;
+    for (int s = 0; s < num_shards(); ++s) {
+      for (int64_t t : state.pull_arrivals_us[s]) {
+        if (t >= last_push) first_after = std::min(first_after, t);
+      }
+    }
+    // (With staleness the pull may be older and all in already.)
+    first_after = std::max(first_after, last_push);
+    times.barrier_wait = absl::Microseconds(first_after - last_push);
+    pull_from = first_after;
+    trace::Complete("barrier wait", "ps", last_push, first_after,
+                    {{"step", state.step}});
+  }
+  times.pull =
+      absl::Microseconds(std::max<int64_t>(0, last_arrival - pull_from));
+  return times;
+}
+
 absl::StatusOr<int64_t> PsClient::FinishStep() {
   if (step_ == nullptr) {
     return absl::FailedPreconditionError("no step begun");
@@ -616,6 +701,7 @@ absl::StatusOr<int64_t> PsClient::FinishStep() {
   for (std::thread& t : state->threads) t.join();
   std::unique_ptr<StepState> done = std::move(step_);
   const int n = num_shards();
+  last_step_times_ = StepTimesOf(*done);
   // The pushes lent the gradients to gRPC without a copy, and the caller may
   // change them once this returns: wait until gRPC has let go of every
   // slice. After a successful pull this is only gRPC dropping references,

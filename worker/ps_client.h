@@ -64,6 +64,27 @@ struct PsClientOptions {
   std::shared_ptr<grpc::ChannelCredentials> credentials;
 };
 
+// One step's exchange as this worker saw it (worker/metrics.h), measured
+// on the system clock in FinishStep(), over every shard:
+//   push: from the start of the step's first chunk write to the end of its
+//     last (the pushes overlap backward, so this overlaps the compute);
+//   barrier_wait (sync steps): from the end of the last push to the first
+//     pulled chunk that arrives after it: the wait for the other workers'
+//     pushes of the chunks pushed last (with the shard's averaging and
+//     optimizer and one network trip);
+//   pull: from there (async: from the end of the last push, when the pull
+//     goes out) to the arrival of the last pulled chunk.
+// So barrier_wait + pull = last pulled chunk's arrival - last push end.
+// Bytes: the serialized PushPull messages of the step's chunks (payload
+// and envelope, without gRPC's HTTP/2 framing), pushed and pulled.
+struct PsStepTimes {
+  absl::Duration push;
+  std::optional<absl::Duration> barrier_wait;  // sync steps only
+  absl::Duration pull;
+  int64_t bytes_pushed = 0;
+  int64_t bytes_pulled = 0;
+};
+
 class PsClient {
  public:
   // Creates one channel per shard; connects lazily.
@@ -155,6 +176,8 @@ class PsClient {
   // FAILED_PRECONDITION without BeginStep().
   absl::StatusOr<int64_t> FinishStep();
   bool step_begun() const { return step_ != nullptr; }
+  // The last step FinishStep() completed (zeros before the first).
+  const PsStepTimes& last_step_times() const { return last_step_times_; }
 
   // Non-finite values (common/nonfinite.h, server/parameter_shard.h): each
   // chunk is checked as it is let go; from the first NaN or infinity on,
@@ -213,6 +236,8 @@ class PsClient {
   // Channel, stub and PushPull method of shard `s` for addresses_[s].
   void Connect(int s);
   void SetHeader(RequestHeader* header) const;
+  // The step's PsStepTimes, from its threads' records (after they joined).
+  PsStepTimes StepTimesOf(const StepState& state) const;
 
   const PsClientOptions options_;
   const PartitionPlan plan_;
@@ -236,6 +261,7 @@ class PsClient {
   // The step between BeginStep() and FinishStep(); null otherwise.
   std::unique_ptr<StepState> step_;
   std::optional<SkippedStepInfo> skipped_step_;
+  PsStepTimes last_step_times_;
 };
 
 // Channel arguments shared by every pstrain client: message size limits

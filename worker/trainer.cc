@@ -19,6 +19,7 @@
 #include "absl/time/clock.h"
 #include "common/safetensors.h"
 #include "common/status.h"
+#include "common/trace.h"
 #include "models/model.h"
 #include "models/model_file.h"
 #include "worker/checkpoint.h"
@@ -100,6 +101,8 @@ class Workload {
   // One step's compute; the training loss (0 for the stand-in). Calls
   // `on_ready` for every PS tensor as its gradient becomes final.
   virtual absl::StatusOr<float> Step(const GradientsReadyFn& on_ready) = 0;
+  // The last Step()'s forward and backward times, where measured.
+  virtual StepPhases LastPhases() const { return {}; }
   virtual bool can_evaluate() const = 0;
   virtual absl::StatusOr<Evaluation> Evaluate() = 0;
   virtual int64_t num_parameters() const = 0;
@@ -181,6 +184,12 @@ class ModelWorkload : public Workload {
       return absl::InternalError("prefetcher ended before the epoch");
     }
     return model_->ForwardBackward(batch_.images, batch_.labels, on_ready);
+  }
+  StepPhases LastPhases() const override {
+    StepPhases phases;
+    phases.forward = model_->last_forward_time();
+    phases.backward = model_->last_backward_time();
+    return phases;
   }
   bool can_evaluate() const override { return true; }
   absl::StatusOr<Evaluation> Evaluate() override {
@@ -758,6 +767,7 @@ absl::StatusOr<TrainerOutput> RunWorker(const TrainerOptions& options,
     workload->SkipBatches(first);
     // One step of the epoch; an error may be recovered from (below).
     auto train_step = [&](int64_t i) -> absl::Status {
+      trace::Scope traced_step("step", "step", {{"step", step}});
       const absl::Time step_start = absl::Now();
       if (options.worker_id == options.straggler_worker) {
         // The straggler test aid: slower by a known time per step.
@@ -773,6 +783,16 @@ absl::StatusOr<TrainerOutput> RunWorker(const TrainerOptions& options,
       RETURN_IF_ERROR(exchange->Step(gradients, options.batch_size));
       RETURN_IF_ERROR(workload->LoadWeights());
       const absl::Time exchanged = absl::Now();
+      trace::Complete("exchange", "step", absl::ToUnixMicros(computed),
+                      absl::ToUnixMicros(exchanged), {{"step", step}});
+      StepPhases phases = workload->LastPhases();
+      const ExchangeStepTimes exchange_times = exchange->LastStepTimes();
+      phases.push = exchange_times.push;
+      phases.barrier_wait = exchange_times.barrier_wait;
+      phases.pull = exchange_times.pull;
+      phases.allreduce = exchange_times.allreduce;
+      phases.bytes_pushed = exchange_times.bytes_pushed;
+      phases.bytes_pulled = exchange_times.bytes_pulled;
       std::optional<SkippedStepInfo> skipped = exchange->SkippedStep();
       if (skipped.has_value()) {
         // Async: the shards' version is no step of this worker's; name
@@ -805,7 +825,7 @@ absl::StatusOr<TrainerOutput> RunWorker(const TrainerOptions& options,
       step_metrics.AddStep(synthetic || skipped.has_value()
                                ? std::nullopt
                                : std::optional<double>(loss),
-                           computed - step_start, exchanged - computed);
+                           computed - step_start, exchanged - computed, phases);
       // The first step (connections, first allocations) is warm-up.
       if (step > 0 || steps_per_epoch * options.epochs == 1) {
         compute_time += computed - step_start;
