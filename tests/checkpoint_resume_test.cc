@@ -1,9 +1,11 @@
 // Checkpoints of a sync PS job (worker/checkpoint.h): a run resumed from a
 // checkpoint another run wrote ends with bit-identical weights to the run
 // that was not interrupted, also with another number of shards and another
-// partition; and a checkpoint damaged in any of 1,200+ ways is refused with
-// an error naming the file, never loaded. Real shards behind real gRPC
-// servers on loopback, the workers as threads of this process.
+// partition; the same for an allreduce job (its one-file checkpoints), and
+// across the two modes; and a checkpoint damaged in any of 1,200+ ways is
+// refused with an error naming the file, never loaded. Real shards behind
+// real gRPC servers on loopback (allreduce: Gloo on loopback), the workers
+// as threads of this process.
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -19,6 +21,7 @@
 #include "server/local_shards.h"
 #include "tests/quadrant_dataset.h"
 #include "worker/checkpoint.h"
+#include "worker/collective.h"
 #include "worker/trainer.h"
 
 namespace pstrain {
@@ -31,6 +34,7 @@ Dataset MakeDataset(int64_t count) {
 }
 
 struct RunConfig {
+  std::string mode = "sync";  // or "allreduce"
   std::string model = "lenet5";
   int shards = 2;
   int64_t partition_bytes = 16 << 10;
@@ -43,12 +47,15 @@ constexpr int kWorkers = 2;
 constexpr int kEpochs = 2;
 constexpr int kBatch = 8;
 
-// Two sync workers, 2 epochs; worker 0's final weights.
+// Two workers (sync PS, or allreduce over Gloo), 2 epochs; worker 0's final
+// weights.
 std::vector<std::vector<float>> Train(const Dataset& data,
                                       const RunConfig& run) {
+  const bool allreduce = run.mode == "allreduce";
   ShardOptions shard_options;
   shard_options.num_workers = kWorkers;
-  LocalShards shards(run.shards, shard_options);
+  LocalShards shards(allreduce ? 0 : run.shards, shard_options);
+  InProcessStore store;
   std::vector<absl::StatusOr<TrainerOutput>> outputs(kWorkers);
   std::vector<std::thread> threads;
   for (int w = 0; w < kWorkers; ++w) {
@@ -56,7 +63,20 @@ std::vector<std::vector<float>> Train(const Dataset& data,
       TrainerOptions options;
       options.worker_id = w;
       options.num_workers = kWorkers;
-      options.ps_addresses = shards.addresses();
+      options.mode = run.mode;
+      std::unique_ptr<Collective> collective;
+      if (allreduce) {
+        absl::StatusOr<std::unique_ptr<Collective>> c = Collective::CreateGloo(
+            w, kWorkers, "127.0.0.1", &store, "resume", absl::Seconds(60));
+        if (!c.ok()) {
+          outputs[w] = c.status();
+          return;
+        }
+        collective = std::move(*c);
+        options.collective = collective.get();
+      } else {
+        options.ps_addresses = shards.addresses();
+      }
       options.model = run.model;
       options.batch_size = kBatch;
       options.epochs = kEpochs;
@@ -130,6 +150,50 @@ TEST_P(ResumeTest, ResumedRunEqualsUninterruptedBitForBit) {
 
 INSTANTIATE_TEST_SUITE_P(Models, ResumeTest,
                          ::testing::Values("lenet5", "resnet18"));
+
+// Allreduce: worker 0 writes the whole state (weights, Adam's m and v, the
+// BatchNorm buffers) as one file per checkpoint; every worker resumes from
+// it. Stored per parameter, so a sync PS checkpoint resumes an allreduce
+// job too (and the other way): the two modes' updates are the same
+// arithmetic (worker/gradient_exchange.h), so every resumed run ends with
+// the uninterrupted run's weights, bit for bit.
+TEST_P(ResumeTest, AllreduceResumesBitForBitAlsoAcrossModes) {
+  const Dataset data = MakeDataset(48);
+  RunConfig plain;
+  plain.mode = "allreduce";
+  plain.model = GetParam();
+  const std::vector<std::vector<float>> uninterrupted = Train(data, plain);
+  ASSERT_FALSE(uninterrupted.empty());
+
+  RunConfig first = plain;
+  first.dir = NewDir(absl::StrCat("allreduce_", GetParam()));
+  first.checkpoint_every = 2;
+  EXPECT_EQ(Train(data, first), uninterrupted);
+  ASSERT_TRUE(fs::exists(first.dir + "/step-4/manifest.json"));
+  ASSERT_TRUE(fs::exists(first.dir + "/step-4/model.safetensors"));
+  for (const int64_t step : {2, 4}) {
+    SCOPED_TRACE(step);
+    RewindTo(first.dir, step);
+    RunConfig resumed = first;
+    resumed.resume = true;
+    EXPECT_EQ(Train(data, resumed), uninterrupted);
+    // The allreduce checkpoint resumes a sync PS job on 2 shards.
+    RewindTo(first.dir, step);
+    resumed.mode = "sync";
+    EXPECT_EQ(Train(data, resumed), uninterrupted);
+  }
+  // A sync PS checkpoint resumes an allreduce job.
+  RunConfig sync = plain;
+  sync.mode = "sync";
+  sync.dir = NewDir(absl::StrCat("sync_for_allreduce_", GetParam()));
+  sync.checkpoint_every = 2;
+  EXPECT_EQ(Train(data, sync), uninterrupted);
+  RewindTo(sync.dir, 2);
+  RunConfig resumed = sync;
+  resumed.mode = "allreduce";
+  resumed.resume = true;
+  EXPECT_EQ(Train(data, resumed), uninterrupted);
+}
 
 std::string ReadAll(const std::string& path) {
   std::ifstream in(path, std::ios::binary);

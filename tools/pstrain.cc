@@ -177,8 +177,9 @@ ABSL_FLAG(std::string, checkpoint_dir, "",
           "model.safetensors when the job ends, and the checkpoints of "
           "--checkpoint_every_steps in step-<N>/ folders.");
 ABSL_FLAG(int64_t, checkpoint_every_steps, 0,
-          "run: a sharded checkpoint (weights, Adam state, data position) "
-          "every this many steps into --checkpoint_dir; 0: none. PS modes.");
+          "run: a checkpoint (weights, optimizer state, data position; one "
+          "file per shard, or one file in mode allreduce) every this many "
+          "steps into --checkpoint_dir; 0: none.");
 ABSL_FLAG(double, checkpoint_every_secs, 0,
           "run: a checkpoint also once this many seconds have passed since "
           "the last (after a step); 0: by --checkpoint_every_steps only.");
@@ -364,9 +365,8 @@ absl::Status CheckIgnoredFlags(const JobSpec& spec, const std::string& command,
         absl::StrCat("only allreduce has gradient buckets, not ", modes));
   }
   if (!any_ps_mode) {
-    for (const char* flag : {"num_ps", "partition_bytes",
-                             "checkpoint_every_steps", "checkpoint_every_secs",
-                             "keep_checkpoints", "resume", "max_restarts"}) {
+    // Checkpoints and --resume are for every mode; restarts are not.
+    for (const char* flag : {"num_ps", "partition_bytes", "max_restarts"}) {
       if (FlagSpecified(flag)) {
         return ignored(flag, absl::StrCat("it is for the parameter-server "
                                           "modes (sync, async), not ",
@@ -751,12 +751,6 @@ absl::Status CheckModelFiles(const JobSpec& spec, const Dataset* dataset) {
           "need --checkpoint_dir");
     }
     return absl::OkStatus();
-  }
-  if ((spec.resume() || checkpointing) && spec.mode() == "allreduce") {
-    return absl::InvalidArgumentError(
-        "--checkpoint_every_steps, --checkpoint_every_secs and --resume: "
-        "checkpoints are written by parameter-server jobs (--mode=sync or "
-        "async), not allreduce");
   }
   std::error_code error;
   if (spec.resume()) {

@@ -10,7 +10,9 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
 #include "common/nonfinite.h"
+#include "common/safetensors.h"
 #include "common/status.h"
+#include "server/shard_checkpoint.h"
 #include "common/trace.h"
 
 namespace pstrain {
@@ -163,14 +165,12 @@ class AllreduceExchange : public GradientExchange {
       abort_ = true;
     }
     if (communicator_.joinable()) communicator_.join();
+    absl::MutexLock lock(&checkpoint_mu_);
+    if (checkpoint_writer_.joinable()) checkpoint_writer_.join();
   }
 
   absl::Status Start(const std::vector<absl::Span<float>>& weights,
                      const ModelState* resume) override {
-    if (resume != nullptr) {
-      return absl::UnimplementedError(
-          "allreduce jobs do not resume from PS checkpoints");
-    }
     for (const absl::Span<float>& w : weights) {
       RETURN_IF_ERROR(collective_->Broadcast(w.data(), w.size(), 0));
     }
@@ -182,6 +182,34 @@ class AllreduceExchange : public GradientExchange {
     for (int t = 0; t < num_params; ++t) {
       m_[t].assign(weights[t].size(), 0.0f);
       v_[t].assign(weights[t].size(), 0.0f);
+    }
+    if (resume != nullptr) {
+      // Every worker resumes alike: the optimizer state and its update
+      // count (the checkpoint's version: its step in sync and allreduce
+      // checkpoints) from the checkpoint; its weights the caller loaded.
+      if (resume->m.size() < static_cast<size_t>(num_params) ||
+          resume->v.size() < static_cast<size_t>(num_params)) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "resume: the checkpoint holds optimizer state for ",
+            std::min(resume->m.size(), resume->v.size()),
+            " parameters; the model has ", num_params));
+      }
+      int64_t version = INT64_MAX;
+      for (int t = 0; t < num_params; ++t) {
+        if (resume->m[t].size() != weights[t].size() ||
+            resume->v[t].size() != weights[t].size()) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "resume: the checkpoint's optimizer state of parameter ", t,
+              " has ", resume->m[t].size(), " elements; the model's has ",
+              weights[t].size()));
+        }
+        m_[t] = resume->m[t];
+        v_[t] = resume->v[t];
+        version = std::min(
+            version,
+            resume->VersionOf(t, 0, static_cast<int64_t>(weights[t].size())));
+      }
+      step_ = num_params > 0 ? version : 0;
     }
     // Buckets of whole tensors, last tensor first (the first gradients
     // backward produces), each at most bucket_elements_ unless one tensor
@@ -269,6 +297,72 @@ class AllreduceExchange : public GradientExchange {
     ExchangeStepTimes times;
     times.allreduce = last_allreduce_;
     return times;
+  }
+
+  // Worker 0: the whole state (every worker holds the same) as one shard
+  // file, paths[0] (server/shard_checkpoint.h: one chunk per tensor at the
+  // step's version). Not wait: copies it (between steps, on the training
+  // thread) into buffers kept between checkpoints and writes them on a
+  // thread of its own; wait: joins that thread and returns the file's size
+  // and crc32.
+  absl::StatusOr<std::vector<CheckpointResponse>> Checkpoint(
+      int64_t step, const std::vector<std::string>& paths,
+      bool wait) override {
+    if (paths.size() != 1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("an allreduce checkpoint is one file; got ",
+                       paths.size(), " paths"));
+    }
+    absl::MutexLock lock(&checkpoint_mu_);
+    if (wait) {
+      if (!checkpoint_writer_.joinable() || checkpoint_step_ != step) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "no checkpoint of step ", step, " was begun"));
+      }
+      checkpoint_writer_.join();
+      RETURN_IF_ERROR(checkpoint_written_.status());
+      CheckpointResponse response;
+      response.set_size_bytes(
+          static_cast<int64_t>(checkpoint_written_->size_bytes));
+      response.set_crc32(checkpoint_written_->crc32);
+      response.set_num_chunks(static_cast<int64_t>(snapshot_.size()));
+      response.set_min_version(step);
+      response.set_max_version(step);
+      return std::vector<CheckpointResponse>{response};
+    }
+    if (step != step_) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("checkpoint of step ", step, ": the weights are at step ",
+                       step_));
+    }
+    if (checkpoint_writer_.joinable()) checkpoint_writer_.join();
+    const int num_params = static_cast<int>(m_.size());
+    snapshot_.resize(weights_.size());
+    for (size_t t = 0; t < weights_.size(); ++t) {
+      ChunkSnapshot& c = snapshot_[t];
+      c.spec.param_id = static_cast<int>(t);
+      c.spec.shard = 0;
+      c.spec.offset = 0;
+      c.spec.num_elements = static_cast<int64_t>(weights_[t].size());
+      c.is_buffer = static_cast<int>(t) >= num_params;
+      c.version = step;
+      c.weights.assign(weights_[t].begin(), weights_[t].end());
+      if (!c.is_buffer) {
+        c.m = m_[t];
+        c.v = v_[t];
+      }
+    }
+    checkpoint_step_ = step;
+    checkpoint_written_ = absl::UnknownError("not written");
+    checkpoint_writer_ = std::thread([this, step, path = paths[0]] {
+      safetensors::WriteOptions in_folder;
+      in_folder.sync_folder = false;  // the CheckpointWriter's
+      absl::StatusOr<safetensors::WriteResult> written = WriteShardCheckpoint(
+          path, snapshot_, /*shard_index=*/0, /*num_shards=*/1, step,
+          in_folder);
+      checkpoint_written_ = std::move(written);  // read after the join
+    });
+    return std::vector<CheckpointResponse>{};
   }
 
   // Every worker steps in lockstep with the same batch size.
@@ -463,6 +557,17 @@ class AllreduceExchange : public GradientExchange {
       nullptr;
   absl::Status communicator_status_ ABSL_GUARDED_BY(mu_);
   bool abort_ ABSL_GUARDED_BY(mu_) = false;
+
+  // The checkpoint in flight (Checkpoint(), under checkpoint_mu_): the
+  // state's copy (kept between checkpoints: no fresh memory to touch), its
+  // step, its writer thread and what that wrote. The writer reads snapshot_
+  // and sets checkpoint_written_ while it runs; both are touched otherwise
+  // only after it is joined.
+  absl::Mutex checkpoint_mu_;
+  std::vector<ChunkSnapshot> snapshot_;
+  int64_t checkpoint_step_ ABSL_GUARDED_BY(checkpoint_mu_) = -1;
+  std::thread checkpoint_writer_ ABSL_GUARDED_BY(checkpoint_mu_);
+  absl::StatusOr<safetensors::WriteResult> checkpoint_written_;
 };
 
 }  // namespace

@@ -63,9 +63,11 @@ class GradientExchange {
   // (its initialised model) on entry; everyone's on return. The exchange
   // keeps the spans: every Step() writes the next weights into them, so
   // they must stay valid (and not move) for the exchange's lifetime.
-  // With `resume` (worker 0 of a PS job resumed from a checkpoint; the
-  // weights already hold the checkpoint's), the shards also get its Adam
-  // state and versions.
+  // With `resume` (worker 0 of a PS job, or every worker of an allreduce
+  // job, resumed from a checkpoint; the weights already hold the
+  // checkpoint's), the shards (allreduce: the exchange) also get its
+  // optimizer state and versions (allreduce: the smallest version is the
+  // update count; a sync or allreduce checkpoint has one).
   virtual absl::Status Start(const std::vector<absl::Span<float>>& weights,
                              const ModelState* resume = nullptr) = 0;
 
@@ -101,15 +103,16 @@ class GradientExchange {
     return Recover(addresses, restore, timeout);
   }
 
-  // Worker 0 of a PS job: the shards' part of checkpoint `step` (see
-  // PsClient::Checkpoint). Thread-safe against Step(): a background thread
-  // may wait (`wait` true) while training goes on. UNIMPLEMENTED for
-  // allreduce.
+  // Worker 0: the exchange's part of checkpoint `step`: PS, every shard's
+  // file (see PsClient::Checkpoint); allreduce, the weights and optimizer
+  // state every worker holds, as one shard file (`paths` has one path).
+  // Called with `wait` false right after Step() (the state is copied then),
+  // and again with `wait` true, which returns each file's size and crc32
+  // once it is durable. Thread-safe against Step(): a background thread
+  // may wait (`wait` true) while training goes on.
   virtual absl::StatusOr<std::vector<CheckpointResponse>> Checkpoint(
       int64_t step, const std::vector<std::string>& paths, bool wait) {
-    return absl::UnimplementedError(
-        "checkpoints are written by parameter-server jobs (mode sync or "
-        "async), not allreduce");
+    return absl::UnimplementedError("this exchange writes no checkpoints");
   }
 
   // During a step's compute: gradients `tensors` of `gradients` (the spans

@@ -476,12 +476,9 @@ absl::StatusOr<TrainerOutput> RunWorker(const TrainerOptions& options,
   const int num_shards = static_cast<int>(options.ps_addresses.size());
   const bool checkpointing =
       options.checkpoint_every_steps > 0 || options.checkpoint_every_secs > 0;
-  if ((options.resume || checkpointing) &&
-      (allreduce || options.checkpoint_dir.empty())) {
+  if ((options.resume || checkpointing) && options.checkpoint_dir.empty()) {
     return absl::InvalidArgumentError(
-        allreduce ? "checkpoints and resume are for parameter-server jobs "
-                    "(mode sync or async), not allreduce"
-                  : "checkpoints and resume need a checkpoint folder");
+        "checkpoints and resume need a checkpoint folder");
   }
   // Recovery (see TrainerOptions::max_restarts): what worker 0 restores the
   // shards to before the first checkpoint, the job's initial weights (the
@@ -497,7 +494,8 @@ absl::StatusOr<TrainerOutput> RunWorker(const TrainerOptions& options,
     initial_state.versions.resize(weights.size());
   }
   // Resume: the newest checkpoint's data position (every worker) and state
-  // (worker 0, for the shards).
+  // (worker 0, for the shards; allreduce: every worker, which holds it all).
+  // The state is stored per parameter, so a checkpoint of any mode loads.
   int64_t start_step = 0;
   ModelState resume_state;
   if (options.resume) {
@@ -523,7 +521,7 @@ absl::StatusOr<TrainerOutput> RunWorker(const TrainerOptions& options,
                        ": its optimizer state cannot be restored"));
     }
     start_step = p.epoch * steps_per_epoch + p.step_in_epoch;
-    if (chief) {
+    if (chief || allreduce) {
       ASSIGN_OR_RETURN(
           resume_state,
           LoadCheckpointState(manifest, workload->TensorNames(),
@@ -657,7 +655,8 @@ absl::StatusOr<TrainerOutput> RunWorker(const TrainerOptions& options,
                                " rejoined the job at step ", start_step));
   } else {
     RETURN_IF_ERROR(exchange->Start(
-        weights, chief && options.resume ? &resume_state : nullptr));
+        weights,
+        (chief || allreduce) && options.resume ? &resume_state : nullptr));
   }
   RETURN_IF_ERROR(workload->LoadWeights());
   absl::Time last_checkpoint = absl::Now();
@@ -666,7 +665,8 @@ absl::StatusOr<TrainerOutput> RunWorker(const TrainerOptions& options,
     job.mode = options.mode;
     job.model = synthetic ? "synthetic" : options.model;
     job.dataset = synthetic ? "none" : dataset.name;
-    job.num_shards = num_shards;
+    // Allreduce: one file of the whole state (every worker holds it).
+    job.num_shards = allreduce ? 1 : num_shards;
     job.partition_bytes = options.partition_bytes;
     job.adam = options.adam;
     job.tensor_names = workload->TensorNames();
