@@ -46,6 +46,8 @@
 //   straggler (test aid)     "WORKER:DELAY_MS", WORKER 0 to  none
 //                            num_workers-1, DELAY_MS 0 to 600000
 //   staleness                0 to 1000; 0 unless mode sync  0 (sync)
+//                            and without checkpoints,
+//                            resume or max_restarts
 //   optimizer.lr             1e-30 to 10                    0.001
 //   optimizer.beta1, beta2   0 <= beta < 1, also in fp32    0.9, 0.999
 //                            (1 - beta > 0 after rounding:

@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/trace.h"
 
 namespace pstrain {
 
@@ -85,11 +86,12 @@ absl::Status ParameterShard::Initialize(
     state.m = c.m.empty() ? std::vector<float>(n, 0.0f) : std::move(c.m);
     state.v = c.v.empty() ? std::vector<float>(n, 0.0f) : std::move(c.v);
     state.version = c.version;
-    state.pending.assign(options_.num_workers, {});
-    state.has_pending.assign(options_.num_workers, false);
-    state.num_pending = 0;
+    StepSlot empty;
+    empty.pending.assign(options_.num_workers, {});
+    empty.has_pending.assign(options_.num_workers, false);
+    state.slots.assign(
+        options_.mode == SyncMode::kSync ? options_.staleness + 1 : 1, empty);
     state.num_latest = 0;
-    state.step_skipped = false;
     state.undo_step = -1;
   };
   // Sync steps restart at the chunks' version (equal in sync mode).
@@ -334,15 +336,16 @@ absl::Status ParameterShard::Push(int worker_id, int32_t param_id,
     pushes_.fetch_add(1, std::memory_order_relaxed);
     if (plan_->is_buffer(param_id)) {
       // The average of every worker's latest values, in worker-id order.
-      if (!chunk.has_pending[worker_id]) {
-        chunk.has_pending[worker_id] = true;
+      StepSlot& latest = chunk.slots[0];
+      if (!latest.has_pending[worker_id]) {
+        latest.has_pending[worker_id] = true;
         ++chunk.num_latest;
       }
-      chunk.pending[worker_id].swap(chunk.incoming);
+      latest.pending[worker_id].swap(chunk.incoming);
       std::fill(chunk.weights.begin(), chunk.weights.end(), 0.0f);
       for (int w = 0; w < options_.num_workers; ++w) {
-        if (!chunk.has_pending[w]) continue;
-        const float* v = chunk.pending[w].data();
+        if (!latest.has_pending[w]) continue;
+        const float* v = latest.pending[w].data();
         for (int64_t i = 0; i < n; ++i) chunk.weights[i] += v[i];
       }
       const float scale = 1.0f / static_cast<float>(chunk.num_latest);
@@ -360,18 +363,30 @@ absl::Status ParameterShard::Push(int worker_id, int32_t param_id,
   }
   // The slot is only read once has_pending is set, so a failed fill leaves
   // nothing behind.
-  chunk.pending[worker_id].resize(n);
-  absl::Status status = fill(absl::MakeSpan(chunk.pending[worker_id]));
+  StepSlot& slot = chunk.slots[SlotIndex(step)];
+  slot.pending[worker_id].resize(n);
+  absl::Status status = fill(absl::MakeSpan(slot.pending[worker_id]));
   if (status.ok()) {
-    status = CheckFinite(param_id, chunk_index, step, chunk.pending[worker_id]);
+    status = CheckFinite(param_id, chunk_index, step, slot.pending[worker_id]);
   }
   if (!status.ok()) return status;
   pushes_.fetch_add(1, std::memory_order_relaxed);
-  chunk.has_pending[worker_id] = true;
-  if (++chunk.num_pending == options_.num_workers) {
+  slot.has_pending[worker_id] = true;
+  ++slot.num_pending;
+  MaybeCompleteLocked(chunk);
+  return absl::OkStatus();
+}
+
+void ParameterShard::MaybeCompleteLocked(ChunkState& chunk) {
+  // Step version - 1 decided: its update can no longer be put back, so the
+  // undo buffers are free for this one. Read under the chunk's lock and
+  // stored by EndStep() before it takes the lock, so a step completed here
+  // and one decided there are never both missed.
+  if (chunk.slots[SlotIndex(chunk.version)].num_pending ==
+          options_.num_workers &&
+      decided_through_.load() >= chunk.version - 1) {
     CompleteBarrierLocked(chunk);
   }
-  return absl::OkStatus();
 }
 
 absl::Status ParameterShard::CheckSyncPushLocked(const ChunkState& chunk,
@@ -379,18 +394,22 @@ absl::Status ParameterShard::CheckSyncPushLocked(const ChunkState& chunk,
                                                  absl::string_view what) const {
   const int32_t param_id = chunk.spec.param_id;
   const int32_t chunk_index = chunk.spec.chunk_index;
-  if (step != chunk.version) {
+  const int s = options_.staleness;
+  if (step < chunk.version || step > chunk.version + s) {
     return absl::FailedPreconditionError(absl::StrCat(
         what, " of chunk (", param_id, ", ", chunk_index, ") for step ", step,
-        " but the chunk is at version ", chunk.version));
+        " but the chunk is at version ", chunk.version,
+        s == 0 ? ""
+               : absl::StrCat(" (staleness ", s, ": steps ", chunk.version,
+                              " to ", chunk.version + s, ")")));
   }
-  if (step > decided_through_.load() + 1) {
+  if (step > decided_through_.load() + 1 + s) {
     return absl::FailedPreconditionError(
         absl::StrCat(what, " of chunk (", param_id, ", ", chunk_index,
-                     ") for step ", step, " before step ", step - 1,
+                     ") for step ", step, " before step ", step - 1 - s,
                      " was decided (not every worker has ended it)"));
   }
-  if (chunk.has_pending[worker_id]) {
+  if (chunk.slots[SlotIndex(step)].has_pending[worker_id]) {
     return absl::InvalidArgumentError(
         absl::StrCat("worker ", worker_id, " pushed chunk (", param_id, ", ",
                      chunk_index, ") of step ", step, " twice"));
@@ -417,11 +436,11 @@ absl::Status ParameterShard::PushSkipped(int worker_id, int32_t param_id,
       !ok.ok()) {
     return ok;
   }
-  chunk.has_pending[worker_id] = true;
-  chunk.step_skipped = true;
-  if (++chunk.num_pending == options_.num_workers) {
-    CompleteBarrierLocked(chunk);
-  }
+  StepSlot& slot = chunk.slots[SlotIndex(step)];
+  slot.has_pending[worker_id] = true;
+  slot.skipped = true;
+  ++slot.num_pending;
+  MaybeCompleteLocked(chunk);
   return absl::OkStatus();
 }
 
@@ -437,17 +456,23 @@ int64_t ElapsedNs(std::chrono::steady_clock::time_point start) {
 }  // namespace
 
 void ParameterShard::CompleteBarrierLocked(ChunkState& chunk) {
+  // The chunk's update: averaging and optimizer (common/trace.h).
+  trace::Scope traced("update", "shard",
+                      {{"param", chunk.spec.param_id},
+                       {"chunk", chunk.spec.chunk_index},
+                       {"step", chunk.version}});
   const int64_t n = chunk.spec.num_elements;
   const int64_t step = chunk.version;
-  if (chunk.step_skipped) {
+  StepSlot& slot = chunk.slots[SlotIndex(step)];
+  if (slot.skipped) {
     // A worker skips this step: nothing to apply, nothing to undo.
     chunk.undo_step = -1;
   } else {
     // Average in worker-id order (into worker 0's slot, which the next
     // step refills), then one update, written beside the current state.
-    float* sum = chunk.pending[0].data();
+    float* sum = slot.pending[0].data();
     for (int w = 1; w < options_.num_workers; ++w) {
-      const float* g = chunk.pending[w].data();
+      const float* g = slot.pending[w].data();
       for (int64_t i = 0; i < n; ++i) sum[i] += g[i];
     }
     if (options_.num_workers > 1) {
@@ -474,17 +499,17 @@ void ParameterShard::CompleteBarrierLocked(ChunkState& chunk) {
     applied_.fetch_add(1, std::memory_order_relaxed);
   }
   chunk.version = step + 1;
-  chunk.step_skipped = false;
-  std::fill(chunk.has_pending.begin(), chunk.has_pending.end(), false);
-  chunk.num_pending = 0;
+  slot.skipped = false;
+  std::fill(slot.has_pending.begin(), slot.has_pending.end(), false);
+  slot.num_pending = 0;
   NoteUpdate();
 }
 
 void ParameterShard::ResetStepsLocked(int64_t version) {
   ending_step_ = version;
-  ended_.assign(options_.num_workers, false);
-  num_ended_ = 0;
-  ending_skip_.reset();
+  ends_.clear();
+  ends_.resize(options_.staleness + 1);
+  for (StepEnds& e : ends_) e.ended.assign(options_.num_workers, false);
   decided_step_ = version - 1;
   decided_through_.store(decided_step_);
   recent_skips_.clear();
@@ -513,13 +538,15 @@ absl::Status ParameterShard::EndStep(int worker_id, int64_t step,
     return current;
   }
   if (chunks_.empty()) return absl::OkStatus();  // nothing to decide
-  if (step != ending_step_) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("worker ", worker_id, " ended step ", step, " but shard ",
-                     options_.shard_index, " is collecting the ends of step ",
-                     ending_step_));
+  const int s = options_.staleness;
+  if (step < ending_step_ || step > ending_step_ + s) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "worker ", worker_id, " ended step ", step, " but shard ",
+        options_.shard_index, " is collecting the ends of step ", ending_step_,
+        s == 0 ? "" : absl::StrCat(" to ", ending_step_ + s)));
   }
-  if (ended_[worker_id]) {
+  StepEnds& ends = ends_[SlotIndex(step)];
+  if (ends.ended[worker_id]) {
     return absl::InvalidArgumentError(
         absl::StrCat("worker ", worker_id, " ended step ", step,
                      " twice on shard ", options_.shard_index));
@@ -527,7 +554,8 @@ absl::Status ParameterShard::EndStep(int worker_id, int64_t step,
   for (const std::unique_ptr<ChunkState>& c : chunks_) {
     absl::MutexLock chunk_lock(&c->mu);
     const bool pushed =
-        c->version > step || (c->version == step && c->has_pending[worker_id]);
+        c->version > step || (step <= c->version + s &&
+                              c->slots[SlotIndex(step)].has_pending[worker_id]);
     if (!pushed) {
       return absl::InvalidArgumentError(
           absl::StrCat("worker ", worker_id, " ended step ", step, " on shard ",
@@ -535,39 +563,54 @@ absl::Status ParameterShard::EndStep(int worker_id, int64_t step,
                        c->spec.param_id, ", ", c->spec.chunk_index, ")"));
     }
   }
-  ended_[worker_id] = true;
-  ++num_ended_;
+  ends.ended[worker_id] = true;
+  ++ends.num_ended;
   if (nonfinite != nullptr &&
-      (ending_skip_ == nullptr || worker_id < ending_skip_->worker_id)) {
-    ending_skip_ = std::make_unique<SkippedStepInfo>();
-    ending_skip_->step = step;
-    ending_skip_->worker_id = worker_id;
-    ending_skip_->nonfinite = *nonfinite;
+      (ends.skip == nullptr || worker_id < ends.skip->worker_id)) {
+    ends.skip = std::make_unique<SkippedStepInfo>();
+    ends.skip->step = step;
+    ends.skip->worker_id = worker_id;
+    ends.skip->nonfinite = *nonfinite;
   }
-  if (num_ended_ < options_.num_workers) return absl::OkStatus();
-  // Decided. Every worker pushed every chunk, so every chunk is at step + 1.
-  if (ending_skip_ != nullptr) {
+  // Decide every step whose ends are all in, oldest first.
+  bool decided_any = false;
+  while (true) {
+    const int64_t deciding = ending_step_;
+    StepEnds& e = ends_[SlotIndex(deciding)];
+    if (e.num_ended < options_.num_workers) break;
+    // Every worker pushed every chunk of the step, and the step before is
+    // decided, so every chunk is at deciding + 1.
+    if (e.skip != nullptr) {
+      for (const std::unique_ptr<ChunkState>& c : chunks_) {
+        absl::MutexLock chunk_lock(&c->mu);
+        if (c->undo_step != deciding) continue;
+        c->weights.swap(c->prev_weights);
+        if (!plan_->is_buffer(c->spec.param_id)) {
+          c->m.swap(c->prev_m);
+          c->v.swap(c->prev_v);
+        }
+        c->undo_step = -1;
+      }
+      skipped_.fetch_add(1, std::memory_order_relaxed);
+      recent_skips_.push_back(*e.skip);
+      if (recent_skips_.size() > 8) recent_skips_.erase(recent_skips_.begin());
+    }
+    e.skip.reset();
+    e.ended.assign(options_.num_workers, false);
+    e.num_ended = 0;
+    decided_step_ = deciding;
+    decided_through_.store(deciding);
+    ending_step_ = deciding + 1;
+    decided_any = true;
+    if (s == 0) break;  // no pushes of later steps can be waiting
+    // Staleness: the next step's pushes may all be in already; its update
+    // waited for this decision.
     for (const std::unique_ptr<ChunkState>& c : chunks_) {
       absl::MutexLock chunk_lock(&c->mu);
-      if (c->undo_step != step) continue;
-      c->weights.swap(c->prev_weights);
-      if (!plan_->is_buffer(c->spec.param_id)) {
-        c->m.swap(c->prev_m);
-        c->v.swap(c->prev_v);
-      }
-      c->undo_step = -1;
+      MaybeCompleteLocked(*c);
     }
-    skipped_.fetch_add(1, std::memory_order_relaxed);
-    recent_skips_.push_back(*ending_skip_);
-    if (recent_skips_.size() > 8) recent_skips_.erase(recent_skips_.begin());
   }
-  ending_skip_.reset();
-  ended_.assign(options_.num_workers, false);
-  num_ended_ = 0;
-  decided_step_ = step;
-  decided_through_.store(step);
-  ending_step_ = step + 1;
-  NoteUpdate();
+  if (decided_any) NoteUpdate();
   return absl::OkStatus();
 }
 
@@ -620,6 +663,10 @@ void ParameterShard::NoteUpdate() {
 }
 
 void ParameterShard::ApplyLocked(ChunkState& chunk, const float* gradient) {
+  trace::Scope traced("update", "shard",
+                      {{"param", chunk.spec.param_id},
+                       {"chunk", chunk.spec.chunk_index},
+                       {"step", chunk.version}});
   ++chunk.version;
   applied_.fetch_add(1, std::memory_order_relaxed);
   NoteUpdate();
@@ -736,13 +783,15 @@ absl::Status ParameterShard::Pull(int64_t min_version, int64_t samples,
     if (remaining == 0) {
       absl::MutexLock lock(&step_mu_);
       if (decided_step_ >= deciding) continue;  // decided just now
+      // The oldest undecided step (staleness: the slowest worker's).
       std::vector<int> missing;
+      const StepEnds& ends = ends_[SlotIndex(ending_step_)];
       for (int w = 0; w < options_.num_workers; ++w) {
-        if (!ended_[w]) missing.push_back(w);
+        if (!ends.ended[w]) missing.push_back(w);
       }
       return absl::DeadlineExceededError(absl::StrCat(
           "pull of version ", min_version, " from shard ", options_.shard_index,
-          " timed out waiting for the end of step ", deciding,
+          " timed out waiting for the end of step ", ending_step_,
           " from worker(s) ", absl::StrJoin(missing, ",")));
     }
     // Name the first chunk still waiting and whose push it lacks.
@@ -752,8 +801,9 @@ absl::Status ParameterShard::Pull(int64_t min_version, int64_t samples,
     absl::MutexLock lock(&chunk.mu);
     if (chunk.version >= min_version) continue;  // arrived just now
     std::vector<int> missing;
+    const StepSlot& slot = chunk.slots[SlotIndex(chunk.version)];
     for (int w = 0; w < options_.num_workers; ++w) {
-      if (!chunk.has_pending[w]) missing.push_back(w);
+      if (!slot.has_pending[w]) missing.push_back(w);
     }
     return absl::DeadlineExceededError(absl::StrCat(
         "pull of version ", min_version, " from shard ", options_.shard_index,

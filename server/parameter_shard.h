@@ -35,6 +35,26 @@
 //    evaluated model use statistics of all the data, not of worker 0's
 //    shard alone.
 //
+//  - bounded staleness (sync mode, options.staleness = s > 0; Ho et al.,
+//    "More Effective Distributed ML via a Stale Synchronous Parallel
+//    Parameter Server", NIPS 2013): a worker may push step t while the
+//    chunk is at any version from t - s to t, so pushes of up to s + 1
+//    steps are collected at once, each step in its own slot. Step t's
+//    update is still the sync one (the average of all num_workers pushes
+//    of step t, in worker-id order), applied in step order, once all of
+//    them are in and step t - 1 is decided (so that at most one update is
+//    undoable at a time, as above). A worker's pull for its step t asks
+//    for version >= t + 1 - s (its PsExchange), so it returns at once if
+//    the slowest worker is at most s steps behind, else it waits (with the
+//    pull deadline naming the workers that have not ended the oldest
+//    undecided step). Step ends may come for steps decided + 1 to
+//    decided + 1 + s; steps are decided in order. s = 0 is plain sync bit
+//    for bit: one slot, the same checks, the same arithmetic. A pulled
+//    chunk may carry an update whose step is not decided yet (a later skip
+//    puts it back); its version says which. Checkpoints need every chunk
+//    at one version, which staleness does not give: jobs with s > 0 take
+//    none (coordinator/job_spec.h).
+//
 // The gRPC service (ps_service.h) only converts messages and statuses.
 //
 // Errors, and what they leave behind (nothing, in every case):
@@ -44,7 +64,9 @@
 //    a push holding a NaN or an infinity (never applied: one worker's
 //    non-finite gradient would poison the weights of every worker for good).
 //  - FAILED_PRECONDITION: push or pull before Initialize(); a sync push for a
-//    step other than the chunk's current version; a second Initialize() of
+//    step other than the chunk's current version (staleness s: outside
+//    version to version + s, or more than s steps past the last decided
+//    step); a second Initialize() of
 //    a generation not above the shard's.
 //  - DEADLINE_EXCEEDED: Pull() or WaitReady() past their deadline.
 //  - ABORTED: a push or pull of another generation than the shard's, or
@@ -97,6 +119,9 @@ struct ShardOptions {
   // The optimizer (server/optimizer.h): Adam unless adam.kind says SGD.
   // Named for the Adam-only days; an AdamOptions converts to it.
   OptimizerOptions adam;
+  // Sync mode: bounded staleness s (see "Bounded staleness" above), 0 to
+  // 1000; 0 is plain sync. Ignored in async mode.
+  int staleness = 0;
 };
 
 // Initial values of one chunk, as sent by worker 0. A fresh job sends only
@@ -205,7 +230,8 @@ class ParameterShard {
   // non-finite value in that step. Once every worker's end of the step is
   // in, the step is decided (see the top of this file).
   // Errors: FAILED_PRECONDITION in async mode, before Initialize(), or for
-  // a step other than the one being collected; INVALID_ARGUMENT for a
+  // a step other than the one being collected (staleness s: outside the
+  // s + 1 steps after the last decided one); INVALID_ARGUMENT for a
   // second end of the step by the same worker, or an end before the
   // worker's push of every chunk (naming the chunk); ABORTED as Push().
   absl::Status EndStep(int worker_id, int64_t step,
@@ -274,6 +300,23 @@ class ParameterShard {
   void Abort(const std::string& reason);
 
  private:
+  // The pushes of one chunk and step: one gradient slot per worker; the
+  // barrier sums into pending[0].
+  struct StepSlot {
+    std::vector<std::vector<float>> pending;
+    std::vector<bool> has_pending;
+    int num_pending = 0;
+    // A worker skipped its push of the step.
+    bool skipped = false;
+  };
+  // The ends of one step (EndStep): who has ended it, and the first
+  // non-finite report (lowest worker id).
+  struct StepEnds {
+    std::vector<bool> ended;
+    int num_ended = 0;
+    std::unique_ptr<SkippedStepInfo> skip;
+  };
+
   struct ChunkState {
     ChunkSpec spec;
     mutable absl::Mutex mu;
@@ -281,17 +324,14 @@ class ParameterShard {
     std::vector<float> m ABSL_GUARDED_BY(mu);
     std::vector<float> v ABSL_GUARDED_BY(mu);
     int64_t version ABSL_GUARDED_BY(mu) = 0;
-    // Sync mode: one gradient slot per worker for the current step; the
-    // barrier sums into pending[0].
-    std::vector<std::vector<float>> pending ABSL_GUARDED_BY(mu);
-    std::vector<bool> has_pending ABSL_GUARDED_BY(mu);
-    int num_pending ABSL_GUARDED_BY(mu) = 0;
+    // Sync mode: slots[step % (staleness + 1)] collects the pushes of
+    // `step`, for steps version to version + staleness. Async mode:
+    // slots[0] holds the buffers' latest values per worker.
+    std::vector<StepSlot> slots ABSL_GUARDED_BY(mu);
     // Async mode: the gradient being pushed.
     std::vector<float> incoming ABSL_GUARDED_BY(mu);
-    // Buffers in async mode: which workers' latest values are in pending.
+    // Buffers in async mode: which workers' latest values are in slots[0].
     int num_latest ABSL_GUARDED_BY(mu) = 0;
-    // Sync mode: a worker skipped its push of the current step.
-    bool step_skipped ABSL_GUARDED_BY(mu) = false;
     // Sync mode: the state before the update of step `undo_step` (-1:
     // none kept), until that step is decided; swapped back if it is
     // skipped. Also the buffers the next update is written into.
@@ -305,6 +345,14 @@ class ParameterShard {
   // pushed or skipped it): the update, kept undoable, and the version.
   void CompleteBarrierLocked(ChunkState& chunk)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk.mu);
+  // Sync mode: CompleteBarrierLocked() if every worker pushed the chunk's
+  // step (chunk.version) and the step before it is decided.
+  void MaybeCompleteLocked(ChunkState& chunk)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk.mu);
+  // The slot of `step` (sync) in chunk.slots / ends_.
+  size_t SlotIndex(int64_t step) const {
+    return static_cast<size_t>(step % (options_.staleness + 1));
+  }
   // Sync mode, the checks of a push (or skipped push: `what`) of `step`
   // against the chunk: its version, the previous step decided, not twice.
   absl::Status CheckSyncPushLocked(const ChunkState& chunk, int worker_id,
@@ -358,15 +406,14 @@ class ParameterShard {
   mutable absl::Mutex updates_mu_;
   int64_t updates_ ABSL_GUARDED_BY(updates_mu_) = 0;
 
-  // Sync mode: the step whose ends (EndStep) are being collected, who has
-  // ended it, and the first non-finite report; every step up to
+  // Sync mode: the oldest step whose ends (EndStep) are being collected
+  // (decided_step_ + 1), and the ends of it and of the `staleness` steps
+  // after it, each in ends_[SlotIndex(step)]; every step up to
   // decided_step_ is decided; the last few skipped steps. Taken before a
   // chunk's lock, never after one.
   mutable absl::Mutex step_mu_;
   int64_t ending_step_ ABSL_GUARDED_BY(step_mu_) = 0;
-  std::vector<bool> ended_ ABSL_GUARDED_BY(step_mu_);
-  int num_ended_ ABSL_GUARDED_BY(step_mu_) = 0;
-  std::unique_ptr<SkippedStepInfo> ending_skip_ ABSL_GUARDED_BY(step_mu_);
+  std::vector<StepEnds> ends_ ABSL_GUARDED_BY(step_mu_);
   int64_t decided_step_ ABSL_GUARDED_BY(step_mu_) = -1;
   std::vector<SkippedStepInfo> recent_skips_ ABSL_GUARDED_BY(step_mu_);
   // decided_step_, readable under a chunk's lock: a sync push of step s

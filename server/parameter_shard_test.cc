@@ -496,5 +496,120 @@ TEST(ParameterShardTest, StepEndsAreCheckedAndAsyncSkipsDropThePush) {
             absl::StatusCode::kFailedPrecondition);
 }
 
+// Bounded staleness (issue 25). Worker `w`'s step `t` on the 3-chunk shard
+// of InitChunks(): a push of every chunk (a fixed pseudo-random gradient of
+// (w, t, chunk)) and the step's end; worker 1 finds a NaN in step 3 and
+// skips its pushes of chunks (0, 1) and (1, 0) (the first still goes up).
+void RunStep(ParameterShard& shard, int w, int64_t t) {
+  const int32_t param[3] = {0, 0, 1};
+  const int32_t index[3] = {0, 1, 0};
+  const int size[3] = {4, 2, 2};
+  const bool nan_step = w == 1 && t == 3;
+  for (int c = 0; c < 3; ++c) {
+    if (nan_step && c > 0) {
+      ASSERT_TRUE(shard.PushSkipped(w, param[c], index[c], t).ok()) << t;
+      continue;
+    }
+    std::vector<float> g(size[c]);
+    for (int i = 0; i < size[c]; ++i) {
+      // Exact in fp32 and different per worker, step, chunk and element.
+      g[i] = static_cast<float>(((w * 7 + t * 13 + c * 5 + i * 3) % 17) - 8) /
+             8.0f;
+    }
+    ASSERT_TRUE(shard.Push(w, param[c], index[c], t, g).ok()) << w << " " << t;
+  }
+  NonFiniteValue nan;
+  nan.param_id = 0;
+  nan.element = 4;
+  nan.value = "nan";
+  ASSERT_TRUE(shard.EndStep(w, t, nan_step ? &nan : nullptr).ok())
+      << w << " " << t;
+}
+
+// The weights after `steps` steps of 2 workers, run in the order given by
+// `ahead`: worker 0 keeps `ahead` steps in front of worker 1 (0: lockstep).
+std::vector<std::vector<float>> TrainTwoWorkers(int staleness, int ahead,
+                                                int64_t steps) {
+  ShardOptions options = Options(2, SyncMode::kSync);
+  options.staleness = staleness;
+  ParameterShard shard(options);
+  EXPECT_TRUE(shard.Initialize({6, 2}, 16, InitChunks()).ok());
+  for (int64_t t = 0; t < ahead; ++t) RunStep(shard, 0, t);
+  for (int64_t t = 0; t < steps; ++t) {
+    if (t + ahead < steps) RunStep(shard, 0, t + ahead);
+    RunStep(shard, 1, t);
+  }
+  EXPECT_EQ(shard.Stats().skipped, 1);
+  EXPECT_EQ(shard.Stats().min_version, steps);
+  return PullAll(shard, steps);
+}
+
+TEST(ParameterShardTest, StalenessAppliesTheSyncUpdatesBitForBit) {
+  // Plain sync, lockstep: the reference.
+  const std::vector<std::vector<float>> sync = TrainTwoWorkers(0, 0, 12);
+  ASSERT_EQ(sync.size(), 3u);
+  EXPECT_NE(sync[0], (std::vector<float>{1, 2, 3, 4}));
+  // Staleness 2, in lockstep and with worker 0 one and two steps ahead
+  // (the skipped step 3 decided while worker 0 has pushed step 5): each
+  // step's update is still the average of both workers' pushes of that
+  // step, applied in step order, so the weights equal sync's bit for bit.
+  for (int ahead : {0, 1, 2}) {
+    EXPECT_EQ(TrainTwoWorkers(2, ahead, 12), sync) << ahead;
+  }
+}
+
+TEST(ParameterShardTest, StalenessBoundsHowFarAWorkerRunsAhead) {
+  ShardOptions options = Options(2, SyncMode::kSync);
+  options.staleness = 2;
+  ParameterShard shard(options);
+  ASSERT_TRUE(shard.Initialize({6, 2}, 16, InitChunks()).ok());
+  // Worker 0 runs steps 0, 1 and 2 while worker 1 has not pushed: nothing
+  // is applied (every chunk still at version 0).
+  for (int64_t t = 0; t < 3; ++t) RunStep(shard, 0, t);
+  EXPECT_EQ(shard.Stats().min_version, 0);
+  EXPECT_EQ(shard.Stats().updates, 0);
+  // A fourth step ahead is refused, naming the bound.
+  absl::Status status = shard.Push(0, 0, 0, 3, std::vector<float>(4, 1.0f));
+  EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(status.message(),
+            "push of chunk (0, 0) for step 3 but the chunk is at version 0 "
+            "(staleness 2: steps 0 to 2)");
+  status = shard.EndStep(0, 3, nullptr);
+  EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(status.message(),
+            "worker 0 ended step 3 but shard 0 is collecting the ends of step "
+            "0 to 2");
+  // Worker 0's pull for its step 3 (version >= 3 + 1 - 2 = 2) waits for
+  // step 1, and its deadline names the slowest worker.
+  std::vector<int64_t> versions;
+  status =
+      shard.Pull(2, 0, absl::Now() + absl::Milliseconds(50),
+                 [&](const ChunkSpec&, int64_t version,
+                     absl::Span<const float>) { versions.push_back(version); });
+  EXPECT_EQ(status.code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_NE(status.message().find("still at version 0; no push yet from "
+                                  "worker(s) 1"),
+            std::string::npos)
+      << status;
+  // Worker 1 catches up one step at a time: each of its steps lets
+  // worker 0 go one step further (version 1 after step 0, and so on).
+  for (int64_t t = 0; t < 3; ++t) {
+    RunStep(shard, 1, t);
+    EXPECT_EQ(shard.Stats().min_version, t + 1);
+    versions.clear();
+    ASSERT_TRUE(
+        shard
+            .Pull(t + 1, 0, absl::Now() + absl::Seconds(5),
+                  [&](const ChunkSpec&, int64_t version,
+                      absl::Span<const float>) { versions.push_back(version); })
+            .ok());
+    EXPECT_EQ(versions, std::vector<int64_t>(3, t + 1));
+    RunStep(shard, 0, t + 3);  // now within the bound
+  }
+  // Worker 0 is at step 6, worker 1 at 3: a push of step 6 is 3 ahead.
+  EXPECT_EQ(shard.Push(0, 0, 0, 6, std::vector<float>(4, 1.0f)).code(),
+            absl::StatusCode::kFailedPrecondition);
+}
+
 }  // namespace
 }  // namespace pstrain

@@ -103,6 +103,7 @@ int main(int argc, char** argv) {
   options.mode = spec->mode() == "async" ? pstrain::SyncMode::kAsync
                                          : pstrain::SyncMode::kSync;
   options.adam = pstrain::OptimizerOptionsOf(spec->optimizer());
+  options.staleness = spec->staleness();
 
   // TLS as shard `index` of the job, every call authorized (common/authz.h);
   // or --insecure, refused on a non-loopback address unless allowed.

@@ -21,11 +21,12 @@ namespace {
 class PsExchange : public GradientExchange {
  public:
   PsExchange(std::unique_ptr<PsClient> client, bool sync, bool chief,
-             absl::Duration init_timeout)
+             absl::Duration init_timeout, int staleness)
       : client_(std::move(client)),
         sync_(sync),
         chief_(chief),
-        init_timeout_(init_timeout) {}
+        init_timeout_(init_timeout),
+        staleness_(staleness) {}
 
   absl::Status Start(const std::vector<absl::Span<float>>& weights,
                      const ModelState* resume) override {
@@ -37,6 +38,7 @@ class PsExchange : public GradientExchange {
     RETURN_IF_ERROR(client_->WaitReady(init_timeout_));
     weights_ = weights;
     ASSIGN_OR_RETURN(version_, client_->PushPull(0, {}, 0, 0, weights_));
+    step_ = version_;
     return absl::OkStatus();
   }
 
@@ -61,6 +63,7 @@ class PsExchange : public GradientExchange {
       pending_mark_.reset();
     }
     ASSIGN_OR_RETURN(version_, client_->FinishStep());
+    ++step_;
     return absl::OkStatus();
   }
 
@@ -132,12 +135,18 @@ class PsExchange : public GradientExchange {
     RETURN_IF_ERROR(client_->WaitReady(timeout, min_generation,
                                        /*wait_for_connection=*/false));
     ASSIGN_OR_RETURN(version_, client_->PushPull(0, {}, 0, 0, weights_));
+    step_ = version_;
     return version_;
   }
 
   absl::Status BeginStep(const std::vector<absl::Span<const float>>& gradients,
                          int64_t samples) {
-    return client_->BeginStep(version_, gradients, sync_ ? version_ + 1 : 0,
+    // Sync: the weights after this step's update (staleness s: after step
+    // step_ - s's; at least version 1, which keeps the pull a sync one:
+    // PsClient sends it first and ends the step on every shard).
+    const int64_t min_version =
+        sync_ ? std::max<int64_t>(1, step_ + 1 - staleness_) : 0;
+    return client_->BeginStep(sync_ ? step_ : version_, gradients, min_version,
                               samples, weights_);
   }
 
@@ -145,8 +154,12 @@ class PsExchange : public GradientExchange {
   const bool sync_;
   const bool chief_;
   const absl::Duration init_timeout_;
+  const int staleness_;
   std::vector<absl::Span<float>> weights_;
+  // The smallest version pulled last, and (sync) this worker's step: equal
+  // without staleness. Async pushes carry the version.
   int64_t version_ = 0;
+  int64_t step_ = 0;
   std::optional<NonFiniteValue> pending_mark_;
 };
 
@@ -574,9 +587,9 @@ class AllreduceExchange : public GradientExchange {
 
 std::unique_ptr<GradientExchange> CreatePsExchange(
     std::unique_ptr<PsClient> client, bool sync, bool chief,
-    absl::Duration init_timeout) {
+    absl::Duration init_timeout, int staleness) {
   return std::make_unique<PsExchange>(std::move(client), sync, chief,
-                                      init_timeout);
+                                      init_timeout, staleness);
 }
 
 std::unique_ptr<GradientExchange> CreateAllreduceExchange(

@@ -170,9 +170,12 @@ class GradientExchange {
 };
 
 // `client` is connected to the job's shards; `sync` selects the barrier.
+// `staleness` (sync; server/parameter_shard.h): step t pushes as step t
+// and pulls weights of version >= max(1, t + 1 - staleness); 0: plain sync
+// (version t + 1).
 std::unique_ptr<GradientExchange> CreatePsExchange(
     std::unique_ptr<PsClient> client, bool sync, bool chief,
-    absl::Duration init_timeout);
+    absl::Duration init_timeout, int staleness = 0);
 
 // `collective` (not owned) connects the job's workers. `bucket_bytes` > 0.
 // Communication errors (Gloo's, after the collective's timeout) come back

@@ -464,7 +464,7 @@ absl::StatusOr<TrainerOutput> RunWorker(const TrainerOptions& options,
     ASSIGN_OR_RETURN(std::unique_ptr<PsClient> client,
                      PsClient::Create(client_options, plan));
     exchange = CreatePsExchange(std::move(client), options.mode == "sync",
-                                chief, options.init_timeout);
+                                chief, options.init_timeout, options.staleness);
   }
 
   if (!options.init_from.empty()) {

@@ -117,6 +117,10 @@ struct TrainerOptions {
   // of every step, before its compute.
   int straggler_worker = -1;
   int64_t straggler_delay_ms = 0;
+  // Mode sync: bounded staleness (JobSpec.staleness; 0: plain sync). Each
+  // step pulls weights of version >= step + 1 - staleness, not step + 1
+  // (worker/gradient_exchange.h).
+  int staleness = 0;
   bool resume = false;
   // Recovery (PS modes): up to `max_restarts` times (0: never; the first
   // error ends the run), a step that fails because a task died (a shard's
