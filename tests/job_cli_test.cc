@@ -320,6 +320,124 @@ TEST(JobCliTest, FlagfileFlagsAreCheckedLikeTheCommandLines) {
       << r.output;
 }
 
+// As `pstrain run` does, eval, launch-lines and node refuse a flag that
+// what they would do ignores: exit 2 and one line naming it; the same flags
+// where they do apply are accepted.
+TEST(JobCliTest, FlagsEvalLaunchLinesAndNodeWouldIgnoreExit2) {
+  const std::string dir = TempDir();
+  const std::string spec = dir + "/nohosts.pbtxt";
+  const std::string hosts = dir + "/hosts.pbtxt";
+  WriteFile(spec, "num_ps: 1 num_workers: 2 batch_size: 64 epochs: 1\n");
+  WriteFile(hosts,
+            "num_ps: 1 num_workers: 1 batch_size: 64 epochs: 1\n"
+            "ps_hosts { host: \"localhost\" port: 7000 }\n"
+            "worker_hosts { host: \"localhost\" }\n");
+  const std::string lines = "tools/pstrain launch-lines ";
+  const std::string see_eval = "; see pstrain help eval\n";
+  const std::string see_lines = "; see pstrain help launch-lines\n";
+  const struct {
+    std::string command;
+    std::string output;
+  } cases[] = {
+      {"tools/pstrain eval --checkpoint=/none --num_classes=10",
+       "pstrain: error: --num_classes would be ignored: it is for "
+       "--dataset=synthetic, not fashion_mnist" +
+           see_eval},
+      {"tools/pstrain eval --checkpoint=/none --dataset=synthetic "
+       "--data_dir=/data",
+       "pstrain: error: --data_dir would be ignored: --dataset=synthetic "
+       "reads no files" +
+           see_eval},
+      {"tools/pstrain eval --checkpoint=/none --dataset=mnist "
+       "--bad_images=skip",
+       "pstrain: error: --bad_images would be ignored: it is for "
+       "--dataset=image_folder, not mnist" +
+           see_eval},
+      {"tools/pstrain eval --checkpoint=/none --dataset=cifar10 "
+       "--image_size=32",
+       "pstrain: error: --image_size would be ignored: it is for "
+       "--dataset=synthetic or image_folder, not cifar10" +
+           see_eval},
+      {"tools/pstrain eval --checkpoint=/none --gpu=1",
+       "pstrain: error: --gpu would be ignored: it is for --backend=cuda" +
+           see_eval},
+      {lines + spec + " --launcher=slurm --bin_dir=/b --nodes=2",
+       "pstrain: error: --nodes would be ignored: it is for --agent (one "
+       "pstrain node per node)" +
+           see_lines},
+      {lines + spec + " --launcher=ssh --bin_dir=/b --gpus_per_node=2",
+       "pstrain: error: --gpus_per_node would be ignored: it is for --agent "
+       "(one pstrain node per node)" +
+           see_lines},
+      {lines + spec + " --launcher=mpirun --bin_dir=/b --cpus_per_task=2",
+       "pstrain: error: --cpus_per_task would be ignored: it is for "
+       "--launcher=slurm, not mpirun" +
+           see_lines},
+      {lines + spec +
+           " --launcher=slurm --agent --bin_dir=/b --cpus_per_task=2",
+       "pstrain: error: --cpus_per_task would be ignored: with --agent, each "
+       "pstrain node divides its cores" +
+           see_lines},
+      {lines + hosts + " --launcher=slurm --agent --bin_dir=/b --nodes=2",
+       "pstrain: error: --nodes would be ignored: the job spec lists hosts, "
+       "one agent runs on each" +
+           see_lines},
+      {lines + spec + " --launcher=slurm --agent --bin_dir=/b --ps_binary=/p",
+       "pstrain: error: --ps_binary would be ignored: with --agent, each "
+       "pstrain node starts the binaries in --bin_dir" +
+           see_lines},
+      {lines + spec +
+           " --launcher=slurm --bin_dir=/b --ps_binary=/p --worker_binary=/w",
+       "pstrain: error: --bin_dir would be ignored: --ps_binary and "
+       "--worker_binary name both binaries" +
+           see_lines},
+      {"tools/pstrain node --coordinator=127.0.0.1:1 --job=job-1 --bin_dir=/b "
+       "--worker_binary=/w",
+       "pstrain node: error: --worker_binary would be ignored: --bin_dir names "
+       "the tasks' binaries; see pstrain help node\n"},
+  };
+  for (const auto& c : cases) {
+    const Result r = RunCommand(c.command);
+    EXPECT_EQ(r.exit_code, 2) << c.command << ": " << r.output;
+    EXPECT_EQ(r.output, c.output) << c.command;
+  }
+  // Where they apply, the same flags are taken.
+  Result r = RunCommand(lines + spec +
+                        " --launcher=slurm --bin_dir=/b --cpus_per_task=2");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("--cpus-per-task=2"), std::string::npos) << r.output;
+  r = RunCommand(lines + spec +
+                 " --launcher=mpirun --agent --bin_dir=/b --nodes=2 "
+                 "--gpus_per_node=4");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("-np 2 \"$PSTRAIN\" node"), std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("--gpus_per_node=4"), std::string::npos) << r.output;
+
+  // pstrain node learns the spec from the coordinator: a job with hosts
+  // places its tasks itself, and a cpu job has no GPUs to give out.
+  Coordinator coordinator(dir + "/jobs.pb", 600);
+  ASSERT_TRUE(coordinator.up());
+  r = RunCommand("tools/pstrain submit " + hosts + coordinator.flag());
+  ASSERT_EQ(r.output, "job-1\n");
+  r = RunCommand("tools/pstrain submit " + spec + coordinator.flag());
+  ASSERT_EQ(r.output, "job-2\n");
+  r = RunCommand("tools/pstrain node --job=job-1 --node_rank=0" +
+                 coordinator.flag());
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_EQ(r.output,
+            "pstrain node: error: job-1: --node_rank would be ignored: the job "
+            "spec lists hosts, which place its tasks; see pstrain help node\n");
+  r = RunCommand(
+      "tools/pstrain node --job=job-2 --node_rank=0 --num_nodes=1 "
+      "--gpus_per_node=2" +
+      coordinator.flag());
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_EQ(r.output,
+            "pstrain node: error: job-2: --gpus_per_node would be ignored: the "
+            "job's backend is cpu, not cuda; see pstrain help node\n");
+}
+
 // `pstrain help COMMAND` and `pstrain COMMAND --help` for every command:
 // exit 0, the synopsis, and each flag the command reads with its default.
 TEST(JobCliTest, HelpOfEveryCommand) {

@@ -89,8 +89,8 @@ const std::vector<CommandInfo>& Commands() {
        "bad flags (nothing started), 128+signal interrupted.",
        Join({JobFlags(),
              DataFlags(),
-             {"num_workers", "mode", "results_json", "metrics_dir", "init_from",
-              "checkpoint_dir", "checkpoint_every_steps",
+             {"num_workers", "mode", "results_json", "metrics_dir", "trace",
+              "init_from", "checkpoint_dir", "checkpoint_every_steps",
               "checkpoint_every_secs", "keep_checkpoints", "max_restarts",
               "resume"}})},
       {"compare",
@@ -110,7 +110,9 @@ const std::vector<CommandInfo>& Commands() {
        "pstrain eval --checkpoint=FILE_OR_DIR [--dataset=... --data_dir=... "
        "--backend=...]",
        "Test loss and accuracy of a saved model (model.safetensors) on the "
-       "test set of --dataset.",
+       "test set of --dataset. A flag the dataset or backend would ignore "
+       "(--num_classes without --dataset=synthetic, --gpu with "
+       "--backend=cpu, ...) is an error.",
        Join({DataFlags(), {"checkpoint", "bad_images"}})},
       {"submit", "pstrain submit JOB.pbtxt [--coordinator=HOST:PORT]",
        "Submits a job spec (protobuf text format, proto/job.proto) to a "
@@ -121,6 +123,13 @@ const std::vector<CommandInfo>& Commands() {
        "One line per job (or the named job's tasks).", kClientFlags},
       {"logs", "pstrain logs JOB_ID [--coordinator=HOST:PORT]",
        "The job's lines so far, prefixed by task.", kClientFlags},
+      {"trace", "pstrain trace JOB_ID_OR_METRICS_DIR [--out=FILE]",
+       "Merges a traced job's per-task timelines (run --trace: "
+       "METRICS_DIR/trace/*.json) into one Chrome trace on the "
+       "coordinator's clock (default METRICS_DIR/trace.json) for "
+       "https://ui.perfetto.dev or chrome://tracing. A job id is looked up "
+       "on the coordinator.",
+       Join({kClientFlags, {"out"}})},
       {"cancel", "pstrain cancel JOB_ID [--coordinator=HOST:PORT]",
        "Cancels a job; its tasks stop at their next heartbeat.", kClientFlags},
       {"wait", "pstrain wait JOB_ID [--coordinator=HOST:PORT]",
@@ -131,7 +140,9 @@ const std::vector<CommandInfo>& Commands() {
        "pstrain launch-lines JOB.pbtxt --launcher=slurm|mpirun|ssh "
        "[--coordinator=HOST:PORT] [--job=ID] [--bin_dir=DIR] [--sbatch]",
        "Prints a script that starts the job's tasks with a cluster launcher "
-       "and waits for them.",
+       "and waits for them. A flag the script would ignore (--nodes or "
+       "--gpus_per_node without --agent, --cpus_per_task without slurm, "
+       "...) is an error.",
        {"launcher", "coordinator", "job", "bin_dir", "sbatch", "cpus_per_task",
         "agent", "nodes", "gpus_per_node", "ps_binary", "worker_binary"}},
       {"install",
@@ -147,7 +158,9 @@ const std::vector<CommandInfo>& Commands() {
       {"node",
        "pstrain node --coordinator=HOST:PORT --job=ID",
        "Starts this node's tasks of a job, restarts the ones that die "
-       "(within the job's max_restarts) and waits for them.",
+       "(within the job's max_restarts) and waits for them. A flag the job "
+       "would ignore (--node_rank or --num_nodes when its spec lists hosts, "
+       "--gpus_per_node with a cpu backend, ...) is an error.",
        {"coordinator", "job", "bin_dir", "gpus_per_node", "node_rank",
         "num_nodes", "node_grace_s", "ps_binary", "worker_binary", "tls_dir",
         "insecure", "insecure_allow_remote"}},

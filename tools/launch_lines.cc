@@ -59,6 +59,53 @@ int Fail(int code, const std::string& message) {
   return code;
 }
 
+// The flags of launch-lines that `options` (built from them) and `spec`
+// would ignore, given on the command line anyway: an error naming the
+// first, as `pstrain run` refuses the flags its mode ignores.
+absl::Status CheckIgnoredLaunchFlags(const JobSpec& spec,
+                                     const LaunchOptions& options) {
+  auto ignored = [](const char* flag, const std::string& why) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--", flag, " would be ignored: ", why,
+                     "; see pstrain help launch-lines"));
+  };
+  const bool have_hosts =
+      !spec.ps_hosts().empty() || !spec.worker_hosts().empty();
+  if (!options.agent) {
+    for (const char* flag : {"nodes", "gpus_per_node"}) {
+      if (FlagSpecified(flag)) {
+        return ignored(flag, "it is for --agent (one pstrain node per node)");
+      }
+    }
+    if (FlagSpecified("bin_dir") && FlagSpecified("ps_binary") &&
+        FlagSpecified("worker_binary")) {
+      return ignored("bin_dir",
+                     "--ps_binary and --worker_binary name both binaries");
+    }
+  } else {
+    if (have_hosts && FlagSpecified("nodes")) {
+      return ignored("nodes",
+                     "the job spec lists hosts, one agent runs on each");
+    }
+    for (const char* flag : {"ps_binary", "worker_binary"}) {
+      if (FlagSpecified(flag)) {
+        return ignored(flag,
+                       "with --agent, each pstrain node starts the binaries "
+                       "in --bin_dir");
+      }
+    }
+  }
+  if (FlagSpecified("cpus_per_task") &&
+      (options.launcher != "slurm" || options.agent)) {
+    return ignored("cpus_per_task",
+                   options.agent
+                       ? "with --agent, each pstrain node divides its cores"
+                       : absl::StrCat("it is for --launcher=slurm, not ",
+                                      options.launcher));
+  }
+  return absl::OkStatus();
+}
+
 // What the script does around the launcher commands: `task NAME CMD...`
 // starts CMD in the background in its own process group; its wrapper
 // outlives a SIGTERM to that group and appends "STATUS NAME" to $done_file
@@ -516,6 +563,9 @@ int LaunchLinesCommand(const std::vector<std::string>& args,
   options.agent = absl::GetFlag(FLAGS_agent);
   options.nodes = absl::GetFlag(FLAGS_nodes);
   options.gpus_per_node = absl::GetFlag(FLAGS_gpus_per_node);
+  if (absl::Status s = CheckIgnoredLaunchFlags(*spec, options); !s.ok()) {
+    return Fail(2, std::string(s.message()));
+  }
   std::string bin_dir = absl::GetFlag(FLAGS_bin_dir);
   if (bin_dir.empty()) bin_dir = InstalledBinDir();
   if (bin_dir.empty() &&

@@ -57,6 +57,28 @@ int Fail(int code, const std::string& message) {
   return code;
 }
 
+// The flags of `pstrain node` that the job's `spec` would ignore, given on
+// the command line anyway: an error naming the first, as `pstrain run`
+// refuses the flags its mode ignores.
+absl::Status CheckIgnoredNodeFlags(const JobSpec& spec) {
+  auto ignored = [](const char* flag, const std::string& why) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--", flag, " would be ignored: ", why, "; see pstrain help node"));
+  };
+  if (!spec.ps_hosts().empty() || !spec.worker_hosts().empty()) {
+    for (const char* flag : {"node_rank", "num_nodes"}) {
+      if (FlagSpecified(flag)) {
+        return ignored(flag, "the job spec lists hosts, which place its tasks");
+      }
+    }
+  }
+  if (spec.backend() != "cuda" && FlagSpecified("gpus_per_node")) {
+    return ignored("gpus_per_node", absl::StrCat("the job's backend is ",
+                                                 spec.backend(), ", not cuda"));
+  }
+  return absl::OkStatus();
+}
+
 // The first of `variables` set in the environment, as an int >= 0; -1 if
 // none is.
 absl::StatusOr<int> FromEnvironment(std::initializer_list<const char*> names) {
@@ -229,6 +251,15 @@ int NodeCommand(const std::vector<std::string>& args,
                 "[--node_rank=R --num_nodes=N] [--gpus_per_node=G] "
                 "[--bin_dir=DIR]");
   }
+  if (FlagSpecified("bin_dir")) {
+    for (const char* flag : {"ps_binary", "worker_binary"}) {
+      if (FlagSpecified(flag)) {
+        return Fail(2, absl::StrCat("--", flag,
+                                    " would be ignored: --bin_dir names the "
+                                    "tasks' binaries; see pstrain help node"));
+      }
+    }
+  }
   std::string job_id = absl::GetFlag(FLAGS_job);
   if (job_id == "$JOB") {
     const char* from_env = std::getenv("JOB");
@@ -263,6 +294,9 @@ int NodeCommand(const std::vector<std::string>& args,
   absl::StatusOr<JobInfo> job =
       FetchJob(coordinator, job_id, *tls, absl::Seconds(120));
   if (!job.ok()) return Fail(1, std::string(job.status().message()));
+  if (absl::Status s = CheckIgnoredNodeFlags(job->spec()); !s.ok()) {
+    return Fail(2, absl::StrCat(job_id, ": ", s.message()));
+  }
   absl::StatusOr<std::vector<NodeTask>> tasks =
       PlanNodeTasks(job->spec(), placement);
   if (!tasks.ok()) {

@@ -112,6 +112,10 @@ ABSL_FLAG(std::string, metrics_dir, "",
           "DIR/workerJ.jsonl (a row every --log_every_steps steps and per "
           "evaluation) and TensorBoard events under DIR/tb/workerJ/ "
           "(tensorboard --logdir DIR/tb); empty: none.");
+ABSL_FLAG(bool, trace, false,
+          "run: every task writes a Chrome trace of its work to "
+          "METRICS_DIR/trace/ (needs --metrics_dir); merge them with "
+          "`pstrain trace METRICS_DIR`.");
 ABSL_FLAG(int64_t, partition_bytes, 4 << 20,
           "Largest chunk of a tensor on the wire, bytes.");
 ABSL_FLAG(int64_t, max_steps_per_epoch, 0,
@@ -346,6 +350,57 @@ absl::Status CheckRoom(const Placement& placement, int num_ps, int num_workers,
   return absl::OkStatus();
 }
 
+// The dataset flags that `dataset` would ignore, given on the command line
+// of `command` (run, compare, eval): an error naming the first.
+absl::Status CheckIgnoredDataFlags(const std::string& dataset,
+                                   const std::string& command) {
+  auto ignored = [&](const char* flag, const std::string& why) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--", flag, " would be ignored: ", why,
+                     "; see pstrain help ", command));
+  };
+  if (dataset == "synthetic") {
+    for (const char* flag : {"data_dir", "bad_images"}) {
+      if (FlagSpecified(flag)) {
+        return ignored(flag, "--dataset=synthetic reads no files");
+      }
+    }
+    return absl::OkStatus();
+  }
+  for (const char* flag : {"num_classes", "synthetic_samples"}) {
+    if (FlagSpecified(flag)) {
+      return ignored(
+          flag, absl::StrCat("it is for --dataset=synthetic, not ", dataset));
+    }
+  }
+  if (dataset != "image_folder") {
+    if (FlagSpecified("image_size")) {
+      return ignored("image_size",
+                     absl::StrCat("it is for --dataset=synthetic or "
+                                  "image_folder, not ",
+                                  dataset));
+    }
+    if (FlagSpecified("bad_images")) {
+      return ignored("bad_images", absl::StrCat("it is for "
+                                                "--dataset=image_folder, not ",
+                                                dataset));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// --gpu with --backend=cpu.
+absl::Status CheckIgnoredBackendFlags(const std::string& backend,
+                                      const std::string& command) {
+  if (backend == "cpu" && FlagSpecified("gpu")) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--gpu would be ignored: it is for --backend=cuda; see "
+                     "pstrain help ",
+                     command));
+  }
+  return absl::OkStatus();
+}
+
 // The flags that `spec` (built from them) would ignore, given on the
 // command line anyway: an error naming the first, so that nobody believes a
 // flag took effect that did not. `command` is "run" or "compare".
@@ -388,26 +443,9 @@ absl::Status CheckIgnoredFlags(const JobSpec& spec, const std::string& command,
       }
     }
   } else {
-    const std::string& dataset = spec.dataset();
-    if (dataset != "synthetic") {
-      for (const char* flag : {"num_classes", "synthetic_samples"}) {
-        if (FlagSpecified(flag)) {
-          return ignored(flag, absl::StrCat("it is for --dataset=synthetic, "
-                                            "not ",
-                                            dataset));
-        }
-      }
-      if (dataset != "image_folder" && FlagSpecified("image_size")) {
-        return ignored("image_size",
-                       absl::StrCat("it is for --dataset=synthetic or "
-                                    "image_folder, not ",
-                                    dataset));
-      }
-    }
+    RETURN_IF_ERROR(CheckIgnoredDataFlags(spec.dataset(), command));
   }
-  if (spec.backend() == "cpu" && FlagSpecified("gpu")) {
-    return ignored("gpu", "it is for --backend=cuda");
-  }
+  RETURN_IF_ERROR(CheckIgnoredBackendFlags(spec.backend(), command));
   if (command == "compare" && absl::GetFlag(FLAGS_steps) > 0) {
     for (const char* flag : {"epochs", "max_steps_per_epoch"}) {
       if (FlagSpecified(flag)) {
@@ -451,6 +489,7 @@ JobSpec SpecFromFlags(const std::string& mode, int num_ps, int num_workers) {
   };
   spec.set_init_from(absolute(absl::GetFlag(FLAGS_init_from)));
   spec.set_metrics_dir(absolute(absl::GetFlag(FLAGS_metrics_dir)));
+  spec.set_trace(absl::GetFlag(FLAGS_trace));
   spec.set_checkpoint_dir(absolute(absl::GetFlag(FLAGS_checkpoint_dir)));
   spec.set_checkpoint_every_steps(absl::GetFlag(FLAGS_checkpoint_every_steps));
   spec.set_checkpoint_every_secs(absl::GetFlag(FLAGS_checkpoint_every_secs));
@@ -805,6 +844,12 @@ absl::Status CheckModelFiles(const JobSpec& spec, const Dataset* dataset) {
 // on the dataset of --dataset/--data_dir (the model, its input shape and
 // classes come from the file's metadata).
 int Eval() {
+  absl::Status ignored =
+      CheckIgnoredDataFlags(absl::GetFlag(FLAGS_dataset), "eval");
+  if (ignored.ok()) {
+    ignored = CheckIgnoredBackendFlags(absl::GetFlag(FLAGS_backend), "eval");
+  }
+  if (!ignored.ok()) return Fail(2, std::string(ignored.message()));
   const std::string path = ModelFilePath(absl::GetFlag(FLAGS_checkpoint));
   if (path.empty()) {
     return Fail(2,
@@ -1237,6 +1282,7 @@ int main(int argc, char** argv) {
   if (command == "cancel") return pstrain::CancelCommand(args);
   if (command == "wait") return pstrain::WaitCommand(args);
   if (command == "logs") return pstrain::LogsCommand(args);
+  if (command == "trace") return pstrain::TraceCommand(args);
   if (command == "launch-lines") {
     return pstrain::LaunchLinesCommand(args, absl::GetFlag(FLAGS_ps_binary),
                                        absl::GetFlag(FLAGS_worker_binary));
