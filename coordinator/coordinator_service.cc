@@ -137,6 +137,7 @@ grpc::Status CoordinatorService::Heartbeat(grpc::ServerContext* context,
   absl::StatusOr<JobState> state = table_->Heartbeat(*request, absl::Now());
   if (!state.ok()) return ToGrpcStatus(state.status());
   response->set_state(*state);
+  response->set_server_time_us(absl::ToUnixMicros(absl::Now()));
   if (JobEnded(*state)) {
     absl::StatusOr<JobInfo> job =
         table_->Get(request->task().job_id(), JobTable::kNoLog);

@@ -11,6 +11,10 @@
 // (a lost or failed task, a cancel: the coordinator's message is printed),
 // when the port cannot be bound (the job fails naming host and port), or
 // after --idle_timeout_s without any request; 128+signal on SIGTERM/SIGINT.
+// With the job's metrics_dir, writes the shard's metrics rows (every second
+// while busy, and at exit; server/shard_metrics.h); with its trace, a
+// Chrome trace to metrics_dir/trace/psN.json (common/trace.h), with the
+// clock offset measured against the coordinator at start.
 #include <grpcpp/grpcpp.h>
 
 #include <atomic>
@@ -29,12 +33,14 @@
 #include "common/grpc_server.h"
 #include "common/tls.h"
 #include "common/tls_flags.h"
+#include "common/trace.h"
 #include "coordinator/job_spec.h"
 #include "coordinator/job_table.h"
 #include "coordinator/task_agent.h"
 #include "coordinator/task_flags.h"
 #include "server/parameter_shard.h"
 #include "server/ps_service.h"
+#include "server/shard_metrics.h"
 
 ABSL_FLAG(int, pull_timeout_s, 600,
           "Seconds a pull may wait for the slowest worker (sync mode) or for "
@@ -157,14 +163,74 @@ int main(int argc, char** argv) {
       index, options.num_shards, options.job_id, address->bind, listening->port,
       advertised, spec->mode(), options.num_workers));
 
+  // Metrics rows and the trace.
+  std::unique_ptr<pstrain::ShardMetricsWriter> metrics_writer;
+  std::unique_ptr<pstrain::ShardMetrics> metrics;
+  if (!spec->metrics_dir().empty()) {
+    absl::StatusOr<std::unique_ptr<pstrain::ShardMetricsWriter>> created =
+        pstrain::ShardMetricsWriter::Create(spec->metrics_dir(), index);
+    if (!created.ok()) {
+      return fail(1, absl::StrCat("metrics: ", created.status().message()));
+    }
+    metrics_writer = *std::move(created);
+    metrics = std::make_unique<pstrain::ShardMetrics>(shard.Stats(),
+                                                      service.counters());
+  }
+  absl::Time last_row = absl::Now();
+  auto write_row = [&]() -> bool {
+    const pstrain::ShardStats stats = shard.Stats();
+    absl::Status written =
+        metrics_writer->Write(metrics->TakeInterval(stats, service.counters()));
+    last_row = absl::Now();
+    if (!written.ok()) {
+      pstrain::PrintError(kProgram,
+                          absl::StrCat("metrics: ", written.message()));
+    }
+    return written.ok();
+  };
+  // The last row and the whole trace (once).
+  bool files_finished = false;
+  auto finish_files = [&] {
+    if (files_finished) return;
+    files_finished = true;
+    if (metrics != nullptr) write_row();
+    if (absl::Status s = pstrain::trace::Stop(); !s.ok()) {
+      pstrain::PrintError(kProgram, absl::StrCat("trace: ", s.message()));
+    }
+  };
+  if (spec->trace()) {
+    pstrain::trace::TraceOptions trace_options;
+    trace_options.path =
+        absl::StrCat(spec->metrics_dir(), "/trace/ps", index, ".json");
+    trace_options.process_name = absl::StrCat("ps ", index);
+    trace_options.pid = index;
+    if (absl::Status s = pstrain::trace::Start(trace_options); !s.ok()) {
+      return fail(1, absl::StrCat("trace: ", s.message()));
+    }
+    absl::StatusOr<pstrain::ClockOffset> offset = agent.MeasureClockOffset();
+    if (offset.ok()) {
+      pstrain::trace::SetClockOffset(offset->offset_us, offset->rtt_us);
+    } else {
+      agent.Log(absl::StrCat("trace: no clock offset (",
+                             offset.status().message(),
+                             "); the merged timeline takes it as 0"));
+    }
+  }
+
   std::signal(SIGTERM, OnSignal);
   std::signal(SIGINT, OnSignal);
   const absl::Duration idle_timeout =
       absl::Seconds(absl::GetFlag(FLAGS_idle_timeout_s));
   while (true) {
+    if (metrics != nullptr && absl::Now() - last_row >= absl::Seconds(1) &&
+        metrics->Changed(shard.Stats()) && !write_row()) {
+      metrics.reset();  // the error is printed once; training goes on
+    }
     if (service.all_workers_done().WaitForNotificationWithTimeout(
             absl::Milliseconds(100))) {
       agent.Log(absl::StrCat("all workers done; shard ", index, " exiting"));
+      // The files are complete before the coordinator hears of the end.
+      finish_files();
       absl::Status s = agent.Finish(true, "");
       if (!s.ok()) pstrain::PrintError(kProgram, s.message());
       break;
@@ -197,6 +263,7 @@ int main(int argc, char** argv) {
       break;
     }
   }
+  finish_files();
   std::fflush(stdout);
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   return exit_code;

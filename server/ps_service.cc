@@ -14,6 +14,7 @@
 #include "common/chunk_message.h"
 #include "common/status.h"
 #include "common/tensor_codec.h"
+#include "common/trace.h"
 #include "server/shard_checkpoint.h"
 
 namespace pstrain {
@@ -181,6 +182,17 @@ absl::Time PsService::last_request_time() const {
   return absl::FromUnixMillis(last_request_unix_ms_.load());
 }
 
+PsService::Counters PsService::counters() const {
+  Counters c;
+  c.bytes_received = bytes_received_.load();
+  c.bytes_sent = bytes_sent_.load();
+  c.pulls_done = pulls_done_.load();
+  c.pull_ns = pull_ns_.load();
+  c.pushes_queued = pushes_queued_.load();
+  c.pulls_waiting = pulls_waiting_.load();
+  return c;
+}
+
 grpc::Status PsService::Init(grpc::ServerContext* context,
                              grpc::ServerReader<InitRequest>* reader,
                              InitResponse* response) {
@@ -282,6 +294,7 @@ grpc::Status PsService::PushPullStream(
     int64_t min_version;
     int64_t samples;
     int64_t generation;
+    int64_t worker_id;
   };
   absl::Mutex mu;
   std::deque<PullJob> jobs;  // guarded by mu
@@ -330,6 +343,11 @@ grpc::Status PsService::PushPullStream(
       }
       bool write_failed = false;
       SkippedStepInfo skipped;
+      pulls_waiting_.fetch_add(1, std::memory_order_relaxed);
+      trace::Scope traced(
+          "pull", "shard",
+          {{"worker", job.worker_id}, {"min_version", job.min_version}});
+      const int64_t pull_start_us = trace::NowUs();
       absl::Status status = shard_->Pull(
           job.min_version, job.samples, absl::Now() + pull_timeout_,
           [&](const ChunkSpec& spec, int64_t version,
@@ -346,6 +364,11 @@ grpc::Status PsService::PushPullStream(
             return !write_failed;
           },
           &cancelled, job.generation, &skipped);
+      traced.End();
+      pulls_waiting_.fetch_sub(1, std::memory_order_relaxed);
+      pulls_done_.fetch_add(1, std::memory_order_relaxed);
+      pull_ns_.fetch_add((trace::NowUs() - pull_start_us) * 1000,
+                         std::memory_order_relaxed);
       if (status.ok()) {
         // The end of this pull: a message without a chunk.
         PushPullResponse last;
@@ -449,6 +472,12 @@ grpc::Status PsService::PushPullStream(
       // payload is then copied once, into the worker's pending slot.
       status = received.CheckFloat(chunk.num_elements());
       if (!status.ok()) return finish(ToGrpcStatus(status), true);
+      pushes_queued_.fetch_add(1, std::memory_order_relaxed);
+      trace::Scope traced("push", "shard",
+                          {{"worker", worker_id},
+                           {"param", chunk.key().param_id()},
+                           {"chunk", chunk.key().chunk_index()},
+                           {"step", chunk.version()}});
       status = shard_->Push(
           worker_id, chunk.key().param_id(), chunk.key().chunk_index(),
           chunk.version(), chunk.num_elements(),
@@ -456,6 +485,8 @@ grpc::Status PsService::PushPullStream(
             return received.CopyFloatPayload(out);
           },
           generation);
+      traced.End();
+      pushes_queued_.fetch_sub(1, std::memory_order_relaxed);
       if (!status.ok()) return finish(ToGrpcStatus(status), true);
     } else if (request.has_skipped_push()) {
       const SkippedPush& skip = request.skipped_push();
@@ -478,8 +509,8 @@ grpc::Status PsService::PushPullStream(
       if (!status.ok()) return finish(ToGrpcStatus(status), true);
     } else if (request.has_pull()) {
       absl::MutexLock lock(&mu);
-      jobs.push_back(
-          {request.pull().min_version(), request.pull().samples(), generation});
+      jobs.push_back({request.pull().min_version(), request.pull().samples(),
+                      generation, worker_id});
     } else {
       return finish(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                                  "push/pull message carries no push, skipped "

@@ -64,6 +64,23 @@ class PsService final : public ParameterServer::Service {
   // Time of the last request, for the idle timeout.
   absl::Time last_request_time() const;
 
+  // What the shard's metrics rows (server/shard_metrics.h) read. Totals
+  // since the service started: payload bytes (tensor values) received in
+  // pushes and sent in pulls; pulls completed and the time they spent in
+  // ParameterShard::Pull (waiting for their version, i.e. in sync mode
+  // for the barrier, and sending). Gauges, at the call: pushes read from
+  // the streams and not yet taken by the shard (waiting for a chunk's
+  // lock or applying it: the shard's push queue), and pulls inside Pull.
+  struct Counters {
+    int64_t bytes_received = 0;
+    int64_t bytes_sent = 0;
+    int64_t pulls_done = 0;
+    int64_t pull_ns = 0;
+    int64_t pushes_queued = 0;
+    int64_t pulls_waiting = 0;
+  };
+  Counters counters() const;
+
  private:
   void Touch();
 
@@ -92,6 +109,10 @@ class PsService final : public ParameterServer::Service {
   const Authorizer authorizer_;
   std::atomic<int64_t> bytes_received_{0};
   std::atomic<int64_t> bytes_sent_{0};
+  std::atomic<int64_t> pulls_done_{0};
+  std::atomic<int64_t> pull_ns_{0};
+  std::atomic<int64_t> pushes_queued_{0};
+  std::atomic<int64_t> pulls_waiting_{0};
   std::atomic<int64_t> last_request_unix_ms_;
   absl::Mutex done_mu_;
   std::vector<bool> done_ ABSL_GUARDED_BY(done_mu_);
