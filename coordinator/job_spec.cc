@@ -303,6 +303,11 @@ absl::Status ValidateJobSpec(const JobSpec& spec) {
                                     {"metrics_dir", &spec.metrics_dir()}}) {
     RETURN_IF_ERROR(CheckPath(field, *path));
   }
+  if (spec.trace() && spec.metrics_dir().empty()) {
+    return Bad("trace",
+               "true without a metrics_dir; expected a metrics_dir to write "
+               "each task's trace into");
+  }
   if (spec.compute() == "synthetic") {
     RETURN_IF_ERROR(
         CheckBytes("model_bytes", spec.model_bytes(), 4, kMaxModelBytes));

@@ -68,6 +68,7 @@
 //                                                      max_steps_per_epoch
 //   data_dir, init_from,     at most 4096 characters
 //   checkpoint_dir, metrics_dir
+//   trace                    needs metrics_dir              false
 //   ps_hosts, worker_hosts   none or one per task; host 1 to 255
 //                            characters, port 0 to 65535
 // Doubles outside a range include NaN and the infinities. An error is one

@@ -2,6 +2,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -196,6 +197,35 @@ void TaskAgent::StartHeartbeats(
     std::function<void(JobState, const std::string&)> on_end) {
   heartbeats_ = std::thread(
       [this, on_end = std::move(on_end)] { HeartbeatLoop(on_end); });
+}
+
+absl::StatusOr<ClockOffset> TaskAgent::MeasureClockOffset(int samples) {
+  std::optional<ClockOffset> best;
+  for (int i = 0; i < samples; ++i) {
+    HeartbeatRequest request;
+    *request.mutable_task() = Ref();
+    HeartbeatResponse response;
+    grpc::ClientContext context;
+    context.set_deadline(
+        absl::ToChronoTime(absl::Now() + options_.rpc_timeout));
+    const int64_t t0 = absl::ToUnixMicros(absl::Now());
+    const grpc::Status status = stub_->Heartbeat(&context, request, &response);
+    const int64_t t1 = absl::ToUnixMicros(absl::Now());
+    if (!status.ok()) return FromGrpcStatus(status);
+    if (response.server_time_us() == 0) {
+      return absl::UnimplementedError(absl::StrCat(
+          "coordinator ", options_.coordinator,
+          " does not send its time (an older version); cannot measure the "
+          "clock offset"));
+    }
+    if (!best.has_value() || t1 - t0 < best->rtt_us) {
+      best = ClockOffset{response.server_time_us() - (t0 + t1) / 2, t1 - t0};
+    }
+  }
+  if (!best.has_value()) {
+    return absl::InvalidArgumentError("clock offset: samples must be > 0");
+  }
+  return *best;
 }
 
 void TaskAgent::HeartbeatLoop(

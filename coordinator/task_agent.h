@@ -49,6 +49,15 @@ struct TaskAgentOptions {
   TlsOptions tls = InsecureTlsOptions();
 };
 
+// This task's clock against the coordinator's (common/trace.h merges
+// timelines with it): offset_us = coordinator time - this host's time, us,
+// from the sample of smallest round trip rtt_us; the true offset lies
+// within +-rtt_us / 2 of it.
+struct ClockOffset {
+  int64_t offset_us = 0;
+  int64_t rtt_us = 0;
+};
+
 class TaskAgent {
  public:
   explicit TaskAgent(TaskAgentOptions options);
@@ -83,6 +92,14 @@ class TaskAgent {
   // Prints `line` (no newline) on stdout and sends it with the next
   // heartbeat (at most 10000 lines are queued; older ones are dropped).
   void Log(const std::string& line);
+
+  // Sends `samples` heartbeats (carrying nothing) back to back, each
+  // timed on this host's system clock around the call (t0, t1), and
+  // returns the offset of the one with the smallest round trip:
+  // server_time_us - (t0 + t1) / 2 (Cristian's algorithm). Errors: the
+  // coordinator's (each call has rpc_timeout); UNIMPLEMENTED when the
+  // coordinator does not send its time.
+  absl::StatusOr<ClockOffset> MeasureClockOffset(int samples = 8);
 
   // Workers: steps done and samples/sec, sent with the next heartbeat.
   void SetProgress(int64_t steps, double samples_per_sec);

@@ -12,7 +12,7 @@
 
 ABSL_FLAG(std::string, out, "",
           "certs: the folder to write the CA and certificates to (created "
-          "0700).");
+          "0700). trace: the merged trace file (default DIR/trace.json).");
 ABSL_FLAG(std::string, hosts, "",
           "certs: host names or IP addresses, comma-separated, added to "
           "every certificate.");

@@ -89,8 +89,8 @@ const std::vector<CommandInfo>& Commands() {
        "bad flags (nothing started), 128+signal interrupted.",
        Join({JobFlags(),
              DataFlags(),
-             {"num_workers", "mode", "results_json", "metrics_dir", "init_from",
-              "checkpoint_dir", "checkpoint_every_steps",
+             {"num_workers", "mode", "results_json", "metrics_dir", "trace",
+              "init_from", "checkpoint_dir", "checkpoint_every_steps",
               "checkpoint_every_secs", "keep_checkpoints", "max_restarts",
               "resume"}})},
       {"compare",
@@ -123,6 +123,13 @@ const std::vector<CommandInfo>& Commands() {
        "One line per job (or the named job's tasks).", kClientFlags},
       {"logs", "pstrain logs JOB_ID [--coordinator=HOST:PORT]",
        "The job's lines so far, prefixed by task.", kClientFlags},
+      {"trace", "pstrain trace JOB_ID_OR_METRICS_DIR [--out=FILE]",
+       "Merges a traced job's per-task timelines (run --trace: "
+       "METRICS_DIR/trace/*.json) into one Chrome trace on the "
+       "coordinator's clock (default METRICS_DIR/trace.json) for "
+       "https://ui.perfetto.dev or chrome://tracing. A job id is looked up "
+       "on the coordinator.",
+       Join({kClientFlags, {"out"}})},
       {"cancel", "pstrain cancel JOB_ID [--coordinator=HOST:PORT]",
        "Cancels a job; its tasks stop at their next heartbeat.", kClientFlags},
       {"wait", "pstrain wait JOB_ID [--coordinator=HOST:PORT]",

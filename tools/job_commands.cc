@@ -4,10 +4,12 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <memory>
 #include <set>
 #include <vector>
 
+#include "absl/flags/declare.h"
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -21,11 +23,14 @@
 #include "google/protobuf/util/json_util.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/coordinator.grpc.pb.h"
+#include "tools/trace_merge.h"
 
 ABSL_FLAG(std::string, coordinator, "127.0.0.1:7070",
           "host:port of pstrain_coordinator (submit, status, cancel, wait).");
 ABSL_FLAG(int, rpc_timeout_s, 30, "Deadline of each coordinator call, s.");
 ABSL_FLAG(int, wait_poll_ms, 1000, "wait: milliseconds between polls.");
+// tools/certs_command.cc's; trace: the merged file.
+ABSL_DECLARE_FLAG(std::string, out);
 
 namespace pstrain {
 namespace {
@@ -260,6 +265,52 @@ int CancelCommand(const std::vector<std::string>& args) {
   const grpc::Status status = Stub()->Cancel(&context, request, &response);
   if (!status.ok()) return RpcFailure(status);
   std::printf("%s CANCELLED\n", args[0].c_str());
+  return 0;
+}
+
+int TraceCommand(const std::vector<std::string>& args) {
+  constexpr char kUsage[] =
+      "usage: pstrain trace JOB_ID_OR_METRICS_DIR [--out=FILE] "
+      "[--coordinator=HOST:PORT]";
+  if (args.size() != 1) return Fail(2, kUsage);
+  namespace fs = std::filesystem;
+  std::string dir = args[0];
+  std::error_code error;
+  if (!fs::is_directory(dir, error)) {
+    // A job id: its metrics_dir, from the coordinator.
+    JobInfo job;
+    const grpc::Status status = GetJob(Stub().get(), args[0], 0, &job);
+    if (!status.ok()) return RpcFailure(status);
+    if (job.spec().metrics_dir().empty() || !job.spec().trace()) {
+      return Fail(2, absl::StrCat(args[0],
+                                  " was not run with a trace (expected a job "
+                                  "with trace: true and a metrics_dir)"));
+    }
+    dir = job.spec().metrics_dir();
+  }
+  const bool has_subdir = fs::is_directory(fs::path(dir) / "trace", error);
+  const std::string trace_dir =
+      has_subdir ? (fs::path(dir) / "trace").string() : dir;
+  std::string out = absl::GetFlag(FLAGS_out);
+  if (out.empty()) {
+    out = (fs::path(has_subdir ? dir : trace_dir) /
+           (has_subdir ? "trace.json" : "merged_trace.json"))
+              .string();
+  }
+  absl::StatusOr<TraceMergeSummary> merged = MergeTraces(trace_dir, out);
+  if (!merged.ok()) {
+    return Fail(absl::IsNotFound(merged.status()) ||
+                        absl::IsInvalidArgument(merged.status())
+                    ? 2
+                    : 1,
+                std::string(merged.status().message()));
+  }
+  std::printf(
+      "Merged %zu task traces (%lld events) into %s, on the coordinator's "
+      "clock (offsets measured within +-%lld us); open it in "
+      "https://ui.perfetto.dev or chrome://tracing\n",
+      merged->files.size(), static_cast<long long>(merged->events), out.c_str(),
+      static_cast<long long>(merged->max_rtt_us / 2));
   return 0;
 }
 

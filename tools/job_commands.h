@@ -14,6 +14,8 @@
 //                              results table of `pstrain run`; exit 0 only
 //                              if it SUCCEEDED. While tasks have not all
 //                              registered, once a minute the ones missing.
+//   pstrain trace ID|DIR       merges the job's per-task timelines onto
+//                              the coordinator's clock (tools/trace_merge.h).
 // (`pstrain launch-lines` and `pstrain install`: tools/launch_lines.h.)
 //
 // Exit codes: 0 success; 1 the job failed or was cancelled (wait), or the
@@ -54,6 +56,11 @@ int StatusCommand(const std::vector<std::string>& args);
 int LogsCommand(const std::vector<std::string>& args);
 int CancelCommand(const std::vector<std::string>& args);
 int WaitCommand(const std::vector<std::string>& args);
+// `pstrain trace JOB_ID_OR_DIR [--out=FILE]`: merges a job's task traces
+// (DIR/trace/*.json, tools/trace_merge.h; a job id: its spec's metrics_dir
+// from the coordinator) into --out (default DIR/trace.json). Exit 2: no
+// trace there, or a file that is not one.
+int TraceCommand(const std::vector<std::string>& args);
 
 }  // namespace pstrain
 

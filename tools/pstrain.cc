@@ -112,6 +112,10 @@ ABSL_FLAG(std::string, metrics_dir, "",
           "DIR/workerJ.jsonl (a row every --log_every_steps steps and per "
           "evaluation) and TensorBoard events under DIR/tb/workerJ/ "
           "(tensorboard --logdir DIR/tb); empty: none.");
+ABSL_FLAG(bool, trace, false,
+          "run: every task writes a Chrome trace of its work to "
+          "METRICS_DIR/trace/ (needs --metrics_dir); merge them with "
+          "`pstrain trace METRICS_DIR`.");
 ABSL_FLAG(int64_t, partition_bytes, 4 << 20,
           "Largest chunk of a tensor on the wire, bytes.");
 ABSL_FLAG(int64_t, max_steps_per_epoch, 0,
@@ -485,6 +489,7 @@ JobSpec SpecFromFlags(const std::string& mode, int num_ps, int num_workers) {
   };
   spec.set_init_from(absolute(absl::GetFlag(FLAGS_init_from)));
   spec.set_metrics_dir(absolute(absl::GetFlag(FLAGS_metrics_dir)));
+  spec.set_trace(absl::GetFlag(FLAGS_trace));
   spec.set_checkpoint_dir(absolute(absl::GetFlag(FLAGS_checkpoint_dir)));
   spec.set_checkpoint_every_steps(absl::GetFlag(FLAGS_checkpoint_every_steps));
   spec.set_checkpoint_every_secs(absl::GetFlag(FLAGS_checkpoint_every_secs));
@@ -1277,6 +1282,7 @@ int main(int argc, char** argv) {
   if (command == "cancel") return pstrain::CancelCommand(args);
   if (command == "wait") return pstrain::WaitCommand(args);
   if (command == "logs") return pstrain::LogsCommand(args);
+  if (command == "trace") return pstrain::TraceCommand(args);
   if (command == "launch-lines") {
     return pstrain::LaunchLinesCommand(args, absl::GetFlag(FLAGS_ps_binary),
                                        absl::GetFlag(FLAGS_worker_binary));

@@ -23,6 +23,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/flags_util.h"
 #include "common/tls.h"
+#include "common/trace.h"
 #include "coordinator/job_spec.h"
 #include "coordinator/task_agent.h"
 #include "coordinator/task_flags.h"
@@ -123,6 +124,27 @@ int main(int argc, char** argv) {
     pstrain::PrintError(kProgram,
                         absl::StrCat(agent.name(), ": ", s.message()));
     return 1;
+  }
+  // The job's trace (common/trace.h): this worker's timeline, on its clock
+  // with the offset to the coordinator's measured now.
+  if (spec->trace()) {
+    pstrain::trace::TraceOptions trace_options;
+    trace_options.path =
+        absl::StrCat(spec->metrics_dir(), "/trace/worker", index, ".json");
+    trace_options.process_name = absl::StrCat("worker ", index);
+    trace_options.pid = 100 + index;
+    if (absl::Status s = pstrain::trace::Start(trace_options); !s.ok()) {
+      return fail(1, absl::StrCat("trace: ", s.message()));
+    }
+    pstrain::trace::SetThreadName("train");
+    absl::StatusOr<pstrain::ClockOffset> offset = agent.MeasureClockOffset();
+    if (offset.ok()) {
+      pstrain::trace::SetClockOffset(offset->offset_us, offset->rtt_us);
+    } else {
+      agent.Log(absl::StrCat("trace: no clock offset (",
+                             offset.status().message(),
+                             "); the merged timeline takes it as 0"));
+    }
   }
   // The job ended elsewhere (a lost task, a cancel): stop at once. The
   // training thread may be blocked in a PS call, so exit from here.
@@ -240,6 +262,10 @@ int main(int argc, char** argv) {
   };
   absl::StatusOr<pstrain::TrainerOutput> output =
       pstrain::RunWorker(options, *dataset);
+  // The trace is complete before the coordinator hears of the end.
+  if (absl::Status s = pstrain::trace::Stop(); !s.ok()) {
+    pstrain::PrintError(kProgram, absl::StrCat("trace: ", s.message()));
+  }
   if (!output.ok()) return fail(1, output.status().ToString());
   absl::Status s =
       agent.Finish(true, "", index == 0 ? &output->result : nullptr);
