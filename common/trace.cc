@@ -5,8 +5,10 @@
 #include <chrono>  // NOLINT(build/c++11)
 #include <cstdio>
 #include <filesystem>
+#include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <string>
 #include <system_error>
 #include <thread>  // NOLINT(build/c++11)
@@ -39,8 +41,8 @@ struct Event {
 // One thread's events. The thread appends under mu (uncontended but for
 // a flush copying them).
 struct ThreadBuffer {
-  int tid = 0;
   absl::Mutex mu;
+  int tid ABSL_GUARDED_BY(mu) = 0;
   std::string name ABSL_GUARDED_BY(mu);
   std::vector<Event> events ABSL_GUARDED_BY(mu);
 };
@@ -54,6 +56,9 @@ struct Tracer {
   // Every thread that recorded, kept for the process's life (a thread's
   // buffer outlives it, so its events are written after it ended).
   std::vector<std::shared_ptr<ThreadBuffer>> buffers ABSL_GUARDED_BY(mu);
+  // Threads of one name share a row (a step's short-lived threads).
+  std::map<std::string, int> tid_by_name ABSL_GUARDED_BY(mu);
+  int next_tid ABSL_GUARDED_BY(mu) = 1;
   std::atomic<int64_t> recorded{0};
   std::atomic<int64_t> dropped{0};
   // Serializes whole-file writes.
@@ -72,7 +77,8 @@ ThreadBuffer& ThisThread() {
     auto b = std::make_shared<ThreadBuffer>();
     Tracer& t = GetTracer();
     absl::MutexLock lock(&t.mu);
-    b->tid = static_cast<int>(t.buffers.size()) + 1;
+    absl::MutexLock buffer_lock(&b->mu);
+    b->tid = t.next_tid++;
     t.buffers.push_back(b);
     return b;
   }();
@@ -177,7 +183,11 @@ void SetClockOffset(int64_t offset_us, int64_t rtt_us) {
 
 void SetThreadName(const std::string& name) {
   ThreadBuffer& b = ThisThread();
-  absl::MutexLock lock(&b.mu);
+  Tracer& t = GetTracer();
+  absl::MutexLock lock(&t.mu);
+  absl::MutexLock buffer_lock(&b.mu);
+  auto [it, inserted] = t.tid_by_name.emplace(name, b.tid);
+  b.tid = it->second;
   b.name = name;
 }
 
@@ -203,22 +213,27 @@ absl::Status Flush() {
                     {"pid", options.pid},
                     {"tid", 0},
                     {"args", {{"name", options.process_name}}}});
+  std::set<int> named;
   for (const std::shared_ptr<ThreadBuffer>& b : buffers) {
     std::vector<Event> copy;
     std::string name;
+    int tid;
     {
       absl::MutexLock lock(&b->mu);
       copy = b->events;
       name = b->name;
+      tid = b->tid;
     }
     if (copy.empty()) continue;
-    events.push_back(
-        {{"ph", "M"},
-         {"name", "thread_name"},
-         {"pid", options.pid},
-         {"tid", b->tid},
-         {"args",
-          {{"name", name.empty() ? absl::StrCat("thread ", b->tid) : name}}}});
+    if (named.insert(tid).second) {
+      events.push_back(
+          {{"ph", "M"},
+           {"name", "thread_name"},
+           {"pid", options.pid},
+           {"tid", tid},
+           {"args",
+            {{"name", name.empty() ? absl::StrCat("thread ", tid) : name}}}});
+    }
     for (const Event& e : copy) {
       nlohmann::json args = nlohmann::json::object();
       for (int i = 0; i < e.num_args; ++i)
@@ -227,7 +242,7 @@ absl::Status Flush() {
                         {"name", e.name},
                         {"cat", e.category},
                         {"pid", options.pid},
-                        {"tid", b->tid},
+                        {"tid", tid},
                         {"ts", e.ts_us},
                         {"dur", e.dur_us},
                         {"args", std::move(args)}});

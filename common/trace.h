@@ -18,8 +18,8 @@
 // this task's ts to get the coordinator's clock (measured by the task, see
 // coordinator/task_agent.h MeasureClockOffset); `pstrain trace` shifts each
 // file by it to merge tasks onto one clock. pid: the caller's (tasks use
-// 0 for shard 0, 1.., then 100 + worker index); tid: a per-process thread
-// number in order of each thread's first event.
+// shard k's index, 100 + worker j's); tid: a per-process number per
+// thread name (SetThreadName), else per thread.
 //
 // Cost: off (the default), every Scope and Complete is one relaxed atomic
 // load and a branch. On, an event is appended to the calling thread's own
@@ -84,7 +84,8 @@ absl::Status Start(const TraceOptions& options);
 // The measured offset (coordinator clock minus this host's, us) and the
 // round trip of the sample it came from; written into otherData.
 void SetClockOffset(int64_t offset_us, int64_t rtt_us);
-// Names the calling thread's row ("pusher shard 1").
+// Names the calling thread's row ("push shard 1"); threads given the same
+// name share one row (tid), e.g. a step's short-lived threads.
 void SetThreadName(const std::string& name);
 // Writes every event so far to the file (via a temporary file renamed
 // over it, so a reader never sees half a file). No-op when not started.

@@ -43,6 +43,12 @@ TEST(TraceTest, OffRecordsNothingOnWritesCompleteEventsPerThread) {
     Complete("push", "ps", 1000, 1250, {{"param", 2}, {"chunk", 1}});
   });
   other.join();
+  // A later thread of the same name shares its row.
+  std::thread again([] {
+    SetThreadName("pusher");
+    Complete("push", "ps", 2000, 2100, {{"param", 3}});
+  });
+  again.join();
   ASSERT_TRUE(Stop().ok());
   EXPECT_FALSE(Enabled());
   { Scope after("not recorded either", "test"); }
@@ -53,7 +59,7 @@ TEST(TraceTest, OffRecordsNothingOnWritesCompleteEventsPerThread) {
   EXPECT_EQ(file["otherData"]["task"], "worker 0");
   int complete = 0;
   int threads = 0;
-  int forward_tid = -1, push_tid = -1;
+  int forward_tid = -1, push_tid = -1, again_tid = -2;
   for (const nlohmann::json& e : file["traceEvents"]) {
     EXPECT_EQ(e["pid"], 100);
     if (e["ph"] == "M" && e["name"] == "thread_name") ++threads;
@@ -67,17 +73,21 @@ TEST(TraceTest, OffRecordsNothingOnWritesCompleteEventsPerThread) {
       EXPECT_EQ(e["args"]["layer"], 7);
       EXPECT_GE(e["dur"].get<int64_t>(), 0);
     }
-    if (e["name"] == "push") {
+    if (e["name"] == "push" && e["args"]["param"] == 2) {
       push_tid = e["tid"];
       EXPECT_EQ(e["ts"], 1000);
       EXPECT_EQ(e["dur"], 250);
-      EXPECT_EQ(e["args"]["param"], 2);
+      EXPECT_EQ(e["args"]["chunk"], 1);
       EXPECT_EQ(e["cat"], "ps");
     }
+    if (e["name"] == "push" && e["args"]["param"] == 3) {
+      again_tid = e["tid"];
+    }
   }
-  EXPECT_EQ(complete, 2);
+  EXPECT_EQ(complete, 3);
   EXPECT_EQ(threads, 2);
   EXPECT_NE(forward_tid, push_tid);
+  EXPECT_EQ(push_tid, again_tid);
 }
 
 }  // namespace
