@@ -195,12 +195,13 @@ TEST(AllreduceExchangeTest, FailedCopyIsStepsErrorAndMidStepExitIsPrompt) {
   EXPECT_LT(absl::Now() - start, absl::Seconds(2));
 }
 
-// `num_shards` sync shards of a job of `num_workers`, each behind its own
-// gRPC server on 127.0.0.1, for tensors of kTensors x kElements in one
-// chunk each.
+// `num_shards` sync shards of a job of `num_workers` (bounded staleness
+// `staleness`), each behind its own gRPC server on 127.0.0.1, for tensors
+// of kTensors x kElements in one chunk each.
 class Shards {
  public:
-  Shards(int num_shards, int num_workers) {
+  Shards(int num_shards, int num_workers, int staleness = 0)
+      : staleness_(staleness) {
     for (int s = 0; s < num_shards; ++s) {
       ShardOptions options;
       options.job_id = "job";
@@ -208,6 +209,7 @@ class Shards {
       options.num_shards = num_shards;
       options.num_workers = num_workers;
       options.mode = SyncMode::kSync;
+      options.staleness = staleness;
       shards_.push_back(std::make_unique<ParameterShard>(options));
       services_.push_back(
           std::make_unique<PsService>(shards_.back().get(), absl::Seconds(10)));
@@ -236,11 +238,12 @@ class Shards {
         PsClient::Create(options, Plan());
     EXPECT_TRUE(client.ok()) << client.status();
     return CreatePsExchange(*std::move(client), /*sync=*/true, chief,
-                            absl::Seconds(10));
+                            absl::Seconds(10), staleness_);
   }
   ParameterShard& shard(int s) { return *shards_[s]; }
 
  private:
+  const int staleness_;
   std::vector<std::unique_ptr<ParameterShard>> shards_;
   std::vector<std::unique_ptr<PsService>> services_;
   std::vector<std::unique_ptr<grpc::Server>> servers_;
@@ -302,6 +305,89 @@ TEST(PsExchangeTest, PushesStartDuringBackwardAndMatchAdam) {
     for (int t = 0; t < kTensors; ++t) {
       EXPECT_EQ(results[r][t], expected[t])
           << "worker " << r << " tensor " << t;
+    }
+  }
+}
+
+// Bounded staleness 2 (issue 25) through the client and gRPC: worker 1 is
+// held between steps; worker 0 runs at most 2 steps ahead of it (after the
+// first step, whose pull waits for step 0), and the shards end with the
+// sync model: each step's update is the average of both workers' pushes.
+TEST(PsExchangeTest, StalenessLetsAWorkerRunAtMostThatFarAhead) {
+  constexpr int kWorkers = 2;
+  constexpr int kSteps = 6;
+  constexpr int kStaleness = 2;
+  Shards shards(/*num_shards=*/2, kWorkers, kStaleness);
+  std::atomic<int> done0{0};  // steps worker 0 has finished
+  absl::Mutex mu;
+  int allowed1 ABSL_GUARDED_BY(mu) = 0;  // steps worker 1 may run
+  std::atomic<int> done1{0};
+  std::thread fast([&] {
+    std::unique_ptr<GradientExchange> exchange = shards.Exchange(0, true);
+    RankTensors tensors(0);
+    ASSERT_TRUE(exchange->Start(tensors.weights).ok());
+    for (int t = 0; t < kSteps; ++t) {
+      const absl::Status s = exchange->Step(tensors.gradients, 8);
+      ASSERT_TRUE(s.ok()) << s;
+      ++done0;
+    }
+    ASSERT_TRUE(exchange->Finish().ok());
+  });
+  std::thread slow([&] {
+    std::unique_ptr<GradientExchange> exchange = shards.Exchange(1, false);
+    RankTensors tensors(1);
+    ASSERT_TRUE(exchange->Start(tensors.weights).ok());
+    for (int t = 0; t < kSteps; ++t) {
+      {
+        absl::MutexLock lock(&mu);
+        auto go = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+          return allowed1 > t;
+        };
+        ASSERT_TRUE(
+            mu.AwaitWithTimeout(absl::Condition(&go), absl::Seconds(30)));
+      }
+      const absl::Status s = exchange->Step(tensors.gradients, 8);
+      ASSERT_TRUE(s.ok()) << s;
+      ++done1;
+    }
+    ASSERT_TRUE(exchange->Finish().ok());
+  });
+  // Waits up to 10 s for `count` to reach `n`.
+  auto reach = [](const std::atomic<int>& count, int n) {
+    const absl::Time end = absl::Now() + absl::Seconds(10);
+    while (count.load() < n && absl::Now() < end) {
+      absl::SleepFor(absl::Milliseconds(1));
+    }
+    return count.load();
+  };
+  // Worker 1 still at step 0: worker 0's first pull waits for step 0.
+  absl::SleepFor(absl::Milliseconds(300));
+  EXPECT_EQ(done0.load(), 0);
+  for (int k = 1; k <= kSteps; ++k) {
+    {
+      absl::MutexLock lock(&mu);
+      allowed1 = k;
+    }
+    ASSERT_EQ(reach(done1, k), k);
+    // Worker 0's step j pulls version max(1, j - 1), so it waits for step
+    // max(0, j - 2) to be decided: with worker 1's steps 0 to k - 1 in,
+    // worker 0 finishes steps 0 to k + 1 (k + 2 of them) and no more.
+    const int bound = std::min(kSteps, k + kStaleness);
+    EXPECT_EQ(reach(done0, bound), bound) << k;
+    absl::SleepFor(absl::Milliseconds(100));
+    EXPECT_EQ(done0.load(), bound) << "worker 0 ran past the bound at " << k;
+  }
+  fast.join();
+  slow.join();
+  // Both workers' pushes of every step went into its update: the sync model.
+  const std::vector<std::vector<float>> expected =
+      Expected(kWorkers, kSteps, AdamOptions());
+  for (int s = 0; s < 2; ++s) {
+    absl::StatusOr<std::vector<ChunkSnapshot>> snapshot =
+        shards.shard(s).Snapshot(kSteps);
+    ASSERT_TRUE(snapshot.ok()) << snapshot.status();
+    for (const ChunkSnapshot& c : *snapshot) {
+      EXPECT_EQ(c.weights, expected[c.spec.param_id]) << c.spec.param_id;
     }
   }
 }
