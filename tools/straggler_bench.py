@@ -13,8 +13,9 @@ prints one table:
                step time at the start of every step (--straggler=W:MS; the
                normal step time is sync's worker-0 runtime / steps of the
                "none" run, measured first);
-             stop20: the last worker is stopped (SIGSTOP) --stop_s seconds
-               after its first training log line, then continued (SIGCONT).
+             stopN: the last worker is stopped (SIGSTOP) for N seconds, 1 s
+               after worker 0's first training log line, then continued
+               (SIGCONT).
 
 Columns: train time (s): from worker 0's first step (its "steps per epoch"
 line) to the end of the last worker's training (the exit of workers 1..W-1,
@@ -113,7 +114,12 @@ def run(args, mode, scenario, delay_ms):
     watcher = threading.Thread(target=watch_exits, daemon=True)
     watcher.start()
     stopper = None
-    if scenario == "stop20":
+    if args.ps_binary:
+        cmd.append("--ps_binary=" + args.ps_binary)
+    if args.worker_binary:
+        cmd.append("--worker_binary=" + args.worker_binary)
+    if scenario.startswith("stop"):
+        stop_s = float(scenario[len("stop"):])
         def stop_later():
             pid = worker_pid(proc.pid, slow)
             # Wait for its first step (the model line is logged before it).
@@ -123,7 +129,7 @@ def run(args, mode, scenario, delay_ms):
                 time.sleep(0.05)
             time.sleep(1.0)
             os.kill(pid, signal.SIGSTOP)
-            time.sleep(args.stop_s)
+            time.sleep(stop_s)
             os.kill(pid, signal.SIGCONT)
         stopper = threading.Thread(target=stop_later, daemon=True)
         stopper.start()
@@ -161,10 +167,14 @@ def main():
     p.add_argument("--steps", type=int, default=120,
                    help="steps per worker")
     p.add_argument("--batch_size", type=int, default=64)
-    p.add_argument("--stop_s", type=float, default=20.0)
+    p.add_argument("--ps_binary", default="",
+                   help="passed to pstrain run (a private copy keeps the "
+                   "runs apart from rebuilds of bazel-bin)")
+    p.add_argument("--worker_binary", default="")
     p.add_argument("--modes",
                    default="sync,stale1,stale2,stale4,async,allreduce")
-    p.add_argument("--scenarios", default="none,delay1x,delay3x,stop20")
+    p.add_argument("--scenarios",
+                   default="none,delay1x,delay3x,stop20,stop8")
     args = p.parse_args()
     modes = args.modes.split(",")
     scenarios = args.scenarios.split(",")
