@@ -479,8 +479,8 @@ TEST(RunCliTest, IgnoredFlagsAreErrors) {
       {"run --mode=allreduce --num_ps=2",
        "--num_ps would be ignored: it is for the parameter-server modes "
        "(sync, async), not --mode=allreduce"},
-      {"run --mode=allreduce --max_restarts=2",
-       "--max_restarts would be ignored: it is for the "
+      {"run --mode=allreduce --partition_bytes=4096",
+       "--partition_bytes would be ignored: it is for the "
        "parameter-server modes (sync, async), not --mode=allreduce"},
       {"run --compute=synthetic --max_steps_per_epoch=3 --dataset=mnist",
        "--dataset would be ignored: --compute=synthetic reads no dataset"},
