@@ -8,8 +8,16 @@ mean and std, one epoch; then evaluates on the 10,000 test images.
   /usr/bin/python3 tools/torch_reference_train.py --model resnet18 \\
       --epochs 1 --batch_size 128 --threads 2
 
+With --optimizer=sgd (torch.optim.SGD: --momentum, --nesterov,
+--weight_decay) and --warmup_steps/--lr_schedule/--lr_min/--total_steps,
+the learning rate follows pstrain's ScheduledLr (server/optimizer.h) per
+optimizer step: linear warmup from 0, then cosine (CosineAnnealingLR's
+closed form, held at --lr_min past its horizon) or constant, through a
+LambdaLR (torch's LinearLR cannot start from 0).
+
 Prints "accuracy=<float> train_seconds=<float> samples_per_sec=<float>".
 """
+import math
 import argparse
 import gzip
 import os
@@ -43,6 +51,16 @@ def main():
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--optimizer", default="adam", choices=["adam", "sgd"])
+    p.add_argument("--momentum", type=float, default=0.0)
+    p.add_argument("--nesterov", action="store_true")
+    p.add_argument("--weight_decay", type=float, default=0.0)
+    p.add_argument("--warmup_steps", type=int, default=0)
+    p.add_argument("--lr_schedule", default="constant",
+                   choices=["constant", "cosine"])
+    p.add_argument("--lr_min", type=float, default=0.0)
+    p.add_argument("--total_steps", type=int, default=0,
+                   help="cosine horizon incl. warmup (0: epochs x steps)")
     a = p.parse_args()
     torch.set_num_threads(a.threads)
     torch.manual_seed(a.seed)
@@ -56,8 +74,26 @@ def main():
     xte = torch.from_numpy((xte - mean) / std).unsqueeze(1)
     ytr, yte = torch.from_numpy(ytr), torch.from_numpy(yte)
     model = build_any(a.model, 1, 28, 10)
-    opt = torch.optim.Adam(model.parameters(), lr=a.lr)
+    if a.optimizer == "sgd":
+        opt = torch.optim.SGD(model.parameters(), lr=a.lr, momentum=a.momentum,
+                              nesterov=a.nesterov, weight_decay=a.weight_decay)
+    else:
+        opt = torch.optim.Adam(model.parameters(), lr=a.lr)
     steps = len(xtr) // a.batch_size
+    total = a.total_steps or steps * a.epochs
+    warm = a.warmup_steps
+
+    def factor(t):  # lr(t) / lr, as server/optimizer.h's ScheduledLr
+        if t < warm:
+            return t / warm
+        if a.lr_schedule == "cosine":
+            t_max = max(1, total - warm)
+            tp = min(t - warm, t_max)
+            lr = a.lr_min + (a.lr - a.lr_min) * (1 + math.cos(math.pi * tp / t_max)) / 2
+            return lr / a.lr
+        return 1.0
+
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, factor)
     start = time.perf_counter()
     for epoch in range(a.epochs):
         model.train()
@@ -68,6 +104,7 @@ def main():
             loss = F.cross_entropy(model(xtr[idx]), ytr[idx])
             loss.backward()
             opt.step()
+            sched.step()
             if (i + 1) % 50 == 0:
                 rate = (i + 1) * a.batch_size / (time.perf_counter() - start)
                 print(f"step {i + 1}/{steps} loss {loss.item():.4f} {rate:.1f} samples/sec",
