@@ -6,10 +6,12 @@
 
 #include <atomic>
 #include <cmath>
+#include <functional>
 #include <limits>
 #include <random>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -292,15 +294,35 @@ TEST_F(BoundedCoordinatorTest, RandomSpecsAreRefusedOrAcceptedNeverACrash) {
     if (i % 250 == 0) ExpectServing();
   }
   ExpectServing();
-  // Bytes that are not UTF-8 in a string field: gRPC itself refuses the
-  // message (INTERNAL, before the service sees it); still serving.
-  {
+  // Bytes that are not UTF-8 in a text field (bytes on the wire, so the
+  // request parses): INVALID_ARGUMENT naming the field, in any field, nested
+  // ones too; still serving.
+  for (const auto& [set, message] :
+       std::vector<std::pair<std::function<void(JobSpec*)>, std::string>>{
+           {[](JobSpec* s) { s->set_model("\xff\xfe"); },
+            "model: \"\\xff\\xfe\" is not UTF-8; expected UTF-8 text"},
+           {[](JobSpec* s) { s->set_data_dir("/data/\xc3"); },
+            "data_dir: \"/data/\\xc3\" is not UTF-8; expected UTF-8 text"},
+           {[](JobSpec* s) {
+              s->add_worker_hosts()->set_host("a");
+              s->add_worker_hosts()->set_host("b\x80");
+            },
+            "worker_hosts[1].host: \"b\\x80\" is not UTF-8; expected UTF-8 "
+            "text"},
+           {[](JobSpec* s) { s->mutable_optimizer()->set_name("sgd\xff"); },
+            "optimizer.name: \"sgd\\xff\" is not UTF-8; expected UTF-8 "
+            "text"}}) {
     SubmitRequest request;
-    request.mutable_spec()->set_model("\xff\xfe");
+    request.mutable_spec()->set_num_ps(1);
+    request.mutable_spec()->set_num_workers(2);
+    set(request.mutable_spec());
     grpc::ClientContext context;
     context.set_deadline(In(absl::Seconds(10)));
     SubmitResponse response;
-    EXPECT_FALSE(stub_->Submit(&context, request, &response).ok());
+    const grpc::Status status = stub_->Submit(&context, request, &response);
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT)
+        << status.error_message();
+    EXPECT_EQ(status.error_message(), message);
     ExpectServing();
   }
   // Both outcomes were exercised.

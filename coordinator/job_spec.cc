@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/status.h"
+#include "common/utf8.h"
 #include "google/protobuf/io/tokenizer.h"
 #include "google/protobuf/text_format.h"
 #include "models/model.h"
@@ -229,6 +230,7 @@ void ApplyJobDefaults(JobSpec* spec) {
 }
 
 absl::Status ValidateJobSpec(const JobSpec& spec) {
+  RETURN_IF_ERROR(CheckUtf8Fields(spec));
   if (!Model::IsKnown(spec.model())) {
     return Bad("model", absl::StrCat("\"", spec.model(),
                                      "\" is not a known model; expected one "

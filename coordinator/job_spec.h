@@ -147,10 +147,12 @@ absl::StatusOr<JobSpec> ParseJobSpec(absl::string_view text,
 void ApplyJobDefaults(JobSpec* spec);
 
 // INVALID_ARGUMENT naming the first bad field, its value and what was
-// expected: an unknown model, dataset, backend, mode, compute or
-// collective; a value outside the ranges above; a host list whose length is
-// neither 0 nor the task count; an empty host; the same host:port (port >
-// 0) listed twice; fields that contradict each other (max_restarts or a
+// expected: a text field that is not UTF-8 (CheckUtf8Fields: the spec's
+// text fields are bytes on the wire, so a server parses such a spec and
+// answers this, not gRPC's INTERNAL), an unknown model, dataset, backend, mode,
+// compute or collective; a value outside the ranges above; a host list whose
+// length is neither 0 nor the task count; an empty host; the same host:port
+// (port > 0) listed twice; fields that contradict each other (max_restarts or a
 // collective with the wrong mode, nccl without cuda, init_from or
 // checkpoint_dir with synthetic compute). Reads `spec` after
 // ApplyJobDefaults: a 0 here is checked as 0.

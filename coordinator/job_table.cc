@@ -14,6 +14,7 @@
 #include "absl/strings/str_join.h"
 #include "common/flags_util.h"
 #include "common/status.h"
+#include "common/utf8.h"
 #include "google/protobuf/stubs/logging.h"
 
 namespace pstrain {
@@ -116,6 +117,11 @@ absl::Status ValidateJobTableFile(const JobTableFile& table) {
         job.state() == JOB_STATE_UNSPECIFIED) {
       return absl::DataLossError(
           absl::StrCat(where, ": unknown job state ", job.state()));
+    }
+    // The spec's text fields are bytes on the wire; Submit stores only
+    // UTF-8, so other bytes mean a damaged file.
+    if (absl::Status s = CheckUtf8Fields(job.spec()); !s.ok()) {
+      return absl::DataLossError(absl::StrCat(where, ": spec.", s.message()));
     }
     const int64_t num_ps = job.spec().num_ps();
     const int64_t num_workers = job.spec().num_workers();

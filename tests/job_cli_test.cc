@@ -416,7 +416,7 @@ TEST(JobCliTest, FlagsEvalLaunchLinesAndNodeWouldIgnoreExit2) {
 
   // pstrain node learns the spec from the coordinator: a job with hosts
   // places its tasks itself, and a cpu job has no GPUs to give out.
-  Coordinator coordinator(dir + "/jobs.pb", 600);
+  Coordinator coordinator(dir + "/node_flags_jobs.pb", 600);
   ASSERT_TRUE(coordinator.up());
   r = RunCommand("tools/pstrain submit " + hosts + coordinator.flag());
   ASSERT_EQ(r.output, "job-1\n");
@@ -436,6 +436,22 @@ TEST(JobCliTest, FlagsEvalLaunchLinesAndNodeWouldIgnoreExit2) {
   EXPECT_EQ(r.output,
             "pstrain node: error: job-2: --gpus_per_node would be ignored: the "
             "job's backend is cpu, not cuda; see pstrain help node\n");
+}
+
+// A job spec whose text is not UTF-8: refused before it is sent (exit 2,
+// the field named); tests the coordinator's own answer in
+// coordinator/coordinator_server_test.
+TEST(JobCliTest, SubmitRefusesASpecThatIsNotUtf8) {
+  const std::string spec = TempDir() + "/latin1.pbtxt";
+  WriteFile(spec,
+            "model: \"lenet5\" data_dir: \"/data/caf\\351\"\n"
+            "num_ps: 1 num_workers: 1 batch_size: 64 epochs: 1\n");
+  const Result r =
+      RunCommand("tools/pstrain submit " + spec + " --coordinator=127.0.0.1:1");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_EQ(r.output, "pstrain: error: " + spec +
+                          ": data_dir: \"/data/caf\\xe9\" is not UTF-8; "
+                          "expected UTF-8 text\n");
 }
 
 // `pstrain help COMMAND` and `pstrain COMMAND --help` for every command:
