@@ -8,7 +8,6 @@
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
-#include <set>
 #include <string>
 #include <system_error>
 #include <thread>  // NOLINT(build/c++11)
@@ -51,8 +50,6 @@ struct Tracer {
   absl::Mutex mu;
   TraceOptions options ABSL_GUARDED_BY(mu);
   bool started ABSL_GUARDED_BY(mu) = false;
-  int64_t offset_us ABSL_GUARDED_BY(mu) = 0;
-  int64_t rtt_us ABSL_GUARDED_BY(mu) = -1;
   // Every thread that recorded, kept for the process's life (a thread's
   // buffer outlives it, so its events are written after it ended).
   std::vector<std::shared_ptr<ThreadBuffer>> buffers ABSL_GUARDED_BY(mu);
@@ -61,8 +58,16 @@ struct Tracer {
   int next_tid ABSL_GUARDED_BY(mu) = 1;
   std::atomic<int64_t> recorded{0};
   std::atomic<int64_t> dropped{0};
-  // Serializes whole-file writes.
+  // The file, open from Start() to Stop(), and what has been written to
+  // it: whether an event went in (the next is preceded by a comma) and the
+  // thread rows already named.
   absl::Mutex write_mu;
+  std::FILE* file ABSL_GUARDED_BY(write_mu) = nullptr;
+  std::string path ABSL_GUARDED_BY(write_mu);
+  int pid ABSL_GUARDED_BY(write_mu) = 0;
+  bool wrote_event ABSL_GUARDED_BY(write_mu) = false;
+  std::map<int, std::string> thread_names ABSL_GUARDED_BY(write_mu);
+  absl::Status write_error ABSL_GUARDED_BY(write_mu);
   std::unique_ptr<absl::Notification> stop_flusher;
   std::thread flusher;
 };
@@ -85,19 +90,29 @@ ThreadBuffer& ThisThread() {
   return *buffer;
 }
 
-absl::Status WriteFile(const std::string& path, const std::string& text) {
-  const std::string tmp = path + ".tmp";
-  std::FILE* f = std::fopen(tmp.c_str(), "w");
-  if (f == nullptr) return ErrnoToStatus(errno, tmp);
-  const bool ok = std::fwrite(text.data(), 1, text.size(), f) == text.size();
-  const int error = errno;
-  if (std::fclose(f) != 0 || !ok) {
-    return ErrnoToStatus(ok ? errno : error, absl::StrCat(tmp, ": write"));
+// `text` as a JSON string literal (names are ours, but a thread name may
+// hold anything).
+std::string Quoted(const std::string& text) {
+  return nlohmann::json(text).dump();
+}
+
+// Appends `json` (one event object) to the array, after a comma unless it
+// is the first.
+void AppendEvent(Tracer& t, const std::string& json)
+    ABSL_EXCLUSIVE_LOCKS_REQUIRED(t.write_mu) {
+  if (t.file == nullptr || !t.write_error.ok()) return;
+  const std::string line = absl::StrCat(t.wrote_event ? ",\n" : "", json);
+  t.wrote_event = true;
+  if (std::fwrite(line.data(), 1, line.size(), t.file) != line.size()) {
+    t.write_error = ErrnoToStatus(errno, absl::StrCat(t.path, ": write"));
   }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    return ErrnoToStatus(errno, absl::StrCat(path, ": rename"));
+}
+
+absl::Status FlushFile(Tracer& t) ABSL_EXCLUSIVE_LOCKS_REQUIRED(t.write_mu) {
+  if (t.file != nullptr && t.write_error.ok() && std::fflush(t.file) != 0) {
+    t.write_error = ErrnoToStatus(errno, absl::StrCat(t.path, ": write"));
   }
-  return absl::OkStatus();
+  return t.write_error;
 }
 
 }  // namespace
@@ -140,6 +155,8 @@ void Scope::End() {
 absl::Status Start(const TraceOptions& options) {
   Tracer& t = GetTracer();
   {
+    // Lock order: write_mu, then mu, then a buffer's mu.
+    absl::MutexLock write_lock(&t.write_mu);
     absl::MutexLock lock(&t.mu);
     if (t.started) return absl::FailedPreconditionError("trace: started twice");
     std::error_code error;
@@ -150,6 +167,19 @@ absl::Status Start(const TraceOptions& options) {
       return ErrnoToStatus(error.value(),
                            absl::StrCat(dir.string(), ": cannot create"));
     }
+    t.file = std::fopen(options.path.c_str(), "w");
+    if (t.file == nullptr) return ErrnoToStatus(errno, options.path);
+    t.path = options.path;
+    t.pid = options.pid;
+    t.wrote_event = false;
+    t.thread_names.clear();
+    t.write_error = absl::OkStatus();
+    if (std::fputs("[\n", t.file) < 0) {
+      t.write_error = ErrnoToStatus(errno, absl::StrCat(t.path, ": write"));
+    }
+    AppendEvent(t, absl::StrCat(R"({"ph":"M","name":"process_name","pid":)",
+                                options.pid, R"(,"tid":0,"args":{"name":)",
+                                Quoted(options.process_name), "}}"));
     t.options = options;
     t.started = true;
     for (const std::shared_ptr<ThreadBuffer>& b : t.buffers) {
@@ -170,15 +200,16 @@ absl::Status Start(const TraceOptions& options) {
       }
     });
   }
-  // The file exists (empty of events) from the start.
   return Flush();
 }
 
 void SetClockOffset(int64_t offset_us, int64_t rtt_us) {
   Tracer& t = GetTracer();
-  absl::MutexLock lock(&t.mu);
-  t.offset_us = offset_us;
-  t.rtt_us = rtt_us;
+  absl::MutexLock lock(&t.write_mu);
+  AppendEvent(t, absl::StrCat(R"({"ph":"M","name":"pstrain_clock","pid":)",
+                              t.pid, R"(,"tid":0,"args":{"offset_us":)",
+                              offset_us, R"(,"rtt_us":)", rtt_us, "}}"));
+  FlushFile(t).IgnoreError();  // Stop() reports it
 }
 
 void SetThreadName(const std::string& name) {
@@ -194,64 +225,49 @@ void SetThreadName(const std::string& name) {
 absl::Status Flush() {
   Tracer& t = GetTracer();
   absl::MutexLock write_lock(&t.write_mu);
-  TraceOptions options;
+  if (t.file == nullptr) return absl::OkStatus();
   std::vector<std::shared_ptr<ThreadBuffer>> buffers;
-  nlohmann::json other = nlohmann::json::object();
   {
     absl::MutexLock lock(&t.mu);
-    if (!t.started) return absl::OkStatus();
-    options = t.options;
     buffers = t.buffers;
-    other["task"] = options.process_name;
-    other["clock_offset_us"] = t.offset_us;
-    other["clock_rtt_us"] = t.rtt_us;
-    other["dropped_events"] = t.dropped.load();
   }
-  nlohmann::json events = nlohmann::json::array();
-  events.push_back({{"ph", "M"},
-                    {"name", "process_name"},
-                    {"pid", options.pid},
-                    {"tid", 0},
-                    {"args", {{"name", options.process_name}}}});
-  std::set<int> named;
+  std::string text;
   for (const std::shared_ptr<ThreadBuffer>& b : buffers) {
-    std::vector<Event> copy;
+    std::vector<Event> events;
     std::string name;
     int tid;
     {
+      // The events leave the buffer: memory stays bounded by what one
+      // flush interval records.
       absl::MutexLock lock(&b->mu);
-      copy = b->events;
+      events.swap(b->events);
       name = b->name;
       tid = b->tid;
     }
-    if (copy.empty()) continue;
-    if (named.insert(tid).second) {
-      events.push_back(
-          {{"ph", "M"},
-           {"name", "thread_name"},
-           {"pid", options.pid},
-           {"tid", tid},
-           {"args",
-            {{"name", name.empty() ? absl::StrCat("thread ", tid) : name}}}});
+    if (events.empty()) continue;
+    if (name.empty()) name = absl::StrCat("thread ", tid);
+    auto [named, inserted] = t.thread_names.emplace(tid, name);
+    if (inserted || named->second != name) {
+      named->second = name;
+      AppendEvent(t, absl::StrCat(R"({"ph":"M","name":"thread_name","pid":)",
+                                  t.pid, R"(,"tid":)", tid,
+                                  R"(,"args":{"name":)", Quoted(name), "}}"));
     }
-    for (const Event& e : copy) {
-      nlohmann::json args = nlohmann::json::object();
-      for (int i = 0; i < e.num_args; ++i)
-        args[e.args[i].key] = e.args[i].value;
-      events.push_back({{"ph", "X"},
-                        {"name", e.name},
-                        {"cat", e.category},
-                        {"pid", options.pid},
-                        {"tid", tid},
-                        {"ts", e.ts_us},
-                        {"dur", e.dur_us},
-                        {"args", std::move(args)}});
+    for (const Event& e : events) {
+      text.clear();
+      absl::StrAppend(&text, R"({"ph":"X","name":")", e.name, R"(","cat":")",
+                      e.category, R"(","pid":)", t.pid, R"(,"tid":)", tid,
+                      R"(,"ts":)", e.ts_us, R"(,"dur":)", e.dur_us,
+                      R"(,"args":{)");
+      for (int i = 0; i < e.num_args; ++i) {
+        absl::StrAppend(&text, i == 0 ? "" : ",", "\"", e.args[i].key,
+                        "\":", e.args[i].value);
+      }
+      absl::StrAppend(&text, "}}");
+      AppendEvent(t, text);
     }
   }
-  nlohmann::json file = {{"traceEvents", std::move(events)},
-                         {"displayTimeUnit", "ms"},
-                         {"otherData", std::move(other)}};
-  return WriteFile(options.path, file.dump());
+  return FlushFile(t);
 }
 
 absl::Status Stop() {
@@ -267,6 +283,20 @@ absl::Status Stop() {
   }
   internal::enabled.store(false, std::memory_order_relaxed);
   absl::Status s = Flush();
+  {
+    absl::MutexLock write_lock(&t.write_mu);
+    AppendEvent(t, absl::StrCat(R"({"ph":"M","name":"pstrain_dropped","pid":)",
+                                t.pid, R"(,"tid":0,"args":{"events":)",
+                                t.dropped.load(), "}}"));
+    if (t.write_error.ok() && std::fputs("\n]\n", t.file) < 0) {
+      t.write_error = ErrnoToStatus(errno, absl::StrCat(t.path, ": write"));
+    }
+    if (std::fclose(t.file) != 0 && t.write_error.ok()) {
+      t.write_error = ErrnoToStatus(errno, absl::StrCat(t.path, ": close"));
+    }
+    t.file = nullptr;
+    s.Update(t.write_error);
+  }
   absl::MutexLock lock(&t.mu);
   t.started = false;
   return s;

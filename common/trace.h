@@ -1,33 +1,45 @@
 // A small timeline tracer: each task (worker, shard) records "complete"
 // events (a name, a start and a duration, a few integer arguments) on the
-// threads that do the work, and writes them as a Chrome trace file (the
-// Trace Event Format's JSON object form, which Perfetto and
-// chrome://tracing load):
+// threads that do the work, and writes them as a Chrome trace file in the
+// Trace Event Format's JSON array form, which Perfetto and chrome://tracing
+// load, and which may be read while it grows (the closing "]" is optional
+// in that form):
 //
-//   {"traceEvents": [
-//      {"ph":"M","name":"process_name","pid":P,"args":{"name":"worker 0"}},
-//      {"ph":"M","name":"thread_name","pid":P,"tid":T,"args":{"name":...}},
-//      {"ph":"X","name":"push","cat":"ps","pid":P,"tid":T,"ts":..,"dur":..,
-//       "args":{"step":3,"param":7,"chunk":0,"shard":1,"bytes":4120}}, ...],
-//    "displayTimeUnit":"ms",
-//    "otherData":{"task":"worker 0","clock_offset_us":..,"clock_rtt_us":..,
-//                 "dropped_events":0}}
+//   [
+//   {"ph":"M","name":"process_name","pid":P,"tid":0,"args":{"name":"worker
+//   0"}},
+//   {"ph":"M","name":"pstrain_clock","pid":P,"tid":0,
+//    "args":{"offset_us":-27,"rtt_us":154}},
+//   {"ph":"M","name":"thread_name","pid":P,"tid":T,"args":{"name":"train"}},
+//   {"ph":"X","name":"push","cat":"ps","pid":P,"tid":T,"ts":..,"dur":..,
+//    "args":{"step":3,"param":7,"chunk":0,"shard":1,"bytes":4120}},
+//   ...
+//   {"ph":"M","name":"pstrain_dropped","pid":P,"tid":0,"args":{"events":0}}
+//   ]
 //
 // Times: ts and dur in microseconds; ts on this host's system clock
-// (microseconds since the Unix epoch). clock_offset_us is what to add to
-// this task's ts to get the coordinator's clock (measured by the task, see
-// coordinator/task_agent.h MeasureClockOffset); `pstrain trace` shifts each
-// file by it to merge tasks onto one clock. pid: the caller's (tasks use
-// shard k's index, 100 + worker j's); tid: a per-process number per
-// thread name (SetThreadName), else per thread.
+// (microseconds since the Unix epoch). pstrain_clock's offset_us is what to
+// add to this task's ts to get the coordinator's clock, measured by the
+// task (coordinator/task_agent.h MeasureClockOffset) from a sample of round
+// trip rtt_us; `pstrain trace` (tools/trace_merge.h) shifts each file by it
+// to merge tasks onto one clock. pid: the caller's (tasks use shard k's
+// index, 100 + worker j's); tid: a per-process number per thread name
+// (SetThreadName), else per thread.
+//
+// Writing: Start() creates the file; a flush (every flush_interval on a
+// background thread, and at Stop()) appends the events recorded since the
+// last one and takes them out of memory, so memory holds one interval's
+// events and a flush costs what it writes; Stop() closes the array.
 //
 // Cost: off (the default), every Scope and Complete is one relaxed atomic
 // load and a branch. On, an event is appended to the calling thread's own
 // buffer (its mutex is taken only by this thread and by a flush), at most
-// kMaxEvents per process (later ones are counted as dropped_events).
+// kMaxEvents per run (later ones are counted in pstrain_dropped).
+// common/trace_bench measures both (BENCHMARKS.md).
 //
 // Names, categories and argument keys must be string literals (or
-// otherwise outlive the tracer): events keep the pointers.
+// otherwise outlive the tracer) without characters JSON escapes: events
+// keep the pointers and write them as they are.
 //
 // Thread-safety: every function is thread-safe. Start/Stop are for a
 // task's main thread; events from any thread.
@@ -82,15 +94,17 @@ int64_t NowUs();
 // file's folder; errors name the path. FAILED_PRECONDITION if started.
 absl::Status Start(const TraceOptions& options);
 // The measured offset (coordinator clock minus this host's, us) and the
-// round trip of the sample it came from; written into otherData.
+// round trip of the sample it came from; written (pstrain_clock) at once.
 void SetClockOffset(int64_t offset_us, int64_t rtt_us);
 // Names the calling thread's row ("push shard 1"); threads given the same
 // name share one row (tid), e.g. a step's short-lived threads.
 void SetThreadName(const std::string& name);
-// Writes every event so far to the file (via a temporary file renamed
-// over it, so a reader never sees half a file). No-op when not started.
+// Appends the events recorded since the last flush to the file and
+// flushes it to the OS. No-op when not started. A write error is returned
+// by this call and every later one (and by Stop()).
 absl::Status Flush();
-// Flushes, stops the flush thread and recording. No-op when not started.
+// Stops recording and the flush thread, flushes, closes the array and
+// the file. No-op when not started.
 absl::Status Stop();
 
 // An event from `start_us` to `end_us` (NowUs() clock) on this thread.

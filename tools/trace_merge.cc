@@ -52,25 +52,48 @@ absl::StatusOr<TraceMergeSummary> MergeTraces(const std::string& trace_dir,
     if (!in) return ErrnoToStatus(errno, path);
     std::stringstream text;
     text << in.rdbuf();
-    nlohmann::json file = nlohmann::json::parse(text.str(), nullptr,
-                                                /*allow_exceptions=*/false);
-    if (file.is_discarded() || !file.is_object() ||
-        !file.contains("traceEvents") || !file["traceEvents"].is_array()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(path,
-                       ": not a task trace (expected a JSON object with a "
-                       "traceEvents array, as common/trace.h writes)"));
+    // A task still running (or killed) has not closed its array yet.
+    std::string body = text.str();
+    nlohmann::json file =
+        nlohmann::json::parse(body, nullptr, /*allow_exceptions=*/false);
+    if (file.is_discarded()) {
+      while (!body.empty() && (body.back() == '\n' || body.back() == ' ' ||
+                               body.back() == ',')) {
+        body.pop_back();
+      }
+      file = nlohmann::json::parse(body + "]", nullptr,
+                                   /*allow_exceptions=*/false);
     }
-    const nlohmann::json other = file.value("otherData", nlohmann::json());
-    const int64_t offset = other.value("clock_offset_us", int64_t{0});
-    const int64_t rtt = other.value("clock_rtt_us", int64_t{-1});
+    if (file.is_discarded() || !file.is_array()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          path,
+          ": not a task trace (expected a JSON array of trace events, "
+          "as common/trace.h writes)"));
+    }
+    int64_t offset = 0;
+    int64_t rtt = -1;
+    int64_t dropped = 0;
+    std::string task;
+    for (const nlohmann::json& e : file) {
+      if (!e.is_object() || e.value("ph", "") != "M") continue;
+      const nlohmann::json args = e.value("args", nlohmann::json::object());
+      const std::string name = e.value("name", "");
+      if (name == "pstrain_clock") {
+        offset = args.value("offset_us", int64_t{0});
+        rtt = args.value("rtt_us", int64_t{-1});
+      } else if (name == "pstrain_dropped") {
+        dropped = args.value("events", int64_t{0});
+      } else if (name == "process_name") {
+        task = args.value("name", "");
+      }
+    }
     summary.max_rtt_us = std::max(summary.max_rtt_us, rtt);
     tasks.push_back({{"file", fs::path(path).filename().string()},
-                     {"task", other.value("task", std::string())},
+                     {"task", task},
                      {"clock_offset_us", offset},
                      {"clock_rtt_us", rtt},
-                     {"dropped_events", other.value("dropped_events", 0)}});
-    for (nlohmann::json& e : file["traceEvents"]) {
+                     {"dropped_events", dropped}});
+    for (nlohmann::json& e : file) {
       if (!e.is_object()) continue;
       if (e.value("ph", "") != "X") {
         metadata.push_back(std::move(e));

@@ -2,7 +2,7 @@
 // job, DIR/trace/psK.json and DIR/trace/workerJ.json, into one trace on the
 // coordinator's clock.
 //
-// Each task file's otherData.clock_offset_us (coordinator clock minus the
+// Each task file's pstrain_clock offset_us (coordinator clock minus the
 // task's, measured by the task at its start from the min-RTT sample of
 // several heartbeats; coordinator/task_agent.h MeasureClockOffset) is added
 // to its events' ts; then every ts is shifted by the same origin (the
@@ -30,10 +30,12 @@ struct TraceMergeSummary {
   int64_t max_rtt_us = 0;          // largest round trip of an offset
 };
 
-// Merges the task traces in `trace_dir` (every *.json but a merged one)
-// into `out`. NOT_FOUND when the folder has no task trace;
-// INVALID_ARGUMENT naming a file that is not a task trace (unparsable, or
-// without traceEvents).
+// Merges the task traces in `trace_dir` (every *.json but `out`) into
+// `out` (the Trace Event Format's object form: traceEvents, otherData). A
+// task file without its closing "]" (a task still running, or killed) is
+// read up to its last complete event. NOT_FOUND when the folder has no task
+// trace; INVALID_ARGUMENT naming a file that is not one (not a JSON array
+// of events).
 absl::StatusOr<TraceMergeSummary> MergeTraces(const std::string& trace_dir,
                                               const std::string& out);
 
