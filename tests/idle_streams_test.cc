@@ -5,7 +5,8 @@
 // pushes and pulls over its own connection before and while 50 such streams
 // are open, and must keep its pace; and past a server's thread cap a new
 // call is refused at once (RESOURCE_EXHAUSTED) while the calls already
-// served carry on.
+// served carry on; and a pull's write blocked on a client that does not
+// read is cancelled after PsService's write_timeout.
 #include <grpcpp/grpcpp.h>
 
 #include <algorithm>
@@ -58,10 +59,11 @@ PushPullRequest Pull(int worker) {
 }
 
 // An async shard of kParams parameters (2 MiB) for 2 workers, served as
-// pstrain_ps serves it, with `limits`.
+// pstrain_ps serves it, with `limits` and PsService's `write_timeout`.
 class Shard {
  public:
-  explicit Shard(const ServerLimits& limits = ServerLimits()) {
+  explicit Shard(const ServerLimits& limits = ServerLimits(),
+                 absl::Duration write_timeout = absl::Seconds(60)) {
     ShardOptions options;
     options.job_id = "job";
     options.num_workers = 2;
@@ -76,7 +78,8 @@ class Shard {
         shard_->Initialize(std::vector<int64_t>(kParams, kElements),
                            kElements * sizeof(float), std::move(chunks));
     EXPECT_TRUE(init.ok()) << init;
-    service_ = std::make_unique<PsService>(shard_.get(), absl::Seconds(30));
+    service_ = std::make_unique<PsService>(shard_.get(), absl::Seconds(30),
+                                           /*authorize=*/false, write_timeout);
     absl::StatusOr<ListeningServer> listening = StartGrpcServer(
         "127.0.0.1:0", service_.get(), "", /*credentials=*/nullptr, limits);
     EXPECT_TRUE(listening.ok()) << listening.status();
@@ -85,6 +88,7 @@ class Shard {
   }
   ~Shard() { server_->Shutdown(In(5)); }
   int port() const { return port_; }
+  PsService* service() { return service_.get(); }
 
  private:
   std::unique_ptr<ParameterShard> shard_;
@@ -229,6 +233,66 @@ TEST(IdleStreamsTest, PastTheThreadCapNewCallsAreRefusedAtOnce) {
   EXPECT_EQ(status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED)
       << status.error_message();
   EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+}
+
+// PsService's write watchdog: a pull whose write stays blocked on a client
+// that never reads is cancelled after write_timeout (2 s here; the
+// watchdog looks every second), and the shard serves other workers before
+// and after. The client's stream window is kept small (16 KiB lookahead,
+// no BDP probing, so gRPC does not widen it): the first 256 KiB chunk of
+// the pull cannot be written until the client reads, and it never does.
+TEST(IdleStreamsTest, AWriteBlockedPastTheWriteTimeoutIsCancelled) {
+  constexpr absl::Duration kWriteTimeout = absl::Seconds(2);
+  Shard shard(ServerLimits(), kWriteTimeout);
+  auto worker = ParameterServer::NewStub(Connect(shard.port(), 1));
+  grpc::ChannelArguments args;
+  args.SetInt(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, 16 << 10);
+  args.SetInt(GRPC_ARG_HTTP2_BDP_PROBE, 0);
+  args.SetMaxReceiveMessageSize(-1);
+  auto idle_stub = ParameterServer::NewStub(
+      grpc::CreateCustomChannel("127.0.0.1:" + std::to_string(shard.port()),
+                                grpc::InsecureChannelCredentials(), args));
+  grpc::ClientContext context;
+  context.set_deadline(In(30));
+  auto idle = idle_stub->PushPull(&context);
+  ASSERT_TRUE(idle->Write(Pull(1)));
+  const absl::Time asked = absl::Now();
+  auto pulls_waiting = [&] {
+    return shard.service()->counters().pulls_waiting;
+  };
+  // The pull is under way and blocked in its first write...
+  absl::SleepFor(absl::Seconds(1));
+  EXPECT_EQ(pulls_waiting(), 1) << "the pull ended without its client reading";
+  EXPECT_LT(shard.service()->counters().bytes_sent, kParams * kElements * 4)
+      << "the whole pull was sent to a client that never reads";
+  // ...while another worker is served.
+  EXPECT_EQ(TrainRounds(worker.get(), 3).size(), 3u);
+  // Cancelled after the timeout: the pull ends, the stream fails.
+  absl::Time ended = absl::InfiniteFuture();
+  while (absl::Now() - asked < absl::Seconds(20)) {
+    if (pulls_waiting() == 0) {
+      ended = absl::Now();
+      break;
+    }
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  const absl::Duration blocked = ended - asked;
+  std::printf("write_timeout %s: the blocked pull ended after %s\n",
+              absl::FormatDuration(kWriteTimeout).c_str(),
+              absl::FormatDuration(blocked).c_str());
+  EXPECT_GE(blocked, kWriteTimeout);
+  // The watchdog's 1 s period, and 2 s of slack for a loaded machine.
+  EXPECT_LT(blocked, kWriteTimeout + absl::Seconds(3));
+  // The client, reading at last, finds the stream reset before the pull
+  // ended (gRPC gives the status only once the reads are drained).
+  PushPullResponse reply;
+  bool pull_ended = false;
+  while (idle->Read(&reply)) pull_ended = pull_ended || reply.last_of_pull();
+  EXPECT_FALSE(pull_ended);
+  const grpc::Status status = idle->Finish();
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::CANCELLED)
+      << status.error_message();
+  EXPECT_EQ(TrainRounds(worker.get(), 3).size(), 3u);
 }
 
 }  // namespace
