@@ -1,0 +1,60 @@
+#!/bin/bash
+# Peak resident memory (VmHWM) of a pstrain worker training a few steps on
+# an IDX dataset folder, to check that it does not grow with the dataset's
+# size (plain IDX files are memory-mapped: worker/mapped_file.h).
+#
+#   tools/dataset_rss.sh DATA_DIR [DATA_DIR ...]
+#
+# Runs `pstrain run --num_ps=1 --num_workers=1 --model=mlp --batch_size=64
+# --epochs=1 --max_steps_per_epoch=$STEPS` (STEPS default 200) on each folder
+# with --dataset=mnist, samples /proc/PID/status of the worker every 0.1 s,
+# and prints one row per folder: training samples, worker peak RSS (MiB),
+# RSS at the end (MiB), the ratio of the peak to the first folder's, and
+# whether the run exited 0. Needs bazel-bin/tools/pstrain (bazel build
+# //tools:pstrain).
+set -u
+STEPS=${STEPS:-200}
+PSTRAIN=${PSTRAIN:-bazel-bin/tools/pstrain}
+descendants() {
+  local p
+  for p in $(ps -o pid= --ppid "$1"); do
+    echo "$p"
+    descendants "$p"
+  done
+}
+printf '%-28s %10s %10s %10s %7s %4s\n' "# data_dir" samples peak_rss \
+  end_rss ratio ok
+printf '%-28s %10s %10s %10s %7s %4s\n' "#" "(#)" "(MiB)" "(MiB)" \
+  "(vs 1st)" ""
+first=""
+for dir in "$@"; do
+  samples=$(od -An -tu1 -j4 -N4 "$dir/train-labels-idx1-ubyte" |
+    awk '{print $1*16777216+$2*65536+$3*256+$4}')
+  log=$(mktemp)
+  "$PSTRAIN" run --dataset=mnist --data_dir="$dir" --model=mlp --num_ps=1 \
+    --num_workers=1 --batch_size=64 --epochs=1 \
+    --max_steps_per_epoch="$STEPS" >"$log" 2>&1 &
+  run=$!
+  peak=0
+  last=0
+  while kill -0 "$run" 2>/dev/null; do
+    for p in $(descendants "$run"); do
+      if grep -q pstrain_worker "/proc/$p/cmdline" 2>/dev/null; then
+        h=$(awk '/VmHWM/ {print $2}' "/proc/$p/status" 2>/dev/null)
+        r=$(awk '/VmRSS/ {print $2}' "/proc/$p/status" 2>/dev/null)
+        [ -n "$h" ] && [ "$h" -gt "$peak" ] && peak=$h
+        [ -n "$r" ] && last=$r
+      fi
+    done
+    sleep 0.1
+  done
+  wait "$run"
+  rc=$?
+  [ "$rc" = 0 ] && ok=yes || ok="no($rc)"
+  [ -z "$first" ] && first=$peak
+  awk -v d="$dir" -v s="$samples" -v p="$peak" -v e="$last" -v f="$first" \
+    -v ok="$ok" 'BEGIN { printf "%-28s %10d %10.1f %10.1f %7.3f %4s\n",
+      d, s, p / 1024, e / 1024, (f > 0 ? p / f : 0), ok }'
+  [ "$rc" = 0 ] || tail -3 "$log" >&2
+  rm -f "$log"
+done
