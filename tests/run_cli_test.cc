@@ -447,6 +447,11 @@ TEST(RunCliTest, FlagRangesAtTheirEdges) {
        "most 0.99999994)"},
       {"--max_restarts=1000", "--max_restarts=1001",
        "--max_restarts: 1001; expected 0 to 1000"},
+      {"--staleness=1000", "--staleness=1001",
+       "--staleness: 1001; expected 0 to 1000 steps"},
+      {"--straggler=1:600000", "--straggler=2:5",
+       "--straggler: \"2:5\"; expected WORKER:DELAY_MS with WORKER 0 to 1 "
+       "and DELAY_MS 0 to 600000"},
   };
   for (const auto& c : cases) {
     Result r = RunPstrain(c.inside + " --bucket_bytes=8");
