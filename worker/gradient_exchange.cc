@@ -12,8 +12,8 @@
 #include "common/nonfinite.h"
 #include "common/safetensors.h"
 #include "common/status.h"
-#include "server/shard_checkpoint.h"
 #include "common/trace.h"
+#include "server/shard_checkpoint.h"
 
 namespace pstrain {
 namespace {
@@ -202,10 +202,10 @@ class AllreduceExchange : public GradientExchange {
       // checkpoints) from the checkpoint; its weights the caller loaded.
       if (resume->m.size() < static_cast<size_t>(num_params) ||
           resume->v.size() < static_cast<size_t>(num_params)) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "resume: the checkpoint holds optimizer state for ",
-            std::min(resume->m.size(), resume->v.size()),
-            " parameters; the model has ", num_params));
+        return absl::InvalidArgumentError(
+            absl::StrCat("resume: the checkpoint holds optimizer state for ",
+                         std::min(resume->m.size(), resume->v.size()),
+                         " parameters; the model has ", num_params));
       }
       int64_t version = INT64_MAX;
       for (int t = 0; t < num_params; ++t) {
@@ -319,18 +319,16 @@ class AllreduceExchange : public GradientExchange {
   // thread of its own; wait: joins that thread and returns the file's size
   // and crc32.
   absl::StatusOr<std::vector<CheckpointResponse>> Checkpoint(
-      int64_t step, const std::vector<std::string>& paths,
-      bool wait) override {
+      int64_t step, const std::vector<std::string>& paths, bool wait) override {
     if (paths.size() != 1) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("an allreduce checkpoint is one file; got ",
-                       paths.size(), " paths"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "an allreduce checkpoint is one file; got ", paths.size(), " paths"));
     }
     absl::MutexLock lock(&checkpoint_mu_);
     if (wait) {
       if (!checkpoint_writer_.joinable() || checkpoint_step_ != step) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            "no checkpoint of step ", step, " was begun"));
+        return absl::FailedPreconditionError(
+            absl::StrCat("no checkpoint of step ", step, " was begun"));
       }
       checkpoint_writer_.join();
       RETURN_IF_ERROR(checkpoint_written_.status());
@@ -344,9 +342,8 @@ class AllreduceExchange : public GradientExchange {
       return std::vector<CheckpointResponse>{response};
     }
     if (step != step_) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("checkpoint of step ", step, ": the weights are at step ",
-                       step_));
+      return absl::FailedPreconditionError(absl::StrCat(
+          "checkpoint of step ", step, ": the weights are at step ", step_));
     }
     if (checkpoint_writer_.joinable()) checkpoint_writer_.join();
     const int num_params = static_cast<int>(m_.size());
@@ -370,9 +367,9 @@ class AllreduceExchange : public GradientExchange {
     checkpoint_writer_ = std::thread([this, step, path = paths[0]] {
       safetensors::WriteOptions in_folder;
       in_folder.sync_folder = false;  // the CheckpointWriter's
-      absl::StatusOr<safetensors::WriteResult> written = WriteShardCheckpoint(
-          path, snapshot_, /*shard_index=*/0, /*num_shards=*/1, step,
-          in_folder);
+      absl::StatusOr<safetensors::WriteResult> written =
+          WriteShardCheckpoint(path, snapshot_, /*shard_index=*/0,
+                               /*num_shards=*/1, step, in_folder);
       checkpoint_written_ = std::move(written);  // read after the join
     });
     return std::vector<CheckpointResponse>{};
