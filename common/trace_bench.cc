@@ -1,8 +1,12 @@
 // The tracer's cost per event site (common/trace.h), for BENCHMARKS.md:
 // off (one relaxed load and a branch) and on (a Scope with two arguments
-// recorded into the thread's buffer), in ns per site, on this thread.
+// recorded into the thread's buffer), in ns per site of this thread's CPU
+// time (CLOCK_THREAD_CPUTIME_ID, so that other processes on a loaded
+// machine do not count) and of wall time.
 //
 //   bazel run -c opt //common:trace_bench -- [events]
+#include <time.h>
+
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -13,14 +17,27 @@
 
 namespace {
 
-// `n` Scopes as a hot loop would make them; returns ns per Scope.
-double TimeScopes(int64_t n) {
+double ThreadCpuNs() {
+  timespec t;
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+  return t.tv_sec * 1e9 + t.tv_nsec;
+}
+
+struct Cost {
+  double cpu_ns;
+  double wall_ns;
+};
+
+// `n` Scopes as a hot loop would make them; the cost per Scope.
+Cost TimeScopes(int64_t n) {
   const absl::Time start = absl::Now();
+  const double cpu_start = ThreadCpuNs();
   for (int64_t i = 0; i < n; ++i) {
     pstrain::trace::Scope scope("bench", "bench", {{"i", i}, {"step", 7}});
   }
-  return absl::ToDoubleNanoseconds(absl::Now() - start) /
-         static_cast<double>(n);
+  return {
+      (ThreadCpuNs() - cpu_start) / static_cast<double>(n),
+      absl::ToDoubleNanoseconds(absl::Now() - start) / static_cast<double>(n)};
 }
 
 }  // namespace
@@ -33,7 +50,7 @@ int main(int argc, char** argv) {
                  static_cast<long long>(pstrain::trace::kMaxEvents));
     return 2;
   }
-  const double off_ns = TimeScopes(n);
+  const Cost off = TimeScopes(n);
   pstrain::trace::TraceOptions options;
   options.path =
       std::string(std::getenv("TMPDIR") != nullptr ? std::getenv("TMPDIR")
@@ -42,15 +59,16 @@ int main(int argc, char** argv) {
   options.process_name = "trace_bench";
   options.flush_interval = absl::ZeroDuration();
   if (!pstrain::trace::Start(options).ok()) return 1;
-  const double on_ns = TimeScopes(n);
-  const absl::Time write_start = absl::Now();
+  const Cost on = TimeScopes(n);
+  const double write_start = ThreadCpuNs();
   if (!pstrain::trace::Stop().ok()) return 1;
-  const double write_ns_per_event =
-      absl::ToDoubleNanoseconds(absl::Now() - write_start) /
-      static_cast<double>(n);
+  const double write_ns =
+      (ThreadCpuNs() - write_start) / static_cast<double>(n);
   std::printf(
-      "#   events   off (ns/site)   on (ns/event)   write (ns/event)\n");
-  std::printf("%10lld %15.2f %15.1f %18.1f\n", static_cast<long long>(n),
-              off_ns, on_ns, write_ns_per_event);
+      "#   events  off cpu  off wall   on cpu  on wall  write cpu\n"
+      "#      (#)  (ns/site) (ns/site) (ns/ev)  (ns/ev)    (ns/ev)\n");
+  std::printf("%10lld %8.2f %9.2f %8.1f %8.1f %10.1f\n",
+              static_cast<long long>(n), off.cpu_ns, off.wall_ns, on.cpu_ns,
+              on.wall_ns, write_ns);
   return 0;
 }
