@@ -624,9 +624,9 @@ void GatherBatch(const LabeledImages& source,
           out[ch * plane + j] = value[p[ch * plane + j]];
         }
       }
-      mapped->pixel_file->NoteRead(per);
+      mapped->pixel_file->NoteRandomRead(per);
       if (mapped->label_file != mapped->pixel_file) {
-        mapped->label_file->NoteRead(mapped->label_bytes);
+        mapped->label_file->NoteRandomRead(mapped->label_bytes);
       }
       if (augment == nullptr) continue;
       src = out;

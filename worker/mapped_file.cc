@@ -54,6 +54,11 @@ void MappedFile::NoteRead(uint64_t bytes) const {
   }
 }
 
+void MappedFile::NoteRandomRead(uint64_t bytes) const {
+  constexpr uint64_t kPage = 4096;
+  NoteRead((bytes + kPage - 1) / kPage * kPage + kFaultAroundBytes);
+}
+
 void MappedFile::ReleaseResident() const {
   if (data_ != nullptr) {
     // A read-only file mapping: dropped pages are read again from the page

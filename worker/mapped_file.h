@@ -49,9 +49,16 @@ class MappedFile {
   size_t size() const { return size_; }
   const std::string& path() const { return path_; }
 
-  // Counts `bytes` as read through the mapping; when the count passes
-  // release_every_bytes, calls ReleaseResident() and starts again.
+  // Counts `bytes` read sequentially through the mapping; when the count
+  // passes release_every_bytes, calls ReleaseResident() and starts again.
   void NoteRead(uint64_t bytes) const;
+  // As NoteRead for one read of `bytes` at a random place: counts what the
+  // kernel maps for it, the pages it spans plus its fault-around
+  // (/sys/kernel/mm/transparent_hugepage aside, Linux maps up to 16 pages,
+  // 64 KiB, of page cache around a faulting address, whatever the madvise
+  // advice), so that random reads are released as often as they grow RSS.
+  void NoteRandomRead(uint64_t bytes) const;
+  static constexpr uint64_t kFaultAroundBytes = 64 << 10;
   // madvise(MADV_DONTNEED) over the whole mapping.
   void ReleaseResident() const;
 
