@@ -361,6 +361,16 @@ absl::Status ValidateJobSpec(const JobSpec& spec) {
   }
   RETURN_IF_ERROR(
       CheckRange("staleness", spec.staleness(), 0, kMaxStaleness, "steps"));
+  RETURN_IF_ERROR(CheckRange("clip_grad_norm", spec.clip_grad_norm(), 0.0,
+                             kMaxClipGradNorm, "(0: none)"));
+  if (spec.clip_grad_norm() > 0 && spec.mode() != "allreduce") {
+    return Bad(
+        "clip_grad_norm",
+        absl::StrCat(Number(spec.clip_grad_norm()), " with mode ", spec.mode(),
+                     "; expected 0 (clipping by global norm is done "
+                     "in allreduce only: the shards would have to "
+                     "agree on the norm)"));
+  }
   if (spec.staleness() > 0 && spec.mode() != "sync") {
     return Bad("staleness",
                absl::StrCat(spec.staleness(), " with mode ", spec.mode(),

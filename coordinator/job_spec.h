@@ -45,6 +45,7 @@
 //   registration_timeout_s   1 to 604800                    600
 //   straggler (test aid)     "WORKER:DELAY_MS", WORKER 0 to  none
 //                            num_workers-1, DELAY_MS 0 to 600000
+//   clip_grad_norm           0 to 1e6; 0 unless allreduce   0 (none)
 //   staleness                0 to 1000; 0 unless mode sync  0 (sync)
 //                            and without checkpoints,
 //                            resume or max_restarts
@@ -121,6 +122,7 @@ inline constexpr size_t kMaxHostLength = 255;
 inline constexpr int kMaxHeartbeatTimeoutS = 24 * 3600;
 inline constexpr int64_t kMaxStragglerDelayMs = 600000;
 inline constexpr int kMaxStaleness = 1000;
+inline constexpr double kMaxClipGradNorm = 1e6;
 
 // The straggler test knob (JobSpec.straggler, issue 25): worker `worker`
 // sleeps `delay_ms` milliseconds at the start of each step.

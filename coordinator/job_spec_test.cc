@@ -220,6 +220,17 @@ TEST(JobSpecTest, RangesAcceptTheirBoundsAndRefuseOneBeyond) {
       {base + "straggler: \"0:5\"", base + "straggler: \"0-5\"",
        "straggler: \"0-5\"; expected WORKER:DELAY_MS with WORKER 0 to 0 "
        "and DELAY_MS 0 to 600000"},
+      {"num_workers: 1 batch_size: 8 epochs: 1 mode: \"allreduce\" "
+       "clip_grad_norm: 1000000",
+       "num_workers: 1 batch_size: 8 epochs: 1 mode: \"allreduce\" "
+       "clip_grad_norm: 1000001",
+       "clip_grad_norm: 1000001; expected 0 to 1000000 (0: none)"},
+      {"num_workers: 1 batch_size: 8 epochs: 1 mode: \"allreduce\" "
+       "clip_grad_norm: 1",
+       base + "clip_grad_norm: 1",
+       "clip_grad_norm: 1 with mode sync; expected 0 (clipping by global "
+       "norm is done in allreduce only: the shards would have to agree on "
+       "the norm)"},
       {base + "staleness: 1000", base + "staleness: 1001",
        "staleness: 1001; expected 0 to 1000 steps"},
       {base + "staleness: 0", base + "staleness: -1",

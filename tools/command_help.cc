@@ -54,6 +54,7 @@ const std::vector<std::string>& JobFlags() {
                                    "max_nonfinite_steps",
                                    "straggler",
                                    "staleness",
+                                   "clip_grad_norm",
                                    "insecure",
                                    "insecure_allow_remote"};
   return *flags;

@@ -199,6 +199,9 @@ ABSL_FLAG(std::string, straggler, "",
 ABSL_FLAG(int, staleness, 0,
           "run, mode sync: bounded staleness; a worker may run at most this "
           "many steps ahead of the slowest (0: plain sync; 0 to 1000).");
+ABSL_FLAG(double, clip_grad_norm, 0,
+          "run, mode allreduce: gradient clipping by global norm, as "
+          "torch.nn.utils.clip_grad_norm_ before each step (0: none).");
 ABSL_FLAG(int, keep_checkpoints, 3,
           "run: how many of the newest checkpoints to keep (>= 1).");
 ABSL_DECLARE_FLAG(bool, insecure);
@@ -497,6 +500,7 @@ JobSpec SpecFromFlags(const std::string& mode, int num_ps, int num_workers) {
   spec.set_max_nonfinite_steps(absl::GetFlag(FLAGS_max_nonfinite_steps));
   spec.set_straggler(absl::GetFlag(FLAGS_straggler));
   spec.set_staleness(absl::GetFlag(FLAGS_staleness));
+  spec.set_clip_grad_norm(absl::GetFlag(FLAGS_clip_grad_norm));
   spec.set_resume(absl::GetFlag(FLAGS_resume));
   const int max_restarts = absl::GetFlag(FLAGS_max_restarts);
   spec.set_max_restarts(max_restarts >= 0 ? max_restarts

@@ -1,6 +1,7 @@
 #include "worker/gradient_exchange.h"
 
 #include <algorithm>
+#include <cmath>
 #include <memory>
 #include <optional>
 #include <thread>  // NOLINT(build/c++11)
@@ -166,9 +167,11 @@ class PsExchange : public GradientExchange {
 class AllreduceExchange : public GradientExchange {
  public:
   AllreduceExchange(Collective* collective, const OptimizerOptions& adam,
-                    int64_t bucket_bytes, int num_buffers)
+                    int64_t bucket_bytes, int num_buffers,
+                    double clip_grad_norm)
       : collective_(collective),
         adam_(adam),
+        clip_grad_norm_(clip_grad_norm),
         bucket_elements_(std::max<int64_t>(1, bucket_bytes / 4)),
         num_buffers_(num_buffers) {}
 
@@ -401,7 +404,10 @@ class AllreduceExchange : public GradientExchange {
   // infinity is not applied, nor is any later bucket of the step, and
   // Step() puts the tensors updated before it back (their previous weights
   // copied, the optimizer state written beside the old one and swapped).
-  void Update(size_t b) {
+  //
+  // `clip` (ClipCoefficient(); 1: none) multiplies the parameters' average
+  // gradients, as torch.nn.utils.clip_grad_norm_ does before step().
+  void Update(size_t b, float clip = 1.0f) {
     const int size = collective_->size();
     const int64_t step = step_ + 1;
     const int num_params = static_cast<int>(weights_.size()) - num_buffers_;
@@ -428,13 +434,16 @@ class AllreduceExchange : public GradientExchange {
       skip_ = std::move(skip);
       return;
     }
-    if (size > 1) {
+    if (size > 1 && !averaged_) {
       const float scale = 1.0f / static_cast<float>(size);
       for (float& x : flat) x *= scale;
     }
-    const float* average = flat.data();
+    float* average = flat.data();
     for (int t : buckets_[b]) {
       const int64_t n = static_cast<int64_t>(weights_[t].size());
+      if (clip != 1.0f && t < num_params) {
+        for (int64_t i = 0; i < n; ++i) average[i] *= clip;
+      }
       prev_w_[t].assign(weights_[t].begin(), weights_[t].end());
       if (t >= num_params) {
         std::copy(average, average + n, weights_[t].data());
@@ -522,15 +531,65 @@ class AllreduceExchange : public GradientExchange {
         communicator_status_ = std::move(s);
         return;
       }
+      if (clip_grad_norm_ > 0) continue;  // the norm needs every bucket
       trace::Scope traced(
           "update", "allreduce",
           {{"step", step_}, {"bucket", static_cast<int64_t>(b)}});
       Update(b);
     }
+    if (clip_grad_norm_ > 0) {
+      const float clip = ClipCoefficient();
+      averaged_ = true;
+      for (size_t b = 0; b < buckets_.size(); ++b) {
+        trace::Scope traced(
+            "update", "allreduce",
+            {{"step", step_}, {"bucket", static_cast<int64_t>(b)}});
+        Update(b, clip);
+      }
+      averaged_ = false;
+    }
+  }
+
+  // Gradient clipping by global norm (clip_grad_norm_ > 0), as
+  // torch.nn.utils.clip_grad_norm_ (PyTorch 1.13): averages every bucket
+  // (flat_[b] times 1/W, as Update() would) and returns
+  // min(1, max_norm / (norm + 1e-6)), norm the L2 norm of all parameters'
+  // average gradients (buffers left out), summed in double, the quotient in
+  // fp32 as PyTorch's. 1 if the norm is not finite: Update() then skips the
+  // step for the value it finds.
+  float ClipCoefficient() {
+    const int size = collective_->size();
+    const int num_params = static_cast<int>(weights_.size()) - num_buffers_;
+    double sum = 0;
+    for (size_t b = 0; b < buckets_.size(); ++b) {
+      std::vector<float>& flat = flat_[b];
+      if (size > 1) {
+        const float scale = 1.0f / static_cast<float>(size);
+        for (float& x : flat) x *= scale;
+      }
+      const float* g = flat.data();
+      for (int t : buckets_[b]) {
+        const int64_t n = static_cast<int64_t>(weights_[t].size());
+        if (t < num_params) {
+          for (int64_t i = 0; i < n; ++i) {
+            sum += static_cast<double>(g[i]) * g[i];
+          }
+        }
+        g += n;
+      }
+    }
+    const float norm = static_cast<float>(std::sqrt(sum));
+    if (!std::isfinite(norm)) return 1.0f;
+    const float clip = static_cast<float>(clip_grad_norm_) / (norm + 1e-6f);
+    return std::min(clip, 1.0f);
   }
 
   Collective* const collective_;
   const OptimizerOptions adam_;
+  // Gradient clipping by global norm; 0: none.
+  const double clip_grad_norm_;
+  // The communication thread's: flat_ already holds averages (clipping).
+  bool averaged_ = false;
   const int64_t bucket_elements_;
   const int num_buffers_;
   // Set by Start(); read by both threads.
@@ -591,9 +650,9 @@ std::unique_ptr<GradientExchange> CreatePsExchange(
 
 std::unique_ptr<GradientExchange> CreateAllreduceExchange(
     Collective* collective, const OptimizerOptions& adam, int64_t bucket_bytes,
-    int num_buffers) {
+    int num_buffers, double clip_grad_norm) {
   return std::make_unique<AllreduceExchange>(collective, adam, bucket_bytes,
-                                             num_buffers);
+                                             num_buffers, clip_grad_norm);
 }
 
 }  // namespace pstrain

@@ -183,9 +183,15 @@ std::unique_ptr<GradientExchange> CreatePsExchange(
 // so the weights are a mix of two steps and the run must stop (every
 // worker's collective fails with it). Destroying the exchange mid-step
 // stops its thread once the collective call in flight returns.
+// `clip_grad_norm` > 0: gradient clipping by global norm, as
+// torch.nn.utils.clip_grad_norm_(parameters, clip_grad_norm) before the
+// optimizer step: the average gradients of all parameters (not buffers)
+// are scaled by min(1, clip_grad_norm / (norm + 1e-6)), norm their L2 norm
+// over every bucket; so every bucket is allreduced before any is applied
+// (no overlap of the optimizer with communication). 0: none.
 std::unique_ptr<GradientExchange> CreateAllreduceExchange(
     Collective* collective, const OptimizerOptions& adam, int64_t bucket_bytes,
-    int num_buffers);
+    int num_buffers, double clip_grad_norm = 0);
 
 }  // namespace pstrain
 

@@ -5,6 +5,8 @@
 #include "worker/gradient_exchange.h"
 
 #include <atomic>
+#include <cmath>
+#include <fstream>
 #include <thread>  // NOLINT(build/c++11)
 #include <vector>
 
@@ -160,6 +162,67 @@ TEST(AllreduceExchangeTest, BucketsStartDuringBackwardAndMatchAdam) {
       EXPECT_EQ(results[r][t], expected[t]) << "rank " << r << " tensor " << t;
     }
   }
+}
+
+// Gradient clipping by global norm (issue 25): one SGD step of two Gloo
+// ranks with clip_grad_norm 5 gives PyTorch's weights
+// (testdata/gen_clip_fixture.py: clip_grad_norm_ on the averaged gradients,
+// norm 1927.7, then torch.optim.SGD lr 0.1), within 1e-7 (the norm is
+// summed in double here, in fp32 per tensor there).
+TEST(AllreduceExchangeTest, ClipsByGlobalNormAsPyTorch) {
+  std::ifstream file("testdata/clip_fixture.txt");
+  ASSERT_TRUE(file) << "missing testdata/clip_fixture.txt";
+  std::string word;
+  double norm = 0;
+  file >> word >> norm;
+  ASSERT_EQ(word, "total_norm");
+  std::vector<std::vector<float>> expected(kTensors,
+                                           std::vector<float>(kElements));
+  int t = 0, i = 0, lines = 0;
+  float value = 0;
+  while (file >> word >> t >> i >> value) {
+    ASSERT_EQ(word, "weights");
+    ASSERT_TRUE(t >= 0 && t < kTensors && i >= 0 && i < kElements);
+    expected[t][i] = value;
+    ++lines;
+  }
+  ASSERT_EQ(lines, kTensors * kElements);
+  ASSERT_GT(norm, 5.0);  // so the clipping acts
+  OptimizerOptions sgd;
+  sgd.kind = OptimizerKind::kSgd;
+  sgd.lr = 0.1f;
+  constexpr int kSize = 2;
+  InProcessStore store;
+  std::vector<std::vector<std::vector<float>>> results(kSize);
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < kSize; ++r) {
+    ranks.emplace_back([&, r] {
+      absl::StatusOr<std::unique_ptr<Collective>> c = Collective::CreateGloo(
+          r, kSize, "127.0.0.1", &store, "clip", absl::Seconds(20));
+      ASSERT_TRUE(c.ok()) << c.status();
+      // One tensor per bucket: the norm spans buckets.
+      std::unique_ptr<GradientExchange> exchange = CreateAllreduceExchange(
+          c->get(), sgd, kElements * sizeof(float), /*num_buffers=*/0,
+          /*clip_grad_norm=*/5.0);
+      RankTensors tensors(r);
+      ASSERT_TRUE(exchange->Start(tensors.weights).ok());
+      ASSERT_TRUE(exchange->Step(tensors.gradients, 8).ok());
+      results[r] = tensors.w;
+    });
+  }
+  for (std::thread& thread : ranks) thread.join();
+  for (int r = 0; r < kSize; ++r) {
+    for (int k = 0; k < kTensors; ++k) {
+      for (int e = 0; e < kElements; ++e) {
+        ASSERT_NEAR(results[r][k][e], expected[k][e], 1e-7)
+            << "rank " << r << " tensor " << k << " element " << e;
+      }
+    }
+  }
+  // Unclipped, the step would have moved element 999 of tensor 0 to
+  // 0.1 - 0.1 * (-61.6875) = 6.27, not about 0.116.
+  const float average = (Gradient(0, 0)[999] + Gradient(1, 0)[999]) / 2;
+  EXPECT_GT(std::fabs(0.1f - 0.1f * average - expected[0][999]), 5.0f);
 }
 
 TEST(AllreduceExchangeTest, FailedCopyIsStepsErrorAndMidStepExitIsPrompt) {

@@ -442,7 +442,8 @@ absl::StatusOr<TrainerOutput> RunWorker(const TrainerOptions& options,
   std::string placement;
   if (allreduce) {
     exchange = CreateAllreduceExchange(options.collective, options.adam,
-                                       options.bucket_bytes, num_buffers);
+                                       options.bucket_bytes, num_buffers,
+                                       options.clip_grad_norm);
     placement = absl::StrFormat(
         "ring allreduce over %d workers, buckets of "
         "%d bytes",

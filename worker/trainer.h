@@ -121,6 +121,9 @@ struct TrainerOptions {
   // step pulls weights of version >= step + 1 - staleness, not step + 1
   // (worker/gradient_exchange.h).
   int staleness = 0;
+  // Mode allreduce: gradient clipping by global norm (JobSpec.clip_grad_norm;
+  // 0: none; worker/gradient_exchange.h).
+  double clip_grad_norm = 0;
   bool resume = false;
   // Recovery (PS modes): up to `max_restarts` times (0: never; the first
   // error ends the run), a step that fails because a task died (a shard's
