@@ -45,10 +45,11 @@ PsService::PsService(ParameterShard* shard, absl::Duration pull_timeout,
 void PsService::WatchWrites() {
   absl::MutexLock lock(&watch_mu_);
   while (true) {
-    auto stopping = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(watch_mu_) {
-      return stopping_;
-    };
-    watch_mu_.AwaitWithTimeout(absl::Condition(&stopping), absl::Seconds(1));
+    // A CondVar, not Await(Condition): absl::Mutex evaluates an Await
+    // condition on whichever thread unlocks watch_mu_ (a gRPC thread adding
+    // its stream), and a condition object on this stack, rebuilt each turn,
+    // was a data race to TSan (the uninstrumented Abseil hides the order).
+    if (!stopping_) watch_cv_.WaitWithTimeout(&watch_mu_, absl::Seconds(1));
     if (stopping_) return;
     const int64_t now = absl::ToUnixMillis(absl::Now());
     const int64_t limit = absl::ToInt64Milliseconds(write_timeout_);
@@ -63,6 +64,7 @@ PsService::~PsService() {
   {
     absl::MutexLock lock(&watch_mu_);
     stopping_ = true;
+    watch_cv_.Signal();
   }
   watchdog_.join();
   std::thread writer;

@@ -13,6 +13,7 @@
 #include <string>
 #include <thread>
 
+#include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "common/authz.h"
@@ -105,6 +106,7 @@ class PsService final : public ParameterServer::Service {
   absl::Mutex watch_mu_;
   std::set<WriteWatch*> watches_ ABSL_GUARDED_BY(watch_mu_);
   bool stopping_ ABSL_GUARDED_BY(watch_mu_) = false;
+  absl::CondVar watch_cv_;  // signalled when stopping_ is set
   std::thread watchdog_;
   const Authorizer authorizer_;
   std::atomic<int64_t> bytes_received_{0};
