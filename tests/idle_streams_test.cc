@@ -281,8 +281,9 @@ TEST(IdleStreamsTest, AWriteBlockedPastTheWriteTimeoutIsCancelled) {
               absl::FormatDuration(kWriteTimeout).c_str(),
               absl::FormatDuration(blocked).c_str());
   EXPECT_GE(blocked, kWriteTimeout);
-  // The watchdog's 1 s period, and 2 s of slack for a loaded machine.
-  EXPECT_LT(blocked, kWriteTimeout + absl::Seconds(3));
+  // The watchdog's 1 s period, and slack for a loaded machine or a
+  // sanitized build (4.6 s under tsan on 2 busy cores).
+  EXPECT_LT(blocked, kWriteTimeout + absl::Seconds(6));
   // The client, reading at last, finds the stream reset before the pull
   // ended (gRPC gives the status only once the reads are drained).
   PushPullResponse reply;
