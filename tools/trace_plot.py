@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
 """Draws one training step of a merged pstrain trace (`pstrain trace`) as a
 PNG timeline with gnuplot: one row per task and kind of work (a worker's
-compute, its pushes and pulls per shard, its barrier wait; a shard's
-received pushes, updates and pulls it serves), time in ms from the step's
-start on worker 0 (the coordinator's clock, as merged).
+compute, its pushes and pulls per shard, its barrier wait, or its bucket
+allreduces and updates; a shard's received pushes, updates and pulls it
+serves), time in ms from the step's start on worker 0 (the coordinator's
+clock, as merged).
 
   tools/trace_plot.py TRACE.json OUT.png [--step=N] [--title=TEXT]
 
@@ -26,6 +27,8 @@ KINDS = {
     "update": ("shard update: average + optimizer", "#aa3377"),
     "shard push": ("shard: push received", "#88cc88"),
     "shard pull": ("shard: pull served (waits for the barrier)", "#dddddd"),
+    "allreduce": ("allreduce (per bucket)", "#ee7733"),
+    "worker update": ("optimizer (per bucket)", "#aa3377"),
 }
 
 
@@ -44,6 +47,10 @@ def lane_of(e):
         if name == "pull":
             s = args.get("shard", 0)
             return ((w, 3, s), "worker %d pull from ps %d" % (w, s), name)
+        if name == "allreduce":
+            return ((w, 4, 0), "worker %d allreduce" % w, name)
+        if name == "update":
+            return ((w, 4, 0), "worker %d allreduce" % w, "worker update")
         return None
     k = 1000 + pid
     if name == "push":
