@@ -104,8 +104,12 @@ absl::StatusOr<LabeledImages> LoadSplit(const std::string& dir,
       FindFile(dir, absl::StrCat(prefix, "-images-idx3-ubyte"));
   const std::string labels_path =
       FindFile(dir, absl::StrCat(prefix, "-labels-idx1-ubyte"));
+  struct stat st;
+  // A missing file goes to ReadIdx, whose error says what was looked for.
   if (map_files && !absl::EndsWith(images_path, ".gz") &&
-      !absl::EndsWith(labels_path, ".gz")) {
+      !absl::EndsWith(labels_path, ".gz") &&
+      stat(images_path.c_str(), &st) == 0 &&
+      stat(labels_path.c_str(), &st) == 0) {
     // Labels are checked against num_classes by LoadDataset's pass.
     return MapIdxSplit(images_path, labels_path);
   }
