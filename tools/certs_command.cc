@@ -10,12 +10,11 @@
 #include "common/flags_util.h"
 #include "common/tls.h"
 
-ABSL_FLAG(std::string, out, "",
-          "certs: the folder to write the CA and certificates to (created "
-          "0700). trace: the merged trace file (default DIR/trace.json).");
 ABSL_FLAG(std::string, hosts, "",
           "certs: host names or IP addresses, comma-separated, added to "
           "every certificate.");
+// tools/job_commands.cc's (shared with trace).
+ABSL_DECLARE_FLAG(std::string, out);
 // Shared with run and launch-lines.
 ABSL_DECLARE_FLAG(std::string, num_ps);
 ABSL_DECLARE_FLAG(int, num_workers);

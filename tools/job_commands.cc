@@ -29,8 +29,11 @@ ABSL_FLAG(std::string, coordinator, "127.0.0.1:7070",
           "host:port of pstrain_coordinator (submit, status, cancel, wait).");
 ABSL_FLAG(int, rpc_timeout_s, 30, "Deadline of each coordinator call, s.");
 ABSL_FLAG(int, wait_poll_ms, 1000, "wait: milliseconds between polls.");
-// tools/certs_command.cc's; trace: the merged file.
-ABSL_DECLARE_FLAG(std::string, out);
+// Defined here, not in tools/certs_command.cc, so that a binary with the job
+// commands but not pstrain's own flags (compare_test) links.
+ABSL_FLAG(std::string, out, "",
+          "certs: the folder to write the CA and certificates to (created "
+          "0700). trace: the merged trace file (default DIR/trace.json).");
 
 namespace pstrain {
 namespace {
