@@ -96,17 +96,19 @@ const std::vector<CommandInfo>& Commands() {
               "resume"}})},
       {"compare",
        "pstrain compare --out_dir=DIR [--workers=1,2,4 "
-       "--modes=ps_sync,ps_async,allreduce --num_ps=2 --steps=N --repeats=N]",
+       "--modes=ps_sync,ps_async,allreduce --num_ps=2 --batch_sizes=32,64 "
+       "--steps=N --repeats=N]",
        "Runs `run` --repeats times per configuration (each of --modes at "
-       "each of --workers, and each --num_ps for the PS modes), then prints "
+       "each of --workers and --batch_sizes, and each --num_ps for the PS "
+       "modes), then prints "
        "and "
        "writes the scaling and communication tables as Markdown, CSV, JSON "
        "and a gnuplot PNG into --out_dir. Every configuration is checked "
        "before the first run starts.",
        Join({JobFlags(),
              DataFlags(),
-             {"workers", "modes", "steps", "repeats", "out_dir", "link_mbit",
-              "plot"}})},
+             {"workers", "batch_sizes", "modes", "steps", "repeats", "out_dir",
+              "link_mbit", "plot"}})},
       {"eval",
        "pstrain eval --checkpoint=FILE_OR_DIR [--dataset=... --data_dir=... "
        "--backend=...]",

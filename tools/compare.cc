@@ -18,10 +18,11 @@ namespace pstrain {
 namespace {
 
 const RunResult* FindRun(const std::vector<CompareRun>& runs,
-                         const std::string& mode, int num_ps, int workers) {
+                         const std::string& mode, int num_ps, int workers,
+                         int batch_size) {
   for (const CompareRun& run : runs) {
     if (run.mode == mode && run.num_ps == num_ps &&
-        run.num_workers == workers) {
+        run.num_workers == workers && run.batch_size == batch_size) {
       return &run.result;
     }
   }
@@ -30,7 +31,7 @@ const RunResult* FindRun(const std::vector<CompareRun>& runs,
 
 // Throughput over the 1-worker run of the same series; 0 without one.
 double Speedup(const std::vector<CompareRun>& runs, const CompareRun& run) {
-  const RunResult* one = FindRun(runs, run.mode, run.num_ps, 1);
+  const RunResult* one = FindRun(runs, run.mode, run.num_ps, 1, run.batch_size);
   if (one == nullptr || one->throughput_samples_per_sec() <= 0) return 0;
   return run.result.throughput_samples_per_sec() /
          one->throughput_samples_per_sec();
@@ -41,8 +42,11 @@ double Speedup(const std::vector<CompareRun>& runs, const CompareRun& run) {
 double PsOverAllreduce(const std::vector<CompareRun>& runs,
                        const CompareRun& run) {
   if (IsAllreduce(run.mode)) return 0;
-  const RunResult* ar = FindRun(runs, "allreduce_nccl", 0, run.num_workers);
-  if (ar == nullptr) ar = FindRun(runs, "allreduce", 0, run.num_workers);
+  const RunResult* ar =
+      FindRun(runs, "allreduce_nccl", 0, run.num_workers, run.batch_size);
+  if (ar == nullptr) {
+    ar = FindRun(runs, "allreduce", 0, run.num_workers, run.batch_size);
+  }
   if (ar == nullptr || ar->throughput_samples_per_sec() <= 0) return 0;
   return run.result.throughput_samples_per_sec() /
          ar->throughput_samples_per_sec();
@@ -54,10 +58,12 @@ std::string Ratio(double x) {
 
 bool Synthetic(const RunResult& r) { return r.compute() == "synthetic"; }
 
-std::string SeriesName(const CompareRun& run) {
-  return IsAllreduce(run.mode)
-             ? run.mode
-             : absl::StrCat(run.mode, " (", run.num_ps, " PS)");
+// "ps_sync (2 PS)", "allreduce"; with `batch`, ", batch 64" after it.
+std::string SeriesName(const CompareRun& run, bool batch) {
+  return absl::StrCat(IsAllreduce(run.mode)
+                          ? run.mode
+                          : absl::StrCat(run.mode, " (", run.num_ps, " PS)"),
+                      batch ? absl::StrCat(", batch ", run.batch_size) : "");
 }
 
 // "" where a value does not apply (x <= 0), else x with `decimals`.
@@ -84,6 +90,49 @@ std::string WrapTitle(const std::string& title, size_t width) {
     line += part.size();
   }
   return out;
+}
+
+// The gnuplot data block `$name` of (x, throughput, stddev) rows, sorted by
+// x; sets `repeated` when any point has repeats.
+std::string DataBlock(const std::string& name,
+                      std::vector<std::pair<int, const CompareRun*>> points,
+                      bool* repeated) {
+  std::sort(points.begin(), points.end(),
+            [](const auto& a, const auto& b) { return a.first < b.first; });
+  std::string out = absl::StrCat("$", name, " << EOD\n");
+  for (const auto& [x, run] : points) {
+    const Spread spread = SpreadOf(*run);
+    *repeated |= spread.repeats > 1;
+    absl::StrAppend(&out,
+                    absl::StrFormat("%d %.3f %.3f\n", x,
+                                    run->result.throughput_samples_per_sec(),
+                                    spread.stddev));
+  }
+  absl::StrAppend(&out, "EOD\n");
+  return out;
+}
+
+// The plot clause of one measured series: error bars (one standard
+// deviation) when it has repeats.
+std::string SeriesPlot(const std::string& name, bool repeated, size_t colour,
+                       const std::string& title) {
+  return absl::StrCat("$", name,
+                      repeated ? " using 1:2:3 with yerrorlines"
+                               : " using 1:2 with linespoints",
+                      " lw 2 pt 7 ps 1.2 lc ", colour, " title \"", title,
+                      "\"");
+}
+
+// The script's header: terminal, output, wrapped title, axes, key.
+std::string PlotHeader(const std::string& png_path, const std::string& title,
+                       const std::string& xlabel) {
+  return absl::StrCat("set terminal pngcairo size 1000,650 font \"sans,11\"\n",
+                      "set output \"", png_path, "\"\n", "set title \"",
+                      WrapTitle(title, 90), "\" noenhanced font \"sans,11\"\n",
+                      "set xlabel \"", xlabel, "\"\n",
+                      "set ylabel \"throughput (samples/sec)\"\n",
+                      "set key top left noenhanced box opaque\n", "set grid\n",
+                      "set yrange [0:*]\n");
 }
 
 }  // namespace
@@ -209,17 +258,21 @@ std::string FormatScalingTable(const std::vector<CompareRun>& runs) {
 std::string FormatCommunicationTable(const std::vector<CompareRun>& runs,
                                      double link_bytes_per_sec) {
   const bool bounds = link_bytes_per_sec > 0;
-  std::string out = absl::StrCat(
-      "| #Workers | Mode | #PS | Model bytes | Compute/step | Exchange/step |",
-      bounds ? " Bound/step | Exchange/bound |" : "", "\n",
-      "|---:|---|---:|---:|---:|---:|", bounds ? "---:|---:|" : "", "\n");
+  const bool batch = HasBatchSweep(runs);
+  std::string out =
+      absl::StrCat("| #Workers | Mode | #PS |", batch ? " Batchsize |" : "",
+                   " Model bytes | Compute/step | Exchange/step |",
+                   bounds ? " Bound/step | Exchange/bound |" : "", "\n",
+                   "|---:|---|---:|", batch ? "---:|" : "", "---:|---:|---:|",
+                   bounds ? "---:|---:|" : "", "\n");
   for (const CompareRun& run : runs) {
     const RunResult& r = run.result;
     absl::StrAppend(
         &out,
-        absl::StrFormat("| %d | %s | %d | %d | %.1f ms | %.1f ms |",
-                        run.num_workers, run.mode, run.num_ps, r.model_bytes(),
-                        r.compute_seconds_per_step() * 1e3,
+        absl::StrFormat("| %d | %s | %d |%s %d | %.1f ms | %.1f ms |",
+                        run.num_workers, run.mode, run.num_ps,
+                        batch ? absl::StrCat(" ", run.batch_size, " |") : "",
+                        r.model_bytes(), r.compute_seconds_per_step() * 1e3,
                         r.exchange_seconds_per_step() * 1e3));
     if (bounds) {
       const double bound = BoundSeconds(run, link_bytes_per_sec);
@@ -296,10 +349,11 @@ std::string CompareJson(const std::vector<CompareRun>& runs,
 std::string GnuplotScript(const std::vector<CompareRun>& runs,
                           const std::string& png_path,
                           const std::string& title) {
-  // One series per (mode, #PS), in the order the runs came.
-  std::vector<std::pair<std::string, int>> series;
+  const bool batch = HasBatchSweep(runs);
+  // One series per (mode, #PS, batch size), in the order the runs came.
+  std::vector<std::tuple<std::string, int, int>> series;
   for (const CompareRun& run : runs) {
-    std::pair<std::string, int> key{run.mode, run.num_ps};
+    std::tuple<std::string, int, int> key{run.mode, run.num_ps, run.batch_size};
     if (std::find(series.begin(), series.end(), key) == series.end()) {
       series.push_back(key);
     }
@@ -309,45 +363,26 @@ std::string GnuplotScript(const std::vector<CompareRun>& runs,
     max_workers = std::max(max_workers, run.num_workers);
   }
   std::string out = absl::StrCat(
-      "set terminal pngcairo size 1000,650 font \"sans,11\"\n", "set output \"",
-      png_path, "\"\n", "set title \"", WrapTitle(title, 90),
-      "\" noenhanced font \"sans,11\"\n", "set xlabel \"workers\"\n",
-      "set ylabel \"throughput (samples/sec)\"\n",
-      "set key top left noenhanced box opaque\n", "set grid\n",
-      absl::StrFormat("set xrange [0.5:%d.5]\n", max_workers),
-      "set yrange [0:*]\n", "set xtics 1\n");
+      PlotHeader(png_path, title, "workers"),
+      absl::StrFormat("set xrange [0.5:%d.5]\n", max_workers), "set xtics 1\n");
   std::string plots;
   bool has_ideal = false;
   for (size_t s = 0; s < series.size(); ++s) {
-    std::vector<const CompareRun*> points;
+    const auto& [mode, num_ps, batch_size] = series[s];
+    std::vector<std::pair<int, const CompareRun*>> points;
     for (const CompareRun& run : runs) {
-      if (run.mode == series[s].first && run.num_ps == series[s].second) {
-        points.push_back(&run);
+      if (run.mode == mode && run.num_ps == num_ps &&
+          run.batch_size == batch_size) {
+        points.emplace_back(run.num_workers, &run);
       }
     }
-    std::sort(points.begin(), points.end(),
-              [](const CompareRun* a, const CompareRun* b) {
-                return a->num_workers < b->num_workers;
-              });
     bool repeated = false;
-    absl::StrAppend(&out, "$s", s, " << EOD\n");
-    for (const CompareRun* p : points) {
-      const Spread spread = SpreadOf(*p);
-      repeated |= spread.repeats > 1;
-      absl::StrAppend(&out,
-                      absl::StrFormat("%d %.3f %.3f\n", p->num_workers,
-                                      p->result.throughput_samples_per_sec(),
-                                      spread.stddev));
-    }
-    absl::StrAppend(&out, "EOD\n");
-    const RunResult* one = FindRun(runs, series[s].first, series[s].second, 1);
-    const std::string name = SeriesName(*points.front());
-    // The measured line, with one standard deviation as error bars when it
-    // has repeats.
-    absl::StrAppend(&plots, plots.empty() ? "plot " : ", \\\n     ", "$s", s,
-                    repeated ? " using 1:2:3 with yerrorlines"
-                             : " using 1:2 with linespoints",
-                    " lw 2 pt 7 ps 1.2 lc ", s + 1, " title \"", name, "\"");
+    const std::string name = absl::StrCat("s", s);
+    absl::StrAppend(&out, DataBlock(name, points, &repeated));
+    absl::StrAppend(&plots, plots.empty() ? "plot " : ", \\\n     ",
+                    SeriesPlot(name, repeated, s + 1,
+                               SeriesName(*points.front().second, batch)));
+    const RunResult* one = FindRun(runs, mode, num_ps, 1, batch_size);
     if (one != nullptr) {
       // Its ideal scaling, dashed and as wide as the measured line, with no
       // legend entry of its own (one entry below explains the dashes).
@@ -362,6 +397,59 @@ std::string GnuplotScript(const std::vector<CompareRun>& runs,
     absl::StrAppend(&plots,
                     ", \\\n     NaN with lines dt 2 lw 2 lc rgb \"gray40\" "
                     "title \"ideal (linear scaling from 1 worker)\"");
+  }
+  absl::StrAppend(&out, plots, "\n");
+  return out;
+}
+
+bool HasBatchSweep(const std::vector<CompareRun>& runs) {
+  for (const CompareRun& run : runs) {
+    if (run.batch_size != runs.front().batch_size) return true;
+  }
+  return false;
+}
+
+std::string GnuplotBatchScript(const std::vector<CompareRun>& runs,
+                               const std::string& png_path,
+                               const std::string& title) {
+  // One series per (mode, #PS, workers), in the order the runs came.
+  std::vector<std::tuple<std::string, int, int>> series;
+  int min_batch = 0;
+  int max_batch = 0;
+  for (const CompareRun& run : runs) {
+    std::tuple<std::string, int, int> key{run.mode, run.num_ps,
+                                          run.num_workers};
+    if (std::find(series.begin(), series.end(), key) == series.end()) {
+      series.push_back(key);
+    }
+    min_batch =
+        min_batch == 0 ? run.batch_size : std::min(min_batch, run.batch_size);
+    max_batch = std::max(max_batch, run.batch_size);
+  }
+  std::string out = absl::StrCat(
+      PlotHeader(png_path, title, "batch size per worker (samples)"),
+      "set logscale x 2\n",
+      absl::StrFormat("set xrange [%.3f:%.3f]\n", min_batch / 1.4,
+                      max_batch * 1.4));
+  std::string plots;
+  for (size_t s = 0; s < series.size(); ++s) {
+    const auto& [mode, num_ps, workers] = series[s];
+    std::vector<std::pair<int, const CompareRun*>> points;
+    for (const CompareRun& run : runs) {
+      if (run.mode == mode && run.num_ps == num_ps &&
+          run.num_workers == workers) {
+        points.emplace_back(run.batch_size, &run);
+      }
+    }
+    bool repeated = false;
+    const std::string name = absl::StrCat("b", s);
+    absl::StrAppend(&out, DataBlock(name, points, &repeated));
+    absl::StrAppend(
+        &plots, plots.empty() ? "plot " : ", \\\n     ",
+        SeriesPlot(
+            name, repeated, s + 1,
+            absl::StrCat(SeriesName(*points.front().second, false), ", ",
+                         workers, workers == 1 ? " worker" : " workers")));
   }
   absl::StrAppend(&out, plots, "\n");
   return out;

@@ -24,6 +24,8 @@ struct CompareRun {
   std::string mode;
   int num_ps = 0;  // 0 for allreduce
   int num_workers = 1;
+  // Samples per step per worker (--batch_size, or one of --batch_sizes).
+  int batch_size = 0;
   // Machines the run used: 1 on one machine; with one host per task,
   // num_ps + num_workers.
   int num_nodes = 1;
@@ -86,9 +88,10 @@ double BoundSeconds(const CompareRun& run, double link_bytes_per_sec);
 // Throughput (samples/sec) | CV | Speedup | PS/allreduce | Test accuracy |
 // Throughput: the median run's with repeats; CV its coefficient of
 // variation over the repeats in percent ("-" for one run).
-// Speedup: throughput over the 1-worker run of the same mode and #PS ("-"
-// without one). PS/allreduce: a PS row's throughput over the allreduce
-// run's with the same workers ("-" otherwise). Test accuracy "-" for
+// Speedup: throughput over the 1-worker run of the same mode, #PS and
+// batch size ("-" without one). PS/allreduce: a PS row's throughput over
+// the allreduce run's with the same workers and batch size ("-"
+// otherwise). Test accuracy "-" for
 // synthetic compute.
 std::string FormatScalingTable(const std::vector<CompareRun>& runs);
 
@@ -110,7 +113,8 @@ std::string CompareJson(const std::vector<CompareRun>& runs,
 
 // A gnuplot script (its data inline, as in CompareCsv) that draws
 // throughput (samples/sec) against workers into `png_path`, one line per
-// mode and #PS with error bars (one standard deviation) where it has
+// mode, #PS and (when the runs have more than one) batch size, with error
+// bars (one standard deviation) where it has
 // repeats, and each line's ideal linear scaling (its 1-worker throughput
 // times the workers) dashed in the same colour; one legend entry per
 // series plus one for the ideal lines. A long `title` is broken into lines
@@ -118,6 +122,17 @@ std::string CompareJson(const std::vector<CompareRun>& runs,
 std::string GnuplotScript(const std::vector<CompareRun>& runs,
                           const std::string& png_path,
                           const std::string& title);
+
+// Whether the runs hold more than one batch size (a --batch_sizes sweep).
+bool HasBatchSweep(const std::vector<CompareRun>& runs);
+
+// A gnuplot script that draws throughput (samples/sec) against the batch
+// size per worker (log2 axis) into `png_path`: one line per mode, #PS and
+// number of workers, with error bars (one standard deviation) where it has
+// repeats. For a --batch_sizes sweep (HasBatchSweep).
+std::string GnuplotBatchScript(const std::vector<CompareRun>& runs,
+                               const std::string& png_path,
+                               const std::string& title);
 
 }  // namespace pstrain
 

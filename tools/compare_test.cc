@@ -20,6 +20,7 @@ CompareRun MakeRun(const std::string& mode, int num_ps, int workers,
   run.num_ps = num_ps;
   run.num_workers = workers;
   run.num_nodes = num_ps + workers;
+  run.batch_size = 32;
   run.result.set_compute("synthetic");
   run.result.set_model("synthetic");
   run.result.set_batch_size(32);
@@ -137,6 +138,52 @@ TEST(CsvTest, OneLinePerRunWithEveryColumn) {
       CompareCsv({MakeRun("ps_sync", 2, 2, 150, 0.6)}, 0);
   EXPECT_THAT(no_link, ::testing::Not(HasSubstr("0.0000")));
   EXPECT_THAT(no_link, ::testing::EndsWith(",,1,,,\n"));
+}
+
+// A run of a --batch_sizes sweep: `batch` samples per worker.
+CompareRun WithBatch(CompareRun run, int batch) {
+  run.batch_size = batch;
+  run.result.set_batch_size(batch);
+  return run;
+}
+
+TEST(BatchSweepTest, SpeedupAndRatiosWithinOneBatchSize) {
+  const std::vector<CompareRun> runs = {
+      WithBatch(MakeRun("ps_sync", 2, 1, 100, 0.5), 32),
+      WithBatch(MakeRun("ps_sync", 2, 2, 150, 0.5), 32),
+      WithBatch(MakeRun("allreduce", 0, 2, 300, 0.5), 32),
+      WithBatch(MakeRun("ps_sync", 2, 1, 200, 0.5), 128),
+      WithBatch(MakeRun("ps_sync", 2, 2, 380, 0.5), 128),
+      WithBatch(MakeRun("allreduce", 0, 2, 190, 0.5), 128)};
+  EXPECT_TRUE(HasBatchSweep(runs));
+  EXPECT_FALSE(HasBatchSweep({runs[0], runs[1], runs[2]}));
+  const std::vector<std::string> lines =
+      absl::StrSplit(FormatScalingTable(runs), '\n');
+  ASSERT_GE(lines.size(), 8u);
+  // Each batch size's speedup is over its own 1-worker run (150/100 and
+  // 380/200, not 380/100), and PS/allreduce over the allreduce run of the
+  // same batch size (150/300 and 380/190).
+  EXPECT_THAT(lines[3], HasSubstr("| 32 | 10 |"));
+  EXPECT_THAT(lines[3], HasSubstr("| 1.50x | 0.50x |"));
+  EXPECT_THAT(lines[6], HasSubstr("| 128 | 10 |"));
+  EXPECT_THAT(lines[6], HasSubstr("| 1.90x | 2.00x |"));
+  EXPECT_THAT(FormatCommunicationTable(runs, 0),
+              HasSubstr("| 2 | ps_sync | 2 | 128 | 100000000 |"));
+  // Throughput against workers: one line per batch size, named with it, each
+  // with its own ideal line.
+  const std::string workers_plot = GnuplotScript(runs, "t.png", "t");
+  EXPECT_THAT(workers_plot, HasSubstr("title \"ps_sync (2 PS), batch 128\""));
+  EXPECT_THAT(workers_plot, HasSubstr("x * 100.000"));
+  EXPECT_THAT(workers_plot, HasSubstr("x * 200.000"));
+  // Throughput against batch size: one line per mode, #PS and workers,
+  // points in batch order on a log2 axis.
+  const std::string batch_plot = GnuplotBatchScript(runs, "b.png", "t");
+  EXPECT_THAT(batch_plot, HasSubstr("set logscale x 2"));
+  EXPECT_THAT(batch_plot, HasSubstr("batch size per worker (samples)"));
+  EXPECT_THAT(batch_plot, HasSubstr("title \"ps_sync (2 PS), 2 workers\""));
+  EXPECT_THAT(batch_plot, HasSubstr("title \"allreduce, 2 workers\""));
+  EXPECT_THAT(batch_plot,
+              HasSubstr("$b1 << EOD\n32 150.000 0.000\n128 380.000 0.000\n"));
 }
 
 CompareRun Repeated(CompareRun run, std::vector<double> throughputs) {

@@ -148,6 +148,10 @@ ABSL_FLAG(std::string, coordinator_host, "127.0.0.1",
           "one every namespace can reach).");
 ABSL_FLAG(std::string, workers, "1,2,4",
           "compare: worker counts, e.g. 1,2,4 (one run each).");
+ABSL_FLAG(std::string, batch_sizes, "",
+          "compare: batch sizes per worker, e.g. 32,64,128 (a run each, with "
+          "each worker count and mode; a second plot of samples/sec against "
+          "batch size); empty: --batch_size.");
 ABSL_FLAG(std::string, modes, "ps_sync,ps_async,allreduce",
           "compare: ps_sync, ps_async and/or allreduce.");
 ABSL_FLAG(int, steps, 0,
@@ -1001,6 +1005,18 @@ int Compare() {
   absl::StatusOr<std::vector<int>> num_ps =
       ParsePositiveList("num_ps", absl::GetFlag(FLAGS_num_ps));
   if (!num_ps.ok()) return Fail(2, std::string(num_ps.status().message()));
+  std::vector<int> batch_sizes = {absl::GetFlag(FLAGS_batch_size)};
+  if (FlagSpecified("batch_sizes")) {
+    if (FlagSpecified("batch_size")) {
+      return Fail(2,
+                  "--batch_size would be ignored: --batch_sizes gives the "
+                  "batch sizes; see pstrain help compare");
+    }
+    absl::StatusOr<std::vector<int>> list =
+        ParsePositiveList("batch_sizes", absl::GetFlag(FLAGS_batch_sizes));
+    if (!list.ok()) return Fail(2, std::string(list.status().message()));
+    batch_sizes = *std::move(list);
+  }
   std::vector<std::string> modes =
       absl::StrSplit(absl::GetFlag(FLAGS_modes), ',');
   bool any_ps_mode = false;
@@ -1074,28 +1090,32 @@ int Compare() {
       return Fail(2, std::string(job_mode.status().message()));
     }
     const bool allreduce = *job_mode == "allreduce";
-    for (int k : allreduce ? std::vector<int>{0} : *num_ps) {
-      for (int w : *workers) {
-        Config c;
-        c.run.mode = mode;
-        c.run.num_ps = k;
-        c.run.num_workers = w;
-        c.run.num_nodes = placement->netns() ? k + w : 1;
-        if (absl::Status s = CheckRoom(*placement, k, w, "--workers");
-            !s.ok()) {
-          return Fail(2, std::string(s.message()));
+    for (int b : batch_sizes) {
+      for (int k : allreduce ? std::vector<int>{0} : *num_ps) {
+        for (int w : *workers) {
+          Config c;
+          c.run.mode = mode;
+          c.run.num_ps = k;
+          c.run.num_workers = w;
+          c.run.batch_size = b;
+          c.run.num_nodes = placement->netns() ? k + w : 1;
+          if (absl::Status s = CheckRoom(*placement, k, w, "--workers");
+              !s.ok()) {
+            return Fail(2, std::string(s.message()));
+          }
+          c.spec = SpecFromFlags(*job_mode, k, w);
+          c.spec.set_batch_size(b);
+          if (mode == "allreduce_nccl") c.spec.set_collective("nccl");
+          if (steps > 0) {
+            c.spec.set_epochs(1);
+            c.spec.set_max_steps_per_epoch(steps);
+          }
+          if (absl::Status s = CheckSpec(c.spec, dataset->get()); !s.ok()) {
+            return Fail(2, absl::StrCat(mode, " with ", w, " workers, batch ",
+                                        b, ": ", s.message()));
+          }
+          configs.push_back(std::move(c));
         }
-        c.spec = SpecFromFlags(*job_mode, k, w);
-        if (mode == "allreduce_nccl") c.spec.set_collective("nccl");
-        if (steps > 0) {
-          c.spec.set_epochs(1);
-          c.spec.set_max_steps_per_epoch(steps);
-        }
-        if (absl::Status s = CheckSpec(c.spec, dataset->get()); !s.ok()) {
-          return Fail(
-              2, absl::StrCat(mode, " with ", w, " workers: ", s.message()));
-        }
-        configs.push_back(std::move(c));
       }
     }
   }
@@ -1114,8 +1134,9 @@ int Compare() {
     std::vector<RunResult> results;
     for (int rep = 0; rep < repeats; ++rep) {
       std::printf(
-          "\n=== run %zu/%zu: %s, %d PS, %d workers%s ===\n", i + 1,
+          "\n=== run %zu/%zu: %s, %d PS, %d workers, batch %d%s ===\n", i + 1,
           configs.size(), c.run.mode.c_str(), c.run.num_ps, c.run.num_workers,
+          c.run.batch_size,
           repeats > 1
               ? absl::StrFormat(", repeat %d/%d", rep + 1, repeats).c_str()
               : "");
@@ -1179,14 +1200,30 @@ int Compare() {
       return Fail(1, s.ToString());
     }
   }
-  if (plot) {
-    if (absl::Status s = RunGnuplot(out_dir, "throughput.gp"); !s.ok()) {
-      return Fail(1, std::string(s.message()));
+  std::vector<std::string> scripts = {"throughput"};
+  if (HasBatchSweep(done)) {
+    // The sweep's second plot: samples/sec against the batch size.
+    if (absl::Status s = WriteFileAtomically(
+            absl::StrCat(out_dir, "/batch_size.gp"),
+            GnuplotBatchScript(done, "batch_size.png", title));
+        !s.ok()) {
+      return Fail(1, s.ToString());
     }
+    scripts.push_back("batch_size");
   }
-  std::printf(
-      "\nwrote %s/results.md, results.csv, results.json, throughput.gp%s\n",
-      out_dir.c_str(), plot ? ", throughput.png" : "");
+  std::string wrote;
+  for (const std::string& name : scripts) {
+    if (plot) {
+      if (absl::Status s = RunGnuplot(out_dir, absl::StrCat(name, ".gp"));
+          !s.ok()) {
+        return Fail(1, std::string(s.message()));
+      }
+    }
+    absl::StrAppend(&wrote, ", ", name, ".gp", plot ? ", " : "",
+                    plot ? absl::StrCat(name, ".png") : "");
+  }
+  std::printf("\nwrote %s/results.md, results.csv, results.json%s\n",
+              out_dir.c_str(), wrote.c_str());
   return 0;
 }
 
