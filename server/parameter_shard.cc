@@ -173,6 +173,75 @@ absl::Status ParameterShard::Initialize(
   return absl::OkStatus();
 }
 
+absl::StatusOr<int64_t> ParameterShard::Reopen(int64_t generation,
+                                               int64_t expected_version) {
+  absl::MutexLock lock(&init_mu_);
+  const std::string shard = absl::StrCat("shard ", options_.shard_index);
+  if (!initialized_.load()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(shard,
+                     " holds no state to reopen (not initialised: a restarted "
+                     "shard takes a checkpoint)"));
+  }
+  if (options_.mode != SyncMode::kSync || options_.staleness != 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        shard, " runs ",
+        options_.mode == SyncMode::kSync ? "with bounded staleness" : "async",
+        ": only a sync shard without staleness reopens at its own state"));
+  }
+  if (generation <= generation_.load()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(shard, " is at generation ", generation_.load(),
+                     "; a reopen must name a higher one, not ", generation));
+  }
+  // Freeze the current generation: from here its pushes (checked under
+  // each chunk's lock) and step ends (under step_mu_) are refused.
+  if (!broken_.load()) {
+    absl::MutexLock abort_lock(&abort_mu_);
+    broken_reason_ = "worker 0 is reopening the shards after a failure";
+    broken_.store(true);
+  }
+  absl::MutexLock step_lock(&step_mu_);
+  const int64_t version = decided_step_ + 1;
+  if (expected_version >= 0 && version != expected_version) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        shard, " has decided step ", decided_step_, " and reopens at version ",
+        version, ", not ", expected_version));
+  }
+  for (const std::unique_ptr<ChunkState>& c : chunks_) {
+    absl::MutexLock chunk_lock(&c->mu);
+    if (c->version != version && c->version != version + 1) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          shard, ": chunk (", c->spec.param_id, ", ", c->spec.chunk_index,
+          ") is at version ", c->version, ", not ", version, " or ",
+          version + 1, " (step ", decided_step_, " decided)"));
+    }
+  }
+  generation_.store(generation);
+  for (const std::unique_ptr<ChunkState>& c : chunks_) {
+    absl::MutexLock chunk_lock(&c->mu);
+    if (c->version == version + 1 && c->undo_step == version) {
+      // The undecided update of step `version`: put back.
+      c->weights.swap(c->prev_weights);
+      if (!plan_->is_buffer(c->spec.param_id)) {
+        c->m.swap(c->prev_m);
+        c->v.swap(c->prev_v);
+      }
+    }
+    c->version = version;
+    c->undo_step = -1;
+    for (StepSlot& slot : c->slots) {
+      std::fill(slot.has_pending.begin(), slot.has_pending.end(), false);
+      slot.num_pending = 0;
+      slot.skipped = false;
+    }
+  }
+  ResetStepsLocked(version);
+  broken_.store(false);
+  NoteUpdate();
+  return version;
+}
+
 absl::Status ParameterShard::WaitReady(absl::Time deadline,
                                        int64_t min_generation) const {
   absl::MutexLock lock(&init_mu_);

@@ -73,8 +73,10 @@
 //    (sync mode) of a generation whose barrier is broken (see below).
 //
 // Recovery (--max_restarts): the shard's state has a generation, 0 from
-// the first Initialize(). When a task dies, worker 0 restores every shard
-// to a checkpoint with Initialize() of a higher generation; pushes and
+// the first Initialize(). When a task dies, worker 0 reopens every shard
+// at its own last decided step (Reopen(), sync mode, when every shard
+// still holds its state at one version), or else restores every shard to
+// a checkpoint with Initialize() of a higher generation; pushes and
 // pulls carry the generation their worker works on, and the shard refuses
 // other generations' with ABORTED, so that no update of the abandoned
 // timeline reaches the restored state. In sync mode a worker's stream that
@@ -185,6 +187,26 @@ class ParameterShard {
                           int64_t partition_bytes,
                           std::vector<InitChunk> chunks, int num_buffers = 0,
                           int64_t generation = 0);
+
+  // Sync mode without staleness, after a worker died (its stream broke the
+  // barrier): the shard takes `generation` (above its own) keeping its own
+  // state as of its last decided step d, so that the job goes on from
+  // where it was instead of from a checkpoint: an update of step d + 1
+  // applied but not decided is undone (its second buffers swapped back),
+  // pending pushes and step ends are dropped, and every chunk is at
+  // version d + 1, which it returns. Every worker then redoes step d + 1,
+  // whose batch is a function of the step: the same model, bit for bit,
+  // as the run nobody killed. The older generation's pushes and pulls end
+  // with ABORTED; its barrier is broken first, so nothing changes while
+  // the shard checks. Shards decide a step on their own (a worker may die
+  // between its step ends to two shards), so the caller compares the
+  // versions of every shard and restores a checkpoint if they differ.
+  // FAILED_PRECONDITION, the shard's state unchanged (its barrier broken):
+  // not initialised (a restarted shard), async mode or staleness > 0,
+  // `generation` not above the shard's, `expected_version` >= 0 and not
+  // d + 1, or a chunk not at version d + 1 or d + 2.
+  absl::StatusOr<int64_t> Reopen(int64_t generation,
+                                 int64_t expected_version = -1);
 
   bool initialized() const { return initialized_.load(); }
   int64_t generation() const { return generation_.load(); }

@@ -435,6 +435,119 @@ TEST(ParameterShardTest, SyncSkippedStepRestoresEveryChunkAndResends) {
   EXPECT_LT(next[0][0], before[0][0]);  // moved against the gradient
 }
 
+// Pushes `value` for every chunk of `step` from `worker` at `generation`.
+void PushStep(ParameterShard& shard, int worker, int64_t step, float value,
+              int64_t generation = 0) {
+  ASSERT_TRUE(
+      shard.Push(worker, 0, 0, step, std::vector<float>(4, value), generation)
+          .ok());
+  ASSERT_TRUE(
+      shard.Push(worker, 0, 1, step, std::vector<float>(2, value), generation)
+          .ok());
+  ASSERT_TRUE(
+      shard.Push(worker, 1, 0, step, std::vector<float>(2, value), generation)
+          .ok());
+}
+
+std::vector<std::vector<float>> PullAt(ParameterShard& shard,
+                                       int64_t min_version,
+                                       int64_t generation) {
+  std::vector<std::vector<float>> out;
+  absl::Status s = shard.Pull(
+      min_version, 0, absl::Now() + absl::Seconds(5),
+      [&](const ChunkSpec&, int64_t, absl::Span<const float> w) {
+        out.emplace_back(w.begin(), w.end());
+      },
+      nullptr, nullptr, generation);
+  EXPECT_TRUE(s.ok()) << s;
+  return out;
+}
+
+// A sync worker dies mid-step (issue 20): worker 0 reopens the shard at its
+// last decided step instead of restoring a checkpoint. The step in flight
+// (one chunk's update applied but undecided, others half pushed) is put
+// back, and redoing it gives the model of a shard that never saw the
+// failure, bit for bit.
+TEST(ParameterShardTest, ReopenDropsTheUndecidedStepAndGoesOnBitForBit) {
+  ParameterShard shard(Options(2, SyncMode::kSync));
+  ParameterShard clean(Options(2, SyncMode::kSync));
+  ASSERT_TRUE(shard.Initialize({6, 2}, 16, InitChunks()).ok());
+  ASSERT_TRUE(clean.Initialize({6, 2}, 16, InitChunks()).ok());
+  for (ParameterShard* s : {&shard, &clean}) {
+    PushStep(*s, 0, 0, 1.0f);
+    PushStep(*s, 1, 0, -3.0f);
+    EndAll(*s, 2, 0);
+  }
+  const auto decided = PullAll(shard, 1);
+  ASSERT_EQ(decided.size(), 3u);
+  // Step 1 on the failing shard: chunk (1,0) has both pushes (its update is
+  // applied, undecided), chunk (0,0) only worker 0's; then worker 1 dies.
+  ASSERT_TRUE(shard.Push(0, 1, 0, 1, std::vector<float>(2, 7.0f)).ok());
+  ASSERT_TRUE(shard.Push(1, 1, 0, 1, std::vector<float>(2, 7.0f)).ok());
+  ASSERT_TRUE(shard.Push(0, 0, 0, 1, std::vector<float>(4, 7.0f)).ok());
+  shard.BreakBarrier(0, "worker 1's stream broke");
+
+  absl::StatusOr<int64_t> version = shard.Reopen(1);
+  ASSERT_TRUE(version.ok()) << version.status();
+  EXPECT_EQ(*version, 1);
+  EXPECT_EQ(shard.generation(), 1);
+  EXPECT_EQ(PullAt(shard, 0, 1), decided);  // the undecided update undone
+  // The older generation is refused; a second reopen must go higher.
+  EXPECT_EQ(shard.Push(0, 0, 1, 1, std::vector<float>(2, 1.0f), 0).code(),
+            absl::StatusCode::kAborted);
+  EXPECT_EQ(shard.Reopen(1).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+
+  // Both redo step 1 and do step 2: the same weights as the clean shard's.
+  for (int64_t step : {1, 2}) {
+    PushStep(shard, 0, step, 0.5f * step, 1);
+    PushStep(shard, 1, step, -2.0f, 1);
+    for (int w = 0; w < 2; ++w) {
+      ASSERT_TRUE(shard.EndStep(w, step, nullptr, 1).ok());
+    }
+    PushStep(clean, 0, step, 0.5f * step);
+    PushStep(clean, 1, step, -2.0f);
+    EndAll(clean, 2, step);
+  }
+  EXPECT_EQ(PullAt(shard, 3, 1), PullAll(clean, 3));
+  EXPECT_EQ(shard.Stats().min_version, 3);
+}
+
+TEST(ParameterShardTest, ReopenIsRefusedWhereTheStateCannotGoOn) {
+  ParameterShard fresh(Options(2, SyncMode::kSync));
+  absl::StatusOr<int64_t> v = fresh.Reopen(1);
+  EXPECT_EQ(v.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(v.status().message().find("not initialised"), std::string::npos)
+      << v.status();
+
+  ParameterShard async(Options(2, SyncMode::kAsync));
+  ASSERT_TRUE(async.Initialize({6, 2}, 16, InitChunks()).ok());
+  EXPECT_EQ(async.Reopen(1).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+
+  ShardOptions stale = Options(2, SyncMode::kSync);
+  stale.staleness = 2;
+  ParameterShard staleness(stale);
+  ASSERT_TRUE(staleness.Initialize({6, 2}, 16, InitChunks()).ok());
+  EXPECT_EQ(staleness.Reopen(1).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+
+  // A version other than the one asked for changes nothing but the broken
+  // barrier: the shard stays at its generation and version.
+  ParameterShard shard(Options(2, SyncMode::kSync));
+  ASSERT_TRUE(shard.Initialize({6, 2}, 16, InitChunks()).ok());
+  v = shard.Reopen(1, /*expected_version=*/4);
+  EXPECT_EQ(v.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(v.status().message().find("reopens at version 0, not 4"),
+            std::string::npos)
+      << v.status();
+  EXPECT_EQ(shard.generation(), 0);
+  // A restore (or a reopen at the version it has) then goes on.
+  v = shard.Reopen(1, 0);
+  ASSERT_TRUE(v.ok()) << v.status();
+  EXPECT_EQ(*v, 0);
+}
+
 TEST(ParameterShardTest, StepEndsAreCheckedAndAsyncSkipsDropThePush) {
   ParameterShard shard(Options(2, SyncMode::kSync));
   ASSERT_TRUE(shard.Initialize({6, 2}, 16, InitChunks()).ok());

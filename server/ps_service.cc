@@ -227,6 +227,19 @@ grpc::Status PsService::Init(grpc::ServerContext* context,
   const int64_t partition_bytes = request.layout().partition_bytes();
   const int num_buffers = request.layout().num_buffers();
   const int64_t generation = request.generation();
+  if (request.reopen()) {
+    const int64_t reopen_version = request.reopen_version();
+    if (reader->Read(&request)) {
+      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                          "a reopen carries no chunks (the shard keeps its "
+                          "own state)");
+    }
+    absl::StatusOr<int64_t> version =
+        shard_->Reopen(generation, reopen_version);
+    if (!version.ok()) return ToGrpcStatus(version.status());
+    response->set_version(*version);
+    return grpc::Status::OK;
+  }
   std::vector<InitChunk> chunks;
   int64_t elements = 0;
   while (reader->Read(&request)) {

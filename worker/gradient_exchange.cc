@@ -115,6 +115,9 @@ class PsExchange : public GradientExchange {
     return Continue(addresses, restore, 0, timeout);
   }
 
+  bool RecoveredInPlace() const override { return reopened_; }
+  std::string ReopenRefusal() const override { return reopen_refusal_; }
+
  private:
   // Recover() and Rejoin(): the shards' generation of at least
   // `min_generation` (worker 0: a new one it restores).
@@ -125,13 +128,29 @@ class PsExchange : public GradientExchange {
     client_->Reset();
     pending_mark_.reset();
     if (!addresses.empty()) RETURN_IF_ERROR(client_->SetAddresses(addresses));
+    reopened_ = false;
     if (restore != nullptr) {
-      std::vector<absl::Span<const float>> weights;
-      for (const std::vector<float>& w : restore->weights) {
-        weights.push_back(absl::MakeConstSpan(w));
+      // Sync without staleness: every shard goes on from its own state at
+      // its last decided step when it still holds it (no rollback); a
+      // restarted shard, or shards that decided different steps, take the
+      // checkpoint instead.
+      absl::StatusOr<int64_t> reopened =
+          sync_ && staleness_ == 0 ? client_->Reopen(timeout)
+                                   : absl::FailedPreconditionError("no reopen");
+      if (reopened.ok()) {
+        reopened_ = true;
+        min_generation = client_->generation();
+      } else if (!absl::IsFailedPrecondition(reopened.status())) {
+        return reopened.status();
+      } else {
+        reopen_refusal_ = std::string(reopened.status().message());
+        std::vector<absl::Span<const float>> weights;
+        for (const std::vector<float>& w : restore->weights) {
+          weights.push_back(absl::MakeConstSpan(w));
+        }
+        ASSIGN_OR_RETURN(min_generation,
+                         client_->Restore(weights, *restore, timeout));
       }
-      ASSIGN_OR_RETURN(min_generation,
-                       client_->Restore(weights, *restore, timeout));
     }
     RETURN_IF_ERROR(client_->WaitReady(timeout, min_generation,
                                        /*wait_for_connection=*/false));
@@ -162,6 +181,10 @@ class PsExchange : public GradientExchange {
   int64_t version_ = 0;
   int64_t step_ = 0;
   std::optional<NonFiniteValue> pending_mark_;
+  // The last Recover()/Rejoin() of worker 0 reopened the shards in place;
+  // else why they could not be (empty: not tried).
+  bool reopened_ = false;
+  std::string reopen_refusal_;
 };
 
 class AllreduceExchange : public GradientExchange {

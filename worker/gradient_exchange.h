@@ -77,7 +77,10 @@ class GradientExchange {
   // elsewhere; empty: unchanged), and continues on the shards' next
   // generation (proto/ps.proto, RequestHeader): worker 0 (`restore`
   // non-null: the newest checkpoint's state, or the job's initial weights)
-  // restores every shard to it first; the others wait for that. Then pulls
+  // restores every shard to it first, or in sync mode without staleness
+  // reopens every shard at its own last decided step when all of them
+  // still hold their state at one version (see RecoveredInPlace()); the
+  // others wait for that. Then pulls
   // the restored weights into the Start() spans and returns the smallest
   // version pulled. Each wait lasts at most `timeout`: a shard that is not
   // back yet, or an address that is stale (the coordinator did not know of
@@ -102,6 +105,13 @@ class GradientExchange {
       absl::Duration timeout) {
     return Recover(addresses, restore, timeout);
   }
+
+  // After worker 0's Recover() or Rejoin(): whether the shards were
+  // reopened at their own state (sync mode without staleness, every shard
+  // alive and at one version: no rollback, PsClient::Reopen) rather than
+  // restored to `restore`; and if not, why (empty if not tried).
+  virtual bool RecoveredInPlace() const { return false; }
+  virtual std::string ReopenRefusal() const { return ""; }
 
   // Worker 0: the exchange's part of checkpoint `step`: PS, every shard's
   // file (see PsClient::Checkpoint); allreduce, the weights and optimizer

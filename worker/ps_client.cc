@@ -120,9 +120,7 @@ absl::Status PsClient::Initialize(
   return InitializeAs(params, resume, 0);
 }
 
-absl::StatusOr<int64_t> PsClient::Restore(
-    const std::vector<absl::Span<const float>>& weights,
-    const ModelState& state, absl::Duration timeout) {
+absl::StatusOr<int64_t> PsClient::HighestGeneration(absl::Duration timeout) {
   int64_t highest = 0;
   for (int s = 0; s < num_shards(); ++s) {
     grpc::ClientContext context;
@@ -134,10 +132,55 @@ absl::StatusOr<int64_t> PsClient::Restore(
     if (!status.ok()) return ShardError(s, status);
     highest = std::max(highest, response.generation());
   }
+  return highest;
+}
+
+absl::StatusOr<int64_t> PsClient::Restore(
+    const std::vector<absl::Span<const float>>& weights,
+    const ModelState& state, absl::Duration timeout) {
+  ASSIGN_OR_RETURN(const int64_t highest, HighestGeneration(timeout));
   const int64_t generation = highest + 1;
   RETURN_IF_ERROR(InitializeAs(weights, &state, generation));
   generation_ = generation;
   return generation;
+}
+
+absl::StatusOr<int64_t> PsClient::Reopen(absl::Duration timeout) {
+  ASSIGN_OR_RETURN(const int64_t highest, HighestGeneration(timeout));
+  const int64_t generation = highest + 1;
+  int64_t version = -1;
+  for (int s = 0; s < num_shards(); ++s) {
+    grpc::ClientContext context;
+    SetDeadline(&context, timeout);
+    InitResponse response;
+    auto writer = stubs_[s]->Init(&context, &response);
+    InitRequest first;
+    SetHeader(first.mutable_header());
+    for (int64_t n : plan_.param_num_elements()) {
+      first.mutable_layout()->add_param_num_elements(n);
+    }
+    first.mutable_layout()->set_partition_bytes(plan_.partition_bytes());
+    first.mutable_layout()->set_num_buffers(plan_.num_buffers());
+    first.set_generation(generation);
+    first.set_reopen(true);
+    // Shard 0 at its own version, the others at the same one or not at
+    // all (they then stay at the old generation until the restore).
+    first.set_reopen_version(s == 0 ? -1 : version);
+    writer->Write(first);
+    writer->WritesDone();
+    const grpc::Status status = writer->Finish();
+    if (!status.ok()) {
+      absl::Status error = ShardError(s, status);
+      if (s > 0 && absl::IsFailedPrecondition(error)) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "shard 0 reopened at version ", version, " but ", error.message()));
+      }
+      return error;
+    }
+    if (s == 0) version = response.version();
+  }
+  generation_ = generation;
+  return version;
 }
 
 absl::Status PsClient::InitializeAs(

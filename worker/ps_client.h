@@ -109,6 +109,20 @@ class PsClient {
       const std::vector<absl::Span<const float>>& weights,
       const ModelState& state, absl::Duration timeout);
 
+  // Worker 0 only, after a worker died (sync mode without staleness):
+  // every shard keeps its own state as of its last decided step and takes
+  // generation G+1 (G as in Restore(); InitRequest.reopen), dropping the
+  // step in flight. Returns the version every shard is at, which the
+  // client then works on. FAILED_PRECONDITION if a shard cannot (a
+  // restarted shard holds no state) or a shard's version differs from
+  // shard 0's (a worker died between its step ends to two shards; that
+  // shard and those after it stay at the old generation, so no worker
+  // works on shards at two versions): the caller restores
+  // a checkpoint instead (Restore() takes a generation above any reopened
+  // one). UNAVAILABLE at once for a shard that is not listening; each call
+  // lasts at most `timeout`.
+  absl::StatusOr<int64_t> Reopen(absl::Duration timeout);
+
   // Worker 0 only: asks shard s to save its part of checkpoint `step` to
   // paths[s] (see CheckpointRequest in proto/ps.proto: !wait copies the
   // state and starts the write; wait waits for it). One reply per shard;
@@ -219,6 +233,8 @@ class PsClient {
   struct StepState;
 
   PsClient(const PsClientOptions& options, const PartitionPlan& plan);
+  // The highest generation any shard is at (Stats of each).
+  absl::StatusOr<int64_t> HighestGeneration(absl::Duration timeout);
   absl::Status InitializeAs(const std::vector<absl::Span<const float>>& params,
                             const ModelState* resume, int64_t generation);
   absl::Status ShardError(int shard, const grpc::Status& status) const;

@@ -539,21 +539,33 @@ absl::StatusOr<TrainerOutput> RunWorker(const TrainerOptions& options,
   }
   // Worker 0's state to restore the shards to: the newest checkpoint's, or
   // the initial one before the first.
+  std::string restore_source;
   auto restore_state = [&]() -> absl::StatusOr<ModelState> {
     if (!options.checkpoint_dir.empty()) {
       absl::StatusOr<CheckpointManifest> manifest =
           ReadLatestCheckpoint(options.checkpoint_dir);
       if (manifest.ok()) {
-        Emit(options, absl::StrCat("Restoring the shards to ", manifest->dir));
+        restore_source = manifest->dir;
         return LoadCheckpointState(*manifest, workload->TensorNames(),
                                    workload->TensorShapes(), num_buffers);
       }
       if (!absl::IsNotFound(manifest.status())) return manifest.status();
     }
-    Emit(options,
-         "Restoring the shards to the initial weights (no "
-         "checkpoint yet)");
+    restore_source = "the initial weights (no checkpoint yet)";
     return initial_state;
+  };
+  // Worker 0, after a reconnect: what the shards went on from.
+  auto say_how_restored = [&](int64_t version) {
+    if (exchange->RecoveredInPlace()) {
+      Emit(options,
+           absl::StrCat("Reopened the shards at their own state, version ",
+                        version, " (no rollback)"));
+      return;
+    }
+    const std::string why = exchange->ReopenRefusal();
+    Emit(options,
+         absl::StrCat("Restored the shards to ", restore_source,
+                      why.empty() ? "" : " (", why, why.empty() ? "" : ")"));
   };
   // The data position of a version pulled after a restore.
   auto step_of_version = [&](int64_t version) {
@@ -631,6 +643,7 @@ absl::StatusOr<TrainerOutput> RunWorker(const TrainerOptions& options,
         cause = version.status();
         continue;
       }
+      if (chief) say_how_restored(*version);
       RETURN_IF_ERROR(workload->LoadWeights());
       const int64_t step = step_of_version(*version);
       Emit(options,
@@ -651,6 +664,7 @@ absl::StatusOr<TrainerOutput> RunWorker(const TrainerOptions& options,
     absl::StatusOr<int64_t> version =
         reconnect(chief ? &state : nullptr, /*rejoin=*/true);
     if (!version.ok()) return version.status();
+    if (chief) say_how_restored(*version);
     start_step = step_of_version(*version);
     Emit(options, absl::StrCat("worker ", options.worker_id,
                                " rejoined the job at step ", start_step));
