@@ -371,6 +371,34 @@ absl::Status ValidateJobSpec(const JobSpec& spec) {
                      "in allreduce only: the shards would have to "
                      "agree on the norm)"));
   }
+  RETURN_IF_ERROR(CheckRange("backup_workers", spec.backup_workers(), 0,
+                             std::max(0, spec.num_workers() - 1),
+                             "(num_workers - 1)"));
+  if (spec.backup_workers() > 0) {
+    if (spec.mode() != "sync") {
+      return Bad("backup_workers",
+                 absl::StrCat(spec.backup_workers(), " with mode ", spec.mode(),
+                              "; expected 0 (backup workers are for mode "
+                              "sync)"));
+    }
+    if (spec.staleness() > 0) {
+      return Bad("backup_workers",
+                 absl::StrCat(spec.backup_workers(), " with staleness ",
+                              spec.staleness(),
+                              "; expected 0 (one or the other: backup "
+                              "workers drop late steps, staleness waits "
+                              "for them)"));
+    }
+    if (spec.checkpoint_every_steps() > 0 || spec.checkpoint_every_secs() > 0 ||
+        spec.max_restarts() > 0 || spec.resume()) {
+      return Bad("backup_workers",
+                 absl::StrCat(spec.backup_workers(),
+                              " with checkpoints, resume or max_restarts; "
+                              "expected 0 (a checkpoint is asked for by "
+                              "worker 0 at its step, and a late worker 0 is "
+                              "behind the shards)"));
+    }
+  }
   if (spec.staleness() > 0 && spec.mode() != "sync") {
     return Bad("staleness",
                absl::StrCat(spec.staleness(), " with mode ", spec.mode(),

@@ -49,6 +49,10 @@
 //   staleness                0 to 1000; 0 unless mode sync  0 (sync)
 //                            and without checkpoints,
 //                            resume or max_restarts
+//   backup_workers           0 to num_workers-1; 0 unless   0 (none)
+//                            mode sync, and without
+//                            staleness, checkpoints,
+//                            resume or max_restarts
 //   optimizer.lr             1e-30 to 10                    0.001
 //   optimizer.beta1, beta2   0 <= beta < 1, also in fp32    0.9, 0.999
 //                            (1 - beta > 0 after rounding:

@@ -239,6 +239,19 @@ TEST(JobSpecTest, RangesAcceptTheirBoundsAndRefuseOneBeyond) {
        base + "mode: \"async\" staleness: 2",
        "staleness: 2 with mode async; expected 0 (a staleness bound is for "
        "mode sync; async has none)"},
+      {"num_ps: 1 num_workers: 3 batch_size: 8 epochs: 1 backup_workers: 2",
+       "num_ps: 1 num_workers: 3 batch_size: 8 epochs: 1 backup_workers: 3",
+       "backup_workers: 3; expected 0 to 2 (num_workers - 1)"},
+      {"num_ps: 1 num_workers: 3 batch_size: 8 epochs: 1 backup_workers: 1",
+       "num_ps: 1 num_workers: 3 batch_size: 8 epochs: 1 backup_workers: 1 "
+       "mode: \"async\"",
+       "backup_workers: 1 with mode async; expected 0 (backup workers are "
+       "for mode sync)"},
+      {"num_ps: 1 num_workers: 3 batch_size: 8 epochs: 1 staleness: 1",
+       "num_ps: 1 num_workers: 3 batch_size: 8 epochs: 1 backup_workers: 1 "
+       "staleness: 1",
+       "backup_workers: 1 with staleness 1; expected 0 (one or the other: "
+       "backup workers drop late steps, staleness waits for them)"},
       {base + "registration_timeout_s: 604800",
        base + "registration_timeout_s: 604801",
        "registration_timeout_s: 604801; expected 1 to 604800 seconds"},

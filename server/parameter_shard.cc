@@ -426,6 +426,11 @@ absl::Status ParameterShard::Push(int worker_id, int32_t param_id,
     ApplyLocked(chunk, chunk.incoming.data());
     return absl::OkStatus();
   }
+  if (backup_workers() && step < chunk.version) {
+    // A late worker's push of a step decided without it.
+    late_pushes_.fetch_add(1, std::memory_order_relaxed);
+    return absl::OkStatus();
+  }
   if (absl::Status ok = CheckSyncPushLocked(chunk, worker_id, step, "push");
       !ok.ok()) {
     return ok;
@@ -447,6 +452,8 @@ absl::Status ParameterShard::Push(int worker_id, int32_t param_id,
 }
 
 void ParameterShard::MaybeCompleteLocked(ChunkState& chunk) {
+  // Backup workers: the update waits for the step's admitted set.
+  if (backup_workers()) return;
   // Step version - 1 decided: its update can no longer be put back, so the
   // undo buffers are free for this one. Read under the chunk's lock and
   // stored by EndStep() before it takes the lock, so a step completed here
@@ -500,6 +507,10 @@ absl::Status ParameterShard::PushSkipped(int worker_id, int32_t param_id,
     skipped_.fetch_add(1, std::memory_order_relaxed);
     return absl::OkStatus();
   }
+  if (backup_workers() && step < chunk.version) {
+    late_pushes_.fetch_add(1, std::memory_order_relaxed);
+    return absl::OkStatus();
+  }
   if (absl::Status ok =
           CheckSyncPushLocked(chunk, worker_id, step, "skipped push");
       !ok.ok()) {
@@ -524,7 +535,9 @@ int64_t ElapsedNs(std::chrono::steady_clock::time_point start) {
 
 }  // namespace
 
-void ParameterShard::CompleteBarrierLocked(ChunkState& chunk) {
+void ParameterShard::CompleteBarrierLocked(ChunkState& chunk,
+                                           const std::vector<bool>* members,
+                                           bool skip) {
   // The chunk's update: averaging and optimizer (common/trace.h).
   trace::Scope traced("update", "shard",
                       {{"param", chunk.spec.param_id},
@@ -533,19 +546,25 @@ void ParameterShard::CompleteBarrierLocked(ChunkState& chunk) {
   const int64_t n = chunk.spec.num_elements;
   const int64_t step = chunk.version;
   StepSlot& slot = chunk.slots[SlotIndex(step)];
-  if (slot.skipped) {
+  // The workers whose pushes go into the update, in worker-id order.
+  std::vector<int> workers;
+  for (int w = 0; w < options_.num_workers; ++w) {
+    if (members == nullptr || (*members)[w]) workers.push_back(w);
+  }
+  if (members == nullptr ? slot.skipped : skip) {
     // A worker skips this step: nothing to apply, nothing to undo.
     chunk.undo_step = -1;
   } else {
-    // Average in worker-id order (into worker 0's slot, which the next
-    // step refills), then one update, written beside the current state.
-    float* sum = slot.pending[0].data();
-    for (int w = 1; w < options_.num_workers; ++w) {
-      const float* g = slot.pending[w].data();
+    // Average in worker-id order (into the first worker's slot, which the
+    // next step refills), then one update, written beside the current
+    // state.
+    float* sum = slot.pending[workers[0]].data();
+    for (size_t k = 1; k < workers.size(); ++k) {
+      const float* g = slot.pending[workers[k]].data();
       for (int64_t i = 0; i < n; ++i) sum[i] += g[i];
     }
-    if (options_.num_workers > 1) {
-      const float scale = 1.0f / static_cast<float>(options_.num_workers);
+    if (workers.size() > 1) {
+      const float scale = 1.0f / static_cast<float>(workers.size());
       for (int64_t i = 0; i < n; ++i) sum[i] *= scale;
     }
     chunk.prev_weights.resize(n);
@@ -564,7 +583,8 @@ void ParameterShard::CompleteBarrierLocked(ChunkState& chunk) {
       chunk.v.swap(chunk.prev_v);
     }
     chunk.weights.swap(chunk.prev_weights);
-    chunk.undo_step = step;
+    // Backup workers: decided already, nothing to undo.
+    chunk.undo_step = members == nullptr ? step : -1;
     applied_.fetch_add(1, std::memory_order_relaxed);
   }
   chunk.version = step + 1;
@@ -601,6 +621,13 @@ absl::Status ParameterShard::EndStep(int worker_id, int64_t step,
     return absl::InvalidArgumentError(absl::StrCat("worker id ", worker_id,
                                                    " is outside the job's [0, ",
                                                    options_.num_workers, ")"));
+  }
+  if (backup_workers()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "end of step ", step, " on shard ", options_.shard_index,
+        ", which aggregates ", options_.replicas_to_aggregate, " of ",
+        options_.num_workers,
+        " workers per step: a step end must say the worker's admission"));
   }
   absl::MutexLock lock(&step_mu_);
   if (absl::Status current = CheckGeneration(generation); !current.ok()) {
@@ -683,6 +710,107 @@ absl::Status ParameterShard::EndStep(int worker_id, int64_t step,
   return absl::OkStatus();
 }
 
+absl::StatusOr<bool> ParameterShard::EndStepWithBackups(
+    int worker_id, int64_t step, const NonFiniteValue* nonfinite,
+    int64_t generation, AdmissionClaim claim, int64_t samples) {
+  if (!initialized_.load()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("end of step ", step, " on shard ", options_.shard_index,
+                     " before it was initialised"));
+  }
+  if (!backup_workers()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "end of step ", step, " with an admission sent to shard ",
+        options_.shard_index, ", which runs without backup workers"));
+  }
+  if (worker_id < 0 || worker_id >= options_.num_workers) {
+    return absl::InvalidArgumentError(absl::StrCat("worker id ", worker_id,
+                                                   " is outside the job's [0, ",
+                                                   options_.num_workers, ")"));
+  }
+  const bool arbiter = options_.shard_index == 0;
+  if (arbiter != (claim == AdmissionClaim::kDecide)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "worker ", worker_id, " ended step ", step, " on shard ",
+        options_.shard_index,
+        arbiter ? " with an admission: shard 0 gives the admissions"
+                : " without shard 0's admission"));
+  }
+  absl::MutexLock lock(&step_mu_);
+  if (absl::Status current = CheckGeneration(generation); !current.ok()) {
+    return current;
+  }
+  if (step > ending_step_) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("worker ", worker_id, " ended step ", step, " but shard ",
+                     options_.shard_index, " is collecting the ends of step ",
+                     ending_step_));
+  }
+  if (step < ending_step_ || claim == AdmissionClaim::kLate) {
+    if (claim == AdmissionClaim::kAdmitted) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "worker ", worker_id, " claims an admission to step ", step,
+          ", which shard ", options_.shard_index, " decided already with ",
+          options_.replicas_to_aggregate, " other workers"));
+    }
+    // Late: its pushes of the step (if any are still waiting) go when the
+    // step is decided.
+    late_steps_.fetch_add(1, std::memory_order_relaxed);
+    return false;
+  }
+  StepEnds& ends = ends_[0];
+  if (ends.ended[worker_id]) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("worker ", worker_id, " ended step ", step,
+                     " twice on shard ", options_.shard_index));
+  }
+  for (const std::unique_ptr<ChunkState>& c : chunks_) {
+    absl::MutexLock chunk_lock(&c->mu);
+    if (!c->slots[0].has_pending[worker_id]) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("worker ", worker_id, " ended step ", step, " on shard ",
+                       options_.shard_index, " before pushing chunk (",
+                       c->spec.param_id, ", ", c->spec.chunk_index, ")"));
+    }
+  }
+  ends.ended[worker_id] = true;
+  ++ends.num_ended;
+  samples_.fetch_add(samples, std::memory_order_relaxed);
+  if (nonfinite != nullptr &&
+      (ends.skip == nullptr || worker_id < ends.skip->worker_id)) {
+    ends.skip = std::make_unique<SkippedStepInfo>();
+    ends.skip->step = step;
+    ends.skip->worker_id = worker_id;
+    ends.skip->nonfinite = *nonfinite;
+  }
+  if (ends.num_ended == options_.replicas_to_aggregate) {
+    DecideWithBackupsLocked(step, ends);
+  }
+  return true;
+}
+
+void ParameterShard::DecideWithBackupsLocked(int64_t step, StepEnds& ends) {
+  const bool skip = ends.skip != nullptr;
+  for (const std::unique_ptr<ChunkState>& c : chunks_) {
+    absl::MutexLock chunk_lock(&c->mu);
+    // Every admitted worker pushed the chunk (checked at its end), so the
+    // chunk is at `step`; the late workers' pushes go with the slot.
+    CompleteBarrierLocked(*c, &ends.ended, skip);
+  }
+  if (skip) {
+    skipped_.fetch_add(1, std::memory_order_relaxed);
+    recent_skips_.push_back(*ends.skip);
+    if (recent_skips_.size() > 8) recent_skips_.erase(recent_skips_.begin());
+  }
+  ends.skip.reset();
+  ends.ended.assign(options_.num_workers, false);
+  ends.num_ended = 0;
+  decided_step_ = step;
+  decided_through_.store(step);
+  ending_step_ = step + 1;
+  NoteUpdate();
+}
+
 absl::StatusOr<std::vector<ChunkSnapshot>> ParameterShard::Snapshot(
     int64_t expected_version) const {
   std::vector<ChunkSnapshot> out;
@@ -762,7 +890,8 @@ absl::Status ParameterShard::Pull(int64_t min_version, int64_t samples,
         absl::StrCat("pull from shard ", options_.shard_index,
                      " before it was initialised"));
   }
-  samples_.fetch_add(samples, std::memory_order_relaxed);
+  // Backup workers: counted from the admitted ends instead.
+  if (!backup_workers()) samples_.fetch_add(samples, std::memory_order_relaxed);
   pulls_.fetch_add(1, std::memory_order_relaxed);
   auto stream_ended = [this] {
     return absl::CancelledError(
@@ -893,6 +1022,8 @@ ShardStats ParameterShard::Stats() const {
   stats.skipped = skipped_.load();
   stats.optimizer_ns = optimizer_ns_.load();
   stats.updates = applied_.load();
+  stats.late_pushes = late_pushes_.load();
+  stats.late_steps = late_steps_.load();
   if (initialized_.load()) {
     int64_t min_version = -1;
     for (const std::unique_ptr<ChunkState>& chunk : chunks_) {

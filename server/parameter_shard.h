@@ -55,6 +55,29 @@
 //    at one version, which staleness does not give: jobs with s > 0 take
 //    none (coordinator/job_spec.h).
 //
+//  - backup workers (sync mode, options.replicas_to_aggregate = R with
+//    0 < R < num_workers; Chen et al., "Revisiting Distributed Synchronous
+//    SGD", 2016; TensorFlow's SyncReplicasOptimizer): a step's update is
+//    the average of the gradients of the first R workers to end the step,
+//    the others' pushes of it are dropped and counted, and the late
+//    workers pull the new version and go on. Every shard must average
+//    every chunk over the same R workers, so shard 0 admits them: a
+//    worker ends its step on shard 0 first (EndStepWithBackups(), claim
+//    kDecide), which admits the first R ends of a step and refuses later
+//    ones (the step is decided at the R-th), and the worker then ends the
+//    step on every other shard with shard 0's answer (claim kAdmitted or
+//    kLate). A shard other than 0 decides the step once R admitted ends
+//    are in: the same R workers as shard 0's, since only shard 0 admits.
+//    A chunk's update is applied at the decision (not before, as without
+//    backups: the set is not known before), from the admitted workers'
+//    pushes in worker-id order, divided by R; a non-finite value reported
+//    by an admitted worker skips the step; a late worker's report does
+//    not. A push of a step already decided is dropped and counted
+//    (ShardStats::late_pushes), OK. Samples are counted from the admitted
+//    ends (the late workers' batches are not trained on). No staleness
+//    with backups, and no checkpoints (worker 0 may be late, so no worker
+//    can ask every shard for one version; coordinator/job_spec.h).
+//
 // The gRPC service (ps_service.h) only converts messages and statuses.
 //
 // Errors, and what they leave behind (nothing, in every case):
@@ -124,6 +147,17 @@ struct ShardOptions {
   // Sync mode: bounded staleness s (see "Bounded staleness" above), 0 to
   // 1000; 0 is plain sync. Ignored in async mode.
   int staleness = 0;
+  // Sync mode without staleness: backup workers (see "Backup workers"
+  // above) when 0 < replicas_to_aggregate < num_workers; 0 (or
+  // num_workers): every worker's push goes into every step.
+  int replicas_to_aggregate = 0;
+};
+
+// Backup workers: what a worker's step end says about its admission.
+enum class AdmissionClaim {
+  kDecide,    // to shard 0, which admits or refuses
+  kAdmitted,  // to another shard: shard 0 admitted the worker to the step
+  kLate,      // to another shard: shard 0 refused it (late)
 };
 
 // Initial values of one chunk, as sent by worker 0. A fresh job sends only
@@ -161,6 +195,10 @@ struct ShardStats {
   // the workers' gradients is not counted).
   int64_t updates = 0;
   int64_t optimizer_ns = 0;
+  // Backup workers: pushes of a step already decided, dropped; step ends
+  // refused (shard 0) or reported late (the others).
+  int64_t late_pushes = 0;
+  int64_t late_steps = 0;
 };
 
 class ParameterShard {
@@ -258,6 +296,33 @@ class ParameterShard {
   // worker's push of every chunk (naming the chunk); ABORTED as Push().
   absl::Status EndStep(int worker_id, int64_t step,
                        const NonFiniteValue* nonfinite, int64_t generation = 0);
+
+  // Backup workers (see the top of this file), in place of EndStep():
+  // worker `worker_id` has pushed every chunk of `step` on this shard (a
+  // late worker: maybe not) and trained on `samples` samples in it.
+  // Returns whether the worker is in the step: on shard 0 (`claim`
+  // kDecide) its decision, the first R ends of a step in, every later one
+  // (of a decided step) out; on the others `claim`'s. The R-th admitted
+  // end decides the step (its updates applied, its pulls answered).
+  // Errors: FAILED_PRECONDITION without backup workers, in async mode,
+  // before Initialize(), or for a step after the one being collected;
+  // INVALID_ARGUMENT for a claim that does not fit the shard (kDecide on
+  // another shard than 0, or kAdmitted/kLate on shard 0), a second end of
+  // the step, an admitted end before the worker's push of every chunk
+  // (naming the chunk), or an admitted end of a step decided already (a
+  // worker that claims an admission shard 0 did not give); ABORTED as
+  // Push().
+  absl::StatusOr<bool> EndStepWithBackups(int worker_id, int64_t step,
+                                          const NonFiniteValue* nonfinite,
+                                          int64_t generation,
+                                          AdmissionClaim claim,
+                                          int64_t samples);
+  // Backup workers are on: 0 < replicas_to_aggregate < num_workers.
+  bool backup_workers() const {
+    return options_.mode == SyncMode::kSync &&
+           options_.replicas_to_aggregate > 0 &&
+           options_.replicas_to_aggregate < options_.num_workers;
+  }
 
   // Called once per chunk of this shard with the chunk's weights at a
   // version >= min_version. The span is valid only during the call (the
@@ -365,8 +430,17 @@ class ParameterShard {
 
   // Sync mode: the barrier of `chunk`'s step is complete (every worker
   // pushed or skipped it): the update, kept undoable, and the version.
-  void CompleteBarrierLocked(ChunkState& chunk)
+  // Backup workers: `members` (per worker) are the step's admitted
+  // workers, whose pushes are averaged, and `skip` says whether one of
+  // them found a non-finite value; the update is final (not undoable).
+  void CompleteBarrierLocked(ChunkState& chunk,
+                             const std::vector<bool>* members = nullptr,
+                             bool skip = false)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk.mu);
+  // Backup workers: step `step` is decided (its R admitted ends are in):
+  // every chunk's update, then the step counters.
+  void DecideWithBackupsLocked(int64_t step, StepEnds& ends)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(step_mu_);
   // Sync mode: CompleteBarrierLocked() if every worker pushed the chunk's
   // step (chunk.version) and the step before it is decided.
   void MaybeCompleteLocked(ChunkState& chunk)
@@ -451,6 +525,8 @@ class ParameterShard {
   std::atomic<int64_t> pulls_{0};
   std::atomic<int64_t> optimizer_ns_{0};
   std::atomic<int64_t> applied_{0};
+  std::atomic<int64_t> late_pushes_{0};
+  std::atomic<int64_t> late_steps_{0};
 };
 
 }  // namespace pstrain

@@ -3,6 +3,7 @@
 #include <atomic>
 #include <cmath>
 #include <limits>
+#include <memory>
 #include <string>
 #include <thread>
 #include <vector>
@@ -722,6 +723,222 @@ TEST(ParameterShardTest, StalenessBoundsHowFarAWorkerRunsAhead) {
   // Worker 0 is at step 6, worker 1 at 3: a push of step 6 is 3 ahead.
   EXPECT_EQ(shard.Push(0, 0, 0, 6, std::vector<float>(4, 1.0f)).code(),
             absl::StatusCode::kFailedPrecondition);
+}
+
+// Backup workers (issue 25): 3 workers, R = 2, the 3 chunks of InitChunks()
+// on 2 shards (the plan's split). `Gradient` is worker w's gradient of
+// chunk c in step t, exact in fp32.
+std::vector<float> Gradient(int w, int64_t t, const ChunkSpec& c) {
+  std::vector<float> g(c.num_elements);
+  for (int64_t i = 0; i < c.num_elements; ++i) {
+    g[i] = static_cast<float>(
+               ((w * 7 + t * 13 + (c.param_id * 3 + c.chunk_index) * 5 +
+                 static_cast<int>(i) * 3) %
+                17) -
+               8) /
+           8.0f;
+  }
+  return g;
+}
+
+struct BackupJob {
+  static constexpr int kWorkers = 3;
+  PartitionPlan plan;
+  std::vector<std::unique_ptr<ParameterShard>> shards;
+
+  // `replicas`: R (0: no backups, kWorkers workers; a reference run with
+  // `workers` workers).
+  BackupJob(int workers, int replicas)
+      : plan(*PartitionPlan::Create({6, 2}, 16, 2)) {
+    std::vector<InitChunk> all = InitChunks();
+    for (int s = 0; s < 2; ++s) {
+      ShardOptions options = Options(workers, SyncMode::kSync);
+      options.shard_index = s;
+      options.num_shards = 2;
+      options.replicas_to_aggregate = replicas;
+      shards.push_back(std::make_unique<ParameterShard>(options));
+      std::vector<InitChunk> own;
+      for (const InitChunk& c : all) {
+        const int index = plan.FindChunk(c.param_id, c.chunk_index);
+        if (plan.chunks()[index].shard == s) own.push_back(c);
+      }
+      EXPECT_FALSE(own.empty()) << s;
+      EXPECT_TRUE(shards[s]->Initialize({6, 2}, 16, own).ok()) << s;
+    }
+  }
+
+  // Worker w pushes every chunk of step t to shard s (as worker `as`).
+  void Push(int s, int w, int64_t t, int as = -1) {
+    for (const ChunkSpec& c : plan.ChunksOfShard(s)) {
+      ASSERT_TRUE(shards[s]
+                      ->Push(as < 0 ? w : as, c.param_id, c.chunk_index, t,
+                             Gradient(w, t, c))
+                      .ok())
+          << s << " " << w << " " << t;
+    }
+  }
+
+  // Every chunk's weights, by plan order, at version >= v.
+  std::vector<std::vector<float>> Weights(int64_t v) {
+    std::vector<std::vector<float>> out;
+    for (auto& shard : shards) {
+      for (std::vector<float>& w : PullAll(*shard, v)) out.push_back(w);
+    }
+    return out;
+  }
+};
+
+TEST(ParameterShardTest, BackupWorkersAverageTheSameWorkersOnEveryShard) {
+  BackupJob job(BackupJob::kWorkers, 2);
+  // Every worker pushes step 0 everywhere; shard 0 hears the ends in the
+  // order 2, 0, 1: workers 2 and 0 are admitted, 1 is late.
+  for (int w = 0; w < 3; ++w) {
+    for (int s = 0; s < 2; ++s) job.Push(s, w, 0);
+  }
+  ParameterShard& arbiter = *job.shards[0];
+  ParameterShard& other = *job.shards[1];
+  absl::StatusOr<bool> admitted =
+      arbiter.EndStepWithBackups(2, 0, nullptr, 0, AdmissionClaim::kDecide, 64);
+  ASSERT_TRUE(admitted.ok() && *admitted) << admitted.status();
+  admitted =
+      arbiter.EndStepWithBackups(0, 0, nullptr, 0, AdmissionClaim::kDecide, 64);
+  ASSERT_TRUE(admitted.ok() && *admitted) << admitted.status();
+  // A non-finite value from the late worker does not skip the step.
+  NonFiniteValue nan;
+  nan.value = "nan";
+  admitted =
+      arbiter.EndStepWithBackups(1, 0, &nan, 0, AdmissionClaim::kDecide, 64);
+  ASSERT_TRUE(admitted.ok()) << admitted.status();
+  EXPECT_FALSE(*admitted);
+  EXPECT_EQ(arbiter.Stats().min_version, 1);
+  EXPECT_EQ(arbiter.Stats().samples, 128);  // the admitted workers' only
+  // Shard 1 hears them in another order: the late end first. It decides
+  // at the second admitted end, over the same workers (0 and 2).
+  ASSERT_TRUE(
+      other.EndStepWithBackups(1, 0, &nan, 0, AdmissionClaim::kLate, 64).ok());
+  ASSERT_TRUE(
+      other.EndStepWithBackups(0, 0, nullptr, 0, AdmissionClaim::kAdmitted, 64)
+          .ok());
+  EXPECT_EQ(other.Stats().min_version, 0);
+  ASSERT_TRUE(
+      other.EndStepWithBackups(2, 0, nullptr, 0, AdmissionClaim::kAdmitted, 64)
+          .ok());
+  EXPECT_EQ(other.Stats().min_version, 1);
+  EXPECT_EQ(arbiter.Stats().skipped + other.Stats().skipped, 0);
+
+  // The reference: 2 workers without backups, pushing workers 0's and 2's
+  // gradients (as workers 0 and 1: the same worker-id order): every chunk
+  // bit for bit.
+  BackupJob reference(2, 0);
+  for (int s = 0; s < 2; ++s) {
+    reference.Push(s, 0, 0, 0);
+    reference.Push(s, 2, 0, 1);
+    EndAll(*reference.shards[s], 2, 0);
+  }
+  EXPECT_EQ(job.Weights(1), reference.Weights(1));
+
+  // The late worker's pushes of step 0 that come after the decision are
+  // dropped and counted; its step 1 goes on as usual.
+  const ChunkSpec first = job.plan.ChunksOfShard(1)[0];
+  ASSERT_TRUE(
+      other.Push(1, first.param_id, first.chunk_index, 0, Gradient(1, 0, first))
+          .ok());
+  EXPECT_EQ(other.Stats().late_pushes, 1);
+  EXPECT_EQ(job.Weights(1), reference.Weights(1));
+}
+
+TEST(ParameterShardTest, BackupWorkersRefuseWhatWouldMixStepsOrWorkers) {
+  BackupJob job(BackupJob::kWorkers, 2);
+  ParameterShard& arbiter = *job.shards[0];
+  ParameterShard& other = *job.shards[1];
+  for (int w = 0; w < 3; ++w) {
+    for (int s = 0; s < 2; ++s) job.Push(s, w, 0);
+  }
+  // The plain end (no admission) and claims that do not fit the shard.
+  absl::Status status = arbiter.EndStep(0, 0, nullptr);
+  EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(status.message(),
+            "end of step 0 on shard 0, which aggregates 2 of 3 workers per "
+            "step: a step end must say the worker's admission");
+  EXPECT_EQ(
+      arbiter.EndStepWithBackups(0, 0, nullptr, 0, AdmissionClaim::kAdmitted, 0)
+          .status()
+          .message(),
+      "worker 0 ended step 0 on shard 0 with an admission: shard 0 gives the "
+      "admissions");
+  EXPECT_EQ(
+      other.EndStepWithBackups(0, 0, nullptr, 0, AdmissionClaim::kDecide, 0)
+          .status()
+          .message(),
+      "worker 0 ended step 0 on shard 1 without shard 0's admission");
+  // A step ahead of the one being decided: refused, nothing applied.
+  const ChunkSpec c = job.plan.ChunksOfShard(1)[0];
+  status = other.Push(0, c.param_id, c.chunk_index, 1, Gradient(0, 1, c));
+  EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(
+      other.EndStepWithBackups(0, 1, nullptr, 0, AdmissionClaim::kAdmitted, 0)
+          .status()
+          .code(),
+      absl::StatusCode::kFailedPrecondition);
+  // Step 0 is decided with workers 0 and 1; a third admitted end of it
+  // is a claim shard 0 cannot have given.
+  for (int w : {0, 1}) {
+    ASSERT_TRUE(
+        arbiter.EndStepWithBackups(w, 0, nullptr, 0, AdmissionClaim::kDecide, 0)
+            .ok());
+    ASSERT_TRUE(
+        other.EndStepWithBackups(w, 0, nullptr, 0, AdmissionClaim::kAdmitted, 0)
+            .ok());
+  }
+  status =
+      other.EndStepWithBackups(2, 0, nullptr, 0, AdmissionClaim::kAdmitted, 0)
+          .status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(status.message(),
+            "worker 2 claims an admission to step 0, which shard 1 decided "
+            "already with 2 other workers");
+  // An admitted worker's non-finite value skips the step on every shard.
+  NonFiniteValue nan;
+  nan.param_id = 0;
+  nan.value = "inf";
+  for (int w = 0; w < 3; ++w) {
+    for (int s = 0; s < 2; ++s) job.Push(s, w, 1);
+  }
+  const std::vector<std::vector<float>> before = job.Weights(1);
+  ASSERT_TRUE(
+      arbiter.EndStepWithBackups(1, 1, &nan, 0, AdmissionClaim::kDecide, 0)
+          .ok());
+  ASSERT_TRUE(
+      arbiter.EndStepWithBackups(2, 1, nullptr, 0, AdmissionClaim::kDecide, 0)
+          .ok());
+  for (int w : {2, 1}) {
+    ASSERT_TRUE(other
+                    .EndStepWithBackups(w, 1, w == 1 ? &nan : nullptr, 0,
+                                        AdmissionClaim::kAdmitted, 0)
+                    .ok());
+  }
+  EXPECT_EQ(arbiter.Stats().skipped, 1);
+  EXPECT_EQ(other.Stats().skipped, 1);
+  EXPECT_EQ(arbiter.Stats().min_version, 2);
+  EXPECT_EQ(other.Stats().min_version, 2);
+  // Each shard's pull sends every chunk twice (a skipped step's), the
+  // second time with the weights of before the step.
+  std::vector<std::vector<float>> after;
+  for (auto& shard : job.shards) {
+    std::vector<std::vector<float>> pulled;
+    SkippedStepInfo skip;
+    absl::Status status = shard->Pull(
+        2, 0, absl::Now() + absl::Seconds(5),
+        [&](const ChunkSpec&, int64_t, absl::Span<const float> w) {
+          pulled.emplace_back(w.begin(), w.end());
+        },
+        nullptr, nullptr, 0, &skip);
+    ASSERT_TRUE(status.ok()) << status;
+    EXPECT_EQ(skip.worker_id, 1);
+    ASSERT_EQ(pulled.size() % 2, 0u);
+    after.insert(after.end(), pulled.begin() + pulled.size() / 2, pulled.end());
+  }
+  EXPECT_EQ(after, before);
 }
 
 }  // namespace

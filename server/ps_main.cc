@@ -110,6 +110,9 @@ int main(int argc, char** argv) {
                                          : pstrain::SyncMode::kSync;
   options.adam = pstrain::OptimizerOptionsOf(spec->optimizer());
   options.staleness = spec->staleness();
+  options.replicas_to_aggregate =
+      spec->backup_workers() > 0 ? spec->num_workers() - spec->backup_workers()
+                                 : 0;
 
   // TLS as shard `index` of the job, every call authorized (common/authz.h);
   // or --insecure, refused on a non-loopback address unless allowed.

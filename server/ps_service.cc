@@ -333,7 +333,11 @@ grpc::Status PsService::PushPullStream(
     }
   } unwatch{this, &watch};
   // A write, timed by the watchdog.
+  // The writer's pull replies and (backup workers, shard 0) the reader's
+  // admissions share the stream: one write at a time.
+  absl::Mutex write_mu;
   auto write = [&](const grpc::ByteBuffer& message) {
+    absl::MutexLock lock(&write_mu);
     watch.since_ms.store(absl::ToUnixMillis(absl::Now()));
     const bool written = stream->Write(message);
     watch.since_ms.store(0);
@@ -518,10 +522,33 @@ grpc::Status PsService::PushPullStream(
         // Bounded: it is echoed to every worker.
         nonfinite.value = end.nonfinite().value().substr(0, 16);
       }
-      status = shard_->EndStep(worker_id, end.step(),
-                               end.has_nonfinite() ? &nonfinite : nullptr,
-                               generation);
-      if (!status.ok()) return finish(ToGrpcStatus(status), true);
+      if (end.admission() == StepEnd::ADMISSION_NONE) {
+        status = shard_->EndStep(worker_id, end.step(),
+                                 end.has_nonfinite() ? &nonfinite : nullptr,
+                                 generation);
+        if (!status.ok()) return finish(ToGrpcStatus(status), true);
+      } else {
+        const AdmissionClaim claim =
+            end.admission() == StepEnd::ADMISSION_DECIDE
+                ? AdmissionClaim::kDecide
+            : end.admission() == StepEnd::ADMITTED ? AdmissionClaim::kAdmitted
+                                                   : AdmissionClaim::kLate;
+        absl::StatusOr<bool> admitted = shard_->EndStepWithBackups(
+            worker_id, end.step(), end.has_nonfinite() ? &nonfinite : nullptr,
+            generation, claim, std::max<int64_t>(0, end.samples()));
+        if (!admitted.ok()) {
+          return finish(ToGrpcStatus(admitted.status()), true);
+        }
+        if (claim == AdmissionClaim::kDecide) {
+          // Shard 0's answer, beside the writer's pull replies.
+          PushPullResponse answer;
+          answer.mutable_admission()->set_step(end.step());
+          answer.mutable_admission()->set_admitted(*admitted);
+          if (!write(EncodeSmallMessage(answer))) {
+            return finish(grpc::Status::OK, true);
+          }
+        }
+      }
     } else if (request.has_pull()) {
       absl::MutexLock lock(&mu);
       jobs.push_back({request.pull().min_version(), request.pull().samples(),
@@ -557,6 +584,8 @@ grpc::Status PsService::Stats(grpc::ServerContext* context,
   response->set_pushes(stats.pushes);
   response->set_pulls(stats.pulls);
   response->set_skipped(stats.skipped);
+  response->set_late_pushes(stats.late_pushes);
+  response->set_late_steps(stats.late_steps);
   response->set_bytes_received(bytes_received_.load());
   response->set_bytes_sent(bytes_sent_.load());
   return grpc::Status::OK;

@@ -173,6 +173,36 @@ TEST(RunCliTest, AllreduceModeRunsWithoutParameterServers) {
   EXPECT_EQ(CountProcesses("pstrain_worker"), 0);
 }
 
+// Backup workers (issue 25): 3 workers, each step aggregating the first 2,
+// worker 2 slowed by 40 ms a step (a LeNet-5 step takes a few ms here):
+// the job finishes its 60 steps, worker 2's late steps are dropped and
+// counted, and it skips ahead to the shards' version (its step count
+// jumps) rather than holding the others back.
+TEST(RunCliTest, BackupWorkersLeaveTheStragglerBehind) {
+  if (!HaveFashionMnist())
+    GTEST_SKIP() << "dataset-fashion-mnist not installed";
+  const Result r = RunPstrain(
+      "--num_workers=3 --backup_workers=1 --straggler=2:40 --epochs=1 "
+      "--max_steps_per_epoch=60 --log_every_steps=20");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  std::smatch late;
+  ASSERT_TRUE(std::regex_search(
+      r.output, late,
+      std::regex(R"(\[worker2\] worker 2: ([0-9]+) steps ended late \()"
+                 R"(their gradients dropped: 2 of 3 workers per step\))")))
+      << r.output;
+  // Most of its steps: 40 ms against the others' few.
+  EXPECT_GE(std::stoi(late[1].str()), 10) << r.output;
+  // The fast workers are never late: each step has 2 admitted workers.
+  EXPECT_EQ(r.output.find("[worker0] worker 0: "), std::string::npos)
+      << r.output;
+  EXPECT_TRUE(std::regex_search(
+      r.output,
+      std::regex(R"(\| 2 \| 3 \| sync \| lenet5 \| 64 \| 1 \| 60 \| )")))
+      << r.output;
+  EXPECT_EQ(CountProcesses("pstrain_worker"), 0);
+}
+
 TEST(RunCliTest, BadInputGetsOneLineErrorAndExitCode2) {
   struct Case {
     std::string args;
@@ -449,6 +479,8 @@ TEST(RunCliTest, FlagRangesAtTheirEdges) {
        "--max_restarts: 1001; expected 0 to 1000"},
       {"--staleness=1000", "--staleness=1001",
        "--staleness: 1001; expected 0 to 1000 steps"},
+      {"--backup_workers=1", "--backup_workers=2",
+       "--backup_workers: 2; expected 0 to 1 (num_workers - 1)"},
       {"--straggler=1:600000", "--straggler=2:5",
        "--straggler: \"2:5\"; expected WORKER:DELAY_MS with WORKER 0 to 1 "
        "and DELAY_MS 0 to 600000"},

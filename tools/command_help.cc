@@ -54,6 +54,7 @@ const std::vector<std::string>& JobFlags() {
                                    "max_nonfinite_steps",
                                    "straggler",
                                    "staleness",
+                                   "backup_workers",
                                    "clip_grad_norm",
                                    "insecure",
                                    "insecure_allow_remote"};

@@ -203,6 +203,11 @@ ABSL_FLAG(std::string, straggler, "",
 ABSL_FLAG(int, staleness, 0,
           "run, mode sync: bounded staleness; a worker may run at most this "
           "many steps ahead of the slowest (0: plain sync; 0 to 1000).");
+ABSL_FLAG(int, backup_workers, 0,
+          "run, mode sync: backup workers b; each step averages the first "
+          "num_workers - b workers to end it (TensorFlow's "
+          "replicas_to_aggregate), the late ones' gradients are dropped "
+          "(0: every worker; 0 to num_workers - 1).");
 ABSL_FLAG(double, clip_grad_norm, 0,
           "run, mode allreduce: gradient clipping by global norm, as "
           "torch.nn.utils.clip_grad_norm_ before each step (0: none).");
@@ -504,6 +509,7 @@ JobSpec SpecFromFlags(const std::string& mode, int num_ps, int num_workers) {
   spec.set_max_nonfinite_steps(absl::GetFlag(FLAGS_max_nonfinite_steps));
   spec.set_straggler(absl::GetFlag(FLAGS_straggler));
   spec.set_staleness(absl::GetFlag(FLAGS_staleness));
+  spec.set_backup_workers(absl::GetFlag(FLAGS_backup_workers));
   spec.set_clip_grad_norm(absl::GetFlag(FLAGS_clip_grad_norm));
   spec.set_resume(absl::GetFlag(FLAGS_resume));
   const int max_restarts = absl::GetFlag(FLAGS_max_restarts);

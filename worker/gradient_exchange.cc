@@ -22,12 +22,13 @@ namespace {
 class PsExchange : public GradientExchange {
  public:
   PsExchange(std::unique_ptr<PsClient> client, bool sync, bool chief,
-             absl::Duration init_timeout, int staleness)
+             absl::Duration init_timeout, int staleness, bool backup_workers)
       : client_(std::move(client)),
         sync_(sync),
         chief_(chief),
         init_timeout_(init_timeout),
-        staleness_(staleness) {}
+        staleness_(staleness),
+        backup_workers_(sync && backup_workers) {}
 
   absl::Status Start(const std::vector<absl::Span<float>>& weights,
                      const ModelState* resume) override {
@@ -65,8 +66,26 @@ class PsExchange : public GradientExchange {
     }
     ASSIGN_OR_RETURN(version_, client_->FinishStep());
     ++step_;
+    if (backup_workers_) {
+      // Late (the shards decided the step without this worker), or a pull
+      // that straddled a later step decided without it: the weights are
+      // pulled again, whole, at the newest version, and the worker goes
+      // on from there (its gradients are computed on one version).
+      while (client_->last_max_version() > version_) {
+        ASSIGN_OR_RETURN(
+            version_,
+            client_->PushPull(0, {}, client_->last_max_version(), 0, weights_));
+      }
+      step_ = std::max(step_, version_);
+    }
     return absl::OkStatus();
   }
+
+  int64_t NextStep(int64_t step) const override {
+    return backup_workers_ ? step_ : step + 1;
+  }
+
+  bool LastStepLate() const override { return client_->last_step_late(); }
 
   void MarkStepNonFinite(const NonFiniteValue& value) override {
     pending_mark_ = value;  // given to the step in Step()
@@ -175,6 +194,7 @@ class PsExchange : public GradientExchange {
   const bool chief_;
   const absl::Duration init_timeout_;
   const int staleness_;
+  const bool backup_workers_;
   std::vector<absl::Span<float>> weights_;
   // The smallest version pulled last, and (sync) this worker's step: equal
   // without staleness. Async pushes carry the version.
@@ -666,9 +686,9 @@ class AllreduceExchange : public GradientExchange {
 
 std::unique_ptr<GradientExchange> CreatePsExchange(
     std::unique_ptr<PsClient> client, bool sync, bool chief,
-    absl::Duration init_timeout, int staleness) {
+    absl::Duration init_timeout, int staleness, bool backup_workers) {
   return std::make_unique<PsExchange>(std::move(client), sync, chief,
-                                      init_timeout, staleness);
+                                      init_timeout, staleness, backup_workers);
 }
 
 std::unique_ptr<GradientExchange> CreateAllreduceExchange(

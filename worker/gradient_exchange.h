@@ -169,6 +169,14 @@ class GradientExchange {
   // After Step(): how its exchange went.
   virtual ExchangeStepTimes LastStepTimes() const { return {}; }
 
+  // After Step() of step `step`: the step to train next, step + 1 but
+  // with backup workers (sync PS), where a worker the shards left behind
+  // goes on from their version (the batches between are skipped).
+  virtual int64_t NextStep(int64_t step) const { return step + 1; }
+  // After Step(): with backup workers, the shards dropped this worker's
+  // gradients of the step (it ended it late).
+  virtual bool LastStepLate() const { return false; }
+
   // Training samples of all workers so far (for data/sec).
   virtual absl::StatusOr<int64_t> SamplesSoFar() = 0;
 
@@ -182,10 +190,13 @@ class GradientExchange {
 // `client` is connected to the job's shards; `sync` selects the barrier.
 // `staleness` (sync; server/parameter_shard.h): step t pushes as step t
 // and pulls weights of version >= max(1, t + 1 - staleness); 0: plain sync
-// (version t + 1).
+// (version t + 1). `backup_workers` (sync; the client's option of the
+// same name): a step may be dropped by the shards (late) or overtaken; the
+// worker then pulls the newest version whole and NextStep() jumps to it.
 std::unique_ptr<GradientExchange> CreatePsExchange(
     std::unique_ptr<PsClient> client, bool sync, bool chief,
-    absl::Duration init_timeout, int staleness = 0);
+    absl::Duration init_timeout, int staleness = 0,
+    bool backup_workers = false);
 
 // `collective` (not owned) connects the job's workers. `bucket_bytes` > 0.
 // Communication errors (Gloo's, after the collective's timeout) come back

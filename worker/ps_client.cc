@@ -338,11 +338,17 @@ struct PsClient::StepState {
   int pushers_done ABSL_GUARDED_BY(mu) = 0;
   // The first non-finite value found in this step (null: none yet).
   std::unique_ptr<NonFiniteValue> nonfinite ABSL_GUARDED_BY(mu);
+  // Backup workers: shard 0's answer to this step's end (-1: none yet,
+  // 0: late, 1: admitted), which the other shards' ends carry.
+  int admission ABSL_GUARDED_BY(mu) = -1;
 
   // One per shard: its reader (which runs its pusher).
   std::vector<std::thread> threads;
   std::vector<absl::Status> statuses;
   std::vector<int64_t> versions;
+  // Per shard: the largest version pulled (backup workers: a pull may
+  // straddle a decision taken without this worker).
+  std::vector<int64_t> largest;
   // Per shard: the step's skip decision (step -1: not skipped).
   std::vector<SkippedStepInfo> skipped;
   // Per shard, written by its own threads, read after they are joined
@@ -438,18 +444,32 @@ absl::Status PsClient::WritePushes(int shard, StepState* state) {
     // that every shard hears the same report.
     PushPullRequest end = envelope;
     end.mutable_step_end()->set_step(state->step);
+    const bool backups = options_.backup_workers;
+    if (backups) {
+      end.mutable_step_end()->set_samples(state->pull.pull().samples());
+    }
     {
       absl::MutexLock lock(&state->mu);
       ++state->pushers_done;
       const int shards = num_shards();
-      auto all_pushed = [state, shard, shards]()
-                            ABSL_EXCLUSIVE_LOCKS_REQUIRED(state->mu) {
-                              return state->aborted || state->stopped[shard] ||
-                                     state->pushers_done == shards;
-                            };
+      // Backup workers: shard 0 first; the others with its answer.
+      const bool wait_admission = backups && shard > 0;
+      auto all_pushed =
+          [state, shard, shards, wait_admission]()
+              ABSL_EXCLUSIVE_LOCKS_REQUIRED(state->mu) {
+                return state->aborted || state->stopped[shard] ||
+                       (state->pushers_done == shards &&
+                        (!wait_admission || state->admission >= 0));
+              };
       state->mu.Await(absl::Condition(&all_pushed));
       if (state->aborted || state->stopped[shard]) {
         return absl::CancelledError("step aborted");
+      }
+      if (backups) {
+        end.mutable_step_end()->set_admission(
+            shard == 0              ? StepEnd::ADMISSION_DECIDE
+            : state->admission == 1 ? StepEnd::ADMITTED
+                                    : StepEnd::LATE);
       }
       if (state->nonfinite != nullptr) {
         NonFinite* report = end.mutable_step_end()->mutable_nonfinite();
@@ -527,6 +547,11 @@ absl::Status PsClient::PushPullShard(int shard, StepState* state,
   PushPullResponse envelope;  // the fields besides the chunk
   int64_t smallest = -1;
   size_t received_chunks = 0;
+  // Backup workers: shard 0 answers this step's end (StepAdmission) beside
+  // the pull, before or after its last message.
+  bool awaiting_admission =
+      options_.backup_workers && shard == 0 && state->send_step_end;
+  bool pull_complete = false;
   while (true) {
     if (!s.stream->Read(&buffer)) return fail(absl::OkStatus());
     const int64_t arrived_us = trace::NowUs();
@@ -540,6 +565,18 @@ absl::Status PsClient::PushPullShard(int shard, StepState* state,
       // The shard ends the call with that error once this worker
       // half-closes (FinishStream).
       return fail(absl::OkStatus());
+    }
+    if (envelope.has_admission()) {
+      if (!awaiting_admission || envelope.admission().step() != state->step) {
+        return fail(absl::DataLossError(absl::StrCat(
+            "shard ", shard, " sent an admission to step ",
+            envelope.admission().step(), ", which this worker did not end")));
+      }
+      awaiting_admission = false;
+      absl::MutexLock lock(&state->mu);
+      state->admission = envelope.admission().admitted() ? 1 : 0;
+      if (!pull_complete) continue;
+      break;
     }
     if (envelope.has_skipped_step()) {
       const SkippedStep& skip = envelope.skipped_step();
@@ -566,6 +603,8 @@ absl::Status PsClient::PushPullShard(int shard, StepState* state,
       if (!status.ok()) return fail(status);
       smallest =
           smallest < 0 ? chunk.version() : std::min(smallest, chunk.version());
+      state->largest[shard] = std::max(state->largest[shard],
+                                       static_cast<int64_t>(chunk.version()));
       ++received_chunks;
       state->pull_arrivals_us[shard].push_back(arrived_us);
       state->bytes_pulled[shard] += bytes;
@@ -577,7 +616,10 @@ absl::Status PsClient::PushPullShard(int shard, StepState* state,
                        {"shard", shard},
                        {"version", chunk.version()}});
     }
-    if (envelope.last_of_pull()) break;
+    if (envelope.last_of_pull()) {
+      pull_complete = true;
+      if (!awaiting_admission) break;
+    }
   }
   // The pull is complete, so the shard has read every push (sync: it
   // needed them; async: they went before the pull): the pusher is done.
@@ -628,6 +670,7 @@ absl::Status PsClient::BeginStep(
   state->pull_first = !gradients.empty() && min_version > 0;
   state->send_step_end = state->pull_first;
   skipped_step_.reset();
+  last_step_late_ = false;
   {
     absl::MutexLock lock(&state->mu);
     state->ready.resize(n);
@@ -637,6 +680,7 @@ absl::Status PsClient::BeginStep(
   }
   state->statuses.assign(n, absl::OkStatus());
   state->versions.assign(n, 0);
+  state->largest.assign(n, 0);
   state->skipped.assign(n, SkippedStepInfo());
   state->first_push_us.assign(n, -1);
   state->last_push_us.assign(n, -1);
@@ -774,6 +818,11 @@ absl::StatusOr<int64_t> PsClient::FinishStep() {
   for (const SkippedStepInfo& skip : done->skipped) {
     if (skip.step >= 0) skipped_step_ = skip;
   }
+  {
+    absl::MutexLock lock(&done->mu);
+    last_step_late_ =
+        options_.backup_workers && done->send_step_end && done->admission == 0;
+  }
   if (!done->send_step_end) {
     absl::MutexLock lock(&done->mu);
     if (done->nonfinite != nullptr) {
@@ -784,6 +833,8 @@ absl::StatusOr<int64_t> PsClient::FinishStep() {
       skipped_step_ = own;
     }
   }
+  last_max_version_ =
+      *std::max_element(done->largest.begin(), done->largest.end());
   return *std::min_element(done->versions.begin(), done->versions.end());
 }
 

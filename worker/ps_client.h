@@ -62,6 +62,9 @@ struct PsClientOptions {
   // TLS as this worker (common/tls.h): each shard s must prove to be
   // "ps-<s>.pstrain". Null: plaintext.
   std::shared_ptr<grpc::ChannelCredentials> credentials;
+  // Sync mode with backup workers (proto/ps.proto StepEnd): each step is
+  // ended on shard 0 first, and on the others with shard 0's admission.
+  bool backup_workers = false;
 };
 
 // One step's exchange as this worker saw it (worker/metrics.h), measured
@@ -207,6 +210,13 @@ class PsClient {
   const std::optional<SkippedStepInfo>& skipped_step() const {
     return skipped_step_;
   }
+  // After FinishStep() of a sync step with backup workers: shard 0 did not
+  // admit this worker to the step (its gradients were dropped).
+  bool last_step_late() const { return last_step_late_; }
+  // After FinishStep(): the largest version of any chunk pulled (the
+  // smallest is FinishStep()'s result). They differ only where a pull
+  // straddled an update this worker did not wait for (backup workers).
+  int64_t last_max_version() const { return last_max_version_; }
 
   absl::StatusOr<StatsResponse> Stats(int shard);
 
@@ -277,6 +287,8 @@ class PsClient {
   // The step between BeginStep() and FinishStep(); null otherwise.
   std::unique_ptr<StepState> step_;
   std::optional<SkippedStepInfo> skipped_step_;
+  bool last_step_late_ = false;
+  int64_t last_max_version_ = 0;
   PsStepTimes last_step_times_;
 };
 

@@ -462,10 +462,13 @@ absl::StatusOr<TrainerOutput> RunWorker(const TrainerOptions& options,
     client_options.worker_id = options.worker_id;
     client_options.rpc_timeout = options.rpc_timeout;
     client_options.credentials = options.ps_credentials;
+    client_options.backup_workers =
+        options.mode == "sync" && options.backup_workers > 0;
     ASSIGN_OR_RETURN(std::unique_ptr<PsClient> client,
                      PsClient::Create(client_options, plan));
     exchange = CreatePsExchange(std::move(client), options.mode == "sync",
-                                chief, options.init_timeout, options.staleness);
+                                chief, options.init_timeout, options.staleness,
+                                client_options.backup_workers);
   }
 
   if (!options.init_from.empty()) {
@@ -770,6 +773,10 @@ absl::StatusOr<TrainerOutput> RunWorker(const TrainerOptions& options,
                                   /*append=*/options.resume || options.rejoin));
   }
   double train_seconds = 0;
+  // Backup workers: steps this worker ended late (dropped by the shards),
+  // and the steps its last step jumped over.
+  int64_t late_steps = 0;
+  int64_t jumped = 0;
   absl::Duration compute_time;
   absl::Duration exchange_time;
   int64_t timed_steps = 0;
@@ -847,7 +854,12 @@ absl::StatusOr<TrainerOutput> RunWorker(const TrainerOptions& options,
         exchange_time += exchanged - computed;
         ++timed_steps;
       }
-      ++step;
+      // Backup workers: a worker the shards left behind goes on from
+      // their version.
+      const int64_t next = exchange->NextStep(step);
+      jumped = next - step - 1;
+      if (exchange->LastStepLate()) ++late_steps;
+      step = next;
       const bool checkpoint_due =
           (options.checkpoint_every_steps > 0 &&
            step % options.checkpoint_every_steps == 0) ||
@@ -902,6 +914,14 @@ absl::StatusOr<TrainerOutput> RunWorker(const TrainerOptions& options,
         ASSIGN_OR_RETURN(step, recover(s));
         rolled_back = true;
         break;
+      }
+      if (jumped > 0) {
+        // The batches of the steps taken without this worker; past the
+        // epoch's end the next epoch skips the rest.
+        const int64_t in_epoch = std::min(jumped, steps_per_epoch - 1 - i);
+        workload->SkipBatches(in_epoch);
+        i += in_epoch;
+        jumped = 0;
       }
     }
     if (rolled_back) {
@@ -962,6 +982,13 @@ absl::StatusOr<TrainerOutput> RunWorker(const TrainerOptions& options,
                                  " checkpoints; the newest: ",
                                  checkpoints->latest_path()));
     }
+  }
+  if (late_steps > 0 && options.verbose) {
+    Emit(options,
+         absl::StrCat("worker ", options.worker_id, ": ", late_steps,
+                      " steps ended late (their gradients dropped: ",
+                      options.num_workers - options.backup_workers, " of ",
+                      options.num_workers, " workers per step)"));
   }
   result.set_steps(step);
   result.set_runtime_seconds(train_seconds);

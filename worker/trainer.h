@@ -121,6 +121,11 @@ struct TrainerOptions {
   // step pulls weights of version >= step + 1 - staleness, not step + 1
   // (worker/gradient_exchange.h).
   int staleness = 0;
+  // Mode sync: backup workers (JobSpec.backup_workers; 0: none). A step
+  // this worker ends late is dropped by the shards, and the worker goes on
+  // from the shards' version: its step jumps to it (the batches between
+  // are skipped, so that a step's batch stays a function of the step).
+  int backup_workers = 0;
   // Mode allreduce: gradient clipping by global norm (JobSpec.clip_grad_norm;
   // 0: none; worker/gradient_exchange.h).
   double clip_grad_norm = 0;

@@ -222,6 +222,7 @@ int main(int argc, char** argv) {
   options.checkpoint_every_secs = spec->checkpoint_every_secs();
   options.max_nonfinite_steps = spec->max_nonfinite_steps();
   options.staleness = spec->staleness();
+  options.backup_workers = spec->backup_workers();
   options.clip_grad_norm = spec->clip_grad_norm();
   // Validated at submission (coordinator/job_spec.h).
   if (absl::StatusOr<pstrain::Straggler> straggler =
