@@ -6,8 +6,9 @@ Runs `pstrain run` (LeNet-5 on Fashion-MNIST, short runs sized for a small
 machine) for every mode in --modes and every scenario in --scenarios, and
 prints one table:
 
-  mode       sync, sync with --staleness=1/2/4 ("stale1", ...), async,
-             allreduce (Gloo)
+  mode       sync, sync with --staleness=1/2/4 ("stale1", ...), sync with
+             --backup_workers=1 ("backup1": each step aggregates the first
+             W-1 workers), async, allreduce (Gloo)
   scenario   none: no straggler;
              delay1x / delay3x: the last worker sleeps 1x / 3x the normal
                step time at the start of every step (--straggler=W:MS; the
@@ -21,8 +22,9 @@ Columns: train time (s): from worker 0's first step (its "steps per epoch"
 line) to the end of the last worker's training (the exit of workers 1..W-1,
 which do not evaluate, and worker 0's "Epoch 0 in" line less its test
 time), so process start-up and evaluation are left out; throughput = all
-workers' samples / train time (samples/s), its ratio to the same mode's
-"none" run; worker 0's final test accuracy; the exit status. Every worker runs the same number of steps,
+workers' samples / train time (samples/s; backup workers: the samples
+trained on, (W - b) x batch per step, since a late worker's batch is
+dropped), its ratio to the same mode's "none" run; worker 0's final test accuracy; the exit status. Every worker runs the same number of steps,
 so a mode can only be faster than its slowest worker where that worker's
 steps overlap the others' (see BENCHMARKS.md).
 
@@ -93,6 +95,8 @@ def run(args, mode, scenario, delay_ms):
         cmd += ["--mode=sync", "--num_ps=1"]
         if mode.startswith("stale"):
             cmd.append("--staleness=%d" % int(mode[len("stale"):]))
+        if mode.startswith("backup"):
+            cmd.append("--backup_workers=%d" % int(mode[len("backup"):]))
     slow = args.workers - 1
     if scenario.startswith("delay"):
         cmd.append("--straggler=%d:%d" % (slow, delay_ms))
@@ -172,7 +176,8 @@ def main():
                    "runs apart from rebuilds of bazel-bin)")
     p.add_argument("--worker_binary", default="")
     p.add_argument("--modes",
-                   default="sync,stale1,stale2,stale4,async,allreduce")
+                   default="sync,backup1,stale1,stale2,stale4,async,"
+                   "allreduce")
     p.add_argument("--scenarios",
                    default="none,delay1x,delay3x,stop20,stop8")
     args = p.parse_args()
@@ -199,7 +204,11 @@ def main():
             else:
                 factor = {"delay1x": 1, "delay3x": 3}.get(scenario, 0)
                 r = run(args, mode, scenario, int(round(factor * step_ms)))
-            thruput = samples / r["train"]
+            trained = samples
+            if mode.startswith("backup"):
+                trained = (samples // args.workers *
+                           (args.workers - int(mode[len("backup"):])))
+            thruput = trained / r["train"]
             if scenario == "none":
                 none = thruput
             ratio = thruput / none if none else float("nan")
