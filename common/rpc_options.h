@@ -9,10 +9,17 @@ namespace pstrain {
 // chunk (at most --partition_bytes, 4 MiB by default); the bound leaves room
 // for raising --partition_bytes without hitting gRPC's 4 MB default.
 constexpr int kMaxMessageBytes = 256 << 20;
-// Keepalive pings on idle connections, so that a dead peer breaks a
-// long-lived stream within ~20 s instead of never.
+// Keepalive pings on idle connections, so that a peer whose host vanished
+// (no FIN, no RST) breaks a long-lived stream within ~70 s instead of never.
+// A process that dies closes its sockets and breaks its streams at once; the
+// timeout only has to catch hosts and links that go silent. It is the
+// coordinator's default --heartbeat_timeout_s (60 s) on purpose: a paused
+// process (SIGSTOP, a debugger, a swapped-out host) answers no ping, and a
+// shorter timeout turned a worker stopped for 20 s into a broken sync
+// barrier and a failed job, where it should only be a straggler until the
+// coordinator declares it lost (BENCHMARKS.md, stragglers).
 constexpr int kKeepaliveTimeMs = 10000;
-constexpr int kKeepaliveTimeoutMs = 10000;
+constexpr int kKeepaliveTimeoutMs = 60000;
 // gRPC by default sends at most 2 pings without data and a server counts
 // more as "strikes": a stream idle for a long evaluation (minutes for a
 // ResNet on CPU) then dies with "keepalive watchdog timeout". Both sides
