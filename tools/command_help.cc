@@ -105,11 +105,14 @@ const std::vector<CommandInfo>& Commands() {
        "and "
        "writes the scaling and communication tables as Markdown, CSV, JSON "
        "and a gnuplot PNG into --out_dir. Every configuration is checked "
-       "before the first run starts.",
+       "before the first run starts. --preset=mnist_resnet|dlperf|"
+       "tiny_imagenet runs a published report's experiment scaled to this "
+       "machine (any of its flags can be overridden) and prints that "
+       "report's own table first.",
        Join({JobFlags(),
              DataFlags(),
-             {"workers", "batch_sizes", "modes", "steps", "repeats", "out_dir",
-              "link_mbit", "plot"}})},
+             {"preset", "workers", "batch_sizes", "modes", "steps", "scaling",
+              "repeats", "out_dir", "link_mbit", "plot"}})},
       {"eval",
        "pstrain eval --checkpoint=FILE_OR_DIR [--dataset=... --data_dir=... "
        "--backend=...]",

@@ -456,3 +456,220 @@ std::string GnuplotBatchScript(const std::vector<CompareRun>& runs,
 }
 
 }  // namespace pstrain
+
+namespace pstrain {
+
+absl::StatusOr<Scaling> ParseScaling(const std::string& text) {
+  if (text == "weak") return Scaling::kWeak;
+  if (text == "strong") return Scaling::kStrong;
+  return absl::InvalidArgumentError(absl::StrCat(
+      "--scaling=", text,
+      ": expected weak (--steps per worker) or strong (--steps split "
+      "across the workers)"));
+}
+
+int StepsPerWorker(int steps, int workers, Scaling scaling) {
+  if (scaling == Scaling::kWeak || workers <= 1) return steps;
+  return (steps + workers - 1) / workers;
+}
+
+const std::vector<ComparePreset>& ComparePresets() {
+  static const auto* presets = new std::vector<ComparePreset>{
+      {"mnist_resnet",
+       "ResNets on MNIST and bigMNIST (| #Nodes | #GPUs | Epoch | Batchsize "
+       "| Steps | Runtime | Speedup |): ResNet-18 on Fashion-MNIST "
+       "(--dataset=idx --data_dir=DIR for MNIST or a bigmnist set), the "
+       "same work (100 steps of batch 64, about a ninth of an epoch) split "
+       "across 1 and 2 workers, sync PS with 1 shard and Gloo allreduce",
+       ReportLayout::kEpochRuntime,
+       {{"model", "resnet18", ""},
+        {"dataset", "fashion_mnist", ""},
+        {"modes", "ps_sync,allreduce", ""},
+        {"num_ps", "1", ""},
+        {"workers", "1,2", ""},
+        {"batch_size", "64", ""},
+        {"steps", "100", "epochs"},
+        {"scaling", "strong", ""}}},
+      {"dlperf",
+       "DLPerf (| num_nodes | gpu_num_per_node | batch_size_per_device | "
+       "throughput | speedup |, the median of repeats): ResNet-50 on "
+       "synthetic 64x64 images (224x224 on a GPU: --image_size=224 "
+       "--batch_size=128 --backend=cuda), batch 16 per worker, 20 steps, 1 "
+       "and 2 workers, sync PS with 1 shard and Gloo allreduce, 3 repeats",
+       ReportLayout::kDlperf,
+       {{"model", "resnet50", ""},
+        {"dataset", "synthetic", ""},
+        {"image_size", "64", ""},
+        {"num_classes", "1000", ""},
+        {"modes", "ps_sync,allreduce", ""},
+        {"num_ps", "1", ""},
+        {"workers", "1,2", ""},
+        {"batch_size", "16", ""},
+        {"steps", "20", "epochs"},
+        {"repeats", "3", ""}}},
+      {"tiny_imagenet",
+       "AlexNet, ResNet-18 and VGG-16 on tiny-ImageNet, CPU and GPU nodes "
+       "(images/sec against nodes with the CV of repeats, and the batch-size "
+       "sweep): AlexNet (--model=resnet18 or vgg16 for the others) on "
+       "64x64 images of 200 classes, synthetic unless --dataset=image_folder "
+       "--data_dir=tiny-imagenet-200, batch 32 and 64 per worker, 20 steps, "
+       "1 and 2 workers, sync PS with 1 shard, 3 repeats",
+       ReportLayout::kNodesImages,
+       {{"model", "alexnet", ""},
+        {"dataset", "synthetic", ""},
+        {"image_size", "64", ""},
+        {"num_classes", "200", ""},
+        {"modes", "ps_sync", ""},
+        {"num_ps", "1", ""},
+        {"workers", "1,2", ""},
+        {"batch_sizes", "32,64", "batch_size"},
+        {"steps", "20", "epochs"},
+        {"repeats", "3", ""}}},
+  };
+  return *presets;
+}
+
+absl::StatusOr<const ComparePreset*> FindComparePreset(
+    const std::string& name) {
+  std::string names;
+  for (const ComparePreset& preset : ComparePresets()) {
+    if (preset.name == name) return &preset;
+    absl::StrAppend(&names, names.empty() ? "" : ", ", preset.name);
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "--preset=", name, ": no such preset; expected one of ", names));
+}
+
+namespace {
+
+bool OnCuda(const CompareRun& run) { return run.result.backend() == "cuda"; }
+
+// "ps_sync, 2 PS" / "allreduce"; with `model`, "resnet18 on cpu, " first.
+std::string ReportSeries(const CompareRun& run, bool model) {
+  return absl::StrCat(model ? absl::StrCat(run.result.model(), " on ",
+                                           OnCuda(run) ? "cuda" : "cpu", ", ")
+                            : "",
+                      IsAllreduce(run.mode)
+                          ? run.mode
+                          : absl::StrCat(run.mode, ", ", run.num_ps, " PS"));
+}
+
+std::string Runtime(double seconds) {
+  const int64_t s = static_cast<int64_t>(std::llround(seconds));
+  if (s < 60) return absl::StrFormat("%.1f s", seconds);
+  if (s < 3600) return absl::StrFormat("%d:%02d", s / 60, s % 60);
+  return absl::StrFormat("%d:%02d:%02d", s / 3600, s / 60 % 60, s % 60);
+}
+
+std::string CvCell(const CompareRun& run) {
+  const Spread spread = SpreadOf(run);
+  return spread.repeats > 1 ? absl::StrFormat("%.1f%%", spread.cv * 100)
+                            : std::string("-");
+}
+
+}  // namespace
+
+std::string FormatReportTable(const std::vector<CompareRun>& runs,
+                              ReportLayout layout) {
+  if (layout == ReportLayout::kNone || runs.empty()) return "";
+  const bool by_model = layout == ReportLayout::kNodesImages;
+  // Series in the order they first appear.
+  std::vector<std::string> series;
+  for (const CompareRun& run : runs) {
+    const std::string name = ReportSeries(run, by_model);
+    if (std::find(series.begin(), series.end(), name) == series.end()) {
+      series.push_back(name);
+    }
+  }
+  const bool cuda = OnCuda(runs.front());
+  std::string out;
+  for (const std::string& name : series) {
+    absl::StrAppend(&out, "**", name, "**\n\n");
+    switch (layout) {
+      case ReportLayout::kEpochRuntime:
+        absl::StrAppend(&out, "| #Nodes | ", cuda ? "#GPUs" : "#CPU workers",
+                        " | Epoch | Batchsize | Steps | Runtime | Speedup |\n",
+                        "|---:|---:|---:|---:|---:|---:|---:|\n");
+        break;
+      case ReportLayout::kDlperf:
+        absl::StrAppend(&out, "| num_nodes | ",
+                        cuda ? "gpu_num_per_node" : "cpu_worker_num_per_node",
+                        " | batch_size_per_device | throughput | speedup |\n",
+                        "|---:|---:|---:|---:|---:|\n");
+        break;
+      default:
+        absl::StrAppend(&out,
+                        "| #Nodes | Batch size | Images/sec | CV | Speedup |\n",
+                        "|---:|---:|---:|---:|---:|\n");
+        break;
+    }
+    for (const CompareRun& run : runs) {
+      if (ReportSeries(run, by_model) != name) continue;
+      const RunResult& r = run.result;
+      const bool one_host_per_task = run.num_nodes > 1;
+      const int nodes = one_host_per_task ? run.num_workers : 1;
+      const int per_node = one_host_per_task ? 1 : run.num_workers;
+      switch (layout) {
+        case ReportLayout::kEpochRuntime: {
+          const double samples =
+              static_cast<double>(r.steps()) * run.num_workers * r.batch_size();
+          absl::StrAppend(
+              &out,
+              absl::StrFormat(
+                  "| %d | %d | %s | %d | %d | %s | %s |\n", nodes, per_node,
+                  r.train_samples() > 0
+                      ? absl::StrFormat("%.2f", samples / r.train_samples())
+                      : std::string("-"),
+                  r.batch_size(), r.steps(), Runtime(r.runtime_seconds()),
+                  Ratio(Speedup(runs, run))));
+          break;
+        }
+        case ReportLayout::kDlperf:
+          absl::StrAppend(
+              &out,
+              absl::StrFormat("| %d | %d | %d | %.2f | %s |\n", nodes, per_node,
+                              r.batch_size(), r.throughput_samples_per_sec(),
+                              Ratio(Speedup(runs, run))));
+          break;
+        default:
+          absl::StrAppend(
+              &out,
+              absl::StrFormat("| %d | %d | %.2f | %s | %s |\n", run.num_workers,
+                              r.batch_size(), r.throughput_samples_per_sec(),
+                              CvCell(run), Ratio(Speedup(runs, run))));
+          break;
+      }
+    }
+    absl::StrAppend(&out, "\n");
+  }
+  const bool one_machine = runs.front().num_nodes <= 1;
+  switch (layout) {
+    case ReportLayout::kEpochRuntime:
+      absl::StrAppend(
+          &out,
+          "Epoch: samples trained over the training set; Steps: per worker; "
+          "Runtime: the training epochs' wall time (evaluation excluded); "
+          "Speedup: samples/sec over the 1-worker run's.\n");
+      break;
+    case ReportLayout::kDlperf:
+      absl::StrAppend(&out,
+                      "throughput: samples/sec summed over the workers (the "
+                      "median of the repeats); speedup: over the 1-worker "
+                      "run's.\n");
+      break;
+    default:
+      absl::StrAppend(
+          &out,
+          "Images/sec: summed over the workers (the median of the repeats); "
+          "CV: the coefficient of variation of the repeats; Speedup: over "
+          "the 1-worker run's at the same batch size.",
+          one_machine ? " One worker per node, as the report ran; here every "
+                        "node is a process on one machine."
+                      : "",
+          "\n");
+      break;
+  }
+  return out;
+}
+
+}  // namespace pstrain

@@ -134,6 +134,70 @@ std::string GnuplotBatchScript(const std::vector<CompareRun>& runs,
                                const std::string& png_path,
                                const std::string& title);
 
+// How `--steps` is spent as workers are added. kWeak: every worker runs
+// `--steps` steps (the work grows with the workers, as in throughput
+// studies). kStrong: the job's work is fixed at `--steps` steps of one
+// worker, split across the workers (each runs ceil(steps / W)), as a fixed
+// number of epochs is; runtime then falls as workers are added.
+enum class Scaling { kWeak, kStrong };
+// "weak" or "strong"; INVALID_ARGUMENT naming --scaling otherwise.
+absl::StatusOr<Scaling> ParseScaling(const std::string& text);
+// Steps per worker for `steps` (> 0) with `workers` workers.
+int StepsPerWorker(int steps, int workers, Scaling scaling);
+
+// The layouts of the published reports a preset reproduces, besides the
+// scaling table every compare prints.
+enum class ReportLayout {
+  kNone,
+  // ResNets on MNIST and bigMNIST, a fixed number of epochs:
+  // | #Nodes | #GPUs | Epoch | Batchsize | Steps | Runtime | Speedup |
+  kEpochRuntime,
+  // DLPerf (OneFlow's benchmark reports), the median of repeats:
+  // | num_nodes | gpu_num_per_node | batch_size_per_device | throughput |
+  // speedup |
+  kDlperf,
+  // AlexNet, ResNet-18, VGG-16 on tiny-ImageNet, CPU and GPU nodes:
+  // | #Nodes | Batch size | Images/sec | CV | Speedup |, per model and
+  // backend, with the batch-size sweep.
+  kNodesImages,
+};
+
+// `pstrain compare --preset=NAME`: one command per published table. A
+// preset is a set of flag values (applied where the command line gives the
+// flag no value, so any of them can be overridden) and the layout its
+// report prints in.
+struct ComparePreset {
+  std::string name;
+  // The report, its columns and how it is scaled to one machine.
+  std::string description;
+  ReportLayout layout = ReportLayout::kNone;
+  struct Flag {
+    std::string name;
+    std::string value;
+    // Not applied when this flag is on the command line (e.g. a preset's
+    // --batch_sizes when --batch_size is given); empty: always.
+    std::string unless;
+  };
+  std::vector<Flag> flags;
+};
+const std::vector<ComparePreset>& ComparePresets();
+// INVALID_ARGUMENT naming --preset and the presets there are.
+absl::StatusOr<const ComparePreset*> FindComparePreset(const std::string& name);
+
+// The runs in `layout` (kNone: ""): one Markdown table per series (mode and
+// #PS, and for kNodesImages the model), each after a bold title line, rows
+// in the order of `runs`. Device columns say "GPUs" where the runs
+// computed on CUDA and "CPU workers" otherwise. Nodes: with one host per
+// task (num_nodes > 1) every worker is a node; on one machine, 1 node for
+// kEpochRuntime and kDlperf, and for kNodesImages the workers (one worker
+// per node, as that report ran; its caption says so). Epoch: samples
+// trained (steps x workers x batch) over the training set. Runtime: "12.3
+// s", "m:ss" or "h:mm:ss". Speedup and
+// throughput as in FormatScalingTable (the median run's, "-" without a
+// 1-worker run); CV in percent with "-" for one run.
+std::string FormatReportTable(const std::vector<CompareRun>& runs,
+                              ReportLayout layout);
+
 }  // namespace pstrain
 
 #endif  // PSTRAIN_TOOLS_COMPARE_H_

@@ -283,6 +283,98 @@ TEST(GnuplotTest, ErrorBarsWithRepeatsAndLongTitlesWrap) {
   }
 }
 
+TEST(ScalingTest, StrongSplitsTheStepsAcrossWorkers) {
+  EXPECT_EQ(StepsPerWorker(100, 1, Scaling::kStrong), 100);
+  EXPECT_EQ(StepsPerWorker(100, 2, Scaling::kStrong), 50);
+  EXPECT_EQ(StepsPerWorker(100, 3, Scaling::kStrong), 34);  // ceil
+  EXPECT_EQ(StepsPerWorker(100, 4, Scaling::kWeak), 100);
+  EXPECT_TRUE(ParseScaling("weak").ok());
+  EXPECT_EQ(*ParseScaling("strong"), Scaling::kStrong);
+  EXPECT_THAT(std::string(ParseScaling("linear").status().message()),
+              HasSubstr("--scaling=linear: expected weak"));
+}
+
+TEST(PresetTest, EveryPresetNamesALayoutAndFlags) {
+  ASSERT_GE(ComparePresets().size(), 3u);
+  for (const ComparePreset& preset : ComparePresets()) {
+    absl::StatusOr<const ComparePreset*> found = FindComparePreset(preset.name);
+    ASSERT_TRUE(found.ok()) << preset.name;
+    EXPECT_EQ(*found, &preset);
+    EXPECT_NE(preset.layout, ReportLayout::kNone) << preset.name;
+    EXPECT_FALSE(preset.flags.empty()) << preset.name;
+  }
+  const absl::Status unknown = FindComparePreset("imagenet").status();
+  EXPECT_EQ(unknown.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(unknown.message()),
+              HasSubstr("--preset=imagenet: no such preset; expected one of "
+                        "mnist_resnet, dlperf, tiny_imagenet"));
+}
+
+// Runs of a real model on one machine, as the presets make them.
+CompareRun ModelRun(const std::string& mode, int workers, int batch,
+                    int64_t steps, double runtime_s, double throughput) {
+  CompareRun run =
+      MakeRun(mode, mode == "allreduce" ? 0 : 1, workers, throughput, 0.1);
+  run.num_nodes = 1;
+  run.batch_size = batch;
+  run.result.set_compute("model");
+  run.result.set_model("resnet18");
+  run.result.set_backend("cpu");
+  run.result.set_train_samples(60000);
+  run.result.set_batch_size(batch);
+  run.result.set_steps(steps);
+  run.result.set_runtime_seconds(runtime_s);
+  return run;
+}
+
+TEST(ReportTableTest, EpochRuntimeLayout) {
+  // Strong scaling: 100 steps of batch 64 at 1 worker, 50 each at 2.
+  const std::vector<CompareRun> runs = {
+      ModelRun("ps_sync", 1, 64, 100, 100.0, 64.0),
+      ModelRun("ps_sync", 2, 64, 50, 3725.0, 1.72),
+      ModelRun("allreduce", 1, 64, 100, 90.0, 71.1)};
+  const std::string table =
+      FormatReportTable(runs, ReportLayout::kEpochRuntime);
+  EXPECT_THAT(table,
+              HasSubstr("**ps_sync, 1 PS**\n\n| #Nodes | #CPU workers | Epoch "
+                        "| Batchsize | Steps | Runtime | Speedup |\n"
+                        "|---:|---:|---:|---:|---:|---:|---:|\n"
+                        "| 1 | 1 | 0.11 | 64 | 100 | 1:40 | 1.00x |\n"
+                        "| 1 | 2 | 0.11 | 64 | 50 | 1:02:05 | 0.03x |\n\n"
+                        "**allreduce**\n\n"));
+  EXPECT_THAT(table, HasSubstr("| 1 | 1 | 0.11 | 64 | 100 | 1:30 | 1.00x |"));
+  EXPECT_EQ(FormatReportTable(runs, ReportLayout::kNone), "");
+}
+
+TEST(ReportTableTest, DlperfLayoutSaysGpuOnCuda) {
+  std::vector<CompareRun> runs = {ModelRun("ps_sync", 1, 128, 20, 10, 400),
+                                  ModelRun("ps_sync", 2, 128, 20, 10, 700)};
+  for (CompareRun& run : runs) run.result.set_backend("cuda");
+  // One host per task: every worker a node, one device per node.
+  runs[1].num_nodes = 3;
+  EXPECT_THAT(FormatReportTable(runs, ReportLayout::kDlperf),
+              HasSubstr("| num_nodes | gpu_num_per_node | "
+                        "batch_size_per_device | throughput | speedup |\n"
+                        "|---:|---:|---:|---:|---:|\n"
+                        "| 1 | 1 | 128 | 400.00 | 1.00x |\n"
+                        "| 2 | 1 | 128 | 700.00 | 1.75x |\n"));
+}
+
+TEST(ReportTableTest, NodesImagesLayoutWithRepeats) {
+  std::vector<CompareRun> runs = {ModelRun("ps_sync", 1, 32, 20, 10, 100),
+                                  ModelRun("ps_sync", 2, 32, 20, 10, 150),
+                                  ModelRun("ps_sync", 1, 64, 20, 10, 120)};
+  runs[0].throughputs = {90, 100, 110};
+  const std::string table = FormatReportTable(runs, ReportLayout::kNodesImages);
+  EXPECT_THAT(table, HasSubstr("**resnet18 on cpu, ps_sync, 1 PS**\n\n"
+                               "| #Nodes | Batch size | Images/sec | CV | "
+                               "Speedup |\n|---:|---:|---:|---:|---:|\n"
+                               "| 1 | 32 | 100.00 | 10.0% | 1.00x |\n"
+                               "| 2 | 32 | 150.00 | - | 1.50x |\n"
+                               "| 1 | 64 | 120.00 | - | 1.00x |\n"));
+  EXPECT_THAT(table, HasSubstr("One worker per node"));
+}
+
 TEST(ParseTest, ListsAndModes) {
   EXPECT_EQ(*ParsePositiveList("workers", "1,2,4"),
             (std::vector<int>{1, 2, 4}));

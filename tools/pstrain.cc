@@ -34,6 +34,7 @@
 
 #include "absl/flags/declare.h"
 #include "absl/flags/flag.h"
+#include "absl/flags/reflection.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -157,6 +158,15 @@ ABSL_FLAG(std::string, modes, "ps_sync,ps_async,allreduce",
 ABSL_FLAG(int, steps, 0,
           "compare: if > 0, each run is one epoch of this many steps per "
           "worker (instead of --epochs).");
+ABSL_FLAG(std::string, preset, "",
+          "compare: a published table in one command (mnist_resnet, dlperf, "
+          "tiny_imagenet): the preset's flag values where the command line "
+          "gives none, and its report's own table first in results.md; see "
+          "pstrain help compare.");
+ABSL_FLAG(std::string, scaling, "weak",
+          "compare: weak (each worker runs --steps steps) or strong (--steps "
+          "of one worker, split across the workers: the same work, as a "
+          "fixed number of epochs is).");
 ABSL_FLAG(int, repeats, 1,
           "compare: runs of each configuration (1..100); with more than one "
           "the tables give the median run and the coefficient of variation "
@@ -1003,8 +1013,39 @@ absl::Status RunGnuplot(const std::string& dir, const std::string& script) {
   return absl::OkStatus();
 }
 
+// Sets the preset's flag values that the command line leaves unset.
+absl::Status ApplyPreset(const ComparePreset& preset) {
+  for (const ComparePreset::Flag& flag : preset.flags) {
+    if (FlagSpecified(flag.name)) continue;
+    if (!flag.unless.empty() && FlagSpecified(flag.unless)) continue;
+    absl::CommandLineFlag* target = absl::FindCommandLineFlag(flag.name);
+    std::string error;
+    if (target == nullptr || !target->ParseFrom(flag.value, &error)) {
+      return absl::InternalError(absl::StrCat("--preset=", preset.name,
+                                              ": cannot set --", flag.name, "=",
+                                              flag.value, ": ", error));
+    }
+  }
+  return absl::OkStatus();
+}
+
 int Compare() {
   // Every check before any process starts.
+  ReportLayout layout = ReportLayout::kNone;
+  std::string preset_line;
+  if (!absl::GetFlag(FLAGS_preset).empty()) {
+    absl::StatusOr<const ComparePreset*> preset =
+        FindComparePreset(absl::GetFlag(FLAGS_preset));
+    if (!preset.ok()) return Fail(2, std::string(preset.status().message()));
+    if (absl::Status s = ApplyPreset(**preset); !s.ok()) {
+      return Fail(1, std::string(s.message()));
+    }
+    layout = (*preset)->layout;
+    preset_line = absl::StrCat("Preset ", (*preset)->name, ": ",
+                               (*preset)->description, ".\n\n");
+  }
+  absl::StatusOr<Scaling> scaling = ParseScaling(absl::GetFlag(FLAGS_scaling));
+  if (!scaling.ok()) return Fail(2, std::string(scaling.status().message()));
   absl::StatusOr<std::vector<int>> workers =
       ParsePositiveList("workers", absl::GetFlag(FLAGS_workers));
   if (!workers.ok()) return Fail(2, std::string(workers.status().message()));
@@ -1012,7 +1053,7 @@ int Compare() {
       ParsePositiveList("num_ps", absl::GetFlag(FLAGS_num_ps));
   if (!num_ps.ok()) return Fail(2, std::string(num_ps.status().message()));
   std::vector<int> batch_sizes = {absl::GetFlag(FLAGS_batch_size)};
-  if (FlagSpecified("batch_sizes")) {
+  if (!absl::GetFlag(FLAGS_batch_sizes).empty()) {
     if (FlagSpecified("batch_size")) {
       return Fail(2,
                   "--batch_size would be ignored: --batch_sizes gives the "
@@ -1060,6 +1101,12 @@ int Compare() {
   if (steps < 0) {
     return Fail(2, absl::StrCat("--steps=", steps,
                                 ": expected >= 1, or 0 for whole --epochs"));
+  }
+  if (steps == 0 && FlagSpecified("scaling")) {
+    return Fail(2,
+                "--scaling would be ignored: it says how --steps is spent, "
+                "and whole --epochs (--steps=0) are split across the workers "
+                "already; see pstrain help compare");
   }
   const int repeats = absl::GetFlag(FLAGS_repeats);
   if (repeats < 1 || repeats > 100) {
@@ -1114,7 +1161,7 @@ int Compare() {
           if (mode == "allreduce_nccl") c.spec.set_collective("nccl");
           if (steps > 0) {
             c.spec.set_epochs(1);
-            c.spec.set_max_steps_per_epoch(steps);
+            c.spec.set_max_steps_per_epoch(StepsPerWorker(steps, w, *scaling));
           }
           if (absl::Status s = CheckSpec(c.spec, dataset->get()); !s.ok()) {
             return Fail(2, absl::StrCat(mode, " with ", w, " workers, batch ",
@@ -1164,7 +1211,7 @@ int Compare() {
   }
 
   const double link_bytes_per_sec = link_mbit * 1e6 / 8;
-  const std::string scaling = FormatScalingTable(done);
+  const std::string scaling_table = FormatScalingTable(done);
   const std::string communication =
       FormatCommunicationTable(done, link_bytes_per_sec);
   const RunResult& first = done.front().result;
@@ -1186,9 +1233,11 @@ int Compare() {
       link_mbit > 0 ? absl::StrFormat(", %.0f Mbit/s links", link_mbit) : "",
       placement->netns() ? ", one network namespace per task"
                          : ", one machine");
-  const std::string report =
-      absl::StrCat("# pstrain compare: ", title, "\n\n", "Command: `",
-                   g_command_line, "`\n\n", scaling, "\n", communication);
+  const std::string published = FormatReportTable(done, layout);
+  const std::string report = absl::StrCat(
+      "# pstrain compare: ", title, "\n\n", "Command: `", g_command_line,
+      "`\n\n", preset_line, published.empty() ? "" : published,
+      published.empty() ? "" : "\n", scaling_table, "\n", communication);
   std::printf("\n%s", report.c_str());
   std::fflush(stdout);
   // Relative to out_dir, so the committed script runs anywhere.

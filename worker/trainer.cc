@@ -714,6 +714,8 @@ absl::StatusOr<TrainerOutput> RunWorker(const TrainerOptions& options,
   result.set_epochs(options.epochs);
   result.set_num_parameters(workload->num_parameters());
   result.set_compute(options.compute);
+  result.set_train_samples(synthetic ? 0 : dataset.train.count);
+  result.set_backend(options.backend);
   result.set_model_bytes([&] {
     int64_t elements = 0;
     for (int64_t n : workload->TensorNumElements()) elements += n;
