@@ -472,7 +472,16 @@ absl::Status JobTable::TaskFinished(const TaskFinishedRequest& request,
     for (const TaskInfo& t : job->tasks()) {
       if (t.role() == ROLE_WORKER) all_workers &= t.state() == TASK_DONE;
     }
-    if (all_workers) End(job, JOB_SUCCEEDED, "", now);
+    // With backup workers the model is complete when worker 0 is: it ends
+    // after the last step's update is decided on every shard, and no other
+    // worker's later pushes can be admitted. A straggler still on its way
+    // (slow or stopped) is not waited for; it leaves at the job's end.
+    const bool chief_done_with_backups = job->spec().backup_workers() > 0 &&
+                                         ref.role() == ROLE_WORKER &&
+                                         ref.index() == 0;
+    if (all_workers || chief_done_with_backups) {
+      End(job, JOB_SUCCEEDED, "", now);
+    }
   }
   return Persist();
 }

@@ -93,6 +93,41 @@ TEST(JobTableTest, PendingRunningSucceeded) {
             absl::StatusCode::kFailedPrecondition);
 }
 
+// With backup workers the job is done when worker 0 is (the last step's
+// update is decided); a straggler still running is not waited for, and
+// still counts as DONE if it reports a clean finish after the end.
+TEST(JobTableTest, BackupWorkersJobEndsWithWorkerZero) {
+  JobTable table;
+  JobSpec spec = Spec();
+  spec.set_mode("sync");
+  spec.set_backup_workers(1);
+  const std::string id = *table.Submit(spec, kT0);
+  for (const Task& t : Tasks()) {
+    ASSERT_TRUE(table.Register(id, t.role, t.index, t.address, kT0).ok());
+  }
+  // Another worker finishing first does not end it.
+  ASSERT_TRUE(Finish(table, id, ROLE_WORKER, 1, true, "", kT0).ok());
+  EXPECT_EQ(table.Get(id)->state(), JOB_RUNNING);
+  JobTable table2;
+  const std::string id2 = *table2.Submit(spec, kT0);
+  for (const Task& t : Tasks()) {
+    ASSERT_TRUE(table2.Register(id2, t.role, t.index, t.address, kT0).ok());
+  }
+  ASSERT_TRUE(Finish(table2, id2, ROLE_WORKER, 0, true, "", kT0).ok());
+  EXPECT_EQ(table2.Get(id2)->state(), JOB_SUCCEEDED);
+  EXPECT_EQ(*Beat(table2, id2, ROLE_WORKER, 1, kT0), JOB_SUCCEEDED);
+  ASSERT_TRUE(Finish(table2, id2, ROLE_WORKER, 1, true, "", kT0).ok());
+  EXPECT_EQ(table2.Get(id2)->tasks(3).state(), TASK_DONE);
+  // Without backup workers worker 0 alone does not end the job.
+  JobTable table3;
+  const std::string id3 = *table3.Submit(Spec(), kT0);
+  for (const Task& t : Tasks()) {
+    ASSERT_TRUE(table3.Register(id3, t.role, t.index, t.address, kT0).ok());
+  }
+  ASSERT_TRUE(Finish(table3, id3, ROLE_WORKER, 0, true, "", kT0).ok());
+  EXPECT_EQ(table3.Get(id3)->state(), JOB_RUNNING);
+}
+
 // Tasks register from threads in a random order, each twice (a retried
 // call); the layout is complete and in index order every time.
 TEST(JobTableTest, RegistrationInAnyOrderAndTwice) {

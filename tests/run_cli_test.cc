@@ -286,6 +286,39 @@ TEST(CompareCliTest, RunsEveryConfigurationAndWritesTablesAndPlot) {
   EXPECT_EQ(CountProcesses("pstrain_worker"), 0);
 }
 
+// A preset's flags apply where the command line gives none (here the model
+// and modes are overridden to keep the test short), its strong scaling
+// splits the steps, and its report's table comes first.
+TEST(CompareCliTest, PresetPrintsItsReportsTable) {
+  const std::string out = TempDir() + "/compare_preset";
+  const Result r = pstrain::testing::RunCommand(
+      "tools/pstrain compare --preset=mnist_resnet --model=lenet5 "
+      "--modes=ps_sync --steps=20 --noplot --out_dir=" +
+      out);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("=== run 2/2: ps_sync, 1 PS, 2 workers ==="),
+            std::string::npos)
+      << r.output;
+  std::string md;
+  ASSERT_TRUE(pstrain::ReadFile(out + "/results.md", &md).ok());
+  EXPECT_NE(md.find("Preset mnist_resnet: ResNets on MNIST"), std::string::npos)
+      << md;
+  // 20 steps of batch 64 at 1 worker, 10 each at 2: 1280 of Fashion-MNIST's
+  // 60000 samples, 0.02 of an epoch, in both rows.
+  EXPECT_TRUE(std::regex_search(
+      md,
+      std::regex(
+          R"(\*\*ps_sync, 1 PS\*\*\n\n\| #Nodes \| #CPU workers \| )"
+          R"(Epoch \| Batchsize \| Steps \| Runtime \| Speedup \|\n)"
+          R"(\|---:\|---:\|---:\|---:\|---:\|---:\|---:\|\n)"
+          R"(\| 1 \| 1 \| 0\.02 \| 64 \| 20 \| [0-9.]+ s \| 1\.00x \|\n)"
+          R"(\| 1 \| 2 \| 0\.02 \| 64 \| 10 \| [0-9.]+ s \| [0-9.]+x \|\n)")))
+      << md;
+  // The scaling table follows, with the model the command line chose.
+  EXPECT_NE(md.find("lenet5 on fashion_mnist"), std::string::npos) << md;
+  EXPECT_NE(md.find("| #Nodes | #Workers | Mode |"), std::string::npos);
+}
+
 TEST(CompareCliTest, BadInputGetsOneLineErrorBeforeAnythingStarts) {
   const std::string out = TempDir() + "/compare_bad";
   struct Case {
@@ -311,6 +344,10 @@ TEST(CompareCliTest, BadInputGetsOneLineErrorBeforeAnythingStarts) {
       {"--compute=synthetic --backward_fraction=1.5 --steps=2",
        "backward_fraction: 1.5; expected 0 to 1"},
       {"--ps_netns=a:10.0.0.1", "--ps_netns and --worker_netns: give both"},
+      {"--preset=imagenet",
+       "--preset=imagenet: no such preset; expected one of mnist_resnet"},
+      {"--scaling=linear", "--scaling=linear: expected weak"},
+      {"--steps=0 --scaling=strong", "--scaling would be ignored"},
       {"--ps_netns=a:10.0.0.1 --worker_netns=b",
        "--worker_netns=b: \"b\"; expected NETNS:IP entries"},
   };

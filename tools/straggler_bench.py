@@ -21,7 +21,11 @@ prints one table:
 Columns: train time (s): from worker 0's first step (its "steps per epoch"
 line) to the end of the last worker's training (the exit of workers 1..W-1,
 which do not evaluate, and worker 0's "Epoch 0 in" line less its test
-time), so process start-up and evaluation are left out; throughput = all
+time), so process start-up and evaluation are left out; with backup
+workers, to worker 0's end alone (the model is complete then: the last
+step is decided, and the job ends with worker 0 without waiting for a
+straggler); job: `pstrain run`'s wall time, start-up, evaluation and the
+wait for every process to leave included; throughput = all
 workers' samples / train time (samples/s; backup workers: the samples
 trained on, (W - b) x batch per step, since a late worker's batch is
 dropped), its ratio to the same mode's "none" run; worker 0's final test accuracy; the exit status. Every worker runs the same number of steps,
@@ -101,6 +105,7 @@ def run(args, mode, scenario, delay_ms):
     if scenario.startswith("delay"):
         cmd.append("--straggler=%d:%d" % (slow, delay_ms))
     start = time.time()
+    backup = mode.startswith("backup")
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
     lines = []  # (arrival time, line)
@@ -140,13 +145,16 @@ def run(args, mode, scenario, delay_ms):
     for line in proc.stdout:
         lines.append((time.time(), line))
     proc.wait()
+    job_s = time.time() - start
     if stopper is not None:
         stopper.join(timeout=1)
     watcher.join(timeout=2)
-    result = {"rc": proc.returncode, "train": float("nan"),
+    result = {"rc": proc.returncode, "train": float("nan"), "job": job_s,
               "runtime0": float("nan"), "acc": float("nan")}
     first = None
     end = max(exits.values()) if len(exits) == args.workers - 1 else None
+    if backup:
+        end = 0.0
     for t, line in lines:
         if first is None and "steps per epoch per worker" in line:
             first = t
@@ -191,10 +199,11 @@ def main():
     print("# %d workers, 1 shard, LeNet-5, batch %d, %d steps per worker; "
           "normal sync step %.0f ms (worker 0)" %
           (args.workers, args.batch_size, args.steps, step_ms))
-    print("# %-9s %-8s %6s %9s %6s %6s %3s" %
-          ("mode", "scenario", "train", "thruput", "ratio", "acc", "rc"))
-    print("# %-9s %-8s %6s %9s %6s %6s %3s" %
-          ("", "", "(s)", "(samp/s)", "(none)", "", ""))
+    print("# %-9s %-8s %6s %9s %6s %6s %6s %3s" %
+          ("mode", "scenario", "train", "thruput", "ratio", "acc", "job",
+           "rc"))
+    print("# %-9s %-8s %6s %9s %6s %6s %6s %3s" %
+          ("", "", "(s)", "(samp/s)", "(none)", "", "(s)", ""))
     sys.stdout.flush()
     for mode in modes:
         none = None
@@ -212,9 +221,9 @@ def main():
             if scenario == "none":
                 none = thruput
             ratio = thruput / none if none else float("nan")
-            print("  %-9s %-8s %6.1f %9.0f %6.2f %6.4f %3d" %
+            print("  %-9s %-8s %6.1f %9.0f %6.2f %6.4f %6.1f %3d" %
                   (mode, scenario, r["train"], thruput, ratio, r["acc"],
-                   r["rc"]))
+                   r["job"], r["rc"]))
             sys.stdout.flush()
 
 

@@ -1,11 +1,5 @@
 #include "worker/image_folder.h"
 
-// clang-format off
-#include <cstdio>  // jpeglib.h needs FILE and size_t first
-#include <jpeglib.h>
-// clang-format on
-#include <png.h>
-
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
@@ -18,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "worker/dataset.h"
+#include "worker/image_write.h"
 
 namespace pstrain {
 namespace {
@@ -56,56 +51,13 @@ std::vector<uint8_t> Pattern(int h, int w, int c, int seed) {
 void WritePng(const std::string& path, int h, int w, int c,
               const std::vector<uint8_t>& pixels) {
   MakeDirs(path);
-  FILE* f = std::fopen(path.c_str(), "wb");
-  ASSERT_NE(f, nullptr) << path;
-  png_structp png =
-      png_create_write_struct(PNG_LIBPNG_VER_STRING, nullptr, nullptr, nullptr);
-  png_infop info = png_create_info_struct(png);
-  png_init_io(png, f);
-  png_set_IHDR(png, info, w, h, 8,
-               c == 1 ? PNG_COLOR_TYPE_GRAY
-                      : (c == 3 ? PNG_COLOR_TYPE_RGB : PNG_COLOR_TYPE_RGBA),
-               PNG_INTERLACE_NONE, PNG_COMPRESSION_TYPE_DEFAULT,
-               PNG_FILTER_TYPE_DEFAULT);
-  png_write_info(png, info);
-  for (int y = 0; y < h; ++y) {
-    png_write_row(png, const_cast<png_bytep>(pixels.data()) +
-                           static_cast<size_t>(y) * w * c);
-  }
-  png_write_end(png, nullptr);
-  png_destroy_write_struct(&png, &info);
-  std::fclose(f);
+  ASSERT_TRUE(WritePngFile(path, h, w, c, pixels).ok()) << path;
 }
 
 void WriteJpeg(const std::string& path, int h, int w, int c,
                const std::vector<uint8_t>& pixels, int quality = 100) {
   MakeDirs(path);
-  FILE* f = std::fopen(path.c_str(), "wb");
-  ASSERT_NE(f, nullptr) << path;
-  jpeg_compress_struct cinfo;
-  jpeg_error_mgr err;
-  cinfo.err = jpeg_std_error(&err);
-  jpeg_create_compress(&cinfo);
-  jpeg_stdio_dest(&cinfo, f);
-  cinfo.image_width = w;
-  cinfo.image_height = h;
-  cinfo.input_components = c;
-  cinfo.in_color_space = c == 1 ? JCS_GRAYSCALE : JCS_RGB;
-  jpeg_set_defaults(&cinfo);
-  jpeg_set_quality(&cinfo, quality, TRUE);
-  for (int k = 0; k < cinfo.num_components; ++k) {  // no chroma subsampling
-    cinfo.comp_info[k].h_samp_factor = 1;
-    cinfo.comp_info[k].v_samp_factor = 1;
-  }
-  jpeg_start_compress(&cinfo, TRUE);
-  while (cinfo.next_scanline < cinfo.image_height) {
-    JSAMPROW row = const_cast<JSAMPROW>(pixels.data()) +
-                   static_cast<size_t>(cinfo.next_scanline) * w * c;
-    jpeg_write_scanlines(&cinfo, &row, 1);
-  }
-  jpeg_finish_compress(&cinfo);
-  jpeg_destroy_compress(&cinfo);
-  std::fclose(f);
+  ASSERT_TRUE(WriteJpegFile(path, h, w, c, pixels, quality).ok()) << path;
 }
 
 std::string ReadAll(const std::string& path) {
@@ -132,6 +84,27 @@ constexpr int kJpegTolerance = 6;
 // Pixel (y, x, k) of an interleaved image, as a float in [0, 1].
 float At(const std::vector<uint8_t>& p, int w, int c, int y, int x, int k) {
   return p[(static_cast<size_t>(y) * w + x) * c + k] * (1.0f / 255.0f);
+}
+
+TEST(ImageWriteTest, BadInputIsRefusedAndWritesNothing) {
+  const std::string dir = FreshDir("write_errors");
+  const std::vector<uint8_t> pixels = Pattern(4, 4, 3, 0);
+  const std::string path = dir + "/a.jpg";
+  EXPECT_EQ(WriteJpegFile(path, 4, 5, 3, pixels, 90).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(WriteJpegFile(path, 4, 4, 3, pixels, 0).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(WriteJpegFile(path, 2, 2, 4, std::vector<uint8_t>(16), 90).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(WritePngFile(path, 0, 4, 3, {}).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_FALSE(fs::exists(path));
+  const absl::Status missing =
+      WriteJpegFile(dir + "/no/such/folder/a.jpg", 4, 4, 3, pixels, 90);
+  EXPECT_EQ(missing.code(), absl::StatusCode::kInternal);
+  EXPECT_NE(missing.message().find("no/such/folder/a.jpg: cannot write"),
+            absl::string_view::npos)
+      << missing;
 }
 
 TEST(DecodeImageTest, PngDecodesToExactlyThePixelsWritten) {
