@@ -759,10 +759,26 @@ absl::StatusOr<RunResult> RunJob(const JobSpec& spec,
     if (JobEnded(job.state())) break;
   }
   // Every task exits by itself once the job has ended (the shards after
-  // their last worker's WorkerDone, the rest at their next heartbeat).
-  const absl::Time exit_deadline = absl::Now() + absl::Seconds(10);
+  // their last worker's WorkerDone, the rest at their next heartbeat, 1 s).
+  // With backup workers the job ends with worker 0 and a straggler may be
+  // stopped or far behind: its steps are not needed, so it gets 3 s.
+  const bool backups = spec.backup_workers() > 0;
+  const absl::Time exit_deadline =
+      absl::Now() + (backups ? absl::Seconds(3) : absl::Seconds(10));
   while (cluster.num_running() > 0 && absl::Now() < exit_deadline) {
     cluster.WaitAny(absl::Milliseconds(100));
+  }
+  if (backups && job.state() == JOB_SUCCEEDED) {
+    for (const auto& [role, task] : tasks) {
+      if (task.first == ROLE_WORKER && cluster.Running(role)) {
+        std::printf(
+            "pstrain: %s was still on its way when the last step was "
+            "decided (backup workers: its steps were not needed); stopping "
+            "it\n",
+            TaskName(task.first, task.second).c_str());
+      }
+    }
+    std::fflush(stdout);
   }
   cluster.StopAll(absl::Seconds(2));
   if (job.state() != JOB_SUCCEEDED) {

@@ -139,7 +139,10 @@ def run(args, mode, scenario, delay_ms):
             time.sleep(1.0)
             os.kill(pid, signal.SIGSTOP)
             time.sleep(stop_s)
-            os.kill(pid, signal.SIGCONT)
+            try:
+                os.kill(pid, signal.SIGCONT)
+            except ProcessLookupError:
+                pass  # the job ended without it (backup workers)
         stopper = threading.Thread(target=stop_later, daemon=True)
         stopper.start()
     for line in proc.stdout:
