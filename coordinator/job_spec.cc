@@ -371,6 +371,13 @@ absl::Status ValidateJobSpec(const JobSpec& spec) {
                      "in allreduce only: the shards would have to "
                      "agree on the norm)"));
   }
+  if (spec.stream_images() && spec.dataset() != "image_folder") {
+    return Bad("stream_images",
+               absl::StrCat("true with dataset ", spec.dataset(),
+                            "; expected false (streaming is for "
+                            "image_folder: IDX and record files are "
+                            "memory-mapped already)"));
+  }
   RETURN_IF_ERROR(CheckRange("backup_workers", spec.backup_workers(), 0,
                              std::max(0, spec.num_workers() - 1),
                              "(num_workers - 1)"));

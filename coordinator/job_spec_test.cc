@@ -252,6 +252,11 @@ TEST(JobSpecTest, RangesAcceptTheirBoundsAndRefuseOneBeyond) {
        "staleness: 1",
        "backup_workers: 1 with staleness 1; expected 0 (one or the other: "
        "backup workers drop late steps, staleness waits for them)"},
+      {base + "dataset: \"image_folder\" data_dir: \"/d\" stream_images: true",
+       base + "stream_images: true",
+       "stream_images: true with dataset fashion_mnist; expected false "
+       "(streaming is for image_folder: IDX and record files are "
+       "memory-mapped already)"},
       {base + "registration_timeout_s: 604800",
        base + "registration_timeout_s: 604801",
        "registration_timeout_s: 604801; expected 1 to 604800 seconds"},

@@ -203,6 +203,38 @@ TEST(RunCliTest, BackupWorkersLeaveTheStragglerBehind) {
   EXPECT_EQ(CountProcesses("pstrain_worker"), 0);
 }
 
+// Fashion-MNIST written out as JPEG class folders by export_image_folder,
+// then trained on with --stream_images: the workers list the files and
+// decode each batch on an input thread as they train.
+TEST(RunCliTest, StreamedImageFolderTrains) {
+  if (!HaveFashionMnist())
+    GTEST_SKIP() << "dataset-fashion-mnist not installed";
+  const std::string tree = TempDir() + "/fmnist_jpeg";
+  const Result exported = pstrain::testing::RunCommand(
+      "tools/export_image_folder --output_dir=" + tree + " --quality=90");
+  ASSERT_EQ(exported.exit_code, 0) << exported.output;
+  EXPECT_NE(exported.output.find("wrote 60000 training and 10000 test images"),
+            std::string::npos)
+      << exported.output;
+  const Result r = RunPstrain(
+      "--dataset=image_folder --data_dir=" + tree +
+      " --image_size=28 --stream_images --epochs=1 --max_steps_per_epoch=60 "
+      "--log_every_steps=30");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("streaming 60000 image files, decoded on 1 input "
+                          "threads"),
+            std::string::npos)
+      << r.output;
+  // 60 steps of 2 workers at batch 64: far from trained, far from chance.
+  std::smatch accuracy;
+  ASSERT_TRUE(std::regex_search(
+      r.output, accuracy,
+      std::regex(R"(\| lenet5 \| 64 \| 1 \| 60 \| [0-9.]+ s \| [0-9.]+ \| )"
+                 R"((0\.[0-9]{4}) \|)")))
+      << r.output;
+  EXPECT_GT(std::stod(accuracy[1].str()), 0.5) << r.output;
+}
+
 TEST(RunCliTest, BadInputGetsOneLineErrorAndExitCode2) {
   struct Case {
     std::string args;
@@ -215,6 +247,10 @@ TEST(RunCliTest, BadInputGetsOneLineErrorAndExitCode2) {
        "resnet50, vgg16\n"},
       {"--batch_size=0",
        "pstrain: error: --batch_size: 0; expected 1 to 65536\n"},
+      {"--stream_images",
+       "pstrain: error: --stream_images: true with dataset fashion_mnist; "
+       "expected false (streaming is for image_folder: IDX and record files "
+       "are memory-mapped already)\n"},
       {"--batch_size=-4",
        "pstrain: error: --batch_size: -4; expected 1 to 65536\n"},
       {"--data_dir=/nonexistent",
@@ -255,8 +291,9 @@ TEST(CompareCliTest, RunsEveryConfigurationAndWritesTablesAndPlot) {
       "--log_every_steps=10 --out_dir=" +
       out);
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  EXPECT_NE(r.output.find("=== run 4/4: allreduce, 0 PS, 2 workers ==="),
-            std::string::npos)
+  EXPECT_NE(
+      r.output.find("=== run 4/4: allreduce, 0 PS, 2 workers, batch 64 ==="),
+      std::string::npos)
       << r.output;
   // Two workers of 20 steps each: the same data as one worker of 40, so the
   // 2-worker rows report 20 steps per worker and a speedup column; the CV
@@ -296,8 +333,9 @@ TEST(CompareCliTest, PresetPrintsItsReportsTable) {
       "--modes=ps_sync --steps=20 --noplot --out_dir=" +
       out);
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  EXPECT_NE(r.output.find("=== run 2/2: ps_sync, 1 PS, 2 workers ==="),
-            std::string::npos)
+  EXPECT_NE(
+      r.output.find("=== run 2/2: ps_sync, 1 PS, 2 workers, batch 64 ==="),
+      std::string::npos)
       << r.output;
   std::string md;
   ASSERT_TRUE(pstrain::ReadFile(out + "/results.md", &md).ok());

@@ -8,8 +8,8 @@ namespace {
 
 const std::vector<std::string>& DataFlags() {
   static const auto* flags = new std::vector<std::string>{
-      "dataset",           "data_dir", "image_size", "num_classes",
-      "synthetic_samples", "backend",  "gpu"};
+      "dataset",     "data_dir",          "image_size", "stream_images",
+      "num_classes", "synthetic_samples", "backend",    "gpu"};
   return *flags;
 }
 

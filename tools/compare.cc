@@ -493,13 +493,13 @@ const std::vector<ComparePreset>& ComparePresets() {
       {"dlperf",
        "DLPerf (| num_nodes | gpu_num_per_node | batch_size_per_device | "
        "throughput | speedup |, the median of repeats): ResNet-50 on "
-       "synthetic 64x64 images (224x224 on a GPU: --image_size=224 "
+       "synthetic 32x32 images (224x224 on a GPU: --image_size=224 "
        "--batch_size=128 --backend=cuda), batch 16 per worker, 20 steps, 1 "
        "and 2 workers, sync PS with 1 shard and Gloo allreduce, 3 repeats",
        ReportLayout::kDlperf,
        {{"model", "resnet50", ""},
         {"dataset", "synthetic", ""},
-        {"image_size", "64", ""},
+        {"image_size", "32", ""},
         {"num_classes", "1000", ""},
         {"modes", "ps_sync,allreduce", ""},
         {"num_ps", "1", ""},

@@ -62,6 +62,7 @@
 #include "worker/checkpoint.h"
 #include "worker/data_flags.h"
 #include "worker/dataset.h"
+#include "worker/input_pipeline.h"
 #include "worker/trainer.h"
 
 ABSL_FLAG(std::string, model, "lenet5",
@@ -382,7 +383,7 @@ absl::Status CheckIgnoredDataFlags(const std::string& dataset,
                      "; see pstrain help ", command));
   };
   if (dataset == "synthetic") {
-    for (const char* flag : {"data_dir", "bad_images"}) {
+    for (const char* flag : {"data_dir", "bad_images", "stream_images"}) {
       if (FlagSpecified(flag)) {
         return ignored(flag, "--dataset=synthetic reads no files");
       }
@@ -402,10 +403,12 @@ absl::Status CheckIgnoredDataFlags(const std::string& dataset,
                                   "image_folder, not ",
                                   dataset));
     }
-    if (FlagSpecified("bad_images")) {
-      return ignored("bad_images", absl::StrCat("it is for "
-                                                "--dataset=image_folder, not ",
-                                                dataset));
+    for (const char* flag : {"bad_images", "stream_images"}) {
+      if (FlagSpecified(flag)) {
+        return ignored(flag, absl::StrCat("it is for --dataset=image_folder, "
+                                          "not ",
+                                          dataset));
+      }
     }
   }
   return absl::OkStatus();
@@ -485,6 +488,7 @@ JobSpec SpecFromFlags(const std::string& mode, int num_ps, int num_workers) {
   spec.set_dataset(absl::GetFlag(FLAGS_dataset));
   spec.set_data_dir(absl::GetFlag(FLAGS_data_dir));
   spec.set_image_size(absl::GetFlag(FLAGS_image_size));
+  spec.set_stream_images(absl::GetFlag(FLAGS_stream_images));
   spec.set_num_classes(absl::GetFlag(FLAGS_num_classes));
   spec.set_synthetic_samples(absl::GetFlag(FLAGS_synthetic_samples));
   spec.set_backend(absl::GetFlag(FLAGS_backend));
@@ -924,7 +928,9 @@ int Eval() {
   }
   const absl::Time start = absl::Now();
   absl::StatusOr<Evaluation> eval =
-      EvaluateModel(**model, dataset->test, /*batch_size=*/500);
+      EvaluateModel(**model, *dataset, /*batch_size=*/500,
+                    InputThreadsForCores(
+                        static_cast<int>(std::thread::hardware_concurrency())));
   if (!eval.ok()) return Fail(1, eval.status().ToString());
   std::printf(
       "%s: %s after %lld steps, %s test set (%lld samples) on %s: test loss "

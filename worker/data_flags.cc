@@ -20,6 +20,10 @@ ABSL_FLAG(int, image_size, 224,
 ABSL_FLAG(std::string, bad_images, "fail",
           "image_folder: fail (stop, naming the first unreadable image) or "
           "skip (leave unreadable images out; one warning line counts them).");
+ABSL_FLAG(bool, stream_images, false,
+          "image_folder: list the files and decode each batch on input "
+          "threads while training (memory does not grow with the dataset), "
+          "instead of decoding every image into memory at start.");
 ABSL_FLAG(int, num_classes, 1000, "Synthetic data: number of classes.");
 ABSL_FLAG(int64_t, synthetic_samples, 12800,
           "Synthetic data: training samples per epoch (test: 1000).");
@@ -44,6 +48,7 @@ absl::StatusOr<Dataset> LoadDatasetFromFlags() {
     return absl::InvalidArgumentError(
         absl::StrCat("--bad_images=", bad_images, ": expected fail or skip"));
   }
+  options.stream_images = absl::GetFlag(FLAGS_stream_images);
   options.num_classes = absl::GetFlag(FLAGS_num_classes);
   options.train_samples = absl::GetFlag(FLAGS_synthetic_samples);
   return LoadDatasetNamed(absl::GetFlag(FLAGS_dataset),
@@ -61,6 +66,8 @@ std::vector<std::string> DataAndBackendFlagArgs() {
       absl::StrCat("--data_dir=", absl::GetFlag(FLAGS_data_dir)),
       absl::StrCat("--image_size=", absl::GetFlag(FLAGS_image_size)),
       absl::StrCat("--bad_images=", absl::GetFlag(FLAGS_bad_images)),
+      absl::StrCat("--stream_images=",
+                   absl::GetFlag(FLAGS_stream_images) ? "true" : "false"),
       absl::StrCat("--num_classes=", absl::GetFlag(FLAGS_num_classes)),
       absl::StrCat("--synthetic_samples=",
                    absl::GetFlag(FLAGS_synthetic_samples)),

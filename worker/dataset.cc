@@ -308,8 +308,50 @@ LabeledImages FromImageFolderSplit(ImageFolderSplit split) {
   return out;
 }
 
+LabeledImages FromImageFiles(ImageFiles files, int channels, int size) {
+  LabeledImages out;
+  out.chw = {channels, size, size};
+  out.count = static_cast<int64_t>(files.paths.size());
+  out.stored = 0;
+  out.labels = files.labels;
+  out.files = std::make_shared<const ImageFiles>(std::move(files));
+  return out;
+}
+
+void WarnSkipped(const std::string& dir, int64_t skipped, int64_t total,
+                 const std::string& first) {
+  std::fprintf(stderr,
+               "warning: image_folder %s: skipped %lld of %lld images that "
+               "could not be read; the first: %s\n",
+               dir.c_str(), static_cast<long long>(skipped),
+               static_cast<long long>(total), first.c_str());
+}
+
+absl::StatusOr<Dataset> StreamImageFolder(const std::string& dir,
+                                          const DatasetOptions& o) {
+  ImageFolderOptions options;
+  options.image_size = o.image_size;
+  options.bad_images = o.bad_images;
+  ASSIGN_OR_RETURN(ImageFolderListing listing, ListImageFolder(dir, options));
+  if (listing.skipped > 0) {
+    WarnSkipped(
+        dir, listing.skipped,
+        listing.skipped + static_cast<int64_t>(listing.train.paths.size() +
+                                               listing.test.paths.size()),
+        listing.first_skipped);
+  }
+  Dataset dataset;
+  dataset.num_classes = static_cast<int>(listing.class_names.size());
+  dataset.train =
+      FromImageFiles(std::move(listing.train), listing.channels, o.image_size);
+  dataset.test =
+      FromImageFiles(std::move(listing.test), listing.channels, o.image_size);
+  return dataset;
+}
+
 absl::StatusOr<Dataset> LoadImageFolder(const std::string& dir,
                                         const DatasetOptions& o) {
+  if (o.stream_images) return StreamImageFolder(dir, o);
   ImageFolderOptions options;
   options.image_size = o.image_size;
   options.bad_images = o.bad_images;
@@ -320,13 +362,8 @@ absl::StatusOr<Dataset> LoadImageFolder(const std::string& dir,
     const std::string& first = folder.train.first_skipped.empty()
                                    ? folder.test.first_skipped
                                    : folder.train.first_skipped;
-    std::fprintf(stderr,
-                 "warning: image_folder %s: skipped %lld of %lld images that "
-                 "could not be read; the first: %s\n",
-                 dir.c_str(), static_cast<long long>(skipped),
-                 static_cast<long long>(skipped + folder.train.count +
-                                        folder.test.count),
-                 first.c_str());
+    WarnSkipped(dir, skipped, skipped + folder.train.count + folder.test.count,
+                first);
   }
   Dataset dataset;
   dataset.num_classes = static_cast<int>(folder.class_names.size());
@@ -391,11 +428,38 @@ absl::StatusOr<Dataset> LoadRecords(const std::string& dir) {
 // split's labels on the way. Mapped pages are released as they are read.
 absl::Status SumChannels(const LabeledImages& split, int num_classes,
                          const std::string& where, std::vector<double>* sum,
-                         std::vector<double>* sum_sq) {
+                         std::vector<double>* sum_sq, int64_t* values) {
   const int64_t channels = split.chw[0];
   const int64_t plane = split.chw[1] * split.chw[2];
   sum->assign(channels, 0.0);
   sum_sq->assign(channels, 0.0);
+  *values = split.stored * plane;
+  if (split.files != nullptr) {
+    // A sample of the files, evenly spaced, decoded as the pipeline will.
+    const int64_t k = std::min(split.count, kStreamStatsSamples);
+    std::vector<float> chw(static_cast<size_t>(channels * plane));
+    int64_t used = 0;
+    for (int64_t s = 0; s < k; ++s) {
+      const int64_t i = s * split.count / k;
+      absl::StatusOr<DecodedImage> image =
+          DecodeImageFile(split.files->paths[i]);
+      if (!image.ok()) continue;  // found again when its batch is decoded
+      ImageToChw(*image, static_cast<int>(channels),
+                 static_cast<int>(split.chw[1]), chw.data());
+      for (int64_t c = 0; c < channels; ++c) {
+        double s1 = 0, s2 = 0;
+        for (int64_t j = 0; j < plane; ++j) {
+          const double v = chw[c * plane + j];
+          s1 += v;
+          s2 += v * v;
+        }
+        (*sum)[c] += s1;
+        (*sum_sq)[c] += s2;
+      }
+      ++used;
+    }
+    *values = used * plane;
+  }
   for (int64_t i = 0; i < split.stored; ++i) {
     for (int64_t c = 0; c < channels; ++c) {
       double s = (*sum)[c], s2 = (*sum_sq)[c];
@@ -510,17 +574,17 @@ absl::StatusOr<Dataset> LoadDataset(const std::string& name,
   const int64_t channels = dataset.train.chw[0];
   const int64_t plane = dataset.train.chw[1] * dataset.train.chw[2];
   std::vector<double> sums, sums_sq, unused, unused_sq;
+  int64_t values = 0, unused_values = 0;
   RETURN_IF_ERROR(SumChannels(dataset.train, dataset.num_classes,
                               absl::StrCat(data_dir, " (train)"), &sums,
-                              &sums_sq));
+                              &sums_sq, &values));
   if (dataset.test.mapped != nullptr) {
     RETURN_IF_ERROR(SumChannels(dataset.test, dataset.num_classes,
                                 absl::StrCat(data_dir, " (test)"), &unused,
-                                &unused_sq));
+                                &unused_sq, &unused_values));
   }
   for (int64_t c = 0; c < channels; ++c) {
-    const double n =
-        static_cast<double>(std::max<int64_t>(dataset.train.stored * plane, 1));
+    const double n = static_cast<double>(std::max<int64_t>(values, 1));
     const double mean = sums[c] / n;
     const double stddev =
         std::sqrt(std::max(sums_sq[c] / n - mean * mean, 1e-12));

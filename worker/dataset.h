@@ -71,6 +71,11 @@ struct LabeledImages {
   // Set for a memory-mapped split: `images` and `labels` are then empty
   // and samples are read from the mapping by GatherBatch.
   std::shared_ptr<MappedSplit> mapped;
+  // Set for a streamed image_folder split (DatasetOptions.stream_images):
+  // `images` is empty (stored 0), `labels` holds every label, and batches
+  // come from an InputPipeline over these files (worker/input_pipeline.h),
+  // not from GatherBatch.
+  std::shared_ptr<const ImageFiles> files;
 
   // Label of sample i (from `labels` or the mapping).
   int32_t label(int64_t i) const;
@@ -106,6 +111,10 @@ struct Dataset {
   bool augment = false;
 };
 
+// Training images decoded for a streamed image_folder's channel mean and
+// standard deviation: at most this many, evenly spaced by index.
+inline constexpr int64_t kStreamStatsSamples = 1024;
+
 struct DatasetOptions {
   // Synthetic data: images are channels x image_size x image_size.
   // image_folder: every image is resized to image_size x image_size.
@@ -117,6 +126,11 @@ struct DatasetOptions {
   // for `pstrain run`, which loads the dataset itself before any worker
   // starts, and for train_bench.
   BadImages bad_images = BadImages::kSkip;
+  // image_folder: list the files and read their headers only; the workers
+  // decode each batch as they train (worker/input_pipeline.h), so memory
+  // does not grow with the dataset. The channel statistics come from 1024
+  // training images spread evenly over the set (kStreamStatsSamples).
+  bool stream_images = false;
   // Synthetic data only.
   int channels = 3;
   int num_classes = 1000;

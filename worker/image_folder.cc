@@ -371,10 +371,7 @@ absl::StatusOr<std::vector<std::string>> ImageFilesUnder(
   return files;
 }
 
-struct FileList {
-  std::vector<std::string> paths;
-  std::vector<int32_t> labels;
-};
+using FileList = ImageFiles;
 
 // Class folders `dir`/<name>/..., labelled by `classes` (which must hold
 // every folder's name).
@@ -645,8 +642,14 @@ void ImageToChw(const DecodedImage& image, int channels, int size, float* out) {
   }
 }
 
-absl::StatusOr<ImageFolderDataset> ReadImageFolderDataset(
-    const std::string& root, const ImageFolderOptions& options) {
+namespace {
+
+// The layout under `root`, its classes and the files of each split (not
+// yet probed); `test_dir` the test split's folder ("" without one).
+absl::Status ListLayout(const std::string& root,
+                        const ImageFolderOptions& options, std::string* layout,
+                        std::vector<std::string>* class_names, FileList* train,
+                        FileList* test, std::string* test_dir) {
   if (options.image_size < 1 || options.image_size > 4096 ||
       (options.channels != 0 && options.channels != 1 &&
        options.channels != 3) ||
@@ -665,40 +668,31 @@ absl::StatusOr<ImageFolderDataset> ReadImageFolderDataset(
     return absl::InvalidArgumentError(absl::StrCat(
         root, ": not a folder (expected a folder of class folders)"));
   }
-  ImageFolderDataset dataset;
-  FileList train, test;
-  std::string test_dir;
   if (IsFile(root + "/wnids.txt")) {
-    dataset.layout = "tiny_imagenet";
-    if (absl::Status s =
-            ListTinyImagenet(root, &dataset.class_names, &train, &test);
-        !s.ok()) {
+    *layout = "tiny_imagenet";
+    if (absl::Status s = ListTinyImagenet(root, class_names, train, test);
+        !s.ok())
       return s;
-    }
-    test_dir = root + "/val";
+    *test_dir = root + "/val";
   } else if (IsDir(root + "/train")) {
-    dataset.layout = "split_class_folders";
+    *layout = "split_class_folders";
     const std::string train_dir = root + "/train";
     absl::StatusOr<std::vector<std::string>> classes = Subfolders(train_dir);
     if (!classes.ok()) return classes.status();
-    dataset.class_names = *std::move(classes);
-    if (absl::Status s =
-            AddClassFolders(train_dir, dataset.class_names, &train);
-        !s.ok()) {
+    *class_names = *std::move(classes);
+    if (absl::Status s = AddClassFolders(train_dir, *class_names, train);
+        !s.ok())
       return s;
-    }
     for (const char* name : {"/val", "/test"}) {
       if (IsDir(root + name)) {
-        test_dir = root + name;
+        *test_dir = root + name;
         break;
       }
     }
-    if (!test_dir.empty()) {
-      if (absl::Status s =
-              AddClassFolders(test_dir, dataset.class_names, &test);
-          !s.ok()) {
+    if (!test_dir->empty()) {
+      if (absl::Status s = AddClassFolders(*test_dir, *class_names, test);
+          !s.ok())
         return s;
-      }
     }
   } else {
     absl::StatusOr<std::vector<std::string>> classes = Subfolders(root);
@@ -711,21 +705,28 @@ absl::StatusOr<ImageFolderDataset> ReadImageFolderDataset(
           "..., or tiny-ImageNet's wnids.txt, train/<wnid>/images and "
           "val/images with val/val_annotations.txt"));
     }
-    dataset.layout = "class_folders";
-    dataset.class_names = *std::move(classes);
-    if (absl::Status s = AddClassFolders(root, dataset.class_names, &train);
-        !s.ok()) {
+    *layout = "class_folders";
+    *class_names = *std::move(classes);
+    if (absl::Status s = AddClassFolders(root, *class_names, train); !s.ok())
       return s;
-    }
   }
+  return absl::OkStatus();
+}
 
-  const int threads = options.num_threads > 0
-                          ? options.num_threads
-                          : static_cast<int>(std::clamp(
-                                std::thread::hardware_concurrency(), 1u, 8u));
-  // Headers first, of every file: they decide the channel count before any
-  // pixel is stored. Files that fail here are reported by DecodeSplit, in
-  // file order with those that fail only when decoded.
+int ThreadsOf(const ImageFolderOptions& options) {
+  return options.num_threads > 0
+             ? options.num_threads
+             : static_cast<int>(
+                   std::clamp(std::thread::hardware_concurrency(), 1u, 8u));
+}
+
+// Reads the header of every file of `train` and `test` (in that order):
+// each file's error (OK where the header reads), and the channel count
+// (options.channels, or 3 if any header is colour, else 1).
+int ProbeHeaders(const FileList& train, const FileList& test,
+                 const ImageFolderOptions& options, int threads,
+                 std::vector<absl::Status>* train_errors,
+                 std::vector<absl::Status>* test_errors) {
   const size_t num_train = train.paths.size();
   std::vector<std::string> all = train.paths;
   all.insert(all.end(), test.paths.begin(), test.paths.end());
@@ -749,10 +750,86 @@ absl::StatusOr<ImageFolderDataset> ReadImageFolderDataset(
                    ? 3
                    : 1;
   }
-  std::vector<absl::Status> train_errors(errors.begin(),
-                                         errors.begin() + num_train);
-  std::vector<absl::Status> test_errors(errors.begin() + num_train,
-                                        errors.end());
+  train_errors->assign(errors.begin(), errors.begin() + num_train);
+  test_errors->assign(errors.begin() + num_train, errors.end());
+  return channels;
+}
+
+// `list` less the files whose header failed (errors[i] not OK), counted in
+// *skipped with the first in *first_skipped; with kFail the first is the
+// error. DATA_LOSS when a non-empty list keeps nothing.
+absl::StatusOr<FileList> KeepReadable(const std::string& where,
+                                      const FileList& list,
+                                      const std::vector<absl::Status>& errors,
+                                      BadImages bad_images, int64_t* skipped,
+                                      std::string* first_skipped) {
+  FileList kept;
+  for (size_t i = 0; i < list.paths.size(); ++i) {
+    if (!errors[i].ok()) {
+      if (bad_images == BadImages::kFail) return errors[i];
+      if (first_skipped->empty()) {
+        *first_skipped = std::string(errors[i].message());
+      }
+      ++*skipped;
+      continue;
+    }
+    kept.paths.push_back(list.paths[i]);
+    kept.labels.push_back(list.labels[i]);
+  }
+  if (kept.paths.empty() && !list.paths.empty()) {
+    return absl::DataLossError(absl::StrCat(
+        where, ": none of its ", list.paths.size(),
+        " image files could be read (first: ", *first_skipped, ")"));
+  }
+  return kept;
+}
+
+}  // namespace
+
+absl::StatusOr<ImageFolderListing> ListImageFolder(
+    const std::string& root, const ImageFolderOptions& options) {
+  ImageFolderListing listing;
+  FileList train, test;
+  std::string test_dir;
+  if (absl::Status s =
+          ListLayout(root, options, &listing.layout, &listing.class_names,
+                     &train, &test, &test_dir);
+      !s.ok())
+    return s;
+  std::vector<absl::Status> train_errors, test_errors;
+  listing.channels = ProbeHeaders(train, test, options, ThreadsOf(options),
+                                  &train_errors, &test_errors);
+  absl::StatusOr<FileList> kept_train =
+      KeepReadable(listing.layout == "class_folders" ? root : root + "/train",
+                   train, train_errors, options.bad_images, &listing.skipped,
+                   &listing.first_skipped);
+  if (!kept_train.ok()) return kept_train.status();
+  listing.train = *std::move(kept_train);
+  absl::StatusOr<FileList> kept_test =
+      KeepReadable(test_dir, test, test_errors, options.bad_images,
+                   &listing.skipped, &listing.first_skipped);
+  if (!kept_test.ok()) return kept_test.status();
+  listing.test = *std::move(kept_test);
+  return listing;
+}
+
+absl::StatusOr<ImageFolderDataset> ReadImageFolderDataset(
+    const std::string& root, const ImageFolderOptions& options) {
+  ImageFolderDataset dataset;
+  FileList train, test;
+  std::string test_dir;
+  if (absl::Status s =
+          ListLayout(root, options, &dataset.layout, &dataset.class_names,
+                     &train, &test, &test_dir);
+      !s.ok())
+    return s;
+  const int threads = ThreadsOf(options);
+  // Headers first, of every file: they decide the channel count before any
+  // pixel is stored. Files that fail here are reported by DecodeSplit, in
+  // file order with those that fail only when decoded.
+  std::vector<absl::Status> train_errors, test_errors;
+  const int channels =
+      ProbeHeaders(train, test, options, threads, &train_errors, &test_errors);
   absl::StatusOr<ImageFolderSplit> train_split =
       DecodeSplit(dataset.layout == "class_folders" ? root : root + "/train",
                   train, std::move(train_errors), channels, options, threads);

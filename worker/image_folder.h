@@ -135,6 +135,36 @@ struct ImageFolderDataset {
 absl::StatusOr<ImageFolderDataset> ReadImageFolderDataset(
     const std::string& root, const ImageFolderOptions& options = {});
 
+// Labelled image files, read and decoded on demand (InputPipeline).
+struct ImageFiles {
+  std::vector<std::string> paths;
+  std::vector<int32_t> labels;  // one per path
+};
+
+// A dataset's files without their pixels, for streaming them from disk.
+struct ImageFolderListing {
+  std::string layout;                    // as ImageFolderDataset's
+  std::vector<std::string> class_names;  // label i is class_names[i]; sorted
+  int channels = 0;  // options.channels, or decided from the headers
+  // In the order ReadImageFolderDataset decodes them; test empty without a
+  // test split.
+  ImageFiles train;
+  ImageFiles test;
+  // BadImages::kSkip: files whose header could not be read, left out, and
+  // the first of them as "PATH: reason".
+  int64_t skipped = 0;
+  std::string first_skipped;
+};
+
+// Lists the dataset under `root` as ReadImageFolderDataset would read it,
+// reading every file's header (format, size, colour) but no pixels: the
+// files whose header cannot be read are the error (kFail, the first in
+// order) or left out and counted (kSkip). A file whose header reads but
+// whose pixels do not is found only when decoded. options.image_size is
+// checked but not used. Errors: those of ReadImageFolderDataset.
+absl::StatusOr<ImageFolderListing> ListImageFolder(
+    const std::string& root, const ImageFolderOptions& options = {});
+
 }  // namespace pstrain
 
 #endif  // PSTRAIN_WORKER_IMAGE_FOLDER_H_

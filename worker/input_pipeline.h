@@ -70,12 +70,6 @@ struct AugmentOptions {
 void AugmentImage(const DecodedImage& image, const AugmentOptions& options,
                   uint64_t rng_seed, float* out);
 
-// Labelled image files, read and decoded on demand.
-struct ImageFiles {
-  std::vector<std::string> paths;
-  std::vector<int32_t> labels;  // one per path
-};
-
 struct InputPipelineOptions {
   int64_t batch_size = 64;
   int threads = 2;           // decoding and augmentation threads, >= 1

@@ -24,6 +24,7 @@
 #include "models/model_file.h"
 #include "worker/checkpoint.h"
 #include "worker/gradient_exchange.h"
+#include "worker/input_pipeline.h"
 #include "worker/metrics.h"
 
 namespace pstrain {
@@ -165,6 +166,13 @@ class ModelWorkload : public Workload {
     return model_->PsTensorShapes();
   }
   void SkipBatches(int64_t n) override {
+    if (pipeline_ != nullptr) {
+      for (int64_t i = 0; i < n; ++i) {
+        absl::StatusOr<bool> more = pipeline_->Next(&stream_batch_);
+        if (!more.ok() || !*more) return;  // Step() reports it
+      }
+      return;
+    }
     for (int64_t i = 0; i < n && prefetcher_->Next(&batch_); ++i) {
     }
   }
@@ -172,7 +180,27 @@ class ModelWorkload : public Workload {
   int64_t steps_per_epoch() const override { return steps_per_epoch_; }
   void BeginEpoch(int epoch) override {
     prefetcher_.reset();
+    pipeline_.reset();
     indices_ = sampler_.EpochIndices(epoch);
+    if (dataset_.train.files != nullptr) {
+      // Streamed: the files of the next batches are decoded on the input
+      // threads while this one trains.
+      InputPipelineOptions input;
+      input.batch_size = options_.batch_size;
+      input.threads = std::max(1, options_.input_threads);
+      input.prefetch_batches = 2 * input.threads + 2;
+      input.seed = options_.seed * 104729 + epoch * 131 + options_.worker_id;
+      input.augment = StreamAugmentOptions(dataset_);
+      absl::StatusOr<std::unique_ptr<InputPipeline>> pipeline =
+          InputPipeline::Create(*dataset_.train.files, indices_,
+                                steps_per_epoch_, input);
+      if (pipeline.ok()) {
+        pipeline_ = *std::move(pipeline);
+      } else {
+        pipeline_error_ = pipeline.status();
+      }
+      return;
+    }
     // The next batches are gathered (and augmented) on a background thread.
     prefetcher_ = std::make_unique<BatchPrefetcher>(
         dataset_.train, indices_, options_.batch_size, steps_per_epoch_,
@@ -180,6 +208,15 @@ class ModelWorkload : public Workload {
         options_.seed * 104729 + epoch * 131 + options_.worker_id);
   }
   absl::StatusOr<float> Step(const GradientsReadyFn& on_ready) override {
+    if (dataset_.train.files != nullptr) {
+      if (pipeline_ == nullptr) return pipeline_error_;
+      ASSIGN_OR_RETURN(const bool more, pipeline_->Next(&stream_batch_));
+      if (!more) {
+        return absl::InternalError("input pipeline ended before the epoch");
+      }
+      return model_->ForwardBackward(stream_batch_.images, stream_batch_.labels,
+                                     on_ready);
+    }
     if (!prefetcher_->Next(&batch_)) {
       return absl::InternalError("prefetcher ended before the epoch");
     }
@@ -193,7 +230,8 @@ class ModelWorkload : public Workload {
   }
   bool can_evaluate() const override { return true; }
   absl::StatusOr<Evaluation> Evaluate() override {
-    return EvaluateModel(*model_, dataset_.test, options_.eval_batch_size);
+    return EvaluateModel(*model_, dataset_, options_.eval_batch_size,
+                         options_.input_threads);
   }
   int64_t num_parameters() const override { return model_->NumParameters(); }
   absl::Status LoadModel(const std::string& path) override {
@@ -216,9 +254,15 @@ class ModelWorkload : public Workload {
   std::string Describe() const override {
     return absl::StrFormat(
         "model %s on %s: %d parameters, %d buffers, %.2f MFLOPs forward per "
-        "sample",
+        "sample%s",
         options_.model, backend_->name(), model_->NumParameters(),
-        model_->buffers().size(), 2.0 * model_->ForwardMacsPerSample() / 1e6);
+        model_->buffers().size(), 2.0 * model_->ForwardMacsPerSample() / 1e6,
+        dataset_.train.files == nullptr
+            ? ""
+            : absl::StrFormat("; streaming %d image files, decoded on %d "
+                              "input threads",
+                              dataset_.train.count,
+                              std::max(1, options_.input_threads)));
   }
 
  private:
@@ -237,6 +281,10 @@ class ModelWorkload : public Workload {
   std::vector<int64_t> indices_;
   std::unique_ptr<BatchPrefetcher> prefetcher_;
   BatchPrefetcher::Batch batch_;
+  // Streamed datasets instead of the prefetcher.
+  std::unique_ptr<InputPipeline> pipeline_;
+  absl::Status pipeline_error_;
+  InputPipeline::Batch stream_batch_;
 };
 
 class SyntheticWorkload : public Workload {
@@ -380,9 +428,24 @@ class SyntheticWorkload : public Workload {
 
 }  // namespace
 
-absl::StatusOr<Evaluation> EvaluateModel(Model& model,
-                                         const LabeledImages& test,
-                                         int eval_batch) {
+AugmentOptions StreamAugmentOptions(const Dataset& dataset) {
+  AugmentOptions augment;
+  augment.crop = AugmentOptions::Crop::kResize;
+  augment.out_size = static_cast<int>(dataset.train.chw[1]);
+  augment.hflip = false;
+  augment.channels = static_cast<int>(dataset.train.chw[0]);
+  for (double m : dataset.channel_mean) {
+    augment.mean.push_back(static_cast<float>(m));
+  }
+  for (double s : dataset.channel_stddev) {
+    augment.stddev.push_back(static_cast<float>(s));
+  }
+  return augment;
+}
+
+absl::StatusOr<Evaluation> EvaluateModel(Model& model, const Dataset& dataset,
+                                         int eval_batch, int input_threads) {
+  const LabeledImages& test = dataset.test;
   Evaluation eval;
   int64_t correct = 0;
   double loss_sum = 0;
@@ -390,9 +453,40 @@ absl::StatusOr<Evaluation> EvaluateModel(Model& model,
   for (int64_t i = 0; i < test.count; ++i) indices[i] = i;
   Tensor images;
   std::vector<int32_t> labels;
+  // A streamed split: whole batches from one pipeline, the rest from a
+  // second one of the remainder's size.
+  std::unique_ptr<InputPipeline> full, rest;
+  if (test.files != nullptr) {
+    InputPipelineOptions input;
+    input.threads = std::max(1, input_threads);
+    input.prefetch_batches = 2 * input.threads + 2;
+    input.augment = StreamAugmentOptions(dataset);
+    input.batch_size = eval_batch;
+    if (test.count / eval_batch > 0) {
+      ASSIGN_OR_RETURN(full,
+                       InputPipeline::Create(*test.files, indices,
+                                             test.count / eval_batch, input));
+    }
+    if (test.count % eval_batch > 0) {
+      input.batch_size = test.count % eval_batch;
+      std::vector<int64_t> tail(indices.end() - input.batch_size,
+                                indices.end());
+      ASSIGN_OR_RETURN(rest,
+                       InputPipeline::Create(*test.files, tail, 1, input));
+    }
+  }
+  InputPipeline::Batch streamed;
   for (int64_t begin = 0; begin < test.count; begin += eval_batch) {
     const int64_t n = std::min<int64_t>(eval_batch, test.count - begin);
-    GatherBatch(test, indices, begin, n, &images, &labels);
+    if (test.files != nullptr) {
+      InputPipeline* from = n == eval_batch ? full.get() : rest.get();
+      ASSIGN_OR_RETURN(const bool more, from->Next(&streamed));
+      if (!more) return absl::InternalError("input pipeline ended early");
+      images = std::move(streamed.images);
+      labels = std::move(streamed.labels);
+    } else {
+      GatherBatch(test, indices, begin, n, &images, &labels);
+    }
     ASSIGN_OR_RETURN(const Tensor* logits, model.Forward(images));
     const int64_t k = logits->shape[1];
     ASSIGN_OR_RETURN(float loss, HostSoftmaxCrossEntropy(logits->data.data(), n,

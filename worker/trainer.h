@@ -35,6 +35,7 @@
 #include "server/optimizer.h"
 #include "worker/collective.h"
 #include "worker/dataset.h"
+#include "worker/input_pipeline.h"
 
 namespace pstrain {
 
@@ -52,6 +53,10 @@ struct TrainerOptions {
   int gpu = 0;
   // Batch size of the test-set evaluation.
   int eval_batch_size = 500;
+  // Decoding threads of a streamed dataset's InputPipeline (on top of the
+  // step's OpenMP threads; the worker takes them from its share of cores,
+  // InputThreadsForCores).
+  int input_threads = 1;
   // "sync" or "async" (must match the shards' mode), or "allreduce" (no
   // shards; see worker/gradient_exchange.h).
   std::string mode = "sync";
@@ -180,14 +185,21 @@ absl::StatusOr<TrainerOutput> RunWorker(const TrainerOptions& options,
                                         const Dataset& dataset);
 
 // Mean cross-entropy and accuracy of `model` (eval mode) over all of
-// `split`, in batches of `batch_size`.
+// `dataset`'s test split, in batches of `batch_size`. A streamed split
+// (LabeledImages.files) is decoded on `input_threads` threads as it is
+// evaluated; a file that cannot be decoded is the error, naming it.
 struct Evaluation {
   double loss = 0;
   double accuracy = 0;
 };
-absl::StatusOr<Evaluation> EvaluateModel(Model& model,
-                                         const LabeledImages& split,
-                                         int batch_size);
+absl::StatusOr<Evaluation> EvaluateModel(Model& model, const Dataset& dataset,
+                                         int batch_size, int input_threads = 1);
+
+// How a streamed image_folder split becomes batches (kResize to the
+// split's size, no flip, the dataset's channel statistics): the in-memory
+// reader's pixels, so that streaming changes where the pixels are decoded,
+// not what the model sees.
+AugmentOptions StreamAugmentOptions(const Dataset& dataset);
 
 }  // namespace pstrain
 

@@ -12,6 +12,7 @@
 // ended elsewhere (a lost task, a cancel): the task stops at once.
 #include <omp.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
@@ -29,6 +30,7 @@
 #include "coordinator/task_flags.h"
 #include "worker/collective.h"
 #include "worker/dataset.h"
+#include "worker/input_pipeline.h"
 #include "worker/job_inputs.h"
 #include "worker/trainer.h"
 
@@ -97,7 +99,12 @@ int main(int argc, char** argv) {
   absl::StatusOr<int> threads =
       pstrain::TaskThreadsFromFlags(agent, kProgram, true, &exit_code);
   if (!threads.ok()) return exit_code;
-  omp_set_num_threads(*threads);
+  // A streamed dataset decodes on input threads taken from this task's
+  // share of cores (InputThreadsForCores); the step keeps the rest.
+  const int input_threads =
+      spec->stream_images() ? pstrain::InputThreadsForCores(*threads) : 1;
+  omp_set_num_threads(
+      spec->stream_images() ? std::max(1, *threads - input_threads) : *threads);
   const int gpu = absl::GetFlag(FLAGS_gpu);
   if (absl::Status s = pstrain::CheckBackend(spec->backend(), gpu, "");
       !s.ok()) {
@@ -105,6 +112,7 @@ int main(int argc, char** argv) {
   }
   pstrain::DatasetOptions data_options;
   data_options.image_size = spec->image_size();
+  data_options.stream_images = spec->stream_images();
   data_options.num_classes = spec->num_classes();
   data_options.train_samples = spec->synthetic_samples();
   // Synthetic compute has no dataset.
@@ -210,6 +218,7 @@ int main(int argc, char** argv) {
   options.model_bytes = spec->model_bytes();
   options.backward_fraction = spec->backward_fraction();
   options.batch_size = spec->batch_size();
+  options.input_threads = input_threads;
   options.epochs = spec->epochs();
   options.seed = spec->seed();
   options.log_every_steps = spec->log_every_steps();
