@@ -12,8 +12,16 @@
 # RSS at the end (MiB), the ratio of the peak to the first folder's, and
 # whether the run exited 0. Needs bazel-bin/tools/pstrain (bazel build
 # //tools:pstrain).
+#
+# DATASET=image_folder DATA_ARGS="--image_size=28 --stream_images" measures
+# an image-folder tree instead (samples then counted from its train/ files),
+# e.g. Fashion-MNIST written by export_image_folder, loaded against
+# streamed; MODEL (mlp) and THROUGHPUT=1 (print the run's samples/sec) too.
 set -u
 STEPS=${STEPS:-200}
+DATASET=${DATASET:-mnist}
+DATA_ARGS=${DATA_ARGS:-}
+MODEL=${MODEL:-mlp}
 PSTRAIN=${PSTRAIN:-bazel-bin/tools/pstrain}
 descendants() {
   local p
@@ -28,11 +36,16 @@ printf '%-28s %10s %10s %10s %7s %4s\n' "#" "(#)" "(MiB)" "(MiB)" \
   "(vs 1st)" ""
 first=""
 for dir in "$@"; do
-  samples=$(od -An -tu1 -j4 -N4 "$dir/train-labels-idx1-ubyte" |
-    awk '{print $1*16777216+$2*65536+$3*256+$4}')
+  if [ "$DATASET" = mnist ]; then
+    samples=$(od -An -tu1 -j4 -N4 "$dir/train-labels-idx1-ubyte" |
+      awk '{print $1*16777216+$2*65536+$3*256+$4}')
+  else
+    samples=$(find "$dir/train" -type f | wc -l)
+  fi
   log=$(mktemp)
-  "$PSTRAIN" run --dataset=mnist --data_dir="$dir" --model=mlp --num_ps=1 \
-    --num_workers=1 --batch_size=64 --epochs=1 \
+  # shellcheck disable=SC2086
+  "$PSTRAIN" run --dataset="$DATASET" --data_dir="$dir" $DATA_ARGS \
+    --model="$MODEL" --num_ps=1 --num_workers=1 --batch_size=64 --epochs=1 \
     --max_steps_per_epoch="$STEPS" >"$log" 2>&1 &
   run=$!
   peak=0
@@ -56,5 +69,8 @@ for dir in "$@"; do
     -v ok="$ok" 'BEGIN { printf "%-28s %10d %10.1f %10.1f %7.3f %4s\n",
       d, s, p / 1024, e / 1024, (f > 0 ? p / f : 0), ok }'
   [ "$rc" = 0 ] || tail -3 "$log" >&2
+  if [ "${THROUGHPUT:-0}" = 1 ]; then
+    grep -E '^\| [0-9]' "$log" | tail -1
+  fi
   rm -f "$log"
 done
