@@ -494,7 +494,7 @@ const std::vector<ComparePreset>& ComparePresets() {
        "DLPerf (| num_nodes | gpu_num_per_node | batch_size_per_device | "
        "throughput | speedup |, the median of repeats): ResNet-50 on "
        "synthetic 32x32 images (224x224 on a GPU: --image_size=224 "
-       "--batch_size=128 --backend=cuda), batch 16 per worker, 20 steps, 1 "
+       "--batch_size=128 --backend=cuda), batch 16 per worker, 10 steps, 1 "
        "and 2 workers, sync PS with 1 shard and Gloo allreduce, 3 repeats",
        ReportLayout::kDlperf,
        {{"model", "resnet50", ""},
@@ -505,7 +505,7 @@ const std::vector<ComparePreset>& ComparePresets() {
         {"num_ps", "1", ""},
         {"workers", "1,2", ""},
         {"batch_size", "16", ""},
-        {"steps", "20", "epochs"},
+        {"steps", "10", "epochs"},
         {"repeats", "3", ""}}},
       {"tiny_imagenet",
        "AlexNet, ResNet-18 and VGG-16 on tiny-ImageNet, CPU and GPU nodes "

@@ -230,8 +230,11 @@ class ModelWorkload : public Workload {
   }
   bool can_evaluate() const override { return true; }
   absl::StatusOr<Evaluation> Evaluate() override {
-    return EvaluateModel(*model_, dataset_, options_.eval_batch_size,
-                         options_.input_threads);
+    const int eval_batch =
+        options_.eval_batch_size > 0
+            ? options_.eval_batch_size
+            : std::max(1, std::min(500, 2 * options_.batch_size));
+    return EvaluateModel(*model_, dataset_, eval_batch, options_.input_threads);
   }
   int64_t num_parameters() const override { return model_->NumParameters(); }
   absl::Status LoadModel(const std::string& path) override {
