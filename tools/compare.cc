@@ -478,7 +478,7 @@ const std::vector<ComparePreset>& ComparePresets() {
       {"mnist_resnet",
        "ResNets on MNIST and bigMNIST (| #Nodes | #GPUs | Epoch | Batchsize "
        "| Steps | Runtime | Speedup |): ResNet-18 on Fashion-MNIST "
-       "(--dataset=idx --data_dir=DIR for MNIST or a bigmnist set), the "
+       "(--dataset=mnist --data_dir=DIR for MNIST or a bigmnist set), the "
        "same work (100 steps of batch 64, about a ninth of an epoch) split "
        "across 1 and 2 workers, sync PS with 1 shard and Gloo allreduce",
        ReportLayout::kEpochRuntime,

@@ -1,0 +1,23 @@
+set terminal pngcairo size 1000,650 font "sans,11"
+set output "throughput.png"
+set title "resnet18 on fashion_mnist, one machine" noenhanced font "sans,11"
+set xlabel "workers"
+set ylabel "throughput (samples/sec)"
+set key top left noenhanced box opaque
+set grid
+set yrange [0:*]
+set xrange [0.5:2.5]
+set xtics 1
+$s0 << EOD
+1 75.047 0.000
+2 68.484 0.000
+EOD
+$s1 << EOD
+1 91.578 0.000
+2 83.090 0.000
+EOD
+plot $s0 using 1:2 with linespoints lw 2 pt 7 ps 1.2 lc 1 title "ps_sync (1 PS)", \
+     x * 75.047 with lines dt 2 lw 2 lc 1 notitle, \
+     $s1 using 1:2 with linespoints lw 2 pt 7 ps 1.2 lc 2 title "allreduce", \
+     x * 91.578 with lines dt 2 lw 2 lc 2 notitle, \
+     NaN with lines dt 2 lw 2 lc rgb "gray40" title "ideal (linear scaling from 1 worker)"
