@@ -483,6 +483,17 @@ TEST(RunCliTest, CheckpointDirKeepsTheModelThatEvalScores) {
       << eval.output << " expected " << accuracy;
   EXPECT_NE(eval.output.find("lenet5 after 40 steps"), std::string::npos)
       << eval.output;
+  // The evaluation batch changes nothing but memory and time.
+  const Result small_batches = pstrain::testing::RunCommand(
+      "tools/pstrain eval --batch_size=7 --checkpoint=" + dir);
+  ASSERT_EQ(small_batches.exit_code, 0) << small_batches.output;
+  EXPECT_NE(small_batches.output.find(accuracy), std::string::npos)
+      << small_batches.output;
+  const Result no_batch = pstrain::testing::RunCommand(
+      "tools/pstrain eval --batch_size=0 --checkpoint=" + dir);
+  EXPECT_EQ(no_batch.exit_code, 2) << no_batch.output;
+  EXPECT_EQ(no_batch.output,
+            "pstrain: error: --batch_size: 0; expected 1 to 65536\n");
 
   const Result again = RunPstrain("--epochs=1 --checkpoint_dir=" + dir);
   EXPECT_EQ(again.exit_code, 2) << again.output;

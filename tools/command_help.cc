@@ -119,8 +119,10 @@ const std::vector<CommandInfo>& Commands() {
        "Test loss and accuracy of a saved model (model.safetensors) on the "
        "test set of --dataset. A flag the dataset or backend would ignore "
        "(--num_classes without --dataset=synthetic, --gpu with "
-       "--backend=cpu, ...) is an error.",
-       Join({DataFlags(), {"checkpoint", "bad_images"}})},
+       "--backend=cpu, ...) is an error. It evaluates in batches of "
+       "--batch_size when given, else 100 (the activations of a batch are "
+       "held at once: 500 images of a ResNet-50 take over 20 GB).",
+       Join({DataFlags(), {"checkpoint", "bad_images", "batch_size"}})},
       {"submit", "pstrain submit JOB.pbtxt [--coordinator=HOST:PORT]",
        "Submits a job spec (protobuf text format, proto/job.proto) to a "
        "pstrain_coordinator and prints its id. A spec out of range is a "

@@ -926,9 +926,15 @@ int Eval() {
   if (absl::Status s = LoadModelFile(path, model->get()); !s.ok()) {
     return Fail(2, std::string(s.message()));
   }
+  const int eval_batch =
+      FlagSpecified("batch_size") ? absl::GetFlag(FLAGS_batch_size) : 100;
+  if (eval_batch < 1 || eval_batch > 65536) {
+    return Fail(
+        2, absl::StrCat("--batch_size: ", eval_batch, "; expected 1 to 65536"));
+  }
   const absl::Time start = absl::Now();
   absl::StatusOr<Evaluation> eval =
-      EvaluateModel(**model, *dataset, /*batch_size=*/500,
+      EvaluateModel(**model, *dataset, eval_batch,
                     InputThreadsForCores(
                         static_cast<int>(std::thread::hardware_concurrency())));
   if (!eval.ok()) return Fail(1, eval.status().ToString());
