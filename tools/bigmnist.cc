@@ -180,10 +180,7 @@ absl::Status WriteBigMnist(const BigMnistOptions& o) {
         "; expected copies and threads >= 1, bounds >= 0, scale < 1"));
   }
   auto find = [&](const std::string& base) {
-    struct stat st;
-    const std::string gz = absl::StrCat(o.input_dir, "/", base, ".gz");
-    return ::stat(gz.c_str(), &st) == 0 ? gz
-                                        : absl::StrCat(o.input_dir, "/", base);
+    return FindIdxFile(o.input_dir, base);
   };
   ASSIGN_OR_RETURN(IdxArray images, ReadIdx(find("train-images-idx3-ubyte")));
   ASSIGN_OR_RETURN(IdxArray labels, ReadIdx(find("train-labels-idx1-ubyte")));

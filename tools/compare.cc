@@ -13,6 +13,7 @@
 #include "absl/strings/str_split.h"
 #include "tools/job_commands.h"
 #include "worker/collective.h"
+#include "worker/metrics.h"
 
 namespace pstrain {
 namespace {
@@ -554,11 +555,10 @@ std::string ReportSeries(const CompareRun& run, bool model) {
                           : absl::StrCat(run.mode, ", ", run.num_ps, " PS"));
 }
 
+// Under a minute in seconds, else as the console's ETA (m:ss, h:mm:ss).
 std::string Runtime(double seconds) {
-  const int64_t s = static_cast<int64_t>(std::llround(seconds));
-  if (s < 60) return absl::StrFormat("%.1f s", seconds);
-  if (s < 3600) return absl::StrFormat("%d:%02d", s / 60, s % 60);
-  return absl::StrFormat("%d:%02d:%02d", s / 3600, s / 60 % 60, s % 60);
+  if (std::llround(seconds) < 60) return absl::StrFormat("%.1f s", seconds);
+  return FormatEta(seconds);
 }
 
 std::string CvCell(const CompareRun& run) {

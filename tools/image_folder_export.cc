@@ -1,7 +1,5 @@
 #include "tools/image_folder_export.h"
 
-#include <sys/stat.h>
-
 #include <algorithm>
 #include <atomic>
 #include <filesystem>
@@ -19,12 +17,6 @@ namespace pstrain {
 namespace {
 
 namespace fs = std::filesystem;
-
-std::string IdxPath(const std::string& dir, const std::string& base) {
-  struct stat st;
-  const std::string gz = absl::StrCat(dir, "/", base, ".gz");
-  return ::stat(gz.c_str(), &st) == 0 ? gz : absl::StrCat(dir, "/", base);
-}
 
 int Digits(int64_t n) {
   int digits = 1;
@@ -128,14 +120,16 @@ absl::StatusOr<ImageFolderExportResult> ExportIdxAsImageFolder(
                        "/; expected a new or empty folder"));
     }
   }
-  ASSIGN_OR_RETURN(IdxArray train_images,
-                   ReadIdx(IdxPath(o.input_dir, "train-images-idx3-ubyte")));
-  ASSIGN_OR_RETURN(IdxArray train_labels,
-                   ReadIdx(IdxPath(o.input_dir, "train-labels-idx1-ubyte")));
+  ASSIGN_OR_RETURN(
+      IdxArray train_images,
+      ReadIdx(FindIdxFile(o.input_dir, "train-images-idx3-ubyte")));
+  ASSIGN_OR_RETURN(
+      IdxArray train_labels,
+      ReadIdx(FindIdxFile(o.input_dir, "train-labels-idx1-ubyte")));
   ASSIGN_OR_RETURN(IdxArray test_images,
-                   ReadIdx(IdxPath(o.input_dir, "t10k-images-idx3-ubyte")));
+                   ReadIdx(FindIdxFile(o.input_dir, "t10k-images-idx3-ubyte")));
   ASSIGN_OR_RETURN(IdxArray test_labels,
-                   ReadIdx(IdxPath(o.input_dir, "t10k-labels-idx1-ubyte")));
+                   ReadIdx(FindIdxFile(o.input_dir, "t10k-labels-idx1-ubyte")));
   // One width for both splits, so that a label's folder has one name.
   int max_label = 0;
   for (const IdxArray* labels : {&train_labels, &test_labels}) {

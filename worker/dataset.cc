@@ -39,14 +39,6 @@ uint32_t BigEndian32(const unsigned char b[4]) {
          (uint32_t{b[2]} << 8) | uint32_t{b[3]};
 }
 
-// Finds "<dir>/<base>.gz" or "<dir>/<base>".
-std::string FindFile(const std::string& dir, const std::string& base) {
-  struct stat st;
-  const std::string gz = absl::StrCat(dir, "/", base, ".gz");
-  if (stat(gz.c_str(), &st) == 0) return gz;
-  return absl::StrCat(dir, "/", base);
-}
-
 // value_of for bytes as read, in every channel: the float the loaded path
 // stores, b * (1 / 255) for IDX (LoadSplit) or b / 255 for records (as
 // ReadCifarBatch and torchvision's ToTensor; the two differ in the last bit
@@ -101,9 +93,9 @@ absl::StatusOr<LabeledImages> LoadSplit(const std::string& dir,
                                         const std::string& prefix,
                                         int num_classes, bool map_files) {
   const std::string images_path =
-      FindFile(dir, absl::StrCat(prefix, "-images-idx3-ubyte"));
+      FindIdxFile(dir, absl::StrCat(prefix, "-images-idx3-ubyte"));
   const std::string labels_path =
-      FindFile(dir, absl::StrCat(prefix, "-labels-idx1-ubyte"));
+      FindIdxFile(dir, absl::StrCat(prefix, "-labels-idx1-ubyte"));
   struct stat st;
   // A missing file goes to ReadIdx, whose error says what was looked for.
   if (map_files && !absl::EndsWith(images_path, ".gz") &&
@@ -607,6 +599,13 @@ absl::StatusOr<Dataset> LoadDataset(const std::string& name,
     }
   }
   return loaded;
+}
+
+std::string FindIdxFile(const std::string& dir, const std::string& base) {
+  struct stat st;
+  const std::string gz = absl::StrCat(dir, "/", base, ".gz");
+  if (stat(gz.c_str(), &st) == 0) return gz;
+  return absl::StrCat(dir, "/", base);
 }
 
 int32_t LabeledImages::label(int64_t i) const {

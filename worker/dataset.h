@@ -54,6 +54,10 @@ struct IdxArray {
 // corrupt file, or trailing bytes.
 absl::StatusOr<IdxArray> ReadIdx(const std::string& path);
 
+// "<dir>/<base>.gz" if it exists, else "<dir>/<base>" (an IDX file of an
+// MNIST-style folder, e.g. base "train-images-idx3-ubyte").
+std::string FindIdxFile(const std::string& dir, const std::string& base);
+
 struct MappedSplit;  // Below.
 
 // Images [N, C, H, W] and labels in [0, num_classes). LoadDataset scales

@@ -120,6 +120,18 @@ class Workload {
       int64_t steps, const safetensors::WriteOptions& write_options) = 0;
 };
 
+// A streamed split's pipeline: `threads` (at least 1) decoding, two
+// batches per thread and two more prefetched.
+InputPipelineOptions StreamInputOptions(const Dataset& dataset,
+                                        int64_t batch_size, int threads) {
+  InputPipelineOptions input;
+  input.batch_size = batch_size;
+  input.threads = std::max(1, threads);
+  input.prefetch_batches = 2 * input.threads + 2;
+  input.augment = StreamAugmentOptions(dataset);
+  return input;
+}
+
 class ModelWorkload : public Workload {
  public:
   static absl::StatusOr<std::unique_ptr<Workload>> Create(
@@ -185,12 +197,9 @@ class ModelWorkload : public Workload {
     if (dataset_.train.files != nullptr) {
       // Streamed: the files of the next batches are decoded on the input
       // threads while this one trains.
-      InputPipelineOptions input;
-      input.batch_size = options_.batch_size;
-      input.threads = std::max(1, options_.input_threads);
-      input.prefetch_batches = 2 * input.threads + 2;
+      InputPipelineOptions input = StreamInputOptions(
+          dataset_, options_.batch_size, options_.input_threads);
       input.seed = options_.seed * 104729 + epoch * 131 + options_.worker_id;
-      input.augment = StreamAugmentOptions(dataset_);
       absl::StatusOr<std::unique_ptr<InputPipeline>> pipeline =
           InputPipeline::Create(*dataset_.train.files, indices_,
                                 steps_per_epoch_, input);
@@ -460,11 +469,8 @@ absl::StatusOr<Evaluation> EvaluateModel(Model& model, const Dataset& dataset,
   // second one of the remainder's size.
   std::unique_ptr<InputPipeline> full, rest;
   if (test.files != nullptr) {
-    InputPipelineOptions input;
-    input.threads = std::max(1, input_threads);
-    input.prefetch_batches = 2 * input.threads + 2;
-    input.augment = StreamAugmentOptions(dataset);
-    input.batch_size = eval_batch;
+    InputPipelineOptions input =
+        StreamInputOptions(dataset, eval_batch, input_threads);
     if (test.count / eval_batch > 0) {
       ASSIGN_OR_RETURN(full,
                        InputPipeline::Create(*test.files, indices,
