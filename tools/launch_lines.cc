@@ -352,7 +352,12 @@ absl::StatusOr<std::string> LaunchScript(const JobSpec& spec,
         "if [[ \"$(id -u)\" == 0 ]]; then "
         "mpirun_options+=(--allow-run-as-root); fi\n"
         "if [[ -n \"${PSTRAIN_TLS_DIR:-}\" ]]; then "
-        "mpirun_options+=(-x PSTRAIN_TLS_DIR); fi\n");
+        "mpirun_options+=(-x PSTRAIN_TLS_DIR); fi\n"
+        "# Two mpirun started in the same instant on one host can race on\n"
+        "# creating Open MPI's session folder (\"mkdir /tmp/ompi.HOST.UID: "
+        "File\n"
+        "# exists\", open-mpi/ompi#8510): the mpirun tasks start 0.5 s apart.\n"
+        "mpirun_task() { task \"$@\"; sleep 0.5; }\n");
   }
   if (launcher == "ssh") {
     absl::StrAppend(&out,
@@ -395,11 +400,11 @@ absl::StatusOr<std::string> LaunchScript(const JobSpec& spec,
         for (const std::string& host : distinct_hosts) {
           absl::StrAppend(&out, host, " slots=1\n");
         }
-        absl::StrAppend(&out, "EOF\n", "task \"node agents (mpirun, ", agents,
-                        " nodes)\" ", mpirun, " -np ", agents,
+        absl::StrAppend(&out, "EOF\n", "mpirun_task \"node agents (mpirun, ",
+                        agents, " nodes)\" ", mpirun, " -np ", agents,
                         " --hostfile \"$hostfiles/nodes\" ", agent, "\n");
       } else {
-        absl::StrAppend(&out, "task \"node agents (mpirun, ", agents,
+        absl::StrAppend(&out, "mpirun_task \"node agents (mpirun, ", agents,
                         " nodes)\" ", mpirun, " -np ", agents, " ", agent,
                         "\n");
       }
@@ -440,9 +445,9 @@ absl::StatusOr<std::string> LaunchScript(const JobSpec& spec,
       const std::string mpirun = "mpirun \"${mpirun_options[@]}\"";
       const std::string placement = " --map-by slot --bind-to none ";
       if (!all_hosts) {
-        absl::StrAppend(&out, "task \"", role.name, " tasks (mpirun -np ",
-                        role.count, ")\" ", mpirun, " -np ", role.count,
-                        placement, command, "\n");
+        absl::StrAppend(&out, "mpirun_task \"", role.name,
+                        " tasks (mpirun -np ", role.count, ")\" ", mpirun,
+                        " -np ", role.count, placement, command, "\n");
         continue;
       }
       const HostSlots slots = SlotsOf(*role.hosts);
@@ -454,18 +459,19 @@ absl::StatusOr<std::string> LaunchScript(const JobSpec& spec,
           absl::StrAppend(&out, host, " slots=", count, "\n");
         }
         absl::StrAppend(&out, "EOF\n");
-        absl::StrAppend(&out, "task \"", role.name, " tasks (mpirun -np ",
-                        role.count, ")\" ", mpirun, " -np ", role.count,
-                        " --hostfile ", hostfile, placement, command, "\n");
+        absl::StrAppend(&out, "mpirun_task \"", role.name,
+                        " tasks (mpirun -np ", role.count, ")\" ", mpirun,
+                        " -np ", role.count, " --hostfile ", hostfile,
+                        placement, command, "\n");
         continue;
       }
       // Hosts interleaved: rank order cannot follow the spec's order, so
       // each task is its own mpirun with its index.
       for (int i = 0; i < role.count; ++i) {
         const std::string host = ShellQuote((*role.hosts)[i].host());
-        absl::StrAppend(&out, "task \"", role.name, " ", i, " on ", host, "\" ",
-                        mpirun, " -np 1 --host ", host, placement, command,
-                        " --task_index=", i, "\n");
+        absl::StrAppend(&out, "mpirun_task \"", role.name, " ", i, " on ", host,
+                        "\" ", mpirun, " -np 1 --host ", host, placement,
+                        command, " --task_index=", i, "\n");
       }
       continue;
     }

@@ -510,6 +510,42 @@ TEST(PsExchangeTest, FailedCopyIsStepsErrorAndMidStepExitIsPrompt) {
   EXPECT_LT(absl::Now() - start, absl::Seconds(2));
 }
 
+// A shard that ends a step with an error (here: the other worker's stream
+// broke) while this worker still has pushes to send: the worker reports
+// the shard's own status, not a cancel of its own making. (Its pusher,
+// stopped mid-step, used to cancel the call before the shard's status
+// arrived: "CANCELLED (the call ended without the shard's status)", which
+// named neither the shard's reason nor the worker that died.)
+TEST(PsExchangeTest, ShardErrorMidPushIsReportedAsTheShardSentIt) {
+  Shards shards(/*num_shards=*/1, /*num_workers=*/2);
+  RankTensors tensors0(0);
+  RankTensors tensors1(1);
+  std::unique_ptr<GradientExchange> exchange0 = shards.Exchange(0, true);
+  std::unique_ptr<GradientExchange> exchange1 = shards.Exchange(1, false);
+  std::thread start1(
+      [&] { ASSERT_TRUE(exchange1->Start(tensors1.weights).ok()); });
+  ASSERT_TRUE(exchange0->Start(tensors0.weights).ok());
+  start1.join();
+  // Both begin step 0 with one tensor pushed; worker 0's other pushes wait
+  // for its backward.
+  exchange0->GradientsReady(tensors0.gradients, 8, {kTensors - 1}, nullptr);
+  exchange1->GradientsReady(tensors1.gradients, 8, {kTensors - 1}, nullptr);
+  const absl::Time start = absl::Now();
+  while (shards.shard(0).Stats().pushes < 2 &&
+         absl::Now() < start + absl::Seconds(10)) {
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  ASSERT_EQ(shards.shard(0).Stats().pushes, 2);
+  // Worker 1 goes away mid-step; the shard tells worker 0 in-band, while
+  // worker 0's pusher still waits for its next gradients.
+  exchange1.reset();
+  absl::SleepFor(absl::Milliseconds(500));
+  const absl::Status s = exchange0->Step(tensors0.gradients, 8);
+  EXPECT_EQ(s.code(), absl::StatusCode::kAborted) << s;
+  EXPECT_NE(s.message().find("worker 1 on 127.0.0.1:"), std::string::npos) << s;
+  EXPECT_NE(s.message().find("broke mid-step"), std::string::npos) << s;
+}
+
 // The same steps through a sync ParameterShard with 2 workers (one chunk
 // per tensor) and through the allreduce exchange give the single-process
 // update, bit for bit: both sum in worker order, scale by 1/W and call the

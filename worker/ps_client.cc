@@ -499,9 +499,18 @@ absl::Status PsClient::PushPullShard(int shard, StepState* state,
       trace::SetThreadName(absl::StrCat("push shard ", shard));
     }
     pushed = WritePushes(shard, state);
-    // The shard will not answer without this worker's pushes: end the call
-    // so that the read below returns (a broken stream has ended already).
-    if (!pushed.ok() && !absl::IsUnavailable(pushed)) {
+    // The pusher's own error (a failed fence): the shard will not answer
+    // without this worker's pushes, so end the call for the read below to
+    // return. Not when the pusher was stopped: the reader saw the call end
+    // (a shard's in-band error, whose status Finish() is still to read, or
+    // a broken stream), or another shard failed and CancelStep() cancelled
+    // every call.
+    bool stopped;
+    {
+      absl::MutexLock lock(&state->mu);
+      stopped = state->aborted || state->stopped[shard];
+    }
+    if (!pushed.ok() && !absl::IsUnavailable(pushed) && !stopped) {
       absl::MutexLock lock(&streams_mu_);
       s.context->TryCancel();
     }
