@@ -428,6 +428,9 @@ grpc::Status PsService::PushPullStream(
   ReceivedChunkMessage received;
   PushPullRequest request;  // the fields besides a push's chunk
   int worker_id = -1;
+  // The worker's address, read with its first message (after a cancel gRPC
+  // may only say "unknown").
+  std::string peer;
   int64_t generation = 0;
   // Stops the writer after its queued pulls (or at once when `cancel`) and
   // returns the first error of either side. A stream that ends any other
@@ -439,11 +442,6 @@ grpc::Status PsService::PushPullStream(
     // Not for a message this shard refused (reader_status): a bad push
     // changes nothing, the barrier included.
     if (cancel && reader_status.ok() && worker_id >= 0) {
-      std::string peer = context->peer();  // "ipv4:10.0.0.5:41234"
-      const size_t colon = peer.find(':');
-      if (colon != std::string::npos && peer.rfind("ip", 0) == 0) {
-        peer = peer.substr(colon + 1);
-      }
       shard_->BreakBarrier(
           generation,
           absl::StrCat("worker ", worker_id, " on ", peer,
@@ -474,6 +472,11 @@ grpc::Status PsService::PushPullStream(
         return finish(denied, true);
       }
       worker_id = request.header().worker_id();
+      peer = context->peer();  // "ipv4:10.0.0.5:41234"
+      const size_t colon = peer.find(':');
+      if (colon != std::string::npos && peer.rfind("ip", 0) == 0) {
+        peer = peer.substr(colon + 1);
+      }
     }
     generation = request.header().generation();
     if (worker_id != request.header().worker_id()) {
