@@ -363,13 +363,21 @@ absl::Status ValidateJobSpec(const JobSpec& spec) {
       CheckRange("staleness", spec.staleness(), 0, kMaxStaleness, "steps"));
   RETURN_IF_ERROR(CheckRange("clip_grad_norm", spec.clip_grad_norm(), 0.0,
                              kMaxClipGradNorm, "(0: none)"));
-  if (spec.clip_grad_norm() > 0 && spec.mode() != "allreduce") {
-    return Bad(
-        "clip_grad_norm",
-        absl::StrCat(Number(spec.clip_grad_norm()), " with mode ", spec.mode(),
-                     "; expected 0 (clipping by global norm is done "
-                     "in allreduce only: the shards would have to "
-                     "agree on the norm)"));
+  if (spec.clip_grad_norm() > 0 && spec.mode() == "async") {
+    return Bad("clip_grad_norm",
+               absl::StrCat(Number(spec.clip_grad_norm()),
+                            " with mode async; expected 0 (async applies "
+                            "each push alone: there is no step whose "
+                            "gradients have one norm)"));
+  }
+  if (spec.clip_grad_norm() > 0 &&
+      (spec.staleness() > 0 || spec.backup_workers() > 0)) {
+    return Bad("clip_grad_norm",
+               absl::StrCat(Number(spec.clip_grad_norm()), " with ",
+                            spec.staleness() > 0 ? "staleness" : "backup_workers",
+                            "; expected 0 (the shards agree on each step's "
+                            "norm once every worker has ended the step: "
+                            "plain sync or allreduce)"));
   }
   if (spec.stream_images() && spec.dataset() != "image_folder") {
     return Bad("stream_images",

@@ -45,7 +45,8 @@
 //   registration_timeout_s   1 to 604800                    600
 //   straggler (test aid)     "WORKER:DELAY_MS", WORKER 0 to  none
 //                            num_workers-1, DELAY_MS 0 to 600000
-//   clip_grad_norm           0 to 1e6; 0 unless allreduce   0 (none)
+//   clip_grad_norm           0 to 1e6; 0 in async, with     0 (none)
+//                            staleness or backup workers
 //   staleness                0 to 1000; 0 unless mode sync  0 (sync)
 //                            and without checkpoints,
 //                            resume or max_restarts

@@ -227,10 +227,14 @@ TEST(JobSpecTest, RangesAcceptTheirBoundsAndRefuseOneBeyond) {
        "clip_grad_norm: 1000001; expected 0 to 1000000 (0: none)"},
       {"num_workers: 1 batch_size: 8 epochs: 1 mode: \"allreduce\" "
        "clip_grad_norm: 1",
-       base + "clip_grad_norm: 1",
-       "clip_grad_norm: 1 with mode sync; expected 0 (clipping by global "
-       "norm is done in allreduce only: the shards would have to agree on "
-       "the norm)"},
+       base + "mode: \"async\" clip_grad_norm: 1",
+       "clip_grad_norm: 1 with mode async; expected 0 (async applies each "
+       "push alone: there is no step whose gradients have one norm)"},
+      {base + "mode: \"sync\" clip_grad_norm: 1",
+       base + "mode: \"sync\" staleness: 1 clip_grad_norm: 1",
+       "clip_grad_norm: 1 with staleness; expected 0 (the shards agree on "
+       "each step's norm once every worker has ended the step: plain sync "
+       "or allreduce)"},
       {base + "staleness: 1000", base + "staleness: 1001",
        "staleness: 1001; expected 0 to 1000 steps"},
       {base + "staleness: 0", base + "staleness: -1",

@@ -234,6 +234,7 @@ absl::StatusOr<int64_t> ParameterShard::Reopen(int64_t generation,
       std::fill(slot.has_pending.begin(), slot.has_pending.end(), false);
       slot.num_pending = 0;
       slot.skipped = false;
+      slot.averaged = false;
     }
   }
   ResetStepsLocked(version);
@@ -452,8 +453,9 @@ absl::Status ParameterShard::Push(int worker_id, int32_t param_id,
 }
 
 void ParameterShard::MaybeCompleteLocked(ChunkState& chunk) {
-  // Backup workers: the update waits for the step's admitted set.
-  if (backup_workers()) return;
+  // Backup workers: the update waits for the step's admitted set;
+  // clipping: for the step's norm.
+  if (backup_workers() || clipping()) return;
   // Step version - 1 decided: its update can no longer be put back, so the
   // undo buffers are free for this one. Read under the chunk's lock and
   // stored by EndStep() before it takes the lock, so a step completed here
@@ -537,7 +539,7 @@ int64_t ElapsedNs(std::chrono::steady_clock::time_point start) {
 
 void ParameterShard::CompleteBarrierLocked(ChunkState& chunk,
                                            const std::vector<bool>* members,
-                                           bool skip) {
+                                           bool skip, float clip) {
   // The chunk's update: averaging and optimizer (common/trace.h).
   trace::Scope traced("update", "shard",
                       {{"param", chunk.spec.param_id},
@@ -551,7 +553,7 @@ void ParameterShard::CompleteBarrierLocked(ChunkState& chunk,
   for (int w = 0; w < options_.num_workers; ++w) {
     if (members == nullptr || (*members)[w]) workers.push_back(w);
   }
-  if (members == nullptr ? slot.skipped : skip) {
+  if (members == nullptr ? slot.skipped || skip : skip) {
     // A worker skips this step: nothing to apply, nothing to undo.
     chunk.undo_step = -1;
   } else {
@@ -559,13 +561,18 @@ void ParameterShard::CompleteBarrierLocked(ChunkState& chunk,
     // next step refills), then one update, written beside the current
     // state.
     float* sum = slot.pending[workers[0]].data();
-    for (size_t k = 1; k < workers.size(); ++k) {
-      const float* g = slot.pending[workers[k]].data();
-      for (int64_t i = 0; i < n; ++i) sum[i] += g[i];
+    if (!slot.averaged) {
+      for (size_t k = 1; k < workers.size(); ++k) {
+        const float* g = slot.pending[workers[k]].data();
+        for (int64_t i = 0; i < n; ++i) sum[i] += g[i];
+      }
+      if (workers.size() > 1) {
+        const float scale = 1.0f / static_cast<float>(workers.size());
+        for (int64_t i = 0; i < n; ++i) sum[i] *= scale;
+      }
     }
-    if (workers.size() > 1) {
-      const float scale = 1.0f / static_cast<float>(workers.size());
-      for (int64_t i = 0; i < n; ++i) sum[i] *= scale;
+    if (clip != 1.0f && !plan_->is_buffer(chunk.spec.param_id)) {
+      for (int64_t i = 0; i < n; ++i) sum[i] *= clip;
     }
     chunk.prev_weights.resize(n);
     if (plan_->is_buffer(chunk.spec.param_id)) {
@@ -583,12 +590,13 @@ void ParameterShard::CompleteBarrierLocked(ChunkState& chunk,
       chunk.v.swap(chunk.prev_v);
     }
     chunk.weights.swap(chunk.prev_weights);
-    // Backup workers: decided already, nothing to undo.
-    chunk.undo_step = members == nullptr ? step : -1;
+    // Backup workers and clipping: decided already, nothing to undo.
+    chunk.undo_step = members == nullptr && !clipping() ? step : -1;
     applied_.fetch_add(1, std::memory_order_relaxed);
   }
   chunk.version = step + 1;
   slot.skipped = false;
+  slot.averaged = false;
   std::fill(slot.has_pending.begin(), slot.has_pending.end(), false);
   slot.num_pending = 0;
   NoteUpdate();
@@ -602,6 +610,52 @@ void ParameterShard::ResetStepsLocked(int64_t version) {
   decided_step_ = version - 1;
   decided_through_.store(decided_step_);
   recent_skips_.clear();
+  norm_step_ = -1;
+  norm_partial_ = 0;
+  last_norm_step_ = -1;
+  last_norm_partial_ = 0;
+  last_norm_sum_sq_ = 0;
+}
+
+double ParameterShard::PartialNormLocked(int64_t step, bool skip) {
+  if (skip) return 0;
+  double sum_sq = 0;
+  for (const std::unique_ptr<ChunkState>& c : chunks_) {
+    absl::MutexLock chunk_lock(&c->mu);
+    StepSlot& slot = c->slots[SlotIndex(step)];
+    if (slot.skipped) continue;  // not applied (CompleteBarrierLocked())
+    const int64_t n = c->spec.num_elements;
+    // As CompleteBarrierLocked() averages: in worker-id order, then 1/W.
+    float* sum = slot.pending[0].data();
+    for (int w = 1; w < options_.num_workers; ++w) {
+      const float* g = slot.pending[w].data();
+      for (int64_t i = 0; i < n; ++i) sum[i] += g[i];
+    }
+    if (options_.num_workers > 1) {
+      const float scale = 1.0f / static_cast<float>(options_.num_workers);
+      for (int64_t i = 0; i < n; ++i) sum[i] *= scale;
+    }
+    slot.averaged = true;
+    if (plan_->is_buffer(c->spec.param_id)) continue;
+    for (int64_t i = 0; i < n; ++i) {
+      sum_sq += static_cast<double>(sum[i]) * sum[i];
+    }
+  }
+  return sum_sq;
+}
+
+void ParameterShard::DecidedLocked(int64_t deciding, StepEnds& ends) {
+  if (ends.skip != nullptr) {
+    skipped_.fetch_add(1, std::memory_order_relaxed);
+    recent_skips_.push_back(*ends.skip);
+    if (recent_skips_.size() > 8) recent_skips_.erase(recent_skips_.begin());
+  }
+  ends.skip.reset();
+  ends.ended.assign(options_.num_workers, false);
+  ends.num_ended = 0;
+  decided_step_ = deciding;
+  decided_through_.store(deciding);
+  ending_step_ = deciding + 1;
 }
 
 absl::Status ParameterShard::EndStep(int worker_id, int64_t step,
@@ -674,6 +728,14 @@ absl::Status ParameterShard::EndStep(int worker_id, int64_t step,
     const int64_t deciding = ending_step_;
     StepEnds& e = ends_[SlotIndex(deciding)];
     if (e.num_ended < options_.num_workers) break;
+    if (clipping()) {
+      // Nothing is applied yet: the step waits for its norm, whose
+      // partial the pulls send (ApplyStepNorm()).
+      norm_step_ = deciding;
+      norm_partial_ = PartialNormLocked(deciding, e.skip != nullptr);
+      decided_any = true;  // wakes the pulls
+      break;
+    }
     // Every worker pushed every chunk of the step, and the step before is
     // decided, so every chunk is at deciding + 1.
     if (e.skip != nullptr) {
@@ -687,16 +749,8 @@ absl::Status ParameterShard::EndStep(int worker_id, int64_t step,
         }
         c->undo_step = -1;
       }
-      skipped_.fetch_add(1, std::memory_order_relaxed);
-      recent_skips_.push_back(*e.skip);
-      if (recent_skips_.size() > 8) recent_skips_.erase(recent_skips_.begin());
     }
-    e.skip.reset();
-    e.ended.assign(options_.num_workers, false);
-    e.num_ended = 0;
-    decided_step_ = deciding;
-    decided_through_.store(deciding);
-    ending_step_ = deciding + 1;
+    DecidedLocked(deciding, e);
     decided_any = true;
     if (s == 0) break;  // no pushes of later steps can be waiting
     // Staleness: the next step's pushes may all be in already; its update
@@ -797,18 +851,74 @@ void ParameterShard::DecideWithBackupsLocked(int64_t step, StepEnds& ends) {
     // chunk is at `step`; the late workers' pushes go with the slot.
     CompleteBarrierLocked(*c, &ends.ended, skip);
   }
-  if (skip) {
-    skipped_.fetch_add(1, std::memory_order_relaxed);
-    recent_skips_.push_back(*ends.skip);
-    if (recent_skips_.size() > 8) recent_skips_.erase(recent_skips_.begin());
-  }
-  ends.skip.reset();
-  ends.ended.assign(options_.num_workers, false);
-  ends.num_ended = 0;
-  decided_step_ = step;
-  decided_through_.store(step);
-  ending_step_ = step + 1;
+  DecidedLocked(step, ends);
   NoteUpdate();
+}
+
+absl::Status ParameterShard::ApplyStepNorm(int worker_id, int64_t step,
+                                           double sum_sq, int64_t generation) {
+  if (!initialized_.load()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("global norm of step ", step, " sent to shard ",
+                     options_.shard_index, " before it was initialised"));
+  }
+  if (!clipping()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "global norm of step ", step, " sent to shard ", options_.shard_index,
+        ", which does not clip gradients (clip_grad_norm 0 or async mode)"));
+  }
+  if (worker_id < 0 || worker_id >= options_.num_workers) {
+    return absl::InvalidArgumentError(absl::StrCat("worker id ", worker_id,
+                                                   " is outside the job's [0, ",
+                                                   options_.num_workers, ")"));
+  }
+  if (!std::isfinite(sum_sq) || sum_sq < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "worker ", worker_id, " sent ", sum_sq, " as the squared global norm ",
+        "of step ", step, "; expected a finite sum >= 0"));
+  }
+  absl::MutexLock lock(&step_mu_);
+  if (absl::Status current = CheckGeneration(generation); !current.ok()) {
+    return current;
+  }
+  if (chunks_.empty()) return absl::OkStatus();  // nothing to decide
+  if (step == last_norm_step_) {
+    if (sum_sq != last_norm_sum_sq_) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "worker ", worker_id, " sent ", sum_sq,
+          " as the squared global norm of step ", step, " but shard ",
+          options_.shard_index, " clipped it with ", last_norm_sum_sq_));
+    }
+    return absl::OkStatus();
+  }
+  if (step != norm_step_) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "worker ", worker_id, " sent the global norm of step ", step,
+        " but shard ", options_.shard_index,
+        norm_step_ < 0 ? absl::StrCat(" awaits none (collecting the ends of "
+                                      "step ",
+                                      ending_step_, ")")
+                       : absl::StrCat(" awaits that of step ", norm_step_)));
+  }
+  StepEnds& ends = ends_[SlotIndex(step)];
+  const bool skip = ends.skip != nullptr;
+  // As torch.nn.utils.clip_grad_norm_ (PyTorch 1.13): the norm and the
+  // coefficient in fp32, clamped to 1 (worker/gradient_exchange.cc's
+  // allreduce clipping is the same).
+  const float norm = static_cast<float>(std::sqrt(sum_sq));
+  const float clip = std::min(
+      static_cast<float>(options_.clip_grad_norm) / (norm + 1e-6f), 1.0f);
+  for (const std::unique_ptr<ChunkState>& c : chunks_) {
+    absl::MutexLock chunk_lock(&c->mu);
+    CompleteBarrierLocked(*c, nullptr, skip, clip);
+  }
+  last_norm_step_ = step;
+  last_norm_partial_ = norm_partial_;
+  last_norm_sum_sq_ = sum_sq;
+  norm_step_ = -1;
+  DecidedLocked(step, ends);
+  NoteUpdate();
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::vector<ChunkSnapshot>> ParameterShard::Snapshot(
@@ -883,8 +993,8 @@ absl::Status ParameterShard::Pull(int64_t min_version, int64_t samples,
                                   absl::Time deadline, const PullVisitor& visit,
                                   const std::function<bool()>& after_chunk,
                                   const std::atomic<bool>* cancelled,
-                                  int64_t generation,
-                                  SkippedStepInfo* skipped) {
+                                  int64_t generation, SkippedStepInfo* skipped,
+                                  const NormVisitor& norm_partial) {
   if (!initialized_.load()) {
     return absl::FailedPreconditionError(
         absl::StrCat("pull from shard ", options_.shard_index,
@@ -905,11 +1015,39 @@ absl::Status ParameterShard::Pull(int64_t min_version, int64_t samples,
                                ? min_version - 1
                                : -1;
   bool resent = false;
+  // Clipping: this shard's partial of step `deciding`, sent once, before
+  // the pull's last message.
+  bool norm_sent = !clipping() || deciding < 0;
+  if (!norm_sent && !norm_partial) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "pull of version ", min_version, " from shard ", options_.shard_index,
+        ", which clips gradients, without a way to send its partial norm"));
+  }
   while (true) {
     int64_t seen;
     {
       absl::MutexLock lock(&updates_mu_);
       seen = updates_;
+    }
+    if (!norm_sent) {
+      bool ready = chunks_.empty();  // a partial of 0
+      double partial = 0;
+      if (!ready) {
+        absl::MutexLock lock(&step_mu_);
+        if (norm_step_ == deciding) {
+          ready = true;
+          partial = norm_partial_;
+        } else if (last_norm_step_ == deciding) {
+          // Decided already by another worker's sum: this worker still
+          // needs the partial (its own sum is checked against it).
+          ready = true;
+          partial = last_norm_partial_;
+        }
+      }
+      if (ready) {
+        norm_sent = true;
+        if (!norm_partial(deciding, partial)) return stream_ended();
+      }
     }
     if (remaining == 0) {
       if (deciding < 0 || chunks_.empty() || resent) return absl::OkStatus();
@@ -978,9 +1116,19 @@ absl::Status ParameterShard::Pull(int64_t min_version, int64_t samples,
       return stream_ended();
     }
     if (absl::Now() < deadline) continue;
-    if (remaining == 0) {
+    if (remaining == 0 || clipping()) {
       absl::MutexLock lock(&step_mu_);
       if (decided_step_ >= deciding) continue;  // decided just now
+      if (norm_step_ == deciding) {
+        return absl::DeadlineExceededError(
+            absl::StrCat("pull of version ", min_version, " from shard ",
+                         options_.shard_index,
+                         " timed out waiting for the global norm of "
+                         "step ",
+                         deciding,
+                         ": every worker ended the step, none sent "
+                         "the sum of the shards' partials"));
+      }
       // The oldest undecided step (staleness: the slowest worker's).
       std::vector<int> missing;
       const StepEnds& ends = ends_[SlotIndex(ending_step_)];

@@ -78,6 +78,28 @@
 //    with backups, and no checkpoints (worker 0 may be late, so no worker
 //    can ask every shard for one version; coordinator/job_spec.h).
 //
+//  - gradient clipping by global norm (sync mode without staleness or
+//    backup workers, options.clip_grad_norm = c > 0; as
+//    torch.nn.utils.clip_grad_norm_(parameters, c) before the optimizer
+//    step, which in data-parallel training acts on the workers' average
+//    gradient): every chunk's average gradient is multiplied by
+//    min(1, c / (norm + 1e-6)), norm the L2 norm over all parameters of
+//    every shard (buffers left out). No shard sees the others' chunks, so
+//    the norm is agreed through the workers, in one more round per step:
+//    once every worker's EndStep() is in, a shard averages each chunk's
+//    pushes (in worker-id order, as above) and sums their squares in
+//    double (its partial, PartialNorm()), which every worker's pull
+//    receives before the chunks (Pull()'s `norm_partial`); each worker
+//    adds the partials of every shard in shard order and sends the sum
+//    back to every shard (ApplyStepNorm()); the first sum to arrive
+//    decides the step: every chunk's update is applied with the
+//    coefficient, final (not undoable: nothing is applied before the
+//    decision), and the version advances. Every worker adds the same
+//    doubles in the same order, so every worker sends the same sum and
+//    every shard clips with the same coefficient; a later sum that
+//    differs is refused. A skipped step (non-finite value) goes the same
+//    round with partial 0 and applies nothing.
+//
 // The gRPC service (ps_service.h) only converts messages and statuses.
 //
 // Errors, and what they leave behind (nothing, in every case):
@@ -151,6 +173,9 @@ struct ShardOptions {
   // above) when 0 < replicas_to_aggregate < num_workers; 0 (or
   // num_workers): every worker's push goes into every step.
   int replicas_to_aggregate = 0;
+  // Sync mode without staleness or backup workers: gradient clipping by
+  // global norm (see "Gradient clipping" above), 0 to 1e6; 0: none.
+  double clip_grad_norm = 0;
 };
 
 // Backup workers: what a worker's step end says about its admission.
@@ -349,11 +374,35 @@ class ParameterShard {
   // decided (every worker's EndStep() in); if it was skipped, every chunk
   // is visited again with its restored weights and `skipped` (optional)
   // receives the decision.
+  //
+  // Clipping (clipping()), sync pull of min_version >= 1: `norm_partial`
+  // (needed then) receives this shard's partial sum of squares of step
+  // min_version - 1 once every worker has ended that step, before any
+  // chunk of the step's version; false stops the pull with CANCELLED.
+  using NormVisitor = std::function<bool(int64_t step, double sum_sq)>;
   absl::Status Pull(int64_t min_version, int64_t samples, absl::Time deadline,
                     const PullVisitor& visit,
                     const std::function<bool()>& after_chunk = nullptr,
                     const std::atomic<bool>* cancelled = nullptr,
-                    int64_t generation = 0, SkippedStepInfo* skipped = nullptr);
+                    int64_t generation = 0, SkippedStepInfo* skipped = nullptr,
+                    const NormVisitor& norm_partial = nullptr);
+
+  // Clipping (see "Gradient clipping" above): worker `worker_id` sends the
+  // squared global norm of `step`, the sum over every shard of the
+  // partials its pulls received. The first sum decides the step on this
+  // shard (the clipped updates applied, the version advanced, the pulls
+  // answered); a later one must equal it.
+  // Errors: FAILED_PRECONDITION without clipping, before Initialize(), or
+  // for a step that is neither awaiting its norm (every worker's end in)
+  // nor the last one decided; INVALID_ARGUMENT for a worker id out of
+  // range, a sum that is negative or not finite, or one that differs from
+  // the sum that decided the step; ABORTED as Push().
+  absl::Status ApplyStepNorm(int worker_id, int64_t step, double sum_sq,
+                             int64_t generation = 0);
+  // Gradient clipping by global norm is on: sync mode, clip_grad_norm > 0.
+  bool clipping() const {
+    return options_.mode == SyncMode::kSync && options_.clip_grad_norm > 0;
+  }
 
   // Sync mode, while the shard is at `generation`: no step of it can
   // complete any more (`reason`: which worker's stream broke). Every
@@ -395,6 +444,8 @@ class ParameterShard {
     int num_pending = 0;
     // A worker skipped its push of the step.
     bool skipped = false;
+    // Clipping: pending[0] holds the step's average already.
+    bool averaged = false;
   };
   // The ends of one step (EndStep): who has ended it, and the first
   // non-finite report (lowest worker id).
@@ -433,10 +484,22 @@ class ParameterShard {
   // Backup workers: `members` (per worker) are the step's admitted
   // workers, whose pushes are averaged, and `skip` says whether one of
   // them found a non-finite value; the update is final (not undoable).
+  // Clipping: the update is final too, `skip` decides whether it is
+  // applied, and `clip` multiplies the parameters' average gradient.
   void CompleteBarrierLocked(ChunkState& chunk,
                              const std::vector<bool>* members = nullptr,
-                             bool skip = false)
+                             bool skip = false, float clip = 1.0f)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk.mu);
+  // Clipping: every worker's end of step `step` is in: averages each
+  // chunk's pushes (slot.averaged) and returns the sum of the squares of
+  // the parameters' averages, in double, chunk by chunk in plan order;
+  // 0 if the step is skipped.
+  double PartialNormLocked(int64_t step, bool skip)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(step_mu_);
+  // Sync mode: step `deciding`'s ends are all in, and (clipping) its norm:
+  // the step counters, the skip record, and the pulls woken.
+  void DecidedLocked(int64_t deciding, StepEnds& ends)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(step_mu_);
   // Backup workers: step `step` is decided (its R admitted ends are in):
   // every chunk's update, then the step counters.
   void DecideWithBackupsLocked(int64_t step, StepEnds& ends)
@@ -512,6 +575,14 @@ class ParameterShard {
   std::vector<StepEnds> ends_ ABSL_GUARDED_BY(step_mu_);
   int64_t decided_step_ ABSL_GUARDED_BY(step_mu_) = -1;
   std::vector<SkippedStepInfo> recent_skips_ ABSL_GUARDED_BY(step_mu_);
+  // Clipping: the step whose ends are all in and whose norm is awaited
+  // (-1: none) and this shard's partial of it; the last step decided by
+  // a norm, its partial and the sum that decided it.
+  int64_t norm_step_ ABSL_GUARDED_BY(step_mu_) = -1;
+  double norm_partial_ ABSL_GUARDED_BY(step_mu_) = 0;
+  int64_t last_norm_step_ ABSL_GUARDED_BY(step_mu_) = -1;
+  double last_norm_partial_ ABSL_GUARDED_BY(step_mu_) = 0;
+  double last_norm_sum_sq_ ABSL_GUARDED_BY(step_mu_) = 0;
   // decided_step_, readable under a chunk's lock: a sync push of step s
   // needs step s - 1 decided.
   std::atomic<int64_t> decided_through_{-1};

@@ -1,11 +1,13 @@
 #include "server/parameter_shard.h"
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <limits>
 #include <memory>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
@@ -462,6 +464,130 @@ std::vector<std::vector<float>> PullAt(ParameterShard& shard,
       nullptr, nullptr, generation);
   EXPECT_TRUE(s.ok()) << s;
   return out;
+}
+
+// Gradient clipping by global norm (issue 25): once every worker ended the
+// step, the pull sends the shard's partial sum of squares and nothing else
+// until a worker sends the global sum; the first sum decides the step with
+// the clipped update, later sums must equal it; a skipped step goes the
+// same round and applies nothing.
+TEST(ParameterShardTest, ClippingWaitsForTheAgreedNormAndChecksIt) {
+  ShardOptions options = Options(2, SyncMode::kSync);
+  options.adam.kind = OptimizerKind::kSgd;
+  options.clip_grad_norm = 1.0;
+  ParameterShard shard(options);
+  ASSERT_TRUE(shard.Initialize({6, 2}, 16, InitChunks()).ok());
+  const auto initial = PullAll(shard, 0);
+  // A clipping shard's sync pull needs a way to send its partial.
+  absl::Status no_visitor;
+  PullAll(shard, 1, &no_visitor);
+  EXPECT_EQ(no_visitor.code(), absl::StatusCode::kInvalidArgument)
+      << no_visitor;
+
+  std::vector<std::vector<float>> pulled;
+  std::vector<std::pair<int64_t, double>> partials;
+  std::atomic<int> chunks_pulled{0};
+  absl::Status pull_status;
+  auto pull = [&](int64_t min_version, SkippedStepInfo* skipped) {
+    pulled.clear();
+    partials.clear();
+    chunks_pulled = 0;
+    return std::thread([&, min_version, skipped] {
+      pull_status = shard.Pull(
+          min_version, 0, absl::Now() + absl::Seconds(10),
+          [&](const ChunkSpec&, int64_t, absl::Span<const float> w) {
+            pulled.emplace_back(w.begin(), w.end());
+            ++chunks_pulled;
+          },
+          nullptr, nullptr, 0, skipped,
+          [&](int64_t step, double sum_sq) {
+            EXPECT_EQ(chunks_pulled.load(), 0) << "partial after a chunk";
+            partials.emplace_back(step, sum_sq);
+            return true;
+          });
+    });
+  };
+  // Step 0: worker 0 pushes 1, worker 1 pushes 3: an average of 2 over 8
+  // elements, sum of squares 32, norm 5.657: clipped to 1.
+  std::thread puller = pull(1, nullptr);
+  PushStep(shard, 0, 0, 1.0f);
+  PushStep(shard, 1, 0, 3.0f);
+  EndAll(shard, 2, 0);
+  absl::SleepFor(absl::Milliseconds(200));
+  EXPECT_EQ(chunks_pulled.load(), 0) << "a chunk passed before the norm";
+  EXPECT_EQ(shard.Stats().updates, 0);
+  // Not the step awaiting its norm; not a finite sum.
+  EXPECT_EQ(shard.ApplyStepNorm(0, 1, 32.0).code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(shard.ApplyStepNorm(0, 0, std::nan("")).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(shard.ApplyStepNorm(0, 0, -1.0).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(shard.ApplyStepNorm(2, 0, 32.0).code(),
+            absl::StatusCode::kInvalidArgument);
+  ASSERT_TRUE(shard.ApplyStepNorm(1, 0, 32.0).ok());
+  puller.join();
+  ASSERT_TRUE(pull_status.ok()) << pull_status;
+  ASSERT_EQ(partials.size(), 1u);
+  EXPECT_EQ(partials[0].first, 0);
+  EXPECT_EQ(partials[0].second, 32.0);
+  // As torch.nn.utils.clip_grad_norm_ and SGD: w - lr * 2 * clip.
+  const float clip =
+      std::min(1.0f / (static_cast<float>(std::sqrt(32.0)) + 1e-6f), 1.0f);
+  ASSERT_EQ(pulled.size(), 3u);
+  for (size_t c = 0; c < pulled.size(); ++c) {
+    for (size_t i = 0; i < pulled[c].size(); ++i) {
+      EXPECT_NEAR(pulled[c][i], initial[c][i] - 0.1f * 2.0f * clip, 1e-6)
+          << c << " " << i;
+    }
+  }
+  // Worker 0's sum of the decided step: the same is OK, another refused.
+  EXPECT_TRUE(shard.ApplyStepNorm(0, 0, 32.0).ok());
+  const absl::Status differs = shard.ApplyStepNorm(0, 0, 33.0);
+  EXPECT_EQ(differs.code(), absl::StatusCode::kInvalidArgument) << differs;
+  EXPECT_NE(differs.message().find("clipped it with 32"), std::string::npos)
+      << differs;
+  // A pull of a decided step still gets the partial (the worker whose sum
+  // came second needs it).
+  {
+    std::thread late = pull(1, nullptr);
+    late.join();
+    ASSERT_TRUE(pull_status.ok()) << pull_status;
+    ASSERT_EQ(partials.size(), 1u);
+    EXPECT_EQ(partials[0].second, 32.0);
+  }
+  const std::vector<std::vector<float>> after_step0 = pulled;
+
+  // Step 1: worker 1 finds a NaN: partial 0, and nothing applied.
+  SkippedStepInfo skipped;
+  puller = pull(2, &skipped);
+  PushStep(shard, 0, 1, 1.0f);
+  ASSERT_TRUE(shard.PushSkipped(1, 0, 0, 1).ok());
+  ASSERT_TRUE(shard.PushSkipped(1, 0, 1, 1).ok());
+  ASSERT_TRUE(shard.PushSkipped(1, 1, 0, 1).ok());
+  ASSERT_TRUE(shard.EndStep(0, 1, nullptr).ok());
+  NonFiniteValue nan;
+  nan.param_id = 0;
+  nan.element = 0;
+  nan.value = "nan";
+  ASSERT_TRUE(shard.EndStep(1, 1, &nan).ok());
+  absl::SleepFor(absl::Milliseconds(100));
+  ASSERT_TRUE(shard.ApplyStepNorm(0, 1, 0.0).ok());
+  puller.join();
+  ASSERT_TRUE(pull_status.ok()) << pull_status;
+  ASSERT_EQ(partials.size(), 1u);
+  EXPECT_EQ(partials[0].second, 0.0);
+  EXPECT_EQ(skipped.step, 1);
+  ASSERT_EQ(pulled.size(), 6u);  // sent, then resent as skipped steps are
+  std::vector<std::vector<float>> last(pulled.end() - 3, pulled.end());
+  EXPECT_EQ(last, after_step0);
+  EXPECT_EQ(shard.Stats().skipped, 1);
+
+  // A shard that does not clip refuses a norm.
+  ParameterShard plain(Options(2, SyncMode::kSync));
+  ASSERT_TRUE(plain.Initialize({6, 2}, 16, InitChunks()).ok());
+  EXPECT_EQ(plain.ApplyStepNorm(0, 0, 1.0).code(),
+            absl::StatusCode::kFailedPrecondition);
 }
 
 // A sync worker dies mid-step (issue 20): worker 0 reopens the shard at its

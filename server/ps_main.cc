@@ -113,6 +113,7 @@ int main(int argc, char** argv) {
   options.replicas_to_aggregate =
       spec->backup_workers() > 0 ? spec->num_workers() - spec->backup_workers()
                                  : 0;
+  options.clip_grad_norm = spec->clip_grad_norm();
 
   // TLS as shard `index` of the job, every call authorized (common/authz.h);
   // or --insecure, refused on a non-loopback address unless allowed.

@@ -382,7 +382,14 @@ grpc::Status PsService::PushPullStream(
             write_failed = !write(reply);
             return !write_failed;
           },
-          &cancelled, job.generation, &skipped);
+          &cancelled, job.generation, &skipped,
+          [&](int64_t step, double sum_sq) {
+            PushPullResponse partial;
+            partial.mutable_norm_partial()->set_step(step);
+            partial.mutable_norm_partial()->set_sum_sq(sum_sq);
+            write_failed = !write(EncodeSmallMessage(partial));
+            return !write_failed;
+          });
       traced.End();
       pulls_waiting_.fetch_sub(1, std::memory_order_relaxed);
       pulls_done_.fetch_add(1, std::memory_order_relaxed);
@@ -552,6 +559,10 @@ grpc::Status PsService::PushPullStream(
           }
         }
       }
+    } else if (request.has_step_norm()) {
+      status = shard_->ApplyStepNorm(worker_id, request.step_norm().step(),
+                                     request.step_norm().sum_sq(), generation);
+      if (!status.ok()) return finish(ToGrpcStatus(status), true);
     } else if (request.has_pull()) {
       absl::MutexLock lock(&mu);
       jobs.push_back({request.pull().min_version(), request.pull().samples(),
@@ -559,7 +570,7 @@ grpc::Status PsService::PushPullStream(
     } else {
       return finish(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                                  "push/pull message carries no push, skipped "
-                                 "push, step end or pull"),
+                                 "push, step end, step norm or pull"),
                     true);
     }
   }

@@ -675,7 +675,8 @@ class Battery {
       case 2:  // a header and no operation
         bytes = header;
         c.detail = "header only";
-        c.contains = {"carries no push, skipped push, step end or pull"};
+        c.contains = {
+            "carries no push, skipped push, step end, step norm or pull"};
         break;
       case 3:  // a push then a field of a bad wire type (6, 7) or a group
         bytes = push;

@@ -220,8 +220,8 @@ ABSL_FLAG(int, backup_workers, 0,
           "replicas_to_aggregate), the late ones' gradients are dropped "
           "(0: every worker; 0 to num_workers - 1).");
 ABSL_FLAG(double, clip_grad_norm, 0,
-          "run, mode allreduce: gradient clipping by global norm, as "
-          "torch.nn.utils.clip_grad_norm_ before each step (0: none).");
+          "run, modes allreduce and sync: gradient clipping by global norm, "
+          "as torch.nn.utils.clip_grad_norm_ before each step (0: none).");
 ABSL_FLAG(int, keep_checkpoints, 3,
           "run: how many of the newest checkpoints to keep (>= 1).");
 ABSL_DECLARE_FLAG(bool, insecure);

@@ -169,25 +169,32 @@ TEST(AllreduceExchangeTest, BucketsStartDuringBackwardAndMatchAdam) {
 // (testdata/gen_clip_fixture.py: clip_grad_norm_ on the averaged gradients,
 // norm 1927.7, then torch.optim.SGD lr 0.1), within 1e-7 (the norm is
 // summed in double here, in fp32 per tensor there).
-TEST(AllreduceExchangeTest, ClipsByGlobalNormAsPyTorch) {
+// testdata/clip_fixture.txt (tools/make_clip_fixture.py, PyTorch 1.13): the
+// weights after one step of SGD (lr 0.1) on the average of ranks 0 and 1's
+// Gradient() under torch.nn.utils.clip_grad_norm_(params, 5.0).
+void ReadClipFixture(std::vector<std::vector<float>>* expected) {
   std::ifstream file("testdata/clip_fixture.txt");
   ASSERT_TRUE(file) << "missing testdata/clip_fixture.txt";
   std::string word;
   double norm = 0;
   file >> word >> norm;
   ASSERT_EQ(word, "total_norm");
-  std::vector<std::vector<float>> expected(kTensors,
-                                           std::vector<float>(kElements));
+  expected->assign(kTensors, std::vector<float>(kElements));
   int t = 0, i = 0, lines = 0;
   float value = 0;
   while (file >> word >> t >> i >> value) {
     ASSERT_EQ(word, "weights");
     ASSERT_TRUE(t >= 0 && t < kTensors && i >= 0 && i < kElements);
-    expected[t][i] = value;
+    (*expected)[t][i] = value;
     ++lines;
   }
   ASSERT_EQ(lines, kTensors * kElements);
   ASSERT_GT(norm, 5.0);  // so the clipping acts
+}
+
+TEST(AllreduceExchangeTest, ClipsByGlobalNormAsPyTorch) {
+  std::vector<std::vector<float>> expected;
+  ASSERT_NO_FATAL_FAILURE(ReadClipFixture(&expected));
   OptimizerOptions sgd;
   sgd.kind = OptimizerKind::kSgd;
   sgd.lr = 0.1f;
@@ -259,12 +266,15 @@ TEST(AllreduceExchangeTest, FailedCopyIsStepsErrorAndMidStepExitIsPrompt) {
 }
 
 // `num_shards` sync shards of a job of `num_workers` (bounded staleness
-// `staleness`), each behind its own gRPC server on 127.0.0.1, for tensors
-// of kTensors x kElements in one chunk each.
+// `staleness`; `optimizer`, Adam by default; clipping by global norm at
+// `clip_grad_norm`, 0: none), each behind its own gRPC server on
+// 127.0.0.1, for tensors of kTensors x kElements in one chunk each.
 class Shards {
  public:
-  Shards(int num_shards, int num_workers, int staleness = 0)
-      : staleness_(staleness) {
+  Shards(int num_shards, int num_workers, int staleness = 0,
+         const OptimizerOptions& optimizer = OptimizerOptions(),
+         double clip_grad_norm = 0)
+      : staleness_(staleness), clip_grad_norm_(clip_grad_norm) {
     for (int s = 0; s < num_shards; ++s) {
       ShardOptions options;
       options.job_id = "job";
@@ -273,6 +283,8 @@ class Shards {
       options.num_workers = num_workers;
       options.mode = SyncMode::kSync;
       options.staleness = staleness;
+      options.adam = optimizer;
+      options.clip_grad_norm = clip_grad_norm;
       shards_.push_back(std::make_unique<ParameterShard>(options));
       services_.push_back(
           std::make_unique<PsService>(shards_.back().get(), absl::Seconds(10)));
@@ -297,6 +309,7 @@ class Shards {
     options.job_id = "job";
     options.worker_id = worker;
     options.rpc_timeout = absl::Seconds(10);
+    options.clip_by_global_norm = clip_grad_norm_ > 0;
     absl::StatusOr<std::unique_ptr<PsClient>> client =
         PsClient::Create(options, Plan());
     EXPECT_TRUE(client.ok()) << client.status();
@@ -307,6 +320,7 @@ class Shards {
 
  private:
   const int staleness_;
+  const double clip_grad_norm_;
   std::vector<std::unique_ptr<ParameterShard>> shards_;
   std::vector<std::unique_ptr<PsService>> services_;
   std::vector<std::unique_ptr<grpc::Server>> servers_;
@@ -508,6 +522,107 @@ TEST(PsExchangeTest, FailedCopyIsStepsErrorAndMidStepExitIsPrompt) {
     exchange->GradientsReady(gradients, 1, {2}, nullptr);
   }
   EXPECT_LT(absl::Now() - start, absl::Seconds(2));
+}
+
+// Gradient clipping by global norm on the PS (issue 25): the 3 tensors lie
+// on 2 shards, so the norm spans shards; each shard sends its partial,
+// each worker sends back the sum, and both workers pull the weights of
+// the PyTorch fixture (as the allreduce test above).
+TEST(PsExchangeTest, ClipsByGlobalNormAgreedAcrossShardsAsPyTorch) {
+  std::vector<std::vector<float>> expected;
+  ASSERT_NO_FATAL_FAILURE(ReadClipFixture(&expected));
+  OptimizerOptions sgd;
+  sgd.kind = OptimizerKind::kSgd;
+  sgd.lr = 0.1f;
+  constexpr int kWorkers = 2;
+  Shards shards(/*num_shards=*/2, kWorkers, /*staleness=*/0, sgd,
+                /*clip_grad_norm=*/5.0);
+  const PartitionPlan plan = shards.Plan();
+  ASSERT_NE(plan.chunks()[0].shard, plan.chunks()[1].shard);
+  std::vector<std::vector<std::vector<float>>> results(kWorkers);
+  std::vector<std::thread> workers;
+  for (int r = 0; r < kWorkers; ++r) {
+    workers.emplace_back([&, r] {
+      std::unique_ptr<GradientExchange> exchange =
+          shards.Exchange(r, /*chief=*/r == 0);
+      RankTensors tensors(r);
+      ASSERT_TRUE(exchange->Start(tensors.weights).ok());
+      const absl::Status s = exchange->Step(tensors.gradients, 8);
+      ASSERT_TRUE(s.ok()) << s;
+      results[r] = tensors.w;
+      ASSERT_TRUE(exchange->Finish().ok());
+    });
+  }
+  for (std::thread& t : workers) t.join();
+  for (int r = 0; r < kWorkers; ++r) {
+    ASSERT_EQ(results[r].size(), static_cast<size_t>(kTensors));
+    for (int k = 0; k < kTensors; ++k) {
+      for (int e = 0; e < kElements; ++e) {
+        ASSERT_NEAR(results[r][k][e], expected[k][e], 1e-7)
+            << "worker " << r << " tensor " << k << " element " << e;
+      }
+    }
+  }
+}
+
+// Several steps of SGD with Nesterov momentum under a cosine schedule,
+// clipped: the PS path and the allreduce path (a Gloo rank per thread) end
+// with the same weights, which are not the unclipped ones.
+TEST(PsExchangeTest, ClippingOnTheShardsEqualsClippingInAllreduce) {
+  constexpr int kWorkers = 2;
+  constexpr int kSteps = 4;
+  constexpr double kClip = 3.0;
+  const OptimizerOptions sgd = NesterovCosine();
+  std::vector<std::vector<std::vector<float>>> ps(kWorkers), ar(kWorkers);
+  {
+    Shards shards(/*num_shards=*/2, kWorkers, /*staleness=*/0, sgd, kClip);
+    std::vector<std::thread> workers;
+    for (int r = 0; r < kWorkers; ++r) {
+      workers.emplace_back([&, r] {
+        std::unique_ptr<GradientExchange> exchange =
+            shards.Exchange(r, /*chief=*/r == 0);
+        RankTensors tensors(r);
+        ASSERT_TRUE(exchange->Start(tensors.weights).ok());
+        for (int t = 0; t < kSteps; ++t) {
+          ASSERT_TRUE(exchange->Step(tensors.gradients, 8).ok());
+        }
+        ps[r] = tensors.w;
+        ASSERT_TRUE(exchange->Finish().ok());
+      });
+    }
+    for (std::thread& t : workers) t.join();
+  }
+  InProcessStore store;
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < kWorkers; ++r) {
+    ranks.emplace_back([&, r] {
+      absl::StatusOr<std::unique_ptr<Collective>> c = Collective::CreateGloo(
+          r, kWorkers, "127.0.0.1", &store, "clip-adam", absl::Seconds(20));
+      ASSERT_TRUE(c.ok()) << c.status();
+      std::unique_ptr<GradientExchange> exchange = CreateAllreduceExchange(
+          c->get(), sgd, kElements * sizeof(float), /*num_buffers=*/0, kClip);
+      RankTensors tensors(r);
+      ASSERT_TRUE(exchange->Start(tensors.weights).ok());
+      for (int t = 0; t < kSteps; ++t) {
+        ASSERT_TRUE(exchange->Step(tensors.gradients, 8).ok());
+      }
+      ar[r] = tensors.w;
+    });
+  }
+  for (std::thread& thread : ranks) thread.join();
+  const std::vector<std::vector<float>> unclipped =
+      Expected(kWorkers, kSteps, sgd);
+  for (int r = 0; r < kWorkers; ++r) {
+    ASSERT_EQ(ps[r].size(), static_cast<size_t>(kTensors));
+    for (int k = 0; k < kTensors; ++k) {
+      for (int e = 0; e < kElements; ++e) {
+        ASSERT_NEAR(ps[r][k][e], ar[r][k][e], 1e-7)
+            << "worker " << r << " tensor " << k << " element " << e;
+      }
+    }
+  }
+  EXPECT_GT(std::fabs(ps[0][0][999] - unclipped[0][999]), 0.1f)
+      << "the clipping did not act";
 }
 
 // A shard that ends a step with an error (here: the other worker's stream

@@ -1,6 +1,7 @@
 #include "worker/ps_client.h"
 
 #include <algorithm>
+#include <cmath>
 #include <deque>
 #include <thread>  // NOLINT(build/c++11)
 #include <utility>
@@ -341,6 +342,10 @@ struct PsClient::StepState {
   // Backup workers: shard 0's answer to this step's end (-1: none yet,
   // 0: late, 1: admitted), which the other shards' ends carry.
   int admission ABSL_GUARDED_BY(mu) = -1;
+  // Clipping: each shard's partial sum of squares of this step (from its
+  // pull), and how many have arrived.
+  std::vector<double> norm_partials ABSL_GUARDED_BY(mu);
+  int norm_partials_in ABSL_GUARDED_BY(mu) = 0;
 
   // One per shard: its reader (which runs its pusher).
   std::vector<std::thread> threads;
@@ -481,6 +486,31 @@ absl::Status PsClient::WritePushes(int shard, StepState* state) {
     if (!s.stream->Write(EncodeSmallMessage(end))) {
       return absl::UnavailableError("stream broke");
     }
+    if (options_.clip_by_global_norm) {
+      // The squared global norm: every shard's partial, added in shard
+      // order, so every worker sends every shard the same sum.
+      PushPullRequest norm = envelope;
+      norm.mutable_step_norm()->set_step(state->step);
+      {
+        absl::MutexLock lock(&state->mu);
+        const int shards = num_shards();
+        auto all_in = [state, shard, shards]()
+                          ABSL_EXCLUSIVE_LOCKS_REQUIRED(state->mu) {
+                            return state->aborted || state->stopped[shard] ||
+                                   state->norm_partials_in == shards;
+                          };
+        state->mu.Await(absl::Condition(&all_in));
+        if (state->aborted || state->stopped[shard]) {
+          return absl::CancelledError("step aborted");
+        }
+        double sum_sq = 0;
+        for (double partial : state->norm_partials) sum_sq += partial;
+        norm.mutable_step_norm()->set_sum_sq(sum_sq);
+      }
+      if (!s.stream->Write(EncodeSmallMessage(norm))) {
+        return absl::UnavailableError("stream broke");
+      }
+    }
   }
   if (!state->pull_first && !s.stream->Write(EncodeSmallMessage(state->pull))) {
     return absl::UnavailableError("stream broke");
@@ -587,6 +617,30 @@ absl::Status PsClient::PushPullShard(int shard, StepState* state,
       if (!pull_complete) continue;
       break;
     }
+    if (envelope.has_norm_partial()) {
+      const NormSum& partial = envelope.norm_partial();
+      if (!options_.clip_by_global_norm || !state->send_step_end ||
+          partial.step() != state->step) {
+        return fail(absl::DataLossError(absl::StrCat(
+            "shard ", shard, " sent a partial norm of step ", partial.step(),
+            ", which this worker did not end with clipping")));
+      }
+      bool twice;
+      {
+        absl::MutexLock lock(&state->mu);
+        twice = !std::isnan(state->norm_partials[shard]);
+        if (!twice) {
+          state->norm_partials[shard] = partial.sum_sq();
+          ++state->norm_partials_in;
+        }
+      }
+      if (twice) {
+        return fail(absl::DataLossError(
+            absl::StrCat("shard ", shard, " sent two partial norms of step ",
+                         partial.step())));
+      }
+      continue;
+    }
     if (envelope.has_skipped_step()) {
       const SkippedStep& skip = envelope.skipped_step();
       SkippedStepInfo& info = state->skipped[shard];
@@ -686,6 +740,7 @@ absl::Status PsClient::BeginStep(
     state->stopped.assign(n, false);
     state->released.assign(tensor_chunks_.size(), false);
     state->all_released = gradients.empty();
+    state->norm_partials.assign(n, std::nan(""));
   }
   state->statuses.assign(n, absl::OkStatus());
   state->versions.assign(n, 0);

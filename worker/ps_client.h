@@ -65,6 +65,11 @@ struct PsClientOptions {
   // Sync mode with backup workers (proto/ps.proto StepEnd): each step is
   // ended on shard 0 first, and on the others with shard 0's admission.
   bool backup_workers = false;
+  // Sync mode with gradient clipping by global norm (proto/ps.proto
+  // NormSum): after each step's end, the worker waits for every shard's
+  // partial sum of squares and sends their sum back to every shard. The
+  // shards hold the clipping threshold.
+  bool clip_by_global_norm = false;
 };
 
 // One step's exchange as this worker saw it (worker/metrics.h), measured

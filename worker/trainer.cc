@@ -567,6 +567,8 @@ absl::StatusOr<TrainerOutput> RunWorker(const TrainerOptions& options,
     client_options.credentials = options.ps_credentials;
     client_options.backup_workers =
         options.mode == "sync" && options.backup_workers > 0;
+    client_options.clip_by_global_norm =
+        options.mode == "sync" && options.clip_grad_norm > 0;
     ASSIGN_OR_RETURN(std::unique_ptr<PsClient> client,
                      PsClient::Create(client_options, plan));
     exchange = CreatePsExchange(std::move(client), options.mode == "sync",

@@ -134,8 +134,9 @@ struct TrainerOptions {
   // from the shards' version: its step jumps to it (the batches between
   // are skipped, so that a step's batch stays a function of the step).
   int backup_workers = 0;
-  // Mode allreduce: gradient clipping by global norm (JobSpec.clip_grad_norm;
-  // 0: none; worker/gradient_exchange.h).
+  // Gradient clipping by global norm (JobSpec.clip_grad_norm; 0: none):
+  // mode allreduce, here (worker/gradient_exchange.h); mode sync, on the
+  // shards, with the norm agreed through the workers (worker/ps_client.h).
   double clip_grad_norm = 0;
   bool resume = false;
   // Recovery (PS modes): up to `max_restarts` times (0: never; the first
