@@ -3,7 +3,8 @@
 // could send them: Initialize (a layout and initial values, also wrong
 // ones; restores of later generations), pushes of any worker, key, size,
 // step, generation and values (NaN and infinities included), pulls,
-// snapshots and broken barriers. Invariants:
+// snapshots, broken barriers, step ends and (clipping by global norm)
+// step norms. Invariants:
 //  - every call ends with one of the documented status codes;
 //  - a refused push changes no weight (the model's bytes are the same);
 //  - the weights stay finite and chunk versions never go back within a
@@ -45,7 +46,11 @@ Pulled PullNow(ParameterShard& shard, int64_t min_version, int64_t generation) {
         FUZZ_CHECK(static_cast<int64_t>(w.size()) == c.num_elements);
         out.chunks[key] = {version, std::vector<float>(w.begin(), w.end())};
       },
-      nullptr, nullptr, generation);
+      nullptr, nullptr, generation, nullptr,
+      [](int64_t, double sum_sq) {
+        FUZZ_CHECK(std::isfinite(sum_sq) && sum_sq >= 0);
+        return true;
+      });
   return out;
 }
 
@@ -73,7 +78,9 @@ void Run(FuzzInput& in) {
   ShardOptions options;
   options.job_id = "fuzz";
   options.num_workers = static_cast<int>(in.Range(1, 3));
-  options.mode = in.Take<uint8_t>() & 1 ? SyncMode::kAsync : SyncMode::kSync;
+  const uint8_t mode = in.Take<uint8_t>();
+  options.mode = mode & 1 ? SyncMode::kAsync : SyncMode::kSync;
+  if (mode & 2) options.clip_grad_norm = 1.0;
   options.num_shards = static_cast<int>(in.Range(1, 2));
   options.shard_index = static_cast<int>(in.Range(0, options.num_shards - 1));
   options.adam.lr = 0.01f;
@@ -137,7 +144,7 @@ void Run(FuzzInput& in) {
 
   for (int op = 0; op < 200 && !in.empty(); ++op) {
     const uint8_t what = in.Take<uint8_t>();
-    switch (what % 8) {
+    switch (what % 10) {
       case 0:
       case 1:
       case 2:
@@ -232,6 +239,30 @@ void Run(FuzzInput& in) {
           FUZZ_CHECK(shard.generation() == gen);
           last_version.clear();
         }
+        break;
+      }
+      case 8: {  // A step end, maybe reporting a non-finite value.
+        const int worker = static_cast<int>(in.Range(-1, options.num_workers));
+        const int64_t step = in.Range(-1, 4);
+        NonFiniteValue nan;
+        nan.value = "nan";
+        s = shard.EndStep(worker, step,
+                          (in.Take<uint8_t>() & 1) ? &nan : nullptr,
+                          generation);
+        FUZZ_CHECK(IsOneOf(
+            s, {absl::StatusCode::kOk, absl::StatusCode::kInvalidArgument,
+                absl::StatusCode::kFailedPrecondition,
+                absl::StatusCode::kAborted}));
+        break;
+      }
+      case 9: {  // A step's squared global norm, any double.
+        const int worker = static_cast<int>(in.Range(-1, options.num_workers));
+        const int64_t step = in.Range(-1, 4);
+        s = shard.ApplyStepNorm(worker, step, in.Take<double>(), generation);
+        FUZZ_CHECK(IsOneOf(
+            s, {absl::StatusCode::kOk, absl::StatusCode::kInvalidArgument,
+                absl::StatusCode::kFailedPrecondition,
+                absl::StatusCode::kAborted}));
         break;
       }
     }
