@@ -169,7 +169,7 @@ TEST(AllreduceExchangeTest, BucketsStartDuringBackwardAndMatchAdam) {
 // (testdata/gen_clip_fixture.py: clip_grad_norm_ on the averaged gradients,
 // norm 1927.7, then torch.optim.SGD lr 0.1), within 1e-7 (the norm is
 // summed in double here, in fp32 per tensor there).
-// testdata/clip_fixture.txt (tools/make_clip_fixture.py, PyTorch 1.13): the
+// testdata/clip_fixture.txt (testdata/gen_clip_fixture.py, PyTorch 1.13): the
 // weights after one step of SGD (lr 0.1) on the average of ranks 0 and 1's
 // Gradient() under torch.nn.utils.clip_grad_norm_(params, 5.0).
 void ReadClipFixture(std::vector<std::vector<float>>* expected) {
