@@ -72,7 +72,7 @@ int Main() {
   absl::Time start;
   bool started = false;
   for (int epoch = 0; epoch < absl::GetFlag(FLAGS_epochs); ++epoch) {
-    std::vector<int64_t> order(n);
+    std::vector<pstrain::SampleIndex> order(n);
     std::iota(order.begin(), order.end(), 0);
     std::shuffle(order.begin(), order.end(), rng);
     o.seed = 1000 + epoch;

@@ -268,7 +268,7 @@ int Main() {
     return 2;
   }
   Model& m = **model;
-  std::vector<int64_t> order(dataset->train.count);
+  std::vector<SampleIndex> order(dataset->train.count);
   for (int64_t i = 0; i < dataset->train.count; ++i) order[i] = i;
   Tensor images;
   std::vector<int32_t> labels;

@@ -626,42 +626,38 @@ ShardedSampler::ShardedSampler(int64_t num_samples, int worker_id,
 namespace {
 
 // Fisher-Yates with an explicit generator, so every process (and every
-// standard library) derives the same permutation; Index is uint32_t when N
-// fits (half the memory, the same permutation).
-template <typename Index>
-std::vector<int64_t> ShuffledShare(int64_t n, uint64_t seed, int worker_id,
-                                   int num_workers, int64_t per_worker) {
-  std::vector<Index> order(n);
-  std::iota(order.begin(), order.end(), Index{0});
+// standard library) derives the same permutation. This worker's positions
+// w, w + W, ... are then moved to the front of the same array (position k
+// <= w + k W, so in place), and the rest is let go.
+std::vector<SampleIndex> ShuffledShare(int64_t n, uint64_t seed, int worker_id,
+                                       int num_workers, int64_t per_worker) {
+  std::vector<SampleIndex> order(n);
+  std::iota(order.begin(), order.end(), SampleIndex{0});
   std::mt19937_64 rng(seed);
   for (int64_t i = n - 1; i > 0; --i) {
     const int64_t j =
         static_cast<int64_t>(rng() % static_cast<uint64_t>(i + 1));
     std::swap(order[i], order[j]);
   }
-  std::vector<int64_t> mine;
-  mine.reserve(per_worker);
   for (int64_t k = 0; k < per_worker; ++k) {
-    mine.push_back(static_cast<int64_t>(order[worker_id + k * num_workers]));
+    order[k] = order[worker_id + k * num_workers];
   }
-  return mine;
+  order.resize(per_worker);
+  if (num_workers > 1) order.shrink_to_fit();
+  return order;
 }
 
 }  // namespace
 
-std::vector<int64_t> ShardedSampler::EpochIndices(int epoch) const {
+std::vector<SampleIndex> ShardedSampler::EpochIndices(int epoch) const {
   const uint64_t seed = seed_ * 1000003ull + static_cast<uint64_t>(epoch);
-  if (num_samples_ <= int64_t{0xffffffff}) {
-    return ShuffledShare<uint32_t>(num_samples_, seed, worker_id_, num_workers_,
-                                   samples_per_worker());
-  }
-  return ShuffledShare<int64_t>(num_samples_, seed, worker_id_, num_workers_,
-                                samples_per_worker());
+  return ShuffledShare(num_samples_, seed, worker_id_, num_workers_,
+                       samples_per_worker());
 }
 
 void GatherBatch(const LabeledImages& source,
-                 const std::vector<int64_t>& indices, size_t begin, size_t n,
-                 Tensor* images, std::vector<int32_t>* labels,
+                 const std::vector<SampleIndex>& indices, size_t begin,
+                 size_t n, Tensor* images, std::vector<int32_t>* labels,
                  std::mt19937_64* augment) {
   const int64_t c = source.chw[0], h = source.chw[1], w = source.chw[2];
   const int64_t per = c * h * w;
@@ -724,7 +720,7 @@ void GatherBatch(const LabeledImages& source,
 }
 
 BatchPrefetcher::BatchPrefetcher(const LabeledImages& source,
-                                 const std::vector<int64_t>& indices,
+                                 const std::vector<SampleIndex>& indices,
                                  int64_t batch_size, int64_t num_batches,
                                  bool augment, uint64_t seed, int depth)
     : source_(source),

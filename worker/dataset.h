@@ -173,6 +173,12 @@ absl::StatusOr<LabeledImages> ReadCifarBatch(const std::string& path);
 std::string KnownDatasets();
 bool IsKnownDataset(const std::string& name);
 
+// A training sample's index in its split. 32 bits: a split holds at most
+// kMaxSamples samples (IDX counts are 32-bit too), and an epoch's order of
+// 4 million samples takes 16 MB, not 32.
+using SampleIndex = uint32_t;
+inline constexpr int64_t kMaxSamples = 0xffffffff;
+
 // Splits each epoch's shuffled order of the training set among workers the
 // way PyTorch's DistributedSampler does: worker w of W takes positions
 // w, w + W, w + 2W, ... of the permutation. So batch i of every worker with
@@ -182,17 +188,19 @@ bool IsKnownDataset(const std::string& name);
 //
 // The shuffle is a permutation of indices only (Fisher-Yates over [0, N)),
 // not of the data: memory is 4 bytes per sample while it is made (16 MB for
-// 4 million) and 8 per sample of this worker for the result. A block shuffle
+// 4 million), and this worker's share is then kept in the same array (4
+// bytes per sample of the share once the rest is let go). A block shuffle
 // (shuffling runs of adjacent samples) would read files sequentially, but
 // keeps neighbours together in a batch and changes the order of every
 // existing run; with fixed-size records at computed offsets a random order
 // costs one page touch per sample, which mapped reads afford.
 class ShardedSampler {
  public:
+  // 0 <= num_samples <= kMaxSamples (the trainer refuses larger splits).
   ShardedSampler(int64_t num_samples, int worker_id, int num_workers,
                  uint64_t seed);
   // The sample indices of `worker_id` for `epoch`, in training order.
-  std::vector<int64_t> EpochIndices(int epoch) const;
+  std::vector<SampleIndex> EpochIndices(int epoch) const;
   int64_t samples_per_worker() const { return num_samples_ / num_workers_; }
 
  private:
@@ -208,8 +216,8 @@ class ShardedSampler {
 // 4-pixel zero-padded version (padding 0 is the standardised value of the
 // channel mean).
 void GatherBatch(const LabeledImages& source,
-                 const std::vector<int64_t>& indices, size_t begin, size_t n,
-                 Tensor* images, std::vector<int32_t>* labels,
+                 const std::vector<SampleIndex>& indices, size_t begin,
+                 size_t n, Tensor* images, std::vector<int32_t>* labels,
                  std::mt19937_64* augment = nullptr);
 
 // Prepares the training batches of one epoch on a background thread, up to
@@ -225,7 +233,7 @@ class BatchPrefetcher {
   // Batches i = 0 .. num_batches-1 of `batch_size` from `indices`.
   // `source` and `indices` must outlive the prefetcher.
   BatchPrefetcher(const LabeledImages& source,
-                  const std::vector<int64_t>& indices, int64_t batch_size,
+                  const std::vector<SampleIndex>& indices, int64_t batch_size,
                   int64_t num_batches, bool augment, uint64_t seed,
                   int depth = 2);
   ~BatchPrefetcher();
@@ -236,7 +244,7 @@ class BatchPrefetcher {
   void Produce();
 
   const LabeledImages& source_;
-  const std::vector<int64_t>& indices_;
+  const std::vector<SampleIndex>& indices_;
   const int64_t batch_size_;
   const int64_t num_batches_;
   const bool augment_;

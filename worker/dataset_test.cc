@@ -260,7 +260,7 @@ TEST(PrefetcherTest, YieldsTheSameBatchesInOrderAsGatherBatch) {
     src.labels.push_back(i % 10);
     for (int j = 0; j < 4; ++j) src.images.push_back(i * 10.0f + j);
   }
-  std::vector<int64_t> order;
+  std::vector<SampleIndex> order;
   for (int i = 19; i >= 0; --i) order.push_back(i);
   BatchPrefetcher prefetcher(src, order, 3, 6, false, 1);
   BatchPrefetcher::Batch batch;

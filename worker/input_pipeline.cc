@@ -172,8 +172,8 @@ void AugmentImage(const DecodedImage& image, const AugmentOptions& o,
 }
 
 absl::StatusOr<std::unique_ptr<InputPipeline>> InputPipeline::Create(
-    const ImageFiles& files, std::vector<int64_t> order, int64_t num_batches,
-    const InputPipelineOptions& o) {
+    const ImageFiles& files, std::vector<SampleIndex> order,
+    int64_t num_batches, const InputPipelineOptions& o) {
   const AugmentOptions& a = o.augment;
   const bool stats_ok = (a.mean.empty() && a.stddev.empty()) ||
                         (static_cast<int>(a.mean.size()) == a.channels &&
@@ -202,8 +202,8 @@ absl::StatusOr<std::unique_ptr<InputPipeline>> InputPipeline::Create(
         "input pipeline: ", num_batches, " batches of ", o.batch_size, " need ",
         num_batches * o.batch_size, " samples; the order has ", order.size()));
   }
-  for (int64_t i : order) {
-    if (i < 0 || i >= static_cast<int64_t>(files.paths.size())) {
+  for (const SampleIndex i : order) {
+    if (i >= files.paths.size()) {
       return absl::InvalidArgumentError(
           absl::StrCat("input pipeline: sample ", i, " is outside the ",
                        files.paths.size(), " files"));
@@ -214,7 +214,8 @@ absl::StatusOr<std::unique_ptr<InputPipeline>> InputPipeline::Create(
 }
 
 InputPipeline::InputPipeline(const ImageFiles& files,
-                             std::vector<int64_t> order, int64_t num_batches,
+                             std::vector<SampleIndex> order,
+                             int64_t num_batches,
                              const InputPipelineOptions& options)
     : files_(files),
       order_(std::move(order)),

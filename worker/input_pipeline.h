@@ -45,6 +45,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "models/tensor.h"
+#include "worker/dataset.h"
 #include "worker/image_folder.h"
 
 namespace pstrain {
@@ -89,8 +90,8 @@ class InputPipeline {
   // an order entry outside the files, or fewer than num_batches * batch_size
   // entries.
   static absl::StatusOr<std::unique_ptr<InputPipeline>> Create(
-      const ImageFiles& files, std::vector<int64_t> order, int64_t num_batches,
-      const InputPipelineOptions& options);
+      const ImageFiles& files, std::vector<SampleIndex> order,
+      int64_t num_batches, const InputPipelineOptions& options);
   ~InputPipeline();
 
   // The next batch, in order: true with it, false after the last; the
@@ -99,13 +100,13 @@ class InputPipeline {
   absl::StatusOr<bool> Next(Batch* batch);
 
  private:
-  InputPipeline(const ImageFiles& files, std::vector<int64_t> order,
+  InputPipeline(const ImageFiles& files, std::vector<SampleIndex> order,
                 int64_t num_batches, const InputPipelineOptions& options);
   void Work();
   absl::Status Build(int64_t b, Batch* batch) const;
 
   const ImageFiles& files_;
-  const std::vector<int64_t> order_;
+  const std::vector<SampleIndex> order_;
   const int64_t num_batches_;
   const InputPipelineOptions options_;
   std::mutex mu_;

@@ -85,7 +85,7 @@ ImageFiles MakeFiles(const std::string& dir) {
 std::vector<InputPipeline::Batch> AllBatches(const ImageFiles& files,
                                              const InputPipelineOptions& o,
                                              int64_t num_batches) {
-  std::vector<int64_t> order(files.paths.size());
+  std::vector<SampleIndex> order(files.paths.size());
   std::iota(order.begin(), order.end(), 0);
   std::reverse(order.begin(), order.end());
   absl::StatusOr<std::unique_ptr<InputPipeline>> p =
@@ -235,7 +235,7 @@ TEST(InputPipelineTest, CorruptFileAndBadOptionsAreErrors) {
   o.batch_size = 3;
   o.threads = 2;
   o.augment.out_size = 8;
-  std::vector<int64_t> order(30);
+  std::vector<SampleIndex> order(30);
   std::iota(order.begin(), order.end(), 0);
   absl::StatusOr<std::unique_ptr<InputPipeline>> p =
       InputPipeline::Create(files, order, 10, o);

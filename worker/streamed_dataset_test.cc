@@ -76,7 +76,7 @@ TEST(StreamedDatasetTest, SameSamplesStatisticsAndBatchesAsInMemory) {
     EXPECT_NEAR(streamed->channel_stddev[c], memory->channel_stddev[c], 1e-9);
   }
   // A shuffled order, batches of 8.
-  const std::vector<int64_t> order =
+  const std::vector<SampleIndex> order =
       ShardedSampler(40, 0, 1, 7).EpochIndices(0);
   InputPipelineOptions input;
   input.batch_size = 8;

@@ -136,6 +136,13 @@ class ModelWorkload : public Workload {
  public:
   static absl::StatusOr<std::unique_ptr<Workload>> Create(
       const TrainerOptions& options, const Dataset& dataset) {
+    for (const LabeledImages* split : {&dataset.train, &dataset.test}) {
+      if (split->count > kMaxSamples) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "a dataset split of ", split->count, " samples; at most ",
+            kMaxSamples, " (sample indices are 32-bit)"));
+      }
+    }
     auto w = absl::WrapUnique(new ModelWorkload(options, dataset));
     ASSIGN_OR_RETURN(w->backend_,
                      Backend::Create(options.backend, options.gpu));
@@ -290,7 +297,7 @@ class ModelWorkload : public Workload {
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<Model> model_;
   int64_t steps_per_epoch_ = 0;
-  std::vector<int64_t> indices_;
+  std::vector<SampleIndex> indices_;
   std::unique_ptr<BatchPrefetcher> prefetcher_;
   BatchPrefetcher::Batch batch_;
   // Streamed datasets instead of the prefetcher.
@@ -461,7 +468,7 @@ absl::StatusOr<Evaluation> EvaluateModel(Model& model, const Dataset& dataset,
   Evaluation eval;
   int64_t correct = 0;
   double loss_sum = 0;
-  std::vector<int64_t> indices(test.count);
+  std::vector<SampleIndex> indices(test.count);
   for (int64_t i = 0; i < test.count; ++i) indices[i] = i;
   Tensor images;
   std::vector<int32_t> labels;
@@ -478,8 +485,8 @@ absl::StatusOr<Evaluation> EvaluateModel(Model& model, const Dataset& dataset,
     }
     if (test.count % eval_batch > 0) {
       input.batch_size = test.count % eval_batch;
-      std::vector<int64_t> tail(indices.end() - input.batch_size,
-                                indices.end());
+      std::vector<SampleIndex> tail(indices.end() - input.batch_size,
+                                    indices.end());
       ASSIGN_OR_RETURN(rest,
                        InputPipeline::Create(*test.files, tail, 1, input));
     }
