@@ -619,8 +619,10 @@ absl::Status PsClient::PushPullShard(int shard, StepState* state,
     }
     if (envelope.has_norm_partial()) {
       const NormSum& partial = envelope.norm_partial();
-      if (!options_.clip_by_global_norm || !state->send_step_end ||
-          partial.step() != state->step) {
+      // A pull without pushes (of a version whose step was decided) may
+      // carry the partial too: not this worker's to answer.
+      if (options_.clip_by_global_norm && !state->send_step_end) continue;
+      if (!options_.clip_by_global_norm || partial.step() != state->step) {
         return fail(absl::DataLossError(absl::StrCat(
             "shard ", shard, " sent a partial norm of step ", partial.step(),
             ", which this worker did not end with clipping")));
