@@ -118,6 +118,35 @@ struct RankTensors {
   std::vector<absl::Span<const float>> gradients;
 };
 
+// `size` ranks (threads) over Gloo in one allreduce exchange each (one
+// tensor per bucket; `optimizer`, clipping by global norm at `clip`, 0:
+// none) run `steps` steps of Gradient(): each rank's weights after them.
+std::vector<std::vector<std::vector<float>>> TrainWithAllreduce(
+    int size, const OptimizerOptions& optimizer, int steps, double clip,
+    const std::string& store_prefix) {
+  InProcessStore store;
+  std::vector<std::vector<std::vector<float>>> results(size);
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < size; ++r) {
+    ranks.emplace_back([&, r] {
+      absl::StatusOr<std::unique_ptr<Collective>> c = Collective::CreateGloo(
+          r, size, "127.0.0.1", &store, store_prefix, absl::Seconds(20));
+      ASSERT_TRUE(c.ok()) << c.status();
+      std::unique_ptr<GradientExchange> exchange = CreateAllreduceExchange(
+          c->get(), optimizer, kElements * sizeof(float),
+          /*num_buffers=*/0, clip);
+      RankTensors tensors(r);
+      ASSERT_TRUE(exchange->Start(tensors.weights).ok());
+      for (int step = 0; step < steps; ++step) {
+        ASSERT_TRUE(exchange->Step(tensors.gradients, 8).ok());
+      }
+      results[r] = tensors.w;
+    });
+  }
+  for (std::thread& t : ranks) t.join();
+  return results;
+}
+
 TEST(AllreduceExchangeTest, BucketsStartDuringBackwardAndMatchAdam) {
   constexpr int kSize = 2;
   AdamOptions adam;
@@ -199,26 +228,11 @@ TEST(AllreduceExchangeTest, ClipsByGlobalNormAsPyTorch) {
   sgd.kind = OptimizerKind::kSgd;
   sgd.lr = 0.1f;
   constexpr int kSize = 2;
-  InProcessStore store;
-  std::vector<std::vector<std::vector<float>>> results(kSize);
-  std::vector<std::thread> ranks;
+  // One tensor per bucket: the norm spans buckets.
+  const std::vector<std::vector<std::vector<float>>> results =
+      TrainWithAllreduce(kSize, sgd, /*steps=*/1, /*clip=*/5.0, "clip");
   for (int r = 0; r < kSize; ++r) {
-    ranks.emplace_back([&, r] {
-      absl::StatusOr<std::unique_ptr<Collective>> c = Collective::CreateGloo(
-          r, kSize, "127.0.0.1", &store, "clip", absl::Seconds(20));
-      ASSERT_TRUE(c.ok()) << c.status();
-      // One tensor per bucket: the norm spans buckets.
-      std::unique_ptr<GradientExchange> exchange = CreateAllreduceExchange(
-          c->get(), sgd, kElements * sizeof(float), /*num_buffers=*/0,
-          /*clip_grad_norm=*/5.0);
-      RankTensors tensors(r);
-      ASSERT_TRUE(exchange->Start(tensors.weights).ok());
-      ASSERT_TRUE(exchange->Step(tensors.gradients, 8).ok());
-      results[r] = tensors.w;
-    });
-  }
-  for (std::thread& thread : ranks) thread.join();
-  for (int r = 0; r < kSize; ++r) {
+    ASSERT_EQ(results[r].size(), static_cast<size_t>(kTensors));
     for (int k = 0; k < kTensors; ++k) {
       for (int e = 0; e < kElements; ++e) {
         ASSERT_NEAR(results[r][k][e], expected[k][e], 1e-7)
@@ -326,6 +340,31 @@ class Shards {
   std::vector<std::unique_ptr<grpc::Server>> servers_;
   std::vector<std::string> addresses_;
 };
+
+// `workers` workers (threads, worker 0 the chief) run `steps` sync steps of
+// Gradient() through `shards`: each worker's weights after its last pull.
+std::vector<std::vector<std::vector<float>>> TrainOnShards(const Shards& shards,
+                                                           int workers,
+                                                           int steps) {
+  std::vector<std::vector<std::vector<float>>> results(workers);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < workers; ++r) {
+    threads.emplace_back([&, r] {
+      std::unique_ptr<GradientExchange> exchange =
+          shards.Exchange(r, /*chief=*/r == 0);
+      RankTensors tensors(r);
+      ASSERT_TRUE(exchange->Start(tensors.weights).ok());
+      for (int step = 0; step < steps; ++step) {
+        const absl::Status s = exchange->Step(tensors.gradients, 8);
+        ASSERT_TRUE(s.ok()) << s;
+      }
+      results[r] = tensors.w;
+      ASSERT_TRUE(exchange->Finish().ok());
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  return results;
+}
 
 TEST(PsExchangeTest, PushesStartDuringBackwardAndMatchAdam) {
   constexpr int kWorkers = 2;
@@ -539,21 +578,8 @@ TEST(PsExchangeTest, ClipsByGlobalNormAgreedAcrossShardsAsPyTorch) {
                 /*clip_grad_norm=*/5.0);
   const PartitionPlan plan = shards.Plan();
   ASSERT_NE(plan.chunks()[0].shard, plan.chunks()[1].shard);
-  std::vector<std::vector<std::vector<float>>> results(kWorkers);
-  std::vector<std::thread> workers;
-  for (int r = 0; r < kWorkers; ++r) {
-    workers.emplace_back([&, r] {
-      std::unique_ptr<GradientExchange> exchange =
-          shards.Exchange(r, /*chief=*/r == 0);
-      RankTensors tensors(r);
-      ASSERT_TRUE(exchange->Start(tensors.weights).ok());
-      const absl::Status s = exchange->Step(tensors.gradients, 8);
-      ASSERT_TRUE(s.ok()) << s;
-      results[r] = tensors.w;
-      ASSERT_TRUE(exchange->Finish().ok());
-    });
-  }
-  for (std::thread& t : workers) t.join();
+  const std::vector<std::vector<std::vector<float>>> results =
+      TrainOnShards(shards, kWorkers, /*steps=*/1);
   for (int r = 0; r < kWorkers; ++r) {
     ASSERT_EQ(results[r].size(), static_cast<size_t>(kTensors));
     for (int k = 0; k < kTensors; ++k) {
@@ -573,43 +599,13 @@ TEST(PsExchangeTest, ClippingOnTheShardsEqualsClippingInAllreduce) {
   constexpr int kSteps = 4;
   constexpr double kClip = 3.0;
   const OptimizerOptions sgd = NesterovCosine();
-  std::vector<std::vector<std::vector<float>>> ps(kWorkers), ar(kWorkers);
+  std::vector<std::vector<std::vector<float>>> ps;
   {
     Shards shards(/*num_shards=*/2, kWorkers, /*staleness=*/0, sgd, kClip);
-    std::vector<std::thread> workers;
-    for (int r = 0; r < kWorkers; ++r) {
-      workers.emplace_back([&, r] {
-        std::unique_ptr<GradientExchange> exchange =
-            shards.Exchange(r, /*chief=*/r == 0);
-        RankTensors tensors(r);
-        ASSERT_TRUE(exchange->Start(tensors.weights).ok());
-        for (int t = 0; t < kSteps; ++t) {
-          ASSERT_TRUE(exchange->Step(tensors.gradients, 8).ok());
-        }
-        ps[r] = tensors.w;
-        ASSERT_TRUE(exchange->Finish().ok());
-      });
-    }
-    for (std::thread& t : workers) t.join();
+    ps = TrainOnShards(shards, kWorkers, kSteps);
   }
-  InProcessStore store;
-  std::vector<std::thread> ranks;
-  for (int r = 0; r < kWorkers; ++r) {
-    ranks.emplace_back([&, r] {
-      absl::StatusOr<std::unique_ptr<Collective>> c = Collective::CreateGloo(
-          r, kWorkers, "127.0.0.1", &store, "clip-adam", absl::Seconds(20));
-      ASSERT_TRUE(c.ok()) << c.status();
-      std::unique_ptr<GradientExchange> exchange = CreateAllreduceExchange(
-          c->get(), sgd, kElements * sizeof(float), /*num_buffers=*/0, kClip);
-      RankTensors tensors(r);
-      ASSERT_TRUE(exchange->Start(tensors.weights).ok());
-      for (int t = 0; t < kSteps; ++t) {
-        ASSERT_TRUE(exchange->Step(tensors.gradients, 8).ok());
-      }
-      ar[r] = tensors.w;
-    });
-  }
-  for (std::thread& thread : ranks) thread.join();
+  const std::vector<std::vector<std::vector<float>>> ar =
+      TrainWithAllreduce(kWorkers, sgd, kSteps, kClip, "clip-sgd");
   const std::vector<std::vector<float>> unclipped =
       Expected(kWorkers, kSteps, sgd);
   for (int r = 0; r < kWorkers; ++r) {
@@ -704,25 +700,8 @@ TEST(OptimizerEquivalenceTest, SgdOnTheShardAndInAllreduceIsOneUpdate) {
                   .ok());
   EXPECT_EQ(on_shard, expected);
 
-  InProcessStore store;
-  std::vector<std::vector<std::vector<float>>> results(kSize);
-  std::vector<std::thread> ranks;
-  for (int r = 0; r < kSize; ++r) {
-    ranks.emplace_back([&, r] {
-      absl::StatusOr<std::unique_ptr<Collective>> c = Collective::CreateGloo(
-          r, kSize, "127.0.0.1", &store, "sgd", absl::Seconds(20));
-      ASSERT_TRUE(c.ok()) << c.status();
-      std::unique_ptr<GradientExchange> exchange = CreateAllreduceExchange(
-          c->get(), sgd, kElements * sizeof(float), /*num_buffers=*/0);
-      RankTensors tensors(r);
-      ASSERT_TRUE(exchange->Start(tensors.weights).ok());
-      for (int step = 0; step < kSteps; ++step) {
-        ASSERT_TRUE(exchange->Step(tensors.gradients, 8).ok());
-      }
-      results[r] = tensors.w;
-    });
-  }
-  for (std::thread& t : ranks) t.join();
+  const std::vector<std::vector<std::vector<float>>> results =
+      TrainWithAllreduce(kSize, sgd, kSteps, /*clip=*/0, "sgd");
   for (int r = 0; r < kSize; ++r) EXPECT_EQ(results[r], expected) << r;
 }
 
