@@ -625,40 +625,75 @@ ShardedSampler::ShardedSampler(int64_t num_samples, int worker_id,
 
 namespace {
 
-// Fisher-Yates with an explicit generator, so every process (and every
-// standard library) derives the same permutation. This worker's positions
-// w, w + W, ... are then moved to the front of the same array (position k
-// <= w + k W, so in place), and the rest is let go.
-std::vector<SampleIndex> ShuffledShare(int64_t n, uint64_t seed, int worker_id,
-                                       int num_workers, int64_t per_worker) {
-  std::vector<SampleIndex> order(n);
-  std::iota(order.begin(), order.end(), SampleIndex{0});
-  std::mt19937_64 rng(seed);
-  for (int64_t i = n - 1; i > 0; --i) {
-    const int64_t j =
-        static_cast<int64_t>(rng() % static_cast<uint64_t>(i + 1));
-    std::swap(order[i], order[j]);
-  }
-  for (int64_t k = 0; k < per_worker; ++k) {
-    order[k] = order[worker_id + k * num_workers];
-  }
-  order.resize(per_worker);
-  if (num_workers > 1) order.shrink_to_fit();
-  return order;
+// SplitMix64's finaliser (Steele, Lea and Flood, "Fast splittable
+// pseudorandom number generators", OOPSLA 2014).
+uint64_t Mix64(uint64_t z) {
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
 }
 
 }  // namespace
 
-std::vector<SampleIndex> ShardedSampler::EpochIndices(int epoch) const {
-  const uint64_t seed = seed_ * 1000003ull + static_cast<uint64_t>(epoch);
-  return ShuffledShare(num_samples_, seed, worker_id_, num_workers_,
-                       samples_per_worker());
+IndexPermutation::IndexPermutation(uint64_t n, uint64_t seed) : n_(n) {
+  half_bits_ = 1;
+  while (half_bits_ < 32 && (uint64_t{1} << (2 * half_bits_)) < n) {
+    ++half_bits_;
+  }
+  half_mask_ = (uint64_t{1} << half_bits_) - 1;
+  std::mt19937_64 rng(seed);
+  for (uint64_t& key : keys_) key = rng();
 }
 
-void GatherBatch(const LabeledImages& source,
-                 const std::vector<SampleIndex>& indices, size_t begin,
-                 size_t n, Tensor* images, std::vector<int32_t>* labels,
-                 std::mt19937_64* augment) {
+uint64_t IndexPermutation::Encrypt(uint64_t x) const {
+  uint64_t left = x >> half_bits_;
+  uint64_t right = x & half_mask_;
+  for (const uint64_t key : keys_) {
+    const uint64_t next = left ^ (Mix64(right ^ key) & half_mask_);
+    left = right;
+    right = next;
+  }
+  return (left << half_bits_) | right;
+}
+
+uint64_t IndexPermutation::operator()(uint64_t i) const {
+  // A permutation of [0, 2^(2h)) restricted to [0, n) by cycle walking: the
+  // cycle through i re-enters [0, n), so this ends.
+  uint64_t x = Encrypt(i);
+  while (x >= n_) x = Encrypt(x);
+  return x;
+}
+
+SampleOrder::SampleOrder(std::vector<SampleIndex> list)
+    : list_(std::move(list)), size_(static_cast<int64_t>(list_.size())) {}
+
+SampleOrder SampleOrder::Share(const IndexPermutation& permutation,
+                               int worker_id, int num_workers, int64_t count) {
+  SampleOrder order;
+  order.shared_ = true;
+  order.permutation_ = permutation;
+  order.worker_id_ = worker_id;
+  order.num_workers_ = num_workers;
+  order.size_ = count;
+  return order;
+}
+
+std::vector<SampleIndex> SampleOrder::ToVector() const {
+  std::vector<SampleIndex> out(static_cast<size_t>(size_));
+  for (int64_t k = 0; k < size_; ++k) out[static_cast<size_t>(k)] = (*this)[k];
+  return out;
+}
+
+SampleOrder ShardedSampler::EpochIndices(int epoch) const {
+  const uint64_t seed = seed_ * 1000003ull + static_cast<uint64_t>(epoch);
+  return SampleOrder::Share(
+      IndexPermutation(static_cast<uint64_t>(num_samples_), seed), worker_id_,
+      num_workers_, samples_per_worker());
+}
+
+void GatherBatch(const LabeledImages& source, const SampleOrder& indices,
+                 size_t begin, size_t n, Tensor* images,
+                 std::vector<int32_t>* labels, std::mt19937_64* augment) {
   const int64_t c = source.chw[0], h = source.chw[1], w = source.chw[2];
   const int64_t per = c * h * w;
   images->Resize({static_cast<int64_t>(n), c, h, w});
@@ -720,11 +755,11 @@ void GatherBatch(const LabeledImages& source,
 }
 
 BatchPrefetcher::BatchPrefetcher(const LabeledImages& source,
-                                 const std::vector<SampleIndex>& indices,
-                                 int64_t batch_size, int64_t num_batches,
-                                 bool augment, uint64_t seed, int depth)
+                                 SampleOrder indices, int64_t batch_size,
+                                 int64_t num_batches, bool augment,
+                                 uint64_t seed, int depth)
     : source_(source),
-      indices_(indices),
+      indices_(std::move(indices)),
       batch_size_(batch_size),
       num_batches_(num_batches),
       augment_(augment),

@@ -173,11 +173,73 @@ absl::StatusOr<LabeledImages> ReadCifarBatch(const std::string& path);
 std::string KnownDatasets();
 bool IsKnownDataset(const std::string& name);
 
-// A training sample's index in its split. 32 bits: a split holds at most
-// kMaxSamples samples (IDX counts are 32-bit too), and an epoch's order of
-// 4 million samples takes 16 MB, not 32.
+// A training sample's index in its split: a split holds at most
+// kMaxSamples samples (IDX counts are 32-bit too).
 using SampleIndex = uint32_t;
 inline constexpr int64_t kMaxSamples = 0xffffffff;
+
+// A pseudo-random permutation of [0, n), computed per position, with no
+// table: a balanced Feistel network of 4 rounds (Luby and Rackoff, "How to
+// construct pseudorandom permutations from pseudorandom functions", 1988)
+// over the smallest even number of bits 2h with 2^(2h) >= n, whose round
+// function is SplitMix64's finaliser of (half ^ round key), and cycle
+// walking (Black and Rogaway, "Ciphers with Arbitrary Finite Domains",
+// CT-RSA 2002): a value >= n is encrypted again until it falls in [0, n),
+// fewer than 4 times on average since 2^(2h) < 4n. TensorFlow's
+// tf.random.experimental.index_shuffle shuffles datasets the same way.
+// The round keys come from std::mt19937_64(seed), so every process and
+// every standard library computes the same permutation.
+//
+// Thread-safety: immutable after construction.
+class IndexPermutation {
+ public:
+  IndexPermutation() = default;
+  IndexPermutation(uint64_t n, uint64_t seed);
+  // The image of position i, for i < n.
+  uint64_t operator()(uint64_t i) const;
+  uint64_t size() const { return n_; }
+
+ private:
+  uint64_t Encrypt(uint64_t x) const;
+
+  uint64_t n_ = 0;
+  int half_bits_ = 0;
+  uint64_t half_mask_ = 0;
+  uint64_t keys_[4] = {0, 0, 0, 0};
+};
+
+// The order of one worker's samples in one epoch: either its share of a
+// permutation (positions w, w + W, w + 2W, ... of an IndexPermutation),
+// computed per position with no table, or an explicit list (evaluation,
+// tests, benchmarks). Copyable; a share is a few words.
+//
+// Thread-safety: immutable after construction.
+class SampleOrder {
+ public:
+  SampleOrder() = default;
+  // An explicit list (a std::vector converts).
+  SampleOrder(std::vector<SampleIndex> list);  // NOLINT(runtime/explicit)
+  // Positions worker_id, worker_id + num_workers, ... of `permutation`,
+  // `count` of them.
+  static SampleOrder Share(const IndexPermutation& permutation, int worker_id,
+                           int num_workers, int64_t count);
+
+  SampleIndex operator[](int64_t k) const {
+    if (!shared_) return list_[static_cast<size_t>(k)];
+    return static_cast<SampleIndex>(
+        permutation_(static_cast<uint64_t>(worker_id_ + k * num_workers_)));
+  }
+  int64_t size() const { return size_; }
+  std::vector<SampleIndex> ToVector() const;
+
+ private:
+  bool shared_ = false;
+  std::vector<SampleIndex> list_;
+  IndexPermutation permutation_;
+  int64_t worker_id_ = 0;
+  int64_t num_workers_ = 1;
+  int64_t size_ = 0;
+};
 
 // Splits each epoch's shuffled order of the training set among workers the
 // way PyTorch's DistributedSampler does: worker w of W takes positions
@@ -186,10 +248,9 @@ inline constexpr int64_t kMaxSamples = 0xffffffff;
 // the invariant sync mode relies on. Each worker gets floor(N / W) samples,
 // so every worker runs the same number of steps.
 //
-// The shuffle is a permutation of indices only (Fisher-Yates over [0, N)),
-// not of the data: memory is 4 bytes per sample while it is made (16 MB for
-// 4 million), and this worker's share is then kept in the same array (4
-// bytes per sample of the share once the rest is let go). A block shuffle
+// The shuffle is a permutation of indices only, not of the data, and it is
+// computed per position (IndexPermutation): no table, so a worker's memory
+// does not grow with the dataset's size. A block shuffle
 // (shuffling runs of adjacent samples) would read files sequentially, but
 // keeps neighbours together in a batch and changes the order of every
 // existing run; with fixed-size records at computed offsets a random order
@@ -199,8 +260,8 @@ class ShardedSampler {
   // 0 <= num_samples <= kMaxSamples (the trainer refuses larger splits).
   ShardedSampler(int64_t num_samples, int worker_id, int num_workers,
                  uint64_t seed);
-  // The sample indices of `worker_id` for `epoch`, in training order.
-  std::vector<SampleIndex> EpochIndices(int epoch) const;
+  // The samples of `worker_id` for `epoch`, in training order.
+  SampleOrder EpochIndices(int epoch) const;
   int64_t samples_per_worker() const { return num_samples_ / num_workers_; }
 
  private:
@@ -215,9 +276,9 @@ class ShardedSampler {
 // (non-null), each image is randomly flipped horizontally and cropped from its
 // 4-pixel zero-padded version (padding 0 is the standardised value of the
 // channel mean).
-void GatherBatch(const LabeledImages& source,
-                 const std::vector<SampleIndex>& indices, size_t begin,
-                 size_t n, Tensor* images, std::vector<int32_t>* labels,
+void GatherBatch(const LabeledImages& source, const SampleOrder& indices,
+                 size_t begin, size_t n, Tensor* images,
+                 std::vector<int32_t>* labels,
                  std::mt19937_64* augment = nullptr);
 
 // Prepares the training batches of one epoch on a background thread, up to
@@ -231,11 +292,10 @@ class BatchPrefetcher {
     std::vector<int32_t> labels;
   };
   // Batches i = 0 .. num_batches-1 of `batch_size` from `indices`.
-  // `source` and `indices` must outlive the prefetcher.
-  BatchPrefetcher(const LabeledImages& source,
-                  const std::vector<SampleIndex>& indices, int64_t batch_size,
-                  int64_t num_batches, bool augment, uint64_t seed,
-                  int depth = 2);
+  // `source` must outlive the prefetcher.
+  BatchPrefetcher(const LabeledImages& source, SampleOrder indices,
+                  int64_t batch_size, int64_t num_batches, bool augment,
+                  uint64_t seed, int depth = 2);
   ~BatchPrefetcher();
   // The next batch, in order; false after the last.
   bool Next(Batch* batch);
@@ -244,7 +304,7 @@ class BatchPrefetcher {
   void Produce();
 
   const LabeledImages& source_;
-  const std::vector<SampleIndex>& indices_;
+  const SampleOrder indices_;
   const int64_t batch_size_;
   const int64_t num_batches_;
   const bool augment_;

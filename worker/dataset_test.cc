@@ -2,6 +2,7 @@
 
 #include <zlib.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <random>
@@ -119,8 +120,9 @@ TEST(ShardedSamplerTest, WorkersSplitEachGlobalBatchDisjointly) {
   const ShardedSampler one(n, 0, 1, 5);
   const ShardedSampler w0(n, 0, 2, 5), w1(n, 1, 2, 5);
   for (int epoch = 0; epoch < 2; ++epoch) {
-    const auto all = one.EpochIndices(epoch);
-    const auto a = w0.EpochIndices(epoch), b = w1.EpochIndices(epoch);
+    const auto all = one.EpochIndices(epoch).ToVector();
+    const auto a = w0.EpochIndices(epoch).ToVector();
+    const auto b = w1.EpochIndices(epoch).ToVector();
     ASSERT_EQ(a.size(), 500u);
     ASSERT_EQ(b.size(), 500u);
     // Batch i of batch 32 on each of 2 workers == batch i of 64 on one.
@@ -135,7 +137,41 @@ TEST(ShardedSamplerTest, WorkersSplitEachGlobalBatchDisjointly) {
     seen.insert(b.begin(), b.end());
     EXPECT_EQ(seen.size(), 1000u);
   }
-  EXPECT_NE(one.EpochIndices(0), one.EpochIndices(1));
+  EXPECT_NE(one.EpochIndices(0).ToVector(), one.EpochIndices(1).ToVector());
+}
+
+// The per-position shuffle is a permutation of [0, n) for sizes around the
+// powers of 4 its Feistel domain jumps at, depends on the seed, and spreads
+// any run of positions over the whole range (no block stays together).
+TEST(IndexPermutationTest, IsAPermutationThatDependsOnTheSeedAndSpreads) {
+  for (uint64_t n : {1ull, 2ull, 3ull, 4ull, 5ull, 15ull, 16ull, 17ull, 1000ull,
+                     4095ull, 4096ull, 4097ull, 65537ull}) {
+    const IndexPermutation p(n, 11);
+    std::vector<bool> hit(n, false);
+    for (uint64_t i = 0; i < n; ++i) {
+      const uint64_t x = p(i);
+      ASSERT_LT(x, n) << "n " << n << " i " << i;
+      ASSERT_FALSE(hit[x]) << "n " << n << ": " << x << " twice";
+      hit[x] = true;
+    }
+  }
+  const uint64_t n = 100000;
+  const IndexPermutation a(n, 1), b(n, 1), c(n, 2);
+  int same_as_c = 0, fixed = 0;
+  uint64_t lowest = n, highest = 0;
+  for (uint64_t i = 0; i < n; ++i) {
+    ASSERT_EQ(a(i), b(i));
+    same_as_c += a(i) == c(i);
+    fixed += a(i) == i;
+    if (i < 1000) {
+      lowest = std::min(lowest, a(i));
+      highest = std::max(highest, a(i));
+    }
+  }
+  EXPECT_LT(same_as_c, 20);  // about 1 expected
+  EXPECT_LT(fixed, 20);
+  EXPECT_LT(lowest, n / 20);
+  EXPECT_GT(highest, n - n / 20);
 }
 
 // Two CIFAR-10 records: label, then 1024 red, 1024 green, 1024 blue bytes.
@@ -238,7 +274,7 @@ TEST(AugmentTest, FlipAndCropKeepPixelsFromTheSourceOrZeroPadding) {
   std::vector<int32_t> labels;
   bool saw_shift = false;
   for (int trial = 0; trial < 50; ++trial) {
-    GatherBatch(src, {0}, 0, 1, &images, &labels, &rng);
+    GatherBatch(src, std::vector<SampleIndex>{0}, 0, 1, &images, &labels, &rng);
     EXPECT_EQ(labels[0], 2);
     int nonzero = 0;
     for (float v : images.data) {

@@ -172,8 +172,8 @@ void AugmentImage(const DecodedImage& image, const AugmentOptions& o,
 }
 
 absl::StatusOr<std::unique_ptr<InputPipeline>> InputPipeline::Create(
-    const ImageFiles& files, std::vector<SampleIndex> order,
-    int64_t num_batches, const InputPipelineOptions& o) {
+    const ImageFiles& files, SampleOrder order, int64_t num_batches,
+    const InputPipelineOptions& o) {
   const AugmentOptions& a = o.augment;
   const bool stats_ok = (a.mean.empty() && a.stddev.empty()) ||
                         (static_cast<int>(a.mean.size()) == a.channels &&
@@ -202,7 +202,8 @@ absl::StatusOr<std::unique_ptr<InputPipeline>> InputPipeline::Create(
         "input pipeline: ", num_batches, " batches of ", o.batch_size, " need ",
         num_batches * o.batch_size, " samples; the order has ", order.size()));
   }
-  for (const SampleIndex i : order) {
+  for (int64_t k = 0; k < order.size(); ++k) {
+    const SampleIndex i = order[k];
     if (i >= files.paths.size()) {
       return absl::InvalidArgumentError(
           absl::StrCat("input pipeline: sample ", i, " is outside the ",
@@ -213,8 +214,7 @@ absl::StatusOr<std::unique_ptr<InputPipeline>> InputPipeline::Create(
       new InputPipeline(files, std::move(order), num_batches, o));
 }
 
-InputPipeline::InputPipeline(const ImageFiles& files,
-                             std::vector<SampleIndex> order,
+InputPipeline::InputPipeline(const ImageFiles& files, SampleOrder order,
                              int64_t num_batches,
                              const InputPipelineOptions& options)
     : files_(files),

@@ -90,8 +90,8 @@ class InputPipeline {
   // an order entry outside the files, or fewer than num_batches * batch_size
   // entries.
   static absl::StatusOr<std::unique_ptr<InputPipeline>> Create(
-      const ImageFiles& files, std::vector<SampleIndex> order,
-      int64_t num_batches, const InputPipelineOptions& options);
+      const ImageFiles& files, SampleOrder order, int64_t num_batches,
+      const InputPipelineOptions& options);
   ~InputPipeline();
 
   // The next batch, in order: true with it, false after the last; the
@@ -100,13 +100,13 @@ class InputPipeline {
   absl::StatusOr<bool> Next(Batch* batch);
 
  private:
-  InputPipeline(const ImageFiles& files, std::vector<SampleIndex> order,
-                int64_t num_batches, const InputPipelineOptions& options);
+  InputPipeline(const ImageFiles& files, SampleOrder order, int64_t num_batches,
+                const InputPipelineOptions& options);
   void Work();
   absl::Status Build(int64_t b, Batch* batch) const;
 
   const ImageFiles& files_;
-  const std::vector<SampleIndex> order_;
+  const SampleOrder order_;
   const int64_t num_batches_;
   const InputPipelineOptions options_;
   std::mutex mu_;

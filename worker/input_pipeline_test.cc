@@ -258,7 +258,9 @@ TEST(InputPipelineTest, CorruptFileAndBadOptionsAreErrors) {
   EXPECT_EQ(InputPipeline::Create(files, order, 1, o).status().code(),
             absl::StatusCode::kInvalidArgument);
   o.augment.mean.clear();
-  EXPECT_EQ(InputPipeline::Create(files, {99}, 1, o).status().code(),
+  EXPECT_EQ(InputPipeline::Create(files, std::vector<SampleIndex>{99}, 1, o)
+                .status()
+                .code(),
             absl::StatusCode::kInvalidArgument);
 }
 

@@ -94,7 +94,8 @@ void ExpectSameBatches(const Dataset& a, const Dataset& b) {
   for (int worker = 0; worker < 2; ++worker) {
     const ShardedSampler sampler(a.train.count, worker, 2, 17);
     for (int epoch = 0; epoch < 2; ++epoch) {
-      const std::vector<SampleIndex> order = sampler.EpochIndices(epoch);
+      const std::vector<SampleIndex> order =
+          sampler.EpochIndices(epoch).ToVector();
       for (bool augment : {false, true}) {
         std::mt19937_64 rng_a(epoch * 10 + worker), rng_b(epoch * 10 + worker);
         for (size_t begin = 0; begin + 8 <= order.size(); begin += 8) {

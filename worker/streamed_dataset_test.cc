@@ -77,7 +77,7 @@ TEST(StreamedDatasetTest, SameSamplesStatisticsAndBatchesAsInMemory) {
   }
   // A shuffled order, batches of 8.
   const std::vector<SampleIndex> order =
-      ShardedSampler(40, 0, 1, 7).EpochIndices(0);
+      ShardedSampler(40, 0, 1, 7).EpochIndices(0).ToVector();
   InputPipelineOptions input;
   input.batch_size = 8;
   input.threads = 3;

@@ -297,7 +297,7 @@ class ModelWorkload : public Workload {
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<Model> model_;
   int64_t steps_per_epoch_ = 0;
-  std::vector<SampleIndex> indices_;
+  SampleOrder indices_;
   std::unique_ptr<BatchPrefetcher> prefetcher_;
   BatchPrefetcher::Batch batch_;
   // Streamed datasets instead of the prefetcher.
@@ -491,6 +491,7 @@ absl::StatusOr<Evaluation> EvaluateModel(Model& model, const Dataset& dataset,
                        InputPipeline::Create(*test.files, tail, 1, input));
     }
   }
+  const SampleOrder in_order(std::move(indices));
   InputPipeline::Batch streamed;
   for (int64_t begin = 0; begin < test.count; begin += eval_batch) {
     const int64_t n = std::min<int64_t>(eval_batch, test.count - begin);
@@ -501,7 +502,7 @@ absl::StatusOr<Evaluation> EvaluateModel(Model& model, const Dataset& dataset,
       images = std::move(streamed.images);
       labels = std::move(streamed.labels);
     } else {
-      GatherBatch(test, indices, begin, n, &images, &labels);
+      GatherBatch(test, in_order, begin, n, &images, &labels);
     }
     ASSIGN_OR_RETURN(const Tensor* logits, model.Forward(images));
     const int64_t k = logits->shape[1];
