@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <numeric>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -537,6 +538,22 @@ int64_t ElapsedNs(std::chrono::steady_clock::time_point start) {
 
 }  // namespace
 
+float* ParameterShard::AverageInto(StepSlot& slot,
+                                   const std::vector<int>& workers, int64_t n) {
+  float* sum = slot.pending[workers[0]].data();
+  if (slot.averaged) return sum;
+  for (size_t k = 1; k < workers.size(); ++k) {
+    const float* g = slot.pending[workers[k]].data();
+    for (int64_t i = 0; i < n; ++i) sum[i] += g[i];
+  }
+  if (workers.size() > 1) {
+    const float scale = 1.0f / static_cast<float>(workers.size());
+    for (int64_t i = 0; i < n; ++i) sum[i] *= scale;
+  }
+  slot.averaged = true;
+  return sum;
+}
+
 void ParameterShard::CompleteBarrierLocked(ChunkState& chunk,
                                            const std::vector<bool>* members,
                                            bool skip, float clip) {
@@ -560,17 +577,7 @@ void ParameterShard::CompleteBarrierLocked(ChunkState& chunk,
     // Average in worker-id order (into the first worker's slot, which the
     // next step refills), then one update, written beside the current
     // state.
-    float* sum = slot.pending[workers[0]].data();
-    if (!slot.averaged) {
-      for (size_t k = 1; k < workers.size(); ++k) {
-        const float* g = slot.pending[workers[k]].data();
-        for (int64_t i = 0; i < n; ++i) sum[i] += g[i];
-      }
-      if (workers.size() > 1) {
-        const float scale = 1.0f / static_cast<float>(workers.size());
-        for (int64_t i = 0; i < n; ++i) sum[i] *= scale;
-      }
-    }
+    float* sum = AverageInto(slot, workers, n);
     if (clip != 1.0f && !plan_->is_buffer(chunk.spec.param_id)) {
       for (int64_t i = 0; i < n; ++i) sum[i] *= clip;
     }
@@ -625,17 +632,9 @@ double ParameterShard::PartialNormLocked(int64_t step, bool skip) {
     StepSlot& slot = c->slots[SlotIndex(step)];
     if (slot.skipped) continue;  // not applied (CompleteBarrierLocked())
     const int64_t n = c->spec.num_elements;
-    // As CompleteBarrierLocked() averages: in worker-id order, then 1/W.
-    float* sum = slot.pending[0].data();
-    for (int w = 1; w < options_.num_workers; ++w) {
-      const float* g = slot.pending[w].data();
-      for (int64_t i = 0; i < n; ++i) sum[i] += g[i];
-    }
-    if (options_.num_workers > 1) {
-      const float scale = 1.0f / static_cast<float>(options_.num_workers);
-      for (int64_t i = 0; i < n; ++i) sum[i] *= scale;
-    }
-    slot.averaged = true;
+    std::vector<int> workers(options_.num_workers);
+    std::iota(workers.begin(), workers.end(), 0);
+    const float* sum = AverageInto(slot, workers, n);
     if (plan_->is_buffer(c->spec.param_id)) continue;
     for (int64_t i = 0; i < n; ++i) {
       sum_sq += static_cast<double>(sum[i]) * sum[i];

@@ -490,6 +490,11 @@ class ParameterShard {
                              const std::vector<bool>* members = nullptr,
                              bool skip = false, float clip = 1.0f)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk.mu);
+  // The average of `workers`' pushes in `slot` (n elements each), summed in
+  // worker-id order then scaled by 1/|workers|, into the first one's
+  // buffer, which it returns; once per slot (slot.averaged).
+  static float* AverageInto(StepSlot& slot, const std::vector<int>& workers,
+                            int64_t n);
   // Clipping: every worker's end of step `step` is in: averages each
   // chunk's pushes (slot.averaged) and returns the sum of the squares of
   // the parameters' averages, in double, chunk by chunk in plan order;
