@@ -1,5 +1,7 @@
 #include "worker/input_pipeline.h"
 
+#include <sched.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -256,6 +258,12 @@ absl::Status InputPipeline::Build(int64_t b, Batch* batch) const {
 }
 
 void InputPipeline::Work() {
+  if (options_.idle_priority) {
+    // Linux: with pid 0 this sets the calling thread's policy. A failure
+    // leaves the thread at the normal priority (slower steps, no error).
+    struct sched_param param {};
+    sched_setscheduler(0, SCHED_IDLE, &param);
+  }
   while (true) {
     int64_t b;
     {

@@ -77,6 +77,12 @@ struct InputPipelineOptions {
   int prefetch_batches = 4;  // batches prepared ahead of Next(), >= 1
   uint64_t seed = 1;
   AugmentOptions augment;
+  // The decoding threads run under SCHED_IDLE (Linux), so they take only
+  // the cycles the training step leaves idle (its waits for the network,
+  // for the pipeline itself, between steps) and never preempt its compute
+  // threads: a CPU worker can give its step every core instead of one core
+  // per input thread.
+  bool idle_priority = false;
 };
 
 class InputPipeline {

@@ -5,7 +5,11 @@
 #include <jpeglib.h>
 // clang-format on
 
+#include <sched.h>
+
+#include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <numeric>
@@ -13,6 +17,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "gtest/gtest.h"
 
 namespace pstrain {
@@ -262,6 +267,63 @@ TEST(InputPipelineTest, CorruptFileAndBadOptionsAreErrors) {
                 .status()
                 .code(),
             absl::StatusCode::kInvalidArgument);
+}
+
+// The policy (field 41 of /proc/self/task/TID/stat) of every thread of
+// this process.
+std::vector<int> ThreadPolicies() {
+  std::vector<int> policies;
+  for (const auto& task : fs::directory_iterator("/proc/self/task")) {
+    FILE* f = std::fopen((task.path() / "stat").c_str(), "r");
+    if (f == nullptr) continue;
+    char line[1024] = {0};
+    const size_t n = std::fread(line, 1, sizeof(line) - 1, f);
+    std::fclose(f);
+    // The fields after the command name, which ends at the last ')'.
+    const char* p = std::strrchr(line, ')');
+    if (n == 0 || p == nullptr) continue;
+    int field = 2;
+    for (; *p != 0 && field < 41; ++p) field += *p == ' ';
+    policies.push_back(std::atoi(p));
+  }
+  return policies;
+}
+
+// idle_priority: the decoding threads run under SCHED_IDLE (5), and still
+// give the same batches.
+TEST(InputPipelineTest, IdlePriorityThreadsRunUnderSchedIdle) {
+  const std::string dir = FreshDir("idle");
+  ImageFiles files = MakeFiles(dir);
+  InputPipelineOptions o;
+  o.batch_size = 3;
+  o.threads = 2;
+  o.prefetch_batches = 2;
+  o.augment.out_size = 8;
+  std::vector<SampleIndex> order(30);
+  std::iota(order.begin(), order.end(), 0);
+  absl::StatusOr<std::unique_ptr<InputPipeline>> plain =
+      InputPipeline::Create(files, order, 10, o);
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  InputPipeline::Batch expected;
+  ASSERT_TRUE(*(*plain)->Next(&expected));
+  plain->reset();
+  o.idle_priority = true;
+  absl::StatusOr<std::unique_ptr<InputPipeline>> idle =
+      InputPipeline::Create(files, order, 10, o);
+  ASSERT_TRUE(idle.ok()) << idle.status();
+  InputPipeline::Batch batch;
+  ASSERT_TRUE(*(*idle)->Next(&batch));
+  EXPECT_EQ(batch.images.data, expected.images.data);
+  EXPECT_EQ(batch.labels, expected.labels);
+  // Both threads set their policy as they start (one may not have yet).
+  std::vector<int> policies;
+  for (int tries = 0; tries < 500; ++tries) {
+    policies = ThreadPolicies();
+    if (std::count(policies.begin(), policies.end(), SCHED_IDLE) == 2) break;
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  EXPECT_EQ(std::count(policies.begin(), policies.end(), SCHED_IDLE), 2)
+      << "policies: " << ::testing::PrintToString(policies);
 }
 
 TEST(InputThreadsTest, AQuarterOfTheCoresLeavingTheStepSome) {

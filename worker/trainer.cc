@@ -123,12 +123,14 @@ class Workload {
 // A streamed split's pipeline: `threads` (at least 1) decoding, two
 // batches per thread and two more prefetched.
 InputPipelineOptions StreamInputOptions(const Dataset& dataset,
-                                        int64_t batch_size, int threads) {
+                                        int64_t batch_size, int threads,
+                                        bool idle_priority) {
   InputPipelineOptions input;
   input.batch_size = batch_size;
   input.threads = std::max(1, threads);
   input.prefetch_batches = 2 * input.threads + 2;
   input.augment = StreamAugmentOptions(dataset);
+  input.idle_priority = idle_priority;
   return input;
 }
 
@@ -205,7 +207,8 @@ class ModelWorkload : public Workload {
       // Streamed: the files of the next batches are decoded on the input
       // threads while this one trains.
       InputPipelineOptions input = StreamInputOptions(
-          dataset_, options_.batch_size, options_.input_threads);
+          dataset_, options_.batch_size, options_.input_threads,
+          options_.input_idle_priority);
       input.seed = options_.seed * 104729 + epoch * 131 + options_.worker_id;
       absl::StatusOr<std::unique_ptr<InputPipeline>> pipeline =
           InputPipeline::Create(*dataset_.train.files, indices_,
@@ -477,7 +480,8 @@ absl::StatusOr<Evaluation> EvaluateModel(Model& model, const Dataset& dataset,
   std::unique_ptr<InputPipeline> full, rest;
   if (test.files != nullptr) {
     InputPipelineOptions input =
-        StreamInputOptions(dataset, eval_batch, input_threads);
+        StreamInputOptions(dataset, eval_batch, input_threads,
+                           /*idle_priority=*/false);
     if (test.count / eval_batch > 0) {
       ASSIGN_OR_RETURN(full,
                        InputPipeline::Create(*test.files, indices,

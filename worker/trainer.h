@@ -60,6 +60,10 @@ struct TrainerOptions {
   // step's OpenMP threads; the worker takes them from its share of cores,
   // InputThreadsForCores).
   int input_threads = 1;
+  // Streamed datasets: the input threads run under SCHED_IDLE
+  // (InputPipelineOptions::idle_priority), beside a step that has every
+  // core (a CPU worker).
+  bool input_idle_priority = false;
   // "sync" or "async" (must match the shards' mode), or "allreduce" (no
   // shards; see worker/gradient_exchange.h).
   std::string mode = "sync";
