@@ -9,8 +9,8 @@
 //  - a refused push changes no weight (the model's bytes are the same);
 //  - the weights stay finite and chunk versions never go back within a
 //    generation;
-//  - an OK pull hands out every chunk of the shard exactly once, at the
-//    version asked for or later.
+//  - an OK pull hands out every chunk of the shard exactly once (twice
+//    when it reports a skipped step), at the version asked for or later.
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -35,22 +35,31 @@ struct Pulled {
   std::map<Key, std::pair<int64_t, std::vector<float>>> chunks;
 };
 
-// The shard's newest weights (min_version 0, no waiting).
+// The shard's weights at min_version or later (no waiting). A sync pull of
+// a skipped step's version sends every chunk twice (the second time with
+// the restored weights, server/parameter_shard.h); any other pull, once.
 Pulled PullNow(ParameterShard& shard, int64_t min_version, int64_t generation) {
   Pulled out;
+  std::map<Key, int> visits;
+  SkippedStepInfo skipped;
   out.status = shard.Pull(
       min_version, 1, absl::InfinitePast(),
       [&](const ChunkSpec& c, int64_t version, absl::Span<const float> w) {
         const Key key(c.param_id, c.chunk_index);
-        FUZZ_CHECK(out.chunks.count(key) == 0);
+        ++visits[key];
         FUZZ_CHECK(static_cast<int64_t>(w.size()) == c.num_elements);
         out.chunks[key] = {version, std::vector<float>(w.begin(), w.end())};
       },
-      nullptr, nullptr, generation, nullptr,
+      nullptr, nullptr, generation, &skipped,
       [](int64_t, double sum_sq) {
         FUZZ_CHECK(std::isfinite(sum_sq) && sum_sq >= 0);
         return true;
       });
+  if (out.status.ok()) {
+    for (const auto& [key, n] : visits) {
+      FUZZ_CHECK(n == (skipped.step >= 0 ? 2 : 1));
+    }
+  }
   return out;
 }
 
