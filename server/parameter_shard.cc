@@ -15,6 +15,15 @@ namespace pstrain {
 ParameterShard::ParameterShard(const ShardOptions& options)
     : options_(options) {}
 
+absl::Status ParameterShard::CheckWorkerId(int worker_id) const {
+  if (worker_id < 0 || worker_id >= options_.num_workers) {
+    return absl::InvalidArgumentError(absl::StrCat("worker id ", worker_id,
+                                                   " is outside the job's [0, ",
+                                                   options_.num_workers, ")"));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ParameterShard::CheckWorker(const std::string& job_id,
                                          int worker_id) const {
   if (job_id != options_.job_id) {
@@ -22,11 +31,7 @@ absl::Status ParameterShard::CheckWorker(const std::string& job_id,
         "job id \"", job_id, "\" does not match this shard's job \"",
         options_.job_id, "\""));
   }
-  if (worker_id < 0 || worker_id >= options_.num_workers) {
-    return absl::InvalidArgumentError(absl::StrCat("worker id ", worker_id,
-                                                   " is outside the job's [0, ",
-                                                   options_.num_workers, ")"));
-  }
+  if (absl::Status s = CheckWorkerId(worker_id); !s.ok()) return s;
   return absl::OkStatus();
 }
 
@@ -362,11 +367,7 @@ absl::StatusOr<ParameterShard::ChunkState*> ParameterShard::FindPushChunk(
     return absl::FailedPreconditionError(absl::StrCat(
         "push to shard ", options_.shard_index, " before it was initialised"));
   }
-  if (worker_id < 0 || worker_id >= options_.num_workers) {
-    return absl::InvalidArgumentError(absl::StrCat("worker id ", worker_id,
-                                                   " is outside the job's [0, ",
-                                                   options_.num_workers, ")"));
-  }
+  if (absl::Status s = CheckWorkerId(worker_id); !s.ok()) return s;
   const int global = plan_->FindChunk(param_id, chunk_index);
   if (global < 0 || local_index_[global] < 0) {
     return absl::InvalidArgumentError(
@@ -627,13 +628,13 @@ void ParameterShard::ResetStepsLocked(int64_t version) {
 double ParameterShard::PartialNormLocked(int64_t step, bool skip) {
   if (skip) return 0;
   double sum_sq = 0;
+  std::vector<int> workers(options_.num_workers);
+  std::iota(workers.begin(), workers.end(), 0);
   for (const std::unique_ptr<ChunkState>& c : chunks_) {
     absl::MutexLock chunk_lock(&c->mu);
     StepSlot& slot = c->slots[SlotIndex(step)];
     if (slot.skipped) continue;  // not applied (CompleteBarrierLocked())
     const int64_t n = c->spec.num_elements;
-    std::vector<int> workers(options_.num_workers);
-    std::iota(workers.begin(), workers.end(), 0);
     const float* sum = AverageInto(slot, workers, n);
     if (plan_->is_buffer(c->spec.param_id)) continue;
     for (int64_t i = 0; i < n; ++i) {
@@ -670,11 +671,7 @@ absl::Status ParameterShard::EndStep(int worker_id, int64_t step,
         "end of step ", step, " sent to shard ", options_.shard_index,
         ", which runs in async mode (step ends are for sync)"));
   }
-  if (worker_id < 0 || worker_id >= options_.num_workers) {
-    return absl::InvalidArgumentError(absl::StrCat("worker id ", worker_id,
-                                                   " is outside the job's [0, ",
-                                                   options_.num_workers, ")"));
-  }
+  if (absl::Status s = CheckWorkerId(worker_id); !s.ok()) return s;
   if (backup_workers()) {
     return absl::FailedPreconditionError(absl::StrCat(
         "end of step ", step, " on shard ", options_.shard_index,
@@ -776,11 +773,7 @@ absl::StatusOr<bool> ParameterShard::EndStepWithBackups(
         "end of step ", step, " with an admission sent to shard ",
         options_.shard_index, ", which runs without backup workers"));
   }
-  if (worker_id < 0 || worker_id >= options_.num_workers) {
-    return absl::InvalidArgumentError(absl::StrCat("worker id ", worker_id,
-                                                   " is outside the job's [0, ",
-                                                   options_.num_workers, ")"));
-  }
+  if (absl::Status s = CheckWorkerId(worker_id); !s.ok()) return s;
   const bool arbiter = options_.shard_index == 0;
   if (arbiter != (claim == AdmissionClaim::kDecide)) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -866,11 +859,7 @@ absl::Status ParameterShard::ApplyStepNorm(int worker_id, int64_t step,
         "global norm of step ", step, " sent to shard ", options_.shard_index,
         ", which does not clip gradients (clip_grad_norm 0 or async mode)"));
   }
-  if (worker_id < 0 || worker_id >= options_.num_workers) {
-    return absl::InvalidArgumentError(absl::StrCat("worker id ", worker_id,
-                                                   " is outside the job's [0, ",
-                                                   options_.num_workers, ")"));
-  }
+  if (absl::Status s = CheckWorkerId(worker_id); !s.ok()) return s;
   if (!std::isfinite(sum_sq) || sum_sq < 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "worker ", worker_id, " sent ", sum_sq, " as the squared global norm ",

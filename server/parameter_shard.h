@@ -535,6 +535,8 @@ class ParameterShard {
   const ShardOptions options_;
 
   absl::Status AbortedStatus() const;
+  // INVALID_ARGUMENT unless 0 <= worker_id < num_workers.
+  absl::Status CheckWorkerId(int worker_id) const;
   // INVALID_ARGUMENT naming the chunk, step and element if `values` (a
   // pushed gradient, or buffer values) holds a NaN or an infinity.
   absl::Status CheckFinite(int32_t param_id, int32_t chunk_index, int64_t step,

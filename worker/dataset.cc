@@ -623,17 +623,11 @@ ShardedSampler::ShardedSampler(int64_t num_samples, int worker_id,
       num_workers_(num_workers),
       seed_(seed) {}
 
-namespace {
-
-// SplitMix64's finaliser (Steele, Lea and Flood, "Fast splittable
-// pseudorandom number generators", OOPSLA 2014).
 uint64_t Mix64(uint64_t z) {
   z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
   z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
   return z ^ (z >> 31);
 }
-
-}  // namespace
 
 IndexPermutation::IndexPermutation(uint64_t n, uint64_t seed) : n_(n) {
   half_bits_ = 1;

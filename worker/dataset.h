@@ -178,6 +178,11 @@ bool IsKnownDataset(const std::string& name);
 using SampleIndex = uint32_t;
 inline constexpr int64_t kMaxSamples = 0xffffffff;
 
+// SplitMix64's finaliser (Steele, Lea and Flood, "Fast splittable
+// pseudorandom number generators", OOPSLA 2014): a bijective 64-bit mix,
+// the same on every platform and standard library.
+uint64_t Mix64(uint64_t z);
+
 // A pseudo-random permutation of [0, n), computed per position, with no
 // table: a balanced Feistel network of 4 rounds (Luby and Rackoff, "How to
 // construct pseudorandom permutations from pseudorandom functions", 1988)

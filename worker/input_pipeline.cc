@@ -16,12 +16,7 @@ namespace {
 // numbers are the same on every platform and standard library.
 struct SplitMix64 {
   uint64_t state;
-  uint64_t Next() {
-    uint64_t z = (state += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-  }
+  uint64_t Next() { return Mix64(state += 0x9e3779b97f4a7c15ull); }
   double Uniform() { return (Next() >> 11) * (1.0 / 9007199254740992.0); }
   double Uniform(double lo, double hi) { return lo + (hi - lo) * Uniform(); }
   // Uniform integer in [lo, hi].
