@@ -42,6 +42,13 @@ absl::Status TooLarge(const char* format, int64_t width, int64_t height) {
                                           kMaxImagePixels, " pixels)"));
 }
 
+absl::Status BadWindow(const PixelWindow& w, int height, int width) {
+  return absl::InvalidArgumentError(absl::StrCat(
+      "window of ", w.height, " x ", w.width, " pixels at row ", w.top,
+      ", column ", w.left, ": expected a non-empty window inside the ", height,
+      " x ", width, " image"));
+}
+
 // ---------------------------------------------------------------- JPEG --
 
 // libjpeg's error manager with a way out: error_exit longjmps back to the
@@ -79,13 +86,23 @@ struct JpegState {
   jpeg_decompress_struct cinfo;
   JpegErrors errors;
   bool created = false;
+  bool bad_window = false;  // the picked window is not inside the image
 };
+
+// Columns decoded beyond a cropped side of a window and dropped
+// (DecodeImageFileWindow): libjpeg-turbo's fancy upsampling treats a
+// cropped edge as the image's edge, which changes the edge column.
+constexpr int kCropMargin = 2;
 
 // The libjpeg calls, between setjmp and the last call that may longjmp. No
 // object with a destructor lives in this frame, and everything it changes is
 // reached through pointers, so the longjmp leaves nothing undefined.
+// `pick` (may be null: the whole image) chooses the window decoded; *window
+// is set to it, and `row` is scratch for a cropped scanline.
 bool RunJpeg(JpegState* s, const uint8_t* data, size_t size, bool header_only,
-             DecodedImage* out, std::vector<uint8_t>* cmyk) {
+             const WindowPicker* pick, DecodedImage* out,
+             std::vector<uint8_t>* cmyk, std::vector<uint8_t>* row,
+             PixelWindow* window) {
   if (setjmp(s->errors.jump) != 0) return false;
   jpeg_create_decompress(&s->cinfo);
   s->created = true;
@@ -98,6 +115,16 @@ bool RunJpeg(JpegState* s, const uint8_t* data, size_t size, bool header_only,
   if (header_only || int64_t{out->width} * out->height > kMaxImagePixels) {
     return true;
   }
+  *window = {0, 0, out->height, out->width};
+  if (pick != nullptr) {
+    *window = (*pick)(out->height, out->width);
+    if (window->height < 1 || window->width < 1 || window->top < 0 ||
+        window->left < 0 || window->top > out->height - window->height ||
+        window->left > out->width - window->width) {
+      s->bad_window = true;  // DecodeJpeg reports it.
+      return true;
+    }
+  }
   if (space == JCS_GRAYSCALE) {
     s->cinfo.out_color_space = JCS_GRAYSCALE;
   } else if (space == JCS_CMYK || space == JCS_YCCK) {
@@ -107,22 +134,53 @@ bool RunJpeg(JpegState* s, const uint8_t* data, size_t size, bool header_only,
   }
   jpeg_start_decompress(&s->cinfo);
   const size_t components = static_cast<size_t>(s->cinfo.output_components);
-  const size_t row_bytes = components * s->cinfo.output_width;
+  const bool crop = window->width < out->width;
+  size_t skip = 0;  // bytes of a decoded row left of the window
+  if (crop) {
+    // Moved left to an iMCU boundary by libjpeg-turbo, width grown to match.
+    JDIMENSION x =
+        static_cast<JDIMENSION>(std::max(0, window->left - kCropMargin));
+    JDIMENSION width = static_cast<JDIMENSION>(
+        std::min(out->width, window->left + window->width + kCropMargin) -
+        static_cast<int>(x));
+    jpeg_crop_scanline(&s->cinfo, &x, &width);
+    skip = components * (window->left - x);
+    row->resize(components * s->cinfo.output_width);
+  }
+  const size_t row_bytes = components * window->width;
   std::vector<uint8_t>* target =
       s->cinfo.out_color_space == JCS_CMYK ? cmyk : &out->pixels;
-  target->resize(row_bytes * s->cinfo.output_height);
-  while (s->cinfo.output_scanline < s->cinfo.output_height) {
-    JSAMPROW row = target->data() + row_bytes * s->cinfo.output_scanline;
-    jpeg_read_scanlines(&s->cinfo, &row, 1);
+  target->resize(row_bytes * window->height);
+  const JDIMENSION top = static_cast<JDIMENSION>(window->top);
+  const JDIMENSION bottom = top + static_cast<JDIMENSION>(window->height);
+  if (top > 0) jpeg_skip_scanlines(&s->cinfo, top);
+  while (s->cinfo.output_scanline < bottom) {
+    uint8_t* to = target->data() + row_bytes * (s->cinfo.output_scanline - top);
+    JSAMPROW into = crop ? row->data() : to;
+    jpeg_read_scanlines(&s->cinfo, &into, 1);
+    if (crop) std::memcpy(to, row->data() + skip, row_bytes);
+  }
+  // The rest is entropy-decoded only (no transform) but for its last row,
+  // so that damage below the window is found as a full decode finds it.
+  // (jpeg_skip_scanlines to the very end only moves the counter.)
+  const JDIMENSION left = s->cinfo.output_height - s->cinfo.output_scanline;
+  if (left > 0) {
+    if (left > 1) jpeg_skip_scanlines(&s->cinfo, left - 1);
+    row->resize(components * s->cinfo.output_width);
+    JSAMPROW last = row->data();
+    jpeg_read_scanlines(&s->cinfo, &last, 1);
   }
   jpeg_finish_decompress(&s->cinfo);
   return true;
 }
 
 absl::StatusOr<DecodedImage> DecodeJpeg(const uint8_t* data, size_t size,
-                                        bool header_only) {
+                                        bool header_only,
+                                        const WindowPicker* pick,
+                                        PixelWindow* window) {
   DecodedImage out;
-  std::vector<uint8_t> cmyk;
+  std::vector<uint8_t> cmyk, row;
+  PixelWindow picked;
   JpegState s;
   s.cinfo.err = jpeg_std_error(&s.errors.mgr);
   s.errors.mgr.error_exit = JpegErrorExit;
@@ -130,7 +188,8 @@ absl::StatusOr<DecodedImage> DecodeJpeg(const uint8_t* data, size_t size,
   s.errors.mgr.output_message = JpegOutputMessage;
   s.errors.damaged = false;
   s.errors.message[0] = s.errors.warning[0] = '\0';
-  const bool ok = RunJpeg(&s, data, size, header_only, &out, &cmyk);
+  const bool ok =
+      RunJpeg(&s, data, size, header_only, pick, &out, &cmyk, &row, &picked);
   if (s.created) jpeg_destroy_decompress(&s.cinfo);
   if (!ok) {
     return absl::DataLossError(
@@ -143,6 +202,11 @@ absl::StatusOr<DecodedImage> DecodeJpeg(const uint8_t* data, size_t size,
   if (int64_t{out.width} * out.height > kMaxImagePixels) {
     return TooLarge("JPEG", out.width, out.height);
   }
+  if (header_only) return out;
+  if (s.bad_window) return BadWindow(picked, out.height, out.width);
+  out.height = picked.height;
+  out.width = picked.width;
+  if (window != nullptr) *window = picked;
   if (!cmyk.empty()) {
     // Adobe's CMYK JPEGs store inverted values: R = C * K / 255.
     out.pixels.resize(cmyk.size() / 4 * 3);
@@ -249,15 +313,31 @@ absl::StatusOr<DecodedImage> DecodePng(const uint8_t* data, size_t size,
   return out;
 }
 
+// Largest image file read, in bytes.
+constexpr std::streamoff kMaxImageFileBytes = std::streamoff{1} << 30;
+
 absl::StatusOr<std::vector<uint8_t>> ReadFileBytes(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) {
     return absl::NotFoundError(
         absl::StrCat(path, ": cannot open: ", std::strerror(errno)));
   }
-  std::vector<uint8_t> bytes((std::istreambuf_iterator<char>(in)),
-                             std::istreambuf_iterator<char>());
-  if (in.bad()) {
+  std::error_code error;
+  if (!fs::is_regular_file(path, error)) {
+    return absl::DataLossError(absl::StrCat(path, ": not a regular file"));
+  }
+  // One read of the size the file has now (a file that shrinks meanwhile is
+  // a read error).
+  in.seekg(0, std::ios::end);
+  const std::streamoff size = in.tellg();
+  in.seekg(0);
+  if (size < 0 || size > kMaxImageFileBytes) {
+    return absl::DataLossError(absl::StrCat(path, ": ", size,
+                                            " bytes (expected at most ",
+                                            kMaxImageFileBytes, ")"));
+  }
+  std::vector<uint8_t> bytes(static_cast<size_t>(size));
+  if (!in.read(reinterpret_cast<char*>(bytes.data()), size)) {
     return absl::DataLossError(absl::StrCat(path, ": read error"));
   }
   return bytes;
@@ -588,32 +668,67 @@ absl::StatusOr<ImageFolderSplit> DecodeSplit(const std::string& where,
 
 }  // namespace
 
-absl::StatusOr<DecodedImage> DecodeImage(const uint8_t* data, size_t size,
-                                         bool header_only) {
+namespace {
+
+// DecodeImage, and DecodeImageFileWindow's decode when `pick` is set.
+absl::StatusOr<DecodedImage> DecodeAny(const uint8_t* data, size_t size,
+                                       bool header_only,
+                                       const WindowPicker* pick,
+                                       PixelWindow* window) {
   if (size == 0) return absl::DataLossError("empty file");
   static constexpr uint8_t kPng[8] = {0x89, 'P',  'N',  'G',
                                       '\r', '\n', 0x1a, '\n'};
   if (size >= 3 && data[0] == 0xff && data[1] == 0xd8 && data[2] == 0xff) {
-    return DecodeJpeg(data, size, header_only);
+    return DecodeJpeg(data, size, header_only, pick, window);
   }
   if (size >= 8 && std::memcmp(data, kPng, 8) == 0) {
-    return DecodePng(data, size, header_only);
+    absl::StatusOr<DecodedImage> image = DecodePng(data, size, header_only);
+    if (!image.ok() || pick == nullptr) return image;
+    // libpng decodes whole images: the window is the image.
+    const PixelWindow picked = (*pick)(image->height, image->width);
+    if (picked.height < 1 || picked.width < 1 || picked.top < 0 ||
+        picked.left < 0 || picked.top > image->height - picked.height ||
+        picked.left > image->width - picked.width) {
+      return BadWindow(picked, image->height, image->width);
+    }
+    *window = {0, 0, image->height, image->width};
+    return image;
   }
   return absl::DataLossError(absl::StrCat(
       "not a JPEG or PNG file (starts with ", Hex4(data, size), ")"));
 }
 
-absl::StatusOr<DecodedImage> DecodeImageFile(const std::string& path,
-                                             bool header_only) {
+absl::StatusOr<DecodedImage> DecodeFile(const std::string& path,
+                                        bool header_only,
+                                        const WindowPicker* pick,
+                                        PixelWindow* window) {
   absl::StatusOr<std::vector<uint8_t>> bytes = ReadFileBytes(path);
   if (!bytes.ok()) return bytes.status();
   absl::StatusOr<DecodedImage> image =
-      DecodeImage(bytes->data(), bytes->size(), header_only);
+      DecodeAny(bytes->data(), bytes->size(), header_only, pick, window);
   if (!image.ok()) {
     return absl::Status(image.status().code(),
                         absl::StrCat(path, ": ", image.status().message()));
   }
   return image;
+}
+
+}  // namespace
+
+absl::StatusOr<DecodedImage> DecodeImage(const uint8_t* data, size_t size,
+                                         bool header_only) {
+  return DecodeAny(data, size, header_only, nullptr, nullptr);
+}
+
+absl::StatusOr<DecodedImage> DecodeImageFile(const std::string& path,
+                                             bool header_only) {
+  return DecodeFile(path, header_only, nullptr, nullptr);
+}
+
+absl::StatusOr<DecodedImage> DecodeImageFileWindow(const std::string& path,
+                                                   WindowPicker pick,
+                                                   PixelWindow* decoded) {
+  return DecodeFile(path, /*header_only=*/false, &pick, decoded);
 }
 
 void ImageToChw(const DecodedImage& image, int channels, int size, float* out) {

@@ -56,6 +56,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/functional/function_ref.h"
 #include "absl/status/statusor.h"
 
 namespace pstrain {
@@ -102,6 +103,42 @@ absl::StatusOr<DecodedImage> DecodeImage(const uint8_t* data, size_t size,
 // "PATH: " before them; NOT_FOUND if it cannot be opened.
 absl::StatusOr<DecodedImage> DecodeImageFile(const std::string& path,
                                              bool header_only = false);
+
+// A window of an image's pixels: rows [top, top + height), columns
+// [left, left + width).
+struct PixelWindow {
+  int top = 0;
+  int left = 0;
+  int height = 0;
+  int width = 0;
+};
+
+// Picks the window to decode from the image's full height and width (from
+// its header); called once, before any pixel is decoded. It must return a
+// non-empty window inside the image.
+using WindowPicker = absl::FunctionRef<PixelWindow(int height, int width)>;
+
+// Reads the file at `path` and decodes the part of it that covers
+// pick(height, width), as TensorFlow's decode_and_crop_jpeg: the returned
+// image holds the pixels of *decoded, the window they cover in the full
+// image (the picked window for a JPEG; the whole image for a PNG, which
+// libpng decodes whole). The pixels equal the same window of
+// DecodeImageFile's.
+//
+// JPEG: libjpeg-turbo inverse-transforms, upsamples and colour-converts
+// only the picked rows and the iMCU columns that cover the picked columns
+// (jpeg_crop_scanline, jpeg_skip_scanlines; libjpeg.txt "Partial image
+// decompression"). Two more columns are decoded on each cropped side and
+// dropped: libjpeg-turbo's fancy upsampling treats a cropped edge as the
+// image's edge, so those columns may differ from a full decode's. The rows
+// outside the window are still entropy-decoded, so a corrupt or truncated
+// file is found exactly as by a full decode.
+//
+// Errors: DecodeImageFile's; INVALID_ARGUMENT naming the path if the picked
+// window is empty or not inside the image.
+absl::StatusOr<DecodedImage> DecodeImageFileWindow(const std::string& path,
+                                                   WindowPicker pick,
+                                                   PixelWindow* decoded);
 
 // Writes `image` as `channels` (1 or 3) planes of size x size floats in
 // [0, 1] at `out` (channels * size * size values, NCHW order for one image),

@@ -1,10 +1,16 @@
 #include "worker/image_folder.h"
 
+// clang-format off
+#include <cstdio>  // jpeglib.h needs FILE and size_t first
+#include <jpeglib.h>
+// clang-format on
+
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <random>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -575,6 +581,172 @@ TEST(ImageFolderTest, FashionMnistAsPngMatchesIdx) {
   EXPECT_EQ(loaded->num_classes, 10);
   EXPECT_EQ(loaded->train.chw, (Shape{1, 28, 28}));
   EXPECT_EQ(loaded->test.count, kTest);
+}
+
+// A JPEG as cameras and PIL write them: chroma subsampled h x v (2 x 2 is
+// 4:2:0), optionally progressive; c = 4 writes CMYK.
+void WriteJpegLike(const std::string& path, int h, int w, int c, int hs, int vs,
+                   bool progressive, const std::vector<uint8_t>& pixels) {
+  MakeDirs(path);
+  FILE* f = std::fopen(path.c_str(), "wb");
+  ASSERT_NE(f, nullptr) << path;
+  jpeg_compress_struct cinfo;
+  jpeg_error_mgr err;
+  cinfo.err = jpeg_std_error(&err);
+  jpeg_create_compress(&cinfo);
+  jpeg_stdio_dest(&cinfo, f);
+  cinfo.image_width = w;
+  cinfo.image_height = h;
+  cinfo.input_components = c;
+  cinfo.in_color_space = c == 1 ? JCS_GRAYSCALE : (c == 4 ? JCS_CMYK : JCS_RGB);
+  jpeg_set_defaults(&cinfo);
+  jpeg_set_quality(&cinfo, 85, TRUE);
+  if (c == 3) {
+    cinfo.comp_info[0].h_samp_factor = hs;
+    cinfo.comp_info[0].v_samp_factor = vs;
+  }
+  if (progressive) jpeg_simple_progression(&cinfo);
+  jpeg_start_compress(&cinfo, TRUE);
+  while (cinfo.next_scanline < cinfo.image_height) {
+    JSAMPROW row = const_cast<JSAMPROW>(pixels.data()) +
+                   static_cast<size_t>(cinfo.next_scanline) * w * c;
+    jpeg_write_scanlines(&cinfo, &row, 1);
+  }
+  jpeg_finish_compress(&cinfo);
+  jpeg_destroy_compress(&cinfo);
+  std::fclose(f);
+}
+
+// Noise on a gradient: every column differs from its neighbours, so an
+// upsampled chroma edge that were wrong would show.
+std::vector<uint8_t> Noisy(int h, int w, int c, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<uint8_t> p(static_cast<size_t>(h) * w * c);
+  for (size_t i = 0; i < p.size(); ++i) {
+    p[i] = static_cast<uint8_t>((i / c) % w * 200 / w + rng() % 56);
+  }
+  return p;
+}
+
+TEST(DecodeWindowTest, WindowEqualsTheSameWindowOfAFullDecode) {
+  const std::string dir = FreshDir("window");
+  struct Kind {
+    const char* name;
+    int c, hs, vs;
+    bool progressive;
+  };
+  const std::vector<Kind> kinds = {
+      {"420", 3, 2, 2, false},  {"422", 3, 2, 1, false},
+      {"444", 3, 1, 1, false},  {"420_progressive", 3, 2, 2, true},
+      {"gray", 1, 1, 1, false}, {"cmyk", 4, 1, 1, false}};
+  std::mt19937 rng(7);
+  int windows = 0;
+  for (const Kind& k : kinds) {
+    const int h = 77, w = 101;  // not multiples of an iMCU
+    const std::string path = absl::StrCat(dir, "/", k.name, ".jpg");
+    WriteJpegLike(path, h, w, k.c, k.hs, k.vs, k.progressive,
+                  Noisy(h, w, k.c, 3));
+    absl::StatusOr<DecodedImage> full = DecodeImageFile(path);
+    ASSERT_TRUE(full.ok()) << full.status();
+    for (int trial = 0; trial < 60; ++trial) {
+      PixelWindow want;
+      want.height = 1 + static_cast<int>(rng() % h);
+      want.width = 1 + static_cast<int>(rng() % w);
+      want.top = static_cast<int>(rng() % (h - want.height + 1));
+      want.left = static_cast<int>(rng() % (w - want.width + 1));
+      if (trial == 0) want = {0, 0, h, w};
+      if (trial == 1) want = {h - 1, w - 1, 1, 1};
+      int asked_h = 0, asked_w = 0;
+      PixelWindow got;
+      absl::StatusOr<DecodedImage> part = DecodeImageFileWindow(
+          path,
+          [&](int ih, int iw) {
+            asked_h = ih;
+            asked_w = iw;
+            return want;
+          },
+          &got);
+      ASSERT_TRUE(part.ok()) << part.status();
+      EXPECT_EQ(asked_h, h);
+      EXPECT_EQ(asked_w, w);
+      ASSERT_EQ(got.top, want.top);
+      ASSERT_EQ(got.left, want.left);
+      ASSERT_EQ(part->height, want.height);
+      ASSERT_EQ(part->width, want.width);
+      ASSERT_EQ(part->channels, full->channels);
+      const int c = full->channels;
+      int differ = 0;
+      for (int y = 0; y < want.height; ++y) {
+        for (int x = 0; x < want.width * c; ++x) {
+          differ +=
+              part->pixels[(static_cast<size_t>(y) * want.width) * c + x] !=
+              full->pixels[(static_cast<size_t>(y + want.top) * w + want.left) *
+                               c +
+                           x];
+        }
+      }
+      EXPECT_EQ(differ, 0) << k.name << " window " << want.height << " x "
+                           << want.width << " at (" << want.top << ", "
+                           << want.left << ")";
+      ++windows;
+    }
+  }
+  EXPECT_EQ(windows, 360);
+}
+
+TEST(DecodeWindowTest, PngIsDecodedWholeAndBadWindowsAreRefused) {
+  const std::string dir = FreshDir("window_png");
+  WritePng(dir + "/a.png", 20, 30, 3, Pattern(20, 30, 3, 1));
+  WriteJpeg(dir + "/a.jpg", 20, 30, 3, Pattern(20, 30, 3, 1));
+  PixelWindow got;
+  absl::StatusOr<DecodedImage> png = DecodeImageFileWindow(
+      dir + "/a.png",
+      [](int, int) {
+        return PixelWindow{2, 3, 4, 5};
+      },
+      &got);
+  ASSERT_TRUE(png.ok()) << png.status();
+  EXPECT_EQ(got.top, 0);
+  EXPECT_EQ(got.left, 0);
+  EXPECT_EQ(got.height, 20);
+  EXPECT_EQ(got.width, 30);
+  EXPECT_EQ(png->pixels, Pattern(20, 30, 3, 1));
+  for (const char* name : {"/a.png", "/a.jpg"}) {
+    for (const PixelWindow& bad :
+         {PixelWindow{0, 0, 0, 5}, PixelWindow{-1, 0, 2, 2},
+          PixelWindow{19, 0, 2, 2}, PixelWindow{0, 29, 1, 2}}) {
+      absl::StatusOr<DecodedImage> image = DecodeImageFileWindow(
+          dir + name, [&](int, int) { return bad; }, &got);
+      ASSERT_FALSE(image.ok()) << name;
+      EXPECT_EQ(image.status().code(), absl::StatusCode::kInvalidArgument);
+      EXPECT_NE(image.status().message().find("expected a non-empty window "
+                                              "inside the 20 x 30 image"),
+                std::string::npos)
+          << image.status();
+    }
+  }
+}
+
+TEST(DecodeWindowTest, DamageOutsideTheWindowIsStillFound) {
+  const std::string dir = FreshDir("window_damage");
+  WriteJpegLike(dir + "/a.jpg", 96, 96, 3, 2, 2, false, Noisy(96, 96, 3, 5));
+  // Cut in the bottom half of the entropy-coded data: the window's rows
+  // (the top 8) are whole, the image is not.
+  const std::string bytes = ReadAll(dir + "/a.jpg");
+  Truncate(dir + "/a.jpg", dir + "/cut.jpg", bytes.size() * 3 / 4);
+  PixelWindow got;
+  absl::StatusOr<DecodedImage> image = DecodeImageFileWindow(
+      dir + "/cut.jpg",
+      [](int, int) {
+        return PixelWindow{0, 8, 8, 16};
+      },
+      &got);
+  ASSERT_FALSE(image.ok());
+  EXPECT_EQ(image.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_NE(image.status().message().find("cut.jpg: corrupt JPEG (Premature "
+                                          "end"),
+            std::string::npos)
+      << image.status();
 }
 
 }  // namespace

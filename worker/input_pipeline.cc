@@ -65,23 +65,30 @@ std::vector<Tap> PadTaps(int out, int offset, int size) {
   return taps;
 }
 
-}  // namespace
-
-void AugmentImage(const DecodedImage& image, const AugmentOptions& o,
-                  uint64_t rng_seed, float* out) {
-  SplitMix64 rng{rng_seed};
-  const int H = image.height, W = image.width, S = o.out_size;
+// Where each output pixel of one augmented image samples the image: the
+// row and column taps over the full image (columns already mirrored when
+// the image is flipped).
+struct SamplePlan {
   std::vector<Tap> xs, ys;
+};
+
+// Draws the crop and flip of AugmentImage for an H x W image from the
+// generator seeded with `rng_seed` (see the header's file comment).
+SamplePlan PlanAugment(int H, int W, const AugmentOptions& o,
+                       uint64_t rng_seed) {
+  SplitMix64 rng{rng_seed};
+  const int S = o.out_size;
+  SamplePlan plan;
   switch (o.crop) {
     case AugmentOptions::Crop::kResize:
-      xs = Taps(S, 0, W, W);
-      ys = Taps(S, 0, H, H);
+      plan.xs = Taps(S, 0, W, W);
+      plan.ys = Taps(S, 0, H, H);
       break;
     case AugmentOptions::Crop::kPadCrop: {
       const int dy = static_cast<int>(rng.Int(0, 2 * o.pad)) - o.pad;
       const int dx = static_cast<int>(rng.Int(0, 2 * o.pad)) - o.pad;
-      ys = PadTaps(S, dy, H);
-      xs = PadTaps(S, dx, W);
+      plan.ys = PadTaps(S, dy, H);
+      plan.xs = PadTaps(S, dx, W);
       break;
     }
     case AugmentOptions::Crop::kRandomResizedCrop: {
@@ -116,56 +123,130 @@ void AugmentImage(const DecodedImage& image, const AugmentOptions& o,
         top = (H - h) / 2;
         left = (W - w) / 2;
       }
-      ys = Taps(S, top, h, H);
-      xs = Taps(S, left, w, W);
+      plan.ys = Taps(S, top, h, H);
+      plan.xs = Taps(S, left, w, W);
       break;
     }
   }
-  const bool flip = o.hflip && (rng.Next() & 1) != 0;
-  // The source planes as floats in [0, 1], converted to o.channels as
-  // ImageToChw does.
-  const size_t plane = static_cast<size_t>(H) * W;
-  const int c = image.channels;
-  const uint8_t* p = image.pixels.data();
-  std::vector<float> source(plane * o.channels);
-  for (int ch = 0; ch < o.channels; ++ch) {
-    float* dst = &source[ch * plane];
-    if (c == 1 || o.channels == 3) {
-      const int from = c == 1 ? 0 : ch;
-      for (size_t j = 0; j < plane; ++j) {
-        dst[j] = p[j * c + from] * (1.0f / 255.0f);
-      }
-    } else {
-      for (size_t j = 0; j < plane; ++j) {
-        const uint32_t luma = (p[3 * j] * 19595u + p[3 * j + 1] * 38470u +
-                               p[3 * j + 2] * 7471u + 0x8000u) >>
-                              16;
-        dst[j] = luma * (1.0f / 255.0f);
-      }
-    }
+  // Output x of the flipped image is output S - 1 - x of the unflipped one.
+  if (o.hflip && (rng.Next() & 1) != 0) {
+    std::reverse(plan.xs.begin(), plan.xs.end());
   }
+  return plan;
+}
+
+// The smallest window holding every pixel a valid tap reads (1 x 1 at the
+// origin when none is valid, as a pad wider than the image can make).
+PixelWindow NeededWindow(const SamplePlan& plan) {
+  auto span = [](const std::vector<Tap>& taps, int* lo, int* count) {
+    int first = -1, last = -1;
+    for (const Tap& t : taps) {
+      if (!t.valid) continue;
+      first = first < 0 ? t.i0 : std::min(first, t.i0);
+      last = std::max(last, t.i1);
+    }
+    *lo = std::max(first, 0);
+    *count = first < 0 ? 1 : last - first + 1;
+  };
+  PixelWindow w;
+  span(plan.ys, &w.top, &w.height);
+  span(plan.xs, &w.left, &w.width);
+  return w;
+}
+
+// Writes the augmented image: `image` holds the pixels of window `at` of the
+// full image the plan was drawn for. Separable: each source row a row tap
+// reads is interpolated along x once (two rows cached, as consecutive
+// output rows share their source rows), then pairs of those rows along y.
+// The arithmetic is the direct formula's, term by term: value / 255 per
+// pixel, top = r0[i0] + (r0[i1] - r0[i0]) wx and bottom likewise,
+// v = top + (bottom - top) wy, zero outside a padded crop, then
+// (v - mean) / stddev.
+void SampleImage(const DecodedImage& image, const PixelWindow& at,
+                 const SamplePlan& plan, const AugmentOptions& o, float* out) {
+  const int S = o.out_size;
+  const int c = image.channels;
+  const size_t row_bytes = static_cast<size_t>(image.width) * c;
+  // Column taps as byte offsets of channel 0 in a decoded row.
+  std::vector<size_t> x0(S), x1(S);
+  std::vector<float> wx(S);
+  std::vector<int> invalid_x;
+  for (int x = 0; x < S; ++x) {
+    const Tap& t = plan.xs[x];
+    if (!t.valid) {
+      invalid_x.push_back(x);
+      continue;
+    }
+    x0[x] = static_cast<size_t>(t.i0 - at.left) * c;
+    x1[x] = static_cast<size_t>(t.i1 - at.left) * c;
+    wx[x] = t.w1;
+  }
+  std::vector<float> rows(2 * static_cast<size_t>(S));
   for (int ch = 0; ch < o.channels; ++ch) {
-    const float* src = &source[ch * plane];
+    const int from = c == 1 ? 0 : ch;
+    const bool luma = c == 3 && o.channels == 1;
+    // Source row r (full-image coordinates) interpolated along x.
+    auto interpolate = [&](int r, float* h) {
+      const uint8_t* p =
+          image.pixels.data() + static_cast<size_t>(r - at.top) * row_bytes;
+      if (luma) {
+        auto value = [p](size_t i) {
+          const uint32_t y = (p[i] * 19595u + p[i + 1] * 38470u +
+                              p[i + 2] * 7471u + 0x8000u) >>
+                             16;
+          return y * (1.0f / 255.0f);
+        };
+        for (int x = 0; x < S; ++x) {
+          const float a = value(x0[x]), b = value(x1[x]);
+          h[x] = a + (b - a) * wx[x];
+        }
+      } else {
+        p += from;
+        for (int x = 0; x < S; ++x) {
+          const float a = p[x0[x]] * (1.0f / 255.0f);
+          const float b = p[x1[x]] * (1.0f / 255.0f);
+          h[x] = a + (b - a) * wx[x];
+        }
+      }
+      for (int x : invalid_x) h[x] = 0.0f;
+    };
+    int cached[2] = {-1, -1};  // source row held by rows[0..S), rows[S..2S)
+    auto row_of = [&](int r, int keep) -> const float* {
+      for (int k = 0; k < 2; ++k) {
+        if (cached[k] == r) return &rows[static_cast<size_t>(k) * S];
+      }
+      const int k = cached[0] == keep ? 1 : 0;  // never evict `keep`
+      cached[k] = r;
+      interpolate(r, &rows[static_cast<size_t>(k) * S]);
+      return &rows[static_cast<size_t>(k) * S];
+    };
     const float mean = o.mean.empty() ? 0.0f : o.mean[ch];
     const float inv = o.stddev.empty() ? 1.0f : 1.0f / o.stddev[ch];
     float* dst = out + static_cast<size_t>(ch) * S * S;
     for (int y = 0; y < S; ++y) {
-      const Tap& ty = ys[y];
+      const Tap& ty = plan.ys[y];
       float* row = dst + static_cast<size_t>(y) * S;
-      const float* r0 = src + static_cast<size_t>(ty.i0) * W;
-      const float* r1 = src + static_cast<size_t>(ty.i1) * W;
+      if (!ty.valid) {
+        std::fill(row, row + S, (0.0f - mean) * inv);
+        continue;
+      }
+      const float* top = row_of(ty.i0, -1);
+      const float* bottom = row_of(ty.i1, ty.i0);
+      const float wy = ty.w1;
       for (int x = 0; x < S; ++x) {
-        const Tap& tx = xs[x];
-        float v = 0.0f;
-        if (ty.valid && tx.valid) {
-          const float top = r0[tx.i0] + (r0[tx.i1] - r0[tx.i0]) * tx.w1;
-          const float bottom = r1[tx.i0] + (r1[tx.i1] - r1[tx.i0]) * tx.w1;
-          v = top + (bottom - top) * ty.w1;
-        }
-        row[flip ? S - 1 - x : x] = (v - mean) * inv;
+        const float v = top[x] + (bottom[x] - top[x]) * wy;
+        row[x] = (v - mean) * inv;
       }
     }
   }
+}
+
+}  // namespace
+
+void AugmentImage(const DecodedImage& image, const AugmentOptions& o,
+                  uint64_t rng_seed, float* out) {
+  SampleImage(image, PixelWindow{0, 0, image.height, image.width},
+              PlanAugment(image.height, image.width, o, rng_seed), o, out);
 }
 
 absl::StatusOr<std::unique_ptr<InputPipeline>> InputPipeline::Create(
@@ -242,11 +323,21 @@ absl::Status InputPipeline::Build(int64_t b, Batch* batch) const {
   for (int64_t i = 0; i < n; ++i) {
     const int64_t k = b * n + i;  // Position in the epoch's order.
     const int64_t sample = order_[k];
-    absl::StatusOr<DecodedImage> image = DecodeImageFile(files_.paths[sample]);
-    if (!image.ok()) return image.status();
     SplitMix64 hash{options_.seed ^
                     (0x5851f42d4c957f2dull * static_cast<uint64_t>(k + 1))};
-    AugmentImage(*image, a, hash.Next(), &batch->images.data[i * per]);
+    const uint64_t seed = hash.Next();
+    // Only the window the crop reads is decoded (JPEG).
+    SamplePlan plan;
+    PixelWindow window;
+    absl::StatusOr<DecodedImage> image = DecodeImageFileWindow(
+        files_.paths[sample],
+        [&](int height, int width) {
+          plan = PlanAugment(height, width, a, seed);
+          return NeededWindow(plan);
+        },
+        &window);
+    if (!image.ok()) return image.status();
+    SampleImage(*image, window, plan, a, &batch->images.data[i * per]);
     batch->labels[i] = files_.labels[sample];
   }
   return absl::OkStatus();
@@ -271,6 +362,13 @@ void InputPipeline::Work() {
       b = next_to_build_++;
     }
     Batch batch;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!spare_.empty()) {
+        batch = std::move(spare_.back());
+        spare_.pop_back();
+      }
+    }
     absl::Status status = Build(b, &batch);
     std::lock_guard<std::mutex> lock(mu_);
     if (status.ok()) {
@@ -297,6 +395,13 @@ absl::StatusOr<bool> InputPipeline::Next(Batch* batch) {
     stop_ = true;
     cv_.notify_all();
     return result.status();
+  }
+  // The caller's previous batch is done with: its storage is reused for a
+  // later batch (a batch of 224 x 224 images is 38 MB; allocating it anew
+  // costs page faults and zeroing on every batch).
+  if (batch->images.size() > 0 &&
+      spare_.size() < static_cast<size_t>(options_.prefetch_batches)) {
+    spare_.push_back(std::move(*batch));
   }
   *batch = *std::move(result);
   ++consumed_;

@@ -18,7 +18,11 @@
 // are bilinear with half-pixel centres and no antialiasing, as ImageToChw:
 // output pixel x of a window [x0, x0 + w) samples the image at
 // x0 + (x + 0.5) * w / out_size - 0.5, clamped to the image. Crop, resize,
-// flip, scaling and normalisation are one pass from the decoded bytes.
+// flip, scaling and normalisation are one separable pass from the decoded
+// bytes, and the pipeline decodes only the window of each JPEG that the
+// crop reads (DecodeImageFileWindow, as TensorFlow's decode_and_crop_jpeg):
+// the same values as decoding the whole image, for less work the smaller
+// the crop.
 //
 // Determinism: sample k of the epoch's order draws its crop and flip from a
 // generator seeded with a hash of (seed, k) alone, and batch b holds
@@ -28,6 +32,10 @@
 // Threads: `threads` are the pipeline's own, on top of the step's compute
 // threads; a worker given N cores runs its step on N - threads of them
 // (InputThreadsForCores).
+//
+// Memory: Next() takes the storage of the batch it overwrites for a later
+// batch, so a caller that passes the same Batch each time makes the
+// pipeline allocate nothing after its first batches.
 //
 // Thread-safety: Next() from one thread at a time; the pool is internal and
 // is joined by the destructor (which does not wait for unneeded batches).
@@ -121,6 +129,8 @@ class InputPipeline {
   int64_t consumed_ ABSL_GUARDED_BY(mu_) = 0;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   std::map<int64_t, absl::StatusOr<Batch>> ready_ ABSL_GUARDED_BY(mu_);
+  // Batches handed back through Next(), whose storage Work() reuses.
+  std::vector<Batch> spare_ ABSL_GUARDED_BY(mu_);
   std::vector<std::thread> threads_;
 };
 

@@ -19,6 +19,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "gtest/gtest.h"
+#include "worker/image_write.h"
 
 namespace pstrain {
 namespace {
@@ -143,6 +144,58 @@ TEST(InputPipelineTest, SameBatchesForOneAndFourThreads) {
     EXPECT_NE(
         0, std::memcmp(one[0].images.data.data(), other[0].images.data.data(),
                        one[0].images.data.size() * sizeof(float)));
+  }
+}
+
+// The pipeline decodes only the window of each JPEG its crop reads and
+// reuses the storage of the batches handed back to it. Against PNG copies of
+// the JPEGs' full decodes (decoded whole, into fresh batches), every crop
+// and channel conversion gives the same bytes.
+TEST(InputPipelineTest, DecodingOnlyTheCropWindowGivesTheSameBatches) {
+  const std::string dir = FreshDir("window");
+  const ImageFiles jpegs = MakeFiles(dir);
+  ImageFiles pngs = jpegs;
+  for (std::string& path : pngs.paths) {
+    absl::StatusOr<DecodedImage> full = DecodeImageFile(path);
+    ASSERT_TRUE(full.ok()) << full.status();
+    path += ".png";
+    ASSERT_TRUE(WritePngFile(path, full->height, full->width, full->channels,
+                             full->pixels)
+                    .ok());
+  }
+  std::vector<SampleIndex> order(jpegs.paths.size());
+  std::iota(order.begin(), order.end(), 0);
+  for (auto crop :
+       {AugmentOptions::Crop::kRandomResizedCrop,
+        AugmentOptions::Crop::kPadCrop, AugmentOptions::Crop::kResize}) {
+    for (int channels : {1, 3}) {
+      InputPipelineOptions o;
+      o.batch_size = 5;
+      o.seed = 3;
+      o.threads = 2;
+      o.augment.crop = crop;
+      o.augment.out_size = 48;  // crops are enlarged and shrunk
+      o.augment.channels = channels;
+      const std::vector<InputPipeline::Batch> from_jpeg =
+          AllBatches(jpegs, o, 6);
+      ASSERT_EQ(from_jpeg.size(), 6u);
+      // AllBatches reads the order reversed.
+      std::vector<SampleIndex> reversed(order.rbegin(), order.rend());
+      absl::StatusOr<std::unique_ptr<InputPipeline>> p =
+          InputPipeline::Create(pngs, reversed, 6, o);
+      ASSERT_TRUE(p.ok()) << p.status();
+      for (int b = 0; b < 6; ++b) {
+        InputPipeline::Batch fresh;
+        absl::StatusOr<bool> more = (*p)->Next(&fresh);
+        ASSERT_TRUE(more.ok() && *more) << more.status();
+        ASSERT_EQ(fresh.images.shape, from_jpeg[b].images.shape);
+        EXPECT_EQ(0, std::memcmp(fresh.images.data.data(),
+                                 from_jpeg[b].images.data.data(),
+                                 fresh.images.data.size() * sizeof(float)))
+            << "batch " << b << ", crop " << static_cast<int>(crop)
+            << ", channels " << channels;
+      }
+    }
   }
 }
 
