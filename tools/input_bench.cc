@@ -71,6 +71,9 @@ int Main() {
   int64_t images = 0;
   absl::Time start;
   bool started = false;
+  // One batch object for the whole run, as the trainer keeps one: the
+  // pipeline reuses the storage of the batch it overwrites.
+  pstrain::InputPipeline::Batch batch;
   for (int epoch = 0; epoch < absl::GetFlag(FLAGS_epochs); ++epoch) {
     std::vector<pstrain::SampleIndex> order(n);
     std::iota(order.begin(), order.end(), 0);
@@ -82,7 +85,6 @@ int Main() {
       pstrain::PrintError(kProgram, p.status().message());
       return 2;
     }
-    pstrain::InputPipeline::Batch batch;
     while (true) {
       absl::StatusOr<bool> more = (*p)->Next(&batch);
       if (!more.ok()) {
