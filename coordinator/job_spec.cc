@@ -7,6 +7,7 @@
 #include <map>
 #include <utility>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -372,12 +373,29 @@ absl::Status ValidateJobSpec(const JobSpec& spec) {
   }
   if (spec.clip_grad_norm() > 0 &&
       (spec.staleness() > 0 || spec.backup_workers() > 0)) {
-    return Bad("clip_grad_norm",
-               absl::StrCat(Number(spec.clip_grad_norm()), " with ",
-                            spec.staleness() > 0 ? "staleness" : "backup_workers",
-                            "; expected 0 (the shards agree on each step's "
-                            "norm once every worker has ended the step: "
-                            "plain sync or allreduce)"));
+    return Bad(
+        "clip_grad_norm",
+        absl::StrCat(Number(spec.clip_grad_norm()), " with ",
+                     spec.staleness() > 0 ? "staleness" : "backup_workers",
+                     "; expected 0 (the shards agree on each step's "
+                     "norm once every worker has ended the step: "
+                     "plain sync or allreduce)"));
+  }
+  if (!spec.augment().empty() && spec.augment() != "none") {
+    if (spec.augment() != "random_resized_crop" &&
+        spec.augment() != "pad_crop") {
+      return Bad("augment",
+                 absl::StrCat("\"", absl::CEscape(spec.augment()),
+                              "\"; expected none, random_resized_crop or "
+                              "pad_crop"));
+    }
+    if (!spec.stream_images()) {
+      return Bad("augment",
+                 absl::StrCat(spec.augment(),
+                              " without stream_images; expected none "
+                              "(augmentation runs in the input pipeline of "
+                              "a streamed image_folder)"));
+    }
   }
   if (spec.stream_images() && spec.dataset() != "image_folder") {
     return Bad("stream_images",

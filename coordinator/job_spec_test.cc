@@ -261,6 +261,19 @@ TEST(JobSpecTest, RangesAcceptTheirBoundsAndRefuseOneBeyond) {
        "stream_images: true with dataset fashion_mnist; expected false "
        "(streaming is for image_folder: IDX and record files are "
        "memory-mapped already)"},
+      {base + "dataset: \"image_folder\" data_dir: \"/d\" stream_images: true "
+              "augment: \"random_resized_crop\"",
+       base + "dataset: \"image_folder\" data_dir: \"/d\" stream_images: true "
+              "augment: \"rotate\"",
+       "augment: \"rotate\"; expected none, random_resized_crop or "
+       "pad_crop"},
+      {base + "dataset: \"image_folder\" data_dir: \"/d\" stream_images: true "
+              "augment: \"pad_crop\"",
+       base + "dataset: \"image_folder\" data_dir: \"/d\" augment: "
+              "\"pad_crop\"",
+       "augment: pad_crop without stream_images; expected none "
+       "(augmentation runs in the input pipeline of a streamed "
+       "image_folder)"},
       {base + "registration_timeout_s: 604800",
        base + "registration_timeout_s: 604801",
        "registration_timeout_s: 604801; expected 1 to 604800 seconds"},

@@ -233,6 +233,16 @@ TEST(RunCliTest, StreamedImageFolderTrains) {
                  R"((0\.[0-9]{4}) \|)")))
       << r.output;
   EXPECT_GT(std::stod(accuracy[1].str()), 0.5) << r.output;
+  // The CIFAR recipe's padded crop and flip on the same files.
+  const Result augmented = RunPstrain(
+      "--dataset=image_folder --data_dir=" + tree +
+      " --image_size=28 --stream_images --augment=pad_crop --epochs=1 "
+      "--max_steps_per_epoch=40 --log_every_steps=20");
+  ASSERT_EQ(augmented.exit_code, 0) << augmented.output;
+  EXPECT_NE(augmented.output.find("decoded on 1 input threads, augmented by "
+                                  "pad_crop"),
+            std::string::npos)
+      << augmented.output;
 }
 
 TEST(RunCliTest, BadInputGetsOneLineErrorAndExitCode2) {
@@ -251,6 +261,13 @@ TEST(RunCliTest, BadInputGetsOneLineErrorAndExitCode2) {
        "pstrain: error: --stream_images: true with dataset fashion_mnist; "
        "expected false (streaming is for image_folder: IDX and record files "
        "are memory-mapped already)\n"},
+      {"--augment=pad_crop",
+       "pstrain: error: --augment: pad_crop without stream_images; expected "
+       "none (augmentation runs in the input pipeline of a streamed "
+       "image_folder)\n"},
+      {"--dataset=image_folder --data_dir=/d --augment=flip",
+       "pstrain: error: --augment: \"flip\"; expected none, "
+       "random_resized_crop or pad_crop\n"},
       {"--batch_size=-4",
        "pstrain: error: --batch_size: -4; expected 1 to 65536\n"},
       {"--data_dir=/nonexistent",

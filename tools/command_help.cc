@@ -8,8 +8,9 @@ namespace {
 
 const std::vector<std::string>& DataFlags() {
   static const auto* flags = new std::vector<std::string>{
-      "dataset",     "data_dir",          "image_size", "stream_images",
-      "num_classes", "synthetic_samples", "backend",    "gpu"};
+      "dataset",           "data_dir", "image_size",
+      "stream_images",     "augment",  "num_classes",
+      "synthetic_samples", "backend",  "gpu"};
   return *flags;
 }
 

@@ -383,7 +383,8 @@ absl::Status CheckIgnoredDataFlags(const std::string& dataset,
                      "; see pstrain help ", command));
   };
   if (dataset == "synthetic") {
-    for (const char* flag : {"data_dir", "bad_images", "stream_images"}) {
+    for (const char* flag :
+         {"data_dir", "bad_images", "stream_images", "augment"}) {
       if (FlagSpecified(flag)) {
         return ignored(flag, "--dataset=synthetic reads no files");
       }
@@ -403,7 +404,7 @@ absl::Status CheckIgnoredDataFlags(const std::string& dataset,
                                   "image_folder, not ",
                                   dataset));
     }
-    for (const char* flag : {"bad_images", "stream_images"}) {
+    for (const char* flag : {"bad_images", "stream_images", "augment"}) {
       if (FlagSpecified(flag)) {
         return ignored(flag, absl::StrCat("it is for --dataset=image_folder, "
                                           "not ",
@@ -489,6 +490,7 @@ JobSpec SpecFromFlags(const std::string& mode, int num_ps, int num_workers) {
   spec.set_data_dir(absl::GetFlag(FLAGS_data_dir));
   spec.set_image_size(absl::GetFlag(FLAGS_image_size));
   spec.set_stream_images(absl::GetFlag(FLAGS_stream_images));
+  spec.set_augment(absl::GetFlag(FLAGS_augment));
   spec.set_num_classes(absl::GetFlag(FLAGS_num_classes));
   spec.set_synthetic_samples(absl::GetFlag(FLAGS_synthetic_samples));
   spec.set_backend(absl::GetFlag(FLAGS_backend));

@@ -25,6 +25,17 @@ Columns: samples/s of each, their ratio (pstrain / PyTorch), each side's
 loss at the first and the last step (correctness: both must fall), and the
 exit status.
 
+--workers=1,2 adds, for each worker count W > 1, a second table: W workers
+of pstrain with a sync PS (`--mode=sync --num_ps=1`) and with allreduce over
+Gloo (`--mode=allreduce`), against PyTorch's DistributedDataParallel over
+Gloo with W processes (torch.multiprocessing.spawn on 127.0.0.1), each
+with --threads / W compute threads, a DistributedSampler and its own
+DataLoader; --batch_size per worker, the same Adam and steps. Samples/s
+is the job's: all workers' samples over the time from the first step to
+the last (PyTorch: rank 0 between two barriers; pstrain: its result
+table). pstrain's local job gives each of its processes its share of the
+cores as well.
+
 Usage (from the repository root, after `bazel build //tools:pstrain
 //worker:pstrain_worker`):
   /usr/bin/python3 tools/tiny_imagenet_bench.py --dir=/tmp/tin \\
@@ -83,15 +94,20 @@ def make_folder(root, classes, train_per_class, val_per_class, seed):
                 j += 1
 
 
-def run_pstrain(args, model):
+def run_pstrain(args, model, mode="allreduce", workers=1):
     cmd = [args.pstrain, "run", "--dataset=image_folder",
            "--data_dir=" + args.dir, "--stream_images", "--image_size=64",
-           "--model=" + model, "--mode=allreduce", "--num_workers=1",
+           "--model=" + model, "--mode=" + mode,
+           "--num_workers=%d" % workers,
            "--epochs=1", "--max_steps_per_epoch=%d" % args.steps,
            "--batch_size=%d" % args.batch_size,
            "--log_every_steps=%d" % args.log_every]
+    if mode == "sync":
+        cmd.append("--num_ps=1")
     if args.worker_binary:
         cmd.append("--worker_binary=" + args.worker_binary)
+    if args.ps_binary:
+        cmd.append("--ps_binary=" + args.ps_binary)
     proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                           text=True, timeout=args.timeout_s)
     losses = [float(m.group(2)) for m in map(LOSS.search,
@@ -105,37 +121,108 @@ def run_pstrain(args, model):
     return 0.0, losses, 0.0, proc.returncode or 1
 
 
+def training_files(root):
+    wnids = open(os.path.join(root, "wnids.txt")).read().split()
+    files = []
+    for label, wnid in enumerate(sorted(wnids)):
+        folder = os.path.join(root, "train", wnid, "images")
+        files += [(os.path.join(folder, n), label)
+                  for n in sorted(os.listdir(folder))]
+    return files, len(wnids)
+
+
+class JpegFiles:
+    """A map-style dataset of (path, label): PIL decode, /255, normalised."""
+
+    def __init__(self, files):
+        self.files = files
+
+    def __len__(self):
+        return len(self.files)
+
+    def __getitem__(self, i):
+        import numpy as np
+        import torch
+        from PIL import Image
+        path, label = self.files[i]
+        with Image.open(path) as im:
+            x = np.asarray(im.convert("RGB"), dtype=np.float32) / 255.0
+        x = (torch.from_numpy(x).permute(2, 0, 1) - 0.5) / 0.25
+        return x, label
+
+
+def ddp_worker(rank, world, args, model, port, results):
+    import torch
+    import torch.distributed as dist
+    import torch.nn.functional as F
+    from torch_models import build_any
+
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(port)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    torch.manual_seed(1)  # the same initial weights (DDP also broadcasts)
+    torch.set_num_threads(max(1, args.threads // world))
+    files, classes = training_files(args.dir)
+    data = JpegFiles(files)
+    sampler = torch.utils.data.distributed.DistributedSampler(
+        data, num_replicas=world, rank=rank, shuffle=True, seed=1,
+        drop_last=True)
+    loader = torch.utils.data.DataLoader(
+        data, batch_size=args.batch_size, sampler=sampler, drop_last=True,
+        num_workers=args.loader_workers)
+    net = torch.nn.parallel.DistributedDataParallel(
+        build_any(model, 3, 64, classes))
+    opt = torch.optim.Adam(net.parameters(), lr=1e-3)
+    losses = []
+    steps = 0
+    epoch = 0
+    dist.barrier()
+    start = time.perf_counter()
+    while steps < args.steps:
+        sampler.set_epoch(epoch)
+        epoch += 1
+        for x, y in loader:
+            opt.zero_grad()
+            loss = F.cross_entropy(net(x), y)
+            loss.backward()
+            opt.step()
+            steps += 1
+            if steps % args.log_every == 0:
+                losses.append(float(loss))
+            if steps == args.steps:
+                break
+    dist.barrier()
+    seconds = time.perf_counter() - start
+    if rank == 0:
+        results.put((world * steps * args.batch_size / seconds, losses))
+    dist.destroy_process_group()
+
+
+def run_ddp(args, model, world):
+    import socket
+    import torch.multiprocessing as mp
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ctx = mp.get_context("spawn")
+    results = ctx.SimpleQueue()
+    mp.spawn(ddp_worker, args=(world, args, model, port, results),
+             nprocs=world, join=True)
+    return results.get()
+
+
 def run_torch(args, model):
-    import numpy as np
     import torch
     import torch.nn.functional as F
-    from PIL import Image
     from torch_models import build_any
 
     torch.manual_seed(1)
     torch.set_num_threads(args.threads)
-    wnids = open(os.path.join(args.dir, "wnids.txt")).read().split()
-    files = []
-    for label, wnid in enumerate(sorted(wnids)):
-        folder = os.path.join(args.dir, "train", wnid, "images")
-        files += [(os.path.join(folder, n), label)
-                  for n in sorted(os.listdir(folder))]
-
-    class Files(torch.utils.data.Dataset):
-        def __len__(self):
-            return len(files)
-
-        def __getitem__(self, i):
-            path, label = files[i]
-            with Image.open(path) as im:
-                x = np.asarray(im.convert("RGB"), dtype=np.float32) / 255.0
-            x = (torch.from_numpy(x).permute(2, 0, 1) - 0.5) / 0.25
-            return x, label
-
+    files, classes = training_files(args.dir)
     loader = torch.utils.data.DataLoader(
-        Files(), batch_size=args.batch_size, shuffle=True, drop_last=True,
-        num_workers=args.loader_workers)
-    net = build_any(model, 3, 64, len(wnids))
+        JpegFiles(files), batch_size=args.batch_size, shuffle=True,
+        drop_last=True, num_workers=args.loader_workers)
+    net = build_any(model, 3, 64, classes)
     opt = torch.optim.Adam(net.parameters(), lr=1e-3)
     losses = []
     steps = 0
@@ -170,7 +257,12 @@ def main():
     p.add_argument("--timeout_s", type=int, default=3600)
     p.add_argument("--pstrain", default="bazel-bin/tools/pstrain")
     p.add_argument("--worker_binary", default="")
+    p.add_argument("--ps_binary", default="")
+    p.add_argument("--workers", default="1",
+                   help="worker counts; each W > 1 adds a row per model to "
+                        "the PS / allreduce / DDP table")
     args = p.parse_args()
+    worker_counts = [int(w) for w in args.workers.split(",")]
 
     if not os.path.exists(os.path.join(args.dir, "wnids.txt")):
         t = time.time()
@@ -181,26 +273,52 @@ def main():
                                      args.classes * args.train_per_class,
                                      args.classes * args.val_per_class,
                                      time.time() - t), flush=True)
-    print("| model | batch | steps | pstrain (samples/s) | PyTorch "
-          "(samples/s) | ratio | pstrain loss first -> last | PyTorch loss "
-          "first -> last | ok |")
-    print("|---|---:|---:|---:|---:|---:|---|---|---|")
-    for model in args.models.split(","):
+
+    def trend(losses):
+        if len(losses) < 2:
+            return "-"
+        return "%.3f -> %.3f (%s)" % (
+            losses[0], losses[-1],
+            "falls" if losses[-1] < losses[0] else "does not fall")
+
+    def ratio(a, b):
+        return "%.2fx" % (a / b) if b > 0 else "-"
+
+    if 1 in worker_counts:
+        print("| model | batch | steps | pstrain (samples/s) | PyTorch "
+              "(samples/s) | ratio | pstrain loss first -> last | PyTorch "
+              "loss first -> last | ok |")
+        print("|---|---:|---:|---:|---:|---:|---|---|---|")
+    for model in args.models.split(",") if 1 in worker_counts else []:
         ps_rate, ps_losses, _, rc = run_pstrain(args, model)
         torch_rate, torch_losses = run_torch(args, model)
-
-        def trend(losses):
-            if len(losses) < 2:
-                return "-"
-            return "%.3f -> %.3f (%s)" % (
-                losses[0], losses[-1],
-                "falls" if losses[-1] < losses[0] else "does not fall")
-
         print("| %s | %d | %d | %.1f | %.1f | %.2fx | %s | %s | %s |" % (
             model, args.batch_size, args.steps, ps_rate, torch_rate,
             ps_rate / torch_rate if torch_rate > 0 else 0.0,
             trend(ps_losses), trend(torch_losses),
             "yes" if rc == 0 else "NO (%d)" % rc), flush=True)
+    multi = [w for w in worker_counts if w > 1]
+    if not multi:
+        return
+    print("\n| model | workers | batch/worker | steps | pstrain PS sync "
+          "(samples/s) | pstrain allreduce (samples/s) | PyTorch DDP "
+          "(samples/s) | PS / DDP | allreduce / DDP | loss first -> last: "
+          "PS; allreduce; DDP | ok |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---|")
+    for model in args.models.split(","):
+        for w in multi:
+            ps_rate, ps_losses, _, ps_rc = run_pstrain(args, model, "sync", w)
+            ar_rate, ar_losses, _, ar_rc = run_pstrain(args, model,
+                                                       "allreduce", w)
+            ddp_rate, ddp_losses = run_ddp(args, model, w)
+            print("| %s | %d | %d | %d | %.1f | %.1f | %.1f | %s | %s | "
+                  "%s; %s; %s | %s |" % (
+                      model, w, args.batch_size, args.steps, ps_rate,
+                      ar_rate, ddp_rate, ratio(ps_rate, ddp_rate),
+                      ratio(ar_rate, ddp_rate), trend(ps_losses),
+                      trend(ar_losses), trend(ddp_losses),
+                      "yes" if ps_rc == 0 and ar_rc == 0 else
+                      "NO (%d, %d)" % (ps_rc, ar_rc)), flush=True)
 
 
 if __name__ == "__main__":

@@ -24,6 +24,13 @@ ABSL_FLAG(bool, stream_images, false,
           "image_folder: list the files and decode each batch on input "
           "threads while training (memory does not grow with the dataset), "
           "instead of decoding every image into memory at start.");
+ABSL_FLAG(std::string, augment, "none",
+          "image_folder with --stream_images: training-batch augmentation, "
+          "as torchvision's transforms: none (the whole image resized), "
+          "random_resized_crop (RandomResizedCrop(image_size) and a "
+          "horizontal flip: the ImageNet recipe) or pad_crop "
+          "(RandomCrop(image_size, padding=4) and a horizontal flip: the "
+          "CIFAR recipe). Evaluation is never augmented.");
 ABSL_FLAG(int, num_classes, 1000, "Synthetic data: number of classes.");
 ABSL_FLAG(int64_t, synthetic_samples, 12800,
           "Synthetic data: training samples per epoch (test: 1000).");
@@ -68,6 +75,7 @@ std::vector<std::string> DataAndBackendFlagArgs() {
       absl::StrCat("--bad_images=", absl::GetFlag(FLAGS_bad_images)),
       absl::StrCat("--stream_images=",
                    absl::GetFlag(FLAGS_stream_images) ? "true" : "false"),
+      absl::StrCat("--augment=", absl::GetFlag(FLAGS_augment)),
       absl::StrCat("--num_classes=", absl::GetFlag(FLAGS_num_classes)),
       absl::StrCat("--synthetic_samples=",
                    absl::GetFlag(FLAGS_synthetic_samples)),

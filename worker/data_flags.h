@@ -1,7 +1,7 @@
 // Command-line flags shared by pstrain_worker, `pstrain run` and
 // train_bench: the dataset (--dataset, --data_dir, --image_size,
-// --bad_images, --stream_images, --num_classes, --synthetic_samples) and the
-// backend (--backend,
+// --bad_images, --stream_images, --augment, --num_classes, --synthetic_samples)
+// and the backend (--backend,
 // --gpu). Defined once here so that `pstrain run` forwards exactly what a
 // worker parses.
 //
@@ -22,6 +22,7 @@ ABSL_DECLARE_FLAG(std::string, data_dir);
 ABSL_DECLARE_FLAG(int, image_size);
 ABSL_DECLARE_FLAG(std::string, bad_images);
 ABSL_DECLARE_FLAG(bool, stream_images);
+ABSL_DECLARE_FLAG(std::string, augment);
 ABSL_DECLARE_FLAG(int, num_classes);
 ABSL_DECLARE_FLAG(int64_t, synthetic_samples);
 ABSL_DECLARE_FLAG(std::string, backend);

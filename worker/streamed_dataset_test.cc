@@ -81,7 +81,7 @@ TEST(StreamedDatasetTest, SameSamplesStatisticsAndBatchesAsInMemory) {
   InputPipelineOptions input;
   input.batch_size = 8;
   input.threads = 3;
-  input.augment = StreamAugmentOptions(*streamed);
+  input.augment = *StreamAugmentOptions(*streamed);
   absl::StatusOr<std::unique_ptr<InputPipeline>> pipeline =
       InputPipeline::Create(*streamed->train.files, order, 5, input);
   ASSERT_TRUE(pipeline.ok()) << pipeline.status();
@@ -126,6 +126,48 @@ TEST(StreamedDatasetTest, EvaluationMatchesInMemory) {
   ASSERT_TRUE(b.ok()) << b.status();
   EXPECT_DOUBLE_EQ(a->accuracy, b->accuracy);
   EXPECT_NEAR(a->loss, b->loss, 1e-5);
+}
+
+// JobSpec.augment names torchvision's recipes; each keeps the split's size
+// and statistics, and none is the in-memory reader's resize.
+TEST(StreamedDatasetTest, AugmentNamesTheTorchvisionRecipes) {
+  const std::string root = MakeTree("augment", 12, 3);
+  DatasetOptions options;
+  options.image_size = 8;
+  options.stream_images = true;
+  absl::StatusOr<Dataset> streamed = LoadDataset("image_folder", root, options);
+  ASSERT_TRUE(streamed.ok()) << streamed.status();
+  using Crop = AugmentOptions::Crop;
+  struct Case {
+    std::string name;
+    Crop crop;
+    bool hflip;
+  };
+  for (const Case& c :
+       {Case{"", Crop::kResize, false}, Case{"none", Crop::kResize, false},
+        Case{"random_resized_crop", Crop::kRandomResizedCrop, true},
+        Case{"pad_crop", Crop::kPadCrop, true}}) {
+    absl::StatusOr<AugmentOptions> a = StreamAugmentOptions(*streamed, c.name);
+    ASSERT_TRUE(a.ok()) << a.status();
+    EXPECT_EQ(a->crop, c.crop) << c.name;
+    EXPECT_EQ(a->hflip, c.hflip) << c.name;
+    EXPECT_EQ(a->out_size, 8);
+    EXPECT_EQ(a->channels, 3);
+    EXPECT_EQ(a->pad, 4);
+    EXPECT_DOUBLE_EQ(a->min_area, 0.08);
+    EXPECT_DOUBLE_EQ(a->max_ratio, 4.0 / 3.0);
+    ASSERT_EQ(a->mean.size(), 3u);
+    EXPECT_FLOAT_EQ(a->mean[1], static_cast<float>(streamed->channel_mean[1]));
+    EXPECT_FLOAT_EQ(a->stddev[2],
+                    static_cast<float>(streamed->channel_stddev[2]));
+  }
+  absl::StatusOr<AugmentOptions> bad =
+      StreamAugmentOptions(*streamed, "rotate");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(bad.status().message(),
+            "augment: \"rotate\"; expected none, random_resized_crop or "
+            "pad_crop");
 }
 
 TEST(StreamedDatasetTest, UnreadableFilesAreSkippedAtListingOrFailIt) {

@@ -121,15 +121,19 @@ class Workload {
 };
 
 // A streamed split's pipeline: `threads` (at least 1) decoding, two
-// batches per thread and two more prefetched.
+// batches per thread and two more prefetched, augmented as `augment`
+// (checked by ModelWorkload::Create: StreamAugmentOptions).
 InputPipelineOptions StreamInputOptions(const Dataset& dataset,
                                         int64_t batch_size, int threads,
-                                        bool idle_priority) {
+                                        bool idle_priority,
+                                        const std::string& augment = "") {
   InputPipelineOptions input;
   input.batch_size = batch_size;
   input.threads = std::max(1, threads);
   input.prefetch_batches = 2 * input.threads + 2;
-  input.augment = StreamAugmentOptions(dataset);
+  absl::StatusOr<AugmentOptions> options =
+      StreamAugmentOptions(dataset, augment);
+  input.augment = options.ok() ? *options : AugmentOptions();
   input.idle_priority = idle_priority;
   return input;
 }
@@ -144,6 +148,9 @@ class ModelWorkload : public Workload {
             "a dataset split of ", split->count, " samples; at most ",
             kMaxSamples, " (sample indices are 32-bit)"));
       }
+    }
+    if (dataset.train.files != nullptr) {
+      RETURN_IF_ERROR(StreamAugmentOptions(dataset, options.augment).status());
     }
     auto w = absl::WrapUnique(new ModelWorkload(options, dataset));
     ASSIGN_OR_RETURN(w->backend_,
@@ -208,7 +215,7 @@ class ModelWorkload : public Workload {
       // threads while this one trains.
       InputPipelineOptions input = StreamInputOptions(
           dataset_, options_.batch_size, options_.input_threads,
-          options_.input_idle_priority);
+          options_.input_idle_priority, options_.augment);
       input.seed = options_.seed * 104729 + epoch * 131 + options_.worker_id;
       absl::StatusOr<std::unique_ptr<InputPipeline>> pipeline =
           InputPipeline::Create(*dataset_.train.files, indices_,
@@ -281,10 +288,12 @@ class ModelWorkload : public Workload {
         model_->buffers().size(), 2.0 * model_->ForwardMacsPerSample() / 1e6,
         dataset_.train.files == nullptr
             ? ""
-            : absl::StrFormat("; streaming %d image files, decoded on %d "
-                              "input threads",
-                              dataset_.train.count,
-                              std::max(1, options_.input_threads)));
+            : absl::StrFormat(
+                  "; streaming %d image files, decoded on %d input threads%s",
+                  dataset_.train.count, std::max(1, options_.input_threads),
+                  options_.augment.empty() || options_.augment == "none"
+                      ? ""
+                      : absl::StrCat(", augmented by ", options_.augment)));
   }
 
  private:
@@ -450,19 +459,33 @@ class SyntheticWorkload : public Workload {
 
 }  // namespace
 
-AugmentOptions StreamAugmentOptions(const Dataset& dataset) {
-  AugmentOptions augment;
-  augment.crop = AugmentOptions::Crop::kResize;
-  augment.out_size = static_cast<int>(dataset.train.chw[1]);
-  augment.hflip = false;
-  augment.channels = static_cast<int>(dataset.train.chw[0]);
+absl::StatusOr<AugmentOptions> StreamAugmentOptions(
+    const Dataset& dataset, const std::string& augment) {
+  AugmentOptions options;
+  if (augment.empty() || augment == "none") {
+    options.crop = AugmentOptions::Crop::kResize;
+    options.hflip = false;
+  } else if (augment == "random_resized_crop") {
+    options.crop = AugmentOptions::Crop::kRandomResizedCrop;
+    options.hflip = true;
+  } else if (augment == "pad_crop") {
+    options.crop = AugmentOptions::Crop::kPadCrop;
+    options.pad = 4;
+    options.hflip = true;
+  } else {
+    return absl::InvalidArgumentError(
+        absl::StrCat("augment: \"", augment,
+                     "\"; expected none, random_resized_crop or pad_crop"));
+  }
+  options.out_size = static_cast<int>(dataset.train.chw[1]);
+  options.channels = static_cast<int>(dataset.train.chw[0]);
   for (double m : dataset.channel_mean) {
-    augment.mean.push_back(static_cast<float>(m));
+    options.mean.push_back(static_cast<float>(m));
   }
   for (double s : dataset.channel_stddev) {
-    augment.stddev.push_back(static_cast<float>(s));
+    options.stddev.push_back(static_cast<float>(s));
   }
-  return augment;
+  return options;
 }
 
 absl::StatusOr<Evaluation> EvaluateModel(Model& model, const Dataset& dataset,

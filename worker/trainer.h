@@ -64,6 +64,9 @@ struct TrainerOptions {
   // (InputPipelineOptions::idle_priority), beside a step that has every
   // core (a CPU worker).
   bool input_idle_priority = false;
+  // Streamed datasets: training-batch augmentation (JobSpec.augment: "",
+  // "none", "random_resized_crop" or "pad_crop"; StreamAugmentOptions).
+  std::string augment;
   // "sync" or "async" (must match the shards' mode), or "allreduce" (no
   // shards; see worker/gradient_exchange.h).
   std::string mode = "sync";
@@ -203,11 +206,15 @@ struct Evaluation {
 absl::StatusOr<Evaluation> EvaluateModel(Model& model, const Dataset& dataset,
                                          int batch_size, int input_threads = 1);
 
-// How a streamed image_folder split becomes batches (kResize to the
-// split's size, no flip, the dataset's channel statistics): the in-memory
-// reader's pixels, so that streaming changes where the pixels are decoded,
-// not what the model sees.
-AugmentOptions StreamAugmentOptions(const Dataset& dataset);
+// How a streamed image_folder split becomes batches: with `augment` "" or
+// "none" (evaluation, and training by default) kResize to the split's
+// size, no flip, the dataset's channel statistics: the in-memory reader's
+// pixels, so that streaming changes where the pixels are decoded, not what
+// the model sees. "random_resized_crop": kRandomResizedCrop (torchvision's
+// defaults) and a flip; "pad_crop": kPadCrop with 4 pixels and a flip; the
+// same size and statistics. INVALID_ARGUMENT for another name.
+absl::StatusOr<AugmentOptions> StreamAugmentOptions(
+    const Dataset& dataset, const std::string& augment = "");
 
 }  // namespace pstrain
 

@@ -226,6 +226,7 @@ int main(int argc, char** argv) {
   options.batch_size = spec->batch_size();
   options.input_threads = input_threads;
   options.input_idle_priority = idle_input;
+  options.augment = spec->augment();
   options.epochs = spec->epochs();
   options.seed = spec->seed();
   options.log_every_steps = spec->log_every_steps();
