@@ -24,7 +24,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
-#include "common/status.h"
+#include "common/status_macros.h"
 
 namespace pstrain {
 namespace {

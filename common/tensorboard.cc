@@ -12,7 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/crc32c.h"
-#include "common/status.h"
+#include "common/status_macros.h"
 #include "proto/tensorboard_event.pb.h"
 
 namespace pstrain {

@@ -19,7 +19,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
-#include "common/status.h"
+#include "common/status_macros.h"
 
 namespace pstrain {
 namespace trace {

@@ -8,7 +8,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "common/grpc_server.h"
-#include "common/status.h"
+#include "common/status_macros.h"
 
 namespace pstrain {
 

@@ -11,7 +11,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "common/status.h"
+#include "common/status_macros.h"
 #include "common/utf8.h"
 #include "google/protobuf/io/tokenizer.h"
 #include "google/protobuf/text_format.h"

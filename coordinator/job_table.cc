@@ -13,7 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/flags_util.h"
-#include "common/status.h"
+#include "common/status_macros.h"
 #include "common/utf8.h"
 #include "google/protobuf/stubs/logging.h"
 

@@ -27,7 +27,7 @@
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "common/flags_util.h"
-#include "common/status.h"
+#include "common/status_macros.h"
 #include "gtest/gtest.h"
 #include "tests/checkpoint_fixture.h"
 #include "tests/cli_test_util.h"

@@ -20,7 +20,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "common/flags_util.h"
-#include "common/status.h"
+#include "common/status_macros.h"
 #include "tests/checkpoint_fixture.h"
 
 ABSL_FLAG(std::string, dir, "", "Checkpoint folder.");

@@ -7,7 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/partition.h"
 #include "common/safetensors.h"
-#include "common/status.h"
+#include "common/status_macros.h"
 #include "models/model_file.h"
 #include "worker/ps_client.h"
 

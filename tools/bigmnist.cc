@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "common/status.h"
+#include "common/status_macros.h"
 #include "worker/dataset.h"
 
 namespace pstrain {

@@ -60,7 +60,7 @@
 #include "common/flags_util.h"
 #include "common/partition.h"
 #include "common/safetensors.h"
-#include "common/status.h"
+#include "common/status_macros.h"
 #include "nlohmann/json.hpp"
 #include "server/shard_checkpoint.h"
 #include "tests/checkpoint_fixture.h"

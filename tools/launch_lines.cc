@@ -17,7 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/flags_util.h"
-#include "common/status.h"
+#include "common/status_macros.h"
 #include "coordinator/job_spec.h"
 
 ABSL_DECLARE_FLAG(std::string, coordinator);  // tools/job_commands.cc

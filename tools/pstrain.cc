@@ -43,7 +43,7 @@
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "common/flags_util.h"
-#include "common/status.h"
+#include "common/status_macros.h"
 #include "common/tls.h"
 #include "common/tls_flags.h"
 #include "coordinator/coordinator_server.h"

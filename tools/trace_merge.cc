@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "common/status.h"
+#include "common/status_macros.h"
 
 namespace pstrain {
 

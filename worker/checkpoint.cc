@@ -15,7 +15,7 @@
 #include "absl/strings/strip.h"
 #include "common/flags_util.h"
 #include "common/safetensors.h"
-#include "common/status.h"
+#include "common/status_macros.h"
 #include "nlohmann/json.hpp"
 #include "zlib.h"
 

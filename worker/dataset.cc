@@ -14,7 +14,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "common/status.h"
+#include "common/status_macros.h"
 #include "worker/image_folder.h"
 #include "worker/record_file.h"
 

@@ -12,7 +12,7 @@
 #include "absl/synchronization/mutex.h"
 #include "common/nonfinite.h"
 #include "common/safetensors.h"
-#include "common/status.h"
+#include "common/status_macros.h"
 #include "common/trace.h"
 #include "server/shard_checkpoint.h"
 

@@ -8,7 +8,7 @@
 #include <cerrno>
 
 #include "absl/memory/memory.h"
-#include "common/status.h"
+#include "common/status_macros.h"
 
 namespace pstrain {
 

@@ -5,7 +5,7 @@
 
 #include "absl/memory/memory.h"
 #include "absl/strings/str_cat.h"
-#include "common/status.h"
+#include "common/status_macros.h"
 
 namespace pstrain {
 namespace {

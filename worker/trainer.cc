@@ -18,7 +18,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "common/safetensors.h"
-#include "common/status.h"
+#include "common/status_macros.h"
 #include "common/trace.h"
 #include "models/model.h"
 #include "models/model_file.h"
