@@ -151,10 +151,35 @@ class JpegFiles:
         return x, label
 
 
+def train_steps(args, net, loader, on_epoch=None):
+    """--steps steps of Adam (lr 1e-3) over `loader`, epoch after epoch;
+    returns the loss every --log_every steps."""
+    import torch
+    import torch.nn.functional as F
+    opt = torch.optim.Adam(net.parameters(), lr=1e-3)
+    losses = []
+    steps = 0
+    epoch = 0
+    while steps < args.steps:
+        if on_epoch is not None:
+            on_epoch(epoch)
+        epoch += 1
+        for x, y in loader:
+            opt.zero_grad()
+            loss = F.cross_entropy(net(x), y)
+            loss.backward()
+            opt.step()
+            steps += 1
+            if steps % args.log_every == 0:
+                losses.append(float(loss))
+            if steps == args.steps:
+                break
+    return losses
+
+
 def ddp_worker(rank, world, args, model, port, results):
     import torch
     import torch.distributed as dist
-    import torch.nn.functional as F
     from torch_models import build_any
 
     os.environ["MASTER_ADDR"] = "127.0.0.1"
@@ -172,29 +197,13 @@ def ddp_worker(rank, world, args, model, port, results):
         num_workers=args.loader_workers)
     net = torch.nn.parallel.DistributedDataParallel(
         build_any(model, 3, 64, classes))
-    opt = torch.optim.Adam(net.parameters(), lr=1e-3)
-    losses = []
-    steps = 0
-    epoch = 0
     dist.barrier()
     start = time.perf_counter()
-    while steps < args.steps:
-        sampler.set_epoch(epoch)
-        epoch += 1
-        for x, y in loader:
-            opt.zero_grad()
-            loss = F.cross_entropy(net(x), y)
-            loss.backward()
-            opt.step()
-            steps += 1
-            if steps % args.log_every == 0:
-                losses.append(float(loss))
-            if steps == args.steps:
-                break
+    losses = train_steps(args, net, loader, sampler.set_epoch)
     dist.barrier()
     seconds = time.perf_counter() - start
     if rank == 0:
-        results.put((world * steps * args.batch_size / seconds, losses))
+        results.put((world * args.steps * args.batch_size / seconds, losses))
     dist.destroy_process_group()
 
 
@@ -213,7 +222,6 @@ def run_ddp(args, model, world):
 
 def run_torch(args, model):
     import torch
-    import torch.nn.functional as F
     from torch_models import build_any
 
     torch.manual_seed(1)
@@ -223,23 +231,10 @@ def run_torch(args, model):
         JpegFiles(files), batch_size=args.batch_size, shuffle=True,
         drop_last=True, num_workers=args.loader_workers)
     net = build_any(model, 3, 64, classes)
-    opt = torch.optim.Adam(net.parameters(), lr=1e-3)
-    losses = []
-    steps = 0
     start = time.perf_counter()
-    while steps < args.steps:
-        for x, y in loader:
-            opt.zero_grad()
-            loss = F.cross_entropy(net(x), y)
-            loss.backward()
-            opt.step()
-            steps += 1
-            if steps % args.log_every == 0:
-                losses.append(float(loss))
-            if steps == args.steps:
-                break
+    losses = train_steps(args, net, loader)
     seconds = time.perf_counter() - start
-    return steps * args.batch_size / seconds, losses
+    return args.steps * args.batch_size / seconds, losses
 
 
 def main():

@@ -1,10 +1,5 @@
 #include "worker/image_folder.h"
 
-// clang-format off
-#include <cstdio>  // jpeglib.h needs FILE and size_t first
-#include <jpeglib.h>
-// clang-format on
-
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
@@ -19,6 +14,7 @@
 #include "gtest/gtest.h"
 #include "worker/dataset.h"
 #include "worker/image_write.h"
+#include "worker/jpeg_testing.h"
 
 namespace pstrain {
 namespace {
@@ -583,40 +579,6 @@ TEST(ImageFolderTest, FashionMnistAsPngMatchesIdx) {
   EXPECT_EQ(loaded->test.count, kTest);
 }
 
-// A JPEG as cameras and PIL write them: chroma subsampled h x v (2 x 2 is
-// 4:2:0), optionally progressive; c = 4 writes CMYK.
-void WriteJpegLike(const std::string& path, int h, int w, int c, int hs, int vs,
-                   bool progressive, const std::vector<uint8_t>& pixels) {
-  MakeDirs(path);
-  FILE* f = std::fopen(path.c_str(), "wb");
-  ASSERT_NE(f, nullptr) << path;
-  jpeg_compress_struct cinfo;
-  jpeg_error_mgr err;
-  cinfo.err = jpeg_std_error(&err);
-  jpeg_create_compress(&cinfo);
-  jpeg_stdio_dest(&cinfo, f);
-  cinfo.image_width = w;
-  cinfo.image_height = h;
-  cinfo.input_components = c;
-  cinfo.in_color_space = c == 1 ? JCS_GRAYSCALE : (c == 4 ? JCS_CMYK : JCS_RGB);
-  jpeg_set_defaults(&cinfo);
-  jpeg_set_quality(&cinfo, 85, TRUE);
-  if (c == 3) {
-    cinfo.comp_info[0].h_samp_factor = hs;
-    cinfo.comp_info[0].v_samp_factor = vs;
-  }
-  if (progressive) jpeg_simple_progression(&cinfo);
-  jpeg_start_compress(&cinfo, TRUE);
-  while (cinfo.next_scanline < cinfo.image_height) {
-    JSAMPROW row = const_cast<JSAMPROW>(pixels.data()) +
-                   static_cast<size_t>(cinfo.next_scanline) * w * c;
-    jpeg_write_scanlines(&cinfo, &row, 1);
-  }
-  jpeg_finish_compress(&cinfo);
-  jpeg_destroy_compress(&cinfo);
-  std::fclose(f);
-}
-
 // Noise on a gradient: every column differs from its neighbours, so an
 // upsampled chroma edge that were wrong would show.
 std::vector<uint8_t> Noisy(int h, int w, int c, uint32_t seed) {
@@ -644,8 +606,13 @@ TEST(DecodeWindowTest, WindowEqualsTheSameWindowOfAFullDecode) {
   for (const Kind& k : kinds) {
     const int h = 77, w = 101;  // not multiples of an iMCU
     const std::string path = absl::StrCat(dir, "/", k.name, ".jpg");
-    WriteJpegLike(path, h, w, k.c, k.hs, k.vs, k.progressive,
-                  Noisy(h, w, k.c, 3));
+    MakeDirs(path);
+    testing::JpegLike like;
+    like.quality = 85;
+    like.h_samp = k.hs;
+    like.v_samp = k.vs;
+    like.progressive = k.progressive;
+    testing::WriteJpegLike(path, h, w, k.c, Noisy(h, w, k.c, 3), like);
     absl::StatusOr<DecodedImage> full = DecodeImageFile(path);
     ASSERT_TRUE(full.ok()) << full.status();
     for (int trial = 0; trial < 60; ++trial) {
@@ -729,7 +696,8 @@ TEST(DecodeWindowTest, PngIsDecodedWholeAndBadWindowsAreRefused) {
 
 TEST(DecodeWindowTest, DamageOutsideTheWindowIsStillFound) {
   const std::string dir = FreshDir("window_damage");
-  WriteJpegLike(dir + "/a.jpg", 96, 96, 3, 2, 2, false, Noisy(96, 96, 3, 5));
+  MakeDirs(dir + "/a.jpg");
+  testing::WriteJpegLike(dir + "/a.jpg", 96, 96, 3, Noisy(96, 96, 3, 5));
   // Cut in the bottom half of the entropy-coded data: the window's rows
   // (the top 8) are whole, the image is not.
   const std::string bytes = ReadAll(dir + "/a.jpg");

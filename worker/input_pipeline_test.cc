@@ -1,10 +1,5 @@
 #include "worker/input_pipeline.h"
 
-// clang-format off
-#include <cstdio>  // jpeglib.h needs FILE and size_t first
-#include <jpeglib.h>
-// clang-format on
-
 #include <sched.h>
 
 #include <algorithm>
@@ -20,6 +15,7 @@
 #include "absl/time/clock.h"
 #include "gtest/gtest.h"
 #include "worker/image_write.h"
+#include "worker/jpeg_testing.h"
 
 namespace pstrain {
 namespace {
@@ -48,32 +44,6 @@ std::vector<uint8_t> Pattern(int h, int w, int c, int seed) {
   return p;
 }
 
-void WriteJpeg(const std::string& path, int h, int w, int c,
-               const std::vector<uint8_t>& pixels) {
-  FILE* f = std::fopen(path.c_str(), "wb");
-  ASSERT_NE(f, nullptr) << path;
-  jpeg_compress_struct cinfo;
-  jpeg_error_mgr err;
-  cinfo.err = jpeg_std_error(&err);
-  jpeg_create_compress(&cinfo);
-  jpeg_stdio_dest(&cinfo, f);
-  cinfo.image_width = w;
-  cinfo.image_height = h;
-  cinfo.input_components = c;
-  cinfo.in_color_space = c == 1 ? JCS_GRAYSCALE : JCS_RGB;
-  jpeg_set_defaults(&cinfo);
-  jpeg_set_quality(&cinfo, 90, TRUE);
-  jpeg_start_compress(&cinfo, TRUE);
-  while (cinfo.next_scanline < cinfo.image_height) {
-    JSAMPROW row = const_cast<JSAMPROW>(pixels.data()) +
-                   static_cast<size_t>(cinfo.next_scanline) * w * c;
-    jpeg_write_scanlines(&cinfo, &row, 1);
-  }
-  jpeg_finish_compress(&cinfo);
-  jpeg_destroy_compress(&cinfo);
-  std::fclose(f);
-}
-
 // 30 JPEG files of several sizes, one of them grayscale.
 ImageFiles MakeFiles(const std::string& dir) {
   ImageFiles files;
@@ -81,7 +51,7 @@ ImageFiles MakeFiles(const std::string& dir) {
     const int h = 40 + (i % 3) * 12, w = 36 + (i % 4) * 10;
     const int c = i == 7 ? 1 : 3;
     const std::string path = absl::StrCat(dir, "/", i, ".jpg");
-    WriteJpeg(path, h, w, c, Pattern(h, w, c, i));
+    testing::WriteJpegLike(path, h, w, c, Pattern(h, w, c, i));
     files.paths.push_back(path);
     files.labels.push_back(i % 5);
   }
