@@ -242,6 +242,31 @@ def parameter_shard():
           b"\x00\x00\xc0\x7f" * 4 + bytes([6, 0, 4, 0, 0]))
 
 
+def image_decode():
+    # Window bytes (top, left, height, width fractions of 255), then a small
+    # file as PIL writes them: 4:2:0, 4:4:4, progressive, gray and CMYK
+    # JPEGs, RGB and palette PNGs.
+    import io
+    from PIL import Image
+    pixels = bytes((7 * x + 11 * y + 60 * c + (x * y) % 13) % 256
+                   for y in range(21) for x in range(37) for c in range(3))
+    rgb = Image.frombytes("RGB", (37, 21), pixels)
+    files = {
+        "jpeg_420": (rgb, "JPEG", dict(quality=80)),
+        "jpeg_444": (rgb, "JPEG", dict(quality=80, subsampling=0)),
+        "jpeg_progressive": (rgb, "JPEG", dict(quality=80, progressive=True)),
+        "jpeg_gray": (rgb.convert("L"), "JPEG", dict(quality=80)),
+        "jpeg_cmyk": (rgb.convert("CMYK"), "JPEG", dict(quality=80)),
+        "png_rgb": (rgb, "PNG", {}),
+        "png_palette": (rgb.convert("P"), "PNG", {}),
+    }
+    for i, (name, (image, fmt, options)) in enumerate(sorted(files.items())):
+        out = io.BytesIO()
+        image.save(out, fmt, **options)
+        window = bytes([(40 * i) % 256, (90 * i) % 256, 128, 200])
+        write("image_decode_fuzzer", name, window + out.getvalue())
+
+
 if __name__ == "__main__":
     chunk_message()
     job_spec()
@@ -250,3 +275,4 @@ if __name__ == "__main__":
     safetensors()
     manifest()
     parameter_shard()
+    image_decode()

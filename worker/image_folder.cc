@@ -725,6 +725,12 @@ absl::StatusOr<DecodedImage> DecodeImageFile(const std::string& path,
   return DecodeFile(path, header_only, nullptr, nullptr);
 }
 
+absl::StatusOr<DecodedImage> DecodeImageWindow(const uint8_t* data, size_t size,
+                                               WindowPicker pick,
+                                               PixelWindow* decoded) {
+  return DecodeAny(data, size, /*header_only=*/false, &pick, decoded);
+}
+
 absl::StatusOr<DecodedImage> DecodeImageFileWindow(const std::string& path,
                                                    WindowPicker pick,
                                                    PixelWindow* decoded) {

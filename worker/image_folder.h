@@ -140,6 +140,11 @@ absl::StatusOr<DecodedImage> DecodeImageFileWindow(const std::string& path,
                                                    WindowPicker pick,
                                                    PixelWindow* decoded);
 
+// DecodeImageFileWindow of bytes held in memory; errors as DecodeImage's.
+absl::StatusOr<DecodedImage> DecodeImageWindow(const uint8_t* data, size_t size,
+                                               WindowPicker pick,
+                                               PixelWindow* decoded);
+
 // Writes `image` as `channels` (1 or 3) planes of size x size floats in
 // [0, 1] at `out` (channels * size * size values, NCHW order for one image),
 // converting channels and resizing as the file comment says.
