@@ -3,7 +3,7 @@
 // times PyTorch's DataLoader on the same files and prints the table.
 //
 //   input_bench --dir=D --size=64 --threads=2 --batch_size=64 --epochs=3
-//       [--reference_out=F]
+//       [--reference_out=F [--reference_size=R]]
 //
 // Reads D/*.jpg in name order (label 0), runs --epochs epochs of
 // RandomResizedCrop(size) + horizontal flip + ImageNet Normalize batches in
@@ -12,8 +12,9 @@
 // timed from the first batch of the first epoch to the last batch (the
 // pool's start is left out, as the Python side leaves out its workers').
 // --reference_out writes the first 8 images decoded and resized to
-// --size x --size (no crop, no flip, no normalisation) as float32 CHW
-// values, for the correctness check against PIL's decoder.
+// R x R (--reference_size, default --size: the files' own size when they
+// are square and R is it, so no resize) (no crop, no flip, no normalisation) as
+// float32 CHW values, for the correctness check against PIL's decoder.
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
@@ -33,6 +34,8 @@ ABSL_FLAG(int, size, 64, "Output images are size x size pixels.");
 ABSL_FLAG(int, threads, 2, "Pipeline threads.");
 ABSL_FLAG(int, batch_size, 64, "Images per batch.");
 ABSL_FLAG(int, epochs, 3, "Passes over the folder.");
+ABSL_FLAG(int, reference_size, 0,
+          "Size of the --reference_out images; 0: --size.");
 ABSL_FLAG(std::string, reference_out, "",
           "Write the first 8 images, resized only, as float32 CHW here.");
 
@@ -112,11 +115,14 @@ int Main() {
       pstrain::PrintError(kProgram, "--reference_out: cannot write");
       return 1;
     }
+    const int reference_size = absl::GetFlag(FLAGS_reference_size) > 0
+                                   ? absl::GetFlag(FLAGS_reference_size)
+                                   : size;
     pstrain::AugmentOptions plain;
     plain.crop = pstrain::AugmentOptions::Crop::kResize;
     plain.hflip = false;
-    plain.out_size = size;
-    std::vector<float> out(3 * size * size);
+    plain.out_size = reference_size;
+    std::vector<float> out(3 * reference_size * reference_size);
     for (int64_t i = 0; i < std::min<int64_t>(8, n); ++i) {
       absl::StatusOr<pstrain::DecodedImage> image =
           pstrain::DecodeImageFile(files.paths[i]);

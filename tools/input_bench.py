@@ -19,9 +19,13 @@ worker processes; pstrain uses T pipeline threads. Both are timed from the
 first batch to the last of --epochs epochs (worker start-up left out).
 
 Correctness column: the first 8 images decoded without crop or flip, as
-pstrain's pipeline gives them (the files are size x size, so no resize)
+pstrain's pipeline gives them (at the files' own size, so no resize)
 against PIL's decode: the largest difference in 8-bit levels, and how many
 values differ by more than one level (#wrong).
+
+--source=224:448 makes the 224-pixel rows' files 448x448, as ImageNet's
+photos are larger than the crop: RandomResizedCrop then shrinks, and
+pstrain decodes only each crop's window of the file.
 
   /usr/bin/python3 tools/input_bench.py \
       --input_bench bazel-bin/tools/input_bench --threads 1,2
@@ -125,11 +129,13 @@ def torch_images_per_sec(paths, size, threads, batch_size, epochs):
     return images / seconds, images, seconds
 
 
-def pstrain_run(binary, folder, size, threads, batch_size, epochs, reference):
+def pstrain_run(binary, folder, size, threads, batch_size, epochs, reference,
+                source):
     out = subprocess.run(
         [binary, "--dir=" + folder, "--size=%d" % size,
          "--threads=%d" % threads, "--batch_size=%d" % batch_size,
-         "--epochs=%d" % epochs, "--reference_out=" + reference],
+         "--epochs=%d" % epochs, "--reference_out=" + reference,
+         "--reference_size=%d" % source],
         check=True, capture_output=True, text=True).stdout
     fields = dict(kv.split("=") for kv in out.split())
     return float(fields["images_per_sec"]), int(fields["images"]), float(
@@ -156,38 +162,46 @@ def main():
     parser.add_argument("--sizes", default="64,224")
     parser.add_argument("--images", default="64:1024,224:256",
                         help="size:count of JPEG files made per size")
+    parser.add_argument("--source", default="",
+                        help="size:source_size: files of source_size x "
+                             "source_size pixels for that output size "
+                             "(default: the output size), e.g. 224:448 for "
+                             "ImageNet-sized photos")
     parser.add_argument("--batch_size", type=int, default=64)
     parser.add_argument("--epochs", type=int, default=3)
     args = parser.parse_args()
     counts = dict(tuple(int(v) for v in kv.split(":"))
                   for kv in args.images.split(","))
+    sources = dict(tuple(int(v) for v in kv.split(":"))
+                   for kv in args.source.split(",") if kv)
     torch.set_num_threads(1)
     print("# input pipeline: read + decode + RandomResizedCrop + flip + "
           "normalize + batch of %d, %d epochs" % (args.batch_size, args.epochs))
-    print("%6s %7s %7s %12s %12s %7s %9s %6s" %
-          ("# size", "threads", "images", "pstrain", "pytorch", "ratio",
-           "max_diff", "#wrong"))
-    print("%6s %7s %7s %12s %12s %7s %9s %6s" %
-          ("# (px)", "(#)", "(#)", "(images/s)", "(images/s)", "(x)",
+    print("%6s %7s %7s %7s %12s %12s %7s %9s %6s" %
+          ("# size", "source", "threads", "images", "pstrain", "pytorch",
+           "ratio", "max_diff", "#wrong"))
+    print("%6s %7s %7s %7s %12s %12s %7s %9s %6s" %
+          ("# (px)", "(px)", "(#)", "(#)", "(images/s)", "(images/s)", "(x)",
            "(levels)", ""))
     with tempfile.TemporaryDirectory() as tmp:
         for size in (int(s) for s in args.sizes.split(",")):
             folder = os.path.join(tmp, "jpeg%d" % size)
             os.makedirs(folder)
-            make_images(folder, counts.get(size, 256), size, seed=size)
+            source = sources.get(size, size)
+            make_images(folder, counts.get(size, 256), source, seed=size)
             paths = sorted(os.path.join(folder, f) for f in os.listdir(folder))
             reference = os.path.join(tmp, "reference%d.f32" % size)
             for threads in (int(t) for t in args.threads.split(",")):
                 ours, _, _ = pstrain_run(args.input_bench, folder, size,
                                          threads, args.batch_size,
-                                         args.epochs, reference)
+                                         args.epochs, reference, source)
                 theirs, _, _ = torch_images_per_sec(paths, size, threads,
                                                     args.batch_size,
                                                     args.epochs)
-                worst, wrong = check_decode(paths, size, reference)
-                print("%6d %7d %7d %12.1f %12.1f %7.2f %9.2f %6d" %
-                      (size, threads, len(paths), ours, theirs, ours / theirs,
-                       worst, wrong))
+                worst, wrong = check_decode(paths, source, reference)
+                print("%6d %7d %7d %7d %12.1f %12.1f %7.2f %9.2f %6d" %
+                      (size, source, threads, len(paths), ours, theirs,
+                       ours / theirs, worst, wrong))
                 sys.stdout.flush()
 
 
