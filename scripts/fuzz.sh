@@ -3,10 +3,11 @@
 # own Bazel output base so the shared gcc cache is kept) and runs each for a
 # bounded time in one process (one core), starting from its committed corpus
 # (fuzz/corpus/<target>/, read only: new inputs go to a scratch folder).
-# Prints a table: target, execs/s, seconds, corpus size, crashes. A crash's
-# input is copied to fuzz/crashes/<target>/ (reproduce with
-# `<binary> <input>`; once fixed, commit it under fuzz/corpus/<target>/ as
-# crash-<what>). Exit 1 if any target crashed.
+# Prints a table: target, execs/s, seconds, corpus size, crashes, slow
+# units (inputs over libFuzzer's 10 s: copied to fuzz/slow/<target>/, not
+# a failure). A crash's input is copied to fuzz/crashes/<target>/
+# (reproduce with `<binary> <input>`; once fixed, commit it under
+# fuzz/corpus/<target>/ as crash-<what>). Exit 1 if any target crashed.
 #
 #   bash scripts/fuzz.sh [seconds_per_target, default 300] [target ...]
 # Environment: FUZZ_OUTPUT_BASE (default $HOME/.cache/bazel_fuzz),
@@ -46,21 +47,30 @@ for t in "${targets[@]}"; do
   end=$(date +%s.%N)
   runs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -1)
   rate=$(sed -n 's/^stat::average_exec_per_sec: *//p' "$log" | tail -1)
-  crashes=$(find "$work/$t/artifacts" -type f | wc -l)
+  # libFuzzer also writes slow-unit-* (an input over 10 s): reported in
+  # their own column and kept, not a failure.
+  crashes=$(find "$work/$t/artifacts" -type f ! -name 'slow-unit-*' | wc -l)
+  slow=$(find "$work/$t/artifacts" -type f -name 'slow-unit-*' | wc -l)
+  if [ "$slow" -gt 0 ]; then
+    mkdir -p "fuzz/slow/$t"
+    cp "$work/$t/artifacts/"slow-unit-* "fuzz/slow/$t/" 2>/dev/null
+  fi
   corpus=$(($(find "$work/$t/corpus" -type f | wc -l) +
     $(find "fuzz/corpus/$t" -type f | wc -l)))
   if [ "$crashes" -gt 0 ] || { [ $rc -ne 0 ] && [ -z "$rate" ]; }; then
     status=1
     mkdir -p "fuzz/crashes/$t"
-    cp "$work/$t/artifacts/"* "fuzz/crashes/$t/" 2>/dev/null
+    find "$work/$t/artifacts" -type f ! -name 'slow-unit-*' \
+      -exec cp {} "fuzz/crashes/$t/" \;
     echo "== $t: crashed (exit $rc); input in fuzz/crashes/$t/; log tail:"
     grep -E "ERROR|==[0-9]+==|SUMMARY|check failed|runtime error|#[0-9]+ 0x" \
       "$log" | head -25
   fi
-  rows+=("$(printf '%-28s %10s %12s %8.0f %8s %8d' "$t" "${rate:-?}" \
-    "${runs:-?}" "$(awk -v a="$start" -v b="$end" 'BEGIN {print b - a}')" "$corpus" "$crashes")")
+  rows+=("$(printf '%-28s %10s %12s %8.0f %8s %8d %6d' "$t" "${rate:-?}" \
+    "${runs:-?}" "$(awk -v a="$start" -v b="$end" 'BEGIN {print b - a}')" \
+    "$corpus" "$crashes" "$slow")")
 done
-printf '%-28s %10s %12s %8s %8s %8s\n' target execs/s execs seconds corpus \
-  crashes
+printf '%-28s %10s %12s %8s %8s %8s %6s\n' target execs/s execs seconds \
+  corpus crashes slow
 printf '%s\n' "${rows[@]}"
 exit $status
