@@ -18,7 +18,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   int64_t partition_bytes = (kind & 1)
                                 ? in.Take<int64_t>()
                                 : 4 * static_cast<int64_t>(in.Take<uint16_t>());
-  if (kind & 2) partition_bytes += in.Take<uint8_t>() % 4;
+  // Not a multiple of 4; wraps past INT64_MAX (modulo 2^64, not UB).
+  if (kind & 2) {
+    partition_bytes = static_cast<int64_t>(
+        static_cast<uint64_t>(partition_bytes) + in.Take<uint8_t>() % 4);
+  }
   std::vector<int64_t> sizes;
   while (!in.empty() && sizes.size() < 64) {
     const uint8_t k = in.Take<uint8_t>();
