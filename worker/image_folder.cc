@@ -134,9 +134,17 @@ bool RunJpeg(JpegState* s, const uint8_t* data, size_t size, bool header_only,
   }
   jpeg_start_decompress(&s->cinfo);
   const size_t components = static_cast<size_t>(s->cinfo.output_components);
+  // A progressive file whose scans leave coefficients out is smoothed
+  // across blocks (do_block_smoothing), and a cropped row is smoothed
+  // differently at its edges (image_decode_fuzzer found it): progressive
+  // files are decoded whole, and the window copied out.
+  const bool whole = s->cinfo.progressive_mode;
   const bool crop = window->width < out->width;
   size_t skip = 0;  // bytes of a decoded row left of the window
-  if (crop) {
+  if (whole) {
+    skip = components * window->left;
+    row->resize(components * s->cinfo.output_width);
+  } else if (crop) {
     // Moved left to an iMCU boundary by libjpeg-turbo, width grown to match.
     JDIMENSION x =
         static_cast<JDIMENSION>(std::max(0, window->left - kCropMargin));
@@ -153,12 +161,20 @@ bool RunJpeg(JpegState* s, const uint8_t* data, size_t size, bool header_only,
   target->resize(row_bytes * window->height);
   const JDIMENSION top = static_cast<JDIMENSION>(window->top);
   const JDIMENSION bottom = top + static_cast<JDIMENSION>(window->height);
-  if (top > 0) jpeg_skip_scanlines(&s->cinfo, top);
+  if (whole) {
+    while (s->cinfo.output_scanline < top) {
+      JSAMPROW into = row->data();
+      jpeg_read_scanlines(&s->cinfo, &into, 1);
+    }
+  } else if (top > 0) {
+    jpeg_skip_scanlines(&s->cinfo, top);
+  }
+  const bool copy = crop || whole;  // decoded rows wider than the window
   while (s->cinfo.output_scanline < bottom) {
     uint8_t* to = target->data() + row_bytes * (s->cinfo.output_scanline - top);
-    JSAMPROW into = crop ? row->data() : to;
+    JSAMPROW into = copy ? row->data() : to;
     jpeg_read_scanlines(&s->cinfo, &into, 1);
-    if (crop) std::memcpy(to, row->data() + skip, row_bytes);
+    if (copy) std::memcpy(to, row->data() + skip, row_bytes);
   }
   // The rest is entropy-decoded only (no transform) but for its last row,
   // so that damage below the window is found as a full decode finds it.

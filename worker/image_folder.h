@@ -132,7 +132,9 @@ using WindowPicker = absl::FunctionRef<PixelWindow(int height, int width)>;
 // dropped: libjpeg-turbo's fancy upsampling treats a cropped edge as the
 // image's edge, so those columns may differ from a full decode's. The rows
 // outside the window are still entropy-decoded, so a corrupt or truncated
-// file is found exactly as by a full decode.
+// file is found exactly as by a full decode. Progressive JPEGs are decoded
+// whole and the window copied out: with scans missing, libjpeg smooths
+// across blocks, differently at a cropped edge.
 //
 // Errors: DecodeImageFile's; INVALID_ARGUMENT naming the path if the picked
 // window is empty or not inside the image.
