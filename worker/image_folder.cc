@@ -42,6 +42,12 @@ absl::Status TooLarge(const char* format, int64_t width, int64_t height) {
                                           kMaxImagePixels, " pixels)"));
 }
 
+// Whether `w` is non-empty and inside a height x width image.
+bool WindowInside(const PixelWindow& w, int height, int width) {
+  return w.height >= 1 && w.width >= 1 && w.top >= 0 && w.left >= 0 &&
+         w.top <= height - w.height && w.left <= width - w.width;
+}
+
 absl::Status BadWindow(const PixelWindow& w, int height, int width) {
   return absl::InvalidArgumentError(absl::StrCat(
       "window of ", w.height, " x ", w.width, " pixels at row ", w.top,
@@ -118,9 +124,7 @@ bool RunJpeg(JpegState* s, const uint8_t* data, size_t size, bool header_only,
   *window = {0, 0, out->height, out->width};
   if (pick != nullptr) {
     *window = (*pick)(out->height, out->width);
-    if (window->height < 1 || window->width < 1 || window->top < 0 ||
-        window->left < 0 || window->top > out->height - window->height ||
-        window->left > out->width - window->width) {
+    if (!WindowInside(*window, out->height, out->width)) {
       s->bad_window = true;  // DecodeJpeg reports it.
       return true;
     }
@@ -702,9 +706,7 @@ absl::StatusOr<DecodedImage> DecodeAny(const uint8_t* data, size_t size,
     if (!image.ok() || pick == nullptr) return image;
     // libpng decodes whole images: the window is the image.
     const PixelWindow picked = (*pick)(image->height, image->width);
-    if (picked.height < 1 || picked.width < 1 || picked.top < 0 ||
-        picked.left < 0 || picked.top > image->height - picked.height ||
-        picked.left > image->width - picked.width) {
+    if (!WindowInside(picked, image->height, image->width)) {
       return BadWindow(picked, image->height, image->width);
     }
     *window = {0, 0, image->height, image->width};
