@@ -13,7 +13,12 @@
 # Environment: FUZZ_OUTPUT_BASE (default $HOME/.cache/bazel_fuzz),
 # FUZZ_RSS_LIMIT_MB (2048), FUZZ_SEED (1: the same inputs in the same order
 # on every run, so a CI run's result does not depend on luck; 0: libFuzzer
-# picks one).
+# picks one), FUZZ_CORPUS_DIR (unset: the inputs a run finds are dropped at
+# its end; set: they go to and are kept in $FUZZ_CORPUS_DIR/<target>/, a
+# later run starts from them too, and each run appends a line to
+# $FUZZ_CORPUS_DIR/runs.tsv: UTC time, commit, target, seconds, execs,
+# crashes. So a target's fuzzing adds up over runs and sessions:
+# `awk -F'\t' '{s[$3]+=$4} END {for (t in s) print t, s[t]/3600, "h"}'`).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 seconds=${1:-300}
@@ -34,14 +39,17 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 rows=()
 status=0
+commit=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
 for t in "${targets[@]}"; do
-  mkdir -p "$work/$t/corpus" "$work/$t/artifacts"
+  corpus_dir="$work/$t/corpus"
+  [ -n "${FUZZ_CORPUS_DIR:-}" ] && corpus_dir="$FUZZ_CORPUS_DIR/$t"
+  mkdir -p "$corpus_dir" "$work/$t/artifacts"
   log="$work/$t/log"
   start=$(date +%s.%N)
   "$bin/fuzz/$t" -max_total_time="$seconds" \
     -rss_limit_mb="${FUZZ_RSS_LIMIT_MB:-2048}" -timeout=25 -print_final_stats=1 \
     -seed="${FUZZ_SEED:-1}" \
-    -artifact_prefix="$work/$t/artifacts/" "$work/$t/corpus" \
+    -artifact_prefix="$work/$t/artifacts/" "$corpus_dir" \
     "fuzz/corpus/$t" >"$log" 2>&1
   rc=$?
   end=$(date +%s.%N)
@@ -55,7 +63,7 @@ for t in "${targets[@]}"; do
     mkdir -p "fuzz/slow/$t"
     cp "$work/$t/artifacts/"slow-unit-* "fuzz/slow/$t/" 2>/dev/null
   fi
-  corpus=$(($(find "$work/$t/corpus" -type f | wc -l) +
+  corpus=$(($(find "$corpus_dir" -type f | wc -l) +
     $(find "fuzz/corpus/$t" -type f | wc -l)))
   if [ "$crashes" -gt 0 ] || { [ $rc -ne 0 ] && [ -z "$rate" ]; }; then
     status=1
@@ -66,8 +74,13 @@ for t in "${targets[@]}"; do
     grep -E "ERROR|==[0-9]+==|SUMMARY|check failed|runtime error|#[0-9]+ 0x" \
       "$log" | head -25
   fi
+  seconds_run=$(awk -v a="$start" -v b="$end" 'BEGIN {printf "%.0f", b - a}')
+  if [ -n "${FUZZ_CORPUS_DIR:-}" ]; then
+    printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$(date -u +%FT%TZ)" "$commit" "$t" \
+      "$seconds_run" "${runs:-0}" "$crashes" >>"$FUZZ_CORPUS_DIR/runs.tsv"
+  fi
   rows+=("$(printf '%-28s %10s %12s %8.0f %8s %8d %6d' "$t" "${rate:-?}" \
-    "${runs:-?}" "$(awk -v a="$start" -v b="$end" 'BEGIN {print b - a}')" \
+    "${runs:-?}" "$seconds_run" \
     "$corpus" "$crashes" "$slow")")
 done
 printf '%-28s %10s %12s %8s %8s %8s %6s\n' target execs/s execs seconds \
