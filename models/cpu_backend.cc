@@ -20,6 +20,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "models/backend.h"
 #include "oneapi/dnnl/dnnl.hpp"
 
@@ -35,6 +36,29 @@ using dt = dnnl::memory::data_type;
 dnnl::engine& CpuEngine() {
   static dnnl::engine* engine = new dnnl::engine(dnnl::engine::kind::cpu, 0);
   return *engine;
+}
+
+// Held while a primitive is created (every primitive_desc and primitive
+// constructor below). oneDNN looks each one up in its process-wide
+// primitive cache, which synchronises its threads inside libdnnl: a
+// pthread rwlock created lazily behind an inlined static guard, and
+// std::shared_future for an entry another thread is still creating. Debian's
+// libdnnl is not built with ThreadSanitizer, so TSan cannot see those
+// orderings and reports races between two in-process workers that create
+// primitives at once (tests/sync_equivalence_test). Creating under one lock
+// makes the order visible, so the rest of oneDNN's use stays checked rather
+// than suppressed. Creation happens once per layer and input shape, and the
+// per-step reorders hit the cache (microseconds): the lock costs nothing
+// measurable, and a worker process computes on one thread.
+absl::Mutex& CreationMutex() {
+  static absl::Mutex* mu = new absl::Mutex;
+  return *mu;
+}
+
+// A reorder primitive from `src` to `dst`, created under CreationMutex().
+dnnl::reorder MakeReorder(const memory& src, const memory& dst) {
+  absl::MutexLock lock(&CreationMutex());
+  return dnnl::reorder(src, dst);
 }
 
 dnnl::stream& CpuStream() {
@@ -84,7 +108,7 @@ void Reorder(const Shape& s, int from, const float* src, int to, float* dst) {
   }
   memory a = Wrap(Md(s, from), src);
   memory b = Wrap(Md(s, to), dst);
-  dnnl::reorder(a, b).execute(CpuStream(), a, b);
+  MakeReorder(a, b).execute(CpuStream(), a, b);
 }
 
 memory::desc Flat(int64_t n) { return memory::desc({n}, dt::f32, tag::x); }
@@ -116,8 +140,7 @@ class Conv2d final : public Layer {
       Prepare(in[0]->shape(), in[0]->layout());
       memory weights = Wrap(wei_md_, weight_->value.data());
       if (fwd_wei_.get(true) != nullptr) {
-        dnnl::reorder(weights, fwd_wei_)
-            .execute(CpuStream(), weights, fwd_wei_);
+        MakeReorder(weights, fwd_wei_).execute(CpuStream(), weights, fwd_wei_);
         weights = fwd_wei_;
       }
       std::unordered_map<int, memory> args = {
@@ -144,7 +167,7 @@ class Conv2d final : public Layer {
       if (plain_dout_for_weights_ || plain_dout_for_data_) {
         plain_dout_.resize(dout.size());
         plain_dout = Wrap(plain_dout_md_, plain_dout_.data());
-        dnnl::reorder(blocked_dout, plain_dout)
+        MakeReorder(blocked_dout, plain_dout)
             .execute(CpuStream(), blocked_dout, plain_dout);
       }
       memory grad = Wrap(wei_md_, weight_->grad.data());
@@ -159,12 +182,12 @@ class Conv2d final : public Layer {
       }
       bwd_weights_.execute(CpuStream(), args);
       if (diff_wei_.get(true) != nullptr) {
-        dnnl::reorder(diff_wei_, grad).execute(CpuStream(), diff_wei_, grad);
+        MakeReorder(diff_wei_, grad).execute(CpuStream(), diff_wei_, grad);
       }
       if (din[0] != nullptr) {
         memory weights = Wrap(wei_md_, weight_->value.data());
         if (bwd_wei_.get(true) != nullptr) {
-          dnnl::reorder(weights, bwd_wei_)
+          MakeReorder(weights, bwd_wei_)
               .execute(CpuStream(), weights, bwd_wei_);
           weights = bwd_wei_;
         }
@@ -181,6 +204,7 @@ class Conv2d final : public Layer {
  private:
   void Prepare(const Shape& in, int layout) {
     if (in == in_shape_ && layout == in_layout_) return;
+    absl::MutexLock lock(&CreationMutex());
     in_shape_ = in;
     in_layout_ = layout;
     const Shape out = *OutputShape(spec_, {in});
@@ -315,6 +339,7 @@ class Linear final : public Layer {
  private:
   void Prepare(int64_t n) {
     if (n == n_) return;
+    absl::MutexLock lock(&CreationMutex());
     n_ = n;
     const int64_t in_f = spec_.in_channels, out_f = spec_.out_channels;
     src_md_ = memory::desc({n, in_f}, dt::f32, tag::nc);
@@ -429,6 +454,7 @@ class BatchNorm2d final : public Layer {
  private:
   void Prepare(const Shape& shape, int layout, bool training) {
     if (shape == shape_ && layout == layout_ && training == training_) return;
+    absl::MutexLock lock(&CreationMutex());
     shape_ = shape;
     layout_ = layout;
     training_ = training;
@@ -499,6 +525,7 @@ class Relu final : public Layer {
  private:
   void Prepare(int64_t n) {
     if (n == n_) return;
+    absl::MutexLock lock(&CreationMutex());
     n_ = n;
     md_ = Flat(n);
     dnnl::eltwise_forward::primitive_desc fwd_pd(
@@ -557,6 +584,7 @@ class Pool2d final : public Layer {
 
   void Prepare(const Shape& in, int layout, bool training) {
     if (in == in_shape_ && layout == layout_ && training == training_) return;
+    absl::MutexLock lock(&CreationMutex());
     in_shape_ = in;
     layout_ = layout;
     training_ = training;
@@ -620,6 +648,7 @@ class Add final : public Layer {
       if (n != n_) {
         n_ = n;
         md_ = Flat(n);
+        absl::MutexLock lock(&CreationMutex());
         fwd_ = dnnl::binary(dnnl::binary::primitive_desc(
             dnnl::binary::desc(algorithm::binary_add, md_, md_, md_),
             CpuEngine()));
