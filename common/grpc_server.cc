@@ -6,6 +6,14 @@
 
 namespace pstrain {
 
+bool ConnectionCapSupported() {
+#ifdef GRPC_ARG_MAX_ALLOWED_INCOMING_CONNECTIONS
+  return true;
+#else
+  return false;
+#endif
+}
+
 absl::StatusOr<ListeningServer> StartGrpcServer(
     const std::string& address, grpc::Service* service,
     const std::string& port_file,
@@ -24,6 +32,10 @@ absl::StatusOr<ListeningServer> StartGrpcServer(
                              limits.max_connection_idle_ms);
   builder.AddChannelArgument(GRPC_ARG_SERVER_HANDSHAKE_TIMEOUT_MS,
                              limits.handshake_timeout_ms);
+#ifdef GRPC_ARG_MAX_ALLOWED_INCOMING_CONNECTIONS
+  builder.AddChannelArgument(GRPC_ARG_MAX_ALLOWED_INCOMING_CONNECTIONS,
+                             limits.max_connections);
+#endif
   ListeningServer out;
   builder.AddListeningPort(
       address,

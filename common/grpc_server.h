@@ -20,8 +20,11 @@ namespace pstrain {
 // What one server may take from its host, each bound enforced by gRPC
 // itself (its resource quota and channel arguments), so that a client that
 // opens calls or connections and then stalls cannot exhaust the process.
-// gRPC 1.51 has no cap on the number of connections: they are bounded by
-// the memory quota, the handshake timeout and the idle timeout below.
+// The number of connections is capped only where gRPC can do it
+// (GRPC_ARG_MAX_ALLOWED_INCOMING_CONNECTIONS, gRPC 1.55 and later; see
+// ConnectionCapSupported()). Debian 12's gRPC 1.51 has no such cap: there
+// connections are bounded by the memory quota, the handshake timeout and
+// the idle timeout below.
 struct ServerLimits {
   // Threads gRPC may run to serve calls, count (ResourceQuota::
   // SetMaxThreads). A synchronous handler holds its thread for the whole
@@ -55,7 +58,16 @@ struct ServerLimits {
   // A new connection must finish its TLS and HTTP/2 handshake within this,
   // ms (GRPC_ARG_SERVER_HANDSHAKE_TIMEOUT_MS; gRPC's default is 120 s).
   int handshake_timeout_ms = 20 * 1000;
+  // TCP connections open at once, count: past it gRPC closes a new
+  // connection as soon as it is accepted (the client sees UNAVAILABLE) and
+  // the connections already open carry on. Applied only where
+  // ConnectionCapSupported(); ignored otherwise.
+  int max_connections = 4096;
 };
+
+// Whether the gRPC this was built with can cap a server's connections
+// (ServerLimits::max_connections). False with gRPC 1.51 (Debian 12).
+bool ConnectionCapSupported();
 
 struct ListeningServer {
   std::unique_ptr<grpc::Server> server;

@@ -5,7 +5,8 @@
 // pushes and pulls over its own connection before and while 50 such streams
 // are open, and must keep its pace; and past a server's thread cap a new
 // call is refused at once (RESOURCE_EXHAUSTED) while the calls already
-// served carry on; and a pull's write blocked on a client that does not
+// served carry on; past its connection cap (where gRPC has one) a new
+// connection is refused; and a pull's write blocked on a client that does not
 // read is cancelled after PsService's write_timeout.
 #include <grpcpp/grpcpp.h>
 
@@ -233,6 +234,39 @@ TEST(IdleStreamsTest, PastTheThreadCapNewCallsAreRefusedAtOnce) {
   EXPECT_EQ(status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED)
       << status.error_message();
   EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+}
+
+// Past ServerLimits::max_connections a new connection is closed at once
+// and its call fails UNAVAILABLE, while the connections already open keep
+// serving. Skips where gRPC cannot cap connections (gRPC 1.51, Debian 12).
+TEST(IdleStreamsTest, PastTheConnectionCapNewConnectionsAreRefused) {
+  if (!ConnectionCapSupported()) {
+    GTEST_SKIP()
+        << "this gRPC has no GRPC_ARG_MAX_ALLOWED_INCOMING_CONNECTIONS";
+  }
+  ServerLimits limits;
+  limits.max_connections = 2;
+  Shard shard(limits);
+  auto stats = [&](ParameterServer::Stub* stub) {
+    grpc::ClientContext context;
+    context.set_deadline(In(5));
+    StatsRequest request;
+    request.mutable_header()->set_job_id("job");
+    StatsResponse response;
+    return stub->Stats(&context, request, &response);
+  };
+  std::vector<std::unique_ptr<ParameterServer::Stub>> open;
+  for (int c = 0; c < 2; ++c) {
+    open.push_back(ParameterServer::NewStub(Connect(shard.port(), c)));
+    const grpc::Status status = stats(open.back().get());
+    EXPECT_TRUE(status.ok()) << status.error_message();
+  }
+  auto extra = ParameterServer::NewStub(Connect(shard.port(), 2));
+  EXPECT_EQ(stats(extra.get()).error_code(), grpc::StatusCode::UNAVAILABLE);
+  for (auto& stub : open) {
+    const grpc::Status status = stats(stub.get());
+    EXPECT_TRUE(status.ok()) << status.error_message();
+  }
 }
 
 // PsService's write watchdog: a pull whose write stays blocked on a client
