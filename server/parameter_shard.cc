@@ -414,14 +414,17 @@ absl::Status ParameterShard::Push(int worker_id, int32_t param_id,
         ++chunk.num_latest;
       }
       latest.pending[worker_id].swap(chunk.incoming);
-      std::fill(chunk.weights.begin(), chunk.weights.end(), 0.0f);
+      UpdateScratch& out = ThreadUpdateScratch();
+      out.w.assign(n, 0.0f);
       for (int w = 0; w < options_.num_workers; ++w) {
         if (!latest.has_pending[w]) continue;
         const float* v = latest.pending[w].data();
-        for (int64_t i = 0; i < n; ++i) chunk.weights[i] += v[i];
+        for (int64_t i = 0; i < n; ++i) out.w[i] += v[i];
       }
       const float scale = 1.0f / static_cast<float>(chunk.num_latest);
-      for (int64_t i = 0; i < n; ++i) chunk.weights[i] *= scale;
+      for (int64_t i = 0; i < n; ++i) out.w[i] *= scale;
+      if (NoteOverflow(chunk, chunk.version, out.w)) return absl::OkStatus();
+      chunk.weights.swap(out.w);
       ++chunk.version;
       NoteUpdate();
       return absl::OkStatus();
@@ -539,6 +542,30 @@ int64_t ElapsedNs(std::chrono::steady_clock::time_point start) {
 
 }  // namespace
 
+int64_t ParameterShard::overflowed(std::string* last) const {
+  absl::MutexLock lock(&overflow_mu_);
+  if (last != nullptr) *last = last_overflow_;
+  return overflowed_;
+}
+
+ParameterShard::UpdateScratch& ParameterShard::ThreadUpdateScratch() {
+  thread_local UpdateScratch scratch;
+  return scratch;
+}
+
+bool ParameterShard::NoteOverflow(const ChunkState& chunk, int64_t step,
+                                  absl::Span<const float> updated) {
+  const int64_t i = FindNonFinite(updated);
+  if (i < 0) return false;
+  absl::MutexLock lock(&overflow_mu_);
+  ++overflowed_;
+  last_overflow_ = absl::StrCat("update of chunk (", chunk.spec.param_id, ", ",
+                                chunk.spec.chunk_index, ") for step ", step,
+                                " overflowed to ", NonFiniteText(updated[i]),
+                                " at element ", i, "; not applied");
+  return true;
+}
+
 float* ParameterShard::AverageInto(StepSlot& slot,
                                    const std::vector<int>& workers, int64_t n) {
   float* sum = slot.pending[workers[0]].data();
@@ -583,7 +610,8 @@ void ParameterShard::CompleteBarrierLocked(ChunkState& chunk,
       for (int64_t i = 0; i < n; ++i) sum[i] *= clip;
     }
     chunk.prev_weights.resize(n);
-    if (plan_->is_buffer(chunk.spec.param_id)) {
+    const bool buffer = plan_->is_buffer(chunk.spec.param_id);
+    if (buffer) {
       std::copy(sum, sum + n, chunk.prev_weights.begin());
     } else {
       chunk.prev_m.resize(n);
@@ -594,13 +622,20 @@ void ParameterShard::CompleteBarrierLocked(ChunkState& chunk,
                           chunk.prev_weights.data(), chunk.prev_m.data(),
                           chunk.prev_v.data(), n);
       optimizer_ns_.fetch_add(ElapsedNs(start), std::memory_order_relaxed);
-      chunk.m.swap(chunk.prev_m);
-      chunk.v.swap(chunk.prev_v);
     }
-    chunk.weights.swap(chunk.prev_weights);
-    // Backup workers and clipping: decided already, nothing to undo.
-    chunk.undo_step = members == nullptr && !clipping() ? step : -1;
-    applied_.fetch_add(1, std::memory_order_relaxed);
+    if (NoteOverflow(chunk, step, chunk.prev_weights)) {
+      // Not applied: the chunk keeps its state, nothing to undo.
+      chunk.undo_step = -1;
+    } else {
+      if (!buffer) {
+        chunk.m.swap(chunk.prev_m);
+        chunk.v.swap(chunk.prev_v);
+      }
+      chunk.weights.swap(chunk.prev_weights);
+      // Backup workers and clipping: decided already, nothing to undo.
+      chunk.undo_step = members == nullptr && !clipping() ? step : -1;
+      applied_.fetch_add(1, std::memory_order_relaxed);
+    }
   }
   chunk.version = step + 1;
   slot.skipped = false;
@@ -632,6 +667,9 @@ double ParameterShard::PartialNormLocked(int64_t step, bool skip) {
   std::iota(workers.begin(), workers.end(), 0);
   for (const std::unique_ptr<ChunkState>& c : chunks_) {
     absl::MutexLock chunk_lock(&c->mu);
+    // A chunk already past `step` (restored at a later version) has no
+    // pushes of it: its slot holds nothing of this step.
+    if (c->version != step) continue;
     StepSlot& slot = c->slots[SlotIndex(step)];
     if (slot.skipped) continue;  // not applied (CompleteBarrierLocked())
     const int64_t n = c->spec.num_elements;
@@ -898,7 +936,8 @@ absl::Status ParameterShard::ApplyStepNorm(int worker_id, int64_t step,
       static_cast<float>(options_.clip_grad_norm) / (norm + 1e-6f), 1.0f);
   for (const std::unique_ptr<ChunkState>& c : chunks_) {
     absl::MutexLock chunk_lock(&c->mu);
-    CompleteBarrierLocked(*c, nullptr, skip, clip);
+    // As in PartialNormLocked(): a chunk past `step` has nothing of it.
+    if (c->version == step) CompleteBarrierLocked(*c, nullptr, skip, clip);
   }
   last_norm_step_ = step;
   last_norm_partial_ = norm_partial_;
@@ -962,19 +1001,32 @@ void ParameterShard::ApplyLocked(ChunkState& chunk, const float* gradient) {
                       {{"param", chunk.spec.param_id},
                        {"chunk", chunk.spec.chunk_index},
                        {"step", chunk.version}});
+  const int64_t n = chunk.spec.num_elements;
+  const bool buffer = plan_->is_buffer(chunk.spec.param_id);
+  // Written beside the current state, and swapped in only if finite.
+  UpdateScratch& out = ThreadUpdateScratch();
+  out.w.resize(n);
+  if (buffer) {
+    // Sync mode: `gradient` is the workers' average of the buffer.
+    std::copy(gradient, gradient + n, out.w.begin());
+  } else {
+    out.m.resize(n);
+    out.v.resize(n);
+    const auto start = std::chrono::steady_clock::now();
+    OptimizerUpdateInto(options_.adam, chunk.version + 1, chunk.weights.data(),
+                        gradient, chunk.m.data(), chunk.v.data(), out.w.data(),
+                        out.m.data(), out.v.data(), n);
+    optimizer_ns_.fetch_add(ElapsedNs(start), std::memory_order_relaxed);
+  }
+  if (NoteOverflow(chunk, chunk.version, out.w)) return;
+  chunk.weights.swap(out.w);
+  if (!buffer) {
+    chunk.m.swap(out.m);
+    chunk.v.swap(out.v);
+  }
   ++chunk.version;
   applied_.fetch_add(1, std::memory_order_relaxed);
   NoteUpdate();
-  if (plan_->is_buffer(chunk.spec.param_id)) {
-    // Sync mode: `gradient` is the workers' average of the buffer.
-    std::copy(gradient, gradient + chunk.spec.num_elements,
-              chunk.weights.begin());
-    return;
-  }
-  const auto start = std::chrono::steady_clock::now();
-  OptimizerUpdate(options_.adam, chunk.version, chunk.weights.data(), gradient,
-                  chunk.m.data(), chunk.v.data(), chunk.spec.num_elements);
-  optimizer_ns_.fetch_add(ElapsedNs(start), std::memory_order_relaxed);
 }
 
 absl::Status ParameterShard::Pull(int64_t min_version, int64_t samples,
@@ -1160,6 +1212,7 @@ ShardStats ParameterShard::Stats() const {
   stats.updates = applied_.load();
   stats.late_pushes = late_pushes_.load();
   stats.late_steps = late_steps_.load();
+  stats.overflowed = overflowed(&stats.last_overflow);
   if (initialized_.load()) {
     int64_t min_version = -1;
     for (const std::unique_ptr<ChunkState>& chunk : chunks_) {

@@ -224,6 +224,14 @@ struct ShardStats {
   // refused (shard 0) or reported late (the others).
   int64_t late_pushes = 0;
   int64_t late_steps = 0;
+  // Chunk updates not applied because their result was not finite
+  // (finite gradients whose sum, or optimizer state, left float's range):
+  // the chunk kept its weights for that step (sync: while the step's other
+  // chunks were updated; async: the push is dropped). The last one's
+  // description ("update of chunk (p, c) for step s overflowed to inf at
+  // element i; not applied"), empty if none.
+  int64_t overflowed = 0;
+  std::string last_overflow;
 };
 
 class ParameterShard {
@@ -233,6 +241,8 @@ class ParameterShard {
   ParameterShard& operator=(const ParameterShard&) = delete;
 
   const ShardOptions& options() const { return options_; }
+  // ShardStats::overflowed and last_overflow, without the rest of Stats().
+  int64_t overflowed(std::string* last = nullptr) const;
 
   // INVALID_ARGUMENT unless `job_id` is this job's and 0 <= worker_id <
   // num_workers.
@@ -529,8 +539,24 @@ class ParameterShard {
 
   // Wakes pulls waiting for a chunk: after a version change.
   void NoteUpdate();
+  // Async mode: one push's update, written beside the chunk's state and
+  // swapped in unless NoteOverflow().
   void ApplyLocked(ChunkState& chunk, const float* gradient)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk.mu);
+  // Where an update is written before it replaces a chunk's state (async
+  // mode; sync mode uses the chunk's undo buffers): one per thread, since
+  // chunks are updated concurrently under their own locks. After a swap it
+  // holds the chunk's old storage, reused for the next update.
+  struct UpdateScratch {
+    std::vector<float> w, m, v;
+  };
+  static UpdateScratch& ThreadUpdateScratch();
+  // True if `updated` (a chunk's new weights for `step`) holds a NaN or an
+  // infinity, which finite gradients can still give (a sum of workers'
+  // gradients or Adam's moments past float's range): the caller then
+  // leaves the chunk's state as it was. Counted and recorded for Stats().
+  bool NoteOverflow(const ChunkState& chunk, int64_t step,
+                    absl::Span<const float> updated);
 
   const ShardOptions options_;
 
@@ -605,6 +631,9 @@ class ParameterShard {
   std::atomic<int64_t> applied_{0};
   std::atomic<int64_t> late_pushes_{0};
   std::atomic<int64_t> late_steps_{0};
+  mutable absl::Mutex overflow_mu_;
+  int64_t overflowed_ ABSL_GUARDED_BY(overflow_mu_) = 0;
+  std::string last_overflow_ ABSL_GUARDED_BY(overflow_mu_);
 };
 
 }  // namespace pstrain

@@ -4,6 +4,7 @@
 #include <atomic>
 #include <cmath>
 #include <limits>
+#include <map>
 #include <memory>
 #include <string>
 #include <thread>
@@ -308,6 +309,113 @@ TEST(ParameterShardTest, PullHandsOutChunksInTheOrderTheyBecomeReady) {
   puller.join();
   EXPECT_TRUE(status.ok()) << status;
   EXPECT_EQ(handed_out(), std::vector<int>({10, 1, 0}));
+}
+
+// Finite pushes whose update is not finite (two workers' 3e38 sum to inf;
+// SGD at lr 10 on 3.4e38) are not applied: the chunk keeps its weights,
+// counted in overflowed, and later updates go on.
+TEST(ParameterShardTest, UpdatesThatOverflowAreNotApplied) {
+  const float big = 3e38f;
+  const float max = std::numeric_limits<float>::max();
+  {
+    ParameterShard shard(Options(2, SyncMode::kSync));
+    ASSERT_TRUE(shard.Initialize({6, 2}, 16, InitChunks()).ok());
+    for (int w = 0; w < 2; ++w) {
+      ASSERT_TRUE(shard.Push(w, 0, 0, 0, std::vector<float>(4, big)).ok());
+      ASSERT_TRUE(shard.Push(w, 0, 1, 0, std::vector<float>(2, 1)).ok());
+      ASSERT_TRUE(shard.Push(w, 1, 0, 0, std::vector<float>(2, 1)).ok());
+    }
+    EndAll(shard, 2, 0);
+    auto w = PullAll(shard, 1);
+    ASSERT_EQ(w.size(), 3u);
+    EXPECT_EQ(w[0], (std::vector<float>{1, 2, 3, 4}));
+    EXPECT_NEAR(w[1][0], 5 - 0.1f, 1e-5);
+    const ShardStats stats = shard.Stats();
+    EXPECT_EQ(stats.overflowed, 1);
+    EXPECT_EQ(stats.updates, 2);
+    EXPECT_NE(stats.last_overflow.find("update of chunk (0, 0) for step 0 "
+                                       "overflowed to nan at element 0; not "
+                                       "applied"),
+              std::string::npos)
+        << stats.last_overflow;
+    // The next step applies to every chunk, from the kept weights.
+    for (int w = 0; w < 2; ++w) {
+      ASSERT_TRUE(shard.Push(w, 0, 0, 1, std::vector<float>(4, 1)).ok());
+      ASSERT_TRUE(shard.Push(w, 0, 1, 1, std::vector<float>(2, 1)).ok());
+      ASSERT_TRUE(shard.Push(w, 1, 0, 1, std::vector<float>(2, 1)).ok());
+    }
+    EndAll(shard, 2, 1);
+    w = PullAll(shard, 2);
+    ASSERT_EQ(w.size(), 3u);
+    // Adam's update number 2 (the chunk's version): m and v from zero.
+    const float step_size = 0.1f / (1 - 0.9f * 0.9f);
+    const float denom = std::sqrt(0.001f) / std::sqrt(1 - 0.999f * 0.999f);
+    EXPECT_NEAR(w[0][0], 1 - step_size * 0.1f / denom, 1e-5);
+    EXPECT_EQ(shard.Stats().overflowed, 1);
+  }
+  {
+    ShardOptions options = Options(2, SyncMode::kAsync);
+    options.adam.kind = OptimizerKind::kSgd;
+    options.adam.lr = 10;
+    ParameterShard shard(options);
+    ASSERT_TRUE(shard.Initialize({6, 2}, 16, InitChunks(), 1).ok());
+    ASSERT_TRUE(shard.Push(0, 0, 0, 0, std::vector<float>(4, max)).ok());
+    auto w = PullAll(shard, 0);
+    EXPECT_EQ(w[0], (std::vector<float>{1, 2, 3, 4}));
+    ASSERT_TRUE(shard.Push(0, 0, 0, 0, std::vector<float>(4, 0.01f)).ok());
+    w = PullAll(shard, 0);
+    EXPECT_NEAR(w[0][0], 1 - 0.1f, 1e-5);
+    // A buffer: one worker's 3e38 is kept; both workers' sum to inf.
+    ASSERT_TRUE(shard.Push(0, 1, 0, 0, std::vector<float>{big, 1}).ok());
+    ASSERT_TRUE(shard.Push(1, 1, 0, 0, std::vector<float>{big, 1}).ok());
+    EXPECT_EQ(PullAll(shard, 0)[2], (std::vector<float>{big, 1}));
+    EXPECT_EQ(shard.Stats().overflowed, 2);
+  }
+}
+
+// Found by parameter_shard_fuzzer: a clipping shard restored with one chunk
+// a step ahead of the others counted that chunk as pushed when the step
+// ended (its version is past it), then took the chunk's slot as the step's
+// gradients: whatever the slot held (stale values, NaNs a refused push
+// left, or nothing: a read through a null pointer) went into the partial
+// norm and was applied. A chunk past the step is now left out of both.
+TEST(ParameterShardTest, ClippingLeavesOutChunksRestoredPastTheStep) {
+  ShardOptions options = Options(1, SyncMode::kSync);
+  options.adam.kind = OptimizerKind::kSgd;
+  options.clip_grad_norm = 1.0;
+  ParameterShard shard(options);
+  ASSERT_TRUE(shard.Initialize({6, 2}, 16, InitChunks()).ok());
+  std::vector<InitChunk> restored = InitChunks();
+  restored[2].version = 1;
+  ASSERT_TRUE(shard.Initialize({6, 2}, 16, restored, 0, 1).ok());
+  ASSERT_TRUE(shard.Push(0, 0, 0, 0, std::vector<float>(4, 0.1f), 1).ok());
+  ASSERT_TRUE(shard.Push(0, 0, 1, 0, std::vector<float>(2, 0.1f), 1).ok());
+  ASSERT_TRUE(shard.EndStep(0, 0, nullptr, 1).ok());
+  std::vector<double> partials;
+  std::map<std::pair<int, int>, std::vector<float>> pulled;
+  std::thread puller([&] {
+    const absl::Status s = shard.Pull(
+        1, 0, absl::Now() + absl::Seconds(10),
+        [&](const ChunkSpec& c, int64_t, absl::Span<const float> w) {
+          pulled[{c.param_id, c.chunk_index}].assign(w.begin(), w.end());
+        },
+        nullptr, nullptr, 1, nullptr,
+        [&](int64_t, double sum_sq) {
+          partials.push_back(sum_sq);
+          return true;
+        });
+    EXPECT_TRUE(s.ok()) << s;
+  });
+  absl::SleepFor(absl::Milliseconds(100));
+  ASSERT_TRUE(shard.ApplyStepNorm(0, 0, 0.06, 1).ok());
+  puller.join();
+  ASSERT_EQ(partials.size(), 1u);
+  EXPECT_NEAR(partials[0], 6 * 0.1 * 0.1, 1e-6);
+  ASSERT_EQ(pulled.size(), 3u);
+  // Norm sqrt(0.06) < 1: not clipped; SGD at lr 0.1.
+  EXPECT_NEAR(pulled[std::make_pair(0, 0)][0], 1 - 0.1f * 0.1f, 1e-5);
+  EXPECT_NEAR(pulled[std::make_pair(0, 1)][1], 6 - 0.1f * 0.1f, 1e-5);
+  EXPECT_EQ(pulled[std::make_pair(1, 0)], (std::vector<float>{7, 8}));
 }
 
 TEST(ParameterShardTest, AsyncAppliesEveryPush) {

@@ -225,7 +225,16 @@ int main(int argc, char** argv) {
   std::signal(SIGINT, OnSignal);
   const absl::Duration idle_timeout =
       absl::Seconds(absl::GetFlag(FLAGS_idle_timeout_s));
+  int64_t overflows_logged = 0;
   while (true) {
+    // Updates the shard refused for a non-finite result, in the job's log.
+    std::string last_overflow;
+    if (const int64_t overflowed = shard.overflowed(&last_overflow);
+        overflowed > overflows_logged) {
+      agent.Log(absl::StrCat("shard ", index, ": ", last_overflow, " (",
+                             overflowed, " so far)"));
+      overflows_logged = overflowed;
+    }
     if (metrics != nullptr && absl::Now() - last_row >= absl::Seconds(1) &&
         metrics->Changed(shard.Stats()) && !write_row()) {
       metrics.reset();  // the error is printed once; training goes on

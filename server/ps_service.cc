@@ -600,6 +600,8 @@ grpc::Status PsService::Stats(grpc::ServerContext* context,
   response->set_skipped(stats.skipped);
   response->set_late_pushes(stats.late_pushes);
   response->set_late_steps(stats.late_steps);
+  response->set_overflowed(stats.overflowed);
+  response->set_last_overflow(stats.last_overflow);
   response->set_bytes_received(bytes_received_.load());
   response->set_bytes_sent(bytes_sent_.load());
   return grpc::Status::OK;
