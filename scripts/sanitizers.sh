@@ -38,7 +38,17 @@ for config in asan tsan; do
   if [ $config = asan ]; then
     env+=(--test_env=LSAN_OPTIONS=suppressions=$root/scripts/lsan.supp:print_suppressions=0)
   else
-    env+=(--test_env=TSAN_OPTIONS=suppressions=$root/scripts/tsan.supp:halt_on_error=1:second_deadlock_stack=1:report_signal_unsafe=0)
+    # history_size=7 (the most): TSan keeps enough of each thread's past
+    # accesses to print the earlier access's stack. Without it a race whose
+    # earlier access was made inside an uninstrumented library (gRPC,
+    # protobuf: a memcpy of a message on our stack) is printed as "failed
+    # to restore the stack", and tsan.supp cannot match that library.
+    # OMP_NUM_THREADS=1: oneDNN's primitives run on the calling thread.
+    # Debian's libgomp is not instrumented either, so TSan sees none of its
+    # barriers and reports every write oneDNN's OpenMP threads make to
+    # memory the caller allocated.
+    env+=(--test_env=TSAN_OPTIONS=suppressions=$root/scripts/tsan.supp:halt_on_error=1:second_deadlock_stack=1:report_signal_unsafe=0:history_size=7
+      --test_env=OMP_NUM_THREADS=1)
   fi
   log=$(mktemp)
   start=$(date +%s)

@@ -193,9 +193,19 @@ TEST(RunCliTest, BackupWorkersLeaveTheStragglerBehind) {
       << r.output;
   // Most of its steps: 40 ms against the others' few.
   EXPECT_GE(std::stoi(late[1].str()), 10) << r.output;
-  // The fast workers are never late: each step has 2 admitted workers.
-  EXPECT_EQ(r.output.find("[worker0] worker 0: "), std::string::npos)
-      << r.output;
+  // The fast workers are hardly ever late: each step has 2 admitted
+  // workers (a loaded machine, or a sanitized build, can make one of them
+  // miss a step now and then).
+  for (const char* fast : {"0", "1"}) {
+    std::smatch fast_late;
+    if (std::regex_search(
+            r.output, fast_late,
+            std::regex(std::string(R"(\[worker)") + fast + R"(\] worker )" +
+                       fast + R"(: ([0-9]+) steps ended late)"))) {
+      EXPECT_LE(4 * std::stoi(fast_late[1].str()), std::stoi(late[1].str()))
+          << r.output;
+    }
+  }
   EXPECT_TRUE(std::regex_search(
       r.output,
       std::regex(R"(\| 2 \| 3 \| sync \| lenet5 \| 64 \| 1 \| 60 \| )")))
