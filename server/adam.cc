@@ -1,6 +1,8 @@
 #include "server/adam.h"
 
 #include <cmath>
+#include <cstdint>
+#include <cstring>
 
 namespace pstrain {
 
@@ -25,15 +27,23 @@ namespace {
 
 // One element of the update; shared by the in-place and out-of-place loops
 // so that both round alike.
-inline void AdamElement(const AdamStepConstants& c, float w, float g, float m,
-                        float v, float* w_out, float* m_out, float* v_out) {
+// so that both round alike. Returns 1 if the new weight is NaN or infinite
+// (its 8 exponent bits all ones), else 0: OR-ed over the loop, a branch-free
+// reduction the vectoriser keeps in registers, so the check costs no pass.
+inline uint32_t AdamElement(const AdamStepConstants& c, float w, float g,
+                            float m, float v, float* w_out, float* m_out,
+                            float* v_out) {
   const float mi = c.beta1 * m + c.one_minus_beta1 * g;
   const float vi = c.beta2 * v + c.one_minus_beta2 * g * g;
   *m_out = mi;
   *v_out = vi;
   const float wi = c.decoupled ? w * c.decay : w;
   const float denom = std::sqrt(vi) * c.inv_bias_correction2_sqrt + c.epsilon;
-  *w_out = wi - c.step_size * mi / denom;
+  const float out = wi - c.step_size * mi / denom;
+  *w_out = out;
+  uint32_t bits;
+  std::memcpy(&bits, &out, sizeof(bits));
+  return (bits & 0x7f800000u) == 0x7f800000u;
 }
 
 }  // namespace
@@ -47,16 +57,18 @@ void AdamUpdate(const AdamOptions& options, int64_t step, float* __restrict w,
   }
 }
 
-void AdamUpdateInto(const AdamOptions& options, int64_t step,
+bool AdamUpdateInto(const AdamOptions& options, int64_t step,
                     const float* __restrict w_in, const float* __restrict g,
                     const float* __restrict m_in, const float* __restrict v_in,
                     float* __restrict w_out, float* __restrict m_out,
                     float* __restrict v_out, int64_t n) {
   const AdamStepConstants c = AdamConstantsFor(options, step);
+  uint32_t nonfinite = 0;
   for (int64_t i = 0; i < n; ++i) {
-    AdamElement(c, w_in[i], g[i], m_in[i], v_in[i], &w_out[i], &m_out[i],
-                &v_out[i]);
+    nonfinite |= AdamElement(c, w_in[i], g[i], m_in[i], v_in[i], &w_out[i],
+                             &m_out[i], &v_out[i]);
   }
+  return nonfinite == 0;
 }
 
 }  // namespace pstrain

@@ -53,8 +53,9 @@ void AdamUpdate(const AdamOptions& options, int64_t step, float* w,
 // results to `w_out`, `m_out`, `v_out` (bit-identical to AdamUpdate on the
 // same inputs). A sync shard writes a step's update beside the state before
 // it, so that a step skipped for a non-finite gradient can be undone
-// (server/parameter_shard.h). No array may overlap another.
-void AdamUpdateInto(const AdamOptions& options, int64_t step, const float* w_in,
+// (server/parameter_shard.h). No array may overlap another. Returns
+// whether every new weight is finite (checked in the same loop).
+bool AdamUpdateInto(const AdamOptions& options, int64_t step, const float* w_in,
                     const float* g, const float* m_in, const float* v_in,
                     float* w_out, float* m_out, float* v_out, int64_t n);
 

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 
 namespace pstrain {
@@ -60,8 +61,9 @@ SgdConstants SgdConstantsFor(const OptimizerOptions& o, float lr,
 }
 
 // One element, in torch's order of operations; shared by both loops.
-inline void SgdElement(const SgdConstants& c, float w, float g, float m,
-                       float* w_out, float* m_out) {
+// Returns 1 if the new weight is NaN or infinite, else 0 (as AdamElement).
+inline uint32_t SgdElement(const SgdConstants& c, float w, float g, float m,
+                           float* w_out, float* m_out) {
   float d = c.weight_decay != 0.0f ? g + c.weight_decay * w : g;
   if (c.use_momentum) {
     const float buf = c.first ? d : c.momentum * m + c.one_minus_dampening * d;
@@ -70,7 +72,11 @@ inline void SgdElement(const SgdConstants& c, float w, float g, float m,
   } else {
     *m_out = m;
   }
-  *w_out = w + c.neg_lr * d;
+  const float out = w + c.neg_lr * d;
+  *w_out = out;
+  uint32_t bits;
+  std::memcpy(&bits, &out, sizeof(bits));
+  return (bits & 0x7f800000u) == 0x7f800000u;
 }
 
 AdamOptions AtLr(const OptimizerOptions& options, float lr) {
@@ -90,14 +96,16 @@ void SgdUpdate(const OptimizerOptions& options, float lr, int64_t step,
   }
 }
 
-void SgdUpdateInto(const OptimizerOptions& options, float lr, int64_t step,
+bool SgdUpdateInto(const OptimizerOptions& options, float lr, int64_t step,
                    const float* __restrict w_in, const float* __restrict g,
                    const float* __restrict m_in, float* __restrict w_out,
                    float* __restrict m_out, int64_t n) {
   const SgdConstants c = SgdConstantsFor(options, lr, step);
+  uint32_t nonfinite = 0;
   for (int64_t i = 0; i < n; ++i) {
-    SgdElement(c, w_in[i], g[i], m_in[i], &w_out[i], &m_out[i]);
+    nonfinite |= SgdElement(c, w_in[i], g[i], m_in[i], &w_out[i], &m_out[i]);
   }
+  return nonfinite == 0;
 }
 
 void OptimizerUpdate(const OptimizerOptions& options, int64_t step, float* w,
@@ -110,18 +118,19 @@ void OptimizerUpdate(const OptimizerOptions& options, int64_t step, float* w,
   }
 }
 
-void OptimizerUpdateInto(const OptimizerOptions& options, int64_t step,
+bool OptimizerUpdateInto(const OptimizerOptions& options, int64_t step,
                          const float* w_in, const float* g, const float* m_in,
                          const float* v_in, float* w_out, float* m_out,
                          float* v_out, int64_t n) {
   const float lr = static_cast<float>(ScheduledLr(options, step - 1));
   if (options.kind == OptimizerKind::kSgd) {
-    SgdUpdateInto(options, lr, step, w_in, g, m_in, w_out, m_out, n);
+    const bool finite =
+        SgdUpdateInto(options, lr, step, w_in, g, m_in, w_out, m_out, n);
     if (n > 0) std::memcpy(v_out, v_in, sizeof(float) * n);
-  } else {
-    AdamUpdateInto(AtLr(options, lr), step, w_in, g, m_in, v_in, w_out, m_out,
-                   v_out, n);
+    return finite;
   }
+  return AdamUpdateInto(AtLr(options, lr), step, w_in, g, m_in, v_in, w_out,
+                        m_out, v_out, n);
 }
 
 }  // namespace pstrain

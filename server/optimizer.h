@@ -82,20 +82,22 @@ absl::string_view OptimizerName(OptimizerKind kind);
 double ScheduledLr(const OptimizerOptions& options, int64_t step);
 
 // SGD as above, `step` 1-based (as AdamUpdate's): in place, and out of place
-// (bit-identical; no array may overlap another). `m` is the momentum buffer.
+// (bit-identical; no array may overlap another; returns whether every new
+// weight is finite). `m` is the momentum buffer.
 void SgdUpdate(const OptimizerOptions& options, float lr, int64_t step,
                float* w, const float* g, float* m, int64_t n);
-void SgdUpdateInto(const OptimizerOptions& options, float lr, int64_t step,
+bool SgdUpdateInto(const OptimizerOptions& options, float lr, int64_t step,
                    const float* w_in, const float* g, const float* m_in,
                    float* w_out, float* m_out, int64_t n);
 
 // Update number `step` (1-based) with options.kind's optimizer at the
 // scheduled lr (ScheduledLr(options, step - 1)). In place: w, m, v; out of
 // place: reads *_in, writes *_out (SGD copies v_in to v_out), as
-// AdamUpdateInto, for the sync shard's undoable update.
+// AdamUpdateInto, for the shard's update written beside its state; the
+// out-of-place form returns whether every new weight is finite.
 void OptimizerUpdate(const OptimizerOptions& options, int64_t step, float* w,
                      const float* g, float* m, float* v, int64_t n);
-void OptimizerUpdateInto(const OptimizerOptions& options, int64_t step,
+bool OptimizerUpdateInto(const OptimizerOptions& options, int64_t step,
                          const float* w_in, const float* g, const float* m_in,
                          const float* v_in, float* w_out, float* m_out,
                          float* v_out, int64_t n);

@@ -611,19 +611,20 @@ void ParameterShard::CompleteBarrierLocked(ChunkState& chunk,
     }
     chunk.prev_weights.resize(n);
     const bool buffer = plan_->is_buffer(chunk.spec.param_id);
+    bool finite = false;  // false: NoteOverflow() looks
     if (buffer) {
       std::copy(sum, sum + n, chunk.prev_weights.begin());
     } else {
       chunk.prev_m.resize(n);
       chunk.prev_v.resize(n);
       const auto start = std::chrono::steady_clock::now();
-      OptimizerUpdateInto(options_.adam, step + 1, chunk.weights.data(), sum,
-                          chunk.m.data(), chunk.v.data(),
-                          chunk.prev_weights.data(), chunk.prev_m.data(),
-                          chunk.prev_v.data(), n);
+      finite = OptimizerUpdateInto(options_.adam, step + 1,
+                                   chunk.weights.data(), sum, chunk.m.data(),
+                                   chunk.v.data(), chunk.prev_weights.data(),
+                                   chunk.prev_m.data(), chunk.prev_v.data(), n);
       optimizer_ns_.fetch_add(ElapsedNs(start), std::memory_order_relaxed);
     }
-    if (NoteOverflow(chunk, step, chunk.prev_weights)) {
+    if (!finite && NoteOverflow(chunk, step, chunk.prev_weights)) {
       // Not applied: the chunk keeps its state, nothing to undo.
       chunk.undo_step = -1;
     } else {
@@ -1006,6 +1007,7 @@ void ParameterShard::ApplyLocked(ChunkState& chunk, const float* gradient) {
   // Written beside the current state, and swapped in only if finite.
   UpdateScratch& out = ThreadUpdateScratch();
   out.w.resize(n);
+  bool finite = false;  // false: NoteOverflow() looks
   if (buffer) {
     // Sync mode: `gradient` is the workers' average of the buffer.
     std::copy(gradient, gradient + n, out.w.begin());
@@ -1013,12 +1015,13 @@ void ParameterShard::ApplyLocked(ChunkState& chunk, const float* gradient) {
     out.m.resize(n);
     out.v.resize(n);
     const auto start = std::chrono::steady_clock::now();
-    OptimizerUpdateInto(options_.adam, chunk.version + 1, chunk.weights.data(),
-                        gradient, chunk.m.data(), chunk.v.data(), out.w.data(),
-                        out.m.data(), out.v.data(), n);
+    finite = OptimizerUpdateInto(options_.adam, chunk.version + 1,
+                                 chunk.weights.data(), gradient, chunk.m.data(),
+                                 chunk.v.data(), out.w.data(), out.m.data(),
+                                 out.v.data(), n);
     optimizer_ns_.fetch_add(ElapsedNs(start), std::memory_order_relaxed);
   }
-  if (NoteOverflow(chunk, chunk.version, out.w)) return;
+  if (!finite && NoteOverflow(chunk, chunk.version, out.w)) return;
   chunk.weights.swap(out.w);
   if (!buffer) {
     chunk.m.swap(out.m);

@@ -555,6 +555,8 @@ class ParameterShard {
   // infinity, which finite gradients can still give (a sum of workers'
   // gradients or Adam's moments past float's range): the caller then
   // leaves the chunk's state as it was. Counted and recorded for Stats().
+  // Called for buffers, and for parameters only when the optimizer's own
+  // check (OptimizerUpdateInto) found a non-finite weight: no extra pass.
   bool NoteOverflow(const ChunkState& chunk, int64_t step,
                     absl::Span<const float> updated);
 

@@ -5,8 +5,8 @@
 // against the model's own step, forward + backward on one batch on the CPU
 // backend, measured in the same run on the same threads (the baseline). The
 // shards' side adds no pass over the data (an update is written into a
-// second buffer instead of in place, and a step end is one small message
-// per shard).
+// second buffer instead of in place, its new weights are checked in the
+// optimizer's own loop, and a step end is one small message per shard).
 //
 // Columns: step = median ms of one forward + backward; check = median ms of
 // one scan of every PS tensor (one thread, as a pusher thread does it);
