@@ -29,6 +29,14 @@ ShardOptions Options(int num_workers, SyncMode mode) {
   return options;
 }
 
+// Sync SGD (lr 0.1) clipping by global norm 1.
+ShardOptions ClippingSgdOptions(int num_workers) {
+  ShardOptions options = Options(num_workers, SyncMode::kSync);
+  options.adam.kind = OptimizerKind::kSgd;
+  options.clip_grad_norm = 1.0;
+  return options;
+}
+
 std::vector<InitChunk> InitChunks() {
   std::vector<InitChunk> chunks(3);
   chunks[0].values = {1, 2, 3, 4};
@@ -380,10 +388,7 @@ TEST(ParameterShardTest, UpdatesThatOverflowAreNotApplied) {
 // left, or nothing: a read through a null pointer) went into the partial
 // norm and was applied. A chunk past the step is now left out of both.
 TEST(ParameterShardTest, ClippingLeavesOutChunksRestoredPastTheStep) {
-  ShardOptions options = Options(1, SyncMode::kSync);
-  options.adam.kind = OptimizerKind::kSgd;
-  options.clip_grad_norm = 1.0;
-  ParameterShard shard(options);
+  ParameterShard shard(ClippingSgdOptions(1));
   ASSERT_TRUE(shard.Initialize({6, 2}, 16, InitChunks()).ok());
   std::vector<InitChunk> restored = InitChunks();
   restored[2].version = 1;
@@ -580,10 +585,7 @@ std::vector<std::vector<float>> PullAt(ParameterShard& shard,
 // the clipped update, later sums must equal it; a skipped step goes the
 // same round and applies nothing.
 TEST(ParameterShardTest, ClippingWaitsForTheAgreedNormAndChecksIt) {
-  ShardOptions options = Options(2, SyncMode::kSync);
-  options.adam.kind = OptimizerKind::kSgd;
-  options.clip_grad_norm = 1.0;
-  ParameterShard shard(options);
+  ParameterShard shard(ClippingSgdOptions(2));
   ASSERT_TRUE(shard.Initialize({6, 2}, 16, InitChunks()).ok());
   const auto initial = PullAll(shard, 0);
   // A clipping shard's sync pull needs a way to send its partial.
