@@ -1141,9 +1141,18 @@ absl::StatusOr<TrainerOutput> RunWorker(const TrainerOptions& options,
                                          timed_steps);
   }
   if (chief) {
-    ASSIGN_OR_RETURN(const int64_t samples, exchange->SamplesSoFar());
-    // Samples of every worker. In sync and allreduce modes this is
-    // num_workers * batch_size * steps exactly.
+    // Samples of every worker. In sync mode (every worker in every step)
+    // and allreduce mode this is num_workers * batch_size * steps, counted
+    // here: the shards' count lags by the other workers' last pulls, which
+    // may still be on their way when worker 0 has ended.
+    int64_t samples;
+    if (allreduce || (options.mode == "sync" && options.backup_workers == 0)) {
+      samples = samples_at_start + (step - start_step) *
+                                       int64_t{options.num_workers} *
+                                       options.batch_size;
+    } else {
+      ASSIGN_OR_RETURN(samples, exchange->SamplesSoFar());
+    }
     result.set_throughput_samples_per_sec((samples - samples_at_start) /
                                           std::max(train_seconds, 1e-9));
   }
