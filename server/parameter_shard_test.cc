@@ -493,8 +493,9 @@ TEST(ParameterShardTest, SyncSkippedStepRestoresEveryChunkAndResends) {
   ASSERT_EQ(before.size(), 3u);
   // Step 1: chunk (1,0) gets both pushes (applied at once); worker 1 then
   // finds a NaN in parameter 0 and skips its chunks (0,0) and (0,1).
-  std::vector<std::vector<float>> pulled;
+  std::vector<std::vector<float>> pulled;  // read after the join
   std::vector<int64_t> versions;
+  std::atomic<int> chunks_pulled{0};  // polled while the pull runs
   SkippedStepInfo skipped;
   absl::Status pull_status;
   std::thread puller([&] {
@@ -503,6 +504,7 @@ TEST(ParameterShardTest, SyncSkippedStepRestoresEveryChunkAndResends) {
         [&](const ChunkSpec&, int64_t version, absl::Span<const float> w) {
           pulled.emplace_back(w.begin(), w.end());
           versions.push_back(version);
+          ++chunks_pulled;
         },
         nullptr, nullptr, 0, &skipped);
   });
@@ -517,7 +519,7 @@ TEST(ParameterShardTest, SyncSkippedStepRestoresEveryChunkAndResends) {
   const absl::Time start = absl::Now();
   while (absl::Now() < start + absl::Seconds(5)) {
     absl::SleepFor(absl::Milliseconds(5));
-    if (!pulled.empty()) break;
+    if (chunks_pulled.load() > 0) break;
   }
   absl::SleepFor(absl::Milliseconds(50));
   ASSERT_TRUE(shard.EndStep(0, 1, nullptr).ok());
