@@ -1,7 +1,6 @@
 #include "common/nonfinite.h"
 
 #include <cmath>
-#include <cstring>
 
 #include "absl/strings/str_cat.h"
 
@@ -12,17 +11,12 @@ int64_t FindNonFinite(absl::Span<const float> values) {
   // of 4096 values are scanned without an early exit (a loop the compiler
   // vectorises); the first block with a hit is searched again element by
   // element.
-  constexpr uint32_t kExponent = 0x7f800000u;
   constexpr size_t kBlock = 4096;
   const size_t n = values.size();
   for (size_t begin = 0; begin < n; begin += kBlock) {
     const size_t end = begin + kBlock < n ? begin + kBlock : n;
     uint32_t any = 0;
-    for (size_t i = begin; i < end; ++i) {
-      uint32_t bits;
-      std::memcpy(&bits, &values[i], sizeof(bits));
-      any |= static_cast<uint32_t>((bits & kExponent) == kExponent);
-    }
+    for (size_t i = begin; i < end; ++i) any |= NonFiniteBit(values[i]);
     if (any == 0) continue;
     for (size_t i = begin; i < end; ++i) {
       if (!std::isfinite(values[i])) return static_cast<int64_t>(i);

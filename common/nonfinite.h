@@ -10,6 +10,7 @@
 #define PSTRAIN_COMMON_NONFINITE_H_
 
 #include <cstdint>
+#include <cstring>
 #include <string>
 
 #include "absl/types/span.h"
@@ -33,6 +34,16 @@ struct SkippedStepInfo {
   int worker_id = -1;
   NonFiniteValue nonfinite;
 };
+
+// 1 if `value` is NaN or infinite (its 8 exponent bits all ones), else 0.
+// Branch-free, so that a loop can OR it over its elements and still be
+// vectorised (FindNonFinite(); the shard's optimizer loops check the
+// weights they write this way, with no extra pass).
+inline uint32_t NonFiniteBit(float value) {
+  uint32_t bits;
+  std::memcpy(&bits, &value, sizeof(bits));
+  return (bits & 0x7f800000u) == 0x7f800000u;
+}
 
 // The index of the first NaN or infinity in `values`, or -1 if every value
 // is finite. One pass over the exponent bits (vectorised; about memory

@@ -2,7 +2,8 @@
 
 #include <cmath>
 #include <cstdint>
-#include <cstring>
+
+#include "common/nonfinite.h"
 
 namespace pstrain {
 
@@ -26,10 +27,7 @@ AdamStepConstants AdamConstantsFor(const AdamOptions& options, int64_t step) {
 namespace {
 
 // One element of the update; shared by the in-place and out-of-place loops
-// so that both round alike.
-// so that both round alike. Returns 1 if the new weight is NaN or infinite
-// (its 8 exponent bits all ones), else 0: OR-ed over the loop, a branch-free
-// reduction the vectoriser keeps in registers, so the check costs no pass.
+// so that both round alike. Returns NonFiniteBit() of the new weight.
 inline uint32_t AdamElement(const AdamStepConstants& c, float w, float g,
                             float m, float v, float* w_out, float* m_out,
                             float* v_out) {
@@ -41,9 +39,7 @@ inline uint32_t AdamElement(const AdamStepConstants& c, float w, float g,
   const float denom = std::sqrt(vi) * c.inv_bias_correction2_sqrt + c.epsilon;
   const float out = wi - c.step_size * mi / denom;
   *w_out = out;
-  uint32_t bits;
-  std::memcpy(&bits, &out, sizeof(bits));
-  return (bits & 0x7f800000u) == 0x7f800000u;
+  return NonFiniteBit(out);
 }
 
 }  // namespace

@@ -5,6 +5,8 @@
 #include <cstdint>
 #include <cstring>
 
+#include "common/nonfinite.h"
+
 namespace pstrain {
 
 absl::string_view OptimizerName(OptimizerKind kind) {
@@ -61,7 +63,7 @@ SgdConstants SgdConstantsFor(const OptimizerOptions& o, float lr,
 }
 
 // One element, in torch's order of operations; shared by both loops.
-// Returns 1 if the new weight is NaN or infinite, else 0 (as AdamElement).
+// Returns NonFiniteBit() of the new weight (as AdamElement).
 inline uint32_t SgdElement(const SgdConstants& c, float w, float g, float m,
                            float* w_out, float* m_out) {
   float d = c.weight_decay != 0.0f ? g + c.weight_decay * w : g;
@@ -74,9 +76,7 @@ inline uint32_t SgdElement(const SgdConstants& c, float w, float g, float m,
   }
   const float out = w + c.neg_lr * d;
   *w_out = out;
-  uint32_t bits;
-  std::memcpy(&bits, &out, sizeof(bits));
-  return (bits & 0x7f800000u) == 0x7f800000u;
+  return NonFiniteBit(out);
 }
 
 AdamOptions AtLr(const OptimizerOptions& options, float lr) {

@@ -1003,30 +1003,21 @@ void ParameterShard::ApplyLocked(ChunkState& chunk, const float* gradient) {
                        {"chunk", chunk.spec.chunk_index},
                        {"step", chunk.version}});
   const int64_t n = chunk.spec.num_elements;
-  const bool buffer = plan_->is_buffer(chunk.spec.param_id);
   // Written beside the current state, and swapped in only if finite.
   UpdateScratch& out = ThreadUpdateScratch();
   out.w.resize(n);
-  bool finite = false;  // false: NoteOverflow() looks
-  if (buffer) {
-    // Sync mode: `gradient` is the workers' average of the buffer.
-    std::copy(gradient, gradient + n, out.w.begin());
-  } else {
-    out.m.resize(n);
-    out.v.resize(n);
-    const auto start = std::chrono::steady_clock::now();
-    finite = OptimizerUpdateInto(options_.adam, chunk.version + 1,
-                                 chunk.weights.data(), gradient, chunk.m.data(),
-                                 chunk.v.data(), out.w.data(), out.m.data(),
-                                 out.v.data(), n);
-    optimizer_ns_.fetch_add(ElapsedNs(start), std::memory_order_relaxed);
-  }
+  out.m.resize(n);
+  out.v.resize(n);
+  const auto start = std::chrono::steady_clock::now();
+  const bool finite = OptimizerUpdateInto(
+      options_.adam, chunk.version + 1, chunk.weights.data(), gradient,
+      chunk.m.data(), chunk.v.data(), out.w.data(), out.m.data(), out.v.data(),
+      n);
+  optimizer_ns_.fetch_add(ElapsedNs(start), std::memory_order_relaxed);
   if (!finite && NoteOverflow(chunk, chunk.version, out.w)) return;
   chunk.weights.swap(out.w);
-  if (!buffer) {
-    chunk.m.swap(out.m);
-    chunk.v.swap(out.v);
-  }
+  chunk.m.swap(out.m);
+  chunk.v.swap(out.v);
   ++chunk.version;
   applied_.fetch_add(1, std::memory_order_relaxed);
   NoteUpdate();

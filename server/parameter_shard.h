@@ -539,8 +539,9 @@ class ParameterShard {
 
   // Wakes pulls waiting for a chunk: after a version change.
   void NoteUpdate();
-  // Async mode: one push's update, written beside the chunk's state and
-  // swapped in unless NoteOverflow().
+  // Async mode: one push's update of a parameter (buffers are averaged in
+  // Push()), written beside the chunk's state and swapped in unless
+  // NoteOverflow().
   void ApplyLocked(ChunkState& chunk, const float* gradient)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk.mu);
   // Where an update is written before it replaces a chunk's state (async

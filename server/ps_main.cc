@@ -228,12 +228,11 @@ int main(int argc, char** argv) {
   int64_t overflows_logged = 0;
   while (true) {
     // Updates the shard refused for a non-finite result, in the job's log.
-    std::string last_overflow;
-    if (const int64_t overflowed = shard.overflowed(&last_overflow);
-        overflowed > overflows_logged) {
+    if (shard.overflowed() > overflows_logged) {
+      std::string last_overflow;
+      overflows_logged = shard.overflowed(&last_overflow);
       agent.Log(absl::StrCat("shard ", index, ": ", last_overflow, " (",
-                             overflowed, " so far)"));
-      overflows_logged = overflowed;
+                             overflows_logged, " so far)"));
     }
     if (metrics != nullptr && absl::Now() - last_row >= absl::Seconds(1) &&
         metrics->Changed(shard.Stats()) && !write_row()) {

@@ -1145,15 +1145,14 @@ absl::StatusOr<TrainerOutput> RunWorker(const TrainerOptions& options,
     // and allreduce mode this is num_workers * batch_size * steps, counted
     // here: the shards' count lags by the other workers' last pulls, which
     // may still be on their way when worker 0 has ended.
-    int64_t samples;
-    if (allreduce || (options.mode == "sync" && options.backup_workers == 0)) {
-      samples = samples_at_start + (step - start_step) *
-                                       int64_t{options.num_workers} *
-                                       options.batch_size;
-    } else {
-      ASSIGN_OR_RETURN(samples, exchange->SamplesSoFar());
+    int64_t trained =
+        (step - start_step) * int64_t{options.num_workers} * options.batch_size;
+    if (!allreduce &&
+        !(options.mode == "sync" && options.backup_workers == 0)) {
+      ASSIGN_OR_RETURN(const int64_t samples, exchange->SamplesSoFar());
+      trained = samples - samples_at_start;
     }
-    result.set_throughput_samples_per_sec((samples - samples_at_start) /
+    result.set_throughput_samples_per_sec(trained /
                                           std::max(train_seconds, 1e-9));
   }
   for (absl::Span<float> w : weights) {
