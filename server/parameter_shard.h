@@ -176,6 +176,11 @@ struct ShardOptions {
   // Sync mode without staleness or backup workers: gradient clipping by
   // global norm (see "Gradient clipping" above), 0 to 1e6; 0: none.
   double clip_grad_norm = 0;
+  // The job's checkpoint folder on this shard's host (the job spec's
+  // checkpoint_dir as the coordinator validated it); the shard writes
+  // checkpoint files only inside it (ShardCheckpointPath in
+  // server/shard_checkpoint.h). Empty: the shard takes no checkpoints.
+  std::string checkpoint_dir;
 };
 
 // Backup workers: what a worker's step end says about its admission.

@@ -114,6 +114,9 @@ int main(int argc, char** argv) {
       spec->backup_workers() > 0 ? spec->num_workers() - spec->backup_workers()
                                  : 0;
   options.clip_grad_norm = spec->clip_grad_norm();
+  // Checkpoint files go only under the job's own checkpoint_dir, never a
+  // path a request names (server/shard_checkpoint.h).
+  options.checkpoint_dir = spec->checkpoint_dir();
 
   // TLS as shard `index` of the job, every call authorized (common/authz.h);
   // or --insecure, refused on a non-loopback address unless allowed.

@@ -113,15 +113,21 @@ grpc::Status PsService::Checkpoint(grpc::ServerContext* context,
     *response = checkpoint_result_;
     return grpc::Status::OK;
   }
-  if (request->path().empty()) {
-    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                        "checkpoint request without a path");
-  }
-  // One write at a time: the previous one finishes first.
-  if (checkpoint_writer_.joinable()) {
+  // The file's path comes from the shard's own configuration; the request
+  // names only the step (server/shard_checkpoint.h).
+  const ShardOptions& o = shard_->options();
+  absl::StatusOr<std::string> path =
+      ShardCheckpointPath(o.checkpoint_dir, step, o.shard_index);
+  if (!path.ok()) return ToGrpcStatus(path.status());
+  // One write at a time: the one in flight finishes first. A concurrent
+  // call may start another while this one joins, hence the loop; each
+  // thread is joined by the one call that moved it out.
+  while (checkpoint_writer_.joinable()) {
     checkpoint_mu_.Await(absl::Condition(&checkpoint_done_));
+    if (!checkpoint_writer_.joinable()) continue;  // another call took it
+    std::thread finished = std::move(checkpoint_writer_);
     checkpoint_mu_.Unlock();
-    checkpoint_writer_.join();
+    finished.join();
     checkpoint_mu_.Lock();
   }
   if (snapshot_ == nullptr) {
@@ -134,7 +140,7 @@ grpc::Status PsService::Checkpoint(grpc::ServerContext* context,
   checkpoint_status_ = absl::OkStatus();
   checkpoint_result_.Clear();
   checkpoint_writer_ =
-      std::thread([this, step, path = request->path(), chunks = snapshot_]() {
+      std::thread([this, step, path = *std::move(path), chunks = snapshot_]() {
         const ShardOptions& o = shard_->options();
         // The file's contents are fsynced; its folder is the caller's to
         // fsync, once for every file of the checkpoint (proto/ps.proto).

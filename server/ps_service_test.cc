@@ -5,8 +5,15 @@
 // touching the shard's state.
 #include "server/ps_service.h"
 
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdio>
+#include <filesystem>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/time/clock.h"
@@ -16,6 +23,7 @@
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "server/adam.h"
+#include "server/shard_checkpoint.h"
 
 namespace pstrain {
 namespace {
@@ -31,6 +39,12 @@ class PsServiceTest : public ::testing::Test {
     options.num_workers = 2;
     options.mode = SyncMode::kSync;
     options.adam.lr = 0.1f;
+    checkpoint_root_ =
+        ::testing::TempDir() + "/ps_service_test_ckpt/" +
+        ::testing::UnitTest::GetInstance()->current_test_info()->name();
+    std::filesystem::remove_all(checkpoint_root_);
+    std::filesystem::create_directories(checkpoint_root_);
+    options.checkpoint_dir = checkpoint_root_;
     shard_ = std::make_unique<ParameterShard>(options);
     std::vector<InitChunk> chunks(1);
     chunks[0].values = {1, 2, 3, 4};
@@ -113,6 +127,25 @@ class PsServiceTest : public ::testing::Test {
     return stream->Finish();
   }
 
+  // Worker 0's Checkpoint call for `step` (`wait` as in proto/ps.proto).
+  grpc::Status Checkpoint(const CheckpointRequest& request,
+                          CheckpointResponse* response = nullptr) {
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() +
+                         std::chrono::seconds(10));
+    CheckpointResponse ignored;
+    return stub_->Checkpoint(&context, request, response ? response : &ignored);
+  }
+  static CheckpointRequest CheckpointOf(int64_t step, bool wait) {
+    CheckpointRequest request;
+    request.mutable_header()->set_job_id("job");
+    request.mutable_header()->set_worker_id(0);
+    request.set_step(step);
+    request.set_wait(wait);
+    return request;
+  }
+
+  std::string checkpoint_root_;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<ParameterShard> shard_;
   std::unique_ptr<PsService> service_;
@@ -195,6 +228,132 @@ TEST_F(PsServiceTest, WrongShapedPushesAreRejectedAndChangeNothing) {
   std::vector<PushPullResponse> replies;
   EXPECT_TRUE(Exchange({Push(0, Bytes({1, 1, 1, 1}), 4)}, &replies).ok());
   EXPECT_EQ(shard_->Stats().pushes, 1);
+}
+
+}  // namespace
+}  // namespace pstrain
+
+namespace pstrain {
+namespace {
+
+// A request names only the step: the shard writes under its own
+// checkpoint_dir. A client that still sends the old `path` field (3) as
+// bytes gets it ignored, and nothing appears at that path.
+TEST_F(PsServiceTest, CheckpointGoesUnderTheShardsOwnFolderWhateverTheCaller) {
+  const std::string target = ::testing::TempDir() + "/ps_service_test_victim";
+  std::filesystem::remove(target);
+  CheckpointRequest begin = CheckpointOf(0, /*wait=*/false);
+  begin.GetReflection()->MutableUnknownFields(&begin)->AddLengthDelimited(
+      3, target);
+  ASSERT_TRUE(Checkpoint(begin).ok());
+  CheckpointResponse done;
+  const grpc::Status waited = Checkpoint(CheckpointOf(0, true), &done);
+  ASSERT_TRUE(waited.ok()) << waited.error_message();
+  const std::string file = checkpoint_root_ + "/step-0/shard-0.safetensors";
+  EXPECT_TRUE(std::filesystem::is_regular_file(file));
+  EXPECT_EQ(static_cast<int64_t>(std::filesystem::file_size(file)),
+            done.size_bytes());
+  EXPECT_FALSE(std::filesystem::exists(target));
+}
+
+// ROOT/step-N as a symbolic link to a folder elsewhere: refused, and the
+// folder it points to gets nothing.
+TEST_F(PsServiceTest, CheckpointRefusesAStepFolderThatLinksOutside) {
+  const std::string elsewhere = ::testing::TempDir() + "/ps_service_elsewhere";
+  std::filesystem::remove_all(elsewhere);
+  std::filesystem::create_directories(elsewhere);
+  std::filesystem::create_directory_symlink(elsewhere,
+                                            checkpoint_root_ + "/step-0");
+  const grpc::Status status = Checkpoint(CheckpointOf(0, false));
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_THAT(status.error_message(), HasSubstr("symbolic link"));
+  EXPECT_TRUE(std::filesystem::is_empty(elsewhere));
+}
+
+// A job without a checkpoint_dir: no checkpoint at all.
+TEST_F(PsServiceTest, CheckpointWithoutAFolderIsAFailedPrecondition) {
+  ShardOptions options = shard_->options();
+  options.checkpoint_dir.clear();
+  ParameterShard shard(options);
+  std::vector<InitChunk> chunks(1);
+  chunks[0].values = {1, 2, 3, 4};
+  ASSERT_TRUE(shard.Initialize({4}, 16, std::move(chunks)).ok());
+  PsService service(&shard, absl::Seconds(5));
+  absl::StatusOr<ListeningServer> listening =
+      StartGrpcServer("127.0.0.1:0", &service, "");
+  ASSERT_TRUE(listening.ok()) << listening.status();
+  auto stub = ParameterServer::NewStub(
+      grpc::CreateChannel("127.0.0.1:" + std::to_string(listening->port),
+                          grpc::InsecureChannelCredentials()));
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() +
+                       std::chrono::seconds(10));
+  CheckpointResponse response;
+  const grpc::Status status =
+      stub->Checkpoint(&context, CheckpointOf(0, false), &response);
+  listening->server->Shutdown();
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_THAT(status.error_message(), HasSubstr("checkpoint_dir"));
+}
+
+// Concurrent Checkpoint calls (begin and wait mixed) each get an answer and
+// the shard process survives: before, two calls could join the same writer
+// thread, and std::thread::join threw out of the handler (terminate).
+TEST_F(PsServiceTest, ConcurrentCheckpointCallsDoNotTerminateTheShard) {
+  std::vector<std::thread> callers;
+  std::atomic<int> answered{0};
+  for (int t = 0; t < 8; ++t) {
+    callers.emplace_back([&, t] {
+      for (int i = 0; i < 10; ++i) {
+        Checkpoint(CheckpointOf(0, /*wait=*/(t + i) % 3 == 0));
+        answered.fetch_add(1);
+      }
+    });
+  }
+  for (std::thread& t : callers) t.join();
+  EXPECT_EQ(answered.load(), 80);
+  ASSERT_TRUE(Checkpoint(CheckpointOf(0, false)).ok());
+  const grpc::Status waited = Checkpoint(CheckpointOf(0, true));
+  EXPECT_TRUE(waited.ok()) << waited.error_message();
+  EXPECT_TRUE(std::filesystem::is_regular_file(checkpoint_root_ +
+                                               "/step-0/shard-0.safetensors"));
+}
+
+TEST(ShardCheckpointPathTest, BuildsTheFileUnderRootAndMakesTheStepFolder) {
+  const std::string root = ::testing::TempDir() + "/shard_path_root";
+  std::filesystem::remove_all(root);
+  std::filesystem::create_directories(root);
+  absl::StatusOr<std::string> path = ShardCheckpointPath(root, 200, 3);
+  ASSERT_TRUE(path.ok()) << path.status();
+  EXPECT_EQ(*path, root + "/step-200/shard-3.safetensors");
+  EXPECT_TRUE(std::filesystem::is_directory(root + "/step-200"));
+}
+
+TEST(ShardCheckpointPathTest, RefusesWhatIsNotAFolderInsideRoot) {
+  const std::string root = ::testing::TempDir() + "/shard_path_refuse";
+  std::filesystem::remove_all(root);
+  std::filesystem::create_directories(root + "/real");
+  // A plain file where the step folder goes.
+  {
+    std::FILE* f = std::fopen((root + "/step-1").c_str(), "w");
+    std::fclose(f);
+  }
+  EXPECT_EQ(ShardCheckpointPath(root, 1, 0).status().code(),
+            absl::StatusCode::kPermissionDenied);
+  // A link to a folder inside ROOT still resolves elsewhere than step-2.
+  std::filesystem::create_directory_symlink(root + "/real", root + "/step-2");
+  EXPECT_EQ(ShardCheckpointPath(root, 2, 0).status().code(),
+            absl::StatusCode::kPermissionDenied);
+  // A dangling link (to a path the shard would create) is refused too.
+  std::filesystem::create_symlink("/nonexistent/x", root + "/step-3");
+  EXPECT_EQ(ShardCheckpointPath(root, 3, 0).status().code(),
+            absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(ShardCheckpointPath(root, -1, 0).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ShardCheckpointPath("", 1, 0).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(ShardCheckpointPath(root + "/missing", 1, 0).status().code(),
+            absl::StatusCode::kFailedPrecondition);
 }
 
 }  // namespace

@@ -1,6 +1,11 @@
 #include "server/shard_checkpoint.h"
 
+#include <sys/stat.h>
+
 #include <algorithm>
+#include <cerrno>
+#include <climits>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <utility>
@@ -23,7 +28,68 @@ absl::Status Corrupt(const std::string& path, const std::string& what) {
       absl::StrCat(path, ": not a valid pstrain shard checkpoint: ", what));
 }
 
+// realpath(3) of `path`, or INTERNAL naming it and errno.
+absl::StatusOr<std::string> RealPath(const std::string& path) {
+  char resolved[PATH_MAX];
+  if (::realpath(path.c_str(), resolved) == nullptr) {
+    return absl::InternalError(
+        absl::StrCat(path, ": cannot resolve it: ", std::strerror(errno)));
+  }
+  return std::string(resolved);
+}
+
 }  // namespace
+
+absl::StatusOr<std::string> ShardCheckpointPath(const std::string& root,
+                                                int64_t step, int shard_index) {
+  if (root.empty()) {
+    return absl::FailedPreconditionError(
+        "this shard takes no checkpoints: the job has no checkpoint_dir");
+  }
+  if (step < 0 || shard_index < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("checkpoint of step ", step, " for shard ", shard_index,
+                     ": expected a step and a shard index >= 0"));
+  }
+  struct stat st;
+  if (::stat(root.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "checkpoint folder ", root, ": not a folder on this shard's host"));
+  }
+  const std::string step_dir = absl::StrCat(root, "/step-", step);
+  if (::lstat(step_dir.c_str(), &st) != 0) {
+    if (errno != ENOENT) {
+      return absl::InternalError(
+          absl::StrCat(step_dir, ": ", std::strerror(errno)));
+    }
+    // Worker 0 usually made it first; EEXIST is then a race with it, and
+    // the lstat below checks what is there.
+    if (::mkdir(step_dir.c_str(), 0777) != 0 && errno != EEXIST) {
+      return absl::InternalError(
+          absl::StrCat(step_dir, ": cannot create it: ", std::strerror(errno)));
+    }
+    if (::lstat(step_dir.c_str(), &st) != 0) {
+      return absl::InternalError(
+          absl::StrCat(step_dir, ": ", std::strerror(errno)));
+    }
+  }
+  if (!S_ISDIR(st.st_mode)) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        step_dir, ": not a folder (",
+        S_ISLNK(st.st_mode) ? "a symbolic link" : "another kind of file",
+        "); a shard writes checkpoints only into folders inside ", root));
+  }
+  absl::StatusOr<std::string> real_root = RealPath(root);
+  if (!real_root.ok()) return real_root.status();
+  absl::StatusOr<std::string> real_step = RealPath(step_dir);
+  if (!real_step.ok()) return real_step.status();
+  if (*real_step != absl::StrCat(*real_root, "/step-", step)) {
+    return absl::PermissionDeniedError(
+        absl::StrCat(step_dir, ": resolves to ", *real_step,
+                     ", outside the checkpoint folder ", *real_root));
+  }
+  return absl::StrCat(step_dir, "/shard-", shard_index, ".safetensors");
+}
 
 absl::StatusOr<safetensors::WriteResult> WriteShardCheckpoint(
     const std::string& path, const std::vector<ChunkSnapshot>& chunks,

@@ -36,6 +36,22 @@ namespace pstrain {
 
 inline constexpr char kShardCheckpointFormat[] = "pstrain-shard-checkpoint/1";
 
+// The file shard `shard_index` writes for checkpoint `step`:
+// ROOT/step-<step>/shard-<shard_index>.safetensors, where ROOT is the job's
+// checkpoint folder from the shard's own configuration
+// (ShardOptions::checkpoint_dir), never from a request: a Checkpoint request
+// names only the step, so no caller chooses a path on the shard's host.
+// Creates the step folder (mode 0777 less the umask) when it is missing.
+// Errors: FAILED_PRECONDITION when `root` is empty (the job has no
+// checkpoint_dir) or is not a folder; INVALID_ARGUMENT for a negative step
+// or shard index; PERMISSION_DENIED when ROOT/step-<step> exists as anything
+// but a folder (a symbolic link included) or resolves outside ROOT; the
+// errno of a failed mkdir/lstat/realpath as INTERNAL. The check and the
+// later write are separate system calls: a local user who can replace the
+// step folder between them is outside the model (docs/SECURITY.md).
+absl::StatusOr<std::string> ShardCheckpointPath(const std::string& root,
+                                                int64_t step, int shard_index);
+
 // Writes `chunks` (ParameterShard::Snapshot()) durably to `path`
 // (safetensors::Write with `options`).
 absl::StatusOr<safetensors::WriteResult> WriteShardCheckpoint(

@@ -345,7 +345,6 @@ TEST_F(AuthzTest, EveryMethodServesItsCallersAndRefusesEveryoneElse) {
         Deadline(&c);
         CheckpointRequest r;
         header(r.mutable_header(), 0);
-        r.set_path(testing::TempDir() + "/authz-shard.safetensors");
         CheckpointResponse out;
         return shard(ch)->Checkpoint(&c, r, &out);
       }};

@@ -250,6 +250,7 @@ absl::StatusOr<std::unique_ptr<CheckpointRig>> CheckpointRig::Create(
   ShardOptions shard_options;
   shard_options.num_workers = 1;
   shard_options.adam = options.adam;
+  shard_options.checkpoint_dir = options.checkpoint_dir;
   rig->shards_ =
       std::make_unique<LocalShards>(options.num_shards, shard_options);
   ASSIGN_OR_RETURN(

@@ -54,6 +54,7 @@ std::vector<std::vector<float>> Train(const Dataset& data,
   const bool allreduce = run.mode == "allreduce";
   ShardOptions shard_options;
   shard_options.num_workers = kWorkers;
+  shard_options.checkpoint_dir = run.dir;
   LocalShards shards(allreduce ? 0 : run.shards, shard_options);
   InProcessStore store;
   std::vector<absl::StatusOr<TrainerOutput>> outputs(kWorkers);

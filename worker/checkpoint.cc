@@ -32,16 +32,6 @@ std::string ShardFileName(int shard) {
   return absl::StrCat("shard-", shard, ".safetensors");
 }
 
-// Each shard's file in checkpoint folder `step_dir`, by shard index.
-std::vector<std::string> ShardPaths(const std::string& step_dir,
-                                    int num_shards) {
-  std::vector<std::string> paths;
-  for (int s = 0; s < num_shards; ++s) {
-    paths.push_back(absl::StrCat(step_dir, "/", ShardFileName(s)));
-  }
-  return paths;
-}
-
 absl::Status BadManifest(const std::string& path, const std::string& what) {
   return absl::DataLossError(absl::StrCat(path, ": ", what));
 }
@@ -390,8 +380,7 @@ absl::Status CheckpointWriter::Begin(
         absl::StrCat(step_dir, ": cannot create it: ", error.message()));
   }
   RETURN_IF_ERROR(exchange_
-                      ->Checkpoint(step, ShardPaths(step_dir, job_.num_shards),
-                                   /*wait=*/false)
+                      ->Checkpoint(step, step_dir, /*wait=*/false)
                       .status());
   // Into the previous checkpoint's copy (its writer is done): no fresh
   // memory to touch on the training thread.
@@ -425,8 +414,7 @@ absl::Status CheckpointWriter::Finish(
       save_model_(spans, model_path, step, in_folder);
   ASSIGN_OR_RETURN(
       std::vector<CheckpointResponse> shards,
-      exchange_->Checkpoint(step, ShardPaths(step_dir, job_.num_shards),
-                            /*wait=*/true));
+      exchange_->Checkpoint(step, step_dir, /*wait=*/true));
   RETURN_IF_ERROR(model_file.status());
   // The data files' names, then the step folder's own, are durable before
   // the manifest can exist.

@@ -113,8 +113,8 @@ class PsExchange : public GradientExchange {
   }
 
   absl::StatusOr<std::vector<CheckpointResponse>> Checkpoint(
-      int64_t step, const std::vector<std::string>& paths, bool wait) override {
-    return client_->Checkpoint(step, paths, wait);
+      int64_t step, const std::string& step_dir, bool wait) override {
+    return client_->Checkpoint(step, wait);
   }
 
   absl::Status BeforePause() override { return client_->CloseStreams(); }
@@ -359,17 +359,13 @@ class AllreduceExchange : public GradientExchange {
   }
 
   // Worker 0: the whole state (every worker holds the same) as one shard
-  // file, paths[0] (server/shard_checkpoint.h: one chunk per tensor at the
-  // step's version). Not wait: copies it (between steps, on the training
-  // thread) into buffers kept between checkpoints and writes them on a
-  // thread of its own; wait: joins that thread and returns the file's size
-  // and crc32.
+  // file, step_dir/shard-0.safetensors (server/shard_checkpoint.h: one
+  // chunk per tensor at the step's version). Not wait: copies it (between
+  // steps, on the training thread) into buffers kept between checkpoints and
+  // writes them on a thread of its own; wait: joins that thread and returns the
+  // file's size and crc32.
   absl::StatusOr<std::vector<CheckpointResponse>> Checkpoint(
-      int64_t step, const std::vector<std::string>& paths, bool wait) override {
-    if (paths.size() != 1) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "an allreduce checkpoint is one file; got ", paths.size(), " paths"));
-    }
+      int64_t step, const std::string& step_dir, bool wait) override {
     absl::MutexLock lock(&checkpoint_mu_);
     if (wait) {
       if (!checkpoint_writer_.joinable() || checkpoint_step_ != step) {
@@ -410,14 +406,15 @@ class AllreduceExchange : public GradientExchange {
     }
     checkpoint_step_ = step;
     checkpoint_written_ = absl::UnknownError("not written");
-    checkpoint_writer_ = std::thread([this, step, path = paths[0]] {
-      safetensors::WriteOptions in_folder;
-      in_folder.sync_folder = false;  // the CheckpointWriter's
-      absl::StatusOr<safetensors::WriteResult> written =
-          WriteShardCheckpoint(path, snapshot_, /*shard_index=*/0,
-                               /*num_shards=*/1, step, in_folder);
-      checkpoint_written_ = std::move(written);  // read after the join
-    });
+    checkpoint_writer_ =
+        std::thread([this, step, path = step_dir + "/shard-0.safetensors"] {
+          safetensors::WriteOptions in_folder;
+          in_folder.sync_folder = false;  // the CheckpointWriter's
+          absl::StatusOr<safetensors::WriteResult> written =
+              WriteShardCheckpoint(path, snapshot_, /*shard_index=*/0,
+                                   /*num_shards=*/1, step, in_folder);
+          checkpoint_written_ = std::move(written);  // read after the join
+        });
     return std::vector<CheckpointResponse>{};
   }
 

@@ -113,15 +113,18 @@ class GradientExchange {
   virtual bool RecoveredInPlace() const { return false; }
   virtual std::string ReopenRefusal() const { return ""; }
 
-  // Worker 0: the exchange's part of checkpoint `step`: PS, every shard's
-  // file (see PsClient::Checkpoint); allreduce, the weights and optimizer
-  // state every worker holds, as one shard file (`paths` has one path).
+  // Worker 0: the exchange's part of checkpoint `step`, whose folder on
+  // this worker's host is `step_dir` (worker/checkpoint.h): PS, every
+  // shard's file, which each shard writes into ITS checkpoint folder's
+  // step-<step> (the same folder where the job's checkpoint_dir is shared
+  // storage; PsClient::Checkpoint); allreduce, the weights and optimizer
+  // state every worker holds, as step_dir/shard-0.safetensors.
   // Called with `wait` false right after Step() (the state is copied then),
   // and again with `wait` true, which returns each file's size and crc32
   // once it is durable. Thread-safe against Step(): a background thread
   // may wait (`wait` true) while training goes on.
   virtual absl::StatusOr<std::vector<CheckpointResponse>> Checkpoint(
-      int64_t step, const std::vector<std::string>& paths, bool wait) {
+      int64_t step, const std::string& step_dir, bool wait) {
     return absl::UnimplementedError("this exchange writes no checkpoints");
   }
 

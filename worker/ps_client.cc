@@ -945,7 +945,7 @@ absl::StatusOr<StatsResponse> PsClient::Stats(int shard) {
 }
 
 absl::StatusOr<std::vector<CheckpointResponse>> PsClient::Checkpoint(
-    int64_t step, const std::vector<std::string>& paths, bool wait) {
+    int64_t step, bool wait) {
   std::vector<CheckpointResponse> responses(num_shards());
   for (int s = 0; s < num_shards(); ++s) {
     grpc::ClientContext context;
@@ -953,7 +953,6 @@ absl::StatusOr<std::vector<CheckpointResponse>> PsClient::Checkpoint(
     CheckpointRequest request;
     SetHeader(request.mutable_header());
     request.set_step(step);
-    request.set_path(paths[s]);
     request.set_wait(wait);
     const grpc::Status status =
         stubs_[s]->Checkpoint(&context, request, &responses[s]);

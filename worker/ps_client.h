@@ -131,12 +131,12 @@ class PsClient {
   // lasts at most `timeout`.
   absl::StatusOr<int64_t> Reopen(absl::Duration timeout);
 
-  // Worker 0 only: asks shard s to save its part of checkpoint `step` to
-  // paths[s] (see CheckpointRequest in proto/ps.proto: !wait copies the
-  // state and starts the write; wait waits for it). One reply per shard;
-  // the first shard's error otherwise.
-  absl::StatusOr<std::vector<CheckpointResponse>> Checkpoint(
-      int64_t step, const std::vector<std::string>& paths, bool wait);
+  // Worker 0 only: asks every shard to save its part of checkpoint `step`
+  // into its own checkpoint folder (see CheckpointRequest in
+  // proto/ps.proto: !wait copies the state and starts the write; wait waits
+  // for it). One reply per shard; the first shard's error otherwise.
+  absl::StatusOr<std::vector<CheckpointResponse>> Checkpoint(int64_t step,
+                                                             bool wait);
 
   // Waits until every shard is initialised (at most `timeout`) at one
   // generation of at least `min_generation`, checks each shard's layout
