@@ -6,17 +6,21 @@
 #include <zlib.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <limits>
+#include <new>
 #include <nlohmann/json.hpp>
+#include <random>
 #include <utility>
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "common/regular_file.h"
 #include "common/status_macros.h"
 
 namespace pstrain {
@@ -182,6 +186,23 @@ std::string Folder(const std::string& path) {
   if (slash == std::string::npos) return ".";
   if (slash == 0) return "/";
   return path.substr(0, slash);
+}
+
+// Creates a new file `path`.tmp.<random> (O_EXCL|O_NOFOLLOW: never an
+// existing file or a link's target) with mode 0666 less the umask, as any
+// data file; its name in `*tmp`. The descriptor, or -1 with errno set.
+int CreateTemporary(const std::string& path, std::string* tmp) {
+  static std::atomic<uint64_t> counter{0};
+  std::random_device random;
+  for (int attempt = 0; attempt < 100; ++attempt) {
+    *tmp = absl::StrFormat("%s.tmp.%d.%x%08x", path, ::getpid(),
+                           counter.fetch_add(1), random());
+    const int fd =
+        ::open(tmp->c_str(),
+               O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0666);
+    if (fd >= 0 || errno != EEXIST) return fd;
+  }
+  return -1;
 }
 
 // Builds the header JSON (padded with spaces to a multiple of 8 bytes), after
@@ -454,8 +475,8 @@ absl::StatusOr<WriteResult> Write(
                    BuildHeader(path, tensors, metadata));
 
   const std::string folder = Folder(path);
-  std::string tmp = absl::StrCat(path, ".tmp.XXXXXX");
-  Fd fd(::mkostemp(tmp.data(), O_CLOEXEC));
+  std::string tmp;
+  Fd fd(CreateTemporary(path, &tmp));
   if (fd.get() < 0) {
     return Errno(errno, path,
                  absl::StrCat("cannot create a temporary file in folder '",
@@ -466,8 +487,6 @@ absl::StatusOr<WriteResult> Write(
     ::unlink(tmp.c_str());
     return status;
   };
-  // mkstemp makes the file 0600; give it a plain data file's mode.
-  if (::fchmod(fd.get(), 0644) != 0) return fail("fchmod");
 
   WriteResult result;
   char length[kLengthBytes];
@@ -499,48 +518,32 @@ absl::StatusOr<WriteResult> Write(
 
 absl::StatusOr<File> File::Read(const std::string& path,
                                 const ReadOptions& options) {
-  Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
-  if (fd.get() < 0) return Errno(errno, path, "open");
-  struct stat st;
-  if (::fstat(fd.get(), &st) != 0) return Errno(errno, path, "fstat");
-  if (!S_ISREG(st.st_mode)) return InvalidArgument(path, "not a regular file");
-
+  ASSIGN_OR_RETURN(const RegularFile in,
+                   OpenRegularFile(path, options.follow_symlinks));
   File file;
   file.path_ = path;
-  const uint64_t size = static_cast<uint64_t>(st.st_size);
+  const uint64_t size = in.size_bytes();
   if (options.size_bytes && *options.size_bytes != size) {
     return DataLoss(path, absl::StrCat("file is ", size, " bytes, expected ",
                                        *options.size_bytes));
   }
-  file.contents_.reset(new char[std::max<uint64_t>(size, 1)]);
-  char* const contents = file.contents_.get();
-  uint64_t got = 0;
-  while (got < size) {
-    const ssize_t n =
-        ::read(fd.get(), contents + got, std::min(size - got, kIoChunkBytes));
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      return Errno(errno, path, "read");
-    }
-    if (n == 0) {
-      return DataLoss(path, absl::StrCat("file shrank from ", size, " to ", got,
-                                         " bytes while being read"));
-    }
-    got += static_cast<uint64_t>(n);
+  if (size > options.max_size_bytes) {
+    return DataLoss(path,
+                    absl::StrCat("file is ", size, " bytes, more than the ",
+                                 options.max_size_bytes, " this reader takes"));
   }
-  file.size_bytes_ = size;
-  file.crc32_ = Crc32Update(static_cast<uint32_t>(crc32_z(0, nullptr, 0)),
-                            contents, size);
-
-  // The header.
+  // The header, read and checked before the data buffer is allocated: the
+  // buffer's size is then the one the header's tensors cover exactly.
   if (size < kLengthBytes) {
     return DataLoss(path, absl::StrCat("file is ", size,
                                        " bytes, shorter than the 8-byte "
                                        "header length"));
   }
+  char length[kLengthBytes];
+  RETURN_IF_ERROR(in.ReadAt(path, 0, length, kLengthBytes));
   uint64_t header_size = 0;
   for (size_t i = kLengthBytes; i-- > 0;) {
-    header_size = (header_size << 8) | static_cast<unsigned char>(contents[i]);
+    header_size = (header_size << 8) | static_cast<unsigned char>(length[i]);
   }
   if (header_size > kMaxHeaderBytes) {
     return DataLoss(
@@ -552,7 +555,10 @@ absl::StatusOr<File> File::Read(const std::string& path,
                                        " bytes runs past the end of the ", size,
                                        "-byte file"));
   }
-  const absl::string_view header_text(contents + kLengthBytes, header_size);
+  std::string header_bytes(static_cast<size_t>(header_size), '\0');
+  RETURN_IF_ERROR(
+      in.ReadAt(path, kLengthBytes, header_bytes.data(), header_size));
+  const absl::string_view header_text(header_bytes);
   if (header_text.empty() || header_text[0] != '{') {
     return DataLoss(path, "header does not begin with '{'");
   }
@@ -573,7 +579,6 @@ absl::StatusOr<File> File::Read(const std::string& path,
 
   // The entries.
   const uint64_t data_size = size - kLengthBytes - header_size;
-  const char* const data = contents + kLengthBytes + header_size;
   std::vector<Entry> entries;
   for (const auto& [name, value] : header.items()) {
     if (name == "__metadata__") {
@@ -617,17 +622,36 @@ absl::StatusOr<File> File::Read(const std::string& path,
     }
     cursor = entry.end;
     previous = &entry.tensor.name;
-    entry.tensor.bytes =
-        absl::string_view(data + entry.begin, entry.end - entry.begin);
   }
   if (cursor != data_size) {
     return DataLoss(path, absl::StrCat("bytes [", cursor, ", ", data_size,
                                        ") of the data buffer belong to no "
                                        "tensor (trailing bytes)"));
   }
+
+  // The whole file, now that its size is the header's.
+  file.contents_.reset(new (std::nothrow) char[std::max<uint64_t>(size, 1)]);
+  if (file.contents_ == nullptr) {
+    return absl::ResourceExhaustedError(Message(
+        path,
+        absl::StrCat("cannot allocate ", size, " bytes to read the file")));
+  }
+  char* const contents = file.contents_.get();
+  std::memcpy(contents, length, kLengthBytes);
+  std::memcpy(contents + kLengthBytes, header_bytes.data(), header_size);
+  const uint64_t data_begin = kLengthBytes + header_size;
+  RETURN_IF_ERROR(
+      in.ReadAt(path, data_begin, contents + data_begin, data_size));
+  file.size_bytes_ = size;
+  file.crc32_ = Crc32Update(static_cast<uint32_t>(crc32_z(0, nullptr, 0)),
+                            contents, size);
   if (options.crc32 && *options.crc32 != file.crc32_) {
     return DataLoss(path, absl::StrFormat("crc32 is %08x, expected %08x",
                                           file.crc32_, *options.crc32));
+  }
+  for (Entry& entry : entries) {
+    entry.tensor.bytes = absl::string_view(contents + data_begin + entry.begin,
+                                           entry.end - entry.begin);
   }
 
   file.tensors_.reserve(entries.size());

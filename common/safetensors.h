@@ -23,21 +23,35 @@
 // fsyncs it, renames it over `path` and fsyncs the folder, so after an OK
 // return the file survives a crash, and at no time does `path` hold a partial
 // file. On error the temporary file is removed and `path` keeps its old
-// contents (or, if only the folder's fsync failed, has the new file). With
+// contents (or, if only the folder's fsync failed, has the new file). The
+// temporary file is created with O_EXCL|O_NOFOLLOW and mode 0666 less the
+// process's umask, so the file follows the umask as any data file does. With
 // WriteOptions::sync_folder false the folder's fsync is the caller's (a
 // checkpoint writes several files into one folder and fsyncs it once): the
 // file's contents are durable on return, its name only after that fsync.
+//
+// Reading treats the file as hostile (common/regular_file.h): it is opened
+// with O_NONBLOCK (a FIFO does not hang) and, unless
+// ReadOptions::follow_symlinks, O_NOFOLLOW; anything but a regular file is
+// refused; the 8-byte length and the header (at most kMaxHeaderBytes) are
+// read and every entry checked against the file's size before the data
+// buffer is allocated, so a file whose size the header does not account for
+// exactly (a sparse 8 TB file, say) is refused without allocating it; a
+// file over ReadOptions::max_size_bytes is refused before anything is read.
 //
 // Errors are absl::Status values whose message is one line that begins with
 // the file's path and names the problem (a tensor's name is quoted with
 // C-style escapes):
 //   - NOT_FOUND: the file (or, for Write, the folder) does not exist; a
 //     tensor asked for by name is not in the file;
+//   - RESOURCE_EXHAUSTED: the file's buffer cannot be allocated;
 //   - DATA_LOSS: the file is not a valid safetensors file (too short, header
 //     length out of range, bad JSON, bad or duplicate entries, bad dtype,
 //     shape or offsets, a buffer not covered exactly), or its size or crc32
-//     differs from the expected ones in ReadOptions;
-//   - INVALID_ARGUMENT: the caller asked for something wrong (a tensor to
+//     differs from the expected ones in ReadOptions, or it is larger than
+//     ReadOptions::max_size_bytes;
+//   - INVALID_ARGUMENT: the path is a symbolic link (not followed), a FIFO,
+//     a device or a folder; the caller asked for something wrong (a tensor to
 //     write whose byte count does not match its shape, a duplicate name, a
 //     tensor read with another dtype or shape than it has);
 //   - other codes for operating-system errors (PERMISSION_DENIED, INTERNAL).
@@ -130,10 +144,20 @@ absl::StatusOr<WriteResult> Write(
     const std::map<std::string, std::string>& metadata = {},
     const WriteOptions& options = {});
 
-// What a manifest says the file must be; DATA_LOSS if it is not.
+// Largest file Read() takes by default: 64 GiB (the largest pstrain writes,
+// a ResNet-152 shard with Adam's m and v, is under 1 GiB).
+constexpr uint64_t kMaxFileBytes = uint64_t{64} << 30;
+
 struct ReadOptions {
+  // What a manifest says the file must be; DATA_LOSS if it is not.
   std::optional<uint64_t> size_bytes;
   std::optional<uint32_t> crc32;
+  // Refused (DATA_LOSS) before anything is read or allocated when larger.
+  uint64_t max_size_bytes = kMaxFileBytes;
+  // Follow a symbolic link at `path` itself: for a file a user named on a
+  // command line; never for the files inside a checkpoint, which pstrain
+  // writes as plain files.
+  bool follow_symlinks = false;
 };
 
 // One tensor of a File. `bytes` points into the File that owns it.

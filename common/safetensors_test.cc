@@ -4,6 +4,8 @@
 // writer, and a battery of corrupted files.
 #include "common/safetensors.h"
 
+#include <sys/stat.h>
+#include <unistd.h>
 #include <zlib.h>
 
 #include <cmath>
@@ -265,6 +267,7 @@ TEST(SafetensorsTest, ReadsFixture) {
   ReadOptions options;
   options.size_bytes = bytes.size();
   options.crc32 = Crc32(bytes);
+  options.follow_symlinks = true;  // Bazel's runfiles are links.
   const absl::StatusOr<File> file = File::Read(kFixture, options);
   ASSERT_TRUE(file.ok()) << file.status();
   const FixtureTensors expected;
@@ -374,6 +377,94 @@ TEST(SafetensorsTest, MissingFileAndDirectory) {
   status = File::Read(dir).status();
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
   ExpectOneLineError(status, dir, "a folder");
+}
+
+// Files, like requests, are hostile: what a damaged checkpoint or a user's
+// mistake puts in place of a model file is refused at once, in one line,
+// without reading it whole or allocating its size.
+TEST(SafetensorsTest, RefusesLinksFifosAndDevicesWithoutHanging) {
+  const std::string dir = TempDir("hostile");
+  const std::string good = dir + "/good.safetensors";
+  const std::vector<float> values = {1, 2};
+  ASSERT_TRUE(Write(good, {F32View("w", {2}, values)}).ok());
+
+  const std::string fifo = dir + "/fifo.safetensors";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  absl::Status status = File::Read(fifo).status();  // Hung in open() before.
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
+  EXPECT_NE(status.message().find("FIFO"), std::string::npos) << status;
+  ExpectOneLineError(status, fifo, "fifo");
+
+  const std::string zero = dir + "/zero.safetensors";
+  fs::create_symlink("/dev/zero", zero);
+  ReadOptions follow;
+  follow.follow_symlinks = true;
+  status = File::Read(zero, follow).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
+  EXPECT_NE(status.message().find("character device"), std::string::npos)
+      << status;
+  status = File::Read(zero).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
+  EXPECT_NE(status.message().find("symbolic link"), std::string::npos)
+      << status;
+
+  // A link to a regular file: refused by default, read when followed.
+  const std::string link = dir + "/link.safetensors";
+  fs::create_symlink(good, link);
+  EXPECT_EQ(File::Read(link).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(File::Read(link, follow).ok());
+}
+
+TEST(SafetensorsTest, HugeSparseFileIsRefusedBeforeAllocation) {
+  const std::string dir = TempDir("sparse");
+  // truncate -s 8T: zeros (header length 0), then a valid file whose size
+  // the header does not account for. Both were read whole into an 8 TB
+  // buffer (std::bad_alloc: abort) before.
+  constexpr off_t kEightTerabytes = off_t{8} << 40;
+  const std::string zeros = dir + "/zeros.safetensors";
+  WriteBytes(zeros, "");
+  if (::truncate(zeros.c_str(), kEightTerabytes) != 0) {
+    GTEST_SKIP() << "this file system has no 8 TB sparse files";
+  }
+  absl::Status status = File::Read(zeros).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kDataLoss) << status;
+  ExpectOneLineError(status, zeros, "8 TB of zeros");
+
+  const std::string padded = dir + "/padded.safetensors";
+  const std::vector<float> values = {1, 2};
+  ASSERT_TRUE(Write(padded, {F32View("w", {2}, values)}).ok());
+  ASSERT_EQ(::truncate(padded.c_str(), kEightTerabytes), 0);
+  ReadOptions no_cap;
+  no_cap.max_size_bytes = ~uint64_t{0};
+  status = File::Read(padded, no_cap).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kDataLoss) << status;
+  EXPECT_NE(status.message().find("trailing bytes"), std::string::npos)
+      << status;
+
+  // Over the reader's cap: refused before a byte is read.
+  ReadOptions small;
+  small.max_size_bytes = 1000;
+  status = File::Read(padded, small).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kDataLoss) << status;
+  EXPECT_NE(status.message().find("more than the 1000"), std::string::npos)
+      << status;
+}
+
+TEST(SafetensorsTest, WrittenFilesFollowTheUmask) {
+  const std::string dir = TempDir("umask");
+  const std::vector<float> values = {1};
+  for (const mode_t mask : {mode_t{022}, mode_t{077}, mode_t{027}}) {
+    const mode_t old = ::umask(mask);
+    const std::string path = absl::StrCat(dir, "/m", mask, ".safetensors");
+    const absl::StatusOr<WriteResult> written =
+        Write(path, {F32View("w", {1}, values)});
+    ::umask(old);
+    ASSERT_TRUE(written.ok()) << written.status();
+    struct stat st;
+    ASSERT_EQ(::stat(path.c_str(), &st), 0);
+    EXPECT_EQ(st.st_mode & 0777, 0666 & ~mask) << "umask " << mask;
+  }
 }
 
 // Crafted headers: each names its problem.

@@ -1,0 +1,77 @@
+#include "common/regular_file.h"
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+
+namespace pstrain {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string TempDir(const std::string& name) {
+  const char* root = std::getenv("TEST_TMPDIR");
+  const fs::path dir = fs::path(root != nullptr ? root : "/tmp") /
+                       absl::StrCat("regular_file_test_", name);
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  return dir.string();
+}
+
+void WriteBytes(const std::string& path, const std::string& bytes) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out << bytes;
+}
+
+TEST(RegularFileTest, ReadsASmallFile) {
+  const std::string path = TempDir("small") + "/latest";
+  WriteBytes(path, "step-7\n");
+  const absl::StatusOr<std::string> text = ReadSmallFile(path, 64);
+  ASSERT_TRUE(text.ok()) << text.status();
+  EXPECT_EQ(*text, "step-7\n");
+  EXPECT_EQ(ReadSmallFile(path, 7).value(), "step-7\n");
+  const absl::Status too_big = ReadSmallFile(path, 6).status();
+  EXPECT_EQ(too_big.code(), absl::StatusCode::kDataLoss) << too_big;
+  EXPECT_EQ(ReadSmallFile(path + "x", 6).status().code(),
+            absl::StatusCode::kNotFound);
+}
+
+TEST(RegularFileTest, RefusesLinkToDevZeroWithoutReadingIt) {
+  const std::string dir = TempDir("zero");
+  const std::string link = dir + "/manifest.json";
+  fs::create_symlink("/dev/zero", link);
+  absl::Status status = ReadSmallFile(link, 1 << 20).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
+  EXPECT_NE(status.message().find("symbolic link"), std::string::npos);
+  // Followed, it is a device: refused too, not read.
+  status = ReadSmallFile(link, 1 << 20, /*follow_symlinks=*/true).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
+  EXPECT_NE(status.message().find("character device"), std::string::npos)
+      << status;
+}
+
+TEST(RegularFileTest, FifoDoesNotHang) {
+  const std::string path = TempDir("fifo") + "/latest";
+  ASSERT_EQ(::mkfifo(path.c_str(), 0600), 0);
+  const absl::Status status = ReadSmallFile(path, 64).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
+  EXPECT_NE(status.message().find("FIFO"), std::string::npos) << status;
+  EXPECT_EQ(OpenRegularFile(TempDir("dir")).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST(RegularFileTest, EscapesAndCutsTextForMessages) {
+  EXPECT_EQ(EscapeForMessage(std::string("a\nb\0z", 5)), "a\\nb\\x00z");
+  EXPECT_EQ(EscapeForMessage("\"q\"\x1b"), "\\\"q\\\"\\x1b");
+  EXPECT_EQ(EscapeForMessage(std::string(100, 'x'), 4), "xxxx...");
+}
+
+}  // namespace
+}  // namespace pstrain
