@@ -39,21 +39,25 @@ DeviceTensor::DeviceTensor(DeviceTensor&& other) noexcept
       shape_(std::move(other.shape_)),
       data_(other.data_),
       capacity_(other.capacity_),
-      layout_(other.layout_) {
+      layout_(other.layout_),
+      owned_(other.owned_) {
   other.data_ = nullptr;
+  other.owned_ = true;
   other.capacity_ = 0;
   other.shape_.clear();
 }
 
 DeviceTensor& DeviceTensor::operator=(DeviceTensor&& other) noexcept {
   if (this != &other) {
-    if (data_ != nullptr) backend_->Free(data_);
+    if (data_ != nullptr && owned_) backend_->Free(data_);
     backend_ = other.backend_;
     shape_ = std::move(other.shape_);
     data_ = other.data_;
     capacity_ = other.capacity_;
     layout_ = other.layout_;
+    owned_ = other.owned_;
     other.data_ = nullptr;
+    other.owned_ = true;
     other.capacity_ = 0;
     other.shape_.clear();
   }
@@ -61,7 +65,15 @@ DeviceTensor& DeviceTensor::operator=(DeviceTensor&& other) noexcept {
 }
 
 DeviceTensor::~DeviceTensor() {
-  if (data_ != nullptr) backend_->Free(data_);
+  if (data_ != nullptr && owned_) backend_->Free(data_);
+}
+
+void DeviceTensor::SetView(float* data, int64_t capacity) {
+  if (data_ != nullptr && owned_) backend_->Free(data_);
+  data_ = data;
+  capacity_ = capacity;
+  owned_ = false;
+  if (NumElements(shape_) > capacity) shape_.clear();
 }
 
 absl::Status DeviceTensor::Resize(const Shape& shape) {
@@ -69,6 +81,11 @@ absl::Status DeviceTensor::Resize(const Shape& shape) {
     return absl::FailedPreconditionError("tensor has no backend");
   }
   const int64_t n = NumElements(shape);
+  if (n > capacity_ && !owned_) {
+    return absl::InternalError(absl::StrCat("tensor view of ", capacity_,
+                                            " elements cannot hold ",
+                                            ShapeToString(shape)));
+  }
   if (n > capacity_) {
     if (data_ != nullptr) backend_->Free(data_);
     data_ = nullptr;

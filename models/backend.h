@@ -39,6 +39,10 @@ class Backend;
 // cuda). Move-only; frees its memory on destruction. Resize() keeps the
 // allocation when the new shape fits in it.
 //
+// A view (SetView()) is a tensor over memory someone else owns (the model's
+// memory plan places activations and gradients in shared slots): it never
+// allocates or frees, and Resize() past the view's capacity is an error.
+//
 // layout(): how the elements are ordered. 0 is dense row-major (NCHW, NC),
 // the only layout parameters, inputs, logits and anything a caller reads
 // have. A backend may keep activations in its own layout (the CPU backend:
@@ -56,8 +60,14 @@ class DeviceTensor {
   DeviceTensor& operator=(const DeviceTensor&) = delete;
   ~DeviceTensor();
 
-  // RESOURCE_EXHAUSTED (naming the bytes) when the backend cannot allocate.
+  // RESOURCE_EXHAUSTED (naming the bytes) when the backend cannot allocate;
+  // INTERNAL for a view whose capacity the shape exceeds.
   absl::Status Resize(const Shape& shape);
+  // Makes this tensor a view of `capacity` elements at `data` (not owned;
+  // must outlive the view's use), freeing what it owned. Keeps the shape
+  // when it fits, else clears it.
+  void SetView(float* data, int64_t capacity);
+  bool is_view() const { return !owned_; }
 
   const Shape& shape() const { return shape_; }
   int layout() const { return layout_; }
@@ -73,6 +83,7 @@ class DeviceTensor {
   float* data_ = nullptr;
   int64_t capacity_ = 0;
   int layout_ = 0;
+  bool owned_ = true;
 };
 
 // A trainable parameter and the gradient of the loss with respect to it

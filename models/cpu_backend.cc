@@ -495,7 +495,10 @@ class BatchNorm2d final : public Layer {
   dnnl::batch_normalization_backward bwd_;
 };
 
-// Elementwise ReLU over the tensor as one flat vector.
+// Elementwise ReLU over the tensor as one flat vector. The backward reads
+// the output (dx = dy where y > 0, eltwise_relu_use_dst_for_bwd; the same
+// values as from x, since y > 0 exactly where x > 0), so the forward may run
+// in place and the backward with dx over dy (oneDNN's eltwise allows both).
 class Relu final : public Layer {
  public:
   explicit Relu(const LayerSpec& spec) : spec_(spec) {}
@@ -516,7 +519,7 @@ class Relu final : public Layer {
     return Run(spec_, [&] {
       Prepare(in[0]->size());
       bwd_.execute(CpuStream(),
-                   {{DNNL_ARG_SRC, Wrap(md_, in[0]->data())},
+                   {{DNNL_ARG_DST, Wrap(md_, out.data())},
                     {DNNL_ARG_DIFF_DST, Wrap(md_, dout.data())},
                     {DNNL_ARG_DIFF_SRC, Wrap(md_, din[0]->data())}});
     });
@@ -530,11 +533,13 @@ class Relu final : public Layer {
     md_ = Flat(n);
     dnnl::eltwise_forward::primitive_desc fwd_pd(
         dnnl::eltwise_forward::desc(prop_kind::forward_training,
-                                    algorithm::eltwise_relu, md_, 0.0f),
+                                    algorithm::eltwise_relu_use_dst_for_bwd,
+                                    md_, 0.0f),
         CpuEngine());
     fwd_ = dnnl::eltwise_forward(fwd_pd);
     bwd_ = dnnl::eltwise_backward(dnnl::eltwise_backward::primitive_desc(
-        dnnl::eltwise_backward::desc(algorithm::eltwise_relu, md_, md_, 0.0f),
+        dnnl::eltwise_backward::desc(algorithm::eltwise_relu_use_dst_for_bwd,
+                                     md_, md_, 0.0f),
         CpuEngine(), fwd_pd));
   }
 

@@ -129,6 +129,13 @@ TEST_F(CudaTest, EveryLayerMatchesTheCpuBackend) {
   if (report != nullptr) std::fclose(report);
 }
 
+// The contract the memory plan relies on (layer_spec.h BackwardReadsOf).
+TEST_F(CudaTest, EveryLayerCaseReadsOnlyWhatItsContractSays) {
+  for (const LayerCase& c : LayerCases()) {
+    ExpectBackwardReadsOnlyWhatItSays(cuda_.get(), c);
+  }
+}
+
 TEST_F(CudaTest, DropoutKeepsAboutOneMinusPAndScales) {
   Harness gpu(cuda_.get(), LayerSpec::Dropout(0.3f), 3);
   ExpectInvertedDropout(gpu);

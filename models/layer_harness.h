@@ -4,6 +4,7 @@
 #define PSTRAIN_MODELS_LAYER_HARNESS_H_
 
 #include <algorithm>
+#include <cmath>
 #include <memory>
 #include <random>
 #include <vector>
@@ -115,6 +116,15 @@ class Harness {
   std::vector<Param>& params() { return params_; }
   std::vector<Buffer>& buffers() { return buffers_; }
   const Shape& out_shape() const { return out_.shape(); }
+  // The last Forward's output, for tests that overwrite it.
+  DeviceTensor* mutable_out() { return &out_; }
+
+  // Overwrites every element of `t` with NaN (its layout kept).
+  void Poison(DeviceTensor* t) {
+    const int layout = t->layout();
+    SetValues(t, std::vector<float>(t->size(), std::nanf("")));
+    t->set_layout(layout);
+  }
 
  private:
   Backend* backend_;
@@ -150,6 +160,10 @@ inline void ExpectInvertedDropout(Harness& h) {
   }
 }
 
+struct LayerCase;
+inline void ExpectBackwardReadsOnlyWhatItSays(Backend* backend,
+                                              const LayerCase& c);
+
 // The layer cases both the CPU test (against PyTorch fixtures) and the GPU
 // test (against the CPU backend) run; names match
 // testdata/gen_layers_fixture.py.
@@ -183,6 +197,48 @@ inline std::vector<LayerCase> LayerCases() {
       {"flatten", LayerSpec::Flatten(), {2, 3, 2, 2}},
       {"add", LayerSpec::Add(), {2, 3, 2, 2}, 2},
   };
+}
+
+// layer_spec.h's BackwardReadsOf() for case `c` on `backend`: the backward
+// gives the same input and parameter gradients, bit for bit, when the
+// forward's input and output values it says it does not read are
+// overwritten with NaN between the forward and the backward (as the memory
+// plan reuses their memory).
+inline void ExpectBackwardReadsOnlyWhatItSays(Backend* backend,
+                                              const LayerCase& c) {
+  SCOPED_TRACE(c.name);
+  const BackwardReads reads = BackwardReadsOf(c.spec);
+  std::vector<std::vector<std::vector<float>>> din(2);
+  std::vector<std::vector<std::vector<float>>> grads(2);
+  for (int poisoned = 0; poisoned < 2; ++poisoned) {
+    Harness h(backend, c.spec, 11);
+    const int64_t n = NumElements(c.shape);
+    std::vector<DeviceTensor> in;
+    for (int i = 0; i < c.num_inputs; ++i) {
+      std::vector<float> x(n);
+      for (int64_t j = 0; j < n; ++j) {
+        x[j] = static_cast<float>(std::sin(0.41 * j + 0.3 * i) - 0.2);
+      }
+      in.push_back(h.Make(c.shape, x));
+    }
+    std::vector<DeviceTensor*> ptrs;
+    for (DeviceTensor& t : in) ptrs.push_back(&t);
+    const std::vector<float> out = h.Forward(ptrs);
+    std::vector<float> dout(out.size());
+    for (size_t j = 0; j < dout.size(); ++j) {
+      dout[j] = static_cast<float>(std::cos(0.29 * j));
+    }
+    if (poisoned == 1) {
+      if (!reads.input) {
+        for (DeviceTensor* t : ptrs) h.Poison(t);
+      }
+      if (!reads.output) h.Poison(h.mutable_out());
+    }
+    din[poisoned] = h.Backward(ptrs, dout);
+    for (Param& p : h.params()) grads[poisoned].push_back(Values(p.grad));
+  }
+  EXPECT_EQ(din[1], din[0]) << "input gradients";
+  EXPECT_EQ(grads[1], grads[0]) << "parameter gradients";
 }
 
 }  // namespace pstrain

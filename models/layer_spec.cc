@@ -251,4 +251,24 @@ int64_t ForwardMacsPerSample(const LayerSpec& s, const Shape& input) {
   }
 }
 
+BackwardReads BackwardReadsOf(const LayerSpec& spec) {
+  switch (spec.type) {
+    case LayerType::kConv2d:       // dW from x.
+    case LayerType::kBatchNorm2d:  // x with the saved mean and variance.
+    case LayerType::kLinear:       // dW from x.
+      return {true, false};
+    case LayerType::kRelu:  // dx = dy where y > 0.
+      return {false, true};
+    case LayerType::kMaxPool2d:  // cuDNN finds the maximum from x and y.
+      return {true, true};
+    case LayerType::kAvgPool2d:
+    case LayerType::kGlobalAvgPool:
+    case LayerType::kDropout:  // The mask.
+    case LayerType::kFlatten:
+    case LayerType::kAdd:
+      return {false, false};
+  }
+  return {true, true};
+}
+
 }  // namespace pstrain

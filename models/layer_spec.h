@@ -89,6 +89,19 @@ std::vector<TensorSpec> BufferSpecs(const LayerSpec& spec);
 absl::StatusOr<Shape> OutputShape(const LayerSpec& spec,
                                   const std::vector<Shape>& inputs);
 
+// What a layer's Backward() reads besides dLoss/dOut and the layer's own
+// state (parameters, saved statistics, dropout masks, pooling workspaces):
+// the values of its input and of its output. Every backend keeps to this
+// contract (ReLU's backward reads its output alone, as torch's in-place
+// ReLU), and the model's memory plan (model.h) reuses the memory of a
+// tensor no backward reads once its last forward use is done. A backward
+// may still read the shape and layout of any input.
+struct BackwardReads {
+  bool input = false;
+  bool output = false;
+};
+BackwardReads BackwardReadsOf(const LayerSpec& spec);
+
 // Multiply-accumulates of one forward pass of one sample (FLOPs = 2 x MACs).
 // Counts convolutions and linear layers only, as the field's tables do.
 int64_t ForwardMacsPerSample(const LayerSpec& spec, const Shape& input);

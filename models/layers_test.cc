@@ -296,5 +296,13 @@ TEST(SoftmaxCrossEntropy, ValueGradientAndBadLabel) {
             "label 3 of sample 1 is outside [0, 3)");
 }
 
+// The contract the memory plan relies on (layer_spec.h BackwardReadsOf).
+TEST(BackwardReads, EveryLayerCaseReadsOnlyWhatItsContractSays) {
+  std::unique_ptr<Backend> cpu = NewCpuBackend();
+  for (const LayerCase& c : LayerCases()) {
+    ExpectBackwardReadsOnlyWhatItSays(cpu.get(), c);
+  }
+}
+
 }  // namespace
 }  // namespace pstrain

@@ -11,6 +11,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "common/trace.h"
+#include "models/memory_plan.h"
 
 namespace pstrain {
 
@@ -26,6 +27,9 @@ struct Model::Node {
   Shape sample_shape;  // Output shape for a batch of 1.
   DeviceTensor out;
   DeviceTensor grad;
+  // With the memory plan: where this node's backward puts the gradient it
+  // adds into an input's that another consumer wrote first.
+  DeviceTensor accum;
   bool grad_written = false;
 };
 
@@ -72,6 +76,7 @@ class ModelBuilder {
     Backend* backend = model_->backend_;
     node->out = DeviceTensor(backend);
     node->grad = DeviceTensor(backend);
+    node->accum = DeviceTensor(backend);
     const std::vector<TensorSpec> param_specs = ParamSpecs(spec);
     const std::vector<TensorSpec> buffer_specs = BufferSpecs(spec);
     node->params.resize(param_specs.size());
@@ -344,6 +349,7 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Create(
   model->input_ = DeviceTensor(backend);
   model->scratch_ = DeviceTensor(backend);
   model->dlogits_ = DeviceTensor(backend);
+  model->memory_plan_ = options.memory_plan;
   ModelBuilder b(model.get(), options);
   const int64_t c = input_chw[0];
   const int64_t size = std::min(input_chw[1], input_chw[2]);
@@ -509,6 +515,10 @@ absl::StatusOr<const Tensor*> Model::Forward(const Tensor& input,
   absl::Status s = input_.Resize(input.shape);
   if (!s.ok()) return s;
   input_.set_layout(0);
+  if (memory_plan_ && input.shape != planned_input_) {
+    s = PlanMemory(input.shape);
+    if (!s.ok()) return s;
+  }
   s = backend_->CopyToDevice(input.data.data(), input.size(), input_.data());
   if (!s.ok()) return s;
   if (time_layers_) {  // Work queued before is not the first layer's.
@@ -548,6 +558,115 @@ absl::StatusOr<const Tensor*> Model::Forward(const Tensor& input,
   s = backend_->Synchronize();
   if (!s.ok()) return s;
   return &host_logits_;
+}
+
+absl::Status Model::PlanMemory(const Shape& input) {
+  const int n_nodes = static_cast<int>(nodes_.size());
+  std::vector<Shape> shapes(n_nodes);
+  std::vector<std::vector<int>> consumers(n_nodes);
+  for (int n = 0; n < n_nodes; ++n) {
+    std::vector<Shape> in;
+    for (int i : nodes_[n]->inputs) {
+      in.push_back(i == kInput ? input : shapes[i]);
+      if (i != kInput) consumers[i].push_back(n);
+    }
+    absl::StatusOr<Shape> out = OutputShape(nodes_[n]->spec, in);
+    if (!out.ok()) return out.status();
+    shapes[n] = *out;
+  }
+  // Step times: forward of node n at n, the loss at n_nodes, backward of
+  // node n at Back(n). Lifetimes: outputs [0, N), gradients [N, 2N),
+  // accumulation scratch [2N, 3N).
+  auto back = [&](int n) { return 2 * n_nodes - n; };
+  std::vector<Lifetime> life(3 * n_nodes);
+  std::vector<int> out_at(n_nodes), grad_at(n_nodes);
+  for (int n = 0; n < n_nodes; ++n) {
+    out_at[n] = n;
+    grad_at[n] = n_nodes + n;
+    const int64_t elements = NumElements(shapes[n]);
+    Lifetime& out = life[n];
+    out = {elements, n, n};
+    if (BackwardReadsOf(nodes_[n]->spec).output) out.last = back(n);
+    if (n + 1 == n_nodes) out.last = n_nodes;  // The loss reads the logits.
+    for (int c : consumers[n]) {
+      out.last = std::max(out.last, c);
+      if (BackwardReadsOf(nodes_[c]->spec).input) {
+        out.last = std::max(out.last, back(c));
+      }
+    }
+    if (n + 1 == n_nodes || consumers[n].empty()) continue;
+    // The last consumer's backward writes the gradient first; every other
+    // consumer's adds into it from its own scratch.
+    life[n_nodes + n] = {elements, back(consumers[n].back()), back(n)};
+    for (size_t k = 0; k + 1 < consumers[n].size(); ++k) {
+      const int c = consumers[n][k];
+      Lifetime& accum = life[2 * n_nodes + c];
+      accum = {std::max(accum.elements, elements), back(c), back(c)};
+    }
+  }
+  // In-place ReLU: a ReLU that is its input's only consumer writes its
+  // output over the input (which no backward reads) and its input gradient
+  // over its output gradient.
+  std::vector<int> in_place;
+  for (int r = 0; r + 1 < n_nodes; ++r) {
+    const Node& relu = *nodes_[r];
+    const int x = relu.inputs[0];
+    if (relu.spec.type == LayerType::kRelu && x != kInput &&
+        consumers[x].size() == 1 && !consumers[r].empty() &&
+        !BackwardReadsOf(nodes_[x]->spec).output) {
+      in_place.push_back(r);
+    }
+  }
+  auto merge = [&](int into, int from) {
+    life[into].first = std::min(life[into].first, life[from].first);
+    life[into].last = std::max(life[into].last, life[from].last);
+    life[from].last = life[from].first - 1;
+  };
+  // Forward order for outputs, backward order for gradients, so that a
+  // chain of in-place ReLUs ends in one lifetime.
+  for (int r : in_place) {
+    const int x = nodes_[r]->inputs[0];
+    merge(out_at[x], out_at[r]);
+    out_at[r] = out_at[x];
+  }
+  for (auto r = in_place.rbegin(); r != in_place.rend(); ++r) {
+    const int x = nodes_[*r]->inputs[0];
+    merge(grad_at[*r], grad_at[x]);
+    grad_at[x] = grad_at[*r];
+  }
+  const SlotPlan plan = PlanSlots(life);
+  slots_.resize(plan.slot_elements.size());
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    if (slots_[i].backend() == nullptr) slots_[i] = DeviceTensor(backend_);
+    // A slot only grows: a smaller batch (evaluation) keeps the memory.
+    const int64_t elements = std::max(plan.slot_elements[i], slots_[i].size());
+    absl::Status s = slots_[i].Resize({elements});
+    if (!s.ok()) return s;
+  }
+  auto place = [&](int lifetime, DeviceTensor* t) {
+    const int slot = plan.slot_of[lifetime];
+    if (slot >= 0) t->SetView(slots_[slot].data(), slots_[slot].size());
+  };
+  for (int n = 0; n < n_nodes; ++n) {
+    place(out_at[n], &nodes_[n]->out);
+    place(grad_at[n], &nodes_[n]->grad);
+    place(2 * n_nodes + n, &nodes_[n]->accum);
+  }
+  planned_input_ = input;
+  return absl::OkStatus();
+}
+
+int64_t Model::ActivationBytes() const {
+  int64_t elements = 0;
+  if (memory_plan_) {
+    for (const DeviceTensor& slot : slots_) elements += slot.size();
+  } else {
+    for (const auto& node : nodes_) {
+      elements += node->out.size() + node->grad.size();
+    }
+    elements += scratch_.size();
+  }
+  return elements * static_cast<int64_t>(sizeof(float));
 }
 
 absl::Status Model::CopyGradientsToHost(const Node& node) {
@@ -605,6 +724,7 @@ absl::StatusOr<float> Model::ForwardBackward(const Tensor& input,
     std::vector<const DeviceTensor*> in;
     std::vector<DeviceTensor*> din;
     std::vector<int> accumulate_into;  // Producer of each scratch use.
+    DeviceTensor& accum = memory_plan_ ? node.accum : scratch_;
     for (int i : node.inputs) {
       if (i == kInput) {
         in.push_back(&input_);
@@ -624,11 +744,11 @@ absl::StatusOr<float> Model::ForwardBackward(const Tensor& input,
           return absl::InternalError(absl::StrCat(
               name_, ": ", node.name, " needs two accumulated gradients"));
         }
-        s = scratch_.Resize(producer.out.shape());
+        s = accum.Resize(producer.out.shape());
         if (!s.ok()) return s;
-        scratch_.set_layout(producer.out.layout());
+        accum.set_layout(producer.out.layout());
         accumulate_into.push_back(i);
-        din.push_back(&scratch_);
+        din.push_back(&accum);
       }
     }
     s = node.layer->Backward(in, node.out, dout, din);
@@ -636,7 +756,7 @@ absl::StatusOr<float> Model::ForwardBackward(const Tensor& input,
       return absl::Status(s.code(), absl::StrCat(node.name, ": ", s.message()));
     }
     for (int i : accumulate_into) {
-      s = backend_->Accumulate(scratch_.data(), scratch_.size(),
+      s = backend_->Accumulate(accum.data(), accum.size(),
                                nodes_[i]->grad.data());
       if (!s.ok()) return s;
     }

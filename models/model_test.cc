@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <fstream>
 #include <map>
 #include <random>
@@ -344,6 +345,78 @@ TEST(ModelZoo, AdamStepIsTheShardsUpdate) {
     const absl::Span<float> want = shard->HostWeights()[i];
     EXPECT_TRUE(std::equal(got.begin(), got.end(), want.begin()))
         << shard->params()[i]->name;
+  }
+}
+
+// The memory plan (ModelOptions::memory_plan) changes where tensors live,
+// not what is computed: the same losses, gradients, running statistics and
+// eval logits bit for bit as every tensor in its own memory, over steps
+// with Adam between them, a batch-size change and back (a re-plan), and
+// models with residual adds (accumulated gradients), in-place ReLUs, max
+// pooling and dropout; in less memory.
+TEST(MemoryPlan, SameValuesBitForBitInLessMemory) {
+  std::unique_ptr<Backend> cpu = NewCpuBackend();
+  struct Case {
+    const char* name;
+    Shape chw;
+    double max_share;  // Planned bytes / unplanned bytes at most.
+  };
+  for (const Case& c :
+       {Case{"lenet5", {1, 28, 28}, 0.8}, Case{"resnet18", {3, 32, 32}, 0.5},
+        Case{"resnet50", {3, 64, 64}, 0.5},
+        Case{"alexnet", {3, 32, 32}, 0.8}}) {
+    SCOPED_TRACE(c.name);
+    std::unique_ptr<Model> models[2];
+    for (int planned = 0; planned < 2; ++planned) {
+      ModelOptions options;
+      options.memory_plan = planned == 1;
+      auto m = Model::Create(c.name, c.chw, 10, options, cpu.get());
+      ASSERT_TRUE(m.ok()) << m.status();
+      models[planned] = *std::move(m);
+    }
+    AdamOptions adam;
+    adam.lr = 0.01f;
+    for (int step = 0; step < 4; ++step) {
+      const int batch = step == 2 ? 3 : 2;
+      Tensor x({batch, c.chw[0], c.chw[1], c.chw[2]});
+      for (size_t i = 0; i < x.data.size(); ++i) {
+        x.data[i] = static_cast<float>(std::sin(0.37 * i + step));
+      }
+      const std::vector<int32_t> labels = {1, 7, 4};
+      const absl::Span<const int32_t> batch_labels(labels.data(), batch);
+      float loss[2];
+      for (int planned = 0; planned < 2; ++planned) {
+        absl::StatusOr<float> l =
+            models[planned]->ForwardBackward(x, batch_labels);
+        ASSERT_TRUE(l.ok()) << l.status();
+        loss[planned] = *l;
+      }
+      EXPECT_EQ(loss[1], loss[0]) << "step " << step;
+      for (int t = 0; t < models[0]->num_ps_tensors(); ++t) {
+        const absl::Span<const float> a = models[0]->HostGradients()[t];
+        const absl::Span<const float> b = models[1]->HostGradients()[t];
+        ASSERT_TRUE(std::equal(a.begin(), a.end(), b.begin()))
+            << "step " << step << " " << models[0]->PsTensorNames()[t];
+      }
+      for (int planned = 0; planned < 2; ++planned) {
+        ASSERT_TRUE(models[planned]->AdamStep(adam).ok());
+      }
+      if (step == 3) {
+        const Tensor a = **models[0]->Forward(x);
+        const Tensor b = **models[1]->Forward(x);
+        EXPECT_EQ(a.data, b.data) << "eval logits";
+      }
+    }
+    const Shape batch2 = {2, c.chw[0], c.chw[1], c.chw[2]};
+    Tensor x(batch2);
+    ASSERT_TRUE(models[0]->ForwardBackward(x, {1, 2}).ok());
+    ASSERT_TRUE(models[1]->ForwardBackward(x, {1, 2}).ok());
+    const double share = static_cast<double>(models[1]->ActivationBytes()) /
+                         models[0]->ActivationBytes();
+    std::printf("%s: activation memory %lld -> %lld bytes (%.2f)\n", c.name,
+                static_cast<long long>(models[0]->ActivationBytes()),
+                static_cast<long long>(models[1]->ActivationBytes()), share);
+    EXPECT_LE(share, c.max_share);
   }
 }
 

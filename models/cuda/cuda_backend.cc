@@ -559,6 +559,10 @@ class BatchNorm2d final : public Layer {
   TensorDesc x_, c_;
 };
 
+// ReLU. The backward reads the output alone (layer_spec.h's contract;
+// cuDNN's ReLU gradient is dy where y > 0, and y stands in for x, which may
+// be gone), so the forward may run in place and the backward with dx over dy
+// (cuDNN's activations allow both with identical descriptors).
 class Relu final : public Layer {
  public:
   explicit Relu(CudaBackend* b) : b_(b) {
@@ -584,7 +588,7 @@ class Relu final : public Layer {
     if (!s.ok()) return s;
     CUDA_RETURN_IF_ERROR(cudnnActivationBackward(
         b_->cudnn(), act_, &kOne, x_.d, out.data(), x_.d, dout.data(), x_.d,
-        in[0]->data(), &kZero, x_.d, din[0]->data()));
+        out.data(), &kZero, x_.d, din[0]->data()));
     return absl::OkStatus();
   }
 
