@@ -12,12 +12,22 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "common/chunk_message.h"
+#include "common/partition.h"
 #include "common/status.h"
 #include "common/tensor_codec.h"
 #include "common/trace.h"
 #include "server/shard_checkpoint.h"
 
 namespace pstrain {
+namespace {
+
+// Pulls one PushPull stream may have waiting to be served. A worker has at
+// most staleness + 1 in flight (one per step it may run ahead); past this
+// the stream is refused with RESOURCE_EXHAUSTED, so a caller that sends
+// pulls and never reads cannot grow the queue without bound.
+constexpr size_t kMaxPendingPullsPerStream = 1024;
+
+}  // namespace
 
 PsService::PsService(ParameterShard* shard, absl::Duration pull_timeout,
                      bool authorize, absl::Duration write_timeout)
@@ -246,12 +256,46 @@ grpc::Status PsService::Init(grpc::ServerContext* context,
     response->set_version(*version);
     return grpc::Status::OK;
   }
+  // Each chunk is checked against the layout's plan as it arrives, before
+  // its bytes are decoded, so what Init holds is bounded by this shard's
+  // part of the layout (the shard checks the whole set again).
+  absl::StatusOr<PartitionPlan> plan = PartitionPlan::Create(
+      sizes, partition_bytes, shard_->options().num_shards, num_buffers);
+  if (!plan.ok()) return ToGrpcStatus(plan.status());
+  std::vector<bool> seen(plan->chunks().size(), false);
   std::vector<InitChunk> chunks;
   int64_t elements = 0;
   while (reader->Read(&request)) {
     InitChunk chunk;
     chunk.param_id = request.chunk().key().param_id();
     chunk.chunk_index = request.chunk().key().chunk_index();
+    const int global = plan->FindChunk(chunk.param_id, chunk.chunk_index);
+    if (global < 0 ||
+        plan->chunks()[global].shard != shard_->options().shard_index) {
+      return grpc::Status(
+          grpc::StatusCode::INVALID_ARGUMENT,
+          absl::StrCat("init chunk (", chunk.param_id, ", ", chunk.chunk_index,
+                       ") is not owned by shard ",
+                       shard_->options().shard_index, " in the layout sent"));
+    }
+    if (seen[global]) {
+      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                          absl::StrCat("init chunk (", chunk.param_id, ", ",
+                                       chunk.chunk_index, ") sent twice"));
+    }
+    seen[global] = true;
+    const int64_t expected = plan->chunks()[global].num_elements;
+    for (const TensorChunk* part :
+         {&request.chunk(), request.has_adam_m() ? &request.adam_m() : nullptr,
+          request.has_adam_v() ? &request.adam_v() : nullptr}) {
+      if (part != nullptr && part->num_elements() != expected) {
+        return grpc::Status(
+            grpc::StatusCode::INVALID_ARGUMENT,
+            absl::StrCat("init chunk (", chunk.param_id, ", ",
+                         chunk.chunk_index, ") has ", part->num_elements(),
+                         " elements; the layout says ", expected));
+      }
+    }
     status = DecodeFloatChunk(request.chunk(), &chunk.values);
     if (!status.ok()) return ToGrpcStatus(status);
     chunk.version = request.chunk().version();
@@ -570,9 +614,24 @@ grpc::Status PsService::PushPullStream(
                                      request.step_norm().sum_sq(), generation);
       if (!status.ok()) return finish(ToGrpcStatus(status), true);
     } else if (request.has_pull()) {
-      absl::MutexLock lock(&mu);
-      jobs.push_back({request.pull().min_version(), request.pull().samples(),
-                      generation, worker_id});
+      bool full;
+      {
+        absl::MutexLock lock(&mu);
+        full = jobs.size() >= kMaxPendingPullsPerStream;
+        if (!full) {
+          jobs.push_back({request.pull().min_version(),
+                          request.pull().samples(), generation, worker_id});
+        }
+      }
+      if (full) {
+        return finish(
+            grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
+                         absl::StrCat("worker ", worker_id, " has ",
+                                      kMaxPendingPullsPerStream,
+                                      " pulls waiting on one stream, the "
+                                      "most a stream may have")),
+            true);
+      }
     } else {
       return finish(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                                  "push/pull message carries no push, skipped "

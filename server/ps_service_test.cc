@@ -319,6 +319,87 @@ TEST_F(PsServiceTest, ConcurrentCheckpointCallsDoNotTerminateTheShard) {
                                                "/step-0/shard-0.safetensors"));
 }
 
+// Init is checked chunk by chunk as it arrives: a restore (generation 1)
+// that repeats one chunk is refused at the repeat, naming it, rather than
+// after the whole stream has been held in memory; the shard keeps its
+// weights.
+TEST_F(PsServiceTest, InitRefusesEachBadChunkAsItArrives) {
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() +
+                       std::chrono::seconds(10));
+  InitResponse response;
+  auto writer = stub_->Init(&context, &response);
+  InitRequest first;
+  first.mutable_header()->set_job_id("job");
+  first.mutable_header()->set_worker_id(0);
+  first.mutable_layout()->add_param_num_elements(4);
+  first.mutable_layout()->set_partition_bytes(16);
+  first.set_generation(1);
+  ASSERT_TRUE(writer->Write(first));
+  InitRequest chunk;
+  chunk.mutable_header()->set_job_id("job");
+  chunk.mutable_header()->set_worker_id(0);
+  chunk.mutable_chunk()->set_dtype(DTYPE_FLOAT32);
+  chunk.mutable_chunk()->set_num_elements(4);
+  chunk.mutable_chunk()->set_data(Bytes({9, 9, 9, 9}));
+  for (int i = 0; i < 100; ++i) {
+    if (!writer->Write(chunk)) break;
+  }
+  writer->WritesDone();
+  const grpc::Status status = writer->Finish();
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(status.error_message(), HasSubstr("(0, 0) sent twice"));
+
+  // A chunk of another size than the layout's is refused before decoding.
+  grpc::ClientContext context2;
+  context2.set_deadline(std::chrono::system_clock::now() +
+                        std::chrono::seconds(10));
+  auto writer2 = stub_->Init(&context2, &response);
+  ASSERT_TRUE(writer2->Write(first));
+  chunk.mutable_chunk()->set_num_elements(1 << 20);
+  writer2->Write(chunk);
+  writer2->WritesDone();
+  const grpc::Status status2 = writer2->Finish();
+  EXPECT_EQ(status2.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(status2.error_message(), HasSubstr("the layout says 4"));
+
+  std::vector<PushPullResponse> replies;
+  PushPullRequest pull;
+  pull.mutable_header()->set_job_id("job");
+  pull.mutable_header()->set_worker_id(0);
+  pull.mutable_pull()->set_min_version(0);
+  ASSERT_TRUE(Exchange({pull}, &replies).ok());
+  ASSERT_FALSE(replies.empty());
+  ASSERT_TRUE(replies[0].has_chunk());
+  EXPECT_EQ(replies[0].chunk().data(), Bytes({1, 2, 3, 4}));
+}
+
+// A stream that sends pulls for a version that never comes, without
+// reading, is refused once its queue is full (RESOURCE_EXHAUSTED) instead
+// of growing it without bound.
+TEST_F(PsServiceTest, PullsWaitingOnOneStreamAreCapped) {
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() +
+                       std::chrono::seconds(20));
+  auto stream = stub_->PushPull(&context);
+  PushPullRequest pull;
+  pull.mutable_header()->set_job_id("job");
+  pull.mutable_header()->set_worker_id(1);
+  pull.mutable_pull()->set_min_version(5);
+  int written = 0;
+  for (; written < 3000; ++written) {
+    if (!stream->Write(pull)) break;
+  }
+  stream->WritesDone();
+  PushPullResponse reply;
+  while (stream->Read(&reply)) {
+  }
+  const grpc::Status status = stream->Finish();
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED)
+      << status.error_message() << " after " << written << " pulls";
+  EXPECT_THAT(status.error_message(), HasSubstr("pulls waiting"));
+}
+
 TEST(ShardCheckpointPathTest, BuildsTheFileUnderRootAndMakesTheStepFolder) {
   const std::string root = ::testing::TempDir() + "/shard_path_root";
   std::filesystem::remove_all(root);
