@@ -11,6 +11,8 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "common/nonfinite.h"
+#include "common/regular_file.h"
 #include "common/safetensors.h"
 
 namespace pstrain {
@@ -88,8 +90,20 @@ absl::StatusOr<safetensors::WriteResult> SaveModelFile(
   return safetensors::Write(path, views, metadata, options);
 }
 
+safetensors::ReadOptions UserFileOptions() {
+  safetensors::ReadOptions options;
+  options.follow_symlinks = true;
+  return options;
+}
+
 absl::StatusOr<ModelFileInfo> ReadModelFileInfo(const std::string& path) {
-  absl::StatusOr<safetensors::File> file = safetensors::File::Read(path);
+  return ReadModelFileInfo(path, UserFileOptions());
+}
+
+absl::StatusOr<ModelFileInfo> ReadModelFileInfo(
+    const std::string& path, const safetensors::ReadOptions& options) {
+  absl::StatusOr<safetensors::File> file =
+      safetensors::File::Read(path, options);
   if (!file.ok()) return file.status();
   const std::map<std::string, std::string>& m = file->metadata();
   auto get = [&](const char* key) -> std::string {
@@ -99,7 +113,7 @@ absl::StatusOr<ModelFileInfo> ReadModelFileInfo(const std::string& path) {
   if (get("format") != kFormat) {
     return absl::DataLossError(absl::StrCat(
         path, ": not a pstrain model file (metadata \"format\" is \"",
-        get("format"), "\"; expected \"", kFormat, "\")"));
+        EscapeForMessage(get("format")), "\"; expected \"", kFormat, "\")"));
   }
   ModelFileInfo info;
   info.model = get("model");
@@ -115,16 +129,23 @@ absl::StatusOr<ModelFileInfo> ReadModelFileInfo(const std::string& path) {
   if (info.model.empty() || info.input_chw.size() != 3 ||
       !absl::SimpleAtoi(get("num_classes"), &info.num_classes) ||
       info.num_classes <= 0 || !absl::SimpleAtoi(get("steps"), &info.steps)) {
-    return absl::DataLossError(
-        absl::StrCat(path, ": bad model metadata (model \"", info.model,
-                     "\", input_chw \"", get("input_chw"), "\", num_classes \"",
-                     get("num_classes"), "\", steps \"", get("steps"), "\")"));
+    return absl::DataLossError(absl::StrCat(
+        path, ": bad model metadata (model \"", EscapeForMessage(info.model),
+        "\", input_chw \"", EscapeForMessage(get("input_chw")),
+        "\", num_classes \"", EscapeForMessage(get("num_classes")),
+        "\", steps \"", EscapeForMessage(get("steps")), "\")"));
   }
   return info;
 }
 
 absl::Status LoadModelFile(const std::string& path, Model* model) {
-  absl::StatusOr<safetensors::File> file = safetensors::File::Read(path);
+  return LoadModelFile(path, model, UserFileOptions());
+}
+
+absl::Status LoadModelFile(const std::string& path, Model* model,
+                           const safetensors::ReadOptions& options) {
+  absl::StatusOr<safetensors::File> file =
+      safetensors::File::Read(path, options);
   if (!file.ok()) return file.status();
   const std::vector<NamedShape> tensors = PsTensors(*model);
   // Everything is checked before any weight is written.
@@ -135,13 +156,27 @@ absl::Status LoadModelFile(const std::string& path, Model* model) {
     absl::StatusOr<const safetensors::Tensor*> checked =
         file->Get(t.name, safetensors::Dtype::kF32, t.shape);
     if (!checked.ok()) return checked.status();
+    // A NaN or infinity would train (or evaluate) to nonsense and be saved
+    // again: refused, naming the tensor.
+    const safetensors::Tensor& tensor = **checked;
+    const int64_t bad = FindNonFinite(
+        absl::MakeConstSpan(reinterpret_cast<const float*>(tensor.bytes.data()),
+                            static_cast<size_t>(tensor.num_elements)));
+    if (bad >= 0) {
+      float value = 0;
+      std::memcpy(&value, tensor.bytes.data() + bad * sizeof(float),
+                  sizeof(float));
+      return absl::InvalidArgumentError(absl::StrCat(
+          path, ": tensor '", t.name, "' element ", bad, " is ",
+          NonFiniteText(value), "; a model's weights must be finite"));
+    }
     found.push_back(*checked);
     names.insert(t.name);
   }
   for (const safetensors::Tensor& f : file->tensors()) {
     if (!names.contains(f.name) && !absl::EndsWith(f.name, kBatchesTracked)) {
       return absl::InvalidArgumentError(absl::StrCat(
-          path, ": tensor '", f.name,
+          path, ": tensor '", EscapeForMessage(f.name),
           "' is not a parameter or buffer of model ", model->name(), " (",
           ShapeToString(model->input_chw()), " input)"));
     }

@@ -55,17 +55,27 @@ absl::StatusOr<safetensors::WriteResult> SaveModelFile(
 
 // Reads the metadata of the model file `path` (validating the whole file).
 // DATA_LOSS naming the file when it is not a pstrain model file (no or bad
-// metadata) or not a valid safetensors file.
+// metadata) or not a valid safetensors file. Without `options`, `path` is a
+// file a user named: a symbolic link at `path` is followed (the file must
+// still be a regular one, common/regular_file.h); with them, as they say (a
+// checkpoint's model file: its manifest's size and crc32, links refused).
+// Text from the file is C-escaped in messages.
 absl::StatusOr<ModelFileInfo> ReadModelFileInfo(const std::string& path);
+absl::StatusOr<ModelFileInfo> ReadModelFileInfo(
+    const std::string& path, const safetensors::ReadOptions& options);
 
 // Loads the model file `path` into `model`'s weights and buffers (host
 // staging, then the device): every parameter and buffer must be in the file
 // as F32 with the model's shape, and the file may hold nothing else but
 // num_batches_tracked scalars. Errors name the file and the tensor:
 // NOT_FOUND (a tensor the model has is missing), INVALID_ARGUMENT (a shape
-// or dtype that differs, a tensor the model does not have), DATA_LOSS (not
-// a valid file). On error the model's weights are unchanged.
+// or dtype that differs, a tensor the model does not have, a weight that is
+// NaN or infinite: the tensor and the element named), DATA_LOSS (not a valid
+// file). On error the model's weights are unchanged. `options` as
+// ReadModelFileInfo's.
 absl::Status LoadModelFile(const std::string& path, Model* model);
+absl::Status LoadModelFile(const std::string& path, Model* model,
+                           const safetensors::ReadOptions& options);
 
 // `path` itself, or `path`/model.safetensors when `path` is a folder.
 std::string ModelFilePath(const std::string& path);

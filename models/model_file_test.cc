@@ -165,6 +165,41 @@ TEST(ModelFile, FileOfAnotherModelIsRefusedAndChangesNothing) {
   EXPECT_TRUE(absl::StrContains(info.status().message(), path));
 }
 
+// A NaN or infinity in a weight (a poisoned or diverged file) is refused
+// naming the tensor and the element, and the model keeps its weights; text
+// taken from the file is escaped in the message.
+TEST(ModelFile, NonFiniteWeightsAndControlBytesAreRefused) {
+  std::unique_ptr<Backend> cpu = NewCpuBackend();
+  std::unique_ptr<Model> a = Make("lenet5", {1, 28, 28}, cpu.get(), 1);
+  std::unique_ptr<Model> b = Make("lenet5", {1, 28, 28}, cpu.get(), 2);
+  ASSERT_TRUE(a != nullptr && b != nullptr);
+  const std::vector<float> before(b->HostWeights()[0].begin(),
+                                  b->HostWeights()[0].end());
+  for (const float poison : {std::nanf(""), INFINITY, -INFINITY}) {
+    a->HostWeights()[0][17] = poison;  // conv1.weight
+    const std::string path = TempPath("poisoned.safetensors");
+    ASSERT_TRUE(SaveModelFile(*a, a->HostWeights(), InfoOf(*a, 7), path).ok());
+    const absl::Status s = LoadModelFile(path, b.get());
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+    EXPECT_TRUE(absl::StrContains(s.message(), "'conv1.weight' element 17"))
+        << s;
+    EXPECT_EQ(std::vector<float>(b->HostWeights()[0].begin(),
+                                 b->HostWeights()[0].end()),
+              before);
+  }
+  // Metadata with control bytes (a terminal escape among them).
+  const std::string path = TempPath("odd_format.safetensors");
+  const std::vector<float> w = {1};
+  absl::StatusOr<safetensors::WriteResult> written =
+      safetensors::Write(path, {safetensors::F32View("w", {1}, w)},
+                         {{"format", "pstrain.model/1\n\x1b[31m"}});
+  ASSERT_TRUE(written.ok()) << written.status();
+  const absl::Status s = ReadModelFileInfo(path).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+  EXPECT_FALSE(absl::StrContains(s.message(), "\n")) << s;
+  EXPECT_FALSE(absl::StrContains(s.message(), "\x1b")) << s;
+}
+
 TEST(ModelFile, FolderMeansItsModelFile) {
   EXPECT_EQ(ModelFilePath("testdata"), "testdata/model.safetensors");
   EXPECT_EQ(ModelFilePath("testdata/"), "testdata/model.safetensors");
