@@ -10,7 +10,9 @@ pstrain's CUDA backend does (CUDNN_TENSOR_OP_MATH, CUBLAS_TF32_TENSOR_OP_MATH);
 --tf32 0 forbids both. memory_mib is the GPU memory in use (total - free,
 torch.cuda.mem_get_info) after the timed steps, read once outside the timing,
 above what was in use before the model was made (PyTorch's caching allocator
-keeps what it reserved): train_bench measures its own the same way.
+keeps what it reserved): train_bench measures its own the same way. On the
+CPU it is the peak resident set (VmHWM, reset through /proc/self/clear_refs
+before the model is made) above the resident set then, as train_bench's.
 
 Run by `train_bench --compare_pytorch`; also usable by hand:
   python3 tools/torch_bench.py --model resnet18 --channels 1 --image_size 28 \\
@@ -26,6 +28,28 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from torch_models import build_any  # noqa: E402
+
+
+def proc_status_bytes(field):
+    """A field of /proc/self/status in bytes ("VmRSS", "VmHWM"), or None."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def reset_peak_rss():
+    """Resets VmHWM to the current resident set; returns that, or None."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        return None
+    return proc_status_bytes("VmRSS")
 
 
 def main():
@@ -53,6 +77,9 @@ def main():
         torch.zeros(1, device=device)  # the CUDA context, before the baseline
         free, total = torch.cuda.mem_get_info(device)
         baseline = total - free
+    rss_baseline = None
+    if device.type == "cpu":
+        rss_baseline = reset_peak_rss()
     torch.manual_seed(1)
     model = build_any(a.model, a.channels, a.image_size, a.num_classes).to(device)
     model.train()
@@ -84,6 +111,10 @@ def main():
     if baseline is not None:
         free, total = torch.cuda.mem_get_info(device)
         memory = f"{(total - free - baseline) / 1048576:.0f}"
+    elif rss_baseline is not None:
+        peak = proc_status_bytes("VmHWM")
+        if peak is not None:
+            memory = f"{(peak - rss_baseline) / 1048576:.0f}_(peak_RSS)"
     print(f"samples_per_sec={a.batch_size * a.steps / seconds:.3f} params={params} "
           f"loss={loss.item():.4f} memory_mib={memory} tf32={a.tf32} "
           f"device={name.replace(' ', '_')}")

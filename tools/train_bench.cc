@@ -7,6 +7,15 @@
 // costs without the network: gradients to the host, Adam there, weights
 // back to the device.
 //
+// --memory_plan (default) places layer outputs and gradients by the model's
+// memory plan (models/model.h ModelOptions::memory_plan); --nomemory_plan
+// keeps every one in its own memory, as before the plan, to compare in one
+// run. Memory: on CUDA the device memory in use after the timed steps above
+// what was in use before the model was made; on the CPU the process's peak
+// resident set (VmHWM, reset through /proc/self/clear_refs before the model
+// is made) above its resident set then. "activations (MiB)" is the model's
+// own output, gradient and scratch memory (Model::ActivationBytes).
+//
 // With --compare_pytorch, the same model (tools/torch_models.py: same
 // architecture and parameter count) is timed in PyTorch in the same run
 // (python3 tools/torch_bench.py; Debian's python3-torch on CPU, PyTorch with
@@ -34,6 +43,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "common/flags_util.h"
@@ -59,6 +69,9 @@ ABSL_FLAG(std::string, update, "device",
 ABSL_FLAG(bool, tf32, true,
           "CUDA: allow TF32 tensor cores for fp32 convolutions and GEMMs, on "
           "both sides (PyTorch: cudnn.allow_tf32, cuda.matmul.allow_tf32).");
+ABSL_FLAG(bool, memory_plan, true,
+          "Place layer outputs and gradients by the memory plan (shared "
+          "slots, in-place ReLU); --nomemory_plan: each in its own memory.");
 ABSL_FLAG(bool, layer_times, false,
           "After the timed steps, profile up to 10 more with the backend "
           "synchronized after every layer and print a per-layer time table "
@@ -68,6 +81,35 @@ namespace pstrain {
 namespace {
 
 constexpr char kProgram[] = "train_bench";
+
+// A field of /proc/self/status in bytes ("VmRSS", "VmHWM"); -1 when absent.
+int64_t ProcStatusBytes(const std::string& field) {
+  FILE* f = std::fopen("/proc/self/status", "r");
+  if (f == nullptr) return -1;
+  char line[256];
+  int64_t bytes = -1;
+  const std::string prefix = field + ":";
+  while (std::fgets(line, sizeof(line), f) != nullptr) {
+    if (std::string(line).rfind(prefix, 0) == 0) {
+      long long kib = 0;
+      if (std::sscanf(line + prefix.size(), "%lld", &kib) == 1) {
+        bytes = kib * 1024;
+      }
+      break;
+    }
+  }
+  std::fclose(f);
+  return bytes;
+}
+
+// Resets the process's peak resident set (VmHWM) to its current size
+// (Linux 4.0+); false where the kernel does not allow it.
+bool ResetPeakRss() {
+  FILE* f = std::fopen("/proc/self/clear_refs", "w");
+  if (f == nullptr) return false;
+  const bool ok = std::fputs("5", f) >= 0;
+  return std::fclose(f) == 0 && ok;
+}
 
 // tools/torch_bench.py next to the binary's runfiles or in the source tree.
 std::string FindTorchBench() {
@@ -135,7 +177,8 @@ TorchResult RunTorch(const std::string& model, const Shape& chw, int classes,
     } else if (kv.first == "device") {
       r.device = kv.second;
     } else if (kv.first == "memory_mib") {
-      r.memory_mib = kv.second;
+      // "123_(peak_RSS)" on the CPU: one field on the line.
+      r.memory_mib = absl::StrReplaceAll(kv.second, {{"_", " "}});
     }
   }
   if (!r.ok) r.error = "unexpected output: " + out;
@@ -260,9 +303,13 @@ int Main() {
   // the timing, as torch_bench.py does.
   absl::StatusOr<int64_t> memory_baseline =
       (*backend)->DeviceMemoryInUseBytes();
+  const bool peak_rss = !memory_baseline.ok() && ResetPeakRss();
+  const int64_t rss_baseline = ProcStatusBytes("VmRSS");
   const Shape chw = dataset->train.chw;
+  ModelOptions model_options;
+  model_options.memory_plan = absl::GetFlag(FLAGS_memory_plan);
   absl::StatusOr<std::unique_ptr<Model>> model = Model::Create(
-      model_name, chw, dataset->num_classes, ModelOptions(), backend->get());
+      model_name, chw, dataset->num_classes, model_options, backend->get());
   if (!model.ok()) {
     PrintError(kProgram, model.status().message());
     return 2;
@@ -332,6 +379,12 @@ int Main() {
     if (used.ok()) {
       memory = absl::StrFormat("%.0f", (*used - *memory_baseline) / 1048576.0);
     }
+  } else if (peak_rss && rss_baseline >= 0) {
+    const int64_t peak = ProcStatusBytes("VmHWM");
+    if (peak >= 0) {
+      memory =
+          absl::StrFormat("%.0f (peak RSS)", (peak - rss_baseline) / 1048576.0);
+    }
   }
   const bool loss_ok = std::isfinite(first_loss) && std::isfinite(last_loss) &&
                        last_loss < first_loss;
@@ -354,13 +407,14 @@ int Main() {
   const bool on_gpu = memory_baseline.ok();
   std::printf(
       "| model | input | backend | TF32 | threads | batch | params | "
-      "MFLOPs/sample | update | pstrain samples/sec | update (ms/step) | "
-      "memory (MiB) | loss step 0 -> %d | PyTorch samples/sec | PyTorch "
+      "MFLOPs/sample | update | memory plan | pstrain samples/sec | update "
+      "(ms/step) | memory (MiB) | activations (MiB) | loss step 0 -> %d | "
+      "PyTorch samples/sec | PyTorch "
       "memory (MiB) | PyTorch params | ratio |\n",
       warmup + steps - 1);
   std::printf(
       "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
-      "\n");
+      "---|---|\n");
   std::string torch_rate = "-", torch_params = "-", ratio = "-",
               torch_memory = "-";
   if (absl::GetFlag(FLAGS_compare_pytorch)) {
@@ -380,8 +434,8 @@ int Main() {
     }
   }
   std::printf(
-      "| %s | %s | %s | %s | %d | %d | %lld | %.1f | %s | %.1f | %.2f | %s | "
-      "%.3f -> %.3f%s | %s | %s | %s | %s |\n",
+      "| %s | %s | %s | %s | %d | %d | %lld | %.1f | %s | %s | %.1f | %.2f | "
+      "%s | %.0f | %.3f -> %.3f%s | %s | %s | %s | %s |\n",
       model_name.c_str(), ShapeToString(chw).c_str(),
       (*backend)->name().c_str(),
       // models/cuda: CUDNN_TENSOR_OP_MATH and CUBLAS_TF32_TENSOR_OP_MATH
@@ -390,8 +444,10 @@ int Main() {
       : (*backend)->tf32_allowed() ? "conv+GEMM"
                                    : "off",
       threads, batch, static_cast<long long>(m.NumParameters()),
-      2.0 * m.ForwardMacsPerSample() / 1e6, update_where.c_str(), rate,
-      update_seconds * 1e3 / steps, memory.c_str(), first_loss, last_loss,
+      2.0 * m.ForwardMacsPerSample() / 1e6, update_where.c_str(),
+      absl::GetFlag(FLAGS_memory_plan) ? "on" : "off", rate,
+      update_seconds * 1e3 / steps, memory.c_str(),
+      m.ActivationBytes() / 1048576.0, first_loss, last_loss,
       loss_ok ? " (falls)" : " (DOES NOT FALL)", torch_rate.c_str(),
       torch_memory.c_str(), torch_params.c_str(), ratio.c_str());
   if (absl::GetFlag(FLAGS_layer_times)) {
