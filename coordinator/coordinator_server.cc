@@ -1,5 +1,8 @@
 #include "coordinator/coordinator_server.h"
 
+#include <sys/stat.h>
+
+#include <cerrno>
 #include <chrono>
 #include <utility>
 #include <vector>
@@ -11,22 +14,62 @@
 #include "common/status_macros.h"
 
 namespace pstrain {
+namespace {
+
+// Creates the folders of `path` that are missing, mode 0700 (an existing
+// one is left as it is). Errors name the folder.
+absl::Status MakeFolders(const std::string& path) {
+  if (path.empty()) return absl::OkStatus();
+  struct stat st;
+  if (stat(path.c_str(), &st) == 0) {
+    if (S_ISDIR(st.st_mode)) return absl::OkStatus();
+    return absl::FailedPreconditionError(
+        absl::StrCat("folder ", path, ": is not a folder"));
+  }
+  if (const int error = errno; error != ENOENT) {
+    return ErrnoToStatus(error, absl::StrCat("folder ", path));
+  }
+  const size_t slash = path.find_last_of('/');
+  if (slash != std::string::npos && slash > 0) {
+    RETURN_IF_ERROR(MakeFolders(path.substr(0, slash)));
+  }
+  if (mkdir(path.c_str(), 0700) != 0) {
+    const int error = errno;
+    if (error != EEXIST) {
+      return ErrnoToStatus(error, absl::StrCat("creating folder ", path));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
 
 absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
     CoordinatorServerOptions options) {
   std::unique_ptr<CoordinatorServer> server(new CoordinatorServer());
   RETURN_IF_ERROR(ValidateJobTableLimits(options.table_limits));
+  if (options.max_long_polls_per_caller < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("max_long_polls_per_caller ",
+                     options.max_long_polls_per_caller, ": expected >= 1"));
+  }
   if (!options.job_file.empty()) {
     absl::StatusOr<std::unique_ptr<JobTable>> loaded =
         JobTable::Load(options.job_file, absl::Now(), options.table_limits);
     if (loaded.ok()) {
       server->table_ = *std::move(loaded);
     } else if (absl::IsNotFound(loaded.status())) {
-      // A new table; written now, so that a folder that is missing or not
-      // writable is found before the first job is submitted.
+      // A new table; its folder made and the table written now, so that a
+      // folder that cannot be made or written is found before the first
+      // job is submitted.
+      const size_t slash = options.job_file.find_last_of('/');
+      absl::Status written =
+          slash == std::string::npos || slash == 0
+              ? absl::OkStatus()
+              : MakeFolders(options.job_file.substr(0, slash));
       server->table_ =
           std::make_unique<JobTable>(options.job_file, options.table_limits);
-      absl::Status written = server->table_->Flush();
+      if (written.ok()) written = server->table_->Flush();
       if (!written.ok()) {
         return absl::Status(
             written.code(),
@@ -41,7 +84,8 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
   }
   server->service_ = std::make_unique<CoordinatorService>(
       server->table_.get(), options.max_wait,
-      /*authorize=*/options.credentials != nullptr);
+      /*authorize=*/options.credentials != nullptr,
+      options.max_long_polls_per_caller);
   absl::StatusOr<ListeningServer> listening = StartGrpcServer(
       options.address, server->service_.get(), options.port_file,
       options.credentials, options.server_limits);
@@ -60,6 +104,7 @@ CoordinatorServer::~CoordinatorServer() {
     server_->Shutdown(std::chrono::system_clock::now() +
                       std::chrono::seconds(2));
   }
+  if (table_ != nullptr) table_->FlushIfDirty().IgnoreError();
 }
 
 std::string WaitingReport(const JobInfo& job, absl::Time now) {
@@ -89,6 +134,9 @@ std::string WaitingReport(const JobInfo& job, absl::Time now) {
 void CoordinatorServer::CheckLoop() {
   absl::Time next_report = absl::Now() + options_.waiting_report_interval;
   while (!stop_.WaitForNotificationWithTimeout(options_.check_interval)) {
+    // Key-value writes since the last write; a failure is retried at the
+    // next tick (and reported by the next state change that fails too).
+    table_->FlushIfDirty().IgnoreError();
     for (const std::string& id :
          table_->CheckHeartbeats(absl::Now(), options_.heartbeat_timeout)) {
       absl::StatusOr<JobInfo> job = table_->Get(id);

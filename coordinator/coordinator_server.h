@@ -35,9 +35,9 @@ struct CoordinatorServerOptions {
   // host:port to listen on; port 0: any free port (see port()).
   std::string address = "0.0.0.0:7070";
   // Where the job table is kept ("" for memory only). A missing file starts
-  // an empty table, written there at once; one that is empty, a folder,
-  // unreadable, does not parse or is inconsistent is an error (see
-  // JobTable::Load).
+  // an empty table, written there at once (its missing folders created,
+  // mode 0700); one that is empty, a folder, unreadable, does not parse or
+  // is inconsistent is an error (see JobTable::Load).
   std::string job_file;
   // How many ended jobs are kept and the key-value store's limits.
   JobTableLimits table_limits;
@@ -55,6 +55,11 @@ struct CoordinatorServerOptions {
   absl::Duration heartbeat_timeout = absl::Seconds(60);
   // Longest a blocking call (layout, key wait) waits.
   absl::Duration max_wait = absl::Seconds(600);
+  // Blocking calls one caller may have in flight (see
+  // coordinator_service.h).
+  int max_long_polls_per_caller = CoordinatorService::kMaxLongPollsPerCaller;
+  // How often silent tasks are looked for and key-value writes are
+  // written to the job file (the most of them a crash can lose).
   absl::Duration check_interval = absl::Seconds(1);
   // Called for each job a heartbeat check failed.
   std::function<void(const JobInfo&)> on_job_failed;
@@ -72,12 +77,14 @@ std::string WaitingReport(const JobInfo& job, absl::Time now);
 
 class CoordinatorServer {
  public:
-  // Errors: the job file's (JobTable::Load's, or the error of writing a new
-  // one), each naming it; INVALID_ARGUMENT for table_limits out of range;
+  // Errors: the job file's (JobTable::Load's, or the error of creating its
+  // folder or writing a new one), each naming it; INVALID_ARGUMENT for
+  // table_limits or max_long_polls_per_caller out of range;
   // UNAVAILABLE when the address cannot be bound (see grpc_server.h).
   static absl::StatusOr<std::unique_ptr<CoordinatorServer>> Start(
       CoordinatorServerOptions options);
-  // Stops the checks and the server (2 s grace for calls in flight).
+  // Stops the checks and the server (2 s grace for calls in flight), then
+  // writes key-value changes not yet written.
   ~CoordinatorServer();
 
   JobTable& table() { return *table_; }

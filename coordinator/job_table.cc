@@ -9,9 +9,11 @@
 #include <utility>
 
 #include "absl/container/flat_hash_set.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/strip.h"
 #include "common/flags_util.h"
 #include "common/status_macros.h"
 #include "common/utf8.h"
@@ -30,7 +32,8 @@ std::string PlannedAddress(const JobSpec& spec, TaskRole role, int index) {
 }
 
 // The bytes of job file `path`; errors name it ("job file <path>: ...").
-absl::Status ReadJobFile(const std::string& path, std::string* bytes) {
+absl::Status ReadJobFile(const std::string& path, int64_t max_bytes,
+                         std::string* bytes) {
   const std::string name = absl::StrCat("job file ", path);
   const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return ErrnoToStatus(errno, name);
@@ -57,10 +60,10 @@ absl::Status ReadJobFile(const std::string& path, std::string* bytes) {
       return ErrnoToStatus(error, name);
     }
     if (n == 0) break;
-    if (static_cast<int64_t>(bytes->size()) + n > JobTable::kMaxJobFileBytes) {
+    if (static_cast<int64_t>(bytes->size()) + n > max_bytes) {
       close(fd);
       return absl::DataLossError(
-          absl::StrCat(name, ": larger than ", JobTable::kMaxJobFileBytes,
+          absl::StrCat(name, ": larger than ", max_bytes,
                        " bytes; not a pstrain job table"));
     }
     bytes->append(buffer, static_cast<size_t>(n));
@@ -88,7 +91,88 @@ absl::Status ValidateJobTableLimits(const JobTableLimits& limits) {
     return absl::InvalidArgumentError(absl::StrCat(
         "max_kv_keys_per_job ", limits.max_kv_keys_per_job, ": expected >= 1"));
   }
+  const struct {
+    const char* name;
+    int64_t value;
+    int64_t lo;
+    int64_t hi;
+  } ranges[] = {
+      {"max_kv_bytes_per_job", limits.max_kv_bytes_per_job, 1, INT64_MAX},
+      {"max_kv_bytes_per_task", limits.max_kv_bytes_per_task, 1, INT64_MAX},
+      {"max_text_item_bytes", limits.max_text_item_bytes, 64, INT64_MAX},
+      {"max_text_bytes_per_task", limits.max_text_bytes_per_task,
+       limits.max_text_item_bytes, INT64_MAX},
+      {"max_text_bytes_per_job", limits.max_text_bytes_per_job,
+       limits.max_text_item_bytes, INT64_MAX},
+      {"max_log_bytes_per_job", limits.max_log_bytes_per_job, 1, INT64_MAX},
+      {"max_result_bytes", limits.max_result_bytes, 1, INT64_MAX},
+      {"max_job_file_bytes", limits.max_job_file_bytes, 1024,
+       JobTable::kMaxJobFileBytes},
+  };
+  for (const auto& r : ranges) {
+    if (r.value < r.lo || r.value > r.hi) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(r.name, " ", r.value, ": expected ", r.lo, " to ",
+                       r.hi == INT64_MAX ? "any larger" : absl::StrCat(r.hi)));
+    }
+  }
   return absl::OkStatus();
+}
+
+namespace {
+
+// `text` is the decimal of a number >= 0 without sign or leading zeros
+// that fits an int.
+bool ParseIndex(absl::string_view text, int* index) {
+  if (text.empty() || text.size() > 9) return false;
+  if (text.size() > 1 && text[0] == '0') return false;
+  for (char c : text) {
+    if (c < '0' || c > '9') return false;
+  }
+  return absl::SimpleAtoi(text, index);
+}
+
+}  // namespace
+
+int KvKeyOwner(const std::string& key) {
+  int index = -1;
+  if (absl::StartsWith(key, "worker-")) {
+    const size_t slash = key.find('/');
+    if (slash != std::string::npos &&
+        ParseIndex(absl::string_view(key).substr(7, slash - 7), &index)) {
+      return index;
+    }
+    return -1;
+  }
+  const size_t slash = key.rfind('/');
+  if (slash == std::string::npos || slash == 0) return -1;
+  absl::string_view last = absl::string_view(key).substr(slash + 1);
+  if (last == "nccl_id") return 0;
+  if (absl::ConsumePrefix(&last, "rank_")) {
+    return ParseIndex(last, &index) ? index : -1;
+  }
+  return ParseIndex(last, &index) ? index : -1;
+}
+
+std::string CutText(const std::string& text, int64_t max_bytes,
+                    const std::string& what, int64_t* kept_bytes) {
+  if (static_cast<int64_t>(text.size()) <= max_bytes) {
+    if (kept_bytes != nullptr) *kept_bytes = text.size();
+    return text;
+  }
+  // The marker's own length depends on N; take the longest N can be.
+  const std::string longest =
+      absl::StrCat("\u2026[cut: ", text.size(), " bytes over the ", what, "]");
+  int64_t keep =
+      std::max<int64_t>(0, max_bytes - static_cast<int64_t>(longest.size()));
+  keep = std::min<int64_t>(keep, text.size());
+  // Back to the start of a UTF-8 character (not a continuation byte).
+  while (keep > 0 && (static_cast<unsigned char>(text[keep]) & 0xC0) == 0x80) {
+    --keep;
+  }
+  if (kept_bytes != nullptr) *kept_bytes = keep;
+  return absl::StrCat(text.substr(0, keep), "\u2026[cut: ", text.size() - keep,
+                      " bytes over the ", what, "]");
 }
 
 absl::Status ValidateJobTableFile(const JobTableFile& table) {
@@ -182,10 +266,12 @@ JobTable::JobTable(std::string job_file, JobTableLimits limits)
   table_.set_next_id(1);
 }
 
+JobTable::~JobTable() { FlushIfDirty().IgnoreError(); }
+
 absl::StatusOr<std::unique_ptr<JobTable>> JobTable::Load(
     const std::string& job_file, absl::Time now, JobTableLimits limits) {
   std::string bytes;
-  RETURN_IF_ERROR(ReadJobFile(job_file, &bytes));
+  RETURN_IF_ERROR(ReadJobFile(job_file, limits.max_job_file_bytes, &bytes));
   const std::string name = absl::StrCat("job file ", job_file);
   if (bytes.empty()) {
     return absl::DataLossError(absl::StrCat(
@@ -213,6 +299,9 @@ absl::StatusOr<std::unique_ptr<JobTable>> JobTable::Load(
   table->Prune();
   table->loaded_ms_ = Ms(now);
   for (JobInfo& job : *table->table_.mutable_jobs()) {
+    int64_t log_bytes = 0;
+    for (const LogLine& line : job.log()) log_bytes += line.text().size();
+    job.set_log_bytes(log_bytes);
     if (JobEnded(job.state())) continue;
     for (TaskInfo& t : *job.mutable_tasks()) {
       if (t.state() == TASK_REGISTERED) t.set_last_heartbeat_ms(Ms(now));
@@ -223,12 +312,87 @@ absl::StatusOr<std::unique_ptr<JobTable>> JobTable::Load(
 
 absl::Status JobTable::Persist() {
   Prune();
-  if (job_file_.empty()) return absl::OkStatus();
-  return WriteFileAtomically(job_file_, table_.SerializeAsString());
+  RETURN_IF_ERROR(FitJobFile());
+  if (job_file_.empty()) {
+    dirty_ = false;
+    return absl::OkStatus();
+  }
+  std::string bytes;
+  // Never an empty or partial file in place of the last good one.
+  if (!table_.SerializeToString(&bytes) || bytes.empty() ||
+      static_cast<int64_t>(bytes.size()) > limits_.max_job_file_bytes) {
+    return absl::InternalError(absl::StrCat(
+        "job file ", job_file_, ": the table did not serialize (", bytes.size(),
+        " bytes; the limit is ", limits_.max_job_file_bytes,
+        "); the file keeps the last table written"));
+  }
+  RETURN_IF_ERROR(WriteFileAtomically(job_file_, bytes));
+  dirty_ = false;
+  return absl::OkStatus();
+}
+
+absl::Status JobTable::FitJobFile() {
+  const int64_t limit = limits_.max_job_file_bytes;
+  int64_t size = static_cast<int64_t>(table_.ByteSizeLong());
+  if (size <= limit) return absl::OkStatus();
+  // Ended jobs, oldest-ended first: their logs, then their stores.
+  std::vector<JobInfo*> ended;
+  std::vector<JobInfo*> running;
+  for (JobInfo& job : *table_.mutable_jobs()) {
+    (JobEnded(job.state()) ? ended : running).push_back(&job);
+  }
+  std::stable_sort(ended.begin(), ended.end(), [](JobInfo* a, JobInfo* b) {
+    return a->end_ms() < b->end_ms();
+  });
+  auto shed = [&](JobInfo* job, auto drop) {
+    const int64_t before = static_cast<int64_t>(job->ByteSizeLong());
+    drop(job);
+    size -= before - static_cast<int64_t>(job->ByteSizeLong());
+  };
+  auto drop_log = [](JobInfo* job) {
+    job->clear_log();
+    job->set_log_bytes(0);
+  };
+  for (JobInfo* job : ended) {
+    if (size <= limit) return absl::OkStatus();
+    shed(job, drop_log);
+  }
+  for (JobInfo* job : ended) {
+    if (size <= limit) return absl::OkStatus();
+    shed(job, [](JobInfo* j) { j->clear_kv(); });
+  }
+  // Running jobs: the oldest half of each one's log, until it fits.
+  bool dropped = true;
+  while (size > limit && dropped) {
+    dropped = false;
+    for (JobInfo* job : running) {
+      if (job->log_size() == 0) continue;
+      dropped = true;
+      shed(job, [](JobInfo* j) {
+        const int n = (j->log_size() + 1) / 2;
+        for (int i = 0; i < n; ++i) {
+          j->set_log_bytes(j->log_bytes() - j->log(i).text().size());
+        }
+        j->mutable_log()->DeleteSubrange(0, n);
+      });
+      if (size <= limit) break;
+    }
+  }
+  size = static_cast<int64_t>(table_.ByteSizeLong());
+  if (size <= limit) return absl::OkStatus();
+  return absl::ResourceExhaustedError(
+      absl::StrCat("the job table needs ", size, " bytes without logs; the ",
+                   "job file's limit is ", limit, " bytes"));
 }
 
 absl::Status JobTable::Flush() {
   absl::MutexLock lock(&mu_);
+  return Persist();
+}
+
+absl::Status JobTable::FlushIfDirty() {
+  absl::MutexLock lock(&mu_);
+  if (!dirty_) return absl::OkStatus();
   return Persist();
 }
 
@@ -328,6 +492,11 @@ absl::StatusOr<std::string> JobTable::Submit(const JobSpec& spec,
 
 absl::Status JobTable::Register(const std::string& id, TaskRole role, int index,
                                 const std::string& address, absl::Time now) {
+  if (static_cast<int64_t>(address.size()) > kMaxAddressBytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        id, ": ", TaskName(role, index), "'s address is ", address.size(),
+        " bytes; expected at most ", kMaxAddressBytes));
+  }
   absl::MutexLock lock(&mu_);
   ASSIGN_OR_RETURN(JobInfo * job, FindJob(id));
   absl::StatusOr<TaskInfo*> task = FindTask(job, role, index);
@@ -388,11 +557,43 @@ absl::StatusOr<std::vector<std::string>> JobTable::WaitForLayout(
 }
 
 void JobTable::AppendLog(
-    JobInfo* job, TaskRole role, int index,
+    JobInfo* job, TaskInfo* task, TaskRole role, int index,
     const google::protobuf::RepeatedPtrField<std::string>& lines,
     absl::Time now, const google::protobuf::RepeatedField<int64_t>& times_ms) {
+  const std::string item_limit =
+      absl::StrCat("per-line limit of ", limits_.max_text_item_bytes, " bytes");
   for (int i = 0; i < lines.size(); ++i) {
-    const std::string& text = lines[i];
+    const std::string& sent = lines[i];
+    int64_t kept = 0;
+    std::string text =
+        CutText(sent, limits_.max_text_item_bytes, item_limit, &kept);
+    if (task != nullptr) {
+      const int64_t task_left =
+          limits_.max_text_bytes_per_task - task->text_bytes();
+      const int64_t job_left =
+          limits_.max_text_bytes_per_job - job->text_bytes();
+      const int64_t left = std::max<int64_t>(0, std::min(task_left, job_left));
+      const std::string budget =
+          task_left <= job_left
+              ? absl::StrCat("per-task budget of ",
+                             limits_.max_text_bytes_per_task, " bytes")
+              : absl::StrCat("per-job budget of ",
+                             limits_.max_text_bytes_per_job, " bytes");
+      if (kept > left) text = CutText(sent, left, budget, &kept);
+      task->set_text_bytes(task->text_bytes() + kept);
+      job->set_text_bytes(job->text_bytes() + kept);
+      task->set_text_bytes_cut(task->text_bytes_cut() + sent.size() - kept);
+      if (kept == 0 && !sent.empty() &&
+          static_cast<int64_t>(sent.size()) > left) {
+        // Nothing of it fits the budget: once, a line saying so; after
+        // that the task's lines are only counted.
+        if (task->text_budget_spent()) continue;
+        task->set_text_budget_spent(true);
+        text = absl::StrCat("\u2026[cut: ", sent.size(), " bytes over the ",
+                            budget, "; ", TaskName(role, index),
+                            "'s later lines are only counted]");
+      }
+    }
     LogLine* line = job->add_log();
     line->set_seq(job->next_log_seq());
     job->set_next_log_seq(job->next_log_seq() + 1);
@@ -401,10 +602,30 @@ void JobTable::AppendLog(
                           : Ms(now));
     line->set_role(role);
     line->set_index(index);
-    line->set_text(text);
+    job->set_log_bytes(job->log_bytes() + text.size());
+    line->set_text(std::move(text));
   }
-  const int excess = job->log_size() - kMaxLogLines;
-  if (excess > 0) job->mutable_log()->DeleteSubrange(0, excess);
+  int excess = 0;
+  int64_t bytes = job->log_bytes();
+  while (excess < job->log_size() && (job->log_size() - excess > kMaxLogLines ||
+                                      bytes > limits_.max_log_bytes_per_job)) {
+    bytes -= job->log(excess).text().size();
+    ++excess;
+  }
+  if (excess > 0) {
+    job->mutable_log()->DeleteSubrange(0, excess);
+    job->set_log_bytes(bytes);
+  }
+}
+
+void JobTable::KeepResult(JobInfo* job, TaskInfo* task,
+                          const RunResult& result) {
+  const int64_t size = static_cast<int64_t>(result.ByteSizeLong());
+  if (size > limits_.max_result_bytes) {
+    task->set_text_bytes_cut(task->text_bytes_cut() + size);
+    return;
+  }
+  *job->mutable_result() = result;
 }
 
 absl::StatusOr<JobState> JobTable::Heartbeat(const HeartbeatRequest& request,
@@ -414,6 +635,11 @@ absl::StatusOr<JobState> JobTable::Heartbeat(const HeartbeatRequest& request,
   ASSIGN_OR_RETURN(JobInfo * job, FindJob(ref.job_id()));
   absl::StatusOr<TaskInfo*> task = FindTask(job, ref.role(), ref.index());
   if (!task.ok()) return task.status();
+  if ((*task)->state() == TASK_DONE || (*task)->state() == TASK_FAILED) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        ref.job_id(), ": ", TaskName(ref.role(), ref.index()), " has ended (",
+        TaskState_Name((*task)->state()), "); refusing its heartbeat"));
+  }
   if ((*task)->state() == TASK_REGISTERED) {
     (*task)->set_last_heartbeat_ms(Ms(now));
   }
@@ -422,9 +648,9 @@ absl::StatusOr<JobState> JobTable::Heartbeat(const HeartbeatRequest& request,
     (*task)->set_samples_per_sec(request.samples_per_sec());
   }
   if (ref.role() == ROLE_WORKER && ref.index() == 0 && request.has_result()) {
-    *job->mutable_result() = request.result();
+    KeepResult(job, *task, request.result());
   }
-  AppendLog(job, ref.role(), ref.index(), request.log_lines(), now,
+  AppendLog(job, *task, ref.role(), ref.index(), request.log_lines(), now,
             request.log_times_ms());
   // Not persisted: Load() restarts every task's timeout.
   return job->state();
@@ -437,22 +663,36 @@ absl::Status JobTable::TaskFinished(const TaskFinishedRequest& request,
   ASSIGN_OR_RETURN(JobInfo * job, FindJob(ref.job_id()));
   absl::StatusOr<TaskInfo*> task = FindTask(job, ref.role(), ref.index());
   if (!task.ok()) return task.status();
-  AppendLog(job, ref.role(), ref.index(), request.log_lines(), now,
+  if ((*task)->state() == TASK_DONE || (*task)->state() == TASK_FAILED) {
+    // A retry of the report that landed is OK; the other outcome is not.
+    if (((*task)->state() == TASK_DONE) == request.ok()) {
+      return absl::OkStatus();
+    }
+    return absl::FailedPreconditionError(absl::StrCat(
+        ref.job_id(), ": ", TaskName(ref.role(), ref.index()),
+        " has already ended (", TaskState_Name((*task)->state()),
+        "); refusing a report of ", request.ok() ? "success" : "failure"));
+  }
+  AppendLog(job, *task, ref.role(), ref.index(), request.log_lines(), now,
             request.log_times_ms());
   if (ref.role() == ROLE_WORKER && request.steps() > 0) {
     (*task)->set_steps(request.steps());
     (*task)->set_samples_per_sec(request.samples_per_sec());
   }
   if (ref.role() == ROLE_WORKER && ref.index() == 0 && request.has_result()) {
-    *job->mutable_result() = request.result();
+    KeepResult(job, *task, request.result());
   }
+  const std::string message =
+      CutText(request.message(), limits_.max_text_item_bytes,
+              absl::StrCat("per-message limit of ", limits_.max_text_item_bytes,
+                           " bytes"));
   if (JobEnded(job->state())) {
     // Stopped by the job's end: a task that still finished cleanly is DONE.
     if (request.ok()) (*task)->set_state(TASK_DONE);
     return Persist();
   }
   (*task)->set_state(request.ok() ? TASK_DONE : TASK_FAILED);
-  (*task)->set_message(request.message());
+  (*task)->set_message(message);
   if (!request.ok()) {
     std::string where = absl::StrCat(" on ", (*task)->address());
     if ((*task)->address().empty()) {
@@ -465,7 +705,7 @@ absl::Status JobTable::TaskFinished(const TaskFinishedRequest& request,
     }
     End(job, JOB_FAILED,
         absl::StrCat(TaskName(ref.role(), ref.index()), where,
-                     " failed: ", request.message()),
+                     " failed: ", message),
         now);
   } else {
     bool all_workers = true;
@@ -488,8 +728,12 @@ absl::Status JobTable::TaskFinished(const TaskFinishedRequest& request,
 
 absl::StatusOr<int> JobTable::TaskRestarting(const std::string& id,
                                              TaskRole role, int index,
-                                             const std::string& why,
+                                             const std::string& why_sent,
                                              absl::Time now) {
+  const std::string why =
+      CutText(why_sent, limits_.max_text_item_bytes,
+              absl::StrCat("per-message limit of ", limits_.max_text_item_bytes,
+                           " bytes"));
   absl::MutexLock lock(&mu_);
   ASSIGN_OR_RETURN(JobInfo * job, FindJob(id));
   ASSIGN_OR_RETURN(TaskInfo * task, FindTask(job, role, index));
@@ -518,7 +762,7 @@ absl::StatusOr<int> JobTable::TaskRestarting(const std::string& id,
   line.Add(absl::StrCat(TaskName(role, index), " ", why, "; restarting it (",
                         "restart ", restarts + 1, " of ",
                         job->spec().max_restarts(), ")"));
-  AppendLog(job, role, index, line, now);
+  AppendLog(job, /*task=*/nullptr, role, index, line, now);
   RETURN_IF_ERROR(Persist());
   return restarts + 1;
 }
@@ -611,12 +855,37 @@ absl::Status JobTable::Set(const std::string& id, const std::string& key,
         absl::StrCat(id, ": kv: the job's store holds ", kv->size(),
                      " keys, the limit; refusing new key \"", key, "\""));
   }
+  // Byte budgets: the job's store, and the keys of the key's owner.
+  const int owner = KvKeyOwner(key);
+  int64_t job_bytes = 0;
+  int64_t owner_bytes = 0;
+  for (const auto& [k, v] : *kv) {
+    if (k == key) continue;
+    job_bytes += k.size() + v.size();
+    if (KvKeyOwner(k) == owner) owner_bytes += k.size() + v.size();
+  }
+  const int64_t entry = key.size() + value.size();
+  if (job_bytes + entry > limits_.max_kv_bytes_per_job) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat(id, ": kv: key \"", key, "\" would make the job's store ",
+                     job_bytes + entry, " bytes; the limit is ",
+                     limits_.max_kv_bytes_per_job, " bytes"));
+  }
+  if (owner_bytes + entry > limits_.max_kv_bytes_per_task) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat(id, ": kv: key \"", key, "\" would make the keys of ",
+                     owner >= 0 ? TaskName(ROLE_WORKER, owner) : "no worker",
+                     " ", owner_bytes + entry, " bytes; the limit is ",
+                     limits_.max_kv_bytes_per_task, " bytes"));
+  }
   if (it != kv->end()) {
     it->second = value;
   } else {
     (*kv)[key] = value;
   }
-  return Persist();
+  // Written within a second (FlushIfDirty) or with the next state change.
+  dirty_ = true;
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::string> JobTable::WaitForKey(const std::string& id,

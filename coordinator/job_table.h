@@ -9,16 +9,36 @@
 // heartbeat timeout of its restart). Heartbeats answer with the job's state, so
 // tasks learn when to stop.
 //
-// Every change is written to the job file (when one is set) before the call
-// returns, atomically, so Load() after a crash sees the last completed
-// change. Times are passed in (absl::Time) so tests control the clock.
+// State changes (Submit, Register, TaskFinished, TaskRestarting, Cancel, a
+// job failed by CheckHeartbeats) are written to the job file (when one is
+// set) before the call returns, atomically, so Load() after a crash sees the
+// last completed change. Key-value writes (Set) are batched: marked dirty
+// and written by the next state change or FlushIfDirty(), which the
+// coordinator calls once per check_interval (1 s), so a crash loses at most
+// the Set() calls of the last second (and, as before, heartbeats and log
+// lines since the last write). Times are passed in (absl::Time) so tests
+// control the clock.
 //
 // Bounded (JobTableLimits): the table keeps every PENDING or RUNNING job and
 // the newest `keep_finished_jobs` ended ones (the oldest-ended are pruned
 // first, with their logs and key-value stores); each job's key-value store
 // holds at most `max_kv_keys_per_job` keys of at most `max_kv_key_bytes`
-// bytes with values of at most `max_kv_value_bytes` bytes; each job keeps
-// its last kMaxLogLines log lines.
+// bytes with values of at most `max_kv_value_bytes` bytes, and at most
+// `max_kv_bytes_per_task` / `max_kv_bytes_per_job` bytes of keys and values
+// in all (a task's keys are those KvKeyOwner gives it). Text a task sends
+// is cut, never refused: a log line, TaskFinished.message and
+// RestartTask.why to `max_text_item_bytes` each; log lines also to what is
+// left of the task's and the job's text budgets (`max_text_bytes_per_task`,
+// `max_text_bytes_per_job`, bytes over the job's life), each cut ending in
+// a marker ("…[cut: 120 bytes over the per-line limit of 4096 bytes]"); a
+// task whose budget is spent gets one line saying so and its later lines
+// are only counted (TaskInfo.text_bytes_cut). Each job keeps its last
+// kMaxLogLines log lines and at most `max_log_bytes_per_job` bytes of them.
+// The table never writes a job file larger than `max_job_file_bytes`,
+// which is also the most Load() reads: past it, the logs then the
+// key-value stores of ended jobs (oldest-ended first), then the oldest log
+// lines of running jobs are dropped; a Submit that still does not fit is
+// RESOURCE_EXHAUSTED.
 //
 // Thread-safety: all methods may be called concurrently; WaitForLayout and
 // WaitForKey block without holding up other callers.
@@ -50,7 +70,36 @@ struct JobTableLimits {
   int64_t max_kv_key_bytes = 256;
   int64_t max_kv_value_bytes = 64 << 10;
   int64_t max_kv_keys_per_job = 1024;
+  // Bytes of keys and values in one job's store, in all (>= 1) and of the
+  // keys one task owns (KvKeyOwner; >= 1); past them Set() is
+  // RESOURCE_EXHAUSTED (a value cut short would be a wrong value).
+  int64_t max_kv_bytes_per_job = 4 << 20;
+  int64_t max_kv_bytes_per_task = 256 << 10;
+  // Text a task sends: bytes kept of one log line, message or `why`
+  // (>= 64), and of all of a task's or a job's log lines over the job's
+  // life (>= max_text_item_bytes); the rest is cut with a marker.
+  int64_t max_text_item_bytes = 4 << 10;
+  int64_t max_text_bytes_per_task = 8 << 20;
+  int64_t max_text_bytes_per_job = 64 << 20;
+  // Bytes of log lines a job keeps (the oldest dropped first), >= 1.
+  int64_t max_log_bytes_per_job = 4 << 20;
+  // Worker 0's results (RunResult) larger than this, bytes (>= 1), are not
+  // kept (the previous stay; counted in text_bytes_cut).
+  int64_t max_result_bytes = 1 << 20;
+  // Largest job file written or read, bytes (1 KiB .. kMaxJobFileBytes).
+  int64_t max_job_file_bytes = int64_t{1} << 30;
 };
+
+// The worker whose keys `key` is in a job's key-value store, or -1 for a
+// key no worker may set. A worker sets only its own keys:
+//   worker-<i>/...              anything of worker i;
+//   <prefix>/<i>, <prefix>/rank_<i>
+//                               Gloo's full-mesh rendezvous of rank i
+//                               (its pair addresses and its host name);
+//   <prefix>/nccl_id            NCCL's unique id, made by rank 0.
+// <i> is a decimal without sign or leading zeros. Everyone may read every
+// key (KvWait).
+int KvKeyOwner(const std::string& key);
 
 // INVALID_ARGUMENT naming the first limit out of its range (see above).
 absl::Status ValidateJobTableLimits(const JobTableLimits& limits);
@@ -58,6 +107,8 @@ absl::Status ValidateJobTableLimits(const JobTableLimits& limits);
 class JobTable {
  public:
   static constexpr int kMaxLogLines = 10000;
+  // Longest address a task registers, bytes.
+  static constexpr int64_t kMaxAddressBytes = 1024;
   // A `log_since` for Get() that returns no log lines.
   static constexpr int64_t kNoLog = std::numeric_limits<int64_t>::max();
 
@@ -65,6 +116,8 @@ class JobTable {
   // valid (ValidateJobTableLimits).
   explicit JobTable(std::string job_file = "",
                     JobTableLimits limits = JobTableLimits());
+  // Writes key-value changes not yet written (FlushIfDirty).
+  ~JobTable();
 
   // A table from `job_file`, writing its changes back there, loaded at
   // `now`: the heartbeat timeouts of the jobs still PENDING or RUNNING
@@ -80,13 +133,15 @@ class JobTable {
       const std::string& job_file, absl::Time now,
       JobTableLimits limits = JobTableLimits());
 
-  // Largest job file Load() reads, bytes (1 GiB; protobuf refuses more
+  // The largest max_job_file_bytes, bytes (1 GiB; protobuf refuses more
   // than 2 GiB in one message anyway).
   static constexpr int64_t kMaxJobFileBytes = int64_t{1} << 30;
 
   // Writes the table to its job file now (a new file at start-up, so that
   // a job file that cannot be written is found before the first job).
   absl::Status Flush();
+  // Writes the table if a Set() since the last write left it dirty.
+  absl::Status FlushIfDirty();
 
   // Adds a PENDING job (the spec must be valid, see job_spec.h); returns its
   // id, "job-1", "job-2", ...
@@ -95,7 +150,8 @@ class JobTable {
   // Task (role, index) of job `id` is up at `address`. Registering again
   // from the same address is a no-op (a retried call); from another address
   // ALREADY_EXISTS naming both. NOT_FOUND for an unknown job;
-  // INVALID_ARGUMENT for an index outside the job's task count;
+  // INVALID_ARGUMENT for an index outside the job's task count or an
+  // address longer than kMaxAddressBytes;
   // FAILED_PRECONDITION when the job has ended.
   absl::Status Register(const std::string& id, TaskRole role, int index,
                         const std::string& address, absl::Time now);
@@ -109,10 +165,12 @@ class JobTable {
                                                          absl::Time deadline);
 
   // Records a heartbeat of `request.task()`, appends its log lines to the
-  // job's log (the last kMaxLogLines are kept) and, for workers, its
-  // progress; returns the job's state (RUNNING: go on; an ended state:
-  // stop). Heartbeats and log lines are written to the job file with the
-  // next state change, not on their own.
+  // job's log (cut as above) and, for workers, its progress; returns the
+  // job's state (RUNNING: go on; an ended state: stop). Heartbeats and log
+  // lines are written to the job file with the next write, not on their
+  // own. FAILED_PRECONDITION, keeping nothing, for a task that has itself
+  // ended (DONE or FAILED); a task stopped or lost by the job's end is
+  // answered, so that it learns the job's state.
   absl::StatusOr<JobState> Heartbeat(const HeartbeatRequest& request,
                                      absl::Time now);
 
@@ -120,7 +178,9 @@ class JobTable {
   // ("worker 1 on 10.0.0.5:7001 failed: ..."); a task may report a failure
   // before it registered (a PS that cannot bind its port). The job
   // succeeds when every worker is done. Worker 0's `result` becomes the
-  // job's. Reports after the job ended only add their log lines.
+  // job's. Reports after the job ended only add their log lines. A report
+  // repeated (a retry: the task is already DONE, or FAILED, as `ok` says)
+  // is OK and keeps nothing; the other outcome is FAILED_PRECONDITION.
   absl::Status TaskFinished(const TaskFinishedRequest& request, absl::Time now);
 
   // The supervisor restarts task (role, index) of job `id`, which died
@@ -145,8 +205,9 @@ class JobTable {
 
   // The job's key-value store. INVALID_ARGUMENT for an empty key;
   // RESOURCE_EXHAUSTED, naming the size or count and the limit, for a key
-  // or value over its limit or a new key past the job's key count (setting
-  // a key again is always allowed); the store is then unchanged.
+  // or value over its limit, a new key past the job's key count, or a store
+  // past its job's or the key owner's byte budget; the store is then
+  // unchanged. Written to the job file within a second (see above).
   absl::Status Set(const std::string& id, const std::string& key,
                    const std::string& value);
   // Blocks until `key` is set or `deadline` passes (DEADLINE_EXCEEDED
@@ -171,8 +232,10 @@ class JobTable {
   absl::StatusOr<TaskInfo*> FindTask(JobInfo* job, TaskRole role, int index)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Each line's time_ms is its entry in `times_ms` (when the task printed
-  // it; no later than `now`), or `now` where there is none.
-  void AppendLog(JobInfo* job, TaskRole role, int index,
+  // it; no later than `now`), or `now` where there is none. `task` (null
+  // for the coordinator's own lines) is charged for the text and its lines
+  // cut (see above).
+  void AppendLog(JobInfo* job, TaskInfo* task, TaskRole role, int index,
                  const google::protobuf::RepeatedPtrField<std::string>& lines,
                  absl::Time now,
                  const google::protobuf::RepeatedField<int64_t>& times_ms = {})
@@ -185,6 +248,13 @@ class JobTable {
   // writes the job file.
   absl::Status Persist() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Prune() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Drops what the class comment says until the table serializes to at
+  // most limits_.max_job_file_bytes; RESOURCE_EXHAUSTED if it still does
+  // not (the table's specs and tasks alone are too large).
+  absl::Status FitJobFile() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Worker 0's result, unless it is over limits_.max_result_bytes.
+  void KeepResult(JobInfo* job, TaskInfo* task, const RunResult& result)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The key checks of Set() and WaitForKey().
   absl::Status CheckKey(const std::string& key) const;
 
@@ -196,6 +266,8 @@ class JobTable {
   int64_t loaded_ms_ = 0;
   mutable absl::Mutex mu_;
   JobTableFile table_ ABSL_GUARDED_BY(mu_);
+  // A Set() changed the table since it was last written.
+  bool dirty_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 // OK if `table` is a job table this JobTable could have written: next_id
@@ -206,6 +278,13 @@ class JobTable {
 // DATA_LOSS naming the first inconsistency ("job-3: 2 tasks for 2 ps and 2
 // workers").
 absl::Status ValidateJobTableFile(const JobTableFile& table);
+
+// `text` if it fits in `max_bytes`; else its first bytes, cut on a UTF-8
+// character boundary, and "…[cut: N bytes over the <what>]", the two within
+// max_bytes when it leaves room for the marker (else the marker alone).
+// `kept_bytes` (if not null): how many bytes of `text` were kept.
+std::string CutText(const std::string& text, int64_t max_bytes,
+                    const std::string& what, int64_t* kept_bytes = nullptr);
 
 // "ps 0", "worker 3".
 std::string TaskName(TaskRole role, int index);

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
 #include <functional>
 #include <random>
 #include <thread>
@@ -642,6 +643,244 @@ TEST(JobTableTest, BrokenJobFilesAreRefusedNamingThem) {
               absl::StrCat("job file ", bad_path,
                            ": not a consistent job table: ", message));
   }
+}
+
+TEST(JobTableTest, KvKeyOwnerGivesEachWorkerItsOwnKeys) {
+  EXPECT_EQ(KvKeyOwner("worker-3/anything"), 3);
+  EXPECT_EQ(KvKeyOwner("worker-0/a/b"), 0);
+  EXPECT_EQ(KvKeyOwner("gloo/2"), 2);        // Gloo: rank 2's addresses
+  EXPECT_EQ(KvKeyOwner("gloo/rank_2"), 2);   // Gloo: rank 2's host name
+  EXPECT_EQ(KvKeyOwner("nccl/nccl_id"), 0);  // NCCL: made by rank 0
+  EXPECT_EQ(KvKeyOwner("a/b/12"), 12);
+  for (const char* nobody :
+       {"k", "gloo", "gloo/", "/1", "gloo/01", "gloo/-1", "gloo/rank_",
+        "gloo/rank_x", "gloo/1x", "worker-/x", "worker-1", "worker-01/x",
+        "gloo/99999999999", "nccl_id"}) {
+    EXPECT_EQ(KvKeyOwner(nobody), -1) << nobody;
+  }
+}
+
+TEST(JobTableTest, KvSetIsBatchedAndWrittenByFlushIfDirty) {
+  const std::string path = TempFile("batched.pb");
+  JobTable table(path);
+  const std::string id = *table.Submit(Spec(), kT0);
+  ASSERT_TRUE(table.Set(id, "gloo/0", "v").ok());
+  // Not written by the call itself.
+  EXPECT_FALSE((*JobTable::Load(path, kT0))->Get(id)->kv().contains("gloo/0"));
+  ASSERT_TRUE(table.FlushIfDirty().ok());
+  EXPECT_EQ((*JobTable::Load(path, kT0))->Get(id)->kv().at("gloo/0"), "v");
+}
+
+TEST(JobTableTest, KvByteBudgetsPerJobAndPerWorker) {
+  JobTableLimits limits;
+  limits.max_kv_bytes_per_job = 100;
+  limits.max_kv_bytes_per_task = 40;
+  JobTable table("", limits);
+  const std::string id = *table.Submit(Spec(), kT0);
+  EXPECT_TRUE(table.Set(id, "gloo/0", std::string(34, 'a')).ok());  // 40 B
+  absl::Status s = table.Set(id, "worker-0/x", "v");
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(s.message(),
+            "job-1: kv: key \"worker-0/x\" would make the keys of worker 0 51 "
+            "bytes; the limit is 40 bytes");
+  // Setting a key again counts its new size only.
+  EXPECT_TRUE(table.Set(id, "gloo/0", std::string(30, 'a')).ok());
+  EXPECT_TRUE(table.Set(id, "gloo/1", std::string(34, 'b')).ok());
+  s = table.Set(id, "gloo/2", std::string(30, 'c'));
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(s.message(),
+            "job-1: kv: key \"gloo/2\" would make the job's store 112 bytes; "
+            "the limit is 100 bytes");
+  EXPECT_FALSE(table.Get(id)->kv().contains("gloo/2"));
+}
+
+// Every string a task sends is cut, not refused: per line, per task and per
+// job, each cut with a marker; a task whose budget is spent says so once.
+TEST(JobTableTest, TextIsCutWithAMarkerNeverRefused) {
+  JobTableLimits limits;
+  limits.max_text_item_bytes = 100;
+  limits.max_text_bytes_per_task = 250;
+  limits.max_text_bytes_per_job = 400;
+  JobTable table("", limits);
+  const std::string id = *table.Submit(Spec(), kT0);
+  for (const Task& t : Tasks()) {
+    ASSERT_TRUE(table.Register(id, t.role, t.index, t.address, kT0).ok());
+  }
+  // "é" is 2 bytes: a cut never splits it.
+  std::string accents;
+  for (int i = 0; i < 150; ++i) accents += "\xc3\xa9";
+  ASSERT_TRUE(Beat(table, id, ROLE_WORKER, 0, kT0, {"short", accents}).ok());
+  JobInfo job = *table.Get(id);
+  ASSERT_EQ(job.log_size(), 2);
+  EXPECT_EQ(job.log(0).text(), "short");
+  const std::string& cut = job.log(1).text();
+  EXPECT_LE(cut.size(), 100u);
+  EXPECT_NE(cut.find("\xe2\x80\xa6[cut: "), std::string::npos) << cut;
+  EXPECT_NE(cut.find(" bytes over the per-line limit of 100 bytes]"),
+            std::string::npos)
+      << cut;
+  JobInfo reparsed;  // proto3 refuses a string that is not UTF-8
+  EXPECT_TRUE(reparsed.ParseFromString(job.SerializeAsString()));
+
+  // Worker 0 spends its 250 bytes: one line says so, and its later lines
+  // are only counted; worker 1 then spends what is left of the job's 400.
+  const std::string line90(90, 'x');
+  auto marker_lines = [&](int index, const std::string& budget) {
+    int markers = 0;
+    bool after_marker = false;
+    const JobInfo now = *table.Get(id);
+    for (const LogLine& line : now.log()) {
+      if (line.role() != ROLE_WORKER || line.index() != index) continue;
+      EXPECT_FALSE(after_marker) << "a line after the marker: " << line.text();
+      if (line.text().find("later lines are only counted]") !=
+          std::string::npos) {
+        EXPECT_NE(line.text().find(budget), std::string::npos) << line.text();
+        ++markers;
+        after_marker = true;
+      }
+    }
+    return markers;
+  };
+  for (int i = 0; i < 6; ++i) {
+    ASSERT_TRUE(Beat(table, id, ROLE_WORKER, 0, kT0, {line90}).ok());
+  }
+  EXPECT_EQ(marker_lines(0, "per-task budget of 250 bytes"), 1);
+  job = *table.Get(id);
+  const TaskInfo& w0 = job.tasks(2);
+  EXPECT_LE(w0.text_bytes(), 250);
+  EXPECT_GT(w0.text_bytes(), 150);
+  EXPECT_EQ(w0.text_bytes() + w0.text_bytes_cut(), 5 + 300 + 6 * 90);
+  for (int i = 0; i < 6; ++i) {
+    ASSERT_TRUE(Beat(table, id, ROLE_WORKER, 1, kT0, {line90}).ok());
+  }
+  EXPECT_EQ(marker_lines(1, "per-job budget of 400 bytes"), 1);
+  job = *table.Get(id);
+  EXPECT_LE(job.text_bytes(), 400);
+  EXPECT_EQ(job.state(), JOB_RUNNING);
+
+  // A message and a `why` are cut to the per-item limit.
+  absl::StatusOr<int> restarts =
+      table.TaskRestarting(id, ROLE_PS, 1, std::string(1000, 'w'), kT0);
+  EXPECT_FALSE(restarts.ok());  // max_restarts 0: the job fails
+  job = *table.Get(id);
+  EXPECT_LE(job.tasks(1).message().size(), 100u);
+  EXPECT_NE(job.tasks(1).message().find("per-message limit of 100 bytes]"),
+            std::string::npos);
+  EXPECT_LT(job.message().size(), 200u);
+}
+
+TEST(JobTableTest, EndedTasksHeartbeatsAreRefused) {
+  JobTable table;
+  const std::string id = *table.Submit(Spec(), kT0);
+  for (const Task& t : Tasks()) {
+    ASSERT_TRUE(table.Register(id, t.role, t.index, t.address, kT0).ok());
+  }
+  ASSERT_TRUE(Finish(table, id, ROLE_WORKER, 1, true, "", kT0).ok());
+  absl::StatusOr<JobState> state =
+      Beat(table, id, ROLE_WORKER, 1, kT0, {"late line"});
+  EXPECT_EQ(state.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(state.status().message(),
+            "job-1: worker 1 has ended (TASK_DONE); refusing its heartbeat");
+  // A retried report is OK and keeps nothing; the opposite is refused.
+  EXPECT_TRUE(Finish(table, id, ROLE_WORKER, 1, true, "", kT0).ok());
+  EXPECT_EQ(Finish(table, id, ROLE_WORKER, 1, false, "late", kT0).code(),
+            absl::StatusCode::kFailedPrecondition);
+  const JobInfo after = *table.Get(id);
+  for (const LogLine& line : after.log()) {
+    EXPECT_NE(line.text(), "late line");
+  }
+  // Tasks stopped by the job's end are still answered, to learn it.
+  ASSERT_TRUE(table.Cancel(id, kT0).ok());
+  state = Beat(table, id, ROLE_PS, 0, kT0);
+  ASSERT_TRUE(state.ok()) << state.status();
+  EXPECT_EQ(*state, JOB_CANCELLED);
+  EXPECT_EQ(
+      table.Register(id, ROLE_WORKER, 0, std::string(1025, 'a'), kT0).code(),
+      absl::StatusCode::kInvalidArgument);
+}
+
+// Fill every budget of several jobs; the job file stays within its read
+// limit and a restarted table finds every job.
+TEST(JobTableTest, EveryBudgetFilledTheJobFileStillLoads) {
+  const std::string path = TempFile("full.pb");
+  JobTableLimits limits;
+  limits.keep_finished_jobs = 3;
+  limits.max_kv_value_bytes = 4 << 10;
+  limits.max_kv_bytes_per_job = 16 << 10;
+  limits.max_kv_bytes_per_task = 8 << 10;
+  limits.max_text_item_bytes = 1 << 10;
+  limits.max_text_bytes_per_task = 8 << 10;
+  limits.max_text_bytes_per_job = 24 << 10;
+  limits.max_log_bytes_per_job = 16 << 10;
+  limits.max_result_bytes = 2 << 10;
+  // Less than 8 jobs' full stores and logs: Persist must drop some.
+  limits.max_job_file_bytes = 128 << 10;
+  std::vector<std::string> ids;
+  {
+    JobTable table(path, limits);
+    for (int j = 0; j < 8; ++j) {
+      const std::string id = *table.Submit(Spec(), kT0);
+      ids.push_back(id);
+      for (const Task& t : Tasks()) {
+        ASSERT_TRUE(table.Register(id, t.role, t.index, t.address, kT0).ok());
+      }
+      for (int w = 0; w < 2; ++w) {
+        for (int k = 0; k < 4; ++k) {
+          // Refused past a budget; the rest fill it.
+          table
+              .Set(id, absl::StrCat("worker-", w, "/", k),
+                   std::string(limits.max_kv_value_bytes, 'v'))
+              .IgnoreError();
+        }
+      }
+      for (const Task& t : Tasks()) {
+        HeartbeatRequest request;
+        *request.mutable_task() = Ref(id, t.role, t.index);
+        for (int i = 0; i < 20; ++i) {
+          request.add_log_lines(std::string(2000, 'l'));
+        }
+        if (t.role == ROLE_WORKER && t.index == 0) {
+          request.mutable_result()->set_model(std::string(4000, 'r'));
+        }
+        ASSERT_TRUE(table.Heartbeat(request, kT0).ok());
+      }
+      if (j % 2 == 0) {
+        ASSERT_TRUE(Finish(table, id, ROLE_WORKER, 0, false,
+                           std::string(5000, 'm'), kT0 + absl::Seconds(j))
+                        .ok());
+      }
+    }
+  }
+  std::ifstream in(path, std::ios::binary | std::ios::ate);
+  EXPECT_LE(static_cast<int64_t>(in.tellg()), limits.max_job_file_bytes);
+  absl::StatusOr<std::unique_ptr<JobTable>> loaded =
+      JobTable::Load(path, kT0, limits);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  // The 4 running jobs and the newest 3 ended ones.
+  std::vector<std::string> found;
+  for (const JobInfo& job : (*loaded)->List()) found.push_back(job.id());
+  EXPECT_EQ(found, (std::vector<std::string>{"job-2", "job-3", "job-4", "job-5",
+                                             "job-6", "job-7", "job-8"}));
+  EXPECT_EQ((*loaded)->Get("job-8")->tasks(2).state(), TASK_REGISTERED);
+}
+
+// A table that does not fit its file is never written: the file keeps the
+// last table that did.
+TEST(JobTableTest, ATableOverTheFileLimitIsNeverWritten) {
+  const std::string path = TempFile("over.pb");
+  JobTableLimits limits;
+  limits.max_job_file_bytes = 4 << 10;
+  JobTable table(path, limits);
+  const std::string first = *table.Submit(Spec(), kT0);
+  JobSpec huge = Spec();
+  huge.set_data_dir(std::string(8 << 10, 'd'));
+  absl::StatusOr<std::string> second = table.Submit(huge, kT0);
+  EXPECT_EQ(second.status().code(), absl::StatusCode::kResourceExhausted);
+  absl::StatusOr<std::unique_ptr<JobTable>> loaded =
+      JobTable::Load(path, kT0, limits);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_EQ((*loaded)->List().size(), 1u);
+  EXPECT_EQ(table.List().size(), 1u);
 }
 
 }  // namespace
