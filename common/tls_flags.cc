@@ -1,5 +1,10 @@
 #include "common/tls_flags.h"
 
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+
 #include <cstdio>
 #include <cstdlib>
 
@@ -21,8 +26,33 @@ ABSL_FLAG(bool, insecure_allow_remote, false,
 namespace pstrain {
 
 bool IsLoopback(const std::string& host) {
-  return host == "localhost" || host == "::1" || host == "[::1]" ||
-         absl::StartsWith(host, "127.");
+  std::string name = host;
+  if (absl::StartsWith(name, "[")) {
+    if (!absl::EndsWith(name, "]")) return false;
+    name = name.substr(1, name.size() - 2);
+  }
+  if (name.empty()) return false;
+  addrinfo hints = {};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  if (getaddrinfo(name.c_str(), nullptr, &hints, &found) != 0) return false;
+  bool loopback = found != nullptr;
+  for (const addrinfo* a = found; a != nullptr; a = a->ai_next) {
+    if (a->ai_family == AF_INET) {
+      const auto* v4 = reinterpret_cast<const sockaddr_in*>(a->ai_addr);
+      loopback &= (ntohl(v4->sin_addr.s_addr) >> 24) == 127;
+    } else if (a->ai_family == AF_INET6) {
+      const auto* v6 = reinterpret_cast<const sockaddr_in6*>(a->ai_addr);
+      const in6_addr& ip = v6->sin6_addr;
+      loopback &= IN6_IS_ADDR_LOOPBACK(&ip) ||
+                  (IN6_IS_ADDR_V4MAPPED(&ip) && ip.s6_addr[12] == 127);
+    } else {
+      loopback = false;
+    }
+  }
+  freeaddrinfo(found);
+  return loopback;
 }
 
 absl::StatusOr<TlsOptions> TlsOptionsFromFlags(const char* program,

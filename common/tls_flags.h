@@ -25,7 +25,10 @@ absl::StatusOr<TlsOptions> TlsOptionsFromFlags(const char* program,
                                                const std::string& bind = "",
                                                bool warn = true);
 
-// Whether `host` is a loopback address (127.0.0.0/8, ::1, localhost).
+// Whether `host` (a name, an address, or [an IPv6 address]) is loopback:
+// it resolves, and every address it resolves to is in 127.0.0.0/8 or ::1
+// ("localhost" is; "127.evil.example" is whatever its DNS says, and
+// nothing when it does not resolve).
 bool IsLoopback(const std::string& host);
 
 }  // namespace pstrain
