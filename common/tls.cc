@@ -10,10 +10,12 @@
 #include <openssl/pem.h>
 #include <openssl/x509.h>
 #include <openssl/x509v3.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -66,31 +68,42 @@ absl::StatusOr<std::string> ReadAll(const std::string& path) {
   return bytes.str();
 }
 
-// Writes `bytes` to `path` with `mode` (temporary file, fsync, rename).
+absl::Status PosixError(const std::string& path, const std::string& what) {
+  return absl::FailedPreconditionError(
+      absl::StrCat(path, ": ", what, " (", std::strerror(errno), ")"));
+}
+
+// Writes `bytes` to `path` with `mode`: a temporary file created anew
+// (O_EXCL|O_NOFOLLOW, so no link planted there is followed), its mode set
+// whatever the umask, fsync, rename over `path`.
 absl::Status WriteFileWithMode(const std::string& path,
                                const std::string& bytes, mode_t mode) {
   const std::string tmp = path + ".tmp";
-  const int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, mode);
-  if (fd < 0) {
-    return absl::FailedPreconditionError(
-        absl::StrCat(tmp, ": cannot create it (", std::strerror(errno), ")"));
+  if (unlink(tmp.c_str()) != 0 && errno != ENOENT) {
+    return PosixError(tmp, "cannot remove a stale temporary file");
   }
-  fchmod(fd, mode);  // whatever the umask
+  const int fd =
+      open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC,
+           mode & 0600);
+  if (fd < 0) return PosixError(tmp, "cannot create it");
+  absl::Status s;
+  if (fchmod(fd, mode) != 0) s = PosixError(tmp, "cannot set its mode");
   size_t done = 0;
-  while (done < bytes.size()) {
+  while (s.ok() && done < bytes.size()) {
     const ssize_t n = write(fd, bytes.data() + done, bytes.size() - done);
     if (n <= 0) {
-      close(fd);
-      return absl::FailedPreconditionError(
-          absl::StrCat(tmp, ": write failed (", std::strerror(errno), ")"));
+      s = PosixError(tmp, "write failed");
+      break;
     }
     done += static_cast<size_t>(n);
   }
-  if (fsync(fd) != 0 || close(fd) != 0 || rename(tmp.c_str(), path.c_str())) {
-    return absl::FailedPreconditionError(
-        absl::StrCat(path, ": cannot write it (", std::strerror(errno), ")"));
+  if (s.ok() && fsync(fd) != 0) s = PosixError(tmp, "fsync failed");
+  if (close(fd) != 0 && s.ok()) s = PosixError(tmp, "close failed");
+  if (s.ok() && rename(tmp.c_str(), path.c_str()) != 0) {
+    s = PosixError(path, "cannot write it");
   }
-  return absl::OkStatus();
+  if (!s.ok()) unlink(tmp.c_str());
+  return s;
 }
 
 absl::StatusOr<std::string> ToPem(X509* cert) {
@@ -152,10 +165,12 @@ absl::Status AddExtension(X509* cert, X509* issuer, int nid,
 }
 
 // A certificate for `common_name` with `key`'s public half, signed by
-// `issuer_key` (`issuer` null: self-signed, a CA).
+// `issuer_key` (`issuer` null: self-signed, a CA), for extended key usage
+// `usage` ("serverAuth" or "clientAuth"; ignored for a CA).
 absl::StatusOr<Cert> MakeCert(const std::string& common_name, EVP_PKEY* key,
                               X509* issuer, EVP_PKEY* issuer_key,
                               const std::vector<std::string>& alt_names,
+                              const std::string& usage,
                               absl::Duration validity) {
   Cert cert(X509_new());
   if (!cert || X509_set_version(cert.get(), 2) != 1) {
@@ -192,7 +207,7 @@ absl::StatusOr<Cert> MakeCert(const std::string& common_name, EVP_PKEY* key,
   } else {
     s.Update(add(NID_basic_constraints, "critical,CA:FALSE"));
     s.Update(add(NID_key_usage, "critical,digitalSignature"));
-    s.Update(add(NID_ext_key_usage, "serverAuth,clientAuth"));
+    s.Update(add(NID_ext_key_usage, usage));
     s.Update(add(NID_authority_key_identifier, "keyid"));
     if (!alt_names.empty()) {
       s.Update(add(NID_subject_alt_name, absl::StrJoin(alt_names, ",")));
@@ -215,11 +230,43 @@ std::string AltName(const std::string& host) {
 
 }  // namespace
 
+namespace {
+
+// Removes the folders `tmp`/<prefix>-<pid>-* of this user whose pid is gone
+// (a run killed before it could remove its own). Best effort.
+void RemoveStaleFolders(const std::string& tmp, const std::string& prefix) {
+  const std::string start = prefix + "-";
+  std::error_code error;
+  for (const fs::directory_entry& e : fs::directory_iterator(tmp, error)) {
+    const std::string name = e.path().filename().string();
+    if (name.rfind(start, 0) != 0) continue;
+    const size_t dash = name.find('-', start.size());
+    int64_t pid = 0;
+    if (dash == std::string::npos ||
+        !absl::SimpleAtoi(name.substr(start.size(), dash - start.size()),
+                          &pid) ||
+        pid <= 0 || pid > INT32_MAX) {
+      continue;
+    }
+    struct stat st;
+    if (lstat(e.path().c_str(), &st) != 0 || !S_ISDIR(st.st_mode) ||
+        st.st_uid != geteuid()) {
+      continue;
+    }
+    if (kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH) continue;
+    fs::remove_all(e.path(), error);
+  }
+}
+
+}  // namespace
+
 absl::StatusOr<std::unique_ptr<PrivateFolder>> PrivateFolder::Create(
     const std::string& prefix) {
-  const char* tmp = std::getenv("TMPDIR");
-  std::string pattern = absl::StrCat(tmp != nullptr && *tmp ? tmp : "/tmp", "/",
-                                     prefix, "-XXXXXX");
+  const char* env = std::getenv("TMPDIR");
+  const std::string tmp = env != nullptr && *env ? env : "/tmp";
+  RemoveStaleFolders(tmp, prefix);
+  std::string pattern =
+      absl::StrCat(tmp, "/", prefix, "-", getpid(), "-XXXXXX");
   if (mkdtemp(pattern.data()) == nullptr) {  // mode 0700
     return absl::FailedPreconditionError(
         absl::StrCat(pattern, ": cannot create a private folder (",
@@ -285,33 +332,81 @@ std::string IdentityStem(const TlsIdentity& identity) {
   }
 }
 
+std::string ClientStem(const TlsIdentity& identity) {
+  return identity.role == TlsRole::kPs
+             ? absl::StrCat(IdentityStem(identity), "-client")
+             : IdentityStem(identity);
+}
+
 std::string ServerName(const TlsIdentity& identity) {
   switch (identity.role) {
     case TlsRole::kCoordinator:
       return "coordinator.pstrain";
     case TlsRole::kPs:
-      return absl::StrCat("ps-", identity.index, ".pstrain");
+      return absl::StrCat(identity.job, ".ps-", identity.index, ".pstrain");
     default:
       return "";
   }
 }
 
-absl::Status MakeCertificates(const std::string& dir,
-                              const std::vector<TlsIdentity>& identities,
-                              const std::vector<std::string>& hosts,
-                              absl::Duration validity) {
+absl::Status CheckCertificateJob(const std::string& job) {
+  if (job == "*") return absl::OkStatus();
+  const bool label =
+      !job.empty() && job.size() <= 63 && job.front() != '-' &&
+      job.back() != '-' &&
+      job.find_first_not_of(
+          "abcdefghijklmnopqrstuvwxyz"
+          "ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-") == std::string::npos;
+  if (label) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      "job \"", job,
+      "\": expected a job id (job-3: letters, digits and '-', at most 63) "
+      "or * for every job"));
+}
+
+namespace {
+
+bool IsServer(TlsRole role) {
+  return role == TlsRole::kCoordinator || role == TlsRole::kPs;
+}
+bool IsClient(TlsRole role) { return role != TlsRole::kCoordinator; }
+
+// `dir` made (0700) or found as this user's own folder, not a link.
+absl::Status MakePrivateDir(const std::string& dir) {
   std::error_code error;
   fs::create_directories(dir, error);
-  if (error || chmod(dir.c_str(), 0700) != 0) {
+  struct stat st;
+  if (error || lstat(dir.c_str(), &st) != 0) {
     return absl::FailedPreconditionError(
         absl::StrCat(dir, ": cannot create it as a private folder (",
                      error ? error.message() : std::strerror(errno), ")"));
   }
+  if (!S_ISDIR(st.st_mode) || st.st_uid != geteuid()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        dir, ": expected a folder of this user (not a link or another's)"));
+  }
+  if (chmod(dir.c_str(), 0700) != 0) {
+    return PosixError(dir, "cannot make it private (mode 0700)");
+  }
+  return absl::OkStatus();
+}
+
+// The CA of `dir`: loaded from ca.pem and ca.key, or made and written when
+// neither is there.
+absl::Status LoadOrMakeCa(const std::string& dir, absl::Duration validity,
+                          Cert* ca, Key* ca_key) {
   const std::string ca_pem_path = dir + "/ca.pem";
   const std::string ca_key_path = dir + "/ca.key";
-  Key ca_key;
-  Cert ca;
-  if (fs::exists(ca_pem_path, error) && fs::exists(ca_key_path, error)) {
+  std::error_code error;
+  const bool have_pem = fs::exists(ca_pem_path, error);
+  const bool have_key = fs::exists(ca_key_path, error);
+  if (have_pem != have_key) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        have_pem ? ca_key_path : ca_pem_path, ": missing beside ",
+        have_pem ? ca_pem_path : ca_key_path,
+        "; expected both (to mint with this CA) or neither (a new CA)"));
+  }
+  if (have_pem) {
     absl::StatusOr<std::string> pem = ReadAll(ca_pem_path);
     if (!pem.ok()) return pem.status();
     absl::StatusOr<Cert> cert = CertFromPem(*pem, ca_pem_path);
@@ -320,55 +415,134 @@ absl::Status MakeCertificates(const std::string& dir,
     if (!key_pem.ok()) return key_pem.status();
     absl::StatusOr<Key> key = KeyFromPem(*key_pem, ca_key_path);
     if (!key.ok()) return key.status();
-    ca = *std::move(cert);
-    ca_key = *std::move(key);
-  } else {
-    ca_key.reset(EVP_EC_gen("P-256"));
-    if (!ca_key) return OpenSslError("the CA's key");
-    absl::StatusOr<Cert> cert = MakeCert("pstrain cluster CA", ca_key.get(),
-                                         nullptr, ca_key.get(), {}, validity);
-    if (!cert.ok()) return cert.status();
-    ca = *std::move(cert);
-    absl::StatusOr<std::string> key_pem = ToPem(ca_key.get());
-    if (!key_pem.ok()) return key_pem.status();
-    absl::StatusOr<std::string> pem = ToPem(ca.get());
-    if (!pem.ok()) return pem.status();
-    absl::Status s = WriteFileWithMode(ca_key_path, *key_pem, 0600);
-    if (s.ok()) s = WriteFileWithMode(ca_pem_path, *pem, 0644);
-    if (!s.ok()) return s;
+    *ca = *std::move(cert);
+    *ca_key = *std::move(key);
+    return absl::OkStatus();
+  }
+  ca_key->reset(EVP_EC_gen("P-256"));
+  if (!*ca_key) return OpenSslError("the CA's key");
+  absl::StatusOr<Cert> cert =
+      MakeCert("pstrain cluster CA", ca_key->get(), nullptr, ca_key->get(), {},
+               "", validity);
+  if (!cert.ok()) return cert.status();
+  *ca = *std::move(cert);
+  absl::StatusOr<std::string> key_pem = ToPem(ca_key->get());
+  if (!key_pem.ok()) return key_pem.status();
+  absl::StatusOr<std::string> pem = ToPem(ca->get());
+  if (!pem.ok()) return pem.status();
+  absl::Status s = WriteFileWithMode(ca_key_path, *key_pem, 0600);
+  if (s.ok()) s = WriteFileWithMode(ca_pem_path, *pem, 0644);
+  return s;
+}
+
+// A new key and certificate for `identity`, signed by `ca`, written to
+// `dir`/`stem`.key and .pem, for extended key usage `usage`.
+absl::Status MintOne(const std::string& dir, const std::string& stem,
+                     const TlsIdentity& identity, const std::string& usage,
+                     const std::vector<std::string>& hosts, X509* ca,
+                     EVP_PKEY* ca_key, absl::Duration validity) {
+  Key key(EVP_EC_gen("P-256"));
+  if (!key) return OpenSslError("the key of " + IdentityName(identity));
+  std::vector<std::string> alt_names;
+  if (usage == "serverAuth") {
+    alt_names.push_back("DNS:" + ServerName(identity));
+  }
+  for (const std::string& host : hosts) alt_names.push_back(AltName(host));
+  absl::StatusOr<Cert> cert = MakeCert(IdentityName(identity), key.get(), ca,
+                                       ca_key, alt_names, usage, validity);
+  if (!cert.ok()) return cert.status();
+  absl::StatusOr<std::string> key_pem = ToPem(key.get());
+  if (!key_pem.ok()) return key_pem.status();
+  absl::StatusOr<std::string> pem = ToPem(cert->get());
+  if (!pem.ok()) return pem.status();
+  const std::string path = absl::StrCat(dir, "/", stem);
+  absl::Status s = WriteFileWithMode(path + ".key", *key_pem, 0600);
+  if (s.ok()) s = WriteFileWithMode(path + ".pem", *pem, 0644);
+  return s;
+}
+
+}  // namespace
+
+absl::Status MakeCertificates(const std::string& dir,
+                              const std::vector<TlsIdentity>& identities,
+                              const std::vector<std::string>& hosts,
+                              absl::Duration validity) {
+  for (const TlsIdentity& identity : identities) {
+    if (identity.role == TlsRole::kPs || identity.role == TlsRole::kWorker) {
+      if (absl::Status s = CheckCertificateJob(identity.job); !s.ok()) {
+        return s;
+      }
+    }
+  }
+  if (absl::Status s = MakePrivateDir(dir); !s.ok()) return s;
+  Key ca_key;
+  Cert ca;
+  if (absl::Status s = LoadOrMakeCa(dir, validity, &ca, &ca_key); !s.ok()) {
+    return s;
   }
   for (const TlsIdentity& identity : identities) {
-    Key key(EVP_EC_gen("P-256"));
-    if (!key) return OpenSslError("the key of " + IdentityName(identity));
-    std::vector<std::string> alt_names;
-    if (!ServerName(identity).empty()) {
-      alt_names.push_back("DNS:" + ServerName(identity));
+    absl::Status s;
+    if (IsServer(identity.role)) {
+      s.Update(MintOne(dir, IdentityStem(identity), identity, "serverAuth",
+                       hosts, ca.get(), ca_key.get(), validity));
     }
-    for (const std::string& host : hosts) alt_names.push_back(AltName(host));
-    absl::StatusOr<Cert> cert =
-        MakeCert(IdentityName(identity), key.get(), ca.get(), ca_key.get(),
-                 alt_names, validity);
-    if (!cert.ok()) return cert.status();
-    absl::StatusOr<std::string> key_pem = ToPem(key.get());
-    if (!key_pem.ok()) return key_pem.status();
-    absl::StatusOr<std::string> pem = ToPem(cert->get());
-    if (!pem.ok()) return pem.status();
-    const std::string stem = absl::StrCat(dir, "/", IdentityStem(identity));
-    absl::Status s = WriteFileWithMode(stem + ".key", *key_pem, 0600);
-    if (s.ok()) s = WriteFileWithMode(stem + ".pem", *pem, 0644);
+    if (IsClient(identity.role)) {
+      s.Update(MintOne(dir, ClientStem(identity), identity, "clientAuth", hosts,
+                       ca.get(), ca_key.get(), validity));
+    }
     if (!s.ok()) return s;
   }
   return absl::OkStatus();
 }
 
-absl::Status CheckTlsFiles(const TlsOptions& options, const TlsIdentity& self) {
-  if (options.insecure) return absl::OkStatus();
-  if (options.dir.empty()) {
-    return absl::InvalidArgumentError(
-        "--tls_dir (or PSTRAIN_TLS_DIR) is not set: expected the folder of "
-        "`pstrain certs`, or --insecure for plaintext");
+absl::Status CopyForNodes(const std::string& from, const std::string& to) {
+  std::error_code error;
+  if (fs::exists(to, error) && fs::equivalent(from, to, error)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        to, ": is the folder of the CA's key; expected another for the nodes"));
   }
-  const std::string stem = absl::StrCat(options.dir, "/", IdentityStem(self));
+  if (absl::Status s = MakePrivateDir(to); !s.ok()) return s;
+  std::vector<std::string> names;
+  for (const fs::directory_entry& e : fs::directory_iterator(from, error)) {
+    const std::string name = e.path().filename().string();
+    const std::string ext = e.path().extension().string();
+    const bool task = name.rfind("coordinator.", 0) == 0 ||
+                      name.rfind("ps-", 0) == 0 ||
+                      name.rfind("worker-", 0) == 0;
+    if ((name == "ca.pem" || task) && (ext == ".pem" || ext == ".key")) {
+      names.push_back(name);
+    }
+  }
+  if (error) return PosixError(from, "cannot list it");
+  for (const std::string& name : names) {
+    absl::StatusOr<std::string> bytes = ReadAll(absl::StrCat(from, "/", name));
+    if (!bytes.ok()) return bytes.status();
+    const bool key = fs::path(name).extension() == ".key";
+    if (absl::Status s = WriteFileWithMode(absl::StrCat(to, "/", name), *bytes,
+                                           key ? 0600 : 0644);
+        !s.ok()) {
+      return s;
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status RemoveMintingKeys(const std::string& dir) {
+  for (const char* name : {"/ca.key", "/admin.key"}) {
+    const std::string path = dir + name;
+    if (unlink(path.c_str()) != 0 && errno != ENOENT) {
+      return PosixError(path, "cannot remove it");
+    }
+  }
+  return absl::OkStatus();
+}
+
+namespace {
+
+// Checks `options.dir`/`file_stem`.pem and .key as `self`'s.
+absl::Status CheckStemFiles(const TlsOptions& options, const TlsIdentity& self,
+                            const std::string& file_stem) {
+  const std::string stem = absl::StrCat(options.dir, "/", file_stem);
   absl::StatusOr<std::string> ca_pem = ReadAll(options.dir + "/ca.pem");
   if (!ca_pem.ok()) return ca_pem.status();
   absl::StatusOr<Cert> ca = CertFromPem(*ca_pem, options.dir + "/ca.pem");
@@ -404,6 +578,30 @@ absl::Status CheckTlsFiles(const TlsOptions& options, const TlsIdentity& self) {
                                                      name, "\"; expected \"",
                                                      IdentityName(self), "\""));
     }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status CheckTlsFiles(const TlsOptions& options, const TlsIdentity& self) {
+  if (options.insecure) return absl::OkStatus();
+  if (options.dir.empty()) {
+    return absl::InvalidArgumentError(
+        "--tls_dir (or PSTRAIN_TLS_DIR) is not set: expected the folder of "
+        "`pstrain certs`, or --insecure for plaintext");
+  }
+  if (IsServer(self.role)) {
+    if (absl::Status s = CheckStemFiles(options, self, IdentityStem(self));
+        !s.ok()) {
+      return s;
+    }
+  }
+  if (IsClient(self.role) && ClientStem(self) != IdentityStem(self)) {
+    return CheckStemFiles(options, self, ClientStem(self));
+  }
+  if (IsClient(self.role) && !IsServer(self.role)) {
+    return CheckStemFiles(options, self, IdentityStem(self));
   }
   return absl::OkStatus();
 }
@@ -482,7 +680,7 @@ absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> ChannelCredentials(
     const TlsOptions& options, const TlsIdentity& self) {
   if (options.insecure) return grpc::InsecureChannelCredentials();
   if (absl::Status s = CheckTlsFiles(options, self); !s.ok()) return s;
-  const std::string stem = absl::StrCat(options.dir, "/", IdentityStem(self));
+  const std::string stem = absl::StrCat(options.dir, "/", ClientStem(self));
   auto provider =
       std::make_shared<grpc::experimental::FileWatcherCertificateProvider>(
           stem + ".key", stem + ".pem", options.dir + "/ca.pem",

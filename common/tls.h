@@ -3,21 +3,29 @@
 //
 // Identities. Every certificate names one identity in its subject's common
 // name, under one job or any ("*"):
-//   "coordinator"          the coordinator (server; also the CLI's peer)
+//   "coordinator"          the coordinator (server)
 //   "admin"                a user's CLI: submits, cancels, reads jobs
-//   "ps:<i>@<job>"         PS shard i of a job (server and client)
+//   "ps:<i>@<job>"         PS shard i of a job (server; and a client of the
+//                          coordinator, with a second certificate)
 //   "worker:<j>@<job>"     worker j of a job (client)
 // Servers also carry a DNS name for it, "coordinator.pstrain" or
-// "ps-<i>.pstrain", which clients check in place of the host name (gRPC's
-// target name override), so that a worker talks to shard 1 only when the
-// peer proves to be shard 1, wherever it runs. common/authz.h says which
-// identity may call which method.
+// "<job>.ps-<i>.pstrain" (a shard of every job: "*.ps-<i>.pstrain", which
+// matches any one job), which clients check in place of the host name
+// (gRPC's target name override), so that a worker of job-3 talks to shard 1
+// only when the peer proves to be shard 1 of job-3, wherever it runs: a
+// shard key of another job cannot stand in for it.
+//
+// Usage by role: a certificate is for a TLS server (extended key usage
+// serverAuth: the coordinator, ps-<i>) or for a client (clientAuth: admin,
+// worker-<j>, ps-<i>-client, the shard's link to the coordinator), never
+// both; OpenSSL refuses one used the other way in the handshake.
 //
 // Files (MakeCertificates, `pstrain certs`): a folder (mode 0700) holding
 // ca.pem (the cluster's CA, P-256 ECDSA, self-signed), ca.key, and per
 // identity <stem>.pem (its certificate, signed by the CA) and <stem>.key
-// (its private key), stems "coordinator", "admin", "ps-<i>", "worker-<j>".
-// Keys are written 0600; no key or secret ever travels in argv.
+// (its private key), stems "coordinator", "admin", "ps-<i>" and
+// "ps-<i>-client", "worker-<j>". Keys are created 0600 (O_EXCL|O_NOFOLLOW,
+// then renamed into place); no key or secret ever travels in argv.
 //
 // Credentials read the files through gRPC's file-watching provider, so
 // renewed certificates (written atomically, e.g. a new folder renamed into
@@ -56,25 +64,52 @@ struct TlsIdentity {
 std::string IdentityName(const TlsIdentity& identity);
 // The inverse; INVALID_ARGUMENT for anything else.
 absl::StatusOr<TlsIdentity> ParseIdentityName(const std::string& name);
-// "coordinator", "admin", "ps-1", "worker-0": the files' stem.
+// "coordinator", "admin", "ps-1", "worker-0": the stem of the files a
+// process uses as this identity's server, or its only one.
 std::string IdentityStem(const TlsIdentity& identity);
+// The stem of the files this identity uses as a client: "ps-1-client" for a
+// shard (its link to the coordinator), IdentityStem() for the others.
+std::string ClientStem(const TlsIdentity& identity);
 // The DNS name a server's certificate carries and its clients check:
-// "coordinator.pstrain", "ps-1.pstrain"; "" for clients only.
+// "coordinator.pstrain", "job-3.ps-1.pstrain" ("*.ps-1.pstrain" for a
+// shard of any job); "" for clients only. A client must name the job.
 std::string ServerName(const TlsIdentity& identity);
 
+// OK if `job` can name a job in a certificate: "*" or one DNS label
+// (letters, digits and '-', 1 to 63 of them, no '-' at either end), as the
+// coordinator's ids "job-<n>" are. INVALID_ARGUMENT naming it otherwise.
+absl::Status CheckCertificateJob(const std::string& job);
+
 // Makes a CA in `dir` (created 0700; ca.pem and ca.key kept) unless ca.pem
-// and ca.key are there already, then a key and a CA-signed certificate per
-// identity, valid `validity` from an hour ago; `hosts` (names or IP
-// addresses) are added to every certificate's subject alternative names,
-// for clients that reach a server by its host name.
+// is there already (then ca.key must be too: FAILED_PRECONDITION
+// otherwise), then a key and a CA-signed certificate per identity (two for
+// a shard: server and client), valid `validity` from an hour ago; `hosts`
+// (names or IP addresses) are added to every certificate's subject
+// alternative names, for clients that reach a server by its host name.
+// INVALID_ARGUMENT for a job CheckCertificateJob() refuses.
 absl::Status MakeCertificates(const std::string& dir,
                               const std::vector<TlsIdentity>& identities,
                               const std::vector<std::string>& hosts = {},
                               absl::Duration validity = absl::Hours(24 * 365));
 
-// A folder only this user can enter (mode 0700, under $TMPDIR or /tmp),
-// removed with everything in it on destruction: `pstrain run`'s
-// certificates.
+// Removes `dir`/ca.key and `dir`/admin.key (absent ones are fine): what
+// `pstrain run` does once it has minted every certificate of its run, so
+// that no key that mints or commands outlives the minting.
+// FAILED_PRECONDITION naming the file when one cannot be removed.
+absl::Status RemoveMintingKeys(const std::string& dir);
+
+// Copies what the nodes of a cluster need from `from` (a folder of
+// MakeCertificates) into `to` (created 0700): ca.pem and the certificates
+// and keys of the coordinator, the shards and the workers; never ca.key
+// or the administrator's. INVALID_ARGUMENT when `to` is `from`.
+absl::Status CopyForNodes(const std::string& from, const std::string& to);
+
+// A folder only this user can enter (mode 0700, under $TMPDIR or /tmp,
+// named <prefix>-<pid>-XXXXXX), removed with everything in it on
+// destruction: `pstrain run`'s certificates. A process killed before it
+// could remove its folder (SIGKILL) leaves it behind until the next
+// Create() with the same prefix: it removes every such folder of this user
+// whose pid is no longer alive.
 class PrivateFolder {
  public:
   static absl::StatusOr<std::unique_ptr<PrivateFolder>> Create(
@@ -103,7 +138,8 @@ inline TlsOptions InsecureTlsOptions() {
   return options;
 }
 
-// Checks that `options.dir` holds readable, matching files for `self`
+// Checks that `options.dir` holds readable, matching files for `self`: as
+// a server (coordinator, shard) and as a client (admin, worker, shard)
 // (FAILED_PRECONDITION / INVALID_ARGUMENT naming the file otherwise).
 absl::Status CheckTlsFiles(const TlsOptions& options, const TlsIdentity& self);
 
@@ -119,18 +155,19 @@ absl::StatusOr<TlsIdentity> TaskIdentityInFolder(const TlsOptions& options,
 absl::StatusOr<TlsIdentity> AnyTaskIdentityOfJob(const TlsOptions& options,
                                                  const std::string& job);
 
-// A server as `self` that requires and verifies a client certificate from
-// the same CA. Plaintext with `insecure`.
+// A server as `self` (files IdentityStem()) that requires and verifies a
+// client certificate from the same CA. Plaintext with `insecure`.
 absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> ServerCredentials(
     const TlsOptions& options, const TlsIdentity& self);
 
-// A client as `self` that verifies the server's certificate against the CA
-// and presents its own. Plaintext with `insecure`. Use with
-// SetPeerServerName().
+// A client as `self` (files ClientStem()) that verifies the server's
+// certificate against the CA and presents its own. Plaintext with
+// `insecure`. Use with SetPeerServerName().
 absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> ChannelCredentials(
     const TlsOptions& options, const TlsIdentity& self);
 
-// The server name (ServerName()) the channel's peer must prove.
+// The server name (ServerName()) the channel's peer must prove; a shard's
+// `server.job` must be the caller's job (not "*").
 void SetPeerServerName(const TlsIdentity& server, grpc::ChannelArguments* args);
 
 // The identity of an RPC's caller from its verified certificate;

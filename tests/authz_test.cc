@@ -110,7 +110,8 @@ class AuthzTest : public ::testing::Test {
     };
     clients_ = {
         {"admin", with(cluster_, kAdmin)},
-        {"coordinator", with(cluster_, kCoordinatorId)},
+        // A server's key (serverAuth only) cannot act as a client at all.
+        {"coordinator", with(cluster_, kCoordinatorId), false},
         {"ps:0@job-1", with(cluster_, kPs0)},
         {"worker:0@job-1", with(cluster_, kWorker0)},
         {"worker:1@job-1", with(cluster_, kWorker1)},

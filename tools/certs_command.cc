@@ -10,6 +10,10 @@
 #include "common/flags_util.h"
 #include "common/tls.h"
 
+ABSL_FLAG(std::string, nodes_out, "",
+          "certs: also a folder for the nodes: ca.pem and the coordinator's, "
+          "shards' and workers' certificates and keys, without ca.key and "
+          "admin.key (those stay in --out, with the operator).");
 ABSL_FLAG(std::string, hosts, "",
           "certs: host names or IP addresses, comma-separated, added to "
           "every certificate.");
@@ -50,10 +54,17 @@ int CertsCommand(const std::vector<std::string>& args) {
   // launch-lines' placeholder default means no job was named.
   std::string job = absl::GetFlag(FLAGS_job);
   if (job.empty() || job == "$JOB") job = "*";
-  if (job.find_first_of("@:/ ") != std::string::npos) {
-    PrintError(kProgram,
-               absl::StrCat("--job=", job, ": expected a job id (job-3) or *"));
+  if (absl::Status s = CheckCertificateJob(job); !s.ok()) {
+    PrintError(kProgram, absl::StrCat("--job=", job, ": ", s.message()));
     return 2;
+  }
+  if (job == "*" && num_ps + num_workers > 0) {
+    std::fprintf(stderr,
+                 "%s: warning: no --job: these task certificates serve EVERY "
+                 "job of this CA (a stolen task key reaches them all); pass "
+                 "--job=ID (the id `pstrain submit` printed) to confine them "
+                 "to one job\n",
+                 kProgram);
   }
   std::vector<std::string> hosts;
   for (absl::string_view h :
@@ -74,11 +85,22 @@ int CertsCommand(const std::vector<std::string>& args) {
   }
   std::printf(
       "wrote %s/: ca.pem, ca.key, and a certificate and key for the "
-      "coordinator, admin, ps-0..%d and worker-0..%d of job %s (folder 0700, "
-      "keys 0600). Give every node ca.pem and its tasks' .pem and .key; keep "
-      "ca.key and admin.key off the nodes. Use --tls_dir=%s or "
-      "PSTRAIN_TLS_DIR.\n",
+      "coordinator, admin, ps-0..%d (and ps-<i>-client) and worker-0..%d of "
+      "job %s (folder 0700, keys 0600). Give every node ca.pem and its "
+      "tasks' .pem and .key; keep ca.key and admin.key off the nodes. Use "
+      "--tls_dir=%s or PSTRAIN_TLS_DIR.\n",
       out.c_str(), num_ps - 1, num_workers - 1, job.c_str(), out.c_str());
+  const std::string nodes_out = absl::GetFlag(FLAGS_nodes_out);
+  if (nodes_out.empty()) return 0;
+  if (absl::Status s = CopyForNodes(out, nodes_out); !s.ok()) {
+    PrintError(kProgram,
+               absl::StrCat("--nodes_out=", nodes_out, ": ", s.message()));
+    return 2;
+  }
+  std::printf(
+      "wrote %s/: the nodes' files (no ca.key, no admin.key): copy it to "
+      "every node as their PSTRAIN_TLS_DIR.\n",
+      nodes_out.c_str());
   return 0;
 }
 

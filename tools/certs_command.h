@@ -1,10 +1,13 @@
-// pstrain certs --out=DIR [--num_ps=N --num_workers=M] [--job=ID]
-//               [--hosts=HOST,...]: a cluster's CA and certificates
-// (common/tls.h) made with OpenSSL: ca.pem and ca.key (kept in DIR to make
-// more later; keep ca.key off the nodes), and a key and certificate for the
-// coordinator, the administrator (the CLI), ps-0..N-1 and worker-0..M-1 of
-// job ID ("*", the default: any job of this CA). --hosts adds host names or
-// addresses to every certificate, for tools that reach a server by name.
+// pstrain certs --out=DIR [--nodes_out=NODES] [--num_ps=N --num_workers=M]
+//               [--job=ID] [--hosts=HOST,...]: a cluster's CA and
+// certificates (common/tls.h) made with OpenSSL: ca.pem and ca.key (kept in
+// DIR to make more later; keep ca.key off the nodes), and a key and
+// certificate for the coordinator, the administrator (the CLI), ps-0..N-1
+// (server and client) and worker-0..M-1 of job ID ("*", the default: any
+// job of this CA, said in a warning line on stderr). --nodes_out copies
+// what the nodes need (no ca.key, no admin.key) into a folder of its own.
+// --hosts adds host names or addresses to every certificate, for tools
+// that reach a server by name.
 #ifndef PSTRAIN_TOOLS_CERTS_COMMAND_H_
 #define PSTRAIN_TOOLS_CERTS_COMMAND_H_
 

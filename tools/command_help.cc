@@ -161,10 +161,10 @@ const std::vector<CommandInfo>& Commands() {
        "to DIR/bin.",
        {"prefix", "ps_binary", "worker_binary"}},
       {"certs",
-       "pstrain certs --out=DIR [--num_ps=N --num_workers=M --job=ID "
-       "--hosts=H,...]",
+       "pstrain certs --out=DIR [--nodes_out=NODES --num_ps=N "
+       "--num_workers=M --job=ID --hosts=H,...]",
        "Makes a CA and the mutual-TLS certificates of a cluster.",
-       {"out", "hosts", "num_ps", "num_workers", "job"}},
+       {"out", "nodes_out", "hosts", "num_ps", "num_workers", "job"}},
       {"node",
        "pstrain node --coordinator=HOST:PORT --job=ID",
        "Starts this node's tasks of a job, restarts the ones that die "

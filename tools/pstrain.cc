@@ -596,17 +596,21 @@ absl::Status CheckBinaries() {
 // (every process stopped); CANCELLED after SIGINT/SIGTERM.
 absl::StatusOr<RunResult> RunJob(const JobSpec& spec,
                                  const Placement& placement) {
-  // Mutual TLS with no flag: a fresh CA and the run's certificates in a
-  // private folder (0700, keys 0600), removed at the end (--insecure:
-  // plaintext).
+  // Mutual TLS with no flag: a fresh CA and the run's certificates (valid
+  // a day) in a private folder (0700, keys 0600, named with this pid so the
+  // next run removes it if this one is killed), removed at the end; the
+  // CA's key is deleted as soon as the tasks' certificates are minted
+  // (--insecure: plaintext).
+  constexpr absl::Duration kRunCertificateValidity = absl::Hours(24);
   TlsOptions tls;
   tls.insecure = absl::GetFlag(FLAGS_insecure);
   std::unique_ptr<PrivateFolder> tls_folder;
   if (!tls.insecure) {
     ASSIGN_OR_RETURN(tls_folder, PrivateFolder::Create("pstrain-tls"));
     tls.dir = tls_folder->path();
-    RETURN_IF_ERROR(MakeCertificates(
-        tls.dir, {TlsIdentity{TlsRole::kCoordinator}, TlsIdentity{}}));
+    RETURN_IF_ERROR(MakeCertificates(tls.dir,
+                                     {TlsIdentity{TlsRole::kCoordinator}}, {},
+                                     kRunCertificateValidity));
   }
   CoordinatorServerOptions coordinator_options;
   coordinator_options.address = absl::StrCat(placement.coordinator_host, ":0");
@@ -643,7 +647,11 @@ absl::StatusOr<RunResult> RunJob(const JobSpec& spec,
     for (int w = 0; w < spec.num_workers(); ++w) {
       tasks.push_back(TlsIdentity{TlsRole::kWorker, w, job_id});
     }
-    RETURN_IF_ERROR(MakeCertificates(tls.dir, tasks));
+    absl::Status minted =
+        MakeCertificates(tls.dir, tasks, {}, kRunCertificateValidity);
+    // No key that mints identities outlives the minting, failed or not.
+    minted.Update(RemoveMintingKeys(tls.dir));
+    RETURN_IF_ERROR(minted);
     tls_flags.push_back("--tls_dir=" + tls.dir);
   }
 

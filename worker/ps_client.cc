@@ -47,6 +47,7 @@ void PsClient::Connect(int s) {
     TlsIdentity shard;
     shard.role = TlsRole::kPs;
     shard.index = s;
+    shard.job = options_.job_id;  // a shard of another job cannot answer
     SetPeerServerName(shard, &args);
   }
   channels_[s] = grpc::CreateCustomChannel(

@@ -60,7 +60,7 @@ struct PsClientOptions {
   // Deadline of each long-lived PushPull stream.
   absl::Duration stream_timeout = absl::Hours(24);
   // TLS as this worker (common/tls.h): each shard s must prove to be
-  // "ps-<s>.pstrain". Null: plaintext.
+  // "<job_id>.ps-<s>.pstrain". Null: plaintext.
   std::shared_ptr<grpc::ChannelCredentials> credentials;
   // Sync mode with backup workers (proto/ps.proto StepEnd): each step is
   // ended on shard 0 first, and on the others with shard 0's admission.

@@ -1,0 +1,203 @@
+// Issue 35 (items 4, 5, 8), through the binaries a user runs: `pstrain
+// certs` says when its certificates serve every job and splits the nodes'
+// files from the operator's; a task whose TLS files do not load exits 2
+// naming the file (no plaintext fallback); `pstrain run` keeps no key that
+// mints identities while it runs, its certificates expire within a day,
+// and a run killed with SIGKILL leaves its key folder only until the next.
+#include <dirent.h>
+#include <openssl/pem.h>
+#include <openssl/x509.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <ctime>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "tests/cli_test_util.h"
+
+namespace pstrain {
+namespace {
+
+namespace fs = std::filesystem;
+using testing::HaveFashionMnist;
+using testing::Process;
+using testing::RunCommand;
+using testing::TempDir;
+
+int Lines(const std::string& text, const std::string& needle) {
+  int n = 0;
+  size_t start = 0;
+  while (start < text.size()) {
+    size_t end = text.find('\n', start);
+    if (end == std::string::npos) end = text.size();
+    if (text.substr(start, end - start).find(needle) != std::string::npos) ++n;
+    start = end + 1;
+  }
+  return n;
+}
+
+TEST(CertsCliTest, CertificatesOfEveryJobSaySoInOneLine) {
+  const std::string dir = TempDir() + "/any-job";
+  auto r = RunCommand("tools/pstrain certs --out=" + dir +
+                      " --num_ps=1 --num_workers=1");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(Lines(r.output, "serve EVERY job"), 1) << r.output;
+
+  r = RunCommand("tools/pstrain certs --out=" + TempDir() +
+                 "/one-job --job=job-3 --num_ps=1 --num_workers=1");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(r.output.find("EVERY"), std::string::npos) << r.output;
+
+  r = RunCommand("tools/pstrain certs --out=" + TempDir() +
+                 "/bad-job --job=job.3 --num_ps=1");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("--job=job.3"), std::string::npos) << r.output;
+}
+
+TEST(CertsCliTest, NodesFolderHoldsNoMintingKey) {
+  const std::string ops = TempDir() + "/ops";
+  const std::string nodes = TempDir() + "/nodes";
+  const auto r =
+      RunCommand("tools/pstrain certs --out=" + ops + " --nodes_out=" + nodes +
+                 " --job=job-1 --num_ps=2 --num_workers=2");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  for (const char* name :
+       {"ca.pem", "coordinator.pem", "coordinator.key", "ps-1.pem", "ps-1.key",
+        "ps-1-client.pem", "ps-1-client.key", "worker-1.pem", "worker-1.key"}) {
+    EXPECT_TRUE(fs::exists(nodes + "/" + name)) << name;
+  }
+  for (const char* name : {"ca.key", "admin.key", "admin.pem"}) {
+    EXPECT_FALSE(fs::exists(nodes + "/" + name)) << name;
+    EXPECT_TRUE(fs::exists(ops + "/" + name)) << name;
+  }
+  struct stat st;
+  ASSERT_EQ(stat(nodes.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0700u);
+  ASSERT_EQ(stat((nodes + "/worker-1.key").c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0600u);
+}
+
+TEST(TlsCliTest, TaskWithoutItsKeyExitsTwoNamingIt) {
+  const std::string dir = TempDir() + "/broken";
+  ASSERT_EQ(RunCommand("tools/pstrain certs --out=" + dir +
+                       " --job=job-1 --num_ps=1 --num_workers=1")
+                .exit_code,
+            0);
+  fs::remove(dir + "/ps-0-client.key");
+  { std::ofstream(dir + "/worker-0.key") << "not a key\n"; }
+  const std::string common =
+      " --coordinator=127.0.0.1:1 --job=job-1 --task_index=0 "
+      "--coordinator_timeout_s=1 --tls_dir=" +
+      dir;
+  auto r = RunCommand("server/pstrain_ps" + common);
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find(dir + "/ps-0-client.key"), std::string::npos)
+      << r.output;
+  r = RunCommand("worker/pstrain_worker" + common);
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find(dir + "/worker-0.key"), std::string::npos)
+      << r.output;
+}
+
+// The folders `pstrain run` made under `tmp`.
+std::vector<std::string> RunFolders(const std::string& tmp) {
+  std::vector<std::string> found;
+  std::error_code error;
+  for (const auto& e : fs::directory_iterator(tmp, error)) {
+    if (e.path().filename().string().rfind("pstrain-tls-", 0) == 0) {
+      found.push_back(e.path().string());
+    }
+  }
+  return found;
+}
+
+// Seconds from now until `pem`'s certificate expires.
+double SecondsLeft(const std::string& pem) {
+  FILE* f = std::fopen(pem.c_str(), "r");
+  if (f == nullptr) return -1;
+  X509* cert = PEM_read_X509(f, nullptr, nullptr, nullptr);
+  std::fclose(f);
+  if (cert == nullptr) return -1;
+  int days = 0, seconds = 0;
+  ASN1_TIME_diff(&days, &seconds, nullptr, X509_get0_notAfter(cert));
+  X509_free(cert);
+  return days * 86400.0 + seconds;
+}
+
+// The pids whose parent is `parent`.
+std::vector<pid_t> Children(pid_t parent) {
+  std::vector<pid_t> children;
+  for (const auto& e : fs::directory_iterator("/proc")) {
+    const std::string name = e.path().filename().string();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::ifstream stat(e.path() / "stat");
+    std::string line;
+    std::getline(stat, line);
+    const size_t paren = line.rfind(')');
+    if (paren == std::string::npos) continue;
+    char state;
+    int ppid = 0;
+    if (std::sscanf(line.c_str() + paren + 1, " %c %d", &state, &ppid) == 2 &&
+        ppid == parent) {
+      children.push_back(std::stoi(name));
+    }
+  }
+  return children;
+}
+
+TEST(TlsCliTest, RunKeepsNoMintingKeyAndKilledRunsFolderGoes) {
+  if (!HaveFashionMnist()) GTEST_SKIP() << "dataset-fashion-mnist missing";
+  const std::string tmp = TempDir() + "/run-tmp";
+  fs::create_directories(tmp);
+  std::string folder;
+  {
+    Process run({"tools/pstrain", "run", "--epochs=1",
+                 "--max_steps_per_epoch=100000", "--log_every_steps=1000"},
+                TempDir() + "/run.log", {"TMPDIR=" + tmp, "OMP_NUM_THREADS=1"});
+    // Wait for the tasks' certificates.
+    for (int i = 0; i < 600 && folder.empty(); ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      for (const std::string& f : RunFolders(tmp)) {
+        if (fs::exists(f + "/worker-1.pem") && !Children(run.pid()).empty()) {
+          folder = f;
+        }
+      }
+    }
+    ASSERT_FALSE(folder.empty())
+        << testing::ReadTextFile(TempDir() + "/run.log");
+    EXPECT_NE(folder.find("pstrain-tls-" + std::to_string(run.pid()) + "-"),
+              std::string::npos)
+        << folder;
+    EXPECT_FALSE(fs::exists(folder + "/ca.key"));
+    EXPECT_FALSE(fs::exists(folder + "/admin.key"));
+    EXPECT_TRUE(fs::exists(folder + "/worker-1.key"));
+    for (const char* pem : {"coordinator.pem", "ps-0.pem", "worker-1.pem"}) {
+      const double left = SecondsLeft(folder + "/" + pem);
+      EXPECT_GT(left, 0) << pem;
+      EXPECT_LE(left, 86400) << pem;
+    }
+    const std::vector<pid_t> tasks = Children(run.pid());
+    run.Kill(SIGKILL);
+    run.Wait(10);
+    for (pid_t task : tasks) kill(task, SIGKILL);  // started by this test
+  }
+  ASSERT_TRUE(fs::exists(folder));  // nobody was left to remove it
+  // The next run removes the dead one's folder before making its own.
+  const auto r = RunCommand("TMPDIR=" + tmp +
+                            " OMP_NUM_THREADS=1 tools/pstrain run --epochs=1 "
+                            "--max_steps_per_epoch=2 --log_every_steps=1");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_FALSE(fs::exists(folder));
+  EXPECT_TRUE(RunFolders(tmp).empty());
+}
+
+}  // namespace
+}  // namespace pstrain
