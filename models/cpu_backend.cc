@@ -633,7 +633,9 @@ class Pool2d final : public Layer {
 };
 
 // Residual add on oneDNN's binary primitive; its gradient goes unchanged to
-// both inputs.
+// both inputs. With spec.relu, an eltwise ReLU post-op on the sum (the
+// same rounding as a separate ReLU: max of the rounded sum and 0) and the
+// gradient dY where Y > 0 (as the ReLU's, dY * 0 elsewhere).
 class Add final : public Layer {
  public:
   explicit Add(const LayerSpec& spec) : spec_(spec) {}
@@ -654,8 +656,14 @@ class Add final : public Layer {
         n_ = n;
         md_ = Flat(n);
         absl::MutexLock lock(&CreationMutex());
+        dnnl::post_ops ops;
+        if (spec_.relu) {
+          ops.append_eltwise(1.0f, algorithm::eltwise_relu, 0.0f, 0.0f);
+        }
+        dnnl::primitive_attr attr;
+        attr.set_post_ops(ops);
         fwd_ = dnnl::binary(dnnl::binary::primitive_desc(
-            dnnl::binary::desc(algorithm::binary_add, md_, md_, md_),
+            dnnl::binary::desc(algorithm::binary_add, md_, md_, md_), attr,
             CpuEngine()));
       }
       fwd_.execute(CpuStream(), {{DNNL_ARG_SRC_0, Wrap(md_, in[0]->data())},
@@ -666,10 +674,20 @@ class Add final : public Layer {
   absl::Status Backward(absl::Span<const DeviceTensor* const> in,
                         const DeviceTensor& out, const DeviceTensor& dout,
                         absl::Span<DeviceTensor* const> din) override {
+    const float* dy = dout.data();
+    if (spec_.relu) {
+      const int64_t n = dout.size();
+      masked_.resize(n);
+      const float* y = out.data();
+      for (int64_t j = 0; j < n; ++j) {
+        masked_[j] = y[j] > 0.0f ? dy[j] : dy[j] * 0.0f;
+      }
+      dy = masked_.data();
+    }
     return Run(spec_, [&] {
       for (size_t i = 0; i < din.size(); ++i) {
         if (din[i] == nullptr) continue;
-        Reorder(dout.shape(), dout.layout(), dout.data(), in[i]->layout(),
+        Reorder(dout.shape(), dout.layout(), dy, in[i]->layout(),
                 din[i]->data());
         din[i]->set_layout(in[i]->layout());
       }
@@ -679,6 +697,7 @@ class Add final : public Layer {
  private:
   const LayerSpec spec_;
   std::vector<float> converted_;
+  std::vector<float> masked_;  // dY where Y > 0 (spec.relu).
   int64_t n_ = -1;
   memory::desc md_;
   dnnl::binary fwd_;

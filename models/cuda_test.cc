@@ -82,7 +82,9 @@ TEST_F(CudaTest, EveryLayerMatchesTheCpuBackend) {
                  "| layer case | forward max abs | forward max rel | backward "
                  "max abs | backward max rel |\n|---|---:|---:|---:|---:|\n");
   }
-  for (const LayerCase& c : LayerCases()) {
+  std::vector<LayerCase> cases = LayerCases();
+  for (const LayerCase& c : FusedLayerCases()) cases.push_back(c);
+  for (const LayerCase& c : cases) {
     MaxError forward, backward;
     SCOPED_TRACE(c.name);
     Harness cpu(cpu_.get(), c.spec, 7);
@@ -132,6 +134,9 @@ TEST_F(CudaTest, EveryLayerMatchesTheCpuBackend) {
 // The contract the memory plan relies on (layer_spec.h BackwardReadsOf).
 TEST_F(CudaTest, EveryLayerCaseReadsOnlyWhatItsContractSays) {
   for (const LayerCase& c : LayerCases()) {
+    ExpectBackwardReadsOnlyWhatItSays(cuda_.get(), c);
+  }
+  for (const LayerCase& c : FusedLayerCases()) {
     ExpectBackwardReadsOnlyWhatItSays(cuda_.get(), c);
   }
 }
@@ -199,6 +204,56 @@ TEST_F(CudaTest, WholeModelsMatchTheCpuBackend) {
     std::printf("%s: worst gradient L1 difference / L1 mass: %.3g (%s)\n",
                 c.name, worst, worst_name.c_str());
   }
+}
+
+// The memory plan on cuDNN (in-place ReLU forward and backward, outputs
+// and gradients in shared slots) against every tensor in its own memory on
+// the same GPU, TF32 off, over two steps with a device Adam update between:
+// the same losses and gradients up to the algorithms cudnnFind picks for
+// each model (1e-3 of the gradient mass), and the bytes each holds.
+TEST_F(CudaTest, MemoryPlanMatchesUnplannedTensors) {
+  cuda_->AllowTf32(false);
+  const Shape chw = {3, 64, 64};
+  std::unique_ptr<Model> models[2];
+  for (int planned = 0; planned < 2; ++planned) {
+    ModelOptions options;
+    options.seed = 5;
+    options.memory_plan = planned == 1;
+    auto m = Model::Create("resnet50", chw, 10, options, cuda_.get());
+    ASSERT_TRUE(m.ok()) << m.status();
+    models[planned] = *std::move(m);
+  }
+  Tensor x({8, chw[0], chw[1], chw[2]});
+  x.data = Formula(x.size(), 0.37, 0.1);
+  const std::vector<int32_t> labels = {1, 3, 5, 7, 0, 2, 4, 6};
+  AdamOptions adam;
+  for (int step = 0; step < 2; ++step) {
+    float loss[2];
+    for (int planned = 0; planned < 2; ++planned) {
+      absl::StatusOr<float> l = models[planned]->ForwardBackward(x, labels);
+      ASSERT_TRUE(l.ok()) << l.status();
+      loss[planned] = *l;
+    }
+    EXPECT_NEAR(loss[1], loss[0], 1e-4 * std::max(1.0f, loss[0]));
+    for (size_t p = 0; p < models[0]->params().size(); ++p) {
+      const auto& a = models[0]->HostGradients()[p];
+      const auto& b = models[1]->HostGradients()[p];
+      double diff = 0, mass = 0;
+      for (size_t i = 0; i < a.size(); ++i) {
+        diff += std::fabs(double{a[i]} - b[i]);
+        mass += std::fabs(a[i]);
+      }
+      EXPECT_LE(diff, 1e-3 * mass + 1e-6)
+          << "step " << step << " " << models[0]->params()[p]->name;
+    }
+    for (int planned = 0; planned < 2; ++planned) {
+      ASSERT_TRUE(models[planned]->AdamStep(adam).ok());
+    }
+  }
+  std::printf("resnet50 64x64 batch 8: activation memory %lld -> %lld bytes\n",
+              static_cast<long long>(models[0]->ActivationBytes()),
+              static_cast<long long>(models[1]->ActivationBytes()));
+  EXPECT_LT(models[1]->ActivationBytes(), models[0]->ActivationBytes() / 2);
 }
 
 // The CUDA Adam kernel rounds every operation as the host's AdamUpdate

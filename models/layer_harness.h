@@ -199,6 +199,14 @@ inline std::vector<LayerCase> LayerCases() {
   };
 }
 
+// Fused layers: no PyTorch fixture of their own (they compute what their
+// unfused parts do; layers_test checks that bit for bit on the CPU).
+// Channels 16 put the CPU backend's inputs in its blocked layout.
+inline std::vector<LayerCase> FusedLayerCases() {
+  return {{"add_relu", LayerSpec::AddRelu(), {2, 3, 2, 2}, 2},
+          {"add_relu_c16", LayerSpec::AddRelu(), {2, 16, 3, 3}, 2}};
+}
+
 // layer_spec.h's BackwardReadsOf() for case `c` on `backend`: the backward
 // gives the same input and parameter gradients, bit for bit, when the
 // forward's input and output values it says it does not read are

@@ -78,6 +78,12 @@ LayerSpec LayerSpec::Add() {
   return s;
 }
 
+LayerSpec LayerSpec::AddRelu() {
+  LayerSpec s = Add();
+  s.relu = true;
+  return s;
+}
+
 std::string LayerName(const LayerSpec& s) {
   switch (s.type) {
     case LayerType::kConv2d:
@@ -100,7 +106,7 @@ std::string LayerName(const LayerSpec& s) {
     case LayerType::kFlatten:
       return "flatten";
     case LayerType::kAdd:
-      return "add";
+      return s.relu ? "add+relu" : "add";
   }
   return "?";
 }
@@ -265,8 +271,9 @@ BackwardReads BackwardReadsOf(const LayerSpec& spec) {
     case LayerType::kGlobalAvgPool:
     case LayerType::kDropout:  // The mask.
     case LayerType::kFlatten:
-    case LayerType::kAdd:
       return {false, false};
+    case LayerType::kAdd:  // With the ReLU: dA = dB = dY where Y > 0.
+      return {false, spec.relu};
   }
   return {true, true};
 }

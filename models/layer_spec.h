@@ -29,7 +29,8 @@ enum class LayerType {
   kLinear,         // y = x W^T + b over [N, in_features].
   kDropout,        // inverted dropout: kept values scaled by 1 / (1 - p).
   kFlatten,        // [N, ...] -> [N, prod(...)].
-  kAdd,            // two inputs of one shape (the residual add).
+  kAdd,            // two inputs of one shape (the residual add); with
+                   // `relu`, max(a + b, 0): the add and its ReLU in one pass.
 };
 
 struct LayerSpec {
@@ -50,6 +51,8 @@ struct LayerSpec {
   // variance.
   float momentum = 0.1f;
   float epsilon = 1e-5f;
+  // Add: ReLU applied to the sum (LayerSpec::AddRelu()).
+  bool relu = false;
 
   static LayerSpec Conv2d(int64_t in, int64_t out, int64_t kernel,
                           int64_t stride, int64_t padding, bool bias);
@@ -62,9 +65,13 @@ struct LayerSpec {
   static LayerSpec Dropout(float p);
   static LayerSpec Flatten();
   static LayerSpec Add();
+  // max(a + b, 0): a residual add with the ReLU that follows it fused (one
+  // read of each input and one write forward; backward dA = dB = dY where
+  // Y > 0, from the output alone). The same values as Add() then Relu().
+  static LayerSpec AddRelu();
 };
 
-// "conv3x3-64", "bn64", "fc512-10", ...
+// "conv3x3-64", "bn64", "fc512-10", "add+relu", ...
 std::string LayerName(const LayerSpec& spec);
 // The type alone, as PyTorch's module names: "conv2d", "batchnorm2d",
 // "relu", "maxpool2d", "avgpool2d", "globalavgpool", "linear", "dropout",

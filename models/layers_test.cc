@@ -302,6 +302,44 @@ TEST(BackwardReads, EveryLayerCaseReadsOnlyWhatItsContractSays) {
   for (const LayerCase& c : LayerCases()) {
     ExpectBackwardReadsOnlyWhatItSays(cpu.get(), c);
   }
+  for (const LayerCase& c : FusedLayerCases()) {
+    ExpectBackwardReadsOnlyWhatItSays(cpu.get(), c);
+  }
+}
+
+// AddRelu is Add then Relu, bit for bit both ways, in the dense and the
+// blocked layout (inputs from a conv of 16 channels).
+TEST(FusedLayers, AddReluIsAddThenRelu) {
+  std::unique_ptr<Backend> cpu = NewCpuBackend();
+  for (const LayerCase& c : FusedLayerCases()) {
+    SCOPED_TRACE(c.name);
+    const int64_t channels = c.shape[1];
+    Harness conv(cpu.get(),
+                 LayerSpec::Conv2d(channels, channels, 1, 1, 0, false), 3);
+    Harness fused(cpu.get(), c.spec), add(cpu.get(), LayerSpec::Add()),
+        relu(cpu.get(), LayerSpec::Relu());
+    const int64_t n = NumElements(c.shape);
+    std::vector<DeviceTensor> x;
+    for (int i = 0; i < 2; ++i) {
+      std::vector<float> v(n);
+      for (int64_t j = 0; j < n; ++j) v[j] = std::sin(0.7 * j + i);
+      DeviceTensor in = conv.Make(c.shape, v);
+      conv.Forward({&in});
+      // The conv's output, in its layout, as the input.
+      x.push_back(std::move(*conv.mutable_out()));
+    }
+    const std::vector<float> y = fused.Forward({&x[0], &x[1]});
+    add.Forward({&x[0], &x[1]});
+    DeviceTensor sum = std::move(*add.mutable_out());
+    EXPECT_EQ(y, relu.Forward({&sum}));
+    std::vector<float> dy(y.size());
+    for (size_t j = 0; j < dy.size(); ++j) dy[j] = std::cos(0.3 * j);
+    const auto dx = fused.Backward({&x[0], &x[1]}, dy);
+    const std::vector<float> dsum = relu.Backward({&sum}, dy)[0];
+    *add.mutable_out() = std::move(sum);
+    const auto want = add.Backward({&x[0], &x[1]}, dsum);
+    EXPECT_EQ(dx, want);
+  }
 }
 
 }  // namespace

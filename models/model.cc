@@ -52,7 +52,8 @@ class ModelBuilder {
   ModelBuilder(Model* model, const ModelOptions& options)
       : model_(model),
         rng_(options.seed),
-        dropout_seed_(options.dropout_seed) {}
+        dropout_seed_(options.dropout_seed),
+        fuse_add_relu_(options.fuse_add_relu) {}
 
   // Adds `spec` named `name` on `inputs` (default: the last node). Returns
   // the node index; errors are kept and returned by status().
@@ -135,6 +136,7 @@ class ModelBuilder {
     return model_->nodes_[node]->sample_shape;
   }
   int last() const { return last_; }
+  bool fuse_add_relu() const { return fuse_add_relu_; }
   const absl::Status& status() const { return status_; }
 
  private:
@@ -176,6 +178,7 @@ class ModelBuilder {
   Model* model_;
   std::mt19937_64 rng_;
   const uint64_t dropout_seed_;
+  const bool fuse_add_relu_;
   int last_ = kInput;
   absl::Status status_;
 };
@@ -314,8 +317,12 @@ void BuildResnet(ModelBuilder& b, int64_t channels, int64_t size,
         shortcut = ConvBn(b, p + "downsample.0", p + "downsample.1",
                           block_input, in, planes * expansion, 1, stride);
       }
-      b.Add(p + "add", LayerSpec::Add(), {x, shortcut});
-      b.Add(p + "relu", LayerSpec::Relu());
+      if (b.fuse_add_relu()) {
+        b.Add(p + "add", LayerSpec::AddRelu(), {x, shortcut});
+      } else {
+        b.Add(p + "add", LayerSpec::Add(), {x, shortcut});
+        b.Add(p + "relu", LayerSpec::Relu());
+      }
       in = planes * expansion;
     }
   }

@@ -101,6 +101,10 @@ struct ModelOptions {
   // keeps its own memory for the model's life (the layout before the plan,
   // kept to compare against).
   bool memory_plan = true;
+  // ResNets: each residual add and the ReLU after it as one layer
+  // (LayerSpec::AddRelu(), node "layerS.B.add"; the same values); false:
+  // an "add" and a "relu" node, as before.
+  bool fuse_add_relu = true;
 };
 
 class Model {

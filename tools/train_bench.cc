@@ -10,11 +10,14 @@
 // --memory_plan (default) places layer outputs and gradients by the model's
 // memory plan (models/model.h ModelOptions::memory_plan); --nomemory_plan
 // keeps every one in its own memory, as before the plan, to compare in one
-// run. Memory: on CUDA the device memory in use after the timed steps above
-// what was in use before the model was made; on the CPU the process's peak
-// resident set (VmHWM, reset through /proc/self/clear_refs before the model
-// is made) above its resident set then. "activations (MiB)" is the model's
-// own output, gradient and scratch memory (Model::ActivationBytes).
+// run. --fuse_add_relu (default) runs each ResNet residual add and its ReLU
+// as one layer (ModelOptions::fuse_add_relu); --nofuse_add_relu as two.
+// --nomemory_plan --nofuse_add_relu is the path before both. Memory: on CUDA
+// the device memory in use after the timed steps above what was in use before
+// the model was made; on the CPU the process's peak resident set (VmHWM, reset
+// through /proc/self/clear_refs before the model is made) above its resident
+// set then. "activations (MiB)" is the model's own output, gradient and scratch
+// memory (Model::ActivationBytes).
 //
 // With --compare_pytorch, the same model (tools/torch_models.py: same
 // architecture and parameter count) is timed in PyTorch in the same run
@@ -72,6 +75,9 @@ ABSL_FLAG(bool, tf32, true,
 ABSL_FLAG(bool, memory_plan, true,
           "Place layer outputs and gradients by the memory plan (shared "
           "slots, in-place ReLU); --nomemory_plan: each in its own memory.");
+ABSL_FLAG(bool, fuse_add_relu, true,
+          "ResNets: each residual add and its ReLU as one layer (one pass "
+          "each way); --nofuse_add_relu: two layers.");
 ABSL_FLAG(bool, layer_times, false,
           "After the timed steps, profile up to 10 more with the backend "
           "synchronized after every layer and print a per-layer time table "
@@ -308,6 +314,7 @@ int Main() {
   const Shape chw = dataset->train.chw;
   ModelOptions model_options;
   model_options.memory_plan = absl::GetFlag(FLAGS_memory_plan);
+  model_options.fuse_add_relu = absl::GetFlag(FLAGS_fuse_add_relu);
   absl::StatusOr<std::unique_ptr<Model>> model = Model::Create(
       model_name, chw, dataset->num_classes, model_options, backend->get());
   if (!model.ok()) {
@@ -407,7 +414,8 @@ int Main() {
   const bool on_gpu = memory_baseline.ok();
   std::printf(
       "| model | input | backend | TF32 | threads | batch | params | "
-      "MFLOPs/sample | update | memory plan | pstrain samples/sec | update "
+      "MFLOPs/sample | update | memory plan, fusion | pstrain samples/sec | "
+      "update "
       "(ms/step) | memory (MiB) | activations (MiB) | loss step 0 -> %d | "
       "PyTorch samples/sec | PyTorch "
       "memory (MiB) | PyTorch params | ratio |\n",
@@ -445,8 +453,10 @@ int Main() {
                                    : "off",
       threads, batch, static_cast<long long>(m.NumParameters()),
       2.0 * m.ForwardMacsPerSample() / 1e6, update_where.c_str(),
-      absl::GetFlag(FLAGS_memory_plan) ? "on" : "off", rate,
-      update_seconds * 1e3 / steps, memory.c_str(),
+      absl::StrCat(absl::GetFlag(FLAGS_memory_plan) ? "on" : "off", ", ",
+                   absl::GetFlag(FLAGS_fuse_add_relu) ? "add+relu" : "none")
+          .c_str(),
+      rate, update_seconds * 1e3 / steps, memory.c_str(),
       m.ActivationBytes() / 1048576.0, first_loss, last_loss,
       loss_ok ? " (falls)" : " (DOES NOT FALL)", torch_rate.c_str(),
       torch_memory.c_str(), torch_params.c_str(), ratio.c_str());

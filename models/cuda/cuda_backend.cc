@@ -714,18 +714,29 @@ class Linear final : public Layer {
   Param* bias_;
 };
 
+// The residual add; with spec.relu, the add and its ReLU as one kernel each
+// way (kernels.h: no cuDNN call fuses them for fp32 NCHW).
 class Add final : public Layer {
  public:
-  explicit Add(CudaBackend* b) : b_(b) {}
+  Add(CudaBackend* b, const LayerSpec& spec) : b_(b), relu_(spec.relu) {}
   absl::Status Forward(absl::Span<const DeviceTensor* const> in,
                        DeviceTensor* out, bool training) override {
-    CUDA_RETURN_IF_LAUNCH_ERROR(cuda::LaunchAdd(
+    CUDA_RETURN_IF_LAUNCH_ERROR((relu_ ? cuda::LaunchAddRelu : cuda::LaunchAdd)(
         in[0]->data(), in[1]->data(), out->size(), out->data(), b_->compute()));
     return absl::OkStatus();
   }
   absl::Status Backward(absl::Span<const DeviceTensor* const> in,
                         const DeviceTensor& out, const DeviceTensor& dout,
                         absl::Span<DeviceTensor* const> din) override {
+    if (relu_) {
+      float* da = din[0] != nullptr ? din[0]->data() : nullptr;
+      float* db = din[1] != nullptr ? din[1]->data() : nullptr;
+      if (da == nullptr) std::swap(da, db);
+      if (da == nullptr) return absl::OkStatus();
+      CUDA_RETURN_IF_LAUNCH_ERROR(cuda::LaunchAddReluBackward(
+          dout.data(), out.data(), dout.size(), da, db, b_->compute()));
+      return absl::OkStatus();
+    }
     for (DeviceTensor* d : din) {
       if (d == nullptr) continue;
       absl::Status s = b_->CopyOnDevice(dout.data(), dout.size(), d->data());
@@ -736,6 +747,7 @@ class Add final : public Layer {
 
  private:
   CudaBackend* b_;
+  const bool relu_;
 };
 
 class Flatten final : public Layer {
@@ -812,7 +824,7 @@ absl::StatusOr<std::unique_ptr<Layer>> CudaBackend::CreateLayer(
     case LayerType::kGlobalAvgPool:
       return std::unique_ptr<Layer>(new Pool2d(this, spec));
     case LayerType::kAdd:
-      return std::unique_ptr<Layer>(new Add(this));
+      return std::unique_ptr<Layer>(new Add(this, spec));
     case LayerType::kFlatten:
       return std::unique_ptr<Layer>(new Flatten(this));
     case LayerType::kDropout:

@@ -65,6 +65,24 @@ __global__ void AddKernel(const float* a, const float* b, int64_t n,
   }
 }
 
+__global__ void AddReluKernel(const float* a, const float* b, int64_t n,
+                              float* out) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{blockDim.x} * gridDim.x) {
+    out[i] = fmaxf(__fadd_rn(a[i], b[i]), 0.0f);
+  }
+}
+
+__global__ void AddReluBackwardKernel(const float* dy, const float* y,
+                                      int64_t n, float* da, float* db) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{blockDim.x} * gridDim.x) {
+    const float d = y[i] > 0.0f ? dy[i] : 0.0f;
+    da[i] = d;
+    if (db != nullptr) db[i] = d;
+  }
+}
+
 __global__ void MultiplyKernel(const float* a, const float* b, int64_t n,
                                float* out) {
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
@@ -130,6 +148,18 @@ cudaError_t LaunchSoftmaxCrossEntropy(const float* logits,
 cudaError_t LaunchAdd(const float* a, const float* b, int64_t n, float* out,
                       cudaStream_t stream) {
   AddKernel<<<Blocks(n), kThreads, 0, stream>>>(a, b, n, out);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchAddRelu(const float* a, const float* b, int64_t n,
+                          float* out, cudaStream_t stream) {
+  AddReluKernel<<<Blocks(n), kThreads, 0, stream>>>(a, b, n, out);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchAddReluBackward(const float* dy, const float* y, int64_t n,
+                                  float* da, float* db, cudaStream_t stream) {
+  AddReluBackwardKernel<<<Blocks(n), kThreads, 0, stream>>>(dy, y, n, da, db);
   return cudaGetLastError();
 }
 

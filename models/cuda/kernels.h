@@ -1,5 +1,8 @@
 // Our own CUDA kernels, for the operations cuDNN and cuBLAS do not have:
-// softmax cross-entropy, elementwise add, dropout and the Adam step. Each
+// softmax cross-entropy, elementwise add (and add + ReLU fused: cuDNN 9's
+// fused BatchNorm + add + ReLU, cudnnBatchNormalizationForwardTrainingEx
+// with CUDNN_BATCHNORM_OPS_BN_ADD_ACTIVATION, takes NHWC half tensors
+// only), dropout and the Adam step. Each
 // launcher enqueues on `stream` and returns cudaGetLastError() after the launch
 // (the caller turns it into a status, cuda_backend.cc).
 //
@@ -26,6 +29,15 @@ cudaError_t LaunchSoftmaxCrossEntropy(const float* logits,
 // out = a + b.
 cudaError_t LaunchAdd(const float* a, const float* b, int64_t n, float* out,
                       cudaStream_t stream);
+
+// out = max(a + b, 0) (the residual add and its ReLU in one pass).
+cudaError_t LaunchAddRelu(const float* a, const float* b, int64_t n, float* out,
+                          cudaStream_t stream);
+
+// da = db = dy where y > 0, else 0: the gradient of LaunchAddRelu from its
+// output. `db` may be null.
+cudaError_t LaunchAddReluBackward(const float* dy, const float* y, int64_t n,
+                                  float* da, float* db, cudaStream_t stream);
 
 // mask[i] = (hash(seed, i) < keep) ? 1 / keep : 0; y = x * mask. The hash is
 // a counter-based generator (SplitMix64 of seed and index), so no state
