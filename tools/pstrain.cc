@@ -43,6 +43,7 @@
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "common/flags_util.h"
+#include "common/regular_file.h"
 #include "common/status_macros.h"
 #include "common/tls.h"
 #include "common/tls_flags.h"
@@ -236,7 +237,10 @@ ABSL_FLAG(bool, resume, false,
           "run: continue from --checkpoint_dir's newest checkpoint "
           "(weights, Adam state, step and data position).");
 ABSL_FLAG(std::string, checkpoint, "",
-          "eval: a model file, or a folder holding model.safetensors.");
+          "eval: a model file; a job's --checkpoint_dir (its final "
+          "model.safetensors, else the checkpoint its `latest` names); or "
+          "one step-<N> folder of it (its model file is checked against the "
+          "manifest beside it).");
 
 namespace pstrain {
 namespace {
@@ -850,6 +854,17 @@ absl::Status CheckModelFiles(const JobSpec& spec, const Dataset* dataset) {
     // The newest checkpoint must be there and verify before anything starts.
     absl::StatusOr<CheckpointManifest> latest = ReadLatestCheckpoint(dir);
     absl::Status verified = latest.status();
+    // The data position the workers would refuse once started.
+    if (verified.ok() && (latest->position.batch_size != spec.batch_size() ||
+                          latest->position.num_workers != spec.num_workers() ||
+                          latest->position.seed != spec.seed())) {
+      verified = absl::InvalidArgumentError(absl::StrCat(
+          latest->dir, ": saved with batch size ", latest->position.batch_size,
+          ", ", latest->position.num_workers, " workers and seed ",
+          latest->position.seed, "; this job has ", spec.batch_size(), ", ",
+          spec.num_workers(), " and ", spec.seed(),
+          ": its data position cannot be restored"));
+    }
     if (verified.ok() && dataset != nullptr) {
       // Every file read and checked against this job's model (on the CPU).
       std::unique_ptr<Backend> cpu = NewCpuBackend();
@@ -904,14 +919,30 @@ int Eval() {
     ignored = CheckIgnoredBackendFlags(absl::GetFlag(FLAGS_backend), "eval");
   }
   if (!ignored.ok()) return Fail(2, std::string(ignored.message()));
-  const std::string path = ModelFilePath(absl::GetFlag(FLAGS_checkpoint));
-  if (path.empty()) {
+  if (absl::GetFlag(FLAGS_checkpoint).empty()) {
     return Fail(2,
-                "--checkpoint: expected a model file or a folder holding "
-                "model.safetensors");
+                "--checkpoint: expected a model file, a checkpoint_dir or a "
+                "step-<N> folder of one");
   }
-  absl::StatusOr<ModelFileInfo> info = ReadModelFileInfo(path);
+  // A checkpoint's model file is read against its manifest (size, crc32,
+  // model, dataset, step, tensors).
+  absl::StatusOr<CheckpointModelFile> file =
+      FindModelFile(absl::GetFlag(FLAGS_checkpoint));
+  if (!file.ok()) return Fail(2, std::string(file.status().message()));
+  const std::string& path = file->path;
+  absl::StatusOr<ModelFileInfo> info = ReadModelFileInfo(path, file->options);
   if (!info.ok()) return Fail(2, std::string(info.status().message()));
+  if (file->manifest && (info->model != file->manifest->job.model ||
+                         info->dataset != file->manifest->job.dataset ||
+                         info->steps != file->manifest->step)) {
+    return Fail(2,
+                absl::StrCat(path, ": a ", EscapeForMessage(info->model),
+                             " of dataset ", EscapeForMessage(info->dataset),
+                             " at step ", info->steps, "; its manifest says ",
+                             EscapeForMessage(file->manifest->job.model), ", ",
+                             EscapeForMessage(file->manifest->job.dataset),
+                             ", step ", file->manifest->step));
+  }
   if (absl::Status s = CheckBackendFlags(); !s.ok()) {
     return Fail(2, std::string(s.message()));
   }
@@ -933,7 +964,17 @@ int Eval() {
       Model::Create(info->model, info->input_chw, info->num_classes,
                     ModelOptions(), backend->get());
   if (!model.ok()) return Fail(2, std::string(model.status().message()));
-  if (absl::Status s = LoadModelFile(path, model->get()); !s.ok()) {
+  if (file->manifest) {
+    if (absl::Status s =
+            CheckManifestModel(*file->manifest, (*model)->PsTensorNames(),
+                               (*model)->PsTensorShapes(),
+                               static_cast<int>((*model)->buffers().size()));
+        !s.ok()) {
+      return Fail(2, std::string(s.message()));
+    }
+  }
+  if (absl::Status s = LoadModelFile(path, model->get(), file->options);
+      !s.ok()) {
     return Fail(2, std::string(s.message()));
   }
   const int eval_batch =

@@ -4,8 +4,10 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <limits>
+#include <set>
 #include <type_traits>
 #include <utility>
 
@@ -14,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 #include "common/flags_util.h"
+#include "common/regular_file.h"
 #include "common/safetensors.h"
 #include "common/status_macros.h"
 #include "nlohmann/json.hpp"
@@ -27,6 +30,25 @@ namespace fs = std::filesystem;
 
 constexpr char kManifest[] = "manifest.json";
 constexpr char kModelFile[] = "model.safetensors";
+// Read limits: a manifest lists every tensor's name and shape (ResNet-50's
+// is 60 KB); `latest` holds "step-<N>\n".
+constexpr uint64_t kMaxManifestBytes = 16 << 20;
+constexpr uint64_t kMaxLatestBytes = 64;
+// Bounds of a manifest's fields that nothing else bounds: the job spec's
+// (coordinator/job_spec.h) where it has one.
+constexpr int kMaxShards = 4096;
+constexpr int64_t kMaxStepsPerEpoch = int64_t{1} << 40;
+constexpr int64_t kMaxBatchSize = 65536;
+constexpr int64_t kMaxWorkers = 4096;
+constexpr size_t kMaxTensors = 1 << 20;
+constexpr size_t kMaxTensorDims = 8;
+constexpr int64_t kMaxTensorElements = int64_t{1} << 40;
+constexpr size_t kMaxNameBytes = 4096;
+
+// Text from a file, quoted for a one-line message.
+std::string Quoted(absl::string_view text) {
+  return absl::StrCat("\"", EscapeForMessage(text), "\"");
+}
 
 std::string ShardFileName(int shard) {
   return absl::StrCat("shard-", shard, ".safetensors");
@@ -59,13 +81,18 @@ absl::StatusOr<T> Field(const std::string& path, const json& j,
     if (!v.is_string()) {
       return BadManifest(path, absl::StrCat("\"", key, "\" is not a string"));
     }
+    if (v.get_ref<const std::string&>().size() > kMaxNameBytes) {
+      return BadManifest(path, absl::StrCat("\"", key, "\" is longer than ",
+                                            kMaxNameBytes, " bytes"));
+    }
   } else if constexpr (std::is_same_v<T, bool>) {
     if (!v.is_boolean()) {
       return BadManifest(path, absl::StrCat("\"", key, "\" is not true/false"));
     }
   } else if constexpr (std::is_floating_point_v<T>) {
-    if (!v.is_number()) {
-      return BadManifest(path, absl::StrCat("\"", key, "\" is not a number"));
+    if (!v.is_number() || !std::isfinite(v.get<T>())) {
+      return BadManifest(path,
+                         absl::StrCat("\"", key, "\" is not a finite number"));
     }
   } else {
     if (!v.is_number_integer() ||
@@ -87,12 +114,130 @@ absl::StatusOr<CheckpointManifest::File> FileField(const std::string& path,
   ASSIGN_OR_RETURN(f.name, Field<std::string>(path, j, "file"));
   if (f.name.empty() || f.name.find('/') != std::string::npos ||
       f.name == "." || f.name == "..") {
-    return BadManifest(path, absl::StrCat("file name \"", f.name,
-                                          "\" is not a plain file name"));
+    return BadManifest(path, absl::StrCat("file name ", Quoted(f.name),
+                                          " is not a plain file name"));
   }
   ASSIGN_OR_RETURN(f.size_bytes, Field<uint64_t>(path, j, "size_bytes"));
   ASSIGN_OR_RETURN(f.crc32, Field<uint32_t>(path, j, "crc32"));
+  // The smallest safetensors file is its 8-byte length and "{}".
+  if (f.size_bytes < 10 || f.size_bytes > safetensors::kMaxFileBytes) {
+    return BadManifest(
+        path,
+        absl::StrCat("file ", Quoted(f.name), ": size_bytes ", f.size_bytes,
+                     "; expected 10 to ", safetensors::kMaxFileBytes));
+  }
   return f;
+}
+
+// `value` of field `name` within [lo, hi] (finite), or DATA_LOSS naming it.
+absl::Status CheckBetween(const std::string& path, absl::string_view name,
+                          double value, double lo, double hi) {
+  if (value >= lo && value <= hi) return absl::OkStatus();
+  return BadManifest(
+      path, absl::StrCat(name, " ", value, "; expected ", lo, " to ", hi));
+}
+
+// An optimizer's hyperparameters within the job spec's ranges.
+absl::Status CheckOptimizer(const std::string& path,
+                            const OptimizerOptions& o) {
+  RETURN_IF_ERROR(CheckBetween(path, "optimizer lr", o.lr, 1e-30, 10));
+  RETURN_IF_ERROR(CheckBetween(path, "optimizer epsilon", o.epsilon, 1e-30, 1));
+  RETURN_IF_ERROR(
+      CheckBetween(path, "optimizer weight_decay", o.weight_decay, 0, 1));
+  RETURN_IF_ERROR(CheckBetween(path, "optimizer dampening", o.dampening, 0, 1));
+  const std::pair<const char*, float> below_one[] = {
+      {"beta1", o.beta1}, {"beta2", o.beta2}, {"momentum", o.momentum}};
+  for (const auto& [name, value] : below_one) {
+    if (!(value >= 0 && value < 1)) {
+      return BadManifest(path, absl::StrCat("optimizer ", name, " ", value,
+                                            "; expected 0 <= ", name, " < 1"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// The data position against itself and the checkpoint's step: a position
+// is where step `step`'s successor takes its batch.
+absl::Status CheckPosition(const std::string& path, int64_t step,
+                           const DataPosition& p) {
+  const std::string where = path + " data_position";
+  if (p.steps_per_epoch < 1 || p.steps_per_epoch > kMaxStepsPerEpoch) {
+    return BadManifest(where,
+                       absl::StrCat("steps_per_epoch ", p.steps_per_epoch,
+                                    "; expected 1 to ", kMaxStepsPerEpoch));
+  }
+  if (p.step_in_epoch >= p.steps_per_epoch) {
+    return BadManifest(where,
+                       absl::StrCat("step_in_epoch ", p.step_in_epoch,
+                                    "; expected less than steps_per_epoch ",
+                                    p.steps_per_epoch));
+  }
+  int64_t position_step = 0;
+  if (__builtin_mul_overflow(p.epoch, p.steps_per_epoch, &position_step) ||
+      __builtin_add_overflow(position_step, p.step_in_epoch, &position_step) ||
+      position_step != step) {
+    return BadManifest(
+        where,
+        absl::StrCat("epoch ", p.epoch, " x steps_per_epoch ",
+                     p.steps_per_epoch, " + step_in_epoch ", p.step_in_epoch,
+                     " is not the checkpoint's step ", step));
+  }
+  if (p.batch_size < 1 || p.batch_size > kMaxBatchSize) {
+    return BadManifest(where, absl::StrCat("batch_size ", p.batch_size,
+                                           "; expected 1 to ", kMaxBatchSize));
+  }
+  if (p.num_workers < 1 || p.num_workers > kMaxWorkers) {
+    return BadManifest(where, absl::StrCat("num_workers ", p.num_workers,
+                                           "; expected 1 to ", kMaxWorkers));
+  }
+  return absl::OkStatus();
+}
+
+// The "tensors" list: names unique and bounded, shapes of positive
+// dimensions whose product is bounded, buffers after every parameter.
+absl::Status ReadTensors(const std::string& path, const json& j,
+                         CheckpointJobInfo* job) {
+  if (!j.contains("tensors") || !j["tensors"].is_array() ||
+      j["tensors"].empty() || j["tensors"].size() > kMaxTensors) {
+    return BadManifest(path, absl::StrCat("no \"tensors\" array of 1 to ",
+                                          kMaxTensors, " tensors"));
+  }
+  std::set<std::string> names;
+  for (const json& t : j["tensors"]) {
+    ASSIGN_OR_RETURN(std::string name, Field<std::string>(path, t, "name"));
+    ASSIGN_OR_RETURN(bool buffer, Field<bool>(path, t, "buffer"));
+    const std::string what = absl::StrCat("tensor ", Quoted(name));
+    if (name.empty() || !names.insert(name).second) {
+      return BadManifest(path, absl::StrCat(what, " is empty or listed twice"));
+    }
+    if (!buffer && job->num_buffers > 0) {
+      return BadManifest(path,
+                         absl::StrCat(what, " is a parameter after a buffer"));
+    }
+    if (!t.contains("shape") || !t["shape"].is_array() ||
+        t["shape"].size() > kMaxTensorDims) {
+      return BadManifest(path, absl::StrCat(what, " has no shape of at most ",
+                                            kMaxTensorDims, " dimensions"));
+    }
+    std::vector<int64_t> shape;
+    int64_t elements = 1;
+    for (const json& d : t["shape"]) {
+      if (!d.is_number_integer() || d.get<int64_t>() <= 0 ||
+          __builtin_mul_overflow(elements, d.get<int64_t>(), &elements) ||
+          elements > kMaxTensorElements) {
+        return BadManifest(
+            path, absl::StrCat(what,
+                               " has a dimension that is not positive, "
+                               "or more than ",
+                               kMaxTensorElements, " elements"));
+      }
+      shape.push_back(d.get<int64_t>());
+    }
+    job->tensor_names.push_back(name);
+    job->tensor_shapes.push_back(shape);
+    if (buffer) ++job->num_buffers;
+  }
+  return absl::OkStatus();
 }
 
 // Makes the names in `folder` durable (fsync of the folder itself).
@@ -109,7 +254,10 @@ absl::Status SyncFolder(const std::string& folder) {
 int64_t LatestStep(const std::string& dir) {
   std::string text;
   int64_t step = -1;
-  if (!ReadFile(absl::StrCat(dir, "/latest"), &text).ok()) return -1;
+  absl::StatusOr<std::string> read =
+      ReadSmallFile(absl::StrCat(dir, "/latest"), kMaxLatestBytes);
+  if (!read.ok()) return -1;
+  text = *std::move(read);
   absl::string_view name = absl::StripAsciiWhitespace(text);
   if (!absl::ConsumePrefix(&name, "step-") || !absl::SimpleAtoi(name, &step)) {
     return -1;
@@ -162,8 +310,8 @@ std::string CheckpointStepDir(const std::string& dir, int64_t step) {
 absl::StatusOr<CheckpointManifest> ReadCheckpointManifest(
     const std::string& step_dir) {
   const std::string path = absl::StrCat(step_dir, "/", kManifest);
-  std::string text;
-  RETURN_IF_ERROR(ReadFile(path, &text));
+  ASSIGN_OR_RETURN(const std::string text,
+                   ReadSmallFile(path, kMaxManifestBytes));
   json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded() || !j.is_object()) {
     return BadManifest(path, "not a JSON object");
@@ -179,20 +327,40 @@ absl::StatusOr<CheckpointManifest> ReadCheckpointManifest(
   ASSIGN_OR_RETURN(std::string format, Field<std::string>(path, j, "format"));
   if (format != kCheckpointFormat) {
     return BadManifest(path,
-                       absl::StrCat("format \"", format, "\"; expected \"",
+                       absl::StrCat("format ", Quoted(format), "; expected \"",
                                     kCheckpointFormat, "\""));
   }
   ASSIGN_OR_RETURN(m.step, Field<int64_t>(path, j, "step"));
+  // The folder's name says the step too (not when read through another
+  // name, such as a copy's).
+  absl::string_view folder = absl::StripSuffix(step_dir, "/");
+  folder = folder.substr(folder.rfind('/') + 1);
+  int64_t folder_step = 0;
+  if (absl::ConsumePrefix(&folder, "step-") &&
+      absl::SimpleAtoi(folder, &folder_step) && folder_step != m.step) {
+    return BadManifest(
+        path, absl::StrCat("step ", m.step, " in folder step-", folder_step));
+  }
   CheckpointJobInfo& job = m.job;
   ASSIGN_OR_RETURN(job.mode, Field<std::string>(path, j, "mode"));
+  if (job.mode != "sync" && job.mode != "async" && job.mode != "allreduce") {
+    return BadManifest(path, absl::StrCat("mode ", Quoted(job.mode),
+                                          "; expected sync, async or "
+                                          "allreduce"));
+  }
   ASSIGN_OR_RETURN(job.model, Field<std::string>(path, j, "model"));
   ASSIGN_OR_RETURN(job.dataset, Field<std::string>(path, j, "dataset"));
   ASSIGN_OR_RETURN(job.num_shards, Field<int>(path, j, "num_shards"));
   ASSIGN_OR_RETURN(job.partition_bytes,
                    Field<int64_t>(path, j, "partition_bytes"));
-  if (job.num_shards < 1 || job.num_shards > 4096) {
+  if (job.num_shards < 1 || job.num_shards > kMaxShards) {
     return BadManifest(path, absl::StrCat("num_shards ", job.num_shards,
-                                          "; expected 1 to 4096"));
+                                          "; expected 1 to ", kMaxShards));
+  }
+  if (job.partition_bytes < 1) {
+    return BadManifest(path,
+                       absl::StrCat("partition_bytes ", job.partition_bytes,
+                                    "; expected at least 1"));
   }
   const std::string opt_path = path + " optimizer";
   const json empty = json::object();
@@ -202,8 +370,8 @@ absl::StatusOr<CheckpointManifest> ReadCheckpointManifest(
   if (opt_name == "sgd") {
     job.adam.kind = OptimizerKind::kSgd;
   } else if (opt_name != "adam") {
-    return BadManifest(path, absl::StrCat("optimizer \"", opt_name,
-                                          "\"; expected \"adam\" or \"sgd\""));
+    return BadManifest(path, absl::StrCat("optimizer ", Quoted(opt_name),
+                                          "; expected \"adam\" or \"sgd\""));
   }
   ASSIGN_OR_RETURN(job.adam.lr, Field<float>(opt_path, opt, "lr"));
   ASSIGN_OR_RETURN(job.adam.beta1, Field<float>(opt_path, opt, "beta1"));
@@ -211,6 +379,12 @@ absl::StatusOr<CheckpointManifest> ReadCheckpointManifest(
   ASSIGN_OR_RETURN(job.adam.epsilon, Field<float>(opt_path, opt, "epsilon"));
   ASSIGN_OR_RETURN(job.adam.weight_decay,
                    Field<float>(opt_path, opt, "weight_decay"));
+  ASSIGN_OR_RETURN(const int64_t step_count,
+                   Field<int64_t>(opt_path, opt, "step_count"));
+  if (step_count != m.step) {
+    return BadManifest(opt_path, absl::StrCat("step_count ", step_count,
+                                              "; expected the step, ", m.step));
+  }
   if (job.adam.kind == OptimizerKind::kSgd) {
     // SGD's checkpoint: m holds the momentum buffer, v zeros.
     ASSIGN_OR_RETURN(job.adam.momentum,
@@ -219,6 +393,7 @@ absl::StatusOr<CheckpointManifest> ReadCheckpointManifest(
                      Field<float>(opt_path, opt, "dampening"));
     ASSIGN_OR_RETURN(job.adam.nesterov, Field<bool>(opt_path, opt, "nesterov"));
   }
+  RETURN_IF_ERROR(CheckOptimizer(opt_path, job.adam));
   const std::string pos_path = path + " data_position";
   const json& pos = j.contains("data_position") ? j["data_position"] : empty;
   DataPosition& p = m.position;
@@ -230,28 +405,8 @@ absl::StatusOr<CheckpointManifest> ReadCheckpointManifest(
   ASSIGN_OR_RETURN(p.seed, Field<uint64_t>(pos_path, pos, "seed"));
   ASSIGN_OR_RETURN(p.batch_size, Field<int64_t>(pos_path, pos, "batch_size"));
   ASSIGN_OR_RETURN(p.num_workers, Field<int64_t>(pos_path, pos, "num_workers"));
-  if (!j.contains("tensors") || !j["tensors"].is_array()) {
-    return BadManifest(path, "no \"tensors\" array");
-  }
-  for (const json& t : j["tensors"]) {
-    ASSIGN_OR_RETURN(std::string name, Field<std::string>(path, t, "name"));
-    ASSIGN_OR_RETURN(bool buffer, Field<bool>(path, t, "buffer"));
-    if (!t.contains("shape") || !t["shape"].is_array()) {
-      return BadManifest(path,
-                         absl::StrCat("tensor \"", name, "\" has no shape"));
-    }
-    std::vector<int64_t> shape;
-    for (const json& d : t["shape"]) {
-      if (!d.is_number_integer() || d.get<int64_t>() <= 0) {
-        return BadManifest(
-            path, absl::StrCat("tensor \"", name, "\" has a bad shape"));
-      }
-      shape.push_back(d.get<int64_t>());
-    }
-    job.tensor_names.push_back(name);
-    job.tensor_shapes.push_back(shape);
-    if (buffer) ++job.num_buffers;
-  }
+  RETURN_IF_ERROR(CheckPosition(path, m.step, p));
+  RETURN_IF_ERROR(ReadTensors(path, j, &job));
   if (!j.contains("shards") || !j["shards"].is_array() ||
       j["shards"].size() != static_cast<size_t>(job.num_shards)) {
     return BadManifest(path, absl::StrCat("\"shards\" does not list ",
@@ -259,51 +414,84 @@ absl::StatusOr<CheckpointManifest> ReadCheckpointManifest(
   }
   for (const json& s : j["shards"]) {
     ASSIGN_OR_RETURN(CheckpointManifest::File f, FileField(path, s));
+    const std::string expected = ShardFileName(m.shard_files.size());
+    if (f.name != expected) {
+      return BadManifest(
+          path, absl::StrCat("shard ", m.shard_files.size(), " is file ",
+                             Quoted(f.name), "; expected \"", expected, "\""));
+    }
+    ASSIGN_OR_RETURN(const int64_t min_version,
+                     Field<int64_t>(path, s, "min_version"));
+    ASSIGN_OR_RETURN(const int64_t max_version,
+                     Field<int64_t>(path, s, "max_version"));
+    if (min_version > max_version) {
+      return BadManifest(path,
+                         absl::StrCat(expected, ": min_version ", min_version,
+                                      " after max_version ", max_version));
+    }
     m.shard_files.push_back(f);
   }
   if (!j.contains("model_file")) return BadManifest(path, "no \"model_file\"");
   ASSIGN_OR_RETURN(m.model_file, FileField(path, j["model_file"]));
+  if (m.model_file.name != kModelFile) {
+    return BadManifest(path,
+                       absl::StrCat("model_file is ", Quoted(m.model_file.name),
+                                    "; expected \"", kModelFile, "\""));
+  }
   return m;
 }
 
 absl::StatusOr<CheckpointManifest> ReadLatestCheckpoint(
     const std::string& dir) {
   const std::string latest = absl::StrCat(dir, "/latest");
-  std::error_code error;
-  if (!fs::exists(latest, error)) {
+  absl::StatusOr<std::string> text = ReadSmallFile(latest, kMaxLatestBytes);
+  if (absl::IsNotFound(text.status())) {
     return absl::NotFoundError(
         absl::StrCat(dir, ": no checkpoint (no file \"latest\")"));
   }
-  std::string text;
-  RETURN_IF_ERROR(ReadFile(latest, &text));
-  absl::string_view name = absl::StripAsciiWhitespace(text);
-  if (!absl::StartsWith(name, "step-") ||
-      name.find('/') != absl::string_view::npos) {
-    return absl::DataLossError(absl::StrCat(
-        latest, ": expected \"step-<N>\", got \"", name.substr(0, 40), "\""));
+  if (!text.ok()) return text.status();
+  absl::string_view name = absl::StripAsciiWhitespace(*text);
+  absl::string_view number = name;
+  int64_t step = 0;
+  if (!absl::ConsumePrefix(&number, "step-") ||
+      !absl::SimpleAtoi(number, &step) || step < 0 ||
+      name != absl::StrCat("step-", step)) {
+    return absl::DataLossError(
+        absl::StrCat(latest, ": expected \"step-<N>\", got ", Quoted(name)));
   }
-  return ReadCheckpointManifest(absl::StrCat(dir, "/", name));
+  return ReadCheckpointManifest(CheckpointStepDir(dir, step));
 }
 
-absl::StatusOr<ModelState> LoadCheckpointState(
-    const CheckpointManifest& manifest, const std::vector<std::string>& names,
-    const std::vector<std::vector<int64_t>>& shapes, int num_buffers) {
+absl::Status CheckManifestModel(const CheckpointManifest& manifest,
+                                const std::vector<std::string>& names,
+                                const std::vector<std::vector<int64_t>>& shapes,
+                                int num_buffers) {
   const std::string where = absl::StrCat(manifest.dir, "/", kManifest);
   if (manifest.job.tensor_names.size() != names.size() ||
       manifest.job.num_buffers != num_buffers) {
     return absl::InvalidArgumentError(absl::StrCat(
         where, ": ", manifest.job.tensor_names.size(), " tensors (",
-        manifest.job.num_buffers, " buffers) of model \"", manifest.job.model,
-        "\"; this job's model has ", names.size(), " (", num_buffers, ")"));
+        manifest.job.num_buffers, " buffers) of model ",
+        Quoted(manifest.job.model), "; this job's model has ", names.size(),
+        " (", num_buffers, ")"));
   }
-  std::vector<int64_t> sizes;
   for (size_t t = 0; t < names.size(); ++t) {
     if (manifest.job.tensor_names[t] != names[t] ||
         manifest.job.tensor_shapes[t] != shapes[t]) {
       return absl::InvalidArgumentError(absl::StrCat(
-          where, ": tensor ", t, " is \"", manifest.job.tensor_names[t],
-          "\" of another shape or name than this model's \"", names[t], "\""));
+          where, ": tensor ", t, " is ", Quoted(manifest.job.tensor_names[t]),
+          " of another shape or name than this model's \"", names[t], "\""));
     }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<ModelState> LoadCheckpointState(
+    const CheckpointManifest& manifest, const std::vector<std::string>& names,
+    const std::vector<std::vector<int64_t>>& shapes, int num_buffers) {
+  RETURN_IF_ERROR(CheckManifestModel(manifest, names, shapes, num_buffers));
+  std::vector<int64_t> sizes;
+  for (size_t t = 0; t < names.size(); ++t) {
     int64_t n = 1;
     for (int64_t d : shapes[t]) n *= d;
     sizes.push_back(n);
@@ -329,6 +517,54 @@ absl::StatusOr<ModelState> LoadCheckpointState(
     }
   }
   return state;
+}
+
+absl::StatusOr<CheckpointModelFile> FindModelFile(const std::string& path) {
+  CheckpointModelFile found;
+  auto from_manifest = [&](CheckpointManifest manifest) {
+    found.path = absl::StrCat(manifest.dir, "/", manifest.model_file.name);
+    found.options.size_bytes = manifest.model_file.size_bytes;
+    found.options.crc32 = manifest.model_file.crc32;
+    found.manifest = std::move(manifest);
+    return found;
+  };
+  std::error_code error;
+  const fs::path given(path);
+  // lstat: a link in place of a checkpoint's file is the reader's to
+  // refuse, with its own message.
+  auto present = [&](const fs::path& p) {
+    return fs::symlink_status(p, error).type() != fs::file_type::not_found;
+  };
+  if (fs::is_directory(given, error)) {
+    const std::string dir(absl::StripSuffix(path, "/"));
+    if (present(given / kManifest)) {  // DIR/step-<N>
+      ASSIGN_OR_RETURN(CheckpointManifest m, ReadCheckpointManifest(dir));
+      return from_manifest(std::move(m));
+    }
+    if (present(given / kModelFile)) {  // A job's final model.
+      found.path = absl::StrCat(dir, "/", kModelFile);
+      return found;
+    }
+    if (present(given / "latest")) {  // A job that ended before its end.
+      ASSIGN_OR_RETURN(CheckpointManifest m, ReadLatestCheckpoint(dir));
+      return from_manifest(std::move(m));
+    }
+    return absl::NotFoundError(absl::StrCat(
+        dir, ": no ", kModelFile, ", no ", kManifest,
+        " and no checkpoint (\"latest\"); expected a model file, a job's "
+        "checkpoint_dir or one of its step-<N> folders"));
+  }
+  // A file: a checkpoint's model file is checked against the manifest
+  // beside it.
+  const fs::path folder = given.has_parent_path() ? given.parent_path() : ".";
+  if (given.filename() == kModelFile && present(folder / kManifest)) {
+    ASSIGN_OR_RETURN(CheckpointManifest m,
+                     ReadCheckpointManifest(folder.string()));
+    return from_manifest(std::move(m));
+  }
+  found.path = path;
+  found.options.follow_symlinks = true;  // A file the user named.
+  return found;
 }
 
 CheckpointWriter::CheckpointWriter(std::string dir, int keep,
@@ -379,9 +615,8 @@ absl::Status CheckpointWriter::Begin(
     return absl::InternalError(
         absl::StrCat(step_dir, ": cannot create it: ", error.message()));
   }
-  RETURN_IF_ERROR(exchange_
-                      ->Checkpoint(step, step_dir, /*wait=*/false)
-                      .status());
+  RETURN_IF_ERROR(
+      exchange_->Checkpoint(step, step_dir, /*wait=*/false).status());
   // Into the previous checkpoint's copy (its writer is done): no fresh
   // memory to touch on the training thread.
   weights_copy_.resize(weights.size());
@@ -412,9 +647,8 @@ absl::Status CheckpointWriter::Finish(
   in_folder.sync_folder = false;
   absl::StatusOr<safetensors::WriteResult> model_file =
       save_model_(spans, model_path, step, in_folder);
-  ASSIGN_OR_RETURN(
-      std::vector<CheckpointResponse> shards,
-      exchange_->Checkpoint(step, step_dir, /*wait=*/true));
+  ASSIGN_OR_RETURN(std::vector<CheckpointResponse> shards,
+                   exchange_->Checkpoint(step, step_dir, /*wait=*/true));
   RETURN_IF_ERROR(model_file.status());
   // The data files' names, then the step folder's own, are durable before
   // the manifest can exist.

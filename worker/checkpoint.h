@@ -40,20 +40,33 @@
 // each chunk at its saved version, Adam's step count included; chunks
 // split differently on load take the smallest version they overlap).
 //
-// Reading (ReadLatestCheckpoint, LoadCheckpointState): every file is
-// checked against the manifest's size and crc32 and every tensor against
-// the model; the state is reassembled per tensor, so a checkpoint loads
-// into a job with another number of shards or partition size.
+// Reading (ReadLatestCheckpoint, LoadCheckpointState): files are hostile.
+// `latest` (at most 64 bytes), the manifest (at most 16 MiB) and every
+// shard and model file are opened with O_NOFOLLOW and O_NONBLOCK and must
+// be regular files (common/regular_file.h: a link to /dev/zero or a FIFO is
+// refused at once); every file is checked against the manifest's size and
+// crc32 and every tensor against the model; the state is reassembled per
+// tensor, so a checkpoint loads into a job with another number of shards
+// or partition size. Every field of a manifest is checked against the
+// others: the step against its folder's name, the optimizer's step_count
+// and the data position (epoch x steps_per_epoch + step_in_epoch, with
+// step_in_epoch < steps_per_epoch); counts, sizes and hyperparameters
+// within the job spec's ranges (coordinator/job_spec.h; batch_size >= 1);
+// tensor names unique, shapes positive and bounded, buffers last; shard i
+// in file shard-<i>.safetensors and the model in model.safetensors. Text
+// from a file is C-escaped in messages.
 //
 // Errors are one line naming the file and the problem: NOT_FOUND (no
-// checkpoint), DATA_LOSS (a file that does not verify), INVALID_ARGUMENT
-// (a checkpoint of another model). Thread-compatible; the writer's
-// background thread is internal.
+// checkpoint), DATA_LOSS (a file that does not verify, a manifest field out
+// of range), INVALID_ARGUMENT (a checkpoint of another model; a link, FIFO
+// or device in place of a file). Thread-compatible; the writer's background
+// thread is internal.
 #ifndef PSTRAIN_WORKER_CHECKPOINT_H_
 #define PSTRAIN_WORKER_CHECKPOINT_H_
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -118,6 +131,36 @@ absl::StatusOr<CheckpointManifest> ReadLatestCheckpoint(const std::string& dir);
 // The manifest of one checkpoint folder DIR/step-<S>.
 absl::StatusOr<CheckpointManifest> ReadCheckpointManifest(
     const std::string& step_dir);
+
+// OK if the manifest's tensors are a model's PS tensors `names`/`shapes`
+// with the last `num_buffers` buffers; INVALID_ARGUMENT naming the first
+// that differs otherwise.
+absl::Status CheckManifestModel(const CheckpointManifest& manifest,
+                                const std::vector<std::string>& names,
+                                const std::vector<std::vector<int64_t>>& shapes,
+                                int num_buffers);
+
+// The model file `pstrain eval --checkpoint=PATH` means, and how to read it:
+//   - a folder holding manifest.json (DIR/step-<N>): its model file, checked
+//     against that manifest;
+//   - a folder holding model.safetensors (a job's checkpoint_dir after its
+//     end): that file;
+//   - a folder holding only `latest` (a job killed before its end): the
+//     model file of the checkpoint `latest` names, checked against its
+//     manifest;
+//   - DIR/step-<N>/model.safetensors: that file, checked against the
+//     manifest beside it;
+//   - any other file: itself (a link the user named is followed).
+// `options` carry the manifest's size and crc32 (a model file that the
+// manifest contradicts is refused when read) and refuse links inside a
+// checkpoint. Errors: the manifest's (above); NOT_FOUND for a folder that
+// holds none of these.
+struct CheckpointModelFile {
+  std::string path;
+  safetensors::ReadOptions options;
+  std::optional<CheckpointManifest> manifest;
+};
+absl::StatusOr<CheckpointModelFile> FindModelFile(const std::string& path);
 
 // Reads every shard file of `manifest` (size and crc32 checked) and joins
 // them into the state of a model whose PS tensors are `names`/`shapes` with
