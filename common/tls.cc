@@ -3,17 +3,22 @@
 #include <fcntl.h>
 #include <grpcpp/security/tls_certificate_provider.h>
 #include <grpcpp/security/tls_credentials_options.h>
+#include <netdb.h>
 #include <openssl/bio.h>
 #include <openssl/bn.h>
 #include <openssl/err.h>
 #include <openssl/evp.h>
 #include <openssl/pem.h>
+#include <openssl/ssl.h>
 #include <openssl/x509.h>
 #include <openssl/x509v3.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/time.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdint>
 #include <cstdlib>
@@ -696,6 +701,158 @@ absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> ChannelCredentials(
 void SetPeerServerName(const TlsIdentity& server,
                        grpc::ChannelArguments* args) {
   args->SetSslTargetNameOverride(ServerName(server));
+}
+
+namespace {
+
+struct SslCtxFree {
+  void operator()(SSL_CTX* p) const { SSL_CTX_free(p); }
+};
+struct SslFree {
+  void operator()(SSL* p) const { SSL_free(p); }
+};
+
+// A TCP connection to `host`:`port` whose connect, reads and writes give up
+// after `timeout`; -1 with errno set when none.
+int ConnectWithTimeout(const std::string& host, const std::string& port,
+                       absl::Duration timeout) {
+  addrinfo hints = {};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  if (getaddrinfo(host.c_str(), port.c_str(), &hints, &found) != 0) {
+    errno = EHOSTUNREACH;
+    return -1;
+  }
+  int fd = -1;
+  const timeval tv = absl::ToTimeval(timeout);
+  for (const addrinfo* a = found; a != nullptr && fd < 0; a = a->ai_next) {
+    fd = socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
+    if (fd < 0) continue;
+    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+    if (connect(fd, a->ai_addr, a->ai_addrlen) != 0) {
+      const int saved = errno;
+      close(fd);
+      fd = -1;
+      errno = saved;
+    }
+  }
+  freeaddrinfo(found);
+  return fd;
+}
+
+// OpenSSL's first queued error reason, for a one-line message.
+std::string SslReason() {
+  const unsigned long e = ERR_peek_error();
+  const char* reason = e == 0 ? nullptr : ERR_reason_error_string(e);
+  std::string text = reason != nullptr ? reason : "handshake failed";
+  ERR_clear_error();
+  return text;
+}
+
+// The common name of the certificate the peer presented, remembered by
+// RememberPeer() during the handshake (OpenSSL keeps no peer certificate
+// after a failed one).
+thread_local std::string peer_common_name;
+
+int RememberPeer(int ok, X509_STORE_CTX* ctx) {
+  X509* cert = X509_STORE_CTX_get_current_cert(ctx);
+  if (cert != nullptr && X509_STORE_CTX_get_error_depth(ctx) == 0) {
+    char name[256] = {0};
+    X509_NAME_get_text_by_NID(X509_get_subject_name(cert), NID_commonName, name,
+                              sizeof(name));
+    peer_common_name = name;
+  }
+  return ok;
+}
+
+}  // namespace
+
+absl::Status CheckTlsPeer(const TlsOptions& options, const TlsIdentity& self,
+                          const std::string& address, const TlsIdentity& server,
+                          absl::Duration timeout) {
+  if (options.insecure || options.dir.empty()) return absl::OkStatus();
+  std::string host, port;
+  const size_t colon = address.rfind(':');
+  if (colon == std::string::npos || colon + 1 == address.size()) {
+    return absl::OkStatus();
+  }
+  host = address.substr(0, colon);
+  port = address.substr(colon + 1);
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
+    host = host.substr(1, host.size() - 2);
+  }
+  if (host.find_first_of("/[]") != std::string::npos) return absl::OkStatus();
+  const std::string ca_path = options.dir + "/ca.pem";
+  const std::string stem = absl::StrCat(options.dir, "/", ClientStem(self));
+  const std::string name = ServerName(server);
+
+  std::unique_ptr<SSL_CTX, SslCtxFree> ctx(SSL_CTX_new(TLS_client_method()));
+  if (!ctx ||
+      SSL_CTX_load_verify_locations(ctx.get(), ca_path.c_str(), nullptr) != 1 ||
+      SSL_CTX_use_certificate_file(ctx.get(), (stem + ".pem").c_str(),
+                                   SSL_FILETYPE_PEM) != 1 ||
+      SSL_CTX_use_PrivateKey_file(ctx.get(), (stem + ".key").c_str(),
+                                  SSL_FILETYPE_PEM) != 1) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(stem, ".pem, .key or ", ca_path, ": cannot load them (",
+                     SslReason(), ")"));
+  }
+  SSL_CTX_set_verify(ctx.get(), SSL_VERIFY_PEER, RememberPeer);
+  peer_common_name = "?";
+  const int fd = ConnectWithTimeout(host, port, timeout);
+  if (fd < 0) {
+    return absl::UnavailableError(
+        absl::StrCat(address, ": cannot connect (", std::strerror(errno), ")"));
+  }
+  std::unique_ptr<SSL, SslFree> ssl(SSL_new(ctx.get()));
+  static const unsigned char kAlpn[] = {2, 'h', '2'};
+  if (!ssl || SSL_set_fd(ssl.get(), fd) != 1 ||
+      SSL_set1_host(ssl.get(), name.c_str()) != 1 ||
+      SSL_set_alpn_protos(ssl.get(), kAlpn, sizeof(kAlpn)) != 0) {
+    close(fd);
+    return OpenSslError("a TLS probe");
+  }
+  absl::Status result;
+  if (SSL_connect(ssl.get()) != 1) {
+    const long verify = SSL_get_verify_result(ssl.get());
+    const std::string reason = SslReason();
+    const std::string peer_name = peer_common_name;
+    if (verify == X509_V_ERR_HOSTNAME_MISMATCH) {
+      result = absl::UnavailableError(absl::StrCat(address, " is not ", name,
+                                                   " (its certificate names \"",
+                                                   peer_name, "\")"));
+    } else if (verify == X509_V_ERR_INVALID_PURPOSE) {
+      result = absl::UnavailableError(
+          absl::StrCat("certificate of ", name, " at ", address,
+                       " is not a server's certificate (\"", peer_name,
+                       "\", extended key usage)"));
+    } else if (verify != X509_V_OK) {
+      result = absl::UnavailableError(absl::StrCat(
+          "certificate of ", name, " at ", address, " not trusted by ", ca_path,
+          " (", X509_verify_cert_error_string(verify), ")"));
+    } else {
+      result = absl::UnavailableError(absl::StrCat(
+          address, " refused the TLS handshake as ", IdentityName(self),
+          " with ", stem, ".pem (", reason, ")"));
+    }
+  } else {
+    // TLS 1.3: the server judges our certificate after the handshake; its
+    // alert, if any, is the first thing to read.
+    const timeval tv = absl::ToTimeval(std::min(timeout, absl::Seconds(1)));
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+    char byte;
+    const int peeked = SSL_peek(ssl.get(), &byte, 1);
+    if (peeked <= 0 && SSL_get_error(ssl.get(), peeked) == SSL_ERROR_SSL) {
+      result = absl::UnavailableError(
+          absl::StrCat(address, " refused our certificate ", stem, ".pem (",
+                       SslReason(), ")"));
+    }
+    ERR_clear_error();
+  }
+  close(fd);
+  return result;
 }
 
 absl::StatusOr<TlsIdentity> PeerIdentity(const grpc::ServerContext& context) {

@@ -170,6 +170,18 @@ absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> ChannelCredentials(
 // `server.job` must be the caller's job (not "*").
 void SetPeerServerName(const TlsIdentity& server, grpc::ChannelArguments* args);
 
+// Tries one TLS handshake as `self` with the server at `address`
+// ("host:port" or "[v6]:port") that must prove to be `server`, for a task
+// whose calls failed to say why in one line: UNAVAILABLE "certificate of
+// coordinator.pstrain at ADDR not trusted by DIR/ca.pem (...)", "... is not
+// a server's certificate", "ADDR is not job-1.ps-0.pstrain (its certificate
+// names ...)", "ADDR refused our certificate DIR/worker-0.pem (...)" or
+// "ADDR: cannot connect (...)"; OK when the handshake succeeds, for
+// plaintext, or for a target it cannot parse. Waits at most `timeout`.
+absl::Status CheckTlsPeer(const TlsOptions& options, const TlsIdentity& self,
+                          const std::string& address, const TlsIdentity& server,
+                          absl::Duration timeout = absl::Seconds(5));
+
 // The identity of an RPC's caller from its verified certificate;
 // UNAUTHENTICATED when there is none (a plaintext call).
 absl::StatusOr<TlsIdentity> PeerIdentity(const grpc::ServerContext& context);

@@ -158,6 +158,48 @@ TEST_F(TlsHandshakeTest, ClientCertificateCannotActAsServer) {
   server->Shutdown();
 }
 
+// CheckTlsPeer: why a handshake fails, in one line.
+TEST_F(TlsHandshakeTest, ProbeSaysWhyAHandshakeFails) {
+  int port = 0;
+  std::unique_ptr<grpc::Server> server = Serve(b_, kShardB, &port);
+  ASSERT_NE(server, nullptr);
+  const std::string address = absl::StrCat("127.0.0.1:", port);
+  EXPECT_TRUE(CheckTlsPeer(In(a_), kWorkerA, address, kShardB).ok());
+
+  // Another job's shard.
+  absl::Status s = CheckTlsPeer(In(a_), kWorkerA, address, kShardA);
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
+  EXPECT_EQ(s.message(), absl::StrCat(address,
+                                      " is not job-a.ps-0.pstrain (its "
+                                      "certificate names \"ps:0@job-b\")"));
+
+  // A server of another CA.
+  const std::string other = NewDir("other-ca");
+  ASSERT_TRUE(MakeCertificates(other, {kWorkerA}).ok());
+  s = CheckTlsPeer(In(other), kWorkerA, address, kShardB);
+  EXPECT_NE(s.message().find("certificate of job-b.ps-0.pstrain at " + address +
+                             " not trusted by " + other + "/ca.pem"),
+            std::string::npos)
+      << s;
+
+  // Our certificate of another CA, theirs trusted.
+  fs::remove(other + "/ca.pem");
+  fs::copy_file(a_ + "/ca.pem", other + "/ca.pem");
+  s = CheckTlsPeer(In(other), kWorkerA, address, kShardB);
+  EXPECT_NE(s.message().find(address + " refused our certificate " + other +
+                             "/worker-0.pem"),
+            std::string::npos)
+      << s;
+  server->Shutdown();
+  server.reset();
+
+  // Nobody there.
+  s = CheckTlsPeer(In(a_), kWorkerA, address, kShardB);
+  EXPECT_NE(s.message().find(address + ": cannot connect"), std::string::npos)
+      << s;
+  EXPECT_EQ(s.message().find('\n'), std::string::npos);
+}
+
 TEST(TlsFilesTest, EveryCertificateHasOneUsage) {
   const std::string dir = NewDir("usage");
   ASSERT_TRUE(

@@ -1,7 +1,9 @@
 #include "coordinator/task_agent.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <optional>
 #include <utility>
 
@@ -37,14 +39,17 @@ TaskAgent::TaskAgent(TaskAgentOptions options) : options_(std::move(options)) {
   self.job = options_.job_id;
   absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials =
       ChannelCredentials(options_.tls, self);
-  // Checked by the caller (TaskAgentOptionsFromFlags); a channel without
-  // credentials fails its calls with UNAVAILABLE.
+  // Checked by the caller (TaskAgentOptionsFromFlags); files that stopped
+  // loading since end the task (exit 2 naming the file), never plaintext.
+  if (!credentials.ok()) {
+    std::fprintf(stderr, "%s: %s\n", name().c_str(),
+                 std::string(credentials.status().message()).c_str());
+    std::exit(2);
+  }
   grpc::ChannelArguments args;
   SetPeerServerName(TlsIdentity{TlsRole::kCoordinator}, &args);
-  stub_ = Coordinator::NewStub(grpc::CreateCustomChannel(
-      options_.coordinator,
-      credentials.ok() ? *credentials : grpc::InsecureChannelCredentials(),
-      args));
+  stub_ = Coordinator::NewStub(
+      grpc::CreateCustomChannel(options_.coordinator, *credentials, args));
 }
 
 TaskAgent::~TaskAgent() { StopHeartbeats(); }
@@ -83,13 +88,30 @@ grpc::Status TaskAgent::CallWithRetry(
   const absl::Time give_up = absl::Now() + budget;
   while (true) {
     grpc::ClientContext context;
-    SetDeadline(&context, options_.rpc_timeout);
+    // No try outlasts the budget (rpc_timeout 30 s, budget 5 s: 5 s).
+    SetDeadline(&context,
+                std::min(options_.rpc_timeout,
+                         std::max(give_up - absl::Now(), absl::Seconds(1))));
     const grpc::Status status = call(&context);
-    if (status.ok() || !Retryable(status) || absl::Now() > give_up) {
-      return status;
-    }
+    if (status.ok() || !Retryable(status)) return status;
+    if (absl::Now() > give_up) return WhyUnreachable(status);
     absl::SleepFor(absl::Seconds(1));
   }
+}
+
+grpc::Status TaskAgent::WhyUnreachable(const grpc::Status& status) const {
+  TlsIdentity self;
+  self.role = options_.role == ROLE_PS ? TlsRole::kPs : TlsRole::kWorker;
+  self.index = options_.index;
+  self.job = options_.job_id;
+  // A TLS handshake that fails looks like an unreachable coordinator to
+  // gRPC; one probe says which it is.
+  const absl::Status tls =
+      CheckTlsPeer(options_.tls, self, options_.coordinator,
+                   TlsIdentity{TlsRole::kCoordinator});
+  if (tls.ok()) return status;
+  return grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                      std::string(tls.message()));
 }
 
 absl::StatusOr<JobSpec> TaskAgent::FetchSpec() {

@@ -124,12 +124,18 @@ class TaskAgent {
 
  private:
   TaskRef Ref() const;
-  // Runs `call` with a fresh context (deadline rpc_timeout, wait_for_ready)
-  // again every second while it fails with UNAVAILABLE or
-  // DEADLINE_EXCEEDED, for at most `budget`; returns the last status.
+  // Runs `call` with a fresh context (deadline rpc_timeout or what is left
+  // of `budget`, at least 1 s; wait_for_ready) again every second while it
+  // fails with UNAVAILABLE or DEADLINE_EXCEEDED, for at most `budget`;
+  // returns the last status, or WhyUnreachable()'s.
   grpc::Status CallWithRetry(
       absl::Duration budget,
       const std::function<grpc::Status(grpc::ClientContext*)>& call);
+  // `status` of a call that never reached the coordinator, or UNAVAILABLE
+  // with the one-line reason its TLS handshake fails (common/tls.h
+  // CheckTlsPeer: "certificate of coordinator.pstrain at ... not trusted
+  // by .../ca.pem (...)").
+  grpc::Status WhyUnreachable(const grpc::Status& status) const;
   // Moves the queued lines and the progress into a HeartbeatRequest or a
   // TaskFinishedRequest.
   template <typename Request>

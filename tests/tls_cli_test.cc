@@ -107,6 +107,33 @@ TEST(TlsCliTest, TaskWithoutItsKeyExitsTwoNamingIt) {
       << r.output;
 }
 
+TEST(TlsCliTest, HandshakeFailureSaysSoWithinTheTimeout) {
+  testing::CoordinatorProcess coordinator(TempDir() + "/jobs.pb", 30);
+  ASSERT_TRUE(coordinator.up());
+  // The task's folder is of another CA than the coordinator's.
+  const std::string dir = TempDir() + "/other-ca";
+  ASSERT_EQ(RunCommand("tools/pstrain certs --out=" + dir +
+                       " --job=job-1 --num_ps=1 --num_workers=1")
+                .exit_code,
+            0);
+  const auto start = std::chrono::steady_clock::now();
+  const auto r = RunCommand(
+      "worker/pstrain_worker --coordinator=" + coordinator.address() +
+      " --job=job-1 --task_index=0 "
+      "--coordinator_timeout_s=5 --tls_dir=" +
+      dir);
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
+          .count();
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("certificate of coordinator.pstrain at " +
+                          coordinator.address() + " not trusted by " + dir +
+                          "/ca.pem"),
+            std::string::npos)
+      << r.output;
+  EXPECT_LT(seconds, 15) << r.output;
+}
+
 // The folders `pstrain run` made under `tmp`.
 std::vector<std::string> RunFolders(const std::string& tmp) {
   std::vector<std::string> found;
