@@ -213,6 +213,56 @@ def manifest():
     write("checkpoint_manifest_fuzzer", "bad_crc", "#" + json.dumps(j2))
 
 
+def checkpoint_files():
+    """A whole checkpoint of one shard: a 4-element parameter "a" and a
+    2-element buffer "b" at step 7 (epoch 1, step 2 of 5), packed as
+    checkpoint_files_fuzzer.cc reads it (flags 3: the fuzzer sets the
+    manifest's crc32 and the files' sizes and crc32 itself)."""
+    rows = [(0, 0, 4, 7, 0), (1, 0, 2, 7, 1)]
+    tensors = [("chunks", "I64", [len(rows), 5],
+                b"".join(struct.pack("<5q", *r) for r in rows))]
+    for p, off, n, _, buf in rows:
+        for k in ("w" if buf else "wmv"):
+            tensors.append(("%d:%d:%d:%s" % (p, off, n, k), "F32", [n],
+                            f32([0.25 * (i + 1) for i in range(n)])))
+    shard = safetensors_file(tensors, {
+        "format": "pstrain-shard-checkpoint/1", "shard": "0",
+        "num_shards": "1", "step": "7"})
+    model = safetensors_file(
+        [("a", "F32", [4], f32([0.25, 0.5, 0.75, 1.0])),
+         ("b", "F32", [2], f32([0.25, 0.5]))],
+        {"format": "pstrain.model/1", "model": "synthetic",
+         "input_chw": "1,1,1", "num_classes": "2", "steps": "7",
+         "dataset": "synthetic"})
+    j = {
+        "format": "pstrain-checkpoint/1", "step": 7, "mode": "sync",
+        "model": "synthetic", "dataset": "synthetic", "num_shards": 1,
+        "partition_bytes": 4194304,
+        "optimizer": {"name": "adam", "lr": 0.001, "beta1": 0.9,
+                      "beta2": 0.999, "epsilon": 1e-8, "weight_decay": 0.0,
+                      "step_count": 7},
+        "data_position": {"epoch": 1, "step_in_epoch": 2,
+                          "steps_per_epoch": 5, "seed": 1,
+                          "batch_size": 4, "num_workers": 1},
+        "tensors": [{"name": "a", "shape": [4], "buffer": False},
+                    {"name": "b", "shape": [2], "buffer": True}],
+        "shards": [{"file": "shard-0.safetensors", "size_bytes": 0,
+                    "crc32": 0, "min_version": 7, "max_version": 7}],
+        "model_file": {"file": "model.safetensors", "size_bytes": 0,
+                       "crc32": 0},
+    }
+    text = json.dumps(j, separators=(",", ":")).encode()
+
+    def pack(flags):
+        return (bytes([flags]) + struct.pack("<H", len(text)) + text +
+                struct.pack("<H", len(shard)) + shard + model)
+
+    write("checkpoint_files_fuzzer", "synthetic", pack(3))
+    # The same with a FIFO for the shard, /dev/zero for the model file.
+    write("checkpoint_files_fuzzer", "fifo_shard", pack(3 | 4))
+    write("checkpoint_files_fuzzer", "dev_zero_model", pack(3 | 8))
+
+
 def parameter_shard():
     # Header: workers-1, mode, shards-1, shard index, params-1, sizes...,
     # partition words-1, buffers, init flags, then operations (see
@@ -274,5 +324,6 @@ if __name__ == "__main__":
     partition()
     safetensors()
     manifest()
+    checkpoint_files()
     parameter_shard()
     image_decode()
