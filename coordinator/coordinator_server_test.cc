@@ -4,8 +4,12 @@
 // it keeps serving.
 #include "coordinator/coordinator_server.h"
 
+#include <sys/stat.h>
+
 #include <atomic>
 #include <cmath>
+#include <filesystem>
+#include <fstream>
 #include <functional>
 #include <limits>
 #include <random>
@@ -16,6 +20,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/tls.h"
 #include "coordinator/job_spec.h"
 #include "gtest/gtest.h"
 #include "proto/coordinator.grpc.pb.h"
@@ -177,6 +182,252 @@ TEST_F(BoundedCoordinatorTest, PastTheThreadCapCallsAreRefusedNotQueued) {
     absl::SleepFor(absl::Milliseconds(100));
   }
   EXPECT_TRUE(status.ok()) << status.error_message();
+}
+
+TEST(CoordinatorServerTest, AMissingJobFileFolderIsCreatedPrivate) {
+  const std::string root = testing::TempDir() + "/fresh-node";
+  std::filesystem::remove_all(root);
+  CoordinatorServerOptions options;
+  options.address = "127.0.0.1:0";
+  options.job_file = root + "/var/lib/pstrain/jobs.pb";
+  absl::StatusOr<std::unique_ptr<CoordinatorServer>> server =
+      CoordinatorServer::Start(options);
+  ASSERT_TRUE(server.ok()) << server.status();
+  for (const std::string& folder :
+       {root + "/var", root + "/var/lib", root + "/var/lib/pstrain"}) {
+    struct stat st;
+    ASSERT_EQ(stat(folder.c_str(), &st), 0) << folder;
+    EXPECT_EQ(st.st_mode & 0777, 0700u) << folder;
+  }
+  EXPECT_TRUE(std::filesystem::is_regular_file(options.job_file));
+  server->reset();
+  // A folder that cannot be made: one line naming the job file.
+  std::ofstream(root + "/a-file") << "x";
+  options.job_file = root + "/a-file/sub/jobs.pb";
+  server = CoordinatorServer::Start(options);
+  ASSERT_FALSE(server.ok());
+  EXPECT_FALSE(absl::IsUnavailable(server.status()));
+  EXPECT_EQ(server.status().message().rfind(
+                absl::StrCat("job file ", options.job_file, ": "), 0),
+            0u)
+      << server.status();
+  EXPECT_EQ(server.status().message().find('\n'), absl::string_view::npos);
+}
+
+const TlsIdentity kCoordinatorId{TlsRole::kCoordinator};
+const TlsIdentity kJob1Worker0{TlsRole::kWorker, 0, "job-1"};
+const TlsIdentity kJob1Worker1{TlsRole::kWorker, 1, "job-1"};
+const TlsIdentity kJob2Ps0{TlsRole::kPs, 0, "job-2"};
+const TlsIdentity kJob2Worker0{TlsRole::kWorker, 0, "job-2"};
+
+// A TLS coordinator with job-1 (1 ps, 2 workers) and job-2 (1 ps, 1
+// worker), and channels as each task of them.
+class TlsCoordinatorTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = new std::string(testing::TempDir() + "/coordinator-tls");
+    std::filesystem::remove_all(*dir_);
+    // One folder per job (files are named by role and index), one CA.
+    ASSERT_TRUE(MakeCertificates(*dir_ + "/job-1",
+                                 {kCoordinatorId, kJob1Worker0, kJob1Worker1})
+                    .ok());
+    std::filesystem::create_directories(*dir_ + "/job-2");
+    for (const char* f : {"ca.pem", "ca.key"}) {
+      std::filesystem::copy_file(*dir_ + "/job-1/" + f, *dir_ + "/job-2/" + f);
+    }
+    ASSERT_TRUE(
+        MakeCertificates(*dir_ + "/job-2", {kJob2Ps0, kJob2Worker0}).ok());
+  }
+
+  void SetUp() override {
+    TlsOptions tls;
+    tls.dir = *dir_ + "/job-1";
+    CoordinatorServerOptions options;
+    options.address = "127.0.0.1:0";
+    // The longest a poll waits; the server's shutdown waits for them.
+    options.max_wait = absl::Seconds(15);
+    auto credentials = ServerCredentials(tls, kCoordinatorId);
+    ASSERT_TRUE(credentials.ok()) << credentials.status();
+    options.credentials = *credentials;
+    absl::StatusOr<std::unique_ptr<CoordinatorServer>> server =
+        CoordinatorServer::Start(options);
+    ASSERT_TRUE(server.ok()) << server.status();
+    server_ = *std::move(server);
+    JobSpec spec;
+    spec.set_num_ps(1);
+    spec.set_num_workers(2);
+    ASSERT_EQ(*server_->table().Submit(spec, absl::Now()), "job-1");
+    spec.set_num_workers(1);
+    ASSERT_EQ(*server_->table().Submit(spec, absl::Now()), "job-2");
+  }
+
+  // A stub as `id` on a connection of its own.
+  std::unique_ptr<Coordinator::Stub> Stub(const TlsIdentity& id) {
+    TlsOptions tls;
+    tls.dir = *dir_ + "/" + id.job;
+    auto credentials = ChannelCredentials(tls, id);
+    EXPECT_TRUE(credentials.ok()) << credentials.status();
+    grpc::ChannelArguments args;
+    SetPeerServerName(kCoordinatorId, &args);
+    args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+    return Coordinator::NewStub(grpc::CreateCustomChannel(
+        absl::StrCat("127.0.0.1:", server_->port()), *credentials, args));
+  }
+
+  static grpc::Status Set(Coordinator::Stub* stub, const std::string& key) {
+    grpc::ClientContext context;
+    context.set_deadline(In(absl::Seconds(10)));
+    KvSetRequest request;
+    request.set_job_id("job-1");
+    request.set_key(key);
+    request.set_value("v");
+    KvSetResponse response;
+    return stub->KvSet(&context, request, &response);
+  }
+
+  static std::string* dir_;
+  std::unique_ptr<CoordinatorServer> server_;
+};
+
+std::string* TlsCoordinatorTest::dir_ = nullptr;
+
+TEST_F(TlsCoordinatorTest, AWorkerSetsOnlyItsOwnKeys) {
+  auto worker0 = Stub(kJob1Worker0);
+  auto worker1 = Stub(kJob1Worker1);
+  // The keys Gloo's and NCCL's rendezvous set (worker/collective.cc,
+  // worker/nccl_collective.cc), each by its own rank.
+  for (const char* key : {"gloo/1", "gloo/rank_1", "worker-1/x"}) {
+    EXPECT_TRUE(Set(worker1.get(), key).ok()) << key;
+  }
+  for (const char* key : {"gloo/0", "gloo/rank_0", "nccl/nccl_id", "k"}) {
+    const grpc::Status status = Set(worker1.get(), key);
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::PERMISSION_DENIED) << key;
+  }
+  EXPECT_EQ(Set(worker1.get(), "gloo/0").error_message(),
+            "worker:1@job-1 may not call /pstrain.Coordinator/KvSet for key "
+            "\"gloo/0\" of job job-1: it is "
+            "worker 0's; a worker sets only its own keys (worker-<i>/..., "
+            "<prefix>/<i>, <prefix>/rank_<i>; <prefix>/nccl_id: worker 0)");
+  for (const char* key : {"gloo/0", "gloo/rank_0", "nccl/nccl_id"}) {
+    EXPECT_TRUE(Set(worker0.get(), key).ok()) << key;
+  }
+  const JobInfo job = *server_->table().Get("job-1");
+  EXPECT_EQ(job.kv().size(), 6u);
+  EXPECT_FALSE(job.kv().contains("k"));
+}
+
+// 2,000 long polls from one worker key take at most its cap of the
+// server's threads: another job registers, heartbeats and finishes.
+TEST_F(TlsCoordinatorTest, OneKeysLongPollsDoNotStallAnotherJob) {
+  constexpr int kPolls = 2000;
+  constexpr int kConnections = 40;  // at most 100 streams each
+  std::vector<std::unique_ptr<Coordinator::Stub>> flooders;
+  for (int i = 0; i < kConnections; ++i) flooders.push_back(Stub(kJob1Worker0));
+  grpc::CompletionQueue queue;
+  struct Poll {
+    grpc::ClientContext context;
+    KvWaitResponse response;
+    grpc::Status status;
+    std::unique_ptr<grpc::ClientAsyncResponseReader<KvWaitResponse>> reader;
+  };
+  std::vector<std::unique_ptr<Poll>> polls;
+  for (int i = 0; i < kPolls; ++i) {
+    auto poll = std::make_unique<Poll>();
+    poll->context.set_deadline(In(absl::Seconds(60)));
+    KvWaitRequest request;
+    request.set_job_id("job-1");
+    request.set_key("never");
+    poll->reader = flooders[i % kConnections]->AsyncKvWait(&poll->context,
+                                                           request, &queue);
+    poll->reader->Finish(&poll->response, &poll->status, poll.get());
+    polls.push_back(std::move(poll));
+  }
+  // Wait until all but the cap's worth have been refused.
+  int refused = 0;
+  int done = 0;
+  const int cap = CoordinatorService::kMaxLongPollsPerCaller;
+  const absl::Time give_up = absl::Now() + absl::Seconds(30);
+  while (done < kPolls - cap && absl::Now() < give_up) {
+    void* tag;
+    bool ok;
+    if (queue.AsyncNext(&tag, &ok, In(absl::Seconds(1))) !=
+        grpc::CompletionQueue::GOT_EVENT) {
+      continue;
+    }
+    ++done;
+    const grpc::Status& status = static_cast<Poll*>(tag)->status;
+    if (status.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED) {
+      ++refused;
+    } else {
+      ADD_FAILURE() << status.error_code() << " " << status.error_message();
+    }
+  }
+  EXPECT_EQ(refused, kPolls - cap) << "done " << done;
+
+  // job-2 runs to its end meanwhile.
+  auto ps = Stub(kJob2Ps0);
+  auto worker = Stub(kJob2Worker0);
+  for (auto [stub, role] :
+       {std::pair{ps.get(), ROLE_PS}, std::pair{worker.get(), ROLE_WORKER}}) {
+    grpc::ClientContext context;
+    context.set_deadline(In(absl::Seconds(10)));
+    RegisterRequest request;
+    request.mutable_task()->set_job_id("job-2");
+    request.mutable_task()->set_role(role);
+    request.set_address(role == ROLE_PS ? "127.0.0.1:7000" : "127.0.0.1:7001");
+    RegisterResponse response;
+    const grpc::Status status = stub->Register(&context, request, &response);
+    ASSERT_TRUE(status.ok()) << status.error_message();
+  }
+  {
+    grpc::ClientContext context;
+    context.set_deadline(In(absl::Seconds(10)));
+    JobRequest request;
+    request.set_job_id("job-2");
+    ClusterLayout layout;
+    const grpc::Status status =
+        worker->WaitForLayout(&context, request, &layout);
+    ASSERT_TRUE(status.ok()) << status.error_message();
+    EXPECT_EQ(layout.worker_addresses(0), "127.0.0.1:7001");
+  }
+  {
+    grpc::ClientContext context;
+    context.set_deadline(In(absl::Seconds(10)));
+    HeartbeatRequest request;
+    request.mutable_task()->set_job_id("job-2");
+    request.mutable_task()->set_role(ROLE_WORKER);
+    request.add_log_lines("step 1");
+    HeartbeatResponse response;
+    const grpc::Status status = worker->Heartbeat(&context, request, &response);
+    ASSERT_TRUE(status.ok()) << status.error_message();
+  }
+  {
+    grpc::ClientContext context;
+    context.set_deadline(In(absl::Seconds(10)));
+    TaskFinishedRequest request;
+    request.mutable_task()->set_job_id("job-2");
+    request.mutable_task()->set_role(ROLE_WORKER);
+    request.set_ok(true);
+    TaskFinishedResponse response;
+    const grpc::Status status =
+        worker->TaskFinished(&context, request, &response);
+    ASSERT_TRUE(status.ok()) << status.error_message();
+  }
+  EXPECT_EQ(server_->table().Get("job-2")->state(), JOB_SUCCEEDED);
+
+  // The polls still waiting are the cap's worth; end them.
+  for (auto& poll : polls) poll->context.TryCancel();
+  while (done < kPolls) {
+    void* tag;
+    bool ok;
+    if (!queue.Next(&tag, &ok)) break;
+    ++done;
+  }
+  queue.Shutdown();
+  void* tag;
+  bool ok;
+  while (queue.Next(&tag, &ok)) {
+  }
 }
 
 // Random job specs against the live coordinator (issue 22): every field of

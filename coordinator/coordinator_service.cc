@@ -2,11 +2,13 @@
 
 #include <algorithm>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/status.h"
+#include "common/tls.h"
 #include "coordinator/job_spec.h"
 
 namespace pstrain {
@@ -21,6 +23,48 @@ grpc::Status CoordinatorService::Authorize(const grpc::ServerContext& context,
   claims.index = role == ROLE_UNSPECIFIED ? -1 : index;
   return authorizer_.Check(
       context, absl::StrCat("/pstrain.Coordinator/", method), claims);
+}
+
+std::string CoordinatorService::CallerName(
+    const grpc::ServerContext& context) const {
+  if (authorizer_.enabled()) {
+    absl::StatusOr<TlsIdentity> identity = PeerIdentity(context);
+    if (identity.ok()) return IdentityName(*identity);
+  }
+  // "ipv4:127.0.0.1:51234" -> "ipv4:127.0.0.1": the port changes per
+  // connection.
+  std::string peer = context.peer();
+  const size_t colon = peer.rfind(':');
+  if (colon != std::string::npos && colon > peer.find(':')) {
+    peer.resize(colon);
+  }
+  return peer;
+}
+
+CoordinatorService::LongPoll::LongPoll(CoordinatorService* service,
+                                       std::string caller)
+    : service_(service), caller_(std::move(caller)) {
+  absl::MutexLock lock(&service_->polls_mu_);
+  int& count = service_->polls_[caller_];
+  if (count >= service_->max_long_polls_) {
+    status_ = grpc::Status(
+        grpc::StatusCode::RESOURCE_EXHAUSTED,
+        absl::StrCat(caller_, " has ", count,
+                     " long polls (WaitForLayout, KvWait) in flight, the "
+                     "limit per caller; try again when one has returned"));
+    if (count == 0) service_->polls_.erase(caller_);
+    return;
+  }
+  ++count;
+}
+
+CoordinatorService::LongPoll::~LongPoll() {
+  if (!status_.ok()) return;
+  absl::MutexLock lock(&service_->polls_mu_);
+  auto it = service_->polls_.find(caller_);
+  if (it != service_->polls_.end() && --it->second <= 0) {
+    service_->polls_.erase(it);
+  }
 }
 
 absl::Time CoordinatorService::Deadline(
@@ -108,6 +152,8 @@ grpc::Status CoordinatorService::WaitForLayout(grpc::ServerContext* context,
       !denied.ok()) {
     return denied;
   }
+  LongPoll poll(this, CallerName(*context));
+  if (!poll.status().ok()) return poll.status();
   absl::StatusOr<std::vector<std::string>> addresses =
       table_->WaitForLayout(request->job_id(), Deadline(context));
   if (!addresses.ok()) return ToGrpcStatus(addresses.status());
@@ -188,6 +234,23 @@ grpc::Status CoordinatorService::KvSet(grpc::ServerContext* context,
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                         "kv set: the key is empty");
   }
+  if (authorizer_.enabled()) {
+    // Authorize() passed: the caller is a worker of the job.
+    absl::StatusOr<TlsIdentity> caller = PeerIdentity(*context);
+    if (!caller.ok()) return ToGrpcStatus(caller.status());
+    const int owner = KvKeyOwner(request->key());
+    if (owner != caller->index) {
+      return grpc::Status(
+          grpc::StatusCode::PERMISSION_DENIED,
+          absl::StrCat(
+              IdentityName(*caller),
+              " may not call /pstrain.Coordinator/KvSet for key \"",
+              request->key(), "\" of job ", request->job_id(), ": it is ",
+              owner >= 0 ? absl::StrCat("worker ", owner, "'s") : "no worker's",
+              "; a worker sets only its own keys (worker-<i>/..., "
+              "<prefix>/<i>, <prefix>/rank_<i>; <prefix>/nccl_id: worker 0)"));
+    }
+  }
   return ToGrpcStatus(
       table_->Set(request->job_id(), request->key(), request->value()));
 }
@@ -199,6 +262,8 @@ grpc::Status CoordinatorService::KvWait(grpc::ServerContext* context,
       !denied.ok()) {
     return denied;
   }
+  LongPoll poll(this, CallerName(*context));
+  if (!poll.status().ok()) return poll.status();
   absl::StatusOr<std::string> value =
       table_->WaitForKey(request->job_id(), request->key(), Deadline(context));
   if (!value.ok()) return ToGrpcStatus(value.status());

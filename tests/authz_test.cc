@@ -270,13 +270,14 @@ TEST_F(AuthzTest, EveryMethodServesItsCallersAndRefusesEveryoneElse) {
         RestartTaskResponse out;
         return coordinator(ch)->RestartTask(&c, r, &out);
       }};
+  // A worker sets only its own keys (KvKeyOwner): worker 0's here.
   cases["/pstrain.Coordinator/KvSet"] = {
-      {"worker:0@job-1", "worker:1@job-1"}, [&](grpc::Channel* ch) {
+      {"worker:0@job-1"}, [&](grpc::Channel* ch) {
         grpc::ClientContext c;
         Deadline(&c);
         KvSetRequest r;
         r.set_job_id("job-1");
-        r.set_key("k");
+        r.set_key("worker-0/k");
         r.set_value("v");
         KvSetResponse out;
         return coordinator(ch)->KvSet(&c, r, &out);
