@@ -28,6 +28,7 @@
 #include <memory>
 #include <sstream>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -500,29 +501,29 @@ absl::Status MakeCertificates(const std::string& dir,
   return absl::OkStatus();
 }
 
-absl::Status CopyForNodes(const std::string& from, const std::string& to) {
+absl::Status CopyForNodes(const std::string& from, const std::string& to,
+                          const std::vector<TlsIdentity>& identities) {
   std::error_code error;
   if (fs::exists(to, error) && fs::equivalent(from, to, error)) {
     return absl::InvalidArgumentError(absl::StrCat(
         to, ": is the folder of the CA's key; expected another for the nodes"));
   }
   if (absl::Status s = MakePrivateDir(to); !s.ok()) return s;
-  std::vector<std::string> names;
-  for (const fs::directory_entry& e : fs::directory_iterator(from, error)) {
-    const std::string name = e.path().filename().string();
-    const std::string ext = e.path().extension().string();
-    const bool task = name.rfind("coordinator.", 0) == 0 ||
-                      name.rfind("ps-", 0) == 0 ||
-                      name.rfind("worker-", 0) == 0;
-    if ((name == "ca.pem" || task) && (ext == ".pem" || ext == ".key")) {
-      names.push_back(name);
+  std::vector<std::string> names = {"ca.pem"};
+  for (const TlsIdentity& identity : identities) {
+    if (identity.role != TlsRole::kPs && identity.role != TlsRole::kWorker) {
+      continue;
+    }
+    for (const std::string& stem :
+         {IdentityStem(identity), ClientStem(identity)}) {
+      names.push_back(stem + ".pem");
+      names.push_back(stem + ".key");
     }
   }
-  if (error) return PosixError(from, "cannot list it");
   for (const std::string& name : names) {
     absl::StatusOr<std::string> bytes = ReadAll(absl::StrCat(from, "/", name));
     if (!bytes.ok()) return bytes.status();
-    const bool key = fs::path(name).extension() == ".key";
+    const bool key = absl::EndsWith(name, ".key");
     if (absl::Status s = WriteFileWithMode(absl::StrCat(to, "/", name), *bytes,
                                            key ? 0600 : 0644);
         !s.ok()) {

@@ -100,9 +100,11 @@ absl::Status RemoveMintingKeys(const std::string& dir);
 
 // Copies what the nodes of a cluster need from `from` (a folder of
 // MakeCertificates) into `to` (created 0700): ca.pem and the certificates
-// and keys of the coordinator, the shards and the workers; never ca.key
-// or the administrator's. INVALID_ARGUMENT when `to` is `from`.
-absl::Status CopyForNodes(const std::string& from, const std::string& to);
+// and keys of the shards and workers among `identities`; never ca.key, nor
+// the coordinator's or the administrator's (they stay on the head node).
+// INVALID_ARGUMENT when `to` is `from`.
+absl::Status CopyForNodes(const std::string& from, const std::string& to,
+                          const std::vector<TlsIdentity>& identities);
 
 // A folder only this user can enter (mode 0700, under $TMPDIR or /tmp,
 // named <prefix>-<pid>-XXXXXX), removed with everything in it on

@@ -7,6 +7,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <initializer_list>
 
 #include "absl/flags/flag.h"
 #include "absl/strings/match.h"
@@ -55,15 +56,19 @@ bool IsLoopback(const std::string& host) {
   return loopback;
 }
 
-absl::StatusOr<TlsOptions> TlsOptionsFromFlags(const char* program,
-                                               const std::string& bind,
-                                               bool warn) {
+namespace {
+
+// The flags' TlsOptions, the folder from --tls_dir or else the first of
+// `variables` set in the environment.
+absl::StatusOr<TlsOptions> OptionsFromFlags(
+    const char* program, const std::string& bind, bool warn,
+    std::initializer_list<const char*> variables) {
   TlsOptions options;
   options.insecure = absl::GetFlag(FLAGS_insecure);
   options.dir = absl::GetFlag(FLAGS_tls_dir);
-  if (options.dir.empty()) {
-    const char* env = std::getenv("PSTRAIN_TLS_DIR");
-    if (env != nullptr) options.dir = env;
+  for (const char* variable : variables) {
+    const char* env = std::getenv(variable);
+    if (options.dir.empty() && env != nullptr) options.dir = env;
   }
   if (options.insecure) {
     if (!bind.empty() && !IsLoopback(bind) &&
@@ -88,6 +93,19 @@ absl::StatusOr<TlsOptions> TlsOptionsFromFlags(const char* program,
         "`pstrain certs --out=DIR` made, or --insecure for plaintext");
   }
   return options;
+}
+
+}  // namespace
+
+absl::StatusOr<TlsOptions> TlsOptionsFromFlags(const char* program,
+                                               const std::string& bind,
+                                               bool warn) {
+  return OptionsFromFlags(program, bind, warn, {"PSTRAIN_TLS_DIR"});
+}
+
+absl::StatusOr<TlsOptions> AdminTlsOptionsFromFlags(const char* program) {
+  return OptionsFromFlags(program, "", true,
+                          {"PSTRAIN_ADMIN_TLS_DIR", "PSTRAIN_TLS_DIR"});
 }
 
 }  // namespace pstrain

@@ -1,6 +1,7 @@
 // The TLS flags every pstrain binary shares (common/tls.h):
 //   --tls_dir=DIR              the folder of `pstrain certs` (or the
-//                              environment's PSTRAIN_TLS_DIR)
+//                              environment's PSTRAIN_TLS_DIR; for the CLI,
+//                              PSTRAIN_ADMIN_TLS_DIR first)
 //   --insecure                 plaintext: no encryption, no authentication;
 //                              prints a warning line at start
 //   --insecure_allow_remote    with --insecure, allow a listening address
@@ -24,6 +25,13 @@ namespace pstrain {
 absl::StatusOr<TlsOptions> TlsOptionsFromFlags(const char* program,
                                                const std::string& bind = "",
                                                bool warn = true);
+
+// The CLI's TlsOptions, as the administrator: --tls_dir, else the
+// environment's PSTRAIN_ADMIN_TLS_DIR, else PSTRAIN_TLS_DIR; so that the
+// head node keeps admin.key in a folder of its own while the tasks it
+// launches inherit PSTRAIN_TLS_DIR, the nodes' folder. Errors as
+// TlsOptionsFromFlags().
+absl::StatusOr<TlsOptions> AdminTlsOptionsFromFlags(const char* program);
 
 // Whether `host` (a name, an address, or [an IPv6 address]) is loopback:
 // it resolves, and every address it resolves to is in 127.0.0.0/8 or ::1

@@ -69,12 +69,12 @@ TEST(CertsCliTest, NodesFolderHoldsNoMintingKey) {
       RunCommand("tools/pstrain certs --out=" + ops + " --nodes_out=" + nodes +
                  " --job=job-1 --num_ps=2 --num_workers=2");
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  for (const char* name :
-       {"ca.pem", "coordinator.pem", "coordinator.key", "ps-1.pem", "ps-1.key",
-        "ps-1-client.pem", "ps-1-client.key", "worker-1.pem", "worker-1.key"}) {
+  for (const char* name : {"ca.pem", "ps-1.pem", "ps-1.key", "ps-1-client.pem",
+                           "ps-1-client.key", "worker-1.pem", "worker-1.key"}) {
     EXPECT_TRUE(fs::exists(nodes + "/" + name)) << name;
   }
-  for (const char* name : {"ca.key", "admin.key", "admin.pem"}) {
+  for (const char* name :
+       {"ca.key", "admin.key", "admin.pem", "coordinator.key"}) {
     EXPECT_FALSE(fs::exists(nodes + "/" + name)) << name;
     EXPECT_TRUE(fs::exists(ops + "/" + name)) << name;
   }

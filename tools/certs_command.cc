@@ -11,9 +11,9 @@
 #include "common/tls.h"
 
 ABSL_FLAG(std::string, nodes_out, "",
-          "certs: also a folder for the nodes: ca.pem and the coordinator's, "
-          "shards' and workers' certificates and keys, without ca.key and "
-          "admin.key (those stay in --out, with the operator).");
+          "certs: also a folder for the nodes: ca.pem and the shards' and "
+          "workers' certificates and keys, without ca.key, admin.key and the "
+          "coordinator's key (those stay in --out, on the head node).");
 ABSL_FLAG(std::string, hosts, "",
           "certs: host names or IP addresses, comma-separated, added to "
           "every certificate.");
@@ -92,14 +92,14 @@ int CertsCommand(const std::vector<std::string>& args) {
       out.c_str(), num_ps - 1, num_workers - 1, job.c_str(), out.c_str());
   const std::string nodes_out = absl::GetFlag(FLAGS_nodes_out);
   if (nodes_out.empty()) return 0;
-  if (absl::Status s = CopyForNodes(out, nodes_out); !s.ok()) {
+  if (absl::Status s = CopyForNodes(out, nodes_out, identities); !s.ok()) {
     PrintError(kProgram,
                absl::StrCat("--nodes_out=", nodes_out, ": ", s.message()));
     return 2;
   }
   std::printf(
-      "wrote %s/: the nodes' files (no ca.key, no admin.key): copy it to "
-      "every node as their PSTRAIN_TLS_DIR.\n",
+      "wrote %s/: the nodes' files (ca.pem and the tasks' keys; no ca.key, "
+      "admin or coordinator key): every node's PSTRAIN_TLS_DIR.\n",
       nodes_out.c_str());
   return 0;
 }

@@ -5,7 +5,8 @@
 // certificate for the coordinator, the administrator (the CLI), ps-0..N-1
 // (server and client) and worker-0..M-1 of job ID ("*", the default: any
 // job of this CA, said in a warning line on stderr). --nodes_out copies
-// what the nodes need (no ca.key, no admin.key) into a folder of its own.
+// what the nodes need (ca.pem and the tasks' files; no ca.key, no admin or
+// coordinator key) into a folder of its own.
 // --hosts adds host names or addresses to every certificate, for tools
 // that reach a server by name.
 #ifndef PSTRAIN_TOOLS_CERTS_COMMAND_H_

@@ -45,7 +45,8 @@ int Fail(int code, const std::string& message) {
   return code;
 }
 
-// A stub as the administrator (--tls_dir's admin certificate), or
+// A stub as the administrator (the admin certificate of --tls_dir,
+// PSTRAIN_ADMIN_TLS_DIR or PSTRAIN_TLS_DIR), or
 // plaintext with --insecure; exits 2 naming the problem otherwise.
 std::unique_ptr<Coordinator::Stub> Stub() {
   if (absl::Status s =
@@ -54,7 +55,7 @@ std::unique_ptr<Coordinator::Stub> Stub() {
       !s.ok()) {
     std::exit(Fail(2, std::string(s.message())));
   }
-  absl::StatusOr<TlsOptions> tls = TlsOptionsFromFlags(kProgram);
+  absl::StatusOr<TlsOptions> tls = AdminTlsOptionsFromFlags(kProgram);
   absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials =
       tls.ok() ? ChannelCredentials(*tls, TlsIdentity{TlsRole::kAdmin})
                : tls.status();
