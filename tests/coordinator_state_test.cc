@@ -93,14 +93,22 @@ TEST(CoordinatorStateTest, BrokenJobFilesAreOneLineAndExitTwo) {
     ExpectOneLineNaming(StartWith(path), path, "Permission denied");
   }
 
-  // A new job file whose folder does not exist: found at start, not at the
-  // first submit.
+  // A new job file whose folder does not exist (a fresh node's
+  // /var/lib/pstrain): the folder is made, 0700, and the coordinator runs.
   path = dir + "/no/such/folder/jobs.pb";
+  const CommandResult fresh = StartWith(path);
+  EXPECT_EQ(fresh.exit_code, 124) << fresh.output;
+  EXPECT_THAT(fresh.output, HasSubstr("(job file " + path + ", 0 jobs)"));
+  struct stat st;
+  ASSERT_EQ(stat((dir + "/no/such/folder").c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0700u);
+  // One that cannot be made: found at start, not at the first submit.
+  WriteTextFile(dir + "/a-file", "x");
+  path = dir + "/a-file/sub/jobs.pb";
   const CommandResult r = StartWith(path);
   EXPECT_EQ(r.exit_code, 2) << r.output;
   EXPECT_EQ(r.output, absl::StrCat("pstrain_coordinator: error: job file ",
-                                   path, ": cannot be written: ", path,
-                                   ".tmp: No such file or directory\n"));
+                                   path, ": Not a directory\n"));
 
   // A good one starts (and is stopped by `timeout`).
   path = dir + "/good.pb";

@@ -11,9 +11,12 @@
 // Bounded: it keeps the newest --keep_finished_jobs ended jobs (running
 // ones always), caps each job's key-value store (--max_kv_key_bytes,
 // --max_kv_value_bytes, --max_kv_keys_per_job), and serves within
-// CoordinatorServerLimits() (coordinator/coordinator_server.h). A job file
-// that is empty, a folder, unreadable, corrupt or inconsistent is a
-// one-line error naming it and exit 2.
+// CoordinatorServerLimits() (coordinator/coordinator_server.h), with the
+// text, key-value and job-file budgets of JobTableLimits
+// (coordinator/job_table.h). A missing --job_file is created with its
+// missing folders (mode 0700); one that is empty, a folder, unreadable,
+// corrupt or inconsistent, or that cannot be created, is a one-line error
+// naming it and exit 2, before the coordinator listens.
 #include <csignal>
 #include <cstdio>
 #include <memory>
