@@ -675,14 +675,25 @@ class Add final : public Layer {
                         const DeviceTensor& out, const DeviceTensor& dout,
                         absl::Span<DeviceTensor* const> din) override {
     const float* dy = dout.data();
+    // With the ReLU: dY where Y > 0, written into the first input gradient
+    // in dY's layout (else a temporary), then copied to the others.
+    std::vector<float> masked;
     if (spec_.relu) {
-      const int64_t n = dout.size();
-      masked_.resize(n);
-      const float* y = out.data();
-      for (int64_t j = 0; j < n; ++j) {
-        masked_[j] = y[j] > 0.0f ? dy[j] : dy[j] * 0.0f;
+      float* m = nullptr;
+      for (size_t i = 0; i < din.size() && m == nullptr; ++i) {
+        if (din[i] != nullptr && in[i]->layout() == dout.layout()) {
+          m = din[i]->data();
+        }
       }
-      dy = masked_.data();
+      if (m == nullptr) {
+        masked.resize(dout.size());
+        m = masked.data();
+      }
+      const float* y = out.data();
+      for (int64_t j = 0; j < dout.size(); ++j) {
+        m[j] = y[j] > 0.0f ? dy[j] : dy[j] * 0.0f;
+      }
+      dy = m;
     }
     return Run(spec_, [&] {
       for (size_t i = 0; i < din.size(); ++i) {
@@ -697,7 +708,6 @@ class Add final : public Layer {
  private:
   const LayerSpec spec_;
   std::vector<float> converted_;
-  std::vector<float> masked_;  // dY where Y > 0 (spec.relu).
   int64_t n_ = -1;
   memory::desc md_;
   dnnl::binary fwd_;
