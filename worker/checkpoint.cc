@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
 #include <filesystem>
 #include <limits>
@@ -248,6 +249,43 @@ absl::Status SyncFolder(const std::string& folder) {
   const int error = errno;
   close(fd);
   return synced == 0 ? absl::OkStatus() : ErrnoToStatus(error, folder);
+}
+
+// Writes `contents` to `path` atomically and durably, as
+// WriteFileAtomically does, but with its temporary file `path`.tmp created
+// O_EXCL|O_NOFOLLOW after removing whatever had that name (a link left
+// there is removed, never written through), mode 0666 less the umask.
+absl::Status WriteCheckpointFile(const std::string& path,
+                                 absl::string_view contents) {
+  const std::string tmp = absl::StrCat(path, ".tmp");
+  if (unlink(tmp.c_str()) != 0 && errno != ENOENT) {
+    return ErrnoToStatus(errno, tmp);
+  }
+  const int fd = open(
+      tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0666);
+  if (fd < 0) return ErrnoToStatus(errno, tmp);
+  const char* p = contents.data();
+  size_t left = contents.size();
+  while (left > 0) {
+    const ssize_t n = write(fd, p, left);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    p += n;
+    left -= static_cast<size_t>(n);
+  }
+  const int error = errno;
+  const bool written = left == 0 && fsync(fd) == 0;
+  if (close(fd) != 0 || !written) {
+    unlink(tmp.c_str());
+    return ErrnoToStatus(written ? errno : error, absl::StrCat(tmp, ": write"));
+  }
+  if (rename(tmp.c_str(), path.c_str()) != 0) {
+    const int rename_error = errno;
+    unlink(tmp.c_str());
+    return ErrnoToStatus(rename_error, path);
+  }
+  const size_t slash = path.find_last_of('/');
+  return SyncFolder(slash == std::string::npos ? "." : path.substr(0, slash));
 }
 
 // The step DIR/latest names, or -1 if it names none.
@@ -702,9 +740,9 @@ absl::Status CheckpointWriter::Finish(
   j["model_file"] =
       FileJson({kModelFile, model_file->size_bytes, model_file->crc32});
   j["crc32"] = ManifestCrc(j);
-  RETURN_IF_ERROR(WriteFileAtomically(absl::StrCat(step_dir, "/", kManifest),
+  RETURN_IF_ERROR(WriteCheckpointFile(absl::StrCat(step_dir, "/", kManifest),
                                       j.dump(1) + "\n"));
-  RETURN_IF_ERROR(WriteFileAtomically(absl::StrCat(dir_, "/latest"),
+  RETURN_IF_ERROR(WriteCheckpointFile(absl::StrCat(dir_, "/latest"),
                                       absl::StrCat("step-", step, "\n")));
   {
     absl::MutexLock lock(&mu_);

@@ -79,9 +79,10 @@ class CheckpointTest : public ::testing::Test {
     absl::StatusOr<std::unique_ptr<CheckpointRig>> rig =
         CheckpointRig::Create(model_.get(), options);
     ASSERT_TRUE(rig.ok()) << rig.status();
-    for (int i = 0; i < 10; ++i) ASSERT_TRUE((*rig)->Step().ok());
-    ASSERT_TRUE((*rig)->BeginCheckpoint().ok());
-    ASSERT_TRUE((*rig)->writer().Wait().ok());
+    rig_ = *std::move(rig);
+    for (int i = 0; i < 10; ++i) ASSERT_TRUE(rig_->Step().ok());
+    ASSERT_TRUE(rig_->BeginCheckpoint().ok());
+    ASSERT_TRUE(rig_->writer().Wait().ok());
     step_dir_ = CheckpointStepDir(dir_, 10);
     manifest_ = step_dir_ + "/manifest.json";
     ASSERT_TRUE(fs::exists(manifest_));
@@ -110,9 +111,34 @@ class CheckpointTest : public ::testing::Test {
 
   std::string dir_, step_dir_, manifest_;
   std::unique_ptr<FixtureModel> model_;
+  std::unique_ptr<CheckpointRig> rig_;
 };
 
 TEST_F(CheckpointTest, ReadsWhatItWrote) { EXPECT_TRUE(Load().ok()) << Load(); }
+
+// A link left where the writer puts its temporary files is removed, not
+// written through; the files follow the umask.
+TEST_F(CheckpointTest, WriterNeverWritesThroughALink) {
+  const std::string victim = dir_ + "/../victim";
+  WriteBytes(victim, "keep me");
+  fs::create_symlink(victim, dir_ + "/latest.tmp");
+  fs::create_directories(dir_ + "/step-11");
+  fs::create_symlink(victim, dir_ + "/step-11/manifest.json.tmp");
+  const mode_t old = ::umask(077);
+  ASSERT_TRUE(rig_->Step().ok());
+  ASSERT_TRUE(rig_->BeginCheckpoint().ok());
+  const absl::Status written = rig_->writer().Wait();
+  ::umask(old);
+  ASSERT_TRUE(written.ok()) << written;
+  EXPECT_EQ(ReadBytes(victim), "keep me");
+  EXPECT_EQ(ReadBytes(dir_ + "/latest"), "step-11\n");
+  struct stat st;
+  ASSERT_EQ(::stat((dir_ + "/step-11/manifest.json").c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0600u);
+  ASSERT_EQ(::stat((dir_ + "/step-11/model.safetensors").c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0600u);
+  EXPECT_TRUE(Load().ok()) << Load();
+}
 
 TEST_F(CheckpointTest, LinksToDevZeroAreRefusedNotRead) {
   const std::string original = ReadBytes(manifest_);
