@@ -1,22 +1,28 @@
-// The outsider's list of issue 21, tried against a live job on a
+// The outsider's list of issues 21 and 35, tried against a live job on a
 // pstrain_coordinator with its tasks (all over mutual TLS, through
-// PSTRAIN_TLS_DIR): cancel the job, report a worker finished with a
-// made-up accuracy, tell the shard a worker is done, pull the model, push
-// gradients, initialise the shard again, take the PS slot, write into the
-// job's log, fill the key-value store, submit a job. Each is tried from
-// clients without the job's keys (plaintext, another CA's certificates) and
-// with another role's keys of the same CA: every try is refused, and the
-// job finishes SUCCEEDED with the accuracy of the same job run untouched,
-// its log free of the attackers' lines.
+// PSTRAIN_TLS_DIR): every RPC of both services (checked against the
+// service descriptors, so a new RPC needs a try here) is called against the
+// running job as worker 0 or the administrator would call it, by clients
+// without the job's keys (plaintext, TLS without a certificate, another
+// CA's certificates), with another job's worker and shard keys, and with
+// another role's keys of the same job. Every call that must be refused is
+// refused, and nothing changed: the job finishes SUCCEEDED with the
+// accuracy of the same job run untouched, its log free of the attackers'
+// lines, no task restarted, the key-value store and the job list as they
+// were, no checkpoint file written.
 #include <grpcpp/grpcpp.h>
 
 #include <chrono>
+#include <filesystem>
 #include <functional>
+#include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/tls.h"
 #include "gtest/gtest.h"
@@ -119,22 +125,44 @@ TEST(OutsiderTest, EveryTryIsRefusedAndTheJobEndsAsIfUntouched) {
       ASSERT_TRUE(training);
       const std::string ps_address = Get(admin.get(), job).tasks(0).address();
 
+      // Keys of job-1 (the job before), from the same CA: another job's.
+      const std::string other_job = TempDir() + "/other-job-keys";
+      std::filesystem::create_directories(other_job);
+      for (const char* f : {"ca.pem", "ca.key"}) {
+        std::filesystem::copy_file(
+            tls + "/" + f, other_job + "/" + f,
+            std::filesystem::copy_options::overwrite_existing);
+      }
+      ASSERT_TRUE(MakeCertificates(other_job,
+                                   {TlsIdentity{TlsRole::kWorker, 0, "job-1"},
+                                    TlsIdentity{TlsRole::kPs, 0, "job-1"}})
+                      .ok());
       struct Attacker {
         std::string name;
         std::shared_ptr<grpc::ChannelCredentials> credentials;
         bool of_this_ca;
       };
+      grpc::SslCredentialsOptions no_certificate;
+      no_certificate.pem_root_certs = testing::ReadTextFile(tls + "/ca.pem");
       const std::vector<Attacker> attackers = {
           {"plaintext", grpc::InsecureChannelCredentials(), false},
+          {"TLS without a certificate", grpc::SslCredentials(no_certificate),
+           false},
           {"another CA's admin", As(foreign, TlsIdentity{TlsRole::kAdmin}),
            false},
           {"another CA's worker 0",
            As(foreign, TlsIdentity{TlsRole::kWorker, 0}), false},
+          {"job-1's worker 0 (another job's worker key)",
+           As(other_job, TlsIdentity{TlsRole::kWorker, 0, "job-1"}), true},
+          {"job-1's ps 0 (another job's shard key)",
+           As(other_job, TlsIdentity{TlsRole::kPs, 0, "job-1"}), true},
           {"this job's worker 1 (another role's keys)",
            As(tls, TlsIdentity{TlsRole::kWorker, 1}), true},
           {"this job's ps 0 (another role's keys)",
            As(tls, TlsIdentity{TlsRole::kPs, 0}), true},
       };
+      const std::string worker1 = "this job's worker 1 (another role's keys)";
+      const std::string ps0 = "this job's ps 0 (another role's keys)";
       auto worker0 = [&](RequestHeader* h) {
         h->set_job_id(job);
         h->set_worker_id(0);
@@ -144,10 +172,20 @@ TEST(OutsiderTest, EveryTryIsRefusedAndTheJobEndsAsIfUntouched) {
         t->set_role(ROLE_WORKER);
         t->set_index(0);
       };
-      using Try = std::function<grpc::Status(Coordinator::Stub*,
-                                             ParameterServer::Stub*)>;
-      const std::vector<std::pair<std::string, Try>> tries = {
-          {"cancel the job",
+      using Call = std::function<grpc::Status(Coordinator::Stub*,
+                                              ParameterServer::Stub*)>;
+      // A try: the method, what it would do, the call, and the attackers
+      // the table serves it to (their own read of their own job), with the
+      // code they get; everyone else of this CA gets PERMISSION_DENIED.
+      struct Try {
+        std::string method;
+        std::string what;
+        Call call;
+        std::map<std::string, grpc::StatusCode> served = {};
+      };
+      const std::string checkpoint_dir = TempDir() + "/attacker-checkpoints";
+      const std::vector<Try> tries = {
+          {"Cancel", "cancel the job",
            [&](Coordinator::Stub* c, ParameterServer::Stub*) {
              grpc::ClientContext ctx;
              Deadline(&ctx);
@@ -156,7 +194,7 @@ TEST(OutsiderTest, EveryTryIsRefusedAndTheJobEndsAsIfUntouched) {
              CancelResponse out;
              return c->Cancel(&ctx, r, &out);
            }},
-          {"report worker 0 finished with accuracy 0.99",
+          {"TaskFinished", "report worker 0 finished with accuracy 0.99",
            [&](Coordinator::Stub* c, ParameterServer::Stub*) {
              grpc::ClientContext ctx;
              Deadline(&ctx);
@@ -167,7 +205,7 @@ TEST(OutsiderTest, EveryTryIsRefusedAndTheJobEndsAsIfUntouched) {
              TaskFinishedResponse out;
              return c->TaskFinished(&ctx, r, &out);
            }},
-          {"write into the job's log",
+          {"Heartbeat", "write into the job's log",
            [&](Coordinator::Stub* c, ParameterServer::Stub*) {
              grpc::ClientContext ctx;
              Deadline(&ctx);
@@ -177,7 +215,18 @@ TEST(OutsiderTest, EveryTryIsRefusedAndTheJobEndsAsIfUntouched) {
              HeartbeatResponse out;
              return c->Heartbeat(&ctx, r, &out);
            }},
-          {"take the PS slot",
+          {"RestartTask", "restart worker 0",
+           [&](Coordinator::Stub* c, ParameterServer::Stub*) {
+             grpc::ClientContext ctx;
+             Deadline(&ctx);
+             RestartTaskRequest r;
+             as_worker0(r.mutable_task());
+             r.set_why("ATTACKER restarts it");
+             RestartTaskResponse out;
+             return c->RestartTask(&ctx, r, &out);
+           }},
+          {"Register",
+           "take the PS slot",
            [&](Coordinator::Stub* c, ParameterServer::Stub*) {
              grpc::ClientContext ctx;
              Deadline(&ctx);
@@ -188,8 +237,11 @@ TEST(OutsiderTest, EveryTryIsRefusedAndTheJobEndsAsIfUntouched) {
              r.set_address("10.66.6.6:6666");
              RegisterResponse out;
              return c->Register(&ctx, r, &out);
-           }},
-          {"submit a job",
+           },
+           // Shard 0's own keys may register shard 0; the table refuses a
+           // second address for it.
+           {{ps0, grpc::StatusCode::ALREADY_EXISTS}}},
+          {"Submit", "submit a job",
            [&](Coordinator::Stub* c, ParameterServer::Stub*) {
              grpc::ClientContext ctx;
              Deadline(&ctx);
@@ -199,10 +251,66 @@ TEST(OutsiderTest, EveryTryIsRefusedAndTheJobEndsAsIfUntouched) {
              r.mutable_spec()->set_num_workers(1);
              r.mutable_spec()->set_batch_size(64);
              r.mutable_spec()->set_epochs(1);
+             r.mutable_spec()->set_checkpoint_dir(checkpoint_dir);
              SubmitResponse out;
              return c->Submit(&ctx, r, &out);
            }},
-          {"tell the shard worker 0 is done",
+          {"ListJobs", "list every job",
+           [&](Coordinator::Stub* c, ParameterServer::Stub*) {
+             grpc::ClientContext ctx;
+             Deadline(&ctx);
+             ListJobsResponse out;
+             return c->ListJobs(&ctx, ListJobsRequest(), &out);
+           }},
+          {"GetJob",
+           "read the job",
+           [&](Coordinator::Stub* c, ParameterServer::Stub*) {
+             grpc::ClientContext ctx;
+             Deadline(&ctx);
+             JobRequest r;
+             r.set_job_id(job);
+             JobInfo out;
+             return c->GetJob(&ctx, r, &out);
+           },
+           {{worker1, grpc::StatusCode::OK}, {ps0, grpc::StatusCode::OK}}},
+          {"WaitForLayout",
+           "read the cluster's addresses",
+           [&](Coordinator::Stub* c, ParameterServer::Stub*) {
+             grpc::ClientContext ctx;
+             Deadline(&ctx);
+             JobRequest r;
+             r.set_job_id(job);
+             ClusterLayout out;
+             return c->WaitForLayout(&ctx, r, &out);
+           },
+           {{worker1, grpc::StatusCode::OK}, {ps0, grpc::StatusCode::OK}}},
+          {"KvSet", "set worker 0's rendezvous key",
+           [&](Coordinator::Stub* c, ParameterServer::Stub*) {
+             grpc::ClientContext ctx;
+             Deadline(&ctx);
+             KvSetRequest r;
+             r.set_job_id(job);
+             r.set_key("worker-0/address");
+             r.set_value("ATTACKER");
+             KvSetResponse out;
+             return c->KvSet(&ctx, r, &out);
+           }},
+          {"KvWait",
+           "read a rendezvous key",
+           [&](Coordinator::Stub* c, ParameterServer::Stub*) {
+             grpc::ClientContext ctx;
+             ctx.set_deadline(std::chrono::system_clock::now() +
+                              std::chrono::milliseconds(300));
+             KvWaitRequest r;
+             r.set_job_id(job);
+             r.set_key("worker-0/address");
+             KvWaitResponse out;
+             return c->KvWait(&ctx, r, &out);
+           },
+           // A worker of the job may wait for any key of it: the key was
+           // never set, so its wait ends at its deadline.
+           {{worker1, grpc::StatusCode::DEADLINE_EXCEEDED}}},
+          {"WorkerDone", "tell the shard worker 0 is done",
            [&](Coordinator::Stub*, ParameterServer::Stub* ps) {
              grpc::ClientContext ctx;
              Deadline(&ctx);
@@ -211,7 +319,7 @@ TEST(OutsiderTest, EveryTryIsRefusedAndTheJobEndsAsIfUntouched) {
              WorkerDoneResponse out;
              return ps->WorkerDone(&ctx, r, &out);
            }},
-          {"pull the model",
+          {"PushPull", "pull the model",
            [&](Coordinator::Stub*, ParameterServer::Stub* ps) {
              grpc::ClientContext ctx;
              Deadline(&ctx);
@@ -227,7 +335,7 @@ TEST(OutsiderTest, EveryTryIsRefusedAndTheJobEndsAsIfUntouched) {
              EXPECT_EQ(chunks, 0) << "the model leaked";
              return stream->Finish();
            }},
-          {"push a gradient",
+          {"PushPull", "push a gradient",
            [&](Coordinator::Stub*, ParameterServer::Stub* ps) {
              grpc::ClientContext ctx;
              Deadline(&ctx);
@@ -246,7 +354,7 @@ TEST(OutsiderTest, EveryTryIsRefusedAndTheJobEndsAsIfUntouched) {
              }
              return stream->Finish();
            }},
-          {"initialise the shard again",
+          {"Init", "initialise the shard again",
            [&](Coordinator::Stub*, ParameterServer::Stub* ps) {
              grpc::ClientContext ctx;
              Deadline(&ctx);
@@ -260,40 +368,105 @@ TEST(OutsiderTest, EveryTryIsRefusedAndTheJobEndsAsIfUntouched) {
              writer->WritesDone();
              return writer->Finish();
            }},
+          {"WaitReady", "learn the shard's layout",
+           [&](Coordinator::Stub*, ParameterServer::Stub* ps) {
+             grpc::ClientContext ctx;
+             Deadline(&ctx);
+             WaitReadyRequest r;
+             worker0(r.mutable_header());
+             WaitReadyResponse out;
+             return ps->WaitReady(&ctx, r, &out);
+           }},
+          {"Stats", "read the shard's counters",
+           [&](Coordinator::Stub*, ParameterServer::Stub* ps) {
+             grpc::ClientContext ctx;
+             Deadline(&ctx);
+             StatsRequest r;
+             worker0(r.mutable_header());
+             StatsResponse out;
+             return ps->Stats(&ctx, r, &out);
+           }},
+          {"Checkpoint", "make the shard write a checkpoint",
+           [&](Coordinator::Stub*, ParameterServer::Stub* ps) {
+             grpc::ClientContext ctx;
+             Deadline(&ctx);
+             CheckpointRequest r;
+             worker0(r.mutable_header());
+             r.set_step(1);
+             CheckpointResponse out;
+             return ps->Checkpoint(&ctx, r, &out);
+           }},
       };
-      int refused = 0;
+      // Every method of both services is tried.
+      std::set<std::string> tried;
+      for (const Try& t : tries) tried.insert(t.method);
+      for (const char* name :
+           {"pstrain.Coordinator", "pstrain.ParameterServer"}) {
+        const google::protobuf::ServiceDescriptor* service =
+            google::protobuf::DescriptorPool::generated_pool()
+                ->FindServiceByName(name);
+        ASSERT_NE(service, nullptr) << name;
+        for (int m = 0; m < service->method_count(); ++m) {
+          EXPECT_TRUE(tried.count(service->method(m)->name()))
+              << name << "/" << service->method(m)->name() << " has no try";
+        }
+      }
+
+      int refused = 0, served = 0;
       for (const Attacker& a : attackers) {
         auto c = Coordinator::NewStub(
             ChannelTo(coordinator.address(), TlsIdentity{TlsRole::kCoordinator},
                       a.credentials));
-        auto ps = ParameterServer::NewStub(
-            ChannelTo(ps_address, TlsIdentity{TlsRole::kPs, 0}, a.credentials));
-        for (const auto& [what, attempt] : tries) {
-          const grpc::Status s = attempt(c.get(), ps.get());
+        auto ps = ParameterServer::NewStub(ChannelTo(
+            ps_address, TlsIdentity{TlsRole::kPs, 0, job}, a.credentials));
+        for (const Try& t : tries) {
+          const grpc::Status s = t.call(c.get(), ps.get());
           const std::string where =
-              absl::StrCat(a.name, " tried to ", what, ": ", s.error_code(),
-                           " ", s.error_message());
-          EXPECT_FALSE(s.ok()) << where;
-          if (a.of_this_ca) {
-            // Shard 0's own keys may register shard 0, and the table
-            // refuses a second address for it.
-            const bool own_slot = what == "take the PS slot" &&
-                                  a.name.find("ps 0") != std::string::npos;
-            EXPECT_EQ(s.error_code(), own_slot
-                                          ? grpc::StatusCode::ALREADY_EXISTS
-                                          : grpc::StatusCode::PERMISSION_DENIED)
-                << where;
-          } else {
+              absl::StrCat(a.name, " tried to ", t.what, " (", t.method,
+                           "): ", s.error_code(), " ", s.error_message());
+          if (!a.of_this_ca) {
+            // The handshake fails: no call reaches a handler.
             EXPECT_TRUE(s.error_code() == grpc::StatusCode::UNAVAILABLE ||
                         s.error_code() == grpc::StatusCode::UNAUTHENTICATED)
                 << where;
+            ++refused;
+          } else if (auto it = t.served.find(a.name); it != t.served.end()) {
+            EXPECT_EQ(s.error_code(), it->second) << where;
+            ++served;
+          } else {
+            EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED)
+                << where;
+            ++refused;
           }
-          ++refused;
         }
       }
-      EXPECT_EQ(refused, static_cast<int>(attackers.size() * tries.size()));
-      std::printf("%d tries refused\n", refused);
-      EXPECT_EQ(Get(admin.get(), job).state(), JOB_RUNNING);
+      std::printf("%d tries refused, %d served reads of the caller's own job\n",
+                  refused, served);
+      EXPECT_EQ(served, 6);
+      const JobInfo after = Get(admin.get(), job);
+      EXPECT_EQ(after.state(), JOB_RUNNING);
+      for (const TaskInfo& t : after.tasks()) EXPECT_EQ(t.restarts(), 0);
+      EXPECT_FALSE(std::filesystem::exists(checkpoint_dir));
+      {
+        // worker-0/address was never set by anyone.
+        auto w0 = Coordinator::NewStub(
+            ChannelTo(coordinator.address(), TlsIdentity{TlsRole::kCoordinator},
+                      As(tls, TlsIdentity{TlsRole::kWorker, 0})));
+        grpc::ClientContext ctx;
+        ctx.set_deadline(std::chrono::system_clock::now() +
+                         std::chrono::milliseconds(300));
+        KvWaitRequest r;
+        r.set_job_id(job);
+        r.set_key("worker-0/address");
+        KvWaitResponse out;
+        EXPECT_EQ(w0->KvWait(&ctx, r, &out).error_code(),
+                  grpc::StatusCode::DEADLINE_EXCEEDED);
+        grpc::ClientContext list_ctx;
+        Deadline(&list_ctx);
+        ListJobsResponse jobs;
+        ASSERT_TRUE(admin->ListJobs(&list_ctx, ListJobsRequest(), &jobs).ok());
+        EXPECT_EQ(jobs.jobs_size(), 2);
+      }
     }
     r = RunCommand("tools/pstrain wait " + job + " --wait_poll_ms=200" +
                    coordinator.flag());

@@ -78,6 +78,16 @@ TEST(CertsCliTest, NodesFolderHoldsNoMintingKey) {
     EXPECT_FALSE(fs::exists(nodes + "/" + name)) << name;
     EXPECT_TRUE(fs::exists(ops + "/" + name)) << name;
   }
+  // A job's task certificates later leave the running coordinator's key.
+  const std::string coordinator_key =
+      testing::ReadTextFile(ops + "/coordinator.key");
+  ASSERT_EQ(RunCommand("tools/pstrain certs --out=" + ops + " --nodes_out=" +
+                       nodes + "-2 --job=job-2 --num_ps=1 --num_workers=1")
+                .exit_code,
+            0);
+  EXPECT_EQ(testing::ReadTextFile(ops + "/coordinator.key"), coordinator_key);
+  EXPECT_TRUE(fs::exists(nodes + "-2/worker-0.key"));
+  EXPECT_FALSE(fs::exists(nodes + "-2/worker-1.key"));
   struct stat st;
   ASSERT_EQ(stat(nodes.c_str(), &st), 0);
   EXPECT_EQ(st.st_mode & 0777, 0700u);

@@ -1,5 +1,7 @@
 #include "tools/certs_command.h"
 
+#include <unistd.h>
+
 #include <cstdio>
 
 #include "absl/flags/declare.h"
@@ -71,8 +73,15 @@ int CertsCommand(const std::vector<std::string>& args) {
        absl::StrSplit(absl::GetFlag(FLAGS_hosts), ',', absl::SkipEmpty())) {
     hosts.emplace_back(h);
   }
-  std::vector<TlsIdentity> identities = {TlsIdentity{TlsRole::kCoordinator},
-                                         TlsIdentity{TlsRole::kAdmin}};
+  // The coordinator's and the administrator's keys are made once: minting
+  // a job's task certificates later does not replace them under a running
+  // coordinator (remove them to renew).
+  std::vector<TlsIdentity> identities;
+  for (const TlsIdentity& id :
+       {TlsIdentity{TlsRole::kCoordinator}, TlsIdentity{TlsRole::kAdmin}}) {
+    const std::string pem = absl::StrCat(out, "/", IdentityStem(id), ".pem");
+    if (access(pem.c_str(), F_OK) != 0) identities.push_back(id);
+  }
   for (int i = 0; i < num_ps; ++i) {
     identities.push_back(TlsIdentity{TlsRole::kPs, i, job});
   }
@@ -84,12 +93,12 @@ int CertsCommand(const std::vector<std::string>& args) {
     return 2;
   }
   std::printf(
-      "wrote %s/: ca.pem, ca.key, and a certificate and key for the "
-      "coordinator, admin, ps-0..%d (and ps-<i>-client) and worker-0..%d of "
-      "job %s (folder 0700, keys 0600). Give every node ca.pem and its "
-      "tasks' .pem and .key; keep ca.key and admin.key off the nodes. Use "
-      "--tls_dir=%s or PSTRAIN_TLS_DIR.\n",
-      out.c_str(), num_ps - 1, num_workers - 1, job.c_str(), out.c_str());
+      "wrote %s/: ca.pem, ca.key, the coordinator's and admin's certificate "
+      "and key (unless there already), and those of ps-0..%d (and "
+      "ps-<i>-client) and worker-0..%d of job %s (folder 0700, keys 0600). "
+      "Give every node ca.pem and its tasks' .pem and .key (--nodes_out); "
+      "keep ca.key, admin.key and coordinator.key off the nodes.\n",
+      out.c_str(), num_ps - 1, num_workers - 1, job.c_str());
   const std::string nodes_out = absl::GetFlag(FLAGS_nodes_out);
   if (nodes_out.empty()) return 0;
   if (absl::Status s = CopyForNodes(out, nodes_out, identities); !s.ok()) {

@@ -2,7 +2,8 @@
 //               [--job=ID] [--hosts=HOST,...]: a cluster's CA and
 // certificates (common/tls.h) made with OpenSSL: ca.pem and ca.key (kept in
 // DIR to make more later; keep ca.key off the nodes), and a key and
-// certificate for the coordinator, the administrator (the CLI), ps-0..N-1
+// certificate for the coordinator and the administrator (the CLI; both
+// only when DIR has none yet: remove them to renew), ps-0..N-1
 // (server and client) and worker-0..M-1 of job ID ("*", the default: any
 // job of this CA, said in a warning line on stderr). --nodes_out copies
 // what the nodes need (ca.pem and the tasks' files; no ca.key, no admin or
