@@ -13,6 +13,7 @@
 #include <openssl/x509.h>
 #include <openssl/x509v3.h>
 #include <signal.h>
+#include <sys/file.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/time.h>
@@ -238,8 +239,14 @@ std::string AltName(const std::string& host) {
 
 namespace {
 
-// Removes the folders `tmp`/<prefix>-<pid>-* of this user whose pid is gone
-// (a run killed before it could remove its own). Best effort.
+constexpr char kLockName[] = "/.lock";
+
+// Removes the folders `tmp`/<prefix>-<pid>-* of this user whose owner is
+// gone (a run killed before it could remove its own): the owner holds an
+// flock on the folder's .lock for its life, which the kernel releases when
+// it dies; a lock that can be taken means nobody owns the folder. Unlike
+// the pid in the name, this holds across pid namespaces sharing /tmp.
+// Best effort.
 void RemoveStaleFolders(const std::string& tmp, const std::string& prefix) {
   const std::string start = prefix + "-";
   std::error_code error;
@@ -251,7 +258,7 @@ void RemoveStaleFolders(const std::string& tmp, const std::string& prefix) {
     if (dash == std::string::npos ||
         !absl::SimpleAtoi(name.substr(start.size(), dash - start.size()),
                           &pid) ||
-        pid <= 0 || pid > INT32_MAX) {
+        pid <= 0) {
       continue;
     }
     struct stat st;
@@ -259,8 +266,11 @@ void RemoveStaleFolders(const std::string& tmp, const std::string& prefix) {
         st.st_uid != geteuid()) {
       continue;
     }
-    if (kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH) continue;
-    fs::remove_all(e.path(), error);
+    const std::string lock = e.path().string() + kLockName;
+    const int fd = open(lock.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+    if (fd < 0) continue;  // not made by Create(), or being made now
+    if (flock(fd, LOCK_EX | LOCK_NB) == 0) fs::remove_all(e.path(), error);
+    close(fd);
   }
 }
 
@@ -278,12 +288,23 @@ absl::StatusOr<std::unique_ptr<PrivateFolder>> PrivateFolder::Create(
         absl::StrCat(pattern, ": cannot create a private folder (",
                      std::strerror(errno), ")"));
   }
-  return std::unique_ptr<PrivateFolder>(new PrivateFolder(pattern));
+  const std::string lock = pattern + kLockName;
+  const int fd = open(lock.c_str(),
+                      O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+  if (fd < 0 || flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    const absl::Status s = PosixError(lock, "cannot create and lock it");
+    if (fd >= 0) close(fd);
+    std::error_code error;
+    fs::remove_all(pattern, error);
+    return s;
+  }
+  return std::unique_ptr<PrivateFolder>(new PrivateFolder(pattern, fd));
 }
 
 PrivateFolder::~PrivateFolder() {
   std::error_code error;
   fs::remove_all(path_, error);
+  close(lock_fd_);
 }
 
 std::string IdentityName(const TlsIdentity& identity) {

@@ -108,20 +108,27 @@ absl::Status CopyForNodes(const std::string& from, const std::string& to,
 
 // A folder only this user can enter (mode 0700, under $TMPDIR or /tmp,
 // named <prefix>-<pid>-XXXXXX), removed with everything in it on
-// destruction: `pstrain run`'s certificates. A process killed before it
-// could remove its folder (SIGKILL) leaves it behind until the next
-// Create() with the same prefix: it removes every such folder of this user
-// whose pid is no longer alive.
+// destruction: `pstrain run`'s certificates. Its owner holds an flock on
+// <folder>/.lock for the object's life (the kernel releases it when the
+// process dies), so a process killed before it could remove its folder
+// (SIGKILL) leaves it behind only until the next Create() with the same
+// prefix: that removes every such folder of this user whose lock is free
+// (the pid in the name is for people: pids are not unique across the pid
+// namespaces that may share /tmp).
 class PrivateFolder {
  public:
   static absl::StatusOr<std::unique_ptr<PrivateFolder>> Create(
       const std::string& prefix);
   ~PrivateFolder();
+  PrivateFolder(const PrivateFolder&) = delete;
+  PrivateFolder& operator=(const PrivateFolder&) = delete;
   const std::string& path() const { return path_; }
 
  private:
-  explicit PrivateFolder(std::string path) : path_(std::move(path)) {}
+  PrivateFolder(std::string path, int lock_fd)
+      : path_(std::move(path)), lock_fd_(lock_fd) {}
   const std::string path_;
+  const int lock_fd_;  // holds the flock on path_/.lock
 };
 
 // How a process secures its gRPC traffic.

@@ -4,7 +4,9 @@
 // (UNIMPLEMENTED); one the TLS layer refuses never does (UNAVAILABLE).
 #include "common/tls.h"
 
+#include <fcntl.h>
 #include <grpcpp/grpcpp.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -266,22 +268,38 @@ TEST(PrivateFolderTest, RemovesFoldersOfDeadRuns) {
   if (child == 0) _exit(0);
   ASSERT_GT(child, 0);
   ASSERT_EQ(waitpid(child, nullptr, 0), child);
-  // A run killed with SIGKILL (its pid now gone), and one still running.
+  // A run killed with SIGKILL (its lock released), one still running (its
+  // lock held; the pid in its name means nothing in another pid
+  // namespace), one whose lock is not made yet.
   const std::string dead = absl::StrCat(tmp, "/run-tls-", child, "-abc123");
-  const std::string alive = absl::StrCat(tmp, "/run-tls-", getpid(), "-xyz");
+  const std::string alive = absl::StrCat(tmp, "/run-tls-", child, "-xyz");
+  const std::string starting = absl::StrCat(tmp, "/run-tls-", child, "-new");
   fs::create_directories(dead + "/inner");
+  std::ofstream(dead + "/.lock").close();
   fs::create_directories(alive);
+  std::ofstream(alive + "/.lock").close();
+  fs::create_directories(starting);
+  const int held = open((alive + "/.lock").c_str(), O_RDONLY);
+  ASSERT_GE(held, 0);
+  ASSERT_EQ(flock(held, LOCK_EX), 0);
   {
     absl::StatusOr<std::unique_ptr<PrivateFolder>> folder =
         PrivateFolder::Create("run-tls");
     ASSERT_TRUE(folder.ok()) << folder.status();
     EXPECT_FALSE(fs::exists(dead));
     EXPECT_TRUE(fs::exists(alive));
+    EXPECT_TRUE(fs::exists(starting));
+    // Its own folder is locked: another Create() leaves it.
+    absl::StatusOr<std::unique_ptr<PrivateFolder>> second =
+        PrivateFolder::Create("run-tls");
+    ASSERT_TRUE(second.ok()) << second.status();
+    EXPECT_TRUE(fs::exists((*folder)->path()));
     EXPECT_NE((*folder)->path().find(absl::StrCat("run-tls-", getpid(), "-")),
               std::string::npos);
     EXPECT_EQ(fs::status((*folder)->path()).permissions(),
               fs::perms::owner_all);
   }
+  close(held);
   unsetenv("TMPDIR");
 }
 
