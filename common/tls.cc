@@ -791,35 +791,97 @@ int RememberPeer(int ok, X509_STORE_CTX* ctx) {
 
 }  // namespace
 
+namespace {
+
+// "host:port" or "[v6]:port" into its parts; false for anything else (a
+// gRPC target such as dns:///host:port).
+bool SplitHostPort(const std::string& address, std::string* host,
+                   std::string* port) {
+  const size_t colon = address.rfind(':');
+  if (colon == std::string::npos || colon + 1 == address.size()) return false;
+  *host = address.substr(0, colon);
+  *port = address.substr(colon + 1);
+  if (host->size() >= 2 && host->front() == '[' && host->back() == ']') {
+    *host = host->substr(1, host->size() - 2);
+  }
+  return !host->empty() && host->find_first_of("/[]") == std::string::npos;
+}
+
+// What a TLS probe says its messages about.
+struct Probe {
+  std::string address;      // host:port
+  std::string server_name;  // "coordinator.pstrain"
+  std::string ca_path;      // DIR/ca.pem
+  std::string stem;         // DIR/worker-0: our certificate and key
+  std::string self_name;    // "worker:0@job-1"
+};
+
+// Why SSL_connect failed, from the verification result.
+absl::Status FailedHandshake(const Probe& p, long verify,
+                             const std::string& reason) {
+  const std::string peer = peer_common_name;
+  if (verify == X509_V_ERR_HOSTNAME_MISMATCH) {
+    return absl::UnavailableError(
+        absl::StrCat(p.address, " is not ", p.server_name,
+                     " (its certificate names \"", peer, "\")"));
+  }
+  if (verify == X509_V_ERR_INVALID_PURPOSE) {
+    return absl::UnavailableError(absl::StrCat(
+        "certificate of ", p.server_name, " at ", p.address,
+        " is not a server's certificate (\"", peer, "\", extended key usage)"));
+  }
+  if (verify != X509_V_OK) {
+    return absl::UnavailableError(absl::StrCat(
+        "certificate of ", p.server_name, " at ", p.address, " not trusted by ",
+        p.ca_path, " (", X509_verify_cert_error_string(verify), ")"));
+  }
+  return absl::UnavailableError(
+      absl::StrCat(p.address, " refused the TLS handshake as ", p.self_name,
+                   " with ", p.stem, ".pem (", reason, ")"));
+}
+
+// After a handshake that succeeded: TLS 1.3 servers judge the client's
+// certificate after it, and their alert, if any, is the first thing read.
+absl::Status RefusedAfterHandshake(const Probe& p, SSL* ssl, int fd,
+                                   absl::Duration timeout) {
+  const timeval tv = absl::ToTimeval(std::min(timeout, absl::Seconds(1)));
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  char byte;
+  const int peeked = SSL_peek(ssl, &byte, 1);
+  absl::Status result;
+  if (peeked <= 0 && SSL_get_error(ssl, peeked) == SSL_ERROR_SSL) {
+    result = absl::UnavailableError(
+        absl::StrCat(p.address, " refused our certificate ", p.stem, ".pem (",
+                     SslReason(), ")"));
+  }
+  ERR_clear_error();
+  return result;
+}
+
+}  // namespace
+
 absl::Status CheckTlsPeer(const TlsOptions& options, const TlsIdentity& self,
                           const std::string& address, const TlsIdentity& server,
                           absl::Duration timeout) {
-  if (options.insecure || options.dir.empty()) return absl::OkStatus();
   std::string host, port;
-  const size_t colon = address.rfind(':');
-  if (colon == std::string::npos || colon + 1 == address.size()) {
+  if (options.insecure || options.dir.empty() ||
+      !SplitHostPort(address, &host, &port)) {
     return absl::OkStatus();
   }
-  host = address.substr(0, colon);
-  port = address.substr(colon + 1);
-  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
-    host = host.substr(1, host.size() - 2);
-  }
-  if (host.find_first_of("/[]") != std::string::npos) return absl::OkStatus();
-  const std::string ca_path = options.dir + "/ca.pem";
-  const std::string stem = absl::StrCat(options.dir, "/", ClientStem(self));
-  const std::string name = ServerName(server);
-
+  const Probe p = {address, ServerName(server), options.dir + "/ca.pem",
+                   absl::StrCat(options.dir, "/", ClientStem(self)),
+                   IdentityName(self)};
   std::unique_ptr<SSL_CTX, SslCtxFree> ctx(SSL_CTX_new(TLS_client_method()));
   if (!ctx ||
-      SSL_CTX_load_verify_locations(ctx.get(), ca_path.c_str(), nullptr) != 1 ||
-      SSL_CTX_use_certificate_file(ctx.get(), (stem + ".pem").c_str(),
+      SSL_CTX_load_verify_locations(ctx.get(), p.ca_path.c_str(), nullptr) !=
+          1 ||
+      SSL_CTX_use_certificate_file(ctx.get(), (p.stem + ".pem").c_str(),
                                    SSL_FILETYPE_PEM) != 1 ||
-      SSL_CTX_use_PrivateKey_file(ctx.get(), (stem + ".key").c_str(),
+      SSL_CTX_use_PrivateKey_file(ctx.get(), (p.stem + ".key").c_str(),
                                   SSL_FILETYPE_PEM) != 1) {
     return absl::FailedPreconditionError(
-        absl::StrCat(stem, ".pem, .key or ", ca_path, ": cannot load them (",
-                     SslReason(), ")"));
+        absl::StrCat(p.stem, ".pem, .key or ", p.ca_path,
+                     ": cannot load them (", SslReason(), ")"));
   }
   SSL_CTX_set_verify(ctx.get(), SSL_VERIFY_PEER, RememberPeer);
   peer_common_name = "?";
@@ -830,48 +892,16 @@ absl::Status CheckTlsPeer(const TlsOptions& options, const TlsIdentity& self,
   }
   std::unique_ptr<SSL, SslFree> ssl(SSL_new(ctx.get()));
   static const unsigned char kAlpn[] = {2, 'h', '2'};
-  if (!ssl || SSL_set_fd(ssl.get(), fd) != 1 ||
-      SSL_set1_host(ssl.get(), name.c_str()) != 1 ||
-      SSL_set_alpn_protos(ssl.get(), kAlpn, sizeof(kAlpn)) != 0) {
-    close(fd);
-    return OpenSslError("a TLS probe");
-  }
   absl::Status result;
-  if (SSL_connect(ssl.get()) != 1) {
+  if (!ssl || SSL_set_fd(ssl.get(), fd) != 1 ||
+      SSL_set1_host(ssl.get(), p.server_name.c_str()) != 1 ||
+      SSL_set_alpn_protos(ssl.get(), kAlpn, sizeof(kAlpn)) != 0) {
+    result = OpenSslError("a TLS probe");
+  } else if (SSL_connect(ssl.get()) != 1) {
     const long verify = SSL_get_verify_result(ssl.get());
-    const std::string reason = SslReason();
-    const std::string peer_name = peer_common_name;
-    if (verify == X509_V_ERR_HOSTNAME_MISMATCH) {
-      result = absl::UnavailableError(absl::StrCat(address, " is not ", name,
-                                                   " (its certificate names \"",
-                                                   peer_name, "\")"));
-    } else if (verify == X509_V_ERR_INVALID_PURPOSE) {
-      result = absl::UnavailableError(
-          absl::StrCat("certificate of ", name, " at ", address,
-                       " is not a server's certificate (\"", peer_name,
-                       "\", extended key usage)"));
-    } else if (verify != X509_V_OK) {
-      result = absl::UnavailableError(absl::StrCat(
-          "certificate of ", name, " at ", address, " not trusted by ", ca_path,
-          " (", X509_verify_cert_error_string(verify), ")"));
-    } else {
-      result = absl::UnavailableError(absl::StrCat(
-          address, " refused the TLS handshake as ", IdentityName(self),
-          " with ", stem, ".pem (", reason, ")"));
-    }
+    result = FailedHandshake(p, verify, SslReason());
   } else {
-    // TLS 1.3: the server judges our certificate after the handshake; its
-    // alert, if any, is the first thing to read.
-    const timeval tv = absl::ToTimeval(std::min(timeout, absl::Seconds(1)));
-    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-    char byte;
-    const int peeked = SSL_peek(ssl.get(), &byte, 1);
-    if (peeked <= 0 && SSL_get_error(ssl.get(), peeked) == SSL_ERROR_SSL) {
-      result = absl::UnavailableError(
-          absl::StrCat(address, " refused our certificate ", stem, ".pem (",
-                       SslReason(), ")"));
-    }
-    ERR_clear_error();
+    result = RefusedAfterHandshake(p, ssl.get(), fd, timeout);
   }
   close(fd);
   return result;
