@@ -81,6 +81,9 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
     }
   } else {
     server->table_ = std::make_unique<JobTable>("", options.table_limits);
+    if (!options.job_id_suffix.empty()) {
+      RETURN_IF_ERROR(server->table_->SetIdSuffix(options.job_id_suffix));
+    }
   }
   server->service_ = std::make_unique<CoordinatorService>(
       server->table_.get(), options.max_wait,

@@ -45,6 +45,11 @@ struct CoordinatorServerOptions {
   // heartbeat's log lines), so it receives at most 4 MiB a message, gRPC's
   // own default, rather than a PS's 256 MiB.
   ServerLimits server_limits = CoordinatorServerLimits();
+  // Without a job file: appended to every job id ("job-3-<suffix>",
+  // JobTable::SetIdSuffix) when not empty. pstrain_coordinator without
+  // --job_file sets a random one, so that ids do not repeat across its
+  // restarts. Ignored with a job file (its ids never repeat).
+  std::string job_id_suffix;
   // If set, the bound port is written here once listening.
   std::string port_file;
   // The server's TLS (common/tls.h); null: plaintext. With TLS every call

@@ -9,6 +9,7 @@
 #include <utility>
 
 #include "absl/container/flat_hash_set.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -462,11 +463,33 @@ void JobTable::End(JobInfo* job, JobState state, const std::string& message,
   }
 }
 
+absl::Status JobTable::SetIdSuffix(const std::string& suffix) {
+  if (!job_file_.empty()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("job ids of a table kept in ", job_file_,
+                     " never repeat; they take no suffix"));
+  }
+  const bool ok = !suffix.empty() && suffix.size() <= 16 &&
+                  std::all_of(suffix.begin(), suffix.end(), [](char c) {
+                    return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9');
+                  });
+  if (!ok) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("job id suffix \"", absl::CHexEscape(suffix.substr(0, 20)),
+                     "\": expected 1 to 16 lowercase letters and digits"));
+  }
+  absl::MutexLock lock(&mu_);
+  id_suffix_ = suffix;
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::string> JobTable::Submit(const JobSpec& spec,
                                              absl::Time now) {
   absl::MutexLock lock(&mu_);
   JobInfo* job = table_.add_jobs();
-  job->set_id(absl::StrCat("job-", table_.next_id()));
+  job->set_id(id_suffix_.empty()
+                  ? absl::StrCat("job-", table_.next_id())
+                  : absl::StrCat("job-", table_.next_id(), "-", id_suffix_));
   table_.set_next_id(table_.next_id() + 1);
   *job->mutable_spec() = spec;
   job->set_state(JOB_PENDING);

@@ -147,6 +147,15 @@ class JobTable {
   // id, "job-1", "job-2", ...
   absl::StatusOr<std::string> Submit(const JobSpec& spec, absl::Time now);
 
+  // Job ids become "job-<n>-<suffix>" from the next Submit() on. For a
+  // table without a job file (one that starts again at job-1 after a
+  // restart): a random suffix per process keeps a restarted coordinator
+  // from handing out an id that certificates of an earlier run name.
+  // `suffix`: 1 to 16 lowercase letters and digits (INVALID_ARGUMENT
+  // otherwise); refused (FAILED_PRECONDITION) for a table with a job file,
+  // whose ids never repeat.
+  absl::Status SetIdSuffix(const std::string& suffix);
+
   // Task (role, index) of job `id` is up at `address`. Registering again
   // from the same address is a no-op (a retried call); from another address
   // ALREADY_EXISTS naming both. NOT_FOUND for an unknown job;
@@ -268,6 +277,8 @@ class JobTable {
   JobTableFile table_ ABSL_GUARDED_BY(mu_);
   // A Set() changed the table since it was last written.
   bool dirty_ ABSL_GUARDED_BY(mu_) = false;
+  // SetIdSuffix(); "" for plain "job-<n>".
+  std::string id_suffix_ ABSL_GUARDED_BY(mu_);
 };
 
 // OK if `table` is a job table this JobTable could have written: next_id

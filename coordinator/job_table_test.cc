@@ -645,6 +645,24 @@ TEST(JobTableTest, BrokenJobFilesAreRefusedNamingThem) {
   }
 }
 
+TEST(JobTableTest, IdSuffixIsForTablesWithoutAFile) {
+  JobTable table;
+  ASSERT_TRUE(table.SetIdSuffix("3f9a0c2e").ok());
+  JobSpec spec;
+  spec.set_num_workers(1);
+  absl::StatusOr<std::string> id = table.Submit(spec, absl::Now());
+  ASSERT_TRUE(id.ok()) << id.status();
+  EXPECT_EQ(*id, "job-1-3f9a0c2e");
+  EXPECT_TRUE(table.Get(*id).ok());
+  for (const char* bad : {"", "UPPER", "a-b", "0123456789abcdefg"}) {
+    EXPECT_EQ(table.SetIdSuffix(bad).code(), absl::StatusCode::kInvalidArgument)
+        << bad;
+  }
+  JobTable kept(::testing::TempDir() + "/suffix.pb");
+  EXPECT_EQ(kept.SetIdSuffix("abc").code(),
+            absl::StatusCode::kFailedPrecondition);
+}
+
 TEST(JobTableTest, KvKeyOwnerGivesEachWorkerItsOwnKeys) {
   EXPECT_EQ(KvKeyOwner("worker-3/anything"), 3);
   EXPECT_EQ(KvKeyOwner("worker-0/a/b"), 0);

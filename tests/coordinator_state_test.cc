@@ -187,3 +187,45 @@ TEST(CoordinatorStateTest, KeepFinishedJobsPrunesTheOldestEnded) {
 
 }  // namespace
 }  // namespace pstrain
+
+namespace pstrain {
+namespace {
+
+using ::pstrain::testing::CommandResult;
+using ::pstrain::testing::FreePort;
+using ::pstrain::testing::Process;
+using ::pstrain::testing::RunCommand;
+using ::pstrain::testing::TempDir;
+using ::pstrain::testing::WriteTextFile;
+
+// Without a job file the table starts again at job-1 after a restart: the
+// ids carry a random suffix per coordinator process, so a restarted
+// coordinator never hands out an id that an earlier run's certificates
+// (pstrain certs --job=<id>) name.
+TEST(CoordinatorStateTest, JobIdsDoNotRepeatAcrossRestartsWithoutAJobFile) {
+  ::pstrain::testing::UseTestCertificates();
+  const std::string spec = TempDir() + "/ids.pbtxt";
+  WriteTextFile(spec,
+                "model: \"lenet5\"\nnum_ps: 1\nnum_workers: 1\n"
+                "batch_size: 64\nepochs: 1\n");
+  std::vector<std::string> ids;
+  for (int run = 0; run < 2; ++run) {
+    const std::string port = std::to_string(FreePort());
+    Process coordinator({"tools/pstrain_coordinator", "--port=" + port},
+                        TempDir() + "/coordinator-ids.log");
+    const std::string flags = " --coordinator=127.0.0.1:" + port + " 2>&1";
+    CommandResult r;
+    for (int i = 0; i < 50; ++i) {  // until it listens
+      r = RunCommand("tools/pstrain submit " + spec + flags);
+      if (r.exit_code == 0) break;
+      usleep(100000);
+    }
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_THAT(r.output, ::testing::MatchesRegex("job-1-[0-9a-f]{8}\n"));
+    ids.push_back(r.output);
+  }
+  EXPECT_NE(ids[0], ids[1]);
+}
+
+}  // namespace
+}  // namespace pstrain

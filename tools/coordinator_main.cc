@@ -20,11 +20,13 @@
 #include <csignal>
 #include <cstdio>
 #include <memory>
+#include <random>
 #include <string>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "common/flags_util.h"
 #include "common/tls.h"
@@ -86,6 +88,13 @@ int main(int argc, char** argv) {
       absl::StrCat(absl::GetFlag(FLAGS_bind), ":", absl::GetFlag(FLAGS_port));
   options.job_file = job_file;
   options.port_file = absl::GetFlag(FLAGS_port_file);
+  if (job_file.empty()) {
+    // No job file: the table starts again at job-1 after a restart, so the
+    // ids carry this process's random suffix ("job-1-3f9a0c2e") and never
+    // repeat one that certificates of an earlier run name.
+    std::random_device entropy;
+    options.job_id_suffix = absl::StrFormat("%08x", entropy());
+  }
   options.heartbeat_timeout = absl::Seconds(timeout_s);
   options.max_wait = absl::Seconds(absl::GetFlag(FLAGS_max_wait_s));
   options.table_limits.keep_finished_jobs =
