@@ -5,8 +5,10 @@
 // (bazel test --config=cuda //models:cuda_test on a GPU machine runs them).
 //
 // Tolerances: cuDNN and cuBLAS may use TF32 (10-bit mantissa) for fp32
-// convolutions and GEMMs, so single layers agree to ~1e-3 relative and deep
-// models to ~1e-2 of the gradient mass.
+// convolutions and GEMMs, so single layers agree to ~1e-3 relative. Whole
+// models run with TF32 off and are held to 1e-2 of each gradient's mass, or
+// to a multiple of the CPU backend's own spread where the model's backward
+// amplifies rounding more than that (WholeModelsMatchTheCpuBackend).
 //
 // With PSTRAIN_LAYER_ERRORS=FILE set, EveryLayerMatchesTheCpuBackend also
 // writes a Markdown table of each layer case's largest absolute and relative
@@ -18,6 +20,7 @@
 #include <memory>
 #include <string>
 
+#include "absl/types/span.h"
 #include "gtest/gtest.h"
 #include "models/backend.h"
 #include "models/layer_harness.h"
@@ -146,6 +149,39 @@ TEST_F(CudaTest, DropoutKeepsAboutOneMinusPAndScales) {
   ExpectInvertedDropout(gpu);
 }
 
+// L1 norms of one parameter's gradient and of its difference from another
+// run's.
+struct GradientGap {
+  double diff = 0, mass = 0;
+  double relative() const { return diff / (mass + 1e-30); }
+};
+
+GradientGap GapOf(absl::Span<const float> other, absl::Span<const float> ref) {
+  GradientGap gap;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    gap.diff += std::fabs(double{other[i]} - ref[i]);
+    gap.mass += std::fabs(ref[i]);
+  }
+  return gap;
+}
+
+// The largest GapOf(...).relative() over the params of two runs of the same
+// model after each one's ForwardBackward, and that param's name.
+struct WorstGap {
+  double relative = 0;
+  std::string name;
+};
+
+WorstGap WorstGapOf(Model& other, Model& ref) {
+  WorstGap worst;
+  for (size_t p = 0; p < ref.params().size(); ++p) {
+    const double relative =
+        GapOf(other.HostGradients()[p], ref.HostGradients()[p]).relative();
+    if (relative > worst.relative) worst = {relative, ref.params()[p]->name};
+  }
+  return worst;
+}
+
 // Whole models, TF32 off (fp32 on FMA units on both sides: the comparison
 // is of the code, not of TF32's rounding), on inputs large enough that
 // every BatchNorm normalizes over at least 32 values per channel: with 4
@@ -153,7 +189,41 @@ TEST_F(CudaTest, DropoutKeepsAboutOneMinusPAndScales) {
 // nearly equal numbers and amplifies rounding differences past any
 // tolerance (seen on the first H100 run, TF32 on: 30-100% of the gradient
 // mass on ResNet-18/50, differing from run to run).
+//
+// Even so, a BatchNorm ResNet at initialisation is chaotic: its gradients
+// grow backward through the blocks (Yang et al. 2019, "A mean field theory
+// of batch normalization": BatchNorm itself causes gradient explosion at
+// init; conv1.weight's gradient here has an L1 mass of 1e4 on a loss of
+// 2.4), and the same amplification turns fp32 rounding into percent-level
+// gradient differences. Measured on the CPU backend alone (2026-11-26), as
+// the worst param's L1 difference over its L1 mass (OMP_NUM_THREADS 1 / 2
+// for the perturbed inputs):
+//
+//             1 vs 2 threads   every input +1 ulp   one input +1 ulp
+//   lenet5    4.3e-8           4.8e-7 / 4.8e-7      3.6e-8 / 3.6e-8
+//   resnet18  3.0e-3           2.5e-3 / 4.6e-3      5.9e-3 / 2.7e-3
+//   resnet50  4.6e-2           3.3e-2 / 4.2e-2      1.6e-2 / 9.7e-3
+//
+// ResNet-50's 1-vs-2-thread gap (4.6e-2 at layer1.0.bn2.bias, conv1.weight
+// 3.9e-2) is the H200's CUDA-vs-CPU gap (4.65e-2 at layer1.0.bn2.bias,
+// conv1.weight 3.4e-2); the thread gap grows from fc.weight (7e-5) through
+// layer4 to ~3% in every layer before it, as chaos does: no fixed bound
+// separates such noise from a bug. So the test measures the spread where it
+// runs, the CPU backend against itself on every input one ulp larger (a change
+// to every value, as a different backend makes; one input's ulp gives a
+// smaller and more variable spread), and holds every param's
+// CUDA-vs-CPU gap to max(1e-2, kSpreads * that spread's worst param).
+// kSpreads = 4: the thread gap and the H200's gap are 1.1-1.4x the ulp
+// spreads measured (3.3e-2, 4.2e-2), and a single chaotic draw of the
+// spread may come out low, so 4 leaves a margin of ~3x. Where the spread is
+// below 2.5e-3 (LeNet-5; ResNet-18 on one thread) the bound stays 1e-2;
+// for ResNet-50 it is ~0.13 (the H200 run of this test: spread 3.1e-2,
+// tolerance 0.125, gap 4.4e-2), which a wrong layer (an O(1) error in its
+// gradients and in those of every layer before it) still exceeds. The
+// precise check of each layer, at ~1e-6 on the H200, is
+// EveryLayerMatchesTheCpuBackend.
 TEST_F(CudaTest, WholeModelsMatchTheCpuBackend) {
+  constexpr double kSpreads = 4;
   struct Case {
     const char* name;
     Shape chw;
@@ -182,27 +252,28 @@ TEST_F(CudaTest, WholeModelsMatchTheCpuBackend) {
     auto gpu_loss = (*gpu)->ForwardBackward(x, labels);
     ASSERT_TRUE(cpu_loss.ok() && gpu_loss.ok());
     EXPECT_NEAR(*gpu_loss, *cpu_loss, 1e-3 * std::max(1.0f, *cpu_loss));
+    // The spread: the CPU backend on every input one ulp larger.
+    auto nudged = Model::Create(c.name, c.chw, 10, options, cpu_.get());
+    ASSERT_TRUE(nudged.ok());
+    Tensor x_nudged = x;
+    for (float& v : x_nudged.data) v = std::nextafter(v, 2.0f);
+    ASSERT_TRUE((*nudged)->ForwardBackward(x_nudged, labels).ok());
+    const WorstGap spread = WorstGapOf(**nudged, **cpu);
+    const double tolerance = std::max(1e-2, kSpreads * spread.relative);
     // The host staging holds the gradients after ForwardBackward. The
     // worst parameter's L1 difference over its L1 mass goes to the log.
-    double worst = 0;
-    std::string worst_name;
     for (size_t p = 0; p < (*cpu)->params().size(); ++p) {
-      const auto& g = (*gpu)->HostGradients()[p];
-      const auto& r = (*cpu)->HostGradients()[p];
-      double diff = 0, mass = 0;
-      for (size_t i = 0; i < r.size(); ++i) {
-        diff += std::fabs(double{g[i]} - r[i]);
-        mass += std::fabs(r[i]);
-      }
-      const std::string& name = (*cpu)->params()[p]->name;
-      if (diff / (mass + 1e-30) > worst) {
-        worst = diff / (mass + 1e-30);
-        worst_name = name;
-      }
-      EXPECT_LE(diff, 1e-2 * mass + 1e-6) << name;
+      const GradientGap gap =
+          GapOf((*gpu)->HostGradients()[p], (*cpu)->HostGradients()[p]);
+      EXPECT_LE(gap.diff, tolerance * gap.mass + 1e-6)
+          << (*cpu)->params()[p]->name << " (tolerance " << tolerance << ")";
     }
-    std::printf("%s: worst gradient L1 difference / L1 mass: %.3g (%s)\n",
-                c.name, worst, worst_name.c_str());
+    const WorstGap worst = WorstGapOf(**gpu, **cpu);
+    std::printf(
+        "%s: worst gradient L1 difference / L1 mass: %.3g (%s); CPU spread "
+        "(inputs +1 ulp): %.3g (%s); tolerance %.3g\n",
+        c.name, worst.relative, worst.name.c_str(), spread.relative,
+        spread.name.c_str(), tolerance);
   }
 }
 
@@ -212,8 +283,9 @@ TEST_F(CudaTest, WholeModelsMatchTheCpuBackend) {
 // weights (the second reuses the slots): the same losses, and gradients up
 // to the algorithms cudnnFind picks for each model (1e-2 of the gradient
 // mass, as WholeModelsMatchTheCpuBackend). ResNet-18, whose gradients agree
-// with the CPU backend's to 0.6% at this size; ResNet-50's BatchNorms at
-// 2x2 amplify rounding past that (the first H200 run: 4.6%), and an Adam
+// with the CPU backend's to 0.6% at this size; ResNet-50's backward at
+// initialisation amplifies rounding past that (the first H200 run: 4.6%,
+// as the CPU backend's own 1-vs-2-thread spread; see above), and an Adam
 // step between would turn near-zero gradient noise into full-size updates.
 TEST_F(CudaTest, MemoryPlanMatchesUnplannedTensors) {
   cuda_->AllowTf32(false);
