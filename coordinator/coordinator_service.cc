@@ -161,6 +161,7 @@ grpc::Status CoordinatorService::WaitForLayout(grpc::ServerContext* context,
       table_->Get(request->job_id(), JobTable::kNoLog);
   if (!job.ok()) return ToGrpcStatus(job.status());
   const int num_ps = job->spec().num_ps();
+  response->set_generation(JobRestarts(*job));
   for (int i = 0; i < static_cast<int>(addresses->size()); ++i) {
     if (i < num_ps) {
       response->add_ps_addresses((*addresses)[i]);
@@ -180,14 +181,28 @@ grpc::Status CoordinatorService::Heartbeat(grpc::ServerContext* context,
       !denied.ok()) {
     return denied;
   }
-  absl::StatusOr<JobState> state = table_->Heartbeat(*request, absl::Now());
+  bool restart = false;
+  absl::StatusOr<JobState> state =
+      table_->Heartbeat(*request, absl::Now(), &restart);
   if (!state.ok()) return ToGrpcStatus(state.status());
   response->set_state(*state);
+  response->set_restart(restart && !JobEnded(*state));
   response->set_server_time_us(absl::ToUnixMicros(absl::Now()));
-  if (JobEnded(*state)) {
+  if (JobEnded(*state) || response->restart()) {
     absl::StatusOr<JobInfo> job =
         table_->Get(request->task().job_id(), JobTable::kNoLog);
-    if (job.ok()) response->set_message(job->message());
+    if (job.ok() && !response->restart()) {
+      response->set_message(job->message());
+    }
+    // A restart says why: the task's message ("restarted with every
+    // worker: worker 1 died (signal 9)").
+    if (job.ok() && response->restart()) {
+      for (const TaskInfo& task : job->tasks()) {
+        if (task.role() == t.role() && task.index() == t.index()) {
+          response->set_message(task.message());
+        }
+      }
+    }
   }
   return grpc::Status::OK;
 }

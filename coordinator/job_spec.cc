@@ -346,11 +346,13 @@ absl::Status ValidateJobSpec(const JobSpec& spec) {
   RETURN_IF_ERROR(CheckRange("checkpoint_every_secs",
                              spec.checkpoint_every_secs(), 0.0,
                              kMaxCheckpointEverySecs, "seconds"));
-  if (spec.max_restarts() > 0 && spec.mode() == "allreduce") {
+  if (spec.max_restarts() > 0 && spec.mode() == "allreduce" &&
+      spec.checkpoint_dir().empty()) {
     return Bad("max_restarts",
                absl::StrCat(spec.max_restarts(),
-                            "; allreduce jobs do not recover from failures "
-                            "(only parameter-server jobs do): expected 0"));
+                            "; an allreduce job restarts every worker from "
+                            "the newest checkpoint and needs checkpoint_dir: "
+                            "expected 0 without it"));
   }
   RETURN_IF_ERROR(CheckRange("registration_timeout_s",
                              spec.registration_timeout_s(), 1,

@@ -40,7 +40,8 @@
 //   checkpoint_every_steps   0 to 1e9 (0: none)             0
 //   checkpoint_every_secs    0 to 1e7 (0: by steps only)    0
 //   keep_checkpoints         1 to 1000                      3
-//   max_restarts             0 to 1000 (0 in allreduce)     0
+//   max_restarts             0 to 1000 (allreduce: 0        0
+//                            without checkpoint_dir)
 //   max_nonfinite_steps      0 to 1000000                   10
 //   registration_timeout_s   1 to 604800                    600
 //   straggler (test aid)     "WORKER:DELAY_MS", WORKER 0 to  none

@@ -206,6 +206,12 @@ TEST(JobSpecTest, RangesAcceptTheirBoundsAndRefuseOneBeyond) {
        "keep_checkpoints: -1; expected 1 to 1000"},
       {base + "max_restarts: 1000", base + "max_restarts: 1001",
        "max_restarts: 1001; expected 0 to 1000"},
+      {"num_workers: 2 batch_size: 8 epochs: 1 mode: \"allreduce\" "
+       "max_restarts: 3 checkpoint_dir: \"/tmp/ck\"",
+       "num_workers: 2 batch_size: 8 epochs: 1 mode: \"allreduce\" "
+       "max_restarts: 3",
+       "max_restarts: 3; an allreduce job restarts every worker from the "
+       "newest checkpoint and needs checkpoint_dir: expected 0 without it"},
       {base + "max_nonfinite_steps: 1000000",
        base + "max_nonfinite_steps: 1000001",
        "max_nonfinite_steps: 1000001; expected 0 to 1000000"},

@@ -535,6 +535,7 @@ absl::Status JobTable::Register(const std::string& id, TaskRole role, int index,
         (*task)->address(), "; refusing ", address));
   }
   (*task)->set_state(TASK_REGISTERED);
+  (*task)->set_restart_requested(false);
   (*task)->set_address(address);
   (*task)->set_last_heartbeat_ms(Ms(now));
   bool all = true;
@@ -652,7 +653,8 @@ void JobTable::KeepResult(JobInfo* job, TaskInfo* task,
 }
 
 absl::StatusOr<JobState> JobTable::Heartbeat(const HeartbeatRequest& request,
-                                             absl::Time now) {
+                                             absl::Time now, bool* restart) {
+  if (restart != nullptr) *restart = false;
   const TaskRef& ref = request.task();
   absl::MutexLock lock(&mu_);
   ASSIGN_OR_RETURN(JobInfo * job, FindJob(ref.job_id()));
@@ -666,6 +668,7 @@ absl::StatusOr<JobState> JobTable::Heartbeat(const HeartbeatRequest& request,
   if ((*task)->state() == TASK_REGISTERED) {
     (*task)->set_last_heartbeat_ms(Ms(now));
   }
+  if (restart != nullptr) *restart = (*task)->restart_requested();
   if (ref.role() == ROLE_WORKER && request.steps() > 0) {
     (*task)->set_steps(request.steps());
     (*task)->set_samples_per_sec(request.samples_per_sec());
@@ -749,6 +752,26 @@ absl::Status JobTable::TaskFinished(const TaskFinishedRequest& request,
   return Persist();
 }
 
+namespace {
+
+// Drops the job's rendezvous keys (Gloo's and NCCL's, every generation's),
+// keeping the workers' own `worker-<i>/...` keys.
+void DropRendezvousKeys(JobInfo* job) {
+  std::vector<std::string> drop;
+  for (const auto& [key, value] : job->kv()) {
+    if (!absl::StartsWith(key, "worker-")) drop.push_back(key);
+  }
+  for (const std::string& key : drop) job->mutable_kv()->erase(key);
+}
+
+}  // namespace
+
+int JobRestarts(const JobInfo& job) {
+  int restarts = 0;
+  for (const TaskInfo& t : job.tasks()) restarts += t.restarts();
+  return restarts;
+}
+
 absl::StatusOr<int> JobTable::TaskRestarting(const std::string& id,
                                              TaskRole role, int index,
                                              const std::string& why_sent,
@@ -764,8 +787,7 @@ absl::StatusOr<int> JobTable::TaskRestarting(const std::string& id,
     return absl::FailedPreconditionError(
         absl::StrCat(id, " has ended: ", job->message()));
   }
-  int restarts = 0;
-  for (const TaskInfo& t : job->tasks()) restarts += t.restarts();
+  const int restarts = JobRestarts(*job);
   if (restarts >= job->spec().max_restarts()) {
     const std::string message = absl::StrCat(
         TaskName(role, index), " ", why, "; the job's restart budget (",
@@ -781,10 +803,29 @@ absl::StatusOr<int> JobTable::TaskRestarting(const std::string& id,
   task->set_address("");
   task->set_message(why);
   task->set_waiting_since_ms(Ms(now));
+  // Allreduce: the survivors' collective is broken with the dead worker's
+  // ranks, so every worker restarts, meeting under the next generation's
+  // prefix; the earlier generations' rendezvous keys are dropped.
+  const bool every_worker = job->spec().mode() == "allreduce";
+  if (every_worker) {
+    for (TaskInfo& t : *job->mutable_tasks()) {
+      if (&t == task || t.state() == TASK_WAITING) continue;
+      t.set_state(TASK_WAITING);
+      t.set_restart_requested(true);
+      t.set_address("");
+      t.set_message(absl::StrCat(
+          "restarted with every worker: ", TaskName(role, index), " ", why));
+      t.set_waiting_since_ms(Ms(now));
+    }
+    DropRendezvousKeys(job);
+  }
   google::protobuf::RepeatedPtrField<std::string> line;
-  line.Add(absl::StrCat(TaskName(role, index), " ", why, "; restarting it (",
-                        "restart ", restarts + 1, " of ",
-                        job->spec().max_restarts(), ")"));
+  line.Add(absl::StrCat(
+      TaskName(role, index), " ", why,
+      every_worker ? "; restarting every worker from the newest "
+                     "checkpoint ("
+                   : "; restarting it (",
+      "restart ", restarts + 1, " of ", job->spec().max_restarts(), ")"));
   AppendLog(job, /*task=*/nullptr, role, index, line, now);
   RETURN_IF_ERROR(Persist());
   return restarts + 1;

@@ -101,6 +101,17 @@ struct JobTableLimits {
 // key (KvWait).
 int KvKeyOwner(const std::string& key);
 
+// The job's restarts so far (TaskInfo.restarts over its tasks): its
+// generation (ClusterLayout.generation).
+int JobRestarts(const JobInfo& job);
+
+// The exit status of a task that the coordinator told to restart although
+// it did not fail (HeartbeatResponse.restart: an allreduce job restarts
+// every worker after one died; see TaskRestarting). Its supervisor starts
+// it again (as a replacement, --rejoin) without counting a restart: the
+// death that caused it was counted. 75 is sysexits.h's EX_TEMPFAIL.
+inline constexpr int kRestartExitCode = 75;
+
 // INVALID_ARGUMENT naming the first limit out of its range (see above).
 absl::Status ValidateJobTableLimits(const JobTableLimits& limits);
 
@@ -180,8 +191,10 @@ class JobTable {
   // own. FAILED_PRECONDITION, keeping nothing, for a task that has itself
   // ended (DONE or FAILED); a task stopped or lost by the job's end is
   // answered, so that it learns the job's state.
+  // `restart` (if not null) is set to whether the task is to exit and be
+  // started again (TaskInfo.restart_requested; see TaskRestarting).
   absl::StatusOr<JobState> Heartbeat(const HeartbeatRequest& request,
-                                     absl::Time now);
+                                     absl::Time now, bool* restart = nullptr);
 
   // `request.task()` finished: `ok` false fails the job with its message
   // ("worker 1 on 10.0.0.5:7001 failed: ..."); a task may report a failure
@@ -195,6 +208,11 @@ class JobTable {
   // The supervisor restarts task (role, index) of job `id`, which died
   // (`why`: its exit status): the task waits for its registration again
   // (from any address), the job stays RUNNING, and the log records it.
+  // In mode allreduce every other worker is restarted with it, counted as
+  // this one restart: each goes back to waiting for its registration with
+  // restart_requested set (its heartbeats tell it to exit), and the job's
+  // rendezvous keys are dropped (the next generation meets under a new
+  // prefix; the workers' own `worker-<i>/...` keys stay).
   // Returns the job's restarts so far, this one included.
   // FAILED_PRECONDITION when the job has ended, or when its spec's
   // max_restarts are spent: then the job FAILS naming the task, `why` and

@@ -216,9 +216,12 @@ absl::StatusOr<std::string> TaskAgent::KvWait(const std::string& key,
 }
 
 void TaskAgent::StartHeartbeats(
-    std::function<void(JobState, const std::string&)> on_end) {
+    std::function<void(JobState, const std::string&)> on_end,
+    std::function<void(const std::string&)> on_restart) {
   heartbeats_ = std::thread(
-      [this, on_end = std::move(on_end)] { HeartbeatLoop(on_end); });
+      [this, on_end = std::move(on_end), on_restart = std::move(on_restart)] {
+        HeartbeatLoop(on_end, on_restart);
+      });
 }
 
 absl::StatusOr<ClockOffset> TaskAgent::MeasureClockOffset(int samples) {
@@ -251,7 +254,8 @@ absl::StatusOr<ClockOffset> TaskAgent::MeasureClockOffset(int samples) {
 }
 
 void TaskAgent::HeartbeatLoop(
-    std::function<void(JobState, const std::string&)> on_end) {
+    std::function<void(JobState, const std::string&)> on_end,
+    std::function<void(const std::string&)> on_restart) {
   absl::Time last_contact = absl::Now();
   while (!stop_.WaitForNotificationWithTimeout(options_.heartbeat_interval)) {
     HeartbeatRequest request;
@@ -268,6 +272,10 @@ void TaskAgent::HeartbeatLoop(
       last_contact = absl::Now();
       if (JobEnded(response.state())) {
         on_end(response.state(), response.message());
+        return;
+      }
+      if (response.restart() && on_restart) {
+        on_restart(response.message());
         return;
       }
       continue;

@@ -85,9 +85,13 @@ class TaskAgent {
   // Starts the heartbeat thread. `on_end(state, message)` is called once,
   // on that thread, when the coordinator reports that the job has ended, or
   // with JOB_FAILED when it was unreachable for coordinator_timeout; the
-  // heartbeats then stop.
+  // heartbeats then stop. `on_restart(why)` (if set) is called instead,
+  // once, when the coordinator tells the task to restart (it should exit
+  // with kRestartExitCode, coordinator/job_table.h); without it that answer
+  // is ignored.
   void StartHeartbeats(
-      std::function<void(JobState state, const std::string& message)> on_end);
+      std::function<void(JobState state, const std::string& message)> on_end,
+      std::function<void(const std::string& why)> on_restart = nullptr);
 
   // Prints `line` (no newline) on stdout and sends it with the next
   // heartbeat (at most 10000 lines are queued; older ones are dropped).
@@ -140,7 +144,8 @@ class TaskAgent {
   // TaskFinishedRequest.
   template <typename Request>
   void TakePending(Request* request);
-  void HeartbeatLoop(std::function<void(JobState, const std::string&)> on_end);
+  void HeartbeatLoop(std::function<void(JobState, const std::string&)> on_end,
+                     std::function<void(const std::string&)> on_restart);
   void StopHeartbeats();
 
   const TaskAgentOptions options_;

@@ -360,6 +360,17 @@ int NodeCommand(const std::vector<std::string>& args,
       }
       continue;
     }
+    // A task the coordinator stopped for the restart of every worker
+    // (allreduce: another worker died, which that one's agent counted) is
+    // started again at once, as a replacement.
+    if (exit.code == kRestartExitCode && first_failure.role.empty()) {
+      std::vector<std::string> argv = argvs[exit.role];
+      argv.push_back("--rejoin");
+      std::printf("%s: %s stopped for the job's restart; starting it again\n",
+                  kProgram, exit.role.c_str());
+      std::fflush(stdout);
+      if (cluster.Start(exit.role, argv).ok()) continue;
+    }
     // A task that died while its job runs is restarted within the job's
     // max_restarts, which the coordinator counts over every node
     // (RestartTask, with the task's own key); workers rejoin.
@@ -395,9 +406,12 @@ int NodeCommand(const std::vector<std::string>& args,
       if (restarted.ok()) {
         std::vector<std::string> argv = argvs[exit.role];
         if (as.role == TlsRole::kWorker) argv.push_back("--rejoin");
-        std::printf("%s: %s %s; restarting it (restart %d of %d)\n", kProgram,
-                    exit.role.c_str(), why.c_str(), response.restarts(),
-                    response.max_restarts());
+        std::printf("%s: %s %s; %s (restart %d of %d)\n", kProgram,
+                    exit.role.c_str(), why.c_str(),
+                    job->spec().mode() == "allreduce"
+                        ? "restarting every worker from the newest checkpoint"
+                        : "restarting it",
+                    response.restarts(), response.max_restarts());
         std::fflush(stdout);
         if (cluster.Start(exit.role, argv).ok()) continue;
       } else {

@@ -450,8 +450,8 @@ absl::Status CheckIgnoredFlags(const JobSpec& spec, const std::string& command,
         absl::StrCat("only allreduce has gradient buckets, not ", modes));
   }
   if (!any_ps_mode) {
-    // Checkpoints and --resume are for every mode; restarts are not.
-    for (const char* flag : {"num_ps", "partition_bytes", "max_restarts"}) {
+    // Checkpoints, --resume and restarts are for every mode.
+    for (const char* flag : {"num_ps", "partition_bytes"}) {
       if (FlagSpecified(flag)) {
         return ignored(flag, absl::StrCat("it is for the parameter-server "
                                           "modes (sync, async), not ",
@@ -533,10 +533,9 @@ JobSpec SpecFromFlags(const std::string& mode, int num_ps, int num_workers) {
   spec.set_clip_grad_norm(absl::GetFlag(FLAGS_clip_grad_norm));
   spec.set_resume(absl::GetFlag(FLAGS_resume));
   const int max_restarts = absl::GetFlag(FLAGS_max_restarts);
-  spec.set_max_restarts(max_restarts >= 0 ? max_restarts
-                        : !spec.checkpoint_dir().empty() && mode != "allreduce"
-                            ? 3
-                            : 0);
+  spec.set_max_restarts(max_restarts >= 0                ? max_restarts
+                        : !spec.checkpoint_dir().empty() ? 3
+                                                         : 0);
   OptimizerSpec* optimizer = spec.mutable_optimizer();
   optimizer->set_lr(absl::GetFlag(FLAGS_lr));
   optimizer->set_beta1(absl::GetFlag(FLAGS_beta1));
@@ -726,6 +725,24 @@ absl::StatusOr<RunResult> RunJob(const JobSpec& spec,
                                                "; stopped every process"));
     }
     ChildExit exit = cluster.WaitAny(absl::Milliseconds(100));
+    if (!exit.role.empty() && exit.code == kRestartExitCode) {
+      // Stopped by the coordinator for the restart of every worker that
+      // another worker's death began (allreduce; counted for that death).
+      ASSIGN_OR_RETURN(job, table.Get(job_id, JobTable::kNoLog));
+      if (!JobEnded(job.state())) {
+        const auto [role, index] = tasks[exit.role];
+        std::printf(
+            "pstrain: %s stopped for the job's restart; starting it "
+            "again\n",
+            TaskName(role, index).c_str());
+        std::fflush(stdout);
+        std::vector<std::string> argv = launches[exit.role].first;
+        argv.push_back("--rejoin");
+        RETURN_IF_ERROR(
+            cluster.Start(exit.role, argv, launches[exit.role].second));
+        continue;
+      }
+    }
     if (!exit.role.empty() && exit.code != 0) {
       const auto [role, index] = tasks[exit.role];
       const std::string status = exit.code > 0
@@ -739,9 +756,12 @@ absl::StatusOr<RunResult> RunJob(const JobSpec& spec,
       if (!JobEnded(job.state()) && restarts < spec.max_restarts()) {
         ++restarts;
         const std::string why = absl::StrCat("died (", status, ")");
-        std::printf("pstrain: %s %s; restarting it (restart %d of %d)\n",
-                    TaskName(role, index).c_str(), why.c_str(), restarts,
-                    spec.max_restarts());
+        std::printf("pstrain: %s %s; %s (restart %d of %d)\n",
+                    TaskName(role, index).c_str(), why.c_str(),
+                    spec.mode() == "allreduce"
+                        ? "restarting every worker from the newest checkpoint"
+                        : "restarting it",
+                    restarts, spec.max_restarts());
         std::fflush(stdout);
         RETURN_IF_ERROR(
             table.TaskRestarting(job_id, role, index, why, absl::Now())

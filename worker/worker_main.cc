@@ -21,13 +21,17 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/usage.h"
+#include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "common/flags_util.h"
 #include "common/tls.h"
 #include "common/trace.h"
 #include "coordinator/job_spec.h"
+#include "coordinator/job_table.h"
 #include "coordinator/task_agent.h"
 #include "coordinator/task_flags.h"
+#include "worker/checkpoint.h"
 #include "worker/collective.h"
 #include "worker/dataset.h"
 #include "worker/input_pipeline.h"
@@ -94,6 +98,30 @@ int main(int argc, char** argv) {
   const int index = agent.options().index;
   auto fail = [&](int code, const std::string& message) {
     return pstrain::FailTask(agent, kProgram, code, message);
+  };
+  // Allreduce: a collective broken by another worker's death (Gloo's
+  // error, a rendezvous cut short) is not this worker's failure. With
+  // restarts, the supervisor that restarts the dead worker has the
+  // coordinator restart every worker, and the heartbeats end this process
+  // (kRestartExitCode); it reports the failure itself only if that has not
+  // happened within --init_timeout_s (no supervisor, or none that
+  // restarts). Without, it gives the supervisor 3 s to report the death
+  // first, so that the job's message names it.
+  const bool allreduce = spec->mode() == "allreduce";
+  const bool restarts_together = allreduce && spec->max_restarts() > 0;
+  auto fail_or_await_restart = [&](const absl::Status& status,
+                                   const std::string& message) {
+    const bool peer_death =
+        absl::IsDeadlineExceeded(status) || absl::IsUnavailable(status) ||
+        absl::IsAborted(status) || absl::IsCancelled(status);
+    if (restarts_together && peer_death) {
+      agent.Log(absl::StrCat(agent.name(), ": ", status.message(),
+                             "; waiting for the job's workers to restart"));
+      absl::SleepFor(absl::Seconds(absl::GetFlag(FLAGS_init_timeout_s)));
+    } else if (allreduce && peer_death) {
+      absl::SleepFor(absl::Seconds(3));
+    }
+    return fail(1, message);
   };
   // oneDNN's primitives run on the training (this) thread's OpenMP pool.
   absl::StatusOr<int> threads =
@@ -171,26 +199,38 @@ int main(int argc, char** argv) {
                          message.empty() ? "" : ": ", message, "; stopping"));
         std::fflush(stdout);
         std::_Exit(state == pstrain::JOB_SUCCEEDED ? 0 : 1);
+      },
+      [&agent](const std::string& why) {
+        std::printf("%s: %s: stopping for the job's restart (%s)\n", kProgram,
+                    agent.name().c_str(), why.c_str());
+        std::fflush(stdout);
+        std::_Exit(pstrain::kRestartExitCode);
       });
   absl::StatusOr<pstrain::ClusterLayout> layout = agent.WaitForLayout();
   if (!layout.ok()) return fail(1, std::string(layout.status().message()));
 
   // allreduce: connect the workers (Gloo: TCP on the advertised host;
-  // NCCL: this worker's GPU).
+  // NCCL: this worker's GPU), under the prefix of the job's generation
+  // (after a restart of every worker, keys no earlier worker set).
   CoordinatorStore store(&agent);
   std::unique_ptr<pstrain::Collective> collective;
   if (spec->mode() == "allreduce") {
     const absl::Duration timeout =
         absl::Seconds(absl::GetFlag(FLAGS_init_timeout_s));
+    const std::string generation =
+        layout->generation() == 0 ? ""
+                                  : absl::StrCat("-", layout->generation());
     absl::StatusOr<std::unique_ptr<pstrain::Collective>> connected =
         spec->collective() == "nccl"
             ? pstrain::Collective::CreateNccl(index, spec->num_workers(), gpu,
-                                              &store, "nccl", timeout)
+                                              &store, "nccl" + generation,
+                                              timeout)
             : pstrain::Collective::CreateGloo(index, spec->num_workers(),
                                               address->advertise_host, &store,
-                                              "gloo", timeout);
+                                              "gloo" + generation, timeout);
     if (!connected.ok()) {
-      return fail(1, std::string(connected.status().message()));
+      return fail_or_await_restart(connected.status(),
+                                   std::string(connected.status().message()));
     }
     collective = *std::move(connected);
   }
@@ -256,6 +296,14 @@ int main(int argc, char** argv) {
   options.resume = spec->resume();
   options.max_restarts = spec->max_restarts();
   options.rejoin = absl::GetFlag(FLAGS_rejoin);
+  // Allreduce: a restarted worker resumes from the newest checkpoint (every
+  // worker of the generation reads the same one: all of the earlier
+  // generation have exited before the layout answers), or starts afresh
+  // before the first.
+  if (restarts_together && options.rejoin &&
+      pstrain::ReadLatestCheckpoint(spec->checkpoint_dir()).ok()) {
+    options.resume = true;
+  }
   // A restarted shard registers a new address: ask the coordinator again
   // (it answers once every task is registered).
   options.ps_addresses_fn =
@@ -285,7 +333,9 @@ int main(int argc, char** argv) {
   if (absl::Status s = pstrain::trace::Stop(); !s.ok()) {
     pstrain::PrintError(kProgram, absl::StrCat("trace: ", s.message()));
   }
-  if (!output.ok()) return fail(1, output.status().ToString());
+  if (!output.ok()) {
+    return fail_or_await_restart(output.status(), output.status().ToString());
+  }
   absl::Status s =
       agent.Finish(true, "", index == 0 ? &output->result : nullptr);
   if (!s.ok()) {
