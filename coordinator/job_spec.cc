@@ -11,12 +11,11 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "catalog/catalog.h"
 #include "common/status_macros.h"
 #include "common/utf8.h"
 #include "google/protobuf/io/tokenizer.h"
 #include "google/protobuf/text_format.h"
-#include "models/model.h"
-#include "worker/dataset.h"
 
 namespace pstrain {
 namespace {
@@ -232,11 +231,11 @@ void ApplyJobDefaults(JobSpec* spec) {
 
 absl::Status ValidateJobSpec(const JobSpec& spec) {
   RETURN_IF_ERROR(CheckUtf8Fields(spec));
-  if (!Model::IsKnown(spec.model())) {
+  if (!IsKnownModel(spec.model())) {
     return Bad("model", absl::StrCat("\"", spec.model(),
                                      "\" is not a known model; expected one "
                                      "of: ",
-                                     Model::KnownModels()));
+                                     KnownModels()));
   }
   if (!IsKnownDataset(spec.dataset())) {
     return Bad("dataset", absl::StrCat("\"", spec.dataset(),

@@ -7,9 +7,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "catalog/catalog.h"
 #include "common/trace.h"
 #include "models/memory_plan.h"
 
@@ -345,7 +345,7 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Create(
     return absl::InvalidArgumentError(
         absl::StrCat("num_classes ", num_classes, "; expected >= 2"));
   }
-  if (!IsKnown(name)) {
+  if (!IsKnownModel(name)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "unknown model \"", name, "\"; expected one of: ", KnownModels()));
   }
@@ -376,6 +376,9 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Create(
     BuildResnet(b, c, size, {3, 4, 6, 3}, true, num_classes);
   } else if (name == "resnet101") {
     BuildResnet(b, c, size, {3, 4, 23, 3}, true, num_classes);
+  } else {
+    return absl::InternalError(absl::StrCat(
+        "model \"", name, "\" is in catalog/catalog.h but has no builder"));
   }
   if (!b.status().ok()) return b.status();
   absl::Status finished = model->Finish(input_chw);
@@ -421,20 +424,6 @@ absl::Status Model::Finish(const Shape& input_chw) {
 Model::~Model() {
   nodes_.clear();
   for (float* block : host_blocks_) backend_->FreeHost(block);
-}
-
-namespace {
-// The zoo's names, sorted; Create() builds each.
-constexpr const char* kModels[] = {"alexnet",   "lenet5",   "mlp",
-                                   "resnet101", "resnet18", "resnet34",
-                                   "resnet50",  "vgg16"};
-}  // namespace
-
-std::string Model::KnownModels() { return absl::StrJoin(kModels, ", "); }
-
-bool Model::IsKnown(const std::string& name) {
-  return std::find(std::begin(kModels), std::end(kModels), name) !=
-         std::end(kModels);
 }
 
 std::vector<int64_t> Model::PsTensorNumElements() const {

@@ -110,16 +110,13 @@ struct ModelOptions {
 class Model {
  public:
   // Builds zoo model `name` on `backend` (not owned; must outlive the model)
-  // for inputs `input_chw` = {C, H, W} and `num_classes` outputs.
-  // INVALID_ARGUMENT naming the known models for an unknown name, or naming
-  // the layer whose input shape does not fit.
+  // for inputs `input_chw` = {C, H, W} and `num_classes` outputs; the
+  // names are catalog/catalog.h's ModelNames(). INVALID_ARGUMENT naming the
+  // known models for an unknown name, or naming the layer whose input shape
+  // does not fit.
   static absl::StatusOr<std::unique_ptr<Model>> Create(
       const std::string& name, const Shape& input_chw, int num_classes,
       const ModelOptions& options, Backend* backend);
-
-  // "alexnet, lenet5, mlp, resnet101, resnet18, resnet34, resnet50, vgg16".
-  static std::string KnownModels();
-  static bool IsKnown(const std::string& name);
 
   const std::string& name() const { return name_; }
   // {C, H, W} of one input sample.

@@ -13,6 +13,7 @@
 #include <sstream>
 
 #include "absl/strings/match.h"
+#include "catalog/catalog.h"
 #include "gtest/gtest.h"
 #include "server/adam.h"
 
@@ -29,6 +30,17 @@ std::unique_ptr<Model> MustCreate(const std::string& name, const Shape& chw,
 
 // torchvision 0.14's counts (the "Params" of its model tables), ImageNet
 // input 3x224x224 and 1000 classes.
+// catalog/catalog.h's list is the zoo's: Create builds every name in it.
+TEST(ModelZoo, BuildsEveryCatalogModel) {
+  std::unique_ptr<Backend> cpu = NewCpuBackend();
+  for (absl::string_view name : ModelNames()) {
+    std::unique_ptr<Model> model =
+        MustCreate(std::string(name), {3, 32, 32}, 10, cpu.get());
+    ASSERT_NE(model, nullptr) << name;
+    EXPECT_GT(model->NumParameters(), 0) << name;
+  }
+}
+
 TEST(ModelZoo, ParameterCountsMatchTorchvision) {
   std::unique_ptr<Backend> cpu = NewCpuBackend();
   const std::map<std::string, int64_t> torchvision = {

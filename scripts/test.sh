@@ -10,6 +10,13 @@ bazel test //... 2>&1 | tee "$log" || status=$?
 total=$(grep -c -E '^//[^ ]+ +(\(cached\) )?(PASSED|FAILED|TIMEOUT|FLAKY|NO STATUS)' "$log" || true)
 failed=$(grep -c -E '^//[^ ]+ +(\(cached\) )?(FAILED|TIMEOUT|NO STATUS)' "$log" || true)
 rm -f "$log"
+# Packages know only what they need: no path from the coordinator or the
+# PS to oneDNN, libjpeg or libpng (bazel query; one more test).
+total=$((total + 1))
+if ! bash scripts/check_deps.sh; then
+  failed=$((failed + 1))
+  status=1
+fi
 # The GPU bundle (a --config=cuda build laid out for a GPU host) and its
 # dry run: one more test, which says SKIP where there is no CUDA toolkit.
 bundle_ok=1

@@ -49,6 +49,7 @@
 #include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
+#include "catalog/catalog.h"
 #include "common/flags_util.h"
 #include "models/model.h"
 #include "server/adam.h"
@@ -270,10 +271,10 @@ int Main() {
                             " --warmup=", warmup, ": expected positive sizes"));
     return 2;
   }
-  if (!Model::IsKnown(model_name)) {
+  if (!IsKnownModel(model_name)) {
     PrintError(kProgram, absl::StrCat("--model=", model_name,
                                       ": unknown model; expected one of: ",
-                                      Model::KnownModels()));
+                                      KnownModels()));
     return 2;
   }
   if (absl::Status s = CheckBackendFlags(); !s.ok()) {

@@ -469,6 +469,11 @@ absl::StatusOr<CheckpointManifest> ReadCheckpointManifest(
     }
     m.shard_files.push_back(f);
   }
+  // Optional (older manifests have none): the job's checkpoints so far.
+  if (j.contains("checkpoint_count")) {
+    ASSIGN_OR_RETURN(m.checkpoint_count,
+                     Field<int64_t>(path, j, "checkpoint_count"));
+  }
   if (!j.contains("model_file")) return BadManifest(path, "no \"model_file\"");
   ASSIGN_OR_RETURN(m.model_file, FileField(path, j["model_file"]));
   if (m.model_file.name != kModelFile) {
@@ -627,6 +632,11 @@ absl::Status CheckpointWriter::Wait() {
   return status;
 }
 
+void CheckpointWriter::ContinueCount(int64_t checkpoints_before) {
+  absl::MutexLock lock(&mu_);
+  checkpoints_before_ = checkpoints_before;
+}
+
 int64_t CheckpointWriter::completed() const {
   absl::MutexLock lock(&mu_);
   return completed_;
@@ -739,6 +749,10 @@ absl::Status CheckpointWriter::Finish(
   j["shards"] = files;
   j["model_file"] =
       FileJson({kModelFile, model_file->size_bytes, model_file->crc32});
+  {
+    absl::MutexLock lock(&mu_);
+    j["checkpoint_count"] = checkpoints_before_ + completed_ + 1;
+  }
   j["crc32"] = ManifestCrc(j);
   RETURN_IF_ERROR(WriteCheckpointFile(absl::StrCat(step_dir, "/", kManifest),
                                       j.dump(1) + "\n"));

@@ -19,7 +19,9 @@
 // "tensors" (every PS tensor's name, shape and whether it is a buffer: the
 // BatchNorm running statistics the shards average), "shards" (file,
 // size_bytes, crc32, min_version, max_version), "model_file" (file,
-// size_bytes, crc32), and "crc32": zlib's crc32 of the manifest's own
+// size_bytes, crc32), "checkpoint_count" (the job's durable checkpoints,
+// this one included, across restarts of worker 0; optional on reading:
+// older manifests have none), and "crc32": zlib's crc32 of the manifest's own
 // canonical JSON (nlohmann's dump(1)) without that field, so that no
 // damaged manifest loads.
 //
@@ -120,6 +122,8 @@ struct CheckpointManifest {
   };
   std::vector<File> shard_files;
   File model_file;
+  // The job's durable checkpoints, this one included (0: not recorded).
+  int64_t checkpoint_count = 0;
 };
 
 // "DIR/step-<step>".
@@ -195,6 +199,11 @@ class CheckpointWriter {
   // that recovers from a failure goes on writing checkpoints).
   absl::Status Wait();
 
+  // A restarted worker 0 of the same job: the checkpoints the job made
+  // durable before this writer, so that each manifest's checkpoint_count
+  // counts the job's (default 0).
+  void ContinueCount(int64_t checkpoints_before);
+
   // Steps of the checkpoints made durable so far, and the newest's path.
   int64_t completed() const;
   std::string latest_path() const;
@@ -215,6 +224,7 @@ class CheckpointWriter {
   mutable absl::Mutex mu_;
   absl::Status background_status_ ABSL_GUARDED_BY(mu_);
   int64_t completed_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t checkpoints_before_ ABSL_GUARDED_BY(mu_) = 0;
   std::string latest_path_ ABSL_GUARDED_BY(mu_);
 };
 

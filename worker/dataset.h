@@ -155,7 +155,8 @@ struct DatasetOptions {
 // from `data_dir` in any layout ReadImageFolderDataset reads (classes sorted
 // by name; the "class_folders" layout has no test split: test.count is 0),
 // with options.image_size and options.bad_images; "synthetic" from
-// `options`. INVALID_ARGUMENT for an unknown dataset name or bad synthetic
+// `options`. The names are catalog/catalog.h's DatasetNames().
+// INVALID_ARGUMENT for an unknown dataset name or bad synthetic
 // sizes; the ReadIdx errors; DATA_LOSS when images and labels disagree in
 // count, a label is out of range, or a CIFAR file is not a whole number of
 // 3073-byte records (naming the file); MapIdxFile's and MapRecordFile's
@@ -169,9 +170,6 @@ absl::StatusOr<Dataset> LoadDataset(const std::string& name,
 // its size is not a positive multiple of 3073 bytes or a label is >= 10.
 // Pixels scaled to [0, 1], not standardised.
 absl::StatusOr<LabeledImages> ReadCifarBatch(const std::string& path);
-
-std::string KnownDatasets();
-bool IsKnownDataset(const std::string& name);
 
 // A training sample's index in its split: a split holds at most
 // kMaxSamples samples (IDX counts are 32-bit too).

@@ -154,8 +154,12 @@ class PsExchange : public GradientExchange {
       // restarted shard, or shards that decided different steps, take the
       // checkpoint instead.
       absl::StatusOr<int64_t> reopened =
-          sync_ && staleness_ == 0 ? client_->Reopen(timeout)
-                                   : absl::FailedPreconditionError("no reopen");
+          sync_ && staleness_ == 0
+              ? client_->Reopen(timeout)
+              : absl::FailedPreconditionError(
+                    sync_ ? "with bounded staleness the shards always "
+                            "restore the checkpoint"
+                          : "async: the shards always restore the checkpoint");
       if (reopened.ok()) {
         reopened_ = true;
         min_generation = client_->generation();

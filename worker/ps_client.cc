@@ -8,6 +8,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
 #include "common/chunk_message.h"
 #include "common/rpc_options.h"
@@ -122,7 +123,8 @@ absl::Status PsClient::Initialize(
   return InitializeAs(params, resume, 0);
 }
 
-absl::StatusOr<int64_t> PsClient::HighestGeneration(absl::Duration timeout) {
+absl::StatusOr<int64_t> PsClient::HighestGeneration(
+    absl::Duration timeout, std::vector<int>* uninitialised) {
   int64_t highest = 0;
   for (int s = 0; s < num_shards(); ++s) {
     grpc::ClientContext context;
@@ -133,6 +135,9 @@ absl::StatusOr<int64_t> PsClient::HighestGeneration(absl::Duration timeout) {
     const grpc::Status status = stubs_[s]->Stats(&context, request, &response);
     if (!status.ok()) return ShardError(s, status);
     highest = std::max(highest, response.generation());
+    if (uninitialised != nullptr && !response.initialized()) {
+      uninitialised->push_back(s);
+    }
   }
   return highest;
 }
@@ -148,7 +153,17 @@ absl::StatusOr<int64_t> PsClient::Restore(
 }
 
 absl::StatusOr<int64_t> PsClient::Reopen(absl::Duration timeout) {
-  ASSIGN_OR_RETURN(const int64_t highest, HighestGeneration(timeout));
+  std::vector<int> restarted;
+  ASSIGN_OR_RETURN(const int64_t highest,
+                   HighestGeneration(timeout, &restarted));
+  if (!restarted.empty()) {
+    // The ordinary shard death: nothing to reopen, the checkpoint it is.
+    const bool one = restarted.size() == 1;
+    return absl::FailedPreconditionError(absl::StrCat(
+        one ? "shard " : "shards ", absl::StrJoin(restarted, ", "),
+        one ? " was restarted and holds" : " were restarted and hold",
+        " no state, so every shard restores the checkpoint"));
+  }
   const int64_t generation = highest + 1;
   int64_t version = -1;
   for (int s = 0; s < num_shards(); ++s) {

@@ -122,7 +122,8 @@ class PsClient {
   // generation G+1 (G as in Restore(); InitRequest.reopen), dropping the
   // step in flight. Returns the version every shard is at, which the
   // client then works on. FAILED_PRECONDITION if a shard cannot (a
-  // restarted shard holds no state) or a shard's version differs from
+  // restarted shard holds no state: "shard 1 restarted ...", before any
+  // shard is reopened) or a shard's version differs from
   // shard 0's (a worker died between its step ends to two shards; that
   // shard and those after it stay at the old generation, so no worker
   // works on shards at two versions): the caller restores
@@ -248,8 +249,10 @@ class PsClient {
   struct StepState;
 
   PsClient(const PsClientOptions& options, const PartitionPlan& plan);
-  // The highest generation any shard is at (Stats of each).
-  absl::StatusOr<int64_t> HighestGeneration(absl::Duration timeout);
+  // The highest generation any shard is at (Stats of each); where
+  // `uninitialised` is given, the shards not initialised (restarted ones).
+  absl::StatusOr<int64_t> HighestGeneration(
+      absl::Duration timeout, std::vector<int>* uninitialised = nullptr);
   absl::Status InitializeAs(const std::vector<absl::Span<const float>>& params,
                             const ModelState* resume, int64_t generation);
   absl::Status ShardError(int shard, const grpc::Status& status) const;

@@ -26,6 +26,7 @@
 #include "worker/gradient_exchange.h"
 #include "worker/input_pipeline.h"
 #include "worker/metrics.h"
+#include "worker/run_report.h"
 
 namespace pstrain {
 namespace {
@@ -706,9 +707,16 @@ absl::StatusOr<TrainerOutput> RunWorker(const TrainerOptions& options,
       return;
     }
     const std::string why = exchange->ReopenRefusal();
-    Emit(options,
-         absl::StrCat("Restored the shards to ", restore_source,
-                      why.empty() ? "" : " (", why, why.empty() ? "" : ")"));
+    // Async: the checkpoint's step is worker 0's, its version every
+    // worker's pushes (the job goes on from version / num_workers).
+    const std::string at =
+        options.mode == "sync"
+            ? ""
+            : absl::StrCat("; version ", version, ", step ",
+                           version / options.num_workers, " of each worker");
+    Emit(options, absl::StrCat("Restored the shards to ", restore_source,
+                               why.empty() ? "" : " (", why,
+                               why.empty() ? "" : ")", at));
   };
   // The data position of a version pulled after a restore.
   auto step_of_version = [&](int64_t version) {
@@ -818,6 +826,7 @@ absl::StatusOr<TrainerOutput> RunWorker(const TrainerOptions& options,
   }
   RETURN_IF_ERROR(workload->LoadWeights());
   absl::Time last_checkpoint = absl::Now();
+  int64_t checkpoints_before = 0;
   if (chief && checkpointing) {
     CheckpointJobInfo job;
     job.mode = options.mode;
@@ -839,6 +848,13 @@ absl::StatusOr<TrainerOutput> RunWorker(const TrainerOptions& options,
             const safetensors::WriteOptions& write_options) {
           return w->SaveWeights(weights, path, step, write_options);
         });
+    // A restarted worker 0 goes on counting the job's checkpoints.
+    if (options.rejoin) {
+      absl::StatusOr<CheckpointManifest> newest =
+          ReadLatestCheckpoint(options.checkpoint_dir);
+      if (newest.ok()) checkpoints_before = newest->checkpoint_count;
+    }
+    checkpoints->ContinueCount(checkpoints_before);
   }
   const bool evaluate = options.evaluate && workload->can_evaluate();
 
@@ -899,12 +915,23 @@ absl::StatusOr<TrainerOutput> RunWorker(const TrainerOptions& options,
     return absl::StrCat("step ", skip.step, ": ", who, " ", where, " is ",
                         v.value);
   };
-  int64_t samples_at_start = 0;
-  if (chief) {
-    ASSIGN_OR_RETURN(samples_at_start, exchange->SamplesSoFar());
-  }
-  int64_t window_samples = samples_at_start;
-  absl::Time window_start = absl::Now();
+  // Worker 0's figures across recoveries (worker/run_report.h). Sync
+  // without backup workers and allreduce: every worker trains every step,
+  // counted here (the shards' count lags by the other workers' last pulls,
+  // which may still be on their way when worker 0 has ended); otherwise
+  // shard 0's count.
+  RunReport::Options report_options;
+  report_options.count_on_worker =
+      allreduce || (options.mode == "sync" && options.backup_workers == 0);
+  report_options.samples_per_step =
+      int64_t{options.num_workers} * options.batch_size;
+  report_options.checkpoints_before = checkpoints_before;
+  auto shard_samples = [&]() -> absl::StatusOr<int64_t> {
+    if (!chief || report_options.count_on_worker) return 0;
+    return exchange->SamplesSoFar();
+  };
+  ASSIGN_OR_RETURN(const int64_t samples_at_start, shard_samples());
+  RunReport report(report_options, absl::Now(), samples_at_start);
   // Metrics rows (worker/metrics.h): this worker's files, worker 0's lines.
   const int64_t total_steps = int64_t{options.epochs} * steps_per_epoch;
   StepMetrics step_metrics(options.batch_size, options.adam.lr);
@@ -914,7 +941,6 @@ absl::StatusOr<TrainerOutput> RunWorker(const TrainerOptions& options,
                                   options.metrics_dir, options.worker_id,
                                   /*append=*/options.resume || options.rejoin));
   }
-  double train_seconds = 0;
   // Backup workers: steps this worker ended late (dropped by the shards),
   // and the steps its last step jumped over.
   int64_t late_steps = 0;
@@ -1020,6 +1046,7 @@ absl::StatusOr<TrainerOutput> RunWorker(const TrainerOptions& options,
         position.num_workers = options.num_workers;
         RETURN_IF_ERROR(checkpoints->Begin(step, position, weights));
       }
+      report.StepTrained();
       if (options.on_progress) {
         const double seconds = absl::ToDoubleSeconds(absl::Now() - epoch_start);
         options.on_progress(
@@ -1034,17 +1061,14 @@ absl::StatusOr<TrainerOutput> RunWorker(const TrainerOptions& options,
         row.lr = std::stod(absl::StrFormat(
             "%.7g", static_cast<float>(ScheduledLr(options.adam, step - 1))));
         if (chief && log_step) {
-          ASSIGN_OR_RETURN(const int64_t samples, exchange->SamplesSoFar());
-          const absl::Time now = absl::Now();
-          const double seconds = absl::ToDoubleSeconds(now - window_start);
-          row.job_samples_per_sec = (samples - window_samples) / seconds;
+          ASSIGN_OR_RETURN(const int64_t samples, shard_samples());
+          row.job_samples_per_sec =
+              report.TakeWindowSamplesPerSec(absl::Now(), samples);
           if (options.verbose) {
             Emit(options, absl::StrFormat("Step%d: %.2f data/sec", step,
                                           *row.job_samples_per_sec) +
                               FormatStepDetails(row, total_steps));
           }
-          window_samples = samples;
-          window_start = now;
         }
         if (metrics != nullptr) RETURN_IF_ERROR(metrics->Write(row));
       }
@@ -1054,6 +1078,8 @@ absl::StatusOr<TrainerOutput> RunWorker(const TrainerOptions& options,
     for (int64_t i = first; i < steps_per_epoch; ++i) {
       if (absl::Status s = train_step(i); !s.ok()) {
         ASSIGN_OR_RETURN(step, recover(s));
+        ASSIGN_OR_RETURN(const int64_t samples, shard_samples());
+        report.Recovered(absl::Now(), samples);
         rolled_back = true;
         break;
       }
@@ -1067,15 +1093,15 @@ absl::StatusOr<TrainerOutput> RunWorker(const TrainerOptions& options,
       }
     }
     if (rolled_back) {
-      train_seconds += absl::ToDoubleSeconds(absl::Now() - epoch_start);
       epoch = static_cast<int>(step / steps_per_epoch) - 1;  // then ++epoch
       continue;
     }
-    const double epoch_seconds =
-        absl::ToDoubleSeconds(absl::Now() - epoch_start);
-    train_seconds += epoch_seconds;
+    // The training time since the last epoch's end: recoveries and redone
+    // steps included, so that the epochs add up to the Runtime.
+    const double epoch_seconds = report.TakeEpochSeconds(absl::Now());
     absl::Status evaluated_epoch = [&]() -> absl::Status {
       if (!(chief && evaluate)) return absl::OkStatus();
+      report.Pause(absl::Now());
       // No stream may sit idle through the evaluation (see CloseStreams).
       RETURN_IF_ERROR(exchange->BeforePause());
       const absl::Time test_start = absl::Now();
@@ -1108,21 +1134,26 @@ absl::StatusOr<TrainerOutput> RunWorker(const TrainerOptions& options,
                           epoch, epoch_seconds, test_seconds, eval.accuracy));
       }
       // Evaluation time is not training time: restart the throughput window.
-      ASSIGN_OR_RETURN(window_samples, exchange->SamplesSoFar());
-      window_start = absl::Now();
+      ASSIGN_OR_RETURN(const int64_t samples, shard_samples());
+      report.Resume(absl::Now(), samples);
       return absl::OkStatus();
     }();
     if (!evaluated_epoch.ok()) {
+      report.Resume(absl::Now(), 0);  // a recovery is training time
       ASSIGN_OR_RETURN(step, recover(evaluated_epoch));
+      ASSIGN_OR_RETURN(const int64_t samples, shard_samples());
+      report.Recovered(absl::Now(), samples);
       epoch = static_cast<int>(step / steps_per_epoch) - 1;  // then ++epoch
     }
   }
+  const double train_seconds = report.training_seconds(absl::Now());
   if (checkpoints != nullptr) {
     RETURN_IF_ERROR(checkpoints->Wait());
     if (options.verbose && checkpoints->completed() > 0) {
-      Emit(options, absl::StrCat("Wrote ", checkpoints->completed(),
-                                 " checkpoints; the newest: ",
-                                 checkpoints->latest_path()));
+      Emit(options,
+           absl::StrCat(
+               "Wrote ", report.checkpoints(checkpoints->completed()),
+               " checkpoints; the newest: ", checkpoints->latest_path()));
     }
   }
   if (late_steps > 0 && options.verbose) {
@@ -1141,18 +1172,9 @@ absl::StatusOr<TrainerOutput> RunWorker(const TrainerOptions& options,
                                          timed_steps);
   }
   if (chief) {
-    // Samples of every worker. In sync mode (every worker in every step)
-    // and allreduce mode this is num_workers * batch_size * steps, counted
-    // here: the shards' count lags by the other workers' last pulls, which
-    // may still be on their way when worker 0 has ended.
-    int64_t trained =
-        (step - start_step) * int64_t{options.num_workers} * options.batch_size;
-    if (!allreduce &&
-        !(options.mode == "sync" && options.backup_workers == 0)) {
-      ASSIGN_OR_RETURN(const int64_t samples, exchange->SamplesSoFar());
-      trained = samples - samples_at_start;
-    }
-    result.set_throughput_samples_per_sec(trained /
+    // Samples of every worker, redone steps included (RunReport).
+    ASSIGN_OR_RETURN(const int64_t samples, shard_samples());
+    result.set_throughput_samples_per_sec(report.samples(samples) /
                                           std::max(train_seconds, 1e-9));
   }
   for (absl::Span<float> w : weights) {
