@@ -1,8 +1,18 @@
-// The gRPC face of one ParameterShard: converts messages and statuses, and
-// nothing else. See proto/ps.proto for the protocol.
+// The gRPC face of one ParameterShard (proto/ps.proto): converts messages
+// and statuses into the shard's calls, and owns what the protocol needs
+// beside the shard's state:
+//   - per PushPull stream, a session (server/push_pull_session.h) whose
+//     writer thread serves the pulls while the handler's thread reads;
+//   - a watchdog thread that cancels a stream whose write has been blocked
+//     longer than `write_timeout`;
+//   - the background writer of this shard's checkpoint file (one at a time,
+//     under the job's checkpoint_dir; server/shard_checkpoint.h);
+//   - the authorization of every call (common/authz.h) and the counters its
+//     metrics read.
 //
 // Thread-safety: gRPC calls the handlers from its own threads concurrently;
-// all state lives in the thread-safe ParameterShard.
+// the service's own state is guarded by its mutexes and the shard is
+// thread-safe.
 #ifndef PSTRAIN_SERVER_PS_SERVICE_H_
 #define PSTRAIN_SERVER_PS_SERVICE_H_
 
@@ -83,6 +93,10 @@ class PsService final : public ParameterServer::Service {
   Counters counters() const;
 
  private:
+  // One PushPull stream's reader, writer thread and pull queue
+  // (server/push_pull_session.h).
+  class PushPullSession;
+
   void Touch();
 
   // The caller may make this call (common/authz.h) for `header`'s job and
