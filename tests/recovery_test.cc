@@ -170,8 +170,9 @@ TEST(RecoveryTest, SyncJobSurvivesKilledShardAndWorkerWithTheSameModel) {
   const std::string before = second.prefix().str();
   const std::string after_death = output.substr(before.size());
   EXPECT_TRUE(std::regex_search(
-      before, std::regex(R"(Restored the shards to .*/step-[0-9]+ \(.*not )"
-                         R"(initialised)")))
+      before, std::regex(R"(Restored the shards to .*/step-[0-9]+ \(shard 1 )"
+                         R"(was restarted and holds no state, so every shard )"
+                         R"(restores the checkpoint\))")))
       << output;
   const std::regex back(R"(going on from step ([0-9]+) \(version)");
   int rollbacks = 0;
@@ -221,6 +222,77 @@ TEST(RecoveryTest, SyncJobSurvivesKilledShardAndWorkerWithTheSameModel) {
   EXPECT_EQ(Accuracy(output), clean_accuracy) << output;
   EXPECT_EQ(ReadTextFile(dir + "/model.safetensors"),
             ReadTextFile(clean_dir + "/model.safetensors"));
+}
+
+// Issue 36: worker 0's figures survive a killed shard 0 (its sample
+// counter restarts at 0) and a killed worker: every Step line's rate is
+// positive, the Epoch lines add up to the Runtime (rollbacks and
+// recoveries are training time), and "Wrote N checkpoints" is the number
+// of checkpoint folders the job made durable (--keep_checkpoints keeps
+// them all).
+TEST(RecoveryTest, ReportingSurvivesKilledShardAndWorker) {
+  if (!HaveFashionMnist()) GTEST_SKIP() << "dataset-fashion-mnist missing";
+  const std::string dir = TempDir() + "/report";
+  const std::string log = TempDir() + "/report.log";
+  Process run({"tools/pstrain", "run", "--model=lenet5", "--num_ps=2",
+               "--num_workers=2", "--epochs=2", "--max_steps_per_epoch=150",
+               "--log_every_steps=25", "--checkpoint_every_steps=50",
+               "--keep_checkpoints=100", "--checkpoint_dir=" + dir,
+               "--heartbeat_timeout_s=30"},
+              log);
+  ASSERT_TRUE(WaitFor([&] { return !Latest(dir).empty(); }, absl::Minutes(1)))
+      << ReadTextFile(log);
+  ASSERT_TRUE(KillChild(run.pid(), "pstrain_ps .*--task_index=0"))
+      << ReadTextFile(log);
+  const std::string first = Latest(dir);
+  ASSERT_TRUE(WaitFor([&] { return Latest(dir) != first; }, absl::Minutes(1)))
+      << ReadTextFile(log);
+  ASSERT_TRUE(KillChild(run.pid(), "pstrain_worker .*--task_index=1"))
+      << ReadTextFile(log);
+  ASSERT_EQ(run.Wait(120), 0) << ReadTextFile(log);
+  const std::string output = ReadTextFile(log);
+  ASSERT_NE(output.find("pstrain: ps 0 died"), std::string::npos) << output;
+  ASSERT_NE(output.find("pstrain: worker 1 died"), std::string::npos) << output;
+  EXPECT_TRUE(std::regex_search(
+      output, std::regex(R"(Restored the shards to .*/step-[0-9]+ \(shard 0 )"
+                         R"(was restarted and holds no state)")))
+      << output;
+
+  const std::regex step_line(R"(Step([0-9]+): (-?[0-9.]+) data/sec)");
+  int step_lines = 0;
+  for (std::sregex_iterator it(output.begin(), output.end(), step_line), end;
+       it != end; ++it) {
+    EXPECT_GT(std::stod((*it)[2].str()), 0) << (*it)[0].str();
+    ++step_lines;
+  }
+  EXPECT_GE(step_lines, 12) << output;  // 300 steps, every 25; redone ones
+
+  const std::regex epoch_line(R"(Epoch [0-9]+ in ([0-9.]+) sec)");
+  double epochs = 0;
+  for (std::sregex_iterator it(output.begin(), output.end(), epoch_line), end;
+       it != end; ++it) {
+    epochs += std::stod((*it)[1].str());
+  }
+  std::smatch runtime;
+  ASSERT_TRUE(std::regex_search(output, runtime,
+                                std::regex(R"(\| 300 \| ([0-9.]+) s \|)")))
+      << output;
+  const double runtime_s = std::stod(runtime[1].str());
+  EXPECT_NEAR(epochs, runtime_s, 0.1 * runtime_s) << output;
+
+  int folders = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
+    if (entry.path().filename().string().rfind("step-", 0) == 0 &&
+        std::filesystem::exists(entry.path() / "manifest.json")) {
+      ++folders;
+    }
+  }
+  std::smatch wrote;
+  ASSERT_TRUE(std::regex_search(output, wrote,
+                                std::regex(R"(Wrote ([0-9]+) checkpoints)")))
+      << output;
+  EXPECT_EQ(std::stoi(wrote[1].str()), folders) << output;
+  EXPECT_GE(folders, 5) << output;  // steps 50 to 250
 }
 
 TEST(RecoveryTest, AsyncJobSurvivesKilledShardAndRestartedWorkerGoesOn) {
