@@ -381,6 +381,134 @@ struct PsClient::StepState {
   std::vector<int64_t> bytes_pulled;
 };
 
+absl::Status PsClient::PushChunk(int shard, StepState* state,
+                                 const PushPullRequest& envelope,
+                                 const ChunkSpec& c) {
+  Stream& s = streams_[shard];
+  const absl::Span<const float> values =
+      state->gradients[c.param_id].subspan(c.offset, c.num_elements);
+  bool skip;
+  {
+    absl::MutexLock lock(&state->mu);
+    skip = state->nonfinite != nullptr;
+  }
+  if (!skip) {
+    const int64_t bad = FindNonFinite(values);
+    if (bad >= 0) {
+      skip = true;
+      absl::MutexLock lock(&state->mu);
+      if (state->nonfinite == nullptr) {
+        state->nonfinite = std::make_unique<NonFiniteValue>();
+        state->nonfinite->param_id = c.param_id;
+        state->nonfinite->element = c.offset + bad;
+        state->nonfinite->value = NonFiniteText(values[bad]);
+      }
+    }
+  }
+  const int64_t push_start_us = trace::NowUs();
+  grpc::ByteBuffer message;
+  if (skip) {
+    PushPullRequest skipped = envelope;
+    SkippedPush* push = skipped.mutable_skipped_push();
+    push->mutable_key()->set_param_id(c.param_id);
+    push->mutable_key()->set_chunk_index(c.chunk_index);
+    push->set_step(state->step);
+    message = EncodeSmallMessage(skipped);
+  } else {
+    message =
+        EncodeChunkMessage(envelope, kPushChunkField, c.param_id, c.chunk_index,
+                           state->step, values, leases_[shard].get());
+  }
+  const int64_t bytes = static_cast<int64_t>(message.Length());
+  if (!s.stream->Write(message)) {
+    return absl::UnavailableError("stream broke");
+  }
+  const int64_t push_end_us = trace::NowUs();
+  if (state->first_push_us[shard] < 0) {
+    state->first_push_us[shard] = push_start_us;
+  }
+  state->last_push_us[shard] = push_end_us;
+  state->bytes_pushed[shard] += bytes;
+  trace::Complete("push", "ps", push_start_us, push_end_us,
+                  {{"step", state->step},
+                   {"param", c.param_id},
+                   {"chunk", c.chunk_index},
+                   {"shard", shard},
+                   {"bytes", bytes}});
+  return absl::OkStatus();
+}
+
+absl::Status PsClient::WriteStepEnd(int shard, StepState* state,
+                                    const PushPullRequest& envelope) {
+  Stream& s = streams_[shard];
+  // The end of the step, once every shard's chunks have been checked, so
+  // that every shard hears the same report.
+  PushPullRequest end = envelope;
+  end.mutable_step_end()->set_step(state->step);
+  const bool backups = options_.backup_workers;
+  if (backups) {
+    end.mutable_step_end()->set_samples(state->pull.pull().samples());
+  }
+  {
+    absl::MutexLock lock(&state->mu);
+    ++state->pushers_done;
+    const int shards = num_shards();
+    // Backup workers: shard 0 first; the others with its answer.
+    const bool wait_admission = backups && shard > 0;
+    auto all_pushed = [state, shard, shards, wait_admission]()
+                          ABSL_EXCLUSIVE_LOCKS_REQUIRED(state->mu) {
+                            return state->aborted || state->stopped[shard] ||
+                                   (state->pushers_done == shards &&
+                                    (!wait_admission || state->admission >= 0));
+                          };
+    state->mu.Await(absl::Condition(&all_pushed));
+    if (state->aborted || state->stopped[shard]) {
+      return absl::CancelledError("step aborted");
+    }
+    if (backups) {
+      end.mutable_step_end()->set_admission(
+          shard == 0              ? StepEnd::ADMISSION_DECIDE
+          : state->admission == 1 ? StepEnd::ADMITTED
+                                  : StepEnd::LATE);
+    }
+    if (state->nonfinite != nullptr) {
+      NonFinite* report = end.mutable_step_end()->mutable_nonfinite();
+      report->set_param_id(state->nonfinite->param_id);
+      report->set_element(state->nonfinite->element);
+      report->set_value(state->nonfinite->value);
+    }
+  }
+  if (!s.stream->Write(EncodeSmallMessage(end))) {
+    return absl::UnavailableError("stream broke");
+  }
+  if (options_.clip_by_global_norm) {
+    // The squared global norm: every shard's partial, added in shard
+    // order, so every worker sends every shard the same sum.
+    PushPullRequest norm = envelope;
+    norm.mutable_step_norm()->set_step(state->step);
+    {
+      absl::MutexLock lock(&state->mu);
+      const int shards = num_shards();
+      auto all_in = [state, shard, shards]()
+                        ABSL_EXCLUSIVE_LOCKS_REQUIRED(state->mu) {
+                          return state->aborted || state->stopped[shard] ||
+                                 state->norm_partials_in == shards;
+                        };
+      state->mu.Await(absl::Condition(&all_in));
+      if (state->aborted || state->stopped[shard]) {
+        return absl::CancelledError("step aborted");
+      }
+      double sum_sq = 0;
+      for (double partial : state->norm_partials) sum_sq += partial;
+      norm.mutable_step_norm()->set_sum_sq(sum_sq);
+    }
+    if (!s.stream->Write(EncodeSmallMessage(norm))) {
+      return absl::UnavailableError("stream broke");
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status PsClient::WritePushes(int shard, StepState* state) {
   Stream& s = streams_[shard];
   if (state->pull_first && !s.stream->Write(EncodeSmallMessage(state->pull))) {
@@ -408,125 +536,11 @@ absl::Status PsClient::WritePushes(int shard, StepState* state) {
       absl::Status fenced = next.second->Wait();
       if (!fenced.ok()) return fenced;
     }
-    const ChunkSpec& c = shard_chunks_[shard][next.first];
-    const absl::Span<const float> values =
-        state->gradients[c.param_id].subspan(c.offset, c.num_elements);
-    bool skip;
-    {
-      absl::MutexLock lock(&state->mu);
-      skip = state->nonfinite != nullptr;
-    }
-    if (!skip) {
-      const int64_t bad = FindNonFinite(values);
-      if (bad >= 0) {
-        skip = true;
-        absl::MutexLock lock(&state->mu);
-        if (state->nonfinite == nullptr) {
-          state->nonfinite = std::make_unique<NonFiniteValue>();
-          state->nonfinite->param_id = c.param_id;
-          state->nonfinite->element = c.offset + bad;
-          state->nonfinite->value = NonFiniteText(values[bad]);
-        }
-      }
-    }
-    const int64_t push_start_us = trace::NowUs();
-    grpc::ByteBuffer message;
-    if (skip) {
-      PushPullRequest skipped = envelope;
-      SkippedPush* push = skipped.mutable_skipped_push();
-      push->mutable_key()->set_param_id(c.param_id);
-      push->mutable_key()->set_chunk_index(c.chunk_index);
-      push->set_step(state->step);
-      message = EncodeSmallMessage(skipped);
-    } else {
-      message = EncodeChunkMessage(envelope, kPushChunkField, c.param_id,
-                                   c.chunk_index, state->step, values,
-                                   leases_[shard].get());
-    }
-    const int64_t bytes = static_cast<int64_t>(message.Length());
-    if (!s.stream->Write(message)) {
-      return absl::UnavailableError("stream broke");
-    }
-    const int64_t push_end_us = trace::NowUs();
-    if (state->first_push_us[shard] < 0) {
-      state->first_push_us[shard] = push_start_us;
-    }
-    state->last_push_us[shard] = push_end_us;
-    state->bytes_pushed[shard] += bytes;
-    trace::Complete("push", "ps", push_start_us, push_end_us,
-                    {{"step", state->step},
-                     {"param", c.param_id},
-                     {"chunk", c.chunk_index},
-                     {"shard", shard},
-                     {"bytes", bytes}});
+    RETURN_IF_ERROR(
+        PushChunk(shard, state, envelope, shard_chunks_[shard][next.first]));
   }
   if (state->send_step_end) {
-    // The end of the step, once every shard's chunks have been checked, so
-    // that every shard hears the same report.
-    PushPullRequest end = envelope;
-    end.mutable_step_end()->set_step(state->step);
-    const bool backups = options_.backup_workers;
-    if (backups) {
-      end.mutable_step_end()->set_samples(state->pull.pull().samples());
-    }
-    {
-      absl::MutexLock lock(&state->mu);
-      ++state->pushers_done;
-      const int shards = num_shards();
-      // Backup workers: shard 0 first; the others with its answer.
-      const bool wait_admission = backups && shard > 0;
-      auto all_pushed =
-          [state, shard, shards, wait_admission]()
-              ABSL_EXCLUSIVE_LOCKS_REQUIRED(state->mu) {
-                return state->aborted || state->stopped[shard] ||
-                       (state->pushers_done == shards &&
-                        (!wait_admission || state->admission >= 0));
-              };
-      state->mu.Await(absl::Condition(&all_pushed));
-      if (state->aborted || state->stopped[shard]) {
-        return absl::CancelledError("step aborted");
-      }
-      if (backups) {
-        end.mutable_step_end()->set_admission(
-            shard == 0              ? StepEnd::ADMISSION_DECIDE
-            : state->admission == 1 ? StepEnd::ADMITTED
-                                    : StepEnd::LATE);
-      }
-      if (state->nonfinite != nullptr) {
-        NonFinite* report = end.mutable_step_end()->mutable_nonfinite();
-        report->set_param_id(state->nonfinite->param_id);
-        report->set_element(state->nonfinite->element);
-        report->set_value(state->nonfinite->value);
-      }
-    }
-    if (!s.stream->Write(EncodeSmallMessage(end))) {
-      return absl::UnavailableError("stream broke");
-    }
-    if (options_.clip_by_global_norm) {
-      // The squared global norm: every shard's partial, added in shard
-      // order, so every worker sends every shard the same sum.
-      PushPullRequest norm = envelope;
-      norm.mutable_step_norm()->set_step(state->step);
-      {
-        absl::MutexLock lock(&state->mu);
-        const int shards = num_shards();
-        auto all_in = [state, shard, shards]()
-                          ABSL_EXCLUSIVE_LOCKS_REQUIRED(state->mu) {
-                            return state->aborted || state->stopped[shard] ||
-                                   state->norm_partials_in == shards;
-                          };
-        state->mu.Await(absl::Condition(&all_in));
-        if (state->aborted || state->stopped[shard]) {
-          return absl::CancelledError("step aborted");
-        }
-        double sum_sq = 0;
-        for (double partial : state->norm_partials) sum_sq += partial;
-        norm.mutable_step_norm()->set_sum_sq(sum_sq);
-      }
-      if (!s.stream->Write(EncodeSmallMessage(norm))) {
-        return absl::UnavailableError("stream broke");
-      }
-    }
+    RETURN_IF_ERROR(WriteStepEnd(shard, state, envelope));
   }
   if (!state->pull_first && !s.stream->Write(EncodeSmallMessage(state->pull))) {
     return absl::UnavailableError("stream broke");

@@ -260,6 +260,13 @@ class PsClient {
   // BeginStep()).
   absl::Status PushPullShard(int shard, StepState* state, int64_t* version);
   absl::Status WritePushes(int shard, StepState* state);
+  // WritePushes' parts: one chunk's push (or its skipped push, when the
+  // step holds a non-finite value), and the step's end (with backup
+  // workers, shard 0's admission; with clipping, the squared norm).
+  absl::Status PushChunk(int shard, StepState* state,
+                         const PushPullRequest& envelope, const ChunkSpec& c);
+  absl::Status WriteStepEnd(int shard, StepState* state,
+                            const PushPullRequest& envelope);
   // Ends the step in flight at once (the destructor's path).
   void AbortStep();
   // Cancels every stream of the step but `except`'s (-1: all) and wakes its
