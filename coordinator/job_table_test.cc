@@ -787,6 +787,53 @@ TEST(JobTableTest, TextIsCutWithAMarkerNeverRefused) {
   EXPECT_LT(job.message().size(), 200u);
 }
 
+TEST(JobTableTest, AllreduceWorkerDeathRestartsEveryWorkerAsOneRestart) {
+  JobTable table;
+  const std::string id = *table.Submit(
+      *ParseJobSpec("num_ps: 0 num_workers: 3 batch_size: 8 epochs: 1 "
+                    "mode: \"allreduce\" max_restarts: 1 "
+                    "checkpoint_dir: \"/tmp/ck\"",
+                    "test"),
+      kT0);
+  for (int w = 0; w < 3; ++w) {
+    ASSERT_TRUE(
+        table.Register(id, ROLE_WORKER, w, absl::StrCat("h:", w), kT0).ok());
+  }
+  ASSERT_TRUE(table.Set(id, "gloo/rank_0", "a").ok());
+  ASSERT_TRUE(table.Set(id, "worker-0/x", "b").ok());
+  ASSERT_EQ(*table.TaskRestarting(id, ROLE_WORKER, 1, "died (signal 9)", kT0),
+            1);
+  JobInfo job = *table.Get(id);
+  EXPECT_EQ(JobRestarts(job), 1);
+  EXPECT_EQ(job.state(), JOB_RUNNING);
+  for (const TaskInfo& t : job.tasks()) {
+    EXPECT_EQ(t.state(), TASK_WAITING) << t.index();
+    EXPECT_EQ(t.restart_requested(), t.index() != 1) << t.index();
+  }
+  // The rendezvous keys are dropped; the workers' own keys stay.
+  EXPECT_EQ(job.kv().count("gloo/rank_0"), 0u);
+  EXPECT_EQ(job.kv().count("worker-0/x"), 1u);
+  // The survivors' heartbeats tell them to restart, until they register
+  // again; the dead worker's replacement is not told.
+  HeartbeatRequest beat;
+  *beat.mutable_task() = Ref(id, ROLE_WORKER, 0);
+  bool restart = false;
+  ASSERT_TRUE(table.Heartbeat(beat, kT0, &restart).ok());
+  EXPECT_TRUE(restart);
+  ASSERT_TRUE(table.Register(id, ROLE_WORKER, 0, "h:10", kT0).ok());
+  ASSERT_TRUE(table.Heartbeat(beat, kT0, &restart).ok());
+  EXPECT_FALSE(restart);
+  // The second death is past the budget: the job fails naming it.
+  EXPECT_EQ(table.TaskRestarting(id, ROLE_WORKER, 0, "died (signal 9)", kT0)
+                .status()
+                .code(),
+            absl::StatusCode::kFailedPrecondition);
+  job = *table.Get(id);
+  EXPECT_EQ(job.state(), JOB_FAILED);
+  EXPECT_EQ(job.message(),
+            "worker 0 died (signal 9); the job's restart budget (1) is spent");
+}
+
 TEST(JobTableTest, EndedTasksHeartbeatsAreRefused) {
   JobTable table;
   const std::string id = *table.Submit(Spec(), kT0);
