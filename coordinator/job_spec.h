@@ -92,9 +92,9 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "optim/adam.h"
+#include "optim/optimizer.h"
 #include "proto/job.pb.h"
-#include "server/adam.h"
-#include "server/optimizer.h"
 
 namespace pstrain {
 

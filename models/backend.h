@@ -29,7 +29,7 @@
 #include "absl/types/span.h"
 #include "models/layer_spec.h"
 #include "models/tensor.h"
-#include "server/adam.h"
+#include "optim/adam.h"
 
 namespace pstrain {
 
@@ -189,7 +189,7 @@ class Backend {
   virtual bool tf32_allowed() const { return false; }
 
   // One Adam/AdamW step on the backend's memory: `w`, `m`, `v` updated in
-  // place from the gradient `g`, `n` elements each, with server/adam.h's
+  // place from the gradient `g`, `n` elements each, with optim/adam.h's
   // formula in its order (PyTorch's torch.optim.Adam/AdamW). `step` is
   // 1-based. For a local optimizer (train_bench, as PyTorch's own loop);
   // the PS applies its updates on the host (server/parameter_shard.h).

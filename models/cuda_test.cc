@@ -25,7 +25,7 @@
 #include "models/backend.h"
 #include "models/layer_harness.h"
 #include "models/model.h"
-#include "server/adam.h"
+#include "optim/adam.h"
 
 namespace pstrain {
 namespace {

@@ -15,7 +15,7 @@
 #include "absl/strings/match.h"
 #include "catalog/catalog.h"
 #include "gtest/gtest.h"
-#include "server/adam.h"
+#include "optim/adam.h"
 
 namespace pstrain {
 namespace {

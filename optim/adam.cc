@@ -1,4 +1,4 @@
-#include "server/adam.h"
+#include "optim/adam.h"
 
 #include <cmath>
 #include <cstdint>

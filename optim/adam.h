@@ -13,8 +13,8 @@
 // The update reads w, g, m, v and writes w, m, v: it is memory-bound, written
 // as one pass the compiler vectorises (server/BUILD gives it the flags that
 // allow that; 25.6M elements take ~36 ms on one core instead of ~65 ms).
-#ifndef PSTRAIN_SERVER_ADAM_H_
-#define PSTRAIN_SERVER_ADAM_H_
+#ifndef PSTRAIN_OPTIM_ADAM_H_
+#define PSTRAIN_OPTIM_ADAM_H_
 
 #include <cstdint>
 
@@ -61,4 +61,4 @@ bool AdamUpdateInto(const AdamOptions& options, int64_t step, const float* w_in,
 
 }  // namespace pstrain
 
-#endif  // PSTRAIN_SERVER_ADAM_H_
+#endif  // PSTRAIN_OPTIM_ADAM_H_

@@ -1,6 +1,6 @@
 // Adam and AdamW against fixed vectors from PyTorch 1.13's torch.optim.Adam
 // and torch.optim.AdamW (testdata/gen_adam_fixture.py).
-#include "server/adam.h"
+#include "optim/adam.h"
 
 #include <cmath>
 #include <cstring>

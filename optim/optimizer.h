@@ -1,7 +1,7 @@
 // The optimizers the shards and the allreduce workers apply, and the
 // learning-rate schedule: the one place an update is computed.
 //
-//  - Adam, and AdamW when weight_decay > 0 (server/adam.h: the kernels).
+//  - Adam, and AdamW when weight_decay > 0 (optim/adam.h: the kernels).
 //  - SGD with momentum and Nesterov momentum, as PyTorch 1.13's
 //    `torch.optim.SGD` (single-tensor path), weight decay coupled as there:
 //      d = g + weight_decay * w
@@ -28,13 +28,13 @@
 //  with milestones [W] does.
 //
 // Thread-compatible: callers serialise updates of one tensor.
-#ifndef PSTRAIN_SERVER_OPTIMIZER_H_
-#define PSTRAIN_SERVER_OPTIMIZER_H_
+#ifndef PSTRAIN_OPTIM_OPTIMIZER_H_
+#define PSTRAIN_OPTIM_OPTIMIZER_H_
 
 #include <cstdint>
 
 #include "absl/strings/string_view.h"
-#include "server/adam.h"
+#include "optim/adam.h"
 
 namespace pstrain {
 
@@ -104,4 +104,4 @@ bool OptimizerUpdateInto(const OptimizerOptions& options, int64_t step,
 
 }  // namespace pstrain
 
-#endif  // PSTRAIN_SERVER_OPTIMIZER_H_
+#endif  // PSTRAIN_OPTIM_OPTIMIZER_H_

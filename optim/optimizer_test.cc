@@ -1,7 +1,7 @@
 // SGD (momentum, dampening, Nesterov, weight decay) and the lr schedules
 // against PyTorch 1.13's torch.optim.SGD and torch.optim.lr_scheduler
 // (testdata/gen_optimizer_fixture.py), and the dispatch's invariants.
-#include "server/optimizer.h"
+#include "optim/optimizer.h"
 
 #include <cmath>
 #include <cstring>

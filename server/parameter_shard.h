@@ -2,7 +2,7 @@
 //
 // It holds, for every chunk the partition plan gives this shard, the fp32
 // master weights, the optimizer state (m, v, step count: Adam's moments, or
-// SGD's momentum buffer in m; server/optimizer.h) and the chunk's version
+// SGD's momentum buffer in m; optim/optimizer.h) and the chunk's version
 // (the number of updates applied). It aggregates pushed gradients and applies
 // the optimizer (called Adam below) at the scheduled lr of the step:
 //  - sync mode: a chunk's gradients of step v from all `num_workers` workers
@@ -151,7 +151,7 @@
 #include "absl/types/span.h"
 #include "common/nonfinite.h"
 #include "common/partition.h"
-#include "server/optimizer.h"
+#include "optim/optimizer.h"
 
 namespace pstrain {
 
@@ -163,7 +163,7 @@ struct ShardOptions {
   int num_shards = 1;
   int num_workers = 1;
   SyncMode mode = SyncMode::kSync;
-  // The optimizer (server/optimizer.h): Adam unless adam.kind says SGD.
+  // The optimizer (optim/optimizer.h): Adam unless adam.kind says SGD.
   // Named for the Adam-only days; an AdamOptions converts to it.
   OptimizerOptions adam;
   // Sync mode: bounded staleness s (see "Bounded staleness" above), 0 to

@@ -22,7 +22,7 @@
 #include "gmock/gmock.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
-#include "server/adam.h"
+#include "optim/adam.h"
 #include "server/shard_checkpoint.h"
 
 namespace pstrain {

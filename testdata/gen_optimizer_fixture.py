@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Generates testdata/optimizer_fixture.txt with torch.optim.SGD and
-torch.optim.lr_scheduler (server/optimizer_test.cc reads it).
+torch.optim.lr_scheduler (optim/optimizer_test.cc reads it).
 
 Run once with Debian's python3-torch (1.13) from testdata/; the output is
 committed, so tests do not need torch. Format, one record per line:

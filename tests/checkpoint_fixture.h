@@ -8,7 +8,7 @@
 // GradientValue(s, t, i) for every parameter element and BufferValue(s, t, i)
 // for every buffer element; the shards apply Adam. With one worker the shards
 // use the pushed values unchanged (no averaging), and Adam is elementwise
-// (server/adam.h), so ExpectedState replays the shards bit for bit: after
+// (optim/adam.h), so ExpectedState replays the shards bit for bit: after
 // update S, weights, m and v are ExpectedState's at S and every buffer
 // element is BufferValue(S, t, i). A resumed rig continues the same
 // trajectory.
@@ -31,7 +31,7 @@
 #include "absl/types/span.h"
 #include "models/backend.h"
 #include "models/model.h"
-#include "server/adam.h"
+#include "optim/adam.h"
 #include "server/local_shards.h"
 #include "server/shard_checkpoint.h"
 #include "worker/checkpoint.h"

@@ -34,7 +34,7 @@
 #include "common/partition.h"
 #include "common/rpc_options.h"
 #include "common/tls.h"
-#include "server/adam.h"
+#include "optim/adam.h"
 #include "server/local_shards.h"
 #include "worker/ps_client.h"
 

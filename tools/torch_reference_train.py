@@ -10,7 +10,7 @@ mean and std, one epoch; then evaluates on the 10,000 test images.
 
 With --optimizer=sgd (torch.optim.SGD: --momentum, --nesterov,
 --weight_decay) and --warmup_steps/--lr_schedule/--lr_min/--total_steps,
-the learning rate follows pstrain's ScheduledLr (server/optimizer.h) per
+the learning rate follows pstrain's ScheduledLr (optim/optimizer.h) per
 optimizer step: linear warmup from 0, then cosine (CosineAnnealingLR's
 closed form, held at --lr_min past its horizon) or constant, through a
 LambdaLR (torch's LinearLR cannot start from 0).
@@ -83,7 +83,7 @@ def main():
     total = a.total_steps or steps * a.epochs
     warm = a.warmup_steps
 
-    def factor(t):  # lr(t) / lr, as server/optimizer.h's ScheduledLr
+    def factor(t):  # lr(t) / lr, as optim/optimizer.h's ScheduledLr
         if t < warm:
             return t / warm
         if a.lr_schedule == "cosine":

@@ -1,6 +1,6 @@
 // train_bench: training throughput of one zoo model on one backend, without
 // the parameter server: forward + backward + an Adam update of every
-// parameter (server/adam.h's formula), on one fixed batch, timed over
+// parameter (optim/adam.h's formula), on one fixed batch, timed over
 // --steps after --warmup steps. --update=device keeps the update on the
 // backend (Model::AdamStep: a fused kernel on CUDA, as PyTorch's loop keeps
 // torch.optim.Adam on the GPU); --update=host does what a PS worker's step
@@ -52,7 +52,7 @@
 #include "catalog/catalog.h"
 #include "common/flags_util.h"
 #include "models/model.h"
-#include "server/adam.h"
+#include "optim/adam.h"
 #include "worker/data_flags.h"
 #include "worker/dataset.h"
 

@@ -76,8 +76,8 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/types/span.h"
-#include "server/adam.h"
-#include "server/optimizer.h"
+#include "optim/adam.h"
+#include "optim/optimizer.h"
 #include "server/shard_checkpoint.h"
 #include "worker/gradient_exchange.h"
 

@@ -16,7 +16,7 @@
 //     bucket's weights on every worker, while the next bucket is on the
 //     wire (the optimizer overlapped with communication, as PyTorch's
 //     DDP optimizer-in-backward), with the same arithmetic as a sync shard
-//     (server/optimizer.h: sum, times 1/W, one update per step at the
+//     (optim/optimizer.h: sum, times 1/W, one update per step at the
 //     scheduled lr, Adam or SGD with the momentum buffer in the tensor's
 //     m), so that in
 //     exact arithmetic the two modes train the same model. BatchNorm
@@ -39,7 +39,7 @@
 #include "absl/types/span.h"
 #include "common/nonfinite.h"
 #include "models/backend.h"
-#include "server/optimizer.h"
+#include "optim/optimizer.h"
 #include "worker/collective.h"
 #include "worker/ps_client.h"
 

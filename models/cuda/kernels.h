@@ -14,7 +14,7 @@
 
 #include <cstdint>
 
-#include "server/adam.h"
+#include "optim/adam.h"
 
 namespace pstrain {
 namespace cuda {
@@ -49,7 +49,7 @@ cudaError_t LaunchDropout(const float* x, int64_t n, float keep, uint64_t seed,
 cudaError_t LaunchMultiply(const float* a, const float* b, int64_t n,
                            float* out, cudaStream_t stream);
 
-// One Adam/AdamW step (server/adam.h's formula and order; the scalars from
+// One Adam/AdamW step (optim/adam.h's formula and order; the scalars from
 // AdamConstantsFor()): m, v, w updated in place from g.
 cudaError_t LaunchAdam(const AdamStepConstants& c, float* w, const float* g,
                        float* m, float* v, int64_t n, cudaStream_t stream);
