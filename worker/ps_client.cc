@@ -548,6 +548,60 @@ absl::Status PsClient::WritePushes(int shard, StepState* state) {
   return absl::OkStatus();
 }
 
+absl::Status PsClient::TakeNormPartial(int shard, StepState* state,
+                                       const NormSum& partial) {
+  // A pull without pushes (of a version whose step was decided) may carry
+  // the partial too: not this worker's to answer.
+  if (options_.clip_by_global_norm && !state->send_step_end) {
+    return absl::OkStatus();
+  }
+  if (!options_.clip_by_global_norm || partial.step() != state->step) {
+    return absl::DataLossError(absl::StrCat(
+        "shard ", shard, " sent a partial norm of step ", partial.step(),
+        ", which this worker did not end with clipping"));
+  }
+  absl::MutexLock lock(&state->mu);
+  if (!std::isnan(state->norm_partials[shard])) {
+    return absl::DataLossError(absl::StrCat(
+        "shard ", shard, " sent two partial norms of step ", partial.step()));
+  }
+  state->norm_partials[shard] = partial.sum_sq();
+  ++state->norm_partials_in;
+  return absl::OkStatus();
+}
+
+absl::Status PsClient::TakePulledChunk(int shard, StepState* state,
+                                       ReceivedChunkMessage& received,
+                                       int64_t arrived_us, int64_t bytes,
+                                       int64_t* smallest) {
+  const TensorChunk& chunk = received.chunk();
+  const int index =
+      plan_.FindChunk(chunk.key().param_id(), chunk.key().chunk_index());
+  if (index < 0 || plan_.chunks()[index].shard != shard) {
+    return absl::DataLossError(
+        absl::StrCat("shard ", shard, " sent chunk (", chunk.key().param_id(),
+                     ", ", chunk.key().chunk_index(), ") it does not own"));
+  }
+  const ChunkSpec& c = plan_.chunks()[index];
+  // One copy, from the received slices into the weights.
+  RETURN_IF_ERROR(received.CopyFloatPayload(
+      state->weights[c.param_id].subspan(c.offset, c.num_elements)));
+  *smallest =
+      *smallest < 0 ? chunk.version() : std::min(*smallest, chunk.version());
+  state->largest[shard] =
+      std::max(state->largest[shard], static_cast<int64_t>(chunk.version()));
+  state->pull_arrivals_us[shard].push_back(arrived_us);
+  state->bytes_pulled[shard] += bytes;
+  // From the chunk's arrival to its copy into the weights.
+  trace::Complete("pull", "ps", arrived_us, trace::NowUs(),
+                  {{"step", state->step},
+                   {"param", c.param_id},
+                   {"chunk", c.chunk_index},
+                   {"shard", shard},
+                   {"version", chunk.version()}});
+  return absl::OkStatus();
+}
+
 absl::Status PsClient::PushPullShard(int shard, StepState* state,
                                      int64_t* version) {
   Stream& s = streams_[shard];
@@ -648,29 +702,8 @@ absl::Status PsClient::PushPullShard(int shard, StepState* state,
       break;
     }
     if (envelope.has_norm_partial()) {
-      const NormSum& partial = envelope.norm_partial();
-      // A pull without pushes (of a version whose step was decided) may
-      // carry the partial too: not this worker's to answer.
-      if (options_.clip_by_global_norm && !state->send_step_end) continue;
-      if (!options_.clip_by_global_norm || partial.step() != state->step) {
-        return fail(absl::DataLossError(absl::StrCat(
-            "shard ", shard, " sent a partial norm of step ", partial.step(),
-            ", which this worker did not end with clipping")));
-      }
-      bool twice;
-      {
-        absl::MutexLock lock(&state->mu);
-        twice = !std::isnan(state->norm_partials[shard]);
-        if (!twice) {
-          state->norm_partials[shard] = partial.sum_sq();
-          ++state->norm_partials_in;
-        }
-      }
-      if (twice) {
-        return fail(absl::DataLossError(
-            absl::StrCat("shard ", shard, " sent two partial norms of step ",
-                         partial.step())));
-      }
+      status = TakeNormPartial(shard, state, envelope.norm_partial());
+      if (!status.ok()) return fail(status);
       continue;
     }
     if (envelope.has_skipped_step()) {
@@ -683,33 +716,10 @@ absl::Status PsClient::PushPullShard(int shard, StepState* state,
       info.nonfinite.value = skip.nonfinite().value();
     }
     if (received.has_chunk()) {
-      const TensorChunk& chunk = received.chunk();
-      const int index =
-          plan_.FindChunk(chunk.key().param_id(), chunk.key().chunk_index());
-      if (index < 0 || plan_.chunks()[index].shard != shard) {
-        return fail(absl::DataLossError(absl::StrCat(
-            "shard ", shard, " sent chunk (", chunk.key().param_id(), ", ",
-            chunk.key().chunk_index(), ") it does not own")));
-      }
-      const ChunkSpec& c = plan_.chunks()[index];
-      // One copy, from the received slices into the weights.
-      status = received.CopyFloatPayload(
-          state->weights[c.param_id].subspan(c.offset, c.num_elements));
+      status =
+          TakePulledChunk(shard, state, received, arrived_us, bytes, &smallest);
       if (!status.ok()) return fail(status);
-      smallest =
-          smallest < 0 ? chunk.version() : std::min(smallest, chunk.version());
-      state->largest[shard] = std::max(state->largest[shard],
-                                       static_cast<int64_t>(chunk.version()));
       ++received_chunks;
-      state->pull_arrivals_us[shard].push_back(arrived_us);
-      state->bytes_pulled[shard] += bytes;
-      // From the chunk's arrival to its copy into the weights.
-      trace::Complete("pull", "ps", arrived_us, trace::NowUs(),
-                      {{"step", state->step},
-                       {"param", c.param_id},
-                       {"chunk", c.chunk_index},
-                       {"shard", shard},
-                       {"version", chunk.version()}});
     }
     if (envelope.last_of_pull()) {
       pull_complete = true;

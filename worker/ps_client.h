@@ -267,6 +267,15 @@ class PsClient {
                          const PushPullRequest& envelope, const ChunkSpec& c);
   absl::Status WriteStepEnd(int shard, StepState* state,
                             const PushPullRequest& envelope);
+  // PushPullShard's parts: a shard's partial squared norm (clipping), and
+  // one pulled chunk copied into the step's weights (`smallest`: the
+  // smallest version pulled from the shard so far, -1 for none).
+  absl::Status TakeNormPartial(int shard, StepState* state,
+                               const NormSum& partial);
+  absl::Status TakePulledChunk(int shard, StepState* state,
+                               ReceivedChunkMessage& received,
+                               int64_t arrived_us, int64_t bytes,
+                               int64_t* smallest);
   // Ends the step in flight at once (the destructor's path).
   void AbortStep();
   // Cancels every stream of the step but `except`'s (-1: all) and wakes its
