@@ -99,6 +99,7 @@ absl::Status ParameterShard::Initialize(
         options_.mode == SyncMode::kSync ? options_.staleness + 1 : 1, empty);
     state.num_latest = 0;
     state.undo_step = -1;
+    state.snap_into = nullptr;  // a restore ends the checkpoint's cut
   };
   // Sync steps restart at the chunks' version (equal in sync mode).
   auto reset_steps = [this](const std::vector<InitChunk*>& by_local) {
@@ -458,6 +459,8 @@ absl::Status ParameterShard::Push(int worker_id, int32_t param_id,
 }
 
 void ParameterShard::MaybeCompleteLocked(ChunkState& chunk) {
+  // A checkpoint's cut comes before the update that takes the chunk past it.
+  if (chunk.snap_into != nullptr) MaybeSnapLocked(chunk);
   // Backup workers: the update waits for the step's admitted set;
   // clipping: for the step's norm.
   if (backup_workers() || clipping()) return;
@@ -946,49 +949,6 @@ absl::Status ParameterShard::ApplyStepNorm(int worker_id, int64_t step,
   norm_step_ = -1;
   DecidedLocked(step, ends);
   NoteUpdate();
-  return absl::OkStatus();
-}
-
-absl::StatusOr<std::vector<ChunkSnapshot>> ParameterShard::Snapshot(
-    int64_t expected_version) const {
-  std::vector<ChunkSnapshot> out;
-  absl::Status status = SnapshotInto(expected_version, &out);
-  if (!status.ok()) return status;
-  return out;
-}
-
-absl::Status ParameterShard::SnapshotInto(
-    int64_t expected_version, std::vector<ChunkSnapshot>* out) const {
-  if (!initialized_.load()) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("checkpoint of shard ", options_.shard_index,
-                     " before it was initialised"));
-  }
-  out->resize(chunks_.size());
-  for (size_t i = 0; i < chunks_.size(); ++i) {
-    const ChunkState& chunk = *chunks_[i];
-    absl::MutexLock lock(&chunk.mu);
-    if (options_.mode == SyncMode::kSync && chunk.version != expected_version) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "checkpoint of step ", expected_version, ": chunk (",
-          chunk.spec.param_id, ", ", chunk.spec.chunk_index, ") of shard ",
-          options_.shard_index, " is at version ", chunk.version));
-    }
-    ChunkSnapshot& c = (*out)[i];
-    c.spec = chunk.spec;
-    c.is_buffer = plan_->is_buffer(chunk.spec.param_id);
-    c.version = chunk.version;
-    // Copy-assignment keeps the vectors' memory: a reused snapshot touches
-    // no fresh pages.
-    c.weights = chunk.weights;
-    if (c.is_buffer) {
-      c.m.clear();
-      c.v.clear();
-    } else {
-      c.m = chunk.m;
-      c.v = chunk.v;
-    }
-  }
   return absl::OkStatus();
 }
 

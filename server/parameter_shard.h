@@ -51,9 +51,12 @@
 //    decided + 1 + s; steps are decided in order. s = 0 is plain sync bit
 //    for bit: one slot, the same checks, the same arithmetic. A pulled
 //    chunk may carry an update whose step is not decided yet (a later skip
-//    puts it back); its version says which. Checkpoints need every chunk
-//    at one version, which staleness does not give: jobs with s > 0 take
-//    none (coordinator/job_spec.h).
+//    puts it back); its version says which. A checkpoint is a deferred
+//    snapshot (BeginDeferredSnapshot()): worker 0 names step v before it
+//    pushes step v, and each chunk copies itself when it reaches version v
+//    with step v - 1 decided; no chunk can pass v before worker 0's push,
+//    so the copies form one cut even though the chunks reach it at
+//    different times.
 //
 //  - backup workers (sync mode, options.replicas_to_aggregate = R with
 //    0 < R < num_workers; Chen et al., "Revisiting Distributed Synchronous
@@ -445,6 +448,37 @@ class ParameterShard {
   absl::Status SnapshotInto(int64_t expected_version,
                             std::vector<ChunkSnapshot>* out) const;
 
+  // The deferred half of a checkpoint of step `version` (sync mode without
+  // backup workers or clipping; what a shard with bounded staleness takes,
+  // where chunks reach `version` at different times). Registers the cut:
+  // each chunk copies itself into (*out)[i] (plan order, as Snapshot())
+  // once it is at `version` with step version - 1 decided (its state at
+  // `version` final: no skip can put it back any more): at once if it
+  // already is, else just before the update of step `version` (in the
+  // apply path, under the chunk's lock) or at the decision of step
+  // version - 1, whichever comes first. Worker 0 registers before it
+  // pushes step `version`, and no chunk applies that step without its
+  // push, so every chunk is copied at `version`: one consistent cut.
+  // `out` (resized here) must stay alive until AwaitDeferredSnapshot()
+  // returns OK, the next registration, CancelDeferredSnapshot() or the
+  // shard's end. Replaces an earlier registration.
+  // FAILED_PRECONDITION (nothing registered): before Initialize(), another
+  // mode, or a chunk already past `version` (naming it).
+  absl::Status BeginDeferredSnapshot(int64_t version,
+                                     std::vector<ChunkSnapshot>* out);
+  // Blocks until every chunk of the registration of `version` has copied
+  // itself (OK). ABORTED once the shard leaves the generation it had at the
+  // registration, its barrier breaks or Abort() (the cut will not come),
+  // or the registration was cancelled or replaced; CANCELLED once
+  // `*cancelled` (polled every 100 ms); DEADLINE_EXCEEDED past `deadline`,
+  // naming how many chunks are still short of `version`.
+  absl::Status AwaitDeferredSnapshot(
+      int64_t version, absl::Time deadline,
+      const std::atomic<bool>* cancelled = nullptr) const;
+  // Drops the registration: no chunk writes into its `out` any more; a
+  // waiter ends with ABORTED.
+  void CancelDeferredSnapshot();
+
   // Ends every wait (WaitReady, Pull) now and later with ABORTED and
   // `reason`: the job has ended elsewhere (a lost worker, a cancel), so no
   // barrier will complete. Thread-safe; the first reason is kept.
@@ -492,7 +526,21 @@ class ParameterShard {
     std::vector<float> prev_m ABSL_GUARDED_BY(mu);
     std::vector<float> prev_v ABSL_GUARDED_BY(mu);
     int64_t undo_step ABSL_GUARDED_BY(mu) = -1;
+    // A deferred snapshot (BeginDeferredSnapshot()) this chunk still owes:
+    // where it copies itself when it is at snap_version; null: none.
+    ChunkSnapshot* snap_into ABSL_GUARDED_BY(mu) = nullptr;
+    int64_t snap_version ABSL_GUARDED_BY(mu) = -1;
   };
+
+  // The chunk's state into `out` (its memory reused).
+  void CopyChunkLocked(const ChunkState& chunk, ChunkSnapshot& out) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk.mu);
+  // The chunk owes a deferred snapshot and its state at snap_version is
+  // final (see BeginDeferredSnapshot()): copies it and counts it.
+  void MaybeSnapLocked(ChunkState& chunk)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk.mu);
+  // Clears every chunk's deferred snapshot (each under its lock).
+  void ClearChunkSnapshots();
 
   // Sync mode: the barrier of `chunk`'s step is complete (every worker
   // pushed or skipped it): the update, kept undoable, and the version.
@@ -630,6 +678,16 @@ class ParameterShard {
   // Resets the above for chunks at `version` (Initialize()).
   void ResetStepsLocked(int64_t version)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(step_mu_);
+
+  // The deferred snapshot registered (BeginDeferredSnapshot()): its
+  // version (-1: none), the generation it was registered in, and how many
+  // chunks have not copied themselves yet. Taken after a chunk's lock,
+  // never before one.
+  mutable absl::Mutex snap_mu_;
+  mutable absl::CondVar snap_cv_;  // signalled when snap_remaining_ hits 0
+  int64_t snap_version_ ABSL_GUARDED_BY(snap_mu_) = -1;
+  int64_t snap_generation_ ABSL_GUARDED_BY(snap_mu_) = 0;
+  int64_t snap_remaining_ ABSL_GUARDED_BY(snap_mu_) = 0;
 
   std::atomic<int64_t> samples_{0};
   std::atomic<int64_t> skipped_{0};

@@ -963,6 +963,101 @@ TEST(ParameterShardTest, StalenessBoundsHowFarAWorkerRunsAhead) {
             absl::StatusCode::kFailedPrecondition);
 }
 
+// Checkpoints with staleness (issue 36): the cut of step 4, asked for by
+// worker 0 before it pushes step 4, while worker 1 is `behind` steps
+// behind it. The chunks reach version 4 at different times (worker 1's
+// pushes of step 3 take them there one by one, the step's NaN puts chunk
+// (0, 0) back at its decision, and worker 0's pushes of steps 4 and 5 are
+// waiting), yet every chunk is copied at version 4 with step 3 decided:
+// the same cut, bit for bit, as plain sync's snapshot of step 4.
+std::vector<ChunkSnapshot> StaleCutAtStep4(int behind) {
+  ShardOptions options = Options(2, SyncMode::kSync);
+  options.staleness = 2;
+  ParameterShard shard(options);
+  EXPECT_TRUE(shard.Initialize({6, 2}, 16, InitChunks()).ok());
+  for (int64_t t = 0; t < 4; ++t) {
+    RunStep(shard, 0, t);
+    if (t >= behind) RunStep(shard, 1, t - behind);
+  }
+  std::vector<ChunkSnapshot> cut;
+  EXPECT_TRUE(shard.BeginDeferredSnapshot(4, &cut).ok());
+  if (behind > 0) {
+    // Not there yet: the wait ends at its deadline, naming the shortfall.
+    absl::Status waited =
+        shard.AwaitDeferredSnapshot(4, absl::Now() + absl::Milliseconds(20));
+    EXPECT_EQ(waited.code(), absl::StatusCode::kDeadlineExceeded);
+    EXPECT_NE(waited.message().find("3 chunks have not reached"),
+              std::string::npos)
+        << waited;
+  }
+  RunStep(shard, 0, 4);
+  for (int64_t t = 4 - behind; t < 5; ++t) {
+    if (t == 4) {
+      // Worker 0 runs ahead once more: step 5 waits beside step 4.
+      RunStep(shard, 0, 5);
+    }
+    RunStep(shard, 1, t);
+  }
+  EXPECT_TRUE(
+      shard.AwaitDeferredSnapshot(4, absl::Now() + absl::Seconds(5)).ok());
+  EXPECT_EQ(shard.Stats().min_version, 5);
+  return cut;
+}
+
+TEST(ParameterShardTest, StalenessCheckpointIsOneCutAtTheAnnouncedStep) {
+  ShardOptions options = Options(2, SyncMode::kSync);
+  ParameterShard sync(options);
+  ASSERT_TRUE(sync.Initialize({6, 2}, 16, InitChunks()).ok());
+  for (int64_t t = 0; t < 4; ++t) {
+    RunStep(sync, 0, t);
+    RunStep(sync, 1, t);
+  }
+  absl::StatusOr<std::vector<ChunkSnapshot>> want = sync.Snapshot(4);
+  ASSERT_TRUE(want.ok()) << want.status();
+  for (int behind : {0, 1, 2}) {
+    const std::vector<ChunkSnapshot> cut = StaleCutAtStep4(behind);
+    ASSERT_EQ(cut.size(), want->size()) << behind;
+    for (size_t i = 0; i < cut.size(); ++i) {
+      EXPECT_EQ(cut[i].version, 4) << behind << " " << i;
+      EXPECT_EQ(cut[i].weights, (*want)[i].weights) << behind << " " << i;
+      EXPECT_EQ(cut[i].m, (*want)[i].m) << behind << " " << i;
+      EXPECT_EQ(cut[i].v, (*want)[i].v) << behind << " " << i;
+    }
+  }
+}
+
+TEST(ParameterShardTest, StalenessCheckpointRefusesAPassedStepAndEndsOnBreak) {
+  ShardOptions options = Options(2, SyncMode::kSync);
+  options.staleness = 2;
+  ParameterShard shard(options);
+  ASSERT_TRUE(shard.Initialize({6, 2}, 16, InitChunks()).ok());
+  for (int64_t t = 0; t < 3; ++t) {
+    RunStep(shard, 0, t);
+    RunStep(shard, 1, t);
+  }
+  std::vector<ChunkSnapshot> cut;
+  absl::Status status = shard.BeginDeferredSnapshot(2, &cut);
+  EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(status.message(),
+            "checkpoint of step 2 on shard 0: chunk (0, 0) is at version 3 "
+            "already (a checkpoint is asked for before the step's push)");
+  // A cut that a broken barrier will never complete ends the wait.
+  ASSERT_TRUE(shard.BeginDeferredSnapshot(5, &cut).ok());
+  std::thread breaker([&shard]() {
+    absl::SleepFor(absl::Milliseconds(20));
+    shard.BreakBarrier(0, "worker 1's stream broke");
+  });
+  status = shard.AwaitDeferredSnapshot(5, absl::Now() + absl::Seconds(5));
+  breaker.join();
+  EXPECT_EQ(status.code(), absl::StatusCode::kAborted) << status;
+  // So does a cancelled one.
+  ASSERT_TRUE(shard.BeginDeferredSnapshot(5, &cut).ok());
+  shard.CancelDeferredSnapshot();
+  EXPECT_EQ(
+      shard.AwaitDeferredSnapshot(5, absl::Now() + absl::Seconds(5)).code(),
+      absl::StatusCode::kAborted);
+}
+
 // Backup workers (issue 25): 3 workers, R = 2, the 3 chunks of InitChunks()
 // on 2 shards (the plan's split). `Gradient` is worker w's gradient of
 // chunk c in step t, exact in fp32.

@@ -9,6 +9,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "common/chunk_message.h"
@@ -73,7 +74,11 @@ PsService::~PsService() {
     absl::MutexLock lock(&checkpoint_mu_);
     writer = std::move(checkpoint_writer_);
   }
+  // A writer still waiting for a deferred cut gives up; no chunk copies
+  // itself into snapshot_ once it is gone.
+  closing_.store(true);
   if (writer.joinable()) writer.join();
+  if (deferred_snapshot()) shard_->CancelDeferredSnapshot();
 }
 
 grpc::Status PsService::Checkpoint(grpc::ServerContext* context,
@@ -134,7 +139,13 @@ grpc::Status PsService::Checkpoint(grpc::ServerContext* context,
   if (snapshot_ == nullptr) {
     snapshot_ = std::make_shared<std::vector<ChunkSnapshot>>();
   }
-  absl::Status snapshot = shard_->SnapshotInto(step, snapshot_.get());
+  // Bounded staleness: the chunks reach the step at different times, so
+  // each copies itself when it gets there (ParameterShard::
+  // BeginDeferredSnapshot) and the writer waits for the last; else every
+  // chunk is at the step now.
+  absl::Status snapshot =
+      deferred_snapshot() ? shard_->BeginDeferredSnapshot(step, snapshot_.get())
+                          : shard_->SnapshotInto(step, snapshot_.get());
   if (!snapshot.ok()) return ToGrpcStatus(snapshot);
   checkpoint_step_ = step;
   checkpoint_done_ = false;
@@ -147,8 +158,14 @@ grpc::Status PsService::Checkpoint(grpc::ServerContext* context,
         // fsync, once for every file of the checkpoint (proto/ps.proto).
         safetensors::WriteOptions in_folder;
         in_folder.sync_folder = false;
-        absl::StatusOr<safetensors::WriteResult> written = WriteShardCheckpoint(
-            path, *chunks, o.shard_index, o.num_shards, step, in_folder);
+        const absl::Status cut =
+            deferred_snapshot() ? shard_->AwaitDeferredSnapshot(
+                                      step, absl::InfiniteFuture(), &closing_)
+                                : absl::OkStatus();
+        absl::StatusOr<safetensors::WriteResult> written =
+            cut.ok() ? WriteShardCheckpoint(path, *chunks, o.shard_index,
+                                            o.num_shards, step, in_folder)
+                     : absl::StatusOr<safetensors::WriteResult>(cut);
         CheckpointResponse result;
         int64_t min_version = INT64_MAX, max_version = 0;
         for (const ChunkSnapshot& c : *chunks) {
@@ -234,6 +251,11 @@ grpc::Status PsService::Init(grpc::ServerContext* context,
   const int64_t partition_bytes = request.layout().partition_bytes();
   const int num_buffers = request.layout().num_buffers();
   const int64_t generation = request.generation();
+  const bool restore = shard_->initialized() && generation > 0;
+  if (restore) restores_in_progress_.fetch_add(1);
+  absl::Cleanup restored = [this, restore] {
+    if (restore) restores_in_progress_.fetch_sub(1);
+  };
   if (request.reopen()) {
     const int64_t reopen_version = request.reopen_version();
     if (reader->Read(&request)) {

@@ -6,7 +6,8 @@
 //   - a watchdog thread that cancels a stream whose write has been blocked
 //     longer than `write_timeout`;
 //   - the background writer of this shard's checkpoint file (one at a time,
-//     under the job's checkpoint_dir; server/shard_checkpoint.h);
+//     under the job's checkpoint_dir; server/shard_checkpoint.h), which
+//     with bounded staleness first waits for the shard's deferred cut;
 //   - the authorization of every call (common/authz.h) and the counters its
 //     metrics read.
 //
@@ -74,6 +75,9 @@ class PsService final : public ParameterServer::Service {
   absl::Notification& all_workers_done() { return all_workers_done_; }
   // Time of the last request, for the idle timeout.
   absl::Time last_request_time() const;
+  // Whether an Init that restores the initialised shard (a higher
+  // generation: a checkpoint, or a reopen) is in progress.
+  bool restoring() const { return restores_in_progress_.load() > 0; }
 
   // What the shard's metrics rows (server/shard_metrics.h) read. Totals
   // since the service started: payload bytes (tensor values) received in
@@ -133,6 +137,7 @@ class PsService final : public ParameterServer::Service {
   absl::Mutex done_mu_;
   std::vector<bool> done_ ABSL_GUARDED_BY(done_mu_);
   absl::Notification all_workers_done_;
+  std::atomic<int> restores_in_progress_{0};
 
   // The checkpoint file being written in the background (one at a time).
   absl::Mutex checkpoint_mu_;
@@ -145,6 +150,15 @@ class PsService final : public ParameterServer::Service {
   bool checkpoint_done_ ABSL_GUARDED_BY(checkpoint_mu_) = true;
   absl::Status checkpoint_status_ ABSL_GUARDED_BY(checkpoint_mu_);
   CheckpointResponse checkpoint_result_ ABSL_GUARDED_BY(checkpoint_mu_);
+  // Set by the destructor: a writer waiting for a deferred cut gives up.
+  std::atomic<bool> closing_{false};
+  // Sync with bounded staleness: checkpoints take the shard's deferred
+  // snapshot (ParameterShard::BeginDeferredSnapshot), which the writer
+  // thread waits for before it writes.
+  bool deferred_snapshot() const {
+    return shard_->options().mode == SyncMode::kSync &&
+           shard_->options().staleness > 0;
+  }
 };
 
 }  // namespace pstrain

@@ -694,9 +694,31 @@ absl::Status CheckpointWriter::Finish(
   safetensors::WriteOptions in_folder;
   in_folder.sync_folder = false;
   absl::StatusOr<safetensors::WriteResult> model_file =
-      save_model_(spans, model_path, step, in_folder);
+      absl::UnknownError("not written");
+  if (!model_from_shards_) {
+    model_file = save_model_(spans, model_path, step, in_folder);
+  }
   ASSIGN_OR_RETURN(std::vector<CheckpointResponse> shards,
                    exchange_->Checkpoint(step, step_dir, /*wait=*/true));
+  if (model_from_shards_) {
+    // Worker 0's weights are not the cut's (see set_model_from_shards()):
+    // the model file comes from the shard files just written.
+    CheckpointManifest written;
+    written.dir = step_dir;
+    written.step = step;
+    written.job = job_;
+    for (int s = 0; s < job_.num_shards; ++s) {
+      written.shard_files.push_back(
+          {ShardFileName(s), static_cast<uint64_t>(shards[s].size_bytes()),
+           shards[s].crc32()});
+    }
+    ASSIGN_OR_RETURN(ModelState cut,
+                     LoadCheckpointState(written, job_.tensor_names,
+                                         job_.tensor_shapes, job_.num_buffers));
+    spans.clear();
+    for (std::vector<float>& w : cut.weights) spans.emplace_back(w);
+    model_file = save_model_(spans, model_path, step, in_folder);
+  }
   RETURN_IF_ERROR(model_file.status());
   // The data files' names, then the step folder's own, are durable before
   // the manifest can exist.

@@ -204,6 +204,15 @@ class CheckpointWriter {
   // counts the job's (default 0).
   void ContinueCount(int64_t checkpoints_before);
 
+  // Bounded staleness: the weights worker 0 pulled before step S may be
+  // older than S (the shards' cut of S comes later, ParameterShard::
+  // BeginDeferredSnapshot), so the model file is written from the shard
+  // files once they are durable (read back, checked, assembled) instead of
+  // from the weights Begin() copied. Default false.
+  void set_model_from_shards(bool from_shards) {
+    model_from_shards_ = from_shards;
+  }
+
   // Steps of the checkpoints made durable so far, and the newest's path.
   int64_t completed() const;
   std::string latest_path() const;
@@ -217,6 +226,7 @@ class CheckpointWriter {
   const CheckpointJobInfo job_;
   GradientExchange* const exchange_;
   const SaveModelFn save_model_;
+  bool model_from_shards_ = false;
   // The weights Begin() copied, kept between checkpoints (read by the
   // background thread; written by Begin() only after it is joined).
   std::vector<std::vector<float>> weights_copy_;

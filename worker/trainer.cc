@@ -848,6 +848,8 @@ absl::StatusOr<TrainerOutput> RunWorker(const TrainerOptions& options,
             const safetensors::WriteOptions& write_options) {
           return w->SaveWeights(weights, path, step, write_options);
         });
+    // Bounded staleness: worker 0's weights lag the cut (CheckpointWriter).
+    checkpoints->set_model_from_shards(!allreduce && options.staleness > 0);
     // A restarted worker 0 goes on counting the job's checkpoints.
     if (options.rejoin) {
       absl::StatusOr<CheckpointManifest> newest =
