@@ -1,12 +1,15 @@
 // Starting a gRPC server the way every pstrain server starts: the message
 // limits and keepalive/ping settings of rpc_options.h, the resource bounds
-// of ServerLimits, one listening address, and (optionally) the bound port
+// of ServerLimits, one listening address, gRPC's standard services (health,
+// reflection, channelz; HealthOptions), and (optionally) the bound port
 // written to a file so that a launcher can find a port chosen by the OS.
 //
-// Thread-safety: a plain function.
+// Thread-safety: a plain function; ListeningServer's methods are
+// thread-safe.
 #ifndef PSTRAIN_COMMON_GRPC_SERVER_H_
 #define PSTRAIN_COMMON_GRPC_SERVER_H_
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -69,9 +72,54 @@ struct ServerLimits {
 // (ServerLimits::max_connections). False with gRPC 1.51 (Debian 12).
 bool ConnectionCapSupported();
 
+// gRPC's standard services, which every server StartGrpcServer starts
+// offers beside its own service:
+//   grpc.health.v1.Health           its health (ListeningServer::SetServing),
+//                                   what Kubernetes' gRPC probes, load
+//                                   balancers and grpc_health_probe ask;
+//   grpc.reflection.v1alpha.ServerReflection
+//                                   its services and their messages, what
+//                                   grpcurl lists and calls through;
+//   grpc.channelz.v1.Channelz       its connections, calls and their
+//                                   counts, peers' addresses included.
+// They are gRPC's own handlers, outside common/authz.h's table: under TLS
+// any client certificate of the cluster's CA may call them
+// (docs/SECURITY.md, "gRPC's standard services").
+struct HealthOptions {
+  // The server's own service ("pstrain.ParameterServer"): its status is
+  // reported under this name and under "" (the whole server). Empty: ""
+  // only.
+  std::string service_name;
+  // The status from the start. gRPC's health service starts SERVING; with
+  // false it is set to NOT_SERVING as soon as the server is built, before
+  // the port file is written (a probe that knows the port beforehand may
+  // see SERVING in that instant).
+  bool serving_at_start = true;
+  // "host:port" (port 0: any free port): also serve grpc.health.v1.Health
+  // alone, in plaintext, there, for probes that carry no certificate (no
+  // reflection, no channelz, no pstrain service: anything else is
+  // UNIMPLEMENTED). Empty: no such server.
+  std::string plaintext_address;
+};
+
+// A started server; thread-safe. Destroying it shuts both servers down
+// (gRPC's destructor, no grace); Shutdown() gives calls a grace first.
 struct ListeningServer {
   std::unique_ptr<grpc::Server> server;
   int port = 0;
+  // The plaintext health-only server (HealthOptions::plaintext_address),
+  // or null.
+  std::unique_ptr<grpc::Server> health_server;
+  int health_port = 0;
+  // HealthOptions::service_name.
+  std::string service_name;
+
+  // Sets the health status ("" and service_name) on both servers.
+  void SetServing(bool serving) const;
+  // Stops both servers: new calls are refused and calls in flight have
+  // until `deadline` (then they are cancelled); health reports NOT_SERVING
+  // from the start of the grace.
+  void Shutdown(std::chrono::system_clock::time_point deadline) const;
 };
 
 // Serves `service` (not owned; must outlive the server) on `address`
@@ -79,12 +127,16 @@ struct ListeningServer {
 // writes the bound port and a newline there atomically. `credentials`:
 // the server's TLS (common/tls.h); null: plaintext. UNAVAILABLE "cannot
 // listen on <address> (in use, or not an address here)"; the error of the
-// port file's write. `limits`: see ServerLimits.
+// port file's write. `limits`: see ServerLimits. `health`: the standard
+// services' health status and the plaintext health port (HealthOptions);
+// UNAVAILABLE "cannot listen on <plaintext_address> (health port) ..."
+// when that cannot be bound.
 absl::StatusOr<ListeningServer> StartGrpcServer(
     const std::string& address, grpc::Service* service,
     const std::string& port_file,
     std::shared_ptr<grpc::ServerCredentials> credentials = nullptr,
-    const ServerLimits& limits = ServerLimits());
+    const ServerLimits& limits = ServerLimits(),
+    const HealthOptions& health = HealthOptions());
 
 }  // namespace pstrain
 

@@ -89,12 +89,14 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
       server->table_.get(), options.max_wait,
       /*authorize=*/options.credentials != nullptr,
       options.max_long_polls_per_caller);
+  HealthOptions health;
+  health.service_name = "pstrain.Coordinator";
+  health.plaintext_address = options.health_address;
   absl::StatusOr<ListeningServer> listening = StartGrpcServer(
       options.address, server->service_.get(), options.port_file,
-      options.credentials, options.server_limits);
+      options.credentials, options.server_limits, health);
   if (!listening.ok()) return listening.status();
-  server->server_ = std::move(listening->server);
-  server->port_ = listening->port;
+  server->listening_ = *std::move(listening);
   server->options_ = std::move(options);
   server->checker_ = std::thread([s = server.get()] { s->CheckLoop(); });
   return server;
@@ -103,10 +105,8 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
 CoordinatorServer::~CoordinatorServer() {
   stop_.Notify();
   if (checker_.joinable()) checker_.join();
-  if (server_ != nullptr) {
-    server_->Shutdown(std::chrono::system_clock::now() +
+  listening_.Shutdown(std::chrono::system_clock::now() +
                       std::chrono::seconds(2));
-  }
   if (table_ != nullptr) table_->FlushIfDirty().IgnoreError();
 }
 

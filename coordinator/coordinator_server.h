@@ -52,6 +52,11 @@ struct CoordinatorServerOptions {
   std::string job_id_suffix;
   // If set, the bound port is written here once listening.
   std::string port_file;
+  // "host:port": also serve grpc.health.v1.Health alone, in plaintext,
+  // there (common/grpc_server.h, HealthOptions); empty: none. Health is
+  // SERVING from the start (the job table is loaded before the server
+  // listens) and NOT_SERVING once SetServing(false) or shutting down.
+  std::string health_address;
   // The server's TLS (common/tls.h); null: plaintext. With TLS every call
   // is authorized (common/authz.h).
   std::shared_ptr<grpc::ServerCredentials> credentials;
@@ -93,7 +98,12 @@ class CoordinatorServer {
   ~CoordinatorServer();
 
   JobTable& table() { return *table_; }
-  int port() const { return port_; }
+  int port() const { return listening_.port; }
+  // The plaintext health port (options' health_address); 0: none.
+  int health_port() const { return listening_.health_port; }
+  // The health status of the coordinator (grpc.health.v1.Health's "" and
+  // "pstrain.Coordinator"), e.g. false when it starts to drain.
+  void SetServing(bool serving) { listening_.SetServing(serving); }
 
  private:
   CoordinatorServer() = default;
@@ -102,8 +112,7 @@ class CoordinatorServer {
   CoordinatorServerOptions options_;
   std::unique_ptr<JobTable> table_;
   std::unique_ptr<CoordinatorService> service_;
-  std::unique_ptr<grpc::Server> server_;
-  int port_ = 0;
+  ListeningServer listening_;
   absl::Notification stop_;
   std::thread checker_;
 };

@@ -15,6 +15,11 @@
 // while busy, and at exit; server/shard_metrics.h); with its trace, a
 // Chrome trace to metrics_dir/trace/psN.json (common/trace.h), with the
 // clock offset measured against the coordinator at start.
+// Beside ParameterServer it serves gRPC's health, reflection and channelz
+// (common/grpc_server.h): health is NOT_SERVING until worker 0 initialised
+// the shard and while it restores one, SERVING while training, and
+// NOT_SERVING again once draining (every worker done, or a signal);
+// --health_port serves health alone in plaintext on --bind.
 #include <grpcpp/grpcpp.h>
 
 #include <atomic>
@@ -25,6 +30,7 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/usage.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/synchronization/mutex.h"
@@ -47,6 +53,10 @@ ABSL_FLAG(int, pull_timeout_s, 600,
           "initialisation before failing with DEADLINE_EXCEEDED.");
 ABSL_FLAG(int, idle_timeout_s, 900,
           "Exit after this many seconds without any request.");
+ABSL_FLAG(int, health_port, 0,
+          "If set, also serve grpc.health.v1.Health alone, in plaintext, on "
+          "--bind at this port, for probes without a certificate (0: none; "
+          "docs/SECURITY.md).");
 
 namespace {
 
@@ -75,7 +85,9 @@ int main(int argc, char** argv) {
                                 "seconds"),
         pstrain::CheckFlagRange("idle_timeout_s",
                                 absl::GetFlag(FLAGS_idle_timeout_s), 1,
-                                7 * 86400, "seconds")}) {
+                                7 * 86400, "seconds"),
+        pstrain::CheckFlagRange("health_port", absl::GetFlag(FLAGS_health_port),
+                                0, 65535)}) {
     if (!s.ok()) {
       pstrain::PrintError(kProgram, s.message());
       return 2;
@@ -137,14 +149,23 @@ int main(int argc, char** argv) {
                              absl::Seconds(absl::GetFlag(FLAGS_pull_timeout_s)),
                              /*authorize=*/!tls->insecure);
   const std::string listen = absl::StrCat(address->bind, ":", address->port);
-  absl::StatusOr<pstrain::ListeningServer> listening =
-      pstrain::StartGrpcServer(listen, &service, "", *credentials);
+  pstrain::HealthOptions health;
+  health.service_name = "pstrain.ParameterServer";
+  health.serving_at_start = false;  // until worker 0 initialises the shard
+  if (absl::GetFlag(FLAGS_health_port) > 0) {
+    health.plaintext_address =
+        absl::StrCat(address->bind, ":", absl::GetFlag(FLAGS_health_port));
+  }
+  absl::StatusOr<pstrain::ListeningServer> listening = pstrain::StartGrpcServer(
+      listen, &service, "", *credentials, pstrain::ServerLimits(), health);
   if (!listening.ok()) {
+    const std::string why(listening.status().message());
+    // The health port's error names it.
+    if (absl::StrContains(why, "(health port")) return fail(1, why);
     return fail(1, absl::StrCat("cannot listen on ", listen, " (advertised as ",
                                 address->advertise_host, ":", address->port,
                                 "): in use, or not an address of this host"));
   }
-  std::unique_ptr<grpc::Server> server = std::move(listening->server);
   const std::string advertised =
       absl::StrCat(address->advertise_host, ":", listening->port);
   absl::Status registered = agent.Register(advertised);
@@ -229,7 +250,15 @@ int main(int argc, char** argv) {
   const absl::Duration idle_timeout =
       absl::Seconds(absl::GetFlag(FLAGS_idle_timeout_s));
   int64_t overflows_logged = 0;
+  bool serving = false;
   while (true) {
+    // Health: ready once initialised, not while a restore replaces the
+    // state (draining sets NOT_SERVING below, before the loop ends).
+    if (const bool ready = shard.initialized() && !service.restoring();
+        ready != serving) {
+      serving = ready;
+      listening->SetServing(serving);
+    }
     // Updates the shard refused for a non-finite result, in the job's log.
     if (shard.overflowed() > overflows_logged) {
       std::string last_overflow;
@@ -244,6 +273,7 @@ int main(int argc, char** argv) {
     if (service.all_workers_done().WaitForNotificationWithTimeout(
             absl::Milliseconds(100))) {
       agent.Log(absl::StrCat("all workers done; shard ", index, " exiting"));
+      listening->SetServing(false);  // draining
       // The files are complete before the coordinator hears of the end.
       finish_files();
       absl::Status s = agent.Finish(true, "");
@@ -263,6 +293,7 @@ int main(int argc, char** argv) {
       }
     }
     if (g_signal != 0) {
+      listening->SetServing(false);  // draining
       exit_code = 128 + g_signal;
       shard.Abort(absl::StrCat("signal ", static_cast<int>(g_signal)));
       fail(exit_code,
@@ -280,6 +311,7 @@ int main(int argc, char** argv) {
   }
   finish_files();
   std::fflush(stdout);
-  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  listening->Shutdown(std::chrono::system_clock::now() +
+                      std::chrono::seconds(2));
   return exit_code;
 }

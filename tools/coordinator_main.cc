@@ -6,7 +6,9 @@
 // tasks are silent for longer than --heartbeat_timeout_s (or have not
 // registered within their spec's registration_timeout_s), printing once a
 // minute the tasks each pending job still waits for. Exits on SIGINT or
-// SIGTERM.
+// SIGTERM. Also serves gRPC's health, reflection and channelz
+// (common/grpc_server.h): health SERVING until a signal; --health_port
+// serves health alone in plaintext on --bind.
 //
 // Bounded: it keeps the newest --keep_finished_jobs ended jobs (running
 // ones always), caps each job's key-value store (--max_kv_key_bytes,
@@ -40,6 +42,10 @@ ABSL_FLAG(std::string, bind, "127.0.0.1",
 ABSL_FLAG(int, port, 7070, "Port to listen on (0: any free port).");
 ABSL_FLAG(std::string, port_file, "",
           "If set, the bound port is written here once listening.");
+ABSL_FLAG(int, health_port, 0,
+          "If set, also serve grpc.health.v1.Health alone, in plaintext, on "
+          "--bind at this port, for probes without a certificate (0: none; "
+          "docs/SECURITY.md).");
 ABSL_FLAG(std::string, job_file, "",
           "Where the job table is kept and reloaded from (empty: memory "
           "only).");
@@ -75,6 +81,8 @@ int main(int argc, char** argv) {
        {pstrain::CheckFlagRange("heartbeat_timeout_s", timeout_s, 1,
                                 pstrain::kMaxHeartbeatTimeoutS, "seconds"),
         pstrain::CheckFlagRange("port", absl::GetFlag(FLAGS_port), 0, 65535),
+        pstrain::CheckFlagRange("health_port", absl::GetFlag(FLAGS_health_port),
+                                0, 65535),
         pstrain::CheckFlagRange("max_wait_s", absl::GetFlag(FLAGS_max_wait_s),
                                 1, 86400, "seconds")}) {
     if (!s.ok()) {
@@ -88,6 +96,10 @@ int main(int argc, char** argv) {
       absl::StrCat(absl::GetFlag(FLAGS_bind), ":", absl::GetFlag(FLAGS_port));
   options.job_file = job_file;
   options.port_file = absl::GetFlag(FLAGS_port_file);
+  if (absl::GetFlag(FLAGS_health_port) > 0) {
+    options.health_address = absl::StrCat(absl::GetFlag(FLAGS_bind), ":",
+                                          absl::GetFlag(FLAGS_health_port));
+  }
   if (job_file.empty()) {
     // No job file: the table starts again at job-1 after a restart, so the
     // ids carry this process's random suffix ("job-1-3f9a0c2e") and never
@@ -164,11 +176,16 @@ int main(int argc, char** argv) {
               absl::GetFlag(FLAGS_bind).c_str(), (*server)->port(),
               job_file.empty() ? "none" : job_file.c_str(),
               (*server)->table().List().size());
+  if ((*server)->health_port() > 0) {
+    std::printf("health (plaintext, grpc.health.v1 only) on %s:%d\n",
+                absl::GetFlag(FLAGS_bind).c_str(), (*server)->health_port());
+  }
   std::fflush(stdout);
   std::signal(SIGINT, OnSignal);
   std::signal(SIGTERM, OnSignal);
   while (g_signal == 0) absl::SleepFor(absl::Milliseconds(200));
   std::printf("signal %d; coordinator exiting\n", static_cast<int>(g_signal));
+  (*server)->SetServing(false);  // draining
   server->reset();
   return 0;
 }
