@@ -25,12 +25,30 @@ void SetDeadline(grpc::ClientContext* context, absl::Duration timeout) {
   context->set_wait_for_ready(true);
 }
 
-bool Retryable(const grpc::Status& status) {
+}  // namespace
+
+bool RetryableCoordinatorStatus(const grpc::Status& status) {
   return status.error_code() == grpc::StatusCode::UNAVAILABLE ||
          status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED;
 }
 
-}  // namespace
+grpc::Status CallCoordinatorWithRetry(
+    absl::Duration rpc_timeout, absl::Duration budget,
+    const std::function<grpc::Status(grpc::ClientContext*)>& call,
+    const std::function<void(const grpc::Status&)>& on_retry) {
+  const absl::Time give_up = absl::Now() + budget;
+  while (true) {
+    grpc::ClientContext context;
+    // No try outlasts the budget (rpc_timeout 30 s, budget 5 s: 5 s).
+    SetDeadline(&context, std::min(rpc_timeout, std::max(give_up - absl::Now(),
+                                                         absl::Seconds(1))));
+    const grpc::Status status = call(&context);
+    if (status.ok() || !RetryableCoordinatorStatus(status)) return status;
+    if (absl::Now() > give_up) return status;
+    if (on_retry) on_retry(status);
+    absl::SleepFor(kCoordinatorRetryInterval);
+  }
+}
 
 TaskAgent::TaskAgent(TaskAgentOptions options) : options_(std::move(options)) {
   TlsIdentity self;
@@ -85,18 +103,9 @@ void TaskAgent::TakePending(Request* request) {
 grpc::Status TaskAgent::CallWithRetry(
     absl::Duration budget,
     const std::function<grpc::Status(grpc::ClientContext*)>& call) {
-  const absl::Time give_up = absl::Now() + budget;
-  while (true) {
-    grpc::ClientContext context;
-    // No try outlasts the budget (rpc_timeout 30 s, budget 5 s: 5 s).
-    SetDeadline(&context,
-                std::min(options_.rpc_timeout,
-                         std::max(give_up - absl::Now(), absl::Seconds(1))));
-    const grpc::Status status = call(&context);
-    if (status.ok() || !Retryable(status)) return status;
-    if (absl::Now() > give_up) return WhyUnreachable(status);
-    absl::SleepFor(absl::Seconds(1));
-  }
+  const grpc::Status status =
+      CallCoordinatorWithRetry(options_.rpc_timeout, budget, call);
+  return RetryableCoordinatorStatus(status) ? WhyUnreachable(status) : status;
 }
 
 grpc::Status TaskAgent::WhyUnreachable(const grpc::Status& status) const {
@@ -177,7 +186,7 @@ absl::StatusOr<ClusterLayout> TaskAgent::WaitForLayout() {
                           absl::StrCat("waiting for the cluster layout: ",
                                        status.error_message()));
     }
-    absl::SleepFor(absl::Seconds(1));
+    absl::SleepFor(kCoordinatorRetryInterval);
   }
 }
 
@@ -294,7 +303,7 @@ void TaskAgent::HeartbeatLoop(
         pending_times_ms_.pop_front();
       }
     }
-    if (!Retryable(status)) {
+    if (!RetryableCoordinatorStatus(status)) {
       on_end(JOB_FAILED,
              absl::StrCat("heartbeat refused by coordinator ",
                           options_.coordinator, ": ", status.error_message()));

@@ -58,6 +58,22 @@ struct ClockOffset {
   int64_t rtt_us = 0;
 };
 
+// How a call to the coordinator rides out its absence, for the tasks and
+// for pstrain's client commands (tools/job_commands.cc) alike: runs `call`
+// with a fresh context (deadline `rpc_timeout` or what is left of `budget`,
+// at least 1 s; wait_for_ready) again every kCoordinatorRetryInterval while
+// it fails with UNAVAILABLE or DEADLINE_EXCEEDED, for at most `budget`, and
+// returns the last status. `on_retry(status)` (if set) is called before
+// each wait, with the failure that caused it.
+inline constexpr absl::Duration kCoordinatorRetryInterval = absl::Seconds(1);
+grpc::Status CallCoordinatorWithRetry(
+    absl::Duration rpc_timeout, absl::Duration budget,
+    const std::function<grpc::Status(grpc::ClientContext*)>& call,
+    const std::function<void(const grpc::Status&)>& on_retry = nullptr);
+
+// Whether CallCoordinatorWithRetry retries a call that ended with `status`.
+bool RetryableCoordinatorStatus(const grpc::Status& status);
+
 class TaskAgent {
  public:
   explicit TaskAgent(TaskAgentOptions options);
@@ -128,10 +144,8 @@ class TaskAgent {
 
  private:
   TaskRef Ref() const;
-  // Runs `call` with a fresh context (deadline rpc_timeout or what is left
-  // of `budget`, at least 1 s; wait_for_ready) again every second while it
-  // fails with UNAVAILABLE or DEADLINE_EXCEEDED, for at most `budget`;
-  // returns the last status, or WhyUnreachable()'s.
+  // CallCoordinatorWithRetry with options_.rpc_timeout; the last status,
+  // or WhyUnreachable()'s.
   grpc::Status CallWithRetry(
       absl::Duration budget,
       const std::function<grpc::Status(grpc::ClientContext*)>& call);

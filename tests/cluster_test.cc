@@ -27,6 +27,7 @@ using pstrain::testing::CoordinatorProcess;
 using pstrain::testing::CountProcesses;
 using pstrain::testing::HaveFashionMnist;
 using pstrain::testing::Process;
+using pstrain::testing::ReadTextFile;
 using pstrain::testing::RunCommand;
 using pstrain::testing::TempDir;
 using pstrain::testing::WriteTextFile;
@@ -165,7 +166,8 @@ TEST(ClusterTest, KilledWorkerFailsTheJobNamingItAndEveryTaskExits) {
 
 // The coordinator crashes (SIGKILL) while the job trains and comes back on
 // the same port from its job file: the tasks keep training, retry their
-// heartbeats, and the job still SUCCEEDS.
+// heartbeats, and the job still SUCCEEDS; a `pstrain wait` started before
+// the crash rides it out (issue 37) and exits 0 with the results.
 TEST(ClusterTest, JobSurvivesACoordinatorCrashAndRestart) {
   if (!HaveFashionMnist())
     GTEST_SKIP() << "dataset-fashion-mnist not installed";
@@ -190,18 +192,35 @@ TEST(ClusterTest, JobSurvivesACoordinatorCrashAndRestart) {
     training = r.output.find("RUNNING") != std::string::npos;
   }
   ASSERT_TRUE(training) << r.output;
+  const std::string wait_log = TempDir() + "/wait4.log";
+  Process wait({"tools/pstrain", "wait", "job-1", "--wait_poll_ms=200",
+                "--coordinator_timeout_s=60", "--rpc_timeout_s=5",
+                "--coordinator=" + coordinator->address()},
+               wait_log);
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
   coordinator->Crash();
-  std::this_thread::sleep_for(std::chrono::seconds(2));
+  std::this_thread::sleep_for(std::chrono::seconds(3));
   coordinator = std::make_unique<CoordinatorProcess>(job_file, 30, port);
   ASSERT_TRUE(coordinator->up());
-  r = RunCommand("tools/pstrain wait job-1 --wait_poll_ms=200" +
-                 coordinator->flag());
-  EXPECT_EQ(r.exit_code, 0) << r.output;
-  EXPECT_NE(r.output.find("job-1 SUCCEEDED"), std::string::npos) << r.output;
+  EXPECT_EQ(wait.Wait(120), 0) << ReadTextFile(wait_log);
+  const std::string output = ReadTextFile(wait_log);
+  EXPECT_NE(output.find("pstrain: coordinator " + coordinator->address() +
+                        " unreachable ("),
+            std::string::npos)
+      << output;
+  EXPECT_NE(
+      output.find("; retrying for up to 60 s (--coordinator_timeout_s)\n"),
+      std::string::npos)
+      << output;
+  EXPECT_NE(output.find("pstrain: coordinator " + coordinator->address() +
+                        " answers again\n"),
+            std::string::npos)
+      << output;
+  EXPECT_NE(output.find("job-1 SUCCEEDED"), std::string::npos) << output;
   EXPECT_TRUE(std::regex_search(
-      r.output,
+      output,
       std::regex(R"(\| 1 \| 2 \| sync \| lenet5 \| 64 \| 2 \| 300 \| )")))
-      << r.output;
+      << output;
   for (auto& task : tasks) EXPECT_EQ(task->Wait(20), 0);
 }
 

@@ -1,19 +1,28 @@
 // `pstrain submit | status | cancel | wait` against a real
 // pstrain_coordinator process: what a user sees, exit codes, and that a
 // restarted coordinator still knows the job (its job file).
+#include <unistd.h>
+
+#include <memory>
 #include <string>
 #include <vector>
 
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/cli_test_util.h"
 
 namespace {
 
 using pstrain::testing::CommandResult;
+using pstrain::testing::Process;
 using pstrain::testing::RunCommand;
 using pstrain::testing::TempDir;
 using Coordinator = pstrain::testing::CoordinatorProcess;
 using Result = pstrain::testing::CommandResult;
+using ::testing::EndsWith;
+using ::testing::HasSubstr;
+using ::testing::Not;
+using ::testing::StartsWith;
 
 void WriteFile(const std::string& path, const std::string& text) {
   pstrain::testing::WriteTextFile(path, text);
@@ -65,6 +74,80 @@ TEST(JobCliTest, SubmitStatusCancelWaitAndRestart) {
   EXPECT_EQ(r.output,
             "pstrain: error: coordinator 127.0.0.1:" + coordinator.port() +
                 ": job-1 has already ended (JOB_CANCELLED)\n");
+}
+
+// `pstrain wait` rides out a coordinator restart (issue 37): it retries
+// while the coordinator is away and follows the job once it is back; a
+// coordinator away for longer than --coordinator_timeout_s ends it with
+// exit 1 and one line naming that deadline. (A job that trains through the
+// restart to SUCCEEDED: tests/cluster_test.cc.)
+TEST(JobCliTest, WaitRidesOutACoordinatorRestartWithinItsDeadline) {
+  const std::string job_file = TempDir() + "/restart_jobs.pb";
+  const std::string spec = TempDir() + "/restart.pbtxt";
+  WriteFile(spec,
+            "model: \"lenet5\"\nnum_ps: 1\nnum_workers: 1\nbatch_size: 64\n"
+            "epochs: 1\n");
+  const int port = pstrain::testing::FreePort();
+  auto coordinator = std::make_unique<Coordinator>(job_file, 600, port);
+  ASSERT_TRUE(coordinator->up());
+  const std::string address = coordinator->address();
+  Result r = RunCommand("tools/pstrain submit " + spec + coordinator->flag());
+  ASSERT_EQ(r.output, "job-1\n");
+  r = RunCommand("tools/pstrain submit " + spec + coordinator->flag());
+  ASSERT_EQ(r.output, "job-2\n");
+  const std::string log = TempDir() + "/wait_restart.log";
+  {
+    Process wait({"tools/pstrain", "wait", "job-1", "--wait_poll_ms=100",
+                  "--coordinator_timeout_s=30", "--rpc_timeout_s=2",
+                  "--coordinator=" + address},
+                 log);
+    usleep(500000);
+    coordinator->Crash();
+    sleep(3);
+    coordinator = std::make_unique<Coordinator>(job_file, 600, port);
+    ASSERT_TRUE(coordinator->up());
+    EXPECT_EQ(RunCommand("tools/pstrain cancel job-1" + coordinator->flag())
+                  .exit_code,
+              0);
+    EXPECT_EQ(wait.Wait(30), 1);
+    const std::string output = pstrain::testing::ReadTextFile(log);
+    EXPECT_THAT(output, StartsWith("job-1 PENDING lenet5 1 ps 1 workers "
+                                   "(0/2 registered)\npstrain: coordinator " +
+                                   address + " unreachable ("));
+    EXPECT_THAT(output, HasSubstr("); retrying for up to 30 s "
+                                  "(--coordinator_timeout_s)\n"));
+    EXPECT_THAT(output,
+                EndsWith("pstrain: coordinator " + address +
+                         " answers again\njob-1 CANCELLED lenet5 1 ps 1 "
+                         "workers (0/2 registered): cancelled\n"));
+  }
+  // Away for longer than the deadline: exit 1, the deadline named.
+  Process wait({"tools/pstrain", "wait", "job-2", "--wait_poll_ms=100",
+                "--coordinator_timeout_s=2", "--rpc_timeout_s=1",
+                "--coordinator=" + address},
+               log);
+  usleep(500000);
+  coordinator->Crash();
+  EXPECT_EQ(wait.Wait(20), 1);
+  const std::string output = pstrain::testing::ReadTextFile(log);
+  EXPECT_THAT(output,
+              EndsWith("; retrying for up to 2 s (--coordinator_timeout_s)\n"
+                       "pstrain: error: coordinator " +
+                       address +
+                       ": unreachable for longer than "
+                       "--coordinator_timeout_s=2 s (" +
+                       "Deadline Exceeded)\n"))
+      << output;
+  // status too; with --coordinator_timeout_s=0 it does not retry.
+  r = RunCommand(
+      "tools/pstrain status --coordinator_timeout_s=0 "
+      "--rpc_timeout_s=1 --coordinator=" +
+      address);
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_THAT(r.output,
+              StartsWith("pstrain: error: coordinator " + address + ": "))
+      << r.output;
+  EXPECT_THAT(r.output, Not(HasSubstr("retrying")));
 }
 
 // What the printed scripts do is tools/launch_lines_test (stand-in
@@ -144,7 +227,8 @@ TEST(JobCliTest, BadSpecIsRefusedBeforeSubmitWithTheFieldNamed) {
   r = RunCommand("tools/pstrain submit " + TempDir() + "/missing.pbtxt");
   EXPECT_EQ(r.exit_code, 2);
   r = RunCommand(
-      "tools/pstrain status --coordinator=127.0.0.1:1 --rpc_timeout_s=1");
+      "tools/pstrain status --coordinator=127.0.0.1:1 --rpc_timeout_s=1 "
+      "--coordinator_timeout_s=0");
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_EQ(r.output.rfind("pstrain: error: coordinator 127.0.0.1:1: ", 0), 0u)
       << r.output;
@@ -470,9 +554,8 @@ TEST(JobCliTest, HelpOfEveryCommand) {
   }
   Result r = RunCommand("tools/pstrain help run");
   for (const std::string flag :
-       {"--num_workers (Number of worker processes.); default: 2;",
-        "--dataset (", "--backend (", "--max_nonfinite_steps (",
-        "--bucket_bytes ("}) {
+       {"--num_workers (Worker processes.); default: 2;", "--dataset (",
+        "--backend (", "--max_nonfinite_steps (", "--bucket_bytes ("}) {
     EXPECT_NE(r.output.find(flag), std::string::npos) << flag << r.output;
   }
   // Flags of other commands are not run's.

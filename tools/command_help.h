@@ -14,13 +14,25 @@
 
 namespace pstrain {
 
+// One flag as one command reads it: the same flag (--out, --num_ps, --job)
+// means different things to different commands, so each command describes
+// its own.
+struct CommandFlag {
+  std::string name;  // no dashes: "num_ps"
+  std::string help;  // what it does for this command
+  // The default as this command reads it, where that is not the flag's
+  // registered one (certs' --job: any job, not launch-lines' "$JOB");
+  // empty: the registered default.
+  std::string default_value = "";
+};
+
 struct CommandInfo {
   std::string name;      // "run"
   std::string synopsis;  // "pstrain run [--flags]"
   std::string summary;   // a paragraph
-  // Every flag the command reads (no dashes); any other flag given with it
-  // is an error.
-  std::vector<std::string> flags;
+  // Every flag the command reads, with its text for this command; any other
+  // flag given with it is an error.
+  std::vector<CommandFlag> flags;
 };
 
 // Every subcommand, in the order `pstrain help` lists them.
@@ -32,8 +44,10 @@ const CommandInfo* FindCommand(absl::string_view name);
 // `pstrain help`: the synopsis of every command.
 std::string CommandsOverview();
 
-// `pstrain help COMMAND`: its synopsis and summary, then each of its flags
-// with its help and default.
+// `pstrain help COMMAND` and `pstrain COMMAND --help`: its synopsis and
+// summary, then only its flags, each with the command's text for it and the
+// flag's default (from absl's registry; left out for a flag this binary does
+// not link).
 std::string CommandHelp(const CommandInfo& command);
 
 // INVALID_ARGUMENT "--x is not a flag of pstrain COMMAND (it would be

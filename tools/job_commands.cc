@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <set>
 #include <vector>
@@ -20,6 +21,7 @@
 #include "coordinator/coordinator_server.h"
 #include "coordinator/job_spec.h"
 #include "coordinator/job_table.h"
+#include "coordinator/task_agent.h"
 #include "google/protobuf/util/json_util.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/coordinator.grpc.pb.h"
@@ -29,11 +31,15 @@ ABSL_FLAG(std::string, coordinator, "127.0.0.1:7070",
           "host:port of pstrain_coordinator (submit, status, cancel, wait).");
 ABSL_FLAG(int, rpc_timeout_s, 30, "Deadline of each coordinator call, s.");
 ABSL_FLAG(int, wait_poll_ms, 1000, "wait: milliseconds between polls.");
+ABSL_FLAG(int, coordinator_timeout_s, 120,
+          "How long status, logs and wait keep retrying, as the tasks do, "
+          "while the coordinator cannot be reached (a restart), s; 0: no "
+          "retries.");
 // Defined here, not in tools/certs_command.cc, so that a binary with the job
 // commands but not pstrain's own flags (compare_test) links.
 ABSL_FLAG(std::string, out, "",
-          "certs: the folder to write the CA and certificates to (created "
-          "0700). trace: the merged trace file (default DIR/trace.json).");
+          "Where certs and trace write; see pstrain help certs and pstrain "
+          "help trace.");
 
 namespace pstrain {
 namespace {
@@ -52,6 +58,12 @@ std::unique_ptr<Coordinator::Stub> Stub() {
   if (absl::Status s =
           CheckFlagRange("rpc_timeout_s", absl::GetFlag(FLAGS_rpc_timeout_s), 1,
                          86400, "seconds");
+      !s.ok()) {
+    std::exit(Fail(2, std::string(s.message())));
+  }
+  if (absl::Status s = CheckFlagRange(
+          "coordinator_timeout_s", absl::GetFlag(FLAGS_coordinator_timeout_s),
+          0, 86400, "seconds");
       !s.ok()) {
     std::exit(Fail(2, std::string(s.message())));
   }
@@ -94,15 +106,50 @@ void PrintLogLines(const JobInfo& job) {
   std::fflush(stdout);
 }
 
-// Job `id` with its log lines from seq `log_since` on.
+// `call`, retried as the tasks retry their calls (coordinator/task_agent.h
+// CallCoordinatorWithRetry) for up to --coordinator_timeout_s while the
+// coordinator cannot be reached, as while it restarts. Says on stderr,
+// once, that it is retrying and for how long, and when the coordinator
+// answers again. A call that still fails after the deadline: the status
+// with the deadline in its message.
+grpc::Status CallRidingOutRestarts(
+    const std::function<grpc::Status(grpc::ClientContext*)>& call) {
+  const int timeout_s = absl::GetFlag(FLAGS_coordinator_timeout_s);
+  const std::string coordinator = absl::GetFlag(FLAGS_coordinator);
+  bool retried = false;
+  const grpc::Status status = CallCoordinatorWithRetry(
+      absl::Seconds(absl::GetFlag(FLAGS_rpc_timeout_s)),
+      absl::Seconds(timeout_s), call, [&](const grpc::Status& failure) {
+        if (retried) return;
+        retried = true;
+        std::fprintf(stderr,
+                     "%s: coordinator %s unreachable (%s); retrying for up "
+                     "to %d s (--coordinator_timeout_s)\n",
+                     kProgram, coordinator.c_str(),
+                     failure.error_message().c_str(), timeout_s);
+      });
+  if (!retried) return status;
+  if (!RetryableCoordinatorStatus(status)) {
+    std::fprintf(stderr, "%s: coordinator %s answers again\n", kProgram,
+                 coordinator.c_str());
+    return status;
+  }
+  return grpc::Status(
+      status.error_code(),
+      absl::StrCat("unreachable for longer than --coordinator_timeout_s=",
+                   timeout_s, " s (", status.error_message(), ")"));
+}
+
+// Job `id` with its log lines from seq `log_since` on, riding out a
+// coordinator restart.
 grpc::Status GetJob(Coordinator::Stub* stub, const std::string& id,
                     int64_t log_since, JobInfo* job) {
-  grpc::ClientContext context;
-  SetDeadline(&context);
   JobRequest request;
   request.set_job_id(id);
   request.set_log_since(log_since);
-  return stub->GetJob(&context, request, job);
+  return CallRidingOutRestarts([&](grpc::ClientContext* context) {
+    return stub->GetJob(context, request, job);
+  });
 }
 
 void PrintJobLine(const JobInfo& job) {
@@ -224,11 +271,11 @@ int StatusCommand(const std::vector<std::string>& args) {
   }
   auto stub = Stub();
   if (args.empty()) {
-    grpc::ClientContext context;
-    SetDeadline(&context);
     ListJobsResponse response;
     const grpc::Status status =
-        stub->ListJobs(&context, ListJobsRequest(), &response);
+        CallRidingOutRestarts([&](grpc::ClientContext* context) {
+          return stub->ListJobs(context, ListJobsRequest(), &response);
+        });
     if (!status.ok()) return RpcFailure(status);
     for (const JobInfo& job : response.jobs()) PrintJobLine(job);
     return 0;
@@ -352,6 +399,8 @@ int WaitCommand(const std::vector<std::string>& args) {
       PrintJobLine(job);
       last = job.state();
     }
+    // The coordinator's numbering, which a restarted one resumes from its
+    // job file.
     log_since = job.next_log_seq();
     if (absl::Now() >= next_report) {
       next_report = absl::Now() + absl::Seconds(60);

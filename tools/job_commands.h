@@ -20,7 +20,11 @@
 //
 // Exit codes: 0 success; 1 the job failed or was cancelled (wait), or the
 // coordinator refused or could not be reached; 2 bad input (usage, spec).
-// Every RPC has a deadline (--rpc_timeout_s).
+// Every RPC has a deadline (--rpc_timeout_s). status, logs and wait ride out
+// a coordinator restart: while it cannot be reached they retry as the tasks
+// do (coordinator/task_agent.h CallCoordinatorWithRetry), saying so once on
+// stderr, for up to --coordinator_timeout_s (then exit 1 with one line
+// naming that deadline). submit and cancel do not retry.
 #ifndef PSTRAIN_TOOLS_JOB_COMMANDS_H_
 #define PSTRAIN_TOOLS_JOB_COMMANDS_H_
 
