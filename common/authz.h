@@ -20,6 +20,12 @@
 //   kWorker0           worker 0 of the shard's job: Init, Checkpoint.
 // A certificate for job "*" counts as one of every job.
 //
+// Not in the table: gRPC's standard services on every server
+// (grpc.health.v1.Health, reflection, channelz; common/grpc_server.h).
+// Their handlers are gRPC's and change nothing: any client certificate of
+// the cluster's CA may call them (docs/SECURITY.md, "gRPC's standard
+// services").
+//
 // Errors: PERMISSION_DENIED naming the caller, the method and what it may
 // not do; UNAUTHENTICATED without a verified certificate; INTERNAL for a
 // method without a rule (every RPC must have one: tests/authz_test walks
