@@ -197,7 +197,10 @@ void ApplyJobDefaults(JobSpec* spec) {
   if (spec->seed() == 0) spec->set_seed(1);
   if (spec->partition_bytes() == 0) spec->set_partition_bytes(4 << 20);
   if (spec->log_every_steps() == 0) spec->set_log_every_steps(200);
-  if (spec->image_size() == 0) spec->set_image_size(224);
+  // image_folder's 0 keeps the images' own size.
+  if (spec->image_size() == 0 && spec->dataset() != "image_folder") {
+    spec->set_image_size(224);
+  }
   if (spec->num_classes() == 0) spec->set_num_classes(1000);
   if (spec->synthetic_samples() == 0) spec->set_synthetic_samples(12800);
   if (spec->bucket_bytes() == 0) spec->set_bucket_bytes(25 << 20);
@@ -288,8 +291,14 @@ absl::Status ValidateJobSpec(const JobSpec& spec) {
       CheckRange("log_every_steps", spec.log_every_steps(), 1, kMaxSteps));
   RETURN_IF_ERROR(CheckRange("max_steps_per_epoch", spec.max_steps_per_epoch(),
                              0, kMaxSteps, "(0: whole epochs)"));
-  RETURN_IF_ERROR(
-      CheckRange("image_size", spec.image_size(), 1, kMaxImageSize));
+  // image_folder: 0 keeps the images' own size; max_dataset_memory_bytes 0
+  // is half of each worker's MemAvailable.
+  RETURN_IF_ERROR(CheckRange("image_size", spec.image_size(),
+                             spec.dataset() == "image_folder" ? 0 : 1,
+                             kMaxImageSize));
+  RETURN_IF_ERROR(CheckRange("max_dataset_memory_bytes",
+                             spec.max_dataset_memory_bytes(), 0,
+                             std::numeric_limits<int64_t>::max(), "bytes"));
   RETURN_IF_ERROR(
       CheckRange("num_classes", spec.num_classes(), 1, kMaxNumClasses));
   RETURN_IF_ERROR(CheckRange("synthetic_samples", spec.synthetic_samples(), 1,

@@ -6,6 +6,7 @@
 #include <zlib.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -21,6 +22,7 @@
 #include "gtest/gtest.h"
 #include "proto/results.pb.h"
 #include "tests/cli_test_util.h"
+#include "worker/image_write.h"
 
 namespace {
 
@@ -253,6 +255,51 @@ TEST(RunCliTest, StreamedImageFolderTrains) {
                                   "pad_crop"),
             std::string::npos)
       << augmented.output;
+}
+
+// An image folder too large to decode into each worker's memory stops the
+// run at once, from the headers alone, with exit 2 and one line giving the
+// figure and the ways out (issue 37: 70,000 files at 224x224 were
+// OOM-killed); so do mixed sizes without --image_size.
+TEST(RunCliTest, ImageFolderOverMemoryLimitFailsFastWithExit2) {
+  const std::string tree = TempDir() + "/small_tree";
+  std::filesystem::remove_all(tree);
+  for (int i = 0; i < 4; ++i) {
+    const std::string dir = tree + "/train/c" + std::to_string(i % 2);
+    std::filesystem::create_directories(dir);
+    ASSERT_TRUE(pstrain::WritePngFile(dir + "/" + std::to_string(i) + ".png",
+                                      28, 28, 1,
+                                      std::vector<uint8_t>(28 * 28, 100 + i))
+                    .ok());
+  }
+  const auto start = std::chrono::steady_clock::now();
+  const Result r = RunPstrain("--dataset=image_folder --data_dir=" + tree +
+                              " --image_size=224 --max_dataset_memory=500K");
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
+          .count();
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_EQ(r.output,
+            "pstrain: error: --dataset=image_folder --data_dir=" + tree + ": " +
+                tree +
+                ": decoding 4 images of 1x224x224 floats needs 802.82 kB, "
+                "over the limit of 512.00 kB per worker "
+                "(--max_dataset_memory); pass --stream_images to decode "
+                "batches while training, or a smaller --image_size\n");
+  EXPECT_LT(seconds, 5.0);
+  EXPECT_EQ(CountProcesses("pstrain_worker"), 0);
+
+  ASSERT_TRUE(pstrain::WritePngFile(tree + "/train/c1/big.png", 32, 30, 1,
+                                    std::vector<uint8_t>(32 * 30, 7))
+                  .ok());
+  const Result mixed = RunPstrain("--dataset=image_folder --data_dir=" + tree);
+  EXPECT_EQ(mixed.exit_code, 2) << mixed.output;
+  EXPECT_EQ(mixed.output,
+            "pstrain: error: --dataset=image_folder --data_dir=" + tree + ": " +
+                tree + ": images differ in size: 28x28 (" + tree +
+                "/train/c0/0.png) and 30x32 (" + tree +
+                "/train/c1/big.png); set --image_size to resize "
+                "them all to one size\n");
 }
 
 TEST(RunCliTest, BadInputGetsOneLineErrorAndExitCode2) {

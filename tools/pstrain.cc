@@ -387,8 +387,8 @@ absl::Status CheckIgnoredDataFlags(const std::string& dataset,
                      "; see pstrain help ", command));
   };
   if (dataset == "synthetic") {
-    for (const char* flag :
-         {"data_dir", "bad_images", "stream_images", "augment"}) {
+    for (const char* flag : {"data_dir", "bad_images", "stream_images",
+                             "max_dataset_memory", "augment"}) {
       if (FlagSpecified(flag)) {
         return ignored(flag, "--dataset=synthetic reads no files");
       }
@@ -408,7 +408,8 @@ absl::Status CheckIgnoredDataFlags(const std::string& dataset,
                                   "image_folder, not ",
                                   dataset));
     }
-    for (const char* flag : {"bad_images", "stream_images", "augment"}) {
+    for (const char* flag :
+         {"bad_images", "stream_images", "max_dataset_memory", "augment"}) {
       if (FlagSpecified(flag)) {
         return ignored(flag, absl::StrCat("it is for --dataset=image_folder, "
                                           "not ",
@@ -492,8 +493,14 @@ JobSpec SpecFromFlags(const std::string& mode, int num_ps, int num_workers) {
   spec.set_model(absl::GetFlag(FLAGS_model));
   spec.set_dataset(absl::GetFlag(FLAGS_dataset));
   spec.set_data_dir(absl::GetFlag(FLAGS_data_dir));
-  spec.set_image_size(absl::GetFlag(FLAGS_image_size));
+  // --image_size=0 (its default): image_folder keeps the images' own size;
+  // synthetic images are 224 pixels square.
+  const int image_size = absl::GetFlag(FLAGS_image_size);
+  spec.set_image_size(
+      image_size == 0 && spec.dataset() != "image_folder" ? 224 : image_size);
   spec.set_stream_images(absl::GetFlag(FLAGS_stream_images));
+  spec.set_max_dataset_memory_bytes(
+      absl::GetFlag(FLAGS_max_dataset_memory).bytes);
   spec.set_augment(absl::GetFlag(FLAGS_augment));
   spec.set_num_classes(absl::GetFlag(FLAGS_num_classes));
   spec.set_synthetic_samples(absl::GetFlag(FLAGS_synthetic_samples));
@@ -831,14 +838,17 @@ int ExitCodeOf(const absl::Status& status) {
   return 1;
 }
 
-// The dataset the flags name, loaded once to check batch sizes; null with
-// synthetic compute (it has none).
+// The dataset the flags name, listed once without its pixels to check batch
+// sizes and shapes (an image folder's headers only: this process never
+// decodes a dataset, and an in-memory image folder too large for its
+// workers is refused here, before any process starts); null with synthetic
+// compute (it has none).
 absl::StatusOr<std::unique_ptr<Dataset>> CheckDataFromFlags() {
   if (absl::GetFlag(FLAGS_compute) == "synthetic") {
     return std::unique_ptr<Dataset>();
   }
   if (absl::Status s = CheckBackendFlags(); !s.ok()) return s;
-  ASSIGN_OR_RETURN(Dataset dataset, LoadDatasetFromFlags());
+  ASSIGN_OR_RETURN(Dataset dataset, ListDatasetFromFlags());
   return std::make_unique<Dataset>(std::move(dataset));
 }
 

@@ -1,7 +1,10 @@
 #include "worker/data_flags.h"
 
 #include "absl/flags/flag.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
 #include "worker/job_inputs.h"
 
 ABSL_FLAG(std::string, dataset, "fashion_mnist",
@@ -13,10 +16,11 @@ ABSL_FLAG(std::string, data_dir, "/usr/share/datasets/fashion-mnist",
           "PNG files, or the tiny-ImageNet layout; records: train.records "
           "and test.records). Plain IDX and record files are memory-mapped, "
           "not loaded.");
-ABSL_FLAG(int, image_size, 224,
-          "Synthetic data: images are 3 x image_size x image_size; "
+ABSL_FLAG(int, image_size, 0,
+          "Synthetic data: images are 3 x image_size x image_size (0: 224); "
           "image_folder: images are resized (bilinear) to image_size x "
-          "image_size pixels.");
+          "image_size pixels (0: kept at the size they all share, an error "
+          "naming two sizes if they differ).");
 ABSL_FLAG(std::string, bad_images, "fail",
           "image_folder: fail (stop, naming the first unreadable image) or "
           "skip (leave unreadable images out; one warning line counts them).");
@@ -24,6 +28,12 @@ ABSL_FLAG(bool, stream_images, false,
           "image_folder: list the files and decode each batch on input "
           "threads while training (memory does not grow with the dataset), "
           "instead of decoding every image into memory at start.");
+ABSL_FLAG(pstrain::ByteSize, max_dataset_memory, pstrain::ByteSize{},
+          "image_folder in memory: the most each worker's decoded images "
+          "(floats) may take, in bytes or with a suffix K, M, G, T (powers "
+          "of 1024): 8G; 0: half of the memory available (/proc/meminfo "
+          "MemAvailable). Estimated from the headers before decoding; over "
+          "it the run stops with exit 2 and the figure.");
 ABSL_FLAG(std::string, augment, "none",
           "image_folder with --stream_images: training-batch augmentation, "
           "as torchvision's transforms: none (the whole image resized), "
@@ -43,8 +53,43 @@ ABSL_FLAG(int, gpu, 0,
 
 namespace pstrain {
 
-absl::StatusOr<Dataset> LoadDatasetFromFlags() {
+bool AbslParseFlag(absl::string_view text, ByteSize* size, std::string* error) {
+  const std::string upper =
+      absl::AsciiStrToUpper(absl::StripAsciiWhitespace(text));
+  absl::string_view rest = upper;
+  if (rest.empty()) {
+    size->bytes = 0;
+    return true;
+  }
+  if (!absl::ConsumeSuffix(&rest, "IB")) absl::ConsumeSuffix(&rest, "B");
+  double scale = 1;
+  static constexpr absl::string_view kUnits = "KMGT";
+  if (const size_t unit = rest.empty() ? kUnits.npos : kUnits.find(rest.back());
+      unit != kUnits.npos) {
+    scale = static_cast<double>(int64_t{1} << (10 * (unit + 1)));
+    rest.remove_suffix(1);
+  }
+  double value = 0;
+  if (!absl::SimpleAtod(rest, &value) || !(value >= 0) ||
+      value * scale > 9.0e18) {
+    *error = absl::StrCat("\"", text,
+                          "\": expected a size in bytes, optionally with K, M, "
+                          "G or T (powers of 1024), such as 8G");
+    return false;
+  }
+  size->bytes = static_cast<int64_t>(value * scale);
+  return true;
+}
+
+std::string AbslUnparseFlag(ByteSize size) { return absl::StrCat(size.bytes); }
+
+namespace {
+
+absl::StatusOr<Dataset> LoadFromFlags(bool headers_only) {
   DatasetOptions options;
+  options.headers_only = headers_only;
+  options.max_dataset_memory_bytes =
+      absl::GetFlag(FLAGS_max_dataset_memory).bytes;
   options.image_size = absl::GetFlag(FLAGS_image_size);
   const std::string bad_images = absl::GetFlag(FLAGS_bad_images);
   if (bad_images == "fail") {
@@ -62,6 +107,16 @@ absl::StatusOr<Dataset> LoadDatasetFromFlags() {
                           absl::GetFlag(FLAGS_data_dir), options, "--");
 }
 
+}  // namespace
+
+absl::StatusOr<Dataset> LoadDatasetFromFlags() {
+  return LoadFromFlags(/*headers_only=*/false);
+}
+
+absl::StatusOr<Dataset> ListDatasetFromFlags() {
+  return LoadFromFlags(/*headers_only=*/true);
+}
+
 absl::Status CheckBackendFlags() {
   return CheckBackend(absl::GetFlag(FLAGS_backend), absl::GetFlag(FLAGS_gpu),
                       "--");
@@ -75,6 +130,8 @@ std::vector<std::string> DataAndBackendFlagArgs() {
       absl::StrCat("--bad_images=", absl::GetFlag(FLAGS_bad_images)),
       absl::StrCat("--stream_images=",
                    absl::GetFlag(FLAGS_stream_images) ? "true" : "false"),
+      absl::StrCat("--max_dataset_memory=",
+                   AbslUnparseFlag(absl::GetFlag(FLAGS_max_dataset_memory))),
       absl::StrCat("--augment=", absl::GetFlag(FLAGS_augment)),
       absl::StrCat("--num_classes=", absl::GetFlag(FLAGS_num_classes)),
       absl::StrCat("--synthetic_samples=",

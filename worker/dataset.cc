@@ -8,11 +8,17 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <fstream>
 #include <numeric>
 #include <random>
+#include <sstream>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "catalog/catalog.h"
 #include "common/status_macros.h"
 #include "worker/image_folder.h"
@@ -287,14 +293,29 @@ LabeledImages FromImageFolderSplit(ImageFolderSplit split) {
   return out;
 }
 
-LabeledImages FromImageFiles(ImageFiles files, int channels, int size) {
+LabeledImages FromImageFiles(ImageFiles files, int channels, int height,
+                             int width) {
   LabeledImages out;
-  out.chw = {channels, size, size};
+  out.chw = {channels, height, width};
   out.count = static_cast<int64_t>(files.paths.size());
   out.stored = 0;
   out.labels = files.labels;
   out.files = std::make_shared<const ImageFiles>(std::move(files));
   return out;
+}
+
+// `over` (CheckDecodedBytes's RESOURCE_EXHAUSTED) with where the limit
+// comes from and the two ways out.
+absl::Status WithMemoryAdvice(const absl::Status& over,
+                              const DatasetOptions& o) {
+  return absl::ResourceExhaustedError(absl::StrCat(
+      over.message(),
+      o.max_dataset_memory_bytes > 0
+          ? " per worker (--max_dataset_memory)"
+          : " per worker (half of the memory available; "
+            "--max_dataset_memory changes it)",
+      "; pass --stream_images to decode batches while training, or a "
+      "smaller --image_size"));
 }
 
 void WarnSkipped(const std::string& dir, int64_t skipped, int64_t total,
@@ -306,48 +327,72 @@ void WarnSkipped(const std::string& dir, int64_t skipped, int64_t total,
                static_cast<long long>(total), first.c_str());
 }
 
-absl::StatusOr<Dataset> StreamImageFolder(const std::string& dir,
+// CheckDecodedBytes against options' limit, with the way out when over.
+absl::Status CheckDatasetMemory(const std::string& dir, int64_t count,
+                                int channels, int height, int width,
+                                const DatasetOptions& o) {
+  ASSIGN_OR_RETURN(const int64_t limit, DatasetMemoryLimit(o));
+  absl::Status s =
+      CheckDecodedBytes(dir, count, channels, height, width, limit);
+  if (!absl::IsResourceExhausted(s)) return s;
+  return WithMemoryAdvice(s, o);
+}
+
+absl::StatusOr<Dataset> ListedImageFolder(const std::string& dir,
                                           const DatasetOptions& o) {
   ImageFolderOptions options;
   options.image_size = o.image_size;
   options.bad_images = o.bad_images;
   ASSIGN_OR_RETURN(ImageFolderListing listing, ListImageFolder(dir, options));
+  const int64_t count = static_cast<int64_t>(listing.train.paths.size() +
+                                             listing.test.paths.size());
+  if (o.stream_images && listing.height != listing.width) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        dir, ": images of ", listing.width, "x", listing.height,
+        " are not square; streamed batches are square: set --image_size"));
+  }
+  if (!o.stream_images) {
+    RETURN_IF_ERROR(CheckDatasetMemory(dir, count, listing.channels,
+                                       listing.height, listing.width, o));
+  }
   if (listing.skipped > 0) {
-    WarnSkipped(
-        dir, listing.skipped,
-        listing.skipped + static_cast<int64_t>(listing.train.paths.size() +
-                                               listing.test.paths.size()),
-        listing.first_skipped);
+    WarnSkipped(dir, listing.skipped, listing.skipped + count,
+                listing.first_skipped);
   }
   Dataset dataset;
   dataset.num_classes = static_cast<int>(listing.class_names.size());
-  dataset.train =
-      FromImageFiles(std::move(listing.train), listing.channels, o.image_size);
-  dataset.test =
-      FromImageFiles(std::move(listing.test), listing.channels, o.image_size);
+  dataset.train = FromImageFiles(std::move(listing.train), listing.channels,
+                                 listing.height, listing.width);
+  dataset.test = FromImageFiles(std::move(listing.test), listing.channels,
+                                listing.height, listing.width);
   return dataset;
 }
 
 absl::StatusOr<Dataset> LoadImageFolder(const std::string& dir,
                                         const DatasetOptions& o) {
-  if (o.stream_images) return StreamImageFolder(dir, o);
+  if (o.stream_images || o.headers_only) return ListedImageFolder(dir, o);
   ImageFolderOptions options;
   options.image_size = o.image_size;
   options.bad_images = o.bad_images;
-  ASSIGN_OR_RETURN(ImageFolderDataset folder,
-                   ReadImageFolderDataset(dir, options));
-  const int64_t skipped = folder.train.skipped + folder.test.skipped;
+  ASSIGN_OR_RETURN(options.max_decoded_bytes, DatasetMemoryLimit(o));
+  absl::StatusOr<ImageFolderDataset> folder =
+      ReadImageFolderDataset(dir, options);
+  if (absl::IsResourceExhausted(folder.status())) {
+    return WithMemoryAdvice(folder.status(), o);
+  }
+  if (!folder.ok()) return folder.status();
+  const int64_t skipped = folder->train.skipped + folder->test.skipped;
   if (skipped > 0) {
-    const std::string& first = folder.train.first_skipped.empty()
-                                   ? folder.test.first_skipped
-                                   : folder.train.first_skipped;
-    WarnSkipped(dir, skipped, skipped + folder.train.count + folder.test.count,
-                first);
+    const std::string& first = folder->train.first_skipped.empty()
+                                   ? folder->test.first_skipped
+                                   : folder->train.first_skipped;
+    WarnSkipped(dir, skipped,
+                skipped + folder->train.count + folder->test.count, first);
   }
   Dataset dataset;
-  dataset.num_classes = static_cast<int>(folder.class_names.size());
-  dataset.train = FromImageFolderSplit(std::move(folder.train));
-  dataset.test = FromImageFolderSplit(std::move(folder.test));
+  dataset.num_classes = static_cast<int>(folder->class_names.size());
+  dataset.train = FromImageFolderSplit(std::move(folder->train));
+  dataset.test = FromImageFolderSplit(std::move(folder->test));
   return dataset;
 }
 
@@ -480,7 +525,8 @@ absl::Status SumChannels(const LabeledImages& split, int num_classes,
   return absl::OkStatus();
 }
 
-absl::StatusOr<Dataset> MakeSynthetic(const DatasetOptions& o) {
+absl::StatusOr<Dataset> MakeSynthetic(DatasetOptions o) {
+  if (o.image_size == 0) o.image_size = 224;
   if (o.image_size < 1 || o.channels < 1 || o.num_classes < 2 ||
       o.train_samples < 1 || o.test_samples < 1) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -551,6 +597,7 @@ absl::StatusOr<Dataset> LoadDataset(const std::string& name,
     return absl::DataLossError(
         absl::StrCat(data_dir, ": train and test images differ in size"));
   }
+  if (options.headers_only) return loaded;
   // Standardise both splits with the training set's per-channel mean and
   // standard deviation (as torchvision's Normalize with the dataset's
   // statistics). Mapped splits get the standardised value of each byte.
@@ -590,6 +637,39 @@ absl::StatusOr<Dataset> LoadDataset(const std::string& name,
     }
   }
   return loaded;
+}
+
+absl::StatusOr<int64_t> ParseMemAvailable(absl::string_view meminfo) {
+  for (absl::string_view line : absl::StrSplit(meminfo, '\n')) {
+    if (!absl::ConsumePrefix(&line, "MemAvailable:")) continue;
+    line = absl::StripAsciiWhitespace(line);
+    int64_t kib = 0;
+    if (!absl::ConsumeSuffix(&line, " kB") ||
+        !absl::SimpleAtoi(absl::StripAsciiWhitespace(line), &kib) || kib < 0) {
+      return absl::DataLossError(absl::StrCat(
+          "/proc/meminfo: \"MemAvailable:", line, "\"; expected N kB"));
+    }
+    return kib * 1024;
+  }
+  return absl::NotFoundError("/proc/meminfo: no MemAvailable line");
+}
+
+absl::StatusOr<int64_t> DatasetMemoryLimit(const DatasetOptions& options) {
+  if (options.max_dataset_memory_bytes > 0) {
+    return options.max_dataset_memory_bytes;
+  }
+  std::ifstream in("/proc/meminfo");
+  std::stringstream text;
+  text << in.rdbuf();
+  absl::StatusOr<int64_t> available = ParseMemAvailable(text.str());
+  if (!in.is_open() || !available.ok()) {
+    return absl::UnavailableError(
+        absl::StrCat("the memory available is unknown (",
+                     in.is_open() ? available.status().message()
+                                  : "cannot read /proc/meminfo",
+                     "); set --max_dataset_memory"));
+  }
+  return *available / 2;
 }
 
 std::string FindIdxFile(const std::string& dir, const std::string& base) {

@@ -120,9 +120,11 @@ struct Dataset {
 inline constexpr int64_t kStreamStatsSamples = 1024;
 
 struct DatasetOptions {
-  // Synthetic data: images are channels x image_size x image_size.
-  // image_folder: every image is resized to image_size x image_size.
-  int image_size = 224;
+  // Synthetic data: images are channels x image_size x image_size (0: 224).
+  // image_folder: every image is resized to image_size x image_size; 0: the
+  // images keep the size they all share (INVALID_ARGUMENT naming two sizes
+  // found when they differ), as torchvision's ImageFolder without a Resize.
+  int image_size = 0;
   // image_folder: skip and count unreadable images (a one-line warning on
   // stderr names the count and the first), or fail naming the first. Skip
   // by default because a job spec has no field for it yet: workers started
@@ -135,6 +137,19 @@ struct DatasetOptions {
   // does not grow with the dataset. The channel statistics come from 1024
   // training images spread evenly over the set (kStreamStatsSamples).
   bool stream_images = false;
+  // image_folder in memory: the most bytes the decoded images (both splits,
+  // as floats, in each process that loads them) may take; 0: half of
+  // /proc/meminfo's MemAvailable when loading starts. Estimated from the
+  // headers before any pixel is decoded; over it, RESOURCE_EXHAUSTED with
+  // the figure, the limit and the way out (--stream_images or a smaller
+  // --image_size). Not used with stream_images.
+  int64_t max_dataset_memory_bytes = 0;
+  // Read no pixels: image_folder lists its files and reads their headers
+  // only (the memory check above still applies), and no split is
+  // standardised (channel_mean and channel_stddev stay empty). The counts,
+  // shapes, labels and classes are those of a full load: for checks before
+  // a job starts, in a process that does not train.
+  bool headers_only = false;
   // Synthetic data only.
   int channels = 3;
   int num_classes = 1000;
@@ -165,6 +180,14 @@ struct DatasetOptions {
 absl::StatusOr<Dataset> LoadDataset(const std::string& name,
                                     const std::string& data_dir,
                                     const DatasetOptions& options = {});
+
+// MemAvailable of /proc/meminfo's `text`, in bytes; NOT_FOUND without the
+// line, DATA_LOSS for a line that is not "MemAvailable: N kB".
+absl::StatusOr<int64_t> ParseMemAvailable(absl::string_view meminfo);
+
+// options.max_dataset_memory_bytes, or when 0 half of MemAvailable now
+// (UNAVAILABLE when /proc/meminfo cannot be read or parsed).
+absl::StatusOr<int64_t> DatasetMemoryLimit(const DatasetOptions& options);
 
 // Reads one CIFAR-10 binary batch file: NOT_FOUND if missing; DATA_LOSS if
 // its size is not a positive multiple of 3073 bytes or a label is >= 10.

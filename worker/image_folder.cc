@@ -17,11 +17,13 @@
 #include <functional>
 #include <set>
 #include <thread>
+#include <tuple>
 #include <utility>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "common/status_macros.h"
 
 namespace pstrain {
 namespace fs = std::filesystem;
@@ -365,18 +367,18 @@ absl::StatusOr<std::vector<uint8_t>> ReadFileBytes(const std::string& path) {
 
 // ------------------------------------------------------------- resize --
 
-// One plane of `ih` x `iw` floats to `size` x `size`, bilinear with
-// half-pixel centres (PyTorch's upsample_bilinear2d, align_corners=False).
-void ResizePlane(const float* in, int ih, int iw, int size, float* out) {
-  if (ih == size && iw == size) {
-    std::memcpy(out, in, sizeof(float) * size * size);
+// One plane of `ih` x `iw` floats to `oh` x `ow`, bilinear with half-pixel
+// centres (PyTorch's upsample_bilinear2d, align_corners=False).
+void ResizePlane(const float* in, int ih, int iw, int oh, int ow, float* out) {
+  if (ih == oh && iw == ow) {
+    std::memcpy(out, in, sizeof(float) * oh * ow);
     return;
   }
   struct Tap {
     int i0, i1;
     float l0, l1;
   };
-  auto taps = [size](int in_size) {
+  auto taps = [](int in_size, int size) {
     std::vector<Tap> t(size);
     const float scale = static_cast<float>(in_size) / size;
     for (int o = 0; o < size; ++o) {
@@ -389,12 +391,12 @@ void ResizePlane(const float* in, int ih, int iw, int size, float* out) {
     }
     return t;
   };
-  const std::vector<Tap> ty = taps(ih), tx = taps(iw);
-  for (int y = 0; y < size; ++y) {
+  const std::vector<Tap> ty = taps(ih, oh), tx = taps(iw, ow);
+  for (int y = 0; y < oh; ++y) {
     const float* r0 = in + static_cast<size_t>(ty[y].i0) * iw;
     const float* r1 = in + static_cast<size_t>(ty[y].i1) * iw;
-    float* o = out + static_cast<size_t>(y) * size;
-    for (int x = 0; x < size; ++x) {
+    float* o = out + static_cast<size_t>(y) * ow;
+    for (int x = 0; x < ow; ++x) {
       const Tap& t = tx[x];
       o[x] = ty[y].l0 * (t.l0 * r0[t.i0] + t.l1 * r0[t.i1]) +
              ty[y].l1 * (t.l0 * r1[t.i0] + t.l1 * r1[t.i1]);
@@ -626,17 +628,27 @@ const absl::Status* FirstError(const std::vector<absl::Status>& errors) {
   return nullptr;
 }
 
-// Decodes the files of `list` whose header probe succeeded (kinds[i] != 0)
-// into a split of `channels` x size x size images.
+// The shape every image of a dataset is decoded to (ProbeHeaders).
+struct ProbedShape {
+  int channels = 0;
+  int height = 0;
+  int width = 0;
+};
+
+void ImageToChwSized(const DecodedImage& image, int channels, int oh, int ow,
+                     float* out);
+
+// Decodes the files of `list` whose header probe succeeded (errors[i] OK)
+// into a split of `shape` images.
 absl::StatusOr<ImageFolderSplit> DecodeSplit(const std::string& where,
                                              const FileList& list,
                                              std::vector<absl::Status> errors,
-                                             int channels,
+                                             const ProbedShape& shape,
                                              const ImageFolderOptions& options,
                                              int threads) {
   const bool fail = options.bad_images == BadImages::kFail;
-  const int size = options.image_size;
-  const int64_t per = int64_t{channels} * size * size;
+  const int channels = shape.channels;
+  const int64_t per = int64_t{channels} * shape.height * shape.width;
   std::vector<int64_t> slot_of(list.paths.size(), -1);
   int64_t slots = 0;
   for (size_t i = 0; i < list.paths.size(); ++i) {
@@ -644,7 +656,8 @@ absl::StatusOr<ImageFolderSplit> DecodeSplit(const std::string& where,
   }
   ImageFolderSplit split;
   split.chw[0] = channels;
-  split.chw[1] = split.chw[2] = size;
+  split.chw[1] = shape.height;
+  split.chw[2] = shape.width;
   split.images.resize(static_cast<size_t>(slots * per));
   ParallelFor(
       static_cast<int64_t>(list.paths.size()), threads, fail, [&](int64_t i) {
@@ -654,8 +667,8 @@ absl::StatusOr<ImageFolderSplit> DecodeSplit(const std::string& where,
           errors[i] = image.status();
           return false;
         }
-        ImageToChw(*image, channels, size,
-                   split.images.data() + slot_of[i] * per);
+        ImageToChwSized(*image, channels, shape.height, shape.width,
+                        split.images.data() + slot_of[i] * per);
         return true;
       });
   if (const absl::Status* first = FirstError(errors); first != nullptr) {
@@ -755,7 +768,11 @@ absl::StatusOr<DecodedImage> DecodeImageFileWindow(const std::string& path,
   return DecodeFile(path, /*header_only=*/false, &pick, decoded);
 }
 
-void ImageToChw(const DecodedImage& image, int channels, int size, float* out) {
+namespace {
+
+// ImageToChw to `oh` x `ow` planes.
+void ImageToChwSized(const DecodedImage& image, int channels, int oh, int ow,
+                     float* out) {
   const size_t plane = static_cast<size_t>(image.height) * image.width;
   std::vector<float> source(plane);
   const uint8_t* p = image.pixels.data();
@@ -776,9 +793,45 @@ void ImageToChw(const DecodedImage& image, int channels, int size, float* out) {
         source[j] = luma * (1.0f / 255.0f);
       }
     }
-    ResizePlane(source.data(), image.height, image.width, size,
-                out + static_cast<size_t>(ch) * size * size);
+    ResizePlane(source.data(), image.height, image.width, oh, ow,
+                out + static_cast<size_t>(ch) * oh * ow);
   }
+}
+
+}  // namespace
+
+void ImageToChw(const DecodedImage& image, int channels, int size, float* out) {
+  ImageToChwSized(image, channels, size, size, out);
+}
+
+int64_t DecodedImageBytes(int64_t count, int channels, int height, int width) {
+  return count * channels * height * width *
+         static_cast<int64_t>(sizeof(float));
+}
+
+std::string FormatBytes(int64_t bytes) {
+  static constexpr const char* kUnits[] = {"kB", "MB", "GB", "TB"};
+  if (bytes < 1000) return absl::StrCat(bytes, " B");
+  double value = static_cast<double>(bytes) / 1000;
+  int unit = 0;
+  while (value >= 1000 && unit < 3) {
+    value /= 1000;
+    ++unit;
+  }
+  char text[32];
+  std::snprintf(text, sizeof(text), "%.2f %s", value, kUnits[unit]);
+  return text;
+}
+
+absl::Status CheckDecodedBytes(const std::string& root, int64_t count,
+                               int channels, int height, int width,
+                               int64_t max_bytes) {
+  const int64_t bytes = DecodedImageBytes(count, channels, height, width);
+  if (max_bytes <= 0 || bytes <= max_bytes) return absl::OkStatus();
+  return absl::ResourceExhaustedError(
+      absl::StrCat(root, ": decoding ", count, " images of ", channels, "x",
+                   height, "x", width, " floats needs ", FormatBytes(bytes),
+                   ", over the limit of ", FormatBytes(max_bytes)));
 }
 
 namespace {
@@ -789,14 +842,15 @@ absl::Status ListLayout(const std::string& root,
                         const ImageFolderOptions& options, std::string* layout,
                         std::vector<std::string>* class_names, FileList* train,
                         FileList* test, std::string* test_dir) {
-  if (options.image_size < 1 || options.image_size > 4096 ||
+  if (options.image_size < 0 || options.image_size > 4096 ||
       (options.channels != 0 && options.channels != 1 &&
        options.channels != 3) ||
       options.num_threads < 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         root, ": image_size ", options.image_size, ", channels ",
         options.channels, ", num_threads ", options.num_threads,
-        "; expected image_size 1 to 4096, channels 0 (detect), 1 or 3, "
+        "; expected image_size 0 (the images' own) to 4096, channels 0 "
+        "(detect), 1 or 3, "
         "num_threads >= 0"));
   }
   std::error_code error;
@@ -860,17 +914,21 @@ int ThreadsOf(const ImageFolderOptions& options) {
 }
 
 // Reads the header of every file of `train` and `test` (in that order):
-// each file's error (OK where the header reads), and the channel count
-// (options.channels, or 3 if any header is colour, else 1).
-int ProbeHeaders(const FileList& train, const FileList& test,
-                 const ImageFolderOptions& options, int threads,
-                 std::vector<absl::Status>* train_errors,
-                 std::vector<absl::Status>* test_errors) {
+// each file's error (OK where the header reads), and the shape they are
+// decoded to: options.channels, or 3 if any header is colour, else 1; and
+// options.image_size square, or with 0 the size every readable header has
+// (INVALID_ARGUMENT naming two sizes and a file of each if they differ).
+absl::StatusOr<ProbedShape> ProbeHeaders(
+    const std::string& root, const FileList& train, const FileList& test,
+    const ImageFolderOptions& options, int threads,
+    std::vector<absl::Status>* train_errors,
+    std::vector<absl::Status>* test_errors) {
   const size_t num_train = train.paths.size();
   std::vector<std::string> all = train.paths;
   all.insert(all.end(), test.paths.begin(), test.paths.end());
   std::vector<absl::Status> errors(all.size());
   std::vector<uint8_t> colour(all.size(), 0);
+  std::vector<std::pair<int, int>> sizes(all.size());  // height, width
   ParallelFor(static_cast<int64_t>(all.size()), threads,
               /*stop_on_failure=*/false, [&](int64_t i) {
                 absl::StatusOr<DecodedImage> header =
@@ -880,18 +938,37 @@ int ProbeHeaders(const FileList& train, const FileList& test,
                   return false;
                 }
                 colour[i] = header->channels == 3;
+                sizes[i] = {header->height, header->width};
                 return true;
               });
-  int channels = options.channels;
-  if (channels == 0) {
-    channels = std::any_of(colour.begin(), colour.end(),
-                           [](uint8_t c) { return c != 0; })
-                   ? 3
-                   : 1;
+  ProbedShape shape;
+  shape.channels = options.channels;
+  if (shape.channels == 0) {
+    shape.channels = std::any_of(colour.begin(), colour.end(),
+                                 [](uint8_t c) { return c != 0; })
+                         ? 3
+                         : 1;
+  }
+  shape.height = shape.width = options.image_size;
+  if (options.image_size == 0) {
+    size_t first = all.size();  // the first readable file
+    for (size_t i = 0; i < all.size(); ++i) {
+      if (!errors[i].ok()) continue;
+      if (first == all.size()) {
+        first = i;
+        std::tie(shape.height, shape.width) = sizes[i];
+      } else if (sizes[i] != sizes[first]) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(root, ": images differ in size: ", sizes[first].second,
+                         "x", sizes[first].first, " (", all[first], ") and ",
+                         sizes[i].second, "x", sizes[i].first, " (", all[i],
+                         "); set --image_size to resize them all to one size"));
+      }
+    }
   }
   train_errors->assign(errors.begin(), errors.begin() + num_train);
   test_errors->assign(errors.begin() + num_train, errors.end());
-  return channels;
+  return shape;
 }
 
 // `list` less the files whose header failed (errors[i] not OK), counted in
@@ -936,8 +1013,12 @@ absl::StatusOr<ImageFolderListing> ListImageFolder(
       !s.ok())
     return s;
   std::vector<absl::Status> train_errors, test_errors;
-  listing.channels = ProbeHeaders(train, test, options, ThreadsOf(options),
-                                  &train_errors, &test_errors);
+  ASSIGN_OR_RETURN(const ProbedShape shape,
+                   ProbeHeaders(root, train, test, options, ThreadsOf(options),
+                                &train_errors, &test_errors));
+  listing.channels = shape.channels;
+  listing.height = shape.height;
+  listing.width = shape.width;
   absl::StatusOr<FileList> kept_train =
       KeepReadable(listing.layout == "class_folders" ? root : root + "/train",
                    train, train_errors, options.bad_images, &listing.skipped,
@@ -967,15 +1048,24 @@ absl::StatusOr<ImageFolderDataset> ReadImageFolderDataset(
   // pixel is stored. Files that fail here are reported by DecodeSplit, in
   // file order with those that fail only when decoded.
   std::vector<absl::Status> train_errors, test_errors;
-  const int channels =
-      ProbeHeaders(train, test, options, threads, &train_errors, &test_errors);
+  ASSIGN_OR_RETURN(const ProbedShape shape,
+                   ProbeHeaders(root, train, test, options, threads,
+                                &train_errors, &test_errors));
+  // The decoded set's size, from the headers, before any pixel.
+  const auto readable = [](const std::vector<absl::Status>& errors) {
+    return std::count_if(errors.begin(), errors.end(),
+                         [](const absl::Status& s) { return s.ok(); });
+  };
+  RETURN_IF_ERROR(CheckDecodedBytes(
+      root, readable(train_errors) + readable(test_errors), shape.channels,
+      shape.height, shape.width, options.max_decoded_bytes));
   absl::StatusOr<ImageFolderSplit> train_split =
       DecodeSplit(dataset.layout == "class_folders" ? root : root + "/train",
-                  train, std::move(train_errors), channels, options, threads);
+                  train, std::move(train_errors), shape, options, threads);
   if (!train_split.ok()) return train_split.status();
   dataset.train = *std::move(train_split);
   absl::StatusOr<ImageFolderSplit> test_split = DecodeSplit(
-      test_dir, test, std::move(test_errors), channels, options, threads);
+      test_dir, test, std::move(test_errors), shape, options, threads);
   if (!test_split.ok()) return test_split.status();
   dataset.test = *std::move(test_split);
   return dataset;

@@ -1,5 +1,6 @@
 // Image-folder datasets for the workers: JPEG and PNG files in class folders,
-// decoded with libjpeg-turbo and libpng and resized to one square size.
+// decoded with libjpeg-turbo and libpng and resized to one square size (or
+// kept at the size they all share).
 //
 // Layouts (ReadImageFolderDataset picks one by what `root` holds):
 //  - tiny-ImageNet: root/wnids.txt (one class id a line),
@@ -68,7 +69,11 @@ enum class BadImages {
 };
 
 struct ImageFolderOptions {
-  // Images are resized to image_size x image_size pixels (1 to 4096).
+  // Images are resized to image_size x image_size pixels (1 to 4096); 0:
+  // kept at their own size, which every image of the dataset (both splits)
+  // must share (INVALID_ARGUMENT naming two sizes and a file of each
+  // otherwise), as torchvision's ImageFolder without a Resize. Decided from
+  // the files' headers, before any pixel is decoded.
   int image_size = 64;
   // 1 (grayscale) or 3 (RGB); 0: 1 if every image of the dataset (both
   // splits) is grayscale, else 3. Decided from the files' headers first.
@@ -76,7 +81,27 @@ struct ImageFolderOptions {
   BadImages bad_images = BadImages::kFail;
   // Decoding threads; 0: the machine's cores, at most 8.
   int num_threads = 0;
+  // ReadImageFolderDataset: the most bytes the decoded images (both splits,
+  // as floats) may take; 0: no limit. Checked against DecodedImageBytes of
+  // the headers' counts and sizes before any pixel is decoded:
+  // RESOURCE_EXHAUSTED ("ROOT: decoding 70000 images of 1x224x224 floats
+  // needs 14.05 GB, over the limit of 11.20 GB") when over.
+  int64_t max_decoded_bytes = 0;
 };
+
+// Bytes of `count` decoded images of channels x height x width floats: what
+// ReadImageFolderDataset holds for them (its other memory, a decode buffer
+// per thread, does not grow with the dataset).
+int64_t DecodedImageBytes(int64_t count, int channels, int height, int width);
+
+// RESOURCE_EXHAUSTED as ImageFolderOptions::max_decoded_bytes describes when
+// DecodedImageBytes(count, ...) is over `max_bytes` (> 0); OK otherwise.
+absl::Status CheckDecodedBytes(const std::string& root, int64_t count,
+                               int channels, int height, int width,
+                               int64_t max_bytes);
+
+// "14.05 GB" (decimal units: kB, MB, GB, TB; bytes below 1 kB).
+std::string FormatBytes(int64_t bytes);
 
 // One decoded image: height x width pixels of `channels` (1: gray, 3: RGB)
 // interleaved 8-bit values, row by row (HWC).
@@ -152,8 +177,9 @@ absl::StatusOr<DecodedImage> DecodeImageWindow(const uint8_t* data, size_t size,
 // converting channels and resizing as the file comment says.
 void ImageToChw(const DecodedImage& image, int channels, int size, float* out);
 
-// One split: `count` images [count, C, H, W] (chw = {C, H, W}, H = W =
-// image_size) with values in [0, 1], and their labels.
+// One split: `count` images [count, C, H, W] (chw = {C, H, W}; H = W =
+// image_size, or the images' own height and width with image_size 0) with
+// values in [0, 1], and their labels.
 struct ImageFolderSplit {
   int64_t chw[3] = {0, 0, 0};
   int64_t count = 0;
@@ -190,6 +216,10 @@ struct ImageFolderListing {
   std::string layout;                    // as ImageFolderDataset's
   std::vector<std::string> class_names;  // label i is class_names[i]; sorted
   int channels = 0;  // options.channels, or decided from the headers
+  // The size the images are decoded to: options.image_size square, or with
+  // image_size 0 the size every image has (from the headers).
+  int height = 0;
+  int width = 0;
   // In the order ReadImageFolderDataset decodes them; test empty without a
   // test split.
   ImageFiles train;
@@ -205,7 +235,9 @@ struct ImageFolderListing {
 // files whose header cannot be read are the error (kFail, the first in
 // order) or left out and counted (kSkip). A file whose header reads but
 // whose pixels do not is found only when decoded. options.image_size is
-// checked but not used. Errors: those of ReadImageFolderDataset.
+// checked, and with 0 the images' one size is found (or the mixed-size
+// error returned); options.max_decoded_bytes is not used. Errors: those of
+// ReadImageFolderDataset.
 absl::StatusOr<ImageFolderListing> ListImageFolder(
     const std::string& root, const ImageFolderOptions& options = {});
 

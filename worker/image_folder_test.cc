@@ -509,7 +509,7 @@ TEST(ImageFolderTest, MissingEmptyAndUnknownFoldersAreOneLineErrors) {
       << d.status();
 
   ImageFolderOptions bad;
-  bad.image_size = 0;
+  bad.image_size = -1;
   EXPECT_EQ(ReadImageFolderDataset(split, bad).status().code(),
             absl::StatusCode::kInvalidArgument);
 
@@ -714,6 +714,148 @@ TEST(DecodeWindowTest, DamageOutsideTheWindowIsStillFound) {
                                           "end"),
             std::string::npos)
       << image.status();
+}
+
+// image_size 0: every image keeps the size they all share, not square
+// here, its pixels copied exactly (no resize).
+TEST(ImageFolderTest, KeepsTheSizeEveryImageShares) {
+  const std::string root = FreshDir("own_size");
+  WritePng(root + "/a/1.png", 6, 4, 1, Pattern(6, 4, 1, 1));
+  WritePng(root + "/b/1.png", 6, 4, 1, Pattern(6, 4, 1, 2));
+  ImageFolderOptions options;
+  options.image_size = 0;
+  absl::StatusOr<ImageFolderDataset> d = ReadImageFolderDataset(root, options);
+  ASSERT_TRUE(d.ok()) << d.status();
+  ASSERT_EQ(d->train.count, 2);
+  EXPECT_EQ(d->train.chw[0], 1);
+  EXPECT_EQ(d->train.chw[1], 6);
+  EXPECT_EQ(d->train.chw[2], 4);
+  const std::vector<uint8_t> second = Pattern(6, 4, 1, 2);
+  for (int y = 0; y < 6; ++y) {
+    for (int x = 0; x < 4; ++x) {
+      EXPECT_EQ(d->train.images[24 + y * 4 + x], At(second, 4, 1, y, x, 0));
+    }
+  }
+  absl::StatusOr<ImageFolderListing> listing = ListImageFolder(root, options);
+  ASSERT_TRUE(listing.ok()) << listing.status();
+  EXPECT_EQ(listing->height, 6);
+  EXPECT_EQ(listing->width, 4);
+}
+
+// image_size 0 with two sizes: one line naming both and a file of each.
+TEST(ImageFolderTest, MixedSizesWithoutImageSizeAreOneLineError) {
+  const std::string root = FreshDir("mixed_size");
+  WritePng(root + "/a/1.png", 4, 4, 1, Pattern(4, 4, 1, 1));
+  WriteJpeg(root + "/a/2.jpg", 4, 4, 1, Pattern(4, 4, 1, 2));
+  WriteJpeg(root + "/b/1.jpg", 5, 7, 3, Pattern(5, 7, 3, 3));
+  ImageFolderOptions options;
+  options.image_size = 0;
+  for (const absl::Status& status :
+       {ReadImageFolderDataset(root, options).status(),
+        ListImageFolder(root, options).status()}) {
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ(status.message(),
+              absl::StrCat(root, ": images differ in size: 4x4 (", root,
+                           "/a/1.png) and 7x5 (", root,
+                           "/b/1.jpg); set --image_size to resize them all "
+                           "to one size"));
+  }
+  options.image_size = 4;  // a size given: they are resized
+  EXPECT_TRUE(ReadImageFolderDataset(root, options).ok());
+}
+
+TEST(ImageFolderTest, DecodedBytesAreFloatsOfEveryImage) {
+  // Fashion-MNIST's 70,000 images at 224x224, as the OOM.
+  EXPECT_EQ(DecodedImageBytes(70000, 1, 224, 224),
+            int64_t{70000} * 224 * 224 * 4);
+  EXPECT_EQ(DecodedImageBytes(70000, 1, 28, 28), 219520000);
+  EXPECT_EQ(FormatBytes(DecodedImageBytes(70000, 1, 224, 224)), "14.05 GB");
+  EXPECT_EQ(FormatBytes(999), "999 B");
+  EXPECT_EQ(FormatBytes(1500), "1.50 kB");
+  EXPECT_TRUE(CheckDecodedBytes("d", 10, 1, 2, 2, 160).ok());
+  EXPECT_TRUE(CheckDecodedBytes("d", 10, 1, 2, 2, 0).ok());  // no limit
+  const absl::Status over = CheckDecodedBytes("d", 10, 1, 2, 2, 159);
+  EXPECT_EQ(over.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(over.message(),
+            "d: decoding 10 images of 1x2x2 floats needs 160 B, over the "
+            "limit of 159 B");
+}
+
+// The limit is checked from the headers before any pixel is decoded: a
+// file whose pixels are damaged (its header whole) would fail the decode.
+TEST(ImageFolderTest, MemoryLimitStopsBeforeDecoding) {
+  const std::string root = FreshDir("memory_limit");
+  WriteJpeg(root + "/a/1.jpg", 16, 16, 1, Pattern(16, 16, 1, 1));
+  Truncate(root + "/a/1.jpg", root + "/b/1.jpg",
+           ReadAll(root + "/a/1.jpg").size() - 40);
+  ImageFolderOptions options;
+  options.image_size = 0;
+  EXPECT_EQ(ReadImageFolderDataset(root, options).status().code(),
+            absl::StatusCode::kDataLoss);
+  options.max_decoded_bytes = 2 * 16 * 16 * 4 - 1;
+  absl::StatusOr<ImageFolderDataset> d = ReadImageFolderDataset(root, options);
+  EXPECT_EQ(d.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(d.status().message().find("2 images of 1x16x16 floats needs "
+                                      "2.05 kB, over the limit of 2.05 kB"),
+            std::string::npos)
+      << d.status();
+}
+
+// LoadDataset: headers only gives the shapes without pixels and still
+// refuses a set over the limit, with the way out on the line.
+TEST(ImageFolderTest, DatasetMemoryLimitNamesTheWayOut) {
+  const std::string root = FreshDir("dataset_limit");
+  for (int i = 0; i < 3; ++i) {
+    WritePng(absl::StrCat(root, "/c", i % 2, "/", i, ".png"), 8, 8, 1,
+             Pattern(8, 8, 1, i));
+  }
+  DatasetOptions options;  // image_size 0: the images' 8x8
+  options.headers_only = true;
+  absl::StatusOr<Dataset> listed = LoadDataset("image_folder", root, options);
+  ASSERT_TRUE(listed.ok()) << listed.status();
+  EXPECT_EQ(listed->train.count, 3);
+  EXPECT_EQ(listed->train.chw, (Shape{1, 8, 8}));
+  EXPECT_TRUE(listed->train.images.empty());
+  EXPECT_TRUE(listed->channel_mean.empty());
+  EXPECT_EQ(listed->num_classes, 2);
+
+  for (bool headers_only : {true, false}) {
+    options.headers_only = headers_only;
+    options.max_dataset_memory_bytes = 3 * 8 * 8 * 4 - 1;
+    absl::StatusOr<Dataset> over = LoadDataset("image_folder", root, options);
+    EXPECT_EQ(over.status().code(), absl::StatusCode::kResourceExhausted);
+    EXPECT_EQ(over.status().message(),
+              absl::StrCat(root,
+                           ": decoding 3 images of 1x8x8 floats needs 768 B, "
+                           "over the limit of 767 B per worker "
+                           "(--max_dataset_memory); "
+                           "pass --stream_images to decode batches while "
+                           "training, or a smaller --image_size"));
+    options.max_dataset_memory_bytes = 3 * 8 * 8 * 4;
+    EXPECT_TRUE(LoadDataset("image_folder", root, options).ok());
+  }
+  // Streaming decodes nothing up front: no limit applies.
+  options.stream_images = true;
+  options.max_dataset_memory_bytes = 1;
+  EXPECT_TRUE(LoadDataset("image_folder", root, options).ok());
+}
+
+TEST(ImageFolderTest, MemAvailableIsHalvedForTheDefaultLimit) {
+  absl::StatusOr<int64_t> bytes = ParseMemAvailable(
+      "MemTotal:       24576000 kB\nMemFree:  100 kB\n"
+      "MemAvailable:   20000000 kB\nBuffers: 1 kB\n");
+  ASSERT_TRUE(bytes.ok()) << bytes.status();
+  EXPECT_EQ(*bytes, int64_t{20000000} * 1024);
+  EXPECT_EQ(ParseMemAvailable("MemTotal: 1 kB\n").status().code(),
+            absl::StatusCode::kNotFound);
+  EXPECT_EQ(ParseMemAvailable("MemAvailable: lots\n").status().code(),
+            absl::StatusCode::kDataLoss);
+  DatasetOptions options;
+  absl::StatusOr<int64_t> limit = DatasetMemoryLimit(options);
+  ASSERT_TRUE(limit.ok()) << limit.status();
+  EXPECT_GT(*limit, 0);
+  options.max_dataset_memory_bytes = 12345;
+  EXPECT_EQ(*DatasetMemoryLimit(options), 12345);
 }
 
 }  // namespace

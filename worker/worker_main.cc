@@ -147,6 +147,7 @@ int main(int argc, char** argv) {
   pstrain::DatasetOptions data_options;
   data_options.image_size = spec->image_size();
   data_options.stream_images = spec->stream_images();
+  data_options.max_dataset_memory_bytes = spec->max_dataset_memory_bytes();
   data_options.num_classes = spec->num_classes();
   data_options.train_samples = spec->synthetic_samples();
   // Synthetic compute has no dataset.
