@@ -448,15 +448,9 @@ absl::Status ValidateJobSpec(const JobSpec& spec) {
                             "; expected 0 (a staleness bound is for mode "
                             "sync; async has none)"));
   }
-  if (spec.staleness() > 0 &&
-      (spec.checkpoint_every_steps() > 0 || spec.checkpoint_every_secs() > 0 ||
-       spec.max_restarts() > 0 || spec.resume())) {
-    return Bad("staleness",
-               absl::StrCat(spec.staleness(),
-                            " with checkpoints, resume or max_restarts; "
-                            "expected 0 (a checkpoint needs every chunk at "
-                            "one version, which staleness does not give)"));
-  }
+  // Staleness composes with checkpoints, resume and restarts: worker 0
+  // names step S before it pushes step S, and each shard copies every chunk
+  // when it reaches version S (ParameterShard::BeginDeferredSnapshot).
   // The optimizer runs in fp32: each value is checked as the update will
   // see it.
   const OptimizerSpec& o = spec.optimizer();

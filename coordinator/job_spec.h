@@ -49,8 +49,6 @@
 //   clip_grad_norm           0 to 1e6; 0 in async, with     0 (none)
 //                            staleness or backup workers
 //   staleness                0 to 1000; 0 unless mode sync  0 (sync)
-//                            and without checkpoints,
-//                            resume or max_restarts
 //   backup_workers           0 to num_workers-1; 0 unless   0 (none)
 //                            mode sync, and without
 //                            staleness, checkpoints,

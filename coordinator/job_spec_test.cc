@@ -3,6 +3,7 @@
 #include <string>
 #include <utility>
 
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 
 namespace pstrain {
@@ -331,6 +332,22 @@ TEST(JobSpecTest, RangesAcceptTheirBoundsAndRefuseOneBeyond) {
 
 // In a spec, 0 means "unset": the documented default, which is in range.
 // Built by hand (as `pstrain run` does) and not defaulted, 0 is checked as 0.
+TEST(JobSpecTest, StalenessComposesWithCheckpointsResumeAndRestarts) {
+  // Issue 36: the shards take a deferred cut at the step worker 0 names.
+  for (const char* extra :
+       {"checkpoint_every_steps: 50", "checkpoint_every_secs: 60",
+        "checkpoint_every_steps: 50 resume: true",
+        "checkpoint_every_steps: 50 max_restarts: 3"}) {
+    absl::StatusOr<JobSpec> spec = ParseJobSpec(
+        absl::StrCat("num_ps: 2 num_workers: 2 batch_size: 8 epochs: 1 "
+                     "mode: \"sync\" staleness: 2 "
+                     "checkpoint_dir: \"/tmp/ck\" ",
+                     extra),
+        "job.pbtxt");
+    EXPECT_TRUE(spec.ok()) << extra << ": " << spec.status();
+  }
+}
+
 TEST(JobSpecTest, ZeroIsTheDefaultInASpecButAnErrorWhenSetExplicitly) {
   absl::StatusOr<JobSpec> spec = ParseJobSpec(
       "num_ps: 1 num_workers: 1 batch_size: 8 epochs: 1 partition_bytes: 0 "

@@ -1,0 +1,286 @@
+// Bounded staleness composes with checkpoints, resume and restarts (issue
+// 36): `pstrain run --staleness=2` with 2 shards, 2 workers and a
+// checkpoint every 50 steps, LeNet-5 on Fashion-MNIST (600 steps). The
+// shards take each checkpoint as a deferred cut at the step worker 0 names
+// (ParameterShard::BeginDeferredSnapshot). A job stopped after a checkpoint
+// resumes from its data position; a shard or a worker killed with SIGKILL
+// at a random moment after the first checkpoint sends every worker back to
+// the newest checkpoint's step. Each run exits 0 within a point of the
+// undisturbed run's test accuracy (staleness is not deterministic: a
+// worker's gradient depends on which version it pulled).
+#include <signal.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <functional>
+#include <random>
+#include <regex>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "gtest/gtest.h"
+#include "tests/cli_test_util.h"
+
+namespace {
+
+using pstrain::testing::CommandResult;
+using pstrain::testing::HaveFashionMnist;
+using pstrain::testing::Process;
+using pstrain::testing::ReadTextFile;
+using pstrain::testing::RunCommand;
+using pstrain::testing::TempDir;
+
+constexpr int kTotalSteps = 600;
+
+std::vector<std::string> RunArgv(const std::string& dir,
+                                 const std::string& extra = "") {
+  std::vector<std::string> argv = {"tools/pstrain",
+                                   "run",
+                                   "--model=lenet5",
+                                   "--num_ps=2",
+                                   "--num_workers=2",
+                                   "--mode=sync",
+                                   "--staleness=2",
+                                   "--epochs=2",
+                                   "--max_steps_per_epoch=300",
+                                   "--log_every_steps=50",
+                                   "--checkpoint_every_steps=50",
+                                   "--checkpoint_dir=" + dir,
+                                   "--heartbeat_timeout_s=30"};
+  if (!extra.empty()) argv.push_back(extra);
+  return argv;
+}
+
+std::string Joined(const std::vector<std::string>& argv) {
+  std::string command;
+  for (const std::string& a : argv) command += a + " ";
+  return command;
+}
+
+// Polls `done` every 10 ms for at most `timeout`.
+bool WaitFor(const std::function<bool()>& done, absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  while (absl::Now() < deadline) {
+    if (done()) return true;
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  return done();
+}
+
+// The pids of `parent`'s children whose command line matches `pattern`.
+std::vector<int> ChildPids(pid_t parent, const std::string& pattern) {
+  const auto r =
+      RunCommand(absl::StrCat("pgrep -P ", parent, " -f '", pattern, "'"));
+  std::vector<int> pids;
+  for (absl::string_view line : absl::StrSplit(r.output, '\n')) {
+    if (!line.empty()) pids.push_back(std::atoi(std::string(line).c_str()));
+  }
+  return pids;
+}
+
+// Kills (SIGKILL) `parent`'s first child matching `pattern`; false if none.
+bool KillChild(pid_t parent, const std::string& pattern) {
+  const std::vector<int> pids = ChildPids(parent, pattern);
+  return !pids.empty() && pids[0] > 0 && kill(pids[0], SIGKILL) == 0;
+}
+
+std::string Latest(const std::string& dir) {
+  std::error_code error;
+  if (!std::filesystem::exists(dir + "/latest", error)) return "";
+  return ReadTextFile(dir + "/latest");
+}
+
+// The final row of a run's table: steps and test accuracy ({-1, -1} if
+// none).
+struct TableRow {
+  int steps = -1;
+  double accuracy = -1;
+};
+TableRow FinalRow(const std::string& output) {
+  std::smatch m;
+  if (!std::regex_search(output, m,
+                         std::regex(R"(\| ([0-9]+) \| [0-9.]+ s \| [0-9.]+ \| )"
+                                    R"((0\.[0-9]{4}) \|)"))) {
+    return {};
+  }
+  return {std::stoi(m[1].str()), std::stod(m[2].str())};
+}
+
+// The run nobody disturbed, once for every test.
+const TableRow& Clean() {
+  static const TableRow* clean = [] {
+    const auto run = RunCommand(Joined(RunArgv(TempDir() + "/clean")));
+    EXPECT_EQ(run.exit_code, 0) << run.output;
+    return new TableRow(FinalRow(run.output));
+  }();
+  return *clean;
+}
+
+// Every Step line's rate is positive.
+void ExpectPositiveRates(const std::string& output) {
+  const std::regex rate(R"(Step[0-9]+: (-?[0-9.]+) data/sec)");
+  int lines = 0;
+  for (std::sregex_iterator it(output.begin(), output.end(), rate), end;
+       it != end; ++it) {
+    EXPECT_GT(std::stod((*it)[1].str()), 0) << (*it)[0].str();
+    ++lines;
+  }
+  EXPECT_GT(lines, 0) << output;
+}
+
+// Starts the job in TempDir()/`name`, waits for its first checkpoint and a
+// random moment 0 to 1.5 s after it (printed, to reproduce a failure), and
+// kills the child matching `pattern`; the job's exit code and output.
+CommandResult KillAfterFirstCheckpoint(const std::string& name,
+                                       const std::string& pattern) {
+  const unsigned seed = std::random_device()();
+  const int delay_ms = static_cast<int>(std::mt19937(seed)() % 1500);
+  std::printf("seed %u: killing '%s' %d ms after the first checkpoint\n", seed,
+              pattern.c_str(), delay_ms);
+  const std::string dir = TempDir() + "/" + name;
+  const std::string log = TempDir() + "/" + name + ".log";
+  Process run(RunArgv(dir), log);
+  CommandResult result;
+  if (!WaitFor([&] { return !Latest(dir).empty(); }, absl::Minutes(1))) {
+    result.output = "no checkpoint within a minute\n" + ReadTextFile(log);
+    return result;
+  }
+  absl::SleepFor(absl::Milliseconds(delay_ms));
+  if (!KillChild(run.pid(), pattern)) {
+    result.output = "no process to kill\n" + ReadTextFile(log);
+    return result;
+  }
+  result.exit_code = run.Wait(90);
+  result.output = ReadTextFile(log);
+  return result;
+}
+
+// Every recovery of `output` goes back to a checkpoint step (a multiple of
+// 50) on both workers; how many there were.
+int ExpectRollbacksToCheckpoints(const std::string& output) {
+  const std::regex back(
+      R"(worker ([01]): recovered in [0-9.]+ s; going on from step )"
+      R"(([0-9]+))");
+  int rollbacks = 0;
+  for (std::sregex_iterator it(output.begin(), output.end(), back), end;
+       it != end; ++it) {
+    EXPECT_EQ(std::stoi((*it)[2].str()) % 50, 0) << (*it)[0].str();
+    ++rollbacks;
+  }
+  return rollbacks;
+}
+
+TEST(StalenessRecoveryTest, StoppedJobResumesFromItsCheckpoint) {
+  if (!HaveFashionMnist()) GTEST_SKIP() << "dataset-fashion-mnist missing";
+  const TableRow clean = Clean();
+  ASSERT_EQ(clean.steps, kTotalSteps);
+  ASSERT_GT(clean.accuracy, 0.7);
+
+  // The job is stopped (every process killed) once a checkpoint of the
+  // second epoch is durable...
+  const std::string dir = TempDir() + "/stopped";
+  const std::string log = TempDir() + "/stopped.log";
+  {
+    Process run(RunArgv(dir, "--max_restarts=0"), log);
+    ASSERT_TRUE(WaitFor(
+        [&] {
+          const std::string latest = Latest(dir);
+          return latest.size() > 5 && std::atoi(latest.c_str() + 5) >= 350;
+        },
+        absl::Minutes(1)))
+        << ReadTextFile(log);
+    for (int pid : ChildPids(run.pid(), "pstrain")) kill(pid, SIGKILL);
+    run.Kill(SIGKILL);
+    run.Wait(10);
+  }
+  const std::string latest = Latest(dir);
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(latest, m, std::regex(R"(step-([0-9]+))")))
+      << latest;
+  const int step = std::stoi(m[1].str());
+  ASSERT_EQ(step % 50, 0);
+  ASSERT_LT(step, kTotalSteps);
+
+  // ... and resumed: from the checkpoint's data position (its epoch, not
+  // epoch 0), training only the steps left.
+  const auto resumed = RunCommand(Joined(RunArgv(dir, "--resume")));
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+  EXPECT_NE(resumed.output.find(absl::StrCat("[worker0] Resuming from ", dir,
+                                             "/step-", step, " (step ", step,
+                                             ", epoch ", step / 300, ")")),
+            std::string::npos)
+      << resumed.output;
+  EXPECT_EQ(resumed.output.find("Epoch 0 in"), std::string::npos)
+      << resumed.output;
+  EXPECT_NE(resumed.output.find("Epoch 1 in"), std::string::npos)
+      << resumed.output;
+  // The Step lines go on from the checkpoint's step to the job's last.
+  EXPECT_EQ(resumed.output.find(absl::StrCat("Step", step, ":")),
+            std::string::npos)
+      << resumed.output;
+  EXPECT_NE(resumed.output.find(absl::StrCat("Step", step + 50, ":")),
+            std::string::npos)
+      << resumed.output;
+  EXPECT_NE(
+      resumed.output.find(absl::StrCat("step ", kTotalSteps, "/", kTotalSteps)),
+      std::string::npos)
+      << resumed.output;
+  ExpectPositiveRates(resumed.output);
+  const TableRow row = FinalRow(resumed.output);
+  EXPECT_EQ(row.steps, kTotalSteps) << resumed.output;
+  EXPECT_NEAR(row.accuracy, clean.accuracy, 0.01) << resumed.output;
+}
+
+TEST(StalenessRecoveryTest, KilledShardRollsEveryWorkerBackToACheckpoint) {
+  if (!HaveFashionMnist()) GTEST_SKIP() << "dataset-fashion-mnist missing";
+  const TableRow clean = Clean();
+  ASSERT_GT(clean.accuracy, 0.7);
+  const CommandResult run =
+      KillAfterFirstCheckpoint("shard", "pstrain_ps .*--task_index=1");
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  EXPECT_NE(run.output.find("pstrain: ps 1 died (signal 9); restarting it "
+                            "(restart 1 of 3)"),
+            std::string::npos)
+      << run.output;
+  EXPECT_TRUE(std::regex_search(
+      run.output, std::regex(R"(\[worker0\] Restored the shards to )"
+                             R"(.*/step-[0-9]+0 )")))
+      << run.output;
+  EXPECT_GE(ExpectRollbacksToCheckpoints(run.output), 2) << run.output;
+  ExpectPositiveRates(run.output);
+  const TableRow row = FinalRow(run.output);
+  EXPECT_EQ(row.steps, kTotalSteps) << run.output;
+  EXPECT_NEAR(row.accuracy, clean.accuracy, 0.01) << run.output;
+}
+
+TEST(StalenessRecoveryTest, KilledWorkerRollsEveryWorkerBackToACheckpoint) {
+  if (!HaveFashionMnist()) GTEST_SKIP() << "dataset-fashion-mnist missing";
+  const TableRow clean = Clean();
+  ASSERT_GT(clean.accuracy, 0.7);
+  const CommandResult run =
+      KillAfterFirstCheckpoint("worker", "pstrain_worker .*--task_index=1");
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  EXPECT_NE(run.output.find("pstrain: worker 1 died (signal 9); restarting "
+                            "it (restart 1 of 3)"),
+            std::string::npos)
+      << run.output;
+  // With staleness the shards are never reopened in place (their chunks
+  // may be at different versions): they restore the newest checkpoint.
+  EXPECT_EQ(run.output.find("Reopened the shards"), std::string::npos)
+      << run.output;
+  EXPECT_TRUE(std::regex_search(
+      run.output, std::regex(R"(\[worker0\] Restored the shards to )"
+                             R"(.*/step-[0-9]+0 \(with bounded staleness)")))
+      << run.output;
+  ExpectRollbacksToCheckpoints(run.output);
+  ExpectPositiveRates(run.output);
+  const TableRow row = FinalRow(run.output);
+  EXPECT_EQ(row.steps, kTotalSteps) << run.output;
+  EXPECT_NEAR(row.accuracy, clean.accuracy, 0.01) << run.output;
+}
+
+}  // namespace
