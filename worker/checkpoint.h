@@ -27,7 +27,8 @@
 //
 // Writing (CheckpointWriter): at step S, worker 0 (after its pull of version
 // S, before its next push) asks every shard to copy its state in memory
-// (the consistent cut, see ParameterShard::Snapshot) and copies the pulled
+// (the consistent cut, see ParameterShard::Snapshot; with staleness a
+// deferred one, BeginDeferredSnapshot) and copies the pulled
 // weights; then training goes on while a background thread waits for the
 // shards' files to be durable, writes the model file and the manifest
 // (each fsynced, renamed, folder fsynced), moves DIR/latest, and removes
