@@ -10,7 +10,9 @@
 #include "absl/flags/flag.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/flags_util.h"
+#include "common/status_macros.h"
 #include "common/tls_flags.h"
 
 ABSL_FLAG(std::string, coordinator, "",
@@ -21,7 +23,8 @@ ABSL_FLAG(std::string, role, "",
           "ps or worker; optional, must match the binary.");
 ABSL_FLAG(int, task_index, -1,
           "This task's index among the job's tasks of its role; unset: "
-          "SLURM_PROCID, OMPI_COMM_WORLD_RANK or PMI_RANK.");
+          "SLURM_PROCID, OMPI_COMM_WORLD_RANK, PMI_RANK or "
+          "JOB_COMPLETION_INDEX (a Kubernetes Indexed Job).");
 ABSL_FLAG(std::string, bind, "",
           "Address to listen on (PS); unset: the advertised host's address, "
           "so that only the interface other tasks reach listens (0.0.0.0: "
@@ -46,6 +49,25 @@ ABSL_FLAG(int, threads, 0,
 
 namespace pstrain {
 
+absl::StatusOr<int> ResolveTaskIndex(
+    int flag, const std::function<const char*(const char*)>& getenv) {
+  if (flag >= 0) return flag;
+  for (const char* variable : kTaskIndexVariables) {
+    const char* value = getenv(variable);
+    if (value == nullptr) continue;
+    int index = -1;
+    if (!absl::SimpleAtoi(value, &index) || index < 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          variable, "=", value, ": expected a non-negative task index"));
+    }
+    return index;
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("--task_index is not set and none of ",
+                   absl::StrJoin(kTaskIndexVariables, ", "),
+                   " is in the environment; expected the task's index"));
+}
+
 absl::StatusOr<TaskAgentOptions> TaskAgentOptionsFromFlags(TaskRole role) {
   TaskAgentOptions options;
   options.role = role;
@@ -66,25 +88,10 @@ absl::StatusOr<TaskAgentOptions> TaskAgentOptionsFromFlags(TaskRole role) {
         absl::StrCat("--role=", flag_role, ": this binary runs ", role_name,
                      " tasks; expected ", role_name));
   }
-  options.index = absl::GetFlag(FLAGS_task_index);
-  if (options.index < 0) {
-    for (const char* variable :
-         {"SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK"}) {
-      const char* value = std::getenv(variable);
-      if (value == nullptr) continue;
-      if (!absl::SimpleAtoi(value, &options.index) || options.index < 0) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            variable, "=", value, ": expected a non-negative task index"));
-      }
-      break;
-    }
-  }
-  if (options.index < 0) {
-    return absl::InvalidArgumentError(
-        "--task_index is not set and none of SLURM_PROCID, "
-        "OMPI_COMM_WORLD_RANK, PMI_RANK is in the environment; expected "
-        "the task's index");
-  }
+  ASSIGN_OR_RETURN(
+      options.index,
+      ResolveTaskIndex(absl::GetFlag(FLAGS_task_index),
+                       [](const char* v) { return std::getenv(v); }));
   absl::StatusOr<TlsOptions> tls =
       TlsOptionsFromFlags(role_name, "", /*warn=*/false);
   if (!tls.ok()) return tls.status();

@@ -4,7 +4,8 @@
 //   --job=ID                 the job, as `pstrain submit` printed it (required)
 //   --role=ps|worker         optional; must name this binary's role
 //   --task_index=N           this task's index; unset: SLURM_PROCID, then
-//                            OMPI_COMM_WORLD_RANK, then PMI_RANK
+//                            OMPI_COMM_WORLD_RANK, then PMI_RANK, then
+//                            JOB_COMPLETION_INDEX (Kubernetes)
 //   --bind=ADDR              the address to listen on (PS; default: the
 //                            advertised host's, not every interface)
 //   --port=N                 the port to listen on; unset: the job spec's
@@ -41,6 +42,19 @@ namespace pstrain {
 
 // --threads: 0 (automatic) or 1 to this.
 inline constexpr int kMaxTaskThreads = 1024;
+
+// The launchers' variables that carry a task's index, in the order they are
+// tried: Slurm (srun), Open MPI (mpirun), PMI (MPICH, Hydra), a Kubernetes
+// Indexed Job (the pod's completion index).
+inline constexpr const char* kTaskIndexVariables[] = {
+    "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "JOB_COMPLETION_INDEX"};
+
+// The task's index: `flag` (--task_index) when >= 0, else the first of
+// kTaskIndexVariables that `getenv` finds. INVALID_ARGUMENT naming the
+// variable and its value when that is not a non-negative integer, or naming
+// them all when none is set.
+absl::StatusOr<int> ResolveTaskIndex(
+    int flag, const std::function<const char*(const char*)>& getenv);
 
 // The task's identity and timeouts from the flags. INVALID_ARGUMENT naming
 // the flag: --coordinator or --job empty, --role not `role`, no index

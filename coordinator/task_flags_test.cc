@@ -1,4 +1,5 @@
-// Where a task's thread count comes from (ResolveTaskThreads).
+// Where a task's index (ResolveTaskIndex) and thread count
+// (ResolveTaskThreads) come from.
 #include "coordinator/task_flags.h"
 
 #include <map>
@@ -16,6 +17,33 @@ std::function<const char*(const char*)> Env(
     auto it = values.find(name);
     return it == values.end() ? nullptr : it->second.c_str();
   };
+}
+
+TEST(TaskIndexTest, FlagFirstThenTheLaunchersVariablesInOrder) {
+  EXPECT_EQ(*ResolveTaskIndex(3, Env({{"SLURM_PROCID", "1"}})), 3);
+  EXPECT_EQ(*ResolveTaskIndex(-1, Env({{"SLURM_PROCID", "1"},
+                                       {"JOB_COMPLETION_INDEX", "2"}})),
+            1);
+  EXPECT_EQ(*ResolveTaskIndex(-1, Env({{"OMPI_COMM_WORLD_RANK", "4"}})), 4);
+  EXPECT_EQ(*ResolveTaskIndex(-1, Env({{"PMI_RANK", "5"}})), 5);
+}
+
+TEST(TaskIndexTest, KubernetesIndexedJobsCompletionIndex) {
+  EXPECT_EQ(*ResolveTaskIndex(-1, Env({{"JOB_COMPLETION_INDEX", "0"}})), 0);
+  EXPECT_EQ(*ResolveTaskIndex(-1, Env({{"JOB_COMPLETION_INDEX", "7"}})), 7);
+}
+
+TEST(TaskIndexTest, BadOrMissingIndexIsNamed) {
+  absl::StatusOr<int> bad =
+      ResolveTaskIndex(-1, Env({{"JOB_COMPLETION_INDEX", "x"}}));
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.status().message().find("JOB_COMPLETION_INDEX=x"),
+            std::string::npos);
+  absl::StatusOr<int> none = ResolveTaskIndex(-1, Env({}));
+  ASSERT_FALSE(none.ok());
+  EXPECT_NE(none.status().message().find("JOB_COMPLETION_INDEX"),
+            std::string::npos);
 }
 
 TEST(TaskThreadsTest, FlagFirst) {
