@@ -17,6 +17,13 @@ if ! bash scripts/check_deps.sh; then
   failed=$((failed + 1))
   status=1
 fi
+# Every relative link (and #anchor) of README.md, BENCHMARKS.md and
+# docs/*.md points at something that exists: one more test.
+total=$((total + 1))
+if ! bash scripts/check_links.sh; then
+  failed=$((failed + 1))
+  status=1
+fi
 # The GPU bundle (a --config=cuda build laid out for a GPU host) and its
 # dry run: one more test, which says SKIP where there is no CUDA toolkit.
 bundle_ok=1
