@@ -18,6 +18,9 @@ packages=(
   # tests/launcher_test.sh: a real Slurm (its own slurmctld and slurmd on
   # 127.0.0.1) and Open MPI's mpirun run README's cluster quick starts.
   munge slurmctld slurmd slurm-client openmpi-bin
+  # tests/kubernetes_test.sh: parses the manifests and checks them against
+  # the Kubernetes API's schema (python3-kubernetes' models), offline.
+  python3-yaml python3-kubernetes
 )
 install_only=0
 for arg in "$@"; do

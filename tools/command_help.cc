@@ -348,13 +348,14 @@ const std::vector<CommandInfo>& Commands() {
        Join({ClientFlags(/*retries=*/true),
              {{"wait_poll_ms", "Milliseconds between polls."}}})},
       {"launch-lines",
-       "pstrain launch-lines JOB.pbtxt --launcher=slurm|mpirun|ssh "
+       "pstrain launch-lines JOB.pbtxt --launcher=slurm|mpirun|ssh|kubernetes "
        "[--coordinator=HOST:PORT] [--job=ID] [--bin_dir=DIR] [--sbatch]",
        "Prints a script that starts the job's tasks with a cluster launcher "
-       "and waits for them. A flag the script would ignore (--nodes or "
+       "and waits for them, or (kubernetes) manifests for kubectl apply. A "
+       "flag the script would ignore (--nodes or "
        "--gpus_per_node without --agent, --cpus_per_task without slurm, "
        "...) is an error.",
-       {{"launcher", "slurm, mpirun or ssh."},
+       {{"launcher", "slurm, mpirun, ssh or kubernetes."},
         {"coordinator",
          "host:port of the coordinator, as the tasks reach "
          "it."},
@@ -371,7 +372,20 @@ const std::vector<CommandInfo>& Commands() {
          "job's tasks, for `sbatch --wait`."},
         {"cpus_per_task",
          "--launcher=slurm: CPUs of each task (srun "
-         "--cpus-per-task)."},
+         "--cpus-per-task); kubernetes: each pod's CPU request."},
+        {"image",
+         "--launcher=kubernetes: the container image holding the "
+         "binaries in --bin_dir (default /opt/pstrain/bin)."},
+        {"k8s_objects",
+         "--launcher=kubernetes: coordinator (Deployment and Service) "
+         "or tasks (default; per role a headless Service and an Indexed "
+         "Job, needs --job=ID)."},
+        {"memory_per_task",
+         "--launcher=kubernetes: each task's memory request and limit "
+         "(4Gi)."},
+        {"gpus_per_worker",
+         "--launcher=kubernetes: each worker pod's nvidia.com/gpu "
+         "limit."},
         {"agent",
          "Start one `pstrain node` agent per node, which starts "
          "that node's tasks."},

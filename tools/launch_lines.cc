@@ -22,7 +22,8 @@
 
 ABSL_DECLARE_FLAG(std::string, coordinator);  // tools/job_commands.cc
 
-ABSL_FLAG(std::string, launcher, "", "launch-lines: slurm, mpirun or ssh.");
+ABSL_FLAG(std::string, launcher, "",
+          "launch-lines: slurm, mpirun, ssh or kubernetes.");
 ABSL_FLAG(std::string, job, "$JOB",
           "launch-lines: the job id the script passes to the tasks (default: "
           "the script's environment variable JOB, e.g. "
@@ -46,6 +47,19 @@ ABSL_FLAG(int, nodes, 1,
 ABSL_FLAG(int, gpus_per_node, 0,
           "GPUs per node: launch-lines --agent passes it to the agents, "
           "which give worker k of a node GPU k % this.");
+ABSL_FLAG(std::string, image, "",
+          "launch-lines --launcher=kubernetes: the container image holding "
+          "the binaries in --bin_dir (default /opt/pstrain/bin).");
+ABSL_FLAG(std::string, k8s_objects, "tasks",
+          "launch-lines --launcher=kubernetes: coordinator (its Deployment "
+          "and Service) or tasks (per role a headless Service and an Indexed "
+          "Job; needs --job=ID).");
+ABSL_FLAG(std::string, memory_per_task, "",
+          "launch-lines --launcher=kubernetes: each task's memory request and "
+          "limit, a Kubernetes quantity (4Gi); unset: none.");
+ABSL_FLAG(int, gpus_per_worker, 0,
+          "launch-lines --launcher=kubernetes: each worker pod's "
+          "nvidia.com/gpu limit.");
 ABSL_FLAG(std::string, prefix, "",
           "install: copy the binaries to PREFIX/bin (created if missing).");
 
@@ -95,12 +109,26 @@ absl::Status CheckIgnoredLaunchFlags(const JobSpec& spec,
       }
     }
   }
+  if (options.launcher != "kubernetes") {
+    for (const char* flag :
+         {"image", "k8s_objects", "memory_per_task", "gpus_per_worker"}) {
+      if (FlagSpecified(flag)) {
+        return ignored(flag, "it is for --launcher=kubernetes");
+      }
+    }
+  } else if (options.agent) {
+    return absl::InvalidArgumentError(
+        "--agent with --launcher=kubernetes: each pod runs one task; expected "
+        "no --agent");
+  }
   if (FlagSpecified("cpus_per_task") &&
-      (options.launcher != "slurm" || options.agent)) {
+      ((options.launcher != "slurm" && options.launcher != "kubernetes") ||
+       options.agent)) {
     return ignored("cpus_per_task",
                    options.agent
                        ? "with --agent, each pstrain node divides its cores"
-                       : absl::StrCat("it is for --launcher=slurm, not ",
+                       : absl::StrCat("it is for --launcher=slurm or "
+                                      "kubernetes, not ",
                                       options.launcher));
   }
   return absl::OkStatus();
@@ -232,8 +260,9 @@ absl::StatusOr<std::string> LaunchScript(const JobSpec& spec,
                                          const LaunchOptions& options) {
   const std::string& launcher = options.launcher;
   if (launcher != "slurm" && launcher != "mpirun" && launcher != "ssh") {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--launcher=", launcher, ": expected slurm, mpirun or ssh"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--launcher=", launcher,
+                     ": expected slurm, mpirun, ssh or kubernetes"));
   }
   const bool have_hosts =
       !spec.ps_hosts().empty() || !spec.worker_hosts().empty();
@@ -552,8 +581,9 @@ int LaunchLinesCommand(const std::vector<std::string>& args,
   if (args.size() != 1) {
     return Fail(2,
                 "usage: pstrain launch-lines JOB.pbtxt "
-                "--launcher=slurm|mpirun|ssh [--coordinator=HOST:PORT] "
-                "[--job=ID] [--bin_dir=DIR] [--sbatch] [--cpus_per_task=N]");
+                "--launcher=slurm|mpirun|ssh|kubernetes "
+                "[--coordinator=HOST:PORT] [--job=ID] [--bin_dir=DIR] "
+                "[--sbatch] [--cpus_per_task=N] [--image=IMAGE]");
   }
   std::string text;
   absl::Status s = ReadFile(args[0], &text);
@@ -572,8 +602,11 @@ int LaunchLinesCommand(const std::vector<std::string>& args,
   if (absl::Status s = CheckIgnoredLaunchFlags(*spec, options); !s.ok()) {
     return Fail(2, std::string(s.message()));
   }
+  const bool kubernetes = options.launcher == "kubernetes";
   std::string bin_dir = absl::GetFlag(FLAGS_bin_dir);
-  if (bin_dir.empty()) bin_dir = InstalledBinDir();
+  // Kubernetes: the binaries' folder in the image.
+  if (bin_dir.empty())
+    bin_dir = kubernetes ? "/opt/pstrain/bin" : InstalledBinDir();
   if (bin_dir.empty() &&
       (ps_binary.empty() || worker_binary.empty() || options.agent)) {
     return Fail(2,
@@ -590,7 +623,19 @@ int LaunchLinesCommand(const std::vector<std::string>& args,
                               ? absl::StrCat(bin_dir, "/pstrain_worker")
                               : worker_binary;
   options.pstrain_binary = absl::StrCat(bin_dir, "/pstrain");
-  absl::StatusOr<std::string> script = LaunchScript(*spec, options);
+  options.coordinator_binary = absl::StrCat(bin_dir, "/pstrain_coordinator");
+  if (kubernetes) {
+    options.image = absl::GetFlag(FLAGS_image);
+    options.k8s_objects = absl::GetFlag(FLAGS_k8s_objects);
+    options.memory_per_task = absl::GetFlag(FLAGS_memory_per_task);
+    options.gpus_per_worker = absl::GetFlag(FLAGS_gpus_per_worker);
+    if (!FlagSpecified("coordinator")) {
+      options.coordinator = "pstrain-coordinator:7070";
+    }
+  }
+  absl::StatusOr<std::string> script = kubernetes
+                                           ? KubernetesManifests(*spec, options)
+                                           : LaunchScript(*spec, options);
   if (!script.ok()) return Fail(2, std::string(script.status().message()));
   std::printf("%s", script->c_str());
   return 0;

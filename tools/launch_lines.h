@@ -11,6 +11,10 @@
 //       [--cpus_per_task=N]
 //       prints a bash script (LaunchScript below) that starts every task of
 //       the job and waits for them.
+//   pstrain launch-lines JOB.pbtxt --launcher=kubernetes --image=IMAGE
+//       [--k8s_objects=coordinator|tasks] [--job=ID] [--cpus_per_task=N]
+//       [--memory_per_task=Q] [--gpus_per_worker=G]
+//       prints Kubernetes manifests (KubernetesManifests below).
 //
 // Exit codes: 0 success; 1 a copy failed; 2 bad input (usage, spec, flags).
 #ifndef PSTRAIN_TOOLS_LAUNCH_LINES_H_
@@ -26,7 +30,7 @@
 namespace pstrain {
 
 struct LaunchOptions {
-  // "slurm", "mpirun" or "ssh".
+  // "slurm", "mpirun", "ssh" or "kubernetes".
   std::string launcher;
   // host:port of the coordinator, as the nodes reach it.
   std::string coordinator;
@@ -52,6 +56,22 @@ struct LaunchOptions {
   int nodes = 1;
   // agent: GPUs per node, passed as --gpus_per_node (0: none).
   int gpus_per_node = 0;
+  // kubernetes (KubernetesManifests): the container image, which holds the
+  // binaries at the paths above; which objects to print ("coordinator" or
+  // "tasks"); the coordinator binary in the image; each task's memory
+  // request and limit (a quantity such as "4Gi"; "": none) and each worker's
+  // nvidia.com/gpu limit (0: none). cpus_per_task is each task's CPU
+  // request and its OMP_NUM_THREADS.
+  std::string image;
+  std::string k8s_objects = "tasks";
+  std::string coordinator_binary;
+  std::string memory_per_task;
+  int gpus_per_worker = 0;
+  // The Secrets holding the tasks' TLS folder (ca.pem and the tasks' .pem
+  // and .key, as `pstrain certs --nodes_out` writes it) and the
+  // coordinator's (ca.pem, coordinator.pem, coordinator.key).
+  std::string tls_secret = "pstrain-tls";
+  std::string coordinator_tls_secret = "pstrain-coordinator-tls";
 };
 
 // A complete bash script (`#!/usr/bin/env bash`, `set -euo pipefail`) that
@@ -90,6 +110,28 @@ struct LaunchOptions {
 // without slurm, or a cpus_per_task < 1.
 absl::StatusOr<std::string> LaunchScript(const JobSpec& spec,
                                          const LaunchOptions& options);
+
+// Kubernetes manifests (YAML, `---` between objects) for `kubectl apply -f`:
+//   k8s_objects "coordinator": the coordinator as a Deployment of one replica
+//       (strategy Recreate) and a Service named by --coordinator's host
+//       (default pstrain-coordinator:7070); its job file lives in an
+//       emptyDir, so a new coordinator pod starts with no jobs.
+//   k8s_objects "tasks" (needs options.job, the submitted id): per role, a
+//       headless Service pstrain-JOB-ROLE and an Indexed Job of the same
+//       name (completions = parallelism = the role's tasks), whose pod I
+//       runs task I: the binary takes its index from JOB_COMPLETION_INDEX and
+//       advertises its DNS name pstrain-JOB-ROLE-I.pstrain-JOB-ROLE; a PS
+//       listens on 0.0.0.0:7000. restartPolicy Never and backoffLimit 0:
+//       the coordinator ends the job when a task fails.
+// Indexed Jobs rather than one JobSet: they are built into Kubernetes
+// (batch/v1, GA since 1.24), so no controller needs installing and the
+// manifests can be checked offline against the built-in schema; JobSet is a
+// CRD. Every pod mounts its Secret read-only (mode 0400) at
+// /etc/pstrain/tls. INVALID_ARGUMENT for a spec with hosts or with
+// max_restarts > 0, no image, a bad quantity or coordinator, or tasks
+// without a job id.
+absl::StatusOr<std::string> KubernetesManifests(const JobSpec& spec,
+                                                const LaunchOptions& options);
 
 // `s` quoted for bash: as it is if it has only safe characters
 // (A-Za-z0-9 and @%+=:,./_-), else in single quotes.

@@ -302,7 +302,7 @@ TEST(LaunchScriptTest, RefusesWhatCannotWork) {
             "--launcher=ssh needs ps_hosts and worker_hosts in the job spec "
             "(slurm and mpirun do not)");
   EXPECT_EQ(LaunchScript(Spec(kAnywhere), Options("pbs")).status().message(),
-            "--launcher=pbs: expected slurm, mpirun or ssh");
+            "--launcher=pbs: expected slurm, mpirun, ssh or kubernetes");
   LaunchOptions sbatch = Options("mpirun");
   sbatch.sbatch = true;
   EXPECT_EQ(LaunchScript(Spec(kAnywhere), sbatch).status().message(),
@@ -381,6 +381,91 @@ TEST(InstallTest, CopiesExecutablesIntoPrefixBin) {
   EXPECT_TRUE(InstallBinaries({source}, prefix).ok());
   EXPECT_EQ(InstallBinaries({TempDir() + "/missing"}, prefix).code(),
             absl::StatusCode::kNotFound);
+}
+
+// Kubernetes: the manifests as text; tests/kubernetes_test.sh checks them
+// against the schema and runs them.
+LaunchOptions KubernetesOptions(const std::string& objects) {
+  LaunchOptions options;
+  options.launcher = "kubernetes";
+  options.coordinator = "pstrain-coordinator:7070";
+  options.job = "job-3-ab12";
+  options.image = "registry.example/pstrain:1";
+  options.k8s_objects = objects;
+  options.ps_binary = "/opt/pstrain/bin/pstrain_ps";
+  options.worker_binary = "/opt/pstrain/bin/pstrain_worker";
+  options.coordinator_binary = "/opt/pstrain/bin/pstrain_coordinator";
+  return options;
+}
+
+constexpr char kKubernetesSpec[] =
+    "model: \"lenet5\" dataset: \"fashion_mnist\" mode: \"sync\" "
+    "num_ps: 2 num_workers: 3 batch_size: 64 epochs: 1";
+
+TEST(KubernetesManifestsTest, IndexedJobAndHeadlessServicePerRole) {
+  LaunchOptions options = KubernetesOptions("tasks");
+  options.cpus_per_task = 4;
+  options.memory_per_task = "8Gi";
+  options.gpus_per_worker = 1;
+  absl::StatusOr<std::string> yaml =
+      KubernetesManifests(Spec(kKubernetesSpec), options);
+  ASSERT_TRUE(yaml.ok()) << yaml.status();
+  for (const char* want :
+       {"kind: Job\n", "name: \"pstrain-job-3-ab12-ps\"",
+        "name: \"pstrain-job-3-ab12-worker\"", "completionMode: \"Indexed\"",
+        "completions: 3\n", "clusterIP: \"None\"",
+        "subdomain: \"pstrain-job-3-ab12-worker\"", "restartPolicy: \"Never\"",
+        "backoffLimit: 0\n",
+        "\"--advertise=pstrain-job-3-ab12-ps-$(JOB_COMPLETION_INDEX)."
+        "pstrain-job-3-ab12-ps\"",
+        "\"--job=job-3-ab12\"", "cpu: \"4\"", "memory: \"8Gi\"",
+        "nvidia.com/gpu: \"1\"", "secretName: \"pstrain-tls\"",
+        "readOnly: true",
+        "name: \"OMP_NUM_THREADS\"\n          value: \"4\""}) {
+    EXPECT_NE(yaml->find(want), std::string::npos) << want << "\n" << *yaml;
+  }
+  // The PS pods ask for no GPU.
+  EXPECT_EQ(yaml->find("nvidia.com/gpu"), yaml->rfind("nvidia.com/gpu"));
+  EXPECT_GT(yaml->find("nvidia.com/gpu"), yaml->find("kind: Job"));
+}
+
+TEST(KubernetesManifestsTest, CoordinatorDeploymentAndService) {
+  absl::StatusOr<std::string> yaml = KubernetesManifests(
+      Spec(kKubernetesSpec), KubernetesOptions("coordinator"));
+  ASSERT_TRUE(yaml.ok()) << yaml.status();
+  for (const char* want :
+       {"kind: Deployment\n", "kind: Service\n", "replicas: 1\n",
+        "type: \"Recreate\"", "\"--port=7070\"",
+        "secretName: \"pstrain-coordinator-tls\"", "emptyDir: {}"}) {
+    EXPECT_NE(yaml->find(want), std::string::npos) << want << "\n" << *yaml;
+  }
+  EXPECT_EQ(yaml->find("kind: Job"), std::string::npos);
+}
+
+TEST(KubernetesManifestsTest, RefusesWhatItCannotHonour) {
+  const JobSpec spec = Spec(kKubernetesSpec);
+  LaunchOptions no_job = KubernetesOptions("tasks");
+  no_job.job = "$JOB";
+  LaunchOptions no_image = KubernetesOptions("tasks");
+  no_image.image = "";
+  LaunchOptions memory = KubernetesOptions("tasks");
+  memory.memory_per_task = "8 GB";
+  LaunchOptions coordinator = KubernetesOptions("tasks");
+  coordinator.coordinator = "10.0.0.1";
+  for (const LaunchOptions& bad : {no_job, no_image, memory, coordinator}) {
+    EXPECT_EQ(KubernetesManifests(spec, bad).status().code(),
+              absl::StatusCode::kInvalidArgument);
+  }
+  JobSpec restarts = spec;
+  restarts.set_max_restarts(2);
+  absl::Status s =
+      KubernetesManifests(restarts, KubernetesOptions("tasks")).status();
+  EXPECT_NE(s.message().find("max_restarts"), std::string::npos) << s;
+  JobSpec hosts = spec;
+  hosts.add_ps_hosts()->set_host("10.0.0.2");
+  EXPECT_EQ(
+      KubernetesManifests(hosts, KubernetesOptions("tasks")).status().code(),
+      absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace
