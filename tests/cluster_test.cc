@@ -246,8 +246,8 @@ TEST(ClusterTest, BadTaskFlagsGetOneLineErrors) {
            coordinator.flag(),
        2,
        "pstrain_ps: error: --task_index is not set and none of SLURM_PROCID, "
-       "OMPI_COMM_WORLD_RANK, PMI_RANK is in the environment; expected the "
-       "task's index\n"},
+       "OMPI_COMM_WORLD_RANK, PMI_RANK, JOB_COMPLETION_INDEX is in the "
+       "environment; expected the task's index\n"},
       {"SLURM_PROCID=x server/pstrain_ps --job=job-1" + coordinator.flag(), 2,
        "pstrain_ps: error: SLURM_PROCID=x: expected a non-negative task "
        "index\n"},

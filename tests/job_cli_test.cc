@@ -205,7 +205,8 @@ TEST(JobCliTest, LaunchLinesNameInstalledBinariesNeverBazelsCache) {
                  " --launcher=pbs --bin_dir=/opt/p/bin");
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_EQ(r.output,
-            "pstrain: error: --launcher=pbs: expected slurm, mpirun or ssh\n");
+            "pstrain: error: --launcher=pbs: expected slurm, mpirun, ssh or "
+            "kubernetes\n");
   r = RunCommand("tools/pstrain install");
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_EQ(r.output, "pstrain: error: usage: pstrain install --prefix=DIR\n");
@@ -455,7 +456,7 @@ TEST(JobCliTest, FlagsEvalLaunchLinesAndNodeWouldIgnoreExit2) {
            see_lines},
       {lines + spec + " --launcher=mpirun --bin_dir=/b --cpus_per_task=2",
        "pstrain: error: --cpus_per_task would be ignored: it is for "
-       "--launcher=slurm, not mpirun" +
+       "--launcher=slurm or kubernetes, not mpirun" +
            see_lines},
       {lines + spec +
            " --launcher=slurm --agent --bin_dir=/b --cpus_per_task=2",
