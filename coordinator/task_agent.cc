@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/status.h"
+#include "common/status_macros.h"
 #include "coordinator/job_table.h"
 #include "grpcpp/grpcpp.h"
 
@@ -145,7 +146,76 @@ absl::StatusOr<JobSpec> TaskAgent::FetchSpec() {
   return job.spec();
 }
 
+absl::Status TaskAgent::ReportOwnRestart() {
+  const absl::Time give_up = absl::Now() + options_.coordinator_timeout;
+  while (true) {
+    JobRequest request;
+    request.set_job_id(options_.job_id);
+    request.set_log_since(JobTable::kNoLog);
+    JobInfo job;
+    const grpc::Status read = CallWithRetry(
+        options_.coordinator_timeout, [&](grpc::ClientContext* context) {
+          return stub_->GetJob(context, request, &job);
+        });
+    if (!read.ok()) {
+      return absl::Status(FromGrpcStatus(read).code(),
+                          absl::StrCat("coordinator ", options_.coordinator,
+                                       ": ", read.error_message()));
+    }
+    // An ended job or an index out of range: Register says so.
+    if (JobEnded(job.state())) return absl::OkStatus();
+    const TaskInfo* slot = nullptr;
+    for (const TaskInfo& t : job.tasks()) {
+      if (t.role() == options_.role && t.index() == options_.index) slot = &t;
+    }
+    if (slot == nullptr) return absl::OkStatus();
+    if (slot->state() == TASK_WAITING) {
+      // The first process of this task, or one after a restart already
+      // reported (by this loop before a lost answer, or the allreduce
+      // restart of every worker).
+      rejoining_ = slot->restarts() > 0 || slot->restart_requested();
+      return absl::OkStatus();
+    }
+    // Held by a predecessor: report its death. One try per reading of the
+    // slot, so that an answer lost in transit is not counted twice.
+    RestartTaskRequest restart;
+    *restart.mutable_task() = Ref();
+    restart.set_why(
+        absl::StrCat("died; restarted by its container's restart "
+                     "policy (",
+                     kSelfRestartVariable, "=1)"));
+    RestartTaskResponse response;
+    grpc::ClientContext context;
+    SetDeadline(&context, options_.rpc_timeout);
+    const grpc::Status status =
+        stub_->RestartTask(&context, restart, &response);
+    if (status.ok()) {
+      rejoining_ = true;
+      std::printf(
+          "%s: reported its own restart to coordinator %s (restart "
+          "%d of %d)\n",
+          name().c_str(), options_.coordinator.c_str(), response.restarts(),
+          response.max_restarts());
+      std::fflush(stdout);
+      return absl::OkStatus();
+    }
+    if (!RetryableCoordinatorStatus(status) || absl::Now() > give_up) {
+      const grpc::Status why =
+          RetryableCoordinatorStatus(status) ? WhyUnreachable(status) : status;
+      return absl::Status(
+          FromGrpcStatus(why).code(),
+          absl::StrCat("reporting the restart of ", name(), " to coordinator ",
+                       options_.coordinator, ": ", why.error_message()));
+    }
+    absl::SleepFor(kCoordinatorRetryInterval);
+  }
+}
+
 absl::Status TaskAgent::Register(const std::string& address) {
+  if (options_.self_restart && !self_restart_checked_) {
+    self_restart_checked_ = true;
+    RETURN_IF_ERROR(ReportOwnRestart());
+  }
   RegisterRequest request;
   *request.mutable_task() = Ref();
   request.set_address(address);

@@ -8,6 +8,14 @@
 //   4. workers wait for every task's address (WaitForLayout),
 //   5. reports its end, with worker 0's results (Finish).
 //
+// A task restarted by a supervisor outside pstrain (Kubernetes'
+// restartPolicy OnFailure: same pod, same index and DNS name), which tells
+// the coordinator nothing, reports its own restart (`self_restart`): its
+// Register first finds its slot still held by its dead predecessor and calls
+// RestartTask for itself, as pstrain's own supervisors do for the tasks they
+// restart (tools/local_cluster.h, tools/node_agent.h); the job table keeps
+// the budget (max_restarts) either way.
+//
 // Every call has a deadline (`rpc_timeout`) and waits for the coordinator's
 // channel to connect (gRPC wait_for_ready), so tasks may start before the
 // coordinator. A coordinator that cannot be reached for `coordinator_timeout`
@@ -47,7 +55,15 @@ struct TaskAgentOptions {
   absl::Duration coordinator_timeout = absl::Seconds(120);
   // TLS to the coordinator as this task (common/tls.h); insecure: none.
   TlsOptions tls = InsecureTlsOptions();
+  // Whether a supervisor outside pstrain restarts this task when it dies
+  // (kSelfRestartVariable=1 in its environment, which the Kubernetes
+  // manifests set with max_restarts > 0): Register then reports the restart
+  // of a process that replaces a dead one (see Register).
+  bool self_restart = false;
 };
+
+// The environment variable that sets TaskAgentOptions::self_restart ("1").
+inline constexpr char kSelfRestartVariable[] = "PSTRAIN_SELF_RESTART";
 
 // This task's clock against the coordinator's (common/trace.h merges
 // timelines with it): offset_us = coordinator time - this host's time, us,
@@ -91,7 +107,22 @@ class TaskAgent {
 
   // Registers `address` (host:port) for this task; the coordinator's error
   // otherwise (ALREADY_EXISTS: another process registered this task).
+  //
+  // With options().self_restart, the first call first reads this task's
+  // slot: one that a process registered before this one (a container
+  // restarted after its predecessor died, whose slot the coordinator still
+  // holds) is reported as a restart (RestartTask, why: "died; restarted by
+  // its container's restart policy (PSTRAIN_SELF_RESTART=1)") before
+  // registering again. Past the job's max_restarts the coordinator fails
+  // the job and this returns FAILED_PRECONDITION with its reason ("job-3:
+  // worker 1 died; ...; the job's restart budget (2) is spent").
   absl::Status Register(const std::string& address);
+
+  // Whether this process replaces one of this task that ran before, as
+  // found by a self_restart Register: it reported the restart, or the slot
+  // was waiting after a restart (its own, or the allreduce restart of every
+  // worker). A worker then joins the running job as --rejoin does.
+  bool rejoining() const { return rejoining_; }
 
   // Blocks until every task of the job has registered and returns their
   // addresses; FAILED_PRECONDITION when the job ends first (the coordinator
@@ -144,6 +175,9 @@ class TaskAgent {
 
  private:
   TaskRef Ref() const;
+  // Register's self_restart check: reads this task's slot and reports the
+  // restart of a process whose slot is held (sets rejoining_).
+  absl::Status ReportOwnRestart();
   // CallCoordinatorWithRetry with options_.rpc_timeout; the last status,
   // or WhyUnreachable()'s.
   grpc::Status CallWithRetry(
@@ -166,6 +200,9 @@ class TaskAgent {
   std::unique_ptr<Coordinator::Stub> stub_;
   absl::Notification stop_;
   std::thread heartbeats_;
+  // Set by Register (one thread, before the heartbeats start).
+  bool self_restart_checked_ = false;
+  bool rejoining_ = false;
 
   absl::Mutex mu_;
   std::deque<std::string> pending_lines_ ABSL_GUARDED_BY(mu_);

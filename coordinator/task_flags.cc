@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <string>
 
 #include "absl/flags/flag.h"
 #include "absl/strings/numbers.h"
@@ -92,6 +93,10 @@ absl::StatusOr<TaskAgentOptions> TaskAgentOptionsFromFlags(TaskRole role) {
       options.index,
       ResolveTaskIndex(absl::GetFlag(FLAGS_task_index),
                        [](const char* v) { return std::getenv(v); }));
+  // A supervisor outside pstrain (Kubernetes) restarts this task.
+  const char* self_restart = std::getenv(kSelfRestartVariable);
+  options.self_restart =
+      self_restart != nullptr && std::string(self_restart) == "1";
   absl::StatusOr<TlsOptions> tls =
       TlsOptionsFromFlags(role_name, "", /*warn=*/false);
   if (!tls.ok()) return tls.status();

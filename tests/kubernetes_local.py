@@ -16,7 +16,15 @@ cluster (tests/kubernetes_test.sh).
    (--coordinator=SERVICE:PORT becomes 127.0.0.1:PORT, --advertise=POD-DNS
    becomes 127.0.0.1, --bind=0.0.0.0 127.0.0.1, the PS's --port=7000 a free
    port: every pod has its own address on a cluster, here they share one).
-3. The job must end SUCCEEDED (`pstrain wait`) and every process exit 0.
+3. The job has max_restarts: 2, so its Jobs restart containers in their
+   pods (restartPolicy OnFailure, PSTRAIN_SELF_RESTART=1). Mid-training the
+   test SIGKILLs worker 1's process and starts its command again with the
+   same env, as the kubelet would; the new process reports its own restart
+   to the coordinator (restart 1 of 2) and rejoins. (The max_restarts: 0
+   manifests, restartPolicy Never and backoffLimit 0, are rendered and
+   checked, not run.)
+4. The job must end SUCCEEDED (`pstrain wait`) and every process still
+   running exit 0.
 
 Usage: python3 kubernetes_local.py BIN_DIR   (BIN_DIR: Bazel's bazel-bin)
 Prints PASS, SKIP: reason, or FAIL: reason (exit 1).
@@ -209,7 +217,8 @@ def main():
         with open(spec, "w") as f:
             f.write('model: "lenet5" dataset: "fashion_mnist" mode: "sync"\n'
                     "num_ps: 2 num_workers: 2 batch_size: 64 epochs: 1\n"
-                    "max_steps_per_epoch: 60 log_every_steps: 20\n")
+                    "max_steps_per_epoch: 400 log_every_steps: 20\n"
+                    "max_restarts: 2\n")
         port = free_port()
         common = [pstrain, "launch-lines", spec, "--launcher=kubernetes",
                   "--image=registry.example/pstrain:test",
@@ -241,6 +250,21 @@ def main():
                     tmp + "/coordinator.log").read()))
             time.sleep(0.3)
         job = r.stdout.strip()
+        # Without restarts: each task runs once.
+        once = tmp + "/once.pbtxt"
+        with open(once, "w") as f:
+            f.write(open(spec).read().replace("max_restarts: 2", ""))
+        r = run(*([pstrain, "launch-lines", once] + common[3:] +
+                  ["--job=" + job]))
+        if r.returncode != 0:
+            fail("launch-lines max_restarts 0: " + r.stderr)
+        for j in yaml.safe_load_all(r.stdout):
+            if j and j["kind"] == "Job" and (
+                    j["spec"]["backoffLimit"] != 0 or
+                    j["spec"]["template"]["spec"]["restartPolicy"] != "Never"
+                    or "PSTRAIN_SELF_RESTART" in r.stdout):
+                fail("max_restarts 0: expected restartPolicy Never, "
+                     "backoffLimit 0, no PSTRAIN_SELF_RESTART")
         task_docs = render("--job=" + job, "--cpus_per_task=1",
                            "--memory_per_task=1Gi")
         check_schema(task_docs)
@@ -253,14 +277,48 @@ def main():
             pod = j["spec"]["template"]["spec"]
             if (j["spec"]["completionMode"] != "Indexed" or
                     pod["subdomain"] != j["metadata"]["name"] or
-                    pod["restartPolicy"] != "Never"):
-                fail("%s: not an Indexed Job of its Service's pods" %
+                    pod["restartPolicy"] != "OnFailure"):
+                fail("%s: not an Indexed Job of its Service's pods that "
+                     "restarts containers" % j["metadata"]["name"])
+            # Every task of the Job may restart max_restarts times.
+            if j["spec"]["backoffLimit"] != 2 * j["spec"]["completions"]:
+                fail("%s: backoffLimit %d, expected 2 x %d" % (
+                    j["metadata"]["name"], j["spec"]["backoffLimit"],
+                    j["spec"]["completions"]))
+            (container,) = pod["containers"]
+            if {"name": "PSTRAIN_SELF_RESTART", "value": "1"} not in \
+                    container["env"]:
+                fail("%s: PSTRAIN_SELF_RESTART=1 is not set" %
                      j["metadata"]["name"])
+            if j["metadata"]["name"].endswith("-worker"):
+                worker_pod = pod
             for i in range(j["spec"]["completions"]):
                 name = "%s-%d" % (j["metadata"]["name"], i)
                 processes.append((name, pod_process(
                     pod, {"JOB_COMPLETION_INDEX": str(i)}, secrets,
                     tmp + "/opt/bin", tmp, "%s/%s.log" % (tmp, name))))
+        # Mid-training (worker 0 has logged a step), SIGKILL worker 1's
+        # process; the kubelet starts the container's command again in the
+        # same pod: same env, same JOB_COMPLETION_INDEX.
+        names = [name for name, _ in processes]
+        victim = len(processes) - 1  # the worker Job's index 1
+        deadline = time.time() + 30
+        chief_log = "%s/%s.log" % (tmp, names[-2])
+        while not re.search(r"[Ss]tep ?\d+", open(chief_log).read()):
+            if time.time() > deadline or processes[victim][1].poll() is not None:
+                fail("no training step logged before the kill: %s\n%s" % (
+                    open(chief_log).read()[-2000:], open(
+                        "%s/%s.log" % (tmp, names[-1])).read()[-2000:]))
+            time.sleep(0.1)
+        processes[victim][1].kill()
+        if processes[victim][1].wait() != -9:
+            fail("worker 1 ended before it was killed")
+        restarted_log = "%s/%s.restarted.log" % (tmp, names[-1])
+        processes[victim] = (names[-1], pod_process(
+            worker_pod, {"JOB_COMPLETION_INDEX": "1"}, secrets,
+            tmp + "/opt/bin", tmp, restarted_log))
+        print("killed %s mid-training (SIGKILL) and started it again" %
+              names[-1])
         r = run(pstrain, "wait", job, coordinator, env=env, timeout=120)
         print(r.stdout[-1500:], end="")
         if "SUCCEEDED" not in r.stdout + r.stderr or r.returncode != 0:
@@ -274,8 +332,18 @@ def main():
             if code != 0:
                 fail("pod %s exited %d: %s" % (name, code, open(
                     "%s/%s.log" % (tmp, name)).read()[-2000:]))
-        print("PASS: job %s SUCCEEDED; %d pods exited 0" %
-              (job, len(processes) - 1))
+        if "restart 1 of 2" not in open(restarted_log).read():
+            fail("the restarted worker did not report its restart: " +
+                 open(restarted_log).read()[-2000:])
+        r = run(pstrain, "logs", job, coordinator, env=env, timeout=30)
+        if "restart 1 of 2" not in r.stdout:
+            fail("the job's log has no restart: " + r.stdout[-2000:])
+        for line in r.stdout.splitlines() + open(
+                restarted_log).read().splitlines()[:3]:
+            if "restart" in line:
+                print(line)
+        print("PASS: job %s SUCCEEDED after worker 1's container restarted "
+              "(restart 1 of 2); %d pods exited 0" % (job, len(processes) - 1))
     finally:
         for _, p in processes:
             if p.poll() is None:

@@ -201,8 +201,19 @@ struct RoleTasks {
 // One role: a headless Service (pod DNS names
 // NAME-I.NAME, NAME = pstrain-JOB-ROLE) and an Indexed Job whose pod I runs
 // task I (JOB_COMPLETION_INDEX).
+//
+// max_restarts = 0: each task runs once (restartPolicy Never, backoffLimit
+// 0). N > 0: a container that dies is restarted in its pod (OnFailure: same
+// index, same DNS name) and, told by PSTRAIN_SELF_RESTART=1, reports its own
+// restart to the coordinator before registering again
+// (coordinator/task_agent.h), which keeps the job's budget of N. A Job's
+// backoffLimit counts every container restart (and failed pod) of all its
+// indexes together, and one restart the coordinator counts restarts at most
+// every task of a Job once (allreduce: every worker), so N x the Job's tasks
+// never stops a restart the budget allows; past the budget the coordinator
+// fails the job. (backoffLimitPerIndex is Kubernetes 1.28+.)
 std::string RoleManifests(const LaunchOptions& options, const RoleTasks& role,
-                          const std::string& job_label) {
+                          const std::string& job_label, int max_restarts) {
   const std::string name = absl::StrCat("pstrain-", job_label, "-", role.role);
   const bool ps = std::string(role.role) == "ps";
   std::string out = absl::StrCat(
@@ -232,17 +243,17 @@ std::string RoleManifests(const LaunchOptions& options, const RoleTasks& role,
       "  completionMode: \"Indexed\"\n"
       "  completions: ",
       role.count, "\n  parallelism: ", role.count,
+      "\n  backoffLimit: ", max_restarts * role.count,
       "\n"
-      "  backoffLimit: 0\n"
       "  template:\n"
       "    metadata:\n"
       "      labels:\n",
       Labels("        ", job_label, role.role),
       "    spec:\n"
       "      subdomain: ",
-      Quote(name),
+      Quote(name), "\n      restartPolicy: ",
+      Quote(max_restarts > 0 ? "OnFailure" : "Never"),
       "\n"
-      "      restartPolicy: \"Never\"\n"
       "      containers:\n"
       "      - name: ",
       Quote(role.role), "\n        image: ", Quote(options.image), "\n");
@@ -266,6 +277,12 @@ std::string RoleManifests(const LaunchOptions& options, const RoleTasks& role,
                   "        - name: \"OMP_NUM_THREADS\"\n"
                   "          value: ",
                   Quote(absl::StrCat(options.cpus_per_task)), "\n");
+  if (max_restarts > 0) {
+    // coordinator/task_agent.h's kSelfRestartVariable.
+    absl::StrAppend(&out,
+                    "        - name: \"PSTRAIN_SELF_RESTART\"\n"
+                    "          value: \"1\"\n");
+  }
   if (ps) {
     absl::StrAppend(&out,
                     "        ports:\n"
@@ -314,14 +331,6 @@ absl::StatusOr<std::string> KubernetesManifests(const JobSpec& spec,
         "--launcher=kubernetes: the job spec lists hosts; Kubernetes places "
         "the pods, each reached by its DNS name: remove ps_hosts and "
         "worker_hosts");
-  }
-  if (spec.max_restarts() > 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--launcher=kubernetes: the job spec's max_restarts is ",
-        spec.max_restarts(),
-        "; the manifests run each task once (restartPolicy: Never, "
-        "backoffLimit: 0), since a task Kubernetes restarted would not report "
-        "its restart to the coordinator: expected max_restarts: 0"));
   }
   if (options.image.empty()) {
     return absl::InvalidArgumentError(
@@ -395,7 +404,8 @@ absl::StatusOr<std::string> KubernetesManifests(const JobSpec& spec,
                               options.worker_binary, options.gpus_per_worker}};
   for (const RoleTasks& role : roles) {
     if (role.count > 0) {
-      absl::StrAppend(&out, RoleManifests(options, role, job_label));
+      absl::StrAppend(
+          &out, RoleManifests(options, role, job_label, spec.max_restarts()));
     }
   }
   return out;

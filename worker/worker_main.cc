@@ -296,7 +296,9 @@ int main(int argc, char** argv) {
   }
   options.resume = spec->resume();
   options.max_restarts = spec->max_restarts();
-  options.rejoin = absl::GetFlag(FLAGS_rejoin);
+  // A worker restarted outside pstrain (PSTRAIN_SELF_RESTART) rejoins as
+  // one that pstrain's supervisors restart with --rejoin.
+  options.rejoin = absl::GetFlag(FLAGS_rejoin) || agent.rejoining();
   // Allreduce: a restarted worker resumes from the newest checkpoint (every
   // worker of the generation reads the same one: all of the earlier
   // generation have exited before the layout answers), or starts afresh
