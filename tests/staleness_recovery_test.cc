@@ -10,6 +10,7 @@
 // worker's gradient depends on which version it pulled).
 #include <signal.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <functional>
@@ -113,13 +114,40 @@ TableRow FinalRow(const std::string& output) {
 }
 
 // The run nobody disturbed, once for every test.
-const TableRow& Clean() {
-  static const TableRow* clean = [] {
-    const auto run = RunCommand(Joined(RunArgv(TempDir() + "/clean")));
-    EXPECT_EQ(run.exit_code, 0) << run.output;
-    return new TableRow(FinalRow(run.output));
+// The undisturbed job, run kCleanRuns times: with staleness the order in
+// which the workers' pushes meet the barrier varies from run to run, and so
+// does the accuracy (0.817 to 0.851 over this test's runs on a loaded
+// 2-core machine, 2026-11-26), so "the same run undisturbed" is a band, not
+// one figure. A disturbed run must end within a point of that band.
+struct CleanRuns {
+  int steps = -1;
+  double min_accuracy = 1, max_accuracy = 0;
+};
+constexpr int kCleanRuns = 3;
+const CleanRuns& Clean() {
+  static const CleanRuns* clean = [] {
+    auto* runs = new CleanRuns;
+    for (int i = 0; i < kCleanRuns; ++i) {
+      const auto run = RunCommand(
+          Joined(RunArgv(TempDir() + "/clean-" + std::to_string(i))));
+      EXPECT_EQ(run.exit_code, 0) << run.output;
+      const TableRow row = FinalRow(run.output);
+      runs->steps = row.steps;
+      runs->min_accuracy = std::min(runs->min_accuracy, row.accuracy);
+      runs->max_accuracy = std::max(runs->max_accuracy, row.accuracy);
+    }
+    std::printf("undisturbed runs: accuracy %.4f to %.4f\n", runs->min_accuracy,
+                runs->max_accuracy);
+    return runs;
   }();
   return *clean;
+}
+
+// `row` ended within a point of the undisturbed runs' band.
+void ExpectWithinAPointOf(const CleanRuns& clean, const TableRow& row,
+                          const std::string& output) {
+  EXPECT_GE(row.accuracy, clean.min_accuracy - 0.01) << output;
+  EXPECT_LE(row.accuracy, clean.max_accuracy + 0.01) << output;
 }
 
 // Every Step line's rate is positive.
@@ -178,9 +206,9 @@ int ExpectRollbacksToCheckpoints(const std::string& output) {
 
 TEST(StalenessRecoveryTest, StoppedJobResumesFromItsCheckpoint) {
   if (!HaveFashionMnist()) GTEST_SKIP() << "dataset-fashion-mnist missing";
-  const TableRow clean = Clean();
+  const CleanRuns& clean = Clean();
   ASSERT_EQ(clean.steps, kTotalSteps);
-  ASSERT_GT(clean.accuracy, 0.7);
+  ASSERT_GT(clean.min_accuracy, 0.7);
 
   // The job is stopped (every process killed) once a checkpoint of the
   // second epoch is durable...
@@ -235,17 +263,13 @@ TEST(StalenessRecoveryTest, StoppedJobResumesFromItsCheckpoint) {
   ExpectPositiveRates(resumed.output);
   const TableRow row = FinalRow(resumed.output);
   EXPECT_EQ(row.steps, kTotalSteps) << resumed.output;
-  // One-sided: with staleness the order in which pushes meet the
-  // barrier varies run to run (about +-2 points at 800 steps on a loaded
-  // 2-core machine), so a recovered run may end above the clean one; what
-  // a recovery must not do is lose accuracy.
-  EXPECT_GE(row.accuracy, clean.accuracy - 0.01) << resumed.output;
+  ExpectWithinAPointOf(clean, row, resumed.output);
 }
 
 TEST(StalenessRecoveryTest, KilledShardRollsEveryWorkerBackToACheckpoint) {
   if (!HaveFashionMnist()) GTEST_SKIP() << "dataset-fashion-mnist missing";
-  const TableRow clean = Clean();
-  ASSERT_GT(clean.accuracy, 0.7);
+  const CleanRuns& clean = Clean();
+  ASSERT_GT(clean.min_accuracy, 0.7);
   const CommandResult run =
       KillAfterFirstCheckpoint("shard", "pstrain_ps .*--task_index=1");
   ASSERT_EQ(run.exit_code, 0) << run.output;
@@ -261,17 +285,13 @@ TEST(StalenessRecoveryTest, KilledShardRollsEveryWorkerBackToACheckpoint) {
   ExpectPositiveRates(run.output);
   const TableRow row = FinalRow(run.output);
   EXPECT_EQ(row.steps, kTotalSteps) << run.output;
-  // One-sided: with staleness the order in which pushes meet the
-  // barrier varies run to run (about +-2 points at 800 steps on a loaded
-  // 2-core machine), so a recovered run may end above the clean one; what
-  // a recovery must not do is lose accuracy.
-  EXPECT_GE(row.accuracy, clean.accuracy - 0.01) << run.output;
+  ExpectWithinAPointOf(clean, row, run.output);
 }
 
 TEST(StalenessRecoveryTest, KilledWorkerRollsEveryWorkerBackToACheckpoint) {
   if (!HaveFashionMnist()) GTEST_SKIP() << "dataset-fashion-mnist missing";
-  const TableRow clean = Clean();
-  ASSERT_GT(clean.accuracy, 0.7);
+  const CleanRuns& clean = Clean();
+  ASSERT_GT(clean.min_accuracy, 0.7);
   const CommandResult run =
       KillAfterFirstCheckpoint("worker", "pstrain_worker .*--task_index=1");
   ASSERT_EQ(run.exit_code, 0) << run.output;
@@ -291,11 +311,7 @@ TEST(StalenessRecoveryTest, KilledWorkerRollsEveryWorkerBackToACheckpoint) {
   ExpectPositiveRates(run.output);
   const TableRow row = FinalRow(run.output);
   EXPECT_EQ(row.steps, kTotalSteps) << run.output;
-  // One-sided: with staleness the order in which pushes meet the
-  // barrier varies run to run (about +-2 points at 800 steps on a loaded
-  // 2-core machine), so a recovered run may end above the clean one; what
-  // a recovery must not do is lose accuracy.
-  EXPECT_GE(row.accuracy, clean.accuracy - 0.01) << run.output;
+  ExpectWithinAPointOf(clean, row, run.output);
 }
 
 }  // namespace
