@@ -24,6 +24,25 @@ if ! bash scripts/check_links.sh; then
   failed=$((failed + 1))
   status=1
 fi
+# README's first command, shortened (one epoch of 100 steps): it builds
+# only its three binaries, prints each stage with its time, and trains to a
+# results table. One more test.
+total=$((total + 1))
+first_log=$(mktemp)
+if bash scripts/run_default.sh --epochs=1 --max_steps_per_epoch=100 \
+    > "$first_log" 2>&1 &&
+  grep -q '^== install: [0-9]* s$' "$first_log" &&
+  grep -q '^== build: [0-9]* s$' "$first_log" &&
+  grep -q '^== train: [0-9]* s$' "$first_log" &&
+  grep -q '^| 2 | 2 | sync | lenet5 | 64 | 1 | 100 | ' "$first_log"; then
+  echo "run_default: ok ($(grep '^== ' "$first_log" | grep ' s$' | tr '\n' ' '))"
+else
+  echo "run_default: FAILED; its output:"
+  cat "$first_log"
+  failed=$((failed + 1))
+  status=1
+fi
+rm -f "$first_log"
 # The GPU bundle (a --config=cuda build laid out for a GPU host) and its
 # dry run: one more test, which says SKIP where there is no CUDA toolkit.
 bundle_ok=1
