@@ -25,10 +25,14 @@
 namespace {
 
 using pstrain::testing::HaveFashionMnist;
+using pstrain::testing::JoinArgv;
+using pstrain::testing::KillChild;
 using pstrain::testing::Process;
+using pstrain::testing::ReadLatest;
 using pstrain::testing::ReadTextFile;
 using pstrain::testing::RunCommand;
 using pstrain::testing::TempDir;
+using pstrain::testing::WaitFor;
 
 // 2 workers, LeNet-5 on Fashion-MNIST: 400 steps, a checkpoint every 50.
 std::vector<std::string> RunArgv(const std::string& dir,
@@ -46,40 +50,7 @@ std::vector<std::string> RunArgv(const std::string& dir,
                                    "--heartbeat_timeout_s=30"};
   if (!extra.empty()) argv.push_back(extra);
   return argv;
-}
-
-std::string Joined(const std::vector<std::string>& argv) {
-  std::string command;
-  for (const std::string& a : argv) command += a + " ";
-  return command;
-}
-
-// Polls `done` every 10 ms for at most `timeout`.
-bool WaitFor(const std::function<bool()>& done, absl::Duration timeout) {
-  const absl::Time deadline = absl::Now() + timeout;
-  while (absl::Now() < deadline) {
-    if (done()) return true;
-    absl::SleepFor(absl::Milliseconds(10));
-  }
-  return done();
-}
-
-// Kills (SIGKILL) `parent`'s child whose command line matches `pattern`;
-// false if there is none.
-bool KillChild(pid_t parent, const std::string& pattern) {
-  const auto r = RunCommand(
-      absl::StrCat("pgrep -P ", parent, " -f '", pattern, "' | head -1"));
-  const int pid = r.output.empty() ? -1 : std::atoi(r.output.c_str());
-  return pid > 0 && kill(pid, SIGKILL) == 0;
-}
-
-std::string Latest(const std::string& dir) {
-  std::error_code error;
-  if (!std::filesystem::exists(dir + "/latest", error)) return "";
-  return ReadTextFile(dir + "/latest");
-}
-
-// The final test accuracy of a run's table, or -1.
+}  // The final test accuracy of a run's table, or -1.
 double Accuracy(const std::string& output) {
   std::smatch m;
   if (!std::regex_search(
@@ -92,7 +63,7 @@ double Accuracy(const std::string& output) {
 
 TEST(AllreduceRestartTest, KilledWorkerRestartsEveryWorkerFromCheckpoint) {
   if (!HaveFashionMnist()) GTEST_SKIP() << "dataset-fashion-mnist missing";
-  const auto clean = RunCommand(Joined(RunArgv(TempDir() + "/clean")));
+  const auto clean = RunCommand(JoinArgv(RunArgv(TempDir() + "/clean")));
   ASSERT_EQ(clean.exit_code, 0) << clean.output;
   const double clean_accuracy = Accuracy(clean.output);
   ASSERT_GT(clean_accuracy, 0.6) << clean.output;
@@ -108,7 +79,8 @@ TEST(AllreduceRestartTest, KilledWorkerRestartsEveryWorkerFromCheckpoint) {
   const std::string dir = TempDir() + "/faulted";
   const std::string log = TempDir() + "/faulted.log";
   Process run(RunArgv(dir), log);
-  ASSERT_TRUE(WaitFor([&] { return !Latest(dir).empty(); }, absl::Minutes(1)))
+  ASSERT_TRUE(
+      WaitFor([&] { return !ReadLatest(dir).empty(); }, absl::Minutes(1)))
       << ReadTextFile(log);
   absl::SleepFor(absl::Milliseconds(delay_ms));
   const absl::Time killed = absl::Now();
@@ -169,7 +141,8 @@ TEST(AllreduceRestartTest, WithoutRestartsLeftTheJobFailsNamingTheDeath) {
   const std::string dir = TempDir() + "/no_budget";
   const std::string log = TempDir() + "/no_budget.log";
   Process run(RunArgv(dir, "--max_restarts=0"), log);
-  ASSERT_TRUE(WaitFor([&] { return !Latest(dir).empty(); }, absl::Minutes(1)))
+  ASSERT_TRUE(
+      WaitFor([&] { return !ReadLatest(dir).empty(); }, absl::Minutes(1)))
       << ReadTextFile(log);
   ASSERT_TRUE(KillChild(run.pid(), "pstrain_worker .*--task_index=1 "))
       << ReadTextFile(log);

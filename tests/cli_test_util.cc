@@ -9,11 +9,15 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
 #include "common/tls.h"
 
 namespace pstrain::testing {
@@ -167,6 +171,43 @@ void CoordinatorProcess::Crash() {
   kill(pid_, SIGKILL);
   waitpid(pid_, nullptr, 0);
   pid_ = -1;
+}
+
+std::string JoinArgv(const std::vector<std::string>& argv) {
+  std::string command;
+  for (const std::string& a : argv) command += a + " ";
+  return command;
+}
+
+bool WaitFor(const std::function<bool()>& done, absl::Duration timeout,
+             absl::Duration poll) {
+  const absl::Time deadline = absl::Now() + timeout;
+  while (absl::Now() < deadline) {
+    if (done()) return true;
+    absl::SleepFor(poll);
+  }
+  return done();
+}
+
+std::vector<int> ChildPids(pid_t parent, const std::string& pattern) {
+  const CommandResult r =
+      RunCommand(absl::StrCat("pgrep -P ", parent, " -f '", pattern, "'"));
+  std::vector<int> pids;
+  for (absl::string_view line : absl::StrSplit(r.output, '\n')) {
+    if (!line.empty()) pids.push_back(std::atoi(std::string(line).c_str()));
+  }
+  return pids;
+}
+
+bool KillChild(pid_t parent, const std::string& pattern) {
+  const std::vector<int> pids = ChildPids(parent, pattern);
+  return !pids.empty() && pids[0] > 0 && kill(pids[0], SIGKILL) == 0;
+}
+
+std::string ReadLatest(const std::string& dir) {
+  std::error_code error;
+  if (!std::filesystem::exists(dir + "/latest", error)) return "";
+  return ReadTextFile(dir + "/latest");
 }
 
 }  // namespace pstrain::testing

@@ -9,8 +9,11 @@
 
 #include <sys/types.h>
 
+#include <functional>
 #include <string>
 #include <vector>
+
+#include "absl/time/time.h"
 
 namespace pstrain::testing {
 
@@ -38,6 +41,19 @@ void UseTestCertificates();
 int FreePort();
 // Processes whose name is exactly `name`.
 int CountProcesses(const std::string& name);
+// `argv` joined by spaces, for RunCommand.
+std::string JoinArgv(const std::vector<std::string>& argv);
+// Polls `done` every `poll` for at most `timeout`; its last answer.
+bool WaitFor(const std::function<bool()>& done, absl::Duration timeout,
+             absl::Duration poll = absl::Milliseconds(10));
+// The pids of `parent`'s children whose command line matches `pattern`
+// (pgrep -f), oldest first.
+std::vector<int> ChildPids(pid_t parent, const std::string& pattern);
+// Kills (SIGKILL) `parent`'s first child matching `pattern`; false if none.
+bool KillChild(pid_t parent, const std::string& pattern);
+// The text of checkpoint folder `dir`'s `latest` ("step-N"), or "" while
+// there is none.
+std::string ReadLatest(const std::string& dir);
 
 // A background process with stdout and stderr sent to `log_file`, extra
 // environment `env` ("K=V"). Killed (SIGKILL) and reaped on destruction if

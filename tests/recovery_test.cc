@@ -24,11 +24,20 @@
 
 namespace {
 
+using pstrain::testing::ChildPids;
 using pstrain::testing::HaveFashionMnist;
+using pstrain::testing::KillChild;
 using pstrain::testing::Process;
+using pstrain::testing::ReadLatest;
 using pstrain::testing::ReadTextFile;
 using pstrain::testing::RunCommand;
 using pstrain::testing::TempDir;
+
+// Polls `done` every 50 ms (the jobs here take seconds; pgrep is not free)
+// for at most `timeout`.
+bool WaitFor(const std::function<bool()>& done, absl::Duration timeout) {
+  return pstrain::testing::WaitFor(done, timeout, absl::Milliseconds(50));
+}
 
 // 2 shards, 2 workers, LeNet-5 on Fashion-MNIST: 600 steps, a checkpoint
 // every 100.
@@ -49,35 +58,6 @@ std::vector<std::string> RunArgv(const std::string& mode,
                                    "--heartbeat_timeout_s=30"};
   if (!extra.empty()) argv.push_back(extra);
   return argv;
-}
-
-// Polls `done` every 50 ms for at most `timeout`.
-bool WaitFor(const std::function<bool()>& done, absl::Duration timeout) {
-  const absl::Time deadline = absl::Now() + timeout;
-  while (absl::Now() < deadline) {
-    if (done()) return true;
-    absl::SleepFor(absl::Milliseconds(50));
-  }
-  return done();
-}
-
-// The pid of `parent`'s child whose command line matches `pattern`, or -1.
-int ChildPid(pid_t parent, const std::string& pattern) {
-  const auto r = RunCommand(
-      absl::StrCat("pgrep -P ", parent, " -f '", pattern, "' | head -1"));
-  return r.output.empty() ? -1 : std::atoi(r.output.c_str());
-}
-
-// Kills (SIGKILL) `parent`'s child matching `pattern`; false if none.
-bool KillChild(pid_t parent, const std::string& pattern) {
-  const int pid = ChildPid(parent, pattern);
-  return pid > 0 && kill(pid, SIGKILL) == 0;
-}
-
-std::string Latest(const std::string& dir) {
-  std::error_code error;
-  if (!std::filesystem::exists(dir + "/latest", error)) return "";
-  return ReadTextFile(dir + "/latest");
 }
 
 // The final test accuracy of a run's table, or -1.
@@ -116,7 +96,8 @@ TEST(RecoveryTest, SyncJobSurvivesKilledShardAndWorkerWithTheSameModel) {
   const std::string log = TempDir() + "/faulted.log";
   Process run(RunArgv("sync", dir), log);
   // A shard dies once the first checkpoint is durable...
-  ASSERT_TRUE(WaitFor([&] { return !Latest(dir).empty(); }, absl::Minutes(2)))
+  ASSERT_TRUE(
+      WaitFor([&] { return !ReadLatest(dir).empty(); }, absl::Minutes(2)))
       << ReadTextFile(log);
   const absl::Time killed_shard = absl::Now();
   ASSERT_TRUE(KillChild(run.pid(), "pstrain_ps .*--task_index=1"))
@@ -132,8 +113,9 @@ TEST(RecoveryTest, SyncJobSurvivesKilledShardAndWorkerWithTheSameModel) {
       << ReadTextFile(log);
   const absl::Duration recovery = absl::Now() - killed_shard;
   // ... and a sync worker dies mid-step after the next checkpoint.
-  const std::string after = Latest(dir);
-  ASSERT_TRUE(WaitFor([&] { return Latest(dir) != after; }, absl::Minutes(1)))
+  const std::string after = ReadLatest(dir);
+  ASSERT_TRUE(
+      WaitFor([&] { return ReadLatest(dir) != after; }, absl::Minutes(1)))
       << ReadTextFile(log);
   ASSERT_TRUE(KillChild(run.pid(), "pstrain_worker .*--task_index=1"))
       << ReadTextFile(log);
@@ -240,12 +222,14 @@ TEST(RecoveryTest, ReportingSurvivesKilledShardAndWorker) {
                "--keep_checkpoints=100", "--checkpoint_dir=" + dir,
                "--heartbeat_timeout_s=30"},
               log);
-  ASSERT_TRUE(WaitFor([&] { return !Latest(dir).empty(); }, absl::Minutes(1)))
+  ASSERT_TRUE(
+      WaitFor([&] { return !ReadLatest(dir).empty(); }, absl::Minutes(1)))
       << ReadTextFile(log);
   ASSERT_TRUE(KillChild(run.pid(), "pstrain_ps .*--task_index=0"))
       << ReadTextFile(log);
-  const std::string first = Latest(dir);
-  ASSERT_TRUE(WaitFor([&] { return Latest(dir) != first; }, absl::Minutes(1)))
+  const std::string first = ReadLatest(dir);
+  ASSERT_TRUE(
+      WaitFor([&] { return ReadLatest(dir) != first; }, absl::Minutes(1)))
       << ReadTextFile(log);
   ASSERT_TRUE(KillChild(run.pid(), "pstrain_worker .*--task_index=1"))
       << ReadTextFile(log);
@@ -300,7 +284,8 @@ TEST(RecoveryTest, AsyncJobSurvivesKilledShardAndRestartedWorkerGoesOn) {
   const std::string dir = TempDir() + "/async";
   const std::string log = TempDir() + "/async.log";
   Process run(RunArgv("async", dir), log);
-  ASSERT_TRUE(WaitFor([&] { return !Latest(dir).empty(); }, absl::Minutes(2)))
+  ASSERT_TRUE(
+      WaitFor([&] { return !ReadLatest(dir).empty(); }, absl::Minutes(2)))
       << ReadTextFile(log);
   ASSERT_TRUE(KillChild(run.pid(), "pstrain_ps .*--task_index=0"))
       << ReadTextFile(log);
@@ -331,13 +316,14 @@ TEST(RecoveryTest, SpentRestartBudgetFailsNamingEveryDeathAndCheckpoint) {
   const std::string dir = TempDir() + "/budget";
   const std::string log = TempDir() + "/budget.log";
   Process run(RunArgv("sync", dir, "--max_restarts=1"), log);
-  ASSERT_TRUE(WaitFor([&] { return !Latest(dir).empty(); }, absl::Minutes(2)))
+  ASSERT_TRUE(
+      WaitFor([&] { return !ReadLatest(dir).empty(); }, absl::Minutes(2)))
       << ReadTextFile(log);
   ASSERT_TRUE(KillChild(run.pid(), "pstrain_ps .*--task_index=1"));
   ASSERT_TRUE(WaitFor(
       [&] {
         return Count(ReadTextFile(log), "shard 1/2 of job-1 listening") == 2 &&
-               ChildPid(run.pid(), "pstrain_ps .*--task_index=1") > 0;
+               !ChildPids(run.pid(), "pstrain_ps .*--task_index=1").empty();
       },
       absl::Minutes(1)))
       << ReadTextFile(log);
@@ -375,7 +361,8 @@ TEST(RecoveryTest, NodeAgentRestartsAKilledShardOfASubmittedJob) {
   Process node({"tools/pstrain", "node",
                 "--coordinator=" + coordinator.address(), "--job=job-1"},
                log);
-  ASSERT_TRUE(WaitFor([&] { return !Latest(dir).empty(); }, absl::Minutes(2)))
+  ASSERT_TRUE(
+      WaitFor([&] { return !ReadLatest(dir).empty(); }, absl::Minutes(2)))
       << ReadTextFile(log);
   ASSERT_TRUE(KillChild(node.pid(), "pstrain_ps .*--task_index=1"))
       << ReadTextFile(log);

@@ -28,12 +28,17 @@
 
 namespace {
 
+using pstrain::testing::ChildPids;
 using pstrain::testing::CommandResult;
 using pstrain::testing::HaveFashionMnist;
+using pstrain::testing::JoinArgv;
+using pstrain::testing::KillChild;
 using pstrain::testing::Process;
+using pstrain::testing::ReadLatest;
 using pstrain::testing::ReadTextFile;
 using pstrain::testing::RunCommand;
 using pstrain::testing::TempDir;
+using pstrain::testing::WaitFor;
 
 constexpr int kStepsPerEpoch = 400;
 constexpr int kTotalSteps = 2 * kStepsPerEpoch;
@@ -56,48 +61,7 @@ std::vector<std::string> RunArgv(const std::string& dir,
       "--heartbeat_timeout_s=30"};
   if (!extra.empty()) argv.push_back(extra);
   return argv;
-}
-
-std::string Joined(const std::vector<std::string>& argv) {
-  std::string command;
-  for (const std::string& a : argv) command += a + " ";
-  return command;
-}
-
-// Polls `done` every 10 ms for at most `timeout`.
-bool WaitFor(const std::function<bool()>& done, absl::Duration timeout) {
-  const absl::Time deadline = absl::Now() + timeout;
-  while (absl::Now() < deadline) {
-    if (done()) return true;
-    absl::SleepFor(absl::Milliseconds(10));
-  }
-  return done();
-}
-
-// The pids of `parent`'s children whose command line matches `pattern`.
-std::vector<int> ChildPids(pid_t parent, const std::string& pattern) {
-  const auto r =
-      RunCommand(absl::StrCat("pgrep -P ", parent, " -f '", pattern, "'"));
-  std::vector<int> pids;
-  for (absl::string_view line : absl::StrSplit(r.output, '\n')) {
-    if (!line.empty()) pids.push_back(std::atoi(std::string(line).c_str()));
-  }
-  return pids;
-}
-
-// Kills (SIGKILL) `parent`'s first child matching `pattern`; false if none.
-bool KillChild(pid_t parent, const std::string& pattern) {
-  const std::vector<int> pids = ChildPids(parent, pattern);
-  return !pids.empty() && pids[0] > 0 && kill(pids[0], SIGKILL) == 0;
-}
-
-std::string Latest(const std::string& dir) {
-  std::error_code error;
-  if (!std::filesystem::exists(dir + "/latest", error)) return "";
-  return ReadTextFile(dir + "/latest");
-}
-
-// The final row of a run's table: steps and test accuracy ({-1, -1} if
+}  // The final row of a run's table: steps and test accuracy ({-1, -1} if
 // none).
 struct TableRow {
   int steps = -1;
@@ -129,7 +93,7 @@ const CleanRuns& Clean() {
     auto* runs = new CleanRuns;
     for (int i = 0; i < kCleanRuns; ++i) {
       const auto run = RunCommand(
-          Joined(RunArgv(TempDir() + "/clean-" + std::to_string(i))));
+          JoinArgv(RunArgv(TempDir() + "/clean-" + std::to_string(i))));
       EXPECT_EQ(run.exit_code, 0) << run.output;
       const TableRow row = FinalRow(run.output);
       runs->steps = row.steps;
@@ -175,7 +139,7 @@ CommandResult KillAfterFirstCheckpoint(const std::string& name,
   const std::string log = TempDir() + "/" + name + ".log";
   Process run(RunArgv(dir), log);
   CommandResult result;
-  if (!WaitFor([&] { return !Latest(dir).empty(); }, absl::Minutes(1))) {
+  if (!WaitFor([&] { return !ReadLatest(dir).empty(); }, absl::Minutes(1))) {
     result.output = "no checkpoint within a minute\n" + ReadTextFile(log);
     return result;
   }
@@ -218,7 +182,7 @@ TEST(StalenessRecoveryTest, StoppedJobResumesFromItsCheckpoint) {
     Process run(RunArgv(dir, "--max_restarts=0"), log);
     ASSERT_TRUE(WaitFor(
         [&] {
-          const std::string latest = Latest(dir);
+          const std::string latest = ReadLatest(dir);
           return latest.size() > 5 &&
                  std::atoi(latest.c_str() + 5) > kStepsPerEpoch;
         },
@@ -228,7 +192,7 @@ TEST(StalenessRecoveryTest, StoppedJobResumesFromItsCheckpoint) {
     run.Kill(SIGKILL);
     run.Wait(10);
   }
-  const std::string latest = Latest(dir);
+  const std::string latest = ReadLatest(dir);
   std::smatch m;
   ASSERT_TRUE(std::regex_search(latest, m, std::regex(R"(step-([0-9]+))")))
       << latest;
@@ -238,7 +202,7 @@ TEST(StalenessRecoveryTest, StoppedJobResumesFromItsCheckpoint) {
 
   // ... and resumed: from the checkpoint's data position (its epoch, not
   // epoch 0), training only the steps left.
-  const auto resumed = RunCommand(Joined(RunArgv(dir, "--resume")));
+  const auto resumed = RunCommand(JoinArgv(RunArgv(dir, "--resume")));
   ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
   EXPECT_NE(resumed.output.find(absl::StrCat(
                 "[worker0] Resuming from ", dir, "/step-", step, " (step ",
