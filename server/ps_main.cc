@@ -72,6 +72,109 @@ struct JobEnd {
   std::string message ABSL_GUARDED_BY(mu);
 };
 
+// The shard's options from the job spec, validated at submission
+// (coordinator/job_spec.h).
+pstrain::ShardOptions ShardOptionsOf(const pstrain::JobSpec& spec,
+                                     const std::string& job_id, int index) {
+  pstrain::ShardOptions options;
+  options.job_id = job_id;
+  options.shard_index = index;
+  options.num_shards = spec.num_ps();
+  options.num_workers = spec.num_workers();
+  options.mode = spec.mode() == "async" ? pstrain::SyncMode::kAsync
+                                        : pstrain::SyncMode::kSync;
+  options.adam = pstrain::OptimizerOptionsOf(spec.optimizer());
+  options.staleness = spec.staleness();
+  options.replicas_to_aggregate =
+      spec.backup_workers() > 0 ? spec.num_workers() - spec.backup_workers()
+                                : 0;
+  options.clip_grad_norm = spec.clip_grad_norm();
+  // Checkpoint files go only under the job's own checkpoint_dir, never a
+  // path a request names (server/shard_checkpoint.h).
+  options.checkpoint_dir = spec.checkpoint_dir();
+  return options;
+}
+
+// The shard's metrics rows (spec.metrics_dir, one a second while its
+// state changes) and its trace (spec.trace). Not thread-safe: main's loop.
+class ShardFiles {
+ public:
+  ShardFiles(pstrain::ParameterShard* shard, pstrain::PsService* service)
+      : shard_(shard), service_(service) {}
+
+  absl::Status Start(const pstrain::JobSpec& spec, int index,
+                     pstrain::TaskAgent& agent) {
+    if (!spec.metrics_dir().empty()) {
+      absl::StatusOr<std::unique_ptr<pstrain::ShardMetricsWriter>> created =
+          pstrain::ShardMetricsWriter::Create(spec.metrics_dir(), index);
+      if (!created.ok()) {
+        return absl::Status(
+            created.status().code(),
+            absl::StrCat("metrics: ", created.status().message()));
+      }
+      writer_ = *std::move(created);
+      metrics_ = std::make_unique<pstrain::ShardMetrics>(shard_->Stats(),
+                                                         service_->counters());
+    }
+    if (!spec.trace()) return absl::OkStatus();
+    pstrain::trace::TraceOptions trace_options;
+    trace_options.path =
+        absl::StrCat(spec.metrics_dir(), "/trace/ps", index, ".json");
+    trace_options.process_name = absl::StrCat("ps ", index);
+    trace_options.pid = index;
+    if (absl::Status s = pstrain::trace::Start(trace_options); !s.ok()) {
+      return absl::Status(s.code(), absl::StrCat("trace: ", s.message()));
+    }
+    absl::StatusOr<pstrain::ClockOffset> offset = agent.MeasureClockOffset();
+    if (offset.ok()) {
+      pstrain::trace::SetClockOffset(offset->offset_us, offset->rtt_us);
+    } else {
+      agent.Log(absl::StrCat("trace: no clock offset (",
+                             offset.status().message(),
+                             "); the merged timeline takes it as 0"));
+    }
+    return absl::OkStatus();
+  }
+
+  // A row once a second while the shard's state changes; after a failed
+  // write (printed once) no more rows, and training goes on.
+  void MaybeWriteRow() {
+    if (metrics_ != nullptr && absl::Now() - last_row_ >= absl::Seconds(1) &&
+        metrics_->Changed(shard_->Stats()) && !WriteRow()) {
+      metrics_.reset();
+    }
+  }
+
+  // The last row and the whole trace, once.
+  void Finish() {
+    if (finished_) return;
+    finished_ = true;
+    if (metrics_ != nullptr) WriteRow();
+    if (absl::Status s = pstrain::trace::Stop(); !s.ok()) {
+      pstrain::PrintError(kProgram, absl::StrCat("trace: ", s.message()));
+    }
+  }
+
+ private:
+  bool WriteRow() {
+    absl::Status written = writer_->Write(
+        metrics_->TakeInterval(shard_->Stats(), service_->counters()));
+    last_row_ = absl::Now();
+    if (!written.ok()) {
+      pstrain::PrintError(kProgram,
+                          absl::StrCat("metrics: ", written.message()));
+    }
+    return written.ok();
+  }
+
+  pstrain::ParameterShard* const shard_;
+  pstrain::PsService* const service_;
+  std::unique_ptr<pstrain::ShardMetricsWriter> writer_;
+  std::unique_ptr<pstrain::ShardMetrics> metrics_;
+  absl::Time last_row_ = absl::Now();
+  bool finished_ = false;
+};
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -112,23 +215,8 @@ int main(int argc, char** argv) {
   if (!pstrain::TaskThreadsFromFlags(agent, kProgram, false, &exit_code).ok()) {
     return exit_code;
   }
-  // The spec was validated at submission (coordinator/job_spec.h).
-  pstrain::ShardOptions options;
-  options.job_id = agent.options().job_id;
-  options.shard_index = index;
-  options.num_shards = spec->num_ps();
-  options.num_workers = spec->num_workers();
-  options.mode = spec->mode() == "async" ? pstrain::SyncMode::kAsync
-                                         : pstrain::SyncMode::kSync;
-  options.adam = pstrain::OptimizerOptionsOf(spec->optimizer());
-  options.staleness = spec->staleness();
-  options.replicas_to_aggregate =
-      spec->backup_workers() > 0 ? spec->num_workers() - spec->backup_workers()
-                                 : 0;
-  options.clip_grad_norm = spec->clip_grad_norm();
-  // Checkpoint files go only under the job's own checkpoint_dir, never a
-  // path a request names (server/shard_checkpoint.h).
-  options.checkpoint_dir = spec->checkpoint_dir();
+  const pstrain::ShardOptions options =
+      ShardOptionsOf(*spec, agent.options().job_id, index);
 
   // TLS as shard `index` of the job, every call authorized (common/authz.h);
   // or --insecure, refused on a non-loopback address unless allowed.
@@ -192,57 +280,9 @@ int main(int argc, char** argv) {
       advertised, spec->mode(), options.num_workers));
 
   // Metrics rows and the trace.
-  std::unique_ptr<pstrain::ShardMetricsWriter> metrics_writer;
-  std::unique_ptr<pstrain::ShardMetrics> metrics;
-  if (!spec->metrics_dir().empty()) {
-    absl::StatusOr<std::unique_ptr<pstrain::ShardMetricsWriter>> created =
-        pstrain::ShardMetricsWriter::Create(spec->metrics_dir(), index);
-    if (!created.ok()) {
-      return fail(1, absl::StrCat("metrics: ", created.status().message()));
-    }
-    metrics_writer = *std::move(created);
-    metrics = std::make_unique<pstrain::ShardMetrics>(shard.Stats(),
-                                                      service.counters());
-  }
-  absl::Time last_row = absl::Now();
-  auto write_row = [&]() -> bool {
-    const pstrain::ShardStats stats = shard.Stats();
-    absl::Status written =
-        metrics_writer->Write(metrics->TakeInterval(stats, service.counters()));
-    last_row = absl::Now();
-    if (!written.ok()) {
-      pstrain::PrintError(kProgram,
-                          absl::StrCat("metrics: ", written.message()));
-    }
-    return written.ok();
-  };
-  // The last row and the whole trace (once).
-  bool files_finished = false;
-  auto finish_files = [&] {
-    if (files_finished) return;
-    files_finished = true;
-    if (metrics != nullptr) write_row();
-    if (absl::Status s = pstrain::trace::Stop(); !s.ok()) {
-      pstrain::PrintError(kProgram, absl::StrCat("trace: ", s.message()));
-    }
-  };
-  if (spec->trace()) {
-    pstrain::trace::TraceOptions trace_options;
-    trace_options.path =
-        absl::StrCat(spec->metrics_dir(), "/trace/ps", index, ".json");
-    trace_options.process_name = absl::StrCat("ps ", index);
-    trace_options.pid = index;
-    if (absl::Status s = pstrain::trace::Start(trace_options); !s.ok()) {
-      return fail(1, absl::StrCat("trace: ", s.message()));
-    }
-    absl::StatusOr<pstrain::ClockOffset> offset = agent.MeasureClockOffset();
-    if (offset.ok()) {
-      pstrain::trace::SetClockOffset(offset->offset_us, offset->rtt_us);
-    } else {
-      agent.Log(absl::StrCat("trace: no clock offset (",
-                             offset.status().message(),
-                             "); the merged timeline takes it as 0"));
-    }
+  ShardFiles files(&shard, &service);
+  if (absl::Status s = files.Start(*spec, index, agent); !s.ok()) {
+    return fail(1, std::string(s.message()));
   }
 
   std::signal(SIGTERM, OnSignal);
@@ -266,16 +306,13 @@ int main(int argc, char** argv) {
       agent.Log(absl::StrCat("shard ", index, ": ", last_overflow, " (",
                              overflows_logged, " so far)"));
     }
-    if (metrics != nullptr && absl::Now() - last_row >= absl::Seconds(1) &&
-        metrics->Changed(shard.Stats()) && !write_row()) {
-      metrics.reset();  // the error is printed once; training goes on
-    }
+    files.MaybeWriteRow();
     if (service.all_workers_done().WaitForNotificationWithTimeout(
             absl::Milliseconds(100))) {
       agent.Log(absl::StrCat("all workers done; shard ", index, " exiting"));
       listening->SetServing(false);  // draining
       // The files are complete before the coordinator hears of the end.
-      finish_files();
+      files.Finish();
       absl::Status s = agent.Finish(true, "");
       if (!s.ok()) pstrain::PrintError(kProgram, s.message());
       break;
@@ -309,7 +346,7 @@ int main(int argc, char** argv) {
       break;
     }
   }
-  finish_files();
+  files.Finish();
   std::fflush(stdout);
   listening->Shutdown(std::chrono::system_clock::now() +
                       std::chrono::seconds(2));
