@@ -100,6 +100,16 @@ std::string Labels(const std::string& indent, const std::string& job,
   return out;
 }
 
+// The start of one object: "---", apiVersion, kind, and metadata with its
+// name and labels (Labels(job, component)), then "spec:".
+std::string ObjectHead(const char* api_version, const char* kind,
+                       const std::string& name, const std::string& job,
+                       const std::string& component) {
+  return absl::StrCat("---\napiVersion: ", api_version, "\nkind: ", kind,
+                      "\nmetadata:\n  name: ", Quote(name), "\n  labels:\n",
+                      Labels("    ", job, component), "spec:\n");
+}
+
 // `name: NAME` and the TLS Secret's volume, at the pod spec's indent.
 std::string TlsVolume(const std::string& indent, const std::string& secret) {
   // 0400 (256): the keys readable by the container's user only.
@@ -123,30 +133,13 @@ std::string CoordinatorObjects(const LaunchOptions& options,
                                const std::string& service, int port) {
   const std::string labels = Labels("      ", "", "coordinator");
   std::string out = absl::StrCat(
-      "---\n"
-      "apiVersion: v1\n"
-      "kind: Service\n"
-      "metadata:\n"
-      "  name: ",
-      Quote(service),
-      "\n"
-      "  labels:\n",
-      Labels("    ", "", "coordinator"),
-      "spec:\n"
-      "  selector:\n",
+      ObjectHead("v1", "Service", service, "", "coordinator"), "  selector:\n",
       Labels("    ", "", "coordinator"),
       "  ports:\n"
       "  - name: \"grpc\"\n"
       "    port: ",
-      port, "\n    targetPort: ", port,
-      "\n"
-      "---\n"
-      "apiVersion: apps/v1\n"
-      "kind: Deployment\n"
-      "metadata:\n"
-      "  name: ",
-      Quote(service), "\n  labels:\n", Labels("    ", "", "coordinator"),
-      "spec:\n"
+      port, "\n    targetPort: ", port, "\n",
+      ObjectHead("apps/v1", "Deployment", service, "", "coordinator"),
       "  replicas: 1\n"
       "  strategy:\n"
       "    type: \"Recreate\"\n"
@@ -217,13 +210,7 @@ std::string RoleManifests(const LaunchOptions& options, const RoleTasks& role,
   const std::string name = absl::StrCat("pstrain-", job_label, "-", role.role);
   const bool ps = std::string(role.role) == "ps";
   std::string out = absl::StrCat(
-      "---\n"
-      "apiVersion: v1\n"
-      "kind: Service\n"
-      "metadata:\n"
-      "  name: ",
-      Quote(name), "\n  labels:\n", Labels("    ", job_label, role.role),
-      "spec:\n"
+      ObjectHead("v1", "Service", name, job_label, role.role),
       "  clusterIP: \"None\"\n"
       "  publishNotReadyAddresses: true\n"
       "  selector:\n",
@@ -233,13 +220,7 @@ std::string RoleManifests(const LaunchOptions& options, const RoleTasks& role,
                         "    port: ",
                         kPsPort, "\n")
          : "",
-      "---\n"
-      "apiVersion: batch/v1\n"
-      "kind: Job\n"
-      "metadata:\n"
-      "  name: ",
-      Quote(name), "\n  labels:\n", Labels("    ", job_label, role.role),
-      "spec:\n"
+      ObjectHead("batch/v1", "Job", name, job_label, role.role),
       "  completionMode: \"Indexed\"\n"
       "  completions: ",
       role.count, "\n  parallelism: ", role.count,
