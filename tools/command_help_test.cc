@@ -4,8 +4,6 @@
 // not take is refused with exit 2, naming the command and the flag.
 #include "tools/command_help.h"
 
-#include <sys/wait.h>
-
 #include <cstdio>
 #include <set>
 #include <string>
@@ -17,29 +15,13 @@
 #include "absl/strings/strip.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/cli_test_util.h"
 
 namespace pstrain {
 namespace {
 
-struct CommandResult {
-  int exit_code = -1;
-  std::string output;  // stdout and stderr
-};
-
-// Runs `command` (from the runfiles folder: "tools/pstrain ...").
-CommandResult RunCommand(const std::string& command) {
-  CommandResult result;
-  FILE* pipe = popen((command + " 2>&1").c_str(), "r");
-  if (pipe == nullptr) return result;
-  char buffer[4096];
-  size_t n;
-  while ((n = fread(buffer, 1, sizeof(buffer), pipe)) > 0) {
-    result.output.append(buffer, n);
-  }
-  const int status = pclose(pipe);
-  result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return result;
-}
+using ::pstrain::testing::CommandResult;
+using ::pstrain::testing::RunCommand;
 
 // `text` with every run of spaces and newlines as one space (the help
 // wraps lines).
