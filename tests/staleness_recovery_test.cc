@@ -82,7 +82,7 @@ TableRow FinalRow(const std::string& output) {
 // which the workers' pushes meet the barrier varies from run to run, and so
 // does the accuracy (0.817 to 0.851 over this test's runs on a loaded
 // 2-core machine, 2026-11-26), so "the same run undisturbed" is a band, not
-// one figure. A disturbed run must end within a point of that band.
+// one figure. A disturbed run must end no more than a point below it.
 struct CleanRuns {
   int steps = -1;
   double min_accuracy = 1, max_accuracy = 0;
@@ -107,11 +107,14 @@ const CleanRuns& Clean() {
   return *clean;
 }
 
-// `row` ended within a point of the undisturbed runs' band.
-void ExpectWithinAPointOf(const CleanRuns& clean, const TableRow& row,
-                          const std::string& output) {
+// `row` ended no more than a point below the undisturbed runs' band. Not
+// bounded above: a run that recovered may draw a better push order than
+// the three undisturbed ones (a resumed run ended at 0.8508 against a band
+// of 0.8292 to 0.8371 in one CI run); what a recovery must not do is lose
+// accuracy.
+void ExpectNoPointLostAgainst(const CleanRuns& clean, const TableRow& row,
+                              const std::string& output) {
   EXPECT_GE(row.accuracy, clean.min_accuracy - 0.01) << output;
-  EXPECT_LE(row.accuracy, clean.max_accuracy + 0.01) << output;
 }
 
 // Every Step line's rate is positive.
@@ -227,7 +230,7 @@ TEST(StalenessRecoveryTest, StoppedJobResumesFromItsCheckpoint) {
   ExpectPositiveRates(resumed.output);
   const TableRow row = FinalRow(resumed.output);
   EXPECT_EQ(row.steps, kTotalSteps) << resumed.output;
-  ExpectWithinAPointOf(clean, row, resumed.output);
+  ExpectNoPointLostAgainst(clean, row, resumed.output);
 }
 
 TEST(StalenessRecoveryTest, KilledShardRollsEveryWorkerBackToACheckpoint) {
@@ -249,7 +252,7 @@ TEST(StalenessRecoveryTest, KilledShardRollsEveryWorkerBackToACheckpoint) {
   ExpectPositiveRates(run.output);
   const TableRow row = FinalRow(run.output);
   EXPECT_EQ(row.steps, kTotalSteps) << run.output;
-  ExpectWithinAPointOf(clean, row, run.output);
+  ExpectNoPointLostAgainst(clean, row, run.output);
 }
 
 TEST(StalenessRecoveryTest, KilledWorkerRollsEveryWorkerBackToACheckpoint) {
@@ -275,7 +278,7 @@ TEST(StalenessRecoveryTest, KilledWorkerRollsEveryWorkerBackToACheckpoint) {
   ExpectPositiveRates(run.output);
   const TableRow row = FinalRow(run.output);
   EXPECT_EQ(row.steps, kTotalSteps) << run.output;
-  ExpectWithinAPointOf(clean, row, run.output);
+  ExpectNoPointLostAgainst(clean, row, run.output);
 }
 
 }  // namespace
