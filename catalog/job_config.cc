@@ -1,0 +1,222 @@
+#include "catalog/job_config.h"
+
+#include <cstddef>
+
+#include "absl/status/status.h"
+#include "absl/strings/escaping.h"
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+
+namespace pstrain {
+namespace {
+
+// One spelling of an enum value; an enum's first spelling of a value is the
+// one printed.
+template <typename E>
+struct Choice {
+  absl::string_view spelling;
+  E value;
+};
+
+constexpr Choice<Mode> kModes[] = {
+    {"sync", MODE_SYNC}, {"async", MODE_ASYNC}, {"allreduce", MODE_ALLREDUCE}};
+constexpr Choice<BackendKind> kBackends[] = {{"cpu", BACKEND_CPU},
+                                             {"cuda", BACKEND_CUDA}};
+// "" (none) is not listed: it is no collective, not one to name.
+constexpr Choice<CollectiveKind> kCollectives[] = {{"gloo", COLLECTIVE_GLOO},
+                                                   {"nccl", COLLECTIVE_NCCL}};
+constexpr Choice<ComputeKind> kComputes[] = {{"model", COMPUTE_MODEL},
+                                             {"synthetic", COMPUTE_SYNTHETIC}};
+constexpr Choice<AugmentKind> kAugments[] = {
+    {"none", AUGMENT_NONE},
+    {"random_resized_crop", AUGMENT_RANDOM_RESIZED_CROP},
+    {"pad_crop", AUGMENT_PAD_CROP}};
+constexpr Choice<OptimizerAlgorithm> kOptimizers[] = {{"adam", OPTIMIZER_ADAM},
+                                                      {"adamw", OPTIMIZER_ADAM},
+                                                      {"sgd", OPTIMIZER_SGD}};
+constexpr Choice<LrScheduleKind> kLrSchedules[] = {
+    {"constant", LR_SCHEDULE_CONSTANT},
+    {"step", LR_SCHEDULE_STEP},
+    {"cosine", LR_SCHEDULE_COSINE}};
+
+// "a, b or c".
+template <typename E, size_t N>
+std::string Expected(const Choice<E> (&choices)[N]) {
+  std::string out;
+  for (size_t i = 0; i < N; ++i) {
+    if (i > 0) out += i + 1 == N ? " or " : ", ";
+    absl::StrAppend(&out, choices[i].spelling);
+  }
+  return out;
+}
+
+// The value as an error quotes it: escaped (control bytes, quotes and
+// backslashes), at most 300 bytes of it.
+std::string Quoted(absl::string_view text) {
+  constexpr size_t kMaxQuoted = 300;
+  const bool cut = text.size() > kMaxQuoted;
+  return absl::StrCat("\"", absl::CHexEscape(text.substr(0, kMaxQuoted)),
+                      cut ? "..." : "", "\"");
+}
+
+// `empty` is what "" means (parsed as a spelling); nullptr: refused.
+template <typename E, size_t N>
+absl::StatusOr<E> Parse(absl::string_view text, absl::string_view field,
+                        const Choice<E> (&choices)[N],
+                        const E* empty = nullptr) {
+  if (text.empty() && empty != nullptr) return *empty;
+  for (const Choice<E>& choice : choices) {
+    if (choice.spelling == text) return choice.value;
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      field, ": ", Quoted(text), "; expected ", Expected(choices)));
+}
+
+template <typename E, size_t N>
+absl::string_view SpellingIn(E value, const Choice<E> (&choices)[N]) {
+  for (const Choice<E>& choice : choices) {
+    if (choice.value == value) return choice.spelling;
+  }
+  return "";
+}
+
+// AbslParseFlag's form of Parse: the error is what absl prints after
+// "Illegal value '...' specified for flag '...'; ".
+template <typename E>
+bool ParseFlag(const absl::StatusOr<E>& parsed, E* value, std::string* error,
+               const std::string& expected) {
+  if (!parsed.ok()) {
+    *error = absl::StrCat("expected ", expected);
+    return false;
+  }
+  *value = *parsed;
+  return true;
+}
+
+}  // namespace
+
+absl::StatusOr<Mode> ParseMode(absl::string_view text,
+                               absl::string_view field) {
+  return Parse(text, field, kModes);
+}
+
+absl::StatusOr<BackendKind> ParseBackend(absl::string_view text,
+                                         absl::string_view field) {
+  return Parse(text, field, kBackends);
+}
+
+absl::StatusOr<CollectiveKind> ParseCollective(absl::string_view text,
+                                               absl::string_view field) {
+  constexpr CollectiveKind kNone = COLLECTIVE_NONE;
+  return Parse(text, field, kCollectives, &kNone);
+}
+
+absl::StatusOr<ComputeKind> ParseCompute(absl::string_view text,
+                                         absl::string_view field) {
+  return Parse(text, field, kComputes);
+}
+
+absl::StatusOr<AugmentKind> ParseAugment(absl::string_view text,
+                                         absl::string_view field) {
+  constexpr AugmentKind kNone = AUGMENT_NONE;
+  return Parse(text, field, kAugments, &kNone);
+}
+
+absl::StatusOr<OptimizerAlgorithm> ParseOptimizer(absl::string_view text,
+                                                  absl::string_view field) {
+  return Parse(text, field, kOptimizers);
+}
+
+absl::StatusOr<LrScheduleKind> ParseLrSchedule(absl::string_view text,
+                                               absl::string_view field) {
+  return Parse(text, field, kLrSchedules);
+}
+
+absl::string_view Spelling(Mode mode) { return SpellingIn(mode, kModes); }
+absl::string_view Spelling(BackendKind backend) {
+  return SpellingIn(backend, kBackends);
+}
+absl::string_view Spelling(CollectiveKind collective) {
+  return SpellingIn(collective, kCollectives);
+}
+absl::string_view Spelling(ComputeKind compute) {
+  return SpellingIn(compute, kComputes);
+}
+absl::string_view Spelling(AugmentKind augment) {
+  return SpellingIn(augment, kAugments);
+}
+absl::string_view Spelling(OptimizerAlgorithm optimizer) {
+  return SpellingIn(optimizer, kOptimizers);
+}
+absl::string_view Spelling(LrScheduleKind schedule) {
+  return SpellingIn(schedule, kLrSchedules);
+}
+
+absl::StatusOr<JobConfig> ParseJobChoices(const JobSpec& spec) {
+  JobConfig config;
+  ASSIGN_OR_RETURN(config.backend, ParseBackend(spec.backend()));
+  ASSIGN_OR_RETURN(config.mode, ParseMode(spec.mode()));
+  if (config.mode != MODE_ALLREDUCE && !spec.collective().empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("collective: ", Quoted(spec.collective()), " with mode ",
+                     spec.mode(), "; expected none (only allreduce has one)"));
+  }
+  ASSIGN_OR_RETURN(config.collective, ParseCollective(spec.collective()));
+  ASSIGN_OR_RETURN(config.compute, ParseCompute(spec.compute()));
+  ASSIGN_OR_RETURN(config.augment, ParseAugment(spec.augment()));
+  const OptimizerSpec& o = spec.optimizer();
+  ASSIGN_OR_RETURN(config.optimizer, ParseOptimizer(o.name()));
+  ASSIGN_OR_RETURN(config.lr_schedule, ParseLrSchedule(o.lr_schedule()));
+  config.spec = spec;
+  return config;
+}
+
+bool AbslParseFlag(absl::string_view text, Mode* value, std::string* error) {
+  return ParseFlag(ParseMode(text), value, error, Expected(kModes));
+}
+bool AbslParseFlag(absl::string_view text, BackendKind* value,
+                   std::string* error) {
+  return ParseFlag(ParseBackend(text), value, error, Expected(kBackends));
+}
+bool AbslParseFlag(absl::string_view text, CollectiveKind* value,
+                   std::string* error) {
+  return ParseFlag(ParseCollective(text), value, error, Expected(kCollectives));
+}
+bool AbslParseFlag(absl::string_view text, ComputeKind* value,
+                   std::string* error) {
+  return ParseFlag(ParseCompute(text), value, error, Expected(kComputes));
+}
+bool AbslParseFlag(absl::string_view text, AugmentKind* value,
+                   std::string* error) {
+  return ParseFlag(ParseAugment(text), value, error, Expected(kAugments));
+}
+bool AbslParseFlag(absl::string_view text, OptimizerAlgorithm* value,
+                   std::string* error) {
+  return ParseFlag(ParseOptimizer(text), value, error, Expected(kOptimizers));
+}
+bool AbslParseFlag(absl::string_view text, LrScheduleKind* value,
+                   std::string* error) {
+  return ParseFlag(ParseLrSchedule(text), value, error, Expected(kLrSchedules));
+}
+
+std::string AbslUnparseFlag(Mode value) { return std::string(Spelling(value)); }
+std::string AbslUnparseFlag(BackendKind value) {
+  return std::string(Spelling(value));
+}
+std::string AbslUnparseFlag(CollectiveKind value) {
+  return std::string(Spelling(value));
+}
+std::string AbslUnparseFlag(ComputeKind value) {
+  return std::string(Spelling(value));
+}
+std::string AbslUnparseFlag(AugmentKind value) {
+  return std::string(Spelling(value));
+}
+std::string AbslUnparseFlag(OptimizerAlgorithm value) {
+  return std::string(Spelling(value));
+}
+std::string AbslUnparseFlag(LrScheduleKind value) {
+  return std::string(Spelling(value));
+}
+
+}  // namespace pstrain

@@ -1,0 +1,128 @@
+#include "catalog/job_config.h"
+
+#include <string>
+
+#include "absl/flags/marshalling.h"
+#include "gtest/gtest.h"
+
+namespace pstrain {
+namespace {
+
+TEST(JobConfigTest, EverySpellingParsesAndPrintsBack) {
+  for (absl::string_view s : {"sync", "async", "allreduce"}) {
+    EXPECT_EQ(Spelling(ParseMode(s).value()), s);
+  }
+  for (absl::string_view s : {"cpu", "cuda"}) {
+    EXPECT_EQ(Spelling(ParseBackend(s).value()), s);
+  }
+  for (absl::string_view s : {"gloo", "nccl"}) {
+    EXPECT_EQ(Spelling(ParseCollective(s).value()), s);
+  }
+  for (absl::string_view s : {"model", "synthetic"}) {
+    EXPECT_EQ(Spelling(ParseCompute(s).value()), s);
+  }
+  for (absl::string_view s : {"none", "random_resized_crop", "pad_crop"}) {
+    EXPECT_EQ(Spelling(ParseAugment(s).value()), s);
+  }
+  for (absl::string_view s : {"adam", "sgd"}) {
+    EXPECT_EQ(Spelling(ParseOptimizer(s).value()), s);
+  }
+  for (absl::string_view s : {"constant", "step", "cosine"}) {
+    EXPECT_EQ(Spelling(ParseLrSchedule(s).value()), s);
+  }
+}
+
+TEST(JobConfigTest, ValuesAndAliases) {
+  EXPECT_EQ(ParseMode("allreduce").value(), MODE_ALLREDUCE);
+  EXPECT_EQ(ParseBackend("cuda").value(), BACKEND_CUDA);
+  EXPECT_EQ(ParseCollective("").value(), COLLECTIVE_NONE);
+  EXPECT_EQ(Spelling(COLLECTIVE_NONE), "");
+  EXPECT_EQ(ParseAugment("").value(), AUGMENT_NONE);
+  EXPECT_EQ(ParseOptimizer("adamw").value(), OPTIMIZER_ADAM);
+  EXPECT_EQ(ParseLrSchedule("cosine").value(), LR_SCHEDULE_COSINE);
+  EXPECT_EQ(Spelling(MODE_UNSPECIFIED), "");
+  EXPECT_EQ(Spelling(static_cast<Mode>(77)), "");
+}
+
+TEST(JobConfigTest, ErrorsNameTheFieldAndTheSpellings) {
+  EXPECT_EQ(ParseMode("semi").status().message(),
+            "mode: \"semi\"; expected sync, async or allreduce");
+  EXPECT_EQ(ParseMode("Sync", "--mode").status().message(),
+            "--mode: \"Sync\"; expected sync, async or allreduce");
+  EXPECT_EQ(ParseBackend("").status().message(),
+            "backend: \"\"; expected cpu or cuda");
+  EXPECT_EQ(ParseCollective("mpi").status().message(),
+            "collective: \"mpi\"; expected gloo or nccl");
+  EXPECT_EQ(ParseCompute("gpu").status().message(),
+            "compute: \"gpu\"; expected model or synthetic");
+  EXPECT_EQ(ParseAugment("rotate").status().message(),
+            "augment: \"rotate\"; expected none, random_resized_crop or "
+            "pad_crop");
+  EXPECT_EQ(ParseOptimizer("lamb").status().message(),
+            "optimizer.name: \"lamb\"; expected adam, adamw or sgd");
+  EXPECT_EQ(ParseLrSchedule("linear").status().message(),
+            "optimizer.lr_schedule: \"linear\"; expected constant, step or "
+            "cosine");
+  EXPECT_TRUE(absl::IsInvalidArgument(ParseMode("x").status()));
+  // One line, bounded.
+  EXPECT_EQ(ParseMode("a\nb\"").status().message(),
+            "mode: \"a\\nb\\\"\"; expected sync, async or allreduce");
+  const std::string message(
+      ParseMode(std::string(5000, 'x')).status().message());
+  EXPECT_LT(message.size(), 400u);
+  EXPECT_NE(message.find("xxx...\""), std::string::npos);
+}
+
+TEST(JobConfigTest, ParseJobChoices) {
+  JobSpec spec;
+  spec.set_backend("cuda");
+  spec.set_mode("allreduce");
+  spec.set_collective("nccl");
+  spec.set_compute("synthetic");
+  spec.set_augment("pad_crop");
+  spec.mutable_optimizer()->set_name("sgd");
+  spec.mutable_optimizer()->set_lr_schedule("step");
+  spec.set_num_workers(3);
+  absl::StatusOr<JobConfig> config = ParseJobChoices(spec);
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->backend, BACKEND_CUDA);
+  EXPECT_EQ(config->mode, MODE_ALLREDUCE);
+  EXPECT_FALSE(config->has_ps());
+  EXPECT_EQ(config->collective, COLLECTIVE_NCCL);
+  EXPECT_EQ(config->compute, COMPUTE_SYNTHETIC);
+  EXPECT_EQ(config->augment, AUGMENT_PAD_CROP);
+  EXPECT_EQ(config->optimizer, OPTIMIZER_SGD);
+  EXPECT_EQ(config->lr_schedule, LR_SCHEDULE_STEP);
+  EXPECT_EQ(config->spec.num_workers(), 3);
+
+  spec.set_mode("sync");
+  EXPECT_EQ(ParseJobChoices(spec).status().message(),
+            "collective: \"nccl\" with mode sync; expected none (only "
+            "allreduce has one)");
+  spec.clear_collective();
+  spec.mutable_optimizer()->set_lr_schedule("");
+  EXPECT_EQ(ParseJobChoices(spec).status().message(),
+            "optimizer.lr_schedule: \"\"; expected constant, step or cosine");
+}
+
+TEST(JobConfigTest, FlagsTakeTheSpellings) {
+  Mode mode = MODE_UNSPECIFIED;
+  std::string error;
+  EXPECT_TRUE(absl::ParseFlag("async", &mode, &error));
+  EXPECT_EQ(mode, MODE_ASYNC);
+  EXPECT_FALSE(absl::ParseFlag("MODE_ASYNC", &mode, &error));
+  EXPECT_EQ(error, "expected sync, async or allreduce");
+  EXPECT_EQ(absl::UnparseFlag(MODE_ALLREDUCE), "allreduce");
+  BackendKind backend = BACKEND_UNSPECIFIED;
+  EXPECT_TRUE(absl::ParseFlag("cuda", &backend, &error));
+  EXPECT_EQ(absl::UnparseFlag(backend), "cuda");
+  AugmentKind augment = AUGMENT_PAD_CROP;
+  EXPECT_TRUE(absl::ParseFlag("none", &augment, &error));
+  EXPECT_EQ(augment, AUGMENT_NONE);
+  OptimizerAlgorithm optimizer = OPTIMIZER_UNSPECIFIED;
+  EXPECT_TRUE(absl::ParseFlag("adamw", &optimizer, &error));
+  EXPECT_EQ(absl::UnparseFlag(optimizer), "adam");
+}
+
+}  // namespace
+}  // namespace pstrain
