@@ -66,6 +66,13 @@ void OnSignal(int signal) { g_signal = signal; }
 
 // The job's end as a heartbeat reported it.
 struct JobEnd {
+  void Record(pstrain::JobState end_state, const std::string& end_message) {
+    absl::MutexLock lock(&mu);
+    ended = true;
+    state = end_state;
+    message = end_message;
+  }
+
   absl::Mutex mu;
   bool ended ABSL_GUARDED_BY(mu) = false;
   pstrain::JobState state ABSL_GUARDED_BY(mu) = pstrain::JOB_STATE_UNSPECIFIED;
@@ -175,13 +182,8 @@ class ShardFiles {
   bool finished_ = false;
 };
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage(
-      "One pstrain parameter-server shard: pstrain_ps --coordinator=HOST:PORT "
-      "--job=ID --task_index=N [--bind=ADDR --port=P --advertise=HOST]");
-  pstrain::ParseFlagsOrExit(argc, argv, kProgram, "pstrain_ps --help");
+// The flags' ranges: the first out of range, as INVALID_ARGUMENT.
+absl::Status CheckFlags() {
   for (const absl::Status& s :
        {pstrain::CheckFlagRange("pull_timeout_s",
                                 absl::GetFlag(FLAGS_pull_timeout_s), 1, 86400,
@@ -191,10 +193,117 @@ int main(int argc, char** argv) {
                                 7 * 86400, "seconds"),
         pstrain::CheckFlagRange("health_port", absl::GetFlag(FLAGS_health_port),
                                 0, 65535)}) {
-    if (!s.ok()) {
-      pstrain::PrintError(kProgram, s.message());
-      return 2;
+    if (!s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+// Serves `service` on the task's --bind:--port (and --health_port), health
+// NOT_SERVING until worker 0 initialises the shard. The error is the line
+// the task fails with.
+absl::StatusOr<pstrain::ListeningServer> Listen(
+    const pstrain::TaskAddress& address, pstrain::PsService* service,
+    const std::shared_ptr<grpc::ServerCredentials>& credentials) {
+  const std::string listen = absl::StrCat(address.bind, ":", address.port);
+  pstrain::HealthOptions health;
+  health.service_name = "pstrain.ParameterServer";
+  health.serving_at_start = false;  // until worker 0 initialises the shard
+  if (absl::GetFlag(FLAGS_health_port) > 0) {
+    health.plaintext_address =
+        absl::StrCat(address.bind, ":", absl::GetFlag(FLAGS_health_port));
+  }
+  absl::StatusOr<pstrain::ListeningServer> listening = pstrain::StartGrpcServer(
+      listen, service, "", credentials, pstrain::ServerLimits(), health);
+  if (listening.ok()) return listening;
+  // The health port's error names it.
+  if (absl::StrContains(listening.status().message(), "(health port")) {
+    return listening.status();
+  }
+  return absl::UnavailableError(absl::StrCat(
+      "cannot listen on ", listen, " (advertised as ", address.advertise_host,
+      ":", address.port, "): in use, or not an address of this host"));
+}
+
+// Serves until every worker is done (0), the job ends elsewhere (0 if it
+// succeeded, else 1), a signal (128 + signal) or --idle_timeout_s without a
+// request (1); returns the exit code. Meanwhile it keeps health, the log of
+// refused updates and the metrics rows current.
+int ServeUntilEnd(pstrain::TaskAgent& agent, pstrain::ParameterShard* shard,
+                  pstrain::PsService* service,
+                  pstrain::ListeningServer* listening, ShardFiles* files,
+                  JobEnd* job_end) {
+  const int index = agent.options().index;
+  const absl::Duration idle_timeout =
+      absl::Seconds(absl::GetFlag(FLAGS_idle_timeout_s));
+  int64_t overflows_logged = 0;
+  bool serving = false;
+  while (true) {
+    // Health: ready once initialised, not while a restore replaces the
+    // state (draining sets NOT_SERVING below, before the loop ends).
+    if (const bool ready = shard->initialized() && !service->restoring();
+        ready != serving) {
+      serving = ready;
+      listening->SetServing(serving);
     }
+    // Updates the shard refused for a non-finite result, in the job's log.
+    if (shard->overflowed() > overflows_logged) {
+      std::string last_overflow;
+      overflows_logged = shard->overflowed(&last_overflow);
+      agent.Log(absl::StrCat("shard ", index, ": ", last_overflow, " (",
+                             overflows_logged, " so far)"));
+    }
+    files->MaybeWriteRow();
+    if (service->all_workers_done().WaitForNotificationWithTimeout(
+            absl::Milliseconds(100))) {
+      agent.Log(absl::StrCat("all workers done; shard ", index, " exiting"));
+      listening->SetServing(false);  // draining
+      // The files are complete before the coordinator hears of the end.
+      files->Finish();
+      absl::Status s = agent.Finish(true, "");
+      if (!s.ok()) pstrain::PrintError(kProgram, s.message());
+      return 0;
+    }
+    {
+      absl::MutexLock lock(&job_end->mu);
+      if (job_end->ended) {
+        pstrain::PrintError(
+            kProgram, absl::StrCat(agent.name(), ": the job ended (",
+                                   pstrain::JobState_Name(job_end->state), ")",
+                                   job_end->message.empty() ? "" : ": ",
+                                   job_end->message, "; exiting"));
+        return job_end->state == pstrain::JOB_SUCCEEDED ? 0 : 1;
+      }
+    }
+    if (g_signal != 0) {
+      listening->SetServing(false);  // draining
+      const int exit_code = 128 + g_signal;
+      shard->Abort(absl::StrCat("signal ", static_cast<int>(g_signal)));
+      pstrain::FailTask(
+          agent, kProgram, exit_code,
+          absl::StrCat("stopped by signal ", static_cast<int>(g_signal)));
+      return exit_code;
+    }
+    if (absl::Now() - service->last_request_time() > idle_timeout) {
+      shard->Abort("idle timeout");
+      pstrain::FailTask(
+          agent, kProgram, 1,
+          absl::StrCat("no request for ", absl::GetFlag(FLAGS_idle_timeout_s),
+                       " s (--idle_timeout_s)"));
+      return 1;
+    }
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "One pstrain parameter-server shard: pstrain_ps --coordinator=HOST:PORT "
+      "--job=ID --task_index=N [--bind=ADDR --port=P --advertise=HOST]");
+  pstrain::ParseFlagsOrExit(argc, argv, kProgram, "pstrain_ps --help");
+  if (absl::Status s = CheckFlags(); !s.ok()) {
+    pstrain::PrintError(kProgram, s.message());
+    return 2;
   }
 
   int exit_code = 0;
@@ -236,23 +345,10 @@ int main(int argc, char** argv) {
   pstrain::PsService service(&shard,
                              absl::Seconds(absl::GetFlag(FLAGS_pull_timeout_s)),
                              /*authorize=*/!tls->insecure);
-  const std::string listen = absl::StrCat(address->bind, ":", address->port);
-  pstrain::HealthOptions health;
-  health.service_name = "pstrain.ParameterServer";
-  health.serving_at_start = false;  // until worker 0 initialises the shard
-  if (absl::GetFlag(FLAGS_health_port) > 0) {
-    health.plaintext_address =
-        absl::StrCat(address->bind, ":", absl::GetFlag(FLAGS_health_port));
-  }
-  absl::StatusOr<pstrain::ListeningServer> listening = pstrain::StartGrpcServer(
-      listen, &service, "", *credentials, pstrain::ServerLimits(), health);
+  absl::StatusOr<pstrain::ListeningServer> listening =
+      Listen(*address, &service, *credentials);
   if (!listening.ok()) {
-    const std::string why(listening.status().message());
-    // The health port's error names it.
-    if (absl::StrContains(why, "(health port")) return fail(1, why);
-    return fail(1, absl::StrCat("cannot listen on ", listen, " (advertised as ",
-                                address->advertise_host, ":", address->port,
-                                "): in use, or not an address of this host"));
+    return fail(1, std::string(listening.status().message()));
   }
   const std::string advertised =
       absl::StrCat(address->advertise_host, ":", listening->port);
@@ -268,10 +364,7 @@ int main(int argc, char** argv) {
         // No barrier will complete now: release the pulls waiting on one so
         // that the server can shut down.
         if (state != pstrain::JOB_SUCCEEDED) shard.Abort(message);
-        absl::MutexLock lock(&job_end.mu);
-        job_end.ended = true;
-        job_end.state = state;
-        job_end.message = message;
+        job_end.Record(state, message);
       });
   agent.Log(absl::StrFormat(
       "shard %d/%d of %s listening on %s:%d, advertised as %s (%s, %d "
@@ -287,65 +380,8 @@ int main(int argc, char** argv) {
 
   std::signal(SIGTERM, OnSignal);
   std::signal(SIGINT, OnSignal);
-  const absl::Duration idle_timeout =
-      absl::Seconds(absl::GetFlag(FLAGS_idle_timeout_s));
-  int64_t overflows_logged = 0;
-  bool serving = false;
-  while (true) {
-    // Health: ready once initialised, not while a restore replaces the
-    // state (draining sets NOT_SERVING below, before the loop ends).
-    if (const bool ready = shard.initialized() && !service.restoring();
-        ready != serving) {
-      serving = ready;
-      listening->SetServing(serving);
-    }
-    // Updates the shard refused for a non-finite result, in the job's log.
-    if (shard.overflowed() > overflows_logged) {
-      std::string last_overflow;
-      overflows_logged = shard.overflowed(&last_overflow);
-      agent.Log(absl::StrCat("shard ", index, ": ", last_overflow, " (",
-                             overflows_logged, " so far)"));
-    }
-    files.MaybeWriteRow();
-    if (service.all_workers_done().WaitForNotificationWithTimeout(
-            absl::Milliseconds(100))) {
-      agent.Log(absl::StrCat("all workers done; shard ", index, " exiting"));
-      listening->SetServing(false);  // draining
-      // The files are complete before the coordinator hears of the end.
-      files.Finish();
-      absl::Status s = agent.Finish(true, "");
-      if (!s.ok()) pstrain::PrintError(kProgram, s.message());
-      break;
-    }
-    {
-      absl::MutexLock lock(&job_end.mu);
-      if (job_end.ended) {
-        pstrain::PrintError(
-            kProgram, absl::StrCat(agent.name(), ": the job ended (",
-                                   pstrain::JobState_Name(job_end.state), ")",
-                                   job_end.message.empty() ? "" : ": ",
-                                   job_end.message, "; exiting"));
-        exit_code = job_end.state == pstrain::JOB_SUCCEEDED ? 0 : 1;
-        break;
-      }
-    }
-    if (g_signal != 0) {
-      listening->SetServing(false);  // draining
-      exit_code = 128 + g_signal;
-      shard.Abort(absl::StrCat("signal ", static_cast<int>(g_signal)));
-      fail(exit_code,
-           absl::StrCat("stopped by signal ", static_cast<int>(g_signal)));
-      break;
-    }
-    if (absl::Now() - service.last_request_time() > idle_timeout) {
-      exit_code = 1;
-      shard.Abort("idle timeout");
-      fail(exit_code,
-           absl::StrCat("no request for ", absl::GetFlag(FLAGS_idle_timeout_s),
-                        " s (--idle_timeout_s)"));
-      break;
-    }
-  }
+  exit_code =
+      ServeUntilEnd(agent, &shard, &service, &*listening, &files, &job_end);
   files.Finish();
   std::fflush(stdout);
   listening->Shutdown(std::chrono::system_clock::now() +
