@@ -659,16 +659,18 @@ void ParameterShard::ResetStepsLocked(int64_t version) {
   recent_skips_.clear();
   norm_step_ = -1;
   norm_partial_ = 0;
-  last_norm_step_ = -1;
-  last_norm_partial_ = 0;
-  last_norm_sum_sq_ = 0;
+  recent_norms_.clear();
+  hold_step_ = -1;
 }
 
-double ParameterShard::PartialNormLocked(int64_t step, bool skip) {
+double ParameterShard::PartialNormLocked(int64_t step, bool skip,
+                                         const std::vector<bool>* members) {
   if (skip) return 0;
   double sum_sq = 0;
-  std::vector<int> workers(options_.num_workers);
-  std::iota(workers.begin(), workers.end(), 0);
+  std::vector<int> workers;
+  for (int w = 0; w < options_.num_workers; ++w) {
+    if (members == nullptr || (*members)[w]) workers.push_back(w);
+  }
   for (const std::unique_ptr<ChunkState>& c : chunks_) {
     absl::MutexLock chunk_lock(&c->mu);
     // A chunk already past `step` (restored at a later version) has no
@@ -684,6 +686,29 @@ double ParameterShard::PartialNormLocked(int64_t step, bool skip) {
     }
   }
   return sum_sq;
+}
+
+bool ParameterShard::MaybeAwaitNormLocked() {
+  if (!clipping() || norm_step_ >= 0) return false;
+  const int64_t deciding = ending_step_;
+  StepEnds& ends = ends_[SlotIndex(deciding)];
+  const int needed =
+      backup_workers() ? options_.replicas_to_aggregate : options_.num_workers;
+  if (ends.num_ended < needed) return false;
+  // Nothing is applied yet: the step waits for its norm, whose partial the
+  // pulls send (ApplyStepNorm()).
+  norm_step_ = deciding;
+  norm_partial_ = PartialNormLocked(deciding, ends.skip != nullptr,
+                                    backup_workers() ? &ends.ended : nullptr);
+  return true;
+}
+
+const ParameterShard::NormDecision* ParameterShard::RecentNormLocked(
+    int64_t step) const {
+  for (const NormDecision& d : recent_norms_) {
+    if (d.step == step) return &d;
+  }
+  return nullptr;
 }
 
 void ParameterShard::DecidedLocked(int64_t deciding, StepEnds& ends) {
@@ -767,11 +792,8 @@ absl::Status ParameterShard::EndStep(int worker_id, int64_t step,
     StepEnds& e = ends_[SlotIndex(deciding)];
     if (e.num_ended < options_.num_workers) break;
     if (clipping()) {
-      // Nothing is applied yet: the step waits for its norm, whose
-      // partial the pulls send (ApplyStepNorm()).
-      norm_step_ = deciding;
-      norm_partial_ = PartialNormLocked(deciding, e.skip != nullptr);
-      decided_any = true;  // wakes the pulls
+      // The step waits for its norm; true wakes the pulls.
+      if (MaybeAwaitNormLocked()) decided_any = true;
       break;
     }
     // Every worker pushed every chunk of the step, and the step before is
@@ -828,13 +850,34 @@ absl::StatusOr<bool> ParameterShard::EndStepWithBackups(
   if (absl::Status current = CheckGeneration(generation); !current.ok()) {
     return current;
   }
+  if (arbiter && step == hold_step_) {
+    // A checkpoint's cut: the other shards register it before any of
+    // them can decide the step (HoldCheckpointStep()).
+    auto released = [this, step]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(step_mu_) {
+      return hold_step_ != step || aborted_.load();
+    };
+    if (!step_mu_.AwaitWithDeadline(absl::Condition(&released), hold_until_) &&
+        hold_step_ == step) {
+      hold_step_ = -1;  // worker 0 never released it: its checkpoint fails
+    }
+    if (aborted_.load()) return AbortedStatus();
+    if (absl::Status current = CheckGeneration(generation); !current.ok()) {
+      return current;
+    }
+  }
   if (step > ending_step_) {
     return absl::FailedPreconditionError(
         absl::StrCat("worker ", worker_id, " ended step ", step, " but shard ",
                      options_.shard_index, " is collecting the ends of step ",
                      ending_step_));
   }
-  if (step < ending_step_ || claim == AdmissionClaim::kLate) {
+  // Clipping: the step's R admitted ends may be in already, its norm
+  // awaited.
+  const bool admissions_full =
+      step == ending_step_ &&
+      ends_[0].num_ended >= options_.replicas_to_aggregate;
+  if (step < ending_step_ || admissions_full ||
+      claim == AdmissionClaim::kLate) {
     if (claim == AdmissionClaim::kAdmitted) {
       return absl::InvalidArgumentError(absl::StrCat(
           "worker ", worker_id, " claims an admission to step ", step,
@@ -872,15 +915,49 @@ absl::StatusOr<bool> ParameterShard::EndStepWithBackups(
     ends.skip->nonfinite = *nonfinite;
   }
   if (ends.num_ended == options_.replicas_to_aggregate) {
-    DecideWithBackupsLocked(step, ends);
+    if (clipping()) {
+      if (MaybeAwaitNormLocked()) NoteUpdate();  // wakes the pulls
+    } else {
+      DecideWithBackupsLocked(step, ends);
+    }
   }
   return true;
+}
+
+absl::StatusOr<int64_t> ParameterShard::HoldCheckpointStep(
+    int64_t min_step, absl::Duration hold) {
+  if (!initialized_.load()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("checkpoint of step ", min_step, " on shard ",
+                     options_.shard_index, " before it was initialised"));
+  }
+  if (!backup_workers() || options_.shard_index != 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "checkpoint of step ", min_step, " picked by shard ",
+        options_.shard_index,
+        ": only shard 0 of a job with backup workers picks a checkpoint's "
+        "step"));
+  }
+  absl::MutexLock lock(&step_mu_);
+  const int64_t first_open =
+      ends_[0].num_ended > 0 ? ending_step_ + 1 : ending_step_;
+  hold_step_ = std::max(min_step, first_open);
+  hold_until_ = absl::Now() + hold;
+  return hold_step_;
+}
+
+void ParameterShard::ReleaseCheckpointHold() {
+  absl::MutexLock lock(&step_mu_);
+  hold_step_ = -1;
 }
 
 void ParameterShard::DecideWithBackupsLocked(int64_t step, StepEnds& ends) {
   const bool skip = ends.skip != nullptr;
   for (const std::unique_ptr<ChunkState>& c : chunks_) {
     absl::MutexLock chunk_lock(&c->mu);
+    // A checkpoint's cut comes before the update that takes the chunk
+    // past it.
+    if (c->snap_into != nullptr) MaybeSnapLocked(*c);
     // Every admitted worker pushed the chunk (checked at its end), so the
     // chunk is at `step`; the late workers' pushes go with the slot.
     CompleteBarrierLocked(*c, &ends.ended, skip);
@@ -912,15 +989,18 @@ absl::Status ParameterShard::ApplyStepNorm(int worker_id, int64_t step,
     return current;
   }
   if (chunks_.empty()) return absl::OkStatus();  // nothing to decide
-  if (step == last_norm_step_) {
-    if (sum_sq != last_norm_sum_sq_) {
+  if (const NormDecision* decided = RecentNormLocked(step)) {
+    if (sum_sq != decided->sum_sq) {
       return absl::InvalidArgumentError(absl::StrCat(
           "worker ", worker_id, " sent ", sum_sq,
           " as the squared global norm of step ", step, " but shard ",
-          options_.shard_index, " clipped it with ", last_norm_sum_sq_));
+          options_.shard_index, " clipped it with ", decided->sum_sq));
     }
     return absl::OkStatus();
   }
+  // Staleness: a sum of a step decided before the ones kept; nothing left
+  // to check it against.
+  if (step <= decided_step_ && step != norm_step_) return absl::OkStatus();
   if (step != norm_step_) {
     return absl::FailedPreconditionError(absl::StrCat(
         "worker ", worker_id, " sent the global norm of step ", step,
@@ -938,16 +1018,23 @@ absl::Status ParameterShard::ApplyStepNorm(int worker_id, int64_t step,
   const float norm = static_cast<float>(std::sqrt(sum_sq));
   const float clip = std::min(
       static_cast<float>(options_.clip_grad_norm) / (norm + 1e-6f), 1.0f);
+  // Backup workers: the admitted workers' pushes only.
+  const std::vector<bool>* members = backup_workers() ? &ends.ended : nullptr;
   for (const std::unique_ptr<ChunkState>& c : chunks_) {
     absl::MutexLock chunk_lock(&c->mu);
     // As in PartialNormLocked(): a chunk past `step` has nothing of it.
-    if (c->version == step) CompleteBarrierLocked(*c, nullptr, skip, clip);
+    if (c->version != step) continue;
+    // A checkpoint's cut comes before the update that takes the chunk
+    // past it.
+    if (c->snap_into != nullptr) MaybeSnapLocked(*c);
+    CompleteBarrierLocked(*c, members, skip, clip);
   }
-  last_norm_step_ = step;
-  last_norm_partial_ = norm_partial_;
-  last_norm_sum_sq_ = sum_sq;
+  recent_norms_.push_back({step, norm_partial_, sum_sq});
+  if (recent_norms_.size() > 8) recent_norms_.erase(recent_norms_.begin());
   norm_step_ = -1;
   DecidedLocked(step, ends);
+  // Staleness: the next step's ends may all be in already.
+  MaybeAwaitNormLocked();
   NoteUpdate();
   return absl::OkStatus();
 }
@@ -1031,11 +1118,11 @@ absl::Status ParameterShard::Pull(int64_t min_version, int64_t samples,
         if (norm_step_ == deciding) {
           ready = true;
           partial = norm_partial_;
-        } else if (last_norm_step_ == deciding) {
+        } else if (const NormDecision* d = RecentNormLocked(deciding)) {
           // Decided already by another worker's sum: this worker still
           // needs the partial (its own sum is checked against it).
           ready = true;
-          partial = last_norm_partial_;
+          partial = d->partial;
         }
       }
       if (ready) {

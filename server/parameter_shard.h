@@ -78,11 +78,18 @@
 //    not. A push of a step already decided is dropped and counted
 //    (ShardStats::late_pushes), OK. Samples are counted from the admitted
 //    ends (the late workers' batches are not trained on). No staleness
-//    with backups, and no checkpoints (worker 0 may be late, so no worker
-//    can ask every shard for one version; coordinator/job_spec.h).
+//    with backups (docs/ARCHITECTURE.md, "Step policies", says why).
+//    Checkpoints: worker 0 may be late, so the cut is decided where the
+//    admissions are, on shard 0 (HoldCheckpointStep()): the first step
+//    shard 0 has admitted no end of, whose admissions it holds until every
+//    shard has registered a deferred snapshot of that version
+//    (BeginDeferredSnapshot()); no shard can decide that step before its
+//    admissions, so every chunk of every shard copies itself at the one
+//    version: a consistent cut taken by shard 0's decision, not by worker
+//    0's own step.
 //
-//  - gradient clipping by global norm (sync mode without staleness or
-//    backup workers, options.clip_grad_norm = c > 0; as
+//  - gradient clipping by global norm (sync mode, with or without
+//    staleness or backup workers, options.clip_grad_norm = c > 0; as
 //    torch.nn.utils.clip_grad_norm_(parameters, c) before the optimizer
 //    step, which in data-parallel training acts on the workers' average
 //    gradient): every chunk's average gradient is multiplied by
@@ -101,7 +108,16 @@
 //    doubles in the same order, so every worker sends the same sum and
 //    every shard clips with the same coefficient; a later sum that
 //    differs is refused. A skipped step (non-finite value) goes the same
-//    round with partial 0 and applies nothing.
+//    round with partial 0 and applies nothing. With backup workers the
+//    partial is of the admitted workers' average, taken once the R-th
+//    admitted end is in (a late worker's pushes are not in the step, so
+//    not in its norm). With staleness s the norm round of step t is that
+//    of the pulls of version t + 1 (every worker's pull at its step
+//    t + s); steps still decide in order, each once its ends are all in,
+//    the step before it decided, and its norm arrived. A pull of a version
+//    whose step was decided long ago carries no partial; its worker sends
+//    no sum (someone else's decided the step). A sum for a step decided
+//    earlier is checked against the recent decisions it still holds.
 //
 // The gRPC service (ps_service.h) only converts messages and statuses.
 //
@@ -176,8 +192,8 @@ struct ShardOptions {
   // above) when 0 < replicas_to_aggregate < num_workers; 0 (or
   // num_workers): every worker's push goes into every step.
   int replicas_to_aggregate = 0;
-  // Sync mode without staleness or backup workers: gradient clipping by
-  // global norm (see "Gradient clipping" above), 0 to 1e6; 0: none.
+  // Sync mode: gradient clipping by global norm (see "Gradient clipping"
+  // above), 0 to 1e6; 0: none.
   double clip_grad_norm = 0;
   // The job's checkpoint folder on this shard's host (the job spec's
   // checkpoint_dir as the coordinator validated it); the shard writes
@@ -448,17 +464,19 @@ class ParameterShard {
   absl::Status SnapshotInto(int64_t expected_version,
                             std::vector<ChunkSnapshot>* out) const;
 
-  // The deferred half of a checkpoint of step `version` (sync mode without
-  // backup workers or clipping; what a shard with bounded staleness takes,
-  // where chunks reach `version` at different times). Registers the cut:
+  // The deferred half of a checkpoint of step `version` (sync mode; what a
+  // shard with bounded staleness or backup workers takes, where chunks
+  // reach `version` at different times). Registers the cut:
   // each chunk copies itself into (*out)[i] (plan order, as Snapshot())
   // once it is at `version` with step version - 1 decided (its state at
   // `version` final: no skip can put it back any more): at once if it
   // already is, else just before the update of step `version` (in the
   // apply path, under the chunk's lock) or at the decision of step
-  // version - 1, whichever comes first. Worker 0 registers before it
-  // pushes step `version`, and no chunk applies that step without its
-  // push, so every chunk is copied at `version`: one consistent cut.
+  // version - 1, whichever comes first. Staleness: worker 0 registers
+  // before it pushes step `version`, and no chunk applies that step
+  // without its push, so every chunk is copied at `version`: one
+  // consistent cut. Backup workers: shard 0 holds the step's admissions
+  // until every shard registered (HoldCheckpointStep()).
   // `out` (resized here) must stay alive until AwaitDeferredSnapshot()
   // returns OK, the next registration, CancelDeferredSnapshot() or the
   // shard's end. Replaces an earlier registration.
@@ -478,6 +496,20 @@ class ParameterShard {
   // Drops the registration: no chunk writes into its `out` any more; a
   // waiter ends with ABORTED.
   void CancelDeferredSnapshot();
+
+  // Backup workers, shard 0: the step of a checkpoint worker 0 asks for at
+  // its step `min_step` (see "Backup workers" above). Returns the cut: the
+  // larger of `min_step` and the first step this shard has admitted no end
+  // of; until ReleaseCheckpointHold() (or `hold` passes, or the shard
+  // changes generation) an end of that step waits before its admission,
+  // so that the other shards can register the cut before any of them can
+  // decide the step. The caller then registers this shard's deferred
+  // snapshot of the cut. FAILED_PRECONDITION without backup workers, on
+  // another shard than 0, or before Initialize().
+  absl::StatusOr<int64_t> HoldCheckpointStep(int64_t min_step,
+                                             absl::Duration hold);
+  // Ends the hold (a no-op without one).
+  void ReleaseCheckpointHold();
 
   // Ends every wait (WaitReady, Pull) now and later with ABORTED and
   // `reason`: the job has ended elsewhere (a lost worker, a cancel), so no
@@ -558,11 +590,13 @@ class ParameterShard {
   // buffer, which it returns; once per slot (slot.averaged).
   static float* AverageInto(StepSlot& slot, const std::vector<int>& workers,
                             int64_t n);
-  // Clipping: every worker's end of step `step` is in: averages each
-  // chunk's pushes (slot.averaged) and returns the sum of the squares of
-  // the parameters' averages, in double, chunk by chunk in plan order;
-  // 0 if the step is skipped.
-  double PartialNormLocked(int64_t step, bool skip)
+  // Clipping: every worker's end of step `step` is in (backup workers:
+  // the admitted ones, `members`): averages each chunk's pushes of
+  // `members` (null: every worker; slot.averaged) and returns the sum of
+  // the squares of the parameters' averages, in double, chunk by chunk in
+  // plan order; 0 if the step is skipped.
+  double PartialNormLocked(int64_t step, bool skip,
+                           const std::vector<bool>* members)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(step_mu_);
   // Sync mode: step `deciding`'s ends are all in, and (clipping) its norm:
   // the step counters, the skip record, and the pulls woken.
@@ -669,9 +703,25 @@ class ParameterShard {
   // a norm, its partial and the sum that decided it.
   int64_t norm_step_ ABSL_GUARDED_BY(step_mu_) = -1;
   double norm_partial_ ABSL_GUARDED_BY(step_mu_) = 0;
-  int64_t last_norm_step_ ABSL_GUARDED_BY(step_mu_) = -1;
-  double last_norm_partial_ ABSL_GUARDED_BY(step_mu_) = 0;
-  double last_norm_sum_sq_ ABSL_GUARDED_BY(step_mu_) = 0;
+  // The last few steps decided by a norm (oldest first): a pull of one of
+  // them still gets its partial, a late sum is checked against it.
+  struct NormDecision {
+    int64_t step = -1;
+    double partial = 0;
+    double sum_sq = 0;
+  };
+  std::vector<NormDecision> recent_norms_ ABSL_GUARDED_BY(step_mu_);
+  // The decision of `step` among recent_norms_, or null.
+  const NormDecision* RecentNormLocked(int64_t step) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(step_mu_);
+  // Clipping: if the oldest undecided step has all its ends in (backup
+  // workers: its R admitted ones) and awaits no norm yet, takes its
+  // partial (PartialNormLocked()) and awaits the norm; true if so.
+  bool MaybeAwaitNormLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(step_mu_);
+  // Backup workers, shard 0: a checkpoint's cut (HoldCheckpointStep()),
+  // whose admissions wait until hold_until_ (-1: none).
+  int64_t hold_step_ ABSL_GUARDED_BY(step_mu_) = -1;
+  absl::Time hold_until_ ABSL_GUARDED_BY(step_mu_);
   // decided_step_, readable under a chunk's lock: a sync push of step s
   // needs step s - 1 decided.
   std::atomic<int64_t> decided_through_{-1};

@@ -1,6 +1,6 @@
 // ParameterShard's snapshots: the immediate one (Snapshot(), SnapshotInto())
-// and the deferred one a checkpoint takes with bounded staleness
-// (BeginDeferredSnapshot()); see parameter_shard.h.
+// and the deferred one a checkpoint takes with bounded staleness or backup
+// workers (BeginDeferredSnapshot()); see parameter_shard.h.
 #include <algorithm>
 #include <memory>
 #include <vector>
@@ -90,11 +90,9 @@ absl::Status ParameterShard::BeginDeferredSnapshot(
     return absl::FailedPreconditionError(
         absl::StrCat(what, " before it was initialised"));
   }
-  if (options_.mode != SyncMode::kSync || backup_workers() || clipping()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        what,
-        ": a deferred snapshot is for sync mode without backup workers "
-        "or clipping"));
+  if (options_.mode != SyncMode::kSync) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(what, ": a deferred snapshot is for sync mode"));
   }
   // Whatever an earlier registration left goes first, so that no chunk
   // writes into `out` for it.

@@ -1080,12 +1080,14 @@ struct BackupJob {
   std::vector<std::unique_ptr<ParameterShard>> shards;
 
   // `replicas`: R (0: no backups, kWorkers workers; a reference run with
-  // `workers` workers).
-  BackupJob(int workers, int replicas)
+  // `workers` workers). `clip` > 0: SGD clipping by that global norm.
+  BackupJob(int workers, int replicas, double clip = 0)
       : plan(*PartitionPlan::Create({6, 2}, 16, 2)) {
     std::vector<InitChunk> all = InitChunks();
     for (int s = 0; s < 2; ++s) {
-      ShardOptions options = Options(workers, SyncMode::kSync);
+      ShardOptions options = clip > 0 ? ClippingSgdOptions(workers)
+                                      : Options(workers, SyncMode::kSync);
+      options.clip_grad_norm = clip;
       options.shard_index = s;
       options.num_shards = 2;
       options.replicas_to_aggregate = replicas;
@@ -1109,6 +1111,38 @@ struct BackupJob {
                       .ok())
           << s << " " << w << " " << t;
     }
+  }
+
+  // Clipping: the norm round of step t, as every worker does it: each
+  // shard's partial (from a pull of version t + 1, which returns once the
+  // step is decided), added in shard order, sent to every shard.
+  void NormRound(int64_t t) {
+    std::vector<double> partials(shards.size(), -1);
+    std::vector<std::thread> pulls;
+    for (size_t s = 0; s < shards.size(); ++s) {
+      pulls.emplace_back([this, s, t, &partials] {
+        absl::Status pulled = shards[s]->Pull(
+            t + 1, 0, absl::Now() + absl::Seconds(5),
+            [](const ChunkSpec&, int64_t, absl::Span<const float>) {}, nullptr,
+            nullptr, 0, nullptr,
+            [&partials, s](int64_t, double sum_sq) {
+              partials[s] = sum_sq;
+              return true;
+            });
+        EXPECT_TRUE(pulled.ok()) << pulled;
+      });
+    }
+    // The partials come before the decision: wait for them, then decide.
+    for (int i = 0; i < 500; ++i) {
+      if (std::count(partials.begin(), partials.end(), -1.0) == 0) break;
+      absl::SleepFor(absl::Milliseconds(10));
+    }
+    double sum_sq = 0;
+    for (double p : partials) sum_sq += p;
+    for (auto& shard : shards) {
+      EXPECT_TRUE(shard->ApplyStepNorm(0, t, sum_sq).ok());
+    }
+    for (std::thread& pull : pulls) pull.join();
   }
 
   // Every chunk's weights, by plan order, at version >= v.
@@ -1272,6 +1306,255 @@ TEST(ParameterShardTest, BackupWorkersRefuseWhatWouldMixStepsOrWorkers) {
     after.insert(after.end(), pulled.begin() + pulled.size() / 2, pulled.end());
   }
   EXPECT_EQ(after, before);
+}
+
+// Backup workers with clipping (issue 36): the norm is that of the admitted
+// workers' average, the late worker's pushes are in neither the norm nor
+// the update, and every shard clips with the same coefficient: bit for bit
+// the update of 2 workers without backups that push the admitted ones'
+// gradients.
+TEST(ParameterShardTest, BackupWorkersClipTheAdmittedWorkersAverage) {
+  BackupJob job(BackupJob::kWorkers, 2, /*clip=*/0.5);
+  BackupJob reference(2, 0, /*clip=*/0.5);
+  for (int64_t t = 0; t < 3; ++t) {
+    for (int w = 0; w < 3; ++w) {
+      for (int s = 0; s < 2; ++s) job.Push(s, w, t);
+    }
+    // Shard 0 admits workers t % 3 and (t + 1) % 3; the third is late.
+    const int first = static_cast<int>(t % 3);
+    const int second = (first + 1) % 3;
+    const int late = (first + 2) % 3;
+    for (int w : {first, second, late}) {
+      absl::StatusOr<bool> admitted = job.shards[0]->EndStepWithBackups(
+          w, t, nullptr, 0, AdmissionClaim::kDecide, 8);
+      ASSERT_TRUE(admitted.ok()) << admitted.status();
+      EXPECT_EQ(*admitted, w != late) << t << " " << w;
+    }
+    // The step awaits its norm: nothing is applied yet.
+    EXPECT_EQ(job.shards[0]->Stats().min_version, t);
+    for (int w : {late, first, second}) {
+      ASSERT_TRUE(job.shards[1]
+                      ->EndStepWithBackups(w, t, nullptr, 0,
+                                           w == late
+                                               ? AdmissionClaim::kLate
+                                               : AdmissionClaim::kAdmitted,
+                                           8)
+                      .ok());
+    }
+    job.NormRound(t);
+    EXPECT_EQ(job.shards[0]->Stats().min_version, t + 1);
+    EXPECT_EQ(job.shards[1]->Stats().min_version, t + 1);
+    for (int s = 0; s < 2; ++s) {
+      reference.Push(s, std::min(first, second), t, 0);
+      reference.Push(s, std::max(first, second), t, 1);
+      EndAll(*reference.shards[s], 2, t);
+    }
+    reference.NormRound(t);
+    ASSERT_EQ(job.Weights(t + 1), reference.Weights(t + 1)) << t;
+  }
+  // The gradients were clipped (a norm above 0.5), so the weights differ
+  // from the unclipped run's.
+  BackupJob unclipped(2, 0);
+  for (int64_t t = 0; t < 3; ++t) {
+    const int first = static_cast<int>(t % 3), second = (first + 1) % 3;
+    for (int s = 0; s < 2; ++s) {
+      unclipped.Push(s, std::min(first, second), t, 0);
+      unclipped.Push(s, std::max(first, second), t, 1);
+      EndAll(*unclipped.shards[s], 2, t);
+    }
+  }
+  EXPECT_NE(job.Weights(3), unclipped.Weights(3));
+}
+
+// Staleness with clipping (issue 36): each step is clipped by its own
+// norm, agreed in the round of the pulls of its next version, and applied
+// in step order, so the weights equal lockstep sync's with clipping bit for
+// bit however far worker 0 runs ahead.
+std::vector<std::vector<float>> TrainTwoClippingWorkers(int staleness,
+                                                        int ahead,
+                                                        int64_t steps) {
+  ShardOptions options = ClippingSgdOptions(2);
+  options.clip_grad_norm = 0.25;
+  options.staleness = staleness;
+  ParameterShard shard(options);
+  EXPECT_TRUE(shard.Initialize({6, 2}, 16, InitChunks()).ok());
+  int64_t next_norm = 0;  // the oldest step whose norm is not sent
+  // Every step awaiting its norm gets it, as a worker pulling its next
+  // version would send it.
+  auto norms = [&] {
+    while (next_norm < steps) {
+      double partial = -1;
+      shard
+          .Pull(
+              next_norm + 1, 0, absl::Now() + absl::Milliseconds(20),
+              [](const ChunkSpec&, int64_t, absl::Span<const float>) {},
+              nullptr, nullptr, 0, nullptr,
+              [&](int64_t step, double sum_sq) {
+                EXPECT_EQ(step, next_norm);
+                partial = sum_sq;
+                return true;
+              })
+          .IgnoreError();
+      if (partial < 0) return;
+      EXPECT_TRUE(shard.ApplyStepNorm(1, next_norm, partial).ok());
+      // A second worker's sum of the same step: checked, accepted.
+      EXPECT_TRUE(shard.ApplyStepNorm(0, next_norm, partial).ok());
+      ++next_norm;
+    }
+  };
+  for (int64_t t = 0; t < ahead; ++t) {
+    RunStep(shard, 0, t);
+    norms();
+  }
+  for (int64_t t = 0; t < steps; ++t) {
+    if (t + ahead < steps) RunStep(shard, 0, t + ahead);
+    norms();
+    RunStep(shard, 1, t);
+    norms();
+  }
+  EXPECT_EQ(next_norm, steps);
+  EXPECT_EQ(shard.Stats().skipped, 1);
+  EXPECT_EQ(shard.Stats().min_version, steps);
+  // A clipping shard's pull takes a norm visitor (the step is decided:
+  // the partial comes from its recent decisions).
+  std::vector<std::vector<float>> out;
+  EXPECT_TRUE(
+      shard
+          .Pull(
+              steps, 0, absl::Now() + absl::Seconds(5),
+              [&](const ChunkSpec&, int64_t, absl::Span<const float> w) {
+                out.emplace_back(w.begin(), w.end());
+              },
+              nullptr, nullptr, 0, nullptr,
+              [](int64_t, double) { return true; })
+          .ok());
+  return out;
+}
+
+TEST(ParameterShardTest, StalenessClipsEachStepWithItsOwnNorm) {
+  const std::vector<std::vector<float>> sync = TrainTwoClippingWorkers(0, 0, 8);
+  ASSERT_EQ(sync.size(), 3u);
+  for (int ahead : {1, 2}) {
+    EXPECT_EQ(TrainTwoClippingWorkers(2, ahead, 8), sync) << ahead;
+  }
+  // Clipping changed the weights (the reference without it differs).
+  EXPECT_NE(TrainTwoWorkers(0, 0, 8), sync);
+}
+
+// Checkpoints with backup workers (issue 36): shard 0 picks the cut, the
+// first step it has admitted no end of, and holds that step's admissions
+// until the other shard registered it; every chunk of both shards is then
+// copied at the cut, equal to a run without the checkpoint.
+TEST(ParameterShardTest, BackupWorkersCheckpointIsShardZerosCut) {
+  BackupJob job(BackupJob::kWorkers, 2);
+  ParameterShard& arbiter = *job.shards[0];
+  ParameterShard& other = *job.shards[1];
+  // Only shard 0 of a backup job picks a cut.
+  EXPECT_EQ(other.HoldCheckpointStep(0, absl::Seconds(1)).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  auto run_step = [&](int64_t t, std::vector<int> order) {
+    for (int w = 0; w < 3; ++w) {
+      for (int s = 0; s < 2; ++s) job.Push(s, w, t);
+    }
+    std::vector<bool> admitted(3);
+    for (int w : order) {
+      absl::StatusOr<bool> a = arbiter.EndStepWithBackups(
+          w, t, nullptr, 0, AdmissionClaim::kDecide, 8);
+      ASSERT_TRUE(a.ok()) << a.status();
+      admitted[w] = *a;
+    }
+    for (int w : order) {
+      ASSERT_TRUE(other
+                      .EndStepWithBackups(w, t, nullptr, 0,
+                                          admitted[w]
+                                              ? AdmissionClaim::kAdmitted
+                                              : AdmissionClaim::kLate,
+                                          8)
+                      .ok());
+    }
+  };
+  run_step(0, {1, 2, 0});
+  // Worker 0 (late in step 0) asks at its step 1 while worker 2 has ended
+  // step 1 on shard 0 already: the cut is step 2.
+  for (int s = 0; s < 2; ++s) job.Push(s, 2, 1);
+  ASSERT_TRUE(
+      arbiter.EndStepWithBackups(2, 1, nullptr, 0, AdmissionClaim::kDecide, 8)
+          .ok());
+  absl::StatusOr<int64_t> cut = arbiter.HoldCheckpointStep(1, absl::Seconds(5));
+  ASSERT_TRUE(cut.ok()) << cut.status();
+  EXPECT_EQ(*cut, 2);
+  std::vector<ChunkSnapshot> cut0, cut1;
+  ASSERT_TRUE(arbiter.BeginDeferredSnapshot(2, &cut0).ok());
+  ASSERT_TRUE(other.BeginDeferredSnapshot(2, &cut1).ok());
+  arbiter.ReleaseCheckpointHold();
+  // Step 1's other ends, then step 2, whose admissions were free again.
+  for (int w : {0, 1}) {
+    for (int s = 0; s < 2; ++s) job.Push(s, w, 1);
+  }
+  for (int w : {0, 1}) {
+    ASSERT_TRUE(
+        arbiter.EndStepWithBackups(w, 1, nullptr, 0, AdmissionClaim::kDecide, 8)
+            .ok());
+  }
+  for (int w : {2, 0, 1}) {
+    ASSERT_TRUE(other
+                    .EndStepWithBackups(w, 1, nullptr, 0,
+                                        w == 1 ? AdmissionClaim::kLate
+                                               : AdmissionClaim::kAdmitted,
+                                        8)
+                    .ok());
+  }
+  const std::vector<std::vector<float>> at_cut = job.Weights(2);
+  // A hold on step 3 (nothing of step 2 admitted yet: the cut is 2 again,
+  // the same registration) makes step 2's first end wait for the release.
+  cut = arbiter.HoldCheckpointStep(2, absl::Seconds(5));
+  ASSERT_TRUE(cut.ok());
+  EXPECT_EQ(*cut, 2);
+  for (int w = 0; w < 3; ++w) {
+    for (int s = 0; s < 2; ++s) job.Push(s, w, 2);
+  }
+  std::atomic<bool> admitted{false};
+  std::thread ender([&] {
+    EXPECT_TRUE(
+        arbiter.EndStepWithBackups(0, 2, nullptr, 0, AdmissionClaim::kDecide, 8)
+            .ok());
+    admitted = true;
+  });
+  absl::SleepFor(absl::Milliseconds(150));
+  EXPECT_FALSE(admitted.load()) << "admitted while the cut was held";
+  arbiter.ReleaseCheckpointHold();
+  ender.join();
+  EXPECT_TRUE(admitted.load());
+  ASSERT_TRUE(
+      arbiter.EndStepWithBackups(1, 2, nullptr, 0, AdmissionClaim::kDecide, 8)
+          .ok());
+  for (int w : {0, 1}) {
+    ASSERT_TRUE(
+        other.EndStepWithBackups(w, 2, nullptr, 0, AdmissionClaim::kAdmitted, 8)
+            .ok());
+  }
+  for (auto* shard : {&arbiter, &other}) {
+    ASSERT_TRUE(
+        shard->AwaitDeferredSnapshot(2, absl::Now() + absl::Seconds(5)).ok());
+  }
+  std::vector<std::vector<float>> copied;
+  for (const auto* part : {&cut0, &cut1}) {
+    for (const ChunkSnapshot& c : *part) {
+      EXPECT_EQ(c.version, 2);
+      copied.push_back(c.weights);
+    }
+  }
+  EXPECT_EQ(copied, at_cut);
+  EXPECT_NE(job.Weights(3), at_cut);  // step 2 went on past the cut
+  // A hold nobody releases ends by itself: the end waits it out.
+  cut = arbiter.HoldCheckpointStep(3, absl::Milliseconds(100));
+  ASSERT_TRUE(cut.ok());
+  for (int s = 0; s < 2; ++s) job.Push(s, 0, 3);
+  const absl::Time before = absl::Now();
+  ASSERT_TRUE(
+      arbiter.EndStepWithBackups(0, 3, nullptr, 0, AdmissionClaim::kDecide, 8)
+          .ok());
+  EXPECT_GE(absl::Now() - before, absl::Milliseconds(50));
 }
 
 }  // namespace

@@ -97,7 +97,11 @@ grpc::Status PsService::Checkpoint(grpc::ServerContext* context,
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                         "only worker 0 asks for checkpoints");
   }
-  const int64_t step = request->step();
+  if (request->release()) {
+    shard_->ReleaseCheckpointHold();
+    return grpc::Status::OK;
+  }
+  int64_t step = request->step();
   absl::MutexLock lock(&checkpoint_mu_);
   if (request->wait()) {
     if (step != checkpoint_step_) {
@@ -119,12 +123,24 @@ grpc::Status PsService::Checkpoint(grpc::ServerContext* context,
     *response = checkpoint_result_;
     return grpc::Status::OK;
   }
+  if (request->pick_step()) {
+    // Backup workers: the cut is shard 0's to pick (its admissions), held
+    // while worker 0 registers it on the other shards.
+    absl::StatusOr<int64_t> cut =
+        shard_->HoldCheckpointStep(step, absl::Seconds(10));
+    if (!cut.ok()) return ToGrpcStatus(cut.status());
+    step = *cut;
+  }
+  response->set_step(step);
   // The file's path comes from the shard's own configuration; the request
   // names only the step (server/shard_checkpoint.h).
   const ShardOptions& o = shard_->options();
   absl::StatusOr<std::string> path =
       ShardCheckpointPath(o.checkpoint_dir, step, o.shard_index);
-  if (!path.ok()) return ToGrpcStatus(path.status());
+  if (!path.ok()) {
+    if (request->pick_step()) shard_->ReleaseCheckpointHold();
+    return ToGrpcStatus(path.status());
+  }
   // One write at a time: the one in flight finishes first. A concurrent
   // call may start another while this one joins, hence the loop; each
   // thread is joined by the one call that moved it out.
@@ -146,7 +162,10 @@ grpc::Status PsService::Checkpoint(grpc::ServerContext* context,
   absl::Status snapshot =
       deferred_snapshot() ? shard_->BeginDeferredSnapshot(step, snapshot_.get())
                           : shard_->SnapshotInto(step, snapshot_.get());
-  if (!snapshot.ok()) return ToGrpcStatus(snapshot);
+  if (!snapshot.ok()) {
+    if (request->pick_step()) shard_->ReleaseCheckpointHold();
+    return ToGrpcStatus(snapshot);
+  }
   checkpoint_step_ = step;
   checkpoint_done_ = false;
   checkpoint_status_ = absl::OkStatus();
@@ -172,6 +191,7 @@ grpc::Status PsService::Checkpoint(grpc::ServerContext* context,
           min_version = std::min(min_version, c.version);
           max_version = std::max(max_version, c.version);
         }
+        result.set_step(step);
         result.set_num_chunks(static_cast<int64_t>(chunks->size()));
         result.set_min_version(chunks->empty() ? 0 : min_version);
         result.set_max_version(max_version);

@@ -157,7 +157,7 @@ class PsService final : public ParameterServer::Service {
   // thread waits for before it writes.
   bool deferred_snapshot() const {
     return shard_->options().mode == SyncMode::kSync &&
-           shard_->options().staleness > 0;
+           (shard_->options().staleness > 0 || shard_->backup_workers());
   }
 };
 

@@ -358,10 +358,14 @@ struct PsClient::StepState {
   // Backup workers: shard 0's answer to this step's end (-1: none yet,
   // 0: late, 1: admitted), which the other shards' ends carry.
   int admission ABSL_GUARDED_BY(mu) = -1;
-  // Clipping: each shard's partial sum of squares of this step (from its
-  // pull), and how many have arrived.
+  // Clipping: each shard's partial sum of squares of the step the pull
+  // decides (norm_step(): this step, or with staleness s the step s
+  // before), and how many have arrived; a shard's pull that ended without
+  // one (its step decided long ago: another worker's sum decided it).
   std::vector<double> norm_partials ABSL_GUARDED_BY(mu);
   int norm_partials_in ABSL_GUARDED_BY(mu) = 0;
+  bool norm_missing ABSL_GUARDED_BY(mu) = false;
+  int64_t norm_step() const { return pull.pull().min_version() - 1; }
 
   // One per shard: its reader (which runs its pusher).
   std::vector<std::thread> threads;
@@ -485,19 +489,23 @@ absl::Status PsClient::WriteStepEnd(int shard, StepState* state,
     // The squared global norm: every shard's partial, added in shard
     // order, so every worker sends every shard the same sum.
     PushPullRequest norm = envelope;
-    norm.mutable_step_norm()->set_step(state->step);
+    norm.mutable_step_norm()->set_step(state->norm_step());
     {
       absl::MutexLock lock(&state->mu);
       const int shards = num_shards();
-      auto all_in = [state, shard, shards]()
-                        ABSL_EXCLUSIVE_LOCKS_REQUIRED(state->mu) {
-                          return state->aborted || state->stopped[shard] ||
-                                 state->norm_partials_in == shards;
-                        };
+      // Backup workers: a late worker's step is not in the norm.
+      auto all_in = [state, shard, shards,
+                     backups]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(state->mu) {
+        return state->aborted || state->stopped[shard] ||
+               state->norm_partials_in == shards || state->norm_missing ||
+               (backups && state->admission == 0);
+      };
       state->mu.Await(absl::Condition(&all_in));
       if (state->aborted || state->stopped[shard]) {
         return absl::CancelledError("step aborted");
       }
+      // Decided (or to be) without this worker's sum.
+      if (state->norm_partials_in < shards) return absl::OkStatus();
       double sum_sq = 0;
       for (double partial : state->norm_partials) sum_sq += partial;
       norm.mutable_step_norm()->set_sum_sq(sum_sq);
@@ -555,7 +563,7 @@ absl::Status PsClient::TakeNormPartial(int shard, StepState* state,
   if (options_.clip_by_global_norm && !state->send_step_end) {
     return absl::OkStatus();
   }
-  if (!options_.clip_by_global_norm || partial.step() != state->step) {
+  if (!options_.clip_by_global_norm || partial.step() != state->norm_step()) {
     return absl::DataLossError(absl::StrCat(
         "shard ", shard, " sent a partial norm of step ", partial.step(),
         ", which this worker did not end with clipping"));
@@ -723,6 +731,13 @@ absl::Status PsClient::PushPullShard(int shard, StepState* state,
     }
     if (envelope.last_of_pull()) {
       pull_complete = true;
+      if (options_.clip_by_global_norm) {
+        // No partial by now: none will come (see StepState::norm_missing).
+        absl::MutexLock lock(&state->mu);
+        if (std::isnan(state->norm_partials[shard])) {
+          state->norm_missing = true;
+        }
+      }
       if (!awaiting_admission) break;
     }
   }
@@ -987,17 +1002,32 @@ absl::StatusOr<StatsResponse> PsClient::Stats(int shard) {
 absl::StatusOr<std::vector<CheckpointResponse>> PsClient::Checkpoint(
     int64_t step, bool wait) {
   std::vector<CheckpointResponse> responses(num_shards());
-  for (int s = 0; s < num_shards(); ++s) {
+  // Backup workers: shard 0 picks the cut and holds its admissions until
+  // the others have registered it (proto/ps.proto pick_step).
+  const bool pick = options_.backup_workers && !wait;
+  auto call = [&](int s, bool pick_step, bool release) {
     grpc::ClientContext context;
     SetDeadline(&context, options_.rpc_timeout);
     CheckpointRequest request;
     SetHeader(request.mutable_header());
     request.set_step(step);
     request.set_wait(wait);
-    const grpc::Status status =
-        stubs_[s]->Checkpoint(&context, request, &responses[s]);
-    if (!status.ok()) return ShardError(s, status);
+    request.set_pick_step(pick_step);
+    request.set_release(release);
+    CheckpointResponse released;
+    const grpc::Status status = stubs_[s]->Checkpoint(
+        &context, request, release ? &released : &responses[s]);
+    return status.ok() ? absl::OkStatus() : ShardError(s, status);
+  };
+  for (int s = 0; s < num_shards(); ++s) {
+    absl::Status status = call(s, pick && s == 0, false);
+    if (pick && s == 0 && status.ok()) step = responses[0].step();
+    if (!status.ok()) {
+      if (pick && s > 0) call(0, false, true).IgnoreError();
+      return status;
+    }
   }
+  if (pick) RETURN_IF_ERROR(call(0, false, true));
   return responses;
 }
 

@@ -136,6 +136,11 @@ class PsClient {
   // into its own checkpoint folder (see CheckpointRequest in
   // proto/ps.proto: !wait copies the state and starts the write; wait waits
   // for it). One reply per shard; the first shard's error otherwise.
+  // Backup workers, !wait: `step` is worker 0's step, and the cut is the
+  // step shard 0 picks (pick_step; every reply's step() says it): shard 0
+  // first, which holds that step's admissions, then every other shard at
+  // the cut, then shard 0's hold released (also on error). Call with
+  // wait and the cut's step afterwards.
   absl::StatusOr<std::vector<CheckpointResponse>> Checkpoint(int64_t step,
                                                              bool wait);
 
