@@ -656,22 +656,40 @@ absl::Status CheckpointWriter::Begin(
   if (const int64_t latest = LatestStep(dir_); latest >= 0) {
     RemoveOldCheckpoints(dir_, latest, keep_);
   }
-  const std::string step_dir = CheckpointStepDir(dir_, step);
+  std::string step_dir = CheckpointStepDir(dir_, step);
   std::error_code error;
   fs::create_directories(step_dir, error);
   if (error) {
     return absl::InternalError(
         absl::StrCat(step_dir, ": cannot create it: ", error.message()));
   }
-  RETURN_IF_ERROR(
-      exchange_->Checkpoint(step, step_dir, /*wait=*/false).status());
+  ASSIGN_OR_RETURN(std::vector<CheckpointResponse> begun,
+                   exchange_->Checkpoint(step, step_dir, /*wait=*/false));
+  // Backup workers: shard 0 picked a later cut (PsClient::Checkpoint); the
+  // checkpoint is of that step, its data position that step's.
+  DataPosition at = position;
+  if (!begun.empty() && begun[0].step() > step) {
+    fs::remove(step_dir, error);  // empty: nothing was written there
+    step = begun[0].step();
+    step_dir = CheckpointStepDir(dir_, step);
+    fs::create_directories(step_dir, error);
+    if (error) {
+      return absl::InternalError(
+          absl::StrCat(step_dir, ": cannot create it: ", error.message()));
+    }
+    if (at.steps_per_epoch > 0) {
+      at.epoch = step / at.steps_per_epoch;
+      at.step_in_epoch = step % at.steps_per_epoch;
+    }
+  }
   // Into the previous checkpoint's copy (its writer is done): no fresh
   // memory to touch on the training thread.
   weights_copy_.resize(weights.size());
   for (size_t t = 0; t < weights.size(); ++t) {
     weights_copy_[t].assign(weights[t].begin(), weights[t].end());
   }
-  background_ = std::thread([this, step, position]() {
+  begun_step_ = step;
+  background_ = std::thread([this, step, position = at]() {
     absl::Status s = Finish(step, position, weights_copy_);
     absl::MutexLock lock(&mu_);
     background_status_ = s;

@@ -193,9 +193,15 @@ class CheckpointWriter {
   // On the training thread, right after the pull of version `step`: waits
   // for the previous checkpoint, has the shards copy their state, copies
   // `weights`, and starts the rest in the background. An error of the
-  // previous checkpoint or of the shards comes back here.
+  // previous checkpoint or of the shards comes back here. Backup workers:
+  // the checkpoint is of the later step shard 0 picks (the cut where the
+  // admissions are; PsClient::Checkpoint), its position moved there, and
+  // the model file comes from the shards (set_model_from_shards(true));
+  // begun_step() says which.
   absl::Status Begin(int64_t step, const DataPosition& position,
                      const std::vector<absl::Span<float>>& weights);
+  // The step of the checkpoint the last Begin() started (-1: none).
+  int64_t begun_step() const { return begun_step_; }
   // Waits for the checkpoint in flight; its error (reported once: a run
   // that recovers from a failure goes on writing checkpoints).
   absl::Status Wait();
@@ -228,6 +234,7 @@ class CheckpointWriter {
   GradientExchange* const exchange_;
   const SaveModelFn save_model_;
   bool model_from_shards_ = false;
+  int64_t begun_step_ = -1;  // training thread only
   // The weights Begin() copied, kept between checkpoints (read by the
   // background thread; written by Begin() only after it is joined).
   std::vector<std::vector<float>> weights_copy_;
