@@ -21,7 +21,7 @@
 // (microseconds since the Unix epoch). pstrain_clock's offset_us is what to
 // add to this task's ts to get the coordinator's clock, measured by the
 // task (coordinator/task_agent.h MeasureClockOffset) from a sample of round
-// trip rtt_us; `pstrain trace` (tools/trace_merge.h) shifts each file by it
+// trip rtt_us; `pstrain trace` (cli/trace_merge.h) shifts each file by it
 // to merge tasks onto one clock. pid: the caller's (tasks use shard k's
 // index, 100 + worker j's); tid: a per-process number per thread name
 // (SetThreadName), else per thread.

@@ -1,8 +1,8 @@
 // A running coordinator: the job table (reloaded from its job file when one
 // exists), the Coordinator gRPC service on one address, and a thread that
 // fails jobs with silent tasks once per `check_interval`. The daemon
-// (tools/pstrain_coordinator) and `pstrain run` (in-process, on 127.0.0.1)
-// both run this.
+// (coordinator/pstrain_coordinator, coordinator_main.cc) and `pstrain run`
+// (in-process, on 127.0.0.1) both run this.
 //
 // Thread-safety: table() is thread-safe (see job_table.h); the callback runs
 // on the checking thread.

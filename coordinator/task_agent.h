@@ -13,7 +13,7 @@
 // the coordinator nothing, reports its own restart (`self_restart`): its
 // Register first finds its slot still held by its dead predecessor and calls
 // RestartTask for itself, as pstrain's own supervisors do for the tasks they
-// restart (tools/local_cluster.h, tools/node_agent.h); the job table keeps
+// restart (cli/local_cluster.h, cli/node_agent.h); the job table keeps
 // the budget (max_restarts) either way.
 //
 // Every call has a deadline (`rpc_timeout`) and waits for the coordinator's
@@ -75,7 +75,7 @@ struct ClockOffset {
 };
 
 // How a call to the coordinator rides out its absence, for the tasks and
-// for pstrain's client commands (tools/job_commands.cc) alike: runs `call`
+// for pstrain's client commands (cli/job_commands.cc) alike: runs `call`
 // with a fresh context (deadline `rpc_timeout` or what is left of `budget`,
 // at least 1 s; wait_for_ready) again every kCoordinatorRetryInterval while
 // it fails with UNAVAILABLE or DEADLINE_EXCEEDED, for at most `budget`, and

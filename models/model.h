@@ -181,7 +181,7 @@ class Model {
   // from the gradients of the last ForwardBackward(), with Adam's m and v
   // kept on the backend (zero before the first step): the local optimizer
   // of a single-process loop, as PyTorch's torch.optim.Adam on the GPU
-  // (tools/train_bench). The PS path does not use it: the shards own the
+  // (bench/train_bench). The PS path does not use it: the shards own the
   // optimizer there. Buffers are untouched (BatchNorm updates them).
   // RESOURCE_EXHAUSTED when the state does not fit.
   absl::Status AdamStep(const AdamOptions& options);

@@ -1,7 +1,7 @@
 // The trained model as one file PyTorch loads: a safetensors file
 // (common/safetensors.h) holding every parameter and BatchNorm buffer of a
 // zoo model under the names and layouts of the equivalent PyTorch module
-// (tools/torch_models.py: "conv1.weight" [out, in, kH, kW] (OIHW),
+// (tools/torch/torch_models.py: "conv1.weight" [out, in, kH, kW] (OIHW),
 // "fc1.weight" [out, in], "bn1.running_mean" [C], ...), plus one I64 scalar
 // "<bn>.num_batches_tracked" per BatchNorm layer, as torch.nn.BatchNorm2d's
 // state_dict has it, so that in PyTorch

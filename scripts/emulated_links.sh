@@ -116,7 +116,7 @@ elif ! cc_listed tcp_available_congestion_control "$TCP_CC"; then
 fi
 [[ -n "$OUT_DIR" ]] || OUT_DIR="docs/results/emulated_${LINK_MBIT}mbit"
 BIN="$(cd "$BIN" && pwd)" || fail "--bin: no such directory"
-PSTRAIN="$BIN/tools/pstrain"
+PSTRAIN="$BIN/cli/pstrain"
 for b in "$PSTRAIN" "$BIN/server/pstrain_ps" "$BIN/worker/pstrain_worker"; do
   [[ -x "$b" ]] || fail "$b is not built (bazel build //...)"
 done

@@ -3,8 +3,9 @@
 # out as one folder that runs on a GPU host without Bazel, gRPC or network:
 #
 #   dist/gpu/                      the bundle (--out)
-#     tools/  pstrain pstrain_coordinator train_bench ps_bench torch_*.py
+#     cli/    pstrain               coordinator/ pstrain_coordinator
 #     server/ pstrain_ps            worker/ pstrain_worker
+#     bench/  train_bench ps_bench  tools/torch/ torch_bench.py torch_models.py
 #     tests/  cuda_test collective_test   (the CUDA test binaries)
 #     lib/    every shared library the binaries need except glibc's and
 #             NVIDIA's (gRPC, protobuf, Abseil, oneDNN, Gloo, libstdc++, ...),
@@ -58,7 +59,7 @@ fi
 
 # Binaries and where the bundle puts them (bazel-bin relative).
 binaries=(
-  tools/pstrain tools/pstrain_coordinator tools/train_bench tools/ps_bench
+  cli/pstrain coordinator/pstrain_coordinator bench/train_bench bench/ps_bench
   server/pstrain_ps worker/pstrain_worker
 )
 test_binaries=(models/cuda_test worker/collective_test)
@@ -76,7 +77,8 @@ fi
 bin=$(bazel info --config=cuda bazel-bin 2>/dev/null)
 
 rm -rf "$out"
-mkdir -p "$out"/{tools,server,worker,tests,lib,data/fashion-mnist}
+mkdir -p "$out"/{cli,coordinator,bench,tools/torch,server,worker,tests,lib}
+mkdir -p "$out"/data/fashion-mnist
 elves=()     # the bundle's binaries
 sources=()   # each one's original, whose rpath finds Bazel's _solib
 for b in "${binaries[@]}"; do
@@ -89,7 +91,8 @@ for b in "${test_binaries[@]}"; do
   elves+=("$out/tests/${b##*/}")
   sources+=("$bin/$b")
 done
-install -m 644 tools/torch_bench.py tools/torch_models.py "$out/tools/"
+install -m 644 tools/torch/torch_bench.py tools/torch/torch_models.py \
+  "$out/tools/torch/"
 install -m 755 scripts/gpu_check.sh "$out/gpu_check.sh"
 install -m 644 "$data_dir"/*-ubyte.gz "$out/data/fashion-mnist/"
 

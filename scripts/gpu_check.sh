@@ -69,8 +69,8 @@ for s in ${only//,/ }; do
   fi
 done
 root=$(cd "$(dirname "$0")" && pwd)
-if [ ! -x "$root/tools/pstrain" ]; then
-  echo "gpu_check: $root/tools/pstrain not found: run gpu_check.sh from an" \
+if [ ! -x "$root/cli/pstrain" ]; then
+  echo "gpu_check: $root/cli/pstrain not found: run gpu_check.sh from an" \
     "unpacked bundle (bash scripts/gpu_bundle.sh makes dist/gpu)" >&2
   exit 2
 fi
@@ -302,7 +302,7 @@ train_bench_section() {
     "--model=resnet50 --dataset=synthetic --image_size=224 --num_classes=1000 --batch_size=64 --update=host" \
     "--model=resnet18 --dataset=fashion_mnist --data_dir=$data --batch_size=64"; do
     # shellcheck disable=SC2086
-    "$root/tools/train_bench" --backend=cuda $config --steps="$bench_steps" \
+    "$root/bench/train_bench" --backend=cuda $config --steps="$bench_steps" \
       --warmup=5 --compare_pytorch --python="${python:-python3}" \
       > "$out/logs/train_bench.out" 2>&1 || rc=1
     cat "$out/logs/train_bench.out"
@@ -356,7 +356,7 @@ pstrain_run_section() {
         json="$out/logs/run_${model}_${backend}_${workers}.json"
         echo "== pstrain run --backend=$backend --model=$model --num_workers=$workers $args"
         # shellcheck disable=SC2086
-        if "$root/tools/pstrain" run --backend="$backend" --model="$model" \
+        if "$root/cli/pstrain" run --backend="$backend" --model="$model" \
           --dataset=fashion_mnist --data_dir="$data" --num_ps=2 \
           --num_workers="$workers" --mode=sync $args --results_json="$json"; then
           echo "| $backend $(result_row "$json" '| %s | %d | %d | %d | %d | %.2f | %.1f | %.4f |' \
@@ -376,7 +376,7 @@ allreduce_section() {
   local rc=0
   local nccl_error="" gloo_error=""
   echo "== allreduce over NCCL, one rank"
-  "$root/tools/pstrain" compare --backend=cuda --model=lenet5 \
+  "$root/cli/pstrain" compare --backend=cuda --model=lenet5 \
     --dataset=fashion_mnist --data_dir="$data" --workers=1 \
     --modes=allreduce_nccl --steps=100 --out_dir="$out/logs/allreduce_nccl" \
     --plot="$(command -v gnuplot >/dev/null && echo true || echo false)" \
@@ -384,7 +384,7 @@ allreduce_section() {
   [ "${PIPESTATUS[0]}" = 0 ] || { rc=1; nccl_error=$(tail -1 "$out/logs/allreduce_nccl.out"); }
   echo "== allreduce over Gloo, two CUDA workers"
   # shellcheck disable=SC2086
-  "$root/tools/pstrain" run --backend=cuda --model=lenet5 --mode=allreduce \
+  "$root/cli/pstrain" run --backend=cuda --model=lenet5 --mode=allreduce \
     --dataset=fashion_mnist --data_dir="$data" --num_workers=2 $lenet_args \
     --results_json="$out/logs/allreduce_gloo.json" 2>&1 | tee "$out/logs/allreduce_gloo.out"
   [ "${PIPESTATUS[0]}" = 0 ] || { rc=1; gloo_error=$(tail -1 "$out/logs/allreduce_gloo.out"); }
@@ -415,7 +415,7 @@ allreduce_section() {
 
 ps_bench_section() {
   # shellcheck disable=SC2086
-  "$root/tools/ps_bench" --shards=1,2,4 $ps_bench_args > "$out/logs/ps_bench.out" 2>&1
+  "$root/bench/ps_bench" --shards=1,2,4 $ps_bench_args > "$out/logs/ps_bench.out" 2>&1
   local rc=$?
   cat "$out/logs/ps_bench.out"
   { echo '```'; cat "$out/logs/ps_bench.out"; echo '```'; } > "$out/ps_bench.md"

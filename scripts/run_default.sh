@@ -11,7 +11,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-targets=(//tools:pstrain //server:pstrain_ps //worker:pstrain_worker)
+targets=(//cli:pstrain //server:pstrain_ps //worker:pstrain_worker)
 stage_start=0
 
 begin() {
@@ -31,8 +31,8 @@ begin build "bazel build ${targets[*]} (offline; a fresh machine takes minutes)"
 bazel build "${targets[@]}"
 end build
 
-begin train "bazel-bin/tools/pstrain run $*"
+begin train "bazel-bin/cli/pstrain run $*"
 status=0
-bazel-bin/tools/pstrain run "$@" || status=$?
+bazel-bin/cli/pstrain run "$@" || status=$?
 end train
 exit $status

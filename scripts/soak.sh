@@ -12,7 +12,7 @@
 #   bash scripts/soak.sh [seconds, default 600]
 # Environment: SOAK_WORKERS (8), SOAK_PS (2), SOAK_MODE (async),
 # SOAK_MODEL_BYTES (4000000), SOAK_INTERVAL_S (seconds/10, at least 10),
-# SOAK_MAX_GROWTH_PCT (10). Uses bazel-bin/tools/pstrain (built if missing).
+# SOAK_MAX_GROWTH_PCT (10). Uses bazel-bin/cli/pstrain (built if missing).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 seconds=${1:-600}
@@ -24,16 +24,16 @@ interval=${SOAK_INTERVAL_S:-$((seconds / 10))}
 [ "$interval" -ge 10 ] || interval=10
 max_growth=${SOAK_MAX_GROWTH_PCT:-10}
 
-if [ ! -x bazel-bin/tools/pstrain ] || [ ! -x bazel-bin/server/pstrain_ps ] ||
+if [ ! -x bazel-bin/cli/pstrain ] || [ ! -x bazel-bin/server/pstrain_ps ] ||
    [ ! -x bazel-bin/worker/pstrain_worker ]; then
-  bazel build //tools:pstrain //server:pstrain_ps //worker:pstrain_worker
+  bazel build //cli:pstrain //server:pstrain_ps //worker:pstrain_worker
 fi
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 
 echo "soak: ${seconds} s, ${num_ps} shards, ${workers} workers, mode ${mode}," \
   "${model_bytes} bytes pushed and pulled per worker step"
-bazel-bin/tools/pstrain run --insecure --compute=synthetic --compute_ms=0 \
+bazel-bin/cli/pstrain run --insecure --compute=synthetic --compute_ms=0 \
   --model_bytes="$model_bytes" --mode="$mode" --num_ps="$num_ps" \
   --num_workers="$workers" --batch_size=32 --epochs=1 \
   --max_steps_per_epoch=1000000000 --log_every_steps=20 \

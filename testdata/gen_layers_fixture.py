@@ -111,7 +111,7 @@ def write_layers(path):
 
 import os
 import sys
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tools"))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tools", "torch"))
 from torch_models import build  # noqa: E402
 
 

@@ -3,7 +3,7 @@
 1.13), so that models/model_file_test checks, without torch at test time,
 that pstrain's model.safetensors is PyTorch's state_dict:
 
-  lenet5_torch.safetensors  the state_dict of tools/torch_models.py's LeNet-5
+  lenet5_torch.safetensors  the state_dict of tools/torch/torch_models.py's LeNet-5
                             (1x28x28 input, 10 classes, torch.manual_seed(3)),
                             written as safetensors (the format's reference
                             layout: 8-byte little-endian header length, JSON
@@ -25,7 +25,7 @@ import sys
 import torch
 
 root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(root, "tools"))
+sys.path.insert(0, os.path.join(root, "tools", "torch"))
 from torch_models import build_any  # noqa: E402
 
 DTYPES = {torch.float32: "F32", torch.int64: "I64"}

@@ -37,7 +37,7 @@ using pstrain::testing::WaitFor;
 // 2 workers, LeNet-5 on Fashion-MNIST: 400 steps, a checkpoint every 50.
 std::vector<std::string> RunArgv(const std::string& dir,
                                  const std::string& extra = "") {
-  std::vector<std::string> argv = {"tools/pstrain",
+  std::vector<std::string> argv = {"cli/pstrain",
                                    "run",
                                    "--mode=allreduce",
                                    "--model=lenet5",
@@ -129,7 +129,7 @@ TEST(AllreduceRestartTest, WithoutRestartsLeftTheJobFailsNamingTheDeath) {
   if (!HaveFashionMnist()) GTEST_SKIP() << "dataset-fashion-mnist missing";
   // No checkpoint folder: restarts are refused before anything starts.
   const auto refused = RunCommand(
-      "tools/pstrain run --mode=allreduce --num_workers=2 --max_restarts=2 "
+      "cli/pstrain run --mode=allreduce --num_workers=2 --max_restarts=2 "
       "2>&1");
   EXPECT_EQ(refused.exit_code, 2) << refused.output;
   EXPECT_NE(refused.output.find("max_restarts: 2; an allreduce job restarts "

@@ -1,6 +1,6 @@
 // A parameter-server job whose state at every step is known exactly, for
 // the checkpoint crash test (tests/checkpoint_crash_test.cc) and the
-// checkpoint benchmark (tools/checkpoint_bench.cc).
+// checkpoint benchmark (bench/checkpoint_bench.cc).
 //
 // CheckpointRig runs one sync worker against in-process shards
 // (server/local_shards.h) through the real PsClient, PS exchange and

@@ -148,8 +148,9 @@ CoordinatorProcess::CoordinatorProcess(const std::string& job_file,
     const std::string timeout =
         "--heartbeat_timeout_s=" + std::to_string(heartbeat_timeout_s);
     const std::string port_flag = "--port=" + std::to_string(port);
-    execl("tools/pstrain_coordinator", "pstrain_coordinator", port_flag.c_str(),
-          "--bind=127.0.0.1", ("--port_file=" + port_file).c_str(),
+    execl("coordinator/pstrain_coordinator", "pstrain_coordinator",
+          port_flag.c_str(), "--bind=127.0.0.1",
+          ("--port_file=" + port_file).c_str(),
           ("--job_file=" + job_file).c_str(), timeout.c_str(),
           static_cast<char*>(nullptr));
     _exit(127);

@@ -2,7 +2,7 @@
 // command and capture its output, start processes in the background, a
 // pstrain_coordinator process on a free port.
 //
-// Paths are relative to the test's runfiles folder ("tools/pstrain").
+// Paths are relative to the test's runfiles folder ("cli/pstrain").
 // Thread-compatible.
 #ifndef PSTRAIN_TESTS_CLI_TEST_UTIL_H_
 #define PSTRAIN_TESTS_CLI_TEST_UTIL_H_

@@ -58,7 +58,7 @@ TEST(ClusterTest, SubmittedJobRunsOnTasksStartedByHand) {
   WriteTextFile(spec,
                 "model: \"lenet5\" num_ps: 2 num_workers: 2 batch_size: 64 "
                 "epochs: 1 max_steps_per_epoch: 30 log_every_steps: 10\n");
-  auto r = RunCommand("tools/pstrain submit " + spec + coordinator.flag());
+  auto r = RunCommand("cli/pstrain submit " + spec + coordinator.flag());
   ASSERT_EQ(r.exit_code, 0) << r.output;
   ASSERT_EQ(r.output, "job-1\n");
   // Tasks in any order; worker 1 takes its index from Slurm's variable.
@@ -69,7 +69,7 @@ TEST(ClusterTest, SubmittedJobRunsOnTasksStartedByHand) {
       StartTask("worker", -1, coordinator, "job-1", {}, {"SLURM_PROCID=1"}));
   tasks.push_back(StartTask("ps", 0, coordinator, "job-1"));
 
-  r = RunCommand("tools/pstrain wait job-1 --wait_poll_ms=200" +
+  r = RunCommand("cli/pstrain wait job-1 --wait_poll_ms=200" +
                  coordinator.flag());
   EXPECT_EQ(r.exit_code, 0) << r.output;
   EXPECT_TRUE(std::regex_search(
@@ -89,7 +89,7 @@ TEST(ClusterTest, SubmittedJobRunsOnTasksStartedByHand) {
       << r.output;
   for (auto& task : tasks) EXPECT_EQ(task->Wait(20), 0);
 
-  r = RunCommand("tools/pstrain logs job-1" + coordinator.flag());
+  r = RunCommand("cli/pstrain logs job-1" + coordinator.flag());
   EXPECT_EQ(r.exit_code, 0);
   EXPECT_TRUE(std::regex_search(
       r.output,
@@ -98,7 +98,7 @@ TEST(ClusterTest, SubmittedJobRunsOnTasksStartedByHand) {
       << r.output;
   EXPECT_NE(r.output.find("[ps0] all workers done; shard 0 exiting"),
             std::string::npos);
-  r = RunCommand("tools/pstrain status job-1" + coordinator.flag());
+  r = RunCommand("cli/pstrain status job-1" + coordinator.flag());
   EXPECT_TRUE(std::regex_search(
       r.output,
       std::regex(R"(\n  epoch 0: [0-9.]+ s, test accuracy 0\.[0-9]{4}\n)")))
@@ -119,7 +119,7 @@ TEST(ClusterTest, KilledWorkerFailsTheJobNamingItAndEveryTaskExits) {
   WriteTextFile(spec,
                 "model: \"lenet5\" num_ps: 1 num_workers: 2 batch_size: 64 "
                 "epochs: 20\n");
-  auto r = RunCommand("tools/pstrain submit " + spec + coordinator.flag());
+  auto r = RunCommand("cli/pstrain submit " + spec + coordinator.flag());
   ASSERT_EQ(r.output, "job-1\n");
   std::vector<std::unique_ptr<Process>> tasks;
   tasks.push_back(StartTask("ps", 0, coordinator, "job-1"));
@@ -129,7 +129,7 @@ TEST(ClusterTest, KilledWorkerFailsTheJobNamingItAndEveryTaskExits) {
   bool training = false;
   for (int i = 0; i < 300 && !training; ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    r = RunCommand("tools/pstrain status job-1" + coordinator.flag());
+    r = RunCommand("cli/pstrain status job-1" + coordinator.flag());
     training = std::regex_search(
         r.output, std::regex(R"(worker 1 +REGISTERED .* [1-9][0-9]* steps)"));
   }
@@ -138,7 +138,7 @@ TEST(ClusterTest, KilledWorkerFailsTheJobNamingItAndEveryTaskExits) {
   tasks[2]->Kill(SIGKILL);
   EXPECT_EQ(tasks[2]->Wait(5), -SIGKILL);
 
-  r = RunCommand("tools/pstrain wait job-1 --wait_poll_ms=100" +
+  r = RunCommand("cli/pstrain wait job-1 --wait_poll_ms=100" +
                  coordinator.flag());
   const double seconds = std::chrono::duration<double>(
                              std::chrono::steady_clock::now() - killed_at)
@@ -179,7 +179,7 @@ TEST(ClusterTest, JobSurvivesACoordinatorCrashAndRestart) {
   WriteTextFile(spec,
                 "model: \"lenet5\" num_ps: 1 num_workers: 2 batch_size: 64 "
                 "epochs: 2 max_steps_per_epoch: 150 log_every_steps: 50\n");
-  auto r = RunCommand("tools/pstrain submit " + spec + coordinator->flag());
+  auto r = RunCommand("cli/pstrain submit " + spec + coordinator->flag());
   ASSERT_EQ(r.output, "job-1\n");
   std::vector<std::unique_ptr<Process>> tasks;
   tasks.push_back(StartTask("ps", 0, *coordinator, "job-1"));
@@ -188,12 +188,12 @@ TEST(ClusterTest, JobSurvivesACoordinatorCrashAndRestart) {
   bool training = false;
   for (int i = 0; i < 300 && !training; ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    r = RunCommand("tools/pstrain status job-1" + coordinator->flag());
+    r = RunCommand("cli/pstrain status job-1" + coordinator->flag());
     training = r.output.find("RUNNING") != std::string::npos;
   }
   ASSERT_TRUE(training) << r.output;
   const std::string wait_log = TempDir() + "/wait4.log";
-  Process wait({"tools/pstrain", "wait", "job-1", "--wait_poll_ms=200",
+  Process wait({"cli/pstrain", "wait", "job-1", "--wait_poll_ms=200",
                 "--coordinator_timeout_s=60", "--rpc_timeout_s=5",
                 "--coordinator=" + coordinator->address()},
                wait_log);
@@ -263,7 +263,7 @@ TEST(ClusterTest, BadTaskFlagsGetOneLineErrors) {
   // An index outside the job fails the job, naming the index.
   const std::string spec = TempDir() + "/small.pbtxt";
   WriteTextFile(spec, "num_ps: 1 num_workers: 1 batch_size: 64 epochs: 1\n");
-  auto r = RunCommand("tools/pstrain submit " + spec + coordinator.flag());
+  auto r = RunCommand("cli/pstrain submit " + spec + coordinator.flag());
   ASSERT_EQ(r.output, "job-1\n");
   r = RunCommand("server/pstrain_ps --job=job-1 --task_index=3" +
                  coordinator.flag());
@@ -293,14 +293,14 @@ TEST(ClusterTest, PsThatCannotBindFailsTheJobNamingHostAndPort) {
                 "num_ps: 1 num_workers: 1 batch_size: 64 epochs: 1 "
                 "ps_hosts { host: \"127.0.0.1\" port: " +
                     port + " }\n");
-  auto r = RunCommand("tools/pstrain submit " + spec + coordinator.flag());
+  auto r = RunCommand("cli/pstrain submit " + spec + coordinator.flag());
   ASSERT_EQ(r.output, "job-1\n");
   Process ps({"server/pstrain_ps", "--coordinator=" + coordinator.address(),
               "--job=job-1", "--task_index=0", "--bind=0.0.0.0"},
              TempDir() + "/bind_ps.log");
   EXPECT_EQ(ps.Wait(20), 1);
   close(fd);
-  r = RunCommand("tools/pstrain status job-1" + coordinator.flag());
+  r = RunCommand("cli/pstrain status job-1" + coordinator.flag());
   EXPECT_NE(r.output.find("job-1 FAILED lenet5 1 ps 1 workers (0/2 "
                           "registered): ps 0 on 127.0.0.1:" +
                           port + " failed: cannot listen on 0.0.0.0:" + port +

@@ -36,8 +36,8 @@ using ::testing::Not;
 CommandResult StartWith(const std::string& job_file) {
   ::pstrain::testing::UseTestCertificates();
   return RunCommand(absl::StrCat(
-      "timeout 5 tools/pstrain_coordinator --port=0 --job_file=", job_file,
-      " 2>&1"));
+      "timeout 5 coordinator/pstrain_coordinator --port=0 --job_file=",
+      job_file, " 2>&1"));
 }
 
 // One line naming `job_file`, exit 2, no protobuf log.
@@ -132,7 +132,7 @@ TEST(CoordinatorStateTest, BadLimitFlagsExitTwo) {
            {"--max_kv_keys_per_job=0",
             "--max_kv_keys_per_job=0: expected 1 to 1000000 keys"}}) {
     const CommandResult r = RunCommand(absl::StrCat(
-        "timeout 5 tools/pstrain_coordinator --port=0 ", flag, " 2>&1"));
+        "timeout 5 coordinator/pstrain_coordinator --port=0 ", flag, " 2>&1"));
     EXPECT_EQ(r.exit_code, 2) << flag << ": " << r.output;
     EXPECT_EQ(r.output, "pstrain_coordinator: error: " + message + "\n");
   }
@@ -142,7 +142,7 @@ TEST(CoordinatorStateTest, KeepFinishedJobsPrunesTheOldestEnded) {
   ::pstrain::testing::UseTestCertificates();
   const std::string job_file = TempDir() + "/pruned.pb";
   const std::string port = std::to_string(FreePort());
-  Process coordinator({"tools/pstrain_coordinator", "--port=" + port,
+  Process coordinator({"coordinator/pstrain_coordinator", "--port=" + port,
                        "--job_file=" + job_file, "--keep_finished_jobs=2"},
                       TempDir() + "/coordinator.log");
   const std::string flags = " --coordinator=127.0.0.1:" + port + " 2>&1";
@@ -152,22 +152,22 @@ TEST(CoordinatorStateTest, KeepFinishedJobsPrunesTheOldestEnded) {
                 "batch_size: 64\nepochs: 1\n");
   CommandResult r;
   for (int i = 0; i < 50; ++i) {  // until it listens
-    r = RunCommand("tools/pstrain status" + flags);
+    r = RunCommand("cli/pstrain status" + flags);
     if (r.exit_code == 0) break;
     usleep(100000);
   }
   ASSERT_EQ(r.exit_code, 0) << r.output;
   for (int i = 1; i <= 5; ++i) {
-    r = RunCommand("tools/pstrain submit " + spec + flags);
+    r = RunCommand("cli/pstrain submit " + spec + flags);
     ASSERT_EQ(r.output, absl::StrCat("job-", i, "\n"));
   }
   // job-2 stays pending; the others end in the order 4, 1, 5, 3: the two
   // that ended last are kept, in the table's order.
   for (const char* id : {"job-4", "job-1", "job-5", "job-3"}) {
-    r = RunCommand(absl::StrCat("tools/pstrain cancel ", id, flags));
+    r = RunCommand(absl::StrCat("cli/pstrain cancel ", id, flags));
     ASSERT_EQ(r.exit_code, 0) << r.output;
   }
-  r = RunCommand("tools/pstrain status" + flags);
+  r = RunCommand("cli/pstrain status" + flags);
   EXPECT_EQ(r.exit_code, 0) << r.output;
   std::vector<std::string> ids;
   for (absl::string_view line : absl::StrSplit(r.output, '\n')) {
@@ -175,7 +175,7 @@ TEST(CoordinatorStateTest, KeepFinishedJobsPrunesTheOldestEnded) {
   }
   EXPECT_EQ(ids, (std::vector<std::string>{"job-2", "job-3", "job-5"}))
       << r.output;
-  r = RunCommand("tools/pstrain status job-4" + flags);
+  r = RunCommand("cli/pstrain status job-4" + flags);
   EXPECT_NE(r.exit_code, 0);
   EXPECT_THAT(r.output, HasSubstr("unknown job job-4"));
   // The job file holds the same three.
@@ -211,12 +211,12 @@ TEST(CoordinatorStateTest, JobIdsDoNotRepeatAcrossRestartsWithoutAJobFile) {
   std::vector<std::string> ids;
   for (int run = 0; run < 2; ++run) {
     const std::string port = std::to_string(FreePort());
-    Process coordinator({"tools/pstrain_coordinator", "--port=" + port},
+    Process coordinator({"coordinator/pstrain_coordinator", "--port=" + port},
                         TempDir() + "/coordinator-ids.log");
     const std::string flags = " --coordinator=127.0.0.1:" + port + " 2>&1";
     CommandResult r;
     for (int i = 0; i < 50; ++i) {  // until it listens
-      r = RunCommand("tools/pstrain submit " + spec + flags);
+      r = RunCommand("cli/pstrain submit " + spec + flags);
       if (r.exit_code == 0) break;
       usleep(100000);
     }

@@ -36,12 +36,12 @@ check() {  # check DESCRIPTION COMMAND...
 }
 
 # --- layout ----------------------------------------------------------------
-for f in tools/pstrain tools/pstrain_coordinator tools/train_bench \
-  tools/ps_bench server/pstrain_ps worker/pstrain_worker tests/cuda_test \
+for f in cli/pstrain coordinator/pstrain_coordinator bench/train_bench \
+  bench/ps_bench server/pstrain_ps worker/pstrain_worker tests/cuda_test \
   tests/collective_test gpu_check.sh; do
   check "$bundle/$f is executable" test -x "$bundle/$f"
 done
-for f in tools/torch_bench.py tools/torch_models.py BUNDLE_INFO \
+for f in tools/torch/torch_bench.py tools/torch/torch_models.py BUNDLE_INFO \
   data/fashion-mnist/train-images-idx3-ubyte.gz \
   data/fashion-mnist/t10k-labels-idx1-ubyte.gz; do
   check "$bundle/$f exists" test -s "$bundle/$f"
@@ -51,8 +51,8 @@ done
 source scripts/gpu_host_libs.sh  # host_lib_re
 unresolved() {  # prints "FILE: LIBRARY" for each need the bundle leaves open
   local elf need
-  for elf in "$bundle"/tools/* "$bundle"/server/* "$bundle"/worker/* \
-    "$bundle"/tests/* "$bundle"/lib/*; do
+  for elf in "$bundle"/cli/* "$bundle"/coordinator/* "$bundle"/bench/* \
+    "$bundle"/server/* "$bundle"/worker/* "$bundle"/tests/* "$bundle"/lib/*; do
     head -c 4 "$elf" | grep -q ELF || continue
     for need in $(readelf -d "$elf" | sed -n 's/.*(NEEDED).*\[\(.*\)\]/\1/p'); do
       [[ "$need" =~ $host_lib_re ]] && continue
@@ -64,8 +64,8 @@ open_needs=$(unresolved)
 [ -n "$open_needs" ] && echo "$open_needs"
 check "every needed library is in lib/, glibc's or NVIDIA's" test -z "$open_needs"
 bad_rpath=""
-for elf in "$bundle"/tools/pstrain "$bundle"/tools/pstrain_coordinator \
-  "$bundle"/tools/train_bench "$bundle"/tools/ps_bench \
+for elf in "$bundle"/cli/pstrain "$bundle"/coordinator/pstrain_coordinator \
+  "$bundle"/bench/train_bench "$bundle"/bench/ps_bench \
   "$bundle"/server/pstrain_ps "$bundle"/worker/pstrain_worker \
   "$bundle"/tests/cuda_test "$bundle"/tests/collective_test; do
   rpath=$(readelf -d "$elf" | sed -n 's/.*(RUNPATH).*\[\(.*\)\]/\1/p;s/.*(RPATH).*\[\(.*\)\]/\1/p')
@@ -76,7 +76,7 @@ check "binaries find lib/ through \$ORIGIN/../lib alone" test -z "$bad_rpath"
 check "the NVIDIA libraries are not bundled" \
   bash -c "! ls '$bundle/lib' | grep -Eq '^lib(cudart|cublas|cudnn|nccl|cuda)\.'"
 check "pstrain starts from the bundle" \
-  bash -c "'$bundle/tools/pstrain' --help 2>&1 | grep -q 'pstrain run'"
+  bash -c "'$bundle/cli/pstrain' --help 2>&1 | grep -q 'pstrain run'"
 
 # --- gpu_check.sh ------------------------------------------------------------
 out=$(mktemp -d)

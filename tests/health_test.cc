@@ -65,7 +65,7 @@ TEST(HealthTest, CoordinatorAnswersHealthAndReflectionToItsCertificates) {
   const std::string health =
       "127.0.0.1:" + std::to_string(FreePort());  // plaintext
   Process coordinator(
-      {"tools/pstrain_coordinator", "--bind=127.0.0.1", "--port=0",
+      {"coordinator/pstrain_coordinator", "--bind=127.0.0.1", "--port=0",
        "--port_file=" + port_file, "--health_port=" + health.substr(10)},
       TempDir() + "/coordinator_health.log");
   const std::string port = WaitForPortFile(port_file);
@@ -124,7 +124,7 @@ TEST(HealthTest, ShardIsNotServingUntilInitialisedThenServing) {
                 "model: \"lenet5\" num_ps: 1 num_workers: 1 batch_size: 64 "
                 "epochs: 1 max_steps_per_epoch: 200 log_every_steps: 50\n");
   CommandResult r =
-      RunCommand("tools/pstrain submit " + spec + coordinator.flag());
+      RunCommand("cli/pstrain submit " + spec + coordinator.flag());
   ASSERT_EQ(r.exit_code, 0) << r.output;
   ASSERT_EQ(r.output, "job-1\n");
 
@@ -165,7 +165,7 @@ TEST(HealthTest, ShardIsNotServingUntilInitialisedThenServing) {
   EXPECT_TRUE(r.output == "SERVING\n" || r.output == "NOT_SERVING\n")
       << r.output;  // NOT_SERVING if training already ended (draining)
 
-  r = RunCommand("tools/pstrain wait job-1 --wait_poll_ms=200" +
+  r = RunCommand("cli/pstrain wait job-1 --wait_poll_ms=200" +
                  coordinator.flag());
   EXPECT_EQ(r.exit_code, 0) << r.output;
   EXPECT_EQ(ps.Wait(30), 0);

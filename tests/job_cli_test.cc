@@ -38,10 +38,10 @@ TEST(JobCliTest, SubmitStatusCancelWaitAndRestart) {
   {
     Coordinator coordinator(job_file, 600);
     ASSERT_TRUE(coordinator.up());
-    Result r = RunCommand("tools/pstrain submit " + spec + coordinator.flag());
+    Result r = RunCommand("cli/pstrain submit " + spec + coordinator.flag());
     EXPECT_EQ(r.exit_code, 0) << r.output;
     EXPECT_EQ(r.output, "job-1\n");
-    r = RunCommand("tools/pstrain status job-1" + coordinator.flag());
+    r = RunCommand("cli/pstrain status job-1" + coordinator.flag());
     EXPECT_EQ(r.exit_code, 0) << r.output;
     EXPECT_EQ(r.output,
               "job-1 PENDING lenet5 1 ps 2 workers (0/3 registered)\n"
@@ -52,24 +52,24 @@ TEST(JobCliTest, SubmitStatusCancelWaitAndRestart) {
   // A restarted coordinator still knows job-1.
   Coordinator coordinator(job_file, 600);
   ASSERT_TRUE(coordinator.up());
-  Result r = RunCommand("tools/pstrain status" + coordinator.flag());
+  Result r = RunCommand("cli/pstrain status" + coordinator.flag());
   EXPECT_EQ(r.output, "job-1 PENDING lenet5 1 ps 2 workers (0/3 registered)\n");
-  r = RunCommand("tools/pstrain cancel job-1" + coordinator.flag());
+  r = RunCommand("cli/pstrain cancel job-1" + coordinator.flag());
   EXPECT_EQ(r.exit_code, 0) << r.output;
-  r = RunCommand("tools/pstrain wait job-1" + coordinator.flag());
+  r = RunCommand("cli/pstrain wait job-1" + coordinator.flag());
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_EQ(r.output,
             "job-1 CANCELLED lenet5 1 ps 2 workers (0/3 registered): "
             "cancelled\n");
   // Its tasks never came: STOPPED, not WAITING or REGISTERED.
-  r = RunCommand("tools/pstrain status job-1" + coordinator.flag());
+  r = RunCommand("cli/pstrain status job-1" + coordinator.flag());
   EXPECT_EQ(r.output,
             "job-1 CANCELLED lenet5 1 ps 2 workers (0/3 registered): "
             "cancelled\n"
             "  ps 0       STOPPED    -\n"
             "  worker 0   STOPPED    -\n"
             "  worker 1   STOPPED    -\n");
-  r = RunCommand("tools/pstrain cancel job-1" + coordinator.flag());
+  r = RunCommand("cli/pstrain cancel job-1" + coordinator.flag());
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_EQ(r.output,
             "pstrain: error: coordinator 127.0.0.1:" + coordinator.port() +
@@ -91,13 +91,13 @@ TEST(JobCliTest, WaitRidesOutACoordinatorRestartWithinItsDeadline) {
   auto coordinator = std::make_unique<Coordinator>(job_file, 600, port);
   ASSERT_TRUE(coordinator->up());
   const std::string address = coordinator->address();
-  Result r = RunCommand("tools/pstrain submit " + spec + coordinator->flag());
+  Result r = RunCommand("cli/pstrain submit " + spec + coordinator->flag());
   ASSERT_EQ(r.output, "job-1\n");
-  r = RunCommand("tools/pstrain submit " + spec + coordinator->flag());
+  r = RunCommand("cli/pstrain submit " + spec + coordinator->flag());
   ASSERT_EQ(r.output, "job-2\n");
   const std::string log = TempDir() + "/wait_restart.log";
   {
-    Process wait({"tools/pstrain", "wait", "job-1", "--wait_poll_ms=100",
+    Process wait({"cli/pstrain", "wait", "job-1", "--wait_poll_ms=100",
                   "--coordinator_timeout_s=30", "--rpc_timeout_s=2",
                   "--coordinator=" + address},
                  log);
@@ -106,9 +106,9 @@ TEST(JobCliTest, WaitRidesOutACoordinatorRestartWithinItsDeadline) {
     sleep(3);
     coordinator = std::make_unique<Coordinator>(job_file, 600, port);
     ASSERT_TRUE(coordinator->up());
-    EXPECT_EQ(RunCommand("tools/pstrain cancel job-1" + coordinator->flag())
-                  .exit_code,
-              0);
+    EXPECT_EQ(
+        RunCommand("cli/pstrain cancel job-1" + coordinator->flag()).exit_code,
+        0);
     EXPECT_EQ(wait.Wait(30), 1);
     const std::string output = pstrain::testing::ReadTextFile(log);
     EXPECT_THAT(output, StartsWith("job-1 PENDING lenet5 1 ps 1 workers "
@@ -122,7 +122,7 @@ TEST(JobCliTest, WaitRidesOutACoordinatorRestartWithinItsDeadline) {
                          "workers (0/2 registered): cancelled\n"));
   }
   // Away for longer than the deadline: exit 1, the deadline named.
-  Process wait({"tools/pstrain", "wait", "job-2", "--wait_poll_ms=100",
+  Process wait({"cli/pstrain", "wait", "job-2", "--wait_poll_ms=100",
                 "--coordinator_timeout_s=2", "--rpc_timeout_s=1",
                 "--coordinator=" + address},
                log);
@@ -140,7 +140,7 @@ TEST(JobCliTest, WaitRidesOutACoordinatorRestartWithinItsDeadline) {
       << output;
   // status too; with --coordinator_timeout_s=0 it does not retry.
   r = RunCommand(
-      "tools/pstrain status --coordinator_timeout_s=0 "
+      "cli/pstrain status --coordinator_timeout_s=0 "
       "--rpc_timeout_s=1 --coordinator=" +
       address);
   EXPECT_EQ(r.exit_code, 1);
@@ -150,7 +150,7 @@ TEST(JobCliTest, WaitRidesOutACoordinatorRestartWithinItsDeadline) {
   EXPECT_THAT(r.output, Not(HasSubstr("retrying")));
 }
 
-// What the printed scripts do is tools/launch_lines_test (stand-in
+// What the printed scripts do is cli/launch_lines_test (stand-in
 // launchers) and tests/launcher_test.sh (real Slurm and Open MPI); here the
 // command line: where the binaries come from, and the errors.
 TEST(JobCliTest, LaunchLinesNameInstalledBinariesNeverBazelsCache) {
@@ -161,7 +161,7 @@ TEST(JobCliTest, LaunchLinesNameInstalledBinariesNeverBazelsCache) {
             "ps_hosts { host: \"n3\" port: 7000 }\n"
             "worker_hosts { host: \"n4\" } worker_hosts { host: \"n5\" }\n");
   // From Bazel's output tree, a --bin_dir is needed.
-  Result r = RunCommand("tools/pstrain launch-lines " + spec +
+  Result r = RunCommand("cli/pstrain launch-lines " + spec +
                         " --launcher=ssh --coordinator=n1:7070");
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_NE(r.output.find("pstrain: error: launch-lines: expected "
@@ -169,7 +169,7 @@ TEST(JobCliTest, LaunchLinesNameInstalledBinariesNeverBazelsCache) {
                           "pstrain_worker on every node"),
             std::string::npos)
       << r.output;
-  r = RunCommand("tools/pstrain launch-lines " + spec +
+  r = RunCommand("cli/pstrain launch-lines " + spec +
                  " --launcher=ssh --coordinator=n1:7070 --bin_dir=/opt/p/bin/");
   EXPECT_EQ(r.exit_code, 0) << r.output;
   EXPECT_EQ(r.output.rfind("#!/usr/bin/env bash\n", 0), 0u) << r.output;
@@ -179,7 +179,7 @@ TEST(JobCliTest, LaunchLinesNameInstalledBinariesNeverBazelsCache) {
       << r.output;
   // An installed pstrain names its own folder.
   const std::string prefix = TempDir() + "/opt";
-  r = RunCommand("tools/pstrain install --prefix=" + prefix);
+  r = RunCommand("cli/pstrain install --prefix=" + prefix);
   EXPECT_EQ(r.exit_code, 0) << r.output;
   EXPECT_EQ(r.output, prefix + "/bin/pstrain\n" + prefix + "/bin/pstrain_ps\n" +
                           prefix + "/bin/pstrain_worker\n" + prefix +
@@ -195,19 +195,19 @@ TEST(JobCliTest, LaunchLinesNameInstalledBinariesNeverBazelsCache) {
 
   const std::string anywhere = TempDir() + "/anywhere.pbtxt";
   WriteFile(anywhere, "num_ps: 2 num_workers: 4 batch_size: 64 epochs: 1\n");
-  r = RunCommand("tools/pstrain launch-lines " + anywhere +
+  r = RunCommand("cli/pstrain launch-lines " + anywhere +
                  " --launcher=ssh --bin_dir=/opt/p/bin");
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_EQ(r.output,
             "pstrain: error: --launcher=ssh needs ps_hosts and worker_hosts "
             "in the job spec (slurm and mpirun do not)\n");
-  r = RunCommand("tools/pstrain launch-lines " + anywhere +
+  r = RunCommand("cli/pstrain launch-lines " + anywhere +
                  " --launcher=pbs --bin_dir=/opt/p/bin");
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_EQ(r.output,
             "pstrain: error: --launcher=pbs: expected slurm, mpirun, ssh or "
             "kubernetes\n");
-  r = RunCommand("tools/pstrain install");
+  r = RunCommand("cli/pstrain install");
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_EQ(r.output, "pstrain: error: usage: pstrain install --prefix=DIR\n");
 }
@@ -220,15 +220,15 @@ TEST(JobCliTest, BadSpecIsRefusedBeforeSubmitWithTheFieldNamed) {
             "worker_hosts { host: \"h\" port: 7000 }\n");
   // No coordinator needed: the spec is checked first.
   Result r =
-      RunCommand("tools/pstrain submit " + spec + " --coordinator=127.0.0.1:1");
+      RunCommand("cli/pstrain submit " + spec + " --coordinator=127.0.0.1:1");
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_EQ(r.output, "pstrain: error: " + spec +
                           ": worker_hosts[0]: h:7000 is already the address "
                           "of ps_hosts[0]\n");
-  r = RunCommand("tools/pstrain submit " + TempDir() + "/missing.pbtxt");
+  r = RunCommand("cli/pstrain submit " + TempDir() + "/missing.pbtxt");
   EXPECT_EQ(r.exit_code, 2);
   r = RunCommand(
-      "tools/pstrain status --coordinator=127.0.0.1:1 --rpc_timeout_s=1 "
+      "cli/pstrain status --coordinator=127.0.0.1:1 --rpc_timeout_s=1 "
       "--coordinator_timeout_s=0");
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_EQ(r.output.rfind("pstrain: error: coordinator 127.0.0.1:1: ", 0), 0u)
@@ -243,14 +243,14 @@ TEST(JobCliTest, SubmitRefusesAnOutOfRangeSpecWithExit2) {
             "num_ps: 1\nnum_workers: 2147483647\nbatch_size: 8\n"
             "epochs: 1\n");
   Result r =
-      RunCommand("tools/pstrain submit " + spec + " --coordinator=127.0.0.1:1");
+      RunCommand("cli/pstrain submit " + spec + " --coordinator=127.0.0.1:1");
   EXPECT_EQ(r.exit_code, 2) << r.output;
   EXPECT_EQ(r.output, "pstrain: error: " + spec +
                           ": num_workers: 2147483647; expected 1 to 4096\n");
   WriteFile(spec,
             "num_ps: 1 num_workers: 1 batch_size: 8 epochs: 1 "
             "optimizer { beta2: 0.99999999 }");
-  r = RunCommand("tools/pstrain submit " + spec + " --coordinator=127.0.0.1:1");
+  r = RunCommand("cli/pstrain submit " + spec + " --coordinator=127.0.0.1:1");
   EXPECT_EQ(r.exit_code, 2) << r.output;
   EXPECT_NE(r.output.find("optimizer.beta2: 0.99999999; expected 0 <= beta < "
                           "1, and below 1 in fp32"),
@@ -266,14 +266,14 @@ TEST(JobCliTest, EveryBinaryHelpExitsZeroAndListsAllItsFlags) {
     std::string binary;
     std::vector<std::string> flags;
   } binaries[] = {
-      {"tools/pstrain",
+      {"cli/pstrain",
        {"--model (", "--dataset (", "--backend (", "--coordinator (",
         "--insecure (", "--launcher (", "--node_rank (", "--out ("}},
       {"server/pstrain_ps",
        {"--pull_timeout_s (", "--task_index (", "--threads (", "--tls_dir ("}},
       {"worker/pstrain_worker",
        {"--init_timeout_s (", "--rejoin (", "--coordinator (", "--insecure ("}},
-      {"tools/pstrain_coordinator",
+      {"coordinator/pstrain_coordinator",
        {"--heartbeat_timeout_s (", "--job_file (", "--tls_dir ("}},
   };
   for (const auto& b : binaries) {
@@ -296,20 +296,20 @@ TEST(JobCliTest, UnknownFlagsAndCommandsExit2WithOneLine) {
     std::string command;
     std::string output;
   } cases[] = {
-      {"tools/pstrain run --bogus",
+      {"cli/pstrain run --bogus",
        "pstrain: error: unknown flag --bogus; see pstrain help run\n"},
-      {"tools/pstrain --bogus status",
+      {"cli/pstrain --bogus status",
        "pstrain: error: unknown flag --bogus; see pstrain help status\n"},
-      {"tools/pstrain --nomodel run",
+      {"cli/pstrain --nomodel run",
        "pstrain: error: unknown flag --nomodel; see pstrain help run\n"},
-      {"tools/pstrain frob",
+      {"cli/pstrain frob",
        "pstrain: error: unknown command \"frob\"; see pstrain help\n"},
-      {"tools/pstrain help frob",
+      {"cli/pstrain help frob",
        "pstrain: error: unknown command \"frob\"; see pstrain help\n"},
-      {"tools/pstrain run --num_workers=two",
+      {"cli/pstrain run --num_workers=two",
        "pstrain: error: --num_workers=two: Illegal value 'two' specified for "
        "flag 'num_workers'; see pstrain help run\n"},
-      {"tools/pstrain run --num_workers",
+      {"cli/pstrain run --num_workers",
        "pstrain: error: --num_workers: missing its value; see pstrain help "
        "run\n"},
       {"server/pstrain_ps --bogus",
@@ -317,7 +317,7 @@ TEST(JobCliTest, UnknownFlagsAndCommandsExit2WithOneLine) {
       {"worker/pstrain_worker --bogus=1",
        "pstrain_worker: error: unknown flag --bogus; see pstrain_worker "
        "--help\n"},
-      {"tools/pstrain_coordinator --bogus",
+      {"coordinator/pstrain_coordinator --bogus",
        "pstrain_coordinator: error: unknown flag --bogus; see "
        "pstrain_coordinator --help\n"},
   };
@@ -345,43 +345,43 @@ TEST(JobCliTest, FlagfileFlagsAreCheckedLikeTheCommandLines) {
     std::string command;
     std::string output;
   } cases[] = {
-      {"tools/pstrain run --flagfile=" + dir + "/unknown.flags",
+      {"cli/pstrain run --flagfile=" + dir + "/unknown.flags",
        "pstrain: error: unknown flag --bogus in " + dir +
            "/unknown.flags; see pstrain help run\n"},
-      {"tools/pstrain run --flagfile " + dir + "/nested.flags",
+      {"cli/pstrain run --flagfile " + dir + "/nested.flags",
        "pstrain: error: unknown flag --bogus in " + dir +
            "/unknown.flags; see pstrain help run\n"},
-      {"tools/pstrain run --flagfile=" + dir + "/value.flags",
+      {"cli/pstrain run --flagfile=" + dir + "/value.flags",
        "pstrain: error: --num_workers=two in " + dir +
            "/value.flags: Illegal value 'two' specified for flag "
            "'num_workers'; see pstrain help run\n"},
-      {"tools/pstrain run --flagfile=" + dir + "/line.flags",
+      {"cli/pstrain run --flagfile=" + dir + "/line.flags",
        "pstrain: error: --flagfile=" + dir +
            "/line.flags: unexpected line \"num_workers=3\"; expected "
            "--flag=value, a comment (#) or an empty line; see pstrain help "
            "run\n"},
-      {"tools/pstrain run --flagfile=" + dir + "/missing.flags",
+      {"cli/pstrain run --flagfile=" + dir + "/missing.flags",
        "pstrain: error: --flagfile: " + dir +
            "/missing.flags: No such file or directory; see pstrain help "
            "run\n"},
-      {"tools/pstrain run --flagfile=" + dir + "/self.flags",
+      {"cli/pstrain run --flagfile=" + dir + "/self.flags",
        "pstrain: error: --flagfile=" + dir + "/self.flags in " + dir +
            "/self.flags: flag files nested more than 10 deep; see pstrain "
            "help run\n"},
       // A flag from a file is given like any other: run does not read it.
-      {"tools/pstrain run --flagfile=" + dir + "/steps.flags",
+      {"cli/pstrain run --flagfile=" + dir + "/steps.flags",
        "pstrain: error: --steps is not a flag of pstrain run (it would be "
        "ignored); see pstrain help run\n"},
       {"server/pstrain_ps --flagfile=" + dir + "/ps.flags",
        "pstrain_ps: error: unknown flag --bogus in " + dir +
            "/ps.flags; see pstrain_ps --help\n"},
-      {"FLAGS_num_workers=x tools/pstrain run --fromenv=num_workers",
+      {"FLAGS_num_workers=x cli/pstrain run --fromenv=num_workers",
        "pstrain: error: --num_workers=x (--fromenv): Illegal value 'x' "
        "specified for flag 'num_workers'; see pstrain help run\n"},
-      {"tools/pstrain run --fromenv=bogus",
+      {"cli/pstrain run --fromenv=bogus",
        "pstrain: error: --fromenv=bogus: FLAGS_bogus is not set; see pstrain "
        "help run\n"},
-      {"FLAGS_bogus=1 tools/pstrain run --fromenv=bogus",
+      {"FLAGS_bogus=1 cli/pstrain run --fromenv=bogus",
        "pstrain: error: unknown flag --bogus (--fromenv); see pstrain help "
        "run\n"},
   };
@@ -396,7 +396,7 @@ TEST(JobCliTest, FlagfileFlagsAreCheckedLikeTheCommandLines) {
   WriteFile(dir + "/launch.flags",
             "# where the tasks report\n--launcher=slurm\n"
             "--coordinator=n1:7070\n  --job=job-9\n");
-  const Result r = RunCommand("tools/pstrain launch-lines " + dir +
+  const Result r = RunCommand("cli/pstrain launch-lines " + dir +
                               "/spec.pbtxt --flagfile=" + dir +
                               "/launch.flags --bin_dir=/opt/p/bin");
   EXPECT_EQ(r.exit_code, 0) << r.output;
@@ -417,33 +417,33 @@ TEST(JobCliTest, FlagsEvalLaunchLinesAndNodeWouldIgnoreExit2) {
             "num_ps: 1 num_workers: 1 batch_size: 64 epochs: 1\n"
             "ps_hosts { host: \"localhost\" port: 7000 }\n"
             "worker_hosts { host: \"localhost\" }\n");
-  const std::string lines = "tools/pstrain launch-lines ";
+  const std::string lines = "cli/pstrain launch-lines ";
   const std::string see_eval = "; see pstrain help eval\n";
   const std::string see_lines = "; see pstrain help launch-lines\n";
   const struct {
     std::string command;
     std::string output;
   } cases[] = {
-      {"tools/pstrain eval --checkpoint=/none --num_classes=10",
+      {"cli/pstrain eval --checkpoint=/none --num_classes=10",
        "pstrain: error: --num_classes would be ignored: it is for "
        "--dataset=synthetic, not fashion_mnist" +
            see_eval},
-      {"tools/pstrain eval --checkpoint=/none --dataset=synthetic "
+      {"cli/pstrain eval --checkpoint=/none --dataset=synthetic "
        "--data_dir=/data",
        "pstrain: error: --data_dir would be ignored: --dataset=synthetic "
        "reads no files" +
            see_eval},
-      {"tools/pstrain eval --checkpoint=/none --dataset=mnist "
+      {"cli/pstrain eval --checkpoint=/none --dataset=mnist "
        "--bad_images=skip",
        "pstrain: error: --bad_images would be ignored: it is for "
        "--dataset=image_folder, not mnist" +
            see_eval},
-      {"tools/pstrain eval --checkpoint=/none --dataset=cifar10 "
+      {"cli/pstrain eval --checkpoint=/none --dataset=cifar10 "
        "--image_size=32",
        "pstrain: error: --image_size would be ignored: it is for "
        "--dataset=synthetic or image_folder, not cifar10" +
            see_eval},
-      {"tools/pstrain eval --checkpoint=/none --gpu=1",
+      {"cli/pstrain eval --checkpoint=/none --gpu=1",
        "pstrain: error: --gpu would be ignored: it is for --backend=cuda" +
            see_eval},
       {lines + spec + " --launcher=slurm --bin_dir=/b --nodes=2",
@@ -476,7 +476,7 @@ TEST(JobCliTest, FlagsEvalLaunchLinesAndNodeWouldIgnoreExit2) {
        "pstrain: error: --bin_dir would be ignored: --ps_binary and "
        "--worker_binary name both binaries" +
            see_lines},
-      {"tools/pstrain node --coordinator=127.0.0.1:1 --job=job-1 --bin_dir=/b "
+      {"cli/pstrain node --coordinator=127.0.0.1:1 --job=job-1 --bin_dir=/b "
        "--worker_binary=/w",
        "pstrain node: error: --worker_binary would be ignored: --bin_dir names "
        "the tasks' binaries; see pstrain help node\n"},
@@ -503,18 +503,18 @@ TEST(JobCliTest, FlagsEvalLaunchLinesAndNodeWouldIgnoreExit2) {
   // places its tasks itself, and a cpu job has no GPUs to give out.
   Coordinator coordinator(dir + "/node_flags_jobs.pb", 600);
   ASSERT_TRUE(coordinator.up());
-  r = RunCommand("tools/pstrain submit " + hosts + coordinator.flag());
+  r = RunCommand("cli/pstrain submit " + hosts + coordinator.flag());
   ASSERT_EQ(r.output, "job-1\n");
-  r = RunCommand("tools/pstrain submit " + spec + coordinator.flag());
+  r = RunCommand("cli/pstrain submit " + spec + coordinator.flag());
   ASSERT_EQ(r.output, "job-2\n");
-  r = RunCommand("tools/pstrain node --job=job-1 --node_rank=0" +
+  r = RunCommand("cli/pstrain node --job=job-1 --node_rank=0" +
                  coordinator.flag());
   EXPECT_EQ(r.exit_code, 2) << r.output;
   EXPECT_EQ(r.output,
             "pstrain node: error: job-1: --node_rank would be ignored: the job "
             "spec lists hosts, which place its tasks; see pstrain help node\n");
   r = RunCommand(
-      "tools/pstrain node --job=job-2 --node_rank=0 --num_nodes=1 "
+      "cli/pstrain node --job=job-2 --node_rank=0 --num_nodes=1 "
       "--gpus_per_node=2" +
       coordinator.flag());
   EXPECT_EQ(r.exit_code, 2) << r.output;
@@ -532,7 +532,7 @@ TEST(JobCliTest, SubmitRefusesASpecThatIsNotUtf8) {
             "model: \"lenet5\" data_dir: \"/data/caf\\351\"\n"
             "num_ps: 1 num_workers: 1 batch_size: 64 epochs: 1\n");
   const Result r =
-      RunCommand("tools/pstrain submit " + spec + " --coordinator=127.0.0.1:1");
+      RunCommand("cli/pstrain submit " + spec + " --coordinator=127.0.0.1:1");
   EXPECT_EQ(r.exit_code, 2) << r.output;
   EXPECT_EQ(r.output, "pstrain: error: " + spec +
                           ": data_dir: \"/data/caf\\xe9\" is not UTF-8; "
@@ -545,15 +545,15 @@ TEST(JobCliTest, HelpOfEveryCommand) {
   for (const std::string command :
        {"run", "compare", "eval", "submit", "status", "logs", "cancel", "wait",
         "launch-lines", "install", "certs", "node"}) {
-    for (const std::string& line : {"tools/pstrain help " + command,
-                                    "tools/pstrain " + command + " --help"}) {
+    for (const std::string& line : {"cli/pstrain help " + command,
+                                    "cli/pstrain " + command + " --help"}) {
       const Result r = RunCommand(line);
       EXPECT_EQ(r.exit_code, 0) << line << ": " << r.output;
       EXPECT_EQ(r.output.rfind("usage: pstrain " + command, 0), 0u)
           << line << ": " << r.output;
     }
   }
-  Result r = RunCommand("tools/pstrain help run");
+  Result r = RunCommand("cli/pstrain help run");
   for (const std::string flag :
        {"--num_workers (Worker processes.); default: 2;", "--dataset (",
         "--backend (", "--max_nonfinite_steps (", "--bucket_bytes ("}) {
@@ -561,14 +561,14 @@ TEST(JobCliTest, HelpOfEveryCommand) {
   }
   // Flags of other commands are not run's.
   EXPECT_EQ(r.output.find("--out_dir ("), std::string::npos) << r.output;
-  r = RunCommand("tools/pstrain help help");
+  r = RunCommand("cli/pstrain help help");
   EXPECT_EQ(r.exit_code, 0) << r.output;
   EXPECT_EQ(r.output.rfind("usage: pstrain help [COMMAND]", 0), 0u) << r.output;
-  r = RunCommand("tools/pstrain help");
+  r = RunCommand("cli/pstrain help");
   EXPECT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("pstrain launch-lines JOB.pbtxt"), std::string::npos)
       << r.output;
-  r = RunCommand("tools/pstrain");
+  r = RunCommand("cli/pstrain");
   EXPECT_EQ(r.exit_code, 2) << r.output;
 }
 
@@ -578,10 +578,10 @@ TEST(JobCliTest, DaemonFlagRangesExit2) {
     std::string command;
     std::string output;
   } cases[] = {
-      {"tools/pstrain_coordinator --heartbeat_timeout_s=0",
+      {"coordinator/pstrain_coordinator --heartbeat_timeout_s=0",
        "pstrain_coordinator: error: --heartbeat_timeout_s=0: expected 1 to "
        "86400 seconds\n"},
-      {"tools/pstrain_coordinator --port=65536",
+      {"coordinator/pstrain_coordinator --port=65536",
        "pstrain_coordinator: error: --port=65536: expected 0 to 65535\n"},
       {"server/pstrain_ps --idle_timeout_s=0",
        "pstrain_ps: error: --idle_timeout_s=0: expected 1 to 604800 "
@@ -589,7 +589,7 @@ TEST(JobCliTest, DaemonFlagRangesExit2) {
       {"worker/pstrain_worker --rpc_timeout_s=0",
        "pstrain_worker: error: --rpc_timeout_s=0: expected 1 to 86400 "
        "seconds\n"},
-      {"tools/pstrain wait job-1 --wait_poll_ms=0",
+      {"cli/pstrain wait job-1 --wait_poll_ms=0",
        "pstrain: error: --wait_poll_ms=0: expected 1 to 60000 ms\n"},
   };
   for (const auto& c : cases) {

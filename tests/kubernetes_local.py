@@ -183,7 +183,7 @@ def pod_process(pod_spec, env_extra, secrets, install_bin, tmp, log_path):
 
 def main():
     bin_dir = os.path.abspath(sys.argv[1])
-    pstrain = os.path.join(bin_dir, "tools/pstrain")
+    pstrain = os.path.join(bin_dir, "cli/pstrain")
     if not os.path.exists(os.path.join(DATA, "train-images-idx3-ubyte.gz")):
         print("SKIP: dataset-fashion-mnist is not installed")
         return

@@ -35,7 +35,7 @@ else
 fi
 DATA=/usr/share/datasets/fashion-mnist
 STEPS="${STEPS:-300}"
-for b in tools/pstrain tools/pstrain_coordinator server/pstrain_ps \
+for b in cli/pstrain coordinator/pstrain_coordinator server/pstrain_ps \
   worker/pstrain_worker; do
   [[ -x "$BIN/$b" ]] || { echo "FAIL: $BIN/$b is not built"; exit 1; }
 done
@@ -102,7 +102,7 @@ HOSTS=('ps_hosts { host: "127.0.0.1" }' 'ps_hosts { host: "127.0.0.1" }'
 # The reference: the same job under `pstrain run` (each worker 1 thread on
 # 2 cores, as under the launchers below).
 REF_LOG="$TMP/run.log"
-"$BIN/tools/pstrain" run --num_ps=2 --num_workers=2 --batch_size=64 \
+"$BIN/cli/pstrain" run --num_ps=2 --num_workers=2 --batch_size=64 \
   --epochs=1 --max_steps_per_epoch="$STEPS" --log_every_steps=100 >"$REF_LOG" 2>&1
 # accuracy LOG: the last column of the results table.
 accuracy() { grep -E '^\| 2 \| 2 \| sync' "$1" | tail -1 | awk -F'|' '{gsub(/ /,"",$11); print $11}'; }
@@ -128,18 +128,18 @@ same_accuracy() {
 # Mutual TLS as README's head-node block sets it up: every process the
 # quick starts launch (through sbatch, mpirun or pstrain node) inherits
 # PSTRAIN_TLS_DIR.
-"$BIN/tools/pstrain" certs --out="$TMP/tls" --num_ps=8 --num_workers=8 \
+"$BIN/cli/pstrain" certs --out="$TMP/tls" --num_ps=8 --num_workers=8 \
   >/dev/null || fail "pstrain certs"
 export PSTRAIN_TLS_DIR="$TMP/tls"
 
 # The coordinator the quick starts talk to.
 COORD_PORT="$(free_port)"
 export COORD="127.0.0.1:$COORD_PORT"
-"$BIN/tools/pstrain_coordinator" --bind=127.0.0.1 --port="$COORD_PORT" \
+"$BIN/coordinator/pstrain_coordinator" --bind=127.0.0.1 --port="$COORD_PORT" \
   >"$TMP/coordinator.log" 2>&1 &
 PIDS+=($!)
 for _ in $(seq 50); do
-  "$BIN/tools/pstrain" status --coordinator="$COORD" >/dev/null 2>&1 && break
+  "$BIN/cli/pstrain" status --coordinator="$COORD" >/dev/null 2>&1 && break
   sleep 0.1
 done
 

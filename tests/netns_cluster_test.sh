@@ -29,10 +29,10 @@ else
   # shellcheck source=scripts/netns_hosts.sh
   source "$(dirname "$0")/../scripts/netns_hosts.sh"
 fi
-PSTRAIN="$BIN/tools/pstrain"
+PSTRAIN="$BIN/cli/pstrain"
 PS="$BIN/server/pstrain_ps"
 WORKER="$BIN/worker/pstrain_worker"
-COORDINATOR="$BIN/tools/pstrain_coordinator"
+COORDINATOR="$BIN/coordinator/pstrain_coordinator"
 DATA=/usr/share/datasets/fashion-mnist
 HEARTBEAT_TIMEOUT_S=5
 

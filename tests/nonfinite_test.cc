@@ -24,7 +24,7 @@ std::string RunLine(const std::string& inject, const std::string& mode,
                     const std::string& extra = "") {
   return absl::StrCat(
       inject.empty() ? "" : "PSTRAIN_INJECT_NONFINITE=" + inject + " ",
-      "tools/pstrain run --model=lenet5 --num_workers=2 ",
+      "cli/pstrain run --model=lenet5 --num_workers=2 ",
       mode == "allreduce" ? "" : "--num_ps=2 ",
       "--epochs=1 --max_steps_per_epoch=300 --log_every_steps=100 --mode=",
       mode, " ", extra, " 2>&1");

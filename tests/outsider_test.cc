@@ -108,7 +108,7 @@ TEST(OutsiderTest, EveryTryIsRefusedAndTheJobEndsAsIfUntouched) {
   // The job nobody touches, then the same job under attack.
   double untouched_accuracy = -1;
   for (const std::string job : {"job-1", "job-2"}) {
-    auto r = RunCommand("tools/pstrain submit " + spec + coordinator.flag());
+    auto r = RunCommand("cli/pstrain submit " + spec + coordinator.flag());
     ASSERT_EQ(r.output, job + "\n") << r.output;
     std::vector<std::unique_ptr<Process>> tasks;
     tasks.push_back(StartTask("ps", 0, coordinator, job));
@@ -468,7 +468,7 @@ TEST(OutsiderTest, EveryTryIsRefusedAndTheJobEndsAsIfUntouched) {
         EXPECT_EQ(jobs.jobs_size(), 2);
       }
     }
-    r = RunCommand("tools/pstrain wait " + job + " --wait_poll_ms=200" +
+    r = RunCommand("cli/pstrain wait " + job + " --wait_poll_ms=200" +
                    coordinator.flag());
     EXPECT_EQ(r.exit_code, 0) << r.output;
     const JobInfo done = Get(admin.get(), job);
@@ -486,7 +486,7 @@ TEST(OutsiderTest, EveryTryIsRefusedAndTheJobEndsAsIfUntouched) {
   }
   // The attackers' job was never submitted.
   EXPECT_EQ(
-      RunCommand("tools/pstrain status job-3" + coordinator.flag()).exit_code !=
+      RunCommand("cli/pstrain status job-3" + coordinator.flag()).exit_code !=
           0,
       true);
 }

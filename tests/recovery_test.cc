@@ -44,7 +44,7 @@ bool WaitFor(const std::function<bool()>& done, absl::Duration timeout) {
 std::vector<std::string> RunArgv(const std::string& mode,
                                  const std::string& dir,
                                  const std::string& extra = "") {
-  std::vector<std::string> argv = {"tools/pstrain",
+  std::vector<std::string> argv = {"cli/pstrain",
                                    "run",
                                    "--model=lenet5",
                                    "--num_ps=2",
@@ -216,12 +216,12 @@ TEST(RecoveryTest, ReportingSurvivesKilledShardAndWorker) {
   if (!HaveFashionMnist()) GTEST_SKIP() << "dataset-fashion-mnist missing";
   const std::string dir = TempDir() + "/report";
   const std::string log = TempDir() + "/report.log";
-  Process run({"tools/pstrain", "run", "--model=lenet5", "--num_ps=2",
-               "--num_workers=2", "--epochs=2", "--max_steps_per_epoch=150",
-               "--log_every_steps=25", "--checkpoint_every_steps=50",
-               "--keep_checkpoints=100", "--checkpoint_dir=" + dir,
-               "--heartbeat_timeout_s=30"},
-              log);
+  Process run(
+      {"cli/pstrain", "run", "--model=lenet5", "--num_ps=2", "--num_workers=2",
+       "--epochs=2", "--max_steps_per_epoch=150", "--log_every_steps=25",
+       "--checkpoint_every_steps=50", "--keep_checkpoints=100",
+       "--checkpoint_dir=" + dir, "--heartbeat_timeout_s=30"},
+      log);
   ASSERT_TRUE(
       WaitFor([&] { return !ReadLatest(dir).empty(); }, absl::Minutes(1)))
       << ReadTextFile(log);
@@ -355,18 +355,18 @@ TEST(RecoveryTest, NodeAgentRestartsAKilledShardOfASubmittedJob) {
                          "log_every_steps: 50 checkpoint_every_steps: 100 "
                          "max_restarts: 2 checkpoint_dir: \"",
                          dir, "\"\n"));
-  auto r = RunCommand("tools/pstrain submit " + spec + coordinator.flag());
+  auto r = RunCommand("cli/pstrain submit " + spec + coordinator.flag());
   ASSERT_EQ(r.output, "job-1\n") << r.output;
   const std::string log = TempDir() + "/node.log";
-  Process node({"tools/pstrain", "node",
-                "--coordinator=" + coordinator.address(), "--job=job-1"},
+  Process node({"cli/pstrain", "node", "--coordinator=" + coordinator.address(),
+                "--job=job-1"},
                log);
   ASSERT_TRUE(
       WaitFor([&] { return !ReadLatest(dir).empty(); }, absl::Minutes(2)))
       << ReadTextFile(log);
   ASSERT_TRUE(KillChild(node.pid(), "pstrain_ps .*--task_index=1"))
       << ReadTextFile(log);
-  r = RunCommand("tools/pstrain wait job-1 --wait_poll_ms=200" +
+  r = RunCommand("cli/pstrain wait job-1 --wait_poll_ms=200" +
                  coordinator.flag());
   EXPECT_EQ(r.exit_code, 0) << r.output << ReadTextFile(log);
   EXPECT_EQ(node.Wait(60), 0) << ReadTextFile(log);
@@ -381,10 +381,10 @@ TEST(RecoveryTest, NodeAgentRestartsAKilledShardOfASubmittedJob) {
 TEST(RecoveryTest, WithoutRestartsAWorkersDeathFailsTheJobAtOnce) {
   if (!HaveFashionMnist()) GTEST_SKIP() << "dataset-fashion-mnist missing";
   const std::string log = TempDir() + "/norestart.log";
-  Process run({"tools/pstrain", "run", "--model=lenet5", "--num_ps=2",
-               "--num_workers=2", "--epochs=2", "--max_steps_per_epoch=300",
-               "--log_every_steps=50"},
-              log);
+  Process run(
+      {"cli/pstrain", "run", "--model=lenet5", "--num_ps=2", "--num_workers=2",
+       "--epochs=2", "--max_steps_per_epoch=300", "--log_every_steps=50"},
+      log);
   ASSERT_TRUE(WaitFor(
       [&] {
         return ReadTextFile(log).find("[worker0] Step50:") != std::string::npos;

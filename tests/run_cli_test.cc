@@ -32,7 +32,7 @@ using pstrain::testing::TempDir;
 using Result = pstrain::testing::CommandResult;
 
 Result RunPstrain(const std::string& args) {
-  return pstrain::testing::RunCommand("tools/pstrain run " + args);
+  return pstrain::testing::RunCommand("cli/pstrain run " + args);
 }
 
 TEST(RunCliTest, SmallJobPrintsStepEpochLinesTableAndJson) {
@@ -365,7 +365,7 @@ TEST(RunCliTest, BadInputGetsOneLineErrorAndExitCode2) {
 TEST(CompareCliTest, RunsEveryConfigurationAndWritesTablesAndPlot) {
   const std::string out = TempDir() + "/compare";
   const Result r = pstrain::testing::RunCommand(
-      "tools/pstrain compare --model=lenet5 --workers=1,2 "
+      "cli/pstrain compare --model=lenet5 --workers=1,2 "
       "--modes=ps_sync,allreduce --num_ps=1 --steps=20 "
       "--log_every_steps=10 --out_dir=" +
       out);
@@ -408,7 +408,7 @@ TEST(CompareCliTest, RunsEveryConfigurationAndWritesTablesAndPlot) {
 TEST(CompareCliTest, PresetPrintsItsReportsTable) {
   const std::string out = TempDir() + "/compare_preset";
   const Result r = pstrain::testing::RunCommand(
-      "tools/pstrain compare --preset=mnist_resnet --model=lenet5 "
+      "cli/pstrain compare --preset=mnist_resnet --model=lenet5 "
       "--modes=ps_sync --steps=20 --noplot --out_dir=" +
       out);
   ASSERT_EQ(r.exit_code, 0) << r.output;
@@ -470,7 +470,7 @@ TEST(CompareCliTest, BadInputGetsOneLineErrorBeforeAnythingStarts) {
   };
   for (const Case& c : cases) {
     const Result r = pstrain::testing::RunCommand(
-        "tools/pstrain compare --steps=5 --out_dir=" + out + " " + c.args);
+        "cli/pstrain compare --steps=5 --out_dir=" + out + " " + c.args);
     EXPECT_EQ(r.exit_code, 2) << c.args << ": " << r.output;
     EXPECT_TRUE(std::regex_search(
         r.output, std::regex("^pstrain: error: .*" + c.error + ".*\n$")))
@@ -553,7 +553,7 @@ TEST(RunCliTest, CheckpointDirKeepsTheModelThatEvalScores) {
       google::protobuf::util::JsonStringToMessage(json.str(), &result).ok());
 
   const Result eval =
-      pstrain::testing::RunCommand("tools/pstrain eval --checkpoint=" + dir);
+      pstrain::testing::RunCommand("cli/pstrain eval --checkpoint=" + dir);
   ASSERT_EQ(eval.exit_code, 0) << eval.output;
   char accuracy[32];
   std::snprintf(accuracy, sizeof(accuracy), "test accuracy: %.4f",
@@ -564,12 +564,12 @@ TEST(RunCliTest, CheckpointDirKeepsTheModelThatEvalScores) {
       << eval.output;
   // The evaluation batch changes nothing but memory and time.
   const Result small_batches = pstrain::testing::RunCommand(
-      "tools/pstrain eval --batch_size=7 --checkpoint=" + dir);
+      "cli/pstrain eval --batch_size=7 --checkpoint=" + dir);
   ASSERT_EQ(small_batches.exit_code, 0) << small_batches.output;
   EXPECT_NE(small_batches.output.find(accuracy), std::string::npos)
       << small_batches.output;
   const Result no_batch = pstrain::testing::RunCommand(
-      "tools/pstrain eval --batch_size=0 --checkpoint=" + dir);
+      "cli/pstrain eval --batch_size=0 --checkpoint=" + dir);
   EXPECT_EQ(no_batch.exit_code, 2) << no_batch.output;
   EXPECT_EQ(no_batch.output,
             "pstrain: error: --batch_size: 0; expected 1 to 65536\n");
@@ -589,7 +589,7 @@ TEST(RunCliTest, CheckpointDirKeepsTheModelThatEvalScores) {
       << wrong.output;
 
   const Result missing = pstrain::testing::RunCommand(
-      "tools/pstrain eval --checkpoint=" + TempDir() +
+      "cli/pstrain eval --checkpoint=" + TempDir() +
       "/nothing_here.safetensors");
   EXPECT_EQ(missing.exit_code, 2) << missing.output;
 }
@@ -706,7 +706,7 @@ TEST(RunCliTest, IgnoredFlagsAreErrors) {
        "--model is not a flag of pstrain status (it would be ignored)"},
   };
   for (const auto& c : cases) {
-    const Result r = pstrain::testing::RunCommand("tools/pstrain " + c.command);
+    const Result r = pstrain::testing::RunCommand("cli/pstrain " + c.command);
     EXPECT_EQ(r.exit_code, 2) << c.command << ": " << r.output;
     const std::string command = c.command.substr(0, c.command.find(' '));
     EXPECT_EQ(r.output, "pstrain: error: " + c.error + "; see pstrain help " +

@@ -46,7 +46,7 @@ constexpr int kTotalSteps = 2 * kStepsPerEpoch;
 std::vector<std::string> RunArgv(const std::string& dir,
                                  const std::string& extra = "") {
   std::vector<std::string> argv = {
-      "tools/pstrain",
+      "cli/pstrain",
       "run",
       "--model=lenet5",
       "--num_ps=2",

@@ -46,17 +46,17 @@ int Lines(const std::string& text, const std::string& needle) {
 
 TEST(CertsCliTest, CertificatesOfEveryJobSaySoInOneLine) {
   const std::string dir = TempDir() + "/any-job";
-  auto r = RunCommand("tools/pstrain certs --out=" + dir +
+  auto r = RunCommand("cli/pstrain certs --out=" + dir +
                       " --num_ps=1 --num_workers=1");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_EQ(Lines(r.output, "serve EVERY job"), 1) << r.output;
 
-  r = RunCommand("tools/pstrain certs --out=" + TempDir() +
+  r = RunCommand("cli/pstrain certs --out=" + TempDir() +
                  "/one-job --job=job-3 --num_ps=1 --num_workers=1");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_EQ(r.output.find("EVERY"), std::string::npos) << r.output;
 
-  r = RunCommand("tools/pstrain certs --out=" + TempDir() +
+  r = RunCommand("cli/pstrain certs --out=" + TempDir() +
                  "/bad-job --job=job.3 --num_ps=1");
   EXPECT_EQ(r.exit_code, 2) << r.output;
   EXPECT_NE(r.output.find("--job=job.3"), std::string::npos) << r.output;
@@ -66,7 +66,7 @@ TEST(CertsCliTest, NodesFolderHoldsNoMintingKey) {
   const std::string ops = TempDir() + "/ops";
   const std::string nodes = TempDir() + "/nodes";
   const auto r =
-      RunCommand("tools/pstrain certs --out=" + ops + " --nodes_out=" + nodes +
+      RunCommand("cli/pstrain certs --out=" + ops + " --nodes_out=" + nodes +
                  " --job=job-1 --num_ps=2 --num_workers=2");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   for (const char* name : {"ca.pem", "ps-1.pem", "ps-1.key", "ps-1-client.pem",
@@ -81,7 +81,7 @@ TEST(CertsCliTest, NodesFolderHoldsNoMintingKey) {
   // A job's task certificates later leave the running coordinator's key.
   const std::string coordinator_key =
       testing::ReadTextFile(ops + "/coordinator.key");
-  ASSERT_EQ(RunCommand("tools/pstrain certs --out=" + ops + " --nodes_out=" +
+  ASSERT_EQ(RunCommand("cli/pstrain certs --out=" + ops + " --nodes_out=" +
                        nodes + "-2 --job=job-2 --num_ps=1 --num_workers=1")
                 .exit_code,
             0);
@@ -97,7 +97,7 @@ TEST(CertsCliTest, NodesFolderHoldsNoMintingKey) {
 
 TEST(TlsCliTest, TaskWithoutItsKeyExitsTwoNamingIt) {
   const std::string dir = TempDir() + "/broken";
-  ASSERT_EQ(RunCommand("tools/pstrain certs --out=" + dir +
+  ASSERT_EQ(RunCommand("cli/pstrain certs --out=" + dir +
                        " --job=job-1 --num_ps=1 --num_workers=1")
                 .exit_code,
             0);
@@ -122,7 +122,7 @@ TEST(TlsCliTest, HandshakeFailureSaysSoWithinTheTimeout) {
   ASSERT_TRUE(coordinator.up());
   // The task's folder is of another CA than the coordinator's.
   const std::string dir = TempDir() + "/other-ca";
-  ASSERT_EQ(RunCommand("tools/pstrain certs --out=" + dir +
+  ASSERT_EQ(RunCommand("cli/pstrain certs --out=" + dir +
                        " --job=job-1 --num_ps=1 --num_workers=1")
                 .exit_code,
             0);
@@ -196,7 +196,7 @@ TEST(TlsCliTest, RunKeepsNoMintingKeyAndKilledRunsFolderGoes) {
   fs::create_directories(tmp);
   std::string folder;
   {
-    Process run({"tools/pstrain", "run", "--epochs=1",
+    Process run({"cli/pstrain", "run", "--epochs=1",
                  "--max_steps_per_epoch=100000", "--log_every_steps=1000"},
                 TempDir() + "/run.log", {"TMPDIR=" + tmp, "OMP_NUM_THREADS=1"});
     // Wait for the tasks' certificates.
@@ -229,7 +229,7 @@ TEST(TlsCliTest, RunKeepsNoMintingKeyAndKilledRunsFolderGoes) {
   ASSERT_TRUE(fs::exists(folder));  // nobody was left to remove it
   // The next run removes the dead one's folder before making its own.
   const auto r = RunCommand("TMPDIR=" + tmp +
-                            " OMP_NUM_THREADS=1 tools/pstrain run --epochs=1 "
+                            " OMP_NUM_THREADS=1 cli/pstrain run --epochs=1 "
                             "--max_steps_per_epoch=2 --log_every_steps=1");
   EXPECT_EQ(r.exit_code, 0) << r.output;
   EXPECT_FALSE(fs::exists(folder));

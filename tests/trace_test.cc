@@ -48,14 +48,14 @@ TEST(TraceTest, MergedTimelineOrdersPushesUpdatesAndPulls) {
   const std::string dir = TempDir() + "/traced";
   std::filesystem::remove_all(dir);
   const auto run = RunCommand(
-      "tools/pstrain run --model=lenet5 --dataset=synthetic "
+      "cli/pstrain run --model=lenet5 --dataset=synthetic "
       "--synthetic_samples=512 --num_classes=10 --image_size=28 "
       "--batch_size=16 --epochs=1 --max_steps_per_epoch=6 --num_ps=2 "
       "--num_workers=2 --mode=sync --partition_bytes=40000 "
       "--log_every_steps=3 --trace --metrics_dir=" +
       dir);
   ASSERT_EQ(run.exit_code, 0) << run.output;
-  const auto merged = RunCommand("tools/pstrain trace " + dir);
+  const auto merged = RunCommand("cli/pstrain trace " + dir);
   ASSERT_EQ(merged.exit_code, 0) << merged.output;
   EXPECT_NE(merged.output.find("Merged 4 task traces"), std::string::npos)
       << merged.output;

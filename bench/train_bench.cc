@@ -1,0 +1,481 @@
+// train_bench: training throughput of one zoo model on one backend, without
+// the parameter server: forward + backward + an Adam update of every
+// parameter (optim/adam.h's formula), on one fixed batch, timed over
+// --steps after --warmup steps. --update=device keeps the update on the
+// backend (Model::AdamStep: a fused kernel on CUDA, as PyTorch's loop keeps
+// torch.optim.Adam on the GPU); --update=host does what a PS worker's step
+// costs without the network: gradients to the host, Adam there, weights
+// back to the device.
+//
+// --memory_plan (default) places layer outputs and gradients by the model's
+// memory plan (models/model.h ModelOptions::memory_plan); --nomemory_plan
+// keeps every one in its own memory, as before the plan, to compare in one
+// run. --fuse_add_relu (default) runs each ResNet residual add and its ReLU
+// as one layer (ModelOptions::fuse_add_relu); --nofuse_add_relu as two.
+// --nomemory_plan --nofuse_add_relu is the path before both. Memory: on CUDA
+// the device memory in use after the timed steps above what was in use before
+// the model was made; on the CPU the process's peak resident set (VmHWM, reset
+// through /proc/self/clear_refs before the model is made) above its resident
+// set then. "activations (MiB)" is the model's own output, gradient and scratch
+// memory (Model::ActivationBytes).
+//
+// With --compare_pytorch, the same model (tools/torch/torch_models.py: same
+// architecture and parameter count) is timed in PyTorch in the same run
+// (python3 tools/torch/torch_bench.py; Debian's python3-torch on CPU, PyTorch
+// with CUDA on a GPU machine), with the same number of threads, and the ratio
+// pstrain / PyTorch is printed. Prints one Markdown table row per run.
+//
+//   bazel-bin/bench/train_bench --model=resnet18 --dataset=fashion_mnist
+//       --batch_size=64 --steps=20 --compare_pytorch
+//   bazel-bin/bench/train_bench --model=resnet50 --backend=cuda
+//       --dataset=synthetic --image_size=224 --num_classes=1000
+//       --batch_size=64 --steps=50 --compare_pytorch
+#include <omp.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_replace.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "catalog/catalog.h"
+#include "common/flags_util.h"
+#include "models/model.h"
+#include "optim/adam.h"
+#include "worker/data_flags.h"
+#include "worker/dataset.h"
+
+ABSL_FLAG(std::string, model, "resnet18", "Zoo model to time.");
+ABSL_FLAG(int, batch_size, 64, "Samples per step.");
+ABSL_FLAG(int, steps, 20, "Timed steps.");
+ABSL_FLAG(int, warmup, 3, "Untimed steps first.");
+ABSL_FLAG(int, threads, 0, "CPU threads (0: all cores).");
+ABSL_FLAG(bool, compare_pytorch, false,
+          "Also time the same model in PyTorch (python3 "
+          "tools/torch/torch_bench.py).");
+ABSL_FLAG(std::string, python, "/usr/bin/python3",
+          "Python with torch for --compare_pytorch.");
+ABSL_FLAG(std::string, update, "device",
+          "Where Adam runs: device (on the backend, as PyTorch's loop) or "
+          "host (gradients copied to the host and weights back, as a PS "
+          "worker's step without the network).");
+ABSL_FLAG(bool, tf32, true,
+          "CUDA: allow TF32 tensor cores for fp32 convolutions and GEMMs, on "
+          "both sides (PyTorch: cudnn.allow_tf32, cuda.matmul.allow_tf32).");
+ABSL_FLAG(bool, memory_plan, true,
+          "Place layer outputs and gradients by the memory plan (shared "
+          "slots, in-place ReLU); --nomemory_plan: each in its own memory.");
+ABSL_FLAG(bool, fuse_add_relu, true,
+          "ResNets: each residual add and its ReLU as one layer (one pass "
+          "each way); --nofuse_add_relu: two layers.");
+ABSL_FLAG(bool, layer_times, false,
+          "After the timed steps, profile up to 10 more with the backend "
+          "synchronized after every layer and print a per-layer time table "
+          "(ms per step).");
+
+namespace pstrain {
+namespace {
+
+constexpr char kProgram[] = "train_bench";
+
+// A field of /proc/self/status in bytes ("VmRSS", "VmHWM"); -1 when absent.
+int64_t ProcStatusBytes(const std::string& field) {
+  FILE* f = std::fopen("/proc/self/status", "r");
+  if (f == nullptr) return -1;
+  char line[256];
+  int64_t bytes = -1;
+  const std::string prefix = field + ":";
+  while (std::fgets(line, sizeof(line), f) != nullptr) {
+    if (std::string(line).rfind(prefix, 0) == 0) {
+      long long kib = 0;
+      if (std::sscanf(line + prefix.size(), "%lld", &kib) == 1) {
+        bytes = kib * 1024;
+      }
+      break;
+    }
+  }
+  std::fclose(f);
+  return bytes;
+}
+
+// Resets the process's peak resident set (VmHWM) to its current size
+// (Linux 4.0+); false where the kernel does not allow it.
+bool ResetPeakRss() {
+  FILE* f = std::fopen("/proc/self/clear_refs", "w");
+  if (f == nullptr) return false;
+  const bool ok = std::fputs("5", f) >= 0;
+  return std::fclose(f) == 0 && ok;
+}
+
+// tools/torch/torch_bench.py next to the binary's runfiles or in the source
+// tree.
+std::string FindTorchBench() {
+  char buf[4096];
+  const ssize_t n = readlink("/proc/self/exe", buf, sizeof(buf) - 1);
+  std::vector<std::string> candidates;
+  if (n > 0) {
+    buf[n] = '\0';
+    candidates.push_back(
+        absl::StrCat(buf, ".runfiles/pstrain/tools/torch/torch_bench.py"));
+  }
+  candidates.push_back("tools/torch/torch_bench.py");
+  for (const std::string& c : candidates) {
+    if (access(c.c_str(), R_OK) == 0) return c;
+  }
+  return "";
+}
+
+struct TorchResult {
+  bool ok = false;
+  double samples_per_sec = 0;
+  int64_t params = 0;
+  std::string loss, device, memory_mib = "-", error;
+};
+
+TorchResult RunTorch(const std::string& model, const Shape& chw, int classes,
+                     int batch, int steps, int warmup, int threads,
+                     const std::string& device, bool tf32) {
+  TorchResult r;
+  const std::string script = FindTorchBench();
+  if (script.empty()) {
+    r.error = "tools/torch/torch_bench.py not found";
+    return r;
+  }
+  const std::string cmd = absl::StrCat(
+      absl::GetFlag(FLAGS_python), " ", script, " --model ", model,
+      " --channels ", chw[0], " --image_size ", chw[1], " --num_classes ",
+      classes, " --batch_size ", batch, " --steps ", steps, " --warmup ",
+      warmup, " --device ", device, " --threads ", threads, " --tf32 ",
+      tf32 ? 1 : 0, " 2>&1");
+  FILE* pipe = popen(cmd.c_str(), "r");
+  if (pipe == nullptr) {
+    r.error = "cannot start " + cmd;
+    return r;
+  }
+  std::string out;
+  char line[4096];
+  while (fgets(line, sizeof(line), pipe) != nullptr) out += line;
+  const int status = pclose(pipe);
+  if (status != 0) {
+    std::vector<std::string> lines =
+        absl::StrSplit(out, '\n', absl::SkipEmpty());
+    r.error = lines.empty() ? "python failed" : lines.back();
+    return r;
+  }
+  for (absl::string_view field :
+       absl::StrSplit(out, absl::ByAnyChar(" \n"), absl::SkipEmpty())) {
+    std::pair<std::string, std::string> kv = absl::StrSplit(field, '=');
+    if (kv.first == "samples_per_sec") {
+      r.ok = absl::SimpleAtod(kv.second, &r.samples_per_sec);
+    } else if (kv.first == "params") {
+      (void)absl::SimpleAtoi(kv.second, &r.params);
+    } else if (kv.first == "loss") {
+      r.loss = kv.second;
+    } else if (kv.first == "device") {
+      r.device = kv.second;
+    } else if (kv.first == "memory_mib") {
+      // "123_(peak_RSS)" on the CPU: one field on the line.
+      r.memory_mib = absl::StrReplaceAll(kv.second, {{"_", " "}});
+    }
+  }
+  if (!r.ok) r.error = "unexpected output: " + out;
+  return r;
+}
+
+// Prints the profile of `steps` steps (Model::LayerTimes and the host
+// update's `update_seconds`) as two Markdown tables in ms per step: the sums
+// by layer type with the host update, and the 20 slowest layers.
+void PrintLayerTimes(const Model& m, int steps, double update_seconds,
+                     int batch, bool host_update) {
+  struct TypeSum {
+    std::string type;
+    int layers = 0;
+    double forward_ms = 0, backward_ms = 0;
+  };
+  auto total = [](const auto& t) { return t.forward_ms + t.backward_ms; };
+  auto slower = [&](const auto& a, const auto& b) {
+    return total(a) > total(b);
+  };
+  std::vector<LayerTime> layers = m.LayerTimes();
+  const double update_ms = update_seconds * 1e3;
+  double total_ms = update_ms;
+  std::map<std::string, TypeSum> by_type;
+  for (const LayerTime& l : layers) {
+    total_ms += total(l);
+    TypeSum& t = by_type[l.type];
+    t.type = l.type;
+    ++t.layers;
+    t.forward_ms += l.forward_ms;
+    t.backward_ms += l.backward_ms;
+  }
+  if (steps <= 0 || total_ms <= 0) return;
+  auto per_step = [&](double sum_ms) { return sum_ms / steps; };
+  auto share = [&](double sum_ms) { return 100 * sum_ms / total_ms; };
+  std::printf(
+      "\nPer-layer times: %s, batch %d, on %s; ms per step, mean of %d "
+      "steps with the backend synchronized after every layer (%.2f ms/step "
+      "in all)\n\n",
+      m.name().c_str(), batch, m.backend()->name().c_str(), steps,
+      per_step(total_ms));
+  std::vector<TypeSum> types;
+  for (const auto& [type, t] : by_type) types.push_back(t);
+  std::sort(types.begin(), types.end(), slower);
+  std::printf(
+      "| layer type | layers | forward (ms) | backward (ms) | total (ms) | "
+      "share |\n|---|---:|---:|---:|---:|---:|\n");
+  for (const TypeSum& t : types) {
+    std::printf("| %s | %d | %.3f | %.3f | %.3f | %.1f%% |\n", t.type.c_str(),
+                t.layers, per_step(t.forward_ms), per_step(t.backward_ms),
+                per_step(total(t)), share(total(t)));
+  }
+  std::printf("| %s | - | - | - | %.3f | %.1f%% |\n",
+              host_update
+                  ? "host update (Adam on the host, weights copied to the "
+                    "device)"
+                  : "device update (Adam on the backend)",
+              per_step(update_ms), share(update_ms));
+  std::sort(layers.begin(), layers.end(), slower);
+  const size_t shown = std::min<size_t>(layers.size(), 20);
+  std::printf(
+      "\n| slowest layers | layer | forward (ms) | backward (ms) | total (ms) "
+      "| share |\n|---|---|---:|---:|---:|---:|\n");
+  for (size_t i = 0; i < shown; ++i) {
+    const LayerTime& l = layers[i];
+    std::printf("| %s | %s | %.3f | %.3f | %.3f | %.1f%% |\n", l.name.c_str(),
+                l.spec.c_str(), per_step(l.forward_ms), per_step(l.backward_ms),
+                per_step(total(l)), share(total(l)));
+  }
+  if (layers.size() > shown) {
+    std::printf("| (%zu more layers) | | | | | |\n", layers.size() - shown);
+  }
+}
+
+int Main() {
+  const std::string model_name = absl::GetFlag(FLAGS_model);
+  const int batch = absl::GetFlag(FLAGS_batch_size);
+  const int steps = absl::GetFlag(FLAGS_steps);
+  const int warmup = absl::GetFlag(FLAGS_warmup);
+  if (batch <= 0 || steps <= 0 || warmup < 0) {
+    PrintError(kProgram,
+               absl::StrCat("--batch_size=", batch, " --steps=", steps,
+                            " --warmup=", warmup, ": expected positive sizes"));
+    return 2;
+  }
+  if (!IsKnownModel(model_name)) {
+    PrintError(kProgram, absl::StrCat("--model=", model_name,
+                                      ": unknown model; expected one of: ",
+                                      KnownModels()));
+    return 2;
+  }
+  if (absl::Status s = CheckBackendFlags(); !s.ok()) {
+    PrintError(kProgram, s.message());
+    return 2;
+  }
+  const std::string update_where = absl::GetFlag(FLAGS_update);
+  if (update_where != "device" && update_where != "host") {
+    PrintError(kProgram, absl::StrCat("--update=", update_where,
+                                      ": expected device or host"));
+    return 2;
+  }
+  const bool host_update = update_where == "host";
+  int threads = absl::GetFlag(FLAGS_threads);
+  if (threads <= 0) threads = omp_get_num_procs();
+  omp_set_num_threads(threads);
+  absl::StatusOr<Dataset> dataset = LoadDatasetFromFlags();
+  if (!dataset.ok()) {
+    PrintError(kProgram, dataset.status().message());
+    return 2;
+  }
+  const std::string backend_name = absl::GetFlag(FLAGS_backend);
+  absl::StatusOr<std::unique_ptr<Backend>> backend =
+      Backend::Create(backend_name, absl::GetFlag(FLAGS_gpu));
+  if (!backend.ok()) {
+    PrintError(kProgram, backend.status().message());
+    return 2;
+  }
+  (*backend)->AllowTf32(absl::GetFlag(FLAGS_tf32));
+  // Device memory before the model exists (the CUDA context's, other
+  // processes'); the table shows what is in use above it after the timed
+  // steps (allocations are kept from the first step on), read once, outside
+  // the timing, as torch_bench.py does.
+  absl::StatusOr<int64_t> memory_baseline =
+      (*backend)->DeviceMemoryInUseBytes();
+  const bool peak_rss = !memory_baseline.ok() && ResetPeakRss();
+  const int64_t rss_baseline = ProcStatusBytes("VmRSS");
+  const Shape chw = dataset->train.chw;
+  ModelOptions model_options;
+  model_options.memory_plan = absl::GetFlag(FLAGS_memory_plan);
+  model_options.fuse_add_relu = absl::GetFlag(FLAGS_fuse_add_relu);
+  absl::StatusOr<std::unique_ptr<Model>> model = Model::Create(
+      model_name, chw, dataset->num_classes, model_options, backend->get());
+  if (!model.ok()) {
+    PrintError(kProgram, model.status().message());
+    return 2;
+  }
+  Model& m = **model;
+  std::vector<SampleIndex> order(dataset->train.count);
+  for (int64_t i = 0; i < dataset->train.count; ++i) order[i] = i;
+  Tensor images;
+  std::vector<int32_t> labels;
+  GatherBatch(dataset->train, order, 0, batch, &images, &labels);
+
+  AdamOptions adam;
+  // --update=host: Adam state on the host, as a PS shard keeps it;
+  // --update=device: in the model (Model::AdamStep), no host staging.
+  std::vector<std::vector<float>> adam_m, adam_v;
+  if (host_update) {
+    for (size_t i = 0; i < m.params().size(); ++i) {
+      adam_m.emplace_back(m.HostWeights()[i].size());
+      adam_v.emplace_back(m.HostWeights()[i].size());
+    }
+  } else {
+    m.set_stage_gradients(false);
+  }
+  int64_t adam_step = 0;
+  float first_loss = NAN, last_loss = NAN;
+  // One training step: forward and backward, then the update. Returns the
+  // seconds of the update (host: Adam + LoadHostWeights; device: the Adam
+  // kernels, the backend synchronized after them).
+  auto step = [&](int s) -> absl::StatusOr<double> {
+    absl::StatusOr<float> loss = m.ForwardBackward(images, labels);
+    if (!loss.ok()) return loss.status();
+    if (s == 0) first_loss = *loss;
+    last_loss = *loss;
+    const absl::Time update_start = absl::Now();
+    ++adam_step;
+    if (host_update) {
+      for (size_t i = 0; i < m.params().size(); ++i) {
+        AdamUpdate(adam, adam_step, m.HostWeights()[i].data(),
+                   m.HostGradients()[i].data(), adam_m[i].data(),
+                   adam_v[i].data(), m.HostWeights()[i].size());
+      }
+      absl::Status st = m.LoadHostWeights();
+      if (!st.ok()) return st;
+    } else {
+      absl::Status st = m.AdamStep(adam);
+      if (st.ok()) st = m.backend()->Synchronize();
+      if (!st.ok()) return st;
+    }
+    return absl::ToDoubleSeconds(absl::Now() - update_start);
+  };
+  absl::Time start;
+  double update_seconds = 0;
+  for (int s = 0; s < warmup + steps; ++s) {
+    if (s == warmup) start = absl::Now();
+    absl::StatusOr<double> update = step(s);
+    if (!update.ok()) {
+      PrintError(kProgram, update.status().ToString());
+      return 1;
+    }
+    if (s >= warmup) update_seconds += *update;
+  }
+  const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
+  const double rate = static_cast<double>(batch) * steps / seconds;
+  std::string memory = "-";
+  if (memory_baseline.ok()) {
+    absl::StatusOr<int64_t> used = m.backend()->DeviceMemoryInUseBytes();
+    if (used.ok()) {
+      memory = absl::StrFormat("%.0f", (*used - *memory_baseline) / 1048576.0);
+    }
+  } else if (peak_rss && rss_baseline >= 0) {
+    const int64_t peak = ProcStatusBytes("VmHWM");
+    if (peak >= 0) {
+      memory =
+          absl::StrFormat("%.0f (peak RSS)", (peak - rss_baseline) / 1048576.0);
+    }
+  }
+  const bool loss_ok = std::isfinite(first_loss) && std::isfinite(last_loss) &&
+                       last_loss < first_loss;
+
+  // The per-layer profile, after (not inside) the timed steps.
+  const int profile_steps = std::min(steps, 10);
+  double profile_update_seconds = 0;
+  if (absl::GetFlag(FLAGS_layer_times)) {
+    m.EnableLayerTiming(true);
+    for (int s = 0; s < profile_steps; ++s) {
+      absl::StatusOr<double> update = step(warmup + steps + s);
+      if (!update.ok()) {
+        PrintError(kProgram, update.status().ToString());
+        return 1;
+      }
+      profile_update_seconds += *update;
+    }
+  }
+
+  const bool on_gpu = memory_baseline.ok();
+  std::printf(
+      "| model | input | backend | TF32 | threads | batch | params | "
+      "MFLOPs/sample | update | memory plan, fusion | pstrain samples/sec | "
+      "update "
+      "(ms/step) | memory (MiB) | activations (MiB) | loss step 0 -> %d | "
+      "PyTorch samples/sec | PyTorch "
+      "memory (MiB) | PyTorch params | ratio |\n",
+      warmup + steps - 1);
+  std::printf(
+      "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+      "---|---|\n");
+  std::string torch_rate = "-", torch_params = "-", ratio = "-",
+              torch_memory = "-";
+  if (absl::GetFlag(FLAGS_compare_pytorch)) {
+    TorchResult t = RunTorch(
+        model_name, chw, dataset->num_classes, batch, steps, warmup, threads,
+        backend_name == "cuda" ? absl::StrCat("cuda:", absl::GetFlag(FLAGS_gpu))
+                               : "cpu",
+        on_gpu && (*backend)->tf32_allowed());
+    if (t.ok) {
+      torch_rate = absl::StrFormat("%.1f", t.samples_per_sec);
+      torch_params = absl::StrCat(
+          t.params, t.params == m.NumParameters() ? " (same)" : " (DIFFERENT)");
+      ratio = absl::StrFormat("%.2fx", rate / t.samples_per_sec);
+      torch_memory = t.memory_mib;
+    } else {
+      torch_rate = absl::StrCat("error: ", t.error);
+    }
+  }
+  std::printf(
+      "| %s | %s | %s | %s | %d | %d | %lld | %.1f | %s | %s | %.1f | %.2f | "
+      "%s | %.0f | %.3f -> %.3f%s | %s | %s | %s | %s |\n",
+      model_name.c_str(), ShapeToString(chw).c_str(),
+      (*backend)->name().c_str(),
+      // models/cuda: CUDNN_TENSOR_OP_MATH and CUBLAS_TF32_TENSOR_OP_MATH
+      // (or FMA math with --notf32); torch_bench.py --tf32 says the same.
+      !on_gpu                      ? "-"
+      : (*backend)->tf32_allowed() ? "conv+GEMM"
+                                   : "off",
+      threads, batch, static_cast<long long>(m.NumParameters()),
+      2.0 * m.ForwardMacsPerSample() / 1e6, update_where.c_str(),
+      absl::StrCat(absl::GetFlag(FLAGS_memory_plan) ? "on" : "off", ", ",
+                   absl::GetFlag(FLAGS_fuse_add_relu) ? "add+relu" : "none")
+          .c_str(),
+      rate, update_seconds * 1e3 / steps, memory.c_str(),
+      m.ActivationBytes() / 1048576.0, first_loss, last_loss,
+      loss_ok ? " (falls)" : " (DOES NOT FALL)", torch_rate.c_str(),
+      torch_memory.c_str(), torch_params.c_str(), ratio.c_str());
+  if (absl::GetFlag(FLAGS_layer_times)) {
+    PrintLayerTimes(m, profile_steps, profile_update_seconds, batch,
+                    host_update);
+  }
+  return loss_ok ? 0 : 1;
+}
+
+}  // namespace
+}  // namespace pstrain
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "Training throughput of a zoo model; --compare_pytorch times PyTorch "
+      "too.");
+  pstrain::ParseFlagsOrExit(argc, argv, "train_bench", "train_bench --help");
+  return pstrain::Main();
+}

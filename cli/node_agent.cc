@@ -1,0 +1,443 @@
+#include "cli/node_agent.h"
+
+#include <arpa/inet.h>
+#include <ifaddrs.h>
+#include <netinet/in.h>
+#include <sched.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <memory>
+
+#include "absl/flags/declare.h"
+#include "absl/flags/flag.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+#include "cli/local_cluster.h"
+#include "common/flags_util.h"
+#include "common/tls.h"
+#include "common/tls_flags.h"
+#include "coordinator/job_table.h"
+#include "grpcpp/grpcpp.h"
+#include "proto/coordinator.grpc.pb.h"
+
+ABSL_DECLARE_FLAG(std::string, coordinator);  // cli/job_commands.cc
+ABSL_DECLARE_FLAG(std::string, job);          // cli/launch_lines.cc
+ABSL_DECLARE_FLAG(std::string, bin_dir);      // cli/launch_lines.cc
+ABSL_DECLARE_FLAG(int, gpus_per_node);        // cli/launch_lines.cc
+
+ABSL_FLAG(int, node_rank, -1,
+          "node: this node's rank, for specs without hosts; unset: "
+          "SLURM_NODEID, else OMPI_COMM_WORLD_RANK (mpirun --map-by "
+          "ppr:1:node), else 0.");
+ABSL_FLAG(int, num_nodes, 0,
+          "node: how many nodes the job's tasks are spread over, for specs "
+          "without hosts; unset: SLURM_NNODES, else OMPI_COMM_WORLD_SIZE, "
+          "else 1.");
+ABSL_FLAG(int, node_grace_s, 60,
+          "node: after a task failed, seconds the others get to end before "
+          "SIGTERM.");
+
+namespace pstrain {
+namespace {
+
+constexpr char kProgram[] = "pstrain node";
+volatile std::sig_atomic_t g_node_signal = 0;
+void OnNodeSignal(int signal) { g_node_signal = signal; }
+
+int Fail(int code, const std::string& message) {
+  PrintError(kProgram, message);
+  return code;
+}
+
+// The flags of `pstrain node` that the job's `spec` would ignore, given on
+// the command line anyway: an error naming the first, as `pstrain run`
+// refuses the flags its mode ignores.
+absl::Status CheckIgnoredNodeFlags(const JobSpec& spec) {
+  auto ignored = [](const char* flag, const std::string& why) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--", flag, " would be ignored: ", why, "; see pstrain help node"));
+  };
+  if (!spec.ps_hosts().empty() || !spec.worker_hosts().empty()) {
+    for (const char* flag : {"node_rank", "num_nodes"}) {
+      if (FlagSpecified(flag)) {
+        return ignored(flag, "the job spec lists hosts, which place its tasks");
+      }
+    }
+  }
+  if (spec.backend() != "cuda" && FlagSpecified("gpus_per_node")) {
+    return ignored("gpus_per_node", absl::StrCat("the job's backend is ",
+                                                 spec.backend(), ", not cuda"));
+  }
+  return absl::OkStatus();
+}
+
+// The first of `variables` set in the environment, as an int >= 0; -1 if
+// none is.
+absl::StatusOr<int> FromEnvironment(std::initializer_list<const char*> names) {
+  for (const char* name : names) {
+    const char* value = std::getenv(name);
+    if (value == nullptr) continue;
+    int n = -1;
+    if (!absl::SimpleAtoi(value, &n) || n < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(name, "=", value, ": expected an integer >= 0"));
+    }
+    return n;
+  }
+  return -1;
+}
+
+// The job's spec from the coordinator, retried while it cannot be reached
+// (it may come up after the agents) for at most `timeout`.
+// A stub to the coordinator as `self` (mutual TLS from `tls`, or plaintext
+// with tls.insecure).
+absl::StatusOr<std::unique_ptr<Coordinator::Stub>> CoordinatorStub(
+    const std::string& coordinator, const TlsOptions& tls,
+    const TlsIdentity& self) {
+  absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials =
+      ChannelCredentials(tls, self);
+  if (!credentials.ok()) return credentials.status();
+  grpc::ChannelArguments args;
+  SetPeerServerName(TlsIdentity{TlsRole::kCoordinator}, &args);
+  return Coordinator::NewStub(
+      grpc::CreateCustomChannel(coordinator, *credentials, args));
+}
+
+// The job, read with the key of any of its tasks in the TLS folder (the
+// node knows its tasks only from the spec).
+absl::StatusOr<JobInfo> FetchJob(const std::string& coordinator,
+                                 const std::string& id, const TlsOptions& tls,
+                                 absl::Duration timeout) {
+  TlsIdentity reader{TlsRole::kWorker, 0, id};
+  if (!tls.insecure) {
+    absl::StatusOr<TlsIdentity> any = AnyTaskIdentityOfJob(tls, id);
+    if (!any.ok()) return any.status();
+    reader = *any;
+  }
+  absl::StatusOr<std::unique_ptr<Coordinator::Stub>> made =
+      CoordinatorStub(coordinator, tls, reader);
+  if (!made.ok()) return made.status();
+  std::unique_ptr<Coordinator::Stub> stub = *std::move(made);
+  const absl::Time give_up = absl::Now() + timeout;
+  while (true) {
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() +
+                         std::chrono::seconds(10));
+    JobRequest request;
+    request.set_job_id(id);
+    request.set_log_since(JobTable::kNoLog);
+    JobInfo job;
+    const grpc::Status status = stub->GetJob(&context, request, &job);
+    if (status.ok()) return job;
+    if (status.error_code() != grpc::StatusCode::UNAVAILABLE &&
+        status.error_code() != grpc::StatusCode::DEADLINE_EXCEEDED) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "coordinator ", coordinator, ": ", status.error_message()));
+    }
+    if (absl::Now() > give_up) {
+      return absl::UnavailableError(
+          absl::StrCat("coordinator ", coordinator, " unreachable for ",
+                       absl::FormatDuration(timeout)));
+    }
+    absl::SleepFor(absl::Seconds(1));
+  }
+}
+
+// The cores this process may run on (coordinator/task_flags' UsableCores;
+// that library's flags would clash with the CLI's).
+int UsableCores() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof(set), &set) == 0) {
+    return std::max(1, CPU_COUNT(&set));
+  }
+  return std::max(1, static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN)));
+}
+
+}  // namespace
+
+std::set<std::string> LocalNames() {
+  std::set<std::string> names = {"localhost"};
+  char host[256] = {};
+  if (gethostname(host, sizeof(host) - 1) == 0 && host[0] != '\0') {
+    const std::string full(host);
+    names.insert(full);
+    names.insert(full.substr(0, full.find('.')));
+  }
+  ifaddrs* addresses = nullptr;
+  if (getifaddrs(&addresses) == 0) {
+    for (ifaddrs* a = addresses; a != nullptr; a = a->ifa_next) {
+      if (a->ifa_addr == nullptr) continue;
+      char text[INET6_ADDRSTRLEN] = {};
+      if (a->ifa_addr->sa_family == AF_INET) {
+        inet_ntop(AF_INET,
+                  &reinterpret_cast<sockaddr_in*>(a->ifa_addr)->sin_addr, text,
+                  sizeof(text));
+      } else if (a->ifa_addr->sa_family == AF_INET6) {
+        inet_ntop(AF_INET6,
+                  &reinterpret_cast<sockaddr_in6*>(a->ifa_addr)->sin6_addr,
+                  text, sizeof(text));
+      } else {
+        continue;
+      }
+      names.insert(text);
+    }
+    freeifaddrs(addresses);
+  }
+  return names;
+}
+
+absl::StatusOr<std::vector<NodeTask>> PlanNodeTasks(
+    const JobSpec& spec, const NodePlacement& placement) {
+  const bool have_hosts =
+      !spec.ps_hosts().empty() || !spec.worker_hosts().empty();
+  if (!have_hosts && (placement.num_nodes < 1 || placement.node_rank < 0 ||
+                      placement.node_rank >= placement.num_nodes)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "node rank ", placement.node_rank, " of ", placement.num_nodes,
+        " nodes; expected 0..", placement.num_nodes - 1));
+  }
+  std::vector<NodeTask> tasks;
+  for (TaskRole role : {ROLE_PS, ROLE_WORKER}) {
+    const auto& hosts = role == ROLE_PS ? spec.ps_hosts() : spec.worker_hosts();
+    const int count = role == ROLE_PS ? spec.num_ps() : spec.num_workers();
+    for (int i = 0; i < count; ++i) {
+      const bool here =
+          have_hosts ? i < hosts.size() &&
+                           placement.local_names.count(hosts[i].host()) > 0
+                     : i % placement.num_nodes == placement.node_rank;
+      if (!here) continue;
+      NodeTask task;
+      task.role = role;
+      task.index = i;
+      tasks.push_back(task);
+    }
+  }
+  if (tasks.empty() && have_hosts) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("no task of the job runs on this node (",
+                     absl::StrJoin(placement.local_names, ", "),
+                     "); expected one of the spec's hosts"));
+  }
+  const int workers = static_cast<int>(
+      std::count_if(tasks.begin(), tasks.end(),
+                    [](const NodeTask& t) { return t.role == ROLE_WORKER; }));
+  int local_worker = 0;
+  for (NodeTask& t : tasks) {
+    if (t.role != ROLE_WORKER) continue;
+    t.threads = std::max(1, placement.cores / std::max(1, workers));
+    if (placement.gpus_per_node > 0) {
+      t.gpu = local_worker % placement.gpus_per_node;
+    }
+    ++local_worker;
+  }
+  return tasks;
+}
+
+int NodeCommand(const std::vector<std::string>& args,
+                const std::string& ps_binary,
+                const std::string& worker_binary) {
+  if (!args.empty()) {
+    return Fail(2,
+                "usage: pstrain node --coordinator=HOST:PORT --job=ID "
+                "[--node_rank=R --num_nodes=N] [--gpus_per_node=G] "
+                "[--bin_dir=DIR]");
+  }
+  if (FlagSpecified("bin_dir")) {
+    for (const char* flag : {"ps_binary", "worker_binary"}) {
+      if (FlagSpecified(flag)) {
+        return Fail(2, absl::StrCat("--", flag,
+                                    " would be ignored: --bin_dir names the "
+                                    "tasks' binaries; see pstrain help node"));
+      }
+    }
+  }
+  std::string job_id = absl::GetFlag(FLAGS_job);
+  if (job_id == "$JOB") {
+    const char* from_env = std::getenv("JOB");
+    job_id = from_env != nullptr ? from_env : "";
+  }
+  if (job_id.empty()) {
+    return Fail(2,
+                "--job is not set (nor JOB); expected the id `pstrain "
+                "submit` printed");
+  }
+  NodePlacement placement;
+  placement.local_names = LocalNames();
+  placement.cores = UsableCores();
+  placement.gpus_per_node = absl::GetFlag(FLAGS_gpus_per_node);
+  placement.node_rank = absl::GetFlag(FLAGS_node_rank);
+  placement.num_nodes = absl::GetFlag(FLAGS_num_nodes);
+  if (placement.node_rank < 0) {
+    absl::StatusOr<int> rank =
+        FromEnvironment({"SLURM_NODEID", "OMPI_COMM_WORLD_RANK"});
+    if (!rank.ok()) return Fail(2, std::string(rank.status().message()));
+    placement.node_rank = std::max(0, *rank);
+  }
+  if (placement.num_nodes <= 0) {
+    absl::StatusOr<int> nodes =
+        FromEnvironment({"SLURM_NNODES", "OMPI_COMM_WORLD_SIZE"});
+    if (!nodes.ok()) return Fail(2, std::string(nodes.status().message()));
+    placement.num_nodes = std::max(1, *nodes);
+  }
+  const std::string coordinator = absl::GetFlag(FLAGS_coordinator);
+  absl::StatusOr<TlsOptions> tls = TlsOptionsFromFlags(kProgram);
+  if (!tls.ok()) return Fail(2, std::string(tls.status().message()));
+  absl::StatusOr<JobInfo> job =
+      FetchJob(coordinator, job_id, *tls, absl::Seconds(120));
+  if (!job.ok()) return Fail(1, std::string(job.status().message()));
+  if (absl::Status s = CheckIgnoredNodeFlags(job->spec()); !s.ok()) {
+    return Fail(2, absl::StrCat(job_id, ": ", s.message()));
+  }
+  absl::StatusOr<std::vector<NodeTask>> tasks =
+      PlanNodeTasks(job->spec(), placement);
+  if (!tasks.ok()) {
+    return Fail(2, absl::StrCat(job_id, ": ", tasks.status().message()));
+  }
+  std::string bin_dir = absl::GetFlag(FLAGS_bin_dir);
+  const std::string ps =
+      bin_dir.empty() ? ps_binary : absl::StrCat(bin_dir, "/pstrain_ps");
+  const std::string worker = bin_dir.empty()
+                                 ? worker_binary
+                                 : absl::StrCat(bin_dir, "/pstrain_worker");
+
+  std::signal(SIGINT, OnNodeSignal);
+  std::signal(SIGTERM, OnNodeSignal);
+  LocalCluster cluster;
+  std::vector<std::string> names;
+  // Each task's argv and identity, to restart it.
+  std::map<std::string, std::vector<std::string>> argvs;
+  std::map<std::string, TlsIdentity> identities;
+  for (const NodeTask& t : *tasks) {
+    const bool is_ps = t.role == ROLE_PS;
+    const std::string name = absl::StrCat(is_ps ? "ps" : "worker", t.index);
+    std::vector<std::string> argv = {
+        is_ps ? ps : worker, absl::StrCat("--coordinator=", coordinator),
+        absl::StrCat("--job=", job_id), absl::StrCat("--task_index=", t.index),
+        absl::StrCat("--threads=", t.threads)};
+    if (t.gpu >= 0) argv.push_back(absl::StrCat("--gpu=", t.gpu));
+    argvs[name] = argv;
+    identities[name] =
+        TlsIdentity{is_ps ? TlsRole::kPs : TlsRole::kWorker, t.index, job_id};
+    if (absl::Status s = cluster.Start(name, argv); !s.ok()) {
+      cluster.StopAll(absl::Seconds(3));
+      return Fail(1, absl::StrCat("cannot start ", name, ": ", s.message()));
+    }
+    names.push_back(
+        absl::StrCat(name, t.gpu >= 0 ? absl::StrCat(" (GPU ", t.gpu, ")") : "",
+                     " ", t.threads, t.threads == 1 ? " thread" : " threads"));
+  }
+  std::printf("%s: node %d of %d, %d cores: started %s\n", kProgram,
+              placement.node_rank, placement.num_nodes, placement.cores,
+              absl::StrJoin(names, ", ").c_str());
+  std::fflush(stdout);
+
+  // Wait for every task; the first failure decides the exit status.
+  ChildExit first_failure;
+  absl::Time stop_at = absl::InfiniteFuture();
+  const absl::Duration grace = absl::Seconds(absl::GetFlag(FLAGS_node_grace_s));
+  while (cluster.num_running() > 0) {
+    if (g_node_signal != 0) {
+      cluster.StopAll(absl::Seconds(3));
+      return Fail(
+          128 + g_node_signal,
+          absl::StrCat("stopped by signal ", static_cast<int>(g_node_signal),
+                       "; stopped every task of this node"));
+    }
+    ChildExit exit = cluster.WaitAny(absl::Milliseconds(200));
+    if (exit.role.empty()) {
+      if (absl::Now() >= stop_at) {
+        PrintError(kProgram, "stopping the tasks still running");
+        cluster.StopAll(absl::Seconds(3));
+      }
+      continue;
+    }
+    // A task the coordinator stopped for the restart of every worker
+    // (allreduce: another worker died, which that one's agent counted) is
+    // started again at once, as a replacement.
+    if (exit.code == kRestartExitCode && first_failure.role.empty()) {
+      std::vector<std::string> argv = argvs[exit.role];
+      argv.push_back("--rejoin");
+      std::printf("%s: %s stopped for the job's restart; starting it again\n",
+                  kProgram, exit.role.c_str());
+      std::fflush(stdout);
+      if (cluster.Start(exit.role, argv).ok()) continue;
+    }
+    // A task that died while its job runs is restarted within the job's
+    // max_restarts, which the coordinator counts over every node
+    // (RestartTask, with the task's own key); workers rejoin.
+    if (exit.code != 0 && first_failure.role.empty() &&
+        job->spec().max_restarts() > 0) {
+      const std::string why =
+          absl::StrCat("died (",
+                       exit.code > 0 ? absl::StrCat("exit code ", exit.code)
+                                     : absl::StrCat("signal ", -exit.code),
+                       ")");
+      TlsIdentity as = identities[exit.role];
+      if (!tls->insecure) {
+        absl::StatusOr<TlsIdentity> own =
+            TaskIdentityInFolder(*tls, as.role, as.index);
+        if (own.ok()) as = *own;
+      }
+      absl::StatusOr<std::unique_ptr<Coordinator::Stub>> stub =
+          CoordinatorStub(coordinator, *tls, as);
+      grpc::Status restarted(grpc::StatusCode::UNAVAILABLE, "no stub");
+      RestartTaskResponse response;
+      if (stub.ok()) {
+        grpc::ClientContext context;
+        context.set_deadline(std::chrono::system_clock::now() +
+                             std::chrono::seconds(30));
+        RestartTaskRequest request;
+        request.mutable_task()->set_job_id(job_id);
+        request.mutable_task()->set_role(as.role == TlsRole::kPs ? ROLE_PS
+                                                                 : ROLE_WORKER);
+        request.mutable_task()->set_index(as.index);
+        request.set_why(why);
+        restarted = (*stub)->RestartTask(&context, request, &response);
+      }
+      if (restarted.ok()) {
+        std::vector<std::string> argv = argvs[exit.role];
+        if (as.role == TlsRole::kWorker) argv.push_back("--rejoin");
+        std::printf("%s: %s %s; %s (restart %d of %d)\n", kProgram,
+                    exit.role.c_str(), why.c_str(),
+                    job->spec().mode() == "allreduce"
+                        ? "restarting every worker from the newest checkpoint"
+                        : "restarting it",
+                    response.restarts(), response.max_restarts());
+        std::fflush(stdout);
+        if (cluster.Start(exit.role, argv).ok()) continue;
+      } else {
+        PrintError(kProgram, absl::StrCat("not restarting ", exit.role, ": ",
+                                          restarted.error_message()));
+      }
+    }
+    if (exit.code != 0 && first_failure.role.empty()) {
+      first_failure = exit;
+      PrintError(kProgram,
+                 absl::StrCat(exit.role, " exited with status ", exit.code,
+                              exit.last_error_line.empty() ? "" : ": ",
+                              exit.last_error_line, "; the other tasks get ",
+                              absl::FormatDuration(grace), " to end"));
+      stop_at = absl::Now() + grace;
+    }
+  }
+  if (first_failure.role.empty()) {
+    std::printf("%s: all %zu tasks of this node exited 0\n", kProgram,
+                tasks->size());
+    return 0;
+  }
+  const int code =
+      first_failure.code > 0 ? first_failure.code : 128 - first_failure.code;
+  return Fail(code, absl::StrCat("FAILED: ", first_failure.role,
+                                 " exited with status ", first_failure.code));
+}
+
+}  // namespace pstrain

@@ -1,0 +1,66 @@
+// Which of a job's tasks a node agent starts (PlanNodeTasks).
+#include "cli/node_agent.h"
+
+#include "coordinator/job_spec.h"
+#include "gtest/gtest.h"
+
+namespace pstrain {
+namespace {
+
+JobSpec Spec(const std::string& text) {
+  absl::StatusOr<JobSpec> spec = ParseJobSpec(text, "job.pbtxt");
+  EXPECT_TRUE(spec.ok()) << spec.status();
+  return spec.ok() ? *spec : JobSpec();
+}
+
+std::string Names(const std::vector<NodeTask>& tasks) {
+  std::string out;
+  for (const NodeTask& t : tasks) {
+    out += (t.role == ROLE_PS ? "ps" : "worker") + std::to_string(t.index) +
+           "/" + std::to_string(t.threads) +
+           (t.gpu >= 0 ? "/gpu" + std::to_string(t.gpu) : "") + " ";
+  }
+  return out;
+}
+
+TEST(PlanNodeTasksTest, WithoutHostsTasksGoRoundRobinByNodeRank) {
+  const JobSpec spec = Spec("num_ps: 2 num_workers: 4 batch_size: 8 epochs: 1");
+  NodePlacement node;
+  node.num_nodes = 2;
+  node.cores = 16;
+  node.node_rank = 1;
+  EXPECT_EQ(Names(*PlanNodeTasks(spec, node)), "ps1/1 worker1/8 worker3/8 ");
+  node.num_nodes = 1;
+  node.node_rank = 0;
+  node.gpus_per_node = 2;
+  EXPECT_EQ(Names(*PlanNodeTasks(spec, node)),
+            "ps0/1 ps1/1 worker0/4/gpu0 worker1/4/gpu1 worker2/4/gpu0 "
+            "worker3/4/gpu1 ");
+  node.node_rank = 1;
+  EXPECT_EQ(PlanNodeTasks(spec, node).status().message(),
+            "node rank 1 of 1 nodes; expected 0..0");
+}
+
+TEST(PlanNodeTasksTest, WithHostsTheNodesOwnNamesAndAddressesPick) {
+  const JobSpec spec = Spec(
+      "num_ps: 2 num_workers: 2 batch_size: 8 epochs: 1\n"
+      "ps_hosts { host: \"10.0.0.2\" } ps_hosts { host: \"n3\" }\n"
+      "worker_hosts { host: \"n3\" } worker_hosts { host: \"10.0.0.2\" }\n");
+  NodePlacement node;
+  node.cores = 3;
+  node.local_names = {"n3", "n3.cluster", "10.0.0.3", "127.0.0.1"};
+  EXPECT_EQ(Names(*PlanNodeTasks(spec, node)), "ps1/1 worker0/3 ");
+  node.local_names = {"n9", "10.0.0.9"};
+  EXPECT_EQ(PlanNodeTasks(spec, node).status().message(),
+            "no task of the job runs on this node (10.0.0.9, n9); expected "
+            "one of the spec's hosts");
+}
+
+TEST(LocalNamesTest, HasLoopbackAndHostname) {
+  const std::set<std::string> names = LocalNames();
+  EXPECT_EQ(names.count("localhost"), 1u);
+  EXPECT_EQ(names.count("127.0.0.1"), 1u);
+}
+
+}  // namespace
+}  // namespace pstrain

@@ -1,0 +1,1505 @@
+// pstrain: the command-line interface.
+//
+//   pstrain run [flags]   Runs a whole job on this machine: --num_ps shard
+//                         processes and --num_workers worker processes on
+//                         127.0.0.1 (ports chosen by the OS), their output
+//                         streamed with a role prefix, then a one-row table
+//                         of results (and JSON with --results_json).
+//                         With --ps_netns/--worker_netns each task runs in
+//                         its own network namespace instead.
+//   pstrain compare [flags]
+//                         Runs `run` once per configuration: each of
+//                         --modes (ps_sync, ps_async, allreduce) at each of
+//                         --workers, and each --num_ps for the PS modes;
+//                         prints every run's lines and table, then the
+//                         scaling and communication tables (cli/compare.h)
+//                         and writes them, as CSV, JSON and a gnuplot PNG,
+//                         into --out_dir. Every configuration is checked
+//                         before the first run starts.
+//
+// Exit codes: 0 success; 2 bad flags or input (nothing started); 1 a process
+// of the job failed (the others are stopped); 128+signal when interrupted.
+#include <signal.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/flags/declare.h"
+#include "absl/flags/flag.h"
+#include "absl/flags/reflection.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+#include "absl/time/clock.h"
+#include "cli/certs_command.h"
+#include "cli/command_help.h"
+#include "cli/compare.h"
+#include "cli/job_commands.h"
+#include "cli/launch_lines.h"
+#include "cli/local_cluster.h"
+#include "cli/node_agent.h"
+#include "common/flags_util.h"
+#include "common/regular_file.h"
+#include "common/status_macros.h"
+#include "common/tls.h"
+#include "common/tls_flags.h"
+#include "coordinator/coordinator_server.h"
+#include "coordinator/job_spec.h"
+#include "coordinator/job_table.h"
+#include "models/model.h"
+#include "models/model_file.h"
+#include "proto/coordinator.pb.h"
+#include "worker/checkpoint.h"
+#include "worker/data_flags.h"
+#include "worker/dataset.h"
+#include "worker/input_pipeline.h"
+#include "worker/trainer.h"
+
+ABSL_FLAG(std::string, model, "lenet5",
+          "Model: alexnet, lenet5, mlp, resnet18/34/50/101 or vgg16.");
+ABSL_FLAG(std::string, num_ps, "2",
+          "Number of parameter-server shard processes (compare: a list, "
+          "e.g. 2,4, one run per entry for the PS modes).");
+ABSL_FLAG(int, num_workers, 2, "Number of worker processes.");
+ABSL_FLAG(int, batch_size, 64, "Samples per step per worker.");
+ABSL_FLAG(int, epochs, 2, "Epochs over the training set.");
+ABSL_FLAG(std::string, mode, "sync",
+          "sync (PS, barrier per step), async (PS) or allreduce (Gloo ring "
+          "allreduce among the workers, no PS; --num_ps is ignored).");
+ABSL_FLAG(int64_t, bucket_bytes, 25 << 20,
+          "allreduce: largest gradient bucket, bytes.");
+ABSL_FLAG(double, lr, 1e-3, "Learning rate (the schedule's peak).");
+ABSL_FLAG(double, beta1, 0.9, "Adam beta1.");
+ABSL_FLAG(double, beta2, 0.999, "Adam beta2.");
+ABSL_FLAG(double, epsilon, 1e-8, "Adam epsilon.");
+ABSL_FLAG(double, weight_decay, 0.0,
+          "Weight decay: decoupled for adam (AdamW), L2 for sgd (as torch).");
+ABSL_FLAG(std::string, optimizer, "adam",
+          "adam (AdamW with --weight_decay), adamw (the same) or sgd "
+          "(torch.optim.SGD).");
+ABSL_FLAG(double, momentum, 0.0, "sgd: momentum, 0 <= m < 1.");
+ABSL_FLAG(double, dampening, 0.0, "sgd: dampening of the momentum, 0 to 1.");
+ABSL_FLAG(bool, nesterov, false,
+          "sgd: Nesterov momentum (needs --momentum > 0, dampening 0).");
+ABSL_FLAG(std::string, lr_schedule, "constant",
+          "lr by global step: constant, step (StepLR) or cosine "
+          "(CosineAnnealingLR to --lr_min over the job's steps).");
+ABSL_FLAG(int64_t, warmup_steps, 0,
+          "Linear warmup from 0 to --lr over this many steps, then the "
+          "schedule (0: none).");
+ABSL_FLAG(int64_t, lr_step_size, 0,
+          "--lr_schedule=step: multiply the lr by --lr_gamma every this many "
+          "steps.");
+ABSL_FLAG(double, lr_gamma, 0.1, "--lr_schedule=step: the factor.");
+ABSL_FLAG(double, lr_min, 0.0, "--lr_schedule=cosine: the final lr.");
+ABSL_FLAG(int64_t, lr_total_steps, 0,
+          "--lr_schedule=cosine: its horizon, steps (0: epochs x "
+          "--max_steps_per_epoch).");
+ABSL_FLAG(uint64_t, seed, 1, "Seed of the initial weights and the shuffles.");
+ABSL_FLAG(std::string, results_json, "",
+          "If set, write the results here as JSON.");
+ABSL_FLAG(int, log_every_steps, 200, "Steps between throughput lines.");
+ABSL_FLAG(std::string, metrics_dir, "",
+          "run: if set, each worker j writes DIR/workerJ.csv and "
+          "DIR/workerJ.jsonl (a row every --log_every_steps steps and per "
+          "evaluation) and TensorBoard events under DIR/tb/workerJ/ "
+          "(tensorboard --logdir DIR/tb); empty: none.");
+ABSL_FLAG(bool, trace, false,
+          "run: every task writes a Chrome trace of its work to "
+          "METRICS_DIR/trace/ (needs --metrics_dir); merge them with "
+          "`pstrain trace METRICS_DIR`.");
+ABSL_FLAG(int64_t, partition_bytes, 4 << 20,
+          "Largest chunk of a tensor on the wire, bytes.");
+ABSL_FLAG(int64_t, max_steps_per_epoch, 0,
+          "If > 0, at most this many steps per epoch (short runs).");
+ABSL_FLAG(std::string, ps_binary, "",
+          "pstrain_ps to run; default: the one built beside this program.");
+ABSL_FLAG(std::string, worker_binary, "",
+          "pstrain_worker to run; default: the one built beside this program.");
+ABSL_FLAG(std::string, compute, "model",
+          "model: forward and backward of --model on --dataset; synthetic: "
+          "a stand-in for a GPU that sleeps --compute_ms per step and "
+          "exchanges --model_bytes of gradients (no dataset; set "
+          "--max_steps_per_epoch or, for compare, --steps).");
+ABSL_FLAG(double, compute_ms, 100, "synthetic compute: ms per step.");
+ABSL_FLAG(double, backward_fraction, 0,
+          "synthetic compute: the share (0 to 1) of --compute_ms that is a "
+          "backward pass announcing gradients last tensor first, for "
+          "allreduce buckets to overlap; 0: all at the end of the step.");
+ABSL_FLAG(int64_t, model_bytes, 102228128,
+          "synthetic compute: bytes of fp32 gradients per worker per step "
+          "(default: ResNet-50's 25557032 parameters).");
+ABSL_FLAG(std::string, ps_netns, "",
+          "NETNS:IP,...: run PS shard i in network namespace NETNS (ip netns "
+          "exec), bound to IP. With --worker_netns.");
+ABSL_FLAG(std::string, worker_netns, "",
+          "NETNS:IP,...: run worker i in its network namespace, as "
+          "--ps_netns.");
+ABSL_FLAG(std::string, coordinator_host, "127.0.0.1",
+          "Address the in-process coordinator listens on (with namespaces: "
+          "one every namespace can reach).");
+ABSL_FLAG(std::string, workers, "1,2,4",
+          "compare: worker counts, e.g. 1,2,4 (one run each).");
+ABSL_FLAG(std::string, batch_sizes, "",
+          "compare: batch sizes per worker, e.g. 32,64,128 (a run each, with "
+          "each worker count and mode; a second plot of samples/sec against "
+          "batch size); empty: --batch_size.");
+ABSL_FLAG(std::string, modes, "ps_sync,ps_async,allreduce",
+          "compare: ps_sync, ps_async and/or allreduce.");
+ABSL_FLAG(int, steps, 0,
+          "compare: if > 0, each run is one epoch of this many steps per "
+          "worker (instead of --epochs).");
+ABSL_FLAG(std::string, preset, "",
+          "compare: a published table in one command (mnist_resnet, dlperf, "
+          "tiny_imagenet): the preset's flag values where the command line "
+          "gives none, and its report's own table first in results.md; see "
+          "pstrain help compare.");
+ABSL_FLAG(std::string, scaling, "weak",
+          "compare: weak (each worker runs --steps steps) or strong (--steps "
+          "of one worker, split across the workers: the same work, as a "
+          "fixed number of epochs is).");
+ABSL_FLAG(int, repeats, 1,
+          "compare: runs of each configuration (1..100); with more than one "
+          "the tables give the median run and the coefficient of variation "
+          "of samples/sec, and the plot error bars.");
+ABSL_FLAG(std::string, out_dir, "",
+          "compare: where results.md, results.csv, results.json, "
+          "throughput.gp and throughput.png go.");
+ABSL_FLAG(double, link_mbit, 0,
+          "compare: the link rate of each host, Mbit/s, for the bandwidth "
+          "bounds of the communication table (0: no bounds).");
+ABSL_FLAG(bool, plot, true,
+          "compare: draw throughput.png with gnuplot (--noplot writes only "
+          "throughput.gp, for hosts without gnuplot).");
+ABSL_FLAG(int, heartbeat_timeout_s, 60,
+          "Seconds of silence after which a task is lost and the job fails.");
+ABSL_FLAG(int, registration_timeout_s, 60,
+          "run: seconds every task has to register before the job fails "
+          "(submitted job specs default to 600).");
+ABSL_FLAG(std::string, init_from, "",
+          "run: start from this model file's weights (safetensors with "
+          "PyTorch's state_dict names, as model.safetensors) instead of "
+          "--seed's.");
+ABSL_FLAG(std::string, checkpoint_dir, "",
+          "run: an empty or new folder (or, with --resume, one holding "
+          "checkpoints); worker 0 writes the trained model there as "
+          "model.safetensors when the job ends, and the checkpoints of "
+          "--checkpoint_every_steps in step-<N>/ folders.");
+ABSL_FLAG(int64_t, checkpoint_every_steps, 0,
+          "run: a checkpoint (weights, optimizer state, data position; one "
+          "file per shard, or one file in mode allreduce) every this many "
+          "steps into --checkpoint_dir; 0: none.");
+ABSL_FLAG(double, checkpoint_every_secs, 0,
+          "run: a checkpoint also once this many seconds have passed since "
+          "the last (after a step); 0: by --checkpoint_every_steps only.");
+ABSL_FLAG(int, max_nonfinite_steps, 10,
+          "run: a step whose loss or gradients hold a NaN or an infinity on "
+          "any worker is skipped on every shard (allreduce: a step whose "
+          "averaged gradients hold one, on every worker); after this many "
+          "consecutive skipped steps the job fails (0: at the first).");
+ABSL_FLAG(std::string, straggler, "",
+          "run: a test and benchmark aid: WORKER:DELAY_MS makes that worker "
+          "sleep DELAY_MS milliseconds at the start of every step (a "
+          "straggler of known slowness); empty: none.");
+ABSL_FLAG(int, staleness, 0,
+          "run, mode sync: bounded staleness; a worker may run at most this "
+          "many steps ahead of the slowest (0: plain sync; 0 to 1000).");
+ABSL_FLAG(int, backup_workers, 0,
+          "run, mode sync: backup workers b; each step averages the first "
+          "num_workers - b workers to end it (TensorFlow's "
+          "replicas_to_aggregate), the late ones' gradients are dropped "
+          "(0: every worker; 0 to num_workers - 1).");
+ABSL_FLAG(double, clip_grad_norm, 0,
+          "run, modes allreduce and sync: gradient clipping by global norm, "
+          "as torch.nn.utils.clip_grad_norm_ before each step (0: none).");
+ABSL_FLAG(int, keep_checkpoints, 3,
+          "run: how many of the newest checkpoints to keep (>= 1).");
+ABSL_DECLARE_FLAG(bool, insecure);
+ABSL_DECLARE_FLAG(bool, insecure_allow_remote);
+
+ABSL_FLAG(int, max_restarts, -1,
+          "run: restart a task that dies, up to this many times in all; the "
+          "workers roll back to the newest checkpoint and go on (PS modes). "
+          "-1: 3 with --checkpoint_dir, else 0 (the first death fails the "
+          "job).");
+ABSL_FLAG(bool, resume, false,
+          "run: continue from --checkpoint_dir's newest checkpoint "
+          "(weights, Adam state, step and data position).");
+ABSL_FLAG(std::string, checkpoint, "",
+          "eval: a model file; a job's --checkpoint_dir (its final "
+          "model.safetensors, else the checkpoint its `latest` names); or "
+          "one step-<N> folder of it (its model file is checked against the "
+          "manifest beside it).");
+
+namespace pstrain {
+namespace {
+
+constexpr char kProgram[] = "pstrain";
+volatile sig_atomic_t g_signal = 0;
+// This program's command line, for the report of `compare`.
+std::string g_command_line;
+void OnSignal(int signal) { g_signal = signal; }
+
+int Fail(int code, const std::string& message) {
+  PrintError(kProgram, message);
+  return code;
+}
+
+// An installed pstrain (pstrain install): PREFIX/bin/<name> beside it;
+// else bazel-bin/cli/pstrain -> bazel-bin/<package>/<name>.
+std::string SiblingBinary(const std::string& package, const std::string& name) {
+  char self[4096];
+  const ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
+  if (n <= 0) return name;
+  std::string dir(self, n);
+  dir = dir.substr(0, dir.rfind('/'));  // .../cli, or PREFIX/bin
+  const std::string beside = absl::StrCat(dir, "/", name);
+  if (access(beside.c_str(), X_OK) == 0) return beside;
+  dir = dir.substr(0, dir.rfind('/'));  // ...
+  return absl::StrCat(dir, "/", package, "/", name);
+}
+
+}  // namespace
+
+std::string PsBinary() {
+  const std::string flag = absl::GetFlag(FLAGS_ps_binary);
+  return flag.empty() ? SiblingBinary("server", "pstrain_ps") : flag;
+}
+
+std::string WorkerBinary() {
+  const std::string flag = absl::GetFlag(FLAGS_worker_binary);
+  return flag.empty() ? SiblingBinary("worker", "pstrain_worker") : flag;
+}
+
+std::string CoordinatorBinary() {
+  return SiblingBinary("coordinator", "pstrain_coordinator");
+}
+
+std::string SelfBinary() {
+  char self[4096];
+  const ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
+  return n > 0 ? std::string(self, n) : std::string("pstrain");
+}
+
+namespace {
+
+// Where a job's tasks run: all on 127.0.0.1 (default), or each in its own
+// network namespace ("ip netns exec NS ..."), bound to that namespace's
+// address; the coordinator then listens on --coordinator_host.
+struct NetnsHost {
+  std::string netns;
+  std::string ip;
+};
+struct Placement {
+  std::string coordinator_host = "127.0.0.1";
+  std::vector<NetnsHost> ps;
+  std::vector<NetnsHost> workers;
+  bool netns() const { return !workers.empty(); }
+};
+
+absl::StatusOr<std::vector<NetnsHost>> ParseNetnsHosts(
+    const std::string& flag, const std::string& text) {
+  std::vector<NetnsHost> hosts;
+  if (text.empty()) return hosts;
+  for (absl::string_view part : absl::StrSplit(text, ',')) {
+    std::pair<std::string, std::string> kv =
+        absl::StrSplit(part, absl::MaxSplits(':', 1));
+    if (kv.first.empty() || kv.second.empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--", flag, "=", text, ": \"", part,
+                       "\"; expected NETNS:IP entries separated by commas"));
+    }
+    hosts.push_back({kv.first, kv.second});
+  }
+  return hosts;
+}
+
+constexpr char kIpBinary[] = "/usr/sbin/ip";
+
+absl::StatusOr<Placement> PlacementFromFlags() {
+  Placement placement;
+  ASSIGN_OR_RETURN(placement.ps,
+                   ParseNetnsHosts("ps_netns", absl::GetFlag(FLAGS_ps_netns)));
+  ASSIGN_OR_RETURN(
+      placement.workers,
+      ParseNetnsHosts("worker_netns", absl::GetFlag(FLAGS_worker_netns)));
+  placement.coordinator_host = absl::GetFlag(FLAGS_coordinator_host);
+  if (placement.ps.empty() != placement.workers.empty()) {
+    return absl::InvalidArgumentError(
+        "--ps_netns and --worker_netns: give both or neither");
+  }
+  if (placement.netns() && access(kIpBinary, X_OK) != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--worker_netns: ", kIpBinary,
+                     " is not an executable (apt-get install iproute2)"));
+  }
+  return placement;
+}
+
+// Checks that `placement` has room for `spec`'s tasks: on one machine at
+// most kLocalWorkersPerCore workers per core (beyond that a run measures
+// the scheduler); with namespaces, one per task.
+constexpr int kLocalWorkersPerCore = 4;
+absl::Status CheckRoom(const Placement& placement, int num_ps, int num_workers,
+                       const std::string& workers_flag) {
+  if (placement.netns()) {
+    if (num_workers > static_cast<int>(placement.workers.size())) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          workers_flag, "=", num_workers, ": only ", placement.workers.size(),
+          " worker namespaces in --worker_netns"));
+    }
+    if (num_ps > static_cast<int>(placement.ps.size())) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--num_ps=", num_ps, ": only ", placement.ps.size(),
+                       " PS namespaces in --ps_netns"));
+    }
+    return absl::OkStatus();
+  }
+  const int cores =
+      static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  if (num_workers > kLocalWorkersPerCore * cores) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        workers_flag, "=", num_workers, ": this machine has ", cores,
+        " cores; at most ", kLocalWorkersPerCore * cores,
+        " local workers can run (use a cluster, or --worker_netns)"));
+  }
+  return absl::OkStatus();
+}
+
+// The dataset flags that `dataset` would ignore, given on the command line
+// of `command` (run, compare, eval): an error naming the first.
+absl::Status CheckIgnoredDataFlags(const std::string& dataset,
+                                   const std::string& command) {
+  auto ignored = [&](const char* flag, const std::string& why) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--", flag, " would be ignored: ", why,
+                     "; see pstrain help ", command));
+  };
+  if (dataset == "synthetic") {
+    for (const char* flag : {"data_dir", "bad_images", "stream_images",
+                             "max_dataset_memory", "augment"}) {
+      if (FlagSpecified(flag)) {
+        return ignored(flag, "--dataset=synthetic reads no files");
+      }
+    }
+    return absl::OkStatus();
+  }
+  for (const char* flag : {"num_classes", "synthetic_samples"}) {
+    if (FlagSpecified(flag)) {
+      return ignored(
+          flag, absl::StrCat("it is for --dataset=synthetic, not ", dataset));
+    }
+  }
+  if (dataset != "image_folder") {
+    if (FlagSpecified("image_size")) {
+      return ignored("image_size",
+                     absl::StrCat("it is for --dataset=synthetic or "
+                                  "image_folder, not ",
+                                  dataset));
+    }
+    for (const char* flag :
+         {"bad_images", "stream_images", "max_dataset_memory", "augment"}) {
+      if (FlagSpecified(flag)) {
+        return ignored(flag, absl::StrCat("it is for --dataset=image_folder, "
+                                          "not ",
+                                          dataset));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+// --gpu with --backend=cpu.
+absl::Status CheckIgnoredBackendFlags(const std::string& backend,
+                                      const std::string& command) {
+  if (backend == "cpu" && FlagSpecified("gpu")) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--gpu would be ignored: it is for --backend=cuda; see "
+                     "pstrain help ",
+                     command));
+  }
+  return absl::OkStatus();
+}
+
+// The flags that `spec` (built from them) would ignore, given on the
+// command line anyway: an error naming the first, so that nobody believes a
+// flag took effect that did not. `command` is "run" or "compare".
+absl::Status CheckIgnoredFlags(const JobSpec& spec, const std::string& command,
+                               bool any_ps_mode, bool any_allreduce) {
+  auto ignored = [&](const char* flag, const std::string& why) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--", flag, " would be ignored: ", why,
+                     "; see pstrain help ", command));
+  };
+  const std::string modes =
+      command == "run" ? absl::StrCat("--mode=", spec.mode())
+                       : absl::StrCat("--modes=", absl::GetFlag(FLAGS_modes));
+  if (!any_allreduce && FlagSpecified("bucket_bytes")) {
+    return ignored(
+        "bucket_bytes",
+        absl::StrCat("only allreduce has gradient buckets, not ", modes));
+  }
+  if (!any_ps_mode) {
+    // Checkpoints, --resume and restarts are for every mode.
+    for (const char* flag : {"num_ps", "partition_bytes"}) {
+      if (FlagSpecified(flag)) {
+        return ignored(flag, absl::StrCat("it is for the parameter-server "
+                                          "modes (sync, async), not ",
+                                          modes));
+      }
+    }
+  }
+  const bool synthetic = spec.compute() == "synthetic";
+  for (const char* flag : {"compute_ms", "model_bytes", "backward_fraction"}) {
+    if (!synthetic && FlagSpecified(flag)) {
+      return ignored(flag, "it is for --compute=synthetic");
+    }
+  }
+  if (synthetic) {
+    for (const char* flag : {"dataset", "data_dir", "image_size", "num_classes",
+                             "synthetic_samples"}) {
+      if (FlagSpecified(flag)) {
+        return ignored(flag, "--compute=synthetic reads no dataset");
+      }
+    }
+  } else {
+    RETURN_IF_ERROR(CheckIgnoredDataFlags(spec.dataset(), command));
+  }
+  RETURN_IF_ERROR(CheckIgnoredBackendFlags(spec.backend(), command));
+  if (command == "compare" && absl::GetFlag(FLAGS_steps) > 0) {
+    for (const char* flag : {"epochs", "max_steps_per_epoch"}) {
+      if (FlagSpecified(flag)) {
+        return ignored(flag, "--steps sets one epoch of that many steps");
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+// The job spec the flags describe (mode, PS count and workers given).
+JobSpec SpecFromFlags(const std::string& mode, int num_ps, int num_workers) {
+  JobSpec spec;
+  spec.set_model(absl::GetFlag(FLAGS_model));
+  spec.set_dataset(absl::GetFlag(FLAGS_dataset));
+  spec.set_data_dir(absl::GetFlag(FLAGS_data_dir));
+  // --image_size=0 (its default): image_folder keeps the images' own size;
+  // synthetic images are 224 pixels square.
+  const int image_size = absl::GetFlag(FLAGS_image_size);
+  spec.set_image_size(
+      image_size == 0 && spec.dataset() != "image_folder" ? 224 : image_size);
+  spec.set_stream_images(absl::GetFlag(FLAGS_stream_images));
+  spec.set_max_dataset_memory_bytes(
+      absl::GetFlag(FLAGS_max_dataset_memory).bytes);
+  spec.set_augment(absl::GetFlag(FLAGS_augment));
+  spec.set_num_classes(absl::GetFlag(FLAGS_num_classes));
+  spec.set_synthetic_samples(absl::GetFlag(FLAGS_synthetic_samples));
+  spec.set_backend(absl::GetFlag(FLAGS_backend));
+  spec.set_mode(mode);
+  spec.set_num_ps(mode == "allreduce" ? 0 : num_ps);
+  spec.set_num_workers(num_workers);
+  spec.set_batch_size(absl::GetFlag(FLAGS_batch_size));
+  spec.set_epochs(absl::GetFlag(FLAGS_epochs));
+  spec.set_seed(absl::GetFlag(FLAGS_seed));
+  spec.set_partition_bytes(absl::GetFlag(FLAGS_partition_bytes));
+  spec.set_log_every_steps(absl::GetFlag(FLAGS_log_every_steps));
+  spec.set_max_steps_per_epoch(absl::GetFlag(FLAGS_max_steps_per_epoch));
+  spec.set_bucket_bytes(absl::GetFlag(FLAGS_bucket_bytes));
+  spec.set_compute(absl::GetFlag(FLAGS_compute));
+  spec.set_compute_ms(absl::GetFlag(FLAGS_compute_ms));
+  spec.set_model_bytes(absl::GetFlag(FLAGS_model_bytes));
+  spec.set_backward_fraction(absl::GetFlag(FLAGS_backward_fraction));
+  spec.set_registration_timeout_s(absl::GetFlag(FLAGS_registration_timeout_s));
+  // Absolute, so that every task finds them whatever its folder.
+  auto absolute = [](const std::string& path) -> std::string {
+    return path.empty()
+               ? path
+               : std::filesystem::absolute(path).lexically_normal().string();
+  };
+  spec.set_init_from(absolute(absl::GetFlag(FLAGS_init_from)));
+  spec.set_metrics_dir(absolute(absl::GetFlag(FLAGS_metrics_dir)));
+  spec.set_trace(absl::GetFlag(FLAGS_trace));
+  spec.set_checkpoint_dir(absolute(absl::GetFlag(FLAGS_checkpoint_dir)));
+  spec.set_checkpoint_every_steps(absl::GetFlag(FLAGS_checkpoint_every_steps));
+  spec.set_checkpoint_every_secs(absl::GetFlag(FLAGS_checkpoint_every_secs));
+  spec.set_keep_checkpoints(absl::GetFlag(FLAGS_keep_checkpoints));
+  spec.set_max_nonfinite_steps(absl::GetFlag(FLAGS_max_nonfinite_steps));
+  spec.set_straggler(absl::GetFlag(FLAGS_straggler));
+  spec.set_staleness(absl::GetFlag(FLAGS_staleness));
+  spec.set_backup_workers(absl::GetFlag(FLAGS_backup_workers));
+  spec.set_clip_grad_norm(absl::GetFlag(FLAGS_clip_grad_norm));
+  spec.set_resume(absl::GetFlag(FLAGS_resume));
+  const int max_restarts = absl::GetFlag(FLAGS_max_restarts);
+  spec.set_max_restarts(max_restarts >= 0                ? max_restarts
+                        : !spec.checkpoint_dir().empty() ? 3
+                                                         : 0);
+  OptimizerSpec* optimizer = spec.mutable_optimizer();
+  optimizer->set_lr(absl::GetFlag(FLAGS_lr));
+  optimizer->set_beta1(absl::GetFlag(FLAGS_beta1));
+  optimizer->set_beta2(absl::GetFlag(FLAGS_beta2));
+  optimizer->set_epsilon(absl::GetFlag(FLAGS_epsilon));
+  optimizer->set_name(absl::GetFlag(FLAGS_optimizer));
+  optimizer->set_momentum(absl::GetFlag(FLAGS_momentum));
+  optimizer->set_dampening(absl::GetFlag(FLAGS_dampening));
+  optimizer->set_nesterov(absl::GetFlag(FLAGS_nesterov));
+  optimizer->set_lr_schedule(absl::GetFlag(FLAGS_lr_schedule));
+  optimizer->set_warmup_steps(absl::GetFlag(FLAGS_warmup_steps));
+  optimizer->set_lr_step_size(absl::GetFlag(FLAGS_lr_step_size));
+  optimizer->set_lr_gamma(absl::GetFlag(FLAGS_lr_gamma));
+  optimizer->set_lr_min(absl::GetFlag(FLAGS_lr_min));
+  optimizer->set_lr_total_steps(absl::GetFlag(FLAGS_lr_total_steps));
+  optimizer->set_weight_decay(absl::GetFlag(FLAGS_weight_decay));
+  // Not ApplyJobDefaults: every field above comes from a flag with its own
+  // default, and a flag given as 0 is checked as 0, not made a default.
+  if (mode == "allreduce") spec.set_collective("gloo");
+  return spec;
+}
+
+// Every check of a spec that can be made before a process starts: the
+// spec's fields and its data (each worker's shard holds a batch). `dataset` is
+// null with synthetic compute.
+absl::Status CheckSpec(const JobSpec& spec, const Dataset* dataset) {
+  if (absl::Status s = ValidateJobSpec(spec); !s.ok()) {
+    // "num_workers: 0; expected ..." names the flag --num_workers;
+    // "optimizer.lr: ..." names --lr.
+    absl::string_view message = s.message();
+    absl::ConsumePrefix(&message, "optimizer.");
+    return absl::InvalidArgumentError(absl::StrCat("--", message));
+  }
+  if (dataset != nullptr &&
+      dataset->train.count / spec.num_workers() < spec.batch_size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--batch_size=", spec.batch_size(), ": larger than each of ",
+        spec.num_workers(), " workers' ",
+        dataset->train.count / spec.num_workers(), " training samples"));
+  }
+  return absl::OkStatus();
+}
+
+// The task binaries a job starts.
+absl::Status CheckBinaries() {
+  for (const std::string& binary : {PsBinary(), WorkerBinary()}) {
+    if (access(binary.c_str(), X_OK) != 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(binary,
+                       ": not an executable; build it with "
+                       "bazel build //server:pstrain_ps "
+                       "//worker:pstrain_worker"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// Runs `spec` (checked) to its end: an in-process coordinator, the same one
+// `pstrain submit` talks to, and the tasks as child processes placed by
+// `placement`. Returns worker 0's results; on failure the job's message
+// (every process stopped); CANCELLED after SIGINT/SIGTERM.
+absl::StatusOr<RunResult> RunJob(const JobSpec& spec,
+                                 const Placement& placement) {
+  // Mutual TLS with no flag: a fresh CA and the run's certificates (valid
+  // a day) in a private folder (0700, keys 0600, named with this pid so the
+  // next run removes it if this one is killed), removed at the end; the
+  // CA's key is deleted as soon as the tasks' certificates are minted
+  // (--insecure: plaintext).
+  constexpr absl::Duration kRunCertificateValidity = absl::Hours(24);
+  TlsOptions tls;
+  tls.insecure = absl::GetFlag(FLAGS_insecure);
+  std::unique_ptr<PrivateFolder> tls_folder;
+  if (!tls.insecure) {
+    ASSIGN_OR_RETURN(tls_folder, PrivateFolder::Create("pstrain-tls"));
+    tls.dir = tls_folder->path();
+    RETURN_IF_ERROR(MakeCertificates(tls.dir,
+                                     {TlsIdentity{TlsRole::kCoordinator}}, {},
+                                     kRunCertificateValidity));
+  }
+  CoordinatorServerOptions coordinator_options;
+  coordinator_options.address = absl::StrCat(placement.coordinator_host, ":0");
+  coordinator_options.heartbeat_timeout =
+      absl::Seconds(absl::GetFlag(FLAGS_heartbeat_timeout_s));
+  if (!tls.insecure) {
+    ASSIGN_OR_RETURN(
+        coordinator_options.credentials,
+        ServerCredentials(tls, TlsIdentity{TlsRole::kCoordinator}));
+  }
+  absl::StatusOr<std::unique_ptr<CoordinatorServer>> started =
+      CoordinatorServer::Start(coordinator_options);
+  if (!started.ok()) {
+    return absl::InternalError(absl::StrCat("in-process coordinator on ",
+                                            coordinator_options.address, ": ",
+                                            started.status().message()));
+  }
+  std::unique_ptr<CoordinatorServer> coordinator = *std::move(started);
+  JobTable& table = coordinator->table();
+  ASSIGN_OR_RETURN(const std::string job_id, table.Submit(spec, absl::Now()));
+  const std::string coordinator_flag = absl::StrCat(
+      "--coordinator=", placement.coordinator_host, ":", coordinator->port());
+  std::vector<std::string> tls_flags;
+  if (tls.insecure) {
+    tls_flags.push_back("--insecure");
+    if (absl::GetFlag(FLAGS_insecure_allow_remote)) {
+      tls_flags.push_back("--insecure_allow_remote");
+    }
+  } else {
+    std::vector<TlsIdentity> tasks;
+    for (int s = 0; s < spec.num_ps(); ++s) {
+      tasks.push_back(TlsIdentity{TlsRole::kPs, s, job_id});
+    }
+    for (int w = 0; w < spec.num_workers(); ++w) {
+      tasks.push_back(TlsIdentity{TlsRole::kWorker, w, job_id});
+    }
+    absl::Status minted =
+        MakeCertificates(tls.dir, tasks, {}, kRunCertificateValidity);
+    // No key that mints identities outlives the minting, failed or not.
+    minted.Update(RemoveMintingKeys(tls.dir));
+    RETURN_IF_ERROR(minted);
+    tls_flags.push_back("--tls_dir=" + tls.dir);
+  }
+
+  // argv of task `index` of `binary`, placed.
+  auto task_argv = [&](const std::string& binary, bool ps, int index) {
+    std::vector<std::string> argv;
+    std::string ip = "127.0.0.1";
+    if (placement.netns()) {
+      const NetnsHost& host =
+          ps ? placement.ps[index] : placement.workers[index];
+      argv = {kIpBinary, "netns", "exec", host.netns};
+      ip = host.ip;
+    }
+    argv.insert(argv.end(),
+                {binary, coordinator_flag, absl::StrCat("--job=", job_id),
+                 absl::StrCat("--task_index=", index),
+                 absl::StrCat("--advertise=", ip)});
+    argv.insert(argv.end(), tls_flags.begin(), tls_flags.end());
+    if (ps) {
+      argv.insert(argv.end(), {absl::StrCat("--bind=", ip), "--port=0"});
+    } else {
+      // NCCL needs one GPU per rank: worker w takes GPU --gpu + w. Other
+      // modes share --gpu.
+      argv.push_back(absl::StrCat(
+          "--gpu=", absl::GetFlag(FLAGS_gpu) +
+                        (spec.collective() == "nccl" ? index : 0)));
+    }
+    return argv;
+  };
+
+  LocalCluster cluster;
+  std::map<std::string, std::pair<TaskRole, int>> tasks;
+  // Each task's argv and environment, to restart it.
+  std::map<std::string,
+           std::pair<std::vector<std::string>, std::vector<std::string>>>
+      launches;
+  for (int s = 0; s < spec.num_ps(); ++s) {
+    const std::string role = absl::StrCat("ps", s);
+    tasks[role] = {ROLE_PS, s};
+    launches[role] = {task_argv(PsBinary(), true, s), {}};
+    RETURN_IF_ERROR(cluster.Start(role, launches[role].first));
+  }
+  // Every task of a local run shares this machine's cores.
+  const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+  const std::string omp_threads = absl::StrCat(
+      "OMP_NUM_THREADS=",
+      std::max<unsigned>(1, cores / std::max(1, spec.num_workers())));
+  for (int w = 0; w < spec.num_workers(); ++w) {
+    const std::string role = absl::StrCat("worker", w);
+    tasks[role] = {ROLE_WORKER, w};
+    launches[role] = {task_argv(WorkerBinary(), false, w), {omp_threads}};
+    RETURN_IF_ERROR(
+        cluster.Start(role, launches[role].first, launches[role].second));
+  }
+
+  // Follow the job to its end. A task that dies without reporting (a crash,
+  // a kill) is restarted (--max_restarts) or fails the job here; the others
+  // learn it from their heartbeats.
+  JobInfo job;
+  int restarts = 0;
+  std::vector<std::string> deaths;
+  while (true) {
+    if (g_signal != 0) {
+      table.Cancel(job_id, absl::Now()).IgnoreError();
+      cluster.StopAll(absl::Seconds(3));
+      return absl::CancelledError(absl::StrCat("interrupted by signal ",
+                                               static_cast<int>(g_signal),
+                                               "; stopped every process"));
+    }
+    ChildExit exit = cluster.WaitAny(absl::Milliseconds(100));
+    if (!exit.role.empty() && exit.code == kRestartExitCode) {
+      // Stopped by the coordinator for the restart of every worker that
+      // another worker's death began (allreduce; counted for that death).
+      ASSIGN_OR_RETURN(job, table.Get(job_id, JobTable::kNoLog));
+      if (!JobEnded(job.state())) {
+        const auto [role, index] = tasks[exit.role];
+        std::printf(
+            "pstrain: %s stopped for the job's restart; starting it "
+            "again\n",
+            TaskName(role, index).c_str());
+        std::fflush(stdout);
+        std::vector<std::string> argv = launches[exit.role].first;
+        argv.push_back("--rejoin");
+        RETURN_IF_ERROR(
+            cluster.Start(exit.role, argv, launches[exit.role].second));
+        continue;
+      }
+    }
+    if (!exit.role.empty() && exit.code != 0) {
+      const auto [role, index] = tasks[exit.role];
+      const std::string status = exit.code > 0
+                                     ? absl::StrCat("exit code ", exit.code)
+                                     : absl::StrCat("signal ", -exit.code);
+      deaths.push_back(absl::StrCat(TaskName(role, index), " (", status, ")"));
+      ASSIGN_OR_RETURN(job, table.Get(job_id, JobTable::kNoLog));
+      // A task that died while the job runs (not one that reported its own
+      // failure: that ended the job) is restarted within the budget; the
+      // others recover around it (worker/trainer.h).
+      if (!JobEnded(job.state()) && restarts < spec.max_restarts()) {
+        ++restarts;
+        const std::string why = absl::StrCat("died (", status, ")");
+        std::printf("pstrain: %s %s; %s (restart %d of %d)\n",
+                    TaskName(role, index).c_str(), why.c_str(),
+                    spec.mode() == "allreduce"
+                        ? "restarting every worker from the newest checkpoint"
+                        : "restarting it",
+                    restarts, spec.max_restarts());
+        std::fflush(stdout);
+        RETURN_IF_ERROR(
+            table.TaskRestarting(job_id, role, index, why, absl::Now())
+                .status());
+        std::vector<std::string> argv = launches[exit.role].first;
+        if (role == ROLE_WORKER) argv.push_back("--rejoin");
+        RETURN_IF_ERROR(
+            cluster.Start(exit.role, argv, launches[exit.role].second));
+        continue;
+      }
+      std::string budget;
+      if (spec.max_restarts() > 0) {
+        absl::StatusOr<CheckpointManifest> latest =
+            spec.checkpoint_dir().empty()
+                ? absl::NotFoundError("")
+                : ReadLatestCheckpoint(spec.checkpoint_dir());
+        budget = absl::StrCat(
+            " (the restart budget, --max_restarts=", spec.max_restarts(),
+            ", is spent; deaths: ", absl::StrJoin(deaths, ", "),
+            "; last checkpoint: ", latest.ok() ? latest->dir : "none", ")");
+      }
+      TaskFinishedRequest report;
+      report.mutable_task()->set_job_id(job_id);
+      report.mutable_task()->set_role(role);
+      report.mutable_task()->set_index(index);
+      report.set_message(absl::StrCat("exited with ", status, budget,
+                                      exit.last_error_line.empty() ? "" : ": ",
+                                      exit.last_error_line));
+      // A no-op when the task reported its failure itself.
+      table.TaskFinished(report, absl::Now()).IgnoreError();
+    }
+    ASSIGN_OR_RETURN(job, table.Get(job_id, JobTable::kNoLog));
+    if (JobEnded(job.state())) break;
+  }
+  // Every task exits by itself once the job has ended (the shards after
+  // their last worker's WorkerDone, the rest at their next heartbeat, 1 s).
+  // With backup workers the job ends with worker 0 and a straggler may be
+  // stopped or far behind: its steps are not needed, so it gets 3 s.
+  const bool backups = spec.backup_workers() > 0;
+  const absl::Time exit_deadline =
+      absl::Now() + (backups ? absl::Seconds(3) : absl::Seconds(10));
+  while (cluster.num_running() > 0 && absl::Now() < exit_deadline) {
+    cluster.WaitAny(absl::Milliseconds(100));
+  }
+  if (backups && job.state() == JOB_SUCCEEDED) {
+    for (const auto& [role, task] : tasks) {
+      if (task.first == ROLE_WORKER && cluster.Running(role)) {
+        std::printf(
+            "pstrain: %s was still on its way when the last step was "
+            "decided (backup workers: its steps were not needed); stopping "
+            "it\n",
+            TaskName(task.first, task.second).c_str());
+      }
+    }
+    std::fflush(stdout);
+  }
+  cluster.StopAll(absl::Seconds(2));
+  if (job.state() != JOB_SUCCEEDED) {
+    return absl::AbortedError(absl::StrCat(
+        job_id, " ", JobStateName(job.state()), ": ", job.message()));
+  }
+  return job.result();
+}
+
+int ExitCodeOf(const absl::Status& status) {
+  if (absl::IsCancelled(status)) return 128 + g_signal;
+  return 1;
+}
+
+// The dataset the flags name, listed once without its pixels to check batch
+// sizes and shapes (an image folder's headers only: this process never
+// decodes a dataset, and an in-memory image folder too large for its
+// workers is refused here, before any process starts); null with synthetic
+// compute (it has none).
+absl::StatusOr<std::unique_ptr<Dataset>> CheckDataFromFlags() {
+  if (absl::GetFlag(FLAGS_compute) == "synthetic") {
+    return std::unique_ptr<Dataset>();
+  }
+  if (absl::Status s = CheckBackendFlags(); !s.ok()) return s;
+  ASSIGN_OR_RETURN(Dataset dataset, ListDatasetFromFlags());
+  return std::make_unique<Dataset>(std::move(dataset));
+}
+
+// --init_from's file loads into the job's model (built here on the CPU from
+// the dataset's input shape), and --checkpoint_dir is a new or empty folder
+// (created here): one-line errors before anything starts.
+absl::Status CheckModelFiles(const JobSpec& spec, const Dataset* dataset) {
+  if (!spec.init_from().empty() && dataset != nullptr) {
+    std::unique_ptr<Backend> cpu = NewCpuBackend();
+    ModelOptions options;
+    options.seed = spec.seed();
+    ASSIGN_OR_RETURN(std::unique_ptr<Model> model,
+                     Model::Create(spec.model(), dataset->train.chw,
+                                   dataset->num_classes, options, cpu.get()));
+    if (absl::Status s = LoadModelFile(spec.init_from(), model.get());
+        !s.ok()) {
+      return absl::Status(s.code(), absl::StrCat("--init_from: ", s.message()));
+    }
+  }
+  const std::string dir = spec.checkpoint_dir();
+  const bool checkpointing =
+      spec.checkpoint_every_steps() > 0 || spec.checkpoint_every_secs() > 0;
+  if (dir.empty()) {
+    if (spec.resume() || checkpointing) {
+      return absl::InvalidArgumentError(
+          "--resume, --checkpoint_every_steps and --checkpoint_every_secs "
+          "need --checkpoint_dir");
+    }
+    return absl::OkStatus();
+  }
+  std::error_code error;
+  if (spec.resume()) {
+    // The newest checkpoint must be there and verify before anything starts.
+    absl::StatusOr<CheckpointManifest> latest = ReadLatestCheckpoint(dir);
+    absl::Status verified = latest.status();
+    // The data position the workers would refuse once started.
+    if (verified.ok() && (latest->position.batch_size != spec.batch_size() ||
+                          latest->position.num_workers != spec.num_workers() ||
+                          latest->position.seed != spec.seed())) {
+      verified = absl::InvalidArgumentError(absl::StrCat(
+          latest->dir, ": saved with batch size ", latest->position.batch_size,
+          ", ", latest->position.num_workers, " workers and seed ",
+          latest->position.seed, "; this job has ", spec.batch_size(), ", ",
+          spec.num_workers(), " and ", spec.seed(),
+          ": its data position cannot be restored"));
+    }
+    if (verified.ok() && dataset != nullptr) {
+      // Every file read and checked against this job's model (on the CPU).
+      std::unique_ptr<Backend> cpu = NewCpuBackend();
+      ASSIGN_OR_RETURN(
+          std::unique_ptr<Model> model,
+          Model::Create(spec.model(), dataset->train.chw, dataset->num_classes,
+                        ModelOptions(), cpu.get()));
+      verified = LoadCheckpointState(*latest, model->PsTensorNames(),
+                                     model->PsTensorShapes(),
+                                     static_cast<int>(model->buffers().size()))
+                     .status();
+    }
+    if (!verified.ok()) {
+      return absl::Status(verified.code(),
+                          absl::StrCat("--resume: ", verified.message()));
+    }
+    return absl::OkStatus();
+  }
+  if (std::filesystem::exists(dir, error)) {
+    if (!std::filesystem::is_directory(dir, error)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--checkpoint_dir=", dir, ": not a folder"));
+    }
+    std::filesystem::directory_iterator first(dir, error);
+    if (error) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--checkpoint_dir=", dir, ": cannot list it: ", error.message()));
+    }
+    if (first != std::filesystem::directory_iterator()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--checkpoint_dir=", dir, ": not empty (holds ",
+          first->path().filename().string(),
+          "); nothing is overwritten: choose an empty or new folder, or "
+          "--resume to continue from its checkpoints"));
+    }
+    return absl::OkStatus();
+  }
+  if (!std::filesystem::create_directories(dir, error)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--checkpoint_dir=", dir, ": cannot create it: ", error.message()));
+  }
+  return absl::OkStatus();
+}
+
+// pstrain eval --checkpoint=PATH: test loss and accuracy of a saved model
+// on the dataset of --dataset/--data_dir (the model, its input shape and
+// classes come from the file's metadata).
+int Eval() {
+  absl::Status ignored =
+      CheckIgnoredDataFlags(absl::GetFlag(FLAGS_dataset), "eval");
+  if (ignored.ok()) {
+    ignored = CheckIgnoredBackendFlags(absl::GetFlag(FLAGS_backend), "eval");
+  }
+  if (!ignored.ok()) return Fail(2, std::string(ignored.message()));
+  if (absl::GetFlag(FLAGS_checkpoint).empty()) {
+    return Fail(2,
+                "--checkpoint: expected a model file, a checkpoint_dir or a "
+                "step-<N> folder of one");
+  }
+  // A checkpoint's model file is read against its manifest (size, crc32,
+  // model, dataset, step, tensors).
+  absl::StatusOr<CheckpointModelFile> file =
+      FindModelFile(absl::GetFlag(FLAGS_checkpoint));
+  if (!file.ok()) return Fail(2, std::string(file.status().message()));
+  const std::string& path = file->path;
+  absl::StatusOr<ModelFileInfo> info = ReadModelFileInfo(path, file->options);
+  if (!info.ok()) return Fail(2, std::string(info.status().message()));
+  if (file->manifest && (info->model != file->manifest->job.model ||
+                         info->dataset != file->manifest->job.dataset ||
+                         info->steps != file->manifest->step)) {
+    return Fail(2,
+                absl::StrCat(path, ": a ", EscapeForMessage(info->model),
+                             " of dataset ", EscapeForMessage(info->dataset),
+                             " at step ", info->steps, "; its manifest says ",
+                             EscapeForMessage(file->manifest->job.model), ", ",
+                             EscapeForMessage(file->manifest->job.dataset),
+                             ", step ", file->manifest->step));
+  }
+  if (absl::Status s = CheckBackendFlags(); !s.ok()) {
+    return Fail(2, std::string(s.message()));
+  }
+  absl::StatusOr<Dataset> dataset = LoadDatasetFromFlags();
+  if (!dataset.ok()) return Fail(2, std::string(dataset.status().message()));
+  if (dataset->test.chw != info->input_chw ||
+      dataset->num_classes != info->num_classes) {
+    return Fail(
+        2, absl::StrCat(path, ": a ", info->model, " for ",
+                        ShapeToString(info->input_chw), " inputs and ",
+                        info->num_classes, " classes; dataset ", dataset->name,
+                        " has ", ShapeToString(dataset->test.chw), " and ",
+                        dataset->num_classes));
+  }
+  absl::StatusOr<std::unique_ptr<Backend>> backend =
+      Backend::Create(absl::GetFlag(FLAGS_backend), absl::GetFlag(FLAGS_gpu));
+  if (!backend.ok()) return Fail(2, std::string(backend.status().message()));
+  absl::StatusOr<std::unique_ptr<Model>> model =
+      Model::Create(info->model, info->input_chw, info->num_classes,
+                    ModelOptions(), backend->get());
+  if (!model.ok()) return Fail(2, std::string(model.status().message()));
+  if (file->manifest) {
+    if (absl::Status s =
+            CheckManifestModel(*file->manifest, (*model)->PsTensorNames(),
+                               (*model)->PsTensorShapes(),
+                               static_cast<int>((*model)->buffers().size()));
+        !s.ok()) {
+      return Fail(2, std::string(s.message()));
+    }
+  }
+  if (absl::Status s = LoadModelFile(path, model->get(), file->options);
+      !s.ok()) {
+    return Fail(2, std::string(s.message()));
+  }
+  const int eval_batch =
+      FlagSpecified("batch_size") ? absl::GetFlag(FLAGS_batch_size) : 100;
+  if (eval_batch < 1 || eval_batch > 65536) {
+    return Fail(
+        2, absl::StrCat("--batch_size: ", eval_batch, "; expected 1 to 65536"));
+  }
+  const absl::Time start = absl::Now();
+  absl::StatusOr<Evaluation> eval =
+      EvaluateModel(**model, *dataset, eval_batch,
+                    InputThreadsForCores(
+                        static_cast<int>(std::thread::hardware_concurrency())));
+  if (!eval.ok()) return Fail(1, eval.status().ToString());
+  std::printf(
+      "%s: %s after %lld steps, %s test set (%lld samples) on %s: test loss "
+      "%.4f, test accuracy: %.4f (%.2f sec)\n",
+      path.c_str(), info->model.c_str(), static_cast<long long>(info->steps),
+      dataset->name.c_str(), static_cast<long long>(dataset->test.count),
+      (*backend)->name().c_str(), eval->loss, eval->accuracy,
+      absl::ToDoubleSeconds(absl::Now() - start));
+  return 0;
+}
+
+// --max_restarts: -1 (a default that depends on --checkpoint_dir) or a
+// count, which ValidateJobSpec checks.
+absl::Status CheckMaxRestartsFlag() {
+  const int max_restarts = absl::GetFlag(FLAGS_max_restarts);
+  if (max_restarts >= -1) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat("--max_restarts=", max_restarts, ": expected 0 to ",
+                   kMaxRestarts, ", or -1 (3 with --checkpoint_dir, else 0)"));
+}
+
+int Run() {
+  const std::string mode = absl::GetFlag(FLAGS_mode);
+  // Every check before any process starts.
+  if (absl::Status s = CheckMaxRestartsFlag(); !s.ok()) {
+    return Fail(2, std::string(s.message()));
+  }
+  absl::StatusOr<std::vector<int>> num_ps =
+      ParsePositiveList("num_ps", absl::GetFlag(FLAGS_num_ps));
+  if (!num_ps.ok()) return Fail(2, std::string(num_ps.status().message()));
+  if (num_ps->size() != 1) {
+    return Fail(2, absl::StrCat("--num_ps=", absl::GetFlag(FLAGS_num_ps),
+                                ": expected one number (lists are for "
+                                "pstrain compare)"));
+  }
+  const JobSpec spec =
+      SpecFromFlags(mode, (*num_ps)[0], absl::GetFlag(FLAGS_num_workers));
+  if (absl::Status s = CheckFlagRange("heartbeat_timeout_s",
+                                      absl::GetFlag(FLAGS_heartbeat_timeout_s),
+                                      1, kMaxHeartbeatTimeoutS, "seconds");
+      !s.ok()) {
+    return Fail(2, std::string(s.message()));
+  }
+  // The spec's ranges (the same ValidateJobSpec as a submitted spec's), then
+  // the flags the job would ignore.
+  if (absl::Status s = CheckSpec(spec, nullptr); !s.ok()) {
+    return Fail(2, std::string(s.message()));
+  }
+  if (absl::Status s = CheckIgnoredFlags(spec, "run", mode != "allreduce",
+                                         mode == "allreduce");
+      !s.ok()) {
+    return Fail(2, std::string(s.message()));
+  }
+  absl::StatusOr<Placement> placement = PlacementFromFlags();
+  if (!placement.ok()) {
+    return Fail(2, std::string(placement.status().message()));
+  }
+  if (absl::Status s = CheckRoom(*placement, spec.num_ps(), spec.num_workers(),
+                                 "--num_workers");
+      !s.ok()) {
+    return Fail(2, std::string(s.message()));
+  }
+  absl::StatusOr<std::unique_ptr<Dataset>> dataset = CheckDataFromFlags();
+  if (!dataset.ok()) return Fail(2, std::string(dataset.status().message()));
+  if (absl::Status s = CheckSpec(spec, dataset->get()); !s.ok()) {
+    return Fail(2, std::string(s.message()));
+  }
+  if (absl::Status s = CheckBinaries(); !s.ok()) {
+    return Fail(2, std::string(s.message()));
+  }
+  if (absl::Status s = CheckModelFiles(spec, dataset->get()); !s.ok()) {
+    return Fail(2, std::string(s.message()));
+  }
+  signal(SIGINT, OnSignal);
+  signal(SIGTERM, OnSignal);
+  absl::StatusOr<RunResult> result = RunJob(spec, *placement);
+  if (!result.ok()) {
+    return Fail(ExitCodeOf(result.status()),
+                std::string(result.status().message()));
+  }
+  std::printf("\n%s", FormatResultTable(*result).c_str());
+  std::fflush(stdout);
+  const std::string results_json = absl::GetFlag(FLAGS_results_json);
+  if (!results_json.empty()) {
+    absl::Status status =
+        WriteFileAtomically(results_json, ResultJson(*result));
+    if (!status.ok()) return Fail(1, status.ToString());
+  }
+  return 0;
+}
+
+// Runs `gnuplot SCRIPT` in `dir` (the script names its PNG relative to
+// it); its errors are printed by gnuplot itself.
+absl::Status RunGnuplot(const std::string& dir, const std::string& script) {
+  const std::string command =
+      absl::StrCat("cd '", dir, "' && gnuplot '", script, "' 2>&1");
+  const int status = std::system(command.c_str());
+  if (status != 0) {
+    return absl::InternalError(absl::StrCat("gnuplot ", dir, "/", script,
+                                            " failed (status ", status, ")"));
+  }
+  return absl::OkStatus();
+}
+
+// Sets the preset's flag values that the command line leaves unset.
+absl::Status ApplyPreset(const ComparePreset& preset) {
+  for (const ComparePreset::Flag& flag : preset.flags) {
+    if (FlagSpecified(flag.name)) continue;
+    if (!flag.unless.empty() && FlagSpecified(flag.unless)) continue;
+    absl::CommandLineFlag* target = absl::FindCommandLineFlag(flag.name);
+    std::string error;
+    if (target == nullptr || !target->ParseFrom(flag.value, &error)) {
+      return absl::InternalError(absl::StrCat("--preset=", preset.name,
+                                              ": cannot set --", flag.name, "=",
+                                              flag.value, ": ", error));
+    }
+  }
+  return absl::OkStatus();
+}
+
+int Compare() {
+  // Every check before any process starts.
+  ReportLayout layout = ReportLayout::kNone;
+  std::string preset_line;
+  if (!absl::GetFlag(FLAGS_preset).empty()) {
+    absl::StatusOr<const ComparePreset*> preset =
+        FindComparePreset(absl::GetFlag(FLAGS_preset));
+    if (!preset.ok()) return Fail(2, std::string(preset.status().message()));
+    if (absl::Status s = ApplyPreset(**preset); !s.ok()) {
+      return Fail(1, std::string(s.message()));
+    }
+    layout = (*preset)->layout;
+    preset_line = absl::StrCat("Preset ", (*preset)->name, ": ",
+                               (*preset)->description, ".\n\n");
+  }
+  absl::StatusOr<Scaling> scaling = ParseScaling(absl::GetFlag(FLAGS_scaling));
+  if (!scaling.ok()) return Fail(2, std::string(scaling.status().message()));
+  absl::StatusOr<std::vector<int>> workers =
+      ParsePositiveList("workers", absl::GetFlag(FLAGS_workers));
+  if (!workers.ok()) return Fail(2, std::string(workers.status().message()));
+  absl::StatusOr<std::vector<int>> num_ps =
+      ParsePositiveList("num_ps", absl::GetFlag(FLAGS_num_ps));
+  if (!num_ps.ok()) return Fail(2, std::string(num_ps.status().message()));
+  std::vector<int> batch_sizes = {absl::GetFlag(FLAGS_batch_size)};
+  if (!absl::GetFlag(FLAGS_batch_sizes).empty()) {
+    if (FlagSpecified("batch_size")) {
+      return Fail(2,
+                  "--batch_size would be ignored: --batch_sizes gives the "
+                  "batch sizes; see pstrain help compare");
+    }
+    absl::StatusOr<std::vector<int>> list =
+        ParsePositiveList("batch_sizes", absl::GetFlag(FLAGS_batch_sizes));
+    if (!list.ok()) return Fail(2, std::string(list.status().message()));
+    batch_sizes = *std::move(list);
+  }
+  std::vector<std::string> modes =
+      absl::StrSplit(absl::GetFlag(FLAGS_modes), ',');
+  bool any_ps_mode = false;
+  bool any_allreduce = false;
+  for (const std::string& mode : modes) {
+    absl::StatusOr<std::string> job_mode = JobModeOf(mode);
+    if (!job_mode.ok()) {
+      return Fail(2, std::string(job_mode.status().message()));
+    }
+    (*job_mode == "allreduce" ? any_allreduce : any_ps_mode) = true;
+  }
+  // What every configuration shares (model, data, compute, optimizer),
+  // checked once here; each configuration's own spec in the loop below.
+  JobSpec shared = SpecFromFlags(any_ps_mode ? "sync" : "allreduce",
+                                 (*num_ps)[0], (*workers)[0]);
+  if (absl::GetFlag(FLAGS_steps) > 0) {
+    shared.set_epochs(1);
+    shared.set_max_steps_per_epoch(absl::GetFlag(FLAGS_steps));
+  }
+  if (absl::Status s = CheckSpec(shared, nullptr); !s.ok()) {
+    return Fail(2, std::string(s.message()));
+  }
+  if (absl::Status s =
+          CheckIgnoredFlags(shared, "compare", any_ps_mode, any_allreduce);
+      !s.ok()) {
+    return Fail(2, std::string(s.message()));
+  }
+  const std::string out_dir = absl::GetFlag(FLAGS_out_dir);
+  if (out_dir.empty()) {
+    return Fail(2,
+                "--out_dir: expected a directory for the table, CSV, "
+                "JSON and plot");
+  }
+  const int steps = absl::GetFlag(FLAGS_steps);
+  if (steps < 0) {
+    return Fail(2, absl::StrCat("--steps=", steps,
+                                ": expected >= 1, or 0 for whole --epochs"));
+  }
+  if (steps == 0 && FlagSpecified("scaling")) {
+    return Fail(2,
+                "--scaling would be ignored: it says how --steps is spent, "
+                "and whole --epochs (--steps=0) are split across the workers "
+                "already; see pstrain help compare");
+  }
+  const int repeats = absl::GetFlag(FLAGS_repeats);
+  if (repeats < 1 || repeats > 100) {
+    return Fail(2, absl::StrCat("--repeats=", repeats, ": expected 1..100"));
+  }
+  const double link_mbit = absl::GetFlag(FLAGS_link_mbit);
+  if (!(link_mbit >= 0)) {
+    return Fail(2, absl::StrCat("--link_mbit=", link_mbit, ": expected >= 0"));
+  }
+  absl::StatusOr<Placement> placement = PlacementFromFlags();
+  if (!placement.ok()) {
+    return Fail(2, std::string(placement.status().message()));
+  }
+  const bool plot = absl::GetFlag(FLAGS_plot);
+  if (plot && std::system("command -v gnuplot >/dev/null 2>&1") != 0) {
+    return Fail(2,
+                "gnuplot: not found; the plot needs it (apt-get install "
+                "gnuplot-nox), or pass --noplot");
+  }
+  absl::StatusOr<std::unique_ptr<Dataset>> dataset = CheckDataFromFlags();
+  if (!dataset.ok()) return Fail(2, std::string(dataset.status().message()));
+  if (absl::Status s = CheckBinaries(); !s.ok()) {
+    return Fail(2, std::string(s.message()));
+  }
+
+  struct Config {
+    CompareRun run;
+    JobSpec spec;
+  };
+  std::vector<Config> configs;
+  for (const std::string& mode : modes) {
+    absl::StatusOr<std::string> job_mode = JobModeOf(mode);
+    if (!job_mode.ok()) {
+      return Fail(2, std::string(job_mode.status().message()));
+    }
+    const bool allreduce = *job_mode == "allreduce";
+    for (int b : batch_sizes) {
+      for (int k : allreduce ? std::vector<int>{0} : *num_ps) {
+        for (int w : *workers) {
+          Config c;
+          c.run.mode = mode;
+          c.run.num_ps = k;
+          c.run.num_workers = w;
+          c.run.batch_size = b;
+          c.run.num_nodes = placement->netns() ? k + w : 1;
+          if (absl::Status s = CheckRoom(*placement, k, w, "--workers");
+              !s.ok()) {
+            return Fail(2, std::string(s.message()));
+          }
+          c.spec = SpecFromFlags(*job_mode, k, w);
+          c.spec.set_batch_size(b);
+          if (mode == "allreduce_nccl") c.spec.set_collective("nccl");
+          if (steps > 0) {
+            c.spec.set_epochs(1);
+            c.spec.set_max_steps_per_epoch(StepsPerWorker(steps, w, *scaling));
+          }
+          if (absl::Status s = CheckSpec(c.spec, dataset->get()); !s.ok()) {
+            return Fail(2, absl::StrCat(mode, " with ", w, " workers, batch ",
+                                        b, ": ", s.message()));
+          }
+          configs.push_back(std::move(c));
+        }
+      }
+    }
+  }
+  std::error_code error;
+  std::filesystem::create_directories(out_dir, error);
+  if (error) {
+    return Fail(2, absl::StrCat("--out_dir=", out_dir,
+                                ": cannot create: ", error.message()));
+  }
+  signal(SIGINT, OnSignal);
+  signal(SIGTERM, OnSignal);
+
+  std::vector<CompareRun> done;
+  for (size_t i = 0; i < configs.size(); ++i) {
+    Config& c = configs[i];
+    std::vector<RunResult> results;
+    for (int rep = 0; rep < repeats; ++rep) {
+      std::printf(
+          "\n=== run %zu/%zu: %s, %d PS, %d workers, batch %d%s ===\n", i + 1,
+          configs.size(), c.run.mode.c_str(), c.run.num_ps, c.run.num_workers,
+          c.run.batch_size,
+          repeats > 1
+              ? absl::StrFormat(", repeat %d/%d", rep + 1, repeats).c_str()
+              : "");
+      std::fflush(stdout);
+      absl::StatusOr<RunResult> result = RunJob(c.spec, *placement);
+      if (!result.ok()) {
+        return Fail(ExitCodeOf(result.status()),
+                    absl::StrCat(c.run.mode, " with ", c.run.num_workers,
+                                 " workers: ", result.status().message()));
+      }
+      std::printf("%s", FormatResultTable(*result).c_str());
+      std::fflush(stdout);
+      c.run.throughputs.push_back(result->throughput_samples_per_sec());
+      results.push_back(*std::move(result));
+    }
+    c.run.result = results[MedianIndex(c.run.throughputs)];
+    if (repeats == 1) c.run.throughputs.clear();
+    done.push_back(c.run);
+  }
+
+  const double link_bytes_per_sec = link_mbit * 1e6 / 8;
+  const std::string scaling_table = FormatScalingTable(done);
+  const std::string communication =
+      FormatCommunicationTable(done, link_bytes_per_sec);
+  const RunResult& first = done.front().result;
+  const std::string title = absl::StrCat(
+      first.compute() == "synthetic"
+          ? absl::StrCat(
+                absl::StrFormat("synthetic compute %.0f ms, %.1f MB of "
+                                "gradients",
+                                absl::GetFlag(FLAGS_compute_ms),
+                                first.model_bytes() / 1e6),
+                absl::GetFlag(FLAGS_backward_fraction) > 0
+                    ? absl::StrFormat(
+                          " (the last %.0f%% of compute a backward pass "
+                          "that allreduce overlaps: its Exchange/step is "
+                          "what is left after compute)",
+                          absl::GetFlag(FLAGS_backward_fraction) * 100)
+                    : "")
+          : absl::StrCat(first.model(), " on ", first.dataset()),
+      link_mbit > 0 ? absl::StrFormat(", %.0f Mbit/s links", link_mbit) : "",
+      placement->netns() ? ", one network namespace per task"
+                         : ", one machine");
+  const std::string published = FormatReportTable(done, layout);
+  const std::string report = absl::StrCat(
+      "# pstrain compare: ", title, "\n\n", "Command: `", g_command_line,
+      "`\n\n", preset_line, published.empty() ? "" : published,
+      published.empty() ? "" : "\n", scaling_table, "\n", communication);
+  std::printf("\n%s", report.c_str());
+  std::fflush(stdout);
+  // Relative to out_dir, so the committed script runs anywhere.
+  const std::string png = "throughput.png";
+  const std::string script = absl::StrCat(out_dir, "/throughput.gp");
+  for (const auto& [path, text] :
+       {std::pair<std::string, std::string>{
+            absl::StrCat(out_dir, "/results.md"), report},
+        {absl::StrCat(out_dir, "/results.csv"),
+         CompareCsv(done, link_bytes_per_sec)},
+        {absl::StrCat(out_dir, "/results.json"),
+         CompareJson(done, link_bytes_per_sec)},
+        {script, GnuplotScript(done, png, title)}}) {
+    if (absl::Status s = WriteFileAtomically(path, text); !s.ok()) {
+      return Fail(1, s.ToString());
+    }
+  }
+  std::vector<std::string> scripts = {"throughput"};
+  if (HasBatchSweep(done)) {
+    // The sweep's second plot: samples/sec against the batch size.
+    if (absl::Status s = WriteFileAtomically(
+            absl::StrCat(out_dir, "/batch_size.gp"),
+            GnuplotBatchScript(done, "batch_size.png", title));
+        !s.ok()) {
+      return Fail(1, s.ToString());
+    }
+    scripts.push_back("batch_size");
+  }
+  std::string wrote;
+  for (const std::string& name : scripts) {
+    if (plot) {
+      if (absl::Status s = RunGnuplot(out_dir, absl::StrCat(name, ".gp"));
+          !s.ok()) {
+        return Fail(1, std::string(s.message()));
+      }
+    }
+    absl::StrAppend(&wrote, ", ", name, ".gp", plot ? ", " : "",
+                    plot ? absl::StrCat(name, ".png") : "");
+  }
+  std::printf("\nwrote %s/results.md, results.csv, results.json%s\n",
+              out_dir.c_str(), wrote.c_str());
+  return 0;
+}
+
+}  // namespace
+}  // namespace pstrain
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "pstrain run [--flags]: train a data-parallel job on this machine "
+      "(parameter-server shards and workers as local processes).\n"
+      "pstrain eval --checkpoint=FILE_OR_DIR [--dataset=... --data_dir=... "
+      "--backend=...]: test loss and accuracy of a saved model.\n"
+      "pstrain submit JOB.pbtxt | status [ID] | logs ID | cancel ID | wait ID "
+      "[--coordinator=HOST:PORT]: jobs on a pstrain_coordinator.\n"
+      "pstrain compare [--workers=1,2,4 --modes=ps_sync,ps_async,allreduce "
+      "--num_ps=2 --steps=N --out_dir=DIR]: run each configuration and "
+      "write the scaling tables, CSV, JSON and a throughput plot.\n"
+      "pstrain launch-lines JOB.pbtxt --launcher=slurm|mpirun|ssh "
+      "[--coordinator=HOST:PORT] [--job=ID] [--bin_dir=DIR] [--sbatch]: a "
+      "script that starts its tasks and waits for them.\n"
+      "pstrain install --prefix=DIR: copy the binaries to DIR/bin.\n"
+      "pstrain certs --out=DIR [--num_ps=N --num_workers=M --job=ID "
+      "--hosts=H,...]: a CA and mutual-TLS certificates for a cluster.\n"
+      "pstrain node --coordinator=HOST:PORT --job=ID: start this node's "
+      "tasks of a job and wait for them.");
+  pstrain::g_command_line = absl::StrJoin(argv, argv + argc, " ");
+  // Unknown flags and bad values: exit 2 here. --help is answered below, by
+  // command.
+  // Where an unknown flag's error points: the help of the command named
+  // (the first argument that is not a flag), else the list of commands.
+  std::string hint = "pstrain help";
+  for (int i = 1; i < argc; ++i) {
+    if (argv[i][0] == '-') continue;
+    if (pstrain::FindCommand(argv[i]) != nullptr) {
+      hint = absl::StrCat("pstrain help ", argv[i]);
+    }
+    break;
+  }
+  const std::vector<std::string> positional = pstrain::ParseFlagsOrExit(
+      argc, argv, "pstrain", hint, /*handle_help=*/false);
+  const std::string command = positional.empty() ? "" : positional[0];
+  const std::vector<std::string> args(
+      positional.empty() ? positional.end() : positional.begin() + 1,
+      positional.end());
+  if (command.empty() && pstrain::HelpRequested()) {
+    pstrain::PrintUsageAndExit();
+  }
+  if (command == "help") {
+    if (args.size() > 1) {
+      pstrain::PrintError("pstrain", "usage: pstrain help [COMMAND]");
+      return 2;
+    }
+    const pstrain::CommandInfo* topic =
+        args.empty() ? nullptr : pstrain::FindCommand(args[0]);
+    if (!args.empty() && topic == nullptr) {
+      pstrain::PrintError("pstrain", absl::StrCat("unknown command \"", args[0],
+                                                  "\"; see pstrain help"));
+      return 2;
+    }
+    std::printf("%s", topic == nullptr ? pstrain::CommandsOverview().c_str()
+                                       : pstrain::CommandHelp(*topic).c_str());
+    return 0;
+  }
+  const pstrain::CommandInfo* info = pstrain::FindCommand(command);
+  if (info == nullptr) {
+    pstrain::PrintError(
+        "pstrain",
+        command.empty()
+            ? "expected a command (run, compare, eval, submit, status, logs, "
+              "cancel, wait, launch-lines, install, certs, node, help); see "
+              "pstrain help"
+            : absl::StrCat("unknown command \"", command,
+                           "\"; see pstrain help"));
+    return 2;
+  }
+  if (pstrain::HelpRequested()) {
+    std::printf("%s", pstrain::CommandHelp(*info).c_str());
+    return 0;
+  }
+  if (absl::Status s = pstrain::CheckFlagsOf(*info); !s.ok()) {
+    pstrain::PrintError("pstrain", s.message());
+    return 2;
+  }
+  if ((command == "run" || command == "compare" || command == "eval") &&
+      !args.empty()) {
+    pstrain::PrintError(
+        "pstrain", absl::StrCat("pstrain ", command, ": unexpected argument \"",
+                                args[0], "\"; see pstrain help ", command));
+    return 2;
+  }
+  if (command == "run" && args.empty()) return pstrain::Run();
+  if (command == "compare" && args.empty()) return pstrain::Compare();
+  if (command == "eval" && args.empty()) return pstrain::Eval();
+  if (command == "certs") return pstrain::CertsCommand(args);
+  if (command == "submit") return pstrain::SubmitCommand(args);
+  if (command == "status") return pstrain::StatusCommand(args);
+  if (command == "cancel") return pstrain::CancelCommand(args);
+  if (command == "wait") return pstrain::WaitCommand(args);
+  if (command == "logs") return pstrain::LogsCommand(args);
+  if (command == "trace") return pstrain::TraceCommand(args);
+  if (command == "launch-lines") {
+    return pstrain::LaunchLinesCommand(args, absl::GetFlag(FLAGS_ps_binary),
+                                       absl::GetFlag(FLAGS_worker_binary));
+  }
+  if (command == "node") {
+    return pstrain::NodeCommand(args, pstrain::PsBinary(),
+                                pstrain::WorkerBinary());
+  }
+  if (command == "install") {
+    return pstrain::InstallCommand(
+        args, {pstrain::SelfBinary(), pstrain::PsBinary(),
+               pstrain::WorkerBinary(), pstrain::CoordinatorBinary()});
+  }
+  return 2;  // Commands() lists no other command.
+}
