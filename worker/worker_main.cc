@@ -67,13 +67,8 @@ class CoordinatorStore : public pstrain::RendezvousStore {
   pstrain::TaskAgent* const agent_;
 };
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage(
-      "One pstrain data-parallel worker: pstrain_worker "
-      "--coordinator=HOST:PORT --job=ID --task_index=N [--gpu=G]");
-  pstrain::ParseFlagsOrExit(argc, argv, kProgram, "pstrain_worker --help");
+// The flags' ranges: the first out of range, as INVALID_ARGUMENT.
+absl::Status CheckFlags() {
   for (const absl::Status& s :
        {pstrain::CheckFlagRange("init_timeout_s",
                                 absl::GetFlag(FLAGS_init_timeout_s), 1, 86400,
@@ -82,115 +77,103 @@ int main(int argc, char** argv) {
                                 absl::GetFlag(FLAGS_rpc_timeout_s), 1, 86400,
                                 "seconds"),
         pstrain::CheckFlagRange("gpu", absl::GetFlag(FLAGS_gpu), 0, 1023)}) {
-    if (!s.ok()) {
-      pstrain::PrintError(kProgram, s.message());
-      return 2;
-    }
+    if (!s.ok()) return s;
   }
+  return absl::OkStatus();
+}
 
-  int exit_code = 0;
-  absl::StatusOr<pstrain::JoinedTask> joined =
-      pstrain::JoinJobFromFlags(pstrain::ROLE_WORKER, kProgram, &exit_code);
-  if (!joined.ok()) return exit_code;
-  pstrain::TaskAgent& agent = *joined->agent;
-  const pstrain::JobSpec* spec = &joined->spec;
-  const pstrain::TaskAddress* address = &joined->address;
-  const int index = agent.options().index;
-  auto fail = [&](int code, const std::string& message) {
-    return pstrain::FailTask(agent, kProgram, code, message);
-  };
-  // Allreduce: a collective broken by another worker's death (Gloo's
-  // error, a rendezvous cut short) is not this worker's failure. With
-  // restarts, the supervisor that restarts the dead worker has the
-  // coordinator restart every worker, and the heartbeats end this process
-  // (kRestartExitCode); it reports the failure itself only if that has not
-  // happened within --init_timeout_s (no supervisor, or none that
-  // restarts). Without, it gives the supervisor 3 s to report the death
-  // first, so that the job's message names it.
-  const bool allreduce = spec->mode() == "allreduce";
-  const bool restarts_together = allreduce && spec->max_restarts() > 0;
-  auto fail_or_await_restart = [&](const absl::Status& status,
-                                   const std::string& message) {
-    const bool peer_death =
-        absl::IsDeadlineExceeded(status) || absl::IsUnavailable(status) ||
-        absl::IsAborted(status) || absl::IsCancelled(status);
-    if (restarts_together && peer_death) {
-      agent.Log(absl::StrCat(agent.name(), ": ", status.message(),
-                             "; waiting for the job's workers to restart"));
-      absl::SleepFor(absl::Seconds(absl::GetFlag(FLAGS_init_timeout_s)));
-    } else if (allreduce && peer_death) {
-      absl::SleepFor(absl::Seconds(3));
-    }
-    return fail(1, message);
-  };
-  // oneDNN's primitives run on the training (this) thread's OpenMP pool.
-  absl::StatusOr<int> threads =
-      pstrain::TaskThreadsFromFlags(agent, kProgram, true, &exit_code);
-  if (!threads.ok()) return exit_code;
-  // A streamed dataset decodes on input threads (InputThreadsForCores of
-  // this task's share of cores). On a GPU they take their cores from the
-  // share (the step's host threads need few); on the CPU backend the step
-  // keeps every core and the input threads run under SCHED_IDLE in the
-  // cycles it leaves (decoding is a few percent of a CPU step: a whole core
-  // for it halved ResNet-18's step on 2 cores).
-  const int input_threads =
-      spec->stream_images() ? pstrain::InputThreadsForCores(*threads) : 1;
-  const bool idle_input = spec->stream_images() && spec->backend() == "cpu";
-  omp_set_num_threads(spec->stream_images() && !idle_input
-                          ? std::max(1, *threads - input_threads)
-                          : *threads);
-  const int gpu = absl::GetFlag(FLAGS_gpu);
-  if (absl::Status s = pstrain::CheckBackend(spec->backend(), gpu, "");
-      !s.ok()) {
-    return fail(2, std::string(s.message()));
+// Fails the task with exit code 1 and `message`, after `status` broke
+// training. Allreduce: a collective broken by another worker's death (Gloo's
+// error, a rendezvous cut short) is not this worker's failure. With
+// restarts, the supervisor that restarts the dead worker has the
+// coordinator restart every worker, and the heartbeats end this process
+// (kRestartExitCode); it reports the failure itself only if that has not
+// happened within --init_timeout_s (no supervisor, or none that restarts).
+// Without, it gives the supervisor 3 s to report the death first, so that
+// the job's message names it.
+int FailOrAwaitRestart(pstrain::TaskAgent& agent, const pstrain::JobSpec& spec,
+                       const absl::Status& status, const std::string& message) {
+  const bool allreduce = spec.mode() == "allreduce";
+  const bool peer_death = absl::IsDeadlineExceeded(status) ||
+                          absl::IsUnavailable(status) ||
+                          absl::IsAborted(status) || absl::IsCancelled(status);
+  if (allreduce && spec.max_restarts() > 0 && peer_death) {
+    agent.Log(absl::StrCat(agent.name(), ": ", status.message(),
+                           "; waiting for the job's workers to restart"));
+    absl::SleepFor(absl::Seconds(absl::GetFlag(FLAGS_init_timeout_s)));
+  } else if (allreduce && peer_death) {
+    absl::SleepFor(absl::Seconds(3));
   }
+  return pstrain::FailTask(agent, kProgram, 1, message);
+}
+
+// How the task's `threads` are shared between the step and the input.
+struct ThreadPlan {
+  int input_threads = 1;    // TrainerOptions::input_threads
+  bool idle_input = false;  // TrainerOptions::input_idle_priority
+  int compute_threads = 1;  // the training thread's OpenMP pool
+};
+
+// A streamed dataset decodes on input threads (InputThreadsForCores of this
+// task's share of cores). On a GPU they take their cores from the share
+// (the step's host threads need few); on the CPU backend the step keeps
+// every core and the input threads run under SCHED_IDLE in the cycles it
+// leaves (decoding is a few percent of a CPU step: a whole core for it
+// halved ResNet-18's step on 2 cores).
+ThreadPlan PlanThreads(const pstrain::JobSpec& spec, int threads) {
+  ThreadPlan plan;
+  plan.input_threads =
+      spec.stream_images() ? pstrain::InputThreadsForCores(threads) : 1;
+  plan.idle_input = spec.stream_images() && spec.backend() == "cpu";
+  plan.compute_threads = spec.stream_images() && !plan.idle_input
+                             ? std::max(1, threads - plan.input_threads)
+                             : threads;
+  return plan;
+}
+
+// The job's dataset; an empty one for synthetic compute, which reads none.
+absl::StatusOr<pstrain::Dataset> LoadJobDataset(const pstrain::JobSpec& spec) {
+  if (spec.compute() == "synthetic") return pstrain::Dataset();
   pstrain::DatasetOptions data_options;
-  data_options.image_size = spec->image_size();
-  data_options.stream_images = spec->stream_images();
-  data_options.max_dataset_memory_bytes = spec->max_dataset_memory_bytes();
-  data_options.num_classes = spec->num_classes();
-  data_options.train_samples = spec->synthetic_samples();
-  // Synthetic compute has no dataset.
-  absl::StatusOr<pstrain::Dataset> dataset = pstrain::Dataset();
-  if (spec->compute() != "synthetic") {
-    dataset = pstrain::LoadDatasetNamed(spec->dataset(), spec->data_dir(),
-                                        data_options, "");
-  }
-  if (!dataset.ok()) return fail(2, std::string(dataset.status().message()));
+  data_options.image_size = spec.image_size();
+  data_options.stream_images = spec.stream_images();
+  data_options.max_dataset_memory_bytes = spec.max_dataset_memory_bytes();
+  data_options.num_classes = spec.num_classes();
+  data_options.train_samples = spec.synthetic_samples();
+  return pstrain::LoadDatasetNamed(spec.dataset(), spec.data_dir(),
+                                   data_options, "");
+}
 
-  // Workers do not listen (yet); the address names the host they run on.
-  const std::string advertised =
-      address->port > 0
-          ? absl::StrCat(address->advertise_host, ":", address->port)
-          : address->advertise_host;
-  if (absl::Status s = agent.Register(advertised); !s.ok()) {
-    pstrain::PrintError(kProgram,
-                        absl::StrCat(agent.name(), ": ", s.message()));
-    return 1;
+// The job's trace (common/trace.h), if it asks for one: this worker's
+// timeline, on its clock with the offset to the coordinator's measured now.
+absl::Status StartTrace(const pstrain::JobSpec& spec, int index,
+                        pstrain::TaskAgent& agent) {
+  if (!spec.trace()) return absl::OkStatus();
+  pstrain::trace::TraceOptions trace_options;
+  trace_options.path =
+      absl::StrCat(spec.metrics_dir(), "/trace/worker", index, ".json");
+  trace_options.process_name = absl::StrCat("worker ", index);
+  trace_options.pid = 100 + index;
+  if (absl::Status s = pstrain::trace::Start(trace_options); !s.ok()) {
+    return absl::Status(s.code(), absl::StrCat("trace: ", s.message()));
   }
-  // The job's trace (common/trace.h): this worker's timeline, on its clock
-  // with the offset to the coordinator's measured now.
-  if (spec->trace()) {
-    pstrain::trace::TraceOptions trace_options;
-    trace_options.path =
-        absl::StrCat(spec->metrics_dir(), "/trace/worker", index, ".json");
-    trace_options.process_name = absl::StrCat("worker ", index);
-    trace_options.pid = 100 + index;
-    if (absl::Status s = pstrain::trace::Start(trace_options); !s.ok()) {
-      return fail(1, absl::StrCat("trace: ", s.message()));
-    }
-    pstrain::trace::SetThreadName("train");
-    absl::StatusOr<pstrain::ClockOffset> offset = agent.MeasureClockOffset();
-    if (offset.ok()) {
-      pstrain::trace::SetClockOffset(offset->offset_us, offset->rtt_us);
-    } else {
-      agent.Log(absl::StrCat("trace: no clock offset (",
-                             offset.status().message(),
-                             "); the merged timeline takes it as 0"));
-    }
+  pstrain::trace::SetThreadName("train");
+  absl::StatusOr<pstrain::ClockOffset> offset = agent.MeasureClockOffset();
+  if (offset.ok()) {
+    pstrain::trace::SetClockOffset(offset->offset_us, offset->rtt_us);
+  } else {
+    agent.Log(absl::StrCat("trace: no clock offset (",
+                           offset.status().message(),
+                           "); the merged timeline takes it as 0"));
   }
-  // The job ended elsewhere (a lost task, a cancel): stop at once. The
-  // training thread may be blocked in a PS call, so exit from here.
+  return absl::OkStatus();
+}
+
+// Heartbeats that end the process when the job ends elsewhere (a lost
+// task, a cancel: 0 if it succeeded, else 1) or restarts its workers
+// (kRestartExitCode). The training thread may be blocked in a PS call, so
+// they exit from the heartbeat thread.
+void StartHeartbeatsThatExit(pstrain::TaskAgent& agent) {
   agent.StartHeartbeats(
       [&agent](pstrain::JobState state, const std::string& message) {
         pstrain::PrintError(
@@ -207,104 +190,98 @@ int main(int argc, char** argv) {
         std::fflush(stdout);
         std::_Exit(pstrain::kRestartExitCode);
       });
-  absl::StatusOr<pstrain::ClusterLayout> layout = agent.WaitForLayout();
-  if (!layout.ok()) return fail(1, std::string(layout.status().message()));
+}
 
-  // allreduce: connect the workers (Gloo: TCP on the advertised host;
-  // NCCL: this worker's GPU), under the prefix of the job's generation
-  // (after a restart of every worker, keys no earlier worker set).
-  CoordinatorStore store(&agent);
-  std::unique_ptr<pstrain::Collective> collective;
-  if (spec->mode() == "allreduce") {
-    const absl::Duration timeout =
-        absl::Seconds(absl::GetFlag(FLAGS_init_timeout_s));
-    const std::string generation =
-        layout->generation() == 0 ? ""
-                                  : absl::StrCat("-", layout->generation());
-    absl::StatusOr<std::unique_ptr<pstrain::Collective>> connected =
-        spec->collective() == "nccl"
-            ? pstrain::Collective::CreateNccl(index, spec->num_workers(), gpu,
-                                              &store, "nccl" + generation,
-                                              timeout)
-            : pstrain::Collective::CreateGloo(index, spec->num_workers(),
-                                              address->advertise_host, &store,
-                                              "gloo" + generation, timeout);
-    if (!connected.ok()) {
-      return fail_or_await_restart(connected.status(),
-                                   std::string(connected.status().message()));
-    }
-    collective = *std::move(connected);
+// Allreduce: connects the workers (Gloo: TCP on the advertised host; NCCL:
+// this worker's GPU), under the prefix of the job's generation (after a
+// restart of every worker, keys no earlier worker set).
+absl::StatusOr<std::unique_ptr<pstrain::Collective>> ConnectCollective(
+    const pstrain::JobSpec& spec, int index, int gpu,
+    const pstrain::TaskAddress& address, const pstrain::ClusterLayout& layout,
+    pstrain::RendezvousStore* store) {
+  const absl::Duration timeout =
+      absl::Seconds(absl::GetFlag(FLAGS_init_timeout_s));
+  const std::string generation =
+      layout.generation() == 0 ? "" : absl::StrCat("-", layout.generation());
+  if (spec.collective() == "nccl") {
+    return pstrain::Collective::CreateNccl(index, spec.num_workers(), gpu,
+                                           store, "nccl" + generation, timeout);
   }
+  return pstrain::Collective::CreateGloo(index, spec.num_workers(),
+                                         address.advertise_host, store,
+                                         "gloo" + generation, timeout);
+}
 
+// The trainer's options from the job spec (validated at submission:
+// coordinator/job_spec.h), the flags and the cluster's layout; the
+// callbacks report through `agent`, which must outlive training. Errors:
+// the TLS credentials' or the straggler's, the task's exit code 2.
+absl::StatusOr<pstrain::TrainerOptions> TrainerOptionsOf(
+    const pstrain::JobSpec& spec, pstrain::TaskAgent& agent,
+    const pstrain::ClusterLayout& layout, const ThreadPlan& threads,
+    pstrain::Collective* collective) {
+  const int index = agent.options().index;
   pstrain::TrainerOptions options;
   options.job_id = agent.options().job_id;
   options.worker_id = index;
-  options.num_workers = spec->num_workers();
-  options.ps_addresses.assign(layout->ps_addresses().begin(),
-                              layout->ps_addresses().end());
+  options.num_workers = spec.num_workers();
+  options.ps_addresses.assign(layout.ps_addresses().begin(),
+                              layout.ps_addresses().end());
   // TLS to the shards as this worker: the agent's options, checked at join.
-  {
-    pstrain::TlsIdentity self;
-    self.role = pstrain::TlsRole::kWorker;
-    self.index = index;
-    self.job = agent.options().job_id;
-    absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials =
-        pstrain::ChannelCredentials(agent.options().tls, self);
-    if (!credentials.ok()) {
-      return fail(2, std::string(credentials.status().message()));
-    }
-    if (!agent.options().tls.insecure) options.ps_credentials = *credentials;
+  pstrain::TlsIdentity self;
+  self.role = pstrain::TlsRole::kWorker;
+  self.index = index;
+  self.job = agent.options().job_id;
+  absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials =
+      pstrain::ChannelCredentials(agent.options().tls, self);
+  if (!credentials.ok()) return credentials.status();
+  if (!agent.options().tls.insecure) options.ps_credentials = *credentials;
+  options.model = spec.model();
+  options.mode = spec.mode();
+  options.collective = collective;
+  options.bucket_bytes = spec.bucket_bytes();
+  options.adam = pstrain::OptimizerOptionsOf(spec.optimizer());
+  options.compute = spec.compute();
+  options.compute_ms = spec.compute_ms();
+  options.model_bytes = spec.model_bytes();
+  options.backward_fraction = spec.backward_fraction();
+  options.batch_size = spec.batch_size();
+  options.input_threads = threads.input_threads;
+  options.input_idle_priority = threads.idle_input;
+  options.augment = spec.augment();
+  options.epochs = spec.epochs();
+  options.seed = spec.seed();
+  options.log_every_steps = spec.log_every_steps();
+  options.metrics_dir = spec.metrics_dir();
+  options.partition_bytes = spec.partition_bytes();
+  options.max_steps_per_epoch = spec.max_steps_per_epoch();
+  options.init_from = spec.init_from();
+  options.checkpoint_dir = spec.checkpoint_dir();
+  options.checkpoint_every_steps = spec.checkpoint_every_steps();
+  options.checkpoint_every_secs = spec.checkpoint_every_secs();
+  options.max_nonfinite_steps = spec.max_nonfinite_steps();
+  options.staleness = spec.staleness();
+  options.backup_workers = spec.backup_workers();
+  options.clip_grad_norm = spec.clip_grad_norm();
+  absl::StatusOr<pstrain::Straggler> straggler =
+      pstrain::ParseStraggler(spec.straggler(), spec.num_workers());
+  if (!straggler.ok()) return straggler.status();
+  options.straggler_worker = straggler->worker;
+  options.straggler_delay_ms = straggler->delay_ms;
+  if (spec.keep_checkpoints() > 0) {
+    options.keep_checkpoints = spec.keep_checkpoints();
   }
-  options.model = spec->model();
-  options.mode = spec->mode();
-  options.collective = collective.get();
-  options.bucket_bytes = spec->bucket_bytes();
-  options.adam = pstrain::OptimizerOptionsOf(spec->optimizer());
-  options.compute = spec->compute();
-  options.compute_ms = spec->compute_ms();
-  options.model_bytes = spec->model_bytes();
-  options.backward_fraction = spec->backward_fraction();
-  options.batch_size = spec->batch_size();
-  options.input_threads = input_threads;
-  options.input_idle_priority = idle_input;
-  options.augment = spec->augment();
-  options.epochs = spec->epochs();
-  options.seed = spec->seed();
-  options.log_every_steps = spec->log_every_steps();
-  options.metrics_dir = spec->metrics_dir();
-  options.partition_bytes = spec->partition_bytes();
-  options.max_steps_per_epoch = spec->max_steps_per_epoch();
-  options.init_from = spec->init_from();
-  options.checkpoint_dir = spec->checkpoint_dir();
-  options.checkpoint_every_steps = spec->checkpoint_every_steps();
-  options.checkpoint_every_secs = spec->checkpoint_every_secs();
-  options.max_nonfinite_steps = spec->max_nonfinite_steps();
-  options.staleness = spec->staleness();
-  options.backup_workers = spec->backup_workers();
-  options.clip_grad_norm = spec->clip_grad_norm();
-  // Validated at submission (coordinator/job_spec.h).
-  if (absl::StatusOr<pstrain::Straggler> straggler =
-          pstrain::ParseStraggler(spec->straggler(), spec->num_workers());
-      straggler.ok()) {
-    options.straggler_worker = straggler->worker;
-    options.straggler_delay_ms = straggler->delay_ms;
-  } else {
-    return fail(2, std::string(straggler.status().message()));
-  }
-  if (spec->keep_checkpoints() > 0) {
-    options.keep_checkpoints = spec->keep_checkpoints();
-  }
-  options.resume = spec->resume();
-  options.max_restarts = spec->max_restarts();
+  options.resume = spec.resume();
+  options.max_restarts = spec.max_restarts();
   // A worker restarted outside pstrain (PSTRAIN_SELF_RESTART) rejoins as
   // one that pstrain's supervisors restart with --rejoin.
   options.rejoin = absl::GetFlag(FLAGS_rejoin) || agent.rejoining();
-  // Allreduce: a restarted worker resumes from the newest checkpoint (every
-  // worker of the generation reads the same one: all of the earlier
-  // generation have exited before the layout answers), or starts afresh
-  // before the first.
-  if (restarts_together && options.rejoin &&
-      pstrain::ReadLatestCheckpoint(spec->checkpoint_dir()).ok()) {
+  // Allreduce with restarts: a restarted worker resumes from the newest
+  // checkpoint (every worker of the generation reads the same one: all of
+  // the earlier generation have exited before the layout answers), or
+  // starts afresh before the first.
+  if (spec.mode() == "allreduce" && spec.max_restarts() > 0 && options.rejoin &&
+      pstrain::ReadLatestCheckpoint(spec.checkpoint_dir()).ok()) {
     options.resume = true;
   }
   // A restarted shard registers a new address: ask the coordinator again
@@ -316,11 +293,11 @@ int main(int argc, char** argv) {
     return std::vector<std::string>(now->ps_addresses().begin(),
                                     now->ps_addresses().end());
   };
-  if (!spec->checkpoint_dir().empty()) {
-    options.model_out = spec->checkpoint_dir() + "/model.safetensors";
+  if (!spec.checkpoint_dir().empty()) {
+    options.model_out = spec.checkpoint_dir() + "/model.safetensors";
   }
-  options.backend = spec->backend();
-  options.gpu = gpu;
+  options.backend = spec.backend();
+  options.gpu = absl::GetFlag(FLAGS_gpu);
   options.init_timeout = absl::Seconds(absl::GetFlag(FLAGS_init_timeout_s));
   options.rpc_timeout = absl::Seconds(absl::GetFlag(FLAGS_rpc_timeout_s));
   options.log_line = [&agent](const std::string& line) { agent.Log(line); };
@@ -330,14 +307,86 @@ int main(int argc, char** argv) {
   options.on_epoch = [&agent](const pstrain::RunResult& so_far) {
     agent.SetResult(so_far);
   };
+  return options;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "One pstrain data-parallel worker: pstrain_worker "
+      "--coordinator=HOST:PORT --job=ID --task_index=N [--gpu=G]");
+  pstrain::ParseFlagsOrExit(argc, argv, kProgram, "pstrain_worker --help");
+  if (absl::Status s = CheckFlags(); !s.ok()) {
+    pstrain::PrintError(kProgram, s.message());
+    return 2;
+  }
+
+  int exit_code = 0;
+  absl::StatusOr<pstrain::JoinedTask> joined =
+      pstrain::JoinJobFromFlags(pstrain::ROLE_WORKER, kProgram, &exit_code);
+  if (!joined.ok()) return exit_code;
+  pstrain::TaskAgent& agent = *joined->agent;
+  const pstrain::JobSpec& spec = joined->spec;
+  const pstrain::TaskAddress& address = joined->address;
+  const int index = agent.options().index;
+  auto fail = [&](int code, const std::string& message) {
+    return pstrain::FailTask(agent, kProgram, code, message);
+  };
+  // oneDNN's primitives run on the training (this) thread's OpenMP pool.
+  absl::StatusOr<int> threads =
+      pstrain::TaskThreadsFromFlags(agent, kProgram, true, &exit_code);
+  if (!threads.ok()) return exit_code;
+  const ThreadPlan thread_plan = PlanThreads(spec, *threads);
+  omp_set_num_threads(thread_plan.compute_threads);
+  const int gpu = absl::GetFlag(FLAGS_gpu);
+  if (absl::Status s = pstrain::CheckBackend(spec.backend(), gpu, "");
+      !s.ok()) {
+    return fail(2, std::string(s.message()));
+  }
+  absl::StatusOr<pstrain::Dataset> dataset = LoadJobDataset(spec);
+  if (!dataset.ok()) return fail(2, std::string(dataset.status().message()));
+
+  // Workers do not listen (yet); the address names the host they run on.
+  const std::string advertised =
+      address.port > 0 ? absl::StrCat(address.advertise_host, ":", address.port)
+                       : address.advertise_host;
+  if (absl::Status s = agent.Register(advertised); !s.ok()) {
+    pstrain::PrintError(kProgram,
+                        absl::StrCat(agent.name(), ": ", s.message()));
+    return 1;
+  }
+  if (absl::Status s = StartTrace(spec, index, agent); !s.ok()) {
+    return fail(1, std::string(s.message()));
+  }
+  StartHeartbeatsThatExit(agent);
+  absl::StatusOr<pstrain::ClusterLayout> layout = agent.WaitForLayout();
+  if (!layout.ok()) return fail(1, std::string(layout.status().message()));
+
+  CoordinatorStore store(&agent);
+  std::unique_ptr<pstrain::Collective> collective;
+  if (spec.mode() == "allreduce") {
+    absl::StatusOr<std::unique_ptr<pstrain::Collective>> connected =
+        ConnectCollective(spec, index, gpu, address, *layout, &store);
+    if (!connected.ok()) {
+      return FailOrAwaitRestart(agent, spec, connected.status(),
+                                std::string(connected.status().message()));
+    }
+    collective = *std::move(connected);
+  }
+  absl::StatusOr<pstrain::TrainerOptions> options =
+      TrainerOptionsOf(spec, agent, *layout, thread_plan, collective.get());
+  if (!options.ok()) return fail(2, std::string(options.status().message()));
+
   absl::StatusOr<pstrain::TrainerOutput> output =
-      pstrain::RunWorker(options, *dataset);
+      pstrain::RunWorker(*options, *dataset);
   // The trace is complete before the coordinator hears of the end.
   if (absl::Status s = pstrain::trace::Stop(); !s.ok()) {
     pstrain::PrintError(kProgram, absl::StrCat("trace: ", s.message()));
   }
   if (!output.ok()) {
-    return fail_or_await_restart(output.status(), output.status().ToString());
+    return FailOrAwaitRestart(agent, spec, output.status(),
+                              output.status().ToString());
   }
   absl::Status s =
       agent.Finish(true, "", index == 0 ? &output->result : nullptr);
