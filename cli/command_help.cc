@@ -1,6 +1,8 @@
 #include "cli/command_help.h"
 
 #include <initializer_list>
+#include <string>
+#include <vector>
 
 #include "absl/flags/commandlineflag.h"
 #include "absl/flags/reflection.h"
@@ -192,130 +194,143 @@ Flags ClientFlags(bool retries) {
   return flags;
 }
 
-}  // namespace
+// `pstrain run`: one job on this machine.
+CommandInfo RunInfo() {
+  return {
+      "run", "pstrain run [--flags]",
+      "Trains one job on this machine: --num_ps parameter-server shards and "
+      "--num_workers workers as local processes (or one network namespace "
+      "per task with --ps_netns/--worker_netns) under an in-process "
+      "coordinator; streams their lines and prints a table of results. "
+      "Mode sync or async: PS flags (--num_ps, --partition_bytes, "
+      "checkpoints, --max_restarts); mode "
+      "allreduce: --bucket_bytes. --compute=synthetic: --compute_ms, "
+      "--model_bytes, --backward_fraction and no dataset flags. A flag "
+      "the run would ignore is an error. Exit 0 done, 1 a task failed, 2 "
+      "bad flags (nothing started), 128+signal interrupted.",
+      Join({{{"num_ps",
+              "Parameter-server shard processes (modes sync and "
+              "async)."},
+             {"num_workers", "Worker processes."},
+             {"mode",
+              "sync (PS, barrier per step), async (PS) or allreduce "
+              "(ring allreduce among the workers, no PS)."}},
+            JobFlags("the job"),
+            DataFlags(/*trains=*/true),
+            {{"results_json", "If set, write the results here as JSON."},
+             {"metrics_dir",
+              "If set, each worker j writes DIR/workerJ.csv, "
+              "DIR/workerJ.jsonl and TensorBoard events under "
+              "DIR/tb/workerJ/; empty: none."},
+             {"trace",
+              "Every task writes a Chrome trace of its work to "
+              "METRICS_DIR/trace/ (needs --metrics_dir); merge "
+              "them with `pstrain trace METRICS_DIR`."},
+             {"init_from",
+              "Start from this model file's weights "
+              "(safetensors, PyTorch's state_dict names) "
+              "instead of --seed's."},
+             {"checkpoint_dir",
+              "An empty or new folder (or, with --resume, one holding "
+              "checkpoints); the trained model.safetensors and the "
+              "step-<N>/ checkpoints go there."},
+             {"checkpoint_every_steps",
+              "A checkpoint into --checkpoint_dir every this many steps; 0: "
+              "none."},
+             {"checkpoint_every_secs",
+              "A checkpoint also once this many seconds have passed since "
+              "the last; 0: by --checkpoint_every_steps only."},
+             {"keep_checkpoints",
+              "How many of the newest checkpoints to "
+              "keep (>= 1)."},
+             {"max_restarts",
+              "Restart a task that dies, up to this many times in all; the "
+              "workers roll back to the newest checkpoint. -1: 3 with "
+              "--checkpoint_dir, else 0."},
+             {"resume",
+              "Continue from --checkpoint_dir's newest checkpoint "
+              "(weights, optimizer state, step, data position)."}}})};
+}
 
-const std::vector<CommandInfo>& Commands() {
-  static const auto* commands = new std::vector<CommandInfo>{
-      {"run", "pstrain run [--flags]",
-       "Trains one job on this machine: --num_ps parameter-server shards and "
-       "--num_workers workers as local processes (or one network namespace "
-       "per task with --ps_netns/--worker_netns) under an in-process "
-       "coordinator; streams their lines and prints a table of results. "
-       "Mode sync or async: PS flags (--num_ps, --partition_bytes, "
-       "checkpoints, --max_restarts); mode "
-       "allreduce: --bucket_bytes. --compute=synthetic: --compute_ms, "
-       "--model_bytes, --backward_fraction and no dataset flags. A flag "
-       "the run would ignore is an error. Exit 0 done, 1 a task failed, 2 "
-       "bad flags (nothing started), 128+signal interrupted.",
-       Join({{{"num_ps",
-               "Parameter-server shard processes (modes sync and "
-               "async)."},
-              {"num_workers", "Worker processes."},
-              {"mode",
-               "sync (PS, barrier per step), async (PS) or allreduce "
-               "(ring allreduce among the workers, no PS)."}},
-             JobFlags("the job"),
-             DataFlags(/*trains=*/true),
-             {{"results_json", "If set, write the results here as JSON."},
-              {"metrics_dir",
-               "If set, each worker j writes DIR/workerJ.csv, "
-               "DIR/workerJ.jsonl and TensorBoard events under "
-               "DIR/tb/workerJ/; empty: none."},
-              {"trace",
-               "Every task writes a Chrome trace of its work to "
-               "METRICS_DIR/trace/ (needs --metrics_dir); merge "
-               "them with `pstrain trace METRICS_DIR`."},
-              {"init_from",
-               "Start from this model file's weights "
-               "(safetensors, PyTorch's state_dict names) "
-               "instead of --seed's."},
-              {"checkpoint_dir",
-               "An empty or new folder (or, with --resume, one holding "
-               "checkpoints); the trained model.safetensors and the "
-               "step-<N>/ checkpoints go there."},
-              {"checkpoint_every_steps",
-               "A checkpoint into --checkpoint_dir every this many steps; 0: "
-               "none."},
-              {"checkpoint_every_secs",
-               "A checkpoint also once this many seconds have passed since "
-               "the last; 0: by --checkpoint_every_steps only."},
-              {"keep_checkpoints",
-               "How many of the newest checkpoints to "
-               "keep (>= 1)."},
-              {"max_restarts",
-               "Restart a task that dies, up to this many times in all; the "
-               "workers roll back to the newest checkpoint. -1: 3 with "
-               "--checkpoint_dir, else 0."},
-              {"resume",
-               "Continue from --checkpoint_dir's newest checkpoint "
-               "(weights, optimizer state, step, data position)."}}})},
-      {"compare",
-       "pstrain compare --out_dir=DIR [--workers=1,2,4 "
-       "--modes=ps_sync,ps_async,allreduce --num_ps=2 --batch_sizes=32,64 "
-       "--steps=N --repeats=N]",
-       "Runs `run` --repeats times per configuration (each of --modes at "
-       "each of --workers and --batch_sizes, and each --num_ps for the PS "
-       "modes), then prints "
-       "and "
-       "writes the scaling and communication tables as Markdown, CSV, JSON "
-       "and a gnuplot PNG into --out_dir. Every configuration is checked "
-       "before the first run starts. --preset=mnist_resnet|dlperf|"
-       "tiny_imagenet runs a published report's experiment scaled to this "
-       "machine (any of its flags can be overridden) and prints that "
-       "report's own table first.",
-       Join({{{"num_ps",
-               "Shard counts, a list (e.g. 2,4): one run per entry "
-               "for the PS modes."}},
-             JobFlags("each run"),
-             DataFlags(/*trains=*/true),
-             {{"preset",
-               "A published table in one command (mnist_resnet, "
-               "dlperf, tiny_imagenet): its flag values where the "
-               "command line gives none, its table first."},
-              {"workers", "Worker counts, e.g. 1,2,4 (one run each)."},
-              {"batch_sizes",
-               "Batch sizes per worker, e.g. 32,64,128 (a run each, and a "
-               "plot against batch size); empty: --batch_size."},
-              {"modes", "ps_sync, ps_async and/or allreduce."},
-              {"steps",
-               "If > 0, each run is one epoch of this many steps "
-               "per worker (instead of --epochs)."},
-              {"scaling",
-               "weak (each worker runs --steps steps) or strong "
-               "(--steps of one worker, split across the "
-               "workers)."},
-              {"repeats",
-               "Runs of each configuration (1..100); the tables "
-               "give the median and the coefficient of "
-               "variation."},
-              {"out_dir",
-               "Where results.md, results.csv, results.json, "
-               "throughput.gp and throughput.png go."},
-              {"link_mbit",
-               "The link rate of each host, Mbit/s, for the "
-               "bandwidth bounds of the communication table (0: "
-               "no bounds)."},
-              {"plot",
-               "Draw throughput.png with gnuplot (--noplot writes "
-               "only throughput.gp)."}}})},
-      {"eval",
-       "pstrain eval --checkpoint=FILE_OR_DIR [--dataset=... --data_dir=... "
-       "--backend=...]",
-       "Test loss and accuracy of a saved model (model.safetensors) on the "
-       "test set of --dataset. A flag the dataset or backend would ignore "
-       "(--num_classes without --dataset=synthetic, --gpu with "
-       "--backend=cpu, ...) is an error. It evaluates in batches of "
-       "--batch_size when given, else 100 (the activations of a batch are "
-       "held at once: 500 images of a ResNet-50 take over 20 GB).",
-       Join({DataFlags(/*trains=*/false),
-             {{"checkpoint",
-               "A model file; a job's checkpoint folder (its final "
-               "model.safetensors, else the checkpoint its `latest` names); "
-               "or one step-<N> folder of it."},
-              {"bad_images",
-               "--dataset=image_folder: fail (stop at the first unreadable "
-               "image) or skip (leave unreadable images out)."},
-              {"batch_size", "Test images evaluated at once.", "100"}}})},
+// `pstrain compare`: `run` once per configuration, then the tables.
+CommandInfo CompareInfo() {
+  return {"compare",
+          "pstrain compare --out_dir=DIR [--workers=1,2,4 "
+          "--modes=ps_sync,ps_async,allreduce --num_ps=2 --batch_sizes=32,64 "
+          "--steps=N --repeats=N]",
+          "Runs `run` --repeats times per configuration (each of --modes at "
+          "each of --workers and --batch_sizes, and each --num_ps for the PS "
+          "modes), then prints "
+          "and "
+          "writes the scaling and communication tables as Markdown, CSV, JSON "
+          "and a gnuplot PNG into --out_dir. Every configuration is checked "
+          "before the first run starts. --preset=mnist_resnet|dlperf|"
+          "tiny_imagenet runs a published report's experiment scaled to this "
+          "machine (any of its flags can be overridden) and prints that "
+          "report's own table first.",
+          Join({{{"num_ps",
+                  "Shard counts, a list (e.g. 2,4): one run per entry "
+                  "for the PS modes."}},
+                JobFlags("each run"),
+                DataFlags(/*trains=*/true),
+                {{"preset",
+                  "A published table in one command (mnist_resnet, "
+                  "dlperf, tiny_imagenet): its flag values where the "
+                  "command line gives none, its table first."},
+                 {"workers", "Worker counts, e.g. 1,2,4 (one run each)."},
+                 {"batch_sizes",
+                  "Batch sizes per worker, e.g. 32,64,128 (a run each, and a "
+                  "plot against batch size); empty: --batch_size."},
+                 {"modes", "ps_sync, ps_async and/or allreduce."},
+                 {"steps",
+                  "If > 0, each run is one epoch of this many steps "
+                  "per worker (instead of --epochs)."},
+                 {"scaling",
+                  "weak (each worker runs --steps steps) or strong "
+                  "(--steps of one worker, split across the "
+                  "workers)."},
+                 {"repeats",
+                  "Runs of each configuration (1..100); the tables "
+                  "give the median and the coefficient of "
+                  "variation."},
+                 {"out_dir",
+                  "Where results.md, results.csv, results.json, "
+                  "throughput.gp and throughput.png go."},
+                 {"link_mbit",
+                  "The link rate of each host, Mbit/s, for the "
+                  "bandwidth bounds of the communication table (0: "
+                  "no bounds)."},
+                 {"plot",
+                  "Draw throughput.png with gnuplot (--noplot writes "
+                  "only throughput.gp)."}}})};
+}
+
+// `pstrain eval`: a saved model on a test set.
+CommandInfo EvalInfo() {
+  return {"eval",
+          "pstrain eval --checkpoint=FILE_OR_DIR [--dataset=... --data_dir=... "
+          "--backend=...]",
+          "Test loss and accuracy of a saved model (model.safetensors) on the "
+          "test set of --dataset. A flag the dataset or backend would ignore "
+          "(--num_classes without --dataset=synthetic, --gpu with "
+          "--backend=cpu, ...) is an error. It evaluates in batches of "
+          "--batch_size when given, else 100 (the activations of a batch are "
+          "held at once: 500 images of a ResNet-50 take over 20 GB).",
+          Join({DataFlags(/*trains=*/false),
+                {{"checkpoint",
+                  "A model file; a job's checkpoint folder (its final "
+                  "model.safetensors, else the checkpoint its `latest` names); "
+                  "or one step-<N> folder of it."},
+                 {"bad_images",
+                  "--dataset=image_folder: fail (stop at the first unreadable "
+                  "image) or skip (leave unreadable images out)."},
+                 {"batch_size", "Test images evaluated at once.", "100"}}})};
+}
+
+// The commands that call a coordinator about its jobs: submit, status, logs,
+// trace, cancel, wait.
+std::vector<CommandInfo> JobInfos() {
+  return {
       {"submit", "pstrain submit JOB.pbtxt [--coordinator=HOST:PORT]",
        "Submits a job spec (protobuf text format, proto/job.proto) to a "
        "pstrain_coordinator and prints its id. A spec out of range is a "
@@ -347,134 +362,169 @@ const std::vector<CommandInfo>& Commands() {
        "--coordinator_timeout_s.",
        Join({ClientFlags(/*retries=*/true),
              {{"wait_poll_ms", "Milliseconds between polls."}}})},
-      {"launch-lines",
-       "pstrain launch-lines JOB.pbtxt --launcher=slurm|mpirun|ssh|kubernetes "
-       "[--coordinator=HOST:PORT] [--job=ID] [--bin_dir=DIR] [--sbatch]",
-       "Prints a script that starts the job's tasks with a cluster launcher "
-       "and waits for them, or (kubernetes) manifests for kubectl apply. A "
-       "flag the script would ignore (--nodes or "
-       "--gpus_per_node without --agent, --cpus_per_task without slurm, "
-       "...) is an error.",
-       {{"launcher", "slurm, mpirun, ssh or kubernetes."},
-        {"coordinator",
-         "host:port of the coordinator, as the tasks reach "
-         "it."},
-        {"job",
-         "The job id the script passes to the tasks (default: the "
-         "script's environment variable JOB, e.g. JOB=$(pstrain "
-         "submit JOB.pbtxt))."},
-        {"bin_dir",
-         "The folder holding pstrain_ps and pstrain_worker on "
-         "every node (default: this pstrain's folder when it is "
-         "an installed one)."},
-        {"sbatch",
-         "--launcher=slurm: add an #SBATCH header asking for the "
-         "job's tasks, for `sbatch --wait`."},
-        {"cpus_per_task",
-         "--launcher=slurm: CPUs of each task (srun "
-         "--cpus-per-task); kubernetes: each pod's CPU request."},
-        {"image",
-         "--launcher=kubernetes: the container image holding the "
-         "binaries in --bin_dir (default /opt/pstrain/bin)."},
-        {"k8s_objects",
-         "--launcher=kubernetes: coordinator (Deployment and Service) "
-         "or tasks (default; per role a headless Service and an Indexed "
-         "Job, needs --job=ID)."},
-        {"memory_per_task",
-         "--launcher=kubernetes: each task's memory request and limit "
-         "(4Gi)."},
-        {"gpus_per_worker",
-         "--launcher=kubernetes: each worker pod's nvidia.com/gpu "
-         "limit."},
-        {"agent",
-         "Start one `pstrain node` agent per node, which starts "
-         "that node's tasks."},
-        {"nodes",
-         "--agent, spec without hosts: how many nodes get an "
-         "agent."},
-        {"gpus_per_node",
-         "--agent: passed to the agents, which give worker "
-         "k of a node GPU k % this."},
-        {"ps_binary",
-         "The pstrain_ps the script starts, on every node "
-         "(instead of --bin_dir's)."},
-        {"worker_binary",
-         "The pstrain_worker the script starts, on every "
-         "node (instead of --bin_dir's)."}}},
-      {"install",
-       "pstrain install --prefix=DIR",
-       "Copies pstrain, pstrain_ps, pstrain_worker and pstrain_coordinator "
-       "to DIR/bin.",
-       {{"prefix", "Copy the binaries to PREFIX/bin (created if missing)."},
-        {"ps_binary",
-         "The pstrain_ps to copy; default: the one beside this program."},
-        {"worker_binary",
-         "The pstrain_worker to copy; default: the one beside this "
-         "program."}}},
-      {"certs",
-       "pstrain certs --out=DIR [--nodes_out=NODES --num_ps=N "
-       "--num_workers=M --job=ID --hosts=H,...]",
-       "Makes a CA and the mutual-TLS certificates of a cluster.",
-       {{"out",
-         "The folder to write the CA and certificates to (created "
-         "0700)."},
-        {"nodes_out",
-         "Also a folder for the nodes: ca.pem and the shards' "
-         "and workers' certificates and keys, without the keys "
-         "that stay on the head node."},
-        {"hosts",
-         "Host names or IP addresses, comma-separated, added to "
-         "every certificate."},
-        {"num_ps", "Shard certificates to make (ps 0 to N-1)."},
-        {"num_workers", "Worker certificates to make (worker 0 to M-1)."},
-        {"job",
-         "The job the task certificates are for; unset: any job of this CA "
-         "(with a warning).",
-         "none"}}},
-      {"node",
-       "pstrain node --coordinator=HOST:PORT --job=ID",
-       "Starts this node's tasks of a job, restarts the ones that die "
-       "(within the job's max_restarts) and waits for them. A flag the job "
-       "would ignore (--node_rank or --num_nodes when its spec lists hosts, "
-       "--gpus_per_node with a cpu backend, ...) is an error.",
-       {{"coordinator", "host:port of the coordinator the tasks report to."},
-        {"job",
-         "The job whose tasks this node runs; $JOB: the "
-         "environment variable JOB."},
-        {"bin_dir",
-         "The folder holding pstrain_ps and pstrain_worker on "
-         "this node."},
-        {"gpus_per_node",
-         "GPUs of this node: worker k of the node gets GPU "
-         "k % this."},
-        {"node_rank",
-         "This node's rank, for specs without hosts; unset: "
-         "SLURM_NODEID, else OMPI_COMM_WORLD_RANK, else 0."},
-        {"num_nodes",
-         "How many nodes the job's tasks are spread over, for "
-         "specs without hosts; unset: SLURM_NNODES, else "
-         "OMPI_COMM_WORLD_SIZE, else 1."},
-        {"node_grace_s",
-         "After a task failed, seconds the others get to "
-         "end before SIGTERM."},
-        {"ps_binary", "The pstrain_ps to start (instead of --bin_dir's)."},
-        {"worker_binary",
-         "The pstrain_worker to start (instead of --bin_dir's)."},
-        {"tls_dir",
-         "Folder of this node's TLS files (`pstrain certs "
-         "--nodes_out`); unset: PSTRAIN_TLS_DIR."},
-        {"insecure",
-         "Plaintext gRPC for the tasks and the agent (no "
-         "encryption, no authentication)."},
-        {"insecure_allow_remote",
-         "With --insecure: let the tasks listen on an address other than "
-         "loopback."}}},
-      {"help",
-       "pstrain help [COMMAND]",
-       "Lists the commands, or one command's synopsis and flags with their "
-       "defaults.",
-       {}},
   };
+}
+
+// `pstrain launch-lines`: a job's launch script or manifests.
+CommandInfo LaunchLinesInfo() {
+  return {
+      "launch-lines",
+      "pstrain launch-lines JOB.pbtxt --launcher=slurm|mpirun|ssh|kubernetes "
+      "[--coordinator=HOST:PORT] [--job=ID] [--bin_dir=DIR] [--sbatch]",
+      "Prints a script that starts the job's tasks with a cluster launcher "
+      "and waits for them, or (kubernetes) manifests for kubectl apply. A "
+      "flag the script would ignore (--nodes or "
+      "--gpus_per_node without --agent, --cpus_per_task without slurm, "
+      "...) is an error.",
+      {{"launcher", "slurm, mpirun, ssh or kubernetes."},
+       {"coordinator",
+        "host:port of the coordinator, as the tasks reach "
+        "it."},
+       {"job",
+        "The job id the script passes to the tasks (default: the "
+        "script's environment variable JOB, e.g. JOB=$(pstrain "
+        "submit JOB.pbtxt))."},
+       {"bin_dir",
+        "The folder holding pstrain_ps and pstrain_worker on "
+        "every node (default: this pstrain's folder when it is "
+        "an installed one)."},
+       {"sbatch",
+        "--launcher=slurm: add an #SBATCH header asking for the "
+        "job's tasks, for `sbatch --wait`."},
+       {"cpus_per_task",
+        "--launcher=slurm: CPUs of each task (srun "
+        "--cpus-per-task); kubernetes: each pod's CPU request."},
+       {"image",
+        "--launcher=kubernetes: the container image holding the "
+        "binaries in --bin_dir (default /opt/pstrain/bin)."},
+       {"k8s_objects",
+        "--launcher=kubernetes: coordinator (Deployment and Service) "
+        "or tasks (default; per role a headless Service and an Indexed "
+        "Job, needs --job=ID)."},
+       {"memory_per_task",
+        "--launcher=kubernetes: each task's memory request and limit "
+        "(4Gi)."},
+       {"gpus_per_worker",
+        "--launcher=kubernetes: each worker pod's nvidia.com/gpu "
+        "limit."},
+       {"agent",
+        "Start one `pstrain node` agent per node, which starts "
+        "that node's tasks."},
+       {"nodes",
+        "--agent, spec without hosts: how many nodes get an "
+        "agent."},
+       {"gpus_per_node",
+        "--agent: passed to the agents, which give worker "
+        "k of a node GPU k % this."},
+       {"ps_binary",
+        "The pstrain_ps the script starts, on every node "
+        "(instead of --bin_dir's)."},
+       {"worker_binary",
+        "The pstrain_worker the script starts, on every "
+        "node (instead of --bin_dir's)."}}};
+}
+
+// `pstrain install`: the binaries into PREFIX/bin.
+CommandInfo InstallInfo() {
+  return {"install",
+          "pstrain install --prefix=DIR",
+          "Copies pstrain, pstrain_ps, pstrain_worker and pstrain_coordinator "
+          "to DIR/bin.",
+          {{"prefix", "Copy the binaries to PREFIX/bin (created if missing)."},
+           {"ps_binary",
+            "The pstrain_ps to copy; default: the one beside this program."},
+           {"worker_binary",
+            "The pstrain_worker to copy; default: the one beside this "
+            "program."}}};
+}
+
+// `pstrain certs`: a cluster's CA and certificates.
+CommandInfo CertsInfo() {
+  return {"certs",
+          "pstrain certs --out=DIR [--nodes_out=NODES --num_ps=N "
+          "--num_workers=M --job=ID --hosts=H,...]",
+          "Makes a CA and the mutual-TLS certificates of a cluster.",
+          {{"out",
+            "The folder to write the CA and certificates to (created "
+            "0700)."},
+           {"nodes_out",
+            "Also a folder for the nodes: ca.pem and the shards' "
+            "and workers' certificates and keys, without the keys "
+            "that stay on the head node."},
+           {"hosts",
+            "Host names or IP addresses, comma-separated, added to "
+            "every certificate."},
+           {"num_ps", "Shard certificates to make (ps 0 to N-1)."},
+           {"num_workers", "Worker certificates to make (worker 0 to M-1)."},
+           {"job",
+            "The job the task certificates are for; unset: any job of this CA "
+            "(with a warning).",
+            "none"}}};
+}
+
+// `pstrain node`: one node's tasks of a job.
+CommandInfo NodeInfo() {
+  return {"node",
+          "pstrain node --coordinator=HOST:PORT --job=ID",
+          "Starts this node's tasks of a job, restarts the ones that die "
+          "(within the job's max_restarts) and waits for them. A flag the job "
+          "would ignore (--node_rank or --num_nodes when its spec lists hosts, "
+          "--gpus_per_node with a cpu backend, ...) is an error.",
+          {{"coordinator", "host:port of the coordinator the tasks report to."},
+           {"job",
+            "The job whose tasks this node runs; $JOB: the "
+            "environment variable JOB."},
+           {"bin_dir",
+            "The folder holding pstrain_ps and pstrain_worker on "
+            "this node."},
+           {"gpus_per_node",
+            "GPUs of this node: worker k of the node gets GPU "
+            "k % this."},
+           {"node_rank",
+            "This node's rank, for specs without hosts; unset: "
+            "SLURM_NODEID, else OMPI_COMM_WORLD_RANK, else 0."},
+           {"num_nodes",
+            "How many nodes the job's tasks are spread over, for "
+            "specs without hosts; unset: SLURM_NNODES, else "
+            "OMPI_COMM_WORLD_SIZE, else 1."},
+           {"node_grace_s",
+            "After a task failed, seconds the others get to "
+            "end before SIGTERM."},
+           {"ps_binary", "The pstrain_ps to start (instead of --bin_dir's)."},
+           {"worker_binary",
+            "The pstrain_worker to start (instead of --bin_dir's)."},
+           {"tls_dir",
+            "Folder of this node's TLS files (`pstrain certs "
+            "--nodes_out`); unset: PSTRAIN_TLS_DIR."},
+           {"insecure",
+            "Plaintext gRPC for the tasks and the agent (no "
+            "encryption, no authentication)."},
+           {"insecure_allow_remote",
+            "With --insecure: let the tasks listen on an address other than "
+            "loopback."}}};
+}
+
+// `pstrain help`.
+CommandInfo HelpInfo() {
+  return {"help",
+          "pstrain help [COMMAND]",
+          "Lists the commands, or one command's synopsis and flags with their "
+          "defaults.",
+          {}};
+}
+
+}  // namespace
+
+const std::vector<CommandInfo>& Commands() {
+  static const auto* commands = [] {
+    auto* all =
+        new std::vector<CommandInfo>{RunInfo(), CompareInfo(), EvalInfo()};
+    const std::vector<CommandInfo> jobs = JobInfos();
+    all->insert(all->end(), jobs.begin(), jobs.end());
+    all->insert(all->end(), {LaunchLinesInfo(), InstallInfo(), CertsInfo(),
+                             NodeInfo(), HelpInfo()});
+    return all;
+  }();
   return *commands;
 }
 
