@@ -237,44 +237,32 @@ HostSlots SlotsOf(const google::protobuf::RepeatedPtrField<HostPort>& hosts) {
   return out;
 }
 
-}  // namespace
-
-std::string ShellQuote(const std::string& s) {
-  const bool safe =
-      !s.empty() && s.find_first_not_of(
-                        "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
-                        "0123456789@%+=:,./_-") == std::string::npos;
-  if (safe) return s;
-  std::string out = "'";
-  for (char c : s) {
-    if (c == '\'') {
-      out += "'\\''";
-    } else {
-      out += c;
-    }
-  }
-  return out + "'";
+bool HasHosts(const JobSpec& spec) {
+  return !spec.ps_hosts().empty() || !spec.worker_hosts().empty();
 }
 
-absl::StatusOr<std::string> LaunchScript(const JobSpec& spec,
-                                         const LaunchOptions& options) {
+// Every task of the spec has a host.
+bool HasAllHosts(const JobSpec& spec) {
+  return spec.ps_hosts().size() == spec.num_ps() &&
+         spec.worker_hosts().size() == spec.num_workers() && HasHosts(spec);
+}
+
+// The launcher and the options LaunchScript can carry out for `spec`.
+absl::Status CheckScriptOptions(const JobSpec& spec,
+                                const LaunchOptions& options) {
   const std::string& launcher = options.launcher;
   if (launcher != "slurm" && launcher != "mpirun" && launcher != "ssh") {
     return absl::InvalidArgumentError(
         absl::StrCat("--launcher=", launcher,
                      ": expected slurm, mpirun, ssh or kubernetes"));
   }
-  const bool have_hosts =
-      !spec.ps_hosts().empty() || !spec.worker_hosts().empty();
-  const bool all_hosts = spec.ps_hosts().size() == spec.num_ps() &&
-                         spec.worker_hosts().size() == spec.num_workers() &&
-                         have_hosts;
+  const bool all_hosts = HasAllHosts(spec);
   if (launcher == "ssh" && !all_hosts) {
     return absl::InvalidArgumentError(
         "--launcher=ssh needs ps_hosts and worker_hosts in the job spec "
         "(slurm and mpirun do not)");
   }
-  if (have_hosts && !all_hosts) {
+  if (HasHosts(spec) && !all_hosts) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--launcher=", launcher,
         ": the job spec lists hosts for one role only; expected both "
@@ -292,59 +280,94 @@ absl::StatusOr<std::string> LaunchScript(const JobSpec& spec,
     return absl::InvalidArgumentError(absl::StrCat(
         "--cpus_per_task=", options.cpus_per_task, ": expected >= 1"));
   }
-  const Role roles[] = {
-      {"ps", spec.num_ps(), &spec.ps_hosts(), "$PS"},
-      {"worker", spec.num_workers(), &spec.worker_hosts(), "$WORKER"}};
-  const int total = spec.num_ps() + spec.num_workers();
-  const std::string cpus = absl::StrCat(options.cpus_per_task);
+  return absl::OkStatus();
+}
 
-  std::string out = "#!/usr/bin/env bash\n";
+// What every part of a launch script reads: the spec and options (checked
+// by CheckScriptOptions, both outliving the plan) and what follows from
+// them.
+struct ScriptPlan {
+  const JobSpec* spec = nullptr;
+  const LaunchOptions* options = nullptr;
+  bool all_hosts = false;  // HasAllHosts(*spec)
+  std::vector<Role> roles;
   // The spec's distinct hosts, in order of first appearance.
   std::vector<std::string> distinct_hosts;
-  for (const Role& role : roles) {
+  int agents = 0;    // --agent: one per distinct host, else --nodes
+  std::string cpus;  // --cpus_per_task
+};
+
+ScriptPlan PlanOf(const JobSpec& spec, const LaunchOptions& options) {
+  ScriptPlan plan;
+  plan.spec = &spec;
+  plan.options = &options;
+  plan.all_hosts = HasAllHosts(spec);
+  plan.roles = {
+      {"ps", spec.num_ps(), &spec.ps_hosts(), "$PS"},
+      {"worker", spec.num_workers(), &spec.worker_hosts(), "$WORKER"}};
+  for (const Role& role : plan.roles) {
     for (const HostPort& h : *role.hosts) {
-      if (std::find(distinct_hosts.begin(), distinct_hosts.end(), h.host()) ==
-          distinct_hosts.end()) {
-        distinct_hosts.push_back(h.host());
+      if (std::find(plan.distinct_hosts.begin(), plan.distinct_hosts.end(),
+                    h.host()) == plan.distinct_hosts.end()) {
+        plan.distinct_hosts.push_back(h.host());
       }
     }
   }
-  const int agents =
-      all_hosts ? static_cast<int>(distinct_hosts.size()) : options.nodes;
-  if (options.sbatch && options.agent) {
-    absl::StrAppend(&out, "#SBATCH --job-name=pstrain-", spec.model(), "\n",
-                    "#SBATCH --nodes=", agents, "\n");
-    if (all_hosts) {
-      absl::StrAppend(&out,
-                      "#SBATCH --nodelist=", absl::StrJoin(distinct_hosts, ","),
-                      "\n");
+  plan.agents = plan.all_hosts ? static_cast<int>(plan.distinct_hosts.size())
+                               : options.nodes;
+  plan.cpus = absl::StrCat(options.cpus_per_task);
+  return plan;
+}
+
+// --sbatch: the #SBATCH lines asking for the job's tasks (or, with --agent,
+// one task per node); else empty.
+std::string SbatchHeader(const ScriptPlan& plan) {
+  const JobSpec& spec = *plan.spec;
+  const LaunchOptions& options = *plan.options;
+  if (!options.sbatch) return "";
+  std::string out =
+      absl::StrCat("#SBATCH --job-name=pstrain-", spec.model(), "\n");
+  if (options.agent) {
+    absl::StrAppend(&out, "#SBATCH --nodes=", plan.agents, "\n");
+    if (plan.all_hosts) {
+      absl::StrAppend(&out, "#SBATCH --nodelist=",
+                      absl::StrJoin(plan.distinct_hosts, ","), "\n");
     }
     absl::StrAppend(&out,
                     "#SBATCH --ntasks-per-node=1\n"
                     "#SBATCH --exclusive\n");
-  } else if (options.sbatch) {
-    absl::StrAppend(&out, "#SBATCH --job-name=pstrain-", spec.model(), "\n");
-    if (all_hosts) {
-      std::map<std::string, int> per_host;
-      for (const Role& role : roles) {
-        for (const HostPort& h : *role.hosts) ++per_host[h.host()];
-      }
-      int most = 0;
-      std::vector<std::string> names;
-      for (const auto& [host, count] : per_host) {
-        names.push_back(host);
-        most = std::max(most, count);
-      }
-      absl::StrAppend(&out, "#SBATCH --nodes=", per_host.size(), "\n",
-                      "#SBATCH --nodelist=", absl::StrJoin(names, ","), "\n",
-                      "#SBATCH --ntasks-per-node=", most, "\n");
-    } else {
-      absl::StrAppend(&out, "#SBATCH --ntasks=", total, "\n");
-    }
-    absl::StrAppend(&out, "#SBATCH --cpus-per-task=", cpus, "\n");
+    return out;
   }
-  absl::StrAppend(
-      &out, "# Printed by `pstrain launch-lines --launcher=", launcher,
+  if (plan.all_hosts) {
+    std::map<std::string, int> per_host;
+    for (const Role& role : plan.roles) {
+      for (const HostPort& h : *role.hosts) ++per_host[h.host()];
+    }
+    int most = 0;
+    std::vector<std::string> names;
+    for (const auto& [host, count] : per_host) {
+      names.push_back(host);
+      most = std::max(most, count);
+    }
+    absl::StrAppend(&out, "#SBATCH --nodes=", per_host.size(), "\n",
+                    "#SBATCH --nodelist=", absl::StrJoin(names, ","), "\n",
+                    "#SBATCH --ntasks-per-node=", most, "\n");
+  } else {
+    absl::StrAppend(
+        &out, "#SBATCH --ntasks=", spec.num_ps() + spec.num_workers(), "\n");
+  }
+  absl::StrAppend(&out, "#SBATCH --cpus-per-task=", plan.cpus, "\n");
+  return out;
+}
+
+// The comment saying what the script does, the shell options, the job,
+// the coordinator and the binaries, and what the launcher needs set up
+// (mpirun's options, ssh's environment).
+std::string ScriptHead(const ScriptPlan& plan) {
+  const JobSpec& spec = *plan.spec;
+  const LaunchOptions& options = *plan.options;
+  std::string out = absl::StrCat(
+      "# Printed by `pstrain launch-lines --launcher=", options.launcher,
       "`: ", "starts the ", spec.num_ps(), " ps and ", spec.num_workers(),
       " worker tasks of a ", spec.model(), " job on coordinator ",
       options.coordinator,
@@ -372,7 +395,7 @@ absl::StatusOr<std::string> LaunchScript(const JobSpec& spec,
     absl::StrAppend(&out, "PS=", ShellQuote(options.ps_binary), "\n",
                     "WORKER=", ShellQuote(options.worker_binary), "\n");
   }
-  if (launcher == "mpirun") {
+  if (options.launcher == "mpirun") {
     absl::StrAppend(
         &out,
         "# Open MPI refuses to run as root unless asked to, and passes the\n"
@@ -388,7 +411,7 @@ absl::StatusOr<std::string> LaunchScript(const JobSpec& spec,
         "# exists\", open-mpi/ompi#8510): the mpirun tasks start 0.5 s apart.\n"
         "mpirun_task() { task \"$@\"; sleep 0.5; }\n");
   }
-  if (launcher == "ssh") {
+  if (options.launcher == "ssh") {
     absl::StrAppend(&out,
                     "# ssh does not carry the environment: the tasks' TLS "
                     "folder goes with the command.\n"
@@ -397,120 +420,179 @@ absl::StatusOr<std::string> LaunchScript(const JobSpec& spec,
                     "remote_env=(env \"PSTRAIN_TLS_DIR=$PSTRAIN_TLS_DIR\"); "
                     "fi\n");
   }
-  absl::StrAppend(&out, kPrologue, "\n");
-  if (launcher == "mpirun" && all_hosts) {
-    absl::StrAppend(&out, "hostfiles=\"$(mktemp -d)\"\n");
-    // The prologue's EXIT trap replaced the one above.
-    absl::StrAppend(&out,
-                    "trap 'rm -f \"$done_file\"; rm -rf \"$hostfiles\"' "
-                    "EXIT\n");
-  }
+  return out;
+}
 
-  const std::string task_flags =
-      " --coordinator=\"$COORDINATOR\" --job=\"$JOB\"";
-  if (options.agent) {
-    std::string agent = absl::StrCat("\"$PSTRAIN\" node", task_flags);
-    if (options.gpus_per_node > 0) {
-      absl::StrAppend(&agent, " --gpus_per_node=", options.gpus_per_node);
-    }
-    if (launcher == "slurm") {
-      absl::StrAppend(
-          &out, "task \"node agents (srun, ", agents,
-          " nodes)\" srun --nodes=", agents, " --ntasks-per-node=1",
-          all_hosts
-              ? absl::StrCat(" --nodelist=", absl::StrJoin(distinct_hosts, ","))
-              : "",
-          " --job-name=pstrain-node ", agent, "\n");
-    } else if (launcher == "mpirun") {
-      const std::string mpirun =
-          "mpirun \"${mpirun_options[@]}\" --map-by ppr:1:node --bind-to none";
-      if (all_hosts) {
-        absl::StrAppend(&out, "cat >\"$hostfiles/nodes\" <<'EOF'\n");
-        for (const std::string& host : distinct_hosts) {
-          absl::StrAppend(&out, host, " slots=1\n");
-        }
-        absl::StrAppend(&out, "EOF\n", "mpirun_task \"node agents (mpirun, ",
-                        agents, " nodes)\" ", mpirun, " -np ", agents,
-                        " --hostfile \"$hostfiles/nodes\" ", agent, "\n");
-      } else {
-        absl::StrAppend(&out, "mpirun_task \"node agents (mpirun, ", agents,
-                        " nodes)\" ", mpirun, " -np ", agents, " ", agent,
-                        "\n");
+// mpirun with hosts: a temporary folder for the hostfiles, removed on exit
+// with the prologue's done file (after the prologue, whose EXIT trap this
+// one replaces); else empty.
+std::string HostfilesFolder(const ScriptPlan& plan) {
+  if (plan.options->launcher != "mpirun" || !plan.all_hosts) return "";
+  return "hostfiles=\"$(mktemp -d)\"\n"
+         "trap 'rm -f \"$done_file\"; rm -rf \"$hostfiles\"' EXIT\n";
+}
+
+// The flags every task and agent gets.
+constexpr char kTaskFlags[] = " --coordinator=\"$COORDINATOR\" --job=\"$JOB\"";
+
+// --agent: the lines starting one `pstrain node` per node.
+std::string AgentTasks(const ScriptPlan& plan) {
+  const LaunchOptions& options = *plan.options;
+  const int agents = plan.agents;
+  std::string agent = absl::StrCat("\"$PSTRAIN\" node", kTaskFlags);
+  if (options.gpus_per_node > 0) {
+    absl::StrAppend(&agent, " --gpus_per_node=", options.gpus_per_node);
+  }
+  std::string out;
+  if (options.launcher == "slurm") {
+    absl::StrAppend(&out, "task \"node agents (srun, ", agents,
+                    " nodes)\" srun --nodes=", agents, " --ntasks-per-node=1",
+                    plan.all_hosts
+                        ? absl::StrCat(" --nodelist=",
+                                       absl::StrJoin(plan.distinct_hosts, ","))
+                        : "",
+                    " --job-name=pstrain-node ", agent, "\n");
+  } else if (options.launcher == "mpirun") {
+    const std::string mpirun =
+        "mpirun \"${mpirun_options[@]}\" --map-by ppr:1:node --bind-to none";
+    if (plan.all_hosts) {
+      absl::StrAppend(&out, "cat >\"$hostfiles/nodes\" <<'EOF'\n");
+      for (const std::string& host : plan.distinct_hosts) {
+        absl::StrAppend(&out, host, " slots=1\n");
       }
+      absl::StrAppend(&out, "EOF\n", "mpirun_task \"node agents (mpirun, ",
+                      agents, " nodes)\" ", mpirun, " -np ", agents,
+                      " --hostfile \"$hostfiles/nodes\" ", agent, "\n");
     } else {
-      for (const std::string& host : distinct_hosts) {
-        const std::string quoted = ShellQuote(host);
-        absl::StrAppend(&out, "task \"node agent on ", quoted,
-                        "\" ssh -n -o BatchMode=yes ", quoted,
-                        " \"$(printf '%q ' \"${remote_env[@]}\" ", agent,
-                        ")\"\n");
-      }
+      absl::StrAppend(&out, "mpirun_task \"node agents (mpirun, ", agents,
+                      " nodes)\" ", mpirun, " -np ", agents, " ", agent, "\n");
     }
-    absl::StrAppend(&out, kEpilogue);
+  } else {
+    for (const std::string& host : plan.distinct_hosts) {
+      const std::string quoted = ShellQuote(host);
+      absl::StrAppend(
+          &out, "task \"node agent on ", quoted, "\" ssh -n -o BatchMode=yes ",
+          quoted, " \"$(printf '%q ' \"${remote_env[@]}\" ", agent, ")\"\n");
+    }
+  }
+  return out;
+}
+
+// slurm: one srun step for the role, or with hosts one per task.
+std::string SlurmTasks(const Role& role, const ScriptPlan& plan,
+                       const std::string& command) {
+  if (!plan.all_hosts) {
+    return absl::StrCat("task \"", role.name, " tasks (srun step of ",
+                        role.count, ")\" srun --exact --ntasks=", role.count,
+                        " --cpus-per-task=", plan.cpus, " --job-name=pstrain-",
+                        role.name, " ", command, "\n");
+  }
+  std::string out;
+  for (int i = 0; i < role.count; ++i) {
+    const std::string host = ShellQuote((*role.hosts)[i].host());
+    absl::StrAppend(&out, "task \"", role.name, " ", i, " on ", host,
+                    "\" srun --exact --nodes=1 --ntasks=1 --nodelist=", host,
+                    " --cpus-per-task=", plan.cpus, " --job-name=pstrain-",
+                    role.name, " ", command, " --task_index=", i, "\n");
+  }
+  return out;
+}
+
+// mpirun: one mpirun for the role (with hosts, over a hostfile in the
+// spec's order), or one per task where the role's hosts interleave.
+std::string MpirunTasks(const Role& role, const ScriptPlan& plan,
+                        const std::string& command) {
+  const std::string mpirun = "mpirun \"${mpirun_options[@]}\"";
+  const std::string placement = " --map-by slot --bind-to none ";
+  if (!plan.all_hosts) {
+    return absl::StrCat("mpirun_task \"", role.name, " tasks (mpirun -np ",
+                        role.count, ")\" ", mpirun, " -np ", role.count,
+                        placement, command, "\n");
+  }
+  std::string out;
+  const HostSlots slots = SlotsOf(*role.hosts);
+  if (slots.grouped) {
+    const std::string hostfile =
+        absl::StrCat("\"$hostfiles/", role.name, "_hosts\"");
+    absl::StrAppend(&out, "cat >", hostfile, " <<'EOF'\n");
+    for (const auto& [host, count] : slots.slots) {
+      absl::StrAppend(&out, host, " slots=", count, "\n");
+    }
+    absl::StrAppend(&out, "EOF\n");
+    absl::StrAppend(&out, "mpirun_task \"", role.name, " tasks (mpirun -np ",
+                    role.count, ")\" ", mpirun, " -np ", role.count,
+                    " --hostfile ", hostfile, placement, command, "\n");
     return out;
   }
-  for (const Role& role : roles) {
-    if (role.count == 0) continue;
-    const std::string binary = absl::StrCat("\"", role.binary_variable, "\"");
-    const std::string command = absl::StrCat(binary, task_flags);
-    if (launcher == "slurm") {
-      if (!all_hosts) {
-        absl::StrAppend(&out, "task \"", role.name, " tasks (srun step of ",
-                        role.count, ")\" srun --exact --ntasks=", role.count,
-                        " --cpus-per-task=", cpus, " --job-name=pstrain-",
-                        role.name, " ", command, "\n");
-        continue;
-      }
-      for (int i = 0; i < role.count; ++i) {
-        const std::string host = ShellQuote((*role.hosts)[i].host());
-        absl::StrAppend(&out, "task \"", role.name, " ", i, " on ", host,
-                        "\" srun --exact --nodes=1 --ntasks=1 --nodelist=",
-                        host, " --cpus-per-task=", cpus, " --job-name=pstrain-",
-                        role.name, " ", command, " --task_index=", i, "\n");
-      }
-      continue;
+  // Hosts interleaved: rank order cannot follow the spec's order, so each
+  // task is its own mpirun with its index.
+  for (int i = 0; i < role.count; ++i) {
+    const std::string host = ShellQuote((*role.hosts)[i].host());
+    absl::StrAppend(&out, "mpirun_task \"", role.name, " ", i, " on ", host,
+                    "\" ", mpirun, " -np 1 --host ", host, placement, command,
+                    " --task_index=", i, "\n");
+  }
+  return out;
+}
+
+// ssh: one per task; the remote shell gets one string, each word quoted for
+// it.
+std::string SshTasks(const Role& role, const std::string& binary) {
+  std::string out;
+  for (int i = 0; i < role.count; ++i) {
+    const std::string host = ShellQuote((*role.hosts)[i].host());
+    absl::StrAppend(&out, "task \"", role.name, " ", i, " on ", host,
+                    "\" ssh -n -o BatchMode=yes ", host,
+                    " \"$(printf '%q ' \"${remote_env[@]}\" ", binary,
+                    kTaskFlags, " --task_index=", i, ")\"\n");
+  }
+  return out;
+}
+
+// The lines starting the tasks of one role (count > 0) with the launcher.
+std::string RoleTasks(const Role& role, const ScriptPlan& plan) {
+  const std::string binary = absl::StrCat("\"", role.binary_variable, "\"");
+  const std::string command = absl::StrCat(binary, kTaskFlags);
+  if (plan.options->launcher == "slurm") {
+    return SlurmTasks(role, plan, command);
+  }
+  if (plan.options->launcher == "mpirun") {
+    return MpirunTasks(role, plan, command);
+  }
+  return SshTasks(role, binary);
+}
+
+}  // namespace
+
+std::string ShellQuote(const std::string& s) {
+  const bool safe =
+      !s.empty() && s.find_first_not_of(
+                        "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
+                        "0123456789@%+=:,./_-") == std::string::npos;
+  if (safe) return s;
+  std::string out = "'";
+  for (char c : s) {
+    if (c == '\'') {
+      out += "'\\''";
+    } else {
+      out += c;
     }
-    if (launcher == "mpirun") {
-      const std::string mpirun = "mpirun \"${mpirun_options[@]}\"";
-      const std::string placement = " --map-by slot --bind-to none ";
-      if (!all_hosts) {
-        absl::StrAppend(&out, "mpirun_task \"", role.name,
-                        " tasks (mpirun -np ", role.count, ")\" ", mpirun,
-                        " -np ", role.count, placement, command, "\n");
-        continue;
-      }
-      const HostSlots slots = SlotsOf(*role.hosts);
-      if (slots.grouped) {
-        const std::string hostfile =
-            absl::StrCat("\"$hostfiles/", role.name, "_hosts\"");
-        absl::StrAppend(&out, "cat >", hostfile, " <<'EOF'\n");
-        for (const auto& [host, count] : slots.slots) {
-          absl::StrAppend(&out, host, " slots=", count, "\n");
-        }
-        absl::StrAppend(&out, "EOF\n");
-        absl::StrAppend(&out, "mpirun_task \"", role.name,
-                        " tasks (mpirun -np ", role.count, ")\" ", mpirun,
-                        " -np ", role.count, " --hostfile ", hostfile,
-                        placement, command, "\n");
-        continue;
-      }
-      // Hosts interleaved: rank order cannot follow the spec's order, so
-      // each task is its own mpirun with its index.
-      for (int i = 0; i < role.count; ++i) {
-        const std::string host = ShellQuote((*role.hosts)[i].host());
-        absl::StrAppend(&out, "mpirun_task \"", role.name, " ", i, " on ", host,
-                        "\" ", mpirun, " -np 1 --host ", host, placement,
-                        command, " --task_index=", i, "\n");
-      }
-      continue;
-    }
-    // ssh: the remote shell gets one string; each word is quoted for it.
-    for (int i = 0; i < role.count; ++i) {
-      const std::string host = ShellQuote((*role.hosts)[i].host());
-      absl::StrAppend(&out, "task \"", role.name, " ", i, " on ", host,
-                      "\" ssh -n -o BatchMode=yes ", host,
-                      " \"$(printf '%q ' \"${remote_env[@]}\" ", binary,
-                      task_flags, " --task_index=", i, ")\"\n");
+  }
+  return out + "'";
+}
+
+absl::StatusOr<std::string> LaunchScript(const JobSpec& spec,
+                                         const LaunchOptions& options) {
+  RETURN_IF_ERROR(CheckScriptOptions(spec, options));
+  const ScriptPlan plan = PlanOf(spec, options);
+  std::string out =
+      absl::StrCat("#!/usr/bin/env bash\n", SbatchHeader(plan),
+                   ScriptHead(plan), kPrologue, "\n", HostfilesFolder(plan));
+  if (options.agent) {
+    absl::StrAppend(&out, AgentTasks(plan));
+  } else {
+    for (const Role& role : plan.roles) {
+      if (role.count > 0) absl::StrAppend(&out, RoleTasks(role, plan));
     }
   }
   absl::StrAppend(&out, kEpilogue);
