@@ -171,6 +171,10 @@ absl::StatusOr<JobConfig> ParseJobChoices(const JobSpec& spec) {
   return config;
 }
 
+Mode ModeOf(const JobSpec& spec) {
+  return ParseMode(spec.mode()).value_or(MODE_UNSPECIFIED);
+}
+
 bool AbslParseFlag(absl::string_view text, Mode* value, std::string* error) {
   return ParseFlag(ParseMode(text), value, error, Expected(kModes));
 }

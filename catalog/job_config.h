@@ -99,6 +99,10 @@ struct JobConfig {
 // of `spec`.
 absl::StatusOr<JobConfig> ParseJobChoices(const JobSpec& spec);
 
+// The mode of a spec resolved before (a stored one: the coordinator's job
+// table); MODE_UNSPECIFIED if its text is none.
+Mode ModeOf(const JobSpec& spec);
+
 // Command-line flags of these types (ABSL_FLAG(pstrain::Mode, mode, ...))
 // take the same spellings; the error names the values.
 bool AbslParseFlag(absl::string_view text, Mode* value, std::string* error);

@@ -95,7 +95,9 @@ TEST(JobConfigTest, ParseJobChoices) {
   EXPECT_EQ(config->lr_schedule, LR_SCHEDULE_STEP);
   EXPECT_EQ(config->spec.num_workers(), 3);
 
+  EXPECT_EQ(ModeOf(spec), MODE_ALLREDUCE);
   spec.set_mode("sync");
+  EXPECT_EQ(ModeOf(spec), MODE_SYNC);
   EXPECT_EQ(ParseJobChoices(spec).status().message(),
             "collective: \"nccl\" with mode sync; expected none (only "
             "allreduce has one)");

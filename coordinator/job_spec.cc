@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "catalog/catalog.h"
+#include "catalog/job_config.h"
 #include "common/status_macros.h"
 #include "common/utf8.h"
 #include "google/protobuf/io/tokenizer.h"
@@ -100,15 +101,11 @@ absl::Status CheckBytes(absl::string_view field, int64_t value, int64_t lo,
                                  " to ", hi, " bytes"));
 }
 
-// The optimizer's name, SGD's momentum and the lr schedule (server/
-// optimizer.h), with torch.optim.SGD's refusals.
-absl::Status CheckOptimizer(const OptimizerSpec& o) {
-  const bool sgd = o.name() == "sgd";
-  if (!sgd && o.name() != "adam" && o.name() != "adamw") {
-    return Bad("optimizer.name", absl::StrCat("\"", o.name(),
-                                              "\"; expected adam, adamw or "
-                                              "sgd"));
-  }
+// SGD's momentum and the lr schedule (optim/optimizer.h) of the parsed
+// optimizer and schedule, with torch.optim.SGD's refusals.
+absl::Status CheckOptimizer(const JobConfig& config) {
+  const OptimizerSpec& o = config.spec.optimizer();
+  const bool sgd = config.optimizer == OPTIMIZER_SGD;
   if (!(o.momentum() >= 0 && o.momentum() < 1)) {
     return Bad(
         "optimizer.momentum",
@@ -127,12 +124,6 @@ absl::Status CheckOptimizer(const OptimizerSpec& o) {
                             " and dampening ", Number(o.dampening()),
                             "; expected momentum > 0 and dampening 0"));
   }
-  const std::string& schedule = o.lr_schedule();
-  if (schedule != "constant" && schedule != "step" && schedule != "cosine") {
-    return Bad(
-        "optimizer.lr_schedule",
-        absl::StrCat("\"", schedule, "\"; expected constant, step or cosine"));
-  }
   RETURN_IF_ERROR(CheckRange("optimizer.warmup_steps", o.warmup_steps(), 0,
                              kMaxSteps, "(0: none)"));
   RETURN_IF_ERROR(CheckRange("optimizer.warmup_start_factor",
@@ -140,10 +131,12 @@ absl::Status CheckOptimizer(const OptimizerSpec& o) {
   RETURN_IF_ERROR(CheckRange("optimizer.lr_gamma", o.lr_gamma(), 0.0, 1.0));
   RETURN_IF_ERROR(CheckRange("optimizer.lr_min", o.lr_min(), 0.0, o.lr()));
   RETURN_IF_ERROR(CheckRange("optimizer.lr_step_size", o.lr_step_size(),
-                             schedule == "step" ? 1 : 0, kMaxSteps));
+                             config.lr_schedule == LR_SCHEDULE_STEP ? 1 : 0,
+                             kMaxSteps));
   RETURN_IF_ERROR(
       CheckRange("optimizer.lr_total_steps", o.lr_total_steps(), 0, kMaxSteps));
-  if (schedule == "cosine" && o.lr_total_steps() <= o.warmup_steps()) {
+  if (config.lr_schedule == LR_SCHEDULE_COSINE &&
+      o.lr_total_steps() <= o.warmup_steps()) {
     return Bad(
         "optimizer.lr_total_steps",
         absl::StrCat(o.lr_total_steps(),
@@ -184,55 +177,10 @@ absl::Status CheckHosts(
   return absl::OkStatus();
 }
 
-}  // namespace
+// Parts of ValidateJobSpec, in its order. Each returns the first bad field.
 
-void ApplyJobDefaults(JobSpec* spec) {
-  if (spec->model().empty()) spec->set_model("lenet5");
-  if (spec->dataset().empty()) spec->set_dataset("fashion_mnist");
-  if (spec->data_dir().empty()) {
-    spec->set_data_dir("/usr/share/datasets/fashion-mnist");
-  }
-  if (spec->backend().empty()) spec->set_backend("cpu");
-  if (spec->mode().empty()) spec->set_mode("sync");
-  if (spec->seed() == 0) spec->set_seed(1);
-  if (spec->partition_bytes() == 0) spec->set_partition_bytes(4 << 20);
-  if (spec->log_every_steps() == 0) spec->set_log_every_steps(200);
-  // image_folder's 0 keeps the images' own size.
-  if (spec->image_size() == 0 && spec->dataset() != "image_folder") {
-    spec->set_image_size(224);
-  }
-  if (spec->num_classes() == 0) spec->set_num_classes(1000);
-  if (spec->synthetic_samples() == 0) spec->set_synthetic_samples(12800);
-  if (spec->bucket_bytes() == 0) spec->set_bucket_bytes(25 << 20);
-  if (spec->compute().empty()) spec->set_compute("model");
-  if (spec->keep_checkpoints() == 0) spec->set_keep_checkpoints(3);
-  if (spec->registration_timeout_s() == 0) {
-    spec->set_registration_timeout_s(600);
-  }
-  if (!spec->has_max_nonfinite_steps()) spec->set_max_nonfinite_steps(10);
-  if (spec->collective().empty() && spec->mode() == "allreduce") {
-    spec->set_collective("gloo");
-  }
-  OptimizerSpec* o = spec->mutable_optimizer();
-  if (!o->has_lr()) o->set_lr(1e-3);
-  if (!o->has_beta1()) o->set_beta1(0.9);
-  if (!o->has_beta2()) o->set_beta2(0.999);
-  if (!o->has_epsilon()) o->set_epsilon(1e-8);
-  if (!o->has_weight_decay()) o->set_weight_decay(0.0);
-  if (o->name().empty()) o->set_name("adam");
-  if (!o->has_momentum()) o->set_momentum(0.0);
-  if (!o->has_dampening()) o->set_dampening(0.0);
-  if (o->lr_schedule().empty()) o->set_lr_schedule("constant");
-  if (!o->has_warmup_start_factor()) o->set_warmup_start_factor(0.0);
-  if (!o->has_lr_gamma()) o->set_lr_gamma(0.1);
-  if (o->lr_schedule() == "cosine" && o->lr_total_steps() == 0 &&
-      spec->max_steps_per_epoch() > 0 && spec->epochs() > 0) {
-    o->set_lr_total_steps(int64_t{spec->epochs()} *
-                          spec->max_steps_per_epoch());
-  }
-}
-
-absl::Status ValidateJobSpec(const JobSpec& spec) {
+// The model and dataset names, and every text field's UTF-8.
+absl::Status CheckNames(const JobSpec& spec) {
   RETURN_IF_ERROR(CheckUtf8Fields(spec));
   if (!IsKnownModel(spec.model())) {
     return Bad("model", absl::StrCat("\"", spec.model(),
@@ -246,38 +194,35 @@ absl::Status ValidateJobSpec(const JobSpec& spec) {
                                        "one of: ",
                                        KnownDatasets()));
   }
-  if (spec.backend() != "cpu" && spec.backend() != "cuda") {
-    return Bad("backend",
-               absl::StrCat("\"", spec.backend(), "\"; expected cpu or cuda"));
-  }
-  const bool allreduce = spec.mode() == "allreduce";
-  if (spec.mode() != "sync" && spec.mode() != "async" && !allreduce) {
-    return Bad("mode", absl::StrCat("\"", spec.mode(),
-                                    "\"; expected sync, async or allreduce"));
-  }
+  return absl::OkStatus();
+}
+
+// What mode allreduce and its collective need (the choices themselves are
+// parsed by ParseJobChoices).
+absl::Status CheckAllreduce(const JobConfig& config) {
+  const JobSpec& spec = config.spec;
+  const bool allreduce = config.mode == MODE_ALLREDUCE;
   if (allreduce && spec.num_ps() != 0) {
     return Bad("num_ps", absl::StrCat(spec.num_ps(),
                                       "; expected 0 for mode allreduce (it "
                                       "has no parameter servers)"));
   }
-  if (allreduce && spec.collective() != "gloo" && spec.collective() != "nccl") {
-    return Bad("collective", absl::StrCat("\"", spec.collective(),
-                                          "\"; expected gloo or nccl"));
+  if (allreduce && config.collective == COLLECTIVE_NONE) {
+    return Bad("collective", "\"\"; expected gloo or nccl");
   }
-  if (!allreduce && !spec.collective().empty()) {
-    return Bad(
-        "collective",
-        absl::StrCat("\"", spec.collective(), "\" with mode ", spec.mode(),
-                     "; expected none (only allreduce has one)"));
-  }
-  if (spec.collective() == "nccl" && spec.backend() != "cuda") {
+  if (config.collective == COLLECTIVE_NCCL && config.backend != BACKEND_CUDA) {
     return Bad("collective",
-               absl::StrCat("nccl with backend ", spec.backend(),
+               absl::StrCat("nccl with backend ", Spelling(config.backend),
                             "; expected backend cuda (NCCL runs between "
                             "GPUs)"));
   }
-  // Every count and size before anything is allocated from it.
-  if (!allreduce) {
+  return absl::OkStatus();
+}
+
+// Every count and size, before anything is allocated from it.
+absl::Status CheckSizes(const JobConfig& config) {
+  const JobSpec& spec = config.spec;
+  if (config.has_ps()) {
     RETURN_IF_ERROR(CheckRange("num_ps", spec.num_ps(), 1, kMaxNumPs));
   }
   RETURN_IF_ERROR(
@@ -305,8 +250,12 @@ absl::Status ValidateJobSpec(const JobSpec& spec) {
                              kMaxSyntheticSamples));
   RETURN_IF_ERROR(CheckBytes("partition_bytes", spec.partition_bytes(), 4,
                              kMaxPartitionBytes));
-  RETURN_IF_ERROR(CheckRange("bucket_bytes", spec.bucket_bytes(), 4,
-                             kMaxBucketBytes, "bytes"));
+  return CheckRange("bucket_bytes", spec.bucket_bytes(), 4, kMaxBucketBytes,
+                    "bytes");
+}
+
+// The paths' lengths, and the trace's folder.
+absl::Status CheckPaths(const JobSpec& spec) {
   for (const auto& [field, path] : {std::pair<const char*, const std::string*>{
                                         "data_dir", &spec.data_dir()},
                                     {"init_from", &spec.init_from()},
@@ -319,29 +268,37 @@ absl::Status ValidateJobSpec(const JobSpec& spec) {
                "true without a metrics_dir; expected a metrics_dir to write "
                "each task's trace into");
   }
-  if (spec.compute() == "synthetic") {
-    RETURN_IF_ERROR(
-        CheckBytes("model_bytes", spec.model_bytes(), 4, kMaxModelBytes));
-    RETURN_IF_ERROR(
-        CheckRange("compute_ms", spec.compute_ms(), 0.0, kMaxComputeMs, "ms"));
-    RETURN_IF_ERROR(CheckRange("backward_fraction", spec.backward_fraction(),
-                               0.0, 1.0,
-                               "(the share of compute_ms that is "
-                               "backward)"));
-    if (spec.max_steps_per_epoch() < 1) {
-      return Bad("max_steps_per_epoch",
-                 absl::StrCat(spec.max_steps_per_epoch(),
-                              "; expected >= 1 with compute synthetic (it "
-                              "has no dataset to make epochs of)"));
-    }
-    if (!spec.init_from().empty() || !spec.checkpoint_dir().empty()) {
-      return Bad(spec.init_from().empty() ? "checkpoint_dir" : "init_from",
-                 "compute synthetic has no model to load or save");
-    }
-  } else if (spec.compute() != "model") {
-    return Bad("compute", absl::StrCat("\"", spec.compute(),
-                                       "\"; expected model or synthetic"));
+  return absl::OkStatus();
+}
+
+// Synthetic compute's sizes, and what it has no model for.
+absl::Status CheckCompute(const JobConfig& config) {
+  const JobSpec& spec = config.spec;
+  if (config.compute != COMPUTE_SYNTHETIC) return absl::OkStatus();
+  RETURN_IF_ERROR(
+      CheckBytes("model_bytes", spec.model_bytes(), 4, kMaxModelBytes));
+  RETURN_IF_ERROR(
+      CheckRange("compute_ms", spec.compute_ms(), 0.0, kMaxComputeMs, "ms"));
+  RETURN_IF_ERROR(CheckRange("backward_fraction", spec.backward_fraction(), 0.0,
+                             1.0,
+                             "(the share of compute_ms that is "
+                             "backward)"));
+  if (spec.max_steps_per_epoch() < 1) {
+    return Bad("max_steps_per_epoch",
+               absl::StrCat(spec.max_steps_per_epoch(),
+                            "; expected >= 1 with compute synthetic (it "
+                            "has no dataset to make epochs of)"));
   }
+  if (!spec.init_from().empty() || !spec.checkpoint_dir().empty()) {
+    return Bad(spec.init_from().empty() ? "checkpoint_dir" : "init_from",
+               "compute synthetic has no model to load or save");
+  }
+  return absl::OkStatus();
+}
+
+// Checkpoints, restarts, registration and the straggler aid.
+absl::Status CheckRecovery(const JobConfig& config) {
+  const JobSpec& spec = config.spec;
   RETURN_IF_ERROR(CheckRange("checkpoint_every_steps",
                              spec.checkpoint_every_steps(), 0, kMaxSteps,
                              "(0: none)"));
@@ -354,7 +311,7 @@ absl::Status ValidateJobSpec(const JobSpec& spec) {
   RETURN_IF_ERROR(CheckRange("checkpoint_every_secs",
                              spec.checkpoint_every_secs(), 0.0,
                              kMaxCheckpointEverySecs, "seconds"));
-  if (spec.max_restarts() > 0 && spec.mode() == "allreduce" &&
+  if (spec.max_restarts() > 0 && config.mode == MODE_ALLREDUCE &&
       spec.checkpoint_dir().empty()) {
     return Bad("max_restarts",
                absl::StrCat(spec.max_restarts(),
@@ -365,16 +322,40 @@ absl::Status ValidateJobSpec(const JobSpec& spec) {
   RETURN_IF_ERROR(CheckRange("registration_timeout_s",
                              spec.registration_timeout_s(), 1,
                              kMaxRegistrationTimeoutS, "seconds"));
-  if (absl::StatusOr<Straggler> straggler =
-          ParseStraggler(spec.straggler(), spec.num_workers());
-      !straggler.ok()) {
-    return straggler.status();
+  return ParseStraggler(spec.straggler(), spec.num_workers()).status();
+}
+
+// Augmentation and streaming: the input pipeline of a streamed
+// image_folder.
+absl::Status CheckInputs(const JobConfig& config) {
+  const JobSpec& spec = config.spec;
+  if (config.augment != AUGMENT_NONE && !spec.stream_images()) {
+    return Bad("augment",
+               absl::StrCat(spec.augment(),
+                            " without stream_images; expected none "
+                            "(augmentation runs in the input pipeline of "
+                            "a streamed image_folder)"));
   }
+  if (spec.stream_images() && spec.dataset() != "image_folder") {
+    return Bad("stream_images",
+               absl::StrCat("true with dataset ", spec.dataset(),
+                            "; expected false (streaming is for "
+                            "image_folder: IDX and record files are "
+                            "memory-mapped already)"));
+  }
+  return absl::OkStatus();
+}
+
+// Staleness, backup workers and gradient clipping: their ranges, the modes
+// they are for and the combinations refused.
+absl::Status CheckModeCombinations(const JobConfig& config) {
+  const JobSpec& spec = config.spec;
+  const absl::string_view mode = Spelling(config.mode);
   RETURN_IF_ERROR(
       CheckRange("staleness", spec.staleness(), 0, kMaxStaleness, "steps"));
   RETURN_IF_ERROR(CheckRange("clip_grad_norm", spec.clip_grad_norm(), 0.0,
                              kMaxClipGradNorm, "(0: none)"));
-  if (spec.clip_grad_norm() > 0 && spec.mode() == "async") {
+  if (spec.clip_grad_norm() > 0 && config.mode == MODE_ASYNC) {
     return Bad("clip_grad_norm",
                absl::StrCat(Number(spec.clip_grad_norm()),
                             " with mode async; expected 0 (async applies "
@@ -391,36 +372,13 @@ absl::Status ValidateJobSpec(const JobSpec& spec) {
                      "norm once every worker has ended the step: "
                      "plain sync or allreduce)"));
   }
-  if (!spec.augment().empty() && spec.augment() != "none") {
-    if (spec.augment() != "random_resized_crop" &&
-        spec.augment() != "pad_crop") {
-      return Bad("augment",
-                 absl::StrCat("\"", absl::CEscape(spec.augment()),
-                              "\"; expected none, random_resized_crop or "
-                              "pad_crop"));
-    }
-    if (!spec.stream_images()) {
-      return Bad("augment",
-                 absl::StrCat(spec.augment(),
-                              " without stream_images; expected none "
-                              "(augmentation runs in the input pipeline of "
-                              "a streamed image_folder)"));
-    }
-  }
-  if (spec.stream_images() && spec.dataset() != "image_folder") {
-    return Bad("stream_images",
-               absl::StrCat("true with dataset ", spec.dataset(),
-                            "; expected false (streaming is for "
-                            "image_folder: IDX and record files are "
-                            "memory-mapped already)"));
-  }
   RETURN_IF_ERROR(CheckRange("backup_workers", spec.backup_workers(), 0,
                              std::max(0, spec.num_workers() - 1),
                              "(num_workers - 1)"));
   if (spec.backup_workers() > 0) {
-    if (spec.mode() != "sync") {
+    if (config.mode != MODE_SYNC) {
       return Bad("backup_workers",
-                 absl::StrCat(spec.backup_workers(), " with mode ", spec.mode(),
+                 absl::StrCat(spec.backup_workers(), " with mode ", mode,
                               "; expected 0 (backup workers are for mode "
                               "sync)"));
     }
@@ -442,18 +400,22 @@ absl::Status ValidateJobSpec(const JobSpec& spec) {
                               "behind the shards)"));
     }
   }
-  if (spec.staleness() > 0 && spec.mode() != "sync") {
+  if (spec.staleness() > 0 && config.mode != MODE_SYNC) {
     return Bad("staleness",
-               absl::StrCat(spec.staleness(), " with mode ", spec.mode(),
+               absl::StrCat(spec.staleness(), " with mode ", mode,
                             "; expected 0 (a staleness bound is for mode "
                             "sync; async has none)"));
   }
   // Staleness composes with checkpoints, resume and restarts: worker 0
   // names step S before it pushes step S, and each shard copies every chunk
   // when it reaches version S (ParameterShard::BeginDeferredSnapshot).
-  // The optimizer runs in fp32: each value is checked as the update will
-  // see it.
-  const OptimizerSpec& o = spec.optimizer();
+  return absl::OkStatus();
+}
+
+// The optimizer's values. It runs in fp32: each value is checked as the
+// update will see it.
+absl::Status CheckOptimizerValues(const JobConfig& config) {
+  const OptimizerSpec& o = config.spec.optimizer();
   RETURN_IF_ERROR(CheckRange("optimizer.lr", o.lr(), kMinLr, kMaxLr));
   for (const auto& [field, value] :
        {std::pair<const char*, double>{"optimizer.beta1", o.beta1()},
@@ -470,12 +432,14 @@ absl::Status ValidateJobSpec(const JobSpec& spec) {
       CheckRange("optimizer.epsilon", o.epsilon(), kMinEpsilon, kMaxEpsilon));
   RETURN_IF_ERROR(CheckRange("optimizer.weight_decay", o.weight_decay(), 0.0,
                              kMaxWeightDecay));
-  RETURN_IF_ERROR(CheckOptimizer(o));
-#undef PSTRAIN_CHECK
-  absl::Status s = CheckHosts(spec.ps_hosts(), "ps_hosts", spec.num_ps());
-  if (!s.ok()) return s;
-  s = CheckHosts(spec.worker_hosts(), "worker_hosts", spec.num_workers());
-  if (!s.ok()) return s;
+  return CheckOptimizer(config);
+}
+
+// The host lists, and every task's own address.
+absl::Status CheckAddresses(const JobSpec& spec) {
+  RETURN_IF_ERROR(CheckHosts(spec.ps_hosts(), "ps_hosts", spec.num_ps()));
+  RETURN_IF_ERROR(
+      CheckHosts(spec.worker_hosts(), "worker_hosts", spec.num_workers()));
   // Every task needs its own address: the same host:port twice, in either
   // list, would make the second task fail to bind.
   std::map<std::pair<std::string, int>, std::string> seen;
@@ -500,6 +464,79 @@ absl::Status ValidateJobSpec(const JobSpec& spec) {
   return absl::OkStatus();
 }
 
+}  // namespace
+
+absl::StatusOr<JobConfig> ResolveJobSpec(const JobSpec& spec) {
+  RETURN_IF_ERROR(CheckNames(spec));
+  ASSIGN_OR_RETURN(JobConfig config, ParseJobChoices(spec));
+  RETURN_IF_ERROR(CheckAllreduce(config));
+  RETURN_IF_ERROR(CheckSizes(config));
+  RETURN_IF_ERROR(CheckPaths(spec));
+  RETURN_IF_ERROR(CheckCompute(config));
+  RETURN_IF_ERROR(CheckRecovery(config));
+  RETURN_IF_ERROR(CheckModeCombinations(config));
+  RETURN_IF_ERROR(CheckInputs(config));
+  RETURN_IF_ERROR(CheckOptimizerValues(config));
+  RETURN_IF_ERROR(CheckAddresses(spec));
+  return config;
+}
+
+absl::Status ValidateJobSpec(const JobSpec& spec) {
+  return ResolveJobSpec(spec).status();
+}
+
+void ApplyJobDefaults(JobSpec* spec) {
+  if (spec->model().empty()) spec->set_model("lenet5");
+  if (spec->dataset().empty()) spec->set_dataset("fashion_mnist");
+  if (spec->data_dir().empty()) {
+    spec->set_data_dir("/usr/share/datasets/fashion-mnist");
+  }
+  if (spec->backend().empty()) spec->set_backend("cpu");
+  if (spec->mode().empty()) spec->set_mode("sync");
+  if (spec->seed() == 0) spec->set_seed(1);
+  if (spec->partition_bytes() == 0) spec->set_partition_bytes(4 << 20);
+  if (spec->log_every_steps() == 0) spec->set_log_every_steps(200);
+  // image_folder's 0 keeps the images' own size.
+  if (spec->image_size() == 0 && spec->dataset() != "image_folder") {
+    spec->set_image_size(224);
+  }
+  if (spec->num_classes() == 0) spec->set_num_classes(1000);
+  if (spec->synthetic_samples() == 0) spec->set_synthetic_samples(12800);
+  if (spec->bucket_bytes() == 0) spec->set_bucket_bytes(25 << 20);
+  if (spec->compute().empty()) spec->set_compute("model");
+  if (spec->keep_checkpoints() == 0) spec->set_keep_checkpoints(3);
+  if (spec->registration_timeout_s() == 0) {
+    spec->set_registration_timeout_s(600);
+  }
+  if (!spec->has_max_nonfinite_steps()) spec->set_max_nonfinite_steps(10);
+  // An unknown mode or schedule gets no default here: ValidateJobSpec
+  // names it.
+  const absl::StatusOr<Mode> mode = ParseMode(spec->mode());
+  if (spec->collective().empty() && mode.ok() && *mode == MODE_ALLREDUCE) {
+    spec->set_collective("gloo");
+  }
+  OptimizerSpec* o = spec->mutable_optimizer();
+  if (!o->has_lr()) o->set_lr(1e-3);
+  if (!o->has_beta1()) o->set_beta1(0.9);
+  if (!o->has_beta2()) o->set_beta2(0.999);
+  if (!o->has_epsilon()) o->set_epsilon(1e-8);
+  if (!o->has_weight_decay()) o->set_weight_decay(0.0);
+  if (o->name().empty()) o->set_name("adam");
+  if (!o->has_momentum()) o->set_momentum(0.0);
+  if (!o->has_dampening()) o->set_dampening(0.0);
+  if (o->lr_schedule().empty()) o->set_lr_schedule("constant");
+  if (!o->has_warmup_start_factor()) o->set_warmup_start_factor(0.0);
+  if (!o->has_lr_gamma()) o->set_lr_gamma(0.1);
+  const absl::StatusOr<LrScheduleKind> schedule =
+      ParseLrSchedule(o->lr_schedule());
+  if (schedule.ok() && *schedule == LR_SCHEDULE_COSINE &&
+      o->lr_total_steps() == 0 && spec->max_steps_per_epoch() > 0 &&
+      spec->epochs() > 0) {
+    o->set_lr_total_steps(int64_t{spec->epochs()} *
+                          spec->max_steps_per_epoch());
+  }
+}
+
 absl::StatusOr<JobSpec> ParseJobSpec(absl::string_view text,
                                      const std::string& source) {
   JobSpec spec;
@@ -518,17 +555,18 @@ absl::StatusOr<JobSpec> ParseJobSpec(absl::string_view text,
   return spec;
 }
 
-OptimizerOptions OptimizerOptionsOf(const OptimizerSpec& optimizer) {
+OptimizerOptions OptimizerOptionsOf(const JobConfig& config) {
+  const OptimizerSpec& optimizer = config.spec.optimizer();
   OptimizerOptions o = AdamOptionsOf(optimizer);
-  o.kind =
-      optimizer.name() == "sgd" ? OptimizerKind::kSgd : OptimizerKind::kAdam;
+  o.kind = config.optimizer == OPTIMIZER_SGD ? OptimizerKind::kSgd
+                                             : OptimizerKind::kAdam;
   o.momentum = static_cast<float>(optimizer.momentum());
   o.dampening = static_cast<float>(optimizer.dampening());
   o.nesterov = optimizer.nesterov();
   LrSchedule& s = o.schedule;
-  s.decay = optimizer.lr_schedule() == "step"     ? LrDecay::kStep
-            : optimizer.lr_schedule() == "cosine" ? LrDecay::kCosine
-                                                  : LrDecay::kConstant;
+  s.decay = config.lr_schedule == LR_SCHEDULE_STEP     ? LrDecay::kStep
+            : config.lr_schedule == LR_SCHEDULE_COSINE ? LrDecay::kCosine
+                                                       : LrDecay::kConstant;
   s.warmup_steps = optimizer.warmup_steps();
   s.warmup_start_factor = optimizer.warmup_start_factor();
   s.step_size = std::max<int64_t>(1, optimizer.lr_step_size());

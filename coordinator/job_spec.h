@@ -90,6 +90,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "catalog/job_config.h"
 #include "optim/adam.h"
 #include "optim/optimizer.h"
 #include "proto/job.pb.h"
@@ -152,24 +153,32 @@ absl::StatusOr<JobSpec> ParseJobSpec(absl::string_view text,
 // Fills the unset fields listed above.
 void ApplyJobDefaults(JobSpec* spec);
 
-// INVALID_ARGUMENT naming the first bad field, its value and what was
-// expected: a text field that is not UTF-8 (CheckUtf8Fields: the spec's
-// text fields are bytes on the wire, so a server parses such a spec and
-// answers this, not gRPC's INTERNAL), an unknown model, dataset, backend, mode,
-// compute or collective; a value outside the ranges above; a host list whose
-// length is neither 0 nor the task count; an empty host; the same host:port
-// (port > 0) listed twice; fields that contradict each other (max_restarts or a
-// collective with the wrong mode, nccl without cuda, init_from or
-// checkpoint_dir with synthetic compute). Reads `spec` after
-// ApplyJobDefaults: a 0 here is checked as 0.
+// The job's typed config (catalog/job_config.h): `spec` validated, its
+// choices parsed once. INVALID_ARGUMENT naming the first bad field, its
+// value and what was expected: a text field that is not UTF-8
+// (CheckUtf8Fields: the spec's text fields are bytes on the wire, so a
+// server parses such a spec and answers this, not gRPC's INTERNAL), an
+// unknown model, dataset, backend, mode, collective, compute, augment,
+// optimizer name or lr schedule (ParseJobChoices); a value outside the
+// ranges above; a host list whose length is neither 0 nor the task count;
+// an empty host; the same host:port (port > 0) listed twice; fields that
+// contradict each other (max_restarts or a collective with the wrong mode,
+// nccl without cuda, init_from or checkpoint_dir with synthetic compute,
+// staleness, backup workers and clipping outside their modes and
+// combinations). Reads `spec` after ApplyJobDefaults: a 0 here is checked
+// as 0. The coordinator, the PS and the workers each resolve the spec they
+// read once and then read the config's enums.
+absl::StatusOr<JobConfig> ResolveJobSpec(const JobSpec& spec);
+
+// ResolveJobSpec's verdict alone.
 absl::Status ValidateJobSpec(const JobSpec& spec);
 
 // The Adam hyperparameters of `optimizer` (doubles in the spec, fp32 in the
 // update), for the shards and for allreduce workers alike.
 AdamOptions AdamOptionsOf(const OptimizerSpec& optimizer);
-// The whole optimizer of `optimizer` (after ApplyJobDefaults): kind, Adam's
-// and SGD's hyperparameters, the lr schedule.
-OptimizerOptions OptimizerOptionsOf(const OptimizerSpec& optimizer);
+// The whole optimizer of a resolved job: kind, Adam's and SGD's
+// hyperparameters, the lr schedule.
+OptimizerOptions OptimizerOptionsOf(const JobConfig& config);
 
 }  // namespace pstrain
 

@@ -15,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
+#include "catalog/job_config.h"
 #include "common/flags_util.h"
 #include "common/status_macros.h"
 #include "common/utf8.h"
@@ -803,10 +804,9 @@ absl::StatusOr<int> JobTable::TaskRestarting(const std::string& id,
   task->set_address("");
   task->set_message(why);
   task->set_waiting_since_ms(Ms(now));
-  // Allreduce: the survivors' collective is broken with the dead worker's
-  // ranks, so every worker restarts, meeting under the next generation's
-  // prefix; the earlier generations' rendezvous keys are dropped.
-  const bool every_worker = job->spec().mode() == "allreduce";
+  // Allreduce: the death broke the survivors' collective, so every worker
+  // restarts under the next generation's prefix (older keys are dropped).
+  const bool every_worker = ModeOf(job->spec()) == MODE_ALLREDUCE;
   if (every_worker) {
     for (TaskInfo& t : *job->mutable_tasks()) {
       if (&t == task || t.state() == TASK_WAITING) continue;

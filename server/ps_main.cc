@@ -35,6 +35,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
+#include "catalog/job_config.h"
 #include "common/flags_util.h"
 #include "common/grpc_server.h"
 #include "common/tls.h"
@@ -79,18 +80,19 @@ struct JobEnd {
   std::string message ABSL_GUARDED_BY(mu);
 };
 
-// The shard's options from the job spec, validated at submission
-// (coordinator/job_spec.h).
-pstrain::ShardOptions ShardOptionsOf(const pstrain::JobSpec& spec,
+// The shard's options from the job's resolved config
+// (coordinator/job_spec.h ResolveJobSpec).
+pstrain::ShardOptions ShardOptionsOf(const pstrain::JobConfig& config,
                                      const std::string& job_id, int index) {
+  const pstrain::JobSpec& spec = config.spec;
   pstrain::ShardOptions options;
   options.job_id = job_id;
   options.shard_index = index;
   options.num_shards = spec.num_ps();
   options.num_workers = spec.num_workers();
-  options.mode = spec.mode() == "async" ? pstrain::SyncMode::kAsync
-                                        : pstrain::SyncMode::kSync;
-  options.adam = pstrain::OptimizerOptionsOf(spec.optimizer());
+  options.mode = config.mode == pstrain::MODE_ASYNC ? pstrain::SyncMode::kAsync
+                                                    : pstrain::SyncMode::kSync;
+  options.adam = pstrain::OptimizerOptionsOf(config);
   options.staleness = spec.staleness();
   options.replicas_to_aggregate =
       spec.backup_workers() > 0 ? spec.num_workers() - spec.backup_workers()
@@ -311,12 +313,16 @@ int main(int argc, char** argv) {
       pstrain::JoinJobFromFlags(pstrain::ROLE_PS, kProgram, &exit_code);
   if (!joined.ok()) return exit_code;
   pstrain::TaskAgent& agent = *joined->agent;
-  const pstrain::JobSpec* spec = &joined->spec;
   const pstrain::TaskAddress* address = &joined->address;
   const int index = agent.options().index;
   auto fail = [&](int code, const std::string& message) {
     return pstrain::FailTask(agent, kProgram, code, message);
   };
+  // The spec was validated at submission; its choices are parsed here, once.
+  const absl::StatusOr<pstrain::JobConfig> config =
+      pstrain::ResolveJobSpec(joined->spec);
+  if (!config.ok()) return fail(2, std::string(config.status().message()));
+  const pstrain::JobSpec* spec = &config->spec;
 
   // Reported like every task's. The shard applies Adam on the thread of the
   // worker stream that completes a chunk (up to num_workers at once); it has
@@ -325,7 +331,7 @@ int main(int argc, char** argv) {
     return exit_code;
   }
   const pstrain::ShardOptions options =
-      ShardOptionsOf(*spec, agent.options().job_id, index);
+      ShardOptionsOf(*config, agent.options().job_id, index);
 
   // TLS as shard `index` of the job, every call authorized (common/authz.h);
   // or --insecure, refused on a non-loopback address unless allowed.
@@ -370,7 +376,7 @@ int main(int argc, char** argv) {
       "shard %d/%d of %s listening on %s:%d, advertised as %s (%s, %d "
       "workers)",
       index, options.num_shards, options.job_id, address->bind, listening->port,
-      advertised, spec->mode(), options.num_workers));
+      advertised, pstrain::Spelling(config->mode), options.num_workers));
 
   // Metrics rows and the trace.
   ShardFiles files(&shard, &service);

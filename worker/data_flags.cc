@@ -5,6 +5,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
+#include "catalog/job_config.h"
 #include "worker/job_inputs.h"
 
 ABSL_FLAG(std::string, dataset, "fashion_mnist",
@@ -118,8 +119,10 @@ absl::StatusOr<Dataset> ListDatasetFromFlags() {
 }
 
 absl::Status CheckBackendFlags() {
-  return CheckBackend(absl::GetFlag(FLAGS_backend), absl::GetFlag(FLAGS_gpu),
-                      "--");
+  absl::StatusOr<BackendKind> backend =
+      ParseBackend(absl::GetFlag(FLAGS_backend), "--backend");
+  if (!backend.ok()) return backend.status();
+  return CheckBackend(*backend, absl::GetFlag(FLAGS_gpu), "--");
 }
 
 std::vector<std::string> DataAndBackendFlagArgs() {

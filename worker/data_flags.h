@@ -57,8 +57,9 @@ absl::StatusOr<Dataset> LoadDatasetFromFlags();
 // the memory check of an in-memory load); errors as LoadDatasetFromFlags'.
 absl::StatusOr<Dataset> ListDatasetFromFlags();
 
-// Checks --backend and --gpu (a cuda backend needs a CUDA build and a
-// visible GPU); the error names the flag.
+// Checks --backend and --gpu: a known backend (INVALID_ARGUMENT
+// "--backend: \"tpu\"; expected cpu or cuda"), and for cuda a CUDA build
+// and a visible GPU (worker/job_inputs.h CheckBackend).
 absl::Status CheckBackendFlags();
 
 // The flags above as "--name=value" arguments, for a child process.

@@ -25,12 +25,13 @@ absl::StatusOr<Dataset> LoadDatasetNamed(const std::string& name,
   return dataset;
 }
 
-absl::Status CheckBackend(const std::string& backend, int gpu,
+absl::Status CheckBackend(BackendKind backend, int gpu,
                           absl::string_view prefix) {
-  if (backend == "cpu") return absl::OkStatus();
-  if (backend != "cuda") {
+  if (backend == BACKEND_CPU) return absl::OkStatus();
+  if (backend != BACKEND_CUDA) {
     return absl::InvalidArgumentError(
-        absl::StrCat(prefix, "backend=", backend, ": expected cpu or cuda"));
+        absl::StrCat(prefix, "backend: ", static_cast<int>(backend),
+                     "; expected cpu or cuda"));
   }
   absl::Status status = Backend::CudaAvailable(gpu);
   if (!status.ok()) {

@@ -10,6 +10,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "catalog/job_config.h"
 #include "worker/dataset.h"
 
 namespace pstrain {
@@ -21,9 +22,11 @@ absl::StatusOr<Dataset> LoadDatasetNamed(const std::string& name,
                                          const DatasetOptions& options,
                                          absl::string_view prefix);
 
-// Checks a backend name and GPU index (a cuda backend needs a CUDA build
-// and a visible GPU); the error names them with `prefix` as above.
-absl::Status CheckBackend(const std::string& backend, int gpu,
+// Checks a backend and GPU index: a cuda backend needs a CUDA build and a
+// visible GPU (FAILED_PRECONDITION naming them with `prefix` as above:
+// "--backend=cuda --gpu=0: this build has no CUDA backend; ...");
+// INVALID_ARGUMENT for BACKEND_UNSPECIFIED or a number outside the enum.
+absl::Status CheckBackend(BackendKind backend, int gpu,
                           absl::string_view prefix);
 
 }  // namespace pstrain

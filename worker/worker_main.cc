@@ -24,6 +24,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "catalog/job_config.h"
 #include "common/flags_util.h"
 #include "common/tls.h"
 #include "common/trace.h"
@@ -91,13 +92,14 @@ absl::Status CheckFlags() {
 // happened within --init_timeout_s (no supervisor, or none that restarts).
 // Without, it gives the supervisor 3 s to report the death first, so that
 // the job's message names it.
-int FailOrAwaitRestart(pstrain::TaskAgent& agent, const pstrain::JobSpec& spec,
+int FailOrAwaitRestart(pstrain::TaskAgent& agent,
+                       const pstrain::JobConfig& config,
                        const absl::Status& status, const std::string& message) {
-  const bool allreduce = spec.mode() == "allreduce";
+  const bool allreduce = config.mode == pstrain::MODE_ALLREDUCE;
   const bool peer_death = absl::IsDeadlineExceeded(status) ||
                           absl::IsUnavailable(status) ||
                           absl::IsAborted(status) || absl::IsCancelled(status);
-  if (allreduce && spec.max_restarts() > 0 && peer_death) {
+  if (allreduce && config.spec.max_restarts() > 0 && peer_death) {
     agent.Log(absl::StrCat(agent.name(), ": ", status.message(),
                            "; waiting for the job's workers to restart"));
     absl::SleepFor(absl::Seconds(absl::GetFlag(FLAGS_init_timeout_s)));
@@ -120,11 +122,13 @@ struct ThreadPlan {
 // every core and the input threads run under SCHED_IDLE in the cycles it
 // leaves (decoding is a few percent of a CPU step: a whole core for it
 // halved ResNet-18's step on 2 cores).
-ThreadPlan PlanThreads(const pstrain::JobSpec& spec, int threads) {
+ThreadPlan PlanThreads(const pstrain::JobConfig& config, int threads) {
+  const pstrain::JobSpec& spec = config.spec;
   ThreadPlan plan;
   plan.input_threads =
       spec.stream_images() ? pstrain::InputThreadsForCores(threads) : 1;
-  plan.idle_input = spec.stream_images() && spec.backend() == "cpu";
+  plan.idle_input =
+      spec.stream_images() && config.backend == pstrain::BACKEND_CPU;
   plan.compute_threads = spec.stream_images() && !plan.idle_input
                              ? std::max(1, threads - plan.input_threads)
                              : threads;
@@ -132,8 +136,10 @@ ThreadPlan PlanThreads(const pstrain::JobSpec& spec, int threads) {
 }
 
 // The job's dataset; an empty one for synthetic compute, which reads none.
-absl::StatusOr<pstrain::Dataset> LoadJobDataset(const pstrain::JobSpec& spec) {
-  if (spec.compute() == "synthetic") return pstrain::Dataset();
+absl::StatusOr<pstrain::Dataset> LoadJobDataset(
+    const pstrain::JobConfig& config) {
+  if (config.compute == pstrain::COMPUTE_SYNTHETIC) return pstrain::Dataset();
+  const pstrain::JobSpec& spec = config.spec;
   pstrain::DatasetOptions data_options;
   data_options.image_size = spec.image_size();
   data_options.stream_images = spec.stream_images();
@@ -196,14 +202,15 @@ void StartHeartbeatsThatExit(pstrain::TaskAgent& agent) {
 // this worker's GPU), under the prefix of the job's generation (after a
 // restart of every worker, keys no earlier worker set).
 absl::StatusOr<std::unique_ptr<pstrain::Collective>> ConnectCollective(
-    const pstrain::JobSpec& spec, int index, int gpu,
+    const pstrain::JobConfig& config, int index, int gpu,
     const pstrain::TaskAddress& address, const pstrain::ClusterLayout& layout,
     pstrain::RendezvousStore* store) {
+  const pstrain::JobSpec& spec = config.spec;
   const absl::Duration timeout =
       absl::Seconds(absl::GetFlag(FLAGS_init_timeout_s));
   const std::string generation =
       layout.generation() == 0 ? "" : absl::StrCat("-", layout.generation());
-  if (spec.collective() == "nccl") {
+  if (config.collective == pstrain::COLLECTIVE_NCCL) {
     return pstrain::Collective::CreateNccl(index, spec.num_workers(), gpu,
                                            store, "nccl" + generation, timeout);
   }
@@ -217,9 +224,10 @@ absl::StatusOr<std::unique_ptr<pstrain::Collective>> ConnectCollective(
 // callbacks report through `agent`, which must outlive training. Errors:
 // the TLS credentials' or the straggler's, the task's exit code 2.
 absl::StatusOr<pstrain::TrainerOptions> TrainerOptionsOf(
-    const pstrain::JobSpec& spec, pstrain::TaskAgent& agent,
+    const pstrain::JobConfig& config, pstrain::TaskAgent& agent,
     const pstrain::ClusterLayout& layout, const ThreadPlan& threads,
     pstrain::Collective* collective) {
+  const pstrain::JobSpec& spec = config.spec;
   const int index = agent.options().index;
   pstrain::TrainerOptions options;
   options.job_id = agent.options().job_id;
@@ -237,18 +245,19 @@ absl::StatusOr<pstrain::TrainerOptions> TrainerOptionsOf(
   if (!credentials.ok()) return credentials.status();
   if (!agent.options().tls.insecure) options.ps_credentials = *credentials;
   options.model = spec.model();
-  options.mode = spec.mode();
+  // TrainerOptions still takes the choices' spellings (worker/trainer.h).
+  options.mode = std::string(pstrain::Spelling(config.mode));
   options.collective = collective;
   options.bucket_bytes = spec.bucket_bytes();
-  options.adam = pstrain::OptimizerOptionsOf(spec.optimizer());
-  options.compute = spec.compute();
+  options.adam = pstrain::OptimizerOptionsOf(config);
+  options.compute = std::string(pstrain::Spelling(config.compute));
   options.compute_ms = spec.compute_ms();
   options.model_bytes = spec.model_bytes();
   options.backward_fraction = spec.backward_fraction();
   options.batch_size = spec.batch_size();
   options.input_threads = threads.input_threads;
   options.input_idle_priority = threads.idle_input;
-  options.augment = spec.augment();
+  options.augment = std::string(pstrain::Spelling(config.augment));
   options.epochs = spec.epochs();
   options.seed = spec.seed();
   options.log_every_steps = spec.log_every_steps();
@@ -280,7 +289,8 @@ absl::StatusOr<pstrain::TrainerOptions> TrainerOptionsOf(
   // checkpoint (every worker of the generation reads the same one: all of
   // the earlier generation have exited before the layout answers), or
   // starts afresh before the first.
-  if (spec.mode() == "allreduce" && spec.max_restarts() > 0 && options.rejoin &&
+  if (config.mode == pstrain::MODE_ALLREDUCE && spec.max_restarts() > 0 &&
+      options.rejoin &&
       pstrain::ReadLatestCheckpoint(spec.checkpoint_dir()).ok()) {
     options.resume = true;
   }
@@ -296,7 +306,7 @@ absl::StatusOr<pstrain::TrainerOptions> TrainerOptionsOf(
   if (!spec.checkpoint_dir().empty()) {
     options.model_out = spec.checkpoint_dir() + "/model.safetensors";
   }
-  options.backend = spec.backend();
+  options.backend = std::string(pstrain::Spelling(config.backend));
   options.gpu = absl::GetFlag(FLAGS_gpu);
   options.init_timeout = absl::Seconds(absl::GetFlag(FLAGS_init_timeout_s));
   options.rpc_timeout = absl::Seconds(absl::GetFlag(FLAGS_rpc_timeout_s));
@@ -327,24 +337,29 @@ int main(int argc, char** argv) {
       pstrain::JoinJobFromFlags(pstrain::ROLE_WORKER, kProgram, &exit_code);
   if (!joined.ok()) return exit_code;
   pstrain::TaskAgent& agent = *joined->agent;
-  const pstrain::JobSpec& spec = joined->spec;
   const pstrain::TaskAddress& address = joined->address;
   const int index = agent.options().index;
   auto fail = [&](int code, const std::string& message) {
     return pstrain::FailTask(agent, kProgram, code, message);
   };
+  // The spec was validated at submission; its choices are parsed here, once.
+  absl::StatusOr<pstrain::JobConfig> resolved =
+      pstrain::ResolveJobSpec(joined->spec);
+  if (!resolved.ok()) return fail(2, std::string(resolved.status().message()));
+  const pstrain::JobConfig& config = *resolved;
+  const pstrain::JobSpec& spec = config.spec;
   // oneDNN's primitives run on the training (this) thread's OpenMP pool.
   absl::StatusOr<int> threads =
       pstrain::TaskThreadsFromFlags(agent, kProgram, true, &exit_code);
   if (!threads.ok()) return exit_code;
-  const ThreadPlan thread_plan = PlanThreads(spec, *threads);
+  const ThreadPlan thread_plan = PlanThreads(config, *threads);
   omp_set_num_threads(thread_plan.compute_threads);
   const int gpu = absl::GetFlag(FLAGS_gpu);
-  if (absl::Status s = pstrain::CheckBackend(spec.backend(), gpu, "");
+  if (absl::Status s = pstrain::CheckBackend(config.backend, gpu, "");
       !s.ok()) {
     return fail(2, std::string(s.message()));
   }
-  absl::StatusOr<pstrain::Dataset> dataset = LoadJobDataset(spec);
+  absl::StatusOr<pstrain::Dataset> dataset = LoadJobDataset(config);
   if (!dataset.ok()) return fail(2, std::string(dataset.status().message()));
 
   // Workers do not listen (yet); the address names the host they run on.
@@ -365,17 +380,17 @@ int main(int argc, char** argv) {
 
   CoordinatorStore store(&agent);
   std::unique_ptr<pstrain::Collective> collective;
-  if (spec.mode() == "allreduce") {
+  if (config.mode == pstrain::MODE_ALLREDUCE) {
     absl::StatusOr<std::unique_ptr<pstrain::Collective>> connected =
-        ConnectCollective(spec, index, gpu, address, *layout, &store);
+        ConnectCollective(config, index, gpu, address, *layout, &store);
     if (!connected.ok()) {
-      return FailOrAwaitRestart(agent, spec, connected.status(),
+      return FailOrAwaitRestart(agent, config, connected.status(),
                                 std::string(connected.status().message()));
     }
     collective = *std::move(connected);
   }
   absl::StatusOr<pstrain::TrainerOptions> options =
-      TrainerOptionsOf(spec, agent, *layout, thread_plan, collective.get());
+      TrainerOptionsOf(config, agent, *layout, thread_plan, collective.get());
   if (!options.ok()) return fail(2, std::string(options.status().message()));
 
   absl::StatusOr<pstrain::TrainerOutput> output =
@@ -385,7 +400,7 @@ int main(int argc, char** argv) {
     pstrain::PrintError(kProgram, absl::StrCat("trace: ", s.message()));
   }
   if (!output.ok()) {
-    return FailOrAwaitRestart(agent, spec, output.status(),
+    return FailOrAwaitRestart(agent, config, output.status(),
                               output.status().ToString());
   }
   absl::Status s =
