@@ -197,7 +197,9 @@ int ExpectRecoveriesAgree(const Policy& policy, const std::string& output) {
   for (std::sregex_iterator it(output.begin(), output.end(), back), end;
        it != end; ++it) {
     const int step = std::stoi((*it)[2].str());
-    if (!policy.backups) EXPECT_EQ(step % 50, 0) << (*it)[0].str();
+    if (!policy.backups) {
+      EXPECT_EQ(step % 50, 0) << (*it)[0].str();
+    }
     ++recoveries;
   }
   return recoveries;
