@@ -135,8 +135,10 @@ class Backend {
  public:
   virtual ~Backend() = default;
 
-  // "cpu", or "cuda" with GPU `gpu`. INVALID_ARGUMENT for another name;
-  // FAILED_PRECONDITION when this build has no CUDA ("rebuild with
+  // "cpu", or "cuda" with GPU `gpu`: the spelling parsed
+  // (catalog/job_config.h), then CreateBackend (models/backend_factory.h).
+  // INVALID_ARGUMENT for another name ("backend: \"tpu\"; expected cpu or
+  // cuda"); FAILED_PRECONDITION when this build has no CUDA ("rebuild with
   // --config=cuda") or no GPU `gpu` is visible.
   static absl::StatusOr<std::unique_ptr<Backend>> Create(
       const std::string& name, int gpu = 0);

@@ -1,5 +1,7 @@
-// Backend::Create: the CPU backend always, the CUDA backend in --config=cuda
-// builds (PSTRAIN_WITH_CUDA).
+// CreateBackend and Backend::Create: the CPU backend always, the CUDA
+// backend in --config=cuda builds (PSTRAIN_WITH_CUDA).
+#include "models/backend_factory.h"
+
 #include "absl/strings/str_cat.h"
 #include "models/backend.h"
 
@@ -21,18 +23,28 @@ absl::Status Backend::CudaAvailable(int gpu) {
 #endif
 }
 
+absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(BackendKind kind,
+                                                       int gpu) {
+  switch (kind) {
+    case BACKEND_CPU:
+      return NewCpuBackend();
+    case BACKEND_CUDA:
+#ifdef PSTRAIN_WITH_CUDA
+      return NewCudaBackend(gpu);
+#else
+      return Backend::CudaAvailable(gpu);
+#endif
+    default:
+      return absl::InvalidArgumentError(absl::StrCat(
+          "backend: ", static_cast<int>(kind), "; expected cpu or cuda"));
+  }
+}
+
 absl::StatusOr<std::unique_ptr<Backend>> Backend::Create(
     const std::string& name, int gpu) {
-  if (name == "cpu") return NewCpuBackend();
-  if (name == "cuda") {
-#ifdef PSTRAIN_WITH_CUDA
-    return NewCudaBackend(gpu);
-#else
-    return CudaAvailable(gpu);
-#endif
-  }
-  return absl::InvalidArgumentError(
-      absl::StrCat("backend \"", name, "\"; expected cpu or cuda"));
+  absl::StatusOr<BackendKind> kind = ParseBackend(name);
+  if (!kind.ok()) return kind.status();
+  return CreateBackend(*kind, gpu);
 }
 
 }  // namespace pstrain
