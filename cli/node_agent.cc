@@ -242,6 +242,200 @@ absl::StatusOr<std::vector<NodeTask>> PlanNodeTasks(
   return tasks;
 }
 
+namespace {
+
+// --job, else $JOB when --job is "$JOB"; INVALID_ARGUMENT if neither is set.
+absl::StatusOr<std::string> NodeJobId() {
+  std::string job_id = absl::GetFlag(FLAGS_job);
+  if (job_id == "$JOB") {
+    const char* from_env = std::getenv("JOB");
+    job_id = from_env != nullptr ? from_env : "";
+  }
+  if (job_id.empty()) {
+    return absl::InvalidArgumentError(
+        "--job is not set (nor JOB); expected the id `pstrain submit` "
+        "printed");
+  }
+  return job_id;
+}
+
+// This node's names, cores and GPUs, and its rank among the job's nodes
+// from --node_rank/--num_nodes, else Slurm's or Open MPI's environment;
+// INVALID_ARGUMENT naming a variable that is not a count.
+absl::StatusOr<NodePlacement> PlacementFromFlags() {
+  NodePlacement placement;
+  placement.local_names = LocalNames();
+  placement.cores = UsableCores();
+  placement.gpus_per_node = absl::GetFlag(FLAGS_gpus_per_node);
+  placement.node_rank = absl::GetFlag(FLAGS_node_rank);
+  placement.num_nodes = absl::GetFlag(FLAGS_num_nodes);
+  if (placement.node_rank < 0) {
+    absl::StatusOr<int> rank =
+        FromEnvironment({"SLURM_NODEID", "OMPI_COMM_WORLD_RANK"});
+    if (!rank.ok()) return rank.status();
+    placement.node_rank = std::max(0, *rank);
+  }
+  if (placement.num_nodes <= 0) {
+    absl::StatusOr<int> nodes =
+        FromEnvironment({"SLURM_NNODES", "OMPI_COMM_WORLD_SIZE"});
+    if (!nodes.ok()) return nodes.status();
+    placement.num_nodes = std::max(1, *nodes);
+  }
+  return placement;
+}
+
+// One node's tasks of a job while they run.
+struct NodeRun {
+  std::string coordinator;  // host:port
+  std::string job_id;
+  TlsOptions tls;
+  JobSpec spec;
+  LocalCluster cluster;
+  // Each task's argv and identity by name ("worker1"), to restart it.
+  std::map<std::string, std::vector<std::string>> argvs;
+  std::map<std::string, TlsIdentity> identities;
+};
+
+// Starts `tasks` (`ps` and `worker`: their binaries) in run->cluster; each
+// one's name with its GPU and threads ("worker1 (GPU 1) 4 threads"), or an
+// error naming the task that did not start (the others are stopped).
+absl::StatusOr<std::vector<std::string>> StartNodeTasks(
+    const std::vector<NodeTask>& tasks, const std::string& ps,
+    const std::string& worker, NodeRun* run) {
+  std::vector<std::string> names;
+  for (const NodeTask& t : tasks) {
+    const bool is_ps = t.role == ROLE_PS;
+    const std::string name = absl::StrCat(is_ps ? "ps" : "worker", t.index);
+    std::vector<std::string> argv = {
+        is_ps ? ps : worker, absl::StrCat("--coordinator=", run->coordinator),
+        absl::StrCat("--job=", run->job_id),
+        absl::StrCat("--task_index=", t.index),
+        absl::StrCat("--threads=", t.threads)};
+    if (t.gpu >= 0) argv.push_back(absl::StrCat("--gpu=", t.gpu));
+    run->argvs[name] = argv;
+    run->identities[name] = TlsIdentity{is_ps ? TlsRole::kPs : TlsRole::kWorker,
+                                        t.index, run->job_id};
+    if (absl::Status s = run->cluster.Start(name, argv); !s.ok()) {
+      run->cluster.StopAll(absl::Seconds(3));
+      return absl::InternalError(
+          absl::StrCat("cannot start ", name, ": ", s.message()));
+    }
+    names.push_back(
+        absl::StrCat(name, t.gpu >= 0 ? absl::StrCat(" (GPU ", t.gpu, ")") : "",
+                     " ", t.threads, t.threads == 1 ? " thread" : " threads"));
+  }
+  return names;
+}
+
+// A task that died while its job runs, restarted within the job's
+// max_restarts, which the coordinator counts over every node (RestartTask,
+// with the task's own key); a worker rejoins. True if it was started again.
+bool RestartDeadTask(const ChildExit& exit, NodeRun* run) {
+  const std::string why =
+      absl::StrCat("died (",
+                   exit.code > 0 ? absl::StrCat("exit code ", exit.code)
+                                 : absl::StrCat("signal ", -exit.code),
+                   ")");
+  TlsIdentity as = run->identities[exit.role];
+  if (!run->tls.insecure) {
+    absl::StatusOr<TlsIdentity> own =
+        TaskIdentityInFolder(run->tls, as.role, as.index);
+    if (own.ok()) as = *own;
+  }
+  absl::StatusOr<std::unique_ptr<Coordinator::Stub>> stub =
+      CoordinatorStub(run->coordinator, run->tls, as);
+  grpc::Status restarted(grpc::StatusCode::UNAVAILABLE, "no stub");
+  RestartTaskResponse response;
+  if (stub.ok()) {
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() +
+                         std::chrono::seconds(30));
+    RestartTaskRequest request;
+    request.mutable_task()->set_job_id(run->job_id);
+    request.mutable_task()->set_role(as.role == TlsRole::kPs ? ROLE_PS
+                                                             : ROLE_WORKER);
+    request.mutable_task()->set_index(as.index);
+    request.set_why(why);
+    restarted = (*stub)->RestartTask(&context, request, &response);
+  }
+  if (!restarted.ok()) {
+    PrintError(kProgram, absl::StrCat("not restarting ", exit.role, ": ",
+                                      restarted.error_message()));
+    return false;
+  }
+  std::vector<std::string> argv = run->argvs[exit.role];
+  if (as.role == TlsRole::kWorker) argv.push_back("--rejoin");
+  std::printf("%s: %s %s; %s (restart %d of %d)\n", kProgram, exit.role.c_str(),
+              why.c_str(),
+              run->spec.mode() == "allreduce"
+                  ? "restarting every worker from the newest checkpoint"
+                  : "restarting it",
+              response.restarts(), response.max_restarts());
+  std::fflush(stdout);
+  return run->cluster.Start(exit.role, argv).ok();
+}
+
+// Waits for every task of `run` (`num_tasks` of them), restarting those
+// the job lets restart; the first failure decides the exit status, and the
+// others get --node_grace_s to end.
+int WaitForNodeTasks(size_t num_tasks, NodeRun* run) {
+  ChildExit first_failure;
+  absl::Time stop_at = absl::InfiniteFuture();
+  const absl::Duration grace = absl::Seconds(absl::GetFlag(FLAGS_node_grace_s));
+  while (run->cluster.num_running() > 0) {
+    if (g_node_signal != 0) {
+      run->cluster.StopAll(absl::Seconds(3));
+      return Fail(
+          128 + g_node_signal,
+          absl::StrCat("stopped by signal ", static_cast<int>(g_node_signal),
+                       "; stopped every task of this node"));
+    }
+    ChildExit exit = run->cluster.WaitAny(absl::Milliseconds(200));
+    if (exit.role.empty()) {
+      if (absl::Now() >= stop_at) {
+        PrintError(kProgram, "stopping the tasks still running");
+        run->cluster.StopAll(absl::Seconds(3));
+      }
+      continue;
+    }
+    // A task the coordinator stopped for the restart of every worker
+    // (allreduce: another worker died, which that one's agent counted) is
+    // started again at once, as a replacement.
+    if (exit.code == kRestartExitCode && first_failure.role.empty()) {
+      std::vector<std::string> argv = run->argvs[exit.role];
+      argv.push_back("--rejoin");
+      std::printf("%s: %s stopped for the job's restart; starting it again\n",
+                  kProgram, exit.role.c_str());
+      std::fflush(stdout);
+      if (run->cluster.Start(exit.role, argv).ok()) continue;
+    }
+    if (exit.code != 0 && first_failure.role.empty() &&
+        run->spec.max_restarts() > 0 && RestartDeadTask(exit, run)) {
+      continue;
+    }
+    if (exit.code != 0 && first_failure.role.empty()) {
+      first_failure = exit;
+      PrintError(kProgram,
+                 absl::StrCat(exit.role, " exited with status ", exit.code,
+                              exit.last_error_line.empty() ? "" : ": ",
+                              exit.last_error_line, "; the other tasks get ",
+                              absl::FormatDuration(grace), " to end"));
+      stop_at = absl::Now() + grace;
+    }
+  }
+  if (first_failure.role.empty()) {
+    std::printf("%s: all %zu tasks of this node exited 0\n", kProgram,
+                num_tasks);
+    return 0;
+  }
+  const int code =
+      first_failure.code > 0 ? first_failure.code : 128 - first_failure.code;
+  return Fail(code, absl::StrCat("FAILED: ", first_failure.role,
+                                 " exited with status ", first_failure.code));
+}
+
+}  // namespace
+
 int NodeCommand(const std::vector<std::string>& args,
                 const std::string& ps_binary,
                 const std::string& worker_binary) {
@@ -260,49 +454,31 @@ int NodeCommand(const std::vector<std::string>& args,
       }
     }
   }
-  std::string job_id = absl::GetFlag(FLAGS_job);
-  if (job_id == "$JOB") {
-    const char* from_env = std::getenv("JOB");
-    job_id = from_env != nullptr ? from_env : "";
+  absl::StatusOr<std::string> job_id = NodeJobId();
+  if (!job_id.ok()) return Fail(2, std::string(job_id.status().message()));
+  absl::StatusOr<NodePlacement> placement = PlacementFromFlags();
+  if (!placement.ok()) {
+    return Fail(2, std::string(placement.status().message()));
   }
-  if (job_id.empty()) {
-    return Fail(2,
-                "--job is not set (nor JOB); expected the id `pstrain "
-                "submit` printed");
-  }
-  NodePlacement placement;
-  placement.local_names = LocalNames();
-  placement.cores = UsableCores();
-  placement.gpus_per_node = absl::GetFlag(FLAGS_gpus_per_node);
-  placement.node_rank = absl::GetFlag(FLAGS_node_rank);
-  placement.num_nodes = absl::GetFlag(FLAGS_num_nodes);
-  if (placement.node_rank < 0) {
-    absl::StatusOr<int> rank =
-        FromEnvironment({"SLURM_NODEID", "OMPI_COMM_WORLD_RANK"});
-    if (!rank.ok()) return Fail(2, std::string(rank.status().message()));
-    placement.node_rank = std::max(0, *rank);
-  }
-  if (placement.num_nodes <= 0) {
-    absl::StatusOr<int> nodes =
-        FromEnvironment({"SLURM_NNODES", "OMPI_COMM_WORLD_SIZE"});
-    if (!nodes.ok()) return Fail(2, std::string(nodes.status().message()));
-    placement.num_nodes = std::max(1, *nodes);
-  }
-  const std::string coordinator = absl::GetFlag(FLAGS_coordinator);
+  NodeRun run;
+  run.coordinator = absl::GetFlag(FLAGS_coordinator);
+  run.job_id = *job_id;
   absl::StatusOr<TlsOptions> tls = TlsOptionsFromFlags(kProgram);
   if (!tls.ok()) return Fail(2, std::string(tls.status().message()));
+  run.tls = *tls;
   absl::StatusOr<JobInfo> job =
-      FetchJob(coordinator, job_id, *tls, absl::Seconds(120));
+      FetchJob(run.coordinator, run.job_id, run.tls, absl::Seconds(120));
   if (!job.ok()) return Fail(1, std::string(job.status().message()));
-  if (absl::Status s = CheckIgnoredNodeFlags(job->spec()); !s.ok()) {
-    return Fail(2, absl::StrCat(job_id, ": ", s.message()));
+  run.spec = job->spec();
+  if (absl::Status s = CheckIgnoredNodeFlags(run.spec); !s.ok()) {
+    return Fail(2, absl::StrCat(run.job_id, ": ", s.message()));
   }
   absl::StatusOr<std::vector<NodeTask>> tasks =
-      PlanNodeTasks(job->spec(), placement);
+      PlanNodeTasks(run.spec, *placement);
   if (!tasks.ok()) {
-    return Fail(2, absl::StrCat(job_id, ": ", tasks.status().message()));
+    return Fail(2, absl::StrCat(run.job_id, ": ", tasks.status().message()));
   }
-  std::string bin_dir = absl::GetFlag(FLAGS_bin_dir);
+  const std::string bin_dir = absl::GetFlag(FLAGS_bin_dir);
   const std::string ps =
       bin_dir.empty() ? ps_binary : absl::StrCat(bin_dir, "/pstrain_ps");
   const std::string worker = bin_dir.empty()
@@ -311,133 +487,14 @@ int NodeCommand(const std::vector<std::string>& args,
 
   std::signal(SIGINT, OnNodeSignal);
   std::signal(SIGTERM, OnNodeSignal);
-  LocalCluster cluster;
-  std::vector<std::string> names;
-  // Each task's argv and identity, to restart it.
-  std::map<std::string, std::vector<std::string>> argvs;
-  std::map<std::string, TlsIdentity> identities;
-  for (const NodeTask& t : *tasks) {
-    const bool is_ps = t.role == ROLE_PS;
-    const std::string name = absl::StrCat(is_ps ? "ps" : "worker", t.index);
-    std::vector<std::string> argv = {
-        is_ps ? ps : worker, absl::StrCat("--coordinator=", coordinator),
-        absl::StrCat("--job=", job_id), absl::StrCat("--task_index=", t.index),
-        absl::StrCat("--threads=", t.threads)};
-    if (t.gpu >= 0) argv.push_back(absl::StrCat("--gpu=", t.gpu));
-    argvs[name] = argv;
-    identities[name] =
-        TlsIdentity{is_ps ? TlsRole::kPs : TlsRole::kWorker, t.index, job_id};
-    if (absl::Status s = cluster.Start(name, argv); !s.ok()) {
-      cluster.StopAll(absl::Seconds(3));
-      return Fail(1, absl::StrCat("cannot start ", name, ": ", s.message()));
-    }
-    names.push_back(
-        absl::StrCat(name, t.gpu >= 0 ? absl::StrCat(" (GPU ", t.gpu, ")") : "",
-                     " ", t.threads, t.threads == 1 ? " thread" : " threads"));
-  }
+  absl::StatusOr<std::vector<std::string>> names =
+      StartNodeTasks(*tasks, ps, worker, &run);
+  if (!names.ok()) return Fail(1, std::string(names.status().message()));
   std::printf("%s: node %d of %d, %d cores: started %s\n", kProgram,
-              placement.node_rank, placement.num_nodes, placement.cores,
-              absl::StrJoin(names, ", ").c_str());
+              placement->node_rank, placement->num_nodes, placement->cores,
+              absl::StrJoin(*names, ", ").c_str());
   std::fflush(stdout);
-
-  // Wait for every task; the first failure decides the exit status.
-  ChildExit first_failure;
-  absl::Time stop_at = absl::InfiniteFuture();
-  const absl::Duration grace = absl::Seconds(absl::GetFlag(FLAGS_node_grace_s));
-  while (cluster.num_running() > 0) {
-    if (g_node_signal != 0) {
-      cluster.StopAll(absl::Seconds(3));
-      return Fail(
-          128 + g_node_signal,
-          absl::StrCat("stopped by signal ", static_cast<int>(g_node_signal),
-                       "; stopped every task of this node"));
-    }
-    ChildExit exit = cluster.WaitAny(absl::Milliseconds(200));
-    if (exit.role.empty()) {
-      if (absl::Now() >= stop_at) {
-        PrintError(kProgram, "stopping the tasks still running");
-        cluster.StopAll(absl::Seconds(3));
-      }
-      continue;
-    }
-    // A task the coordinator stopped for the restart of every worker
-    // (allreduce: another worker died, which that one's agent counted) is
-    // started again at once, as a replacement.
-    if (exit.code == kRestartExitCode && first_failure.role.empty()) {
-      std::vector<std::string> argv = argvs[exit.role];
-      argv.push_back("--rejoin");
-      std::printf("%s: %s stopped for the job's restart; starting it again\n",
-                  kProgram, exit.role.c_str());
-      std::fflush(stdout);
-      if (cluster.Start(exit.role, argv).ok()) continue;
-    }
-    // A task that died while its job runs is restarted within the job's
-    // max_restarts, which the coordinator counts over every node
-    // (RestartTask, with the task's own key); workers rejoin.
-    if (exit.code != 0 && first_failure.role.empty() &&
-        job->spec().max_restarts() > 0) {
-      const std::string why =
-          absl::StrCat("died (",
-                       exit.code > 0 ? absl::StrCat("exit code ", exit.code)
-                                     : absl::StrCat("signal ", -exit.code),
-                       ")");
-      TlsIdentity as = identities[exit.role];
-      if (!tls->insecure) {
-        absl::StatusOr<TlsIdentity> own =
-            TaskIdentityInFolder(*tls, as.role, as.index);
-        if (own.ok()) as = *own;
-      }
-      absl::StatusOr<std::unique_ptr<Coordinator::Stub>> stub =
-          CoordinatorStub(coordinator, *tls, as);
-      grpc::Status restarted(grpc::StatusCode::UNAVAILABLE, "no stub");
-      RestartTaskResponse response;
-      if (stub.ok()) {
-        grpc::ClientContext context;
-        context.set_deadline(std::chrono::system_clock::now() +
-                             std::chrono::seconds(30));
-        RestartTaskRequest request;
-        request.mutable_task()->set_job_id(job_id);
-        request.mutable_task()->set_role(as.role == TlsRole::kPs ? ROLE_PS
-                                                                 : ROLE_WORKER);
-        request.mutable_task()->set_index(as.index);
-        request.set_why(why);
-        restarted = (*stub)->RestartTask(&context, request, &response);
-      }
-      if (restarted.ok()) {
-        std::vector<std::string> argv = argvs[exit.role];
-        if (as.role == TlsRole::kWorker) argv.push_back("--rejoin");
-        std::printf("%s: %s %s; %s (restart %d of %d)\n", kProgram,
-                    exit.role.c_str(), why.c_str(),
-                    job->spec().mode() == "allreduce"
-                        ? "restarting every worker from the newest checkpoint"
-                        : "restarting it",
-                    response.restarts(), response.max_restarts());
-        std::fflush(stdout);
-        if (cluster.Start(exit.role, argv).ok()) continue;
-      } else {
-        PrintError(kProgram, absl::StrCat("not restarting ", exit.role, ": ",
-                                          restarted.error_message()));
-      }
-    }
-    if (exit.code != 0 && first_failure.role.empty()) {
-      first_failure = exit;
-      PrintError(kProgram,
-                 absl::StrCat(exit.role, " exited with status ", exit.code,
-                              exit.last_error_line.empty() ? "" : ": ",
-                              exit.last_error_line, "; the other tasks get ",
-                              absl::FormatDuration(grace), " to end"));
-      stop_at = absl::Now() + grace;
-    }
-  }
-  if (first_failure.role.empty()) {
-    std::printf("%s: all %zu tasks of this node exited 0\n", kProgram,
-                tasks->size());
-    return 0;
-  }
-  const int code =
-      first_failure.code > 0 ? first_failure.code : 128 - first_failure.code;
-  return Fail(code, absl::StrCat("FAILED: ", first_failure.role,
-                                 " exited with status ", first_failure.code));
+  return WaitForNodeTasks(tasks->size(), &run);
 }
 
 }  // namespace pstrain
