@@ -1,0 +1,226 @@
+// PsClient's calls on the shards' state rather than on a step: install
+// it (Initialize, InitializeAs), find and raise the generation after a
+// failure (HighestGeneration, Restore, Reopen), wait for it (WaitReady),
+// and checkpoint it (Checkpoint); see worker/ps_client.h.
+#include <algorithm>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/status.h"
+#include "common/tensor_codec.h"
+#include "worker/ps_client.h"
+
+namespace pstrain {
+namespace {
+
+void SetDeadline(grpc::ClientContext* context, absl::Duration timeout) {
+  context->set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+}
+
+}  // namespace
+
+absl::Status PsClient::Initialize(
+    const std::vector<absl::Span<const float>>& params,
+    const ModelState* resume) {
+  return InitializeAs(params, resume, 0);
+}
+
+absl::StatusOr<int64_t> PsClient::HighestGeneration(
+    absl::Duration timeout, std::vector<int>* uninitialised) {
+  int64_t highest = 0;
+  for (int s = 0; s < num_shards(); ++s) {
+    grpc::ClientContext context;
+    SetDeadline(&context, timeout);
+    StatsRequest request;
+    SetHeader(request.mutable_header());
+    StatsResponse response;
+    const grpc::Status status = stubs_[s]->Stats(&context, request, &response);
+    if (!status.ok()) return ShardError(s, status);
+    highest = std::max(highest, response.generation());
+    if (uninitialised != nullptr && !response.initialized()) {
+      uninitialised->push_back(s);
+    }
+  }
+  return highest;
+}
+
+absl::StatusOr<int64_t> PsClient::Restore(
+    const std::vector<absl::Span<const float>>& weights,
+    const ModelState& state, absl::Duration timeout) {
+  ASSIGN_OR_RETURN(const int64_t highest, HighestGeneration(timeout));
+  const int64_t generation = highest + 1;
+  RETURN_IF_ERROR(InitializeAs(weights, &state, generation));
+  generation_ = generation;
+  return generation;
+}
+
+absl::StatusOr<int64_t> PsClient::Reopen(absl::Duration timeout) {
+  std::vector<int> restarted;
+  ASSIGN_OR_RETURN(const int64_t highest,
+                   HighestGeneration(timeout, &restarted));
+  if (!restarted.empty()) {
+    // The ordinary shard death: nothing to reopen, the checkpoint it is.
+    const bool one = restarted.size() == 1;
+    return absl::FailedPreconditionError(absl::StrCat(
+        one ? "shard " : "shards ", absl::StrJoin(restarted, ", "),
+        one ? " was restarted and holds" : " were restarted and hold",
+        " no state, so every shard restores the checkpoint"));
+  }
+  const int64_t generation = highest + 1;
+  int64_t version = -1;
+  for (int s = 0; s < num_shards(); ++s) {
+    grpc::ClientContext context;
+    SetDeadline(&context, timeout);
+    InitResponse response;
+    auto writer = stubs_[s]->Init(&context, &response);
+    InitRequest first;
+    SetHeader(first.mutable_header());
+    for (int64_t n : plan_.param_num_elements()) {
+      first.mutable_layout()->add_param_num_elements(n);
+    }
+    first.mutable_layout()->set_partition_bytes(plan_.partition_bytes());
+    first.mutable_layout()->set_num_buffers(plan_.num_buffers());
+    first.set_generation(generation);
+    first.set_reopen(true);
+    // Shard 0 at its own version, the others at the same one or not at
+    // all (they then stay at the old generation until the restore).
+    first.set_reopen_version(s == 0 ? -1 : version);
+    writer->Write(first);
+    writer->WritesDone();
+    const grpc::Status status = writer->Finish();
+    if (!status.ok()) {
+      absl::Status error = ShardError(s, status);
+      if (s > 0 && absl::IsFailedPrecondition(error)) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "shard 0 reopened at version ", version, " but ", error.message()));
+      }
+      return error;
+    }
+    if (s == 0) version = response.version();
+  }
+  generation_ = generation;
+  return version;
+}
+
+absl::Status PsClient::InitializeAs(
+    const std::vector<absl::Span<const float>>& params,
+    const ModelState* resume, int64_t generation) {
+  for (int s = 0; s < num_shards(); ++s) {
+    grpc::ClientContext context;
+    SetDeadline(&context, options_.rpc_timeout);
+    InitResponse response;
+    auto writer = stubs_[s]->Init(&context, &response);
+    InitRequest first;
+    SetHeader(first.mutable_header());
+    for (int64_t n : plan_.param_num_elements()) {
+      first.mutable_layout()->add_param_num_elements(n);
+    }
+    first.mutable_layout()->set_partition_bytes(plan_.partition_bytes());
+    first.mutable_layout()->set_num_buffers(plan_.num_buffers());
+    first.set_generation(generation);
+    bool ok = writer->Write(first);
+    for (const ChunkSpec& c : shard_chunks_[s]) {
+      if (!ok) break;
+      InitRequest request;
+      SetHeader(request.mutable_header());
+      const int64_t version =
+          resume == nullptr
+              ? 0
+              : resume->VersionOf(c.param_id, c.offset, c.num_elements);
+      EncodeFloatChunk(c.param_id, c.chunk_index, version,
+                       params[c.param_id].subspan(c.offset, c.num_elements),
+                       request.mutable_chunk());
+      if (resume != nullptr && !resume->m[c.param_id].empty()) {
+        EncodeFloatChunk(c.param_id, c.chunk_index, version,
+                         absl::MakeConstSpan(resume->m[c.param_id])
+                             .subspan(c.offset, c.num_elements),
+                         request.mutable_adam_m());
+        EncodeFloatChunk(c.param_id, c.chunk_index, version,
+                         absl::MakeConstSpan(resume->v[c.param_id])
+                             .subspan(c.offset, c.num_elements),
+                         request.mutable_adam_v());
+      }
+      ok = writer->Write(request);
+    }
+    writer->WritesDone();
+    const grpc::Status status = writer->Finish();
+    if (!status.ok()) return ShardError(s, status);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status PsClient::WaitReady(absl::Duration timeout, int64_t min_generation,
+                                 bool wait_for_connection) {
+  const absl::Time deadline = absl::Now() + timeout;
+  int64_t generation = min_generation;
+  // Until every shard answers at the same generation (a shard already
+  // restored further raises the bar for the others).
+  for (int s = 0; s < num_shards();) {
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(deadline));
+    // At a job's start the shard may still be starting.
+    context.set_wait_for_ready(wait_for_connection);
+    WaitReadyRequest request;
+    SetHeader(request.mutable_header());
+    request.set_min_generation(generation);
+    WaitReadyResponse response;
+    const grpc::Status status =
+        stubs_[s]->WaitReady(&context, request, &response);
+    if (!status.ok()) return ShardError(s, status);
+    const std::vector<int64_t> sizes(
+        response.layout().param_num_elements().begin(),
+        response.layout().param_num_elements().end());
+    if (sizes != plan_.param_num_elements() ||
+        response.layout().partition_bytes() != plan_.partition_bytes() ||
+        response.layout().num_buffers() != plan_.num_buffers()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("shard ", s, " (", addresses_[s],
+                       ") was initialised with a different model layout (",
+                       sizes.size(), " tensors) than this worker's (",
+                       plan_.param_num_elements().size(), " tensors)"));
+    }
+    if (response.generation() > generation) {
+      generation = response.generation();
+      s = 0;
+      continue;
+    }
+    ++s;
+  }
+  generation_ = generation;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<CheckpointResponse>> PsClient::Checkpoint(
+    int64_t step, bool wait) {
+  std::vector<CheckpointResponse> responses(num_shards());
+  // Backup workers: shard 0 picks the cut and holds its admissions until
+  // the others have registered it (proto/ps.proto pick_step).
+  const bool pick = options_.backup_workers && !wait;
+  auto call = [&](int s, bool pick_step, bool release) {
+    grpc::ClientContext context;
+    SetDeadline(&context, options_.rpc_timeout);
+    CheckpointRequest request;
+    SetHeader(request.mutable_header());
+    request.set_step(step);
+    request.set_wait(wait);
+    request.set_pick_step(pick_step);
+    request.set_release(release);
+    CheckpointResponse released;
+    const grpc::Status status = stubs_[s]->Checkpoint(
+        &context, request, release ? &released : &responses[s]);
+    return status.ok() ? absl::OkStatus() : ShardError(s, status);
+  };
+  for (int s = 0; s < num_shards(); ++s) {
+    absl::Status status = call(s, pick && s == 0, false);
+    if (pick && s == 0 && status.ok()) step = responses[0].step();
+    if (!status.ok()) {
+      if (pick && s > 0) call(0, false, true).IgnoreError();
+      return status;
+    }
+  }
+  if (pick) RETURN_IF_ERROR(call(0, false, true));
+  return responses;
+}
+
+}  // namespace pstrain
