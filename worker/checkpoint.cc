@@ -16,6 +16,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
+#include "catalog/job_config.h"
 #include "common/flags_util.h"
 #include "common/regular_file.h"
 #include "common/safetensors.h"
@@ -381,7 +382,7 @@ absl::StatusOr<CheckpointManifest> ReadCheckpointManifest(
   }
   CheckpointJobInfo& job = m.job;
   ASSIGN_OR_RETURN(job.mode, Field<std::string>(path, j, "mode"));
-  if (job.mode != "sync" && job.mode != "async" && job.mode != "allreduce") {
+  if (!ParseMode(job.mode).ok()) {
     return BadManifest(path, absl::StrCat("mode ", Quoted(job.mode),
                                           "; expected sync, async or "
                                           "allreduce"));
