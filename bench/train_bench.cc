@@ -51,6 +51,7 @@
 #include "absl/time/clock.h"
 #include "catalog/catalog.h"
 #include "common/flags_util.h"
+#include "common/status_macros.h"
 #include "models/model.h"
 #include "optim/adam.h"
 #include "worker/data_flags.h"
@@ -261,159 +262,190 @@ void PrintLayerTimes(const Model& m, int steps, double update_seconds,
   }
 }
 
-int Main() {
+// The sizes, model, backend and update the flags ask for; INVALID_ARGUMENT
+// naming the first bad one.
+absl::Status CheckBenchFlags() {
   const std::string model_name = absl::GetFlag(FLAGS_model);
   const int batch = absl::GetFlag(FLAGS_batch_size);
   const int steps = absl::GetFlag(FLAGS_steps);
   const int warmup = absl::GetFlag(FLAGS_warmup);
   if (batch <= 0 || steps <= 0 || warmup < 0) {
-    PrintError(kProgram,
-               absl::StrCat("--batch_size=", batch, " --steps=", steps,
-                            " --warmup=", warmup, ": expected positive sizes"));
-    return 2;
+    return absl::InvalidArgumentError(
+        absl::StrCat("--batch_size=", batch, " --steps=", steps,
+                     " --warmup=", warmup, ": expected positive sizes"));
   }
   if (!IsKnownModel(model_name)) {
-    PrintError(kProgram, absl::StrCat("--model=", model_name,
-                                      ": unknown model; expected one of: ",
-                                      KnownModels()));
-    return 2;
+    return absl::InvalidArgumentError(
+        absl::StrCat("--model=", model_name,
+                     ": unknown model; expected one of: ", KnownModels()));
   }
-  if (absl::Status s = CheckBackendFlags(); !s.ok()) {
-    PrintError(kProgram, s.message());
-    return 2;
-  }
+  RETURN_IF_ERROR(CheckBackendFlags());
   const std::string update_where = absl::GetFlag(FLAGS_update);
   if (update_where != "device" && update_where != "host") {
-    PrintError(kProgram, absl::StrCat("--update=", update_where,
-                                      ": expected device or host"));
-    return 2;
+    return absl::InvalidArgumentError(
+        absl::StrCat("--update=", update_where, ": expected device or host"));
   }
-  const bool host_update = update_where == "host";
-  int threads = absl::GetFlag(FLAGS_threads);
-  if (threads <= 0) threads = omp_get_num_procs();
-  omp_set_num_threads(threads);
-  absl::StatusOr<Dataset> dataset = LoadDatasetFromFlags();
-  if (!dataset.ok()) {
-    PrintError(kProgram, dataset.status().message());
-    return 2;
-  }
-  const std::string backend_name = absl::GetFlag(FLAGS_backend);
-  absl::StatusOr<std::unique_ptr<Backend>> backend =
-      Backend::Create(backend_name, absl::GetFlag(FLAGS_gpu));
-  if (!backend.ok()) {
-    PrintError(kProgram, backend.status().message());
-    return 2;
-  }
-  (*backend)->AllowTf32(absl::GetFlag(FLAGS_tf32));
-  // Device memory before the model exists (the CUDA context's, other
-  // processes'); the table shows what is in use above it after the timed
-  // steps (allocations are kept from the first step on), read once, outside
-  // the timing, as torch_bench.py does.
-  absl::StatusOr<int64_t> memory_baseline =
-      (*backend)->DeviceMemoryInUseBytes();
-  const bool peak_rss = !memory_baseline.ok() && ResetPeakRss();
-  const int64_t rss_baseline = ProcStatusBytes("VmRSS");
-  const Shape chw = dataset->train.chw;
-  ModelOptions model_options;
-  model_options.memory_plan = absl::GetFlag(FLAGS_memory_plan);
-  model_options.fuse_add_relu = absl::GetFlag(FLAGS_fuse_add_relu);
-  absl::StatusOr<std::unique_ptr<Model>> model = Model::Create(
-      model_name, chw, dataset->num_classes, model_options, backend->get());
-  if (!model.ok()) {
-    PrintError(kProgram, model.status().message());
-    return 2;
-  }
-  Model& m = **model;
-  std::vector<SampleIndex> order(dataset->train.count);
-  for (int64_t i = 0; i < dataset->train.count; ++i) order[i] = i;
-  Tensor images;
-  std::vector<int32_t> labels;
-  GatherBatch(dataset->train, order, 0, batch, &images, &labels);
+  return absl::OkStatus();
+}
 
-  AdamOptions adam;
-  // --update=host: Adam state on the host, as a PS shard keeps it;
-  // --update=device: in the model (Model::AdamStep), no host staging.
-  std::vector<std::vector<float>> adam_m, adam_v;
-  if (host_update) {
-    for (size_t i = 0; i < m.params().size(); ++i) {
-      adam_m.emplace_back(m.HostWeights()[i].size());
-      adam_v.emplace_back(m.HostWeights()[i].size());
-    }
-  } else {
-    m.set_stage_gradients(false);
-  }
-  int64_t adam_step = 0;
-  float first_loss = NAN, last_loss = NAN;
-  // One training step: forward and backward, then the update. Returns the
-  // seconds of the update (host: Adam + LoadHostWeights; device: the Adam
-  // kernels, the backend synchronized after them).
-  auto step = [&](int s) -> absl::StatusOr<double> {
-    absl::StatusOr<float> loss = m.ForwardBackward(images, labels);
-    if (!loss.ok()) return loss.status();
-    if (s == 0) first_loss = *loss;
-    last_loss = *loss;
-    const absl::Time update_start = absl::Now();
-    ++adam_step;
-    if (host_update) {
-      for (size_t i = 0; i < m.params().size(); ++i) {
-        AdamUpdate(adam, adam_step, m.HostWeights()[i].data(),
-                   m.HostGradients()[i].data(), adam_m[i].data(),
-                   adam_v[i].data(), m.HostWeights()[i].size());
+// Trains `model` on one fixed batch (the first `batch` training samples)
+// over and over: forward and backward, then Adam on the host
+// (`host_update`: state kept on the host, as a PS shard keeps it; weights
+// copied back to the device) or on the backend (Model::AdamStep, no host
+// staging). Not thread-safe.
+class BenchTrainer {
+ public:
+  BenchTrainer(Model* model, const LabeledImages& train, int batch,
+               bool host_update)
+      : m_(*model), host_update_(host_update) {
+    std::vector<SampleIndex> order(train.count);
+    for (int64_t i = 0; i < train.count; ++i) order[i] = i;
+    GatherBatch(train, order, 0, batch, &images_, &labels_);
+    if (host_update_) {
+      for (size_t i = 0; i < m_.params().size(); ++i) {
+        adam_m_.emplace_back(m_.HostWeights()[i].size());
+        adam_v_.emplace_back(m_.HostWeights()[i].size());
       }
-      absl::Status st = m.LoadHostWeights();
-      if (!st.ok()) return st;
     } else {
-      absl::Status st = m.AdamStep(adam);
-      if (st.ok()) st = m.backend()->Synchronize();
+      m_.set_stage_gradients(false);
+    }
+  }
+
+  // Steps `first` to `first + count - 1` (step 0's loss is the first
+  // loss); adds the seconds of their updates (host: Adam +
+  // LoadHostWeights; device: the Adam kernels, the backend synchronized
+  // after them) to *update_seconds. The first failing step's error.
+  absl::Status Run(int first, int count, double* update_seconds) {
+    for (int s = first; s < first + count; ++s) {
+      absl::StatusOr<double> update = Step(s);
+      if (!update.ok()) return update.status();
+      *update_seconds += *update;
+    }
+    return absl::OkStatus();
+  }
+
+  float first_loss() const { return first_loss_; }
+  float last_loss() const { return last_loss_; }
+
+ private:
+  absl::StatusOr<double> Step(int s) {
+    absl::StatusOr<float> loss = m_.ForwardBackward(images_, labels_);
+    if (!loss.ok()) return loss.status();
+    if (s == 0) first_loss_ = *loss;
+    last_loss_ = *loss;
+    const absl::Time update_start = absl::Now();
+    ++adam_step_;
+    if (host_update_) {
+      for (size_t i = 0; i < m_.params().size(); ++i) {
+        AdamUpdate(adam_, adam_step_, m_.HostWeights()[i].data(),
+                   m_.HostGradients()[i].data(), adam_m_[i].data(),
+                   adam_v_[i].data(), m_.HostWeights()[i].size());
+      }
+      RETURN_IF_ERROR(m_.LoadHostWeights());
+    } else {
+      absl::Status st = m_.AdamStep(adam_);
+      if (st.ok()) st = m_.backend()->Synchronize();
       if (!st.ok()) return st;
     }
     return absl::ToDoubleSeconds(absl::Now() - update_start);
-  };
-  absl::Time start;
-  double update_seconds = 0;
-  for (int s = 0; s < warmup + steps; ++s) {
-    if (s == warmup) start = absl::Now();
-    absl::StatusOr<double> update = step(s);
-    if (!update.ok()) {
-      PrintError(kProgram, update.status().ToString());
-      return 1;
-    }
-    if (s >= warmup) update_seconds += *update;
   }
-  const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
-  const double rate = static_cast<double>(batch) * steps / seconds;
-  std::string memory = "-";
-  if (memory_baseline.ok()) {
-    absl::StatusOr<int64_t> used = m.backend()->DeviceMemoryInUseBytes();
-    if (used.ok()) {
-      memory = absl::StrFormat("%.0f", (*used - *memory_baseline) / 1048576.0);
-    }
-  } else if (peak_rss && rss_baseline >= 0) {
+
+  Model& m_;
+  const bool host_update_;
+  Tensor images_;
+  std::vector<int32_t> labels_;
+  AdamOptions adam_;
+  std::vector<std::vector<float>> adam_m_, adam_v_;
+  int64_t adam_step_ = 0;
+  float first_loss_ = NAN, last_loss_ = NAN;
+};
+
+// Where the memory a model takes is read: the device's memory in use
+// before the model exists (the CUDA context's, other processes'), else on
+// the CPU the resident set with the peak reset to it.
+struct MemoryBaseline {
+  absl::StatusOr<int64_t> device;
+  bool peak_rss = false;  // VmHWM was reset
+  int64_t rss = -1;       // VmRSS
+};
+
+MemoryBaseline MemoryBefore(Backend& backend) {
+  MemoryBaseline before;
+  before.device = backend.DeviceMemoryInUseBytes();
+  before.peak_rss = !before.device.ok() && ResetPeakRss();
+  before.rss = ProcStatusBytes("VmRSS");
+  return before;
+}
+
+// The table's "memory (MiB)": in use on the device above the baseline
+// (allocations are kept from the first step on, so read once, outside the
+// timing, as torch_bench.py does), else the peak resident set above it
+// ("N (peak RSS)"), else "-".
+std::string MemoryAbove(const MemoryBaseline& before, Backend& backend) {
+  if (before.device.ok()) {
+    absl::StatusOr<int64_t> used = backend.DeviceMemoryInUseBytes();
+    if (!used.ok()) return "-";
+    return absl::StrFormat("%.0f", (*used - *before.device) / 1048576.0);
+  }
+  if (before.peak_rss && before.rss >= 0) {
     const int64_t peak = ProcStatusBytes("VmHWM");
-    if (peak >= 0) {
-      memory =
-          absl::StrFormat("%.0f (peak RSS)", (peak - rss_baseline) / 1048576.0);
-    }
+    if (peak < 0) return "-";
+    return absl::StrFormat("%.0f (peak RSS)", (peak - before.rss) / 1048576.0);
   }
-  const bool loss_ok = std::isfinite(first_loss) && std::isfinite(last_loss) &&
-                       last_loss < first_loss;
+  return "-";
+}
 
-  // The per-layer profile, after (not inside) the timed steps.
-  const int profile_steps = std::min(steps, 10);
-  double profile_update_seconds = 0;
-  if (absl::GetFlag(FLAGS_layer_times)) {
-    m.EnableLayerTiming(true);
-    for (int s = 0; s < profile_steps; ++s) {
-      absl::StatusOr<double> update = step(warmup + steps + s);
-      if (!update.ok()) {
-        PrintError(kProgram, update.status().ToString());
-        return 1;
-      }
-      profile_update_seconds += *update;
-    }
+// One timed run, as its table row shows it.
+struct BenchRun {
+  std::string model_name;
+  Shape chw;
+  int num_classes = 0;
+  int threads = 0;
+  int batch = 0;
+  int steps = 0;
+  int warmup = 0;
+  bool on_gpu = false;
+  double samples_per_sec = 0;
+  double update_seconds = 0;  // summed over the timed steps
+  std::string memory;         // MemoryAbove
+  float first_loss = NAN, last_loss = NAN;
+
+  bool LossFalls() const {
+    return std::isfinite(first_loss) && std::isfinite(last_loss) &&
+           last_loss < first_loss;
   }
+};
 
-  const bool on_gpu = memory_baseline.ok();
+// The PyTorch columns of the row: "-" without --compare_pytorch.
+struct TorchColumns {
+  std::string rate = "-", memory = "-", params = "-", ratio = "-";
+};
+
+// The same model, batch, steps and threads timed by torch_bench.py.
+TorchColumns CompareWithTorch(const BenchRun& run, const Model& m,
+                              const Backend& backend) {
+  TorchColumns columns;
+  TorchResult t = RunTorch(run.model_name, run.chw, run.num_classes, run.batch,
+                           run.steps, run.warmup, run.threads,
+                           absl::GetFlag(FLAGS_backend) == "cuda"
+                               ? absl::StrCat("cuda:", absl::GetFlag(FLAGS_gpu))
+                               : "cpu",
+                           run.on_gpu && backend.tf32_allowed());
+  if (!t.ok) {
+    columns.rate = absl::StrCat("error: ", t.error);
+    return columns;
+  }
+  columns.rate = absl::StrFormat("%.1f", t.samples_per_sec);
+  columns.params = absl::StrCat(
+      t.params, t.params == m.NumParameters() ? " (same)" : " (DIFFERENT)");
+  columns.ratio =
+      absl::StrFormat("%.2fx", run.samples_per_sec / t.samples_per_sec);
+  columns.memory = t.memory_mib;
+  return columns;
+}
+
+// The table's header, its loss column naming the last step.
+void PrintHeader(int last_step) {
   std::printf(
       "| model | input | backend | TF32 | threads | batch | params | "
       "MFLOPs/sample | update | memory plan, fusion | pstrain samples/sec | "
@@ -421,52 +453,115 @@ int Main() {
       "(ms/step) | memory (MiB) | activations (MiB) | loss step 0 -> %d | "
       "PyTorch samples/sec | PyTorch "
       "memory (MiB) | PyTorch params | ratio |\n",
-      warmup + steps - 1);
+      last_step);
   std::printf(
       "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
       "---|---|\n");
-  std::string torch_rate = "-", torch_params = "-", ratio = "-",
-              torch_memory = "-";
-  if (absl::GetFlag(FLAGS_compare_pytorch)) {
-    TorchResult t = RunTorch(
-        model_name, chw, dataset->num_classes, batch, steps, warmup, threads,
-        backend_name == "cuda" ? absl::StrCat("cuda:", absl::GetFlag(FLAGS_gpu))
-                               : "cpu",
-        on_gpu && (*backend)->tf32_allowed());
-    if (t.ok) {
-      torch_rate = absl::StrFormat("%.1f", t.samples_per_sec);
-      torch_params = absl::StrCat(
-          t.params, t.params == m.NumParameters() ? " (same)" : " (DIFFERENT)");
-      ratio = absl::StrFormat("%.2fx", rate / t.samples_per_sec);
-      torch_memory = t.memory_mib;
-    } else {
-      torch_rate = absl::StrCat("error: ", t.error);
-    }
-  }
+}
+
+void PrintRow(const BenchRun& run, const Model& m, const Backend& backend,
+              const TorchColumns& torch) {
   std::printf(
       "| %s | %s | %s | %s | %d | %d | %lld | %.1f | %s | %s | %.1f | %.2f | "
       "%s | %.0f | %.3f -> %.3f%s | %s | %s | %s | %s |\n",
-      model_name.c_str(), ShapeToString(chw).c_str(),
-      (*backend)->name().c_str(),
+      run.model_name.c_str(), ShapeToString(run.chw).c_str(),
+      backend.name().c_str(),
       // models/cuda: CUDNN_TENSOR_OP_MATH and CUBLAS_TF32_TENSOR_OP_MATH
       // (or FMA math with --notf32); torch_bench.py --tf32 says the same.
-      !on_gpu                      ? "-"
-      : (*backend)->tf32_allowed() ? "conv+GEMM"
-                                   : "off",
-      threads, batch, static_cast<long long>(m.NumParameters()),
-      2.0 * m.ForwardMacsPerSample() / 1e6, update_where.c_str(),
+      !run.on_gpu              ? "-"
+      : backend.tf32_allowed() ? "conv+GEMM"
+                               : "off",
+      run.threads, run.batch, static_cast<long long>(m.NumParameters()),
+      2.0 * m.ForwardMacsPerSample() / 1e6, absl::GetFlag(FLAGS_update).c_str(),
       absl::StrCat(absl::GetFlag(FLAGS_memory_plan) ? "on" : "off", ", ",
                    absl::GetFlag(FLAGS_fuse_add_relu) ? "add+relu" : "none")
           .c_str(),
-      rate, update_seconds * 1e3 / steps, memory.c_str(),
-      m.ActivationBytes() / 1048576.0, first_loss, last_loss,
-      loss_ok ? " (falls)" : " (DOES NOT FALL)", torch_rate.c_str(),
-      torch_memory.c_str(), torch_params.c_str(), ratio.c_str());
+      run.samples_per_sec, run.update_seconds * 1e3 / run.steps,
+      run.memory.c_str(), m.ActivationBytes() / 1048576.0, run.first_loss,
+      run.last_loss, run.LossFalls() ? " (falls)" : " (DOES NOT FALL)",
+      torch.rate.c_str(), torch.memory.c_str(), torch.params.c_str(),
+      torch.ratio.c_str());
+}
+
+int Main() {
+  if (absl::Status s = CheckBenchFlags(); !s.ok()) {
+    PrintError(kProgram, s.message());
+    return 2;
+  }
+  BenchRun run;
+  run.model_name = absl::GetFlag(FLAGS_model);
+  run.batch = absl::GetFlag(FLAGS_batch_size);
+  run.steps = absl::GetFlag(FLAGS_steps);
+  run.warmup = absl::GetFlag(FLAGS_warmup);
+  const bool host_update = absl::GetFlag(FLAGS_update) == "host";
+  run.threads = absl::GetFlag(FLAGS_threads);
+  if (run.threads <= 0) run.threads = omp_get_num_procs();
+  omp_set_num_threads(run.threads);
+  absl::StatusOr<Dataset> dataset = LoadDatasetFromFlags();
+  if (!dataset.ok()) {
+    PrintError(kProgram, dataset.status().message());
+    return 2;
+  }
+  absl::StatusOr<std::unique_ptr<Backend>> backend =
+      Backend::Create(absl::GetFlag(FLAGS_backend), absl::GetFlag(FLAGS_gpu));
+  if (!backend.ok()) {
+    PrintError(kProgram, backend.status().message());
+    return 2;
+  }
+  (*backend)->AllowTf32(absl::GetFlag(FLAGS_tf32));
+  const MemoryBaseline memory_before = MemoryBefore(**backend);
+  run.on_gpu = memory_before.device.ok();
+  run.chw = dataset->train.chw;
+  run.num_classes = dataset->num_classes;
+  ModelOptions model_options;
+  model_options.memory_plan = absl::GetFlag(FLAGS_memory_plan);
+  model_options.fuse_add_relu = absl::GetFlag(FLAGS_fuse_add_relu);
+  absl::StatusOr<std::unique_ptr<Model>> model = Model::Create(
+      run.model_name, run.chw, run.num_classes, model_options, backend->get());
+  if (!model.ok()) {
+    PrintError(kProgram, model.status().message());
+    return 2;
+  }
+  Model& m = **model;
+  BenchTrainer trainer(&m, dataset->train, run.batch, host_update);
+  double warmup_update_seconds = 0;
+  absl::Status trained = trainer.Run(0, run.warmup, &warmup_update_seconds);
+  const absl::Time start = absl::Now();
+  if (trained.ok()) {
+    trained = trainer.Run(run.warmup, run.steps, &run.update_seconds);
+  }
+  if (!trained.ok()) {
+    PrintError(kProgram, trained.ToString());
+    return 1;
+  }
+  run.samples_per_sec = static_cast<double>(run.batch) * run.steps /
+                        absl::ToDoubleSeconds(absl::Now() - start);
+  run.memory = MemoryAbove(memory_before, **backend);
+  run.first_loss = trainer.first_loss();
+  run.last_loss = trainer.last_loss();
+
+  // The per-layer profile, after (not inside) the timed steps.
+  const int profile_steps = std::min(run.steps, 10);
+  double profile_update_seconds = 0;
   if (absl::GetFlag(FLAGS_layer_times)) {
-    PrintLayerTimes(m, profile_steps, profile_update_seconds, batch,
+    m.EnableLayerTiming(true);
+    if (absl::Status s = trainer.Run(run.warmup + run.steps, profile_steps,
+                                     &profile_update_seconds);
+        !s.ok()) {
+      PrintError(kProgram, s.ToString());
+      return 1;
+    }
+  }
+  PrintHeader(run.warmup + run.steps - 1);
+  const TorchColumns torch = absl::GetFlag(FLAGS_compare_pytorch)
+                                 ? CompareWithTorch(run, m, **backend)
+                                 : TorchColumns{};
+  PrintRow(run, m, **backend, torch);
+  if (absl::GetFlag(FLAGS_layer_times)) {
+    PrintLayerTimes(m, profile_steps, profile_update_seconds, run.batch,
                     host_update);
   }
-  return loss_ok ? 0 : 1;
+  return run.LossFalls() ? 0 : 1;
 }
 
 }  // namespace
