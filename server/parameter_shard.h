@@ -158,6 +158,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -171,36 +172,10 @@
 #include "common/nonfinite.h"
 #include "common/partition.h"
 #include "optim/optimizer.h"
+#include "server/shard_options.h"
+#include "server/step_policy.h"
 
 namespace pstrain {
-
-enum class SyncMode { kSync, kAsync };
-
-struct ShardOptions {
-  std::string job_id = "local";
-  int shard_index = 0;
-  int num_shards = 1;
-  int num_workers = 1;
-  SyncMode mode = SyncMode::kSync;
-  // The optimizer (optim/optimizer.h): Adam unless adam.kind says SGD.
-  // Named for the Adam-only days; an AdamOptions converts to it.
-  OptimizerOptions adam;
-  // Sync mode: bounded staleness s (see "Bounded staleness" above), 0 to
-  // 1000; 0 is plain sync. Ignored in async mode.
-  int staleness = 0;
-  // Sync mode without staleness: backup workers (see "Backup workers"
-  // above) when 0 < replicas_to_aggregate < num_workers; 0 (or
-  // num_workers): every worker's push goes into every step.
-  int replicas_to_aggregate = 0;
-  // Sync mode: gradient clipping by global norm (see "Gradient clipping"
-  // above), 0 to 1e6; 0: none.
-  double clip_grad_norm = 0;
-  // The job's checkpoint folder on this shard's host (the job spec's
-  // checkpoint_dir as the coordinator validated it); the shard writes
-  // checkpoint files only inside it (ShardCheckpointPath in
-  // server/shard_checkpoint.h). Empty: the shard takes no checkpoints.
-  std::string checkpoint_dir;
-};
 
 // Backup workers: what a worker's step end says about its admission.
 enum class AdmissionClaim {
@@ -265,6 +240,10 @@ class ParameterShard {
   ParameterShard& operator=(const ParameterShard&) = delete;
 
   const ShardOptions& options() const { return options_; }
+  // What the options' mode says about steps: when one is decided, whose
+  // pushes it averages, when its update is applied, a checkpoint's cut,
+  // where a job rejoins (server/step_policy.h). Fixed at construction.
+  const StepPolicy& policy() const { return policy_; }
   // ShardStats::overflowed and last_overflow, without the rest of Stats().
   int64_t overflowed(std::string* last = nullptr) const;
 
@@ -377,11 +356,7 @@ class ParameterShard {
                                           AdmissionClaim claim,
                                           int64_t samples);
   // Backup workers are on: 0 < replicas_to_aggregate < num_workers.
-  bool backup_workers() const {
-    return options_.mode == SyncMode::kSync &&
-           options_.replicas_to_aggregate > 0 &&
-           options_.replicas_to_aggregate < options_.num_workers;
-  }
+  bool backup_workers() const { return policy_.admits(); }
 
   // Called once per chunk of this shard with the chunk's weights at a
   // version >= min_version. The span is valid only during the call (the
@@ -434,9 +409,7 @@ class ParameterShard {
   absl::Status ApplyStepNorm(int worker_id, int64_t step, double sum_sq,
                              int64_t generation = 0);
   // Gradient clipping by global norm is on: sync mode, clip_grad_norm > 0.
-  bool clipping() const {
-    return options_.mode == SyncMode::kSync && options_.clip_grad_norm > 0;
-  }
+  bool clipping() const { return policy_.clipping(); }
 
   // Sync mode, while the shard is at `generation`: no step of it can
   // complete any more (`reason`: which worker's stream broke). Every
@@ -598,6 +571,12 @@ class ParameterShard {
   double PartialNormLocked(int64_t step, bool skip,
                            const std::vector<bool>* members)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(step_mu_);
+  // `members` as CompleteBarrierLocked() and PartialNormLocked() take
+  // them: step `ends`' admitted workers (kAdmitted), or null: every worker.
+  static const std::vector<bool>* MaskOf(StepPolicy::Members members,
+                                         const StepEnds& ends) {
+    return members == StepPolicy::Members::kAdmitted ? &ends.ended : nullptr;
+  }
   // Sync mode: step `deciding`'s ends are all in, and (clipping) its norm:
   // the step counters, the skip record, and the pulls woken.
   void DecidedLocked(int64_t deciding, StepEnds& ends)
@@ -612,7 +591,7 @@ class ParameterShard {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk.mu);
   // The slot of `step` (sync) in chunk.slots / ends_.
   size_t SlotIndex(int64_t step) const {
-    return static_cast<size_t>(step % (options_.staleness + 1));
+    return static_cast<size_t>(step % policy_.open_steps());
   }
   // Sync mode, the checks of a push (or skipped push: `what`) of `step`
   // against the chunk: its version, the previous step decided, not twice.
@@ -623,6 +602,35 @@ class ParameterShard {
   absl::StatusOr<ChunkState*> FindPushChunk(int worker_id, int32_t param_id,
                                             int32_t chunk_index,
                                             int64_t num_elements);
+
+  // Pull()'s parts (server/parameter_shard_pull.cc), over the state of one
+  // call (PullCursor: the chunks sent, the step it waits for, a re-send
+  // after a skip, the partial norm sent). In the order a round runs them:
+  // clipping: sends this shard's partial of the step once it is known
+  // (CANCELLED if `norm_partial` says the stream ended);
+  struct PullCursor;
+  absl::Status SendNormPartialIfReady(PullCursor& cursor,
+                                      const NormVisitor& norm_partial);
+  // every chunk sent: true if the pull is done; false while the step is
+  // undecided, or when it was skipped (every chunk goes again, `skipped`
+  // receives the decision);
+  bool PullFinished(PullCursor& cursor, SkippedStepInfo* skipped);
+  // visits every chunk at the version asked for, each under its lock;
+  // whether any was (ABORTED, or CANCELLED if `after_chunk` says so);
+  absl::StatusOr<bool> VisitReadyChunks(
+      PullCursor& cursor, int64_t generation, const PullVisitor& visit,
+      const std::function<bool()>& after_chunk);
+  // none was: waits for an update after `seen` (updates_), in 100 ms
+  // slices when `cancelled` can end it; ABORTED or CANCELLED as Pull();
+  absl::Status AwaitPullUpdate(int64_t seen, absl::Time deadline,
+                               const std::atomic<bool>* cancelled,
+                               int64_t generation) const;
+  // past the deadline: DEADLINE_EXCEEDED naming what the pull waits for
+  // (the workers whose ends, norm or push it lacks), or nullopt if that
+  // arrived just now.
+  std::optional<absl::Status> PullTimeout(const PullCursor& cursor) const;
+  // CANCELLED: the worker's stream ended.
+  absl::Status PullCancelled() const;
 
   // Wakes pulls waiting for a chunk: after a version change.
   void NoteUpdate();
@@ -649,6 +657,7 @@ class ParameterShard {
                     absl::Span<const float> updated);
 
   const ShardOptions options_;
+  const StepPolicy policy_;
 
   absl::Status AbortedStatus() const;
   // INVALID_ARGUMENT unless 0 <= worker_id < num_workers.

@@ -47,7 +47,7 @@ absl::Status ParameterShard::SnapshotInto(
   for (size_t i = 0; i < chunks_.size(); ++i) {
     const ChunkState& chunk = *chunks_[i];
     absl::MutexLock lock(&chunk.mu);
-    if (options_.mode == SyncMode::kSync && chunk.version != expected_version) {
+    if (policy_.has_steps() && chunk.version != expected_version) {
       return absl::FailedPreconditionError(absl::StrCat(
           "checkpoint of step ", expected_version, ": chunk (",
           chunk.spec.param_id, ", ", chunk.spec.chunk_index, ") of shard ",
@@ -90,7 +90,7 @@ absl::Status ParameterShard::BeginDeferredSnapshot(
     return absl::FailedPreconditionError(
         absl::StrCat(what, " before it was initialised"));
   }
-  if (options_.mode != SyncMode::kSync) {
+  if (!policy_.has_steps()) {
     return absl::FailedPreconditionError(
         absl::StrCat(what, ": a deferred snapshot is for sync mode"));
   }

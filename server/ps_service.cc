@@ -155,10 +155,10 @@ grpc::Status PsService::Checkpoint(grpc::ServerContext* context,
   if (snapshot_ == nullptr) {
     snapshot_ = std::make_shared<std::vector<ChunkSnapshot>>();
   }
-  // Bounded staleness: the chunks reach the step at different times, so
-  // each copies itself when it gets there (ParameterShard::
-  // BeginDeferredSnapshot) and the writer waits for the last; else every
-  // chunk is at the step now.
+  // Bounded staleness or backup workers (StepPolicy::checkpoint_cut()):
+  // the chunks reach the step at different times, so each copies itself
+  // when it gets there (ParameterShard::BeginDeferredSnapshot) and the
+  // writer waits for the last; else every chunk is at the step now.
   absl::Status snapshot =
       deferred_snapshot() ? shard_->BeginDeferredSnapshot(step, snapshot_.get())
                           : shard_->SnapshotInto(step, snapshot_.get());

@@ -7,7 +7,8 @@
 //     longer than `write_timeout`;
 //   - the background writer of this shard's checkpoint file (one at a time,
 //     under the job's checkpoint_dir; server/shard_checkpoint.h), which
-//     with bounded staleness first waits for the shard's deferred cut;
+//     with bounded staleness or backup workers first waits for the
+//     shard's deferred cut (StepPolicy::deferred_snapshot());
 //   - the authorization of every call (common/authz.h) and the counters its
 //     metrics read.
 //
@@ -152,12 +153,12 @@ class PsService final : public ParameterServer::Service {
   CheckpointResponse checkpoint_result_ ABSL_GUARDED_BY(checkpoint_mu_);
   // Set by the destructor: a writer waiting for a deferred cut gives up.
   std::atomic<bool> closing_{false};
-  // Sync with bounded staleness: checkpoints take the shard's deferred
-  // snapshot (ParameterShard::BeginDeferredSnapshot), which the writer
-  // thread waits for before it writes.
+  // Bounded staleness or backup workers (StepPolicy::deferred_snapshot()):
+  // checkpoints take the shard's deferred snapshot
+  // (ParameterShard::BeginDeferredSnapshot), which the writer thread waits
+  // for before it writes.
   bool deferred_snapshot() const {
-    return shard_->options().mode == SyncMode::kSync &&
-           (shard_->options().staleness > 0 || shard_->backup_workers());
+    return shard_->policy().deferred_snapshot();
   }
 };
 

@@ -1,0 +1,231 @@
+// ParameterShard::Pull and its parts: a pull hands each chunk over once it
+// reaches the version asked for, sends the shard's partial norm first when
+// clipping, waits for the step's decision (sending every chunk again after
+// a skip) and names what it still waits for at its deadline; see
+// parameter_shard.h.
+#include <algorithm>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+#include "server/parameter_shard.h"
+
+namespace pstrain {
+
+// Where one Pull() call stands.
+struct ParameterShard::PullCursor {
+  int64_t min_version = 0;
+  // Sync: the step whose decision the pull waits for (see EndStep()); -1:
+  // none.
+  int64_t deciding = -1;
+  // Per chunk (local index): visited in this round.
+  std::vector<bool> sent;
+  size_t remaining = 0;
+  // Step `deciding` was skipped: every chunk is being sent again.
+  bool resent = false;
+  // Clipping: this shard's partial of step `deciding` went out (sent once,
+  // before the pull's last message); true when none is due.
+  bool norm_sent = true;
+};
+
+absl::Status ParameterShard::Pull(int64_t min_version, int64_t samples,
+                                  absl::Time deadline, const PullVisitor& visit,
+                                  const std::function<bool()>& after_chunk,
+                                  const std::atomic<bool>* cancelled,
+                                  int64_t generation, SkippedStepInfo* skipped,
+                                  const NormVisitor& norm_partial) {
+  if (!initialized_.load()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("pull from shard ", options_.shard_index,
+                     " before it was initialised"));
+  }
+  // Backup workers: counted from the admitted ends instead.
+  if (!policy_.samples_from_admitted_ends()) {
+    samples_.fetch_add(samples, std::memory_order_relaxed);
+  }
+  pulls_.fetch_add(1, std::memory_order_relaxed);
+  PullCursor cursor;
+  cursor.min_version = min_version;
+  cursor.sent.assign(chunks_.size(), false);
+  cursor.remaining = chunks_.size();
+  cursor.deciding =
+      policy_.has_steps() && min_version >= 1 ? min_version - 1 : -1;
+  cursor.norm_sent = !clipping() || cursor.deciding < 0;
+  if (!cursor.norm_sent && !norm_partial) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "pull of version ", min_version, " from shard ", options_.shard_index,
+        ", which clips gradients, without a way to send its partial norm"));
+  }
+  while (true) {
+    int64_t seen;
+    {
+      absl::MutexLock lock(&updates_mu_);
+      seen = updates_;
+    }
+    if (absl::Status s = SendNormPartialIfReady(cursor, norm_partial);
+        !s.ok()) {
+      return s;
+    }
+    if (cursor.remaining == 0 && PullFinished(cursor, skipped)) {
+      return absl::OkStatus();
+    }
+    absl::StatusOr<bool> progressed =
+        VisitReadyChunks(cursor, generation, visit, after_chunk);
+    if (!progressed.ok()) return progressed.status();
+    if (*progressed) continue;
+    // None ready: wait for the next update.
+    if (absl::Status s = AwaitPullUpdate(seen, deadline, cancelled, generation);
+        !s.ok()) {
+      return s;
+    }
+    if (absl::Now() < deadline) continue;
+    if (std::optional<absl::Status> timeout = PullTimeout(cursor)) {
+      return *timeout;
+    }
+  }
+}
+
+absl::Status ParameterShard::PullCancelled() const {
+  return absl::CancelledError(
+      absl::StrCat("pull from shard ", options_.shard_index,
+                   " cancelled: the worker's stream ended"));
+}
+
+absl::Status ParameterShard::SendNormPartialIfReady(
+    PullCursor& cursor, const NormVisitor& norm_partial) {
+  if (cursor.norm_sent) return absl::OkStatus();
+  bool ready = chunks_.empty();  // a partial of 0
+  double partial = 0;
+  if (!ready) {
+    absl::MutexLock lock(&step_mu_);
+    if (norm_step_ == cursor.deciding) {
+      ready = true;
+      partial = norm_partial_;
+    } else if (const NormDecision* d = RecentNormLocked(cursor.deciding)) {
+      // Decided already by another worker's sum: this worker still
+      // needs the partial (its own sum is checked against it).
+      ready = true;
+      partial = d->partial;
+    }
+  }
+  if (!ready) return absl::OkStatus();
+  cursor.norm_sent = true;
+  if (!norm_partial(cursor.deciding, partial)) return PullCancelled();
+  return absl::OkStatus();
+}
+
+bool ParameterShard::PullFinished(PullCursor& cursor,
+                                  SkippedStepInfo* skipped) {
+  if (cursor.deciding < 0 || chunks_.empty() || cursor.resent) return true;
+  absl::MutexLock lock(&step_mu_);
+  if (decided_step_ < cursor.deciding) return false;
+  for (const SkippedStepInfo& skip : recent_skips_) {
+    if (skip.step != cursor.deciding) continue;
+    // Skipped: every chunk again, with its restored weights.
+    if (skipped != nullptr) *skipped = skip;
+    std::fill(cursor.sent.begin(), cursor.sent.end(), false);
+    cursor.remaining = chunks_.size();
+    cursor.resent = true;
+  }
+  return !cursor.resent;
+}
+
+absl::StatusOr<bool> ParameterShard::VisitReadyChunks(
+    PullCursor& cursor, int64_t generation, const PullVisitor& visit,
+    const std::function<bool()>& after_chunk) {
+  // Every chunk ready now, in plan order.
+  bool progressed = false;
+  for (size_t i = 0; i < chunks_.size(); ++i) {
+    if (cursor.sent[i]) continue;
+    ChunkState& chunk = *chunks_[i];
+    chunk.mu.Lock();
+    if (aborted_.load()) {
+      chunk.mu.Unlock();
+      return AbortedStatus();
+    }
+    if (absl::Status current = CheckGeneration(generation); !current.ok()) {
+      chunk.mu.Unlock();
+      return current;
+    }
+    if (chunk.version < cursor.min_version) {
+      chunk.mu.Unlock();
+      continue;
+    }
+    visit(chunk.spec, chunk.version,
+          absl::MakeConstSpan(chunk.weights.data(), chunk.weights.size()));
+    chunk.mu.Unlock();
+    cursor.sent[i] = true;
+    --cursor.remaining;
+    progressed = true;
+    if (after_chunk && !after_chunk()) return PullCancelled();
+  }
+  return progressed;
+}
+
+absl::Status ParameterShard::AwaitPullUpdate(int64_t seen, absl::Time deadline,
+                                             const std::atomic<bool>* cancelled,
+                                             int64_t generation) const {
+  // In slices, so that a broken caller is noticed.
+  auto changed = [this, seen]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    return updates_ != seen || aborted_.load() || broken_.load();
+  };
+  const absl::Time slice =
+      cancelled == nullptr
+          ? deadline
+          : std::min(deadline, absl::Now() + absl::Milliseconds(100));
+  updates_mu_.LockWhenWithDeadline(absl::Condition(&changed), slice);
+  updates_mu_.Unlock();
+  if (aborted_.load()) return AbortedStatus();
+  if (absl::Status current = CheckGeneration(generation); !current.ok()) {
+    return current;
+  }
+  if (cancelled != nullptr && cancelled->load()) return PullCancelled();
+  return absl::OkStatus();
+}
+
+std::optional<absl::Status> ParameterShard::PullTimeout(
+    const PullCursor& cursor) const {
+  const int64_t min_version = cursor.min_version;
+  if (cursor.remaining == 0 || clipping()) {
+    absl::MutexLock lock(&step_mu_);
+    if (decided_step_ >= cursor.deciding) return std::nullopt;  // just now
+    if (norm_step_ == cursor.deciding) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          "pull of version ", min_version, " from shard ", options_.shard_index,
+          " timed out waiting for the global norm of "
+          "step ",
+          cursor.deciding,
+          ": every worker ended the step, none sent "
+          "the sum of the shards' partials"));
+    }
+    // The oldest undecided step (staleness: the slowest worker's).
+    std::vector<int> missing;
+    const StepEnds& ends = ends_[SlotIndex(ending_step_)];
+    for (int w = 0; w < options_.num_workers; ++w) {
+      if (!ends.ended[w]) missing.push_back(w);
+    }
+    return absl::DeadlineExceededError(absl::StrCat(
+        "pull of version ", min_version, " from shard ", options_.shard_index,
+        " timed out waiting for the end of step ", ending_step_,
+        " from worker(s) ", absl::StrJoin(missing, ",")));
+  }
+  // Name the first chunk still waiting and whose push it lacks.
+  size_t first = 0;
+  while (cursor.sent[first]) ++first;
+  const ChunkState& chunk = *chunks_[first];
+  absl::MutexLock lock(&chunk.mu);
+  if (chunk.version >= min_version) return std::nullopt;  // arrived just now
+  std::vector<int> missing;
+  const StepSlot& slot = chunk.slots[SlotIndex(chunk.version)];
+  for (int w = 0; w < options_.num_workers; ++w) {
+    if (!slot.has_pending[w]) missing.push_back(w);
+  }
+  return absl::DeadlineExceededError(absl::StrCat(
+      "pull of version ", min_version, " from shard ", options_.shard_index,
+      " timed out at chunk (", chunk.spec.param_id, ", ",
+      chunk.spec.chunk_index, "), still at version ", chunk.version,
+      "; no push yet from worker(s) ", absl::StrJoin(missing, ",")));
+}
+
+}  // namespace pstrain

@@ -1,0 +1,403 @@
+// ParameterShard's step decisions: step ends (EndStep, and
+// EndStepWithBackups with shard 0's admissions), the clipping round's
+// partial norm and decision (ApplyStepNorm), and the checkpoint cut shard 0
+// picks (HoldCheckpointStep); see parameter_shard.h.
+#include <algorithm>
+#include <cmath>
+#include <memory>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "server/parameter_shard.h"
+
+namespace pstrain {
+
+void ParameterShard::ResetStepsLocked(int64_t version) {
+  ending_step_ = version;
+  ends_.clear();
+  ends_.resize(policy_.open_steps());
+  for (StepEnds& e : ends_) e.ended.assign(options_.num_workers, false);
+  decided_step_ = version - 1;
+  decided_through_.store(decided_step_);
+  recent_skips_.clear();
+  norm_step_ = -1;
+  norm_partial_ = 0;
+  recent_norms_.clear();
+  hold_step_ = -1;
+}
+
+double ParameterShard::PartialNormLocked(int64_t step, bool skip,
+                                         const std::vector<bool>* members) {
+  if (skip) return 0;
+  double sum_sq = 0;
+  std::vector<int> workers;
+  for (int w = 0; w < options_.num_workers; ++w) {
+    if (members == nullptr || (*members)[w]) workers.push_back(w);
+  }
+  for (const std::unique_ptr<ChunkState>& c : chunks_) {
+    absl::MutexLock chunk_lock(&c->mu);
+    // A chunk already past `step` (restored at a later version) has no
+    // pushes of it: its slot holds nothing of this step.
+    if (c->version != step) continue;
+    StepSlot& slot = c->slots[SlotIndex(step)];
+    if (slot.skipped) continue;  // not applied (CompleteBarrierLocked())
+    const int64_t n = c->spec.num_elements;
+    const float* sum = AverageInto(slot, workers, n);
+    if (plan_->is_buffer(c->spec.param_id)) continue;
+    for (int64_t i = 0; i < n; ++i) {
+      sum_sq += static_cast<double>(sum[i]) * sum[i];
+    }
+  }
+  return sum_sq;
+}
+
+bool ParameterShard::MaybeAwaitNormLocked() {
+  if (!clipping() || norm_step_ >= 0) return false;
+  const int64_t deciding = ending_step_;
+  StepEnds& ends = ends_[SlotIndex(deciding)];
+  if (ends.num_ended < policy_.ends_to_decide()) return false;
+  // Nothing is applied yet: the step waits for its norm, whose partial the
+  // pulls send (ApplyStepNorm()).
+  norm_step_ = deciding;
+  norm_partial_ = PartialNormLocked(deciding, ends.skip != nullptr,
+                                    MaskOf(policy_.norm_members(), ends));
+  return true;
+}
+
+const ParameterShard::NormDecision* ParameterShard::RecentNormLocked(
+    int64_t step) const {
+  for (const NormDecision& d : recent_norms_) {
+    if (d.step == step) return &d;
+  }
+  return nullptr;
+}
+
+void ParameterShard::DecidedLocked(int64_t deciding, StepEnds& ends) {
+  if (ends.skip != nullptr) {
+    skipped_.fetch_add(1, std::memory_order_relaxed);
+    recent_skips_.push_back(*ends.skip);
+    if (recent_skips_.size() > 8) recent_skips_.erase(recent_skips_.begin());
+  }
+  ends.skip.reset();
+  ends.ended.assign(options_.num_workers, false);
+  ends.num_ended = 0;
+  decided_step_ = deciding;
+  decided_through_.store(deciding);
+  ending_step_ = deciding + 1;
+}
+
+absl::Status ParameterShard::EndStep(int worker_id, int64_t step,
+                                     const NonFiniteValue* nonfinite,
+                                     int64_t generation) {
+  if (!initialized_.load()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("end of step ", step, " on shard ", options_.shard_index,
+                     " before it was initialised"));
+  }
+  if (!policy_.has_steps()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "end of step ", step, " sent to shard ", options_.shard_index,
+        ", which runs in async mode (step ends are for sync)"));
+  }
+  if (absl::Status s = CheckWorkerId(worker_id); !s.ok()) return s;
+  if (policy_.admits()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "end of step ", step, " on shard ", options_.shard_index,
+        ", which aggregates ", policy_.ends_to_decide(), " of ",
+        options_.num_workers,
+        " workers per step: a step end must say the worker's admission"));
+  }
+  absl::MutexLock lock(&step_mu_);
+  if (absl::Status current = CheckGeneration(generation); !current.ok()) {
+    return current;
+  }
+  if (chunks_.empty()) return absl::OkStatus();  // nothing to decide
+  const int s = policy_.staleness();
+  if (step < ending_step_ || step > ending_step_ + s) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "worker ", worker_id, " ended step ", step, " but shard ",
+        options_.shard_index, " is collecting the ends of step ", ending_step_,
+        s == 0 ? "" : absl::StrCat(" to ", ending_step_ + s)));
+  }
+  StepEnds& ends = ends_[SlotIndex(step)];
+  if (ends.ended[worker_id]) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("worker ", worker_id, " ended step ", step,
+                     " twice on shard ", options_.shard_index));
+  }
+  for (const std::unique_ptr<ChunkState>& c : chunks_) {
+    absl::MutexLock chunk_lock(&c->mu);
+    const bool pushed =
+        c->version > step || (step <= c->version + s &&
+                              c->slots[SlotIndex(step)].has_pending[worker_id]);
+    if (!pushed) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("worker ", worker_id, " ended step ", step, " on shard ",
+                       options_.shard_index, " before pushing chunk (",
+                       c->spec.param_id, ", ", c->spec.chunk_index, ")"));
+    }
+  }
+  ends.ended[worker_id] = true;
+  ++ends.num_ended;
+  if (nonfinite != nullptr &&
+      (ends.skip == nullptr || worker_id < ends.skip->worker_id)) {
+    ends.skip = std::make_unique<SkippedStepInfo>();
+    ends.skip->step = step;
+    ends.skip->worker_id = worker_id;
+    ends.skip->nonfinite = *nonfinite;
+  }
+  // Decide every step whose ends are all in, oldest first.
+  bool decided_any = false;
+  while (true) {
+    const int64_t deciding = ending_step_;
+    StepEnds& e = ends_[SlotIndex(deciding)];
+    if (e.num_ended < policy_.ends_to_decide()) break;
+    if (clipping()) {
+      // The step waits for its norm; true wakes the pulls.
+      if (MaybeAwaitNormLocked()) decided_any = true;
+      break;
+    }
+    // Every worker pushed every chunk of the step, and the step before is
+    // decided, so every chunk is at deciding + 1.
+    if (e.skip != nullptr) {
+      for (const std::unique_ptr<ChunkState>& c : chunks_) {
+        absl::MutexLock chunk_lock(&c->mu);
+        if (c->undo_step != deciding) continue;
+        c->weights.swap(c->prev_weights);
+        if (!plan_->is_buffer(c->spec.param_id)) {
+          c->m.swap(c->prev_m);
+          c->v.swap(c->prev_v);
+        }
+        c->undo_step = -1;
+      }
+    }
+    DecidedLocked(deciding, e);
+    decided_any = true;
+    if (s == 0) break;  // no pushes of later steps can be waiting
+    // Staleness: the next step's pushes may all be in already; its update
+    // waited for this decision.
+    for (const std::unique_ptr<ChunkState>& c : chunks_) {
+      absl::MutexLock chunk_lock(&c->mu);
+      MaybeCompleteLocked(*c);
+    }
+  }
+  if (decided_any) NoteUpdate();
+  return absl::OkStatus();
+}
+
+absl::StatusOr<bool> ParameterShard::EndStepWithBackups(
+    int worker_id, int64_t step, const NonFiniteValue* nonfinite,
+    int64_t generation, AdmissionClaim claim, int64_t samples) {
+  if (!initialized_.load()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("end of step ", step, " on shard ", options_.shard_index,
+                     " before it was initialised"));
+  }
+  if (!policy_.admits()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "end of step ", step, " with an admission sent to shard ",
+        options_.shard_index, ", which runs without backup workers"));
+  }
+  if (absl::Status s = CheckWorkerId(worker_id); !s.ok()) return s;
+  const bool arbiter = policy_.admission_arbiter();
+  if (arbiter != (claim == AdmissionClaim::kDecide)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "worker ", worker_id, " ended step ", step, " on shard ",
+        options_.shard_index,
+        arbiter ? " with an admission: shard 0 gives the admissions"
+                : " without shard 0's admission"));
+  }
+  absl::MutexLock lock(&step_mu_);
+  if (absl::Status current = CheckGeneration(generation); !current.ok()) {
+    return current;
+  }
+  if (arbiter && step == hold_step_) {
+    // A checkpoint's cut: the other shards register it before any of
+    // them can decide the step (HoldCheckpointStep()).
+    auto released = [this, step]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(step_mu_) {
+      return hold_step_ != step || aborted_.load();
+    };
+    if (!step_mu_.AwaitWithDeadline(absl::Condition(&released), hold_until_) &&
+        hold_step_ == step) {
+      hold_step_ = -1;  // worker 0 never released it: its checkpoint fails
+    }
+    if (aborted_.load()) return AbortedStatus();
+    if (absl::Status current = CheckGeneration(generation); !current.ok()) {
+      return current;
+    }
+  }
+  if (step > ending_step_) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("worker ", worker_id, " ended step ", step, " but shard ",
+                     options_.shard_index, " is collecting the ends of step ",
+                     ending_step_));
+  }
+  // Clipping: the step's R admitted ends may be in already, its norm
+  // awaited.
+  const bool admissions_full =
+      step == ending_step_ && ends_[0].num_ended >= policy_.ends_to_decide();
+  if (step < ending_step_ || admissions_full ||
+      claim == AdmissionClaim::kLate) {
+    if (claim == AdmissionClaim::kAdmitted) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "worker ", worker_id, " claims an admission to step ", step,
+          ", which shard ", options_.shard_index, " decided already with ",
+          policy_.ends_to_decide(), " other workers"));
+    }
+    // Late: its pushes of the step (if any are still waiting) go when the
+    // step is decided.
+    late_steps_.fetch_add(1, std::memory_order_relaxed);
+    return false;
+  }
+  StepEnds& ends = ends_[0];
+  if (ends.ended[worker_id]) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("worker ", worker_id, " ended step ", step,
+                     " twice on shard ", options_.shard_index));
+  }
+  for (const std::unique_ptr<ChunkState>& c : chunks_) {
+    absl::MutexLock chunk_lock(&c->mu);
+    if (!c->slots[0].has_pending[worker_id]) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("worker ", worker_id, " ended step ", step, " on shard ",
+                       options_.shard_index, " before pushing chunk (",
+                       c->spec.param_id, ", ", c->spec.chunk_index, ")"));
+    }
+  }
+  ends.ended[worker_id] = true;
+  ++ends.num_ended;
+  samples_.fetch_add(samples, std::memory_order_relaxed);
+  if (nonfinite != nullptr &&
+      (ends.skip == nullptr || worker_id < ends.skip->worker_id)) {
+    ends.skip = std::make_unique<SkippedStepInfo>();
+    ends.skip->step = step;
+    ends.skip->worker_id = worker_id;
+    ends.skip->nonfinite = *nonfinite;
+  }
+  if (ends.num_ended == policy_.ends_to_decide()) {
+    if (clipping()) {
+      if (MaybeAwaitNormLocked()) NoteUpdate();  // wakes the pulls
+    } else {
+      DecideWithBackupsLocked(step, ends);
+    }
+  }
+  return true;
+}
+
+absl::StatusOr<int64_t> ParameterShard::HoldCheckpointStep(
+    int64_t min_step, absl::Duration hold) {
+  if (!initialized_.load()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("checkpoint of step ", min_step, " on shard ",
+                     options_.shard_index, " before it was initialised"));
+  }
+  if (!policy_.picks_checkpoint_step()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "checkpoint of step ", min_step, " picked by shard ",
+        options_.shard_index,
+        ": only shard 0 of a job with backup workers picks a checkpoint's "
+        "step"));
+  }
+  absl::MutexLock lock(&step_mu_);
+  const int64_t first_open =
+      ends_[0].num_ended > 0 ? ending_step_ + 1 : ending_step_;
+  hold_step_ = std::max(min_step, first_open);
+  hold_until_ = absl::Now() + hold;
+  return hold_step_;
+}
+
+void ParameterShard::ReleaseCheckpointHold() {
+  absl::MutexLock lock(&step_mu_);
+  hold_step_ = -1;
+}
+
+void ParameterShard::DecideWithBackupsLocked(int64_t step, StepEnds& ends) {
+  const bool skip = ends.skip != nullptr;
+  for (const std::unique_ptr<ChunkState>& c : chunks_) {
+    absl::MutexLock chunk_lock(&c->mu);
+    // A checkpoint's cut comes before the update that takes the chunk
+    // past it.
+    if (c->snap_into != nullptr) MaybeSnapLocked(*c);
+    // Every admitted worker pushed the chunk (checked at its end), so the
+    // chunk is at `step`; the late workers' pushes go with the slot.
+    CompleteBarrierLocked(*c, &ends.ended, skip);
+  }
+  DecidedLocked(step, ends);
+  NoteUpdate();
+}
+
+absl::Status ParameterShard::ApplyStepNorm(int worker_id, int64_t step,
+                                           double sum_sq, int64_t generation) {
+  if (!initialized_.load()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("global norm of step ", step, " sent to shard ",
+                     options_.shard_index, " before it was initialised"));
+  }
+  if (!clipping()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "global norm of step ", step, " sent to shard ", options_.shard_index,
+        ", which does not clip gradients (clip_grad_norm 0 or async mode)"));
+  }
+  if (absl::Status s = CheckWorkerId(worker_id); !s.ok()) return s;
+  if (!std::isfinite(sum_sq) || sum_sq < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "worker ", worker_id, " sent ", sum_sq, " as the squared global norm ",
+        "of step ", step, "; expected a finite sum >= 0"));
+  }
+  absl::MutexLock lock(&step_mu_);
+  if (absl::Status current = CheckGeneration(generation); !current.ok()) {
+    return current;
+  }
+  if (chunks_.empty()) return absl::OkStatus();  // nothing to decide
+  if (const NormDecision* decided = RecentNormLocked(step)) {
+    if (sum_sq != decided->sum_sq) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "worker ", worker_id, " sent ", sum_sq,
+          " as the squared global norm of step ", step, " but shard ",
+          options_.shard_index, " clipped it with ", decided->sum_sq));
+    }
+    return absl::OkStatus();
+  }
+  // Staleness: a sum of a step decided before the ones kept; nothing left
+  // to check it against.
+  if (step <= decided_step_ && step != norm_step_) return absl::OkStatus();
+  if (step != norm_step_) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "worker ", worker_id, " sent the global norm of step ", step,
+        " but shard ", options_.shard_index,
+        norm_step_ < 0 ? absl::StrCat(" awaits none (collecting the ends of "
+                                      "step ",
+                                      ending_step_, ")")
+                       : absl::StrCat(" awaits that of step ", norm_step_)));
+  }
+  StepEnds& ends = ends_[SlotIndex(step)];
+  const bool skip = ends.skip != nullptr;
+  // As torch.nn.utils.clip_grad_norm_ (PyTorch 1.13): the norm and the
+  // coefficient in fp32, clamped to 1 (worker/gradient_exchange.cc's
+  // allreduce clipping is the same).
+  const float norm = static_cast<float>(std::sqrt(sum_sq));
+  const float clip = std::min(
+      static_cast<float>(policy_.clip_grad_norm()) / (norm + 1e-6f), 1.0f);
+  // Backup workers: the admitted workers' pushes only.
+  const std::vector<bool>* members = MaskOf(policy_.averages(), ends);
+  for (const std::unique_ptr<ChunkState>& c : chunks_) {
+    absl::MutexLock chunk_lock(&c->mu);
+    // As in PartialNormLocked(): a chunk past `step` has nothing of it.
+    if (c->version != step) continue;
+    // A checkpoint's cut comes before the update that takes the chunk
+    // past it.
+    if (c->snap_into != nullptr) MaybeSnapLocked(*c);
+    CompleteBarrierLocked(*c, members, skip, clip);
+  }
+  recent_norms_.push_back({step, norm_partial_, sum_sq});
+  if (recent_norms_.size() > 8) recent_norms_.erase(recent_norms_.begin());
+  norm_step_ = -1;
+  DecidedLocked(step, ends);
+  // Staleness: the next step's ends may all be in already.
+  MaybeAwaitNormLocked();
+  NoteUpdate();
+  return absl::OkStatus();
+}
+
+}  // namespace pstrain

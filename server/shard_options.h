@@ -1,0 +1,47 @@
+// ShardOptions: one parameter-server shard's configuration (its job, its
+// place among the shards, the mode its steps follow, its optimizer and
+// checkpoint folder). A plain value; the shard (server/parameter_shard.h)
+// keeps a copy, and its StepPolicy (server/step_policy.h) reads the mode's
+// fields once.
+#ifndef PSTRAIN_SERVER_SHARD_OPTIONS_H_
+#define PSTRAIN_SERVER_SHARD_OPTIONS_H_
+
+#include <string>
+
+#include "optim/optimizer.h"
+
+namespace pstrain {
+
+enum class SyncMode { kSync, kAsync };
+
+struct ShardOptions {
+  std::string job_id = "local";
+  int shard_index = 0;
+  int num_shards = 1;
+  int num_workers = 1;
+  SyncMode mode = SyncMode::kSync;
+  // The optimizer (optim/optimizer.h): Adam unless adam.kind says SGD.
+  // Named for the Adam-only days; an AdamOptions converts to it.
+  OptimizerOptions adam;
+  // Sync mode: bounded staleness s (see "Bounded staleness" in
+  // server/parameter_shard.h), 0 to 1000; 0 is plain sync. Ignored in
+  // async mode and with backup workers.
+  int staleness = 0;
+  // Sync mode without staleness: backup workers (see "Backup workers" in
+  // server/parameter_shard.h) when 0 < replicas_to_aggregate <
+  // num_workers; 0 (or num_workers): every worker's push goes into every
+  // step.
+  int replicas_to_aggregate = 0;
+  // Sync mode: gradient clipping by global norm (see "Gradient clipping" in
+  // server/parameter_shard.h), 0 to 1e6; 0: none.
+  double clip_grad_norm = 0;
+  // The job's checkpoint folder on this shard's host (the job spec's
+  // checkpoint_dir as the coordinator validated it); the shard writes
+  // checkpoint files only inside it (ShardCheckpointPath in
+  // server/shard_checkpoint.h). Empty: the shard takes no checkpoints.
+  std::string checkpoint_dir;
+};
+
+}  // namespace pstrain
+
+#endif  // PSTRAIN_SERVER_SHARD_OPTIONS_H_
