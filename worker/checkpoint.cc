@@ -406,12 +406,14 @@ absl::StatusOr<CheckpointManifest> ReadCheckpointManifest(
   const json& opt = j.contains("optimizer") ? j["optimizer"] : empty;
   ASSIGN_OR_RETURN(std::string opt_name,
                    Field<std::string>(opt_path, opt, "name"));
-  if (opt_name == "sgd") {
-    job.adam.kind = OptimizerKind::kSgd;
-  } else if (opt_name != "adam") {
+  // Written as OptimizerName(kind) (optim/optimizer.h): a job spec's
+  // spelling (catalog/job_config.h).
+  const absl::StatusOr<OptimizerAlgorithm> algorithm = ParseOptimizer(opt_name);
+  if (!algorithm.ok()) {
     return BadManifest(path, absl::StrCat("optimizer ", Quoted(opt_name),
                                           "; expected \"adam\" or \"sgd\""));
   }
+  if (*algorithm == OPTIMIZER_SGD) job.adam.kind = OptimizerKind::kSgd;
   ASSIGN_OR_RETURN(job.adam.lr, Field<float>(opt_path, opt, "lr"));
   ASSIGN_OR_RETURN(job.adam.beta1, Field<float>(opt_path, opt, "beta1"));
   ASSIGN_OR_RETURN(job.adam.beta2, Field<float>(opt_path, opt, "beta2"));
