@@ -577,6 +577,15 @@ class ParameterShard {
                                          const StepEnds& ends) {
     return members == StepPolicy::Members::kAdmitted ? &ends.ended : nullptr;
   }
+  // Step `step`'s end by `worker_id` into `ends`, once `pushed` (called
+  // under each chunk's lock) says it pushed every chunk of the step:
+  // INVALID_ARGUMENT for a second end or a chunk not pushed (naming it),
+  // nothing recorded; else the end, and the first non-finite report
+  // (lowest worker id) as the step's skip.
+  absl::Status AddEndLocked(StepEnds& ends, int worker_id, int64_t step,
+                            const NonFiniteValue* nonfinite,
+                            absl::FunctionRef<bool(const ChunkState&)> pushed)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(step_mu_);
   // Sync mode: step `deciding`'s ends are all in, and (clipping) its norm:
   // the step counters, the skip record, and the pulls woken.
   void DecidedLocked(int64_t deciding, StepEnds& ends)

@@ -87,6 +87,36 @@ void ParameterShard::DecidedLocked(int64_t deciding, StepEnds& ends) {
   ending_step_ = deciding + 1;
 }
 
+absl::Status ParameterShard::AddEndLocked(
+    StepEnds& ends, int worker_id, int64_t step,
+    const NonFiniteValue* nonfinite,
+    absl::FunctionRef<bool(const ChunkState&)> pushed) {
+  if (ends.ended[worker_id]) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("worker ", worker_id, " ended step ", step,
+                     " twice on shard ", options_.shard_index));
+  }
+  for (const std::unique_ptr<ChunkState>& c : chunks_) {
+    absl::MutexLock chunk_lock(&c->mu);
+    if (!pushed(*c)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("worker ", worker_id, " ended step ", step, " on shard ",
+                       options_.shard_index, " before pushing chunk (",
+                       c->spec.param_id, ", ", c->spec.chunk_index, ")"));
+    }
+  }
+  ends.ended[worker_id] = true;
+  ++ends.num_ended;
+  if (nonfinite != nullptr &&
+      (ends.skip == nullptr || worker_id < ends.skip->worker_id)) {
+    ends.skip = std::make_unique<SkippedStepInfo>();
+    ends.skip->step = step;
+    ends.skip->worker_id = worker_id;
+    ends.skip->nonfinite = *nonfinite;
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ParameterShard::EndStep(int worker_id, int64_t step,
                                      const NonFiniteValue* nonfinite,
                                      int64_t generation) {
@@ -120,32 +150,15 @@ absl::Status ParameterShard::EndStep(int worker_id, int64_t step,
         options_.shard_index, " is collecting the ends of step ", ending_step_,
         s == 0 ? "" : absl::StrCat(" to ", ending_step_ + s)));
   }
-  StepEnds& ends = ends_[SlotIndex(step)];
-  if (ends.ended[worker_id]) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("worker ", worker_id, " ended step ", step,
-                     " twice on shard ", options_.shard_index));
-  }
-  for (const std::unique_ptr<ChunkState>& c : chunks_) {
-    absl::MutexLock chunk_lock(&c->mu);
-    const bool pushed =
-        c->version > step || (step <= c->version + s &&
-                              c->slots[SlotIndex(step)].has_pending[worker_id]);
-    if (!pushed) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("worker ", worker_id, " ended step ", step, " on shard ",
-                       options_.shard_index, " before pushing chunk (",
-                       c->spec.param_id, ", ", c->spec.chunk_index, ")"));
-    }
-  }
-  ends.ended[worker_id] = true;
-  ++ends.num_ended;
-  if (nonfinite != nullptr &&
-      (ends.skip == nullptr || worker_id < ends.skip->worker_id)) {
-    ends.skip = std::make_unique<SkippedStepInfo>();
-    ends.skip->step = step;
-    ends.skip->worker_id = worker_id;
-    ends.skip->nonfinite = *nonfinite;
+  auto pushed = [&](const ChunkState& c) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    return c.version > step ||
+           (step <= c.version + s &&
+            c.slots[SlotIndex(step)].has_pending[worker_id]);
+  };
+  if (absl::Status added = AddEndLocked(ends_[SlotIndex(step)], worker_id, step,
+                                        nonfinite, pushed);
+      !added.ok()) {
+    return added;
   }
   // Decide every step whose ends are all in, oldest first.
   bool decided_any = false;
@@ -251,30 +264,16 @@ absl::StatusOr<bool> ParameterShard::EndStepWithBackups(
     return false;
   }
   StepEnds& ends = ends_[0];
-  if (ends.ended[worker_id]) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("worker ", worker_id, " ended step ", step,
-                     " twice on shard ", options_.shard_index));
+  auto pushed = [worker_id](const ChunkState& c)
+                    ABSL_NO_THREAD_SAFETY_ANALYSIS {
+                      return c.slots[0].has_pending[worker_id];
+                    };
+  if (absl::Status added =
+          AddEndLocked(ends, worker_id, step, nonfinite, pushed);
+      !added.ok()) {
+    return added;
   }
-  for (const std::unique_ptr<ChunkState>& c : chunks_) {
-    absl::MutexLock chunk_lock(&c->mu);
-    if (!c->slots[0].has_pending[worker_id]) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("worker ", worker_id, " ended step ", step, " on shard ",
-                       options_.shard_index, " before pushing chunk (",
-                       c->spec.param_id, ", ", c->spec.chunk_index, ")"));
-    }
-  }
-  ends.ended[worker_id] = true;
-  ++ends.num_ended;
   samples_.fetch_add(samples, std::memory_order_relaxed);
-  if (nonfinite != nullptr &&
-      (ends.skip == nullptr || worker_id < ends.skip->worker_id)) {
-    ends.skip = std::make_unique<SkippedStepInfo>();
-    ends.skip->step = step;
-    ends.skip->worker_id = worker_id;
-    ends.skip->nonfinite = *nonfinite;
-  }
   if (ends.num_ended == policy_.ends_to_decide()) {
     if (clipping()) {
       if (MaybeAwaitNormLocked()) NoteUpdate();  // wakes the pulls
