@@ -119,6 +119,15 @@
 //    no sum (someone else's decided the step). A sum for a step decided
 //    earlier is checked against the recent decisions it still holds.
 //
+// Which of the above a shard runs, and each one's answers (who decides a
+// step, whose pushes it averages, whether its update is applied before the
+// decision, the checkpoint's cut, where a job rejoins, the norm's
+// members), is its StepPolicy (server/step_policy.h, policy()), computed
+// once from ShardOptions. The code: parameter_shard.cc (state,
+// generations, Reopen), parameter_shard_push.cc (chunk store, pushes,
+// updates), parameter_shard_steps.cc (step decisions),
+// parameter_shard_pull.cc, parameter_shard_snapshot.cc.
+//
 // The gRPC service (ps_service.h) only converts messages and statuses.
 //
 // Errors, and what they leave behind (nothing, in every case):
