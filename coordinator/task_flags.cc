@@ -15,6 +15,7 @@
 #include "common/flags_util.h"
 #include "common/status_macros.h"
 #include "common/tls_flags.h"
+#include "coordinator/job_spec.h"
 
 ABSL_FLAG(std::string, coordinator, "",
           "host:port of the pstrain coordinator (required).");
@@ -271,9 +272,7 @@ absl::StatusOr<JoinedTask> JoinJobFromFlags(TaskRole role, const char* program,
     *exit_code = 1;
     return spec.status();
   }
-  task.spec = *std::move(spec);
-  const int count =
-      role == ROLE_PS ? task.spec.num_ps() : task.spec.num_workers();
+  const int count = role == ROLE_PS ? spec->num_ps() : spec->num_workers();
   if (options->index >= count) {
     // Not a task of this job, so the coordinator would refuse its report.
     const absl::Status status = absl::InvalidArgumentError(
@@ -284,8 +283,16 @@ absl::StatusOr<JoinedTask> JoinJobFromFlags(TaskRole role, const char* program,
     *exit_code = 2;
     return status;
   }
+  // Validated at submission; its choices are parsed here, once per task.
+  absl::StatusOr<JobConfig> config = ResolveJobSpec(*spec);
+  if (!config.ok()) {
+    *exit_code = FailTask(*task.agent, program, 2,
+                          std::string(config.status().message()));
+    return config.status();
+  }
+  task.config = *std::move(config);
   absl::StatusOr<TaskAddress> address =
-      TaskAddressFromFlags(task.spec, role, options->index);
+      TaskAddressFromFlags(task.config.spec, role, options->index);
   if (!address.ok()) {
     *exit_code = FailTask(*task.agent, program, 2,
                           std::string(address.status().message()));

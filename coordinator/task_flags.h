@@ -26,6 +26,7 @@
 
 #include "absl/flags/declare.h"
 #include "absl/status/statusor.h"
+#include "catalog/job_config.h"
 #include "coordinator/task_agent.h"
 #include "proto/job.pb.h"
 
@@ -76,10 +77,11 @@ absl::StatusOr<TaskAddress> TaskAddressFromFlags(const JobSpec& spec,
                                                  TaskRole role, int index);
 
 // A task that has joined its job: its agent (not yet registered), the
-// job's spec and its address.
+// job's config (its spec resolved: coordinator/job_spec.h ResolveJobSpec)
+// and its address.
 struct JoinedTask {
   std::unique_ptr<TaskAgent> agent;
-  JobSpec spec;
+  JobConfig config;
   TaskAddress address;
 };
 
@@ -122,11 +124,12 @@ int FailTask(TaskAgent& agent, const char* program, int exit_code,
              const std::string& message);
 
 // The start every task shares: its identity from the flags, the job's spec
-// from the coordinator, its index checked against the spec's task count, and
-// its address. On error prints one line and sets `*exit_code`: 2 for bad
-// flags or an index outside the job (a bad --advertise or --port is also
-// reported to the coordinator, failing the job), 1 when the coordinator
-// cannot be reached, has no such job, or the job has ended.
+// from the coordinator, its index checked against the spec's task count,
+// the spec resolved into the job's config (once, here), and its address. On
+// error prints one line and sets `*exit_code`: 2 for bad flags or an index
+// outside the job (a spec that does not resolve, or a bad --advertise or
+// --port, is also reported to the coordinator, failing the job), 1 when the
+// coordinator cannot be reached, has no such job, or the job has ended.
 absl::StatusOr<JoinedTask> JoinJobFromFlags(TaskRole role, const char* program,
                                             int* exit_code);
 

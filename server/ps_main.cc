@@ -318,10 +318,7 @@ int main(int argc, char** argv) {
   auto fail = [&](int code, const std::string& message) {
     return pstrain::FailTask(agent, kProgram, code, message);
   };
-  // The spec was validated at submission; its choices are parsed here, once.
-  const absl::StatusOr<pstrain::JobConfig> config =
-      pstrain::ResolveJobSpec(joined->spec);
-  if (!config.ok()) return fail(2, std::string(config.status().message()));
+  const pstrain::JobConfig* config = &joined->config;
   const pstrain::JobSpec* spec = &config->spec;
 
   // Reported like every task's. The shard applies Adam on the thread of the

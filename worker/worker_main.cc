@@ -342,11 +342,7 @@ int main(int argc, char** argv) {
   auto fail = [&](int code, const std::string& message) {
     return pstrain::FailTask(agent, kProgram, code, message);
   };
-  // The spec was validated at submission; its choices are parsed here, once.
-  absl::StatusOr<pstrain::JobConfig> resolved =
-      pstrain::ResolveJobSpec(joined->spec);
-  if (!resolved.ok()) return fail(2, std::string(resolved.status().message()));
-  const pstrain::JobConfig& config = *resolved;
+  const pstrain::JobConfig& config = joined->config;
   const pstrain::JobSpec& spec = config.spec;
   // oneDNN's primitives run on the training (this) thread's OpenMP pool.
   absl::StatusOr<int> threads =
