@@ -3,8 +3,6 @@
 #include <omp.h>
 
 #include <algorithm>
-#include <cmath>
-#include <cstdio>
 #include <cstdlib>
 #include <memory>
 #include <optional>
@@ -15,96 +13,37 @@
 #include "absl/memory/memory.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "common/safetensors.h"
 #include "common/status_macros.h"
-#include "common/trace.h"
 #include "models/model.h"
 #include "models/model_file.h"
 #include "worker/checkpoint.h"
+#include "worker/checkpoint_schedule.h"
+#include "worker/data_position.h"
 #include "worker/gradient_exchange.h"
 #include "worker/input_pipeline.h"
 #include "worker/metrics.h"
-#include "worker/run_report.h"
+#include "worker/recovery.h"
+#include "worker/reporter.h"
+#include "worker/step_loop.h"
 
 namespace pstrain {
 namespace {
 
-// The test aid PSTRAIN_INJECT_NONFINITE="W:all" or "W:S1,S2,...": worker
-// W's gradient of parameter 0 gets a NaN at every step or at steps S1,
-// S2, ... (global steps). Unset or empty: nothing.
-struct NonFiniteInjection {
-  int worker = -1;
-  bool every_step = false;
-  std::vector<int64_t> steps;
-  bool At(int worker_id, int64_t step) const {
-    if (worker != worker_id) return false;
-    return every_step ||
-           std::find(steps.begin(), steps.end(), step) != steps.end();
-  }
-};
-
-absl::StatusOr<NonFiniteInjection> ParseNonFiniteInjection() {
-  NonFiniteInjection injection;
-  const char* text = std::getenv("PSTRAIN_INJECT_NONFINITE");
-  if (text == nullptr || *text == '\0') return injection;
-  const auto bad = [text] {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "PSTRAIN_INJECT_NONFINITE=\"", text,
-        "\"; expected WORKER:all or WORKER:STEP[,STEP...] (a test aid)"));
-  };
-  const std::vector<std::string> parts = absl::StrSplit(text, ':');
-  if (parts.size() != 2 || !absl::SimpleAtoi(parts[0], &injection.worker) ||
-      injection.worker < 0) {
-    return bad();
-  }
-  if (parts[1] == "all") {
-    injection.every_step = true;
-    return injection;
-  }
-  for (absl::string_view step : absl::StrSplit(parts[1], ',')) {
-    int64_t s;
-    if (!absl::SimpleAtoi(step, &s) || s < 0) return bad();
-    injection.steps.push_back(s);
-  }
-  return injection;
-}
-
-void Emit(const TrainerOptions& options, const std::string& line) {
-  if (options.log_line) {
-    options.log_line(line);
-    return;
-  }
-  std::printf("%s\n", line.c_str());
-  std::fflush(stdout);
-}
-
 // What a worker computes each step: the real model (forward and backward
 // on its batches), or a stand-in for a GPU that sleeps compute_ms and
 // offers model-sized gradients (emulated-link runs, see trainer.h).
-class Workload {
+class Workload : public StepCompute {
  public:
-  virtual ~Workload() = default;
   // PS tensors: parameters, then num_buffers() BatchNorm buffers.
   virtual const std::vector<absl::Span<float>>& weights() = 0;
-  virtual const std::vector<absl::Span<const float>>& gradients() = 0;
   virtual int num_buffers() const = 0;
   virtual std::vector<int64_t> TensorNumElements() const = 0;
   // PS tensors' names and shapes, for checkpoints.
   virtual std::vector<std::string> TensorNames() const = 0;
   virtual std::vector<std::vector<int64_t>> TensorShapes() const = 0;
-  // Skips the next `n` batches of the epoch (a resumed run's position).
-  virtual void SkipBatches(int64_t n) = 0;
-  // Copies weights() into whatever computes with them.
-  virtual absl::Status LoadWeights() = 0;
   virtual int64_t steps_per_epoch() const = 0;
-  virtual void BeginEpoch(int epoch) = 0;
-  // One step's compute; the training loss (0 for the stand-in). Calls
-  // `on_ready` for every PS tensor as its gradient becomes final.
-  virtual absl::StatusOr<float> Step(const GradientsReadyFn& on_ready) = 0;
-  // The last Step()'s forward and backward times, where measured.
-  virtual StepPhases LastPhases() const { return {}; }
   virtual bool can_evaluate() const = 0;
   virtual absl::StatusOr<Evaluation> Evaluate() = 0;
   virtual int64_t num_parameters() const = 0;
@@ -549,14 +488,27 @@ absl::StatusOr<Evaluation> EvaluateModel(Model& model, const Dataset& dataset,
   return eval;
 }
 
-absl::StatusOr<TrainerOutput> RunWorker(const TrainerOptions& options,
-                                        const Dataset& dataset) {
-  const bool allreduce = options.mode == "allreduce";
-  if (options.mode != "sync" && options.mode != "async" && !allreduce) {
+namespace {
+
+// The run's kind, from TrainerOptions' mode and compute strings (compared
+// here only), and its options checked.
+struct RunKind {
+  bool sync = false;
+  bool async = false;
+  bool allreduce = false;
+  bool synthetic = false;
+};
+
+absl::StatusOr<RunKind> KindOf(const TrainerOptions& options) {
+  RunKind kind;
+  kind.sync = options.mode == "sync";
+  kind.async = options.mode == "async";
+  kind.allreduce = options.mode == "allreduce";
+  if (!kind.sync && !kind.async && !kind.allreduce) {
     return absl::InvalidArgumentError(absl::StrCat(
         "mode \"", options.mode, "\"; expected sync, async or allreduce"));
   }
-  if (allreduce && options.collective == nullptr) {
+  if (kind.allreduce && options.collective == nullptr) {
     return absl::InvalidArgumentError(
         "mode allreduce needs the workers' collective");
   }
@@ -564,629 +516,381 @@ absl::StatusOr<TrainerOutput> RunWorker(const TrainerOptions& options,
     return absl::InvalidArgumentError(absl::StrCat(
         "batch size ", options.batch_size, "; expected a positive number"));
   }
-  const bool synthetic = options.compute == "synthetic";
-  if (!synthetic && options.compute != "model") {
+  kind.synthetic = options.compute == "synthetic";
+  if (!kind.synthetic && options.compute != "model") {
     return absl::InvalidArgumentError(absl::StrCat(
         "compute \"", options.compute, "\"; expected model or synthetic"));
   }
+  return kind;
+}
+
+// The mode's exchange, and where its tensors go ("12 chunks on 2 shards").
+absl::StatusOr<std::unique_ptr<GradientExchange>> CreateExchange(
+    const TrainerOptions& options, const RunKind& kind,
+    const Workload& workload, std::string* placement) {
+  if (kind.allreduce) {
+    *placement =
+        absl::StrFormat("ring allreduce over %d workers, buckets of %d bytes",
+                        options.num_workers, options.bucket_bytes);
+    return CreateAllreduceExchange(options.collective, options.adam,
+                                   options.bucket_bytes, workload.num_buffers(),
+                                   options.clip_grad_norm);
+  }
+  ASSIGN_OR_RETURN(PartitionPlan plan,
+                   PartitionPlan::Create(
+                       workload.TensorNumElements(), options.partition_bytes,
+                       static_cast<int>(options.ps_addresses.size()),
+                       workload.num_buffers()));
+  *placement = absl::StrFormat("%d chunks on %d shards", plan.chunks().size(),
+                               plan.num_shards());
+  PsClientOptions client_options;
+  client_options.addresses = options.ps_addresses;
+  client_options.job_id = options.job_id;
+  client_options.worker_id = options.worker_id;
+  client_options.rpc_timeout = options.rpc_timeout;
+  client_options.credentials = options.ps_credentials;
+  client_options.backup_workers = kind.sync && options.backup_workers > 0;
+  client_options.clip_by_global_norm = kind.sync && options.clip_grad_norm > 0;
+  ASSIGN_OR_RETURN(std::unique_ptr<PsClient> client,
+                   PsClient::Create(client_options, plan));
+  return CreatePsExchange(std::move(client), kind.sync, options.worker_id == 0,
+                          options.init_timeout, options.staleness,
+                          client_options.backup_workers);
+}
+
+// Recovery (worker/recovery.h; PS modes). Worker 0 restores the shards to
+// the job's initial weights before the first checkpoint (the same on a
+// restarted worker 0: from `seed` or `init_from`), copied now.
+std::unique_ptr<Recovery> CreateRecovery(const TrainerOptions& options,
+                                         const RunKind& kind,
+                                         Workload* workload,
+                                         GradientExchange* exchange,
+                                         const LineFn& say) {
+  RecoveryOptions recovery;
+  recovery.worker_id = options.worker_id;
+  recovery.num_workers = options.num_workers;
+  recovery.sync = kind.sync;
+  recovery.max_restarts = kind.allreduce ? 0 : options.max_restarts;
+  recovery.init_timeout = options.init_timeout;
+  recovery.ps_addresses_fn = options.ps_addresses_fn;
+  recovery.checkpoint_dir = options.checkpoint_dir;
+  recovery.tensor_names = workload->TensorNames();
+  recovery.tensor_shapes = workload->TensorShapes();
+  recovery.num_buffers = workload->num_buffers();
+  ModelState initial;
+  if (recovery.max_restarts > 0 && options.worker_id == 0) {
+    const std::vector<absl::Span<float>>& weights = workload->weights();
+    for (absl::Span<float> w : weights) {
+      initial.weights.emplace_back(w.begin(), w.end());
+    }
+    initial.m.resize(weights.size());
+    initial.v.resize(weights.size());
+    initial.versions.resize(weights.size());
+  }
+  return std::make_unique<Recovery>(
+      std::move(recovery), exchange, std::move(initial),
+      [workload] { return workload->LoadWeights(); }, say);
+}
+
+// Resume: the newest checkpoint's data position (every worker: the step to
+// start at) and state (worker 0, for the shards; allreduce: every worker,
+// which holds it all), put into the weights. The state is stored per
+// parameter, so a checkpoint of any mode loads.
+absl::StatusOr<int64_t> ReadResume(const TrainerOptions& options,
+                                   const RunKind& kind,
+                                   const DataPositions& positions,
+                                   Workload& workload, ModelState* state,
+                                   const LineFn& say) {
+  ASSIGN_OR_RETURN(CheckpointManifest manifest,
+                   ReadLatestCheckpoint(options.checkpoint_dir));
+  ASSIGN_OR_RETURN(const int64_t step,
+                   positions.StepOf(manifest.position, manifest.dir));
+  // Adam's m and v mean nothing to SGD, and SGD's buffer nothing to Adam.
+  if (manifest.job.adam.kind != options.adam.kind) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(manifest.dir, ": saved with optimizer ",
+                     OptimizerName(manifest.job.adam.kind), "; this job has ",
+                     OptimizerName(options.adam.kind),
+                     ": its optimizer state cannot be restored"));
+  }
+  if (options.worker_id == 0 || kind.allreduce) {
+    ASSIGN_OR_RETURN(
+        *state,
+        LoadCheckpointState(manifest, workload.TensorNames(),
+                            workload.TensorShapes(), workload.num_buffers()));
+    const std::vector<absl::Span<float>>& weights = workload.weights();
+    for (size_t t = 0; t < weights.size(); ++t) {
+      std::copy(state->weights[t].begin(), state->weights[t].end(),
+                weights[t].begin());
+    }
+    if (options.verbose) {
+      say(absl::StrCat("Resuming from ", manifest.dir, " (step ", manifest.step,
+                       ", epoch ", manifest.position.epoch, ")"));
+    }
+  }
+  return step;
+}
+
+// Every worker's weights from the shards (or worker 0's, allreduce), in
+// the model: a fresh or resumed start, or a restarted task's rejoin. The
+// step to start at.
+absl::StatusOr<int64_t> StartExchange(const TrainerOptions& options,
+                                      const RunKind& kind,
+                                      const DataPositions& positions,
+                                      Workload& workload,
+                                      GradientExchange& exchange,
+                                      Recovery& recovery, const LineFn& say) {
+  int64_t step = 0;
+  ModelState resume_state;
+  if (options.resume) {
+    ASSIGN_OR_RETURN(step, ReadResume(options, kind, positions, workload,
+                                      &resume_state, say));
+  }
+  if (options.rejoin && !kind.allreduce) {
+    // A restarted task: the shards run already.
+    ASSIGN_OR_RETURN(step, recovery.Rejoin(workload.weights()));
+  } else {
+    const bool resumes =
+        (options.worker_id == 0 || kind.allreduce) && options.resume;
+    RETURN_IF_ERROR(
+        exchange.Start(workload.weights(), resumes ? &resume_state : nullptr));
+  }
+  RETURN_IF_ERROR(workload.LoadWeights());
+  return step;
+}
+
+// Worker 0's checkpoint writer (worker/checkpoint.h), and the checkpoints
+// the job made durable before it (a restarted worker 0 goes on counting).
+std::unique_ptr<CheckpointWriter> CreateCheckpointWriter(
+    const TrainerOptions& options, const RunKind& kind, const Dataset& dataset,
+    Workload* workload, GradientExchange* exchange,
+    int64_t* checkpoints_before) {
+  CheckpointJobInfo job;
+  job.mode = options.mode;
+  job.model = kind.synthetic ? "synthetic" : options.model;
+  job.dataset = kind.synthetic ? "none" : dataset.name;
+  // Allreduce: one file of the whole state (every worker holds it).
+  job.num_shards =
+      kind.allreduce ? 1 : static_cast<int>(options.ps_addresses.size());
+  job.partition_bytes = options.partition_bytes;
+  job.adam = options.adam;
+  job.tensor_names = workload->TensorNames();
+  job.tensor_shapes = workload->TensorShapes();
+  job.num_buffers = workload->num_buffers();
+  auto writer = std::make_unique<CheckpointWriter>(
+      options.checkpoint_dir, options.keep_checkpoints, std::move(job),
+      exchange,
+      [workload](const std::vector<absl::Span<float>>& weights,
+                 const std::string& path, int64_t step,
+                 const safetensors::WriteOptions& write_options) {
+        return workload->SaveWeights(weights, path, step, write_options);
+      });
+  // Bounded staleness and backup workers: worker 0's weights are not the
+  // cut's (CheckpointWriter; with backups shard 0 picks the cut).
+  writer->set_model_from_shards(
+      !kind.allreduce && (options.staleness > 0 || options.backup_workers > 0));
+  *checkpoints_before = 0;
+  if (options.rejoin) {
+    absl::StatusOr<CheckpointManifest> newest =
+        ReadLatestCheckpoint(options.checkpoint_dir);
+    if (newest.ok()) *checkpoints_before = newest->checkpoint_count;
+  }
+  writer->ContinueCount(*checkpoints_before);
+  return writer;
+}
+
+// What the run is, in its result.
+void DescribeRun(const TrainerOptions& options, const RunKind& kind,
+                 const Dataset& dataset, const Workload& workload,
+                 RunResult* result) {
+  result->set_num_ps(
+      kind.allreduce ? 0 : static_cast<int>(options.ps_addresses.size()));
+  result->set_num_workers(options.num_workers);
+  result->set_mode(options.mode);
+  result->set_model(kind.synthetic ? "synthetic" : options.model);
+  result->set_dataset(kind.synthetic ? "none" : dataset.name);
+  result->set_batch_size(options.batch_size);
+  result->set_epochs(options.epochs);
+  result->set_num_parameters(workload.num_parameters());
+  result->set_compute(options.compute);
+  result->set_train_samples(kind.synthetic ? 0 : dataset.train.count);
+  result->set_backend(options.backend);
+  int64_t elements = 0;
+  for (int64_t n : workload.TensorNumElements()) elements += n;
+  result->set_model_bytes(elements * 4);
+}
+
+Reporter::Options ReporterOptionsOf(const TrainerOptions& options,
+                                    const RunKind& kind,
+                                    const DataPositions& positions,
+                                    int64_t checkpoints_before,
+                                    const LineFn& say) {
+  Reporter::Options report;
+  report.worker_id = options.worker_id;
+  report.num_workers = options.num_workers;
+  report.backup_workers = options.backup_workers;
+  report.batch_size = options.batch_size;
+  report.log_every_steps = options.log_every_steps;
+  report.verbose = options.verbose;
+  report.total_steps = positions.total_steps();
+  report.adam = options.adam;
+  // Sync without backup workers and allreduce: every worker trains every
+  // step, counted on the worker (the shards' count lags by the other
+  // workers' last pulls, which may still be on their way when worker 0 has
+  // ended); otherwise shard 0's count.
+  report.count_on_worker =
+      kind.allreduce || (kind.sync && options.backup_workers == 0);
+  report.checkpoints_before = checkpoints_before;
+  report.metrics_dir = options.metrics_dir;
+  report.append_metrics = options.resume || options.rejoin;
+  report.say = say;
+  report.on_progress = options.on_progress;
+  report.on_epoch = options.on_epoch;
+  return report;
+}
+
+StepLoop::Options StepLoopOptionsOf(const TrainerOptions& options,
+                                    const RunKind& kind,
+                                    const Workload& workload,
+                                    NonFiniteInjection injection) {
+  StepLoop::Options loop;
+  loop.worker_id = options.worker_id;
+  loop.batch_size = options.batch_size;
+  loop.async = kind.async;
+  loop.allreduce = kind.allreduce;
+  loop.max_nonfinite_steps = options.max_nonfinite_steps;
+  loop.report_loss = !kind.synthetic;
+  loop.straggler_worker = options.straggler_worker;
+  loop.straggler_delay_ms = options.straggler_delay_ms;
+  loop.tensor_names = workload.TensorNames();
+  loop.inject_nonfinite = std::move(injection);
+  return loop;
+}
+
+// Worker 0's evaluation after an epoch (StepLoop::EndEpochFn).
+absl::Status EvaluateEpoch(Workload& workload, GradientExchange& exchange,
+                           Reporter& reporter,
+                           Reporter::EpochEvaluation epoch) {
+  reporter.PauseTraining();
+  // No stream may sit idle through the evaluation (see CloseStreams).
+  RETURN_IF_ERROR(exchange.BeforePause());
+  const absl::Time test_start = absl::Now();
+  // The other workers wait at the next step's barrier (or have finished):
+  // evaluate with every core.
+  const int train_threads = omp_get_max_threads();
+  omp_set_num_threads(omp_get_num_procs());
+  absl::StatusOr<Evaluation> evaluated = workload.Evaluate();
+  omp_set_num_threads(train_threads);
+  ASSIGN_OR_RETURN(const Evaluation eval, std::move(evaluated));
+  epoch.test_seconds = absl::ToDoubleSeconds(absl::Now() - test_start);
+  epoch.test_loss = eval.loss;
+  epoch.test_accuracy = eval.accuracy;
+  RETURN_IF_ERROR(reporter.Evaluated(epoch));
+  return reporter.ResumeTraining();
+}
+
+}  // namespace
+
+absl::StatusOr<TrainerOutput> RunWorker(const TrainerOptions& options,
+                                        const Dataset& dataset) {
+  ASSIGN_OR_RETURN(const RunKind kind, KindOf(options));
   const bool chief = options.worker_id == 0;
+  const LineFn say = ConsoleLines(options.log_line);
   std::unique_ptr<Workload> workload;
-  if (synthetic) {
+  if (kind.synthetic) {
     ASSIGN_OR_RETURN(workload, SyntheticWorkload::Create(options));
   } else {
     ASSIGN_OR_RETURN(workload, ModelWorkload::Create(options, dataset));
   }
-  const int num_buffers = workload->num_buffers();
-  std::unique_ptr<GradientExchange> exchange;
   std::string placement;
-  if (allreduce) {
-    exchange = CreateAllreduceExchange(options.collective, options.adam,
-                                       options.bucket_bytes, num_buffers,
-                                       options.clip_grad_norm);
-    placement = absl::StrFormat(
-        "ring allreduce over %d workers, buckets of "
-        "%d bytes",
-        options.num_workers, options.bucket_bytes);
-  } else {
-    ASSIGN_OR_RETURN(
-        PartitionPlan plan,
-        PartitionPlan::Create(
-            workload->TensorNumElements(), options.partition_bytes,
-            static_cast<int>(options.ps_addresses.size()), num_buffers));
-    placement = absl::StrFormat("%d chunks on %d shards", plan.chunks().size(),
-                                plan.num_shards());
-    PsClientOptions client_options;
-    client_options.addresses = options.ps_addresses;
-    client_options.job_id = options.job_id;
-    client_options.worker_id = options.worker_id;
-    client_options.rpc_timeout = options.rpc_timeout;
-    client_options.credentials = options.ps_credentials;
-    client_options.backup_workers =
-        options.mode == "sync" && options.backup_workers > 0;
-    client_options.clip_by_global_norm =
-        options.mode == "sync" && options.clip_grad_norm > 0;
-    ASSIGN_OR_RETURN(std::unique_ptr<PsClient> client,
-                     PsClient::Create(client_options, plan));
-    exchange = CreatePsExchange(std::move(client), options.mode == "sync",
-                                chief, options.init_timeout, options.staleness,
-                                client_options.backup_workers);
-  }
-
+  ASSIGN_OR_RETURN(std::unique_ptr<GradientExchange> exchange,
+                   CreateExchange(options, kind, *workload, &placement));
   if (!options.init_from.empty()) {
     RETURN_IF_ERROR(workload->LoadModel(options.init_from));
   }
-  const std::vector<absl::Span<float>>& weights = workload->weights();
-  const std::vector<absl::Span<const float>>& gradients = workload->gradients();
-  const int64_t steps_per_epoch = workload->steps_per_epoch();
-  const int num_shards = static_cast<int>(options.ps_addresses.size());
+  const DataPositions positions(workload->steps_per_epoch(), options.epochs,
+                                options.seed, options.batch_size,
+                                options.num_workers);
   const bool checkpointing =
       options.checkpoint_every_steps > 0 || options.checkpoint_every_secs > 0;
   if ((options.resume || checkpointing) && options.checkpoint_dir.empty()) {
     return absl::InvalidArgumentError(
         "checkpoints and resume need a checkpoint folder");
   }
-  // Recovery (see TrainerOptions::max_restarts): what worker 0 restores the
-  // shards to before the first checkpoint, the job's initial weights (the
-  // same on a restarted worker 0: from `seed` or `init_from`).
-  const bool recovers = options.max_restarts > 0 && !allreduce;
-  ModelState initial_state;
-  if (recovers && chief) {
-    for (absl::Span<float> w : weights) {
-      initial_state.weights.emplace_back(w.begin(), w.end());
-    }
-    initial_state.m.resize(weights.size());
-    initial_state.v.resize(weights.size());
-    initial_state.versions.resize(weights.size());
-  }
-  // Resume: the newest checkpoint's data position (every worker) and state
-  // (worker 0, for the shards; allreduce: every worker, which holds it all).
-  // The state is stored per parameter, so a checkpoint of any mode loads.
-  int64_t start_step = 0;
-  ModelState resume_state;
-  if (options.resume) {
-    ASSIGN_OR_RETURN(CheckpointManifest manifest,
-                     ReadLatestCheckpoint(options.checkpoint_dir));
-    const DataPosition& p = manifest.position;
-    if (p.batch_size != options.batch_size ||
-        p.num_workers != options.num_workers ||
-        p.steps_per_epoch != steps_per_epoch || p.seed != options.seed) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          manifest.dir, ": saved with batch size ", p.batch_size, ", ",
-          p.num_workers, " workers, ", p.steps_per_epoch,
-          " steps per epoch and seed ", p.seed, "; this job has ",
-          options.batch_size, ", ", options.num_workers, ", ", steps_per_epoch,
-          " and ", options.seed, ": its data position cannot be restored"));
-    }
-    // Adam's m and v mean nothing to SGD, and SGD's buffer nothing to Adam.
-    if (manifest.job.adam.kind != options.adam.kind) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(manifest.dir, ": saved with optimizer ",
-                       OptimizerName(manifest.job.adam.kind), "; this job has ",
-                       OptimizerName(options.adam.kind),
-                       ": its optimizer state cannot be restored"));
-    }
-    start_step = p.epoch * steps_per_epoch + p.step_in_epoch;
-    if (chief || allreduce) {
-      ASSIGN_OR_RETURN(
-          resume_state,
-          LoadCheckpointState(manifest, workload->TensorNames(),
-                              workload->TensorShapes(), num_buffers));
-      for (size_t t = 0; t < weights.size(); ++t) {
-        std::copy(resume_state.weights[t].begin(),
-                  resume_state.weights[t].end(), weights[t].begin());
-      }
-      if (options.verbose) {
-        Emit(options, absl::StrCat("Resuming from ", manifest.dir, " (step ",
-                                   manifest.step, ", epoch ", p.epoch, ")"));
-      }
-    }
-  }
-  // Worker 0's state to restore the shards to: the newest checkpoint's, or
-  // the initial one before the first.
-  std::string restore_source;
-  auto restore_state = [&]() -> absl::StatusOr<ModelState> {
-    if (!options.checkpoint_dir.empty()) {
-      absl::StatusOr<CheckpointManifest> manifest =
-          ReadLatestCheckpoint(options.checkpoint_dir);
-      if (manifest.ok()) {
-        restore_source = manifest->dir;
-        return LoadCheckpointState(*manifest, workload->TensorNames(),
-                                   workload->TensorShapes(), num_buffers);
-      }
-      if (!absl::IsNotFound(manifest.status())) return manifest.status();
-    }
-    restore_source = "the initial weights (no checkpoint yet)";
-    return initial_state;
-  };
-  // Worker 0, after a reconnect: what the shards went on from.
-  auto say_how_restored = [&](int64_t version) {
-    if (exchange->RecoveredInPlace()) {
-      Emit(options,
-           absl::StrCat("Reopened the shards at their own state, version ",
-                        version, " (no rollback)"));
-      return;
-    }
-    const std::string why = exchange->ReopenRefusal();
-    // Async: the checkpoint's step is worker 0's, its version every
-    // worker's pushes (the job goes on from version / num_workers).
-    const std::string at =
-        options.mode == "sync"
-            ? ""
-            : absl::StrCat("; version ", version, ", step ",
-                           version / options.num_workers, " of each worker");
-    Emit(options, absl::StrCat("Restored the shards to ", restore_source,
-                               why.empty() ? "" : " (", why,
-                               why.empty() ? "" : ")", at));
-  };
-  // The data position of a version pulled after a restore.
-  auto step_of_version = [&](int64_t version) {
-    return options.mode == "sync" ? version : version / options.num_workers;
-  };
+  const std::unique_ptr<Recovery> recovery =
+      CreateRecovery(options, kind, workload.get(), exchange.get(), say);
+  ASSIGN_OR_RETURN(const int64_t start_step,
+                   StartExchange(options, kind, positions, *workload, *exchange,
+                                 *recovery, say));
+  // Worker 0's checkpoints, due by CheckpointSchedule (time counted from
+  // now).
   std::unique_ptr<CheckpointWriter> checkpoints;
-  // Reconnects after a failure (Recover) or as a restarted task (Rejoin):
-  // attempts of at most 5 s each, with fresh addresses and a growing pause
-  // between them, until init_timeout has passed; the smallest version
-  // pulled.
-  auto reconnect = [&](const ModelState* restore,
-                       bool rejoin) -> absl::StatusOr<int64_t> {
-    const absl::Time deadline = absl::Now() + options.init_timeout;
-    absl::Duration pause = absl::Milliseconds(100);
-    while (true) {
-      std::vector<std::string> addresses;
-      if (options.ps_addresses_fn) {
-        ASSIGN_OR_RETURN(addresses, options.ps_addresses_fn());
-      }
-      const absl::Duration attempt = std::max(
-          absl::Seconds(1), std::min(absl::Seconds(5), deadline - absl::Now()));
-      absl::StatusOr<int64_t> version =
-          rejoin ? exchange->Rejoin(weights, addresses, restore, attempt)
-                 : exchange->Recover(addresses, restore, attempt);
-      if (version.ok()) return version;
-      const absl::Status& s = version.status();
-      const bool again = absl::IsUnavailable(s) || absl::IsAborted(s) ||
-                         absl::IsCancelled(s) || absl::IsDeadlineExceeded(s);
-      if (!again || absl::Now() + pause > deadline) {
-        return absl::Status(
-            s.code(), absl::StrCat("reconnecting to the shards for ",
-                                   absl::FormatDuration(options.init_timeout),
-                                   ": ", s.message()));
-      }
-      absl::SleepFor(pause);
-      pause = std::min(pause * 2, absl::Seconds(2));
-    }
-  };
-  // After `cause` (a failed step), the step to go on from, or the error
-  // that ends the run: not a failure a task's death explains, recovery
-  // off, or too many recoveries.
-  int recoveries = 0;
-  const int max_recoveries = 2 * options.max_restarts + 2;
-  auto recover = [&](absl::Status cause) -> absl::StatusOr<int64_t> {
-    while (true) {
-      const bool recoverable = absl::IsUnavailable(cause) ||
-                               absl::IsAborted(cause) ||
-                               absl::IsCancelled(cause);
-      if (!recovers || !recoverable) return cause;
-      if (recoveries >= max_recoveries) {
-        return absl::Status(cause.code(),
-                            absl::StrCat("gave up after ", recoveries,
-                                         " recoveries: ", cause.message()));
-      }
-      ++recoveries;
-      const absl::Time began = absl::Now();
-      Emit(options,
-           absl::StrCat("worker ", options.worker_id, ": step failed (",
-                        cause.ToString(), "); recovering (", recoveries,
-                        " of at most ", max_recoveries, ")"));
-      if (checkpoints != nullptr) {
-        // The checkpoint in flight may have lost a shard: it never becomes
-        // `latest` then.
-        if (absl::Status s = checkpoints->Wait(); !s.ok()) {
-          Emit(options, absl::StrCat("checkpoint abandoned: ", s.ToString()));
-        }
-      }
-      ModelState state;
-      if (chief) {
-        ASSIGN_OR_RETURN(state, restore_state());
-      }
-      absl::StatusOr<int64_t> version =
-          reconnect(chief ? &state : nullptr, /*rejoin=*/false);
-      if (!version.ok()) {
-        cause = version.status();
-        continue;
-      }
-      if (chief) say_how_restored(*version);
-      RETURN_IF_ERROR(workload->LoadWeights());
-      const int64_t step = step_of_version(*version);
-      Emit(options,
-           absl::StrFormat("worker %d: recovered in %.2f s; going on from "
-                           "step %d (version %d)",
-                           options.worker_id,
-                           absl::ToDoubleSeconds(absl::Now() - began), step,
-                           *version));
-      return step;
-    }
-  };
-  if (options.rejoin && !allreduce) {
-    // A restarted task: the shards run already.
-    ModelState state;
-    if (chief) {
-      ASSIGN_OR_RETURN(state, restore_state());
-    }
-    absl::StatusOr<int64_t> version =
-        reconnect(chief ? &state : nullptr, /*rejoin=*/true);
-    if (!version.ok()) return version.status();
-    if (chief) say_how_restored(*version);
-    start_step = step_of_version(*version);
-    Emit(options, absl::StrCat("worker ", options.worker_id,
-                               " rejoined the job at step ", start_step));
-  } else {
-    RETURN_IF_ERROR(exchange->Start(
-        weights,
-        (chief || allreduce) && options.resume ? &resume_state : nullptr));
-  }
-  RETURN_IF_ERROR(workload->LoadWeights());
-  absl::Time last_checkpoint = absl::Now();
+  std::optional<CheckpointSchedule> schedule;
   int64_t checkpoints_before = 0;
   if (chief && checkpointing) {
-    CheckpointJobInfo job;
-    job.mode = options.mode;
-    job.model = synthetic ? "synthetic" : options.model;
-    job.dataset = synthetic ? "none" : dataset.name;
-    // Allreduce: one file of the whole state (every worker holds it).
-    job.num_shards = allreduce ? 1 : num_shards;
-    job.partition_bytes = options.partition_bytes;
-    job.adam = options.adam;
-    job.tensor_names = workload->TensorNames();
-    job.tensor_shapes = workload->TensorShapes();
-    job.num_buffers = num_buffers;
-    Workload* w = workload.get();
-    checkpoints = std::make_unique<CheckpointWriter>(
-        options.checkpoint_dir, options.keep_checkpoints, std::move(job),
-        exchange.get(),
-        [w](const std::vector<absl::Span<float>>& weights,
-            const std::string& path, int64_t step,
-            const safetensors::WriteOptions& write_options) {
-          return w->SaveWeights(weights, path, step, write_options);
-        });
-    // Bounded staleness: worker 0's weights lag the cut (CheckpointWriter).
-    checkpoints->set_model_from_shards(!allreduce && options.staleness > 0);
-    // A restarted worker 0 goes on counting the job's checkpoints.
-    if (options.rejoin) {
-      absl::StatusOr<CheckpointManifest> newest =
-          ReadLatestCheckpoint(options.checkpoint_dir);
-      if (newest.ok()) checkpoints_before = newest->checkpoint_count;
-    }
-    checkpoints->ContinueCount(checkpoints_before);
+    checkpoints = CreateCheckpointWriter(options, kind, dataset, workload.get(),
+                                         exchange.get(), &checkpoints_before);
+    recovery->set_checkpoint_writer(checkpoints.get());
+    schedule.emplace(
+        CheckpointSchedule::Options{options.checkpoint_every_steps,
+                                    options.checkpoint_every_secs},
+        positions,
+        [&](int64_t step, const DataPosition& position) {
+          return checkpoints->Begin(step, position, workload->weights());
+        },
+        absl::Now());
   }
-  const bool evaluate = options.evaluate && workload->can_evaluate();
-
   TrainerOutput output;
-  RunResult& result = output.result;
-  result.set_num_ps(allreduce ? 0
-                              : static_cast<int>(options.ps_addresses.size()));
-  result.set_num_workers(options.num_workers);
-  result.set_mode(options.mode);
-  result.set_model(synthetic ? "synthetic" : options.model);
-  result.set_dataset(synthetic ? "none" : dataset.name);
-  result.set_batch_size(options.batch_size);
-  result.set_epochs(options.epochs);
-  result.set_num_parameters(workload->num_parameters());
-  result.set_compute(options.compute);
-  result.set_train_samples(synthetic ? 0 : dataset.train.count);
-  result.set_backend(options.backend);
-  result.set_model_bytes([&] {
-    int64_t elements = 0;
-    for (int64_t n : workload->TensorNumElements()) elements += n;
-    return elements * 4;
-  }());
+  DescribeRun(options, kind, dataset, *workload, &output.result);
   if (chief && options.verbose) {
-    Emit(options,
-         absl::StrFormat("%s; %s; %d steps per epoch per worker",
-                         workload->Describe(), placement, steps_per_epoch));
+    say(absl::StrFormat("%s; %s; %d steps per epoch per worker",
+                        workload->Describe(), placement,
+                        positions.steps_per_epoch()));
   }
-
-  ASSIGN_OR_RETURN(const NonFiniteInjection injection,
-                   ParseNonFiniteInjection());
-  int64_t step = start_step;
-  const GradientsReadyFn on_ready = [&](absl::Span<const int> tensors,
-                                        std::shared_ptr<CopyFence> fence) {
-    if (injection.At(options.worker_id, step) &&
-        std::find(tensors.begin(), tensors.end(), 0) != tensors.end()) {
-      // Parameter 0 (the first layer's, the last gradient backward makes,
-      // so later layers' chunks have gone out already) gets a NaN.
-      if (fence != nullptr) fence->Wait().IgnoreError();
-      const_cast<float*>(gradients[0].data())[0] = std::nanf("");
-    }
-    exchange->GradientsReady(gradients, options.batch_size, tensors,
-                             std::move(fence));
-  };
-  // Steps skipped for non-finite values (issue 22), in a row.
-  int consecutive_skips = 0;
-  const std::vector<std::string> tensor_names = workload->TensorNames();
-  auto describe = [&](const SkippedStepInfo& skip) {
-    const NonFiniteValue& v = skip.nonfinite;
-    const std::string where =
-        v.param_id < 0 ? "the loss"
-        : v.param_id < static_cast<int>(tensor_names.size())
-            ? absl::StrCat("element ", v.element, " of the gradient of ",
-                           tensor_names[v.param_id])
-            : absl::StrCat("element ", v.element, " of parameter ", v.param_id);
-    const std::string who = skip.worker_id < 0
-                                ? std::string("a worker's")
-                                : absl::StrCat("worker ", skip.worker_id, "'s");
-    return absl::StrCat("step ", skip.step, ": ", who, " ", where, " is ",
-                        v.value);
-  };
-  // Worker 0's figures across recoveries (worker/run_report.h). Sync
-  // without backup workers and allreduce: every worker trains every step,
-  // counted here (the shards' count lags by the other workers' last pulls,
-  // which may still be on their way when worker 0 has ended); otherwise
-  // shard 0's count.
-  RunReport::Options report_options;
-  report_options.count_on_worker =
-      allreduce || (options.mode == "sync" && options.backup_workers == 0);
-  report_options.samples_per_step =
-      int64_t{options.num_workers} * options.batch_size;
-  report_options.checkpoints_before = checkpoints_before;
-  auto shard_samples = [&]() -> absl::StatusOr<int64_t> {
-    if (!chief || report_options.count_on_worker) return 0;
-    return exchange->SamplesSoFar();
-  };
-  ASSIGN_OR_RETURN(const int64_t samples_at_start, shard_samples());
-  RunReport report(report_options, absl::Now(), samples_at_start);
-  // Metrics rows (worker/metrics.h): this worker's files, worker 0's lines.
-  const int64_t total_steps = int64_t{options.epochs} * steps_per_epoch;
-  StepMetrics step_metrics(options.batch_size, options.adam.lr);
-  std::unique_ptr<MetricsWriter> metrics;
-  if (!options.metrics_dir.empty()) {
-    ASSIGN_OR_RETURN(metrics, MetricsWriter::Create(
-                                  options.metrics_dir, options.worker_id,
-                                  /*append=*/options.resume || options.rejoin));
-  }
-  // Backup workers: steps this worker ended late (dropped by the shards),
-  // and the steps its last step jumped over.
-  int64_t late_steps = 0;
-  int64_t jumped = 0;
-  absl::Duration compute_time;
-  absl::Duration exchange_time;
-  int64_t timed_steps = 0;
-  for (int epoch = static_cast<int>(start_step / steps_per_epoch);
-       epoch < options.epochs; ++epoch) {
-    absl::Time epoch_start = absl::Now();
-    double loss_sum = 0;
-    workload->BeginEpoch(epoch);
-    const int64_t first = step - int64_t{epoch} * steps_per_epoch;
-    workload->SkipBatches(first);
-    // One step of the epoch; an error may be recovered from (below).
-    auto train_step = [&](int64_t i) -> absl::Status {
-      trace::Scope traced_step("step", "step", {{"step", step}});
-      const absl::Time step_start = absl::Now();
-      if (options.worker_id == options.straggler_worker) {
-        // The straggler test aid: slower by a known time per step.
-        absl::SleepFor(absl::Milliseconds(options.straggler_delay_ms));
-      }
-      ASSIGN_OR_RETURN(float loss, workload->Step(on_ready));
-      const absl::Time computed = absl::Now();
-      if (!std::isfinite(loss)) {
-        NonFiniteValue value;
-        value.value = NonFiniteText(loss);
-        exchange->MarkStepNonFinite(value);
-      }
-      RETURN_IF_ERROR(exchange->Step(gradients, options.batch_size));
-      RETURN_IF_ERROR(workload->LoadWeights());
-      const absl::Time exchanged = absl::Now();
-      trace::Complete("exchange", "step", absl::ToUnixMicros(computed),
-                      absl::ToUnixMicros(exchanged), {{"step", step}});
-      StepPhases phases = workload->LastPhases();
-      const ExchangeStepTimes exchange_times = exchange->LastStepTimes();
-      phases.push = exchange_times.push;
-      phases.barrier_wait = exchange_times.barrier_wait;
-      phases.pull = exchange_times.pull;
-      phases.allreduce = exchange_times.allreduce;
-      phases.bytes_pushed = exchange_times.bytes_pushed;
-      phases.bytes_pulled = exchange_times.bytes_pulled;
-      std::optional<SkippedStepInfo> skipped = exchange->SkippedStep();
-      if (skipped.has_value()) {
-        // Async: the shards' version is no step of this worker's; name
-        // the worker's own.
-        const bool async = options.mode == "async";
-        if (async) skipped->step = step;
-        ++consecutive_skips;
-        if (skipped->worker_id == options.worker_id) {
-          Emit(options,
-               absl::StrCat(
-                   "worker ", options.worker_id, ": ", describe(*skipped),
-                   async       ? "; its pushes from there on are dropped ("
-                   : allreduce ? "; the step is skipped on every worker ("
-                               : "; the step is skipped on every shard (",
-                   consecutive_skips, " in a row; at most ",
-                   options.max_nonfinite_steps, ")"));
-        }
-        if (consecutive_skips > options.max_nonfinite_steps) {
-          return absl::FailedPreconditionError(
-              absl::StrCat(consecutive_skips,
-                           " consecutive steps skipped for non-finite values "
-                           "(--max_nonfinite_steps=",
-                           options.max_nonfinite_steps,
-                           "); the last: ", describe(*skipped)));
-        }
-      } else {
-        consecutive_skips = 0;
-        loss_sum += loss;
-      }
-      step_metrics.AddStep(synthetic || skipped.has_value()
-                               ? std::nullopt
-                               : std::optional<double>(loss),
-                           computed - step_start, exchanged - computed, phases);
-      // The first step (connections, first allocations) is warm-up.
-      if (step > 0 || steps_per_epoch * options.epochs == 1) {
-        compute_time += computed - step_start;
-        exchange_time += exchanged - computed;
-        ++timed_steps;
-      }
-      // Backup workers: a worker the shards left behind goes on from
-      // their version.
-      const int64_t next = exchange->NextStep(step);
-      jumped = next - step - 1;
-      if (exchange->LastStepLate()) ++late_steps;
-      step = next;
-      const bool checkpoint_due =
-          (options.checkpoint_every_steps > 0 &&
-           step % options.checkpoint_every_steps == 0) ||
-          (options.checkpoint_every_secs > 0 &&
-           absl::Now() - last_checkpoint >=
-               absl::Seconds(options.checkpoint_every_secs));
-      if (checkpoints != nullptr && checkpoint_due &&
-          step < int64_t{options.epochs} * steps_per_epoch) {
-        last_checkpoint = absl::Now();
-        DataPosition position;
-        position.epoch = step / steps_per_epoch;
-        position.step_in_epoch = step % steps_per_epoch;
-        position.steps_per_epoch = steps_per_epoch;
-        position.seed = options.seed;
-        position.batch_size = options.batch_size;
-        position.num_workers = options.num_workers;
-        RETURN_IF_ERROR(checkpoints->Begin(step, position, weights));
-      }
-      report.StepTrained();
-      if (options.on_progress) {
-        const double seconds = absl::ToDoubleSeconds(absl::Now() - epoch_start);
-        options.on_progress(
-            step, options.batch_size * (i + 1) / std::max(seconds, 1e-9));
-      }
-      const bool log_step =
-          options.log_every_steps > 0 && step % options.log_every_steps == 0;
-      if (log_step || (metrics != nullptr && step == total_steps)) {
-        MetricsRow row = step_metrics.TakeInterval(step, epoch);
-        // The scheduled lr of the interval's last update, as StepMetrics
-        // keeps a float's decimal.
-        row.lr = std::stod(absl::StrFormat(
-            "%.7g", static_cast<float>(ScheduledLr(options.adam, step - 1))));
-        if (chief && log_step) {
-          ASSIGN_OR_RETURN(const int64_t samples, shard_samples());
-          row.job_samples_per_sec =
-              report.TakeWindowSamplesPerSec(absl::Now(), samples);
-          if (options.verbose) {
-            Emit(options, absl::StrFormat("Step%d: %.2f data/sec", step,
-                                          *row.job_samples_per_sec) +
-                              FormatStepDetails(row, total_steps));
-          }
-        }
-        if (metrics != nullptr) RETURN_IF_ERROR(metrics->Write(row));
-      }
-      return absl::OkStatus();
+  ASSIGN_OR_RETURN(
+      NonFiniteInjection injection,
+      ParseNonFiniteInjection(std::getenv("PSTRAIN_INJECT_NONFINITE")));
+  ASSIGN_OR_RETURN(const std::unique_ptr<Reporter> reporter,
+                   Reporter::Create(ReporterOptionsOf(options, kind, positions,
+                                                      checkpoints_before, say),
+                                    exchange.get(), &output.result));
+  StepLoop::Parts parts;
+  parts.compute = workload.get();
+  parts.exchange = exchange.get();
+  parts.recovery = recovery.get();
+  parts.checkpoints = schedule.has_value() ? &*schedule : nullptr;
+  parts.reporter = reporter.get();
+  if (chief && options.evaluate && workload->can_evaluate()) {
+    parts.end_epoch = [&](int epoch, int64_t step, double train_seconds,
+                          double train_loss) {
+      Reporter::EpochEvaluation evaluation;
+      evaluation.epoch = epoch;
+      evaluation.step = step;
+      evaluation.train_seconds = train_seconds;
+      evaluation.train_loss = train_loss;
+      return EvaluateEpoch(*workload, *exchange, *reporter, evaluation);
     };
-    bool rolled_back = false;
-    for (int64_t i = first; i < steps_per_epoch; ++i) {
-      if (absl::Status s = train_step(i); !s.ok()) {
-        ASSIGN_OR_RETURN(step, recover(s));
-        ASSIGN_OR_RETURN(const int64_t samples, shard_samples());
-        report.Recovered(absl::Now(), samples);
-        rolled_back = true;
-        break;
-      }
-      if (jumped > 0) {
-        // The batches of the steps taken without this worker; past the
-        // epoch's end the next epoch skips the rest.
-        const int64_t in_epoch = std::min(jumped, steps_per_epoch - 1 - i);
-        workload->SkipBatches(in_epoch);
-        i += in_epoch;
-        jumped = 0;
-      }
-    }
-    if (rolled_back) {
-      epoch = static_cast<int>(step / steps_per_epoch) - 1;  // then ++epoch
-      continue;
-    }
-    // The training time since the last epoch's end: recoveries and redone
-    // steps included, so that the epochs add up to the Runtime.
-    const double epoch_seconds = report.TakeEpochSeconds(absl::Now());
-    absl::Status evaluated_epoch = [&]() -> absl::Status {
-      if (!(chief && evaluate)) return absl::OkStatus();
-      report.Pause(absl::Now());
-      // No stream may sit idle through the evaluation (see CloseStreams).
-      RETURN_IF_ERROR(exchange->BeforePause());
-      const absl::Time test_start = absl::Now();
-      // The other workers wait at the next step's barrier (or have
-      // finished): evaluate with every core.
-      const int train_threads = omp_get_max_threads();
-      omp_set_num_threads(omp_get_num_procs());
-      absl::StatusOr<Evaluation> evaluated = workload->Evaluate();
-      omp_set_num_threads(train_threads);
-      ASSIGN_OR_RETURN(Evaluation eval, std::move(evaluated));
-      const double test_seconds =
-          absl::ToDoubleSeconds(absl::Now() - test_start);
-      EpochResult* e = result.add_epoch_results();
-      e->set_epoch(epoch);
-      e->set_train_seconds(epoch_seconds);
-      e->set_test_seconds(test_seconds);
-      e->set_test_accuracy(eval.accuracy);
-      e->set_test_loss(eval.loss);
-      e->set_train_loss(loss_sum / steps_per_epoch);
-      result.set_test_accuracy(eval.accuracy);
-      if (options.on_epoch) options.on_epoch(result);
-      if (metrics != nullptr) {
-        RETURN_IF_ERROR(metrics->Write(
-            step_metrics.EvaluationRow(step, epoch, eval.loss, eval.accuracy)));
-      }
-      if (options.verbose) {
-        Emit(options, absl::StrFormat(
-                          "Epoch %d in %.2f sec, test time %.2f sec, test "
-                          "accuracy: %.4f",
-                          epoch, epoch_seconds, test_seconds, eval.accuracy));
-      }
-      // Evaluation time is not training time: restart the throughput window.
-      ASSIGN_OR_RETURN(const int64_t samples, shard_samples());
-      report.Resume(absl::Now(), samples);
-      return absl::OkStatus();
-    }();
-    if (!evaluated_epoch.ok()) {
-      report.Resume(absl::Now(), 0);  // a recovery is training time
-      ASSIGN_OR_RETURN(step, recover(evaluated_epoch));
-      ASSIGN_OR_RETURN(const int64_t samples, shard_samples());
-      report.Recovered(absl::Now(), samples);
-      epoch = static_cast<int>(step / steps_per_epoch) - 1;  // then ++epoch
-    }
   }
-  const double train_seconds = report.training_seconds(absl::Now());
+  StepLoop loop(
+      StepLoopOptionsOf(options, kind, *workload, std::move(injection)),
+      positions, std::move(parts));
+  RETURN_IF_ERROR(loop.Run(start_step));
+  const int64_t steps = loop.step();
+  const double train_seconds = reporter->TrainingSeconds();
   if (checkpoints != nullptr) {
     RETURN_IF_ERROR(checkpoints->Wait());
-    if (options.verbose && checkpoints->completed() > 0) {
-      Emit(options,
-           absl::StrCat(
-               "Wrote ", report.checkpoints(checkpoints->completed()),
-               " checkpoints; the newest: ", checkpoints->latest_path()));
-    }
+    reporter->CheckpointsWritten(checkpoints->completed(),
+                                 checkpoints->latest_path());
   }
-  if (late_steps > 0 && options.verbose) {
-    Emit(options,
-         absl::StrCat("worker ", options.worker_id, ": ", late_steps,
-                      " steps ended late (their gradients dropped: ",
-                      options.num_workers - options.backup_workers, " of ",
-                      options.num_workers, " workers per step)"));
-  }
-  result.set_steps(step);
-  result.set_runtime_seconds(train_seconds);
-  if (timed_steps > 0) {
-    result.set_compute_seconds_per_step(absl::ToDoubleSeconds(compute_time) /
-                                        timed_steps);
-    result.set_exchange_seconds_per_step(absl::ToDoubleSeconds(exchange_time) /
-                                         timed_steps);
-  }
-  if (chief) {
-    // Samples of every worker, redone steps included (RunReport).
-    ASSIGN_OR_RETURN(const int64_t samples, shard_samples());
-    result.set_throughput_samples_per_sec(report.samples(samples) /
-                                          std::max(train_seconds, 1e-9));
-  }
-  for (absl::Span<float> w : weights) {
+  RETURN_IF_ERROR(reporter->Finish(steps, train_seconds));
+  for (absl::Span<float> w : workload->weights()) {
     output.final_weights.emplace_back(w.begin(), w.end());
   }
   if (chief && !options.model_out.empty()) {
-    RETURN_IF_ERROR(workload->SaveModel(options.model_out, step));
+    RETURN_IF_ERROR(workload->SaveModel(options.model_out, steps));
     if (options.verbose) {
-      Emit(options, absl::StrCat("Saved the trained model (", step,
-                                 " steps) to ", options.model_out));
+      say(absl::StrCat("Saved the trained model (", steps, " steps) to ",
+                       options.model_out));
     }
   }
   RETURN_IF_ERROR(exchange->Finish());

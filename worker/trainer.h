@@ -192,6 +192,13 @@ struct TrainerOutput {
 // compute and of the gradient exchange, step 0 (warm-up) excluded. Errors: the
 // first failing call's status (a shard's, the model's or the data's), naming
 // what failed.
+//
+// RunWorker sets up the run (the workload, the exchange, a resume or
+// rejoin) and drives its parts: the steps (worker/step_loop.h), recovery
+// from a broken step (worker/recovery.h), worker 0's checkpoints
+// (worker/checkpoint_schedule.h), which batch each step trains on
+// (worker/data_position.h), and the reports (worker/reporter.h over
+// worker/run_report.h).
 absl::StatusOr<TrainerOutput> RunWorker(const TrainerOptions& options,
                                         const Dataset& dataset);
 

@@ -1,0 +1,222 @@
+#include "worker/step_loop.h"
+
+#include <algorithm>
+#include <cmath>
+#include <memory>
+#include <utility>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "common/nonfinite.h"
+#include "common/status_macros.h"
+#include "common/trace.h"
+
+namespace pstrain {
+
+bool NonFiniteInjection::At(int worker_id, int64_t step) const {
+  if (worker != worker_id) return false;
+  return every_step ||
+         std::find(steps.begin(), steps.end(), step) != steps.end();
+}
+
+absl::StatusOr<NonFiniteInjection> ParseNonFiniteInjection(const char* text) {
+  NonFiniteInjection injection;
+  if (text == nullptr || *text == '\0') return injection;
+  const auto bad = [text] {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "PSTRAIN_INJECT_NONFINITE=\"", text,
+        "\"; expected WORKER:all or WORKER:STEP[,STEP...] (a test aid)"));
+  };
+  const std::vector<std::string> parts = absl::StrSplit(text, ':');
+  if (parts.size() != 2 || !absl::SimpleAtoi(parts[0], &injection.worker) ||
+      injection.worker < 0) {
+    return bad();
+  }
+  if (parts[1] == "all") {
+    injection.every_step = true;
+    return injection;
+  }
+  for (absl::string_view step : absl::StrSplit(parts[1], ',')) {
+    int64_t s;
+    if (!absl::SimpleAtoi(step, &s) || s < 0) return bad();
+    injection.steps.push_back(s);
+  }
+  return injection;
+}
+
+StepLoop::StepLoop(Options options, const DataPositions& positions,
+                   Parts parts)
+    : options_(std::move(options)),
+      positions_(positions),
+      parts_(std::move(parts)),
+      on_ready_([this](absl::Span<const int> tensors,
+                       std::shared_ptr<CopyFence> fence) {
+        GradientsReady(tensors, std::move(fence));
+      }) {}
+
+void StepLoop::GradientsReady(absl::Span<const int> tensors,
+                              std::shared_ptr<CopyFence> fence) {
+  const std::vector<absl::Span<const float>>& gradients =
+      parts_.compute->gradients();
+  if (options_.inject_nonfinite.At(options_.worker_id, step_) &&
+      std::find(tensors.begin(), tensors.end(), 0) != tensors.end()) {
+    // Parameter 0 (the first layer's, the last gradient backward makes,
+    // so later layers' chunks have gone out already) gets a NaN.
+    if (fence != nullptr) fence->Wait().IgnoreError();
+    const_cast<float*>(gradients[0].data())[0] = std::nanf("");
+  }
+  parts_.exchange->GradientsReady(gradients, options_.batch_size, tensors,
+                                  std::move(fence));
+}
+
+absl::Status StepLoop::Run(int64_t start_step) {
+  step_ = start_step;
+  for (int epoch = positions_.EpochOf(step_); epoch < positions_.epochs();
+       ++epoch) {
+    ASSIGN_OR_RETURN(bool recovered, TrainEpoch(epoch));
+    if (!recovered) {
+      ASSIGN_OR_RETURN(recovered, EndEpoch(epoch));
+    }
+    // Go on at the epoch of the step recovered to (then ++epoch).
+    if (recovered) epoch = positions_.EpochOf(step_) - 1;
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<bool> StepLoop::TrainEpoch(int epoch) {
+  parts_.reporter->EpochBegan();
+  loss_sum_ = 0;
+  parts_.compute->BeginEpoch(epoch);
+  const int64_t first = step_ - positions_.FirstStep(epoch);
+  parts_.compute->SkipBatches(first);
+  for (int64_t i = first; i < positions_.steps_per_epoch(); ++i) {
+    if (absl::Status s = TrainStep(epoch, i); !s.ok()) {
+      RETURN_IF_ERROR(Recover(std::move(s)));
+      return true;
+    }
+    if (jumped_ > 0) {
+      // The batches of the steps taken without this worker; past the
+      // epoch's end the next epoch skips the rest.
+      const int64_t in_epoch = positions_.SkipInEpoch(i, jumped_);
+      parts_.compute->SkipBatches(in_epoch);
+      i += in_epoch;
+      jumped_ = 0;
+    }
+  }
+  return false;
+}
+
+absl::StatusOr<bool> StepLoop::EndEpoch(int epoch) {
+  // The training time since the last epoch's end: recoveries and redone
+  // steps included, so that the epochs add up to the Runtime.
+  const double train_seconds = parts_.reporter->EpochEnded();
+  if (!parts_.end_epoch) return false;
+  absl::Status ended =
+      parts_.end_epoch(epoch, step_, train_seconds,
+                       loss_sum_ / positions_.steps_per_epoch());
+  if (ended.ok()) return false;
+  parts_.reporter->ResumeAfterFailure();  // a recovery is training time
+  RETURN_IF_ERROR(Recover(std::move(ended)));
+  return true;
+}
+
+absl::Status StepLoop::Recover(absl::Status cause) {
+  ASSIGN_OR_RETURN(step_, parts_.recovery->Recover(std::move(cause)));
+  return parts_.reporter->Recovered();
+}
+
+absl::Status StepLoop::TrainStep(int epoch, int64_t index) {
+  trace::Scope traced_step("step", "step", {{"step", step_}});
+  Reporter::StepTimes times;
+  times.step = step_;
+  times.start = absl::Now();
+  if (options_.worker_id == options_.straggler_worker) {
+    // The straggler test aid: slower by a known time per step.
+    absl::SleepFor(absl::Milliseconds(options_.straggler_delay_ms));
+  }
+  ASSIGN_OR_RETURN(const float loss, parts_.compute->Step(on_ready_));
+  times.computed = absl::Now();
+  if (!std::isfinite(loss)) {
+    NonFiniteValue value;
+    value.value = NonFiniteText(loss);
+    parts_.exchange->MarkStepNonFinite(value);
+  }
+  RETURN_IF_ERROR(
+      parts_.exchange->Step(parts_.compute->gradients(), options_.batch_size));
+  RETURN_IF_ERROR(parts_.compute->LoadWeights());
+  times.exchanged = absl::Now();
+  parts_.reporter->TraceExchange(step_, times.computed, times.exchanged);
+  times.phases = parts_.compute->LastPhases();
+  const ExchangeStepTimes exchange_times = parts_.exchange->LastStepTimes();
+  times.phases.push = exchange_times.push;
+  times.phases.barrier_wait = exchange_times.barrier_wait;
+  times.phases.pull = exchange_times.pull;
+  times.phases.allreduce = exchange_times.allreduce;
+  times.phases.bytes_pushed = exchange_times.bytes_pushed;
+  times.phases.bytes_pulled = exchange_times.bytes_pulled;
+  std::optional<SkippedStepInfo> skipped = parts_.exchange->SkippedStep();
+  RETURN_IF_ERROR(HandleSkip(skipped));
+  if (!skipped.has_value()) loss_sum_ += loss;
+  if (options_.report_loss && !skipped.has_value()) times.loss = loss;
+  // Backup workers: a worker the shards left behind goes on from their
+  // version.
+  const int64_t next = parts_.exchange->NextStep(step_);
+  times.late = parts_.exchange->LastStepLate();
+  parts_.reporter->StepExchanged(times);
+  const int64_t trained = step_;
+  jumped_ = next - trained - 1;
+  step_ = next;
+  if (parts_.checkpoints != nullptr) {
+    RETURN_IF_ERROR(
+        parts_.checkpoints->AfterStep(trained, step_, absl::Now()));
+  }
+  return parts_.reporter->StepEnded(step_, epoch, index);
+}
+
+absl::Status StepLoop::HandleSkip(std::optional<SkippedStepInfo>& skipped) {
+  if (!skipped.has_value()) {
+    consecutive_skips_ = 0;
+    return absl::OkStatus();
+  }
+  // Async: the shards' version is no step of this worker's; name the
+  // worker's own.
+  if (options_.async) skipped->step = step_;
+  ++consecutive_skips_;
+  if (skipped->worker_id == options_.worker_id) {
+    parts_.reporter->Say(absl::StrCat(
+        "worker ", options_.worker_id, ": ", DescribeSkip(*skipped),
+        options_.async       ? "; its pushes from there on are dropped ("
+        : options_.allreduce ? "; the step is skipped on every worker ("
+                             : "; the step is skipped on every shard (",
+        consecutive_skips_, " in a row; at most ",
+        options_.max_nonfinite_steps, ")"));
+  }
+  if (consecutive_skips_ > options_.max_nonfinite_steps) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        consecutive_skips_,
+        " consecutive steps skipped for non-finite values "
+        "(--max_nonfinite_steps=",
+        options_.max_nonfinite_steps, "); the last: ", DescribeSkip(*skipped)));
+  }
+  return absl::OkStatus();
+}
+
+std::string StepLoop::DescribeSkip(const SkippedStepInfo& skip) const {
+  const NonFiniteValue& v = skip.nonfinite;
+  const std::vector<std::string>& names = options_.tensor_names;
+  const std::string where =
+      v.param_id < 0 ? "the loss"
+      : v.param_id < static_cast<int>(names.size())
+          ? absl::StrCat("element ", v.element, " of the gradient of ",
+                         names[v.param_id])
+          : absl::StrCat("element ", v.element, " of parameter ", v.param_id);
+  const std::string who = skip.worker_id < 0
+                              ? std::string("a worker's")
+                              : absl::StrCat("worker ", skip.worker_id, "'s");
+  return absl::StrCat("step ", skip.step, ": ", who, " ", where, " is ",
+                      v.value);
+}
+
+}  // namespace pstrain

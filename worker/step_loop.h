@@ -1,0 +1,167 @@
+// The worker's training loop over a run's steps (issue 36: the heart of
+// RunWorker, worker/trainer.h, over parts with their own tests).
+//
+// Run(start) trains global steps start, ... up to the run's last step
+// (DataPositions::total_steps), epoch by epoch. Each step:
+//   1. compute (StepCompute::Step) on the step's batch, the gradients
+//      announced to the exchange as they become final (GradientsReady); a
+//      non-finite loss is reported to the exchange (MarkStepNonFinite);
+//   2. exchange (GradientExchange::Step): the next weights, loaded into
+//      the model (StepCompute::LoadWeights);
+//   3. skip handling: a step the exchange skipped for a non-finite value
+//      is reported by the worker that found it, its loss left out; more
+//      than max_nonfinite_steps skipped in a row is FAILED_PRECONDITION
+//      naming the last;
+//   4. the next step, GradientExchange::NextStep(step): step + 1, or with
+//      backup workers the shards' version, when this worker was left
+//      behind: the batches between are skipped (DataPositions::
+//      SkipInEpoch), so that a step's batch stays a function of the step;
+//   5. worker 0's checkpoint, if due (CheckpointSchedule::AfterStep with
+//      the step trained and the next);
+//   6. reporting (Reporter: the step's times and loss, rows and lines).
+// An error of a step (of any of 1 to 6) goes to Recovery::Recover: its
+// error ends the run; otherwise the loop goes on from the step it returns,
+// the same one (the shards reopened) or an earlier one (a rollback to a
+// checkpoint), at its epoch (the epoch's batches begin again and skip to
+// the step). After each epoch's last step the epoch's training time is
+// taken (Reporter::EpochEnded) and `end_epoch` runs (worker 0's
+// evaluation); its error is recovered from as a step's.
+//
+// Thread-compatible: the training thread's.
+#ifndef PSTRAIN_WORKER_STEP_LOOP_H_
+#define PSTRAIN_WORKER_STEP_LOOP_H_
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "models/model.h"
+#include "worker/checkpoint_schedule.h"
+#include "worker/data_position.h"
+#include "worker/gradient_exchange.h"
+#include "worker/metrics.h"
+#include "worker/recovery.h"
+#include "worker/reporter.h"
+
+namespace pstrain {
+
+// What a step computes: this worker's batches, forward and backward (the
+// model, or a stand-in for one; worker/trainer.cc's workloads).
+class StepCompute {
+ public:
+  virtual ~StepCompute() = default;
+  // The gradients (PS tensors) the exchange gets each step.
+  virtual const std::vector<absl::Span<const float>>& gradients() = 0;
+  // Epoch `epoch`'s batches begin, from its first.
+  virtual void BeginEpoch(int epoch) = 0;
+  // Skips the next `n` batches of the epoch.
+  virtual void SkipBatches(int64_t n) = 0;
+  // One step's compute on the next batch; the training loss. Calls
+  // `on_ready` for every PS tensor as its gradient becomes final.
+  virtual absl::StatusOr<float> Step(const GradientsReadyFn& on_ready) = 0;
+  // The last Step()'s forward and backward times, where measured.
+  virtual StepPhases LastPhases() const { return {}; }
+  // Copies the exchange's weights into whatever computes with them.
+  virtual absl::Status LoadWeights() = 0;
+};
+
+// The test aid PSTRAIN_INJECT_NONFINITE="W:all" or "W:S1,S2,...": worker
+// W's gradient of parameter 0 gets a NaN at every step or at global steps
+// S1, S2, ...
+struct NonFiniteInjection {
+  int worker = -1;  // -1: none
+  bool every_step = false;
+  std::vector<int64_t> steps;
+  bool At(int worker_id, int64_t step) const;
+};
+// `text`: the variable's value; null or empty: none. INVALID_ARGUMENT
+// naming the expected form otherwise.
+absl::StatusOr<NonFiniteInjection> ParseNonFiniteInjection(const char* text);
+
+class StepLoop {
+ public:
+  struct Options {
+    int worker_id = 0;
+    // This worker's samples per step.
+    int batch_size = 64;
+    // How a skipped step reads: async, this worker's pushes from the
+    // value on were dropped (the step named is this worker's own, not the
+    // shards' version); allreduce, skipped on every worker; otherwise on
+    // every shard.
+    bool async = false;
+    bool allreduce = false;
+    int max_nonfinite_steps = 10;
+    // Whether the compute's loss is reported (false: synthetic compute,
+    // which has none).
+    bool report_loss = true;
+    // The straggler test aid: worker `straggler_worker` sleeps
+    // straggler_delay_ms before each step's compute.
+    int straggler_worker = -1;
+    int64_t straggler_delay_ms = 0;
+    // The PS tensors' names, for skipped steps' lines.
+    std::vector<std::string> tensor_names;
+    NonFiniteInjection inject_nonfinite;
+  };
+  // After an epoch's last step: the epoch, the step to train next, the
+  // epoch's training seconds and its mean training loss (skipped steps
+  // count as 0). Its error is recovered from.
+  using EndEpochFn = std::function<absl::Status(
+      int epoch, int64_t step, double train_seconds, double train_loss)>;
+  // Not owned; each outlives the loop. `checkpoints` (null: none, not
+  // worker 0) and `end_epoch` (null: nothing) may be absent.
+  struct Parts {
+    StepCompute* compute = nullptr;
+    GradientExchange* exchange = nullptr;
+    Recovery* recovery = nullptr;
+    CheckpointSchedule* checkpoints = nullptr;
+    Reporter* reporter = nullptr;
+    EndEpochFn end_epoch;
+  };
+
+  // `positions` is kept by reference.
+  StepLoop(Options options, const DataPositions& positions, Parts parts);
+
+  // Trains from `start_step` to the run's last step (above); the error
+  // that ends the run.
+  absl::Status Run(int64_t start_step);
+
+  // The step to train next: after Run(), the run's steps.
+  int64_t step() const { return step_; }
+
+ private:
+  // Epoch `epoch` from step_ on; whether a recovery interrupted it (step_
+  // is then the step to go on from).
+  absl::StatusOr<bool> TrainEpoch(int epoch);
+  // The epoch's end (end_epoch); whether it failed and was recovered from.
+  absl::StatusOr<bool> EndEpoch(int epoch);
+  // Step step_, of index `index` in `epoch`.
+  absl::Status TrainStep(int epoch, int64_t index);
+  // The step's skip, if any (step 3 above): its line and the run's end
+  // after too many in a row.
+  absl::Status HandleSkip(std::optional<SkippedStepInfo>& skipped);
+  std::string DescribeSkip(const SkippedStepInfo& skip) const;
+  // `cause` recovered from: step_ is the step to go on from.
+  absl::Status Recover(absl::Status cause);
+  void GradientsReady(absl::Span<const int> tensors,
+                      std::shared_ptr<CopyFence> fence);
+
+  const Options options_;
+  const DataPositions& positions_;
+  const Parts parts_;
+  const GradientsReadyFn on_ready_;
+  int64_t step_ = 0;
+  // The steps the last step's NextStep jumped over.
+  int64_t jumped_ = 0;
+  // The epoch's losses, and the steps skipped in a row.
+  double loss_sum_ = 0;
+  int consecutive_skips_ = 0;
+};
+
+}  // namespace pstrain
+
+#endif  // PSTRAIN_WORKER_STEP_LOOP_H_
