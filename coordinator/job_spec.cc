@@ -362,16 +362,6 @@ absl::Status CheckModeCombinations(const JobConfig& config) {
                             "each push alone: there is no step whose "
                             "gradients have one norm)"));
   }
-  if (spec.clip_grad_norm() > 0 &&
-      (spec.staleness() > 0 || spec.backup_workers() > 0)) {
-    return Bad(
-        "clip_grad_norm",
-        absl::StrCat(Number(spec.clip_grad_norm()), " with ",
-                     spec.staleness() > 0 ? "staleness" : "backup_workers",
-                     "; expected 0 (the shards agree on each step's "
-                     "norm once every worker has ended the step: "
-                     "plain sync or allreduce)"));
-  }
   RETURN_IF_ERROR(CheckRange("backup_workers", spec.backup_workers(), 0,
                              std::max(0, spec.num_workers() - 1),
                              "(num_workers - 1)"));
@@ -386,18 +376,10 @@ absl::Status CheckModeCombinations(const JobConfig& config) {
       return Bad("backup_workers",
                  absl::StrCat(spec.backup_workers(), " with staleness ",
                               spec.staleness(),
-                              "; expected 0 (one or the other: backup "
-                              "workers drop late steps, staleness waits "
-                              "for them)"));
-    }
-    if (spec.checkpoint_every_steps() > 0 || spec.checkpoint_every_secs() > 0 ||
-        spec.max_restarts() > 0 || spec.resume()) {
-      return Bad("backup_workers",
-                 absl::StrCat(spec.backup_workers(),
-                              " with checkpoints, resume or max_restarts; "
-                              "expected 0 (a checkpoint is asked for by "
-                              "worker 0 at its step, and a late worker 0 is "
-                              "behind the shards)"));
+                              "; expected 0 (not built yet: the shards "
+                              "decide a backup step by its first ends, one "
+                              "step at a time; docs/ARCHITECTURE.md, Step "
+                              "policies)"));
     }
   }
   if (spec.staleness() > 0 && config.mode != MODE_SYNC) {
@@ -406,9 +388,11 @@ absl::Status CheckModeCombinations(const JobConfig& config) {
                             "; expected 0 (a staleness bound is for mode "
                             "sync; async has none)"));
   }
-  // Staleness composes with checkpoints, resume and restarts: worker 0
-  // names step S before it pushes step S, and each shard copies every chunk
-  // when it reaches version S (ParameterShard::BeginDeferredSnapshot).
+  // Staleness and backup workers compose with checkpoints, resume,
+  // restarts and clipping (server/step_policy.h): with staleness worker 0
+  // names the cut's step before it pushes it, with backup workers shard 0
+  // picks it (ParameterShard::HoldCheckpointStep); each shard copies every
+  // chunk when it reaches that version (BeginDeferredSnapshot).
   return absl::OkStatus();
 }
 
