@@ -25,7 +25,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
-#include <map>
 #include <memory>
 #include <string>
 #include <thread>
@@ -40,26 +39,21 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
-#include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "cli/certs_command.h"
 #include "cli/command_help.h"
 #include "cli/compare.h"
 #include "cli/job_commands.h"
 #include "cli/launch_lines.h"
-#include "cli/local_cluster.h"
+#include "cli/local_job.h"
 #include "cli/node_agent.h"
 #include "common/flags_util.h"
 #include "common/regular_file.h"
 #include "common/status_macros.h"
-#include "common/tls.h"
 #include "common/tls_flags.h"
-#include "coordinator/coordinator_server.h"
 #include "coordinator/job_spec.h"
-#include "coordinator/job_table.h"
 #include "models/model.h"
 #include "models/model_file.h"
-#include "proto/coordinator.pb.h"
 #include "worker/checkpoint.h"
 #include "worker/data_flags.h"
 #include "worker/dataset.h"
@@ -294,87 +288,11 @@ std::string SelfBinary() {
 
 namespace {
 
-// Where a job's tasks run: all on 127.0.0.1 (default), or each in its own
-// network namespace ("ip netns exec NS ..."), bound to that namespace's
-// address; the coordinator then listens on --coordinator_host.
-struct NetnsHost {
-  std::string netns;
-  std::string ip;
-};
-struct Placement {
-  std::string coordinator_host = "127.0.0.1";
-  std::vector<NetnsHost> ps;
-  std::vector<NetnsHost> workers;
-  bool netns() const { return !workers.empty(); }
-};
-
-absl::StatusOr<std::vector<NetnsHost>> ParseNetnsHosts(
-    const std::string& flag, const std::string& text) {
-  std::vector<NetnsHost> hosts;
-  if (text.empty()) return hosts;
-  for (absl::string_view part : absl::StrSplit(text, ',')) {
-    std::pair<std::string, std::string> kv =
-        absl::StrSplit(part, absl::MaxSplits(':', 1));
-    if (kv.first.empty() || kv.second.empty()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("--", flag, "=", text, ": \"", part,
-                       "\"; expected NETNS:IP entries separated by commas"));
-    }
-    hosts.push_back({kv.first, kv.second});
-  }
-  return hosts;
-}
-
-constexpr char kIpBinary[] = "/usr/sbin/ip";
-
+// The placement --ps_netns, --worker_netns and --coordinator_host give.
 absl::StatusOr<Placement> PlacementFromFlags() {
-  Placement placement;
-  ASSIGN_OR_RETURN(placement.ps,
-                   ParseNetnsHosts("ps_netns", absl::GetFlag(FLAGS_ps_netns)));
-  ASSIGN_OR_RETURN(
-      placement.workers,
-      ParseNetnsHosts("worker_netns", absl::GetFlag(FLAGS_worker_netns)));
-  placement.coordinator_host = absl::GetFlag(FLAGS_coordinator_host);
-  if (placement.ps.empty() != placement.workers.empty()) {
-    return absl::InvalidArgumentError(
-        "--ps_netns and --worker_netns: give both or neither");
-  }
-  if (placement.netns() && access(kIpBinary, X_OK) != 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--worker_netns: ", kIpBinary,
-                     " is not an executable (apt-get install iproute2)"));
-  }
-  return placement;
-}
-
-// Checks that `placement` has room for `spec`'s tasks: on one machine at
-// most kLocalWorkersPerCore workers per core (beyond that a run measures
-// the scheduler); with namespaces, one per task.
-constexpr int kLocalWorkersPerCore = 4;
-absl::Status CheckRoom(const Placement& placement, int num_ps, int num_workers,
-                       const std::string& workers_flag) {
-  if (placement.netns()) {
-    if (num_workers > static_cast<int>(placement.workers.size())) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          workers_flag, "=", num_workers, ": only ", placement.workers.size(),
-          " worker namespaces in --worker_netns"));
-    }
-    if (num_ps > static_cast<int>(placement.ps.size())) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("--num_ps=", num_ps, ": only ", placement.ps.size(),
-                       " PS namespaces in --ps_netns"));
-    }
-    return absl::OkStatus();
-  }
-  const int cores =
-      static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  if (num_workers > kLocalWorkersPerCore * cores) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        workers_flag, "=", num_workers, ": this machine has ", cores,
-        " cores; at most ", kLocalWorkersPerCore * cores,
-        " local workers can run (use a cluster, or --worker_netns)"));
-  }
-  return absl::OkStatus();
+  return ParsePlacement(absl::GetFlag(FLAGS_ps_netns),
+                        absl::GetFlag(FLAGS_worker_netns),
+                        absl::GetFlag(FLAGS_coordinator_host));
 }
 
 // The dataset flags that `dataset` would ignore, given on the command line
@@ -565,27 +483,6 @@ JobSpec SpecFromFlags(const std::string& mode, int num_ps, int num_workers) {
   return spec;
 }
 
-// Every check of a spec that can be made before a process starts: the
-// spec's fields and its data (each worker's shard holds a batch). `dataset` is
-// null with synthetic compute.
-absl::Status CheckSpec(const JobSpec& spec, const Dataset* dataset) {
-  if (absl::Status s = ValidateJobSpec(spec); !s.ok()) {
-    // "num_workers: 0; expected ..." names the flag --num_workers;
-    // "optimizer.lr: ..." names --lr.
-    absl::string_view message = s.message();
-    absl::ConsumePrefix(&message, "optimizer.");
-    return absl::InvalidArgumentError(absl::StrCat("--", message));
-  }
-  if (dataset != nullptr &&
-      dataset->train.count / spec.num_workers() < spec.batch_size()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--batch_size=", spec.batch_size(), ": larger than each of ",
-        spec.num_workers(), " workers' ",
-        dataset->train.count / spec.num_workers(), " training samples"));
-  }
-  return absl::OkStatus();
-}
-
 // The task binaries a job starts.
 absl::Status CheckBinaries() {
   for (const std::string& binary : {PsBinary(), WorkerBinary()}) {
@@ -600,237 +497,20 @@ absl::Status CheckBinaries() {
   return absl::OkStatus();
 }
 
-// Runs `spec` (checked) to its end: an in-process coordinator, the same one
-// `pstrain submit` talks to, and the tasks as child processes placed by
-// `placement`. Returns worker 0's results; on failure the job's message
-// (every process stopped); CANCELLED after SIGINT/SIGTERM.
+// Runs `spec` (checked) to its end on this machine (RunLocalJob) with the
+// binaries and TLS of the flags; CANCELLED after SIGINT/SIGTERM.
 absl::StatusOr<RunResult> RunJob(const JobSpec& spec,
                                  const Placement& placement) {
-  // Mutual TLS with no flag: a fresh CA and the run's certificates (valid
-  // a day) in a private folder (0700, keys 0600, named with this pid so the
-  // next run removes it if this one is killed), removed at the end; the
-  // CA's key is deleted as soon as the tasks' certificates are minted
-  // (--insecure: plaintext).
-  constexpr absl::Duration kRunCertificateValidity = absl::Hours(24);
-  TlsOptions tls;
-  tls.insecure = absl::GetFlag(FLAGS_insecure);
-  std::unique_ptr<PrivateFolder> tls_folder;
-  if (!tls.insecure) {
-    ASSIGN_OR_RETURN(tls_folder, PrivateFolder::Create("pstrain-tls"));
-    tls.dir = tls_folder->path();
-    RETURN_IF_ERROR(MakeCertificates(tls.dir,
-                                     {TlsIdentity{TlsRole::kCoordinator}}, {},
-                                     kRunCertificateValidity));
-  }
-  CoordinatorServerOptions coordinator_options;
-  coordinator_options.address = absl::StrCat(placement.coordinator_host, ":0");
-  coordinator_options.heartbeat_timeout =
+  LocalJobOptions options;
+  options.ps_binary = PsBinary();
+  options.worker_binary = WorkerBinary();
+  options.insecure = absl::GetFlag(FLAGS_insecure);
+  options.insecure_allow_remote = absl::GetFlag(FLAGS_insecure_allow_remote);
+  options.heartbeat_timeout =
       absl::Seconds(absl::GetFlag(FLAGS_heartbeat_timeout_s));
-  if (!tls.insecure) {
-    ASSIGN_OR_RETURN(
-        coordinator_options.credentials,
-        ServerCredentials(tls, TlsIdentity{TlsRole::kCoordinator}));
-  }
-  absl::StatusOr<std::unique_ptr<CoordinatorServer>> started =
-      CoordinatorServer::Start(coordinator_options);
-  if (!started.ok()) {
-    return absl::InternalError(absl::StrCat("in-process coordinator on ",
-                                            coordinator_options.address, ": ",
-                                            started.status().message()));
-  }
-  std::unique_ptr<CoordinatorServer> coordinator = *std::move(started);
-  JobTable& table = coordinator->table();
-  ASSIGN_OR_RETURN(const std::string job_id, table.Submit(spec, absl::Now()));
-  const std::string coordinator_flag = absl::StrCat(
-      "--coordinator=", placement.coordinator_host, ":", coordinator->port());
-  std::vector<std::string> tls_flags;
-  if (tls.insecure) {
-    tls_flags.push_back("--insecure");
-    if (absl::GetFlag(FLAGS_insecure_allow_remote)) {
-      tls_flags.push_back("--insecure_allow_remote");
-    }
-  } else {
-    std::vector<TlsIdentity> tasks;
-    for (int s = 0; s < spec.num_ps(); ++s) {
-      tasks.push_back(TlsIdentity{TlsRole::kPs, s, job_id});
-    }
-    for (int w = 0; w < spec.num_workers(); ++w) {
-      tasks.push_back(TlsIdentity{TlsRole::kWorker, w, job_id});
-    }
-    absl::Status minted =
-        MakeCertificates(tls.dir, tasks, {}, kRunCertificateValidity);
-    // No key that mints identities outlives the minting, failed or not.
-    minted.Update(RemoveMintingKeys(tls.dir));
-    RETURN_IF_ERROR(minted);
-    tls_flags.push_back("--tls_dir=" + tls.dir);
-  }
-
-  // argv of task `index` of `binary`, placed.
-  auto task_argv = [&](const std::string& binary, bool ps, int index) {
-    std::vector<std::string> argv;
-    std::string ip = "127.0.0.1";
-    if (placement.netns()) {
-      const NetnsHost& host =
-          ps ? placement.ps[index] : placement.workers[index];
-      argv = {kIpBinary, "netns", "exec", host.netns};
-      ip = host.ip;
-    }
-    argv.insert(argv.end(),
-                {binary, coordinator_flag, absl::StrCat("--job=", job_id),
-                 absl::StrCat("--task_index=", index),
-                 absl::StrCat("--advertise=", ip)});
-    argv.insert(argv.end(), tls_flags.begin(), tls_flags.end());
-    if (ps) {
-      argv.insert(argv.end(), {absl::StrCat("--bind=", ip), "--port=0"});
-    } else {
-      // NCCL needs one GPU per rank: worker w takes GPU --gpu + w. Other
-      // modes share --gpu.
-      argv.push_back(absl::StrCat(
-          "--gpu=", absl::GetFlag(FLAGS_gpu) +
-                        (spec.collective() == "nccl" ? index : 0)));
-    }
-    return argv;
-  };
-
-  LocalCluster cluster;
-  std::map<std::string, std::pair<TaskRole, int>> tasks;
-  // Each task's argv and environment, to restart it.
-  std::map<std::string,
-           std::pair<std::vector<std::string>, std::vector<std::string>>>
-      launches;
-  for (int s = 0; s < spec.num_ps(); ++s) {
-    const std::string role = absl::StrCat("ps", s);
-    tasks[role] = {ROLE_PS, s};
-    launches[role] = {task_argv(PsBinary(), true, s), {}};
-    RETURN_IF_ERROR(cluster.Start(role, launches[role].first));
-  }
-  // Every task of a local run shares this machine's cores.
-  const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
-  const std::string omp_threads = absl::StrCat(
-      "OMP_NUM_THREADS=",
-      std::max<unsigned>(1, cores / std::max(1, spec.num_workers())));
-  for (int w = 0; w < spec.num_workers(); ++w) {
-    const std::string role = absl::StrCat("worker", w);
-    tasks[role] = {ROLE_WORKER, w};
-    launches[role] = {task_argv(WorkerBinary(), false, w), {omp_threads}};
-    RETURN_IF_ERROR(
-        cluster.Start(role, launches[role].first, launches[role].second));
-  }
-
-  // Follow the job to its end. A task that dies without reporting (a crash,
-  // a kill) is restarted (--max_restarts) or fails the job here; the others
-  // learn it from their heartbeats.
-  JobInfo job;
-  int restarts = 0;
-  std::vector<std::string> deaths;
-  while (true) {
-    if (g_signal != 0) {
-      table.Cancel(job_id, absl::Now()).IgnoreError();
-      cluster.StopAll(absl::Seconds(3));
-      return absl::CancelledError(absl::StrCat("interrupted by signal ",
-                                               static_cast<int>(g_signal),
-                                               "; stopped every process"));
-    }
-    ChildExit exit = cluster.WaitAny(absl::Milliseconds(100));
-    if (!exit.role.empty() && exit.code == kRestartExitCode) {
-      // Stopped by the coordinator for the restart of every worker that
-      // another worker's death began (allreduce; counted for that death).
-      ASSIGN_OR_RETURN(job, table.Get(job_id, JobTable::kNoLog));
-      if (!JobEnded(job.state())) {
-        const auto [role, index] = tasks[exit.role];
-        std::printf(
-            "pstrain: %s stopped for the job's restart; starting it "
-            "again\n",
-            TaskName(role, index).c_str());
-        std::fflush(stdout);
-        std::vector<std::string> argv = launches[exit.role].first;
-        argv.push_back("--rejoin");
-        RETURN_IF_ERROR(
-            cluster.Start(exit.role, argv, launches[exit.role].second));
-        continue;
-      }
-    }
-    if (!exit.role.empty() && exit.code != 0) {
-      const auto [role, index] = tasks[exit.role];
-      const std::string status = exit.code > 0
-                                     ? absl::StrCat("exit code ", exit.code)
-                                     : absl::StrCat("signal ", -exit.code);
-      deaths.push_back(absl::StrCat(TaskName(role, index), " (", status, ")"));
-      ASSIGN_OR_RETURN(job, table.Get(job_id, JobTable::kNoLog));
-      // A task that died while the job runs (not one that reported its own
-      // failure: that ended the job) is restarted within the budget; the
-      // others recover around it (worker/trainer.h).
-      if (!JobEnded(job.state()) && restarts < spec.max_restarts()) {
-        ++restarts;
-        const std::string why = absl::StrCat("died (", status, ")");
-        std::printf("pstrain: %s %s; %s (restart %d of %d)\n",
-                    TaskName(role, index).c_str(), why.c_str(),
-                    spec.mode() == "allreduce"
-                        ? "restarting every worker from the newest checkpoint"
-                        : "restarting it",
-                    restarts, spec.max_restarts());
-        std::fflush(stdout);
-        RETURN_IF_ERROR(
-            table.TaskRestarting(job_id, role, index, why, absl::Now())
-                .status());
-        std::vector<std::string> argv = launches[exit.role].first;
-        if (role == ROLE_WORKER) argv.push_back("--rejoin");
-        RETURN_IF_ERROR(
-            cluster.Start(exit.role, argv, launches[exit.role].second));
-        continue;
-      }
-      std::string budget;
-      if (spec.max_restarts() > 0) {
-        absl::StatusOr<CheckpointManifest> latest =
-            spec.checkpoint_dir().empty()
-                ? absl::NotFoundError("")
-                : ReadLatestCheckpoint(spec.checkpoint_dir());
-        budget = absl::StrCat(
-            " (the restart budget, --max_restarts=", spec.max_restarts(),
-            ", is spent; deaths: ", absl::StrJoin(deaths, ", "),
-            "; last checkpoint: ", latest.ok() ? latest->dir : "none", ")");
-      }
-      TaskFinishedRequest report;
-      report.mutable_task()->set_job_id(job_id);
-      report.mutable_task()->set_role(role);
-      report.mutable_task()->set_index(index);
-      report.set_message(absl::StrCat("exited with ", status, budget,
-                                      exit.last_error_line.empty() ? "" : ": ",
-                                      exit.last_error_line));
-      // A no-op when the task reported its failure itself.
-      table.TaskFinished(report, absl::Now()).IgnoreError();
-    }
-    ASSIGN_OR_RETURN(job, table.Get(job_id, JobTable::kNoLog));
-    if (JobEnded(job.state())) break;
-  }
-  // Every task exits by itself once the job has ended (the shards after
-  // their last worker's WorkerDone, the rest at their next heartbeat, 1 s).
-  // With backup workers the job ends with worker 0 and a straggler may be
-  // stopped or far behind: its steps are not needed, so it gets 3 s.
-  const bool backups = spec.backup_workers() > 0;
-  const absl::Time exit_deadline =
-      absl::Now() + (backups ? absl::Seconds(3) : absl::Seconds(10));
-  while (cluster.num_running() > 0 && absl::Now() < exit_deadline) {
-    cluster.WaitAny(absl::Milliseconds(100));
-  }
-  if (backups && job.state() == JOB_SUCCEEDED) {
-    for (const auto& [role, task] : tasks) {
-      if (task.first == ROLE_WORKER && cluster.Running(role)) {
-        std::printf(
-            "pstrain: %s was still on its way when the last step was "
-            "decided (backup workers: its steps were not needed); stopping "
-            "it\n",
-            TaskName(task.first, task.second).c_str());
-      }
-    }
-    std::fflush(stdout);
-  }
-  cluster.StopAll(absl::Seconds(2));
-  if (job.state() != JOB_SUCCEEDED) {
-    return absl::AbortedError(absl::StrCat(
-        job_id, " ", JobStateName(job.state()), ": ", job.message()));
-  }
-  return job.result();
+  options.gpu = absl::GetFlag(FLAGS_gpu);
+  options.stop_signal = &g_signal;
+  return RunLocalJob(spec, placement, options);
 }
 
 int ExitCodeOf(const absl::Status& status) {
@@ -850,93 +530,6 @@ absl::StatusOr<std::unique_ptr<Dataset>> CheckDataFromFlags() {
   if (absl::Status s = CheckBackendFlags(); !s.ok()) return s;
   ASSIGN_OR_RETURN(Dataset dataset, ListDatasetFromFlags());
   return std::make_unique<Dataset>(std::move(dataset));
-}
-
-// --init_from's file loads into the job's model (built here on the CPU from
-// the dataset's input shape), and --checkpoint_dir is a new or empty folder
-// (created here): one-line errors before anything starts.
-absl::Status CheckModelFiles(const JobSpec& spec, const Dataset* dataset) {
-  if (!spec.init_from().empty() && dataset != nullptr) {
-    std::unique_ptr<Backend> cpu = NewCpuBackend();
-    ModelOptions options;
-    options.seed = spec.seed();
-    ASSIGN_OR_RETURN(std::unique_ptr<Model> model,
-                     Model::Create(spec.model(), dataset->train.chw,
-                                   dataset->num_classes, options, cpu.get()));
-    if (absl::Status s = LoadModelFile(spec.init_from(), model.get());
-        !s.ok()) {
-      return absl::Status(s.code(), absl::StrCat("--init_from: ", s.message()));
-    }
-  }
-  const std::string dir = spec.checkpoint_dir();
-  const bool checkpointing =
-      spec.checkpoint_every_steps() > 0 || spec.checkpoint_every_secs() > 0;
-  if (dir.empty()) {
-    if (spec.resume() || checkpointing) {
-      return absl::InvalidArgumentError(
-          "--resume, --checkpoint_every_steps and --checkpoint_every_secs "
-          "need --checkpoint_dir");
-    }
-    return absl::OkStatus();
-  }
-  std::error_code error;
-  if (spec.resume()) {
-    // The newest checkpoint must be there and verify before anything starts.
-    absl::StatusOr<CheckpointManifest> latest = ReadLatestCheckpoint(dir);
-    absl::Status verified = latest.status();
-    // The data position the workers would refuse once started.
-    if (verified.ok() && (latest->position.batch_size != spec.batch_size() ||
-                          latest->position.num_workers != spec.num_workers() ||
-                          latest->position.seed != spec.seed())) {
-      verified = absl::InvalidArgumentError(absl::StrCat(
-          latest->dir, ": saved with batch size ", latest->position.batch_size,
-          ", ", latest->position.num_workers, " workers and seed ",
-          latest->position.seed, "; this job has ", spec.batch_size(), ", ",
-          spec.num_workers(), " and ", spec.seed(),
-          ": its data position cannot be restored"));
-    }
-    if (verified.ok() && dataset != nullptr) {
-      // Every file read and checked against this job's model (on the CPU).
-      std::unique_ptr<Backend> cpu = NewCpuBackend();
-      ASSIGN_OR_RETURN(
-          std::unique_ptr<Model> model,
-          Model::Create(spec.model(), dataset->train.chw, dataset->num_classes,
-                        ModelOptions(), cpu.get()));
-      verified = LoadCheckpointState(*latest, model->PsTensorNames(),
-                                     model->PsTensorShapes(),
-                                     static_cast<int>(model->buffers().size()))
-                     .status();
-    }
-    if (!verified.ok()) {
-      return absl::Status(verified.code(),
-                          absl::StrCat("--resume: ", verified.message()));
-    }
-    return absl::OkStatus();
-  }
-  if (std::filesystem::exists(dir, error)) {
-    if (!std::filesystem::is_directory(dir, error)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("--checkpoint_dir=", dir, ": not a folder"));
-    }
-    std::filesystem::directory_iterator first(dir, error);
-    if (error) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "--checkpoint_dir=", dir, ": cannot list it: ", error.message()));
-    }
-    if (first != std::filesystem::directory_iterator()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "--checkpoint_dir=", dir, ": not empty (holds ",
-          first->path().filename().string(),
-          "); nothing is overwritten: choose an empty or new folder, or "
-          "--resume to continue from its checkpoints"));
-    }
-    return absl::OkStatus();
-  }
-  if (!std::filesystem::create_directories(dir, error)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--checkpoint_dir=", dir, ": cannot create it: ", error.message()));
-  }
-  return absl::OkStatus();
 }
 
 // pstrain eval --checkpoint=PATH: test loss and accuracy of a saved model

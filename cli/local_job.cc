@@ -1,0 +1,494 @@
+#include "cli/local_job.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <thread>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+#include "absl/time/clock.h"
+#include "cli/local_cluster.h"
+#include "common/status_macros.h"
+#include "common/tls.h"
+#include "coordinator/coordinator_server.h"
+#include "coordinator/job_spec.h"
+#include "coordinator/job_table.h"
+#include "models/model.h"
+#include "models/model_file.h"
+#include "proto/coordinator.pb.h"
+#include "worker/checkpoint.h"
+
+namespace pstrain {
+namespace {
+
+constexpr char kIpBinary[] = "/usr/sbin/ip";
+
+absl::StatusOr<std::vector<NetnsHost>> ParseNetnsHosts(
+    const std::string& flag, const std::string& text) {
+  std::vector<NetnsHost> hosts;
+  if (text.empty()) return hosts;
+  for (absl::string_view part : absl::StrSplit(text, ',')) {
+    std::pair<std::string, std::string> kv =
+        absl::StrSplit(part, absl::MaxSplits(':', 1));
+    if (kv.first.empty() || kv.second.empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--", flag, "=", text, ": \"", part,
+                       "\"; expected NETNS:IP entries separated by commas"));
+    }
+    hosts.push_back({kv.first, kv.second});
+  }
+  return hosts;
+}
+
+// One run of RunLocalJob: the job's TLS folder, coordinator, tasks and
+// their restarts.
+class LocalJob {
+ public:
+  LocalJob(const JobSpec& spec, const Placement& placement,
+           const LocalJobOptions& options)
+      : spec_(spec), placement_(placement), options_(options) {}
+
+  // A fresh CA and the coordinator's certificate (mutual TLS with no flag;
+  // --insecure: plaintext), the in-process coordinator, the job submitted
+  // to its table, and the tasks' certificates or plaintext flags.
+  absl::Status StartCoordinator();
+  // Every shard, then every worker, as a child process.
+  absl::Status StartTasks();
+  // Follows the job to its end. A task that dies without reporting (a
+  // crash, a kill) is restarted (max_restarts) or fails the job here; the
+  // others learn it from their heartbeats. CANCELLED on a signal.
+  absl::StatusOr<JobInfo> Follow();
+  // Waits for the tasks to exit by themselves, stops the rest, and returns
+  // worker 0's results or the job's failure.
+  absl::StatusOr<RunResult> Finish(const JobInfo& job);
+
+ private:
+  // argv of task `index` of `binary`, placed.
+  std::vector<std::string> TaskArgv(const std::string& binary, bool ps,
+                                    int index) const;
+  // A task the coordinator stopped (kRestartExitCode) for the restart of
+  // every worker that another worker's death began (allreduce; counted for
+  // that death), started again while the job runs. True if it was.
+  absl::StatusOr<bool> Rejoin(const ChildExit& exit);
+  // A task that died: restarted within the budget while the job runs (not
+  // one that reported its own failure: that ended the job; the others
+  // recover around it, worker/trainer.h), else its death reported to the
+  // table. True if it was restarted.
+  absl::StatusOr<bool> OnDeath(const ChildExit& exit);
+
+  // Mutual TLS: the run's certificates are valid a day, in a private
+  // folder (0700, keys 0600, named with this pid so the next run removes
+  // it if this one is killed), removed at the end; the CA's key is deleted
+  // as soon as the tasks' certificates are minted.
+  static constexpr absl::Duration kCertificateValidity = absl::Hours(24);
+
+  const JobSpec& spec_;
+  const Placement& placement_;
+  const LocalJobOptions& options_;
+  TlsOptions tls_;
+  std::unique_ptr<PrivateFolder> tls_folder_;
+  std::unique_ptr<CoordinatorServer> coordinator_;
+  std::string job_id_;
+  std::string coordinator_flag_;
+  std::vector<std::string> tls_flags_;
+  LocalCluster cluster_;
+  // Each task's role and index, and its argv and environment to restart it,
+  // by name ("worker1").
+  std::map<std::string, std::pair<TaskRole, int>> tasks_;
+  std::map<std::string,
+           std::pair<std::vector<std::string>, std::vector<std::string>>>
+      launches_;
+  int restarts_ = 0;
+  std::vector<std::string> deaths_;
+};
+
+absl::Status LocalJob::StartCoordinator() {
+  tls_.insecure = options_.insecure;
+  if (!tls_.insecure) {
+    ASSIGN_OR_RETURN(tls_folder_, PrivateFolder::Create("pstrain-tls"));
+    tls_.dir = tls_folder_->path();
+    RETURN_IF_ERROR(MakeCertificates(tls_.dir,
+                                     {TlsIdentity{TlsRole::kCoordinator}}, {},
+                                     kCertificateValidity));
+  }
+  CoordinatorServerOptions coordinator_options;
+  coordinator_options.address = absl::StrCat(placement_.coordinator_host, ":0");
+  coordinator_options.heartbeat_timeout = options_.heartbeat_timeout;
+  if (!tls_.insecure) {
+    ASSIGN_OR_RETURN(
+        coordinator_options.credentials,
+        ServerCredentials(tls_, TlsIdentity{TlsRole::kCoordinator}));
+  }
+  absl::StatusOr<std::unique_ptr<CoordinatorServer>> started =
+      CoordinatorServer::Start(coordinator_options);
+  if (!started.ok()) {
+    return absl::InternalError(absl::StrCat("in-process coordinator on ",
+                                            coordinator_options.address, ": ",
+                                            started.status().message()));
+  }
+  coordinator_ = *std::move(started);
+  ASSIGN_OR_RETURN(job_id_, coordinator_->table().Submit(spec_, absl::Now()));
+  coordinator_flag_ = absl::StrCat(
+      "--coordinator=", placement_.coordinator_host, ":", coordinator_->port());
+  if (tls_.insecure) {
+    tls_flags_.push_back("--insecure");
+    if (options_.insecure_allow_remote) {
+      tls_flags_.push_back("--insecure_allow_remote");
+    }
+    return absl::OkStatus();
+  }
+  std::vector<TlsIdentity> tasks;
+  for (int s = 0; s < spec_.num_ps(); ++s) {
+    tasks.push_back(TlsIdentity{TlsRole::kPs, s, job_id_});
+  }
+  for (int w = 0; w < spec_.num_workers(); ++w) {
+    tasks.push_back(TlsIdentity{TlsRole::kWorker, w, job_id_});
+  }
+  absl::Status minted =
+      MakeCertificates(tls_.dir, tasks, {}, kCertificateValidity);
+  // No key that mints identities outlives the minting, failed or not.
+  minted.Update(RemoveMintingKeys(tls_.dir));
+  RETURN_IF_ERROR(minted);
+  tls_flags_.push_back("--tls_dir=" + tls_.dir);
+  return absl::OkStatus();
+}
+
+std::vector<std::string> LocalJob::TaskArgv(const std::string& binary, bool ps,
+                                            int index) const {
+  std::vector<std::string> argv;
+  std::string ip = "127.0.0.1";
+  if (placement_.netns()) {
+    const NetnsHost& host =
+        ps ? placement_.ps[index] : placement_.workers[index];
+    argv = {kIpBinary, "netns", "exec", host.netns};
+    ip = host.ip;
+  }
+  argv.insert(
+      argv.end(),
+      {binary, coordinator_flag_, absl::StrCat("--job=", job_id_),
+       absl::StrCat("--task_index=", index), absl::StrCat("--advertise=", ip)});
+  argv.insert(argv.end(), tls_flags_.begin(), tls_flags_.end());
+  if (ps) {
+    argv.insert(argv.end(), {absl::StrCat("--bind=", ip), "--port=0"});
+  } else {
+    // NCCL needs one GPU per rank: worker w takes GPU --gpu + w. Other
+    // modes share --gpu.
+    argv.push_back(absl::StrCat(
+        "--gpu=", options_.gpu + (spec_.collective() == "nccl" ? index : 0)));
+  }
+  return argv;
+}
+
+absl::Status LocalJob::StartTasks() {
+  for (int s = 0; s < spec_.num_ps(); ++s) {
+    const std::string role = absl::StrCat("ps", s);
+    tasks_[role] = {ROLE_PS, s};
+    launches_[role] = {TaskArgv(options_.ps_binary, true, s), {}};
+    RETURN_IF_ERROR(cluster_.Start(role, launches_[role].first));
+  }
+  // Every task of a local run shares this machine's cores.
+  const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+  const std::string omp_threads = absl::StrCat(
+      "OMP_NUM_THREADS=",
+      std::max<unsigned>(1, cores / std::max(1, spec_.num_workers())));
+  for (int w = 0; w < spec_.num_workers(); ++w) {
+    const std::string role = absl::StrCat("worker", w);
+    tasks_[role] = {ROLE_WORKER, w};
+    launches_[role] = {TaskArgv(options_.worker_binary, false, w),
+                       {omp_threads}};
+    RETURN_IF_ERROR(
+        cluster_.Start(role, launches_[role].first, launches_[role].second));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<bool> LocalJob::Rejoin(const ChildExit& exit) {
+  ASSIGN_OR_RETURN(const JobInfo job,
+                   coordinator_->table().Get(job_id_, JobTable::kNoLog));
+  if (JobEnded(job.state())) return false;
+  const auto [role, index] = tasks_[exit.role];
+  std::printf(
+      "pstrain: %s stopped for the job's restart; starting it "
+      "again\n",
+      TaskName(role, index).c_str());
+  std::fflush(stdout);
+  std::vector<std::string> argv = launches_[exit.role].first;
+  argv.push_back("--rejoin");
+  RETURN_IF_ERROR(cluster_.Start(exit.role, argv, launches_[exit.role].second));
+  return true;
+}
+
+absl::StatusOr<bool> LocalJob::OnDeath(const ChildExit& exit) {
+  JobTable& table = coordinator_->table();
+  const auto [role, index] = tasks_[exit.role];
+  const std::string status = exit.code > 0
+                                 ? absl::StrCat("exit code ", exit.code)
+                                 : absl::StrCat("signal ", -exit.code);
+  deaths_.push_back(absl::StrCat(TaskName(role, index), " (", status, ")"));
+  ASSIGN_OR_RETURN(const JobInfo job, table.Get(job_id_, JobTable::kNoLog));
+  if (!JobEnded(job.state()) && restarts_ < spec_.max_restarts()) {
+    ++restarts_;
+    const std::string why = absl::StrCat("died (", status, ")");
+    std::printf("pstrain: %s %s; %s (restart %d of %d)\n",
+                TaskName(role, index).c_str(), why.c_str(),
+                spec_.mode() == "allreduce"
+                    ? "restarting every worker from the newest checkpoint"
+                    : "restarting it",
+                restarts_, spec_.max_restarts());
+    std::fflush(stdout);
+    RETURN_IF_ERROR(
+        table.TaskRestarting(job_id_, role, index, why, absl::Now()).status());
+    std::vector<std::string> argv = launches_[exit.role].first;
+    if (role == ROLE_WORKER) argv.push_back("--rejoin");
+    RETURN_IF_ERROR(
+        cluster_.Start(exit.role, argv, launches_[exit.role].second));
+    return true;
+  }
+  std::string budget;
+  if (spec_.max_restarts() > 0) {
+    absl::StatusOr<CheckpointManifest> latest =
+        spec_.checkpoint_dir().empty()
+            ? absl::NotFoundError("")
+            : ReadLatestCheckpoint(spec_.checkpoint_dir());
+    budget = absl::StrCat(
+        " (the restart budget, --max_restarts=", spec_.max_restarts(),
+        ", is spent; deaths: ", absl::StrJoin(deaths_, ", "),
+        "; last checkpoint: ", latest.ok() ? latest->dir : "none", ")");
+  }
+  TaskFinishedRequest report;
+  report.mutable_task()->set_job_id(job_id_);
+  report.mutable_task()->set_role(role);
+  report.mutable_task()->set_index(index);
+  report.set_message(absl::StrCat("exited with ", status, budget,
+                                  exit.last_error_line.empty() ? "" : ": ",
+                                  exit.last_error_line));
+  // A no-op when the task reported its failure itself.
+  table.TaskFinished(report, absl::Now()).IgnoreError();
+  return false;
+}
+
+absl::StatusOr<JobInfo> LocalJob::Follow() {
+  JobTable& table = coordinator_->table();
+  while (true) {
+    if (*options_.stop_signal != 0) {
+      table.Cancel(job_id_, absl::Now()).IgnoreError();
+      cluster_.StopAll(absl::Seconds(3));
+      return absl::CancelledError(absl::StrCat(
+          "interrupted by signal ", static_cast<int>(*options_.stop_signal),
+          "; stopped every process"));
+    }
+    ChildExit exit = cluster_.WaitAny(absl::Milliseconds(100));
+    if (!exit.role.empty() && exit.code == kRestartExitCode) {
+      ASSIGN_OR_RETURN(const bool rejoined, Rejoin(exit));
+      if (rejoined) continue;
+    }
+    if (!exit.role.empty() && exit.code != 0) {
+      ASSIGN_OR_RETURN(const bool restarted, OnDeath(exit));
+      if (restarted) continue;
+    }
+    ASSIGN_OR_RETURN(JobInfo job, table.Get(job_id_, JobTable::kNoLog));
+    if (JobEnded(job.state())) return job;
+  }
+}
+
+absl::StatusOr<RunResult> LocalJob::Finish(const JobInfo& job) {
+  // Every task exits by itself once the job has ended (the shards after
+  // their last worker's WorkerDone, the rest at their next heartbeat, 1 s).
+  // With backup workers the job ends with worker 0 and a straggler may be
+  // stopped or far behind: its steps are not needed, so it gets 3 s.
+  const bool backups = spec_.backup_workers() > 0;
+  const absl::Time exit_deadline =
+      absl::Now() + (backups ? absl::Seconds(3) : absl::Seconds(10));
+  while (cluster_.num_running() > 0 && absl::Now() < exit_deadline) {
+    cluster_.WaitAny(absl::Milliseconds(100));
+  }
+  if (backups && job.state() == JOB_SUCCEEDED) {
+    for (const auto& [role, task] : tasks_) {
+      if (task.first == ROLE_WORKER && cluster_.Running(role)) {
+        std::printf(
+            "pstrain: %s was still on its way when the last step was "
+            "decided (backup workers: its steps were not needed); stopping "
+            "it\n",
+            TaskName(task.first, task.second).c_str());
+      }
+    }
+    std::fflush(stdout);
+  }
+  cluster_.StopAll(absl::Seconds(2));
+  if (job.state() != JOB_SUCCEEDED) {
+    return absl::AbortedError(absl::StrCat(
+        job_id_, " ", JobStateName(job.state()), ": ", job.message()));
+  }
+  return job.result();
+}
+
+}  // namespace
+
+absl::StatusOr<Placement> ParsePlacement(const std::string& ps_netns,
+                                         const std::string& worker_netns,
+                                         const std::string& coordinator_host) {
+  Placement placement;
+  ASSIGN_OR_RETURN(placement.ps, ParseNetnsHosts("ps_netns", ps_netns));
+  ASSIGN_OR_RETURN(placement.workers,
+                   ParseNetnsHosts("worker_netns", worker_netns));
+  placement.coordinator_host = coordinator_host;
+  if (placement.ps.empty() != placement.workers.empty()) {
+    return absl::InvalidArgumentError(
+        "--ps_netns and --worker_netns: give both or neither");
+  }
+  if (placement.netns() && access(kIpBinary, X_OK) != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--worker_netns: ", kIpBinary,
+                     " is not an executable (apt-get install iproute2)"));
+  }
+  return placement;
+}
+
+constexpr int kLocalWorkersPerCore = 4;
+absl::Status CheckRoom(const Placement& placement, int num_ps, int num_workers,
+                       const std::string& workers_flag) {
+  if (placement.netns()) {
+    if (num_workers > static_cast<int>(placement.workers.size())) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          workers_flag, "=", num_workers, ": only ", placement.workers.size(),
+          " worker namespaces in --worker_netns"));
+    }
+    if (num_ps > static_cast<int>(placement.ps.size())) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--num_ps=", num_ps, ": only ", placement.ps.size(),
+                       " PS namespaces in --ps_netns"));
+    }
+    return absl::OkStatus();
+  }
+  const int cores =
+      static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  if (num_workers > kLocalWorkersPerCore * cores) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        workers_flag, "=", num_workers, ": this machine has ", cores,
+        " cores; at most ", kLocalWorkersPerCore * cores,
+        " local workers can run (use a cluster, or --worker_netns)"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckSpec(const JobSpec& spec, const Dataset* dataset) {
+  if (absl::Status s = ValidateJobSpec(spec); !s.ok()) {
+    // "num_workers: 0; expected ..." names the flag --num_workers;
+    // "optimizer.lr: ..." names --lr.
+    absl::string_view message = s.message();
+    absl::ConsumePrefix(&message, "optimizer.");
+    return absl::InvalidArgumentError(absl::StrCat("--", message));
+  }
+  if (dataset != nullptr &&
+      dataset->train.count / spec.num_workers() < spec.batch_size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--batch_size=", spec.batch_size(), ": larger than each of ",
+        spec.num_workers(), " workers' ",
+        dataset->train.count / spec.num_workers(), " training samples"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckModelFiles(const JobSpec& spec, const Dataset* dataset) {
+  if (!spec.init_from().empty() && dataset != nullptr) {
+    std::unique_ptr<Backend> cpu = NewCpuBackend();
+    ModelOptions options;
+    options.seed = spec.seed();
+    ASSIGN_OR_RETURN(std::unique_ptr<Model> model,
+                     Model::Create(spec.model(), dataset->train.chw,
+                                   dataset->num_classes, options, cpu.get()));
+    if (absl::Status s = LoadModelFile(spec.init_from(), model.get());
+        !s.ok()) {
+      return absl::Status(s.code(), absl::StrCat("--init_from: ", s.message()));
+    }
+  }
+  const std::string dir = spec.checkpoint_dir();
+  const bool checkpointing =
+      spec.checkpoint_every_steps() > 0 || spec.checkpoint_every_secs() > 0;
+  if (dir.empty()) {
+    if (spec.resume() || checkpointing) {
+      return absl::InvalidArgumentError(
+          "--resume, --checkpoint_every_steps and --checkpoint_every_secs "
+          "need --checkpoint_dir");
+    }
+    return absl::OkStatus();
+  }
+  std::error_code error;
+  if (spec.resume()) {
+    // The newest checkpoint must be there and verify before anything starts.
+    absl::StatusOr<CheckpointManifest> latest = ReadLatestCheckpoint(dir);
+    absl::Status verified = latest.status();
+    // The data position the workers would refuse once started.
+    if (verified.ok() && (latest->position.batch_size != spec.batch_size() ||
+                          latest->position.num_workers != spec.num_workers() ||
+                          latest->position.seed != spec.seed())) {
+      verified = absl::InvalidArgumentError(absl::StrCat(
+          latest->dir, ": saved with batch size ", latest->position.batch_size,
+          ", ", latest->position.num_workers, " workers and seed ",
+          latest->position.seed, "; this job has ", spec.batch_size(), ", ",
+          spec.num_workers(), " and ", spec.seed(),
+          ": its data position cannot be restored"));
+    }
+    if (verified.ok() && dataset != nullptr) {
+      // Every file read and checked against this job's model (on the CPU).
+      std::unique_ptr<Backend> cpu = NewCpuBackend();
+      ASSIGN_OR_RETURN(
+          std::unique_ptr<Model> model,
+          Model::Create(spec.model(), dataset->train.chw, dataset->num_classes,
+                        ModelOptions(), cpu.get()));
+      verified = LoadCheckpointState(*latest, model->PsTensorNames(),
+                                     model->PsTensorShapes(),
+                                     static_cast<int>(model->buffers().size()))
+                     .status();
+    }
+    if (!verified.ok()) {
+      return absl::Status(verified.code(),
+                          absl::StrCat("--resume: ", verified.message()));
+    }
+    return absl::OkStatus();
+  }
+  if (std::filesystem::exists(dir, error)) {
+    if (!std::filesystem::is_directory(dir, error)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--checkpoint_dir=", dir, ": not a folder"));
+    }
+    std::filesystem::directory_iterator first(dir, error);
+    if (error) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--checkpoint_dir=", dir, ": cannot list it: ", error.message()));
+    }
+    if (first != std::filesystem::directory_iterator()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--checkpoint_dir=", dir, ": not empty (holds ",
+          first->path().filename().string(),
+          "); nothing is overwritten: choose an empty or new folder, or "
+          "--resume to continue from its checkpoints"));
+    }
+    return absl::OkStatus();
+  }
+  if (!std::filesystem::create_directories(dir, error)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--checkpoint_dir=", dir, ": cannot create it: ", error.message()));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<RunResult> RunLocalJob(const JobSpec& spec,
+                                      const Placement& placement,
+                                      const LocalJobOptions& options) {
+  LocalJob job(spec, placement, options);
+  RETURN_IF_ERROR(job.StartCoordinator());
+  RETURN_IF_ERROR(job.StartTasks());
+  ASSIGN_OR_RETURN(const JobInfo ended, job.Follow());
+  return job.Finish(ended);
+}
+
+}  // namespace pstrain
