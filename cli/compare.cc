@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <map>
 #include <set>
 #include <tuple>
@@ -12,6 +14,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "cli/job_commands.h"
+#include "common/flags_util.h"
 #include "worker/collective.h"
 #include "worker/metrics.h"
 
@@ -670,6 +673,98 @@ std::string FormatReportTable(const std::vector<CompareRun>& runs,
       break;
   }
   return out;
+}
+
+namespace {
+
+// Runs `gnuplot SCRIPT` in `dir` (the script names its PNG relative to
+// it); its errors are printed by gnuplot itself.
+absl::Status RunGnuplot(const std::string& dir, const std::string& script) {
+  const std::string command =
+      absl::StrCat("cd '", dir, "' && gnuplot '", script, "' 2>&1");
+  const int status = std::system(command.c_str());
+  if (status != 0) {
+    return absl::InternalError(absl::StrCat("gnuplot ", dir, "/", script,
+                                            " failed (status ", status, ")"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status WriteCompareReport(const CompareReportOptions& options,
+                                const std::vector<CompareRun>& done) {
+  const double link_bytes_per_sec = options.link_mbit * 1e6 / 8;
+  const std::string scaling_table = FormatScalingTable(done);
+  const std::string communication =
+      FormatCommunicationTable(done, link_bytes_per_sec);
+  const RunResult& first = done.front().result;
+  const std::string title = absl::StrCat(
+      first.compute() == "synthetic"
+          ? absl::StrCat(
+                absl::StrFormat("synthetic compute %.0f ms, %.1f MB of "
+                                "gradients",
+                                options.compute_ms, first.model_bytes() / 1e6),
+                options.backward_fraction > 0
+                    ? absl::StrFormat(
+                          " (the last %.0f%% of compute a backward pass "
+                          "that allreduce overlaps: its Exchange/step is "
+                          "what is left after compute)",
+                          options.backward_fraction * 100)
+                    : "")
+          : absl::StrCat(first.model(), " on ", first.dataset()),
+      options.link_mbit > 0
+          ? absl::StrFormat(", %.0f Mbit/s links", options.link_mbit)
+          : "",
+      options.netns ? ", one network namespace per task" : ", one machine");
+  const std::string published = FormatReportTable(done, options.layout);
+  const std::string report = absl::StrCat(
+      "# pstrain compare: ", title, "\n\n", "Command: `", options.command_line,
+      "`\n\n", options.preset_line, published.empty() ? "" : published,
+      published.empty() ? "" : "\n", scaling_table, "\n", communication);
+  std::printf("\n%s", report.c_str());
+  std::fflush(stdout);
+  // Relative to options.out_dir, so the committed script runs anywhere.
+  const std::string png = "throughput.png";
+  const std::string script = absl::StrCat(options.out_dir, "/throughput.gp");
+  for (const auto& [path, text] :
+       {std::pair<std::string, std::string>{
+            absl::StrCat(options.out_dir, "/results.md"), report},
+        {absl::StrCat(options.out_dir, "/results.csv"),
+         CompareCsv(done, link_bytes_per_sec)},
+        {absl::StrCat(options.out_dir, "/results.json"),
+         CompareJson(done, link_bytes_per_sec)},
+        {script, GnuplotScript(done, png, title)}}) {
+    if (absl::Status s = WriteFileAtomically(path, text); !s.ok()) {
+      return absl::InternalError(s.ToString());
+    }
+  }
+  std::vector<std::string> scripts = {"throughput"};
+  if (HasBatchSweep(done)) {
+    // The sweep's second plot: samples/sec against the batch size.
+    if (absl::Status s = WriteFileAtomically(
+            absl::StrCat(options.out_dir, "/batch_size.gp"),
+            GnuplotBatchScript(done, "batch_size.png", title));
+        !s.ok()) {
+      return absl::InternalError(s.ToString());
+    }
+    scripts.push_back("batch_size");
+  }
+  std::string wrote;
+  for (const std::string& name : scripts) {
+    if (options.plot) {
+      if (absl::Status s =
+              RunGnuplot(options.out_dir, absl::StrCat(name, ".gp"));
+          !s.ok()) {
+        return s;
+      }
+    }
+    absl::StrAppend(&wrote, ", ", name, ".gp", options.plot ? ", " : "",
+                    options.plot ? absl::StrCat(name, ".png") : "");
+  }
+  std::printf("\nwrote %s/results.md, results.csv, results.json%s\n",
+              options.out_dir.c_str(), wrote.c_str());
+  return absl::OkStatus();
 }
 
 }  // namespace pstrain

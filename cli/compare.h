@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "proto/results.pb.h"
 
@@ -197,6 +198,32 @@ absl::StatusOr<const ComparePreset*> FindComparePreset(const std::string& name);
 // 1-worker run); CV in percent with "-" for one run.
 std::string FormatReportTable(const std::vector<CompareRun>& runs,
                               ReportLayout layout);
+
+// What the report of `pstrain compare` says besides its runs.
+struct CompareReportOptions {
+  std::string out_dir;       // an existing folder
+  std::string command_line;  // the report's "Command:" line
+  std::string preset_line;   // "Preset NAME: DESCRIPTION.\n\n", or empty
+  ReportLayout layout = ReportLayout::kNone;  // the published table first
+  double link_mbit =
+      0;               // bandwidth bounds of the communication table (0: none)
+  bool netns = false;  // the runs had one network namespace per task
+  // Synthetic compute's milliseconds per step and backward share, for the
+  // title.
+  double compute_ms = 0;
+  double backward_fraction = 0;
+  bool plot = true;  // draw the PNGs with gnuplot (else the scripts only)
+};
+
+// Prints the report of `runs` (non-empty; its title from the first run:
+// model and dataset, or synthetic compute): the published table of
+// options.layout, the scaling and the communication tables; writes
+// results.md, results.csv, results.json and throughput.gp (and
+// batch_size.gp with a batch sweep) into options.out_dir, with options.plot
+// their PNGs by gnuplot, and prints what it wrote. An error naming the
+// file that could not be written or the gnuplot script that failed.
+absl::Status WriteCompareReport(const CompareReportOptions& options,
+                                const std::vector<CompareRun>& runs);
 
 }  // namespace pstrain
 

@@ -702,19 +702,6 @@ int Run() {
   return 0;
 }
 
-// Runs `gnuplot SCRIPT` in `dir` (the script names its PNG relative to
-// it); its errors are printed by gnuplot itself.
-absl::Status RunGnuplot(const std::string& dir, const std::string& script) {
-  const std::string command =
-      absl::StrCat("cd '", dir, "' && gnuplot '", script, "' 2>&1");
-  const int status = std::system(command.c_str());
-  if (status != 0) {
-    return absl::InternalError(absl::StrCat("gnuplot ", dir, "/", script,
-                                            " failed (status ", status, ")"));
-  }
-  return absl::OkStatus();
-}
-
 // Sets the preset's flag values that the command line leaves unset.
 absl::Status ApplyPreset(const ComparePreset& preset) {
   for (const ComparePreset::Flag& flag : preset.flags) {
@@ -731,10 +718,177 @@ absl::Status ApplyPreset(const ComparePreset& preset) {
   return absl::OkStatus();
 }
 
+// The lists of `pstrain compare` and what its modes ask for.
+struct CompareLists {
+  Scaling scaling = Scaling::kWeak;
+  std::vector<int> workers;
+  std::vector<int> num_ps;
+  std::vector<int> batch_sizes;
+  std::vector<std::string> modes;  // ps_sync, ps_async, allreduce, ...
+  bool any_ps_mode = false;
+  bool any_allreduce = false;
+};
+
+// --scaling, --workers, --num_ps, --batch_sizes (else --batch_size) and
+// --modes; INVALID_ARGUMENT naming the first bad one.
+absl::StatusOr<CompareLists> ParseCompareLists() {
+  CompareLists lists;
+  ASSIGN_OR_RETURN(lists.scaling, ParseScaling(absl::GetFlag(FLAGS_scaling)));
+  ASSIGN_OR_RETURN(lists.workers,
+                   ParsePositiveList("workers", absl::GetFlag(FLAGS_workers)));
+  ASSIGN_OR_RETURN(lists.num_ps,
+                   ParsePositiveList("num_ps", absl::GetFlag(FLAGS_num_ps)));
+  lists.batch_sizes = {absl::GetFlag(FLAGS_batch_size)};
+  if (!absl::GetFlag(FLAGS_batch_sizes).empty()) {
+    if (FlagSpecified("batch_size")) {
+      return absl::InvalidArgumentError(
+          "--batch_size would be ignored: --batch_sizes gives the batch "
+          "sizes; see pstrain help compare");
+    }
+    ASSIGN_OR_RETURN(
+        lists.batch_sizes,
+        ParsePositiveList("batch_sizes", absl::GetFlag(FLAGS_batch_sizes)));
+  }
+  lists.modes = absl::StrSplit(absl::GetFlag(FLAGS_modes), ',');
+  for (const std::string& mode : lists.modes) {
+    ASSIGN_OR_RETURN(const std::string job_mode, JobModeOf(mode));
+    (job_mode == "allreduce" ? lists.any_allreduce : lists.any_ps_mode) = true;
+  }
+  return lists;
+}
+
+// What every configuration shares (model, data, compute, optimizer: one
+// spec's fields and the flags it would ignore), then --out_dir, --steps,
+// --scaling, --repeats and --link_mbit; INVALID_ARGUMENT naming the first
+// bad one.
+absl::Status CheckCompareFlags(const CompareLists& lists) {
+  JobSpec shared = SpecFromFlags(lists.any_ps_mode ? "sync" : "allreduce",
+                                 lists.num_ps[0], lists.workers[0]);
+  const int steps = absl::GetFlag(FLAGS_steps);
+  if (steps > 0) {
+    shared.set_epochs(1);
+    shared.set_max_steps_per_epoch(steps);
+  }
+  RETURN_IF_ERROR(CheckSpec(shared, nullptr));
+  RETURN_IF_ERROR(CheckIgnoredFlags(shared, "compare", lists.any_ps_mode,
+                                    lists.any_allreduce));
+  if (absl::GetFlag(FLAGS_out_dir).empty()) {
+    return absl::InvalidArgumentError(
+        "--out_dir: expected a directory for the table, CSV, JSON and plot");
+  }
+  if (steps < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--steps=", steps, ": expected >= 1, or 0 for whole --epochs"));
+  }
+  if (steps == 0 && FlagSpecified("scaling")) {
+    return absl::InvalidArgumentError(
+        "--scaling would be ignored: it says how --steps is spent, and whole "
+        "--epochs (--steps=0) are split across the workers already; see "
+        "pstrain help compare");
+  }
+  const int repeats = absl::GetFlag(FLAGS_repeats);
+  if (repeats < 1 || repeats > 100) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--repeats=", repeats, ": expected 1..100"));
+  }
+  const double link_mbit = absl::GetFlag(FLAGS_link_mbit);
+  if (!(link_mbit >= 0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--link_mbit=", link_mbit, ": expected >= 0"));
+  }
+  return absl::OkStatus();
+}
+
+// One configuration of `pstrain compare` and the spec it runs.
+struct CompareConfig {
+  CompareRun run;
+  JobSpec spec;
+};
+
+// One configuration per mode, batch size, PS count (PS modes) and worker
+// count, nested in that order, each checked against `placement` and
+// `dataset` (null with synthetic compute); INVALID_ARGUMENT naming the
+// configuration.
+absl::StatusOr<std::vector<CompareConfig>> CompareConfigs(
+    const CompareLists& lists, const Placement& placement,
+    const Dataset* dataset) {
+  const int steps = absl::GetFlag(FLAGS_steps);
+  std::vector<CompareConfig> configs;
+  for (const std::string& mode : lists.modes) {
+    ASSIGN_OR_RETURN(const std::string job_mode, JobModeOf(mode));
+    const bool allreduce = job_mode == "allreduce";
+    for (int b : lists.batch_sizes) {
+      for (int k : allreduce ? std::vector<int>{0} : lists.num_ps) {
+        for (int w : lists.workers) {
+          CompareConfig c;
+          c.run.mode = mode;
+          c.run.num_ps = k;
+          c.run.num_workers = w;
+          c.run.batch_size = b;
+          c.run.num_nodes = placement.netns() ? k + w : 1;
+          RETURN_IF_ERROR(CheckRoom(placement, k, w, "--workers"));
+          c.spec = SpecFromFlags(job_mode, k, w);
+          c.spec.set_batch_size(b);
+          if (mode == "allreduce_nccl") c.spec.set_collective("nccl");
+          if (steps > 0) {
+            c.spec.set_epochs(1);
+            c.spec.set_max_steps_per_epoch(
+                StepsPerWorker(steps, w, lists.scaling));
+          }
+          if (absl::Status s = CheckSpec(c.spec, dataset); !s.ok()) {
+            return absl::InvalidArgumentError(absl::StrCat(
+                mode, " with ", w, " workers, batch ", b, ": ", s.message()));
+          }
+          configs.push_back(std::move(c));
+        }
+      }
+    }
+  }
+  return configs;
+}
+
+// Runs each configuration `repeats` times, printing every run's lines and
+// table; each configuration's run with its median run's result (and every
+// repeat's throughput when repeats > 1). The first failure, named by its
+// configuration (CANCELLED after a signal).
+absl::StatusOr<std::vector<CompareRun>> RunConfigs(
+    const std::vector<CompareConfig>& configs, const Placement& placement,
+    int repeats) {
+  std::vector<CompareRun> done;
+  for (size_t i = 0; i < configs.size(); ++i) {
+    CompareRun run = configs[i].run;
+    std::vector<RunResult> results;
+    for (int rep = 0; rep < repeats; ++rep) {
+      std::printf(
+          "\n=== run %zu/%zu: %s, %d PS, %d workers, batch %d%s ===\n", i + 1,
+          configs.size(), run.mode.c_str(), run.num_ps, run.num_workers,
+          run.batch_size,
+          repeats > 1
+              ? absl::StrFormat(", repeat %d/%d", rep + 1, repeats).c_str()
+              : "");
+      std::fflush(stdout);
+      absl::StatusOr<RunResult> result = RunJob(configs[i].spec, placement);
+      if (!result.ok()) {
+        return absl::Status(
+            result.status().code(),
+            absl::StrCat(run.mode, " with ", run.num_workers,
+                         " workers: ", result.status().message()));
+      }
+      std::printf("%s", FormatResultTable(*result).c_str());
+      std::fflush(stdout);
+      run.throughputs.push_back(result->throughput_samples_per_sec());
+      results.push_back(*std::move(result));
+    }
+    run.result = results[MedianIndex(run.throughputs)];
+    if (repeats == 1) run.throughputs.clear();
+    done.push_back(std::move(run));
+  }
+  return done;
+}
+
 int Compare() {
   // Every check before any process starts.
-  ReportLayout layout = ReportLayout::kNone;
-  std::string preset_line;
+  CompareReportOptions report;
   if (!absl::GetFlag(FLAGS_preset).empty()) {
     absl::StatusOr<const ComparePreset*> preset =
         FindComparePreset(absl::GetFlag(FLAGS_preset));
@@ -742,88 +896,21 @@ int Compare() {
     if (absl::Status s = ApplyPreset(**preset); !s.ok()) {
       return Fail(1, std::string(s.message()));
     }
-    layout = (*preset)->layout;
-    preset_line = absl::StrCat("Preset ", (*preset)->name, ": ",
-                               (*preset)->description, ".\n\n");
+    report.layout = (*preset)->layout;
+    report.preset_line = absl::StrCat("Preset ", (*preset)->name, ": ",
+                                      (*preset)->description, ".\n\n");
   }
-  absl::StatusOr<Scaling> scaling = ParseScaling(absl::GetFlag(FLAGS_scaling));
-  if (!scaling.ok()) return Fail(2, std::string(scaling.status().message()));
-  absl::StatusOr<std::vector<int>> workers =
-      ParsePositiveList("workers", absl::GetFlag(FLAGS_workers));
-  if (!workers.ok()) return Fail(2, std::string(workers.status().message()));
-  absl::StatusOr<std::vector<int>> num_ps =
-      ParsePositiveList("num_ps", absl::GetFlag(FLAGS_num_ps));
-  if (!num_ps.ok()) return Fail(2, std::string(num_ps.status().message()));
-  std::vector<int> batch_sizes = {absl::GetFlag(FLAGS_batch_size)};
-  if (!absl::GetFlag(FLAGS_batch_sizes).empty()) {
-    if (FlagSpecified("batch_size")) {
-      return Fail(2,
-                  "--batch_size would be ignored: --batch_sizes gives the "
-                  "batch sizes; see pstrain help compare");
-    }
-    absl::StatusOr<std::vector<int>> list =
-        ParsePositiveList("batch_sizes", absl::GetFlag(FLAGS_batch_sizes));
-    if (!list.ok()) return Fail(2, std::string(list.status().message()));
-    batch_sizes = *std::move(list);
-  }
-  std::vector<std::string> modes =
-      absl::StrSplit(absl::GetFlag(FLAGS_modes), ',');
-  bool any_ps_mode = false;
-  bool any_allreduce = false;
-  for (const std::string& mode : modes) {
-    absl::StatusOr<std::string> job_mode = JobModeOf(mode);
-    if (!job_mode.ok()) {
-      return Fail(2, std::string(job_mode.status().message()));
-    }
-    (*job_mode == "allreduce" ? any_allreduce : any_ps_mode) = true;
-  }
-  // What every configuration shares (model, data, compute, optimizer),
-  // checked once here; each configuration's own spec in the loop below.
-  JobSpec shared = SpecFromFlags(any_ps_mode ? "sync" : "allreduce",
-                                 (*num_ps)[0], (*workers)[0]);
-  if (absl::GetFlag(FLAGS_steps) > 0) {
-    shared.set_epochs(1);
-    shared.set_max_steps_per_epoch(absl::GetFlag(FLAGS_steps));
-  }
-  if (absl::Status s = CheckSpec(shared, nullptr); !s.ok()) {
+  absl::StatusOr<CompareLists> lists = ParseCompareLists();
+  if (!lists.ok()) return Fail(2, std::string(lists.status().message()));
+  if (absl::Status s = CheckCompareFlags(*lists); !s.ok()) {
     return Fail(2, std::string(s.message()));
-  }
-  if (absl::Status s =
-          CheckIgnoredFlags(shared, "compare", any_ps_mode, any_allreduce);
-      !s.ok()) {
-    return Fail(2, std::string(s.message()));
-  }
-  const std::string out_dir = absl::GetFlag(FLAGS_out_dir);
-  if (out_dir.empty()) {
-    return Fail(2,
-                "--out_dir: expected a directory for the table, CSV, "
-                "JSON and plot");
-  }
-  const int steps = absl::GetFlag(FLAGS_steps);
-  if (steps < 0) {
-    return Fail(2, absl::StrCat("--steps=", steps,
-                                ": expected >= 1, or 0 for whole --epochs"));
-  }
-  if (steps == 0 && FlagSpecified("scaling")) {
-    return Fail(2,
-                "--scaling would be ignored: it says how --steps is spent, "
-                "and whole --epochs (--steps=0) are split across the workers "
-                "already; see pstrain help compare");
-  }
-  const int repeats = absl::GetFlag(FLAGS_repeats);
-  if (repeats < 1 || repeats > 100) {
-    return Fail(2, absl::StrCat("--repeats=", repeats, ": expected 1..100"));
-  }
-  const double link_mbit = absl::GetFlag(FLAGS_link_mbit);
-  if (!(link_mbit >= 0)) {
-    return Fail(2, absl::StrCat("--link_mbit=", link_mbit, ": expected >= 0"));
   }
   absl::StatusOr<Placement> placement = PlacementFromFlags();
   if (!placement.ok()) {
     return Fail(2, std::string(placement.status().message()));
   }
-  const bool plot = absl::GetFlag(FLAGS_plot);
-  if (plot && std::system("command -v gnuplot >/dev/null 2>&1") != 0) {
+  report.plot = absl::GetFlag(FLAGS_plot);
+  if (report.plot && std::system("command -v gnuplot >/dev/null 2>&1") != 0) {
     return Fail(2,
                 "gnuplot: not found; the plot needs it (apt-get install "
                 "gnuplot-nox), or pass --noplot");
@@ -833,154 +920,32 @@ int Compare() {
   if (absl::Status s = CheckBinaries(); !s.ok()) {
     return Fail(2, std::string(s.message()));
   }
-
-  struct Config {
-    CompareRun run;
-    JobSpec spec;
-  };
-  std::vector<Config> configs;
-  for (const std::string& mode : modes) {
-    absl::StatusOr<std::string> job_mode = JobModeOf(mode);
-    if (!job_mode.ok()) {
-      return Fail(2, std::string(job_mode.status().message()));
-    }
-    const bool allreduce = *job_mode == "allreduce";
-    for (int b : batch_sizes) {
-      for (int k : allreduce ? std::vector<int>{0} : *num_ps) {
-        for (int w : *workers) {
-          Config c;
-          c.run.mode = mode;
-          c.run.num_ps = k;
-          c.run.num_workers = w;
-          c.run.batch_size = b;
-          c.run.num_nodes = placement->netns() ? k + w : 1;
-          if (absl::Status s = CheckRoom(*placement, k, w, "--workers");
-              !s.ok()) {
-            return Fail(2, std::string(s.message()));
-          }
-          c.spec = SpecFromFlags(*job_mode, k, w);
-          c.spec.set_batch_size(b);
-          if (mode == "allreduce_nccl") c.spec.set_collective("nccl");
-          if (steps > 0) {
-            c.spec.set_epochs(1);
-            c.spec.set_max_steps_per_epoch(StepsPerWorker(steps, w, *scaling));
-          }
-          if (absl::Status s = CheckSpec(c.spec, dataset->get()); !s.ok()) {
-            return Fail(2, absl::StrCat(mode, " with ", w, " workers, batch ",
-                                        b, ": ", s.message()));
-          }
-          configs.push_back(std::move(c));
-        }
-      }
-    }
-  }
+  absl::StatusOr<std::vector<CompareConfig>> configs =
+      CompareConfigs(*lists, *placement, dataset->get());
+  if (!configs.ok()) return Fail(2, std::string(configs.status().message()));
+  report.out_dir = absl::GetFlag(FLAGS_out_dir);
   std::error_code error;
-  std::filesystem::create_directories(out_dir, error);
+  std::filesystem::create_directories(report.out_dir, error);
   if (error) {
-    return Fail(2, absl::StrCat("--out_dir=", out_dir,
+    return Fail(2, absl::StrCat("--out_dir=", report.out_dir,
                                 ": cannot create: ", error.message()));
   }
   signal(SIGINT, OnSignal);
   signal(SIGTERM, OnSignal);
-
-  std::vector<CompareRun> done;
-  for (size_t i = 0; i < configs.size(); ++i) {
-    Config& c = configs[i];
-    std::vector<RunResult> results;
-    for (int rep = 0; rep < repeats; ++rep) {
-      std::printf(
-          "\n=== run %zu/%zu: %s, %d PS, %d workers, batch %d%s ===\n", i + 1,
-          configs.size(), c.run.mode.c_str(), c.run.num_ps, c.run.num_workers,
-          c.run.batch_size,
-          repeats > 1
-              ? absl::StrFormat(", repeat %d/%d", rep + 1, repeats).c_str()
-              : "");
-      std::fflush(stdout);
-      absl::StatusOr<RunResult> result = RunJob(c.spec, *placement);
-      if (!result.ok()) {
-        return Fail(ExitCodeOf(result.status()),
-                    absl::StrCat(c.run.mode, " with ", c.run.num_workers,
-                                 " workers: ", result.status().message()));
-      }
-      std::printf("%s", FormatResultTable(*result).c_str());
-      std::fflush(stdout);
-      c.run.throughputs.push_back(result->throughput_samples_per_sec());
-      results.push_back(*std::move(result));
-    }
-    c.run.result = results[MedianIndex(c.run.throughputs)];
-    if (repeats == 1) c.run.throughputs.clear();
-    done.push_back(c.run);
+  absl::StatusOr<std::vector<CompareRun>> done =
+      RunConfigs(*configs, *placement, absl::GetFlag(FLAGS_repeats));
+  if (!done.ok()) {
+    return Fail(ExitCodeOf(done.status()),
+                std::string(done.status().message()));
   }
-
-  const double link_bytes_per_sec = link_mbit * 1e6 / 8;
-  const std::string scaling_table = FormatScalingTable(done);
-  const std::string communication =
-      FormatCommunicationTable(done, link_bytes_per_sec);
-  const RunResult& first = done.front().result;
-  const std::string title = absl::StrCat(
-      first.compute() == "synthetic"
-          ? absl::StrCat(
-                absl::StrFormat("synthetic compute %.0f ms, %.1f MB of "
-                                "gradients",
-                                absl::GetFlag(FLAGS_compute_ms),
-                                first.model_bytes() / 1e6),
-                absl::GetFlag(FLAGS_backward_fraction) > 0
-                    ? absl::StrFormat(
-                          " (the last %.0f%% of compute a backward pass "
-                          "that allreduce overlaps: its Exchange/step is "
-                          "what is left after compute)",
-                          absl::GetFlag(FLAGS_backward_fraction) * 100)
-                    : "")
-          : absl::StrCat(first.model(), " on ", first.dataset()),
-      link_mbit > 0 ? absl::StrFormat(", %.0f Mbit/s links", link_mbit) : "",
-      placement->netns() ? ", one network namespace per task"
-                         : ", one machine");
-  const std::string published = FormatReportTable(done, layout);
-  const std::string report = absl::StrCat(
-      "# pstrain compare: ", title, "\n\n", "Command: `", g_command_line,
-      "`\n\n", preset_line, published.empty() ? "" : published,
-      published.empty() ? "" : "\n", scaling_table, "\n", communication);
-  std::printf("\n%s", report.c_str());
-  std::fflush(stdout);
-  // Relative to out_dir, so the committed script runs anywhere.
-  const std::string png = "throughput.png";
-  const std::string script = absl::StrCat(out_dir, "/throughput.gp");
-  for (const auto& [path, text] :
-       {std::pair<std::string, std::string>{
-            absl::StrCat(out_dir, "/results.md"), report},
-        {absl::StrCat(out_dir, "/results.csv"),
-         CompareCsv(done, link_bytes_per_sec)},
-        {absl::StrCat(out_dir, "/results.json"),
-         CompareJson(done, link_bytes_per_sec)},
-        {script, GnuplotScript(done, png, title)}}) {
-    if (absl::Status s = WriteFileAtomically(path, text); !s.ok()) {
-      return Fail(1, s.ToString());
-    }
+  report.command_line = g_command_line;
+  report.link_mbit = absl::GetFlag(FLAGS_link_mbit);
+  report.netns = placement->netns();
+  report.compute_ms = absl::GetFlag(FLAGS_compute_ms);
+  report.backward_fraction = absl::GetFlag(FLAGS_backward_fraction);
+  if (absl::Status s = WriteCompareReport(report, *done); !s.ok()) {
+    return Fail(1, std::string(s.message()));
   }
-  std::vector<std::string> scripts = {"throughput"};
-  if (HasBatchSweep(done)) {
-    // The sweep's second plot: samples/sec against the batch size.
-    if (absl::Status s = WriteFileAtomically(
-            absl::StrCat(out_dir, "/batch_size.gp"),
-            GnuplotBatchScript(done, "batch_size.png", title));
-        !s.ok()) {
-      return Fail(1, s.ToString());
-    }
-    scripts.push_back("batch_size");
-  }
-  std::string wrote;
-  for (const std::string& name : scripts) {
-    if (plot) {
-      if (absl::Status s = RunGnuplot(out_dir, absl::StrCat(name, ".gp"));
-          !s.ok()) {
-        return Fail(1, std::string(s.message()));
-      }
-    }
-    absl::StrAppend(&wrote, ", ", name, ".gp", plot ? ", " : "",
-                    plot ? absl::StrCat(name, ".png") : "");
-  }
-  std::printf("\nwrote %s/results.md, results.csv, results.json%s\n",
-              out_dir.c_str(), wrote.c_str());
   return 0;
 }
 
