@@ -1,6 +1,6 @@
 // Every step policy composes with checkpoints, resume, restarts and
 // clipping (issue 36): `pstrain run` with 2 shards and a checkpoint every
-// 50 steps, LeNet-5 on Fashion-MNIST (800 steps), for each policy the
+// 50 steps, LeNet-5 on Fashion-MNIST (600 steps), for each policy the
 // shard has beside plain sync (which tests/recovery_test and
 // tests/checkpoint_resume_test cover):
 //  - bounded staleness 2 (2 workers), with and without clip_grad_norm: the
@@ -50,7 +50,7 @@ using pstrain::testing::RunCommand;
 using pstrain::testing::TempDir;
 using pstrain::testing::WaitFor;
 
-constexpr int kStepsPerEpoch = 400;
+constexpr int kStepsPerEpoch = 300;  // every policy's epoch has more
 constexpr int kTotalSteps = 2 * kStepsPerEpoch;
 
 // One step policy under test.
