@@ -623,4 +623,56 @@ absl::Status CheckFlagsOf(const CommandInfo& command) {
   return absl::OkStatus();
 }
 
+absl::Status CheckIgnoredDataFlags(const std::string& dataset,
+                                   const std::string& command) {
+  auto ignored = [&](const char* flag, const std::string& why) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--", flag, " would be ignored: ", why,
+                     "; see pstrain help ", command));
+  };
+  if (dataset == "synthetic") {
+    for (const char* flag : {"data_dir", "bad_images", "stream_images",
+                             "max_dataset_memory", "augment"}) {
+      if (FlagSpecified(flag)) {
+        return ignored(flag, "--dataset=synthetic reads no files");
+      }
+    }
+    return absl::OkStatus();
+  }
+  for (const char* flag : {"num_classes", "synthetic_samples"}) {
+    if (FlagSpecified(flag)) {
+      return ignored(
+          flag, absl::StrCat("it is for --dataset=synthetic, not ", dataset));
+    }
+  }
+  if (dataset != "image_folder") {
+    if (FlagSpecified("image_size")) {
+      return ignored("image_size",
+                     absl::StrCat("it is for --dataset=synthetic or "
+                                  "image_folder, not ",
+                                  dataset));
+    }
+    for (const char* flag :
+         {"bad_images", "stream_images", "max_dataset_memory", "augment"}) {
+      if (FlagSpecified(flag)) {
+        return ignored(flag, absl::StrCat("it is for --dataset=image_folder, "
+                                          "not ",
+                                          dataset));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckIgnoredBackendFlags(const std::string& backend,
+                                      const std::string& command) {
+  if (backend == "cpu" && FlagSpecified("gpu")) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--gpu would be ignored: it is for --backend=cuda; see "
+                     "pstrain help ",
+                     command));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace pstrain

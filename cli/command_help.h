@@ -55,6 +55,18 @@ std::string CommandHelp(const CommandInfo& command);
 // that `command` does not read.
 absl::Status CheckFlagsOf(const CommandInfo& command);
 
+// The dataset flags that `dataset` would ignore, given on the command line
+// of `command` ("run", "compare", "eval"): INVALID_ARGUMENT "--FLAG would
+// be ignored: WHY; see pstrain help COMMAND" for the first (--data_dir
+// with synthetic data, --num_classes with a real dataset, --stream_images
+// without an image folder, ...).
+absl::Status CheckIgnoredDataFlags(const std::string& dataset,
+                                   const std::string& command);
+
+// --gpu given with `backend` "cpu": INVALID_ARGUMENT as above.
+absl::Status CheckIgnoredBackendFlags(const std::string& backend,
+                                      const std::string& command);
+
 }  // namespace pstrain
 
 #endif  // PSTRAIN_CLI_COMMAND_HELP_H_

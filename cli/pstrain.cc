@@ -27,7 +27,6 @@
 #include <filesystem>
 #include <memory>
 #include <string>
-#include <thread>
 #include <utility>
 #include <vector>
 
@@ -39,25 +38,20 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
-#include "absl/time/clock.h"
 #include "cli/certs_command.h"
 #include "cli/command_help.h"
 #include "cli/compare.h"
+#include "cli/eval_command.h"
 #include "cli/job_commands.h"
 #include "cli/launch_lines.h"
 #include "cli/local_job.h"
 #include "cli/node_agent.h"
 #include "common/flags_util.h"
-#include "common/regular_file.h"
 #include "common/status_macros.h"
 #include "common/tls_flags.h"
 #include "coordinator/job_spec.h"
-#include "models/model.h"
-#include "models/model_file.h"
-#include "worker/checkpoint.h"
 #include "worker/data_flags.h"
 #include "worker/dataset.h"
-#include "worker/input_pipeline.h"
 #include "worker/trainer.h"
 
 ABSL_FLAG(std::string, model, "lenet5",
@@ -295,61 +289,6 @@ absl::StatusOr<Placement> PlacementFromFlags() {
                         absl::GetFlag(FLAGS_coordinator_host));
 }
 
-// The dataset flags that `dataset` would ignore, given on the command line
-// of `command` (run, compare, eval): an error naming the first.
-absl::Status CheckIgnoredDataFlags(const std::string& dataset,
-                                   const std::string& command) {
-  auto ignored = [&](const char* flag, const std::string& why) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--", flag, " would be ignored: ", why,
-                     "; see pstrain help ", command));
-  };
-  if (dataset == "synthetic") {
-    for (const char* flag : {"data_dir", "bad_images", "stream_images",
-                             "max_dataset_memory", "augment"}) {
-      if (FlagSpecified(flag)) {
-        return ignored(flag, "--dataset=synthetic reads no files");
-      }
-    }
-    return absl::OkStatus();
-  }
-  for (const char* flag : {"num_classes", "synthetic_samples"}) {
-    if (FlagSpecified(flag)) {
-      return ignored(
-          flag, absl::StrCat("it is for --dataset=synthetic, not ", dataset));
-    }
-  }
-  if (dataset != "image_folder") {
-    if (FlagSpecified("image_size")) {
-      return ignored("image_size",
-                     absl::StrCat("it is for --dataset=synthetic or "
-                                  "image_folder, not ",
-                                  dataset));
-    }
-    for (const char* flag :
-         {"bad_images", "stream_images", "max_dataset_memory", "augment"}) {
-      if (FlagSpecified(flag)) {
-        return ignored(flag, absl::StrCat("it is for --dataset=image_folder, "
-                                          "not ",
-                                          dataset));
-      }
-    }
-  }
-  return absl::OkStatus();
-}
-
-// --gpu with --backend=cpu.
-absl::Status CheckIgnoredBackendFlags(const std::string& backend,
-                                      const std::string& command) {
-  if (backend == "cpu" && FlagSpecified("gpu")) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--gpu would be ignored: it is for --backend=cuda; see "
-                     "pstrain help ",
-                     command));
-  }
-  return absl::OkStatus();
-}
-
 // The flags that `spec` (built from them) would ignore, given on the
 // command line anyway: an error naming the first, so that nobody believes a
 // flag took effect that did not. `command` is "run" or "compare".
@@ -530,96 +469,6 @@ absl::StatusOr<std::unique_ptr<Dataset>> CheckDataFromFlags() {
   if (absl::Status s = CheckBackendFlags(); !s.ok()) return s;
   ASSIGN_OR_RETURN(Dataset dataset, ListDatasetFromFlags());
   return std::make_unique<Dataset>(std::move(dataset));
-}
-
-// pstrain eval --checkpoint=PATH: test loss and accuracy of a saved model
-// on the dataset of --dataset/--data_dir (the model, its input shape and
-// classes come from the file's metadata).
-int Eval() {
-  absl::Status ignored =
-      CheckIgnoredDataFlags(absl::GetFlag(FLAGS_dataset), "eval");
-  if (ignored.ok()) {
-    ignored = CheckIgnoredBackendFlags(absl::GetFlag(FLAGS_backend), "eval");
-  }
-  if (!ignored.ok()) return Fail(2, std::string(ignored.message()));
-  if (absl::GetFlag(FLAGS_checkpoint).empty()) {
-    return Fail(2,
-                "--checkpoint: expected a model file, a checkpoint_dir or a "
-                "step-<N> folder of one");
-  }
-  // A checkpoint's model file is read against its manifest (size, crc32,
-  // model, dataset, step, tensors).
-  absl::StatusOr<CheckpointModelFile> file =
-      FindModelFile(absl::GetFlag(FLAGS_checkpoint));
-  if (!file.ok()) return Fail(2, std::string(file.status().message()));
-  const std::string& path = file->path;
-  absl::StatusOr<ModelFileInfo> info = ReadModelFileInfo(path, file->options);
-  if (!info.ok()) return Fail(2, std::string(info.status().message()));
-  if (file->manifest && (info->model != file->manifest->job.model ||
-                         info->dataset != file->manifest->job.dataset ||
-                         info->steps != file->manifest->step)) {
-    return Fail(2,
-                absl::StrCat(path, ": a ", EscapeForMessage(info->model),
-                             " of dataset ", EscapeForMessage(info->dataset),
-                             " at step ", info->steps, "; its manifest says ",
-                             EscapeForMessage(file->manifest->job.model), ", ",
-                             EscapeForMessage(file->manifest->job.dataset),
-                             ", step ", file->manifest->step));
-  }
-  if (absl::Status s = CheckBackendFlags(); !s.ok()) {
-    return Fail(2, std::string(s.message()));
-  }
-  absl::StatusOr<Dataset> dataset = LoadDatasetFromFlags();
-  if (!dataset.ok()) return Fail(2, std::string(dataset.status().message()));
-  if (dataset->test.chw != info->input_chw ||
-      dataset->num_classes != info->num_classes) {
-    return Fail(
-        2, absl::StrCat(path, ": a ", info->model, " for ",
-                        ShapeToString(info->input_chw), " inputs and ",
-                        info->num_classes, " classes; dataset ", dataset->name,
-                        " has ", ShapeToString(dataset->test.chw), " and ",
-                        dataset->num_classes));
-  }
-  absl::StatusOr<std::unique_ptr<Backend>> backend =
-      Backend::Create(absl::GetFlag(FLAGS_backend), absl::GetFlag(FLAGS_gpu));
-  if (!backend.ok()) return Fail(2, std::string(backend.status().message()));
-  absl::StatusOr<std::unique_ptr<Model>> model =
-      Model::Create(info->model, info->input_chw, info->num_classes,
-                    ModelOptions(), backend->get());
-  if (!model.ok()) return Fail(2, std::string(model.status().message()));
-  if (file->manifest) {
-    if (absl::Status s =
-            CheckManifestModel(*file->manifest, (*model)->PsTensorNames(),
-                               (*model)->PsTensorShapes(),
-                               static_cast<int>((*model)->buffers().size()));
-        !s.ok()) {
-      return Fail(2, std::string(s.message()));
-    }
-  }
-  if (absl::Status s = LoadModelFile(path, model->get(), file->options);
-      !s.ok()) {
-    return Fail(2, std::string(s.message()));
-  }
-  const int eval_batch =
-      FlagSpecified("batch_size") ? absl::GetFlag(FLAGS_batch_size) : 100;
-  if (eval_batch < 1 || eval_batch > 65536) {
-    return Fail(
-        2, absl::StrCat("--batch_size: ", eval_batch, "; expected 1 to 65536"));
-  }
-  const absl::Time start = absl::Now();
-  absl::StatusOr<Evaluation> eval =
-      EvaluateModel(**model, *dataset, eval_batch,
-                    InputThreadsForCores(
-                        static_cast<int>(std::thread::hardware_concurrency())));
-  if (!eval.ok()) return Fail(1, eval.status().ToString());
-  std::printf(
-      "%s: %s after %lld steps, %s test set (%lld samples) on %s: test loss "
-      "%.4f, test accuracy: %.4f (%.2f sec)\n",
-      path.c_str(), info->model.c_str(), static_cast<long long>(info->steps),
-      dataset->name.c_str(), static_cast<long long>(dataset->test.count),
-      (*backend)->name().c_str(), eval->loss, eval->accuracy,
-      absl::ToDoubleSeconds(absl::Now() - start));
-  return 0;
 }
 
 // --max_restarts: -1 (a default that depends on --checkpoint_dir) or a
@@ -1038,7 +887,12 @@ int main(int argc, char** argv) {
   }
   if (command == "run" && args.empty()) return pstrain::Run();
   if (command == "compare" && args.empty()) return pstrain::Compare();
-  if (command == "eval" && args.empty()) return pstrain::Eval();
+  if (command == "eval" && args.empty()) {
+    return pstrain::EvalCommand(absl::GetFlag(FLAGS_checkpoint),
+                                pstrain::FlagSpecified("batch_size")
+                                    ? absl::GetFlag(FLAGS_batch_size)
+                                    : 100);
+  }
   if (command == "certs") return pstrain::CertsCommand(args);
   if (command == "submit") return pstrain::SubmitCommand(args);
   if (command == "status") return pstrain::StatusCommand(args);
