@@ -372,15 +372,6 @@ absl::Status CheckModeCombinations(const JobConfig& config) {
                               "; expected 0 (backup workers are for mode "
                               "sync)"));
     }
-    if (spec.staleness() > 0) {
-      return Bad("backup_workers",
-                 absl::StrCat(spec.backup_workers(), " with staleness ",
-                              spec.staleness(),
-                              "; expected 0 (not built yet: the shards "
-                              "decide a backup step by its first ends, one "
-                              "step at a time; docs/ARCHITECTURE.md, Step "
-                              "policies)"));
-    }
   }
   if (spec.staleness() > 0 && config.mode != MODE_SYNC) {
     return Bad("staleness",

@@ -253,12 +253,6 @@ TEST(JobSpecTest, RangesAcceptTheirBoundsAndRefuseOneBeyond) {
        "mode: \"async\"",
        "backup_workers: 1 with mode async; expected 0 (backup workers are "
        "for mode sync)"},
-      {"num_ps: 1 num_workers: 3 batch_size: 8 epochs: 1 staleness: 1",
-       "num_ps: 1 num_workers: 3 batch_size: 8 epochs: 1 backup_workers: 1 "
-       "staleness: 1",
-       "backup_workers: 1 with staleness 1; expected 0 (not built yet: the "
-       "shards decide a backup step by its first ends, one step at a time; "
-       "docs/ARCHITECTURE.md, Step policies)"},
       {base + "dataset: \"image_folder\" data_dir: \"/d\" stream_images: true",
        base + "stream_images: true",
        "stream_images: true with dataset fashion_mnist; expected false "
@@ -332,7 +326,8 @@ TEST(JobSpecTest, StalenessAndBackupsComposeWithCheckpointsRestartsAndClip) {
   // Issue 36: with staleness the shards take a deferred cut at the step
   // worker 0 names, with backup workers at the step shard 0 picks; both
   // clip by the norm of the step's average (the admitted workers' one).
-  for (const char* policy : {"staleness: 2", "backup_workers: 1"}) {
+  for (const char* policy : {"staleness: 2", "backup_workers: 1",
+                             "backup_workers: 1 staleness: 2"}) {
     for (const char* extra :
          {"checkpoint_every_steps: 50", "checkpoint_every_secs: 60",
           "checkpoint_every_steps: 50 resume: true",

@@ -77,8 +77,11 @@
 //    by an admitted worker skips the step; a late worker's report does
 //    not. A push of a step already decided is dropped and counted
 //    (ShardStats::late_pushes), OK. Samples are counted from the admitted
-//    ends (the late workers' batches are not trained on). No staleness
-//    with backups (docs/ARCHITECTURE.md, "Step policies", says why).
+//    ends (the late workers' batches are not trained on). With staleness
+//    s too, the ends of steps decided + 1 to decided + 1 + s are admitted
+//    at once (each step's first R), and steps are decided in order, each
+//    once its R admitted ends are in and the step before it is decided; a
+//    late worker goes on from the oldest version its pull returned.
 //    Checkpoints: worker 0 may be late, so the cut is decided where the
 //    admissions are, on shard 0 (HoldCheckpointStep()): the first step
 //    shard 0 has admitted no end of, whose admissions it holds until every

@@ -240,16 +240,18 @@ absl::StatusOr<bool> ParameterShard::EndStepWithBackups(
       return current;
     }
   }
-  if (step > ending_step_) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("worker ", worker_id, " ended step ", step, " but shard ",
-                     options_.shard_index, " is collecting the ends of step ",
-                     ending_step_));
+  const int s = policy_.staleness();
+  if (step > ending_step_ + s) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "worker ", worker_id, " ended step ", step, " but shard ",
+        options_.shard_index, " is collecting the ends of step ", ending_step_,
+        s == 0 ? "" : absl::StrCat(" to ", ending_step_ + s)));
   }
-  // Clipping: the step's R admitted ends may be in already, its norm
-  // awaited.
+  // The step's R admitted ends may be in already (staleness: it waits for
+  // the step before it; clipping: for its norm).
   const bool admissions_full =
-      step == ending_step_ && ends_[0].num_ended >= policy_.ends_to_decide();
+      step >= ending_step_ &&
+      ends_[SlotIndex(step)].num_ended >= policy_.ends_to_decide();
   if (step < ending_step_ || admissions_full ||
       claim == AdmissionClaim::kLate) {
     if (claim == AdmissionClaim::kAdmitted) {
@@ -263,23 +265,27 @@ absl::StatusOr<bool> ParameterShard::EndStepWithBackups(
     late_steps_.fetch_add(1, std::memory_order_relaxed);
     return false;
   }
-  StepEnds& ends = ends_[0];
-  auto pushed = [worker_id](const ChunkState& c)
-                    ABSL_NO_THREAD_SAFETY_ANALYSIS {
-                      return c.slots[0].has_pending[worker_id];
-                    };
+  StepEnds& ends = ends_[SlotIndex(step)];
+  // No admitted step is decided before its end, so the chunk is at most
+  // at `step` and holds its push there.
+  auto pushed = [this, worker_id,
+                 step](const ChunkState& c) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    return c.version <= step && c.slots[SlotIndex(step)].has_pending[worker_id];
+  };
   if (absl::Status added =
           AddEndLocked(ends, worker_id, step, nonfinite, pushed);
       !added.ok()) {
     return added;
   }
   samples_.fetch_add(samples, std::memory_order_relaxed);
-  if (ends.num_ended == policy_.ends_to_decide()) {
+  // Decide every step whose admissions are complete, oldest first
+  // (staleness: later steps' may be complete before the oldest's).
+  while (ends_[SlotIndex(ending_step_)].num_ended >= policy_.ends_to_decide()) {
     if (clipping()) {
       if (MaybeAwaitNormLocked()) NoteUpdate();  // wakes the pulls
-    } else {
-      DecideWithBackupsLocked(step, ends);
+      break;  // ApplyStepNorm() decides, then looks at the next step
     }
+    DecideWithBackupsLocked(ending_step_, ends_[SlotIndex(ending_step_)]);
   }
   return true;
 }
@@ -299,9 +305,14 @@ absl::StatusOr<int64_t> ParameterShard::HoldCheckpointStep(
         "step"));
   }
   absl::MutexLock lock(&step_mu_);
-  const int64_t first_open =
-      ends_[0].num_ended > 0 ? ending_step_ + 1 : ending_step_;
-  hold_step_ = std::max(min_step, first_open);
+  // The first step at or after worker 0's with no admitted end (staleness:
+  // the ends of s + 1 steps are admitted at once).
+  int64_t cut = std::max(min_step, ending_step_);
+  while (cut <= ending_step_ + policy_.staleness() &&
+         ends_[SlotIndex(cut)].num_ended > 0) {
+    ++cut;
+  }
+  hold_step_ = cut;
   hold_until_ = absl::Now() + hold;
   return hold_step_;
 }

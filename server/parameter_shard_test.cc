@@ -1081,13 +1081,14 @@ struct BackupJob {
 
   // `replicas`: R (0: no backups, kWorkers workers; a reference run with
   // `workers` workers). `clip` > 0: SGD clipping by that global norm.
-  BackupJob(int workers, int replicas, double clip = 0)
+  BackupJob(int workers, int replicas, double clip = 0, int staleness = 0)
       : plan(*PartitionPlan::Create({6, 2}, 16, 2)) {
     std::vector<InitChunk> all = InitChunks();
     for (int s = 0; s < 2; ++s) {
       ShardOptions options = clip > 0 ? ClippingSgdOptions(workers)
                                       : Options(workers, SyncMode::kSync);
       options.clip_grad_norm = clip;
+      options.staleness = staleness;
       options.shard_index = s;
       options.num_shards = 2;
       options.replicas_to_aggregate = replicas;
@@ -1555,6 +1556,85 @@ TEST(ParameterShardTest, BackupWorkersCheckpointIsShardZerosCut) {
       arbiter.EndStepWithBackups(0, 3, nullptr, 0, AdmissionClaim::kDecide, 8)
           .ok());
   EXPECT_GE(absl::Now() - before, absl::Milliseconds(50));
+}
+
+// Backup workers with staleness (issue 36): a fast worker pushes and ends
+// step 1 before step 0 is decided; each step is still decided by its first
+// R admitted ends, in step order, so the weights equal backups without
+// staleness with the same admitted sets, bit for bit. Shard 0's checkpoint
+// cut skips every step with an admitted end.
+TEST(ParameterShardTest, BackupWorkersWithStalenessDecideInStepOrder) {
+  BackupJob job(BackupJob::kWorkers, 2, /*clip=*/0, /*staleness=*/1);
+  ParameterShard& arbiter = *job.shards[0];
+  ParameterShard& other = *job.shards[1];
+  auto end = [&](int w, int64_t t, bool admitted) {
+    for (ParameterShard* shard : {&arbiter, &other}) {
+      absl::StatusOr<bool> a =
+          shard->EndStepWithBackups(w, t, nullptr, 0,
+                                    shard == &arbiter ? AdmissionClaim::kDecide
+                                    : admitted ? AdmissionClaim::kAdmitted
+                                               : AdmissionClaim::kLate,
+                                    8);
+      ASSERT_TRUE(a.ok()) << w << " " << t << ": " << a.status();
+      EXPECT_EQ(*a, admitted) << w << " " << t;
+    }
+  };
+  auto push = [&](int w, int64_t t) {
+    for (int s = 0; s < 2; ++s) job.Push(s, w, t);
+  };
+  // Worker 0 runs a step ahead: steps 0 and 1 admitted, nothing decided.
+  push(0, 0);
+  end(0, 0, true);
+  push(0, 1);
+  end(0, 1, true);
+  EXPECT_EQ(arbiter.Stats().min_version, 0);
+  // Step 2 is past the bound (step 0 undecided).
+  const ChunkSpec c = job.plan.ChunksOfShard(0)[0];
+  EXPECT_EQ(
+      arbiter.Push(0, c.param_id, c.chunk_index, 2, Gradient(0, 2, c)).code(),
+      absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(
+      arbiter.EndStepWithBackups(0, 2, nullptr, 0, AdmissionClaim::kDecide, 8)
+          .status()
+          .message(),
+      "worker 0 ended step 2 but shard 0 is collecting the ends of step 0 to "
+      "1");
+  // A checkpoint asked for at step 0: steps 0 and 1 have admitted ends, so
+  // the cut is step 2.
+  absl::StatusOr<int64_t> cut = arbiter.HoldCheckpointStep(0, absl::Seconds(5));
+  ASSERT_TRUE(cut.ok()) << cut.status();
+  EXPECT_EQ(*cut, 2);
+  arbiter.ReleaseCheckpointHold();
+  // Worker 2 ends step 1 first (admitted, the second: step 1 complete but
+  // waiting for step 0), then step 0 (admitted: both decided, in order);
+  // worker 1's step 0 is late.
+  push(2, 1);
+  end(2, 1, true);
+  EXPECT_EQ(arbiter.Stats().min_version, 0);
+  push(2, 0);
+  end(2, 0, true);
+  EXPECT_EQ(arbiter.Stats().min_version, 2);
+  EXPECT_EQ(other.Stats().min_version, 2);
+  push(1, 0);  // after the decision: dropped, counted
+  end(1, 0, false);
+  EXPECT_GT(arbiter.Stats().late_pushes, 0);
+
+  // The reference: backups without staleness, the same admitted sets.
+  BackupJob reference(BackupJob::kWorkers, 2);
+  for (int64_t t = 0; t < 2; ++t) {
+    for (int w : {0, 2}) {
+      for (int s = 0; s < 2; ++s) reference.Push(s, w, t);
+      for (int s = 0; s < 2; ++s) {
+        ASSERT_TRUE(reference.shards[s]
+                        ->EndStepWithBackups(w, t, nullptr, 0,
+                                             s == 0 ? AdmissionClaim::kDecide
+                                                    : AdmissionClaim::kAdmitted,
+                                             8)
+                        .ok());
+      }
+    }
+  }
+  EXPECT_EQ(job.Weights(2), reference.Weights(2));
 }
 
 }  // namespace

@@ -11,6 +11,7 @@ StepPolicy::StepPolicy(const ShardOptions& options)
     kind_ = Kind::kAsync;
   } else if (r > 0 && r < options.num_workers) {
     kind_ = Kind::kBackups;
+    staleness_ = options.staleness;
     ends_to_decide_ = r;
     admission_arbiter_ = options.shard_index == 0;
   } else {
@@ -35,6 +36,7 @@ std::string StepPolicy::Describe() const {
     case Kind::kBackups:
       text = absl::StrCat("sync with backup workers (", ends_to_decide_, " of ",
                           num_workers_, ")");
+      if (staleness_ > 0) absl::StrAppend(&text, " and staleness ", staleness_);
       break;
     case Kind::kAsync:
       text = "async";
@@ -84,9 +86,9 @@ StepPolicy::Cut StepPolicy::checkpoint_cut() const {
 }
 
 StepPolicy::Rejoin StepPolicy::rejoin() const {
-  // With staleness the shards hold several undecided steps' updates, and
-  // async has no step to reopen at.
-  return kind_ == Kind::kSync || kind_ == Kind::kBackups
+  // With staleness the shards hold several undecided steps' pushes (and
+  // without backups their updates), and async has no step to reopen at.
+  return staleness_ == 0 && (kind_ == Kind::kSync || kind_ == Kind::kBackups)
              ? Rejoin::kReopenInPlace
              : Rejoin::kRestoreCheckpoint;
 }

@@ -8,7 +8,10 @@
 //    collected at once, steps decided in order.
 //  - kBackups (R of N): shard 0 admits the first R ends of a step, which
 //    decide it; the update averages the admitted workers' pushes and is
-//    applied at the decision; later pushes are dropped.
+//    applied at the decision; later pushes are dropped. With staleness
+//    s > 0 too, the ends of s + 1 steps are admitted at once (a fast
+//    worker runs up to s steps past the oldest undecided one), steps
+//    decided in order.
 //  - kAsync: no steps; every push is applied at once.
 // Clipping moves a sync or staleness update to the decision too (the
 // step's norm decides it). See server/parameter_shard.h for the
@@ -62,8 +65,7 @@ class StepPolicy {
     kRestoreCheckpoint,  // every shard restored to the newest checkpoint
   };
 
-  // Backup workers win over staleness (the job spec refuses both); async
-  // ignores staleness, backups and clipping.
+  // Async ignores staleness, backups and clipping.
   explicit StepPolicy(const ShardOptions& options);
 
   Kind kind() const { return kind_; }
@@ -75,7 +77,7 @@ class StepPolicy {
   // for its decision. False only in async mode.
   bool has_steps() const { return kind_ != Kind::kAsync; }
   // s: how many steps a worker may run ahead of the oldest undecided one;
-  // 0 unless kStaleness.
+  // 0 unless kStaleness or kBackups with staleness.
   int staleness() const { return staleness_; }
   // How many steps' pushes and ends are collected at once (s + 1); a
   // step's slot is step % open_steps(). 1 in async mode (its one slot

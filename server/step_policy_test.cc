@@ -144,13 +144,18 @@ TEST(StepPolicyTest, EveryReplicaOrNoneIsPlainSync) {
   }
 }
 
-TEST(StepPolicyTest, BackupsWinOverStaleness) {
+TEST(StepPolicyTest, BackupsWithStalenessAdmitSeveralStepsAndRestore) {
   ShardOptions options = Backups(3);
   options.staleness = 2;
   const StepPolicy p(options);
   EXPECT_EQ(p.kind(), Kind::kBackups);
-  EXPECT_EQ(p.staleness(), 0);
-  EXPECT_EQ(p.open_steps(), 1);
+  EXPECT_EQ(p.staleness(), 2);
+  EXPECT_EQ(p.open_steps(), 3);
+  EXPECT_EQ(p.ends_to_decide(), 3);
+  EXPECT_EQ(p.checkpoint_cut(), StepPolicy::Cut::kPickedByShardZero);
+  // Pushes of several steps are pending: a restore, not a reopen.
+  EXPECT_EQ(p.rejoin(), StepPolicy::Rejoin::kRestoreCheckpoint);
+  EXPECT_EQ(p.Describe(), "sync with backup workers (3 of 4) and staleness 2");
 }
 
 TEST(StepPolicyTest, AsyncAppliesEachPushAndIgnoresTheSyncOptions) {

@@ -10,7 +10,8 @@
 //  - 1 backup worker of 3 (each step averages the first 2 ends), with and
 //    without clip_grad_norm (the norm of the admitted workers' average):
 //    shard 0 picks each checkpoint's cut, the first step it admitted no
-//    end of (ParameterShard::HoldCheckpointStep).
+//    end of (ParameterShard::HoldCheckpointStep);
+//  - both at once, with clipping.
 // A job stopped after a checkpoint resumes from its data position; a shard
 // or a worker killed with SIGKILL at a random moment after the first
 // checkpoint is restarted and the job goes on. Each run exits 0 within a
@@ -68,6 +69,10 @@ const Policy kPolicies[] = {
     {"backups", {"--num_workers=3", "--backup_workers=1"}, true},
     {"backups_clip",
      {"--num_workers=3", "--backup_workers=1", "--clip_grad_norm=1"},
+     true},
+    {"backups_staleness_clip",
+     {"--num_workers=3", "--backup_workers=1", "--staleness=2",
+      "--clip_grad_norm=1"},
      true},
 };
 

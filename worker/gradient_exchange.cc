@@ -70,8 +70,10 @@ class PsExchange : public GradientExchange {
       // Late (the shards decided the step without this worker), or a pull
       // that straddled a later step decided without it: the weights are
       // pulled again, whole, at the newest version, and the worker goes
-      // on from there (its gradients are computed on one version).
-      while (client_->last_max_version() > version_) {
+      // on from there (its gradients are computed on one version). With
+      // staleness a pull's chunks may be at several versions anyway: the
+      // worker goes on from the oldest, if it is past the worker's step.
+      while (staleness_ == 0 && client_->last_max_version() > version_) {
         ASSIGN_OR_RETURN(
             version_,
             client_->PushPull(0, {}, client_->last_max_version(), 0, weights_));
