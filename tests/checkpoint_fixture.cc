@@ -287,7 +287,7 @@ absl::StatusOr<std::unique_ptr<CheckpointRig>> CheckpointRig::Create(
       rig->exchange_->Start(rig->weights_, resumed ? &resume : nullptr));
 
   CheckpointJobInfo job;
-  job.mode = "sync";
+  job.mode = MODE_SYNC;
   job.model = model->name();
   job.dataset = "checkpoint_fixture";
   job.num_shards = options.num_shards;

@@ -34,7 +34,7 @@ Dataset MakeDataset(int64_t count) {
 }
 
 struct RunConfig {
-  std::string mode = "sync";  // or "allreduce"
+  Mode mode = MODE_SYNC;  // or MODE_ALLREDUCE
   std::string model = "lenet5";
   int shards = 2;
   int64_t partition_bytes = 16 << 10;
@@ -51,7 +51,7 @@ constexpr int kBatch = 8;
 // weights.
 std::vector<std::vector<float>> Train(const Dataset& data,
                                       const RunConfig& run) {
-  const bool allreduce = run.mode == "allreduce";
+  const bool allreduce = run.mode == MODE_ALLREDUCE;
   ShardOptions shard_options;
   shard_options.num_workers = kWorkers;
   shard_options.checkpoint_dir = run.dir;
@@ -161,7 +161,7 @@ INSTANTIATE_TEST_SUITE_P(Models, ResumeTest,
 TEST_P(ResumeTest, AllreduceResumesBitForBitAlsoAcrossModes) {
   const Dataset data = MakeDataset(48);
   RunConfig plain;
-  plain.mode = "allreduce";
+  plain.mode = MODE_ALLREDUCE;
   plain.model = GetParam();
   const std::vector<std::vector<float>> uninterrupted = Train(data, plain);
   ASSERT_FALSE(uninterrupted.empty());
@@ -180,18 +180,18 @@ TEST_P(ResumeTest, AllreduceResumesBitForBitAlsoAcrossModes) {
     EXPECT_EQ(Train(data, resumed), uninterrupted);
     // The allreduce checkpoint resumes a sync PS job on 2 shards.
     RewindTo(first.dir, step);
-    resumed.mode = "sync";
+    resumed.mode = MODE_SYNC;
     EXPECT_EQ(Train(data, resumed), uninterrupted);
   }
   // A sync PS checkpoint resumes an allreduce job.
   RunConfig sync = plain;
-  sync.mode = "sync";
+  sync.mode = MODE_SYNC;
   sync.dir = NewDir(absl::StrCat("sync_for_allreduce_", GetParam()));
   sync.checkpoint_every = 2;
   EXPECT_EQ(Train(data, sync), uninterrupted);
   RewindTo(sync.dir, 2);
   RunConfig resumed = sync;
-  resumed.mode = "allreduce";
+  resumed.mode = MODE_ALLREDUCE;
   resumed.resume = true;
   EXPECT_EQ(Train(data, resumed), uninterrupted);
 }

@@ -23,12 +23,12 @@ Dataset MakeDataset(int64_t count) {
   return testing::MakeQuadrantDataset(count, 256, 42);
 }
 
-// `mode` "sync" (two shards) or "allreduce" (Gloo, no shards); `optimizer`
-// (Adam by default) with gradient clipping by global norm at `clip` (0:
-// none).
+// `mode` MODE_SYNC (two shards) or MODE_ALLREDUCE (Gloo, no shards);
+// `optimizer` (Adam by default) with gradient clipping by global norm at
+// `clip` (0: none).
 std::vector<std::vector<float>> Train(
     const Dataset& data, const std::string& model, int workers, int batch_size,
-    int steps, const std::string& mode = "sync",
+    int steps, Mode mode = MODE_SYNC,
     const OptimizerOptions& optimizer = OptimizerOptions(), double clip = 0) {
   ShardOptions shard_options;
   shard_options.num_workers = workers;
@@ -41,7 +41,7 @@ std::vector<std::vector<float>> Train(
   for (int w = 0; w < workers; ++w) {
     threads.emplace_back([&, w] {
       std::unique_ptr<Collective> collective;
-      if (mode == "allreduce") {
+      if (mode == MODE_ALLREDUCE) {
         absl::StatusOr<std::unique_ptr<Collective>> c = Collective::CreateGloo(
             w, workers, "127.0.0.1", &store, "eq", absl::Seconds(60));
         if (!c.ok()) {
@@ -123,8 +123,8 @@ INSTANTIATE_TEST_SUITE_P(Models, SyncEquivalenceTest,
 TEST(AllreduceEquivalence, AllreduceEqualsSyncPsOnTheSameSteps) {
   const Dataset data = MakeDataset(96 * 30);
   for (int workers : {2, 3}) {
-    const auto ps = Train(data, "mlp", workers, 32, 30, "sync");
-    const auto allreduce = Train(data, "mlp", workers, 32, 30, "allreduce");
+    const auto ps = Train(data, "mlp", workers, 32, 30, MODE_SYNC);
+    const auto allreduce = Train(data, "mlp", workers, 32, 30, MODE_ALLREDUCE);
     ASSERT_FALSE(ps.empty());
     ASSERT_EQ(ps.size(), allreduce.size());
     const double relative = RelativeDifference(ps, allreduce);
@@ -133,9 +133,9 @@ TEST(AllreduceEquivalence, AllreduceEqualsSyncPsOnTheSameSteps) {
         "after 30 steps: %.3g\n",
         workers, relative);
     EXPECT_LT(relative, 1e-5) << workers << " workers";
-    EXPECT_GT(
-        RelativeDifference(ps, Train(data, "mlp", workers, 32, 1, "allreduce")),
-        1e-3);
+    EXPECT_GT(RelativeDifference(
+                  ps, Train(data, "mlp", workers, 32, 1, MODE_ALLREDUCE)),
+              1e-3);
   }
 }
 
@@ -149,10 +149,10 @@ TEST(AllreduceEquivalence, ClippingOnThePsEqualsClippingInAllreduce) {
   sgd.kind = OptimizerKind::kSgd;
   sgd.lr = 0.05f;
   sgd.momentum = 0.9f;
-  const auto ps = Train(data, "lenet5", 2, 32, 20, "sync", sgd, 0.5);
+  const auto ps = Train(data, "lenet5", 2, 32, 20, MODE_SYNC, sgd, 0.5);
   const auto allreduce =
-      Train(data, "lenet5", 2, 32, 20, "allreduce", sgd, 0.5);
-  const auto unclipped = Train(data, "lenet5", 2, 32, 20, "sync", sgd, 0);
+      Train(data, "lenet5", 2, 32, 20, MODE_ALLREDUCE, sgd, 0.5);
+  const auto unclipped = Train(data, "lenet5", 2, 32, 20, MODE_SYNC, sgd, 0);
   ASSERT_FALSE(ps.empty());
   ASSERT_EQ(ps.size(), allreduce.size());
   const double relative = RelativeDifference(ps, allreduce);

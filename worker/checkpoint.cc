@@ -381,12 +381,14 @@ absl::StatusOr<CheckpointManifest> ReadCheckpointManifest(
         path, absl::StrCat("step ", m.step, " in folder step-", folder_step));
   }
   CheckpointJobInfo& job = m.job;
-  ASSIGN_OR_RETURN(job.mode, Field<std::string>(path, j, "mode"));
-  if (!ParseMode(job.mode).ok()) {
-    return BadManifest(path, absl::StrCat("mode ", Quoted(job.mode),
+  ASSIGN_OR_RETURN(const std::string mode, Field<std::string>(path, j, "mode"));
+  absl::StatusOr<Mode> parsed_mode = ParseMode(mode);
+  if (!parsed_mode.ok()) {
+    return BadManifest(path, absl::StrCat("mode ", Quoted(mode),
                                           "; expected sync, async or "
                                           "allreduce"));
   }
+  job.mode = *parsed_mode;
   ASSIGN_OR_RETURN(job.model, Field<std::string>(path, j, "model"));
   ASSIGN_OR_RETURN(job.dataset, Field<std::string>(path, j, "dataset"));
   ASSIGN_OR_RETURN(job.num_shards, Field<int>(path, j, "num_shards"));
@@ -749,7 +751,7 @@ absl::Status CheckpointWriter::Finish(
   json j;
   j["format"] = kCheckpointFormat;
   j["step"] = step;
-  j["mode"] = job_.mode;
+  j["mode"] = std::string(Spelling(job_.mode));
   j["model"] = job_.model;
   j["dataset"] = job_.dataset;
   j["num_shards"] = job_.num_shards;

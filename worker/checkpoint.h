@@ -77,6 +77,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/types/span.h"
+#include "catalog/job_config.h"
 #include "optim/adam.h"
 #include "optim/optimizer.h"
 #include "server/shard_checkpoint.h"
@@ -98,7 +99,9 @@ struct DataPosition {
 
 // What every checkpoint of a job records besides its state.
 struct CheckpointJobInfo {
-  std::string mode, model, dataset;
+  // The manifest's "mode" is its spelling (catalog/job_config.h).
+  Mode mode = MODE_SYNC;
+  std::string model, dataset;
   int num_shards = 0;
   int64_t partition_bytes = 0;
   // The optimizer (its name round-trips: a resume with another one is

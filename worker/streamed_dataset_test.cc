@@ -139,18 +139,19 @@ TEST(StreamedDatasetTest, AugmentNamesTheTorchvisionRecipes) {
   ASSERT_TRUE(streamed.ok()) << streamed.status();
   using Crop = AugmentOptions::Crop;
   struct Case {
-    std::string name;
+    AugmentKind augment;
     Crop crop;
     bool hflip;
   };
   for (const Case& c :
-       {Case{"", Crop::kResize, false}, Case{"none", Crop::kResize, false},
-        Case{"random_resized_crop", Crop::kRandomResizedCrop, true},
-        Case{"pad_crop", Crop::kPadCrop, true}}) {
-    absl::StatusOr<AugmentOptions> a = StreamAugmentOptions(*streamed, c.name);
+       {Case{AUGMENT_NONE, Crop::kResize, false},
+        Case{AUGMENT_RANDOM_RESIZED_CROP, Crop::kRandomResizedCrop, true},
+        Case{AUGMENT_PAD_CROP, Crop::kPadCrop, true}}) {
+    absl::StatusOr<AugmentOptions> a =
+        StreamAugmentOptions(*streamed, c.augment);
     ASSERT_TRUE(a.ok()) << a.status();
-    EXPECT_EQ(a->crop, c.crop) << c.name;
-    EXPECT_EQ(a->hflip, c.hflip) << c.name;
+    EXPECT_EQ(a->crop, c.crop) << Spelling(c.augment);
+    EXPECT_EQ(a->hflip, c.hflip) << Spelling(c.augment);
     EXPECT_EQ(a->out_size, 8);
     EXPECT_EQ(a->channels, 3);
     EXPECT_EQ(a->pad, 4);
@@ -162,12 +163,12 @@ TEST(StreamedDatasetTest, AugmentNamesTheTorchvisionRecipes) {
                     static_cast<float>(streamed->channel_stddev[2]));
   }
   absl::StatusOr<AugmentOptions> bad =
-      StreamAugmentOptions(*streamed, "rotate");
+      StreamAugmentOptions(*streamed, static_cast<AugmentKind>(7));
   ASSERT_FALSE(bad.ok());
   EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(bad.status().message(),
-            "augment: \"rotate\"; expected none, random_resized_crop or "
-            "pad_crop");
+            "augment 7 (not an AugmentKind); expected none, "
+            "random_resized_crop or pad_crop");
 }
 
 TEST(StreamedDatasetTest, UnreadableFilesAreSkippedAtListingOrFailIt) {

@@ -16,6 +16,7 @@
 #include "absl/time/clock.h"
 #include "common/safetensors.h"
 #include "common/status_macros.h"
+#include "models/backend_factory.h"
 #include "models/model.h"
 #include "models/model_file.h"
 #include "worker/checkpoint.h"
@@ -66,7 +67,7 @@ class Workload : public StepCompute {
 InputPipelineOptions StreamInputOptions(const Dataset& dataset,
                                         int64_t batch_size, int threads,
                                         bool idle_priority,
-                                        const std::string& augment = "") {
+                                        AugmentKind augment = AUGMENT_NONE) {
   InputPipelineOptions input;
   input.batch_size = batch_size;
   input.threads = std::max(1, threads);
@@ -93,8 +94,7 @@ class ModelWorkload : public Workload {
       RETURN_IF_ERROR(StreamAugmentOptions(dataset, options.augment).status());
     }
     auto w = absl::WrapUnique(new ModelWorkload(options, dataset));
-    ASSIGN_OR_RETURN(w->backend_,
-                     Backend::Create(options.backend, options.gpu));
+    ASSIGN_OR_RETURN(w->backend_, CreateBackend(options.backend, options.gpu));
     ModelOptions model_options;
     model_options.seed = options.seed;
     model_options.dropout_seed = options.seed * 7919 + options.worker_id;
@@ -231,9 +231,10 @@ class ModelWorkload : public Workload {
             : absl::StrFormat(
                   "; streaming %d image files, decoded on %d input threads%s",
                   dataset_.train.count, std::max(1, options_.input_threads),
-                  options_.augment.empty() || options_.augment == "none"
+                  options_.augment == AUGMENT_NONE
                       ? ""
-                      : absl::StrCat(", augmented by ", options_.augment)));
+                      : absl::StrCat(", augmented by ",
+                                     Spelling(options_.augment))));
   }
 
  private:
@@ -399,23 +400,28 @@ class SyntheticWorkload : public Workload {
 
 }  // namespace
 
-absl::StatusOr<AugmentOptions> StreamAugmentOptions(
-    const Dataset& dataset, const std::string& augment) {
+absl::StatusOr<AugmentOptions> StreamAugmentOptions(const Dataset& dataset,
+                                                    AugmentKind augment) {
   AugmentOptions options;
-  if (augment.empty() || augment == "none") {
-    options.crop = AugmentOptions::Crop::kResize;
-    options.hflip = false;
-  } else if (augment == "random_resized_crop") {
-    options.crop = AugmentOptions::Crop::kRandomResizedCrop;
-    options.hflip = true;
-  } else if (augment == "pad_crop") {
-    options.crop = AugmentOptions::Crop::kPadCrop;
-    options.pad = 4;
-    options.hflip = true;
-  } else {
-    return absl::InvalidArgumentError(
-        absl::StrCat("augment: \"", augment,
-                     "\"; expected none, random_resized_crop or pad_crop"));
+  switch (augment) {
+    case AUGMENT_NONE:
+      options.crop = AugmentOptions::Crop::kResize;
+      options.hflip = false;
+      break;
+    case AUGMENT_RANDOM_RESIZED_CROP:
+      options.crop = AugmentOptions::Crop::kRandomResizedCrop;
+      options.hflip = true;
+      break;
+    case AUGMENT_PAD_CROP:
+      options.crop = AugmentOptions::Crop::kPadCrop;
+      options.pad = 4;
+      options.hflip = true;
+      break;
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat("augment ", static_cast<int>(augment),
+                       " (not an AugmentKind); expected none, "
+                       "random_resized_crop or pad_crop"));
   }
   options.out_size = static_cast<int>(dataset.train.chw[1]);
   options.channels = static_cast<int>(dataset.train.chw[0]);
@@ -490,8 +496,8 @@ absl::StatusOr<Evaluation> EvaluateModel(Model& model, const Dataset& dataset,
 
 namespace {
 
-// The run's kind, from TrainerOptions' mode and compute strings (compared
-// here only), and its options checked.
+// The run's kind, from TrainerOptions' mode and compute, and its options
+// checked.
 struct RunKind {
   bool sync = false;
   bool async = false;
@@ -501,12 +507,13 @@ struct RunKind {
 
 absl::StatusOr<RunKind> KindOf(const TrainerOptions& options) {
   RunKind kind;
-  kind.sync = options.mode == "sync";
-  kind.async = options.mode == "async";
-  kind.allreduce = options.mode == "allreduce";
+  kind.sync = options.mode == MODE_SYNC;
+  kind.async = options.mode == MODE_ASYNC;
+  kind.allreduce = options.mode == MODE_ALLREDUCE;
   if (!kind.sync && !kind.async && !kind.allreduce) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "mode \"", options.mode, "\"; expected sync, async or allreduce"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("mode ", static_cast<int>(options.mode),
+                     " (not a Mode); expected sync, async or allreduce"));
   }
   if (kind.allreduce && options.collective == nullptr) {
     return absl::InvalidArgumentError(
@@ -516,10 +523,11 @@ absl::StatusOr<RunKind> KindOf(const TrainerOptions& options) {
     return absl::InvalidArgumentError(absl::StrCat(
         "batch size ", options.batch_size, "; expected a positive number"));
   }
-  kind.synthetic = options.compute == "synthetic";
-  if (!kind.synthetic && options.compute != "model") {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "compute \"", options.compute, "\"; expected model or synthetic"));
+  kind.synthetic = options.compute == COMPUTE_SYNTHETIC;
+  if (!kind.synthetic && options.compute != COMPUTE_MODEL) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("compute ", static_cast<int>(options.compute),
+                     " (not a ComputeKind); expected model or synthetic"));
   }
   return kind;
 }
@@ -706,15 +714,15 @@ void DescribeRun(const TrainerOptions& options, const RunKind& kind,
   result->set_num_ps(
       kind.allreduce ? 0 : static_cast<int>(options.ps_addresses.size()));
   result->set_num_workers(options.num_workers);
-  result->set_mode(options.mode);
+  result->set_mode(std::string(Spelling(options.mode)));
   result->set_model(kind.synthetic ? "synthetic" : options.model);
   result->set_dataset(kind.synthetic ? "none" : dataset.name);
   result->set_batch_size(options.batch_size);
   result->set_epochs(options.epochs);
   result->set_num_parameters(workload.num_parameters());
-  result->set_compute(options.compute);
+  result->set_compute(std::string(Spelling(options.compute)));
   result->set_train_samples(kind.synthetic ? 0 : dataset.train.count);
-  result->set_backend(options.backend);
+  result->set_backend(std::string(Spelling(options.backend)));
   int64_t elements = 0;
   for (int64_t n : workload.TensorNumElements()) elements += n;
   result->set_model_bytes(elements * 4);

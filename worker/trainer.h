@@ -27,6 +27,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "catalog/job_config.h"
 #include "common/partition.h"
 #include "grpcpp/security/credentials.h"
 #include "models/model.h"
@@ -48,8 +49,8 @@ struct TrainerOptions {
   // TLS to the shards as this worker (common/tls.h); null: plaintext.
   std::shared_ptr<grpc::ChannelCredentials> ps_credentials;
   std::string model = "lenet5";
-  // "cpu" or "cuda" (see models/backend.h) and the GPU index for cuda.
-  std::string backend = "cpu";
+  // The backend (models/backend_factory.h) and the GPU index for cuda.
+  BackendKind backend = BACKEND_CPU;
   int gpu = 0;
   // Batch size of the test-set evaluation; 0: twice batch_size, at most
   // 500. Evaluation keeps a forward pass's activations like training does,
@@ -64,24 +65,25 @@ struct TrainerOptions {
   // (InputPipelineOptions::idle_priority), beside a step that has every
   // core (a CPU worker).
   bool input_idle_priority = false;
-  // Streamed datasets: training-batch augmentation (JobSpec.augment: "",
-  // "none", "random_resized_crop" or "pad_crop"; StreamAugmentOptions).
-  std::string augment;
-  // "sync" or "async" (must match the shards' mode), or "allreduce" (no
-  // shards; see worker/gradient_exchange.h).
-  std::string mode = "sync";
+  // Streamed datasets: training-batch augmentation (JobSpec.augment;
+  // StreamAugmentOptions).
+  AugmentKind augment = AUGMENT_NONE;
+  // MODE_SYNC or MODE_ASYNC (must match the shards' mode), or
+  // MODE_ALLREDUCE (no shards; see worker/gradient_exchange.h).
+  Mode mode = MODE_SYNC;
   // allreduce: the workers' collective (not owned), the optimizer
   // (applied on every worker; server/optimizer.h) and the largest gradient
   // bucket, bytes. Every mode: its lr schedule gives the metrics' lr.
   Collective* collective = nullptr;
   OptimizerOptions adam;
   int64_t bucket_bytes = 25 << 20;
-  // "model": forward and backward of `model` on the dataset's batches.
-  // "synthetic": a stand-in for a GPU (emulated-link runs): each step sleeps
-  // `compute_ms` and offers `model_bytes` of fixed gradients (fp32 tensors
-  // of at most 1 MiB); no dataset, no evaluation, and max_steps_per_epoch
-  // (> 0) steps per epoch. The exchange is the real one.
-  std::string compute = "model";
+  // COMPUTE_MODEL: forward and backward of `model` on the dataset's
+  // batches. COMPUTE_SYNTHETIC: a stand-in for a GPU (emulated-link runs):
+  // each step sleeps `compute_ms` and offers `model_bytes` of fixed
+  // gradients (fp32 tensors of at most 1 MiB); no dataset, no evaluation,
+  // and max_steps_per_epoch (> 0) steps per epoch. The exchange is the real
+  // one.
+  ComputeKind compute = COMPUTE_MODEL;
   double compute_ms = 0;
   int64_t model_bytes = 0;
   // Synthetic: the last `backward_fraction` (0..1) of compute_ms announces
@@ -213,15 +215,16 @@ struct Evaluation {
 absl::StatusOr<Evaluation> EvaluateModel(Model& model, const Dataset& dataset,
                                          int batch_size, int input_threads = 1);
 
-// How a streamed image_folder split becomes batches: with `augment` "" or
-// "none" (evaluation, and training by default) kResize to the split's
+// How a streamed image_folder split becomes batches: with `augment`
+// AUGMENT_NONE (evaluation, and training by default) kResize to the split's
 // size, no flip, the dataset's channel statistics: the in-memory reader's
 // pixels, so that streaming changes where the pixels are decoded, not what
-// the model sees. "random_resized_crop": kRandomResizedCrop (torchvision's
-// defaults) and a flip; "pad_crop": kPadCrop with 4 pixels and a flip; the
-// same size and statistics. INVALID_ARGUMENT for another name.
+// the model sees. AUGMENT_RANDOM_RESIZED_CROP: kRandomResizedCrop
+// (torchvision's defaults) and a flip; AUGMENT_PAD_CROP: kPadCrop with 4
+// pixels and a flip; the same size and statistics. INVALID_ARGUMENT for a
+// number outside the enum.
 absl::StatusOr<AugmentOptions> StreamAugmentOptions(
-    const Dataset& dataset, const std::string& augment = "");
+    const Dataset& dataset, AugmentKind augment = AUGMENT_NONE);
 
 }  // namespace pstrain
 

@@ -245,19 +245,18 @@ absl::StatusOr<pstrain::TrainerOptions> TrainerOptionsOf(
   if (!credentials.ok()) return credentials.status();
   if (!agent.options().tls.insecure) options.ps_credentials = *credentials;
   options.model = spec.model();
-  // TrainerOptions still takes the choices' spellings (worker/trainer.h).
-  options.mode = std::string(pstrain::Spelling(config.mode));
+  options.mode = config.mode;
   options.collective = collective;
   options.bucket_bytes = spec.bucket_bytes();
   options.adam = pstrain::OptimizerOptionsOf(config);
-  options.compute = std::string(pstrain::Spelling(config.compute));
+  options.compute = config.compute;
   options.compute_ms = spec.compute_ms();
   options.model_bytes = spec.model_bytes();
   options.backward_fraction = spec.backward_fraction();
   options.batch_size = spec.batch_size();
   options.input_threads = threads.input_threads;
   options.input_idle_priority = threads.idle_input;
-  options.augment = std::string(pstrain::Spelling(config.augment));
+  options.augment = config.augment;
   options.epochs = spec.epochs();
   options.seed = spec.seed();
   options.log_every_steps = spec.log_every_steps();
@@ -306,7 +305,7 @@ absl::StatusOr<pstrain::TrainerOptions> TrainerOptionsOf(
   if (!spec.checkpoint_dir().empty()) {
     options.model_out = spec.checkpoint_dir() + "/model.safetensors";
   }
-  options.backend = std::string(pstrain::Spelling(config.backend));
+  options.backend = config.backend;
   options.gpu = absl::GetFlag(FLAGS_gpu);
   options.init_timeout = absl::Seconds(absl::GetFlag(FLAGS_init_timeout_s));
   options.rpc_timeout = absl::Seconds(absl::GetFlag(FLAGS_rpc_timeout_s));
