@@ -5,17 +5,15 @@
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
-#include <map>
 #include <memory>
 #include <thread>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
-#include "cli/local_cluster.h"
+#include "cli/node_supervisor.h"
 #include "common/status_macros.h"
 #include "common/tls.h"
 #include "coordinator/coordinator_server.h"
@@ -48,8 +46,8 @@ absl::StatusOr<std::vector<NetnsHost>> ParseNetnsHosts(
   return hosts;
 }
 
-// One run of RunLocalJob: the job's TLS folder, coordinator, tasks and
-// their restarts.
+// One run of RunLocalJob: the job's TLS folder, coordinator, and the node
+// supervisor of its tasks.
 class LocalJob {
  public:
   LocalJob(const JobSpec& spec, const Placement& placement,
@@ -60,29 +58,22 @@ class LocalJob {
   // --insecure: plaintext), the in-process coordinator, the job submitted
   // to its table, and the tasks' certificates or plaintext flags.
   absl::Status StartCoordinator();
-  // Every shard, then every worker, as a child process.
+  // Every shard, then every worker, as a child process of the job's
+  // supervisor.
   absl::Status StartTasks();
-  // Follows the job to its end. A task that dies without reporting (a
-  // crash, a kill) is restarted (max_restarts) or fails the job here; the
-  // others learn it from their heartbeats. CANCELLED on a signal.
-  absl::StatusOr<JobInfo> Follow();
-  // Waits for the tasks to exit by themselves, stops the rest, and returns
-  // worker 0's results or the job's failure.
-  absl::StatusOr<RunResult> Finish(const JobInfo& job);
+  // Supervises the tasks until none runs (cli/node_supervisor: a task that
+  // dies is restarted as the job table allows, else its death fails the
+  // job; the others learn it from their heartbeats), then returns worker
+  // 0's results or the job's failure. CANCELLED on a signal.
+  absl::StatusOr<RunResult> Supervise();
 
  private:
   // argv of task `index` of `binary`, placed.
   std::vector<std::string> TaskArgv(const std::string& binary, bool ps,
                                     int index) const;
-  // A task the coordinator stopped (kRestartExitCode) for the restart of
-  // every worker that another worker's death began (allreduce; counted for
-  // that death), started again while the job runs. True if it was.
-  absl::StatusOr<bool> Rejoin(const ChildExit& exit);
-  // A task that died: restarted within the budget while the job runs (not
-  // one that reported its own failure: that ended the job; the others
-  // recover around it, worker/trainer.h), else its death reported to the
-  // table. True if it was restarted.
-  absl::StatusOr<bool> OnDeath(const ChildExit& exit);
+  // The supervisor's options: this command's names, the in-process
+  // coordinator reached as each task, the grace after the job's end.
+  SupervisorOptions Supervision();
 
   // Mutual TLS: the run's certificates are valid a day, in a private
   // folder (0700, keys 0600, named with this pid so the next run removes
@@ -99,15 +90,7 @@ class LocalJob {
   std::string job_id_;
   std::string coordinator_flag_;
   std::vector<std::string> tls_flags_;
-  LocalCluster cluster_;
-  // Each task's role and index, and its argv and environment to restart it,
-  // by name ("worker1").
-  std::map<std::string, std::pair<TaskRole, int>> tasks_;
-  std::map<std::string,
-           std::pair<std::vector<std::string>, std::vector<std::string>>>
-      launches_;
-  int restarts_ = 0;
-  std::vector<std::string> deaths_;
+  std::unique_ptr<NodeSupervisor> supervisor_;
 };
 
 absl::Status LocalJob::StartCoordinator() {
@@ -187,12 +170,46 @@ std::vector<std::string> LocalJob::TaskArgv(const std::string& binary, bool ps,
   return argv;
 }
 
+SupervisorOptions LocalJob::Supervision() {
+  SupervisorOptions options;
+  options.program = "pstrain";
+  options.names = TaskNames::kJobLog;
+  options.coordinator =
+      absl::StrCat(placement_.coordinator_host, ":", coordinator_->port());
+  options.job_id = job_id_;
+  options.tls = tls_;
+  options.spec = spec_;
+  // Every task exits by itself once the job has ended (the shards after
+  // their last worker's WorkerDone, the rest at their next heartbeat, 1 s).
+  // With backup workers the job ends with worker 0 and a straggler may be
+  // stopped or far behind: its steps are not needed, so it gets 3 s.
+  const bool backups = spec_.backup_workers() > 0;
+  options.end_grace = backups ? absl::Seconds(3) : absl::Seconds(10);
+  options.poll = absl::Milliseconds(100);
+  options.stop_signal = options_.stop_signal;
+  options.on_signal = [this] {
+    coordinator_->table().Cancel(job_id_, absl::Now()).IgnoreError();
+  };
+  options.on_grace_over =
+      [backups](JobState state, const std::vector<SupervisedTask>& running) {
+        if (!backups || state != JOB_SUCCEEDED) return;
+        for (const SupervisedTask& task : running) {
+          if (task.role != ROLE_WORKER) continue;
+          std::printf(
+              "pstrain: %s was still on its way when the last step was "
+              "decided (backup workers: its steps were not needed); stopping "
+              "it\n",
+              TaskName(task.role, task.index).c_str());
+        }
+        std::fflush(stdout);
+      };
+  return options;
+}
+
 absl::Status LocalJob::StartTasks() {
+  std::vector<SupervisedTask> tasks;
   for (int s = 0; s < spec_.num_ps(); ++s) {
-    const std::string role = absl::StrCat("ps", s);
-    tasks_[role] = {ROLE_PS, s};
-    launches_[role] = {TaskArgv(options_.ps_binary, true, s), {}};
-    RETURN_IF_ERROR(cluster_.Start(role, launches_[role].first));
+    tasks.push_back({ROLE_PS, s, TaskArgv(options_.ps_binary, true, s), {}});
   }
   // Every task of a local run shares this machine's cores.
   const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
@@ -200,129 +217,31 @@ absl::Status LocalJob::StartTasks() {
       "OMP_NUM_THREADS=",
       std::max<unsigned>(1, cores / std::max(1, spec_.num_workers())));
   for (int w = 0; w < spec_.num_workers(); ++w) {
-    const std::string role = absl::StrCat("worker", w);
-    tasks_[role] = {ROLE_WORKER, w};
-    launches_[role] = {TaskArgv(options_.worker_binary, false, w),
-                       {omp_threads}};
-    RETURN_IF_ERROR(
-        cluster_.Start(role, launches_[role].first, launches_[role].second));
+    tasks.push_back({ROLE_WORKER,
+                     w,
+                     TaskArgv(options_.worker_binary, false, w),
+                     {omp_threads}});
   }
-  return absl::OkStatus();
+  supervisor_ = std::make_unique<NodeSupervisor>(Supervision());
+  return supervisor_->Start(tasks);
 }
 
-absl::StatusOr<bool> LocalJob::Rejoin(const ChildExit& exit) {
-  ASSIGN_OR_RETURN(const JobInfo job,
-                   coordinator_->table().Get(job_id_, JobTable::kNoLog));
-  if (JobEnded(job.state())) return false;
-  const auto [role, index] = tasks_[exit.role];
-  std::printf(
-      "pstrain: %s stopped for the job's restart; starting it "
-      "again\n",
-      TaskName(role, index).c_str());
-  std::fflush(stdout);
-  std::vector<std::string> argv = launches_[exit.role].first;
-  argv.push_back("--rejoin");
-  RETURN_IF_ERROR(cluster_.Start(exit.role, argv, launches_[exit.role].second));
-  return true;
-}
-
-absl::StatusOr<bool> LocalJob::OnDeath(const ChildExit& exit) {
+absl::StatusOr<RunResult> LocalJob::Supervise() {
+  int signal = supervisor_->Run().signal;
   JobTable& table = coordinator_->table();
-  const auto [role, index] = tasks_[exit.role];
-  const std::string status = exit.code > 0
-                                 ? absl::StrCat("exit code ", exit.code)
-                                 : absl::StrCat("signal ", -exit.code);
-  deaths_.push_back(absl::StrCat(TaskName(role, index), " (", status, ")"));
-  ASSIGN_OR_RETURN(const JobInfo job, table.Get(job_id_, JobTable::kNoLog));
-  if (!JobEnded(job.state()) && restarts_ < spec_.max_restarts()) {
-    ++restarts_;
-    const std::string why = absl::StrCat("died (", status, ")");
-    std::printf("pstrain: %s %s; %s (restart %d of %d)\n",
-                TaskName(role, index).c_str(), why.c_str(),
-                spec_.mode() == "allreduce"
-                    ? "restarting every worker from the newest checkpoint"
-                    : "restarting it",
-                restarts_, spec_.max_restarts());
-    std::fflush(stdout);
-    RETURN_IF_ERROR(
-        table.TaskRestarting(job_id_, role, index, why, absl::Now()).status());
-    std::vector<std::string> argv = launches_[exit.role].first;
-    if (role == ROLE_WORKER) argv.push_back("--rejoin");
-    RETURN_IF_ERROR(
-        cluster_.Start(exit.role, argv, launches_[exit.role].second));
-    return true;
+  ASSIGN_OR_RETURN(JobInfo job, table.Get(job_id_, JobTable::kNoLog));
+  // Every task has exited: the job has ended, or ends once the coordinator
+  // finds its tasks lost.
+  while (signal == 0 && !JobEnded(job.state())) {
+    absl::SleepFor(absl::Milliseconds(100));
+    signal = *options_.stop_signal;
+    ASSIGN_OR_RETURN(job, table.Get(job_id_, JobTable::kNoLog));
   }
-  std::string budget;
-  if (spec_.max_restarts() > 0) {
-    absl::StatusOr<CheckpointManifest> latest =
-        spec_.checkpoint_dir().empty()
-            ? absl::NotFoundError("")
-            : ReadLatestCheckpoint(spec_.checkpoint_dir());
-    budget = absl::StrCat(
-        " (the restart budget, --max_restarts=", spec_.max_restarts(),
-        ", is spent; deaths: ", absl::StrJoin(deaths_, ", "),
-        "; last checkpoint: ", latest.ok() ? latest->dir : "none", ")");
+  if (signal != 0) {
+    table.Cancel(job_id_, absl::Now()).IgnoreError();  // if not yet
+    return absl::CancelledError(absl::StrCat("interrupted by signal ", signal,
+                                             "; stopped every process"));
   }
-  TaskFinishedRequest report;
-  report.mutable_task()->set_job_id(job_id_);
-  report.mutable_task()->set_role(role);
-  report.mutable_task()->set_index(index);
-  report.set_message(absl::StrCat("exited with ", status, budget,
-                                  exit.last_error_line.empty() ? "" : ": ",
-                                  exit.last_error_line));
-  // A no-op when the task reported its failure itself.
-  table.TaskFinished(report, absl::Now()).IgnoreError();
-  return false;
-}
-
-absl::StatusOr<JobInfo> LocalJob::Follow() {
-  JobTable& table = coordinator_->table();
-  while (true) {
-    if (*options_.stop_signal != 0) {
-      table.Cancel(job_id_, absl::Now()).IgnoreError();
-      cluster_.StopAll(absl::Seconds(3));
-      return absl::CancelledError(absl::StrCat(
-          "interrupted by signal ", static_cast<int>(*options_.stop_signal),
-          "; stopped every process"));
-    }
-    ChildExit exit = cluster_.WaitAny(absl::Milliseconds(100));
-    if (!exit.role.empty() && exit.code == kRestartExitCode) {
-      ASSIGN_OR_RETURN(const bool rejoined, Rejoin(exit));
-      if (rejoined) continue;
-    }
-    if (!exit.role.empty() && exit.code != 0) {
-      ASSIGN_OR_RETURN(const bool restarted, OnDeath(exit));
-      if (restarted) continue;
-    }
-    ASSIGN_OR_RETURN(JobInfo job, table.Get(job_id_, JobTable::kNoLog));
-    if (JobEnded(job.state())) return job;
-  }
-}
-
-absl::StatusOr<RunResult> LocalJob::Finish(const JobInfo& job) {
-  // Every task exits by itself once the job has ended (the shards after
-  // their last worker's WorkerDone, the rest at their next heartbeat, 1 s).
-  // With backup workers the job ends with worker 0 and a straggler may be
-  // stopped or far behind: its steps are not needed, so it gets 3 s.
-  const bool backups = spec_.backup_workers() > 0;
-  const absl::Time exit_deadline =
-      absl::Now() + (backups ? absl::Seconds(3) : absl::Seconds(10));
-  while (cluster_.num_running() > 0 && absl::Now() < exit_deadline) {
-    cluster_.WaitAny(absl::Milliseconds(100));
-  }
-  if (backups && job.state() == JOB_SUCCEEDED) {
-    for (const auto& [role, task] : tasks_) {
-      if (task.first == ROLE_WORKER && cluster_.Running(role)) {
-        std::printf(
-            "pstrain: %s was still on its way when the last step was "
-            "decided (backup workers: its steps were not needed); stopping "
-            "it\n",
-            TaskName(task.first, task.second).c_str());
-      }
-    }
-    std::fflush(stdout);
-  }
-  cluster_.StopAll(absl::Seconds(2));
   if (job.state() != JOB_SUCCEEDED) {
     return absl::AbortedError(absl::StrCat(
         job_id_, " ", JobStateName(job.state()), ": ", job.message()));
@@ -487,8 +406,7 @@ absl::StatusOr<RunResult> RunLocalJob(const JobSpec& spec,
   LocalJob job(spec, placement, options);
   RETURN_IF_ERROR(job.StartCoordinator());
   RETURN_IF_ERROR(job.StartTasks());
-  ASSIGN_OR_RETURN(const JobInfo ended, job.Follow());
-  return job.Finish(ended);
+  return job.Supervise();
 }
 
 }  // namespace pstrain

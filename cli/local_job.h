@@ -2,7 +2,8 @@
 // run one: the checks that can be made before any process starts, then an
 // in-process coordinator (the same one `pstrain submit` talks to) and the
 // spec's tasks as child processes, on 127.0.0.1 or each in its own network
-// namespace, restarted within the spec's max_restarts.
+// namespace, under the node supervisor `pstrain node` uses
+// (cli/node_supervisor.h: restarts as the job table allows them).
 //
 // Thread-safety: call from one thread (RunLocalJob blocks until the job
 // ends).

@@ -11,7 +11,6 @@
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
-#include <map>
 #include <memory>
 
 #include "absl/flags/declare.h"
@@ -20,7 +19,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
-#include "cli/local_cluster.h"
+#include "cli/node_supervisor.h"
 #include "common/flags_util.h"
 #include "common/tls.h"
 #include "common/tls_flags.h"
@@ -95,24 +94,10 @@ absl::StatusOr<int> FromEnvironment(std::initializer_list<const char*> names) {
   return -1;
 }
 
-// The job's spec from the coordinator, retried while it cannot be reached
-// (it may come up after the agents) for at most `timeout`.
-// A stub to the coordinator as `self` (mutual TLS from `tls`, or plaintext
-// with tls.insecure).
-absl::StatusOr<std::unique_ptr<Coordinator::Stub>> CoordinatorStub(
-    const std::string& coordinator, const TlsOptions& tls,
-    const TlsIdentity& self) {
-  absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials =
-      ChannelCredentials(tls, self);
-  if (!credentials.ok()) return credentials.status();
-  grpc::ChannelArguments args;
-  SetPeerServerName(TlsIdentity{TlsRole::kCoordinator}, &args);
-  return Coordinator::NewStub(
-      grpc::CreateCustomChannel(coordinator, *credentials, args));
-}
-
 // The job, read with the key of any of its tasks in the TLS folder (the
-// node knows its tasks only from the spec).
+// node knows its tasks only from the spec), retried while the coordinator
+// cannot be reached (it may come up after the agents) for at most
+// `timeout`.
 absl::StatusOr<JobInfo> FetchJob(const std::string& coordinator,
                                  const std::string& id, const TlsOptions& tls,
                                  absl::Duration timeout) {
@@ -123,7 +108,7 @@ absl::StatusOr<JobInfo> FetchJob(const std::string& coordinator,
     reader = *any;
   }
   absl::StatusOr<std::unique_ptr<Coordinator::Stub>> made =
-      CoordinatorStub(coordinator, tls, reader);
+      CoordinatorStubAs(coordinator, tls, reader);
   if (!made.ok()) return made.status();
   std::unique_ptr<Coordinator::Stub> stub = *std::move(made);
   const absl::Time give_up = absl::Now() + timeout;
@@ -284,154 +269,86 @@ absl::StatusOr<NodePlacement> PlacementFromFlags() {
   return placement;
 }
 
-// One node's tasks of a job while they run.
+// One node's part of a job.
 struct NodeRun {
   std::string coordinator;  // host:port
   std::string job_id;
   TlsOptions tls;
   JobSpec spec;
-  LocalCluster cluster;
-  // Each task's argv and identity by name ("worker1"), to restart it.
-  std::map<std::string, std::vector<std::string>> argvs;
-  std::map<std::string, TlsIdentity> identities;
 };
 
-// Starts `tasks` (`ps` and `worker`: their binaries) in run->cluster; each
-// one's name with its GPU and threads ("worker1 (GPU 1) 4 threads"), or an
-// error naming the task that did not start (the others are stopped).
-absl::StatusOr<std::vector<std::string>> StartNodeTasks(
-    const std::vector<NodeTask>& tasks, const std::string& ps,
-    const std::string& worker, NodeRun* run) {
-  std::vector<std::string> names;
+// The launches of `tasks` (`ps` and `worker`: their binaries), and in
+// `names` each one's name with its GPU and threads ("worker1 (GPU 1) 4
+// threads").
+std::vector<SupervisedTask> NodeLaunches(const std::vector<NodeTask>& tasks,
+                                         const std::string& ps,
+                                         const std::string& worker,
+                                         const NodeRun& run,
+                                         std::vector<std::string>* names) {
+  std::vector<SupervisedTask> launches;
   for (const NodeTask& t : tasks) {
     const bool is_ps = t.role == ROLE_PS;
-    const std::string name = absl::StrCat(is_ps ? "ps" : "worker", t.index);
-    std::vector<std::string> argv = {
-        is_ps ? ps : worker, absl::StrCat("--coordinator=", run->coordinator),
-        absl::StrCat("--job=", run->job_id),
-        absl::StrCat("--task_index=", t.index),
-        absl::StrCat("--threads=", t.threads)};
-    if (t.gpu >= 0) argv.push_back(absl::StrCat("--gpu=", t.gpu));
-    run->argvs[name] = argv;
-    run->identities[name] = TlsIdentity{is_ps ? TlsRole::kPs : TlsRole::kWorker,
-                                        t.index, run->job_id};
-    if (absl::Status s = run->cluster.Start(name, argv); !s.ok()) {
-      run->cluster.StopAll(absl::Seconds(3));
-      return absl::InternalError(
-          absl::StrCat("cannot start ", name, ": ", s.message()));
-    }
-    names.push_back(
-        absl::StrCat(name, t.gpu >= 0 ? absl::StrCat(" (GPU ", t.gpu, ")") : "",
-                     " ", t.threads, t.threads == 1 ? " thread" : " threads"));
+    SupervisedTask launch;
+    launch.role = t.role;
+    launch.index = t.index;
+    launch.argv = {is_ps ? ps : worker,
+                   absl::StrCat("--coordinator=", run.coordinator),
+                   absl::StrCat("--job=", run.job_id),
+                   absl::StrCat("--task_index=", t.index),
+                   absl::StrCat("--threads=", t.threads)};
+    if (t.gpu >= 0) launch.argv.push_back(absl::StrCat("--gpu=", t.gpu));
+    names->push_back(absl::StrCat(
+        launch.key(), t.gpu >= 0 ? absl::StrCat(" (GPU ", t.gpu, ")") : "", " ",
+        t.threads, t.threads == 1 ? " thread" : " threads"));
+    launches.push_back(std::move(launch));
   }
-  return names;
+  return launches;
 }
 
-// A task that died while its job runs, restarted within the job's
-// max_restarts, which the coordinator counts over every node (RestartTask,
-// with the task's own key); a worker rejoins. True if it was started again.
-bool RestartDeadTask(const ChildExit& exit, NodeRun* run) {
-  const std::string why =
-      absl::StrCat("died (",
-                   exit.code > 0 ? absl::StrCat("exit code ", exit.code)
-                                 : absl::StrCat("signal ", -exit.code),
-                   ")");
-  TlsIdentity as = run->identities[exit.role];
-  if (!run->tls.insecure) {
-    absl::StatusOr<TlsIdentity> own =
-        TaskIdentityInFolder(run->tls, as.role, as.index);
-    if (own.ok()) as = *own;
-  }
-  absl::StatusOr<std::unique_ptr<Coordinator::Stub>> stub =
-      CoordinatorStub(run->coordinator, run->tls, as);
-  grpc::Status restarted(grpc::StatusCode::UNAVAILABLE, "no stub");
-  RestartTaskResponse response;
-  if (stub.ok()) {
-    grpc::ClientContext context;
-    context.set_deadline(std::chrono::system_clock::now() +
-                         std::chrono::seconds(30));
-    RestartTaskRequest request;
-    request.mutable_task()->set_job_id(run->job_id);
-    request.mutable_task()->set_role(as.role == TlsRole::kPs ? ROLE_PS
-                                                             : ROLE_WORKER);
-    request.mutable_task()->set_index(as.index);
-    request.set_why(why);
-    restarted = (*stub)->RestartTask(&context, request, &response);
-  }
-  if (!restarted.ok()) {
-    PrintError(kProgram, absl::StrCat("not restarting ", exit.role, ": ",
-                                      restarted.error_message()));
-    return false;
-  }
-  std::vector<std::string> argv = run->argvs[exit.role];
-  if (as.role == TlsRole::kWorker) argv.push_back("--rejoin");
-  std::printf("%s: %s %s; %s (restart %d of %d)\n", kProgram, exit.role.c_str(),
-              why.c_str(),
-              run->spec.mode() == "allreduce"
-                  ? "restarting every worker from the newest checkpoint"
-                  : "restarting it",
-              response.restarts(), response.max_restarts());
-  std::fflush(stdout);
-  return run->cluster.Start(exit.role, argv).ok();
+// The supervisor of `run`'s tasks (cli/node_supervisor: restarts through
+// the coordinator's RestartTask) with this command's lines: the first
+// failure, and the tasks stopped --node_grace_s after it or the job's end.
+SupervisorOptions NodeSupervision(const NodeRun& run) {
+  SupervisorOptions options;
+  options.program = kProgram;
+  options.names = TaskNames::kOutputPrefix;
+  options.coordinator = run.coordinator;
+  options.job_id = run.job_id;
+  options.tls = run.tls;
+  options.spec = run.spec;
+  options.end_grace = absl::Seconds(absl::GetFlag(FLAGS_node_grace_s));
+  options.stop_signal = &g_node_signal;
+  const absl::Duration grace = options.end_grace;
+  options.on_failure = [grace](const SupervisedTask&, const ChildExit& exit) {
+    PrintError(kProgram,
+               absl::StrCat(exit.role, " exited with status ", exit.code,
+                            exit.last_error_line.empty() ? "" : ": ",
+                            exit.last_error_line, "; the other tasks get ",
+                            absl::FormatDuration(grace), " to end"));
+  };
+  options.on_grace_over = [](JobState, const std::vector<SupervisedTask>&) {
+    PrintError(kProgram, "stopping the tasks still running");
+  };
+  return options;
 }
 
-// Waits for every task of `run` (`num_tasks` of them), restarting those
-// the job lets restart; the first failure decides the exit status, and the
-// others get --node_grace_s to end.
-int WaitForNodeTasks(size_t num_tasks, NodeRun* run) {
-  ChildExit first_failure;
-  absl::Time stop_at = absl::InfiniteFuture();
-  const absl::Duration grace = absl::Seconds(absl::GetFlag(FLAGS_node_grace_s));
-  while (run->cluster.num_running() > 0) {
-    if (g_node_signal != 0) {
-      run->cluster.StopAll(absl::Seconds(3));
-      return Fail(
-          128 + g_node_signal,
-          absl::StrCat("stopped by signal ", static_cast<int>(g_node_signal),
-                       "; stopped every task of this node"));
-    }
-    ChildExit exit = run->cluster.WaitAny(absl::Milliseconds(200));
-    if (exit.role.empty()) {
-      if (absl::Now() >= stop_at) {
-        PrintError(kProgram, "stopping the tasks still running");
-        run->cluster.StopAll(absl::Seconds(3));
-      }
-      continue;
-    }
-    // A task the coordinator stopped for the restart of every worker
-    // (allreduce: another worker died, which that one's agent counted) is
-    // started again at once, as a replacement.
-    if (exit.code == kRestartExitCode && first_failure.role.empty()) {
-      std::vector<std::string> argv = run->argvs[exit.role];
-      argv.push_back("--rejoin");
-      std::printf("%s: %s stopped for the job's restart; starting it again\n",
-                  kProgram, exit.role.c_str());
-      std::fflush(stdout);
-      if (run->cluster.Start(exit.role, argv).ok()) continue;
-    }
-    if (exit.code != 0 && first_failure.role.empty() &&
-        run->spec.max_restarts() > 0 && RestartDeadTask(exit, run)) {
-      continue;
-    }
-    if (exit.code != 0 && first_failure.role.empty()) {
-      first_failure = exit;
-      PrintError(kProgram,
-                 absl::StrCat(exit.role, " exited with status ", exit.code,
-                              exit.last_error_line.empty() ? "" : ": ",
-                              exit.last_error_line, "; the other tasks get ",
-                              absl::FormatDuration(grace), " to end"));
-      stop_at = absl::Now() + grace;
-    }
+// Supervises the tasks to their end; the first failure decides the exit
+// status.
+int WaitForNodeTasks(size_t num_tasks, NodeSupervisor* supervisor) {
+  const SupervisorResult result = supervisor->Run();
+  if (result.signal != 0) {
+    return Fail(result.exit_code,
+                absl::StrCat("stopped by signal ", result.signal,
+                             "; stopped every task of this node"));
   }
-  if (first_failure.role.empty()) {
+  if (result.first_failure.role.empty()) {
     std::printf("%s: all %zu tasks of this node exited 0\n", kProgram,
                 num_tasks);
     return 0;
   }
-  const int code =
-      first_failure.code > 0 ? first_failure.code : 128 - first_failure.code;
-  return Fail(code, absl::StrCat("FAILED: ", first_failure.role,
-                                 " exited with status ", first_failure.code));
+  return Fail(result.exit_code,
+              absl::StrCat("FAILED: ", result.first_failure.role,
+                           " exited with status ", result.first_failure.code));
 }
 
 }  // namespace
@@ -487,14 +404,18 @@ int NodeCommand(const std::vector<std::string>& args,
 
   std::signal(SIGINT, OnNodeSignal);
   std::signal(SIGTERM, OnNodeSignal);
-  absl::StatusOr<std::vector<std::string>> names =
-      StartNodeTasks(*tasks, ps, worker, &run);
-  if (!names.ok()) return Fail(1, std::string(names.status().message()));
+  std::vector<std::string> names;
+  const std::vector<SupervisedTask> launches =
+      NodeLaunches(*tasks, ps, worker, run, &names);
+  NodeSupervisor supervisor(NodeSupervision(run));
+  if (absl::Status s = supervisor.Start(launches); !s.ok()) {
+    return Fail(1, std::string(s.message()));
+  }
   std::printf("%s: node %d of %d, %d cores: started %s\n", kProgram,
               placement->node_rank, placement->num_nodes, placement->cores,
-              absl::StrJoin(*names, ", ").c_str());
+              absl::StrJoin(names, ", ").c_str());
   std::fflush(stdout);
-  return WaitForNodeTasks(tasks->size(), &run);
+  return WaitForNodeTasks(tasks->size(), &supervisor);
 }
 
 }  // namespace pstrain

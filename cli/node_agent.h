@@ -11,14 +11,13 @@
 //   pstrain node --coordinator=HOST:PORT --job=ID [--node_rank=R
 //                --num_nodes=N] [--gpus_per_node=G] [--bin_dir=DIR]
 //
-// A task that dies while its job runs is restarted, as `pstrain run`
-// restarts its tasks, within the job spec's `max_restarts`: the agent asks
-// the coordinator (RestartTask, with the dead task's own key from the TLS
-// folder), which counts restarts over every node and fails the job once
-// they are spent; a restarted worker gets --rejoin (worker/trainer.h's
-// recovery). The coordinator is reached over mutual TLS with the key of
-// any of the job's tasks in $PSTRAIN_TLS_DIR (--tls_dir), or plaintext
-// with --insecure.
+// The tasks run under the node supervisor `pstrain run` uses
+// (cli/node_supervisor.h): a task that dies while its job runs is restarted
+// when the coordinator's RestartTask, asked with the dead task's own key
+// from the TLS folder, allows it (the job table counts the spec's
+// `max_restarts` over every node); a restarted worker gets --rejoin. The
+// coordinator is reached over mutual TLS with the key of any of the job's
+// tasks in $PSTRAIN_TLS_DIR (--tls_dir), or plaintext with --insecure.
 #ifndef PSTRAIN_CLI_NODE_AGENT_H_
 #define PSTRAIN_CLI_NODE_AGENT_H_
 

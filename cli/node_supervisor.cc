@@ -133,6 +133,9 @@ bool NodeSupervisor::ReadJob() {
   JobInfo job;
   if (!(*stub)->GetJob(&context, request, &job).ok()) return false;
   job_ = std::move(job);
+  if (JobEnded(job_.state())) {
+    stop_at_ = std::min(stop_at_, absl::Now() + options_.end_grace);
+  }
   return true;
 }
 
@@ -140,9 +143,7 @@ void NodeSupervisor::PollJob() {
   const absl::Time now = absl::Now();
   if (JobEnded(job_.state()) || now - last_read_ < options_.poll) return;
   last_read_ = now;
-  if (ReadJob() && JobEnded(job_.state())) {
-    stop_at_ = std::min(stop_at_, now + options_.end_grace);
-  }
+  ReadJob();
 }
 
 bool NodeSupervisor::OnExit(const ChildExit& exit) {

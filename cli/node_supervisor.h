@@ -146,10 +146,10 @@ class NodeSupervisor {
   // A stub to the coordinator as `task` (its own identity in the TLS
   // folder), or as any task of the job with `task` null; cached.
   absl::StatusOr<Coordinator::Stub*> Stub(const SupervisedTask* task);
-  // Reads the job (GetJob) into job_; false if the coordinator cannot say.
+  // Reads the job (GetJob) into job_, and starts the grace once it has
+  // ended; false if the coordinator cannot say.
   bool ReadJob();
-  // Reads the job at most once per `poll` until it has ended; starts the
-  // grace once it has.
+  // ReadJob at most once per `poll` until the job has ended.
   void PollJob();
   // Handles one exit: true if the task was started again.
   bool OnExit(const ChildExit& exit);
