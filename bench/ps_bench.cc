@@ -2,14 +2,21 @@
 // (1 and 2 by default) on loopback, against plain TCP sockets moving the same
 // bytes in the same run.
 //
-// One "step" pushes every gradient byte of the model and pulls every weight
-// byte back (2 x model bytes on the wire), as a training step does; the
-// shards apply Adam in between. The TCP baseline sends the model's bytes to a
-// socket server and reads them back over one connection.
-//   GB/s  = 2 * model bytes / time (10^9 bytes per GB)
-//   ratio = TCP time / PS time (1.0: as fast as raw TCP)
+// One "step" pushes every gradient of the model and pulls every weight back,
+// as a training step does; the shards apply Adam in between. The TCP
+// baseline sends the model's fp32 bytes to a socket server and reads them
+// back over one connection. Rows: plaintext and mutual TLS in fp32, and
+// plaintext with each 16-bit --wire_dtypes (common/wire_dtype.h).
+//   wire (MB)  = tensor payload bytes on the wire per step, both ways
+//                (2 x elements x 4 in fp32, x 2 in a 16-bit format; gRPC
+//                and protobuf framing not counted), 10^6 bytes per MB
+//   GB/s       = useful payload: 2 * model fp32 bytes / time (10^9 bytes
+//                per GB), the same work whatever the wire format
+//   ratio      = TCP time / PS time (1.0: as fast as raw TCP)
 //   #wrong: elements of the pulled weights that differ from a local Adam
-//           replica given the same gradients (0 expected).
+//           replica given the same gradients, rounded per chunk as the wire
+//           rounds them (RoundThroughWire), and pulled the same way (0
+//           expected).
 #include <arpa/inet.h>
 #include <grpcpp/grpcpp.h>
 #include <netinet/in.h>
@@ -29,11 +36,13 @@
 #include "absl/flags/usage.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "common/flags_util.h"
 #include "common/partition.h"
 #include "common/rpc_options.h"
 #include "common/tls.h"
+#include "common/wire_dtype.h"
 #include "optim/adam.h"
 #include "server/local_shards.h"
 #include "worker/ps_client.h"
@@ -42,6 +51,10 @@ ABSL_FLAG(int64_t, model_bytes, 100'000'000, "Model size in bytes (fp32).");
 ABSL_FLAG(int64_t, tensor_bytes, 4'000'000, "Size of each model tensor.");
 ABSL_FLAG(int64_t, partition_bytes, 4 << 20, "Chunk bound, bytes.");
 ABSL_FLAG(int, repeats, 5, "Timed steps per configuration (median shown).");
+ABSL_FLAG(std::vector<std::string>, wire_dtypes,
+          std::vector<std::string>({"bf16"}),
+          "16-bit wire formats to time beside fp32 (plaintext): bf16, fp16; "
+          "empty: none.");
 ABSL_FLAG(bool, tls, true,
           "Also time each shard count over mutual TLS (common/tls.h), with "
           "its ratio to plaintext.");
@@ -124,7 +137,8 @@ struct PsRun {
 // `tls`: mutual TLS between the worker and the shards (common/tls.h), or
 // plaintext (tls.insecure).
 PsRun TimePs(int num_shards, const std::vector<int64_t>& sizes,
-             int64_t partition_bytes, int repeats, const TlsOptions& tls) {
+             int64_t partition_bytes, int repeats, const TlsOptions& tls,
+             DType wire_dtype) {
   PsRun run;
   AdamOptions adam;
   ShardOptions shard_options;
@@ -133,6 +147,7 @@ PsRun TimePs(int num_shards, const std::vector<int64_t>& sizes,
   auto plan = PartitionPlan::Create(sizes, partition_bytes, num_shards);
   PsClientOptions client_options;
   client_options.addresses = shards.addresses();
+  client_options.wire_dtype = wire_dtype;
   if (!tls.insecure) {
     auto credentials = ChannelCredentials(
         tls, TlsIdentity{TlsRole::kWorker, 0, shard_options.job_id});
@@ -145,6 +160,8 @@ PsRun TimePs(int num_shards, const std::vector<int64_t>& sizes,
   }
   auto client = PsClient::Create(client_options, *plan);
   std::vector<std::vector<float>> weights, grads, replica, m, v;
+  // The gradients as the shards receive them: rounded chunk by chunk.
+  std::vector<std::vector<float>> wire_grads;
   std::vector<absl::Span<float>> weight_spans;
   std::vector<absl::Span<const float>> grad_spans;
   for (size_t p = 0; p < sizes.size(); ++p) {
@@ -155,6 +172,7 @@ PsRun TimePs(int num_shards, const std::vector<int64_t>& sizes,
       grads[p][i] = 0.01f * static_cast<float>((i * 17 + p) % 200 - 100);
     }
     replica.push_back(weights[p]);
+    wire_grads.push_back(grads[p]);
     m.emplace_back(sizes[p], 0.0f);
     v.emplace_back(sizes[p], 0.0f);
     weight_spans.push_back(absl::MakeSpan(weights[p]));
@@ -166,6 +184,11 @@ PsRun TimePs(int num_shards, const std::vector<int64_t>& sizes,
       !(*client)->WaitReady(absl::Seconds(10)).ok()) {
     std::fprintf(stderr, "ps_bench: init failed\n");
     std::exit(1);
+  }
+  for (const ChunkSpec& chunk : plan->chunks()) {
+    RoundThroughWire(wire_dtype,
+                     absl::MakeSpan(wire_grads[chunk.param_id])
+                         .subspan(chunk.offset, chunk.num_elements));
   }
   int64_t version = 0;
   for (int r = 0; r < repeats + 1; ++r) {  // the first is warm-up
@@ -181,9 +204,14 @@ PsRun TimePs(int num_shards, const std::vector<int64_t>& sizes,
     version = *pulled;
     if (r > 0) run.seconds.push_back(seconds);
     for (size_t p = 0; p < sizes.size(); ++p) {
-      AdamUpdate(adam, version, replica[p].data(), grads[p].data(), m[p].data(),
-                 v[p].data(), sizes[p]);
+      AdamUpdate(adam, version, replica[p].data(), wire_grads[p].data(),
+                 m[p].data(), v[p].data(), sizes[p]);
     }
+  }
+  for (const ChunkSpec& chunk : plan->chunks()) {
+    RoundThroughWire(wire_dtype,
+                     absl::MakeSpan(replica[chunk.param_id])
+                         .subspan(chunk.offset, chunk.num_elements));
   }
   for (size_t p = 0; p < sizes.size(); ++p) {
     for (int64_t i = 0; i < sizes[p]; ++i) {
@@ -221,6 +249,19 @@ int main(int argc, char** argv) {
                  "least 4 bytes (one fp32)\n");
     return 2;
   }
+  std::vector<pstrain::DType> wire_dtypes;
+  for (const std::string& spelling : absl::GetFlag(FLAGS_wire_dtypes)) {
+    absl::StatusOr<pstrain::DType> dtype =
+        pstrain::ParseWireDtype(spelling, "--wire_dtypes");
+    if (!dtype.ok() || *dtype == pstrain::DTYPE_FLOAT32) {
+      std::fprintf(stderr,
+                   "ps_bench: --wire_dtypes: '%s'; expected bf16 or fp16 (fp32 "
+                   "rows are always timed)\n",
+                   spelling.c_str());
+      return 2;
+    }
+    wire_dtypes.push_back(*dtype);
+  }
   const int64_t model_bytes = absl::GetFlag(FLAGS_model_bytes);
   const int64_t tensor_bytes = absl::GetFlag(FLAGS_tensor_bytes);
   const int repeats = std::max(1, absl::GetFlag(FLAGS_repeats));
@@ -251,32 +292,47 @@ int main(int argc, char** argv) {
     folder = *std::move(made);
     tls.dir = folder->path();
   }
-  std::printf("# %12s %7s %-12s %10s %8s %10s %11s %7s\n", "payload", "shards",
-              "transport", "time", "GB/s", "ratio", "TLS ratio", "#wrong");
-  std::printf("# %12s %7s %-12s %10s %8s %10s %11s %7s\n", "(B)", "", "",
-              "(ms)", "", "(vs TCP)", "(vs plain)", "");
-  std::printf("  %12lld %7s %-12s %10.1f %8.2f %10.2f %11s %7s\n",
-              static_cast<long long>(model_bytes), "-", "raw TCP",
-              tcp_median * 1e3, 2.0 * model_bytes / tcp_median / 1e9, 1.0, "-",
-              "-");
+  std::printf("# %12s %7s %-12s %5s %10s %10s %8s %10s %11s %7s\n",
+              "payload", "shards", "transport", "wire", "time", "wire", "GB/s",
+              "ratio", "TLS ratio", "#wrong");
+  std::printf("# %12s %7s %-12s %5s %10s %10s %8s %10s %11s %7s\n", "(B)", "",
+              "", "", "(ms)", "(MB)", "", "(vs TCP)", "(vs plain)", "");
+  const auto row = [&](const std::string& shards, const char* transport,
+                       pstrain::DType dtype, double seconds,
+                       const std::string& tls_ratio, const std::string& wrong) {
+    const double wire_mb = 2.0 * static_cast<double>(model_bytes) / 4 *
+                           pstrain::WireBytesPerElement(dtype) / 1e6;
+    std::printf("  %12lld %7s %-12s %5s %10.1f %10.1f %8.2f %10.2f %11s %7s\n",
+                static_cast<long long>(model_bytes), shards.c_str(), transport,
+                pstrain::WireDtypeSpelling(dtype), seconds * 1e3, wire_mb,
+                2.0 * model_bytes / seconds / 1e9, tcp_median / seconds,
+                tls_ratio.c_str(), wrong.c_str());
+  };
+  row("-", "raw TCP", pstrain::DTYPE_FLOAT32, tcp_median, "-", "-");
+  const int64_t partition_bytes = absl::GetFlag(FLAGS_partition_bytes);
   for (int shards : shard_counts) {
+    const std::string count = absl::StrCat(shards);
     const pstrain::PsRun run =
-        pstrain::TimePs(shards, sizes, absl::GetFlag(FLAGS_partition_bytes),
-                        repeats, pstrain::InsecureTlsOptions());
+        pstrain::TimePs(shards, sizes, partition_bytes, repeats,
+                        pstrain::InsecureTlsOptions(), pstrain::DTYPE_FLOAT32);
     const double median = pstrain::Median(run.seconds);
-    std::printf("  %12lld %7d %-12s %10.1f %8.2f %10.2f %11s %7lld\n",
-                static_cast<long long>(model_bytes), shards, "pstrain",
-                median * 1e3, 2.0 * model_bytes / median / 1e9,
-                tcp_median / median, "-", static_cast<long long>(run.wrong));
-    if (folder == nullptr) continue;
-    const pstrain::PsRun secure = pstrain::TimePs(
-        shards, sizes, absl::GetFlag(FLAGS_partition_bytes), repeats, tls);
-    const double secure_median = pstrain::Median(secure.seconds);
-    std::printf("  %12lld %7d %-12s %10.1f %8.2f %10.2f %11.2f %7lld\n",
-                static_cast<long long>(model_bytes), shards, "pstrain+mTLS",
-                secure_median * 1e3, 2.0 * model_bytes / secure_median / 1e9,
-                tcp_median / secure_median, median / secure_median,
-                static_cast<long long>(secure.wrong));
+    row(count, "pstrain", pstrain::DTYPE_FLOAT32, median, "-",
+        absl::StrCat(run.wrong));
+    if (folder != nullptr) {
+      const pstrain::PsRun secure = pstrain::TimePs(
+          shards, sizes, partition_bytes, repeats, tls, pstrain::DTYPE_FLOAT32);
+      const double secure_median = pstrain::Median(secure.seconds);
+      row(count, "pstrain+mTLS", pstrain::DTYPE_FLOAT32, secure_median,
+          absl::StrFormat("%.2f", median / secure_median),
+          absl::StrCat(secure.wrong));
+    }
+    for (pstrain::DType dtype : wire_dtypes) {
+      const pstrain::PsRun half =
+          pstrain::TimePs(shards, sizes, partition_bytes, repeats,
+                          pstrain::InsecureTlsOptions(), dtype);
+      row(count, "pstrain", dtype, pstrain::Median(half.seconds), "-",
+          absl::StrCat(half.wrong));
+    }
   }
   return 0;
 }

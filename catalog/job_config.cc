@@ -6,6 +6,7 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "common/wire_dtype.h"
 
 namespace pstrain {
 namespace {
@@ -167,6 +168,18 @@ absl::StatusOr<JobConfig> ParseJobChoices(const JobSpec& spec) {
   const OptimizerSpec& o = spec.optimizer();
   ASSIGN_OR_RETURN(config.optimizer, ParseOptimizer(o.name()));
   ASSIGN_OR_RETURN(config.lr_schedule, ParseLrSchedule(o.lr_schedule()));
+  if (!spec.wire_dtype().empty()) {
+    ASSIGN_OR_RETURN(config.wire_dtype, ParseWireDtype(spec.wire_dtype()));
+  }
+  if (config.mode == MODE_ALLREDUCE && config.wire_dtype != DTYPE_FLOAT32) {
+    // Gloo and NCCL reduce the workers' fp32 buffers; a 16-bit allreduce is
+    // not built yet (docs/ARCHITECTURE.md, "Wire formats").
+    return absl::InvalidArgumentError(absl::StrCat(
+        "wire_dtype: ", Quoted(spec.wire_dtype()),
+        " with mode allreduce; expected fp32 (16-bit formats travel between "
+        "workers and parameter servers; the allreduce collectives reduce "
+        "fp32)"));
+  }
   config.spec = spec;
   return config;
 }

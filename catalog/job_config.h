@@ -41,6 +41,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "proto/job.pb.h"
+#include "proto/ps.pb.h"
 
 namespace pstrain {
 
@@ -85,6 +86,9 @@ struct JobConfig {
   AugmentKind augment = AUGMENT_NONE;
   OptimizerAlgorithm optimizer = OPTIMIZER_ADAM;
   LrScheduleKind lr_schedule = LR_SCHEDULE_CONSTANT;
+  // How gradients and weights travel (spec.wire_dtype; common/wire_dtype.h):
+  // DTYPE_FLOAT32, DTYPE_BFLOAT16 or DTYPE_FLOAT16.
+  DType wire_dtype = DTYPE_FLOAT32;
 
   // Modes sync and async: the job has parameter servers.
   bool has_ps() const { return mode != MODE_ALLREDUCE; }
@@ -93,9 +97,10 @@ struct JobConfig {
 // Parses the choices of `spec` (read after ApplyJobDefaults: an empty mode,
 // backend, compute, optimizer name or schedule is refused), in this order:
 // backend, mode, collective, compute, augment, optimizer.name,
-// optimizer.lr_schedule. Also refuses a collective outside mode allreduce
+// optimizer.lr_schedule, wire_dtype (empty: fp32). Also refuses a collective outside mode allreduce
 // ("collective: \"gloo\" with mode sync; expected none (only allreduce has
-// one)"); every other check is ValidateJobSpec's. The config holds a copy
+// one)") and a 16-bit wire_dtype with mode allreduce ("wire_dtype: \"bf16\"
+// with mode allreduce; expected fp32 ..."); every other check is ValidateJobSpec's. The config holds a copy
 // of `spec`.
 absl::StatusOr<JobConfig> ParseJobChoices(const JobSpec& spec);
 

@@ -3,9 +3,11 @@
 #include <cstring>
 #include <limits>
 #include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/tensor_codec.h"
+#include "common/wire_dtype.h"
 #include "google/protobuf/io/coded_stream.h"
 #include "google/protobuf/io/zero_copy_stream_impl_lite.h"
 #include "grpc/slice.h"
@@ -115,15 +117,19 @@ grpc::ByteBuffer EncodeChunkMessage(const google::protobuf::Message& envelope,
                                     int chunk_field, int32_t param_id,
                                     int32_t chunk_index, int64_t version,
                                     absl::Span<const float> values,
-                                    PayloadLease* lease) {
+                                    PayloadLease* lease, DType wire) {
+  const bool half = WireBytesPerElement(wire) == 2;
   TensorChunk meta;
   meta.mutable_key()->set_param_id(param_id);
   meta.mutable_key()->set_chunk_index(chunk_index);
-  meta.set_dtype(DTYPE_FLOAT32);
+  meta.set_dtype(half ? wire : DTYPE_FLOAT32);
   meta.set_num_elements(static_cast<int64_t>(values.size()));
   meta.set_version(version);
+  const int scale_exponent = wire == DTYPE_FLOAT16 ? ScaleExponent(values) : 0;
+  if (scale_exponent != 0) meta.set_scale_exponent(scale_exponent);
   const std::string meta_bytes = meta.SerializeAsString();
-  const uint64_t payload = values.size() * sizeof(float);
+  const uint64_t payload =
+      values.size() * (half ? sizeof(uint16_t) : sizeof(float));
 
   std::string head = envelope.SerializeAsString();
   {
@@ -139,6 +145,13 @@ grpc::ByteBuffer EncodeChunkMessage(const google::protobuf::Message& envelope,
   }  // `out` flushes and trims `head` here.
   grpc::Slice slices[2] = {grpc::Slice(head), grpc::Slice()};
   if (payload == 0) return grpc::ByteBuffer(slices, 1);
+  if (half) {
+    grpc_slice data = grpc_slice_malloc(payload);
+    EncodeHalves(values, wire, scale_exponent,
+                 reinterpret_cast<uint16_t*>(GRPC_SLICE_START_PTR(data)));
+    slices[1] = grpc::Slice(data, grpc::Slice::STEAL_REF);
+    return grpc::ByteBuffer(slices, 2);
+  }
   if (lease != nullptr) {
     slices[1] = lease->Lend(values.data(), payload);
     return grpc::ByteBuffer(slices, 2);
@@ -218,21 +231,29 @@ absl::Status ReceivedChunkMessage::Parse(grpc::ByteBuffer* buffer,
 
 absl::Status ReceivedChunkMessage::CheckFloat(int64_t num_elements) const {
   if (!has_chunk_) return Malformed("no chunk");
-  if (chunk_.dtype() != DTYPE_FLOAT32) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(ChunkName(chunk_), " has dtype ",
-                     DTypeName(chunk_.dtype()), "; expected DTYPE_FLOAT32"));
+  const int width = WireBytesPerElement(chunk_.dtype());
+  if (width == 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        ChunkName(chunk_), " has dtype ", DTypeName(chunk_.dtype()),
+        "; expected DTYPE_FLOAT32, DTYPE_BFLOAT16 or DTYPE_FLOAT16"));
   }
-  // (num_elements * 4 could overflow: a pushed count near 2^62 wrapped to
-  // 0 and passed with no payload. Divide the byte count instead.)
+  if (chunk_.scale_exponent() < -200 || chunk_.scale_exponent() > 200 ||
+      (chunk_.dtype() != DTYPE_FLOAT16 && chunk_.scale_exponent() != 0)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        ChunkName(chunk_), " has scale exponent ", chunk_.scale_exponent(),
+        "; expected -200 to 200 with DTYPE_FLOAT16, else 0"));
+  }
+  // (num_elements * width could overflow: a pushed count near 2^62 wrapped
+  // to 0 and passed with no payload. Divide the byte count instead.)
   const int64_t n = chunk_.num_elements();
-  if (n < 0 || payload_bytes_ % 4 != 0 || payload_bytes_ / 4 != n) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(ChunkName(chunk_), " carries ", payload_bytes_,
-                     " bytes for ", n, " fp32 elements; expected ",
-                     n >= 0 && n <= std::numeric_limits<int64_t>::max() / 4
-                         ? absl::StrCat(n * 4, " bytes")
-                         : std::string("4 bytes per element")));
+  if (n < 0 || payload_bytes_ % width != 0 || payload_bytes_ / width != n) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        ChunkName(chunk_), " carries ", payload_bytes_, " bytes for ", n, " ",
+        width == 4 ? "fp32" : WireDtypeSpelling(chunk_.dtype()),
+        " elements; expected ",
+        n >= 0 && n <= std::numeric_limits<int64_t>::max() / width
+            ? absl::StrCat(n * width, " bytes")
+            : absl::StrCat(width, " bytes per element")));
   }
   if (chunk_.num_elements() != num_elements) {
     return absl::InvalidArgumentError(
@@ -248,10 +269,19 @@ absl::Status ReceivedChunkMessage::CopyFloatPayload(absl::Span<float> out) {
   if (payload_bytes_ == 0) return absl::OkStatus();
   grpc::ProtoBufferReader reader(&buffer_);
   CodedInputStream in(&reader);
+  const bool half = chunk_.dtype() != DTYPE_FLOAT32;
+  // A 16-bit payload goes through a per-thread buffer (an element may
+  // straddle two received slices), then is widened into `out`.
+  thread_local std::vector<uint16_t> halves;
+  if (half) halves.resize(out.size());
+  void* into = half ? static_cast<void*>(halves.data()) : out.data();
   if (!in.Skip(static_cast<int>(payload_offset_)) ||
-      !in.ReadRaw(out.data(), static_cast<int>(payload_bytes_))) {
+      !in.ReadRaw(into, static_cast<int>(payload_bytes_))) {
     return absl::InternalError(
         absl::StrCat(ChunkName(chunk_), ": payload not where it was parsed"));
+  }
+  if (half) {
+    DecodeHalves(halves.data(), chunk_.dtype(), chunk_.scale_exponent(), out);
   }
   return absl::OkStatus();
 }

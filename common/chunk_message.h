@@ -13,8 +13,10 @@
 // received slices into the memory it belongs in (a shard's pending slot, a
 // worker's weights).
 //
-// Layout: fp32 little-endian, as TensorChunk (`num_elements` elements,
-// 4 * num_elements bytes of `data`).
+// Layout: as TensorChunk (`num_elements` elements of `dtype`, little-endian):
+// fp32 (4 bytes each), or a 16-bit wire format (bfloat16, float16 with its
+// scale exponent; common/wire_dtype.h), converted from and to fp32 here, in
+// the same single pass as the copy.
 //
 // Thread-safety: EncodeChunkMessage is stateless; a ReceivedChunkMessage is
 // thread-compatible (one reader at a time).
@@ -68,14 +70,17 @@ class PayloadLease {
 // Serialises `envelope` (the message's other fields, e.g. a PushPullRequest
 // holding only its header; it must not set field `chunk_field`) followed by
 // field `chunk_field`: a TensorChunk of key (param_id, chunk_index), dtype
-// FLOAT32, `values.size()` elements, `version`, and `values` as its data.
-// The payload is copied once, into a gRPC slice; with a `lease`, it is not
-// copied at all but lent (see PayloadLease).
+// `wire`, `values.size()` elements, `version`, and `values` as its data.
+// The payload is copied once, into a gRPC slice; fp32 with a `lease`, it is
+// not copied at all but lent (see PayloadLease); a 16-bit `wire`
+// (DTYPE_BFLOAT16, DTYPE_FLOAT16) is converted while copied (`lease`
+// unused), at half the bytes.
 grpc::ByteBuffer EncodeChunkMessage(const google::protobuf::Message& envelope,
                                     int chunk_field, int32_t param_id,
                                     int32_t chunk_index, int64_t version,
                                     absl::Span<const float> values,
-                                    PayloadLease* lease = nullptr);
+                                    PayloadLease* lease = nullptr,
+                                    DType wire = DTYPE_FLOAT32);
 
 // Serialises a message that carries no payload (a pull request, the end of
 // a pull) into a ByteBuffer.
@@ -101,12 +106,15 @@ class ReceivedChunkMessage {
   const TensorChunk& chunk() const { return chunk_; }
   int64_t payload_bytes() const { return payload_bytes_; }
 
-  // INVALID_ARGUMENT naming the chunk unless the chunk is dtype FLOAT32
-  // with 4 * num_elements payload bytes and num_elements == `num_elements`.
+  // INVALID_ARGUMENT naming the chunk unless its dtype is FLOAT32,
+  // BFLOAT16 or FLOAT16 (scale exponent within -200 to 200) with that
+  // dtype's bytes per element times num_elements payload bytes, and
+  // num_elements == `num_elements`.
   absl::Status CheckFloat(int64_t num_elements) const;
 
   // CheckFloat(out.size()), then copies the payload into `out` (one copy,
-  // from the received slices).
+  // from the received slices; a 16-bit payload converted to fp32 on the
+  // way).
   absl::Status CopyFloatPayload(absl::Span<float> out);
 
  private:

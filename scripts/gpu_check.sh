@@ -19,6 +19,10 @@
 #               beside the same runs on the CPU backend                   420
 #   allreduce   allreduce over NCCL with one rank, and Gloo between two
 #               CUDA workers                                              180
+#   ps_worker   the PS worker on the GPU: pstrain run --backend=cuda,
+#               ResNet-50 on synthetic 224x224, 1 worker, 2 shards on the
+#               host, batch 64, with the wire in fp32 and bf16, over mutual
+#               TLS and plaintext (compute and exchange ms per step)      300
 #   ps_bench    PS push+pull against raw TCP on loopback, 1, 2, 4 shards  120
 # Without a GPU (or with --dry_run) the GPU parts are marked "skipped: no
 # GPU" and the rest runs. --quick shrinks every run (steps, bytes) to check
@@ -36,8 +40,8 @@
 # /usr/local/nvidia; the rest is in the bundle's lib/.
 set -uo pipefail
 
-usage="usage: gpu_check.sh [--quick] [--dry_run] [--only=host,cuda_tests,train_bench,pstrain_run,allreduce,ps_bench] OUT_DIR"
-all_sections="host cuda_tests train_bench pstrain_run allreduce ps_bench"
+usage="usage: gpu_check.sh [--quick] [--dry_run] [--only=host,cuda_tests,train_bench,pstrain_run,allreduce,ps_worker,ps_bench] OUT_DIR"
+all_sections="host cuda_tests train_bench pstrain_run allreduce ps_worker ps_bench"
 command_line="gpu_check.sh $*"
 quick=0
 dry_run=0
@@ -413,6 +417,39 @@ allreduce_section() {
   return $rc
 }
 
+ps_worker_section() {
+  local rc=0 wire tls json steps=100 samples
+  [ "$quick" = 1 ] && steps=5
+  samples=$((steps * 64))
+  {
+    echo "| wire | transport | #PS | #Workers | Batchsize | Steps | Throughput (data/sec) | compute (ms/step) | exchange (ms/step) |"
+    echo "|---|---|---:|---:|---:|---:|---:|---:|---:|"
+  } > "$out/ps_worker.md"
+  for wire in fp32 bf16; do
+    for tls in mtls plaintext; do
+      json="$out/logs/ps_worker_${wire}_${tls}.json"
+      echo "== pstrain run --backend=cuda --model=resnet50 --wire_dtype=$wire ($tls)"
+      # shellcheck disable=SC2046
+      if "$root/cli/pstrain" run --backend=cuda --model=resnet50 \
+        --dataset=synthetic --image_size=224 --num_classes=1000 \
+        --synthetic_samples="$samples" --batch_size=64 --num_workers=1 \
+        --num_ps=2 --mode=sync --epochs=1 --wire_dtype="$wire" \
+        $([ "$tls" = plaintext ] && echo --insecure) --results_json="$json"; then
+        echo "| $wire | $tls $(result_row "$json" '| %d | %d | %d | %d | %.1f | %.6f | %.6f |' \
+          num_ps num_workers batch_size steps throughput_samples_per_sec \
+          compute_seconds_per_step exchange_seconds_per_step)" >> "$out/ps_worker.md"
+      else
+        rc=1
+        echo "| $wire | $tls | 2 | 1 | 64 | - | failed | - | - |" >> "$out/ps_worker.md"
+      fi
+    done
+  done
+  # Seconds per step to milliseconds in the table's last two columns.
+  awk -F'|' 'BEGIN {OFS="|"} NR > 2 && $9 ~ /[0-9]/ {$9 = sprintf(" %.1f ", $9 * 1000); $10 = sprintf(" %.1f ", $10 * 1000)} {print}' \
+    "$out/ps_worker.md" > "$out/ps_worker.md.new" && mv "$out/ps_worker.md.new" "$out/ps_worker.md"
+  return $rc
+}
+
 ps_bench_section() {
   # shellcheck disable=SC2086
   "$root/bench/ps_bench" --shards=1,2,4 $ps_bench_args > "$out/logs/ps_bench.out" 2>&1
@@ -486,8 +523,10 @@ fi
 run_section pstrain_run 420 pstrain_run_section
 if [ "$gpu" = 1 ]; then
   run_section allreduce 180 allreduce_section
+  run_section ps_worker 300 ps_worker_section
 else
   skip_section allreduce
+  skip_section ps_worker
 fi
 run_section ps_bench 120 ps_bench_section
 report

@@ -6,7 +6,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/status.h"
+#include "common/tensor_codec.h"
 #include "common/trace.h"
+#include "common/wire_dtype.h"
 
 namespace pstrain {
 
@@ -168,6 +170,16 @@ std::optional<grpc::Status> PsService::PushPullSession::HandleStepEnd(
 
 std::optional<grpc::Status> PsService::PushPullSession::QueuePull(
     const PullRequest& pull) {
+  const DType wire = pull.wire_dtype() == DTYPE_UNSPECIFIED ? DTYPE_FLOAT32
+                                                            : pull.wire_dtype();
+  if (WireBytesPerElement(wire) == 0) {
+    return grpc::Status(
+        grpc::StatusCode::INVALID_ARGUMENT,
+        absl::StrCat("worker ", worker_id_, " asked for its pull in dtype ",
+                     DTypeName(pull.wire_dtype()),
+                     "; expected DTYPE_FLOAT32, DTYPE_BFLOAT16 or "
+                     "DTYPE_FLOAT16"));
+  }
   absl::MutexLock lock(&mu_);
   if (jobs_.size() >= kMaxPendingPulls) {
     return grpc::Status(
@@ -177,7 +189,7 @@ std::optional<grpc::Status> PsService::PushPullSession::QueuePull(
                      "have"));
   }
   jobs_.push_back(
-      {pull.min_version(), pull.samples(), generation_, worker_id_});
+      {pull.min_version(), pull.samples(), generation_, worker_id_, wire});
   return std::nullopt;
 }
 
@@ -215,8 +227,10 @@ bool PsService::PushPullSession::ServePull(const PullJob& job) {
           absl::Span<const float> weights) {
         // Copied under the chunk's lock, written after it.
         reply = EncodeChunkMessage(no_fields, kPullChunkField, spec.param_id,
-                                   spec.chunk_index, version, weights);
-        reply_bytes = static_cast<int64_t>(weights.size() * sizeof(float));
+                                   spec.chunk_index, version, weights, nullptr,
+                                   job.wire_dtype);
+        reply_bytes = static_cast<int64_t>(weights.size() *
+                                           WireBytesPerElement(job.wire_dtype));
       },
       [&] {
         service_->bytes_sent_.fetch_add(reply_bytes, std::memory_order_relaxed);

@@ -62,6 +62,8 @@ class PsService::PushPullSession {
     int64_t samples;
     int64_t generation;
     int64_t worker_id;
+    // How the weights travel (PullRequest.wire_dtype; fp32 if unset).
+    DType wire_dtype;
   };
 
   // One message read; nullopt to go on, else the status to finish with

@@ -13,6 +13,7 @@
 #include "absl/synchronization/mutex.h"
 #include "common/grpc_server.h"
 #include "common/partition.h"
+#include "common/wire_dtype.h"
 #include "gtest/gtest.h"
 #include "server/parameter_shard.h"
 #include "server/ps_service.h"
@@ -324,6 +325,7 @@ class Shards {
     options.worker_id = worker;
     options.rpc_timeout = absl::Seconds(10);
     options.clip_by_global_norm = clip_grad_norm_ > 0;
+    options.wire_dtype = wire_dtype_;
     absl::StatusOr<std::unique_ptr<PsClient>> client =
         PsClient::Create(options, Plan());
     EXPECT_TRUE(client.ok()) << client.status();
@@ -331,8 +333,11 @@ class Shards {
                             absl::Seconds(10), staleness_);
   }
   ParameterShard& shard(int s) { return *shards_[s]; }
+  // How the workers' pushes and pulls travel (default fp32).
+  void set_wire_dtype(DType dtype) { wire_dtype_ = dtype; }
 
  private:
+  DType wire_dtype_ = DTYPE_FLOAT32;
   const int staleness_;
   const double clip_grad_norm_;
   std::vector<std::unique_ptr<ParameterShard>> shards_;
@@ -421,6 +426,54 @@ TEST(PsExchangeTest, PushesStartDuringBackwardAndMatchAdam) {
     for (int t = 0; t < kTensors; ++t) {
       EXPECT_EQ(results[r][t], expected[t])
           << "worker " << r << " tensor " << t;
+    }
+  }
+}
+
+// 16-bit wire formats (issue 39): a sync job whose pushes and pulls travel
+// as bfloat16 or float16 ends with the weights of the fp32 job whose
+// gradients and pulled weights were rounded the same way
+// (RoundThroughWire, which testdata/wire_dtype_fixture.txt ties to
+// PyTorch's conversions), bit for bit: the shards average and update in
+// fp32.
+TEST(PsExchangeTest, SixteenBitWireEqualsFp32OnRoundedValuesBitForBit) {
+  constexpr int kWorkers = 2;
+  constexpr int kSteps = 3;
+  for (DType dtype : {DTYPE_BFLOAT16, DTYPE_FLOAT16}) {
+    Shards shards(/*num_shards=*/2, kWorkers);
+    shards.set_wire_dtype(dtype);
+    const std::vector<std::vector<std::vector<float>>> results =
+        TrainOnShards(shards, kWorkers, kSteps);
+    // The reference: Expected()'s Adam on the rounded gradients (one chunk
+    // per tensor, so one float16 scale per tensor), weights rounded as
+    // pulled.
+    std::vector<std::vector<float>> w(kTensors,
+                                      std::vector<float>(kElements, 0.1f));
+    std::vector<std::vector<float>> m(kTensors, std::vector<float>(kElements));
+    std::vector<std::vector<float>> v(kTensors, std::vector<float>(kElements));
+    for (int step = 1; step <= kSteps; ++step) {
+      for (int t = 0; t < kTensors; ++t) {
+        std::vector<float> average(kElements, 0.0f);
+        for (int r = 0; r < kWorkers; ++r) {
+          std::vector<float> g = Gradient(r, t);
+          RoundThroughWire(dtype, absl::MakeSpan(g));
+          for (int i = 0; i < kElements; ++i) average[i] += g[i];
+        }
+        for (float& x : average) x *= 1.0f / kWorkers;
+        OptimizerUpdate(OptimizerOptions(), step, w[t].data(), average.data(),
+                        m[t].data(), v[t].data(), kElements);
+      }
+    }
+    std::vector<std::vector<float>> fp32 = w;
+    for (std::vector<float>& tensor : w) {
+      RoundThroughWire(dtype, absl::MakeSpan(tensor));
+    }
+    for (int r = 0; r < kWorkers; ++r) {
+      for (int t = 0; t < kTensors; ++t) {
+        EXPECT_EQ(results[r][t], w[t])
+            << WireDtypeSpelling(dtype) << " worker " << r << " tensor " << t;
+        EXPECT_NE(results[r][t], fp32[t]) << "no rounding happened";
+      }
     }
   }
 }

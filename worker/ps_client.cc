@@ -247,9 +247,9 @@ absl::Status PsClient::PushChunk(int shard, StepState* state,
     push->set_step(state->step);
     message = EncodeSmallMessage(skipped);
   } else {
-    message =
-        EncodeChunkMessage(envelope, kPushChunkField, c.param_id, c.chunk_index,
-                           state->step, values, leases_[shard].get());
+    message = EncodeChunkMessage(envelope, kPushChunkField, c.param_id,
+                                 c.chunk_index, state->step, values,
+                                 leases_[shard].get(), options_.wire_dtype);
   }
   const int64_t bytes = static_cast<int64_t>(message.Length());
   if (!s.stream->Write(message)) {
@@ -615,6 +615,9 @@ absl::Status PsClient::BeginStep(
   SetHeader(state->pull.mutable_header());
   state->pull.mutable_pull()->set_min_version(min_version);
   state->pull.mutable_pull()->set_samples(samples);
+  if (options_.wire_dtype != DTYPE_FLOAT32) {
+    state->pull.mutable_pull()->set_wire_dtype(options_.wire_dtype);
+  }
   state->pull_first = !gradients.empty() && min_version > 0;
   state->send_step_end = state->pull_first;
   skipped_step_.reset();

@@ -70,6 +70,10 @@ struct PsClientOptions {
   // partial sum of squares and sends their sum back to every shard. The
   // shards hold the clipping threshold.
   bool clip_by_global_norm = false;
+  // How pushed gradients and pulled weights travel (the job's wire_dtype,
+  // common/wire_dtype.h): DTYPE_FLOAT32, or a 16-bit format at half the
+  // bytes, converted at the edges (the shards keep fp32).
+  DType wire_dtype = DTYPE_FLOAT32;
 };
 
 // One step's exchange as this worker saw it (worker/metrics.h), measured

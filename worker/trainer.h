@@ -33,6 +33,7 @@
 #include "models/model.h"
 #include "optim/adam.h"
 #include "optim/optimizer.h"
+#include "proto/ps.pb.h"
 #include "proto/results.pb.h"
 #include "worker/collective.h"
 #include "worker/dataset.h"
@@ -101,6 +102,10 @@ struct TrainerOptions {
   // one per evaluation; empty: none.
   std::string metrics_dir;
   int64_t partition_bytes = PartitionPlan::kDefaultPartitionBytes;
+  // PS modes: how pushed gradients and pulled weights travel (the job's
+  // wire_dtype, common/wire_dtype.h): DTYPE_FLOAT32, DTYPE_BFLOAT16 or
+  // DTYPE_FLOAT16. The worker's model holds the pulled (rounded) weights.
+  DType wire_dtype = DTYPE_FLOAT32;
   // 0: every full batch of the worker's shard; otherwise at most this many
   // steps per epoch (short test and benchmark runs).
   int64_t max_steps_per_epoch = 0;
