@@ -50,8 +50,10 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "catalog/catalog.h"
+#include "catalog/job_config.h"
 #include "common/flags_util.h"
 #include "common/status_macros.h"
+#include "models/backend_factory.h"
 #include "models/model.h"
 #include "optim/adam.h"
 #include "worker/data_flags.h"
@@ -427,7 +429,7 @@ TorchColumns CompareWithTorch(const BenchRun& run, const Model& m,
   TorchColumns columns;
   TorchResult t = RunTorch(run.model_name, run.chw, run.num_classes, run.batch,
                            run.steps, run.warmup, run.threads,
-                           absl::GetFlag(FLAGS_backend) == "cuda"
+                           absl::GetFlag(FLAGS_backend) == BACKEND_CUDA
                                ? absl::StrCat("cuda:", absl::GetFlag(FLAGS_gpu))
                                : "cpu",
                            run.on_gpu && backend.tf32_allowed());
@@ -503,7 +505,7 @@ int Main() {
     return 2;
   }
   absl::StatusOr<std::unique_ptr<Backend>> backend =
-      Backend::Create(absl::GetFlag(FLAGS_backend), absl::GetFlag(FLAGS_gpu));
+      CreateBackend(absl::GetFlag(FLAGS_backend), absl::GetFlag(FLAGS_gpu));
   if (!backend.ok()) {
     PrintError(kProgram, backend.status().message());
     return 2;

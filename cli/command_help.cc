@@ -110,6 +110,10 @@ Flags JobFlags(const std::string& what) {
       {"seed", "Seed of the initial weights and the shuffles."},
       {"log_every_steps", "Steps between throughput lines."},
       {"partition_bytes", "Largest chunk of a tensor on the wire, bytes."},
+      {"wire_dtype",
+       "PS modes: how pushed gradients and pulled weights travel: fp32, "
+       "bf16 (round to nearest even) or fp16 (scaled per chunk); the shards "
+       "keep fp32 weights and optimizer state."},
       {"max_steps_per_epoch",
        "If > 0, at most this many steps per epoch (short runs)."},
       {"ps_binary",
@@ -202,7 +206,7 @@ CommandInfo RunInfo() {
       "--num_workers workers as local processes (or one network namespace "
       "per task with --ps_netns/--worker_netns) under an in-process "
       "coordinator; streams their lines and prints a table of results. "
-      "Mode sync or async: PS flags (--num_ps, --partition_bytes, "
+      "Mode sync or async: PS flags (--num_ps, --partition_bytes, --wire_dtype, "
       "checkpoints, --max_restarts); mode "
       "allreduce: --bucket_bytes. --compute=synthetic: --compute_ms, "
       "--model_bytes, --backward_fraction and no dataset flags. A flag "
@@ -664,9 +668,9 @@ absl::Status CheckIgnoredDataFlags(const std::string& dataset,
   return absl::OkStatus();
 }
 
-absl::Status CheckIgnoredBackendFlags(const std::string& backend,
+absl::Status CheckIgnoredBackendFlags(BackendKind backend,
                                       const std::string& command) {
-  if (backend == "cpu" && FlagSpecified("gpu")) {
+  if (backend == BACKEND_CPU && FlagSpecified("gpu")) {
     return absl::InvalidArgumentError(
         absl::StrCat("--gpu would be ignored: it is for --backend=cuda; see "
                      "pstrain help ",

@@ -11,6 +11,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
+#include "catalog/job_config.h"
 
 namespace pstrain {
 
@@ -63,8 +64,8 @@ absl::Status CheckFlagsOf(const CommandInfo& command);
 absl::Status CheckIgnoredDataFlags(const std::string& dataset,
                                    const std::string& command);
 
-// --gpu given with `backend` "cpu": INVALID_ARGUMENT as above.
-absl::Status CheckIgnoredBackendFlags(const std::string& backend,
+// --gpu given with `backend` BACKEND_CPU: INVALID_ARGUMENT as above.
+absl::Status CheckIgnoredBackendFlags(BackendKind backend,
                                       const std::string& command);
 
 }  // namespace pstrain

@@ -5,6 +5,7 @@
 #include "cli/command_help.h"
 
 #include <cstdio>
+#include <map>
 #include <set>
 #include <string>
 #include <vector>
@@ -108,8 +109,16 @@ TEST(CommandHelpTest, AnotherCommandsFlagIsRefusedWithExit2) {
     for (const std::string& flag : all) {
       if (own.count(flag) > 0 || refused == 3) continue;
       ++refused;
-      const std::string line =
-          absl::StrCat("cli/pstrain ", command.name, " --", flag, "=1");
+      // A value the flag's type parses (a typed choice refuses "1" before
+      // the command's check sees the flag).
+      static const std::map<std::string, std::string> kValues = {
+          {"mode", "sync"},         {"optimizer", "adam"},
+          {"lr_schedule", "cosine"}, {"compute", "model"},
+          {"augment", "none"},      {"backend", "cpu"}};
+      const auto typed = kValues.find(flag);
+      const std::string line = absl::StrCat(
+          "cli/pstrain ", command.name, " --", flag, "=",
+          typed == kValues.end() ? "1" : typed->second);
       const CommandResult r = RunCommand(line);
       EXPECT_EQ(r.exit_code, 2) << line << ": " << r.output;
       EXPECT_EQ(r.output,

@@ -60,7 +60,10 @@ std::string Ratio(double x) {
   return x > 0 ? absl::StrFormat("%.2fx", x) : "-";
 }
 
-bool Synthetic(const RunResult& r) { return r.compute() == "synthetic"; }
+bool Synthetic(const RunResult& r) {
+  return ParseCompute(r.compute()).value_or(COMPUTE_UNSPECIFIED) ==
+         COMPUTE_SYNTHETIC;
+}
 
 // "ps_sync (2 PS)", "allreduce"; with `batch`, ", batch 64" after it.
 std::string SeriesName(const CompareRun& run, bool batch) {
@@ -165,25 +168,50 @@ Spread SpreadOf(const CompareRun& run) {
   return spread;
 }
 
-bool IsAllreduce(const std::string& compare_mode) {
-  return compare_mode == "allreduce" || compare_mode == "allreduce_nccl";
+namespace {
+
+// The labels of --modes and what each runs.
+struct CompareModeLabel {
+  absl::string_view label;
+  Mode mode;
+  CollectiveKind collective;
+};
+constexpr CompareModeLabel kCompareModes[] = {
+    {"ps_sync", MODE_SYNC, COLLECTIVE_NONE},
+    {"ps_async", MODE_ASYNC, COLLECTIVE_NONE},
+    {"allreduce", MODE_ALLREDUCE, COLLECTIVE_GLOO},
+    {"allreduce_nccl", MODE_ALLREDUCE, COLLECTIVE_NCCL},
+};
+
+const CompareModeLabel* FindCompareMode(absl::string_view label) {
+  for (const CompareModeLabel& known : kCompareModes) {
+    if (known.label == label) return &known;
+  }
+  return nullptr;
 }
 
-absl::StatusOr<std::string> JobModeOf(const std::string& compare_mode) {
-  if (compare_mode == "ps_sync") return std::string("sync");
-  if (compare_mode == "ps_async") return std::string("async");
-  if (compare_mode == "allreduce") return std::string("allreduce");
-  if (compare_mode == "allreduce_nccl") {
-    if (Collective::HasNccl()) return std::string("allreduce");
+}  // namespace
+
+bool IsAllreduce(const std::string& compare_mode) {
+  const CompareModeLabel* known = FindCompareMode(compare_mode);
+  return known != nullptr && known->mode == MODE_ALLREDUCE;
+}
+
+absl::StatusOr<CompareMode> ParseCompareMode(const std::string& label) {
+  const CompareModeLabel* known = FindCompareMode(label);
+  if (known == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--modes: \"", label,
+                     "\" is not a mode; expected ps_sync, ps_async, "
+                     "allreduce or allreduce_nccl"));
+  }
+  if (known->collective == COLLECTIVE_NCCL && !Collective::HasNccl()) {
     return absl::InvalidArgumentError(
         "--modes=allreduce_nccl: this build has no NCCL collective (build "
         "with bazel build --config=cuda, and run with --backend=cuda); "
         "expected ps_sync, ps_async or allreduce (Gloo)");
   }
-  return absl::InvalidArgumentError(
-      absl::StrCat("--modes: \"", compare_mode,
-                   "\" is not a mode; expected ps_sync, ps_async, "
-                   "allreduce or allreduce_nccl"));
+  return CompareMode{label, known->mode, known->collective};
 }
 
 absl::StatusOr<std::vector<int>> ParsePositiveList(const std::string& flag,
@@ -546,7 +574,10 @@ absl::StatusOr<const ComparePreset*> FindComparePreset(
 
 namespace {
 
-bool OnCuda(const CompareRun& run) { return run.result.backend() == "cuda"; }
+bool OnCuda(const CompareRun& run) {
+  return ParseBackend(run.result.backend()).value_or(BACKEND_UNSPECIFIED) ==
+         BACKEND_CUDA;
+}
 
 // "ps_sync, 2 PS" / "allreduce"; with `model`, "resnet18 on cpu, " first.
 std::string ReportSeries(const CompareRun& run, bool model) {
@@ -700,7 +731,7 @@ absl::Status WriteCompareReport(const CompareReportOptions& options,
       FormatCommunicationTable(done, link_bytes_per_sec);
   const RunResult& first = done.front().result;
   const std::string title = absl::StrCat(
-      first.compute() == "synthetic"
+      Synthetic(first)
           ? absl::StrCat(
                 absl::StrFormat("synthetic compute %.0f ms, %.1f MB of "
                                 "gradients",

@@ -15,6 +15,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "catalog/job_config.h"
 #include "proto/results.pb.h"
 
 namespace pstrain {
@@ -52,14 +53,23 @@ Spread SpreadOf(const CompareRun& run);
 // -1 when empty.
 int MedianIndex(const std::vector<double>& throughputs);
 
-// The modes `--modes` accepts, and the job mode each runs ("sync", "async",
-// "allreduce"; allreduce_nccl is "allreduce" with the job's collective
-// "nccl"). INVALID_ARGUMENT naming the flag for anything else; for
+// A `--modes` entry: its label (the report's: "ps_sync", "ps_async",
+// "allreduce", "allreduce_nccl"), the job mode it runs and that job's
+// collective (COLLECTIVE_NONE in the PS modes).
+struct CompareMode {
+  std::string label;
+  Mode mode = MODE_SYNC;
+  CollectiveKind collective = COLLECTIVE_NONE;
+};
+
+// Parses a `--modes` entry: ps_sync (MODE_SYNC), ps_async (MODE_ASYNC),
+// allreduce (MODE_ALLREDUCE over Gloo) or allreduce_nccl (MODE_ALLREDUCE
+// over NCCL). INVALID_ARGUMENT naming the flag for anything else; for
 // allreduce_nccl in a build without CUDA, says that this build has no NCCL
 // collective.
-absl::StatusOr<std::string> JobModeOf(const std::string& compare_mode);
+absl::StatusOr<CompareMode> ParseCompareMode(const std::string& label);
 
-// Whether `compare_mode` is an allreduce (Gloo or NCCL).
+// Whether the label `compare_mode` runs an allreduce (Gloo or NCCL).
 bool IsAllreduce(const std::string& compare_mode);
 
 // "1,2,4" -> {1, 2, 4}: positive, distinct, at most 64 entries.

@@ -384,20 +384,24 @@ TEST(ParseTest, ListsAndModes) {
               HasSubstr("\"0\" is not a positive integer"));
   EXPECT_THAT(ParsePositiveList("workers", "2,2").status().message(),
               HasSubstr("2 is repeated"));
-  EXPECT_EQ(*JobModeOf("ps_sync"), "sync");
-  EXPECT_EQ(*JobModeOf("ps_async"), "async");
-  EXPECT_EQ(*JobModeOf("allreduce"), "allreduce");
+  EXPECT_EQ(ParseCompareMode("ps_sync")->mode, MODE_SYNC);
+  EXPECT_EQ(ParseCompareMode("ps_sync")->collective, COLLECTIVE_NONE);
+  EXPECT_EQ(ParseCompareMode("ps_async")->mode, MODE_ASYNC);
+  EXPECT_EQ(ParseCompareMode("allreduce")->mode, MODE_ALLREDUCE);
+  EXPECT_EQ(ParseCompareMode("allreduce")->collective, COLLECTIVE_GLOO);
+  EXPECT_EQ(ParseCompareMode("allreduce")->label, "allreduce");
   if (Collective::HasNccl()) {
-    EXPECT_EQ(*JobModeOf("allreduce_nccl"), "allreduce");
+    EXPECT_EQ(ParseCompareMode("allreduce_nccl")->mode, MODE_ALLREDUCE);
+    EXPECT_EQ(ParseCompareMode("allreduce_nccl")->collective, COLLECTIVE_NCCL);
   } else {
-    EXPECT_THAT(JobModeOf("allreduce_nccl").status().message(),
+    EXPECT_THAT(ParseCompareMode("allreduce_nccl").status().message(),
                 HasSubstr("--modes=allreduce_nccl: this build has no NCCL "
                           "collective (build with bazel build --config=cuda"));
   }
   EXPECT_TRUE(IsAllreduce("allreduce"));
   EXPECT_TRUE(IsAllreduce("allreduce_nccl"));
   EXPECT_FALSE(IsAllreduce("ps_sync"));
-  EXPECT_THAT(JobModeOf("ring").status().message(),
+  EXPECT_THAT(ParseCompareMode("ring").status().message(),
               HasSubstr("\"ring\" is not a mode"));
 }
 

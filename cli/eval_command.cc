@@ -10,6 +10,7 @@
 #include "cli/command_help.h"
 #include "common/flags_util.h"
 #include "common/regular_file.h"
+#include "models/backend_factory.h"
 #include "models/model.h"
 #include "models/model_file.h"
 #include "worker/checkpoint.h"
@@ -75,7 +76,7 @@ int EvalCommand(const std::string& checkpoint, int batch_size) {
                         dataset->num_classes));
   }
   absl::StatusOr<std::unique_ptr<Backend>> backend =
-      Backend::Create(absl::GetFlag(FLAGS_backend), absl::GetFlag(FLAGS_gpu));
+      CreateBackend(absl::GetFlag(FLAGS_backend), absl::GetFlag(FLAGS_gpu));
   if (!backend.ok()) return Fail(2, std::string(backend.status().message()));
   absl::StatusOr<std::unique_ptr<Model>> model =
       Model::Create(info->model, info->input_chw, info->num_classes,

@@ -15,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
+#include "catalog/job_config.h"
 #include "cli/trace_merge.h"
 #include "common/flags_util.h"
 #include "common/tls.h"
@@ -230,7 +231,8 @@ std::string FormatResultTable(const RunResult& r) {
 
 std::string FormatTestAccuracy(const RunResult& r) {
   // Synthetic compute has no test set.
-  return r.compute() == "synthetic"
+  return ParseCompute(r.compute()).value_or(COMPUTE_UNSPECIFIED) ==
+                 COMPUTE_SYNTHETIC
              ? std::string("-")
              : absl::StrFormat("%.4f", r.test_accuracy());
 }

@@ -50,9 +50,12 @@ absl::StatusOr<std::vector<NetnsHost>> ParseNetnsHosts(
 // supervisor of its tasks.
 class LocalJob {
  public:
-  LocalJob(const JobSpec& spec, const Placement& placement,
+  LocalJob(const JobConfig& config, const Placement& placement,
            const LocalJobOptions& options)
-      : spec_(spec), placement_(placement), options_(options) {}
+      : config_(config),
+        spec_(config.spec),
+        placement_(placement),
+        options_(options) {}
 
   // A fresh CA and the coordinator's certificate (mutual TLS with no flag;
   // --insecure: plaintext), the in-process coordinator, the job submitted
@@ -81,7 +84,8 @@ class LocalJob {
   // as soon as the tasks' certificates are minted.
   static constexpr absl::Duration kCertificateValidity = absl::Hours(24);
 
-  const JobSpec& spec_;
+  const JobConfig& config_;
+  const JobSpec& spec_;  // config_.spec
   const Placement& placement_;
   const LocalJobOptions& options_;
   TlsOptions tls_;
@@ -165,7 +169,8 @@ std::vector<std::string> LocalJob::TaskArgv(const std::string& binary, bool ps,
     // NCCL needs one GPU per rank: worker w takes GPU --gpu + w. Other
     // modes share --gpu.
     argv.push_back(absl::StrCat(
-        "--gpu=", options_.gpu + (spec_.collective() == "nccl" ? index : 0)));
+        "--gpu=",
+        options_.gpu + (config_.collective == COLLECTIVE_NCCL ? index : 0)));
   }
   return argv;
 }
@@ -298,11 +303,13 @@ absl::Status CheckRoom(const Placement& placement, int num_ps, int num_workers,
   return absl::OkStatus();
 }
 
-absl::Status CheckSpec(const JobSpec& spec, const Dataset* dataset) {
-  if (absl::Status s = ValidateJobSpec(spec); !s.ok()) {
+absl::StatusOr<JobConfig> CheckSpec(const JobSpec& spec,
+                                    const Dataset* dataset) {
+  absl::StatusOr<JobConfig> config = ResolveJobSpec(spec);
+  if (!config.ok()) {
     // "num_workers: 0; expected ..." names the flag --num_workers;
     // "optimizer.lr: ..." names --lr.
-    absl::string_view message = s.message();
+    absl::string_view message = config.status().message();
     absl::ConsumePrefix(&message, "optimizer.");
     return absl::InvalidArgumentError(absl::StrCat("--", message));
   }
@@ -313,7 +320,7 @@ absl::Status CheckSpec(const JobSpec& spec, const Dataset* dataset) {
         spec.num_workers(), " workers' ",
         dataset->train.count / spec.num_workers(), " training samples"));
   }
-  return absl::OkStatus();
+  return config;
 }
 
 absl::Status CheckModelFiles(const JobSpec& spec, const Dataset* dataset) {
@@ -400,10 +407,10 @@ absl::Status CheckModelFiles(const JobSpec& spec, const Dataset* dataset) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<RunResult> RunLocalJob(const JobSpec& spec,
+absl::StatusOr<RunResult> RunLocalJob(const JobConfig& config,
                                       const Placement& placement,
                                       const LocalJobOptions& options) {
-  LocalJob job(spec, placement, options);
+  LocalJob job(config, placement, options);
   RETURN_IF_ERROR(job.StartCoordinator());
   RETURN_IF_ERROR(job.StartTasks());
   return job.Supervise();

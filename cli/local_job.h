@@ -17,6 +17,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "catalog/job_config.h"
 #include "proto/job.pb.h"
 #include "proto/results.pb.h"
 #include "worker/dataset.h"
@@ -52,11 +53,12 @@ absl::StatusOr<Placement> ParsePlacement(const std::string& ps_netns,
 absl::Status CheckRoom(const Placement& placement, int num_ps, int num_workers,
                        const std::string& workers_flag);
 
-// The spec's fields (ValidateJobSpec, its message naming the flag:
+// The spec's fields (ResolveJobSpec, its message naming the flag:
 // "--num_workers: ...", "--lr: ...") and, with a `dataset` (null with
-// synthetic compute), that each worker's shard holds a batch.
-// INVALID_ARGUMENT otherwise.
-absl::Status CheckSpec(const JobSpec& spec, const Dataset* dataset);
+// synthetic compute), that each worker's shard holds a batch; the job's
+// config. INVALID_ARGUMENT otherwise.
+absl::StatusOr<JobConfig> CheckSpec(const JobSpec& spec,
+                                    const Dataset* dataset);
 
 // The spec's files: --init_from loads into its model (built on the CPU
 // from `dataset`'s input shape; skipped when `dataset` is null), and
@@ -81,11 +83,12 @@ struct LocalJobOptions {
   const volatile std::sig_atomic_t* stop_signal = nullptr;
 };
 
-// Runs `spec` (checked) to its end with its tasks placed by `placement`.
-// Returns worker 0's results; ABORTED with the job's message when it
-// failed (every process stopped); CANCELLED when *stop_signal became
-// nonzero; another error when the coordinator or a task could not start.
-absl::StatusOr<RunResult> RunLocalJob(const JobSpec& spec,
+// Runs `config`'s spec (checked: CheckSpec) to its end with its tasks
+// placed by `placement`. Returns worker 0's results; ABORTED with the job's
+// message when it failed (every process stopped); CANCELLED when
+// *stop_signal became nonzero; another error when the coordinator or a
+// task could not start.
+absl::StatusOr<RunResult> RunLocalJob(const JobConfig& config,
                                       const Placement& placement,
                                       const LocalJobOptions& options);
 

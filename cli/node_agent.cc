@@ -19,6 +19,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
+#include "catalog/job_config.h"
 #include "cli/node_supervisor.h"
 #include "common/flags_util.h"
 #include "common/tls.h"
@@ -56,10 +57,11 @@ int Fail(int code, const std::string& message) {
   return code;
 }
 
-// The flags of `pstrain node` that the job's `spec` would ignore, given on
-// the command line anyway: an error naming the first, as `pstrain run`
+// The flags of `pstrain node` that the job (`config`) would ignore, given
+// on the command line anyway: an error naming the first, as `pstrain run`
 // refuses the flags its mode ignores.
-absl::Status CheckIgnoredNodeFlags(const JobSpec& spec) {
+absl::Status CheckIgnoredNodeFlags(const JobConfig& config) {
+  const JobSpec& spec = config.spec;
   auto ignored = [](const char* flag, const std::string& why) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--", flag, " would be ignored: ", why, "; see pstrain help node"));
@@ -71,9 +73,10 @@ absl::Status CheckIgnoredNodeFlags(const JobSpec& spec) {
       }
     }
   }
-  if (spec.backend() != "cuda" && FlagSpecified("gpus_per_node")) {
-    return ignored("gpus_per_node", absl::StrCat("the job's backend is ",
-                                                 spec.backend(), ", not cuda"));
+  if (config.backend != BACKEND_CUDA && FlagSpecified("gpus_per_node")) {
+    return ignored("gpus_per_node",
+                   absl::StrCat("the job's backend is ",
+                                Spelling(config.backend), ", not cuda"));
   }
   return absl::OkStatus();
 }
@@ -274,7 +277,8 @@ struct NodeRun {
   std::string coordinator;  // host:port
   std::string job_id;
   TlsOptions tls;
-  JobSpec spec;
+  // The job's spec, as the coordinator holds it, and its choices.
+  JobConfig config;
 };
 
 // The launches of `tasks` (`ps` and `worker`: their binaries), and in
@@ -315,7 +319,7 @@ SupervisorOptions NodeSupervision(const NodeRun& run) {
   options.coordinator = run.coordinator;
   options.job_id = run.job_id;
   options.tls = run.tls;
-  options.spec = run.spec;
+  options.spec = run.config.spec;
   options.end_grace = absl::Seconds(absl::GetFlag(FLAGS_node_grace_s));
   options.stop_signal = &g_node_signal;
   const absl::Duration grace = options.end_grace;
@@ -386,12 +390,17 @@ int NodeCommand(const std::vector<std::string>& args,
   absl::StatusOr<JobInfo> job =
       FetchJob(run.coordinator, run.job_id, run.tls, absl::Seconds(120));
   if (!job.ok()) return Fail(1, std::string(job.status().message()));
-  run.spec = job->spec();
-  if (absl::Status s = CheckIgnoredNodeFlags(run.spec); !s.ok()) {
+  // The coordinator validated the spec when it was submitted.
+  absl::StatusOr<JobConfig> config = ParseJobChoices(job->spec());
+  if (!config.ok()) {
+    return Fail(1, absl::StrCat(run.job_id, ": ", config.status().message()));
+  }
+  run.config = *std::move(config);
+  if (absl::Status s = CheckIgnoredNodeFlags(run.config); !s.ok()) {
     return Fail(2, absl::StrCat(run.job_id, ": ", s.message()));
   }
   absl::StatusOr<std::vector<NodeTask>> tasks =
-      PlanNodeTasks(run.spec, *placement);
+      PlanNodeTasks(run.config.spec, *placement);
   if (!tasks.ok()) {
     return Fail(2, absl::StrCat(run.job_id, ": ", tasks.status().message()));
   }

@@ -8,7 +8,7 @@
 //    task (its own key from the TLS folder), and the job table counts the
 //    job's restarts against its spec's max_restarts over every node
 //    (JobTable::TaskRestarting), failing the job if they are spent. A
-//    restarted worker gets --rejoin (worker/recovery's rejoin).
+//    restarted worker gets --rejoin (TrainerOptions.rejoin, worker/trainer.h).
 //  - a death is reported instead (TaskFinished, not ok, which fails the
 //    job) when the spec allows no restarts, or when the job's restarts as
 //    the coordinator last said (GetJob, JobRestarts) are already

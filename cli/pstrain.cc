@@ -38,6 +38,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "catalog/job_config.h"
 #include "cli/certs_command.h"
 #include "cli/command_help.h"
 #include "cli/compare.h"
@@ -62,7 +63,7 @@ ABSL_FLAG(std::string, num_ps, "2",
 ABSL_FLAG(int, num_workers, 2, "Number of worker processes.");
 ABSL_FLAG(int, batch_size, 64, "Samples per step per worker.");
 ABSL_FLAG(int, epochs, 2, "Epochs over the training set.");
-ABSL_FLAG(std::string, mode, "sync",
+ABSL_FLAG(pstrain::Mode, mode, pstrain::MODE_SYNC,
           "sync (PS, barrier per step), async (PS) or allreduce (Gloo ring "
           "allreduce among the workers, no PS; --num_ps is ignored).");
 ABSL_FLAG(int64_t, bucket_bytes, 25 << 20,
@@ -73,14 +74,14 @@ ABSL_FLAG(double, beta2, 0.999, "Adam beta2.");
 ABSL_FLAG(double, epsilon, 1e-8, "Adam epsilon.");
 ABSL_FLAG(double, weight_decay, 0.0,
           "Weight decay: decoupled for adam (AdamW), L2 for sgd (as torch).");
-ABSL_FLAG(std::string, optimizer, "adam",
+ABSL_FLAG(pstrain::OptimizerAlgorithm, optimizer, pstrain::OPTIMIZER_ADAM,
           "adam (AdamW with --weight_decay), adamw (the same) or sgd "
           "(torch.optim.SGD).");
 ABSL_FLAG(double, momentum, 0.0, "sgd: momentum, 0 <= m < 1.");
 ABSL_FLAG(double, dampening, 0.0, "sgd: dampening of the momentum, 0 to 1.");
 ABSL_FLAG(bool, nesterov, false,
           "sgd: Nesterov momentum (needs --momentum > 0, dampening 0).");
-ABSL_FLAG(std::string, lr_schedule, "constant",
+ABSL_FLAG(pstrain::LrScheduleKind, lr_schedule, pstrain::LR_SCHEDULE_CONSTANT,
           "lr by global step: constant, step (StepLR) or cosine "
           "(CosineAnnealingLR to --lr_min over the job's steps).");
 ABSL_FLAG(int64_t, warmup_steps, 0,
@@ -109,13 +110,16 @@ ABSL_FLAG(bool, trace, false,
           "`pstrain trace METRICS_DIR`.");
 ABSL_FLAG(int64_t, partition_bytes, 4 << 20,
           "Largest chunk of a tensor on the wire, bytes.");
+ABSL_FLAG(std::string, wire_dtype, "fp32",
+          "PS modes: how gradients and weights travel: fp32, bf16 or fp16 "
+          "(the shards keep fp32).");
 ABSL_FLAG(int64_t, max_steps_per_epoch, 0,
           "If > 0, at most this many steps per epoch (short runs).");
 ABSL_FLAG(std::string, ps_binary, "",
           "pstrain_ps to run; default: the one built beside this program.");
 ABSL_FLAG(std::string, worker_binary, "",
           "pstrain_worker to run; default: the one built beside this program.");
-ABSL_FLAG(std::string, compute, "model",
+ABSL_FLAG(pstrain::ComputeKind, compute, pstrain::COMPUTE_MODEL,
           "model: forward and backward of --model on --dataset; synthetic: "
           "a stand-in for a GPU that sleeps --compute_ms per step and "
           "exchanges --model_bytes of gradients (no dataset; set "
@@ -289,18 +293,21 @@ absl::StatusOr<Placement> PlacementFromFlags() {
                         absl::GetFlag(FLAGS_coordinator_host));
 }
 
-// The flags that `spec` (built from them) would ignore, given on the
-// command line anyway: an error naming the first, so that nobody believes a
-// flag took effect that did not. `command` is "run" or "compare".
-absl::Status CheckIgnoredFlags(const JobSpec& spec, const std::string& command,
-                               bool any_ps_mode, bool any_allreduce) {
+// The flags that `config`'s spec (built from them) would ignore, given on
+// the command line anyway: an error naming the first, so that nobody
+// believes a flag took effect that did not. `command` is "run" or
+// "compare".
+absl::Status CheckIgnoredFlags(const JobConfig& config,
+                               const std::string& command, bool any_ps_mode,
+                               bool any_allreduce) {
+  const JobSpec& spec = config.spec;
   auto ignored = [&](const char* flag, const std::string& why) {
     return absl::InvalidArgumentError(
         absl::StrCat("--", flag, " would be ignored: ", why,
                      "; see pstrain help ", command));
   };
   const std::string modes =
-      command == "run" ? absl::StrCat("--mode=", spec.mode())
+      command == "run" ? absl::StrCat("--mode=", Spelling(config.mode))
                        : absl::StrCat("--modes=", absl::GetFlag(FLAGS_modes));
   if (!any_allreduce && FlagSpecified("bucket_bytes")) {
     return ignored(
@@ -309,7 +316,7 @@ absl::Status CheckIgnoredFlags(const JobSpec& spec, const std::string& command,
   }
   if (!any_ps_mode) {
     // Checkpoints, --resume and restarts are for every mode.
-    for (const char* flag : {"num_ps", "partition_bytes"}) {
+    for (const char* flag : {"num_ps", "partition_bytes", "wire_dtype"}) {
       if (FlagSpecified(flag)) {
         return ignored(flag, absl::StrCat("it is for the parameter-server "
                                           "modes (sync, async), not ",
@@ -317,7 +324,7 @@ absl::Status CheckIgnoredFlags(const JobSpec& spec, const std::string& command,
       }
     }
   }
-  const bool synthetic = spec.compute() == "synthetic";
+  const bool synthetic = config.compute == COMPUTE_SYNTHETIC;
   for (const char* flag : {"compute_ms", "model_bytes", "backward_fraction"}) {
     if (!synthetic && FlagSpecified(flag)) {
       return ignored(flag, "it is for --compute=synthetic");
@@ -333,7 +340,7 @@ absl::Status CheckIgnoredFlags(const JobSpec& spec, const std::string& command,
   } else {
     RETURN_IF_ERROR(CheckIgnoredDataFlags(spec.dataset(), command));
   }
-  RETURN_IF_ERROR(CheckIgnoredBackendFlags(spec.backend(), command));
+  RETURN_IF_ERROR(CheckIgnoredBackendFlags(config.backend, command));
   if (command == "compare" && absl::GetFlag(FLAGS_steps) > 0) {
     for (const char* flag : {"epochs", "max_steps_per_epoch"}) {
       if (FlagSpecified(flag)) {
@@ -344,8 +351,9 @@ absl::Status CheckIgnoredFlags(const JobSpec& spec, const std::string& command,
   return absl::OkStatus();
 }
 
-// The job spec the flags describe (mode, PS count and workers given).
-JobSpec SpecFromFlags(const std::string& mode, int num_ps, int num_workers) {
+// The job spec the flags describe (mode, PS count and workers given; an
+// allreduce over Gloo).
+JobSpec SpecFromFlags(Mode mode, int num_ps, int num_workers) {
   JobSpec spec;
   spec.set_model(absl::GetFlag(FLAGS_model));
   spec.set_dataset(absl::GetFlag(FLAGS_dataset));
@@ -358,21 +366,22 @@ JobSpec SpecFromFlags(const std::string& mode, int num_ps, int num_workers) {
   spec.set_stream_images(absl::GetFlag(FLAGS_stream_images));
   spec.set_max_dataset_memory_bytes(
       absl::GetFlag(FLAGS_max_dataset_memory).bytes);
-  spec.set_augment(absl::GetFlag(FLAGS_augment));
+  spec.set_augment(std::string(Spelling(absl::GetFlag(FLAGS_augment))));
   spec.set_num_classes(absl::GetFlag(FLAGS_num_classes));
   spec.set_synthetic_samples(absl::GetFlag(FLAGS_synthetic_samples));
-  spec.set_backend(absl::GetFlag(FLAGS_backend));
-  spec.set_mode(mode);
-  spec.set_num_ps(mode == "allreduce" ? 0 : num_ps);
+  spec.set_backend(std::string(Spelling(absl::GetFlag(FLAGS_backend))));
+  spec.set_mode(std::string(Spelling(mode)));
+  spec.set_num_ps(mode == MODE_ALLREDUCE ? 0 : num_ps);
   spec.set_num_workers(num_workers);
   spec.set_batch_size(absl::GetFlag(FLAGS_batch_size));
   spec.set_epochs(absl::GetFlag(FLAGS_epochs));
   spec.set_seed(absl::GetFlag(FLAGS_seed));
   spec.set_partition_bytes(absl::GetFlag(FLAGS_partition_bytes));
+  if (mode != MODE_ALLREDUCE) spec.set_wire_dtype(absl::GetFlag(FLAGS_wire_dtype));
   spec.set_log_every_steps(absl::GetFlag(FLAGS_log_every_steps));
   spec.set_max_steps_per_epoch(absl::GetFlag(FLAGS_max_steps_per_epoch));
   spec.set_bucket_bytes(absl::GetFlag(FLAGS_bucket_bytes));
-  spec.set_compute(absl::GetFlag(FLAGS_compute));
+  spec.set_compute(std::string(Spelling(absl::GetFlag(FLAGS_compute))));
   spec.set_compute_ms(absl::GetFlag(FLAGS_compute_ms));
   spec.set_model_bytes(absl::GetFlag(FLAGS_model_bytes));
   spec.set_backward_fraction(absl::GetFlag(FLAGS_backward_fraction));
@@ -405,11 +414,12 @@ JobSpec SpecFromFlags(const std::string& mode, int num_ps, int num_workers) {
   optimizer->set_beta1(absl::GetFlag(FLAGS_beta1));
   optimizer->set_beta2(absl::GetFlag(FLAGS_beta2));
   optimizer->set_epsilon(absl::GetFlag(FLAGS_epsilon));
-  optimizer->set_name(absl::GetFlag(FLAGS_optimizer));
+  optimizer->set_name(std::string(Spelling(absl::GetFlag(FLAGS_optimizer))));
   optimizer->set_momentum(absl::GetFlag(FLAGS_momentum));
   optimizer->set_dampening(absl::GetFlag(FLAGS_dampening));
   optimizer->set_nesterov(absl::GetFlag(FLAGS_nesterov));
-  optimizer->set_lr_schedule(absl::GetFlag(FLAGS_lr_schedule));
+  optimizer->set_lr_schedule(
+      std::string(Spelling(absl::GetFlag(FLAGS_lr_schedule))));
   optimizer->set_warmup_steps(absl::GetFlag(FLAGS_warmup_steps));
   optimizer->set_lr_step_size(absl::GetFlag(FLAGS_lr_step_size));
   optimizer->set_lr_gamma(absl::GetFlag(FLAGS_lr_gamma));
@@ -418,7 +428,9 @@ JobSpec SpecFromFlags(const std::string& mode, int num_ps, int num_workers) {
   optimizer->set_weight_decay(absl::GetFlag(FLAGS_weight_decay));
   // Not ApplyJobDefaults: every field above comes from a flag with its own
   // default, and a flag given as 0 is checked as 0, not made a default.
-  if (mode == "allreduce") spec.set_collective("gloo");
+  if (mode == MODE_ALLREDUCE) {
+    spec.set_collective(std::string(Spelling(COLLECTIVE_GLOO)));
+  }
   return spec;
 }
 
@@ -436,9 +448,9 @@ absl::Status CheckBinaries() {
   return absl::OkStatus();
 }
 
-// Runs `spec` (checked) to its end on this machine (RunLocalJob) with the
-// binaries and TLS of the flags; CANCELLED after SIGINT/SIGTERM.
-absl::StatusOr<RunResult> RunJob(const JobSpec& spec,
+// Runs `config`'s spec (checked) to its end on this machine (RunLocalJob)
+// with the binaries and TLS of the flags; CANCELLED after SIGINT/SIGTERM.
+absl::StatusOr<RunResult> RunJob(const JobConfig& config,
                                  const Placement& placement) {
   LocalJobOptions options;
   options.ps_binary = PsBinary();
@@ -449,7 +461,7 @@ absl::StatusOr<RunResult> RunJob(const JobSpec& spec,
       absl::Seconds(absl::GetFlag(FLAGS_heartbeat_timeout_s));
   options.gpu = absl::GetFlag(FLAGS_gpu);
   options.stop_signal = &g_signal;
-  return RunLocalJob(spec, placement, options);
+  return RunLocalJob(config, placement, options);
 }
 
 int ExitCodeOf(const absl::Status& status) {
@@ -463,7 +475,7 @@ int ExitCodeOf(const absl::Status& status) {
 // workers is refused here, before any process starts); null with synthetic
 // compute (it has none).
 absl::StatusOr<std::unique_ptr<Dataset>> CheckDataFromFlags() {
-  if (absl::GetFlag(FLAGS_compute) == "synthetic") {
+  if (absl::GetFlag(FLAGS_compute) == COMPUTE_SYNTHETIC) {
     return std::unique_ptr<Dataset>();
   }
   if (absl::Status s = CheckBackendFlags(); !s.ok()) return s;
@@ -482,7 +494,7 @@ absl::Status CheckMaxRestartsFlag() {
 }
 
 int Run() {
-  const std::string mode = absl::GetFlag(FLAGS_mode);
+  const Mode mode = absl::GetFlag(FLAGS_mode);
   // Every check before any process starts.
   if (absl::Status s = CheckMaxRestartsFlag(); !s.ok()) {
     return Fail(2, std::string(s.message()));
@@ -505,11 +517,10 @@ int Run() {
   }
   // The spec's ranges (the same ValidateJobSpec as a submitted spec's), then
   // the flags the job would ignore.
-  if (absl::Status s = CheckSpec(spec, nullptr); !s.ok()) {
-    return Fail(2, std::string(s.message()));
-  }
-  if (absl::Status s = CheckIgnoredFlags(spec, "run", mode != "allreduce",
-                                         mode == "allreduce");
+  absl::StatusOr<JobConfig> config = CheckSpec(spec, nullptr);
+  if (!config.ok()) return Fail(2, std::string(config.status().message()));
+  if (absl::Status s = CheckIgnoredFlags(*config, "run", mode != MODE_ALLREDUCE,
+                                         mode == MODE_ALLREDUCE);
       !s.ok()) {
     return Fail(2, std::string(s.message()));
   }
@@ -524,9 +535,8 @@ int Run() {
   }
   absl::StatusOr<std::unique_ptr<Dataset>> dataset = CheckDataFromFlags();
   if (!dataset.ok()) return Fail(2, std::string(dataset.status().message()));
-  if (absl::Status s = CheckSpec(spec, dataset->get()); !s.ok()) {
-    return Fail(2, std::string(s.message()));
-  }
+  config = CheckSpec(spec, dataset->get());
+  if (!config.ok()) return Fail(2, std::string(config.status().message()));
   if (absl::Status s = CheckBinaries(); !s.ok()) {
     return Fail(2, std::string(s.message()));
   }
@@ -535,7 +545,7 @@ int Run() {
   }
   signal(SIGINT, OnSignal);
   signal(SIGTERM, OnSignal);
-  absl::StatusOr<RunResult> result = RunJob(spec, *placement);
+  absl::StatusOr<RunResult> result = RunJob(*config, *placement);
   if (!result.ok()) {
     return Fail(ExitCodeOf(result.status()),
                 std::string(result.status().message()));
@@ -573,7 +583,7 @@ struct CompareLists {
   std::vector<int> workers;
   std::vector<int> num_ps;
   std::vector<int> batch_sizes;
-  std::vector<std::string> modes;  // ps_sync, ps_async, allreduce, ...
+  std::vector<CompareMode> modes;  // ps_sync, ps_async, allreduce, ...
   bool any_ps_mode = false;
   bool any_allreduce = false;
 };
@@ -598,10 +608,12 @@ absl::StatusOr<CompareLists> ParseCompareLists() {
         lists.batch_sizes,
         ParsePositiveList("batch_sizes", absl::GetFlag(FLAGS_batch_sizes)));
   }
-  lists.modes = absl::StrSplit(absl::GetFlag(FLAGS_modes), ',');
-  for (const std::string& mode : lists.modes) {
-    ASSIGN_OR_RETURN(const std::string job_mode, JobModeOf(mode));
-    (job_mode == "allreduce" ? lists.any_allreduce : lists.any_ps_mode) = true;
+  for (absl::string_view label :
+       absl::StrSplit(absl::GetFlag(FLAGS_modes), ',')) {
+    ASSIGN_OR_RETURN(CompareMode mode, ParseCompareMode(std::string(label)));
+    (mode.mode == MODE_ALLREDUCE ? lists.any_allreduce : lists.any_ps_mode) =
+        true;
+    lists.modes.push_back(std::move(mode));
   }
   return lists;
 }
@@ -611,15 +623,15 @@ absl::StatusOr<CompareLists> ParseCompareLists() {
 // --scaling, --repeats and --link_mbit; INVALID_ARGUMENT naming the first
 // bad one.
 absl::Status CheckCompareFlags(const CompareLists& lists) {
-  JobSpec shared = SpecFromFlags(lists.any_ps_mode ? "sync" : "allreduce",
+  JobSpec shared = SpecFromFlags(lists.any_ps_mode ? MODE_SYNC : MODE_ALLREDUCE,
                                  lists.num_ps[0], lists.workers[0]);
   const int steps = absl::GetFlag(FLAGS_steps);
   if (steps > 0) {
     shared.set_epochs(1);
     shared.set_max_steps_per_epoch(steps);
   }
-  RETURN_IF_ERROR(CheckSpec(shared, nullptr));
-  RETURN_IF_ERROR(CheckIgnoredFlags(shared, "compare", lists.any_ps_mode,
+  ASSIGN_OR_RETURN(const JobConfig config, CheckSpec(shared, nullptr));
+  RETURN_IF_ERROR(CheckIgnoredFlags(config, "compare", lists.any_ps_mode,
                                     lists.any_allreduce));
   if (absl::GetFlag(FLAGS_out_dir).empty()) {
     return absl::InvalidArgumentError(
@@ -648,10 +660,10 @@ absl::Status CheckCompareFlags(const CompareLists& lists) {
   return absl::OkStatus();
 }
 
-// One configuration of `pstrain compare` and the spec it runs.
+// One configuration of `pstrain compare` and the job it runs.
 struct CompareConfig {
   CompareRun run;
-  JobSpec spec;
+  JobConfig config;
 };
 
 // One configuration per mode, batch size, PS count (PS modes) and worker
@@ -663,31 +675,35 @@ absl::StatusOr<std::vector<CompareConfig>> CompareConfigs(
     const Dataset* dataset) {
   const int steps = absl::GetFlag(FLAGS_steps);
   std::vector<CompareConfig> configs;
-  for (const std::string& mode : lists.modes) {
-    ASSIGN_OR_RETURN(const std::string job_mode, JobModeOf(mode));
-    const bool allreduce = job_mode == "allreduce";
+  for (const CompareMode& mode : lists.modes) {
+    const bool allreduce = mode.mode == MODE_ALLREDUCE;
     for (int b : lists.batch_sizes) {
       for (int k : allreduce ? std::vector<int>{0} : lists.num_ps) {
         for (int w : lists.workers) {
           CompareConfig c;
-          c.run.mode = mode;
+          c.run.mode = mode.label;
           c.run.num_ps = k;
           c.run.num_workers = w;
           c.run.batch_size = b;
           c.run.num_nodes = placement.netns() ? k + w : 1;
           RETURN_IF_ERROR(CheckRoom(placement, k, w, "--workers"));
-          c.spec = SpecFromFlags(job_mode, k, w);
-          c.spec.set_batch_size(b);
-          if (mode == "allreduce_nccl") c.spec.set_collective("nccl");
+          JobSpec spec = SpecFromFlags(mode.mode, k, w);
+          spec.set_batch_size(b);
+          if (allreduce) {
+            spec.set_collective(std::string(Spelling(mode.collective)));
+          }
           if (steps > 0) {
-            c.spec.set_epochs(1);
-            c.spec.set_max_steps_per_epoch(
+            spec.set_epochs(1);
+            spec.set_max_steps_per_epoch(
                 StepsPerWorker(steps, w, lists.scaling));
           }
-          if (absl::Status s = CheckSpec(c.spec, dataset); !s.ok()) {
-            return absl::InvalidArgumentError(absl::StrCat(
-                mode, " with ", w, " workers, batch ", b, ": ", s.message()));
+          absl::StatusOr<JobConfig> config = CheckSpec(spec, dataset);
+          if (!config.ok()) {
+            return absl::InvalidArgumentError(
+                absl::StrCat(mode.label, " with ", w, " workers, batch ", b,
+                             ": ", config.status().message()));
           }
+          c.config = *std::move(config);
           configs.push_back(std::move(c));
         }
       }
@@ -716,7 +732,7 @@ absl::StatusOr<std::vector<CompareRun>> RunConfigs(
               ? absl::StrFormat(", repeat %d/%d", rep + 1, repeats).c_str()
               : "");
       std::fflush(stdout);
-      absl::StatusOr<RunResult> result = RunJob(configs[i].spec, placement);
+      absl::StatusOr<RunResult> result = RunJob(configs[i].config, placement);
       if (!result.ok()) {
         return absl::Status(
             result.status().code(),

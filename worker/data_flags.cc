@@ -35,7 +35,7 @@ ABSL_FLAG(pstrain::ByteSize, max_dataset_memory, pstrain::ByteSize{},
           "of 1024): 8G; 0: half of the memory available (/proc/meminfo "
           "MemAvailable). Estimated from the headers before decoding; over "
           "it the run stops with exit 2 and the figure.");
-ABSL_FLAG(std::string, augment, "none",
+ABSL_FLAG(pstrain::AugmentKind, augment, pstrain::AUGMENT_NONE,
           "image_folder with --stream_images: training-batch augmentation, "
           "as torchvision's transforms: none (the whole image resized), "
           "random_resized_crop (RandomResizedCrop(image_size) and a "
@@ -45,7 +45,7 @@ ABSL_FLAG(std::string, augment, "none",
 ABSL_FLAG(int, num_classes, 1000, "Synthetic data: number of classes.");
 ABSL_FLAG(int64_t, synthetic_samples, 12800,
           "Synthetic data: training samples per epoch (test: 1000).");
-ABSL_FLAG(std::string, backend, "cpu",
+ABSL_FLAG(pstrain::BackendKind, backend, pstrain::BACKEND_CPU,
           "Where workers compute: cpu (oneDNN) or cuda (cuDNN, cuBLAS; "
           "needs a --config=cuda build and a GPU).");
 ABSL_FLAG(int, gpu, 0,
@@ -119,10 +119,8 @@ absl::StatusOr<Dataset> ListDatasetFromFlags() {
 }
 
 absl::Status CheckBackendFlags() {
-  absl::StatusOr<BackendKind> backend =
-      ParseBackend(absl::GetFlag(FLAGS_backend), "--backend");
-  if (!backend.ok()) return backend.status();
-  return CheckBackend(*backend, absl::GetFlag(FLAGS_gpu), "--");
+  return CheckBackend(absl::GetFlag(FLAGS_backend), absl::GetFlag(FLAGS_gpu),
+                      "--");
 }
 
 std::vector<std::string> DataAndBackendFlagArgs() {
@@ -135,11 +133,11 @@ std::vector<std::string> DataAndBackendFlagArgs() {
                    absl::GetFlag(FLAGS_stream_images) ? "true" : "false"),
       absl::StrCat("--max_dataset_memory=",
                    AbslUnparseFlag(absl::GetFlag(FLAGS_max_dataset_memory))),
-      absl::StrCat("--augment=", absl::GetFlag(FLAGS_augment)),
+      absl::StrCat("--augment=", Spelling(absl::GetFlag(FLAGS_augment))),
       absl::StrCat("--num_classes=", absl::GetFlag(FLAGS_num_classes)),
       absl::StrCat("--synthetic_samples=",
                    absl::GetFlag(FLAGS_synthetic_samples)),
-      absl::StrCat("--backend=", absl::GetFlag(FLAGS_backend)),
+      absl::StrCat("--backend=", Spelling(absl::GetFlag(FLAGS_backend))),
       absl::StrCat("--gpu=", absl::GetFlag(FLAGS_gpu)),
   };
 }

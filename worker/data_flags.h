@@ -17,6 +17,7 @@
 #include "absl/flags/declare.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "catalog/job_config.h"
 #include "worker/dataset.h"
 #include "worker/job_inputs.h"
 
@@ -39,10 +40,10 @@ ABSL_DECLARE_FLAG(int, image_size);
 ABSL_DECLARE_FLAG(std::string, bad_images);
 ABSL_DECLARE_FLAG(bool, stream_images);
 ABSL_DECLARE_FLAG(pstrain::ByteSize, max_dataset_memory);
-ABSL_DECLARE_FLAG(std::string, augment);
+ABSL_DECLARE_FLAG(pstrain::AugmentKind, augment);
 ABSL_DECLARE_FLAG(int, num_classes);
 ABSL_DECLARE_FLAG(int64_t, synthetic_samples);
-ABSL_DECLARE_FLAG(std::string, backend);
+ABSL_DECLARE_FLAG(pstrain::BackendKind, backend);
 ABSL_DECLARE_FLAG(int, gpu);
 
 namespace pstrain {
@@ -57,9 +58,10 @@ absl::StatusOr<Dataset> LoadDatasetFromFlags();
 // the memory check of an in-memory load); errors as LoadDatasetFromFlags'.
 absl::StatusOr<Dataset> ListDatasetFromFlags();
 
-// Checks --backend and --gpu: a known backend (INVALID_ARGUMENT
-// "--backend: \"tpu\"; expected cpu or cuda"), and for cuda a CUDA build
-// and a visible GPU (worker/job_inputs.h CheckBackend).
+// Checks --backend and --gpu: for cuda a CUDA build and a visible GPU
+// (worker/job_inputs.h CheckBackend). --backend and --augment are typed
+// (catalog/job_config.h): a value that is not a spelling is refused when
+// the flags are parsed ("--backend=tpu: expected cpu or cuda").
 absl::Status CheckBackendFlags();
 
 // The flags above as "--name=value" arguments, for a child process.
