@@ -1,8 +1,10 @@
 #include "common/wire_dtype.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <fstream>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -11,6 +13,12 @@
 
 namespace pstrain {
 namespace {
+
+uint32_t ToBits(float value) {
+  uint32_t bits;
+  std::memcpy(&bits, &value, sizeof(bits));
+  return bits;
+}
 
 float FromBits(uint32_t bits) {
   float value;
@@ -49,6 +57,74 @@ TEST(WireDtypeTest, ConversionsEqualPyTorchsBitForBit) {
   }
   EXPECT_GT(checked, 19000);
   EXPECT_GT(nans, 0);
+}
+
+// The bulk conversions (vectorized where the CPU allows) give the same
+// bits as the one-value functions above: the fixture's values in one span
+// at scale 0, and random chunks at their own scales, whatever the length.
+TEST(WireDtypeTest, BulkConversionsEqualOneValueAtATime) {
+  std::ifstream file("testdata/wire_dtype_fixture.txt");
+  ASSERT_TRUE(file);
+  std::vector<float> values;
+  std::vector<uint16_t> bf16_bits, fp16_bits;
+  std::string line;
+  while (std::getline(file, line)) {
+    uint32_t fp32 = 0;
+    unsigned bf16 = 0, fp16 = 0;
+    ASSERT_EQ(std::sscanf(line.c_str(), "%x %x %x", &fp32, &bf16, &fp16), 3);
+    if (std::isnan(FromBits(fp32))) continue;
+    values.push_back(FromBits(fp32));
+    bf16_bits.push_back(bf16);
+    fp16_bits.push_back(fp16);
+  }
+  std::vector<uint16_t> halves(values.size());
+  EncodeHalves(values, DTYPE_BFLOAT16, 0, halves.data());
+  EXPECT_EQ(halves, bf16_bits);
+  EncodeHalves(values, DTYPE_FLOAT16, 0, halves.data());
+  EXPECT_EQ(halves, fp16_bits);
+  std::vector<float> widened(values.size());
+  DecodeHalves(fp16_bits.data(), DTYPE_FLOAT16, 0, absl::MakeSpan(widened));
+  for (size_t i = 0; i < widened.size(); ++i) {
+    ASSERT_EQ(ToBits(widened[i]), ToBits(Float16ToFloat(fp16_bits[i]))) << i;
+  }
+  DecodeHalves(bf16_bits.data(), DTYPE_BFLOAT16, 0, absl::MakeSpan(widened));
+  for (size_t i = 0; i < widened.size(); ++i) {
+    ASSERT_EQ(ToBits(widened[i]), ToBits(Bfloat16ToFloat(bf16_bits[i]))) << i;
+  }
+
+  std::mt19937 random(7);
+  for (size_t length : {1, 7, 8, 15, 16, 17, 1000, 4099}) {
+    for (float spread : {1e-30f, 1e-3f, 1.0f, 1e6f, 1e30f}) {
+      std::normal_distribution<float> normal(0.0f, spread);
+      std::vector<float> chunk(length);
+      for (float& v : chunk) v = normal(random);
+      const int e = ScaleExponent(chunk);
+      float largest = 0;
+      for (float v : chunk) largest = std::max(largest, std::fabs(v));
+      int k = 0;
+      std::frexp(largest, &k);
+      EXPECT_EQ(e, largest > 0 ? 15 - k : 0) << length << " " << spread;
+      std::vector<uint16_t> bulk(length);
+      std::vector<float> back(length);
+      for (DType dtype : {DTYPE_BFLOAT16, DTYPE_FLOAT16}) {
+        const int scale = dtype == DTYPE_FLOAT16 ? e : 0;
+        EncodeHalves(chunk, dtype, scale, bulk.data());
+        DecodeHalves(bulk.data(), dtype, scale, absl::MakeSpan(back));
+        for (size_t i = 0; i < length; ++i) {
+          const uint16_t one =
+              dtype == DTYPE_BFLOAT16
+                  ? FloatToBfloat16(chunk[i])
+                  : FloatToFloat16(std::ldexp(chunk[i], scale));
+          ASSERT_EQ(bulk[i], one) << WireDtypeSpelling(dtype) << " " << i;
+          const float widened_one =
+              dtype == DTYPE_BFLOAT16 ? Bfloat16ToFloat(one)
+                                      : std::ldexp(Float16ToFloat(one), -scale);
+          ASSERT_EQ(ToBits(back[i]), ToBits(widened_one))
+              << WireDtypeSpelling(dtype) << " " << i;
+        }
+      }
+    }
+  }
 }
 
 TEST(WireDtypeTest, Float16ScalesTheLargestUnder32768) {
