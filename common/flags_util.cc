@@ -217,10 +217,22 @@ void CheckArgs(const std::vector<std::string>& args, const ArgSource& source) {
     // only public way to learn whether it parses.
     std::string error;
     if (!flag->ParseFrom(value, &error)) {
-      ExitWithUsageError(source.program,
-                         absl::StrCat("--", flag->Name(), "=", value,
-                                      source.where, ": ", error),
-                         source.hint);
+      // A typed flag's own reason ("Illegal value 'semi' specified for flag
+      // 'mode'; expected sync, async or allreduce") reads as the job spec's
+      // errors do: --mode: "semi"; expected sync, async or allreduce.
+      const std::string absl_prefix =
+          absl::StrCat("Illegal value '", value, "' specified for flag '",
+                       flag->Name(), "'; ");
+      std::string message;
+      if (absl::StartsWith(error, absl_prefix)) {
+        message = absl::StrCat("--", flag->Name(), source.where, ": \"",
+                               absl::CHexEscape(value), "\"; ",
+                               error.substr(absl_prefix.size()));
+      } else {
+        message = absl::StrCat("--", flag->Name(), "=", value, source.where,
+                               ": ", error);
+      }
+      ExitWithUsageError(source.program, message, source.hint);
     }
     std::vector<std::string>& specified = Specified();
     if (std::find(specified.begin(), specified.end(), flag->Name()) ==

@@ -329,7 +329,7 @@ TEST(RunCliTest, BadInputGetsOneLineErrorAndExitCode2) {
        "image_folder)\n"},
       {"--dataset=image_folder --data_dir=/d --augment=flip",
        "pstrain: error: --augment: \"flip\"; expected none, "
-       "random_resized_crop or pad_crop\n"},
+       "random_resized_crop or pad_crop; see pstrain help run\n"},
       {"--batch_size=-4",
        "pstrain: error: --batch_size: -4; expected 1 to 65536\n"},
       {"--data_dir=/nonexistent",
@@ -344,14 +344,15 @@ TEST(RunCliTest, BadInputGetsOneLineErrorAndExitCode2) {
        "pstrain: error: --backend=cuda --gpu=0: this build has no CUDA "
        "backend; rebuild with bazel build --config=cuda\n"},
       {"--backend=tpu",
-       "pstrain: error: --backend: \"tpu\"; expected cpu or cuda\n"},
+       "pstrain: error: --backend: \"tpu\"; expected cpu or cuda; see "
+       "pstrain help run\n"},
       {"--dataset=cifar10 --data_dir=/nonexistent",
        "pstrain: error: --dataset=cifar10 --data_dir=/nonexistent: "
        "/nonexistent/data_batch_1.bin: cannot open: No such file or "
        "directory\n"},
       {"--mode=semi",
        "pstrain: error: --mode: \"semi\"; expected sync, async or "
-       "allreduce\n"},
+       "allreduce; see pstrain help run\n"},
   };
   for (const Case& c : cases) {
     const Result r = RunPstrain(c.args);
