@@ -46,13 +46,14 @@
 //   registration_timeout_s   1 to 604800                    600
 //   straggler (test aid)     "WORKER:DELAY_MS", WORKER 0 to  none
 //                            num_workers-1, DELAY_MS 0 to 600000
-//   clip_grad_norm           0 to 1e6; 0 in async, with     0 (none)
-//                            staleness or backup workers
+//   clip_grad_norm           0 to 1e6; 0 in async (no step  0 (none)
+//                            gathers every worker's
+//                            gradient to take a norm of)
 //   staleness                0 to 1000; 0 unless mode sync  0 (sync)
 //   backup_workers           0 to num_workers-1; 0 unless   0 (none)
-//                            mode sync, and without
-//                            staleness, checkpoints,
-//                            resume or max_restarts
+//                            mode sync
+//   wire_dtype               fp32, bf16, fp16; fp32 in      fp32
+//                            allreduce
 //   optimizer.lr             1e-30 to 10                    0.001
 //   optimizer.beta1, beta2   0 <= beta < 1, also in fp32    0.9, 0.999
 //                            (1 - beta > 0 after rounding:
