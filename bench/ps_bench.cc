@@ -6,7 +6,9 @@
 // as a training step does; the shards apply Adam in between. The TCP
 // baseline sends the model's fp32 bytes to a socket server and reads them
 // back over one connection. Rows: plaintext and mutual TLS in fp32, and
-// plaintext with each 16-bit --wire_dtypes (common/wire_dtype.h).
+// plaintext with each 16-bit --wire_dtypes (common/wire_dtype.h), each for
+// every --channels_per_shard (gRPC connections per shard, worker/ps_client.h).
+//   ch         = channels (connections) per shard
 //   wire (MB)  = tensor payload bytes on the wire per step, both ways
 //                (2 x elements x 4 in fp32, x 2 in a 16-bit format; gRPC
 //                and protobuf framing not counted), 10^6 bytes per MB
@@ -61,6 +63,10 @@ ABSL_FLAG(bool, tls, true,
 ABSL_FLAG(std::vector<std::string>, shards,
           std::vector<std::string>({"1", "2"}),
           "Comma-separated PS shard counts to time, each in its own run.");
+ABSL_FLAG(std::vector<std::string>, channels_per_shard,
+          std::vector<std::string>({"1", "2", "4"}),
+          "Comma-separated gRPC channels (TCP connections) per shard to time "
+          "for each shard count, 1 to 16 (worker/ps_client.h).");
 
 namespace pstrain {
 namespace {
@@ -138,7 +144,7 @@ struct PsRun {
 // plaintext (tls.insecure).
 PsRun TimePs(int num_shards, const std::vector<int64_t>& sizes,
              int64_t partition_bytes, int repeats, const TlsOptions& tls,
-             DType wire_dtype) {
+             DType wire_dtype, int channels) {
   PsRun run;
   AdamOptions adam;
   ShardOptions shard_options;
@@ -148,6 +154,7 @@ PsRun TimePs(int num_shards, const std::vector<int64_t>& sizes,
   PsClientOptions client_options;
   client_options.addresses = shards.addresses();
   client_options.wire_dtype = wire_dtype;
+  client_options.channels_per_shard = channels;
   if (!tls.insecure) {
     auto credentials = ChannelCredentials(
         tls, TlsIdentity{TlsRole::kWorker, 0, shard_options.job_id});
@@ -159,6 +166,10 @@ PsRun TimePs(int num_shards, const std::vector<int64_t>& sizes,
     client_options.credentials = *credentials;
   }
   auto client = PsClient::Create(client_options, *plan);
+  if (!client.ok()) {
+    std::fprintf(stderr, "ps_bench: %s\n", client.status().ToString().c_str());
+    std::exit(1);
+  }
   std::vector<std::vector<float>> weights, grads, replica, m, v;
   // The gradients as the shards receive them: rounded chunk by chunk.
   std::vector<std::vector<float>> wire_grads;
@@ -242,6 +253,20 @@ int main(int argc, char** argv) {
     }
     shard_counts.push_back(n);
   }
+  std::vector<int> channel_counts;
+  for (const std::string& s : absl::GetFlag(FLAGS_channels_per_shard)) {
+    int n = 0;
+    if (!absl::SimpleAtoi(s, &n) || n < 1 ||
+        n > pstrain::kMaxChannelsPerShard) {
+      std::fprintf(stderr,
+                   "ps_bench: --channels_per_shard: '%s' is not a channel "
+                   "count; expected whole numbers from 1 to %d, e.g. "
+                   "--channels_per_shard=1,2,4\n",
+                   s.c_str(), pstrain::kMaxChannelsPerShard);
+      return 2;
+    }
+    channel_counts.push_back(n);
+  }
   if (absl::GetFlag(FLAGS_model_bytes) < 4 ||
       absl::GetFlag(FLAGS_tensor_bytes) < 4) {
     std::fprintf(stderr,
@@ -292,46 +317,53 @@ int main(int argc, char** argv) {
     folder = *std::move(made);
     tls.dir = folder->path();
   }
-  std::printf("# %12s %7s %-12s %5s %10s %10s %8s %10s %11s %7s\n",
-              "payload", "shards", "transport", "wire", "time", "wire", "GB/s",
-              "ratio", "TLS ratio", "#wrong");
-  std::printf("# %12s %7s %-12s %5s %10s %10s %8s %10s %11s %7s\n", "(B)", "",
-              "", "", "(ms)", "(MB)", "", "(vs TCP)", "(vs plain)", "");
-  const auto row = [&](const std::string& shards, const char* transport,
-                       pstrain::DType dtype, double seconds,
-                       const std::string& tls_ratio, const std::string& wrong) {
+  std::printf("# %12s %7s %3s %-12s %5s %10s %10s %8s %10s %11s %7s\n",
+              "payload", "shards", "ch", "transport", "wire", "time", "wire",
+              "GB/s", "ratio", "TLS ratio", "#wrong");
+  std::printf("# %12s %7s %3s %-12s %5s %10s %10s %8s %10s %11s %7s\n", "(B)",
+              "", "", "", "", "(ms)", "(MB)", "", "(vs TCP)", "(vs plain)", "");
+  const auto row = [&](const std::string& shards, const std::string& channels,
+                       const char* transport, pstrain::DType dtype,
+                       double seconds, const std::string& tls_ratio,
+                       const std::string& wrong) {
     const double wire_mb = 2.0 * static_cast<double>(model_bytes) / 4 *
                            pstrain::WireBytesPerElement(dtype) / 1e6;
-    std::printf("  %12lld %7s %-12s %5s %10.1f %10.1f %8.2f %10.2f %11s %7s\n",
-                static_cast<long long>(model_bytes), shards.c_str(), transport,
-                pstrain::WireDtypeSpelling(dtype), seconds * 1e3, wire_mb,
-                2.0 * model_bytes / seconds / 1e9, tcp_median / seconds,
-                tls_ratio.c_str(), wrong.c_str());
+    std::printf(
+        "  %12lld %7s %3s %-12s %5s %10.1f %10.1f %8.2f %10.2f %11s %7s\n",
+        static_cast<long long>(model_bytes), shards.c_str(), channels.c_str(),
+        transport, pstrain::WireDtypeSpelling(dtype), seconds * 1e3, wire_mb,
+        2.0 * model_bytes / seconds / 1e9, tcp_median / seconds,
+        tls_ratio.c_str(), wrong.c_str());
+    std::fflush(stdout);
   };
-  row("-", "raw TCP", pstrain::DTYPE_FLOAT32, tcp_median, "-", "-");
+  row("-", "1", "raw TCP", pstrain::DTYPE_FLOAT32, tcp_median, "-", "-");
   const int64_t partition_bytes = absl::GetFlag(FLAGS_partition_bytes);
   for (int shards : shard_counts) {
     const std::string count = absl::StrCat(shards);
-    const pstrain::PsRun run =
-        pstrain::TimePs(shards, sizes, partition_bytes, repeats,
-                        pstrain::InsecureTlsOptions(), pstrain::DTYPE_FLOAT32);
-    const double median = pstrain::Median(run.seconds);
-    row(count, "pstrain", pstrain::DTYPE_FLOAT32, median, "-",
-        absl::StrCat(run.wrong));
-    if (folder != nullptr) {
-      const pstrain::PsRun secure = pstrain::TimePs(
-          shards, sizes, partition_bytes, repeats, tls, pstrain::DTYPE_FLOAT32);
-      const double secure_median = pstrain::Median(secure.seconds);
-      row(count, "pstrain+mTLS", pstrain::DTYPE_FLOAT32, secure_median,
-          absl::StrFormat("%.2f", median / secure_median),
-          absl::StrCat(secure.wrong));
-    }
-    for (pstrain::DType dtype : wire_dtypes) {
-      const pstrain::PsRun half =
-          pstrain::TimePs(shards, sizes, partition_bytes, repeats,
-                          pstrain::InsecureTlsOptions(), dtype);
-      row(count, "pstrain", dtype, pstrain::Median(half.seconds), "-",
-          absl::StrCat(half.wrong));
+    for (int channels : channel_counts) {
+      const std::string ch = absl::StrCat(channels);
+      const pstrain::PsRun run = pstrain::TimePs(
+          shards, sizes, partition_bytes, repeats,
+          pstrain::InsecureTlsOptions(), pstrain::DTYPE_FLOAT32, channels);
+      const double median = pstrain::Median(run.seconds);
+      row(count, ch, "pstrain", pstrain::DTYPE_FLOAT32, median, "-",
+          absl::StrCat(run.wrong));
+      if (folder != nullptr) {
+        const pstrain::PsRun secure =
+            pstrain::TimePs(shards, sizes, partition_bytes, repeats, tls,
+                            pstrain::DTYPE_FLOAT32, channels);
+        const double secure_median = pstrain::Median(secure.seconds);
+        row(count, ch, "pstrain+mTLS", pstrain::DTYPE_FLOAT32, secure_median,
+            absl::StrFormat("%.2f", median / secure_median),
+            absl::StrCat(secure.wrong));
+      }
+      for (pstrain::DType dtype : wire_dtypes) {
+        const pstrain::PsRun half =
+            pstrain::TimePs(shards, sizes, partition_bytes, repeats,
+                            pstrain::InsecureTlsOptions(), dtype, channels);
+        row(count, ch, "pstrain", dtype, pstrain::Median(half.seconds), "-",
+            absl::StrCat(half.wrong));
+      }
     }
   }
   return 0;

@@ -114,6 +114,11 @@ Flags JobFlags(const std::string& what) {
        "PS modes: how pushed gradients and pulled weights travel: fp32, "
        "bf16 (round to nearest even) or fp16 (scaled per chunk); the shards "
        "keep fp32 weights and optimizer state."},
+      {"channels_per_shard",
+       "PS modes: gRPC connections each worker opens to each shard, 1 to 16 "
+       "(0: the default, 2: by ps_bench on a 2-core host as fast as 1 in "
+       "plaintext and faster with mutual TLS); chunk i of a shard travels "
+       "on connection i mod N, so TLS encryption runs on N cores."},
       {"max_steps_per_epoch",
        "If > 0, at most this many steps per epoch (short runs)."},
       {"ps_binary",
@@ -206,8 +211,8 @@ CommandInfo RunInfo() {
       "--num_workers workers as local processes (or one network namespace "
       "per task with --ps_netns/--worker_netns) under an in-process "
       "coordinator; streams their lines and prints a table of results. "
-      "Mode sync or async: PS flags (--num_ps, --partition_bytes, --wire_dtype, "
-      "checkpoints, --max_restarts); mode "
+      "Mode sync or async: PS flags (--num_ps, --partition_bytes, "
+      "--wire_dtype, --channels_per_shard, checkpoints, --max_restarts); mode "
       "allreduce: --bucket_bytes. --compute=synthetic: --compute_ms, "
       "--model_bytes, --backward_fraction and no dataset flags. A flag "
       "the run would ignore is an error. Exit 0 done, 1 a task failed, 2 "

@@ -28,6 +28,15 @@ constexpr int kKeepaliveTimeoutMs = 60000;
 constexpr int kMaxPingsWithoutData = 0;
 constexpr int kMaxPingStrikes = 0;
 
+// gRPC channels (TCP connections) each worker opens to each PS shard
+// (JobSpec.channels_per_shard, worker/ps_client.h): gRPC protects one
+// connection's TLS records on one core at a time, so that mutual TLS runs
+// at one core's speed; chunk i of a shard travels on channel i mod N. The
+// default (JobSpec 0) was chosen with ps_bench (issue 39): on a 2-core host
+// it keeps plaintext as fast as 1 channel and speeds mutual TLS up.
+constexpr int kDefaultChannelsPerShard = 2;
+constexpr int kMaxChannelsPerShard = 16;
+
 }  // namespace pstrain
 
 #endif  // PSTRAIN_COMMON_RPC_OPTIONS_H_

@@ -13,6 +13,7 @@
 #include "absl/strings/str_format.h"
 #include "catalog/catalog.h"
 #include "catalog/job_config.h"
+#include "common/rpc_options.h"
 #include "common/status_macros.h"
 #include "common/utf8.h"
 #include "google/protobuf/io/tokenizer.h"
@@ -207,6 +208,12 @@ absl::Status CheckAllreduce(const JobConfig& config) {
                                       "; expected 0 for mode allreduce (it "
                                       "has no parameter servers)"));
   }
+  if (allreduce && spec.channels_per_shard() != 0) {
+    return Bad("channels_per_shard",
+               absl::StrCat(spec.channels_per_shard(),
+                            "; expected 0 for mode allreduce (it has no "
+                            "parameter servers to connect to)"));
+  }
   if (allreduce && config.collective == COLLECTIVE_NONE) {
     return Bad("collective", "\"\"; expected gloo or nccl");
   }
@@ -224,6 +231,12 @@ absl::Status CheckSizes(const JobConfig& config) {
   const JobSpec& spec = config.spec;
   if (config.has_ps()) {
     RETURN_IF_ERROR(CheckRange("num_ps", spec.num_ps(), 1, kMaxNumPs));
+    // 0: the default (ApplyJobDefaults).
+    if (spec.channels_per_shard() != 0) {
+      RETURN_IF_ERROR(
+          CheckRange("channels_per_shard", spec.channels_per_shard(), 1,
+                     kMaxChannelsPerShard, "connections per shard"));
+    }
   }
   RETURN_IF_ERROR(
       CheckRange("num_workers", spec.num_workers(), 1, kMaxNumWorkers));
@@ -489,6 +502,10 @@ void ApplyJobDefaults(JobSpec* spec) {
   const absl::StatusOr<Mode> mode = ParseMode(spec->mode());
   if (spec->collective().empty() && mode.ok() && *mode == MODE_ALLREDUCE) {
     spec->set_collective("gloo");
+  }
+  // common/rpc_options.h.
+  if (spec->channels_per_shard() == 0 && mode.ok() && *mode != MODE_ALLREDUCE) {
+    spec->set_channels_per_shard(kDefaultChannelsPerShard);
   }
   OptimizerSpec* o = spec->mutable_optimizer();
   if (!o->has_lr()) o->set_lr(1e-3);

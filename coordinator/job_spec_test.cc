@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/rpc_options.h"
 #include "gtest/gtest.h"
 
 namespace pstrain {
@@ -31,6 +32,7 @@ TEST(JobSpecTest, ParsesAndFillsDefaults) {
   EXPECT_EQ(spec->backend(), "cpu");
   EXPECT_EQ(spec->seed(), 1u);
   EXPECT_EQ(spec->partition_bytes(), 4 << 20);
+  EXPECT_EQ(spec->channels_per_shard(), kDefaultChannelsPerShard);
   EXPECT_DOUBLE_EQ(spec->optimizer().lr(), 1e-3);
   EXPECT_DOUBLE_EQ(spec->optimizer().beta2(), 0.999);
   EXPECT_DOUBLE_EQ(spec->optimizer().weight_decay(), 0.01);
@@ -207,6 +209,15 @@ TEST(JobSpecTest, RangesAcceptTheirBoundsAndRefuseOneBeyond) {
        "keep_checkpoints: -1; expected 1 to 1000"},
       {base + "max_restarts: 1000", base + "max_restarts: 1001",
        "max_restarts: 1001; expected 0 to 1000"},
+      {base + "channels_per_shard: 16", base + "channels_per_shard: 17",
+       "channels_per_shard: 17; expected 1 to 16 connections per shard"},
+      {base + "channels_per_shard: 1", base + "channels_per_shard: -1",
+       "channels_per_shard: -1; expected 1 to 16 connections per shard"},
+      {"num_workers: 2 batch_size: 8 epochs: 1 mode: \"allreduce\"",
+       "num_workers: 2 batch_size: 8 epochs: 1 mode: \"allreduce\" "
+       "channels_per_shard: 2",
+       "channels_per_shard: 2; expected 0 for mode allreduce (it has no "
+       "parameter servers to connect to)"},
       {"num_workers: 2 batch_size: 8 epochs: 1 mode: \"allreduce\" "
        "max_restarts: 3 checkpoint_dir: \"/tmp/ck\"",
        "num_workers: 2 batch_size: 8 epochs: 1 mode: \"allreduce\" "

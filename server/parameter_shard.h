@@ -196,6 +196,14 @@ enum class AdmissionClaim {
   kLate,      // to another shard: shard 0 refused it (late)
 };
 
+// A part of a shard's chunks that one pull asks for (PullRequest.channel and
+// channels): those whose index i among the shard's chunks in plan order has
+// i % count == index.
+struct PullSubset {
+  int index = 0;
+  int count = 1;
+};
+
 // Initial values of one chunk, as sent by worker 0. A fresh job sends only
 // `values`; a job resumed from a checkpoint also sends the Adam state `m`
 // and `v` (empty: zeros; buffers have none) and the chunk's `version` (the
@@ -400,13 +408,20 @@ class ParameterShard {
   // (needed then) receives this shard's partial sum of squares of step
   // min_version - 1 once every worker has ended that step, before any
   // chunk of the step's version; false stops the pull with CANCELLED.
+  //
+  // `subset` (PullRequest.channel and channels: a worker with several
+  // streams to the shard): only the chunks whose index i among the shard's
+  // chunks (plan order) has i % subset.count == subset.index are visited;
+  // the partial norm goes to index 0's pull only (`norm_partial` unused by
+  // the others). Default: every chunk.
   using NormVisitor = std::function<bool(int64_t step, double sum_sq)>;
   absl::Status Pull(int64_t min_version, int64_t samples, absl::Time deadline,
                     const PullVisitor& visit,
                     const std::function<bool()>& after_chunk = nullptr,
                     const std::atomic<bool>* cancelled = nullptr,
                     int64_t generation = 0, SkippedStepInfo* skipped = nullptr,
-                    const NormVisitor& norm_partial = nullptr);
+                    const NormVisitor& norm_partial = nullptr,
+                    PullSubset subset = {});
 
   // Clipping (see "Gradient clipping" above): worker `worker_id` sends the
   // squared global norm of `step`, the sum over every shard of the

@@ -19,9 +19,21 @@ struct ParameterShard::PullCursor {
   // Sync: the step whose decision the pull waits for (see EndStep()); -1:
   // none.
   int64_t deciding = -1;
-  // Per chunk (local index): visited in this round.
+  // The chunks asked for (PullSubset).
+  PullSubset subset;
+  // Per chunk (local index): visited in this round, or not asked for.
   std::vector<bool> sent;
   size_t remaining = 0;
+  // Marks every chunk asked for unsent (a round's start).
+  void Reset(size_t num_chunks) {
+    sent.assign(num_chunks, true);
+    remaining = 0;
+    for (size_t i = static_cast<size_t>(subset.index); i < num_chunks;
+         i += static_cast<size_t>(subset.count)) {
+      sent[i] = false;
+      ++remaining;
+    }
+  }
   // Step `deciding` was skipped: every chunk is being sent again.
   bool resent = false;
   // Clipping: this shard's partial of step `deciding` went out (sent once,
@@ -34,7 +46,8 @@ absl::Status ParameterShard::Pull(int64_t min_version, int64_t samples,
                                   const std::function<bool()>& after_chunk,
                                   const std::atomic<bool>* cancelled,
                                   int64_t generation, SkippedStepInfo* skipped,
-                                  const NormVisitor& norm_partial) {
+                                  const NormVisitor& norm_partial,
+                                  PullSubset subset) {
   if (!initialized_.load()) {
     return absl::FailedPreconditionError(
         absl::StrCat("pull from shard ", options_.shard_index,
@@ -44,14 +57,21 @@ absl::Status ParameterShard::Pull(int64_t min_version, int64_t samples,
   if (!policy_.samples_from_admitted_ends()) {
     samples_.fetch_add(samples, std::memory_order_relaxed);
   }
-  pulls_.fetch_add(1, std::memory_order_relaxed);
+  if (subset.count < 1 || subset.index < 0 || subset.index >= subset.count) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("pull of chunks i % ", subset.count, " == ", subset.index,
+                     " from shard ", options_.shard_index,
+                     ": expected 0 <= channel < channels"));
+  }
+  // A worker's pulls over several streams count once (its first).
+  if (subset.index == 0) pulls_.fetch_add(1, std::memory_order_relaxed);
   PullCursor cursor;
   cursor.min_version = min_version;
-  cursor.sent.assign(chunks_.size(), false);
-  cursor.remaining = chunks_.size();
+  cursor.subset = subset;
+  cursor.Reset(chunks_.size());
   cursor.deciding =
       policy_.has_steps() && min_version >= 1 ? min_version - 1 : -1;
-  cursor.norm_sent = !clipping() || cursor.deciding < 0;
+  cursor.norm_sent = !clipping() || cursor.deciding < 0 || subset.index != 0;
   if (!cursor.norm_sent && !norm_partial) {
     return absl::InvalidArgumentError(absl::StrCat(
         "pull of version ", min_version, " from shard ", options_.shard_index,
@@ -124,8 +144,7 @@ bool ParameterShard::PullFinished(PullCursor& cursor,
     if (skip.step != cursor.deciding) continue;
     // Skipped: every chunk again, with its restored weights.
     if (skipped != nullptr) *skipped = skip;
-    std::fill(cursor.sent.begin(), cursor.sent.end(), false);
-    cursor.remaining = chunks_.size();
+    cursor.Reset(chunks_.size());
     cursor.resent = true;
   }
   return !cursor.resent;

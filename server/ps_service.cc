@@ -2,10 +2,12 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdint>
 #include <cstring>
 #include <deque>
 #include <memory>
 #include <thread>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -222,6 +224,47 @@ grpc::Status PsService::Authorize(const grpc::ServerContext& context,
 
 void PsService::Touch() {
   last_request_unix_ms_.store(absl::ToUnixMillis(absl::Now()));
+}
+
+absl::Status PsService::NotePushesSent(int worker, int64_t generation,
+                                       int64_t step) {
+  absl::MutexLock lock(&pushes_sent_mu_);
+  // Steps of older generations will not be ended any more.
+  const int64_t current = shard_->generation();
+  for (auto it = pushes_sent_.begin(); it != pushes_sent_.end();) {
+    it = std::get<0>(it->first) < current ? pushes_sent_.erase(it) : ++it;
+  }
+  const auto key = std::make_tuple(generation, worker, step);
+  if (pushes_sent_.size() >= kMaxPushesSent && !pushes_sent_.count(key)) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("worker ", worker, " said it sent the pushes of step ",
+                     step, " on another stream while ", kMaxPushesSent,
+                     " such steps wait for their step ends on shard ",
+                     shard_->options().shard_index));
+  }
+  ++pushes_sent_[key];
+  return absl::OkStatus();
+}
+
+int PsService::TakePushesSent(int worker, int64_t generation, int64_t step,
+                              int needed, absl::Time deadline) {
+  const auto key = std::make_tuple(generation, worker, step);
+  auto arrived = [this, &key, needed]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    auto it = pushes_sent_.find(key);
+    return it != pushes_sent_.end() && it->second >= needed;
+  };
+  absl::MutexLock lock(&pushes_sent_mu_);
+  pushes_sent_mu_.AwaitWithDeadline(absl::Condition(&arrived), deadline);
+  auto it = pushes_sent_.find(key);
+  const int count = it == pushes_sent_.end() ? 0 : it->second;
+  if (count < needed) return count;
+  // This step's and the worker's older ones (of streams that broke).
+  it = pushes_sent_.lower_bound(std::make_tuple(generation, worker, INT64_MIN));
+  while (it != pushes_sent_.end() && std::get<0>(it->first) == generation &&
+         std::get<1>(it->first) == worker && std::get<2>(it->first) <= step) {
+    it = pushes_sent_.erase(it);
+  }
+  return count;
 }
 
 absl::Time PsService::last_request_time() const {

@@ -20,10 +20,12 @@
 
 #include <atomic>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <set>
 #include <string>
 #include <thread>
+#include <tuple>
 
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
@@ -104,6 +106,17 @@ class PsService final : public ParameterServer::Service {
 
   void Touch();
 
+  // Several streams per worker (server/push_pull_session.h): stream c > 0
+  // of `worker` sent every push of `step` (PushesSent). RESOURCE_EXHAUSTED
+  // past kMaxPushesSent steps noted and not taken.
+  absl::Status NotePushesSent(int worker, int64_t generation, int64_t step);
+  // How many of `worker`'s other streams have sent their pushes of `step`,
+  // waiting until `needed` have or `deadline` passes; once `needed` have,
+  // forgets them (and the worker's older steps).
+  int TakePushesSent(int worker, int64_t generation, int64_t step, int needed,
+                     absl::Time deadline);
+  static constexpr size_t kMaxPushesSent = 4096;
+
   // The caller may make this call (common/authz.h) for `header`'s job and
   // worker.
   grpc::Status Authorize(const grpc::ServerContext& context, const char* method,
@@ -139,6 +152,10 @@ class PsService final : public ParameterServer::Service {
   std::vector<bool> done_ ABSL_GUARDED_BY(done_mu_);
   absl::Notification all_workers_done_;
   std::atomic<int> restores_in_progress_{0};
+  // NotePushesSent(): per (generation, worker, step), the streams noted.
+  absl::Mutex pushes_sent_mu_;
+  std::map<std::tuple<int64_t, int, int64_t>, int> pushes_sent_
+      ABSL_GUARDED_BY(pushes_sent_mu_);
 
   // The checkpoint file being written in the background (one at a time).
   absl::Mutex checkpoint_mu_;

@@ -100,10 +100,12 @@ std::optional<grpc::Status> PsService::PushPullSession::Handle(
                                    request.step_norm().sum_sq(), generation_);
   } else if (request.has_pull()) {
     return QueuePull(request.pull());
+  } else if (request.has_pushes_sent()) {
+    return HandlePushesSent(request.pushes_sent());
   } else {
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                         "push/pull message carries no push, skipped push, "
-                        "step end, step norm or pull");
+                        "step end, step norm, pushes sent or pull");
   }
   if (!status.ok()) return ToGrpcStatus(status);
   return std::nullopt;
@@ -144,6 +146,12 @@ std::optional<grpc::Status> PsService::PushPullSession::HandleStepEnd(
     nonfinite.value = end.nonfinite().value().substr(0, 16);
   }
   const NonFiniteValue* reported = end.has_nonfinite() ? &nonfinite : nullptr;
+  if (end.channels() > 1) {
+    if (std::optional<grpc::Status> failed =
+            AwaitPushesSent(end.step(), end.channels())) {
+      return failed;
+    }
+  }
   if (end.admission() == StepEnd::ADMISSION_NONE) {
     const absl::Status status =
         shard_->EndStep(worker_id_, end.step(), reported, generation_);
@@ -168,6 +176,46 @@ std::optional<grpc::Status> PsService::PushPullSession::HandleStepEnd(
   return std::nullopt;
 }
 
+std::optional<grpc::Status> PsService::PushPullSession::HandlePushesSent(
+    const PushesSent& sent) {
+  const absl::Status status =
+      service_->NotePushesSent(worker_id_, generation_, sent.step());
+  if (!status.ok()) return ToGrpcStatus(status);
+  return std::nullopt;
+}
+
+std::optional<grpc::Status> PsService::PushPullSession::AwaitPushesSent(
+    int64_t step, int channels) {
+  if (channels > kMaxChannels) {
+    return grpc::Status(
+        grpc::StatusCode::INVALID_ARGUMENT,
+        absl::StrCat("worker ", worker_id_, " ended step ", step, " over ",
+                     channels, " streams; at most ", kMaxChannels));
+  }
+  const absl::Time deadline = absl::Now() + service_->pull_timeout_;
+  while (true) {
+    // In slices, so that a cancelled call is noticed.
+    const int arrived = service_->TakePushesSent(
+        worker_id_, generation_, step, channels - 1,
+        std::min(deadline, absl::Now() + absl::Milliseconds(100)));
+    if (arrived >= channels - 1) return std::nullopt;
+    // OK: the call ends as broken (the barrier too), as any cancelled one.
+    if (context_->IsCancelled()) return grpc::Status::OK;
+    // Another generation: the shard refuses the end itself (ABORTED).
+    if (shard_->generation() != generation_) return std::nullopt;
+    if (absl::Now() >= deadline) {
+      return grpc::Status(
+          grpc::StatusCode::DEADLINE_EXCEEDED,
+          absl::StrCat("worker ", worker_id_, " ended step ", step,
+                       " on shard ", shard_->options().shard_index, " over ",
+                       channels, " streams, but only ", arrived, " of the ",
+                       channels - 1,
+                       " other streams said they pushed the step within ",
+                       absl::FormatDuration(service_->pull_timeout_)));
+    }
+  }
+}
+
 std::optional<grpc::Status> PsService::PushPullSession::QueuePull(
     const PullRequest& pull) {
   const DType wire = pull.wire_dtype() == DTYPE_UNSPECIFIED ? DTYPE_FLOAT32
@@ -180,6 +228,19 @@ std::optional<grpc::Status> PsService::PushPullSession::QueuePull(
                      "; expected DTYPE_FLOAT32, DTYPE_BFLOAT16 or "
                      "DTYPE_FLOAT16"));
   }
+  PullSubset subset;
+  if (pull.channels() > 1) {
+    subset.index = pull.channel();
+    subset.count = pull.channels();
+  }
+  if (subset.count > kMaxChannels || subset.index < 0 ||
+      subset.index >= subset.count) {
+    return grpc::Status(
+        grpc::StatusCode::INVALID_ARGUMENT,
+        absl::StrCat("worker ", worker_id_, " asked for the pull of channel ",
+                     pull.channel(), " of ", pull.channels(),
+                     "; expected 0 <= channel < channels <= ", kMaxChannels));
+  }
   absl::MutexLock lock(&mu_);
   if (jobs_.size() >= kMaxPendingPulls) {
     return grpc::Status(
@@ -188,8 +249,8 @@ std::optional<grpc::Status> PsService::PushPullSession::QueuePull(
                      " pulls waiting on one stream, the most a stream may "
                      "have"));
   }
-  jobs_.push_back(
-      {pull.min_version(), pull.samples(), generation_, worker_id_, wire});
+  jobs_.push_back({pull.min_version(), pull.samples(), generation_, worker_id_,
+                   wire, subset});
   return std::nullopt;
 }
 
@@ -244,7 +305,8 @@ bool PsService::PushPullSession::ServePull(const PullJob& job) {
         partial.mutable_norm_partial()->set_sum_sq(sum_sq);
         write_failed = !Write(EncodeSmallMessage(partial));
         return !write_failed;
-      });
+      },
+      job.subset);
   traced.End();
   service_->pulls_waiting_.fetch_sub(1, std::memory_order_relaxed);
   service_->pulls_done_.fetch_add(1, std::memory_order_relaxed);

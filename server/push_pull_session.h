@@ -16,6 +16,15 @@
 // worker's half-close breaks the sync barrier of the step in flight
 // (ParameterShard::BreakBarrier), naming the worker.
 //
+// Several streams per worker (the job's channels_per_shard N > 1, so that
+// TLS runs on N connections): each stream is a session of its own, pushing
+// and pulling its part of the shard's chunks (PullRequest.channel). The
+// shard takes a worker's StepEnd only after its push of every chunk, but
+// streams are not ordered with each other: streams 1..N-1 each send a
+// PushesSent after their last push of the step, which the service counts
+// (PsService::NotePushesSent), and stream 0's StepEnd (channels = N) waits
+// for N - 1 of them before the shard takes it, at most the pull timeout.
+//
 // Thread-safety: Run() is called once, by the handler's thread; the class
 // owns the writer thread and joins it before Run() returns.
 #ifndef PSTRAIN_SERVER_PUSH_PULL_SESSION_H_
@@ -44,6 +53,8 @@ class PsService::PushPullSession {
   // stream is refused, so a caller that sends pulls and never reads cannot
   // grow the queue without bound.
   static constexpr size_t kMaxPendingPulls = 1024;
+  // Streams one worker may spread its chunks over (PullRequest.channels).
+  static constexpr int kMaxChannels = 64;
 
   // Registers the stream's write with the service's watchdog.
   PushPullSession(PsService* service, grpc::ServerContext* context,
@@ -64,6 +75,8 @@ class PsService::PushPullSession {
     int64_t worker_id;
     // How the weights travel (PullRequest.wire_dtype; fp32 if unset).
     DType wire_dtype;
+    // The chunks asked for (PullRequest.channel and channels).
+    PullSubset subset;
   };
 
   // One message read; nullopt to go on, else the status to finish with
@@ -72,6 +85,12 @@ class PsService::PushPullSession {
   std::optional<grpc::Status> HandleFirst(const PushPullRequest& request);
   std::optional<grpc::Status> HandlePush();
   std::optional<grpc::Status> HandleStepEnd(const StepEnd& end);
+  // A worker with several streams to this shard: this stream's pushes of
+  // `step` are in (PushesSent), or, on its first stream with the step's
+  // end over `channels` streams, waits for the others' (an error status
+  // to finish with, OK when the call was cancelled meanwhile).
+  std::optional<grpc::Status> HandlePushesSent(const PushesSent& sent);
+  std::optional<grpc::Status> AwaitPushesSent(int64_t step, int channels);
   std::optional<grpc::Status> QueuePull(const PullRequest& pull);
   // The writer thread: serves the queued pulls until closed.
   void ServePulls();

@@ -315,7 +315,7 @@ class Shards {
   }
   PartitionPlan Plan() const {
     return *PartitionPlan::Create(std::vector<int64_t>(kTensors, kElements),
-                                  kElements * sizeof(float),
+                                  partition_bytes_,
                                   static_cast<int>(shards_.size()));
   }
   std::unique_ptr<GradientExchange> Exchange(int worker, bool chief) const {
@@ -326,18 +326,29 @@ class Shards {
     options.rpc_timeout = absl::Seconds(10);
     options.clip_by_global_norm = clip_grad_norm_ > 0;
     options.wire_dtype = wire_dtype_;
+    options.channels_per_shard = channels_per_shard_;
     absl::StatusOr<std::unique_ptr<PsClient>> client =
         PsClient::Create(options, Plan());
     EXPECT_TRUE(client.ok()) << client.status();
+    for (int s = 0; s < (*client)->num_shards(); ++s) {
+      EXPECT_EQ((*client)->channels_of(s), channels_per_shard_);
+    }
     return CreatePsExchange(*std::move(client), /*sync=*/true, chief,
                             absl::Seconds(10), staleness_);
   }
   ParameterShard& shard(int s) { return *shards_[s]; }
   // How the workers' pushes and pulls travel (default fp32).
   void set_wire_dtype(DType dtype) { wire_dtype_ = dtype; }
+  // Connections from each worker to each shard (default 1); each shard
+  // must hold at least that many chunks.
+  void set_channels_per_shard(int channels) { channels_per_shard_ = channels; }
+  // The chunk bound (default: a tensor per chunk).
+  void set_partition_bytes(int64_t bytes) { partition_bytes_ = bytes; }
 
  private:
   DType wire_dtype_ = DTYPE_FLOAT32;
+  int channels_per_shard_ = 1;
+  int64_t partition_bytes_ = kElements * sizeof(float);
   const int staleness_;
   const double clip_grad_norm_;
   std::vector<std::unique_ptr<ParameterShard>> shards_;
@@ -473,6 +484,70 @@ TEST(PsExchangeTest, SixteenBitWireEqualsFp32OnRoundedValuesBitForBit) {
         EXPECT_EQ(results[r][t], w[t])
             << WireDtypeSpelling(dtype) << " worker " << r << " tensor " << t;
         EXPECT_NE(results[r][t], fp32[t]) << "no rounding happened";
+      }
+    }
+  }
+}
+
+// Several connections per shard (issue 39, channels_per_shard): a sync job
+// whose chunks travel over 3 streams per worker per shard (each shard's
+// chunk i on stream i mod 3: pushes, the step end after the other streams'
+// PushesSent, and pulls of each stream's part) ends with the weights of
+// the job over one stream, bit for bit (the shards' weights and optimizer
+// state, and each worker's pulled weights); with clipping by global norm
+// too (the partial norm on stream 0 only) and with bounded staleness (the
+// shards' state only: a worker's last pull may be older).
+TEST(PsExchangeTest, ThreeChannelsPerShardEqualOneBitForBit) {
+  constexpr int kWorkers = 2;
+  constexpr int kSteps = 4;
+  struct Case {
+    const char* name;
+    int staleness;
+    OptimizerOptions optimizer;
+    double clip;
+  };
+  const std::vector<Case> cases = {
+      {"adam", 0, OptimizerOptions(), 0},
+      {"clipped sgd", 0, NesterovCosine(), 3.0},
+      {"staleness 1", 1, OptimizerOptions(), 0},
+  };
+  for (const Case& c : cases) {
+    std::vector<std::vector<std::vector<float>>> results[2];
+    // Each shard's chunks (weights, m, v) at the end.
+    std::vector<std::vector<ChunkSnapshot>> state[2];
+    for (int channels : {1, 3}) {
+      Shards shards(/*num_shards=*/2, kWorkers, c.staleness, c.optimizer,
+                    c.clip);
+      // 4 chunks per tensor: 6 per shard, 2 per stream.
+      shards.set_partition_bytes(kElements);
+      shards.set_channels_per_shard(channels);
+      ASSERT_EQ(shards.Plan().ChunksOfShard(0).size(), 6u);
+      results[channels == 3] = TrainOnShards(shards, kWorkers, kSteps);
+      for (int s = 0; s < 2; ++s) {
+        absl::StatusOr<std::vector<ChunkSnapshot>> snapshot =
+            shards.shard(s).Snapshot(kSteps);
+        ASSERT_TRUE(snapshot.ok()) << c.name << ": " << snapshot.status();
+        state[channels == 3].push_back(*std::move(snapshot));
+      }
+    }
+    for (int s = 0; s < 2; ++s) {
+      ASSERT_EQ(state[1][s].size(), state[0][s].size());
+      for (size_t i = 0; i < state[0][s].size(); ++i) {
+        EXPECT_EQ(state[1][s][i].weights, state[0][s][i].weights)
+            << c.name << ": shard " << s << " chunk " << i;
+        EXPECT_EQ(state[1][s][i].m, state[0][s][i].m) << c.name;
+        EXPECT_EQ(state[1][s][i].v, state[0][s][i].v) << c.name;
+      }
+    }
+    // With staleness a worker's last pull may hold older chunks.
+    if (c.staleness > 0) continue;
+    for (int r = 0; r < kWorkers; ++r) {
+      ASSERT_EQ(results[1][r].size(), static_cast<size_t>(kTensors));
+      for (int t = 0; t < kTensors; ++t) {
+        EXPECT_EQ(results[1][r][t], results[0][r][t])
+            << c.name << ": worker " << r << " tensor " << t;
+        EXPECT_NE(results[1][r][t], std::vector<float>(kElements, 0.1f))
+            << c.name << ": nothing trained";
       }
     }
   }

@@ -42,22 +42,28 @@ PsClient::PsClient(const PsClientOptions& options, const PartitionPlan& plan)
     : options_(options), plan_(plan), addresses_(options.addresses) {}
 
 void PsClient::Connect(int s) {
-  grpc::ChannelArguments args = PsChannelArguments();
-  if (options_.credentials != nullptr) {
-    TlsIdentity shard;
-    shard.role = TlsRole::kPs;
-    shard.index = s;
-    shard.job = options_.job_id;  // a shard of another job cannot answer
-    SetPeerServerName(shard, &args);
+  for (int l = first_lane_[s]; l < num_lanes() && lanes_[l].shard == s; ++l) {
+    grpc::ChannelArguments args = PsChannelArguments();
+    // Its own connection (with the local subchannel pool already; the
+    // argument keeps channels apart in a shared pool too).
+    args.SetInt("pstrain.channel_index", lanes_[l].channel);
+    if (options_.credentials != nullptr) {
+      TlsIdentity shard;
+      shard.role = TlsRole::kPs;
+      shard.index = s;
+      shard.job = options_.job_id;  // a shard of another job cannot answer
+      SetPeerServerName(shard, &args);
+    }
+    channels_[l] = grpc::CreateCustomChannel(
+        addresses_[s],
+        options_.credentials != nullptr ? options_.credentials
+                                        : grpc::InsecureChannelCredentials(),
+        args);
+    push_pull_methods_[l] = std::make_unique<grpc::internal::RpcMethod>(
+        kPushPullMethod, grpc::internal::RpcMethod::BIDI_STREAMING,
+        channels_[l]);
   }
-  channels_[s] = grpc::CreateCustomChannel(
-      addresses_[s],
-      options_.credentials != nullptr ? options_.credentials
-                                      : grpc::InsecureChannelCredentials(),
-      args);
-  stubs_[s] = ParameterServer::NewStub(channels_[s]);
-  push_pull_methods_[s] = std::make_unique<grpc::internal::RpcMethod>(
-      kPushPullMethod, grpc::internal::RpcMethod::BIDI_STREAMING, channels_[s]);
+  stubs_[s] = ParameterServer::NewStub(channels_[first_lane_[s]]);
 }
 
 PsClient::~PsClient() {
@@ -83,20 +89,45 @@ absl::StatusOr<std::unique_ptr<PsClient>> PsClient::Create(
         absl::StrCat(options.addresses.size(), " PS addresses for a plan of ",
                      plan.num_shards(), " shards"));
   }
-  std::unique_ptr<PsClient> client(new PsClient(options, plan));
-  for (int s = 0; s < plan.num_shards(); ++s) {
-    client->shard_chunks_.push_back(plan.ChunksOfShard(s));
-    client->tensor_chunks_.resize(plan.param_num_elements().size());
-    for (size_t i = 0; i < client->shard_chunks_[s].size(); ++i) {
-      client->tensor_chunks_[client->shard_chunks_[s][i].param_id].emplace_back(
-          s, static_cast<int>(i));
-    }
-    client->channels_.emplace_back();
-    client->stubs_.emplace_back();
-    client->push_pull_methods_.emplace_back();
-    client->Connect(s);
+  const int channels = options.channels_per_shard == 0
+                           ? kDefaultChannelsPerShard
+                           : options.channels_per_shard;
+  if (channels < 1 || channels > kMaxChannelsPerShard) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("channels_per_shard ", options.channels_per_shard,
+                     "; expected 1 to ", kMaxChannelsPerShard));
   }
-  client->streams_.resize(plan.num_shards());
+  std::unique_ptr<PsClient> client(new PsClient(options, plan));
+  client->tensor_chunks_.resize(plan.param_num_elements().size());
+  client->lane_of_chunk_.assign(plan.chunks().size(), -1);
+  for (int s = 0; s < plan.num_shards(); ++s) {
+    const std::vector<ChunkSpec> chunks = plan.ChunksOfShard(s);
+    client->shard_chunks_.push_back(chunks);
+    const int count = std::max(
+        1,
+        std::min(channels, static_cast<int>(client->shard_chunks_[s].size())));
+    client->first_lane_.push_back(client->num_lanes());
+    for (int c = 0; c < count; ++c) {
+      Lane lane;
+      lane.shard = s;
+      lane.channel = c;
+      lane.count = count;
+      client->lanes_.push_back(lane);
+    }
+    for (size_t i = 0; i < chunks.size(); ++i) {
+      const int lane = client->first_lane_[s] + static_cast<int>(i) % count;
+      client->lanes_[lane].chunks.push_back(static_cast<int>(i));
+      client->tensor_chunks_[chunks[i].param_id].emplace_back(
+          lane, static_cast<int>(i));
+      client->lane_of_chunk_[plan.FindChunk(chunks[i].param_id,
+                                            chunks[i].chunk_index)] = lane;
+    }
+  }
+  client->channels_.resize(client->num_lanes());
+  client->push_pull_methods_.resize(client->num_lanes());
+  client->stubs_.resize(plan.num_shards());
+  for (int s = 0; s < plan.num_shards(); ++s) client->Connect(s);
+  client->streams_.resize(client->num_lanes());
   for (int s = 0; s < plan.num_shards(); ++s) {
     client->leases_.push_back(std::make_unique<PayloadLease>());
   }
@@ -142,8 +173,9 @@ void PsClient::Reset() {
   }
 }
 
-absl::Status PsClient::FinishStream(int shard) {
-  Stream& s = streams_[shard];
+absl::Status PsClient::FinishStream(int lane) {
+  const int shard = lanes_[lane].shard;
+  Stream& s = streams_[lane];
   s.stream->WritesDone();
   const grpc::Status status = s.stream->Finish();
   {
@@ -162,23 +194,24 @@ struct PsClient::StepState {
   int64_t step = 0;
   std::vector<absl::Span<const float>> gradients;
   std::vector<absl::Span<float>> weights;
-  // The pull request, sent by each shard's pusher.
+  // The pull request, sent by each lane's pusher (PullOf()).
   PushPullRequest pull;
   bool pull_first = false;
 
   absl::Mutex mu;
-  // Per shard: chunks let go and not yet pushed (indices into
+  // Per lane: chunks let go and not yet pushed (indices into
   // shard_chunks_[shard]), each with the fence to pass first.
   std::vector<std::deque<std::pair<int, std::shared_ptr<CopyFence>>>> ready
       ABSL_GUARDED_BY(mu);
   std::vector<bool> released ABSL_GUARDED_BY(mu);  // per tensor
   bool all_released ABSL_GUARDED_BY(mu) = false;
   bool aborted ABSL_GUARDED_BY(mu) = false;
-  // Per shard: its pusher is to stop (its call ended or is given up).
+  // Per lane: its pusher is to stop (its call ended or is given up).
   std::vector<bool> stopped ABSL_GUARDED_BY(mu);
 
-  // Sync steps with pushes: each pusher ends with a StepEnd, once every
-  // shard's pusher has pushed all (so that it reports the whole step).
+  // Sync steps with pushes: each shard's first lane's pusher ends with a
+  // StepEnd, once every lane's pusher has pushed all (so that it reports
+  // the whole step); the other lanes' with a PushesSent.
   bool send_step_end = false;
   int pushers_done ABSL_GUARDED_BY(mu) = 0;
   // The first non-finite value found in this step (null: none yet).
@@ -195,16 +228,16 @@ struct PsClient::StepState {
   bool norm_missing ABSL_GUARDED_BY(mu) = false;
   int64_t norm_step() const { return pull.pull().min_version() - 1; }
 
-  // One per shard: its reader (which runs its pusher).
+  // One per lane: its reader (which runs its pusher).
   std::vector<std::thread> threads;
   std::vector<absl::Status> statuses;
   std::vector<int64_t> versions;
-  // Per shard: the largest version pulled (backup workers: a pull may
+  // Per lane: the largest version pulled (backup workers: a pull may
   // straddle a decision taken without this worker).
   std::vector<int64_t> largest;
-  // Per shard: the step's skip decision (step -1: not skipped).
+  // Per lane: the step's skip decision (step -1: not skipped).
   std::vector<SkippedStepInfo> skipped;
-  // Per shard, written by its own threads, read after they are joined
+  // Per lane, written by its own threads, read after they are joined
   // (PsStepTimes): the first push write's start and the last one's end
   // (system clock, us; -1: no push), bytes pushed, and each pulled chunk's
   // arrival and bytes.
@@ -213,10 +246,11 @@ struct PsClient::StepState {
   std::vector<int64_t> bytes_pulled;
 };
 
-absl::Status PsClient::PushChunk(int shard, StepState* state,
+absl::Status PsClient::PushChunk(int lane, StepState* state,
                                  const PushPullRequest& envelope,
                                  const ChunkSpec& c) {
-  Stream& s = streams_[shard];
+  const int shard = lanes_[lane].shard;
+  Stream& s = streams_[lane];
   const absl::Span<const float> values =
       state->gradients[c.param_id].subspan(c.offset, c.num_elements);
   bool skip;
@@ -256,27 +290,33 @@ absl::Status PsClient::PushChunk(int shard, StepState* state,
     return absl::UnavailableError("stream broke");
   }
   const int64_t push_end_us = trace::NowUs();
-  if (state->first_push_us[shard] < 0) {
-    state->first_push_us[shard] = push_start_us;
+  if (state->first_push_us[lane] < 0) {
+    state->first_push_us[lane] = push_start_us;
   }
-  state->last_push_us[shard] = push_end_us;
-  state->bytes_pushed[shard] += bytes;
+  state->last_push_us[lane] = push_end_us;
+  state->bytes_pushed[lane] += bytes;
   trace::Complete("push", "ps", push_start_us, push_end_us,
                   {{"step", state->step},
                    {"param", c.param_id},
                    {"chunk", c.chunk_index},
                    {"shard", shard},
+                   {"channel", lanes_[lane].channel},
                    {"bytes", bytes}});
   return absl::OkStatus();
 }
 
-absl::Status PsClient::WriteStepEnd(int shard, StepState* state,
+absl::Status PsClient::WriteStepEnd(int lane, StepState* state,
                                     const PushPullRequest& envelope) {
-  Stream& s = streams_[shard];
+  const int shard = lanes_[lane].shard;
+  Stream& s = streams_[lane];
   // The end of the step, once every shard's chunks have been checked, so
   // that every shard hears the same report.
   PushPullRequest end = envelope;
   end.mutable_step_end()->set_step(state->step);
+  if (lanes_[lane].count > 1) {
+    // The shard takes it once the other lanes' PushesSent are in.
+    end.mutable_step_end()->set_channels(lanes_[lane].count);
+  }
   const bool backups = options_.backup_workers;
   if (backups) {
     end.mutable_step_end()->set_samples(state->pull.pull().samples());
@@ -284,17 +324,17 @@ absl::Status PsClient::WriteStepEnd(int shard, StepState* state,
   {
     absl::MutexLock lock(&state->mu);
     ++state->pushers_done;
-    const int shards = num_shards();
+    const int lanes = num_lanes();
     // Backup workers: shard 0 first; the others with its answer.
     const bool wait_admission = backups && shard > 0;
-    auto all_pushed = [state, shard, shards, wait_admission]()
+    auto all_pushed = [state, lane, lanes, wait_admission]()
                           ABSL_EXCLUSIVE_LOCKS_REQUIRED(state->mu) {
-                            return state->aborted || state->stopped[shard] ||
-                                   (state->pushers_done == shards &&
+                            return state->aborted || state->stopped[lane] ||
+                                   (state->pushers_done == lanes &&
                                     (!wait_admission || state->admission >= 0));
                           };
     state->mu.Await(absl::Condition(&all_pushed));
-    if (state->aborted || state->stopped[shard]) {
+    if (state->aborted || state->stopped[lane]) {
       return absl::CancelledError("step aborted");
     }
     if (backups) {
@@ -322,14 +362,14 @@ absl::Status PsClient::WriteStepEnd(int shard, StepState* state,
       absl::MutexLock lock(&state->mu);
       const int shards = num_shards();
       // Backup workers: a late worker's step is not in the norm.
-      auto all_in = [state, shard, shards,
+      auto all_in = [state, lane, shards,
                      backups]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(state->mu) {
-        return state->aborted || state->stopped[shard] ||
+        return state->aborted || state->stopped[lane] ||
                state->norm_partials_in == shards || state->norm_missing ||
                (backups && state->admission == 0);
       };
       state->mu.Await(absl::Condition(&all_in));
-      if (state->aborted || state->stopped[shard]) {
+      if (state->aborted || state->stopped[lane]) {
         return absl::CancelledError("step aborted");
       }
       // Decided (or to be) without this worker's sum.
@@ -345,9 +385,20 @@ absl::Status PsClient::WriteStepEnd(int shard, StepState* state,
   return absl::OkStatus();
 }
 
-absl::Status PsClient::WritePushes(int shard, StepState* state) {
-  Stream& s = streams_[shard];
-  if (state->pull_first && !s.stream->Write(EncodeSmallMessage(state->pull))) {
+grpc::ByteBuffer PsClient::PullOf(int lane, const StepState& state) const {
+  if (lanes_[lane].count == 1) return EncodeSmallMessage(state.pull);
+  PushPullRequest pull = state.pull;
+  pull.mutable_pull()->set_channel(lanes_[lane].channel);
+  pull.mutable_pull()->set_channels(lanes_[lane].count);
+  // The step's samples count once per shard.
+  if (lanes_[lane].channel > 0) pull.mutable_pull()->set_samples(0);
+  return EncodeSmallMessage(pull);
+}
+
+absl::Status PsClient::WritePushes(int lane, StepState* state) {
+  const int shard = lanes_[lane].shard;
+  Stream& s = streams_[lane];
+  if (state->pull_first && !s.stream->Write(PullOf(lane, *state))) {
     return absl::UnavailableError("stream broke");
   }
   PushPullRequest envelope;
@@ -356,29 +407,40 @@ absl::Status PsClient::WritePushes(int shard, StepState* state) {
     std::pair<int, std::shared_ptr<CopyFence>> next;
     {
       absl::MutexLock lock(&state->mu);
-      auto go = [state, shard]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(state->mu) {
-        return state->aborted || state->stopped[shard] || state->all_released ||
-               !state->ready[shard].empty();
+      auto go = [state, lane]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(state->mu) {
+        return state->aborted || state->stopped[lane] || state->all_released ||
+               !state->ready[lane].empty();
       };
       state->mu.Await(absl::Condition(&go));
-      if (state->aborted || state->stopped[shard]) {
+      if (state->aborted || state->stopped[lane]) {
         return absl::CancelledError("step aborted");
       }
-      if (state->ready[shard].empty()) break;  // all released and pushed
-      next = std::move(state->ready[shard].front());
-      state->ready[shard].pop_front();
+      if (state->ready[lane].empty()) break;  // all released and pushed
+      next = std::move(state->ready[lane].front());
+      state->ready[lane].pop_front();
     }
     if (next.second != nullptr) {
       absl::Status fenced = next.second->Wait();
       if (!fenced.ok()) return fenced;
     }
     RETURN_IF_ERROR(
-        PushChunk(shard, state, envelope, shard_chunks_[shard][next.first]));
+        PushChunk(lane, state, envelope, shard_chunks_[shard][next.first]));
   }
-  if (state->send_step_end) {
-    RETURN_IF_ERROR(WriteStepEnd(shard, state, envelope));
+  if (state->send_step_end && lanes_[lane].channel == 0) {
+    RETURN_IF_ERROR(WriteStepEnd(lane, state, envelope));
+  } else if (state->send_step_end) {
+    // This lane's pushes are in: the shard's first lane ends the step.
+    {
+      absl::MutexLock lock(&state->mu);
+      ++state->pushers_done;
+    }
+    PushPullRequest sent = envelope;
+    sent.mutable_pushes_sent()->set_step(state->step);
+    if (!s.stream->Write(EncodeSmallMessage(sent))) {
+      return absl::UnavailableError("stream broke");
+    }
   }
-  if (!state->pull_first && !s.stream->Write(EncodeSmallMessage(state->pull))) {
+  if (!state->pull_first && !s.stream->Write(PullOf(lane, *state))) {
     return absl::UnavailableError("stream broke");
   }
   return absl::OkStatus();
@@ -406,10 +468,11 @@ absl::Status PsClient::TakeNormPartial(int shard, StepState* state,
   return absl::OkStatus();
 }
 
-absl::Status PsClient::TakePulledChunk(int shard, StepState* state,
+absl::Status PsClient::TakePulledChunk(int lane, StepState* state,
                                        ReceivedChunkMessage& received,
                                        int64_t arrived_us, int64_t bytes,
                                        int64_t* smallest) {
+  const int shard = lanes_[lane].shard;
   const TensorChunk& chunk = received.chunk();
   const int index =
       plan_.FindChunk(chunk.key().param_id(), chunk.key().chunk_index());
@@ -418,16 +481,22 @@ absl::Status PsClient::TakePulledChunk(int shard, StepState* state,
         absl::StrCat("shard ", shard, " sent chunk (", chunk.key().param_id(),
                      ", ", chunk.key().chunk_index(), ") it does not own"));
   }
+  if (lane_of_chunk_[index] != lane) {
+    return absl::DataLossError(
+        absl::StrCat("shard ", shard, " sent chunk (", chunk.key().param_id(),
+                     ", ", chunk.key().chunk_index(), ") on channel ",
+                     lanes_[lane].channel, ", which did not ask for it"));
+  }
   const ChunkSpec& c = plan_.chunks()[index];
   // One copy, from the received slices into the weights.
   RETURN_IF_ERROR(received.CopyFloatPayload(
       state->weights[c.param_id].subspan(c.offset, c.num_elements)));
   *smallest =
       *smallest < 0 ? chunk.version() : std::min(*smallest, chunk.version());
-  state->largest[shard] =
-      std::max(state->largest[shard], static_cast<int64_t>(chunk.version()));
-  state->pull_arrivals_us[shard].push_back(arrived_us);
-  state->bytes_pulled[shard] += bytes;
+  state->largest[lane] =
+      std::max(state->largest[lane], static_cast<int64_t>(chunk.version()));
+  state->pull_arrivals_us[lane].push_back(arrived_us);
+  state->bytes_pulled[lane] += bytes;
   // From the chunk's arrival to its copy into the weights.
   trace::Complete("pull", "ps", arrived_us, trace::NowUs(),
                   {{"step", state->step},
@@ -438,33 +507,41 @@ absl::Status PsClient::TakePulledChunk(int shard, StepState* state,
   return absl::OkStatus();
 }
 
-absl::Status PsClient::PushPullShard(int shard, StepState* state,
-                                     int64_t* version) {
-  Stream& s = streams_[shard];
+absl::Status PsClient::RunPusher(int lane, StepState* state) {
+  if (trace::Enabled()) {
+    trace::SetThreadName(absl::StrCat("push shard ", lanes_[lane].shard,
+                                      " channel ", lanes_[lane].channel));
+  }
+  const absl::Status pushed = WritePushes(lane, state);
+  // The pusher's own error (a failed fence): the shard will not answer
+  // without this worker's pushes, so end the call for the reader's read to
+  // return. Not when the pusher was stopped: the reader saw the call end
+  // (a shard's in-band error, whose status Finish() is still to read, or
+  // a broken stream), or another stream failed and CancelStep() cancelled
+  // every call.
+  bool stopped;
+  {
+    absl::MutexLock lock(&state->mu);
+    stopped = state->aborted || state->stopped[lane];
+  }
+  if (!pushed.ok() && !absl::IsUnavailable(pushed) && !stopped) {
+    absl::MutexLock lock(&streams_mu_);
+    streams_[lane].context->TryCancel();
+  }
+  return pushed;
+}
+
+absl::Status PsClient::PushPullLane(int lane, StepState* state,
+                                    int64_t* version) {
+  const int shard = lanes_[lane].shard;
+  const int channel = lanes_[lane].channel;
+  Stream& s = streams_[lane];
   absl::Status pushed;
-  if (trace::Enabled())
-    trace::SetThreadName(absl::StrCat("pull shard ", shard));
-  std::thread pusher([&] {
-    if (trace::Enabled()) {
-      trace::SetThreadName(absl::StrCat("push shard ", shard));
-    }
-    pushed = WritePushes(shard, state);
-    // The pusher's own error (a failed fence): the shard will not answer
-    // without this worker's pushes, so end the call for the read below to
-    // return. Not when the pusher was stopped: the reader saw the call end
-    // (a shard's in-band error, whose status Finish() is still to read, or
-    // a broken stream), or another shard failed and CancelStep() cancelled
-    // every call.
-    bool stopped;
-    {
-      absl::MutexLock lock(&state->mu);
-      stopped = state->aborted || state->stopped[shard];
-    }
-    if (!pushed.ok() && !absl::IsUnavailable(pushed) && !stopped) {
-      absl::MutexLock lock(&streams_mu_);
-      s.context->TryCancel();
-    }
-  });
+  if (trace::Enabled()) {
+    trace::SetThreadName(
+        absl::StrCat("pull shard ", shard, " channel ", channel));
+  }
+  std::thread pusher([&] { pushed = RunPusher(lane, state); });
   // Ends the step on this shard; a pusher's own error (a failed fence)
   // comes first. `status` OK: the call ended on its own (the shard ended
   // it, or its process or the connection died): the pusher is stopped
@@ -474,14 +551,14 @@ absl::Status PsClient::PushPullShard(int shard, StepState* state,
   auto fail = [&](absl::Status status) {
     {
       absl::MutexLock lock(&state->mu);
-      state->stopped[shard] = true;
+      state->stopped[lane] = true;
     }
     if (!status.ok()) {
       absl::MutexLock lock(&streams_mu_);
       s.context->TryCancel();
     }
     pusher.join();
-    absl::Status finished = FinishStream(shard);
+    absl::Status finished = FinishStream(lane);
     bool given_up = false;  // another shard's failure cancelled this call
     {
       absl::MutexLock lock(&state->mu);
@@ -507,9 +584,9 @@ absl::Status PsClient::PushPullShard(int shard, StepState* state,
   int64_t smallest = -1;
   size_t received_chunks = 0;
   // Backup workers: shard 0 answers this step's end (StepAdmission) beside
-  // the pull, before or after its last message.
-  bool awaiting_admission =
-      options_.backup_workers && shard == 0 && state->send_step_end;
+  // the pull, before or after its last message, on its first channel.
+  bool awaiting_admission = options_.backup_workers && shard == 0 &&
+                            channel == 0 && state->send_step_end;
   bool pull_complete = false;
   while (true) {
     if (!s.stream->Read(&buffer)) return fail(absl::OkStatus());
@@ -544,7 +621,7 @@ absl::Status PsClient::PushPullShard(int shard, StepState* state,
     }
     if (envelope.has_skipped_step()) {
       const SkippedStep& skip = envelope.skipped_step();
-      SkippedStepInfo& info = state->skipped[shard];
+      SkippedStepInfo& info = state->skipped[lane];
       info.step = skip.step();
       info.worker_id = skip.worker_id();
       info.nonfinite.param_id = skip.nonfinite().param_id();
@@ -553,14 +630,15 @@ absl::Status PsClient::PushPullShard(int shard, StepState* state,
     }
     if (received.has_chunk()) {
       status =
-          TakePulledChunk(shard, state, received, arrived_us, bytes, &smallest);
+          TakePulledChunk(lane, state, received, arrived_us, bytes, &smallest);
       if (!status.ok()) return fail(status);
       ++received_chunks;
     }
     if (envelope.last_of_pull()) {
       pull_complete = true;
-      if (options_.clip_by_global_norm) {
+      if (options_.clip_by_global_norm && channel == 0) {
         // No partial by now: none will come (see StepState::norm_missing).
+        // (The shard sends it on channel 0's pull only.)
         absl::MutexLock lock(&state->mu);
         if (std::isnan(state->norm_partials[shard])) {
           state->norm_missing = true;
@@ -573,17 +651,18 @@ absl::Status PsClient::PushPullShard(int shard, StepState* state,
   // needed them; async: they went before the pull): the pusher is done.
   pusher.join();
   if (!pushed.ok()) {
-    if (absl::IsUnavailable(pushed)) return FinishStream(shard);
+    if (absl::IsUnavailable(pushed)) return FinishStream(lane);
     return pushed;
   }
   // A skipped step's pull sends every chunk twice (the second time
   // restored).
   const size_t expected =
-      shard_chunks_[shard].size() * (state->skipped[shard].step >= 0 ? 2 : 1);
+      lanes_[lane].chunks.size() * (state->skipped[lane].step >= 0 ? 2 : 1);
   if (received_chunks != expected) {
-    return absl::DataLossError(
-        absl::StrCat("shard ", shard, " answered a pull with ", received_chunks,
-                     " chunks; expected ", expected));
+    return absl::DataLossError(absl::StrCat(
+        "shard ", shard, " answered a pull with ", received_chunks,
+        " chunks; expected ", expected,
+        lanes_[lane].count > 1 ? absl::StrCat(" on channel ", channel) : ""));
   }
   *version = smallest;
   return absl::OkStatus();
@@ -606,7 +685,7 @@ absl::Status PsClient::BeginStep(
         absl::StrCat("step ", step, " begun while step ", step_->step,
                      " is still in flight"));
   }
-  const int n = num_shards();
+  const int n = num_lanes();
   step_ = std::make_unique<StepState>();
   StepState* state = step_.get();
   state->step = step;
@@ -628,7 +707,7 @@ absl::Status PsClient::BeginStep(
     state->stopped.assign(n, false);
     state->released.assign(tensor_chunks_.size(), false);
     state->all_released = gradients.empty();
-    state->norm_partials.assign(n, std::nan(""));
+    state->norm_partials.assign(num_shards(), std::nan(""));
   }
   state->statuses.assign(n, absl::OkStatus());
   state->versions.assign(n, 0);
@@ -639,8 +718,8 @@ absl::Status PsClient::BeginStep(
   state->bytes_pushed.assign(n, 0);
   state->pull_arrivals_us.assign(n, {});
   state->bytes_pulled.assign(n, 0);
-  for (int s = 0; s < n; ++s) {
-    Stream& stream = streams_[s];
+  for (int l = 0; l < n; ++l) {
+    Stream& stream = streams_[l];
     if (stream.stream == nullptr) {
       stream.context = std::make_unique<grpc::ClientContext>();
       SetDeadline(stream.context.get(), options_.stream_timeout);
@@ -648,15 +727,15 @@ absl::Status PsClient::BeginStep(
       // created the way gRPC's generated stubs create theirs.
       stream.stream.reset(grpc::internal::ClientReaderWriterFactory<
                           grpc::ByteBuffer,
-                          grpc::ByteBuffer>::Create(channels_[s].get(),
-                                                    *push_pull_methods_[s],
+                          grpc::ByteBuffer>::Create(channels_[l].get(),
+                                                    *push_pull_methods_[l],
                                                     stream.context.get()));
     }
   }
-  for (int s = 0; s < n; ++s) {
-    state->threads.emplace_back([this, state, s] {
-      state->statuses[s] = PushPullShard(s, state, &state->versions[s]);
-      if (!state->statuses[s].ok()) CancelStep(state, s);
+  for (int l = 0; l < n; ++l) {
+    state->threads.emplace_back([this, state, l] {
+      state->statuses[l] = PushPullLane(l, state, &state->versions[l]);
+      if (!state->statuses[l].ok()) CancelStep(state, l);
     });
   }
   return absl::OkStatus();
@@ -673,8 +752,8 @@ void PsClient::PushReady(absl::Span<const int> tensors,
       continue;
     }
     state->released[t] = true;
-    for (const auto& [shard, index] : tensor_chunks_[t]) {
-      state->ready[shard].emplace_back(index, fence);
+    for (const auto& [lane, index] : tensor_chunks_[t]) {
+      state->ready[lane].emplace_back(index, fence);
     }
   }
 }
@@ -682,7 +761,7 @@ void PsClient::PushReady(absl::Span<const int> tensors,
 PsStepTimes PsClient::StepTimesOf(const StepState& state) const {
   PsStepTimes times;
   int64_t first_push = -1, last_push = -1, last_arrival = -1;
-  for (int s = 0; s < num_shards(); ++s) {
+  for (int s = 0; s < num_lanes(); ++s) {
     times.bytes_pushed += state.bytes_pushed[s];
     times.bytes_pulled += state.bytes_pulled[s];
     if (state.first_push_us[s] >= 0) {
@@ -702,7 +781,7 @@ PsStepTimes PsClient::StepTimesOf(const StepState& state) const {
     // The first arrival after the last push (there is one: a chunk cannot
     // pass the barrier before this worker's push of it).
     int64_t first_after = last_arrival;
-    for (int s = 0; s < num_shards(); ++s) {
+    for (int s = 0; s < num_lanes(); ++s) {
       for (int64_t t : state.pull_arrivals_us[s]) {
         if (t >= last_push) first_after = std::min(first_after, t);
       }
@@ -730,8 +809,8 @@ absl::StatusOr<int64_t> PsClient::FinishStep() {
       for (size_t t = 0; t < tensor_chunks_.size(); ++t) {
         if (state->released[t]) continue;
         state->released[t] = true;
-        for (const auto& [shard, index] : tensor_chunks_[t]) {
-          state->ready[shard].emplace_back(index, nullptr);
+        for (const auto& [lane, index] : tensor_chunks_[t]) {
+          state->ready[lane].emplace_back(index, nullptr);
         }
       }
       state->all_released = true;
@@ -739,7 +818,7 @@ absl::StatusOr<int64_t> PsClient::FinishStep() {
   }
   for (std::thread& t : state->threads) t.join();
   std::unique_ptr<StepState> done = std::move(step_);
-  const int n = num_shards();
+  const int n = num_shards();  // leases are per shard
   last_step_times_ = StepTimesOf(*done);
   // The pushes lent the gradients to gRPC without a copy, and the caller may
   // change them once this returns: wait until gRPC has let go of every
@@ -747,8 +826,8 @@ absl::StatusOr<int64_t> PsClient::FinishStep() {
   // since each shard answered the pull after it had read the pushes.
   for (int s = 0; s < n; ++s) {
     if (!leases_[s]->WaitReleased(absl::Now() + options_.rpc_timeout) &&
-        done->statuses[s].ok()) {
-      done->statuses[s] = absl::InternalError(
+        done->statuses[first_lane_[s]].ok()) {
+      done->statuses[first_lane_[s]] = absl::InternalError(
           absl::StrCat("shard ", s, " (", addresses_[s],
                        "): gRPC still holds the pushed gradients after ",
                        absl::FormatDuration(options_.rpc_timeout)));
@@ -804,9 +883,9 @@ void PsClient::CancelStep(StepState* state, int except) {
     state->aborted = true;
   }
   absl::MutexLock lock(&streams_mu_);
-  for (int s = 0; s < num_shards(); ++s) {
-    if (s != except && streams_[s].context != nullptr) {
-      streams_[s].context->TryCancel();
+  for (int l = 0; l < num_lanes(); ++l) {
+    if (l != except && streams_[l].context != nullptr) {
+      streams_[l].context->TryCancel();
     }
   }
 }
@@ -832,13 +911,15 @@ absl::StatusOr<StatsResponse> PsClient::Stats(int shard) {
 
 absl::Status PsClient::CloseStreams() {
   absl::Status first_error;
-  for (int s = 0; s < num_shards(); ++s) {
-    if (streams_[s].stream == nullptr) continue;
-    streams_[s].stream->WritesDone();
-    const grpc::Status status = streams_[s].stream->Finish();
-    streams_[s].stream.reset();
-    streams_[s].context.reset();
-    if (!status.ok() && first_error.ok()) first_error = ShardError(s, status);
+  for (int l = 0; l < num_lanes(); ++l) {
+    if (streams_[l].stream == nullptr) continue;
+    streams_[l].stream->WritesDone();
+    const grpc::Status status = streams_[l].stream->Finish();
+    streams_[l].stream.reset();
+    streams_[l].context.reset();
+    if (!status.ok() && first_error.ok()) {
+      first_error = ShardError(lanes_[l].shard, status);
+    }
   }
   return first_error;
 }

@@ -1,12 +1,17 @@
 // PsClient: a worker's connection to every parameter-server shard.
 //
-// One long-lived bidirectional PushPull stream per shard carries, each step,
+// Long-lived bidirectional PushPull streams to each shard carry, each step,
 // the gradient chunks the partition plan assigns to that shard, then a pull
-// of the weights; shards are served in parallel (one thread per shard per
-// step). Unary calls (Init, WaitReady, Stats, WorkerDone) each carry a
-// deadline of `rpc_timeout`; the streams carry `stream_timeout` (the whole
-// job's bound) and rely on gRPC keepalive and the server's pull timeout, so
-// that no call waits forever.
+// of the weights; shards are served in parallel (threads per stream per
+// step). With channels_per_shard N > 1 the client opens N channels (each
+// its own TCP connection) to each shard, and chunk i of the shard's chunks
+// (plan order) travels, both ways, on channel i mod N with its own stream:
+// gRPC protects one connection's TLS records on one core at a time, so N
+// connections spread encryption over N cores (proto/ps.proto PushesSent,
+// PullRequest.channel). Unary calls (Init, WaitReady, Stats, WorkerDone) go
+// on each shard's first channel, each with a deadline of `rpc_timeout`; the
+// streams carry `stream_timeout` (the whole job's bound) and rely on gRPC
+// keepalive and the server's pull timeout, so that no call waits forever.
 //
 // Tensors: `params`, `gradients` and `weights` are spans over each parameter
 // tensor in model order, fp32, with the plan's element counts.
@@ -44,6 +49,7 @@
 #include "common/chunk_message.h"
 #include "common/nonfinite.h"
 #include "common/partition.h"
+#include "common/rpc_options.h"
 #include "models/backend.h"
 #include "proto/ps.grpc.pb.h"
 #include "server/shard_checkpoint.h"
@@ -74,6 +80,10 @@ struct PsClientOptions {
   // common/wire_dtype.h): DTYPE_FLOAT32, or a 16-bit format at half the
   // bytes, converted at the edges (the shards keep fp32).
   DType wire_dtype = DTYPE_FLOAT32;
+  // Channels (TCP connections) to each shard, 1 to kMaxChannelsPerShard
+  // (fewer where a shard has fewer chunks); 0: kDefaultChannelsPerShard
+  // (common/rpc_options.h).
+  int channels_per_shard = 0;
 };
 
 // One step's exchange as this worker saw it (worker/metrics.h), measured
@@ -246,6 +256,8 @@ class PsClient {
   absl::Status Done();
 
   int num_shards() const { return static_cast<int>(stubs_.size()); }
+  // Channels (and streams) to shard s.
+  int channels_of(int s) const { return lanes_[first_lane_[s]].count; }
 
  private:
   struct Stream {
@@ -257,6 +269,17 @@ class PsClient {
 
   struct StepState;
 
+  // One channel to a shard and its stream: shard `shard`'s chunks i (plan
+  // order) with i % count == channel.
+  struct Lane {
+    int shard = 0;
+    int channel = 0;
+    int count = 1;
+    // Indices into shard_chunks_[shard].
+    std::vector<int> chunks;
+  };
+  int num_lanes() const { return static_cast<int>(lanes_.size()); }
+
   PsClient(const PsClientOptions& options, const PartitionPlan& plan);
   // The highest generation any shard is at (Stats of each); where
   // `uninitialised` is given, the shards not initialised (restarted ones).
@@ -265,34 +288,39 @@ class PsClient {
   absl::Status InitializeAs(const std::vector<absl::Span<const float>>& params,
                             const ModelState* resume, int64_t generation);
   absl::Status ShardError(int shard, const grpc::Status& status) const;
-  // A shard's part of the step: its pushes and the pull (threads of
+  // A lane's part of the step: its pushes and the pull (threads of
   // BeginStep()).
-  absl::Status PushPullShard(int shard, StepState* state, int64_t* version);
-  absl::Status WritePushes(int shard, StepState* state);
+  absl::Status PushPullLane(int lane, StepState* state, int64_t* version);
+  absl::Status WritePushes(int lane, StepState* state);
+  // The pusher thread's body: WritePushes(), and its own error cancels the
+  // call.
+  absl::Status RunPusher(int lane, StepState* state);
   // WritePushes' parts: one chunk's push (or its skipped push, when the
   // step holds a non-finite value), and the step's end (with backup
   // workers, shard 0's admission; with clipping, the squared norm).
-  absl::Status PushChunk(int shard, StepState* state,
+  absl::Status PushChunk(int lane, StepState* state,
                          const PushPullRequest& envelope, const ChunkSpec& c);
-  absl::Status WriteStepEnd(int shard, StepState* state,
+  absl::Status WriteStepEnd(int lane, StepState* state,
                             const PushPullRequest& envelope);
+  // The lane's pull request (its channel; samples on channel 0 only).
+  grpc::ByteBuffer PullOf(int lane, const StepState& state) const;
   // PushPullShard's parts: a shard's partial squared norm (clipping), and
   // one pulled chunk copied into the step's weights (`smallest`: the
   // smallest version pulled from the shard so far, -1 for none).
   absl::Status TakeNormPartial(int shard, StepState* state,
                                const NormSum& partial);
-  absl::Status TakePulledChunk(int shard, StepState* state,
+  absl::Status TakePulledChunk(int lane, StepState* state,
                                ReceivedChunkMessage& received,
                                int64_t arrived_us, int64_t bytes,
                                int64_t* smallest);
   // Ends the step in flight at once (the destructor's path).
   void AbortStep();
-  // Cancels every stream of the step but `except`'s (-1: all) and wakes its
-  // pushers: the step failed on one shard.
+  // Cancels every stream of the step but lane `except`'s (-1: all) and wakes
+  // its pushers: the step failed on one stream.
   void CancelStep(StepState* state, int except);
   // Ends a broken stream and returns its status.
-  absl::Status FinishStream(int shard);
-  // Channel, stub and PushPull method of shard `s` for addresses_[s].
+  absl::Status FinishStream(int lane);
+  // Channels, stub and PushPull methods of shard `s` for addresses_[s].
   void Connect(int s);
   void SetHeader(RequestHeader* header) const;
   // The step's PsStepTimes, from its threads' records (after they joined).
@@ -303,12 +331,19 @@ class PsClient {
   std::vector<std::string> addresses_;
   int64_t generation_ = 0;
   std::vector<std::vector<ChunkSpec>> shard_chunks_;
-  // For each tensor, the (shard, index into shard_chunks_[shard]) of its
+  // Every shard's lanes, shard by shard; shard s's first one.
+  std::vector<Lane> lanes_;
+  std::vector<int> first_lane_;
+  // For each tensor, the (lane, index into shard_chunks_[shard]) of its
   // chunks.
   std::vector<std::vector<std::pair<int, int>>> tensor_chunks_;
+  // For each chunk of the plan, its lane.
+  std::vector<int> lane_of_chunk_;
+  // Per lane.
   std::vector<std::shared_ptr<grpc::Channel>> channels_;
+  // Per shard, on its first lane's channel (the unary calls).
   std::vector<std::unique_ptr<ParameterServer::Stub>> stubs_;
-  // PushPull on each channel, as a method of ByteBuffer messages.
+  // PushPull on each lane's channel, as a method of ByteBuffer messages.
   std::vector<std::unique_ptr<grpc::internal::RpcMethod>> push_pull_methods_;
   // Lends each shard's pushes to gRPC (declared before streams_, so that
   // it outlives the calls holding its slices).
@@ -316,7 +351,7 @@ class PsClient {
   // Guards each stream's context against a reset while another step
   // thread cancels it.
   absl::Mutex streams_mu_;
-  std::vector<Stream> streams_;
+  std::vector<Stream> streams_;  // per lane
   // The step between BeginStep() and FinishStep(); null otherwise.
   std::unique_ptr<StepState> step_;
   std::optional<SkippedStepInfo> skipped_step_;

@@ -560,6 +560,7 @@ absl::StatusOr<std::unique_ptr<GradientExchange>> CreateExchange(
   client_options.backup_workers = kind.sync && options.backup_workers > 0;
   client_options.clip_by_global_norm = kind.sync && options.clip_grad_norm > 0;
   client_options.wire_dtype = options.wire_dtype;
+  client_options.channels_per_shard = options.channels_per_shard;
   ASSIGN_OR_RETURN(std::unique_ptr<PsClient> client,
                    PsClient::Create(client_options, plan));
   return CreatePsExchange(std::move(client), kind.sync, options.worker_id == 0,

@@ -106,6 +106,9 @@ struct TrainerOptions {
   // wire_dtype, common/wire_dtype.h): DTYPE_FLOAT32, DTYPE_BFLOAT16 or
   // DTYPE_FLOAT16. The worker's model holds the pulled (rounded) weights.
   DType wire_dtype = DTYPE_FLOAT32;
+  // PS modes: gRPC channels (TCP connections) to each shard, 1 to 16
+  // (PsClientOptions; 0: common/rpc_options.h's default).
+  int channels_per_shard = 0;
   // 0: every full batch of the worker's shard; otherwise at most this many
   // steps per epoch (short test and benchmark runs).
   int64_t max_steps_per_epoch = 0;
