@@ -116,9 +116,9 @@ Flags JobFlags(const std::string& what) {
        "keep fp32 weights and optimizer state."},
       {"channels_per_shard",
        "PS modes: gRPC connections each worker opens to each shard, 1 to 16 "
-       "(0: the default, 2: by ps_bench on a 2-core host as fast as 1 in "
-       "plaintext and faster with mutual TLS); chunk i of a shard travels "
-       "on connection i mod N, so TLS encryption runs on N cores."},
+       "(0: the default, 4, the fastest with mutual TLS in ps_bench on a "
+       "2-core host and as fast as 1 in plaintext); chunk i of a shard "
+       "travels on connection i mod N, so TLS encryption runs on N cores."},
       {"max_steps_per_epoch",
        "If > 0, at most this many steps per epoch (short runs)."},
       {"ps_binary",

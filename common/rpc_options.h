@@ -32,9 +32,13 @@ constexpr int kMaxPingStrikes = 0;
 // (JobSpec.channels_per_shard, worker/ps_client.h): gRPC protects one
 // connection's TLS records on one core at a time, so that mutual TLS runs
 // at one core's speed; chunk i of a shard travels on channel i mod N. The
-// default (JobSpec 0) was chosen with ps_bench (issue 39): on a 2-core host
-// it keeps plaintext as fast as 1 channel and speeds mutual TLS up.
-constexpr int kDefaultChannelsPerShard = 2;
+// default (JobSpec 0) was chosen with ps_bench (issue 39, 100 MB model, 1
+// worker, loopback, 2-core host): 4 was the fastest or tied with mutual
+// TLS (1 shard: 507-572 ms a step against 663-971 ms with 1 channel) and
+// kept plaintext as fast as 1 channel. Each stream holds a shard thread
+// (common/grpc_server.h's max_threads): a shard serves up to about
+// max_threads / N workers.
+constexpr int kDefaultChannelsPerShard = 4;
 constexpr int kMaxChannelsPerShard = 16;
 
 }  // namespace pstrain
