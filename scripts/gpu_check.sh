@@ -22,8 +22,10 @@
 #   ps_worker   the PS worker on the GPU: pstrain run --backend=cuda,
 #               ResNet-50 on synthetic 224x224, 1 worker, 2 shards on the
 #               host, batch 64, with the wire in fp32 and bf16, over mutual
-#               TLS and plaintext (compute and exchange ms per step)      300
-#   ps_bench    PS push+pull against raw TCP on loopback, 1, 2, 4 shards  120
+#               TLS and plaintext, 1 and 4 channels per shard (compute and
+#               exchange ms per step)                                     300
+#   ps_bench    PS push+pull against raw TCP on loopback, 1, 2, 4 shards,
+#               1 and 4 channels per shard, fp32 and bf16                 180
 # Without a GPU (or with --dry_run) the GPU parts are marked "skipped: no
 # GPU" and the rest runs. --quick shrinks every run (steps, bytes) to check
 # the script itself (tests/gpu_bundle_test.sh). --only=a,b runs those
@@ -418,41 +420,44 @@ allreduce_section() {
 }
 
 ps_worker_section() {
-  local rc=0 wire tls json steps=100 samples
+  local rc=0 wire tls ch json steps=100 samples
   [ "$quick" = 1 ] && steps=5
   samples=$((steps * 64))
   {
-    echo "| wire | transport | #PS | #Workers | Batchsize | Steps | Throughput (data/sec) | compute (ms/step) | exchange (ms/step) |"
-    echo "|---|---|---:|---:|---:|---:|---:|---:|---:|"
+    echo "| wire | transport | channels per shard | #PS | #Workers | Batchsize | Steps | Throughput (data/sec) | compute (ms/step) | exchange (ms/step) |"
+    echo "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"
   } > "$out/ps_worker.md"
-  for wire in fp32 bf16; do
-    for tls in mtls plaintext; do
-      json="$out/logs/ps_worker_${wire}_${tls}.json"
-      echo "== pstrain run --backend=cuda --model=resnet50 --wire_dtype=$wire ($tls)"
-      # shellcheck disable=SC2046
-      if "$root/cli/pstrain" run --backend=cuda --model=resnet50 \
-        --dataset=synthetic --image_size=224 --num_classes=1000 \
-        --synthetic_samples="$samples" --batch_size=64 --num_workers=1 \
-        --num_ps=2 --mode=sync --epochs=1 --wire_dtype="$wire" \
-        $([ "$tls" = plaintext ] && echo --insecure) --results_json="$json"; then
-        echo "| $wire | $tls $(result_row "$json" '| %d | %d | %d | %d | %.1f | %.6f | %.6f |' \
-          num_ps num_workers batch_size steps throughput_samples_per_sec \
-          compute_seconds_per_step exchange_seconds_per_step)" >> "$out/ps_worker.md"
-      else
-        rc=1
-        echo "| $wire | $tls | 2 | 1 | 64 | - | failed | - | - |" >> "$out/ps_worker.md"
-      fi
-    done
+  # wire:transport:channels per shard
+  for config in fp32:mtls:1 fp32:mtls:4 fp32:plaintext:1 fp32:plaintext:4 \
+    bf16:mtls:4 bf16:plaintext:1; do
+    IFS=: read -r wire tls ch <<< "$config"
+    json="$out/logs/ps_worker_${wire}_${tls}_${ch}.json"
+    echo "== pstrain run --backend=cuda --model=resnet50 --wire_dtype=$wire --channels_per_shard=$ch ($tls)"
+    # shellcheck disable=SC2046
+    if "$root/cli/pstrain" run --backend=cuda --model=resnet50 \
+      --dataset=synthetic --image_size=224 --num_classes=1000 \
+      --synthetic_samples="$samples" --batch_size=64 --num_workers=1 \
+      --num_ps=2 --mode=sync --epochs=1 --wire_dtype="$wire" \
+      --channels_per_shard="$ch" \
+      $([ "$tls" = plaintext ] && echo --insecure) --results_json="$json"; then
+      echo "| $wire | $tls | $ch $(result_row "$json" '| %d | %d | %d | %d | %.1f | %.6f | %.6f |' \
+        num_ps num_workers batch_size steps throughput_samples_per_sec \
+        compute_seconds_per_step exchange_seconds_per_step)" >> "$out/ps_worker.md"
+    else
+      rc=1
+      echo "| $wire | $tls | $ch | 2 | 1 | 64 | - | failed | - | - |" >> "$out/ps_worker.md"
+    fi
   done
   # Seconds per step to milliseconds in the table's last two columns.
-  awk -F'|' 'BEGIN {OFS="|"} NR > 2 && $9 ~ /[0-9]/ {$9 = sprintf(" %.1f ", $9 * 1000); $10 = sprintf(" %.1f ", $10 * 1000)} {print}' \
+  awk -F'|' 'BEGIN {OFS="|"} NR > 2 && $10 ~ /[0-9]/ {$10 = sprintf(" %.1f ", $10 * 1000); $11 = sprintf(" %.1f ", $11 * 1000)} {print}' \
     "$out/ps_worker.md" > "$out/ps_worker.md.new" && mv "$out/ps_worker.md.new" "$out/ps_worker.md"
   return $rc
 }
 
 ps_bench_section() {
   # shellcheck disable=SC2086
-  "$root/bench/ps_bench" --shards=1,2,4 $ps_bench_args > "$out/logs/ps_bench.out" 2>&1
+  "$root/bench/ps_bench" --shards=1,2,4 --channels_per_shard=1,4 \
+    --wire_dtypes=bf16 $ps_bench_args > "$out/logs/ps_bench.out" 2>&1
   local rc=$?
   cat "$out/logs/ps_bench.out"
   { echo '```'; cat "$out/logs/ps_bench.out"; echo '```'; } > "$out/ps_bench.md"
@@ -528,7 +533,7 @@ else
   skip_section allreduce
   skip_section ps_worker
 fi
-run_section ps_bench 120 ps_bench_section
+run_section ps_bench 180 ps_bench_section
 report
 if cut -f2 "$out/sections.tsv" | grep -qv -e '^ok$' -e '^skipped'; then
   echo "gpu_check: some sections failed; see $out/gpu_report.md"
