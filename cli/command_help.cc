@@ -115,10 +115,10 @@ Flags JobFlags(const std::string& what) {
        "bf16 (round to nearest even) or fp16 (scaled per chunk); the shards "
        "keep fp32 weights and optimizer state."},
       {"channels_per_shard",
-       "PS modes: gRPC connections each worker opens to each shard, 1 to 16 "
-       "(0: the default, 4, the fastest with mutual TLS in ps_bench on a "
-       "2-core host and as fast as 1 in plaintext); chunk i of a shard "
-       "travels on connection i mod N, so TLS encryption runs on N cores."},
+       "PS modes: gRPC connections each worker opens to each shard, 1 to 16; "
+       "0: one per 8 MiB of the shard's chunks, at most 4 (a small model "
+       "keeps one). Chunk i of a shard travels on connection i mod N, so "
+       "TLS encryption runs on N cores."},
       {"max_steps_per_epoch",
        "If > 0, at most this many steps per epoch (short runs)."},
       {"ps_binary",

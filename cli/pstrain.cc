@@ -115,9 +115,9 @@ ABSL_FLAG(std::string, wire_dtype, "fp32",
           "(the shards keep fp32).");
 ABSL_FLAG(int, channels_per_shard, 0,
           "PS modes: gRPC connections each worker opens to each shard, 1 to "
-          "16 (0: the default, 4, the fastest with mutual TLS in ps_bench on "
-          "a 2-core host and as fast as 1 in plaintext); chunk i of a shard "
-          "travels on connection i mod N, so TLS encryption runs on N cores.");
+          "16; 0: one per 8 MiB of the shard's chunks, at most 4. Chunk i "
+          "of a shard travels on connection i mod N, so TLS encryption runs "
+          "on N cores.");
 ABSL_FLAG(int64_t, max_steps_per_epoch, 0,
           "If > 0, at most this many steps per epoch (short runs).");
 ABSL_FLAG(std::string, ps_binary, "",

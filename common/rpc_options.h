@@ -3,6 +3,8 @@
 #ifndef PSTRAIN_COMMON_RPC_OPTIONS_H_
 #define PSTRAIN_COMMON_RPC_OPTIONS_H_
 
+#include <cstdint>
+
 namespace pstrain {
 
 // Largest gRPC message either side accepts, bytes. A message carries one
@@ -31,14 +33,20 @@ constexpr int kMaxPingStrikes = 0;
 // gRPC channels (TCP connections) each worker opens to each PS shard
 // (JobSpec.channels_per_shard, worker/ps_client.h): gRPC protects one
 // connection's TLS records on one core at a time, so that mutual TLS runs
-// at one core's speed; chunk i of a shard travels on channel i mod N. The
-// default (JobSpec 0) was chosen with ps_bench (issue 39, 100 MB model, 1
-// worker, loopback, 2-core host): 4 was the fastest or tied with mutual
-// TLS (1 shard: 507-572 ms a step against 663-971 ms with 1 channel) and
-// kept plaintext as fast as 1 channel. Each stream holds a shard thread
-// (common/grpc_server.h's max_threads): a shard serves up to about
-// max_threads / N workers.
-constexpr int kDefaultChannelsPerShard = 4;
+// at one core's speed; chunk i of a shard travels on channel i mod N.
+//
+// The default (JobSpec 0: automatic) opens one channel per
+// kAutoBytesPerChannel of the shard's chunks, at most
+// kAutoMaxChannelsPerShard. Measured (issue 39): with a 100 MB model 4
+// channels were the fastest (ps_bench, 2 cores: mutual TLS 507-572 ms a
+// step against 663-971 ms with 1; H200 host: 1 shard 123.1 against 288.0
+// ms; the ResNet-50 PS worker 524.6 against 321.2 samples/s), but a small
+// model pays for the extra streams' step-end handshake: the default
+// LeNet-5 job (247 KB) ran at 0.63x of its 1-channel speed with 4 on 2
+// cores. Each stream holds a shard thread (common/grpc_server.h's
+// max_threads): a shard serves up to about max_threads / N workers.
+constexpr int kAutoMaxChannelsPerShard = 4;
+constexpr int64_t kAutoBytesPerChannel = 8 << 20;
 constexpr int kMaxChannelsPerShard = 16;
 
 }  // namespace pstrain

@@ -503,10 +503,6 @@ void ApplyJobDefaults(JobSpec* spec) {
   if (spec->collective().empty() && mode.ok() && *mode == MODE_ALLREDUCE) {
     spec->set_collective("gloo");
   }
-  // common/rpc_options.h.
-  if (spec->channels_per_shard() == 0 && mode.ok() && *mode != MODE_ALLREDUCE) {
-    spec->set_channels_per_shard(kDefaultChannelsPerShard);
-  }
   OptimizerSpec* o = spec->mutable_optimizer();
   if (!o->has_lr()) o->set_lr(1e-3);
   if (!o->has_beta1()) o->set_beta1(0.9);

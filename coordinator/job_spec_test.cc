@@ -32,7 +32,7 @@ TEST(JobSpecTest, ParsesAndFillsDefaults) {
   EXPECT_EQ(spec->backend(), "cpu");
   EXPECT_EQ(spec->seed(), 1u);
   EXPECT_EQ(spec->partition_bytes(), 4 << 20);
-  EXPECT_EQ(spec->channels_per_shard(), kDefaultChannelsPerShard);
+  EXPECT_EQ(spec->channels_per_shard(), 0);  // automatic
   EXPECT_DOUBLE_EQ(spec->optimizer().lr(), 1e-3);
   EXPECT_DOUBLE_EQ(spec->optimizer().beta2(), 0.999);
   EXPECT_DOUBLE_EQ(spec->optimizer().weight_decay(), 0.01);

@@ -95,12 +95,12 @@ cat "$out/dry_run.log"
 check "the dry run exits 0" test $rc -eq 0
 report="$out/report/gpu_report.md"
 check "the dry run wrote gpu_report.md" test -s "$report"
-check "gpu_report.json parses and has six sections" python3 -c "
+check "gpu_report.json parses and has seven sections" python3 -c "
 import json, sys
 r = json.load(open('$out/report/gpu_report.json'))
 names = [s['section'] for s in r['sections']]
-sys.exit(names != ['host', 'cuda_tests', 'train_bench', 'pstrain_run', 'allreduce', 'ps_bench'])"
-for s in cuda_tests train_bench allreduce; do
+sys.exit(names != ['host', 'cuda_tests', 'train_bench', 'pstrain_run', 'allreduce', 'ps_worker', 'ps_bench'])"
+for s in cuda_tests train_bench allreduce ps_worker; do
   check "$s is 'skipped: no GPU'" grep -q "^| $s | skipped: no GPU" "$report"
 done
 for s in host pstrain_run ps_bench; do
@@ -111,8 +111,8 @@ check "the host table names glibc and the cores" \
 check "pstrain_run has CPU rows with an accuracy and CUDA rows skipped" \
   bash -c "grep -Eq '^\| cpu \| lenet5 \| 2 \| 2 \| 64 \| [0-9]+ \| [0-9.]+ \| [0-9.]+ \| 0\.[0-9]{4} \|' '$report' &&
            grep -q '^| cuda | lenet5 | 2 | 1 | - | - | - | skipped: no GPU' '$report'"
-check "ps_bench timed 1, 2 and 4 shards with no wrong element" \
-  bash -c "for k in 1 2 4; do grep -Eq \"^ +[0-9]+ +\$k +pstrain .* 0\$\" '$report' || exit 1; done"
+check "ps_bench timed 1, 2 and 4 shards, 1 and 4 channels, with no wrong element" \
+  bash -c "for k in 1 2 4; do for c in 1 4; do grep -Eq \"^ +[0-9]+ +\$k +\$c +pstrain .* 0\$\" '$report' || exit 1; done; done"
 
 echo "gpu_bundle_test: $((checks - failures)) passed, $failures failed"
 [ "$failures" -eq 0 ]

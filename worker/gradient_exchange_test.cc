@@ -497,6 +497,39 @@ TEST(PsExchangeTest, SixteenBitWireEqualsFp32OnRoundedValuesBitForBit) {
 // state, and each worker's pulled weights); with clipping by global norm
 // too (the partial norm on stream 0 only) and with bounded staleness (the
 // shards' state only: a worker's last pull may be older).
+// channels_per_shard 0 chooses per shard: one connection per 8 MiB of the
+// shard's chunks, at most 4 (common/rpc_options.h), so a small model keeps
+// one stream and a large one spreads over four.
+TEST(PsClientTest, AutomaticChannelsFollowTheShardsBytes) {
+  struct Case {
+    std::vector<int64_t> elements;  // per tensor
+    int shards;
+    std::vector<int> channels;  // per shard
+  };
+  const std::vector<Case> cases = {
+      {{61706}, 2, {1, 1}},                         // LeNet-5's size
+      {{3'000'000}, 1, {2}},                        // 12 MB: 2 x 8 MiB
+      {{25'000'000}, 1, {4}},                       // 100 MB: capped at 4
+      {{25'000'000, 100}, 2, {4, 4}},               // 50 MB a shard
+      {{1'500'000, 1'500'000, 10}, 3, {1, 1, 1}}};  // 6 MB a shard
+  for (const Case& c : cases) {
+    absl::StatusOr<PartitionPlan> plan =
+        PartitionPlan::Create(c.elements, 4 << 20, c.shards);
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    PsClientOptions options;
+    for (int s = 0; s < c.shards; ++s) {
+      options.addresses.push_back(absl::StrCat("127.0.0.1:", 1 + s));
+    }
+    absl::StatusOr<std::unique_ptr<PsClient>> client =
+        PsClient::Create(options, *plan);
+    ASSERT_TRUE(client.ok()) << client.status();
+    for (int s = 0; s < c.shards; ++s) {
+      EXPECT_EQ((*client)->channels_of(s), c.channels[s])
+          << c.elements[0] << " elements, shard " << s;
+    }
+  }
+}
+
 TEST(PsExchangeTest, ThreeChannelsPerShardEqualOneBitForBit) {
   constexpr int kWorkers = 2;
   constexpr int kSteps = 4;

@@ -89,10 +89,8 @@ absl::StatusOr<std::unique_ptr<PsClient>> PsClient::Create(
         absl::StrCat(options.addresses.size(), " PS addresses for a plan of ",
                      plan.num_shards(), " shards"));
   }
-  const int channels = options.channels_per_shard == 0
-                           ? kDefaultChannelsPerShard
-                           : options.channels_per_shard;
-  if (channels < 1 || channels > kMaxChannelsPerShard) {
+  const int channels = options.channels_per_shard;  // 0: automatic
+  if (channels < 0 || channels > kMaxChannelsPerShard) {
     return absl::InvalidArgumentError(
         absl::StrCat("channels_per_shard ", options.channels_per_shard,
                      "; expected 1 to ", kMaxChannelsPerShard));
@@ -103,9 +101,18 @@ absl::StatusOr<std::unique_ptr<PsClient>> PsClient::Create(
   for (int s = 0; s < plan.num_shards(); ++s) {
     const std::vector<ChunkSpec> chunks = plan.ChunksOfShard(s);
     client->shard_chunks_.push_back(chunks);
-    const int count = std::max(
-        1,
-        std::min(channels, static_cast<int>(client->shard_chunks_[s].size())));
+    int wanted = channels;
+    if (wanted == 0) {
+      int64_t bytes = 0;
+      for (const ChunkSpec& chunk : chunks) {
+        bytes += chunk.num_elements * static_cast<int64_t>(sizeof(float));
+      }
+      wanted = static_cast<int>(std::min<int64_t>(
+          kAutoMaxChannelsPerShard,
+          (bytes + kAutoBytesPerChannel - 1) / kAutoBytesPerChannel));
+    }
+    const int count =
+        std::max(1, std::min(wanted, static_cast<int>(chunks.size())));
     client->first_lane_.push_back(client->num_lanes());
     for (int c = 0; c < count; ++c) {
       Lane lane;

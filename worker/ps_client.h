@@ -81,8 +81,9 @@ struct PsClientOptions {
   // bytes, converted at the edges (the shards keep fp32).
   DType wire_dtype = DTYPE_FLOAT32;
   // Channels (TCP connections) to each shard, 1 to kMaxChannelsPerShard
-  // (fewer where a shard has fewer chunks); 0: kDefaultChannelsPerShard
-  // (common/rpc_options.h).
+  // (fewer where a shard has fewer chunks); 0: automatic, one per
+  // kAutoBytesPerChannel (8 MiB) of the shard's chunks, 1 to
+  // kAutoMaxChannelsPerShard (4) (common/rpc_options.h).
   int channels_per_shard = 0;
 };
 
