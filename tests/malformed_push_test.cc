@@ -462,8 +462,10 @@ class Battery {
   Case Dtype() {
     Case c("dtype");
     const ChunkSpec& s = AnyChunk();
-    const int dtype = Pick<int>({DTYPE_UNSPECIFIED, 7, 2, -1, kI32Max,
-                                 static_cast<int>(Uniform(3, 100000))});
+    // Not DTYPE_FLOAT32, DTYPE_BFLOAT16 (2) or DTYPE_FLOAT16 (3): the wire
+    // formats a chunk may carry (common/wire_dtype.h).
+    const int dtype = Pick<int>({DTYPE_UNSPECIFIED, 7, 4, -1, kI32Max,
+                                 static_cast<int>(Uniform(4, 100000))});
     c.detail =
         absl::StrCat(ChunkText(s.param_id, s.chunk_index), " of dtype ", dtype);
     c.messages.push_back(RawPush(Header(AnyWorker()), s.param_id, s.chunk_index,
@@ -676,7 +678,8 @@ class Battery {
         bytes = header;
         c.detail = "header only";
         c.contains = {
-            "carries no push, skipped push, step end, step norm or pull"};
+            "carries no push, skipped push, step end, step norm, pushes sent "
+            "or pull"};
         break;
       case 3:  // a push then a field of a bad wire type (6, 7) or a group
         bytes = push;
