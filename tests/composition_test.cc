@@ -275,7 +275,9 @@ TEST_P(CompositionTest, StoppedJobResumesFromItsCheckpoint) {
   // other two have left behind, so the cut can lie many steps after it (a
   // CI run on a loaded 2-core machine cut at step 483 for worker 0's 450).
   // Without backup workers it is worker 0's multiple of 50 itself.
-  if (!policy.backups) ASSERT_EQ(step % 50, 0) << latest;
+  if (!policy.backups) {
+    ASSERT_EQ(step % 50, 0) << latest;
+  }
   const int next_logged = (step / 50 + 1) * 50;
   ASSERT_LT(step, kTotalSteps);
 
