@@ -1,6 +1,7 @@
 #include "common/wire_dtype.h"
 
 #if defined(__x86_64__)
+#include <cpuid.h>
 #include <immintrin.h>
 #endif
 
@@ -66,17 +67,58 @@ float Bfloat16ToFloat(uint16_t bits) {
   return value;
 }
 
-uint16_t FloatToFloat16(float value) {
-  const _Float16 half = static_cast<_Float16>(value);
-  uint16_t bits;
-  std::memcpy(&bits, &half, sizeof(bits));
+namespace {
+
+uint32_t BitsOf(float value) {
+  uint32_t bits;
+  std::memcpy(&bits, &value, sizeof(bits));
   return bits;
 }
 
+float FloatOf(uint32_t bits) {
+  float value;
+  std::memcpy(&value, &bits, sizeof(value));
+  return value;
+}
+
+}  // namespace
+
+// IEEE binary16 conversions in fp32 arithmetic, round to nearest even, the
+// formulas of Marat Dukhan's FP16 library (fp16_ieee_from_fp32_value,
+// fp16_ieee_to_fp32_value), which PyTorch's c10::Half uses: no compiler
+// _Float16 (clang 14 has none on x86-64) and no F16C needed.
+uint16_t FloatToFloat16(float value) {
+  // Scaling by 2^112 then 2^-110 rounds the magnitude once, at fp16's
+  // precision, whatever its exponent (an overflow becomes infinity).
+  const float scale_to_inf = 0x1.0p+112f;
+  const float scale_to_zero = 0x1.0p-110f;
+  float base = (std::fabs(value) * scale_to_inf) * scale_to_zero;
+  const uint32_t w = BitsOf(value);
+  const uint32_t shl1_w = w + w;
+  const uint32_t sign = w & 0x80000000u;
+  uint32_t bias = shl1_w & 0xFF000000u;
+  if (bias < 0x71000000u) bias = 0x71000000u;
+  base = FloatOf((bias >> 1) + 0x07800000u) + base;
+  const uint32_t bits = BitsOf(base);
+  const uint32_t exp_bits = (bits >> 13) & 0x00007C00u;
+  const uint32_t mantissa_bits = bits & 0x00000FFFu;
+  const uint32_t nonsign = exp_bits + mantissa_bits;
+  return static_cast<uint16_t>((sign >> 16) |
+                               (shl1_w > 0xFF000000u ? 0x7E00u : nonsign));
+}
+
 float Float16ToFloat(uint16_t bits) {
-  _Float16 half;
-  std::memcpy(&half, &bits, sizeof(half));
-  return static_cast<float>(half);
+  const uint32_t w = static_cast<uint32_t>(bits) << 16;
+  const uint32_t sign = w & 0x80000000u;
+  const uint32_t two_w = w + w;
+  // Normal values: the exponent re-biased by a multiply by 2^-112.
+  const uint32_t exp_offset = 0xE0u << 23;
+  const float normalized = FloatOf((two_w >> 4) + exp_offset) * 0x1.0p-112f;
+  // Subnormal values: the mantissa as the low bits of 0.5's, minus 0.5.
+  const float denormalized = FloatOf((two_w >> 17) | (126u << 23)) - 0.5f;
+  const uint32_t denormalized_cutoff = 1u << 27;
+  return FloatOf(sign | (two_w < denormalized_cutoff ? BitsOf(denormalized)
+                                                     : BitsOf(normalized)));
 }
 
 namespace {
@@ -84,13 +126,18 @@ namespace {
 // The bulk conversions run 8 or 16 values at a time with AVX2 and F16C
 // where the CPU has them (checked once; every x86-64 CPU since 2013 does),
 // and one value at a time otherwise; both give the same bits (F16C's
-// VCVTPS2PH rounds to nearest even as the compiler's _Float16 conversion
-// does; multiplying by a power of two that is a normal float is ldexp's
-// correctly rounded result).
+// VCVTPS2PH rounds to nearest even as FloatToFloat16 does; multiplying by
+// a power of two that is a normal float is ldexp's correctly rounded
+// result). F16C is CPUID leaf 1's ECX bit 29 (clang 14's
+// __builtin_cpu_supports does not know it).
 bool HasAvx2F16c() {
 #if defined(__x86_64__)
-  static const bool has =
-      __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
+  static const bool has = [] {
+    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+    const bool f16c =
+        __get_cpuid(1, &eax, &ebx, &ecx, &edx) != 0 && (ecx & (1u << 29)) != 0;
+    return f16c && __builtin_cpu_supports("avx2");
+  }();
   return has;
 #else
   return false;

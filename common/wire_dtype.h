@@ -7,7 +7,7 @@
 //    ties to even, as PyTorch's `tensor.to(torch.bfloat16)` (c10's
 //    round_to_nearest_even); a NaN stays a (quiet) NaN. fp32's exponent
 //    range, 8 bits of precision: nothing to scale.
-//  - float16 (IEEE 754 binary16, the compiler's _Float16 conversion, which
+//  - float16 (IEEE 754 binary16, converted as PyTorch's c10::Half, which
 //    rounds to nearest even as PyTorch's `to(torch.float16)`): 11 bits of
 //    precision but a range of 6e-8 to 65504, so a chunk is scaled by a
 //    power of two 2^e before rounding (ScaleExponent: its largest
