@@ -1,11 +1,13 @@
 #include "common/chunk_message.h"
 
+#include <algorithm>
 #include <cstring>
 #include <limits>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 #include "common/tensor_codec.h"
 #include "common/wire_dtype.h"
 #include "google/protobuf/io/coded_stream.h"
@@ -113,18 +115,16 @@ bool PayloadLease::WaitReleased(absl::Time deadline) {
   return mu_.AwaitWithDeadline(absl::Condition(&released), deadline);
 }
 
-grpc::ByteBuffer EncodeChunkMessage(const google::protobuf::Message& envelope,
-                                    int chunk_field, int32_t param_id,
-                                    int32_t chunk_index, int64_t version,
-                                    absl::Span<const float> values,
-                                    PayloadLease* lease, DType wire) {
+namespace {
+
+// EncodeChunkMessage and EncodeSparseChunkMessage: `meta` is the chunk
+// without its data; `values` its payload, converted to `wire`.
+grpc::ByteBuffer EncodeChunk(const google::protobuf::Message& envelope,
+                             int chunk_field, TensorChunk& meta,
+                             absl::Span<const float> values,
+                             PayloadLease* lease, DType wire) {
   const bool half = WireBytesPerElement(wire) == 2;
-  TensorChunk meta;
-  meta.mutable_key()->set_param_id(param_id);
-  meta.mutable_key()->set_chunk_index(chunk_index);
   meta.set_dtype(half ? wire : DTYPE_FLOAT32);
-  meta.set_num_elements(static_cast<int64_t>(values.size()));
-  meta.set_version(version);
   const int scale_exponent = wire == DTYPE_FLOAT16 ? ScaleExponent(values) : 0;
   if (scale_exponent != 0) meta.set_scale_exponent(scale_exponent);
   const std::string meta_bytes = meta.SerializeAsString();
@@ -160,6 +160,38 @@ grpc::ByteBuffer EncodeChunkMessage(const google::protobuf::Message& envelope,
   std::memcpy(GRPC_SLICE_START_PTR(data), values.data(), payload);
   slices[1] = grpc::Slice(data, grpc::Slice::STEAL_REF);
   return grpc::ByteBuffer(slices, 2);
+}
+
+}  // namespace
+
+grpc::ByteBuffer EncodeChunkMessage(const google::protobuf::Message& envelope,
+                                    int chunk_field, int32_t param_id,
+                                    int32_t chunk_index, int64_t version,
+                                    absl::Span<const float> values,
+                                    PayloadLease* lease, DType wire) {
+  TensorChunk meta;
+  meta.mutable_key()->set_param_id(param_id);
+  meta.mutable_key()->set_chunk_index(chunk_index);
+  meta.set_num_elements(static_cast<int64_t>(values.size()));
+  meta.set_version(version);
+  return EncodeChunk(envelope, chunk_field, meta, values, lease, wire);
+}
+
+grpc::ByteBuffer EncodeSparseChunkMessage(
+    const google::protobuf::Message& envelope, int chunk_field,
+    int32_t param_id, int32_t chunk_index, int64_t version,
+    int64_t num_elements, absl::Span<const uint32_t> indices,
+    absl::Span<const float> values, DType wire) {
+  TensorChunk meta;
+  meta.mutable_key()->set_param_id(param_id);
+  meta.mutable_key()->set_chunk_index(chunk_index);
+  meta.set_num_elements(num_elements);
+  meta.set_version(version);
+  meta.set_sparse(true);
+  // Little-endian hosts only (static_assert above): the array is the bytes.
+  meta.set_indices(reinterpret_cast<const char*>(indices.data()),
+                   indices.size() * sizeof(uint32_t));
+  return EncodeChunk(envelope, chunk_field, meta, values, nullptr, wire);
 }
 
 grpc::ByteBuffer EncodeSmallMessage(const google::protobuf::Message& message) {
@@ -246,6 +278,11 @@ absl::Status ReceivedChunkMessage::CheckFloat(int64_t num_elements) const {
   // (num_elements * width could overflow: a pushed count near 2^62 wrapped
   // to 0 and passed with no payload. Divide the byte count instead.)
   const int64_t n = chunk_.num_elements();
+  if (chunk_.sparse()) return CheckSparse(num_elements, width);
+  if (!chunk_.indices().empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(ChunkName(chunk_), " carries indices but is not sparse"));
+  }
   if (n < 0 || payload_bytes_ % width != 0 || payload_bytes_ / width != n) {
     return absl::InvalidArgumentError(absl::StrCat(
         ChunkName(chunk_), " carries ", payload_bytes_, " bytes for ", n, " ",
@@ -263,9 +300,60 @@ absl::Status ReceivedChunkMessage::CheckFloat(int64_t num_elements) const {
   return absl::OkStatus();
 }
 
+absl::Status ReceivedChunkMessage::CheckSparse(int64_t num_elements,
+                                               int width) const {
+  const int64_t n = chunk_.num_elements();
+  if (n != num_elements) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        ChunkName(chunk_), " has ", n, " elements; expected ", num_elements));
+  }
+  const std::string& indices = chunk_.indices();
+  const int64_t k = static_cast<int64_t>(indices.size() / sizeof(uint32_t));
+  if (indices.size() % sizeof(uint32_t) != 0 || k > n ||
+      payload_bytes_ % width != 0 || payload_bytes_ / width != k) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(ChunkName(chunk_), " (sparse) carries ", indices.size(),
+                     " index bytes and ", payload_bytes_,
+                     " value bytes; expected 4 bytes per index, at most ", n,
+                     " indices, and one ", width, "-byte value per index"));
+  }
+  const uint32_t* index = reinterpret_cast<const uint32_t*>(indices.data());
+  for (int64_t i = 0; i < k; ++i) {
+    uint32_t at;
+    std::memcpy(&at, index + i, sizeof(at));
+    uint32_t before = 0;
+    if (i > 0) std::memcpy(&before, index + i - 1, sizeof(before));
+    if (at >= n || (i > 0 && at <= before)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(ChunkName(chunk_), " (sparse): index ", i, " is ", at,
+                       "; expected strictly ascending indices below ", n));
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ReceivedChunkMessage::CopyFloatPayload(absl::Span<float> out) {
   absl::Status status = CheckFloat(static_cast<int64_t>(out.size()));
   if (!status.ok()) return status;
+  if (chunk_.sparse()) {
+    // Densified: zeros, then the K values at their indices.
+    const int64_t k = payload_bytes_ / WireBytesPerElement(chunk_.dtype());
+    thread_local std::vector<float> values;
+    values.resize(k);
+    RETURN_IF_ERROR(ReadValues(absl::MakeSpan(values)));
+    std::fill(out.begin(), out.end(), 0.0f);
+    const char* index = chunk_.indices().data();
+    for (int64_t i = 0; i < k; ++i) {
+      uint32_t at;
+      std::memcpy(&at, index + i * sizeof(uint32_t), sizeof(at));
+      out[at] = values[i];
+    }
+    return absl::OkStatus();
+  }
+  return ReadValues(out);
+}
+
+absl::Status ReceivedChunkMessage::ReadValues(absl::Span<float> out) {
   if (payload_bytes_ == 0) return absl::OkStatus();
   grpc::ProtoBufferReader reader(&buffer_);
   CodedInputStream in(&reader);

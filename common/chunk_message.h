@@ -13,7 +13,8 @@
 // received slices into the memory it belongs in (a shard's pending slot, a
 // worker's weights).
 //
-// Layout: as TensorChunk (`num_elements` elements of `dtype`, little-endian):
+// Layout: as TensorChunk (`num_elements` elements of `dtype`, little-endian,
+// or a sparse chunk's values at its indices):
 // fp32 (4 bytes each), or a 16-bit wire format (bfloat16, float16 with its
 // scale exponent; common/wire_dtype.h), converted from and to fp32 here, in
 // the same single pass as the copy.
@@ -82,6 +83,16 @@ grpc::ByteBuffer EncodeChunkMessage(const google::protobuf::Message& envelope,
                                     PayloadLease* lease = nullptr,
                                     DType wire = DTYPE_FLOAT32);
 
+// As EncodeChunkMessage, a sparse chunk (TensorChunk.sparse): a chunk of
+// `num_elements` elements of which only `values` at `indices` (strictly
+// ascending, each below num_elements, as many as `values`) are nonzero.
+// The values are converted to `wire` as above and copied once.
+grpc::ByteBuffer EncodeSparseChunkMessage(
+    const google::protobuf::Message& envelope, int chunk_field,
+    int32_t param_id, int32_t chunk_index, int64_t version,
+    int64_t num_elements, absl::Span<const uint32_t> indices,
+    absl::Span<const float> values, DType wire = DTYPE_FLOAT32);
+
 // Serialises a message that carries no payload (a pull request, the end of
 // a pull) into a ByteBuffer.
 grpc::ByteBuffer EncodeSmallMessage(const google::protobuf::Message& message);
@@ -112,12 +123,19 @@ class ReceivedChunkMessage {
   // num_elements == `num_elements`.
   absl::Status CheckFloat(int64_t num_elements) const;
 
+  // A sparse chunk (TensorChunk.sparse) passes where its index bytes are 4
+  // per value, its indices strictly ascending and below `num_elements`.
+  //
   // CheckFloat(out.size()), then copies the payload into `out` (one copy,
   // from the received slices; a 16-bit payload converted to fp32 on the
-  // way).
+  // way; a sparse chunk densified: zeros but at its indices).
   absl::Status CopyFloatPayload(absl::Span<float> out);
 
  private:
+  absl::Status CheckSparse(int64_t num_elements, int width) const;
+  // Reads the payload's values (as many as `out` holds) into `out`.
+  absl::Status ReadValues(absl::Span<float> out);
+
   grpc::ByteBuffer buffer_;
   bool has_chunk_ = false;
   TensorChunk chunk_;

@@ -6,6 +6,7 @@
 
 #include "absl/time/clock.h"
 #include "common/tensor_codec.h"
+#include "common/wire_dtype.h"
 #include "gmock/gmock.h"
 #include "grpcpp/support/slice.h"
 #include "gtest/gtest.h"
@@ -60,6 +61,66 @@ TEST(ChunkMessageTest, EncodedPushParsesAsTheProtobufMessage) {
 
 // A message serialised by protobuf itself (data before version, one slice
 // per message) reads the same: the reader does not depend on field order.
+TEST(ChunkMessageTest, SparseChunkDensifiesWithZerosElsewhere) {
+  const std::vector<uint32_t> indices = {0, 3, 9};
+  const std::vector<float> values = {1.5f, -2.0f, 3.25f};
+  for (DType wire : {DTYPE_FLOAT32, DTYPE_BFLOAT16, DTYPE_FLOAT16}) {
+    grpc::ByteBuffer buffer = EncodeSparseChunkMessage(
+        PushEnvelope(), kPushChunkField, 1, 0, 5, 10, indices, values, wire);
+    PushPullRequest plain;
+    ASSERT_TRUE(plain.ParseFromString(Flatten(buffer)));
+    EXPECT_TRUE(plain.push().sparse());
+    EXPECT_EQ(plain.push().num_elements(), 10);
+    EXPECT_EQ(plain.push().indices().size(), 12u);
+    ReceivedChunkMessage received;
+    PushPullRequest envelope;
+    ASSERT_TRUE(received.Parse(&buffer, kPushChunkField, &envelope).ok());
+    std::vector<float> out(10, 7.0f);
+    ASSERT_TRUE(received.CopyFloatPayload(absl::MakeSpan(out)).ok())
+        << WireDtypeSpelling(wire);
+    // The three values are exact in every format.
+    EXPECT_THAT(out, ElementsAreArray({1.5f, 0.0f, 0.0f, -2.0f, 0.0f, 0.0f,
+                                       0.0f, 0.0f, 0.0f, 3.25f}));
+  }
+}
+
+TEST(ChunkMessageTest, RejectsBadSparseChunks) {
+  auto parse = [](const PushPullRequest& request, int64_t n) {
+    grpc::ByteBuffer buffer = FromBytes(request.SerializeAsString());
+    ReceivedChunkMessage received;
+    PushPullRequest envelope;
+    EXPECT_TRUE(received.Parse(&buffer, kPushChunkField, &envelope).ok());
+    std::vector<float> out(n);
+    return received.CopyFloatPayload(absl::MakeSpan(out));
+  };
+  auto sparse = [](std::vector<uint32_t> indices, int values) {
+    PushPullRequest request = PushEnvelope();
+    TensorChunk* chunk = request.mutable_push();
+    chunk->set_dtype(DTYPE_FLOAT32);
+    chunk->set_num_elements(8);
+    chunk->set_sparse(true);
+    chunk->set_indices(reinterpret_cast<const char*>(indices.data()),
+                       indices.size() * 4);
+    chunk->set_data(std::string(values * 4, '\0'));
+    return request;
+  };
+  EXPECT_TRUE(parse(sparse({1, 2, 7}, 3), 8).ok());
+  EXPECT_THAT(parse(sparse({2, 1}, 2), 8).message(),
+              HasSubstr("strictly ascending"));
+  EXPECT_THAT(parse(sparse({1, 1}, 2), 8).message(),
+              HasSubstr("strictly ascending"));
+  EXPECT_THAT(parse(sparse({1, 8}, 2), 8).message(), HasSubstr("below 8"));
+  EXPECT_THAT(parse(sparse({1, 2}, 3), 8).message(),
+              HasSubstr("one 4-byte value per index"));
+  EXPECT_THAT(parse(sparse({1, 2}, 2), 9).message(), HasSubstr("expected 9"));
+  PushPullRequest odd = sparse({1, 2}, 2);
+  odd.mutable_push()->mutable_indices()->push_back('x');
+  EXPECT_THAT(parse(odd, 8).message(), HasSubstr("4 bytes per index"));
+  PushPullRequest dense_with_indices = sparse({1}, 8);
+  dense_with_indices.mutable_push()->set_sparse(false);
+  EXPECT_THAT(parse(dense_with_indices, 8).message(), HasSubstr("not sparse"));
+}
+
 TEST(ChunkMessageTest, ReadsMessagesSerialisedByProtobuf) {
   PushPullResponse response;
   TensorChunk* chunk = response.mutable_chunk();

@@ -1,0 +1,185 @@
+#include "worker/topk_compression.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <utility>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
+
+namespace pstrain {
+
+absl::StatusOr<CompressionOptions> ParseCompression(absl::string_view text) {
+  CompressionOptions options;
+  if (text.empty() || text == "none") return options;
+  absl::string_view ratio = text;
+  double r = 0;
+  if (!absl::ConsumePrefix(&ratio, "topk:") || !absl::SimpleAtod(ratio, &r) ||
+      !(r > 0 && r <= 1)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("compression: \"", text,
+                     "\"; expected none or topk:R with 0 < R <= 1 (the "
+                     "fraction of each chunk pushed, e.g. topk:0.01)"));
+  }
+  options.topk_ratio = r;
+  return options;
+}
+
+std::string CompressionSpelling(const CompressionOptions& options) {
+  if (!options.enabled()) return "none";
+  return absl::StrCat("topk:", options.topk_ratio);
+}
+
+int64_t TopKCount(double ratio, int64_t n) {
+  if (n <= 0) return 0;
+  const double k = std::ceil(ratio * static_cast<double>(n));
+  return std::clamp<int64_t>(static_cast<int64_t>(k), 1, n);
+}
+
+void SelectTopK(absl::Span<const float> values, int64_t k,
+                std::vector<uint32_t>* indices) {
+  const int64_t n = static_cast<int64_t>(values.size());
+  indices->resize(n);
+  std::iota(indices->begin(), indices->end(), 0u);
+  if (k < n) {
+    // Larger magnitude first, then the lower index: a strict total order.
+    auto before = [&values](uint32_t a, uint32_t b) {
+      const float fa = std::fabs(values[a]);
+      const float fb = std::fabs(values[b]);
+      return fa > fb || (fa == fb && a < b);
+    };
+    std::nth_element(indices->begin(), indices->begin() + k, indices->end(),
+                     before);
+    indices->resize(k);
+    std::sort(indices->begin(), indices->end());
+  }
+}
+
+TopKCompressor::TopKCompressor(const CompressionOptions& options,
+                               std::vector<int64_t> sizes, int history)
+    : options_(options), sizes_(std::move(sizes)) {
+  const int buffers = options_.error_feedback ? std::max(2, history) : 0;
+  ring_.resize(buffers);
+  tags_.assign(buffers, -1);
+  for (auto& buffer : ring_) {
+    buffer.reserve(sizes_.size());
+    for (int64_t n : sizes_) buffer.emplace_back(n, 0.0f);
+  }
+  if (buffers > 0) tags_[0] = 0;
+}
+
+int TopKCompressor::Newest() const {
+  int newest = 0;
+  for (int b = 1; b < static_cast<int>(tags_.size()); ++b) {
+    if (tags_[b] > tags_[newest]) newest = b;
+  }
+  return newest;
+}
+
+int64_t TopKCompressor::newest_step() const {
+  return tags_.empty() ? 0 : tags_[Newest()];
+}
+
+void TopKCompressor::BeginStep(int64_t step) {
+  if (ring_.empty()) return;
+  read_ = Newest();
+  // The oldest other buffer (an unused one first: tag -1).
+  write_ = read_ == 0 ? 1 : 0;
+  for (int b = 0; b < static_cast<int>(tags_.size()); ++b) {
+    if (b != read_ && tags_[b] < tags_[write_]) write_ = b;
+  }
+  // It is being overwritten: no longer the residual of its step.
+  tags_[write_] = -1;
+}
+
+void TopKCompressor::Compress(int tensor, int64_t offset,
+                              absl::Span<const float> gradient,
+                              std::vector<uint32_t>* indices,
+                              std::vector<float>* values) {
+  const int64_t n = static_cast<int64_t>(gradient.size());
+  const int64_t k = TopKCount(options_.topk_ratio, n);
+  absl::Span<const float> sum = gradient;
+  float* next = nullptr;
+  if (!ring_.empty()) {
+    // The sum goes straight into the step's residual, whose selected
+    // entries are then cleared.
+    const float* residual = ring_[read_][tensor].data() + offset;
+    next = ring_[write_][tensor].data() + offset;
+    for (int64_t i = 0; i < n; ++i) next[i] = gradient[i] + residual[i];
+    sum = absl::MakeConstSpan(next, n);
+  }
+  thread_local std::vector<uint32_t> order;
+  SelectTopK(sum, k, &order);
+  indices->assign(order.begin(), order.end());
+  values->resize(indices->size());
+  for (size_t i = 0; i < indices->size(); ++i) {
+    (*values)[i] = sum[(*indices)[i]];
+  }
+  if (next != nullptr) {
+    for (uint32_t i : *indices) next[i] = 0.0f;
+  }
+}
+
+void TopKCompressor::CommitStep(int64_t step) {
+  if (ring_.empty()) return;
+  tags_[write_] = step + 1;
+}
+
+absl::StatusOr<std::vector<absl::Span<const float>>> TopKCompressor::ResidualAt(
+    int64_t step) const {
+  std::vector<absl::Span<const float>> spans;
+  if (ring_.empty()) return spans;
+  int best = -1;
+  for (int b = 0; b < static_cast<int>(tags_.size()); ++b) {
+    if (tags_[b] >= 0 && tags_[b] <= step &&
+        (best < 0 || tags_[b] > tags_[best])) {
+      best = b;
+    }
+  }
+  const int64_t newest = newest_step();
+  if (best < 0 || newest < step) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("the residual at the start of step ", step,
+                     " is not held (the newest is of step ", newest, "; ",
+                     ring_.size(), " kept)"));
+  }
+  // The ring holds the newest commits (a step evicts the oldest), so the
+  // newest commit at or before `step`, when the ring holds one, is the
+  // last one before `step`: steps between it and `step` pushed nothing (a
+  // backup worker's jump).
+  for (const std::vector<float>& t : ring_[best]) spans.emplace_back(t);
+  return spans;
+}
+
+absl::Status TopKCompressor::Reset(
+    int64_t step, const std::vector<std::vector<float>>& residuals) {
+  if (!residuals.empty()) {
+    if (residuals.size() != sizes_.size()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("residuals of ", residuals.size(), " tensors; expected ",
+                       sizes_.size()));
+    }
+    for (size_t t = 0; t < sizes_.size(); ++t) {
+      if (static_cast<int64_t>(residuals[t].size()) != sizes_[t]) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("residual of tensor ", t, " has ", residuals[t].size(),
+                         " elements; expected ", sizes_[t]));
+      }
+    }
+  }
+  if (ring_.empty()) return absl::OkStatus();
+  std::fill(tags_.begin(), tags_.end(), -1);
+  tags_[0] = step;
+  for (size_t t = 0; t < sizes_.size(); ++t) {
+    if (residuals.empty()) {
+      std::fill(ring_[0][t].begin(), ring_[0][t].end(), 0.0f);
+    } else {
+      ring_[0][t] = residuals[t];
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace pstrain

@@ -1,0 +1,137 @@
+// Top-k gradient compression with error feedback, on the worker side of
+// the parameter-server modes (the job's `compression: "topk:R"`,
+// proto/job.proto).
+//
+// Each step, for each chunk of a parameter's gradient (the partition plan's
+// chunks; BatchNorm buffers are values, not gradients, and go dense), the
+// worker adds its residual to the gradient, pushes the k = ceil(R * n)
+// entries of the largest magnitude as index/value pairs
+// (TensorChunk.sparse, proto/ps.proto) and keeps the others as the next
+// residual: error feedback, so that what is not sent now is sent later
+// (Lin et al., "Deep Gradient Compression", ICLR 2018; Stich et al.,
+// "Sparsified SGD with Memory", NeurIPS 2018; BytePS's topk compressor with
+// its error-feedback wrapper). Without error feedback the unsent entries
+// are dropped (for contrast: it trains worse). The shards densify a sparse
+// push and average it as any other, so the step's update is the average of
+// the workers' sparse gradients, exactly.
+//
+// Selection order: larger |value| first; among equal magnitudes the lower
+// index first (a total order, so the selection is unique and the same on
+// every run). The selected entries are sent in ascending index order.
+//
+// Residuals and checkpoints. The residual is part of the training state:
+// a checkpoint of step S holds each worker's residual at the start of step
+// S (`DIR/step-<S>/residual-<w>.safetensors`, worker/checkpoint.h), so that
+// a resumed job goes on exactly. A worker may learn of checkpoint S only
+// after it began later steps (staleness lets it run ahead), so the
+// compressor keeps a ring of the last `history` residuals, each tagged
+// with the step it is the residual at the start of; a step's compression
+// reads the newest and writes into the oldest, and CommitStep() makes that
+// the newest (a skipped or failed step is never committed). The ring costs
+// no copy per step.
+//
+// Tensors: fp32, host memory, element counts as the model's PS tensors.
+// Thread-safety: Compress() may run concurrently for disjoint chunks of one
+// step (the client's pusher threads); every other call is the worker
+// thread's, between steps.
+#ifndef PSTRAIN_WORKER_TOPK_COMPRESSION_H_
+#define PSTRAIN_WORKER_TOPK_COMPRESSION_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/types/span.h"
+
+namespace pstrain {
+
+struct CompressionOptions {
+  // The fraction of each chunk's entries pushed, in (0, 1]; 0: no
+  // compression.
+  double topk_ratio = 0;
+  // Keep the unsent entries as residuals (true), or drop them.
+  bool error_feedback = true;
+
+  bool enabled() const { return topk_ratio > 0; }
+};
+
+// Parses a job's `compression`: "" or "none" (no compression), or
+// "topk:R" with 0 < R <= 1. INVALID_ARGUMENT naming the text and what was
+// expected otherwise.
+absl::StatusOr<CompressionOptions> ParseCompression(absl::string_view text);
+// "none" or "topk:R" (R as given).
+std::string CompressionSpelling(const CompressionOptions& options);
+
+// k of a chunk of `n` elements: ceil(ratio * n), at least 1 (n > 0).
+int64_t TopKCount(double ratio, int64_t n);
+
+// Writes into `indices` (ascending) the positions of the `k` entries of
+// `values` of the largest magnitude, ties to the lower index (the order
+// above). k <= values.size().
+void SelectTopK(absl::Span<const float> values, int64_t k,
+                std::vector<uint32_t>* indices);
+
+class TopKCompressor {
+ public:
+  // `sizes`: element counts of the tensors that are compressed (the
+  // model's parameters, not its buffers). `history` >= 2: residuals kept
+  // (the worker's staleness bound + 3 covers every checkpoint it can hear
+  // of late).
+  TopKCompressor(const CompressionOptions& options, std::vector<int64_t> sizes,
+                 int history);
+
+  const CompressionOptions& options() const { return options_; }
+  int num_tensors() const { return static_cast<int>(sizes_.size()); }
+
+  // Starts step `step`: picks the residual it writes (the oldest). The
+  // step reads the newest residual, whatever its tag (a backup worker
+  // that jumped over steps had no pushes between them).
+  void BeginStep(int64_t step);
+
+  // One chunk of step `step` (BeginStep() first): elements [offset, offset
+  // + gradient.size()) of tensor `tensor`. Adds the residual to
+  // `gradient`, selects the top k of the sum, writes their offsets within
+  // the chunk into `indices` and their values into `values`, and (with
+  // error feedback) the rest into the step's residual.
+  void Compress(int tensor, int64_t offset, absl::Span<const float> gradient,
+                std::vector<uint32_t>* indices, std::vector<float>* values);
+
+  // Step `step` was pushed and taken (not skipped, not failed): its
+  // residual becomes the newest, the residual at the start of step + 1.
+  void CommitStep(int64_t step);
+
+  // The step the newest residual is the start of (0 before any commit).
+  int64_t newest_step() const;
+
+  // The residual at the start of step `step`: that of the newest commit at
+  // or before it. FAILED_PRECONDITION when the ring no longer holds it
+  // (or the compressor has not reached it yet: newest_step() < step).
+  absl::StatusOr<std::vector<absl::Span<const float>>> ResidualAt(
+      int64_t step) const;
+
+  // Sets the residual at the start of `step` (a resumed or restored job),
+  // dropping the rest of the ring. `residuals` empty: zeros.
+  // INVALID_ARGUMENT for a wrong tensor count or size.
+  absl::Status Reset(int64_t step,
+                     const std::vector<std::vector<float>>& residuals);
+
+ private:
+  int Newest() const;
+
+  CompressionOptions options_;
+  std::vector<int64_t> sizes_;
+  // ring_[b][t]: buffer b's residual of tensor t; tags_[b]: the step it is
+  // the start of (-1: unused).
+  std::vector<std::vector<std::vector<float>>> ring_;
+  std::vector<int64_t> tags_;
+  // The buffers the step in flight reads and writes.
+  int read_ = 0;
+  int write_ = 1;
+};
+
+}  // namespace pstrain
+
+#endif  // PSTRAIN_WORKER_TOPK_COMPRESSION_H_

@@ -1,0 +1,187 @@
+#include "worker/topk_compression.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace pstrain {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+TEST(ParseCompressionTest, AcceptsNoneAndTopK) {
+  EXPECT_FALSE(ParseCompression("").value().enabled());
+  EXPECT_FALSE(ParseCompression("none").value().enabled());
+  const CompressionOptions topk = ParseCompression("topk:0.01").value();
+  EXPECT_TRUE(topk.enabled());
+  EXPECT_DOUBLE_EQ(topk.topk_ratio, 0.01);
+  EXPECT_EQ(CompressionSpelling(topk), "topk:0.01");
+  EXPECT_DOUBLE_EQ(ParseCompression("topk:1").value().topk_ratio, 1.0);
+}
+
+TEST(ParseCompressionTest, RefusesOtherTexts) {
+  for (const char* bad : {"topk", "topk:", "topk:0", "topk:1.5", "topk:-0.1",
+                          "topk:x", "randomk:0.1", "TOPK:0.1", "topk:nan"}) {
+    const absl::StatusOr<CompressionOptions> parsed = ParseCompression(bad);
+    ASSERT_FALSE(parsed.ok()) << bad;
+    EXPECT_THAT(parsed.status().message(), HasSubstr("expected none or topk:R"))
+        << bad;
+  }
+}
+
+TEST(TopKCountTest, CeilingAtLeastOne) {
+  EXPECT_EQ(TopKCount(0.01, 1000), 10);
+  EXPECT_EQ(TopKCount(0.01, 1001), 11);
+  EXPECT_EQ(TopKCount(0.01, 5), 1);
+  EXPECT_EQ(TopKCount(1.0, 5), 5);
+  EXPECT_EQ(TopKCount(0.5, 0), 0);
+}
+
+// The reference: every index sorted by the order, the first k, ascending.
+std::vector<uint32_t> BruteTopK(const std::vector<float>& v, int64_t k) {
+  std::vector<uint32_t> all(v.size());
+  std::iota(all.begin(), all.end(), 0u);
+  std::stable_sort(all.begin(), all.end(), [&](uint32_t a, uint32_t b) {
+    return std::fabs(v[a]) > std::fabs(v[b]);
+  });
+  all.resize(k);
+  std::sort(all.begin(), all.end());
+  return all;
+}
+
+TEST(SelectTopKTest, MatchesSortingEverything) {
+  std::mt19937 rng(7);
+  std::normal_distribution<float> normal;
+  for (int n : {1, 2, 17, 1000, 4099}) {
+    std::vector<float> v(n);
+    for (float& x : v) x = normal(rng);
+    for (int64_t k :
+         {int64_t{1}, TopKCount(0.01, n), TopKCount(0.3, n), int64_t{n}}) {
+      std::vector<uint32_t> got;
+      SelectTopK(v, k, &got);
+      EXPECT_EQ(got, BruteTopK(v, k)) << n << " " << k;
+    }
+  }
+}
+
+TEST(SelectTopKTest, TiesGoToTheLowerIndexWhateverTheSign) {
+  const std::vector<float> v = {1.0f, -3.0f, 3.0f, 0.5f, -3.0f, 2.0f};
+  std::vector<uint32_t> got;
+  SelectTopK(v, 2, &got);
+  EXPECT_THAT(got, ElementsAre(1, 2));
+  SelectTopK(v, 3, &got);
+  EXPECT_THAT(got, ElementsAre(1, 2, 4));
+}
+
+TEST(TopKCompressorTest, SentPlusResidualIsGradientPlusOldResidualExactly) {
+  std::mt19937 rng(3);
+  std::normal_distribution<float> normal;
+  const std::vector<int64_t> sizes = {300, 57};
+  TopKCompressor compressor({0.05, true}, sizes, 3);
+  std::vector<std::vector<float>> residual = {std::vector<float>(300, 0.0f),
+                                              std::vector<float>(57, 0.0f)};
+  for (int64_t step = 0; step < 6; ++step) {
+    compressor.BeginStep(step);
+    std::vector<std::vector<float>> sent = {std::vector<float>(300, 0.0f),
+                                            std::vector<float>(57, 0.0f)};
+    std::vector<std::vector<float>> gradient = sent;
+    for (int t = 0; t < 2; ++t) {
+      for (float& g : gradient[t]) g = normal(rng);
+      // Tensor 0 in two chunks, tensor 1 in one.
+      const std::vector<std::pair<int64_t, int64_t>> chunks =
+          t == 0
+              ? std::vector<std::pair<int64_t, int64_t>>{{0, 200}, {200, 100}}
+              : std::vector<std::pair<int64_t, int64_t>>{{0, 57}};
+      for (auto [offset, n] : chunks) {
+        std::vector<uint32_t> indices;
+        std::vector<float> values;
+        compressor.Compress(t, offset,
+                            absl::MakeConstSpan(gradient[t]).subspan(offset, n),
+                            &indices, &values);
+        ASSERT_EQ(static_cast<int64_t>(indices.size()), TopKCount(0.05, n));
+        for (size_t i = 0; i < indices.size(); ++i) {
+          sent[t][offset + indices[i]] = values[i];
+        }
+      }
+    }
+    compressor.CommitStep(step);
+    const std::vector<absl::Span<const float>> now =
+        compressor.ResidualAt(step + 1).value();
+    for (int t = 0; t < 2; ++t) {
+      for (int64_t i = 0; i < sizes[t]; ++i) {
+        const float sum = gradient[t][i] + residual[t][i];
+        // Every entry is either sent (residual cleared) or kept.
+        if (sent[t][i] != 0.0f) {
+          EXPECT_EQ(sent[t][i], sum);
+          EXPECT_EQ(now[t][i], 0.0f);
+        } else {
+          EXPECT_EQ(now[t][i], sum);
+        }
+        residual[t][i] = now[t][i];
+      }
+    }
+  }
+  EXPECT_EQ(compressor.newest_step(), 6);
+}
+
+TEST(TopKCompressorTest, RingKeepsTheLastResidualsAndSkipsUncommitted) {
+  TopKCompressor compressor({0.5, true}, {2}, 3);
+  std::vector<uint32_t> indices;
+  std::vector<float> values;
+  auto step = [&](int64_t s, float a, float b, bool commit) {
+    compressor.BeginStep(s);
+    const std::vector<float> g = {a, b};
+    compressor.Compress(0, 0, g, &indices, &values);
+    if (commit) compressor.CommitStep(s);
+  };
+  step(0, 1.0f, 2.0f, true);   // sends 2, keeps {1, 0}: start of step 1
+  step(1, 1.0f, 0.0f, true);   // sum {2, 0}: sends 2, keeps {0, 0}
+  step(2, 0.0f, 5.0f, false);  // skipped: never committed
+  step(2, 0.5f, 0.25f, true);  // sum {0.5, 0.25}: keeps {0, 0.25}
+  EXPECT_THAT(compressor.ResidualAt(1).value()[0], ElementsAre(1.0f, 0.0f));
+  EXPECT_THAT(compressor.ResidualAt(2).value()[0], ElementsAre(0.0f, 0.0f));
+  EXPECT_THAT(compressor.ResidualAt(3).value()[0], ElementsAre(0.0f, 0.25f));
+  // Three kept: the start of step 0 is gone; step 4 is not reached.
+  EXPECT_THAT(compressor.ResidualAt(0).status().message(),
+              HasSubstr("not held"));
+  EXPECT_FALSE(compressor.ResidualAt(4).ok());
+  // A jump from step 3 to 7 pushes nothing in between: the start of steps
+  // 4 to 7 is the start of 3's successor.
+  step(3, 0.0f, 0.0f, true);  // sum {0, 0.25}: sends 0.25
+  step(7, 4.0f, 1.0f, true);  // sum {4, 1}: keeps {0, 1}
+  EXPECT_THAT(compressor.ResidualAt(6).value()[0], ElementsAre(0.0f, 0.0f));
+  EXPECT_THAT(compressor.ResidualAt(8).value()[0], ElementsAre(0.0f, 1.0f));
+
+  ASSERT_TRUE(compressor.Reset(20, {{3.0f, -1.0f}}).ok());
+  EXPECT_EQ(compressor.newest_step(), 20);
+  EXPECT_THAT(compressor.ResidualAt(20).value()[0], ElementsAre(3.0f, -1.0f));
+  EXPECT_FALSE(compressor.ResidualAt(8).ok());
+  EXPECT_THAT(compressor.Reset(0, {{1.0f}}).message(), HasSubstr("expected 2"));
+  ASSERT_TRUE(compressor.Reset(0, {}).ok());
+  EXPECT_THAT(compressor.ResidualAt(0).value()[0], ElementsAre(0.0f, 0.0f));
+}
+
+TEST(TopKCompressorTest, WithoutErrorFeedbackTheRestIsDropped) {
+  TopKCompressor compressor({0.5, false}, {4}, 3);
+  std::vector<uint32_t> indices;
+  std::vector<float> values;
+  for (int64_t s = 0; s < 2; ++s) {
+    compressor.BeginStep(s);
+    const std::vector<float> g = {1.0f, -4.0f, 2.0f, 3.0f};
+    compressor.Compress(0, 0, g, &indices, &values);
+    compressor.CommitStep(s);
+    // The same every step: nothing carried over.
+    EXPECT_THAT(indices, ElementsAre(1, 3));
+    EXPECT_THAT(values, ElementsAre(-4.0f, 3.0f));
+  }
+  EXPECT_TRUE(compressor.ResidualAt(5).value().empty());
+}
+
+}  // namespace
+}  // namespace pstrain
