@@ -2,16 +2,20 @@
 // layers.
 //
 //  - "cpu": host memory; oneDNN primitives (convolution, batch
-//    normalisation, pooling, ReLU, inner product, binary add) and our own
-//    loops for softmax cross-entropy and dropout. Always built.
+//    normalisation, pooling, ReLU, inner product, binary add; for the
+//    transformer layers layer normalisation, GELU and matmul) and our own
+//    loops for softmax cross-entropy, dropout, the embedding lookup and the
+//    attention's masked softmax (models/cpu_transformer.h). Always built.
 //  - "cuda": device memory on GPU --gpu; cuDNN (convolution, batch
 //    normalisation, pooling, activations), cuBLAS (linear layers) and our own
-//    kernels for softmax cross-entropy, elementwise add and dropout. Built
+//    kernels for softmax cross-entropy, elementwise add and dropout (no
+//    transformer layers yet: CreateLayer is UNIMPLEMENTED for them). Built
 //    only with `bazel build --config=cuda`; fp32 storage, TF32 tensor-core
 //    math allowed for convolutions and GEMMs (as PyTorch's default for
 //    cuDNN convolutions).
 //
-// All tensors are fp32, NCHW for images, [N, F] for features.
+// All tensors are fp32, NCHW for images, [N, F] for features, [N, S, E] for
+// transformer activations.
 //
 // Thread-safety: a Backend, its tensors and its layers belong to one
 // training thread (the CUDA backend owns one stream for compute and one for

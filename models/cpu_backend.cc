@@ -22,6 +22,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "models/backend.h"
+#include "models/cpu_dnnl.h"
+#include "models/cpu_transformer.h"
 #include "oneapi/dnnl/dnnl.hpp"
 
 namespace pstrain {
@@ -33,42 +35,16 @@ using dnnl::prop_kind;
 using tag = dnnl::memory::format_tag;
 using dt = dnnl::memory::data_type;
 
-dnnl::engine& CpuEngine() {
-  static dnnl::engine* engine = new dnnl::engine(dnnl::engine::kind::cpu, 0);
-  return *engine;
-}
-
-// Held while a primitive is created (every primitive_desc and primitive
-// constructor below). oneDNN looks each one up in its process-wide
-// primitive cache, which synchronises its threads inside libdnnl: a
-// pthread rwlock created lazily behind an inlined static guard, and
-// std::shared_future for an entry another thread is still creating. Debian's
-// libdnnl is not built with ThreadSanitizer, so TSan cannot see those
-// orderings and reports races between two in-process workers that create
-// primitives at once (tests/sync_equivalence_test). Creating under one lock
-// makes the order visible, so the rest of oneDNN's use stays checked rather
-// than suppressed. Creation happens once per layer and input shape, and the
-// per-step reorders hit the cache (microseconds): the lock costs nothing
-// measurable, and a worker process computes on one thread.
-absl::Mutex& CreationMutex() {
-  static absl::Mutex* mu = new absl::Mutex;
-  return *mu;
-}
+using cpu_dnnl::CpuEngine;
+using cpu_dnnl::CpuStream;
+using cpu_dnnl::CreationMutex;
+using cpu_dnnl::Run;
+using cpu_dnnl::Wrap;
 
 // A reorder primitive from `src` to `dst`, created under CreationMutex().
 dnnl::reorder MakeReorder(const memory& src, const memory& dst) {
   absl::MutexLock lock(&CreationMutex());
   return dnnl::reorder(src, dst);
-}
-
-dnnl::stream& CpuStream() {
-  thread_local dnnl::stream stream(CpuEngine());
-  return stream;
-}
-
-// A memory object over caller-owned fp32 data (oneDNN does not copy).
-memory Wrap(const memory::desc& md, const float* data) {
-  return memory(md, CpuEngine(), const_cast<float*>(data));
 }
 
 memory::dims Dims(const Shape& s) { return memory::dims(s.begin(), s.end()); }
@@ -112,20 +88,6 @@ void Reorder(const Shape& s, int from, const float* src, int to, float* dst) {
 }
 
 memory::desc Flat(int64_t n) { return memory::desc({n}, dt::f32, tag::x); }
-
-// oneDNN reports errors by exception; turn them into a status naming the
-// layer.
-template <typename F>
-absl::Status Run(const LayerSpec& spec, F&& f) {
-  try {
-    f();
-    CpuStream().wait();
-  } catch (const dnnl::error& e) {
-    return absl::InternalError(
-        absl::StrCat(LayerName(spec), ": oneDNN: ", e.what()));
-  }
-  return absl::OkStatus();
-}
 
 class Conv2d final : public Layer {
  public:
@@ -845,6 +807,11 @@ class CpuBackend final : public Backend {
         return std::unique_ptr<Layer>(new Flatten(spec));
       case LayerType::kDropout:
         return std::unique_ptr<Layer>(new Dropout(spec, seed));
+      case LayerType::kEmbedding:
+      case LayerType::kLayerNorm:
+      case LayerType::kGelu:
+      case LayerType::kMultiheadAttention:
+        return NewCpuTransformerLayer(spec, std::move(params), seed);
     }
     return absl::InvalidArgumentError("unknown layer type");
   }

@@ -84,6 +84,40 @@ LayerSpec LayerSpec::AddRelu() {
   return s;
 }
 
+LayerSpec LayerSpec::Embedding(int64_t vocab, int64_t max_positions,
+                               int64_t hidden) {
+  LayerSpec s;
+  s.type = LayerType::kEmbedding;
+  s.in_channels = vocab;
+  s.out_channels = hidden;
+  s.max_positions = max_positions;
+  return s;
+}
+
+LayerSpec LayerSpec::LayerNorm(int64_t hidden, float eps) {
+  LayerSpec s;
+  s.type = LayerType::kLayerNorm;
+  s.in_channels = s.out_channels = hidden;
+  s.epsilon = eps;
+  return s;
+}
+
+LayerSpec LayerSpec::Gelu() {
+  LayerSpec s;
+  s.type = LayerType::kGelu;
+  return s;
+}
+
+LayerSpec LayerSpec::MultiheadAttention(int64_t hidden, int64_t heads,
+                                        float dropout) {
+  LayerSpec s;
+  s.type = LayerType::kMultiheadAttention;
+  s.in_channels = s.out_channels = hidden;
+  s.heads = heads;
+  s.dropout = dropout;
+  return s;
+}
+
 std::string LayerName(const LayerSpec& s) {
   switch (s.type) {
     case LayerType::kConv2d:
@@ -107,6 +141,15 @@ std::string LayerName(const LayerSpec& s) {
       return "flatten";
     case LayerType::kAdd:
       return s.relu ? "add+relu" : "add";
+    case LayerType::kEmbedding:
+      return absl::StrCat("embedding", s.in_channels, "x", s.out_channels,
+                          "+pos", s.max_positions);
+    case LayerType::kLayerNorm:
+      return absl::StrCat("layernorm", s.in_channels);
+    case LayerType::kGelu:
+      return "gelu";
+    case LayerType::kMultiheadAttention:
+      return absl::StrCat("mha", s.in_channels, "/", s.heads);
   }
   return "?";
 }
@@ -133,12 +176,23 @@ std::string LayerTypeName(LayerType type) {
       return "flatten";
     case LayerType::kAdd:
       return "add";
+    case LayerType::kEmbedding:
+      return "embedding";
+    case LayerType::kLayerNorm:
+      return "layernorm";
+    case LayerType::kGelu:
+      return "gelu";
+    case LayerType::kMultiheadAttention:
+      return "multiheadattention";
   }
   return "?";
 }
 
 int NumInputs(const LayerSpec& spec) {
-  return spec.type == LayerType::kAdd ? 2 : 1;
+  return spec.type == LayerType::kAdd ||
+                 spec.type == LayerType::kMultiheadAttention
+             ? 2
+             : 1;
 }
 
 std::vector<TensorSpec> ParamSpecs(const LayerSpec& s) {
@@ -153,7 +207,16 @@ std::vector<TensorSpec> ParamSpecs(const LayerSpec& s) {
       return {{"weight", {s.out_channels, s.in_channels}},
               {"bias", {s.out_channels}}};
     case LayerType::kBatchNorm2d:
+    case LayerType::kLayerNorm:
       return {{"weight", {s.in_channels}}, {"bias", {s.in_channels}}};
+    case LayerType::kEmbedding:
+      return {{"token.weight", {s.in_channels, s.out_channels}},
+              {"position.weight", {s.max_positions, s.out_channels}}};
+    case LayerType::kMultiheadAttention:
+      return {{"in_proj_weight", {3 * s.in_channels, s.in_channels}},
+              {"in_proj_bias", {3 * s.in_channels}},
+              {"out_proj.weight", {s.in_channels, s.in_channels}},
+              {"out_proj.bias", {s.in_channels}}};
     default:
       return {};
   }
@@ -237,6 +300,34 @@ absl::StatusOr<Shape> OutputShape(const LayerSpec& s,
       return in;
     case LayerType::kRelu:
     case LayerType::kDropout:
+    case LayerType::kGelu:
+      return in;
+    case LayerType::kLayerNorm:
+      if (in.empty() || in.back() != s.in_channels) {
+        return BadInput(s, in, absl::StrCat("[..., ", s.in_channels, "]"));
+      }
+      return in;
+    case LayerType::kEmbedding:
+      if (in.size() != 2 || in[1] < 1 || in[1] > s.max_positions) {
+        return BadInput(s, in,
+                        absl::StrCat("token ids [N, S] with 1 <= S <= ",
+                                     s.max_positions, " (max_positions)"));
+      }
+      return Shape{in[0], in[1], s.out_channels};
+    case LayerType::kMultiheadAttention:
+      if (s.heads < 1 || s.in_channels % s.heads != 0) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(LayerName(s), ": hidden ", s.in_channels,
+                         " is not a multiple of heads ", s.heads));
+      }
+      if (in.size() != 3 || in[2] != s.in_channels) {
+        return BadInput(s, in, absl::StrCat("[N, S, ", s.in_channels, "]"));
+      }
+      if (inputs[1] != Shape{in[0], in[1]}) {
+        return BadInput(s, inputs[1],
+                        absl::StrCat("the key padding mask [", in[0], ", ",
+                                     in[1], "] as the second input"));
+      }
       return in;
   }
   return absl::InternalError("unknown layer type");
@@ -252,6 +343,11 @@ int64_t ForwardMacsPerSample(const LayerSpec& s, const Shape& input) {
     }
     case LayerType::kLinear:
       return s.in_channels * s.out_channels;
+    case LayerType::kMultiheadAttention: {
+      if (input.size() != 3) return 0;
+      const int64_t seq = input[1], e = s.in_channels;
+      return 4 * seq * e * e + 2 * seq * seq * e;
+    }
     default:
       return 0;
   }
@@ -274,6 +370,11 @@ BackwardReads BackwardReadsOf(const LayerSpec& spec) {
       return {false, false};
     case LayerType::kAdd:  // With the ReLU: dA = dB = dY where Y > 0.
       return {false, spec.relu};
+    case LayerType::kEmbedding:           // The ids: rows the gradient goes to.
+    case LayerType::kLayerNorm:           // x with the saved mean and variance.
+    case LayerType::kGelu:                // dx = dy (Phi(x) + x phi(x)).
+    case LayerType::kMultiheadAttention:  // dW_in from x; the rest saved.
+      return {true, false};
   }
   return {true, true};
 }

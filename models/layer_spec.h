@@ -2,9 +2,12 @@
 // hyperparameters, the shapes of its parameters and buffers, its output shape
 // and its cost. Backends (backend.h) turn a LayerSpec into a running layer.
 //
-// Shapes are NCHW fp32 for images and [N, F] for feature vectors. Parameter
-// shapes follow PyTorch: conv weight OIHW [out, in, k, k], linear weight
-// [out_features, in_features], BatchNorm weight/bias/running stats [C].
+// Shapes are NCHW fp32 for images, [N, F] for feature vectors and
+// [N, S, E] (batch, sequence, hidden; batch first) for transformer
+// activations. Parameter shapes follow PyTorch: conv weight OIHW
+// [out, in, k, k], linear weight [out_features, in_features], BatchNorm
+// weight/bias/running stats [C], and the transformer layers' as their
+// PyTorch modules' named_parameters() (see ParamSpecs()).
 //
 // Thread-safety: plain values and pure functions.
 #ifndef PSTRAIN_MODELS_LAYER_SPEC_H_
@@ -31,6 +34,11 @@ enum class LayerType {
   kFlatten,        // [N, ...] -> [N, prod(...)].
   kAdd,            // two inputs of one shape (the residual add); with
                    // `relu`, max(a + b, 0): the add and its ReLU in one pass.
+  // Transformer layers (issue 41; CPU backend only so far).
+  kEmbedding,           // token + position embedding: ids [N, S] -> [N, S, E].
+  kLayerNorm,           // over the last dim (Ba et al. 2016), weight and bias.
+  kGelu,                // x Phi(x), the erf form (Hendrycks & Gimpel 2016).
+  kMultiheadAttention,  // self-attention with a key padding mask.
 };
 
 struct LayerSpec {
@@ -53,6 +61,10 @@ struct LayerSpec {
   float epsilon = 1e-5f;
   // Add: ReLU applied to the sum (LayerSpec::AddRelu()).
   bool relu = false;
+  // MultiheadAttention: heads (in_channels divisible by it); Embedding:
+  // rows of the position table (longest sequence).
+  int64_t heads = 1;
+  int64_t max_positions = 0;
 
   static LayerSpec Conv2d(int64_t in, int64_t out, int64_t kernel,
                           int64_t stride, int64_t padding, bool bias);
@@ -69,16 +81,37 @@ struct LayerSpec {
   // read of each input and one write forward; backward dA = dB = dY where
   // Y > 0, from the output alone). The same values as Add() then Relu().
   static LayerSpec AddRelu();
+  // Token ids [N, S] (fp32 values that are integers in [0, vocab)) ->
+  // token_table[id] + position_table[s], [N, S, hidden]; S <= max_positions.
+  // As BERT's word and position embeddings (Devlin et al. 2019) without
+  // token types; the gradient is scatter-added into the rows used.
+  static LayerSpec Embedding(int64_t vocab, int64_t max_positions,
+                             int64_t hidden);
+  // torch.nn.LayerNorm(hidden, eps): over the last dim of any shape
+  // [..., hidden], biased variance, eps added to it.
+  static LayerSpec LayerNorm(int64_t hidden, float eps = 1e-5f);
+  // torch.nn.functional.gelu's default: x * 0.5 * (1 + erf(x / sqrt(2))).
+  static LayerSpec Gelu();
+  // torch.nn.MultiheadAttention(hidden, heads, dropout, bias=True,
+  // batch_first=True) as self-attention: inputs x [N, S, hidden] and the
+  // key padding mask [N, S] (nonzero: that key position is padding and no
+  // query attends to it, as key_padding_mask=True); output [N, S, hidden].
+  // `dropout` zeroes attention weights in training (inverted, as
+  // kDropout).
+  static LayerSpec MultiheadAttention(int64_t hidden, int64_t heads,
+                                      float dropout);
 };
 
-// "conv3x3-64", "bn64", "fc512-10", "add+relu", ...
+// "conv3x3-64", "bn64", "fc512-10", "add+relu", "mha768/12", ...
 std::string LayerName(const LayerSpec& spec);
 // The type alone, as PyTorch's module names: "conv2d", "batchnorm2d",
 // "relu", "maxpool2d", "avgpool2d", "globalavgpool", "linear", "dropout",
-// "flatten", "add".
+// "flatten", "add", "embedding", "layernorm", "gelu",
+// "multiheadattention".
 std::string LayerTypeName(LayerType type);
 
-// Number of inputs the layer takes (2 for kAdd, else 1).
+// Number of inputs the layer takes (2 for kAdd and kMultiheadAttention,
+// else 1).
 int NumInputs(const LayerSpec& spec);
 
 struct TensorSpec {
@@ -86,7 +119,10 @@ struct TensorSpec {
   Shape shape;
 };
 
-// Trainable parameters, in PyTorch's order (weight, then bias).
+// Trainable parameters, in PyTorch's order and names: "weight", then
+// "bias"; Embedding: "token.weight" [vocab, E], "position.weight"
+// [max_positions, E]; MultiheadAttention: "in_proj_weight" [3E, E] (q, k, v
+// rows), "in_proj_bias" [3E], "out_proj.weight" [E, E], "out_proj.bias" [E].
 std::vector<TensorSpec> ParamSpecs(const LayerSpec& spec);
 // Non-trainable buffers (BatchNorm's running mean and variance).
 std::vector<TensorSpec> BufferSpecs(const LayerSpec& spec);
@@ -110,7 +146,9 @@ struct BackwardReads {
 BackwardReads BackwardReadsOf(const LayerSpec& spec);
 
 // Multiply-accumulates of one forward pass of one sample (FLOPs = 2 x MACs).
-// Counts convolutions and linear layers only, as the field's tables do.
+// Counts convolutions and linear layers only, as the field's tables do;
+// attention counts its four projections and its two S x S products
+// (4 S E^2 + 2 S^2 E for input [N, S, E]).
 int64_t ForwardMacsPerSample(const LayerSpec& spec, const Shape& input);
 
 }  // namespace pstrain

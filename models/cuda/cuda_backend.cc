@@ -829,6 +829,12 @@ absl::StatusOr<std::unique_ptr<Layer>> CudaBackend::CreateLayer(
       return std::unique_ptr<Layer>(new Flatten(this));
     case LayerType::kDropout:
       return std::unique_ptr<Layer>(new Dropout(this, spec, seed));
+    case LayerType::kEmbedding:
+    case LayerType::kLayerNorm:
+    case LayerType::kGelu:
+    case LayerType::kMultiheadAttention:
+      return absl::UnimplementedError(absl::StrCat(
+          LayerName(spec), ": not on the CUDA backend yet (issue 41)"));
   }
   return absl::InvalidArgumentError("unknown layer type");
 }

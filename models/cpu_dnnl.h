@@ -1,0 +1,63 @@
+// oneDNN plumbing the CPU backend's layer files share (cpu_backend.cc,
+// cpu_transformer.cc): the engine, the calling thread's stream, the lock
+// every primitive is created under, and the conversion of oneDNN's
+// exceptions into a status. Internal to models/.
+//
+// Thread-safety: CpuEngine() and CreationMutex() are process-wide and safe
+// from any thread; CpuStream() is the calling thread's own stream.
+#ifndef PSTRAIN_MODELS_CPU_DNNL_H_
+#define PSTRAIN_MODELS_CPU_DNNL_H_
+
+#include <utility>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "models/layer_spec.h"
+#include "oneapi/dnnl/dnnl.hpp"
+
+namespace pstrain {
+namespace cpu_dnnl {
+
+dnnl::engine& CpuEngine();
+
+// The calling thread's stream on CpuEngine().
+dnnl::stream& CpuStream();
+
+// Held while a primitive is created (every primitive_desc and primitive
+// constructor of the CPU backend). oneDNN looks each one up in its
+// process-wide primitive cache, which synchronises its threads inside
+// libdnnl: a pthread rwlock created lazily behind an inlined static guard,
+// and std::shared_future for an entry another thread is still creating.
+// Debian's libdnnl is not built with ThreadSanitizer, so TSan cannot see
+// those orderings and reports races between two in-process workers that
+// create primitives at once (tests/sync_equivalence_test). Creating under
+// one lock makes the order visible, so the rest of oneDNN's use stays
+// checked rather than suppressed. Creation happens once per layer and input
+// shape, and the per-step reorders hit the cache (microseconds): the lock
+// costs nothing measurable, and a worker process computes on one thread.
+absl::Mutex& CreationMutex();
+
+// A memory object over caller-owned fp32 data (oneDNN does not copy).
+inline dnnl::memory Wrap(const dnnl::memory::desc& md, const float* data) {
+  return dnnl::memory(md, CpuEngine(), const_cast<float*>(data));
+}
+
+// Runs `f` and waits for the stream. oneDNN reports errors by exception;
+// they become INTERNAL naming the layer.
+template <typename F>
+absl::Status Run(const LayerSpec& spec, F&& f) {
+  try {
+    std::forward<F>(f)();
+    CpuStream().wait();
+  } catch (const dnnl::error& e) {
+    return absl::InternalError(
+        absl::StrCat(LayerName(spec), ": oneDNN: ", e.what()));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace cpu_dnnl
+}  // namespace pstrain
+
+#endif  // PSTRAIN_MODELS_CPU_DNNL_H_
