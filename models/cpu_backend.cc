@@ -811,6 +811,7 @@ class CpuBackend final : public Backend {
       case LayerType::kLayerNorm:
       case LayerType::kGelu:
       case LayerType::kMultiheadAttention:
+      case LayerType::kTransformerEncoderLayer:
         return NewCpuTransformerLayer(spec, std::move(params), seed);
     }
     return absl::InvalidArgumentError("unknown layer type");

@@ -682,6 +682,163 @@ class MultiheadAttention final : public Layer {
   std::vector<Param*> params_;
 };
 
+// Adds b into a (n elements).
+void AddInto(const float* b, int64_t n, float* a) {
+  for (int64_t i = 0; i < n; ++i) a[i] += b[i];
+}
+
+// The generator seed of a block's k-th dropout (k = 0: the attention's own,
+// `seed` unchanged), distinct per k.
+uint64_t SubSeed(uint64_t seed, uint64_t k) {
+  return seed ^ (k * 0x9E3779B97F4A7C15ULL);
+}
+
+// torch.nn.TransformerEncoderLayer with activation "gelu", batch_first and
+// norm_first=False, composed of the ops above:
+//   a  = dropout1(attn(x));      h1 = x + a;   y1 = norm1(h1)
+//   g  = dropout(gelu(linear1(y1)));  f = dropout2(linear2(g))
+//   h2 = y1 + f;                 out = norm2(h2)
+// Saved for the backward: h1, y1, linear1's output, g, h2 (and what the
+// ops keep). Parameters in ParamSpecs() order: self_attn (4), linear1 (2),
+// linear2 (2), norm1 (2), norm2 (2).
+class TransformerEncoderLayer final : public Layer {
+ public:
+  TransformerEncoderLayer(const LayerSpec& spec, std::vector<Param*> params,
+                          uint64_t seed)
+      : spec_(spec),
+        e_(spec.in_channels),
+        f_(spec.feedforward),
+        attention_(spec, SubSeed(seed, 0)),
+        norm1_(spec),
+        norm2_(spec),
+        linear1_(spec, e_, f_),
+        linear2_(spec, f_, e_),
+        gelu_(spec),
+        dropout1_(spec.dropout, SubSeed(seed, 1)),
+        dropout_(spec.dropout, SubSeed(seed, 2)),
+        dropout2_(spec.dropout, SubSeed(seed, 3)),
+        p_(std::move(params)) {}
+
+  absl::Status Forward(absl::Span<const DeviceTensor* const> in,
+                       DeviceTensor* out, bool training) override {
+    trained_ = false;
+    for (const DeviceTensor* t : in) {
+      absl::Status status = DenseOnly(spec_, *t);
+      if (!status.ok()) return status;
+    }
+    out->set_layout(0);
+    const Shape& shape = in[0]->shape();
+    const int64_t n = shape[0], s = shape[1], rows = n * s;
+    const int64_t ne = rows * e_, nf = rows * f_;
+    const float* x = in[0]->data();
+    h1_.resize(ne);
+    y1_.resize(ne);
+    f1_.resize(nf);
+    g_.resize(nf);
+    h2_.resize(ne);
+    dropped_ = dropout1_.active(training);
+    absl::Status status = attention_.Forward(
+        x, in[1]->data(), n, s, AttentionParams(), h1_.data(), training);
+    if (!status.ok()) return status;
+    if (dropped_) dropout1_.Forward(h1_.data(), ne, h1_.data());
+    AddInto(x, ne, h1_.data());
+    status = norm1_.Forward(h1_.data(), rows, Value(8), Value(9), y1_.data());
+    if (!status.ok()) return status;
+    status = linear1_.Forward(y1_.data(), rows, Value(4), Value(5), f1_.data());
+    if (!status.ok()) return status;
+    status = gelu_.Forward(f1_.data(), nf, g_.data());
+    if (!status.ok()) return status;
+    if (dropped_) dropout_.Forward(g_.data(), nf, g_.data());
+    status = linear2_.Forward(g_.data(), rows, Value(6), Value(7), h2_.data());
+    if (!status.ok()) return status;
+    if (dropped_) dropout2_.Forward(h2_.data(), ne, h2_.data());
+    AddInto(y1_.data(), ne, h2_.data());
+    status =
+        norm2_.Forward(h2_.data(), rows, Value(10), Value(11), out->data());
+    trained_ = status.ok() && training;
+    rows_ = rows;
+    return status;
+  }
+
+  absl::Status Backward(absl::Span<const DeviceTensor* const> in,
+                        const DeviceTensor& out, const DeviceTensor& dout,
+                        absl::Span<DeviceTensor* const> din) override {
+    const Shape& shape = in[0]->shape();
+    const int64_t n = shape[0], s = shape[1], rows = n * s;
+    if (!trained_ || rows != rows_) return NoTrainingForward(spec_);
+    const int64_t ne = rows * e_, nf = rows * f_;
+    dh2_.resize(ne);
+    df_.resize(ne);
+    dg_.resize(nf);
+    dy1_.resize(ne);
+    dh1_.resize(ne);
+    // out = norm2(h2); h2 = y1 + f.
+    absl::Status status =
+        norm2_.Backward(h2_.data(), rows, Value(10), Value(11), dout.data(),
+                        dh2_.data(), Grad(10), Grad(11));
+    if (!status.ok()) return status;
+    const float* df = dh2_.data();
+    if (dropped_) {
+      dropout2_.Backward(dh2_.data(), ne, df_.data());
+      df = df_.data();
+    }
+    status = linear2_.Backward(g_.data(), rows, Value(6), df, dg_.data(),
+                               Grad(6), Grad(7));
+    if (!status.ok()) return status;
+    if (dropped_) dropout_.Backward(dg_.data(), nf, dg_.data());
+    // gelu's backward reads linear1's output; dg_ becomes dLoss/dF1.
+    status = gelu_.Backward(f1_.data(), nf, dg_.data(), dg_.data());
+    if (!status.ok()) return status;
+    status = linear1_.Backward(y1_.data(), rows, Value(4), dg_.data(),
+                               dy1_.data(), Grad(4), Grad(5));
+    if (!status.ok()) return status;
+    AddInto(dh2_.data(), ne, dy1_.data());
+    // y1 = norm1(h1); h1 = x + a.
+    status = norm1_.Backward(h1_.data(), rows, Value(8), Value(9), dy1_.data(),
+                             dh1_.data(), Grad(8), Grad(9));
+    if (!status.ok()) return status;
+    const float* da = dh1_.data();
+    if (dropped_) {
+      dropout1_.Backward(dh1_.data(), ne, df_.data());
+      da = df_.data();
+    }
+    float* dx = din[0] != nullptr ? din[0]->data() : nullptr;
+    status = attention_.Backward(in[0]->data(), n, s, AttentionParams(), da, dx,
+                                 {Grad(0), Grad(1), Grad(2), Grad(3)});
+    if (!status.ok()) return status;
+    if (dx != nullptr) {
+      AddInto(dh1_.data(), ne, dx);
+      din[0]->set_layout(0);
+    }
+    if (din.size() > 1 && din[1] != nullptr) {
+      std::fill(din[1]->data(), din[1]->data() + din[1]->size(), 0.0f);
+      din[1]->set_layout(0);
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  const float* Value(int i) const { return p_[i]->value.data(); }
+  float* Grad(int i) const { return p_[i]->grad.data(); }
+  AttentionWeights AttentionParams() const {
+    return {Value(0), Value(1), Value(2), Value(3)};
+  }
+
+  const LayerSpec spec_;
+  const int64_t e_, f_;
+  AttentionOp attention_;
+  LayerNormOp norm1_, norm2_;
+  LinearOp linear1_, linear2_;
+  GeluOp gelu_;
+  DropoutMask dropout1_, dropout_, dropout2_;
+  std::vector<Param*> p_;
+  int64_t rows_ = -1;
+  bool trained_ = false;
+  bool dropped_ = false;
+  std::vector<float> h1_, y1_, f1_, g_, h2_;
+  std::vector<float> dh2_, df_, dg_, dy1_, dh1_;
+};
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Layer>> NewCpuTransformerLayer(
@@ -706,6 +863,16 @@ absl::StatusOr<std::unique_ptr<Layer>> NewCpuTransformerLayer(
       }
       return std::unique_ptr<Layer>(
           new MultiheadAttention(spec, std::move(params), seed));
+    case LayerType::kTransformerEncoderLayer:
+      if (spec.heads < 1 || spec.in_channels % spec.heads != 0 ||
+          spec.feedforward < 1) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(LayerName(spec), ": hidden ", spec.in_channels,
+                         " not a multiple of heads ", spec.heads,
+                         " or feedforward ", spec.feedforward, " < 1"));
+      }
+      return std::unique_ptr<Layer>(
+          new TransformerEncoderLayer(spec, std::move(params), seed));
     default:
       return absl::InvalidArgumentError(
           absl::StrCat(LayerName(spec), ": not a transformer layer"));

@@ -1,7 +1,8 @@
 // The CPU backend's transformer layers (issue 41): token + position
-// embedding, LayerNorm, GELU and multi-head self-attention with a key
-// padding mask (layer_spec.h says what each computes, after its PyTorch
-// module). Internal to models/: the CPU backend's CreateLayer() calls it.
+// embedding, LayerNorm, GELU, multi-head self-attention with a key padding
+// mask, and the post-LN TransformerEncoderLayer block made of them
+// (layer_spec.h says what each computes, after its PyTorch module).
+// Internal to models/: the CPU backend's CreateLayer() calls it.
 //
 // Libraries: oneDNN 2.6 where it has the op: layer_normalization (LayerNorm),
 // eltwise_gelu_erf (GELU), inner_product (the attention's q/k/v and output
@@ -35,10 +36,12 @@
 
 namespace pstrain {
 
-// The layer for a spec of type kEmbedding, kLayerNorm, kGelu or
-// kMultiheadAttention, with `params` as ParamSpecs(spec) lists them; `seed`
-// drives the attention's dropout masks. INVALID_ARGUMENT for another type,
-// a wrong parameter count, or heads that do not divide the hidden size.
+// The layer for a spec of type kEmbedding, kLayerNorm, kGelu,
+// kMultiheadAttention or kTransformerEncoderLayer, with `params` as
+// ParamSpecs(spec) lists them; `seed` drives the dropout masks (the block's
+// four dropouts draw from four generators derived from it).
+// INVALID_ARGUMENT for another type, a wrong parameter count, heads that do
+// not divide the hidden size, or a feed-forward width < 1.
 absl::StatusOr<std::unique_ptr<Layer>> NewCpuTransformerLayer(
     const LayerSpec& spec, std::vector<Param*> params, uint64_t seed);
 

@@ -118,6 +118,15 @@ LayerSpec LayerSpec::MultiheadAttention(int64_t hidden, int64_t heads,
   return s;
 }
 
+LayerSpec LayerSpec::TransformerEncoderLayer(int64_t hidden, int64_t heads,
+                                             int64_t feedforward,
+                                             float dropout) {
+  LayerSpec s = MultiheadAttention(hidden, heads, dropout);
+  s.type = LayerType::kTransformerEncoderLayer;
+  s.feedforward = feedforward;
+  return s;
+}
+
 std::string LayerName(const LayerSpec& s) {
   switch (s.type) {
     case LayerType::kConv2d:
@@ -150,6 +159,9 @@ std::string LayerName(const LayerSpec& s) {
       return "gelu";
     case LayerType::kMultiheadAttention:
       return absl::StrCat("mha", s.in_channels, "/", s.heads);
+    case LayerType::kTransformerEncoderLayer:
+      return absl::StrCat("encoder", s.in_channels, "/", s.heads, "-",
+                          s.feedforward);
   }
   return "?";
 }
@@ -184,15 +196,21 @@ std::string LayerTypeName(LayerType type) {
       return "gelu";
     case LayerType::kMultiheadAttention:
       return "multiheadattention";
+    case LayerType::kTransformerEncoderLayer:
+      return "transformerencoderlayer";
   }
   return "?";
 }
 
 int NumInputs(const LayerSpec& spec) {
-  return spec.type == LayerType::kAdd ||
-                 spec.type == LayerType::kMultiheadAttention
-             ? 2
-             : 1;
+  switch (spec.type) {
+    case LayerType::kAdd:
+    case LayerType::kMultiheadAttention:
+    case LayerType::kTransformerEncoderLayer:
+      return 2;
+    default:
+      return 1;
+  }
 }
 
 std::vector<TensorSpec> ParamSpecs(const LayerSpec& s) {
@@ -217,6 +235,22 @@ std::vector<TensorSpec> ParamSpecs(const LayerSpec& s) {
               {"in_proj_bias", {3 * s.in_channels}},
               {"out_proj.weight", {s.in_channels, s.in_channels}},
               {"out_proj.bias", {s.in_channels}}};
+    case LayerType::kTransformerEncoderLayer: {
+      LayerSpec attention = s;
+      attention.type = LayerType::kMultiheadAttention;
+      std::vector<TensorSpec> p = ParamSpecs(attention);
+      for (TensorSpec& t : p) t.name = "self_attn." + t.name;
+      const int64_t e = s.in_channels, f = s.feedforward;
+      p.insert(p.end(), {{"linear1.weight", {f, e}},
+                         {"linear1.bias", {f}},
+                         {"linear2.weight", {e, f}},
+                         {"linear2.bias", {e}},
+                         {"norm1.weight", {e}},
+                         {"norm1.bias", {e}},
+                         {"norm2.weight", {e}},
+                         {"norm2.bias", {e}}});
+      return p;
+    }
     default:
       return {};
   }
@@ -315,6 +349,11 @@ absl::StatusOr<Shape> OutputShape(const LayerSpec& s,
       }
       return Shape{in[0], in[1], s.out_channels};
     case LayerType::kMultiheadAttention:
+    case LayerType::kTransformerEncoderLayer:
+      if (s.type == LayerType::kTransformerEncoderLayer && s.feedforward < 1) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            LayerName(s), ": feedforward ", s.feedforward, "; expected >= 1"));
+      }
       if (s.heads < 1 || s.in_channels % s.heads != 0) {
         return absl::InvalidArgumentError(
             absl::StrCat(LayerName(s), ": hidden ", s.in_channels,
@@ -348,6 +387,13 @@ int64_t ForwardMacsPerSample(const LayerSpec& s, const Shape& input) {
       const int64_t seq = input[1], e = s.in_channels;
       return 4 * seq * e * e + 2 * seq * seq * e;
     }
+    case LayerType::kTransformerEncoderLayer: {
+      if (input.size() != 3) return 0;
+      LayerSpec attention = s;
+      attention.type = LayerType::kMultiheadAttention;
+      return ForwardMacsPerSample(attention, input) +
+             2 * input[1] * s.in_channels * s.feedforward;
+    }
     default:
       return 0;
   }
@@ -374,6 +420,7 @@ BackwardReads BackwardReadsOf(const LayerSpec& spec) {
     case LayerType::kLayerNorm:           // x with the saved mean and variance.
     case LayerType::kGelu:                // dx = dy (Phi(x) + x phi(x)).
     case LayerType::kMultiheadAttention:  // dW_in from x; the rest saved.
+    case LayerType::kTransformerEncoderLayer:  // As attention.
       return {true, false};
   }
   return {true, true};

@@ -39,6 +39,7 @@ enum class LayerType {
   kLayerNorm,           // over the last dim (Ba et al. 2016), weight and bias.
   kGelu,                // x Phi(x), the erf form (Hendrycks & Gimpel 2016).
   kMultiheadAttention,  // self-attention with a key padding mask.
+  kTransformerEncoderLayer,  // post-LN attention + GELU feed-forward block.
 };
 
 struct LayerSpec {
@@ -65,6 +66,8 @@ struct LayerSpec {
   // rows of the position table (longest sequence).
   int64_t heads = 1;
   int64_t max_positions = 0;
+  // TransformerEncoderLayer: the feed-forward's inner width.
+  int64_t feedforward = 0;
 
   static LayerSpec Conv2d(int64_t in, int64_t out, int64_t kernel,
                           int64_t stride, int64_t padding, bool bias);
@@ -100,6 +103,13 @@ struct LayerSpec {
   // kDropout).
   static LayerSpec MultiheadAttention(int64_t hidden, int64_t heads,
                                       float dropout);
+  // torch.nn.TransformerEncoderLayer(hidden, heads, feedforward, dropout,
+  // activation="gelu", batch_first=True, norm_first=False): inputs as
+  // MultiheadAttention's; h = norm1(x + dropout(attn(x))), out = norm2(h +
+  // dropout(linear2(dropout(gelu(linear1(h)))))) (post-LN, Vaswani et al.
+  // 2017), LayerNorm eps 1e-5, `dropout` also inside the attention.
+  static LayerSpec TransformerEncoderLayer(int64_t hidden, int64_t heads,
+                                           int64_t feedforward, float dropout);
 };
 
 // "conv3x3-64", "bn64", "fc512-10", "add+relu", "mha768/12", ...
@@ -107,11 +117,11 @@ std::string LayerName(const LayerSpec& spec);
 // The type alone, as PyTorch's module names: "conv2d", "batchnorm2d",
 // "relu", "maxpool2d", "avgpool2d", "globalavgpool", "linear", "dropout",
 // "flatten", "add", "embedding", "layernorm", "gelu",
-// "multiheadattention".
+// "multiheadattention", "transformerencoderlayer".
 std::string LayerTypeName(LayerType type);
 
-// Number of inputs the layer takes (2 for kAdd and kMultiheadAttention,
-// else 1).
+// Number of inputs the layer takes (2 for kAdd, kMultiheadAttention and
+// kTransformerEncoderLayer, else 1).
 int NumInputs(const LayerSpec& spec);
 
 struct TensorSpec {
@@ -122,7 +132,11 @@ struct TensorSpec {
 // Trainable parameters, in PyTorch's order and names: "weight", then
 // "bias"; Embedding: "token.weight" [vocab, E], "position.weight"
 // [max_positions, E]; MultiheadAttention: "in_proj_weight" [3E, E] (q, k, v
-// rows), "in_proj_bias" [3E], "out_proj.weight" [E, E], "out_proj.bias" [E].
+// rows), "in_proj_bias" [3E], "out_proj.weight" [E, E], "out_proj.bias" [E];
+// TransformerEncoderLayer: those four prefixed "self_attn.", then
+// "linear1.weight" [F, E], "linear1.bias" [F], "linear2.weight" [E, F],
+// "linear2.bias" [E], "norm1.weight", "norm1.bias", "norm2.weight",
+// "norm2.bias" [E].
 std::vector<TensorSpec> ParamSpecs(const LayerSpec& spec);
 // Non-trainable buffers (BatchNorm's running mean and variance).
 std::vector<TensorSpec> BufferSpecs(const LayerSpec& spec);
@@ -148,7 +162,8 @@ BackwardReads BackwardReadsOf(const LayerSpec& spec);
 // Multiply-accumulates of one forward pass of one sample (FLOPs = 2 x MACs).
 // Counts convolutions and linear layers only, as the field's tables do;
 // attention counts its four projections and its two S x S products
-// (4 S E^2 + 2 S^2 E for input [N, S, E]).
+// (4 S E^2 + 2 S^2 E for input [N, S, E]), the encoder layer adds its
+// feed-forward (2 S E F).
 int64_t ForwardMacsPerSample(const LayerSpec& spec, const Shape& input);
 
 }  // namespace pstrain

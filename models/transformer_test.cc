@@ -62,6 +62,10 @@ std::vector<TransformerCase> Cases() {
        LayerSpec::MultiheadAttention(12, 4, 0.0f),
        {3, 4, 12},
        {3, 4}},
+      {"encoder",
+       LayerSpec::TransformerEncoderLayer(8, 2, 16, 0.0f),
+       {2, 5, 8},
+       {2, 5}},
   };
 }
 
@@ -223,6 +227,37 @@ TEST(FiniteDifferences, AttentionWithDropout) {
       {{2, 3, 4}, Uniform(24, -1.0f, 1.0f, 8), {2, 3}, {0, 0, 0, 0, 1, 0}}, 9);
 }
 
+TEST(FiniteDifferences, EncoderLayerWithPadding) {
+  CheckGradients(
+      LayerSpec::TransformerEncoderLayer(4, 2, 6, 0.0f),
+      {{2, 3, 4}, Uniform(24, -1.0f, 1.0f, 12), {2, 3}, {0, 0, 0, 0, 0, 1}},
+      13);
+}
+
+// Four dropouts (attention weights, after attention, after GELU, after
+// linear2), each mask the same in every evaluation.
+TEST(FiniteDifferences, EncoderLayerWithDropout) {
+  CheckGradients(
+      LayerSpec::TransformerEncoderLayer(4, 2, 6, 0.25f),
+      {{2, 3, 4}, Uniform(24, -1.0f, 1.0f, 14), {2, 3}, {0, 0, 0, 0, 0, 0}},
+      15);
+}
+
+TEST(EncoderLayer, DropoutIsOffInEval) {
+  std::unique_ptr<Backend> cpu = NewCpuBackend();
+  const std::vector<float> x = Uniform(2 * 4 * 8, -1.0f, 1.0f, 16);
+  const std::vector<float> mask = {0, 0, 0, 0, 0, 0, 1, 1};
+  auto forward = [&](float p, bool training) {
+    Harness h(cpu.get(), LayerSpec::TransformerEncoderLayer(8, 2, 16, p), 5);
+    DeviceTensor t = h.Make({2, 4, 8}, x);
+    DeviceTensor m = h.Make({2, 4}, mask);
+    return h.Forward({&t, &m}, training);
+  };
+  const std::vector<float> plain = forward(0.0f, true);
+  EXPECT_EQ(forward(0.3f, false), plain);
+  EXPECT_NE(forward(0.3f, true), plain);
+}
+
 // ---- Behaviours ----
 
 // A key marked padding changes nothing: the output of the other keys equals
@@ -342,6 +377,20 @@ TEST(LayerSpecs, ShapesNamesAndErrors) {
   EXPECT_EQ(NumInputs(LayerSpec::MultiheadAttention(8, 2, 0.0f)), 2);
   EXPECT_EQ(LayerTypeName(LayerType::kMultiheadAttention),
             "multiheadattention");
+  const LayerSpec encoder =
+      LayerSpec::TransformerEncoderLayer(768, 12, 3072, 0.1f);
+  EXPECT_EQ(LayerName(encoder), "encoder768/12-3072");
+  EXPECT_EQ(NumInputs(encoder), 2);
+  int64_t params = 0;
+  for (const TensorSpec& t : ParamSpecs(encoder))
+    params += NumElements(t.shape);
+  // One BERT-base layer: 7,087,872 parameters.
+  EXPECT_EQ(params, 7087872);
+  EXPECT_EQ(ParamSpecs(encoder)[0].name, "self_attn.in_proj_weight");
+  EXPECT_EQ(ParamSpecs(encoder).back().name, "norm2.bias");
+  EXPECT_EQ(
+      ForwardMacsPerSample(encoder, {96, 128, 768}),
+      4LL * 128 * 768 * 768 + 2LL * 128 * 128 * 768 + 2LL * 128 * 768 * 3072);
   // BERT-base's attention: 4 x 128 x 768^2 + 2 x 128^2 x 768.
   EXPECT_EQ(ForwardMacsPerSample(LayerSpec::MultiheadAttention(768, 12, 0.1f),
                                  {96, 128, 768}),

@@ -833,6 +833,7 @@ absl::StatusOr<std::unique_ptr<Layer>> CudaBackend::CreateLayer(
     case LayerType::kLayerNorm:
     case LayerType::kGelu:
     case LayerType::kMultiheadAttention:
+    case LayerType::kTransformerEncoderLayer:
       return absl::UnimplementedError(absl::StrCat(
           LayerName(spec), ": not on the CUDA backend yet (issue 41)"));
   }
