@@ -180,6 +180,23 @@ absl::StatusOr<JobConfig> ParseJobChoices(const JobSpec& spec) {
         "workers and parameter servers; the allreduce collectives reduce "
         "fp32)"));
   }
+  ASSIGN_OR_RETURN(config.compression, ParseCompression(spec.compression()));
+  config.compression.error_feedback = !spec.no_error_feedback();
+  if (config.mode == MODE_ALLREDUCE && config.compression.enabled()) {
+    // Sparse pushes go to shards, which densify and average them; the
+    // collectives reduce dense buffers (a sparse allgather is not built:
+    // docs/ARCHITECTURE.md, "Sparse pushes").
+    return absl::InvalidArgumentError(absl::StrCat(
+        "compression: ", Quoted(spec.compression()),
+        " with mode allreduce; expected none (top-k pushes go to parameter "
+        "servers; the allreduce collectives reduce dense buffers)"));
+  }
+  if (spec.no_error_feedback() && !config.compression.enabled()) {
+    return absl::InvalidArgumentError(
+        "no_error_feedback: true without a compression; expected a "
+        "compression such as topk:0.01 (error feedback keeps what top-k "
+        "did not send)");
+  }
   config.spec = spec;
   return config;
 }

@@ -42,6 +42,7 @@
 #include "absl/strings/string_view.h"
 #include "proto/job.pb.h"
 #include "proto/ps.pb.h"
+#include "worker/topk_compression.h"
 
 namespace pstrain {
 
@@ -89,6 +90,9 @@ struct JobConfig {
   // How gradients and weights travel (spec.wire_dtype; common/wire_dtype.h):
   // DTYPE_FLOAT32, DTYPE_BFLOAT16 or DTYPE_FLOAT16.
   DType wire_dtype = DTYPE_FLOAT32;
+  // Top-k compression of pushes (spec.compression, spec.no_error_feedback;
+  // worker/topk_compression.h); disabled: none.
+  CompressionOptions compression;
 
   // Modes sync and async: the job has parameter servers.
   bool has_ps() const { return mode != MODE_ALLREDUCE; }
@@ -97,11 +101,13 @@ struct JobConfig {
 // Parses the choices of `spec` (read after ApplyJobDefaults: an empty mode,
 // backend, compute, optimizer name or schedule is refused), in this order:
 // backend, mode, collective, compute, augment, optimizer.name,
-// optimizer.lr_schedule, wire_dtype (empty: fp32). Also refuses a collective outside mode allreduce
+// optimizer.lr_schedule, wire_dtype (empty: fp32), compression (empty:
+// none). Also refuses a collective outside mode allreduce
 // ("collective: \"gloo\" with mode sync; expected none (only allreduce has
 // one)") and a 16-bit wire_dtype with mode allreduce ("wire_dtype: \"bf16\"
-// with mode allreduce; expected fp32 ..."); every other check is ValidateJobSpec's. The config holds a copy
-// of `spec`.
+// with mode allreduce; expected fp32 ..."), and likewise a compression or
+// no_error_feedback with mode allreduce; every other check is
+// ValidateJobSpec's. The config holds a copy of `spec`.
 absl::StatusOr<JobConfig> ParseJobChoices(const JobSpec& spec);
 
 // The mode of a spec resolved before (a stored one: the coordinator's job

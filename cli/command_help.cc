@@ -114,6 +114,15 @@ Flags JobFlags(const std::string& what) {
        "PS modes: how pushed gradients and pulled weights travel: fp32, "
        "bf16 (round to nearest even) or fp16 (scaled per chunk); the shards "
        "keep fp32 weights and optimizer state."},
+      {"compression",
+       "PS modes: none, or topk:R (0 < R <= 1): each worker pushes the "
+       "largest R fraction of each chunk's gradient entries as index/value "
+       "pairs and keeps the rest as a residual added to its next step "
+       "(error feedback, as Deep Gradient Compression); residuals are saved "
+       "with checkpoints."},
+      {"error_feedback",
+       "With --compression=topk:R: keep the unsent entries as residuals "
+       "(default); false drops them (for contrast)."},
       {"channels_per_shard",
        "PS modes: gRPC connections each worker opens to each shard, 1 to 16; "
        "0: one per 8 MiB of the shard's chunks, at most 4 (a small model "
@@ -212,7 +221,8 @@ CommandInfo RunInfo() {
       "per task with --ps_netns/--worker_netns) under an in-process "
       "coordinator; streams their lines and prints a table of results. "
       "Mode sync or async: PS flags (--num_ps, --partition_bytes, "
-      "--wire_dtype, --channels_per_shard, checkpoints, --max_restarts); mode "
+      "--wire_dtype, --compression, --channels_per_shard, checkpoints, "
+      "--max_restarts); mode "
       "allreduce: --bucket_bytes. --compute=synthetic: --compute_ms, "
       "--model_bytes, --backward_fraction and no dataset flags. A flag "
       "the run would ignore is an error. Exit 0 done, 1 a task failed, 2 "

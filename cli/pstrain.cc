@@ -113,6 +113,13 @@ ABSL_FLAG(int64_t, partition_bytes, 4 << 20,
 ABSL_FLAG(std::string, wire_dtype, "fp32",
           "PS modes: how gradients and weights travel: fp32, bf16 or fp16 "
           "(the shards keep fp32).");
+ABSL_FLAG(std::string, compression, "none",
+          "PS modes: none, or topk:R: each worker pushes the largest R "
+          "fraction (0 < R <= 1) of each chunk's gradient entries and keeps "
+          "the rest as a residual for its next step (error feedback).");
+ABSL_FLAG(bool, error_feedback, true,
+          "With --compression=topk:R: keep what was not sent as a residual "
+          "(false: drop it, for contrast).");
 ABSL_FLAG(int, channels_per_shard, 0,
           "PS modes: gRPC connections each worker opens to each shard, 1 to "
           "16; 0: one per 8 MiB of the shard's chunks, at most 4. Chunk i "
@@ -322,7 +329,8 @@ absl::Status CheckIgnoredFlags(const JobConfig& config,
   if (!any_ps_mode) {
     // Checkpoints, --resume and restarts are for every mode.
     for (const char* flag :
-         {"num_ps", "partition_bytes", "wire_dtype", "channels_per_shard"}) {
+         {"num_ps", "partition_bytes", "wire_dtype", "channels_per_shard",
+          "compression", "error_feedback"}) {
       if (FlagSpecified(flag)) {
         return ignored(flag, absl::StrCat("it is for the parameter-server "
                                           "modes (sync, async), not ",
@@ -386,6 +394,8 @@ JobSpec SpecFromFlags(Mode mode, int num_ps, int num_workers) {
   if (mode != MODE_ALLREDUCE) {
     spec.set_wire_dtype(absl::GetFlag(FLAGS_wire_dtype));
     spec.set_channels_per_shard(absl::GetFlag(FLAGS_channels_per_shard));
+    spec.set_compression(absl::GetFlag(FLAGS_compression));
+    spec.set_no_error_feedback(!absl::GetFlag(FLAGS_error_feedback));
   }
   spec.set_log_every_steps(absl::GetFlag(FLAGS_log_every_steps));
   spec.set_max_steps_per_epoch(absl::GetFlag(FLAGS_max_steps_per_epoch));

@@ -54,6 +54,9 @@
 //                            mode sync
 //   wire_dtype               fp32, bf16, fp16; fp32 in      fp32
 //                            allreduce
+//   compression              none or topk:R, 0 < R <= 1;    none
+//                            none in allreduce
+//   no_error_feedback        only with a compression        false
 //   optimizer.lr             1e-30 to 10                    0.001
 //   optimizer.beta1, beta2   0 <= beta < 1, also in fp32    0.9, 0.999
 //                            (1 - beta > 0 after rounding:

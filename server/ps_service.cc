@@ -169,6 +169,7 @@ grpc::Status PsService::Checkpoint(grpc::ServerContext* context,
     return ToGrpcStatus(snapshot);
   }
   checkpoint_step_ = step;
+  announced_checkpoint_step_.store(step);
   checkpoint_done_ = false;
   checkpoint_status_ = absl::OkStatus();
   checkpoint_result_.Clear();

@@ -170,6 +170,9 @@ class PsService final : public ParameterServer::Service {
   CheckpointResponse checkpoint_result_ ABSL_GUARDED_BY(checkpoint_mu_);
   // Set by the destructor: a writer waiting for a deferred cut gives up.
   std::atomic<bool> closing_{false};
+  // The step of the newest checkpoint begun (-1: none), announced on every
+  // pull's last message (PushPullResponse.checkpoint_step).
+  std::atomic<int64_t> announced_checkpoint_step_{-1};
   // Bounded staleness or backup workers (StepPolicy::deferred_snapshot()):
   // checkpoints take the shard's deferred snapshot
   // (ParameterShard::BeginDeferredSnapshot), which the writer thread waits

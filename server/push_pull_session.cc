@@ -316,6 +316,10 @@ bool PsService::PushPullSession::ServePull(const PullJob& job) {
     // The end of this pull: a message without a chunk.
     PushPullResponse last;
     last.set_last_of_pull(true);
+    if (const int64_t announced = service_->announced_checkpoint_step_.load();
+        announced >= 0) {
+      last.set_checkpoint_step(announced);
+    }
     if (skipped.step >= 0) {
       SkippedStep* out = last.mutable_skipped_step();
       out->set_step(skipped.step);

@@ -1,7 +1,9 @@
 #include "worker/gradient_exchange.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
+#include <cstdio>
 #include <memory>
 #include <optional>
 #include <thread>  // NOLINT(build/c++11)
@@ -15,6 +17,7 @@
 #include "common/status_macros.h"
 #include "common/trace.h"
 #include "server/shard_checkpoint.h"
+#include "worker/residual_files.h"
 
 namespace pstrain {
 namespace {
@@ -22,13 +25,15 @@ namespace {
 class PsExchange : public GradientExchange {
  public:
   PsExchange(std::unique_ptr<PsClient> client, bool sync, bool chief,
-             absl::Duration init_timeout, int staleness, bool backup_workers)
+             absl::Duration init_timeout, int staleness, bool backup_workers,
+             PsCompression compression)
       : client_(std::move(client)),
         sync_(sync),
         chief_(chief),
         init_timeout_(init_timeout),
         staleness_(staleness),
-        backup_workers_(sync && backup_workers) {}
+        backup_workers_(sync && backup_workers),
+        compression_(std::move(compression)) {}
 
   absl::Status Start(const std::vector<absl::Span<float>>& weights,
                      const ModelState* resume) override {
@@ -64,8 +69,23 @@ class PsExchange : public GradientExchange {
       client_->MarkStepNonFinite(*pending_mark_);
       pending_mark_.reset();
     }
-    ASSIGN_OR_RETURN(version_, client_->FinishStep());
+    absl::StatusOr<int64_t> finished = client_->FinishStep();
+    if (!finished.ok()) {
+      // A worker that died writes no residual file: worker 0's checkpoint
+      // in flight stops waiting for one.
+      residual_wait_abandoned_.store(true);
+      return finished.status();
+    }
+    version_ = *finished;
     ++step_;
+    if (TopKCompressor* topk = compression_.compressor.get()) {
+      // A skipped step, or one the shards dropped (late), changed nothing:
+      // its residual is not kept.
+      if (!client_->skipped_step().has_value() && !client_->last_step_late()) {
+        topk->CommitStep(pushed_tag_);
+        ++pushes_;
+      }
+    }
     if (backup_workers_) {
       // Late (the shards decided the step without this worker), or a pull
       // that straddled a later step decided without it: the weights are
@@ -80,7 +100,12 @@ class PsExchange : public GradientExchange {
       }
       step_ = std::max(step_, version_);
     }
-    return absl::OkStatus();
+    return SaveAnnouncedResiduals();
+  }
+
+  absl::StatusOr<bool> RestoreResiduals(const std::string& step_dir,
+                                        int64_t step) override {
+    return LoadResiduals(step_dir, step);
   }
 
   int64_t NextStep(int64_t step) const override {
@@ -116,7 +141,21 @@ class PsExchange : public GradientExchange {
 
   absl::StatusOr<std::vector<CheckpointResponse>> Checkpoint(
       int64_t step, const std::string& step_dir, bool wait) override {
-    return client_->Checkpoint(step, wait);
+    if (!wait) {
+      residual_wait_abandoned_.store(false);
+      checkpoint_generation_.store(client_->generation());
+    }
+    ASSIGN_OR_RETURN(std::vector<CheckpointResponse> replies,
+                     client_->Checkpoint(step, wait));
+    if (wait && saves_residuals()) {
+      // Every worker's residual file of the cut (worker/residual_files.h)
+      // before the manifest can name the checkpoint.
+      RETURN_IF_ERROR(WaitForResidualFiles(step_dir, compression_.num_workers,
+                                           step, checkpoint_generation_.load(),
+                                           absl::Now() + init_timeout_,
+                                           &residual_wait_abandoned_));
+    }
+    return replies;
   }
 
   absl::Status BeforePause() override { return client_->CloseStreams(); }
@@ -150,13 +189,18 @@ class PsExchange : public GradientExchange {
     pending_mark_.reset();
     if (!addresses.empty()) RETURN_IF_ERROR(client_->SetAddresses(addresses));
     reopened_ = false;
+    if (restore != nullptr && saves_residuals()) {
+      reopen_refusal_ =
+          "top-k compression with error feedback: a dead worker's residuals "
+          "live only in checkpoints, so the shards restore one";
+    }
     if (restore != nullptr) {
       // Sync without staleness: every shard goes on from its own state at
       // its last decided step when it still holds it (no rollback); a
       // restarted shard, or shards that decided different steps, take the
       // checkpoint instead.
       absl::StatusOr<int64_t> reopened =
-          sync_ && staleness_ == 0
+          sync_ && staleness_ == 0 && !saves_residuals()
               ? client_->Reopen(timeout)
               : absl::FailedPreconditionError(
                     sync_ ? "with bounded staleness the shards always "
@@ -168,7 +212,9 @@ class PsExchange : public GradientExchange {
       } else if (!absl::IsFailedPrecondition(reopened.status())) {
         return reopened.status();
       } else {
-        reopen_refusal_ = std::string(reopened.status().message());
+        if (!saves_residuals()) {
+          reopen_refusal_ = std::string(reopened.status().message());
+        }
         std::vector<absl::Span<const float>> weights;
         for (const std::vector<float>& w : restore->weights) {
           weights.push_back(absl::MakeConstSpan(w));
@@ -181,7 +227,79 @@ class PsExchange : public GradientExchange {
                                        /*wait_for_connection=*/false));
     ASSIGN_OR_RETURN(version_, client_->PushPull(0, {}, 0, 0, weights_));
     step_ = version_;
+    if (compression_.compressor != nullptr) {
+      // Sync: the shards went back to the checkpoint of step version_ (or
+      // to the initial weights, 0), whose residual files every worker
+      // reads. Async restores are not exact anyway: zeros.
+      const bool from_file = sync_ && version_ > 0 && compression_.step_dir;
+      RETURN_IF_ERROR(
+          LoadResiduals(from_file ? compression_.step_dir(version_) : "",
+                        version_)
+              .status());
+    }
     return version_;
+  }
+
+  bool saves_residuals() const {
+    return compression_.compressor != nullptr &&
+           compression_.compressor->options().error_feedback &&
+           compression_.step_dir != nullptr;
+  }
+
+  // The residuals at the start of `step` from `step_dir`'s file (empty:
+  // zeros). False (zeros) where the folder holds none (a checkpoint of a
+  // job without compression).
+  absl::StatusOr<bool> LoadResiduals(const std::string& step_dir,
+                                     int64_t step) {
+    TopKCompressor* topk = compression_.compressor.get();
+    if (topk == nullptr) return false;
+    const int64_t tag = sync_ ? step : pushes_;
+    residual_saved_ = step;
+    if (step_dir.empty() || !topk->options().error_feedback) {
+      RETURN_IF_ERROR(topk->Reset(tag, {}));
+      return false;
+    }
+    std::vector<int64_t> sizes;
+    for (int t = 0; t < topk->num_tensors(); ++t) {
+      sizes.push_back(topk->size(t));
+    }
+    absl::StatusOr<std::vector<std::vector<float>>> residuals =
+        ReadResidualFile(step_dir, compression_.worker_id, step,
+                         compression_.names, sizes);
+    if (absl::IsNotFound(residuals.status())) {
+      RETURN_IF_ERROR(topk->Reset(tag, {}));
+      return false;
+    }
+    RETURN_IF_ERROR(residuals.status());
+    RETURN_IF_ERROR(topk->Reset(tag, *residuals));
+    return true;
+  }
+
+  // After a step: the residual of the newest checkpoint shard 0 announced
+  // into its folder, once this worker holds it (sync: it has finished the
+  // step before the cut; async: the residual now).
+  absl::Status SaveAnnouncedResiduals() {
+    const int64_t announced = client_->announced_checkpoint_step();
+    if (!saves_residuals() || announced <= residual_saved_) {
+      return absl::OkStatus();
+    }
+    TopKCompressor* topk = compression_.compressor.get();
+    if (sync_ && topk->newest_step() < announced) return absl::OkStatus();
+    residual_saved_ = announced;
+    absl::StatusOr<std::vector<absl::Span<const float>>> residuals =
+        topk->ResidualAt(sync_ ? announced : topk->newest_step());
+    if (!residuals.ok()) {
+      // Worker 0's wait for this file gives up; the checkpoint is not
+      // taken.
+      std::fprintf(stderr,
+                   "worker %d: no residual file for checkpoint %lld: %s\n",
+                   compression_.worker_id, static_cast<long long>(announced),
+                   std::string(residuals.status().message()).c_str());
+      return absl::OkStatus();
+    }
+    return WriteResidualFile(
+        compression_.step_dir(announced), compression_.worker_id, announced,
+        client_->generation(), compression_.names, *residuals);
   }
 
   absl::Status BeginStep(const std::vector<absl::Span<const float>>& gradients,
@@ -191,6 +309,10 @@ class PsExchange : public GradientExchange {
     // PsClient sends it first and ends the step on every shard).
     const int64_t min_version =
         sync_ ? std::max<int64_t>(1, step_ + 1 - staleness_) : 0;
+    if (TopKCompressor* topk = compression_.compressor.get()) {
+      pushed_tag_ = sync_ ? step_ : pushes_;
+      topk->BeginStep(pushed_tag_);
+    }
     return client_->BeginStep(sync_ ? step_ : version_, gradients, min_version,
                               samples, weights_);
   }
@@ -211,6 +333,18 @@ class PsExchange : public GradientExchange {
   // else why they could not be (empty: not tried).
   bool reopened_ = false;
   std::string reopen_refusal_;
+  // Top-k compression: its compressor and residual files; the tag of the
+  // step in flight (sync: the step; async: this worker's pushes so far,
+  // `pushes_`); the newest checkpoint whose residual was saved (or
+  // restored).
+  PsCompression compression_;
+  int64_t pushed_tag_ = 0;
+  int64_t pushes_ = 0;
+  int64_t residual_saved_ = -1;
+  // Worker 0's checkpoint in flight: the generation it was begun in, and
+  // whether its wait for residual files gives up (a step failed).
+  std::atomic<int64_t> checkpoint_generation_{0};
+  std::atomic<bool> residual_wait_abandoned_{false};
 };
 
 class AllreduceExchange : public GradientExchange {
@@ -689,9 +823,11 @@ class AllreduceExchange : public GradientExchange {
 
 std::unique_ptr<GradientExchange> CreatePsExchange(
     std::unique_ptr<PsClient> client, bool sync, bool chief,
-    absl::Duration init_timeout, int staleness, bool backup_workers) {
+    absl::Duration init_timeout, int staleness, bool backup_workers,
+    PsCompression compression) {
   return std::make_unique<PsExchange>(std::move(client), sync, chief,
-                                      init_timeout, staleness, backup_workers);
+                                      init_timeout, staleness, backup_workers,
+                                      std::move(compression));
 }
 
 std::unique_ptr<GradientExchange> CreateAllreduceExchange(

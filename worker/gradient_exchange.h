@@ -30,8 +30,10 @@
 #define PSTRAIN_WORKER_GRADIENT_EXCHANGE_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -42,6 +44,7 @@
 #include "optim/optimizer.h"
 #include "worker/collective.h"
 #include "worker/ps_client.h"
+#include "worker/topk_compression.h"
 
 namespace pstrain {
 
@@ -169,6 +172,16 @@ class GradientExchange {
     return std::nullopt;
   }
 
+  // Top-k compression with error feedback (PS modes): after Start() of a
+  // resumed job, this worker's residuals at the start of `step` from the
+  // checkpoint folder `step_dir` (worker/residual_files.h). False where the
+  // folder holds none (a checkpoint of a job without compression): the
+  // residuals start at zero. Other exchanges: false.
+  virtual absl::StatusOr<bool> RestoreResiduals(const std::string& step_dir,
+                                                int64_t step) {
+    return false;
+  }
+
   // After Step(): how its exchange went.
   virtual ExchangeStepTimes LastStepTimes() const { return {}; }
 
@@ -190,16 +203,39 @@ class GradientExchange {
   virtual absl::Status Finish() = 0;
 };
 
+// Top-k compression of a PS job's pushes (worker/topk_compression.h) and
+// where its residuals go.
+struct PsCompression {
+  // Null: dense pushes. The client's options point at it
+  // (PsClientOptions::compressor); the exchange begins and commits its
+  // steps (a skipped step, or one the shards dropped as late, is not
+  // committed).
+  std::unique_ptr<TopKCompressor> compressor;
+  // The checkpoint folder of a step (worker/checkpoint.h
+  // CheckpointStepDir over the job's checkpoint_dir); null: the job has no
+  // checkpoints, and no residual is saved.
+  std::function<std::string(int64_t)> step_dir;
+  int worker_id = 0;
+  int num_workers = 1;
+  // The compressor's tensors' state_dict names (residual files).
+  std::vector<std::string> names;
+};
+
 // `client` is connected to the job's shards; `sync` selects the barrier.
 // `staleness` (sync; server/parameter_shard.h): step t pushes as step t
 // and pulls weights of version >= max(1, t + 1 - staleness); 0: plain sync
 // (version t + 1). `backup_workers` (sync; the client's option of the
 // same name): a step may be dropped by the shards (late) or overtaken; the
 // worker then pulls the newest version whole and NextStep() jumps to it.
+// `compression`: with error feedback and checkpoints, each worker saves
+// its residual of every checkpoint shard 0 announces, worker 0's
+// Checkpoint(wait) waits for every worker's, and a worker's death restores
+// the checkpoint (never a reopen in place: the dead worker's residual is
+// only there).
 std::unique_ptr<GradientExchange> CreatePsExchange(
     std::unique_ptr<PsClient> client, bool sync, bool chief,
-    absl::Duration init_timeout, int staleness = 0,
-    bool backup_workers = false);
+    absl::Duration init_timeout, int staleness = 0, bool backup_workers = false,
+    PsCompression compression = {});
 
 // `collective` (not owned) connects the job's workers. `bucket_bytes` > 0.
 // Communication errors (Gloo's, after the collective's timeout) come back

@@ -327,6 +327,12 @@ class Shards {
     options.clip_by_global_norm = clip_grad_norm_ > 0;
     options.wire_dtype = wire_dtype_;
     options.channels_per_shard = channels_per_shard_;
+    PsCompression compression;
+    if (compression_.enabled()) {
+      compression.compressor = std::make_unique<TopKCompressor>(
+          compression_, std::vector<int64_t>(kTensors, kElements), 3);
+      options.compressor = compression.compressor.get();
+    }
     absl::StatusOr<std::unique_ptr<PsClient>> client =
         PsClient::Create(options, Plan());
     EXPECT_TRUE(client.ok()) << client.status();
@@ -334,11 +340,14 @@ class Shards {
       EXPECT_EQ((*client)->channels_of(s), channels_per_shard_);
     }
     return CreatePsExchange(*std::move(client), /*sync=*/true, chief,
-                            absl::Seconds(10), staleness_);
+                            absl::Seconds(10), staleness_, false,
+                            std::move(compression));
   }
   ParameterShard& shard(int s) { return *shards_[s]; }
   // How the workers' pushes and pulls travel (default fp32).
   void set_wire_dtype(DType dtype) { wire_dtype_ = dtype; }
+  // Top-k compression of the pushes (default none).
+  void set_compression(const CompressionOptions& c) { compression_ = c; }
   // Connections from each worker to each shard (default 1); each shard
   // must hold at least that many chunks.
   void set_channels_per_shard(int channels) { channels_per_shard_ = channels; }
@@ -347,6 +356,7 @@ class Shards {
 
  private:
   DType wire_dtype_ = DTYPE_FLOAT32;
+  CompressionOptions compression_;
   int channels_per_shard_ = 1;
   int64_t partition_bytes_ = kElements * sizeof(float);
   const int staleness_;
@@ -484,6 +494,71 @@ TEST(PsExchangeTest, SixteenBitWireEqualsFp32OnRoundedValuesBitForBit) {
         EXPECT_EQ(results[r][t], w[t])
             << WireDtypeSpelling(dtype) << " worker " << r << " tensor " << t;
         EXPECT_NE(results[r][t], fp32[t]) << "no rounding happened";
+      }
+    }
+  }
+}
+
+// Top-k compression (issue 39 item 3): a sync job whose workers push the
+// top 5% of each chunk (two chunks per tensor) of gradient + residual ends
+// with the weights of a reference that sparsifies the same way by hand
+// (SelectTopK, tested against sorting in topk_compression_test), averages
+// the sparse gradients in worker order and runs Adam: bit for bit, with
+// error feedback and without; both differ from the dense job.
+TEST(PsExchangeTest, TopKPushesEqualTheirReferenceBitForBit) {
+  constexpr int kWorkers = 2;
+  constexpr int kSteps = 4;
+  constexpr int64_t kChunk = kElements / 2;
+  const std::vector<std::vector<float>> dense =
+      Expected(kWorkers, kSteps, AdamOptions());
+  for (bool error_feedback : {true, false}) {
+    const CompressionOptions topk{0.05, error_feedback};
+    Shards shards(/*num_shards=*/2, kWorkers);
+    shards.set_partition_bytes(kChunk * sizeof(float));
+    shards.set_compression(topk);
+    const std::vector<std::vector<std::vector<float>>> results =
+        TrainOnShards(shards, kWorkers, kSteps);
+
+    std::vector<std::vector<float>> w(kTensors,
+                                      std::vector<float>(kElements, 0.1f));
+    std::vector<std::vector<float>> m(kTensors, std::vector<float>(kElements));
+    std::vector<std::vector<float>> v(kTensors, std::vector<float>(kElements));
+    // residual[r][t]
+    std::vector<std::vector<std::vector<float>>> residual(
+        kWorkers, std::vector<std::vector<float>>(
+                      kTensors, std::vector<float>(kElements, 0.0f)));
+    for (int step = 1; step <= kSteps; ++step) {
+      for (int t = 0; t < kTensors; ++t) {
+        std::vector<float> average(kElements, 0.0f);
+        for (int r = 0; r < kWorkers; ++r) {
+          const std::vector<float> g = Gradient(r, t);
+          std::vector<float> sum(kElements);
+          for (int i = 0; i < kElements; ++i) {
+            sum[i] = g[i] + (error_feedback ? residual[r][t][i] : 0.0f);
+          }
+          std::vector<float> sparse(kElements, 0.0f);
+          for (int64_t offset = 0; offset < kElements; offset += kChunk) {
+            std::vector<uint32_t> picked;
+            SelectTopK(absl::MakeConstSpan(sum).subspan(offset, kChunk),
+                       TopKCount(topk.topk_ratio, kChunk), &picked);
+            for (uint32_t i : picked) {
+              sparse[offset + i] = sum[offset + i];
+              sum[offset + i] = 0.0f;
+            }
+          }
+          residual[r][t] = sum;
+          for (int i = 0; i < kElements; ++i) average[i] += sparse[i];
+        }
+        for (float& x : average) x *= 1.0f / kWorkers;
+        OptimizerUpdate(AdamOptions(), step, w[t].data(), average.data(),
+                        m[t].data(), v[t].data(), kElements);
+      }
+    }
+    for (int r = 0; r < kWorkers; ++r) {
+      for (int t = 0; t < kTensors; ++t) {
+        EXPECT_EQ(results[r][t], w[t]) << "error feedback " << error_feedback
+                                       << " worker " << r << " tensor " << t;
+        EXPECT_NE(results[r][t], dense[t]) << "nothing was left out";
       }
     }
   }

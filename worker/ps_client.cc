@@ -234,6 +234,8 @@ struct PsClient::StepState {
   int norm_partials_in ABSL_GUARDED_BY(mu) = 0;
   bool norm_missing ABSL_GUARDED_BY(mu) = false;
   int64_t norm_step() const { return pull.pull().min_version() - 1; }
+  // The newest checkpoint step shard 0's pull announced (-1: none).
+  int64_t checkpoint_step ABSL_GUARDED_BY(mu) = -1;
 
   // One per lane: its reader (which runs its pusher).
   std::vector<std::thread> threads;
@@ -278,6 +280,29 @@ absl::Status PsClient::PushChunk(int lane, StepState* state,
       }
     }
   }
+  // Top-k compression (worker/topk_compression.h) of a parameter's chunk
+  // (buffers go dense): the residual is added and the sum's largest
+  // entries go; a sum that overflowed skips the step as a gradient's
+  // non-finite value would.
+  thread_local std::vector<uint32_t> topk_indices;
+  thread_local std::vector<float> topk_values;
+  TopKCompressor* const topk = options_.compressor;
+  const bool sparse =
+      !skip && topk != nullptr && c.param_id < topk->num_tensors();
+  if (sparse) {
+    topk->Compress(c.param_id, c.offset, values, &topk_indices, &topk_values);
+    const int64_t bad = FindNonFinite(topk_values);
+    if (bad >= 0) {
+      skip = true;
+      absl::MutexLock lock(&state->mu);
+      if (state->nonfinite == nullptr) {
+        state->nonfinite = std::make_unique<NonFiniteValue>();
+        state->nonfinite->param_id = c.param_id;
+        state->nonfinite->element = c.offset + topk_indices[bad];
+        state->nonfinite->value = NonFiniteText(topk_values[bad]);
+      }
+    }
+  }
   const int64_t push_start_us = trace::NowUs();
   grpc::ByteBuffer message;
   if (skip) {
@@ -287,6 +312,10 @@ absl::Status PsClient::PushChunk(int lane, StepState* state,
     push->mutable_key()->set_chunk_index(c.chunk_index);
     push->set_step(state->step);
     message = EncodeSmallMessage(skipped);
+  } else if (sparse) {
+    message = EncodeSparseChunkMessage(
+        envelope, kPushChunkField, c.param_id, c.chunk_index, state->step,
+        c.num_elements, topk_indices, topk_values, options_.wire_dtype);
   } else {
     message = EncodeChunkMessage(envelope, kPushChunkField, c.param_id,
                                  c.chunk_index, state->step, values,
@@ -643,6 +672,11 @@ absl::Status PsClient::PushPullLane(int lane, StepState* state,
     }
     if (envelope.last_of_pull()) {
       pull_complete = true;
+      if (envelope.has_checkpoint_step() && shard == 0) {
+        absl::MutexLock lock(&state->mu);
+        state->checkpoint_step =
+            std::max(state->checkpoint_step, envelope.checkpoint_step());
+      }
       if (options_.clip_by_global_norm && channel == 0) {
         // No partial by now: none will come (see StepState::norm_missing).
         // (The shard sends it on channel 0's pull only.)
@@ -869,6 +903,12 @@ absl::StatusOr<int64_t> PsClient::FinishStep() {
       own.worker_id = options_.worker_id;
       own.nonfinite = *done->nonfinite;
       skipped_step_ = own;
+    }
+  }
+  {
+    absl::MutexLock lock(&done->mu);
+    if (done->checkpoint_step >= 0) {
+      announced_checkpoint_step_ = done->checkpoint_step;
     }
   }
   last_max_version_ =

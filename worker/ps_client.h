@@ -53,6 +53,7 @@
 #include "models/backend.h"
 #include "proto/ps.grpc.pb.h"
 #include "server/shard_checkpoint.h"
+#include "worker/topk_compression.h"
 
 namespace pstrain {
 
@@ -85,6 +86,12 @@ struct PsClientOptions {
   // kAutoBytesPerChannel (8 MiB) of the shard's chunks, 1 to
   // kAutoMaxChannelsPerShard (4) (common/rpc_options.h).
   int channels_per_shard = 0;
+  // Top-k compression of pushed gradients (worker/topk_compression.h; not
+  // owned; null: dense pushes). The client compresses each chunk of the
+  // compressor's tensors as it pushes it; BeginStep/CommitStep of the
+  // compressor are the caller's (the exchange knows whether a step
+  // counted).
+  TopKCompressor* compressor = nullptr;
 };
 
 // One step's exchange as this worker saw it (worker/metrics.h), measured
@@ -243,6 +250,11 @@ class PsClient {
   // smallest is FinishStep()'s result). They differ only where a pull
   // straddled an update this worker did not wait for (backup workers).
   int64_t last_max_version() const { return last_max_version_; }
+  // The newest checkpoint step shard 0 announced on a pull
+  // (PushPullResponse.checkpoint_step) so far; -1: none.
+  int64_t announced_checkpoint_step() const {
+    return announced_checkpoint_step_;
+  }
 
   absl::StatusOr<StatsResponse> Stats(int shard);
 
@@ -358,6 +370,7 @@ class PsClient {
   std::optional<SkippedStepInfo> skipped_step_;
   bool last_step_late_ = false;
   int64_t last_max_version_ = 0;
+  int64_t announced_checkpoint_step_ = -1;
   PsStepTimes last_step_times_;
 };
 

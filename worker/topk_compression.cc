@@ -19,7 +19,8 @@ absl::StatusOr<CompressionOptions> ParseCompression(absl::string_view text) {
   if (!absl::ConsumePrefix(&ratio, "topk:") || !absl::SimpleAtod(ratio, &r) ||
       !(r > 0 && r <= 1)) {
     return absl::InvalidArgumentError(
-        absl::StrCat("compression: \"", text,
+        absl::StrCat("compression: \"", text.substr(0, 40),
+                     text.size() > 40 ? "...(cut)" : "",
                      "\"; expected none or topk:R with 0 < R <= 1 (the "
                      "fraction of each chunk pushed, e.g. topk:0.01)"));
   }

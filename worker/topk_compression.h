@@ -85,6 +85,7 @@ class TopKCompressor {
 
   const CompressionOptions& options() const { return options_; }
   int num_tensors() const { return static_cast<int>(sizes_.size()); }
+  int64_t size(int tensor) const { return sizes_[tensor]; }
 
   // Starts step `step`: picks the residual it writes (the oldest). The
   // step reads the newest residual, whatever its tag (a backup worker

@@ -561,11 +561,35 @@ absl::StatusOr<std::unique_ptr<GradientExchange>> CreateExchange(
   client_options.clip_by_global_norm = kind.sync && options.clip_grad_norm > 0;
   client_options.wire_dtype = options.wire_dtype;
   client_options.channels_per_shard = options.channels_per_shard;
+  PsCompression compression;
+  if (options.compression.enabled()) {
+    // The parameters', not the buffers': those are values, pushed dense.
+    const int num_params =
+        static_cast<int>(workload.TensorNumElements().size()) -
+        workload.num_buffers();
+    std::vector<int64_t> sizes = workload.TensorNumElements();
+    sizes.resize(num_params);
+    compression.names = workload.TensorNames();
+    compression.names.resize(num_params);
+    // Residuals back to the furthest checkpoint a worker can hear of late
+    // (worker/topk_compression.h).
+    compression.compressor = std::make_unique<TopKCompressor>(
+        options.compression, std::move(sizes), options.staleness + 3);
+    client_options.compressor = compression.compressor.get();
+    if (!options.checkpoint_dir.empty()) {
+      compression.step_dir = [dir = options.checkpoint_dir](int64_t step) {
+        return CheckpointStepDir(dir, step);
+      };
+    }
+    compression.worker_id = options.worker_id;
+    compression.num_workers = options.num_workers;
+  }
   ASSIGN_OR_RETURN(std::unique_ptr<PsClient> client,
                    PsClient::Create(client_options, plan));
   return CreatePsExchange(std::move(client), kind.sync, options.worker_id == 0,
                           options.init_timeout, options.staleness,
-                          client_options.backup_workers);
+                          client_options.backup_workers,
+                          std::move(compression));
 }
 
 // Recovery (worker/recovery.h; PS modes). Worker 0 restores the shards to
@@ -610,9 +634,10 @@ absl::StatusOr<int64_t> ReadResume(const TrainerOptions& options,
                                    const RunKind& kind,
                                    const DataPositions& positions,
                                    Workload& workload, ModelState* state,
-                                   const LineFn& say) {
+                                   std::string* dir, const LineFn& say) {
   ASSIGN_OR_RETURN(CheckpointManifest manifest,
                    ReadLatestCheckpoint(options.checkpoint_dir));
+  *dir = manifest.dir;
   ASSIGN_OR_RETURN(const int64_t step,
                    positions.StepOf(manifest.position, manifest.dir));
   // Adam's m and v mean nothing to SGD, and SGD's buffer nothing to Adam.
@@ -652,9 +677,10 @@ absl::StatusOr<int64_t> StartExchange(const TrainerOptions& options,
                                       Recovery& recovery, const LineFn& say) {
   int64_t step = 0;
   ModelState resume_state;
+  std::string resume_dir;
   if (options.resume) {
     ASSIGN_OR_RETURN(step, ReadResume(options, kind, positions, workload,
-                                      &resume_state, say));
+                                      &resume_state, &resume_dir, say));
   }
   if (options.rejoin && !kind.allreduce) {
     // A restarted task: the shards run already.
@@ -664,6 +690,16 @@ absl::StatusOr<int64_t> StartExchange(const TrainerOptions& options,
         (options.worker_id == 0 || kind.allreduce) && options.resume;
     RETURN_IF_ERROR(
         exchange.Start(workload.weights(), resumes ? &resume_state : nullptr));
+    if (options.resume && options.compression.enabled() &&
+        options.compression.error_feedback) {
+      ASSIGN_OR_RETURN(const bool loaded,
+                       exchange.RestoreResiduals(resume_dir, step));
+      if (!loaded && options.verbose) {
+        say(absl::StrCat("worker ", options.worker_id, ": ", resume_dir,
+                         " holds no residual of this worker; its error "
+                         "feedback starts from zero"));
+      }
+    }
   }
   RETURN_IF_ERROR(workload.LoadWeights());
   return step;

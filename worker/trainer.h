@@ -38,6 +38,7 @@
 #include "worker/collective.h"
 #include "worker/dataset.h"
 #include "worker/input_pipeline.h"
+#include "worker/topk_compression.h"
 
 namespace pstrain {
 
@@ -109,6 +110,9 @@ struct TrainerOptions {
   // PS modes: gRPC channels (TCP connections) to each shard, 1 to 16
   // (PsClientOptions; 0: common/rpc_options.h's default).
   int channels_per_shard = 0;
+  // PS modes: top-k compression of pushed gradients with (or without)
+  // error feedback (the job's compression; worker/topk_compression.h).
+  CompressionOptions compression;
   // 0: every full batch of the worker's shard; otherwise at most this many
   // steps per epoch (short test and benchmark runs).
   int64_t max_steps_per_epoch = 0;

@@ -263,6 +263,7 @@ absl::StatusOr<pstrain::TrainerOptions> TrainerOptionsOf(
   options.metrics_dir = spec.metrics_dir();
   options.partition_bytes = spec.partition_bytes();
   options.wire_dtype = config.wire_dtype;
+  options.compression = config.compression;
   options.channels_per_shard = spec.channels_per_shard();
   options.max_steps_per_epoch = spec.max_steps_per_epoch();
   options.init_from = spec.init_from();
