@@ -11,14 +11,13 @@
 //    inputs kept away from their kinks.
 #include <algorithm>
 #include <cmath>
-#include <fstream>
 #include <map>
 #include <numeric>
 #include <random>
-#include <sstream>
 
 #include "gtest/gtest.h"
 #include "models/backend.h"
+#include "models/layer_fixture.h"
 #include "models/layer_harness.h"
 #include "models/layer_spec.h"
 #include "models/model.h"
@@ -187,37 +186,6 @@ TEST(Dropout, ZeroesAboutPAndScalesTheRestAndBackwardUsesTheMask) {
 
 // ---- PyTorch fixtures ----
 
-// testdata/gen_layers_fixture.py: "case NAME", then lines "TAG n v1 ... vn"
-// (input, input2, dout, param:NAME, out, din, din2, grad:NAME, buffer:NAME,
-// eval_out), then "end".
-struct FixtureCase {
-  std::string name;
-  std::map<std::string, std::vector<float>> values;
-};
-
-std::vector<FixtureCase> ReadFixture(const std::string& path) {
-  std::ifstream file(path);
-  EXPECT_TRUE(file) << "missing " << path;
-  std::vector<FixtureCase> cases;
-  std::string line;
-  while (std::getline(file, line)) {
-    std::istringstream in(line);
-    std::string tag;
-    in >> tag;
-    if (tag == "case") {
-      cases.emplace_back();
-      in >> cases.back().name;
-    } else if (!tag.empty() && tag != "end" && !cases.empty()) {
-      int64_t n;
-      in >> n;
-      std::vector<float> v(n);
-      for (float& x : v) in >> x;
-      cases.back().values[tag] = v;
-    }
-  }
-  return cases;
-}
-
 void ExpectAllNear(const std::vector<float>& actual,
                    const std::vector<float>& expected,
                    const std::string& what) {
@@ -230,7 +198,7 @@ void ExpectAllNear(const std::vector<float>& actual,
 
 TEST(PyTorchFixtures, EveryLayerMatchesForwardBackwardAndRunningStats) {
   const std::vector<FixtureCase> fixture =
-      ReadFixture("testdata/layers_fixture.txt");
+      ReadLayerFixture("testdata/layers_fixture.txt");
   std::map<std::string, const FixtureCase*> by_name;
   for (const FixtureCase& c : fixture) by_name[c.name] = &c;
   for (const LayerCase& c : LayerCases()) {
