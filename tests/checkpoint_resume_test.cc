@@ -41,6 +41,8 @@ struct RunConfig {
   std::string dir;
   int64_t checkpoint_every = 0;
   bool resume = false;
+  // Top-k compression of the pushes (worker/topk_compression.h).
+  CompressionOptions compression;
 };
 
 constexpr int kWorkers = 2;
@@ -88,6 +90,7 @@ std::vector<std::vector<float>> Train(const Dataset& data,
       options.checkpoint_every_steps = run.checkpoint_every;
       options.keep_checkpoints = 10;
       options.resume = run.resume;
+      options.compression = run.compression;
       outputs[w] = RunWorker(options, data);
     });
   }
@@ -151,6 +154,49 @@ TEST_P(ResumeTest, ResumedRunEqualsUninterruptedBitForBit) {
 
 INSTANTIATE_TEST_SUITE_P(Models, ResumeTest,
                          ::testing::Values("lenet5", "resnet18"));
+
+// Top-k compression with error feedback (issue 39 item 3): each worker's
+// residual is training state, saved with every checkpoint
+// (DIR/step-S/residual-W.safetensors); a resumed run reads it and ends with
+// the uninterrupted run's weights, bit for bit, also on 3 shards (the
+// chunks, and so the top-k selection, follow the partition, which stays).
+// Without the residuals (files removed) the resumed run differs: they are
+// what carries it.
+TEST(CompressionResumeTest, ResidualsMakeTheResumeExact) {
+  const Dataset data = MakeDataset(48);
+  RunConfig plain;
+  plain.compression = CompressionOptions{0.05, true};
+  const std::vector<std::vector<float>> uninterrupted = Train(data, plain);
+  ASSERT_FALSE(uninterrupted.empty());
+
+  RunConfig first = plain;
+  first.dir = NewDir("resume_topk");
+  first.checkpoint_every = 2;
+  EXPECT_EQ(Train(data, first), uninterrupted);
+  for (const int64_t step : {2, 4}) {
+    for (int w = 0; w < kWorkers; ++w) {
+      EXPECT_TRUE(fs::exists(absl::StrCat(first.dir, "/step-", step,
+                                          "/residual-", w, ".safetensors")));
+    }
+  }
+  for (const int64_t step : {2, 4}) {
+    SCOPED_TRACE(step);
+    RewindTo(first.dir, step);
+    RunConfig resumed = first;
+    resumed.resume = true;
+    EXPECT_EQ(Train(data, resumed), uninterrupted);
+    RewindTo(first.dir, step);
+    resumed.shards = 3;
+    EXPECT_EQ(Train(data, resumed), uninterrupted);
+  }
+  RewindTo(first.dir, 2);
+  for (int w = 0; w < kWorkers; ++w) {
+    fs::remove(absl::StrCat(first.dir, "/step-2/residual-", w, ".safetensors"));
+  }
+  RunConfig without = first;
+  without.resume = true;
+  EXPECT_NE(Train(data, without), uninterrupted);
+}
 
 // Allreduce: worker 0 writes the whole state (weights, Adam's m and v, the
 // BatchNorm buffers) as one file per checkpoint; every worker resumes from
