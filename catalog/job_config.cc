@@ -182,6 +182,13 @@ absl::StatusOr<JobConfig> ParseJobChoices(const JobSpec& spec) {
   }
   ASSIGN_OR_RETURN(config.compression, ParseCompression(spec.compression()));
   config.compression.error_feedback = !spec.no_error_feedback();
+  config.compression.warmup_steps = spec.compression_warmup_steps();
+  if (spec.compression_warmup_steps() < 0 ||
+      (spec.compression_warmup_steps() > 0 && !config.compression.enabled())) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "compression_warmup_steps: ", spec.compression_warmup_steps(),
+        "; expected 0, or a positive step count with a compression"));
+  }
   if (config.mode == MODE_ALLREDUCE && config.compression.enabled()) {
     // Sparse pushes go to shards, which densify and average them; the
     // collectives reduce dense buffers (a sparse allgather is not built:

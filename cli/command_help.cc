@@ -123,6 +123,10 @@ Flags JobFlags(const std::string& what) {
       {"error_feedback",
        "With --compression=topk:R: keep the unsent entries as residuals "
        "(default); false drops them (for contrast)."},
+      {"compression_warmup_steps",
+       "With --compression=topk:R: the fraction pushed falls exponentially "
+       "from 1 to R over this many steps (Deep Gradient Compression's "
+       "warm-up); 0: R from the first step."},
       {"channels_per_shard",
        "PS modes: gRPC connections each worker opens to each shard, 1 to 16; "
        "0: one per 8 MiB of the shard's chunks, at most 4 (a small model "

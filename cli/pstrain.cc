@@ -120,6 +120,10 @@ ABSL_FLAG(std::string, compression, "none",
 ABSL_FLAG(bool, error_feedback, true,
           "With --compression=topk:R: keep what was not sent as a residual "
           "(false: drop it, for contrast).");
+ABSL_FLAG(int64_t, compression_warmup_steps, 0,
+          "With --compression=topk:R: the fraction pushed falls from 1 to R "
+          "exponentially over this many steps (Deep Gradient Compression's "
+          "warm-up); 0: R from the start.");
 ABSL_FLAG(int, channels_per_shard, 0,
           "PS modes: gRPC connections each worker opens to each shard, 1 to "
           "16; 0: one per 8 MiB of the shard's chunks, at most 4. Chunk i "
@@ -330,7 +334,8 @@ absl::Status CheckIgnoredFlags(const JobConfig& config,
     // Checkpoints, --resume and restarts are for every mode.
     for (const char* flag :
          {"num_ps", "partition_bytes", "wire_dtype", "channels_per_shard",
-          "compression", "error_feedback"}) {
+          "compression", "error_feedback",
+          "compression_warmup_steps"}) {
       if (FlagSpecified(flag)) {
         return ignored(flag, absl::StrCat("it is for the parameter-server "
                                           "modes (sync, async), not ",
@@ -396,6 +401,8 @@ JobSpec SpecFromFlags(Mode mode, int num_ps, int num_workers) {
     spec.set_channels_per_shard(absl::GetFlag(FLAGS_channels_per_shard));
     spec.set_compression(absl::GetFlag(FLAGS_compression));
     spec.set_no_error_feedback(!absl::GetFlag(FLAGS_error_feedback));
+    spec.set_compression_warmup_steps(
+        absl::GetFlag(FLAGS_compression_warmup_steps));
   }
   spec.set_log_every_steps(absl::GetFlag(FLAGS_log_every_steps));
   spec.set_max_steps_per_epoch(absl::GetFlag(FLAGS_max_steps_per_epoch));

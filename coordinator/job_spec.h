@@ -57,6 +57,7 @@
 //   compression              none or topk:R, 0 < R <= 1;    none
 //                            none in allreduce
 //   no_error_feedback        only with a compression        false
+//   compression_warmup_steps >= 0; 0 without a compression  0
 //   optimizer.lr             1e-30 to 10                    0.001
 //   optimizer.beta1, beta2   0 <= beta < 1, also in fp32    0.9, 0.999
 //                            (1 - beta > 0 after rounding:

@@ -28,6 +28,12 @@ absl::StatusOr<CompressionOptions> ParseCompression(absl::string_view text) {
   return options;
 }
 
+double CompressionOptions::RatioAt(int64_t step) const {
+  if (warmup_steps <= 0 || step >= warmup_steps) return topk_ratio;
+  return std::pow(topk_ratio, static_cast<double>(std::max<int64_t>(step, 0)) /
+                                  static_cast<double>(warmup_steps));
+}
+
 std::string CompressionSpelling(const CompressionOptions& options) {
   if (!options.enabled()) return "none";
   return absl::StrCat("topk:", options.topk_ratio);
@@ -60,7 +66,7 @@ void SelectTopK(absl::Span<const float> values, int64_t k,
 
 TopKCompressor::TopKCompressor(const CompressionOptions& options,
                                std::vector<int64_t> sizes, int history)
-    : options_(options), sizes_(std::move(sizes)) {
+    : options_(options), sizes_(std::move(sizes)), ratio_(options.RatioAt(0)) {
   const int buffers = options_.error_feedback ? std::max(2, history) : 0;
   ring_.resize(buffers);
   tags_.assign(buffers, -1);
@@ -84,6 +90,7 @@ int64_t TopKCompressor::newest_step() const {
 }
 
 void TopKCompressor::BeginStep(int64_t step) {
+  ratio_ = options_.RatioAt(step);
   if (ring_.empty()) return;
   read_ = Newest();
   // The oldest other buffer (an unused one first: tag -1).
@@ -100,7 +107,7 @@ void TopKCompressor::Compress(int tensor, int64_t offset,
                               std::vector<uint32_t>* indices,
                               std::vector<float>* values) {
   const int64_t n = static_cast<int64_t>(gradient.size());
-  const int64_t k = TopKCount(options_.topk_ratio, n);
+  const int64_t k = TopKCount(ratio_, n);
   absl::Span<const float> sum = gradient;
   float* next = nullptr;
   if (!ring_.empty()) {

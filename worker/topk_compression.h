@@ -54,6 +54,15 @@ struct CompressionOptions {
   double topk_ratio = 0;
   // Keep the unsent entries as residuals (true), or drop them.
   bool error_feedback = true;
+  // Sparsity warm-up (Lin et al., "Deep Gradient Compression", ICLR 2018,
+  // section 3.3): step t < warmup_steps pushes the fraction
+  // topk_ratio^(t / warmup_steps) (1 at step 0, falling exponentially to
+  // topk_ratio). 0: topk_ratio from the first step.
+  int64_t warmup_steps = 0;
+
+  // The fraction pushed at step `step` (sync: the step; async: the
+  // worker's pushes so far).
+  double RatioAt(int64_t step) const;
 
   bool enabled() const { return topk_ratio > 0; }
 };
@@ -87,9 +96,10 @@ class TopKCompressor {
   int num_tensors() const { return static_cast<int>(sizes_.size()); }
   int64_t size(int tensor) const { return sizes_[tensor]; }
 
-  // Starts step `step`: picks the residual it writes (the oldest). The
-  // step reads the newest residual, whatever its tag (a backup worker
-  // that jumped over steps had no pushes between them).
+  // Starts step `step`: picks the residual it writes (the oldest), and the
+  // fraction pushed (options().RatioAt(step)). The step reads the newest
+  // residual, whatever its tag (a backup worker that jumped over steps had
+  // no pushes between them).
   void BeginStep(int64_t step);
 
   // One chunk of step `step` (BeginStep() first): elements [offset, offset
@@ -131,6 +141,7 @@ class TopKCompressor {
   // The buffers the step in flight reads and writes.
   int read_ = 0;
   int write_ = 1;
+  double ratio_ = 0;
 };
 
 }  // namespace pstrain

@@ -185,3 +185,36 @@ TEST(TopKCompressorTest, WithoutErrorFeedbackTheRestIsDropped) {
 
 }  // namespace
 }  // namespace pstrain
+
+namespace pstrain {
+namespace {
+
+TEST(CompressionOptionsTest, WarmupFallsExponentiallyFromDenseToTheRatio) {
+  CompressionOptions o{0.01, true, 100};
+  EXPECT_DOUBLE_EQ(o.RatioAt(0), 1.0);
+  EXPECT_DOUBLE_EQ(o.RatioAt(50), 0.1);
+  EXPECT_NEAR(o.RatioAt(75), std::pow(0.01, 0.75), 1e-15);
+  EXPECT_DOUBLE_EQ(o.RatioAt(100), 0.01);
+  EXPECT_DOUBLE_EQ(o.RatioAt(5000), 0.01);
+  o.warmup_steps = 0;
+  EXPECT_DOUBLE_EQ(o.RatioAt(0), 0.01);
+}
+
+TEST(TopKCompressorTest, WarmupPushesMoreInEarlySteps) {
+  TopKCompressor compressor({0.01, true, 10}, {1000}, 3);
+  std::vector<uint32_t> indices;
+  std::vector<float> values;
+  const std::vector<float> g(1000, 1.0f);
+  for (int64_t step : {0, 5, 10}) {
+    compressor.BeginStep(step);
+    compressor.Compress(0, 0, g, &indices, &values);
+    compressor.CommitStep(step);
+    EXPECT_EQ(
+        static_cast<int64_t>(indices.size()),
+        TopKCount(std::pow(0.01, std::min<int64_t>(step, 10) / 10.0), 1000))
+        << step;
+  }
+}
+
+}  // namespace
+}  // namespace pstrain
