@@ -34,6 +34,24 @@ absl::StatusOr<std::shared_ptr<CopyFence>> Backend::RecordCopies() {
   return *passed;
 }
 
+absl::StatusOr<float> Backend::SoftmaxCrossEntropyIgnoring(
+    const DeviceTensor& logits, absl::Span<const int32_t> labels,
+    int32_t ignore_index, DeviceTensor* dlogits) {
+  if (!host_memory()) {
+    return absl::UnimplementedError(absl::StrCat(
+        name(), ": cross-entropy with an ignore index not implemented yet"));
+  }
+  if (logits.shape().empty() || logits.layout() != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "softmax cross-entropy: logits ", ShapeToString(logits.shape()),
+        " in layout ", logits.layout(), "; expected dense [..., K]"));
+  }
+  const int64_t k = logits.shape().back();
+  return HostSoftmaxCrossEntropyIgnoring(
+      logits.data(), k > 0 ? logits.size() / k : 0, k, labels, ignore_index,
+      dlogits != nullptr ? dlogits->data() : nullptr);
+}
+
 DeviceTensor::DeviceTensor(DeviceTensor&& other) noexcept
     : backend_(other.backend_),
       shape_(std::move(other.shape_)),
@@ -130,6 +148,49 @@ absl::StatusOr<float> HostSoftmaxCrossEntropy(const float* logits, int64_t n,
     }
   }
   return static_cast<float>(loss / std::max<int64_t>(n, 1));
+}
+
+absl::StatusOr<float> HostSoftmaxCrossEntropyIgnoring(
+    const float* logits, int64_t n, int64_t k, absl::Span<const int32_t> labels,
+    int32_t ignore_index, float* dlogits) {
+  if (static_cast<int64_t>(labels.size()) != n) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("softmax cross-entropy: ", labels.size(), " labels for ",
+                     n, " rows of logits"));
+  }
+  int64_t count = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const int32_t label = labels[i];
+    if (label == ignore_index) continue;
+    if (label < 0 || label >= k) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("label ", label, " of row ", i, " is outside [0, ", k,
+                       ") and not the ignore index ", ignore_index));
+    }
+    ++count;
+  }
+  const double scale = 1.0 / std::max<int64_t>(count, 1);
+  double loss = 0.0;
+  for (int64_t i = 0; i < n; ++i) {
+    const int32_t label = labels[i];
+    const float* row = logits + i * k;
+    float* d = dlogits != nullptr ? dlogits + i * k : nullptr;
+    if (label == ignore_index) {
+      if (d != nullptr) std::fill(d, d + k, 0.0f);
+      continue;
+    }
+    const float max = *std::max_element(row, row + k);
+    double sum = 0.0;
+    for (int64_t j = 0; j < k; ++j) sum += std::exp(row[j] - max);
+    const double log_sum = std::log(sum);
+    loss += log_sum - (row[label] - max);
+    if (d == nullptr) continue;
+    for (int64_t j = 0; j < k; ++j) {
+      const double p = std::exp(row[j] - max - log_sum);
+      d[j] = static_cast<float>((p - (j == label ? 1.0 : 0.0)) * scale);
+    }
+  }
+  return static_cast<float>(loss * scale);
 }
 
 }  // namespace pstrain

@@ -215,7 +215,26 @@ class Backend {
   virtual absl::StatusOr<float> SoftmaxCrossEntropy(
       const DeviceTensor& logits, absl::Span<const int32_t> labels,
       DeviceTensor* dlogits) = 0;
+
+  // Softmax cross-entropy over the rows of `logits` [..., K] (a row per
+  // token for [N, S, K]) whose label is not `ignore_index`, averaged over
+  // those rows: PyTorch's nn.CrossEntropyLoss(ignore_index=-100,
+  // reduction='mean') on logits.view(-1, K), the masked-language-model loss
+  // (Devlin et al. 2019). `labels` (host): one per row, in [0, K) or
+  // `ignore_index`. dlogits = (softmax - onehot) / count on those rows and 0
+  // on ignored ones. With every row ignored the loss and dlogits are 0
+  // (PyTorch gives NaN). INVALID_ARGUMENT for another label or a label
+  // count that is not the row count. The default runs on the host
+  // (HostSoftmaxCrossEntropyIgnoring) for host-memory backends and is
+  // UNIMPLEMENTED elsewhere (CUDA: not yet, issue 41).
+  virtual absl::StatusOr<float> SoftmaxCrossEntropyIgnoring(
+      const DeviceTensor& logits, absl::Span<const int32_t> labels,
+      int32_t ignore_index, DeviceTensor* dlogits);
 };
+
+// The ignore index of PyTorch's cross-entropy, which MLM labels use for
+// positions that are not predicted.
+inline constexpr int32_t kIgnoreLabel = -100;
 
 // Backend factories; the CUDA one exists only in --config=cuda builds.
 std::unique_ptr<Backend> NewCpuBackend();
@@ -226,6 +245,11 @@ absl::StatusOr<float> HostSoftmaxCrossEntropy(const float* logits, int64_t n,
                                               int64_t k,
                                               absl::Span<const int32_t> labels,
                                               float* dlogits);
+// Backend::SoftmaxCrossEntropyIgnoring on the host: `logits` is n x k
+// row-major; ignored rows cost nothing (their dlogits are zeroed).
+absl::StatusOr<float> HostSoftmaxCrossEntropyIgnoring(
+    const float* logits, int64_t n, int64_t k, absl::Span<const int32_t> labels,
+    int32_t ignore_index, float* dlogits);
 
 }  // namespace pstrain
 

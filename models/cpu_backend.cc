@@ -267,7 +267,7 @@ class Linear final : public Layer {
     }
     out->set_layout(0);
     return Run(spec_, [&] {
-      Prepare(in[0]->shape()[0]);
+      Prepare(in[0]->size() / spec_.in_channels);  // Rows: samples or tokens.
       fwd_.execute(CpuStream(),
                    {{DNNL_ARG_SRC, Wrap(src_md_, in[0]->data())},
                     {DNNL_ARG_WEIGHTS, Wrap(wei_md_, weight_->value.data())},
@@ -280,7 +280,7 @@ class Linear final : public Layer {
                         const DeviceTensor& out, const DeviceTensor& dout,
                         absl::Span<DeviceTensor* const> din) override {
     return Run(spec_, [&] {
-      Prepare(in[0]->shape()[0]);
+      Prepare(in[0]->size() / spec_.in_channels);  // Rows: samples or tokens.
       bwd_weights_.execute(
           CpuStream(),
           {{DNNL_ARG_SRC, Wrap(src_md_, in[0]->data())},

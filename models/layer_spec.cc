@@ -315,6 +315,9 @@ absl::StatusOr<Shape> OutputShape(const LayerSpec& s,
       if (in.size() != 4) return BadInput(s, in, "[N, C, H, W]");
       return Shape{in[0], in[1], 1, 1};
     case LayerType::kLinear:
+      if (in.size() == 3 && in[2] == s.in_channels) {
+        return Shape{in[0], in[1], s.out_channels};
+      }
       if (in.empty() || in[0] <= 0 ||
           NumElements(in) != in[0] * s.in_channels) {
         return BadInput(s, in,
@@ -380,8 +383,10 @@ int64_t ForwardMacsPerSample(const LayerSpec& s, const Shape& input) {
       return (*out)[1] * (*out)[2] * (*out)[3] * s.in_channels * s.kernel *
              s.kernel;
     }
-    case LayerType::kLinear:
-      return s.in_channels * s.out_channels;
+    case LayerType::kLinear: {
+      const bool per_token = input.size() == 3 && input[2] == s.in_channels;
+      return (per_token ? input[1] : 1) * s.in_channels * s.out_channels;
+    }
     case LayerType::kMultiheadAttention: {
       if (input.size() != 3) return 0;
       const int64_t seq = input[1], e = s.in_channels;

@@ -29,7 +29,8 @@ enum class LayerType {
   kMaxPool2d,      // square window, stride, padding (padded with -inf).
   kAvgPool2d,      // square window; padding counted (count_include_pad).
   kGlobalAvgPool,  // [N, C, H, W] -> [N, C, 1, 1].
-  kLinear,         // y = x W^T + b over [N, in_features].
+  kLinear,         // y = x W^T + b over [N, in_features] or, per token,
+                   // [N, S, in_features].
   kDropout,        // inverted dropout: kept values scaled by 1 / (1 - p).
   kFlatten,        // [N, ...] -> [N, prod(...)].
   kAdd,            // two inputs of one shape (the residual add); with
@@ -76,6 +77,10 @@ struct LayerSpec {
   static LayerSpec MaxPool2d(int64_t kernel, int64_t stride, int64_t padding);
   static LayerSpec AvgPool2d(int64_t kernel, int64_t stride, int64_t padding);
   static LayerSpec GlobalAvgPool();
+  // y = x W^T + b (torch.nn.Linear). Input [N, in_features] (or any
+  // [N, ...] of in_features elements per sample, flattened) -> [N,
+  // out_features]; a 3-D input [N, S, in_features] is per token (as
+  // nn.Linear over the last dim) -> [N, S, out_features].
   static LayerSpec Linear(int64_t in_features, int64_t out_features);
   static LayerSpec Dropout(float p);
   static LayerSpec Flatten();
@@ -160,7 +165,8 @@ struct BackwardReads {
 BackwardReads BackwardReadsOf(const LayerSpec& spec);
 
 // Multiply-accumulates of one forward pass of one sample (FLOPs = 2 x MACs).
-// Counts convolutions and linear layers only, as the field's tables do;
+// Counts convolutions and linear layers only, as the field's tables do (a
+// per-token linear layer S in_features out_features);
 // attention counts its four projections and its two S x S products
 // (4 S E^2 + 2 S^2 E for input [N, S, E]), the encoder layer adds its
 // feed-forward (2 S E F).

@@ -5,6 +5,7 @@
 #include <random>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
@@ -18,9 +19,15 @@ namespace pstrain {
 struct Model::Node {
   std::string name;
   LayerSpec spec;
-  std::vector<int> inputs;  // -1: the model's input.
-  std::vector<Param> params;
+  std::vector<int> inputs;    // -1: the model's input.
+  std::vector<Param> params;  // Owned: PS tensors.
   std::vector<Buffer> buffers;
+  // Parameters read from an earlier node (a tied weight: the MLM decoder's
+  // is the token embedding's): `value` a view of the owner's, `grad` this
+  // node's own, added into the owner's after the owner's backward.
+  std::vector<Param> tied;
+  // On an owner: (a later node's tied parameter, the owned one it reads).
+  std::vector<std::pair<const Param*, Param*>> tied_grads;
   int first_param = 0;   // Index of params[0] in Model::params_.
   int first_buffer = 0;  // Index of buffers[0] in Model::buffers_.
   std::unique_ptr<Layer> layer;
@@ -36,11 +43,21 @@ struct Model::Node {
 namespace {
 
 constexpr int kInput = -1;
+constexpr int kPaddingMask = -2;  // Sequence models' second input.
 
 enum class Init {
   kDefault,        // U(-1/sqrt(fan_in), 1/sqrt(fan_in)) for weight and bias.
   kKaimingFanOut,  // N(0, 2 / (out * k * k)), bias 0 (torchvision ResNet).
   kNormal001,      // N(0, 0.01), bias 0 (torchvision VGG's linear layers).
+  kBert,           // N(0, 0.02), biases 0, LayerNorm 1 and 0 (BERT's).
+};
+
+// A parameter of a new node that is an earlier node's: `param` of the new
+// layer reads `owner_param` of node `owner`.
+struct Tie {
+  std::string param;
+  int owner;
+  std::string owner_param;
 };
 
 }  // namespace
@@ -58,7 +75,8 @@ class ModelBuilder {
   // Adds `spec` named `name` on `inputs` (default: the last node). Returns
   // the node index; errors are kept and returned by status().
   int Add(const std::string& name, const LayerSpec& spec,
-          std::vector<int> inputs = {}, Init init = Init::kDefault) {
+          std::vector<int> inputs = {}, Init init = Init::kDefault,
+          const std::vector<Tie>& ties = {}) {
     if (!status_.ok()) return last_;
     if (inputs.empty()) inputs = {last_};
     std::vector<Shape> in_shapes;
@@ -80,12 +98,28 @@ class ModelBuilder {
     node->accum = DeviceTensor(backend);
     const std::vector<TensorSpec> param_specs = ParamSpecs(spec);
     const std::vector<TensorSpec> buffer_specs = BufferSpecs(spec);
-    node->params.resize(param_specs.size());
+    node->params.resize(param_specs.size() - ties.size());
+    node->tied.resize(ties.size());
     node->buffers.resize(buffer_specs.size());
     std::vector<Param*> params;
     std::vector<Buffer*> buffers;
+    size_t owned = 0, tied = 0;
     for (size_t i = 0; i < param_specs.size(); ++i) {
-      Param& p = node->params[i];
+      auto tie = std::find_if(ties.begin(), ties.end(), [&](const Tie& t) {
+        return t.param == param_specs[i].name;
+      });
+      if (tie != ties.end()) {
+        Param& p = node->tied[tied++];
+        if (!TieTo(*tie, param_specs[i], &p)) return last_;
+        params.push_back(&p);
+        continue;
+      }
+      if (owned == node->params.size()) {
+        Check(absl::InternalError(absl::StrCat(
+            name, ": a tie names no ", "parameter of ", LayerName(spec))));
+        return last_;
+      }
+      Param& p = node->params[owned++];
       p.name = absl::StrCat(name, ".", param_specs[i].name);
       p.value = DeviceTensor(backend);
       p.grad = DeviceTensor(backend);
@@ -129,10 +163,7 @@ class ModelBuilder {
   }
 
   Shape shape(int node) const {
-    if (node == kInput) {
-      return {1, model_->input_chw_[0], model_->input_chw_[1],
-              model_->input_chw_[2]};
-    }
+    if (node < 0) return model_->InputSampleShape();
     return model_->nodes_[node]->sample_shape;
   }
   int last() const { return last_; }
@@ -145,10 +176,53 @@ class ModelBuilder {
     return status.ok();
   }
 
+  // Makes `p` (spec `spec` of the node being added) read `tie`'s owner
+  // parameter: a view of its value, a gradient of its own that the owner's
+  // backward adds in.
+  bool TieTo(const Tie& tie, const TensorSpec& spec, Param* p) {
+    Param* owner = nullptr;
+    if (tie.owner >= 0 && tie.owner < static_cast<int>(model_->nodes_.size())) {
+      Model::Node& node = *model_->nodes_[tie.owner];
+      for (Param& q : node.params) {
+        if (q.name == absl::StrCat(node.name, ".", tie.owner_param)) owner = &q;
+      }
+    }
+    if (owner == nullptr || owner->value.shape() != spec.shape) {
+      Check(absl::InternalError(absl::StrCat(
+          "tie of ", spec.name, " ", ShapeToString(spec.shape), " to node ",
+          tie.owner, "'s ", tie.owner_param, ": no such parameter or shape")));
+      return false;
+    }
+    Backend* backend = model_->backend_;
+    p->name = owner->name;
+    p->value = DeviceTensor(backend);
+    p->value.SetView(owner->value.data(), owner->value.size());
+    p->grad = DeviceTensor(backend);
+    if (!Check(p->value.Resize(spec.shape)) ||
+        !Check(p->grad.Resize(spec.shape))) {
+      return false;
+    }
+    model_->nodes_[tie.owner]->tied_grads.emplace_back(p, owner);
+    return true;
+  }
+
   void Initialise(const LayerSpec& spec, Init init, const std::string& what,
                   std::vector<float>* values) {
     if (spec.type == LayerType::kBatchNorm2d) {
       std::fill(values->begin(), values->end(), what == "weight" ? 1.0f : 0.0f);
+      return;
+    }
+    if (init == Init::kBert) {
+      // "weight"/"bias" of a LayerNorm, "norm1.weight" of an encoder block.
+      const bool norm =
+          spec.type == LayerType::kLayerNorm || absl::StartsWith(what, "norm");
+      if (absl::EndsWith(what, "bias") || norm) {
+        const bool one = norm && absl::EndsWith(what, "weight");
+        std::fill(values->begin(), values->end(), one ? 1.0f : 0.0f);
+        return;
+      }
+      std::normal_distribution<float> dist(0.0f, 0.02f);
+      for (float& x : *values) x = dist(rng_);
       return;
     }
     const bool bias = what == "bias";
@@ -331,12 +405,56 @@ void BuildResnet(ModelBuilder& b, int64_t channels, int64_t size,
   b.Add("fc", LayerSpec::Linear(in, num_classes));
 }
 
+struct BertConfig {
+  int layers;
+  int64_t hidden;
+  int64_t heads;
+  int64_t feedforward;
+};
+
+// BERT's learned position table: 512 rows (the longest sequence).
+constexpr int64_t kBertMaxPositions = 512;
+
+bool IsSequenceModel(const std::string& name) {
+  return absl::StartsWith(name, "bert_");
+}
+
+// model.h's sequence zoo: embeddings, L post-LN encoder blocks with the
+// padding mask, and the MLM head tied to the token embedding.
+void BuildBert(ModelBuilder& b, const BertConfig& c, int64_t vocab,
+               float dropout) {
+  const int embeddings = b.Add(
+      "embeddings", LayerSpec::Embedding(vocab, kBertMaxPositions, c.hidden),
+      {kInput}, Init::kBert);
+  b.Add("embeddings.norm", LayerSpec::LayerNorm(c.hidden), {}, Init::kBert);
+  if (dropout > 0) b.Add("embeddings.dropout", LayerSpec::Dropout(dropout));
+  for (int i = 0; i < c.layers; ++i) {
+    b.Add(absl::StrCat("layers.", i),
+          LayerSpec::TransformerEncoderLayer(c.hidden, c.heads, c.feedforward,
+                                             dropout),
+          {b.last(), kPaddingMask}, Init::kBert);
+  }
+  b.Add("head.dense", LayerSpec::Linear(c.hidden, c.hidden), {}, Init::kBert);
+  b.Add("head.gelu", LayerSpec::Gelu());
+  b.Add("head.norm", LayerSpec::LayerNorm(c.hidden), {}, Init::kBert);
+  b.Add("head.decoder", LayerSpec::Linear(c.hidden, vocab), {}, Init::kBert,
+        {{"weight", embeddings, "token.weight"}});
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Model>> Model::Create(
     const std::string& name, const Shape& input_chw, int num_classes,
     const ModelOptions& options, Backend* backend) {
-  if (input_chw.size() != 3 || NumElements(input_chw) <= 0) {
+  const bool sequence = IsSequenceModel(name);
+  if (sequence && (input_chw.size() != 1 || input_chw[0] < 1 ||
+                   input_chw[0] > kBertMaxPositions)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(name, ": input ", ShapeToString(input_chw),
+                     "; expected [S], the sequence length, with 1 <= S <= ",
+                     kBertMaxPositions));
+  }
+  if (!sequence && (input_chw.size() != 3 || NumElements(input_chw) <= 0)) {
     return absl::InvalidArgumentError(
         absl::StrCat("model input ", ShapeToString(input_chw),
                      "; expected [C, H, W] with positive sizes"));
@@ -354,12 +472,14 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Create(
   model->backend_ = backend;
   model->input_chw_ = input_chw;
   model->input_ = DeviceTensor(backend);
+  model->sequence_ = sequence;
+  model->padding_mask_ = DeviceTensor(backend);
   model->scratch_ = DeviceTensor(backend);
   model->dlogits_ = DeviceTensor(backend);
   model->memory_plan_ = options.memory_plan;
   ModelBuilder b(model.get(), options);
   const int64_t c = input_chw[0];
-  const int64_t size = std::min(input_chw[1], input_chw[2]);
+  const int64_t size = sequence ? 0 : std::min(input_chw[1], input_chw[2]);
   if (name == "mlp") {
     BuildMlp(b, num_classes);
   } else if (name == "lenet5") {
@@ -376,6 +496,10 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Create(
     BuildResnet(b, c, size, {3, 4, 6, 3}, true, num_classes);
   } else if (name == "resnet101") {
     BuildResnet(b, c, size, {3, 4, 23, 3}, true, num_classes);
+  } else if (name == "bert_tiny") {
+    BuildBert(b, {2, 128, 2, 512}, num_classes, options.transformer_dropout);
+  } else if (name == "bert_base") {
+    BuildBert(b, {12, 768, 12, 3072}, num_classes, options.transformer_dropout);
   } else {
     return absl::InternalError(absl::StrCat(
         "model \"", name, "\" is in catalog/catalog.h but has no builder"));
@@ -421,6 +545,18 @@ absl::Status Model::Finish(const Shape& input_chw) {
   return StoreHostWeights();
 }
 
+Shape Model::InputSampleShape() const {
+  Shape shape = {1};
+  shape.insert(shape.end(), input_chw_.begin(), input_chw_.end());
+  return shape;
+}
+
+DeviceTensor* Model::InputTensor(int i) {
+  if (i == kInput) return &input_;
+  if (i == kPaddingMask) return &padding_mask_;
+  return &nodes_[i]->out;
+}
+
 Model::~Model() {
   nodes_.clear();
   for (float* block : host_blocks_) backend_->FreeHost(block);
@@ -456,8 +592,8 @@ int64_t Model::NumParameters() const {
 int64_t Model::ForwardMacsPerSample() const {
   int64_t macs = 0;
   for (const auto& node : nodes_) {
-    const Shape in = node->inputs[0] == kInput
-                         ? Shape{1, input_chw_[0], input_chw_[1], input_chw_[2]}
+    const Shape in = node->inputs[0] < 0
+                         ? InputSampleShape()
                          : nodes_[node->inputs[0]]->sample_shape;
     macs += pstrain::ForwardMacsPerSample(node->spec, in);
   }
@@ -501,12 +637,53 @@ absl::Status Model::AddLayerTime(absl::Time start, size_t entry,
 
 absl::StatusOr<const Tensor*> Model::Forward(const Tensor& input,
                                              bool training) {
-  if (input.shape.size() != 4 || input.shape[1] != input_chw_[0] ||
-      input.shape[2] != input_chw_[1] || input.shape[3] != input_chw_[2] ||
-      input.shape[0] <= 0) {
+  absl::Status s = RunForward(input, nullptr, training);
+  if (!s.ok()) return s;
+  return CopyLogitsToHost();
+}
+
+absl::StatusOr<const Tensor*> Model::Forward(const Tensor& input,
+                                             const Tensor& padding_mask,
+                                             bool training) {
+  absl::Status s = RunForward(input, &padding_mask, training);
+  if (!s.ok()) return s;
+  return CopyLogitsToHost();
+}
+
+absl::StatusOr<const Tensor*> Model::CopyLogitsToHost() {
+  const DeviceTensor& logits = nodes_.back()->out;
+  host_logits_.Resize(logits.shape());
+  absl::Status s = backend_->CopyToHost(logits.data(), logits.size(),
+                                        host_logits_.data.data());
+  if (!s.ok()) return s;
+  s = backend_->Synchronize();
+  if (!s.ok()) return s;
+  return &host_logits_;
+}
+
+absl::Status Model::RunForward(const Tensor& input, const Tensor* padding_mask,
+                               bool training) {
+  const Shape sample = InputSampleShape();
+  const bool fits =
+      input.shape.size() == sample.size() && input.shape[0] > 0 &&
+      std::equal(sample.begin() + 1, sample.end(), input.shape.begin() + 1);
+  if (!fits && sequence_) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(name_, ": input ", ShapeToString(input.shape),
+                     "; expected token ids [N, ", input_chw_[0], "]"));
+  }
+  if (!fits) {
     return absl::InvalidArgumentError(absl::StrCat(
         name_, ": input ", ShapeToString(input.shape), "; expected [N, ",
         input_chw_[0], ", ", input_chw_[1], ", ", input_chw_[2], "]"));
+  }
+  if (padding_mask != nullptr &&
+      (!sequence_ || padding_mask->shape != input.shape)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        name_, ": padding mask ", ShapeToString(padding_mask->shape),
+        sequence_ ? absl::StrCat("; expected the input's ",
+                                 ShapeToString(input.shape))
+                  : "; only sequence models take one"));
   }
   absl::Status s = input_.Resize(input.shape);
   if (!s.ok()) return s;
@@ -517,6 +694,20 @@ absl::StatusOr<const Tensor*> Model::Forward(const Tensor& input,
   }
   s = backend_->CopyToDevice(input.data.data(), input.size(), input_.data());
   if (!s.ok()) return s;
+  if (sequence_) {
+    s = padding_mask_.Resize(input.shape);
+    if (!s.ok()) return s;
+    padding_mask_.set_layout(0);
+    if (padding_mask != nullptr) {
+      s = backend_->CopyToDevice(padding_mask->data.data(),
+                                 padding_mask->size(), padding_mask_.data());
+    } else {
+      no_padding_.assign(input.size(), 0.0f);
+      s = backend_->CopyToDevice(no_padding_.data(), input.size(),
+                                 padding_mask_.data());
+    }
+    if (!s.ok()) return s;
+  }
   if (time_layers_) {  // Work queued before is not the first layer's.
     s = backend_->Synchronize();
     if (!s.ok()) return s;
@@ -527,7 +718,7 @@ absl::StatusOr<const Tensor*> Model::Forward(const Tensor& input,
     std::vector<const DeviceTensor*> in;
     std::vector<Shape> shapes;
     for (int i : node->inputs) {
-      in.push_back(i == kInput ? &input_ : &nodes_[i]->out);
+      in.push_back(InputTensor(i));
       shapes.push_back(in.back()->shape());
     }
     absl::StatusOr<Shape> out_shape = OutputShape(node->spec, shapes);
@@ -547,13 +738,7 @@ absl::StatusOr<const Tensor*> Model::Forward(const Tensor& input,
     return absl::InternalError(
         absl::StrCat(name_, ": logits in layout ", logits.layout()));
   }
-  host_logits_.Resize(logits.shape());
-  s = backend_->CopyToHost(logits.data(), logits.size(),
-                           host_logits_.data.data());
-  if (!s.ok()) return s;
-  s = backend_->Synchronize();
-  if (!s.ok()) return s;
-  return &host_logits_;
+  return absl::OkStatus();
 }
 
 absl::Status Model::PlanMemory(const Shape& input) {
@@ -563,8 +748,8 @@ absl::Status Model::PlanMemory(const Shape& input) {
   for (int n = 0; n < n_nodes; ++n) {
     std::vector<Shape> in;
     for (int i : nodes_[n]->inputs) {
-      in.push_back(i == kInput ? input : shapes[i]);
-      if (i != kInput) consumers[i].push_back(n);
+      in.push_back(i < 0 ? input : shapes[i]);  // The mask: the ids' shape.
+      if (i >= 0) consumers[i].push_back(n);
     }
     absl::StatusOr<Shape> out = OutputShape(nodes_[n]->spec, in);
     if (!out.ok()) return out.status();
@@ -607,7 +792,7 @@ absl::Status Model::PlanMemory(const Shape& input) {
   for (int r = 0; r + 1 < n_nodes; ++r) {
     const Node& relu = *nodes_[r];
     const int x = relu.inputs[0];
-    if (relu.spec.type == LayerType::kRelu && x != kInput &&
+    if (relu.spec.type == LayerType::kRelu && x >= 0 &&
         consumers[x].size() == 1 && !consumers[r].empty() &&
         !BackwardReadsOf(nodes_[x]->spec).output) {
       in_place.push_back(r);
@@ -691,16 +876,42 @@ absl::Status Model::NotifyReady(const GradientsReadyFn& on_ready,
 absl::StatusOr<float> Model::ForwardBackward(const Tensor& input,
                                              absl::Span<const int32_t> labels,
                                              const GradientsReadyFn& on_ready) {
+  return TrainStep(input, nullptr, labels, on_ready);
+}
+
+absl::StatusOr<float> Model::ForwardBackward(const Tensor& input,
+                                             const Tensor& padding_mask,
+                                             absl::Span<const int32_t> labels,
+                                             const GradientsReadyFn& on_ready) {
+  return TrainStep(input, &padding_mask, labels, on_ready);
+}
+
+absl::Status Model::AddTiedGradients(const Node& owner) {
+  for (const auto& [tied, param] : owner.tied_grads) {
+    absl::Status s = backend_->Accumulate(tied->grad.data(), tied->grad.size(),
+                                          param->grad.data());
+    if (!s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<float> Model::TrainStep(const Tensor& input,
+                                       const Tensor* padding_mask,
+                                       absl::Span<const int32_t> labels,
+                                       const GradientsReadyFn& on_ready) {
   const absl::Time forward_start = absl::Now();
-  absl::StatusOr<const Tensor*> logits = Forward(input, true);
-  if (!logits.ok()) return logits.status();
+  absl::Status s = RunForward(input, padding_mask, /*training=*/true);
+  if (!s.ok()) return s;
   const DeviceTensor& device_logits = nodes_.back()->out;
-  absl::Status s = dlogits_.Resize(device_logits.shape());
+  s = dlogits_.Resize(device_logits.shape());
   if (!s.ok()) return s;
   dlogits_.set_layout(0);
   const absl::Time loss_start = absl::Now();
   absl::StatusOr<float> loss =
-      backend_->SoftmaxCrossEntropy(device_logits, labels, &dlogits_);
+      sequence_
+          ? backend_->SoftmaxCrossEntropyIgnoring(device_logits, labels,
+                                                  kIgnoreLabel, &dlogits_)
+          : backend_->SoftmaxCrossEntropy(device_logits, labels, &dlogits_);
   if (!loss.ok()) return loss.status();
   s = AddLayerTime(loss_start, nodes_.size(), /*backward=*/false);
   if (!s.ok()) return s;
@@ -722,8 +933,8 @@ absl::StatusOr<float> Model::ForwardBackward(const Tensor& input,
     std::vector<int> accumulate_into;  // Producer of each scratch use.
     DeviceTensor& accum = memory_plan_ ? node.accum : scratch_;
     for (int i : node.inputs) {
-      if (i == kInput) {
-        in.push_back(&input_);
+      if (i < 0) {  // The input and the padding mask have no gradient.
+        in.push_back(InputTensor(i));
         din.push_back(nullptr);
         continue;
       }
@@ -756,6 +967,8 @@ absl::StatusOr<float> Model::ForwardBackward(const Tensor& input,
                                nodes_[i]->grad.data());
       if (!s.ok()) return s;
     }
+    s = AddTiedGradients(node);
+    if (!s.ok()) return s;
     s = AddLayerTime(start, n, /*backward=*/true);
     if (!s.ok()) return s;
     // Start the device-to-host copy of this layer's gradients while the

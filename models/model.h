@@ -2,8 +2,8 @@
 // ending in logits, trained with softmax cross-entropy, running on one
 // Backend; and the model zoo.
 //
-// Zoo (input NCHW fp32 [N, C, H, W], output [N, num_classes] logits). Each
-// model adapts its stem to the input size:
+// Image zoo (input NCHW fp32 [N, C, H, W], output [N, num_classes] logits).
+// Each model adapts its stem to the input size:
 //  - "mlp":    flatten, fc(C*H*W)-256, ReLU, fc256-128, ReLU, fc128-K.
 //  - "lenet5": conv5x5-6 (pad 2), ReLU, maxpool2, conv5x5-16, ReLU, maxpool2,
 //              fc-120, ReLU, fc120-84, ReLU, fc84-K (LeCun et al. 1998 with
@@ -29,6 +29,30 @@
 // (fan_out, ReLU gain; He et al. 2015), BatchNorm weight 1 and bias 0, VGG's
 // linear layers N(0, 0.01) with zero bias; everything else PyTorch's default
 // U(-1/sqrt(fan_in), 1/sqrt(fan_in)).
+//
+// Sequence zoo (issue 41): masked-language models after BERT (Devlin et al.
+// 2019) without token types, next-sentence head or pooler. input_chw is {S}
+// (the sequence length, 1 <= S <= 512); inputs are token ids [N, S] (fp32
+// whole numbers in [0, vocab)) and a key padding mask [N, S] (nonzero: a
+// padding position no token attends to); num_classes is the vocabulary
+// size; logits are [N, S, vocab]; labels are one per token, kIgnoreLabel
+// (-100) where the token is not predicted. Layers, named as the PyTorch
+// module tools/torch/torch_models.py builds (its state_dict keys):
+//   embeddings        token [vocab, E] + position [512, E] embedding
+//   embeddings.norm   LayerNorm(E), then embeddings.dropout
+//   layers.I          TransformerEncoderLayer(E, heads, F, dropout,
+//                     "gelu", post-LN) with the padding mask, I = 0..L-1
+//   head.dense, head.gelu, head.norm: Linear(E, E) per token, GELU,
+//                     LayerNorm(E) (BERT's MLM transform)
+//   head.decoder      logits = h embeddings.token.weight^T + head.decoder.bias
+//                     (the weight tied to the token embedding: one PS
+//                     tensor, its gradient the sum of both uses)
+// LayerNorm eps 1e-5 everywhere (PyTorch's default; BERT used 1e-12).
+//  - "bert_tiny": L 2, E 128, 2 heads, F 512 (Turc et al. 2019's BERT-Tiny
+//    shape); 1,535,872 parameters at vocab 8192.
+//  - "bert_base": L 12, E 768, 12 heads, F 3072; 109,512,762 parameters at
+//    vocab 30522 (BERT-base's WordPiece vocabulary).
+// Initialisation as BERT: weights N(0, 0.02), biases 0, LayerNorm 1 and 0.
 //
 // Parameters and buffers: params() are trained by the PS's Adam; buffers()
 // (BatchNorm running mean and variance) are sent to the PS with every push
@@ -101,6 +125,10 @@ struct ModelOptions {
   // keeps its own memory for the model's life (the layout before the plan,
   // kept to compare against).
   bool memory_plan = true;
+  // Sequence models: the dropout probability of the embeddings, the
+  // attention weights and the encoder blocks (BERT's 0.1); 0 for
+  // deterministic steps (PyTorch comparisons).
+  float transformer_dropout = 0.1f;
   // ResNets: each residual add and the ReLU after it as one layer
   // (LayerSpec::AddRelu(), node "layerS.B.add"; the same values); false:
   // an "add" and a "relu" node, as before.
@@ -110,8 +138,9 @@ struct ModelOptions {
 class Model {
  public:
   // Builds zoo model `name` on `backend` (not owned; must outlive the model)
-  // for inputs `input_chw` = {C, H, W} and `num_classes` outputs; the
-  // names are catalog/catalog.h's ModelNames(). INVALID_ARGUMENT naming the
+  // for inputs `input_chw` = {C, H, W} ({S} for a sequence model) and
+  // `num_classes` outputs (the vocabulary of a sequence model); the names
+  // are catalog/catalog.h's ModelNames(). INVALID_ARGUMENT naming the
   // known models for an unknown name, or naming the layer whose input shape
   // does not fit.
   static absl::StatusOr<std::unique_ptr<Model>> Create(
@@ -119,8 +148,10 @@ class Model {
       const ModelOptions& options, Backend* backend);
 
   const std::string& name() const { return name_; }
-  // {C, H, W} of one input sample.
+  // {C, H, W} of one input sample; {S} for a sequence model.
   const Shape& input_chw() const { return input_chw_; }
+  // Whether the model takes token ids and a padding mask ("bert_*").
+  bool sequence_model() const { return sequence_; }
   Backend* backend() const { return backend_; }
   const std::vector<Param*>& params() const { return params_; }
   const std::vector<Buffer*>& buffers() const { return buffers_; }
@@ -138,19 +169,35 @@ class Model {
   // One line per layer: name, type, output shape per sample, parameters.
   std::string Summary() const;
 
-  // Forward pass of `input` (host, [N, C, H, W]) in eval mode (BatchNorm
-  // running statistics, no dropout) or training mode. Returns the logits on
-  // the host [N, num_classes], valid until the next call.
+  // Forward pass of `input` (host, [N, C, H, W]; token ids [N, S] for a
+  // sequence model, with no padding) in eval mode (BatchNorm running
+  // statistics, no dropout) or training mode. Returns the logits on the host
+  // [N, num_classes] ([N, S, vocab]), valid until the next call.
   absl::StatusOr<const Tensor*> Forward(const Tensor& input,
+                                        bool training = false);
+  // A sequence model's forward with the key padding mask `padding_mask`
+  // (host, [N, S], nonzero = padding). INVALID_ARGUMENT for an image model,
+  // a mask of another shape, or a sample that is all padding.
+  absl::StatusOr<const Tensor*> Forward(const Tensor& input,
+                                        const Tensor& padding_mask,
                                         bool training = false);
 
   // Training forward and backward on one batch. Fills every Param::grad with
   // d(mean cross-entropy)/d(param) and the host gradient staging with the
   // gradients and the current buffer values; returns the loss. Calls
   // `on_ready` (when set) for every PS tensor, in the order backward
-  // produces them.
+  // produces them. A sequence model takes N x S labels (row-major, one per
+  // token) and averages over the tokens whose label is not kIgnoreLabel
+  // (Backend::SoftmaxCrossEntropyIgnoring; the MLM loss); this form has no
+  // padding. The logits are not copied to the host.
   absl::StatusOr<float> ForwardBackward(
       const Tensor& input, absl::Span<const int32_t> labels,
+      const GradientsReadyFn& on_ready = nullptr);
+  // A sequence model's training step with the key padding mask (as
+  // Forward's).
+  absl::StatusOr<float> ForwardBackward(
+      const Tensor& input, const Tensor& padding_mask,
+      absl::Span<const int32_t> labels,
       const GradientsReadyFn& on_ready = nullptr);
 
   // The last ForwardBackward()'s wall times (host clock): the forward with
@@ -202,6 +249,26 @@ class Model {
   struct Node;
   Model() = default;
   absl::Status Finish(const Shape& input_chw);
+  // The input's (and a sequence model's padding mask's) shape for a batch
+  // of 1: {1, C, H, W} or {1, S}.
+  Shape InputSampleShape() const;
+  // Checks and copies the input (and the mask: null is no padding) to the
+  // backend, then runs every layer's forward; the logits stay on it.
+  absl::Status RunForward(const Tensor& input, const Tensor* padding_mask,
+                          bool training);
+  // The device tensor a node's input `i` names (a node, the model's input
+  // or its padding mask).
+  DeviceTensor* InputTensor(int i);
+  // ForwardBackward's body (padding_mask null: no padding).
+  absl::StatusOr<float> TrainStep(const Tensor& input,
+                                  const Tensor* padding_mask,
+                                  absl::Span<const int32_t> labels,
+                                  const GradientsReadyFn& on_ready);
+  // Adds the gradients of the parameters tied to `owner`'s into its own
+  // (after its backward overwrote them).
+  absl::Status AddTiedGradients(const Node& owner);
+  // The last forward's logits into host_logits_.
+  absl::StatusOr<const Tensor*> CopyLogitsToHost();
   absl::Status CopyGradientsToHost(const Node& node);
   // Places every node's output, gradient and accumulation scratch for
   // inputs of shape `input` in slots_ (ModelOptions::memory_plan).
@@ -218,6 +285,9 @@ class Model {
   std::vector<Param*> params_;
   std::vector<Buffer*> buffers_;
   DeviceTensor input_;
+  bool sequence_ = false;
+  DeviceTensor padding_mask_;      // Sequence models: [N, S], 1 = padding.
+  std::vector<float> no_padding_;  // Zeros, the mask of unpadded inputs.
   DeviceTensor scratch_;  // Accumulation scratch without the memory plan.
   bool memory_plan_ = true;
   Shape planned_input_;  // The input shape slots_ are laid out for.

@@ -658,8 +658,8 @@ class Pool2d final : public Layer {
   TensorDesc x_, y_;
 };
 
-// y[N, O] = x[N, I] W^T + b on cuBLAS (column-major: Y = W^T X with W^T
-// read from the row-major [O, I] weight).
+// y[N, O] = x[N, I] W^T + b (per token for [N, S, I]) on cuBLAS (column-major:
+// Y = W^T X with W^T read from the row-major [O, I] weight).
 class Linear final : public Layer {
  public:
   Linear(CudaBackend* b, const LayerSpec& spec, std::vector<Param*> params)
@@ -667,7 +667,8 @@ class Linear final : public Layer {
 
   absl::Status Forward(absl::Span<const DeviceTensor* const> in,
                        DeviceTensor* out, bool training) override {
-    const int n = static_cast<int>(in[0]->shape()[0]);
+    // Rows: samples, or tokens for a per-token [N, S, I] input.
+    const int n = static_cast<int>(in[0]->size() / spec_.in_channels);
     const int i = static_cast<int>(spec_.in_channels);
     const int o = static_cast<int>(spec_.out_channels);
     absl::StatusOr<const float*> ones = b_->Ones(n);
@@ -685,7 +686,8 @@ class Linear final : public Layer {
   absl::Status Backward(absl::Span<const DeviceTensor* const> in,
                         const DeviceTensor& out, const DeviceTensor& dout,
                         absl::Span<DeviceTensor* const> din) override {
-    const int n = static_cast<int>(in[0]->shape()[0]);
+    // Rows: samples, or tokens for a per-token [N, S, I] input.
+    const int n = static_cast<int>(in[0]->size() / spec_.in_channels);
     const int i = static_cast<int>(spec_.in_channels);
     const int o = static_cast<int>(spec_.out_channels);
     absl::StatusOr<const float*> ones = b_->Ones(n);

@@ -1,7 +1,7 @@
 """The pstrain model zoo in PyTorch: the same architectures, stems and
 parameter order as models/model.cc, for fixtures
-(testdata/gen_layers_fixture.py) and the --compare_pytorch baseline of
-train_bench (tools/torch/torch_bench.py).
+(testdata/gen_layers_fixture.py, testdata/gen_bert_fixture.py) and the
+--compare_pytorch baseline of train_bench (tools/torch/torch_bench.py).
 
 At 3x224x224 with 1000 classes the ResNets, AlexNet and VGG-16 are
 torchvision's (same parameter counts); smaller inputs get the stems
@@ -149,7 +149,95 @@ def mlp(c, size, k):
                          nn.Linear(256, 128), nn.ReLU(), nn.Linear(128, k))
 
 
+class BertEmbeddings(nn.Module):
+    """Token + position embedding (BERT's without token types), LayerNorm,
+    dropout."""
+
+    def __init__(self, vocab, hidden, dropout, max_positions=512):
+        super().__init__()
+        self.token = nn.Embedding(vocab, hidden)
+        self.position = nn.Embedding(max_positions, hidden)
+        self.norm = nn.LayerNorm(hidden)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, ids):
+        positions = torch.arange(ids.shape[1], device=ids.device).unsqueeze(0)
+        return self.dropout(self.norm(self.token(ids) + self.position(positions)))
+
+
+class TiedDecoder(nn.Module):
+    """The MLM decoder's bias; its weight is the token embedding's."""
+
+    def __init__(self, vocab):
+        super().__init__()
+        self.bias = nn.Parameter(torch.zeros(vocab))
+
+    def forward(self, h, weight):
+        return F.linear(h, weight, self.bias)
+
+
+class MlmHead(nn.Module):
+    def __init__(self, vocab, hidden):
+        super().__init__()
+        self.dense = nn.Linear(hidden, hidden)
+        self.norm = nn.LayerNorm(hidden)
+        self.decoder = TiedDecoder(vocab)
+
+    def forward(self, x, token_weight):
+        return self.decoder(self.norm(F.gelu(self.dense(x))), token_weight)
+
+
+class Bert(nn.Module):
+    """models/model.h's sequence zoo: BERT (Devlin et al. 2019) without token
+    types, pooler or next-sentence head; post-LN nn.TransformerEncoderLayer
+    blocks with GELU; the MLM head tied to the token embedding. state_dict
+    keys are pstrain's parameter names (one key for the tied weight, so a
+    pstrain model.safetensors loads with strict=True). forward(ids [N, S]
+    long, padding_mask [N, S] bool, True = padding) -> logits [N, S, vocab].
+    Initialised as BERT: N(0, 0.02) weights, zero biases, LayerNorm 1 and 0.
+    """
+
+    def __init__(self, vocab, layers, hidden, heads, feedforward, dropout=0.1):
+        super().__init__()
+        self.embeddings = BertEmbeddings(vocab, hidden, dropout)
+        self.layers = nn.ModuleList([
+            nn.TransformerEncoderLayer(hidden, heads, feedforward, dropout,
+                                       activation="gelu", batch_first=True)
+            for _ in range(layers)])
+        self.head = MlmHead(vocab, hidden)
+        for name, p in self.named_parameters():
+            with torch.no_grad():
+                if name.endswith("bias"):
+                    p.zero_()
+                elif "norm" in name:
+                    p.fill_(1.0)
+                else:
+                    p.normal_(0.0, 0.02)
+
+    def forward(self, ids, padding_mask=None):
+        x = self.embeddings(ids)
+        for layer in self.layers:
+            x = layer(x, src_key_padding_mask=padding_mask)
+        return self.head(x, self.embeddings.token.weight)
+
+
+BERT_CONFIGS = {
+    # layers, hidden, heads, feed-forward
+    "bert_tiny": (2, 128, 2, 512),
+    "bert_base": (12, 768, 12, 3072),
+}
+
+
+def bert(name, vocab, dropout=0.1):
+    layers, hidden, heads, feedforward = BERT_CONFIGS[name]
+    return Bert(vocab, layers, hidden, heads, feedforward, dropout)
+
+
 def build_any(name, c, size, k):
+    """Image models take (channels, size, classes); the BERTs take k as the
+    vocabulary (c and size unused)."""
+    if name in BERT_CONFIGS:
+        return bert(name, k)
     if name == "lenet5":
         return LeNet5(c, size, k)
     if name == "mlp":
