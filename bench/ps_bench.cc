@@ -6,19 +6,23 @@
 // as a training step does; the shards apply Adam in between. The TCP
 // baseline sends the model's fp32 bytes to a socket server and reads them
 // back over one connection. Rows: plaintext and mutual TLS in fp32, and
-// plaintext with each 16-bit --wire_dtypes (common/wire_dtype.h), each for
-// every --channels_per_shard (gRPC connections per shard, worker/ps_client.h).
+// plaintext with each 16-bit --wire_dtypes (common/wire_dtype.h) and each
+// --compressions (top-k pushes with error feedback,
+// worker/topk_compression.h), each for every --channels_per_shard (gRPC
+// connections per shard, worker/ps_client.h).
 //   ch         = channels (connections) per shard
-//   wire (MB)  = tensor payload bytes on the wire per step, both ways
-//                (2 x elements x 4 in fp32, x 2 in a 16-bit format; gRPC
-//                and protobuf framing not counted), 10^6 bytes per MB
+//   wire (MB)  = bytes of the step's PushPull messages, both ways, as the
+//                client counts them (payload, sparse indices and protobuf
+//                envelope; gRPC's HTTP/2 framing and TLS not counted),
+//                10^6 bytes per MB
 //   GB/s       = useful payload: 2 * model fp32 bytes / time (10^9 bytes
 //                per GB), the same work whatever the wire format
 //   ratio      = TCP time / PS time (1.0: as fast as raw TCP)
 //   #wrong: elements of the pulled weights that differ from a local Adam
 //           replica given the same gradients, rounded per chunk as the wire
-//           rounds them (RoundThroughWire), and pulled the same way (0
-//           expected).
+//           rounds them (RoundThroughWire), or sparsified as a top-k row's
+//           worker does (its own TopKCompressor, error feedback carried
+//           over the steps), and pulled the same way (0 expected).
 #include <arpa/inet.h>
 #include <grpcpp/grpcpp.h>
 #include <netinet/in.h>
@@ -48,6 +52,7 @@
 #include "optim/adam.h"
 #include "server/local_shards.h"
 #include "worker/ps_client.h"
+#include "worker/topk_compression.h"
 
 ABSL_FLAG(int64_t, model_bytes, 100'000'000, "Model size in bytes (fp32).");
 ABSL_FLAG(int64_t, tensor_bytes, 4'000'000, "Size of each model tensor.");
@@ -67,6 +72,10 @@ ABSL_FLAG(std::vector<std::string>, channels_per_shard,
           std::vector<std::string>({"1", "2", "4"}),
           "Comma-separated gRPC channels (TCP connections) per shard to time "
           "for each shard count, 1 to 16 (worker/ps_client.h).");
+ABSL_FLAG(std::vector<std::string>, compressions,
+          std::vector<std::string>({"topk:0.01"}),
+          "Top-k compressions (with error feedback) to time beside fp32 "
+          "(plaintext), e.g. topk:0.01,topk:0.1; empty: none.");
 
 namespace pstrain {
 namespace {
@@ -138,13 +147,16 @@ std::vector<double> TimeTcp(int64_t bytes, int repeats) {
 struct PsRun {
   std::vector<double> seconds;
   int64_t wrong = 0;
+  // Bytes of the last timed step's messages, both ways.
+  int64_t wire_bytes = 0;
 };
 
 // `tls`: mutual TLS between the worker and the shards (common/tls.h), or
 // plaintext (tls.insecure).
 PsRun TimePs(int num_shards, const std::vector<int64_t>& sizes,
              int64_t partition_bytes, int repeats, const TlsOptions& tls,
-             DType wire_dtype, int channels) {
+             DType wire_dtype, int channels,
+             const CompressionOptions& compression = {}) {
   PsRun run;
   AdamOptions adam;
   ShardOptions shard_options;
@@ -155,6 +167,14 @@ PsRun TimePs(int num_shards, const std::vector<int64_t>& sizes,
   client_options.addresses = shards.addresses();
   client_options.wire_dtype = wire_dtype;
   client_options.channels_per_shard = channels;
+  // The worker's compressor, and the replica's (the same selection, by the
+  // same code, on the same sums).
+  std::unique_ptr<TopKCompressor> topk, reference;
+  if (compression.enabled()) {
+    topk = std::make_unique<TopKCompressor>(compression, sizes, 3);
+    reference = std::make_unique<TopKCompressor>(compression, sizes, 3);
+    client_options.compressor = topk.get();
+  }
   if (!tls.insecure) {
     auto credentials = ChannelCredentials(
         tls, TlsIdentity{TlsRole::kWorker, 0, shard_options.job_id});
@@ -204,16 +224,38 @@ PsRun TimePs(int num_shards, const std::vector<int64_t>& sizes,
   int64_t version = 0;
   for (int r = 0; r < repeats + 1; ++r) {  // the first is warm-up
     const absl::Time start = absl::Now();
+    if (topk != nullptr) topk->BeginStep(version);
     auto pulled =
         (*client)->PushPull(version, grad_spans, version + 1, 0, weight_spans);
     const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
+    if (topk != nullptr) topk->CommitStep(version);
     if (!pulled.ok()) {
       std::fprintf(stderr, "ps_bench: %s\n",
                    pulled.status().ToString().c_str());
       std::exit(1);
     }
+    if (reference != nullptr) {
+      // This step's sparse gradient, as the shards densify it.
+      reference->BeginStep(version);
+      std::vector<uint32_t> indices;
+      std::vector<float> values;
+      for (const ChunkSpec& chunk : plan->chunks()) {
+        reference->Compress(chunk.param_id, chunk.offset,
+                            absl::MakeConstSpan(grads[chunk.param_id])
+                                .subspan(chunk.offset, chunk.num_elements),
+                            &indices, &values);
+        float* out = wire_grads[chunk.param_id].data() + chunk.offset;
+        std::fill(out, out + chunk.num_elements, 0.0f);
+        for (size_t i = 0; i < indices.size(); ++i) {
+          out[indices[i]] = values[i];
+        }
+      }
+      reference->CommitStep(version);
+    }
     version = *pulled;
     if (r > 0) run.seconds.push_back(seconds);
+    const PsStepTimes& times = (*client)->last_step_times();
+    run.wire_bytes = times.bytes_pushed + times.bytes_pulled;
     for (size_t p = 0; p < sizes.size(); ++p) {
       AdamUpdate(adam, version, replica[p].data(), wire_grads[p].data(),
                  m[p].data(), v[p].data(), sizes[p]);
@@ -317,26 +359,38 @@ int main(int argc, char** argv) {
     folder = *std::move(made);
     tls.dir = folder->path();
   }
-  std::printf("# %12s %7s %3s %-12s %5s %10s %10s %8s %10s %11s %7s\n",
+  std::vector<pstrain::CompressionOptions> compressions;
+  for (const std::string& spelling : absl::GetFlag(FLAGS_compressions)) {
+    absl::StatusOr<pstrain::CompressionOptions> c =
+        pstrain::ParseCompression(spelling);
+    if (!c.ok() || !c->enabled()) {
+      std::fprintf(stderr,
+                   "ps_bench: --compressions: '%s'; expected topk:R with 0 < "
+                   "R <= 1 (uncompressed rows are always timed)\n",
+                   spelling.c_str());
+      return 2;
+    }
+    compressions.push_back(*c);
+  }
+  std::printf("# %12s %7s %3s %-12s %-10s %10s %10s %8s %10s %11s %7s\n",
               "payload", "shards", "ch", "transport", "wire", "time", "wire",
               "GB/s", "ratio", "TLS ratio", "#wrong");
-  std::printf("# %12s %7s %3s %-12s %5s %10s %10s %8s %10s %11s %7s\n", "(B)",
+  std::printf("# %12s %7s %3s %-12s %-10s %10s %10s %8s %10s %11s %7s\n", "(B)",
               "", "", "", "", "(ms)", "(MB)", "", "(vs TCP)", "(vs plain)", "");
   const auto row = [&](const std::string& shards, const std::string& channels,
-                       const char* transport, pstrain::DType dtype,
-                       double seconds, const std::string& tls_ratio,
-                       const std::string& wrong) {
-    const double wire_mb = 2.0 * static_cast<double>(model_bytes) / 4 *
-                           pstrain::WireBytesPerElement(dtype) / 1e6;
+                       const char* transport, const std::string& wire,
+                       double seconds, int64_t wire_bytes,
+                       const std::string& tls_ratio, const std::string& wrong) {
     std::printf(
-        "  %12lld %7s %3s %-12s %5s %10.1f %10.1f %8.2f %10.2f %11s %7s\n",
+        "  %12lld %7s %3s %-12s %-10s %10.1f %10.1f %8.2f %10.2f %11s %7s\n",
         static_cast<long long>(model_bytes), shards.c_str(), channels.c_str(),
-        transport, pstrain::WireDtypeSpelling(dtype), seconds * 1e3, wire_mb,
+        transport, wire.c_str(), seconds * 1e3,
+        static_cast<double>(wire_bytes) / 1e6,
         2.0 * model_bytes / seconds / 1e9, tcp_median / seconds,
         tls_ratio.c_str(), wrong.c_str());
     std::fflush(stdout);
   };
-  row("-", "1", "raw TCP", pstrain::DTYPE_FLOAT32, tcp_median, "-", "-");
+  row("-", "1", "raw TCP", "fp32", tcp_median, 2 * model_bytes, "-", "-");
   const int64_t partition_bytes = absl::GetFlag(FLAGS_partition_bytes);
   for (int shards : shard_counts) {
     const std::string count = absl::StrCat(shards);
@@ -346,14 +400,14 @@ int main(int argc, char** argv) {
           shards, sizes, partition_bytes, repeats,
           pstrain::InsecureTlsOptions(), pstrain::DTYPE_FLOAT32, channels);
       const double median = pstrain::Median(run.seconds);
-      row(count, ch, "pstrain", pstrain::DTYPE_FLOAT32, median, "-",
+      row(count, ch, "pstrain", "fp32", median, run.wire_bytes, "-",
           absl::StrCat(run.wrong));
       if (folder != nullptr) {
         const pstrain::PsRun secure =
             pstrain::TimePs(shards, sizes, partition_bytes, repeats, tls,
                             pstrain::DTYPE_FLOAT32, channels);
         const double secure_median = pstrain::Median(secure.seconds);
-        row(count, ch, "pstrain+mTLS", pstrain::DTYPE_FLOAT32, secure_median,
+        row(count, ch, "pstrain+mTLS", "fp32", secure_median, secure.wire_bytes,
             absl::StrFormat("%.2f", median / secure_median),
             absl::StrCat(secure.wrong));
       }
@@ -361,8 +415,17 @@ int main(int argc, char** argv) {
         const pstrain::PsRun half =
             pstrain::TimePs(shards, sizes, partition_bytes, repeats,
                             pstrain::InsecureTlsOptions(), dtype, channels);
-        row(count, ch, "pstrain", dtype, pstrain::Median(half.seconds), "-",
+        row(count, ch, "pstrain", pstrain::WireDtypeSpelling(dtype),
+            pstrain::Median(half.seconds), half.wire_bytes, "-",
             absl::StrCat(half.wrong));
+      }
+      for (const pstrain::CompressionOptions& c : compressions) {
+        const pstrain::PsRun sparse = pstrain::TimePs(
+            shards, sizes, partition_bytes, repeats,
+            pstrain::InsecureTlsOptions(), pstrain::DTYPE_FLOAT32, channels, c);
+        row(count, ch, "pstrain", pstrain::CompressionSpelling(c),
+            pstrain::Median(sparse.seconds), sparse.wire_bytes, "-",
+            absl::StrCat(sparse.wrong));
       }
     }
   }
