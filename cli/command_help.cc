@@ -109,7 +109,9 @@ Flags JobFlags(const std::string& what) {
        "--max_steps_per_epoch)."},
       {"seed", "Seed of the initial weights and the shuffles."},
       {"log_every_steps", "Steps between throughput lines."},
-      {"partition_bytes", "Largest chunk of a tensor on the wire, bytes."},
+      {"partition_bytes",
+       "Largest chunk of a tensor on the wire, bytes; auto: chosen by "
+       "timing a few sizes before the first step."},
       {"wire_dtype",
        "PS modes: how pushed gradients and pulled weights travel: fp32, "
        "bf16 (round to nearest even) or fp16 (scaled per chunk); the shards "

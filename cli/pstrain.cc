@@ -34,6 +34,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/reflection.h"
 #include "absl/flags/usage.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -108,8 +109,39 @@ ABSL_FLAG(bool, trace, false,
           "run: every task writes a Chrome trace of its work to "
           "METRICS_DIR/trace/ (needs --metrics_dir); merge them with "
           "`pstrain trace METRICS_DIR`.");
-ABSL_FLAG(int64_t, partition_bytes, 4 << 20,
-          "Largest chunk of a tensor on the wire, bytes.");
+namespace pstrain {
+
+// --partition_bytes: bytes, or "auto" (JobSpec.partition_bytes_auto).
+struct PartitionBytesFlag {
+  bool automatic = false;
+  int64_t bytes = 4 << 20;
+};
+
+bool AbslParseFlag(absl::string_view text, PartitionBytesFlag* value,
+                   std::string* error) {
+  if (text == "auto") {
+    *value = PartitionBytesFlag{true, 4 << 20};
+    return true;
+  }
+  value->automatic = false;
+  if (!absl::SimpleAtoi(text, &value->bytes)) {
+    *error = "expected a number of bytes or auto";
+    return false;
+  }
+  return true;
+}
+
+std::string AbslUnparseFlag(const PartitionBytesFlag& value) {
+  return value.automatic ? "auto" : absl::StrCat(value.bytes);
+}
+
+}  // namespace pstrain
+
+ABSL_FLAG(pstrain::PartitionBytesFlag, partition_bytes,
+          pstrain::PartitionBytesFlag{},
+          "PS modes: largest chunk of a tensor on the wire, bytes; auto: "
+          "worker 0 times a few sizes before the first step and keeps the "
+          "fastest.");
 ABSL_FLAG(std::string, wire_dtype, "fp32",
           "PS modes: how gradients and weights travel: fp32, bf16 or fp16 "
           "(the shards keep fp32).");
@@ -395,7 +427,10 @@ JobSpec SpecFromFlags(Mode mode, int num_ps, int num_workers) {
   spec.set_batch_size(absl::GetFlag(FLAGS_batch_size));
   spec.set_epochs(absl::GetFlag(FLAGS_epochs));
   spec.set_seed(absl::GetFlag(FLAGS_seed));
-  spec.set_partition_bytes(absl::GetFlag(FLAGS_partition_bytes));
+  const pstrain::PartitionBytesFlag partition =
+      absl::GetFlag(FLAGS_partition_bytes);
+  spec.set_partition_bytes(partition.bytes);
+  spec.set_partition_bytes_auto(partition.automatic);
   if (mode != MODE_ALLREDUCE) {
     spec.set_wire_dtype(absl::GetFlag(FLAGS_wire_dtype));
     spec.set_channels_per_shard(absl::GetFlag(FLAGS_channels_per_shard));
@@ -610,6 +645,8 @@ struct CompareLists {
   std::vector<int> num_ps;
   std::vector<int> batch_sizes;
   std::vector<CompareMode> modes;  // ps_sync, ps_async, allreduce, ...
+  // --compression's entries (none, topk:R), each a row of every PS mode.
+  std::vector<std::string> compressions;
   bool any_ps_mode = false;
   bool any_allreduce = false;
 };
@@ -641,6 +678,18 @@ absl::StatusOr<CompareLists> ParseCompareLists() {
         true;
     lists.modes.push_back(std::move(mode));
   }
+  for (absl::string_view c :
+       absl::StrSplit(absl::GetFlag(FLAGS_compression), ',')) {
+    if (std::find(lists.compressions.begin(), lists.compressions.end(), c) !=
+            lists.compressions.end() ||
+        lists.compressions.size() >= 8) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--compression: \"", c.substr(0, 40),
+          "\" repeated, or more than 8 entries; expected distinct entries "
+          "such as none,topk:0.01"));
+    }
+    lists.compressions.emplace_back(c);
+  }
   return lists;
 }
 
@@ -656,6 +705,8 @@ absl::Status CheckCompareFlags(const CompareLists& lists) {
     shared.set_epochs(1);
     shared.set_max_steps_per_epoch(steps);
   }
+  // Each --compression entry is checked with its configuration.
+  shared.set_compression(lists.compressions[0]);
   ASSIGN_OR_RETURN(const JobConfig config, CheckSpec(shared, nullptr));
   RETURN_IF_ERROR(CheckIgnoredFlags(config, "compare", lists.any_ps_mode,
                                     lists.any_allreduce));
@@ -703,11 +754,18 @@ absl::StatusOr<std::vector<CompareConfig>> CompareConfigs(
   std::vector<CompareConfig> configs;
   for (const CompareMode& mode : lists.modes) {
     const bool allreduce = mode.mode == MODE_ALLREDUCE;
+    for (const std::string& compression :
+         allreduce ? std::vector<std::string>{"none"} : lists.compressions) {
+    // A compressed PS row's mode names its compression ("ps_sync+topk:0.01").
+    const std::string label =
+        compression == "none" || compression.empty()
+            ? mode.label
+            : absl::StrCat(mode.label, "+", compression);
     for (int b : lists.batch_sizes) {
       for (int k : allreduce ? std::vector<int>{0} : lists.num_ps) {
         for (int w : lists.workers) {
           CompareConfig c;
-          c.run.mode = mode.label;
+          c.run.mode = label;
           c.run.num_ps = k;
           c.run.num_workers = w;
           c.run.batch_size = b;
@@ -717,6 +775,8 @@ absl::StatusOr<std::vector<CompareConfig>> CompareConfigs(
           spec.set_batch_size(b);
           if (allreduce) {
             spec.set_collective(std::string(Spelling(mode.collective)));
+          } else {
+            spec.set_compression(compression);
           }
           if (steps > 0) {
             spec.set_epochs(1);
@@ -726,13 +786,14 @@ absl::StatusOr<std::vector<CompareConfig>> CompareConfigs(
           absl::StatusOr<JobConfig> config = CheckSpec(spec, dataset);
           if (!config.ok()) {
             return absl::InvalidArgumentError(
-                absl::StrCat(mode.label, " with ", w, " workers, batch ", b,
-                             ": ", config.status().message()));
+                absl::StrCat(label, " with ", w, " workers, batch ", b, ": ",
+                             config.status().message()));
           }
           c.config = *std::move(config);
           configs.push_back(std::move(c));
         }
       }
+    }
     }
   }
   return configs;

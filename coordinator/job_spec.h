@@ -33,6 +33,9 @@
 //   num_classes              1 to 100000                    1000
 //   synthetic_samples        1 to 1e8                       12800
 //   partition_bytes          4 to 128 MiB, a multiple of 4  4 MiB
+//   partition_bytes_auto     true or false (PS modes; true: false
+//                            chosen by measurement, then
+//                            partition_bytes is unused)
 //   bucket_bytes             4 to 1 GiB                     25 MiB
 //   model_bytes (synthetic)  4 to 16 GiB, a multiple of 4   required
 //   compute_ms (synthetic)   0 to 3600000                   0

@@ -112,9 +112,8 @@ absl::Status ParameterShard::Initialize(
           " is already initialised (generation ", generation_.load(),
           "); a restore must name a higher generation, not ", generation));
     }
-    // A restore: the same layout, every chunk replaced.
+    // A restore: the same tensors, every chunk replaced.
     if (param_num_elements != plan_->param_num_elements() ||
-        partition_bytes != plan_->partition_bytes() ||
         num_buffers != plan_->num_buffers()) {
       return absl::InvalidArgumentError(
           absl::StrCat("restore of shard ", options_.shard_index,
@@ -122,6 +121,14 @@ absl::Status ParameterShard::Initialize(
                        param_num_elements.size(), " tensors, ", partition_bytes,
                        " bytes per chunk)"));
     }
+  }
+  // Another partition of the same tensors (--partition_bytes=auto's
+  // trials, worker/partition_tuner.h): a re-layout, every chunk state
+  // made anew as at a first Initialize (below). The caller has ended every
+  // push, pull and snapshot of the older generation (see the header).
+  const bool relayout =
+      initialized_.load() && partition_bytes != plan_->partition_bytes();
+  if (initialized_.load() && !relayout) {
     std::vector<int64_t> sizes;
     for (const std::unique_ptr<ChunkState>& c : chunks_) {
       sizes.push_back(c->spec.num_elements);
@@ -171,6 +178,10 @@ absl::Status ParameterShard::Initialize(
   local_index_ = std::move(local_index);
   generation_.store(generation);
   initialized_.store(true);
+  if (relayout) {
+    broken_.store(false);
+    NoteUpdate();
+  }
   return absl::OkStatus();
 }
 
@@ -331,12 +342,14 @@ void ParameterShard::Abort(const std::string& reason) {
     abort_reason_ = reason;
     aborted_.store(true);
   }
-  // Waiters re-check their conditions when the mutex they wait on is
-  // released.
-  { absl::MutexLock lock(&init_mu_); }
-  if (!initialized_.load()) return;
-  for (const std::unique_ptr<ChunkState>& chunk : chunks_) {
-    absl::MutexLock lock(&chunk->mu);
+  {
+    // Waiters re-check their conditions when the mutex they wait on is
+    // released (init_mu_ also keeps a re-layout out while chunks_ is read).
+    absl::MutexLock lock(&init_mu_);
+    if (!initialized_.load()) return;
+    for (const std::unique_ptr<ChunkState>& chunk : chunks_) {
+      absl::MutexLock chunk_lock(&chunk->mu);
+    }
   }
   NoteUpdate();  // wakes pulls waiting for any chunk
 }
@@ -360,6 +373,8 @@ ShardStats ParameterShard::Stats() const {
   stats.late_pushes = late_pushes_.load();
   stats.late_steps = late_steps_.load();
   stats.overflowed = overflowed(&stats.last_overflow);
+  // init_mu_: chunks_ as no re-layout changes it meanwhile.
+  absl::ReaderMutexLock init_lock(&init_mu_);
   if (initialized_.load()) {
     int64_t min_version = -1;
     for (const std::unique_ptr<ChunkState>& chunk : chunks_) {

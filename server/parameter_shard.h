@@ -277,8 +277,14 @@ class ParameterShard {
   // The last `num_buffers` tensors are buffers (see PartitionPlan).
   // `generation` 0: a job's first Initialize (once). Above the shard's
   // generation: a restore, allowed on an initialised shard with the same
-  // layout; it replaces every chunk's weights, Adam state and version,
+  // tensors; it replaces every chunk's weights, Adam state and version,
   // drops pending pushes, and ends the older generation's pulls (ABORTED).
+  // A restore with another `partition_bytes` is a re-layout
+  // (--partition_bytes=auto, worker/partition_tuner.h): the shard derives
+  // the new plan and makes every chunk's state anew, so the caller must
+  // first end every push, pull, step end and snapshot of the shard
+  // (PsService waits for every stream and checkpoint call to end); Stats()
+  // and Abort() may run meanwhile.
   absl::Status Initialize(const std::vector<int64_t>& param_num_elements,
                           int64_t partition_bytes,
                           std::vector<InitChunk> chunks, int num_buffers = 0,
@@ -311,7 +317,8 @@ class ParameterShard {
   // `min_generation`, or `deadline` passes.
   absl::Status WaitReady(absl::Time deadline, int64_t min_generation = 0) const;
 
-  // The layout given to Initialize(); only valid once initialized().
+  // The layout given to Initialize(); only valid once initialized(), and
+  // replaced by a re-layout (see Initialize()).
   const PartitionPlan& plan() const { return *plan_; }
 
   // Pushes worker `worker_id`'s gradient of chunk (param_id, chunk_index)
@@ -721,8 +728,9 @@ class ParameterShard {
   std::string broken_reason_ ABSL_GUARDED_BY(abort_mu_);
   mutable absl::Mutex init_mu_;
   std::atomic<bool> initialized_{false};
-  // Set once by Initialize() before initialized_ becomes true; immutable
-  // afterwards.
+  // Set by Initialize() before initialized_ becomes true; immutable
+  // afterwards but for a re-layout (under init_mu_, with no push, pull or
+  // snapshot running; Stats() and Abort() read chunks_ under init_mu_).
   std::unique_ptr<PartitionPlan> plan_;
   std::vector<std::unique_ptr<ChunkState>> chunks_;
   // Index into chunks_ by the plan's global chunk index; -1: not ours.

@@ -95,6 +95,8 @@ grpc::Status PsService::Checkpoint(grpc::ServerContext* context,
   absl::Status status = shard_->CheckWorker(request->header().job_id(),
                                             request->header().worker_id());
   if (!status.ok()) return ToGrpcStatus(status);
+  EnterLayout();
+  absl::Cleanup left = [this] { LeaveLayout(); };
   if (request->header().worker_id() != 0) {
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                         "only worker 0 asks for checkpoints");
@@ -386,8 +388,21 @@ grpc::Status PsService::Init(grpc::ServerContext* context,
     chunks.push_back(std::move(chunk));
   }
   const int64_t num_chunks = static_cast<int64_t>(chunks.size());
+  // Another partition: no stream or checkpoint may use the chunks while the
+  // shard makes them anew (every worker closes its streams first).
+  const bool relayout =
+      restore && partition_bytes != shard_->plan().partition_bytes();
+  if (relayout) {
+    absl::Time deadline = absl::Now() + pull_timeout_;
+    if (context->deadline() != std::chrono::system_clock::time_point::max()) {
+      deadline = std::min(deadline, absl::FromChrono(context->deadline()));
+    }
+    status = BeginRelayout(deadline);
+    if (!status.ok()) return ToGrpcStatus(status);
+  }
   status = shard_->Initialize(sizes, partition_bytes, std::move(chunks),
                               num_buffers, generation);
+  if (relayout) EndRelayout();
   if (!status.ok()) return ToGrpcStatus(status);
   response->set_num_chunks(num_chunks);
   response->set_num_elements(elements);
@@ -413,6 +428,8 @@ grpc::Status PsService::WaitReady(grpc::ServerContext* context,
   }
   status = shard_->WaitReady(deadline, request->min_generation());
   if (!status.ok()) return ToGrpcStatus(status);
+  EnterLayout();
+  absl::Cleanup left = [this] { LeaveLayout(); };
   response->set_generation(shard_->generation());
   for (int64_t n : shard_->plan().param_num_elements()) {
     response->mutable_layout()->add_param_num_elements(n);
@@ -427,8 +444,46 @@ grpc::Status PsService::WaitReady(grpc::ServerContext* context,
 grpc::Status PsService::PushPullStream(
     grpc::ServerContext* context,
     grpc::ServerReaderWriter<grpc::ByteBuffer, grpc::ByteBuffer>* stream) {
+  EnterLayout();
+  absl::Cleanup left = [this] { LeaveLayout(); };
   PushPullSession session(this, context, stream);
   return session.Run();
+}
+
+void PsService::EnterLayout() {
+  absl::MutexLock lock(&layout_mu_);
+  layout_mu_.Await(absl::Condition(
+      +[](bool* relayout) { return !*relayout; }, &relayout_));
+  ++layout_uses_;
+}
+
+void PsService::LeaveLayout() {
+  absl::MutexLock lock(&layout_mu_);
+  --layout_uses_;
+}
+
+absl::Status PsService::BeginRelayout(absl::Time deadline) {
+  absl::MutexLock lock(&layout_mu_);
+  layout_mu_.Await(absl::Condition(
+      +[](bool* relayout) { return !*relayout; }, &relayout_));
+  relayout_ = true;
+  auto unused = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(layout_mu_) {
+    return layout_uses_ == 0;
+  };
+  if (!layout_mu_.AwaitWithDeadline(absl::Condition(&unused), deadline)) {
+    relayout_ = false;
+    return absl::UnavailableError(absl::StrCat(
+        "shard ", shard_->options().shard_index,
+        " cannot take another partition while ", layout_uses_,
+        " worker streams or checkpoint calls are open (every worker closes "
+        "its streams before a re-layout)"));
+  }
+  return absl::OkStatus();
+}
+
+void PsService::EndRelayout() {
+  absl::MutexLock lock(&layout_mu_);
+  relayout_ = false;
 }
 
 grpc::Status PsService::Stats(grpc::ServerContext* context,

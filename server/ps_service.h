@@ -106,6 +106,17 @@ class PsService final : public ParameterServer::Service {
 
   void Touch();
 
+  // Re-layouts (ParameterShard::Initialize with another partition_bytes,
+  // --partition_bytes=auto): every PushPull stream, Checkpoint call and
+  // WaitReady's read of the layout holds a use of the shard's chunks
+  // (EnterLayout/LeaveLayout; it waits while a re-layout runs), and a
+  // re-layout begins once no use is held (BeginRelayout: UNAVAILABLE,
+  // naming the open uses, if some still are at `deadline`).
+  void EnterLayout();
+  void LeaveLayout();
+  absl::Status BeginRelayout(absl::Time deadline);
+  void EndRelayout();
+
   // Several streams per worker (server/push_pull_session.h): stream c > 0
   // of `worker` sent every push of `step` (PushesSent). RESOURCE_EXHAUSTED
   // past kMaxPushesSent steps noted and not taken.
@@ -152,6 +163,9 @@ class PsService final : public ParameterServer::Service {
   std::vector<bool> done_ ABSL_GUARDED_BY(done_mu_);
   absl::Notification all_workers_done_;
   std::atomic<int> restores_in_progress_{0};
+  absl::Mutex layout_mu_;
+  int layout_uses_ ABSL_GUARDED_BY(layout_mu_) = 0;
+  bool relayout_ ABSL_GUARDED_BY(layout_mu_) = false;
   // NotePushesSent(): per (generation, worker, step), the streams noted.
   absl::Mutex pushes_sent_mu_;
   std::map<std::tuple<int64_t, int, int64_t>, int> pushes_sent_

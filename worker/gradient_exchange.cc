@@ -26,23 +26,25 @@ class PsExchange : public GradientExchange {
  public:
   PsExchange(std::unique_ptr<PsClient> client, bool sync, bool chief,
              absl::Duration init_timeout, int staleness, bool backup_workers,
-             PsCompression compression)
+             PsCompression compression, std::optional<int64_t> ready_generation)
       : client_(std::move(client)),
         sync_(sync),
         chief_(chief),
         init_timeout_(init_timeout),
         staleness_(staleness),
         backup_workers_(sync && backup_workers),
-        compression_(std::move(compression)) {}
+        compression_(std::move(compression)),
+        ready_generation_(ready_generation) {}
 
   absl::Status Start(const std::vector<absl::Span<float>>& weights,
                      const ModelState* resume) override {
-    if (chief_) {
+    if (chief_ && !ready_generation_.has_value()) {
       std::vector<absl::Span<const float>> initial(weights.begin(),
                                                    weights.end());
       RETURN_IF_ERROR(client_->Initialize(initial, resume));
     }
-    RETURN_IF_ERROR(client_->WaitReady(init_timeout_));
+    RETURN_IF_ERROR(
+        client_->WaitReady(init_timeout_, ready_generation_.value_or(0)));
     weights_ = weights;
     ASSIGN_OR_RETURN(version_, client_->PushPull(0, {}, 0, 0, weights_));
     step_ = version_;
@@ -338,6 +340,9 @@ class PsExchange : public GradientExchange {
   // `pushes_`); the newest checkpoint whose residual was saved (or
   // restored).
   PsCompression compression_;
+  // The shards' generation holding the initial state already (a partition
+  // tuning's), or nullopt.
+  const std::optional<int64_t> ready_generation_;
   int64_t pushed_tag_ = 0;
   int64_t pushes_ = 0;
   int64_t residual_saved_ = -1;
@@ -824,10 +829,10 @@ class AllreduceExchange : public GradientExchange {
 std::unique_ptr<GradientExchange> CreatePsExchange(
     std::unique_ptr<PsClient> client, bool sync, bool chief,
     absl::Duration init_timeout, int staleness, bool backup_workers,
-    PsCompression compression) {
+    PsCompression compression, std::optional<int64_t> ready_generation) {
   return std::make_unique<PsExchange>(std::move(client), sync, chief,
                                       init_timeout, staleness, backup_workers,
-                                      std::move(compression));
+                                      std::move(compression), ready_generation);
 }
 
 std::unique_ptr<GradientExchange> CreateAllreduceExchange(

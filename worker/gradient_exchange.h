@@ -232,10 +232,15 @@ struct PsCompression {
 // Checkpoint(wait) waits for every worker's, and a worker's death restores
 // the checkpoint (never a reopen in place: the dead worker's residual is
 // only there).
+// `ready_generation`: the shards hold the job's initial state at that
+// generation already (--partition_bytes=auto's last restore,
+// worker/partition_tuner.h), so Start() initialises nothing and every
+// worker waits for it; nullopt: worker 0's Start() initialises them.
 std::unique_ptr<GradientExchange> CreatePsExchange(
     std::unique_ptr<PsClient> client, bool sync, bool chief,
     absl::Duration init_timeout, int staleness = 0, bool backup_workers = false,
-    PsCompression compression = {});
+    PsCompression compression = {},
+    std::optional<int64_t> ready_generation = std::nullopt);
 
 // `collective` (not owned) connects the job's workers. `bucket_bytes` > 0.
 // Communication errors (Gloo's, after the collective's timeout) come back

@@ -173,8 +173,22 @@ class PsClient {
   // `wait_for_connection`: wait (within `timeout`) for a shard that does
   // not accept connections yet, as at a job's start; false: UNAVAILABLE at
   // once (a recovering worker may hold a dead shard's address).
+  // `shards_partition_bytes` non-null (--partition_bytes=auto): the shards'
+  // layout may cut the same tensors into chunks of another size, which is
+  // written there (every shard's must be equal); the caller then works
+  // through a client of that partition (WithPartition()).
   absl::Status WaitReady(absl::Duration timeout, int64_t min_generation = 0,
-                         bool wait_for_connection = true);
+                         bool wait_for_connection = true,
+                         int64_t* shards_partition_bytes = nullptr);
+
+  // A client of the same shards (their current addresses), options and
+  // generation whose plan cuts the tensors into chunks of at most
+  // `partition_bytes` (INVALID_ARGUMENT as PartitionPlan::Create); with
+  // `compressor` non-null, that one in place of the options' (a throwaway
+  // one for trial rounds). No connection is shared.
+  absl::StatusOr<std::unique_ptr<PsClient>> WithPartition(
+      int64_t partition_bytes, TopKCompressor* compressor = nullptr) const;
+  const PartitionPlan& plan() const { return plan_; }
 
   // The generation this client's requests carry.
   int64_t generation() const { return generation_; }

@@ -150,10 +150,26 @@ absl::Status PsClient::InitializeAs(
   return absl::OkStatus();
 }
 
+absl::StatusOr<std::unique_ptr<PsClient>> PsClient::WithPartition(
+    int64_t partition_bytes, TopKCompressor* compressor) const {
+  ASSIGN_OR_RETURN(
+      PartitionPlan plan,
+      PartitionPlan::Create(plan_.param_num_elements(), partition_bytes,
+                            plan_.num_shards(), plan_.num_buffers()));
+  PsClientOptions options = options_;
+  options.addresses = addresses_;
+  if (compressor != nullptr) options.compressor = compressor;
+  ASSIGN_OR_RETURN(std::unique_ptr<PsClient> client, Create(options, plan));
+  client->generation_ = generation_;
+  return client;
+}
+
 absl::Status PsClient::WaitReady(absl::Duration timeout, int64_t min_generation,
-                                 bool wait_for_connection) {
+                                 bool wait_for_connection,
+                                 int64_t* shards_partition_bytes) {
   const absl::Time deadline = absl::Now() + timeout;
   int64_t generation = min_generation;
+  int64_t partition_bytes = plan_.partition_bytes();
   // Until every shard answers at the same generation (a shard already
   // restored further raises the bar for the others).
   for (int s = 0; s < num_shards();) {
@@ -171,23 +187,32 @@ absl::Status PsClient::WaitReady(absl::Duration timeout, int64_t min_generation,
     const std::vector<int64_t> sizes(
         response.layout().param_num_elements().begin(),
         response.layout().param_num_elements().end());
-    if (sizes != plan_.param_num_elements() ||
-        response.layout().partition_bytes() != plan_.partition_bytes() ||
-        response.layout().num_buffers() != plan_.num_buffers()) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("shard ", s, " (", addresses_[s],
-                       ") was initialised with a different model layout (",
-                       sizes.size(), " tensors) than this worker's (",
-                       plan_.param_num_elements().size(), " tensors)"));
-    }
     if (response.generation() > generation) {
       generation = response.generation();
       s = 0;
       continue;
     }
+    // Shards of one generation share a partition (--partition_bytes=auto:
+    // shard 0's is the one this client adopts).
+    if (shards_partition_bytes != nullptr && s == 0) {
+      partition_bytes = response.layout().partition_bytes();
+    }
+    if (sizes != plan_.param_num_elements() ||
+        response.layout().partition_bytes() != partition_bytes ||
+        response.layout().num_buffers() != plan_.num_buffers()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "shard ", s, " (", addresses_[s],
+          ") was initialised with a different model layout (", sizes.size(),
+          " tensors, chunks of ", response.layout().partition_bytes(),
+          " bytes) than this worker's (", plan_.param_num_elements().size(),
+          " tensors, chunks of ", partition_bytes, " bytes)"));
+    }
     ++s;
   }
   generation_ = generation;
+  if (shards_partition_bytes != nullptr) {
+    *shards_partition_bytes = partition_bytes;
+  }
   return absl::OkStatus();
 }
 

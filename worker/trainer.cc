@@ -25,6 +25,7 @@
 #include "worker/gradient_exchange.h"
 #include "worker/input_pipeline.h"
 #include "worker/metrics.h"
+#include "worker/partition_tuner.h"
 #include "worker/recovery.h"
 #include "worker/reporter.h"
 #include "worker/step_loop.h"
@@ -532,25 +533,9 @@ absl::StatusOr<RunKind> KindOf(const TrainerOptions& options) {
   return kind;
 }
 
-// The mode's exchange, and where its tensors go ("12 chunks on 2 shards").
-absl::StatusOr<std::unique_ptr<GradientExchange>> CreateExchange(
-    const TrainerOptions& options, const RunKind& kind,
-    const Workload& workload, std::string* placement) {
-  if (kind.allreduce) {
-    *placement =
-        absl::StrFormat("ring allreduce over %d workers, buckets of %d bytes",
-                        options.num_workers, options.bucket_bytes);
-    return CreateAllreduceExchange(options.collective, options.adam,
-                                   options.bucket_bytes, workload.num_buffers(),
-                                   options.clip_grad_norm);
-  }
-  ASSIGN_OR_RETURN(PartitionPlan plan,
-                   PartitionPlan::Create(
-                       workload.TensorNumElements(), options.partition_bytes,
-                       static_cast<int>(options.ps_addresses.size()),
-                       workload.num_buffers()));
-  *placement = absl::StrFormat("%d chunks on %d shards", plan.chunks().size(),
-                               plan.num_shards());
+// The client options of the job's PS exchange (compression aside).
+PsClientOptions PsClientOptionsOf(const TrainerOptions& options,
+                                  const RunKind& kind) {
   PsClientOptions client_options;
   client_options.addresses = options.ps_addresses;
   client_options.job_id = options.job_id;
@@ -561,20 +546,119 @@ absl::StatusOr<std::unique_ptr<GradientExchange>> CreateExchange(
   client_options.clip_by_global_norm = kind.sync && options.clip_grad_norm > 0;
   client_options.wire_dtype = options.wire_dtype;
   client_options.channels_per_shard = options.channels_per_shard;
+  return client_options;
+}
+
+// The partition the job trains with, and the shards' generation if they
+// hold the job's initial state already (the tuning's last restore).
+struct PartitionSetting {
+  int64_t partition_bytes = 0;
+  std::optional<int64_t> ready_generation;
+  // Worker 0's tuning, if it ran.
+  std::optional<PartitionChoice> choice;
+};
+
+// The top-k compressor of the job's parameters (not its buffers: those
+// are values, pushed dense), or null without compression.
+std::unique_ptr<TopKCompressor> CompressorOf(const TrainerOptions& options,
+                                             const Workload& workload) {
+  if (!options.compression.enabled()) return nullptr;
+  std::vector<int64_t> sizes = workload.TensorNumElements();
+  sizes.resize(sizes.size() - workload.num_buffers());
+  // Residuals back to the furthest checkpoint a worker can hear of late
+  // (worker/topk_compression.h).
+  return std::make_unique<TopKCompressor>(options.compression, std::move(sizes),
+                                          options.staleness + 3);
+}
+
+// --partition_bytes=auto (worker/partition_tuner.h): a fresh job tunes; a
+// resumed one takes its checkpoint's size; a rejoining task its newest
+// checkpoint's, else the shards' layout.
+absl::StatusOr<PartitionSetting> ChoosePartition(const TrainerOptions& options,
+                                                 const RunKind& kind,
+                                                 Workload& workload,
+                                                 const LineFn& say) {
+  PartitionSetting setting;
+  setting.partition_bytes = options.partition_bytes;
+  if (!options.partition_bytes_auto || kind.allreduce) return setting;
+  const bool chief = options.worker_id == 0;
+  if (options.resume || options.rejoin) {
+    absl::StatusOr<CheckpointManifest> manifest =
+        ReadLatestCheckpoint(options.checkpoint_dir);
+    if (manifest.ok() || options.resume) {
+      RETURN_IF_ERROR(manifest.status());
+      setting.partition_bytes = manifest->job.partition_bytes;
+      return setting;
+    }
+  }
+  const std::vector<int64_t> candidates =
+      PartitionCandidates(workload.TensorNumElements());
+  ASSIGN_OR_RETURN(
+      PartitionPlan plan,
+      PartitionPlan::Create(workload.TensorNumElements(), candidates[0],
+                            static_cast<int>(options.ps_addresses.size()),
+                            workload.num_buffers()));
+  ASSIGN_OR_RETURN(std::unique_ptr<PsClient> client,
+                   PsClient::Create(PsClientOptionsOf(options, kind), plan));
+  if (options.rejoin) {
+    // No checkpoint yet: the size the shards hold.
+    RETURN_IF_ERROR(client->WaitReady(options.init_timeout, 0,
+                                      /*wait_for_connection=*/false,
+                                      &setting.partition_bytes));
+    return setting;
+  }
+  if (candidates.size() == 1) {
+    setting.partition_bytes = candidates[0];
+    setting.choice = PartitionChoice{candidates[0], 0, {}};
+  } else {
+    PartitionTunerOptions tuning;
+    tuning.candidates = candidates;
+    tuning.sync = kind.sync;
+    tuning.staleness = options.staleness;
+    tuning.init_timeout = options.init_timeout;
+    std::vector<absl::Span<const float>> initial;
+    if (chief) {
+      for (absl::Span<float> w : workload.weights()) initial.push_back(w);
+    }
+    const std::unique_ptr<TopKCompressor> trial_compressor =
+        CompressorOf(options, workload);
+    ASSIGN_OR_RETURN(
+        PartitionChoice choice,
+        TunePartition(tuning, *client, initial, chief, trial_compressor.get()));
+    setting.partition_bytes = choice.partition_bytes;
+    setting.ready_generation = choice.generation;
+    setting.choice = std::move(choice);
+  }
+  if (chief && options.verbose) say(DescribePartitionChoice(*setting.choice));
+  return setting;
+}
+
+// The mode's exchange, and where its tensors go ("12 chunks on 2 shards").
+absl::StatusOr<std::unique_ptr<GradientExchange>> CreateExchange(
+    const TrainerOptions& options, const RunKind& kind,
+    const Workload& workload, const PartitionSetting& partition,
+    std::string* placement) {
+  if (kind.allreduce) {
+    *placement =
+        absl::StrFormat("ring allreduce over %d workers, buckets of %d bytes",
+                        options.num_workers, options.bucket_bytes);
+    return CreateAllreduceExchange(options.collective, options.adam,
+                                   options.bucket_bytes, workload.num_buffers(),
+                                   options.clip_grad_norm);
+  }
+  ASSIGN_OR_RETURN(PartitionPlan plan,
+                   PartitionPlan::Create(
+                       workload.TensorNumElements(), partition.partition_bytes,
+                       static_cast<int>(options.ps_addresses.size()),
+                       workload.num_buffers()));
+  *placement = absl::StrFormat("%d chunks on %d shards", plan.chunks().size(),
+                               plan.num_shards());
+  PsClientOptions client_options = PsClientOptionsOf(options, kind);
   PsCompression compression;
   if (options.compression.enabled()) {
-    // The parameters', not the buffers': those are values, pushed dense.
-    const int num_params =
-        static_cast<int>(workload.TensorNumElements().size()) -
-        workload.num_buffers();
-    std::vector<int64_t> sizes = workload.TensorNumElements();
-    sizes.resize(num_params);
     compression.names = workload.TensorNames();
-    compression.names.resize(num_params);
-    // Residuals back to the furthest checkpoint a worker can hear of late
-    // (worker/topk_compression.h).
-    compression.compressor = std::make_unique<TopKCompressor>(
-        options.compression, std::move(sizes), options.staleness + 3);
+    compression.names.resize(compression.names.size() - workload.num_buffers());
+    compression.compressor = CompressorOf(options, workload);
     client_options.compressor = compression.compressor.get();
     if (!options.checkpoint_dir.empty()) {
       compression.step_dir = [dir = options.checkpoint_dir](int64_t step) {
@@ -588,8 +672,8 @@ absl::StatusOr<std::unique_ptr<GradientExchange>> CreateExchange(
                    PsClient::Create(client_options, plan));
   return CreatePsExchange(std::move(client), kind.sync, options.worker_id == 0,
                           options.init_timeout, options.staleness,
-                          client_options.backup_workers,
-                          std::move(compression));
+                          client_options.backup_workers, std::move(compression),
+                          partition.ready_generation);
 }
 
 // Recovery (worker/recovery.h; PS modes). Worker 0 restores the shards to
@@ -709,7 +793,7 @@ absl::StatusOr<int64_t> StartExchange(const TrainerOptions& options,
 // the job made durable before it (a restarted worker 0 goes on counting).
 std::unique_ptr<CheckpointWriter> CreateCheckpointWriter(
     const TrainerOptions& options, const RunKind& kind, const Dataset& dataset,
-    Workload* workload, GradientExchange* exchange,
+    Workload* workload, GradientExchange* exchange, int64_t partition_bytes,
     int64_t* checkpoints_before) {
   CheckpointJobInfo job;
   job.mode = options.mode;
@@ -718,7 +802,7 @@ std::unique_ptr<CheckpointWriter> CreateCheckpointWriter(
   // Allreduce: one file of the whole state (every worker holds it).
   job.num_shards =
       kind.allreduce ? 1 : static_cast<int>(options.ps_addresses.size());
-  job.partition_bytes = options.partition_bytes;
+  job.partition_bytes = partition_bytes;
   job.adam = options.adam;
   job.tensor_names = workload->TensorNames();
   job.tensor_shapes = workload->TensorShapes();
@@ -848,12 +932,15 @@ absl::StatusOr<TrainerOutput> RunWorker(const TrainerOptions& options,
   } else {
     ASSIGN_OR_RETURN(workload, ModelWorkload::Create(options, dataset));
   }
-  std::string placement;
-  ASSIGN_OR_RETURN(std::unique_ptr<GradientExchange> exchange,
-                   CreateExchange(options, kind, *workload, &placement));
   if (!options.init_from.empty()) {
     RETURN_IF_ERROR(workload->LoadModel(options.init_from));
   }
+  ASSIGN_OR_RETURN(const PartitionSetting partition,
+                   ChoosePartition(options, kind, *workload, say));
+  std::string placement;
+  ASSIGN_OR_RETURN(
+      std::unique_ptr<GradientExchange> exchange,
+      CreateExchange(options, kind, *workload, partition, &placement));
   const DataPositions positions(workload->steps_per_epoch(), options.epochs,
                                 options.seed, options.batch_size,
                                 options.num_workers);
@@ -874,8 +961,9 @@ absl::StatusOr<TrainerOutput> RunWorker(const TrainerOptions& options,
   std::optional<CheckpointSchedule> schedule;
   int64_t checkpoints_before = 0;
   if (chief && checkpointing) {
-    checkpoints = CreateCheckpointWriter(options, kind, dataset, workload.get(),
-                                         exchange.get(), &checkpoints_before);
+    checkpoints = CreateCheckpointWriter(
+        options, kind, dataset, workload.get(), exchange.get(),
+        partition.partition_bytes, &checkpoints_before);
     recovery->set_checkpoint_writer(checkpoints.get());
     schedule.emplace(
         CheckpointSchedule::Options{options.checkpoint_every_steps,
@@ -888,6 +976,16 @@ absl::StatusOr<TrainerOutput> RunWorker(const TrainerOptions& options,
   }
   TrainerOutput output;
   DescribeRun(options, kind, dataset, *workload, &output.result);
+  if (!kind.allreduce) {
+    output.result.set_partition_bytes(partition.partition_bytes);
+  }
+  if (partition.choice.has_value()) {
+    for (const PartitionTrial& trial : partition.choice->trials) {
+      PartitionTrialResult* row = output.result.add_partition_trials();
+      row->set_partition_bytes(trial.partition_bytes);
+      row->set_ms_per_step(trial.ms_per_step);
+    }
+  }
   if (chief && options.verbose) {
     say(absl::StrFormat("%s; %s; %d steps per epoch per worker",
                         workload->Describe(), placement,

@@ -103,6 +103,13 @@ struct TrainerOptions {
   // one per evaluation; empty: none.
   std::string metrics_dir;
   int64_t partition_bytes = PartitionPlan::kDefaultPartitionBytes;
+  // PS modes, --partition_bytes=auto (worker/partition_tuner.h): before
+  // the first step, worker 0 times a few exchange rounds at each candidate
+  // size, keeps the fastest, prints "partition_bytes auto: ..." and
+  // records it in the result; partition_bytes is then unused. A resumed
+  // job takes its checkpoint's size, a rejoining task its checkpoint's or
+  // else the shards' own.
+  bool partition_bytes_auto = false;
   // PS modes: how pushed gradients and pulled weights travel (the job's
   // wire_dtype, common/wire_dtype.h): DTYPE_FLOAT32, DTYPE_BFLOAT16 or
   // DTYPE_FLOAT16. The worker's model holds the pulled (rounded) weights.

@@ -262,6 +262,7 @@ absl::StatusOr<pstrain::TrainerOptions> TrainerOptionsOf(
   options.log_every_steps = spec.log_every_steps();
   options.metrics_dir = spec.metrics_dir();
   options.partition_bytes = spec.partition_bytes();
+  options.partition_bytes_auto = spec.partition_bytes_auto();
   options.wire_dtype = config.wire_dtype;
   options.compression = config.compression;
   options.channels_per_shard = spec.channels_per_shard();
