@@ -9,9 +9,9 @@ namespace pstrain {
 namespace {
 
 // Sorted; Model::Create builds each.
-constexpr absl::string_view kModels[] = {"alexnet",   "lenet5",   "mlp",
-                                         "resnet101", "resnet18", "resnet34",
-                                         "resnet50",  "vgg16"};
+constexpr absl::string_view kModels[] = {
+    "alexnet",   "bert_base", "bert_tiny", "lenet5",   "mlp",
+    "resnet101", "resnet18",  "resnet34",  "resnet50", "vgg16"};
 
 // Sorted; LoadDataset reads each.
 constexpr absl::string_view kDatasets[] = {"cifar10",      "fashion_mnist",

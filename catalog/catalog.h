@@ -20,8 +20,9 @@
 
 namespace pstrain {
 
-// The model zoo's names, sorted: "alexnet", "lenet5", "mlp", "resnet101",
-// "resnet18", "resnet34", "resnet50", "vgg16".
+// The model zoo's names, sorted: "alexnet", "bert_base", "bert_tiny",
+// "lenet5", "mlp", "resnet101", "resnet18", "resnet34", "resnet50", "vgg16"
+// (the BERTs take token sequences: models/model.h).
 absl::Span<const absl::string_view> ModelNames();
 
 // The datasets' names, sorted: "cifar10", "fashion_mnist", "image_folder",

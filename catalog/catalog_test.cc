@@ -23,8 +23,8 @@ TEST(CatalogTest, KnownNamesAndTheirLists) {
   EXPECT_TRUE(IsKnownDataset("image_folder"));
   EXPECT_FALSE(IsKnownDataset("imagenet"));
   EXPECT_EQ(KnownModels(),
-            "alexnet, lenet5, mlp, resnet101, resnet18, resnet34, resnet50, "
-            "vgg16");
+            "alexnet, bert_base, bert_tiny, lenet5, mlp, resnet101, resnet18, "
+            "resnet34, resnet50, vgg16");
   EXPECT_EQ(KnownDatasets(),
             "cifar10, fashion_mnist, image_folder, mnist, records, "
             "synthetic");

@@ -76,8 +76,8 @@ TEST(JobSpecTest, BadSpecsNameTheField) {
        "\"modle\"."},
       {counts + "model: \"resnet9000\"",
        "job.pbtxt: model: \"resnet9000\" is not a known model; expected one "
-       "of: alexnet, lenet5, mlp, resnet101, resnet18, resnet34, resnet50, "
-       "vgg16"},
+       "of: alexnet, bert_base, bert_tiny, lenet5, mlp, resnet101, resnet18, "
+       "resnet34, resnet50, vgg16"},
       {counts + "dataset: \"imagenet\"",
        "job.pbtxt: dataset: \"imagenet\" is not a known dataset; expected one "
        "of: cifar10, fashion_mnist, image_folder, mnist, records, synthetic"},

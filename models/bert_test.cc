@@ -4,18 +4,27 @@
 //  - "mlm_head": the per-token Linear with the token table as its weight and
 //    the cross-entropy that ignores label -100 (logits, loss, dL/dh, dW,
 //    db), within kAbs + kRel * |expected| (fp32 sums in other orders);
-//  - the ignore index's edge cases and errors.
+//  - the ignore index's edge cases and errors;
+//  - "bert_tiny": the zoo model (vocab 97, dropout 0) on a fixed batch of
+//    2 x 128 tokens with padding and MLM labels: the loss, the first logits
+//    and every parameter's gradient (its first 64 values and its sum of
+//    squares) against PyTorch's Bert of tools/torch/torch_models.py, whose
+//    state_dict keys are the PS tensor names;
+//  - parameter counts, the tie and the errors of sequence inputs.
+#include <algorithm>
 #include <cmath>
 #include <map>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "gtest/gtest.h"
 #include "models/backend.h"
 #include "models/layer_fixture.h"
 #include "models/layer_harness.h"
 #include "models/layer_spec.h"
+#include "models/model.h"
 
 namespace pstrain {
 namespace {
@@ -116,6 +125,168 @@ TEST(IgnoringCrossEntropy, BadLabelsAreInvalidArguments) {
   loss = HostSoftmaxCrossEntropyIgnoring(
       logits.data(), 2, 3, std::vector<int32_t>{0}, kIgnoreLabel, nullptr);
   EXPECT_EQ(loss.status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+// The fixture's bert_tiny weights: PS tensor k, element i = 0.02 sin(0.7 i +
+// 1.3 k), plus 1 for LayerNorm weights (gen_bert_fixture.py).
+void SetFixtureWeights(Model& model) {
+  const std::vector<std::string> names = model.PsTensorNames();
+  for (size_t k = 0; k < names.size(); ++k) {
+    const bool norm_weight = absl::StrContains(names[k], "norm") &&
+                             absl::EndsWith(names[k], "weight");
+    absl::Span<float> w = model.HostWeights()[k];
+    for (size_t i = 0; i < w.size(); ++i) {
+      w[i] = static_cast<float>(0.02 * std::sin(0.7 * i + 1.3 * k) +
+                                (norm_weight ? 1.0 : 0.0));
+    }
+  }
+  ASSERT_TRUE(model.LoadHostWeights().ok());
+}
+
+std::unique_ptr<Model> MakeBertTiny(Backend* backend, bool memory_plan) {
+  ModelOptions options;
+  options.transformer_dropout = 0.0f;
+  options.memory_plan = memory_plan;
+  absl::StatusOr<std::unique_ptr<Model>> model =
+      Model::Create("bert_tiny", {128}, 97, options, backend);
+  EXPECT_TRUE(model.ok()) << model.status();
+  return model.ok() ? *std::move(model) : nullptr;
+}
+
+Tensor MakeTensor(const Shape& shape, const std::vector<float>& values) {
+  Tensor t(shape);
+  EXPECT_EQ(t.size(), static_cast<int64_t>(values.size()));
+  t.data = values;
+  return t;
+}
+
+TEST(BertTiny, TrainingStepMatchesPyTorch) {
+  std::map<std::string, FixtureCase> fixture = Fixture();
+  ASSERT_TRUE(fixture.count("bert_tiny"));
+  const auto& v = fixture["bert_tiny"].values;
+  std::unique_ptr<Backend> cpu = NewCpuBackend();
+  std::unique_ptr<Model> model = MakeBertTiny(cpu.get(), true);
+  ASSERT_NE(model, nullptr);
+  SetFixtureWeights(*model);
+  const Tensor ids = MakeTensor({2, 128}, v.at("input"));
+  const Tensor mask = MakeTensor({2, 128}, v.at("input2"));
+  const std::vector<int32_t> labels = Labels(v.at("labels"));
+  absl::StatusOr<float> loss = model->ForwardBackward(ids, mask, labels);
+  ASSERT_TRUE(loss.ok()) << loss.status();
+  EXPECT_NEAR(*loss, v.at("loss")[0], 1e-5f * v.at("loss")[0]);
+  // Every PS tensor, by PyTorch's state_dict key, and nothing else.
+  const std::vector<std::string> names = model->PsTensorNames();
+  int checked = 0;
+  for (const auto& [tag, values] : v) {
+    if (!absl::StartsWith(tag, "head:")) continue;
+    const std::string name = tag.substr(5);
+    auto it = std::find(names.begin(), names.end(), name);
+    ASSERT_NE(it, names.end()) << name;
+    const absl::Span<const float> grad =
+        model->HostGradients()[it - names.begin()];
+    ExpectAllNear(std::vector<float>(grad.begin(), grad.begin() + 64), values,
+                  "grad " + name, 1e-6f, 2e-4f);
+    double sumsq = 0;
+    for (float g : grad) sumsq += double{g} * g;
+    const double expected = v.at("sumsq:" + name)[0];
+    EXPECT_NEAR(sumsq, expected, 1e-12 + 2e-4 * expected) << name;
+    ++checked;
+  }
+  EXPECT_EQ(checked, static_cast<int>(names.size()));
+  EXPECT_EQ(names.size(), 33u);
+
+  absl::StatusOr<const Tensor*> logits = model->Forward(ids, mask, true);
+  ASSERT_TRUE(logits.ok()) << logits.status();
+  EXPECT_EQ((*logits)->shape, (Shape{2, 128, 97}));
+  ExpectAllNear(
+      std::vector<float>((*logits)->data.begin(), (*logits)->data.begin() + 64),
+      v.at("logits_head"), "logits", 1e-5f, 1e-4f);
+}
+
+TEST(BertTiny, MemoryPlanChangesNoBit) {
+  std::map<std::string, FixtureCase> fixture = Fixture();
+  ASSERT_TRUE(fixture.count("bert_tiny"));
+  const auto& v = fixture["bert_tiny"].values;
+  std::unique_ptr<Backend> cpu = NewCpuBackend();
+  std::vector<std::vector<float>> grads[2];
+  float losses[2] = {0, 0};
+  for (int plan = 0; plan < 2; ++plan) {
+    std::unique_ptr<Model> model = MakeBertTiny(cpu.get(), plan == 1);
+    ASSERT_NE(model, nullptr);
+    SetFixtureWeights(*model);
+    absl::StatusOr<float> loss = model->ForwardBackward(
+        MakeTensor({2, 128}, v.at("input")),
+        MakeTensor({2, 128}, v.at("input2")), Labels(v.at("labels")));
+    ASSERT_TRUE(loss.ok()) << loss.status();
+    losses[plan] = *loss;
+    for (absl::Span<const float> g : model->HostGradients()) {
+      grads[plan].emplace_back(g.begin(), g.end());
+    }
+  }
+  EXPECT_EQ(losses[0], losses[1]);
+  EXPECT_EQ(grads[0], grads[1]);
+}
+
+TEST(BertZoo, ParameterCountsAndTheTiedDecoder) {
+  std::unique_ptr<Backend> cpu = NewCpuBackend();
+  absl::StatusOr<std::unique_ptr<Model>> tiny =
+      Model::Create("bert_tiny", {128}, 8192, ModelOptions(), cpu.get());
+  ASSERT_TRUE(tiny.ok()) << tiny.status();
+  // tools/torch/torch_models.py's bert("bert_tiny", 8192) and
+  // ("bert_base", 30522): sum(p.numel() for p in parameters()).
+  EXPECT_EQ((*tiny)->NumParameters(), 1535872);
+  EXPECT_TRUE((*tiny)->sequence_model());
+  EXPECT_EQ((*tiny)->input_chw(), (Shape{128}));
+  // The decoder's weight is the token table: one PS tensor, and the head
+  // has only its bias.
+  const std::vector<std::string> names = (*tiny)->PsTensorNames();
+  EXPECT_EQ(names.front(), "embeddings.token.weight");
+  EXPECT_EQ(names.back(), "head.decoder.bias");
+  EXPECT_EQ(std::count(names.begin(), names.end(), "head.decoder.weight"), 0);
+  absl::StatusOr<std::unique_ptr<Model>> base =
+      Model::Create("bert_base", {128}, 30522, ModelOptions(), cpu.get());
+  ASSERT_TRUE(base.ok()) << base.status();
+  EXPECT_EQ((*base)->NumParameters(), 109512762);
+  EXPECT_EQ((*base)->PsTensorNames().size(), 4u + 12 * 12 + 5);
+}
+
+TEST(BertZoo, SequenceInputErrorsAreNamed) {
+  std::unique_ptr<Backend> cpu = NewCpuBackend();
+  absl::StatusOr<std::unique_ptr<Model>> model =
+      Model::Create("bert_tiny", {1, 28, 28}, 10, ModelOptions(), cpu.get());
+  EXPECT_EQ(model.status().message(),
+            "bert_tiny: input [1, 28, 28]; expected [S], the sequence length, "
+            "with 1 <= S <= 512");
+  model = Model::Create("bert_tiny", {8}, 20, ModelOptions(), cpu.get());
+  ASSERT_TRUE(model.ok()) << model.status();
+  Tensor ids({2, 8});
+  absl::StatusOr<const Tensor*> out = (*model)->Forward(Tensor({2, 9}));
+  EXPECT_EQ(out.status().message(),
+            "bert_tiny: input [2, 9]; expected token ids [N, 8]");
+  out = (*model)->Forward(ids, Tensor({2, 7}));
+  EXPECT_EQ(out.status().message(),
+            "bert_tiny: padding mask [2, 7]; expected the input's [2, 8]");
+  ids.data[3] = 20;  // Out of the vocabulary.
+  out = (*model)->Forward(ids);
+  EXPECT_EQ(out.status().code(), absl::StatusCode::kInvalidArgument);
+  ids.data[3] = 0;
+  // One label per token.
+  absl::StatusOr<float> loss =
+      (*model)->ForwardBackward(ids, std::vector<int32_t>(2, 1));
+  EXPECT_EQ(loss.status().code(), absl::StatusCode::kInvalidArgument);
+  std::vector<int32_t> labels(16, kIgnoreLabel);
+  labels[5] = 7;
+  loss = (*model)->ForwardBackward(ids, labels);
+  ASSERT_TRUE(loss.ok()) << loss.status();
+  EXPECT_NEAR(*loss, std::log(20.0), 1.0);  // About uniform at init.
+
+  absl::StatusOr<std::unique_ptr<Model>> lenet =
+      Model::Create("lenet5", {1, 28, 28}, 10, ModelOptions(), cpu.get());
+  ASSERT_TRUE(lenet.ok());
+  out = (*lenet)->Forward(Tensor({1, 1, 28, 28}), Tensor({1, 1, 28, 28}));
+  EXPECT_EQ(out.status().message(),
+            "lenet5: padding mask [1, 1, 28, 28]; only sequence models take "
+            "one");
 }
 
 }  // namespace

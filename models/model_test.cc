@@ -34,8 +34,10 @@ std::unique_ptr<Model> MustCreate(const std::string& name, const Shape& chw,
 TEST(ModelZoo, BuildsEveryCatalogModel) {
   std::unique_ptr<Backend> cpu = NewCpuBackend();
   for (absl::string_view name : ModelNames()) {
+    const bool sequence = absl::StartsWith(name, "bert_");
     std::unique_ptr<Model> model =
-        MustCreate(std::string(name), {3, 32, 32}, 10, cpu.get());
+        MustCreate(std::string(name), sequence ? Shape{16} : Shape{3, 32, 32},
+                   sequence ? 50 : 10, cpu.get());
     ASSERT_NE(model, nullptr) << name;
     EXPECT_GT(model->NumParameters(), 0) << name;
   }
@@ -81,8 +83,9 @@ TEST(ModelZoo, UnknownModelAndTooSmallInputAreNamed) {
   auto model =
       Model::Create("resnet9000", {1, 28, 28}, 10, ModelOptions(), cpu.get());
   EXPECT_EQ(model.status().message(),
-            "unknown model \"resnet9000\"; expected one of: alexnet, lenet5, "
-            "mlp, resnet101, resnet18, resnet34, resnet50, vgg16");
+            "unknown model \"resnet9000\"; expected one of: alexnet, "
+            "bert_base, bert_tiny, lenet5, mlp, resnet101, resnet18, resnet34, "
+            "resnet50, vgg16");
   model = Model::Create("lenet5", {1, 8, 8}, 10, ModelOptions(), cpu.get());
   EXPECT_EQ(model.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_TRUE(absl::StrContains(model.status().message(), "lenet5: layer"))
