@@ -366,8 +366,7 @@ absl::Status CheckIgnoredFlags(const JobConfig& config,
     // Checkpoints, --resume and restarts are for every mode.
     for (const char* flag :
          {"num_ps", "partition_bytes", "wire_dtype", "channels_per_shard",
-          "compression", "error_feedback",
-          "compression_warmup_steps"}) {
+          "compression", "error_feedback", "compression_warmup_steps"}) {
       if (FlagSpecified(flag)) {
         return ignored(flag, absl::StrCat("it is for the parameter-server "
                                           "modes (sync, async), not ",
@@ -756,44 +755,44 @@ absl::StatusOr<std::vector<CompareConfig>> CompareConfigs(
     const bool allreduce = mode.mode == MODE_ALLREDUCE;
     for (const std::string& compression :
          allreduce ? std::vector<std::string>{"none"} : lists.compressions) {
-    // A compressed PS row's mode names its compression ("ps_sync+topk:0.01").
-    const std::string label =
-        compression == "none" || compression.empty()
-            ? mode.label
-            : absl::StrCat(mode.label, "+", compression);
-    for (int b : lists.batch_sizes) {
-      for (int k : allreduce ? std::vector<int>{0} : lists.num_ps) {
-        for (int w : lists.workers) {
-          CompareConfig c;
-          c.run.mode = label;
-          c.run.num_ps = k;
-          c.run.num_workers = w;
-          c.run.batch_size = b;
-          c.run.num_nodes = placement.netns() ? k + w : 1;
-          RETURN_IF_ERROR(CheckRoom(placement, k, w, "--workers"));
-          JobSpec spec = SpecFromFlags(mode.mode, k, w);
-          spec.set_batch_size(b);
-          if (allreduce) {
-            spec.set_collective(std::string(Spelling(mode.collective)));
-          } else {
-            spec.set_compression(compression);
+      // A compressed PS row's mode names its compression ("ps_sync+topk:0.01").
+      const std::string label =
+          compression == "none" || compression.empty()
+              ? mode.label
+              : absl::StrCat(mode.label, "+", compression);
+      for (int b : lists.batch_sizes) {
+        for (int k : allreduce ? std::vector<int>{0} : lists.num_ps) {
+          for (int w : lists.workers) {
+            CompareConfig c;
+            c.run.mode = label;
+            c.run.num_ps = k;
+            c.run.num_workers = w;
+            c.run.batch_size = b;
+            c.run.num_nodes = placement.netns() ? k + w : 1;
+            RETURN_IF_ERROR(CheckRoom(placement, k, w, "--workers"));
+            JobSpec spec = SpecFromFlags(mode.mode, k, w);
+            spec.set_batch_size(b);
+            if (allreduce) {
+              spec.set_collective(std::string(Spelling(mode.collective)));
+            } else {
+              spec.set_compression(compression);
+            }
+            if (steps > 0) {
+              spec.set_epochs(1);
+              spec.set_max_steps_per_epoch(
+                  StepsPerWorker(steps, w, lists.scaling));
+            }
+            absl::StatusOr<JobConfig> config = CheckSpec(spec, dataset);
+            if (!config.ok()) {
+              return absl::InvalidArgumentError(
+                  absl::StrCat(label, " with ", w, " workers, batch ", b, ": ",
+                               config.status().message()));
+            }
+            c.config = *std::move(config);
+            configs.push_back(std::move(c));
           }
-          if (steps > 0) {
-            spec.set_epochs(1);
-            spec.set_max_steps_per_epoch(
-                StepsPerWorker(steps, w, lists.scaling));
-          }
-          absl::StatusOr<JobConfig> config = CheckSpec(spec, dataset);
-          if (!config.ok()) {
-            return absl::InvalidArgumentError(
-                absl::StrCat(label, " with ", w, " workers, batch ", b, ": ",
-                             config.status().message()));
-          }
-          c.config = *std::move(config);
-          configs.push_back(std::move(c));
         }
       }
-    }
     }
   }
   return configs;
