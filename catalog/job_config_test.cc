@@ -107,6 +107,49 @@ TEST(JobConfigTest, ParseJobChoices) {
             "optimizer.lr_schedule: \"\"; expected constant, step or cosine");
 }
 
+// Top-k compression (issue 39): parsed into CompressionOptions; refused
+// with allreduce and where its options would shape nothing.
+TEST(JobConfigTest, CompressionParsesAndIsRefusedWhereItCannotApply) {
+  JobSpec spec;
+  spec.set_backend("cpu");
+  spec.set_mode("sync");
+  spec.set_compute("model");
+  spec.mutable_optimizer()->set_name("adam");
+  spec.mutable_optimizer()->set_lr_schedule("constant");
+  spec.set_compression("topk:0.01");
+  spec.set_compression_warmup_steps(100);
+  absl::StatusOr<JobConfig> config = ParseJobChoices(spec);
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_DOUBLE_EQ(config->compression.topk_ratio, 0.01);
+  EXPECT_TRUE(config->compression.error_feedback);
+  EXPECT_EQ(config->compression.warmup_steps, 100);
+  spec.set_no_error_feedback(true);
+  EXPECT_FALSE(ParseJobChoices(spec)->compression.error_feedback);
+
+  spec.set_compression("topk:2");
+  EXPECT_EQ(ParseJobChoices(spec).status().message(),
+            "compression: \"topk:2\"; expected none or topk:R with 0 < R <= 1 "
+            "(the fraction of each chunk pushed, e.g. topk:0.01)");
+  spec.set_compression(std::string(5000, 'x'));
+  EXPECT_LT(ParseJobChoices(spec).status().message().size(), 200u);
+  spec.set_compression("none");
+  EXPECT_EQ(ParseJobChoices(spec).status().message(),
+            "compression_warmup_steps: 100; expected 0, or a positive step "
+            "count with a compression");
+  spec.set_compression_warmup_steps(0);
+  EXPECT_EQ(ParseJobChoices(spec).status().message(),
+            "no_error_feedback: true without a compression; expected a "
+            "compression such as topk:0.01 (error feedback keeps what top-k "
+            "did not send)");
+  spec.set_no_error_feedback(false);
+  spec.set_compression("topk:0.1");
+  spec.set_mode("allreduce");
+  EXPECT_EQ(ParseJobChoices(spec).status().message(),
+            "compression: \"topk:0.1\" with mode allreduce; expected none "
+            "(top-k pushes go to parameter servers; the allreduce collectives "
+            "reduce dense buffers)");
+}
+
 TEST(JobConfigTest, FlagsTakeTheSpellings) {
   Mode mode = MODE_UNSPECIFIED;
   std::string error;
