@@ -311,6 +311,47 @@ TEST(RecoveryTest, AsyncJobSurvivesKilledShardAndRestartedWorkerGoesOn) {
   EXPECT_GT(Accuracy(output), 0.75) << output;
 }
 
+// Top-k compression with error feedback (issue 39): a worker's residual is
+// state only it and the checkpoints hold, so its death restores the newest
+// checkpoint (with every worker's residual file) instead of reopening the
+// shards in place; the job ends with the model of the run nobody killed,
+// bit for bit.
+TEST(RecoveryTest, TopKJobSurvivesAKilledWorkerWithTheSameModel) {
+  if (!HaveFashionMnist()) GTEST_SKIP() << "dataset-fashion-mnist missing";
+  const std::string topk = "--compression=topk:0.01";
+  const std::string clean_dir = TempDir() + "/topk_clean";
+  const auto clean =
+      RunCommand(pstrain::testing::JoinArgv(RunArgv("sync", clean_dir, topk)));
+  ASSERT_EQ(clean.exit_code, 0) << clean.output;
+  std::string latest = ReadLatest(clean_dir);
+  latest.erase(latest.find_last_not_of(" \n") + 1);
+  ASSERT_FALSE(latest.empty()) << clean.output;
+  for (int w = 0; w < 2; ++w) {
+    EXPECT_TRUE(std::filesystem::exists(
+        absl::StrCat(clean_dir, "/", latest, "/residual-", w, ".safetensors")))
+        << latest;
+  }
+
+  const std::string dir = TempDir() + "/topk_faulted";
+  const std::string log = TempDir() + "/topk_faulted.log";
+  Process run(RunArgv("sync", dir, topk), log);
+  ASSERT_TRUE(
+      WaitFor([&] { return !ReadLatest(dir).empty(); }, absl::Minutes(2)))
+      << ReadTextFile(log);
+  ASSERT_TRUE(KillChild(run.pid(), "pstrain_worker .*--task_index=1"))
+      << ReadTextFile(log);
+  ASSERT_EQ(run.Wait(240), 0) << ReadTextFile(log);
+  const std::string output = ReadTextFile(log);
+  EXPECT_TRUE(std::regex_search(
+      output, std::regex(R"(Restored the shards to .*/step-[0-9]+ \(top-k )"
+                         R"(compression with error feedback)")))
+      << output;
+  EXPECT_EQ(output.find("Reopened the shards"), std::string::npos) << output;
+  EXPECT_EQ(Accuracy(output), Accuracy(clean.output)) << output;
+  EXPECT_EQ(ReadTextFile(dir + "/model.safetensors"),
+            ReadTextFile(clean_dir + "/model.safetensors"));
+}
+
 TEST(RecoveryTest, SpentRestartBudgetFailsNamingEveryDeathAndCheckpoint) {
   if (!HaveFashionMnist()) GTEST_SKIP() << "dataset-fashion-mnist missing";
   const std::string dir = TempDir() + "/budget";
