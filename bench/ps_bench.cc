@@ -275,6 +275,23 @@ PsRun TimePs(int num_shards, const std::vector<int64_t>& sizes,
   return run;
 }
 
+// --compressions, parsed; exits 2 naming a bad entry.
+std::vector<CompressionOptions> CompressionsFromFlag() {
+  std::vector<CompressionOptions> compressions;
+  for (const std::string& spelling : absl::GetFlag(FLAGS_compressions)) {
+    absl::StatusOr<CompressionOptions> c = ParseCompression(spelling);
+    if (!c.ok() || !c->enabled()) {
+      std::fprintf(stderr,
+                   "ps_bench: --compressions: '%s'; expected topk:R with 0 < "
+                   "R <= 1 (uncompressed rows are always timed)\n",
+                   spelling.c_str());
+      std::exit(2);
+    }
+    compressions.push_back(*c);
+  }
+  return compressions;
+}
+
 }  // namespace
 }  // namespace pstrain
 
@@ -359,19 +376,8 @@ int main(int argc, char** argv) {
     folder = *std::move(made);
     tls.dir = folder->path();
   }
-  std::vector<pstrain::CompressionOptions> compressions;
-  for (const std::string& spelling : absl::GetFlag(FLAGS_compressions)) {
-    absl::StatusOr<pstrain::CompressionOptions> c =
-        pstrain::ParseCompression(spelling);
-    if (!c.ok() || !c->enabled()) {
-      std::fprintf(stderr,
-                   "ps_bench: --compressions: '%s'; expected topk:R with 0 < "
-                   "R <= 1 (uncompressed rows are always timed)\n",
-                   spelling.c_str());
-      return 2;
-    }
-    compressions.push_back(*c);
-  }
+  const std::vector<pstrain::CompressionOptions> compressions =
+      pstrain::CompressionsFromFlag();
   std::printf("# %12s %7s %3s %-12s %-10s %10s %10s %8s %10s %11s %7s\n",
               "payload", "shards", "ch", "transport", "wire", "time", "wire",
               "GB/s", "ratio", "TLS ratio", "#wrong");
