@@ -9,6 +9,7 @@
 #        [--model_bytes=102228128] [--steps=10]
 #        [--batch_size=32] [--partition_bytes=4194304]
 #        [--bucket_bytes=26214400] [--out_dir=DIR]
+#        [--wire_dtype=fp32] [--compression=none]
 #        [--queue_ms=10] [--tcp_cc=NAME] [--mtu=1500] [--bin=bazel-bin]
 #
 # Hosts: 10.78.0.1 runs `pstrain compare` and its coordinator (its link is
@@ -58,6 +59,10 @@ MTU=1500
 WORKERS=4
 NUM_PS=2,4
 MODES=ps_sync,allreduce
+# The PS rows' wire format and compression list (pstrain compare's flags:
+# --compression=none,topk:0.01 gives a PS row of each).
+WIRE_DTYPE=fp32
+COMPRESSION=none
 COMPUTE_MS=100
 BACKWARD_FRACTION=0
 MODEL_BYTES=102228128
@@ -84,6 +89,8 @@ for arg in "$@"; do
     --batch_size=*) BATCH_SIZE="${arg#*=}" ;;
     --partition_bytes=*) PARTITION_BYTES="${arg#*=}" ;;
     --bucket_bytes=*) BUCKET_BYTES="${arg#*=}" ;;
+    --wire_dtype=*) WIRE_DTYPE="${arg#*=}" ;;
+    --compression=*) COMPRESSION="${arg#*=}" ;;
     --out_dir=*) OUT_DIR="${arg#*=}" ;;
     --bin=*) BIN="${arg#*=}" ;;
     *)
@@ -303,12 +310,17 @@ for ((i = 0; i < MAX_W; i++)); do
 done
 mkdir -p "$OUT_DIR"
 OUT_DIR="$(cd "$OUT_DIR" && pwd)"
+# Only when asked: an allreduce-only comparison refuses the PS flags.
+ps_wire=()
+[ "$WIRE_DTYPE" = fp32 ] || ps_wire+=(--wire_dtype="$WIRE_DTYPE")
+[ "$COMPRESSION" = none ] || ps_wire+=(--compression="$COMPRESSION")
 ip netns exec "$(ns_of c)" "$PSTRAIN" compare --compute=synthetic \
   --compute_ms="$COMPUTE_MS" --backward_fraction="$BACKWARD_FRACTION" \
   --model_bytes="$MODEL_BYTES" \
   --batch_size="$BATCH_SIZE" --partition_bytes="$PARTITION_BYTES" \
   --bucket_bytes="$BUCKET_BYTES" --workers="$WORKERS" --num_ps="$NUM_PS" \
   --modes="$MODES" --steps="$STEPS" --log_every_steps=1000000 \
+  "${ps_wire[@]}" \
   --link_mbit="$LINK_MBIT" --coordinator_host="$(ip_of c)" \
   --ps_netns="$ps_netns" --worker_netns="$worker_netns" \
   --heartbeat_timeout_s=120 --out_dir="$OUT_DIR"
