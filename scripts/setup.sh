@@ -13,6 +13,8 @@ packages=(
   libabsl-dev libgtest-dev libgmock-dev libbenchmark-dev libdnnl-dev
   zlib1g-dev dataset-fashion-mnist iproute2 libgloo-dev gnuplot-nox iperf3
   python3 patchelf xz-utils nlohmann-json3-dev libjpeg62-turbo-dev libpng-dev
+  # text/: SentencePiece tokenizers, trained on fortune(6)'s English corpus.
+  libsentencepiece-dev fortunes
   # tests/health_test: a Python client of gRPC's health and reflection.
   python3-grpcio python3-protobuf
   # tests/launcher_test.sh: a real Slurm (its own slurmctld and slurmd on
