@@ -135,6 +135,23 @@ class CopyFence {
   virtual absl::Status Wait() = 0;
 };
 
+// The other direction: the next weights arriving in the host staging
+// (Model::HostWeights()) while a training step's forward already runs
+// (priority pulls, worker/gradient_exchange.h). Model::ForwardBackward()
+// asks before each layer's forward reads (BatchNorm: updates) its PS
+// tensors, and once before backward for all of them. Called on the
+// training thread only.
+class WeightsGate {
+ public:
+  virtual ~WeightsGate() = default;
+  // Returns once PS tensor `t`'s host weights are in and stay as they are
+  // until the next step; an error ends the step (the exchange's error).
+  virtual absl::Status AwaitTensor(int t) = 0;
+  // Returns once every PS tensor is in and the exchange holds none of the
+  // host staging any more (backward may write the gradients).
+  virtual absl::Status AwaitAll() = 0;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;

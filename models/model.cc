@@ -725,6 +725,10 @@ absl::Status Model::RunForward(const Tensor& input, const Tensor* padding_mask,
     if (!out_shape.ok()) return out_shape.status();
     s = node->out.Resize(*out_shape);
     if (!s.ok()) return s;
+    if (training && weights_gate_ != nullptr) {
+      s = AwaitWeightsOf(*node);
+      if (!s.ok()) return s;
+    }
     s = node->layer->Forward(in, &node->out, training);
     if (!s.ok()) {
       return absl::Status(s.code(),
@@ -862,6 +866,21 @@ absl::Status Model::CopyGradientsToHost(const Node& node) {
   return absl::OkStatus();
 }
 
+absl::Status Model::AwaitWeightsOf(const Node& node) {
+  for (size_t i = 0; i < node.params.size(); ++i) {
+    absl::Status s =
+        weights_gate_->AwaitTensor(node.first_param + static_cast<int>(i));
+    if (!s.ok()) return s;
+  }
+  for (size_t i = 0; i < node.buffers.size(); ++i) {
+    absl::Status s =
+        weights_gate_->AwaitTensor(static_cast<int>(params_.size()) +
+                                   node.first_buffer + static_cast<int>(i));
+    if (!s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
 absl::Status Model::NotifyReady(const GradientsReadyFn& on_ready,
                                 int first_tensor, int count) {
   if (!on_ready || count == 0 || !stage_gradients_) return absl::OkStatus();
@@ -915,6 +934,11 @@ absl::StatusOr<float> Model::TrainStep(const Tensor& input,
   if (!loss.ok()) return loss.status();
   s = AddLayerTime(loss_start, nodes_.size(), /*backward=*/false);
   if (!s.ok()) return s;
+  if (weights_gate_ != nullptr) {
+    // Backward overwrites the gradients the last step's pushes lent out.
+    s = weights_gate_->AwaitAll();
+    if (!s.ok()) return s;
+  }
   const absl::Time backward_start = absl::Now();
   last_forward_time_ = backward_start - forward_start;
   trace::Complete("forward", "compute", absl::ToUnixMicros(forward_start),

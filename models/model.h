@@ -219,6 +219,13 @@ class Model {
   // Copies the model's params and buffers into HostWeights().
   absl::Status StoreHostWeights();
 
+  // Priority pulls: ForwardBackward() asks `gate` (not owned; null: none)
+  // before each layer's forward for the layer's PS tensors, and for all of
+  // them before backward, so that the first layers' forward runs while the
+  // last layers' weights are still arriving. Host-memory backends only
+  // (elsewhere LoadHostWeights() copies every tensor before the step).
+  void set_weights_gate(WeightsGate* gate) { weights_gate_ = gate; }
+
   // Whether ForwardBackward() fills the host staging (HostGradients()) and
   // calls on_ready; on by default. Off for a loop that keeps the update on
   // the backend (AdamStep()), which then copies nothing to the host.
@@ -256,6 +263,8 @@ class Model {
   // backend, then runs every layer's forward; the logits stay on it.
   absl::Status RunForward(const Tensor& input, const Tensor* padding_mask,
                           bool training);
+  // Asks weights_gate_ for a node's parameters and buffers.
+  absl::Status AwaitWeightsOf(const Node& node);
   // The device tensor a node's input `i` names (a node, the model's input
   // or its padding mask).
   DeviceTensor* InputTensor(int i);
@@ -303,6 +312,7 @@ class Model {
   absl::Status AddLayerTime(absl::Time start, size_t entry, bool backward);
 
   bool stage_gradients_ = true;
+  WeightsGate* weights_gate_ = nullptr;
   // AdamStep()'s state, one m and v per param, and its update count.
   std::vector<DeviceTensor> adam_m_, adam_v_;
   int64_t adam_step_ = 0;

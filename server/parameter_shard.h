@@ -204,6 +204,20 @@ struct PullSubset {
   int count = 1;
 };
 
+// How one pull hands out its chunks (PullRequest.priority and
+// announce_decision; P3, Jayarajan et al. MLSys 2019).
+struct PullOrder {
+  // Among the chunks ready together, the lowest (param_id, chunk_index)
+  // first, chosen again after every chunk: a front layer's chunk that gets
+  // ready while another is written passes the later layers' chunks still
+  // waiting. false: one pass in plan order per round.
+  bool front_first = false;
+  // Sync, min_version >= 1 (optional): called once, as soon as step
+  // min_version - 1 is decided and was not skipped, before the chunks still
+  // unsent; false stops the pull with CANCELLED.
+  std::function<bool(int64_t step)> decided;
+};
+
 // Initial values of one chunk, as sent by worker 0. A fresh job sends only
 // `values`; a job resumed from a checkpoint also sends the Adam state `m`
 // and `v` (empty: zeros; buffers have none) and the chunk's `version` (the
@@ -421,6 +435,9 @@ class ParameterShard {
   // chunks (plan order) has i % subset.count == subset.index are visited;
   // the partial norm goes to index 0's pull only (`norm_partial` unused by
   // the others). Default: every chunk.
+  //
+  // `order` (PullOrder): which ready chunk goes first, and the early word
+  // of the step's decision. Default: plan order, no word.
   using NormVisitor = std::function<bool(int64_t step, double sum_sq)>;
   absl::Status Pull(int64_t min_version, int64_t samples, absl::Time deadline,
                     const PullVisitor& visit,
@@ -428,7 +445,7 @@ class ParameterShard {
                     const std::atomic<bool>* cancelled = nullptr,
                     int64_t generation = 0, SkippedStepInfo* skipped = nullptr,
                     const NormVisitor& norm_partial = nullptr,
-                    PullSubset subset = {});
+                    PullSubset subset = {}, const PullOrder& order = {});
 
   // Clipping (see "Gradient clipping" above): worker `worker_id` sends the
   // squared global norm of `step`, the sum over every shard of the
@@ -658,11 +675,16 @@ class ParameterShard {
   // undecided, or when it was skipped (every chunk goes again, `skipped`
   // receives the decision);
   bool PullFinished(PullCursor& cursor, SkippedStepInfo* skipped);
-  // visits every chunk at the version asked for, each under its lock;
-  // whether any was (ABORTED, or CANCELLED if `after_chunk` says so);
+  // with PullOrder::decided: says once that the step is decided and not
+  // skipped (CANCELLED if `decided` says the stream ended);
+  absl::Status AnnounceDecisionIfReady(PullCursor& cursor,
+                                       const PullOrder& order);
+  // visits every chunk at the version asked for (front_first: only the
+  // first ready one), each under its lock; whether any was (ABORTED, or
+  // CANCELLED if `after_chunk` says so);
   absl::StatusOr<bool> VisitReadyChunks(
       PullCursor& cursor, int64_t generation, const PullVisitor& visit,
-      const std::function<bool()>& after_chunk);
+      const std::function<bool()>& after_chunk, bool front_first);
   // none was: waits for an update after `seen` (updates_), in 100 ms
   // slices when `cancelled` can end it; ABORTED or CANCELLED as Pull();
   absl::Status AwaitPullUpdate(int64_t seen, absl::Time deadline,

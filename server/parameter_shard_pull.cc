@@ -39,6 +39,8 @@ struct ParameterShard::PullCursor {
   // Clipping: this shard's partial of step `deciding` went out (sent once,
   // before the pull's last message); true when none is due.
   bool norm_sent = true;
+  // PullOrder::decided: the decision was announced; true when none is due.
+  bool decision_sent = true;
 };
 
 absl::Status ParameterShard::Pull(int64_t min_version, int64_t samples,
@@ -47,7 +49,7 @@ absl::Status ParameterShard::Pull(int64_t min_version, int64_t samples,
                                   const std::atomic<bool>* cancelled,
                                   int64_t generation, SkippedStepInfo* skipped,
                                   const NormVisitor& norm_partial,
-                                  PullSubset subset) {
+                                  PullSubset subset, const PullOrder& order) {
   if (!initialized_.load()) {
     return absl::FailedPreconditionError(
         absl::StrCat("pull from shard ", options_.shard_index,
@@ -72,6 +74,8 @@ absl::Status ParameterShard::Pull(int64_t min_version, int64_t samples,
   cursor.deciding =
       policy_.has_steps() && min_version >= 1 ? min_version - 1 : -1;
   cursor.norm_sent = !clipping() || cursor.deciding < 0 || subset.index != 0;
+  // With clipping the chunks wait for the norm: no early word.
+  cursor.decision_sent = !order.decided || cursor.deciding < 0 || clipping();
   if (!cursor.norm_sent && !norm_partial) {
     return absl::InvalidArgumentError(absl::StrCat(
         "pull of version ", min_version, " from shard ", options_.shard_index,
@@ -87,11 +91,14 @@ absl::Status ParameterShard::Pull(int64_t min_version, int64_t samples,
         !s.ok()) {
       return s;
     }
+    if (absl::Status s = AnnounceDecisionIfReady(cursor, order); !s.ok()) {
+      return s;
+    }
     if (cursor.remaining == 0 && PullFinished(cursor, skipped)) {
       return absl::OkStatus();
     }
-    absl::StatusOr<bool> progressed =
-        VisitReadyChunks(cursor, generation, visit, after_chunk);
+    absl::StatusOr<bool> progressed = VisitReadyChunks(
+        cursor, generation, visit, after_chunk, order.front_first);
     if (!progressed.ok()) return progressed.status();
     if (*progressed) continue;
     // None ready: wait for the next update.
@@ -150,10 +157,31 @@ bool ParameterShard::PullFinished(PullCursor& cursor,
   return !cursor.resent;
 }
 
+absl::Status ParameterShard::AnnounceDecisionIfReady(PullCursor& cursor,
+                                                     const PullOrder& order) {
+  if (cursor.decision_sent || cursor.resent) return absl::OkStatus();
+  {
+    absl::MutexLock lock(&step_mu_);
+    if (decided_step_ < cursor.deciding) return absl::OkStatus();
+    for (const SkippedStepInfo& skip : recent_skips_) {
+      // Skipped: the pull's last message says so, after the chunks again.
+      if (skip.step == cursor.deciding) {
+        cursor.decision_sent = true;
+        return absl::OkStatus();
+      }
+    }
+  }
+  cursor.decision_sent = true;
+  if (!order.decided(cursor.deciding)) return PullCancelled();
+  return absl::OkStatus();
+}
+
 absl::StatusOr<bool> ParameterShard::VisitReadyChunks(
     PullCursor& cursor, int64_t generation, const PullVisitor& visit,
-    const std::function<bool()>& after_chunk) {
-  // Every chunk ready now, in plan order.
+    const std::function<bool()>& after_chunk, bool front_first) {
+  // Every chunk ready now, in plan order (which is (param_id, chunk_index)
+  // order); front_first: only the first, so that the next round looks from
+  // the front again.
   bool progressed = false;
   for (size_t i = 0; i < chunks_.size(); ++i) {
     if (cursor.sent[i]) continue;
@@ -178,6 +206,7 @@ absl::StatusOr<bool> ParameterShard::VisitReadyChunks(
     --cursor.remaining;
     progressed = true;
     if (after_chunk && !after_chunk()) return PullCancelled();
+    if (front_first) break;
   }
   return progressed;
 }

@@ -250,7 +250,7 @@ std::optional<grpc::Status> PsService::PushPullSession::QueuePull(
                      "have"));
   }
   jobs_.push_back({pull.min_version(), pull.samples(), generation_, worker_id_,
-                   wire, subset});
+                   wire, subset, pull.priority(), pull.announce_decision()});
   return std::nullopt;
 }
 
@@ -282,6 +282,16 @@ bool PsService::PushPullSession::ServePull(const PullJob& job) {
       "pull", "shard",
       {{"worker", job.worker_id}, {"min_version", job.min_version}});
   const int64_t pull_start_us = trace::NowUs();
+  PullOrder order;
+  order.front_first = job.priority;
+  if (job.announce_decision) {
+    order.decided = [&](int64_t step) {
+      PushPullResponse decided;
+      decided.set_decided_step(step);
+      write_failed = !Write(EncodeSmallMessage(decided));
+      return !write_failed;
+    };
+  }
   absl::Status status = shard_->Pull(
       job.min_version, job.samples, absl::Now() + service_->pull_timeout_,
       [&](const ChunkSpec& spec, int64_t version,
@@ -306,7 +316,7 @@ bool PsService::PushPullSession::ServePull(const PullJob& job) {
         write_failed = !Write(EncodeSmallMessage(partial));
         return !write_failed;
       },
-      job.subset);
+      job.subset, order);
   traced.End();
   service_->pulls_waiting_.fetch_sub(1, std::memory_order_relaxed);
   service_->pulls_done_.fetch_add(1, std::memory_order_relaxed);

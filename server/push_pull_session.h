@@ -77,6 +77,9 @@ class PsService::PushPullSession {
     DType wire_dtype;
     // The chunks asked for (PullRequest.channel and channels).
     PullSubset subset;
+    // PullRequest.priority and announce_decision.
+    bool priority;
+    bool announce_decision;
   };
 
   // One message read; nullopt to go on, else the status to finish with

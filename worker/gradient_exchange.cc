@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "common/nonfinite.h"
 #include "common/safetensors.h"
@@ -22,7 +23,7 @@
 namespace pstrain {
 namespace {
 
-class PsExchange : public GradientExchange {
+class PsExchange : public GradientExchange, public WeightsGate {
  public:
   PsExchange(std::unique_ptr<PsClient> client, bool sync, bool chief,
              absl::Duration init_timeout, int staleness, bool backup_workers,
@@ -54,6 +55,11 @@ class PsExchange : public GradientExchange {
   void GradientsReady(const std::vector<absl::Span<const float>>& gradients,
                       int64_t samples, absl::Span<const int> tensors,
                       std::shared_ptr<CopyFence> fence) override {
+    if (pull_in_flight_) {
+      // (The gated compute completed it before backward already.)
+      pull_error_ = CompletePull();
+      if (!pull_error_.ok()) return;  // Step() reports it
+    }
     if (!client_->step_begun()) {
       // An error here (none is expected: no step is in flight) comes back
       // from Step(), which begins the step itself.
@@ -64,12 +70,27 @@ class PsExchange : public GradientExchange {
 
   absl::Status Step(const std::vector<absl::Span<const float>>& gradients,
                     int64_t samples) override {
+    if (!pull_error_.ok()) return std::exchange(pull_error_, absl::OkStatus());
+    RETURN_IF_ERROR(CompletePull());
     if (!client_->step_begun()) {
       RETURN_IF_ERROR(BeginStep(gradients, samples));
     }
     if (pending_mark_.has_value()) {
       client_->MarkStepNonFinite(*pending_mark_);
       pending_mark_.reset();
+    }
+    if (early_forward_ && client_->AwaitDecision()) {
+      // Decided and not skipped: the weights of version step_ + 1 are
+      // final and still arriving; the next forward asks for each tensor
+      // (AwaitTensor) and CompletePull() ends the pull.
+      pull_in_flight_ = true;
+      version_ = step_ + 1;
+      ++step_;
+      if (TopKCompressor* topk = compression_.compressor.get()) {
+        topk->CommitStep(pushed_tag_);
+        ++pushes_;
+      }
+      return absl::OkStatus();
     }
     absl::StatusOr<int64_t> finished = client_->FinishStep();
     if (!finished.ok()) {
@@ -160,8 +181,33 @@ class PsExchange : public GradientExchange {
     return replies;
   }
 
-  absl::Status BeforePause() override { return client_->CloseStreams(); }
-  absl::Status Finish() override { return client_->Done(); }
+  absl::Status BeforePause() override {
+    RETURN_IF_ERROR(CompletePull());
+    return client_->CloseStreams();
+  }
+  absl::Status Finish() override {
+    RETURN_IF_ERROR(CompletePull());
+    return client_->Done();
+  }
+
+  WeightsGate* StartEarlyForward() override {
+    const PsClientOptions& options = client_->options();
+    if (!options.priority_pulls || !sync_ || staleness_ > 0 ||
+        backup_workers_ || options.clip_by_global_norm || saves_residuals()) {
+      return nullptr;
+    }
+    early_forward_ = true;
+    client_->set_announce_decisions(true);
+    return this;
+  }
+  absl::Status AwaitWeights() override { return CompletePull(); }
+
+  // WeightsGate: the compute's forward asks per tensor, then for all.
+  absl::Status AwaitTensor(int t) override {
+    if (!pull_in_flight_ || client_->AwaitTensor(t)) return absl::OkStatus();
+    return CompletePull();  // the step failed: its error
+  }
+  absl::Status AwaitAll() override { return CompletePull(); }
 
   absl::StatusOr<int64_t> Recover(const std::vector<std::string>& addresses,
                                   const ModelState* restore,
@@ -189,6 +235,8 @@ class PsExchange : public GradientExchange {
                                    absl::Duration timeout) {
     client_->Reset();
     pending_mark_.reset();
+    pull_in_flight_ = false;
+    pull_error_ = absl::OkStatus();
     if (!addresses.empty()) RETURN_IF_ERROR(client_->SetAddresses(addresses));
     reopened_ = false;
     if (restore != nullptr && saves_residuals()) {
@@ -240,6 +288,24 @@ class PsExchange : public GradientExchange {
               .status());
     }
     return version_;
+  }
+
+  // Ends the pull Step() left running (forward before the pull ends):
+  // every chunk in, gRPC done with the pushed gradients.
+  absl::Status CompletePull() {
+    if (!pull_in_flight_) return absl::OkStatus();
+    pull_in_flight_ = false;
+    absl::StatusOr<int64_t> finished = client_->FinishStep();
+    if (!finished.ok()) {
+      residual_wait_abandoned_.store(true);
+      return finished.status();
+    }
+    if (*finished != version_) {
+      return absl::DataLossError(
+          absl::StrCat("the shards announced step ", version_ - 1,
+                       " decided, but the pull brought version ", *finished));
+    }
+    return SaveAnnouncedResiduals();
   }
 
   bool saves_residuals() const {
@@ -331,6 +397,12 @@ class PsExchange : public GradientExchange {
   int64_t version_ = 0;
   int64_t step_ = 0;
   std::optional<NonFiniteValue> pending_mark_;
+  // Forward before the pull ends (StartEarlyForward()): on; the last
+  // Step() returned with its pull still running; the error of a pull
+  // completed in GradientsReady(), which the next Step() returns.
+  bool early_forward_ = false;
+  bool pull_in_flight_ = false;
+  absl::Status pull_error_;
   // The last Recover()/Rejoin() of worker 0 reopened the shards in place;
   // else why they could not be (empty: not tried).
   bool reopened_ = false;

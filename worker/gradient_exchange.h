@@ -182,7 +182,31 @@ class GradientExchange {
     return false;
   }
 
-  // After Step(): how its exchange went.
+  // Forward before the pull ends (priority pulls; PS sync without
+  // staleness, backup workers, clipping or saved top-k residuals): from
+  // now on Step() returns once this worker's pushes and step end are out
+  // and a shard has announced the step decided and not skipped, while the
+  // pull goes on; the next step's compute must then ask the returned gate
+  // (models/backend.h WeightsGate) before it reads a tensor's weights, and
+  // before backward writes the gradients. An error of the pull comes back
+  // from the gate, or from the next Step(). Null (and nothing changes)
+  // where the exchange or its mode keeps the whole wait in Step(): backup
+  // workers decide a step's weights only at the pull's end (a late worker
+  // pulls again), clipping updates the chunks only after the norm round,
+  // staleness pulls weights whose step may still be undone, and a saved
+  // residual's checkpoint step arrives on the pull's last message. A
+  // skipped step is known only then too: Step() waits for the whole pull
+  // whenever no shard announced the decision. Call before the first Step().
+  virtual WeightsGate* StartEarlyForward() { return nullptr; }
+  // Returns once the last Step()'s weights are all in: before anything
+  // but the gated compute reads them (a checkpoint, an evaluation, the
+  // final weights). The pull's error, if it failed. At once without a
+  // pull in flight.
+  virtual absl::Status AwaitWeights() { return absl::OkStatus(); }
+
+  // After Step(): how its exchange went. With forward before the pull
+  // ends, the pull's figures (barrier_wait, pull, bytes_pulled) are those
+  // of the last pull that ended, the step before's.
   virtual ExchangeStepTimes LastStepTimes() const { return {}; }
 
   // After Step() of step `step`: the step to train next, step + 1 but

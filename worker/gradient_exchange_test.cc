@@ -327,6 +327,7 @@ class Shards {
     options.clip_by_global_norm = clip_grad_norm_ > 0;
     options.wire_dtype = wire_dtype_;
     options.channels_per_shard = channels_per_shard_;
+    options.priority_pulls = priority_pulls_;
     PsCompression compression;
     if (compression_.enabled()) {
       compression.compressor = std::make_unique<TopKCompressor>(
@@ -353,8 +354,12 @@ class Shards {
   void set_channels_per_shard(int channels) { channels_per_shard_ = channels; }
   // The chunk bound (default: a tensor per chunk).
   void set_partition_bytes(int64_t bytes) { partition_bytes_ = bytes; }
+  // Priority pulls (PsClientOptions; default off).
+  void set_priority_pulls(bool on) { priority_pulls_ = on; }
+  const std::vector<std::string>& addresses() const { return addresses_; }
 
  private:
+  bool priority_pulls_ = false;
   DType wire_dtype_ = DTYPE_FLOAT32;
   CompressionOptions compression_;
   int channels_per_shard_ = 1;
@@ -659,6 +664,214 @@ TEST(PsExchangeTest, ThreeChannelsPerShardEqualOneBitForBit) {
       }
     }
   }
+}
+
+// `workers` workers run `steps` sync steps as a model would (issue 39 item
+// 4): each step's "forward" reads every tensor's weights, and its
+// "backward" writes a gradient that depends on them (Gradient() + w / 4),
+// so a forward that read a weight before its pull wrote it would change the
+// result. `gated`: the exchange's StartEarlyForward() gate is asked per
+// tensor, then for all, as Model::ForwardBackward() asks (Step() returns
+// with the pull still running). Worker 1 reports a non-finite loss at step
+// `skip_step` (-1: none), which every worker's exchange skips. Each
+// worker's weights at the end.
+std::vector<std::vector<std::vector<float>>> TrainAsAModel(
+    const Shards& shards, int workers, int steps, bool gated, int skip_step) {
+  std::vector<std::vector<std::vector<float>>> results(workers);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < workers; ++r) {
+    threads.emplace_back([&, r] {
+      std::unique_ptr<GradientExchange> exchange =
+          shards.Exchange(r, /*chief=*/r == 0);
+      RankTensors tensors(r);
+      ASSERT_TRUE(exchange->Start(tensors.weights).ok());
+      WeightsGate* gate = gated ? exchange->StartEarlyForward() : nullptr;
+      ASSERT_EQ(gate != nullptr, gated);
+      std::vector<std::vector<float>> read(kTensors);
+      for (int step = 0; step < steps; ++step) {
+        for (int t = 0; t < kTensors; ++t) {
+          if (gate != nullptr) {
+            ASSERT_TRUE(gate->AwaitTensor(t).ok());
+          }
+          read[t] = tensors.w[t];
+        }
+        if (gate != nullptr) {
+          ASSERT_TRUE(gate->AwaitAll().ok());
+        }
+        for (int t = 0; t < kTensors; ++t) {
+          const std::vector<float> base = Gradient(r, t);
+          for (int i = 0; i < kElements; ++i) {
+            tensors.g[t][i] = base[i] + read[t][i] * 0.25f;
+          }
+        }
+        // Backward's order: the last tensor first.
+        for (int t = kTensors; t-- > 0;) {
+          exchange->GradientsReady(tensors.gradients, 8, {t}, nullptr);
+        }
+        if (r == 1 && step == skip_step) {
+          NonFiniteValue loss;
+          loss.value = "nan";
+          exchange->MarkStepNonFinite(loss);
+        }
+        const absl::Status s = exchange->Step(tensors.gradients, 8);
+        ASSERT_TRUE(s.ok()) << s;
+        EXPECT_EQ(exchange->SkippedStep().has_value(), step == skip_step)
+            << "step " << step;
+      }
+      ASSERT_TRUE(exchange->AwaitWeights().ok());
+      results[r] = tensors.w;
+      ASSERT_TRUE(exchange->Finish().ok());
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  return results;
+}
+
+// Priority pulls (issue 39 item 4): front layers first on the shards, and
+// the next forward started on the first tensors while the pull goes on,
+// end with the weights of plain pulls bit for bit: 2 shards, 4 chunks per
+// tensor, 1 and 2 channels, with a skipped step (whose pull Step() waits
+// for whole) and with clipping (which keeps the whole wait: no gate).
+TEST(PsExchangeTest, PriorityPullsAndEarlyForwardEqualPlainPullsBitForBit) {
+  constexpr int kWorkers = 2;
+  constexpr int kSteps = 5;
+  struct Case {
+    const char* name;
+    int channels;
+    int skip_step;
+    double clip;
+  };
+  const std::vector<Case> cases = {
+      {"1 channel", 1, -1, 0},
+      {"2 channels, step 2 skipped", 2, 2, 0},
+      {"clipped", 1, -1, 3.0},
+  };
+  for (const Case& c : cases) {
+    std::vector<std::vector<std::vector<float>>> results[2];
+    for (bool priority : {false, true}) {
+      Shards shards(/*num_shards=*/2, kWorkers, 0, OptimizerOptions(), c.clip);
+      shards.set_partition_bytes(kElements);
+      shards.set_channels_per_shard(c.channels);
+      shards.set_priority_pulls(priority);
+      results[priority] =
+          TrainAsAModel(shards, kWorkers, kSteps,
+                        /*gated=*/priority && c.clip == 0, c.skip_step);
+    }
+    for (int r = 0; r < kWorkers; ++r) {
+      ASSERT_EQ(results[1][r].size(), static_cast<size_t>(kTensors)) << c.name;
+      for (int t = 0; t < kTensors; ++t) {
+        EXPECT_EQ(results[1][r][t], results[0][r][t])
+            << c.name << ": worker " << r << " tensor " << t;
+        EXPECT_NE(results[1][r][t], std::vector<float>(kElements, 0.1f))
+            << c.name << ": nothing trained";
+      }
+    }
+  }
+}
+
+// Issue 39 item 4: the next step's forward of tensor 0 (layer 0) starts
+// before the last chunk of the pull arrives. Worker 1 speaks the wire
+// protocol by hand and holds back its push of a tensor on the other shard
+// than tensor 0's: worker 0's Step() returns once tensor 0's shard has
+// decided, its gate lets tensor 0 through with the new weights while the
+// held tensor still has the old ones, and lets the rest through once
+// worker 1 pushes it; the weights are Adam's on the average gradient.
+TEST(PsExchangeTest, ForwardOfLayerZeroStartsBeforeTheLastChunkArrives) {
+  constexpr int kWorkers = 2;
+  Shards shards(/*num_shards=*/2, kWorkers);
+  shards.set_priority_pulls(true);
+  const PartitionPlan plan = shards.Plan();
+  const int first_shard = plan.chunks()[plan.FindChunk(0, 0)].shard;
+  int held = -1;  // a tensor on the other shard
+  for (int t = 1; t < kTensors; ++t) {
+    if (plan.chunks()[plan.FindChunk(t, 0)].shard != first_shard) held = t;
+  }
+  ASSERT_GE(held, 0);
+  std::unique_ptr<GradientExchange> exchange =
+      shards.Exchange(0, /*chief=*/true);
+  RankTensors tensors(0);
+  ASSERT_TRUE(exchange->Start(tensors.weights).ok());
+  WeightsGate* gate = exchange->StartEarlyForward();
+  ASSERT_NE(gate, nullptr);
+
+  // Worker 1's streams: the pull of version 1 on both shards, and its
+  // pushes of step 0 with the step's end on tensor 0's shard only.
+  struct RawStream {
+    std::unique_ptr<ParameterServer::Stub> stub;
+    grpc::ClientContext context;
+    std::unique_ptr<grpc::ClientReaderWriter<PushPullRequest, PushPullResponse>>
+        stream;
+  };
+  RequestHeader header;
+  header.set_job_id("job");
+  header.set_worker_id(1);
+  header.set_generation(0);
+  auto push = [&](RawStream& s, int t) {
+    const std::vector<float> g = Gradient(1, t);
+    PushPullRequest request;
+    *request.mutable_header() = header;
+    TensorChunk* chunk = request.mutable_push();
+    chunk->mutable_key()->set_param_id(t);
+    chunk->set_dtype(DTYPE_FLOAT32);
+    chunk->set_num_elements(kElements);
+    chunk->set_data(std::string(reinterpret_cast<const char*>(g.data()),
+                                g.size() * sizeof(float)));
+    chunk->set_version(0);
+    ASSERT_TRUE(s.stream->Write(request));
+  };
+  auto end_step = [&](RawStream& s) {
+    PushPullRequest request;
+    *request.mutable_header() = header;
+    request.mutable_step_end()->set_step(0);
+    ASSERT_TRUE(s.stream->Write(request));
+  };
+  std::vector<RawStream> raw(2);
+  for (int s = 0; s < 2; ++s) {
+    raw[s].stub = ParameterServer::NewStub(grpc::CreateChannel(
+        shards.addresses()[s], grpc::InsecureChannelCredentials()));
+    raw[s].context.set_deadline(
+        absl::ToChronoTime(absl::Now() + absl::Seconds(20)));
+    raw[s].stream = raw[s].stub->PushPull(&raw[s].context);
+    PushPullRequest pull;
+    *pull.mutable_header() = header;
+    pull.mutable_pull()->set_min_version(1);
+    ASSERT_TRUE(raw[s].stream->Write(pull));
+  }
+  for (int t = 0; t < kTensors; ++t) {
+    if (t != held) push(raw[first_shard], t);
+  }
+  end_step(raw[first_shard]);
+
+  // Worker 0: backward's order, then the step; it returns with the pull
+  // still running (the held tensor cannot be updated yet).
+  for (int t = kTensors; t-- > 0;) {
+    exchange->GradientsReady(tensors.gradients, 8, {t}, nullptr);
+  }
+  ASSERT_TRUE(exchange->Step(tensors.gradients, 8).ok());
+  const absl::Status first = gate->AwaitTensor(0);
+  ASSERT_TRUE(first.ok()) << first;
+  EXPECT_NE(tensors.w[0], std::vector<float>(kElements, 0.1f))
+      << "tensor 0 let through before its pull";
+  EXPECT_EQ(tensors.w[held], std::vector<float>(kElements, 0.1f))
+      << "the held tensor arrived before worker 1 pushed it";
+
+  push(raw[1 - first_shard], held);
+  end_step(raw[1 - first_shard]);
+  const absl::Status all = gate->AwaitAll();
+  ASSERT_TRUE(all.ok()) << all;
+  const std::vector<std::vector<float>> expected =
+      Expected(kWorkers, 1, AdamOptions());
+  for (int t = 0; t < kTensors; ++t) {
+    EXPECT_EQ(tensors.w[t], expected[t]) << "tensor " << t;
+  }
+  for (RawStream& s : raw) {
+    PushPullResponse response;
+    while (s.stream->Read(&response) && !response.last_of_pull()) {
+    }
+    s.stream->WritesDone();
+    EXPECT_TRUE(s.stream->Finish().ok());
+  }
+  ASSERT_TRUE(exchange->Finish().ok());
 }
 
 // Bounded staleness 2 (issue 25) through the client and gRPC: worker 1 is

@@ -236,6 +236,16 @@ struct PsClient::StepState {
   int64_t norm_step() const { return pull.pull().min_version() - 1; }
   // The newest checkpoint step shard 0's pull announced (-1: none).
   int64_t checkpoint_step ABSL_GUARDED_BY(mu) = -1;
+  // Forward before the pull ends (AwaitDecision(), AwaitTensor()): per
+  // tensor, its chunks not pulled yet; per chunk of the plan, pulled once
+  // (a skipped step's second sending is not counted); a shard announced
+  // the step decided and not skipped; the lanes whose pusher finished, and
+  // whose thread ended.
+  std::vector<int> tensor_missing ABSL_GUARDED_BY(mu);
+  std::vector<bool> chunk_pulled ABSL_GUARDED_BY(mu);
+  bool decided ABSL_GUARDED_BY(mu) = false;
+  int pushers_finished ABSL_GUARDED_BY(mu) = 0;
+  int lanes_ended ABSL_GUARDED_BY(mu) = 0;
 
   // One per lane: its reader (which runs its pusher).
   std::vector<std::thread> threads;
@@ -527,6 +537,13 @@ absl::Status PsClient::TakePulledChunk(int lane, StepState* state,
   // One copy, from the received slices into the weights.
   RETURN_IF_ERROR(received.CopyFloatPayload(
       state->weights[c.param_id].subspan(c.offset, c.num_elements)));
+  {
+    absl::MutexLock lock(&state->mu);
+    if (!state->chunk_pulled[index]) {
+      state->chunk_pulled[index] = true;
+      --state->tensor_missing[c.param_id];
+    }
+  }
   *smallest =
       *smallest < 0 ? chunk.version() : std::min(*smallest, chunk.version());
   state->largest[lane] =
@@ -549,6 +566,10 @@ absl::Status PsClient::RunPusher(int lane, StepState* state) {
                                       " channel ", lanes_[lane].channel));
   }
   const absl::Status pushed = WritePushes(lane, state);
+  {
+    absl::MutexLock lock(&state->mu);
+    ++state->pushers_finished;
+  }
   // The pusher's own error (a failed fence): the shard will not answer
   // without this worker's pushes, so end the call for the reader's read to
   // return. Not when the pusher was stopped: the reader saw the call end
@@ -655,6 +676,17 @@ absl::Status PsClient::PushPullLane(int lane, StepState* state,
       if (!status.ok()) return fail(status);
       continue;
     }
+    if (envelope.has_decided_step()) {
+      if (!state->pull.pull().announce_decision() ||
+          envelope.decided_step() != state->norm_step()) {
+        return fail(absl::DataLossError(absl::StrCat(
+            "shard ", shard, " announced the decision of step ",
+            envelope.decided_step(), ", which this pull did not ask for")));
+      }
+      absl::MutexLock lock(&state->mu);
+      state->decided = true;
+      continue;
+    }
     if (envelope.has_skipped_step()) {
       const SkippedStep& skip = envelope.skipped_step();
       SkippedStepInfo& info = state->skipped[lane];
@@ -738,8 +770,12 @@ absl::Status PsClient::BeginStep(
   if (options_.wire_dtype != DTYPE_FLOAT32) {
     state->pull.mutable_pull()->set_wire_dtype(options_.wire_dtype);
   }
+  if (options_.priority_pulls) state->pull.mutable_pull()->set_priority(true);
   state->pull_first = !gradients.empty() && min_version > 0;
   state->send_step_end = state->pull_first;
+  if (announce_decisions_ && state->pull_first) {
+    state->pull.mutable_pull()->set_announce_decision(true);
+  }
   skipped_step_.reset();
   last_step_late_ = false;
   {
@@ -749,6 +785,11 @@ absl::Status PsClient::BeginStep(
     state->released.assign(tensor_chunks_.size(), false);
     state->all_released = gradients.empty();
     state->norm_partials.assign(num_shards(), std::nan(""));
+    state->chunk_pulled.assign(plan_.chunks().size(), false);
+    state->tensor_missing.resize(tensor_chunks_.size());
+    for (size_t t = 0; t < tensor_chunks_.size(); ++t) {
+      state->tensor_missing[t] = static_cast<int>(tensor_chunks_[t].size());
+    }
   }
   state->statuses.assign(n, absl::OkStatus());
   state->versions.assign(n, 0);
@@ -777,6 +818,8 @@ absl::Status PsClient::BeginStep(
     state->threads.emplace_back([this, state, l] {
       state->statuses[l] = PushPullLane(l, state, &state->versions[l]);
       if (!state->statuses[l].ok()) CancelStep(state, l);
+      absl::MutexLock lock(&state->mu);
+      ++state->lanes_ended;
     });
   }
   return absl::OkStatus();
@@ -844,19 +887,7 @@ absl::StatusOr<int64_t> PsClient::FinishStep() {
     return absl::FailedPreconditionError("no step begun");
   }
   StepState* state = step_.get();
-  {
-    absl::MutexLock lock(&state->mu);
-    if (!state->all_released) {
-      for (size_t t = 0; t < tensor_chunks_.size(); ++t) {
-        if (state->released[t]) continue;
-        state->released[t] = true;
-        for (const auto& [lane, index] : tensor_chunks_[t]) {
-          state->ready[lane].emplace_back(index, nullptr);
-        }
-      }
-      state->all_released = true;
-    }
-  }
+  ReleaseAll(state);
   for (std::thread& t : state->threads) t.join();
   std::unique_ptr<StepState> done = std::move(step_);
   const int n = num_shards();  // leases are per shard
@@ -914,6 +945,50 @@ absl::StatusOr<int64_t> PsClient::FinishStep() {
   last_max_version_ =
       *std::max_element(done->largest.begin(), done->largest.end());
   return *std::min_element(done->versions.begin(), done->versions.end());
+}
+
+void PsClient::ReleaseAll(StepState* state) {
+  absl::MutexLock lock(&state->mu);
+  if (state->all_released) return;
+  for (size_t t = 0; t < tensor_chunks_.size(); ++t) {
+    if (state->released[t]) continue;
+    state->released[t] = true;
+    for (const auto& [lane, index] : tensor_chunks_[t]) {
+      state->ready[lane].emplace_back(index, nullptr);
+    }
+  }
+  state->all_released = true;
+}
+
+bool PsClient::AwaitDecision() {
+  if (step_ == nullptr) return false;
+  StepState* state = step_.get();
+  ReleaseAll(state);
+  const int lanes = num_lanes();
+  absl::MutexLock lock(&state->mu);
+  auto known = [state, lanes]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(state->mu) {
+    return state->aborted || state->lanes_ended == lanes ||
+           (state->decided && state->pushers_finished == lanes);
+  };
+  state->mu.Await(absl::Condition(&known));
+  return !state->aborted && state->lanes_ended < lanes && state->decided;
+}
+
+bool PsClient::AwaitTensor(int t) {
+  if (step_ == nullptr || t < 0 ||
+      t >= static_cast<int>(tensor_chunks_.size())) {
+    return true;
+  }
+  StepState* state = step_.get();
+  const int lanes = num_lanes();
+  absl::MutexLock lock(&state->mu);
+  // A lane that ended without its chunks failed (or was given up).
+  auto in = [state, lanes, t]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(state->mu) {
+    return state->tensor_missing[t] == 0 || state->aborted ||
+           state->lanes_ended == lanes;
+  };
+  state->mu.Await(absl::Condition(&in));
+  return state->tensor_missing[t] == 0 && !state->aborted;
 }
 
 void PsClient::MarkStepNonFinite(const NonFiniteValue& value) {

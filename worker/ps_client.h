@@ -92,6 +92,11 @@ struct PsClientOptions {
   // compressor are the caller's (the exchange knows whether a step
   // counted).
   TopKCompressor* compressor = nullptr;
+  // Priority pulls (P3, Jayarajan et al. MLSys 2019; PullRequest.priority):
+  // each shard sends the chunks ready together front layers first (lowest
+  // param_id), so that the weights the next forward needs first arrive
+  // first. Pushes keep backward's order (last layers first).
+  bool priority_pulls = false;
 };
 
 // One step's exchange as this worker saw it (worker/metrics.h), measured
@@ -240,6 +245,27 @@ class PsClient {
   // FAILED_PRECONDITION without BeginStep().
   absl::StatusOr<int64_t> FinishStep();
   bool step_begun() const { return step_ != nullptr; }
+
+  // Forward before the pull ends (sync steps without staleness, backup
+  // workers or clipping; worker/gradient_exchange.h): with this on, each
+  // sync pull asks the shards to announce the step's decision
+  // (PullRequest.announce_decision). Between steps only.
+  void set_announce_decisions(bool on) { announce_decisions_ = on; }
+  // Lets every other chunk go, then waits until every stream has written
+  // its pushes and its step end, and until the step's decision is known.
+  // True: a shard announced the step decided and not skipped, so every
+  // chunk the pull still brings is final and the step's outcome is known;
+  // the pull goes on (AwaitTensor(), then FinishStep()). False: the pull
+  // ended (complete, skipped or failed) or the decision is not announced:
+  // call FinishStep(), which then waits for nothing more than it must.
+  // FAILED_PRECONDITION is FinishStep()'s to report: false without a step.
+  bool AwaitDecision();
+  // After AwaitDecision(): waits until every chunk of tensor `t` has been
+  // pulled into the weights (at once without a step in flight, or for a
+  // tensor out of range). False: the step failed (FinishStep() says why).
+  // The training thread's, as every other call.
+  bool AwaitTensor(int t);
+  const PsClientOptions& options() const { return options_; }
   // The last step FinishStep() completed (zeros before the first).
   const PsStepTimes& last_step_times() const { return last_step_times_; }
 
@@ -342,6 +368,8 @@ class PsClient {
                                int64_t* smallest);
   // Ends the step in flight at once (the destructor's path).
   void AbortStep();
+  // Lets every chunk not let go yet go (FinishStep(), AwaitDecision()).
+  void ReleaseAll(StepState* state);
   // Cancels every stream of the step but lane `except`'s (-1: all) and wakes
   // its pushers: the step failed on one stream.
   void CancelStep(StepState* state, int except);
@@ -386,6 +414,7 @@ class PsClient {
   int64_t last_max_version_ = 0;
   int64_t announced_checkpoint_step_ = -1;
   PsStepTimes last_step_times_;
+  bool announce_decisions_ = false;
 };
 
 // Channel arguments shared by every pstrain client: message size limits

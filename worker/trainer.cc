@@ -60,6 +60,10 @@ class Workload : public StepCompute {
   virtual absl::StatusOr<safetensors::WriteResult> SaveWeights(
       const std::vector<absl::Span<float>>& weights, const std::string& path,
       int64_t steps, const safetensors::WriteOptions& write_options) = 0;
+  // Whether Step()'s forward can ask a WeightsGate per tensor (a model on
+  // a host-memory backend), and the gate it asks from then on.
+  virtual bool can_gate_weights() const { return false; }
+  virtual void SetWeightsGate(WeightsGate* gate) {}
 };
 
 // A streamed split's pipeline: `threads` (at least 1) decoding, two
@@ -146,6 +150,10 @@ class ModelWorkload : public Workload {
     }
   }
   absl::Status LoadWeights() override { return model_->LoadHostWeights(); }
+  bool can_gate_weights() const override { return backend_->host_memory(); }
+  void SetWeightsGate(WeightsGate* gate) override {
+    model_->set_weights_gate(gate);
+  }
   int64_t steps_per_epoch() const override { return steps_per_epoch_; }
   void BeginEpoch(int epoch) override {
     prefetcher_.reset();
@@ -546,6 +554,7 @@ PsClientOptions PsClientOptionsOf(const TrainerOptions& options,
   client_options.clip_by_global_norm = kind.sync && options.clip_grad_norm > 0;
   client_options.wire_dtype = options.wire_dtype;
   client_options.channels_per_shard = options.channels_per_shard;
+  client_options.priority_pulls = options.priority_pulls;
   return client_options;
 }
 
@@ -941,6 +950,12 @@ absl::StatusOr<TrainerOutput> RunWorker(const TrainerOptions& options,
   ASSIGN_OR_RETURN(
       std::unique_ptr<GradientExchange> exchange,
       CreateExchange(options, kind, *workload, partition, &placement));
+  if (workload->can_gate_weights()) {
+    // Priority pulls: the next forward starts while the pull goes on.
+    if (WeightsGate* gate = exchange->StartEarlyForward()) {
+      workload->SetWeightsGate(gate);
+    }
+  }
   const DataPositions positions(workload->steps_per_epoch(), options.epochs,
                                 options.seed, options.batch_size,
                                 options.num_workers);
@@ -970,6 +985,7 @@ absl::StatusOr<TrainerOutput> RunWorker(const TrainerOptions& options,
                                     options.checkpoint_every_secs},
         positions,
         [&](int64_t step, const DataPosition& position) {
+          RETURN_IF_ERROR(exchange->AwaitWeights());
           return checkpoints->Begin(step, position, workload->weights());
         },
         absl::Now());
@@ -1019,6 +1035,7 @@ absl::StatusOr<TrainerOutput> RunWorker(const TrainerOptions& options,
       StepLoopOptionsOf(options, kind, *workload, std::move(injection)),
       positions, std::move(parts));
   RETURN_IF_ERROR(loop.Run(start_step));
+  RETURN_IF_ERROR(exchange->AwaitWeights());
   const int64_t steps = loop.step();
   const double train_seconds = reporter->TrainingSeconds();
   if (checkpoints != nullptr) {

@@ -117,6 +117,12 @@ struct TrainerOptions {
   // PS modes: gRPC channels (TCP connections) to each shard, 1 to 16
   // (PsClientOptions; 0: common/rpc_options.h's default).
   int channels_per_shard = 0;
+  // PS modes: priority pulls (PsClientOptions::priority_pulls); in sync
+  // mode without staleness, backup workers, clipping or saved residuals,
+  // and on host-memory backends, the next step's forward also starts on
+  // the first layers' weights while the last ones still arrive
+  // (GradientExchange::StartEarlyForward). The same weights bit for bit.
+  bool priority_pulls = true;
   // PS modes: top-k compression of pushed gradients with (or without)
   // error feedback (the job's compression; worker/topk_compression.h).
   CompressionOptions compression;
