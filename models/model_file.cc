@@ -126,7 +126,8 @@ absl::StatusOr<ModelFileInfo> ReadModelFileInfo(
     }
     info.input_chw.push_back(v);
   }
-  if (info.model.empty() || info.input_chw.size() != 3 ||
+  const size_t dims = info.input_chw.size();
+  if (info.model.empty() || (dims != 3 && dims != 1) ||
       !absl::SimpleAtoi(get("num_classes"), &info.num_classes) ||
       info.num_classes <= 0 || !absl::SimpleAtoi(get("steps"), &info.steps)) {
     return absl::DataLossError(absl::StrCat(

@@ -9,8 +9,10 @@
 //   model.load_state_dict(safetensors.torch.load_file(path))
 //
 // works with strict=True. The header's "__metadata__" says what the model is
-// ("format": "pstrain.model/1", "model", "input_chw" as "C,H,W",
-// "num_classes", "steps", "dataset"), so a reader can rebuild it.
+// ("format": "pstrain.model/1", "model", "input_chw" as "C,H,W" ("S" for a
+// sequence model), "num_classes", "steps", "dataset"), so a reader can
+// rebuild it. A sequence model's tied decoder weight is stored once, as
+// the token embedding (tools/torch/torch_models.py's Bert has one key).
 //
 // Thread-compatible: these functions touch the model (not thread-safe) and
 // the file; call them from the model's thread.
@@ -34,7 +36,7 @@ namespace pstrain {
 // What the file's metadata says about the model it holds.
 struct ModelFileInfo {
   std::string model;  // Zoo name, "lenet5".
-  Shape input_chw;    // {C, H, W}.
+  Shape input_chw;    // {C, H, W}; {S} for a sequence model (model.h).
   int num_classes = 0;
   int64_t steps = 0;  // Training steps (per worker) behind these weights.
   std::string dataset;

@@ -5,6 +5,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
@@ -104,6 +105,49 @@ TEST(ModelFile, ResNet18FileHasPyTorchsStateDictKeys) {
   int64_t steps = 0;
   std::memcpy(&steps, (*tracked)->bytes.data(), sizeof(steps));
   EXPECT_EQ(steps, 42);
+}
+
+// bert_tiny's file has the keys and shapes of tools/torch/torch_models.py's
+// Bert state_dict (testdata/gen_bert_fixture.py): the tied decoder weight
+// once, as the token embedding. It round-trips, with input_chw {S}.
+TEST(ModelFile, BertTinyFileHasPyTorchsStateDictKeysAndRoundTrips) {
+  std::unique_ptr<Backend> cpu = NewCpuBackend();
+  absl::StatusOr<std::unique_ptr<Model>> a =
+      Model::Create("bert_tiny", {128}, 97, ModelOptions(), cpu.get());
+  ASSERT_TRUE(a.ok()) << a.status();
+  ModelOptions other;
+  other.seed = 2;
+  absl::StatusOr<std::unique_ptr<Model>> b =
+      Model::Create("bert_tiny", {128}, 97, other, cpu.get());
+  ASSERT_TRUE(b.ok()) << b.status();
+  ModelFileInfo info = InfoOf(**a, 3);
+  info.num_classes = 97;
+  const std::string path = TempPath("bert_tiny.safetensors");
+  ASSERT_TRUE(SaveModelFile(**a, (*a)->HostWeights(), info, path).ok());
+  absl::StatusOr<safetensors::File> file = safetensors::File::Read(path);
+  ASSERT_TRUE(file.ok()) << file.status();
+  std::vector<std::string> ours;
+  for (const safetensors::Tensor& t : file->tensors()) {
+    ours.push_back(absl::StrCat(t.name, " ", safetensors::DtypeName(t.dtype),
+                                " ", absl::StrJoin(t.shape, ",")));
+  }
+  std::sort(ours.begin(), ours.end());
+  std::ifstream in("testdata/bert_tiny_torch_keys.txt");
+  std::vector<std::string> torch;
+  for (std::string line; std::getline(in, line);) torch.push_back(line);
+  std::sort(torch.begin(), torch.end());
+  ASSERT_EQ(torch.size(), 33u);
+  EXPECT_EQ(ours, torch);
+  ASSERT_TRUE(LoadModelFile(path, b->get()).ok());
+  for (size_t i = 0; i < (*a)->HostWeights().size(); ++i) {
+    const absl::Span<float> wa = (*a)->HostWeights()[i];
+    const absl::Span<float> wb = (*b)->HostWeights()[i];
+    EXPECT_TRUE(std::equal(wa.begin(), wa.end(), wb.begin())) << i;
+  }
+  absl::StatusOr<ModelFileInfo> read = ReadModelFileInfo(path);
+  ASSERT_TRUE(read.ok()) << read.status();
+  EXPECT_EQ(read->input_chw, (Shape{128}));
+  EXPECT_EQ(read->num_classes, 97);
 }
 
 TEST(ModelFile, RoundTripRestoresWeightsBuffersAndMetadata) {

@@ -14,6 +14,10 @@ Case "mlm_head": the tied decoder and the MLM loss alone,
   (3 b + 5 t) % 11) when (b + t) % 3 == 0, else -100.
   Written: out (logits), loss, din (dL/dh), grad:weight, grad:bias.
 
+Also testdata/bert_tiny_torch_keys.txt: "name dtype shape" of every
+state_dict entry of bert("bert_tiny", vocab 97), as resnet18_torch_keys.txt
+(models/model_file_test.cc compares a saved model.safetensors with it).
+
 Case "bert_tiny": tools/torch/torch_models.py's bert("bert_tiny", vocab 97,
 dropout 0) on a batch of 2 sequences of 128 tokens, training mode:
   parameter k (state_dict order) element i = 0.02 sin(0.7 i + 1.3 k)
@@ -115,11 +119,20 @@ def bert_tiny(f):
     f.write("end\n")
 
 
+def write_keys():
+    model = torch_models.bert("bert_tiny", 97)
+    with open("bert_tiny_torch_keys.txt", "w") as f:
+        for name, t in model.state_dict().items():
+            shape = ",".join(str(d) for d in t.shape)
+            f.write(f"{name} F32 {shape}\n")
+
+
 def main():
     torch.manual_seed(0)
     with open("bert_fixture.txt", "w") as f:
         mlm_head(f)
         bert_tiny(f)
+    write_keys()
 
 
 if __name__ == "__main__":
