@@ -14,6 +14,15 @@ Case "mlm_head": the tied decoder and the MLM loss alone,
   (3 b + 5 t) % 11) when (b + t) % 3 == 0, else -100.
   Written: out (logits), loss, din (dL/dh), grad:weight, grad:bias.
 
+Case "bert_tiny_adam": the same model and initial weights trained for 10
+steps with torch.optim.Adam (lr 1e-3, PyTorch's defaults otherwise) on
+batches of 4 x 32 tokens given by formulas of the step K: ids[b, t] =
+(5 + (11 t + 17 b + 29 K + (t * t) % 13) % 92), sample 3 padded from
+position 24; position t of sample b predicted when (t + b + K) % 6 == 0 and
+not padding (label the id; the id becomes 4 when also (t + K) % 3 == 0).
+Written per step: "ids:K", "mask:K", "labels:K"; then "losses" (10
+values, each before its step's update).
+
 Also testdata/bert_tiny_torch_keys.txt: "name dtype shape" of every
 state_dict entry of bert("bert_tiny", vocab 97), as resnet18_torch_keys.txt
 (models/model_file_test.cc compares a saved model.safetensors with it).
@@ -79,15 +88,19 @@ def mlm_head(f):
     f.write("end\n")
 
 
-def bert_tiny(f):
-    vocab, n, s, padded, mask_id = 97, 2, 128, 40, 4
-    model = torch_models.bert("bert_tiny", vocab, dropout=0.0)
+def set_formula_weights(model):
     with torch.no_grad():
         for k, (name, p) in enumerate(model.state_dict().items()):
             v = seq(p.numel(), lambda i: 0.02 * math.sin(0.7 * i + 1.3 * k))
             if "norm" in name and name.endswith("weight"):
                 v = v + 1.0
             p.copy_(v.view_as(p))
+
+
+def bert_tiny(f):
+    vocab, n, s, padded, mask_id = 97, 2, 128, 40, 4
+    model = torch_models.bert("bert_tiny", vocab, dropout=0.0)
+    set_formula_weights(model)
     model.train()
     ids = torch.tensor([[(7 * t + 31 * b + 3) % vocab for t in range(s)]
                         for b in range(n)])
@@ -119,6 +132,40 @@ def bert_tiny(f):
     f.write("end\n")
 
 
+def bert_tiny_adam(f):
+    vocab, n, s, steps = 97, 4, 32, 10
+    model = torch_models.bert("bert_tiny", vocab, dropout=0.0)
+    set_formula_weights(model)
+    model.train()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3, foreach=False)
+    f.write("case bert_tiny_adam\n")
+    losses = []
+    for k in range(steps):
+        ids = torch.tensor([[5 + (11 * t + 17 * b + 29 * k + (t * t) % 13) % 92
+                             for t in range(s)] for b in range(n)])
+        pad = torch.zeros(n, s, dtype=torch.bool)
+        pad[3, 24:] = True
+        labels = torch.full((n, s), -100, dtype=torch.long)
+        for b in range(n):
+            for t in range(s):
+                if (t + b + k) % 6 == 0 and not pad[b, t]:
+                    labels[b, t] = ids[b, t]
+                    if (t + k) % 3 == 0:
+                        ids[b, t] = 4
+        f.write(line(f"ids:{k}", ids.float()))
+        f.write(line(f"mask:{k}", pad.float()))
+        f.write(line(f"labels:{k}", labels.float()))
+        opt.zero_grad()
+        logits = model(ids, pad)
+        loss = F.cross_entropy(logits.view(-1, vocab), labels.view(-1),
+                               ignore_index=-100)
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    f.write(line("losses", torch.tensor(losses)))
+    f.write("end\n")
+
+
 def write_keys():
     model = torch_models.bert("bert_tiny", 97)
     with open("bert_tiny_torch_keys.txt", "w") as f:
@@ -132,6 +179,7 @@ def main():
     with open("bert_fixture.txt", "w") as f:
         mlm_head(f)
         bert_tiny(f)
+        bert_tiny_adam(f)
     write_keys()
 
 
