@@ -134,6 +134,12 @@ Flags JobFlags(const std::string& what) {
        "0: one per 8 MiB of the shard's chunks, at most 4 (a small model "
        "keeps one). Chunk i of a shard travels on connection i mod N, so "
        "TLS encryption runs on N cores."},
+      {"priority_pulls",
+       "PS modes (default true): shards send the ready chunks front layers "
+       "first, and in sync mode (cpu backend; not with staleness, backup "
+       "workers, clipping or saved top-k residuals) the next forward starts "
+       "on the first layers' weights while the last ones still arrive. The "
+       "same weights either way."},
       {"max_steps_per_epoch",
        "If > 0, at most this many steps per epoch (short runs)."},
       {"ps_binary",

@@ -214,6 +214,11 @@ absl::Status CheckAllreduce(const JobConfig& config) {
                             "; expected 0 for mode allreduce (it has no "
                             "parameter servers to connect to)"));
   }
+  if (allreduce && spec.no_priority_pulls()) {
+    return Bad("no_priority_pulls",
+               "true; expected false for mode allreduce (it has no pulls "
+               "to order)");
+  }
   if (allreduce && config.collective == COLLECTIVE_NONE) {
     return Bad("collective", "\"\"; expected gloo or nccl");
   }
