@@ -11,7 +11,9 @@
 //    without clip_grad_norm (the norm of the admitted workers' average):
 //    shard 0 picks each checkpoint's cut, the first step it admitted no
 //    end of (ParameterShard::HoldCheckpointStep);
-//  - both at once, with clipping.
+//  - both at once, with clipping;
+//  - both at once, with clipping and top-k pushes with error feedback
+//    (each worker's residuals saved with the checkpoints).
 // A job stopped after a checkpoint resumes from its data position; a shard
 // or a worker killed with SIGKILL at a random moment after the first
 // checkpoint is restarted and the job goes on. Each run exits 0 within a
@@ -73,6 +75,13 @@ const Policy kPolicies[] = {
     {"backups_staleness_clip",
      {"--num_workers=3", "--backup_workers=1", "--staleness=2",
       "--clip_grad_norm=1"},
+     true},
+    // Top-k pushes with error feedback (issue 39) on top of every policy:
+    // each worker's residual is saved with each checkpoint, read on resume
+    // and restore.
+    {"topk_backups_staleness_clip",
+     {"--num_workers=3", "--backup_workers=1", "--staleness=2",
+      "--clip_grad_norm=1", "--compression=topk:0.1"},
      true},
 };
 

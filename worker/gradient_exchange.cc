@@ -170,6 +170,14 @@ class PsExchange : public GradientExchange, public WeightsGate {
     }
     ASSIGN_OR_RETURN(std::vector<CheckpointResponse> replies,
                      client_->Checkpoint(step, wait));
+    if (!wait && saves_residuals()) {
+      // Worker 0 knows its cut now (backup workers: shard 0's pick), and
+      // saves its own residual as soon as it holds it: at once unless the
+      // cut lies ahead (an evaluation may come before its next step).
+      own_checkpoint_step_ = std::max(
+          own_checkpoint_step_, replies.empty() ? step : replies[0].step());
+      RETURN_IF_ERROR(SaveAnnouncedResiduals());
+    }
     if (wait && saves_residuals()) {
       // Every worker's residual file of the cut (worker/residual_files.h)
       // before the manifest can name the checkpoint.
@@ -347,12 +355,16 @@ class PsExchange : public GradientExchange, public WeightsGate {
   // into its folder, once this worker holds it (sync: it has finished the
   // step before the cut; async: the residual now).
   absl::Status SaveAnnouncedResiduals() {
-    const int64_t announced = client_->announced_checkpoint_step();
+    const int64_t announced =
+        std::max(client_->announced_checkpoint_step(), own_checkpoint_step_);
     if (!saves_residuals() || announced <= residual_saved_) {
       return absl::OkStatus();
     }
     TopKCompressor* topk = compression_.compressor.get();
-    if (sync_ && topk->newest_step() < announced) return absl::OkStatus();
+    // Sync: held once this worker's next step is at or past the cut (a
+    // late or skipped step committed nothing, so the newest commit at or
+    // before the cut is its residual).
+    if (sync_ && step_ < announced) return absl::OkStatus();
     residual_saved_ = announced;
     absl::StatusOr<std::vector<absl::Span<const float>>> residuals =
         topk->ResidualAt(sync_ ? announced : topk->newest_step());
@@ -418,6 +430,8 @@ class PsExchange : public GradientExchange, public WeightsGate {
   int64_t pushed_tag_ = 0;
   int64_t pushes_ = 0;
   int64_t residual_saved_ = -1;
+  // Worker 0: the cut of the newest checkpoint it began.
+  int64_t own_checkpoint_step_ = -1;
   // Worker 0's checkpoint in flight: the generation it was begun in, and
   // whether its wait for residual files gives up (a step failed).
   std::atomic<int64_t> checkpoint_generation_{0};

@@ -146,12 +146,11 @@ absl::StatusOr<std::vector<absl::Span<const float>>> TopKCompressor::ResidualAt(
       best = b;
     }
   }
-  const int64_t newest = newest_step();
-  if (best < 0 || newest < step) {
+  if (best < 0) {
     return absl::FailedPreconditionError(
         absl::StrCat("the residual at the start of step ", step,
-                     " is not held (the newest is of step ", newest, "; ",
-                     ring_.size(), " kept)"));
+                     " is not held (the newest is of step ", newest_step(),
+                     "; ", ring_.size(), " kept)"));
   }
   // The ring holds the newest commits (a step evicts the oldest), so the
   // newest commit at or before `step`, when the ring holds one, is the

@@ -118,8 +118,9 @@ class TopKCompressor {
   int64_t newest_step() const;
 
   // The residual at the start of step `step`: that of the newest commit at
-  // or before it. FAILED_PRECONDITION when the ring no longer holds it
-  // (or the compressor has not reached it yet: newest_step() < step).
+  // or before it (the caller knows no later step before `step` will still
+  // commit: its next step is at or past `step`). FAILED_PRECONDITION when
+  // the ring no longer holds it.
   absl::StatusOr<std::vector<absl::Span<const float>>> ResidualAt(
       int64_t step) const;
 
