@@ -135,7 +135,7 @@ Flags JobFlags(const std::string& what) {
        "keeps one). Chunk i of a shard travels on connection i mod N, so "
        "TLS encryption runs on N cores."},
       {"priority_pulls",
-       "PS modes (default true): shards send the ready chunks front layers "
+       "PS modes (default false): shards send the ready chunks front layers "
        "first, and in sync mode (cpu backend; not with staleness, backup "
        "workers, clipping or saved top-k residuals) the next forward starts "
        "on the first layers' weights while the last ones still arrive. The "

@@ -161,11 +161,11 @@ ABSL_FLAG(int, channels_per_shard, 0,
           "16; 0: one per 8 MiB of the shard's chunks, at most 4. Chunk i "
           "of a shard travels on connection i mod N, so TLS encryption runs "
           "on N cores.");
-ABSL_FLAG(bool, priority_pulls, true,
+ABSL_FLAG(bool, priority_pulls, false,
           "PS modes: shards send the ready chunks front layers first, and "
           "(sync, cpu) the next forward starts on the first layers' weights "
-          "while the last ones still arrive; false: plan order and the whole "
-          "pull before the next step (the same weights).");
+          "while the last ones still arrive (the same weights); false: plan "
+          "order and the whole pull before the next step.");
 ABSL_FLAG(int64_t, max_steps_per_epoch, 0,
           "If > 0, at most this many steps per epoch (short runs).");
 ABSL_FLAG(std::string, ps_binary, "",
@@ -439,7 +439,7 @@ JobSpec SpecFromFlags(Mode mode, int num_ps, int num_workers) {
   if (mode != MODE_ALLREDUCE) {
     spec.set_wire_dtype(absl::GetFlag(FLAGS_wire_dtype));
     spec.set_channels_per_shard(absl::GetFlag(FLAGS_channels_per_shard));
-    spec.set_no_priority_pulls(!absl::GetFlag(FLAGS_priority_pulls));
+    spec.set_priority_pulls(absl::GetFlag(FLAGS_priority_pulls));
     spec.set_compression(absl::GetFlag(FLAGS_compression));
     spec.set_no_error_feedback(!absl::GetFlag(FLAGS_error_feedback));
     spec.set_compression_warmup_steps(

@@ -214,8 +214,8 @@ absl::Status CheckAllreduce(const JobConfig& config) {
                             "; expected 0 for mode allreduce (it has no "
                             "parameter servers to connect to)"));
   }
-  if (allreduce && spec.no_priority_pulls()) {
-    return Bad("no_priority_pulls",
+  if (allreduce && spec.priority_pulls()) {
+    return Bad("priority_pulls",
                "true; expected false for mode allreduce (it has no pulls "
                "to order)");
   }

@@ -61,7 +61,7 @@
 //                            none in allreduce
 //   no_error_feedback        only with a compression        false
 //   compression_warmup_steps >= 0; 0 without a compression  0
-//   no_priority_pulls        false in allreduce (no pulls)  false (on)
+//   priority_pulls           false in allreduce (no pulls)  false
 //   optimizer.lr             1e-30 to 10                    0.001
 //   optimizer.beta1, beta2   0 <= beta < 1, also in fp32    0.9, 0.999
 //                            (1 - beta > 0 after rounding:

@@ -556,3 +556,69 @@ TEST(ModelZoo, GradientsReadyAnnouncesEachTensorOnceWithFinalValues) {
 
 }  // namespace
 }  // namespace pstrain
+
+namespace pstrain {
+namespace {
+
+// Records what a training step asks of its WeightsGate (priority pulls,
+// issue 39 item 4), and fails where told.
+class RecordingGate : public WeightsGate {
+ public:
+  absl::Status AwaitTensor(int t) override {
+    events.push_back(t);
+    return t == fail_at ? absl::UnavailableError("pull failed")
+                        : absl::OkStatus();
+  }
+  absl::Status AwaitAll() override {
+    events.push_back(kAll);
+    return absl::OkStatus();
+  }
+  static constexpr int kAll = -1;
+  int fail_at = -2;
+  std::vector<int> events;  // tensors, kAll
+};
+
+// ForwardBackward asks for each layer's PS tensors (BatchNorm's buffers
+// too) before that layer's forward, the first layer's first, and for all
+// once before backward announces any gradient; a failed wait is the
+// step's error.
+TEST(ModelWeightsGate, AsksPerLayerInForwardOrderThenForAllBeforeBackward) {
+  std::unique_ptr<Backend> cpu = NewCpuBackend();
+  std::unique_ptr<Model> model =
+      MustCreate("resnet18", {1, 28, 28}, 10, cpu.get());
+  ASSERT_NE(model, nullptr);
+  RecordingGate gate;
+  model->set_weights_gate(&gate);
+  Tensor x({2, 1, 28, 28});
+  for (int64_t i = 0; i < x.size(); ++i) {
+    x.data[i] = static_cast<float>(0.5 * std::cos(0.37 * i));
+  }
+  size_t events_at_first_ready = 0;
+  ASSERT_TRUE(model
+                  ->ForwardBackward(
+                      x, {3, 7},
+                      [&](absl::Span<const int>, std::shared_ptr<CopyFence>) {
+                        if (events_at_first_ready == 0) {
+                          events_at_first_ready = gate.events.size();
+                        }
+                      })
+                  .ok());
+  const int tensors = model->num_ps_tensors();
+  ASSERT_EQ(gate.events.size(), static_cast<size_t>(tensors) + 1);
+  EXPECT_EQ(gate.events.front(), 0) << "layer 0's weight first";
+  EXPECT_EQ(gate.events.back(), RecordingGate::kAll);
+  EXPECT_EQ(events_at_first_ready, gate.events.size());
+  std::vector<int> asked(gate.events.begin(), gate.events.end() - 1);
+  std::sort(asked.begin(), asked.end());
+  for (int t = 0; t < tensors; ++t) EXPECT_EQ(asked[t], t);
+
+  RecordingGate failing;
+  failing.fail_at = 1;
+  model->set_weights_gate(&failing);
+  absl::StatusOr<float> loss = model->ForwardBackward(x, {3, 7});
+  EXPECT_TRUE(absl::IsUnavailable(loss.status())) << loss.status();
+  model->set_weights_gate(nullptr);
+}
+
+}  // namespace
+}  // namespace pstrain

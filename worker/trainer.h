@@ -122,7 +122,7 @@ struct TrainerOptions {
   // and on host-memory backends, the next step's forward also starts on
   // the first layers' weights while the last ones still arrive
   // (GradientExchange::StartEarlyForward). The same weights bit for bit.
-  bool priority_pulls = true;
+  bool priority_pulls = false;
   // PS modes: top-k compression of pushed gradients with (or without)
   // error feedback (the job's compression; worker/topk_compression.h).
   CompressionOptions compression;

@@ -266,7 +266,7 @@ absl::StatusOr<pstrain::TrainerOptions> TrainerOptionsOf(
   options.wire_dtype = config.wire_dtype;
   options.compression = config.compression;
   options.channels_per_shard = spec.channels_per_shard();
-  options.priority_pulls = !spec.no_priority_pulls();
+  options.priority_pulls = spec.priority_pulls();
   options.max_steps_per_epoch = spec.max_steps_per_epoch();
   options.init_from = spec.init_from();
   options.checkpoint_dir = spec.checkpoint_dir();
