@@ -330,7 +330,10 @@ class PsExchange : public GradientExchange, public WeightsGate {
     TopKCompressor* topk = compression_.compressor.get();
     if (topk == nullptr) return false;
     const int64_t tag = sync_ ? step : pushes_;
-    residual_saved_ = step;
+    // Zeros (no file): not on disk yet, so a checkpoint of `step` in
+    // flight (a worker rejoining a backup job at the cut) still gets this
+    // worker's file; earlier checkpoints are not this worker's to write.
+    residual_saved_ = step - 1;
     if (step_dir.empty() || !topk->options().error_feedback) {
       RETURN_IF_ERROR(topk->Reset(tag, {}));
       return false;
@@ -348,6 +351,7 @@ class PsExchange : public GradientExchange, public WeightsGate {
     }
     RETURN_IF_ERROR(residuals.status());
     RETURN_IF_ERROR(topk->Reset(tag, *residuals));
+    residual_saved_ = step;
     return true;
   }
 
