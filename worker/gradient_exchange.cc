@@ -330,12 +330,13 @@ class PsExchange : public GradientExchange, public WeightsGate {
     TopKCompressor* topk = compression_.compressor.get();
     if (topk == nullptr) return false;
     const int64_t tag = sync_ ? step : pushes_;
-    // Zeros (no file): not on disk yet, so a checkpoint of `step` in
-    // flight (a worker rejoining a backup job at the cut) still gets this
-    // worker's file; earlier checkpoints are not this worker's to write.
-    residual_saved_ = step - 1;
+    // Zeros (no file): this worker holds no residual of any step before
+    // this one either (a worker restarted into a backup job after a cut it
+    // missed), so they are its residual at every earlier cut too: a
+    // checkpoint in flight still gets this worker's file, of zeros.
+    residual_saved_ = -1;
     if (step_dir.empty() || !topk->options().error_feedback) {
-      RETURN_IF_ERROR(topk->Reset(tag, {}));
+      RETURN_IF_ERROR(topk->Reset(0, {}));
       return false;
     }
     std::vector<int64_t> sizes;
@@ -346,7 +347,7 @@ class PsExchange : public GradientExchange, public WeightsGate {
         ReadResidualFile(step_dir, compression_.worker_id, step,
                          compression_.names, sizes);
     if (absl::IsNotFound(residuals.status())) {
-      RETURN_IF_ERROR(topk->Reset(tag, {}));
+      RETURN_IF_ERROR(topk->Reset(0, {}));
       return false;
     }
     RETURN_IF_ERROR(residuals.status());
