@@ -704,19 +704,7 @@ absl::Status PsClient::PushPullLane(int lane, StepState* state,
     }
     if (envelope.last_of_pull()) {
       pull_complete = true;
-      if (envelope.has_checkpoint_step() && shard == 0) {
-        absl::MutexLock lock(&state->mu);
-        state->checkpoint_step =
-            std::max(state->checkpoint_step, envelope.checkpoint_step());
-      }
-      if (options_.clip_by_global_norm && channel == 0) {
-        // No partial by now: none will come (see StepState::norm_missing).
-        // (The shard sends it on channel 0's pull only.)
-        absl::MutexLock lock(&state->mu);
-        if (std::isnan(state->norm_partials[shard])) {
-          state->norm_missing = true;
-        }
-      }
+      TakePullEnd(lane, state, envelope);
       if (!awaiting_admission) break;
     }
   }
@@ -739,6 +727,22 @@ absl::Status PsClient::PushPullLane(int lane, StepState* state,
   }
   *version = smallest;
   return absl::OkStatus();
+}
+
+void PsClient::TakePullEnd(int lane, StepState* state,
+                           const PushPullResponse& last) {
+  const int shard = lanes_[lane].shard;
+  absl::MutexLock lock(&state->mu);
+  if (last.has_checkpoint_step() && shard == 0) {
+    state->checkpoint_step =
+        std::max(state->checkpoint_step, last.checkpoint_step());
+  }
+  if (options_.clip_by_global_norm && lanes_[lane].channel == 0 &&
+      std::isnan(state->norm_partials[shard])) {
+    // No partial by now: none will come (see StepState::norm_missing).
+    // (The shard sends it on channel 0's pull only.)
+    state->norm_missing = true;
+  }
 }
 
 absl::StatusOr<int64_t> PsClient::PushPull(

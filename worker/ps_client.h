@@ -362,6 +362,9 @@ class PsClient {
   // smallest version pulled from the shard so far, -1 for none).
   absl::Status TakeNormPartial(int shard, StepState* state,
                                const NormSum& partial);
+  // A pull's last message: the checkpoint step shard 0 announces; with
+  // clipping, whether a partial never came.
+  void TakePullEnd(int lane, StepState* state, const PushPullResponse& last);
   absl::Status TakePulledChunk(int lane, StepState* state,
                                ReceivedChunkMessage& received,
                                int64_t arrived_us, int64_t bytes,
