@@ -69,6 +69,15 @@ absl::Status WriteResidualFile(
     return absl::InternalError(
         absl::StrCat(step_dir, ": cannot create it: ", error.message()));
   }
+  // As a shard's step folder (server/shard_checkpoint.h): a link put in
+  // its place is refused, not followed.
+  if (std::filesystem::is_symlink(step_dir, error) ||
+      !std::filesystem::is_directory(step_dir, error)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(step_dir,
+                     ": not a folder (a link or another file); expected the "
+                     "checkpoint's step folder"));
+  }
   std::vector<safetensors::TensorView> views;
   for (size_t t = 0; t < names.size(); ++t) {
     views.push_back(safetensors::F32View(
