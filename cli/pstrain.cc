@@ -34,6 +34,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/reflection.h"
 #include "absl/flags/usage.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -690,7 +691,7 @@ absl::StatusOr<CompareLists> ParseCompareLists() {
             lists.compressions.end() ||
         lists.compressions.size() >= 8) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "--compression: \"", c.substr(0, 40),
+          "--compression: \"", absl::CHexEscape(c.substr(0, 40)),
           "\" repeated, or more than 8 entries; expected distinct entries "
           "such as none,topk:0.01"));
     }

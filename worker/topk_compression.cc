@@ -5,6 +5,7 @@
 #include <numeric>
 #include <utility>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
@@ -19,7 +20,9 @@ absl::StatusOr<CompressionOptions> ParseCompression(absl::string_view text) {
   if (!absl::ConsumePrefix(&ratio, "topk:") || !absl::SimpleAtod(ratio, &r) ||
       !(r > 0 && r <= 1)) {
     return absl::InvalidArgumentError(
-        absl::StrCat("compression: \"", text.substr(0, 40),
+        // C-escaped: the text is a caller's (no newline or terminal
+        // escape reaches a log raw).
+        absl::StrCat("compression: \"", absl::CHexEscape(text.substr(0, 40)),
                      text.size() > 40 ? "...(cut)" : "",
                      "\"; expected none or topk:R with 0 < R <= 1 (the "
                      "fraction of each chunk pushed, e.g. topk:0.01)"));

@@ -35,6 +35,13 @@ TEST(ParseCompressionTest, RefusesOtherTexts) {
   }
 }
 
+TEST(ParseCompressionTest, TheTextIsEscapedInTheMessage) {
+  const absl::Status s = ParseCompression("topk:\n\x1b[2J").status();
+  EXPECT_EQ(s.message().find('\n'), std::string::npos) << s;
+  EXPECT_EQ(s.message().find('\x1b'), std::string::npos) << s;
+  EXPECT_THAT(s.message(), HasSubstr("topk:\\n\\x1b[2J"));
+}
+
 TEST(TopKCountTest, CeilingAtLeastOne) {
   EXPECT_EQ(TopKCount(0.01, 1000), 10);
   EXPECT_EQ(TopKCount(0.01, 1001), 11);
