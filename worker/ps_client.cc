@@ -272,6 +272,16 @@ absl::Status PsClient::PushChunk(int lane, StepState* state,
   Stream& s = streams_[lane];
   const absl::Span<const float> values =
       state->gradients[c.param_id].subspan(c.offset, c.num_elements);
+  // The step's first non-finite value (this chunk's element `element`).
+  auto found = [&](int64_t element, float value) {
+    absl::MutexLock lock(&state->mu);
+    if (state->nonfinite == nullptr) {
+      state->nonfinite = std::make_unique<NonFiniteValue>();
+      state->nonfinite->param_id = c.param_id;
+      state->nonfinite->element = element;
+      state->nonfinite->value = NonFiniteText(value);
+    }
+  };
   bool skip;
   {
     absl::MutexLock lock(&state->mu);
@@ -281,13 +291,7 @@ absl::Status PsClient::PushChunk(int lane, StepState* state,
     const int64_t bad = FindNonFinite(values);
     if (bad >= 0) {
       skip = true;
-      absl::MutexLock lock(&state->mu);
-      if (state->nonfinite == nullptr) {
-        state->nonfinite = std::make_unique<NonFiniteValue>();
-        state->nonfinite->param_id = c.param_id;
-        state->nonfinite->element = c.offset + bad;
-        state->nonfinite->value = NonFiniteText(values[bad]);
-      }
+      found(c.offset + bad, values[bad]);
     }
   }
   // Top-k compression (worker/topk_compression.h) of a parameter's chunk
@@ -304,13 +308,7 @@ absl::Status PsClient::PushChunk(int lane, StepState* state,
     const int64_t bad = FindNonFinite(topk_values);
     if (bad >= 0) {
       skip = true;
-      absl::MutexLock lock(&state->mu);
-      if (state->nonfinite == nullptr) {
-        state->nonfinite = std::make_unique<NonFiniteValue>();
-        state->nonfinite->param_id = c.param_id;
-        state->nonfinite->element = c.offset + topk_indices[bad];
-        state->nonfinite->value = NonFiniteText(topk_values[bad]);
-      }
+      found(c.offset + topk_indices[bad], topk_values[bad]);
     }
   }
   const int64_t push_start_us = trace::NowUs();
