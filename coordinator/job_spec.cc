@@ -343,6 +343,32 @@ absl::Status CheckRecovery(const JobConfig& config) {
   return ParseStraggler(spec.straggler(), spec.num_workers()).status();
 }
 
+// Sequence models and token datasets (issue 41): each takes only the
+// other, with seq_len and dropout in range.
+absl::Status CheckSequenceInputs(const JobConfig& config) {
+  const JobSpec& spec = config.spec;
+  RETURN_IF_ERROR(CheckRange("seq_len", spec.seq_len(), 0, kMaxSeqLen,
+                             "tokens (0: the token file's, or 128)"));
+  if (spec.has_dropout()) {
+    RETURN_IF_ERROR(CheckRange("dropout", spec.dropout(), 0.0, kMaxDropout,
+                               "(a probability below 1)"));
+  }
+  if (config.compute == COMPUTE_SYNTHETIC) return absl::OkStatus();
+  const bool sequence = IsSequenceModel(spec.model());
+  if (sequence != IsTokenDataset(spec.dataset())) {
+    return Bad("dataset",
+               absl::StrCat(spec.dataset(), " with model ", spec.model(),
+                            sequence ? "; expected tokens or synthetic_tokens "
+                                       "(the model takes token sequences)"
+                                     : "; expected an image dataset (the "
+                                       "model takes images, not tokens)"));
+  }
+  if (spec.seq_len() == 1) {
+    return Bad("seq_len", "1; expected 0 or 2 to 512 ([CLS] and a token)");
+  }
+  return absl::OkStatus();
+}
+
 // Augmentation and streaming: the input pipeline of a streamed
 // image_folder.
 absl::Status CheckInputs(const JobConfig& config) {
@@ -360,6 +386,47 @@ absl::Status CheckInputs(const JobConfig& config) {
                             "; expected false (streaming is for "
                             "image_folder: IDX and record files are "
                             "memory-mapped already)"));
+  }
+  return CheckSequenceInputs(config);
+}
+
+// Elastic jobs (issue 40): max_workers and min_workers, their ranges and
+// what is not built yet.
+absl::Status CheckElastic(const JobConfig& config) {
+  const JobSpec& spec = config.spec;
+  if (spec.max_workers() != 0) {
+    RETURN_IF_ERROR(CheckRange("max_workers", spec.max_workers(),
+                               spec.num_workers(), kMaxNumWorkers,
+                               "(0: not elastic)"));
+  }
+  if (spec.min_workers() != 0) {
+    RETURN_IF_ERROR(CheckRange("min_workers", spec.min_workers(), 1,
+                               spec.num_workers(), "(0: never shrink)"));
+  }
+  if (spec.max_workers() == 0 && spec.min_workers() == 0) {
+    return absl::OkStatus();
+  }
+  const char* field = spec.max_workers() != 0 ? "max_workers" : "min_workers";
+  const int value = spec.max_workers() != 0 ? spec.max_workers()
+                                            : spec.min_workers();
+  if (config.mode == MODE_ASYNC) {
+    return Bad(field, absl::StrCat(value,
+                                   " with mode async; expected 0 (elastic "
+                                   "async jobs are not built yet)"));
+  }
+  if (config.mode == MODE_ALLREDUCE) {
+    return Bad(field,
+               absl::StrCat(value,
+                            " with mode allreduce; expected 0 (the "
+                            "collective's world is fixed: an elastic "
+                            "allreduce job would restart every worker; not "
+                            "built)"));
+  }
+  if (spec.staleness() > 0) {
+    return Bad(field, absl::StrCat(value, " with staleness ", spec.staleness(),
+                                   "; expected 0 (the shards reopen in place "
+                                   "for a new membership only without "
+                                   "staleness; not built yet)"));
   }
   return absl::OkStatus();
 }
@@ -397,6 +464,7 @@ absl::Status CheckModeCombinations(const JobConfig& config) {
                             "; expected 0 (a staleness bound is for mode "
                             "sync; async has none)"));
   }
+  RETURN_IF_ERROR(CheckElastic(config));
   // Staleness and backup workers compose with checkpoints, resume,
   // restarts and clipping (server/step_policy.h): with staleness worker 0
   // names the cut's step before it pushes it, with backup workers shard 0
@@ -431,8 +499,10 @@ absl::Status CheckOptimizerValues(const JobConfig& config) {
 // The host lists, and every task's own address.
 absl::Status CheckAddresses(const JobSpec& spec) {
   RETURN_IF_ERROR(CheckHosts(spec.ps_hosts(), "ps_hosts", spec.num_ps()));
-  RETURN_IF_ERROR(
-      CheckHosts(spec.worker_hosts(), "worker_hosts", spec.num_workers()));
+  // An elastic job has max_workers worker tasks.
+  RETURN_IF_ERROR(CheckHosts(
+      spec.worker_hosts(), "worker_hosts",
+      spec.max_workers() > 0 ? spec.max_workers() : spec.num_workers()));
   // Every task needs its own address: the same host:port twice, in either
   // list, would make the second task fail to bind.
   std::map<std::pair<std::string, int>, std::string> seen;
@@ -493,7 +563,11 @@ void ApplyJobDefaults(JobSpec* spec) {
   if (spec->image_size() == 0 && spec->dataset() != "image_folder") {
     spec->set_image_size(224);
   }
-  if (spec->num_classes() == 0) spec->set_num_classes(1000);
+  // synthetic_tokens: a vocabulary, BERT-base's WordPiece size.
+  if (spec->num_classes() == 0) {
+    spec->set_num_classes(spec->dataset() == "synthetic_tokens" ? 30522
+                                                                 : 1000);
+  }
   if (spec->synthetic_samples() == 0) spec->set_synthetic_samples(12800);
   if (spec->bucket_bytes() == 0) spec->set_bucket_bytes(25 << 20);
   if (spec->compute().empty()) spec->set_compute("model");

@@ -80,7 +80,16 @@ TEST(JobSpecTest, BadSpecsNameTheField) {
        "resnet34, resnet50, vgg16"},
       {counts + "dataset: \"imagenet\"",
        "job.pbtxt: dataset: \"imagenet\" is not a known dataset; expected one "
-       "of: cifar10, fashion_mnist, image_folder, mnist, records, synthetic"},
+       "of: cifar10, fashion_mnist, image_folder, mnist, records, synthetic, "
+       "synthetic_tokens, tokens"},
+      {counts + "model: \"bert_tiny\"",
+       "job.pbtxt: dataset: fashion_mnist with model bert_tiny; expected "
+       "tokens or synthetic_tokens (the model takes token sequences)"},
+      {counts + "model: \"lenet5\" dataset: \"tokens\"",
+       "job.pbtxt: dataset: tokens with model lenet5; expected an image "
+       "dataset (the model takes images, not tokens)"},
+      {counts + "model: \"bert_tiny\" dataset: \"tokens\" seq_len: 1",
+       "job.pbtxt: seq_len: 1; expected 0 or 2 to 512 ([CLS] and a token)"},
       {"num_ps: 1 num_workers: 0 batch_size: 8 epochs: 1",
        "job.pbtxt: num_workers: 0; expected 1 to 4096"},
       {"num_ps: 1 num_workers: 1 batch_size: 8",
@@ -177,6 +186,12 @@ TEST(JobSpecTest, RangesAcceptTheirBoundsAndRefuseOneBeyond) {
       {base + "synthetic_samples: 100000000",
        base + "synthetic_samples: 100000001",
        "synthetic_samples: 100000001; expected 1 to 100000000"},
+      {base + "model: \"bert_tiny\" dataset: \"synthetic_tokens\" seq_len: 512",
+       base + "model: \"bert_tiny\" dataset: \"synthetic_tokens\" seq_len: 513",
+       "seq_len: 513; expected 0 to 512 tokens (0: the token file's, or 128)"},
+      {base + "model: \"bert_tiny\" dataset: \"tokens\" dropout: 0.99",
+       base + "model: \"bert_tiny\" dataset: \"tokens\" dropout: -0.1",
+       "dropout: -0.1; expected 0 to 0.99 (a probability below 1)"},
       {base + "partition_bytes: 134217728", base + "partition_bytes: 134217732",
        "partition_bytes: 134217732; expected a multiple of 4 from 4 to "
        "134217728 bytes"},
@@ -390,6 +405,54 @@ TEST(JobSpecTest, SameHostDifferentPortsAndUnsetPortsAreFine) {
       "worker_hosts { host: \"h\" } worker_hosts { host: \"h\" port: 9 }",
       "job.pbtxt");
   EXPECT_TRUE(spec.ok()) << spec.status();
+}
+
+// Issue 40: max_workers and min_workers, their ranges and the modes that
+// are not elastic yet.
+TEST(JobSpecTest, ElasticRangesAndRefusals) {
+  const std::string base = "num_ps: 1 num_workers: 2 batch_size: 8 epochs: 1 ";
+  for (const std::string& good :
+       {base + "max_workers: 2", base + "max_workers: 4096",
+        base + "min_workers: 1", base + "min_workers: 2 max_workers: 4",
+        base + "max_workers: 4 backup_workers: 1",
+        base + "max_workers: 3 worker_hosts { host: \"a\" } "
+               "worker_hosts { host: \"b\" } worker_hosts { host: \"c\" }"}) {
+    absl::StatusOr<JobSpec> spec = ParseJobSpec(good, "job.pbtxt");
+    EXPECT_TRUE(spec.ok()) << good << ": " << spec.status();
+  }
+  const struct {
+    std::string text;
+    std::string error;
+  } cases[] = {
+      {base + "max_workers: 1",
+       "max_workers: 1; expected 2 to 4096 (0: not elastic)"},
+      {base + "max_workers: 4097",
+       "max_workers: 4097; expected 2 to 4096 (0: not elastic)"},
+      {base + "min_workers: 3",
+       "min_workers: 3; expected 1 to 2 (0: never shrink)"},
+      {base + "min_workers: -1",
+       "min_workers: -1; expected 1 to 2 (0: never shrink)"},
+      {base + "max_workers: 4 mode: \"async\"",
+       "max_workers: 4 with mode async; expected 0 (elastic async jobs are "
+       "not built yet)"},
+      {"num_ps: 0 num_workers: 2 batch_size: 8 epochs: 1 mode: "
+       "\"allreduce\" min_workers: 1",
+       "min_workers: 1 with mode allreduce; expected 0 (the collective's "
+       "world is fixed: an elastic allreduce job would restart every worker; "
+       "not built)"},
+      {base + "max_workers: 4 staleness: 2",
+       "max_workers: 4 with staleness 2; expected 0 (the shards reopen in "
+       "place for a new membership only without staleness; not built yet)"},
+      {base + "max_workers: 3 worker_hosts { host: \"a\" } "
+              "worker_hosts { host: \"b\" }",
+       "worker_hosts: 2 entries; expected 3 (one per task) or none"},
+  };
+  for (const auto& c : cases) {
+    absl::StatusOr<JobSpec> spec = ParseJobSpec(c.text, "job.pbtxt");
+    EXPECT_EQ(spec.status().code(), absl::StatusCode::kInvalidArgument)
+        << c.text;
+    EXPECT_EQ(spec.status().message(), "job.pbtxt: " + c.error) << c.text;
+  }
 }
 
 }  // namespace
