@@ -181,13 +181,14 @@ grpc::ByteBuffer EncodeSparseChunkMessage(
     const google::protobuf::Message& envelope, int chunk_field,
     int32_t param_id, int32_t chunk_index, int64_t version,
     int64_t num_elements, absl::Span<const uint32_t> indices,
-    absl::Span<const float> values, DType wire) {
+    absl::Span<const float> values, DType wire, int64_t row_elements) {
   TensorChunk meta;
   meta.mutable_key()->set_param_id(param_id);
   meta.mutable_key()->set_chunk_index(chunk_index);
   meta.set_num_elements(num_elements);
   meta.set_version(version);
   meta.set_sparse(true);
+  if (row_elements > 1) meta.set_row_elements(row_elements);
   // Little-endian hosts only (static_assert above): the array is the bytes.
   meta.set_indices(reinterpret_cast<const char*>(indices.data()),
                    indices.size() * sizeof(uint32_t));
@@ -307,15 +308,25 @@ absl::Status ReceivedChunkMessage::CheckSparse(int64_t num_elements,
     return absl::InvalidArgumentError(absl::StrCat(
         ChunkName(chunk_), " has ", n, " elements; expected ", num_elements));
   }
+  const int64_t row = IndexWidth();
+  if (chunk_.row_elements() < 0 || n % row != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(ChunkName(chunk_), " (sparse) has ", chunk_.row_elements(),
+                     " elements per row; expected 0, 1 or a divisor of its ", n,
+                     " elements"));
+  }
+  const int64_t rows = n / row;
   const std::string& indices = chunk_.indices();
   const int64_t k = static_cast<int64_t>(indices.size() / sizeof(uint32_t));
-  if (indices.size() % sizeof(uint32_t) != 0 || k > n ||
-      payload_bytes_ % width != 0 || payload_bytes_ / width != k) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(ChunkName(chunk_), " (sparse) carries ", indices.size(),
-                     " index bytes and ", payload_bytes_,
-                     " value bytes; expected 4 bytes per index, at most ", n,
-                     " indices, and one ", width, "-byte value per index"));
+  if (indices.size() % sizeof(uint32_t) != 0 || k > rows ||
+      payload_bytes_ % width != 0 || payload_bytes_ / width / row != k ||
+      payload_bytes_ / width % row != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        ChunkName(chunk_), " (sparse) carries ", indices.size(),
+        " index bytes and ", payload_bytes_,
+        " value bytes; expected 4 bytes per index, at most ", rows,
+        " indices, and ", row == 1 ? "one" : absl::StrCat(row), " ", width,
+        "-byte value", row == 1 ? "" : "s", " per index"));
   }
   const uint32_t* index = reinterpret_cast<const uint32_t*>(indices.data());
   for (int64_t i = 0; i < k; ++i) {
@@ -323,11 +334,28 @@ absl::Status ReceivedChunkMessage::CheckSparse(int64_t num_elements,
     std::memcpy(&at, index + i, sizeof(at));
     uint32_t before = 0;
     if (i > 0) std::memcpy(&before, index + i - 1, sizeof(before));
-    if (at >= n || (i > 0 && at <= before)) {
+    if (at >= rows || (i > 0 && at <= before)) {
       return absl::InvalidArgumentError(
           absl::StrCat(ChunkName(chunk_), " (sparse): index ", i, " is ", at,
-                       "; expected strictly ascending indices below ", n));
+                       "; expected strictly ascending ", row > 1 ? "row " : "",
+                       "indices below ", rows));
     }
+  }
+  return absl::OkStatus();
+}
+
+template <typename Put>
+absl::Status ReceivedChunkMessage::ForEachSparseIndex(Put put) {
+  const int64_t row = IndexWidth();
+  const int64_t k = static_cast<int64_t>(chunk_.indices().size() / 4);
+  thread_local std::vector<float> values;
+  values.resize(k * row);
+  RETURN_IF_ERROR(ReadValues(absl::MakeSpan(values)));
+  const char* index = chunk_.indices().data();
+  for (int64_t i = 0; i < k; ++i) {
+    uint32_t at;
+    std::memcpy(&at, index + i * sizeof(uint32_t), sizeof(at));
+    put(at, values.data() + i * row);
   }
   return absl::OkStatus();
 }
@@ -336,21 +364,44 @@ absl::Status ReceivedChunkMessage::CopyFloatPayload(absl::Span<float> out) {
   absl::Status status = CheckFloat(static_cast<int64_t>(out.size()));
   if (!status.ok()) return status;
   if (chunk_.sparse()) {
-    // Densified: zeros, then the K values at their indices.
-    const int64_t k = payload_bytes_ / WireBytesPerElement(chunk_.dtype());
-    thread_local std::vector<float> values;
-    values.resize(k);
-    RETURN_IF_ERROR(ReadValues(absl::MakeSpan(values)));
+    // Densified: zeros, then the K values (or rows) at their indices.
     std::fill(out.begin(), out.end(), 0.0f);
-    const char* index = chunk_.indices().data();
-    for (int64_t i = 0; i < k; ++i) {
-      uint32_t at;
-      std::memcpy(&at, index + i * sizeof(uint32_t), sizeof(at));
-      out[at] = values[i];
-    }
-    return absl::OkStatus();
+    const int64_t row = IndexWidth();
+    return ForEachSparseIndex([&](uint32_t at, const float* v) {
+      std::copy(v, v + row, out.begin() + int64_t{at} * row);
+    });
   }
   return ReadValues(out);
+}
+
+absl::Status ReceivedChunkMessage::ScatterFloatPayload(absl::Span<float> out) {
+  RETURN_IF_ERROR(CheckFloat(static_cast<int64_t>(out.size())));
+  if (!chunk_.sparse()) return ReadValues(out);
+  const int64_t row = IndexWidth();
+  return ForEachSparseIndex([&](uint32_t at, const float* v) {
+    std::copy(v, v + row, out.begin() + int64_t{at} * row);
+  });
+}
+
+absl::Status ReceivedChunkMessage::CopyRowsPayload(int64_t num_elements,
+                                                   int64_t row_elements,
+                                                   std::vector<uint32_t>* rows,
+                                                   std::vector<float>* values) {
+  RETURN_IF_ERROR(CheckFloat(num_elements));
+  if (!chunk_.sparse() || chunk_.row_elements() != row_elements) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        ChunkName(chunk_), " is ",
+        chunk_.sparse() ? absl::StrCat("sparse with ", chunk_.row_elements(),
+                                       " elements per row")
+                        : "dense",
+        "; the tensor is row-sparse: expected a sparse chunk of rows of ",
+        row_elements, " elements"));
+  }
+  const int64_t k = static_cast<int64_t>(chunk_.indices().size() / 4);
+  rows->resize(k);
+  if (k > 0) std::memcpy(rows->data(), chunk_.indices().data(), k * 4);
+  values->resize(k * row_elements);
+  return ReadValues(absl::MakeSpan(*values));
 }
 
 absl::Status ReceivedChunkMessage::ReadValues(absl::Span<float> out) {

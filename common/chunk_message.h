@@ -25,6 +25,7 @@
 #define PSTRAIN_COMMON_CHUNK_MESSAGE_H_
 
 #include <cstdint>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
@@ -87,11 +88,17 @@ grpc::ByteBuffer EncodeChunkMessage(const google::protobuf::Message& envelope,
 // `num_elements` elements of which only `values` at `indices` (strictly
 // ascending, each below num_elements, as many as `values`) are nonzero.
 // The values are converted to `wire` as above and copied once.
+//
+// With `row_elements` D > 1, a row-sparse chunk (TensorChunk.row_elements:
+// an embedding table's rows): `indices` are row offsets in the chunk
+// (strictly ascending, below num_elements / D) and `values` holds D values
+// per index, row-major.
 grpc::ByteBuffer EncodeSparseChunkMessage(
     const google::protobuf::Message& envelope, int chunk_field,
     int32_t param_id, int32_t chunk_index, int64_t version,
     int64_t num_elements, absl::Span<const uint32_t> indices,
-    absl::Span<const float> values, DType wire = DTYPE_FLOAT32);
+    absl::Span<const float> values, DType wire = DTYPE_FLOAT32,
+    int64_t row_elements = 1);
 
 // Serialises a message that carries no payload (a pull request, the end of
 // a pull) into a ByteBuffer.
@@ -124,15 +131,37 @@ class ReceivedChunkMessage {
   absl::Status CheckFloat(int64_t num_elements) const;
 
   // A sparse chunk (TensorChunk.sparse) passes where its index bytes are 4
-  // per value, its indices strictly ascending and below `num_elements`.
+  // per index, its values row_elements (D; 0 counts as 1) per index, D
+  // divides `num_elements`, and its indices are strictly ascending and
+  // below num_elements / D (so no index repeats).
   //
   // CheckFloat(out.size()), then copies the payload into `out` (one copy,
   // from the received slices; a 16-bit payload converted to fp32 on the
-  // way; a sparse chunk densified: zeros but at its indices).
+  // way; a sparse chunk densified: zeros but at its indices' elements or
+  // rows).
   absl::Status CopyFloatPayload(absl::Span<float> out);
+  // As CopyFloatPayload, but a sparse chunk writes only its indices'
+  // elements or rows and leaves the rest of `out` as it was (a row-sparse
+  // pull: the rows the worker asked for, into its copy of the table).
+  absl::Status ScatterFloatPayload(absl::Span<float> out);
+  // A row-sparse push, kept sparse (the shard's lazy update): CheckFloat
+  // (num_elements), INVALID_ARGUMENT unless the chunk is sparse with
+  // TensorChunk.row_elements == `row_elements` (> 1), then the row
+  // offsets into `rows` and their values (fp32, row-major) into `values`.
+  absl::Status CopyRowsPayload(int64_t num_elements, int64_t row_elements,
+                               std::vector<uint32_t>* rows,
+                               std::vector<float>* values);
 
  private:
   absl::Status CheckSparse(int64_t num_elements, int width) const;
+  // Elements per index of a sparse chunk: row_elements, or 1.
+  int64_t IndexWidth() const {
+    return chunk_.row_elements() > 1 ? chunk_.row_elements() : 1;
+  }
+  // Reads a checked sparse chunk's values into a per-thread buffer and
+  // calls `put(index, values of that index)` for each index in order.
+  template <typename Put>
+  absl::Status ForEachSparseIndex(Put put);
   // Reads the payload's values (as many as `out` holds) into `out`.
   absl::Status ReadValues(absl::Span<float> out);
 

@@ -121,6 +121,91 @@ TEST(ChunkMessageTest, RejectsBadSparseChunks) {
   EXPECT_THAT(parse(dense_with_indices, 8).message(), HasSubstr("not sparse"));
 }
 
+// Row-sparse chunks (an embedding table's rows; issue 41): row offsets,
+// D values per row, in every wire dtype; kept sparse for the shard, or
+// scattered into a pulled table leaving the other rows.
+TEST(ChunkMessageTest, RowSparseChunkRoundTrips) {
+  const std::vector<uint32_t> rows = {0, 2};
+  const std::vector<float> values = {1.5f, -2.0f, 3.25f, 0.5f, 0.0f, -1.0f};
+  for (DType wire : {DTYPE_FLOAT32, DTYPE_BFLOAT16, DTYPE_FLOAT16}) {
+    grpc::ByteBuffer buffer =
+        EncodeSparseChunkMessage(PushEnvelope(), kPushChunkField, 1, 0, 5, 12,
+                                 rows, values, wire, /*row_elements=*/3);
+    const std::string bytes = Flatten(buffer);
+    PushPullRequest plain;
+    ASSERT_TRUE(plain.ParseFromString(bytes));
+    EXPECT_EQ(plain.push().row_elements(), 3);
+    EXPECT_EQ(plain.push().indices().size(), 8u);
+    ReceivedChunkMessage received;
+    PushPullRequest envelope;
+    ASSERT_TRUE(received.Parse(&buffer, kPushChunkField, &envelope).ok());
+    std::vector<uint32_t> got_rows;
+    std::vector<float> got_values;
+    ASSERT_TRUE(received.CopyRowsPayload(12, 3, &got_rows, &got_values).ok());
+    EXPECT_EQ(got_rows, rows);
+    EXPECT_EQ(got_values, values);  // exact in every format
+    std::vector<float> table(12, 7.0f);
+    ASSERT_TRUE(received.ScatterFloatPayload(absl::MakeSpan(table)).ok());
+    EXPECT_THAT(table, ElementsAreArray({1.5f, -2.0f, 3.25f, 7.0f, 7.0f, 7.0f,
+                                         0.5f, 0.0f, -1.0f, 7.0f, 7.0f, 7.0f}));
+    ASSERT_TRUE(received.CopyFloatPayload(absl::MakeSpan(table)).ok());
+    EXPECT_THAT(table, ElementsAreArray({1.5f, -2.0f, 3.25f, 0.0f, 0.0f, 0.0f,
+                                         0.5f, 0.0f, -1.0f, 0.0f, 0.0f, 0.0f}));
+    // The shard's row path refuses another row width and a dense chunk.
+    EXPECT_EQ(received.CopyRowsPayload(12, 4, &got_rows, &got_values).code(),
+              absl::StatusCode::kInvalidArgument);
+  }
+}
+
+TEST(ChunkMessageTest, RejectsBadRowSparseChunks) {
+  auto rows_of = [](const PushPullRequest& request, int64_t n, int64_t d) {
+    grpc::ByteBuffer buffer = FromBytes(request.SerializeAsString());
+    ReceivedChunkMessage received;
+    PushPullRequest envelope;
+    EXPECT_TRUE(received.Parse(&buffer, kPushChunkField, &envelope).ok());
+    std::vector<uint32_t> rows;
+    std::vector<float> values;
+    return received.CopyRowsPayload(n, d, &rows, &values);
+  };
+  // 4 rows of 3 elements.
+  auto sparse = [](std::vector<uint32_t> rows, int values, int64_t d = 3) {
+    PushPullRequest request = PushEnvelope();
+    TensorChunk* chunk = request.mutable_push();
+    chunk->set_dtype(DTYPE_FLOAT32);
+    chunk->set_num_elements(12);
+    chunk->set_sparse(true);
+    chunk->set_row_elements(d);
+    chunk->set_indices(reinterpret_cast<const char*>(rows.data()),
+                       rows.size() * 4);
+    chunk->set_data(std::string(values * 4, '\0'));
+    return request;
+  };
+  EXPECT_TRUE(rows_of(sparse({0, 3}, 6), 12, 3).ok());
+  EXPECT_TRUE(rows_of(sparse({}, 0), 12, 3).ok());
+  // A duplicate row, rows out of order, a row id past the chunk.
+  EXPECT_THAT(rows_of(sparse({1, 1}, 6), 12, 3).message(),
+              HasSubstr("strictly ascending row indices below 4"));
+  EXPECT_THAT(rows_of(sparse({2, 1}, 6), 12, 3).message(),
+              HasSubstr("strictly ascending"));
+  EXPECT_THAT(rows_of(sparse({1, 4}, 6), 12, 3).message(),
+              HasSubstr("below 4"));
+  EXPECT_THAT(rows_of(sparse({0xffffffffu}, 3), 12, 3).message(),
+              HasSubstr("below 4"));
+  // Values not D per row; more rows than the chunk has.
+  EXPECT_THAT(rows_of(sparse({1, 2}, 5), 12, 3).message(),
+              HasSubstr("3 4-byte values per index"));
+  EXPECT_THAT(rows_of(sparse({0, 1, 2, 3, 4}, 15), 12, 3).message(),
+              HasSubstr("at most 4 indices"));
+  // A row width that does not divide the chunk, or a negative one.
+  EXPECT_THAT(rows_of(sparse({0}, 5, 5), 12, 5).message(),
+              HasSubstr("5 elements per row"));
+  EXPECT_EQ(rows_of(sparse({0}, 3, -3), 12, 3).code(),
+            absl::StatusCode::kInvalidArgument);
+  // Element offsets (top-k) or a dense chunk where rows are expected.
+  EXPECT_THAT(rows_of(sparse({0, 5}, 2, 0), 12, 3).message(),
+              HasSubstr("expected a sparse chunk of rows of 3 elements"));
+}
+
 TEST(ChunkMessageTest, ReadsMessagesSerialisedByProtobuf) {
   PushPullResponse response;
   TensorChunk* chunk = response.mutable_chunk();

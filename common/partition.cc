@@ -7,12 +7,43 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 
 namespace pstrain {
 
+namespace {
+
+absl::Status CheckRowElements(const std::vector<int64_t>& param_num_elements,
+                              int num_buffers,
+                              const std::vector<int64_t>& row_elements) {
+  if (row_elements.empty()) return absl::OkStatus();
+  if (row_elements.size() != param_num_elements.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("param_row_elements has ", row_elements.size(),
+                     " entries; expected one per tensor (",
+                     param_num_elements.size(), ") or none"));
+  }
+  const size_t first_buffer = param_num_elements.size() - num_buffers;
+  for (size_t p = 0; p < row_elements.size(); ++p) {
+    const int64_t d = row_elements[p];
+    if (d == 0) continue;
+    if (d < 0 || param_num_elements[p] <= 0 || p >= first_buffer ||
+        param_num_elements[p] % d != 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "tensor ", p, " of ", param_num_elements[p], " elements has ", d,
+          " elements per row; expected 0 (dense) or a divisor of its size "
+          "(row-sparse tensors are parameters, not buffers)"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::StatusOr<PartitionPlan> PartitionPlan::Create(
     const std::vector<int64_t>& param_num_elements, int64_t partition_bytes,
-    int num_shards, int num_buffers) {
+    int num_shards, int num_buffers,
+    const std::vector<int64_t>& param_row_elements) {
   if (num_shards <= 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("num_shards must be > 0, got ", num_shards));
@@ -35,9 +66,17 @@ absl::StatusOr<PartitionPlan> PartitionPlan::Create(
     return absl::InvalidArgumentError(absl::StrCat(
         "num_shards ", num_shards, "; expected at most ", kMaxShards));
   }
+  RETURN_IF_ERROR(
+      CheckRowElements(param_num_elements, num_buffers, param_row_elements));
   // The layout may come from the network (a worker's Init): bound what it
   // makes this process allocate before allocating anything.
-  const int64_t chunk_elements = partition_bytes / 4;
+  const int64_t partition_elements = partition_bytes / 4;
+  // Chunk size of tensor p: whole rows for a row-sparse one.
+  auto chunk_elements_of = [&](size_t p) {
+    const int64_t d = param_row_elements.empty() ? 0 : param_row_elements[p];
+    if (d == 0) return partition_elements;
+    return std::max<int64_t>(1, partition_elements / d) * d;
+  };
   int64_t total_elements = 0;
   int64_t total_chunks = 0;
   for (size_t p = 0; p < param_num_elements.size(); ++p) {
@@ -52,6 +91,7 @@ absl::StatusOr<PartitionPlan> PartitionPlan::Create(
           kMaxElements, " elements in all"));
     }
     total_elements += n;
+    const int64_t chunk_elements = chunk_elements_of(p);
     total_chunks += n / chunk_elements + (n % chunk_elements != 0 ? 1 : 0);
     if (total_chunks > kMaxChunks) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -65,6 +105,7 @@ absl::StatusOr<PartitionPlan> PartitionPlan::Create(
   plan.num_shards_ = num_shards;
   plan.partition_bytes_ = partition_bytes;
   plan.param_num_elements_ = param_num_elements;
+  plan.param_row_elements_ = param_row_elements;
   for (size_t p = 0; p < param_num_elements.size(); ++p) {
     const int64_t n = param_num_elements[p];
     if (n <= 0) {
@@ -73,9 +114,11 @@ absl::StatusOr<PartitionPlan> PartitionPlan::Create(
     }
     plan.first_chunk_.push_back(static_cast<int>(plan.chunks_.size()));
     int32_t index = 0;
+    const int64_t chunk_elements = chunk_elements_of(p);
     for (int64_t offset = 0; offset < n; offset += chunk_elements) {
       ChunkSpec c;
       c.param_id = static_cast<int32_t>(p);
+      c.row_elements = plan.row_elements(static_cast<int32_t>(p));
       c.chunk_index = index++;
       c.offset = offset;
       c.num_elements = std::min(chunk_elements, n - offset);

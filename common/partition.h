@@ -9,6 +9,13 @@
 // the fewest bytes so far (ties to the lower shard index, so the result is
 // deterministic). A chunk is keyed by (param_id, chunk_index).
 //
+// Row-sparse tensors (embedding tables pushed and pulled by row id; issue
+// 41, server/parameter_shard.h): a tensor of R rows of D elements is cut on
+// row boundaries, into chunks of max(1, partition_bytes / (4 D)) whole rows,
+// each a contiguous range of row ids (range partitioning), balanced over
+// the shards as any chunk; so a table larger than one shard's memory is
+// spread over every shard.
+//
 // Thread-safety: immutable after Create(); const methods may be called from
 // any thread.
 #ifndef PSTRAIN_COMMON_PARTITION_H_
@@ -30,6 +37,9 @@ struct ChunkSpec {
   int64_t num_elements = 0;
   // Index of the shard that owns the chunk.
   int32_t shard = 0;
+  // A row-sparse tensor's chunk: elements per row (D), and the chunk holds
+  // rows offset / D to (offset + num_elements) / D - 1. 0: dense.
+  int64_t row_elements = 0;
 };
 
 class PartitionPlan {
@@ -49,11 +59,14 @@ class PartitionPlan {
   // multiple of 4 bytes (one fp32). At most kMaxShards shards, kMaxChunks
   // chunks and kMaxElements elements. The last `num_buffers` tensors are
   // buffers (BatchNorm running statistics): the PS averages them over
-  // workers instead of applying the optimizer. Returns INVALID_ARGUMENT
-  // otherwise.
+  // workers instead of applying the optimizer. `param_row_elements`: empty
+  // (every tensor dense), or one entry per tensor: 0 for a dense one, D > 0
+  // for a row-sparse one (D divides its element count; not a buffer).
+  // Returns INVALID_ARGUMENT otherwise.
   static absl::StatusOr<PartitionPlan> Create(
       const std::vector<int64_t>& param_num_elements, int64_t partition_bytes,
-      int num_shards, int num_buffers = 0);
+      int num_shards, int num_buffers = 0,
+      const std::vector<int64_t>& param_row_elements = {});
 
   int num_shards() const { return num_shards_; }
   int64_t partition_bytes() const { return partition_bytes_; }
@@ -61,6 +74,14 @@ class PartitionPlan {
     return param_num_elements_;
   }
   int num_buffers() const { return num_buffers_; }
+  // As given to Create() (empty: every tensor dense).
+  const std::vector<int64_t>& param_row_elements() const {
+    return param_row_elements_;
+  }
+  // Elements per row of tensor `param_id` if it is row-sparse, else 0.
+  int64_t row_elements(int32_t param_id) const {
+    return param_row_elements_.empty() ? 0 : param_row_elements_[param_id];
+  }
   // Whether tensor `param_id` is a buffer (one of the last num_buffers()).
   bool is_buffer(int32_t param_id) const {
     return param_id >=
@@ -80,6 +101,7 @@ class PartitionPlan {
   int64_t partition_bytes_ = 0;
   int num_buffers_ = 0;
   std::vector<int64_t> param_num_elements_;
+  std::vector<int64_t> param_row_elements_;
   std::vector<ChunkSpec> chunks_;
   // first_chunk_[p] = index in chunks_ of (p, 0).
   std::vector<int> first_chunk_;

@@ -72,5 +72,53 @@ TEST(PartitionPlanTest, RejectsBadArguments) {
             absl::StatusCode::kInvalidArgument);
 }
 
+TEST(PartitionPlanTest, RowSparseTablesAreCutOnRowsAcrossShards) {
+  // A table of 1000 rows of 12 elements (48 bytes a row) and a dense
+  // tensor; chunks of at most 1000 bytes hold 20 whole rows (960 bytes).
+  const std::vector<int64_t> sizes = {12000, 500};
+  auto plan = PartitionPlan::Create(sizes, 1000, 3, 0, {12, 0});
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->row_elements(0), 12);
+  EXPECT_EQ(plan->row_elements(1), 0);
+  int64_t covered = 0;
+  std::vector<int> table_chunks_per_shard(3, 0);
+  for (const ChunkSpec& c : plan->chunks()) {
+    if (c.param_id != 0) {
+      EXPECT_EQ(c.row_elements, 0);
+      EXPECT_EQ(c.num_elements, 250);
+      continue;
+    }
+    EXPECT_EQ(c.row_elements, 12);
+    EXPECT_EQ(c.offset, covered);
+    EXPECT_EQ(c.offset % 12, 0);
+    EXPECT_EQ(c.num_elements, 240);
+    covered += c.num_elements;
+    ++table_chunks_per_shard[c.shard];
+  }
+  EXPECT_EQ(covered, 12000);
+  // 50 chunks of the table: every shard holds some of it.
+  for (int n : table_chunks_per_shard) EXPECT_GE(n, 16);
+  // A row wider than partition_bytes is one row per chunk.
+  auto wide = PartitionPlan::Create({400}, 16, 1, 0, {100});
+  ASSERT_TRUE(wide.ok());
+  EXPECT_EQ(wide->chunks().size(), 4u);
+  EXPECT_EQ(wide->chunks()[3].offset, 300);
+}
+
+TEST(PartitionPlanTest, RejectsBadRowElements) {
+  EXPECT_EQ(PartitionPlan::Create({12, 5}, 16, 1, 0, {5}).status().message(),
+            "param_row_elements has 1 entries; expected one per tensor (2) "
+            "or none");
+  EXPECT_EQ(PartitionPlan::Create({12}, 16, 1, 0, {5}).status().message(),
+            "tensor 0 of 12 elements has 5 elements per row; expected 0 "
+            "(dense) or a divisor of its size (row-sparse tensors are "
+            "parameters, not buffers)");
+  EXPECT_EQ(PartitionPlan::Create({12}, 16, 1, 0, {-4}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  // A buffer cannot be row-sparse.
+  EXPECT_EQ(PartitionPlan::Create({12, 4}, 16, 1, 1, {0, 2}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 }  // namespace
 }  // namespace pstrain
