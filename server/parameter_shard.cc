@@ -4,11 +4,34 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/status_macros.h"
 
 namespace pstrain {
 
+namespace {
+
+// The shard's options as its step policy reads them: the initial members
+// as the job's workers (an elastic job's capacity is larger).
+ShardOptions PolicyOptions(ShardOptions options) {
+  if (options.initial_workers > 0 &&
+      options.initial_workers < options.num_workers) {
+    options.num_workers = options.initial_workers;
+  }
+  return options;
+}
+
+}  // namespace
+
 ParameterShard::ParameterShard(const ShardOptions& options)
-    : options_(options), policy_(options) {}
+    : options_(options), policy_(PolicyOptions(options)) {
+  const int initial = PolicyOptions(options).num_workers;
+  if (policy_.admits()) backups_ = initial - policy_.ends_to_decide();
+  WorkerMembership first;
+  for (int w = 0; w < initial; ++w) first.workers.push_back(w);
+  absl::MutexLock lock(&init_mu_);
+  SetMembershipLocked(first);
+}
 
 absl::Status ParameterShard::CheckWorkerId(int worker_id) const {
   if (worker_id < 0 || worker_id >= options_.num_workers) {
@@ -16,7 +39,45 @@ absl::Status ParameterShard::CheckWorkerId(int worker_id) const {
                                                    " is outside the job's [0, ",
                                                    options_.num_workers, ")"));
   }
+  const std::shared_ptr<const std::vector<bool>> members =
+      std::atomic_load(&is_member_);
+  if (!(*members)[worker_id]) {
+    const WorkerMembership m = membership();
+    return absl::InvalidArgumentError(
+        absl::StrCat("worker ", worker_id, " is not a member of shard ",
+                     options_.shard_index, "'s generation ", generation_.load(),
+                     " (workers ", absl::StrJoin(m.workers, ","), " from step ",
+                     m.from_step, ")"));
+  }
   return absl::OkStatus();
+}
+
+void ParameterShard::SetMembershipLocked(const WorkerMembership& membership) {
+  auto is_member =
+      std::make_shared<std::vector<bool>>(options_.num_workers, false);
+  for (int w : membership.workers) (*is_member)[w] = true;
+  const int n = static_cast<int>(membership.workers.size());
+  std::atomic_store(&membership_,
+                    std::shared_ptr<const WorkerMembership>(
+                        std::make_shared<WorkerMembership>(membership)));
+  std::atomic_store(&is_member_,
+                    std::shared_ptr<const std::vector<bool>>(is_member));
+  num_members_.store(n);
+  ends_to_decide_.store(policy_.admits() ? std::max(1, n - backups_) : n);
+}
+
+std::vector<int> ParameterShard::AveragedWorkers(
+    const std::vector<bool>* admitted) const {
+  if (admitted == nullptr) return std::atomic_load(&membership_)->workers;
+  std::vector<int> workers;
+  for (int w = 0; w < options_.num_workers; ++w) {
+    if ((*admitted)[w]) workers.push_back(w);
+  }
+  return workers;
+}
+
+WorkerMembership ParameterShard::membership() const {
+  return *std::atomic_load(&membership_);
 }
 
 absl::Status ParameterShard::CheckWorker(const std::string& job_id,
@@ -77,7 +138,11 @@ absl::StatusOr<std::vector<InitChunk*>> ParameterShard::MatchInitChunks(
 
 absl::Status ParameterShard::Initialize(
     const std::vector<int64_t>& param_num_elements, int64_t partition_bytes,
-    std::vector<InitChunk> chunks, int num_buffers, int64_t generation) {
+    std::vector<InitChunk> chunks, int num_buffers, int64_t generation,
+    const WorkerMembership* membership) {
+  if (membership != nullptr) {
+    RETURN_IF_ERROR(CheckMembership(*membership, options_.num_workers));
+  }
   absl::MutexLock lock(&init_mu_);
   // Installs chunk `c` into `state` (whose lock is held).
   auto install = [this](InitChunk& c,
@@ -140,6 +205,7 @@ absl::Status ParameterShard::Initialize(
     // chunk's lock) and pulls are refused; the new generation's wait in
     // WaitReady() until init_mu_ is released.
     generation_.store(generation);
+    if (membership != nullptr) SetMembershipLocked(*membership);
     reset_steps(*by_local);
     for (size_t i = 0; i < chunks_.size(); ++i) {
       absl::MutexLock chunk_lock(&chunks_[i]->mu);
@@ -177,6 +243,7 @@ absl::Status ParameterShard::Initialize(
   chunks_ = std::move(states);
   local_index_ = std::move(local_index);
   generation_.store(generation);
+  if (membership != nullptr) SetMembershipLocked(*membership);
   initialized_.store(true);
   if (relayout) {
     broken_.store(false);
@@ -185,8 +252,12 @@ absl::Status ParameterShard::Initialize(
   return absl::OkStatus();
 }
 
-absl::StatusOr<int64_t> ParameterShard::Reopen(int64_t generation,
-                                               int64_t expected_version) {
+absl::StatusOr<int64_t> ParameterShard::Reopen(
+    int64_t generation, int64_t expected_version,
+    const WorkerMembership* membership) {
+  if (membership != nullptr) {
+    RETURN_IF_ERROR(CheckMembership(*membership, options_.num_workers));
+  }
   absl::MutexLock lock(&init_mu_);
   const std::string shard = absl::StrCat("shard ", options_.shard_index);
   if (!initialized_.load()) {
@@ -249,6 +320,11 @@ absl::StatusOr<int64_t> ParameterShard::Reopen(int64_t generation,
       slot.averaged = false;
     }
   }
+  if (membership != nullptr) {
+    WorkerMembership next = *membership;
+    next.from_step = version;
+    SetMembershipLocked(next);
+  }
   ResetStepsLocked(version);
   broken_.store(false);
   NoteUpdate();
@@ -256,11 +332,16 @@ absl::StatusOr<int64_t> ParameterShard::Reopen(int64_t generation,
 }
 
 absl::Status ParameterShard::WaitReady(absl::Time deadline,
-                                       int64_t min_generation) const {
+                                       int64_t min_generation,
+                                       int until_member) const {
   absl::MutexLock lock(&init_mu_);
-  auto ready = [this, min_generation]() {
-    return (initialized_.load() && generation_.load() >= min_generation) ||
-           aborted_.load();
+  auto ready = [this, min_generation, until_member]() {
+    if (aborted_.load()) return true;
+    if (!initialized_.load() || generation_.load() < min_generation) {
+      return false;
+    }
+    return until_member < 0 || until_member >= options_.num_workers ||
+           (*std::atomic_load(&is_member_))[until_member];
   };
   // initialized_ only changes under init_mu_, so the condition is re-checked
   // whenever the mutex is released.

@@ -181,6 +181,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
+#include "common/membership.h"
 #include "common/nonfinite.h"
 #include "common/partition.h"
 #include "optim/optimizer.h"
@@ -302,7 +303,8 @@ class ParameterShard {
   absl::Status Initialize(const std::vector<int64_t>& param_num_elements,
                           int64_t partition_bytes,
                           std::vector<InitChunk> chunks, int num_buffers = 0,
-                          int64_t generation = 0);
+                          int64_t generation = 0,
+                          const WorkerMembership* membership = nullptr);
 
   // Sync mode without staleness, after a worker died (its stream broke the
   // barrier): the shard takes `generation` (above its own) keeping its own
@@ -321,15 +323,33 @@ class ParameterShard {
   // not initialised (a restarted shard), async mode or staleness > 0,
   // `generation` not above the shard's, `expected_version` >= 0 and not
   // d + 1, or a chunk not at version d + 1 or d + 2.
+  //
+  // `membership` (if not null): an elastic job's membership change (issue
+  // 40): the workers of the new generation, from the version returned on
+  // (its from_step is set to it). INVALID_ARGUMENT, nothing changed, if
+  // it is empty, not ascending, holds an id outside [0, num_workers) or
+  // lacks worker 0.
   absl::StatusOr<int64_t> Reopen(int64_t generation,
-                                 int64_t expected_version = -1);
+                                 int64_t expected_version = -1,
+                                 const WorkerMembership* membership = nullptr);
+
+  // The current generation's members (see WorkerMembership). Any thread.
+  WorkerMembership membership() const;
+  // How many ends decide a step of the current members: all of them, or
+  // with backup workers the first members - b (at least 1), b being the
+  // job's initial_workers - replicas_to_aggregate. Any thread.
+  int EndsToDecide() const { return ends_to_decide_.load(); }
+  int NumMembers() const { return num_members_.load(); }
 
   bool initialized() const { return initialized_.load(); }
   int64_t generation() const { return generation_.load(); }
 
   // Blocks until Initialize() succeeded with a generation of at least
   // `min_generation`, or `deadline` passes.
-  absl::Status WaitReady(absl::Time deadline, int64_t min_generation = 0) const;
+  // With `until_member` >= 0 (a worker joining an elastic job), also until
+  // that worker is a member of the generation.
+  absl::Status WaitReady(absl::Time deadline, int64_t min_generation = 0,
+                         int until_member = -1) const;
 
   // The layout given to Initialize(); only valid once initialized(), and
   // replaced by a re-layout (see Initialize()).
@@ -725,8 +745,16 @@ class ParameterShard {
   const StepPolicy policy_;
 
   absl::Status AbortedStatus() const;
-  // INVALID_ARGUMENT unless 0 <= worker_id < num_workers.
+  // INVALID_ARGUMENT unless 0 <= worker_id < num_workers and the worker is
+  // a member of the current generation (a push, step end or norm).
   absl::Status CheckWorkerId(int worker_id) const;
+  // The workers a step averages, ascending: `admitted` (backup workers'
+  // admitted set) or, when null, every member.
+  std::vector<int> AveragedWorkers(const std::vector<bool>* admitted) const;
+  // Installs `membership` (checked); under init_mu_, with the older
+  // generation frozen.
+  void SetMembershipLocked(const WorkerMembership& membership)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(init_mu_);
   // INVALID_ARGUMENT naming the chunk, step and element if `values` (a
   // pushed gradient, or buffer values) holds a NaN or an infinity.
   absl::Status CheckFinite(int32_t param_id, int32_t chunk_index, int64_t step,
@@ -750,6 +778,13 @@ class ParameterShard {
   std::string broken_reason_ ABSL_GUARDED_BY(abort_mu_);
   mutable absl::Mutex init_mu_;
   std::atomic<bool> initialized_{false};
+  // The members (WorkerMembership); replaced under init_mu_ only while the
+  // older generation is frozen, read anywhere through the atomic pointer.
+  std::shared_ptr<const WorkerMembership> membership_;
+  std::shared_ptr<const std::vector<bool>> is_member_;
+  std::atomic<int> num_members_{1};
+  std::atomic<int> ends_to_decide_{1};
+  int backups_ = 0;  // b: the job's num_workers - replicas_to_aggregate
   // Set by Initialize() before initialized_ becomes true; immutable
   // afterwards but for a re-layout (under init_mu_, with no push, pull or
   // snapshot running; Stats() and Abort() read chunks_ under init_mu_).

@@ -250,7 +250,7 @@ std::optional<absl::Status> ParameterShard::PullTimeout(
     // The oldest undecided step (staleness: the slowest worker's).
     std::vector<int> missing;
     const StepEnds& ends = ends_[SlotIndex(ending_step_)];
-    for (int w = 0; w < options_.num_workers; ++w) {
+    for (int w : AveragedWorkers(nullptr)) {
       if (!ends.ended[w]) missing.push_back(w);
     }
     return absl::DeadlineExceededError(absl::StrCat(
@@ -266,7 +266,7 @@ std::optional<absl::Status> ParameterShard::PullTimeout(
   if (chunk.version >= min_version) return std::nullopt;  // arrived just now
   std::vector<int> missing;
   const StepSlot& slot = chunk.slots[SlotIndex(chunk.version)];
-  for (int w = 0; w < options_.num_workers; ++w) {
+  for (int w : AveragedWorkers(nullptr)) {
     if (!slot.has_pending[w]) missing.push_back(w);
   }
   return absl::DeadlineExceededError(absl::StrCat(

@@ -133,8 +133,7 @@ void ParameterShard::MaybeCompleteLocked(ChunkState& chunk) {
   // undo buffers are free for this one. Read under the chunk's lock and
   // stored by EndStep() before it takes the lock, so a step completed here
   // and one decided there are never both missed.
-  if (chunk.slots[SlotIndex(chunk.version)].num_pending ==
-          options_.num_workers &&
+  if (chunk.slots[SlotIndex(chunk.version)].num_pending == NumMembers() &&
       decided_through_.load() >= chunk.version - 1) {
     CompleteBarrierLocked(chunk);
   }
@@ -256,10 +255,7 @@ void ParameterShard::CompleteBarrierLocked(ChunkState& chunk,
   const int64_t step = chunk.version;
   StepSlot& slot = chunk.slots[SlotIndex(step)];
   // The workers whose pushes go into the update, in worker-id order.
-  std::vector<int> workers;
-  for (int w = 0; w < options_.num_workers; ++w) {
-    if (members == nullptr || (*members)[w]) workers.push_back(w);
-  }
+  const std::vector<int> workers = AveragedWorkers(members);
   if (members == nullptr ? slot.skipped || skip : skip) {
     // A worker skips this step: nothing to apply, nothing to undo.
     chunk.undo_step = -1;

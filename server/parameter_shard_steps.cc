@@ -31,10 +31,7 @@ double ParameterShard::PartialNormLocked(int64_t step, bool skip,
                                          const std::vector<bool>* members) {
   if (skip) return 0;
   double sum_sq = 0;
-  std::vector<int> workers;
-  for (int w = 0; w < options_.num_workers; ++w) {
-    if (members == nullptr || (*members)[w]) workers.push_back(w);
-  }
+  const std::vector<int> workers = AveragedWorkers(members);
   for (const std::unique_ptr<ChunkState>& c : chunks_) {
     absl::MutexLock chunk_lock(&c->mu);
     // A chunk already past `step` (restored at a later version) has no
@@ -56,7 +53,7 @@ bool ParameterShard::MaybeAwaitNormLocked() {
   if (!clipping() || norm_step_ >= 0) return false;
   const int64_t deciding = ending_step_;
   StepEnds& ends = ends_[SlotIndex(deciding)];
-  if (ends.num_ended < policy_.ends_to_decide()) return false;
+  if (ends.num_ended < EndsToDecide()) return false;
   // Nothing is applied yet: the step waits for its norm, whose partial the
   // pulls send (ApplyStepNorm()).
   norm_step_ = deciding;
@@ -134,8 +131,7 @@ absl::Status ParameterShard::EndStep(int worker_id, int64_t step,
   if (policy_.admits()) {
     return absl::FailedPreconditionError(absl::StrCat(
         "end of step ", step, " on shard ", options_.shard_index,
-        ", which aggregates ", policy_.ends_to_decide(), " of ",
-        options_.num_workers,
+        ", which aggregates ", EndsToDecide(), " of ", NumMembers(),
         " workers per step: a step end must say the worker's admission"));
   }
   absl::MutexLock lock(&step_mu_);
@@ -165,7 +161,7 @@ absl::Status ParameterShard::EndStep(int worker_id, int64_t step,
   while (true) {
     const int64_t deciding = ending_step_;
     StepEnds& e = ends_[SlotIndex(deciding)];
-    if (e.num_ended < policy_.ends_to_decide()) break;
+    if (e.num_ended < EndsToDecide()) break;
     if (clipping()) {
       // The step waits for its norm; true wakes the pulls.
       if (MaybeAwaitNormLocked()) decided_any = true;
@@ -251,14 +247,14 @@ absl::StatusOr<bool> ParameterShard::EndStepWithBackups(
   // the step before it; clipping: for its norm).
   const bool admissions_full =
       step >= ending_step_ &&
-      ends_[SlotIndex(step)].num_ended >= policy_.ends_to_decide();
+      ends_[SlotIndex(step)].num_ended >= EndsToDecide();
   if (step < ending_step_ || admissions_full ||
       claim == AdmissionClaim::kLate) {
     if (claim == AdmissionClaim::kAdmitted) {
       return absl::InvalidArgumentError(absl::StrCat(
           "worker ", worker_id, " claims an admission to step ", step,
           ", which shard ", options_.shard_index, " decided already with ",
-          policy_.ends_to_decide(), " other workers"));
+          EndsToDecide(), " other workers"));
     }
     // Late: its pushes of the step (if any are still waiting) go when the
     // step is decided.
@@ -280,7 +276,7 @@ absl::StatusOr<bool> ParameterShard::EndStepWithBackups(
   samples_.fetch_add(samples, std::memory_order_relaxed);
   // Decide every step whose admissions are complete, oldest first
   // (staleness: later steps' may be complete before the oldest's).
-  while (ends_[SlotIndex(ending_step_)].num_ended >= policy_.ends_to_decide()) {
+  while (ends_[SlotIndex(ending_step_)].num_ended >= EndsToDecide()) {
     if (clipping()) {
       if (MaybeAwaitNormLocked()) NoteUpdate();  // wakes the pulls
       break;  // ApplyStepNorm() decides, then looks at the next step

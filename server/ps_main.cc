@@ -22,6 +22,7 @@
 // --health_port serves health alone in plaintext on --bind.
 #include <grpcpp/grpcpp.h>
 
+#include <algorithm>
 #include <atomic>
 #include <csignal>
 #include <cstdio>
@@ -89,7 +90,10 @@ pstrain::ShardOptions ShardOptionsOf(const pstrain::JobConfig& config,
   options.job_id = job_id;
   options.shard_index = index;
   options.num_shards = spec.num_ps();
-  options.num_workers = spec.num_workers();
+  // An elastic job: worker ids up to max_workers, the first num_workers
+  // members at the start (issue 40).
+  options.num_workers = std::max(spec.num_workers(), spec.max_workers());
+  options.initial_workers = spec.num_workers();
   options.mode = config.mode == pstrain::MODE_ASYNC ? pstrain::SyncMode::kAsync
                                                     : pstrain::SyncMode::kSync;
   options.adam = pstrain::OptimizerOptionsOf(config);

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <deque>
 #include <memory>
+#include <optional>
 #include <thread>
 #include <tuple>
 #include <utility>
@@ -15,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "common/chunk_message.h"
+#include "common/membership.h"
 #include "common/partition.h"
 #include "common/status.h"
 #include "common/tensor_codec.h"
@@ -317,6 +319,14 @@ grpc::Status PsService::Init(grpc::ServerContext* context,
   const int64_t partition_bytes = request.layout().partition_bytes();
   const int num_buffers = request.layout().num_buffers();
   const int64_t generation = request.generation();
+  // An elastic job's membership change rides a reopen or a restore.
+  std::optional<WorkerMembership> membership;
+  if (request.has_membership()) {
+    absl::StatusOr<WorkerMembership> m = MembershipFromProto(
+        request.membership(), shard_->options().num_workers);
+    if (!m.ok()) return ToGrpcStatus(m.status());
+    membership = *std::move(m);
+  }
   const bool restore = shard_->initialized() && generation > 0;
   if (restore) restores_in_progress_.fetch_add(1);
   absl::Cleanup restored = [this, restore] {
@@ -330,7 +340,8 @@ grpc::Status PsService::Init(grpc::ServerContext* context,
                           "own state)");
     }
     absl::StatusOr<int64_t> version =
-        shard_->Reopen(generation, reopen_version);
+        shard_->Reopen(generation, reopen_version,
+                       membership.has_value() ? &*membership : nullptr);
     if (!version.ok()) return ToGrpcStatus(version.status());
     response->set_version(*version);
     return grpc::Status::OK;
@@ -401,7 +412,8 @@ grpc::Status PsService::Init(grpc::ServerContext* context,
     if (!status.ok()) return ToGrpcStatus(status);
   }
   status = shard_->Initialize(sizes, partition_bytes, std::move(chunks),
-                              num_buffers, generation);
+                              num_buffers, generation,
+                              membership.has_value() ? &*membership : nullptr);
   if (relayout) EndRelayout();
   if (!status.ok()) return ToGrpcStatus(status);
   response->set_num_chunks(num_chunks);
@@ -426,11 +438,14 @@ grpc::Status PsService::WaitReady(grpc::ServerContext* context,
   if (client_deadline != std::chrono::system_clock::time_point::max()) {
     deadline = std::min(deadline, absl::FromChrono(client_deadline));
   }
-  status = shard_->WaitReady(deadline, request->min_generation());
+  status = shard_->WaitReady(
+      deadline, request->min_generation(),
+      request->until_member() ? request->header().worker_id() : -1);
   if (!status.ok()) return ToGrpcStatus(status);
   EnterLayout();
   absl::Cleanup left = [this] { LeaveLayout(); };
   response->set_generation(shard_->generation());
+  MembershipToProto(shard_->membership(), response->mutable_membership());
   for (int64_t n : shard_->plan().param_num_elements()) {
     response->mutable_layout()->add_param_num_elements(n);
   }
@@ -528,8 +543,9 @@ grpc::Status PsService::WorkerDone(grpc::ServerContext* context,
   if (!status.ok()) return ToGrpcStatus(status);
   absl::MutexLock lock(&done_mu_);
   done_[request->header().worker_id()] = true;
+  // An elastic job's removed workers are not waited for.
   int remaining = 0;
-  for (bool d : done_) remaining += d ? 0 : 1;
+  for (int w : shard_->membership().workers) remaining += done_[w] ? 0 : 1;
   response->set_workers_remaining(remaining);
   if (remaining == 0 && !all_workers_done_.HasBeenNotified()) {
     all_workers_done_.Notify();

@@ -18,7 +18,13 @@ struct ShardOptions {
   std::string job_id = "local";
   int shard_index = 0;
   int num_shards = 1;
+  // The job's worker capacity: worker ids are 0 to num_workers - 1 (an
+  // elastic job's max_workers; otherwise its num_workers).
   int num_workers = 1;
+  // An elastic job (issue 40): workers 0 to initial_workers - 1 are the
+  // members until a reopen or restore names others (WorkerMembership in
+  // server/parameter_shard.h). 0: every worker of num_workers.
+  int initial_workers = 0;
   SyncMode mode = SyncMode::kSync;
   // The optimizer (optim/optimizer.h): Adam unless adam.kind says SGD.
   // Named for the Adam-only days; an AdamOptions converts to it.

@@ -1,0 +1,173 @@
+// An elastic job's membership on a shard (issue 40): a reopen that names
+// other workers changes whose pushes a step waits for and averages, from
+// the reopen's version on, and nothing else.
+#include <vector>
+
+#include "absl/time/clock.h"
+#include "gtest/gtest.h"
+#include "server/parameter_shard.h"
+
+namespace pstrain {
+namespace {
+
+// Sync SGD (lr 0.1, no state, so that a shard initialised from another's
+// weights is that shard) with a capacity of `capacity` workers, the first
+// `initial` of them members. One parameter of 6 elements in 16-byte
+// chunks (4 + 2), one of 2.
+ShardOptions Options(int capacity, int initial, int replicas = 0) {
+  ShardOptions options;
+  options.job_id = "job";
+  options.num_workers = capacity;
+  options.initial_workers = initial;
+  options.replicas_to_aggregate = replicas;
+  options.adam.kind = OptimizerKind::kSgd;
+  options.adam.lr = 0.1f;
+  return options;
+}
+
+std::vector<InitChunk> Chunks(const std::vector<std::vector<float>>& values,
+                              int64_t version) {
+  std::vector<InitChunk> chunks(3);
+  const int keys[3][2] = {{0, 0}, {0, 1}, {1, 0}};
+  for (int i = 0; i < 3; ++i) {
+    chunks[i].param_id = keys[i][0];
+    chunks[i].chunk_index = keys[i][1];
+    chunks[i].values = values[i];
+    chunks[i].version = version;
+  }
+  return chunks;
+}
+
+std::vector<std::vector<float>> Initial() {
+  return {{1, 2, 3, 4}, {5, 6}, {7, 8}};
+}
+
+// Worker `w`'s push of `value` everywhere and its end of `step`.
+void Step(ParameterShard& shard, int w, int64_t step, float value,
+          int64_t generation) {
+  ASSERT_TRUE(
+      shard.Push(w, 0, 0, step, std::vector<float>(4, value), generation).ok());
+  ASSERT_TRUE(
+      shard.Push(w, 0, 1, step, std::vector<float>(2, value), generation).ok());
+  ASSERT_TRUE(
+      shard.Push(w, 1, 0, step, std::vector<float>(2, value), generation).ok());
+  ASSERT_TRUE(shard.EndStep(w, step, nullptr, generation).ok());
+}
+
+std::vector<std::vector<float>> Pull(ParameterShard& shard, int64_t version,
+                                     int64_t generation) {
+  std::vector<std::vector<float>> out;
+  absl::Status s = shard.Pull(
+      version, 0, absl::Now() + absl::Seconds(5),
+      [&](const ChunkSpec&, int64_t, absl::Span<const float> w) {
+        out.emplace_back(w.begin(), w.end());
+      },
+      nullptr, nullptr, generation);
+  EXPECT_TRUE(s.ok()) << s;
+  return out;
+}
+
+WorkerMembership Members(std::vector<int> workers, int64_t epoch) {
+  WorkerMembership m;
+  m.workers = std::move(workers);
+  m.epoch = epoch;
+  m.data_offset = 40;
+  return m;
+}
+
+// 2 workers grow to 3 at step 1, then shrink to worker 0 alone at step 2:
+// each step equals a shard that had that many workers from the start of
+// it (initialised from the weights before it), bit for bit.
+TEST(ShardMembershipTest, EachStepAveragesItsGenerationsMembers) {
+  ParameterShard shard(Options(4, 2));
+  ASSERT_TRUE(shard.Initialize({6, 2}, 16, Chunks(Initial(), 0)).ok());
+  EXPECT_EQ(shard.membership().workers, (std::vector<int>{0, 1}));
+  // Worker 2 is inside the capacity but not a member yet.
+  absl::Status refused = shard.Push(2, 1, 0, 0, std::vector<float>(2, 1.0f));
+  EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(refused.message().find("worker 2 is not a member"),
+            std::string::npos)
+      << refused;
+  Step(shard, 0, 0, 1.0f, 0);
+  Step(shard, 1, 0, 3.0f, 0);
+  const std::vector<std::vector<float>> after0 = Pull(shard, 1, 0);
+
+  // A joining worker waits until a generation has it.
+  EXPECT_EQ(shard.WaitReady(absl::Now() + absl::Milliseconds(50), 0, 2).code(),
+            absl::StatusCode::kDeadlineExceeded);
+  const WorkerMembership three = Members({0, 1, 2}, 1);
+  absl::StatusOr<int64_t> v = shard.Reopen(1, -1, &three);
+  ASSERT_TRUE(v.ok()) << v.status();
+  EXPECT_EQ(*v, 1);
+  EXPECT_TRUE(shard.WaitReady(absl::Now() + absl::Seconds(1), 0, 2).ok());
+  EXPECT_EQ(shard.membership().workers, three.workers);
+  EXPECT_EQ(shard.membership().from_step, 1);
+  EXPECT_EQ(shard.membership().data_offset, 40);
+  EXPECT_EQ(shard.EndsToDecide(), 3);
+  Step(shard, 0, 1, 1.0f, 1);
+  Step(shard, 1, 1, 2.0f, 1);
+  Step(shard, 2, 1, 6.0f, 1);
+  const std::vector<std::vector<float>> after1 = Pull(shard, 2, 1);
+
+  ParameterShard three_from_one(Options(3, 3));
+  ASSERT_TRUE(three_from_one.Initialize({6, 2}, 16, Chunks(after0, 1)).ok());
+  Step(three_from_one, 0, 1, 1.0f, 0);
+  Step(three_from_one, 1, 1, 2.0f, 0);
+  Step(three_from_one, 2, 1, 6.0f, 0);
+  EXPECT_EQ(Pull(three_from_one, 2, 0), after1);
+  EXPECT_FLOAT_EQ(after1[2][0], 7.0f - 0.2f - 0.3f);
+
+  const WorkerMembership one = Members({0}, 2);
+  ASSERT_TRUE(shard.Reopen(2, -1, &one).ok());
+  EXPECT_EQ(shard.Push(1, 1, 0, 2, std::vector<float>(2, 1.0f), 2).code(),
+            absl::StatusCode::kInvalidArgument);
+  Step(shard, 0, 2, 5.0f, 2);
+  EXPECT_FLOAT_EQ(Pull(shard, 3, 2)[2][0], after1[2][0] - 0.5f);
+}
+
+// The step in flight when the membership changes is dropped, as a reopen
+// after a failure drops it: the old members' pushes of it do not count.
+TEST(ShardMembershipTest, TheStepInFlightIsRedoneByTheNewMembers) {
+  ParameterShard shard(Options(3, 2));
+  ASSERT_TRUE(shard.Initialize({6, 2}, 16, Chunks(Initial(), 0)).ok());
+  Step(shard, 0, 0, 1.0f, 0);  // worker 1 has not pushed step 0
+  const WorkerMembership grown = Members({0, 1, 2}, 1);
+  ASSERT_EQ(*shard.Reopen(1, -1, &grown), 0);
+  for (int w = 0; w < 3; ++w) Step(shard, w, 0, 3.0f, 1);
+  EXPECT_FLOAT_EQ(Pull(shard, 1, 1)[2][0], 7.0f - 0.3f);
+}
+
+// Backup workers keep their count b: R = members - b (at least 1).
+TEST(ShardMembershipTest, BackupWorkersKeepTheirCount) {
+  ParameterShard shard(Options(5, 3, /*replicas=*/2));
+  ASSERT_TRUE(shard.Initialize({6, 2}, 16, Chunks(Initial(), 0)).ok());
+  EXPECT_EQ(shard.EndsToDecide(), 2);
+  const WorkerMembership five = Members({0, 1, 2, 3, 4}, 1);
+  ASSERT_TRUE(shard.Reopen(1, -1, &five).ok());
+  EXPECT_EQ(shard.EndsToDecide(), 4);
+  const WorkerMembership one = Members({0}, 2);
+  ASSERT_TRUE(shard.Reopen(2, -1, &one).ok());
+  EXPECT_EQ(shard.EndsToDecide(), 1);
+}
+
+// A malformed membership is refused before anything changes.
+TEST(ShardMembershipTest, AMalformedMembershipChangesNothing) {
+  ParameterShard shard(Options(3, 2));
+  ASSERT_TRUE(shard.Initialize({6, 2}, 16, Chunks(Initial(), 0)).ok());
+  for (const std::vector<int>& bad :
+       {std::vector<int>{}, std::vector<int>{1, 2}, std::vector<int>{0, 3},
+        std::vector<int>{0, 2, 1}, std::vector<int>{0, 0}}) {
+    const WorkerMembership m = Members(bad, 1);
+    absl::StatusOr<int64_t> v = shard.Reopen(1, -1, &m);
+    EXPECT_EQ(v.status().code(), absl::StatusCode::kInvalidArgument)
+        << v.status();
+  }
+  EXPECT_EQ(shard.generation(), 0);
+  EXPECT_EQ(shard.membership().workers, (std::vector<int>{0, 1}));
+  Step(shard, 0, 0, 1.0f, 0);
+  Step(shard, 1, 0, 1.0f, 0);
+  EXPECT_EQ(Pull(shard, 1, 0).size(), 3u);
+}
+
+}  // namespace
+}  // namespace pstrain
