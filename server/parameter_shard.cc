@@ -179,7 +179,8 @@ absl::Status ParameterShard::Initialize(
     }
     // A restore: the same tensors, every chunk replaced.
     if (param_num_elements != plan_->param_num_elements() ||
-        num_buffers != plan_->num_buffers()) {
+        num_buffers != plan_->num_buffers() ||
+        row_elements_ != plan_->param_row_elements()) {
       return absl::InvalidArgumentError(
           absl::StrCat("restore of shard ", options_.shard_index,
                        " sent another model layout than the job's (",
@@ -215,8 +216,9 @@ absl::Status ParameterShard::Initialize(
     NoteUpdate();
     return absl::OkStatus();
   }
-  absl::StatusOr<PartitionPlan> plan = PartitionPlan::Create(
-      param_num_elements, partition_bytes, options_.num_shards, num_buffers);
+  absl::StatusOr<PartitionPlan> plan =
+      PartitionPlan::Create(param_num_elements, partition_bytes,
+                            options_.num_shards, num_buffers, row_elements_);
   if (!plan.ok()) return plan.status();
 
   std::vector<int> local_index(plan->chunks().size(), -1);
@@ -305,11 +307,7 @@ absl::StatusOr<int64_t> ParameterShard::Reopen(
     absl::MutexLock chunk_lock(&c->mu);
     if (c->version == version + 1 && c->undo_step == version) {
       // The undecided update of step `version`: put back.
-      c->weights.swap(c->prev_weights);
-      if (!plan_->is_buffer(c->spec.param_id)) {
-        c->m.swap(c->prev_m);
-        c->v.swap(c->prev_v);
-      }
+      UndoLocked(*c);
     }
     c->version = version;
     c->undo_step = -1;

@@ -161,6 +161,17 @@
 // waiting pull ends at once with ABORTED naming it, instead of at the pull
 // timeout.
 //
+//  - row-sparse tensors (embedding tables, issue 41; the layout's
+//    param_row_elements, SetRowSparseLayout()): their chunks are whole
+//    rows (common/partition.h). PushRows() takes the rows a worker's batch
+//    touched; a dense Push() to such a chunk touches every row. Every
+//    policy above runs unchanged on them, with the average over the
+//    step's workers of the union of their rows and a lazy update of those
+//    rows only (server/row_sparse.h: Adam as torch.optim.SparseAdam), undone
+//    by rows. Untouched rows keep w, m and v; the chunk's version (Adam's
+//    t) advances every step. Pulls, snapshots and Initialize() see the
+//    chunk as any other (dense w, m, v), so checkpoints are unchanged.
+//
 // Thread-safety: all methods may be called concurrently. Each chunk has its
 // own mutex, so chunks aggregate and update in parallel.
 #ifndef PSTRAIN_SERVER_PARAMETER_SHARD_H_
@@ -185,6 +196,7 @@
 #include "common/nonfinite.h"
 #include "common/partition.h"
 #include "optim/optimizer.h"
+#include "server/row_sparse.h"
 #include "server/shard_options.h"
 #include "server/step_policy.h"
 
@@ -375,6 +387,23 @@ class ParameterShard {
   absl::Status Push(int worker_id, int32_t param_id, int32_t chunk_index,
                     int64_t step, int64_t num_elements, GradientSource fill,
                     int64_t generation = 0);
+
+  // Row-sparse chunks: the rows of a gradient. `fill(num_elements,
+  // row_elements, out)` writes the rows (offsets in the chunk) and their
+  // values into `out`, under the chunk's lock, after the checks Push()
+  // makes. INVALID_ARGUMENT, nothing changed, for a dense chunk, or rows
+  // not strictly ascending (a duplicate), past the chunk's rows, or
+  // values not row_elements per row; otherwise as Push().
+  using RowSource = absl::FunctionRef<absl::Status(
+      int64_t num_elements, int64_t row_elements, RowValues* out)>;
+  absl::Status PushRows(int worker_id, int32_t param_id, int32_t chunk_index,
+                        int64_t step, RowSource fill, int64_t generation = 0);
+  // The layout's row-sparse tensors (ModelLayout.param_row_elements; see
+  // PartitionPlan::Create), used by every later Initialize(): a service
+  // sets them from the layout it is sent, before Initialize(). A restore
+  // with other row widths than the shard's layout is refused as another
+  // layout is.
+  void SetRowSparseLayout(std::vector<int64_t> param_row_elements);
 
   // In place of Push(): worker `worker_id` skips its chunk of `step` (a
   // non-finite value in it or in a chunk before it). The same checks as
@@ -569,8 +598,12 @@ class ParameterShard {
     int num_pending = 0;
     // A worker skipped its push of the step.
     bool skipped = false;
-    // Clipping: pending[0] holds the step's average already.
+    // Clipping: pending[0] holds the step's average already (a row-sparse
+    // chunk: row_average).
     bool averaged = false;
+    // Row-sparse chunks: each worker's rows, and their average.
+    std::vector<RowValues> row_pending;
+    RowValues row_average;
   };
   // The ends of one step (EndStep): who has ended it, and the first
   // non-finite report (lowest worker id).
@@ -602,6 +635,10 @@ class ParameterShard {
     std::vector<float> prev_m ABSL_GUARDED_BY(mu);
     std::vector<float> prev_v ABSL_GUARDED_BY(mu);
     int64_t undo_step ABSL_GUARDED_BY(mu) = -1;
+    // Row-sparse chunks: the rows undo_step's update changed, as they were;
+    // an async push's rows.
+    RowUndo row_undo ABSL_GUARDED_BY(mu);
+    RowValues incoming_rows ABSL_GUARDED_BY(mu);
     // A deferred snapshot (BeginDeferredSnapshot()) this chunk still owes:
     // where it copies itself when it is at snap_version; null: none.
     ChunkSnapshot* snap_into ABSL_GUARDED_BY(mu) = nullptr;
@@ -617,6 +654,21 @@ class ParameterShard {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk.mu);
   // Clears every chunk's deferred snapshot (each under its lock).
   void ClearChunkSnapshots();
+
+  // Row-sparse chunks (parameter_shard_rows.cc): the slot's average of
+  // `workers`' row pushes (once per slot, slot.averaged); the barrier's
+  // lazy update of the average's rows (scaled by `clip`), undoable as a
+  // dense one; and the undo of `chunk`'s last update, dense or by rows.
+  RowValues& AverageRowsLocked(StepSlot& slot, const std::vector<int>& workers,
+                               int64_t row_elements);
+  void ApplyRowBarrierLocked(ChunkState& chunk, StepSlot& slot,
+                             const std::vector<int>& workers, float clip)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk.mu);
+  void UndoLocked(ChunkState& chunk) ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk.mu);
+  // The lazy update of `grad`'s rows at the chunk's next version, final
+  // (async); false and counted if it overflowed (nothing applied).
+  bool ApplyRowsLocked(ChunkState& chunk, const RowValues& grad)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk.mu);
 
   // Sync mode: the barrier of `chunk`'s step is complete (every worker
   // pushed or skipped it): the update, kept undoable, and the version.
@@ -857,6 +909,7 @@ class ParameterShard {
   std::atomic<int64_t> applied_{0};
   std::atomic<int64_t> late_pushes_{0};
   std::atomic<int64_t> late_steps_{0};
+  std::vector<int64_t> row_elements_ ABSL_GUARDED_BY(init_mu_);
   mutable absl::Mutex overflow_mu_;
   int64_t overflowed_ ABSL_GUARDED_BY(overflow_mu_) = 0;
   std::string last_overflow_ ABSL_GUARDED_BY(overflow_mu_);

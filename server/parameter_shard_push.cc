@@ -59,6 +59,19 @@ absl::Status ParameterShard::Push(int worker_id, int32_t param_id,
   if (!found.ok()) return found.status();
   ChunkState& chunk = **found;
   const int64_t n = chunk.spec.num_elements;
+  if (chunk.spec.row_elements > 0) {
+    // A dense push to a row-sparse chunk: every row touched.
+    return PushRows(
+        worker_id, param_id, chunk_index, step,
+        [&](int64_t, int64_t row_elements, RowValues* out) {
+          thread_local std::vector<float> dense;
+          dense.resize(n);
+          absl::Status filled = fill(absl::MakeSpan(dense));
+          if (filled.ok()) AllRows(dense, row_elements, out);
+          return filled;
+        },
+        generation);
+  }
   absl::MutexLock lock(&chunk.mu);
   // Under the chunk's lock: a restore bumps the generation before it
   // replaces any chunk, so no push of the older one lands in restored state.
@@ -259,6 +272,8 @@ void ParameterShard::CompleteBarrierLocked(ChunkState& chunk,
   if (members == nullptr ? slot.skipped || skip : skip) {
     // A worker skips this step: nothing to apply, nothing to undo.
     chunk.undo_step = -1;
+  } else if (chunk.spec.row_elements > 0) {
+    ApplyRowBarrierLocked(chunk, slot, workers, clip);
   } else {
     // Average in worker-id order (into the first worker's slot, which the
     // next step refills), then one update, written beside the current

@@ -39,6 +39,14 @@ double ParameterShard::PartialNormLocked(int64_t step, bool skip,
     if (c->version != step) continue;
     StepSlot& slot = c->slots[SlotIndex(step)];
     if (slot.skipped) continue;  // not applied (CompleteBarrierLocked())
+    if (c->spec.row_elements > 0) {
+      // The untouched rows' zeros add nothing: the dense sum's value.
+      for (float g :
+           AverageRowsLocked(slot, workers, c->spec.row_elements).values) {
+        sum_sq += static_cast<double>(g) * g;
+      }
+      continue;
+    }
     const int64_t n = c->spec.num_elements;
     const float* sum = AverageInto(slot, workers, n);
     if (plan_->is_buffer(c->spec.param_id)) continue;
@@ -173,11 +181,7 @@ absl::Status ParameterShard::EndStep(int worker_id, int64_t step,
       for (const std::unique_ptr<ChunkState>& c : chunks_) {
         absl::MutexLock chunk_lock(&c->mu);
         if (c->undo_step != deciding) continue;
-        c->weights.swap(c->prev_weights);
-        if (!plan_->is_buffer(c->spec.param_id)) {
-          c->m.swap(c->prev_m);
-          c->v.swap(c->prev_v);
-        }
+        UndoLocked(*c);
         c->undo_step = -1;
       }
     }
