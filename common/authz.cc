@@ -42,6 +42,7 @@ const std::vector<MethodRule>& AuthorizationTable() {
       {"/pstrain.Coordinator/GetJob", Caller::kAdminOrTaskOfJob},
       {"/pstrain.Coordinator/ListJobs", Caller::kAdmin},
       {"/pstrain.Coordinator/Cancel", Caller::kAdmin},
+      {"/pstrain.Coordinator/Scale", Caller::kAdmin},
       {"/pstrain.Coordinator/Register", Caller::kTaskAsItself},
       {"/pstrain.Coordinator/WaitForLayout", Caller::kTaskOfJob},
       {"/pstrain.Coordinator/Heartbeat", Caller::kTaskAsItself},

@@ -3,7 +3,7 @@
 // touches any state.
 //
 // Rules (Caller), by the caller's certificate (common/tls.h):
-//   kAdmin             the CLI ("admin"): Submit, ListJobs, Cancel.
+//   kAdmin             the CLI ("admin"): Submit, ListJobs, Cancel, Scale.
 //   kAdminOrTaskOfJob  the CLI, or a PS or worker of the request's job:
 //                      GetJob (tasks read their job's spec).
 //   kTaskOfJob         a PS or worker of the request's job: WaitForLayout.

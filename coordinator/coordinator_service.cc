@@ -127,6 +127,21 @@ grpc::Status CoordinatorService::Cancel(grpc::ServerContext* context,
   return ToGrpcStatus(table_->Cancel(request->job_id(), absl::Now()));
 }
 
+grpc::Status CoordinatorService::Scale(grpc::ServerContext* context,
+                                       const ScaleRequest* request,
+                                       ScaleResponse* response) {
+  if (grpc::Status denied = Authorize(*context, "Scale", request->job_id());
+      !denied.ok()) {
+    return denied;
+  }
+  absl::StatusOr<Membership> membership =
+      table_->Scale(request->job_id(), request->num_workers(),
+                    request->at_step(), absl::Now());
+  if (!membership.ok()) return ToGrpcStatus(membership.status());
+  *response->mutable_membership() = *std::move(membership);
+  return grpc::Status::OK;
+}
+
 grpc::Status CoordinatorService::Register(grpc::ServerContext* context,
                                           const RegisterRequest* request,
                                           RegisterResponse* response) {
@@ -183,7 +198,7 @@ grpc::Status CoordinatorService::Heartbeat(grpc::ServerContext* context,
   }
   bool restart = false;
   absl::StatusOr<JobState> state =
-      table_->Heartbeat(*request, absl::Now(), &restart);
+      table_->Heartbeat(*request, absl::Now(), &restart, response);
   if (!state.ok()) return ToGrpcStatus(state.status());
   response->set_state(*state);
   response->set_restart(restart && !JobEnded(*state));

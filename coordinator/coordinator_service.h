@@ -57,6 +57,9 @@ class CoordinatorService final : public Coordinator::Service {
                         ListJobsResponse* response) override;
   grpc::Status Cancel(grpc::ServerContext* context, const JobRequest* request,
                       CancelResponse* response) override;
+  // The admin only (common/authz.h): JobTable::Scale.
+  grpc::Status Scale(grpc::ServerContext* context, const ScaleRequest* request,
+                     ScaleResponse* response) override;
   grpc::Status Register(grpc::ServerContext* context,
                         const RegisterRequest* request,
                         RegisterResponse* response) override;

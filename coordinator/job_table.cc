@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <optional>
 #include <utility>
 
 #include "absl/container/flat_hash_set.h"
@@ -19,6 +20,7 @@
 #include "common/flags_util.h"
 #include "common/status_macros.h"
 #include "common/utf8.h"
+#include "coordinator/job_membership.h"
 #include "google/protobuf/stubs/logging.h"
 
 namespace pstrain {
@@ -76,51 +78,6 @@ absl::Status ReadJobFile(const std::string& path, int64_t max_bytes,
 
 }  // namespace
 
-absl::Status ValidateJobTableLimits(const JobTableLimits& limits) {
-  if (limits.keep_finished_jobs < 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "keep_finished_jobs ", limits.keep_finished_jobs, ": expected >= 0"));
-  }
-  if (limits.max_kv_key_bytes < 1) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "max_kv_key_bytes ", limits.max_kv_key_bytes, ": expected >= 1"));
-  }
-  if (limits.max_kv_value_bytes < 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "max_kv_value_bytes ", limits.max_kv_value_bytes, ": expected >= 0"));
-  }
-  if (limits.max_kv_keys_per_job < 1) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "max_kv_keys_per_job ", limits.max_kv_keys_per_job, ": expected >= 1"));
-  }
-  const struct {
-    const char* name;
-    int64_t value;
-    int64_t lo;
-    int64_t hi;
-  } ranges[] = {
-      {"max_kv_bytes_per_job", limits.max_kv_bytes_per_job, 1, INT64_MAX},
-      {"max_kv_bytes_per_task", limits.max_kv_bytes_per_task, 1, INT64_MAX},
-      {"max_text_item_bytes", limits.max_text_item_bytes, 64, INT64_MAX},
-      {"max_text_bytes_per_task", limits.max_text_bytes_per_task,
-       limits.max_text_item_bytes, INT64_MAX},
-      {"max_text_bytes_per_job", limits.max_text_bytes_per_job,
-       limits.max_text_item_bytes, INT64_MAX},
-      {"max_log_bytes_per_job", limits.max_log_bytes_per_job, 1, INT64_MAX},
-      {"max_result_bytes", limits.max_result_bytes, 1, INT64_MAX},
-      {"max_job_file_bytes", limits.max_job_file_bytes, 1024,
-       JobTable::kMaxJobFileBytes},
-  };
-  for (const auto& r : ranges) {
-    if (r.value < r.lo || r.value > r.hi) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(r.name, " ", r.value, ": expected ", r.lo, " to ",
-                       r.hi == INT64_MAX ? "any larger" : absl::StrCat(r.hi)));
-    }
-  }
-  return absl::OkStatus();
-}
-
 namespace {
 
 // `text` is the decimal of a number >= 0 without sign or leading zeros
@@ -175,78 +132,6 @@ std::string CutText(const std::string& text, int64_t max_bytes,
   if (kept_bytes != nullptr) *kept_bytes = keep;
   return absl::StrCat(text.substr(0, keep), "\u2026[cut: ", text.size() - keep,
                       " bytes over the ", what, "]");
-}
-
-absl::Status ValidateJobTableFile(const JobTableFile& table) {
-  // At most 2^53: the next Submit adds 1 (INT64_MAX would overflow).
-  if (table.next_id() < 1 || table.next_id() > (int64_t{1} << 53)) {
-    return absl::DataLossError(absl::StrCat(
-        "next job id ", table.next_id(), ": expected 1 to 9007199254740992"));
-  }
-  absl::flat_hash_set<std::string> ids;
-  for (int j = 0; j < table.jobs_size(); ++j) {
-    const JobInfo& job = table.jobs(j);
-    const std::string where =
-        job.id().empty() ? absl::StrCat("job #", j) : job.id();
-    int64_t n = 0;
-    if (job.id().rfind("job-", 0) != 0 ||
-        !absl::SimpleAtoi(job.id().substr(4), &n) || n < 1 ||
-        n >= table.next_id() || absl::StrCat("job-", n) != job.id()) {
-      return absl::DataLossError(
-          absl::StrCat(where, ": not an id this table gives (job-1 .. job-",
-                       table.next_id() - 1, ")"));
-    }
-    if (!ids.insert(job.id()).second) {
-      return absl::DataLossError(absl::StrCat(where, ": listed twice"));
-    }
-    if (!JobState_IsValid(job.state()) ||
-        job.state() == JOB_STATE_UNSPECIFIED) {
-      return absl::DataLossError(
-          absl::StrCat(where, ": unknown job state ", job.state()));
-    }
-    // The spec's text fields are bytes on the wire; Submit stores only
-    // UTF-8, so other bytes mean a damaged file.
-    if (absl::Status s = CheckUtf8Fields(job.spec()); !s.ok()) {
-      return absl::DataLossError(absl::StrCat(where, ": spec.", s.message()));
-    }
-    const int64_t num_ps = job.spec().num_ps();
-    const int64_t num_workers = job.spec().num_workers();
-    if (num_ps < 0 || num_workers < 1) {
-      return absl::DataLossError(absl::StrCat(where, ": ", num_ps, " ps and ",
-                                              num_workers, " workers"));
-    }
-    if (job.tasks_size() != num_ps + num_workers) {
-      return absl::DataLossError(absl::StrCat(where, ": ", job.tasks_size(),
-                                              " tasks for ", num_ps, " ps and ",
-                                              num_workers, " workers"));
-    }
-    for (int i = 0; i < job.tasks_size(); ++i) {
-      const TaskInfo& t = job.tasks(i);
-      const TaskRole role = i < num_ps ? ROLE_PS : ROLE_WORKER;
-      const int index = i < num_ps ? i : static_cast<int>(i - num_ps);
-      if (t.role() != role || t.index() != index) {
-        return absl::DataLossError(absl::StrCat(
-            where, ": task #", i, " is ", TaskName(t.role(), t.index()),
-            "; expected ", TaskName(role, index)));
-      }
-      if (!TaskState_IsValid(t.state()) ||
-          t.state() == TASK_STATE_UNSPECIFIED) {
-        return absl::DataLossError(
-            absl::StrCat(where, ": ", TaskName(role, index),
-                         " has unknown state ", t.state()));
-      }
-    }
-    int64_t previous = -1;
-    for (const LogLine& line : job.log()) {
-      if (line.seq() <= previous || line.seq() >= job.next_log_seq()) {
-        return absl::DataLossError(absl::StrCat(
-            where, ": log line ", line.seq(), " out of order (after ", previous,
-            ", next ", job.next_log_seq(), ")"));
-      }
-      previous = line.seq();
-    }
-  }
-  return absl::OkStatus();
 }
 
 std::string TaskName(TaskRole role, int index) {
@@ -441,7 +326,7 @@ absl::StatusOr<TaskInfo*> JobTable::FindTask(JobInfo* job, TaskRole role,
     return absl::InvalidArgumentError("task role must be ps or worker");
   }
   const int count =
-      role == ROLE_PS ? job->spec().num_ps() : job->spec().num_workers();
+      role == ROLE_PS ? job->spec().num_ps() : WorkerTaskCount(job->spec());
   if (index < 0 || index >= count) {
     return absl::InvalidArgumentError(absl::StrCat(
         job->id(), ": ", TaskName(role, index), " is outside the job's ", count,
@@ -497,7 +382,7 @@ absl::StatusOr<std::string> JobTable::Submit(const JobSpec& spec,
   job->set_submit_ms(Ms(now));
   for (const auto& [role, count] :
        {std::pair<TaskRole, int>{ROLE_PS, spec.num_ps()},
-        {ROLE_WORKER, spec.num_workers()}}) {
+        {ROLE_WORKER, WorkerTaskCount(spec)}}) {
     for (int i = 0; i < count; ++i) {
       TaskInfo* task = job->add_tasks();
       task->set_role(role);
@@ -505,6 +390,7 @@ absl::StatusOr<std::string> JobTable::Submit(const JobSpec& spec,
       task->set_state(TASK_WAITING);
     }
   }
+  InitMembership(job);
   const std::string id = job->id();
   absl::Status s = Persist();
   if (!s.ok()) {
@@ -529,6 +415,11 @@ absl::Status JobTable::Register(const std::string& id, TaskRole role, int index,
     return absl::FailedPreconditionError(
         absl::StrCat(id, " has ended: ", job->message()));
   }
+  if ((*task)->state() == TASK_IDLE || (*task)->state() == TASK_REMOVED) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        id, ": ", TaskName(role, index), " is not a member of the job (",
+        TaskState_Name((*task)->state()), "); `pstrain scale` adds workers"));
+  }
   if ((*task)->state() != TASK_WAITING) {
     if ((*task)->address() == address) return absl::OkStatus();
     return absl::AlreadyExistsError(absl::StrCat(
@@ -542,6 +433,7 @@ absl::Status JobTable::Register(const std::string& id, TaskRole role, int index,
   bool all = true;
   for (const TaskInfo& t : job->tasks()) all &= t.state() != TASK_WAITING;
   if (all) job->set_state(JOB_RUNNING);
+  UpdateReady(job);
   return Persist();
 }
 
@@ -654,7 +546,8 @@ void JobTable::KeepResult(JobInfo* job, TaskInfo* task,
 }
 
 absl::StatusOr<JobState> JobTable::Heartbeat(const HeartbeatRequest& request,
-                                             absl::Time now, bool* restart) {
+                                             absl::Time now, bool* restart,
+                                             HeartbeatResponse* answer) {
   if (restart != nullptr) *restart = false;
   const TaskRef& ref = request.task();
   absl::MutexLock lock(&mu_);
@@ -679,6 +572,16 @@ absl::StatusOr<JobState> JobTable::Heartbeat(const HeartbeatRequest& request,
   }
   AppendLog(job, *task, ref.role(), ref.index(), request.log_lines(), now,
             request.log_times_ms());
+  if (ref.role() == ROLE_WORKER && ref.index() == 0 &&
+      request.has_membership_applied()) {
+    std::optional<std::string> line =
+        ApplyMembership(job, request.membership_applied());
+    // Written within a second (FlushIfDirty), as a Set().
+    if (line.has_value()) LogLineOf(job, ROLE_WORKER, 0, *line, now);
+  }
+  if (answer != nullptr && ref.role() == ROLE_WORKER) {
+    FillHeartbeatMembership(*job, ref.index(), answer);
+  }
   // Not persisted: Load() restarts every task's timeout.
   return job->state();
 }
@@ -690,6 +593,8 @@ absl::Status JobTable::TaskFinished(const TaskFinishedRequest& request,
   ASSIGN_OR_RETURN(JobInfo * job, FindJob(ref.job_id()));
   absl::StatusOr<TaskInfo*> task = FindTask(job, ref.role(), ref.index());
   if (!task.ok()) return task.status();
+  // A removed worker's later reports change nothing.
+  if ((*task)->state() == TASK_REMOVED) return absl::OkStatus();
   if ((*task)->state() == TASK_DONE || (*task)->state() == TASK_FAILED) {
     // A retry of the report that landed is OK; the other outcome is not.
     if (((*task)->state() == TASK_DONE) == request.ok()) {
@@ -718,6 +623,24 @@ absl::Status JobTable::TaskFinished(const TaskFinishedRequest& request,
     if (request.ok()) (*task)->set_state(TASK_DONE);
     return Persist();
   }
+  // Elastic jobs: a removed worker's end, or (min_workers) the death of
+  // one whose restart budget is spent, neither fails the job nor is waited
+  // for.
+  if (ref.role() == ROLE_WORKER && WorkerRemoved(*job, ref.index())) {
+    (*task)->set_state(TASK_REMOVED);
+    (*task)->set_message(message);
+    return Persist();
+  }
+  if (ref.role() == ROLE_WORKER && !request.ok() &&
+      JobRestarts(*job) >= job->spec().max_restarts()) {
+    if (std::optional<std::string> line = RemoveFailedWorker(
+            job, ref.index(), "its restart budget is spent")) {
+      (*task)->set_message(message);
+      LogLineOf(job, ROLE_WORKER, ref.index(), *line, now);
+      if (EveryMemberDone(*job)) End(job, JOB_SUCCEEDED, "", now);
+      return Persist();
+    }
+  }
   (*task)->set_state(request.ok() ? TASK_DONE : TASK_FAILED);
   (*task)->set_message(message);
   if (!request.ok()) {
@@ -735,10 +658,8 @@ absl::Status JobTable::TaskFinished(const TaskFinishedRequest& request,
                      " failed: ", message),
         now);
   } else {
-    bool all_workers = true;
-    for (const TaskInfo& t : job->tasks()) {
-      if (t.role() == ROLE_WORKER) all_workers &= t.state() == TASK_DONE;
-    }
+    // Every member of an elastic job's applied membership.
+    const bool all_workers = EveryMemberDone(*job);
     // With backup workers the model is complete when worker 0 is: it ends
     // after the last step's update is decided on every shard, and no other
     // worker's later pushes can be admitted. A straggler still on its way
@@ -788,7 +709,27 @@ absl::StatusOr<int> JobTable::TaskRestarting(const std::string& id,
     return absl::FailedPreconditionError(
         absl::StrCat(id, " has ended: ", job->message()));
   }
+  if (role == ROLE_WORKER &&
+      (task->state() == TASK_REMOVED || WorkerRemoved(*job, index))) {
+    task->set_state(TASK_REMOVED);
+    RETURN_IF_ERROR(Persist());
+    return absl::FailedPreconditionError(
+        absl::StrCat(id, ": ", TaskName(role, index),
+                     " was removed from the job; not restarting it"));
+  }
   const int restarts = JobRestarts(*job);
+  if (restarts >= job->spec().max_restarts() && role == ROLE_WORKER) {
+    // min_workers: the job goes on without it (FAILED_PRECONDITION: it is
+    // not restarted).
+    if (std::optional<std::string> line =
+            RemoveFailedWorker(job, index, "its restart budget is spent")) {
+      task->set_message(why);
+      LogLineOf(job, role, index, *line, now);
+      if (EveryMemberDone(*job)) End(job, JOB_SUCCEEDED, "", now);
+      RETURN_IF_ERROR(Persist());
+      return absl::FailedPreconditionError(absl::StrCat(id, ": ", *line));
+    }
+  }
   if (restarts >= job->spec().max_restarts()) {
     const std::string message = absl::StrCat(
         TaskName(role, index), " ", why, "; the job's restart budget (",
@@ -859,13 +800,18 @@ std::vector<std::string> JobTable::CheckHeartbeats(absl::Time now,
                                                    absl::Duration timeout) {
   absl::MutexLock lock(&mu_);
   std::vector<std::string> failed;
+  bool changed = false;
   const int64_t limit = absl::ToInt64Milliseconds(timeout);
   for (JobInfo& job : *table_.mutable_jobs()) {
     if (JobEnded(job.state())) continue;
     std::vector<std::string> problems;
     for (TaskInfo& t : *job.mutable_tasks()) {
-      if (t.state() == TASK_REGISTERED &&
-          Ms(now) - t.last_heartbeat_ms() > limit) {
+      const bool silent = t.state() == TASK_REGISTERED &&
+                          Ms(now) - t.last_heartbeat_ms() > limit;
+      if (silent && t.role() == ROLE_WORKER &&
+          RemoveSilentWorker(&job, &t, now)) {
+        changed = true;
+      } else if (silent) {
         t.set_state(TASK_LOST);
         problems.push_back(
             absl::StrCat("lost ", TaskName(t.role(), t.index()), " on ",
@@ -887,7 +833,7 @@ std::vector<std::string> JobTable::CheckHeartbeats(absl::Time now,
     End(&job, JOB_FAILED, absl::StrJoin(problems, "; "), now);
     failed.push_back(job.id());
   }
-  if (!failed.empty()) Persist().IgnoreError();
+  if (changed || !failed.empty()) Persist().IgnoreError();
   return failed;
 }
 
@@ -988,6 +934,46 @@ absl::StatusOr<JobInfo> JobTable::Get(const std::string& id,
     return copy;
   }
   return absl::NotFoundError("unknown job " + id);
+}
+
+absl::StatusOr<Membership> JobTable::Scale(const std::string& id,
+                                           int num_workers, int64_t at_step,
+                                           absl::Time now) {
+  absl::MutexLock lock(&mu_);
+  ASSIGN_OR_RETURN(JobInfo * job, FindJob(id));
+  const int64_t before = job->membership().epoch();
+  ASSIGN_OR_RETURN(Membership next,
+                   ScaleMembership(job, num_workers, at_step, Ms(now)));
+  if (next.epoch() == before) return next;
+  LogLineOf(job, ROLE_WORKER, 0,
+            absl::StrCat(next.reason(), " requested: membership ", next.epoch(),
+                         " (workers ", absl::StrJoin(next.workers(), ", "),
+                         ") at step ", next.at_step(), " or the next"),
+            now);
+  RETURN_IF_ERROR(Persist());
+  return next;
+}
+
+bool JobTable::RemoveSilentWorker(JobInfo* job, TaskInfo* task,
+                                  absl::Time now) {
+  if (WorkerRemoved(*job, task->index())) {
+    task->set_state(TASK_REMOVED);
+    return true;
+  }
+  std::optional<std::string> line = RemoveFailedWorker(
+      job, task->index(),
+      absl::StrCat("no heartbeat for ",
+                   (Ms(now) - task->last_heartbeat_ms()) / 1000, " s"));
+  if (!line.has_value()) return false;
+  LogLineOf(job, ROLE_WORKER, task->index(), *line, now);
+  return true;
+}
+
+void JobTable::LogLineOf(JobInfo* job, TaskRole role, int index,
+                         std::string text, absl::Time now) {
+  google::protobuf::RepeatedPtrField<std::string> line;
+  line.Add(std::move(text));
+  AppendLog(job, /*task=*/nullptr, role, index, line, now);
 }
 
 std::vector<JobInfo> JobTable::List() const {

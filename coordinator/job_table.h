@@ -40,6 +40,17 @@
 // lines of running jobs are dropped; a Submit that still does not fit is
 // RESOURCE_EXHAUSTED.
 //
+// Elastic jobs (max_workers, min_workers; coordinator/job_membership.h):
+// the job has max_workers worker tasks, those not members TASK_IDLE; it
+// runs once every PS task and every member has registered. Scale changes
+// the membership; heartbeats carry it to the workers and worker 0's
+// reports that it applied one. A removed worker's end (TASK_REMOVED) never
+// fails the job, and the job succeeds when the applied membership's
+// workers are done. With min_workers, a worker other than 0 that dies with
+// the restart budget spent (TaskRestarting, TaskFinished not ok) or goes
+// silent is removed instead of failing the job while at least min_workers
+// remain.
+//
 // Thread-safety: all methods may be called concurrently; WaitForLayout and
 // WaitForKey block without holding up other callers.
 #ifndef PSTRAIN_COORDINATOR_JOB_TABLE_H_
@@ -193,8 +204,13 @@ class JobTable {
   // answered, so that it learns the job's state.
   // `restart` (if not null) is set to whether the task is to exit and be
   // started again (TaskInfo.restart_requested; see TaskRestarting).
+  // `answer` (if not null), for a worker of an elastic job: its membership
+  // and `removed` (job_membership.h). Worker 0's membership_applied is
+  // kept (ApplyMembership: membership_history, a line in the job's log;
+  // written within a second, as a Set()).
   absl::StatusOr<JobState> Heartbeat(const HeartbeatRequest& request,
-                                     absl::Time now, bool* restart = nullptr);
+                                     absl::Time now, bool* restart = nullptr,
+                                     HeartbeatResponse* answer = nullptr);
 
   // `request.task()` finished: `ok` false fails the job with its message
   // ("worker 1 on 10.0.0.5:7001 failed: ..."); a task may report a failure
@@ -220,6 +236,13 @@ class JobTable {
   absl::StatusOr<int> TaskRestarting(const std::string& id, TaskRole role,
                                      int index, const std::string& why,
                                      absl::Time now);
+
+  // Elastic jobs (coordinator/job_membership.h ScaleMembership): the job's
+  // newest membership with `num_workers` workers from `at_step` on, a new
+  // epoch (unless it has that many already), logged and written. Errors as
+  // ScaleMembership's; NOT_FOUND for an unknown job.
+  absl::StatusOr<Membership> Scale(const std::string& id, int num_workers,
+                                   int64_t at_step, absl::Time now);
 
   // Ends a PENDING or RUNNING job as CANCELLED; FAILED_PRECONDITION if it
   // has already ended.
@@ -281,6 +304,14 @@ class JobTable {
   absl::Status FitJobFile() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Worker 0's result, unless it is over limits_.max_result_bytes.
   void KeepResult(JobInfo* job, TaskInfo* task, const RunResult& result)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A line of the coordinator's own in the job's log, as task (role,
+  // index)'s.
+  void LogLineOf(JobInfo* job, TaskRole role, int index, std::string text,
+                 absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // CheckHeartbeats' part for a silent worker of an elastic job: true if
+  // it was removed (already, or now with min_workers) instead of lost.
+  bool RemoveSilentWorker(JobInfo* job, TaskInfo* task, absl::Time now)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The key checks of Set() and WaitForKey().
   absl::Status CheckKey(const std::string& key) const;

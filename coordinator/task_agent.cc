@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <optional>
+#include <type_traits>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -99,6 +100,10 @@ void TaskAgent::TakePending(Request* request) {
   request->set_samples_per_sec(samples_per_sec_);
   if (result_ != nullptr) *request->mutable_result() = *std::move(result_);
   result_.reset();
+  if constexpr (std::is_same_v<Request, HeartbeatRequest>) {
+    if (applied_.has_value())
+      *request->mutable_membership_applied() = *applied_;
+  }
 }
 
 grpc::Status TaskAgent::CallWithRetry(
@@ -296,11 +301,62 @@ absl::StatusOr<std::string> TaskAgent::KvWait(const std::string& key,
 
 void TaskAgent::StartHeartbeats(
     std::function<void(JobState, const std::string&)> on_end,
-    std::function<void(const std::string&)> on_restart) {
-  heartbeats_ = std::thread(
-      [this, on_end = std::move(on_end), on_restart = std::move(on_restart)] {
-        HeartbeatLoop(on_end, on_restart);
-      });
+    std::function<void(const std::string&)> on_restart,
+    std::function<void()> on_removed) {
+  heartbeats_ = std::thread([this, on_end = std::move(on_end),
+                             on_restart = std::move(on_restart),
+                             on_removed = std::move(on_removed)] {
+    HeartbeatLoop(on_end, on_restart, on_removed);
+    absl::MutexLock lock(&mu_);
+    heartbeats_over_ = true;
+  });
+}
+
+bool TaskAgent::NoteMembership(const HeartbeatResponse& response) {
+  absl::MutexLock lock(&mu_);
+  if (response.has_membership() &&
+      (!membership_.has_value() ||
+       response.membership().epoch() >= membership_->epoch())) {
+    membership_ = response.membership();
+  }
+  const bool newly_removed = response.removed() && !removed_;
+  removed_ |= response.removed();
+  return newly_removed;
+}
+
+std::optional<Membership> TaskAgent::membership() const {
+  absl::MutexLock lock(&mu_);
+  return membership_;
+}
+
+bool TaskAgent::removed() const {
+  absl::MutexLock lock(&mu_);
+  return removed_;
+}
+
+absl::StatusOr<Membership> TaskAgent::WaitForMembership(int64_t min_epoch,
+                                                        absl::Time deadline) {
+  absl::MutexLock lock(&mu_);
+  auto arrived = [this, min_epoch]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return heartbeats_over_ ||
+           (membership_.has_value() && membership_->epoch() >= min_epoch);
+  };
+  mu_.AwaitWithDeadline(absl::Condition(&arrived), deadline);
+  if (membership_.has_value() && membership_->epoch() >= min_epoch) {
+    return *membership_;
+  }
+  if (heartbeats_over_) {
+    return absl::CancelledError(
+        absl::StrCat(name(), ": the heartbeats stopped before membership ",
+                     min_epoch, " arrived"));
+  }
+  return absl::DeadlineExceededError(absl::StrCat(
+      name(), ": membership ", min_epoch, " did not arrive in time"));
+}
+
+void TaskAgent::SetMembershipApplied(const MembershipApplied& applied) {
+  absl::MutexLock lock(&mu_);
+  applied_ = applied;
 }
 
 absl::StatusOr<ClockOffset> TaskAgent::MeasureClockOffset(int samples) {
@@ -334,7 +390,8 @@ absl::StatusOr<ClockOffset> TaskAgent::MeasureClockOffset(int samples) {
 
 void TaskAgent::HeartbeatLoop(
     std::function<void(JobState, const std::string&)> on_end,
-    std::function<void(const std::string&)> on_restart) {
+    std::function<void(const std::string&)> on_restart,
+    std::function<void()> on_removed) {
   absl::Time last_contact = absl::Now();
   while (!stop_.WaitForNotificationWithTimeout(options_.heartbeat_interval)) {
     HeartbeatRequest request;
@@ -349,6 +406,15 @@ void TaskAgent::HeartbeatLoop(
     const grpc::Status status = stub_->Heartbeat(&context, request, &response);
     if (status.ok()) {
       last_contact = absl::Now();
+      if (request.has_membership_applied()) {
+        absl::MutexLock lock(&mu_);
+        // Answered: sent no more, unless a newer report replaced it.
+        if (applied_.has_value() &&
+            applied_->epoch() == request.membership_applied().epoch()) {
+          applied_.reset();
+        }
+      }
+      if (NoteMembership(response) && on_removed) on_removed();
       if (JobEnded(response.state())) {
         on_end(response.state(), response.message());
         return;

@@ -21,9 +21,15 @@
 // coordinator. A coordinator that cannot be reached for `coordinator_timeout`
 // ends the task: no task waits forever.
 //
-// Thread-safety: Log and SetProgress may be called from any thread; the
-// other methods from one thread. The on_end callback runs on the heartbeat
-// thread and must not call Finish.
+// Elastic jobs (issue 40; coordinator/job_membership.h): each heartbeat's
+// answer carries the job's newest membership and whether this worker was
+// removed; membership(), removed() and WaitForMembership read them, and
+// worker 0 reports what it applied with SetMembershipApplied.
+//
+// Thread-safety: Log, SetProgress, SetResult, membership, removed,
+// WaitForMembership and SetMembershipApplied may be called from any
+// thread; the other methods from one thread. The callbacks run on the
+// heartbeat thread and must not call Finish.
 #ifndef PSTRAIN_COORDINATOR_TASK_AGENT_H_
 #define PSTRAIN_COORDINATOR_TASK_AGENT_H_
 
@@ -31,6 +37,7 @@
 #include <deque>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 
@@ -136,9 +143,35 @@ class TaskAgent {
   // once, when the coordinator tells the task to restart (it should exit
   // with kRestartExitCode, coordinator/job_table.h); without it that answer
   // is ignored.
+  // `on_removed()` (if set) is called once, on that thread, when an
+  // answer says this worker is no longer a member (an elastic job's worker
+  // 0 applied a membership without it): the worker should stop training,
+  // Finish(true, ...) and exit 0. The heartbeats go on until Finish.
   void StartHeartbeats(
       std::function<void(JobState state, const std::string& message)> on_end,
-      std::function<void(const std::string& why)> on_restart = nullptr);
+      std::function<void(const std::string& why)> on_restart = nullptr,
+      std::function<void()> on_removed = nullptr);
+
+  // Elastic jobs, workers: the newest membership a heartbeat's answer
+  // carried (nullopt before the first answer, and in a job that is not
+  // elastic). The coordinator's intent: worker 0 applies it once
+  // `ready` at a step boundary >= at_step.
+  std::optional<Membership> membership() const;
+  // An answer said this worker is no longer a member (see on_removed).
+  bool removed() const;
+  // Blocks until an answer carried a membership of epoch >= `min_epoch`
+  // and returns it. DEADLINE_EXCEEDED at `deadline` (naming the epoch);
+  // CANCELLED once the heartbeats stopped (the job ended, the coordinator
+  // was unreachable, Finish) without one. Without StartHeartbeats nothing
+  // arrives: it waits for the deadline.
+  absl::StatusOr<Membership> WaitForMembership(int64_t min_epoch,
+                                               absl::Time deadline);
+  // Worker 0: `applied` (the epoch it applied at a step boundary, the
+  // first step the new members trained, the time it took, the counts)
+  // is sent with each heartbeat until one is answered; a newer call
+  // replaces one not yet sent. The coordinator ignores an epoch it has
+  // already recorded, so a repeat is harmless.
+  void SetMembershipApplied(const MembershipApplied& applied);
 
   // Prints `line` (no newline) on stdout and sends it with the next
   // heartbeat (at most 10000 lines are queued; older ones are dropped).
@@ -193,7 +226,11 @@ class TaskAgent {
   template <typename Request>
   void TakePending(Request* request);
   void HeartbeatLoop(std::function<void(JobState, const std::string&)> on_end,
-                     std::function<void(const std::string&)> on_restart);
+                     std::function<void(const std::string&)> on_restart,
+                     std::function<void()> on_removed);
+  // Keeps an answer's membership and removed flag; true when this worker
+  // was just found removed.
+  bool NoteMembership(const HeartbeatResponse& response);
   void StopHeartbeats();
 
   const TaskAgentOptions options_;
@@ -204,13 +241,20 @@ class TaskAgent {
   bool self_restart_checked_ = false;
   bool rejoining_ = false;
 
-  absl::Mutex mu_;
+  mutable absl::Mutex mu_;
   std::deque<std::string> pending_lines_ ABSL_GUARDED_BY(mu_);
   // When each of pending_lines_ was logged, Unix ms (same length).
   std::deque<int64_t> pending_times_ms_ ABSL_GUARDED_BY(mu_);
   int64_t steps_ ABSL_GUARDED_BY(mu_) = 0;
   double samples_per_sec_ ABSL_GUARDED_BY(mu_) = 0;
   std::unique_ptr<RunResult> result_ ABSL_GUARDED_BY(mu_);
+  // Elastic jobs (membership()).
+  std::optional<Membership> membership_ ABSL_GUARDED_BY(mu_);
+  bool removed_ ABSL_GUARDED_BY(mu_) = false;
+  // The heartbeats stopped (WaitForMembership returns).
+  bool heartbeats_over_ ABSL_GUARDED_BY(mu_) = false;
+  // Worker 0's report not yet answered.
+  std::optional<MembershipApplied> applied_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace pstrain

@@ -221,6 +221,18 @@ TEST_F(AuthzTest, EveryMethodServesItsCallersAndRefusesEveryoneElse) {
         CancelResponse out;
         return coordinator(ch)->Cancel(&c, r, &out);
       }};
+  // Issue 40: only the administrator scales a job (a worker or shard key is
+  // PERMISSION_DENIED).
+  cases["/pstrain.Coordinator/Scale"] = {
+      {"admin"}, [&](grpc::Channel* ch) {
+        grpc::ClientContext c;
+        Deadline(&c);
+        ScaleRequest r;
+        r.set_job_id("job-9");  // none: the admin is served NOT_FOUND
+        r.set_num_workers(2);
+        ScaleResponse out;
+        return coordinator(ch)->Scale(&c, r, &out);
+      }};
   cases["/pstrain.Coordinator/Register"] = {
       {"worker:1@job-1"}, [&](grpc::Channel* ch) {
         grpc::ClientContext c;
@@ -377,8 +389,8 @@ TEST_F(AuthzTest, EveryMethodServesItsCallersAndRefusesEveryoneElse) {
       ++methods;
     }
   }
-  EXPECT_EQ(methods, 17);
-  EXPECT_EQ(cases.size(), 17u);
+  EXPECT_EQ(methods, 18);
+  EXPECT_EQ(cases.size(), 18u);
 
   int served = 0, denied = 0, refused = 0;
   for (const auto& [method, c] : cases) {

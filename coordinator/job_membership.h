@@ -1,0 +1,108 @@
+// An elastic job's membership (issue 40; docs/ARCHITECTURE.md "Elastic
+// membership"), the part of the JobTable that reads and changes a JobInfo's
+// membership fields and its worker tasks' states. No locks and no I/O: the
+// JobTable calls these under its mutex and writes its file after a change.
+//
+// A job is elastic when its spec sets max_workers or min_workers. It has
+// WorkerTaskCount() worker tasks; workers 0 to num_workers - 1 are the
+// members of epoch 0, the others start TASK_IDLE. The coordinator holds the
+// job's intent, JobInfo.membership (the newest); worker 0 applies it at a
+// step boundary and reports MembershipApplied. JobInfo.memberships keeps
+// the newest applied membership, then every newer one: a worker in none of
+// them is removed (it exits 0; its task becomes TASK_REMOVED), and a
+// removed task neither fails the job nor is waited for.
+//
+// Thread-safety: none of its own; pure functions over the JobInfo given.
+#ifndef PSTRAIN_COORDINATOR_JOB_MEMBERSHIP_H_
+#define PSTRAIN_COORDINATOR_JOB_MEMBERSHIP_H_
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "proto/coordinator.pb.h"
+#include "proto/job.pb.h"
+
+namespace pstrain {
+
+// MembershipApplied reports kept per job (JobInfo.membership_history); the
+// oldest are dropped first.
+inline constexpr int kMaxMembershipHistory = 1000;
+// Memberships made by Scale and not yet applied, per job: past it Scale is
+// FAILED_PRECONDITION until worker 0 applies one.
+inline constexpr int kMaxPendingMemberships = 64;
+
+// max_workers or min_workers set.
+bool IsElastic(const JobSpec& spec);
+// The job's worker tasks: max(num_workers, max_workers).
+int WorkerTaskCount(const JobSpec& spec);
+bool IsMember(const Membership& membership, int worker);
+
+// Submit's part: an elastic job's workers from num_workers on go
+// TASK_IDLE, and its membership is epoch 0 (workers 0 to num_workers - 1,
+// ready, reason "submitted"). Nothing for other jobs.
+void InitMembership(JobInfo* job);
+
+// The newest membership worker 0 applied (epoch 0 before any); null for a
+// job that is not elastic.
+const Membership* AppliedMembership(const JobInfo& job);
+
+// Whether worker `index` of an elastic job is in no membership from the
+// applied one on (HeartbeatResponse.removed). False in other jobs.
+bool WorkerRemoved(const JobInfo& job, int index);
+
+// The answer's membership fields for worker `index` (elastic jobs only).
+void FillHeartbeatMembership(const JobInfo& job, int index,
+                             HeartbeatResponse* response);
+
+// Scale's part: the newest membership with `num_workers` members, as a new
+// epoch (reason "scale to N workers"), at `at_step`. Growing adds the
+// lowest indices that are not members and whose task is TASK_IDLE or
+// TASK_REMOVED (it goes TASK_WAITING, waiting since `now_ms`); shrinking
+// removes the highest members (never worker 0). The same count as the
+// newest returns it unchanged. INVALID_ARGUMENT for a job without
+// max_workers, a count outside [max(1, min_workers, backup_workers + 1),
+// max_workers] or at_step < 0; FAILED_PRECONDITION unless the job is
+// RUNNING, with kMaxPendingMemberships memberships not yet applied, or
+// when too few tasks are free (removed workers still exiting). The job is
+// unchanged on an error. Each error is one line naming the job.
+absl::StatusOr<Membership> ScaleMembership(JobInfo* job, int num_workers,
+                                           int64_t at_step, int64_t now_ms);
+
+// Marks ready every membership not yet applied whose members are all
+// TASK_REGISTERED; true if one changed (Register calls it).
+bool UpdateReady(JobInfo* job);
+
+// Worker 0's report: appends it to membership_history (at most
+// kMaxMembershipHistory), makes its epoch the applied one (dropping the
+// older memberships) and returns the job log's line "membership N: W
+// workers -> W' at step S (T ms): REASON". nullopt, changing nothing, for
+// an epoch already applied or not made (a repeated or stale report).
+std::optional<std::string> ApplyMembership(JobInfo* job,
+                                           const MembershipApplied& applied);
+
+// Shrink on failure: with min_workers set, worker `index` (not 0, a member
+// of the newest membership) leaves it as a new epoch (ready, reason
+// "worker K removed: WHY", at the next step) and its task goes
+// TASK_REMOVED, if at least min_workers members remain. Returns the job
+// log's line ("worker 3 removed: ...; membership 2: 3 workers"), or
+// nullopt (nothing changed: the caller fails the job as before).
+std::optional<std::string> RemoveFailedWorker(JobInfo* job, int index,
+                                              const std::string& why);
+
+// The job's success rule over its members: every worker of the applied
+// membership (every worker of a job that is not elastic) is TASK_DONE, or
+// TASK_REMOVED.
+bool EveryMemberDone(const JobInfo& job);
+
+// DATA_LOSS naming the first inconsistency of an elastic job's membership
+// fields as Load reads them (`where`: the job's id): memberships empty, a
+// membership whose workers are not ascending indices below
+// WorkerTaskCount with worker 0, epochs not increasing, `membership` not
+// the last of them, more than kMaxMembershipHistory reports.
+absl::Status ValidateMembership(const JobInfo& job, const std::string& where);
+
+}  // namespace pstrain
+
+#endif  // PSTRAIN_COORDINATOR_JOB_MEMBERSHIP_H_
