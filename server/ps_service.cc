@@ -318,6 +318,20 @@ grpc::Status PsService::Init(grpc::ServerContext* context,
       request.layout().param_num_elements().end());
   const int64_t partition_bytes = request.layout().partition_bytes();
   const int num_buffers = request.layout().num_buffers();
+  // Row-sparse tensors: none, or one entry per tensor (the plan checks
+  // each; the count is bounded here, before the copy).
+  if (request.layout().param_row_elements_size() >
+      request.layout().param_num_elements_size()) {
+    return grpc::Status(
+        grpc::StatusCode::INVALID_ARGUMENT,
+        absl::StrCat(
+            "the layout has ", request.layout().param_row_elements_size(),
+            " row widths for ", request.layout().param_num_elements_size(),
+            " tensors; expected one per tensor or none"));
+  }
+  const std::vector<int64_t> row_elements(
+      request.layout().param_row_elements().begin(),
+      request.layout().param_row_elements().end());
   const int64_t generation = request.generation();
   // An elastic job's membership change rides a reopen or a restore.
   std::optional<WorkerMembership> membership;
@@ -350,7 +364,8 @@ grpc::Status PsService::Init(grpc::ServerContext* context,
   // its bytes are decoded, so what Init holds is bounded by this shard's
   // part of the layout (the shard checks the whole set again).
   absl::StatusOr<PartitionPlan> plan = PartitionPlan::Create(
-      sizes, partition_bytes, shard_->options().num_shards, num_buffers);
+      sizes, partition_bytes, shard_->options().num_shards, num_buffers,
+      row_elements);
   if (!plan.ok()) return ToGrpcStatus(plan.status());
   std::vector<bool> seen(plan->chunks().size(), false);
   std::vector<InitChunk> chunks;
@@ -411,6 +426,7 @@ grpc::Status PsService::Init(grpc::ServerContext* context,
     status = BeginRelayout(deadline);
     if (!status.ok()) return ToGrpcStatus(status);
   }
+  shard_->SetRowSparseLayout(row_elements);
   status = shard_->Initialize(sizes, partition_bytes, std::move(chunks),
                               num_buffers, generation,
                               membership.has_value() ? &*membership : nullptr);
@@ -452,6 +468,9 @@ grpc::Status PsService::WaitReady(grpc::ServerContext* context,
   response->mutable_layout()->set_partition_bytes(
       shard_->plan().partition_bytes());
   response->mutable_layout()->set_num_buffers(shard_->plan().num_buffers());
+  for (int64_t d : shard_->plan().param_row_elements()) {
+    response->mutable_layout()->add_param_row_elements(d);
+  }
   return grpc::Status::OK;
 }
 

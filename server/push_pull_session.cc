@@ -125,11 +125,24 @@ std::optional<grpc::Status> PsService::PushPullSession::HandlePush() {
                        {"param", chunk.key().param_id()},
                        {"chunk", chunk.key().chunk_index()},
                        {"step", chunk.version()}});
-  status = shard_->Push(
-      worker_id_, chunk.key().param_id(), chunk.key().chunk_index(),
-      chunk.version(), chunk.num_elements(),
-      [this](absl::Span<float> out) { return received_.CopyFloatPayload(out); },
-      generation_);
+  if (chunk.sparse() && chunk.row_elements() > 1) {
+    // An embedding table's rows, kept sparse for the lazy update.
+    status = shard_->PushRows(
+        worker_id_, chunk.key().param_id(), chunk.key().chunk_index(),
+        chunk.version(),
+        [this](int64_t n, int64_t d, RowValues* out) {
+          return received_.CopyRowsPayload(n, d, &out->rows, &out->values);
+        },
+        generation_);
+  } else {
+    status = shard_->Push(
+        worker_id_, chunk.key().param_id(), chunk.key().chunk_index(),
+        chunk.version(), chunk.num_elements(),
+        [this](absl::Span<float> out) {
+          return received_.CopyFloatPayload(out);
+        },
+        generation_);
+  }
   traced.End();
   service_->pushes_queued_.fetch_sub(1, std::memory_order_relaxed);
   if (!status.ok()) return ToGrpcStatus(status);
@@ -241,6 +254,17 @@ std::optional<grpc::Status> PsService::PushPullSession::QueuePull(
                      pull.channel(), " of ", pull.channels(),
                      "; expected 0 <= channel < channels <= ", kMaxChannels));
   }
+  std::shared_ptr<const PullRowSets> rows;
+  if (!pull.rows().empty()) {
+    if (!shard_->initialized()) {
+      return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                          "a pull names table rows before the shard was "
+                          "initialised");
+    }
+    absl::StatusOr<PullRowSets> parsed = ParsePullRows(pull, shard_->plan());
+    if (!parsed.ok()) return ToGrpcStatus(parsed.status());
+    rows = std::make_shared<const PullRowSets>(*std::move(parsed));
+  }
   absl::MutexLock lock(&mu_);
   if (jobs_.size() >= kMaxPendingPulls) {
     return grpc::Status(
@@ -250,7 +274,8 @@ std::optional<grpc::Status> PsService::PushPullSession::QueuePull(
                      "have"));
   }
   jobs_.push_back({pull.min_version(), pull.samples(), generation_, worker_id_,
-                   wire, subset, pull.priority(), pull.announce_decision()});
+                   wire, subset, pull.priority(), pull.announce_decision(),
+                   std::move(rows)});
   return std::nullopt;
 }
 
@@ -297,6 +322,13 @@ bool PsService::PushPullSession::ServePull(const PullJob& job) {
       [&](const ChunkSpec& spec, int64_t version,
           absl::Span<const float> weights) {
         // Copied under the chunk's lock, written after it.
+        if (job.rows != nullptr && spec.row_elements > 0 &&
+            job.rows->asked[spec.param_id]) {
+          reply = EncodeRowsReply(spec, version, weights,
+                                  job.rows->rows[spec.param_id], job.wire_dtype,
+                                  &reply_bytes);
+          return;
+        }
         reply = EncodeChunkMessage(no_fields, kPullChunkField, spec.param_id,
                                    spec.chunk_index, version, weights, nullptr,
                                    job.wire_dtype);

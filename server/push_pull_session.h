@@ -33,6 +33,7 @@
 #include <atomic>
 #include <cstdint>
 #include <deque>
+#include <memory>
 #include <optional>
 #include <string>
 #include <thread>
@@ -41,6 +42,7 @@
 #include "absl/synchronization/notification.h"
 #include "common/chunk_message.h"
 #include "server/ps_service.h"
+#include "server/pull_rows.h"
 
 namespace pstrain {
 
@@ -80,6 +82,8 @@ class PsService::PushPullSession {
     // PullRequest.priority and announce_decision.
     bool priority;
     bool announce_decision;
+    // PullRequest.rows (server/pull_rows.h); null: every chunk whole.
+    std::shared_ptr<const PullRowSets> rows;
   };
 
   // One message read; nullopt to go on, else the status to finish with
