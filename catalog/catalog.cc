@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <iterator>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_join.h"
 
 namespace pstrain {
@@ -14,9 +15,9 @@ constexpr absl::string_view kModels[] = {
     "resnet101", "resnet18",  "resnet34",  "resnet50", "vgg16"};
 
 // Sorted; LoadDataset reads each.
-constexpr absl::string_view kDatasets[] = {"cifar10",      "fashion_mnist",
-                                           "image_folder", "mnist",
-                                           "records",      "synthetic"};
+constexpr absl::string_view kDatasets[] = {
+    "cifar10", "fashion_mnist", "image_folder",     "mnist",
+    "records", "synthetic",     "synthetic_tokens", "tokens"};
 
 bool Contains(absl::Span<const absl::string_view> names,
               absl::string_view name) {
@@ -35,6 +36,14 @@ bool IsKnownModel(absl::string_view name) {
 
 bool IsKnownDataset(absl::string_view name) {
   return Contains(DatasetNames(), name);
+}
+
+bool IsSequenceModel(absl::string_view model) {
+  return absl::StartsWith(model, "bert_");
+}
+
+bool IsTokenDataset(absl::string_view dataset) {
+  return dataset == "tokens" || dataset == "synthetic_tokens";
 }
 
 std::string KnownModels() { return absl::StrJoin(ModelNames(), ", "); }

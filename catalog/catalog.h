@@ -26,11 +26,18 @@ namespace pstrain {
 absl::Span<const absl::string_view> ModelNames();
 
 // The datasets' names, sorted: "cifar10", "fashion_mnist", "image_folder",
-// "mnist", "records", "synthetic".
+// "mnist", "records", "synthetic" (images), "synthetic_tokens", "tokens"
+// (token sequences: worker/token_dataset.h).
 absl::Span<const absl::string_view> DatasetNames();
 
 bool IsKnownModel(absl::string_view name);
 bool IsKnownDataset(absl::string_view name);
+
+// Whether model `model` takes token sequences (the BERTs) and whether
+// dataset `dataset` holds them; a job pairs sequence models with token
+// datasets only (coordinator/job_spec.cc).
+bool IsSequenceModel(absl::string_view model);
+bool IsTokenDataset(absl::string_view dataset);
 
 // The names joined with ", ", for error messages: "alexnet, lenet5, ...".
 std::string KnownModels();

@@ -27,7 +27,17 @@ TEST(CatalogTest, KnownNamesAndTheirLists) {
             "resnet34, resnet50, vgg16");
   EXPECT_EQ(KnownDatasets(),
             "cifar10, fashion_mnist, image_folder, mnist, records, "
-            "synthetic");
+            "synthetic, synthetic_tokens, tokens");
+}
+
+TEST(CatalogTest, SequenceModelsTakeTokenDatasets) {
+  EXPECT_TRUE(IsSequenceModel("bert_tiny"));
+  EXPECT_TRUE(IsSequenceModel("bert_base"));
+  EXPECT_FALSE(IsSequenceModel("resnet18"));
+  EXPECT_TRUE(IsTokenDataset("tokens"));
+  EXPECT_TRUE(IsTokenDataset("synthetic_tokens"));
+  EXPECT_FALSE(IsTokenDataset("synthetic"));
+  EXPECT_FALSE(IsTokenDataset("fashion_mnist"));
 }
 
 }  // namespace

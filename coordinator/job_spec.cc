@@ -343,6 +343,32 @@ absl::Status CheckRecovery(const JobConfig& config) {
   return ParseStraggler(spec.straggler(), spec.num_workers()).status();
 }
 
+// Sequence models and token datasets (issue 41): each takes only the
+// other, with seq_len and dropout in range.
+absl::Status CheckSequenceInputs(const JobConfig& config) {
+  const JobSpec& spec = config.spec;
+  RETURN_IF_ERROR(CheckRange("seq_len", spec.seq_len(), 0, kMaxSeqLen,
+                             "tokens (0: the token file's, or 128)"));
+  if (spec.has_dropout()) {
+    RETURN_IF_ERROR(CheckRange("dropout", spec.dropout(), 0.0, kMaxDropout,
+                               "(a probability below 1)"));
+  }
+  if (config.compute == COMPUTE_SYNTHETIC) return absl::OkStatus();
+  const bool sequence = IsSequenceModel(spec.model());
+  if (sequence != IsTokenDataset(spec.dataset())) {
+    return Bad("dataset",
+               absl::StrCat(spec.dataset(), " with model ", spec.model(),
+                            sequence ? "; expected tokens or synthetic_tokens "
+                                       "(the model takes token sequences)"
+                                     : "; expected an image dataset (the "
+                                       "model takes images, not tokens)"));
+  }
+  if (spec.seq_len() == 1) {
+    return Bad("seq_len", "1; expected 0 or 2 to 512 ([CLS] and a token)");
+  }
+  return absl::OkStatus();
+}
+
 // Augmentation and streaming: the input pipeline of a streamed
 // image_folder.
 absl::Status CheckInputs(const JobConfig& config) {
@@ -361,7 +387,7 @@ absl::Status CheckInputs(const JobConfig& config) {
                             "image_folder: IDX and record files are "
                             "memory-mapped already)"));
   }
-  return absl::OkStatus();
+  return CheckSequenceInputs(config);
 }
 
 // Elastic jobs (issue 40): max_workers and min_workers, their ranges and
@@ -537,7 +563,10 @@ void ApplyJobDefaults(JobSpec* spec) {
   if (spec->image_size() == 0 && spec->dataset() != "image_folder") {
     spec->set_image_size(224);
   }
-  if (spec->num_classes() == 0) spec->set_num_classes(1000);
+  // synthetic_tokens: a vocabulary, BERT-base's WordPiece size.
+  if (spec->num_classes() == 0) {
+    spec->set_num_classes(spec->dataset() == "synthetic_tokens" ? 30522 : 1000);
+  }
   if (spec->synthetic_samples() == 0) spec->set_synthetic_samples(12800);
   if (spec->bucket_bytes() == 0) spec->set_bucket_bytes(25 << 20);
   if (spec->compute().empty()) spec->set_compute("model");

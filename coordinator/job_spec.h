@@ -30,8 +30,12 @@
 //   log_every_steps          1 to 1e9                       200
 //   max_steps_per_epoch      0 to 1e9 (0: whole epochs)     0
 //   image_size               1 to 1024                      224
-//   num_classes              1 to 100000                    1000
+//   num_classes              1 to 100000                    1000 (30522
+//                                                          synthetic_tokens)
 //   synthetic_samples        1 to 1e8                       12800
+//   seq_len (token datasets) 0, 2 to 512 (0: the token      0
+//                            file's; synthetic_tokens 128)
+//   dropout (bert_*)         0 <= dropout < 1               0.1
 //   partition_bytes          4 to 128 MiB, a multiple of 4  4 MiB
 //   partition_bytes_auto     true or false (PS modes; true: false
 //                            chosen by measurement, then
@@ -121,6 +125,8 @@ inline constexpr int64_t kMaxSteps = 1000000000;
 inline constexpr int kMaxImageSize = 1024;
 inline constexpr int kMaxNumClasses = 100000;
 inline constexpr int64_t kMaxSyntheticSamples = 100000000;
+inline constexpr int kMaxSeqLen = 512;  // The models' position table.
+inline constexpr double kMaxDropout = 0.99;
 inline constexpr int64_t kMaxPartitionBytes = int64_t{128} << 20;
 inline constexpr int64_t kMaxBucketBytes = int64_t{1} << 30;
 inline constexpr int64_t kMaxModelBytes = int64_t{16} << 30;

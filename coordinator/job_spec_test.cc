@@ -80,7 +80,16 @@ TEST(JobSpecTest, BadSpecsNameTheField) {
        "resnet34, resnet50, vgg16"},
       {counts + "dataset: \"imagenet\"",
        "job.pbtxt: dataset: \"imagenet\" is not a known dataset; expected one "
-       "of: cifar10, fashion_mnist, image_folder, mnist, records, synthetic"},
+       "of: cifar10, fashion_mnist, image_folder, mnist, records, synthetic, "
+       "synthetic_tokens, tokens"},
+      {counts + "model: \"bert_tiny\"",
+       "job.pbtxt: dataset: fashion_mnist with model bert_tiny; expected "
+       "tokens or synthetic_tokens (the model takes token sequences)"},
+      {counts + "model: \"lenet5\" dataset: \"tokens\"",
+       "job.pbtxt: dataset: tokens with model lenet5; expected an image "
+       "dataset (the model takes images, not tokens)"},
+      {counts + "model: \"bert_tiny\" dataset: \"tokens\" seq_len: 1",
+       "job.pbtxt: seq_len: 1; expected 0 or 2 to 512 ([CLS] and a token)"},
       {"num_ps: 1 num_workers: 0 batch_size: 8 epochs: 1",
        "job.pbtxt: num_workers: 0; expected 1 to 4096"},
       {"num_ps: 1 num_workers: 1 batch_size: 8",
@@ -177,6 +186,12 @@ TEST(JobSpecTest, RangesAcceptTheirBoundsAndRefuseOneBeyond) {
       {base + "synthetic_samples: 100000000",
        base + "synthetic_samples: 100000001",
        "synthetic_samples: 100000001; expected 1 to 100000000"},
+      {base + "model: \"bert_tiny\" dataset: \"synthetic_tokens\" seq_len: 512",
+       base + "model: \"bert_tiny\" dataset: \"synthetic_tokens\" seq_len: 513",
+       "seq_len: 513; expected 0 to 512 tokens (0: the token file's, or 128)"},
+      {base + "model: \"bert_tiny\" dataset: \"tokens\" dropout: 0.99",
+       base + "model: \"bert_tiny\" dataset: \"tokens\" dropout: -0.1",
+       "dropout: -0.1; expected 0 to 0.99 (a probability below 1)"},
       {base + "partition_bytes: 134217728", base + "partition_bytes: 134217732",
        "partition_bytes: 134217732; expected a multiple of 4 from 4 to "
        "134217728 bytes"},

@@ -339,7 +339,7 @@ TEST(RunCliTest, BadInputGetsOneLineErrorAndExitCode2) {
       {"--dataset=cifar100",
        "pstrain: error: --dataset: \"cifar100\" is not a known dataset; "
        "expected one of: cifar10, fashion_mnist, image_folder, mnist, "
-       "records, synthetic\n"},
+       "records, synthetic, synthetic_tokens, tokens\n"},
       {"--backend=cuda",
        "pstrain: error: --backend=cuda --gpu=0: this build has no CUDA "
        "backend; rebuild with bazel build --config=cuda\n"},

@@ -4,9 +4,11 @@
 #include <cmath>
 #include <cstring>
 #include <fstream>
+#include <limits>
 
 #include "absl/strings/str_cat.h"
 #include "common/regular_file.h"
+#include "common/status_macros.h"
 #include "models/backend.h"
 #include "text/special_ids.h"
 
@@ -55,13 +57,6 @@ void Put(std::string* out, T value) {
   out->append(bytes, sizeof(T));
 }
 
-template <typename T>
-T Get(const std::string& in, size_t offset) {
-  T value;
-  std::memcpy(&value, in.data() + offset, sizeof(T));
-  return value;
-}
-
 }  // namespace
 
 absl::Status WriteTokenFile(const std::string& path,
@@ -83,37 +78,72 @@ absl::Status WriteTokenFile(const std::string& path,
   return absl::OkStatus();
 }
 
-absl::StatusOr<TokenFile> ReadTokenFile(const std::string& path) {
-  absl::StatusOr<std::string> bytes = ReadSmallFile(path, kMaxTokenFileBytes);
-  if (!bytes.ok()) return bytes.status();
+absl::StatusOr<TokenSpan> ParseTokenFile(const std::string& path,
+                                         const uint8_t* bytes, size_t size,
+                                         int* vocab_size) {
   auto bad = [&](const std::string& why) {
     return absl::DataLossError(
         absl::StrCat(path, ": not a pstrain token file: ", why));
   };
-  if (bytes->size() < kTokenHeaderBytes ||
-      bytes->compare(0, 8, kTokenMagic) != 0) {
+  if (size < kTokenHeaderBytes || std::memcmp(bytes, kTokenMagic, 8) != 0) {
     return bad("no PSTOKEN1 header");
   }
-  TokenFile out;
-  out.sequences.seq_len = Get<uint32_t>(*bytes, 8);
-  out.vocab_size = static_cast<int>(Get<uint32_t>(*bytes, 12));
-  const uint64_t count = Get<uint64_t>(*bytes, 16);
-  const uint64_t ids = count * static_cast<uint64_t>(out.sequences.seq_len);
-  if (out.sequences.seq_len < 1 ||
-      count > kMaxTokenFileBytes / out.sequences.seq_len ||
-      bytes->size() != kTokenHeaderBytes + ids * sizeof(int32_t)) {
-    return bad(absl::StrCat(count, " sequences of ", out.sequences.seq_len,
-                            " in ", bytes->size(), " bytes"));
+  uint32_t seq_len = 0, vocab = 0;
+  uint64_t count = 0;
+  std::memcpy(&seq_len, bytes + 8, 4);
+  std::memcpy(&vocab, bytes + 12, 4);
+  std::memcpy(&count, bytes + 16, 8);
+  if (seq_len < 1 || count > (size - kTokenHeaderBytes) / 4 / seq_len ||
+      size != kTokenHeaderBytes + count * seq_len * sizeof(int32_t)) {
+    return bad(
+        absl::StrCat(count, " sequences of ", seq_len, " in ", size, " bytes"));
   }
-  out.sequences.tokens.resize(ids);
-  std::memcpy(out.sequences.tokens.data(), bytes->data() + kTokenHeaderBytes,
-              ids * sizeof(int32_t));
-  for (size_t i = 0; i < ids; ++i) {
-    const int32_t id = out.sequences.tokens[i];
-    if (id < 0 || id >= out.vocab_size) {
-      return bad(absl::StrCat("id ", id, " at ", i, " outside [0, ",
-                              out.vocab_size, ")"));
+  if (vocab > static_cast<uint32_t>(std::numeric_limits<int32_t>::max())) {
+    return bad(absl::StrCat("vocabulary ", vocab, " over 2^31 - 1"));
+  }
+  TokenSpan span;
+  span.seq_len = seq_len;
+  span.count = static_cast<int64_t>(count);
+  span.ids = reinterpret_cast<const int32_t*>(bytes + kTokenHeaderBytes);
+  const uint64_t ids = count * seq_len;
+  for (uint64_t i = 0; i < ids; ++i) {
+    const int32_t id = span.ids[i];
+    if (id < 0 || static_cast<uint32_t>(id) >= vocab) {
+      return bad(absl::StrCat("id ", id, " of sequence ", i / seq_len,
+                              " outside [0, ", vocab, ")"));
     }
+  }
+  *vocab_size = static_cast<int>(vocab);
+  return span;
+}
+
+absl::StatusOr<TokenFile> ReadTokenFile(const std::string& path) {
+  absl::StatusOr<std::string> bytes = ReadSmallFile(path, kMaxTokenFileBytes);
+  if (!bytes.ok()) return bytes.status();
+  // Copied into int32s first: a std::string's bytes need not be aligned.
+  std::vector<int32_t> words((bytes->size() + 3) / 4);
+  std::memcpy(words.data(), bytes->data(), bytes->size());
+  TokenFile out;
+  ASSIGN_OR_RETURN(
+      const TokenSpan span,
+      ParseTokenFile(path, reinterpret_cast<const uint8_t*>(words.data()),
+                     bytes->size(), &out.vocab_size));
+  out.sequences.seq_len = span.seq_len;
+  out.sequences.tokens.assign(span.ids, span.ids + span.count * span.seq_len);
+  return out;
+}
+
+TokenSequences SyntheticSequences(int64_t count, int64_t seq_len,
+                                  int vocab_size, uint64_t seed) {
+  TokenSequences out;
+  out.seq_len = seq_len;
+  out.tokens.resize(count * seq_len);
+  std::mt19937_64 rng(Mix(seed, 0x5EC5));
+  std::uniform_int_distribution<int32_t> token(kFirstPieceId, vocab_size - 1);
+  for (int64_t i = 0; i < count; ++i) {
+    out.tokens[i * seq_len] = kClsId;
+    for (int64_t t = 1; t < seq_len; ++t)
+      out.tokens[i * seq_len + t] = token(rng);
   }
   return out;
 }
@@ -195,7 +225,7 @@ void MlmMasker::Mask(absl::Span<int32_t> ids, absl::Span<int32_t> labels,
   }
 }
 
-MlmBatch MakeMlmBatch(const TokenSequences& sequences,
+MlmBatch MakeMlmBatch(const TokenSpan& sequences,
                       absl::Span<const int64_t> indices,
                       const MlmMasker& masker, uint64_t seed, int64_t epoch) {
   const int64_t s = sequences.seq_len;
@@ -203,7 +233,7 @@ MlmBatch MakeMlmBatch(const TokenSequences& sequences,
   std::vector<int32_t> ids(s);
   for (size_t row = 0; row < indices.size(); ++row) {
     const int64_t index = indices[row];
-    std::copy_n(sequences.tokens.begin() + index * s, s, ids.begin());
+    std::copy_n(sequences.ids + index * s, s, ids.begin());
     std::mt19937_64 rng(Mix(Mix(seed, static_cast<uint64_t>(epoch)),
                             static_cast<uint64_t>(index)));
     FillRow(&batch, static_cast<int64_t>(row), ids, masker, rng);

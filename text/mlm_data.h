@@ -23,6 +23,15 @@
 
 namespace pstrain {
 
+// A view of `count` sequences of `seq_len` ids, row-major: sequence i is
+// ids[i * seq_len, (i + 1) * seq_len). Does not own the ids (a
+// TokenSequences or a memory-mapped token file holds them).
+struct TokenSpan {
+  int64_t seq_len = 0;
+  int64_t count = 0;
+  const int32_t* ids = nullptr;
+};
+
 // Sequences of one length, row-major: sequence i is tokens[i * seq_len,
 // (i + 1) * seq_len).
 struct TokenSequences {
@@ -31,6 +40,7 @@ struct TokenSequences {
   int64_t size() const {
     return seq_len > 0 ? static_cast<int64_t>(tokens.size()) / seq_len : 0;
   }
+  TokenSpan span() const { return {seq_len, size(), tokens.data()}; }
 };
 
 // Packs `documents` (token ids) into sequences of `seq_len` (>= 2): the
@@ -46,7 +56,9 @@ absl::StatusOr<TokenSequences> PackSequences(
 // (--tokens_output) and read by processes that must not load SentencePiece
 // (third_party/BUILD). Little-endian: the 8 bytes "PSTOKEN1", uint32
 // seq_len, uint32 vocab_size, uint64 sequence count, then count * seq_len
-// int32 ids. Read whole into memory (not memory-mapped yet).
+// int32 ids. ReadTokenFile reads one whole into memory; the worker
+// memory-maps it (worker/token_dataset.h) and checks it with
+// ParseTokenFile.
 absl::Status WriteTokenFile(const std::string& path,
                             const TokenSequences& sequences, int vocab_size);
 struct TokenFile {
@@ -57,6 +69,22 @@ struct TokenFile {
 // short, exceeds 4 GiB or holds an id outside [0, vocab_size); the file
 // reader's errors otherwise (common/regular_file.h).
 absl::StatusOr<TokenFile> ReadTokenFile(const std::string& path);
+
+// A token file's `size` bytes at `bytes` (4-byte aligned: a mapping or a
+// vector), checked as ReadTokenFile checks a file (every id scanned; the
+// errors name `path`): its sequences as a view into those bytes, and its
+// vocabulary in *vocab_size. Files over 4 GiB are refused as above only by
+// ReadTokenFile; this takes any size.
+absl::StatusOr<TokenSpan> ParseTokenFile(const std::string& path,
+                                         const uint8_t* bytes, size_t size,
+                                         int* vocab_size);
+
+// `count` synthetic sequences of `seq_len` tokens: [CLS], then ids uniform
+// in [kFirstPieceId, vocab_size) from a generator seeded by `seed`; no
+// padding. The same arguments give the same sequences (the worker's
+// "synthetic_tokens" dataset). seq_len >= 2, vocab_size > kFirstPieceId.
+TokenSequences SyntheticSequences(int64_t count, int64_t seq_len,
+                                  int vocab_size, uint64_t seed);
 
 // One batch for a sequence model.
 struct MlmBatch {
@@ -107,9 +135,15 @@ class MlmMasker {
 // generator seeded from (seed, epoch, index): dynamic masking (RoBERTa:
 // every epoch masks anew), the same on any worker and in any batch order.
 // Indices must be in [0, sequences.size()).
-MlmBatch MakeMlmBatch(const TokenSequences& sequences,
+MlmBatch MakeMlmBatch(const TokenSpan& sequences,
                       absl::Span<const int64_t> indices,
                       const MlmMasker& masker, uint64_t seed, int64_t epoch);
+inline MlmBatch MakeMlmBatch(const TokenSequences& sequences,
+                             absl::Span<const int64_t> indices,
+                             const MlmMasker& masker, uint64_t seed,
+                             int64_t epoch) {
+  return MakeMlmBatch(sequences.span(), indices, masker, seed, epoch);
+}
 
 // A synthetic batch for throughput (no corpus, no tokenizer): `n` sequences
 // of `seq_len` tokens, [CLS] then ids uniform in [kFirstPieceId,

@@ -179,8 +179,8 @@ TEST(TokenFile, RoundTripsAndRefusesDamage) {
   ASSERT_TRUE(WriteTokenFile(path, sequences, 8).ok());  // 8 is out of range.
   EXPECT_EQ(ReadTokenFile(path).status().message(),
             absl::StrCat(path,
-                         ": not a pstrain token file: id 8 at 2 outside "
-                         "[0, 8)"));
+                         ": not a pstrain token file: id 8 of sequence 0 "
+                         "outside [0, 8)"));
   WriteFile(path, "PSTOKEN1 and then too little");
   EXPECT_EQ(ReadTokenFile(path).status().code(), absl::StatusCode::kDataLoss);
   WriteFile(path, "");

@@ -4,11 +4,21 @@
 //
 //   train_tokenizer --output=/data/fortunes-8k.model --vocab_size=8000
 //       --tokens_output=/data/fortunes-8k-128.tokens --seq_len=128
+//   train_tokenizer --output=/data/fortunes/tokenizer.model
+//       --tokens_dir=/data/fortunes     # train.tokens, test.tokens
+//
+// --tokens_dir writes the dataset the workers read ("tokens",
+// worker/token_dataset.h): every --test_every-th document (by its order in
+// the corpus) packed into test.tokens, the held-out split, the others into
+// train.tokens. The tokenizer is trained on every document either way.
 //
 // Exit 0 when written, 2 with one line on a bad flag or a missing corpus,
 // 1 when training or the write fails.
 #include <cstdio>
+#include <filesystem>
 #include <string>
+#include <system_error>
+#include <utility>
 #include <vector>
 
 #include "absl/flags/flag.h"
@@ -30,7 +40,51 @@ ABSL_FLAG(int, seq_len, 128,
 ABSL_FLAG(std::string, tokens_output, "",
           "If set, the whole corpus encoded and packed into sequences of "
           "--seq_len, written as a token file (text/mlm_data.h).");
+ABSL_FLAG(std::string, tokens_dir, "",
+          "If set, a folder (created if missing) to write the corpus into "
+          "as the \"tokens\" dataset: train.tokens, and test.tokens holding "
+          "every --test_every-th document.");
+ABSL_FLAG(int, test_every, 20,
+          "--tokens_dir: document i is held out when i % test_every == "
+          "test_every - 1 (>= 2).");
 ABSL_FLAG(int, threads, 2, "Trainer threads.");
+
+namespace {
+
+// Writes `documents` (encoded) as --tokens_dir's train.tokens and
+// test.tokens (test_every >= 2); one line naming what failed otherwise.
+absl::Status WriteTokenDir(const std::string& dir,
+                           const std::vector<std::vector<int32_t>>& documents,
+                           int64_t seq_len, int test_every, int vocab_size) {
+  std::error_code error;
+  std::filesystem::create_directories(dir, error);
+  if (error) {
+    return absl::UnavailableError(
+        absl::StrCat(dir, ": cannot create the folder: ", error.message()));
+  }
+  std::vector<std::vector<int32_t>> train, test;
+  for (size_t i = 0; i < documents.size(); ++i) {
+    (i % test_every == static_cast<size_t>(test_every - 1) ? test : train)
+        .push_back(documents[i]);
+  }
+  for (const auto& [name, split] :
+       {std::pair<const char*, const std::vector<std::vector<int32_t>>*>{
+            "train", &train},
+        {"test", &test}}) {
+    absl::StatusOr<pstrain::TokenSequences> sequences =
+        pstrain::PackSequences(*split, seq_len);
+    if (!sequences.ok()) return sequences.status();
+    const std::string path = absl::StrCat(dir, "/", name, ".tokens");
+    absl::Status status = pstrain::WriteTokenFile(path, *sequences, vocab_size);
+    if (!status.ok()) return status;
+    std::printf("  %s: %lld sequences of %lld\n", path.c_str(),
+                static_cast<long long>(sequences->size()),
+                static_cast<long long>(seq_len));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   constexpr char kProgram[] = "train_tokenizer";
@@ -38,6 +92,12 @@ int main(int argc, char** argv) {
   const std::string output = absl::GetFlag(FLAGS_output);
   if (output.empty()) {
     pstrain::PrintError(kProgram, "--output is required");
+    return 2;
+  }
+  if (absl::GetFlag(FLAGS_test_every) < 2) {
+    pstrain::PrintError(
+        kProgram, absl::StrCat("--test_every=", absl::GetFlag(FLAGS_test_every),
+                               ": expected >= 2 (1 holds out all)"));
     return 2;
   }
   absl::StatusOr<std::vector<std::string>> documents =
@@ -97,6 +157,16 @@ int main(int argc, char** argv) {
       static_cast<long long>(sequences->size()), absl::GetFlag(FLAGS_seq_len));
   if (!tokens_output.empty()) {
     std::printf("  token file %s\n", tokens_output.c_str());
+  }
+  const std::string tokens_dir = absl::GetFlag(FLAGS_tokens_dir);
+  if (!tokens_dir.empty()) {
+    status = WriteTokenDir(tokens_dir, encoded, absl::GetFlag(FLAGS_seq_len),
+                           absl::GetFlag(FLAGS_test_every),
+                           (*tokenizer)->vocab_size());
+    if (!status.ok()) {
+      pstrain::PrintError(kProgram, status.message());
+      return status.code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
+    }
   }
   return 0;
 }

@@ -23,6 +23,7 @@
 #include "common/status_macros.h"
 #include "worker/image_folder.h"
 #include "worker/record_file.h"
+#include "worker/token_dataset.h"
 
 namespace pstrain {
 namespace {
@@ -565,6 +566,7 @@ absl::StatusOr<Dataset> LoadDataset(const std::string& name,
     return absl::InvalidArgumentError(absl::StrCat(
         "unknown dataset \"", name, "\"; expected one of: ", KnownDatasets()));
   }
+  if (IsTokenDataset(name)) return LoadTokenDataset(name, data_dir, options);
   absl::StatusOr<Dataset> loaded;
   if (name == "fashion_mnist" || name == "mnist") {
     Dataset dataset;

@@ -12,6 +12,8 @@
 //  - "synthetic": fixed-seed random images of --image_size and labels of
 //    --num_classes, for throughput runs without a dataset on disk (as the
 //    field's benchmark tools do);
+//  - "tokens" and "synthetic_tokens": token sequences for the sequence
+//    models (worker/token_dataset.h);
 // and the sharded sampler, augmentation and a batch prefetcher.
 //
 // Datasets larger than memory: plain (not gzipped) IDX files and record
@@ -59,6 +61,7 @@ absl::StatusOr<IdxArray> ReadIdx(const std::string& path);
 std::string FindIdxFile(const std::string& dir, const std::string& base);
 
 struct MappedSplit;  // Below.
+struct TokenData;    // worker/token_dataset.h
 
 // Images [N, C, H, W] and labels in [0, num_classes). LoadDataset scales
 // pixels to [0, 1] (as torchvision's ToTensor), then standardises each
@@ -113,6 +116,10 @@ struct Dataset {
   // Random crop with 4 pixels of zero padding and horizontal flip for
   // training batches (CIFAR-10, as in He et al. 2016).
   bool augment = false;
+  // Set for a token dataset (worker/token_dataset.h): the splits' chw is
+  // {seq_len}, their counts are sequences, num_classes is the vocabulary,
+  // and batches come from TokenBatch, not GatherBatch.
+  std::shared_ptr<const TokenData> tokens;
 };
 
 // Training images decoded for a streamed image_folder's channel mean and
@@ -150,12 +157,15 @@ struct DatasetOptions {
   // shapes, labels and classes are those of a full load: for checks before
   // a job starts, in a process that does not train.
   bool headers_only = false;
-  // Synthetic data only.
+  // Synthetic data only (num_classes: the vocabulary of synthetic_tokens).
   int channels = 3;
   int num_classes = 1000;
   int64_t train_samples = 12800;
   int64_t test_samples = 1000;
   uint64_t seed = 1;
+  // Token datasets: tokens per sequence (worker/token_dataset.h; 0: the
+  // token file's, or 128 synthetic).
+  int seq_len = 0;
   // Memory-map plain IDX files (true) or read them into memory (false);
   // the batches are the same either way. Gzipped IDX files are always
   // read into memory, record files always mapped.
@@ -170,7 +180,9 @@ struct DatasetOptions {
 // from `data_dir` in any layout ReadImageFolderDataset reads (classes sorted
 // by name; the "class_folders" layout has no test split: test.count is 0),
 // with options.image_size and options.bad_images; "synthetic" from
-// `options`. The names are catalog/catalog.h's DatasetNames().
+// `options`; "tokens" and "synthetic_tokens" as LoadTokenDataset
+// (worker/token_dataset.h). The names are catalog/catalog.h's
+// DatasetNames().
 // INVALID_ARGUMENT for an unknown dataset name or bad synthetic
 // sizes; the ReadIdx errors; DATA_LOSS when images and labels disagree in
 // count, a label is out of range, or a CIFAR file is not a whole number of

@@ -106,7 +106,7 @@ TEST(IdxTest, RejectsMissingBadMagicTruncatedAndTrailing) {
 TEST(DatasetTest, ReadsEveryCatalogDataset) {
   DatasetOptions o;
   o.image_size = 8;
-  o.num_classes = 5;
+  o.num_classes = 10;  // Also a vocabulary (synthetic_tokens: > 5).
   o.train_samples = 30;
   o.test_samples = 10;
   for (absl::string_view name : DatasetNames()) {
@@ -121,7 +121,8 @@ TEST(DatasetTest, ReadsEveryCatalogDataset) {
 TEST(DatasetTest, UnknownDatasetAndMismatchedCounts) {
   EXPECT_EQ(LoadDataset("imagenet", "/nowhere").status().message(),
             "unknown dataset \"imagenet\"; expected one of: cifar10, "
-            "fashion_mnist, image_folder, mnist, records, synthetic");
+            "fashion_mnist, image_folder, mnist, records, synthetic, "
+            "synthetic_tokens, tokens");
   const std::string dir = TempDir() + "/ds";
   std::system(("mkdir -p " + dir).c_str());
   WritePlain(dir + "/train-images-idx3-ubyte",

@@ -51,6 +51,9 @@ struct TrainerOptions {
   // TLS to the shards as this worker (common/tls.h); null: plaintext.
   std::shared_ptr<grpc::ChannelCredentials> ps_credentials;
   std::string model = "lenet5";
+  // Sequence models: the dropout probability (JobSpec.dropout;
+  // ModelOptions::transformer_dropout); 0 for deterministic steps.
+  float transformer_dropout = 0.1f;
   // The backend (models/backend_factory.h) and the GPU index for cuda.
   BackendKind backend = BACKEND_CPU;
   int gpu = 0;

@@ -146,6 +146,7 @@ absl::StatusOr<pstrain::Dataset> LoadJobDataset(
   data_options.max_dataset_memory_bytes = spec.max_dataset_memory_bytes();
   data_options.num_classes = spec.num_classes();
   data_options.train_samples = spec.synthetic_samples();
+  data_options.seq_len = spec.seq_len();
   return pstrain::LoadDatasetNamed(spec.dataset(), spec.data_dir(),
                                    data_options, "");
 }
@@ -245,6 +246,9 @@ absl::StatusOr<pstrain::TrainerOptions> TrainerOptionsOf(
   if (!credentials.ok()) return credentials.status();
   if (!agent.options().tls.insecure) options.ps_credentials = *credentials;
   options.model = spec.model();
+  if (spec.has_dropout()) {
+    options.transformer_dropout = static_cast<float>(spec.dropout());
+  }
   options.mode = config.mode;
   options.collective = collective;
   options.bucket_bytes = spec.bucket_bytes();

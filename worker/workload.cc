@@ -3,6 +3,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <memory>
 #include <optional>
@@ -14,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
+#include "catalog/catalog.h"
 #include "common/safetensors.h"
 #include "common/status_macros.h"
 #include "models/backend_factory.h"
@@ -29,6 +31,7 @@
 #include "worker/recovery.h"
 #include "worker/reporter.h"
 #include "worker/step_loop.h"
+#include "worker/token_dataset.h"
 
 namespace pstrain {
 namespace {
@@ -51,6 +54,60 @@ InputPipelineOptions StreamInputOptions(const Dataset& dataset,
   return input;
 }
 
+// A sequence model trains on token sequences, an image model on images.
+absl::Status CheckModelTakesDataset(const std::string& model,
+                                    const Dataset& dataset) {
+  const bool sequence = IsSequenceModel(model);
+  if (sequence == (dataset.tokens != nullptr)) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      "model ", model, " takes ", sequence ? "token sequences" : "images",
+      " but dataset ", dataset.name, " holds ",
+      sequence ? "images" : "token sequences", "; expected ",
+      sequence ? "dataset tokens or synthetic_tokens"
+               : "an image dataset (not tokens or synthetic_tokens)"));
+}
+
+// The fixed masking of every evaluation (the same masks each epoch, and in
+// every run of a test split, whatever the job's seed).
+constexpr uint64_t kEvalMaskSeed = 0x7E57;
+
+// MLM loss (mean over the masked tokens) and masked-token accuracy of
+// `model` over `dataset`'s token test split, in batches of `eval_batch`.
+absl::StatusOr<Evaluation> EvaluateMlm(Model& model, const Dataset& dataset,
+                                       int eval_batch) {
+  const TokenSplit& test = dataset.tokens->test;
+  ASSIGN_OR_RETURN(const MlmMasker masker,
+                   MlmMasker::Create(dataset.tokens->vocab_size, {}));
+  std::vector<SampleIndex> indices(test.count);
+  for (int64_t i = 0; i < test.count; ++i) indices[i] = i;
+  const SampleOrder in_order(std::move(indices));
+  double loss_sum = 0;
+  int64_t masked = 0, correct = 0;
+  for (int64_t begin = 0; begin < test.count; begin += eval_batch) {
+    const int64_t n = std::min<int64_t>(eval_batch, test.count - begin);
+    const MlmBatch batch =
+        TokenBatch(test, in_order, begin, n, masker, kEvalMaskSeed, 0);
+    ASSIGN_OR_RETURN(const Tensor* logits,
+                     model.Forward(batch.ids, batch.padding_mask));
+    const int64_t vocab = logits->shape[2];
+    for (size_t t = 0; t < batch.labels.size(); ++t) {
+      const int32_t label = batch.labels[t];
+      if (label == kIgnoreLabel) continue;
+      const float* row = &logits->data[t * vocab];
+      const float top = *std::max_element(row, row + vocab);
+      double sum = 0;
+      for (int64_t k = 0; k < vocab; ++k) sum += std::exp(double{row[k]} - top);
+      loss_sum += std::log(sum) + top - row[label];
+      correct += row[label] == top;
+      ++masked;
+    }
+  }
+  Evaluation eval;
+  eval.loss = loss_sum / std::max<int64_t>(masked, 1);
+  eval.accuracy = static_cast<double>(correct) / std::max<int64_t>(masked, 1);
+  return eval;
+}
+
 class ModelWorkload : public Workload {
  public:
   static absl::StatusOr<std::unique_ptr<Workload>> Create(
@@ -65,11 +122,17 @@ class ModelWorkload : public Workload {
     if (dataset.train.files != nullptr) {
       RETURN_IF_ERROR(StreamAugmentOptions(dataset, options.augment).status());
     }
+    RETURN_IF_ERROR(CheckModelTakesDataset(options.model, dataset));
     auto w = absl::WrapUnique(new ModelWorkload(options, dataset));
+    if (dataset.tokens != nullptr) {
+      ASSIGN_OR_RETURN(w->masker_,
+                       MlmMasker::Create(dataset.tokens->vocab_size, {}));
+    }
     ASSIGN_OR_RETURN(w->backend_, CreateBackend(options.backend, options.gpu));
     ModelOptions model_options;
     model_options.seed = options.seed;
     model_options.dropout_seed = options.seed * 7919 + options.worker_id;
+    model_options.transformer_dropout = options.transformer_dropout;
     ASSIGN_OR_RETURN(
         w->model_,
         Model::Create(options.model, dataset.train.chw, dataset.num_classes,
@@ -106,6 +169,10 @@ class ModelWorkload : public Workload {
     return model_->PsTensorShapes();
   }
   void SkipBatches(int64_t n) override {
+    if (dataset_.tokens != nullptr) {
+      next_batch_ += n;  // A token batch is a function of its position.
+      return;
+    }
     if (pipeline_ != nullptr) {
       for (int64_t i = 0; i < n; ++i) {
         absl::StatusOr<bool> more = pipeline_->Next(&stream_batch_);
@@ -126,6 +193,9 @@ class ModelWorkload : public Workload {
     prefetcher_.reset();
     pipeline_.reset();
     indices_ = sampler_.EpochIndices(epoch);
+    epoch_ = epoch;
+    next_batch_ = 0;
+    if (dataset_.tokens != nullptr) return;  // Masked as each step begins.
     if (dataset_.train.files != nullptr) {
       // Streamed: the files of the next batches are decoded on the input
       // threads while this one trains.
@@ -150,6 +220,18 @@ class ModelWorkload : public Workload {
         options_.seed * 104729 + epoch * 131 + options_.worker_id);
   }
   absl::StatusOr<float> Step(const GradientsReadyFn& on_ready) override {
+    if (dataset_.tokens != nullptr) {
+      if (next_batch_ >= steps_per_epoch_) {
+        return absl::InternalError("token batches ended before the epoch");
+      }
+      token_batch_ = TokenBatch(
+          dataset_.tokens->train, indices_, next_batch_ * options_.batch_size,
+          options_.batch_size, *masker_, options_.seed, epoch_);
+      ++next_batch_;
+      return model_->ForwardBackward(token_batch_.ids,
+                                     token_batch_.padding_mask,
+                                     token_batch_.labels, on_ready);
+    }
     if (dataset_.train.files != nullptr) {
       if (pipeline_ == nullptr) return pipeline_error_;
       ASSIGN_OR_RETURN(const bool more, pipeline_->Next(&stream_batch_));
@@ -202,7 +284,11 @@ class ModelWorkload : public Workload {
         "sample%s",
         options_.model, backend_->name(), model_->NumParameters(),
         model_->buffers().size(), 2.0 * model_->ForwardMacsPerSample() / 1e6,
-        dataset_.train.files == nullptr
+        dataset_.tokens != nullptr
+            ? absl::StrFormat("; %d sequences of %d tokens, vocabulary %d",
+                              dataset_.train.count, dataset_.tokens->seq_len,
+                              dataset_.tokens->vocab_size)
+        : dataset_.train.files == nullptr
             ? ""
             : absl::StrFormat(
                   "; streaming %d image files, decoded on %d input threads%s",
@@ -233,6 +319,12 @@ class ModelWorkload : public Workload {
   std::unique_ptr<InputPipeline> pipeline_;
   absl::Status pipeline_error_;
   InputPipeline::Batch stream_batch_;
+  // Token datasets: the epoch, the next batch's index in it, BERT's
+  // masking and the batch of the step.
+  int epoch_ = 0;
+  int64_t next_batch_ = 0;
+  std::optional<MlmMasker> masker_;
+  MlmBatch token_batch_;
 };
 
 class SyntheticWorkload : public Workload {
@@ -422,6 +514,10 @@ absl::StatusOr<AugmentOptions> StreamAugmentOptions(const Dataset& dataset,
 
 absl::StatusOr<Evaluation> EvaluateModel(Model& model, const Dataset& dataset,
                                          int eval_batch, int input_threads) {
+  if (dataset.tokens != nullptr) {
+    RETURN_IF_ERROR(CheckModelTakesDataset(model.name(), dataset));
+    return EvaluateMlm(model, dataset, eval_batch);
+  }
   const LabeledImages& test = dataset.test;
   Evaluation eval;
   int64_t correct = 0;
