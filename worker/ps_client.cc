@@ -324,6 +324,10 @@ absl::Status PsClient::PushChunk(int lane, StepState* state,
     message = EncodeSparseChunkMessage(
         envelope, kPushChunkField, c.param_id, c.chunk_index, state->step,
         c.num_elements, topk_indices, topk_values, options_.wire_dtype);
+  } else if (c.row_elements > 0 &&
+             by_rows_.size() > static_cast<size_t>(c.param_id) &&
+             by_rows_[c.param_id]) {
+    message = EncodeRowsPush(envelope, c, state->step, values);
   } else {
     message = EncodeChunkMessage(envelope, kPushChunkField, c.param_id,
                                  c.chunk_index, state->step, values,
@@ -532,8 +536,9 @@ absl::Status PsClient::TakePulledChunk(int lane, StepState* state,
                      lanes_[lane].channel, ", which did not ask for it"));
   }
   const ChunkSpec& c = plan_.chunks()[index];
-  // One copy, from the received slices into the weights.
-  RETURN_IF_ERROR(received.CopyFloatPayload(
+  // One copy, from the received slices into the weights (a table's chunk:
+  // the rows asked for, the others left).
+  RETURN_IF_ERROR(received.ScatterFloatPayload(
       state->weights[c.param_id].subspan(c.offset, c.num_elements)));
   {
     absl::MutexLock lock(&state->mu);
@@ -773,6 +778,7 @@ absl::Status PsClient::BeginStep(
     state->pull.mutable_pull()->set_wire_dtype(options_.wire_dtype);
   }
   if (options_.priority_pulls) state->pull.mutable_pull()->set_priority(true);
+  AddPullRows(state->pull.mutable_pull());
   state->pull_first = !gradients.empty() && min_version > 0;
   state->send_step_end = state->pull_first;
   if (announce_decisions_ && state->pull_first) {

@@ -251,6 +251,17 @@ class PsClient {
   // sync pull asks the shards to announce the step's decision
   // (PullRequest.announce_decision). Between steps only.
   void set_announce_decisions(bool on) { announce_decisions_ = on; }
+  // Row-sparse tables (the plan's row_elements; issue 41,
+  // worker/ps_client_rows.cc): for the steps begun from now on, `touched[p]`
+  // are the rows of table p this step's gradient holds (ascending row ids
+  // of the whole table; the other rows' gradient must be zero) and
+  // `next[p]` the rows the next step reads; each table's chunks are pushed
+  // as those rows only and pulled as the `next` rows only (the rest of the
+  // table's weights are left as they were). A tensor with no entry (or a
+  // dense one) travels whole. Between steps only; ids past a table are
+  // INVALID_ARGUMENT from the shard.
+  void SetStepRows(std::vector<std::vector<uint32_t>> touched,
+                   std::vector<std::vector<uint32_t>> next);
   // Lets every other chunk go, then waits until every stream has written
   // its pushes and its step end, and until the step's decision is known.
   // True: a shard announced the step decided and not skipped, so every
@@ -418,6 +429,15 @@ class PsClient {
   int64_t announced_checkpoint_step_ = -1;
   PsStepTimes last_step_times_;
   bool announce_decisions_ = false;
+  // SetStepRows(): per tensor, whether it travels by rows, and its rows.
+  std::vector<bool> by_rows_;
+  std::vector<std::vector<uint32_t>> touched_rows_, next_rows_;
+  // PushChunk's message of a table's chunk `c` by rows (ps_client_rows.cc).
+  grpc::ByteBuffer EncodeRowsPush(const PushPullRequest& envelope,
+                                  const ChunkSpec& c, int64_t step,
+                                  absl::Span<const float> values) const;
+  // The pull's PullRows entries (BeginStep()).
+  void AddPullRows(PullRequest* pull) const;
 };
 
 // Channel arguments shared by every pstrain client: message size limits

@@ -81,6 +81,9 @@ absl::StatusOr<int64_t> PsClient::Reopen(absl::Duration timeout) {
     }
     first.mutable_layout()->set_partition_bytes(plan_.partition_bytes());
     first.mutable_layout()->set_num_buffers(plan_.num_buffers());
+    for (int64_t d : plan_.param_row_elements()) {
+      first.mutable_layout()->add_param_row_elements(d);
+    }
     first.set_generation(generation);
     first.set_reopen(true);
     // Shard 0 at its own version, the others at the same one or not at
@@ -118,6 +121,9 @@ absl::Status PsClient::InitializeAs(
     }
     first.mutable_layout()->set_partition_bytes(plan_.partition_bytes());
     first.mutable_layout()->set_num_buffers(plan_.num_buffers());
+    for (int64_t d : plan_.param_row_elements()) {
+      first.mutable_layout()->add_param_row_elements(d);
+    }
     first.set_generation(generation);
     bool ok = writer->Write(first);
     for (const ChunkSpec& c : shard_chunks_[s]) {
@@ -155,7 +161,8 @@ absl::StatusOr<std::unique_ptr<PsClient>> PsClient::WithPartition(
   ASSIGN_OR_RETURN(
       PartitionPlan plan,
       PartitionPlan::Create(plan_.param_num_elements(), partition_bytes,
-                            plan_.num_shards(), plan_.num_buffers()));
+                            plan_.num_shards(), plan_.num_buffers(),
+                            plan_.param_row_elements()));
   PsClientOptions options = options_;
   options.addresses = addresses_;
   if (compressor != nullptr) options.compressor = compressor;
@@ -199,7 +206,11 @@ absl::Status PsClient::WaitReady(absl::Duration timeout, int64_t min_generation,
     }
     if (sizes != plan_.param_num_elements() ||
         response.layout().partition_bytes() != partition_bytes ||
-        response.layout().num_buffers() != plan_.num_buffers()) {
+        response.layout().num_buffers() != plan_.num_buffers() ||
+        !std::equal(response.layout().param_row_elements().begin(),
+                    response.layout().param_row_elements().end(),
+                    plan_.param_row_elements().begin(),
+                    plan_.param_row_elements().end())) {
       return absl::FailedPreconditionError(absl::StrCat(
           "shard ", s, " (", addresses_[s],
           ") was initialised with a different model layout (", sizes.size(),

@@ -1,0 +1,60 @@
+// PsClient's row-sparse tables (issue 41; worker/ps_client.h SetStepRows):
+// a table's chunk pushed as the rows the step touched, and the pull's rows
+// of the next step. Kept apart from ps_client.cc, which is long already.
+#include <algorithm>
+#include <cstring>
+#include <utility>
+
+#include "worker/ps_client.h"
+
+namespace pstrain {
+
+void PsClient::SetStepRows(std::vector<std::vector<uint32_t>> touched,
+                           std::vector<std::vector<uint32_t>> next) {
+  const size_t n = plan_.param_num_elements().size();
+  by_rows_.assign(n, false);
+  touched.resize(n);
+  next.resize(n);
+  for (size_t p = 0; p < n; ++p) {
+    by_rows_[p] = plan_.row_elements(static_cast<int32_t>(p)) > 0;
+  }
+  touched_rows_ = std::move(touched);
+  next_rows_ = std::move(next);
+}
+
+grpc::ByteBuffer PsClient::EncodeRowsPush(
+    const PushPullRequest& envelope, const ChunkSpec& c, int64_t step,
+    absl::Span<const float> values) const {
+  const int64_t d = c.row_elements;
+  const int64_t first = c.offset / d;
+  const int64_t last = first + c.num_elements / d;
+  const std::vector<uint32_t>& touched = touched_rows_[c.param_id];
+  auto begin = std::lower_bound(touched.begin(), touched.end(), first);
+  auto end = std::lower_bound(begin, touched.end(), last);
+  thread_local std::vector<uint32_t> rows;
+  thread_local std::vector<float> row_values;
+  rows.clear();
+  row_values.clear();
+  for (auto it = begin; it != end; ++it) {
+    const int64_t local = *it - first;
+    rows.push_back(static_cast<uint32_t>(local));
+    row_values.insert(row_values.end(), values.begin() + local * d,
+                      values.begin() + (local + 1) * d);
+  }
+  return EncodeSparseChunkMessage(envelope, kPushChunkField, c.param_id,
+                                  c.chunk_index, step, c.num_elements, rows,
+                                  row_values, options_.wire_dtype, d);
+}
+
+void PsClient::AddPullRows(PullRequest* pull) const {
+  for (size_t p = 0; p < by_rows_.size(); ++p) {
+    if (!by_rows_[p]) continue;
+    PullRows* entry = pull->add_rows();
+    entry->set_param_id(static_cast<int32_t>(p));
+    const std::vector<uint32_t>& ids = next_rows_[p];
+    entry->set_row_ids(reinterpret_cast<const char*>(ids.data()),
+                       ids.size() * sizeof(uint32_t));
+  }
+}
+
+}  // namespace pstrain
