@@ -8,6 +8,7 @@
 #include "absl/flags/reflection.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "catalog/catalog.h"
 #include "common/flags_util.h"
 
 namespace pstrain {
@@ -30,7 +31,9 @@ Flags DataFlags(bool trains) {
       {"dataset", "The dataset " + reads +
                       ": fashion_mnist, mnist, cifar10, image_folder, "
                       "records (packed record files, memory-mapped) or "
-                      "synthetic."},
+                      "synthetic; for the bert_* models tokens (token "
+                      "files: train.tokens, test.tokens) or "
+                      "synthetic_tokens."},
       {"data_dir",
        "Folder holding the dataset's files (IDX, gzipped or plain; CIFAR-10 "
        "binary batches; image_folder: class folders of JPEG and PNG files, "
@@ -57,7 +60,12 @@ Flags DataFlags(bool trains) {
                 "test set is never augmented."
               : "Accepted for the flags of a `run`; evaluation is never "
                 "augmented."},
-      {"num_classes", "--dataset=synthetic: number of classes."},
+      {"num_classes",
+       "--dataset=synthetic: number of classes; synthetic_tokens: the "
+       "vocabulary (unset: 30522)."},
+      {"seq_len",
+       "--dataset=tokens or synthetic_tokens: tokens per sequence (0: the "
+       "token file's; synthetic_tokens: 128)."},
       {"synthetic_samples",
        "--dataset=synthetic: training samples per epoch (test: 1000)."},
       {"backend",
@@ -108,6 +116,9 @@ Flags JobFlags(const std::string& what) {
        "--lr_schedule=cosine: its horizon, steps (0: epochs x "
        "--max_steps_per_epoch)."},
       {"seed", "Seed of the initial weights and the shuffles."},
+      {"dropout",
+       "bert_* models: dropout probability of the embeddings, attention "
+       "and encoder blocks (0: deterministic steps)."},
       {"log_every_steps", "Steps between throughput lines."},
       {"partition_bytes",
        "Largest chunk of a tensor on the wire, bytes; auto: chosen by "
@@ -280,7 +291,19 @@ CommandInfo RunInfo() {
               "--checkpoint_dir, else 0."},
              {"resume",
               "Continue from --checkpoint_dir's newest checkpoint "
-              "(weights, optimizer state, step, data position)."}}})};
+              "(weights, optimizer state, step, data position)."},
+             {"max_workers",
+              "Mode sync: an elastic job of at most this many workers "
+              "(num_workers to 4096; 0: not elastic), scaled with "
+              "--control_file."},
+             {"min_workers",
+              "Mode sync: a worker whose restart budget is spent is removed "
+              "instead of failing the job while this many remain (0: "
+              "never)."},
+             {"control_file",
+              "An elastic job's control file, read every 200 ms: each line "
+              "appended, num_workers=N [at_step=S], scales the job (a bad "
+              "line is a warning); a signal carries no number."}}})};
 }
 
 // `pstrain compare`: `run` once per configuration, then the tables.
@@ -359,7 +382,7 @@ CommandInfo EvalInfo() {
 }
 
 // The commands that call a coordinator about its jobs: submit, status, logs,
-// trace, cancel, wait.
+// trace, cancel, scale, wait.
 std::vector<CommandInfo> JobInfos() {
   return {
       {"submit", "pstrain submit JOB.pbtxt [--coordinator=HOST:PORT]",
@@ -386,6 +409,20 @@ std::vector<CommandInfo> JobInfos() {
       {"cancel", "pstrain cancel JOB_ID [--coordinator=HOST:PORT]",
        "Cancels a job; its tasks stop at their next heartbeat.",
        ClientFlags(/*retries=*/false)},
+      {"scale",
+       "pstrain scale JOB_ID --num_workers=N [--at_step=S] "
+       "[--coordinator=HOST:PORT]",
+       "Changes the number of workers of a running elastic job (its spec's "
+       "max_workers; mode sync) and prints the new membership: worker 0 "
+       "applies it at a step boundary once every new worker has "
+       "registered. N from max(1, min_workers) to max_workers; the "
+       "administrator only. `pstrain run` is scaled with its "
+       "--control_file.",
+       Join({ClientFlags(/*retries=*/false),
+             {{"num_workers", "The number of workers wanted (required)."},
+              {"at_step",
+               "Apply it at the first step boundary at or after this step "
+               "(0: the next)."}}})},
       {"wait", "pstrain wait JOB_ID [--coordinator=HOST:PORT]",
        "Follows a job's lines until it ends; exit 0 if it succeeded, 1 "
        "otherwise. A coordinator restart is ridden out: while it cannot be "
@@ -661,11 +698,17 @@ absl::Status CheckIgnoredDataFlags(const std::string& dataset,
         absl::StrCat("--", flag, " would be ignored: ", why,
                      "; see pstrain help ", command));
   };
-  if (dataset == "synthetic") {
+  if (!IsTokenDataset(dataset) && FlagSpecified("seq_len")) {
+    return ignored("seq_len", absl::StrCat("it is for --dataset=tokens or "
+                                           "synthetic_tokens, not ",
+                                           dataset));
+  }
+  if (dataset == "synthetic" || dataset == "synthetic_tokens") {
     for (const char* flag : {"data_dir", "bad_images", "stream_images",
                              "max_dataset_memory", "augment"}) {
       if (FlagSpecified(flag)) {
-        return ignored(flag, "--dataset=synthetic reads no files");
+        return ignored(flag,
+                       absl::StrCat("--dataset=", dataset, " reads no files"));
       }
     }
     return absl::OkStatus();

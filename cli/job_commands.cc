@@ -14,6 +14,7 @@
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "catalog/job_config.h"
 #include "cli/trace_merge.h"
@@ -32,6 +33,9 @@ ABSL_FLAG(std::string, coordinator, "127.0.0.1:7070",
           "host:port of pstrain_coordinator (submit, status, cancel, wait).");
 ABSL_FLAG(int, rpc_timeout_s, 30, "Deadline of each coordinator call, s.");
 ABSL_FLAG(int, wait_poll_ms, 1000, "wait: milliseconds between polls.");
+ABSL_FLAG(int64_t, at_step, 0,
+          "scale: apply the new membership at the first step boundary at or "
+          "after this step (0: the next).");
 ABSL_FLAG(int, coordinator_timeout_s, 120,
           "How long status, logs and wait keep retrying, as the tasks do, "
           "while the coordinator cannot be reached (a restart), s; 0: no "
@@ -318,6 +322,47 @@ int CancelCommand(const std::vector<std::string>& args) {
   const grpc::Status status = Stub()->Cancel(&context, request, &response);
   if (!status.ok()) return RpcFailure(status);
   std::printf("%s CANCELLED\n", args[0].c_str());
+  return 0;
+}
+
+int ScaleCommand(const std::vector<std::string>& args, int num_workers,
+                 bool num_workers_given) {
+  constexpr char kUsage[] =
+      "usage: pstrain scale JOB_ID --num_workers=N [--at_step=S] "
+      "[--coordinator=HOST:PORT]";
+  if (args.size() != 1) return Fail(2, kUsage);
+  if (!num_workers_given) {
+    return Fail(2, absl::StrCat("scale: --num_workers is required; ", kUsage));
+  }
+  if (absl::Status s = CheckFlagRange("num_workers", num_workers, 1,
+                                      kMaxNumWorkers, "workers");
+      !s.ok()) {
+    return Fail(2, std::string(s.message()));
+  }
+  const int64_t at_step = absl::GetFlag(FLAGS_at_step);
+  if (absl::Status s = CheckFlagRange("at_step", at_step, 0, kMaxSteps,
+                                      "(0: the next step)");
+      !s.ok()) {
+    return Fail(2, std::string(s.message()));
+  }
+  grpc::ClientContext context;
+  SetDeadline(&context);
+  ScaleRequest request;
+  request.set_job_id(args[0]);
+  request.set_num_workers(num_workers);
+  request.set_at_step(at_step);
+  ScaleResponse response;
+  const grpc::Status status = Stub()->Scale(&context, request, &response);
+  if (!status.ok()) return RpcFailure(status);
+  const Membership& m = response.membership();
+  std::printf(
+      "%s membership %lld: %d workers (%s)%s%s\n", args[0].c_str(),
+      static_cast<long long>(m.epoch()), m.workers_size(),
+      absl::StrJoin(m.workers(), ", ").c_str(),
+      m.at_step() > 0
+          ? absl::StrCat(" from step ", m.at_step(), " or the next").c_str()
+          : " from the next step",
+      m.ready() ? "" : ", once the new workers registered");
   return 0;
 }
 

@@ -10,6 +10,9 @@
 //                              Step200: 9003.12 data/sec"), as the
 //                              coordinator keeps them (the last 10000).
 //   pstrain cancel ID          ends a pending or running job.
+//   pstrain scale ID --num_workers=N [--at_step=S]
+//                              an elastic job's new membership (issue 40;
+//                              the admin only); prints it.
 //   pstrain wait ID            follows the job to its end: its tasks' lines
 //                              as they arrive, its final state, and the
 //                              results table of `pstrain run`; exit 0 only
@@ -25,7 +28,7 @@
 // a coordinator restart: while it cannot be reached they retry as the tasks
 // do (coordinator/task_agent.h CallCoordinatorWithRetry), saying so once on
 // stderr, for up to --coordinator_timeout_s (then exit 1 with one line
-// naming that deadline). submit and cancel do not retry.
+// naming that deadline). submit, cancel and scale do not retry.
 #ifndef PSTRAIN_CLI_JOB_COMMANDS_H_
 #define PSTRAIN_CLI_JOB_COMMANDS_H_
 
@@ -60,6 +63,10 @@ int SubmitCommand(const std::vector<std::string>& args);
 int StatusCommand(const std::vector<std::string>& args);
 int LogsCommand(const std::vector<std::string>& args);
 int CancelCommand(const std::vector<std::string>& args);
+// `num_workers`: --num_workers (pstrain.cc defines it), `num_workers_given`
+// whether it was on the command line; exit 2 without it or out of range.
+int ScaleCommand(const std::vector<std::string>& args, int num_workers,
+                 bool num_workers_given);
 int WaitCommand(const std::vector<std::string>& args);
 // `pstrain trace JOB_ID_OR_DIR [--out=FILE]`: merges a job's task traces
 // (DIR/trace/*.json, cli/trace_merge.h; a job id: its spec's metrics_dir

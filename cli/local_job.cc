@@ -5,18 +5,22 @@
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
+#include <map>
 #include <memory>
 #include <thread>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
+#include "cli/control_file.h"
 #include "cli/node_supervisor.h"
 #include "common/status_macros.h"
 #include "common/tls.h"
 #include "coordinator/coordinator_server.h"
+#include "coordinator/job_membership.h"
 #include "coordinator/job_spec.h"
 #include "coordinator/job_table.h"
 #include "models/model.h"
@@ -77,6 +81,17 @@ class LocalJob {
   // The supervisor's options: this command's names, the in-process
   // coordinator reached as each task, the grace after the job's end.
   SupervisorOptions Supervision();
+  // Worker `index` as a task of the supervisor, its threads this
+  // machine's cores over `num_workers`.
+  SupervisedTask WorkerTask(int index, int num_workers) const;
+  // The supervisor's more_tasks: applies the control file's new lines
+  // (Scale on the in-process coordinator; a refusal is a warning), then
+  // returns the workers a Scale added that were not started for the
+  // newest membership.
+  std::vector<SupervisedTask> ScaledWorkers();
+
+  // How often the control file is read.
+  static constexpr absl::Duration kControlPoll = absl::Milliseconds(200);
 
   // Mutual TLS: the run's certificates are valid a day, in a private
   // folder (0700, keys 0600, named with this pid so the next run removes
@@ -95,6 +110,10 @@ class LocalJob {
   std::string coordinator_flag_;
   std::vector<std::string> tls_flags_;
   std::unique_ptr<NodeSupervisor> supervisor_;
+  std::unique_ptr<ControlFile> control_;  // null without --control_file
+  absl::Time control_read_ = absl::InfinitePast();
+  // The membership epoch each worker a Scale added was started for.
+  std::map<int, int64_t> launched_;
 };
 
 absl::Status LocalJob::StartCoordinator() {
@@ -136,7 +155,8 @@ absl::Status LocalJob::StartCoordinator() {
   for (int s = 0; s < spec_.num_ps(); ++s) {
     tasks.push_back(TlsIdentity{TlsRole::kPs, s, job_id_});
   }
-  for (int w = 0; w < spec_.num_workers(); ++w) {
+  // An elastic job: a certificate for every worker a Scale may add.
+  for (int w = 0; w < WorkerTaskCount(spec_); ++w) {
     tasks.push_back(TlsIdentity{TlsRole::kWorker, w, job_id_});
   }
   absl::Status minted =
@@ -184,6 +204,7 @@ SupervisorOptions LocalJob::Supervision() {
   options.job_id = job_id_;
   options.tls = tls_;
   options.spec = spec_;
+  options.more_tasks = [this] { return ScaledWorkers(); };
   // Every task exits by itself once the job has ended (the shards after
   // their last worker's WorkerDone, the rest at their next heartbeat, 1 s).
   // With backup workers the job ends with worker 0 and a straggler may be
@@ -216,19 +237,67 @@ absl::Status LocalJob::StartTasks() {
   for (int s = 0; s < spec_.num_ps(); ++s) {
     tasks.push_back({ROLE_PS, s, TaskArgv(options_.ps_binary, true, s), {}});
   }
-  // Every task of a local run shares this machine's cores.
-  const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
-  const std::string omp_threads = absl::StrCat(
-      "OMP_NUM_THREADS=",
-      std::max<unsigned>(1, cores / std::max(1, spec_.num_workers())));
+  // Workers 0 to num_workers - 1; an elastic job's others start idle.
   for (int w = 0; w < spec_.num_workers(); ++w) {
-    tasks.push_back({ROLE_WORKER,
-                     w,
-                     TaskArgv(options_.worker_binary, false, w),
-                     {omp_threads}});
+    tasks.push_back(WorkerTask(w, spec_.num_workers()));
+  }
+  if (!options_.control_file.empty()) {
+    control_ = std::make_unique<ControlFile>(options_.control_file);
   }
   supervisor_ = std::make_unique<NodeSupervisor>(Supervision());
   return supervisor_->Start(tasks);
+}
+
+SupervisedTask LocalJob::WorkerTask(int index, int num_workers) const {
+  // Every task of a local run shares this machine's cores.
+  const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+  const std::string omp_threads =
+      absl::StrCat("OMP_NUM_THREADS=",
+                   std::max<unsigned>(1, cores / std::max(1, num_workers)));
+  return {ROLE_WORKER,
+          index,
+          TaskArgv(options_.worker_binary, false, index),
+          {omp_threads}};
+}
+
+std::vector<SupervisedTask> LocalJob::ScaledWorkers() {
+  JobTable& table = coordinator_->table();
+  if (control_ != nullptr && absl::Now() - control_read_ >= kControlPoll) {
+    control_read_ = absl::Now();
+    for (const ScaleLine& line : control_->Poll()) {
+      absl::StatusOr<Membership> m =
+          table.Scale(job_id_, line.num_workers, line.at_step, absl::Now());
+      if (!m.ok()) {
+        std::fprintf(stderr, "pstrain: warning: %s: scale to %d workers: %s\n",
+                     control_->path().c_str(), line.num_workers,
+                     std::string(m.status().message()).c_str());
+        continue;
+      }
+      std::printf(
+          "pstrain: scale to %d workers: membership %lld (workers %s)%s\n",
+          line.num_workers, static_cast<long long>(m->epoch()),
+          absl::StrJoin(m->workers(), ", ").c_str(),
+          m->ready() ? "" : ", once the new workers registered");
+    }
+    std::fflush(stdout);
+    std::fflush(stderr);
+  }
+  // The workers a Scale added: waiting to register, never started for
+  // this membership.
+  std::vector<SupervisedTask> start;
+  absl::StatusOr<JobInfo> job = table.Get(job_id_, JobTable::kNoLog);
+  if (!job.ok() || !IsElastic(job->spec())) return start;
+  const int64_t epoch = job->membership().epoch();
+  for (const TaskInfo& t : job->tasks()) {
+    // (The supervisor skips those running: the first workers before they
+    // registered, and restarted ones.)
+    if (t.role() != ROLE_WORKER || t.state() != TASK_WAITING) continue;
+    auto [it, added] = launched_.emplace(t.index(), epoch);
+    if (!added && it->second >= epoch) continue;
+    it->second = epoch;
+    start.push_back(WorkerTask(t.index(), job->membership().workers_size()));
+  }
+  return start;
 }
 
 absl::StatusOr<RunResult> LocalJob::Supervise() {

@@ -87,6 +87,7 @@ SupervisorResult NodeSupervisor::Run() {
     const ChildExit exit = cluster_.WaitAny(options_.poll);
     if (!exit.role.empty()) OnExit(exit);
     PollJob();
+    StartMore();
     if (absl::Now() >= stop_at_) StopAfterGrace();
   }
   return result_;
@@ -165,6 +166,7 @@ bool NodeSupervisor::OnExit(const ChildExit& exit) {
   deaths_.push_back(
       absl::StrCat(TaskName(task.role, task.index), " (", status, ")"));
   if (running && RestartOrReport(task, exit, status)) return true;
+  if (running && task.role == ROLE_WORKER && Removed(task)) return false;
   if (!running) {
     ReportDeath(task, absl::StrCat("exited with ", status,
                                    exit.last_error_line.empty() ? "" : ": ",
@@ -263,6 +265,40 @@ void NodeSupervisor::RecordFailure(const SupervisedTask& task,
   result_.exit_code = exit.code > 0 ? exit.code : 128 - exit.code;
   if (options_.on_failure) options_.on_failure(task, exit);
   stop_at_ = std::min(stop_at_, absl::Now() + options_.end_grace);
+}
+
+bool NodeSupervisor::Removed(const SupervisedTask& task) {
+  last_read_ = absl::Now();
+  if (!ReadJob() || JobEnded(job_.state())) return false;
+  for (const TaskInfo& t : job_.tasks()) {
+    if (t.role() != task.role || t.index() != task.index) continue;
+    if (t.state() != TASK_REMOVED) return false;
+    std::printf(
+        "%s: %s removed from the job (%s); the job goes on with %d "
+        "workers\n",
+        options_.program.c_str(), Name(task).c_str(), t.message().c_str(),
+        job_.membership().workers_size());
+    std::fflush(stdout);
+    return true;
+  }
+  return false;
+}
+
+void NodeSupervisor::StartMore() {
+  if (!options_.more_tasks || JobEnded(job_.state()) ||
+      !result_.first_failure.role.empty()) {
+    return;
+  }
+  for (const SupervisedTask& task : options_.more_tasks()) {
+    const std::string key = task.key();
+    if (cluster_.Running(key)) continue;
+    tasks_[key] = task;
+    if (absl::Status s = cluster_.Start(key, task.argv, task.env); !s.ok()) {
+      PrintError(options_.program,
+                 absl::StrCat("cannot start ", Name(task), ": ", s.message()));
+      ReportDeath(task, absl::StrCat("cannot start it: ", s.message()));
+    }
+  }
 }
 
 void NodeSupervisor::StopAfterGrace() {

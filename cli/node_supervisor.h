@@ -18,6 +18,10 @@
 //    supervisor saw. The supervisor keeps no count of its own: two nodes
 //    that race for the last restart are decided by the table, whose refusal
 //    fails the job in its own words.
+//  - an elastic job's worker that the coordinator removed instead of
+//    failing the job (min_workers; its task TASK_REMOVED) is left out:
+//    "PROGRAM: NAME removed from the job (WHY); the job goes on", and the
+//    others run on.
 //  - a task that exits with kRestartExitCode (the coordinator stopped it
 //    for the restart of every worker in allreduce; counted for the death
 //    that caused it) is started again with --rejoin, uncounted.
@@ -106,6 +110,11 @@ struct SupervisorOptions {
   // tasks still running, before they are stopped.
   std::function<void(JobState, const std::vector<SupervisedTask>&)>
       on_grace_over;
+  // Called once per `poll` while the job runs: tasks to start now; one
+  // whose key() is already running is skipped (`pstrain run` starts the
+  // workers a Scale added, issue 40). A task started so is supervised as
+  // the others.
+  std::function<std::vector<SupervisedTask>()> more_tasks;
 };
 
 struct SupervisorResult {
@@ -168,6 +177,11 @@ class NodeSupervisor {
   void RecordFailure(const SupervisedTask& task, const ChildExit& exit);
   // Stops what runs once the grace has passed.
   void StopAfterGrace();
+  // Whether the coordinator removed `task` from its running job (reads
+  // the job again); prints the line saying so.
+  bool Removed(const SupervisedTask& task);
+  // Starts options_.more_tasks()'s tasks that are not running.
+  void StartMore();
 
   SupervisorOptions options_;
   LocalCluster cluster_;

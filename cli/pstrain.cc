@@ -40,6 +40,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "catalog/catalog.h"
 #include "catalog/job_config.h"
 #include "cli/certs_command.h"
 #include "cli/command_help.h"
@@ -98,6 +99,9 @@ ABSL_FLAG(int64_t, lr_total_steps, 0,
           "--lr_schedule=cosine: its horizon, steps (0: epochs x "
           "--max_steps_per_epoch).");
 ABSL_FLAG(uint64_t, seed, 1, "Seed of the initial weights and the shuffles.");
+ABSL_FLAG(double, dropout, 0.1,
+          "bert_* models: dropout probability of the embeddings, attention "
+          "and encoder blocks (0: deterministic steps).");
 ABSL_FLAG(std::string, results_json, "",
           "If set, write the results here as JSON.");
 ABSL_FLAG(int, log_every_steps, 200, "Steps between throughput lines.");
@@ -266,6 +270,15 @@ ABSL_FLAG(int, backup_workers, 0,
           "num_workers - b workers to end it (TensorFlow's "
           "replicas_to_aggregate), the late ones' gradients are dropped "
           "(0: every worker; 0 to num_workers - 1).");
+ABSL_FLAG(int, max_workers, 0,
+          "run, mode sync: an elastic job of at most this many workers, "
+          "scaled with --control_file (0: not elastic).");
+ABSL_FLAG(int, min_workers, 0,
+          "run, mode sync: remove a worker whose restart budget is spent "
+          "while this many remain (0: fail the job).");
+ABSL_FLAG(std::string, control_file, "",
+          "run: an elastic job's control file; each line appended, "
+          "num_workers=N [at_step=S], scales the job.");
 ABSL_FLAG(double, clip_grad_norm, 0,
           "run, modes allreduce and sync: gradient clipping by global norm, "
           "as torch.nn.utils.clip_grad_norm_ before each step (0: none).");
@@ -381,6 +394,10 @@ absl::Status CheckIgnoredFlags(const JobConfig& config,
       }
     }
   }
+  if (!IsSequenceModel(spec.model()) && FlagSpecified("dropout")) {
+    return ignored("dropout", absl::StrCat("it is for the bert_* models, not ",
+                                           spec.model()));
+  }
   const bool synthetic = config.compute == COMPUTE_SYNTHETIC;
   for (const char* flag : {"compute_ms", "model_bytes", "backward_fraction"}) {
     if (!synthetic && FlagSpecified(flag)) {
@@ -389,7 +406,7 @@ absl::Status CheckIgnoredFlags(const JobConfig& config,
   }
   if (synthetic) {
     for (const char* flag : {"dataset", "data_dir", "image_size", "num_classes",
-                             "synthetic_samples"}) {
+                             "synthetic_samples", "seq_len"}) {
       if (FlagSpecified(flag)) {
         return ignored(flag, "--compute=synthetic reads no dataset");
       }
@@ -424,7 +441,9 @@ JobSpec SpecFromFlags(Mode mode, int num_ps, int num_workers) {
   spec.set_max_dataset_memory_bytes(
       absl::GetFlag(FLAGS_max_dataset_memory).bytes);
   spec.set_augment(std::string(Spelling(absl::GetFlag(FLAGS_augment))));
-  spec.set_num_classes(absl::GetFlag(FLAGS_num_classes));
+  spec.set_num_classes(NumClassesFromFlags());
+  spec.set_seq_len(absl::GetFlag(FLAGS_seq_len));
+  spec.set_dropout(absl::GetFlag(FLAGS_dropout));
   spec.set_synthetic_samples(absl::GetFlag(FLAGS_synthetic_samples));
   spec.set_backend(std::string(Spelling(absl::GetFlag(FLAGS_backend))));
   spec.set_mode(std::string(Spelling(mode)));
@@ -471,6 +490,8 @@ JobSpec SpecFromFlags(Mode mode, int num_ps, int num_workers) {
   spec.set_straggler(absl::GetFlag(FLAGS_straggler));
   spec.set_staleness(absl::GetFlag(FLAGS_staleness));
   spec.set_backup_workers(absl::GetFlag(FLAGS_backup_workers));
+  spec.set_max_workers(absl::GetFlag(FLAGS_max_workers));
+  spec.set_min_workers(absl::GetFlag(FLAGS_min_workers));
   spec.set_clip_grad_norm(absl::GetFlag(FLAGS_clip_grad_norm));
   spec.set_resume(absl::GetFlag(FLAGS_resume));
   const int max_restarts = absl::GetFlag(FLAGS_max_restarts);
@@ -529,6 +550,7 @@ absl::StatusOr<RunResult> RunJob(const JobConfig& config,
       absl::Seconds(absl::GetFlag(FLAGS_heartbeat_timeout_s));
   options.gpu = absl::GetFlag(FLAGS_gpu);
   options.stop_signal = &g_signal;
+  options.control_file = absl::GetFlag(FLAGS_control_file);
   return RunLocalJob(config, placement, options);
 }
 
@@ -596,10 +618,16 @@ int Run() {
   if (!placement.ok()) {
     return Fail(2, std::string(placement.status().message()));
   }
-  if (absl::Status s = CheckRoom(*placement, spec.num_ps(), spec.num_workers(),
-                                 "--num_workers");
+  // An elastic job needs room for max_workers, and a control file for them.
+  if (absl::Status s =
+          CheckRoom(*placement, spec.num_ps(),
+                    std::max(spec.num_workers(), spec.max_workers()),
+                    spec.max_workers() > 0 ? "--max_workers" : "--num_workers");
       !s.ok()) {
     return Fail(2, std::string(s.message()));
+  }
+  if (!absl::GetFlag(FLAGS_control_file).empty() && spec.max_workers() == 0) {
+    return Fail(2, "--control_file: needs --max_workers (an elastic job)");
   }
   absl::StatusOr<std::unique_ptr<Dataset>> dataset = CheckDataFromFlags();
   if (!dataset.ok()) return Fail(2, std::string(dataset.status().message()));
@@ -918,7 +946,8 @@ int main(int argc, char** argv) {
       "pstrain eval --checkpoint=FILE_OR_DIR [--dataset=... --data_dir=... "
       "--backend=...]: test loss and accuracy of a saved model.\n"
       "pstrain submit JOB.pbtxt | status [ID] | logs ID | cancel ID | wait ID "
-      "[--coordinator=HOST:PORT]: jobs on a pstrain_coordinator.\n"
+      "| scale ID --num_workers=N [--coordinator=HOST:PORT]: jobs on a "
+      "pstrain_coordinator.\n"
       "pstrain compare [--workers=1,2,4 --modes=ps_sync,ps_async,allreduce "
       "--num_ps=2 --steps=N --out_dir=DIR]: run each configuration and "
       "write the scaling tables, CSV, JSON and a throughput plot.\n"
@@ -974,8 +1003,8 @@ int main(int argc, char** argv) {
         "pstrain",
         command.empty()
             ? "expected a command (run, compare, eval, submit, status, logs, "
-              "cancel, wait, launch-lines, install, certs, node, help); see "
-              "pstrain help"
+              "cancel, scale, wait, launch-lines, install, certs, node, help); "
+              "see pstrain help"
             : absl::StrCat("unknown command \"", command,
                            "\"; see pstrain help"));
     return 2;
@@ -1007,6 +1036,10 @@ int main(int argc, char** argv) {
   if (command == "submit") return pstrain::SubmitCommand(args);
   if (command == "status") return pstrain::StatusCommand(args);
   if (command == "cancel") return pstrain::CancelCommand(args);
+  if (command == "scale") {
+    return pstrain::ScaleCommand(args, absl::GetFlag(FLAGS_num_workers),
+                                 pstrain::FlagSpecified("num_workers"));
+  }
   if (command == "wait") return pstrain::WaitCommand(args);
   if (command == "logs") return pstrain::LogsCommand(args);
   if (command == "trace") return pstrain::TraceCommand(args);

@@ -258,6 +258,52 @@ TEST(JobCliTest, SubmitRefusesAnOutOfRangeSpecWithExit2) {
       << r.output;
 }
 
+// `pstrain scale` (issue 40): a bad command line exits 2 with one line
+// before any call; the coordinator's refusals exit 1 naming the job.
+TEST(JobCliTest, ScaleFlagErrorsExit2AndRefusalsExit1) {
+  const std::string usage =
+      "usage: pstrain scale JOB_ID --num_workers=N [--at_step=S] "
+      "[--coordinator=HOST:PORT]";
+  const struct {
+    std::string args;
+    std::string error;
+  } bad[] = {
+      {"", usage},
+      {" job-1", "scale: --num_workers is required; " + usage},
+      {" job-1 --num_workers=0", "--num_workers=0: expected 1 to 4096 workers"},
+      {" job-1 --num_workers=2 --at_step=-1",
+       "--at_step=-1: expected 0 to 1000000000 (0: the next step)"},
+      {" job-1 --num_workers=2 --max_workers=4",
+       "--max_workers is not a flag of pstrain scale (it would be ignored); "
+       "see pstrain help scale"},
+  };
+  for (const auto& b : bad) {
+    const Result r =
+        RunCommand("cli/pstrain scale" + b.args + " --coordinator=127.0.0.1:1");
+    EXPECT_EQ(r.exit_code, 2) << b.args << ": " << r.output;
+    EXPECT_EQ(r.output, "pstrain: error: " + b.error + "\n") << b.args;
+  }
+  const std::string spec = TempDir() + "/elastic.pbtxt";
+  WriteFile(spec,
+            "num_ps: 1 num_workers: 2 max_workers: 4 batch_size: 8 epochs: 1");
+  Coordinator coordinator(TempDir() + "/scale_jobs.pb", 600);
+  ASSERT_TRUE(coordinator.up());
+  Result r = RunCommand("cli/pstrain submit " + spec + coordinator.flag());
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  r = RunCommand("cli/pstrain scale job-1 --num_workers=3" +
+                 coordinator.flag());
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_EQ(r.output,
+            "pstrain: error: coordinator 127.0.0.1:" + coordinator.port() +
+                ": job-1 is JOB_PENDING; only a RUNNING job is "
+                "scaled\n");
+  r = RunCommand("cli/pstrain scale job-1 --num_workers=5" +
+                 coordinator.flag());
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_THAT(r.output,
+              HasSubstr("job-1: scale to 5 workers; expected 1 to 4"));
+}
+
 // Every binary's --help exits 0 and lists the flags of every file it links
 // (absl alone shows only the main file's, or "No flags matched"), with
 // their defaults.
@@ -543,8 +589,8 @@ TEST(JobCliTest, SubmitRefusesASpecThatIsNotUtf8) {
 // exit 0, the synopsis, and each flag the command reads with its default.
 TEST(JobCliTest, HelpOfEveryCommand) {
   for (const std::string command :
-       {"run", "compare", "eval", "submit", "status", "logs", "cancel", "wait",
-        "launch-lines", "install", "certs", "node"}) {
+       {"run", "compare", "eval", "submit", "status", "logs", "cancel", "scale",
+        "wait", "launch-lines", "install", "certs", "node"}) {
     for (const std::string& line : {"cli/pstrain help " + command,
                                     "cli/pstrain " + command + " --help"}) {
       const Result r = RunCommand(line);

@@ -1,0 +1,84 @@
+#include "cli/control_file.h"
+
+#include <cstdlib>
+#include <fstream>
+#include <string>
+
+#include "gtest/gtest.h"
+
+namespace pstrain {
+namespace {
+
+std::string TempFile(const std::string& name) {
+  return std::string(std::getenv("TEST_TMPDIR")) + "/" + name;
+}
+
+void Append(const std::string& path, const std::string& text) {
+  std::ofstream(path, std::ios::app) << text;
+}
+
+TEST(ControlFileTest, ParsesScaleLines) {
+  absl::StatusOr<ScaleLine> line =
+      ParseControlLine("num_workers=4 at_step=200");
+  ASSERT_TRUE(line.ok()) << line.status();
+  EXPECT_EQ(line->num_workers, 4);
+  EXPECT_EQ(line->at_step, 200);
+  line = ParseControlLine("  num_workers=3");
+  ASSERT_TRUE(line.ok()) << line.status();
+  EXPECT_EQ(line->at_step, 0);
+  const struct {
+    const char* text;
+    const char* error;
+  } bad[] = {
+      {"workers=3",
+       "\"workers=3\": \"workers=3\"; expected num_workers=N [at_step=S] (N "
+       ">= 1, S >= 0, each once)"},
+      {"num_workers=0",
+       "\"num_workers=0\": \"num_workers=0\"; expected num_workers=N "
+       "[at_step=S] (N >= 1, S >= 0, each once)"},
+      {"num_workers=2 at_step=-1",
+       "\"num_workers=2 at_step=-1\": \"at_step=-1\"; expected "
+       "num_workers=N [at_step=S] (N >= 1, S >= 0, each once)"},
+      {"num_workers=2 num_workers=3",
+       "\"num_workers=2 num_workers=3\": \"num_workers=3\"; expected "
+       "num_workers=N [at_step=S] (N >= 1, S >= 0, each once)"},
+      {"at_step=5", "\"at_step=5\": expected num_workers=N [at_step=S]"},
+  };
+  for (const auto& b : bad) {
+    line = ParseControlLine(b.text);
+    EXPECT_EQ(line.status().code(), absl::StatusCode::kInvalidArgument)
+        << b.text;
+    EXPECT_EQ(line.status().message(), b.error);
+  }
+}
+
+TEST(ControlFileTest, PollReadsEachCompleteLineOnce) {
+  const std::string path = TempFile("control");
+  ControlFile control(path);
+  EXPECT_TRUE(control.Poll().empty());  // not there yet
+  Append(path, "# grow\nnum_workers=4 at_step=200\nbogus\nnum_workers=3");
+  std::vector<ScaleLine> lines = control.Poll();  // warns about line 3
+  ASSERT_EQ(lines.size(), 1u);
+  EXPECT_EQ(lines[0].num_workers, 4);
+  EXPECT_TRUE(control.Poll().empty());  // line 4 has no newline yet
+  Append(path, "\n\n");
+  lines = control.Poll();
+  ASSERT_EQ(lines.size(), 1u);
+  EXPECT_EQ(lines[0].num_workers, 3);
+  EXPECT_TRUE(control.Poll().empty());
+  // Written anew: read from its start.
+  std::ofstream(path, std::ios::trunc) << "num_workers=2\n";
+  lines = control.Poll();
+  ASSERT_EQ(lines.size(), 1u);
+  EXPECT_EQ(lines[0].num_workers, 2);
+  // A line too long to be one is refused without waiting for its newline.
+  Append(path, std::string(ControlFile::kMaxLineBytes + 10, 'x'));
+  EXPECT_TRUE(control.Poll().empty());
+  Append(path, "\nnum_workers=5\n");
+  lines = control.Poll();
+  ASSERT_EQ(lines.size(), 1u);
+  EXPECT_EQ(lines[0].num_workers, 5);
+}
+
+}  // namespace
+}  // namespace pstrain
