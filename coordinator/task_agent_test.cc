@@ -8,8 +8,10 @@
 #include <memory>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "coordinator/coordinator_server.h"
 #include "gtest/gtest.h"
@@ -100,6 +102,76 @@ TEST_F(SelfRestartTest, WithoutItASecondRegistrationIsAsBefore) {
   EXPECT_EQ(second->Register("elsewhere.pod").code(),
             absl::StatusCode::kAlreadyExists);
   EXPECT_EQ(WorkerSlot().restarts(), 0);
+}
+
+// Elastic jobs (issue 40): the heartbeats carry the membership to the
+// workers; worker 0's MembershipApplied reaches the table; a worker left
+// out is told it was removed.
+TEST(TaskAgentMembershipTest, HeartbeatsCarryTheMembershipBothWays) {
+  CoordinatorServerOptions server_options;
+  server_options.address = "127.0.0.1:0";
+  absl::StatusOr<std::unique_ptr<CoordinatorServer>> server =
+      CoordinatorServer::Start(server_options);
+  ASSERT_TRUE(server.ok()) << server.status();
+  JobTable& table = (*server)->table();
+  JobSpec spec;
+  spec.set_num_ps(1);
+  spec.set_num_workers(3);
+  spec.set_max_workers(3);
+  const std::string job = *table.Submit(spec, absl::Now());
+  ASSERT_TRUE(table.Register(job, ROLE_PS, 0, "ps0:1", absl::Now()).ok());
+  std::vector<std::unique_ptr<TaskAgent>> workers;
+  for (int w = 0; w < 3; ++w) {
+    TaskAgentOptions options;
+    options.coordinator = absl::StrCat("127.0.0.1:", (*server)->port());
+    options.job_id = job;
+    options.index = w;
+    options.rpc_timeout = absl::Seconds(5);
+    options.heartbeat_interval = absl::Milliseconds(20);
+    workers.push_back(std::make_unique<TaskAgent>(options));
+    ASSERT_TRUE(workers.back()->Register(absl::StrCat("w", w, ":1")).ok());
+  }
+  absl::Notification removed;
+  workers[2]->StartHeartbeats([](JobState, const std::string&) {}, nullptr,
+                              [&removed] { removed.Notify(); });
+  workers[0]->StartHeartbeats([](JobState, const std::string&) {});
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  absl::StatusOr<Membership> first = workers[0]->WaitForMembership(0, deadline);
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_EQ(first->workers_size(), 3);
+  // Without heartbeats nothing arrives.
+  EXPECT_EQ(workers[1]
+                ->WaitForMembership(0, absl::Now() + absl::Milliseconds(50))
+                .status()
+                .code(),
+            absl::StatusCode::kDeadlineExceeded);
+  EXPECT_FALSE(workers[1]->membership().has_value());
+
+  ASSERT_TRUE(table.Scale(job, 2, 7, absl::Now()).ok());
+  absl::StatusOr<Membership> shrunk =
+      workers[0]->WaitForMembership(1, deadline);
+  ASSERT_TRUE(shrunk.ok()) << shrunk.status();
+  EXPECT_EQ(shrunk->workers_size(), 2);
+  EXPECT_EQ(shrunk->at_step(), 7);
+  EXPECT_TRUE(shrunk->ready());
+  EXPECT_FALSE(workers[2]->removed());  // not applied yet
+  MembershipApplied applied;
+  applied.set_epoch(1);
+  applied.set_step(7);
+  applied.set_old_workers(3);
+  applied.set_new_workers(2);
+  workers[0]->SetMembershipApplied(applied);
+  ASSERT_TRUE(removed.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  EXPECT_TRUE(workers[2]->removed());
+  EXPECT_EQ(workers[2]->membership()->epoch(), 1);
+  EXPECT_EQ(table.Get(job)->membership_history_size(), 1);
+  // The removed worker reports its end: no failure.
+  ASSERT_TRUE(workers[2]->Finish(true, "").ok());
+  EXPECT_EQ(table.Get(job)->tasks(3).state(), TASK_REMOVED);
+  EXPECT_EQ(table.Get(job)->state(), JOB_RUNNING);
+  // Its heartbeats stopped: a wait ends at once.
+  EXPECT_EQ(workers[2]->WaitForMembership(5, deadline).status().code(),
+            absl::StatusCode::kCancelled);
 }
 
 }  // namespace
