@@ -16,6 +16,9 @@
 
 namespace pstrain {
 
+// The most workers a job may have (coordinator/job_spec.h, max_workers).
+inline constexpr int kMaxMembershipWorkers = 4096;
+
 // Worker ids ascending, each below the job's worker capacity (max_workers),
 // worker 0 always. Set at a shard's first Initialize (workers 0 to
 // num_workers - 1), then only by a reopen or restore (a generation change),

@@ -174,10 +174,25 @@ absl::Status CheckPosition(const std::string& path, int64_t step,
                                     "; expected less than steps_per_epoch ",
                                     p.steps_per_epoch));
   }
+  // Without an offset every epoch had steps_per_epoch steps; with one (an
+  // elastic job's, worker/data_position.h) the epoch's steps before the
+  // checkpoint's are at most its step.
   int64_t position_step = 0;
-  if (__builtin_mul_overflow(p.epoch, p.steps_per_epoch, &position_step) ||
-      __builtin_add_overflow(position_step, p.step_in_epoch, &position_step) ||
-      position_step != step) {
+  if (p.offset >= 0) {
+    if (p.epoch < 0 || p.step_in_epoch < 0 || p.step_in_epoch > step) {
+      return BadManifest(
+          where, absl::StrCat("epoch ", p.epoch, ", step_in_epoch ",
+                              p.step_in_epoch, " do not fit the checkpoint's "
+                              "step ", step));
+    }
+  } else if (p.offset != -1) {
+    return BadManifest(where, absl::StrCat("offset ", p.offset,
+                                           "; expected 0 or more"));
+  } else if (__builtin_mul_overflow(p.epoch, p.steps_per_epoch,
+                                    &position_step) ||
+             __builtin_add_overflow(position_step, p.step_in_epoch,
+                                    &position_step) ||
+             position_step != step) {
     return BadManifest(
         where,
         absl::StrCat("epoch ", p.epoch, " x steps_per_epoch ",
@@ -448,6 +463,9 @@ absl::StatusOr<CheckpointManifest> ReadCheckpointManifest(
   ASSIGN_OR_RETURN(p.seed, Field<uint64_t>(pos_path, pos, "seed"));
   ASSIGN_OR_RETURN(p.batch_size, Field<int64_t>(pos_path, pos, "batch_size"));
   ASSIGN_OR_RETURN(p.num_workers, Field<int64_t>(pos_path, pos, "num_workers"));
+  if (pos.is_object() && pos.contains("offset")) {
+    ASSIGN_OR_RETURN(p.offset, Field<int64_t>(pos_path, pos, "offset"));
+  }
   RETURN_IF_ERROR(CheckPosition(path, m.step, p));
   RETURN_IF_ERROR(ReadTensors(path, j, &job));
   if (!j.contains("shards") || !j["shards"].is_array() ||
@@ -654,7 +672,8 @@ std::string CheckpointWriter::latest_path() const {
 
 absl::Status CheckpointWriter::Begin(
     int64_t step, const DataPosition& position,
-    const std::vector<absl::Span<float>>& weights) {
+    const std::vector<absl::Span<float>>& weights,
+    const std::function<DataPosition(int64_t)>& position_of) {
   RETURN_IF_ERROR(Wait());
   // What a writer killed before this one left (this step's folder among
   // them) goes first, so that DIR holds at most keep + 1 step folders.
@@ -682,7 +701,9 @@ absl::Status CheckpointWriter::Begin(
       return absl::InternalError(
           absl::StrCat(step_dir, ": cannot create it: ", error.message()));
     }
-    if (at.steps_per_epoch > 0) {
+    if (position_of) {
+      at = position_of(step);
+    } else if (at.steps_per_epoch > 0) {
       at.epoch = step / at.steps_per_epoch;
       at.step_in_epoch = step % at.steps_per_epoch;
     }
@@ -774,6 +795,7 @@ absl::Status CheckpointWriter::Finish(
                         {"seed", position.seed},
                         {"batch_size", position.batch_size},
                         {"num_workers", position.num_workers}};
+  if (position.offset >= 0) j["data_position"]["offset"] = position.offset;
   json tensors = json::array();
   for (size_t t = 0; t < job_.tensor_names.size(); ++t) {
     tensors.push_back(

@@ -95,6 +95,10 @@ struct DataPosition {
   uint64_t seed = 0;
   int64_t batch_size = 0;
   int64_t num_workers = 0;
+  // The epoch's permutation positions trained before the step (its
+  // offset, worker/data_position.h); -1: not recorded (a checkpoint from
+  // before elastic jobs: step_in_epoch x num_workers x batch_size).
+  int64_t offset = -1;
 };
 
 // What every checkpoint of a job records besides its state.
@@ -200,9 +204,12 @@ class CheckpointWriter {
   // the checkpoint is of the later step shard 0 picks (the cut where the
   // admissions are; PsClient::Checkpoint), its position moved there, and
   // the model file comes from the shards (set_model_from_shards(true));
-  // begun_step() says which.
-  absl::Status Begin(int64_t step, const DataPosition& position,
-                     const std::vector<absl::Span<float>>& weights);
+  // begun_step() says which; `position_of` (if set) gives that step's
+  // position (else it is moved by `position`'s steps_per_epoch).
+  absl::Status Begin(
+      int64_t step, const DataPosition& position,
+      const std::vector<absl::Span<float>>& weights,
+      const std::function<DataPosition(int64_t)>& position_of = nullptr);
   // The step of the checkpoint the last Begin() started (-1: none).
   int64_t begun_step() const { return begun_step_; }
   // Waits for the checkpoint in flight; its error (reported once: a run

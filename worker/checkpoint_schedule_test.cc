@@ -34,7 +34,11 @@ class CheckpointScheduleTest : public ::testing::Test {
   }
 
   // 4 steps per epoch, 3 epochs: steps 0 to 11, the run ends at 12.
-  const DataPositions positions_{4, 3, /*seed=*/1, /*batch_size=*/8,
+  const DataPositions positions_{/*samples_per_epoch=*/0,
+                                 /*max_steps_per_epoch=*/4,
+                                 /*epochs=*/3,
+                                 /*seed=*/1,
+                                 /*batch_size=*/8,
                                  /*num_workers=*/2};
   std::vector<Begun> begun_;
 };

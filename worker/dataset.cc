@@ -735,11 +735,11 @@ SampleOrder::SampleOrder(std::vector<SampleIndex> list)
     : list_(std::move(list)), size_(static_cast<int64_t>(list_.size())) {}
 
 SampleOrder SampleOrder::Share(const IndexPermutation& permutation,
-                               int worker_id, int num_workers, int64_t count) {
+                               int64_t first, int num_workers, int64_t count) {
   SampleOrder order;
   order.shared_ = true;
   order.permutation_ = permutation;
-  order.worker_id_ = worker_id;
+  order.worker_id_ = first;
   order.num_workers_ = num_workers;
   order.size_ = count;
   return order;
@@ -752,10 +752,15 @@ std::vector<SampleIndex> SampleOrder::ToVector() const {
 }
 
 SampleOrder ShardedSampler::EpochIndices(int epoch) const {
+  return EpochSlice(epoch, 0, worker_id_, num_workers_, samples_per_worker());
+}
+
+SampleOrder ShardedSampler::EpochSlice(int epoch, int64_t offset, int rank,
+                                       int members, int64_t count) const {
   const uint64_t seed = seed_ * 1000003ull + static_cast<uint64_t>(epoch);
   return SampleOrder::Share(
-      IndexPermutation(static_cast<uint64_t>(num_samples_), seed), worker_id_,
-      num_workers_, samples_per_worker());
+      IndexPermutation(static_cast<uint64_t>(num_samples_), seed),
+      offset + rank, members, count);
 }
 
 void GatherBatch(const LabeledImages& source, const SampleOrder& indices,

@@ -257,9 +257,10 @@ class SampleOrder {
   SampleOrder() = default;
   // An explicit list (a std::vector converts).
   SampleOrder(std::vector<SampleIndex> list);  // NOLINT(runtime/explicit)
-  // Positions worker_id, worker_id + num_workers, ... of `permutation`,
-  // `count` of them.
-  static SampleOrder Share(const IndexPermutation& permutation, int worker_id,
+  // Positions first, first + num_workers, ... of `permutation`, `count` of
+  // them (first: a worker's id, plus the epoch's offset where it resumes
+  // after a membership change).
+  static SampleOrder Share(const IndexPermutation& permutation, int64_t first,
                            int num_workers, int64_t count);
 
   SampleIndex operator[](int64_t k) const {
@@ -300,6 +301,11 @@ class ShardedSampler {
                  uint64_t seed);
   // The samples of `worker_id` for `epoch`, in training order.
   SampleOrder EpochIndices(int epoch) const;
+  // An elastic job's share (worker/data_position.h): `count` samples of
+  // `epoch`'s permutation from position `offset`, the member of rank
+  // `rank` of `members` taking offset + rank, offset + rank + members, ...
+  SampleOrder EpochSlice(int epoch, int64_t offset, int rank, int members,
+                         int64_t count) const;
   int64_t samples_per_worker() const { return num_samples_ / num_workers_; }
 
  private:

@@ -234,6 +234,35 @@ class PsExchange : public GradientExchange, public WeightsGate {
   bool RecoveredInPlace() const override { return reopened_; }
   std::string ReopenRefusal() const override { return reopen_refusal_; }
 
+  absl::StatusOr<int64_t> ChangeMembership(const WorkerMembership& membership,
+                                           absl::Duration timeout) override {
+    if (!sync_ || staleness_ > 0 || saves_residuals()) {
+      return absl::FailedPreconditionError(
+          "a membership change reopens the shards in place: mode sync without "
+          "staleness or saved top-k residuals only");
+    }
+    // The step in flight is this worker's next: nothing pushed yet.
+    client_->Reset();
+    pending_mark_.reset();
+    pull_in_flight_ = false;
+    pull_error_ = absl::OkStatus();
+    ASSIGN_OR_RETURN(const int64_t version,
+                     client_->Reopen(timeout, &membership));
+    (void)version;
+    RETURN_IF_ERROR(client_->WaitReady(timeout, client_->generation(),
+                                       /*wait_for_connection=*/false));
+    ASSIGN_OR_RETURN(version_, client_->PushPull(0, {}, 0, 0, weights_));
+    step_ = version_;
+    return version_;
+  }
+  std::optional<WorkerMembership> membership() const override {
+    return client_->membership();
+  }
+  void set_restore_membership(MembershipAt membership_at) override {
+    restore_membership_ = std::move(membership_at);
+  }
+  void set_joining(bool joining) override { client_->set_joining(joining); }
+
  private:
   // Recover() and Rejoin(): the shards' generation of at least
   // `min_generation` (worker 0: a new one it restores).
@@ -277,8 +306,19 @@ class PsExchange : public GradientExchange, public WeightsGate {
         for (const std::vector<float>& w : restore->weights) {
           weights.push_back(absl::MakeConstSpan(w));
         }
-        ASSIGN_OR_RETURN(min_generation,
-                         client_->Restore(weights, *restore, timeout));
+        std::optional<WorkerMembership> membership;
+        if (restore_membership_) {
+          // Sync: every range of the restored state has one version.
+          int64_t version = 0;
+          for (const auto& ranges : restore->versions) {
+            if (!ranges.empty()) version = ranges.front().version;
+          }
+          membership = restore_membership_(version);
+        }
+        ASSIGN_OR_RETURN(
+            min_generation,
+            client_->Restore(weights, *restore, timeout,
+                             membership.has_value() ? &*membership : nullptr));
       }
     }
     RETURN_IF_ERROR(client_->WaitReady(timeout, min_generation,
@@ -424,6 +464,7 @@ class PsExchange : public GradientExchange, public WeightsGate {
   // else why they could not be (empty: not tried).
   bool reopened_ = false;
   std::string reopen_refusal_;
+  MembershipAt restore_membership_;
   // Top-k compression: its compressor and residual files; the tag of the
   // step in flight (sync: the step; async: this worker's pushes so far,
   // `pushes_`); the newest checkpoint whose residual was saved (or

@@ -116,6 +116,32 @@ class GradientExchange {
   virtual bool RecoveredInPlace() const { return false; }
   virtual std::string ReopenRefusal() const { return ""; }
 
+  // Elastic jobs (issue 40; worker/elastic.h), PS sync mode:
+  // Worker 0, between its pull of version `step` and its push of it: every
+  // shard reopens at its last decided step with `membership` as the next
+  // generation's workers (PsClient::Reopen); the other workers' pushes of
+  // the step in flight are dropped, and they recover into the new
+  // generation. Pulls and returns the version every shard reopened at
+  // (`step`, or later where backup workers went on without worker 0).
+  // UNIMPLEMENTED where the exchange has no shards.
+  virtual absl::StatusOr<int64_t> ChangeMembership(
+      const WorkerMembership& membership, absl::Duration timeout) {
+    return absl::UnimplementedError(
+        "only parameter-server jobs change their workers while they run");
+  }
+  // The membership of the shards' generation this exchange works on
+  // (found by Start(), Recover() and Rejoin()); none without shards.
+  virtual std::optional<WorkerMembership> membership() const {
+    return std::nullopt;
+  }
+  // Worker 0: the membership a Recover() or Rejoin() that restores the
+  // shards to version v sends with the restore (the data position at v);
+  // null: none (the shards keep their own).
+  using MembershipAt = std::function<WorkerMembership(int64_t version)>;
+  virtual void set_restore_membership(MembershipAt membership_at) {}
+  // A worker joining an elastic job waits until a generation has it.
+  virtual void set_joining(bool joining) {}
+
   // Worker 0: the exchange's part of checkpoint `step`, whose folder on
   // this worker's host is `step_dir` (worker/checkpoint.h): PS, every
   // shard's file, which each shard writes into ITS checkpoint folder's

@@ -47,6 +47,7 @@
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "common/chunk_message.h"
+#include "common/membership.h"
 #include "common/nonfinite.h"
 #include "common/partition.h"
 #include "common/rpc_options.h"
@@ -140,9 +141,12 @@ class PsClient {
   // shards' Init with a generation; see proto/ps.proto): UNAVAILABLE at
   // once for a shard that is not listening; each call lasts at most
   // `timeout`. Returns the new generation, which the client then works on.
+  // `membership` (an elastic job's; null: the shards keep theirs): the
+  // workers of the new generation and where its data starts.
   absl::StatusOr<int64_t> Restore(
       const std::vector<absl::Span<const float>>& weights,
-      const ModelState& state, absl::Duration timeout);
+      const ModelState& state, absl::Duration timeout,
+      const WorkerMembership* membership = nullptr);
 
   // Worker 0 only, after a worker died (sync mode without staleness):
   // every shard keeps its own state as of its last decided step and takes
@@ -157,7 +161,11 @@ class PsClient {
   // a checkpoint instead (Restore() takes a generation above any reopened
   // one). UNAVAILABLE at once for a shard that is not listening; each call
   // lasts at most `timeout`.
-  absl::StatusOr<int64_t> Reopen(absl::Duration timeout);
+  // `membership` (an elastic job's membership change, issue 40): the
+  // workers of the new generation, from its version on; its from_step is
+  // set by each shard to the version.
+  absl::StatusOr<int64_t> Reopen(absl::Duration timeout,
+                                 const WorkerMembership* membership = nullptr);
 
   // Worker 0 only: asks every shard to save its part of checkpoint `step`
   // into its own checkpoint folder (see CheckpointRequest in
@@ -197,6 +205,14 @@ class PsClient {
 
   // The generation this client's requests carry.
   int64_t generation() const { return generation_; }
+  // An elastic job: the membership of the generation the last WaitReady()
+  // found (none before, or from shards that send none).
+  const std::optional<WorkerMembership>& membership() const {
+    return membership_;
+  }
+  // A worker joining an elastic job: WaitReady() also waits until a
+  // generation has it as a member (WaitReadyRequest.until_member).
+  void set_joining(bool joining) { joining_ = joining; }
 
   // Points shard s at addresses[s] (a restarted shard listens elsewhere):
   // the streams are dropped, and channels of changed addresses replaced.
@@ -350,7 +366,8 @@ class PsClient {
   absl::StatusOr<int64_t> HighestGeneration(
       absl::Duration timeout, std::vector<int>* uninitialised = nullptr);
   absl::Status InitializeAs(const std::vector<absl::Span<const float>>& params,
-                            const ModelState* resume, int64_t generation);
+                            const ModelState* resume, int64_t generation,
+                            const WorkerMembership* membership = nullptr);
   absl::Status ShardError(int shard, const grpc::Status& status) const;
   // A lane's part of the step: its pushes and the pull (threads of
   // BeginStep()).
@@ -399,6 +416,10 @@ class PsClient {
   const PartitionPlan plan_;
   std::vector<std::string> addresses_;
   int64_t generation_ = 0;
+  // An elastic job: the membership of the generation WaitReady() found,
+  // and whether WaitReady() waits until this worker is a member.
+  std::optional<WorkerMembership> membership_;
+  bool joining_ = false;
   std::vector<std::vector<ChunkSpec>> shard_chunks_;
   // Every shard's lanes, shard by shard; shard s's first one.
   std::vector<Lane> lanes_;

@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/membership.h"
 #include "common/status.h"
 #include "common/tensor_codec.h"
 #include "worker/ps_client.h"
@@ -47,15 +48,17 @@ absl::StatusOr<int64_t> PsClient::HighestGeneration(
 
 absl::StatusOr<int64_t> PsClient::Restore(
     const std::vector<absl::Span<const float>>& weights,
-    const ModelState& state, absl::Duration timeout) {
+    const ModelState& state, absl::Duration timeout,
+    const WorkerMembership* membership) {
   ASSIGN_OR_RETURN(const int64_t highest, HighestGeneration(timeout));
   const int64_t generation = highest + 1;
-  RETURN_IF_ERROR(InitializeAs(weights, &state, generation));
+  RETURN_IF_ERROR(InitializeAs(weights, &state, generation, membership));
   generation_ = generation;
   return generation;
 }
 
-absl::StatusOr<int64_t> PsClient::Reopen(absl::Duration timeout) {
+absl::StatusOr<int64_t> PsClient::Reopen(absl::Duration timeout,
+                                         const WorkerMembership* membership) {
   std::vector<int> restarted;
   ASSIGN_OR_RETURN(const int64_t highest,
                    HighestGeneration(timeout, &restarted));
@@ -86,6 +89,9 @@ absl::StatusOr<int64_t> PsClient::Reopen(absl::Duration timeout) {
     }
     first.set_generation(generation);
     first.set_reopen(true);
+    if (membership != nullptr) {
+      MembershipToProto(*membership, first.mutable_membership());
+    }
     // Shard 0 at its own version, the others at the same one or not at
     // all (they then stay at the old generation until the restore).
     first.set_reopen_version(s == 0 ? -1 : version);
@@ -108,7 +114,8 @@ absl::StatusOr<int64_t> PsClient::Reopen(absl::Duration timeout) {
 
 absl::Status PsClient::InitializeAs(
     const std::vector<absl::Span<const float>>& params,
-    const ModelState* resume, int64_t generation) {
+    const ModelState* resume, int64_t generation,
+    const WorkerMembership* membership) {
   for (int s = 0; s < num_shards(); ++s) {
     grpc::ClientContext context;
     SetDeadline(&context, options_.rpc_timeout);
@@ -125,6 +132,9 @@ absl::Status PsClient::InitializeAs(
       first.mutable_layout()->add_param_row_elements(d);
     }
     first.set_generation(generation);
+    if (membership != nullptr) {
+      MembershipToProto(*membership, first.mutable_membership());
+    }
     bool ok = writer->Write(first);
     for (const ChunkSpec& c : shard_chunks_[s]) {
       if (!ok) break;
@@ -187,6 +197,7 @@ absl::Status PsClient::WaitReady(absl::Duration timeout, int64_t min_generation,
     WaitReadyRequest request;
     SetHeader(request.mutable_header());
     request.set_min_generation(generation);
+    request.set_until_member(joining_);
     WaitReadyResponse response;
     const grpc::Status status =
         stubs_[s]->WaitReady(&context, request, &response);
@@ -203,6 +214,14 @@ absl::Status PsClient::WaitReady(absl::Duration timeout, int64_t min_generation,
     // shard 0's is the one this client adopts).
     if (shards_partition_bytes != nullptr && s == 0) {
       partition_bytes = response.layout().partition_bytes();
+    }
+    if (s == 0 && response.has_membership()) {
+      // Every shard of a generation has its membership (worker 0 sends
+      // it to each).
+      absl::StatusOr<WorkerMembership> m =
+          MembershipFromProto(response.membership(), kMaxMembershipWorkers);
+      if (!m.ok()) return ShardError(s, ToGrpcStatus(m.status()));
+      membership_ = *std::move(m);
     }
     if (sizes != plan_.param_num_elements() ||
         response.layout().partition_bytes() != partition_bytes ||

@@ -122,6 +122,14 @@ absl::StatusOr<int64_t> Recovery::Recover(absl::Status cause) {
       continue;
     }
     if (chief()) SayHowRestored(*version);
+    if (options_.elastic) {
+      const std::optional<WorkerMembership> m = exchange_->membership();
+      if (m.has_value() && m->epoch != membership_epoch_) {
+        // The other workers' side of a membership change, not a failure.
+        membership_epoch_ = m->epoch;
+        --recoveries_;
+      }
+    }
     RETURN_IF_ERROR(load_weights_());
     const int64_t step = StepOfVersion(*version);
     say_(absl::StrFormat(

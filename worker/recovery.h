@@ -55,6 +55,10 @@ struct RecoveryOptions {
   bool sync = true;
   // 0: no recovery (the first error ends the run; allreduce jobs).
   int max_restarts = 0;
+  // An elastic job (worker/elastic.h): recovery is on whatever
+  // max_restarts says (a membership change fails the other workers' step
+  // in flight), and a recovery into a newer membership is not counted.
+  bool elastic = false;
   absl::Duration init_timeout = absl::Seconds(120);
   // The shards' addresses again; null: unchanged.
   std::function<absl::StatusOr<std::vector<std::string>>()> ps_addresses_fn;
@@ -91,7 +95,9 @@ class Recovery {
   // yet in the model (the caller loads them as after Start()).
   absl::StatusOr<int64_t> Rejoin(const std::vector<absl::Span<float>>& weights);
 
-  bool enabled() const { return options_.max_restarts > 0; }
+  bool enabled() const {
+    return options_.max_restarts > 0 || options_.elastic;
+  }
   // Recoveries begun so far, and the most a run may begin.
   int recoveries() const { return recoveries_; }
   int max_recoveries() const { return 2 * options_.max_restarts + 2; }
@@ -117,6 +123,7 @@ class Recovery {
   CheckpointWriter* writer_ = nullptr;
   std::string restore_source_;
   int recoveries_ = 0;
+  int64_t membership_epoch_ = 0;
 };
 
 }  // namespace pstrain

@@ -75,6 +75,7 @@ absl::Status StepLoop::Run(int64_t start_step) {
   step_ = start_step;
   for (int epoch = positions_.EpochOf(step_); epoch < positions_.epochs();
        ++epoch) {
+    if (removed_) return absl::OkStatus();
     ASSIGN_OR_RETURN(bool recovered, TrainEpoch(epoch));
     if (!recovered) {
       ASSIGN_OR_RETURN(recovered, EndEpoch(epoch));
@@ -85,23 +86,58 @@ absl::Status StepLoop::Run(int64_t start_step) {
   return absl::OkStatus();
 }
 
+void StepLoop::BeginSlice() {
+  const DataPositions::Place place = positions_.Locate(step_);
+  const int64_t first = step_ - place.step_in_epoch;  // the epoch's
+  EpochSlice slice;
+  slice.epoch = place.epoch;
+  slice.rank = positions_.rank();
+  slice.members = positions_.members();
+  if (positions_.SegmentStart(step_) <= first) {
+    // One membership since the epoch began: its batches from the first,
+    // skipping those before (a streamed pipeline's augmentation draws as
+    // in the run that never stopped).
+    slice.steps = place.epoch_end - first;
+    parts_.compute->BeginEpoch(slice);
+    parts_.compute->SkipBatches(place.step_in_epoch);
+    return;
+  }
+  slice.offset = place.offset;
+  slice.steps = place.epoch_end - step_;
+  parts_.compute->BeginEpoch(slice);
+}
+
 absl::StatusOr<bool> StepLoop::TrainEpoch(int epoch) {
   parts_.reporter->EpochBegan();
   loss_sum_ = 0;
-  parts_.compute->BeginEpoch(epoch);
-  const int64_t first = step_ - positions_.FirstStep(epoch);
-  parts_.compute->SkipBatches(first);
-  for (int64_t i = first; i < positions_.steps_per_epoch(); ++i) {
-    if (absl::Status s = TrainStep(epoch, i); !s.ok()) {
+  BeginSlice();
+  while (true) {
+    if (parts_.elastic != nullptr) {
+      // Worker 0 applies a new membership at this step boundary; the
+      // epoch goes on re-split from here.
+      absl::StatusOr<std::optional<int64_t>> changed =
+          parts_.elastic->MaybeApply(step_);
+      if (!changed.ok()) {
+        RETURN_IF_ERROR(Recover(changed.status()));
+        return true;
+      }
+      if (changed->has_value()) {
+        step_ = **changed;
+        if (positions_.EpochOf(step_) != epoch) return true;
+        BeginSlice();
+      }
+    }
+    const DataPositions::Place place = positions_.Locate(step_);
+    if (place.epoch != epoch) break;
+    if (absl::Status s = TrainStep(epoch, place.step_in_epoch); !s.ok()) {
       RETURN_IF_ERROR(Recover(std::move(s)));
       return true;
     }
     if (jumped_ > 0) {
       // The batches of the steps taken without this worker; past the
-      // epoch's end the next epoch skips the rest.
-      const int64_t in_epoch = positions_.SkipInEpoch(i, jumped_);
-      parts_.compute->SkipBatches(in_epoch);
-      i += in_epoch;
+      // epoch's end the next epoch begins where the step is.
+      const int64_t trained = step_ - jumped_ - 1;
+      parts_.compute->SkipBatches(positions_.SkipInEpoch(trained, jumped_));
       jumped_ = 0;
     }
   }
@@ -124,6 +160,16 @@ absl::StatusOr<bool> StepLoop::EndEpoch(int epoch) {
 
 absl::Status StepLoop::Recover(absl::Status cause) {
   ASSIGN_OR_RETURN(step_, parts_.recovery->Recover(std::move(cause)));
+  if (parts_.elastic != nullptr) {
+    // The generation recovered into may have other members (a membership
+    // change is a reopen): re-split the epoch, or leave the job.
+    ASSIGN_OR_RETURN(const bool member, parts_.elastic->Follow(step_));
+    if (!member) {
+      removed_ = true;
+      step_ = positions_.total_steps();
+      return absl::OkStatus();
+    }
+  }
   return parts_.reporter->Recovered();
 }
 

@@ -43,12 +43,24 @@
 #include "models/model.h"
 #include "worker/checkpoint_schedule.h"
 #include "worker/data_position.h"
+#include "worker/elastic.h"
 #include "worker/gradient_exchange.h"
 #include "worker/metrics.h"
 #include "worker/recovery.h"
 #include "worker/reporter.h"
 
 namespace pstrain {
+
+// The batches of one epoch a worker trains from a step on, as
+// worker/data_position.h places them: `steps` batches of the member of rank
+// `rank` of `members`, from position `offset` of the epoch's permutation.
+struct EpochSlice {
+  int epoch = 0;
+  int64_t offset = 0;
+  int rank = 0;
+  int members = 1;
+  int64_t steps = 0;
+};
 
 // What a step computes: this worker's batches, forward and backward (the
 // model, or a stand-in for one; worker/trainer.cc's workloads).
@@ -57,8 +69,9 @@ class StepCompute {
   virtual ~StepCompute() = default;
   // The gradients (PS tensors) the exchange gets each step.
   virtual const std::vector<absl::Span<const float>>& gradients() = 0;
-  // Epoch `epoch`'s batches begin, from its first.
-  virtual void BeginEpoch(int epoch) = 0;
+  // The batches of `slice` begin (an epoch from its start, or from where a
+  // resume, recovery or membership change put it).
+  virtual void BeginEpoch(const EpochSlice& slice) = 0;
   // Skips the next `n` batches of the epoch.
   virtual void SkipBatches(int64_t n) = 0;
   // One step's compute on the next batch; the training loss. Calls
@@ -121,6 +134,10 @@ class StepLoop {
     CheckpointSchedule* checkpoints = nullptr;
     Reporter* reporter = nullptr;
     EndEpochFn end_epoch;
+    // An elastic job's membership (null: fixed): worker 0 applies a new
+    // one at a step boundary, every worker follows the one of the
+    // generation it recovers into (worker/elastic.h).
+    ElasticMembership* elastic = nullptr;
   };
 
   // `positions` is kept by reference.
@@ -132,6 +149,9 @@ class StepLoop {
 
   // The step to train next: after Run(), the run's steps.
   int64_t step() const { return step_; }
+  // An elastic job's membership left this worker out: Run() returned OK
+  // where it was.
+  bool removed() const { return removed_; }
 
  private:
   // Epoch `epoch` from step_ on; whether a recovery interrupted it (step_
@@ -147,6 +167,8 @@ class StepLoop {
   std::string DescribeSkip(const SkippedStepInfo& skip) const;
   // `cause` recovered from: step_ is the step to go on from.
   absl::Status Recover(absl::Status cause);
+  // The compute's batches from step_ to its epoch's end.
+  void BeginSlice();
   void GradientsReady(absl::Span<const int> tensors,
                       std::shared_ptr<CopyFence> fence);
 
@@ -160,6 +182,7 @@ class StepLoop {
   // The epoch's losses, and the steps skipped in a row.
   double loss_sum_ = 0;
   int consecutive_skips_ = 0;
+  bool removed_ = false;
 };
 
 }  // namespace pstrain

@@ -34,10 +34,10 @@ class FakeCompute : public StepCompute {
   const std::vector<absl::Span<const float>>& gradients() override {
     return gradients_;
   }
-  void BeginEpoch(int epoch) override {
-    epochs_begun.push_back(epoch);
-    epoch_ = epoch;
-    index_ = 0;
+  void BeginEpoch(const EpochSlice& slice) override {
+    epochs_begun.push_back(slice.epoch);
+    epoch_ = slice.epoch;
+    index_ = slice.offset / (int64_t{slice.members} * kBatchSize);
   }
   void SkipBatches(int64_t n) override { index_ += n; }
   absl::StatusOr<float> Step(const GradientsReadyFn& on_ready) override {
@@ -182,8 +182,12 @@ class StepLoopTest : public ::testing::Test {
     return a;
   }
 
-  const DataPositions positions_{kStepsPerEpoch, kEpochs, /*seed=*/1,
-                                 kBatchSize, kWorkers};
+  // No dataset: epochs of kStepsPerEpoch steps (max_steps_per_epoch).
+  const DataPositions positions_{/*samples_per_epoch=*/0, kStepsPerEpoch,
+                                 kEpochs,
+                                 /*seed=*/1,
+                                 kBatchSize,
+                                 kWorkers};
   int64_t checkpoint_every_steps_ = 3;
   int log_every_steps_ = 4;
   int backup_workers_ = 0;

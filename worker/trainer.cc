@@ -22,6 +22,7 @@
 #include "worker/checkpoint.h"
 #include "worker/checkpoint_schedule.h"
 #include "worker/data_position.h"
+#include "worker/elastic.h"
 #include "worker/gradient_exchange.h"
 #include "worker/input_pipeline.h"
 #include "worker/metrics.h"
@@ -227,6 +228,7 @@ std::unique_ptr<Recovery> CreateRecovery(const TrainerOptions& options,
   recovery.num_workers = options.num_workers;
   recovery.sync = kind.sync;
   recovery.max_restarts = kind.allreduce ? 0 : options.max_restarts;
+  recovery.elastic = options.elastic && !kind.allreduce;
   recovery.init_timeout = options.init_timeout;
   recovery.ps_addresses_fn = options.ps_addresses_fn;
   recovery.checkpoint_dir = options.checkpoint_dir;
@@ -234,7 +236,8 @@ std::unique_ptr<Recovery> CreateRecovery(const TrainerOptions& options,
   recovery.tensor_shapes = workload->TensorShapes();
   recovery.num_buffers = workload->num_buffers();
   ModelState initial;
-  if (recovery.max_restarts > 0 && options.worker_id == 0) {
+  if ((recovery.max_restarts > 0 || recovery.elastic) &&
+      options.worker_id == 0) {
     const std::vector<absl::Span<float>>& weights = workload->weights();
     for (absl::Span<float> w : weights) {
       initial.weights.emplace_back(w.begin(), w.end());
@@ -254,14 +257,14 @@ std::unique_ptr<Recovery> CreateRecovery(const TrainerOptions& options,
 // parameter, so a checkpoint of any mode loads.
 absl::StatusOr<int64_t> ReadResume(const TrainerOptions& options,
                                    const RunKind& kind,
-                                   const DataPositions& positions,
+                                   DataPositions& positions,
                                    Workload& workload, ModelState* state,
                                    std::string* dir, const LineFn& say) {
   ASSIGN_OR_RETURN(CheckpointManifest manifest,
                    ReadLatestCheckpoint(options.checkpoint_dir));
   *dir = manifest.dir;
-  ASSIGN_OR_RETURN(const int64_t step,
-                   positions.StepOf(manifest.position, manifest.dir));
+  const int64_t step = manifest.step;
+  RETURN_IF_ERROR(positions.Resume(step, manifest.position, manifest.dir));
   // Adam's m and v mean nothing to SGD, and SGD's buffer nothing to Adam.
   if (manifest.job.adam.kind != options.adam.kind) {
     return absl::InvalidArgumentError(
@@ -293,7 +296,7 @@ absl::StatusOr<int64_t> ReadResume(const TrainerOptions& options,
 // step to start at.
 absl::StatusOr<int64_t> StartExchange(const TrainerOptions& options,
                                       const RunKind& kind,
-                                      const DataPositions& positions,
+                                      DataPositions& positions,
                                       Workload& workload,
                                       GradientExchange& exchange,
                                       Recovery& recovery, const LineFn& say) {
@@ -304,8 +307,12 @@ absl::StatusOr<int64_t> StartExchange(const TrainerOptions& options,
     ASSIGN_OR_RETURN(step, ReadResume(options, kind, positions, workload,
                                       &resume_state, &resume_dir, say));
   }
-  if (options.rejoin && !kind.allreduce) {
+  // An elastic job's workers but 0 join the generation that has them (at
+  // the start, the first one; later, the one that added them).
+  const bool joins = options.elastic && options.worker_id != 0;
+  if ((options.rejoin || joins) && !kind.allreduce) {
     // A restarted task: the shards run already.
+    if (joins) exchange.set_joining(true);
     ASSIGN_OR_RETURN(step, recovery.Rejoin(workload.weights()));
   } else {
     const bool resumes =
@@ -485,9 +492,10 @@ absl::StatusOr<TrainerOutput> RunWorker(const TrainerOptions& options,
       workload->SetWeightsGate(gate);
     }
   }
-  const DataPositions positions(workload->steps_per_epoch(), options.epochs,
-                                options.seed, options.batch_size,
-                                options.num_workers);
+  DataPositions positions(workload->samples_per_epoch(),
+                          options.max_steps_per_epoch, options.epochs,
+                          options.seed, options.batch_size, options.num_workers,
+                          options.worker_id);
   const bool checkpointing =
       options.checkpoint_every_steps > 0 || options.checkpoint_every_secs > 0;
   if ((options.resume || checkpointing) && options.checkpoint_dir.empty()) {
@@ -496,9 +504,31 @@ absl::StatusOr<TrainerOutput> RunWorker(const TrainerOptions& options,
   }
   const std::unique_ptr<Recovery> recovery =
       CreateRecovery(options, kind, workload.get(), exchange.get(), say);
+  std::optional<ElasticMembership> elastic;
+  if (options.elastic && !kind.allreduce) {
+    ElasticOptions elastic_options;
+    elastic_options.worker_id = options.worker_id;
+    elastic_options.newest = options.newest_membership;
+    elastic_options.applied = options.membership_applied;
+    elastic_options.say = say;
+    elastic_options.timeout = options.init_timeout;
+    elastic.emplace(std::move(elastic_options), &positions, exchange.get());
+    if (chief) {
+      exchange->set_restore_membership([&elastic](int64_t version) {
+        return elastic->AtVersion(version);
+      });
+    }
+  }
   ASSIGN_OR_RETURN(const int64_t start_step,
                    StartExchange(options, kind, positions, *workload, *exchange,
                                  *recovery, say));
+  if (elastic.has_value()) {
+    ASSIGN_OR_RETURN(const bool member, elastic->Follow(start_step));
+    if (!member) return TrainerOutput{};
+    // From now on a recovery finds whatever membership the shards have
+    // (one without this worker: it leaves).
+    exchange->set_joining(false);
+  }
   // Worker 0's checkpoints, due by CheckpointSchedule (time counted from
   // now).
   std::unique_ptr<CheckpointWriter> checkpoints;
@@ -515,7 +545,9 @@ absl::StatusOr<TrainerOutput> RunWorker(const TrainerOptions& options,
         positions,
         [&](int64_t step, const DataPosition& position) {
           RETURN_IF_ERROR(exchange->AwaitWeights());
-          return checkpoints->Begin(step, position, workload->weights());
+          return checkpoints->Begin(
+              step, position, workload->weights(),
+              [&positions](int64_t cut) { return positions.At(cut); });
         },
         absl::Now());
   }
@@ -549,6 +581,13 @@ absl::StatusOr<TrainerOutput> RunWorker(const TrainerOptions& options,
   parts.recovery = recovery.get();
   parts.checkpoints = schedule.has_value() ? &*schedule : nullptr;
   parts.reporter = reporter.get();
+  if (elastic.has_value()) {
+    if (checkpoints != nullptr) {
+      elastic->set_wait_checkpoint(
+          [&checkpoints] { return checkpoints->Wait(); });
+    }
+    parts.elastic = &*elastic;
+  }
   if (chief && options.evaluate && workload->can_evaluate()) {
     parts.end_epoch = [&](int epoch, int64_t step, double train_seconds,
                           double train_loss) {
@@ -564,6 +603,11 @@ absl::StatusOr<TrainerOutput> RunWorker(const TrainerOptions& options,
       StepLoopOptionsOf(options, kind, *workload, std::move(injection)),
       positions, std::move(parts));
   RETURN_IF_ERROR(loop.Run(start_step));
+  if (loop.removed()) {
+    // Left out of an elastic job's membership: nothing more to train or
+    // report; the shards do not wait for this worker.
+    return TrainerOutput{};
+  }
   RETURN_IF_ERROR(exchange->AwaitWeights());
   const int64_t steps = loop.step();
   const double train_seconds = reporter->TrainingSeconds();

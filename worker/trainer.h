@@ -22,6 +22,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -33,6 +34,7 @@
 #include "models/model.h"
 #include "optim/adam.h"
 #include "optim/optimizer.h"
+#include "proto/coordinator.pb.h"
 #include "proto/ps.pb.h"
 #include "proto/results.pb.h"
 #include "worker/collective.h"
@@ -171,6 +173,14 @@ struct TrainerOptions {
   // from the shards' version: its step jumps to it (the batches between
   // are skipped, so that a step's batch stays a function of the step).
   int backup_workers = 0;
+  // An elastic job (JobSpec.max_workers > 0; worker/elastic.h): num_workers
+  // is the first membership; `newest_membership` (worker 0) gives the
+  // coordinator's newest, `membership_applied` (worker 0) reports one
+  // applied. Every worker other than 0 joins the shards' generation that
+  // has it (as a restarted task does).
+  bool elastic = false;
+  std::function<std::optional<Membership>()> newest_membership;
+  std::function<void(const MembershipApplied&)> membership_applied;
   // Gradient clipping by global norm (JobSpec.clip_grad_norm; 0: none):
   // mode allreduce, here (worker/gradient_exchange.h); mode sync, on the
   // shards, with the norm agreed through the workers (worker/ps_client.h).

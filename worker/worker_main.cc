@@ -290,6 +290,16 @@ absl::StatusOr<pstrain::TrainerOptions> TrainerOptionsOf(
   }
   options.resume = spec.resume();
   options.max_restarts = spec.max_restarts();
+  // An elastic job (issue 40): worker 0 applies the coordinator's newest
+  // membership (from the heartbeats' answers) and reports it applied.
+  options.elastic = spec.max_workers() > 0;
+  if (options.elastic && index == 0) {
+    options.newest_membership = [&agent] { return agent.membership(); };
+    options.membership_applied =
+        [&agent](const pstrain::MembershipApplied& applied) {
+          agent.SetMembershipApplied(applied);
+        };
+  }
   // A worker restarted outside pstrain (PSTRAIN_SELF_RESTART) rejoins as
   // one that pstrain's supervisors restart with --rejoin.
   options.rejoin = absl::GetFlag(FLAGS_rejoin) || agent.rejoining();

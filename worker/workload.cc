@@ -188,11 +188,15 @@ class ModelWorkload : public Workload {
   void SetWeightsGate(WeightsGate* gate) override {
     model_->set_weights_gate(gate);
   }
-  int64_t steps_per_epoch() const override { return steps_per_epoch_; }
-  void BeginEpoch(int epoch) override {
+  int64_t samples_per_epoch() const override { return dataset_.train.count; }
+  void BeginEpoch(const EpochSlice& slice) override {
     prefetcher_.reset();
     pipeline_.reset();
-    indices_ = sampler_.EpochIndices(epoch);
+    const int epoch = slice.epoch;
+    slice_steps_ = slice.steps;
+    indices_ = sampler_.EpochSlice(epoch, slice.offset, slice.rank,
+                                   slice.members,
+                                   slice.steps * options_.batch_size);
     epoch_ = epoch;
     next_batch_ = 0;
     if (dataset_.tokens != nullptr) return;  // Masked as each step begins.
@@ -205,7 +209,7 @@ class ModelWorkload : public Workload {
       input.seed = options_.seed * 104729 + epoch * 131 + options_.worker_id;
       absl::StatusOr<std::unique_ptr<InputPipeline>> pipeline =
           InputPipeline::Create(*dataset_.train.files, indices_,
-                                steps_per_epoch_, input);
+                                slice_steps_, input);
       if (pipeline.ok()) {
         pipeline_ = *std::move(pipeline);
       } else {
@@ -215,7 +219,7 @@ class ModelWorkload : public Workload {
     }
     // The next batches are gathered (and augmented) on a background thread.
     prefetcher_ = std::make_unique<BatchPrefetcher>(
-        dataset_.train, indices_, options_.batch_size, steps_per_epoch_,
+        dataset_.train, indices_, options_.batch_size, slice_steps_,
         dataset_.augment,
         options_.seed * 104729 + epoch * 131 + options_.worker_id);
   }
@@ -312,6 +316,8 @@ class ModelWorkload : public Workload {
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<Model> model_;
   int64_t steps_per_epoch_ = 0;
+  // The batches of the epoch's slice BeginEpoch() began.
+  int64_t slice_steps_ = 0;
   SampleOrder indices_;
   std::unique_ptr<BatchPrefetcher> prefetcher_;
   BatchPrefetcher::Batch batch_;
@@ -398,10 +404,8 @@ class SyntheticWorkload : public Workload {
   }
   void SkipBatches(int64_t) override {}
   absl::Status LoadWeights() override { return absl::OkStatus(); }
-  int64_t steps_per_epoch() const override {
-    return options_.max_steps_per_epoch;
-  }
-  void BeginEpoch(int) override {}
+  int64_t samples_per_epoch() const override { return 0; }
+  void BeginEpoch(const EpochSlice&) override {}
   // Forward: sleep. Backward (the last backward_fraction of the step):
   // each tensor, last first, is announced once its share of the backward
   // time (by size) has passed, measured from the step's start so that

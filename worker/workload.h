@@ -37,7 +37,9 @@ class Workload : public StepCompute {
   // PS tensors' names and shapes, for checkpoints.
   virtual std::vector<std::string> TensorNames() const = 0;
   virtual std::vector<std::vector<int64_t>> TensorShapes() const = 0;
-  virtual int64_t steps_per_epoch() const = 0;
+  // The training split's samples (an epoch's permutation,
+  // worker/data_position.h); 0 for synthetic compute (no dataset).
+  virtual int64_t samples_per_epoch() const = 0;
   virtual bool can_evaluate() const = 0;
   virtual absl::StatusOr<Evaluation> Evaluate() = 0;
   virtual int64_t num_parameters() const = 0;

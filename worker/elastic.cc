@@ -1,0 +1,118 @@
+#include "worker/elastic.h"
+
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
+#include "common/status_macros.h"
+#include "worker/gradient_exchange.h"
+
+namespace pstrain {
+
+ElasticMembership::ElasticMembership(ElasticOptions options,
+                                     DataPositions* positions,
+                                     GradientExchange* exchange)
+    : options_(std::move(options)),
+      positions_(positions),
+      exchange_(exchange) {
+  for (int w = 0; w < positions_->members(); ++w) current_.workers.push_back(w);
+}
+
+WorkerMembership ElasticMembership::Anchored(std::vector<int> workers,
+                                             int64_t epoch,
+                                             int64_t step) const {
+  const DataPositions::Place place = positions_->Locate(step);
+  WorkerMembership m;
+  m.workers = std::move(workers);
+  m.epoch = epoch;
+  m.from_step = step;
+  m.data_epoch = place.epoch;
+  m.data_offset = place.offset;
+  m.data_steps = place.step_in_epoch;
+  return m;
+}
+
+WorkerMembership ElasticMembership::AtVersion(int64_t version) const {
+  return Anchored(current_.workers, current_.epoch, version);
+}
+
+absl::StatusOr<std::optional<int64_t>> ElasticMembership::MaybeApply(
+    int64_t step) {
+  if (options_.worker_id != 0 || !options_.newest) return std::nullopt;
+  const std::optional<Membership> newest = options_.newest();
+  if (!newest.has_value() || newest->epoch() <= current_.epoch ||
+      !newest->ready() || step < newest->at_step()) {
+    return std::nullopt;
+  }
+  const absl::Time began = absl::Now();
+  if (options_.wait_checkpoint) {
+    if (absl::Status s = options_.wait_checkpoint(); !s.ok()) {
+      options_.say(absl::StrCat("checkpoint abandoned: ", s.ToString()));
+    }
+  }
+  std::vector<int> workers(newest->workers().begin(),
+                           newest->workers().end());
+  const WorkerMembership next = Anchored(workers, newest->epoch(), step);
+  ASSIGN_OR_RETURN(int64_t version,
+                   exchange_->ChangeMembership(next, options_.timeout));
+  const int old_workers = static_cast<int>(current_.workers.size());
+  current_ = Anchored(workers, newest->epoch(), version);
+  if (version != step) {
+    // Backup workers decided steps past worker 0's: the shards hold the
+    // data position of `step`; reopen once more (no step ran since) with
+    // that of their version, placed under the old membership.
+    ASSIGN_OR_RETURN(version,
+                     exchange_->ChangeMembership(current_, options_.timeout));
+    current_.from_step = version;
+  }
+  positions_->Rebase(version, current_.data_epoch, current_.data_offset,
+                     current_.data_steps, current_.size(), 0);
+  const double ms = absl::ToDoubleMilliseconds(absl::Now() - began);
+  options_.say(absl::StrFormat(
+      "membership %d: %d -> %d workers at step %d (%.0f ms): %s",
+      newest->epoch(), old_workers, current_.size(), version, ms,
+      newest->reason()));
+  if (options_.applied) {
+    MembershipApplied applied;
+    applied.set_epoch(newest->epoch());
+    applied.set_step(version);
+    applied.set_elapsed_ms(ms);
+    applied.set_old_workers(old_workers);
+    applied.set_new_workers(current_.size());
+    options_.applied(applied);
+  }
+  return version;
+}
+
+absl::StatusOr<bool> ElasticMembership::Follow(int64_t step) {
+  const std::optional<WorkerMembership> m = exchange_->membership();
+  if (!m.has_value()) return true;
+  const int rank = m->RankOf(options_.worker_id);
+  if (rank < 0) {
+    options_.say(absl::StrCat("worker ", options_.worker_id,
+                              " is not a member from step ", m->from_step,
+                              " on (membership ", m->epoch, ": workers ",
+                              m->size(), "); leaving the job"));
+    return false;
+  }
+  if (m->from_step > step) {
+    return absl::InternalError(absl::StrCat(
+        "the shards' membership starts at step ", m->from_step,
+        " after the step recovered to, ", step));
+  }
+  const int old = positions_->members();
+  current_ = *m;
+  positions_->Rebase(m->from_step, m->data_epoch, m->data_offset,
+                     m->data_steps, m->size(), rank);
+  if (old != m->size()) {
+    options_.say(absl::StrCat("worker ", options_.worker_id, ": membership ",
+                              m->epoch, ", ", m->size(),
+                              " workers from step ", m->from_step,
+                              " (rank ", rank, ")"));
+  }
+  return true;
+}
+
+}  // namespace pstrain

@@ -1,0 +1,91 @@
+// An elastic job's membership on a worker (issue 40; docs/ARCHITECTURE.md,
+// "Elastic membership"): which workers train each step, and this worker's
+// share of the epoch (worker/data_position.h).
+//
+// The coordinator holds the job's intent (its newest Membership:
+// `pstrain scale`, or a worker removed when its restart budget is spent,
+// coordinator/job_table.h); worker 0 learns it from its heartbeat answers
+// (coordinator/task_agent.h) and applies it at a step boundary: every
+// shard reopens at its last decided step with the new members
+// (GradientExchange::ChangeMembership), the data position of that step
+// becoming the new segment's start, so that the epoch is re-split from
+// where it is. The other workers' step in flight fails (ABORTED) and they
+// recover into the new generation, whose membership the shards return
+// (WaitReady): each re-splits the epoch at the same place, a removed
+// worker leaves the run, and a joining one starts at that step.
+//
+// Thread-compatible: the training thread's.
+#ifndef PSTRAIN_WORKER_ELASTIC_H_
+#define PSTRAIN_WORKER_ELASTIC_H_
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "common/membership.h"
+#include "proto/coordinator.pb.h"
+#include "worker/data_position.h"
+
+namespace pstrain {
+
+class GradientExchange;
+
+struct ElasticOptions {
+  int worker_id = 0;
+  // Worker 0: the coordinator's newest membership (TaskAgent), or none
+  // known yet.
+  std::function<std::optional<Membership>()> newest;
+  // Worker 0: reports a membership applied (sent with the next heartbeat).
+  std::function<void(const MembershipApplied&)> applied;
+  // Worker 0: waits for its checkpoint in flight (null: none).
+  std::function<absl::Status()> wait_checkpoint;
+  std::function<void(const std::string&)> say;
+  absl::Duration timeout = absl::Seconds(60);
+};
+
+class ElasticMembership {
+ public:
+  // `positions` and `exchange` (not owned) outlive this.
+  ElasticMembership(ElasticOptions options, DataPositions* positions,
+                    GradientExchange* exchange);
+
+  // Worker 0, at the boundary before step `step`: applies the
+  // coordinator's newest membership if it is ready, newer than the one
+  // applied, and due (its at_step reached); the step to go on from then
+  // (the shards' version), else none. An exchange error is the step's
+  // (recovered from as a failure).
+  absl::StatusOr<std::optional<int64_t>> MaybeApply(int64_t step);
+
+  // After a recovery or rejoin at `step`: takes the shards' membership
+  // (GradientExchange::membership()) and re-splits the epoch where it
+  // says; false if this worker is not a member (it leaves the run).
+  absl::StatusOr<bool> Follow(int64_t step);
+
+  // Worker 0: the membership to restore the shards with at `version`
+  // (the current workers, and the data position at `version`).
+  WorkerMembership AtVersion(int64_t version) const;
+
+  // The epoch of the membership this worker trains with.
+  int64_t epoch() const { return current_.epoch; }
+  const WorkerMembership& current() const { return current_; }
+  // Worker 0's checkpoint writer's wait, once it exists.
+  void set_wait_checkpoint(std::function<absl::Status()> wait) {
+    options_.wait_checkpoint = std::move(wait);
+  }
+
+ private:
+  WorkerMembership Anchored(std::vector<int> workers, int64_t epoch,
+                            int64_t step) const;
+
+  ElasticOptions options_;
+  DataPositions* const positions_;
+  GradientExchange* const exchange_;
+  WorkerMembership current_;
+};
+
+}  // namespace pstrain
+
+#endif  // PSTRAIN_WORKER_ELASTIC_H_
