@@ -221,7 +221,9 @@ CommandResult KillAfterFirstCheckpoint(const Policy& policy,
     result.output = "no process to kill\n" + ReadTextFile(log);
     return result;
   }
-  result.exit_code = run.Wait(90);
+  // The rest of the run and its evaluations; generous, since a loaded
+  // 2-core machine runs it several times slower.
+  result.exit_code = run.Wait(240);
   result.output = ReadTextFile(log);
   return result;
 }
