@@ -159,12 +159,28 @@ grpc::Status GetJob(Coordinator::Stub* stub, const std::string& id,
 
 void PrintJobLine(const JobInfo& job) {
   int registered = 0;
-  for (const TaskInfo& t : job.tasks()) registered += !t.address().empty();
-  std::printf("%s %s %s %d ps %d workers (%d/%d registered)%s%s\n",
-              job.id().c_str(), JobStateName(job.state()).c_str(),
-              job.spec().model().c_str(), job.spec().num_ps(),
-              job.spec().num_workers(), registered, job.tasks_size(),
-              job.message().empty() ? "" : ": ", job.message().c_str());
+  int tasks = 0;  // an elastic job's idle and removed workers left out
+  for (const TaskInfo& t : job.tasks()) {
+    if (t.state() == TASK_IDLE || t.state() == TASK_REMOVED) continue;
+    registered += !t.address().empty();
+    ++tasks;
+  }
+  // An elastic job: its newest membership's workers, and its bound.
+  const bool elastic = !job.memberships().empty();
+  const std::string elastic_text =
+      elastic
+          ? absl::StrCat(
+                " (membership ", job.membership().epoch(), ", at most ",
+                std::max(job.spec().max_workers(), job.spec().num_workers()),
+                ")")
+          : "";
+  std::printf(
+      "%s %s %s %d ps %d workers%s (%d/%d registered)%s%s\n", job.id().c_str(),
+      JobStateName(job.state()).c_str(), job.spec().model().c_str(),
+      job.spec().num_ps(),
+      elastic ? job.membership().workers_size() : job.spec().num_workers(),
+      elastic_text.c_str(), registered, tasks,
+      job.message().empty() ? "" : ": ", job.message().c_str());
   std::fflush(stdout);
 }
 

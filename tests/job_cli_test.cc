@@ -290,6 +290,16 @@ TEST(JobCliTest, ScaleFlagErrorsExit2AndRefusalsExit1) {
   ASSERT_TRUE(coordinator.up());
   Result r = RunCommand("cli/pstrain submit " + spec + coordinator.flag());
   ASSERT_EQ(r.exit_code, 0) << r.output;
+  // Its idle workers are not waited for.
+  r = RunCommand("cli/pstrain status job-1" + coordinator.flag());
+  EXPECT_EQ(r.output,
+            "job-1 PENDING lenet5 1 ps 2 workers (membership 0, at most 4) "
+            "(0/3 registered)\n"
+            "  ps 0       WAITING    -\n"
+            "  worker 0   WAITING    -\n"
+            "  worker 1   WAITING    -\n"
+            "  worker 2   IDLE       -\n"
+            "  worker 3   IDLE       -\n");
   r = RunCommand("cli/pstrain scale job-1 --num_workers=3" +
                  coordinator.flag());
   EXPECT_EQ(r.exit_code, 1) << r.output;
