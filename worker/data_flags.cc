@@ -6,11 +6,13 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 #include "catalog/job_config.h"
+#include "common/flags_util.h"
 #include "worker/job_inputs.h"
 
 ABSL_FLAG(std::string, dataset, "fashion_mnist",
           "Dataset: fashion_mnist, mnist, cifar10, image_folder, records "
-          "(packed record files, memory-mapped) or synthetic.");
+          "(packed record files, memory-mapped) or synthetic; for the "
+          "bert_* models tokens (token files) or synthetic_tokens.");
 ABSL_FLAG(std::string, data_dir, "/usr/share/datasets/fashion-mnist",
           "Folder holding the dataset's files (IDX, gzipped or plain; "
           "CIFAR-10 binary batches; image_folder: class folders of JPEG and "
@@ -42,7 +44,12 @@ ABSL_FLAG(pstrain::AugmentKind, augment, pstrain::AUGMENT_NONE,
           "horizontal flip: the ImageNet recipe) or pad_crop "
           "(RandomCrop(image_size, padding=4) and a horizontal flip: the "
           "CIFAR recipe). Evaluation is never augmented.");
-ABSL_FLAG(int, num_classes, 1000, "Synthetic data: number of classes.");
+ABSL_FLAG(int, num_classes, 1000,
+          "Synthetic data: number of classes; synthetic_tokens: the "
+          "vocabulary (unset: 30522).");
+ABSL_FLAG(int, seq_len, 0,
+          "Token datasets: tokens per sequence (0: the token file's; "
+          "synthetic_tokens: 128).");
 ABSL_FLAG(int64_t, synthetic_samples, 12800,
           "Synthetic data: training samples per epoch (test: 1000).");
 ABSL_FLAG(pstrain::BackendKind, backend, pstrain::BACKEND_CPU,
@@ -102,13 +109,21 @@ absl::StatusOr<Dataset> LoadFromFlags(bool headers_only) {
         absl::StrCat("--bad_images=", bad_images, ": expected fail or skip"));
   }
   options.stream_images = absl::GetFlag(FLAGS_stream_images);
-  options.num_classes = absl::GetFlag(FLAGS_num_classes);
+  options.num_classes = NumClassesFromFlags();
   options.train_samples = absl::GetFlag(FLAGS_synthetic_samples);
+  options.seq_len = absl::GetFlag(FLAGS_seq_len);
   return LoadDatasetNamed(absl::GetFlag(FLAGS_dataset),
                           absl::GetFlag(FLAGS_data_dir), options, "--");
 }
 
 }  // namespace
+
+int NumClassesFromFlags() {
+  return absl::GetFlag(FLAGS_dataset) == "synthetic_tokens" &&
+                 !FlagSpecified("num_classes")
+             ? 30522
+             : absl::GetFlag(FLAGS_num_classes);
+}
 
 absl::StatusOr<Dataset> LoadDatasetFromFlags() {
   return LoadFromFlags(/*headers_only=*/false);
@@ -134,7 +149,8 @@ std::vector<std::string> DataAndBackendFlagArgs() {
       absl::StrCat("--max_dataset_memory=",
                    AbslUnparseFlag(absl::GetFlag(FLAGS_max_dataset_memory))),
       absl::StrCat("--augment=", Spelling(absl::GetFlag(FLAGS_augment))),
-      absl::StrCat("--num_classes=", absl::GetFlag(FLAGS_num_classes)),
+      absl::StrCat("--num_classes=", NumClassesFromFlags()),
+      absl::StrCat("--seq_len=", absl::GetFlag(FLAGS_seq_len)),
       absl::StrCat("--synthetic_samples=",
                    absl::GetFlag(FLAGS_synthetic_samples)),
       absl::StrCat("--backend=", Spelling(absl::GetFlag(FLAGS_backend))),

@@ -1,7 +1,7 @@
 // Command-line flags shared by pstrain_worker, `pstrain run` and
 // train_bench: the dataset (--dataset, --data_dir, --image_size,
 // --bad_images, --stream_images, --max_dataset_memory, --augment,
-// --num_classes, --synthetic_samples)
+// --num_classes, --synthetic_samples, --seq_len)
 // and the backend (--backend,
 // --gpu). Defined once here so that `pstrain run` forwards exactly what a
 // worker parses.
@@ -42,6 +42,7 @@ ABSL_DECLARE_FLAG(bool, stream_images);
 ABSL_DECLARE_FLAG(pstrain::ByteSize, max_dataset_memory);
 ABSL_DECLARE_FLAG(pstrain::AugmentKind, augment);
 ABSL_DECLARE_FLAG(int, num_classes);
+ABSL_DECLARE_FLAG(int, seq_len);
 ABSL_DECLARE_FLAG(int64_t, synthetic_samples);
 ABSL_DECLARE_FLAG(pstrain::BackendKind, backend);
 ABSL_DECLARE_FLAG(int, gpu);
@@ -57,6 +58,10 @@ absl::StatusOr<Dataset> LoadDatasetFromFlags();
 // shapes and classes without its pixels (image_folder: headers only, and
 // the memory check of an in-memory load); errors as LoadDatasetFromFlags'.
 absl::StatusOr<Dataset> ListDatasetFromFlags();
+
+// --num_classes, or 30522 (BERT-base's vocabulary) for
+// --dataset=synthetic_tokens when it is left at its default.
+int NumClassesFromFlags();
 
 // Checks --backend and --gpu: for cuda a CUDA build and a visible GPU
 // (worker/job_inputs.h CheckBackend). --backend and --augment are typed
