@@ -453,10 +453,11 @@ class PsClient {
   // SetStepRows(): per tensor, whether it travels by rows, and its rows.
   std::vector<bool> by_rows_;
   std::vector<std::vector<uint32_t>> touched_rows_, next_rows_;
-  // PushChunk's message of a table's chunk `c` by rows (ps_client_rows.cc).
-  grpc::ByteBuffer EncodeRowsPush(const PushPullRequest& envelope,
-                                  const ChunkSpec& c, int64_t step,
-                                  absl::Span<const float> values) const;
+  // PushChunk's rows of a table's chunk `c` (its gradient `values`): the
+  // step's touched rows in it (offsets in the chunk) and their values.
+  void GatherRows(const ChunkSpec& c, absl::Span<const float> values,
+                  std::vector<uint32_t>* rows,
+                  std::vector<float>* row_values) const;
   // The pull's PullRows entries (BeginStep()).
   void AddPullRows(PullRequest* pull) const;
 };

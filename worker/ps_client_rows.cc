@@ -22,28 +22,23 @@ void PsClient::SetStepRows(std::vector<std::vector<uint32_t>> touched,
   next_rows_ = std::move(next);
 }
 
-grpc::ByteBuffer PsClient::EncodeRowsPush(
-    const PushPullRequest& envelope, const ChunkSpec& c, int64_t step,
-    absl::Span<const float> values) const {
+void PsClient::GatherRows(const ChunkSpec& c, absl::Span<const float> values,
+                          std::vector<uint32_t>* rows,
+                          std::vector<float>* row_values) const {
   const int64_t d = c.row_elements;
   const int64_t first = c.offset / d;
   const int64_t last = first + c.num_elements / d;
   const std::vector<uint32_t>& touched = touched_rows_[c.param_id];
   auto begin = std::lower_bound(touched.begin(), touched.end(), first);
   auto end = std::lower_bound(begin, touched.end(), last);
-  thread_local std::vector<uint32_t> rows;
-  thread_local std::vector<float> row_values;
-  rows.clear();
-  row_values.clear();
+  rows->clear();
+  row_values->clear();
   for (auto it = begin; it != end; ++it) {
     const int64_t local = *it - first;
-    rows.push_back(static_cast<uint32_t>(local));
-    row_values.insert(row_values.end(), values.begin() + local * d,
-                      values.begin() + (local + 1) * d);
+    rows->push_back(static_cast<uint32_t>(local));
+    row_values->insert(row_values->end(), values.begin() + local * d,
+                       values.begin() + (local + 1) * d);
   }
-  return EncodeSparseChunkMessage(envelope, kPushChunkField, c.param_id,
-                                  c.chunk_index, step, c.num_elements, rows,
-                                  row_values, options_.wire_dtype, d);
 }
 
 void PsClient::AddPullRows(PullRequest* pull) const {
