@@ -47,7 +47,8 @@ class NodeSupervisorTest : public ::testing::Test {
   // An in-process coordinator (mutual TLS with `tls`) holding one job of
   // `num_ps` shards and `num_workers` workers in `mode`.
   void StartJob(int num_ps, int num_workers, int max_restarts,
-                const std::string& mode = "sync", bool tls = false) {
+                const std::string& mode = "sync", bool tls = false,
+                int min_workers = 0) {
     CoordinatorServerOptions options;
     options.address = "127.0.0.1:0";
     if (tls) {
@@ -70,6 +71,7 @@ class NodeSupervisorTest : public ::testing::Test {
     spec_.set_num_ps(num_ps);
     spec_.set_num_workers(num_workers);
     spec_.set_max_restarts(max_restarts);
+    spec_.set_min_workers(min_workers);
     ApplyJobDefaults(&spec_);
     absl::StatusOr<std::string> id =
         coordinator_->table().Submit(spec_, absl::Now());
@@ -268,6 +270,48 @@ TEST_F(NodeSupervisorTest, WithoutRestartsADeathFailsTheJob) {
               HasSubstr("worker 0 (not registered) failed: exited with "
                         "signal 9: error: the disk is full"));
   EXPECT_THAT(job.message(), Not(HasSubstr("budget")));
+}
+
+// Issue 40, min_workers: a worker whose death finds the budget spent is
+// removed by the coordinator; the supervisor leaves it out and the others
+// run on (exit 0, the job not failed).
+TEST_F(NodeSupervisorTest, AWorkerRemovedOnFailureIsLeftOut) {
+  StartJob(/*num_ps=*/0, /*num_workers=*/3, /*max_restarts=*/0, "sync",
+           /*tls=*/false, /*min_workers=*/2);
+  std::string output;
+  const SupervisorResult result =
+      Supervise(Options(),
+                {Task(ROLE_WORKER, 0, "shrink-0", "sleep 1; exit 0"),
+                 Task(ROLE_WORKER, 1, "shrink-1", "sleep 1; exit 0"),
+                 Task(ROLE_WORKER, 2, "shrink-2", "kill -9 $$")},
+                &output);
+  EXPECT_EQ(result.exit_code, 0) << output;
+  EXPECT_EQ(result.first_failure.role, "");
+  EXPECT_THAT(output, HasSubstr("pstrain: worker 2 removed from the job ("));
+  EXPECT_THAT(output, HasSubstr("); the job goes on with 2 workers\n"));
+  const JobInfo job = Job();
+  EXPECT_FALSE(JobEnded(job.state())) << job.message();
+  EXPECT_EQ(job.tasks(2).state(), TASK_REMOVED);
+}
+
+// more_tasks: the tasks it returns start while the job runs (a Scale's
+// workers in `pstrain run`); one already running is not started twice.
+TEST_F(NodeSupervisorTest, MoreTasksStartWhileTheJobRuns) {
+  StartJob(/*num_ps=*/0, /*num_workers=*/2, /*max_restarts=*/0);
+  SupervisorOptions options = Options();
+  int calls = 0;
+  // Asked for on the first 5 polls (250 ms), while it sleeps its 1 s.
+  options.more_tasks = [&] {
+    if (++calls > 5) return std::vector<SupervisedTask>();
+    return std::vector<SupervisedTask>{
+        Task(ROLE_WORKER, 1, "more-1", "sleep 1; exit 0")};
+  };
+  std::string output;
+  const SupervisorResult result = Supervise(
+      options, {Task(ROLE_WORKER, 0, "more-0", "sleep 0.3; exit 0")}, &output);
+  EXPECT_EQ(result.exit_code, 0) << output;
+  EXPECT_GT(calls, 1);
+  EXPECT_EQ(Lines(Runs("more-1")), std::vector<std::string>({"run "}));
 }
 
 // A signal (SIGTERM through stop_signal) stops every task at once, after
