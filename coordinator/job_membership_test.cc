@@ -243,6 +243,12 @@ TEST(JobMembershipTest, ShrinkIsAppliedByWorkerZeroThenTheRemovedExit) {
   EXPECT_EQ(WorkerState(table, id, 3), TASK_REMOVED);
   EXPECT_EQ(WorkerState(table, id, 2), TASK_REMOVED);
   EXPECT_EQ(table.Get(id)->state(), JOB_RUNNING);
+  // The layout leaves the removed out.
+  absl::StatusOr<std::vector<std::string>> layout =
+      table.WaitForLayout(id, kT0 + absl::Seconds(1));
+  ASSERT_TRUE(layout.ok()) << layout.status();
+  EXPECT_EQ((*layout)[1 + 1], Address(ROLE_WORKER, 1));
+  EXPECT_EQ((*layout)[1 + 3], "");
   // Growing again takes the removed slots back.
   m = table.Scale(id, 3, 0, kT0);
   ASSERT_TRUE(m.ok()) << m.status();

@@ -469,7 +469,10 @@ absl::StatusOr<std::vector<std::string>> JobTable::WaitForLayout(
         absl::StrCat(id, ": still waiting for ", absl::StrJoin(missing, ", ")));
   }
   std::vector<std::string> addresses;
-  for (const TaskInfo& t : job->tasks()) addresses.push_back(t.address());
+  for (const TaskInfo& t : job->tasks()) {
+    const bool member = t.state() != TASK_IDLE && t.state() != TASK_REMOVED;
+    addresses.push_back(member ? t.address() : "");
+  }
   return addresses;
 }
 

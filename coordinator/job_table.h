@@ -189,7 +189,7 @@ class JobTable {
 
   // Blocks until every task of job `id` is registered (again, after a
   // restart), then returns the addresses of the PS tasks, then the
-  // workers, by index.
+  // workers, by index (an elastic job's idle and removed workers: "").
   // DEADLINE_EXCEEDED naming the tasks still missing; FAILED_PRECONDITION
   // if the job ended first (with its message).
   absl::StatusOr<std::vector<std::string>> WaitForLayout(const std::string& id,
