@@ -102,8 +102,9 @@ absl::StatusOr<Dataset> LoadTokenDataset(const std::string& name,
     }
     data->train = SyntheticSplit(options.train_samples, data->seq_len,
                                  data->vocab_size, options.seed);
-    data->test = SyntheticSplit(options.test_samples, data->seq_len,
-                                data->vocab_size, options.seed + 1);
+    data->test = SyntheticSplit(
+        std::min(options.test_samples, kSyntheticTokenTestSamples),
+        data->seq_len, data->vocab_size, options.seed + 1);
   } else {
     return absl::InvalidArgumentError(absl::StrCat(
         "dataset \"", name, "\"; expected tokens or synthetic_tokens"));

@@ -10,7 +10,7 @@
 //    the seeds' benchmark): [CLS] then uniform ordinary ids of a
 //    vocabulary of num_classes, seq_len tokens, no padding; sample i is
 //    sequence i % 65536 of a fixed pool (DatasetOptions.seed), masked as
-//    that pool entry.
+//    that pool entry; 128 test sequences.
 //
 // A loaded token dataset is a Dataset whose `tokens` is set: train.chw and
 // test.chw are {seq_len}, train.count and test.count the sequences, and
@@ -62,6 +62,9 @@ struct TokenData {
 inline constexpr int64_t kSyntheticTokenPool = 65536;
 // "synthetic_tokens" without a DatasetOptions.seq_len.
 inline constexpr int64_t kDefaultSeqLen = 128;
+// "synthetic_tokens": test sequences, at most (of test_samples): a bert_base
+// evaluation of 1,000 would outlast a short throughput run on a CPU.
+inline constexpr int64_t kSyntheticTokenTestSamples = 128;
 
 // Loads token dataset `name` ("tokens" or "synthetic_tokens") from
 // `data_dir` with options.seq_len (0: the file's, or kDefaultSeqLen),

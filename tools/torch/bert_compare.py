@@ -23,8 +23,9 @@ root with Debian's python3-torch (/usr/bin/python3) after
    over its masked tokens), as sync mode averages the workers' gradients.
 4. The table: per --log_every window, pstrain's loss (the workers' mean
    of their window means, from workerJ.csv) against PyTorch's over the same
-   steps and their ratio; then both final models' MLM loss on the held-out
-   split's first batch, pstrain's loaded into the PyTorch module (strict).
+   steps and their ratio; then both final models' MLM loss (eval mode) on
+   worker 0's first batch, pstrain's model.safetensors loaded into the
+   PyTorch module (strict=True).
 
 Dropout is 0 on both sides: the masks of a seeded dropout would differ
 between the two implementations. Exit 0 when every ratio is within
@@ -201,7 +202,7 @@ def main():
         print(f"  {end - a.log_every + 1:>3}-{end:<4} {ours[end]:12.4f} "
               f"{ref:11.4f} {ratio:7.4f}")
 
-    # Both final models on the held-out split's first batch.
+    # Both final models on worker 0's first batch.
     trained = torch_models.bert("bert_tiny", vocab, dropout=0.0)
     trained.load_state_dict(
         read_model_file(os.path.join(ckpt, "model.safetensors")), strict=True)
@@ -213,9 +214,9 @@ def main():
         final_theirs = float(mlm_loss(model, ids, mask, labels, vocab))
     ratio = final_ours / final_theirs
     worst = max(worst, abs(ratio - 1))
-    print(f"  final model, step-1 batch of worker 0: {final_ours:.4f} "
-          f"{final_theirs:.4f} {ratio:7.4f}")
-    print(f"# worst |ratio - 1|: {worst:.4f} (tolerance {a.tolerance}); "
+    print(f"  final models  {final_ours:12.4f} {final_theirs:11.4f} "
+          f"{ratio:7.4f}  (worker 0's first batch, eval mode)")
+    print(f"# worst |ratio - 1|: {worst:.1e} (tolerance {a.tolerance}); "
           f"files in {work}")
     return 0 if worst <= a.tolerance else 1
 
