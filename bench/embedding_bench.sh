@@ -91,7 +91,7 @@ for mode in "${MODE_LIST[@]}"; do
     done
     for ((i = 0; i < SHARDS; i++)); do  # until each shard listens
       for ((t = 0; t < 300; t++)); do
-        grep -q listening "$STORE.p$i" && break
+        grep -qs listening "$STORE.p$i" && break
         sleep 0.1
       done
     done
