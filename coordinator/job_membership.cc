@@ -16,6 +16,14 @@ const TaskInfo& WorkerTask(const JobInfo& job, int index) {
   return job.tasks(job.spec().num_ps() + index);
 }
 
+// Every member of `m` has registered (a restarted one: again).
+bool AllRegistered(const JobInfo& job, const Membership& m) {
+  for (int w : m.workers()) {
+    if (WorkerTask(job, w).state() != TASK_REGISTERED) return false;
+  }
+  return true;
+}
+
 // Appends `m` as the newest membership.
 void AddMembership(JobInfo* job, const Membership& m) {
   *job->add_memberships() = m;
@@ -128,7 +136,16 @@ absl::StatusOr<Membership> ScaleMembership(JobInfo* job, int num_workers,
     workers.insert(workers.end(), joining.begin(), joining.end());
     std::sort(workers.begin(), workers.end());
   } else {
-    workers.resize(num_workers);  // the highest leave; worker 0 stays
+    // The highest leave (worker 0 stays); one not registered yet (it was
+    // joining, or restarting) is not waited for.
+    for (size_t i = num_workers; i < workers.size(); ++i) {
+      TaskInfo* task = WorkerTask(job, workers[i]);
+      if (task->state() != TASK_WAITING) continue;
+      task->set_state(TASK_REMOVED);
+      task->set_message(absl::StrCat("left out by a scale to ", num_workers,
+                                     " workers before it registered"));
+    }
+    workers.resize(num_workers);
   }
   for (int w : joining) {
     TaskInfo* task = WorkerTask(job, w);
@@ -141,7 +158,7 @@ absl::StatusOr<Membership> ScaleMembership(JobInfo* job, int num_workers,
   Membership next;
   next.set_epoch(newest.epoch() + 1);
   for (int w : workers) next.add_workers(w);
-  next.set_ready(joining.empty());
+  next.set_ready(AllRegistered(*job, next));
   next.set_at_step(at_step);
   next.set_reason(absl::StrCat("scale to ", num_workers, " workers"));
   AddMembership(job, next);
@@ -152,12 +169,7 @@ bool UpdateReady(JobInfo* job) {
   if (!IsElastic(job->spec())) return false;
   bool changed = false;
   for (Membership& m : *job->mutable_memberships()) {
-    if (m.ready()) continue;
-    bool all = true;
-    for (int w : m.workers()) {
-      all &= WorkerTask(*job, w).state() == TASK_REGISTERED;
-    }
-    if (!all) continue;
+    if (m.ready() || !AllRegistered(*job, m)) continue;
     m.set_ready(true);
     if (m.epoch() == job->membership().epoch()) {
       job->mutable_membership()->set_ready(true);
@@ -204,7 +216,7 @@ std::optional<std::string> RemoveFailedWorker(JobInfo* job, int index,
   for (int w : newest.workers()) {
     if (w != index) next.add_workers(w);
   }
-  next.set_ready(true);
+  next.set_ready(AllRegistered(*job, next));
   next.set_reason(absl::StrCat("worker ", index, " removed: ", why));
   AddMembership(job, next);
   TaskInfo* task = WorkerTask(job, index);

@@ -60,12 +60,14 @@ void FillHeartbeatMembership(const JobInfo& job, int index,
 // epoch (reason "scale to N workers"), at `at_step`. Growing adds the
 // lowest indices that are not members and whose task is TASK_IDLE or
 // TASK_REMOVED (it goes TASK_WAITING, waiting since `now_ms`); shrinking
-// removes the highest members (never worker 0). The same count as the
-// newest returns it unchanged. INVALID_ARGUMENT for a job without
-// max_workers, a count outside [max(1, min_workers, backup_workers + 1),
-// max_workers] or at_step < 0; FAILED_PRECONDITION unless the job is
-// RUNNING, with kMaxPendingMemberships memberships not yet applied, or
-// when too few tasks are free (removed workers still exiting). The job is
+// removes the highest members (never worker 0), and the task of one not
+// registered (TASK_WAITING) goes TASK_REMOVED at once. The same count as the
+// newest returns it unchanged. The new membership is ready when every
+// member is TASK_REGISTERED (UpdateReady marks it later). INVALID_ARGUMENT for
+// a job without max_workers, a count outside [max(1, min_workers,
+// backup_workers + 1), max_workers] or at_step < 0; FAILED_PRECONDITION unless
+// the job is RUNNING, with kMaxPendingMemberships memberships not yet applied,
+// or when too few tasks are free (removed workers still exiting). The job is
 // unchanged on an error. Each error is one line naming the job.
 absl::StatusOr<Membership> ScaleMembership(JobInfo* job, int num_workers,
                                            int64_t at_step, int64_t now_ms);
@@ -83,8 +85,9 @@ std::optional<std::string> ApplyMembership(JobInfo* job,
                                            const MembershipApplied& applied);
 
 // Shrink on failure: with min_workers set, worker `index` (not 0, a member
-// of the newest membership) leaves it as a new epoch (ready, reason
-// "worker K removed: WHY", at the next step) and its task goes
+// of the newest membership) leaves it as a new epoch (reason "worker K
+// removed: WHY", at the next step; ready when every other member is
+// registered, as a Scale's) and its task goes
 // TASK_REMOVED, if at least min_workers members remain. Returns the job
 // log's line ("worker 3 removed: ...; membership 2: 3 workers"), or
 // nullopt (nothing changed: the caller fails the job as before).

@@ -154,6 +154,15 @@ TEST(JobMembershipTest, GrowingAddsTheLowestIdleWorkersReadyOnceRegistered) {
   EXPECT_FALSE(answer.removed());
   // The same count again changes nothing.
   EXPECT_EQ(table.Scale(id, 3, 0, kT0)->epoch(), 1);
+  // 4, then 3 again before worker 3 registered: it is not waited for, and
+  // the membership waits for worker 2 still.
+  ASSERT_TRUE(table.Scale(id, 4, 0, kT0).ok());
+  EXPECT_EQ(WorkerState(table, id, 3), TASK_WAITING);
+  m = table.Scale(id, 3, 0, kT0);
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ(m->epoch(), 3);
+  EXPECT_FALSE(m->ready());
+  EXPECT_EQ(WorkerState(table, id, 3), TASK_REMOVED);
   ASSERT_TRUE(
       table.Register(id, ROLE_WORKER, 2, Address(ROLE_WORKER, 2), kT0).ok());
   job = *table.Get(id);
@@ -162,7 +171,9 @@ TEST(JobMembershipTest, GrowingAddsTheLowestIdleWorkersReadyOnceRegistered) {
   EXPECT_TRUE(Beat(table, id, 2).membership().ready());
   // A joining task that never registers fails the job as any other, within
   // registration_timeout_s (600 s) of the Scale.
-  ASSERT_TRUE(table.Scale(id, 4, 0, kT0 + absl::Seconds(10)).ok());
+  m = table.Scale(id, 4, 0, kT0 + absl::Seconds(10));
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ(Workers(*m), "0,1,2,3");
   EXPECT_TRUE(
       table.CheckHeartbeats(kT0 + absl::Seconds(600), absl::Hours(1)).empty());
   EXPECT_EQ(
