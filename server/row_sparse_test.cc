@@ -1,14 +1,17 @@
 // Row-sparse chunks on a shard (issue 41): the union's average and the lazy
 // update (against optim/sparse_adam.h, itself checked bit for bit against
-// torch.optim.SparseAdam), sparse pushes equal to dense ones under SGD,
+// torch.optim.SparseAdam), sparse pushes equal to dense ones under SGD (with
+// clipping by global norm too),
 // malformed row pushes refused, a skipped step put back by rows, async
 // pushes, and a resume from a snapshot that goes on bit for bit.
 #include "server/row_sparse.h"
 
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <random>
+#include <thread>
 #include <vector>
 
 #include "absl/time/clock.h"
@@ -182,6 +185,70 @@ TEST(RowSparseTest, SgdRowPushesEqualDensePushesBitForBit) {
     const auto a = PullAll(sparse, step + 1), b = PullAll(dense, step + 1);
     for (int i = 0; i < 3; ++i) {
       EXPECT_TRUE(SameBits(a[i], b[i])) << "step " << step << " chunk " << i;
+    }
+  }
+}
+
+// Clipping by global norm: a row chunk's partial (the union's squares) is
+// the dense chunk's bit for bit, so the clipped SGD steps agree too.
+TEST(RowSparseTest, ClippingSeesTheDenseNormAndUpdate) {
+  auto options = [] {
+    ShardOptions o = Options(2, SyncMode::kSync, OptimizerKind::kSgd);
+    o.clip_grad_norm = 0.5;
+    return o;
+  };
+  ParameterShard sparse(options()), dense(options());
+  ASSERT_TRUE(InitRows(sparse).ok());
+  ASSERT_TRUE(dense.Initialize(kSizes, kPartitionBytes, InitChunks()).ok());
+  for (int64_t step = 0; step < 3; ++step) {
+    std::vector<double> partials[2];
+    std::vector<std::vector<float>> pulled[2];
+    int i = 0;
+    for (ParameterShard* shard : {&sparse, &dense}) {
+      for (int w = 0; w < 2; ++w) {
+        const RowValues rows = {{static_cast<uint32_t>((step + w) % 4)},
+                                {1.0f + w, -2.0f, 0.5f * step}};
+        if (shard == &sparse) {
+          ASSERT_TRUE(PushRows(*shard, w, 0, 0, step, rows).ok());
+          ASSERT_TRUE(PushRows(*shard, w, 0, 1, step, RowValues{}).ok());
+        } else {
+          ASSERT_TRUE(shard->Push(w, 0, 0, step, Dense(rows, 12)).ok());
+          ASSERT_TRUE(
+              shard->Push(w, 0, 1, step, std::vector<float>(12, 0.0f)).ok());
+        }
+        ASSERT_TRUE(shard->Push(w, 1, 0, step, std::vector<float>{1, 1}).ok());
+        ASSERT_TRUE(shard->EndStep(w, step, nullptr).ok());
+      }
+      std::atomic<bool> have_partial{false};
+      std::thread puller([&, shard, i] {
+        EXPECT_TRUE(
+            shard
+                ->Pull(
+                    step + 1, 0, absl::Now() + absl::Seconds(10),
+                    [&](const ChunkSpec&, int64_t, absl::Span<const float> w) {
+                      pulled[i].emplace_back(w.begin(), w.end());
+                    },
+                    nullptr, nullptr, 0, nullptr,
+                    [&](int64_t, double sum_sq) {
+                      partials[i].push_back(sum_sq);
+                      have_partial = true;
+                      return true;
+                    })
+                .ok());
+      });
+      while (!have_partial) absl::SleepFor(absl::Milliseconds(5));
+      ASSERT_TRUE(shard->ApplyStepNorm(0, step, partials[i][0]).ok());
+      puller.join();
+      ++i;
+    }
+    ASSERT_EQ(partials[0].size(), 1u);
+    ASSERT_EQ(partials[1].size(), 1u);
+    EXPECT_EQ(partials[0][0], partials[1][0]) << "step " << step;
+    ASSERT_EQ(pulled[0].size(), 3u);
+    ASSERT_EQ(pulled[1].size(), 3u);
+    for (int c = 0; c < 3; ++c) {
+      EXPECT_TRUE(SameBits(pulled[0][c], pulled[1][c]))
+          << "step " << step << " chunk " << c;
     }
   }
 }
