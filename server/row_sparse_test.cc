@@ -1,9 +1,9 @@
 // Row-sparse chunks on a shard (issue 41): the union's average and the lazy
 // update (against optim/sparse_adam.h, itself checked bit for bit against
-// torch.optim.SparseAdam), sparse pushes equal to dense ones under SGD (with
-// clipping by global norm too),
-// malformed row pushes refused, a skipped step put back by rows, async
-// pushes, and a resume from a snapshot that goes on bit for bit.
+// torch.optim.SparseAdam), sparse pushes equal to dense ones under SGD
+// (with clipping by global norm too), malformed row pushes refused, a
+// skipped step put back by rows, async pushes, and a resume from a
+// snapshot that goes on bit for bit.
 #include "server/row_sparse.h"
 
 #include <atomic>
