@@ -3,6 +3,8 @@
 // sync job of one shard and two workers; the loss falls, the held-out
 // split is evaluated (MLM loss and masked-token accuracy), and the saved
 // model.safetensors loads back (`pstrain eval` scores it as the run did).
+// Async and allreduce train too, and a resumed run keeps its data
+// position.
 // A model/dataset mismatch and a corrupt token file stop before anything
 // starts, with one line and exit 2.
 #include <cstdio>
@@ -97,6 +99,54 @@ TEST(BertRunTest, TrainsOnFortunesTokensAndSavesAModelThatLoads) {
                                 std::regex(R"(test loss ([0-9.]+))")))
       << eval.output;
   EXPECT_LT(std::stod(loss[1]), 7.2) << eval.output;
+}
+
+std::string BertJob(const std::string& args) {
+  return std::string(
+             "cli/pstrain run --model=bert_tiny --dataset=tokens "
+             "--data_dir=") +
+         kTokens + " --num_workers=2 --batch_size=4 --epochs=1 " + args;
+}
+
+// The other modes train the same job.
+TEST(BertRunTest, AsyncAndAllreduceTrain) {
+  for (const char* mode : {"--mode=async --num_ps=1", "--mode=allreduce"}) {
+    const Result r = RunCommand(BertJob(
+        std::string(mode) + " --max_steps_per_epoch=6 --log_every_steps=6"));
+    ASSERT_EQ(r.exit_code, 0) << mode << "\n" << r.output;
+    EXPECT_TRUE(std::regex_search(
+        r.output, std::regex(R"(\[worker0\] Step6: [0-9.]+ data/sec, loss )")))
+        << r.output;
+    EXPECT_NE(r.output.find("Epoch 0 in "), std::string::npos) << r.output;
+  }
+}
+
+// A run resumed from a checkpoint in the middle of an epoch trains the
+// batches the uninterrupted run trained (dropout 0: the same losses).
+TEST(BertRunTest, ResumeKeepsTheDataPosition) {
+  const std::string whole = TempDir() + "/bert_whole";
+  const std::string args =
+      " --num_ps=1 --max_steps_per_epoch=12 --log_every_steps=6 --dropout=0 "
+      "--checkpoint_every_steps=6 --checkpoint_dir=";
+  const Result a = RunCommand(BertJob(args + whole));
+  ASSERT_EQ(a.exit_code, 0) << a.output;
+  const std::regex step12(R"(Step12: [0-9.]+ data/sec, (loss [0-9.]+))");
+  std::smatch expected;
+  ASSERT_TRUE(std::regex_search(a.output, expected, step12)) << a.output;
+  // Only the checkpoint of step 6 to resume from.
+  const std::string resumed = TempDir() + "/bert_resumed";
+  std::filesystem::create_directories(resumed);
+  std::filesystem::copy(whole + "/step-6", resumed + "/step-6",
+                        std::filesystem::copy_options::recursive);
+  pstrain::testing::WriteTextFile(resumed + "/latest", "step-6\n");
+  const Result b = RunCommand(BertJob(args + resumed + " --resume"));
+  ASSERT_EQ(b.exit_code, 0) << b.output;
+  EXPECT_NE(b.output.find("Resuming from " + resumed + "/step-6 (step 6"),
+            std::string::npos)
+      << b.output;
+  std::smatch got;
+  ASSERT_TRUE(std::regex_search(b.output, got, step12)) << b.output;
+  EXPECT_EQ(got[1].str(), expected[1].str());
 }
 
 TEST(BertRunTest, MismatchAndCorruptTokensGetOneLineAndExit2) {
