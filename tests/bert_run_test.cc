@@ -149,7 +149,7 @@ TEST(BertRunTest, ResumeKeepsTheDataPosition) {
   EXPECT_EQ(got[1].str(), expected[1].str());
 }
 
-TEST(BertRunTest, MismatchAndCorruptTokensGetOneLineAndExit2) {
+TEST(BertRunTest, MismatchBadFlagsAndCorruptTokensGetOneLineAndExit2) {
   Result r = RunCommand("cli/pstrain run --model=bert_tiny");
   EXPECT_EQ(r.exit_code, 2) << r.output;
   EXPECT_EQ(r.output,
@@ -163,6 +163,28 @@ TEST(BertRunTest, MismatchAndCorruptTokensGetOneLineAndExit2) {
   EXPECT_EQ(r.output,
             "pstrain: error: --dataset: tokens with model lenet5; expected an "
             "image dataset (the model takes images, not tokens)\n");
+  // Flags the job would ignore, and a length the token file does not have.
+  const struct {
+    std::string args;
+    std::string error;
+  } cases[] = {
+      {"--seq_len=64",
+       "--seq_len would be ignored: it is for --dataset=tokens or "
+       "synthetic_tokens, not fashion_mnist; see pstrain help run"},
+      {"--dropout=0",
+       "--dropout would be ignored: it is for the bert_* models, not lenet5; "
+       "see pstrain help run"},
+      {std::string("--model=bert_tiny --dataset=tokens --data_dir=") + kTokens +
+           " --seq_len=64",
+       std::string("--dataset=tokens --data_dir=") + kTokens +
+           ": seq_len 64, but " + kTokens +
+           "/train.tokens holds sequences of 128 tokens; expected 0 or 128"},
+  };
+  for (const auto& c : cases) {
+    r = RunCommand("cli/pstrain run " + c.args);
+    EXPECT_EQ(r.exit_code, 2) << r.output;
+    EXPECT_EQ(r.output, "pstrain: error: " + c.error + "\n");
+  }
   const std::string bad = TempDir() + "/bad_tokens";
   std::filesystem::create_directories(bad);
   pstrain::testing::WriteTextFile(bad + "/train.tokens", "PSTOKEN1 cut");
