@@ -72,6 +72,11 @@ bool WorkerRemoved(const JobInfo& job, int index) {
   return true;
 }
 
+bool LeavingJob(const JobInfo& job, int index) {
+  return IsElastic(job.spec()) && !job.memberships().empty() &&
+         !IsMember(job.membership(), index);
+}
+
 void FillHeartbeatMembership(const JobInfo& job, int index,
                              HeartbeatResponse* response) {
   if (!IsElastic(job.spec())) return;

@@ -52,6 +52,13 @@ const Membership* AppliedMembership(const JobInfo& job);
 // applied one on (HeartbeatResponse.removed). False in other jobs.
 bool WorkerRemoved(const JobInfo& job, int index);
 
+// Whether worker `index` of an elastic job is outside the newest
+// membership: removed, or about to be once worker 0 applies it. Its end,
+// clean or not, is then no failure (it may learn that it left from a shard
+// before the coordinator hears that worker 0 applied it), and it is not
+// restarted. False in other jobs.
+bool LeavingJob(const JobInfo& job, int index);
+
 // The answer's membership fields for worker `index` (elastic jobs only).
 void FillHeartbeatMembership(const JobInfo& job, int index,
                              HeartbeatResponse* response);

@@ -629,7 +629,7 @@ absl::Status JobTable::TaskFinished(const TaskFinishedRequest& request,
   // Elastic jobs: a removed worker's end, or (min_workers) the death of
   // one whose restart budget is spent, neither fails the job nor is waited
   // for.
-  if (ref.role() == ROLE_WORKER && WorkerRemoved(*job, ref.index())) {
+  if (ref.role() == ROLE_WORKER && LeavingJob(*job, ref.index())) {
     (*task)->set_state(TASK_REMOVED);
     (*task)->set_message(message);
     return Persist();
@@ -713,12 +713,13 @@ absl::StatusOr<int> JobTable::TaskRestarting(const std::string& id,
         absl::StrCat(id, " has ended: ", job->message()));
   }
   if (role == ROLE_WORKER &&
-      (task->state() == TASK_REMOVED || WorkerRemoved(*job, index))) {
+      (task->state() == TASK_REMOVED || LeavingJob(*job, index))) {
     task->set_state(TASK_REMOVED);
     RETURN_IF_ERROR(Persist());
     return absl::FailedPreconditionError(
         absl::StrCat(id, ": ", TaskName(role, index),
-                     " was removed from the job; not restarting it"));
+                     " is not a member of the job's newest membership; not "
+                     "restarting it"));
   }
   const int restarts = JobRestarts(*job);
   if (restarts >= job->spec().max_restarts() && role == ROLE_WORKER) {
@@ -959,7 +960,7 @@ absl::StatusOr<Membership> JobTable::Scale(const std::string& id,
 
 bool JobTable::RemoveSilentWorker(JobInfo* job, TaskInfo* task,
                                   absl::Time now) {
-  if (WorkerRemoved(*job, task->index())) {
+  if (LeavingJob(*job, task->index())) {
     task->set_state(TASK_REMOVED);
     return true;
   }

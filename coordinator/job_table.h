@@ -44,12 +44,12 @@
 // the job has max_workers worker tasks, those not members TASK_IDLE; it
 // runs once every PS task and every member has registered. Scale changes
 // the membership; heartbeats carry it to the workers and worker 0's
-// reports that it applied one. A removed worker's end (TASK_REMOVED) never
-// fails the job, and the job succeeds when the applied membership's
-// workers are done. With min_workers, a worker other than 0 that dies with
-// the restart budget spent (TaskRestarting, TaskFinished not ok) or goes
-// silent is removed instead of failing the job while at least min_workers
-// remain.
+// reports that it applied one. The end of a worker outside the newest
+// membership (TASK_REMOVED; LeavingJob) never fails the job, and the job
+// succeeds when the applied membership's workers are done. With min_workers, a
+// worker other than 0 that dies with the restart budget spent (TaskRestarting,
+// TaskFinished not ok) or goes silent is removed instead of failing the job
+// while at least min_workers remain.
 //
 // Thread-safety: all methods may be called concurrently; WaitForLayout and
 // WaitForKey block without holding up other callers.
