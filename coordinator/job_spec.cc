@@ -431,6 +431,40 @@ absl::Status CheckElastic(const JobConfig& config) {
   return absl::OkStatus();
 }
 
+// Row-sparse embeddings (issue 41): what lazy updates of a table's rows
+// need.
+absl::Status CheckSparseEmbeddings(const JobConfig& config) {
+  const JobSpec& spec = config.spec;
+  if (!spec.sparse_embeddings()) return absl::OkStatus();
+  auto refuse = [](absl::string_view why) {
+    return Bad("sparse_embeddings", absl::StrCat("true ", why));
+  };
+  if (config.mode == MODE_ALLREDUCE) {
+    return refuse(
+        "with mode allreduce; expected false (the collectives reduce dense "
+        "buffers: allreduce keeps the dense path)");
+  }
+  if (config.compression.topk_ratio > 0) {
+    return refuse(absl::StrCat("with compression ", spec.compression(),
+                               "; expected none (a table pushes its rows)"));
+  }
+  if (spec.optimizer().weight_decay() != 0) {
+    return refuse(absl::StrCat(
+        "with optimizer.weight_decay ", Number(spec.optimizer().weight_decay()),
+        "; expected 0 (torch.optim.SparseAdam has no weight decay)"));
+  }
+  if (spec.optimizer().momentum() != 0) {
+    return refuse(absl::StrCat(
+        "with optimizer.momentum ", Number(spec.optimizer().momentum()),
+        "; expected 0 (PyTorch's SGD has no momentum for sparse gradients)"));
+  }
+  // No zoo model has an untied embedding table yet (catalog/catalog.h).
+  return refuse(absl::StrCat(
+      "with model ", spec.model(),
+      "; expected false (the model has no untied embedding table: bert_tiny "
+      "and bert_base tie theirs to the MLM head, whose gradient is dense)"));
+}
+
 // Staleness, backup workers and gradient clipping: their ranges, the modes
 // they are for and the combinations refused.
 absl::Status CheckModeCombinations(const JobConfig& config) {
@@ -540,6 +574,7 @@ absl::StatusOr<JobConfig> ResolveJobSpec(const JobSpec& spec) {
   RETURN_IF_ERROR(CheckModeCombinations(config));
   RETURN_IF_ERROR(CheckInputs(config));
   RETURN_IF_ERROR(CheckOptimizerValues(config));
+  RETURN_IF_ERROR(CheckSparseEmbeddings(config));
   RETURN_IF_ERROR(CheckAddresses(spec));
   return config;
 }

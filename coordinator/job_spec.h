@@ -71,6 +71,11 @@
 //   no_error_feedback        only with a compression        false
 //   compression_warmup_steps >= 0; 0 without a compression  0
 //   priority_pulls           false in allreduce (no pulls)  false
+//   sparse_embeddings        false in allreduce, with a     false
+//                            compression, weight decay or
+//                            SGD momentum, and for a model
+//                            without an untied table (all
+//                            of the zoo today)
 //   optimizer.lr             1e-30 to 10                    0.001
 //   optimizer.beta1, beta2   0 <= beta < 1, also in fp32    0.9, 0.999
 //                            (1 - beta > 0 after rounding:

@@ -455,5 +455,46 @@ TEST(JobSpecTest, ElasticRangesAndRefusals) {
   }
 }
 
+// Issue 41: sparse_embeddings and what it refuses; no zoo model has an
+// untied embedding table yet, so every model is refused last.
+TEST(JobSpecTest, SparseEmbeddingsRefusals) {
+  const std::string base =
+      "num_ps: 1 num_workers: 2 batch_size: 8 epochs: 1 sparse_embeddings: "
+      "true ";
+  const struct {
+    std::string text;
+    std::string error;
+  } cases[] = {
+      {"num_ps: 0 num_workers: 2 batch_size: 8 epochs: 1 mode: \"allreduce\" "
+       "sparse_embeddings: true",
+       "sparse_embeddings: true with mode allreduce; expected false (the "
+       "collectives reduce dense buffers: allreduce keeps the dense path)"},
+      {base + "compression: \"topk:0.01\"",
+       "sparse_embeddings: true with compression topk:0.01; expected none (a "
+       "table pushes its rows)"},
+      {base + "optimizer { weight_decay: 0.01 }",
+       "sparse_embeddings: true with optimizer.weight_decay 0.01; expected 0 "
+       "(torch.optim.SparseAdam has no weight decay)"},
+      {base + "optimizer { name: \"sgd\" momentum: 0.9 }",
+       "sparse_embeddings: true with optimizer.momentum 0.9; expected 0 "
+       "(PyTorch's SGD has no momentum for sparse gradients)"},
+      {base + "model: \"bert_tiny\" dataset: \"synthetic_tokens\"",
+       "sparse_embeddings: true with model bert_tiny; expected false (the "
+       "model has no untied embedding table: bert_tiny and bert_base tie "
+       "theirs to the MLM head, whose gradient is dense)"},
+  };
+  for (const auto& c : cases) {
+    absl::StatusOr<JobSpec> spec = ParseJobSpec(c.text, "job.pbtxt");
+    EXPECT_EQ(spec.status().code(), absl::StatusCode::kInvalidArgument)
+        << c.text;
+    EXPECT_EQ(spec.status().message(), "job.pbtxt: " + c.error) << c.text;
+  }
+  absl::StatusOr<JobSpec> off = ParseJobSpec(
+      "num_ps: 1 num_workers: 2 batch_size: 8 epochs: 1 "
+      "sparse_embeddings: false",
+      "job.pbtxt");
+  EXPECT_TRUE(off.ok()) << off.status();
+}
+
 }  // namespace
 }  // namespace pstrain
