@@ -407,8 +407,8 @@ absl::Status CheckElastic(const JobConfig& config) {
     return absl::OkStatus();
   }
   const char* field = spec.max_workers() != 0 ? "max_workers" : "min_workers";
-  const int value = spec.max_workers() != 0 ? spec.max_workers()
-                                            : spec.min_workers();
+  const int value =
+      spec.max_workers() != 0 ? spec.max_workers() : spec.min_workers();
   if (config.mode == MODE_ASYNC) {
     return Bad(field, absl::StrCat(value,
                                    " with mode async; expected 0 (elastic "
