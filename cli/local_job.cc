@@ -262,7 +262,12 @@ SupervisedTask LocalJob::WorkerTask(int index, int num_workers) const {
 
 std::vector<SupervisedTask> LocalJob::ScaledWorkers() {
   JobTable& table = coordinator_->table();
-  if (control_ != nullptr && absl::Now() - control_read_ >= kControlPoll) {
+  // Lines written before the job runs wait until it does (a Scale of a
+  // pending job is refused).
+  absl::StatusOr<JobInfo> now = table.Get(job_id_, JobTable::kNoLog);
+  const bool running = now.ok() && now->state() == JOB_RUNNING;
+  if (control_ != nullptr && running &&
+      absl::Now() - control_read_ >= kControlPoll) {
     control_read_ = absl::Now();
     for (const ScaleLine& line : control_->Poll()) {
       absl::StatusOr<Membership> m =

@@ -39,6 +39,11 @@ absl::Status ParameterShard::CheckWorkerId(int worker_id) const {
                                                    " is outside the job's [0, ",
                                                    options_.num_workers, ")"));
   }
+  return absl::OkStatus();
+}
+
+absl::Status ParameterShard::CheckMember(int worker_id) const {
+  RETURN_IF_ERROR(CheckWorkerId(worker_id));
   const std::shared_ptr<const std::vector<bool>> members =
       std::atomic_load(&is_member_);
   if (!(*members)[worker_id]) {

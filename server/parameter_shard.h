@@ -797,9 +797,11 @@ class ParameterShard {
   const StepPolicy policy_;
 
   absl::Status AbortedStatus() const;
-  // INVALID_ARGUMENT unless 0 <= worker_id < num_workers and the worker is
-  // a member of the current generation (a push, step end or norm).
+  // INVALID_ARGUMENT unless 0 <= worker_id < num_workers.
   absl::Status CheckWorkerId(int worker_id) const;
+  // As CheckWorkerId, and the worker is a member of the current generation
+  // (a push, step end or norm; a pull or WaitReady needs no membership).
+  absl::Status CheckMember(int worker_id) const;
   // The workers a step averages, ascending: `admitted` (backup workers'
   // admitted set) or, when null, every member.
   std::vector<int> AveragedWorkers(const std::vector<bool>* admitted) const;

@@ -33,7 +33,7 @@ absl::StatusOr<ParameterShard::ChunkState*> ParameterShard::FindPushChunk(
     return absl::FailedPreconditionError(absl::StrCat(
         "push to shard ", options_.shard_index, " before it was initialised"));
   }
-  if (absl::Status s = CheckWorkerId(worker_id); !s.ok()) return s;
+  if (absl::Status s = CheckMember(worker_id); !s.ok()) return s;
   const int global = plan_->FindChunk(param_id, chunk_index);
   if (global < 0 || local_index_[global] < 0) {
     return absl::InvalidArgumentError(

@@ -135,7 +135,7 @@ absl::Status ParameterShard::EndStep(int worker_id, int64_t step,
         "end of step ", step, " sent to shard ", options_.shard_index,
         ", which runs in async mode (step ends are for sync)"));
   }
-  if (absl::Status s = CheckWorkerId(worker_id); !s.ok()) return s;
+  if (absl::Status s = CheckMember(worker_id); !s.ok()) return s;
   if (policy_.admits()) {
     return absl::FailedPreconditionError(absl::StrCat(
         "end of step ", step, " on shard ", options_.shard_index,
@@ -212,7 +212,7 @@ absl::StatusOr<bool> ParameterShard::EndStepWithBackups(
         "end of step ", step, " with an admission sent to shard ",
         options_.shard_index, ", which runs without backup workers"));
   }
-  if (absl::Status s = CheckWorkerId(worker_id); !s.ok()) return s;
+  if (absl::Status s = CheckMember(worker_id); !s.ok()) return s;
   const bool arbiter = policy_.admission_arbiter();
   if (arbiter != (claim == AdmissionClaim::kDecide)) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -349,7 +349,7 @@ absl::Status ParameterShard::ApplyStepNorm(int worker_id, int64_t step,
         "global norm of step ", step, " sent to shard ", options_.shard_index,
         ", which does not clip gradients (clip_grad_norm 0 or async mode)"));
   }
-  if (absl::Status s = CheckWorkerId(worker_id); !s.ok()) return s;
+  if (absl::Status s = CheckMember(worker_id); !s.ok()) return s;
   if (!std::isfinite(sum_sq) || sum_sq < 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "worker ", worker_id, " sent ", sum_sq, " as the squared global norm ",

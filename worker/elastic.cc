@@ -14,9 +14,7 @@ namespace pstrain {
 ElasticMembership::ElasticMembership(ElasticOptions options,
                                      DataPositions* positions,
                                      GradientExchange* exchange)
-    : options_(std::move(options)),
-      positions_(positions),
-      exchange_(exchange) {
+    : options_(std::move(options)), positions_(positions), exchange_(exchange) {
   for (int w = 0; w < positions_->members(); ++w) current_.workers.push_back(w);
 }
 
@@ -52,8 +50,7 @@ absl::StatusOr<std::optional<int64_t>> ElasticMembership::MaybeApply(
       options_.say(absl::StrCat("checkpoint abandoned: ", s.ToString()));
     }
   }
-  std::vector<int> workers(newest->workers().begin(),
-                           newest->workers().end());
+  std::vector<int> workers(newest->workers().begin(), newest->workers().end());
   const WorkerMembership next = Anchored(workers, newest->epoch(), step);
   ASSIGN_OR_RETURN(int64_t version,
                    exchange_->ChangeMembership(next, options_.timeout));
@@ -86,6 +83,22 @@ absl::StatusOr<std::optional<int64_t>> ElasticMembership::MaybeApply(
   return version;
 }
 
+void ElasticMembership::AwaitVerdict() {
+  if (options_.worker_id != 0 || !options_.newest ||
+      options_.verdict_wait <= absl::ZeroDuration()) {
+    return;
+  }
+  const absl::Time deadline = absl::Now() + options_.verdict_wait;
+  while (absl::Now() < deadline) {
+    const std::optional<Membership> newest = options_.newest();
+    if (newest.has_value() && newest->epoch() > current_.epoch &&
+        newest->ready()) {
+      return;
+    }
+    absl::SleepFor(absl::Milliseconds(100));
+  }
+}
+
 absl::StatusOr<bool> ElasticMembership::Follow(int64_t step) {
   const std::optional<WorkerMembership> m = exchange_->membership();
   if (!m.has_value()) return true;
@@ -98,19 +111,18 @@ absl::StatusOr<bool> ElasticMembership::Follow(int64_t step) {
     return false;
   }
   if (m->from_step > step) {
-    return absl::InternalError(absl::StrCat(
-        "the shards' membership starts at step ", m->from_step,
-        " after the step recovered to, ", step));
+    return absl::InternalError(
+        absl::StrCat("the shards' membership starts at step ", m->from_step,
+                     " after the step recovered to, ", step));
   }
   const int old = positions_->members();
   current_ = *m;
-  positions_->Rebase(m->from_step, m->data_epoch, m->data_offset,
-                     m->data_steps, m->size(), rank);
+  positions_->Rebase(m->from_step, m->data_epoch, m->data_offset, m->data_steps,
+                     m->size(), rank);
   if (old != m->size()) {
     options_.say(absl::StrCat("worker ", options_.worker_id, ": membership ",
-                              m->epoch, ", ", m->size(),
-                              " workers from step ", m->from_step,
-                              " (rank ", rank, ")"));
+                              m->epoch, ", ", m->size(), " workers from step ",
+                              m->from_step, " (rank ", rank, ")"));
   }
   return true;
 }

@@ -44,6 +44,10 @@ struct ElasticOptions {
   std::function<absl::Status()> wait_checkpoint;
   std::function<void(const std::string&)> say;
   absl::Duration timeout = absl::Seconds(60);
+  // Worker 0 of a job that removes dead workers (min_workers > 0): after
+  // a failure's recovery, how long to wait for the coordinator's verdict
+  // (a membership without the dead worker) before going on; 0: none.
+  absl::Duration verdict_wait = absl::ZeroDuration();
 };
 
 class ElasticMembership {
@@ -58,6 +62,11 @@ class ElasticMembership {
   // (the shards' version), else none. An exchange error is the step's
   // (recovered from as a failure).
   absl::StatusOr<std::optional<int64_t>> MaybeApply(int64_t step);
+
+  // Worker 0, after a failure's recovery: waits up to verdict_wait for a
+  // membership newer than the one applied (a dead worker removed), which
+  // the next MaybeApply() applies; returns at once if one is known.
+  void AwaitVerdict();
 
   // After a recovery or rejoin at `step`: takes the shards' membership
   // (GradientExchange::membership()) and re-splits the epoch where it

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <memory>
 #include <utility>
 
@@ -86,6 +87,19 @@ absl::Status StepLoop::Run(int64_t start_step) {
   return absl::OkStatus();
 }
 
+void StepLoop::RecordSamples(int epoch) {
+  const std::string path = absl::StrCat(
+      options_.record_samples_dir, "/samples-", options_.worker_id, ".txt");
+  std::FILE* f = std::fopen(path.c_str(), "a");
+  if (f == nullptr) return;
+  std::string line = absl::StrCat(epoch, " ", step_);
+  for (uint32_t i : parts_.compute->LastBatchSamples()) {
+    absl::StrAppend(&line, " ", i);
+  }
+  std::fprintf(f, "%s\n", line.c_str());
+  std::fclose(f);
+}
+
 void StepLoop::BeginSlice() {
   const DataPositions::Place place = positions_.Locate(step_);
   const int64_t first = step_ - place.step_in_epoch;  // the epoch's
@@ -162,7 +176,9 @@ absl::Status StepLoop::Recover(absl::Status cause) {
   ASSIGN_OR_RETURN(step_, parts_.recovery->Recover(std::move(cause)));
   if (parts_.elastic != nullptr) {
     // The generation recovered into may have other members (a membership
-    // change is a reopen): re-split the epoch, or leave the job.
+    // change is a reopen): re-split the epoch, or leave the job. Worker 0
+    // first gives the coordinator a moment to remove a dead worker.
+    parts_.elastic->AwaitVerdict();
     ASSIGN_OR_RETURN(const bool member, parts_.elastic->Follow(step_));
     if (!member) {
       removed_ = true;
@@ -204,6 +220,10 @@ absl::Status StepLoop::TrainStep(int epoch, int64_t index) {
   times.phases.bytes_pulled = exchange_times.bytes_pulled;
   std::optional<SkippedStepInfo> skipped = parts_.exchange->SkippedStep();
   RETURN_IF_ERROR(HandleSkip(skipped));
+  if (!options_.record_samples_dir.empty() && !skipped.has_value() &&
+      !parts_.exchange->LastStepLate()) {
+    RecordSamples(epoch);
+  }
   if (!skipped.has_value()) loss_sum_ += loss;
   if (options_.report_loss && !skipped.has_value()) times.loss = loss;
   // Backup workers: a worker the shards left behind goes on from their

@@ -77,6 +77,9 @@ class StepCompute {
   // One step's compute on the next batch; the training loss. Calls
   // `on_ready` for every PS tensor as its gradient becomes final.
   virtual absl::StatusOr<float> Step(const GradientsReadyFn& on_ready) = 0;
+  // The training samples of the last Step()'s batch (a test aid; empty
+  // where there are none, as synthetic compute).
+  virtual std::vector<uint32_t> LastBatchSamples() const { return {}; }
   // The last Step()'s forward and backward times, where measured.
   virtual StepPhases LastPhases() const { return {}; }
   // Copies the exchange's weights into whatever computes with them.
@@ -116,6 +119,10 @@ class StepLoop {
     // straggler_delay_ms before each step's compute.
     int straggler_worker = -1;
     int64_t straggler_delay_ms = 0;
+    // A test aid (PSTRAIN_RECORD_SAMPLES=DIR): each step that counted
+    // appends a line "epoch step sample..." of its batch to
+    // DIR/samples-<worker>.txt, so a test counts every sample trained.
+    std::string record_samples_dir;
     // The PS tensors' names, for skipped steps' lines.
     std::vector<std::string> tensor_names;
     NonFiniteInjection inject_nonfinite;
@@ -169,6 +176,8 @@ class StepLoop {
   absl::Status Recover(absl::Status cause);
   // The compute's batches from step_ to its epoch's end.
   void BeginSlice();
+  // Appends the step's samples (Options::record_samples_dir).
+  void RecordSamples(int epoch);
   void GradientsReady(absl::Span<const int> tensors,
                       std::shared_ptr<CopyFence> fence);
 

@@ -437,6 +437,9 @@ StepLoop::Options StepLoopOptionsOf(const TrainerOptions& options,
   loop.report_loss = !kind.synthetic;
   loop.straggler_worker = options.straggler_worker;
   loop.straggler_delay_ms = options.straggler_delay_ms;
+  if (const char* dir = std::getenv("PSTRAIN_RECORD_SAMPLES")) {
+    loop.record_samples_dir = dir;
+  }
   loop.tensor_names = workload.TensorNames();
   loop.inject_nonfinite = std::move(injection);
   return loop;
@@ -512,6 +515,9 @@ absl::StatusOr<TrainerOutput> RunWorker(const TrainerOptions& options,
     elastic_options.applied = options.membership_applied;
     elastic_options.say = say;
     elastic_options.timeout = options.init_timeout;
+    if (options.min_workers > 0) {
+      elastic_options.verdict_wait = absl::Seconds(5);
+    }
     elastic.emplace(std::move(elastic_options), &positions, exchange.get());
     if (chief) {
       exchange->set_restore_membership([&elastic](int64_t version) {

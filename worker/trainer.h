@@ -179,6 +179,9 @@ struct TrainerOptions {
   // applied. Every worker other than 0 joins the shards' generation that
   // has it (as a restarted task does).
   bool elastic = false;
+  // JobSpec.min_workers: a dead worker whose budget is spent is removed
+  // (worker 0 then waits for that verdict after a recovery).
+  int min_workers = 0;
   std::function<std::optional<Membership>()> newest_membership;
   std::function<void(const MembershipApplied&)> membership_applied;
   // Gradient clipping by global norm (JobSpec.clip_grad_norm; 0: none):

@@ -196,6 +196,17 @@ void StartHeartbeatsThatExit(pstrain::TaskAgent& agent) {
                     agent.name().c_str(), why.c_str());
         std::fflush(stdout);
         std::_Exit(pstrain::kRestartExitCode);
+      },
+      // An elastic job's membership left this worker out (issue 40): it
+      // may be waiting for a generation that has it, which none will.
+      [&agent] {
+        std::printf(
+            "%s: %s: not a member of the job's workers any more; "
+            "leaving\n",
+            kProgram, agent.name().c_str());
+        std::fflush(stdout);
+        agent.Finish(true, "removed from the job's membership").IgnoreError();
+        std::_Exit(0);
       });
 }
 
@@ -293,6 +304,7 @@ absl::StatusOr<pstrain::TrainerOptions> TrainerOptionsOf(
   // An elastic job (issue 40): worker 0 applies the coordinator's newest
   // membership (from the heartbeats' answers) and reports it applied.
   options.elastic = spec.max_workers() > 0;
+  options.min_workers = spec.min_workers();
   if (options.elastic && index == 0) {
     options.newest_membership = [&agent] { return agent.membership(); };
     options.membership_applied =

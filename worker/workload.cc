@@ -169,6 +169,7 @@ class ModelWorkload : public Workload {
     return model_->PsTensorShapes();
   }
   void SkipBatches(int64_t n) override {
+    taken_ += n;
     if (dataset_.tokens != nullptr) {
       next_batch_ += n;  // A token batch is a function of its position.
       return;
@@ -194,6 +195,7 @@ class ModelWorkload : public Workload {
     pipeline_.reset();
     const int epoch = slice.epoch;
     slice_steps_ = slice.steps;
+    taken_ = 0;
     indices_ = sampler_.EpochSlice(epoch, slice.offset, slice.rank,
                                    slice.members,
                                    slice.steps * options_.batch_size);
@@ -223,9 +225,18 @@ class ModelWorkload : public Workload {
         dataset_.augment,
         options_.seed * 104729 + epoch * 131 + options_.worker_id);
   }
+  std::vector<uint32_t> LastBatchSamples() const override {
+    std::vector<SampleIndex> samples;
+    const int64_t b = options_.batch_size;
+    for (int64_t k = (taken_ - 1) * b; taken_ > 0 && k < taken_ * b; ++k) {
+      if (k < indices_.size()) samples.push_back(indices_[k]);
+    }
+    return samples;
+  }
   absl::StatusOr<float> Step(const GradientsReadyFn& on_ready) override {
+    ++taken_;
     if (dataset_.tokens != nullptr) {
-      if (next_batch_ >= steps_per_epoch_) {
+      if (next_batch_ >= slice_steps_) {
         return absl::InternalError("token batches ended before the epoch");
       }
       token_batch_ = TokenBatch(
@@ -318,6 +329,8 @@ class ModelWorkload : public Workload {
   int64_t steps_per_epoch_ = 0;
   // The batches of the epoch's slice BeginEpoch() began.
   int64_t slice_steps_ = 0;
+  // Batches of the slice taken (trained or skipped).
+  int64_t taken_ = 0;
   SampleOrder indices_;
   std::unique_ptr<BatchPrefetcher> prefetcher_;
   BatchPrefetcher::Batch batch_;
