@@ -148,8 +148,7 @@ std::vector<uint32_t> UniqueRows(std::vector<uint32_t> ids) {
 // entry) and of the head (dim + 1).
 double ForwardBackward(const BenchShape& s, const std::vector<uint32_t>& ids,
                        const std::vector<float>& table,
-                       const std::vector<float>& head,
-                       std::vector<float>* table_grad,
+                       const std::vector<float>& head, float* table_grad,
                        std::vector<float>* head_grad) {
   const int64_t d = s.dim;
   std::vector<float> feature(d);
@@ -177,7 +176,7 @@ double ForwardBackward(const BenchShape& s, const std::vector<uint32_t>& ids,
     for (int64_t j = 0; j < d; ++j) (*head_grad)[j] += dpred * feature[j];
     (*head_grad)[d] += dpred;
     for (int t = 0; t < s.bag; ++t) {
-      float* g = table_grad->data() + int64_t{bag[t]} * d;
+      float* g = table_grad + int64_t{bag[t]} * d;
       for (int64_t j = 0; j < d; ++j) g[j] += dpred * head[j] * inv;
     }
   }
@@ -261,8 +260,8 @@ absl::StatusOr<WorkerResult> RunAllreduceWorker(const BenchShape& s, int rank,
   std::vector<float> table = InitialTable(s), head = InitialHead(s);
   std::vector<float> tm(table.size(), 0.0f), tv(table.size(), 0.0f);
   std::vector<float> hm(head.size(), 0.0f), hv(head.size(), 0.0f);
-  std::vector<float> grad(table.size() + head.size(), 0.0f);
-  std::vector<float> table_grad(table.size(), 0.0f), head_grad;
+  // The table's gradient is the front of the reduced buffer (no copy).
+  std::vector<float> grad(table.size() + head.size(), 0.0f), head_grad;
   const OptimizerOptions adam = Adam(s);
   WorkerResult result;
   const int64_t n = static_cast<int64_t>(table.size());
@@ -271,10 +270,9 @@ absl::StatusOr<WorkerResult> RunAllreduceWorker(const BenchShape& s, int rank,
   for (int step = 0; step < s.steps; ++step) {
     const absl::Time start = absl::Now();
     const std::vector<uint32_t> ids = BatchIds(s, step, rank);
-    std::fill(table_grad.begin(), table_grad.end(), 0.0f);
+    std::fill(grad.begin(), grad.begin() + n, 0.0f);
     result.losses.push_back(
-        ForwardBackward(s, ids, table, head, &table_grad, &head_grad));
-    std::copy(table_grad.begin(), table_grad.end(), grad.begin());
+        ForwardBackward(s, ids, table, head, grad.data(), &head_grad));
     std::copy(head_grad.begin(), head_grad.end(), grad.begin() + n);
     absl::Status reduced = collective->AllreduceSum(grad.data(), grad.size());
     if (!reduced.ok()) return reduced;
@@ -326,7 +324,7 @@ absl::StatusOr<WorkerResult> RunPsWorker(const BenchShape& s, int rank,
     const std::vector<uint32_t> ids = next_ids;
     const std::vector<uint32_t> touched = UniqueRows(ids);
     result.losses.push_back(
-        ForwardBackward(s, ids, table, head, &table_grad, &head_grad));
+        ForwardBackward(s, ids, table, head, table_grad.data(), &head_grad));
     next_ids = BatchIds(s, step + 1, rank);
     if (sparse) client->SetStepRows({touched, {}}, {UniqueRows(next_ids), {}});
     RETURN_IF_ERROR(client
