@@ -73,6 +73,7 @@ void Reporter::TraceExchange(int64_t step, absl::Time computed,
 }
 
 void Reporter::StepExchanged(const StepTimes& times) {
+  last_members_ = times.members;
   const absl::Duration compute = times.computed - times.start;
   const absl::Duration exchange = times.exchanged - times.computed;
   step_metrics_.AddStep(times.loss, compute, exchange, times.phases);
@@ -86,7 +87,8 @@ void Reporter::StepExchanged(const StepTimes& times) {
 }
 
 absl::Status Reporter::StepEnded(int64_t next, int epoch, int64_t index) {
-  report_.StepTrained();
+  report_.StepTrained(
+      last_members_ > 0 ? int64_t{last_members_} * options_.batch_size : -1);
   if (options_.on_progress) {
     const double seconds = absl::ToDoubleSeconds(absl::Now() - epoch_start_);
     options_.on_progress(

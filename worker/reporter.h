@@ -99,6 +99,8 @@ class Reporter {
     StepPhases phases;
     std::optional<double> loss;
     bool late = false;
+    // An elastic job: the workers of the step (0: the job's num_workers).
+    int members = 0;
   };
   void StepExchanged(const StepTimes& times);
   // Then (after its checkpoint, if any): the step to train next, `next`,
@@ -161,6 +163,8 @@ class Reporter {
   std::unique_ptr<MetricsWriter> metrics_;
   absl::Time epoch_start_;
   int64_t late_steps_ = 0;
+  // The last step's workers (StepTimes::members).
+  int last_members_ = 0;
   absl::Duration compute_time_;
   absl::Duration exchange_time_;
   int64_t timed_steps_ = 0;

@@ -10,11 +10,15 @@ RunReport::RunReport(const Options& options, absl::Time now, int64_t counter)
   window_counter_ = counter;
 }
 
-void RunReport::StepTrained() { ++window_steps_; }
+void RunReport::StepTrained(int64_t samples_per_step) {
+  ++window_steps_;
+  window_step_samples_ +=
+      samples_per_step >= 0 ? samples_per_step : options_.samples_per_step;
+}
 
 int64_t RunReport::WindowSamples(int64_t counter) const {
   if (options_.count_on_worker) {
-    return window_steps_ * options_.samples_per_step;
+    return window_step_samples_;
   }
   return std::max<int64_t>(0, counter - window_counter_);
 }
@@ -23,6 +27,7 @@ void RunReport::NewWindow(absl::Time now, int64_t counter) {
   window_start_ = now;
   window_counter_ = counter;
   window_steps_ = 0;
+  window_step_samples_ = 0;
 }
 
 double RunReport::TakeWindowSamplesPerSec(absl::Time now, int64_t counter) {

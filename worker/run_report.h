@@ -49,8 +49,10 @@ class RunReport {
   // then (ignored when counting on the worker).
   RunReport(const Options& options, absl::Time now, int64_t counter);
 
-  // This worker trained one step (redone ones included).
-  void StepTrained();
+  // This worker trained one step (redone ones included) of
+  // `samples_per_step` samples of every worker together (an elastic job's
+  // members x batch size); -1: Options::samples_per_step.
+  void StepTrained(int64_t samples_per_step = -1);
 
   // Samples per second of every worker since the window's start (the last
   // call, Resume() or Recovered()), and a new window from `now`. `counter`:
@@ -98,6 +100,7 @@ class RunReport {
   absl::Time window_start_;
   int64_t window_counter_ = 0;
   int64_t window_steps_ = 0;
+  int64_t window_step_samples_ = 0;  // counted on the worker
   int64_t closed_samples_ = 0;
 };
 

@@ -23,6 +23,19 @@ TEST(RunReportTest, WorkerCountKeepsTheWindowAcrossARecovery) {
   EXPECT_EQ(report.samples(0), 20 * 128);
 }
 
+// An elastic job: each step counts its own membership's samples.
+TEST(RunReportTest, EachStepCountsItsMembersSamples) {
+  RunReport::Options options;
+  options.samples_per_step = 128;  // 2 workers x 64 at the start
+  RunReport report(options, kStart, /*counter=*/0);
+  for (int i = 0; i < 10; ++i) report.StepTrained(2 * 64);
+  for (int i = 0; i < 10; ++i) report.StepTrained(4 * 64);
+  EXPECT_DOUBLE_EQ(report.TakeWindowSamplesPerSec(At(2), 0),
+                   (10 * 128 + 10 * 256) / 2.0);
+  report.StepTrained(3 * 64);
+  EXPECT_EQ(report.samples(0), 10 * 128 + 10 * 256 + 192);
+}
+
 TEST(RunReportTest, ShardCounterThatRestartsNeverGivesANegativeRate) {
   RunReport::Options options;
   options.count_on_worker = false;

@@ -193,6 +193,7 @@ absl::Status StepLoop::TrainStep(int epoch, int64_t index) {
   trace::Scope traced_step("step", "step", {{"step", step_}});
   Reporter::StepTimes times;
   times.step = step_;
+  times.members = positions_.members();
   times.start = absl::Now();
   if (options_.worker_id == options_.straggler_worker) {
     // The straggler test aid: slower by a known time per step.

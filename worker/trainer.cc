@@ -622,6 +622,8 @@ absl::StatusOr<TrainerOutput> RunWorker(const TrainerOptions& options,
     reporter->CheckpointsWritten(checkpoints->completed(),
                                  checkpoints->latest_path());
   }
+  // An elastic job's table names the workers it ended with.
+  if (elastic.has_value()) output.result.set_num_workers(positions.members());
   RETURN_IF_ERROR(reporter->Finish(steps, train_seconds));
   for (absl::Span<float> w : workload->weights()) {
     output.final_weights.emplace_back(w.begin(), w.end());
