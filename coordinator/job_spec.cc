@@ -428,6 +428,16 @@ absl::Status CheckElastic(const JobConfig& config) {
                                    "for a new membership only without "
                                    "staleness; not built yet)"));
   }
+  if (config.compression.enabled() && config.compression.error_feedback &&
+      !spec.checkpoint_dir().empty()) {
+    return Bad(field, absl::StrCat(value,
+                                   " with top-k error feedback and "
+                                   "checkpoints; expected 0 (the workers' "
+                                   "residuals live in checkpoints, which a "
+                                   "membership change reopening the shards "
+                                   "in place would not restore; not built "
+                                   "yet)"));
+  }
   return absl::OkStatus();
 }
 

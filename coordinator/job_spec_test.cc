@@ -443,6 +443,12 @@ TEST(JobSpecTest, ElasticRangesAndRefusals) {
       {base + "max_workers: 4 staleness: 2",
        "max_workers: 4 with staleness 2; expected 0 (the shards reopen in "
        "place for a new membership only without staleness; not built yet)"},
+      {base + "max_workers: 4 compression: \"topk:0.1\" checkpoint_dir: "
+              "\"/tmp/c\"",
+       "max_workers: 4 with top-k error feedback and checkpoints; expected 0 "
+       "(the workers' residuals live in checkpoints, which a membership "
+       "change reopening the shards in place would not restore; not built "
+       "yet)"},
       {base + "max_workers: 3 worker_hosts { host: \"a\" } "
               "worker_hosts { host: \"b\" }",
        "worker_hosts: 2 entries; expected 3 (one per task) or none"},
