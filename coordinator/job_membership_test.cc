@@ -342,6 +342,22 @@ TEST(JobMembershipTest, WithoutMinWorkersOrForWorkerZeroAFailureFailsTheJob) {
   }
 }
 
+// Worker 0's report is written with the next flush (within a second).
+TEST(JobMembershipTest, AppliedReportIsWrittenByFlushIfDirty) {
+  const std::string file =
+      std::string(std::getenv("TEST_TMPDIR")) + "/applied.jobs";
+  JobTable table(file);
+  const std::string id = Running(table, Spec(3, "max_workers: 3"), 3);
+  ASSERT_TRUE(table.Scale(id, 2, 0, kT0).ok());
+  const MembershipApplied applied = Applied(1, 9, 3, 2);
+  Beat(table, id, 0, &applied);
+  ASSERT_TRUE(table.FlushIfDirty().ok());
+  absl::StatusOr<std::unique_ptr<JobTable>> loaded = JobTable::Load(file, kT0);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_EQ((*loaded)->Get(id)->membership_history_size(), 1);
+  EXPECT_EQ((*loaded)->Get(id)->memberships_size(), 1);
+}
+
 TEST(JobMembershipTest, MembershipSurvivesLoad) {
   const std::string file =
       std::string(std::getenv("TEST_TMPDIR")) + "/membership.jobs";

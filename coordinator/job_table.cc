@@ -580,7 +580,10 @@ absl::StatusOr<JobState> JobTable::Heartbeat(const HeartbeatRequest& request,
     std::optional<std::string> line =
         ApplyMembership(job, request.membership_applied());
     // Written within a second (FlushIfDirty), as a Set().
-    if (line.has_value()) LogLineOf(job, ROLE_WORKER, 0, *line, now);
+    if (line.has_value()) {
+      LogLineOf(job, ROLE_WORKER, 0, *line, now);
+      dirty_ = true;
+    }
   }
   if (answer != nullptr && ref.role() == ROLE_WORKER) {
     FillHeartbeatMembership(*job, ref.index(), answer);
