@@ -287,22 +287,14 @@ absl::Status PsClient::PushChunk(int lane, StepState* state,
     absl::MutexLock lock(&state->mu);
     skip = state->nonfinite != nullptr;
   }
-  // A row-sparse table's chunk goes as the step's rows, scanned alone.
-  thread_local std::vector<uint32_t> rows;
-  thread_local std::vector<float> row_values;
-  const bool by_rows = c.row_elements > 0 &&
-                       by_rows_.size() > static_cast<size_t>(c.param_id) &&
-                       by_rows_[c.param_id];
-  if (by_rows) GatherRows(c, values, &rows, &row_values);
+  // A row-sparse table's chunk goes as the step's rows (ps_client_rows.cc).
+  const ChunkRows* rows = RowsOfChunk(c, values);
+  const absl::Span<const float> scanned = rows ? rows->Values() : values;
   if (!skip) {
-    const absl::Span<const float> scanned = by_rows ? row_values : values;
     const int64_t bad = FindNonFinite(scanned);
     if (bad >= 0) {
       skip = true;
-      found(by_rows ? c.offset + rows[bad / c.row_elements] * c.row_elements +
-                          bad % c.row_elements
-                    : c.offset + bad,
-            scanned[bad]);
+      found(rows ? rows->ElementOf(c, bad) : c.offset + bad, scanned[bad]);
     }
   }
   // Top-k compression (worker/topk_compression.h) of a parameter's chunk
@@ -335,10 +327,8 @@ absl::Status PsClient::PushChunk(int lane, StepState* state,
     message = EncodeSparseChunkMessage(
         envelope, kPushChunkField, c.param_id, c.chunk_index, state->step,
         c.num_elements, topk_indices, topk_values, options_.wire_dtype);
-  } else if (by_rows) {
-    message = EncodeSparseChunkMessage(
-        envelope, kPushChunkField, c.param_id, c.chunk_index, state->step,
-        c.num_elements, rows, row_values, options_.wire_dtype, c.row_elements);
+  } else if (rows != nullptr) {
+    message = EncodeRowsPush(envelope, c, state->step, *rows);
   } else {
     message = EncodeChunkMessage(envelope, kPushChunkField, c.param_id,
                                  c.chunk_index, state->step, values,

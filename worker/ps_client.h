@@ -453,11 +453,25 @@ class PsClient {
   // SetStepRows(): per tensor, whether it travels by rows, and its rows.
   std::vector<bool> by_rows_;
   std::vector<std::vector<uint32_t>> touched_rows_, next_rows_;
-  // PushChunk's rows of a table's chunk `c` (its gradient `values`): the
-  // step's touched rows in it (offsets in the chunk) and their values.
-  void GatherRows(const ChunkSpec& c, absl::Span<const float> values,
-                  std::vector<uint32_t>* rows,
-                  std::vector<float>* row_values) const;
+  // PushChunk's rows of a table's chunk: the step's touched rows in it
+  // (offsets in the chunk) and their values, row-major.
+  struct ChunkRows {
+    std::vector<uint32_t> rows;
+    std::vector<float> values;
+    absl::Span<const float> Values() const { return values; }
+    // The tensor element of values[i].
+    int64_t ElementOf(const ChunkSpec& c, int64_t i) const {
+      return c.offset + rows[i / c.row_elements] * c.row_elements +
+             i % c.row_elements;
+    }
+  };
+  // The rows of chunk `c` (its gradient `values`) this step pushes, in a
+  // per-thread buffer; null for a chunk that goes whole.
+  const ChunkRows* RowsOfChunk(const ChunkSpec& c,
+                               absl::Span<const float> values) const;
+  grpc::ByteBuffer EncodeRowsPush(const PushPullRequest& envelope,
+                                  const ChunkSpec& c, int64_t step,
+                                  const ChunkRows& rows) const;
   // The pull's PullRows entries (BeginStep()).
   void AddPullRows(PullRequest* pull) const;
 };

@@ -22,9 +22,16 @@ void PsClient::SetStepRows(std::vector<std::vector<uint32_t>> touched,
   next_rows_ = std::move(next);
 }
 
-void PsClient::GatherRows(const ChunkSpec& c, absl::Span<const float> values,
-                          std::vector<uint32_t>* rows,
-                          std::vector<float>* row_values) const {
+const PsClient::ChunkRows* PsClient::RowsOfChunk(
+    const ChunkSpec& c, absl::Span<const float> values) const {
+  if (c.row_elements == 0 ||
+      by_rows_.size() <= static_cast<size_t>(c.param_id) ||
+      !by_rows_[c.param_id]) {
+    return nullptr;
+  }
+  thread_local ChunkRows out;
+  std::vector<uint32_t>* rows = &out.rows;
+  std::vector<float>* row_values = &out.values;
   const int64_t d = c.row_elements;
   const int64_t first = c.offset / d;
   const int64_t last = first + c.num_elements / d;
@@ -39,6 +46,16 @@ void PsClient::GatherRows(const ChunkSpec& c, absl::Span<const float> values,
     row_values->insert(row_values->end(), values.begin() + local * d,
                        values.begin() + (local + 1) * d);
   }
+  return &out;
+}
+
+grpc::ByteBuffer PsClient::EncodeRowsPush(const PushPullRequest& envelope,
+                                          const ChunkSpec& c, int64_t step,
+                                          const ChunkRows& rows) const {
+  return EncodeSparseChunkMessage(envelope, kPushChunkField, c.param_id,
+                                  c.chunk_index, step, c.num_elements,
+                                  rows.rows, rows.values, options_.wire_dtype,
+                                  c.row_elements);
 }
 
 void PsClient::AddPullRows(PullRequest* pull) const {
