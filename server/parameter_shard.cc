@@ -47,8 +47,10 @@ absl::Status ParameterShard::CheckMember(int worker_id) const {
   const std::shared_ptr<const std::vector<bool>> members =
       std::atomic_load(&is_member_);
   if (!(*members)[worker_id]) {
+    // ABORTED, as another generation's request: a worker the membership
+    // left out recovers, finds it is not a member and leaves.
     const WorkerMembership m = membership();
-    return absl::InvalidArgumentError(
+    return absl::AbortedError(
         absl::StrCat("worker ", worker_id, " is not a member of shard ",
                      options_.shard_index, "'s generation ", generation_.load(),
                      " (workers ", absl::StrJoin(m.workers, ","), " from step ",

@@ -799,8 +799,10 @@ class ParameterShard {
   absl::Status AbortedStatus() const;
   // INVALID_ARGUMENT unless 0 <= worker_id < num_workers.
   absl::Status CheckWorkerId(int worker_id) const;
-  // As CheckWorkerId, and the worker is a member of the current generation
-  // (a push, step end or norm; a pull or WaitReady needs no membership).
+  // As CheckWorkerId, and ABORTED unless the worker is a member of the
+  // current generation (a push, step end or norm; a pull or WaitReady
+  // needs no membership): as for another generation's request, a worker
+  // left out recovers, finds it is not a member and leaves.
   absl::Status CheckMember(int worker_id) const;
   // The workers a step averages, ascending: `admitted` (backup workers'
   // admitted set) or, when null, every member.

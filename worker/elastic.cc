@@ -83,6 +83,12 @@ absl::StatusOr<std::optional<int64_t>> ElasticMembership::MaybeApply(
   return version;
 }
 
+absl::StatusOr<bool> ElasticMembership::Started(int64_t step) {
+  ASSIGN_OR_RETURN(const bool member, Follow(step));
+  exchange_->set_joining(false);
+  return member;
+}
+
 void ElasticMembership::AwaitVerdict() {
   if (options_.worker_id != 0 || !options_.newest ||
       options_.verdict_wait <= absl::ZeroDuration()) {

@@ -63,6 +63,11 @@ class ElasticMembership {
   // (recovered from as a failure).
   absl::StatusOr<std::optional<int64_t>> MaybeApply(int64_t step);
 
+  // After the start (or a joining worker's rejoin) at `step`: Follow(),
+  // and from then on a recovery takes whatever membership the shards have
+  // (one without this worker: it leaves).
+  absl::StatusOr<bool> Started(int64_t step);
+
   // Worker 0, after a failure's recovery: waits up to verdict_wait for a
   // membership newer than the one applied (a dead worker removed), which
   // the next MaybeApply() applies; returns at once if one is known.

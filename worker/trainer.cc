@@ -251,6 +251,19 @@ std::unique_ptr<Recovery> CreateRecovery(const TrainerOptions& options,
       [workload] { return workload->LoadWeights(); }, say);
 }
 
+// An elastic job's membership (worker/elastic.h) as the options say.
+ElasticOptions ElasticOptionsOf(const TrainerOptions& options,
+                                const LineFn& say) {
+  ElasticOptions elastic;
+  elastic.worker_id = options.worker_id;
+  elastic.newest = options.newest_membership;
+  elastic.applied = options.membership_applied;
+  elastic.say = say;
+  elastic.timeout = options.init_timeout;
+  if (options.min_workers > 0) elastic.verdict_wait = absl::Seconds(5);
+  return elastic;
+}
+
 // Resume: the newest checkpoint's data position (every worker: the step to
 // start at) and state (worker 0, for the shards; allreduce: every worker,
 // which holds it all), put into the weights. The state is stored per
@@ -467,6 +480,21 @@ absl::Status EvaluateEpoch(Workload& workload, GradientExchange& exchange,
   return reporter.ResumeTraining();
 }
 
+// Worker 0's evaluation after each epoch.
+StepLoop::EndEpochFn EndEpochFnOf(Workload& workload,
+                                  GradientExchange& exchange,
+                                  Reporter& reporter) {
+  return [&workload, &exchange, &reporter](
+             int epoch, int64_t step, double train_seconds, double train_loss) {
+    Reporter::EpochEvaluation evaluation;
+    evaluation.epoch = epoch;
+    evaluation.step = step;
+    evaluation.train_seconds = train_seconds;
+    evaluation.train_loss = train_loss;
+    return EvaluateEpoch(workload, exchange, reporter, evaluation);
+  };
+}
+
 }  // namespace
 
 absl::StatusOr<TrainerOutput> RunWorker(const TrainerOptions& options,
@@ -509,16 +537,7 @@ absl::StatusOr<TrainerOutput> RunWorker(const TrainerOptions& options,
       CreateRecovery(options, kind, workload.get(), exchange.get(), say);
   std::optional<ElasticMembership> elastic;
   if (options.elastic && !kind.allreduce) {
-    ElasticOptions elastic_options;
-    elastic_options.worker_id = options.worker_id;
-    elastic_options.newest = options.newest_membership;
-    elastic_options.applied = options.membership_applied;
-    elastic_options.say = say;
-    elastic_options.timeout = options.init_timeout;
-    if (options.min_workers > 0) {
-      elastic_options.verdict_wait = absl::Seconds(5);
-    }
-    elastic.emplace(std::move(elastic_options), &positions, exchange.get());
+    elastic.emplace(ElasticOptionsOf(options, say), &positions, exchange.get());
     if (chief) {
       exchange->set_restore_membership([&elastic](int64_t version) {
         return elastic->AtVersion(version);
@@ -529,11 +548,8 @@ absl::StatusOr<TrainerOutput> RunWorker(const TrainerOptions& options,
                    StartExchange(options, kind, positions, *workload, *exchange,
                                  *recovery, say));
   if (elastic.has_value()) {
-    ASSIGN_OR_RETURN(const bool member, elastic->Follow(start_step));
+    ASSIGN_OR_RETURN(const bool member, elastic->Started(start_step));
     if (!member) return TrainerOutput{};
-    // From now on a recovery finds whatever membership the shards have
-    // (one without this worker: it leaves).
-    exchange->set_joining(false);
   }
   // Worker 0's checkpoints, due by CheckpointSchedule (time counted from
   // now).
@@ -595,15 +611,7 @@ absl::StatusOr<TrainerOutput> RunWorker(const TrainerOptions& options,
     parts.elastic = &*elastic;
   }
   if (chief && options.evaluate && workload->can_evaluate()) {
-    parts.end_epoch = [&](int epoch, int64_t step, double train_seconds,
-                          double train_loss) {
-      Reporter::EpochEvaluation evaluation;
-      evaluation.epoch = epoch;
-      evaluation.step = step;
-      evaluation.train_seconds = train_seconds;
-      evaluation.train_loss = train_loss;
-      return EvaluateEpoch(*workload, *exchange, *reporter, evaluation);
-    };
+    parts.end_epoch = EndEpochFnOf(*workload, *exchange, *reporter);
   }
   StepLoop loop(
       StepLoopOptionsOf(options, kind, *workload, std::move(injection)),
