@@ -1,0 +1,325 @@
+#!/usr/bin/env python3
+"""Time from a scale request to training again (issue 40), workers only.
+
+For each model, two elastic `pstrain run`s (2 shards, sync,
+--max_workers=3, --control_file, a checkpoint every --checkpoint_every_steps,
+log line every step, one job at a time so that its processes share the 2
+cores as `pstrain run` assigns their threads):
+  - grow: 2 workers; once the first checkpoint is durable and worker 0 trains
+    on, `num_workers=3` is appended to the control file;
+  - shrink: 3 workers; `num_workers=2` is appended likewise.
+Measured from the append (time.monotonic() of each output line as it
+comes):
+  - "request to every member in the new step": until the latest of worker
+    0's `membership E: A -> B workers at step S (T ms)` line and the other
+    workers' "recovered" or "rejoined" lines before worker 0's next Step
+    line (each starts the step at the new count then);
+  - "request to the new count's first step done": until worker 0's first
+    Step line after its membership line (a step line comes at the end of
+    its step, so this holds one whole step at the new count, and the wait
+    for the step boundary in flight at the request);
+  - "worker 0's T": the time worker 0 reports for the change itself (from
+    the boundary at which it applies the membership until the shards
+    reopened with it);
+  - "stall": the gap between worker 0's last Step line before the
+    membership line and its first after it, against the median gap between
+    step lines before the request (the step time);
+  - grow only: the joining worker's start, from its "worker 2 of job-1"
+    line (its process started) to its "worker 2 rejoined the job" line (it
+    loaded the dataset, built the model, registered and pulled): training
+    goes on at 2 workers meanwhile, and the coordinator makes the new
+    membership ready only once the worker has registered.
+Baseline, measured in the same run: what a job without elasticity does,
+stop and restart from a checkpoint with the new count: `pstrain run
+--resume --num_workers=N` of a copy of the elastic run's first checkpoint
+after the change (so at the new count: `pstrain run` refuses to resume a
+checkpoint saved at another worker count before anything starts, in
+cli/local_job.cc, though the workers' data position could re-split it),
+from launch until worker 0's first Step line; it trains to the end too.
+Correctness columns: each run's exit code and final test accuracy.
+LeNet-5 trains Fashion-MNIST; ResNet-18 synthetic 3 x 28 x 28 images of
+10 classes (evaluating
+Fashion-MNIST's 10,000 test images takes ~160 s on 2 cores, the synthetic
+set's 1,000 a tenth of it), so its accuracies are only compared with each
+other.
+
+Usage: python3 bench/elastic_bench.py [--repeats=3] [--models=lenet5,resnet18]
+Needs `bazel build //cli:pstrain //server:pstrain_ps //worker:pstrain_worker`
+and Fashion-MNIST.
+"""
+
+import argparse
+import os
+import re
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+PSTRAIN = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..",
+                       "bazel-bin", "cli", "pstrain")
+
+STEP = r"\[worker0\] Step[0-9]+:"
+RESUMED = r"\[worker[0-9]+\] worker [0-9]+(: recovered in| rejoined the job)"
+
+
+class Run:
+    """A pstrain run whose output lines are timestamped as they come."""
+
+    def __init__(self, argv):
+        self.lines = []  # (time, line)
+        self.lock = threading.Lock()
+        self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE,
+                                     stderr=subprocess.STDOUT, text=True,
+                                     start_new_session=True)
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+
+    def _read(self):
+        for line in self.proc.stdout:
+            with self.lock:
+                self.lines.append((time.monotonic(), line.rstrip("\n")))
+
+    def wait_for(self, pattern, after=0.0, timeout=600):
+        """(time, match) of the first line matching `pattern` at or after
+        `after`."""
+        regex = re.compile(pattern)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with self.lock:
+                for t, line in self.lines:
+                    if t >= after:
+                        m = regex.search(line)
+                        if m:
+                            return t, m
+            if self.proc.poll() is not None and not self.reader.is_alive():
+                break
+            time.sleep(0.01)
+        self.stop()
+        raise RuntimeError("no line matching %r; output:\n%s" %
+                           (pattern, self.text()[-4000:]))
+
+    def times(self, pattern, before=float("inf"), after=0.0):
+        regex = re.compile(pattern)
+        with self.lock:
+            return [t for t, line in self.lines
+                    if after <= t < before and regex.search(line)]
+
+    def finish(self, timeout=1200):
+        try:
+            code = self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.stop()
+            raise RuntimeError("timed out; output:\n" + self.text()[-4000:])
+        self.reader.join()
+        return code
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+            try:
+                self.proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+
+    def text(self):
+        with self.lock:
+            return "\n".join(line for _, line in self.lines)
+
+    def stamped(self, origin):
+        """The output, each line after its time in s since `origin`."""
+        with self.lock:
+            return "".join("%9.3f %s\n" % (t - origin, line)
+                           for t, line in self.lines)
+
+    def accuracy(self):
+        found = re.findall(r"test accuracy: (0\.[0-9]{4})", self.text())
+        return found[-1] if found else None
+
+
+def outcome(code, accuracy):
+    if code == 0 and accuracy:
+        return "exit 0, acc %s" % accuracy
+    return "FAILED (exit %d)" % code
+
+
+def wait_checkpoint(run, ckpt, after_step):
+    """The newest checkpoint's folder name once its step is > after_step."""
+    latest = os.path.join(ckpt, "latest")
+    while True:
+        if os.path.exists(latest):
+            name = open(latest).read().strip()
+            if int(name.split("-")[-1]) > after_step:
+                return name
+        if run.proc.poll() is not None:
+            raise RuntimeError("no checkpoint after step %d; output:\n%s" %
+                               (after_step, run.text()[-4000:]))
+        time.sleep(0.02)
+
+
+def copy_checkpoint(name, ckpt, copy):
+    os.makedirs(copy)
+    shutil.copytree(os.path.join(ckpt, name), os.path.join(copy, name))
+    with open(os.path.join(copy, "latest"), "w") as f:
+        f.write(name + "\n")
+
+
+def one_repeat(model, cfg, old, new, work, log_dir):
+    ctl = os.path.join(work, "ctl")
+    open(ctl, "w").close()
+    ckpt = os.path.join(work, "ck")
+    common = ["--model=" + model, "--num_ps=2"] + cfg["data"] + [
+              "--epochs=1", "--max_steps_per_epoch=%d" % cfg["steps"],
+              "--batch_size=%d" % cfg["batch"], "--seed=1",
+              "--log_every_steps=1",
+              "--checkpoint_every_steps=%d" % cfg["every"]]
+    runs = []
+    try:
+        return measure(model, cfg, old, new, work, log_dir, ctl, ckpt,
+                       common, runs)
+    finally:
+        for r in runs:
+            r.stop()
+
+
+def measure(model, cfg, old, new, work, log_dir, ctl, ckpt, common, runs):
+    run = Run([PSTRAIN, "run", "--checkpoint_dir=" + ckpt,
+               "--num_workers=%d" % old, "--max_workers=3",
+               "--control_file=" + ctl] + common)
+    runs.append(run)
+    # The request follows the first durable checkpoint.
+    wait_checkpoint(run, ckpt, 0)
+    run.wait_for(STEP, time.monotonic())
+    requested = time.monotonic()
+    with open(ctl, "a") as f:
+        f.write("num_workers=%d\n" % new)
+    t_member, m = run.wait_for(
+        r"\[worker0\] membership [0-9]+: %d -> %d workers at step ([0-9]+) "
+        r"\(([0-9]+) ms\)" % (old, new), requested)
+    applied_at, reported_ms = int(m.group(1)), float(m.group(2))
+    back, _ = run.wait_for(STEP, t_member)
+    # The baseline's checkpoint: the first durable one at the new count.
+    copy = os.path.join(work, "copy")
+    copy_checkpoint(wait_checkpoint(run, ckpt, applied_at), ckpt, copy)
+    before = run.times(STEP, before=t_member)
+    steady = run.times(STEP, before=requested)[-21:]
+    step_s = statistics.median(b - a for a, b in zip(steady, steady[1:]))
+    # Every member back in the step after the change: the membership line,
+    # and the other workers' recovery or a joining worker's rejoin (before
+    # worker 0's first step line at the new count; the step starts then).
+    joined = run.times(RESUMED, before=back, after=requested)
+    result = {
+        "to_training": back - requested,
+        "members_back": max([t_member] + joined) - requested,
+        "reported_ms": reported_ms,
+        "stall": back - before[-1],
+        "step": step_s,
+        "applied_at": applied_at,
+    }
+    if new > old:
+        started, _ = run.wait_for(r"\[worker%d\] worker %d of job-" %
+                                  (old, old), requested)
+        rejoined, _ = run.wait_for(
+            r"\[worker%d\] worker %d rejoined the job at step" % (old, old),
+            requested)
+        result["joiner_start"] = started - requested
+        result["joiner_load"] = rejoined - started
+    code = run.finish()
+    result["elastic"] = outcome(code, run.accuracy())
+    # The step time at the new count: worker 0's step lines after `back`
+    # (the last one of the epoch excepted).
+    after = run.times(STEP, after=back)[:21]
+    result["step_after"] = statistics.median(
+        b - a for a, b in zip(after, after[1:]))
+    # What the change cost beyond a step: the stall less a new step.
+    result["lost"] = result["stall"] - result["step_after"]
+    with open(os.path.join(log_dir, "%s-%d-%d-elastic.log" %
+                           (model, old, new)), "w") as f:
+        f.write(run.stamped(requested))
+    # Baseline: the job restarted from the copy with the new count.
+    launched = time.monotonic()
+    cold = Run([PSTRAIN, "run", "--resume", "--checkpoint_dir=" + copy,
+                "--num_workers=%d" % new] + common)
+    runs.append(cold)
+    first, _ = cold.wait_for(STEP, launched)
+    code = cold.finish()
+    with open(os.path.join(log_dir, "%s-%d-%d-resumed.log" %
+                           (model, old, new)), "w") as f:
+        f.write(cold.stamped(launched))
+    result["cold"] = first - launched
+    result["resumed"] = outcome(code, cold.accuracy())
+    return result
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--models", default="lenet5,resnet18")
+    parser.add_argument("--log_dir", default="",
+                        help="keep every run's output here (default: none)")
+    args = parser.parse_args()
+    # steps: per epoch (the run's length); every: checkpoint interval (the
+    # request follows the first); batch: per worker.
+    # ResNet-18 trains synthetic 3 x 28 x 28 images of 10 classes: evaluating
+    # Fashion-MNIST's 10,000 test images takes ~160 s on 2 cores, the
+    # synthetic set's 1,000 a tenth of it.
+    settings = {
+        "lenet5": {"steps": 600, "every": 100, "batch": 64,
+                   "data": ["--dataset=fashion_mnist"]},
+        "resnet18": {"steps": 25, "every": 5, "batch": 16,
+                     "data": ["--dataset=synthetic", "--image_size=28",
+                              "--num_classes=10",
+                              "--synthetic_samples=2048"]}}
+    rows = []
+    began = time.monotonic()
+    for model in args.models.split(","):
+        cfg = settings.get(model, settings["resnet18"])
+        for old, new in ((2, 3), (3, 2)):
+            results = []
+            for i in range(args.repeats):
+                with tempfile.TemporaryDirectory() as work:
+                    log_dir = args.log_dir or work
+                    if args.log_dir:
+                        log_dir = os.path.join(args.log_dir, str(i))
+                        os.makedirs(log_dir, exist_ok=True)
+                    r = one_repeat(model, cfg, old, new, work, log_dir)
+                results.append(r)
+                print("# %s %d -> %d, repeat %d: %s" % (model, old, new, i,
+                      {k: (round(v, 3) if isinstance(v, float) else v)
+                       for k, v in r.items()}), flush=True)
+
+            def med(key):
+                return statistics.median(r[key] for r in results)
+
+            joiner = ("%.2f + %.2f" % (med("joiner_start"), med("joiner_load"))
+                      if new > old else "-")
+            rows.append((
+                model, "%d -> %d" % (old, new), med("members_back"),
+                med("to_training"),
+                med("reported_ms"), med("stall"), med("step"),
+                med("step_after"), med("lost"), joiner,
+                med("cold"), med("to_training") / med("cold"),
+                "; ".join(sorted(set(r["elastic"] for r in results))),
+                "; ".join(sorted(set(r["resumed"] for r in results)))))
+    print("| model | workers | request to every member in the new step (s) "
+          "| request to the new count's first step done (s) | "
+          "worker 0's change (ms) | stall: step gap across it (s) | "
+          "step before (s) | step after (s) | lost: stall - step after (s) "
+          "| joining worker: request to start + start to "
+          "rejoined (s) | baseline: restart from the checkpoint to its first "
+          "step (s) | elastic / baseline | elastic run | resumed run |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|")
+    for r in rows:
+        print("| %s | %s | %.2f | %.2f | %.0f | %.2f | %.2f | %.2f | %.2f | %s "
+              "| %.2f | %.2fx "
+              "| %s | %s |" % r)
+    print("\nmedians of %d repeats; 2 shards, sync, --max_workers=3; "
+          "%.0f s in all" % (args.repeats, time.monotonic() - began))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
