@@ -426,15 +426,15 @@ absl::Status CheckModelFiles(const JobSpec& spec, const Dataset* dataset) {
     // The newest checkpoint must be there and verify before anything starts.
     absl::StatusOr<CheckpointManifest> latest = ReadLatestCheckpoint(dir);
     absl::Status verified = latest.status();
-    // The data position the workers would refuse once started.
+    // The data position the workers would refuse once started (another
+    // number of workers re-splits the epoch where it is:
+    // worker/data_position.h).
     if (verified.ok() && (latest->position.batch_size != spec.batch_size() ||
-                          latest->position.num_workers != spec.num_workers() ||
                           latest->position.seed != spec.seed())) {
       verified = absl::InvalidArgumentError(absl::StrCat(
           latest->dir, ": saved with batch size ", latest->position.batch_size,
-          ", ", latest->position.num_workers, " workers and seed ",
-          latest->position.seed, "; this job has ", spec.batch_size(), ", ",
-          spec.num_workers(), " and ", spec.seed(),
+          " and seed ", latest->position.seed, "; this job has ",
+          spec.batch_size(), " and ", spec.seed(),
           ": its data position cannot be restored"));
     }
     if (verified.ok() && dataset != nullptr) {

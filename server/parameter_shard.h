@@ -352,6 +352,7 @@ class ParameterShard {
   // job's initial_workers - replicas_to_aggregate. Any thread.
   int EndsToDecide() const { return ends_to_decide_.load(); }
   int NumMembers() const { return num_members_.load(); }
+  bool IsMember(int worker_id) const { return CheckMember(worker_id).ok(); }
 
   bool initialized() const { return initialized_.load(); }
   int64_t generation() const { return generation_.load(); }

@@ -403,7 +403,10 @@ grpc::Status PsService::PushPullSession::Finish(grpc::Status reader_status,
   if (cancel) cancelled_.store(true);
   // Not for a message this shard refused (reader_status): a bad push
   // changes nothing, the barrier included.
-  if (cancel && reader_status.ok() && worker_id_ >= 0) {
+  // Nor for a worker that is not a member (an elastic job's worker leaving
+  // after a membership without it): no step waits for it.
+  if (cancel && reader_status.ok() && worker_id_ >= 0 &&
+      shard_->IsMember(worker_id_)) {
     shard_->BreakBarrier(
         generation_,
         absl::StrCat("worker ", worker_id_, " on ", peer_,
