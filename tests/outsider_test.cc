@@ -194,6 +194,16 @@ TEST(OutsiderTest, EveryTryIsRefusedAndTheJobEndsAsIfUntouched) {
              CancelResponse out;
              return c->Cancel(&ctx, r, &out);
            }},
+          {"Scale", "scale the job to one worker",
+           [&](Coordinator::Stub* c, ParameterServer::Stub*) {
+             grpc::ClientContext ctx;
+             Deadline(&ctx);
+             ScaleRequest r;
+             r.set_job_id(job);
+             r.set_num_workers(1);
+             ScaleResponse out;
+             return c->Scale(&ctx, r, &out);
+           }},
           {"TaskFinished", "report worker 0 finished with accuracy 0.99",
            [&](Coordinator::Stub* c, ParameterServer::Stub*) {
              grpc::ClientContext ctx;
