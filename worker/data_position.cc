@@ -67,16 +67,18 @@ DataPositions::Place DataPositions::LocateIn(const Segment& segment,
   return place;
 }
 
-int64_t DataPositions::SegmentStart(int64_t step) const {
+const DataPositions::Segment& DataPositions::SegmentOf(int64_t step) const {
   size_t i = segments_.size() - 1;
   while (i > 0 && segments_[i].step > step) --i;
-  return segments_[i].step;
+  return segments_[i];
+}
+
+int64_t DataPositions::SegmentStart(int64_t step) const {
+  return SegmentOf(step).step;
 }
 
 DataPositions::Place DataPositions::Locate(int64_t step) const {
-  size_t i = segments_.size() - 1;
-  while (i > 0 && segments_[i].step > step) --i;
-  return LocateIn(segments_[i], step);
+  return LocateIn(SegmentOf(step), step);
 }
 
 void DataPositions::ComputeTotal() {
@@ -103,19 +105,18 @@ void DataPositions::Rebase(int64_t step, int epoch, int64_t offset,
 }
 
 DataPosition DataPositions::At(int64_t step) const {
-  size_t i = segments_.size() - 1;
-  while (i > 0 && segments_[i].step > step) --i;
-  const Place place = LocateIn(segments_[i], step);
+  const Segment& segment = SegmentOf(step);
+  const Place place = LocateIn(segment, step);
   DataPosition position;
   position.epoch = place.epoch;
   position.step_in_epoch = place.step_in_epoch;
   position.steps_per_epoch =
       place.step_in_epoch +
-      StepsFrom(place.offset, place.step_in_epoch, segments_[i].members);
+      StepsFrom(place.offset, place.step_in_epoch, segment.members);
   position.offset = place.offset;
   position.seed = seed_;
   position.batch_size = batch_size_;
-  position.num_workers = segments_[i].members;
+  position.num_workers = segment.members;
   return position;
 }
 

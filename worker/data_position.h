@@ -111,6 +111,8 @@ class DataPositions {
   // `steps_done` of its steps.
   int64_t StepsFrom(int64_t offset, int64_t steps_done, int members) const;
   Place LocateIn(const Segment& segment, int64_t step) const;
+  // The last rebase at or before `step` (the first for earlier steps).
+  const Segment& SegmentOf(int64_t step) const;
   void ComputeTotal();
 
   const int64_t samples_per_epoch_;

@@ -242,13 +242,9 @@ class PsExchange : public GradientExchange, public WeightsGate {
           "staleness or saved top-k residuals only");
     }
     // The step in flight is this worker's next: nothing pushed yet.
-    client_->Reset();
-    pending_mark_.reset();
-    pull_in_flight_ = false;
-    pull_error_ = absl::OkStatus();
-    ASSIGN_OR_RETURN(const int64_t version,
-                     client_->Reopen(timeout, &membership));
-    (void)version;
+    DropStepInFlight();
+    // Every shard's version; the pull below brings it into version_.
+    RETURN_IF_ERROR(client_->Reopen(timeout, &membership).status());
     RETURN_IF_ERROR(client_->WaitReady(timeout, client_->generation(),
                                        /*wait_for_connection=*/false));
     ASSIGN_OR_RETURN(version_, client_->PushPull(0, {}, 0, 0, weights_));
@@ -270,10 +266,7 @@ class PsExchange : public GradientExchange, public WeightsGate {
                                    const ModelState* restore,
                                    int64_t min_generation,
                                    absl::Duration timeout) {
-    client_->Reset();
-    pending_mark_.reset();
-    pull_in_flight_ = false;
-    pull_error_ = absl::OkStatus();
+    DropStepInFlight();
     if (!addresses.empty()) RETURN_IF_ERROR(client_->SetAddresses(addresses));
     reopened_ = false;
     if (restore != nullptr && saves_residuals()) {
@@ -354,6 +347,15 @@ class PsExchange : public GradientExchange, public WeightsGate {
                        " decided, but the pull brought version ", *finished));
     }
     return SaveAnnouncedResiduals();
+  }
+
+  // Gives up the step in flight and every stream (a recovery, or a
+  // membership change).
+  void DropStepInFlight() {
+    client_->Reset();
+    pending_mark_.reset();
+    pull_in_flight_ = false;
+    pull_error_ = absl::OkStatus();
   }
 
   bool saves_residuals() const {
