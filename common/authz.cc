@@ -57,6 +57,7 @@ const std::vector<MethodRule>& AuthorizationTable() {
       {"/pstrain.ParameterServer/Stats", Caller::kWorkerAsItself},
       {"/pstrain.ParameterServer/Checkpoint", Caller::kWorker0},
       {"/pstrain.ParameterServer/WorkerDone", Caller::kWorkerAsItself},
+      {"/pstrain.ParameterServer/Export", Caller::kWorker0},
   };
   return *table;
 }
