@@ -13,7 +13,9 @@
 namespace pstrain {
 namespace {
 
-constexpr char kExpected[] = "expected num_workers=N [at_step=S]";
+constexpr char kExpected[] =
+    "expected [num_workers=N] [num_ps=M] [at_step=S], with num_workers, "
+    "num_ps or both";
 
 // At most this many bytes are read per Poll (a runaway writer cannot make
 // the run read without bound).
@@ -24,6 +26,7 @@ constexpr int64_t kMaxPollBytes = 1 << 20;
 absl::StatusOr<ScaleLine> ParseControlLine(absl::string_view line) {
   ScaleLine scale;
   bool has_workers = false;
+  bool has_ps = false;
   bool has_step = false;
   const std::string quoted =
       absl::StrCat("\"", line.substr(0, ControlFile::kMaxLineBytes), "\"");
@@ -35,6 +38,10 @@ absl::StatusOr<ScaleLine> ParseControlLine(absl::string_view line) {
         absl::SimpleAtoi(kv.second, &scale.num_workers) &&
         scale.num_workers >= 1) {
       has_workers = true;
+    } else if (kv.first == "num_ps" && !has_ps &&
+               absl::SimpleAtoi(kv.second, &scale.num_ps) &&
+               scale.num_ps >= 1) {
+      has_ps = true;
     } else if (kv.first == "at_step" && !has_step &&
                absl::SimpleAtoi(kv.second, &scale.at_step) &&
                scale.at_step >= 0) {
@@ -42,10 +49,10 @@ absl::StatusOr<ScaleLine> ParseControlLine(absl::string_view line) {
     } else {
       return absl::InvalidArgumentError(
           absl::StrCat(quoted, ": \"", word, "\"; ", kExpected,
-                       " (N >= 1, S >= 0, each once)"));
+                       " (N >= 1, M >= 1, S >= 0, each once)"));
     }
   }
-  if (!has_workers) {
+  if (!has_workers && !has_ps) {
     return absl::InvalidArgumentError(absl::StrCat(quoted, ": ", kExpected));
   }
   return scale;

@@ -2,10 +2,11 @@
 // running local job is scaled, since a signal carries no number. Each line
 // appended to the file is one request:
 //
-//   num_workers=N [at_step=S]
+//   [num_workers=N] [num_ps=M] [at_step=S]
 //
-// (a Scale of the job to N workers at the first step boundary at or after
-// S; 0 or none: the next). Empty lines and lines starting with '#' are
+// with num_workers, num_ps or both (a Scale of the job to N workers and M
+// shards at the first step boundary at or after S; 0 or none: the next; a
+// count left out stays as it is). Empty lines and lines starting with '#' are
 // skipped. The file need not exist when the run starts; a line is read
 // once it ends with a newline; a file that shrinks (written anew) is read
 // again from its start.
@@ -25,12 +26,14 @@
 namespace pstrain {
 
 struct ScaleLine {
-  int num_workers = 0;
+  int num_workers = 0;  // 0: unchanged
+  int num_ps = 0;       // 0: unchanged
   int64_t at_step = 0;
 };
 
 // One line (without its newline). INVALID_ARGUMENT, one line, naming what
-// was expected: "\"workers=3\": expected num_workers=N [at_step=S]".
+// was expected: "\"workers=3\": expected [num_workers=N] [num_ps=M]
+// [at_step=S], with num_workers, num_ps or both".
 absl::StatusOr<ScaleLine> ParseControlLine(absl::string_view line);
 
 class ControlFile {

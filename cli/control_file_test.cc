@@ -23,26 +23,40 @@ TEST(ControlFileTest, ParsesScaleLines) {
   ASSERT_TRUE(line.ok()) << line.status();
   EXPECT_EQ(line->num_workers, 4);
   EXPECT_EQ(line->at_step, 200);
+  EXPECT_EQ(line->num_ps, 0);
   line = ParseControlLine("  num_workers=3");
   ASSERT_TRUE(line.ok()) << line.status();
   EXPECT_EQ(line->at_step, 0);
+  // Shards (issue 40), alone or with the workers.
+  line = ParseControlLine("num_ps=3 at_step=300");
+  ASSERT_TRUE(line.ok()) << line.status();
+  EXPECT_EQ(line->num_workers, 0);
+  EXPECT_EQ(line->num_ps, 3);
+  EXPECT_EQ(line->at_step, 300);
+  line = ParseControlLine("num_ps=2\tnum_workers=4");
+  ASSERT_TRUE(line.ok()) << line.status();
+  EXPECT_EQ(line->num_workers, 4);
+  EXPECT_EQ(line->num_ps, 2);
+  const std::string expected =
+      "expected [num_workers=N] [num_ps=M] [at_step=S], with num_workers, "
+      "num_ps or both";
+  const std::string each_once = " (N >= 1, M >= 1, S >= 0, each once)";
   const struct {
-    const char* text;
-    const char* error;
+    std::string text;
+    std::string error;
   } bad[] = {
-      {"workers=3",
-       "\"workers=3\": \"workers=3\"; expected num_workers=N [at_step=S] (N "
-       ">= 1, S >= 0, each once)"},
+      {"workers=3", "\"workers=3\": \"workers=3\"; " + expected + each_once},
       {"num_workers=0",
-       "\"num_workers=0\": \"num_workers=0\"; expected num_workers=N "
-       "[at_step=S] (N >= 1, S >= 0, each once)"},
+       "\"num_workers=0\": \"num_workers=0\"; " + expected + each_once},
       {"num_workers=2 at_step=-1",
-       "\"num_workers=2 at_step=-1\": \"at_step=-1\"; expected "
-       "num_workers=N [at_step=S] (N >= 1, S >= 0, each once)"},
+       "\"num_workers=2 at_step=-1\": \"at_step=-1\"; " + expected + each_once},
       {"num_workers=2 num_workers=3",
-       "\"num_workers=2 num_workers=3\": \"num_workers=3\"; expected "
-       "num_workers=N [at_step=S] (N >= 1, S >= 0, each once)"},
-      {"at_step=5", "\"at_step=5\": expected num_workers=N [at_step=S]"},
+       "\"num_workers=2 num_workers=3\": \"num_workers=3\"; " + expected +
+           each_once},
+      {"num_ps=0", "\"num_ps=0\": \"num_ps=0\"; " + expected + each_once},
+      {"num_ps=2 num_ps=3",
+       "\"num_ps=2 num_ps=3\": \"num_ps=3\"; " + expected + each_once},
+      {"at_step=5", "\"at_step=5\": " + expected},
   };
   for (const auto& b : bad) {
     line = ParseControlLine(b.text);
@@ -78,6 +92,13 @@ TEST(ControlFileTest, PollReadsEachCompleteLineOnce) {
   lines = control.Poll();
   ASSERT_EQ(lines.size(), 1u);
   EXPECT_EQ(lines[0].num_workers, 5);
+  // A shard count (issue 40).
+  Append(path, "num_ps=3 at_step=7\n");
+  lines = control.Poll();
+  ASSERT_EQ(lines.size(), 1u);
+  EXPECT_EQ(lines[0].num_workers, 0);
+  EXPECT_EQ(lines[0].num_ps, 3);
+  EXPECT_EQ(lines[0].at_step, 7);
 }
 
 }  // namespace

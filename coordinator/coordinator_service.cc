@@ -9,6 +9,7 @@
 #include "absl/time/clock.h"
 #include "common/status.h"
 #include "common/tls.h"
+#include "coordinator/job_membership.h"
 #include "coordinator/job_spec.h"
 
 namespace pstrain {
@@ -134,9 +135,12 @@ grpc::Status CoordinatorService::Scale(grpc::ServerContext* context,
       !denied.ok()) {
     return denied;
   }
+  ScaleTarget target;
+  target.num_workers = request->num_workers();
+  target.num_ps = request->num_ps();
+  target.at_step = request->at_step();
   absl::StatusOr<Membership> membership =
-      table_->Scale(request->job_id(), request->num_workers(),
-                    request->at_step(), absl::Now());
+      table_->Scale(request->job_id(), target, absl::Now());
   if (!membership.ok()) return ToGrpcStatus(membership.status());
   *response->mutable_membership() = *std::move(membership);
   return grpc::Status::OK;
@@ -175,7 +179,10 @@ grpc::Status CoordinatorService::WaitForLayout(grpc::ServerContext* context,
   absl::StatusOr<JobInfo> job =
       table_->Get(request->job_id(), JobTable::kNoLog);
   if (!job.ok()) return ToGrpcStatus(job.status());
-  const int num_ps = job->spec().num_ps();
+  // The table answers the layout's shards (an elastic-shard job: the
+  // applied membership's), then every worker task.
+  const int num_ps =
+      static_cast<int>(addresses->size()) - WorkerTaskCount(job->spec());
   response->set_generation(JobRestarts(*job));
   for (int i = 0; i < static_cast<int>(addresses->size()); ++i) {
     if (i < num_ps) {

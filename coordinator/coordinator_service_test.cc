@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 
@@ -194,6 +195,97 @@ TEST_F(CoordinatorServiceTest, BadSpecIsInvalidArgumentAndTheNextGoodOneRuns) {
   SubmitResponse response;
   ASSERT_TRUE(stub_->Submit(&c, good, &response).ok());
   EXPECT_EQ(response.job_id(), "job-1");
+}
+
+// Elastic shards (issue 40): Scale with num_ps, and WaitForLayout answers
+// the shards of the membership worker 0 applied, so that a worker
+// recovering after the layout changed finds the new shards.
+TEST_F(CoordinatorServiceTest, ScaleShardsAndLayoutOfTheAppliedMembership) {
+  grpc::ClientContext c;
+  SetDeadline(&c);
+  SubmitRequest submit;
+  submit.mutable_spec()->set_num_ps(2);
+  submit.mutable_spec()->set_max_ps(3);
+  submit.mutable_spec()->set_num_workers(1);
+  submit.mutable_spec()->set_batch_size(8);
+  submit.mutable_spec()->set_epochs(1);
+  SubmitResponse submitted;
+  ASSERT_TRUE(stub_->Submit(&c, submit, &submitted).ok());
+  const std::string id = submitted.job_id();
+  ASSERT_TRUE(Register(id, ROLE_PS, 0, "p0:7000").ok());
+  ASSERT_TRUE(Register(id, ROLE_PS, 1, "p1:7000").ok());
+  ASSERT_TRUE(Register(id, ROLE_WORKER, 0, "w0:7001").ok());
+  auto layout = [&] {
+    grpc::ClientContext wc;
+    SetDeadline(&wc);
+    JobRequest r;
+    r.set_job_id(id);
+    ClusterLayout out;
+    const grpc::Status s = stub_->WaitForLayout(&wc, r, &out);
+    EXPECT_TRUE(s.ok()) << s.error_message();
+    return absl::StrCat(absl::StrJoin(out.ps_addresses(), ","), " | ",
+                        absl::StrJoin(out.worker_addresses(), ","));
+  };
+  auto heartbeat = [&](TaskRole role, int index,
+                       const MembershipApplied* applied) {
+    grpc::ClientContext hc;
+    SetDeadline(&hc);
+    HeartbeatRequest hb;
+    hb.mutable_task()->set_job_id(id);
+    hb.mutable_task()->set_role(role);
+    hb.mutable_task()->set_index(index);
+    if (applied != nullptr) *hb.mutable_membership_applied() = *applied;
+    HeartbeatResponse hr;
+    const grpc::Status s = stub_->Heartbeat(&hc, hb, &hr);
+    EXPECT_TRUE(s.ok()) << s.error_message();
+    return hr;
+  };
+  auto scale = [&](int num_ps, ScaleResponse* response) {
+    grpc::ClientContext sc;
+    SetDeadline(&sc);
+    ScaleRequest r;
+    r.set_job_id(id);
+    r.set_num_ps(num_ps);
+    return stub_->Scale(&sc, r, response);
+  };
+  EXPECT_EQ(layout(), "p0:7000,p1:7000 | w0:7001");
+
+  ScaleResponse scaled;
+  ASSERT_TRUE(scale(3, &scaled).ok());
+  EXPECT_EQ(scaled.membership().num_ps(), 3);
+  EXPECT_FALSE(scaled.membership().ready());
+  ASSERT_TRUE(Register(id, ROLE_PS, 2, "p2:7000").ok());
+  // Ready, with the shards' addresses for worker 0; the layout is still
+  // the applied membership's.
+  HeartbeatResponse hr = heartbeat(ROLE_WORKER, 0, nullptr);
+  EXPECT_TRUE(hr.membership().ready());
+  EXPECT_EQ(absl::StrJoin(hr.membership().ps_addresses(), ","),
+            "p0:7000,p1:7000,p2:7000");
+  EXPECT_EQ(layout(), "p0:7000,p1:7000 | w0:7001");
+  MembershipApplied applied;
+  applied.set_epoch(1);
+  applied.set_old_workers(1);
+  applied.set_new_workers(1);
+  applied.set_old_ps(2);
+  applied.set_new_ps(3);
+  heartbeat(ROLE_WORKER, 0, &applied);
+  EXPECT_EQ(layout(), "p0:7000,p1:7000,p2:7000 | w0:7001");
+
+  // Back to 2: shard 2 is told to leave once applied.
+  ASSERT_TRUE(scale(2, &scaled).ok());
+  EXPECT_FALSE(heartbeat(ROLE_PS, 2, nullptr).removed());
+  applied.set_epoch(2);
+  applied.set_old_ps(3);
+  applied.set_new_ps(2);
+  heartbeat(ROLE_WORKER, 0, &applied);
+  EXPECT_TRUE(heartbeat(ROLE_PS, 2, nullptr).removed());
+  EXPECT_FALSE(heartbeat(ROLE_PS, 1, nullptr).removed());
+  EXPECT_EQ(layout(), "p0:7000,p1:7000 | w0:7001");
+  // Out of range: INVALID_ARGUMENT naming the job.
+  const grpc::Status s = scale(4, &scaled);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(s.error_message(),
+            id + ": scale to 4 shards; expected 1 to 3 (max_ps)");
 }
 
 }  // namespace

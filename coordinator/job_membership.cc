@@ -4,23 +4,46 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 
 namespace pstrain {
 namespace {
 
-// The task of worker `index` (the workers follow the num_ps PS tasks).
+// The task of worker `index` (the workers follow the PS tasks).
 TaskInfo* WorkerTask(JobInfo* job, int index) {
-  return job->mutable_tasks(job->spec().num_ps() + index);
+  return job->mutable_tasks(PsTaskCount(job->spec()) + index);
 }
 const TaskInfo& WorkerTask(const JobInfo& job, int index) {
-  return job.tasks(job.spec().num_ps() + index);
+  return job.tasks(PsTaskCount(job.spec()) + index);
 }
 
-// Every member of `m` has registered (a restarted one: again).
+// Every member of `m` and every shard of its layout has registered (a
+// restarted one: again).
 bool AllRegistered(const JobInfo& job, const Membership& m) {
   for (int w : m.workers()) {
     if (WorkerTask(job, w).state() != TASK_REGISTERED) return false;
   }
+  for (int s = 0; s < m.num_ps(); ++s) {
+    if (job.tasks(s).state() != TASK_REGISTERED) return false;
+  }
+  return true;
+}
+
+// With num_ps, once its shards are registered: their addresses. True if
+// they changed.
+bool FillShardAddresses(const JobInfo& job, Membership* m) {
+  if (m->num_ps() <= 0) return false;
+  std::vector<std::string> addresses;
+  for (int s = 0; s < m->num_ps(); ++s) {
+    if (job.tasks(s).state() != TASK_REGISTERED) return false;
+    addresses.push_back(job.tasks(s).address());
+  }
+  if (std::equal(addresses.begin(), addresses.end(), m->ps_addresses().begin(),
+                 m->ps_addresses().end())) {
+    return false;
+  }
+  m->clear_ps_addresses();
+  for (std::string& a : addresses) m->add_ps_addresses(std::move(a));
   return true;
 }
 
@@ -30,14 +53,30 @@ void AddMembership(JobInfo* job, const Membership& m) {
   *job->mutable_membership() = m;
 }
 
+// The most shards of the memberships from the applied one on.
+int MostShards(const JobInfo& job) {
+  int most = 0;
+  for (const Membership& m : job.memberships()) {
+    most = std::max(most, m.num_ps());
+  }
+  return most;
+}
+
 }  // namespace
 
 bool IsElastic(const JobSpec& spec) {
-  return spec.max_workers() > 0 || spec.min_workers() > 0;
+  return spec.max_workers() > 0 || spec.min_workers() > 0 ||
+         IsShardElastic(spec);
 }
+
+bool IsShardElastic(const JobSpec& spec) { return spec.max_ps() > 0; }
 
 int WorkerTaskCount(const JobSpec& spec) {
   return std::max(spec.num_workers(), spec.max_workers());
+}
+
+int PsTaskCount(const JobSpec& spec) {
+  return std::max(spec.num_ps(), spec.max_ps());
 }
 
 bool IsMember(const Membership& membership, int worker) {
@@ -51,11 +90,15 @@ void InitMembership(JobInfo* job) {
   Membership first;
   first.set_epoch(0);
   for (int w = 0; w < spec.num_workers(); ++w) first.add_workers(w);
+  if (IsShardElastic(spec)) first.set_num_ps(spec.num_ps());
   first.set_ready(true);
   first.set_reason("submitted");
   AddMembership(job, first);
   for (int w = spec.num_workers(); w < WorkerTaskCount(spec); ++w) {
     WorkerTask(job, w)->set_state(TASK_IDLE);
+  }
+  for (int s = spec.num_ps(); s < PsTaskCount(spec); ++s) {
+    job->mutable_tasks(s)->set_state(TASK_IDLE);
   }
 }
 
@@ -77,42 +120,101 @@ bool LeavingJob(const JobInfo& job, int index) {
          !IsMember(job.membership(), index);
 }
 
-void FillHeartbeatMembership(const JobInfo& job, int index,
+bool ShardRemoved(const JobInfo& job, int index) {
+  return IsShardElastic(job.spec()) && !job.memberships().empty() &&
+         index >= MostShards(job);
+}
+
+void FillHeartbeatMembership(const JobInfo& job, TaskRole role, int index,
                              HeartbeatResponse* response) {
   if (!IsElastic(job.spec())) return;
+  if (role == ROLE_PS) {
+    response->set_removed(ShardRemoved(job, index));
+    return;
+  }
   *response->mutable_membership() = job.membership();
   response->set_removed(WorkerRemoved(job, index));
 }
 
-absl::StatusOr<Membership> ScaleMembership(JobInfo* job, int num_workers,
-                                           int64_t at_step, int64_t now_ms) {
-  const JobSpec& spec = job->spec();
-  const std::string& id = job->id();
-  if (spec.max_workers() <= 0) {
+namespace {
+
+// The checks of a Scale that change nothing (see ScaleMembership).
+absl::Status CheckScale(const JobInfo& job, const ScaleTarget& target) {
+  const JobSpec& spec = job.spec();
+  const std::string& id = job.id();
+  if (target.num_workers == 0 && target.num_ps == 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         id,
-        " is not elastic: its spec has no max_workers; a job is scaled "
-        "only within max_workers"));
+        ": a scale to 0 workers and 0 shards; expected num_workers, "
+        "num_ps or both (0: unchanged)"));
+  }
+  if (target.num_workers != 0 && spec.max_workers() <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        id,
+        IsShardElastic(spec) ? " has a fixed number of workers"
+                             : " is not elastic",
+        ": its spec has no max_workers; a job is scaled only within "
+        "max_workers"));
   }
   const int lo = std::max({1, spec.min_workers(), spec.backup_workers() + 1});
-  if (num_workers < lo || num_workers > spec.max_workers()) {
+  if (target.num_workers != 0 &&
+      (target.num_workers < lo || target.num_workers > spec.max_workers())) {
     return absl::InvalidArgumentError(absl::StrCat(
-        id, ": scale to ", num_workers, " workers; expected ", lo, " to ",
-        spec.max_workers(), " (max(1, min_workers, backup_workers + 1) to ",
-        "max_workers)"));
+        id, ": scale to ", target.num_workers, " workers; expected ", lo,
+        " to ", spec.max_workers(),
+        " (max(1, min_workers, backup_workers + 1) to max_workers)"));
   }
-  if (at_step < 0) {
+  if (target.num_ps != 0 && !IsShardElastic(spec)) {
     return absl::InvalidArgumentError(absl::StrCat(
-        id, ": at_step ", at_step, "; expected >= 0 (0: the next step)"));
+        id,
+        " has a fixed number of shards: its spec has no max_ps; shards are "
+        "scaled only within max_ps"));
   }
-  if (job->state() != JOB_RUNNING) {
+  if (target.num_ps != 0 &&
+      (target.num_ps < 1 || target.num_ps > spec.max_ps())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(id, ": scale to ", target.num_ps,
+                     " shards; expected 1 to ", spec.max_ps(), " (max_ps)"));
+  }
+  if (target.at_step < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(id, ": at_step ", target.at_step,
+                     "; expected >= 0 (0: the next step)"));
+  }
+  if (job.state() != JOB_RUNNING) {
     return absl::FailedPreconditionError(
-        absl::StrCat(id, " is ", JobState_Name(job->state()),
+        absl::StrCat(id, " is ", JobState_Name(job.state()),
                      "; only a RUNNING job is scaled"));
   }
+  return absl::OkStatus();
+}
+
+// "scale to 3 workers", "scale to 2 shards", "scale to 3 workers and 2
+// shards": what changed.
+std::string ScaleReason(bool workers_change, int num_workers,
+                        bool shards_change, int num_ps) {
+  std::string reason = "scale to ";
+  if (workers_change) absl::StrAppend(&reason, num_workers, " workers");
+  if (workers_change && shards_change) absl::StrAppend(&reason, " and ");
+  if (shards_change) absl::StrAppend(&reason, num_ps, " shards");
+  return reason;
+}
+
+}  // namespace
+
+absl::StatusOr<Membership> ScaleMembership(JobInfo* job,
+                                           const ScaleTarget& target,
+                                           int64_t now_ms) {
+  RETURN_IF_ERROR(CheckScale(*job, target));
+  const JobSpec& spec = job->spec();
+  const std::string& id = job->id();
   const Membership& newest = job->membership();
   const int current = newest.workers_size();
-  if (num_workers == current) return newest;
+  const int num_workers =
+      target.num_workers != 0 ? target.num_workers : current;
+  const int current_ps = newest.num_ps();
+  const int num_ps = target.num_ps != 0 ? target.num_ps : current_ps;
+  if (num_workers == current && num_ps == current_ps) return newest;
   if (job->memberships_size() > kMaxPendingMemberships) {
     return absl::FailedPreconditionError(absl::StrCat(
         id, ": ", job->memberships_size() - 1,
@@ -138,6 +240,21 @@ absl::StatusOr<Membership> ScaleMembership(JobInfo* job, int num_workers,
           " of its ", WorkerTaskCount(spec), " worker tasks are free to join ",
           "(removed workers are still exiting); try again shortly"));
     }
+  }
+  // Shards current_ps to num_ps - 1 join: each must be free (a shard a
+  // shrink not yet applied still holds is not).
+  for (int s = current_ps; s < num_ps; ++s) {
+    const TaskState state = job->tasks(s).state();
+    if (state != TASK_IDLE && state != TASK_REMOVED) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          id, ": scale to ", num_ps, " shards: ps ", s, " is ",
+          TaskState_Name(state),
+          " (a shrink not yet applied still holds it, or it is exiting); "
+          "try again once worker 0 applied membership ",
+          newest.epoch()));
+    }
+  }
+  if (num_workers > current) {
     workers.insert(workers.end(), joining.begin(), joining.end());
     std::sort(workers.begin(), workers.end());
   } else {
@@ -152,8 +269,23 @@ absl::StatusOr<Membership> ScaleMembership(JobInfo* job, int num_workers,
     }
     workers.resize(num_workers);
   }
-  for (int w : joining) {
-    TaskInfo* task = WorkerTask(job, w);
+  // Leaving shards stay until worker 0 applies the membership, but one
+  // that joined by a membership not applied and has not registered yet is
+  // not waited for.
+  const int applied_ps = job->memberships(0).num_ps();
+  for (int s = std::max(num_ps, applied_ps); s < current_ps; ++s) {
+    TaskInfo* task = job->mutable_tasks(s);
+    if (task->state() != TASK_WAITING) continue;
+    task->set_state(TASK_REMOVED);
+    task->set_message(absl::StrCat("left out by a scale to ", num_ps,
+                                   " shards before it registered"));
+  }
+  std::vector<TaskInfo*> starting;
+  for (int w : joining) starting.push_back(WorkerTask(job, w));
+  for (int s = current_ps; s < num_ps; ++s) {
+    starting.push_back(job->mutable_tasks(s));
+  }
+  for (TaskInfo* task : starting) {
     task->set_state(TASK_WAITING);
     task->set_address("");
     task->set_message("");
@@ -163,9 +295,12 @@ absl::StatusOr<Membership> ScaleMembership(JobInfo* job, int num_workers,
   Membership next;
   next.set_epoch(newest.epoch() + 1);
   for (int w : workers) next.add_workers(w);
+  next.set_num_ps(num_ps);
   next.set_ready(AllRegistered(*job, next));
-  next.set_at_step(at_step);
-  next.set_reason(absl::StrCat("scale to ", num_workers, " workers"));
+  if (next.ready()) FillShardAddresses(*job, &next);
+  next.set_at_step(target.at_step);
+  next.set_reason(ScaleReason(num_workers != current, num_workers,
+                              num_ps != current_ps, num_ps));
   AddMembership(job, next);
   return next;
 }
@@ -174,12 +309,14 @@ bool UpdateReady(JobInfo* job) {
   if (!IsElastic(job->spec())) return false;
   bool changed = false;
   for (Membership& m : *job->mutable_memberships()) {
-    if (m.ready() || !AllRegistered(*job, m)) continue;
-    m.set_ready(true);
-    if (m.epoch() == job->membership().epoch()) {
-      job->mutable_membership()->set_ready(true);
+    if (!m.ready() && AllRegistered(*job, m)) {
+      m.set_ready(true);
+      changed = true;
     }
-    changed = true;
+    if (m.ready()) changed |= FillShardAddresses(*job, &m);
+  }
+  if (changed) {
+    *job->mutable_membership() = job->memberships(job->memberships_size() - 1);
   }
   return changed;
 }
@@ -195,16 +332,35 @@ std::optional<std::string> ApplyMembership(JobInfo* job,
   }
   if (found < 0) return std::nullopt;  // applied already, or never made
   const std::string reason = job->memberships(found).reason();
+  MembershipApplied kept = applied;
+  if (kept.old_ps() == 0) kept.set_old_ps(job->memberships(0).num_ps());
+  if (kept.new_ps() == 0) kept.set_new_ps(job->memberships(found).num_ps());
   job->mutable_memberships()->DeleteSubrange(0, found);
   auto* history = job->mutable_membership_history();
-  *history->Add() = applied;
+  *history->Add() = kept;
   if (history->size() > kMaxMembershipHistory) {
     history->DeleteSubrange(0, history->size() - kMaxMembershipHistory);
   }
+  // The shards no membership from this one on has: they exit.
+  for (int s = 0; s < PsTaskCount(job->spec()); ++s) {
+    TaskInfo* task = job->mutable_tasks(s);
+    if (!ShardRemoved(*job, s) || task->state() == TASK_IDLE ||
+        task->state() == TASK_REMOVED) {
+      continue;
+    }
+    task->set_state(TASK_REMOVED);
+    task->set_message(absl::StrCat("left out by membership ", applied.epoch(),
+                                   " (", kept.new_ps(), " shards)"));
+  }
+  const std::string shards =
+      IsShardElastic(job->spec())
+          ? absl::StrCat(", ", kept.old_ps(), " shards -> ", kept.new_ps())
+          : "";
   return absl::StrCat(
       "membership ", applied.epoch(), ": ", applied.old_workers(),
-      " workers -> ", applied.new_workers(), " at step ", applied.step(), " (",
-      static_cast<int64_t>(applied.elapsed_ms()), " ms): ", reason);
+      " workers -> ", applied.new_workers(), shards, " at step ",
+      applied.step(), " (", static_cast<int64_t>(applied.elapsed_ms()),
+      " ms): ", reason);
 }
 
 std::optional<std::string> RemoveFailedWorker(JobInfo* job, int index,
@@ -221,7 +377,9 @@ std::optional<std::string> RemoveFailedWorker(JobInfo* job, int index,
   for (int w : newest.workers()) {
     if (w != index) next.add_workers(w);
   }
+  next.set_num_ps(newest.num_ps());
   next.set_ready(AllRegistered(*job, next));
+  if (next.ready()) FillShardAddresses(*job, &next);
   next.set_reason(absl::StrCat("worker ", index, " removed: ", why));
   AddMembership(job, next);
   TaskInfo* task = WorkerTask(job, index);
@@ -249,8 +407,21 @@ absl::Status ValidateMembership(const JobInfo& job, const std::string& where) {
         absl::StrCat(where, ": an elastic job without a membership"));
   }
   const int tasks = WorkerTaskCount(job.spec());
+  const bool shards = IsShardElastic(job.spec());
+  const int ps_tasks = PsTaskCount(job.spec());
   int64_t epoch = -1;
   for (const Membership& m : job.memberships()) {
+    if (shards ? m.num_ps() < 1 || m.num_ps() > ps_tasks : m.num_ps() != 0) {
+      return absl::DataLossError(absl::StrCat(
+          where, ": membership ", m.epoch(), " has ", m.num_ps(),
+          " shards; expected ",
+          shards ? absl::StrCat("1 to ", ps_tasks) : "0 (no max_ps)"));
+    }
+    if (!m.ps_addresses().empty() && m.ps_addresses_size() != m.num_ps()) {
+      return absl::DataLossError(absl::StrCat(
+          where, ": membership ", m.epoch(), " lists ", m.ps_addresses_size(),
+          " shard addresses for its ", m.num_ps(), " shards"));
+    }
     int previous = -1;
     for (int w : m.workers()) {
       if (w <= previous || w >= tasks) {

@@ -3,14 +3,23 @@
 // membership fields and its worker tasks' states. No locks and no I/O: the
 // JobTable calls these under its mutex and writes its file after a change.
 //
-// A job is elastic when its spec sets max_workers or min_workers. It has
-// WorkerTaskCount() worker tasks; workers 0 to num_workers - 1 are the
-// members of epoch 0, the others start TASK_IDLE. The coordinator holds the
+// A job is elastic when its spec sets max_workers, min_workers or max_ps.
+// It has PsTaskCount() PS tasks, then WorkerTaskCount() worker tasks;
+// workers 0 to num_workers - 1 are the members of epoch 0, shards 0 to
+// num_ps - 1 its layout (Membership.num_ps, with max_ps), the others start
+// TASK_IDLE. The coordinator holds the
 // job's intent, JobInfo.membership (the newest); worker 0 applies it at a
 // step boundary and reports MembershipApplied. JobInfo.memberships keeps
 // the newest applied membership, then every newer one: a worker in none of
 // them is removed (it exits 0; its task becomes TASK_REMOVED), and a
 // removed task neither fails the job nor is waited for.
+//
+// Elastic shards (max_ps; docs/ARCHITECTURE.md "Elastic shards"): every
+// membership has num_ps, the shards 0 to num_ps - 1 from it on, and, once
+// ready, their registered addresses (ps_addresses). A shard at or above
+// the num_ps of every membership from the applied one on is removed, as a
+// worker in none of them: its heartbeats answer removed, it exits 0, its
+// task becomes TASK_REMOVED, and its end is no failure.
 //
 // Thread-safety: none of its own; pure functions over the JobInfo given.
 #ifndef PSTRAIN_COORDINATOR_JOB_MEMBERSHIP_H_
@@ -33,15 +42,20 @@ inline constexpr int kMaxMembershipHistory = 1000;
 // FAILED_PRECONDITION until worker 0 applies one.
 inline constexpr int kMaxPendingMemberships = 64;
 
-// max_workers or min_workers set.
+// max_workers, min_workers or max_ps set.
 bool IsElastic(const JobSpec& spec);
+// max_ps set: the number of shards changes while the job runs.
+bool IsShardElastic(const JobSpec& spec);
 // The job's worker tasks: max(num_workers, max_workers).
 int WorkerTaskCount(const JobSpec& spec);
+// The job's PS tasks: max(num_ps, max_ps).
+int PsTaskCount(const JobSpec& spec);
 bool IsMember(const Membership& membership, int worker);
 
-// Submit's part: an elastic job's workers from num_workers on go
-// TASK_IDLE, and its membership is epoch 0 (workers 0 to num_workers - 1,
-// ready, reason "submitted"). Nothing for other jobs.
+// Submit's part: an elastic job's workers from num_workers on and shards
+// from num_ps on go TASK_IDLE, and its membership is epoch 0 (workers 0 to
+// num_workers - 1, num_ps shards with max_ps, ready, reason "submitted";
+// its ps_addresses once the shards registered). Nothing for other jobs.
 void InitMembership(JobInfo* job);
 
 // The newest membership worker 0 applied (epoch 0 before any); null for a
@@ -59,35 +73,70 @@ bool WorkerRemoved(const JobInfo& job, int index);
 // restarted. False in other jobs.
 bool LeavingJob(const JobInfo& job, int index);
 
-// The answer's membership fields for worker `index` (elastic jobs only).
-void FillHeartbeatMembership(const JobInfo& job, int index,
+// Whether shard `index` of a job with max_ps is at or above the num_ps of
+// every membership from the applied one on (HeartbeatResponse.removed):
+// it is outside the layout and no membership made since brings it back.
+// Its end, clean or not, is no failure and it is not restarted. A shard
+// only the newest membership leaves out still holds its part of the state
+// until worker 0 applies it: its death is handled as before. False in
+// other jobs.
+bool ShardRemoved(const JobInfo& job, int index);
+
+// The answer's membership fields for task (`role`, `index`) (elastic jobs
+// only): a worker's membership and removed; a shard's removed (jobs with
+// max_ps).
+void FillHeartbeatMembership(const JobInfo& job, TaskRole role, int index,
                              HeartbeatResponse* response);
 
-// Scale's part: the newest membership with `num_workers` members, as a new
-// epoch (reason "scale to N workers"), at `at_step`. Growing adds the
+// What a Scale asks for: 0 keeps a count as the newest membership has it.
+struct ScaleTarget {
+  int num_workers = 0;
+  int num_ps = 0;
+  int64_t at_step = 0;
+};
+
+// Scale's part: the newest membership with `target.num_workers` members
+// and `target.num_ps` shards, as a new epoch (reason "scale to N workers",
+// "scale to M shards", "scale to N workers and M shards"), at `at_step`.
+// Workers: growing adds the
 // lowest indices that are not members and whose task is TASK_IDLE or
 // TASK_REMOVED (it goes TASK_WAITING, waiting since `now_ms`); shrinking
 // removes the highest members (never worker 0), and the task of one not
 // registered (TASK_WAITING) goes TASK_REMOVED at once. The same count as the
-// newest returns it unchanged. The new membership is ready when every
-// member is TASK_REGISTERED (UpdateReady marks it later). INVALID_ARGUMENT for
-// a job without max_workers, a count outside [max(1, min_workers,
-// backup_workers + 1), max_workers] or at_step < 0; FAILED_PRECONDITION unless
-// the job is RUNNING, with kMaxPendingMemberships memberships not yet applied,
-// or when too few tasks are free (removed workers still exiting). The job is
-// unchanged on an error. Each error is one line naming the job.
-absl::StatusOr<Membership> ScaleMembership(JobInfo* job, int num_workers,
-                                           int64_t at_step, int64_t now_ms);
+// newest returns it unchanged. Shards (max_ps): growing to M brings shards
+// from the newest's num_ps to M - 1 in, each TASK_IDLE or TASK_REMOVED
+// (it goes TASK_WAITING, and its supervisor starts it); shrinking leaves
+// them to be removed once worker 0 applies the membership, but one not
+// registered (TASK_WAITING) and outside the applied layout goes
+// TASK_REMOVED at once. The new membership is ready when every member and
+// every shard 0 to num_ps - 1 is TASK_REGISTERED (UpdateReady marks it
+// later), its ps_addresses filled then. INVALID_ARGUMENT for both counts 0,
+// num_workers in a job without max_workers, a count outside [max(1,
+// min_workers, backup_workers + 1), max_workers], num_ps in a job without
+// max_ps or outside [1, max_ps], or at_step < 0; FAILED_PRECONDITION unless
+// the job is RUNNING, with kMaxPendingMemberships memberships not yet
+// applied, or when too few tasks are free (removed workers or shards still
+// leaving). The job is unchanged on an error. Each error is one line naming
+// the job.
+absl::StatusOr<Membership> ScaleMembership(JobInfo* job,
+                                           const ScaleTarget& target,
+                                           int64_t now_ms);
 
-// Marks ready every membership not yet applied whose members are all
-// TASK_REGISTERED; true if one changed (Register calls it).
+// Marks ready every membership not yet applied whose members and shards
+// are all TASK_REGISTERED, and sets the ps_addresses of every membership
+// with num_ps whose shards are all registered to their addresses now (a
+// restarted shard's new one); true if one changed (Register calls it).
 bool UpdateReady(JobInfo* job);
 
 // Worker 0's report: appends it to membership_history (at most
 // kMaxMembershipHistory), makes its epoch the applied one (dropping the
-// older memberships) and returns the job log's line "membership N: W
-// workers -> W' at step S (T ms): REASON". nullopt, changing nothing, for
-// an epoch already applied or not made (a repeated or stale report).
+// older memberships), marks the shards it removed (ShardRemoved)
+// TASK_REMOVED, and returns the job log's line "membership N: W workers ->
+// W' at step S (T ms): REASON" ("membership N: W workers -> W', P shards
+// -> P' at step S (T ms): REASON" in a job with max_ps; old_ps and new_ps
+// the memberships' own where the report leaves them 0). nullopt, changing
+// nothing, for an epoch already applied or not made (a repeated or stale
+// report).
 std::optional<std::string> ApplyMembership(JobInfo* job,
                                            const MembershipApplied& applied);
 
@@ -109,8 +158,10 @@ bool EveryMemberDone(const JobInfo& job);
 // DATA_LOSS naming the first inconsistency of an elastic job's membership
 // fields as Load reads them (`where`: the job's id): memberships empty, a
 // membership whose workers are not ascending indices below
-// WorkerTaskCount with worker 0, epochs not increasing, `membership` not
-// the last of them, more than kMaxMembershipHistory reports.
+// WorkerTaskCount with worker 0, a num_ps outside 1 to PsTaskCount (0 in
+// a job without max_ps) or ps_addresses neither empty nor num_ps long,
+// epochs not increasing, `membership` not the last of them, more than
+// kMaxMembershipHistory reports.
 absl::Status ValidateMembership(const JobInfo& job, const std::string& where);
 
 }  // namespace pstrain

@@ -390,5 +390,306 @@ TEST(JobMembershipTest, MembershipSurvivesLoad) {
   EXPECT_TRUE(Beat(**loaded, id, 2).removed());
 }
 
+// Elastic shards (max_ps): `num_ps` shards, `num_workers` workers.
+JobSpec ShardSpec(int num_ps, int num_workers, const std::string& extra) {
+  absl::StatusOr<JobSpec> spec = ParseJobSpec(
+      absl::StrCat("num_ps: ", num_ps, " num_workers: ", num_workers,
+                   " batch_size: 8 epochs: 1 ", extra),
+      "test");
+  EXPECT_TRUE(spec.ok()) << spec.status();
+  return *spec;
+}
+
+std::string ShardAddress(int index, int generation = 0) {
+  return absl::StrCat("10.0.1.", index, ":", 7000 + generation);
+}
+
+// Submits `spec` and registers its first num_ps shards and num_workers
+// workers.
+std::string RunningShards(JobTable& table, const JobSpec& spec) {
+  const std::string id = *table.Submit(spec, kT0);
+  for (int s = 0; s < spec.num_ps(); ++s) {
+    EXPECT_TRUE(table.Register(id, ROLE_PS, s, ShardAddress(s), kT0).ok());
+  }
+  for (int w = 0; w < spec.num_workers(); ++w) {
+    EXPECT_TRUE(
+        table.Register(id, ROLE_WORKER, w, Address(ROLE_WORKER, w), kT0).ok());
+  }
+  return id;
+}
+
+TaskState ShardState(JobTable& table, const std::string& id, int index) {
+  return table.Get(id)->tasks(index).state();
+}
+
+std::string Joined(const google::protobuf::RepeatedPtrField<std::string>& a) {
+  std::string out;
+  for (const std::string& s : a)
+    absl::StrAppend(&out, out.empty() ? "" : ",", s);
+  return out;
+}
+
+absl::Status FinishShard(JobTable& table, const std::string& id, int shard,
+                         bool ok) {
+  TaskFinishedRequest request;
+  request.mutable_task()->set_job_id(id);
+  request.mutable_task()->set_role(ROLE_PS);
+  request.mutable_task()->set_index(shard);
+  request.set_ok(ok);
+  request.set_message(ok ? "" : "exited with signal 9");
+  return table.TaskFinished(request, kT0 + absl::Seconds(2));
+}
+
+ScaleTarget Shards(int num_ps, int64_t at_step = 0, int num_workers = 0) {
+  ScaleTarget target;
+  target.num_ps = num_ps;
+  target.num_workers = num_workers;
+  target.at_step = at_step;
+  return target;
+}
+
+TEST(JobMembershipTest, ShardGrowIsReadyOnceTheNewShardsRegistered) {
+  JobTable table;
+  const std::string id = RunningShards(table, ShardSpec(2, 2, "max_ps: 4"));
+  JobInfo job = *table.Get(id);
+  EXPECT_EQ(job.state(), JOB_RUNNING);
+  // PS tasks 0 to max_ps - 1, then the workers; shards 2 and 3 idle.
+  ASSERT_EQ(job.tasks_size(), 6);
+  EXPECT_EQ(job.tasks(4).role(), ROLE_WORKER);
+  EXPECT_EQ(ShardState(table, id, 2), TASK_IDLE);
+  EXPECT_EQ(ShardState(table, id, 3), TASK_IDLE);
+  // Epoch 0: the spec's shards, their addresses once registered.
+  EXPECT_EQ(job.membership().num_ps(), 2);
+  EXPECT_EQ(Joined(job.membership().ps_addresses()),
+            ShardAddress(0) + "," + ShardAddress(1));
+  EXPECT_EQ(table.Register(id, ROLE_PS, 2, ShardAddress(2), kT0).code(),
+            absl::StatusCode::kFailedPrecondition);
+  absl::StatusOr<std::vector<std::string>> layout =
+      table.WaitForLayout(id, kT0 + absl::Seconds(1));
+  ASSERT_TRUE(layout.ok()) << layout.status();
+  EXPECT_EQ(*layout, (std::vector<std::string>{ShardAddress(0), ShardAddress(1),
+                                               Address(ROLE_WORKER, 0),
+                                               Address(ROLE_WORKER, 1)}));
+
+  absl::StatusOr<Membership> m = table.Scale(id, Shards(3, 300), kT0);
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ(m->epoch(), 1);
+  EXPECT_EQ(m->num_ps(), 3);
+  EXPECT_EQ(Workers(*m), "0,1");
+  EXPECT_FALSE(m->ready());
+  EXPECT_TRUE(m->ps_addresses().empty());
+  EXPECT_EQ(m->reason(), "scale to 3 shards");
+  EXPECT_EQ(ShardState(table, id, 2), TASK_WAITING);
+  EXPECT_EQ(ShardState(table, id, 3), TASK_IDLE);
+  EXPECT_TRUE(LogHas(*table.Get(id),
+                     "scale to 3 shards requested: membership 1 (workers 0, "
+                     "1, shards 0 to 2) at step 300 or the next"));
+  // Not ready while shard 2 has not registered, though every worker has.
+  HeartbeatResponse answer = Beat(table, id, 0);
+  EXPECT_EQ(answer.membership().epoch(), 1);
+  EXPECT_EQ(answer.membership().num_ps(), 3);
+  EXPECT_FALSE(answer.membership().ready());
+  ASSERT_TRUE(table.Register(id, ROLE_PS, 2, ShardAddress(2), kT0).ok());
+  answer = Beat(table, id, 0);
+  EXPECT_TRUE(answer.membership().ready());
+  EXPECT_EQ(Joined(answer.membership().ps_addresses()),
+            ShardAddress(0) + "," + ShardAddress(1) + "," + ShardAddress(2));
+  // The new shard is no member of the layout until worker 0 applies it.
+  EXPECT_FALSE(
+      Beat(table, id, 2, nullptr, kT0 + absl::Seconds(1), ROLE_PS).removed());
+  EXPECT_EQ(table.WaitForLayout(id, kT0 + absl::Seconds(1))->size(), 4u);
+  MembershipApplied applied = Applied(1, 300, 2, 2);
+  applied.set_old_ps(2);
+  applied.set_new_ps(3);
+  Beat(table, id, 0, &applied);
+  job = *table.Get(id);
+  EXPECT_TRUE(LogHas(job,
+                     "membership 1: 2 workers -> 2, 2 shards -> 3 at step "
+                     "300 (12 ms): scale to 3 shards"))
+      << job.DebugString();
+  layout = table.WaitForLayout(id, kT0 + absl::Seconds(1));
+  ASSERT_TRUE(layout.ok()) << layout.status();
+  EXPECT_EQ(*layout, (std::vector<std::string>{
+                         ShardAddress(0), ShardAddress(1), ShardAddress(2),
+                         Address(ROLE_WORKER, 0), Address(ROLE_WORKER, 1)}));
+  // An idle shard is outside every membership.
+  EXPECT_TRUE(
+      Beat(table, id, 3, nullptr, kT0 + absl::Seconds(1), ROLE_PS).removed());
+}
+
+TEST(JobMembershipTest, ShardShrinkRemovesTheShardsWhenAppliedAndGrowReuses) {
+  JobTable table;
+  const std::string id =
+      RunningShards(table, ShardSpec(3, 2, "max_ps: 3 max_restarts: 2"));
+  absl::StatusOr<Membership> m = table.Scale(id, Shards(2), kT0);
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ(m->num_ps(), 2);
+  EXPECT_TRUE(m->ready());  // its shards are registered already
+  EXPECT_EQ(Joined(m->ps_addresses()), ShardAddress(0) + "," + ShardAddress(1));
+  // Shard 2 holds its part of the state until worker 0 applies it.
+  EXPECT_EQ(ShardState(table, id, 2), TASK_REGISTERED);
+  EXPECT_FALSE(
+      Beat(table, id, 2, nullptr, kT0 + absl::Seconds(1), ROLE_PS).removed());
+  EXPECT_EQ(table.WaitForLayout(id, kT0 + absl::Seconds(1))->size(), 5u);
+  // The report leaves the shard counts 0: the memberships' own are kept.
+  const MembershipApplied applied = Applied(1, 40, 2, 2);
+  Beat(table, id, 0, &applied);
+  JobInfo job = *table.Get(id);
+  EXPECT_TRUE(LogHas(job,
+                     "membership 1: 2 workers -> 2, 3 shards -> 2 at step 40 "
+                     "(12 ms): scale to 2 shards"));
+  ASSERT_EQ(job.membership_history_size(), 1);
+  EXPECT_EQ(job.membership_history(0).old_ps(), 3);
+  EXPECT_EQ(job.membership_history(0).new_ps(), 2);
+  EXPECT_EQ(ShardState(table, id, 2), TASK_REMOVED);
+  EXPECT_EQ(job.tasks(2).message(), "left out by membership 1 (2 shards)");
+  EXPECT_TRUE(
+      Beat(table, id, 2, nullptr, kT0 + absl::Seconds(1), ROLE_PS).removed());
+  EXPECT_FALSE(
+      Beat(table, id, 1, nullptr, kT0 + absl::Seconds(1), ROLE_PS).removed());
+  // Its end, clean or not, is no failure, and it is not restarted.
+  ASSERT_TRUE(FinishShard(table, id, 2, false).ok());
+  EXPECT_EQ(table.Get(id)->state(), JOB_RUNNING);
+  absl::StatusOr<int> restart =
+      table.TaskRestarting(id, ROLE_PS, 2, "died (signal 9)", kT0);
+  EXPECT_EQ(restart.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(restart.status().message(),
+            "job-1: ps 2 is outside the job's layout (a membership removed "
+            "it); not restarting it");
+  EXPECT_EQ(table.Register(id, ROLE_PS, 2, ShardAddress(2), kT0).code(),
+            absl::StatusCode::kFailedPrecondition);
+  // The layout has the applied membership's 2 shards.
+  absl::StatusOr<std::vector<std::string>> layout =
+      table.WaitForLayout(id, kT0 + absl::Seconds(1));
+  ASSERT_TRUE(layout.ok()) << layout.status();
+  EXPECT_EQ(*layout, (std::vector<std::string>{ShardAddress(0), ShardAddress(1),
+                                               Address(ROLE_WORKER, 0),
+                                               Address(ROLE_WORKER, 1)}));
+  // A shard inside the layout still dies as before: it is restarted.
+  ASSERT_TRUE(table.TaskRestarting(id, ROLE_PS, 1, "died", kT0).ok());
+  EXPECT_EQ(ShardState(table, id, 1), TASK_WAITING);
+  ASSERT_TRUE(table.Register(id, ROLE_PS, 1, ShardAddress(1, 1), kT0).ok());
+  // Growing again starts the removed shard's task anew.
+  m = table.Scale(id, Shards(3, 0, 1), kT0 + absl::Seconds(3));
+  ASSERT_FALSE(m.ok());  // no max_workers: the workers are fixed
+  m = table.Scale(id, Shards(3), kT0 + absl::Seconds(3));
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ(m->epoch(), 2);
+  EXPECT_FALSE(m->ready());
+  EXPECT_EQ(ShardState(table, id, 2), TASK_WAITING);
+  EXPECT_EQ(table.Get(id)->tasks(2).message(), "");
+  EXPECT_FALSE(
+      Beat(table, id, 2, nullptr, kT0 + absl::Seconds(3), ROLE_PS).removed());
+  ASSERT_TRUE(table.Register(id, ROLE_PS, 2, ShardAddress(2, 1), kT0).ok());
+  job = *table.Get(id);
+  EXPECT_TRUE(job.membership().ready());
+  EXPECT_EQ(
+      Joined(job.membership().ps_addresses()),
+      ShardAddress(0) + "," + ShardAddress(1, 1) + "," + ShardAddress(2, 1));
+  // The workers' ends still end the job.
+  ASSERT_TRUE(Finish(table, id, 1, true).ok());
+  ASSERT_TRUE(Finish(table, id, 0, true).ok());
+  EXPECT_EQ(table.Get(id)->state(), JOB_SUCCEEDED);
+}
+
+TEST(JobMembershipTest, ShardScaleRefusalsAndShardsNotWaitedFor) {
+  JobTable table;
+  const std::string plain = Running(table, Spec(2, "max_workers: 3"), 2);
+  const std::string id =
+      RunningShards(table, ShardSpec(2, 2, "max_ps: 4 max_workers: 3"));
+  const struct {
+    std::string id;
+    ScaleTarget target;
+    absl::StatusCode code;
+    std::string error;
+  } cases[] = {
+      {plain, Shards(2), absl::StatusCode::kInvalidArgument,
+       "job-1 has a fixed number of shards: its spec has no max_ps; shards "
+       "are scaled only within max_ps"},
+      {id, Shards(5), absl::StatusCode::kInvalidArgument,
+       "job-2: scale to 5 shards; expected 1 to 4 (max_ps)"},
+      {id, Shards(-1), absl::StatusCode::kInvalidArgument,
+       "job-2: scale to -1 shards; expected 1 to 4 (max_ps)"},
+      {id, Shards(0), absl::StatusCode::kInvalidArgument,
+       "job-2: a scale to 0 workers and 0 shards; expected num_workers, "
+       "num_ps or both (0: unchanged)"},
+      {id, Shards(3, -2), absl::StatusCode::kInvalidArgument,
+       "job-2: at_step -2; expected >= 0 (0: the next step)"},
+      {id, Shards(3, 0, 4), absl::StatusCode::kInvalidArgument,
+       "job-2: scale to 4 workers; expected 1 to 3 (max(1, min_workers, "
+       "backup_workers + 1) to max_workers)"},
+  };
+  for (const auto& c : cases) {
+    absl::StatusOr<Membership> m = table.Scale(c.id, c.target, kT0);
+    EXPECT_EQ(m.status().code(), c.code) << c.error;
+    EXPECT_EQ(m.status().message(), c.error);
+  }
+  EXPECT_EQ(table.Get(id)->membership().epoch(), 0);
+  // Workers and shards at once.
+  absl::StatusOr<Membership> m = table.Scale(id, Shards(3, 0, 3), kT0);
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ(m->reason(), "scale to 3 workers and 3 shards");
+  EXPECT_EQ(Workers(*m), "0,1,2");
+  // A shrink before shard 2 registered: it is not waited for.
+  m = table.Scale(id, Shards(1), kT0);
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ(m->num_ps(), 1);
+  EXPECT_EQ(Workers(*m), "0,1,2");  // the workers as the newest
+  EXPECT_EQ(ShardState(table, id, 2), TASK_REMOVED);
+  EXPECT_EQ(table.Get(id)->tasks(2).message(),
+            "left out by a scale to 1 shards before it registered");
+  // Shard 1 is in the applied layout: it stays until worker 0 applies.
+  EXPECT_EQ(ShardState(table, id, 1), TASK_REGISTERED);
+  // Growing past shard 1 while a shrink not applied still holds it.
+  m = table.Scale(id, Shards(2), kT0);
+  EXPECT_EQ(m.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(m.status().message(),
+            "job-2: scale to 2 shards: ps 1 is TASK_REGISTERED (a shrink not "
+            "yet applied still holds it, or it is exiting); try again once "
+            "worker 0 applied membership 2");
+}
+
+TEST(JobMembershipTest, ShardMembershipSurvivesLoadAndIsChecked) {
+  const std::string file =
+      std::string(std::getenv("TEST_TMPDIR")) + "/shards.jobs";
+  std::string id;
+  {
+    JobTable table(file);
+    id = RunningShards(table, ShardSpec(2, 2, "max_ps: 3"));
+    ASSERT_TRUE(table.Scale(id, Shards(3, 50), kT0).ok());
+    ASSERT_TRUE(table.Register(id, ROLE_PS, 2, ShardAddress(2), kT0).ok());
+  }
+  absl::StatusOr<std::unique_ptr<JobTable>> loaded = JobTable::Load(file, kT0);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  JobInfo job = *(*loaded)->Get(id);
+  EXPECT_EQ(job.membership().num_ps(), 3);
+  EXPECT_EQ(job.membership().ps_addresses_size(), 3);
+  EXPECT_EQ(job.memberships(0).num_ps(), 2);
+  // A damaged file: a shard count outside the job's PS tasks, and
+  // addresses that do not match it.
+  JobTableFile damaged;
+  *damaged.add_jobs() = job;
+  damaged.set_next_id(2);
+  damaged.mutable_jobs(0)->mutable_memberships(1)->set_num_ps(4);
+  absl::Status s = ValidateJobTableFile(damaged);
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss);
+  EXPECT_EQ(s.message(), "job-1: membership 1 has 4 shards; expected 1 to 3");
+  damaged.mutable_jobs(0)->mutable_memberships(1)->set_num_ps(2);
+  s = ValidateJobTableFile(damaged);
+  EXPECT_EQ(s.message(),
+            "job-1: membership 1 lists 3 shard addresses for its 2 shards");
+  // Without max_ps a membership has no shard count.
+  *damaged.mutable_jobs(0) = job;
+  damaged.mutable_jobs(0)->mutable_spec()->set_max_ps(0);
+  damaged.mutable_jobs(0)->mutable_spec()->set_max_workers(3);
+  damaged.mutable_jobs(0)->mutable_tasks()->DeleteSubrange(2, 1);
+  damaged.mutable_jobs(0)->add_tasks()->set_role(ROLE_WORKER);
+  damaged.mutable_jobs(0)->mutable_tasks(4)->set_index(2);
+  damaged.mutable_jobs(0)->mutable_tasks(4)->set_state(TASK_IDLE);
+  s = ValidateJobTableFile(damaged);
+  EXPECT_EQ(s.message(),
+            "job-1: membership 0 has 2 shards; expected 0 (no max_ps)");
+}
+
 }  // namespace
 }  // namespace pstrain

@@ -441,6 +441,51 @@ absl::Status CheckElastic(const JobConfig& config) {
   return absl::OkStatus();
 }
 
+// Elastic shards (issue 40): max_ps, its range and where moving the state
+// to another number of shards is refused. The state moves at a step
+// boundary where every shard holds one decided version of every chunk:
+// sync without staleness only (as a worker membership), and the workers'
+// top-k residuals, kept in checkpoints, would not follow the move.
+absl::Status CheckElasticShards(const JobConfig& config) {
+  const JobSpec& spec = config.spec;
+  if (spec.max_ps() == 0) return absl::OkStatus();
+  const int value = spec.max_ps();
+  if (config.mode == MODE_ALLREDUCE) {
+    return Bad("max_ps", absl::StrCat(value,
+                                      " with mode allreduce; expected 0 "
+                                      "(allreduce has no shards)"));
+  }
+  RETURN_IF_ERROR(CheckRange("max_ps", value, spec.num_ps(), kMaxElasticPs,
+                             "(num_ps to 64; 0: the shards fixed)"));
+  if (config.mode == MODE_ASYNC) {
+    return Bad("max_ps", absl::StrCat(value,
+                                      " with mode async; expected 0 (the "
+                                      "state moves to another number of "
+                                      "shards at a step boundary where every "
+                                      "shard holds one decided version: sync "
+                                      "without staleness only)"));
+  }
+  if (spec.staleness() > 0) {
+    return Bad("max_ps",
+               absl::StrCat(value, " with staleness ", spec.staleness(),
+                            "; expected 0 (the state moves to "
+                            "another number of shards at a step "
+                            "boundary where every shard holds one "
+                            "decided version: sync without "
+                            "staleness only)"));
+  }
+  if (config.compression.enabled() && config.compression.error_feedback &&
+      !spec.checkpoint_dir().empty()) {
+    return Bad("max_ps", absl::StrCat(value,
+                                      " with top-k error feedback and "
+                                      "checkpoints; expected 0 (the workers' "
+                                      "residuals live in checkpoints, which a "
+                                      "change of the shards would not "
+                                      "restore; not built yet)"));
+  }
+  return absl::OkStatus();
+}
+
 // Row-sparse embeddings (issue 41): what lazy updates of a table's rows
 // need.
 absl::Status CheckSparseEmbeddings(const JobConfig& config) {
@@ -509,6 +554,7 @@ absl::Status CheckModeCombinations(const JobConfig& config) {
                             "sync; async has none)"));
   }
   RETURN_IF_ERROR(CheckElastic(config));
+  RETURN_IF_ERROR(CheckElasticShards(config));
   // Staleness and backup workers compose with checkpoints, resume,
   // restarts and clipping (server/step_policy.h): with staleness worker 0
   // names the cut's step before it pushes it, with backup workers shard 0
@@ -542,7 +588,9 @@ absl::Status CheckOptimizerValues(const JobConfig& config) {
 
 // The host lists, and every task's own address.
 absl::Status CheckAddresses(const JobSpec& spec) {
-  RETURN_IF_ERROR(CheckHosts(spec.ps_hosts(), "ps_hosts", spec.num_ps()));
+  // An elastic-shard job has max_ps PS tasks.
+  RETURN_IF_ERROR(CheckHosts(spec.ps_hosts(), "ps_hosts",
+                             std::max(spec.num_ps(), spec.max_ps())));
   // An elastic job has max_workers worker tasks.
   RETURN_IF_ERROR(CheckHosts(
       spec.worker_hosts(), "worker_hosts",

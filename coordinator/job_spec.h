@@ -64,6 +64,10 @@
 //                            staleness (not built)
 //   min_workers (elastic)    1 to num_workers; 0 as         0 (never shrink)
 //                            max_workers
+//   max_ps (elastic shards)  num_ps to 64; 0 in async,      0 (shards fixed)
+//                            allreduce, with staleness, and
+//                            with top-k error feedback and
+//                            checkpoints
 //   wire_dtype               fp32, bf16, fp16; fp32 in      fp32
 //                            allreduce
 //   compression              none or topk:R, 0 < R <= 1;    none
@@ -98,7 +102,8 @@
 //   checkpoint_dir, metrics_dir
 //   trace                    needs metrics_dir              false
 //   ps_hosts, worker_hosts   none or one per task (an elastic
-//                            job: max_workers workers); host 1 to 255
+//                            job: max_workers workers, max_ps
+//                            shards); host 1 to 255
 //                            characters, port 0 to 65535
 // Doubles outside a range include NaN and the infinities. An error is one
 // line naming the field, the value and the range:
@@ -124,6 +129,8 @@ namespace pstrain {
 // The bounds of the table above.
 inline constexpr int kMaxNumPs = 1024;
 inline constexpr int kMaxNumWorkers = 4096;
+// The most shards an elastic-shard job may have (max_ps).
+inline constexpr int kMaxElasticPs = 64;
 inline constexpr int kMaxBatchSize = 65536;
 inline constexpr int kMaxEpochs = 1000000;
 inline constexpr int64_t kMaxSteps = 1000000000;

@@ -461,6 +461,59 @@ TEST(JobSpecTest, ElasticRangesAndRefusals) {
   }
 }
 
+// Issue 40, elastic shards: max_ps, its range and what it refuses (the
+// state moves at a step boundary where every shard holds one decided
+// version: sync without staleness only).
+TEST(JobSpecTest, ElasticShardRangesAndRefusals) {
+  const std::string base = "num_ps: 2 num_workers: 2 batch_size: 8 epochs: 1 ";
+  for (const std::string& good :
+       {base + "max_ps: 2", base + "max_ps: 64",
+        base + "max_ps: 3 max_workers: 4 min_workers: 1",
+        base + "max_ps: 4 backup_workers: 1",
+        base + "max_ps: 3 compression: \"topk:0.1\"",
+        base + "max_ps: 3 ps_hosts { host: \"a\" } ps_hosts { host: \"b\" } "
+               "ps_hosts { host: \"c\" }"}) {
+    absl::StatusOr<JobSpec> spec = ParseJobSpec(good, "job.pbtxt");
+    EXPECT_TRUE(spec.ok()) << good << ": " << spec.status();
+  }
+  const std::string sync_only =
+      "(the state moves to another number of shards at a step boundary "
+      "where every shard holds one decided version: sync without staleness "
+      "only)";
+  const struct {
+    std::string text;
+    std::string error;
+  } cases[] = {
+      {base + "max_ps: 1",
+       "max_ps: 1; expected 2 to 64 (num_ps to 64; 0: the shards fixed)"},
+      {base + "max_ps: 65",
+       "max_ps: 65; expected 2 to 64 (num_ps to 64; 0: the shards fixed)"},
+      {base + "max_ps: -1",
+       "max_ps: -1; expected 2 to 64 (num_ps to 64; 0: the shards fixed)"},
+      {base + "max_ps: 4 mode: \"async\"",
+       "max_ps: 4 with mode async; expected 0 " + sync_only},
+      {"num_ps: 0 num_workers: 2 batch_size: 8 epochs: 1 mode: "
+       "\"allreduce\" max_ps: 2",
+       "max_ps: 2 with mode allreduce; expected 0 (allreduce has no "
+       "shards)"},
+      {base + "max_ps: 4 staleness: 2",
+       "max_ps: 4 with staleness 2; expected 0 " + sync_only},
+      {base + "max_ps: 4 compression: \"topk:0.1\" checkpoint_dir: "
+              "\"/tmp/c\"",
+       "max_ps: 4 with top-k error feedback and checkpoints; expected 0 (the "
+       "workers' residuals live in checkpoints, which a change of the shards "
+       "would not restore; not built yet)"},
+      {base + "max_ps: 3 ps_hosts { host: \"a\" } ps_hosts { host: \"b\" }",
+       "ps_hosts: 2 entries; expected 3 (one per task) or none"},
+  };
+  for (const auto& c : cases) {
+    absl::StatusOr<JobSpec> spec = ParseJobSpec(c.text, "job.pbtxt");
+    EXPECT_EQ(spec.status().code(), absl::StatusCode::kInvalidArgument)
+        << c.text;
+    EXPECT_EQ(spec.status().message(), "job.pbtxt: " + c.error) << c.text;
+  }
+}
+
 // Issue 41: sparse_embeddings and what it refuses; no zoo model has an
 // untied embedding table yet, so every model is refused last.
 TEST(JobSpecTest, SparseEmbeddingsRefusals) {

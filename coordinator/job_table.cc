@@ -326,13 +326,13 @@ absl::StatusOr<TaskInfo*> JobTable::FindTask(JobInfo* job, TaskRole role,
     return absl::InvalidArgumentError("task role must be ps or worker");
   }
   const int count =
-      role == ROLE_PS ? job->spec().num_ps() : WorkerTaskCount(job->spec());
+      role == ROLE_PS ? PsTaskCount(job->spec()) : WorkerTaskCount(job->spec());
   if (index < 0 || index >= count) {
     return absl::InvalidArgumentError(absl::StrCat(
         job->id(), ": ", TaskName(role, index), " is outside the job's ", count,
         " ", role == ROLE_PS ? "ps" : "worker", " tasks"));
   }
-  const int offset = role == ROLE_PS ? 0 : job->spec().num_ps();
+  const int offset = role == ROLE_PS ? 0 : PsTaskCount(job->spec());
   return job->mutable_tasks(offset + index);
 }
 
@@ -381,7 +381,7 @@ absl::StatusOr<std::string> JobTable::Submit(const JobSpec& spec,
   job->set_state(JOB_PENDING);
   job->set_submit_ms(Ms(now));
   for (const auto& [role, count] :
-       {std::pair<TaskRole, int>{ROLE_PS, spec.num_ps()},
+       {std::pair<TaskRole, int>{ROLE_PS, PsTaskCount(spec)},
         {ROLE_WORKER, WorkerTaskCount(spec)}}) {
     for (int i = 0; i < count; ++i) {
       TaskInfo* task = job->add_tasks();
@@ -418,7 +418,8 @@ absl::Status JobTable::Register(const std::string& id, TaskRole role, int index,
   if ((*task)->state() == TASK_IDLE || (*task)->state() == TASK_REMOVED) {
     return absl::FailedPreconditionError(absl::StrCat(
         id, ": ", TaskName(role, index), " is not a member of the job (",
-        TaskState_Name((*task)->state()), "); `pstrain scale` adds workers"));
+        TaskState_Name((*task)->state()), "); `pstrain scale` adds ",
+        role == ROLE_PS ? "shards" : "workers"));
   }
   if ((*task)->state() != TASK_WAITING) {
     if ((*task)->address() == address) return absl::OkStatus();
@@ -468,8 +469,16 @@ absl::StatusOr<std::vector<std::string>> JobTable::WaitForLayout(
     return absl::DeadlineExceededError(
         absl::StrCat(id, ": still waiting for ", absl::StrJoin(missing, ", ")));
   }
+  // Elastic shards: the applied membership's layout, shards 0 to its
+  // num_ps - 1 (a worker recovering after worker 0 changed it finds the
+  // new shards).
+  const Membership* applied = AppliedMembership(*job);
+  const int shards = IsShardElastic(job->spec()) && applied != nullptr
+                         ? applied->num_ps()
+                         : job->spec().num_ps();
   std::vector<std::string> addresses;
   for (const TaskInfo& t : job->tasks()) {
+    if (t.role() == ROLE_PS && t.index() >= shards) continue;
     const bool member = t.state() != TASK_IDLE && t.state() != TASK_REMOVED;
     addresses.push_back(member ? t.address() : "");
   }
@@ -585,8 +594,8 @@ absl::StatusOr<JobState> JobTable::Heartbeat(const HeartbeatRequest& request,
       dirty_ = true;
     }
   }
-  if (answer != nullptr && ref.role() == ROLE_WORKER) {
-    FillHeartbeatMembership(*job, ref.index(), answer);
+  if (answer != nullptr) {
+    FillHeartbeatMembership(*job, ref.role(), ref.index(), answer);
   }
   // Not persisted: Load() restarts every task's timeout.
   return job->state();
@@ -632,7 +641,8 @@ absl::Status JobTable::TaskFinished(const TaskFinishedRequest& request,
   // Elastic jobs: a removed worker's end, or (min_workers) the death of
   // one whose restart budget is spent, neither fails the job nor is waited
   // for.
-  if (ref.role() == ROLE_WORKER && LeavingJob(*job, ref.index())) {
+  if (ref.role() == ROLE_WORKER ? LeavingJob(*job, ref.index())
+                                : ShardRemoved(*job, ref.index())) {
     (*task)->set_state(TASK_REMOVED);
     (*task)->set_message(message);
     return Persist();
@@ -723,6 +733,15 @@ absl::StatusOr<int> JobTable::TaskRestarting(const std::string& id,
         absl::StrCat(id, ": ", TaskName(role, index),
                      " is not a member of the job's newest membership; not "
                      "restarting it"));
+  }
+  if (role == ROLE_PS &&
+      (task->state() == TASK_REMOVED || ShardRemoved(*job, index))) {
+    task->set_state(TASK_REMOVED);
+    RETURN_IF_ERROR(Persist());
+    return absl::FailedPreconditionError(absl::StrCat(
+        id, ": ", TaskName(role, index),
+        " is outside the job's layout (a membership removed it); not "
+        "restarting it"));
   }
   const int restarts = JobRestarts(*job);
   if (restarts >= job->spec().max_restarts() && role == ROLE_WORKER) {
@@ -946,16 +965,27 @@ absl::StatusOr<JobInfo> JobTable::Get(const std::string& id,
 absl::StatusOr<Membership> JobTable::Scale(const std::string& id,
                                            int num_workers, int64_t at_step,
                                            absl::Time now) {
+  ScaleTarget target;
+  target.num_workers = num_workers;
+  target.at_step = at_step;
+  return Scale(id, target, now);
+}
+
+absl::StatusOr<Membership> JobTable::Scale(const std::string& id,
+                                           const ScaleTarget& target,
+                                           absl::Time now) {
   absl::MutexLock lock(&mu_);
   ASSIGN_OR_RETURN(JobInfo * job, FindJob(id));
   const int64_t before = job->membership().epoch();
-  ASSIGN_OR_RETURN(Membership next,
-                   ScaleMembership(job, num_workers, at_step, Ms(now)));
+  ASSIGN_OR_RETURN(Membership next, ScaleMembership(job, target, Ms(now)));
   if (next.epoch() == before) return next;
+  const std::string shards =
+      next.num_ps() > 0 ? absl::StrCat(", shards 0 to ", next.num_ps() - 1)
+                        : "";
   LogLineOf(job, ROLE_WORKER, 0,
             absl::StrCat(next.reason(), " requested: membership ", next.epoch(),
                          " (workers ", absl::StrJoin(next.workers(), ", "),
-                         ") at step ", next.at_step(), " or the next"),
+                         shards, ") at step ", next.at_step(), " or the next"),
             now);
   RETURN_IF_ERROR(Persist());
   return next;

@@ -40,16 +40,19 @@
 // lines of running jobs are dropped; a Submit that still does not fit is
 // RESOURCE_EXHAUSTED.
 //
-// Elastic jobs (max_workers, min_workers; coordinator/job_membership.h):
-// the job has max_workers worker tasks, those not members TASK_IDLE; it
-// runs once every PS task and every member has registered. Scale changes
-// the membership; heartbeats carry it to the workers and worker 0's
+// Elastic jobs (max_workers, min_workers, max_ps;
+// coordinator/job_membership.h): the job has max_workers worker tasks and
+// max_ps PS tasks, those not members or outside the layout TASK_IDLE; it
+// runs once every shard of the layout and every member has registered. Scale
+// changes the membership; heartbeats carry it to the workers and worker 0's
 // reports that it applied one. The end of a worker outside the newest
 // membership (TASK_REMOVED; LeavingJob) never fails the job, and the job
 // succeeds when the applied membership's workers are done. With min_workers, a
 // worker other than 0 that dies with the restart budget spent (TaskRestarting,
 // TaskFinished not ok) or goes silent is removed instead of failing the job
-// while at least min_workers remain.
+// while at least min_workers remain. A shard outside every membership from
+// the applied one on (ShardRemoved) is TASK_REMOVED: its end is no failure
+// and it is not restarted.
 //
 // Thread-safety: all methods may be called concurrently; WaitForLayout and
 // WaitForKey block without holding up other callers.
@@ -65,6 +68,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "coordinator/job_membership.h"
 #include "proto/coordinator.pb.h"
 
 namespace pstrain {
@@ -188,8 +192,11 @@ class JobTable {
                         const std::string& address, absl::Time now);
 
   // Blocks until every task of job `id` is registered (again, after a
-  // restart), then returns the addresses of the PS tasks, then the
-  // workers, by index (an elastic job's idle and removed workers: "").
+  // restart), then returns the addresses of the PS tasks of the layout,
+  // then the workers, by index (an elastic job's idle and removed workers:
+  // ""). The layout's PS tasks are the spec's num_ps, or with max_ps the
+  // applied membership's shards 0 to num_ps - 1 (so the PS part is the
+  // answer's size less WorkerTaskCount).
   // DEADLINE_EXCEEDED naming the tasks still missing; FAILED_PRECONDITION
   // if the job ended first (with its message).
   absl::StatusOr<std::vector<std::string>> WaitForLayout(const std::string& id,
@@ -205,9 +212,10 @@ class JobTable {
   // `restart` (if not null) is set to whether the task is to exit and be
   // started again (TaskInfo.restart_requested; see TaskRestarting).
   // `answer` (if not null), for a worker of an elastic job: its membership
-  // and `removed` (job_membership.h). Worker 0's membership_applied is
-  // kept (ApplyMembership: membership_history, a line in the job's log;
-  // written within a second, as a Set()).
+  // and `removed`; for a shard of a job with max_ps: `removed` (outside the
+  // applied layout, ShardRemoved; job_membership.h). Worker 0's
+  // membership_applied is kept (ApplyMembership: membership_history, a line in
+  // the job's log; written within a second, as a Set()).
   absl::StatusOr<JobState> Heartbeat(const HeartbeatRequest& request,
                                      absl::Time now, bool* restart = nullptr,
                                      HeartbeatResponse* answer = nullptr);
@@ -238,9 +246,12 @@ class JobTable {
                                      absl::Time now);
 
   // Elastic jobs (coordinator/job_membership.h ScaleMembership): the job's
-  // newest membership with `num_workers` workers from `at_step` on, a new
-  // epoch (unless it has that many already), logged and written. Errors as
-  // ScaleMembership's; NOT_FOUND for an unknown job.
+  // newest membership with `target`'s workers and shards from its at_step
+  // on, a new epoch (unless it has those counts already), logged and
+  // written. Errors as ScaleMembership's; NOT_FOUND for an unknown job.
+  absl::StatusOr<Membership> Scale(const std::string& id,
+                                   const ScaleTarget& target, absl::Time now);
+  // The same for the workers only.
   absl::StatusOr<Membership> Scale(const std::string& id, int num_workers,
                                    int64_t at_step, absl::Time now);
 
@@ -332,7 +343,7 @@ class JobTable {
 
 // OK if `table` is a job table this JobTable could have written: next_id
 // >= 1; every job's id "job-<n>" with 1 <= n < next_id, and unique; a known
-// state; num_ps >= 0 and num_workers >= 1; its tasks the num_ps PS tasks
+// state; num_ps >= 0 and num_workers >= 1; its tasks the PsTaskCount PS tasks
 // then the num_workers workers, each with its role and index and a known
 // state; log lines in increasing seq below next_log_seq. Otherwise
 // DATA_LOSS naming the first inconsistency ("job-3: 2 tasks for 2 ps and 2

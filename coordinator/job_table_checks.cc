@@ -95,17 +95,19 @@ absl::Status ValidateJobTableFile(const JobTableFile& table) {
       return absl::DataLossError(absl::StrCat(where, ": ", num_ps, " ps and ",
                                               num_workers, " workers"));
     }
+    // An elastic-shard job has max_ps PS tasks.
+    const int64_t ps_tasks = PsTaskCount(job.spec());
     // An elastic job has max_workers worker tasks.
     const int64_t worker_tasks = WorkerTaskCount(job.spec());
-    if (job.tasks_size() != num_ps + worker_tasks) {
-      return absl::DataLossError(absl::StrCat(where, ": ", job.tasks_size(),
-                                              " tasks for ", num_ps, " ps and ",
-                                              worker_tasks, " workers"));
+    if (job.tasks_size() != ps_tasks + worker_tasks) {
+      return absl::DataLossError(
+          absl::StrCat(where, ": ", job.tasks_size(), " tasks for ", ps_tasks,
+                       " ps and ", worker_tasks, " workers"));
     }
     for (int i = 0; i < job.tasks_size(); ++i) {
       const TaskInfo& t = job.tasks(i);
-      const TaskRole role = i < num_ps ? ROLE_PS : ROLE_WORKER;
-      const int index = i < num_ps ? i : static_cast<int>(i - num_ps);
+      const TaskRole role = i < ps_tasks ? ROLE_PS : ROLE_WORKER;
+      const int index = i < ps_tasks ? i : static_cast<int>(i - ps_tasks);
       if (t.role() != role || t.index() != index) {
         return absl::DataLossError(absl::StrCat(
             where, ": task #", i, " is ", TaskName(t.role(), t.index()),

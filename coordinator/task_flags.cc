@@ -272,9 +272,10 @@ absl::StatusOr<JoinedTask> JoinJobFromFlags(TaskRole role, const char* program,
     *exit_code = 1;
     return spec.status();
   }
-  // An elastic job's worker tasks are its max_workers (issue 40).
+  // An elastic job's worker tasks are its max_workers, its PS tasks its
+  // max_ps (issue 40).
   const int count = role == ROLE_PS
-                        ? spec->num_ps()
+                        ? std::max(spec->num_ps(), spec->max_ps())
                         : std::max(spec->num_workers(), spec->max_workers());
   if (options->index >= count) {
     // Not a task of this job, so the coordinator would refuse its report.
