@@ -300,10 +300,15 @@ CommandInfo RunInfo() {
               "Mode sync: a worker whose restart budget is spent is removed "
               "instead of failing the job while this many remain (0: "
               "never)."},
+             {"max_ps",
+              "Mode sync without staleness: at most this many shards (num_ps "
+              "to 64; 0: the shards fixed); --control_file's num_ps=M moves "
+              "the state onto M shards while the job runs."},
              {"control_file",
               "An elastic job's control file, read every 200 ms: each line "
-              "appended, num_workers=N [at_step=S], scales the job (a bad "
-              "line is a warning); a signal carries no number."}}})};
+              "appended, [num_workers=N] [num_ps=M] [at_step=S] (a count or "
+              "both), scales the job (a bad line is a warning); a signal "
+              "carries no number."}}})};
 }
 
 // `pstrain compare`: `run` once per configuration, then the tables.
@@ -410,16 +415,20 @@ std::vector<CommandInfo> JobInfos() {
        "Cancels a job; its tasks stop at their next heartbeat.",
        ClientFlags(/*retries=*/false)},
       {"scale",
-       "pstrain scale JOB_ID --num_workers=N [--at_step=S] "
+       "pstrain scale JOB_ID [--num_workers=N] [--num_ps=M] [--at_step=S] "
        "[--coordinator=HOST:PORT]",
-       "Changes the number of workers of a running elastic job (its spec's "
-       "max_workers; mode sync) and prints the new membership: worker 0 "
-       "applies it at a step boundary once every new worker has "
-       "registered. N from max(1, min_workers) to max_workers; the "
+       "Changes the number of workers (its spec's max_workers) or of "
+       "parameter-server shards (max_ps) of a running elastic job, mode "
+       "sync, and prints the new membership: worker 0 applies it at a step "
+       "boundary once every new worker and shard has registered (new shards "
+       "receive the state, removed ones exit). N from max(1, min_workers) "
+       "to max_workers, M from 1 to max_ps; at least one of the two; the "
        "administrator only. `pstrain run` is scaled with its "
        "--control_file.",
        Join({ClientFlags(/*retries=*/false),
-             {{"num_workers", "The number of workers wanted (required)."},
+             {{"num_workers", "The number of workers wanted (0: unchanged).",
+               "0"},
+              {"num_ps", "The number of shards wanted (0: unchanged).", "0"},
               {"at_step",
                "Apply it at the first step boundary at or after this step "
                "(0: the next)."}}})},

@@ -12,6 +12,7 @@
 
 #include "absl/flags/declare.h"
 #include "absl/flags/flag.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -177,7 +178,9 @@ void PrintJobLine(const JobInfo& job) {
   std::printf(
       "%s %s %s %d ps %d workers%s (%d/%d registered)%s%s\n", job.id().c_str(),
       JobStateName(job.state()).c_str(), job.spec().model().c_str(),
-      job.spec().num_ps(),
+      // An elastic-shard job: its newest membership's shards.
+      job.membership().num_ps() > 0 ? job.membership().num_ps()
+                                    : job.spec().num_ps(),
       elastic ? job.membership().workers_size() : job.spec().num_workers(),
       elastic_text.c_str(), registered, tasks,
       job.message().empty() ? "" : ": ", job.message().c_str());
@@ -341,19 +344,36 @@ int CancelCommand(const std::vector<std::string>& args) {
   return 0;
 }
 
-int ScaleCommand(const std::vector<std::string>& args, int num_workers,
-                 bool num_workers_given) {
+int ScaleCommand(const std::vector<std::string>& args,
+                 const ScaleFlags& flags) {
   constexpr char kUsage[] =
-      "usage: pstrain scale JOB_ID --num_workers=N [--at_step=S] "
-      "[--coordinator=HOST:PORT]";
+      "usage: pstrain scale JOB_ID [--num_workers=N] [--num_ps=M] "
+      "[--at_step=S] [--coordinator=HOST:PORT]";
   if (args.size() != 1) return Fail(2, kUsage);
-  if (!num_workers_given) {
-    return Fail(2, absl::StrCat("scale: --num_workers is required; ", kUsage));
+  if (!flags.num_workers_given && !flags.num_ps_given) {
+    return Fail(2, absl::StrCat("scale: --num_workers, --num_ps or both are "
+                                "required; ",
+                                kUsage));
   }
-  if (absl::Status s = CheckFlagRange("num_workers", num_workers, 1,
-                                      kMaxNumWorkers, "workers");
-      !s.ok()) {
-    return Fail(2, std::string(s.message()));
+  if (flags.num_workers_given) {
+    if (absl::Status s = CheckFlagRange("num_workers", flags.num_workers, 1,
+                                        kMaxNumWorkers, "workers");
+        !s.ok()) {
+      return Fail(2, std::string(s.message()));
+    }
+  }
+  int num_ps = 0;
+  if (flags.num_ps_given) {
+    if (!absl::SimpleAtoi(flags.num_ps, &num_ps)) {
+      return Fail(2, absl::StrCat("--num_ps=", flags.num_ps,
+                                  ": expected a number of shards, 1 to ",
+                                  kMaxElasticPs));
+    }
+    if (absl::Status s =
+            CheckFlagRange("num_ps", num_ps, 1, kMaxElasticPs, "shards");
+        !s.ok()) {
+      return Fail(2, std::string(s.message()));
+    }
   }
   const int64_t at_step = absl::GetFlag(FLAGS_at_step);
   if (absl::Status s = CheckFlagRange("at_step", at_step, 0, kMaxSteps,
@@ -365,20 +385,23 @@ int ScaleCommand(const std::vector<std::string>& args, int num_workers,
   SetDeadline(&context);
   ScaleRequest request;
   request.set_job_id(args[0]);
-  request.set_num_workers(num_workers);
+  request.set_num_workers(flags.num_workers_given ? flags.num_workers : 0);
+  request.set_num_ps(num_ps);
   request.set_at_step(at_step);
   ScaleResponse response;
   const grpc::Status status = Stub()->Scale(&context, request, &response);
   if (!status.ok()) return RpcFailure(status);
   const Membership& m = response.membership();
+  const std::string shards =
+      m.num_ps() > 0 ? absl::StrCat(", ", m.num_ps(), " shards") : "";
   std::printf(
-      "%s membership %lld: %d workers (%s)%s%s\n", args[0].c_str(),
+      "%s membership %lld: %d workers (%s)%s%s%s\n", args[0].c_str(),
       static_cast<long long>(m.epoch()), m.workers_size(),
-      absl::StrJoin(m.workers(), ", ").c_str(),
+      absl::StrJoin(m.workers(), ", ").c_str(), shards.c_str(),
       m.at_step() > 0
           ? absl::StrCat(" from step ", m.at_step(), " or the next").c_str()
           : " from the next step",
-      m.ready() ? "" : ", once the new workers registered");
+      m.ready() ? "" : ", once the new tasks registered");
   return 0;
 }
 

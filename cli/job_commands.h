@@ -10,7 +10,7 @@
 //                              Step200: 9003.12 data/sec"), as the
 //                              coordinator keeps them (the last 10000).
 //   pstrain cancel ID          ends a pending or running job.
-//   pstrain scale ID --num_workers=N [--at_step=S]
+//   pstrain scale ID [--num_workers=N] [--num_ps=M] [--at_step=S]
 //                              an elastic job's new membership (issue 40;
 //                              the admin only); prints it.
 //   pstrain wait ID            follows the job to its end: its tasks' lines
@@ -63,10 +63,17 @@ int SubmitCommand(const std::vector<std::string>& args);
 int StatusCommand(const std::vector<std::string>& args);
 int LogsCommand(const std::vector<std::string>& args);
 int CancelCommand(const std::vector<std::string>& args);
-// `num_workers`: --num_workers (pstrain.cc defines it), `num_workers_given`
-// whether it was on the command line; exit 2 without it or out of range.
-int ScaleCommand(const std::vector<std::string>& args, int num_workers,
-                 bool num_workers_given);
+// --num_workers and --num_ps as `pstrain scale` reads them (pstrain.cc
+// defines both; --num_ps is text there, a list for compare), and whether
+// each was on the command line.
+struct ScaleFlags {
+  int num_workers = 0;
+  bool num_workers_given = false;
+  std::string num_ps;
+  bool num_ps_given = false;
+};
+// Exit 2 without either count, or one out of range.
+int ScaleCommand(const std::vector<std::string>& args, const ScaleFlags& flags);
 int WaitCommand(const std::vector<std::string>& args);
 // `pstrain trace JOB_ID_OR_DIR [--out=FILE]`: merges a job's task traces
 // (DIR/trace/*.json, cli/trace_merge.h; a job id: its spec's metrics_dir

@@ -84,11 +84,15 @@ class LocalJob {
   // Worker `index` as a task of the supervisor, its threads this
   // machine's cores over `num_workers`.
   SupervisedTask WorkerTask(int index, int num_workers) const;
-  // The supervisor's more_tasks: applies the control file's new lines
-  // (Scale on the in-process coordinator; a refusal is a warning), then
-  // returns the workers a Scale added that were not started for the
-  // newest membership.
-  std::vector<SupervisedTask> ScaledWorkers();
+  // Shard `index` as a task of the supervisor.
+  SupervisedTask ShardTask(int index) const;
+  // The control file's new lines: a Scale each on the in-process
+  // coordinator (a refusal is a warning).
+  void ReadControlFile();
+  // The supervisor's more_tasks: ReadControlFile, then the workers and
+  // shards a Scale added that were not started for the newest membership
+  // and are not running.
+  std::vector<SupervisedTask> ScaledTasks();
 
   // How often the control file is read.
   static constexpr absl::Duration kControlPoll = absl::Milliseconds(200);
@@ -112,8 +116,10 @@ class LocalJob {
   std::unique_ptr<NodeSupervisor> supervisor_;
   std::unique_ptr<ControlFile> control_;  // null without --control_file
   absl::Time control_read_ = absl::InfinitePast();
-  // The membership epoch each worker a Scale added was started for.
+  // The membership epoch each worker (shard) a Scale added was started
+  // for.
   std::map<int, int64_t> launched_;
+  std::map<int, int64_t> launched_ps_;
 };
 
 absl::Status LocalJob::StartCoordinator() {
@@ -152,7 +158,8 @@ absl::Status LocalJob::StartCoordinator() {
     return absl::OkStatus();
   }
   std::vector<TlsIdentity> tasks;
-  for (int s = 0; s < spec_.num_ps(); ++s) {
+  // An elastic-shard job: a certificate for every shard a Scale may add.
+  for (int s = 0; s < PsTaskCount(spec_); ++s) {
     tasks.push_back(TlsIdentity{TlsRole::kPs, s, job_id_});
   }
   // An elastic job: a certificate for every worker a Scale may add.
@@ -204,7 +211,7 @@ SupervisorOptions LocalJob::Supervision() {
   options.job_id = job_id_;
   options.tls = tls_;
   options.spec = spec_;
-  options.more_tasks = [this] { return ScaledWorkers(); };
+  options.more_tasks = [this] { return ScaledTasks(); };
   // Every task exits by itself once the job has ended (the shards after
   // their last worker's WorkerDone, the rest at their next heartbeat, 1 s).
   // With backup workers the job ends with worker 0 and a straggler may be
@@ -234,10 +241,11 @@ SupervisorOptions LocalJob::Supervision() {
 
 absl::Status LocalJob::StartTasks() {
   std::vector<SupervisedTask> tasks;
+  // Shards 0 to num_ps - 1 and workers 0 to num_workers - 1; an elastic
+  // job's others start idle.
   for (int s = 0; s < spec_.num_ps(); ++s) {
-    tasks.push_back({ROLE_PS, s, TaskArgv(options_.ps_binary, true, s), {}});
+    tasks.push_back(ShardTask(s));
   }
-  // Workers 0 to num_workers - 1; an elastic job's others start idle.
   for (int w = 0; w < spec_.num_workers(); ++w) {
     tasks.push_back(WorkerTask(w, spec_.num_workers()));
   }
@@ -246,6 +254,10 @@ absl::Status LocalJob::StartTasks() {
   }
   supervisor_ = std::make_unique<NodeSupervisor>(Supervision());
   return supervisor_->Start(tasks);
+}
+
+SupervisedTask LocalJob::ShardTask(int index) const {
+  return {ROLE_PS, index, TaskArgv(options_.ps_binary, true, index), {}};
 }
 
 SupervisedTask LocalJob::WorkerTask(int index, int num_workers) const {
@@ -260,7 +272,38 @@ SupervisedTask LocalJob::WorkerTask(int index, int num_workers) const {
           {omp_threads}};
 }
 
-std::vector<SupervisedTask> LocalJob::ScaledWorkers() {
+void LocalJob::ReadControlFile() {
+  JobTable& table = coordinator_->table();
+  for (const ScaleLine& line : control_->Poll()) {
+    ScaleTarget target;
+    target.num_workers = line.num_workers;
+    target.num_ps = line.num_ps;
+    target.at_step = line.at_step;
+    std::string wanted = absl::StrCat(line.num_workers, " workers");
+    if (line.num_ps > 0) {
+      wanted = line.num_workers > 0
+                   ? absl::StrCat(wanted, " and ", line.num_ps, " shards")
+                   : absl::StrCat(line.num_ps, " shards");
+    }
+    absl::StatusOr<Membership> m = table.Scale(job_id_, target, absl::Now());
+    if (!m.ok()) {
+      std::fprintf(stderr, "pstrain: warning: %s: scale to %s: %s\n",
+                   control_->path().c_str(), wanted.c_str(),
+                   std::string(m.status().message()).c_str());
+      continue;
+    }
+    const std::string shards =
+        m->num_ps() > 0 ? absl::StrCat("; shards 0 to ", m->num_ps() - 1) : "";
+    std::printf("pstrain: scale to %s: membership %lld (workers %s%s)%s\n",
+                wanted.c_str(), static_cast<long long>(m->epoch()),
+                absl::StrJoin(m->workers(), ", ").c_str(), shards.c_str(),
+                m->ready() ? "" : ", once the new tasks registered");
+  }
+  std::fflush(stdout);
+  std::fflush(stderr);
+}
+
+std::vector<SupervisedTask> LocalJob::ScaledTasks() {
   JobTable& table = coordinator_->table();
   // Lines written before the job runs wait until it does (a Scale of a
   // pending job is refused).
@@ -269,38 +312,30 @@ std::vector<SupervisedTask> LocalJob::ScaledWorkers() {
   if (control_ != nullptr && running &&
       absl::Now() - control_read_ >= kControlPoll) {
     control_read_ = absl::Now();
-    for (const ScaleLine& line : control_->Poll()) {
-      absl::StatusOr<Membership> m =
-          table.Scale(job_id_, line.num_workers, line.at_step, absl::Now());
-      if (!m.ok()) {
-        std::fprintf(stderr, "pstrain: warning: %s: scale to %d workers: %s\n",
-                     control_->path().c_str(), line.num_workers,
-                     std::string(m.status().message()).c_str());
-        continue;
-      }
-      std::printf(
-          "pstrain: scale to %d workers: membership %lld (workers %s)%s\n",
-          line.num_workers, static_cast<long long>(m->epoch()),
-          absl::StrJoin(m->workers(), ", ").c_str(),
-          m->ready() ? "" : ", once the new workers registered");
-    }
-    std::fflush(stdout);
-    std::fflush(stderr);
+    ReadControlFile();
   }
-  // The workers a Scale added: waiting to register, never started for
-  // this membership.
+  // The workers and shards a Scale added: waiting to register, never
+  // started for this membership.
   std::vector<SupervisedTask> start;
   absl::StatusOr<JobInfo> job = table.Get(job_id_, JobTable::kNoLog);
   if (!job.ok() || !IsElastic(job->spec())) return start;
   const int64_t epoch = job->membership().epoch();
   for (const TaskInfo& t : job->tasks()) {
-    // (The supervisor skips those running: the first workers before they
-    // registered, and restarted ones.)
-    if (t.role() != ROLE_WORKER || t.state() != TASK_WAITING) continue;
-    auto [it, added] = launched_.emplace(t.index(), epoch);
+    if (t.state() != TASK_WAITING) continue;
+    SupervisedTask task =
+        t.role() == ROLE_PS
+            ? ShardTask(t.index())
+            : WorkerTask(t.index(), job->membership().workers_size());
+    // Those running are skipped: the first tasks before they registered,
+    // restarted ones, and a removed one that a Scale took back while it
+    // still exits (it is started once it has).
+    if (supervisor_->Running(task.key())) continue;
+    std::map<int, int64_t>& launched =
+        t.role() == ROLE_PS ? launched_ps_ : launched_;
+    auto [it, added] = launched.emplace(t.index(), epoch);
     if (!added && it->second >= epoch) continue;
     it->second = epoch;
-    start.push_back(WorkerTask(t.index(), job->membership().workers_size()));
+    start.push_back(std::move(task));
   }
   return start;
 }

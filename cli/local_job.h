@@ -82,15 +82,16 @@ struct LocalJobOptions {
   // Set by a signal handler (not null): nonzero cancels the job.
   const volatile std::sig_atomic_t* stop_signal = nullptr;
   // An elastic job's control file (cli/control_file.h; "": none), read
-  // every 200 ms: each new line is a Scale of the job on the in-process
-  // coordinator.
+  // every 200 ms: each new line is a Scale of the job (workers, shards or
+  // both) on the in-process coordinator.
   std::string control_file;
 };
 
 // Runs `config`'s spec (checked: CheckSpec) to its end with its tasks
-// placed by `placement`. An elastic job (max_workers) starts workers 0 to
-// num_workers - 1; the workers a Scale adds are started when it is made,
-// with the same flags, and removed ones exit by themselves. Returns worker 0's
+// placed by `placement`. An elastic job (max_workers, max_ps) starts
+// workers 0 to num_workers - 1 and shards 0 to num_ps - 1; the workers and
+// shards a Scale adds are started when it is made, with the same flags, and
+// removed ones exit by themselves (exit 0). Returns worker 0's
 // results; ABORTED with the job's message when it failed (every process
 // stopped); CANCELLED when *stop_signal became nonzero; another error when the
 // coordinator or a task could not start.

@@ -166,7 +166,7 @@ bool NodeSupervisor::OnExit(const ChildExit& exit) {
   deaths_.push_back(
       absl::StrCat(TaskName(task.role, task.index), " (", status, ")"));
   if (running && RestartOrReport(task, exit, status)) return true;
-  if (running && task.role == ROLE_WORKER && Removed(task)) return false;
+  if (running && Removed(task)) return false;
   if (!running) {
     ReportDeath(task, absl::StrCat("exited with ", status,
                                    exit.last_error_line.empty() ? "" : ": ",
@@ -273,11 +273,12 @@ bool NodeSupervisor::Removed(const SupervisedTask& task) {
   for (const TaskInfo& t : job_.tasks()) {
     if (t.role() != task.role || t.index() != task.index) continue;
     if (t.state() != TASK_REMOVED) return false;
+    const bool shard = task.role == ROLE_PS;
     std::printf(
-        "%s: %s removed from the job (%s); the job goes on with %d "
-        "workers\n",
+        "%s: %s removed from the job (%s); the job goes on with %d %s\n",
         options_.program.c_str(), Name(task).c_str(), t.message().c_str(),
-        job_.membership().workers_size());
+        shard ? job_.membership().num_ps() : job_.membership().workers_size(),
+        shard ? "shards" : "workers");
     std::fflush(stdout);
     return true;
   }

@@ -19,9 +19,11 @@
 //    that race for the last restart are decided by the table, whose refusal
 //    fails the job in its own words.
 //  - an elastic job's worker that the coordinator removed instead of
-//    failing the job (min_workers; its task TASK_REMOVED) is left out:
-//    "PROGRAM: NAME removed from the job (WHY); the job goes on", and the
-//    others run on.
+//    failing the job (min_workers; its task TASK_REMOVED), or a shard an
+//    applied membership left out (max_ps) that exited non-zero, is left
+//    out: "PROGRAM: NAME removed from the job (WHY); the job goes on with N
+//    workers" ("... with M shards"), and the others run on. A removed task
+//    that exits 0 is no failure anyway.
 //  - a task that exits with kRestartExitCode (the coordinator stopped it
 //    for the restart of every worker in allreduce; counted for the death
 //    that caused it) is started again with --rejoin, uncounted.
@@ -112,8 +114,8 @@ struct SupervisorOptions {
       on_grace_over;
   // Called once per `poll` while the job runs: tasks to start now; one
   // whose key() is already running is skipped (`pstrain run` starts the
-  // workers a Scale added, issue 40). A task started so is supervised as
-  // the others.
+  // workers and shards a Scale added, issue 40). A task started so is
+  // supervised as the others.
   std::function<std::vector<SupervisedTask>()> more_tasks;
 };
 
@@ -148,6 +150,10 @@ class NodeSupervisor {
   // Supervises the tasks until none runs (see above); returns how they
   // ended.
   SupervisorResult Run();
+
+  // Whether the task of `key` ("worker1", "ps2") is running (a
+  // more_tasks callback, on the supervisor's thread, may ask).
+  bool Running(const std::string& key) const { return cluster_.Running(key); }
 
  private:
   // The task's name in the supervisor's lines (TaskNames).

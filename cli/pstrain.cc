@@ -276,9 +276,13 @@ ABSL_FLAG(int, max_workers, 0,
 ABSL_FLAG(int, min_workers, 0,
           "run, mode sync: remove a worker whose restart budget is spent "
           "while this many remain (0: fail the job).");
+ABSL_FLAG(int, max_ps, 0,
+          "run, mode sync without staleness: at most this many shards "
+          "(num_ps to 64), scaled with --control_file's num_ps=M (0: the "
+          "shards fixed).");
 ABSL_FLAG(std::string, control_file, "",
           "run: an elastic job's control file; each line appended, "
-          "num_workers=N [at_step=S], scales the job.");
+          "[num_workers=N] [num_ps=M] [at_step=S], scales the job.");
 ABSL_FLAG(double, clip_grad_norm, 0,
           "run, modes allreduce and sync: gradient clipping by global norm, "
           "as torch.nn.utils.clip_grad_norm_ before each step (0: none).");
@@ -492,6 +496,7 @@ JobSpec SpecFromFlags(Mode mode, int num_ps, int num_workers) {
   spec.set_backup_workers(absl::GetFlag(FLAGS_backup_workers));
   spec.set_max_workers(absl::GetFlag(FLAGS_max_workers));
   spec.set_min_workers(absl::GetFlag(FLAGS_min_workers));
+  spec.set_max_ps(absl::GetFlag(FLAGS_max_ps));
   spec.set_clip_grad_norm(absl::GetFlag(FLAGS_clip_grad_norm));
   spec.set_resume(absl::GetFlag(FLAGS_resume));
   const int max_restarts = absl::GetFlag(FLAGS_max_restarts);
@@ -618,16 +623,20 @@ int Run() {
   if (!placement.ok()) {
     return Fail(2, std::string(placement.status().message()));
   }
-  // An elastic job needs room for max_workers, and a control file for them.
+  // An elastic job needs room for max_workers and max_ps, and a control
+  // file for them.
   if (absl::Status s =
-          CheckRoom(*placement, spec.num_ps(),
+          CheckRoom(*placement, std::max(spec.num_ps(), spec.max_ps()),
                     std::max(spec.num_workers(), spec.max_workers()),
                     spec.max_workers() > 0 ? "--max_workers" : "--num_workers");
       !s.ok()) {
     return Fail(2, std::string(s.message()));
   }
-  if (!absl::GetFlag(FLAGS_control_file).empty() && spec.max_workers() == 0) {
-    return Fail(2, "--control_file: needs --max_workers (an elastic job)");
+  if (!absl::GetFlag(FLAGS_control_file).empty() && spec.max_workers() == 0 &&
+      spec.max_ps() == 0) {
+    return Fail(2,
+                "--control_file: needs --max_workers or --max_ps (an elastic "
+                "job)");
   }
   absl::StatusOr<std::unique_ptr<Dataset>> dataset = CheckDataFromFlags();
   if (!dataset.ok()) return Fail(2, std::string(dataset.status().message()));
@@ -946,7 +955,8 @@ int main(int argc, char** argv) {
       "pstrain eval --checkpoint=FILE_OR_DIR [--dataset=... --data_dir=... "
       "--backend=...]: test loss and accuracy of a saved model.\n"
       "pstrain submit JOB.pbtxt | status [ID] | logs ID | cancel ID | wait ID "
-      "| scale ID --num_workers=N [--coordinator=HOST:PORT]: jobs on a "
+      "| scale ID [--num_workers=N] [--num_ps=M] [--coordinator=HOST:PORT]: "
+      "jobs on a "
       "pstrain_coordinator.\n"
       "pstrain compare [--workers=1,2,4 --modes=ps_sync,ps_async,allreduce "
       "--num_ps=2 --steps=N --out_dir=DIR]: run each configuration and "
@@ -1037,8 +1047,12 @@ int main(int argc, char** argv) {
   if (command == "status") return pstrain::StatusCommand(args);
   if (command == "cancel") return pstrain::CancelCommand(args);
   if (command == "scale") {
-    return pstrain::ScaleCommand(args, absl::GetFlag(FLAGS_num_workers),
-                                 pstrain::FlagSpecified("num_workers"));
+    pstrain::ScaleFlags flags;
+    flags.num_workers = absl::GetFlag(FLAGS_num_workers);
+    flags.num_workers_given = pstrain::FlagSpecified("num_workers");
+    flags.num_ps = absl::GetFlag(FLAGS_num_ps);
+    flags.num_ps_given = pstrain::FlagSpecified("num_ps");
+    return pstrain::ScaleCommand(args, flags);
   }
   if (command == "wait") return pstrain::WaitCommand(args);
   if (command == "logs") return pstrain::LogsCommand(args);

@@ -221,8 +221,8 @@ TEST_F(AuthzTest, EveryMethodServesItsCallersAndRefusesEveryoneElse) {
         CancelResponse out;
         return coordinator(ch)->Cancel(&c, r, &out);
       }};
-  // Issue 40: only the administrator scales a job (a worker or shard key is
-  // PERMISSION_DENIED).
+  // Issue 40: only the administrator scales a job, its workers or its
+  // shards (a worker or shard key is PERMISSION_DENIED).
   cases["/pstrain.Coordinator/Scale"] = {
       {"admin"}, [&](grpc::Channel* ch) {
         grpc::ClientContext c;
@@ -230,6 +230,7 @@ TEST_F(AuthzTest, EveryMethodServesItsCallersAndRefusesEveryoneElse) {
         ScaleRequest r;
         r.set_job_id("job-9");  // none: the admin is served NOT_FOUND
         r.set_num_workers(2);
+        r.set_num_ps(2);
         ScaleResponse out;
         return coordinator(ch)->Scale(&c, r, &out);
       }};

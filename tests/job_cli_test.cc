@@ -262,15 +262,19 @@ TEST(JobCliTest, SubmitRefusesAnOutOfRangeSpecWithExit2) {
 // before any call; the coordinator's refusals exit 1 naming the job.
 TEST(JobCliTest, ScaleFlagErrorsExit2AndRefusalsExit1) {
   const std::string usage =
-      "usage: pstrain scale JOB_ID --num_workers=N [--at_step=S] "
-      "[--coordinator=HOST:PORT]";
+      "usage: pstrain scale JOB_ID [--num_workers=N] [--num_ps=M] "
+      "[--at_step=S] [--coordinator=HOST:PORT]";
   const struct {
     std::string args;
     std::string error;
   } bad[] = {
       {"", usage},
-      {" job-1", "scale: --num_workers is required; " + usage},
+      {" job-1",
+       "scale: --num_workers, --num_ps or both are required; " + usage},
       {" job-1 --num_workers=0", "--num_workers=0: expected 1 to 4096 workers"},
+      {" job-1 --num_ps=0", "--num_ps=0: expected 1 to 64 shards"},
+      {" job-1 --num_ps=2,3",
+       "--num_ps=2,3: expected a number of shards, 1 to 64"},
       {" job-1 --num_workers=2 --at_step=-1",
        "--at_step=-1: expected 0 to 1000000000 (0: the next step)"},
       {" job-1 --num_workers=2 --max_workers=4",
@@ -312,6 +316,11 @@ TEST(JobCliTest, ScaleFlagErrorsExit2AndRefusalsExit1) {
   EXPECT_EQ(r.exit_code, 1) << r.output;
   EXPECT_THAT(r.output,
               HasSubstr("job-1: scale to 5 workers; expected 1 to 4"));
+  // Shards only within max_ps (issue 40): this job has none.
+  r = RunCommand("cli/pstrain scale job-1 --num_ps=2" + coordinator.flag());
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("job-1 has a fixed number of shards: its "
+                                  "spec has no max_ps"));
 }
 
 // Every binary's --help exits 0 and lists the flags of every file it links
