@@ -146,9 +146,17 @@ absl::StatusOr<std::vector<InitChunk*>> ParameterShard::MatchInitChunks(
 absl::Status ParameterShard::Initialize(
     const std::vector<int64_t>& param_num_elements, int64_t partition_bytes,
     std::vector<InitChunk> chunks, int num_buffers, int64_t generation,
-    const WorkerMembership* membership) {
+    const WorkerMembership* membership, int num_shards) {
   if (membership != nullptr) {
     RETURN_IF_ERROR(CheckMembership(*membership, options_.num_workers));
+  }
+  if (num_shards == 0) num_shards = options_.num_shards;
+  if (num_shards <= options_.shard_index ||
+      num_shards > PartitionPlan::kMaxShards) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the layout has ", num_shards, " shards; shard ", options_.shard_index,
+        " expected ", options_.shard_index + 1, " to ",
+        PartitionPlan::kMaxShards));
   }
   absl::MutexLock lock(&init_mu_);
   // Installs chunk `c` into `state` (whose lock is held).
@@ -196,11 +204,13 @@ absl::Status ParameterShard::Initialize(
     }
   }
   // Another partition of the same tensors (--partition_bytes=auto's
-  // trials, worker/partition_tuner.h): a re-layout, every chunk state
-  // made anew as at a first Initialize (below). The caller has ended every
-  // push, pull and snapshot of the older generation (see the header).
+  // trials, worker/partition_tuner.h; an elastic job's other number of
+  // shards): a re-layout, every chunk state made anew as at a first
+  // Initialize (below). The caller has ended every push, pull and
+  // snapshot of the older generation (see the header).
   const bool relayout =
-      initialized_.load() && partition_bytes != plan_->partition_bytes();
+      initialized_.load() && (partition_bytes != plan_->partition_bytes() ||
+                              num_shards != plan_->num_shards());
   if (initialized_.load() && !relayout) {
     std::vector<int64_t> sizes;
     for (const std::unique_ptr<ChunkState>& c : chunks_) {
@@ -213,6 +223,7 @@ absl::Status ParameterShard::Initialize(
     // chunk's lock) and pulls are refused; the new generation's wait in
     // WaitReady() until init_mu_ is released.
     generation_.store(generation);
+    closed_.store(false);
     if (membership != nullptr) SetMembershipLocked(*membership);
     reset_steps(*by_local);
     for (size_t i = 0; i < chunks_.size(); ++i) {
@@ -224,8 +235,8 @@ absl::Status ParameterShard::Initialize(
     return absl::OkStatus();
   }
   absl::StatusOr<PartitionPlan> plan =
-      PartitionPlan::Create(param_num_elements, partition_bytes,
-                            options_.num_shards, num_buffers, row_elements_);
+      PartitionPlan::Create(param_num_elements, partition_bytes, num_shards,
+                            num_buffers, row_elements_);
   if (!plan.ok()) return plan.status();
 
   std::vector<int> local_index(plan->chunks().size(), -1);
@@ -252,6 +263,7 @@ absl::Status ParameterShard::Initialize(
   chunks_ = std::move(states);
   local_index_ = std::move(local_index);
   generation_.store(generation);
+  closed_.store(false);
   if (membership != nullptr) SetMembershipLocked(*membership);
   initialized_.store(true);
   if (relayout) {
@@ -263,7 +275,7 @@ absl::Status ParameterShard::Initialize(
 
 absl::StatusOr<int64_t> ParameterShard::Reopen(
     int64_t generation, int64_t expected_version,
-    const WorkerMembership* membership) {
+    const WorkerMembership* membership, bool close) {
   if (membership != nullptr) {
     RETURN_IF_ERROR(CheckMembership(*membership, options_.num_workers));
   }
@@ -310,6 +322,7 @@ absl::StatusOr<int64_t> ParameterShard::Reopen(
     }
   }
   generation_.store(generation);
+  closed_.store(close);
   for (const std::unique_ptr<ChunkState>& c : chunks_) {
     absl::MutexLock chunk_lock(&c->mu);
     if (c->version == version + 1 && c->undo_step == version) {
@@ -342,7 +355,8 @@ absl::Status ParameterShard::WaitReady(absl::Time deadline,
   absl::MutexLock lock(&init_mu_);
   auto ready = [this, min_generation, until_member]() {
     if (aborted_.load()) return true;
-    if (!initialized_.load() || generation_.load() < min_generation) {
+    if (!initialized_.load() || closed_.load() ||
+        generation_.load() < min_generation) {
       return false;
     }
     return until_member < 0 || until_member >= options_.num_workers ||

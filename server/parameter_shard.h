@@ -312,11 +312,17 @@ class ParameterShard {
   // first end every push, pull, step end and snapshot of the shard
   // (PsService waits for every stream and checkpoint call to end); Stats()
   // and Abort() may run meanwhile.
+  // `num_shards` (0: the options') the layout's shard count: a restore with
+  // another count than plan()'s is a re-layout too (an elastic job moving
+  // its state onto another number of shards, issue 40); INVALID_ARGUMENT
+  // unless shard_index < num_shards <= PartitionPlan::kMaxShards.
+  // A restore opens a shard Reopen(close = true) closed.
   absl::Status Initialize(const std::vector<int64_t>& param_num_elements,
                           int64_t partition_bytes,
                           std::vector<InitChunk> chunks, int num_buffers = 0,
                           int64_t generation = 0,
-                          const WorkerMembership* membership = nullptr);
+                          const WorkerMembership* membership = nullptr,
+                          int num_shards = 0);
 
   // Sync mode without staleness, after a worker died (its stream broke the
   // barrier): the shard takes `generation` (above its own) keeping its own
@@ -341,9 +347,19 @@ class ParameterShard {
   // (its from_step is set to it). INVALID_ARGUMENT, nothing changed, if
   // it is empty, not ascending, holds an id outside [0, num_workers) or
   // lacks worker 0.
+  //
+  // `close` (an elastic job moving its state onto another number of
+  // shards, issue 40; PsService Export): the shard also stays closed to
+  // every worker at `generation`: WaitReady() waits, whatever its
+  // arguments, until a restore (Initialize() at a higher generation)
+  // opens it, so that no worker trains on the old layout while worker 0
+  // copies its state (Snapshot() of the version returned) to the new one.
   absl::StatusOr<int64_t> Reopen(int64_t generation,
                                  int64_t expected_version = -1,
-                                 const WorkerMembership* membership = nullptr);
+                                 const WorkerMembership* membership = nullptr,
+                                 bool close = false);
+  // Closed by Reopen(close = true) and not restored since. Any thread.
+  bool closed() const { return closed_.load(); }
 
   // The current generation's members (see WorkerMembership). Any thread.
   WorkerMembership membership() const;
@@ -835,6 +851,8 @@ class ParameterShard {
   std::string broken_reason_ ABSL_GUARDED_BY(abort_mu_);
   mutable absl::Mutex init_mu_;
   std::atomic<bool> initialized_{false};
+  // Reopen(close = true) and no restore since; written under init_mu_.
+  std::atomic<bool> closed_{false};
   // The members (WorkerMembership); replaced under init_mu_ only while the
   // older generation is frozen, read anywhere through the atomic pointer.
   std::shared_ptr<const WorkerMembership> membership_;

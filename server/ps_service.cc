@@ -177,8 +177,10 @@ grpc::Status PsService::Checkpoint(grpc::ServerContext* context,
   checkpoint_done_ = false;
   checkpoint_status_ = absl::OkStatus();
   checkpoint_result_.Clear();
-  checkpoint_writer_ =
-      std::thread([this, step, path = *std::move(path), chunks = snapshot_]() {
+  // The layout's shard count (an elastic job's may change after).
+  const int num_shards = shard_->plan().num_shards();
+  checkpoint_writer_ = std::thread(
+      [this, step, num_shards, path = *std::move(path), chunks = snapshot_]() {
         const ShardOptions& o = shard_->options();
         // The file's contents are fsynced; its folder is the caller's to
         // fsync, once for every file of the checkpoint (proto/ps.proto).
@@ -190,7 +192,7 @@ grpc::Status PsService::Checkpoint(grpc::ServerContext* context,
                                 : absl::OkStatus();
         absl::StatusOr<safetensors::WriteResult> written =
             cut.ok() ? WriteShardCheckpoint(path, *chunks, o.shard_index,
-                                            o.num_shards, step, in_folder)
+                                            num_shards, step, in_folder)
                      : absl::StatusOr<safetensors::WriteResult>(cut);
         CheckpointResponse result;
         int64_t min_version = INT64_MAX, max_version = 0;
@@ -363,9 +365,20 @@ grpc::Status PsService::Init(grpc::ServerContext* context,
   // Each chunk is checked against the layout's plan as it arrives, before
   // its bytes are decoded, so what Init holds is bounded by this shard's
   // part of the layout (the shard checks the whole set again).
+  const int num_shards = request.layout().num_shards() != 0
+                             ? request.layout().num_shards()
+                             : shard_->options().num_shards;
+  if (num_shards <= shard_->options().shard_index ||
+      num_shards > PartitionPlan::kMaxShards) {
+    return grpc::Status(
+        grpc::StatusCode::INVALID_ARGUMENT,
+        absl::StrCat("the layout has ", num_shards, " shards; shard ",
+                     shard_->options().shard_index, " expected ",
+                     shard_->options().shard_index + 1, " to ",
+                     PartitionPlan::kMaxShards));
+  }
   absl::StatusOr<PartitionPlan> plan = PartitionPlan::Create(
-      sizes, partition_bytes, shard_->options().num_shards, num_buffers,
-      row_elements);
+      sizes, partition_bytes, num_shards, num_buffers, row_elements);
   if (!plan.ok()) return ToGrpcStatus(plan.status());
   std::vector<bool> seen(plan->chunks().size(), false);
   std::vector<InitChunk> chunks;
@@ -417,7 +430,8 @@ grpc::Status PsService::Init(grpc::ServerContext* context,
   // Another partition: no stream or checkpoint may use the chunks while the
   // shard makes them anew (every worker closes its streams first).
   const bool relayout =
-      restore && partition_bytes != shard_->plan().partition_bytes();
+      restore && (partition_bytes != shard_->plan().partition_bytes() ||
+                  num_shards != shard_->plan().num_shards());
   if (relayout) {
     absl::Time deadline = absl::Now() + pull_timeout_;
     if (context->deadline() != std::chrono::system_clock::time_point::max()) {
@@ -427,9 +441,9 @@ grpc::Status PsService::Init(grpc::ServerContext* context,
     if (!status.ok()) return ToGrpcStatus(status);
   }
   shard_->SetRowSparseLayout(row_elements);
-  status = shard_->Initialize(sizes, partition_bytes, std::move(chunks),
-                              num_buffers, generation,
-                              membership.has_value() ? &*membership : nullptr);
+  status = shard_->Initialize(
+      sizes, partition_bytes, std::move(chunks), num_buffers, generation,
+      membership.has_value() ? &*membership : nullptr, num_shards);
   if (relayout) EndRelayout();
   if (!status.ok()) return ToGrpcStatus(status);
   response->set_num_chunks(num_chunks);
@@ -470,6 +484,52 @@ grpc::Status PsService::WaitReady(grpc::ServerContext* context,
   response->mutable_layout()->set_num_buffers(shard_->plan().num_buffers());
   for (int64_t d : shard_->plan().param_row_elements()) {
     response->mutable_layout()->add_param_row_elements(d);
+  }
+  response->mutable_layout()->set_num_shards(shard_->plan().num_shards());
+  return grpc::Status::OK;
+}
+
+grpc::Status PsService::Export(grpc::ServerContext* context,
+                               const ExportRequest* request,
+                               grpc::ServerWriter<ExportResponse>* writer) {
+  Touch();
+  if (grpc::Status denied = Authorize(*context, "Export", request->header());
+      !denied.ok()) {
+    return denied;
+  }
+  absl::Status status = shard_->CheckWorker(request->header().job_id(),
+                                            request->header().worker_id());
+  if (!status.ok()) return ToGrpcStatus(status);
+  if (request->header().worker_id() != 0) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        absl::StrCat("only worker 0 moves the shards' state; "
+                                     "got export from worker ",
+                                     request->header().worker_id()));
+  }
+  // Closed at the new generation: no worker trains on this layout any more
+  // (its streams end ABORTED), and the state stays as of the last decided
+  // step until worker 0 restores the new layout.
+  absl::StatusOr<int64_t> version =
+      shard_->Reopen(request->generation(), /*expected_version=*/-1,
+                     /*membership=*/nullptr, /*close=*/true);
+  if (!version.ok()) return ToGrpcStatus(version.status());
+  absl::StatusOr<std::vector<ChunkSnapshot>> chunks =
+      shard_->Snapshot(*version);
+  if (!chunks.ok()) return ToGrpcStatus(chunks.status());
+  for (const ChunkSnapshot& c : *chunks) {
+    ExportResponse response;
+    EncodeFloatChunk(c.spec.param_id, c.spec.chunk_index, c.version, c.weights,
+                     response.mutable_chunk());
+    if (!c.is_buffer) {
+      EncodeFloatChunk(c.spec.param_id, c.spec.chunk_index, c.version, c.m,
+                       response.mutable_adam_m());
+      EncodeFloatChunk(c.spec.param_id, c.spec.chunk_index, c.version, c.v,
+                       response.mutable_adam_v());
+    }
+    if (!writer->Write(response)) {
+      return grpc::Status(grpc::StatusCode::CANCELLED,
+                          "the export's caller went away");
+    }
   }
   return grpc::Status::OK;
 }

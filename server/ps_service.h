@@ -73,6 +73,14 @@ class PsService final : public ParameterServer::Service {
   grpc::Status WorkerDone(grpc::ServerContext* context,
                           const WorkerDoneRequest* request,
                           WorkerDoneResponse* response) override;
+  // Worker 0 of an elastic job moving its state onto another number of
+  // shards (proto/ps.proto ExportRequest): reopens the shard closed at the
+  // request's generation (ParameterShard::Reopen) and streams every chunk
+  // of its state. FAILED_PRECONDITION as Reopen; INVALID_ARGUMENT from
+  // another worker than 0.
+  grpc::Status Export(grpc::ServerContext* context,
+                      const ExportRequest* request,
+                      grpc::ServerWriter<ExportResponse>* writer) override;
 
   // Notified when every worker of the job has called WorkerDone.
   absl::Notification& all_workers_done() { return all_workers_done_; }

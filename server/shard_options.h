@@ -17,6 +17,9 @@ enum class SyncMode { kSync, kAsync };
 struct ShardOptions {
   std::string job_id = "local";
   int shard_index = 0;
+  // The shards of the job's first layout; an elastic job's worker 0 may
+  // name another count in a restore (ModelLayout.num_shards, issue 40),
+  // which the shard's plan() then has.
   int num_shards = 1;
   // The job's worker capacity: worker ids are 0 to num_workers - 1 (an
   // elastic job's max_workers; otherwise its num_workers).

@@ -14,7 +14,10 @@ namespace pstrain {
 ElasticMembership::ElasticMembership(ElasticOptions options,
                                      DataPositions* positions,
                                      GradientExchange* exchange)
-    : options_(std::move(options)), positions_(positions), exchange_(exchange) {
+    : options_(std::move(options)),
+      num_ps_(options_.num_ps),
+      positions_(positions),
+      exchange_(exchange) {
   for (int w = 0; w < positions_->members(); ++w) current_.workers.push_back(w);
 }
 
@@ -51,12 +54,36 @@ absl::StatusOr<std::optional<int64_t>> ElasticMembership::MaybeApply(
     }
   }
   std::vector<int> workers(newest->workers().begin(), newest->workers().end());
-  const WorkerMembership next = Anchored(workers, newest->epoch(), step);
-  ASSIGN_OR_RETURN(int64_t version,
-                   exchange_->ChangeMembership(next, options_.timeout));
   const int old_workers = static_cast<int>(current_.workers.size());
-  current_ = Anchored(workers, newest->epoch(), version);
-  if (version != step) {
+  const int old_ps = num_ps_;
+  const bool move_shards = newest->num_ps() > 0 && newest->num_ps() != num_ps_;
+  int64_t version = step;
+  if (move_shards) {
+    if (newest->ps_addresses_size() != newest->num_ps()) {
+      return absl::InternalError(absl::StrCat(
+          "membership ", newest->epoch(), " has ", newest->num_ps(),
+          " shards but ", newest->ps_addresses_size(), " shard addresses"));
+    }
+    const std::vector<std::string> addresses(newest->ps_addresses().begin(),
+                                             newest->ps_addresses().end());
+    const int64_t epoch = newest->epoch();
+    // The data position of the shards' version (backup workers may have
+    // decided steps past worker 0's), under the old membership.
+    ASSIGN_OR_RETURN(version, exchange_->ChangeShards(
+                                  addresses,
+                                  [this, &workers, epoch](int64_t v) {
+                                    return Anchored(workers, epoch, v);
+                                  },
+                                  options_.timeout));
+    num_ps_ = newest->num_ps();
+    current_ = Anchored(workers, epoch, version);
+  } else {
+    const WorkerMembership next = Anchored(workers, newest->epoch(), step);
+    ASSIGN_OR_RETURN(version,
+                     exchange_->ChangeMembership(next, options_.timeout));
+    current_ = Anchored(workers, newest->epoch(), version);
+  }
+  if (version != step && !move_shards) {
     // Backup workers decided steps past worker 0's: the shards hold the
     // data position of `step`; reopen once more (no step ran since) with
     // that of their version, placed under the old membership.
@@ -67,9 +94,12 @@ absl::StatusOr<std::optional<int64_t>> ElasticMembership::MaybeApply(
   positions_->Rebase(version, current_.data_epoch, current_.data_offset,
                      current_.data_steps, current_.size(), 0);
   const double ms = absl::ToDoubleMilliseconds(absl::Now() - began);
+  const std::string shards =
+      old_ps == num_ps_ ? ""
+                        : absl::StrFormat(", %d -> %d shards", old_ps, num_ps_);
   options_.say(absl::StrFormat(
-      "membership %d: %d -> %d workers at step %d (%.0f ms): %s",
-      newest->epoch(), old_workers, current_.size(), version, ms,
+      "membership %d: %d -> %d workers%s at step %d (%.0f ms): %s",
+      newest->epoch(), old_workers, current_.size(), shards, version, ms,
       newest->reason()));
   if (options_.applied) {
     MembershipApplied applied;
@@ -78,6 +108,8 @@ absl::StatusOr<std::optional<int64_t>> ElasticMembership::MaybeApply(
     applied.set_elapsed_ms(ms);
     applied.set_old_workers(old_workers);
     applied.set_new_workers(current_.size());
+    applied.set_old_ps(old_ps);
+    applied.set_new_ps(num_ps_);
     options_.applied(applied);
   }
   return version;

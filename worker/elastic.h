@@ -48,6 +48,10 @@ struct ElasticOptions {
   // a failure's recovery, how long to wait for the coordinator's verdict
   // (a membership without the dead worker) before going on; 0: none.
   absl::Duration verdict_wait = absl::ZeroDuration();
+  // The job's shards at the start; a membership whose num_ps differs
+  // (elastic shards) moves the state onto its shards
+  // (GradientExchange::ChangeShards).
+  int num_ps = 0;
 };
 
 class ElasticMembership {
@@ -60,7 +64,10 @@ class ElasticMembership {
   // coordinator's newest membership if it is ready, newer than the one
   // applied, and due (its at_step reached); the step to go on from then
   // (the shards' version), else none. An exchange error is the step's
-  // (recovered from as a failure).
+  // (recovered from as a failure). A membership with another num_ps
+  // moves the shards' state onto its ps_addresses in the same change
+  // (GradientExchange::ChangeShards); INTERNAL if it lists another number
+  // of addresses than num_ps.
   absl::StatusOr<std::optional<int64_t>> MaybeApply(int64_t step);
 
   // After the start (or a joining worker's rejoin) at `step`: Follow(),
@@ -95,6 +102,9 @@ class ElasticMembership {
                             int64_t step) const;
 
   ElasticOptions options_;
+  // The shards worker 0 trains on (options_.num_ps, then each applied
+  // membership's).
+  int num_ps_ = 0;
   DataPositions* const positions_;
   GradientExchange* const exchange_;
   WorkerMembership current_;

@@ -251,6 +251,37 @@ class PsExchange : public GradientExchange, public WeightsGate {
     step_ = version_;
     return version_;
   }
+  absl::StatusOr<int64_t> ChangeShards(
+      const std::vector<std::string>& addresses,
+      const MembershipAt& membership_at, absl::Duration timeout) override {
+    if (!sync_ || staleness_ > 0 || saves_residuals()) {
+      return absl::FailedPreconditionError(
+          "a change of shards moves the state at one decided step: mode sync "
+          "without staleness or saved top-k residuals only");
+    }
+    DropStepInFlight();
+    ASSIGN_OR_RETURN(ModelState state, client_->ExportState(timeout));
+    ASSIGN_OR_RETURN(std::unique_ptr<PsClient> next,
+                     client_->WithShards(addresses));
+    // Sync: one version throughout (ExportState checked it).
+    int64_t version = 0;
+    for (const auto& ranges : state.versions) {
+      if (!ranges.empty()) version = ranges.front().version;
+    }
+    const WorkerMembership membership = membership_at(version);
+    std::vector<absl::Span<const float>> weights;
+    for (const std::vector<float>& w : state.weights) {
+      weights.push_back(absl::MakeConstSpan(w));
+    }
+    ASSIGN_OR_RETURN(const int64_t generation,
+                     next->Restore(weights, state, timeout, &membership));
+    client_ = std::move(next);
+    RETURN_IF_ERROR(client_->WaitReady(timeout, generation,
+                                       /*wait_for_connection=*/false));
+    ASSIGN_OR_RETURN(version_, client_->PushPull(0, {}, 0, 0, weights_));
+    step_ = version_;
+    return version_;
+  }
   std::optional<WorkerMembership> membership() const override {
     return client_->membership();
   }
@@ -267,7 +298,14 @@ class PsExchange : public GradientExchange, public WeightsGate {
                                    int64_t min_generation,
                                    absl::Duration timeout) {
     DropStepInFlight();
-    if (!addresses.empty()) RETURN_IF_ERROR(client_->SetAddresses(addresses));
+    if (!addresses.empty() &&
+        static_cast<int>(addresses.size()) != client_->num_shards()) {
+      // An elastic job's worker 0 moved the state onto another number of
+      // shards (ChangeShards()).
+      ASSIGN_OR_RETURN(client_, client_->WithShards(addresses));
+    } else if (!addresses.empty()) {
+      RETURN_IF_ERROR(client_->SetAddresses(addresses));
+    }
     reopened_ = false;
     if (restore != nullptr && saves_residuals()) {
       reopen_refusal_ =

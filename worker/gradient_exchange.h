@@ -139,6 +139,25 @@ class GradientExchange {
   // null: none (the shards keep their own).
   using MembershipAt = std::function<WorkerMembership(int64_t version)>;
   virtual void set_restore_membership(MembershipAt membership_at) {}
+  // Elastic shards (issue 40; docs/ARCHITECTURE.md "Elastic shards"), PS
+  // sync mode without staleness: worker 0, where ChangeMembership() is
+  // called, moves the shards' state in memory onto the shards at
+  // `addresses` (the new layout, shard by shard; old shards among them
+  // keep their index): every old shard closes at a new generation and
+  // sends its state (PsClient::ExportState), worker 0 restores it onto
+  // the new layout at the generation after with `membership_at(version)`
+  // as its workers, and works on it from then on. The other workers' step
+  // in flight fails (ABORTED) and they recover onto the new shards (their
+  // addresses from the coordinator). Pulls and returns the version (the
+  // shards' last decided step + 1). A failure half way leaves the old
+  // shards closed: the caller recovers as from any failure (a reopen or
+  // the last checkpoint opens them). UNIMPLEMENTED without shards.
+  virtual absl::StatusOr<int64_t> ChangeShards(
+      const std::vector<std::string>& addresses,
+      const MembershipAt& membership_at, absl::Duration timeout) {
+    return absl::UnimplementedError(
+        "only parameter-server jobs change their shards while they run");
+  }
   // A worker joining an elastic job waits until a generation has it.
   virtual void set_joining(bool joining) {}
 

@@ -201,6 +201,29 @@ class PsClient {
   // one for trial rounds). No connection is shared.
   absl::StatusOr<std::unique_ptr<PsClient>> WithPartition(
       int64_t partition_bytes, TopKCompressor* compressor = nullptr) const;
+
+  // An elastic job changing its number of shards (issue 40; docs/
+  // ARCHITECTURE.md "Elastic shards"): a client of the same options,
+  // partition size and generation over the shards at `addresses` (one per
+  // shard of the new layout, by index), whose plan cuts the tensors over
+  // that many shards. INVALID_ARGUMENT for no address or more than
+  // PartitionPlan::kMaxShards. No connection is shared.
+  absl::StatusOr<std::unique_ptr<PsClient>> WithShards(
+      const std::vector<std::string>& addresses) const;
+
+  // Worker 0 of an elastic job, at a step boundary (nothing of its next
+  // step pushed): every shard takes generation G+1 (G the highest any
+  // shard is at) closed, keeping its state as of its last decided step
+  // (proto/ps.proto ExportRequest), and sends it; returns the whole
+  // model's state (server/shard_checkpoint.h, as a checkpoint's), every
+  // tensor at one version, which the caller restores onto the new layout
+  // (Restore() through WithShards()'s client, whose generation is then
+  // above G+1). FAILED_PRECONDITION where a shard cannot reopen (as
+  // Reopen()) or the shards are at different versions; DATA_LOSS for a
+  // shard's export that does not fit the plan. Each call lasts at most
+  // `timeout`. The shards stay closed on an error: the caller recovers
+  // (a restore or a reopen at a higher generation opens them).
+  absl::StatusOr<ModelState> ExportState(absl::Duration timeout);
   const PartitionPlan& plan() const { return plan_; }
 
   // The generation this client's requests carry.

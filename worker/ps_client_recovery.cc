@@ -84,6 +84,7 @@ absl::StatusOr<int64_t> PsClient::Reopen(absl::Duration timeout,
     }
     first.mutable_layout()->set_partition_bytes(plan_.partition_bytes());
     first.mutable_layout()->set_num_buffers(plan_.num_buffers());
+    first.mutable_layout()->set_num_shards(plan_.num_shards());
     for (int64_t d : plan_.param_row_elements()) {
       first.mutable_layout()->add_param_row_elements(d);
     }
@@ -128,6 +129,7 @@ absl::Status PsClient::InitializeAs(
     }
     first.mutable_layout()->set_partition_bytes(plan_.partition_bytes());
     first.mutable_layout()->set_num_buffers(plan_.num_buffers());
+    first.mutable_layout()->set_num_shards(plan_.num_shards());
     for (int64_t d : plan_.param_row_elements()) {
       first.mutable_layout()->add_param_row_elements(d);
     }
@@ -181,6 +183,96 @@ absl::StatusOr<std::unique_ptr<PsClient>> PsClient::WithPartition(
   return client;
 }
 
+absl::StatusOr<std::unique_ptr<PsClient>> PsClient::WithShards(
+    const std::vector<std::string>& addresses) const {
+  if (addresses.empty() ||
+      static_cast<int>(addresses.size()) > PartitionPlan::kMaxShards) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(addresses.size(), " PS addresses; expected 1 to ",
+                     PartitionPlan::kMaxShards));
+  }
+  ASSIGN_OR_RETURN(
+      PartitionPlan plan,
+      PartitionPlan::Create(plan_.param_num_elements(), plan_.partition_bytes(),
+                            static_cast<int>(addresses.size()),
+                            plan_.num_buffers(), plan_.param_row_elements()));
+  PsClientOptions options = options_;
+  options.addresses = addresses;
+  ASSIGN_OR_RETURN(std::unique_ptr<PsClient> client, Create(options, plan));
+  client->generation_ = generation_;
+  client->membership_ = membership_;
+  client->joining_ = joining_;
+  return client;
+}
+
+absl::StatusOr<ModelState> PsClient::ExportState(absl::Duration timeout) {
+  ASSIGN_OR_RETURN(const int64_t highest, HighestGeneration(timeout));
+  const int64_t generation = highest + 1;
+  std::vector<std::pair<std::string, std::vector<ChunkSnapshot>>> parts;
+  int64_t version = -1;
+  for (int s = 0; s < num_shards(); ++s) {
+    grpc::ClientContext context;
+    SetDeadline(&context, timeout);
+    ExportRequest request;
+    SetHeader(request.mutable_header());
+    request.set_generation(generation);
+    auto reader = stubs_[s]->Export(&context, request);
+    std::vector<ChunkSnapshot> chunks;
+    ExportResponse response;
+    absl::Status bad;
+    while (bad.ok() && reader->Read(&response)) {
+      const int global = plan_.FindChunk(response.chunk().key().param_id(),
+                                         response.chunk().key().chunk_index());
+      if (global < 0 || plan_.chunks()[global].shard != s) {
+        bad = absl::DataLossError(absl::StrCat(
+            "shard ", s, " (", addresses_[s], ") exported chunk (",
+            response.chunk().key().param_id(), ", ",
+            response.chunk().key().chunk_index(), "), which is not its own"));
+        break;
+      }
+      ChunkSnapshot chunk;
+      chunk.spec = plan_.chunks()[global];
+      chunk.is_buffer = plan_.is_buffer(chunk.spec.param_id);
+      chunk.version = response.chunk().version();
+      bad = DecodeFloatChunk(response.chunk(), &chunk.weights);
+      if (bad.ok() && !chunk.is_buffer) {
+        bad = DecodeFloatChunk(response.adam_m(), &chunk.m);
+        if (bad.ok()) bad = DecodeFloatChunk(response.adam_v(), &chunk.v);
+      }
+      const auto n = static_cast<size_t>(chunk.spec.num_elements);
+      if (bad.ok() && (chunk.weights.size() != n ||
+                       (!chunk.is_buffer &&
+                        (chunk.m.size() != n || chunk.v.size() != n)))) {
+        bad = absl::DataLossError(
+            absl::StrCat("shard ", s, " (", addresses_[s], ") exported chunk (",
+                         chunk.spec.param_id, ", ", chunk.spec.chunk_index,
+                         ") with a size other than the plan's ", n));
+      }
+      if (bad.ok() && version >= 0 && chunk.version != version) {
+        bad = absl::FailedPreconditionError(absl::StrCat(
+            "shard ", s, " (", addresses_[s], ") is at version ", chunk.version,
+            " and an earlier chunk at ", version,
+            ": the shards cannot move to a new layout at one step"));
+      }
+      if (bad.ok()) {
+        version = chunk.version;
+        chunks.push_back(std::move(chunk));
+      }
+    }
+    if (!bad.ok()) {
+      context.TryCancel();
+      reader->Finish().ok();
+      return bad;
+    }
+    const grpc::Status status = reader->Finish();
+    if (!status.ok()) return ShardError(s, status);
+    parts.emplace_back(absl::StrCat("shard ", s, " (", addresses_[s], ")"),
+                       std::move(chunks));
+  }
+  generation_ = generation;
+  return Assemble(plan_.param_num_elements(), parts);
+}
+
 absl::Status PsClient::WaitReady(absl::Duration timeout, int64_t min_generation,
                                  bool wait_for_connection,
                                  int64_t* shards_partition_bytes) {
@@ -222,6 +314,16 @@ absl::Status PsClient::WaitReady(absl::Duration timeout, int64_t min_generation,
           MembershipFromProto(response.membership(), kMaxMembershipWorkers);
       if (!m.ok()) return ShardError(s, ToGrpcStatus(m.status()));
       membership_ = *std::move(m);
+    }
+    if (response.layout().num_shards() != 0 &&
+        response.layout().num_shards() != plan_.num_shards()) {
+      // An elastic job whose worker 0 moved the state onto another number
+      // of shards: the caller asks the coordinator for their addresses
+      // again (worker/recovery.h retries UNAVAILABLE).
+      return absl::UnavailableError(
+          absl::StrCat("shard ", s, " (", addresses_[s], ") is one of ",
+                       response.layout().num_shards(),
+                       " shards now; this worker knew ", plan_.num_shards()));
     }
     if (sizes != plan_.param_num_elements() ||
         response.layout().partition_bytes() != partition_bytes ||

@@ -257,6 +257,7 @@ ElasticOptions ElasticOptionsOf(const TrainerOptions& options,
   ElasticOptions elastic;
   elastic.worker_id = options.worker_id;
   elastic.newest = options.newest_membership;
+  elastic.num_ps = static_cast<int>(options.ps_addresses.size());
   elastic.applied = options.membership_applied;
   elastic.say = say;
   elastic.timeout = options.init_timeout;

@@ -1,0 +1,270 @@
+// Elastic shards (issue 40; GradientExchange::ChangeShards): worker 0 moves
+// a sync job's state in memory onto another number of shards at a step
+// boundary, and the job goes on there. The acceptance's deterministic
+// case: a job resized from 2 shards to 3 at step N ends with weights bit
+// for bit those of a job that ran on 3 shards from a checkpoint of step N
+// (and those of a job that never changed: the layout is not arithmetic).
+// Gradients depend on the weights (a quadratic's, per worker), so every
+// piece of state that moves (weights, Adam's m and v, versions, the
+// BatchNorm-like buffer) shows in the final weights.
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <thread>  // NOLINT(build/c++11)
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/grpc_server.h"
+#include "common/partition.h"
+#include "gtest/gtest.h"
+#include "server/parameter_shard.h"
+#include "server/ps_service.h"
+#include "server/shard_checkpoint.h"
+#include "worker/gradient_exchange.h"
+
+namespace pstrain {
+namespace {
+
+constexpr int kWorkers = 2;
+// Three parameters and one buffer (the last tensor), cut into chunks of
+// 64 elements so that 2 and 3 shards own different chunks.
+const std::vector<int64_t> kSizes = {700, 300, 1000, 50};
+constexpr int kBuffers = 1;
+constexpr int64_t kPartitionBytes = 64 * sizeof(float);
+
+// `count` sync shards behind their own gRPC servers; shards from
+// `initial` on start outside the job's first layout (an elastic job's idle
+// shard tasks), with every shard's checkpoint folder under `dir`.
+class ShardPool {
+ public:
+  ShardPool(int count, int initial, const std::string& dir) {
+    for (int s = 0; s < count; ++s) {
+      ShardOptions options;
+      options.job_id = "job";
+      options.shard_index = s;
+      options.num_shards = initial;
+      options.num_workers = kWorkers;
+      options.mode = SyncMode::kSync;
+      options.checkpoint_dir = dir;
+      shards_.push_back(std::make_unique<ParameterShard>(options));
+      services_.push_back(
+          std::make_unique<PsService>(shards_.back().get(), absl::Seconds(10)));
+      absl::StatusOr<ListeningServer> listening =
+          StartGrpcServer("127.0.0.1:0", services_.back().get(), "");
+      EXPECT_TRUE(listening.ok()) << listening.status();
+      addresses_.push_back("127.0.0.1:" + std::to_string(listening->port));
+      servers_.push_back(std::move(listening->server));
+    }
+  }
+  ~ShardPool() {
+    for (auto& server : servers_) server->Shutdown();
+  }
+  // Shards [first, first + n).
+  std::vector<std::string> Addresses(int first, int n) const {
+    return {addresses_.begin() + first, addresses_.begin() + first + n};
+  }
+  const ParameterShard& shard(int s) const { return *shards_[s]; }
+
+ private:
+  std::vector<std::unique_ptr<ParameterShard>> shards_;
+  std::vector<std::unique_ptr<PsService>> services_;
+  std::vector<std::unique_ptr<grpc::Server>> servers_;
+  std::vector<std::string> addresses_;
+};
+
+std::unique_ptr<GradientExchange> Exchange(
+    const std::vector<std::string>& addresses, int worker) {
+  PsClientOptions options;
+  options.addresses = addresses;
+  options.job_id = "job";
+  options.worker_id = worker;
+  options.rpc_timeout = absl::Seconds(10);
+  absl::StatusOr<PartitionPlan> plan = PartitionPlan::Create(
+      kSizes, kPartitionBytes, static_cast<int>(addresses.size()), kBuffers);
+  EXPECT_TRUE(plan.ok()) << plan.status();
+  absl::StatusOr<std::unique_ptr<PsClient>> client =
+      PsClient::Create(options, *plan);
+  EXPECT_TRUE(client.ok()) << client.status();
+  return CreatePsExchange(*std::move(client), /*sync=*/true,
+                          /*chief=*/worker == 0, absl::Seconds(10));
+}
+
+// Worker `rank`'s gradient at `step`: of 0.5 * (w - target)^2, target
+// depending on the rank, the tensor and the element, plus a step term; the
+// buffer's "gradient" is the worker's running value, averaged by the shards.
+void Gradients(int rank, int64_t step, const std::vector<std::vector<float>>& w,
+               std::vector<std::vector<float>>* g) {
+  for (size_t t = 0; t < kSizes.size(); ++t) {
+    for (int64_t i = 0; i < kSizes[t]; ++i) {
+      const float target = 0.01f * static_cast<float>((i * 7 + t * 3) % 50) -
+                           0.2f * static_cast<float>(rank);
+      (*g)[t][i] = t + 1 == kSizes.size()
+                       ? 0.9f * w[t][i] + 0.1f * target
+                       : w[t][i] - target + 0.001f * static_cast<float>(step);
+    }
+  }
+}
+
+struct JobRun {
+  std::vector<std::string> addresses;  // the shards at the start
+  int64_t from_step = 0, to_step = 0;
+  const ModelState* resume = nullptr;  // worker 0's, at from_step
+  // Worker 0 changes the shards to `after` before step `change_at` (-1:
+  // never); the other worker recovers onto them.
+  int64_t change_at = -1;
+  std::vector<std::string> after;
+  // Worker 0 checkpoints step to_step at the end (-1: no).
+  bool checkpoint_at_end = false;
+};
+
+// Every worker's weights after `run`.
+std::vector<std::vector<std::vector<float>>> Train(const JobRun& run) {
+  std::vector<std::vector<std::vector<float>>> results(kWorkers);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < kWorkers; ++r) {
+    threads.emplace_back([&, r] {
+      std::unique_ptr<GradientExchange> exchange = Exchange(run.addresses, r);
+      std::vector<std::vector<float>> w, g;
+      for (size_t t = 0; t < kSizes.size(); ++t) {
+        w.emplace_back(kSizes[t], 0.05f * static_cast<float>(t + 1));
+        g.emplace_back(kSizes[t], 0.0f);
+      }
+      if (run.resume != nullptr) w = run.resume->weights;
+      std::vector<absl::Span<float>> weights(w.begin(), w.end());
+      std::vector<absl::Span<const float>> gradients(g.begin(), g.end());
+      ASSERT_TRUE(exchange->Start(weights, r == 0 ? run.resume : nullptr).ok());
+      int64_t step = run.from_step;
+      while (step < run.to_step) {
+        if (r == 0 && step == run.change_at) {
+          absl::StatusOr<int64_t> version = exchange->ChangeShards(
+              run.after,
+              [](int64_t v) {
+                WorkerMembership m;
+                m.workers = {0, 1};
+                m.epoch = 1;
+                m.from_step = v;
+                return m;
+              },
+              absl::Seconds(10));
+          ASSERT_TRUE(version.ok()) << version.status();
+          ASSERT_EQ(*version, step);
+        }
+        Gradients(r, step, w, &g);
+        const absl::Status s = exchange->Step(gradients, 8);
+        if (!s.ok()) {
+          // Worker 0 closed the old layout under this step.
+          ASSERT_NE(r, 0) << s;
+          ASSERT_TRUE(absl::IsAborted(s)) << s;
+          absl::StatusOr<int64_t> version =
+              exchange->Recover(run.after, nullptr, absl::Seconds(10));
+          ASSERT_TRUE(version.ok()) << version.status();
+          step = *version;
+          continue;
+        }
+        ++step;
+      }
+      if (r == 0 && run.checkpoint_at_end) {
+        ASSERT_TRUE(exchange->Checkpoint(step, "", /*wait=*/false).ok());
+        ASSERT_TRUE(exchange->Checkpoint(step, "", /*wait=*/true).ok());
+      }
+      results[r] = w;
+      ASSERT_TRUE(exchange->Finish().ok());
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  return results;
+}
+
+ModelState ReadCheckpoint(const std::string& dir, int64_t step, int shards) {
+  std::vector<std::pair<std::string, std::vector<ChunkSnapshot>>> files;
+  for (int s = 0; s < shards; ++s) {
+    const std::string path =
+        absl::StrCat(dir, "/step-", step, "/shard-", s, ".safetensors");
+    absl::StatusOr<std::vector<ChunkSnapshot>> chunks =
+        ReadShardCheckpoint(path);
+    EXPECT_TRUE(chunks.ok()) << chunks.status();
+    files.emplace_back(path, *std::move(chunks));
+  }
+  absl::StatusOr<ModelState> state = Assemble(kSizes, files);
+  EXPECT_TRUE(state.ok()) << state.status();
+  return *std::move(state);
+}
+
+std::string TempDir(const std::string& name) {
+  const std::string dir = absl::StrCat(testing::TempDir(), "/", name);
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  return dir;
+}
+
+constexpr int64_t kChangeAt = 7;
+constexpr int64_t kSteps = 15;
+
+TEST(ElasticShardsTest, GrowTwoToThreeEqualsThreeShardsFromACheckpoint) {
+  // The job that grows: shards 0 and 1, then 0, 1 and 2 from step 7.
+  ShardPool pool(3, 2, TempDir("grow"));
+  JobRun grow;
+  grow.addresses = pool.Addresses(0, 2);
+  grow.to_step = kSteps;
+  grow.change_at = kChangeAt;
+  grow.after = pool.Addresses(0, 3);
+  const auto grown = Train(grow);
+  EXPECT_EQ(pool.shard(2).plan().num_shards(), 3);
+
+  // 2 shards to step 7 and a checkpoint, then 3 fresh shards from it.
+  const std::string dir = TempDir("grow_reference");
+  ShardPool two(2, 2, dir);
+  JobRun first;
+  first.addresses = two.Addresses(0, 2);
+  first.to_step = kChangeAt;
+  first.checkpoint_at_end = true;
+  Train(first);
+  const ModelState state = ReadCheckpoint(dir, kChangeAt, 2);
+  ShardPool three(3, 3, TempDir("grow_three"));
+  JobRun second;
+  second.addresses = three.Addresses(0, 3);
+  second.from_step = kChangeAt;
+  second.to_step = kSteps;
+  second.resume = &state;
+  const auto resumed = Train(second);
+
+  // And a job that stayed on 2 shards.
+  ShardPool unchanged(2, 2, TempDir("grow_unchanged"));
+  JobRun stay;
+  stay.addresses = unchanged.Addresses(0, 2);
+  stay.to_step = kSteps;
+  const auto stayed = Train(stay);
+
+  for (int r = 0; r < kWorkers; ++r) {
+    EXPECT_EQ(grown[r], resumed[r]) << "worker " << r;
+    EXPECT_EQ(grown[r], stayed[r]) << "worker " << r;
+  }
+  EXPECT_EQ(grown[0], grown[1]);
+  // Training moved the weights (the comparison is not of initial values).
+  EXPECT_NE(grown[0][0][0], 0.05f);
+}
+
+TEST(ElasticShardsTest, ShrinkThreeToTwoEqualsAJobThatNeverChanged) {
+  ShardPool pool(3, 3, TempDir("shrink"));
+  JobRun shrink;
+  shrink.addresses = pool.Addresses(0, 3);
+  shrink.to_step = kSteps;
+  shrink.change_at = kChangeAt;
+  shrink.after = pool.Addresses(0, 2);
+  const auto shrunk = Train(shrink);
+  // Shard 2 left the layout closed, holding the state of step 7.
+  EXPECT_TRUE(pool.shard(2).closed());
+  EXPECT_EQ(pool.shard(0).plan().num_shards(), 2);
+
+  ShardPool unchanged(3, 3, TempDir("shrink_unchanged"));
+  JobRun stay;
+  stay.addresses = unchanged.Addresses(0, 3);
+  stay.to_step = kSteps;
+  const auto stayed = Train(stay);
+  for (int r = 0; r < kWorkers; ++r) {
+    EXPECT_EQ(shrunk[r], stayed[r]) << "worker " << r;
+  }
+}
+
+}  // namespace
+}  // namespace pstrain
