@@ -363,6 +363,20 @@ TEST_F(AuthzTest, EveryMethodServesItsCallersAndRefusesEveryoneElse) {
         CheckpointResponse out;
         return shard(ch)->Checkpoint(&c, r, &out);
       }};
+  cases["/pstrain.ParameterServer/Export"] = {
+      {"worker:0@job-1"}, [&](grpc::Channel* ch) {
+        grpc::ClientContext c;
+        Deadline(&c);
+        ExportRequest r;
+        header(r.mutable_header(), 0);
+        r.set_generation(1);
+        auto reader = shard(ch)->Export(&c, r);
+        ExportResponse out;
+        while (reader->Read(&out)) {
+        }
+        // Served: the shard holds no state to export (FAILED_PRECONDITION).
+        return reader->Finish();
+      }};
   cases["/pstrain.ParameterServer/WorkerDone"] = {
       {"worker:1@job-1"}, [&](grpc::Channel* ch) {
         grpc::ClientContext c;
@@ -390,8 +404,8 @@ TEST_F(AuthzTest, EveryMethodServesItsCallersAndRefusesEveryoneElse) {
       ++methods;
     }
   }
-  EXPECT_EQ(methods, 18);
-  EXPECT_EQ(cases.size(), 18u);
+  EXPECT_EQ(methods, 19);
+  EXPECT_EQ(cases.size(), 19u);
 
   int served = 0, denied = 0, refused = 0;
   for (const auto& [method, c] : cases) {

@@ -396,6 +396,19 @@ TEST(OutsiderTest, EveryTryIsRefusedAndTheJobEndsAsIfUntouched) {
              StatsResponse out;
              return ps->Stats(&ctx, r, &out);
            }},
+          {"Export", "read the shard's whole state and close it",
+           [&](Coordinator::Stub*, ParameterServer::Stub* ps) {
+             grpc::ClientContext ctx;
+             Deadline(&ctx);
+             ExportRequest r;
+             worker0(r.mutable_header());
+             r.set_generation(99);
+             auto reader = ps->Export(&ctx, r);
+             ExportResponse out;
+             while (reader->Read(&out)) {
+             }
+             return reader->Finish();
+           }},
           {"Checkpoint", "make the shard write a checkpoint",
            [&](Coordinator::Stub*, ParameterServer::Stub* ps) {
              grpc::ClientContext ctx;
