@@ -48,7 +48,7 @@ class NodeSupervisorTest : public ::testing::Test {
   // `num_ps` shards and `num_workers` workers in `mode`.
   void StartJob(int num_ps, int num_workers, int max_restarts,
                 const std::string& mode = "sync", bool tls = false,
-                int min_workers = 0) {
+                int min_workers = 0, int max_ps = 0) {
     CoordinatorServerOptions options;
     options.address = "127.0.0.1:0";
     if (tls) {
@@ -72,6 +72,7 @@ class NodeSupervisorTest : public ::testing::Test {
     spec_.set_num_workers(num_workers);
     spec_.set_max_restarts(max_restarts);
     spec_.set_min_workers(min_workers);
+    spec_.set_max_ps(max_ps);
     ApplyJobDefaults(&spec_);
     absl::StatusOr<std::string> id =
         coordinator_->table().Submit(spec_, absl::Now());
@@ -292,6 +293,44 @@ TEST_F(NodeSupervisorTest, AWorkerRemovedOnFailureIsLeftOut) {
   const JobInfo job = Job();
   EXPECT_FALSE(JobEnded(job.state())) << job.message();
   EXPECT_EQ(job.tasks(2).state(), TASK_REMOVED);
+}
+
+// Issue 40, max_ps: a shard an applied membership left out that exits
+// non-zero is left out as well (no restart asked, no failure).
+TEST_F(NodeSupervisorTest, AShardRemovedByAShrinkIsLeftOut) {
+  StartJob(/*num_ps=*/2, /*num_workers=*/1, /*max_restarts=*/0, "sync",
+           /*tls=*/false, /*min_workers=*/0, /*max_ps=*/2);
+  JobTable& table = coordinator_->table();
+  const absl::Time now = absl::Now();
+  ASSERT_TRUE(table.Register(job_id_, ROLE_PS, 0, "10.0.0.1:1", now).ok());
+  ASSERT_TRUE(table.Register(job_id_, ROLE_PS, 1, "10.0.0.2:1", now).ok());
+  ASSERT_TRUE(table.Register(job_id_, ROLE_WORKER, 0, "10.0.0.3:1", now).ok());
+  ScaleTarget one;
+  one.num_ps = 1;
+  ASSERT_TRUE(table.Scale(job_id_, one, now).ok());
+  HeartbeatRequest applied;
+  applied.mutable_task()->set_job_id(job_id_);
+  applied.mutable_task()->set_role(ROLE_WORKER);
+  applied.mutable_task()->set_index(0);
+  applied.mutable_membership_applied()->set_epoch(1);
+  ASSERT_TRUE(table.Heartbeat(applied, now).ok());
+  ASSERT_EQ(Job().tasks(1).state(), TASK_REMOVED);
+  std::string output;
+  const SupervisorResult result =
+      Supervise(Options(),
+                {Task(ROLE_PS, 0, "shard-0", "sleep 1; exit 0"),
+                 Task(ROLE_PS, 1, "shard-1", "exit 3"),
+                 Task(ROLE_WORKER, 0, "shard-w0", "sleep 1; exit 0")},
+                &output);
+  EXPECT_EQ(result.exit_code, 0) << output;
+  EXPECT_EQ(result.first_failure.role, "");
+  EXPECT_THAT(output, HasSubstr("pstrain: ps 1 removed from the job (left "
+                                "out by membership 1 (1 shards)); the job "
+                                "goes on with 1 shards\n"));
+  EXPECT_EQ(Lines(Runs("shard-1")).size(), 1u);  // not started again
+  const JobInfo job = Job();
+  EXPECT_FALSE(JobEnded(job.state())) << job.message();
+  EXPECT_EQ(job.tasks(1).state(), TASK_REMOVED);
 }
 
 // more_tasks: the tasks it returns start while the job runs (a Scale's
