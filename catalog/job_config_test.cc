@@ -150,6 +150,53 @@ TEST(JobConfigTest, CompressionParsesAndIsRefusedWhereItCannotApply) {
             "reduce dense buffers)");
 }
 
+// DGC's momentum correction (issue 39): takes the optimizer's momentum,
+// dampening and Nesterov; refused without a compression with error
+// feedback and without SGD momentum, and the shards then apply SGD
+// without momentum.
+TEST(JobConfigTest, MomentumCorrectionNeedsTopKWithFeedbackAndSgdMomentum) {
+  JobSpec spec;
+  spec.set_backend("cpu");
+  spec.set_mode("sync");
+  spec.set_compute("model");
+  spec.mutable_optimizer()->set_name("sgd");
+  spec.mutable_optimizer()->set_momentum(0.9);
+  spec.mutable_optimizer()->set_nesterov(true);
+  spec.mutable_optimizer()->set_lr_schedule("constant");
+  spec.set_compression("topk:0.01");
+  spec.set_momentum_correction(true);
+  absl::StatusOr<JobConfig> config = ParseJobChoices(spec);
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_TRUE(config->compression.momentum_correction());
+  EXPECT_DOUBLE_EQ(config->compression.momentum, 0.9);
+  EXPECT_TRUE(config->compression.nesterov);
+
+  spec.set_no_error_feedback(true);
+  const std::string no_feedback =
+      "momentum_correction: true without a compression with error "
+      "feedback; expected a compression such as topk:0.01 (the velocity "
+      "accumulates into the residual)";
+  EXPECT_EQ(ParseJobChoices(spec).status().message(), no_feedback);
+  spec.set_no_error_feedback(false);
+  spec.set_compression("none");
+  EXPECT_EQ(ParseJobChoices(spec).status().message(), no_feedback);
+  spec.set_compression("topk:0.01");
+  spec.mutable_optimizer()->set_momentum(0);
+  spec.mutable_optimizer()->set_nesterov(false);
+  EXPECT_EQ(ParseJobChoices(spec).status().message(),
+            "momentum_correction: true with optimizer sgd without momentum; "
+            "expected sgd with momentum > 0 (the workers keep the momentum "
+            "and the shards apply plain SGD, which needs an update linear in "
+            "the gradient)");
+  spec.mutable_optimizer()->set_name("adam");
+  EXPECT_EQ(ParseJobChoices(spec).status().message(),
+            "momentum_correction: true with optimizer adam; expected sgd "
+            "with momentum > 0 (the workers keep the momentum and the shards "
+            "apply plain SGD, which needs an update linear in the gradient)");
+  spec.set_momentum_correction(false);
+  EXPECT_FALSE(ParseJobChoices(spec)->compression.momentum_correction());
+}
+
 TEST(JobConfigTest, FlagsTakeTheSpellings) {
   Mode mode = MODE_UNSPECIFIED;
   std::string error;

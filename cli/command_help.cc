@@ -140,6 +140,21 @@ Flags JobFlags(const std::string& what) {
        "With --compression=topk:R: the fraction pushed falls exponentially "
        "from 1 to R over this many steps (Deep Gradient Compression's "
        "warm-up); 0: R from the first step."},
+      {"momentum_correction",
+       "With --compression=topk:R and --optimizer=sgd --momentum=M: Deep "
+       "Gradient Compression's momentum correction and masking: each worker "
+       "keeps the velocity, accumulates it into its residual before the "
+       "selection and zeroes both where it pushed; the shards apply SGD "
+       "without momentum. Velocities are saved with the residuals."},
+      {"compression_dense_steps",
+       "With --compression=topk:R: the first N steps push every entry "
+       "(dense), then the warm-up, then R."},
+      {"compression_freeze_adam_variance",
+       "With --compression=topk:R, --optimizer=adam and "
+       "--compression_dense_steps=N: the shards' Adam stops updating its "
+       "second moment after step N (1-bit Adam's compression stage), so "
+       "its update is linear in the pushes and error feedback delivers "
+       "delayed entries at full size."},
       {"channels_per_shard",
        "PS modes: gRPC connections each worker opens to each shard, 1 to 16; "
        "0: one per 8 MiB of the shard's chunks, at most 4 (a small model "

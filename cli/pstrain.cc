@@ -161,6 +161,18 @@ ABSL_FLAG(int64_t, compression_warmup_steps, 0,
           "With --compression=topk:R: the fraction pushed falls from 1 to R "
           "exponentially over this many steps (Deep Gradient Compression's "
           "warm-up); 0: R from the start.");
+ABSL_FLAG(bool, momentum_correction, false,
+          "With --compression=topk:R and --optimizer=sgd --momentum=M: "
+          "Deep Gradient Compression's momentum correction (the workers "
+          "keep the momentum before the selection; the shards apply plain "
+          "SGD).");
+ABSL_FLAG(int64_t, compression_dense_steps, 0,
+          "With --compression=topk:R: the first N steps push dense (then "
+          "the warm-up, then R).");
+ABSL_FLAG(bool, compression_freeze_adam_variance, false,
+          "With --compression=topk:R, --optimizer=adam and "
+          "--compression_dense_steps=N: the shards' Adam keeps its second "
+          "moment from step N on (1-bit Adam's compression stage).");
 ABSL_FLAG(int, channels_per_shard, 0,
           "PS modes: gRPC connections each worker opens to each shard, 1 to "
           "16; 0: one per 8 MiB of the shard's chunks, at most 4. Chunk i "
@@ -390,7 +402,8 @@ absl::Status CheckIgnoredFlags(const JobConfig& config,
     for (const char* flag :
          {"num_ps", "partition_bytes", "wire_dtype", "channels_per_shard",
           "compression", "error_feedback", "compression_warmup_steps",
-          "priority_pulls"}) {
+          "momentum_correction", "compression_dense_steps",
+          "compression_freeze_adam_variance", "priority_pulls"}) {
       if (FlagSpecified(flag)) {
         return ignored(flag, absl::StrCat("it is for the parameter-server "
                                           "modes (sync, async), not ",
@@ -475,6 +488,11 @@ JobSpec SpecFromFlags(Mode mode, int num_ps, int num_workers) {
   spec.set_compute(std::string(Spelling(absl::GetFlag(FLAGS_compute))));
   spec.set_compute_ms(absl::GetFlag(FLAGS_compute_ms));
   spec.set_model_bytes(absl::GetFlag(FLAGS_model_bytes));
+    spec.set_momentum_correction(absl::GetFlag(FLAGS_momentum_correction));
+    spec.set_compression_dense_steps(
+        absl::GetFlag(FLAGS_compression_dense_steps));
+    spec.set_compression_freeze_adam_variance(
+        absl::GetFlag(FLAGS_compression_freeze_adam_variance));
   spec.set_backward_fraction(absl::GetFlag(FLAGS_backward_fraction));
   spec.set_registration_timeout_s(absl::GetFlag(FLAGS_registration_timeout_s));
   // Absolute, so that every task finds them whatever its folder.

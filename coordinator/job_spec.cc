@@ -725,6 +725,16 @@ OptimizerOptions OptimizerOptionsOf(const JobConfig& config) {
   LrSchedule& s = o.schedule;
   s.decay = config.lr_schedule == LR_SCHEDULE_STEP     ? LrDecay::kStep
             : config.lr_schedule == LR_SCHEDULE_COSINE ? LrDecay::kCosine
+  if (config.compression.momentum_correction()) {
+    // DGC: the workers apply the momentum (worker/topk_compression.h);
+    // the shards plain SGD to the average of what they push.
+    o.momentum = 0;
+    o.dampening = 0;
+    o.nesterov = false;
+  }
+  if (config.spec.compression_freeze_adam_variance()) {
+    o.freeze_variance_after = config.spec.compression_dense_steps();
+  }
                                                        : LrDecay::kConstant;
   s.warmup_steps = optimizer.warmup_steps();
   s.warmup_start_factor = optimizer.warmup_start_factor();

@@ -63,6 +63,42 @@ TEST(JobSpecTest, AdamOptionsComeFromTheOptimizer) {
   EXPECT_FLOAT_EQ(adam.weight_decay, 0.01f);
 }
 
+// DGC's momentum correction moves the momentum onto the workers: the
+// shards' SGD has none (issue 39); the frozen Adam variance stops at the
+// dense steps.
+TEST(JobSpecTest, CompressionOptionsShapeTheShardsOptimizer) {
+  const std::string base =
+      "num_ps: 1 num_workers: 2 batch_size: 8 epochs: 1 "
+      "compression: \"topk:0.01\" ";
+  absl::StatusOr<JobSpec> sgd =
+      ParseJobSpec(base +
+                       "momentum_correction: true optimizer { name: \"sgd\" "
+                       "momentum: 0.9 nesterov: true lr: 0.05 }",
+                   "job.pbtxt");
+  ASSERT_TRUE(sgd.ok()) << sgd.status();
+  absl::StatusOr<JobConfig> config = ResolveJobSpec(*sgd);
+  ASSERT_TRUE(config.ok()) << config.status();
+  OptimizerOptions o = OptimizerOptionsOf(*config);
+  EXPECT_EQ(o.kind, OptimizerKind::kSgd);
+  EXPECT_EQ(o.momentum, 0.0f);
+  EXPECT_FALSE(o.nesterov);
+  EXPECT_FLOAT_EQ(o.lr, 0.05f);
+  EXPECT_FLOAT_EQ(config->compression.momentum, 0.9);
+
+  absl::StatusOr<JobSpec> adam =
+      ParseJobSpec(base +
+                       "compression_dense_steps: 94 "
+                       "compression_freeze_adam_variance: true",
+                   "job.pbtxt");
+  ASSERT_TRUE(adam.ok()) << adam.status();
+  config = ResolveJobSpec(*adam);
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(OptimizerOptionsOf(*config).freeze_variance_after, 94);
+  EXPECT_EQ(config->compression.dense_steps, 94);
+  EXPECT_EQ(config->compression.RatioAt(93), 1.0);
+  EXPECT_EQ(config->compression.RatioAt(94), 0.01);
+}
+
 // Each bad spec is refused with the field named.
 TEST(JobSpecTest, BadSpecsNameTheField) {
   const std::string counts =

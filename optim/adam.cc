@@ -16,8 +16,13 @@ AdamStepConstants AdamConstantsFor(const AdamOptions& options, int64_t step) {
   c.one_minus_beta2 = 1.0f - options.beta2;
   c.step_size =
       static_cast<float>(options.lr / (1.0 - std::pow(options.beta1, t)));
+  c.variance_frozen =
+      options.freeze_variance_after > 0 && step > options.freeze_variance_after;
+  const double t2 = c.variance_frozen
+                        ? static_cast<double>(options.freeze_variance_after)
+                        : t;
   c.inv_bias_correction2_sqrt =
-      static_cast<float>(1.0 / std::sqrt(1.0 - std::pow(options.beta2, t)));
+      static_cast<float>(1.0 / std::sqrt(1.0 - std::pow(options.beta2, t2)));
   c.epsilon = options.epsilon;
   c.decay = 1.0f - options.lr * options.weight_decay;
   c.decoupled = options.weight_decay != 0.0f;
@@ -32,7 +37,8 @@ inline uint32_t AdamElement(const AdamStepConstants& c, float w, float g,
                             float m, float v, float* w_out, float* m_out,
                             float* v_out) {
   const float mi = c.beta1 * m + c.one_minus_beta1 * g;
-  const float vi = c.beta2 * v + c.one_minus_beta2 * g * g;
+  const float vi =
+      c.variance_frozen ? v : c.beta2 * v + c.one_minus_beta2 * g * g;
   *m_out = mi;
   *v_out = vi;
   const float wi = c.decoupled ? w * c.decay : w;

@@ -27,6 +27,12 @@ struct AdamOptions {
   float epsilon = 1e-8f;
   // Decoupled weight decay (AdamW); 0 gives plain Adam.
   float weight_decay = 0.0f;
+  // > 0: the second moment v stops at update number freeze_variance_after
+  // (later updates keep v and its bias correction 1 - beta2^F), as 1-bit
+  // Adam's compression stage (Tang et al., ICML 2021): the update is then
+  // linear in g, which error feedback needs (worker/topk_compression.h).
+  // 0: never. The PS shards' update only (the CUDA kernel ignores it).
+  int64_t freeze_variance_after = 0;
 };
 
 // The per-step scalars of the update above, computed in double and rounded
@@ -40,6 +46,7 @@ struct AdamStepConstants {
   float epsilon;
   float decay;  // 1 - lr * weight_decay; applied only when decoupled.
   bool decoupled;
+  bool variance_frozen;  // v kept (AdamOptions::freeze_variance_after)
 };
 AdamStepConstants AdamConstantsFor(const AdamOptions& options, int64_t step);
 

@@ -108,5 +108,40 @@ TEST(AdamTest, OutOfPlaceEqualsInPlaceBitForBit) {
   EXPECT_NE(0, std::memcmp(w0.data(), w.data(), n * sizeof(float)));
 }
 
+// freeze_variance_after = F (1-bit Adam's compression stage): updates 1 to
+// F are Adam's; later ones keep v and its bias correction at F, so the
+// step is lr / (1 - beta1^t) * m / (sqrt(v) / sqrt(1 - beta2^F) + eps).
+TEST(AdamTest, FrozenVarianceKeepsVAndItsBiasCorrection) {
+  constexpr int kF = 3;
+  AdamOptions frozen;
+  frozen.freeze_variance_after = kF;
+  const AdamOptions plain;
+  float w1 = 0.5f, m1 = 0, v1 = 0;
+  float w2 = 0.5f, m2 = 0, v2 = 0;
+  for (int step = 1; step <= 6; ++step) {
+    const float g = 0.25f * step - 0.6f;
+    const float v_before = v1;
+    const float m_expected = 0.9f * m1 + (1.0f - 0.9f) * g;
+    const float w_before = w1;
+    AdamUpdate(frozen, step, &w1, &g, &m1, &v1, 1);
+    AdamUpdate(plain, step, &w2, &g, &m2, &v2, 1);
+    EXPECT_EQ(m1, m_expected) << step;
+    if (step <= kF) {
+      EXPECT_EQ(w1, w2) << step;
+      EXPECT_EQ(v1, v2) << step;
+      continue;
+    }
+    EXPECT_EQ(v1, v_before) << step;
+    EXPECT_NE(v2, v_before) << step;
+    const float step_size = static_cast<float>(
+        double{1e-3f} / (1.0 - std::pow(double{0.9f}, step)));
+    const float inv_bias2 =
+        static_cast<float>(1.0 / std::sqrt(1.0 - std::pow(double{0.999f}, kF)));
+    const float expected =
+        w_before - step_size * m1 / (std::sqrt(v1) * inv_bias2 + 1e-8f);
+    EXPECT_EQ(w1, expected) << step;
+  }
+}
+
 }  // namespace
 }  // namespace pstrain

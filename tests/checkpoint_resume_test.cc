@@ -43,6 +43,8 @@ struct RunConfig {
   bool resume = false;
   // Top-k compression of the pushes (worker/topk_compression.h).
   CompressionOptions compression;
+  // The shards' optimizer (Adam by default).
+  OptimizerOptions optimizer;
 };
 
 constexpr int kWorkers = 2;
@@ -57,6 +59,7 @@ std::vector<std::vector<float>> Train(const Dataset& data,
   ShardOptions shard_options;
   shard_options.num_workers = kWorkers;
   shard_options.checkpoint_dir = run.dir;
+  shard_options.adam = run.optimizer;
   LocalShards shards(allreduce ? 0 : run.shards, shard_options);
   InProcessStore store;
   std::vector<absl::StatusOr<TrainerOutput>> outputs(kWorkers);
@@ -91,6 +94,7 @@ std::vector<std::vector<float>> Train(const Dataset& data,
       options.keep_checkpoints = 10;
       options.resume = run.resume;
       options.compression = run.compression;
+      options.adam = run.optimizer;
       outputs[w] = RunWorker(options, data);
     });
   }
@@ -162,10 +166,19 @@ INSTANTIATE_TEST_SUITE_P(Models, ResumeTest,
 // chunks, and so the top-k selection, follow the partition, which stays).
 // Without the residuals (files removed) the resumed run differs: they are
 // what carries it.
-TEST(CompressionResumeTest, ResidualsMakeTheResumeExact) {
+// The same with DGC's momentum correction (SGD momentum on the workers,
+// plain SGD on the shards): the files hold each worker's velocities too.
+class CompressionResumeTest : public ::testing::TestWithParam<bool> {};
+
+TEST_P(CompressionResumeTest, ResidualsMakeTheResumeExact) {
   const Dataset data = MakeDataset(48);
   RunConfig plain;
   plain.compression = CompressionOptions{0.05, true};
+  if (GetParam()) {
+    plain.compression.momentum = 0.9;
+    plain.optimizer.kind = OptimizerKind::kSgd;
+    plain.optimizer.lr = 0.05f;
+  }
   const std::vector<std::vector<float>> uninterrupted = Train(data, plain);
   ASSERT_FALSE(uninterrupted.empty());
 
@@ -197,6 +210,9 @@ TEST(CompressionResumeTest, ResidualsMakeTheResumeExact) {
   without.resume = true;
   EXPECT_NE(Train(data, without), uninterrupted);
 }
+
+INSTANTIATE_TEST_SUITE_P(MomentumCorrection, CompressionResumeTest,
+                         ::testing::Bool());
 
 // Allreduce: worker 0 writes the whole state (weights, Adam's m and v, the
 // BatchNorm buffers) as one file per checkpoint; every worker resumes from

@@ -420,8 +420,8 @@ class PsExchange : public GradientExchange, public WeightsGate {
       return false;
     }
     std::vector<int64_t> sizes;
-    for (int t = 0; t < topk->num_tensors(); ++t) {
-      sizes.push_back(topk->size(t));
+    for (int t = 0; t < topk->num_state_tensors(); ++t) {
+      sizes.push_back(topk->state_size(t));
     }
     absl::StatusOr<std::vector<std::vector<float>>> residuals =
         ReadResidualFile(step_dir, compression_.worker_id, step,

@@ -286,7 +286,9 @@ struct PsCompression {
   std::function<std::string(int64_t)> step_dir;
   int worker_id = 0;
   int num_workers = 1;
-  // The compressor's tensors' state_dict names (residual files).
+  // The compressor's state tensors' names in residual files
+  // (TopKCompressor::num_state_tensors(): the parameters' state_dict
+  // names, then, with momentum correction, "velocity." and each).
   std::vector<std::string> names;
 };
 

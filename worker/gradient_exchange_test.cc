@@ -569,6 +569,94 @@ TEST(PsExchangeTest, TopKPushesEqualTheirReferenceBitForBit) {
   }
 }
 
+// Deep Gradient Compression's momentum correction and masking (issue 39):
+// a sync job whose workers keep the SGD momentum (plain, Nesterov as DGC's
+// code, and with dampening), accumulate it into the residual before the
+// top 5% selection and zero both where they pushed, with shards applying
+// SGD without momentum (lr schedule and weight decay as given), ends with
+// the weights of DGC written out by hand: bit for bit. The momentum shows:
+// the same job with momentum 0 on the workers differs.
+TEST(PsExchangeTest, MomentumCorrectionEqualsDgcByHandBitForBit) {
+  constexpr int kWorkers = 2;
+  constexpr int kSteps = 5;
+  constexpr int64_t kChunk = kElements / 2;
+  OptimizerOptions plain_sgd = NesterovCosine();
+  plain_sgd.momentum = 0;
+  plain_sgd.nesterov = false;
+  // DGC by hand: each worker's velocity u and residual v per tensor.
+  auto reference = [&](const CompressionOptions& topk) {
+    std::vector<std::vector<float>> w(kTensors,
+                                      std::vector<float>(kElements, 0.1f));
+    std::vector<std::vector<float>> m(kTensors, std::vector<float>(kElements));
+    std::vector<std::vector<float>> unused(kTensors,
+                                           std::vector<float>(kElements));
+    using PerWorker = std::vector<std::vector<std::vector<float>>>;
+    PerWorker u(kWorkers, std::vector<std::vector<float>>(
+                              kTensors, std::vector<float>(kElements, 0.0f)));
+    PerWorker v = u;
+    const float mu = static_cast<float>(topk.momentum);
+    const float c = static_cast<float>(1.0 - topk.dampening);
+    for (int step = 1; step <= kSteps; ++step) {
+      for (int t = 0; t < kTensors; ++t) {
+        std::vector<float> average(kElements, 0.0f);
+        for (int r = 0; r < kWorkers; ++r) {
+          const std::vector<float> g = Gradient(r, t);
+          std::vector<float>& ur = u[r][t];
+          std::vector<float>& vr = v[r][t];
+          for (int i = 0; i < kElements; ++i) {
+            if (topk.nesterov) {
+              ur[i] = (ur[i] + g[i]) * mu;
+              vr[i] = (vr[i] + ur[i]) + g[i];
+            } else {
+              ur[i] = mu * ur[i] + c * g[i];
+              vr[i] = vr[i] + ur[i];
+            }
+          }
+          for (int64_t offset = 0; offset < kElements; offset += kChunk) {
+            std::vector<uint32_t> picked;
+            SelectTopK(absl::MakeConstSpan(vr).subspan(offset, kChunk),
+                       TopKCount(topk.topk_ratio, kChunk), &picked);
+            for (uint32_t i : picked) {
+              average[offset + i] += vr[offset + i];
+              vr[offset + i] = 0.0f;
+              ur[offset + i] = 0.0f;
+            }
+          }
+        }
+        for (float& x : average) x *= 1.0f / kWorkers;
+        OptimizerUpdate(plain_sgd, step, w[t].data(), average.data(),
+                        m[t].data(), unused[t].data(), kElements);
+      }
+    }
+    return w;
+  };
+  CompressionOptions no_momentum{0.05, true};
+  no_momentum.momentum = 0;
+  const std::vector<std::vector<float>> without = reference(no_momentum);
+  for (const auto& [nesterov, dampening] : std::vector<std::pair<bool, double>>{
+           {false, 0}, {true, 0}, {false, 0.5}}) {
+    CompressionOptions topk{0.05, true};
+    topk.momentum = 0.9;
+    topk.nesterov = nesterov;
+    topk.dampening = dampening;
+    ASSERT_TRUE(topk.momentum_correction());
+    Shards shards(/*num_shards=*/2, kWorkers, /*staleness=*/0, plain_sgd);
+    shards.set_partition_bytes(kChunk * sizeof(float));
+    shards.set_compression(topk);
+    const std::vector<std::vector<std::vector<float>>> results =
+        TrainOnShards(shards, kWorkers, kSteps);
+    const std::vector<std::vector<float>> expected = reference(topk);
+    for (int r = 0; r < kWorkers; ++r) {
+      for (int t = 0; t < kTensors; ++t) {
+        EXPECT_EQ(results[r][t], expected[t])
+            << "nesterov " << nesterov << " dampening " << dampening
+            << " worker " << r << " tensor " << t;
+        EXPECT_NE(results[r][t], without[t]) << "the momentum did nothing";
+      }
+    }
+  }
+}
+
 // Several connections per shard (issue 39, channels_per_shard): a sync job
 // whose chunks travel over 3 streams per worker per shard (each shard's
 // chunk i on stream i mod 3: pushes, the step end after the other streams'

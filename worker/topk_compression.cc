@@ -32,6 +32,8 @@ absl::StatusOr<CompressionOptions> ParseCompression(absl::string_view text) {
 }
 
 double CompressionOptions::RatioAt(int64_t step) const {
+  if (step < dense_steps) return 1.0;
+  step -= dense_steps;
   if (warmup_steps <= 0 || step >= warmup_steps) return topk_ratio;
   return std::pow(topk_ratio, static_cast<double>(std::max<int64_t>(step, 0)) /
                                   static_cast<double>(warmup_steps));
@@ -74,8 +76,10 @@ TopKCompressor::TopKCompressor(const CompressionOptions& options,
   ring_.resize(buffers);
   tags_.assign(buffers, -1);
   for (auto& buffer : ring_) {
-    buffer.reserve(sizes_.size());
-    for (int64_t n : sizes_) buffer.emplace_back(n, 0.0f);
+    buffer.reserve(num_state_tensors());
+    for (int i = 0; i < num_state_tensors(); ++i) {
+      buffer.emplace_back(state_size(i), 0.0f);
+    }
   }
   if (buffers > 0) tags_[0] = 0;
 }
@@ -113,12 +117,32 @@ void TopKCompressor::Compress(int tensor, int64_t offset,
   const int64_t k = TopKCount(ratio_, n);
   absl::Span<const float> sum = gradient;
   float* next = nullptr;
+  float* velocity = nullptr;
   if (!ring_.empty()) {
     // The sum goes straight into the step's residual, whose selected
     // entries are then cleared.
     const float* residual = ring_[read_][tensor].data() + offset;
     next = ring_[write_][tensor].data() + offset;
-    for (int64_t i = 0; i < n; ++i) next[i] = gradient[i] + residual[i];
+    if (options_.momentum_correction()) {
+      const int u = num_tensors() + tensor;
+      const float* previous = ring_[read_][u].data() + offset;
+      velocity = ring_[write_][u].data() + offset;
+      const float m = static_cast<float>(options_.momentum);
+      if (options_.nesterov) {
+        for (int64_t i = 0; i < n; ++i) {
+          velocity[i] = (previous[i] + gradient[i]) * m;
+          next[i] = (residual[i] + velocity[i]) + gradient[i];
+        }
+      } else {
+        const float c = static_cast<float>(1.0 - options_.dampening);
+        for (int64_t i = 0; i < n; ++i) {
+          velocity[i] = m * previous[i] + c * gradient[i];
+          next[i] = residual[i] + velocity[i];
+        }
+      }
+    } else {
+      for (int64_t i = 0; i < n; ++i) next[i] = gradient[i] + residual[i];
+    }
     sum = absl::MakeConstSpan(next, n);
   }
   thread_local std::vector<uint32_t> order;
@@ -130,6 +154,10 @@ void TopKCompressor::Compress(int tensor, int64_t offset,
   }
   if (next != nullptr) {
     for (uint32_t i : *indices) next[i] = 0.0f;
+  }
+  if (velocity != nullptr) {
+    // Momentum factor masking.
+    for (uint32_t i : *indices) velocity[i] = 0.0f;
   }
 }
 
@@ -165,24 +193,24 @@ absl::StatusOr<std::vector<absl::Span<const float>>> TopKCompressor::ResidualAt(
 
 absl::Status TopKCompressor::Reset(
     int64_t step, const std::vector<std::vector<float>>& residuals) {
+  const int count = num_state_tensors();
   if (!residuals.empty()) {
-    if (residuals.size() != sizes_.size()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("residuals of ", residuals.size(), " tensors; expected ",
-                       sizes_.size()));
+    if (static_cast<int>(residuals.size()) != count) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "residuals of ", residuals.size(), " tensors; expected ", count));
     }
-    for (size_t t = 0; t < sizes_.size(); ++t) {
-      if (static_cast<int64_t>(residuals[t].size()) != sizes_[t]) {
+    for (int t = 0; t < count; ++t) {
+      if (static_cast<int64_t>(residuals[t].size()) != state_size(t)) {
         return absl::InvalidArgumentError(
             absl::StrCat("residual of tensor ", t, " has ", residuals[t].size(),
-                         " elements; expected ", sizes_[t]));
+                         " elements; expected ", state_size(t)));
       }
     }
   }
   if (ring_.empty()) return absl::OkStatus();
   std::fill(tags_.begin(), tags_.end(), -1);
   tags_[0] = step;
-  for (size_t t = 0; t < sizes_.size(); ++t) {
+  for (int t = 0; t < count; ++t) {
     if (residuals.empty()) {
       std::fill(ring_[0][t].begin(), ring_[0][t].end(), 0.0f);
     } else {

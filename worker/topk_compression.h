@@ -30,6 +30,21 @@
 // the newest (a skipped or failed step is never committed). The ring costs
 // no copy per step.
 //
+// Momentum correction and momentum factor masking (Lin et al., DGC,
+// section 3.2; the job's `momentum_correction`, for SGD with momentum):
+// the worker keeps a velocity u beside the residual v of each tensor and,
+// per step and entry, u = m * u + (1 - dampening) * g, v = v + u
+// (Nesterov, as DGC's code: u = m * (u + g), v = (v + u) + g); it pushes
+// the top k of v and zeroes both u and v at the pushed entries (masking:
+// a pushed entry's stale momentum does not push it again). The shards
+// then apply plain SGD (momentum 0) to the average of the pushed v's:
+// the momentum lives on the workers, before the selection. Float
+// arithmetic, in that order, with m and 1 - dampening as floats. At a
+// ratio of 1 every entry is pushed and masked each step, so u never
+// carries over: plain SGD without momentum (DGC's masking, exactly; the
+// warm-up's first steps are nearly so). The velocities are worker state
+// as the residuals are: in the same ring and the same files.
+//
 // Tensors: fp32, host memory, element counts as the model's PS tensors.
 // Thread-safety: Compress() may run concurrently for disjoint chunks of one
 // step (the client's pusher threads); every other call is the worker
@@ -59,12 +74,23 @@ struct CompressionOptions {
   // topk_ratio^(t / warmup_steps) (1 at step 0, falling exponentially to
   // topk_ratio). 0: topk_ratio from the first step.
   int64_t warmup_steps = 0;
+  // Steps 0 to dense_steps - 1 push every entry (ratio 1); the warm-up,
+  // if any, starts after them (step t >= dense_steps pushes RatioAt of
+  // t - dense_steps as above). 0: none.
+  int64_t dense_steps = 0;
+  // Momentum correction (above): the SGD momentum the worker applies
+  // before the selection, in (0, 1); 0: none (the residual accumulates
+  // the gradient itself). Needs error_feedback.
+  double momentum = 0;
+  double dampening = 0;
+  bool nesterov = false;
 
   // The fraction pushed at step `step` (sync: the step; async: the
   // worker's pushes so far).
   double RatioAt(int64_t step) const;
 
   bool enabled() const { return topk_ratio > 0; }
+  bool momentum_correction() const { return enabled() && momentum > 0; }
 };
 
 // Parses a job's `compression`: "" or "none" (no compression), or
@@ -95,6 +121,12 @@ class TopKCompressor {
   const CompressionOptions& options() const { return options_; }
   int num_tensors() const { return static_cast<int>(sizes_.size()); }
   int64_t size(int tensor) const { return sizes_[tensor]; }
+  // The worker state a checkpoint holds: the residuals of the
+  // num_tensors() tensors, then (momentum correction) their velocities.
+  int num_state_tensors() const {
+    return num_tensors() * (options_.momentum_correction() ? 2 : 1);
+  }
+  int64_t state_size(int i) const { return sizes_[i % num_tensors()]; }
 
   // Starts step `step`: picks the residual it writes (the oldest), and the
   // fraction pushed (options().RatioAt(step)). The step reads the newest
@@ -104,9 +136,10 @@ class TopKCompressor {
 
   // One chunk of step `step` (BeginStep() first): elements [offset, offset
   // + gradient.size()) of tensor `tensor`. Adds the residual to
-  // `gradient`, selects the top k of the sum, writes their offsets within
-  // the chunk into `indices` and their values into `values`, and (with
-  // error feedback) the rest into the step's residual.
+  // `gradient` (momentum correction: the updated velocity, above),
+  // selects the top k of the sum, writes their offsets within the chunk
+  // into `indices` and their values into `values`, and (with error
+  // feedback) the rest into the step's residual.
   void Compress(int tensor, int64_t offset, absl::Span<const float> gradient,
                 std::vector<uint32_t>* indices, std::vector<float>* values);
 
@@ -117,15 +150,17 @@ class TopKCompressor {
   // The step the newest residual is the start of (0 before any commit).
   int64_t newest_step() const;
 
-  // The residual at the start of step `step`: that of the newest commit at
+  // The state (num_state_tensors() spans: residuals, then velocities) at
+  // the start of step `step`: that of the newest commit at
   // or before it (the caller knows no later step before `step` will still
   // commit: its next step is at or past `step`). FAILED_PRECONDITION when
   // the ring no longer holds it.
   absl::StatusOr<std::vector<absl::Span<const float>>> ResidualAt(
       int64_t step) const;
 
-  // Sets the residual at the start of `step` (a resumed or restored job),
-  // dropping the rest of the ring. `residuals` empty: zeros.
+  // Sets the state (num_state_tensors() tensors, as ResidualAt) at the
+  // start of `step` (a resumed or restored job), dropping the rest of the
+  // ring. `residuals` empty: zeros.
   // INVALID_ARGUMENT for a wrong tensor count or size.
   absl::Status Reset(int64_t step,
                      const std::vector<std::vector<float>>& residuals);
@@ -135,8 +170,9 @@ class TopKCompressor {
 
   CompressionOptions options_;
   std::vector<int64_t> sizes_;
-  // ring_[b][t]: buffer b's residual of tensor t; tags_[b]: the step it is
-  // the start of (-1: unused).
+  // ring_[b][t]: buffer b's residual of tensor t (t < num_tensors()) or
+  // velocity of tensor t - num_tensors(); tags_[b]: the step it is the
+  // start of (-1: unused).
   std::vector<std::vector<std::vector<float>>> ring_;
   std::vector<int64_t> tags_;
   // The buffers the step in flight reads and writes.

@@ -137,6 +137,53 @@ TEST(TopKCompressorTest, SentPlusResidualIsGradientPlusOldResidualExactly) {
   EXPECT_EQ(compressor.newest_step(), 6);
 }
 
+// Momentum correction: the state is the residuals then the velocities;
+// per entry u' = 0.9 u + g, v' = v + u', and a pushed entry has both
+// cleared (masking); an uncommitted step leaves both as they were; Reset
+// takes both (and refuses residuals alone).
+TEST(TopKCompressorTest, MomentumCorrectionKeepsAndMasksTheVelocity) {
+  std::mt19937 rng(5);
+  std::normal_distribution<float> normal;
+  CompressionOptions options{0.1, true};
+  options.momentum = 0.9;
+  TopKCompressor compressor(options, {40}, 3);
+  ASSERT_EQ(compressor.num_state_tensors(), 2);
+  ASSERT_EQ(compressor.state_size(1), 40);
+  std::vector<float> u(40, 0.0f);
+  std::vector<float> v(40, 0.0f);
+  for (int64_t step = 0; step < 5; ++step) {
+    std::vector<float> g(40);
+    for (float& x : g) x = normal(rng);
+    compressor.BeginStep(step);
+    std::vector<uint32_t> indices;
+    std::vector<float> values;
+    compressor.Compress(0, 0, g, &indices, &values);
+    ASSERT_EQ(indices.size(), 4u);
+    if (step == 3) continue;  // never committed: step 4 starts from 3's
+    compressor.CommitStep(step);
+    for (int i = 0; i < 40; ++i) {
+      u[i] = 0.9f * u[i] + 1.0f * g[i];
+      v[i] = v[i] + u[i];
+    }
+    for (size_t j = 0; j < indices.size(); ++j) {
+      EXPECT_EQ(values[j], v[indices[j]]);
+      u[indices[j]] = 0.0f;
+      v[indices[j]] = 0.0f;
+    }
+    const std::vector<absl::Span<const float>> state =
+        compressor.ResidualAt(step + 1).value();
+    ASSERT_EQ(state.size(), 2u);
+    EXPECT_EQ(std::vector<float>(state[0].begin(), state[0].end()), v);
+    EXPECT_EQ(std::vector<float>(state[1].begin(), state[1].end()), u);
+  }
+  EXPECT_FALSE(compressor.Reset(5, {std::vector<float>(40, 1.0f)}).ok());
+  ASSERT_TRUE(compressor
+                  .Reset(5, {std::vector<float>(40, 1.0f),
+                             std::vector<float>(40, 2.0f)})
+                  .ok());
+  EXPECT_EQ(compressor.ResidualAt(5).value()[1][7], 2.0f);
+}
+
 TEST(TopKCompressorTest, RingKeepsTheLastResidualsAndSkipsUncommitted) {
   TopKCompressor compressor({0.5, true}, {2}, 3);
   std::vector<uint32_t> indices;
