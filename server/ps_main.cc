@@ -269,6 +269,15 @@ int ServeUntilEnd(pstrain::TaskAgent& agent, pstrain::ParameterShard* shard,
       if (!s.ok()) pstrain::PrintError(kProgram, s.message());
       return 0;
     }
+    if (agent.removed()) {
+      agent.Log(absl::StrCat("shard ", index,
+                             " left the job's layout (elastic shards); exiting"));
+      listening->SetServing(false);  // draining
+      files->Finish();
+      absl::Status s = agent.Finish(true, "left the job's layout");
+      if (!s.ok()) pstrain::PrintError(kProgram, s.message());
+      return 0;
+    }
     {
       absl::MutexLock lock(&job_end->mu);
       if (job_end->ended) {
@@ -372,7 +381,11 @@ int main(int argc, char** argv) {
         // that the server can shut down.
         if (state != pstrain::JOB_SUCCEEDED) shard.Abort(message);
         job_end.Record(state, message);
-      });
+      },
+      /*on_restart=*/nullptr,
+      // An elastic job's worker 0 moved the state onto fewer shards (issue
+      // 40): this one is closed and holds nothing the job needs.
+      [&shard] { shard.Abort("the shard left the job's layout"); });
   agent.Log(absl::StrFormat(
       "shard %d/%d of %s listening on %s:%d, advertised as %s (%s, %d "
       "workers)",

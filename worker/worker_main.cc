@@ -303,7 +303,7 @@ absl::StatusOr<pstrain::TrainerOptions> TrainerOptionsOf(
   options.max_restarts = spec.max_restarts();
   // An elastic job (issue 40): worker 0 applies the coordinator's newest
   // membership (from the heartbeats' answers) and reports it applied.
-  options.elastic = spec.max_workers() > 0;
+  options.elastic = spec.max_workers() > 0 || spec.max_ps() > 0;
   options.min_workers = spec.min_workers();
   if (options.elastic && index == 0) {
     options.newest_membership = [&agent] { return agent.membership(); };
