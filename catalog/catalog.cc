@@ -11,8 +11,10 @@ namespace {
 
 // Sorted; Model::Create builds each.
 constexpr absl::string_view kModels[] = {
-    "alexnet",   "bert_base", "bert_tiny", "lenet5",   "mlp",
-    "resnet101", "resnet18",  "resnet34",  "resnet50", "vgg16"};
+    "alexnet",   "bert_base",        "bert_base_untied",
+    "bert_tiny", "bert_tiny_untied", "lenet5",
+    "mlp",       "resnet101",        "resnet18",
+    "resnet34",  "resnet50",         "vgg16"};
 
 // Sorted; LoadDataset reads each.
 constexpr absl::string_view kDatasets[] = {
@@ -40,6 +42,10 @@ bool IsKnownDataset(absl::string_view name) {
 
 bool IsSequenceModel(absl::string_view model) {
   return absl::StartsWith(model, "bert_");
+}
+
+bool HasUntiedEmbedding(absl::string_view model) {
+  return IsSequenceModel(model) && absl::EndsWith(model, "_untied");
 }
 
 bool IsTokenDataset(absl::string_view dataset) {

@@ -20,9 +20,10 @@
 
 namespace pstrain {
 
-// The model zoo's names, sorted: "alexnet", "bert_base", "bert_tiny",
-// "lenet5", "mlp", "resnet101", "resnet18", "resnet34", "resnet50", "vgg16"
-// (the BERTs take token sequences: models/model.h).
+// The model zoo's names, sorted: "alexnet", "bert_base",
+// "bert_base_untied", "bert_tiny", "bert_tiny_untied", "lenet5", "mlp",
+// "resnet101", "resnet18", "resnet34", "resnet50", "vgg16" (the BERTs take
+// token sequences: models/model.h).
 absl::Span<const absl::string_view> ModelNames();
 
 // The datasets' names, sorted: "cifar10", "fashion_mnist", "image_folder",
@@ -38,6 +39,11 @@ bool IsKnownDataset(absl::string_view name);
 // datasets only (coordinator/job_spec.cc).
 bool IsSequenceModel(absl::string_view model);
 bool IsTokenDataset(absl::string_view dataset);
+// Whether model `model` has an embedding table whose gradient is row-sparse
+// (the "_untied" BERTs: their MLM decoder has its own weight, so the token
+// embedding's gradient touches the batch's token rows only), which
+// JobSpec.sparse_embeddings pushes and pulls by row (issue 41).
+bool HasUntiedEmbedding(absl::string_view model);
 
 // The names joined with ", ", for error messages: "alexnet, lenet5, ...".
 std::string KnownModels();

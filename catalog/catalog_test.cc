@@ -23,8 +23,9 @@ TEST(CatalogTest, KnownNamesAndTheirLists) {
   EXPECT_TRUE(IsKnownDataset("image_folder"));
   EXPECT_FALSE(IsKnownDataset("imagenet"));
   EXPECT_EQ(KnownModels(),
-            "alexnet, bert_base, bert_tiny, lenet5, mlp, resnet101, resnet18, "
-            "resnet34, resnet50, vgg16");
+            "alexnet, bert_base, bert_base_untied, bert_tiny, "
+            "bert_tiny_untied, lenet5, mlp, resnet101, resnet18, resnet34, "
+            "resnet50, vgg16");
   EXPECT_EQ(KnownDatasets(),
             "cifar10, fashion_mnist, image_folder, mnist, records, "
             "synthetic, synthetic_tokens, tokens");
@@ -34,6 +35,11 @@ TEST(CatalogTest, SequenceModelsTakeTokenDatasets) {
   EXPECT_TRUE(IsSequenceModel("bert_tiny"));
   EXPECT_TRUE(IsSequenceModel("bert_base"));
   EXPECT_FALSE(IsSequenceModel("resnet18"));
+  EXPECT_TRUE(IsSequenceModel("bert_tiny_untied"));
+  EXPECT_TRUE(HasUntiedEmbedding("bert_tiny_untied"));
+  EXPECT_TRUE(HasUntiedEmbedding("bert_base_untied"));
+  EXPECT_FALSE(HasUntiedEmbedding("bert_tiny"));
+  EXPECT_FALSE(HasUntiedEmbedding("resnet18"));
   EXPECT_TRUE(IsTokenDataset("tokens"));
   EXPECT_TRUE(IsTokenDataset("synthetic_tokens"));
   EXPECT_FALSE(IsTokenDataset("synthetic"));

@@ -166,6 +166,15 @@ Flags JobFlags(const std::string& what) {
        "workers, clipping or saved top-k residuals) the next forward starts "
        "on the first layers' weights while the last ones still arrive. The "
        "same weights either way."},
+      {"sparse_embeddings",
+       "PS modes (default false; issue 41): a model's untied embedding table "
+       "(bert_tiny_untied, bert_base_untied) is pushed as the rows each "
+       "batch touches and pulled as the rows the next batch reads, and the "
+       "shards update only those rows with lazy Adam "
+       "(torch.optim.SparseAdam's: untouched rows keep their moments), or "
+       "SGD without momentum. No weight decay, momentum or compression; "
+       "allreduce keeps the dense path (pstrain compare sets the two side "
+       "by side)."},
       {"max_steps_per_epoch",
        "If > 0, at most this many steps per epoch (short runs)."},
       {"ps_binary",
@@ -339,8 +348,8 @@ CommandInfo CompareInfo() {
           "writes the scaling and communication tables as Markdown, CSV, JSON "
           "and a gnuplot PNG into --out_dir. Every configuration is checked "
           "before the first run starts. --preset=mnist_resnet|dlperf|"
-          "tiny_imagenet runs a published report's experiment scaled to this "
-          "machine (any of its flags can be overridden) and prints that "
+          "tiny_imagenet|bert runs a published report's experiment scaled to "
+          "this machine (any of its flags can be overridden) and prints that "
           "report's own table first.",
           Join({{{"num_ps",
                   "Shard counts, a list (e.g. 2,4): one run per entry "
@@ -349,7 +358,7 @@ CommandInfo CompareInfo() {
                 DataFlags(/*trains=*/true),
                 {{"preset",
                   "A published table in one command (mnist_resnet, "
-                  "dlperf, tiny_imagenet): its flag values where the "
+                  "dlperf, tiny_imagenet, bert): its flag values where the "
                   "command line gives none, its table first."},
                  {"workers", "Worker counts, e.g. 1,2,4 (one run each)."},
                  {"batch_sizes",

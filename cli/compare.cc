@@ -557,6 +557,25 @@ const std::vector<ComparePreset>& ComparePresets() {
         {"batch_sizes", "32,64", "batch_size"},
         {"steps", "20", "epochs"},
         {"repeats", "3", ""}}},
+      {"bert",
+       "The seeds' BERT table (| #GPUs | Batch size per GPU | Samples/sec | "
+       "Samples/sec per GPU | CV | Speedup |, 7 repeats a row; issue 41): "
+       "BERT-base with an untied MLM head (bert_base_untied) on synthetic "
+       "token streams of 128 tokens, its token table row-sparse on the PS "
+       "(--sparse_embeddings: sync, 1 shard) against dense Gloo allreduce, "
+       "1 and 2 workers of batch 2, 2 steps (--batch_size=96 --backend=cuda "
+       "for the report's GPUs; --model=bert_tiny_untied for a CPU run that "
+       "takes minutes)",
+       ReportLayout::kPerDevice,
+       {{"model", "bert_base_untied", ""},
+        {"dataset", "synthetic_tokens", ""},
+        {"modes", "ps_sync,allreduce", ""},
+        {"num_ps", "1", ""},
+        {"workers", "1,2", ""},
+        {"batch_size", "2", ""},
+        {"steps", "2", "epochs"},
+        {"sparse_embeddings", "true", ""},
+        {"repeats", "7", ""}}},
   };
   return *presets;
 }
@@ -631,6 +650,13 @@ std::string FormatReportTable(const std::vector<CompareRun>& runs,
                         " | batch_size_per_device | throughput | speedup |\n",
                         "|---:|---:|---:|---:|---:|\n");
         break;
+      case ReportLayout::kPerDevice:
+        absl::StrAppend(
+            &out, "| ", cuda ? "#GPUs" : "#CPU workers", " | Batch size per ",
+            cuda ? "GPU" : "worker", " | Samples/sec | Samples/sec per ",
+            cuda ? "GPU" : "worker", " | CV | Speedup | vs allreduce |\n",
+            "|---:|---:|---:|---:|---:|---:|---:|\n");
+        break;
       default:
         absl::StrAppend(&out,
                         "| #Nodes | Batch size | Images/sec | CV | Speedup |\n",
@@ -665,6 +691,16 @@ std::string FormatReportTable(const std::vector<CompareRun>& runs,
                               r.batch_size(), r.throughput_samples_per_sec(),
                               Ratio(Speedup(runs, run))));
           break;
+        case ReportLayout::kPerDevice:
+          absl::StrAppend(
+              &out,
+              absl::StrFormat("| %d | %d | %.2f | %.2f | %s | %s | %s |\n",
+                              run.num_workers, r.batch_size(),
+                              r.throughput_samples_per_sec(),
+                              r.throughput_samples_per_sec() / run.num_workers,
+                              CvCell(run), Ratio(Speedup(runs, run)),
+                              Ratio(PsOverAllreduce(runs, run))));
+          break;
         default:
           absl::StrAppend(
               &out,
@@ -690,6 +726,15 @@ std::string FormatReportTable(const std::vector<CompareRun>& runs,
                       "throughput: samples/sec summed over the workers (the "
                       "median of the repeats); speedup: over the 1-worker "
                       "run's.\n");
+      break;
+    case ReportLayout::kPerDevice:
+      absl::StrAppend(
+          &out,
+          "Samples/sec: sequences a second summed over the workers (the "
+          "median of the repeats), and per worker; CV: the coefficient of "
+          "variation of the repeats; Speedup: over the 1-worker run's; vs "
+          "allreduce: a PS row's samples/sec over allreduce's at the same "
+          "workers.\n");
       break;
     default:
       absl::StrAppend(

@@ -171,6 +171,13 @@ enum class ReportLayout {
   // | #Nodes | Batch size | Images/sec | CV | Speedup |, per model and
   // backend, with the batch-size sweep.
   kNodesImages,
+  // The seeds' BERT table (issue 41): per series, workers 1..N with the
+  // batch per device, samples/sec, samples/sec per device, the CV of the
+  // repeats (7 a row), the speedup and, for a PS series, its throughput
+  // over allreduce's at the same workers:
+  // | #GPUs | Batch size per GPU | Samples/sec | Samples/sec per GPU | CV |
+  // Speedup | vs allreduce |
+  kPerDevice,
 };
 
 // `pstrain compare --preset=NAME`: one command per published table. A

@@ -307,7 +307,7 @@ TEST(PresetTest, EveryPresetNamesALayoutAndFlags) {
   EXPECT_EQ(unknown.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(unknown.message()),
               HasSubstr("--preset=imagenet: no such preset; expected one of "
-                        "mnist_resnet, dlperf, tiny_imagenet"));
+                        "mnist_resnet, dlperf, tiny_imagenet, bert"));
 }
 
 // Runs of a real model on one machine, as the presets make them.
@@ -373,6 +373,30 @@ TEST(ReportTableTest, NodesImagesLayoutWithRepeats) {
                                "| 2 | 32 | 150.00 | - | 1.50x |\n"
                                "| 1 | 64 | 120.00 | - | 1.00x |\n"));
   EXPECT_THAT(table, HasSubstr("One worker per node"));
+}
+
+// The seeds' BERT table (issue 41): per device, with the PS series over
+// allreduce's at the same workers.
+TEST(ReportTableTest, PerDeviceLayout) {
+  std::vector<CompareRun> runs = {ModelRun("ps_sync", 1, 8, 5, 10, 20),
+                                  ModelRun("ps_sync", 2, 8, 5, 10, 30),
+                                  ModelRun("allreduce", 1, 8, 5, 10, 25),
+                                  ModelRun("allreduce", 2, 8, 5, 10, 24)};
+  runs[1].throughputs = {27, 30, 33};
+  const std::string table = FormatReportTable(runs, ReportLayout::kPerDevice);
+  EXPECT_THAT(
+      table, HasSubstr("**ps_sync, 1 PS**\n\n"
+                       "| #CPU workers | Batch size per worker | Samples/sec | "
+                       "Samples/sec per worker | CV | Speedup | vs allreduce "
+                       "|\n|---:|---:|---:|---:|---:|---:|---:|\n"
+                       "| 1 | 8 | 20.00 | 20.00 | - | 1.00x | 0.80x |\n"
+                       "| 2 | 8 | 30.00 | 15.00 | 10.0% | 1.50x | 1.25x |\n"));
+  EXPECT_THAT(table, HasSubstr("**allreduce**\n\n"));
+  EXPECT_THAT(table, HasSubstr("| 2 | 8 | 24.00 | 12.00 | - | 0.96x | - |\n"));
+  for (CompareRun& run : runs) run.result.set_backend("cuda");
+  EXPECT_THAT(FormatReportTable(runs, ReportLayout::kPerDevice),
+              HasSubstr("| #GPUs | Batch size per GPU | Samples/sec | "
+                        "Samples/sec per GPU |"));
 }
 
 TEST(ParseTest, ListsAndModes) {

@@ -183,6 +183,11 @@ ABSL_FLAG(bool, priority_pulls, false,
           "(sync, cpu) the next forward starts on the first layers' weights "
           "while the last ones still arrive (the same weights); false: plan "
           "order and the whole pull before the next step.");
+ABSL_FLAG(bool, sparse_embeddings, false,
+          "PS modes: an untied embedding table (bert_*_untied) is pushed as "
+          "the rows each batch touches and pulled as the rows the next "
+          "batch reads, and the shards update only those rows (lazy Adam, "
+          "torch.optim.SparseAdam's); allreduce keeps the dense path.");
 ABSL_FLAG(int64_t, max_steps_per_epoch, 0,
           "If > 0, at most this many steps per epoch (short runs).");
 ABSL_FLAG(std::string, ps_binary, "",
@@ -224,9 +229,9 @@ ABSL_FLAG(int, steps, 0,
           "worker (instead of --epochs).");
 ABSL_FLAG(std::string, preset, "",
           "compare: a published table in one command (mnist_resnet, dlperf, "
-          "tiny_imagenet): the preset's flag values where the command line "
-          "gives none, and its report's own table first in results.md; see "
-          "pstrain help compare.");
+          "tiny_imagenet, bert): the preset's flag values where the command "
+          "line gives none, and its report's own table first in results.md; "
+          "see pstrain help compare.");
 ABSL_FLAG(std::string, scaling, "weak",
           "compare: weak (each worker runs --steps steps) or strong (--steps "
           "of one worker, split across the workers: the same work, as a "
@@ -403,7 +408,8 @@ absl::Status CheckIgnoredFlags(const JobConfig& config,
          {"num_ps", "partition_bytes", "wire_dtype", "channels_per_shard",
           "compression", "error_feedback", "compression_warmup_steps",
           "momentum_correction", "compression_dense_steps",
-          "compression_freeze_adam_variance", "priority_pulls"}) {
+          "compression_freeze_adam_variance", "priority_pulls",
+          "sparse_embeddings"}) {
       if (FlagSpecified(flag)) {
         return ignored(flag, absl::StrCat("it is for the parameter-server "
                                           "modes (sync, async), not ",
@@ -477,6 +483,7 @@ JobSpec SpecFromFlags(Mode mode, int num_ps, int num_workers) {
     spec.set_wire_dtype(absl::GetFlag(FLAGS_wire_dtype));
     spec.set_channels_per_shard(absl::GetFlag(FLAGS_channels_per_shard));
     spec.set_priority_pulls(absl::GetFlag(FLAGS_priority_pulls));
+    spec.set_sparse_embeddings(absl::GetFlag(FLAGS_sparse_embeddings));
     spec.set_compression(absl::GetFlag(FLAGS_compression));
     spec.set_no_error_feedback(!absl::GetFlag(FLAGS_error_feedback));
     spec.set_compression_warmup_steps(

@@ -84,8 +84,8 @@
 //   sparse_embeddings        false in allreduce, with a     false
 //                            compression, weight decay or
 //                            SGD momentum, and for a model
-//                            without an untied table (all
-//                            of the zoo today)
+//                            without an untied table (only
+//                            bert_*_untied have one)
 //   optimizer.lr             1e-30 to 10                    0.001
 //   optimizer.beta1, beta2   0 <= beta < 1, also in fp32    0.9, 0.999
 //                            (1 - beta > 0 after rounding:

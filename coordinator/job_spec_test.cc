@@ -112,8 +112,9 @@ TEST(JobSpecTest, BadSpecsNameTheField) {
        "\"modle\"."},
       {counts + "model: \"resnet9000\"",
        "job.pbtxt: model: \"resnet9000\" is not a known model; expected one "
-       "of: alexnet, bert_base, bert_tiny, lenet5, mlp, resnet101, resnet18, "
-       "resnet34, resnet50, vgg16"},
+       "of: alexnet, bert_base, bert_base_untied, bert_tiny, "
+       "bert_tiny_untied, lenet5, mlp, resnet101, resnet18, resnet34, "
+       "resnet50, vgg16"},
       {counts + "dataset: \"imagenet\"",
        "job.pbtxt: dataset: \"imagenet\" is not a known dataset; expected one "
        "of: cifar10, fashion_mnist, image_folder, mnist, records, synthetic, "
@@ -550,8 +551,8 @@ TEST(JobSpecTest, ElasticShardRangesAndRefusals) {
   }
 }
 
-// Issue 41: sparse_embeddings and what it refuses; no zoo model has an
-// untied embedding table yet, so every model is refused last.
+// Issue 41: sparse_embeddings and what it refuses; only the models with an
+// untied embedding table (bert_*_untied) take it.
 TEST(JobSpecTest, SparseEmbeddingsRefusals) {
   const std::string base =
       "num_ps: 1 num_workers: 2 batch_size: 8 epochs: 1 sparse_embeddings: "
@@ -574,9 +575,15 @@ TEST(JobSpecTest, SparseEmbeddingsRefusals) {
        "sparse_embeddings: true with optimizer.momentum 0.9; expected 0 "
        "(PyTorch's SGD has no momentum for sparse gradients)"},
       {base + "model: \"bert_tiny\" dataset: \"synthetic_tokens\"",
-       "sparse_embeddings: true with model bert_tiny; expected false (the "
-       "model has no untied embedding table: bert_tiny and bert_base tie "
-       "theirs to the MLM head, whose gradient is dense)"},
+       "sparse_embeddings: true with model bert_tiny; expected a model with "
+       "an untied embedding table (bert_tiny_untied, bert_base_untied: "
+       "bert_tiny and bert_base tie theirs to the MLM head, whose gradient "
+       "is dense)"},
+      {base + "model: \"lenet5\"",
+       "sparse_embeddings: true with model lenet5; expected a model with an "
+       "untied embedding table (bert_tiny_untied, bert_base_untied: "
+       "bert_tiny and bert_base tie theirs to the MLM head, whose gradient "
+       "is dense)"},
   };
   for (const auto& c : cases) {
     absl::StatusOr<JobSpec> spec = ParseJobSpec(c.text, "job.pbtxt");
@@ -589,6 +596,21 @@ TEST(JobSpecTest, SparseEmbeddingsRefusals) {
       "sparse_embeddings: false",
       "job.pbtxt");
   EXPECT_TRUE(off.ok()) << off.status();
+  // The untied BERTs, in sync (also with staleness, backup workers and
+  // clipping), async, with SGD, bf16 wires and checkpoints.
+  for (const std::string extra :
+       {"", "mode: \"async\"", "staleness: 2", "backup_workers: 1",
+        "clip_grad_norm: 1", "optimizer { name: \"sgd\" }",
+        "wire_dtype: \"bf16\" checkpoint_dir: \"/tmp/c\" "
+        "checkpoint_every_steps: 5"}) {
+    for (const char* model : {"bert_tiny_untied", "bert_base_untied"}) {
+      absl::StatusOr<JobSpec> on =
+          ParseJobSpec(base + "dataset: \"synthetic_tokens\" model: \"" +
+                           model + "\" " + extra,
+                       "job.pbtxt");
+      EXPECT_TRUE(on.ok()) << model << " " << extra << ": " << on.status();
+    }
+  }
 }
 
 }  // namespace

@@ -292,6 +292,89 @@ TEST(BertZoo, ParameterCountsAndTheTiedDecoder) {
   EXPECT_EQ((*base)->PsTensorNames().size(), 4u + 12 * 12 + 5);
 }
 
+// The "_untied" BERTs (issue 41): head.decoder has its own weight, so the
+// token table's gradient is row-sparse. With the decoder's weight equal to
+// the token table, the untied model computes the tied one's loss, and the
+// tied table's gradient is the sum of the untied model's two (the tie adds
+// the decoder's into the table's: float sums in another order).
+TEST(BertZoo, UntiedDecoderMatchesTheTiedOneAndItsTableIsRowSparse) {
+  std::unique_ptr<Backend> cpu = NewCpuBackend();
+  ModelOptions options;
+  options.transformer_dropout = 0.0f;
+  absl::StatusOr<std::unique_ptr<Model>> tied =
+      Model::Create("bert_tiny", {16}, 97, options, cpu.get());
+  absl::StatusOr<std::unique_ptr<Model>> untied =
+      Model::Create("bert_tiny_untied", {16}, 97, options, cpu.get());
+  ASSERT_TRUE(tied.ok() && untied.ok()) << untied.status();
+  EXPECT_EQ((*untied)->NumParameters(), (*tied)->NumParameters() + 97 * 128);
+  const std::vector<std::string> names = (*untied)->PsTensorNames();
+  ASSERT_EQ(names.size(), (*tied)->PsTensorNames().size() + 1);
+  EXPECT_EQ(names[names.size() - 2], "head.decoder.weight");
+  EXPECT_EQ((*untied)->PsTensorShapes()[names.size() - 2], (Shape{97, 128}));
+  std::vector<int64_t> rows(names.size(), 0);
+  rows[0] = 128;  // embeddings.token.weight; position.weight stays dense
+  EXPECT_EQ((*untied)->PsTensorRowElements(), rows);
+  EXPECT_EQ((*tied)->PsTensorRowElements(),
+            std::vector<int64_t>(names.size() - 1, 0));
+
+  SetFixtureWeights(**tied);
+  SetFixtureWeights(**untied);
+  // Same weights by name; the decoder's is the token table.
+  const std::vector<std::string> tied_names = (*tied)->PsTensorNames();
+  for (size_t k = 0; k < names.size(); ++k) {
+    const std::string& source = names[k] == "head.decoder.weight"
+                                    ? "embeddings.token.weight"
+                                    : names[k];
+    const size_t j = std::find(tied_names.begin(), tied_names.end(), source) -
+                     tied_names.begin();
+    ASSERT_LT(j, tied_names.size()) << source;
+    absl::Span<const float> from = (*tied)->HostWeights()[j];
+    std::copy(from.begin(), from.end(), (*untied)->HostWeights()[k].begin());
+  }
+  ASSERT_TRUE((*untied)->LoadHostWeights().ok());
+  // Two sequences of 16 tokens; ids 0..59 only, so rows 60..96 are never
+  // read; the second sequence's last 4 positions are padding.
+  std::vector<float> ids(32), mask(32, 0.0f);
+  std::vector<int32_t> labels(32, kIgnoreLabel);
+  for (int i = 0; i < 32; ++i) {
+    ids[i] = static_cast<float>((7 * i + 3) % 60);
+    if (i % 3 == 0) labels[i] = (5 * i + 1) % 97;
+  }
+  for (int i = 28; i < 32; ++i) {
+    mask[i] = 1.0f;
+    labels[i] = kIgnoreLabel;
+  }
+  const Tensor id_tensor = MakeTensor({2, 16}, ids);
+  const Tensor mask_tensor = MakeTensor({2, 16}, mask);
+  absl::StatusOr<float> tied_loss =
+      (*tied)->ForwardBackward(id_tensor, mask_tensor, labels);
+  absl::StatusOr<float> untied_loss =
+      (*untied)->ForwardBackward(id_tensor, mask_tensor, labels);
+  ASSERT_TRUE(tied_loss.ok() && untied_loss.ok()) << untied_loss.status();
+  EXPECT_NEAR(*untied_loss, *tied_loss, 1e-6f * *tied_loss);
+  const absl::Span<const float> table = (*untied)->HostGradients()[0];
+  const absl::Span<const float> decoder =
+      (*untied)->HostGradients()[names.size() - 2];
+  const absl::Span<const float> tied_table = (*tied)->HostGradients()[0];
+  int64_t nonzero_outside = 0, nonzero_decoder_outside = 0;
+  for (int64_t row = 0; row < 97; ++row) {
+    for (int64_t j = 0; j < 128; ++j) {
+      const int64_t i = row * 128 + j;
+      EXPECT_NEAR(table[i] + decoder[i], tied_table[i],
+                  1e-7f + 1e-4f * std::fabs(tied_table[i]))
+          << "row " << row << " element " << j;
+      if (row >= 60) {
+        nonzero_outside += table[i] != 0.0f;
+        nonzero_decoder_outside += decoder[i] != 0.0f;
+      }
+    }
+  }
+  // The untied table's gradient is exactly zero off the batch's ids; the
+  // decoder's (and so the tied table's) is dense over the vocabulary.
+  EXPECT_EQ(nonzero_outside, 0);
+  EXPECT_GT(nonzero_decoder_outside, 37 * 128 / 2);
+}
+
 TEST(BertZoo, SequenceInputErrorsAreNamed) {
   std::unique_ptr<Backend> cpu = NewCpuBackend();
   absl::StatusOr<std::unique_ptr<Model>> model =

@@ -420,9 +420,10 @@ bool IsSequenceModel(const std::string& name) {
 }
 
 // model.h's sequence zoo: embeddings, L post-LN encoder blocks with the
-// padding mask, and the MLM head tied to the token embedding.
+// padding mask, and the MLM head tied to the token embedding (`untied`:
+// with its own decoder weight).
 void BuildBert(ModelBuilder& b, const BertConfig& c, int64_t vocab,
-               float dropout) {
+               float dropout, bool untied = false) {
   const int embeddings = b.Add(
       "embeddings", LayerSpec::Embedding(vocab, kBertMaxPositions, c.hidden),
       {kInput}, Init::kBert);
@@ -437,6 +438,10 @@ void BuildBert(ModelBuilder& b, const BertConfig& c, int64_t vocab,
   b.Add("head.dense", LayerSpec::Linear(c.hidden, c.hidden), {}, Init::kBert);
   b.Add("head.gelu", LayerSpec::Gelu());
   b.Add("head.norm", LayerSpec::LayerNorm(c.hidden), {}, Init::kBert);
+  if (untied) {
+    b.Add("head.decoder", LayerSpec::Linear(c.hidden, vocab), {}, Init::kBert);
+    return;
+  }
   b.Add("head.decoder", LayerSpec::Linear(c.hidden, vocab), {}, Init::kBert,
         {{"weight", embeddings, "token.weight"}});
 }
@@ -500,6 +505,12 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Create(
     BuildBert(b, {2, 128, 2, 512}, num_classes, options.transformer_dropout);
   } else if (name == "bert_base") {
     BuildBert(b, {12, 768, 12, 3072}, num_classes, options.transformer_dropout);
+  } else if (name == "bert_tiny_untied") {
+    BuildBert(b, {2, 128, 2, 512}, num_classes, options.transformer_dropout,
+              /*untied=*/true);
+  } else if (name == "bert_base_untied") {
+    BuildBert(b, {12, 768, 12, 3072}, num_classes, options.transformer_dropout,
+              /*untied=*/true);
   } else {
     return absl::InternalError(absl::StrCat(
         "model \"", name, "\" is in catalog/catalog.h but has no builder"));
@@ -567,6 +578,16 @@ std::vector<int64_t> Model::PsTensorNumElements() const {
   for (const Param* p : params_) sizes.push_back(p->value.size());
   for (const Buffer* b : buffers_) sizes.push_back(b->value.size());
   return sizes;
+}
+
+std::vector<int64_t> Model::PsTensorRowElements() const {
+  std::vector<int64_t> rows(params_.size() + buffers_.size(), 0);
+  for (const auto& node : nodes_) {
+    if (node->spec.type == LayerType::kEmbedding && node->tied_grads.empty()) {
+      rows[node->first_param] = node->spec.out_channels;  // token.weight
+    }
+  }
+  return rows;
 }
 
 std::vector<std::string> Model::PsTensorNames() const {

@@ -52,6 +52,11 @@
 //    shape); 1,535,872 parameters at vocab 8192.
 //  - "bert_base": L 12, E 768, 12 heads, F 3072; 109,512,762 parameters at
 //    vocab 30522 (BERT-base's WordPiece vocabulary).
+//  - "bert_tiny_untied", "bert_base_untied": the same with head.decoder a
+//    Linear(E, vocab) of its own (weight [vocab, E] N(0, 0.02), bias 0;
+//    vocab x E more parameters), so the token embedding's gradient touches
+//    only the rows of the batch's ids (PsTensorRowElements(); issue 41's
+//    row-sparse tables).
 // Initialisation as BERT: weights N(0, 0.02), biases 0, LayerNorm 1 and 0.
 //
 // Parameters and buffers: params() are trained by the PS's Adam; buffers()
@@ -157,6 +162,11 @@ class Model {
   const std::vector<Buffer*>& buffers() const { return buffers_; }
   // Element counts of the PS tensors: params, then buffers.
   std::vector<int64_t> PsTensorNumElements() const;
+  // Row-sparse PS tensors (issue 41; common/partition.h): per PS tensor,
+  // its elements per row D where its gradient touches only the rows of the
+  // batch's ids (an untied token embedding [vocab, D]: every other row's
+  // gradient is exactly zero), else 0. A tied table's gradient is dense.
+  std::vector<int64_t> PsTensorRowElements() const;
   // Names and shapes of the PS tensors, in the same order (checkpoints).
   std::vector<std::string> PsTensorNames() const;
   std::vector<Shape> PsTensorShapes() const;

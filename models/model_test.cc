@@ -84,8 +84,8 @@ TEST(ModelZoo, UnknownModelAndTooSmallInputAreNamed) {
       Model::Create("resnet9000", {1, 28, 28}, 10, ModelOptions(), cpu.get());
   EXPECT_EQ(model.status().message(),
             "unknown model \"resnet9000\"; expected one of: alexnet, "
-            "bert_base, bert_tiny, lenet5, mlp, resnet101, resnet18, resnet34, "
-            "resnet50, vgg16");
+            "bert_base, bert_base_untied, bert_tiny, bert_tiny_untied, lenet5, "
+            "mlp, resnet101, resnet18, resnet34, resnet50, vgg16");
   model = Model::Create("lenet5", {1, 8, 8}, 10, ModelOptions(), cpu.get());
   EXPECT_EQ(model.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_TRUE(absl::StrContains(model.status().message(), "lenet5: layer"))

@@ -315,8 +315,9 @@ TEST(RunCliTest, BadInputGetsOneLineErrorAndExitCode2) {
   const Case cases[] = {
       {"--model=resnet9000",
        "pstrain: error: --model: \"resnet9000\" is not a known model; "
-       "expected one of: alexnet, bert_base, bert_tiny, lenet5, mlp, resnet101, "
-       "resnet18, resnet34, resnet50, vgg16\n"},
+       "expected one of: alexnet, bert_base, bert_base_untied, bert_tiny, "
+       "bert_tiny_untied, lenet5, mlp, resnet101, resnet18, resnet34, "
+       "resnet50, vgg16\n"},
       {"--batch_size=0",
        "pstrain: error: --batch_size: 0; expected 1 to 65536\n"},
       {"--stream_images",

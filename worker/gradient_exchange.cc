@@ -141,6 +141,14 @@ class PsExchange : public GradientExchange, public WeightsGate {
     pending_mark_ = value;  // given to the step in Step()
   }
 
+  void SetStepRows(std::vector<std::vector<uint32_t>> touched,
+                   std::vector<std::vector<uint32_t>> next,
+                   bool pull_rows) override {
+    // A pull still in flight (forward before the pull ends) has sent its
+    // request and its pushes: the rows are the next step's.
+    client_->SetStepRows(std::move(touched), std::move(next), pull_rows);
+  }
+
   std::optional<SkippedStepInfo> SkippedStep() const override {
     return client_->skipped_step();
   }

@@ -199,6 +199,16 @@ class GradientExchange {
       const std::vector<absl::Span<const float>>& gradients,
       int64_t samples) = 0;
 
+  // Row-sparse tables (issue 41; PS modes, PsClient::SetStepRows): from
+  // the next step on, each table's push is the rows of `touched` (the
+  // step's batch; every other row's gradient is zero) and its pull the rows
+  // of `next` (the next step's batch), or the whole table where
+  // `pull_rows` is false. Call between steps, before the step's compute.
+  // Allreduce: ignored (the dense path).
+  virtual void SetStepRows(std::vector<std::vector<uint32_t>> touched,
+                           std::vector<std::vector<uint32_t>> next,
+                           bool pull_rows) {}
+
   // Non-finite values (PS modes; server/parameter_shard.h): the PS
   // exchange checks every gradient chunk as it pushes it. This reports one
   // found elsewhere (the loss): the step is skipped as if a gradient held

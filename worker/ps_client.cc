@@ -779,7 +779,9 @@ absl::Status PsClient::BeginStep(
     state->pull.mutable_pull()->set_wire_dtype(options_.wire_dtype);
   }
   if (options_.priority_pulls) state->pull.mutable_pull()->set_priority(true);
-  AddPullRows(state->pull.mutable_pull());
+  // A pull without a push (start, recovery, a late worker's) brings every
+  // table whole: the worker's copy is fresh everywhere after it.
+  if (!gradients.empty()) AddPullRows(state->pull.mutable_pull());
   state->pull_first = !gradients.empty() && min_version > 0;
   state->send_step_end = state->pull_first;
   if (announce_decisions_ && state->pull_first) {

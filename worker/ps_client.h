@@ -297,10 +297,15 @@ class PsClient {
   // `next[p]` the rows the next step reads; each table's chunks are pushed
   // as those rows only and pulled as the `next` rows only (the rest of the
   // table's weights are left as they were). A tensor with no entry (or a
-  // dense one) travels whole. Between steps only; ids past a table are
+  // dense one) travels whole. `pull_rows` false: the pulls bring every
+  // table whole (`next` unused; the next batch is not known). A pull
+  // without gradients (PushPull() with none: the start, a recovery, a
+  // membership change, a late worker's second pull) always brings every
+  // table whole. Between steps only; ids past a table are
   // INVALID_ARGUMENT from the shard.
   void SetStepRows(std::vector<std::vector<uint32_t>> touched,
-                   std::vector<std::vector<uint32_t>> next);
+                   std::vector<std::vector<uint32_t>> next,
+                   bool pull_rows = true);
   // Lets every other chunk go, then waits until every stream has written
   // its pushes and its step end, and until the step's decision is known.
   // True: a shard announced the step decided and not skipped, so every
@@ -476,6 +481,7 @@ class PsClient {
   // SetStepRows(): per tensor, whether it travels by rows, and its rows.
   std::vector<bool> by_rows_;
   std::vector<std::vector<uint32_t>> touched_rows_, next_rows_;
+  bool pull_rows_ = true;
   // PushChunk's rows of a table's chunk: the step's touched rows in it
   // (offsets in the chunk) and their values, row-major.
   struct ChunkRows {

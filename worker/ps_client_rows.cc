@@ -10,7 +10,9 @@
 namespace pstrain {
 
 void PsClient::SetStepRows(std::vector<std::vector<uint32_t>> touched,
-                           std::vector<std::vector<uint32_t>> next) {
+                           std::vector<std::vector<uint32_t>> next,
+                           bool pull_rows) {
+  pull_rows_ = pull_rows;
   const size_t n = plan_.param_num_elements().size();
   by_rows_.assign(n, false);
   touched.resize(n);
@@ -59,6 +61,7 @@ grpc::ByteBuffer PsClient::EncodeRowsPush(const PushPullRequest& envelope,
 }
 
 void PsClient::AddPullRows(PullRequest* pull) const {
+  if (!pull_rows_) return;  // every table whole
   for (size_t p = 0; p < by_rows_.size(); ++p) {
     if (!by_rows_[p]) continue;
     PullRows* entry = pull->add_rows();

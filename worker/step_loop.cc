@@ -199,6 +199,7 @@ absl::Status StepLoop::TrainStep(int epoch, int64_t index) {
     // The straggler test aid: slower by a known time per step.
     absl::SleepFor(absl::Milliseconds(options_.straggler_delay_ms));
   }
+  if (options_.sparse_rows) RETURN_IF_ERROR(SetStepRows());
   ASSIGN_OR_RETURN(const float loss, parts_.compute->Step(on_ready_));
   times.computed = absl::Now();
   if (!std::isfinite(loss)) {
@@ -240,6 +241,25 @@ absl::Status StepLoop::TrainStep(int epoch, int64_t index) {
         parts_.checkpoints->AfterStep(trained, step_, absl::Now()));
   }
   return parts_.reporter->StepEnded(step_, epoch, index);
+}
+
+absl::Status StepLoop::SetStepRows() {
+  std::vector<std::vector<uint32_t>> touched, next;
+  if (!parts_.compute->BatchRows(0, &touched)) {
+    return absl::InternalError(
+        absl::StrCat("step ", step_,
+                     ": no batch rows for the row-sparse "
+                     "tables"));
+  }
+  // The next batch is known when the next step is this epoch's (the
+  // epoch's batches end with it, or with a membership change, which pulls
+  // whole anyway).
+  const bool pull_rows =
+      !options_.pull_whole_tables && step_ + 1 < positions_.total_steps() &&
+      positions_.EpochOf(step_ + 1) == positions_.EpochOf(step_) &&
+      parts_.compute->BatchRows(1, &next);
+  parts_.exchange->SetStepRows(std::move(touched), std::move(next), pull_rows);
+  return absl::OkStatus();
 }
 
 absl::Status StepLoop::HandleSkip(std::optional<SkippedStepInfo>& skipped) {

@@ -84,6 +84,15 @@ class StepCompute {
   virtual StepPhases LastPhases() const { return {}; }
   // Copies the exchange's weights into whatever computes with them.
   virtual absl::Status LoadWeights() = 0;
+  // Row-sparse tables (issue 41): per PS tensor, the rows (ascending,
+  // unique) the batch `ahead` batches after the next Step()'s reads (0:
+  // the next Step()'s own), empty for a dense tensor. False where the
+  // epoch's batches (BeginEpoch) hold no such batch, or the compute has no
+  // row-sparse tables.
+  virtual bool BatchRows(int64_t ahead,
+                         std::vector<std::vector<uint32_t>>* rows) {
+    return false;
+  }
 };
 
 // The test aid PSTRAIN_INJECT_NONFINITE="W:all" or "W:S1,S2,...": worker
@@ -126,6 +135,15 @@ class StepLoop {
     // The PS tensors' names, for skipped steps' lines.
     std::vector<std::string> tensor_names;
     NonFiniteInjection inject_nonfinite;
+    // Row-sparse tables (issue 41; PS modes): before each step's compute,
+    // the exchange gets the rows its batch touches and the rows the next
+    // step's batch reads (GradientExchange::SetStepRows), or a whole pull
+    // where the next batch is not this epoch's (its last step: worker 0
+    // evaluates and the run's final model is written with every row) or
+    // `pull_whole_tables` (backup workers: a worker left behind jumps to a
+    // batch known only after the pull).
+    bool sparse_rows = false;
+    bool pull_whole_tables = false;
   };
   // After an epoch's last step: the epoch, the step to train next, the
   // epoch's training seconds and its mean training loss (skipped steps
@@ -176,6 +194,9 @@ class StepLoop {
   absl::Status Recover(absl::Status cause);
   // The compute's batches from step_ to its epoch's end.
   void BeginSlice();
+  // Options::sparse_rows: the rows of the step's batch and the next one's,
+  // given to the exchange.
+  absl::Status SetStepRows();
   // Appends the step's samples (Options::record_samples_dir).
   void RecordSamples(int epoch);
   void GradientsReady(absl::Span<const int> tensors,

@@ -110,6 +110,15 @@ std::unique_ptr<TopKCompressor> CompressorOf(const TrainerOptions& options,
                                           options.staleness + 3);
 }
 
+// The plan's row-sparse tables (issue 41): the workload's where the job
+// asks for them in a PS mode, else none (every tensor dense).
+std::vector<int64_t> RowElementsOf(const TrainerOptions& options,
+                                   const RunKind& kind,
+                                   const Workload& workload) {
+  if (!options.sparse_embeddings || kind.allreduce) return {};
+  return workload.TensorRowElements();
+}
+
 // --partition_bytes=auto (worker/partition_tuner.h): a fresh job tunes; a
 // resumed one takes its checkpoint's size; a rejoining task its newest
 // checkpoint's, else the shards' layout.
@@ -136,7 +145,8 @@ absl::StatusOr<PartitionSetting> ChoosePartition(const TrainerOptions& options,
       PartitionPlan plan,
       PartitionPlan::Create(workload.TensorNumElements(), candidates[0],
                             static_cast<int>(options.ps_addresses.size()),
-                            workload.num_buffers()));
+                            workload.num_buffers(),
+                            RowElementsOf(options, kind, workload)));
   ASSIGN_OR_RETURN(std::unique_ptr<PsClient> client,
                    PsClient::Create(PsClientOptionsOf(options, kind), plan));
   if (options.rejoin) {
@@ -185,11 +195,12 @@ absl::StatusOr<std::unique_ptr<GradientExchange>> CreateExchange(
                                    options.bucket_bytes, workload.num_buffers(),
                                    options.clip_grad_norm);
   }
-  ASSIGN_OR_RETURN(PartitionPlan plan,
-                   PartitionPlan::Create(
-                       workload.TensorNumElements(), partition.partition_bytes,
-                       static_cast<int>(options.ps_addresses.size()),
-                       workload.num_buffers()));
+  ASSIGN_OR_RETURN(
+      PartitionPlan plan,
+      PartitionPlan::Create(
+          workload.TensorNumElements(), partition.partition_bytes,
+          static_cast<int>(options.ps_addresses.size()), workload.num_buffers(),
+          RowElementsOf(options, kind, workload)));
   *placement = absl::StrFormat("%d chunks on %d shards", plan.chunks().size(),
                                plan.num_shards());
   PsClientOptions client_options = PsClientOptionsOf(options, kind);
@@ -382,8 +393,11 @@ std::unique_ptr<CheckpointWriter> CreateCheckpointWriter(
       });
   // Bounded staleness and backup workers: worker 0's weights are not the
   // cut's (CheckpointWriter; with backups shard 0 picks the cut).
+  // Row-sparse tables: worker 0 holds fresh rows only where it pulled
+  // them (the next batch's).
   writer->set_model_from_shards(
-      !kind.allreduce && (options.staleness > 0 || options.backup_workers > 0));
+      !kind.allreduce && (options.staleness > 0 || options.backup_workers > 0 ||
+                          options.sparse_embeddings));
   *checkpoints_before = 0;
   if (options.rejoin) {
     absl::StatusOr<CheckpointManifest> newest =
@@ -462,6 +476,10 @@ StepLoop::Options StepLoopOptionsOf(const TrainerOptions& options,
   }
   loop.tensor_names = workload.TensorNames();
   loop.inject_nonfinite = std::move(injection);
+  const std::vector<int64_t> rows = RowElementsOf(options, kind, workload);
+  loop.sparse_rows =
+      std::any_of(rows.begin(), rows.end(), [](int64_t d) { return d > 0; });
+  loop.pull_whole_tables = options.backup_workers > 0;
   return loop;
 }
 
@@ -517,6 +535,16 @@ absl::StatusOr<TrainerOutput> RunWorker(const TrainerOptions& options,
   }
   if (!options.init_from.empty()) {
     RETURN_IF_ERROR(workload->LoadModel(options.init_from));
+  }
+  if (options.sparse_embeddings && !kind.allreduce) {
+    const std::vector<int64_t> rows = workload->TensorRowElements();
+    if (std::none_of(rows.begin(), rows.end(),
+                     [](int64_t d) { return d > 0; })) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "sparse_embeddings: model ", options.model,
+          " has no untied embedding table; expected a model with one "
+          "(bert_tiny_untied, bert_base_untied)"));
+    }
   }
   ASSIGN_OR_RETURN(const PartitionSetting partition,
                    ChoosePartition(options, kind, *workload, say));

@@ -128,6 +128,12 @@ struct TrainerOptions {
   // the first layers' weights while the last ones still arrive
   // (GradientExchange::StartEarlyForward). The same weights bit for bit.
   bool priority_pulls = false;
+  // PS modes: row-sparse embedding tables (JobSpec.sparse_embeddings;
+  // issue 41): the model's untied token table is pushed as the rows each
+  // step's batch touches and pulled as the rows the next batch reads
+  // (PsClient::SetStepRows), and updated by the shards' lazy Adam
+  // (optim/sparse_adam.h). Ignored in allreduce (the dense path).
+  bool sparse_embeddings = false;
   // PS modes: top-k compression of pushed gradients with (or without)
   // error feedback (the job's compression; worker/topk_compression.h).
   CompressionOptions compression;

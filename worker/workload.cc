@@ -165,6 +165,35 @@ class ModelWorkload : public Workload {
   std::vector<std::string> TensorNames() const override {
     return model_->PsTensorNames();
   }
+  std::vector<int64_t> TensorRowElements() const override {
+    return model_->PsTensorRowElements();
+  }
+  bool BatchRows(int64_t ahead,
+                 std::vector<std::vector<uint32_t>>* rows) override {
+    if (dataset_.tokens == nullptr || ahead < 0 ||
+        next_batch_ + ahead >= slice_steps_) {
+      return false;
+    }
+    // The ids the batch's embedding reads (every position's, padding's
+    // too): the rows of the tables' gradient (torch.nn.Embedding's sparse
+    // gradient has the same indices).
+    const MlmBatch batch =
+        TokenBatch(dataset_.tokens->train, indices_,
+                   (next_batch_ + ahead) * options_.batch_size,
+                   options_.batch_size, *masker_, options_.seed, epoch_);
+    std::vector<uint32_t> ids(batch.ids.data.begin(), batch.ids.data.end());
+    std::sort(ids.begin(), ids.end());
+    ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
+    const std::vector<int64_t> row_elements = model_->PsTensorRowElements();
+    rows->assign(row_elements.size(), {});
+    bool any = false;
+    for (size_t p = 0; p < row_elements.size(); ++p) {
+      if (row_elements[p] == 0) continue;
+      (*rows)[p] = ids;
+      any = true;
+    }
+    return any;
+  }
   std::vector<std::vector<int64_t>> TensorShapes() const override {
     return model_->PsTensorShapes();
   }

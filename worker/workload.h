@@ -34,6 +34,10 @@ class Workload : public StepCompute {
   virtual const std::vector<absl::Span<float>>& weights() = 0;
   virtual int num_buffers() const = 0;
   virtual std::vector<int64_t> TensorNumElements() const = 0;
+  // Row-sparse PS tensors (issue 41; Model::PsTensorRowElements): elements
+  // per row of each tensor whose gradient touches only the batch's rows,
+  // else 0; empty where there are none to know of (synthetic compute).
+  virtual std::vector<int64_t> TensorRowElements() const { return {}; }
   // PS tensors' names and shapes, for checkpoints.
   virtual std::vector<std::string> TensorNames() const = 0;
   virtual std::vector<std::vector<int64_t>> TensorShapes() const = 0;

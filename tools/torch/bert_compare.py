@@ -7,6 +7,8 @@ root with Debian's python3-torch (/usr/bin/python3) after
       //tools:mlm_batches //text:fortunes_tokens
 
   /usr/bin/python3 tools/torch/bert_compare.py --steps=200
+  /usr/bin/python3 tools/torch/bert_compare.py --steps=200 \\
+      --model=bert_tiny_untied --sparse_embeddings
 
 1. PyTorch builds tools/torch/torch_models.py's bert("bert_tiny", vocab,
    dropout=0) with torch.manual_seed(--seed) and writes its weights as a
@@ -26,6 +28,14 @@ root with Debian's python3-torch (/usr/bin/python3) after
    steps and their ratio; then both final models' MLM loss (eval mode) on
    worker 0's first batch, pstrain's model.safetensors loaded into the
    PyTorch module (strict=True).
+
+With --sparse_embeddings (a "_untied" --model): pstrain pushes and pulls
+the token table by rows and its shards update it with lazy Adam; PyTorch's
+token embedding is nn.Embedding(sparse=True) under torch.optim.SparseAdam
+(the rest under torch.optim.Adam), the dense-gradient reference of the same
+lazy update. Then also the final token tables side by side: the largest
+difference, and the rows no batch read (unchanged from the initial weights
+on both sides, bit for bit).
 
 Dropout is 0 on both sides: the masks of a seeded dropout would differ
 between the two implementations. Exit 0 when every ratio is within
@@ -48,7 +58,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import torch_models  # noqa: E402
 
 
-def write_model_file(path, model, vocab, seq_len):
+def write_model_file(path, model, vocab, seq_len, name="bert_tiny"):
     """A pstrain model file (models/model_file.h) of `model`'s state_dict."""
     header, blobs, offset = {}, [], 0
     for name, t in model.state_dict().items():
@@ -58,7 +68,7 @@ def write_model_file(path, model, vocab, seq_len):
         blobs.append(data)
         offset += len(data)
     header["__metadata__"] = {
-        "format": "pstrain.model/1", "model": "bert_tiny",
+        "format": "pstrain.model/1", "model": name,
         "input_chw": str(seq_len), "num_classes": str(vocab), "steps": "0",
         "dataset": "tokens"}
     text = json.dumps(header, separators=(",", ":")).encode()
@@ -148,6 +158,11 @@ def main():
     p.add_argument("--bin", default="bazel-bin")
     p.add_argument("--threads", type=int, default=1,
                    help="PyTorch's CPU threads")
+    p.add_argument("--model", default="bert_tiny",
+                   help="bert_tiny or bert_tiny_untied")
+    p.add_argument("--sparse_embeddings", action="store_true",
+                   help="row-sparse token table (lazy Adam; an _untied model)")
+    p.add_argument("--num_ps", type=int, default=1)
     a = p.parse_args()
     torch.set_num_threads(a.threads)
     work = tempfile.mkdtemp(prefix="bert_compare.")
@@ -159,14 +174,17 @@ def main():
     batches, vocab, seq_len = read_batches(batches_path)
 
     torch.manual_seed(a.seed)
-    model = torch_models.bert("bert_tiny", vocab, dropout=0.0)
+    sparse = a.sparse_embeddings
+    model = torch_models.bert(a.model, vocab, dropout=0.0, sparse=sparse)
     init = os.path.join(work, "init.safetensors")
-    write_model_file(init, model, vocab, seq_len)
+    write_model_file(init, model, vocab, seq_len, a.model)
+    initial_table = model.embeddings.token.weight.detach().clone()
 
     metrics = os.path.join(work, "metrics")
     ckpt = os.path.join(work, "ckpt")
-    run([f"{a.bin}/cli/pstrain", "run", "--model=bert_tiny",
-         "--dataset=tokens", f"--data_dir={a.data_dir}", "--num_ps=1",
+    run([f"{a.bin}/cli/pstrain", "run", f"--model={a.model}",
+         "--dataset=tokens", f"--data_dir={a.data_dir}",
+         f"--num_ps={a.num_ps}", f"--sparse_embeddings={str(sparse).lower()}",
          f"--num_workers={a.workers}", f"--batch_size={a.batch_size}",
          "--epochs=1", f"--max_steps_per_epoch={a.steps}",
          f"--log_every_steps={a.log_every}", f"--lr={a.lr}",
@@ -177,21 +195,31 @@ def main():
     ours = window_losses(metrics, a.workers)
 
     model.train()
-    opt = torch.optim.Adam(model.parameters(), lr=a.lr, betas=(0.9, 0.999),
-                           eps=1e-8)
+    table = model.embeddings.token.weight
+    dense = [p for p in model.parameters() if not (sparse and p is table)]
+    opts = [torch.optim.Adam(dense, lr=a.lr, betas=(0.9, 0.999), eps=1e-8)]
+    if sparse:
+        opts.append(torch.optim.SparseAdam([table], lr=a.lr,
+                                           betas=(0.9, 0.999), eps=1e-8))
     theirs = []
+    read = torch.zeros(vocab, dtype=torch.bool)  # rows any batch read
     for step in range(a.steps):
-        opt.zero_grad()
-        losses = [mlm_loss(model, ids, mask, labels, vocab)
-                  for ids, mask, labels in batches[step]]
+        for opt in opts:
+            opt.zero_grad()
+        losses = []
+        for ids, mask, labels in batches[step]:
+            read[ids.reshape(-1)] = True
+            losses.append(mlm_loss(model, ids, mask, labels, vocab))
         loss = sum(losses) / len(losses)
         loss.backward()
-        opt.step()
+        for opt in opts:
+            opt.step()
         theirs.append(float(loss))
 
-    print(f"\nbert_tiny, vocab {vocab}, {a.workers} workers x "
-          f"{a.batch_size} sequences of {seq_len}, sync PS, Adam lr {a.lr}, "
-          "dropout 0")
+    print(f"\n{a.model}, vocab {vocab}, {a.workers} workers x "
+          f"{a.batch_size} sequences of {seq_len}, sync PS, "
+          f"{'lazy Adam (SparseAdam) on the token table, ' if sparse else ''}"
+          f"Adam lr {a.lr}, dropout 0")
     print("#  steps  pstrain_loss  torch_loss   ratio")
     worst = 0.0
     for end in sorted(ours):
@@ -203,9 +231,20 @@ def main():
               f"{ref:11.4f} {ratio:7.4f}")
 
     # Both final models on worker 0's first batch.
-    trained = torch_models.bert("bert_tiny", vocab, dropout=0.0)
+    trained = torch_models.bert(a.model, vocab, dropout=0.0)
     trained.load_state_dict(
         read_model_file(os.path.join(ckpt, "model.safetensors")), strict=True)
+    if a.model.endswith("_untied"):
+        ours_table = trained.embeddings.token.weight.detach()
+        theirs_table = table.detach()
+        unread = ~read
+        print(f"# token table: max |pstrain - torch| "
+              f"{float((ours_table - theirs_table).abs().max()):.3e} over "
+              f"{int(read.sum())} rows read; {int(unread.sum())} rows no "
+              f"batch read: unchanged in pstrain "
+              f"{bool(torch.equal(ours_table[unread], initial_table[unread]))}"
+              f", in torch "
+              f"{bool(torch.equal(theirs_table[unread], initial_table[unread]))}")
     trained.eval()
     model.eval()
     ids, mask, labels = batches[0][0]

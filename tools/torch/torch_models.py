@@ -176,12 +176,21 @@ class TiedDecoder(nn.Module):
         return F.linear(h, weight, self.bias)
 
 
+class UntiedDecoder(nn.Linear):
+    """The "_untied" BERTs' MLM decoder: a Linear(hidden, vocab) of its own
+    (head.decoder.weight [vocab, hidden], head.decoder.bias)."""
+
+    def forward(self, h, weight):
+        return super().forward(h)
+
+
 class MlmHead(nn.Module):
-    def __init__(self, vocab, hidden):
+    def __init__(self, vocab, hidden, untied=False):
         super().__init__()
         self.dense = nn.Linear(hidden, hidden)
         self.norm = nn.LayerNorm(hidden)
-        self.decoder = TiedDecoder(vocab)
+        self.decoder = (UntiedDecoder(hidden, vocab) if untied
+                        else TiedDecoder(vocab))
 
     def forward(self, x, token_weight):
         return self.decoder(self.norm(F.gelu(self.dense(x))), token_weight)
@@ -197,14 +206,19 @@ class Bert(nn.Module):
     Initialised as BERT: N(0, 0.02) weights, zero biases, LayerNorm 1 and 0.
     """
 
-    def __init__(self, vocab, layers, hidden, heads, feedforward, dropout=0.1):
+    def __init__(self, vocab, layers, hidden, heads, feedforward, dropout=0.1,
+                 untied=False, sparse=False):
         super().__init__()
         self.embeddings = BertEmbeddings(vocab, hidden, dropout)
+        # untied: the "_untied" zoo models (head.decoder.weight of its own);
+        # sparse: the token embedding's gradient as a sparse tensor of the
+        # batch's rows (nn.Embedding(sparse=True)), for torch.optim.SparseAdam.
+        self.embeddings.token.sparse = sparse
         self.layers = nn.ModuleList([
             nn.TransformerEncoderLayer(hidden, heads, feedforward, dropout,
                                        activation="gelu", batch_first=True)
             for _ in range(layers)])
-        self.head = MlmHead(vocab, hidden)
+        self.head = MlmHead(vocab, hidden, untied)
         for name, p in self.named_parameters():
             with torch.no_grad():
                 if name.endswith("bias"):
@@ -228,15 +242,20 @@ BERT_CONFIGS = {
 }
 
 
-def bert(name, vocab, dropout=0.1):
-    layers, hidden, heads, feedforward = BERT_CONFIGS[name]
-    return Bert(vocab, layers, hidden, heads, feedforward, dropout)
+def bert(name, vocab, dropout=0.1, sparse=False):
+    """"bert_tiny", "bert_base", or either with "_untied" (its own MLM
+    decoder weight); sparse: the token embedding's gradient sparse."""
+    untied = name.endswith("_untied")
+    layers, hidden, heads, feedforward = BERT_CONFIGS[
+        name[:-len("_untied")] if untied else name]
+    return Bert(vocab, layers, hidden, heads, feedforward, dropout, untied,
+                sparse)
 
 
 def build_any(name, c, size, k):
     """Image models take (channels, size, classes); the BERTs take k as the
     vocabulary (c and size unused)."""
-    if name in BERT_CONFIGS:
+    if name in BERT_CONFIGS or name.removesuffix("_untied") in BERT_CONFIGS:
         return bert(name, k)
     if name == "lenet5":
         return LeNet5(c, size, k)

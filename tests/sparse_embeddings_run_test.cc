@@ -1,0 +1,202 @@
+// Row-sparse embedding tables in training jobs (issue 41), end to end
+// through `pstrain run`: bert_tiny_untied on the fortune(6) token files
+// (//text:fortunes_tokens) with --sparse_embeddings, 2 shards (the token
+// table cut into 128-row chunks over both) and 2 workers.
+//
+// The invariants:
+//  - SGD without momentum updates a row by -lr * g whether the row's
+//    gradient came dense or by rows (a row no worker touched has g = 0 and
+//    stays bit for bit), and the shards average the union of the workers'
+//    rows in worker order as a dense push would (server/row_sparse.h). So a
+//    sync SGD job with row pushes, and pulls of the next batch's rows only,
+//    ends with the model file of the same job with dense pushes and pulls,
+//    byte for byte, over two epochs (an epoch's last step pulls whole:
+//    worker 0 evaluates with every row, and the same test accuracy). Any
+//    row a batch read without having pulled it, or any touched row not
+//    pushed, would change the bytes; and the row job pushes fewer bytes.
+//  - With Adam, the row job is a different optimizer (lazy Adam,
+//    torch.optim.SparseAdam's: untouched rows keep their moments; checked
+//    against PyTorch by tools/torch/bert_compare.py --sparse_embeddings and
+//    bit for bit by //optim:sparse_adam_test), so its model differs from
+//    the dense job's; a run resumed from its step-6 checkpoint (the shards'
+//    rows' w, m, v in the shard files; model.safetensors assembled from
+//    them) ends with the uninterrupted run's model file byte for byte.
+//  - Async trains; refusals are one line and exit 2.
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <regex>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "tests/cli_test_util.h"
+
+namespace {
+
+using pstrain::testing::RunCommand;
+using pstrain::testing::TempDir;
+using Result = pstrain::testing::CommandResult;
+
+constexpr char kTokens[] = "text/fortunes";
+
+std::string Job(const std::string& args) {
+  return std::string(
+             "cli/pstrain run --model=bert_tiny_untied --dataset=tokens "
+             "--data_dir=") +
+         kTokens +
+         " --num_ps=2 --num_workers=2 --batch_size=4 --dropout=0 "
+         "--partition_bytes=65536 --log_every_steps=5 " +
+         args;
+}
+
+std::string ReadBytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+// Column `name` of a worker's metrics CSV (worker/metrics.h), summed.
+double SumColumn(const std::string& csv, const std::string& name) {
+  std::ifstream in(csv);
+  std::string line;
+  std::vector<std::string> header;
+  double sum = 0;
+  while (std::getline(in, line)) {
+    std::vector<std::string> cells;
+    size_t start = 0;
+    for (size_t i = 0; i <= line.size(); ++i) {
+      if (i == line.size() || line[i] == ',') {
+        cells.push_back(line.substr(start, i - start));
+        start = i + 1;
+      }
+    }
+    if (header.empty()) {
+      header = cells;
+      continue;
+    }
+    for (size_t c = 0; c < cells.size() && c < header.size(); ++c) {
+      if (header[c] == name && !cells[c].empty()) sum += std::stod(cells[c]);
+    }
+  }
+  return sum;
+}
+
+std::vector<std::string> Accuracies(const std::string& output) {
+  const std::regex epoch(R"(Epoch \d+ in [0-9.]+ sec, test time [0-9.]+ )"
+                         R"(sec, test accuracy: ([0-9.]+))");
+  std::vector<std::string> found;
+  for (std::sregex_iterator it(output.begin(), output.end(), epoch), end;
+       it != end; ++it) {
+    found.push_back((*it)[1].str());
+  }
+  return found;
+}
+
+TEST(SparseEmbeddingsRunTest, SgdRowJobEqualsTheDenseJobByteForByte) {
+  const std::string args =
+      "--epochs=2 --max_steps_per_epoch=5 --optimizer=sgd --lr=0.5 ";
+  Result runs[2];
+  std::string files[2];
+  double pushed[2], pulled[2];
+  for (int sparse = 0; sparse < 2; ++sparse) {
+    const std::string dir = TempDir() + "/sgd_" + std::to_string(sparse);
+    runs[sparse] = RunCommand(
+        Job(args + "--sparse_embeddings=" + (sparse ? "true" : "false") +
+            " --checkpoint_dir=" + dir + " --metrics_dir=" + dir + "/m"));
+    ASSERT_EQ(runs[sparse].exit_code, 0) << runs[sparse].output;
+    files[sparse] = ReadBytes(dir + "/model.safetensors");
+    pushed[sparse] = SumColumn(dir + "/m/worker0.csv", "bytes_pushed");
+    pulled[sparse] = SumColumn(dir + "/m/worker0.csv", "bytes_pulled");
+  }
+  EXPECT_NE(runs[1].output.find("model bert_tiny_untied on cpu: 993104 "
+                                "parameters"),
+            std::string::npos)
+      << runs[1].output;
+  ASSERT_GT(files[0].size(), 3000000u);
+  EXPECT_TRUE(files[0] == files[1])
+      << "the row job's model.safetensors differs from the dense job's";
+  const std::vector<std::string> dense = Accuracies(runs[0].output);
+  ASSERT_EQ(dense.size(), 2u) << runs[0].output;
+  EXPECT_EQ(Accuracies(runs[1].output), dense) << runs[1].output;
+  // The table (2000 x 128 fp32, 1 MB) is a quarter of the model; a batch
+  // of 4 x 128 tokens touches a few hundred of its rows. Pulls: each
+  // epoch's last step pulls whole (a fifth of the steps here).
+  ASSERT_GT(pushed[0], 0);
+  EXPECT_LT(pushed[1], 0.8 * pushed[0])
+      << "bytes pushed: rows " << pushed[1] << ", dense " << pushed[0];
+  EXPECT_LT(pulled[1], 0.9 * pulled[0])
+      << "bytes pulled: rows " << pulled[1] << ", dense " << pulled[0];
+}
+
+TEST(SparseEmbeddingsRunTest, AdamRowJobResumesExactly) {
+  const std::string args =
+      "--epochs=1 --max_steps_per_epoch=12 --checkpoint_every_steps=6 "
+      "--sparse_embeddings --checkpoint_dir=";
+  const std::string whole = TempDir() + "/adam_whole";
+  const Result a = RunCommand(Job(args + whole));
+  ASSERT_EQ(a.exit_code, 0) << a.output;
+  const std::string resumed = TempDir() + "/adam_resumed";
+  std::filesystem::create_directories(resumed);
+  std::filesystem::copy(whole + "/step-6", resumed + "/step-6",
+                        std::filesystem::copy_options::recursive);
+  pstrain::testing::WriteTextFile(resumed + "/latest", "step-6\n");
+  const Result b = RunCommand(Job(args + resumed + " --resume"));
+  ASSERT_EQ(b.exit_code, 0) << b.output;
+  EXPECT_NE(b.output.find("Resuming from " + resumed + "/step-6 (step 6"),
+            std::string::npos)
+      << b.output;
+  const std::string expected = ReadBytes(whole + "/model.safetensors");
+  ASSERT_GT(expected.size(), 3000000u);
+  EXPECT_TRUE(ReadBytes(resumed + "/model.safetensors") == expected)
+      << "the resumed run's model.safetensors differs";
+  EXPECT_EQ(Accuracies(b.output), Accuracies(a.output)) << b.output;
+  // The checkpoint's model file (assembled from the shard files: worker 0
+  // holds fresh rows only where it pulled them) is the step-6 state, which
+  // the dense Adam job does not reach (lazy Adam is another optimizer).
+  const std::string dense = TempDir() + "/adam_dense";
+  const Result c = RunCommand(
+      Job("--epochs=1 --max_steps_per_epoch=12 --checkpoint_dir=" + dense));
+  ASSERT_EQ(c.exit_code, 0) << c.output;
+  EXPECT_FALSE(ReadBytes(dense + "/model.safetensors") == expected);
+  EXPECT_TRUE(ReadBytes(whole + "/step-6/model.safetensors") ==
+              ReadBytes(resumed + "/step-6/model.safetensors"));
+}
+
+TEST(SparseEmbeddingsRunTest, AsyncTrains) {
+  const Result r = RunCommand(Job(
+      "--mode=async --epochs=1 --max_steps_per_epoch=10 --sparse_embeddings"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(std::regex_search(
+      r.output, std::regex(R"(\[worker0\] Step10: [0-9.]+ data/sec, loss )")))
+      << r.output;
+  EXPECT_EQ(Accuracies(r.output).size(), 1u) << r.output;
+}
+
+TEST(SparseEmbeddingsRunTest, RefusalsAreOneLineAndExit2) {
+  Result r = RunCommand(std::string("cli/pstrain run --model=bert_tiny "
+                                    "--dataset=tokens --sparse_embeddings "
+                                    "--data_dir=") +
+                        kTokens);
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_EQ(r.output,
+            "pstrain: error: --sparse_embeddings: true with model bert_tiny; "
+            "expected a model with an untied embedding table "
+            "(bert_tiny_untied, bert_base_untied: bert_tiny and bert_base tie "
+            "theirs to the MLM head, whose gradient is dense)\n");
+  r = RunCommand(Job("--sparse_embeddings --weight_decay=0.01"));
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("torch.optim.SparseAdam has no weight decay"),
+            std::string::npos)
+      << r.output;
+  r = RunCommand(std::string("cli/pstrain run --model=bert_tiny_untied "
+                             "--dataset=tokens --mode=allreduce "
+                             "--sparse_embeddings --data_dir=") +
+                 kTokens);
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("--sparse_embeddings would be ignored"),
+            std::string::npos)
+      << r.output;
+}
+
+}  // namespace
