@@ -324,6 +324,11 @@ CommandInfo RunInfo() {
               "Mode sync: a worker whose restart budget is spent is removed "
               "instead of failing the job while this many remain (0: "
               "never)."},
+             {"linear_lr_scaling",
+              "Elastic workers: each membership's learning rate is --lr x "
+              "members / num_workers (the linear scaling rule of Goyal et "
+              "al. 2017), so it follows the effective batch; off: --lr "
+              "whatever the members."},
              {"max_ps",
               "Mode sync without staleness: at most this many shards (num_ps "
               "to 64; 0: the shards fixed); --control_file's num_ps=M moves "

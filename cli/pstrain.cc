@@ -293,6 +293,9 @@ ABSL_FLAG(int, max_workers, 0,
 ABSL_FLAG(int, min_workers, 0,
           "run, mode sync: remove a worker whose restart budget is spent "
           "while this many remain (0: fail the job).");
+ABSL_FLAG(bool, linear_lr_scaling, false,
+          "run, elastic workers: each membership's lr is --lr x members / "
+          "num_workers (Goyal et al. 2017's linear scaling rule).");
 ABSL_FLAG(int, max_ps, 0,
           "run, mode sync without staleness: at most this many shards "
           "(num_ps to 64), scaled with --control_file's num_ps=M (0: the "
@@ -522,6 +525,7 @@ JobSpec SpecFromFlags(Mode mode, int num_ps, int num_workers) {
   spec.set_max_workers(absl::GetFlag(FLAGS_max_workers));
   spec.set_min_workers(absl::GetFlag(FLAGS_min_workers));
   spec.set_max_ps(absl::GetFlag(FLAGS_max_ps));
+  spec.set_linear_lr_scaling(absl::GetFlag(FLAGS_linear_lr_scaling));
   spec.set_clip_grad_norm(absl::GetFlag(FLAGS_clip_grad_norm));
   spec.set_resume(absl::GetFlag(FLAGS_resume));
   const int max_restarts = absl::GetFlag(FLAGS_max_restarts);

@@ -404,6 +404,12 @@ absl::Status CheckElastic(const JobConfig& config) {
                                spec.num_workers(), "(0: never shrink)"));
   }
   if (spec.max_workers() == 0 && spec.min_workers() == 0) {
+    if (spec.linear_lr_scaling()) {
+      return Bad("linear_lr_scaling",
+                 "true without max_workers or min_workers; expected false "
+                 "(the workers never change, so the lr has nothing to "
+                 "follow)");
+    }
     return absl::OkStatus();
   }
   const char* field = spec.max_workers() != 0 ? "max_workers" : "min_workers";

@@ -64,6 +64,8 @@
 //                            staleness (not built)
 //   min_workers (elastic)    1 to num_workers; 0 as         0 (never shrink)
 //                            max_workers
+//   linear_lr_scaling        only with max_workers or       false
+//                            min_workers
 //   max_ps (elastic shards)  num_ps to 64; 0 in async,      0 (shards fixed)
 //                            allreduce, with staleness, and
 //                            with top-k error feedback and

@@ -498,6 +498,25 @@ TEST(JobSpecTest, ElasticRangesAndRefusals) {
   }
 }
 
+// Issue 40: the linear scaling rule follows elastic workers only.
+TEST(JobSpecTest, LinearLrScalingNeedsElasticWorkers) {
+  const std::string base = "num_ps: 2 num_workers: 2 batch_size: 8 epochs: 1 ";
+  for (const std::string& good :
+       {base + "linear_lr_scaling: true max_workers: 4",
+        base + "linear_lr_scaling: true min_workers: 1",
+        base + "linear_lr_scaling: false"}) {
+    absl::StatusOr<JobSpec> spec = ParseJobSpec(good, "job.pbtxt");
+    EXPECT_TRUE(spec.ok()) << good << ": " << spec.status();
+  }
+  absl::StatusOr<JobSpec> spec =
+      ParseJobSpec(base + "linear_lr_scaling: true max_ps: 3", "job.pbtxt");
+  ASSERT_FALSE(spec.ok());
+  EXPECT_EQ(spec.status().message(),
+            "job.pbtxt: linear_lr_scaling: true without max_workers or "
+            "min_workers; expected false (the workers never change, so the "
+            "lr has nothing to follow)");
+}
+
 // Issue 40, elastic shards: max_ps, its range and what it refuses (the
 // state moves at a step boundary where every shard holds one decided
 // version: sync without staleness only).

@@ -71,6 +71,15 @@ void ParameterShard::SetMembershipLocked(const WorkerMembership& membership) {
                     std::shared_ptr<const std::vector<bool>>(is_member));
   num_members_.store(n);
   ends_to_decide_.store(policy_.admits() ? std::max(1, n - backups_) : n);
+  auto optimizer = std::make_shared<OptimizerOptions>(options_.adam);
+  if (options_.linear_lr_scaling) {
+    // The linear scaling rule: the lr follows the effective batch.
+    const int initial = PolicyOptions(options_).num_workers;
+    optimizer->lr = static_cast<float>(static_cast<double>(options_.adam.lr) *
+                                       n / initial);
+  }
+  std::atomic_store(&optimizer_, std::shared_ptr<const OptimizerOptions>(
+                                     std::move(optimizer)));
 }
 
 std::vector<int> ParameterShard::AveragedWorkers(

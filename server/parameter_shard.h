@@ -857,6 +857,13 @@ class ParameterShard {
   // older generation is frozen, read anywhere through the atomic pointer.
   std::shared_ptr<const WorkerMembership> membership_;
   std::shared_ptr<const std::vector<bool>> is_member_;
+  // The optimizer of the current members' steps: options_.adam, with
+  // ShardOptions::linear_lr_scaling its lr scaled to the members. Set
+  // with the membership; read through optimizer().
+  std::shared_ptr<const OptimizerOptions> optimizer_;
+  std::shared_ptr<const OptimizerOptions> optimizer() const {
+    return std::atomic_load(&optimizer_);
+  }
   std::atomic<int> num_members_{1};
   std::atomic<int> ends_to_decide_{1};
   int backups_ = 0;  // b: the job's num_workers - replicas_to_aggregate

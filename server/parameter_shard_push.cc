@@ -291,7 +291,7 @@ void ParameterShard::CompleteBarrierLocked(ChunkState& chunk,
       chunk.prev_m.resize(n);
       chunk.prev_v.resize(n);
       const auto start = std::chrono::steady_clock::now();
-      finite = OptimizerUpdateInto(options_.adam, step + 1,
+      finite = OptimizerUpdateInto(*optimizer(), step + 1,
                                    chunk.weights.data(), sum, chunk.m.data(),
                                    chunk.v.data(), chunk.prev_weights.data(),
                                    chunk.prev_m.data(), chunk.prev_v.data(), n);
@@ -338,7 +338,7 @@ void ParameterShard::ApplyLocked(ChunkState& chunk, const float* gradient) {
   out.v.resize(n);
   const auto start = std::chrono::steady_clock::now();
   const bool finite = OptimizerUpdateInto(
-      options_.adam, chunk.version + 1, chunk.weights.data(), gradient,
+      *optimizer(), chunk.version + 1, chunk.weights.data(), gradient,
       chunk.m.data(), chunk.v.data(), out.w.data(), out.m.data(), out.v.data(),
       n);
   optimizer_ns_.fetch_add(ElapsedNs(start), std::memory_order_relaxed);

@@ -96,7 +96,7 @@ void ParameterShard::ApplyRowBarrierLocked(ChunkState& chunk, StepSlot& slot,
   }
   const auto start = std::chrono::steady_clock::now();
   const bool finite =
-      LazyUpdateRows(options_.adam, step + 1, d, grad, chunk.weights.data(),
+      LazyUpdateRows(*optimizer(), step + 1, d, grad, chunk.weights.data(),
                      chunk.m.data(), chunk.v.data(), &chunk.row_undo);
   optimizer_ns_.fetch_add(ElapsedNs(start), std::memory_order_relaxed);
   if (!finite) {
@@ -122,7 +122,7 @@ bool ParameterShard::ApplyRowsLocked(ChunkState& chunk, const RowValues& grad) {
                        {"step", chunk.version}});
   const auto start = std::chrono::steady_clock::now();
   const bool finite = LazyUpdateRows(
-      options_.adam, chunk.version + 1, chunk.spec.row_elements, grad,
+      *optimizer(), chunk.version + 1, chunk.spec.row_elements, grad,
       chunk.weights.data(), chunk.m.data(), chunk.v.data(), &chunk.row_undo);
   optimizer_ns_.fetch_add(ElapsedNs(start), std::memory_order_relaxed);
   if (!finite) {

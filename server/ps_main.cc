@@ -94,6 +94,7 @@ pstrain::ShardOptions ShardOptionsOf(const pstrain::JobConfig& config,
   // members at the start (issue 40).
   options.num_workers = std::max(spec.num_workers(), spec.max_workers());
   options.initial_workers = spec.num_workers();
+  options.linear_lr_scaling = spec.linear_lr_scaling();
   options.mode = config.mode == pstrain::MODE_ASYNC ? pstrain::SyncMode::kAsync
                                                     : pstrain::SyncMode::kSync;
   options.adam = pstrain::OptimizerOptionsOf(config);

@@ -125,6 +125,46 @@ TEST(ShardMembershipTest, EachStepAveragesItsGenerationsMembers) {
   EXPECT_FLOAT_EQ(Pull(shard, 3, 2)[2][0], after1[2][0] - 0.5f);
 }
 
+// The linear scaling rule (ShardOptions::linear_lr_scaling): 2 workers
+// grow to 4 at step 1 and shrink to 1 at step 2; each generation's SGD
+// step equals a fixed shard of that many workers whose lr is the base lr
+// times members / 2, bit for bit, and without the rule the lr stays.
+TEST(ShardMembershipTest, LinearScalingFollowsTheMembers) {
+  ShardOptions scaled = Options(4, 2);
+  scaled.linear_lr_scaling = true;
+  ParameterShard shard(scaled);
+  ASSERT_TRUE(shard.Initialize({6, 2}, 16, Chunks(Initial(), 0)).ok());
+  Step(shard, 0, 0, 1.0f, 0);
+  Step(shard, 1, 0, 3.0f, 0);
+  const std::vector<std::vector<float>> after0 = Pull(shard, 1, 0);
+  // lr 0.1 at 2 workers (the initial members): 7 - 0.1 x 2.
+  EXPECT_FLOAT_EQ(after0[2][0], 7.0f - 0.2f);
+
+  const WorkerMembership four = Members({0, 1, 2, 3}, 1);
+  ASSERT_TRUE(shard.Reopen(1, -1, &four).ok());
+  for (int w = 0; w < 4; ++w) Step(shard, w, 1, 1.0f + w, 1);
+  const std::vector<std::vector<float>> after1 = Pull(shard, 2, 1);
+  ShardOptions fixed4 = Options(4, 4);
+  fixed4.adam.lr = 0.1f * 4 / 2;
+  ParameterShard reference(fixed4);
+  ASSERT_TRUE(reference.Initialize({6, 2}, 16, Chunks(after0, 1)).ok());
+  for (int w = 0; w < 4; ++w) Step(reference, w, 1, 1.0f + w, 0);
+  EXPECT_EQ(Pull(reference, 2, 0), after1);
+
+  const WorkerMembership one = Members({0}, 2);
+  ASSERT_TRUE(shard.Reopen(2, -1, &one).ok());
+  Step(shard, 0, 2, 4.0f, 2);
+  // lr 0.1 x 1 / 2.
+  EXPECT_FLOAT_EQ(Pull(shard, 3, 2)[2][0], after1[2][0] - 0.05f * 4.0f);
+
+  // Without the rule the grown job keeps lr 0.1.
+  ParameterShard plain(Options(4, 2));
+  ASSERT_TRUE(plain.Initialize({6, 2}, 16, Chunks(after0, 1)).ok());
+  ASSERT_TRUE(plain.Reopen(1, -1, &four).ok());
+  for (int w = 0; w < 4; ++w) Step(plain, w, 1, 2.0f, 1);
+  EXPECT_FLOAT_EQ(Pull(plain, 2, 1)[2][0], after0[2][0] - 0.1f * 2.0f);
+}
+
 // The step in flight when the membership changes is dropped, as a reopen
 // after a failure drops it: the old members' pushes of it do not count.
 TEST(ShardMembershipTest, TheStepInFlightIsRedoneByTheNewMembers) {

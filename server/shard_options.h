@@ -28,6 +28,12 @@ struct ShardOptions {
   // members until a reopen or restore names others (WorkerMembership in
   // server/parameter_shard.h). 0: every worker of num_workers.
   int initial_workers = 0;
+  // An elastic job with the linear scaling rule (Goyal et al., "Accurate,
+  // Large Minibatch SGD", 2017; JobSpec.linear_lr_scaling): each
+  // generation's learning rate is adam.lr x members / the initial
+  // members (initial_workers, or num_workers), so the lr follows the
+  // effective batch. false: adam.lr whatever the members.
+  bool linear_lr_scaling = false;
   SyncMode mode = SyncMode::kSync;
   // The optimizer (optim/optimizer.h): Adam unless adam.kind says SGD.
   // Named for the Adam-only days; an AdamOptions converts to it.
