@@ -204,6 +204,44 @@ absl::StatusOr<JobConfig> ParseJobChoices(const JobSpec& spec) {
         "compression such as topk:0.01 (error feedback keeps what top-k "
         "did not send)");
   }
+  if (spec.momentum_correction()) {
+    if (!config.compression.enabled() || spec.no_error_feedback()) {
+      return absl::InvalidArgumentError(
+          "momentum_correction: true without a compression with error "
+          "feedback; expected a compression such as topk:0.01 (the velocity "
+          "accumulates into the residual)");
+    }
+    if (config.optimizer != OPTIMIZER_SGD || !(o.momentum() > 0)) {
+      // DGC moves the momentum before the selection; it equals momentum
+      // SGD because the shard's update is then linear in what it
+      // receives. Adam's is not (docs/ARCHITECTURE.md, "Sparse pushes").
+      return absl::InvalidArgumentError(absl::StrCat(
+          "momentum_correction: true with optimizer ", o.name(),
+          o.name() == "sgd" ? " without momentum" : "",
+          "; expected sgd with momentum > 0 (the workers keep the momentum "
+          "and the shards apply plain SGD, which needs an update linear in "
+          "the gradient)"));
+    }
+    config.compression.momentum = o.momentum();
+    config.compression.dampening = o.dampening();
+    config.compression.nesterov = o.nesterov();
+  }
+  config.compression.dense_steps = spec.compression_dense_steps();
+  if (spec.compression_dense_steps() < 0 ||
+      (spec.compression_dense_steps() > 0 && !config.compression.enabled())) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "compression_dense_steps: ", spec.compression_dense_steps(),
+        "; expected 0, or a positive step count with a compression"));
+  }
+  if (spec.compression_freeze_adam_variance() &&
+      (config.optimizer != OPTIMIZER_ADAM ||
+       spec.compression_dense_steps() <= 0)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "compression_freeze_adam_variance: true with optimizer ", o.name(),
+        " and compression_dense_steps ", spec.compression_dense_steps(),
+        "; expected adam with compression_dense_steps > 0 (the variance is "
+        "taken from the dense steps)"));
+  }
   config.spec = spec;
   return config;
 }
@@ -250,44 +288,6 @@ std::string AbslUnparseFlag(CollectiveKind value) {
 std::string AbslUnparseFlag(ComputeKind value) {
   return std::string(Spelling(value));
 }
-  if (spec.momentum_correction()) {
-    if (!config.compression.enabled() || spec.no_error_feedback()) {
-      return absl::InvalidArgumentError(
-          "momentum_correction: true without a compression with error "
-          "feedback; expected a compression such as topk:0.01 (the velocity "
-          "accumulates into the residual)");
-    }
-    if (config.optimizer != OPTIMIZER_SGD || !(o.momentum() > 0)) {
-      // DGC moves the momentum before the selection; it equals momentum
-      // SGD because the shard's update is then linear in what it
-      // receives. Adam's is not (docs/ARCHITECTURE.md, "Sparse pushes").
-      return absl::InvalidArgumentError(absl::StrCat(
-          "momentum_correction: true with optimizer ", o.name(),
-          o.name() == "sgd" ? " without momentum" : "",
-          "; expected sgd with momentum > 0 (the workers keep the momentum "
-          "and the shards apply plain SGD, which needs an update linear in "
-          "the gradient)"));
-    }
-    config.compression.momentum = o.momentum();
-    config.compression.dampening = o.dampening();
-    config.compression.nesterov = o.nesterov();
-  }
-  config.compression.dense_steps = spec.compression_dense_steps();
-  if (spec.compression_dense_steps() < 0 ||
-      (spec.compression_dense_steps() > 0 && !config.compression.enabled())) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "compression_dense_steps: ", spec.compression_dense_steps(),
-        "; expected 0, or a positive step count with a compression"));
-  }
-  if (spec.compression_freeze_adam_variance() &&
-      (config.optimizer != OPTIMIZER_ADAM ||
-       spec.compression_dense_steps() <= 0)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "compression_freeze_adam_variance: true with optimizer ", o.name(),
-        " and compression_dense_steps ", spec.compression_dense_steps(),
-        "; expected adam with compression_dense_steps > 0 (the variance is "
-        "taken from the dense steps)"));
-  }
 std::string AbslUnparseFlag(AugmentKind value) {
   return std::string(Spelling(value));
 }
