@@ -491,6 +491,11 @@ JobSpec SpecFromFlags(Mode mode, int num_ps, int num_workers) {
     spec.set_no_error_feedback(!absl::GetFlag(FLAGS_error_feedback));
     spec.set_compression_warmup_steps(
         absl::GetFlag(FLAGS_compression_warmup_steps));
+    spec.set_momentum_correction(absl::GetFlag(FLAGS_momentum_correction));
+    spec.set_compression_dense_steps(
+        absl::GetFlag(FLAGS_compression_dense_steps));
+    spec.set_compression_freeze_adam_variance(
+        absl::GetFlag(FLAGS_compression_freeze_adam_variance));
   }
   spec.set_log_every_steps(absl::GetFlag(FLAGS_log_every_steps));
   spec.set_max_steps_per_epoch(absl::GetFlag(FLAGS_max_steps_per_epoch));
@@ -498,11 +503,6 @@ JobSpec SpecFromFlags(Mode mode, int num_ps, int num_workers) {
   spec.set_compute(std::string(Spelling(absl::GetFlag(FLAGS_compute))));
   spec.set_compute_ms(absl::GetFlag(FLAGS_compute_ms));
   spec.set_model_bytes(absl::GetFlag(FLAGS_model_bytes));
-    spec.set_momentum_correction(absl::GetFlag(FLAGS_momentum_correction));
-    spec.set_compression_dense_steps(
-        absl::GetFlag(FLAGS_compression_dense_steps));
-    spec.set_compression_freeze_adam_variance(
-        absl::GetFlag(FLAGS_compression_freeze_adam_variance));
   spec.set_backward_fraction(absl::GetFlag(FLAGS_backward_fraction));
   spec.set_registration_timeout_s(absl::GetFlag(FLAGS_registration_timeout_s));
   // Absolute, so that every task finds them whatever its folder.

@@ -731,9 +731,6 @@ OptimizerOptions OptimizerOptionsOf(const JobConfig& config) {
   o.momentum = static_cast<float>(optimizer.momentum());
   o.dampening = static_cast<float>(optimizer.dampening());
   o.nesterov = optimizer.nesterov();
-  LrSchedule& s = o.schedule;
-  s.decay = config.lr_schedule == LR_SCHEDULE_STEP     ? LrDecay::kStep
-            : config.lr_schedule == LR_SCHEDULE_COSINE ? LrDecay::kCosine
   if (config.compression.momentum_correction()) {
     // DGC: the workers apply the momentum (worker/topk_compression.h);
     // the shards plain SGD to the average of what they push.
@@ -744,6 +741,9 @@ OptimizerOptions OptimizerOptionsOf(const JobConfig& config) {
   if (config.spec.compression_freeze_adam_variance()) {
     o.freeze_variance_after = config.spec.compression_dense_steps();
   }
+  LrSchedule& s = o.schedule;
+  s.decay = config.lr_schedule == LR_SCHEDULE_STEP     ? LrDecay::kStep
+            : config.lr_schedule == LR_SCHEDULE_COSINE ? LrDecay::kCosine
                                                        : LrDecay::kConstant;
   s.warmup_steps = optimizer.warmup_steps();
   s.warmup_start_factor = optimizer.warmup_start_factor();

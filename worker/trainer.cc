@@ -208,6 +208,12 @@ absl::StatusOr<std::unique_ptr<GradientExchange>> CreateExchange(
   if (options.compression.enabled()) {
     compression.names = workload.TensorNames();
     compression.names.resize(compression.names.size() - workload.num_buffers());
+    if (options.compression.momentum_correction()) {
+      const size_t n = compression.names.size();
+      for (size_t t = 0; t < n; ++t) {
+        compression.names.push_back("velocity." + compression.names[t]);
+      }
+    }
     compression.compressor = CompressorOf(options, workload);
     client_options.compressor = compression.compressor.get();
     if (!options.checkpoint_dir.empty()) {
@@ -219,12 +225,6 @@ absl::StatusOr<std::unique_ptr<GradientExchange>> CreateExchange(
     compression.num_workers = options.num_workers;
   }
   ASSIGN_OR_RETURN(std::unique_ptr<PsClient> client,
-    if (options.compression.momentum_correction()) {
-      const size_t n = compression.names.size();
-      for (size_t t = 0; t < n; ++t) {
-        compression.names.push_back("velocity." + compression.names[t]);
-      }
-    }
                    PsClient::Create(client_options, plan));
   return CreatePsExchange(std::move(client), kind.sync, options.worker_id == 0,
                           options.init_timeout, options.staleness,
