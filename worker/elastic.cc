@@ -101,17 +101,16 @@ absl::StatusOr<std::optional<int64_t>> ElasticMembership::MaybeApply(
       "membership %d: %d -> %d workers%s at step %d (%.0f ms): %s",
       newest->epoch(), old_workers, current_.size(), shards, version, ms,
       newest->reason()));
-  if (options_.applied) {
-    MembershipApplied applied;
-    applied.set_epoch(newest->epoch());
-    applied.set_step(version);
-    applied.set_elapsed_ms(ms);
-    applied.set_old_workers(old_workers);
-    applied.set_new_workers(current_.size());
-    applied.set_old_ps(old_ps);
-    applied.set_new_ps(num_ps_);
-    options_.applied(applied);
-  }
+  MembershipApplied applied;
+  applied.set_epoch(newest->epoch());
+  applied.set_step(version);
+  applied.set_elapsed_ms(ms);
+  applied.set_old_workers(old_workers);
+  applied.set_new_workers(current_.size());
+  applied.set_old_ps(old_ps);
+  applied.set_new_ps(num_ps_);
+  last_applied_ = applied;
+  if (options_.applied) options_.applied(applied);
   return version;
 }
 

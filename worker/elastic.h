@@ -89,6 +89,11 @@ class ElasticMembership {
   // (the current workers, and the data position at `version`).
   WorkerMembership AtVersion(int64_t version) const;
 
+  // Worker 0: the last membership MaybeApply() applied (none before).
+  const std::optional<MembershipApplied>& last_applied() const {
+    return last_applied_;
+  }
+
   // The epoch of the membership this worker trains with.
   int64_t epoch() const { return current_.epoch; }
   const WorkerMembership& current() const { return current_; }
@@ -105,6 +110,7 @@ class ElasticMembership {
   // The shards worker 0 trains on (options_.num_ps, then each applied
   // membership's).
   int num_ps_ = 0;
+  std::optional<MembershipApplied> last_applied_;
   DataPositions* const positions_;
   GradientExchange* const exchange_;
   WorkerMembership current_;

@@ -68,6 +68,13 @@ const Column kColumns[] = {
      PSTRAIN_ROW_FIELD(bytes_pushed)},
     {"bytes_pulled", "bytes/pulled", Format::kValue,
      PSTRAIN_ROW_FIELD(bytes_pulled)},
+    {"old_workers", nullptr, Format::kInteger, PSTRAIN_ROW_FIELD(old_workers)},
+    {"workers", "elastic/workers", Format::kInteger,
+     PSTRAIN_ROW_FIELD(workers)},
+    {"old_shards", nullptr, Format::kInteger, PSTRAIN_ROW_FIELD(old_shards)},
+    {"shards", "elastic/shards", Format::kInteger, PSTRAIN_ROW_FIELD(shards)},
+    {"membership_change_ms", "elastic/change_ms", Format::kValue,
+     PSTRAIN_ROW_FIELD(membership_change_ms)},
 };
 
 // StepMetrics' phases, in StepPhases' order, and where their means go.
@@ -186,6 +193,18 @@ MetricsRow StepMetrics::EvaluationRow(int64_t step, int epoch, double test_loss,
   MetricsRow row = Row(step, epoch, now);
   row.test_loss = test_loss;
   row.test_accuracy = test_accuracy;
+  return row;
+}
+
+MetricsRow StepMetrics::MembershipRow(int64_t step, int epoch,
+                                      const MembershipChange& change,
+                                      absl::Time now) const {
+  MetricsRow row = Row(step, epoch, now);
+  row.old_workers = change.old_workers;
+  row.workers = change.workers;
+  row.old_shards = change.old_shards;
+  row.shards = change.shards;
+  row.membership_change_ms = change.ms;
   return row;
 }
 

@@ -14,7 +14,9 @@
 //                       at the row's step: train/loss, train/lr,
 //                       train/samples_per_sec, train/job_samples_per_sec,
 //                       time/compute_ms, time/exchange_ms, test/loss,
-//                       test/accuracy
+//                       test/accuracy, and on membership rows
+//                       elastic/workers, elastic/shards,
+//                       elastic/change_ms
 // The CSV and JSONL files are replaced when a run starts, or appended to
 // when it resumes from a checkpoint; event files are new files beside older
 // ones (TensorBoard reads them as one run). Every row is flushed to the OS when
@@ -100,6 +102,12 @@ struct MetricsRow {
   // and accuracy (0..1). Absent on interval rows.
   std::optional<double> test_loss;
   std::optional<double> test_accuracy;
+  // Membership rows (an elastic job's worker 0, issue 40): a change applied
+  // at `step`, the workers and PS shards before and after it, and the time
+  // it took (ms, worker 0's: from the step boundary to training on with
+  // the new members). Absent on other rows.
+  std::optional<double> old_workers, workers, old_shards, shards;
+  std::optional<double> membership_change_ms;
 };
 
 // One step's phases beside compute and exchange; absent: not measured
@@ -132,6 +140,14 @@ class StepMetrics {
   // An evaluation row.
   MetricsRow EvaluationRow(int64_t step, int epoch, double test_loss,
                            double test_accuracy,
+                           absl::Time now = absl::Now()) const;
+  // A membership row (see MetricsRow): counts before and after, ms taken.
+  struct MembershipChange {
+    int old_workers = 0, workers = 0, old_shards = 0, shards = 0;
+    double ms = 0;
+  };
+  MetricsRow MembershipRow(int64_t step, int epoch,
+                           const MembershipChange& change,
                            absl::Time now = absl::Now()) const;
 
  private:

@@ -174,12 +174,14 @@ TEST(MetricsWriterTest, WritesCsvJsonlAndTensorBoard) {
             "step,epoch,wall_time_s,elapsed_s,interval_steps,loss,lr,"
             "samples_per_sec,job_samples_per_sec,compute_ms,exchange_ms,"
             "test_loss,test_accuracy,forward_ms,backward_ms,push_ms,"
-            "barrier_wait_ms,pull_ms,allreduce_ms,bytes_pushed,bytes_pulled");
+            "barrier_wait_ms,pull_ms,allreduce_ms,bytes_pushed,bytes_pulled,"
+            "old_workers,workers,old_shards,shards,membership_change_ms");
   EXPECT_EQ(csv[0], MetricsWriter::CsvHeader());
   EXPECT_EQ(csv[1],
-            "2,0,1700000001.000,1.000,2,1.5,0.01,320,1234.5,80,20,,,,,,,,,,");
+            "2,0,1700000001.000,1.000,2,1.5,0.01,320,1234.5,80,20,,,,,,,,,,"
+            ",,,,,");
   // Empty cells where a value does not apply.
-  EXPECT_EQ(csv[2], "2,0,1700000002.000,2.000,,,,,,,,0.75,0.5,,,,,,,,");
+  EXPECT_EQ(csv[2], "2,0,1700000002.000,2.000,,,,,,,,0.75,0.5,,,,,,,,,,,,,");
 
   const std::vector<std::string> jsonl = Lines(dir + "/worker1.jsonl");
   ASSERT_EQ(jsonl.size(), 2u);
@@ -229,6 +231,48 @@ TEST(MetricsWriterTest, WritesCsvJsonlAndTensorBoard) {
   EXPECT_EQ(event.summary().value(0).tag(), "test/loss");
   EXPECT_EQ(event.summary().value(1).tag(), "test/accuracy");
   EXPECT_FLOAT_EQ(event.summary().value(1).simple_value(), 0.5f);
+}
+
+// An elastic job's membership change (issue 40): its own row with the
+// counts before and after and the time taken, nothing else, and its
+// TensorBoard series.
+TEST(MetricsWriterTest, MembershipRowHasTheCountsAndTheTime) {
+  const std::string dir = TestDir("membership");
+  StepMetrics metrics(32, 0.01f, kStart);
+  auto writer = MetricsWriter::Create(dir, 0);
+  ASSERT_TRUE(writer.ok()) << writer.status();
+  ASSERT_TRUE((*writer)
+                  ->Write(metrics.MembershipRow(300, 0, {4, 4, 2, 3, 129.5},
+                                                kStart + absl::Seconds(3)))
+                  .ok());
+  const std::string events_path = (*writer)->events_path();
+  writer->reset();
+  const std::vector<std::string> csv = Lines(dir + "/worker0.csv");
+  ASSERT_EQ(csv.size(), 2u);
+  EXPECT_EQ(csv[1],
+            "300,0,1700000003.000,3.000,,,,,,,,,,,,,,,,,,4,4,2,3,129.5");
+  const nlohmann::json row =
+      nlohmann::json::parse(Lines(dir + "/worker0.jsonl")[0]);
+  EXPECT_EQ(row["shards"], 3);
+  EXPECT_EQ(row["old_shards"], 2);
+  EXPECT_DOUBLE_EQ(row["membership_change_ms"].get<double>(), 129.5);
+  EXPECT_TRUE(row["loss"].is_null());
+  std::string events_file;
+  ASSERT_TRUE(ReadFile(events_path, &events_file).ok());
+  auto records = ReadTfRecords(events_file);
+  ASSERT_TRUE(records.ok()) << records.status();
+  ASSERT_EQ(records->size(), 2u);
+  tb::Event event;
+  ASSERT_TRUE(event.ParseFromString((*records)[1]));
+  EXPECT_EQ(event.step(), 300);
+  std::map<std::string, float> scalars;
+  for (const auto& v : event.summary().value()) {
+    scalars[v.tag()] = v.simple_value();
+  }
+  EXPECT_EQ(scalars,
+            (std::map<std::string, float>{{"elastic/workers", 4.0f},
+                                          {"elastic/shards", 3.0f},
+                                          {"elastic/change_ms", 129.5f}}));
 }
 
 TEST(MetricsWriterTest, ResumedRunAppendsAfterTheRowsThere) {

@@ -137,6 +137,12 @@ absl::Status Reporter::ResumeTraining() {
 
 void Reporter::ResumeAfterFailure() { report_.Resume(absl::Now(), 0); }
 
+absl::Status Reporter::MembershipChanged(
+    int64_t step, int epoch, const StepMetrics::MembershipChange& change) {
+  if (metrics_ == nullptr) return absl::OkStatus();
+  return metrics_->Write(step_metrics_.MembershipRow(step, epoch, change));
+}
+
 absl::Status Reporter::Evaluated(const EpochEvaluation& evaluation) {
   EpochResult* e = result_->add_epoch_results();
   e->set_epoch(evaluation.epoch);

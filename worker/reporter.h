@@ -133,6 +133,12 @@ class Reporter {
   };
   absl::Status Evaluated(const EpochEvaluation& evaluation);
 
+  // Worker 0 of an elastic job applied a membership at `step` of `epoch`
+  // (worker/elastic.h): a membership row in the metrics files
+  // (worker/metrics.h). The metrics files' error, if any.
+  absl::Status MembershipChanged(int64_t step, int epoch,
+                                 const StepMetrics::MembershipChange& change);
+
   // The run's training seconds so far (the Runtime).
   double TrainingSeconds() const;
   // Worker 0's checkpoint writer is done: this process made `completed`

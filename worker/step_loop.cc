@@ -137,6 +137,12 @@ absl::StatusOr<bool> StepLoop::TrainEpoch(int epoch) {
       }
       if (changed->has_value()) {
         step_ = **changed;
+        if (const auto& a = parts_.elastic->last_applied(); a.has_value()) {
+          RETURN_IF_ERROR(parts_.reporter->MembershipChanged(
+              step_, positions_.EpochOf(step_),
+              {a->old_workers(), a->new_workers(), a->old_ps(), a->new_ps(),
+               a->elapsed_ms()}));
+        }
         if (positions_.EpochOf(step_) != epoch) return true;
         BeginSlice();
       }
