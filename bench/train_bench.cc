@@ -30,6 +30,12 @@
 //   bazel-bin/bench/train_bench --model=resnet50 --backend=cuda
 //       --dataset=synthetic --image_size=224 --num_classes=1000
 //       --batch_size=64 --steps=50 --compare_pytorch
+//
+// --precision (worker/data_flags.h; README "Mixed precision") picks what
+// convolutions and linear layers compute in, on both sides: PyTorch gets
+// allow_tf32 for tf32 and torch.autocast for bf16 and fp16 (fp16 with
+// GradScaler; ours with optim/loss_scaler.h). The table's precision column
+// says which ran.
 #include <omp.h>
 #include <unistd.h>
 
@@ -56,6 +62,7 @@
 #include "models/backend_factory.h"
 #include "models/model.h"
 #include "optim/adam.h"
+#include "optim/loss_scaler.h"
 #include "worker/data_flags.h"
 #include "worker/dataset.h"
 
@@ -73,9 +80,6 @@ ABSL_FLAG(std::string, update, "device",
           "Where Adam runs: device (on the backend, as PyTorch's loop) or "
           "host (gradients copied to the host and weights back, as a PS "
           "worker's step without the network).");
-ABSL_FLAG(bool, tf32, true,
-          "CUDA: allow TF32 tensor cores for fp32 convolutions and GEMMs, on "
-          "both sides (PyTorch: cudnn.allow_tf32, cuda.matmul.allow_tf32).");
 ABSL_FLAG(bool, memory_plan, true,
           "Place layer outputs and gradients by the memory plan (shared "
           "slots, in-place ReLU); --nomemory_plan: each in its own memory.");
@@ -148,7 +152,7 @@ struct TorchResult {
 
 TorchResult RunTorch(const std::string& model, const Shape& chw, int classes,
                      int batch, int steps, int warmup, int threads,
-                     const std::string& device, bool tf32) {
+                     const std::string& device, PrecisionKind precision) {
   TorchResult r;
   const std::string script = FindTorchBench();
   if (script.empty()) {
@@ -159,8 +163,8 @@ TorchResult RunTorch(const std::string& model, const Shape& chw, int classes,
       absl::GetFlag(FLAGS_python), " ", script, " --model ", model,
       " --channels ", chw[0], " --image_size ", chw[1], " --num_classes ",
       classes, " --batch_size ", batch, " --steps ", steps, " --warmup ",
-      warmup, " --device ", device, " --threads ", threads, " --tf32 ",
-      tf32 ? 1 : 0, " 2>&1");
+      warmup, " --device ", device, " --threads ", threads, " --precision ",
+      Spelling(precision), " 2>&1");
   FILE* pipe = popen(cmd.c_str(), "r");
   if (pipe == nullptr) {
     r.error = "cannot start " + cmd;
@@ -299,7 +303,9 @@ class BenchTrainer {
  public:
   BenchTrainer(Model* model, const LabeledImages& train, int batch,
                bool host_update)
-      : m_(*model), host_update_(host_update) {
+      : m_(*model),
+        host_update_(host_update),
+        scaled_(model->backend()->precision() == PRECISION_FP16) {
     std::vector<SampleIndex> order(train.count);
     for (int64_t i = 0; i < train.count; ++i) order[i] = i;
     GatherBatch(train, order, 0, batch, &images_, &labels_);
@@ -328,14 +334,27 @@ class BenchTrainer {
 
   float first_loss() const { return first_loss_; }
   float last_loss() const { return last_loss_; }
+  // fp16: steps skipped for an overflow, and the loss scale now.
+  int64_t skipped_steps() const { return skipped_; }
+  float loss_scale() const { return scaler_.scale(); }
 
  private:
   absl::StatusOr<double> Step(int s) {
+    if (scaled_) m_.set_loss_scale(scaler_.scale());
     absl::StatusOr<float> loss = m_.ForwardBackward(images_, labels_);
     if (!loss.ok()) return loss.status();
     if (s == 0) first_loss_ = *loss;
     last_loss_ = *loss;
     const absl::Time update_start = absl::Now();
+    if (scaled_) {
+      // GradScaler.step(): no update for a gradient that overflowed.
+      ASSIGN_OR_RETURN(const bool finite, m_.GradientsFinite());
+      scaler_.Update(!finite);
+      if (!finite) {
+        ++skipped_;
+        return absl::ToDoubleSeconds(absl::Now() - update_start);
+      }
+    }
     ++adam_step_;
     if (host_update_) {
       for (size_t i = 0; i < m_.params().size(); ++i) {
@@ -354,6 +373,9 @@ class BenchTrainer {
 
   Model& m_;
   const bool host_update_;
+  const bool scaled_;  // fp16: dynamic loss scaling
+  LossScaler scaler_;
+  int64_t skipped_ = 0;
   Tensor images_;
   std::vector<int32_t> labels_;
   AdamOptions adam_;
@@ -432,7 +454,7 @@ TorchColumns CompareWithTorch(const BenchRun& run, const Model& m,
                            absl::GetFlag(FLAGS_backend) == BACKEND_CUDA
                                ? absl::StrCat("cuda:", absl::GetFlag(FLAGS_gpu))
                                : "cpu",
-                           run.on_gpu && backend.tf32_allowed());
+                           backend.precision());
   if (!t.ok) {
     columns.rate = absl::StrCat("error: ", t.error);
     return columns;
@@ -449,7 +471,7 @@ TorchColumns CompareWithTorch(const BenchRun& run, const Model& m,
 // The table's header, its loss column naming the last step.
 void PrintHeader(int last_step) {
   std::printf(
-      "| model | input | backend | TF32 | threads | batch | params | "
+      "| model | input | backend | precision | threads | batch | params | "
       "MFLOPs/sample | update | memory plan, fusion | pstrain samples/sec | "
       "update "
       "(ms/step) | memory (MiB) | activations (MiB) | loss step 0 -> %d | "
@@ -468,11 +490,9 @@ void PrintRow(const BenchRun& run, const Model& m, const Backend& backend,
       "%s | %.0f | %.3f -> %.3f%s | %s | %s | %s | %s |\n",
       run.model_name.c_str(), ShapeToString(run.chw).c_str(),
       backend.name().c_str(),
-      // models/cuda: CUDNN_TENSOR_OP_MATH and CUBLAS_TF32_TENSOR_OP_MATH
-      // (or FMA math with --notf32); torch_bench.py --tf32 says the same.
-      !run.on_gpu              ? "-"
-      : backend.tf32_allowed() ? "conv+GEMM"
-                               : "off",
+      // Backend::SetPrecision; torch_bench.py --precision runs the same
+      // (allow_tf32, torch.autocast).
+      std::string(Spelling(backend.precision())).c_str(),
       run.threads, run.batch, static_cast<long long>(m.NumParameters()),
       2.0 * m.ForwardMacsPerSample() / 1e6, absl::GetFlag(FLAGS_update).c_str(),
       absl::StrCat(absl::GetFlag(FLAGS_memory_plan) ? "on" : "off", ", ",
@@ -510,7 +530,13 @@ int Main() {
     PrintError(kProgram, backend.status().message());
     return 2;
   }
-  (*backend)->AllowTf32(absl::GetFlag(FLAGS_tf32));
+  if (const PrecisionKind precision = absl::GetFlag(FLAGS_precision);
+      precision != PRECISION_UNSPECIFIED) {
+    if (absl::Status s = (*backend)->SetPrecision(precision); !s.ok()) {
+      PrintError(kProgram, s.message());
+      return 2;
+    }
+  }
   const MemoryBaseline memory_before = MemoryBefore(**backend);
   run.on_gpu = memory_before.device.ok();
   run.chw = dataset->train.chw;
@@ -559,6 +585,12 @@ int Main() {
                                  ? CompareWithTorch(run, m, **backend)
                                  : TorchColumns{};
   PrintRow(run, m, **backend, torch);
+  if (trainer.skipped_steps() > 0 || (*backend)->precision() == PRECISION_FP16) {
+    std::printf("\nfp16 loss scaling: %lld steps skipped for overflow; scale "
+                "now %g\n",
+                static_cast<long long>(trainer.skipped_steps()),
+                trainer.loss_scale());
+  }
   if (absl::GetFlag(FLAGS_layer_times)) {
     PrintLayerTimes(m, profile_steps, profile_update_seconds, run.batch,
                     host_update);

@@ -39,6 +39,11 @@ constexpr Choice<LrScheduleKind> kLrSchedules[] = {
     {"constant", LR_SCHEDULE_CONSTANT},
     {"step", LR_SCHEDULE_STEP},
     {"cosine", LR_SCHEDULE_COSINE}};
+// "" (the backend's default) is not listed: it is no precision to name.
+constexpr Choice<PrecisionKind> kPrecisions[] = {{"fp32", PRECISION_FP32},
+                                                 {"tf32", PRECISION_TF32},
+                                                 {"bf16", PRECISION_BF16},
+                                                 {"fp16", PRECISION_FP16}};
 
 // "a, b or c".
 template <typename E, size_t N>
@@ -133,6 +138,40 @@ absl::StatusOr<LrScheduleKind> ParseLrSchedule(absl::string_view text,
   return Parse(text, field, kLrSchedules);
 }
 
+absl::StatusOr<PrecisionKind> ParsePrecision(absl::string_view text,
+                                             absl::string_view field) {
+  constexpr PrecisionKind kDefault = PRECISION_UNSPECIFIED;
+  return Parse(text, field, kPrecisions, &kDefault);
+}
+
+PrecisionKind ResolvePrecision(PrecisionKind precision, BackendKind backend) {
+  if (precision != PRECISION_UNSPECIFIED) return precision;
+  return backend == BACKEND_CUDA ? PRECISION_TF32 : PRECISION_FP32;
+}
+
+absl::Status CheckPrecisionOnBackend(PrecisionKind precision,
+                                     BackendKind backend,
+                                     absl::string_view field) {
+  if (precision == PRECISION_TF32 && backend != BACKEND_CUDA) {
+    // TF32 is the tensor cores' format (NVIDIA Ampere and later); silently
+    // computing fp32 instead would report a precision that never ran.
+    return absl::InvalidArgumentError(absl::StrCat(
+        field, ": \"tf32\" with backend ", Spelling(backend),
+        "; expected fp32 or bf16 (TF32 is a format of NVIDIA tensor cores; "
+        "CPUs have no TF32 arithmetic)"));
+  }
+  if (precision == PRECISION_FP16 && backend != BACKEND_CUDA) {
+    // Emulating it (fp32 arithmetic on values rounded to fp16) would be
+    // slower than fp32 and measure nothing a user of a CPU wants.
+    return absl::InvalidArgumentError(absl::StrCat(
+        field, ": \"fp16\" with backend ", Spelling(backend),
+        "; expected fp32 or bf16 (oneDNN 2.6 has no fp16 convolution or "
+        "inner product on CPUs; bf16 has fp32's range and needs no loss "
+        "scaling)"));
+  }
+  return absl::OkStatus();
+}
+
 absl::string_view Spelling(Mode mode) { return SpellingIn(mode, kModes); }
 absl::string_view Spelling(BackendKind backend) {
   return SpellingIn(backend, kBackends);
@@ -152,6 +191,9 @@ absl::string_view Spelling(OptimizerAlgorithm optimizer) {
 absl::string_view Spelling(LrScheduleKind schedule) {
   return SpellingIn(schedule, kLrSchedules);
 }
+absl::string_view Spelling(PrecisionKind precision) {
+  return SpellingIn(precision, kPrecisions);
+}
 
 absl::StatusOr<JobConfig> ParseJobChoices(const JobSpec& spec) {
   JobConfig config;
@@ -168,6 +210,10 @@ absl::StatusOr<JobConfig> ParseJobChoices(const JobSpec& spec) {
   const OptimizerSpec& o = spec.optimizer();
   ASSIGN_OR_RETURN(config.optimizer, ParseOptimizer(o.name()));
   ASSIGN_OR_RETURN(config.lr_schedule, ParseLrSchedule(o.lr_schedule()));
+  ASSIGN_OR_RETURN(const PrecisionKind precision,
+                   ParsePrecision(spec.precision()));
+  RETURN_IF_ERROR(CheckPrecisionOnBackend(precision, config.backend));
+  config.precision = ResolvePrecision(precision, config.backend);
   if (!spec.wire_dtype().empty()) {
     ASSIGN_OR_RETURN(config.wire_dtype, ParseWireDtype(spec.wire_dtype()));
   }
@@ -277,6 +323,12 @@ bool AbslParseFlag(absl::string_view text, LrScheduleKind* value,
                    std::string* error) {
   return ParseFlag(ParseLrSchedule(text), value, error, Expected(kLrSchedules));
 }
+bool AbslParseFlag(absl::string_view text, PrecisionKind* value,
+                   std::string* error) {
+  return ParseFlag(ParsePrecision(text), value, error,
+                   absl::StrCat(Expected(kPrecisions),
+                                " (empty: the backend's default)"));
+}
 
 std::string AbslUnparseFlag(Mode value) { return std::string(Spelling(value)); }
 std::string AbslUnparseFlag(BackendKind value) {
@@ -295,6 +347,9 @@ std::string AbslUnparseFlag(OptimizerAlgorithm value) {
   return std::string(Spelling(value));
 }
 std::string AbslUnparseFlag(LrScheduleKind value) {
+  return std::string(Spelling(value));
+}
+std::string AbslUnparseFlag(PrecisionKind value) {
   return std::string(Spelling(value));
 }
 

@@ -22,6 +22,8 @@
 //   augment                none, random_resized_crop, pad_crop; "" is none
 //   optimizer.name         adam, adamw (the same: OPTIMIZER_ADAM), sgd
 //   optimizer.lr_schedule  constant, step, cosine
+//   precision              fp32, tf32, bf16, fp16; "" is the backend's
+//                          default (fp32 on cpu, tf32 on cuda)
 // Spellings are exact: case, spaces and other text are refused.
 //
 // Errors: INVALID_ARGUMENT, one line naming the field, the value (quoted,
@@ -62,6 +64,18 @@ absl::StatusOr<OptimizerAlgorithm> ParseOptimizer(
     absl::string_view text, absl::string_view field = "optimizer.name");
 absl::StatusOr<LrScheduleKind> ParseLrSchedule(
     absl::string_view text, absl::string_view field = "optimizer.lr_schedule");
+// "" is PRECISION_UNSPECIFIED (the backend's default, DefaultPrecision).
+absl::StatusOr<PrecisionKind> ParsePrecision(
+    absl::string_view text, absl::string_view field = "precision");
+// What PRECISION_UNSPECIFIED means on `backend`: fp32 on cpu, tf32 on cuda
+// (PyTorch's default for cuDNN convolutions); `precision` otherwise.
+PrecisionKind ResolvePrecision(PrecisionKind precision, BackendKind backend);
+// OK if `backend` computes `precision`; INVALID_ARGUMENT naming both and
+// why otherwise (tf32 on cpu: CPUs have no TF32 arithmetic). `field` names
+// the flag or field ("precision", "--precision").
+absl::Status CheckPrecisionOnBackend(PrecisionKind precision,
+                                     BackendKind backend,
+                                     absl::string_view field = "precision");
 
 // The spelling of a value, as a spec or a flag writes it: "sync", "cpu",
 // "gloo", "model", "none", "adam", "constant". COLLECTIVE_NONE is ""; an
@@ -73,6 +87,7 @@ absl::string_view Spelling(ComputeKind compute);
 absl::string_view Spelling(AugmentKind augment);
 absl::string_view Spelling(OptimizerAlgorithm optimizer);
 absl::string_view Spelling(LrScheduleKind schedule);
+absl::string_view Spelling(PrecisionKind precision);
 
 // A job's spec and its parsed choices. Built by ParseJobChoices (choices
 // only) or coordinator/job_spec.h ResolveJobSpec (after the whole
@@ -87,6 +102,9 @@ struct JobConfig {
   AugmentKind augment = AUGMENT_NONE;
   OptimizerAlgorithm optimizer = OPTIMIZER_ADAM;
   LrScheduleKind lr_schedule = LR_SCHEDULE_CONSTANT;
+  // What the layers compute in (spec.precision resolved: never
+  // UNSPECIFIED).
+  PrecisionKind precision = PRECISION_FP32;
   // How gradients and weights travel (spec.wire_dtype; common/wire_dtype.h):
   // DTYPE_FLOAT32, DTYPE_BFLOAT16 or DTYPE_FLOAT16.
   DType wire_dtype = DTYPE_FLOAT32;
@@ -102,8 +120,9 @@ struct JobConfig {
 // Parses the choices of `spec` (read after ApplyJobDefaults: an empty mode,
 // backend, compute, optimizer name or schedule is refused), in this order:
 // backend, mode, collective, compute, augment, optimizer.name,
-// optimizer.lr_schedule, wire_dtype (empty: fp32), compression (empty:
-// none). Also refuses a collective outside mode allreduce
+// optimizer.lr_schedule, precision (empty: the backend's default),
+// wire_dtype (empty: fp32), compression (empty: none). Also refuses a
+// precision the backend does not compute (CheckPrecisionOnBackend), and refuses a collective outside mode allreduce
 // ("collective: \"gloo\" with mode sync; expected none (only allreduce has
 // one)") and a 16-bit wire_dtype with mode allreduce ("wire_dtype: \"bf16\"
 // with mode allreduce; expected fp32 ..."), and likewise a compression or
@@ -132,6 +151,8 @@ bool AbslParseFlag(absl::string_view text, OptimizerAlgorithm* value,
                    std::string* error);
 bool AbslParseFlag(absl::string_view text, LrScheduleKind* value,
                    std::string* error);
+bool AbslParseFlag(absl::string_view text, PrecisionKind* value,
+                   std::string* error);
 std::string AbslUnparseFlag(Mode value);
 std::string AbslUnparseFlag(BackendKind value);
 std::string AbslUnparseFlag(CollectiveKind value);
@@ -139,6 +160,7 @@ std::string AbslUnparseFlag(ComputeKind value);
 std::string AbslUnparseFlag(AugmentKind value);
 std::string AbslUnparseFlag(OptimizerAlgorithm value);
 std::string AbslUnparseFlag(LrScheduleKind value);
+std::string AbslUnparseFlag(PrecisionKind value);
 
 }  // namespace pstrain
 

@@ -197,6 +197,61 @@ TEST(JobConfigTest, MomentumCorrectionNeedsTopKWithFeedbackAndSgdMomentum) {
   EXPECT_FALSE(ParseJobChoices(spec)->compression.momentum_correction());
 }
 
+// Mixed precision (issue 38): "" is the backend's default; tf32 is a
+// format of NVIDIA tensor cores and refused on the CPU backend.
+TEST(JobConfigTest, PrecisionDefaultsPerBackendAndTf32NeedsCuda) {
+  for (absl::string_view s : {"fp32", "tf32", "bf16", "fp16"}) {
+    EXPECT_EQ(Spelling(ParsePrecision(s).value()), s);
+  }
+  EXPECT_EQ(ParsePrecision("").value(), PRECISION_UNSPECIFIED);
+  EXPECT_EQ(ParsePrecision("half").status().message(),
+            "precision: \"half\"; expected fp32, tf32, bf16 or fp16");
+  JobSpec spec;
+  spec.set_backend("cpu");
+  spec.set_mode("sync");
+  spec.set_compute("model");
+  spec.mutable_optimizer()->set_name("adam");
+  spec.mutable_optimizer()->set_lr_schedule("constant");
+  EXPECT_EQ(ParseJobChoices(spec)->precision, PRECISION_FP32);
+  spec.set_backend("cuda");
+  EXPECT_EQ(ParseJobChoices(spec)->precision, PRECISION_TF32);
+  spec.set_precision("fp32");
+  EXPECT_EQ(ParseJobChoices(spec)->precision, PRECISION_FP32);
+  spec.set_precision("tf32");
+  EXPECT_EQ(ParseJobChoices(spec)->precision, PRECISION_TF32);
+  spec.set_precision("bf16");
+  EXPECT_EQ(ParseJobChoices(spec)->precision, PRECISION_BF16);
+  spec.set_backend("cpu");
+  EXPECT_EQ(ParseJobChoices(spec)->precision, PRECISION_BF16);
+  spec.set_precision("fp16");
+  EXPECT_EQ(ParseJobChoices(spec).status().message(),
+            "precision: \"fp16\" with backend cpu; expected fp32 or bf16 "
+            "(oneDNN 2.6 has no fp16 convolution or inner product on CPUs; "
+            "bf16 has fp32's range and needs no loss scaling)");
+  spec.set_backend("cuda");
+  EXPECT_EQ(ParseJobChoices(spec)->precision, PRECISION_FP16);
+  spec.set_backend("cpu");
+  spec.set_precision("tf32");
+  EXPECT_EQ(ParseJobChoices(spec).status().message(),
+            "precision: \"tf32\" with backend cpu; expected fp32 or bf16 "
+            "(TF32 is a format of NVIDIA tensor cores; CPUs have no TF32 "
+            "arithmetic)");
+  EXPECT_EQ(CheckPrecisionOnBackend(PRECISION_TF32, BACKEND_CPU, "--precision")
+                .message()
+                .substr(0, 34),
+            "--precision: \"tf32\" with backend c");
+  PrecisionKind precision = PRECISION_FP32;
+  std::string error;
+  EXPECT_TRUE(absl::ParseFlag("bf16", &precision, &error));
+  EXPECT_EQ(precision, PRECISION_BF16);
+  EXPECT_TRUE(absl::ParseFlag("", &precision, &error));
+  EXPECT_EQ(precision, PRECISION_UNSPECIFIED);
+  EXPECT_FALSE(absl::ParseFlag("BF16", &precision, &error));
+  EXPECT_EQ(error,
+            "expected fp32, tf32, bf16 or fp16 (empty: the backend's default)");
+  EXPECT_EQ(absl::UnparseFlag(PRECISION_FP16), "fp16");
+}
+
 TEST(JobConfigTest, FlagsTakeTheSpellings) {
   Mode mode = MODE_UNSPECIFIED;
   std::string error;

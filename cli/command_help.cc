@@ -73,6 +73,15 @@ Flags DataFlags(bool trains) {
                 "cuBLAS; needs a --config=cuda build and a GPU)."
               : "Where the model is evaluated: cpu (oneDNN) or cuda (needs a "
                 "--config=cuda build and a GPU)."},
+      {"precision",
+       trains ? "What convolutions and linear layers compute in, as "
+                "torch.autocast: fp32, tf32 (cuda: TF32 tensor cores), bf16 "
+                "or fp16 (cuda; dynamic loss scaling); empty: fp32 on cpu, "
+                "tf32 on cuda. Weights, the optimizer, BatchNorm and the "
+                "loss stay fp32 (README, Mixed precision)."
+              : "What the evaluation's convolutions and linear layers "
+                "compute in: fp32, tf32 (cuda), bf16 or fp16 (cuda); empty: "
+                "the backend's default."},
       {"gpu", trains ? "--backend=cuda: the first GPU; with allreduce over "
                        "NCCL worker w uses GPU gpu + w."
                      : "--backend=cuda: index of the GPU to evaluate on."},

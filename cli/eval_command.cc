@@ -78,6 +78,12 @@ int EvalCommand(const std::string& checkpoint, int batch_size) {
   absl::StatusOr<std::unique_ptr<Backend>> backend =
       CreateBackend(absl::GetFlag(FLAGS_backend), absl::GetFlag(FLAGS_gpu));
   if (!backend.ok()) return Fail(2, std::string(backend.status().message()));
+  if (const PrecisionKind precision = absl::GetFlag(FLAGS_precision);
+      precision != PRECISION_UNSPECIFIED) {
+    if (absl::Status s = (*backend)->SetPrecision(precision); !s.ok()) {
+      return Fail(2, std::string(s.message()));
+    }
+  }
   absl::StatusOr<std::unique_ptr<Model>> model =
       Model::Create(info->model, info->input_chw, info->num_classes,
                     ModelOptions(), backend->get());

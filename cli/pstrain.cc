@@ -472,6 +472,7 @@ JobSpec SpecFromFlags(Mode mode, int num_ps, int num_workers) {
   spec.set_dropout(absl::GetFlag(FLAGS_dropout));
   spec.set_synthetic_samples(absl::GetFlag(FLAGS_synthetic_samples));
   spec.set_backend(std::string(Spelling(absl::GetFlag(FLAGS_backend))));
+  spec.set_precision(std::string(Spelling(absl::GetFlag(FLAGS_precision))));
   spec.set_mode(std::string(Spelling(mode)));
   spec.set_num_ps(mode == MODE_ALLREDUCE ? 0 : num_ps);
   spec.set_num_workers(num_workers);

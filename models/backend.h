@@ -11,10 +11,11 @@
 //    kernels for softmax cross-entropy, elementwise add and dropout (no
 //    transformer layers yet: CreateLayer is UNIMPLEMENTED for them). Built
 //    only with `bazel build --config=cuda`; fp32 storage, TF32 tensor-core
-//    math allowed for convolutions and GEMMs (as PyTorch's default for
-//    cuDNN convolutions).
+//    math for convolutions and GEMMs by default (as PyTorch's default for
+//    cuDNN convolutions; Backend::SetPrecision).
 //
-// All tensors are fp32, NCHW for images, [N, F] for features, [N, S, E] for
+// All tensors are fp32 (bf16/fp16 precision rounds at a layer's edge:
+// SetPrecision), NCHW for images, [N, F] for features, [N, S, E] for
 // transformer activations.
 //
 // Thread-safety: a Backend, its tensors and its layers belong to one
@@ -33,6 +34,7 @@
 #include "absl/types/span.h"
 #include "models/layer_spec.h"
 #include "models/tensor.h"
+#include "proto/job.pb.h"
 #include "optim/adam.h"
 
 namespace pstrain {
@@ -203,13 +205,26 @@ class Backend {
       const LayerSpec& spec, std::vector<Param*> params,
       std::vector<Buffer*> buffers, uint64_t seed) = 0;
 
-  // Whether fp32 convolutions and GEMMs may use TF32 tensor cores (10-bit
-  // mantissa; PyTorch's torch.backends.cudnn.allow_tf32 and
-  // torch.backends.cuda.matmul.allow_tf32). On by default on CUDA; takes
-  // effect for layers created afterwards. The CPU backend has no TF32: a
-  // no-op there.
-  virtual void AllowTf32(bool allow) { (void)allow; }
-  virtual bool tf32_allowed() const { return false; }
+  // What convolutions and linear layers compute in (JobSpec.precision,
+  // resolved by catalog/job_config.h; README "Mixed precision"), as
+  // torch.autocast does; everything else (BatchNorm, pooling, ReLU,
+  // softmax and the loss, the optimizer) stays fp32, and so does every
+  // DeviceTensor:
+  //  - fp32: IEEE single precision (CUDA: FMA units, TF32 off);
+  //  - tf32: CUDA only, fp32 convolutions and GEMMs on TF32 tensor cores
+  //    (10-bit mantissa; PyTorch's cudnn.allow_tf32 and
+  //    cuda.matmul.allow_tf32);
+  //  - bf16, fp16: the layer's input, weights and output gradient rounded
+  //    to the 16-bit type at its edge (round to nearest even), products
+  //    accumulated in fp32, outputs and gradients written in fp32.
+  // The default is tf32 on CUDA and fp32 on the CPU. Takes effect for
+  // layers created afterwards. INVALID_ARGUMENT for UNSPECIFIED or a
+  // precision the backend does not compute (tf32 on the CPU);
+  // FAILED_PRECONDITION where this machine cannot (bf16 on a CPU where
+  // oneDNN creates no bf16 convolution, a GPU before compute capability
+  // 8.0 for bf16), naming the machine.
+  virtual absl::Status SetPrecision(PrecisionKind precision) = 0;
+  virtual PrecisionKind precision() const = 0;
 
   // One Adam/AdamW step on the backend's memory: `w`, `m`, `v` updated in
   // place from the gradient `g`, `n` elements each, with optim/adam.h's
@@ -223,6 +238,14 @@ class Backend {
   // y += x, elementwise over `elements`.
   virtual absl::Status Accumulate(const float* x, int64_t elements,
                                   float* y) = 0;
+
+  // x *= a over `elements` (loss scaling: the loss gradient scaled, each
+  // parameter gradient unscaled; Model::set_loss_scale).
+  virtual absl::Status Scale(float a, float* x, int64_t elements) = 0;
+  // Whether every element of `tensors` is finite (neither NaN nor
+  // infinite); waits for the work issued so far.
+  virtual absl::StatusOr<bool> AllFinite(
+      absl::Span<const DeviceTensor* const> tensors) = 0;
 
   // Softmax cross-entropy averaged over the batch, as PyTorch's
   // nn.CrossEntropyLoss(reduction='mean'). `logits` [N, K]; `labels` (host)
@@ -255,6 +278,10 @@ inline constexpr int32_t kIgnoreLabel = -100;
 
 // Backend factories; the CUDA one exists only in --config=cuda builds.
 std::unique_ptr<Backend> NewCpuBackend();
+// Whether the CPU backend can compute bf16 precision on this machine
+// (oneDNN creates bf16 convolutions and inner products: AVX-512 CPUs);
+// FAILED_PRECONDITION saying why not otherwise. Probed once per process.
+absl::Status CpuBf16Available();
 
 // Host-side softmax cross-entropy, shared by the CPU backend and tests.
 // `logits` is N x K row-major.

@@ -24,6 +24,9 @@
 #include "models/backend.h"
 #include "models/cpu_dnnl.h"
 #include "models/cpu_transformer.h"
+#include "catalog/job_config.h"
+#include "common/nonfinite.h"
+#include "common/status_macros.h"
 #include "oneapi/dnnl/dnnl.hpp"
 
 namespace pstrain {
@@ -40,6 +43,12 @@ using cpu_dnnl::CpuStream;
 using cpu_dnnl::CreationMutex;
 using cpu_dnnl::Run;
 using cpu_dnnl::Wrap;
+
+// Why the CPU backend has no fp16 precision.
+constexpr char kCpuFp16Refusal[] =
+    "precision fp16 on the cpu backend; expected fp32 or bf16 (oneDNN 2.6 "
+    "has no fp16 convolution or inner product on CPUs; bf16 has fp32's "
+    "range and needs no loss scaling)";
 
 // A reorder primitive from `src` to `dst`, created under CreationMutex().
 dnnl::reorder MakeReorder(const memory& src, const memory& dst) {
@@ -65,15 +74,40 @@ int PreferredLayout(int64_t channels) {
   return channels % Block() == 0 ? Block() : 0;
 }
 
-// The oneDNN descriptor of a tensor of shape `s` in `layout`.
-memory::desc Md(const Shape& s, int layout) {
+// The oneDNN descriptor of a tensor of shape `s` in `layout`, of type `type`
+// (f32 for every DeviceTensor; bf16 for a layer's converted copy).
+memory::desc Md(const Shape& s, int layout, dt type = dt::f32) {
   if (s.size() == 4) {
-    if (layout == 16) return memory::desc(Dims(s), dt::f32, tag::nChw16c);
-    if (layout == 8) return memory::desc(Dims(s), dt::f32, tag::nChw8c);
-    return Nchw(s);
+    if (layout == 16) return memory::desc(Dims(s), type, tag::nChw16c);
+    if (layout == 8) return memory::desc(Dims(s), type, tag::nChw8c);
+    return memory::desc(Dims(s), type, tag::nchw);
   }
-  if (s.size() == 2) return memory::desc(Dims(s), dt::f32, tag::nc);
-  return memory::desc({NumElements(s)}, dt::f32, tag::x);
+  if (s.size() == 2) return memory::desc(Dims(s), type, tag::nc);
+  return memory::desc({NumElements(s)}, type, tag::x);
+}
+
+// The same tensor as `md` in type `type` (a bf16 copy's descriptor).
+memory::desc WithType(const memory::desc& md, dt type) {
+  if (md.data_type() == type) return md;
+  dnnl_memory_desc_t data = md.data;
+  data.data_type = static_cast<dnnl_data_type_t>(type);
+  return memory::desc(data);
+}
+
+// Converts `src` (a wrapped fp32 tensor) into `dst` when `dst` is a
+// converted copy (not empty); returns what a primitive reads: `dst` after
+// the conversion, else `src` itself.
+memory Converted(const memory& src, const memory& dst) {
+  if (dst.get(true) == nullptr) return src;
+  memory& out = const_cast<memory&>(dst);
+  MakeReorder(src, out).execute(CpuStream(), const_cast<memory&>(src), out);
+  return dst;
+}
+
+// A oneDNN memory of `md` owned by oneDNN when `convert` (a layer's bf16
+// copy of a tensor), else empty.
+memory CopyIf(bool convert, const memory::desc& md) {
+  return convert ? memory(md, CpuEngine()) : memory();
 }
 
 // Copies `src` (shape `s`, layout `from`) into `dst` in layout `to`.
@@ -89,12 +123,18 @@ void Reorder(const Shape& s, int from, const float* src, int to, float* dst) {
 
 memory::desc Flat(int64_t n) { return memory::desc({n}, dt::f32, tag::x); }
 
+// Convolution. Under bf16 precision (Backend::SetPrecision) the primitives
+// take bf16 source, weights and output gradient (oneDNN's bf16 JIT kernels,
+// fp32 accumulation) and write fp32 output, input gradient and weight and
+// bias gradients; the fp32 tensors are converted at the edge (the weights
+// by the reorder into the primitive's layout that fp32 runs anyway).
 class Conv2d final : public Layer {
  public:
-  Conv2d(const LayerSpec& spec, std::vector<Param*> params)
+  Conv2d(const LayerSpec& spec, std::vector<Param*> params, bool bf16)
       : spec_(spec),
         weight_(params[0]),
-        bias_(spec.bias ? params[1] : nullptr) {}
+        bias_(spec.bias ? params[1] : nullptr),
+        bf16_(bf16) {}
 
   absl::Status Forward(absl::Span<const DeviceTensor* const> in,
                        DeviceTensor* out, bool training) override {
@@ -106,7 +146,7 @@ class Conv2d final : public Layer {
         weights = fwd_wei_;
       }
       std::unordered_map<int, memory> args = {
-          {DNNL_ARG_SRC, Wrap(src_md_, in[0]->data())},
+          {DNNL_ARG_SRC, Converted(Wrap(src_md_, in[0]->data()), src_c_)},
           {DNNL_ARG_WEIGHTS, weights},
           {DNNL_ARG_DST, Wrap(dst_md_, out->data())}};
       if (bias_ != nullptr) {
@@ -131,10 +171,14 @@ class Conv2d final : public Layer {
         plain_dout = Wrap(plain_dout_md_, plain_dout_.data());
         MakeReorder(blocked_dout, plain_dout)
             .execute(CpuStream(), blocked_dout, plain_dout);
+        plain_dout = Converted(plain_dout, plain_dout_c_);
+      }
+      if (!plain_dout_for_weights_ || !plain_dout_for_data_) {
+        blocked_dout = Converted(blocked_dout, dout_c_);
       }
       memory grad = Wrap(wei_md_, weight_->grad.data());
       std::unordered_map<int, memory> args = {
-          {DNNL_ARG_SRC, Wrap(src_md_, in[0]->data())},
+          {DNNL_ARG_SRC, Converted(Wrap(src_md_, in[0]->data()), src_c_)},
           {DNNL_ARG_DIFF_DST,
            plain_dout_for_weights_ ? plain_dout : blocked_dout},
           {DNNL_ARG_DIFF_WEIGHTS,
@@ -171,22 +215,31 @@ class Conv2d final : public Layer {
     in_layout_ = layout;
     const Shape out = *OutputShape(spec_, {in});
     out_layout_ = PreferredLayout(spec_.out_channels);
+    // What the primitives read: bf16 copies under bf16 precision.
+    const dt compute = bf16_ ? dt::bf16 : dt::f32;
     src_md_ = Md(in, layout);
+    const memory::desc src_c_md = WithType(src_md_, compute);
+    src_c_ = CopyIf(bf16_, src_c_md);
     wei_md_ = memory::desc(Dims(weight_->value.shape()), dt::f32, tag::oihw);
-    const memory::desc wei_any(Dims(weight_->value.shape()), dt::f32, tag::any);
+    const memory::desc wei_any(Dims(weight_->value.shape()), compute,
+                               tag::any);
+    const memory::desc diff_wei_any(Dims(weight_->value.shape()), dt::f32,
+                                    tag::any);
     bias_md_ = Flat(spec_.out_channels);
     dst_md_ = Md(out, out_layout_);
+    const memory::desc dout_c_md = WithType(dst_md_, compute);
+    dout_c_ = CopyIf(bf16_, dout_c_md);
     const memory::dims strides = {spec_.stride, spec_.stride};
     const memory::dims padding = {spec_.padding, spec_.padding};
     const auto fwd_desc =
         bias_ != nullptr
             ? dnnl::convolution_forward::desc(
                   prop_kind::forward_training, algorithm::convolution_direct,
-                  src_md_, wei_any, bias_md_, dst_md_, strides, padding,
+                  src_c_md, wei_any, bias_md_, dst_md_, strides, padding,
                   padding)
             : dnnl::convolution_forward::desc(
                   prop_kind::forward_training, algorithm::convolution_direct,
-                  src_md_, wei_any, dst_md_, strides, padding, padding);
+                  src_c_md, wei_any, dst_md_, strides, padding, padding);
     dnnl::convolution_forward::primitive_desc fwd_pd(fwd_desc, CpuEngine());
     fwd_ = dnnl::convolution_forward(fwd_pd);
     fwd_wei_ = fwd_pd.weights_desc() == wei_md_
@@ -197,6 +250,7 @@ class Conv2d final : public Layer {
     // those fall back to the reference kernel, ~100x slower. Such backward
     // primitives take the output gradient dense instead.
     plain_dout_md_ = Nchw(out);
+    const memory::desc plain_dout_c_md = WithType(plain_dout_md_, compute);
     auto is_reference = [](const auto& pd) {
       return std::string(pd.impl_info_str()).rfind("ref", 0) == 0;
     };
@@ -207,9 +261,9 @@ class Conv2d final : public Layer {
                                                 padding, padding),
           CpuEngine(), fwd_pd);
     };
-    auto data_pd = make_data_pd(dst_md_);
+    auto data_pd = make_data_pd(dout_c_md);
     plain_dout_for_data_ = out_layout_ != 0 && is_reference(data_pd);
-    if (plain_dout_for_data_) data_pd = make_data_pd(plain_dout_md_);
+    if (plain_dout_for_data_) data_pd = make_data_pd(plain_dout_c_md);
     bwd_data_ = dnnl::convolution_backward_data(data_pd);
     bwd_wei_ = data_pd.weights_desc() == wei_md_
                    ? memory()
@@ -218,33 +272,40 @@ class Conv2d final : public Layer {
       const auto desc =
           bias_ != nullptr
               ? dnnl::convolution_backward_weights::desc(
-                    algorithm::convolution_direct, src_md_, wei_any, bias_md_,
-                    dst, strides, padding, padding)
+                    algorithm::convolution_direct, src_c_md, diff_wei_any,
+                    bias_md_, dst, strides, padding, padding)
               : dnnl::convolution_backward_weights::desc(
-                    algorithm::convolution_direct, src_md_, wei_any, dst,
+                    algorithm::convolution_direct, src_c_md, diff_wei_any, dst,
                     strides, padding, padding);
       return dnnl::convolution_backward_weights::primitive_desc(
           desc, CpuEngine(), fwd_pd);
     };
-    auto weights_pd = make_weights_pd(dst_md_);
+    auto weights_pd = make_weights_pd(dout_c_md);
     plain_dout_for_weights_ = out_layout_ != 0 && is_reference(weights_pd);
-    if (plain_dout_for_weights_) weights_pd = make_weights_pd(plain_dout_md_);
+    if (plain_dout_for_weights_) weights_pd = make_weights_pd(plain_dout_c_md);
     bwd_weights_ = dnnl::convolution_backward_weights(weights_pd);
     diff_wei_ = weights_pd.diff_weights_desc() == wei_md_
                     ? memory()
                     : memory(weights_pd.diff_weights_desc(), CpuEngine());
+    plain_dout_c_ = CopyIf(bf16_ && (plain_dout_for_data_ ||
+                                     plain_dout_for_weights_),
+                           plain_dout_c_md);
   }
 
   const LayerSpec spec_;
   Param* weight_;
   Param* bias_;
+  const bool bf16_;
   Shape in_shape_;
   int in_layout_ = -1;
   int out_layout_ = 0;
   memory::desc src_md_, wei_md_, bias_md_, dst_md_;
   // Weights and weight gradients in the primitives' layouts (empty when the
-  // primitive takes OIHW).
+  // primitive takes OIHW fp32).
   memory fwd_wei_, bwd_wei_, diff_wei_;
+  // bf16: the source's and the output gradient's bf16 copies (empty in
+  // fp32).
+  memory src_c_, dout_c_, plain_dout_c_;
   memory::desc plain_dout_md_;
   bool plain_dout_for_data_ = false;
   bool plain_dout_for_weights_ = false;
@@ -254,10 +315,12 @@ class Conv2d final : public Layer {
   dnnl::convolution_backward_weights bwd_weights_;
 };
 
+// y = x W^T + b on oneDNN's inner product. bf16 precision as Conv2d's: bf16
+// source, weights and output gradient, fp32 accumulation and outputs.
 class Linear final : public Layer {
  public:
-  Linear(const LayerSpec& spec, std::vector<Param*> params)
-      : spec_(spec), weight_(params[0]), bias_(params[1]) {}
+  Linear(const LayerSpec& spec, std::vector<Param*> params, bool bf16)
+      : spec_(spec), weight_(params[0]), bias_(params[1]), bf16_(bf16) {}
 
   absl::Status Forward(absl::Span<const DeviceTensor* const> in,
                        DeviceTensor* out, bool training) override {
@@ -268,11 +331,13 @@ class Linear final : public Layer {
     out->set_layout(0);
     return Run(spec_, [&] {
       Prepare(in[0]->size() / spec_.in_channels);  // Rows: samples or tokens.
-      fwd_.execute(CpuStream(),
-                   {{DNNL_ARG_SRC, Wrap(src_md_, in[0]->data())},
-                    {DNNL_ARG_WEIGHTS, Wrap(wei_md_, weight_->value.data())},
-                    {DNNL_ARG_BIAS, Wrap(bias_md_, bias_->value.data())},
-                    {DNNL_ARG_DST, Wrap(dst_md_, out->data())}});
+      fwd_.execute(
+          CpuStream(),
+          {{DNNL_ARG_SRC, Converted(Wrap(src_md_, in[0]->data()), src_c_)},
+           {DNNL_ARG_WEIGHTS,
+            Converted(Wrap(wei_md_, weight_->value.data()), wei_c_)},
+           {DNNL_ARG_BIAS, Wrap(bias_md_, bias_->value.data())},
+           {DNNL_ARG_DST, Wrap(dst_md_, out->data())}});
     });
   }
 
@@ -281,17 +346,19 @@ class Linear final : public Layer {
                         absl::Span<DeviceTensor* const> din) override {
     return Run(spec_, [&] {
       Prepare(in[0]->size() / spec_.in_channels);  // Rows: samples or tokens.
+      const memory dy = Converted(Wrap(dst_md_, dout.data()), dout_c_);
       bwd_weights_.execute(
           CpuStream(),
-          {{DNNL_ARG_SRC, Wrap(src_md_, in[0]->data())},
-           {DNNL_ARG_DIFF_DST, Wrap(dst_md_, dout.data())},
+          {{DNNL_ARG_SRC, Converted(Wrap(src_md_, in[0]->data()), src_c_)},
+           {DNNL_ARG_DIFF_DST, dy},
            {DNNL_ARG_DIFF_WEIGHTS, Wrap(wei_md_, weight_->grad.data())},
            {DNNL_ARG_DIFF_BIAS, Wrap(bias_md_, bias_->grad.data())}});
       if (din[0] != nullptr) {
         bwd_data_.execute(
             CpuStream(),
-            {{DNNL_ARG_DIFF_DST, Wrap(dst_md_, dout.data())},
-             {DNNL_ARG_WEIGHTS, Wrap(wei_md_, weight_->value.data())},
+            {{DNNL_ARG_DIFF_DST, dy},
+             {DNNL_ARG_WEIGHTS,
+              Converted(Wrap(wei_md_, weight_->value.data()), wei_c_)},
              {DNNL_ARG_DIFF_SRC, Wrap(src_md_, din[0]->data())}});
         din[0]->set_layout(0);
       }
@@ -304,31 +371,41 @@ class Linear final : public Layer {
     absl::MutexLock lock(&CreationMutex());
     n_ = n;
     const int64_t in_f = spec_.in_channels, out_f = spec_.out_channels;
+    const dt compute = bf16_ ? dt::bf16 : dt::f32;
     src_md_ = memory::desc({n, in_f}, dt::f32, tag::nc);
     wei_md_ = memory::desc({out_f, in_f}, dt::f32, tag::oi);
     bias_md_ = Flat(out_f);
     dst_md_ = memory::desc({n, out_f}, dt::f32, tag::nc);
+    const memory::desc src_c = WithType(src_md_, compute);
+    const memory::desc wei_c = WithType(wei_md_, compute);
+    const memory::desc dst_c = WithType(dst_md_, compute);
+    src_c_ = CopyIf(bf16_, src_c);
+    wei_c_ = CopyIf(bf16_, wei_c);
+    dout_c_ = CopyIf(bf16_, dst_c);
     dnnl::inner_product_forward::primitive_desc fwd_pd(
-        dnnl::inner_product_forward::desc(prop_kind::forward_training, src_md_,
-                                          wei_md_, bias_md_, dst_md_),
+        dnnl::inner_product_forward::desc(prop_kind::forward_training, src_c,
+                                          wei_c, bias_md_, dst_md_),
         CpuEngine());
     fwd_ = dnnl::inner_product_forward(fwd_pd);
     bwd_data_ = dnnl::inner_product_backward_data(
         dnnl::inner_product_backward_data::primitive_desc(
-            dnnl::inner_product_backward_data::desc(src_md_, wei_md_, dst_md_),
+            dnnl::inner_product_backward_data::desc(src_md_, wei_c, dst_c),
             CpuEngine(), fwd_pd));
     bwd_weights_ = dnnl::inner_product_backward_weights(
         dnnl::inner_product_backward_weights::primitive_desc(
-            dnnl::inner_product_backward_weights::desc(src_md_, wei_md_,
-                                                       bias_md_, dst_md_),
+            dnnl::inner_product_backward_weights::desc(src_c, wei_md_,
+                                                       bias_md_, dst_c),
             CpuEngine(), fwd_pd));
   }
 
   const LayerSpec spec_;
   Param* weight_;
   Param* bias_;
+  const bool bf16_;
   int64_t n_ = -1;
   memory::desc src_md_, wei_md_, bias_md_, dst_md_;
+  // bf16: the source's, weights' and output gradient's bf16 copies.
+  memory src_c_, wei_c_, dout_c_;
   dnnl::inner_product_forward fwd_;
   dnnl::inner_product_backward_data bwd_data_;
   dnnl::inner_product_backward_weights bwd_weights_;
@@ -748,10 +825,70 @@ class Dropout final : public Layer {
   std::vector<float> mask_;
 };
 
+// CpuBf16Available's probe: oneDNN 2.6 runs bf16 convolutions on AVX-512
+// (avx512_core: emulated with fp32 FMAs; avx512_core_bf16 and AMX:
+// native); elsewhere it creates no bf16 primitive, not even a reference
+// one. Tries a small convolution and inner product.
+absl::Status ProbeCpuBf16() {
+  try {
+    absl::MutexLock lock(&CreationMutex());
+    const memory::desc src({1, 16, 8, 8}, dt::bf16, tag::any);
+    const memory::desc wei({16, 16, 3, 3}, dt::bf16, tag::any);
+    const memory::desc dst({1, 16, 8, 8}, dt::f32, tag::any);
+    dnnl::convolution_forward::primitive_desc conv(
+        dnnl::convolution_forward::desc(prop_kind::forward_training,
+                                        algorithm::convolution_direct, src,
+                                        wei, dst, {1, 1}, {1, 1}, {1, 1}),
+        CpuEngine());
+    dnnl::inner_product_forward::primitive_desc ip(
+        dnnl::inner_product_forward::desc(
+            prop_kind::forward_training,
+            memory::desc({4, 16}, dt::bf16, tag::any),
+            memory::desc({8, 16}, dt::bf16, tag::any),
+            memory::desc({4, 8}, dt::f32, tag::any)),
+        CpuEngine());
+  } catch (const dnnl::error& e) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "precision bf16 on this CPU: oneDNN creates no bf16 convolution here "
+        "(",
+        e.what(),
+        "; it needs AVX-512: avx512_core, avx512_core_bf16 or AMX); "
+        "expected precision fp32"));
+  }
+  return absl::OkStatus();
+}
+
 class CpuBackend final : public Backend {
  public:
-  std::string name() const override { return "cpu"; }
+  std::string name() const override {
+    return precision_ == PRECISION_FP32
+               ? "cpu"
+               : absl::StrCat("cpu (", Spelling(precision_), ")");
+  }
   bool host_memory() const override { return true; }
+
+  absl::Status SetPrecision(PrecisionKind precision) override {
+    switch (precision) {
+      case PRECISION_FP32:
+        break;
+      case PRECISION_BF16:
+        RETURN_IF_ERROR(CpuBf16Available());
+        break;
+      case PRECISION_TF32:
+        return absl::InvalidArgumentError(
+            "precision tf32 on the cpu backend; expected fp32 or bf16 (TF32 "
+            "is a format of NVIDIA tensor cores; CPUs have no TF32 "
+            "arithmetic)");
+      case PRECISION_FP16:
+        return absl::InvalidArgumentError(kCpuFp16Refusal);
+      default:
+        return absl::InvalidArgumentError(absl::StrCat(
+            "precision ", static_cast<int>(precision), " on the cpu backend"));
+    }
+    precision_ = precision;
+    return absl::OkStatus();
+  }
+  PrecisionKind precision() const override { return precision_; }
 
   absl::StatusOr<float*> Allocate(int64_t elements) override {
     const size_t bytes =
@@ -789,9 +926,11 @@ class CpuBackend final : public Backend {
       std::vector<Buffer*> buffers, uint64_t seed) override {
     switch (spec.type) {
       case LayerType::kConv2d:
-        return std::unique_ptr<Layer>(new Conv2d(spec, std::move(params)));
+        return std::unique_ptr<Layer>(new Conv2d(spec, std::move(params),
+                                                 precision_ == PRECISION_BF16));
       case LayerType::kLinear:
-        return std::unique_ptr<Layer>(new Linear(spec, std::move(params)));
+        return std::unique_ptr<Layer>(new Linear(spec, std::move(params),
+                                                 precision_ == PRECISION_BF16));
       case LayerType::kBatchNorm2d:
         return std::unique_ptr<Layer>(
             new BatchNorm2d(spec, std::move(params), std::move(buffers)));
@@ -829,6 +968,21 @@ class CpuBackend final : public Backend {
     return absl::OkStatus();
   }
 
+  absl::Status Scale(float a, float* x, int64_t elements) override {
+    for (int64_t i = 0; i < elements; ++i) x[i] *= a;
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<bool> AllFinite(
+      absl::Span<const DeviceTensor* const> tensors) override {
+    for (const DeviceTensor* t : tensors) {
+      if (FindNonFinite({t->data(), static_cast<size_t>(t->size())}) >= 0) {
+        return false;
+      }
+    }
+    return true;
+  }
+
   absl::StatusOr<float> SoftmaxCrossEntropy(const DeviceTensor& logits,
                                             absl::Span<const int32_t> labels,
                                             DeviceTensor* dlogits) override {
@@ -841,9 +995,18 @@ class CpuBackend final : public Backend {
         logits.data(), logits.shape()[0], logits.shape()[1], labels,
         dlogits != nullptr ? dlogits->data() : nullptr);
   }
+
+ private:
+  PrecisionKind precision_ = PRECISION_FP32;
 };
 
 }  // namespace
+
+absl::Status CpuBf16Available() {
+  static const absl::Status* const available =
+      new absl::Status(ProbeCpuBf16());
+  return *available;
+}
 
 std::unique_ptr<Backend> NewCpuBackend() {
   return std::make_unique<CpuBackend>();

@@ -953,6 +953,10 @@ absl::StatusOr<float> Model::TrainStep(const Tensor& input,
                                                   kIgnoreLabel, &dlogits_)
           : backend_->SoftmaxCrossEntropy(device_logits, labels, &dlogits_);
   if (!loss.ok()) return loss.status();
+  if (loss_scale_ != 1.0f) {
+    s = backend_->Scale(loss_scale_, dlogits_.data(), dlogits_.size());
+    if (!s.ok()) return s;
+  }
   s = AddLayerTime(loss_start, nodes_.size(), /*backward=*/false);
   if (!s.ok()) return s;
   if (weights_gate_ != nullptr) {
@@ -1014,6 +1018,12 @@ absl::StatusOr<float> Model::TrainStep(const Tensor& input,
     }
     s = AddTiedGradients(node);
     if (!s.ok()) return s;
+    if (loss_scale_ != 1.0f) {  // unscale_
+      for (Param& p : node.params) {
+        s = backend_->Scale(1.0f / loss_scale_, p.grad.data(), p.grad.size());
+        if (!s.ok()) return s;
+      }
+    }
     s = AddLayerTime(start, n, /*backward=*/true);
     if (!s.ok()) return s;
     // Start the device-to-host copy of this layer's gradients while the
@@ -1045,6 +1055,12 @@ absl::StatusOr<float> Model::TrainStep(const Tensor& input,
   if (!s.ok()) return s;
   last_backward_time_ = absl::Now() - backward_start;
   return *loss;
+}
+
+absl::StatusOr<bool> Model::GradientsFinite() {
+  std::vector<const DeviceTensor*> grads;
+  for (const Param* p : params_) grads.push_back(&p->grad);
+  return backend_->AllFinite(grads);
 }
 
 absl::Status Model::AdamStep(const AdamOptions& options) {

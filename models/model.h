@@ -241,6 +241,21 @@ class Model {
   // the backend (AdamStep()), which then copies nothing to the host.
   void set_stage_gradients(bool on) { stage_gradients_ = on; }
 
+  // fp16 precision's loss scale (optim/loss_scaler.h): ForwardBackward()
+  // multiplies dLoss/dLogits by `scale` and divides each parameter's
+  // gradient by it as soon as its layer's backward (tied gradients
+  // included) is done, before the host staging or on_ready see it
+  // (GradScaler's scale() and unscale_()); the loss it returns is not
+  // scaled. 1 (the default): neither multiplication runs. A power of two
+  // changes no finite gradient's value unless it overflows (to infinity)
+  // or underflows.
+  void set_loss_scale(float scale) { loss_scale_ = scale; }
+  float loss_scale() const { return loss_scale_; }
+  // Whether every parameter gradient of the last ForwardBackward() is
+  // finite (a single-process loop's overflow test; the PS worker's
+  // exchange scans the host staging itself).
+  absl::StatusOr<bool> GradientsFinite();
+
   // One Adam/AdamW step of every param on the backend (Backend::AdamUpdate)
   // from the gradients of the last ForwardBackward(), with Adam's m and v
   // kept on the backend (zero before the first step): the local optimizer
@@ -322,6 +337,7 @@ class Model {
   absl::Status AddLayerTime(absl::Time start, size_t entry, bool backward);
 
   bool stage_gradients_ = true;
+  float loss_scale_ = 1.0f;
   WeightsGate* weights_gate_ = nullptr;
   // AdamStep()'s state, one m and v per param, and its update count.
   std::vector<DeviceTensor> adam_m_, adam_v_;

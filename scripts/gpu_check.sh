@@ -11,9 +11,10 @@
 #               tests of tests/collective_test                           240
 #   train_bench train_bench --backend=cuda against PyTorch on the same
 #               GPU in the same run (ResNet-50 224x224 batch 64 and 128,
-#               batch 64 with TF32 off and with the update on the host
-#               as a PS worker's step, ResNet-18 28x28x1 batch 64), with
-#               a per-layer time table                                    360
+#               batch 64 in fp32 (TF32 off) and with the update on the
+#               host as a PS worker's step, batch 128 in bf16 and fp16
+#               against PyTorch's autocast, ResNet-18 28x28x1 batch 64),
+#               with a per-layer time table                               420
 #   pstrain_run pstrain run --backend=cuda, sync PS with 1 and 2 workers
 #               on the one GPU, LeNet-5 and ResNet-18 on Fashion-MNIST,
 #               beside the same runs on the CPU backend                   420
@@ -304,7 +305,9 @@ train_bench_section() {
   for config in \
     "--model=resnet50 --dataset=synthetic --image_size=224 --num_classes=1000 --batch_size=64 --layer_times" \
     "--model=resnet50 --dataset=synthetic --image_size=224 --num_classes=1000 --batch_size=128" \
-    "--model=resnet50 --dataset=synthetic --image_size=224 --num_classes=1000 --batch_size=64 --notf32" \
+    "--model=resnet50 --dataset=synthetic --image_size=224 --num_classes=1000 --batch_size=64 --precision=fp32" \
+    "--model=resnet50 --dataset=synthetic --image_size=224 --num_classes=1000 --batch_size=128 --precision=bf16" \
+    "--model=resnet50 --dataset=synthetic --image_size=224 --num_classes=1000 --batch_size=128 --precision=fp16" \
     "--model=resnet50 --dataset=synthetic --image_size=224 --num_classes=1000 --batch_size=64 --update=host" \
     "--model=resnet18 --dataset=fashion_mnist --data_dir=$data --batch_size=64"; do
     # shellcheck disable=SC2086
@@ -519,7 +522,7 @@ echo "gpu_check: bundle $root, output $out, GPU: $([ $gpu = 1 ] && echo yes || e
 run_section host 60 host_section
 if [ "$gpu" = 1 ]; then
   run_section cuda_tests 240 cuda_tests_section
-  run_section train_bench 360 train_bench_section
+  run_section train_bench 420 train_bench_section
 else
   skip_section cuda_tests
   skip_section train_bench

@@ -7,6 +7,7 @@
 #include "absl/strings/strip.h"
 #include "catalog/job_config.h"
 #include "common/flags_util.h"
+#include "common/status_macros.h"
 #include "worker/job_inputs.h"
 
 ABSL_FLAG(std::string, dataset, "fashion_mnist",
@@ -55,6 +56,12 @@ ABSL_FLAG(int64_t, synthetic_samples, 12800,
 ABSL_FLAG(pstrain::BackendKind, backend, pstrain::BACKEND_CPU,
           "Where workers compute: cpu (oneDNN) or cuda (cuDNN, cuBLAS; "
           "needs a --config=cuda build and a GPU).");
+ABSL_FLAG(pstrain::PrecisionKind, precision, pstrain::PRECISION_UNSPECIFIED,
+          "What convolutions and linear layers compute in, as "
+          "torch.autocast: fp32, tf32 (cuda only: TF32 tensor cores), bf16 "
+          "or fp16 (cuda only; dynamic loss scaling); empty: the backend's "
+          "default (fp32 on cpu, tf32 on cuda). Weights, the optimizer, "
+          "BatchNorm and the loss stay fp32.");
 ABSL_FLAG(int, gpu, 0,
           "CUDA backend: index of the GPU to use (pstrain run/compare with "
           "allreduce over NCCL: worker w uses GPU gpu + w).");
@@ -134,8 +141,10 @@ absl::StatusOr<Dataset> ListDatasetFromFlags() {
 }
 
 absl::Status CheckBackendFlags() {
-  return CheckBackend(absl::GetFlag(FLAGS_backend), absl::GetFlag(FLAGS_gpu),
-                      "--");
+  RETURN_IF_ERROR(CheckBackend(absl::GetFlag(FLAGS_backend),
+                               absl::GetFlag(FLAGS_gpu), "--"));
+  return CheckPrecision(absl::GetFlag(FLAGS_backend),
+                        absl::GetFlag(FLAGS_precision), "--");
 }
 
 std::vector<std::string> DataAndBackendFlagArgs() {
@@ -154,6 +163,7 @@ std::vector<std::string> DataAndBackendFlagArgs() {
       absl::StrCat("--synthetic_samples=",
                    absl::GetFlag(FLAGS_synthetic_samples)),
       absl::StrCat("--backend=", Spelling(absl::GetFlag(FLAGS_backend))),
+      absl::StrCat("--precision=", Spelling(absl::GetFlag(FLAGS_precision))),
       absl::StrCat("--gpu=", absl::GetFlag(FLAGS_gpu)),
   };
 }

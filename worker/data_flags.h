@@ -3,7 +3,7 @@
 // --bad_images, --stream_images, --max_dataset_memory, --augment,
 // --num_classes, --synthetic_samples, --seq_len)
 // and the backend (--backend,
-// --gpu). Defined once here so that `pstrain run` forwards exactly what a
+// --precision, --gpu). Defined once here so that `pstrain run` forwards exactly what a
 // worker parses.
 //
 // Thread-safety: call from main() only.
@@ -45,6 +45,7 @@ ABSL_DECLARE_FLAG(int, num_classes);
 ABSL_DECLARE_FLAG(int, seq_len);
 ABSL_DECLARE_FLAG(int64_t, synthetic_samples);
 ABSL_DECLARE_FLAG(pstrain::BackendKind, backend);
+ABSL_DECLARE_FLAG(pstrain::PrecisionKind, precision);
 ABSL_DECLARE_FLAG(int, gpu);
 
 namespace pstrain {
@@ -64,7 +65,8 @@ absl::StatusOr<Dataset> ListDatasetFromFlags();
 int NumClassesFromFlags();
 
 // Checks --backend and --gpu: for cuda a CUDA build and a visible GPU
-// (worker/job_inputs.h CheckBackend). --backend and --augment are typed
+// (worker/job_inputs.h CheckBackend); and --precision on that backend
+// (CheckPrecision: tf32 and fp16 need cuda, bf16 on the CPU AVX-512). --backend and --augment are typed
 // (catalog/job_config.h): a value that is not a spelling is refused when
 // the flags are parsed ("--backend=tpu: expected cpu or cuda").
 absl::Status CheckBackendFlags();

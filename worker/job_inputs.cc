@@ -42,4 +42,14 @@ absl::Status CheckBackend(BackendKind backend, int gpu,
   return absl::OkStatus();
 }
 
+absl::Status CheckPrecision(BackendKind backend, PrecisionKind precision,
+                            absl::string_view prefix) {
+  const std::string field = absl::StrCat(prefix, "precision");
+  absl::Status status = CheckPrecisionOnBackend(precision, backend, field);
+  if (status.ok() && backend == BACKEND_CPU && precision == PRECISION_BF16) {
+    status = CpuBf16Available();
+  }
+  return status;
+}
+
 }  // namespace pstrain

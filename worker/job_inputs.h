@@ -29,6 +29,15 @@ absl::StatusOr<Dataset> LoadDatasetNamed(const std::string& name,
 absl::Status CheckBackend(BackendKind backend, int gpu,
                           absl::string_view prefix);
 
+// Whether `backend` computes `precision` (PRECISION_UNSPECIFIED: its
+// default) on this machine: catalog/job_config.h CheckPrecisionOnBackend,
+// and for bf16 on the CPU whether oneDNN creates bf16 primitives here
+// (CpuBf16Available: FAILED_PRECONDITION on a CPU without AVX-512). CUDA's
+// bf16 needs compute capability 8.0, checked where the worker creates its
+// backend. `prefix` as CheckBackend's ("--" for flags).
+absl::Status CheckPrecision(BackendKind backend, PrecisionKind precision,
+                            absl::string_view prefix);
+
 }  // namespace pstrain
 
 #endif  // PSTRAIN_WORKER_JOB_INPUTS_H_

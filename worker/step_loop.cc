@@ -206,6 +206,9 @@ absl::Status StepLoop::TrainStep(int epoch, int64_t index) {
     absl::SleepFor(absl::Milliseconds(options_.straggler_delay_ms));
   }
   if (options_.sparse_rows) RETURN_IF_ERROR(SetStepRows());
+  if (parts_.loss_scaler != nullptr) {
+    parts_.compute->SetLossScale(parts_.loss_scaler->scale());
+  }
   ASSIGN_OR_RETURN(const float loss, parts_.compute->Step(on_ready_));
   times.computed = absl::Now();
   if (!std::isfinite(loss)) {
@@ -227,6 +230,9 @@ absl::Status StepLoop::TrainStep(int epoch, int64_t index) {
   times.phases.bytes_pushed = exchange_times.bytes_pushed;
   times.phases.bytes_pulled = exchange_times.bytes_pulled;
   std::optional<SkippedStepInfo> skipped = parts_.exchange->SkippedStep();
+  if (parts_.loss_scaler != nullptr) {
+    parts_.loss_scaler->Update(skipped.has_value());
+  }
   RETURN_IF_ERROR(HandleSkip(skipped));
   if (!options_.record_samples_dir.empty() && !skipped.has_value() &&
       !parts_.exchange->LastStepLate()) {

@@ -11,7 +11,8 @@
 //   3. skip handling: a step the exchange skipped for a non-finite value
 //      is reported by the worker that found it, its loss left out; more
 //      than max_nonfinite_steps skipped in a row is FAILED_PRECONDITION
-//      naming the last;
+//      naming the last; with fp16's loss scaler, the skip (or not)
+//      updates the scale of the next step;
 //   4. the next step, GradientExchange::NextStep(step): step + 1, or with
 //      backup workers the shards' version, when this worker was left
 //      behind: the batches between are skipped (DataPositions::
@@ -41,6 +42,7 @@
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "models/model.h"
+#include "optim/loss_scaler.h"
 #include "worker/checkpoint_schedule.h"
 #include "worker/data_position.h"
 #include "worker/elastic.h"
@@ -84,6 +86,9 @@ class StepCompute {
   virtual StepPhases LastPhases() const { return {}; }
   // Copies the exchange's weights into whatever computes with them.
   virtual absl::Status LoadWeights() = 0;
+  // fp16 precision: the loss scale of the next Step()s (Model::
+  // set_loss_scale: the gradients are unscaled before they are announced).
+  virtual void SetLossScale(float scale) {}
   // Row-sparse tables (issue 41): per PS tensor, the rows (ascending,
   // unique) the batch `ahead` batches after the next Step()'s reads (0:
   // the next Step()'s own), empty for a dense tensor. False where the
@@ -163,6 +168,11 @@ class StepLoop {
     // one at a step boundary, every worker follows the one of the
     // generation it recovers into (worker/elastic.h).
     ElasticMembership* elastic = nullptr;
+    // fp16 precision's dynamic loss scaling (null: none): each step
+    // computes at its scale, and a step the exchange skipped (an overflow
+    // on any worker: every worker sees the same skips, so their scales
+    // agree) backs it off; see optim/loss_scaler.h.
+    LossScaler* loss_scaler = nullptr;
   };
 
   // `positions` is kept by reference.

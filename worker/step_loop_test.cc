@@ -54,8 +54,10 @@ class FakeCompute : public StepCompute {
     ++loads;
     return absl::OkStatus();
   }
+  void SetLossScale(float scale) override { scales.push_back(scale); }
 
   std::map<int64_t, float> losses;  // by batch; otherwise 1
+  std::vector<float> scales;        // SetLossScale's, in order
   std::vector<int64_t> batches;
   std::vector<int> epochs_begun;
   int loads = 0;
@@ -120,6 +122,7 @@ class StepLoopTest : public ::testing::Test {
     parts.recovery = recovery_.get();
     parts.checkpoints = schedule_.get();
     parts.reporter = reporter_.get();
+    parts.loss_scaler = loss_scaler_;
     parts.end_epoch = [this](int epoch, int64_t step, double train_seconds,
                              double train_loss) {
       epoch_ends_.push_back({epoch, step, train_loss});
@@ -194,6 +197,7 @@ class StepLoopTest : public ::testing::Test {
   int max_nonfinite_steps_ = 10;
   // Evaluations after epoch 1 that fail.
   int failed_evaluations_ = 0;
+  LossScaler* loss_scaler_ = nullptr;
   NonFiniteInjection inject_;
   std::string metrics_dir_;
 
@@ -401,6 +405,29 @@ TEST_F(StepLoopTest, SkippedStepsAreReportedAndTooManyEndTheRun) {
   EXPECT_TRUE(std::isnan(exchange_.first_gradient[1]));
   EXPECT_FALSE(std::isnan(exchange_.first_gradient[0]));
   EXPECT_FALSE(std::isnan(exchange_.first_gradient[2]));
+}
+
+// fp16 (issue 38): each step computes at the scaler's scale, and a step
+// the exchange skipped halves it for the next (GradScaler's backoff).
+TEST_F(StepLoopTest, ALossScalerBacksOffAfterEachSkippedStep) {
+  LossScaler scaler;
+  loss_scaler_ = &scaler;
+  SkippedStepInfo skip;
+  skip.worker_id = 1;
+  skip.nonfinite.value = "inf";
+  for (int64_t step : {1, 2, 5}) {
+    skip.step = step;
+    exchange_.skips[step] = skip;
+  }
+  ASSERT_TRUE(Run().ok());
+  ASSERT_GE(compute_.scales.size(), 7u);
+  EXPECT_EQ(std::vector<float>(compute_.scales.begin(),
+                               compute_.scales.begin() + 7),
+            (std::vector<float>{65536, 65536, 32768, 16384, 16384, 16384,
+                                8192}));
+  EXPECT_EQ(scaler.scale(), 8192.0f);
+  EXPECT_EQ(scaler.state().growth_tracker,
+            static_cast<int64_t>(compute_.scales.size()) - 6);
 }
 
 TEST(NonFiniteInjectionTest, Parses) {

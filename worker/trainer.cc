@@ -648,6 +648,8 @@ absl::StatusOr<TrainerOutput> RunWorker(const TrainerOptions& options,
   if (chief && options.evaluate && workload->can_evaluate()) {
     parts.end_epoch = EndEpochFnOf(*workload, *exchange, *reporter);
   }
+  LossScaler loss_scaler;  // fp16 precision: GradScaler's defaults
+  if (options.precision == PRECISION_FP16) parts.loss_scaler = &loss_scaler;
   StepLoop loop(
       StepLoopOptionsOf(options, kind, *workload, std::move(injection)),
       positions, std::move(parts));

@@ -59,6 +59,9 @@ struct TrainerOptions {
   // The backend (models/backend_factory.h) and the GPU index for cuda.
   BackendKind backend = BACKEND_CPU;
   int gpu = 0;
+  // What the model's convolutions and linear layers compute in
+  // (JobConfig::precision; Backend::SetPrecision); never UNSPECIFIED.
+  PrecisionKind precision = PRECISION_FP32;
   // Batch size of the test-set evaluation; 0: twice batch_size, at most
   // 500. Evaluation keeps a forward pass's activations like training does,
   // so a fixed 500 took a ResNet-50 worker that trains at batch 16 past

@@ -338,6 +338,7 @@ absl::StatusOr<pstrain::TrainerOptions> TrainerOptionsOf(
     options.model_out = spec.checkpoint_dir() + "/model.safetensors";
   }
   options.backend = config.backend;
+  options.precision = config.precision;
   options.gpu = absl::GetFlag(FLAGS_gpu);
   options.init_timeout = absl::Seconds(absl::GetFlag(FLAGS_init_timeout_s));
   options.rpc_timeout = absl::Seconds(absl::GetFlag(FLAGS_rpc_timeout_s));
@@ -383,6 +384,11 @@ int main(int argc, char** argv) {
   omp_set_num_threads(thread_plan.compute_threads);
   const int gpu = absl::GetFlag(FLAGS_gpu);
   if (absl::Status s = pstrain::CheckBackend(config.backend, gpu, "");
+      !s.ok()) {
+    return fail(2, std::string(s.message()));
+  }
+  if (absl::Status s =
+          pstrain::CheckPrecision(config.backend, config.precision, "");
       !s.ok()) {
     return fail(2, std::string(s.message()));
   }

@@ -129,6 +129,7 @@ class ModelWorkload : public Workload {
                        MlmMasker::Create(dataset.tokens->vocab_size, {}));
     }
     ASSIGN_OR_RETURN(w->backend_, CreateBackend(options.backend, options.gpu));
+    RETURN_IF_ERROR(w->backend_->SetPrecision(options.precision));
     ModelOptions model_options;
     model_options.seed = options.seed;
     model_options.dropout_seed = options.seed * 7919 + options.worker_id;
@@ -214,6 +215,7 @@ class ModelWorkload : public Workload {
     }
   }
   absl::Status LoadWeights() override { return model_->LoadHostWeights(); }
+  void SetLossScale(float scale) override { model_->set_loss_scale(scale); }
   bool can_gate_weights() const override { return backend_->host_memory(); }
   void SetWeightsGate(WeightsGate* gate) override {
     model_->set_weights_gate(gate);
@@ -320,6 +322,9 @@ class ModelWorkload : public Workload {
     info.num_classes = dataset_.num_classes;
     info.steps = steps;
     info.dataset = dataset_.name;
+    // The pixels the weights were trained on were standardised with these.
+    info.input_mean = dataset_.channel_mean;
+    info.input_stddev = dataset_.channel_stddev;
     return SaveModelFile(*model_, weights, info, path, write_options);
   }
   std::string Describe() const override {

@@ -65,7 +65,8 @@ struct TensorDesc {
   cudnnTensorDescriptor_t d = nullptr;
   TensorDesc() { cudnnCreateTensorDescriptor(&d); }
   ~TensorDesc() { cudnnDestroyTensorDescriptor(d); }
-  absl::Status Set(const Shape& s) {
+  absl::Status Set(const Shape& s,
+                   cudnnDataType_t type = CUDNN_DATA_FLOAT) {
     int n = 1, c = 1, h = 1, w = 1;
     if (s.size() == 4) {
       n = s[0], c = s[1], h = s[2], w = s[3];
@@ -75,7 +76,7 @@ struct TensorDesc {
       c = static_cast<int>(NumElements(s));
     }
     CUDA_RETURN_IF_ERROR(cudnnSetTensor4dDescriptor(
-        d, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, n, c, h, w));
+        d, CUDNN_TENSOR_NCHW, type, n, c, h, w));
     return absl::OkStatus();
   }
 };
@@ -105,6 +106,7 @@ class CudaBackend final : public Backend {
     if (ones_ != nullptr) cudaFree(ones_);
     if (scratch_ != nullptr) cudaFree(scratch_);
     if (labels_ != nullptr) cudaFree(labels_);
+    if (flag_ != nullptr) cudaFree(flag_);
     if (losses_ != nullptr) cudaFree(losses_);
     if (cublas_ != nullptr) cublasDestroy(cublas_);
     if (cudnn_ != nullptr) cudnnDestroy(cudnn_);
@@ -132,20 +134,47 @@ class CudaBackend final : public Backend {
     CUDA_RETURN_IF_ERROR(cudnnSetStream(cudnn_, compute_));
     CUDA_RETURN_IF_ERROR(cublasCreate(&cublas_));
     CUDA_RETURN_IF_ERROR(cublasSetStream(cublas_, compute_));
-    // TF32 tensor cores for fp32 GEMMs (PyTorch's default for cuDNN
-    // convolutions; documented in models/backend.h).
-    CUDA_RETURN_IF_ERROR(
-        cublasSetMathMode(cublas_, CUBLAS_TF32_TENSOR_OP_MATH));
-    return absl::OkStatus();
+    compute_capability_ = prop.major * 10 + prop.minor;
+    CUDA_RETURN_IF_ERROR(cudaMalloc(&flag_, sizeof(int)));
+    // TF32 tensor cores for fp32 GEMMs by default (PyTorch's default for
+    // cuDNN convolutions; documented in models/backend.h).
+    return SetPrecision(PRECISION_TF32);
   }
 
-  void AllowTf32(bool allow) override {
-    tf32_ = allow;
-    // CUBLAS_DEFAULT_MATH: fp32 GEMMs on FMA units, no tensor cores.
-    cublasSetMathMode(cublas_,
-                      allow ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH);
+  absl::Status SetPrecision(PrecisionKind precision) override {
+    switch (precision) {
+      case PRECISION_FP32:
+      case PRECISION_TF32:
+      case PRECISION_FP16:
+        break;
+      case PRECISION_BF16:
+        if (compute_capability_ < 80) {
+          return absl::FailedPreconditionError(absl::StrCat(
+              "precision bf16 on ", name_, " (compute capability ",
+              compute_capability_ / 10, ".", compute_capability_ % 10,
+              "): bf16 tensor cores need 8.0 (Ampere) or newer; expected "
+              "fp32, tf32 or fp16"));
+        }
+        break;
+      default:
+        return absl::InvalidArgumentError(absl::StrCat(
+            "precision ", static_cast<int>(precision), " on ", name_));
+    }
+    precision_ = precision;
+    // fp32 GEMMs (fp32 and the Linear layers' fp32 bias GEMM in every
+    // precision) on TF32 tensor cores only under tf32; CUBLAS_DEFAULT_MATH
+    // keeps them on FMA units. 16-bit GEMMs (cublasGemmEx) pick tensor
+    // cores by their types.
+    CUDA_RETURN_IF_ERROR(cublasSetMathMode(
+        cublas_, precision == PRECISION_TF32 ? CUBLAS_TF32_TENSOR_OP_MATH
+                                             : CUBLAS_DEFAULT_MATH));
+    return absl::OkStatus();
   }
-  bool tf32_allowed() const override { return tf32_; }
+  PrecisionKind precision() const override { return precision_; }
+  // The 16-bit type of a bf16 or fp16 precision; false for fp32 and tf32.
+  bool sixteen_bit() const {
+    return precision_ == PRECISION_BF16 || precision_ == PRECISION_FP16;
+  }
 
   std::string name() const override { return name_; }
   bool host_memory() const override { return false; }
@@ -219,6 +248,54 @@ class CudaBackend final : public Backend {
 
   absl::Status Accumulate(const float* x, int64_t elements, float* y) override {
     CUDA_RETURN_IF_LAUNCH_ERROR(cuda::LaunchAdd(x, y, elements, y, compute_));
+    return absl::OkStatus();
+  }
+
+  absl::Status Scale(float a, float* x, int64_t elements) override {
+    CUDA_RETURN_IF_LAUNCH_ERROR(cuda::LaunchScale(a, x, elements, compute_));
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<bool> AllFinite(
+      absl::Span<const DeviceTensor* const> tensors) override {
+    CUDA_RETURN_IF_ERROR(cudaMemsetAsync(flag_, 0, sizeof(int), compute_));
+    for (const DeviceTensor* t : tensors) {
+      CUDA_RETURN_IF_LAUNCH_ERROR(
+          cuda::LaunchFlagNonFinite(t->data(), t->size(), flag_, compute_));
+    }
+    int flag = 0;
+    CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(&flag, flag_, sizeof(int),
+                                         cudaMemcpyDeviceToHost, compute_));
+    CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(compute_));
+    return flag == 0;
+  }
+
+  // Converts `n` fp32 values at `x` to the precision's 16-bit type into
+  // `*buffer` (grown as needed) and returns its data.
+  absl::StatusOr<uint16_t*> To16(const float* x, int64_t n,
+                                 DeviceTensor* buffer) {
+    if (buffer->backend() == nullptr) *buffer = DeviceTensor(this);
+    if (buffer->size() * 2 < n) {
+      absl::Status s = buffer->Resize({(n + 1) / 2});
+      if (!s.ok()) return s;
+    }
+    uint16_t* y = reinterpret_cast<uint16_t*>(buffer->data());
+    CUDA_RETURN_IF_LAUNCH_ERROR(cuda::LaunchTo16(
+        x, n, precision_ == PRECISION_BF16, y, compute_));
+    return y;
+  }
+  // A buffer of at least `n` 16-bit values.
+  absl::StatusOr<uint16_t*> Buffer16(int64_t n, DeviceTensor* buffer) {
+    if (buffer->backend() == nullptr) *buffer = DeviceTensor(this);
+    if (buffer->size() * 2 < n) {
+      absl::Status s = buffer->Resize({(n + 1) / 2});
+      if (!s.ok()) return s;
+    }
+    return reinterpret_cast<uint16_t*>(buffer->data());
+  }
+  absl::Status From16(const uint16_t* x, int64_t n, float* y) {
+    CUDA_RETURN_IF_LAUNCH_ERROR(cuda::LaunchFrom16(
+        x, n, precision_ == PRECISION_BF16, y, compute_));
     return absl::OkStatus();
   }
 
@@ -338,7 +415,9 @@ class CudaBackend final : public Backend {
   cudaEvent_t copy_done_ = nullptr;
   cudnnHandle_t cudnn_ = nullptr;
   cublasHandle_t cublas_ = nullptr;
-  bool tf32_ = true;
+  PrecisionKind precision_ = PRECISION_TF32;
+  int compute_capability_ = 0;
+  int* flag_ = nullptr;  // AllFinite's
   void* workspace_ = nullptr;
   size_t workspace_bytes_ = 0;
   float* ones_ = nullptr;
@@ -351,14 +430,25 @@ class CudaBackend final : public Backend {
 };
 
 // Convolution with the fastest algorithms cuDNN finds for each shape (as
-// PyTorch's cudnn.benchmark = True), TF32 tensor-op math allowed.
+// PyTorch's cudnn.benchmark = True). Math by the backend's precision when
+// the layer is created: fp32 on FMA units, tf32 on TF32 tensor cores, bf16
+// and fp16 with the input, weights and output gradient converted to the
+// 16-bit type (our kernels) and cuDNN's pseudo-16-bit configuration
+// (16-bit tensors, CUDNN_DATA_FLOAT compute: fp32 accumulation) on tensor
+// cores; its 16-bit output, input gradient and weight gradient converted
+// back to fp32. The bias and its gradient stay fp32.
 class Conv2d final : public Layer {
  public:
   Conv2d(CudaBackend* b, const LayerSpec& spec, std::vector<Param*> params)
       : b_(b),
         spec_(spec),
         weight_(params[0]),
-        bias_(spec.bias ? params[1] : nullptr) {
+        bias_(spec.bias ? params[1] : nullptr),
+        precision_(b->precision()),
+        half_(b->sixteen_bit()),
+        type_(precision_ == PRECISION_BF16   ? CUDNN_DATA_BFLOAT16
+              : precision_ == PRECISION_FP16 ? CUDNN_DATA_HALF
+                                             : CUDNN_DATA_FLOAT) {
     cudnnCreateFilterDescriptor(&filter_);
     cudnnCreateConvolutionDescriptor(&conv_);
   }
@@ -373,12 +463,32 @@ class Conv2d final : public Layer {
     if (!s.ok()) return s;
     absl::StatusOr<void*> ws = b_->Workspace(workspace_bytes_);
     if (!ws.ok()) return ws.status();
+    const void* x = in[0]->data();
+    const void* w = weight_->value.data();
+    void* y = out->data();
+    if (half_) {
+      absl::StatusOr<uint16_t*> x16 = b_->To16(in[0]->data(), in[0]->size(), &x16_);
+      if (!x16.ok()) return x16.status();
+      absl::StatusOr<uint16_t*> w16 =
+          b_->To16(weight_->value.data(), weight_->value.size(), &w16_);
+      if (!w16.ok()) return w16.status();
+      absl::StatusOr<uint16_t*> y16 = b_->Buffer16(out->size(), &y16_);
+      if (!y16.ok()) return y16.status();
+      x = *x16;
+      w = *w16;
+      y = *y16;
+    }
     CUDA_RETURN_IF_ERROR(cudnnConvolutionForward(
-        b_->cudnn(), &kOne, x_.d, in[0]->data(), filter_, weight_->value.data(),
-        conv_, fwd_algo_, *ws, workspace_bytes_, &kZero, y_.d, out->data()));
+        b_->cudnn(), &kOne, x_.d, x, filter_, w, conv_, fwd_algo_, *ws,
+        workspace_bytes_, &kZero, y_.d, y));
+    if (half_) {
+      s = b_->From16(static_cast<const uint16_t*>(y), out->size(),
+                     out->data());
+      if (!s.ok()) return s;
+    }
     if (bias_ != nullptr) {
       CUDA_RETURN_IF_ERROR(cudnnAddTensor(b_->cudnn(), &kOne, bias_desc_.d,
-                                          bias_->value.data(), &kOne, y_.d,
+                                          bias_->value.data(), &kOne, y32_.d,
                                           out->data()));
     }
     return absl::OkStatus();
@@ -391,20 +501,56 @@ class Conv2d final : public Layer {
     if (!s.ok()) return s;
     absl::StatusOr<void*> ws = b_->Workspace(workspace_bytes_);
     if (!ws.ok()) return ws.status();
+    const void* x = in[0]->data();
+    const void* w = weight_->value.data();
+    const void* dy = dout.data();
+    void* dw = weight_->grad.data();
+    void* dx = din[0] != nullptr ? din[0]->data() : nullptr;
+    if (half_) {
+      absl::StatusOr<uint16_t*> x16 =
+          b_->To16(in[0]->data(), in[0]->size(), &x16_);
+      if (!x16.ok()) return x16.status();
+      absl::StatusOr<uint16_t*> dy16 =
+          b_->To16(dout.data(), dout.size(), &dy16_);
+      if (!dy16.ok()) return dy16.status();
+      absl::StatusOr<uint16_t*> dw16 =
+          b_->Buffer16(weight_->grad.size(), &dw16_);
+      if (!dw16.ok()) return dw16.status();
+      x = *x16;
+      dy = *dy16;
+      dw = *dw16;
+    }
     CUDA_RETURN_IF_ERROR(cudnnConvolutionBackwardFilter(
-        b_->cudnn(), &kOne, x_.d, in[0]->data(), y_.d, dout.data(), conv_,
-        bwd_filter_algo_, *ws, workspace_bytes_, &kZero, filter_,
-        weight_->grad.data()));
+        b_->cudnn(), &kOne, x_.d, x, y_.d, dy, conv_, bwd_filter_algo_, *ws,
+        workspace_bytes_, &kZero, filter_, dw));
+    if (half_) {
+      s = b_->From16(static_cast<const uint16_t*>(dw), weight_->grad.size(),
+                     weight_->grad.data());
+      if (!s.ok()) return s;
+    }
     if (bias_ != nullptr) {
       CUDA_RETURN_IF_ERROR(cudnnConvolutionBackwardBias(
-          b_->cudnn(), &kOne, y_.d, dout.data(), &kZero, bias_desc_.d,
+          b_->cudnn(), &kOne, y32_.d, dout.data(), &kZero, bias_desc_.d,
           bias_->grad.data()));
     }
-    if (din[0] != nullptr) {
+    if (dx != nullptr) {
+      if (half_) {
+        absl::StatusOr<uint16_t*> w16 =
+            b_->To16(weight_->value.data(), weight_->value.size(), &w16_);
+        if (!w16.ok()) return w16.status();
+        absl::StatusOr<uint16_t*> dx16 = b_->Buffer16(in[0]->size(), &x16_);
+        if (!dx16.ok()) return dx16.status();
+        w = *w16;
+        dx = *dx16;  // x16_ is free again: the filter gradient is done
+      }
       CUDA_RETURN_IF_ERROR(cudnnConvolutionBackwardData(
-          b_->cudnn(), &kOne, filter_, weight_->value.data(), y_.d, dout.data(),
-          conv_, bwd_data_algo_, *ws, workspace_bytes_, &kZero, x_.d,
-          din[0]->data()));
+          b_->cudnn(), &kOne, filter_, w, y_.d, dy, conv_, bwd_data_algo_, *ws,
+          workspace_bytes_, &kZero, x_.d, dx));
+      if (half_) {
+        s = b_->From16(static_cast<const uint16_t*>(dx), in[0]->size(),
+                       din[0]->data());
+        if (!s.ok()) return s;
+      }
     }
     return absl::OkStatus();
   }
@@ -413,22 +559,26 @@ class Conv2d final : public Layer {
   absl::Status Prepare(const Shape& in, const Shape& out) {
     if (in == in_shape_) return absl::OkStatus();
     in_shape_ = in;
-    absl::Status s = x_.Set(in);
-    if (s.ok()) s = y_.Set(out);
+    absl::Status s = x_.Set(in, type_);
+    if (s.ok()) s = y_.Set(out, type_);
+    if (s.ok()) s = y32_.Set(out);
     if (s.ok()) s = bias_desc_.Set({1, spec_.out_channels, 1, 1});
     if (!s.ok()) return s;
     const int k = static_cast<int>(spec_.kernel);
     CUDA_RETURN_IF_ERROR(
-        cudnnSetFilter4dDescriptor(filter_, CUDNN_DATA_FLOAT, CUDNN_TENSOR_NCHW,
+        cudnnSetFilter4dDescriptor(filter_, type_, CUDNN_TENSOR_NCHW,
                                    static_cast<int>(spec_.out_channels),
                                    static_cast<int>(spec_.in_channels), k, k));
     const int p = static_cast<int>(spec_.padding);
     const int st = static_cast<int>(spec_.stride);
+    // CUDNN_DATA_FLOAT compute: fp32 accumulation in every precision (for
+    // 16-bit tensors cuDNN's PSEUDO_HALF / PSEUDO_BFLOAT16 configuration).
     CUDA_RETURN_IF_ERROR(cudnnSetConvolution2dDescriptor(
         conv_, p, p, st, st, 1, 1, CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT));
     // CUDNN_FMA_MATH keeps fp32 convolutions off the tensor cores.
     CUDA_RETURN_IF_ERROR(cudnnSetConvolutionMathType(
-        conv_, b_->tf32_allowed() ? CUDNN_TENSOR_OP_MATH : CUDNN_FMA_MATH));
+        conv_, precision_ == PRECISION_FP32 ? CUDNN_FMA_MATH
+                                            : CUDNN_TENSOR_OP_MATH));
     // cudnnFind* times every algorithm on scratch tensors it allocates.
     int count = 0;
     cudnnConvolutionFwdAlgoPerf_t fwd[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
@@ -470,8 +620,15 @@ class Conv2d final : public Layer {
   const LayerSpec spec_;
   Param* weight_;
   Param* bias_;
+  const PrecisionKind precision_;
+  const bool half_;
+  const cudnnDataType_t type_;
   Shape in_shape_;
-  TensorDesc x_, y_, bias_desc_;
+  // x_, y_ in the precision's type; y32_ the fp32 output (bias).
+  TensorDesc x_, y_, y32_, bias_desc_;
+  // bf16/fp16: the 16-bit copies (input, then input gradient; weights;
+  // output; output gradient; weight gradient).
+  DeviceTensor x16_, w16_, y16_, dy16_, dw16_;
   cudnnFilterDescriptor_t filter_ = nullptr;
   cudnnConvolutionDescriptor_t conv_ = nullptr;
   cudnnConvolutionFwdAlgo_t fwd_algo_{};
@@ -659,11 +816,20 @@ class Pool2d final : public Layer {
 };
 
 // y[N, O] = x[N, I] W^T + b (per token for [N, S, I]) on cuBLAS (column-major:
-// Y = W^T X with W^T read from the row-major [O, I] weight).
+// Y = W^T X with W^T read from the row-major [O, I] weight). bf16 and fp16
+// precision: the input, weights and output gradient converted to the
+// 16-bit type and multiplied by cublasGemmEx with fp32 output and
+// CUBLAS_COMPUTE_32F (fp32 accumulation, tensor cores); the bias and its
+// gradient stay fp32.
 class Linear final : public Layer {
  public:
   Linear(CudaBackend* b, const LayerSpec& spec, std::vector<Param*> params)
-      : b_(b), spec_(spec), weight_(params[0]), bias_(params[1]) {}
+      : b_(b),
+        spec_(spec),
+        weight_(params[0]),
+        bias_(params[1]),
+        half_(b->sixteen_bit()),
+        type_(b->precision() == PRECISION_BF16 ? CUDA_R_16BF : CUDA_R_16F) {}
 
   absl::Status Forward(absl::Span<const DeviceTensor* const> in,
                        DeviceTensor* out, bool training) override {
@@ -677,6 +843,16 @@ class Linear final : public Layer {
     CUDA_RETURN_IF_ERROR(cublasSgemm(b_->cublas(), CUBLAS_OP_N, CUBLAS_OP_N, o,
                                      n, 1, &kOne, bias_->value.data(), o, *ones,
                                      1, &kZero, out->data(), o));
+    if (half_) {
+      absl::StatusOr<uint16_t*> w16 =
+          b_->To16(weight_->value.data(), weight_->value.size(), &w16_);
+      if (!w16.ok()) return w16.status();
+      absl::StatusOr<uint16_t*> x16 =
+          b_->To16(in[0]->data(), in[0]->size(), &x16_);
+      if (!x16.ok()) return x16.status();
+      return Gemm(CUBLAS_OP_T, CUBLAS_OP_N, o, n, i, *w16, i, *x16, i, &kOne,
+                  out->data(), o);
+    }
     CUDA_RETURN_IF_ERROR(cublasSgemm(b_->cublas(), CUBLAS_OP_T, CUBLAS_OP_N, o,
                                      n, i, &kOne, weight_->value.data(), i,
                                      in[0]->data(), i, &kOne, out->data(), o));
@@ -692,14 +868,32 @@ class Linear final : public Layer {
     const int o = static_cast<int>(spec_.out_channels);
     absl::StatusOr<const float*> ones = b_->Ones(n);
     if (!ones.ok()) return ones.status();
-    // dW (col-major I x O) = X dY^T.
-    CUDA_RETURN_IF_ERROR(cublasSgemm(b_->cublas(), CUBLAS_OP_N, CUBLAS_OP_T, i,
-                                     o, n, &kOne, in[0]->data(), i, dout.data(),
-                                     o, &kZero, weight_->grad.data(), i));
     // db = dY 1.
     CUDA_RETURN_IF_ERROR(cublasSgemv(b_->cublas(), CUBLAS_OP_N, o, n, &kOne,
                                      dout.data(), o, *ones, 1, &kZero,
                                      bias_->grad.data(), 1));
+    if (half_) {
+      absl::StatusOr<uint16_t*> x16 =
+          b_->To16(in[0]->data(), in[0]->size(), &x16_);
+      if (!x16.ok()) return x16.status();
+      absl::StatusOr<uint16_t*> dy16 =
+          b_->To16(dout.data(), dout.size(), &dy16_);
+      if (!dy16.ok()) return dy16.status();
+      // dW (col-major I x O) = X dY^T.
+      absl::Status s = Gemm(CUBLAS_OP_N, CUBLAS_OP_T, i, o, n, *x16, i, *dy16,
+                            o, &kZero, weight_->grad.data(), i);
+      if (!s.ok() || din[0] == nullptr) return s;
+      absl::StatusOr<uint16_t*> w16 =
+          b_->To16(weight_->value.data(), weight_->value.size(), &w16_);
+      if (!w16.ok()) return w16.status();
+      // dX (col-major I x N) = W dY.
+      return Gemm(CUBLAS_OP_N, CUBLAS_OP_N, i, n, o, *w16, i, *dy16, o, &kZero,
+                  din[0]->data(), i);
+    }
+    // dW (col-major I x O) = X dY^T.
+    CUDA_RETURN_IF_ERROR(cublasSgemm(b_->cublas(), CUBLAS_OP_N, CUBLAS_OP_T, i,
+                                     o, n, &kOne, in[0]->data(), i, dout.data(),
+                                     o, &kZero, weight_->grad.data(), i));
     if (din[0] != nullptr) {
       // dX (col-major I x N) = W dY.
       CUDA_RETURN_IF_ERROR(cublasSgemm(
@@ -710,10 +904,25 @@ class Linear final : public Layer {
   }
 
  private:
+  // C (fp32) = A B + beta C with 16-bit A and B, fp32 accumulation.
+  absl::Status Gemm(cublasOperation_t ta, cublasOperation_t tb, int m, int n,
+                    int k, const uint16_t* a, int lda, const uint16_t* b,
+                    int ldb, const float* beta, float* c, int ldc) {
+    CUDA_RETURN_IF_ERROR(cublasGemmEx(b_->cublas(), ta, tb, m, n, k, &kOne, a,
+                                      type_, lda, b, type_, ldb, beta, c,
+                                      CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F,
+                                      CUBLAS_GEMM_DEFAULT));
+    return absl::OkStatus();
+  }
+
   CudaBackend* b_;
   const LayerSpec spec_;
   Param* weight_;
   Param* bias_;
+  const bool half_;
+  const cudaDataType_t type_;
+  // bf16/fp16: the 16-bit copies of the input, weights, output gradient.
+  DeviceTensor x16_, w16_, dy16_;
 };
 
 // The residual add; with spec.relu, the add and its ReLU as one kernel each

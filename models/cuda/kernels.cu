@@ -1,3 +1,6 @@
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
 #include <cstdint>
 
 #include "models/cuda/kernels.h"
@@ -133,7 +136,73 @@ __global__ void AdamKernel(AdamStepConstants c, float* w, const float* g,
   }
 }
 
+// Grid-stride conversions between fp32 and a 16-bit type (round to nearest
+// even; fp16 overflows to infinity as a cast does).
+__global__ void To16Kernel(const float* x, int64_t n, bool bf16,
+                           uint16_t* y) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{blockDim.x} * gridDim.x) {
+    if (bf16) {
+      const __nv_bfloat16 v = __float2bfloat16_rn(x[i]);
+      y[i] = *reinterpret_cast<const uint16_t*>(&v);
+    } else {
+      const __half v = __float2half_rn(x[i]);
+      y[i] = *reinterpret_cast<const uint16_t*>(&v);
+    }
+  }
+}
+
+__global__ void From16Kernel(const uint16_t* x, int64_t n, bool bf16,
+                             float* y) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{blockDim.x} * gridDim.x) {
+    y[i] = bf16 ? __bfloat162float(*reinterpret_cast<const __nv_bfloat16*>(
+                      &x[i]))
+                : __half2float(*reinterpret_cast<const __half*>(&x[i]));
+  }
+}
+
+__global__ void ScaleKernel(float a, float* x, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{blockDim.x} * gridDim.x) {
+    x[i] = __fmul_rn(x[i], a);
+  }
+}
+
+// *flag |= 1 if any of x is NaN or infinite (its exponent bits all ones).
+__global__ void NonFiniteKernel(const float* x, int64_t n, int* flag) {
+  int found = 0;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{blockDim.x} * gridDim.x) {
+    found |= (__float_as_uint(x[i]) & 0x7f800000u) == 0x7f800000u;
+  }
+  if (found) atomicOr(flag, 1);
+}
+
 }  // namespace
+
+cudaError_t LaunchTo16(const float* x, int64_t n, bool bf16, uint16_t* y,
+                       cudaStream_t stream) {
+  To16Kernel<<<Blocks(n), kThreads, 0, stream>>>(x, n, bf16, y);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchFrom16(const uint16_t* x, int64_t n, bool bf16, float* y,
+                         cudaStream_t stream) {
+  From16Kernel<<<Blocks(n), kThreads, 0, stream>>>(x, n, bf16, y);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchScale(float a, float* x, int64_t n, cudaStream_t stream) {
+  ScaleKernel<<<Blocks(n), kThreads, 0, stream>>>(a, x, n);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchFlagNonFinite(const float* x, int64_t n, int* flag,
+                                cudaStream_t stream) {
+  NonFiniteKernel<<<Blocks(n), kThreads, 0, stream>>>(x, n, flag);
+  return cudaGetLastError();
+}
 
 cudaError_t LaunchSoftmaxCrossEntropy(const float* logits,
                                       const int32_t* labels, int64_t n,

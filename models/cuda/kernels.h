@@ -49,6 +49,21 @@ cudaError_t LaunchDropout(const float* x, int64_t n, float keep, uint64_t seed,
 cudaError_t LaunchMultiply(const float* a, const float* b, int64_t n,
                            float* out, cudaStream_t stream);
 
+// Mixed precision (Backend::SetPrecision): y = x rounded to bf16 (`bf16`)
+// or fp16 (round to nearest even; fp16 overflows to infinity), stored as
+// their 16 bits; and back to fp32 (exact).
+cudaError_t LaunchTo16(const float* x, int64_t n, bool bf16, uint16_t* y,
+                       cudaStream_t stream);
+cudaError_t LaunchFrom16(const uint16_t* x, int64_t n, bool bf16, float* y,
+                         cudaStream_t stream);
+
+// x *= a (loss scaling's scale and unscale).
+cudaError_t LaunchScale(float a, float* x, int64_t n, cudaStream_t stream);
+
+// *flag |= 1 (device int) when any of x is NaN or infinite.
+cudaError_t LaunchFlagNonFinite(const float* x, int64_t n, int* flag,
+                                cudaStream_t stream);
+
 // One Adam/AdamW step (optim/adam.h's formula and order; the scalars from
 // AdamConstantsFor()): m, v, w updated in place from g.
 cudaError_t LaunchAdam(const AdamStepConstants& c, float* w, const float* g,

@@ -2,12 +2,15 @@
 """PyTorch baseline of train_bench: times forward + backward + Adam step of a
 zoo model (tools/torch/torch_models.py) on a fixed random batch and prints one
 line: "samples_per_sec=<float> params=<int> loss=<float> memory_mib=<float|->
-tf32=<0|1> device=<str>".
+precision=<str> device=<str>".
 
---tf32 1 allows TF32 tensor cores in cuDNN convolutions and in matmuls
+--precision is train_bench's (README "Mixed precision"): fp32 forbids TF32;
+tf32 allows TF32 tensor cores in cuDNN convolutions and in matmuls
 (torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32), as
 pstrain's CUDA backend does (CUDNN_TENSOR_OP_MATH, CUBLAS_TF32_TENSOR_OP_MATH);
---tf32 0 forbids both. memory_mib is the GPU memory in use (total - free,
+bf16 and fp16 run the forward and the loss under torch.autocast(dtype=...)
+with fp32 weights and Adam (fp16 with torch.cuda.amp.GradScaler). The older
+--tf32 0|1 is fp32|tf32. memory_mib is the GPU memory in use (total - free,
 torch.cuda.mem_get_info) after the timed steps, read once outside the timing,
 above what was in use before the model was made (PyTorch's caching allocator
 keeps what it reserved): train_bench measures its own the same way. On the
@@ -63,16 +66,22 @@ def main():
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--device", default="cpu")
     p.add_argument("--threads", type=int, default=0)
+    p.add_argument("--precision", choices=("fp32", "tf32", "bf16", "fp16"),
+                   default=None)
     p.add_argument("--tf32", type=int, choices=(0, 1), default=0)
     a = p.parse_args()
+    if a.precision is None:
+        a.precision = "tf32" if a.tf32 else "fp32"
+    tf32 = a.precision != "fp32"  # autocast's fp32 ops as PyTorch's default
+    autocast = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(a.precision)
     if a.threads > 0:
         torch.set_num_threads(a.threads)
     device = torch.device(a.device)
     baseline = None
     if device.type == "cuda":
         torch.backends.cudnn.benchmark = True
-        torch.backends.cudnn.allow_tf32 = bool(a.tf32)
-        torch.backends.cuda.matmul.allow_tf32 = bool(a.tf32)
+        torch.backends.cudnn.allow_tf32 = tf32
+        torch.backends.cuda.matmul.allow_tf32 = tf32
         torch.cuda.init()
         torch.zeros(1, device=device)  # the CUDA context, before the baseline
         free, total = torch.cuda.mem_get_info(device)
@@ -87,11 +96,16 @@ def main():
     x = torch.randn(a.batch_size, a.channels, a.image_size, a.image_size, device=device)
     y = torch.randint(0, a.num_classes, (a.batch_size,), device=device)
 
+    scaler = torch.cuda.amp.GradScaler(enabled=a.precision == "fp16")
+
     def step():
         opt.zero_grad(set_to_none=True)
-        loss = F.cross_entropy(model(x), y)
-        loss.backward()
-        opt.step()
+        with torch.autocast(device.type, dtype=autocast,
+                            enabled=autocast is not None):
+            loss = F.cross_entropy(model(x), y)
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
         return loss
 
     loss = None
@@ -116,7 +130,7 @@ def main():
         if peak is not None:
             memory = f"{(peak - rss_baseline) / 1048576:.0f}_(peak_RSS)"
     print(f"samples_per_sec={a.batch_size * a.steps / seconds:.3f} params={params} "
-          f"loss={loss.item():.4f} memory_mib={memory} tf32={a.tf32} "
+          f"loss={loss.item():.4f} memory_mib={memory} precision={a.precision} "
           f"device={name.replace(' ', '_')}")
 
 
