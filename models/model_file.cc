@@ -2,12 +2,15 @@
 
 #include <sys/stat.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstring>
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
@@ -37,6 +40,24 @@ std::vector<NamedShape> PsTensors(const Model& model) {
     out.push_back({b->name, b->value.shape()});
   }
   return out;
+}
+
+std::string JoinDoubles(const std::vector<double>& values) {
+  return absl::StrJoin(values, ",", [](std::string* out, double v) {
+    absl::StrAppend(out, absl::StrFormat("%.9g", v));
+  });
+}
+
+// Parses "a,b,c" into `out`; false for an empty or malformed list.
+bool SplitDoubles(absl::string_view text, std::vector<double>* out) {
+  out->clear();
+  if (text.empty()) return false;
+  for (absl::string_view d : absl::StrSplit(text, ',')) {
+    double v = 0;
+    if (!absl::SimpleAtod(d, &v) || !std::isfinite(v)) return false;
+    out->push_back(v);
+  }
+  return true;
 }
 
 }  // namespace
@@ -87,6 +108,10 @@ absl::StatusOr<safetensors::WriteResult> SaveModelFile(
       {"steps", absl::StrCat(info.steps)},
       {"dataset", info.dataset},
   };
+  if (!info.input_mean.empty()) {
+    metadata["input_mean"] = JoinDoubles(info.input_mean);
+    metadata["input_stddev"] = JoinDoubles(info.input_stddev);
+  }
   return safetensors::Write(path, views, metadata, options);
 }
 
@@ -135,6 +160,24 @@ absl::StatusOr<ModelFileInfo> ReadModelFileInfo(
         "\", input_chw \"", EscapeForMessage(get("input_chw")),
         "\", num_classes \"", EscapeForMessage(get("num_classes")),
         "\", steps \"", EscapeForMessage(get("steps")), "\")"));
+  }
+  // Optional (files before these keys have neither); if present, one
+  // finite mean and one positive stddev per input channel.
+  const std::string mean = get("input_mean"), stddev = get("input_stddev");
+  if (!mean.empty() || !stddev.empty()) {
+    const size_t channels = dims == 3 ? info.input_chw[0] : 0;
+    if (!SplitDoubles(mean, &info.input_mean) ||
+        !SplitDoubles(stddev, &info.input_stddev) ||
+        info.input_mean.size() != channels ||
+        info.input_stddev.size() != channels ||
+        *std::min_element(info.input_stddev.begin(), info.input_stddev.end()) <=
+            0) {
+      return absl::DataLossError(absl::StrCat(
+          path, ": bad input standardisation metadata (input_mean \"",
+          EscapeForMessage(mean), "\", input_stddev \"",
+          EscapeForMessage(stddev), "\"; expected ", channels,
+          " comma-separated values each, stddev > 0)"));
+    }
   }
   return info;
 }

@@ -11,8 +11,13 @@
 // works with strict=True. The header's "__metadata__" says what the model is
 // ("format": "pstrain.model/1", "model", "input_chw" as "C,H,W" ("S" for a
 // sequence model), "num_classes", "steps", "dataset"), so a reader can
-// rebuild it. A sequence model's tied decoder weight is stored once, as
-// the token embedding (tools/torch/torch_models.py's Bert has one key).
+// rebuild it, and, for an image model, how its input was made:
+// "input_mean" and "input_stddev", one per channel ("0.286,..."), the
+// training set's statistics that worker/dataset.cc standardises pixels in
+// [0, 1] with. The weights compute the trained function of
+// (pixel / 255 - mean) / stddev, not of pixel / 255. A sequence model's tied
+// decoder weight is stored once, as the token embedding
+// (tools/torch/torch_models.py's Bert has one key).
 //
 // Thread-compatible: these functions touch the model (not thread-safe) and
 // the file; call them from the model's thread.
@@ -40,6 +45,11 @@ struct ModelFileInfo {
   int num_classes = 0;
   int64_t steps = 0;  // Training steps (per worker) behind these weights.
   std::string dataset;
+  // Per-channel standardisation of the input (x - mean) / stddev, x in
+  // [0, 1]; both empty for a sequence model and for files written before
+  // these keys (or by another tool). Written with 9 significant digits.
+  std::vector<double> input_mean;
+  std::vector<double> input_stddev;
 };
 
 // Writes `weights` (one span per PS tensor of `model`, as
