@@ -1,41 +1,56 @@
 #!/usr/bin/env python3
-"""Time from a scale request to training again (issue 40), workers only.
+"""Time from a scale request to training again (issue 40), workers and shards.
 
-For each model, two elastic `pstrain run`s (2 shards, sync,
---max_workers=3, --control_file, a checkpoint every --checkpoint_every_steps,
-log line every step, one job at a time so that its processes share the 2
-cores as `pstrain run` assigns their threads):
-  - grow: 2 workers; once the first checkpoint is durable and worker 0 trains
-    on, `num_workers=3` is appended to the control file;
-  - shrink: 3 workers; `num_workers=2` is appended likewise.
+For each model and kind (--kinds), two elastic `pstrain run`s (sync,
+--control_file, a checkpoint every --checkpoint_every_steps, log line every
+step, one job at a time so that its processes share the 2 cores as `pstrain
+run` assigns their threads):
+  - workers (2 shards, --max_workers=3): grow, 2 workers; once the first
+    checkpoint is durable and worker 0 trains on, `num_workers=3` is
+    appended to the control file; shrink, 3 workers, `num_workers=2`;
+  - shards (2 workers, --max_ps=3): grow, 2 shards, `num_ps=3`; shrink,
+    3 shards, `num_ps=2` (worker 0 moves the state in memory onto the new
+    layout at a step boundary; the other workers' step fails and they
+    recover onto it; a removed shard exits).
 Measured from the append (time.monotonic() of each output line as it
 comes):
   - "request to every member in the new step": until the latest of worker
-    0's `membership E: A -> B workers at step S (T ms)` line and the other
-    workers' "recovered" or "rejoined" lines before worker 0's next Step
-    line (each starts the step at the new count then);
+    0's `membership E: A -> B workers[, P -> Q shards] at step S (T ms)`
+    line and the other workers' "recovered" or "rejoined" lines before
+    worker 0's next Step line (each starts the step at the new count then);
   - "request to the new count's first step done": until worker 0's first
     Step line after its membership line (a step line comes at the end of
     its step, so this holds one whole step at the new count, and the wait
     for the step boundary in flight at the request);
   - "worker 0's T": the time worker 0 reports for the change itself (from
     the boundary at which it applies the membership until the shards
-    reopened with it);
+    reopened with it; for shards, the export from the old shards and the
+    restore onto the new ones in it);
+  - "to the boundary": request to the membership line less T (when worker
+    0 began the change: the control file's poll, the coordinator's Scale,
+    worker 0 learning of it, the step in flight);
+  - "others' recovery": the longest "recovered in X s" the other workers
+    report for the change (their failed step's retries onto the new
+    layout included);
   - "stall": the gap between worker 0's last Step line before the
     membership line and its first after it, against the median gap between
     step lines before the request (the step time);
-  - grow only: the joining worker's start, from its "worker 2 of job-1"
-    line (its process started) to its "worker 2 rejoined the job" line (it
-    loaded the dataset, built the model, registered and pulled): training
-    goes on at 2 workers meanwhile, and the coordinator makes the new
-    membership ready only once the worker has registered.
+  - grow only, the joining member's start: for workers, from its "worker 2
+    of job-" line (its process started) to its "worker 2 rejoined the job"
+    line (it loaded the dataset, built the model, registered and pulled):
+    training goes on at 2 workers meanwhile, and the coordinator makes the
+    new membership ready only once the worker has registered; for shards,
+    from its "ps 2 of job-" line to its "shard 2/3 of job-1 listening" line
+    and to worker 0's membership line.
 Baseline, measured in the same run: what a job without elasticity does,
 stop and restart from a checkpoint with the new count: `pstrain run
 --resume --num_workers=N` of a copy of the elastic run's first checkpoint
 after the change (so at the new count: `pstrain run` refuses to resume a
 checkpoint saved at another worker count before anything starts, in
-cli/local_job.cc, though the workers' data position could re-split it),
-from launch until worker 0's first Step line; it trains to the end too.
+cli/local_job.cc, though the workers' data position could re-split it);
+for shards `--resume --num_ps=N` of a copy of the checkpoint before the
+change (checkpoints load into any number of shards); from launch until
+worker 0's first Step line; it trains to the end too.
 Correctness columns: each run's exit code and final test accuracy.
 LeNet-5 trains Fashion-MNIST; ResNet-18 synthetic 3 x 28 x 28 images of
 10 classes (evaluating
@@ -44,6 +59,7 @@ set's 1,000 a tenth of it), so its accuracies are only compared with each
 other.
 
 Usage: python3 bench/elastic_bench.py [--repeats=3] [--models=lenet5,resnet18]
+                                      [--kinds=workers,shards]
 Needs `bazel build //cli:pstrain //server:pstrain_ps //worker:pstrain_worker`
 and Fashion-MNIST.
 """
@@ -65,6 +81,54 @@ PSTRAIN = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..",
 
 STEP = r"\[worker0\] Step[0-9]+:"
 RESUMED = r"\[worker[0-9]+\] worker [0-9]+(: recovered in| rejoined the job)"
+RECOVERED = r"\[worker[0-9]+\] worker [0-9]+: recovered in ([0-9.]+) s"
+
+
+class Change:
+    """One scale request: `kind` ("workers" or "shards") from `old` to
+    `new`; what differs between the two kinds."""
+
+    def __init__(self, kind, old, new):
+        self.kind, self.old, self.new = kind, old, new
+        workers = kind == "workers"
+        # The elastic run's counts and limit, and the baseline's counts.
+        if workers:
+            self.flags = ["--num_workers=%d" % old, "--num_ps=2",
+                          "--max_workers=3"]
+            self.resume = ["--num_workers=%d" % new, "--num_ps=2"]
+        else:
+            self.flags = ["--num_workers=2", "--num_ps=%d" % old,
+                          "--max_ps=3"]
+            self.resume = ["--num_workers=2", "--num_ps=%d" % new]
+        self.request = "%s=%d\n" % ("num_workers" if workers else "num_ps",
+                                     new)
+        counts = ("%d -> %d workers" % (old, new) if workers else
+                  "2 -> 2 workers, %d -> %d shards" % (old, new))
+        self.membership = (r"\[worker0\] membership [0-9]+: %s at step "
+                           r"([0-9]+) \(([0-9]+) ms\)" % counts)
+        # The joining member (grow): its process's first line and the
+        # line once it is ready (index `old`: the new one).
+        self.joiner = None
+        if new > old and workers:
+            self.joiner = (r"\[worker%d\] worker %d of job-" % (old, old),
+                           r"\[worker%d\] worker %d rejoined the job at step"
+                           % (old, old))
+        elif new > old:
+            self.joiner = (r"\[ps%d\] ps %d of job-" % (old, old),
+                           r"\[ps%d\] shard %d/[0-9]+ of \S+ listening"
+                           % (old, old))
+
+        # The removed shard (shrink): its last line.
+        self.leaver = None
+        if new < old and not workers:
+            self.leaver = (r"\[ps%d\] shard %d left the job's layout" %
+                           (new, new))
+
+    def label(self):
+        return "%d -> %d %s" % (self.old, self.new, self.kind)
+
+    def name(self):
+        return "%s-%d-%d" % (self.kind, self.old, self.new)
 
 
 class Run:
@@ -136,6 +200,11 @@ class Run:
             return "".join("%9.3f %s\n" % (t - origin, line)
                            for t, line in self.lines)
 
+    def text_between(self, after, before):
+        with self.lock:
+            return "\n".join(line for t, line in self.lines
+                             if after <= t < before)
+
     def accuracy(self):
         found = re.findall(r"test accuracy: (0\.[0-9]{4})", self.text())
         return found[-1] if found else None
@@ -168,43 +237,47 @@ def copy_checkpoint(name, ckpt, copy):
         f.write(name + "\n")
 
 
-def one_repeat(model, cfg, old, new, work, log_dir):
+def one_repeat(model, cfg, change, work, log_dir):
     ctl = os.path.join(work, "ctl")
     open(ctl, "w").close()
     ckpt = os.path.join(work, "ck")
-    common = ["--model=" + model, "--num_ps=2"] + cfg["data"] + [
+    common = ["--model=" + model] + cfg["data"] + [
               "--epochs=1", "--max_steps_per_epoch=%d" % cfg["steps"],
               "--batch_size=%d" % cfg["batch"], "--seed=1",
               "--log_every_steps=1",
               "--checkpoint_every_steps=%d" % cfg["every"]]
     runs = []
     try:
-        return measure(model, cfg, old, new, work, log_dir, ctl, ckpt,
-                       common, runs)
+        return measure(model, change, work, log_dir, ctl, ckpt, common,
+                       runs)
     finally:
         for r in runs:
             r.stop()
 
 
-def measure(model, cfg, old, new, work, log_dir, ctl, ckpt, common, runs):
+def measure(model, change, work, log_dir, ctl, ckpt, common, runs):
     run = Run([PSTRAIN, "run", "--checkpoint_dir=" + ckpt,
-               "--num_workers=%d" % old, "--max_workers=3",
-               "--control_file=" + ctl] + common)
+               "--control_file=" + ctl] + change.flags + common)
     runs.append(run)
     # The request follows the first durable checkpoint.
-    wait_checkpoint(run, ckpt, 0)
+    first_ckpt = wait_checkpoint(run, ckpt, 0)
+    copy = os.path.join(work, "copy")
+    if change.kind == "shards":
+        # The shards' baseline resumes the checkpoint before the change
+        # (it loads into any number of shards): one written after a shard
+        # change failed to resume ("PS tensor 1 has elements from 0 of 64
+        # in no shard file"), ResNet-18, 2026-11-27.
+        copy_checkpoint(first_ckpt, ckpt, copy)
     run.wait_for(STEP, time.monotonic())
     requested = time.monotonic()
     with open(ctl, "a") as f:
-        f.write("num_workers=%d\n" % new)
-    t_member, m = run.wait_for(
-        r"\[worker0\] membership [0-9]+: %d -> %d workers at step ([0-9]+) "
-        r"\(([0-9]+) ms\)" % (old, new), requested)
+        f.write(change.request)
+    t_member, m = run.wait_for(change.membership, requested)
     applied_at, reported_ms = int(m.group(1)), float(m.group(2))
     back, _ = run.wait_for(STEP, t_member)
-    # The baseline's checkpoint: the first durable one at the new count.
-    copy = os.path.join(work, "copy")
-    copy_checkpoint(wait_checkpoint(run, ckpt, applied_at), ckpt, copy)
+    if change.kind == "workers":
+        # The baseline's checkpoint: the first durable one at the new count.
+        copy_checkpoint(wait_checkpoint(run, ckpt, applied_at), ckpt, copy)
     before = run.times(STEP, before=t_member)
     steady = run.times(STEP, before=requested)[-21:]
     step_s = statistics.median(b - a for a, b in zip(steady, steady[1:]))
@@ -212,24 +285,29 @@ def measure(model, cfg, old, new, work, log_dir, ctl, ckpt, common, runs):
     # and the other workers' recovery or a joining worker's rejoin (before
     # worker 0's first step line at the new count; the step starts then).
     joined = run.times(RESUMED, before=back, after=requested)
+    recovered = [float(x) for x in
+                 re.findall(RECOVERED, run.text_between(requested, back))]
     result = {
         "to_training": back - requested,
         "members_back": max([t_member] + joined) - requested,
         "reported_ms": reported_ms,
+        "to_boundary": t_member - requested - reported_ms / 1000,
+        "recovery": max(recovered) if recovered else 0.0,
         "stall": back - before[-1],
         "step": step_s,
         "applied_at": applied_at,
     }
-    if new > old:
-        started, _ = run.wait_for(r"\[worker%d\] worker %d of job-" %
-                                  (old, old), requested)
-        rejoined, _ = run.wait_for(
-            r"\[worker%d\] worker %d rejoined the job at step" % (old, old),
-            requested)
+    if change.joiner:
+        started, _ = run.wait_for(change.joiner[0], requested)
+        ready, _ = run.wait_for(change.joiner[1], requested)
         result["joiner_start"] = started - requested
-        result["joiner_load"] = rejoined - started
+        result["joiner_load"] = ready - started
+        result["joiner_member"] = t_member - started
     code = run.finish()
     result["elastic"] = outcome(code, run.accuracy())
+    if change.leaver:
+        left = run.times(change.leaver, after=requested)
+        result["leaver_exit"] = left[0] - requested if left else float("nan")
     # The step time at the new count: worker 0's step lines after `back`
     # (the last one of the epoch excepted).
     after = run.times(STEP, after=back)[:21]
@@ -237,18 +315,18 @@ def measure(model, cfg, old, new, work, log_dir, ctl, ckpt, common, runs):
         b - a for a, b in zip(after, after[1:]))
     # What the change cost beyond a step: the stall less a new step.
     result["lost"] = result["stall"] - result["step_after"]
-    with open(os.path.join(log_dir, "%s-%d-%d-elastic.log" %
-                           (model, old, new)), "w") as f:
+    with open(os.path.join(log_dir, "%s-%s-elastic.log" %
+                           (model, change.name())), "w") as f:
         f.write(run.stamped(requested))
     # Baseline: the job restarted from the copy with the new count.
     launched = time.monotonic()
-    cold = Run([PSTRAIN, "run", "--resume", "--checkpoint_dir=" + copy,
-                "--num_workers=%d" % new] + common)
+    cold = Run([PSTRAIN, "run", "--resume", "--checkpoint_dir=" + copy] +
+               change.resume + common)
     runs.append(cold)
     first, _ = cold.wait_for(STEP, launched)
     code = cold.finish()
-    with open(os.path.join(log_dir, "%s-%d-%d-resumed.log" %
-                           (model, old, new)), "w") as f:
+    with open(os.path.join(log_dir, "%s-%s-resumed.log" %
+                           (model, change.name())), "w") as f:
         f.write(cold.stamped(launched))
     result["cold"] = first - launched
     result["resumed"] = outcome(code, cold.accuracy())
@@ -259,6 +337,8 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--models", default="lenet5,resnet18")
+    parser.add_argument("--kinds", default="workers,shards",
+                        help="what to scale: workers, shards or both")
     parser.add_argument("--log_dir", default="",
                         help="keep every run's output here (default: none)")
     args = parser.parse_args()
@@ -278,47 +358,61 @@ def main():
     began = time.monotonic()
     for model in args.models.split(","):
         cfg = settings.get(model, settings["resnet18"])
-        for old, new in ((2, 3), (3, 2)):
-            results = []
-            for i in range(args.repeats):
-                with tempfile.TemporaryDirectory() as work:
-                    log_dir = args.log_dir or work
-                    if args.log_dir:
-                        log_dir = os.path.join(args.log_dir, str(i))
-                        os.makedirs(log_dir, exist_ok=True)
-                    r = one_repeat(model, cfg, old, new, work, log_dir)
-                results.append(r)
-                print("# %s %d -> %d, repeat %d: %s" % (model, old, new, i,
-                      {k: (round(v, 3) if isinstance(v, float) else v)
-                       for k, v in r.items()}), flush=True)
-
-            def med(key):
-                return statistics.median(r[key] for r in results)
-
-            joiner = ("%.2f + %.2f" % (med("joiner_start"), med("joiner_load"))
-                      if new > old else "-")
-            rows.append((
-                model, "%d -> %d" % (old, new), med("members_back"),
-                med("to_training"),
-                med("reported_ms"), med("stall"), med("step"),
-                med("step_after"), med("lost"), joiner,
-                med("cold"), med("to_training") / med("cold"),
-                "; ".join(sorted(set(r["elastic"] for r in results))),
-                "; ".join(sorted(set(r["resumed"] for r in results)))))
-    print("| model | workers | request to every member in the new step (s) "
+        for kind in args.kinds.split(","):
+            for old, new in ((2, 3), (3, 2)):
+                rows.append(one_row(model, cfg, Change(kind, old, new),
+                                    args))
+    print("| model | change | request to every member in the new step (s) "
           "| request to the new count's first step done (s) | "
-          "worker 0's change (ms) | stall: step gap across it (s) | "
+          "worker 0's change (ms) | request to the boundary: membership line "
+          "- worker 0's change (s) | other workers' recovery, as reported "
+          "(s) | stall: step gap across it (s) | "
           "step before (s) | step after (s) | lost: stall - step after (s) "
-          "| joining worker: request to start + start to "
-          "rejoined (s) | baseline: restart from the checkpoint to its first "
+          "| joining member: request to start + start to ready "
+          "(s) | baseline: restart from the checkpoint to its first "
           "step (s) | elastic / baseline | elastic run | resumed run |")
-    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+          "---:|---|---|")
     for r in rows:
-        print("| %s | %s | %.2f | %.2f | %.0f | %.2f | %.2f | %.2f | %.2f | %s "
-              "| %.2f | %.2fx "
-              "| %s | %s |" % r)
-    print("\nmedians of %d repeats; 2 shards, sync, --max_workers=3; "
-          "%.0f s in all" % (args.repeats, time.monotonic() - began))
+        print("| %s | %s | %.2f | %.2f | %.0f | %.2f | %.2f | %.2f | %.2f "
+              "| %.2f | %.2f | %s | %.2f | %.2fx | %s | %s |" % r)
+    print("\nmedians of %d repeats; sync; workers: 2 shards, "
+          "--max_workers=3; shards: 2 workers, --max_ps=3; %.0f s in all" %
+          (args.repeats, time.monotonic() - began))
+
+
+def one_row(model, cfg, change, args):
+    """The table row of `change`: medians of args.repeats runs."""
+    results = []
+    for i in range(args.repeats):
+        with tempfile.TemporaryDirectory() as work:
+            log_dir = args.log_dir or work
+            if args.log_dir:
+                log_dir = os.path.join(args.log_dir, str(i))
+                os.makedirs(log_dir, exist_ok=True)
+            r = one_repeat(model, cfg, change, work, log_dir)
+        results.append(r)
+        print("# %s %s, repeat %d: %s" % (model, change.label(), i,
+              {k: (round(v, 3) if isinstance(v, float) else v)
+               for k, v in r.items()}), flush=True)
+
+    def med(key):
+        return statistics.median(r[key] for r in results)
+
+    joiner = "-"
+    if change.joiner and change.kind == "workers":
+        joiner = "%.2f + %.2f" % (med("joiner_start"), med("joiner_load"))
+    elif change.joiner:
+        joiner = "%.2f + %.2f (membership at start + %.2f)" % (
+            med("joiner_start"), med("joiner_load"), med("joiner_member"))
+    elif "leaver_exit" in results[0]:
+        joiner = "- (the removed shard exits at %.2f)" % med("leaver_exit")
+    return (model, change.label(), med("members_back"), med("to_training"),
+            med("reported_ms"), med("to_boundary"), med("recovery"),
+            med("stall"), med("step"), med("step_after"), med("lost"),
+            joiner, med("cold"), med("to_training") / med("cold"),
+            "; ".join(sorted(set(r["elastic"] for r in results))),
+            "; ".join(sorted(set(r["resumed"] for r in results))))
 
 
 if __name__ == "__main__":
