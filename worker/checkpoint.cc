@@ -744,6 +744,11 @@ absl::Status CheckpointWriter::Finish(
   }
   ASSIGN_OR_RETURN(std::vector<CheckpointResponse> shards,
                    exchange_->Checkpoint(step, step_dir, /*wait=*/true));
+  // One file per shard of the layout the cut was taken on: an elastic job's
+  // worker 0 may have moved the state onto another number of shards since
+  // the job began (issue 40), and a membership change waits for the
+  // checkpoint in flight, so the count is the replies'.
+  const int num_shards = static_cast<int>(shards.size());
   if (model_from_shards_) {
     // Worker 0's weights are not the cut's (see set_model_from_shards()):
     // the model file comes from the shard files just written.
@@ -751,7 +756,8 @@ absl::Status CheckpointWriter::Finish(
     written.dir = step_dir;
     written.step = step;
     written.job = job_;
-    for (int s = 0; s < job_.num_shards; ++s) {
+    written.job.num_shards = num_shards;
+    for (int s = 0; s < num_shards; ++s) {
       written.shard_files.push_back(
           {ShardFileName(s), static_cast<uint64_t>(shards[s].size_bytes()),
            shards[s].crc32()});
@@ -775,7 +781,7 @@ absl::Status CheckpointWriter::Finish(
   j["mode"] = std::string(Spelling(job_.mode));
   j["model"] = job_.model;
   j["dataset"] = job_.dataset;
-  j["num_shards"] = job_.num_shards;
+  j["num_shards"] = num_shards;
   j["partition_bytes"] = job_.partition_bytes;
   j["optimizer"] = {{"name", std::string(OptimizerName(job_.adam.kind))},
                     {"lr", job_.adam.lr},
@@ -805,7 +811,7 @@ absl::Status CheckpointWriter::Finish(
   }
   j["tensors"] = tensors;
   json files = json::array();
-  for (int s = 0; s < job_.num_shards; ++s) {
+  for (int s = 0; s < num_shards; ++s) {
     json f = FileJson({ShardFileName(s),
                        static_cast<uint64_t>(shards[s].size_bytes()),
                        shards[s].crc32()});
