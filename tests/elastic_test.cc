@@ -1,7 +1,9 @@
 // Elastic jobs on real processes (issue 40): two LeNet-5 epochs of
 // Fashion-MNIST whose first grows from 2 workers to 4 at step 200 (pstrain
-// run's control file) and shrinks to 3 when worker 3 is killed with its
-// restart budget spent (min_workers 2). The job ends 0, every sample of
+// run's control file), from 2 shards to 3 at step 300, shrinks to 3
+// workers when worker 3 is killed with its restart budget spent
+// (min_workers 2) past step 400, and goes back to 2 shards at step 500 (or
+// the first boundary after the shrink). The job ends 0, every sample of
 // each epoch is trained once (the workers record each counted step's samples:
 // PSTRAIN_RECORD_SAMPLES), the accuracy is within a point of the fixed 2x2
 // run's, and the final model evaluates to it. SKIP without Fashion-MNIST.
@@ -62,6 +64,13 @@ double Accuracy(const std::string& output) {
   return last;
 }
 
+// Appends one request to the control file (pstrain run reads the lines
+// added since it last looked; a file written anew is read from its start).
+void AppendLine(const std::string& path, const std::string& line) {
+  std::ofstream out(path, std::ios::app);
+  out << line << "\n";
+}
+
 // Every line of every worker's record: (epoch, step) -> the samples of
 // that step, worker by worker.
 struct Recorded {
@@ -107,24 +116,31 @@ TEST(ElasticTest, GrowsAndShrinksTrainingEverySampleOnce) {
       std::system(("rm -rf " + records + " " + dir + " && mkdir -p " + records)
                       .c_str()),
       0);
+  // One request at a time: worker 0 applies the newest membership once it
+  // is due, so a later line written early would overtake an earlier one.
   WriteTextFile(control, "num_workers=4 at_step=200\n");
   std::vector<std::string> argv = RunArgv(dir);
-  for (const char* flag :
-       {"--max_workers=4", "--min_workers=2", "--max_restarts=0"}) {
+  for (const char* flag : {"--max_workers=4", "--min_workers=2",
+                           "--max_restarts=0", "--max_ps=3"}) {
     argv.push_back(flag);
   }
   argv.push_back("--control_file=" + control);
   Process run(argv, log, {"PSTRAIN_RECORD_SAMPLES=" + records});
-  // Once 4 workers train (past step 400), worker 3 dies for good.
-  ASSERT_TRUE(WaitFor(
-      [&] {
-        const std::string out = ReadTextFile(log);
-        return out.find("membership 1: 2 -> 4 workers") != std::string::npos &&
-               out.find("Step400:") != std::string::npos;
-      },
-      absl::Minutes(4), absl::Milliseconds(50)))
+  auto logged = [&](const std::string& text) {
+    return WaitFor(
+        [&] { return ReadTextFile(log).find(text) != std::string::npos; },
+        absl::Minutes(4), absl::Milliseconds(50));
+  };
+  ASSERT_TRUE(logged("membership 1: 2 -> 4 workers")) << ReadTextFile(log);
+  AppendLine(control, "num_ps=3 at_step=300");
+  ASSERT_TRUE(logged("membership 2: 4 -> 4 workers, 2 -> 3 shards"))
       << ReadTextFile(log);
+  // Once 4 workers train on 3 shards (past step 400), worker 3 dies for
+  // good.
+  ASSERT_TRUE(logged("Step400:")) << ReadTextFile(log);
   ASSERT_TRUE(KillChild(run.pid(), "pstrain_worker .*--task_index=3"));
+  ASSERT_TRUE(logged("membership 3: 4 -> 3 workers")) << ReadTextFile(log);
+  AppendLine(control, "num_ps=2 at_step=500");
   const int exit_code = run.Wait(300);
   const std::string output = ReadTextFile(log);
   ASSERT_EQ(exit_code, 0) << output;
@@ -136,8 +152,22 @@ TEST(ElasticTest, GrowsAndShrinksTrainingEverySampleOnce) {
       << output;
   ASSERT_TRUE(std::regex_search(
       output, shrink,
-      std::regex(R"(membership 2: 4 -> 3 workers at step ([0-9]+) .*)"
+      std::regex(R"(membership 3: 4 -> 3 workers at step ([0-9]+) .*)"
                  R"(worker 3 removed: its restart budget is spent)")))
+      << output;
+  std::smatch shards_grow, shards_shrink;
+  ASSERT_TRUE(std::regex_search(
+      output, shards_grow,
+      std::regex(R"(membership 2: 4 -> 4 workers, 2 -> 3 shards at step )"
+                 R"(([0-9]+) )")))
+      << output;
+  ASSERT_TRUE(std::regex_search(
+      output, shards_shrink,
+      std::regex(R"(membership 4: 3 -> 3 workers, 3 -> 2 shards at step )"
+                 R"(([0-9]+) )")))
+      << output;
+  // The shard the layout left exits 0, not as a failure.
+  EXPECT_NE(output.find("shard 2 left the job's layout"), std::string::npos)
       << output;
   EXPECT_NE(output.find("worker 3 removed from the job"), std::string::npos)
       << output;
@@ -146,8 +176,17 @@ TEST(ElasticTest, GrowsAndShrinksTrainingEverySampleOnce) {
   std::printf("grown at step %lld, shrunk at step %lld\n",
               static_cast<long long>(grown_at),
               static_cast<long long>(shrunk_at));
+  const int64_t shards_grown_at = std::stoll(shards_grow[1].str());
+  const int64_t shards_shrunk_at = std::stoll(shards_shrink[1].str());
+  std::printf("shards 2 -> 3 at step %lld, 3 -> 2 at step %lld\n",
+              static_cast<long long>(shards_grown_at),
+              static_cast<long long>(shards_shrunk_at));
   EXPECT_GE(grown_at, 200);
-  EXPECT_GT(shrunk_at, grown_at);
+  EXPECT_GE(shards_grown_at, 300);
+  EXPECT_GT(shards_grown_at, grown_at);
+  EXPECT_GT(shrunk_at, shards_grown_at);
+  EXPECT_GE(shards_shrunk_at, 500);
+  EXPECT_GT(shards_shrunk_at, shrunk_at);
 
   // Each step was trained by its membership's workers, and every sample
   // once: the epoch's permutation up to a tail of less than one step.
