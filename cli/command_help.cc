@@ -151,10 +151,9 @@ Flags JobFlags(const std::string& what) {
        "warm-up); 0: R from the first step."},
       {"momentum_correction",
        "With --compression=topk:R and --optimizer=sgd --momentum=M: Deep "
-       "Gradient Compression's momentum correction and masking: each worker "
-       "keeps the velocity, accumulates it into its residual before the "
-       "selection and zeroes both where it pushed; the shards apply SGD "
-       "without momentum. Velocities are saved with the residuals."},
+       "Gradient Compression's momentum correction and masking (the workers "
+       "keep the velocity, added to the residual before the selection and "
+       "zeroed where pushed; the shards apply SGD without momentum)."},
       {"compression_dense_steps",
        "With --compression=topk:R: the first N steps push every entry "
        "(dense), then the warm-up, then R."},
@@ -334,10 +333,8 @@ CommandInfo RunInfo() {
               "instead of failing the job while this many remain (0: "
               "never)."},
              {"linear_lr_scaling",
-              "Elastic workers: each membership's learning rate is --lr x "
-              "members / num_workers (the linear scaling rule of Goyal et "
-              "al. 2017), so it follows the effective batch; off: --lr "
-              "whatever the members."},
+              "Elastic workers: each membership's lr is --lr x members / "
+              "num_workers (Goyal et al. 2017's linear scaling rule)."},
              {"max_ps",
               "Mode sync without staleness: at most this many shards (num_ps "
               "to 64; 0: the shards fixed); --control_file's num_ps=M moves "

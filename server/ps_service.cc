@@ -25,6 +25,34 @@
 #include "server/shard_checkpoint.h"
 
 namespace pstrain {
+namespace {
+
+// The shard count a layout names (ModelLayout.num_shards; 0: the shard's
+// configured count), which must hold `options`' shard, after the bound on
+// its row widths (none, or one per tensor: the plan checks each; the count
+// is bounded here, before the copy): INVALID_ARGUMENT otherwise.
+absl::StatusOr<int> LayoutShards(const ModelLayout& layout,
+                                 const ShardOptions& options) {
+  if (layout.param_row_elements_size() > layout.param_num_elements_size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the layout has ", layout.param_row_elements_size(),
+                     " row widths for ", layout.param_num_elements_size(),
+                     " tensors; expected one per tensor or none"));
+  }
+  const int num_shards =
+      layout.num_shards() != 0 ? layout.num_shards() : options.num_shards;
+  if (num_shards <= options.shard_index ||
+      num_shards > PartitionPlan::kMaxShards) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the layout has ", num_shards, " shards; shard ",
+                     options.shard_index, " expected ", options.shard_index + 1,
+                     " to ", PartitionPlan::kMaxShards));
+  }
+  return num_shards;
+}
+
+}  // namespace
+
 PsService::PsService(ParameterShard* shard, absl::Duration pull_timeout,
                      bool authorize, absl::Duration write_timeout)
     : shard_(shard),
@@ -320,17 +348,9 @@ grpc::Status PsService::Init(grpc::ServerContext* context,
       request.layout().param_num_elements().end());
   const int64_t partition_bytes = request.layout().partition_bytes();
   const int num_buffers = request.layout().num_buffers();
-  // Row-sparse tensors: none, or one entry per tensor (the plan checks
-  // each; the count is bounded here, before the copy).
-  if (request.layout().param_row_elements_size() >
-      request.layout().param_num_elements_size()) {
-    return grpc::Status(
-        grpc::StatusCode::INVALID_ARGUMENT,
-        absl::StrCat(
-            "the layout has ", request.layout().param_row_elements_size(),
-            " row widths for ", request.layout().param_num_elements_size(),
-            " tensors; expected one per tensor or none"));
-  }
+  const absl::StatusOr<int> num_shards =
+      LayoutShards(request.layout(), shard_->options());
+  if (!num_shards.ok()) return ToGrpcStatus(num_shards.status());
   const std::vector<int64_t> row_elements(
       request.layout().param_row_elements().begin(),
       request.layout().param_row_elements().end());
@@ -365,20 +385,8 @@ grpc::Status PsService::Init(grpc::ServerContext* context,
   // Each chunk is checked against the layout's plan as it arrives, before
   // its bytes are decoded, so what Init holds is bounded by this shard's
   // part of the layout (the shard checks the whole set again).
-  const int num_shards = request.layout().num_shards() != 0
-                             ? request.layout().num_shards()
-                             : shard_->options().num_shards;
-  if (num_shards <= shard_->options().shard_index ||
-      num_shards > PartitionPlan::kMaxShards) {
-    return grpc::Status(
-        grpc::StatusCode::INVALID_ARGUMENT,
-        absl::StrCat("the layout has ", num_shards, " shards; shard ",
-                     shard_->options().shard_index, " expected ",
-                     shard_->options().shard_index + 1, " to ",
-                     PartitionPlan::kMaxShards));
-  }
   absl::StatusOr<PartitionPlan> plan = PartitionPlan::Create(
-      sizes, partition_bytes, num_shards, num_buffers, row_elements);
+      sizes, partition_bytes, *num_shards, num_buffers, row_elements);
   if (!plan.ok()) return ToGrpcStatus(plan.status());
   std::vector<bool> seen(plan->chunks().size(), false);
   std::vector<InitChunk> chunks;
@@ -431,7 +439,7 @@ grpc::Status PsService::Init(grpc::ServerContext* context,
   // shard makes them anew (every worker closes its streams first).
   const bool relayout =
       restore && (partition_bytes != shard_->plan().partition_bytes() ||
-                  num_shards != shard_->plan().num_shards());
+                  *num_shards != shard_->plan().num_shards());
   if (relayout) {
     absl::Time deadline = absl::Now() + pull_timeout_;
     if (context->deadline() != std::chrono::system_clock::time_point::max()) {
@@ -443,7 +451,7 @@ grpc::Status PsService::Init(grpc::ServerContext* context,
   shard_->SetRowSparseLayout(row_elements);
   status = shard_->Initialize(
       sizes, partition_bytes, std::move(chunks), num_buffers, generation,
-      membership.has_value() ? &*membership : nullptr, num_shards);
+      membership.has_value() ? &*membership : nullptr, *num_shards);
   if (relayout) EndRelayout();
   if (!status.ok()) return ToGrpcStatus(status);
   response->set_num_chunks(num_chunks);

@@ -89,6 +89,11 @@ class ElasticMembership {
   // (the current workers, and the data position at `version`).
   WorkerMembership AtVersion(int64_t version) const;
 
+  // The shards this worker trains on: the job's first, then worker 0's
+  // each applied membership's (the other workers' stay the first: the
+  // run's table is worker 0's).
+  int num_ps() const { return num_ps_; }
+
   // Worker 0: the last membership MaybeApply() applied (none before).
   const std::optional<MembershipApplied>& last_applied() const {
     return last_applied_;

@@ -119,6 +119,21 @@ std::vector<int64_t> RowElementsOf(const TrainerOptions& options,
   return workload.TensorRowElements();
 }
 
+// INVALID_ARGUMENT where the job asks for row-sparse tables in a PS mode
+// and the model has none.
+absl::Status CheckRowTables(const TrainerOptions& options, const RunKind& kind,
+                            const Workload& workload) {
+  const std::vector<int64_t> rows = RowElementsOf(options, kind, workload);
+  if (!options.sparse_embeddings || kind.allreduce ||
+      std::any_of(rows.begin(), rows.end(), [](int64_t d) { return d > 0; })) {
+    return absl::OkStatus();
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("sparse_embeddings: model ", options.model,
+                   " has no untied embedding table; expected a model with one "
+                   "(bert_tiny_untied, bert_base_untied)"));
+}
+
 // --partition_bytes=auto (worker/partition_tuner.h): a fresh job tunes; a
 // resumed one takes its checkpoint's size; a rejoining task its newest
 // checkpoint's, else the shards' layout.
@@ -288,9 +303,9 @@ ElasticOptions ElasticOptionsOf(const TrainerOptions& options,
 // parameter, so a checkpoint of any mode loads.
 absl::StatusOr<int64_t> ReadResume(const TrainerOptions& options,
                                    const RunKind& kind,
-                                   DataPositions& positions,
-                                   Workload& workload, ModelState* state,
-                                   std::string* dir, const LineFn& say) {
+                                   DataPositions& positions, Workload& workload,
+                                   ModelState* state, std::string* dir,
+                                   const LineFn& say) {
   ASSIGN_OR_RETURN(CheckpointManifest manifest,
                    ReadLatestCheckpoint(options.checkpoint_dir));
   *dir = manifest.dir;
@@ -408,10 +423,18 @@ std::unique_ptr<CheckpointWriter> CreateCheckpointWriter(
   return writer;
 }
 
-// What the run is, in its result.
+// What the run is, in its result, with the partition it chose.
 void DescribeRun(const TrainerOptions& options, const RunKind& kind,
                  const Dataset& dataset, const Workload& workload,
-                 RunResult* result) {
+                 const PartitionSetting& partition, RunResult* result) {
+  if (!kind.allreduce) result->set_partition_bytes(partition.partition_bytes);
+  if (partition.choice.has_value()) {
+    for (const PartitionTrial& trial : partition.choice->trials) {
+      PartitionTrialResult* row = result->add_partition_trials();
+      row->set_partition_bytes(trial.partition_bytes);
+      row->set_ms_per_step(trial.ms_per_step);
+    }
+  }
   result->set_num_ps(
       kind.allreduce ? 0 : static_cast<int>(options.ps_addresses.size()));
   result->set_num_workers(options.num_workers);
@@ -536,16 +559,7 @@ absl::StatusOr<TrainerOutput> RunWorker(const TrainerOptions& options,
   if (!options.init_from.empty()) {
     RETURN_IF_ERROR(workload->LoadModel(options.init_from));
   }
-  if (options.sparse_embeddings && !kind.allreduce) {
-    const std::vector<int64_t> rows = workload->TensorRowElements();
-    if (std::none_of(rows.begin(), rows.end(),
-                     [](int64_t d) { return d > 0; })) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "sparse_embeddings: model ", options.model,
-          " has no untied embedding table; expected a model with one "
-          "(bert_tiny_untied, bert_base_untied)"));
-    }
-  }
+  RETURN_IF_ERROR(CheckRowTables(options, kind, *workload));
   ASSIGN_OR_RETURN(const PartitionSetting partition,
                    ChoosePartition(options, kind, *workload, say));
   std::string placement;
@@ -574,9 +588,8 @@ absl::StatusOr<TrainerOutput> RunWorker(const TrainerOptions& options,
   if (options.elastic && !kind.allreduce) {
     elastic.emplace(ElasticOptionsOf(options, say), &positions, exchange.get());
     if (chief) {
-      exchange->set_restore_membership([&elastic](int64_t version) {
-        return elastic->AtVersion(version);
-      });
+      exchange->set_restore_membership(
+          [&elastic](int64_t version) { return elastic->AtVersion(version); });
     }
   }
   ASSIGN_OR_RETURN(const int64_t start_step,
@@ -609,17 +622,7 @@ absl::StatusOr<TrainerOutput> RunWorker(const TrainerOptions& options,
         absl::Now());
   }
   TrainerOutput output;
-  DescribeRun(options, kind, dataset, *workload, &output.result);
-  if (!kind.allreduce) {
-    output.result.set_partition_bytes(partition.partition_bytes);
-  }
-  if (partition.choice.has_value()) {
-    for (const PartitionTrial& trial : partition.choice->trials) {
-      PartitionTrialResult* row = output.result.add_partition_trials();
-      row->set_partition_bytes(trial.partition_bytes);
-      row->set_ms_per_step(trial.ms_per_step);
-    }
-  }
+  DescribeRun(options, kind, dataset, *workload, partition, &output.result);
   if (chief && options.verbose) {
     say(absl::StrFormat("%s; %s; %d steps per epoch per worker",
                         workload->Describe(), placement,
@@ -667,8 +670,11 @@ absl::StatusOr<TrainerOutput> RunWorker(const TrainerOptions& options,
     reporter->CheckpointsWritten(checkpoints->completed(),
                                  checkpoints->latest_path());
   }
-  // An elastic job's table names the workers it ended with.
-  if (elastic.has_value()) output.result.set_num_workers(positions.members());
+  // An elastic job's table names the workers and shards it ended with.
+  if (elastic.has_value()) {
+    output.result.set_num_workers(positions.members());
+    output.result.set_num_ps(elastic->num_ps());
+  }
   RETURN_IF_ERROR(reporter->Finish(steps, train_seconds));
   for (absl::Span<float> w : workload->weights()) {
     output.final_weights.emplace_back(w.begin(), w.end());
