@@ -272,10 +272,6 @@ class Backend {
       int32_t ignore_index, DeviceTensor* dlogits);
 };
 
-// The ignore index of PyTorch's cross-entropy, which MLM labels use for
-// positions that are not predicted.
-inline constexpr int32_t kIgnoreLabel = -100;
-
 // Backend factories; the CUDA one exists only in --config=cuda builds.
 std::unique_ptr<Backend> NewCpuBackend();
 // Whether the CPU backend can compute bf16 precision on this machine

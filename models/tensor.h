@@ -36,6 +36,11 @@ struct Tensor {
   int64_t size() const { return static_cast<int64_t>(data.size()); }
 };
 
+// The ignore index of PyTorch's cross-entropy, which MLM labels use for
+// positions that are not predicted (models/backend.h
+// SoftmaxCrossEntropyIgnoring).
+inline constexpr int32_t kIgnoreLabel = -100;
+
 }  // namespace pstrain
 
 #endif  // PSTRAIN_MODELS_TENSOR_H_

@@ -9,7 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/regular_file.h"
 #include "common/status_macros.h"
-#include "models/backend.h"
+#include "models/tensor.h"
 #include "text/special_ids.h"
 
 namespace pstrain {

@@ -15,7 +15,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
-#include "models/backend.h"
+#include "models/tensor.h"
 #include "text/corpus.h"
 #include "text/mlm_data.h"
 #include "text/tokenizer.h"
