@@ -105,7 +105,8 @@ TEST(RunCliTest, SmallJobPrintsStepEpochLinesTableAndJson) {
               "samples_per_sec,job_samples_per_sec,compute_ms,exchange_ms,"
               "test_loss,test_accuracy,forward_ms,backward_ms,push_ms,"
               "barrier_wait_ms,pull_ms,allreduce_ms,bytes_pushed,"
-              "bytes_pulled");
+              "bytes_pulled,old_workers,workers,old_shards,shards,"
+              "membership_change_ms");
     std::istringstream jsonl(pstrain::testing::ReadTextFile(base + ".jsonl"));
     int64_t steps = 0;
     int rows = 0;
