@@ -178,10 +178,19 @@ const CleanRuns& Clean(const Policy& policy) {
 // clipping they drew 0.837 to 0.851 in one run of this test and a band
 // starting at 0.8458 in another, where a killed-shard run then ended at
 // 0.8349, inside the first band. So a disturbed run's floor is a point
-// below the band's low end, widened by the band's own width.
+// below the band's low end, widened by the band's own width, and by at
+// least kMinSpread: three draws can land close together. The top-k policy
+// (Adam at 1e-3 on a tenth of each gradient, still climbing at 0.80 after
+// two epochs) drew bands of 0.7852 to 0.8095, 0.7979 to 0.8084 and 0.8064
+// to 0.8148 in three runs of this test (2026-11-26/27): 3 points in all,
+// and one CI run's restarted-worker run ended at 0.7843, below a band of
+// 0.8 points but inside the pooled one. The staleness bands span up to 2.8
+// points within one run (0.8093 to 0.8375).
+constexpr double kMinSpread = 0.02;
 void ExpectNoPointLostAgainst(const CleanRuns& clean, const TableRow& row,
                               const std::string& output) {
-  const double spread = clean.max_accuracy - clean.min_accuracy;
+  const double spread =
+      std::max(clean.max_accuracy - clean.min_accuracy, kMinSpread);
   EXPECT_GE(row.accuracy, clean.min_accuracy - 0.01 - spread) << output;
   ExpectEpochTimesAddUp(output);
 }
