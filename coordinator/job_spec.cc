@@ -434,24 +434,14 @@ absl::Status CheckElastic(const JobConfig& config) {
                                    "for a new membership only without "
                                    "staleness; not built yet)"));
   }
-  if (config.compression.enabled() && config.compression.error_feedback &&
-      !spec.checkpoint_dir().empty()) {
-    return Bad(field, absl::StrCat(value,
-                                   " with top-k error feedback and "
-                                   "checkpoints; expected 0 (the workers' "
-                                   "residuals live in checkpoints, which a "
-                                   "membership change reopening the shards "
-                                   "in place would not restore; not built "
-                                   "yet)"));
-  }
   return absl::OkStatus();
 }
 
 // Elastic shards (issue 40): max_ps, its range and where moving the state
 // to another number of shards is refused. The state moves at a step
 // boundary where every shard holds one decided version of every chunk:
-// sync without staleness only (as a worker membership), and the workers'
-// top-k residuals, kept in checkpoints, would not follow the move.
+// sync without staleness only (as a worker membership). Top-k residuals
+// stay with their workers (GradientExchange::ChangeShards).
 absl::Status CheckElasticShards(const JobConfig& config) {
   const JobSpec& spec = config.spec;
   if (spec.max_ps() == 0) return absl::OkStatus();
@@ -479,15 +469,6 @@ absl::Status CheckElasticShards(const JobConfig& config) {
                             "boundary where every shard holds one "
                             "decided version: sync without "
                             "staleness only)"));
-  }
-  if (config.compression.enabled() && config.compression.error_feedback &&
-      !spec.checkpoint_dir().empty()) {
-    return Bad("max_ps", absl::StrCat(value,
-                                      " with top-k error feedback and "
-                                      "checkpoints; expected 0 (the workers' "
-                                      "residuals live in checkpoints, which a "
-                                      "change of the shards would not "
-                                      "restore; not built yet)"));
   }
   return absl::OkStatus();
 }

@@ -452,6 +452,10 @@ TEST(JobSpecTest, ElasticRangesAndRefusals) {
        {base + "max_workers: 2", base + "max_workers: 4096",
         base + "min_workers: 1", base + "min_workers: 2 max_workers: 4",
         base + "max_workers: 4 backup_workers: 1",
+        // Top-k residuals stay with their workers across a membership
+        // change (GradientExchange::ChangeMembership).
+        base + "max_workers: 4 compression: \"topk:0.1\" checkpoint_dir: "
+               "\"/tmp/c\"",
         base + "max_workers: 3 worker_hosts { host: \"a\" } "
                "worker_hosts { host: \"b\" } worker_hosts { host: \"c\" }"}) {
     absl::StatusOr<JobSpec> spec = ParseJobSpec(good, "job.pbtxt");
@@ -480,12 +484,6 @@ TEST(JobSpecTest, ElasticRangesAndRefusals) {
       {base + "max_workers: 4 staleness: 2",
        "max_workers: 4 with staleness 2; expected 0 (the shards reopen in "
        "place for a new membership only without staleness; not built yet)"},
-      {base + "max_workers: 4 compression: \"topk:0.1\" checkpoint_dir: "
-              "\"/tmp/c\"",
-       "max_workers: 4 with top-k error feedback and checkpoints; expected 0 "
-       "(the workers' residuals live in checkpoints, which a membership "
-       "change reopening the shards in place would not restore; not built "
-       "yet)"},
       {base + "max_workers: 3 worker_hosts { host: \"a\" } "
               "worker_hosts { host: \"b\" }",
        "worker_hosts: 2 entries; expected 3 (one per task) or none"},
@@ -527,6 +525,8 @@ TEST(JobSpecTest, ElasticShardRangesAndRefusals) {
         base + "max_ps: 3 max_workers: 4 min_workers: 1",
         base + "max_ps: 4 backup_workers: 1",
         base + "max_ps: 3 compression: \"topk:0.1\"",
+        base + "max_ps: 3 compression: \"topk:0.1\" checkpoint_dir: "
+               "\"/tmp/c\" max_workers: 3",
         base + "max_ps: 3 ps_hosts { host: \"a\" } ps_hosts { host: \"b\" } "
                "ps_hosts { host: \"c\" }"}) {
     absl::StatusOr<JobSpec> spec = ParseJobSpec(good, "job.pbtxt");
@@ -554,11 +554,6 @@ TEST(JobSpecTest, ElasticShardRangesAndRefusals) {
        "shards)"},
       {base + "max_ps: 4 staleness: 2",
        "max_ps: 4 with staleness 2; expected 0 " + sync_only},
-      {base + "max_ps: 4 compression: \"topk:0.1\" checkpoint_dir: "
-              "\"/tmp/c\"",
-       "max_ps: 4 with top-k error feedback and checkpoints; expected 0 (the "
-       "workers' residuals live in checkpoints, which a change of the shards "
-       "would not restore; not built yet)"},
       {base + "max_ps: 3 ps_hosts { host: \"a\" } ps_hosts { host: \"b\" }",
        "ps_hosts: 2 entries; expected 3 (one per task) or none"},
   };

@@ -8,6 +8,7 @@
 // PSTRAIN_RECORD_SAMPLES), the accuracy is within a point of the fixed 2x2
 // run's, and the final model evaluates to it. SKIP without Fashion-MNIST.
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <regex>
@@ -234,6 +235,135 @@ TEST(ElasticTest, GrowsAndShrinksTrainingEverySampleOnce) {
   // run, so fewer steps; not bounded above), and the model file says the same.
   const double accuracy = Accuracy(output);
   EXPECT_GE(accuracy, fixed_accuracy - 0.01) << output;
+  const CommandResult eval = RunCommand(JoinArgv(
+      {"cli/pstrain", "eval", "--checkpoint=" + dir + "/model.safetensors",
+       "--dataset=fashion_mnist"}));
+  ASSERT_EQ(eval.exit_code, 0) << eval.output;
+  EXPECT_EQ(Accuracy(eval.output), accuracy) << eval.output;
+}
+
+// Top-k pushes with error feedback and checkpoints (each worker's residual
+// saved with every checkpoint) compose with elastic workers and shards:
+// two LeNet-5 epochs grown from 2 workers to 3 at step 100, from 2 shards
+// to 3 at 400, back to 2 shards at 600 and to 2 workers at 800, with a
+// checkpoint every 50 steps (a change due while one is in flight waits for
+// the next boundary: ElasticOptions::checkpoint_in_flight). Exit 0, each
+// step trained by its membership and every sample of each epoch once,
+// each checkpoint holding the residual files of its cut's members (3
+// between the worker changes, 2 outside), and the model file evaluates to
+// the run's accuracy. (The residuals staying with their workers across each
+// change is checked bit for bit in worker:elastic_shards_test.)
+TEST(ElasticTest, TopKWithCheckpointsGrowsAndShrinks) {
+  if (!HaveFashionMnist()) GTEST_SKIP() << "dataset-fashion-mnist missing";
+  const std::string dir = TempDir() + "/topk";
+  const std::string records = TempDir() + "/topk_records";
+  const std::string control = TempDir() + "/topk_control";
+  const std::string log = TempDir() + "/topk.log";
+  ASSERT_EQ(
+      std::system(("rm -rf " + records + " " + dir + " && mkdir -p " + records)
+                      .c_str()),
+      0);
+  WriteTextFile(control, "num_workers=3 at_step=100\n");
+  std::vector<std::string> argv = RunArgv(dir);
+  for (const char* flag :
+       {"--max_workers=3", "--max_ps=3", "--compression=topk:0.1",
+        "--checkpoint_every_steps=50", "--keep_checkpoints=100"}) {
+    argv.push_back(flag);
+  }
+  argv.push_back("--control_file=" + control);
+  Process run(argv, log, {"PSTRAIN_RECORD_SAMPLES=" + records});
+  auto logged = [&](const std::string& text) {
+    return WaitFor(
+        [&] { return ReadTextFile(log).find(text) != std::string::npos; },
+        absl::Minutes(4), absl::Milliseconds(50));
+  };
+  ASSERT_TRUE(logged("membership 1: 2 -> 3 workers")) << ReadTextFile(log);
+  AppendLine(control, "num_ps=3 at_step=400");
+  ASSERT_TRUE(logged("membership 2: 3 -> 3 workers, 2 -> 3 shards"))
+      << ReadTextFile(log);
+  AppendLine(control, "num_ps=2 at_step=600");
+  ASSERT_TRUE(logged("membership 3: 3 -> 3 workers, 3 -> 2 shards"))
+      << ReadTextFile(log);
+  AppendLine(control, "num_workers=2 at_step=800");
+  const int exit_code = run.Wait(300);
+  const std::string output = ReadTextFile(log);
+  ASSERT_EQ(exit_code, 0) << output;
+
+  std::smatch grow, shrink;
+  ASSERT_TRUE(std::regex_search(
+      output, grow,
+      std::regex(R"(membership 1: 2 -> 3 workers at step ([0-9]+) )")))
+      << output;
+  ASSERT_TRUE(std::regex_search(
+      output, shrink,
+      std::regex(R"(membership 4: 3 -> 2 workers at step ([0-9]+) )")))
+      << output;
+  const int64_t grown_at = std::stoll(grow[1].str());
+  const int64_t shrunk_at = std::stoll(shrink[1].str());
+  EXPECT_GE(grown_at, 100);
+  EXPECT_GE(shrunk_at, 800);
+  // Every change's step: a worker whose pull of the step before it was
+  // cut by the change (the shards had decided it) goes on after it
+  // without writing that step's record down, as a killed worker may.
+  std::set<int64_t> changes;
+  const std::regex change(
+      R"(\[worker0\] membership [0-9]+: .* at step ([0-9]+) )");
+  for (std::sregex_iterator it(output.begin(), output.end(), change), end;
+       it != end; ++it) {
+    changes.insert(std::stoll((*it)[1].str()));
+  }
+  EXPECT_EQ(changes.size(), 4u) << output;
+  const Recorded r = ReadRecords(records, 3);
+  int64_t unrecorded = 0;  // batches trained but not written down
+  for (const auto& [step, workers] : r.workers_of_step) {
+    const std::set<int> expected = step >= grown_at && step < shrunk_at
+                                       ? std::set<int>{0, 1, 2}
+                                       : std::set<int>{0, 1};
+    std::set<int> got(workers.begin(), workers.end());
+    EXPECT_EQ(got.size(), workers.size()) << "step " << step;
+    if (changes.count(step + 1) > 0 && got.count(0) > 0) {
+      for (int w : expected) unrecorded += got.insert(w).second ? 1 : 0;
+    }
+    EXPECT_EQ(got, expected) << "step " << step << "\n" << output;
+  }
+  int64_t trained = 0;
+  for (const auto& [key, times] : r.times_trained) {
+    EXPECT_EQ(times, 1) << "epoch " << key.first << ", sample " << key.second;
+    trained += times;
+  }
+  // Less than a step of 3 workers left over in epoch 0.
+  EXPECT_GT(trained + unrecorded * kBatchSize,
+            2 * kTrainSamples - 3 * kBatchSize);
+  EXPECT_LE(trained + unrecorded * kBatchSize, 2 * kTrainSamples);
+
+  // Each checkpoint's residual files are its cut's members': workers 0 to
+  // 2 between the worker changes, 0 and 1 before and after.
+  int checked[2] = {0, 0};
+  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
+    const std::string name = entry.path().filename().string();
+    if (name.rfind("step-", 0) != 0) continue;
+    const int64_t step = std::stoll(name.substr(5));
+    // A cut at a change's step may be either side of it (worker 0 applies
+    // no membership while a checkpoint is in flight).
+    if (step == grown_at || step == shrunk_at ||
+        !std::filesystem::exists(entry.path() / "shard-0.safetensors")) {
+      continue;
+    }
+    const bool three = step > grown_at && step < shrunk_at;
+    for (int w = 0; w < 3; ++w) {
+      EXPECT_EQ(
+          std::filesystem::exists(entry.path() /
+                                  absl::StrCat("residual-", w, ".safetensors")),
+          w < 2 || three)
+          << name << ", worker " << w;
+    }
+    ++checked[three ? 1 : 0];
+  }
+  EXPECT_GT(checked[0], 0);
+  EXPECT_GT(checked[1], 0);
+
+  const double accuracy = Accuracy(output);
+  EXPECT_GT(accuracy, 0.7) << output;
   const CommandResult eval = RunCommand(JoinArgv(
       {"cli/pstrain", "eval", "--checkpoint=" + dir + "/model.safetensors",
        "--dataset=fashion_mnist"}));

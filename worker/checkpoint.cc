@@ -181,13 +181,15 @@ absl::Status CheckPosition(const std::string& path, int64_t step,
   if (p.offset >= 0) {
     if (p.epoch < 0 || p.step_in_epoch < 0 || p.step_in_epoch > step) {
       return BadManifest(
-          where, absl::StrCat("epoch ", p.epoch, ", step_in_epoch ",
-                              p.step_in_epoch, " do not fit the checkpoint's "
-                              "step ", step));
+          where,
+          absl::StrCat("epoch ", p.epoch, ", step_in_epoch ", p.step_in_epoch,
+                       " do not fit the checkpoint's "
+                       "step ",
+                       step));
     }
   } else if (p.offset != -1) {
-    return BadManifest(where, absl::StrCat("offset ", p.offset,
-                                           "; expected 0 or more"));
+    return BadManifest(
+        where, absl::StrCat("offset ", p.offset, "; expected 0 or more"));
   } else if (__builtin_mul_overflow(p.epoch, p.steps_per_epoch,
                                     &position_step) ||
              __builtin_add_overflow(position_step, p.step_in_epoch,
@@ -715,10 +717,15 @@ absl::Status CheckpointWriter::Begin(
     weights_copy_[t].assign(weights[t].begin(), weights[t].end());
   }
   begun_step_ = step;
+  {
+    absl::MutexLock lock(&mu_);
+    in_flight_ = true;
+  }
   background_ = std::thread([this, step, position = at]() {
     absl::Status s = Finish(step, position, weights_copy_);
     absl::MutexLock lock(&mu_);
     background_status_ = s;
+    in_flight_ = false;
   });
   return absl::OkStatus();
 }

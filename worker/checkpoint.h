@@ -215,6 +215,12 @@ class CheckpointWriter {
   // Waits for the checkpoint in flight; its error (reported once: a run
   // that recovers from a failure goes on writing checkpoints).
   absl::Status Wait();
+  // Whether the checkpoint Begin() started last is still being written
+  // (Wait() would block). Thread-safe.
+  bool InFlight() const {
+    absl::MutexLock lock(&mu_);
+    return in_flight_;
+  }
 
   // A restarted worker 0 of the same job: the checkpoints the job made
   // durable before this writer, so that each manifest's checkpoint_count
@@ -251,6 +257,7 @@ class CheckpointWriter {
   std::thread background_;
   mutable absl::Mutex mu_;
   absl::Status background_status_ ABSL_GUARDED_BY(mu_);
+  bool in_flight_ ABSL_GUARDED_BY(mu_) = false;
   int64_t completed_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t checkpoints_before_ ABSL_GUARDED_BY(mu_) = 0;
   std::string latest_path_ ABSL_GUARDED_BY(mu_);

@@ -47,6 +47,9 @@ absl::StatusOr<std::optional<int64_t>> ElasticMembership::MaybeApply(
       !newest->ready() || step < newest->at_step()) {
     return std::nullopt;
   }
+  if (options_.checkpoint_in_flight && options_.checkpoint_in_flight()) {
+    return std::nullopt;  // the next boundary (ElasticOptions)
+  }
   const absl::Time began = absl::Now();
   if (options_.wait_checkpoint) {
     if (absl::Status s = options_.wait_checkpoint(); !s.ok()) {

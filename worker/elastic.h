@@ -42,6 +42,14 @@ struct ElasticOptions {
   std::function<void(const MembershipApplied&)> applied;
   // Worker 0: waits for its checkpoint in flight (null: none).
   std::function<absl::Status()> wait_checkpoint;
+  // Worker 0 of a job whose checkpoints hold the workers' top-k residuals
+  // (null otherwise): whether a checkpoint is in flight. Such a
+  // checkpoint is durable only once every member wrote its residual file,
+  // which the others do when they learn of the cut, on the pull of the
+  // step after it: worker 0 holding that step back to wait for the
+  // checkpoint would wait for ever. So a due membership is applied at the
+  // first step boundary with no checkpoint in flight.
+  std::function<bool()> checkpoint_in_flight;
   std::function<void(const std::string&)> say;
   absl::Duration timeout = absl::Seconds(60);
   // Worker 0 of a job that removes dead workers (min_workers > 0): after
@@ -105,6 +113,9 @@ class ElasticMembership {
   // Worker 0's checkpoint writer's wait, once it exists.
   void set_wait_checkpoint(std::function<absl::Status()> wait) {
     options_.wait_checkpoint = std::move(wait);
+  }
+  void set_checkpoint_in_flight(std::function<bool()> in_flight) {
+    options_.checkpoint_in_flight = std::move(in_flight);
   }
 
  private:

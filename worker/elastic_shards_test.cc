@@ -11,6 +11,7 @@
 #include <memory>
 #include <string>
 #include <thread>  // NOLINT(build/c++11)
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -21,6 +22,7 @@
 #include "server/ps_service.h"
 #include "server/shard_checkpoint.h"
 #include "worker/gradient_exchange.h"
+#include "worker/topk_compression.h"
 
 namespace pstrain {
 namespace {
@@ -72,13 +74,33 @@ class ShardPool {
   std::vector<std::string> addresses_;
 };
 
+// `topk_ratio` > 0: top-k pushes with error feedback, each worker's
+// residuals saved with checkpoints under `checkpoint_dir` (what a job with
+// checkpoints runs; no checkpoint is taken here).
 std::unique_ptr<GradientExchange> Exchange(
-    const std::vector<std::string>& addresses, int worker) {
+    const std::vector<std::string>& addresses, int worker, double topk_ratio,
+    const std::string& checkpoint_dir) {
   PsClientOptions options;
   options.addresses = addresses;
   options.job_id = "job";
   options.worker_id = worker;
   options.rpc_timeout = absl::Seconds(10);
+  PsCompression compression;
+  if (topk_ratio > 0) {
+    CompressionOptions topk;
+    topk.topk_ratio = topk_ratio;
+    compression.compressor = std::make_unique<TopKCompressor>(
+        topk, std::vector<int64_t>(kSizes.begin(), kSizes.end() - kBuffers), 3);
+    compression.step_dir = [checkpoint_dir](int64_t step) {
+      return absl::StrCat(checkpoint_dir, "/step-", step);
+    };
+    compression.worker_id = worker;
+    compression.num_workers = kWorkers;
+    for (size_t t = 0; t + kBuffers < kSizes.size(); ++t) {
+      compression.names.push_back(absl::StrCat("p", t));
+    }
+    options.compressor = compression.compressor.get();
+  }
   absl::StatusOr<PartitionPlan> plan = PartitionPlan::Create(
       kSizes, kPartitionBytes, static_cast<int>(addresses.size()), kBuffers);
   EXPECT_TRUE(plan.ok()) << plan.status();
@@ -86,7 +108,9 @@ std::unique_ptr<GradientExchange> Exchange(
       PsClient::Create(options, *plan);
   EXPECT_TRUE(client.ok()) << client.status();
   return CreatePsExchange(*std::move(client), /*sync=*/true,
-                          /*chief=*/worker == 0, absl::Seconds(10));
+                          /*chief=*/worker == 0, absl::Seconds(10),
+                          /*staleness=*/0, /*backup_workers=*/false,
+                          std::move(compression));
 }
 
 // Worker `rank`'s gradient at `step`: of 0.5 * (w - target)^2, target
@@ -115,6 +139,13 @@ struct JobRun {
   std::vector<std::string> after;
   // Worker 0 checkpoints step to_step at the end (-1: no).
   bool checkpoint_at_end = false;
+  // Worker 0 applies a new membership (the same two workers, as a
+  // membership change reopens the shards) before step `reopen_at` (-1:
+  // never).
+  int64_t reopen_at = -1;
+  // Top-k pushes (Exchange()); 0: dense.
+  double topk_ratio = 0;
+  std::string checkpoint_dir;
 };
 
 // Every worker's weights after `run`.
@@ -123,7 +154,8 @@ std::vector<std::vector<std::vector<float>>> Train(const JobRun& run) {
   std::vector<std::thread> threads;
   for (int r = 0; r < kWorkers; ++r) {
     threads.emplace_back([&, r] {
-      std::unique_ptr<GradientExchange> exchange = Exchange(run.addresses, r);
+      std::unique_ptr<GradientExchange> exchange =
+          Exchange(run.addresses, r, run.topk_ratio, run.checkpoint_dir);
       std::vector<std::vector<float>> w, g;
       for (size_t t = 0; t < kSizes.size(); ++t) {
         w.emplace_back(kSizes[t], 0.05f * static_cast<float>(t + 1));
@@ -149,6 +181,16 @@ std::vector<std::vector<std::vector<float>>> Train(const JobRun& run) {
           ASSERT_TRUE(version.ok()) << version.status();
           ASSERT_EQ(*version, step);
         }
+        if (r == 0 && step == run.reopen_at) {
+          WorkerMembership m;
+          m.workers = {0, 1};
+          m.epoch = 1;
+          m.from_step = step;
+          absl::StatusOr<int64_t> version =
+              exchange->ChangeMembership(m, absl::Seconds(10));
+          ASSERT_TRUE(version.ok()) << version.status();
+          ASSERT_EQ(*version, step);
+        }
         Gradients(r, step, w, &g);
         const absl::Status s = exchange->Step(gradients, 8);
         if (!s.ok()) {
@@ -156,7 +198,8 @@ std::vector<std::vector<std::vector<float>>> Train(const JobRun& run) {
           ASSERT_NE(r, 0) << s;
           ASSERT_TRUE(absl::IsAborted(s)) << s;
           absl::StatusOr<int64_t> version =
-              exchange->Recover(run.after, nullptr, absl::Seconds(10));
+              exchange->Recover(run.change_at >= 0 ? run.after : run.addresses,
+                                nullptr, absl::Seconds(10));
           ASSERT_TRUE(version.ok()) << version.status();
           step = *version;
           continue;
@@ -263,6 +306,67 @@ TEST(ElasticShardsTest, ShrinkThreeToTwoEqualsAJobThatNeverChanged) {
   const auto stayed = Train(stay);
   for (int r = 0; r < kWorkers; ++r) {
     EXPECT_EQ(shrunk[r], stayed[r]) << "worker " << r;
+  }
+}
+
+// Top-k pushes with error feedback, the job saving residuals with its
+// checkpoints: the residuals are the workers' and stay with them across
+// the move (worker 1, whose step 7 the move aborted, keeps its residual
+// of the start of step 7 rather than a checkpoint's, which does not
+// exist), so a job grown from 2 shards to 3, or shrunk from 3 to 2, ends
+// bit for bit where a job that never changed does. (A worker that went on
+// with zeros would not: the residuals of steps 0 to 6 would be lost.)
+TEST(ElasticShardsTest, TopKResidualsStayWithTheirWorkersAcrossAMove) {
+  for (const auto& [from, to] : {std::pair{2, 3}, std::pair{3, 2}}) {
+    SCOPED_TRACE(absl::StrCat(from, " -> ", to, " shards"));
+    const std::string dir = TempDir(absl::StrCat("topk_", from, "_", to));
+    ShardPool pool(3, from, dir);
+    JobRun change;
+    change.addresses = pool.Addresses(0, from);
+    change.to_step = kSteps;
+    change.change_at = kChangeAt;
+    change.after = pool.Addresses(0, to);
+    change.topk_ratio = 0.1;
+    change.checkpoint_dir = dir;
+    const auto changed = Train(change);
+
+    const std::string other = TempDir(absl::StrCat("topk_stay_", from));
+    ShardPool unchanged(from, from, other);
+    JobRun stay = change;
+    stay.addresses = unchanged.Addresses(0, from);
+    stay.change_at = -1;
+    stay.checkpoint_dir = other;
+    const auto stayed = Train(stay);
+    for (int r = 0; r < kWorkers; ++r) {
+      EXPECT_EQ(changed[r], stayed[r]) << "worker " << r;
+    }
+    EXPECT_NE(changed[0][0][0], 0.05f);
+  }
+}
+
+// The same for a membership change (GradientExchange::ChangeMembership:
+// the shards reopen in place at a new generation): residuals stay.
+TEST(ElasticShardsTest, TopKResidualsStayWithTheirWorkersAcrossAReopen) {
+  const std::string dir = TempDir("topk_reopen");
+  ShardPool pool(2, 2, dir);
+  JobRun reopen;
+  reopen.addresses = pool.Addresses(0, 2);
+  reopen.to_step = kSteps;
+  reopen.reopen_at = kChangeAt;
+  reopen.topk_ratio = 0.1;
+  reopen.checkpoint_dir = dir;
+  const auto reopened = Train(reopen);
+  EXPECT_EQ(pool.shard(0).generation(), 1);
+
+  const std::string other = TempDir("topk_reopen_stay");
+  ShardPool unchanged(2, 2, other);
+  JobRun stay = reopen;
+  stay.addresses = unchanged.Addresses(0, 2);
+  stay.reopen_at = -1;
+  stay.checkpoint_dir = other;
+  const auto stayed = Train(stay);
+  for (int r = 0; r < kWorkers; ++r) {
+    EXPECT_EQ(reopened[r], stayed[r]) << "worker " << r;
   }
 }
 

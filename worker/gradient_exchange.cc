@@ -189,10 +189,17 @@ class PsExchange : public GradientExchange, public WeightsGate {
     if (wait && saves_residuals()) {
       // Every worker's residual file of the cut (worker/residual_files.h)
       // before the manifest can name the checkpoint.
-      RETURN_IF_ERROR(WaitForResidualFiles(step_dir, compression_.num_workers,
-                                           step, checkpoint_generation_.load(),
-                                           absl::Now() + init_timeout_,
-                                           &residual_wait_abandoned_));
+      // An elastic job's members (worker 0 applies no membership while a
+      // checkpoint is in flight: those of the cut).
+      std::vector<int> workers;
+      if (const std::optional<WorkerMembership> m = client_->membership()) {
+        workers = m->workers;
+      } else {
+        for (int w = 0; w < compression_.num_workers; ++w) workers.push_back(w);
+      }
+      RETURN_IF_ERROR(WaitForResidualFiles(
+          step_dir, workers, step, checkpoint_generation_.load(),
+          absl::Now() + init_timeout_, &residual_wait_abandoned_));
     }
     return replies;
   }
@@ -228,7 +235,8 @@ class PsExchange : public GradientExchange, public WeightsGate {
   absl::StatusOr<int64_t> Recover(const std::vector<std::string>& addresses,
                                   const ModelState* restore,
                                   absl::Duration timeout) override {
-    return Continue(addresses, restore, client_->generation() + 1, timeout);
+    return Continue(addresses, restore, client_->generation() + 1, timeout,
+                    /*live=*/true);
   }
 
   absl::StatusOr<int64_t> Rejoin(const std::vector<absl::Span<float>>& weights,
@@ -236,7 +244,7 @@ class PsExchange : public GradientExchange, public WeightsGate {
                                  const ModelState* restore,
                                  absl::Duration timeout) override {
     weights_ = weights;
-    return Continue(addresses, restore, 0, timeout);
+    return Continue(addresses, restore, 0, timeout, /*live=*/false);
   }
 
   bool RecoveredInPlace() const override { return reopened_; }
@@ -244,10 +252,10 @@ class PsExchange : public GradientExchange, public WeightsGate {
 
   absl::StatusOr<int64_t> ChangeMembership(const WorkerMembership& membership,
                                            absl::Duration timeout) override {
-    if (!sync_ || staleness_ > 0 || saves_residuals()) {
+    if (!sync_ || staleness_ > 0) {
       return absl::FailedPreconditionError(
           "a membership change reopens the shards in place: mode sync without "
-          "staleness or saved top-k residuals only");
+          "staleness only");
     }
     // The step in flight is this worker's next: nothing pushed yet.
     DropStepInFlight();
@@ -257,15 +265,16 @@ class PsExchange : public GradientExchange, public WeightsGate {
                                        /*wait_for_connection=*/false));
     ASSIGN_OR_RETURN(version_, client_->PushPull(0, {}, 0, 0, weights_));
     step_ = version_;
+    RETURN_IF_ERROR(KeepResiduals(/*live=*/true));
     return version_;
   }
   absl::StatusOr<int64_t> ChangeShards(
       const std::vector<std::string>& addresses,
       const MembershipAt& membership_at, absl::Duration timeout) override {
-    if (!sync_ || staleness_ > 0 || saves_residuals()) {
+    if (!sync_ || staleness_ > 0) {
       return absl::FailedPreconditionError(
           "a change of shards moves the state at one decided step: mode sync "
-          "without staleness or saved top-k residuals only");
+          "without staleness only");
     }
     DropStepInFlight();
     ASSIGN_OR_RETURN(ModelState state, client_->ExportState(timeout));
@@ -288,6 +297,7 @@ class PsExchange : public GradientExchange, public WeightsGate {
                                        /*wait_for_connection=*/false));
     ASSIGN_OR_RETURN(version_, client_->PushPull(0, {}, 0, 0, weights_));
     step_ = version_;
+    RETURN_IF_ERROR(KeepResiduals(/*live=*/true));
     return version_;
   }
   std::optional<WorkerMembership> membership() const override {
@@ -300,11 +310,13 @@ class PsExchange : public GradientExchange, public WeightsGate {
 
  private:
   // Recover() and Rejoin(): the shards' generation of at least
-  // `min_generation` (worker 0: a new one it restores).
+  // `min_generation` (worker 0: a new one it restores). `live`: this
+  // process trained before (a recovery, not a restarted or joining
+  // worker's rejoin), so it holds its own residuals (KeepResiduals()).
   absl::StatusOr<int64_t> Continue(const std::vector<std::string>& addresses,
                                    const ModelState* restore,
                                    int64_t min_generation,
-                                   absl::Duration timeout) {
+                                   absl::Duration timeout, bool live) {
     DropStepInFlight();
     if (!addresses.empty() &&
         static_cast<int>(addresses.size()) != client_->num_shards()) {
@@ -364,17 +376,55 @@ class PsExchange : public GradientExchange, public WeightsGate {
                                        /*wait_for_connection=*/false));
     ASSIGN_OR_RETURN(version_, client_->PushPull(0, {}, 0, 0, weights_));
     step_ = version_;
-    if (compression_.compressor != nullptr) {
-      // Sync: the shards went back to the checkpoint of step version_ (or
-      // to the initial weights, 0), whose residual files every worker
-      // reads. Async restores are not exact anyway: zeros.
-      const bool from_file = sync_ && version_ > 0 && compression_.step_dir;
-      RETURN_IF_ERROR(
-          LoadResiduals(from_file ? compression_.step_dir(version_) : "",
-                        version_)
-              .status());
-    }
+    RETURN_IF_ERROR(KeepResiduals(live));
     return version_;
+  }
+
+  // The top-k residuals this worker goes on with from the shards' version_
+  // after a recovery, a rejoin, or a membership or shard change, whether
+  // the shards reopened in place or went back to a checkpoint. Sync, a
+  // live worker: its own. A step of it that did not finish but whose
+  // pushes all went out was applied if the shards decided it (version_ is
+  // past it) and shard 0 did not answer it late, so its residual is
+  // committed (had shard 0 admitted it unheard, committing costs the
+  // pushed entries, as a late step costs its gradient; not committing
+  // would push them twice). Then the residual at the start of version_ is
+  // the newest commit at or before it (TopKCompressor::ResidualAt), which
+  // is also what a checkpoint of version_ holds of this worker. Otherwise
+  // (a restarted or joining worker, a ring no longer reaching back to
+  // version_): the residual file of the checkpoint of version_, or zeros
+  // where there is none (a worker that joined after it). Async: zeros
+  // (async restores are not exact anyway).
+  absl::Status KeepResiduals(bool live) {
+    TopKCompressor* topk = compression_.compressor.get();
+    if (topk == nullptr) return absl::OkStatus();
+    const std::optional<PsClient::UnfinishedStep> unfinished =
+        std::exchange(unfinished_, std::nullopt);
+    if (sync_ && live && topk->options().error_feedback) {
+      if (unfinished.has_value() && unfinished->all_pushed &&
+          unfinished->admission != 0 && unfinished->step < version_ &&
+          unfinished->step >= topk->newest_step()) {
+        topk->CommitStep(unfinished->step);
+      }
+      if (topk->newest_step() <= version_) {
+        residual_saved_ = std::min(residual_saved_, version_ - 1);
+        return absl::OkStatus();
+      }
+      absl::StatusOr<std::vector<absl::Span<const float>>> held =
+          topk->ResidualAt(version_);
+      if (held.ok()) {
+        std::vector<std::vector<float>> copy;
+        for (absl::Span<const float> t : *held)
+          copy.emplace_back(t.begin(), t.end());
+        RETURN_IF_ERROR(topk->Reset(version_, copy));
+        residual_saved_ = std::min(residual_saved_, version_ - 1);
+        return absl::OkStatus();
+      }
+    }
+    const bool from_file = sync_ && version_ > 0 && compression_.step_dir;
+    return LoadResiduals(from_file ? compression_.step_dir(version_) : "",
+                         version_)
+        .status();
   }
 
   // Ends the pull Step() left running (forward before the pull ends):
@@ -399,6 +449,12 @@ class PsExchange : public GradientExchange, public WeightsGate {
   // membership change).
   void DropStepInFlight() {
     client_->Reset();
+    // A step whose FinishStep() failed, or the one Reset() gave up (kept
+    // across the retries of a recovery, whose pulls begin no step with
+    // pushes).
+    if (client_->unfinished_step().has_value()) {
+      unfinished_ = client_->unfinished_step();
+    }
     pending_mark_.reset();
     pull_in_flight_ = false;
     pull_error_ = absl::OkStatus();
@@ -458,6 +514,15 @@ class PsExchange : public GradientExchange, public WeightsGate {
     // late or skipped step committed nothing, so the newest commit at or
     // before the cut is its residual).
     if (sync_ && step_ < announced) return absl::OkStatus();
+    // An elastic job's cut before the membership this worker trains in
+    // was complete before worker 0 applied it (ElasticMembership waits for
+    // its checkpoint, or applies the change after it): not this worker's
+    // to write (a joining worker was no member there).
+    if (const std::optional<WorkerMembership> m = client_->membership();
+        sync_ && m.has_value() && announced < m->from_step) {
+      residual_saved_ = announced;
+      return absl::OkStatus();
+    }
     residual_saved_ = announced;
     absl::StatusOr<std::vector<absl::Span<const float>>> residuals =
         topk->ResidualAt(sync_ ? announced : topk->newest_step());
@@ -484,6 +549,7 @@ class PsExchange : public GradientExchange, public WeightsGate {
         sync_ ? std::max<int64_t>(1, step_ + 1 - staleness_) : 0;
     if (TopKCompressor* topk = compression_.compressor.get()) {
       pushed_tag_ = sync_ ? step_ : pushes_;
+      unfinished_.reset();
       topk->BeginStep(pushed_tag_);
     }
     return client_->BeginStep(sync_ ? step_ : version_, gradients, min_version,
@@ -522,6 +588,8 @@ class PsExchange : public GradientExchange, public WeightsGate {
   // tuning's), or nullopt.
   const std::optional<int64_t> ready_generation_;
   int64_t pushed_tag_ = 0;
+  // The step DropStepInFlight() found unfinished (KeepResiduals()).
+  std::optional<PsClient::UnfinishedStep> unfinished_;
   int64_t pushes_ = 0;
   int64_t residual_saved_ = -1;
   // Worker 0: the cut of the newest checkpoint it began.

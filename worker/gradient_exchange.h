@@ -88,7 +88,11 @@ class GradientExchange {
   // version pulled. Each wait lasts at most `timeout`: a shard that is not
   // back yet, or an address that is stale (the coordinator did not know of
   // the death yet), gives UNAVAILABLE or DEADLINE_EXCEEDED, and the caller
-  // tries again with fresh addresses. UNIMPLEMENTED for allreduce.
+  // tries again with fresh addresses. Top-k residuals (sync): this
+  // worker's own at the shards' version, a step of it that the shards
+  // decided without it seeing the end committed (a restarted or joining
+  // worker's Rejoin(): the checkpoint's file of that version, or zeros).
+  // UNIMPLEMENTED for allreduce.
   virtual absl::StatusOr<int64_t> Recover(
       const std::vector<std::string>& addresses, const ModelState* restore,
       absl::Duration timeout) {
@@ -123,6 +127,8 @@ class GradientExchange {
   // the step in flight are dropped, and they recover into the new
   // generation. Pulls and returns the version every shard reopened at
   // (`step`, or later where backup workers went on without worker 0).
+  // Top-k residuals stay with their workers (a leaving worker's are
+  // dropped, a joining one starts from zeros), see Recover().
   // UNIMPLEMENTED where the exchange has no shards.
   virtual absl::StatusOr<int64_t> ChangeMembership(
       const WorkerMembership& membership, absl::Duration timeout) {
@@ -151,7 +157,8 @@ class GradientExchange {
   // addresses from the coordinator). Pulls and returns the version (the
   // shards' last decided step + 1). A failure half way leaves the old
   // shards closed: the caller recovers as from any failure (a reopen or
-  // the last checkpoint opens them). UNIMPLEMENTED without shards.
+  // the last checkpoint opens them). Top-k residuals are the workers' and
+  // do not move. UNIMPLEMENTED without shards.
   virtual absl::StatusOr<int64_t> ChangeShards(
       const std::vector<std::string>& addresses,
       const MembershipAt& membership_at, absl::Duration timeout) {

@@ -788,6 +788,7 @@ absl::Status PsClient::BeginStep(
     state->pull.mutable_pull()->set_announce_decision(true);
   }
   skipped_step_.reset();
+  unfinished_step_.reset();
   last_step_late_ = false;
   {
     absl::MutexLock lock(&state->mu);
@@ -926,7 +927,10 @@ absl::StatusOr<int64_t> PsClient::FinishStep() {
       first = &status;
     }
   }
-  if (first != nullptr) return *first;
+  if (first != nullptr) {
+    NoteUnfinished(done.get());
+    return *first;
+  }
   // Every shard decides alike (proto/ps.proto StepEnd); a shard without
   // chunks decides nothing.
   for (const SkippedStepInfo& skip : done->skipped) {
@@ -1027,7 +1031,18 @@ void PsClient::AbortStep() {
   if (step_ == nullptr) return;
   CancelStep(step_.get(), -1);
   for (std::thread& t : step_->threads) t.join();
+  NoteUnfinished(step_.get());
   step_.reset();
+}
+
+void PsClient::NoteUnfinished(StepState* state) {
+  if (!state->send_step_end) return;  // no pushes
+  absl::MutexLock lock(&state->mu);
+  UnfinishedStep unfinished;
+  unfinished.step = state->step;
+  unfinished.all_pushed = state->pushers_done >= num_lanes();
+  unfinished.admission = state->admission;
+  unfinished_step_ = unfinished;
 }
 
 absl::StatusOr<StatsResponse> PsClient::Stats(int shard) {

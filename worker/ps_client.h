@@ -341,6 +341,21 @@ class PsClient {
   // After FinishStep() of a sync step with backup workers: shard 0 did not
   // admit this worker to the step (its gradients were dropped).
   bool last_step_late() const { return last_step_late_; }
+  // The last step with pushes that began and did not finish (FinishStep()
+  // failed, or Reset() gave it up), as this worker saw it; nullopt once
+  // a later step begins or a step finishes. Where `all_pushed`, every
+  // chunk of it went out (a top-k compressor's residual of the step is
+  // whole); the shards applied it if they decided the step (their version
+  // is past it), unless shard 0 answered it late (backup workers).
+  struct UnfinishedStep {
+    int64_t step = 0;
+    bool all_pushed = false;
+    // Backup workers: shard 0's answer; -1 none came, 0 late, 1 admitted.
+    int admission = -1;
+  };
+  const std::optional<UnfinishedStep>& unfinished_step() const {
+    return unfinished_step_;
+  }
   // After FinishStep(): the largest version of any chunk pulled (the
   // smallest is FinishStep()'s result). They differ only where a pull
   // straddled an update this worker did not wait for (backup workers).
@@ -472,7 +487,10 @@ class PsClient {
   std::vector<Stream> streams_;  // per lane
   // The step between BeginStep() and FinishStep(); null otherwise.
   std::unique_ptr<StepState> step_;
+  // Records `state` as unfinished_step_ (a step with pushes only).
+  void NoteUnfinished(StepState* state);
   std::optional<SkippedStepInfo> skipped_step_;
+  std::optional<UnfinishedStep> unfinished_step_;
   bool last_step_late_ = false;
   int64_t last_max_version_ = 0;
   int64_t announced_checkpoint_step_ = -1;

@@ -121,15 +121,16 @@ absl::StatusOr<std::vector<std::vector<float>>> ReadResidualFile(
   return residuals;
 }
 
-absl::Status WaitForResidualFiles(const std::string& step_dir, int num_workers,
-                                  int64_t step, int64_t generation,
-                                  absl::Time deadline,
+absl::Status WaitForResidualFiles(const std::string& step_dir,
+                                  absl::Span<const int> workers, int64_t step,
+                                  int64_t generation, absl::Time deadline,
                                   const std::atomic<bool>* abandoned) {
-  std::vector<bool> found(num_workers, false);
+  std::vector<bool> found(workers.size(), false);
   while (true) {
     std::vector<int> missing;
-    for (int w = 0; w < num_workers; ++w) {
-      if (found[w]) continue;
+    for (size_t i = 0; i < workers.size(); ++i) {
+      if (found[i]) continue;
+      const int w = workers[i];
       absl::StatusOr<safetensors::File> file = safetensors::File::Read(
           absl::StrCat(step_dir, "/", ResidualFileName(w)));
       if (file.ok()) {
@@ -138,7 +139,7 @@ absl::Status WaitForResidualFiles(const std::string& step_dir, int num_workers,
         // Another generation's: a timeline abandoned by a restore, which
         // this one's write replaces.
         if (*saved == generation) {
-          found[w] = true;
+          found[i] = true;
           continue;
         }
       } else if (!absl::IsNotFound(file.status())) {

@@ -52,11 +52,12 @@ absl::StatusOr<std::vector<std::vector<float>>> ReadResidualFile(
     const std::vector<std::string>& names, const std::vector<int64_t>& sizes);
 
 // Waits (polling every 20 ms, until `deadline`, or until `abandoned` is
-// set: CANCELLED) for the files of workers 0 to num_workers - 1 of `step`,
-// each with metadata step `step` and generation `generation`.
-absl::Status WaitForResidualFiles(const std::string& step_dir, int num_workers,
-                                  int64_t step, int64_t generation,
-                                  absl::Time deadline,
+// set: CANCELLED) for the files of `workers` (ids; an elastic job's
+// members at the cut) of `step`, each with metadata step `step` and
+// generation `generation`.
+absl::Status WaitForResidualFiles(const std::string& step_dir,
+                                  absl::Span<const int> workers, int64_t step,
+                                  int64_t generation, absl::Time deadline,
                                   const std::atomic<bool>* abandoned = nullptr);
 
 }  // namespace pstrain

@@ -67,17 +67,34 @@ TEST(ResidualFilesTest, WaitTakesOnlyThisGenerationsFiles) {
   const std::string dir = NewDir("wait") + "/step-5";
   ASSERT_TRUE(Write(dir, 0, 5, 1).ok());
   ASSERT_TRUE(Write(dir, 1, 5, 0).ok());  // an abandoned timeline's
-  const absl::Status missing =
-      WaitForResidualFiles(dir, 2, 5, 1, absl::Now() + absl::Milliseconds(100));
+  const std::vector<int> both = {0, 1};
+  const absl::Status missing = WaitForResidualFiles(
+      dir, both, 5, 1, absl::Now() + absl::Milliseconds(100));
   EXPECT_TRUE(absl::IsDeadlineExceeded(missing)) << missing;
   EXPECT_THAT(missing.message(), HasSubstr("from worker(s) 1"));
   std::atomic<bool> abandoned{true};
   EXPECT_TRUE(absl::IsCancelled(WaitForResidualFiles(
-      dir, 2, 5, 1, absl::Now() + absl::Seconds(60), &abandoned)));
+      dir, both, 5, 1, absl::Now() + absl::Seconds(60), &abandoned)));
   ASSERT_TRUE(Write(dir, 1, 5, 1).ok());
-  EXPECT_TRUE(
-      WaitForResidualFiles(dir, 2, 5, 1, absl::Now() + absl::Milliseconds(100))
-          .ok());
+  EXPECT_TRUE(WaitForResidualFiles(dir, both, 5, 1,
+                                   absl::Now() + absl::Milliseconds(100))
+                  .ok());
+}
+
+// An elastic job's cut waits for its members' files only: worker 1 left
+// the job, worker 3 joined it.
+TEST(ResidualFilesTest, WaitTakesTheMembersFilesOnly) {
+  const std::string dir = NewDir("members") + "/step-7";
+  ASSERT_TRUE(Write(dir, 0, 7, 2).ok());
+  ASSERT_TRUE(Write(dir, 3, 7, 2).ok());
+  const std::vector<int> members = {0, 3};
+  EXPECT_TRUE(WaitForResidualFiles(dir, members, 7, 2,
+                                   absl::Now() + absl::Milliseconds(100))
+                  .ok());
+  const std::vector<int> with_1 = {0, 1, 3};
+  const absl::Status missing = WaitForResidualFiles(
+      dir, with_1, 7, 2, absl::Now() + absl::Milliseconds(100));
+  EXPECT_THAT(missing.message(), HasSubstr("from worker(s) 1"));
 }
 
 }  // namespace

@@ -645,6 +645,10 @@ absl::StatusOr<TrainerOutput> RunWorker(const TrainerOptions& options,
     if (checkpoints != nullptr) {
       elastic->set_wait_checkpoint(
           [&checkpoints] { return checkpoints->Wait(); });
+      if (options.compression.enabled() && options.compression.error_feedback) {
+        elastic->set_checkpoint_in_flight(
+            [&checkpoints] { return checkpoints->InFlight(); });
+      }
     }
     parts.elastic = &*elastic;
   }
