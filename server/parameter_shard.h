@@ -553,6 +553,21 @@ class ParameterShard {
   // touch costs more than the copy). On error `out` holds a partial copy.
   absl::Status SnapshotInto(int64_t expected_version,
                             std::vector<ChunkSnapshot>* out) const;
+  // One chunk's state, seen in place under its lock (VisitChunks()).
+  struct ChunkView {
+    const ChunkSpec& spec;
+    bool is_buffer;
+    int64_t version;
+    absl::Span<const float> weights, m, v;  // m and v empty for buffers
+  };
+  // Calls `visit` with every chunk of this shard under the chunk's lock,
+  // in plan order, without a copy (an elastic job's export of a closed
+  // shard, which no push changes: PsService::Export); checks
+  // `expected_version` as Snapshot(). CANCELLED where `visit` returns
+  // false; FAILED_PRECONDITION before Initialize().
+  absl::Status VisitChunks(
+      int64_t expected_version,
+      const std::function<bool(const ChunkView&)>& visit) const;
 
   // The deferred half of a checkpoint of step `version` (sync mode; what a
   // shard with bounded staleness or backup workers takes, where chunks

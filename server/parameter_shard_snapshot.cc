@@ -58,6 +58,38 @@ absl::Status ParameterShard::SnapshotInto(
   return absl::OkStatus();
 }
 
+absl::Status ParameterShard::VisitChunks(
+    int64_t expected_version,
+    const std::function<bool(const ChunkView&)>& visit) const {
+  if (!initialized_.load()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("export of shard ", options_.shard_index,
+                     " before it was initialised"));
+  }
+  for (const std::unique_ptr<ChunkState>& c : chunks_) {
+    const ChunkState& chunk = *c;
+    absl::MutexLock lock(&chunk.mu);
+    if (policy_.has_steps() && chunk.version != expected_version) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "export of step ", expected_version, ": chunk (", chunk.spec.param_id,
+          ", ", chunk.spec.chunk_index, ") of shard ", options_.shard_index,
+          " is at version ", chunk.version));
+    }
+    const bool is_buffer = plan_->is_buffer(chunk.spec.param_id);
+    const ChunkView view{chunk.spec,
+                         is_buffer,
+                         chunk.version,
+                         chunk.weights,
+                         is_buffer ? absl::Span<const float>() : chunk.m,
+                         is_buffer ? absl::Span<const float>() : chunk.v};
+    if (!visit(view)) {
+      return absl::CancelledError(
+          absl::StrCat("export of shard ", options_.shard_index, " given up"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 void ParameterShard::MaybeSnapLocked(ChunkState& chunk) {
   // At the cut's version with the step before it decided: no skip can put
   // this state back any more (a skip swaps back before the decision is

@@ -521,24 +521,27 @@ grpc::Status PsService::Export(grpc::ServerContext* context,
       shard_->Reopen(request->generation(), /*expected_version=*/-1,
                      /*membership=*/nullptr, /*close=*/true);
   if (!version.ok()) return ToGrpcStatus(version.status());
-  absl::StatusOr<std::vector<ChunkSnapshot>> chunks =
-      shard_->Snapshot(*version);
-  if (!chunks.ok()) return ToGrpcStatus(chunks.status());
-  for (const ChunkSnapshot& c : *chunks) {
-    ExportResponse response;
-    EncodeFloatChunk(c.spec.param_id, c.spec.chunk_index, c.version, c.weights,
-                     response.mutable_chunk());
-    if (!c.is_buffer) {
-      EncodeFloatChunk(c.spec.param_id, c.spec.chunk_index, c.version, c.m,
-                       response.mutable_adam_m());
-      EncodeFloatChunk(c.spec.param_id, c.spec.chunk_index, c.version, c.v,
-                       response.mutable_adam_v());
-    }
-    if (!writer->Write(response)) {
-      return grpc::Status(grpc::StatusCode::CANCELLED,
-                          "the export's caller went away");
-    }
+  // Each chunk encoded straight from the shard's state (no snapshot copy:
+  // the closed shard's chunks change no more).
+  ExportResponse response;
+  status =
+      shard_->VisitChunks(*version, [&](const ParameterShard::ChunkView& c) {
+        response.Clear();
+        EncodeFloatChunk(c.spec.param_id, c.spec.chunk_index, c.version,
+                         c.weights, response.mutable_chunk());
+        if (!c.is_buffer) {
+          EncodeFloatChunk(c.spec.param_id, c.spec.chunk_index, c.version, c.m,
+                           response.mutable_adam_m());
+          EncodeFloatChunk(c.spec.param_id, c.spec.chunk_index, c.version, c.v,
+                           response.mutable_adam_v());
+        }
+        return writer->Write(response);
+      });
+  if (absl::IsCancelled(status)) {
+    return grpc::Status(grpc::StatusCode::CANCELLED,
+                        "the export's caller went away");
   }
+  if (!status.ok()) return ToGrpcStatus(status);
   return grpc::Status::OK;
 }
 

@@ -36,6 +36,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -411,6 +412,17 @@ class PsClient {
   absl::Status InitializeAs(const std::vector<absl::Span<const float>>& params,
                             const ModelState* resume, int64_t generation,
                             const WorkerMembership* membership = nullptr);
+  // InitializeAs() and ExportState() of shard `s`.
+  absl::Status InitializeShard(
+      int s, const std::vector<absl::Span<const float>>& params,
+      const ModelState* resume, int64_t generation,
+      const WorkerMembership* membership);
+  absl::Status ExportShard(int s, int64_t generation, absl::Duration timeout,
+                           ModelState* state,
+                           std::vector<int64_t>* chunk_versions);
+  // Runs fn(s) for every shard, each on its own thread (shard 0 on the
+  // caller's); the first error by shard index.
+  absl::Status ForEachShard(const std::function<absl::Status(int)>& fn);
   absl::Status ShardError(int shard, const grpc::Status& status) const;
   // A lane's part of the step: its pushes and the pull (threads of
   // BeginStep()).

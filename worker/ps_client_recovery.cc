@@ -3,6 +3,8 @@
 // failure (HighestGeneration, Restore, Reopen), wait for it (WaitReady),
 // and checkpoint it (Checkpoint); see worker/ps_client.h.
 #include <algorithm>
+#include <functional>
+#include <thread>  // NOLINT(build/c++11)
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -117,54 +119,79 @@ absl::Status PsClient::InitializeAs(
     const std::vector<absl::Span<const float>>& params,
     const ModelState* resume, int64_t generation,
     const WorkerMembership* membership) {
-  for (int s = 0; s < num_shards(); ++s) {
-    grpc::ClientContext context;
-    SetDeadline(&context, options_.rpc_timeout);
-    InitResponse response;
-    auto writer = stubs_[s]->Init(&context, &response);
-    InitRequest first;
-    SetHeader(first.mutable_header());
-    for (int64_t n : plan_.param_num_elements()) {
-      first.mutable_layout()->add_param_num_elements(n);
-    }
-    first.mutable_layout()->set_partition_bytes(plan_.partition_bytes());
-    first.mutable_layout()->set_num_buffers(plan_.num_buffers());
-    first.mutable_layout()->set_num_shards(plan_.num_shards());
-    for (int64_t d : plan_.param_row_elements()) {
-      first.mutable_layout()->add_param_row_elements(d);
-    }
-    first.set_generation(generation);
-    if (membership != nullptr) {
-      MembershipToProto(*membership, first.mutable_membership());
-    }
-    bool ok = writer->Write(first);
-    for (const ChunkSpec& c : shard_chunks_[s]) {
-      if (!ok) break;
-      InitRequest request;
-      SetHeader(request.mutable_header());
-      const int64_t version =
-          resume == nullptr
-              ? 0
-              : resume->VersionOf(c.param_id, c.offset, c.num_elements);
-      EncodeFloatChunk(c.param_id, c.chunk_index, version,
-                       params[c.param_id].subspan(c.offset, c.num_elements),
-                       request.mutable_chunk());
-      if (resume != nullptr && !resume->m[c.param_id].empty()) {
-        EncodeFloatChunk(c.param_id, c.chunk_index, version,
-                         absl::MakeConstSpan(resume->m[c.param_id])
-                             .subspan(c.offset, c.num_elements),
-                         request.mutable_adam_m());
-        EncodeFloatChunk(c.param_id, c.chunk_index, version,
-                         absl::MakeConstSpan(resume->v[c.param_id])
-                             .subspan(c.offset, c.num_elements),
-                         request.mutable_adam_v());
-      }
-      ok = writer->Write(request);
-    }
-    writer->WritesDone();
-    const grpc::Status status = writer->Finish();
-    if (!status.ok()) return ShardError(s, status);
+  // Every shard's stream at once: a restore of a large model (an elastic
+  // job's move of the state onto new shards) is bound by the copies and
+  // the network, which the shards share out.
+  return ForEachShard([&](int s) {
+    return InitializeShard(s, params, resume, generation, membership);
+  });
+}
+
+absl::Status PsClient::ForEachShard(
+    const std::function<absl::Status(int)>& fn) {
+  std::vector<absl::Status> statuses(num_shards());
+  std::vector<std::thread> threads;
+  for (int s = 1; s < num_shards(); ++s) {
+    threads.emplace_back([&, s] { statuses[s] = fn(s); });
   }
+  statuses[0] = fn(0);
+  for (std::thread& t : threads) t.join();
+  for (const absl::Status& status : statuses) {
+    if (!status.ok()) return status;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status PsClient::InitializeShard(
+    int s, const std::vector<absl::Span<const float>>& params,
+    const ModelState* resume, int64_t generation,
+    const WorkerMembership* membership) {
+  grpc::ClientContext context;
+  SetDeadline(&context, options_.rpc_timeout);
+  InitResponse response;
+  auto writer = stubs_[s]->Init(&context, &response);
+  InitRequest first;
+  SetHeader(first.mutable_header());
+  for (int64_t n : plan_.param_num_elements()) {
+    first.mutable_layout()->add_param_num_elements(n);
+  }
+  first.mutable_layout()->set_partition_bytes(plan_.partition_bytes());
+  first.mutable_layout()->set_num_buffers(plan_.num_buffers());
+  first.mutable_layout()->set_num_shards(plan_.num_shards());
+  for (int64_t d : plan_.param_row_elements()) {
+    first.mutable_layout()->add_param_row_elements(d);
+  }
+  first.set_generation(generation);
+  if (membership != nullptr) {
+    MembershipToProto(*membership, first.mutable_membership());
+  }
+  bool ok = writer->Write(first);
+  for (const ChunkSpec& c : shard_chunks_[s]) {
+    if (!ok) break;
+    InitRequest request;
+    SetHeader(request.mutable_header());
+    const int64_t version =
+        resume == nullptr
+            ? 0
+            : resume->VersionOf(c.param_id, c.offset, c.num_elements);
+    EncodeFloatChunk(c.param_id, c.chunk_index, version,
+                     params[c.param_id].subspan(c.offset, c.num_elements),
+                     request.mutable_chunk());
+    if (resume != nullptr && !resume->m[c.param_id].empty()) {
+      EncodeFloatChunk(c.param_id, c.chunk_index, version,
+                       absl::MakeConstSpan(resume->m[c.param_id])
+                           .subspan(c.offset, c.num_elements),
+                       request.mutable_adam_m());
+      EncodeFloatChunk(c.param_id, c.chunk_index, version,
+                       absl::MakeConstSpan(resume->v[c.param_id])
+                           .subspan(c.offset, c.num_elements),
+                       request.mutable_adam_v());
+    }
+    ok = writer->Write(request);
+  }
+  writer->WritesDone();
+  const grpc::Status status = writer->Finish();
+  if (!status.ok()) return ShardError(s, status);
   return absl::OkStatus();
 }
 
@@ -208,69 +235,116 @@ absl::StatusOr<std::unique_ptr<PsClient>> PsClient::WithShards(
 absl::StatusOr<ModelState> PsClient::ExportState(absl::Duration timeout) {
   ASSIGN_OR_RETURN(const int64_t highest, HighestGeneration(timeout));
   const int64_t generation = highest + 1;
-  std::vector<std::pair<std::string, std::vector<ChunkSnapshot>>> parts;
+  // Every shard's export at once (as InitializeAs()), each chunk decoded
+  // straight into its place in the whole tensors (the shards' threads
+  // write disjoint ranges and chunk slots).
+  ModelState state;
+  const std::vector<int64_t>& sizes = plan_.param_num_elements();
+  state.weights.resize(sizes.size());
+  state.m.resize(sizes.size());
+  state.v.resize(sizes.size());
+  state.versions.resize(sizes.size());
+  for (size_t t = 0; t < sizes.size(); ++t) {
+    state.weights[t].resize(sizes[t]);
+    if (!plan_.is_buffer(static_cast<int32_t>(t))) {
+      state.m[t].resize(sizes[t]);
+      state.v[t].resize(sizes[t]);
+    }
+  }
+  std::vector<int64_t> chunk_versions(plan_.chunks().size(), -1);
+  RETURN_IF_ERROR(ForEachShard([&](int s) {
+    return ExportShard(s, generation, timeout, &state, &chunk_versions);
+  }));
+  // Every chunk once (ExportShard() refused a second), and sync: one
+  // version throughout.
   int64_t version = -1;
-  for (int s = 0; s < num_shards(); ++s) {
-    grpc::ClientContext context;
-    SetDeadline(&context, timeout);
-    ExportRequest request;
-    SetHeader(request.mutable_header());
-    request.set_generation(generation);
-    auto reader = stubs_[s]->Export(&context, request);
-    std::vector<ChunkSnapshot> chunks;
-    ExportResponse response;
-    absl::Status bad;
-    while (bad.ok() && reader->Read(&response)) {
-      const int global = plan_.FindChunk(response.chunk().key().param_id(),
-                                         response.chunk().key().chunk_index());
-      if (global < 0 || plan_.chunks()[global].shard != s) {
-        bad = absl::DataLossError(absl::StrCat(
-            "shard ", s, " (", addresses_[s], ") exported chunk (",
-            response.chunk().key().param_id(), ", ",
-            response.chunk().key().chunk_index(), "), which is not its own"));
-        break;
-      }
-      ChunkSnapshot chunk;
-      chunk.spec = plan_.chunks()[global];
-      chunk.is_buffer = plan_.is_buffer(chunk.spec.param_id);
-      chunk.version = response.chunk().version();
-      bad = DecodeFloatChunk(response.chunk(), &chunk.weights);
-      if (bad.ok() && !chunk.is_buffer) {
-        bad = DecodeFloatChunk(response.adam_m(), &chunk.m);
-        if (bad.ok()) bad = DecodeFloatChunk(response.adam_v(), &chunk.v);
-      }
-      const auto n = static_cast<size_t>(chunk.spec.num_elements);
-      if (bad.ok() && (chunk.weights.size() != n ||
-                       (!chunk.is_buffer &&
-                        (chunk.m.size() != n || chunk.v.size() != n)))) {
-        bad = absl::DataLossError(
-            absl::StrCat("shard ", s, " (", addresses_[s], ") exported chunk (",
-                         chunk.spec.param_id, ", ", chunk.spec.chunk_index,
-                         ") with a size other than the plan's ", n));
-      }
-      if (bad.ok() && version >= 0 && chunk.version != version) {
-        bad = absl::FailedPreconditionError(absl::StrCat(
-            "shard ", s, " (", addresses_[s], ") is at version ", chunk.version,
-            " and an earlier chunk at ", version,
-            ": the shards cannot move to a new layout at one step"));
-      }
-      if (bad.ok()) {
-        version = chunk.version;
-        chunks.push_back(std::move(chunk));
-      }
+  for (size_t i = 0; i < plan_.chunks().size(); ++i) {
+    const ChunkSpec& c = plan_.chunks()[i];
+    if (chunk_versions[i] < 0) {
+      return absl::DataLossError(absl::StrCat(
+          "shard ", c.shard, " (", addresses_[c.shard],
+          ") did not export chunk (", c.param_id, ", ", c.chunk_index, ")"));
     }
-    if (!bad.ok()) {
-      context.TryCancel();
-      reader->Finish().ok();
-      return bad;
+    if (version >= 0 && chunk_versions[i] != version) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "shard ", c.shard, " (", addresses_[c.shard], ") is at version ",
+          chunk_versions[i], " and another chunk at ", version,
+          ": the shards cannot move to a new layout at one step"));
     }
-    const grpc::Status status = reader->Finish();
-    if (!status.ok()) return ShardError(s, status);
-    parts.emplace_back(absl::StrCat("shard ", s, " (", addresses_[s], ")"),
-                       std::move(chunks));
+    version = chunk_versions[i];
+    state.versions[c.param_id].push_back(
+        {c.offset, c.num_elements, chunk_versions[i]});
+  }
+  for (std::vector<ModelState::Range>& ranges : state.versions) {
+    std::sort(ranges.begin(), ranges.end(),
+              [](const ModelState::Range& a, const ModelState::Range& b) {
+                return a.offset < b.offset;
+              });
   }
   generation_ = generation;
-  return Assemble(plan_.param_num_elements(), parts);
+  return state;
+}
+
+absl::Status PsClient::ExportShard(int s, int64_t generation,
+                                   absl::Duration timeout, ModelState* state,
+                                   std::vector<int64_t>* chunk_versions) {
+  grpc::ClientContext context;
+  SetDeadline(&context, timeout);
+  ExportRequest request;
+  SetHeader(request.mutable_header());
+  request.set_generation(generation);
+  auto reader = stubs_[s]->Export(&context, request);
+  ExportResponse response;
+  absl::Status bad;
+  const std::string shard = absl::StrCat("shard ", s, " (", addresses_[s], ")");
+  while (bad.ok() && reader->Read(&response)) {
+    const ChunkKey& key = response.chunk().key();
+    const int global = plan_.FindChunk(key.param_id(), key.chunk_index());
+    if (global < 0 || plan_.chunks()[global].shard != s) {
+      bad = absl::DataLossError(
+          absl::StrCat(shard, " exported chunk (", key.param_id(), ", ",
+                       key.chunk_index(), "), which is not its own"));
+      break;
+    }
+    if ((*chunk_versions)[global] >= 0) {
+      bad = absl::DataLossError(absl::StrCat(shard, " exported chunk (",
+                                             key.param_id(), ", ",
+                                             key.chunk_index(), ") twice"));
+      break;
+    }
+    const ChunkSpec& c = plan_.chunks()[global];
+    auto into = [&](std::vector<float>& tensor) {
+      return absl::MakeSpan(tensor).subspan(c.offset, c.num_elements);
+    };
+    // DecodeFloatChunkInto refuses a size other than the plan's.
+    bad = DecodeFloatChunkInto(response.chunk(),
+                               into(state->weights[c.param_id]));
+    if (bad.ok() && !plan_.is_buffer(c.param_id)) {
+      bad = DecodeFloatChunkInto(response.adam_m(), into(state->m[c.param_id]));
+      if (bad.ok()) {
+        bad =
+            DecodeFloatChunkInto(response.adam_v(), into(state->v[c.param_id]));
+      }
+    }
+    if (bad.ok() && response.chunk().version() < 0) {
+      bad = absl::InvalidArgumentError(
+          absl::StrCat("chunk (", key.param_id(), ", ", key.chunk_index(),
+                       ") at version ", response.chunk().version()));
+    }
+    if (!bad.ok()) {
+      bad = absl::DataLossError(absl::StrCat(shard, ": ", bad.message()));
+      break;
+    }
+    (*chunk_versions)[global] = response.chunk().version();
+  }
+  if (!bad.ok()) {
+    context.TryCancel();
+    reader->Finish().ok();
+    return bad;
+  }
+  const grpc::Status status = reader->Finish();
+  if (!status.ok()) return ShardError(s, status);
+  return absl::OkStatus();
 }
 
 absl::Status PsClient::WaitReady(absl::Duration timeout, int64_t min_generation,
