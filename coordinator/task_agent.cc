@@ -357,6 +357,9 @@ absl::StatusOr<Membership> TaskAgent::WaitForMembership(int64_t min_epoch,
 void TaskAgent::SetMembershipApplied(const MembershipApplied& applied) {
   absl::MutexLock lock(&mu_);
   applied_ = applied;
+  // Sent at once: the other workers' recoveries ask the coordinator for
+  // the applied membership's shards (WaitForLayout).
+  wake_ = true;
 }
 
 absl::StatusOr<ClockOffset> TaskAgent::MeasureClockOffset(int samples) {
@@ -393,7 +396,15 @@ void TaskAgent::HeartbeatLoop(
     std::function<void(const std::string&)> on_restart,
     std::function<void()> on_removed) {
   absl::Time last_contact = absl::Now();
-  while (!stop_.WaitForNotificationWithTimeout(options_.heartbeat_interval)) {
+  while (true) {
+    {
+      // Every interval, or at once on a membership applied or the stop.
+      absl::MutexLock lock(&mu_);
+      mu_.AwaitWithTimeout(absl::Condition(&wake_),
+                           options_.heartbeat_interval);
+      wake_ = false;
+    }
+    if (stop_.HasBeenNotified()) return;
     HeartbeatRequest request;
     *request.mutable_task() = Ref();
     TakePending(&request);
@@ -458,6 +469,10 @@ void TaskAgent::HeartbeatLoop(
 
 void TaskAgent::StopHeartbeats() {
   if (!stop_.HasBeenNotified()) stop_.Notify();
+  {
+    absl::MutexLock lock(&mu_);
+    wake_ = true;
+  }
   if (heartbeats_.joinable() &&
       heartbeats_.get_id() != std::this_thread::get_id()) {
     heartbeats_.join();

@@ -255,6 +255,9 @@ class TaskAgent {
   bool heartbeats_over_ ABSL_GUARDED_BY(mu_) = false;
   // Worker 0's report not yet answered.
   std::optional<MembershipApplied> applied_ ABSL_GUARDED_BY(mu_);
+  // Wakes the heartbeat loop before its interval (a membership applied,
+  // the stop).
+  bool wake_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 }  // namespace pstrain
