@@ -21,7 +21,11 @@ const TaskInfo& WorkerTask(const JobInfo& job, int index) {
 // restarted one: again).
 bool AllRegistered(const JobInfo& job, const Membership& m) {
   for (int w : m.workers()) {
-    if (WorkerTask(job, w).state() != TASK_REGISTERED) return false;
+    const TaskInfo& task = WorkerTask(job, w);
+    if (task.state() != TASK_REGISTERED) return false;
+    // Worker 0 applies memberships; the others are ready to train once
+    // prepared (TaskInfo.prepared).
+    if (w != 0 && !task.prepared()) return false;
   }
   for (int s = 0; s < m.num_ps(); ++s) {
     if (job.tasks(s).state() != TASK_REGISTERED) return false;

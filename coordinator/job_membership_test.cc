@@ -31,14 +31,30 @@ std::string Address(TaskRole role, int index) {
   return absl::StrCat("10.0.0.", role == ROLE_PS ? 1 : 10 + index, ":7000");
 }
 
+// Worker `worker` says it built its model and waits to join
+// (HeartbeatRequest.prepared).
+void Prepared(JobTable& table, const std::string& id, int worker) {
+  HeartbeatRequest request;
+  request.mutable_task()->set_job_id(id);
+  request.mutable_task()->set_role(ROLE_WORKER);
+  request.mutable_task()->set_index(worker);
+  request.set_prepared(true);
+  EXPECT_TRUE(table.Heartbeat(request, kT0, nullptr, nullptr).ok());
+}
+
+// Worker `worker` registers and, but for worker 0, says it is prepared.
+void Join(JobTable& table, const std::string& id, int worker) {
+  EXPECT_TRUE(
+      table.Register(id, ROLE_WORKER, worker, Address(ROLE_WORKER, worker), kT0)
+          .ok());
+  if (worker != 0) Prepared(table, id, worker);
+}
+
 // Submits `spec` and registers the shard and workers 0 to `members` - 1.
 std::string Running(JobTable& table, const JobSpec& spec, int members) {
   const std::string id = *table.Submit(spec, kT0);
   EXPECT_TRUE(table.Register(id, ROLE_PS, 0, Address(ROLE_PS, 0), kT0).ok());
-  for (int w = 0; w < members; ++w) {
-    EXPECT_TRUE(
-        table.Register(id, ROLE_WORKER, w, Address(ROLE_WORKER, w), kT0).ok());
-  }
+  for (int w = 0; w < members; ++w) Join(table, id, w);
   return id;
 }
 
@@ -165,6 +181,9 @@ TEST(JobMembershipTest, GrowingAddsTheLowestIdleWorkersReadyOnceRegistered) {
   EXPECT_EQ(WorkerState(table, id, 3), TASK_REMOVED);
   ASSERT_TRUE(
       table.Register(id, ROLE_WORKER, 2, Address(ROLE_WORKER, 2), kT0).ok());
+  // Registered, but its model is not built yet: the others train on.
+  EXPECT_FALSE(table.Get(id)->membership().ready());
+  Prepared(table, id, 2);
   job = *table.Get(id);
   EXPECT_TRUE(job.membership().ready());
   EXPECT_TRUE(job.memberships(job.memberships_size() - 1).ready());
@@ -366,8 +385,7 @@ TEST(JobMembershipTest, MembershipSurvivesLoad) {
     JobTable table(file);
     id = Running(table, Spec(2, "max_workers: 4 min_workers: 1"), 2);
     ASSERT_TRUE(table.Scale(id, 3, 50, kT0).ok());
-    ASSERT_TRUE(
-        table.Register(id, ROLE_WORKER, 2, Address(ROLE_WORKER, 2), kT0).ok());
+    Join(table, id, 2);
     const MembershipApplied applied = Applied(1, 60, 2, 3);
     Beat(table, id, 0, &applied);
     ASSERT_TRUE(table.Scale(id, 2, 0, kT0).ok());
@@ -411,10 +429,7 @@ std::string RunningShards(JobTable& table, const JobSpec& spec) {
   for (int s = 0; s < spec.num_ps(); ++s) {
     EXPECT_TRUE(table.Register(id, ROLE_PS, s, ShardAddress(s), kT0).ok());
   }
-  for (int w = 0; w < spec.num_workers(); ++w) {
-    EXPECT_TRUE(
-        table.Register(id, ROLE_WORKER, w, Address(ROLE_WORKER, w), kT0).ok());
-  }
+  for (int w = 0; w < spec.num_workers(); ++w) Join(table, id, w);
   return id;
 }
 

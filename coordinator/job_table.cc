@@ -429,6 +429,7 @@ absl::Status JobTable::Register(const std::string& id, TaskRole role, int index,
   }
   (*task)->set_state(TASK_REGISTERED);
   (*task)->set_restart_requested(false);
+  (*task)->set_prepared(false);
   (*task)->set_address(address);
   (*task)->set_last_heartbeat_ms(Ms(now));
   bool all = true;
@@ -584,6 +585,11 @@ absl::StatusOr<JobState> JobTable::Heartbeat(const HeartbeatRequest& request,
   }
   AppendLog(job, *task, ref.role(), ref.index(), request.log_lines(), now,
             request.log_times_ms());
+  if (ref.role() == ROLE_WORKER && request.prepared() &&
+      (*task)->state() == TASK_REGISTERED && !(*task)->prepared()) {
+    (*task)->set_prepared(true);
+    if (UpdateReady(job)) dirty_ = true;
+  }
   if (ref.role() == ROLE_WORKER && ref.index() == 0 &&
       request.has_membership_applied()) {
     std::optional<std::string> line =

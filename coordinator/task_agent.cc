@@ -103,6 +103,7 @@ void TaskAgent::TakePending(Request* request) {
   if constexpr (std::is_same_v<Request, HeartbeatRequest>) {
     if (applied_.has_value())
       *request->mutable_membership_applied() = *applied_;
+    request->set_prepared(prepared_);
   }
 }
 
@@ -352,6 +353,12 @@ absl::StatusOr<Membership> TaskAgent::WaitForMembership(int64_t min_epoch,
   }
   return absl::DeadlineExceededError(absl::StrCat(
       name(), ": membership ", min_epoch, " did not arrive in time"));
+}
+
+void TaskAgent::SetPrepared() {
+  absl::MutexLock lock(&mu_);
+  prepared_ = true;
+  wake_ = true;  // the others' grow waits for it
 }
 
 void TaskAgent::SetMembershipApplied(const MembershipApplied& applied) {

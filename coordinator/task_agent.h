@@ -172,6 +172,11 @@ class TaskAgent {
   // replaces one not yet sent. The coordinator ignores an epoch it has
   // already recorded, so a repeat is harmless.
   void SetMembershipApplied(const MembershipApplied& applied);
+  // An elastic job's worker but 0, once its model and input pipeline are
+  // built: every heartbeat from now on says it is prepared
+  // (HeartbeatRequest.prepared), the first at once. A membership that
+  // adds it is ready only then, so the others train meanwhile.
+  void SetPrepared();
 
   // Prints `line` (no newline) on stdout and sends it with the next
   // heartbeat (at most 10000 lines are queued; older ones are dropped).
@@ -258,6 +263,7 @@ class TaskAgent {
   // Wakes the heartbeat loop before its interval (a membership applied,
   // the stop).
   bool wake_ ABSL_GUARDED_BY(mu_) = false;
+  bool prepared_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 }  // namespace pstrain

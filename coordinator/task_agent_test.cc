@@ -146,6 +146,15 @@ TEST(TaskAgentMembershipTest, HeartbeatsCarryTheMembershipBothWays) {
                 .code(),
             absl::StatusCode::kDeadlineExceeded);
   EXPECT_FALSE(workers[1]->membership().has_value());
+  // A membership is ready once its workers but 0 are prepared (their
+  // models built): worker 1 says so with its first heartbeat.
+  workers[1]->SetPrepared();
+  workers[1]->StartHeartbeats([](JobState, const std::string&) {});
+  while (!table.Get(job)->tasks(2).prepared() && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  EXPECT_TRUE(table.Get(job)->tasks(2).prepared());
+  EXPECT_FALSE(table.Get(job)->tasks(3).prepared());
 
   ASSERT_TRUE(table.Scale(job, 2, 7, absl::Now()).ok());
   absl::StatusOr<Membership> shrunk =

@@ -359,6 +359,7 @@ absl::StatusOr<int64_t> StartExchange(const TrainerOptions& options,
   if ((options.rejoin || joins) && !kind.allreduce) {
     // A restarted task: the shards run already.
     if (joins) exchange.set_joining(true);
+    if (joins && options.prepared) options.prepared();
     ASSIGN_OR_RETURN(step, recovery.Rejoin(workload.weights()));
   } else {
     const bool resumes =

@@ -193,6 +193,10 @@ struct TrainerOptions {
   int min_workers = 0;
   std::function<std::optional<Membership>()> newest_membership;
   std::function<void(const MembershipApplied&)> membership_applied;
+  // Workers but 0 of an elastic job: called once the model and input
+  // pipeline are built, before the worker waits to join
+  // (TaskAgent::SetPrepared); null: nothing.
+  std::function<void()> prepared;
   // Gradient clipping by global norm (JobSpec.clip_grad_norm; 0: none):
   // mode allreduce, here (worker/gradient_exchange.h); mode sync, on the
   // shards, with the norm agreed through the workers (worker/ps_client.h).

@@ -306,6 +306,10 @@ absl::StatusOr<pstrain::TrainerOptions> TrainerOptionsOf(
   // membership (from the heartbeats' answers) and reports it applied.
   options.elastic = spec.max_workers() > 0 || spec.max_ps() > 0;
   options.min_workers = spec.min_workers();
+  if (options.elastic && index != 0) {
+    // A membership that adds this worker is ready once it is prepared.
+    options.prepared = [&agent] { agent.SetPrepared(); };
+  }
   if (options.elastic && index == 0) {
     options.newest_membership = [&agent] { return agent.membership(); };
     options.membership_applied =
