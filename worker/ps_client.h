@@ -412,6 +412,10 @@ class PsClient {
   absl::Status InitializeAs(const std::vector<absl::Span<const float>>& params,
                             const ModelState* resume, int64_t generation,
                             const WorkerMembership* membership = nullptr);
+  // An Init stream's first message: this client's layout, `generation`
+  // and (if not null) `membership`.
+  InitRequest FirstInitRequest(int64_t generation,
+                               const WorkerMembership* membership) const;
   // InitializeAs() and ExportState() of shard `s`.
   absl::Status InitializeShard(
       int s, const std::vector<absl::Span<const float>>& params,

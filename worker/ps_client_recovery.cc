@@ -79,22 +79,8 @@ absl::StatusOr<int64_t> PsClient::Reopen(absl::Duration timeout,
     SetDeadline(&context, timeout);
     InitResponse response;
     auto writer = stubs_[s]->Init(&context, &response);
-    InitRequest first;
-    SetHeader(first.mutable_header());
-    for (int64_t n : plan_.param_num_elements()) {
-      first.mutable_layout()->add_param_num_elements(n);
-    }
-    first.mutable_layout()->set_partition_bytes(plan_.partition_bytes());
-    first.mutable_layout()->set_num_buffers(plan_.num_buffers());
-    first.mutable_layout()->set_num_shards(plan_.num_shards());
-    for (int64_t d : plan_.param_row_elements()) {
-      first.mutable_layout()->add_param_row_elements(d);
-    }
-    first.set_generation(generation);
+    InitRequest first = FirstInitRequest(generation, membership);
     first.set_reopen(true);
-    if (membership != nullptr) {
-      MembershipToProto(*membership, first.mutable_membership());
-    }
     // Shard 0 at its own version, the others at the same one or not at
     // all (they then stay at the old generation until the restore).
     first.set_reopen_version(s == 0 ? -1 : version);
@@ -113,6 +99,27 @@ absl::StatusOr<int64_t> PsClient::Reopen(absl::Duration timeout,
   }
   generation_ = generation;
   return version;
+}
+
+InitRequest PsClient::FirstInitRequest(
+    int64_t generation, const WorkerMembership* membership) const {
+  InitRequest first;
+  SetHeader(first.mutable_header());
+  ModelLayout* layout = first.mutable_layout();
+  for (int64_t n : plan_.param_num_elements()) {
+    layout->add_param_num_elements(n);
+  }
+  layout->set_partition_bytes(plan_.partition_bytes());
+  layout->set_num_buffers(plan_.num_buffers());
+  layout->set_num_shards(plan_.num_shards());
+  for (int64_t d : plan_.param_row_elements()) {
+    layout->add_param_row_elements(d);
+  }
+  first.set_generation(generation);
+  if (membership != nullptr) {
+    MembershipToProto(*membership, first.mutable_membership());
+  }
+  return first;
 }
 
 absl::Status PsClient::InitializeAs(
@@ -150,22 +157,7 @@ absl::Status PsClient::InitializeShard(
   SetDeadline(&context, options_.rpc_timeout);
   InitResponse response;
   auto writer = stubs_[s]->Init(&context, &response);
-  InitRequest first;
-  SetHeader(first.mutable_header());
-  for (int64_t n : plan_.param_num_elements()) {
-    first.mutable_layout()->add_param_num_elements(n);
-  }
-  first.mutable_layout()->set_partition_bytes(plan_.partition_bytes());
-  first.mutable_layout()->set_num_buffers(plan_.num_buffers());
-  first.mutable_layout()->set_num_shards(plan_.num_shards());
-  for (int64_t d : plan_.param_row_elements()) {
-    first.mutable_layout()->add_param_row_elements(d);
-  }
-  first.set_generation(generation);
-  if (membership != nullptr) {
-    MembershipToProto(*membership, first.mutable_membership());
-  }
-  bool ok = writer->Write(first);
+  bool ok = writer->Write(FirstInitRequest(generation, membership));
   for (const ChunkSpec& c : shard_chunks_[s]) {
     if (!ok) break;
     InitRequest request;
