@@ -406,17 +406,7 @@ class PsExchange : public GradientExchange, public WeightsGate {
           unfinished->step >= topk->newest_step()) {
         topk->CommitStep(unfinished->step);
       }
-      if (topk->newest_step() <= version_) {
-        residual_saved_ = std::min(residual_saved_, version_ - 1);
-        return absl::OkStatus();
-      }
-      absl::StatusOr<std::vector<absl::Span<const float>>> held =
-          topk->ResidualAt(version_);
-      if (held.ok()) {
-        std::vector<std::vector<float>> copy;
-        for (absl::Span<const float> t : *held)
-          copy.emplace_back(t.begin(), t.end());
-        RETURN_IF_ERROR(topk->Reset(version_, copy));
+      if (topk->RewindTo(version_)) {
         residual_saved_ = std::min(residual_saved_, version_ - 1);
         return absl::OkStatus();
       }
@@ -518,12 +508,11 @@ class PsExchange : public GradientExchange, public WeightsGate {
     // was complete before worker 0 applied it (ElasticMembership waits for
     // its checkpoint, or applies the change after it): not this worker's
     // to write (a joining worker was no member there).
+    residual_saved_ = announced;
     if (const std::optional<WorkerMembership> m = client_->membership();
         sync_ && m.has_value() && announced < m->from_step) {
-      residual_saved_ = announced;
       return absl::OkStatus();
     }
-    residual_saved_ = announced;
     absl::StatusOr<std::vector<absl::Span<const float>>> residuals =
         topk->ResidualAt(sync_ ? announced : topk->newest_step());
     if (!residuals.ok()) {

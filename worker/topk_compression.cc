@@ -191,6 +191,17 @@ absl::StatusOr<std::vector<absl::Span<const float>>> TopKCompressor::ResidualAt(
   return spans;
 }
 
+bool TopKCompressor::RewindTo(int64_t step) {
+  const bool held = std::any_of(tags_.begin(), tags_.end(), [step](int64_t t) {
+    return t >= 0 && t <= step;
+  });
+  if (!held) return false;
+  for (int64_t& t : tags_) {
+    if (t > step) t = -1;  // unused, as BeginStep marks a buffer it writes
+  }
+  return true;
+}
+
 absl::Status TopKCompressor::Reset(
     int64_t step, const std::vector<std::vector<float>>& residuals) {
   const int count = num_state_tensors();

@@ -164,6 +164,11 @@ class TopKCompressor {
   // INVALID_ARGUMENT for a wrong tensor count or size.
   absl::Status Reset(int64_t step,
                      const std::vector<std::vector<float>>& residuals);
+  // Goes back to the state at the start of `step` held in the ring (the
+  // one ResidualAt(step) gives), in place: the commits after `step` are
+  // dropped. False, and the ring unchanged, where it holds none at or
+  // before `step` (or keeps no residuals).
+  bool RewindTo(int64_t step);
 
  private:
   int Newest() const;

@@ -213,6 +213,13 @@ TEST(TopKCompressorTest, RingKeepsTheLastResidualsAndSkipsUncommitted) {
   step(7, 4.0f, 1.0f, true);  // sum {4, 1}: keeps {0, 1}
   EXPECT_THAT(compressor.ResidualAt(6).value()[0], ElementsAre(0.0f, 0.0f));
   EXPECT_THAT(compressor.ResidualAt(8).value()[0], ElementsAre(0.0f, 1.0f));
+  // Back to the start of step 6 (a restore to a checkpoint of step 6):
+  // the commit of step 7 is dropped, the next step reads step 3's.
+  EXPECT_FALSE(compressor.RewindTo(2));  // not held: ring unchanged
+  EXPECT_EQ(compressor.newest_step(), 8);
+  ASSERT_TRUE(compressor.RewindTo(6));
+  EXPECT_EQ(compressor.newest_step(), 4);
+  EXPECT_THAT(compressor.ResidualAt(8).value()[0], ElementsAre(0.0f, 0.0f));
 
   ASSERT_TRUE(compressor.Reset(20, {{3.0f, -1.0f}}).ok());
   EXPECT_EQ(compressor.newest_step(), 20);
