@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <initializer_list>
 #include <map>
 #include <regex>
 #include <set>
@@ -101,6 +102,42 @@ Recorded ReadRecords(const std::string& dir, int max_workers) {
   return r;
 }
 
+// The files of one elastic run under TempDir(): its checkpoint folder,
+// the workers' sample records, the control file (holding `first_request`:
+// one request at a time, since worker 0 applies the newest membership once
+// it is due, so a later line written early would overtake an earlier one)
+// and the run's log.
+struct ElasticFiles {
+  std::string dir, records, control, log;
+};
+ElasticFiles PrepareRun(const std::string& name,
+                        const std::string& first_request) {
+  const std::string base = TempDir() + "/" + name;
+  ElasticFiles f{base, base + "_records", base + "_control", base + ".log"};
+  EXPECT_EQ(std::system(("rm -rf " + f.records + " " + f.dir + " && mkdir -p " +
+                         f.records)
+                            .c_str()),
+            0);
+  WriteTextFile(f.control, first_request + "\n");
+  return f;
+}
+
+// RunArgv(f.dir) with `flags` and the control file.
+std::vector<std::string> ElasticArgv(const ElasticFiles& f,
+                                     std::initializer_list<const char*> flags) {
+  std::vector<std::string> argv = RunArgv(f.dir);
+  argv.insert(argv.end(), flags.begin(), flags.end());
+  argv.push_back("--control_file=" + f.control);
+  return argv;
+}
+
+// Whether `text` shows in the log within 4 minutes.
+bool Logged(const std::string& log, const std::string& text) {
+  return WaitFor(
+      [&] { return ReadTextFile(log).find(text) != std::string::npos; },
+      absl::Minutes(4), absl::Milliseconds(50));
+}
+
 TEST(ElasticTest, GrowsAndShrinksTrainingEverySampleOnce) {
   if (!HaveFashionMnist()) GTEST_SKIP() << "dataset-fashion-mnist missing";
   const CommandResult fixed =
@@ -109,36 +146,23 @@ TEST(ElasticTest, GrowsAndShrinksTrainingEverySampleOnce) {
   const double fixed_accuracy = Accuracy(fixed.output);
   ASSERT_GT(fixed_accuracy, 0.7) << fixed.output;
 
-  const std::string dir = TempDir() + "/elastic";
-  const std::string records = TempDir() + "/records";
-  const std::string control = TempDir() + "/control";
-  const std::string log = TempDir() + "/elastic.log";
-  ASSERT_EQ(
-      std::system(("rm -rf " + records + " " + dir + " && mkdir -p " + records)
-                      .c_str()),
-      0);
-  // One request at a time: worker 0 applies the newest membership once it
-  // is due, so a later line written early would overtake an earlier one.
-  WriteTextFile(control, "num_workers=4 at_step=200\n");
-  std::vector<std::string> argv = RunArgv(dir);
-  for (const char* flag : {"--max_workers=4", "--min_workers=2",
-                           "--max_restarts=0", "--max_ps=3"}) {
-    argv.push_back(flag);
-  }
-  argv.push_back("--control_file=" + control);
-  Process run(argv, log, {"PSTRAIN_RECORD_SAMPLES=" + records});
-  auto logged = [&](const std::string& text) {
-    return WaitFor(
-        [&] { return ReadTextFile(log).find(text) != std::string::npos; },
-        absl::Minutes(4), absl::Milliseconds(50));
-  };
+  const ElasticFiles files = PrepareRun("elastic", "num_workers=4 at_step=200");
+  const std::string &dir = files.dir, &records = files.records,
+                    &control = files.control, &log = files.log;
+  Process run(ElasticArgv(files, {"--max_workers=4", "--min_workers=2",
+                                  "--max_restarts=0", "--max_ps=3"}),
+              log, {"PSTRAIN_RECORD_SAMPLES=" + records});
+  auto logged = [&](const std::string& text) { return Logged(log, text); };
   ASSERT_TRUE(logged("membership 1: 2 -> 4 workers")) << ReadTextFile(log);
   AppendLine(control, "num_ps=3 at_step=300");
   ASSERT_TRUE(logged("membership 2: 4 -> 4 workers, 2 -> 3 shards"))
       << ReadTextFile(log);
-  // Once 4 workers train on 3 shards (past step 400), worker 3 dies for
-  // good.
+  // Once 4 workers train on 3 shards (past step 400, and worker 3 back
+  // from the shard change's recovery: a worker that dies before it reaches
+  // the new layout's shards leaves their barrier waiting for it, see
+  // ARCHITECTURE.md), worker 3 dies for good.
   ASSERT_TRUE(logged("Step400:")) << ReadTextFile(log);
+  ASSERT_TRUE(logged("[worker3] worker 3: recovered in")) << ReadTextFile(log);
   ASSERT_TRUE(KillChild(run.pid(), "pstrain_worker .*--task_index=3"));
   ASSERT_TRUE(logged("membership 3: 4 -> 3 workers")) << ReadTextFile(log);
   AppendLine(control, "num_ps=2 at_step=500");
@@ -255,28 +279,15 @@ TEST(ElasticTest, GrowsAndShrinksTrainingEverySampleOnce) {
 // change is checked bit for bit in worker:elastic_shards_test.)
 TEST(ElasticTest, TopKWithCheckpointsGrowsAndShrinks) {
   if (!HaveFashionMnist()) GTEST_SKIP() << "dataset-fashion-mnist missing";
-  const std::string dir = TempDir() + "/topk";
-  const std::string records = TempDir() + "/topk_records";
-  const std::string control = TempDir() + "/topk_control";
-  const std::string log = TempDir() + "/topk.log";
-  ASSERT_EQ(
-      std::system(("rm -rf " + records + " " + dir + " && mkdir -p " + records)
-                      .c_str()),
-      0);
-  WriteTextFile(control, "num_workers=3 at_step=100\n");
-  std::vector<std::string> argv = RunArgv(dir);
-  for (const char* flag :
-       {"--max_workers=3", "--max_ps=3", "--compression=topk:0.1",
-        "--checkpoint_every_steps=50", "--keep_checkpoints=100"}) {
-    argv.push_back(flag);
-  }
-  argv.push_back("--control_file=" + control);
-  Process run(argv, log, {"PSTRAIN_RECORD_SAMPLES=" + records});
-  auto logged = [&](const std::string& text) {
-    return WaitFor(
-        [&] { return ReadTextFile(log).find(text) != std::string::npos; },
-        absl::Minutes(4), absl::Milliseconds(50));
-  };
+  const ElasticFiles files = PrepareRun("topk", "num_workers=3 at_step=100");
+  const std::string &dir = files.dir, &records = files.records,
+                    &control = files.control, &log = files.log;
+  Process run(
+      ElasticArgv(files,
+                  {"--max_workers=3", "--max_ps=3", "--compression=topk:0.1",
+                   "--checkpoint_every_steps=50", "--keep_checkpoints=100"}),
+      log, {"PSTRAIN_RECORD_SAMPLES=" + records});
+  auto logged = [&](const std::string& text) { return Logged(log, text); };
   ASSERT_TRUE(logged("membership 1: 2 -> 3 workers")) << ReadTextFile(log);
   AppendLine(control, "num_ps=3 at_step=400");
   ASSERT_TRUE(logged("membership 2: 3 -> 3 workers, 2 -> 3 shards"))
