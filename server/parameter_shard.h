@@ -610,8 +610,10 @@ class ParameterShard {
   // so that the other shards can register the cut before any of them can
   // decide the step. The caller then registers this shard's deferred
   // snapshot of the cut. FAILED_PRECONDITION without backup workers, on
-  // another shard than 0, or before Initialize().
-  absl::StatusOr<int64_t> HoldCheckpointStep(int64_t min_step,
+  // another shard than 0, or before Initialize(); OUT_OF_RANGE (nothing
+  // held) where the cut would be at or past `end_step` (> 0: the job's
+  // number of steps, CheckpointRequest.end_step).
+  absl::StatusOr<int64_t> HoldCheckpointStep(int64_t min_step, int64_t end_step,
                                              absl::Duration hold);
   // Ends the hold (a no-op without one).
   void ReleaseCheckpointHold();

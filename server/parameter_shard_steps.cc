@@ -291,7 +291,7 @@ absl::StatusOr<bool> ParameterShard::EndStepWithBackups(
 }
 
 absl::StatusOr<int64_t> ParameterShard::HoldCheckpointStep(
-    int64_t min_step, absl::Duration hold) {
+    int64_t min_step, int64_t end_step, absl::Duration hold) {
   if (!initialized_.load()) {
     return absl::FailedPreconditionError(
         absl::StrCat("checkpoint of step ", min_step, " on shard ",
@@ -311,6 +311,12 @@ absl::StatusOr<int64_t> ParameterShard::HoldCheckpointStep(
   while (cut <= ending_step_ + policy_.staleness() &&
          ends_[SlotIndex(cut)].num_ended > 0) {
     ++cut;
+  }
+  if (end_step > 0 && cut >= end_step) {
+    return absl::OutOfRangeError(absl::StrCat(
+        "checkpoint asked at step ", min_step, " on shard ",
+        options_.shard_index, ": every step of the job (", end_step,
+        ") was admitted without worker 0; no cut is left before its end"));
   }
   hold_step_ = cut;
   hold_until_ = absl::Now() + hold;

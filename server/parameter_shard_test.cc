@@ -1451,7 +1451,9 @@ TEST(ParameterShardTest, BackupWorkersCheckpointIsShardZerosCut) {
   ParameterShard& arbiter = *job.shards[0];
   ParameterShard& other = *job.shards[1];
   // Only shard 0 of a backup job picks a cut.
-  EXPECT_EQ(other.HoldCheckpointStep(0, absl::Seconds(1)).status().code(),
+  EXPECT_EQ(other.HoldCheckpointStep(0, /*end_step=*/0, absl::Seconds(1))
+                .status()
+                .code(),
             absl::StatusCode::kFailedPrecondition);
   auto run_step = [&](int64_t t, std::vector<int> order) {
     for (int w = 0; w < 3; ++w) {
@@ -1481,7 +1483,14 @@ TEST(ParameterShardTest, BackupWorkersCheckpointIsShardZerosCut) {
   ASSERT_TRUE(
       arbiter.EndStepWithBackups(2, 1, nullptr, 0, AdmissionClaim::kDecide, 8)
           .ok());
-  absl::StatusOr<int64_t> cut = arbiter.HoldCheckpointStep(1, absl::Seconds(5));
+  // A job of 2 steps has no cut left: every step admitted without worker
+  // 0 (nothing is held: the ask below gets the same cut at once).
+  EXPECT_EQ(arbiter.HoldCheckpointStep(1, /*end_step=*/2, absl::Seconds(5))
+                .status()
+                .code(),
+            absl::StatusCode::kOutOfRange);
+  absl::StatusOr<int64_t> cut =
+      arbiter.HoldCheckpointStep(1, /*end_step=*/3, absl::Seconds(5));
   ASSERT_TRUE(cut.ok()) << cut.status();
   EXPECT_EQ(*cut, 2);
   std::vector<ChunkSnapshot> cut0, cut1;
@@ -1508,7 +1517,7 @@ TEST(ParameterShardTest, BackupWorkersCheckpointIsShardZerosCut) {
   const std::vector<std::vector<float>> at_cut = job.Weights(2);
   // A hold on step 3 (nothing of step 2 admitted yet: the cut is 2 again,
   // the same registration) makes step 2's first end wait for the release.
-  cut = arbiter.HoldCheckpointStep(2, absl::Seconds(5));
+  cut = arbiter.HoldCheckpointStep(2, /*end_step=*/0, absl::Seconds(5));
   ASSERT_TRUE(cut.ok());
   EXPECT_EQ(*cut, 2);
   for (int w = 0; w < 3; ++w) {
@@ -1548,7 +1557,7 @@ TEST(ParameterShardTest, BackupWorkersCheckpointIsShardZerosCut) {
   EXPECT_EQ(copied, at_cut);
   EXPECT_NE(job.Weights(3), at_cut);  // step 2 went on past the cut
   // A hold nobody releases ends by itself: the end waits it out.
-  cut = arbiter.HoldCheckpointStep(3, absl::Milliseconds(100));
+  cut = arbiter.HoldCheckpointStep(3, /*end_step=*/0, absl::Milliseconds(100));
   ASSERT_TRUE(cut.ok());
   for (int s = 0; s < 2; ++s) job.Push(s, 0, 3);
   const absl::Time before = absl::Now();
@@ -1601,7 +1610,8 @@ TEST(ParameterShardTest, BackupWorkersWithStalenessDecideInStepOrder) {
       "1");
   // A checkpoint asked for at step 0: steps 0 and 1 have admitted ends, so
   // the cut is step 2.
-  absl::StatusOr<int64_t> cut = arbiter.HoldCheckpointStep(0, absl::Seconds(5));
+  absl::StatusOr<int64_t> cut =
+      arbiter.HoldCheckpointStep(0, /*end_step=*/0, absl::Seconds(5));
   ASSERT_TRUE(cut.ok()) << cut.status();
   EXPECT_EQ(*cut, 2);
   arbiter.ReleaseCheckpointHold();

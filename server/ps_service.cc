@@ -157,11 +157,17 @@ grpc::Status PsService::Checkpoint(grpc::ServerContext* context,
     *response = checkpoint_result_;
     return grpc::Status::OK;
   }
+  if (request->end_step() < 0) {
+    return grpc::Status(
+        grpc::StatusCode::INVALID_ARGUMENT,
+        absl::StrCat("checkpoint end_step ", request->end_step(),
+                     ": expected the job's number of steps (>= 0)"));
+  }
   if (request->pick_step()) {
     // Backup workers: the cut is shard 0's to pick (its admissions), held
     // while worker 0 registers it on the other shards.
-    absl::StatusOr<int64_t> cut =
-        shard_->HoldCheckpointStep(step, absl::Seconds(10));
+    absl::StatusOr<int64_t> cut = shard_->HoldCheckpointStep(
+        step, request->end_step(), absl::Seconds(10));
     if (!cut.ok()) return ToGrpcStatus(cut.status());
     step = *cut;
   }

@@ -329,7 +329,8 @@ absl::Status CheckpointRig::Step() {
 }
 
 absl::Status CheckpointRig::BeginCheckpoint() {
-  return writer_->Begin(step_, FixturePosition(step_), weights_);
+  return writer_->Begin(step_, /*end_step=*/0, FixturePosition(step_),
+                        weights_);
 }
 
 }  // namespace pstrain::testing

@@ -673,7 +673,7 @@ std::string CheckpointWriter::latest_path() const {
 }
 
 absl::Status CheckpointWriter::Begin(
-    int64_t step, const DataPosition& position,
+    int64_t step, int64_t end_step, const DataPosition& position,
     const std::vector<absl::Span<float>>& weights,
     const std::function<DataPosition(int64_t)>& position_of) {
   RETURN_IF_ERROR(Wait());
@@ -689,8 +689,13 @@ absl::Status CheckpointWriter::Begin(
     return absl::InternalError(
         absl::StrCat(step_dir, ": cannot create it: ", error.message()));
   }
-  ASSIGN_OR_RETURN(std::vector<CheckpointResponse> begun,
-                   exchange_->Checkpoint(step, step_dir, /*wait=*/false));
+  absl::StatusOr<std::vector<CheckpointResponse>> begun_or =
+      exchange_->Checkpoint(step, end_step, step_dir, /*wait=*/false);
+  if (absl::IsOutOfRange(begun_or.status())) {
+    fs::remove(step_dir, error);  // empty: nothing was written there
+    return absl::OkStatus();
+  }
+  ASSIGN_OR_RETURN(std::vector<CheckpointResponse> begun, std::move(begun_or));
   // Backup workers: shard 0 picked a later cut (PsClient::Checkpoint); the
   // checkpoint is of that step, its data position that step's.
   DataPosition at = position;
@@ -750,7 +755,8 @@ absl::Status CheckpointWriter::Finish(
     model_file = save_model_(spans, model_path, step, in_folder);
   }
   ASSIGN_OR_RETURN(std::vector<CheckpointResponse> shards,
-                   exchange_->Checkpoint(step, step_dir, /*wait=*/true));
+                   exchange_->Checkpoint(step, /*end_step=*/0, step_dir,
+                                         /*wait=*/true));
   // One file per shard of the layout the cut was taken on: an elastic job's
   // worker 0 may have moved the state onto another number of shards since
   // the job began (issue 40), and a membership change waits for the

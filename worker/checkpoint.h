@@ -205,9 +205,13 @@ class CheckpointWriter {
   // admissions are; PsClient::Checkpoint), its position moved there, and
   // the model file comes from the shards (set_model_from_shards(true));
   // begun_step() says which; `position_of` (if set) gives that step's
-  // position (else it is moved by `position`'s steps_per_epoch).
+  // position (else it is moved by `position`'s steps_per_epoch). Where
+  // that cut would be at or past `end_step` (the job's number of steps:
+  // worker 0 fell behind workers that have ended) no checkpoint is taken
+  // (GradientExchange::Checkpoint) and Begin() returns OK with begun_step()
+  // unchanged: the job's end is in its final model file.
   absl::Status Begin(
-      int64_t step, const DataPosition& position,
+      int64_t step, int64_t end_step, const DataPosition& position,
       const std::vector<absl::Span<float>>& weights,
       const std::function<DataPosition(int64_t)>& position_of = nullptr);
   // The step of the checkpoint the last Begin() started (-1: none).

@@ -171,13 +171,14 @@ class PsExchange : public GradientExchange, public WeightsGate {
   }
 
   absl::StatusOr<std::vector<CheckpointResponse>> Checkpoint(
-      int64_t step, const std::string& step_dir, bool wait) override {
+      int64_t step, int64_t end_step, const std::string& step_dir,
+      bool wait) override {
     if (!wait) {
       residual_wait_abandoned_.store(false);
       checkpoint_generation_.store(client_->generation());
     }
     ASSIGN_OR_RETURN(std::vector<CheckpointResponse> replies,
-                     client_->Checkpoint(step, wait));
+                     client_->Checkpoint(step, end_step, wait));
     if (!wait && saves_residuals()) {
       // Worker 0 knows its cut now (backup workers: shard 0's pick), and
       // saves its own residual as soon as it holds it: at once unless the
@@ -747,7 +748,8 @@ class AllreduceExchange : public GradientExchange {
   // writes them on a thread of its own; wait: joins that thread and returns the
   // file's size and crc32.
   absl::StatusOr<std::vector<CheckpointResponse>> Checkpoint(
-      int64_t step, const std::string& step_dir, bool wait) override {
+      int64_t step, int64_t /*end_step*/, const std::string& step_dir,
+      bool wait) override {
     absl::MutexLock lock(&checkpoint_mu_);
     if (wait) {
       if (!checkpoint_writer_.joinable() || checkpoint_step_ != step) {

@@ -177,9 +177,12 @@ class GradientExchange {
   // Called with `wait` false right after Step() (the state is copied then),
   // and again with `wait` true, which returns each file's size and crc32
   // once it is durable. Thread-safe against Step(): a background thread
-  // may wait (`wait` true) while training goes on.
+  // may wait (`wait` true) while training goes on. `end_step` (not wait):
+  // the job's number of steps; a PS job with backup workers whose cut
+  // would be at or past it (worker 0 fell behind the workers that ended)
+  // takes no checkpoint: OUT_OF_RANGE, nothing begun.
   virtual absl::StatusOr<std::vector<CheckpointResponse>> Checkpoint(
-      int64_t step, const std::string& step_dir, bool wait) {
+      int64_t step, int64_t end_step, const std::string& step_dir, bool wait) {
     return absl::UnimplementedError("this exchange writes no checkpoints");
   }
 

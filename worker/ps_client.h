@@ -176,8 +176,12 @@ class PsClient {
   // step shard 0 picks (pick_step; every reply's step() says it): shard 0
   // first, which holds that step's admissions, then every other shard at
   // the cut, then shard 0's hold released (also on error). Call with
-  // wait and the cut's step afterwards.
+  // wait and the cut's step afterwards. `end_step` (> 0, backup workers):
+  // the job's number of steps; OUT_OF_RANGE from shard 0, nothing
+  // registered anywhere, where the cut would be at or past it
+  // (CheckpointRequest.end_step).
   absl::StatusOr<std::vector<CheckpointResponse>> Checkpoint(int64_t step,
+                                                             int64_t end_step,
                                                              bool wait);
 
   // Waits until every shard is initialised (at most `timeout`) at one

@@ -617,7 +617,7 @@ absl::StatusOr<TrainerOutput> RunWorker(const TrainerOptions& options,
         [&](int64_t step, const DataPosition& position) {
           RETURN_IF_ERROR(exchange->AwaitWeights());
           return checkpoints->Begin(
-              step, position, workload->weights(),
+              step, positions.total_steps(), position, workload->weights(),
               [&positions](int64_t cut) { return positions.At(cut); });
         },
         absl::Now());
