@@ -676,6 +676,14 @@ absl::Status CheckpointWriter::Begin(
     int64_t step, int64_t end_step, const DataPosition& position,
     const std::vector<absl::Span<float>>& weights,
     const std::function<DataPosition(int64_t)>& position_of) {
+  if (begun_step_ > step && InFlight()) {
+    // Backup workers: shard 0 picked the cut in flight where the other
+    // workers were, ahead of this worker's step still. Its residual file
+    // from this worker is written on this thread once its step reaches the
+    // cut, so waiting here would wait for ourselves; the checkpoint in
+    // flight, of a later step, stands for this one.
+    return absl::OkStatus();
+  }
   RETURN_IF_ERROR(Wait());
   // What a writer killed before this one left (this step's folder among
   // them) goes first, so that DIR holds at most keep + 1 step folders.

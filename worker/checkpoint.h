@@ -209,7 +209,11 @@ class CheckpointWriter {
   // that cut would be at or past `end_step` (the job's number of steps:
   // worker 0 fell behind workers that have ended) no checkpoint is taken
   // (GradientExchange::Checkpoint) and Begin() returns OK with begun_step()
-  // unchanged: the job's end is in its final model file.
+  // unchanged: the job's end is in its final model file. A Begin() at a
+  // step before the cut of the checkpoint still in flight (begun_step())
+  // takes none either: that checkpoint is of a later step, and waiting for
+  // it would wait for this worker's own residual file (written on the
+  // training thread once its step reaches the cut).
   absl::Status Begin(
       int64_t step, int64_t end_step, const DataPosition& position,
       const std::vector<absl::Span<float>>& weights,
