@@ -134,6 +134,15 @@ void FillHeartbeatMembership(const JobInfo& job, TaskRole role, int index,
   if (!IsElastic(job.spec())) return;
   if (role == ROLE_PS) {
     response->set_removed(ShardRemoved(job, index));
+    std::vector<int> gone;
+    for (const TaskInfo& t : job.tasks()) {
+      if (t.role() == ROLE_WORKER && t.state() == TASK_REMOVED) {
+        gone.push_back(t.index());
+      }
+    }
+    std::sort(gone.begin(), gone.end());
+    gone.erase(std::unique(gone.begin(), gone.end()), gone.end());
+    for (int w : gone) response->add_removed_workers(w);
     return;
   }
   *response->mutable_membership() = job.membership();

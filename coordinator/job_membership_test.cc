@@ -322,6 +322,14 @@ TEST(JobMembershipTest, ShrinkOnFailureKeepsMinWorkers) {
                      "worker 2 removed: its restart budget is spent; "
                      "membership 1: 2 workers (min_workers 2); the job goes "
                      "on"));
+  // The shards hear of it (a step of theirs may wait for its push), the
+  // workers do not.
+  const HeartbeatResponse to_shard =
+      Beat(table, id, 0, nullptr, kT0 + absl::Seconds(1), ROLE_PS);
+  ASSERT_EQ(to_shard.removed_workers_size(), 1);
+  EXPECT_EQ(to_shard.removed_workers(0), 2);
+  EXPECT_FALSE(to_shard.removed());
+  EXPECT_EQ(Beat(table, id, 1).removed_workers_size(), 0);
   // The supervisor's report of the same death changes nothing.
   EXPECT_TRUE(Finish(table, id, 2, false).ok());
   EXPECT_EQ(table.Get(id)->state(), JOB_RUNNING);

@@ -322,6 +322,8 @@ bool TaskAgent::NoteMembership(const HeartbeatResponse& response) {
   }
   const bool newly_removed = response.removed() && !removed_;
   removed_ |= response.removed();
+  removed_workers_.assign(response.removed_workers().begin(),
+                          response.removed_workers().end());
   return newly_removed;
 }
 
@@ -333,6 +335,11 @@ std::optional<Membership> TaskAgent::membership() const {
 bool TaskAgent::removed() const {
   absl::MutexLock lock(&mu_);
   return removed_;
+}
+
+std::vector<int> TaskAgent::removed_workers() const {
+  absl::MutexLock lock(&mu_);
+  return removed_workers_;
 }
 
 absl::StatusOr<Membership> TaskAgent::WaitForMembership(int64_t min_epoch,

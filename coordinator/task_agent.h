@@ -40,6 +40,7 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
@@ -159,6 +160,9 @@ class TaskAgent {
   std::optional<Membership> membership() const;
   // An answer said this worker is no longer a member (see on_removed).
   bool removed() const;
+  // Elastic jobs, shards: the workers the last answer named as removed
+  // after their death (HeartbeatResponse.removed_workers), ascending.
+  std::vector<int> removed_workers() const;
   // Blocks until an answer carried a membership of epoch >= `min_epoch`
   // and returns it. DEADLINE_EXCEEDED at `deadline` (naming the epoch);
   // CANCELLED once the heartbeats stopped (the job ended, the coordinator
@@ -256,6 +260,7 @@ class TaskAgent {
   // Elastic jobs (membership()).
   std::optional<Membership> membership_ ABSL_GUARDED_BY(mu_);
   bool removed_ ABSL_GUARDED_BY(mu_) = false;
+  std::vector<int> removed_workers_ ABSL_GUARDED_BY(mu_);
   // The heartbeats stopped (WaitForMembership returns).
   bool heartbeats_over_ ABSL_GUARDED_BY(mu_) = false;
   // Worker 0's report not yet answered.

@@ -75,8 +75,8 @@ void ParameterShard::SetMembershipLocked(const WorkerMembership& membership) {
   if (options_.linear_lr_scaling) {
     // The linear scaling rule: the lr follows the effective batch.
     const int initial = PolicyOptions(options_).num_workers;
-    optimizer->lr = static_cast<float>(static_cast<double>(options_.adam.lr) *
-                                       n / initial);
+    optimizer->lr =
+        static_cast<float>(static_cast<double>(options_.adam.lr) * n / initial);
   }
   std::atomic_store(&optimizer_, std::shared_ptr<const OptimizerOptions>(
                                      std::move(optimizer)));
@@ -442,6 +442,24 @@ void ParameterShard::BreakBarrier(int64_t generation,
     broken_.store(true);
   }
   NoteUpdate();  // wakes the pulls, which see broken_
+}
+
+bool ParameterShard::StepWaitsFor(int worker_id) const {
+  if (!policy_.has_steps() || policy_.admits() || worker_id < 0) return false;
+  // init_mu_ keeps chunks_ as it is (a re-layout replaces it).
+  absl::MutexLock init_lock(&init_mu_);
+  if (!initialized_.load()) return false;
+  for (const std::unique_ptr<ChunkState>& c : chunks_) {
+    absl::MutexLock lock(&c->mu);
+    for (const StepSlot& slot : c->slots) {
+      if (slot.num_pending > 0 &&
+          static_cast<size_t>(worker_id) < slot.has_pending.size() &&
+          !slot.has_pending[worker_id]) {
+        return true;
+      }
+    }
+  }
+  return false;
 }
 
 void ParameterShard::Abort(const std::string& reason) {

@@ -534,6 +534,12 @@ class ParameterShard {
   // and `reason`, until a restore (Initialize() of a higher generation).
   // A no-op in async mode and for another generation. Thread-safe.
   void BreakBarrier(int64_t generation, const std::string& reason);
+  // Sync mode without backup workers: some step of the current generation
+  // has another worker's push in and not `worker_id`'s (so no pull of it
+  // completes without that worker). False in async mode, with backup
+  // workers (a step needs only some workers) and before Initialize().
+  // Thread-safe.
+  bool StepWaitsFor(int worker_id) const;
 
   ShardStats Stats() const;
 

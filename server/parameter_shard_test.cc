@@ -719,11 +719,17 @@ TEST(ParameterShardTest, ReopenDropsTheUndecidedStepAndGoesOnBitForBit) {
   }
   const auto decided = PullAll(shard, 1);
   ASSERT_EQ(decided.size(), 3u);
+  // Nothing of step 1 is in: no step waits for anyone.
+  EXPECT_FALSE(shard.StepWaitsFor(0));
+  EXPECT_FALSE(shard.StepWaitsFor(1));
   // Step 1 on the failing shard: chunk (1,0) has both pushes (its update is
   // applied, undecided), chunk (0,0) only worker 0's; then worker 1 dies.
   ASSERT_TRUE(shard.Push(0, 1, 0, 1, std::vector<float>(2, 7.0f)).ok());
   ASSERT_TRUE(shard.Push(1, 1, 0, 1, std::vector<float>(2, 7.0f)).ok());
   ASSERT_TRUE(shard.Push(0, 0, 0, 1, std::vector<float>(4, 7.0f)).ok());
+  // Step 1 waits for worker 1's push of chunk (0,0), not for worker 0.
+  EXPECT_TRUE(shard.StepWaitsFor(1));
+  EXPECT_FALSE(shard.StepWaitsFor(0));
   shard.BreakBarrier(0, "worker 1's stream broke");
 
   absl::StatusOr<int64_t> version = shard.Reopen(1);

@@ -231,6 +231,31 @@ absl::StatusOr<pstrain::ListeningServer> Listen(
       ":", address.port, "): in use, or not an address of this host"));
 }
 
+// Elastic jobs: a worker the coordinator removed after its death
+// (HeartbeatResponse.removed_workers) that this shard's generation still
+// counts as a member will push nothing more. One that died in a recovery,
+// before it opened a stream to this shard, broke nothing, so a step that
+// has the other workers' pushes would wait for it until the job's
+// timeouts: the generation's barrier breaks then instead (every waiting
+// pull ends ABORTED naming the worker), and worker 0 recovers and applies
+// the membership without it. A generation with no push in yet (worker 0's
+// recovery pulls its weights there) is left alone.
+// The generation is read before the membership check, so a newer
+// generation that left the worker out is never broken.
+void BreakBarrierForRemovedWorkers(const pstrain::TaskAgent& agent,
+                                   pstrain::ParameterShard* shard) {
+  for (const int w : agent.removed_workers()) {
+    const int64_t generation = shard->generation();
+    if (!shard->IsMember(w) || !shard->StepWaitsFor(w)) continue;
+    shard->BreakBarrier(
+        generation,
+        absl::StrCat("worker ", w,
+                     " was removed from the job after its death (its restart "
+                     "budget is spent); no step of generation ",
+                     generation, " can complete without it"));
+  }
+}
+
 // Serves until every worker is done (0), the job ends elsewhere (0 if it
 // succeeded, else 1), a signal (128 + signal) or --idle_timeout_s without a
 // request (1); returns the exit code. Meanwhile it keeps health, the log of
@@ -260,6 +285,7 @@ int ServeUntilEnd(pstrain::TaskAgent& agent, pstrain::ParameterShard* shard,
                              overflows_logged, " so far)"));
     }
     files->MaybeWriteRow();
+    BreakBarrierForRemovedWorkers(agent, shard);
     if (service->all_workers_done().WaitForNotificationWithTimeout(
             absl::Milliseconds(100))) {
       agent.Log(absl::StrCat("all workers done; shard ", index, " exiting"));
@@ -271,8 +297,8 @@ int ServeUntilEnd(pstrain::TaskAgent& agent, pstrain::ParameterShard* shard,
       return 0;
     }
     if (agent.removed()) {
-      agent.Log(absl::StrCat("shard ", index,
-                             " left the job's layout (elastic shards); exiting"));
+      agent.Log(absl::StrCat(
+          "shard ", index, " left the job's layout (elastic shards); exiting"));
       listening->SetServing(false);  // draining
       files->Finish();
       absl::Status s = agent.Finish(true, "left the job's layout");

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "gtest/gtest.h"
 #include "tests/cli_test_util.h"
@@ -264,6 +265,56 @@ TEST(ElasticTest, GrowsAndShrinksTrainingEverySampleOnce) {
        "--dataset=fashion_mnist"}));
   ASSERT_EQ(eval.exit_code, 0) << eval.output;
   EXPECT_EQ(Accuracy(eval.output), accuracy) << eval.output;
+}
+
+// A worker that dies in a recovery, before it opened a stream to the new
+// layout's shards, broke nothing there: the shards learn of its removal
+// from the coordinator (HeartbeatResponse.removed_workers) and break the
+// barrier its push is missing from, so worker 0 applies the membership
+// without it instead of the step waiting until the job's timeouts. One
+// LeNet-5 epoch of 400 steps, 3 workers (min_workers 2, no restarts), 2
+// shards moved to 3 at step 100; worker 2 is killed as soon as the move
+// aborts its step.
+TEST(ElasticTest, AWorkerKilledInARecoveryIsRemovedAndTheJobGoesOn) {
+  if (!HaveFashionMnist()) GTEST_SKIP() << "dataset-fashion-mnist missing";
+  const ElasticFiles files =
+      PrepareRun("killed_in_recovery", "num_ps=3 at_step=100");
+  Process run(
+      ElasticArgv(files, {"--num_workers=3", "--max_workers=3",
+                          "--min_workers=2", "--max_restarts=0", "--max_ps=3",
+                          "--epochs=1", "--max_steps_per_epoch=400"}),
+      files.log);
+  auto logged = [&](const std::string& text) {
+    return Logged(files.log, text);
+  };
+  ASSERT_TRUE(logged("[worker2] worker 2: step failed"))
+      << ReadTextFile(files.log);
+  ASSERT_TRUE(KillChild(run.pid(), "pstrain_worker .*--task_index=2"));
+  const absl::Time killed = absl::Now();
+  // Where the kill landed: before worker 2 reached the new shards (the
+  // case this test is for) unless its recovery was already over.
+  const bool in_recovery =
+      ReadTextFile(files.log).find("[worker2] worker 2: recovered in") ==
+      std::string::npos;
+  ASSERT_TRUE(logged("worker 2 removed: its restart budget is spent"))
+      << ReadTextFile(files.log);
+  const int exit_code = run.Wait(240);
+  const absl::Duration after_kill = absl::Now() - killed;
+  const std::string output = ReadTextFile(files.log);
+  std::printf("killed %s its recovery; the job ended %.1f s later\n",
+              in_recovery ? "in" : "after", absl::ToDoubleSeconds(after_kill));
+  ASSERT_EQ(exit_code, 0) << output;
+  EXPECT_NE(output.find("workers, 2 -> 3 shards at step"), std::string::npos)
+      << output;
+  std::smatch shrink;
+  ASSERT_TRUE(std::regex_search(
+      output, shrink,
+      std::regex(R"(membership [0-9]+: 3 -> 2 workers at step ([0-9]+) )")))
+      << output;
+  // Not the job's timeouts (the pull deadline, 120 s of recovery): the
+  // barrier broke within a few heartbeats of the removal.
+  EXPECT_LT(after_kill, absl::Seconds(90)) << output;
+  EXPECT_GT(Accuracy(output), 0.6) << output;
 }
 
 // Top-k pushes with error feedback and checkpoints (each worker's residual
