@@ -11,7 +11,11 @@
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
+#include <map>
 #include <memory>
+#include <string>
+#include <vector>
 
 #include "absl/flags/declare.h"
 #include "absl/flags/flag.h"
@@ -22,8 +26,10 @@
 #include "catalog/job_config.h"
 #include "cli/node_supervisor.h"
 #include "common/flags_util.h"
+#include "common/status_macros.h"
 #include "common/tls.h"
 #include "common/tls_flags.h"
+#include "coordinator/job_membership.h"
 #include "coordinator/job_table.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/coordinator.grpc.pb.h"
@@ -196,7 +202,9 @@ absl::StatusOr<std::vector<NodeTask>> PlanNodeTasks(
   std::vector<NodeTask> tasks;
   for (TaskRole role : {ROLE_PS, ROLE_WORKER}) {
     const auto& hosts = role == ROLE_PS ? spec.ps_hosts() : spec.worker_hosts();
-    const int count = role == ROLE_PS ? spec.num_ps() : spec.num_workers();
+    const int first = role == ROLE_PS ? spec.num_ps() : spec.num_workers();
+    const int count =
+        std::max(first, role == ROLE_PS ? spec.max_ps() : spec.max_workers());
     for (int i = 0; i < count; ++i) {
       const bool here =
           have_hosts ? i < hosts.size() &&
@@ -206,6 +214,7 @@ absl::StatusOr<std::vector<NodeTask>> PlanNodeTasks(
       NodeTask task;
       task.role = role;
       task.index = i;
+      task.standby = i >= first;
       tasks.push_back(task);
     }
   }
@@ -309,6 +318,90 @@ std::vector<SupervisedTask> NodeLaunches(const std::vector<NodeTask>& tasks,
   return launches;
 }
 
+// An elastic job's tasks of this node that a Scale adds (cli/local_job's
+// ScaledTasks, over the coordinator's GetJob): every planned task the
+// coordinator has waiting to register for a membership it was not started
+// for, and that is not running (the first tasks before they registered,
+// restarted ones, and a removed one that a Scale took back while it still
+// exits, which is started once it has). Polled from the supervisor's
+// thread (SupervisorOptions::more_tasks); the job is read every 500 ms at
+// most, each read with a 5 s deadline (an error waits for the next).
+class NodeScaler {
+ public:
+  NodeScaler(const NodeRun& run, std::vector<SupervisedTask> planned)
+      : run_(run) {
+    for (SupervisedTask& t : planned) {
+      std::string key = t.key();
+      planned_.emplace(std::move(key), std::move(t));
+    }
+  }
+
+  void set_supervisor(const NodeSupervisor* supervisor) {
+    supervisor_ = supervisor;
+  }
+
+  std::vector<SupervisedTask> Poll() {
+    std::vector<SupervisedTask> start;
+    if (absl::Now() - last_read_ < absl::Milliseconds(500)) return start;
+    last_read_ = absl::Now();
+    absl::StatusOr<JobInfo> job = Read();
+    if (!job.ok() || job->state() != JOB_RUNNING) return start;
+    const int64_t epoch = job->membership().epoch();
+    for (const TaskInfo& t : job->tasks()) {
+      if (t.state() != TASK_WAITING) continue;
+      const std::string key =
+          absl::StrCat(t.role() == ROLE_PS ? "ps" : "worker", t.index());
+      auto planned = planned_.find(key);
+      if (planned == planned_.end()) continue;  // another node's
+      if (supervisor_ != nullptr && supervisor_->Running(key)) continue;
+      auto [it, added] = launched_.emplace(key, epoch);
+      if (!added && it->second >= epoch) continue;
+      it->second = epoch;
+      std::printf("%s: starting %s for membership %lld\n", kProgram,
+                  key.c_str(), static_cast<long long>(epoch));
+      std::fflush(stdout);
+      start.push_back(planned->second);
+      ++started_;
+    }
+    return start;
+  }
+
+  // Tasks Poll() has started.
+  int started() const { return started_; }
+
+ private:
+  absl::StatusOr<JobInfo> Read() {
+    if (stub_ == nullptr) {
+      TlsIdentity reader{TlsRole::kWorker, 0, run_.job_id};
+      if (!run_.tls.insecure) {
+        ASSIGN_OR_RETURN(reader, AnyTaskIdentityOfJob(run_.tls, run_.job_id));
+      }
+      ASSIGN_OR_RETURN(stub_,
+                       CoordinatorStubAs(run_.coordinator, run_.tls, reader));
+    }
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() +
+                         std::chrono::seconds(5));
+    JobRequest request;
+    request.set_job_id(run_.job_id);
+    request.set_log_since(JobTable::kNoLog);
+    JobInfo job;
+    const grpc::Status status = stub_->GetJob(&context, request, &job);
+    if (!status.ok()) {
+      return absl::UnavailableError(std::string(status.error_message()));
+    }
+    return job;
+  }
+
+  const NodeRun& run_;
+  std::map<std::string, SupervisedTask> planned_;  // by key()
+  std::map<std::string, int64_t> launched_;        // key -> membership epoch
+  std::unique_ptr<Coordinator::Stub> stub_;
+  const NodeSupervisor* supervisor_ = nullptr;
+  absl::Time last_read_ = absl::InfinitePast();
+  int started_ = 0;
+};
+
 // The supervisor of `run`'s tasks (cli/node_supervisor: restarts through
 // the coordinator's RestartTask) with this command's lines: the first
 // failure, and the tasks stopped --node_grace_s after it or the job's end.
@@ -338,8 +431,10 @@ SupervisorOptions NodeSupervision(const NodeRun& run) {
 
 // Supervises the tasks to their end; the first failure decides the exit
 // status.
-int WaitForNodeTasks(size_t num_tasks, NodeSupervisor* supervisor) {
+int WaitForNodeTasks(NodeSupervisor* supervisor,
+                     const std::function<size_t()>& num_started) {
   const SupervisorResult result = supervisor->Run();
+  const size_t num_tasks = num_started();
   if (result.signal != 0) {
     return Fail(result.exit_code,
                 absl::StrCat("stopped by signal ", result.signal,
@@ -413,18 +508,34 @@ int NodeCommand(const std::vector<std::string>& args,
 
   std::signal(SIGINT, OnNodeSignal);
   std::signal(SIGTERM, OnNodeSignal);
-  std::vector<std::string> names;
+  std::vector<std::string> names, standby_names;
+  std::vector<NodeTask> first, standby;
+  for (const NodeTask& t : *tasks) (t.standby ? standby : first).push_back(t);
   const std::vector<SupervisedTask> launches =
-      NodeLaunches(*tasks, ps, worker, run, &names);
-  NodeSupervisor supervisor(NodeSupervision(run));
+      NodeLaunches(first, ps, worker, run, &names);
+  // An elastic job: every planned task may be (re)started by a Scale.
+  NodeScaler scaler(run, NodeLaunches(*tasks, ps, worker, run, &standby_names));
+  SupervisorOptions supervision = NodeSupervision(run);
+  if (IsElastic(run.config.spec)) {
+    supervision.more_tasks = [&scaler] { return scaler.Poll(); };
+  }
+  NodeSupervisor supervisor(supervision);
+  scaler.set_supervisor(&supervisor);
   if (absl::Status s = supervisor.Start(launches); !s.ok()) {
     return Fail(1, std::string(s.message()));
   }
-  std::printf("%s: node %d of %d, %d cores: started %s\n", kProgram,
+  std::printf("%s: node %d of %d, %d cores: started %s%s\n", kProgram,
               placement->node_rank, placement->num_nodes, placement->cores,
-              absl::StrJoin(names, ", ").c_str());
+              absl::StrJoin(names, ", ").c_str(),
+              standby.empty() ? ""
+                              : absl::StrCat("; ", standby.size(),
+                                             " more if the job scales up")
+                                    .c_str());
   std::fflush(stdout);
-  return WaitForNodeTasks(tasks->size(), &supervisor);
+  const int exit_code = WaitForNodeTasks(&supervisor, [&] {
+    return first.size() + static_cast<size_t>(scaler.started());
+  });
+  return exit_code;
 }
 
 }  // namespace pstrain

@@ -41,6 +41,34 @@ TEST(PlanNodeTasksTest, WithoutHostsTasksGoRoundRobinByNodeRank) {
             "node rank 1 of 1 nodes; expected 0..0");
 }
 
+// An elastic job's tasks up to max_workers / max_ps are planned too, those
+// beyond the first as standby (started once a Scale adds them), and the
+// workers share the cores as if every planned one ran.
+TEST(PlanNodeTasksTest, ElasticTasksBeyondTheFirstAreStandby) {
+  const JobSpec spec = Spec(
+      "num_ps: 2 num_workers: 2 max_workers: 4 max_ps: 3 batch_size: 8 "
+      "epochs: 1");
+  NodePlacement node;
+  node.num_nodes = 2;
+  node.cores = 8;
+  node.node_rank = 0;
+  const std::vector<NodeTask> tasks =
+      PlanNodeTasks(spec, node).value_or(std::vector<NodeTask>{});
+  EXPECT_EQ(Names(tasks), "ps0/1 ps2/1 worker0/4 worker2/4 ");
+  std::string standby;
+  for (size_t i = 0; i < tasks.size(); ++i) {
+    standby += tasks[i].standby ? "1" : "0";
+  }
+  EXPECT_EQ(standby, "0101");
+  // A job that is not elastic has no standby task.
+  const std::vector<NodeTask> fixed =
+      PlanNodeTasks(Spec("num_ps: 2 num_workers: 2 batch_size: 8 epochs: 1"),
+                    node)
+          .value_or(std::vector<NodeTask>{});
+  EXPECT_EQ(Names(fixed), "ps0/1 worker0/8 ");
+  for (size_t i = 0; i < fixed.size(); ++i) EXPECT_FALSE(fixed[i].standby);
+}
+
 TEST(PlanNodeTasksTest, WithHostsTheNodesOwnNamesAndAddressesPick) {
   const JobSpec spec = Spec(
       "num_ps: 2 num_workers: 2 batch_size: 8 epochs: 1\n"

@@ -317,6 +317,52 @@ TEST(ElasticTest, AWorkerKilledInARecoveryIsRemovedAndTheJobGoesOn) {
   EXPECT_GT(Accuracy(output), 0.6) << output;
 }
 
+// On a cluster the per-node agent starts what a Scale adds: a submitted
+// elastic job (2 workers, 2 shards; max 3 of each) under `pstrain node`,
+// scaled with `pstrain scale` (the admin key) to 3 workers and 3 shards
+// while it trains; the node starts worker 2 and ps 2 for the new
+// membership, worker 0 applies it, and the job and the node end 0.
+TEST(ElasticTest, NodeAgentStartsTheTasksAScaleAdds) {
+  if (!HaveFashionMnist()) GTEST_SKIP() << "dataset-fashion-mnist missing";
+  pstrain::testing::CoordinatorProcess coordinator(TempDir() + "/jobs.pb", 30);
+  ASSERT_TRUE(coordinator.up());
+  const std::string spec = TempDir() + "/elastic_node.pbtxt";
+  WriteTextFile(spec,
+                "model: \"lenet5\" num_ps: 2 num_workers: 2 max_workers: 3 "
+                "max_ps: 3 batch_size: 25 epochs: 1 max_steps_per_epoch: 600 "
+                "log_every_steps: 50 seed: 1\n");
+  CommandResult r =
+      RunCommand("cli/pstrain submit " + spec + coordinator.flag());
+  ASSERT_EQ(r.output, "job-1\n") << r.output;
+  const std::string log = TempDir() + "/elastic_node.log";
+  Process node({"cli/pstrain", "node", "--coordinator=" + coordinator.address(),
+                "--job=job-1"},
+               log);
+  ASSERT_TRUE(Logged(log, "Step100:")) << ReadTextFile(log);
+  r = RunCommand("cli/pstrain scale job-1 --num_workers=3 --num_ps=3" +
+                 coordinator.flag());
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  r = RunCommand("cli/pstrain wait job-1 --wait_poll_ms=200" +
+                 coordinator.flag());
+  EXPECT_EQ(r.exit_code, 0) << r.output << ReadTextFile(log);
+  EXPECT_EQ(node.Wait(60), 0) << ReadTextFile(log);
+  const std::string output = ReadTextFile(log);
+  EXPECT_NE(output.find("2 more if the job scales up"), std::string::npos)
+      << output;
+  EXPECT_NE(output.find("pstrain node: starting worker2 for membership 1"),
+            std::string::npos)
+      << output;
+  EXPECT_NE(output.find("pstrain node: starting ps2 for membership 1"),
+            std::string::npos)
+      << output;
+  EXPECT_TRUE(std::regex_search(
+      output,
+      std::regex(R"(membership 1: 2 -> 3 workers, 2 -> 3 shards at step )")))
+      << output;
+  EXPECT_NE(output.find("all 6 tasks of this node exited 0"), std::string::npos)
+      << output;
+}
+
 // Top-k pushes with error feedback and checkpoints (each worker's residual
 // saved with every checkpoint) compose with elastic workers and shards:
 // two LeNet-5 epochs grown from 2 workers to 3 at step 100, from 2 shards
