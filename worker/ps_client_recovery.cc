@@ -155,6 +155,13 @@ absl::Status PsClient::InitializeShard(
     const WorkerMembership* membership) {
   grpc::ClientContext context;
   SetDeadline(&context, options_.rpc_timeout);
+  // The job's first Init (generation 0): the shard has registered, but a
+  // first connection may still fail once (a refused or reset handshake on
+  // a loaded host): gRPC retries it until the deadline instead of failing
+  // the job at its start. A restore (a higher generation) fails fast, so
+  // that its recovery asks the coordinator for a restarted shard's
+  // address again.
+  context.set_wait_for_ready(generation == 0);
   InitResponse response;
   auto writer = stubs_[s]->Init(&context, &response);
   bool ok = writer->Write(FirstInitRequest(generation, membership));
