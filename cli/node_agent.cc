@@ -7,11 +7,9 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <chrono>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
-#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -103,33 +101,40 @@ absl::StatusOr<int> FromEnvironment(std::initializer_list<const char*> names) {
   return -1;
 }
 
-// The job, read with the key of any of its tasks in the TLS folder (the
-// node knows its tasks only from the spec), retried while the coordinator
-// cannot be reached (it may come up after the agents) for at most
-// `timeout`.
+// A coordinator stub that reads job `id` with the key of any of its tasks
+// in the TLS folder (the node knows its tasks only from the spec).
+absl::StatusOr<std::unique_ptr<Coordinator::Stub>> JobReaderStub(
+    const std::string& coordinator, const std::string& id,
+    const TlsOptions& tls) {
+  TlsIdentity reader{TlsRole::kWorker, 0, id};
+  if (!tls.insecure) {
+    ASSIGN_OR_RETURN(reader, AnyTaskIdentityOfJob(tls, id));
+  }
+  return CoordinatorStubAs(coordinator, tls, reader);
+}
+
+// One GetJob of `id` (no log) within `deadline`; the job, or gRPC's status.
+grpc::Status ReadJob(Coordinator::Stub& stub, const std::string& id,
+                     absl::Duration deadline, JobInfo* job) {
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + deadline));
+  JobRequest request;
+  request.set_job_id(id);
+  request.set_log_since(JobTable::kNoLog);
+  return stub.GetJob(&context, request, job);
+}
+
+// The job, retried while the coordinator cannot be reached (it may come up
+// after the agents) for at most `timeout`.
 absl::StatusOr<JobInfo> FetchJob(const std::string& coordinator,
                                  const std::string& id, const TlsOptions& tls,
                                  absl::Duration timeout) {
-  TlsIdentity reader{TlsRole::kWorker, 0, id};
-  if (!tls.insecure) {
-    absl::StatusOr<TlsIdentity> any = AnyTaskIdentityOfJob(tls, id);
-    if (!any.ok()) return any.status();
-    reader = *any;
-  }
-  absl::StatusOr<std::unique_ptr<Coordinator::Stub>> made =
-      CoordinatorStubAs(coordinator, tls, reader);
-  if (!made.ok()) return made.status();
-  std::unique_ptr<Coordinator::Stub> stub = *std::move(made);
+  ASSIGN_OR_RETURN(std::unique_ptr<Coordinator::Stub> stub,
+                   JobReaderStub(coordinator, id, tls));
   const absl::Time give_up = absl::Now() + timeout;
   while (true) {
-    grpc::ClientContext context;
-    context.set_deadline(std::chrono::system_clock::now() +
-                         std::chrono::seconds(10));
-    JobRequest request;
-    request.set_job_id(id);
-    request.set_log_since(JobTable::kNoLog);
     JobInfo job;
-    const grpc::Status status = stub->GetJob(&context, request, &job);
+    const grpc::Status status = ReadJob(*stub, id, absl::Seconds(10), &job);
     if (status.ok()) return job;
     if (status.error_code() != grpc::StatusCode::UNAVAILABLE &&
         status.error_code() != grpc::StatusCode::DEADLINE_EXCEEDED) {
@@ -349,8 +354,10 @@ class NodeScaler {
     const int64_t epoch = job->membership().epoch();
     for (const TaskInfo& t : job->tasks()) {
       if (t.state() != TASK_WAITING) continue;
-      const std::string key =
-          absl::StrCat(t.role() == ROLE_PS ? "ps" : "worker", t.index());
+      SupervisedTask named;
+      named.role = t.role();
+      named.index = t.index();
+      const std::string key = named.key();
       auto planned = planned_.find(key);
       if (planned == planned_.end()) continue;  // another node's
       if (supervisor_ != nullptr && supervisor_->Running(key)) continue;
@@ -372,21 +379,12 @@ class NodeScaler {
  private:
   absl::StatusOr<JobInfo> Read() {
     if (stub_ == nullptr) {
-      TlsIdentity reader{TlsRole::kWorker, 0, run_.job_id};
-      if (!run_.tls.insecure) {
-        ASSIGN_OR_RETURN(reader, AnyTaskIdentityOfJob(run_.tls, run_.job_id));
-      }
       ASSIGN_OR_RETURN(stub_,
-                       CoordinatorStubAs(run_.coordinator, run_.tls, reader));
+                       JobReaderStub(run_.coordinator, run_.job_id, run_.tls));
     }
-    grpc::ClientContext context;
-    context.set_deadline(std::chrono::system_clock::now() +
-                         std::chrono::seconds(5));
-    JobRequest request;
-    request.set_job_id(run_.job_id);
-    request.set_log_since(JobTable::kNoLog);
     JobInfo job;
-    const grpc::Status status = stub_->GetJob(&context, request, &job);
+    const grpc::Status status =
+        ReadJob(*stub_, run_.job_id, absl::Seconds(5), &job);
     if (!status.ok()) {
       return absl::UnavailableError(std::string(status.error_message()));
     }
@@ -431,10 +429,10 @@ SupervisorOptions NodeSupervision(const NodeRun& run) {
 
 // Supervises the tasks to their end; the first failure decides the exit
 // status.
-int WaitForNodeTasks(NodeSupervisor* supervisor,
-                     const std::function<size_t()>& num_started) {
+int WaitForNodeTasks(NodeSupervisor* supervisor, size_t num_first,
+                     const NodeScaler& scaler) {
   const SupervisorResult result = supervisor->Run();
-  const size_t num_tasks = num_started();
+  const size_t num_tasks = num_first + static_cast<size_t>(scaler.started());
   if (result.signal != 0) {
     return Fail(result.exit_code,
                 absl::StrCat("stopped by signal ", result.signal,
@@ -532,10 +530,7 @@ int NodeCommand(const std::vector<std::string>& args,
                                              " more if the job scales up")
                                     .c_str());
   std::fflush(stdout);
-  const int exit_code = WaitForNodeTasks(&supervisor, [&] {
-    return first.size() + static_cast<size_t>(scaler.started());
-  });
-  return exit_code;
+  return WaitForNodeTasks(&supervisor, first.size(), scaler);
 }
 
 }  // namespace pstrain
