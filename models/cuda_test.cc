@@ -21,10 +21,10 @@
 #include <string>
 
 #include "absl/types/span.h"
+#include "common/wire_dtype.h"
 #include "gtest/gtest.h"
 #include "models/backend.h"
 #include "models/layer_harness.h"
-#include "common/wire_dtype.h"
 #include "models/model.h"
 #include "optim/adam.h"
 
@@ -83,15 +83,25 @@ std::vector<float> Formula(int64_t n, double a, double b) {
 // products are exact in fp32, and both accumulate in fp32), except that
 // cuDNN writes the convolutions' output and gradients in the 16-bit type:
 // within one rounding of it (2^-8 relative for bf16, 2^-11 for fp16) of the
-// largest magnitude, with fp32's accumulation-order slack.
+// largest magnitude, with fp32's accumulation-order slack. Two parts differ:
+// - bias gradients are fp32 sums of the fp32 output gradient (the layers
+//   reduce dout before rounding it), so they are compared with a CPU
+//   backward of the unrounded dout;
+// - cuDNN's 16-bit filter gradient (the legacy API writes dW in the input
+//   type) may round partial sums of a split reduction to the 16-bit type:
+//   the H200 run of 2026-11-27 showed bf16 dW of conv1x1_stride2 off by
+//   0.0087 of the largest magnitude (2.2 bf16 roundings), so dW gets
+//   `weight_rel`, four roundings.
 TEST_F(CudaTest, SixteenBitLayersAreFp32OnRoundedValues) {
   struct Precision {
     PrecisionKind kind;
     DType wire;
     double rel;
+    double weight_rel;
   };
-  for (const Precision& p : {Precision{PRECISION_BF16, DTYPE_BFLOAT16, 6e-3},
-                             Precision{PRECISION_FP16, DTYPE_FLOAT16, 1.5e-3}}) {
+  for (const Precision& p :
+       {Precision{PRECISION_BF16, DTYPE_BFLOAT16, 6e-3, 1.6e-2},
+        Precision{PRECISION_FP16, DTYPE_FLOAT16, 1.5e-3, 2e-3}}) {
     SCOPED_TRACE(static_cast<int>(p.kind));
     absl::Status set = cuda_->SetPrecision(p.kind);
     if (absl::IsFailedPrecondition(set)) {
@@ -125,9 +135,18 @@ TEST_F(CudaTest, SixteenBitLayersAreFp32OnRoundedValues) {
       const auto cpu_din = cpu.Backward({&cpu_in}, rounded(dout));
       const auto gpu_din = gpu.Backward({&gpu_in}, dout);
       ExpectClose(gpu_din[0], cpu_din[0], p.rel, "din");
+      // The same CPU layer's backward of the fp32 dout, for the bias.
+      Harness cpu32(cpu_.get(), c.spec, 7);
+      cpu32.SetValues(&cpu32.params()[0].value, rounded(Values(w.value)));
+      DeviceTensor cpu32_in = cpu32.Make(c.shape, rounded(x));
+      cpu32.Forward({&cpu32_in});
+      cpu32.Backward({&cpu32_in}, dout);
       for (size_t i = 0; i < cpu.params().size(); ++i) {
-        ExpectClose(Values(gpu.params()[i].grad), Values(cpu.params()[i].grad),
-                    p.rel, "grad " + cpu.params()[i].name);
+        const bool bias = cpu.params()[i].name == "bias";
+        ExpectClose(Values(gpu.params()[i].grad),
+                    Values((bias ? cpu32 : cpu).params()[i].grad),
+                    i == 0 ? p.weight_rel : p.rel,
+                    "grad " + cpu.params()[i].name);
       }
     }
   }
