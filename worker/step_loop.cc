@@ -47,8 +47,7 @@ absl::StatusOr<NonFiniteInjection> ParseNonFiniteInjection(const char* text) {
   return injection;
 }
 
-StepLoop::StepLoop(Options options, const DataPositions& positions,
-                   Parts parts)
+StepLoop::StepLoop(Options options, const DataPositions& positions, Parts parts)
     : options_(std::move(options)),
       positions_(positions),
       parts_(std::move(parts)),
@@ -87,15 +86,19 @@ absl::Status StepLoop::Run(int64_t start_step) {
   return absl::OkStatus();
 }
 
-void StepLoop::RecordSamples(int epoch) {
-  const std::string path = absl::StrCat(
-      options_.record_samples_dir, "/samples-", options_.worker_id, ".txt");
-  std::FILE* f = std::fopen(path.c_str(), "a");
-  if (f == nullptr) return;
+std::string StepLoop::SamplesLine(int epoch) const {
   std::string line = absl::StrCat(epoch, " ", step_);
   for (uint32_t i : parts_.compute->LastBatchSamples()) {
     absl::StrAppend(&line, " ", i);
   }
+  return line;
+}
+
+void StepLoop::AppendSamplesLine(const std::string& line) const {
+  const std::string path = absl::StrCat(
+      options_.record_samples_dir, "/samples-", options_.worker_id, ".txt");
+  std::FILE* f = std::fopen(path.c_str(), "a");
+  if (f == nullptr) return;
   std::fprintf(f, "%s\n", line.c_str());
   std::fclose(f);
 }
@@ -169,9 +172,8 @@ absl::StatusOr<bool> StepLoop::EndEpoch(int epoch) {
   // steps included, so that the epochs add up to the Runtime.
   const double train_seconds = parts_.reporter->EpochEnded();
   if (!parts_.end_epoch) return false;
-  absl::Status ended =
-      parts_.end_epoch(epoch, step_, train_seconds,
-                       loss_sum_ / positions_.steps_per_epoch());
+  absl::Status ended = parts_.end_epoch(
+      epoch, step_, train_seconds, loss_sum_ / positions_.steps_per_epoch());
   if (ended.ok()) return false;
   parts_.reporter->ResumeAfterFailure();  // a recovery is training time
   RETURN_IF_ERROR(Recover(std::move(ended)));
@@ -180,6 +182,14 @@ absl::StatusOr<bool> StepLoop::EndEpoch(int epoch) {
 
 absl::Status StepLoop::Recover(absl::Status cause) {
   ASSIGN_OR_RETURN(step_, parts_.recovery->Recover(std::move(cause)));
+  // A step whose exchange failed after the shards applied it (a membership
+  // change reopening the shards while this worker pulled): in sync mode
+  // without backup workers its push was in.
+  if (unrecorded_.has_value() && step_ > unrecorded_->first &&
+      !options_.async && !options_.allreduce && !options_.backup_workers) {
+    AppendSamplesLine(unrecorded_->second);
+  }
+  unrecorded_.reset();
   if (parts_.elastic != nullptr) {
     // The generation recovered into may have other members (a membership
     // change is a reopen): re-split the epoch, or leave the job. Worker 0
@@ -216,9 +226,14 @@ absl::Status StepLoop::TrainStep(int epoch, int64_t index) {
     value.value = NonFiniteText(loss);
     parts_.exchange->MarkStepNonFinite(value);
   }
+  if (!options_.record_samples_dir.empty()) {
+    unrecorded_.emplace(step_, SamplesLine(epoch));
+  }
   RETURN_IF_ERROR(
       parts_.exchange->Step(parts_.compute->gradients(), options_.batch_size));
   RETURN_IF_ERROR(parts_.compute->LoadWeights());
+  const std::optional<std::pair<int64_t, std::string>> record =
+      std::exchange(unrecorded_, std::nullopt);
   times.exchanged = absl::Now();
   parts_.reporter->TraceExchange(step_, times.computed, times.exchanged);
   times.phases = parts_.compute->LastPhases();
@@ -234,9 +249,9 @@ absl::Status StepLoop::TrainStep(int epoch, int64_t index) {
     parts_.loss_scaler->Update(skipped.has_value());
   }
   RETURN_IF_ERROR(HandleSkip(skipped));
-  if (!options_.record_samples_dir.empty() && !skipped.has_value() &&
+  if (record.has_value() && !skipped.has_value() &&
       !parts_.exchange->LastStepLate()) {
-    RecordSamples(epoch);
+    AppendSamplesLine(record->second);
   }
   if (!skipped.has_value()) loss_sum_ += loss;
   if (options_.report_loss && !skipped.has_value()) times.loss = loss;
@@ -249,8 +264,7 @@ absl::Status StepLoop::TrainStep(int epoch, int64_t index) {
   jumped_ = next - trained - 1;
   step_ = next;
   if (parts_.checkpoints != nullptr) {
-    RETURN_IF_ERROR(
-        parts_.checkpoints->AfterStep(trained, step_, absl::Now()));
+    RETURN_IF_ERROR(parts_.checkpoints->AfterStep(trained, step_, absl::Now()));
   }
   return parts_.reporter->StepEnded(step_, epoch, index);
 }
@@ -289,8 +303,8 @@ absl::Status StepLoop::HandleSkip(std::optional<SkippedStepInfo>& skipped) {
         options_.async       ? "; its pushes from there on are dropped ("
         : options_.allreduce ? "; the step is skipped on every worker ("
                              : "; the step is skipped on every shard (",
-        consecutive_skips_, " in a row; at most ",
-        options_.max_nonfinite_steps, ")"));
+        consecutive_skips_, " in a row; at most ", options_.max_nonfinite_steps,
+        ")"));
   }
   if (consecutive_skips_ > options_.max_nonfinite_steps) {
     return absl::FailedPreconditionError(absl::StrCat(

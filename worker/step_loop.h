@@ -36,6 +36,7 @@
 #include <functional>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -137,6 +138,8 @@ class StepLoop {
     // appends a line "epoch step sample..." of its batch to
     // DIR/samples-<worker>.txt, so a test counts every sample trained.
     std::string record_samples_dir;
+    // Backup workers: a step may be applied without this worker's push.
+    bool backup_workers = false;
     // The PS tensors' names, for skipped steps' lines.
     std::vector<std::string> tensor_names;
     NonFiniteInjection inject_nonfinite;
@@ -207,8 +210,10 @@ class StepLoop {
   // Options::sparse_rows: the rows of the step's batch and the next one's,
   // given to the exchange.
   absl::Status SetStepRows();
-  // Appends the step's samples (Options::record_samples_dir).
-  void RecordSamples(int epoch);
+  // Options::record_samples_dir: the line of the step's samples, and
+  // appending one to this worker's file.
+  std::string SamplesLine(int epoch) const;
+  void AppendSamplesLine(const std::string& line) const;
   void GradientsReady(absl::Span<const int> tensors,
                       std::shared_ptr<CopyFence> fence);
 
@@ -223,6 +228,10 @@ class StepLoop {
   double loss_sum_ = 0;
   int consecutive_skips_ = 0;
   bool removed_ = false;
+  // Options::record_samples_dir: the line of a step whose exchange failed,
+  // with its step. A sync step (no backup workers) the recovery goes on
+  // past counted this worker's push, so its line is written then.
+  std::optional<std::pair<int64_t, std::string>> unrecorded_;
 };
 
 }  // namespace pstrain

@@ -4,6 +4,7 @@
 #include "worker/step_loop.h"
 
 #include <cmath>
+#include <cstdlib>
 #include <fstream>
 #include <map>
 #include <memory>
@@ -116,6 +117,7 @@ class StepLoopTest : public ::testing::Test {
     options.max_nonfinite_steps = max_nonfinite_steps_;
     options.tensor_names = {"w"};
     options.inject_nonfinite = inject_;
+    options.record_samples_dir = record_samples_dir_;
     StepLoop::Parts parts;
     parts.compute = &compute_;
     parts.exchange = &exchange_;
@@ -165,6 +167,23 @@ class StepLoopTest : public ::testing::Test {
     }
     return steps;
   }
+  // Runs the loop with PSTRAIN_RECORD_SAMPLES's record: the steps of its
+  // lines, in order.
+  std::vector<int64_t> RecordedSteps() {
+    record_samples_dir_ = ::testing::TempDir() + "/records";
+    EXPECT_EQ(std::system(("rm -rf " + record_samples_dir_ + " && mkdir -p " +
+                           record_samples_dir_)
+                              .c_str()),
+              0);
+    EXPECT_TRUE(Run().ok());
+    std::ifstream in(record_samples_dir_ + "/samples-0.txt");
+    std::vector<int64_t> steps;
+    for (std::string line; std::getline(in, line);) {
+      const std::vector<std::string> fields = absl::StrSplit(line, ' ');
+      steps.push_back(std::stoll(fields.at(1)));
+    }
+    return steps;
+  }
   std::vector<int> EndedEpochs() const {
     std::vector<int> epochs;
     for (const EpochEnd& e : epoch_ends_) epochs.push_back(e.epoch);
@@ -186,7 +205,8 @@ class StepLoopTest : public ::testing::Test {
   }
 
   // No dataset: epochs of kStepsPerEpoch steps (max_steps_per_epoch).
-  const DataPositions positions_{/*samples_per_epoch=*/0, kStepsPerEpoch,
+  const DataPositions positions_{/*samples_per_epoch=*/0,
+                                 kStepsPerEpoch,
                                  kEpochs,
                                  /*seed=*/1,
                                  kBatchSize,
@@ -200,6 +220,7 @@ class StepLoopTest : public ::testing::Test {
   LossScaler* loss_scaler_ = nullptr;
   NonFiniteInjection inject_;
   std::string metrics_dir_;
+  std::string record_samples_dir_;
 
   FakeCompute compute_;
   FakeExchange exchange_;
@@ -270,6 +291,23 @@ TEST_F(StepLoopTest, AFailedStepRecoversAndIsRedone) {
   EXPECT_EQ(loop_->step(), 12);
 }
 
+// PSTRAIN_RECORD_SAMPLES: a step whose exchange failed is recorded once,
+// when the recovery goes on past it (the shards applied it: a membership
+// change reopened them while this worker pulled) or when it is redone.
+TEST_F(StepLoopTest, ARecordedStepTheRecoveryWentPastIsWrittenOnce) {
+  exchange_.step_errors[5].push_back(absl::UnavailableError("reopened"));
+  exchange_.recover_results.push_back(int64_t{6});
+  EXPECT_EQ(RecordedSteps(), Steps(0, 12));
+  EXPECT_EQ(exchange_.stepped, Join(Steps(0, 6), Steps(6, 12)));
+}
+
+TEST_F(StepLoopTest, ARecordedStepThatIsRedoneIsWrittenOnce) {
+  exchange_.step_errors[5].push_back(absl::UnavailableError("shard 1 died"));
+  exchange_.recover_results.push_back(int64_t{5});
+  EXPECT_EQ(RecordedSteps(), Steps(0, 12));
+  EXPECT_EQ(exchange_.stepped, Join(Steps(0, 6), Steps(5, 12)));
+}
+
 TEST_F(StepLoopTest, ARollbackGoesBackToTheRecoveredStepsEpoch) {
   exchange_.step_errors[7].push_back(absl::AbortedError("barrier broken"));
   // Restored to the checkpoint of step 3, in epoch 0.
@@ -327,8 +365,8 @@ TEST_F(StepLoopTest, TheLastStepEndsTheRunWithItsRow) {
     ASSERT_GT(cells.size(), 4u) << line;
     rows.push_back(absl::StrCat(cells[0], cells[4].empty() ? "e" : "i"));
   }
-  EXPECT_EQ(rows, (std::vector<std::string>{"4e", "5i", "8e", "10i", "12i",
-                                            "12e"}));
+  EXPECT_EQ(rows,
+            (std::vector<std::string>{"4e", "5i", "8e", "10i", "12i", "12e"}));
 }
 
 TEST_F(StepLoopTest, ABackupWorkersJumpCheckpointsTheStepItLandsOn) {
@@ -421,10 +459,9 @@ TEST_F(StepLoopTest, ALossScalerBacksOffAfterEachSkippedStep) {
   }
   ASSERT_TRUE(Run().ok());
   ASSERT_GE(compute_.scales.size(), 7u);
-  EXPECT_EQ(std::vector<float>(compute_.scales.begin(),
-                               compute_.scales.begin() + 7),
-            (std::vector<float>{65536, 65536, 32768, 16384, 16384, 16384,
-                                8192}));
+  EXPECT_EQ(
+      std::vector<float>(compute_.scales.begin(), compute_.scales.begin() + 7),
+      (std::vector<float>{65536, 65536, 32768, 16384, 16384, 16384, 8192}));
   EXPECT_EQ(scaler.scale(), 8192.0f);
   EXPECT_EQ(scaler.state().growth_tracker,
             static_cast<int64_t>(compute_.scales.size()) - 6);
