@@ -65,8 +65,7 @@ struct TensorDesc {
   cudnnTensorDescriptor_t d = nullptr;
   TensorDesc() { cudnnCreateTensorDescriptor(&d); }
   ~TensorDesc() { cudnnDestroyTensorDescriptor(d); }
-  absl::Status Set(const Shape& s,
-                   cudnnDataType_t type = CUDNN_DATA_FLOAT) {
+  absl::Status Set(const Shape& s, cudnnDataType_t type = CUDNN_DATA_FLOAT) {
     int n = 1, c = 1, h = 1, w = 1;
     if (s.size() == 4) {
       n = s[0], c = s[1], h = s[2], w = s[3];
@@ -75,8 +74,8 @@ struct TensorDesc {
     } else {
       c = static_cast<int>(NumElements(s));
     }
-    CUDA_RETURN_IF_ERROR(cudnnSetTensor4dDescriptor(
-        d, CUDNN_TENSOR_NCHW, type, n, c, h, w));
+    CUDA_RETURN_IF_ERROR(
+        cudnnSetTensor4dDescriptor(d, CUDNN_TENSOR_NCHW, type, n, c, h, w));
     return absl::OkStatus();
   }
 };
@@ -102,6 +101,7 @@ class CudaCopyFence final : public CopyFence {
 class CudaBackend final : public Backend {
  public:
   ~CudaBackend() override {
+    for (DeviceTensor& t : scratch16_) t = DeviceTensor();
     if (workspace_ != nullptr) cudaFree(workspace_);
     if (ones_ != nullptr) cudaFree(ones_);
     if (scratch_ != nullptr) cudaFree(scratch_);
@@ -270,6 +270,17 @@ class CudaBackend final : public Backend {
     return flag == 0;
   }
 
+  // The 16-bit copies a convolution or linear layer makes within one
+  // Forward or Backward call (To16, Buffer16), shared by every layer: the
+  // layers run one after another on the compute stream and none keeps a
+  // copy past its call. One set per backend instead of one per layer (the
+  // H200 run of 2026-11-27 measured ResNet-50 at batch 128 in 20604 MiB
+  // under bf16 against 12590 MiB under tf32 with a set per layer).
+  enum class Slot16 { kInput, kWeight, kOutput, kWeightGrad };
+  DeviceTensor* Scratch16(Slot16 slot) {
+    return &scratch16_[static_cast<int>(slot)];
+  }
+
   // Converts `n` fp32 values at `x` to the precision's 16-bit type into
   // `*buffer` (grown as needed) and returns its data.
   absl::StatusOr<uint16_t*> To16(const float* x, int64_t n,
@@ -280,8 +291,8 @@ class CudaBackend final : public Backend {
       if (!s.ok()) return s;
     }
     uint16_t* y = reinterpret_cast<uint16_t*>(buffer->data());
-    CUDA_RETURN_IF_LAUNCH_ERROR(cuda::LaunchTo16(
-        x, n, precision_ == PRECISION_BF16, y, compute_));
+    CUDA_RETURN_IF_LAUNCH_ERROR(
+        cuda::LaunchTo16(x, n, precision_ == PRECISION_BF16, y, compute_));
     return y;
   }
   // A buffer of at least `n` 16-bit values.
@@ -294,8 +305,8 @@ class CudaBackend final : public Backend {
     return reinterpret_cast<uint16_t*>(buffer->data());
   }
   absl::Status From16(const uint16_t* x, int64_t n, float* y) {
-    CUDA_RETURN_IF_LAUNCH_ERROR(cuda::LaunchFrom16(
-        x, n, precision_ == PRECISION_BF16, y, compute_));
+    CUDA_RETURN_IF_LAUNCH_ERROR(
+        cuda::LaunchFrom16(x, n, precision_ == PRECISION_BF16, y, compute_));
     return absl::OkStatus();
   }
 
@@ -420,6 +431,7 @@ class CudaBackend final : public Backend {
   int* flag_ = nullptr;  // AllFinite's
   void* workspace_ = nullptr;
   size_t workspace_bytes_ = 0;
+  DeviceTensor scratch16_[4];
   float* ones_ = nullptr;
   int64_t ones_size_ = 0;
   float* scratch_ = nullptr;
@@ -467,12 +479,16 @@ class Conv2d final : public Layer {
     const void* w = weight_->value.data();
     void* y = out->data();
     if (half_) {
-      absl::StatusOr<uint16_t*> x16 = b_->To16(in[0]->data(), in[0]->size(), &x16_);
+      absl::StatusOr<uint16_t*> x16 =
+          b_->To16(in[0]->data(), in[0]->size(),
+                   b_->Scratch16(CudaBackend::Slot16::kInput));
       if (!x16.ok()) return x16.status();
       absl::StatusOr<uint16_t*> w16 =
-          b_->To16(weight_->value.data(), weight_->value.size(), &w16_);
+          b_->To16(weight_->value.data(), weight_->value.size(),
+                   b_->Scratch16(CudaBackend::Slot16::kWeight));
       if (!w16.ok()) return w16.status();
-      absl::StatusOr<uint16_t*> y16 = b_->Buffer16(out->size(), &y16_);
+      absl::StatusOr<uint16_t*> y16 = b_->Buffer16(
+          out->size(), b_->Scratch16(CudaBackend::Slot16::kOutput));
       if (!y16.ok()) return y16.status();
       x = *x16;
       w = *w16;
@@ -482,8 +498,7 @@ class Conv2d final : public Layer {
         b_->cudnn(), &kOne, x_.d, x, filter_, w, conv_, fwd_algo_, *ws,
         workspace_bytes_, &kZero, y_.d, y));
     if (half_) {
-      s = b_->From16(static_cast<const uint16_t*>(y), out->size(),
-                     out->data());
+      s = b_->From16(static_cast<const uint16_t*>(y), out->size(), out->data());
       if (!s.ok()) return s;
     }
     if (bias_ != nullptr) {
@@ -508,13 +523,16 @@ class Conv2d final : public Layer {
     void* dx = din[0] != nullptr ? din[0]->data() : nullptr;
     if (half_) {
       absl::StatusOr<uint16_t*> x16 =
-          b_->To16(in[0]->data(), in[0]->size(), &x16_);
+          b_->To16(in[0]->data(), in[0]->size(),
+                   b_->Scratch16(CudaBackend::Slot16::kInput));
       if (!x16.ok()) return x16.status();
       absl::StatusOr<uint16_t*> dy16 =
-          b_->To16(dout.data(), dout.size(), &dy16_);
+          b_->To16(dout.data(), dout.size(),
+                   b_->Scratch16(CudaBackend::Slot16::kOutput));
       if (!dy16.ok()) return dy16.status();
       absl::StatusOr<uint16_t*> dw16 =
-          b_->Buffer16(weight_->grad.size(), &dw16_);
+          b_->Buffer16(weight_->grad.size(),
+                       b_->Scratch16(CudaBackend::Slot16::kWeightGrad));
       if (!dw16.ok()) return dw16.status();
       x = *x16;
       dy = *dy16;
@@ -536,12 +554,14 @@ class Conv2d final : public Layer {
     if (dx != nullptr) {
       if (half_) {
         absl::StatusOr<uint16_t*> w16 =
-            b_->To16(weight_->value.data(), weight_->value.size(), &w16_);
+            b_->To16(weight_->value.data(), weight_->value.size(),
+                     b_->Scratch16(CudaBackend::Slot16::kWeight));
         if (!w16.ok()) return w16.status();
-        absl::StatusOr<uint16_t*> dx16 = b_->Buffer16(in[0]->size(), &x16_);
+        absl::StatusOr<uint16_t*> dx16 = b_->Buffer16(
+            in[0]->size(), b_->Scratch16(CudaBackend::Slot16::kInput));
         if (!dx16.ok()) return dx16.status();
         w = *w16;
-        dx = *dx16;  // x16_ is free again: the filter gradient is done
+        dx = *dx16;  // the input's copy is free again: dW is done
       }
       CUDA_RETURN_IF_ERROR(cudnnConvolutionBackwardData(
           b_->cudnn(), &kOne, filter_, w, y_.d, dy, conv_, bwd_data_algo_, *ws,
@@ -565,10 +585,9 @@ class Conv2d final : public Layer {
     if (s.ok()) s = bias_desc_.Set({1, spec_.out_channels, 1, 1});
     if (!s.ok()) return s;
     const int k = static_cast<int>(spec_.kernel);
-    CUDA_RETURN_IF_ERROR(
-        cudnnSetFilter4dDescriptor(filter_, type_, CUDNN_TENSOR_NCHW,
-                                   static_cast<int>(spec_.out_channels),
-                                   static_cast<int>(spec_.in_channels), k, k));
+    CUDA_RETURN_IF_ERROR(cudnnSetFilter4dDescriptor(
+        filter_, type_, CUDNN_TENSOR_NCHW, static_cast<int>(spec_.out_channels),
+        static_cast<int>(spec_.in_channels), k, k));
     const int p = static_cast<int>(spec_.padding);
     const int st = static_cast<int>(spec_.stride);
     // CUDNN_DATA_FLOAT compute: fp32 accumulation in every precision (for
@@ -577,8 +596,8 @@ class Conv2d final : public Layer {
         conv_, p, p, st, st, 1, 1, CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT));
     // CUDNN_FMA_MATH keeps fp32 convolutions off the tensor cores.
     CUDA_RETURN_IF_ERROR(cudnnSetConvolutionMathType(
-        conv_, precision_ == PRECISION_FP32 ? CUDNN_FMA_MATH
-                                            : CUDNN_TENSOR_OP_MATH));
+        conv_,
+        precision_ == PRECISION_FP32 ? CUDNN_FMA_MATH : CUDNN_TENSOR_OP_MATH));
     // cudnnFind* times every algorithm on scratch tensors it allocates.
     int count = 0;
     cudnnConvolutionFwdAlgoPerf_t fwd[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
@@ -628,7 +647,6 @@ class Conv2d final : public Layer {
   TensorDesc x_, y_, y32_, bias_desc_;
   // bf16/fp16: the 16-bit copies (input, then input gradient; weights;
   // output; output gradient; weight gradient).
-  DeviceTensor x16_, w16_, y16_, dy16_, dw16_;
   cudnnFilterDescriptor_t filter_ = nullptr;
   cudnnConvolutionDescriptor_t conv_ = nullptr;
   cudnnConvolutionFwdAlgo_t fwd_algo_{};
@@ -845,10 +863,12 @@ class Linear final : public Layer {
                                      1, &kZero, out->data(), o));
     if (half_) {
       absl::StatusOr<uint16_t*> w16 =
-          b_->To16(weight_->value.data(), weight_->value.size(), &w16_);
+          b_->To16(weight_->value.data(), weight_->value.size(),
+                   b_->Scratch16(CudaBackend::Slot16::kWeight));
       if (!w16.ok()) return w16.status();
       absl::StatusOr<uint16_t*> x16 =
-          b_->To16(in[0]->data(), in[0]->size(), &x16_);
+          b_->To16(in[0]->data(), in[0]->size(),
+                   b_->Scratch16(CudaBackend::Slot16::kInput));
       if (!x16.ok()) return x16.status();
       return Gemm(CUBLAS_OP_T, CUBLAS_OP_N, o, n, i, *w16, i, *x16, i, &kOne,
                   out->data(), o);
@@ -874,17 +894,20 @@ class Linear final : public Layer {
                                      bias_->grad.data(), 1));
     if (half_) {
       absl::StatusOr<uint16_t*> x16 =
-          b_->To16(in[0]->data(), in[0]->size(), &x16_);
+          b_->To16(in[0]->data(), in[0]->size(),
+                   b_->Scratch16(CudaBackend::Slot16::kInput));
       if (!x16.ok()) return x16.status();
       absl::StatusOr<uint16_t*> dy16 =
-          b_->To16(dout.data(), dout.size(), &dy16_);
+          b_->To16(dout.data(), dout.size(),
+                   b_->Scratch16(CudaBackend::Slot16::kOutput));
       if (!dy16.ok()) return dy16.status();
       // dW (col-major I x O) = X dY^T.
       absl::Status s = Gemm(CUBLAS_OP_N, CUBLAS_OP_T, i, o, n, *x16, i, *dy16,
                             o, &kZero, weight_->grad.data(), i);
       if (!s.ok() || din[0] == nullptr) return s;
       absl::StatusOr<uint16_t*> w16 =
-          b_->To16(weight_->value.data(), weight_->value.size(), &w16_);
+          b_->To16(weight_->value.data(), weight_->value.size(),
+                   b_->Scratch16(CudaBackend::Slot16::kWeight));
       if (!w16.ok()) return w16.status();
       // dX (col-major I x N) = W dY.
       return Gemm(CUBLAS_OP_N, CUBLAS_OP_N, i, n, o, *w16, i, *dy16, o, &kZero,
@@ -908,10 +931,9 @@ class Linear final : public Layer {
   absl::Status Gemm(cublasOperation_t ta, cublasOperation_t tb, int m, int n,
                     int k, const uint16_t* a, int lda, const uint16_t* b,
                     int ldb, const float* beta, float* c, int ldc) {
-    CUDA_RETURN_IF_ERROR(cublasGemmEx(b_->cublas(), ta, tb, m, n, k, &kOne, a,
-                                      type_, lda, b, type_, ldb, beta, c,
-                                      CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F,
-                                      CUBLAS_GEMM_DEFAULT));
+    CUDA_RETURN_IF_ERROR(cublasGemmEx(
+        b_->cublas(), ta, tb, m, n, k, &kOne, a, type_, lda, b, type_, ldb,
+        beta, c, CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
     return absl::OkStatus();
   }
 
@@ -922,7 +944,6 @@ class Linear final : public Layer {
   const bool half_;
   const cudaDataType_t type_;
   // bf16/fp16: the 16-bit copies of the input, weights, output gradient.
-  DeviceTensor x16_, w16_, dy16_;
 };
 
 // The residual add; with spec.relu, the add and its ReLU as one kernel each
