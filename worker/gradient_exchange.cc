@@ -205,6 +205,13 @@ class PsExchange : public GradientExchange, public WeightsGate {
     return replies;
   }
 
+  void BeforeRecovery() override {
+    if (!saves_residuals()) return;
+    const int64_t announced =
+        std::max(client_->announced_checkpoint_step(), own_checkpoint_step_);
+    if (announced > residual_saved_) residual_wait_abandoned_.store(true);
+  }
+
   absl::Status BeforePause() override {
     RETURN_IF_ERROR(CompletePull());
     return client_->CloseStreams();

@@ -185,6 +185,12 @@ class GradientExchange {
       int64_t step, int64_t end_step, const std::string& step_dir, bool wait) {
     return absl::UnimplementedError("this exchange writes no checkpoints");
   }
+  // A recovery begins on this worker (Recovery::Recover, before worker 0
+  // waits for its checkpoint in flight): a checkpoint whose cut lies ahead
+  // of this worker's step waits for a residual file of this worker's that
+  // this timeline will not write, so that wait gives up (CANCELLED) at
+  // once instead of at its deadline. Thread-safe against Checkpoint().
+  virtual void BeforeRecovery() {}
 
   // During a step's compute: gradients `tensors` of `gradients` (the spans
   // the next Step() gets, of a batch of `samples`) are final once `fence`

@@ -6,7 +6,9 @@
 
 #include <atomic>
 #include <cmath>
+#include <cstdlib>
 #include <fstream>
+#include <string>
 #include <thread>  // NOLINT(build/c++11)
 #include <vector>
 
@@ -17,6 +19,7 @@
 #include "gtest/gtest.h"
 #include "server/parameter_shard.h"
 #include "server/ps_service.h"
+#include "worker/checkpoint.h"
 
 namespace pstrain {
 namespace {
@@ -286,10 +289,17 @@ TEST(AllreduceExchangeTest, FailedCopyIsStepsErrorAndMidStepExitIsPrompt) {
 // 127.0.0.1, for tensors of kTensors x kElements in one chunk each.
 class Shards {
  public:
+  // `replicas_to_aggregate` > 0: backup workers (a step is decided by the
+  // first that many workers); `checkpoint_dir`: the shards' checkpoints.
   Shards(int num_shards, int num_workers, int staleness = 0,
          const OptimizerOptions& optimizer = OptimizerOptions(),
-         double clip_grad_norm = 0)
-      : staleness_(staleness), clip_grad_norm_(clip_grad_norm) {
+         double clip_grad_norm = 0, int replicas_to_aggregate = 0,
+         const std::string& checkpoint_dir = "")
+      : staleness_(staleness),
+        clip_grad_norm_(clip_grad_norm),
+        backup_workers_(replicas_to_aggregate > 0),
+        checkpoint_dir_(checkpoint_dir) {
+    num_workers_ = num_workers;
     for (int s = 0; s < num_shards; ++s) {
       ShardOptions options;
       options.job_id = "job";
@@ -300,6 +310,8 @@ class Shards {
       options.staleness = staleness;
       options.adam = optimizer;
       options.clip_grad_norm = clip_grad_norm;
+      options.replicas_to_aggregate = replicas_to_aggregate;
+      options.checkpoint_dir = checkpoint_dir;
       shards_.push_back(std::make_unique<ParameterShard>(options));
       services_.push_back(
           std::make_unique<PsService>(shards_.back().get(), absl::Seconds(10)));
@@ -328,11 +340,22 @@ class Shards {
     options.wire_dtype = wire_dtype_;
     options.channels_per_shard = channels_per_shard_;
     options.priority_pulls = priority_pulls_;
+    options.backup_workers = backup_workers_;
     PsCompression compression;
     if (compression_.enabled()) {
       compression.compressor = std::make_unique<TopKCompressor>(
           compression_, std::vector<int64_t>(kTensors, kElements), 3);
       options.compressor = compression.compressor.get();
+      if (!checkpoint_dir_.empty()) {
+        compression.step_dir = [dir = checkpoint_dir_](int64_t step) {
+          return CheckpointStepDir(dir, step);
+        };
+        compression.worker_id = worker;
+        compression.num_workers = num_workers_;
+        for (int t = 0; t < kTensors; ++t) {
+          compression.names.push_back(absl::StrCat("t", t));
+        }
+      }
     }
     absl::StatusOr<std::unique_ptr<PsClient>> client =
         PsClient::Create(options, Plan());
@@ -341,7 +364,7 @@ class Shards {
       EXPECT_EQ((*client)->channels_of(s), channels_per_shard_);
     }
     return CreatePsExchange(*std::move(client), /*sync=*/true, chief,
-                            absl::Seconds(10), staleness_, false,
+                            absl::Seconds(10), staleness_, backup_workers_,
                             std::move(compression));
   }
   ParameterShard& shard(int s) { return *shards_[s]; }
@@ -366,6 +389,9 @@ class Shards {
   int64_t partition_bytes_ = kElements * sizeof(float);
   const int staleness_;
   const double clip_grad_norm_;
+  const bool backup_workers_;
+  const std::string checkpoint_dir_;
+  int num_workers_ = 0;
   std::vector<std::unique_ptr<ParameterShard>> shards_;
   std::vector<std::unique_ptr<PsService>> services_;
   std::vector<std::unique_ptr<grpc::Server>> servers_;
@@ -960,6 +986,59 @@ TEST(PsExchangeTest, ForwardOfLayerZeroStartsBeforeTheLastChunkArrives) {
     EXPECT_TRUE(s.stream->Finish().ok());
   }
   ASSERT_TRUE(exchange->Finish().ok());
+}
+
+// Backup workers with top-k residual files: shard 0 picks worker 0's
+// checkpoint cut where worker 1 is, ahead of worker 0's step, so the
+// checkpoint waits for worker 0's own residual file, written only once its
+// step reaches the cut. A recovery beginning on worker 0 will not get
+// there in this timeline: BeforeRecovery() gives the wait up at once
+// (CANCELLED) instead of at its deadline (10 s here, 120 s in a job).
+TEST(PsExchangeTest, ARecoveryGivesUpACheckpointWaitingForItsOwnResidual) {
+  const std::string dir = ::testing::TempDir() + "/before_recovery";
+  ASSERT_EQ(std::system(("rm -rf " + dir + " && mkdir -p " + dir).c_str()), 0);
+  Shards shards(/*num_shards=*/1, /*num_workers=*/2, /*staleness=*/0,
+                OptimizerOptions(), /*clip_grad_norm=*/0,
+                /*replicas_to_aggregate=*/1, dir);
+  shards.set_compression(CompressionOptions{0.05, true});
+  std::unique_ptr<GradientExchange> w0 = shards.Exchange(0, /*chief=*/true);
+  std::unique_ptr<GradientExchange> w1 = shards.Exchange(1, /*chief=*/false);
+  RankTensors t0(0), t1(1);
+  std::thread start0([&] { ASSERT_TRUE(w0->Start(t0.weights).ok()); });
+  ASSERT_TRUE(w1->Start(t1.weights).ok());
+  start0.join();
+  // Worker 1 alone decides steps 0 to 2 (one replica to aggregate).
+  for (int step = 0; step < 3; ++step) {
+    ASSERT_TRUE(w1->Step(t1.gradients, 8).ok());
+  }
+  constexpr int64_t kEndStep = 100;
+  absl::StatusOr<std::vector<CheckpointResponse>> begun =
+      w0->Checkpoint(0, kEndStep, CheckpointStepDir(dir, 0), /*wait=*/false);
+  ASSERT_TRUE(begun.ok()) << begun.status();
+  ASSERT_FALSE(begun->empty());
+  const int64_t cut = (*begun)[0].step();
+  EXPECT_EQ(cut, 3);
+  std::atomic<bool> waited{false};
+  absl::Status wait_status;
+  std::thread wait([&] {
+    wait_status = w0->Checkpoint(cut, kEndStep, CheckpointStepDir(dir, cut),
+                                 /*wait=*/true)
+                      .status();
+    waited.store(true);
+  });
+  // Worker 1 takes the shard past the cut and writes its residual file.
+  for (int step = 3; step < 5; ++step) {
+    ASSERT_TRUE(w1->Step(t1.gradients, 8).ok());
+  }
+  absl::SleepFor(absl::Milliseconds(500));
+  EXPECT_FALSE(waited.load()) << wait_status;
+  const absl::Time recovery = absl::Now();
+  w0->BeforeRecovery();
+  wait.join();
+  EXPECT_LT(absl::Now() - recovery, absl::Seconds(3));
+  EXPECT_TRUE(absl::IsCancelled(wait_status)) << wait_status;
+  EXPECT_NE(wait_status.message().find("worker(s) 0"), std::string::npos)
+      << wait_status;
 }
 
 // Bounded staleness 2 (issue 25) through the client and gRPC: worker 1 is

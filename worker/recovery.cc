@@ -106,7 +106,9 @@ absl::StatusOr<int64_t> Recovery::Recover(absl::Status cause) {
                       " of at most ", max_recoveries(), ")"));
     if (writer_ != nullptr) {
       // The checkpoint in flight may have lost a shard: it never becomes
-      // `latest` then.
+      // `latest` then. One that still needs this worker's own residual
+      // file (a cut ahead of its step) is given up at once.
+      exchange_->BeforeRecovery();
       if (absl::Status s = writer_->Wait(); !s.ok()) {
         say_(absl::StrCat("checkpoint abandoned: ", s.ToString()));
       }
