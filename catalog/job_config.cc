@@ -217,15 +217,6 @@ absl::StatusOr<JobConfig> ParseJobChoices(const JobSpec& spec) {
   if (!spec.wire_dtype().empty()) {
     ASSIGN_OR_RETURN(config.wire_dtype, ParseWireDtype(spec.wire_dtype()));
   }
-  if (config.mode == MODE_ALLREDUCE && config.wire_dtype != DTYPE_FLOAT32) {
-    // Gloo and NCCL reduce the workers' fp32 buffers; a 16-bit allreduce is
-    // not built yet (docs/ARCHITECTURE.md, "Wire formats").
-    return absl::InvalidArgumentError(absl::StrCat(
-        "wire_dtype: ", Quoted(spec.wire_dtype()),
-        " with mode allreduce; expected fp32 (16-bit formats travel between "
-        "workers and parameter servers; the allreduce collectives reduce "
-        "fp32)"));
-  }
   ASSIGN_OR_RETURN(config.compression, ParseCompression(spec.compression()));
   config.compression.error_feedback = !spec.no_error_feedback();
   config.compression.warmup_steps = spec.compression_warmup_steps();
@@ -325,9 +316,9 @@ bool AbslParseFlag(absl::string_view text, LrScheduleKind* value,
 }
 bool AbslParseFlag(absl::string_view text, PrecisionKind* value,
                    std::string* error) {
-  return ParseFlag(ParsePrecision(text), value, error,
-                   absl::StrCat(Expected(kPrecisions),
-                                " (empty: the backend's default)"));
+  return ParseFlag(
+      ParsePrecision(text), value, error,
+      absl::StrCat(Expected(kPrecisions), " (empty: the backend's default)"));
 }
 
 std::string AbslUnparseFlag(Mode value) { return std::string(Spelling(value)); }

@@ -133,9 +133,12 @@ Flags JobFlags(const std::string& what) {
        "Largest chunk of a tensor on the wire, bytes; auto: chosen by "
        "timing a few sizes before the first step."},
       {"wire_dtype",
-       "PS modes: how pushed gradients and pulled weights travel: fp32, "
-       "bf16 (round to nearest even) or fp16 (scaled per chunk); the shards "
-       "keep fp32 weights and optimizer state."},
+       "How gradients travel: fp32, bf16 (round to nearest even) or fp16 "
+       "(scaled by a power of two). PS modes: pushed gradients and pulled "
+       "weights, fp16 scaled per chunk; the shards keep fp32 weights and "
+       "optimizer state. Allreduce: each worker's gradient divided by the "
+       "workers, rounded and summed in the 16-bit type (PyTorch DDP's "
+       "bf16_compress_hook), fp16 scaled per bucket; weights stay fp32."},
       {"compression",
        "PS modes: none, or topk:R (0 < R <= 1): each worker pushes the "
        "largest R fraction of each chunk's gradient entries as index/value "
@@ -276,9 +279,10 @@ CommandInfo RunInfo() {
       "per task with --ps_netns/--worker_netns) under an in-process "
       "coordinator; streams their lines and prints a table of results. "
       "Mode sync or async: PS flags (--num_ps, --partition_bytes, "
-      "--wire_dtype, --compression, --channels_per_shard, checkpoints, "
+      "--compression, --channels_per_shard, checkpoints, "
       "--max_restarts); mode "
-      "allreduce: --bucket_bytes. --compute=synthetic: --compute_ms, "
+      "allreduce: --bucket_bytes; both: --wire_dtype. --compute=synthetic: "
+      "--compute_ms, "
       "--model_bytes, --backward_fraction and no dataset flags. A flag "
       "the run would ignore is an error. Exit 0 done, 1 a task failed, 2 "
       "bad flags (nothing started), 128+signal interrupted.",

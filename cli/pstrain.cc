@@ -148,8 +148,9 @@ ABSL_FLAG(pstrain::PartitionBytesFlag, partition_bytes,
           "worker 0 times a few sizes before the first step and keeps the "
           "fastest.");
 ABSL_FLAG(std::string, wire_dtype, "fp32",
-          "PS modes: how gradients and weights travel: fp32, bf16 or fp16 "
-          "(the shards keep fp32).");
+          "How gradients (and in PS modes weights) travel: fp32, bf16 or "
+          "fp16 (the shards keep fp32; allreduce averages the gradients in "
+          "the 16-bit type).");
 ABSL_FLAG(std::string, compression, "none",
           "PS modes: none, or topk:R: each worker pushes the largest R "
           "fraction (0 < R <= 1) of each chunk's gradient entries and keeps "
@@ -408,11 +409,10 @@ absl::Status CheckIgnoredFlags(const JobConfig& config,
   if (!any_ps_mode) {
     // Checkpoints, --resume and restarts are for every mode.
     for (const char* flag :
-         {"num_ps", "partition_bytes", "wire_dtype", "channels_per_shard",
-          "compression", "error_feedback", "compression_warmup_steps",
-          "momentum_correction", "compression_dense_steps",
-          "compression_freeze_adam_variance", "priority_pulls",
-          "sparse_embeddings"}) {
+         {"num_ps", "partition_bytes", "channels_per_shard", "compression",
+          "error_feedback", "compression_warmup_steps", "momentum_correction",
+          "compression_dense_steps", "compression_freeze_adam_variance",
+          "priority_pulls", "sparse_embeddings"}) {
       if (FlagSpecified(flag)) {
         return ignored(flag, absl::StrCat("it is for the parameter-server "
                                           "modes (sync, async), not ",

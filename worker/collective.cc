@@ -6,6 +6,8 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "common/wire_dtype.h"
 #include "gloo/allreduce.h"
 #include "gloo/broadcast.h"
 #include "gloo/math.h"
@@ -92,6 +94,8 @@ class GlooCollective : public Collective {
   GlooCollective(int rank, int size) : Collective(rank, size) {}
 
   absl::Status AllreduceSum(float* data, size_t n) override;
+  absl::Status AllreduceSum16(uint16_t* data, size_t n, DType dtype) override;
+  absl::Status AllreduceMax(float* data, size_t n) override;
   absl::Status Broadcast(float* data, size_t n, int root) override;
 
   std::shared_ptr<gloo::Context> context_;
@@ -100,6 +104,15 @@ class GlooCollective : public Collective {
 };
 
 }  // namespace
+
+absl::Status Collective::Check16(DType dtype) {
+  if (dtype == DTYPE_BFLOAT16 || dtype == DTYPE_FLOAT16) {
+    return absl::OkStatus();
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("16-bit allreduce of dtype ", DType_Name(dtype),
+                   ": expected DTYPE_BFLOAT16 or DTYPE_FLOAT16"));
+}
 
 absl::Status Collective::CheckRank(int rank, int size) {
   if (size < 1 || rank < 0 || rank >= size) {
@@ -147,6 +160,66 @@ absl::Status GlooCollective::AllreduceSum(float* data, size_t n) {
   } catch (const std::exception& e) {
     return absl::DeadlineExceededError(absl::StrCat(
         "allreduce of ", n, " floats on rank ", rank(), ": ", e.what()));
+  }
+  return absl::OkStatus();
+}
+
+namespace {
+
+// Gloo reduction functions over 16-bit values (Collective::AllreduceSum16):
+// c[i] = round(widen(a[i]) + widen(b[i])).
+void SumBfloat16(void* c, const void* a, const void* b, size_t n) {
+  const uint16_t* x = static_cast<const uint16_t*>(a);
+  const uint16_t* y = static_cast<const uint16_t*>(b);
+  uint16_t* z = static_cast<uint16_t*>(c);
+  for (size_t i = 0; i < n; ++i) {
+    z[i] = FloatToBfloat16(Bfloat16ToFloat(x[i]) + Bfloat16ToFloat(y[i]));
+  }
+}
+void SumFloat16(void* c, const void* a, const void* b, size_t n) {
+  const uint16_t* x = static_cast<const uint16_t*>(a);
+  const uint16_t* y = static_cast<const uint16_t*>(b);
+  uint16_t* z = static_cast<uint16_t*>(c);
+  for (size_t i = 0; i < n; ++i) {
+    z[i] = FloatToFloat16(Float16ToFloat(x[i]) + Float16ToFloat(y[i]));
+  }
+}
+
+}  // namespace
+
+absl::Status GlooCollective::AllreduceSum16(uint16_t* data, size_t n,
+                                            DType dtype) {
+  RETURN_IF_ERROR(Check16(dtype));
+  if (size() == 1 || n == 0) return absl::OkStatus();
+  try {
+    gloo::AllreduceOptions options(context_);
+    options.setAlgorithm(gloo::AllreduceOptions::Algorithm::RING);
+    options.setOutput(data, n);
+    options.setReduceFunction(dtype == DTYPE_BFLOAT16 ? &SumBfloat16
+                                                      : &SumFloat16);
+    options.setTag(next_tag_++);
+    gloo::allreduce(options);
+  } catch (const std::exception& e) {
+    return absl::DeadlineExceededError(
+        absl::StrCat("allreduce of ", n, " ", WireDtypeSpelling(dtype),
+                     " values on rank ", rank(), ": ", e.what()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status GlooCollective::AllreduceMax(float* data, size_t n) {
+  if (size() == 1 || n == 0) return absl::OkStatus();
+  try {
+    gloo::AllreduceOptions options(context_);
+    options.setAlgorithm(gloo::AllreduceOptions::Algorithm::RING);
+    options.setOutput(data, n);
+    void (*max)(void*, const void*, const void*, size_t) = &gloo::max<float>;
+    options.setReduceFunction(max);
+    options.setTag(next_tag_++);
+    gloo::allreduce(options);
+  } catch (const std::exception& e) {
+    return absl::DeadlineExceededError(absl::StrCat(
+        "max allreduce of ", n, " floats on rank ", rank(), ": ", e.what()));
   }
   return absl::OkStatus();
 }

@@ -17,6 +17,7 @@
 #define PSTRAIN_WORKER_COLLECTIVE_H_
 
 #include <cstddef>
+#include <cstdint>
 #include <map>
 #include <memory>
 #include <string>
@@ -25,6 +26,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "proto/ps.pb.h"
 
 namespace pstrain {
 
@@ -84,6 +86,18 @@ class Collective {
 
   // data[i] = sum over ranks of data[i], `n` elements, in place.
   virtual absl::Status AllreduceSum(float* data, size_t n) = 0;
+  // The same over `n` 16-bit values in `dtype` (DTYPE_BFLOAT16 or
+  // DTYPE_FLOAT16 bit patterns, common/wire_dtype.h): every addition widens
+  // both operands to fp32, adds, and rounds the sum back to the type
+  // (nearest, ties to even; float16 without scaling: the caller keeps the
+  // values in range), as NCCL's bf16/half sums and PyTorch's
+  // bf16_compress_hook over them. Additions follow the ring, so with three
+  // or more ranks the result is one of the roundings of the sum, the same
+  // on every rank. INVALID_ARGUMENT for another dtype.
+  virtual absl::Status AllreduceSum16(uint16_t* data, size_t n,
+                                      DType dtype) = 0;
+  // data[i] = max over ranks of data[i] (fp32), in place.
+  virtual absl::Status AllreduceMax(float* data, size_t n) = 0;
   // Every rank's data becomes rank `root`'s.
   virtual absl::Status Broadcast(float* data, size_t n, int root) = 0;
 
@@ -92,6 +106,8 @@ class Collective {
 
   // INVALID_ARGUMENT unless 0 <= rank < size.
   static absl::Status CheckRank(int rank, int size);
+  // INVALID_ARGUMENT unless `dtype` is a 16-bit one.
+  static absl::Status Check16(DType dtype);
 
  private:
   const int rank_;

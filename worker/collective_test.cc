@@ -1,9 +1,12 @@
 #include "worker/collective.h"
 
+#include <cmath>
+#include <cstdint>
 #include <thread>
 #include <vector>
 
 #include "absl/time/clock.h"
+#include "common/wire_dtype.h"
 #include "gtest/gtest.h"
 
 namespace pstrain {
@@ -43,6 +46,75 @@ TEST(CollectiveTest, RingAllreduceSumsEveryRanksArray) {
         ASSERT_EQ(results[r][i], expected) << "size " << size << " rank " << r;
       }
     }
+  }
+}
+
+// 16-bit sums (Collective::AllreduceSum16): with two ranks each element is
+// one addition, so the result is exactly round(widen(a) + widen(b)); with
+// three and four it is a chain of such roundings in the ring's order: the
+// same on every rank, and within one rounding per addition of the exact
+// sum of the 16-bit inputs.
+TEST(CollectiveTest, SixteenBitAllreduceRoundsEveryAddition) {
+  for (DType dtype : {DTYPE_BFLOAT16, DTYPE_FLOAT16}) {
+    const bool bf16 = dtype == DTYPE_BFLOAT16;
+    auto round = [&](float x) {
+      return bf16 ? FloatToBfloat16(x) : FloatToFloat16(x);
+    };
+    auto widen = [&](uint16_t h) {
+      return bf16 ? Bfloat16ToFloat(h) : Float16ToFloat(h);
+    };
+    // Values whose sums need rounding in either type.
+    auto input = [](int rank, int i) {
+      return 0.3f + 0.01f * static_cast<float>(i % 97) +
+             0.123f * static_cast<float>(rank);
+    };
+    for (int size : {2, 3, 4}) {
+      SCOPED_TRACE(testing::Message() << DType_Name(dtype) << " size " << size);
+      constexpr int kN = 1001;
+      std::vector<std::vector<uint16_t>> results(size);
+      OnRanks(size, [&](Collective& c) {
+        std::vector<uint16_t> data(kN);
+        for (int i = 0; i < kN; ++i) data[i] = round(input(c.rank(), i));
+        ASSERT_TRUE(c.AllreduceSum16(data.data(), data.size(), dtype).ok());
+        results[c.rank()] = data;
+      });
+      for (int i = 0; i < kN; ++i) {
+        double exact = 0;
+        for (int r = 0; r < size; ++r) exact += widen(round(input(r, i)));
+        const float got = widen(results[0][i]);
+        if (size == 2) {
+          ASSERT_EQ(results[0][i], round(widen(round(input(0, i))) +
+                                         widen(round(input(1, i)))))
+              << i;
+        } else {
+          // Each of the size - 1 additions rounds by at most half a unit
+          // in the last place of a partial sum no larger than the total.
+          const double ulp = std::ldexp(exact, bf16 ? -7 : -10);
+          ASSERT_LE(std::fabs(got - exact), (size - 1) * 0.5 * ulp) << i;
+        }
+        for (int r = 1; r < size; ++r) {
+          ASSERT_EQ(results[r][i], results[0][i]) << "rank " << r << " " << i;
+        }
+      }
+    }
+  }
+  OnRanks(2, [&](Collective& c) {
+    uint16_t x = 0;
+    EXPECT_EQ(c.AllreduceSum16(&x, 1, DTYPE_FLOAT32).code(),
+              absl::StatusCode::kInvalidArgument);
+  });
+}
+
+TEST(CollectiveTest, MaxAllreduceTakesTheLargest) {
+  std::vector<std::vector<float>> results(3);
+  OnRanks(3, [&](Collective& c) {
+    std::vector<float> data = {static_cast<float>(c.rank()),
+                               -static_cast<float>(c.rank()), 5.0f};
+    ASSERT_TRUE(c.AllreduceMax(data.data(), data.size()).ok());
+    results[c.rank()] = data;
+  });
+  for (const auto& r : results) {
+    EXPECT_EQ(r, (std::vector<float>{2.0f, 0.0f, 5.0f}));
   }
 }
 

@@ -4,6 +4,7 @@
 #include <atomic>
 #include <cmath>
 #include <cstdio>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <thread>  // NOLINT(build/c++11)
@@ -17,6 +18,7 @@
 #include "common/safetensors.h"
 #include "common/status_macros.h"
 #include "common/trace.h"
+#include "common/wire_dtype.h"
 #include "server/shard_checkpoint.h"
 #include "worker/residual_files.h"
 
@@ -601,10 +603,11 @@ class AllreduceExchange : public GradientExchange {
  public:
   AllreduceExchange(Collective* collective, const OptimizerOptions& adam,
                     int64_t bucket_bytes, int num_buffers,
-                    double clip_grad_norm)
+                    double clip_grad_norm, DType wire_dtype)
       : collective_(collective),
         adam_(adam),
         clip_grad_norm_(clip_grad_norm),
+        wire_dtype_(wire_dtype),
         bucket_elements_(std::max<int64_t>(1, bucket_bytes / 4)),
         num_buffers_(num_buffers) {}
 
@@ -675,6 +678,7 @@ class AllreduceExchange : public GradientExchange {
       filled += n;
     }
     flat_.assign(buckets_.size(), {});
+    halves_.assign(buckets_.size(), {});
     prev_w_.assign(num_tensors, {});
     prev_m_.assign(num_params, {});
     prev_v_.assign(num_params, {});
@@ -865,7 +869,7 @@ class AllreduceExchange : public GradientExchange {
       skip_ = std::move(skip);
       return;
     }
-    if (size > 1 && !averaged_) {
+    if (size > 1 && !averaged_ && !wire16()) {
       const float scale = 1.0f / static_cast<float>(size);
       for (float& x : flat) x *= scale;
     }
@@ -952,9 +956,11 @@ class AllreduceExchange : public GradientExchange {
         trace::Scope traced("allreduce", "allreduce",
                             {{"step", step_},
                              {"bucket", static_cast<int64_t>(b)},
-                             {"bytes", static_cast<int64_t>(flat.size() * 4)}});
+                             {"bytes", static_cast<int64_t>(
+                                           flat.size() * (wire16() ? 2 : 4))}});
         const absl::Time start = absl::Now();
-        s = collective_->AllreduceSum(flat.data(), flat.size());
+        s = wire16() ? Allreduce16(b)
+                     : collective_->AllreduceSum(flat.data(), flat.size());
         allreduce_ += absl::Now() - start;
       }
       if (!s.ok()) {
@@ -994,7 +1000,7 @@ class AllreduceExchange : public GradientExchange {
     double sum = 0;
     for (size_t b = 0; b < buckets_.size(); ++b) {
       std::vector<float>& flat = flat_[b];
-      if (size > 1) {
+      if (size > 1 && !wire16()) {
         const float scale = 1.0f / static_cast<float>(size);
         for (float& x : flat) x *= scale;
       }
@@ -1015,10 +1021,64 @@ class AllreduceExchange : public GradientExchange {
     return std::min(clip, 1.0f);
   }
 
+  // A 16-bit wire (wire_dtype_ bf16 or fp16): bucket `b`'s parameter
+  // gradients are averaged over the ranks as PyTorch DDP's
+  // bf16_compress_hook/fp16_compress_hook do: each rank divides its own
+  // by the world size in fp32, rounds to the 16-bit type and the ranks sum
+  // those (Collective::AllreduceSum16); the average comes back widened to
+  // fp32. float16 first scales the bucket by 2^e, e from the largest
+  // magnitude of every rank's (an AllreduceMax of one value; as
+  // common/wire_dtype.h's ScaleExponent: the largest average lands in
+  // [16384, 32768), so no partial sum leaves fp16's range), and by 2^-e
+  // after. Buffers (BatchNorm's running statistics) travel in fp32 and are
+  // averaged here too: flat_[b] holds averages on return.
+  absl::Status Allreduce16(size_t b) {
+    const int size = collective_->size();
+    const int num_params = static_cast<int>(weights_.size()) - num_buffers_;
+    std::vector<float>& flat = flat_[b];
+    // A bucket holds consecutive tensors, last first, and the buffers are
+    // the model's last tensors: its buffers' elements come first.
+    int64_t buffers = 0;
+    for (int t : buckets_[b]) {
+      if (t >= num_params) buffers += static_cast<int64_t>(weights_[t].size());
+    }
+    const int64_t params = static_cast<int64_t>(flat.size()) - buffers;
+    const float inverse = 1.0f / static_cast<float>(size);
+    absl::Span<float> grads(flat.data() + buffers, params);
+    for (float& x : grads) x *= inverse;
+    int exponent = 0;
+    if (wire_dtype_ == DTYPE_FLOAT16 && params > 0) {
+      float largest = 0;
+      for (float x : grads) largest = std::max(largest, std::fabs(x));
+      if (std::isnan(largest)) largest = std::numeric_limits<float>::infinity();
+      RETURN_IF_ERROR(collective_->AllreduceMax(&largest, 1));
+      // Non-finite: any scale (the step is skipped for the value).
+      exponent = std::isfinite(largest)
+                     ? ScaleExponent(absl::MakeConstSpan(&largest, 1))
+                     : 0;
+    }
+    std::vector<uint16_t>& halves = halves_[b];
+    halves.resize(params);
+    EncodeHalves(grads, wire_dtype_, exponent, halves.data());
+    RETURN_IF_ERROR(
+        collective_->AllreduceSum16(halves.data(), halves.size(), wire_dtype_));
+    DecodeHalves(halves.data(), wire_dtype_, exponent, grads);
+    if (buffers > 0) {
+      RETURN_IF_ERROR(collective_->AllreduceSum(flat.data(), buffers));
+      for (int64_t i = 0; i < buffers; ++i) flat[i] *= inverse;
+    }
+    return absl::OkStatus();
+  }
+  bool wire16() const { return wire_dtype_ != DTYPE_FLOAT32; }
+
   Collective* const collective_;
   const OptimizerOptions adam_;
   // Gradient clipping by global norm; 0: none.
   const double clip_grad_norm_;
+  // DTYPE_FLOAT32, or a 16-bit wire (Allreduce16).
+  const DType wire_dtype_;
+  // Allreduce16's 16-bit copies, per bucket (communication thread's).
+  std::vector<std::vector<uint16_t>> halves_;
   // The communication thread's: flat_ already holds averages (clipping).
   bool averaged_ = false;
   const int64_t bucket_elements_;
@@ -1083,9 +1143,9 @@ std::unique_ptr<GradientExchange> CreatePsExchange(
 
 std::unique_ptr<GradientExchange> CreateAllreduceExchange(
     Collective* collective, const OptimizerOptions& adam, int64_t bucket_bytes,
-    int num_buffers, double clip_grad_norm) {
-  return std::make_unique<AllreduceExchange>(collective, adam, bucket_bytes,
-                                             num_buffers, clip_grad_norm);
+    int num_buffers, double clip_grad_norm, DType wire_dtype) {
+  return std::make_unique<AllreduceExchange>(
+      collective, adam, bucket_bytes, num_buffers, clip_grad_norm, wire_dtype);
 }
 
 }  // namespace pstrain

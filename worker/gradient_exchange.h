@@ -351,9 +351,15 @@ std::unique_ptr<GradientExchange> CreatePsExchange(
 // are scaled by min(1, clip_grad_norm / (norm + 1e-6)), norm their L2 norm
 // over every bucket; so every bucket is allreduced before any is applied
 // (no overlap of the optimizer with communication). 0: none.
+// `wire_dtype`: DTYPE_FLOAT32, or DTYPE_BFLOAT16/DTYPE_FLOAT16 to average
+// the parameters' gradients over a 16-bit allreduce as PyTorch DDP's
+// bf16_compress_hook/fp16_compress_hook (each rank's gradient divided by
+// the world size, rounded, summed in the type; float16 scaled by a power
+// of two every rank agrees on); buffers stay fp32.
 std::unique_ptr<GradientExchange> CreateAllreduceExchange(
     Collective* collective, const OptimizerOptions& adam, int64_t bucket_bytes,
-    int num_buffers, double clip_grad_norm = 0);
+    int num_buffers, double clip_grad_norm = 0,
+    DType wire_dtype = DTYPE_FLOAT32);
 
 }  // namespace pstrain
 

@@ -4,6 +4,7 @@
 // the average gradient, whether or not backward announced its gradients.
 #include "worker/gradient_exchange.h"
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <cstdlib>
@@ -12,6 +13,7 @@
 #include <thread>  // NOLINT(build/c++11)
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "common/grpc_server.h"
 #include "common/partition.h"
@@ -127,7 +129,8 @@ struct RankTensors {
 // none) run `steps` steps of Gradient(): each rank's weights after them.
 std::vector<std::vector<std::vector<float>>> TrainWithAllreduce(
     int size, const OptimizerOptions& optimizer, int steps, double clip,
-    const std::string& store_prefix) {
+    const std::string& store_prefix, DType wire_dtype = DTYPE_FLOAT32,
+    int num_buffers = 0, int64_t bucket_bytes = kElements * sizeof(float)) {
   InProcessStore store;
   std::vector<std::vector<std::vector<float>>> results(size);
   std::vector<std::thread> ranks;
@@ -137,8 +140,7 @@ std::vector<std::vector<std::vector<float>>> TrainWithAllreduce(
           r, size, "127.0.0.1", &store, store_prefix, absl::Seconds(20));
       ASSERT_TRUE(c.ok()) << c.status();
       std::unique_ptr<GradientExchange> exchange = CreateAllreduceExchange(
-          c->get(), optimizer, kElements * sizeof(float),
-          /*num_buffers=*/0, clip);
+          c->get(), optimizer, bucket_bytes, num_buffers, clip, wire_dtype);
       RankTensors tensors(r);
       ASSERT_TRUE(exchange->Start(tensors.weights).ok());
       for (int step = 0; step < steps; ++step) {
@@ -194,6 +196,98 @@ TEST(AllreduceExchangeTest, BucketsStartDuringBackwardAndMatchAdam) {
     for (int t = 0; t < kTensors; ++t) {
       EXPECT_EQ(results[r][t], expected[t]) << "rank " << r << " tensor " << t;
     }
+  }
+}
+
+// A 16-bit allreduce (--wire_dtype with mode allreduce): two ranks, SGD
+// with momentum, three steps; tensor 2 a buffer (BatchNorm's running
+// statistics: fp32, averaged) sharing a bucket with tensor 1, tensor 0 in a
+// bucket of its own. The weights equal, bit for bit, the optimizer on the
+// average PyTorch DDP's bf16_compress_hook/fp16_compress_hook would take: each
+// rank's gradient halved in fp32, rounded (fp16: scaled first by the power of
+// two common/wire_dtype.h picks for the bucket's largest halved gradient over
+// both ranks), the two summed in fp32 and rounded again, widened (and
+// unscaled), then the optimizer.
+TEST(AllreduceExchangeTest, SixteenBitAllreduceIsTheCompressHooksAverage) {
+  constexpr int kSize = 2;
+  constexpr int kSteps = 3;
+  // SGD with momentum: the step follows the gradient's rounding (Adam's
+  // m / sqrt(v) of a constant gradient would hide it).
+  OptimizerOptions sgd;
+  sgd.kind = OptimizerKind::kSgd;
+  sgd.lr = 0.01f;
+  sgd.momentum = 0.9f;
+  for (DType dtype : {DTYPE_BFLOAT16, DTYPE_FLOAT16}) {
+    SCOPED_TRACE(DType_Name(dtype));
+    const bool bf16 = dtype == DTYPE_BFLOAT16;
+    // Buckets of two tensors' bytes, last tensor first: {2, 1}, {0}.
+    const std::vector<std::vector<std::vector<float>>> results =
+        TrainWithAllreduce(kSize, sgd, kSteps, /*clip=*/0,
+                           absl::StrCat("wire16_", DType_Name(dtype)), dtype,
+                           /*num_buffers=*/1, 2 * kElements * sizeof(float));
+    std::vector<std::vector<float>> average(kTensors);
+    for (const std::vector<int>& params :
+         {std::vector<int>{1}, std::vector<int>{0}}) {
+      float largest = 0;
+      for (int r = 0; r < kSize; ++r) {
+        for (int t : params) {
+          for (float g : Gradient(r, t)) {
+            largest = std::max(largest, std::fabs(g * 0.5f));
+          }
+        }
+      }
+      const int e = bf16 ? 0 : ScaleExponent(absl::MakeConstSpan(&largest, 1));
+      for (int t : params) {
+        std::vector<uint16_t> h0(kElements), h1(kElements), sum(kElements);
+        std::vector<float> g0 = Gradient(0, t), g1 = Gradient(1, t);
+        for (int i = 0; i < kElements; ++i) {
+          g0[i] *= 0.5f;
+          g1[i] *= 0.5f;
+        }
+        EncodeHalves(g0, dtype, e, h0.data());
+        EncodeHalves(g1, dtype, e, h1.data());
+        for (int i = 0; i < kElements; ++i) {
+          sum[i] = bf16 ? FloatToBfloat16(Bfloat16ToFloat(h0[i]) +
+                                          Bfloat16ToFloat(h1[i]))
+                        : FloatToFloat16(Float16ToFloat(h0[i]) +
+                                         Float16ToFloat(h1[i]));
+        }
+        average[t].resize(kElements);
+        DecodeHalves(sum.data(), dtype, e, absl::MakeSpan(average[t]));
+      }
+    }
+    std::vector<std::vector<float>> w(kTensors,
+                                      std::vector<float>(kElements, 0.1f));
+    std::vector<std::vector<float>> m(kTensors, std::vector<float>(kElements));
+    std::vector<std::vector<float>> v(kTensors, std::vector<float>(kElements));
+    for (int step = 1; step <= kSteps; ++step) {
+      for (int t = 0; t < 2; ++t) {
+        OptimizerUpdate(sgd, step, w[t].data(), average[t].data(), m[t].data(),
+                        v[t].data(), kElements);
+      }
+    }
+    // The buffer: the fp32 average, copied.
+    for (int i = 0; i < kElements; ++i) {
+      w[2][i] = (Gradient(0, 2)[i] + Gradient(1, 2)[i]) * 0.5f;
+    }
+    for (int r = 0; r < kSize; ++r) {
+      for (int t = 0; t < kTensors; ++t) {
+        EXPECT_EQ(results[r][t], w[t]) << "rank " << r << " tensor " << t;
+      }
+    }
+    const std::vector<std::vector<std::vector<float>>> fp32 =
+        TrainWithAllreduce(kSize, sgd, kSteps, 0,
+                           absl::StrCat("wire32_", DType_Name(dtype)),
+                           DTYPE_FLOAT32, 1, 2 * kElements * sizeof(float));
+    // bf16 rounds these gradients; fp16, scaled per bucket, holds them
+    // (halved: multiples of 1/32 below 32, 10 significant bits at most)
+    // and their sums exactly, so its job is the fp32 one.
+    if (bf16) {
+      EXPECT_NE(fp32[0][0], results[0][0]);
+    } else {
+      EXPECT_EQ(fp32[0][0], results[0][0]);
+    }
+    EXPECT_EQ(fp32[0][2], results[0][2]);
   }
 }
 

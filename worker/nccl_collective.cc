@@ -17,6 +17,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/status_macros.h"
+#include "common/wire_dtype.h"
 #include "worker/collective.h"
 
 namespace pstrain {
@@ -92,10 +94,32 @@ class NcclCollective : public Collective {
   }
 
   absl::Status AllreduceSum(float* data, size_t n) override {
-    return Run(data, n, absl::StrCat("allreduce of ", n, " floats"), [&] {
-      return ncclAllReduce(buffer_, buffer_, n, ncclFloat32, ncclSum, comm_,
-                           stream_);
-    });
+    return Run(data, n * sizeof(float),
+               absl::StrCat("allreduce of ", n, " floats"), [&] {
+                 return ncclAllReduce(buffer_, buffer_, n, ncclFloat32, ncclSum,
+                                      comm_, stream_);
+               });
+  }
+
+  absl::Status AllreduceSum16(uint16_t* data, size_t n, DType dtype) override {
+    RETURN_IF_ERROR(Check16(dtype));
+    return Run(data, n * sizeof(uint16_t),
+               absl::StrCat("allreduce of ", n, " ", WireDtypeSpelling(dtype),
+                            " values"),
+               [&] {
+                 return ncclAllReduce(
+                     buffer_, buffer_, n,
+                     dtype == DTYPE_BFLOAT16 ? ncclBfloat16 : ncclFloat16,
+                     ncclSum, comm_, stream_);
+               });
+  }
+
+  absl::Status AllreduceMax(float* data, size_t n) override {
+    return Run(data, n * sizeof(float),
+               absl::StrCat("max allreduce of ", n, " floats"), [&] {
+                 return ncclAllReduce(buffer_, buffer_, n, ncclFloat32, ncclMax,
+                                      comm_, stream_);
+               });
   }
 
   absl::Status Broadcast(float* data, size_t n, int root) override {
@@ -103,7 +127,7 @@ class NcclCollective : public Collective {
       return absl::InvalidArgumentError(
           absl::StrCat("broadcast root ", root, " of ", size(), " ranks"));
     }
-    return Run(data, n,
+    return Run(data, n * sizeof(float),
                absl::StrCat("broadcast of ", n, " floats from rank ", root),
                [&] {
                  return ncclBroadcast(buffer_, buffer_, n, ncclFloat32, root,
@@ -117,36 +141,37 @@ class NcclCollective : public Collective {
         absl::StrCat(what, " on NCCL rank ", rank(), ": ", CudaError(error)));
   }
 
-  // Copies `data` to the GPU, runs `op` on it there, copies it back.
+  // Copies `bytes` at `data` to the GPU, runs `op` on it there, copies it
+  // back.
   template <typename Op>
-  absl::Status Run(float* data, size_t n, const std::string& what, Op op) {
+  absl::Status Run(void* data, size_t bytes, const std::string& what, Op op) {
     if (comm_ == nullptr) {
       return absl::FailedPreconditionError(
           absl::StrCat(what, " on NCCL rank ", rank(),
                        ": the communicator was aborted after an earlier "
                        "error"));
     }
-    if (size() == 1 || n == 0) return absl::OkStatus();
+    if (size() == 1 || bytes == 0) return absl::OkStatus();
     const absl::Time deadline = absl::Now() + timeout_;
     cudaError_t error = cudaSetDevice(gpu_);
-    if (error == cudaSuccess && n > capacity_) {
+    if (error == cudaSuccess && bytes > capacity_) {
       if (buffer_ != nullptr) cudaFree(buffer_);
       buffer_ = nullptr;
       capacity_ = 0;
-      error = cudaMalloc(&buffer_, n * sizeof(float));
-      if (error == cudaSuccess) capacity_ = n;
+      error = cudaMalloc(&buffer_, bytes);
+      if (error == cudaSuccess) capacity_ = bytes;
     }
     if (error == cudaSuccess) {
-      error = cudaMemcpyAsync(buffer_, data, n * sizeof(float),
-                              cudaMemcpyHostToDevice, stream_);
+      error = cudaMemcpyAsync(buffer_, data, bytes, cudaMemcpyHostToDevice,
+                              stream_);
     }
     if (error != cudaSuccess) {
       return CudaFailed(what, error);
     }
     absl::Status status = Finish(op(), what, deadline);
     if (!status.ok()) return status;
-    error = cudaMemcpyAsync(data, buffer_, n * sizeof(float),
-                            cudaMemcpyDeviceToHost, stream_);
+    error =
+        cudaMemcpyAsync(data, buffer_, bytes, cudaMemcpyDeviceToHost, stream_);
     if (error != cudaSuccess) {
       return CudaFailed(what, error);
     }
@@ -205,7 +230,7 @@ class NcclCollective : public Collective {
   const absl::Duration timeout_;
   ncclComm_t comm_ = nullptr;
   cudaStream_t stream_ = nullptr;
-  float* buffer_ = nullptr;  // on the GPU, capacity_ floats
+  void* buffer_ = nullptr;  // on the GPU, capacity_ bytes
   size_t capacity_ = 0;
 };
 

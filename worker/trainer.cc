@@ -16,6 +16,7 @@
 #include "absl/time/clock.h"
 #include "common/safetensors.h"
 #include "common/status_macros.h"
+#include "common/wire_dtype.h"
 #include "models/backend_factory.h"
 #include "models/model.h"
 #include "models/model_file.h"
@@ -203,12 +204,16 @@ absl::StatusOr<std::unique_ptr<GradientExchange>> CreateExchange(
     const Workload& workload, const PartitionSetting& partition,
     std::string* placement) {
   if (kind.allreduce) {
-    *placement =
-        absl::StrFormat("ring allreduce over %d workers, buckets of %d bytes",
-                        options.num_workers, options.bucket_bytes);
+    *placement = absl::StrFormat(
+        "ring allreduce over %d workers, buckets of %d bytes%s",
+        options.num_workers, options.bucket_bytes,
+        options.wire_dtype == DTYPE_FLOAT32
+            ? ""
+            : absl::StrCat(", gradients in ",
+                           WireDtypeSpelling(options.wire_dtype)));
     return CreateAllreduceExchange(options.collective, options.adam,
                                    options.bucket_bytes, workload.num_buffers(),
-                                   options.clip_grad_norm);
+                                   options.clip_grad_norm, options.wire_dtype);
   }
   ASSIGN_OR_RETURN(
       PartitionPlan plan,

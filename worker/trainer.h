@@ -118,9 +118,11 @@ struct TrainerOptions {
   // job takes its checkpoint's size, a rejoining task its checkpoint's or
   // else the shards' own.
   bool partition_bytes_auto = false;
-  // PS modes: how pushed gradients and pulled weights travel (the job's
-  // wire_dtype, common/wire_dtype.h): DTYPE_FLOAT32, DTYPE_BFLOAT16 or
-  // DTYPE_FLOAT16. The worker's model holds the pulled (rounded) weights.
+  // How pushed gradients and pulled weights travel (the job's wire_dtype,
+  // common/wire_dtype.h): DTYPE_FLOAT32, DTYPE_BFLOAT16 or DTYPE_FLOAT16.
+  // PS modes: the worker's model holds the pulled (rounded) weights;
+  // allreduce: the gradients' average is taken in the 16-bit type
+  // (CreateAllreduceExchange), the weights stay fp32.
   DType wire_dtype = DTYPE_FLOAT32;
   // PS modes: gRPC channels (TCP connections) to each shard, 1 to 16
   // (PsClientOptions; 0: common/rpc_options.h's default).
