@@ -483,8 +483,9 @@ JobSpec SpecFromFlags(Mode mode, int num_ps, int num_workers) {
       absl::GetFlag(FLAGS_partition_bytes);
   spec.set_partition_bytes(partition.bytes);
   spec.set_partition_bytes_auto(partition.automatic);
+  // Every mode: allreduce averages the gradients in the 16-bit type.
+  spec.set_wire_dtype(absl::GetFlag(FLAGS_wire_dtype));
   if (mode != MODE_ALLREDUCE) {
-    spec.set_wire_dtype(absl::GetFlag(FLAGS_wire_dtype));
     spec.set_channels_per_shard(absl::GetFlag(FLAGS_channels_per_shard));
     spec.set_priority_pulls(absl::GetFlag(FLAGS_priority_pulls));
     spec.set_sparse_embeddings(absl::GetFlag(FLAGS_sparse_embeddings));

@@ -311,6 +311,8 @@ done
 mkdir -p "$OUT_DIR"
 OUT_DIR="$(cd "$OUT_DIR" && pwd)"
 # Only when asked: an allreduce-only comparison refuses the PS flags.
+# --wire_dtype applies to every mode (allreduce averages in the 16-bit
+# type too).
 ps_wire=()
 [ "$WIRE_DTYPE" = fp32 ] || ps_wire+=(--wire_dtype="$WIRE_DTYPE")
 [ "$COMPRESSION" = none ] || ps_wire+=(--compression="$COMPRESSION")
