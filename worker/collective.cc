@@ -98,6 +98,13 @@ class GlooCollective : public Collective {
   absl::Status AllreduceMax(float* data, size_t n) override;
   absl::Status Broadcast(float* data, size_t n, int root) override;
 
+  using ReduceFn = void (*)(void*, const void*, const void*, size_t);
+  // Gloo's ring allreduce of `n` values at `data` with `reduce`; `what`
+  // names it in the error (DEADLINE_EXCEEDED with Gloo's message).
+  template <typename T>
+  absl::Status RingAllreduce(T* data, size_t n, ReduceFn reduce,
+                             const std::string& what);
+
   std::shared_ptr<gloo::Context> context_;
   // Gloo matches the operations of the ranks by tag.
   uint32_t next_tag_ = 1;
@@ -147,21 +154,27 @@ absl::StatusOr<std::unique_ptr<Collective>> Collective::CreateGloo(
   return collective;
 }
 
-absl::Status GlooCollective::AllreduceSum(float* data, size_t n) {
+template <typename T>
+absl::Status GlooCollective::RingAllreduce(T* data, size_t n, ReduceFn reduce,
+                                           const std::string& what) {
   if (size() == 1 || n == 0) return absl::OkStatus();
   try {
     gloo::AllreduceOptions options(context_);
     options.setAlgorithm(gloo::AllreduceOptions::Algorithm::RING);
     options.setOutput(data, n);
-    void (*sum)(void*, const void*, const void*, size_t) = &gloo::sum<float>;
-    options.setReduceFunction(sum);
+    options.setReduceFunction(reduce);
     options.setTag(next_tag_++);
     gloo::allreduce(options);
   } catch (const std::exception& e) {
-    return absl::DeadlineExceededError(absl::StrCat(
-        "allreduce of ", n, " floats on rank ", rank(), ": ", e.what()));
+    return absl::DeadlineExceededError(
+        absl::StrCat(what, " on rank ", rank(), ": ", e.what()));
   }
   return absl::OkStatus();
+}
+
+absl::Status GlooCollective::AllreduceSum(float* data, size_t n) {
+  return RingAllreduce(data, n, &gloo::sum<float>,
+                       absl::StrCat("allreduce of ", n, " floats"));
 }
 
 namespace {
@@ -190,38 +203,15 @@ void SumFloat16(void* c, const void* a, const void* b, size_t n) {
 absl::Status GlooCollective::AllreduceSum16(uint16_t* data, size_t n,
                                             DType dtype) {
   RETURN_IF_ERROR(Check16(dtype));
-  if (size() == 1 || n == 0) return absl::OkStatus();
-  try {
-    gloo::AllreduceOptions options(context_);
-    options.setAlgorithm(gloo::AllreduceOptions::Algorithm::RING);
-    options.setOutput(data, n);
-    options.setReduceFunction(dtype == DTYPE_BFLOAT16 ? &SumBfloat16
-                                                      : &SumFloat16);
-    options.setTag(next_tag_++);
-    gloo::allreduce(options);
-  } catch (const std::exception& e) {
-    return absl::DeadlineExceededError(
-        absl::StrCat("allreduce of ", n, " ", WireDtypeSpelling(dtype),
-                     " values on rank ", rank(), ": ", e.what()));
-  }
-  return absl::OkStatus();
+  return RingAllreduce(data, n,
+                       dtype == DTYPE_BFLOAT16 ? &SumBfloat16 : &SumFloat16,
+                       absl::StrCat("allreduce of ", n, " ",
+                                    WireDtypeSpelling(dtype), " values"));
 }
 
 absl::Status GlooCollective::AllreduceMax(float* data, size_t n) {
-  if (size() == 1 || n == 0) return absl::OkStatus();
-  try {
-    gloo::AllreduceOptions options(context_);
-    options.setAlgorithm(gloo::AllreduceOptions::Algorithm::RING);
-    options.setOutput(data, n);
-    void (*max)(void*, const void*, const void*, size_t) = &gloo::max<float>;
-    options.setReduceFunction(max);
-    options.setTag(next_tag_++);
-    gloo::allreduce(options);
-  } catch (const std::exception& e) {
-    return absl::DeadlineExceededError(absl::StrCat(
-        "max allreduce of ", n, " floats on rank ", rank(), ": ", e.what()));
-  }
-  return absl::OkStatus();
+  return RingAllreduce(data, n, &gloo::max<float>,
+                       absl::StrCat("max allreduce of ", n, " floats"));
 }
 
 absl::Status GlooCollective::Broadcast(float* data, size_t n, int root) {
