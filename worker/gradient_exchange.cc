@@ -1026,12 +1026,13 @@ class AllreduceExchange : public GradientExchange {
   // bf16_compress_hook/fp16_compress_hook do: each rank divides its own
   // by the world size in fp32, rounds to the 16-bit type and the ranks sum
   // those (Collective::AllreduceSum16); the average comes back widened to
-  // fp32. float16 first scales the bucket by 2^e, e from the largest
-  // magnitude of every rank's (an AllreduceMax of one value; as
-  // common/wire_dtype.h's ScaleExponent: the largest average lands in
-  // [16384, 32768), so no partial sum leaves fp16's range), and by 2^-e
-  // after. Buffers (BatchNorm's running statistics) travel in fp32 and are
-  // averaged here too: flat_[b] holds averages on return.
+  // fp32. float16 first scales the bucket by 2^e, and by 2^-e after: e
+  // from M, the largest divided magnitude over every rank (an
+  // AllreduceMax of one value), such that W x M lands in [16384, 32768)
+  // (common/wire_dtype.h's ScaleExponent of W x M): a partial sum of the
+  // ring is at most W x M, so none leaves fp16's range (65504). Buffers
+  // (BatchNorm's running statistics) travel in fp32 and are averaged here too:
+  // flat_[b] holds averages on return.
   absl::Status Allreduce16(size_t b) {
     const int size = collective_->size();
     const int num_params = static_cast<int>(weights_.size()) - num_buffers_;
@@ -1050,11 +1051,12 @@ class AllreduceExchange : public GradientExchange {
     if (wire_dtype_ == DTYPE_FLOAT16 && params > 0) {
       float largest = 0;
       for (float x : grads) largest = std::max(largest, std::fabs(x));
-      if (std::isnan(largest)) largest = std::numeric_limits<float>::infinity();
       RETURN_IF_ERROR(collective_->AllreduceMax(&largest, 1));
-      // Non-finite: any scale (the step is skipped for the value).
-      exponent = std::isfinite(largest)
-                     ? ScaleExponent(absl::MakeConstSpan(&largest, 1))
+      // A bound on every partial sum; non-finite: any scale (the step is
+      // skipped for the value; a NaN is encoded as one).
+      const float bound = largest * static_cast<float>(size);
+      exponent = std::isfinite(bound)
+                     ? ScaleExponent(absl::MakeConstSpan(&bound, 1))
                      : 0;
     }
     std::vector<uint16_t>& halves = halves_[b];

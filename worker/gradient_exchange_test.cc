@@ -205,8 +205,8 @@ TEST(AllreduceExchangeTest, BucketsStartDuringBackwardAndMatchAdam) {
 // bucket of its own. The weights equal, bit for bit, the optimizer on the
 // average PyTorch DDP's bf16_compress_hook/fp16_compress_hook would take: each
 // rank's gradient halved in fp32, rounded (fp16: scaled first by the power of
-// two common/wire_dtype.h picks for the bucket's largest halved gradient over
-// both ranks), the two summed in fp32 and rounded again, widened (and
+// two common/wire_dtype.h picks for twice the bucket's largest halved gradient
+// over both ranks), the two summed in fp32 and rounded again, widened (and
 // unscaled), then the optimizer.
 TEST(AllreduceExchangeTest, SixteenBitAllreduceIsTheCompressHooksAverage) {
   constexpr int kSize = 2;
@@ -236,7 +236,9 @@ TEST(AllreduceExchangeTest, SixteenBitAllreduceIsTheCompressHooksAverage) {
           }
         }
       }
-      const int e = bf16 ? 0 : ScaleExponent(absl::MakeConstSpan(&largest, 1));
+      // The bound on a partial sum: the ranks times the largest.
+      const float bound = largest * kSize;
+      const int e = bf16 ? 0 : ScaleExponent(absl::MakeConstSpan(&bound, 1));
       for (int t : params) {
         std::vector<uint16_t> h0(kElements), h1(kElements), sum(kElements);
         std::vector<float> g0 = Gradient(0, t), g1 = Gradient(1, t);
@@ -288,6 +290,40 @@ TEST(AllreduceExchangeTest, SixteenBitAllreduceIsTheCompressHooksAverage) {
       EXPECT_EQ(fp32[0][0], results[0][0]);
     }
     EXPECT_EQ(fp32[0][2], results[0][2]);
+  }
+}
+
+// fp16's scale bounds every partial sum of the ring: three ranks pushing
+// the same gradient 1 (each 1/3 after the division) sum to 1 without
+// overflowing (a scale from the largest single value, 1/3 at 21845.3,
+// would put the sum at 65536, past fp16's 65504: an infinity, a skipped
+// step), so one SGD step with lr 1 takes every weight from 0.1 to -0.9.
+TEST(AllreduceExchangeTest, Fp16AllreduceScaleLeavesRoomForTheSum) {
+  constexpr int kSize = 3;
+  OptimizerOptions sgd;
+  sgd.kind = OptimizerKind::kSgd;
+  sgd.lr = 1.0f;
+  InProcessStore store;
+  std::vector<std::vector<float>> results(kSize);
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < kSize; ++r) {
+    ranks.emplace_back([&, r] {
+      absl::StatusOr<std::unique_ptr<Collective>> c = Collective::CreateGloo(
+          r, kSize, "127.0.0.1", &store, "fp16_room", absl::Seconds(20));
+      ASSERT_TRUE(c.ok()) << c.status();
+      std::unique_ptr<GradientExchange> exchange = CreateAllreduceExchange(
+          c->get(), sgd, kElements * sizeof(float), /*num_buffers=*/0,
+          /*clip_grad_norm=*/0, DTYPE_FLOAT16);
+      std::vector<float> w(kElements, 0.1f), g(kElements, 1.0f);
+      ASSERT_TRUE(exchange->Start({absl::MakeSpan(w)}).ok());
+      ASSERT_TRUE(exchange->Step({absl::MakeConstSpan(g)}, 8).ok());
+      EXPECT_FALSE(exchange->SkippedStep().has_value());
+      results[r] = w;
+    });
+  }
+  for (std::thread& t : ranks) t.join();
+  for (int r = 0; r < kSize; ++r) {
+    EXPECT_EQ(results[r], std::vector<float>(kElements, 0.1f - 1.0f)) << r;
   }
 }
 
