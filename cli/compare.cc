@@ -792,7 +792,11 @@ absl::Status WriteCompareReport(const CompareReportOptions& options,
       options.link_mbit > 0
           ? absl::StrFormat(", %.0f Mbit/s links", options.link_mbit)
           : "",
-      options.netns ? ", one network namespace per task" : ", one machine");
+      options.netns ? ", one network namespace per task" : ", one machine",
+      options.wire_dtype.empty() || options.wire_dtype == "fp32"
+          ? ""
+          : absl::StrCat(", gradients in ", options.wire_dtype,
+                         " on the wire in every row"));
   const std::string published = FormatReportTable(done, options.layout);
   const std::string report = absl::StrCat(
       "# pstrain compare: ", title, "\n\n", "Command: `", options.command_line,

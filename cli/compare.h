@@ -229,6 +229,8 @@ struct CompareReportOptions {
   // title.
   double compute_ms = 0;
   double backward_fraction = 0;
+  // The runs' --wire_dtype ("fp32" or empty: not in the title).
+  std::string wire_dtype;
   bool plot = true;  // draw the PNGs with gnuplot (else the scripts only)
 };
 

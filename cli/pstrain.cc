@@ -967,6 +967,7 @@ int Compare() {
   }
   report.command_line = g_command_line;
   report.link_mbit = absl::GetFlag(FLAGS_link_mbit);
+  report.wire_dtype = absl::GetFlag(FLAGS_wire_dtype);
   report.netns = placement->netns();
   report.compute_ms = absl::GetFlag(FLAGS_compute_ms);
   report.backward_fraction = absl::GetFlag(FLAGS_backward_fraction);

@@ -365,14 +365,24 @@ TEST(RunCliTest, BadInputGetsOneLineErrorAndExitCode2) {
 
 // pstrain compare: two modes at 1 and 2 workers, each run real, then the
 // tables and the files (the plot needs gnuplot, as setup.sh installs).
+// --wire_dtype=bf16 goes to every row: the PS pushes and pulls in bf16,
+// allreduce averages in bf16, and the title says so.
 TEST(CompareCliTest, RunsEveryConfigurationAndWritesTablesAndPlot) {
   const std::string out = TempDir() + "/compare";
   const Result r = pstrain::testing::RunCommand(
       "cli/pstrain compare --model=lenet5 --workers=1,2 "
       "--modes=ps_sync,allreduce --num_ps=1 --steps=20 "
-      "--log_every_steps=10 --out_dir=" +
+      "--log_every_steps=10 --wire_dtype=bf16 --out_dir=" +
       out);
   ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("ring allreduce over 2 workers, buckets of "
+                          "26214400 bytes, gradients in bf16"),
+            std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("one machine, gradients in bf16 on the wire in "
+                          "every row"),
+            std::string::npos)
+      << r.output;
   EXPECT_NE(
       r.output.find("=== run 4/4: allreduce, 0 PS, 2 workers, batch 64 ==="),
       std::string::npos)
