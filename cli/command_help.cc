@@ -133,12 +133,9 @@ Flags JobFlags(const std::string& what) {
        "Largest chunk of a tensor on the wire, bytes; auto: chosen by "
        "timing a few sizes before the first step."},
       {"wire_dtype",
-       "How gradients travel: fp32, bf16 (round to nearest even) or fp16 "
-       "(scaled by a power of two). PS modes: pushed gradients and pulled "
-       "weights, fp16 scaled per chunk; the shards keep fp32 weights and "
-       "optimizer state. Allreduce: each worker's gradient divided by the "
-       "workers, rounded and summed in the 16-bit type (PyTorch DDP's "
-       "bf16_compress_hook), fp16 scaled per bucket; weights stay fp32."},
+       "fp32, bf16 or fp16 (scaled by a power of two): PS pushes and pulls "
+       "(fp32 on the shards), or allreduce's gradient average, summed in "
+       "the 16-bit type as PyTorch DDP's bf16_compress_hook."},
       {"compression",
        "PS modes: none, or topk:R (0 < R <= 1): each worker pushes the "
        "largest R fraction of each chunk's gradient entries as index/value "
