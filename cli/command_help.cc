@@ -134,8 +134,8 @@ Flags JobFlags(const std::string& what) {
        "timing a few sizes before the first step."},
       {"wire_dtype",
        "fp32, bf16 or fp16 (scaled by a power of two): PS pushes and pulls "
-       "(fp32 on the shards), or allreduce's gradient average, summed in "
-       "the 16-bit type as PyTorch DDP's bf16_compress_hook."},
+       "(fp32 on the shards), or allreduce's gradient average summed in 16 "
+       "bits as DDP's bf16_compress_hook; a list gives rows named mode+bf16."},
       {"compression",
        "PS modes: none, or topk:R (0 < R <= 1): each worker pushes the "
        "largest R fraction of each chunk's gradient entries as index/value "

@@ -9,6 +9,7 @@
 #include <tuple>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -41,15 +42,24 @@ double Speedup(const std::vector<CompareRun>& runs, const CompareRun& run) {
          one->throughput_samples_per_sec();
 }
 
-// A PS run's throughput over allreduce's at the same workers (NCCL's where
-// there is one, else Gloo's); 0 if none.
+// A row's 16-bit wire as its mode names it ("+bf16", "+fp16"), else "".
+std::string WireSuffix(const std::string& mode) {
+  for (const char* suffix : {"+bf16", "+fp16"}) {
+    if (absl::EndsWith(mode, suffix)) return suffix;
+  }
+  return "";
+}
+
+// A PS run's throughput over allreduce's at the same workers and wire
+// (NCCL's where there is one, else Gloo's); 0 if none.
 double PsOverAllreduce(const std::vector<CompareRun>& runs,
                        const CompareRun& run) {
   if (IsAllreduce(run.mode)) return 0;
-  const RunResult* ar =
-      FindRun(runs, "allreduce_nccl", 0, run.num_workers, run.batch_size);
+  const std::string wire = WireSuffix(run.mode);
+  const RunResult* ar = FindRun(runs, "allreduce_nccl" + wire, 0,
+                                run.num_workers, run.batch_size);
   if (ar == nullptr) {
-    ar = FindRun(runs, "allreduce", 0, run.num_workers, run.batch_size);
+    ar = FindRun(runs, "allreduce" + wire, 0, run.num_workers, run.batch_size);
   }
   if (ar == nullptr || ar->throughput_samples_per_sec() <= 0) return 0;
   return run.result.throughput_samples_per_sec() /
@@ -193,7 +203,9 @@ const CompareModeLabel* FindCompareMode(absl::string_view label) {
 }  // namespace
 
 bool IsAllreduce(const std::string& compare_mode) {
-  const CompareModeLabel* known = FindCompareMode(compare_mode);
+  // A row's mode may name its compression or wire after a '+'.
+  const CompareModeLabel* known =
+      FindCompareMode(compare_mode.substr(0, compare_mode.find('+')));
   return known != nullptr && known->mode == MODE_ALLREDUCE;
 }
 

@@ -22,7 +22,9 @@ namespace pstrain {
 
 // One configuration of a comparison and what its run measured.
 struct CompareRun {
-  // "ps_sync", "ps_async", "allreduce" (Gloo) or "allreduce_nccl".
+  // "ps_sync", "ps_async", "allreduce" (Gloo) or "allreduce_nccl", then
+  // "+topk:R" for a compressed PS row and "+bf16"/"+fp16" for a 16-bit
+  // wire ("ps_sync+topk:0.01+bf16", "allreduce+bf16").
   std::string mode;
   int num_ps = 0;  // 0 for allreduce
   int num_workers = 1;

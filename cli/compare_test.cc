@@ -88,6 +88,26 @@ TEST(ScalingTableTest, PsOverAllreducePrefersNccl) {
   EXPECT_THAT(lines[4], HasSubstr("| 250.00 | - | - | - |"));
 }
 
+// --wire_dtype=fp32,bf16: a 16-bit PS row (compressed or not) is set
+// against the allreduce of the same wire; an allreduce+bf16 row is an
+// allreduce row (no PS/allreduce ratio of its own).
+TEST(ScalingTableTest, PsOverAllreduceOfTheSameWire) {
+  const std::vector<CompareRun> runs = {
+      MakeRun("ps_sync", 2, 4, 300, 0.9),
+      MakeRun("ps_sync+bf16", 2, 4, 400, 0.7),
+      MakeRun("ps_sync+topk:0.01+bf16", 2, 4, 480, 0.6),
+      MakeRun("allreduce", 0, 4, 200, 1.3),
+      MakeRun("allreduce+bf16", 0, 4, 320, 0.8)};
+  const std::vector<std::string> lines =
+      absl::StrSplit(FormatScalingTable(runs), '\n');
+  ASSERT_GE(lines.size(), 7u);
+  EXPECT_THAT(lines[2], HasSubstr("| 300.00 | - | - | 1.50x | - |"));
+  EXPECT_THAT(lines[3], HasSubstr("| 400.00 | - | - | 1.25x | - |"));
+  EXPECT_THAT(lines[4], HasSubstr("| 480.00 | - | - | 1.50x | - |"));
+  EXPECT_THAT(lines[6], HasSubstr("| allreduce+bf16 | 0 |"));
+  EXPECT_THAT(lines[6], HasSubstr("| 320.00 | - | - | - |"));
+}
+
 TEST(ScalingTableTest, NoOneWorkerRunMeansNoSpeedup) {
   CompareRun run = MakeRun("ps_async", 1, 2, 50, 0.1);
   run.result.set_compute("model");

@@ -53,6 +53,7 @@
 #include "common/flags_util.h"
 #include "common/status_macros.h"
 #include "common/tls_flags.h"
+#include "common/wire_dtype.h"
 #include "coordinator/job_spec.h"
 #include "worker/data_flags.h"
 #include "worker/dataset.h"
@@ -722,6 +723,8 @@ struct CompareLists {
   std::vector<CompareMode> modes;  // ps_sync, ps_async, allreduce, ...
   // --compression's entries (none, topk:R), each a row of every PS mode.
   std::vector<std::string> compressions;
+  // --wire_dtype's entries (fp32, bf16, fp16), each a row of every mode.
+  std::vector<std::string> wire_dtypes;
   bool any_ps_mode = false;
   bool any_allreduce = false;
 };
@@ -765,6 +768,19 @@ absl::StatusOr<CompareLists> ParseCompareLists() {
     }
     lists.compressions.emplace_back(c);
   }
+  for (absl::string_view w :
+       absl::StrSplit(absl::GetFlag(FLAGS_wire_dtype), ',')) {
+    ASSIGN_OR_RETURN(const DType dtype, ParseWireDtype(w, "--wire_dtype"));
+    const std::string spelling = WireDtypeSpelling(dtype);
+    if (std::find(lists.wire_dtypes.begin(), lists.wire_dtypes.end(),
+                  spelling) != lists.wire_dtypes.end()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--wire_dtype: ", spelling,
+                       " repeated; expected distinct entries such as "
+                       "fp32,bf16"));
+    }
+    lists.wire_dtypes.push_back(spelling);
+  }
   return lists;
 }
 
@@ -780,8 +796,10 @@ absl::Status CheckCompareFlags(const CompareLists& lists) {
     shared.set_epochs(1);
     shared.set_max_steps_per_epoch(steps);
   }
-  // Each --compression entry is checked with its configuration.
+  // Each --compression and --wire_dtype entry is checked with its
+  // configuration.
   shared.set_compression(lists.compressions[0]);
+  shared.set_wire_dtype(lists.wire_dtypes[0]);
   ASSIGN_OR_RETURN(const JobConfig config, CheckSpec(shared, nullptr));
   RETURN_IF_ERROR(CheckIgnoredFlags(config, "compare", lists.any_ps_mode,
                                     lists.any_allreduce));
@@ -831,41 +849,48 @@ absl::StatusOr<std::vector<CompareConfig>> CompareConfigs(
     const bool allreduce = mode.mode == MODE_ALLREDUCE;
     for (const std::string& compression :
          allreduce ? std::vector<std::string>{"none"} : lists.compressions) {
-      // A compressed PS row's mode names its compression ("ps_sync+topk:0.01").
-      const std::string label =
-          compression == "none" || compression.empty()
-              ? mode.label
-              : absl::StrCat(mode.label, "+", compression);
-      for (int b : lists.batch_sizes) {
-        for (int k : allreduce ? std::vector<int>{0} : lists.num_ps) {
-          for (int w : lists.workers) {
-            CompareConfig c;
-            c.run.mode = label;
-            c.run.num_ps = k;
-            c.run.num_workers = w;
-            c.run.batch_size = b;
-            c.run.num_nodes = placement.netns() ? k + w : 1;
-            RETURN_IF_ERROR(CheckRoom(placement, k, w, "--workers"));
-            JobSpec spec = SpecFromFlags(mode.mode, k, w);
-            spec.set_batch_size(b);
-            if (allreduce) {
-              spec.set_collective(std::string(Spelling(mode.collective)));
-            } else {
-              spec.set_compression(compression);
+      for (const std::string& wire : lists.wire_dtypes) {
+        // A compressed PS row's mode names its compression
+        // ("ps_sync+topk:0.01"), a 16-bit row its wire ("allreduce+bf16";
+        // compare.h CompareRun::mode).
+        const std::string label =
+            absl::StrCat(mode.label,
+                         compression == "none" || compression.empty()
+                             ? ""
+                             : absl::StrCat("+", compression),
+                         wire == "fp32" ? "" : absl::StrCat("+", wire));
+        for (int b : lists.batch_sizes) {
+          for (int k : allreduce ? std::vector<int>{0} : lists.num_ps) {
+            for (int w : lists.workers) {
+              CompareConfig c;
+              c.run.mode = label;
+              c.run.num_ps = k;
+              c.run.num_workers = w;
+              c.run.batch_size = b;
+              c.run.num_nodes = placement.netns() ? k + w : 1;
+              RETURN_IF_ERROR(CheckRoom(placement, k, w, "--workers"));
+              JobSpec spec = SpecFromFlags(mode.mode, k, w);
+              spec.set_batch_size(b);
+              spec.set_wire_dtype(wire);
+              if (allreduce) {
+                spec.set_collective(std::string(Spelling(mode.collective)));
+              } else {
+                spec.set_compression(compression);
+              }
+              if (steps > 0) {
+                spec.set_epochs(1);
+                spec.set_max_steps_per_epoch(
+                    StepsPerWorker(steps, w, lists.scaling));
+              }
+              absl::StatusOr<JobConfig> config = CheckSpec(spec, dataset);
+              if (!config.ok()) {
+                return absl::InvalidArgumentError(
+                    absl::StrCat(label, " with ", w, " workers, batch ", b,
+                                 ": ", config.status().message()));
+              }
+              c.config = *std::move(config);
+              configs.push_back(std::move(c));
             }
-            if (steps > 0) {
-              spec.set_epochs(1);
-              spec.set_max_steps_per_epoch(
-                  StepsPerWorker(steps, w, lists.scaling));
-            }
-            absl::StatusOr<JobConfig> config = CheckSpec(spec, dataset);
-            if (!config.ok()) {
-              return absl::InvalidArgumentError(
-                  absl::StrCat(label, " with ", w, " workers, batch ", b, ": ",
-                               config.status().message()));
-            }
-            c.config = *std::move(config);
-            configs.push_back(std::move(c));
           }
         }
       }
@@ -967,7 +992,8 @@ int Compare() {
   }
   report.command_line = g_command_line;
   report.link_mbit = absl::GetFlag(FLAGS_link_mbit);
-  report.wire_dtype = absl::GetFlag(FLAGS_wire_dtype);
+  // One wire for every row goes in the title; several, in the rows' modes.
+  if (lists->wire_dtypes.size() == 1) report.wire_dtype = lists->wire_dtypes[0];
   report.netns = placement->netns();
   report.compute_ms = absl::GetFlag(FLAGS_compute_ms);
   report.backward_fraction = absl::GetFlag(FLAGS_backward_fraction);
