@@ -366,7 +366,8 @@ TEST(RunCliTest, BadInputGetsOneLineErrorAndExitCode2) {
 // pstrain compare: two modes at 1 and 2 workers, each run real, then the
 // tables and the files (the plot needs gnuplot, as setup.sh installs).
 // --wire_dtype=bf16 goes to every row: the PS pushes and pulls in bf16,
-// allreduce averages in bf16, and the title says so.
+// allreduce averages in bf16; the rows are named mode+bf16 and the title
+// says so.
 TEST(CompareCliTest, RunsEveryConfigurationAndWritesTablesAndPlot) {
   const std::string out = TempDir() + "/compare";
   const Result r = pstrain::testing::RunCommand(
@@ -383,9 +384,9 @@ TEST(CompareCliTest, RunsEveryConfigurationAndWritesTablesAndPlot) {
                           "every row"),
             std::string::npos)
       << r.output;
-  EXPECT_NE(
-      r.output.find("=== run 4/4: allreduce, 0 PS, 2 workers, batch 64 ==="),
-      std::string::npos)
+  EXPECT_NE(r.output.find(
+                "=== run 4/4: allreduce+bf16, 0 PS, 2 workers, batch 64 ==="),
+            std::string::npos)
       << r.output;
   // Two workers of 20 steps each: the same data as one worker of 40, so the
   // 2-worker rows report 20 steps per worker and a speedup column; the CV
@@ -393,12 +394,12 @@ TEST(CompareCliTest, RunsEveryConfigurationAndWritesTablesAndPlot) {
   EXPECT_TRUE(std::regex_search(
       r.output,
       std::regex(
-          R"(\| 1 \| 2 \| ps_sync \| 1 \| 64 \| 20 \| [0-9.]+ s \| [0-9.]+ \| - \| [0-9.]+x \| [0-9.]+x \| 0\.[0-9]{4} \|)")))
+          R"(\| 1 \| 2 \| ps_sync\+bf16 \| 1 \| 64 \| 20 \| [0-9.]+ s \| [0-9.]+ \| - \| [0-9.]+x \| [0-9.]+x \| 0\.[0-9]{4} \|)")))
       << r.output;
   EXPECT_TRUE(std::regex_search(
       r.output,
       std::regex(
-          R"(\| 1 \| 1 \| allreduce \| 0 \| 64 \| 20 \| [0-9.]+ s \| [0-9.]+ \| - \| 1\.00x \| - \| 0\.[0-9]{4} \|)")))
+          R"(\| 1 \| 1 \| allreduce\+bf16 \| 0 \| 64 \| 20 \| [0-9.]+ s \| [0-9.]+ \| - \| 1\.00x \| - \| 0\.[0-9]{4} \|)")))
       << r.output;
   for (const char* file : {"results.md", "results.csv", "results.json",
                            "throughput.gp", "throughput.png"}) {
