@@ -840,58 +840,74 @@ struct CompareConfig {
 // count, nested in that order, each checked against `placement` and
 // `dataset` (null with synthetic compute); INVALID_ARGUMENT naming the
 // configuration.
-absl::StatusOr<std::vector<CompareConfig>> CompareConfigs(
-    const CompareLists& lists, const Placement& placement,
-    const Dataset* dataset) {
-  const int steps = absl::GetFlag(FLAGS_steps);
-  std::vector<CompareConfig> configs;
+// One series of rows: a mode with one compression (PS modes) and one wire.
+// Its label names both past the mode ("ps_sync+topk:0.01",
+// "allreduce+bf16"; compare.h CompareRun::mode).
+struct CompareSeries {
+  const CompareMode* mode;
+  std::string compression;  // "none" for allreduce
+  std::string wire;
+  std::string label;
+};
+
+std::vector<CompareSeries> SeriesOf(const CompareLists& lists) {
+  std::vector<CompareSeries> series;
   for (const CompareMode& mode : lists.modes) {
     const bool allreduce = mode.mode == MODE_ALLREDUCE;
     for (const std::string& compression :
          allreduce ? std::vector<std::string>{"none"} : lists.compressions) {
       for (const std::string& wire : lists.wire_dtypes) {
-        // A compressed PS row's mode names its compression
-        // ("ps_sync+topk:0.01"), a 16-bit row its wire ("allreduce+bf16";
-        // compare.h CompareRun::mode).
-        const std::string label =
-            absl::StrCat(mode.label,
-                         compression == "none" || compression.empty()
-                             ? ""
-                             : absl::StrCat("+", compression),
-                         wire == "fp32" ? "" : absl::StrCat("+", wire));
-        for (int b : lists.batch_sizes) {
-          for (int k : allreduce ? std::vector<int>{0} : lists.num_ps) {
-            for (int w : lists.workers) {
-              CompareConfig c;
-              c.run.mode = label;
-              c.run.num_ps = k;
-              c.run.num_workers = w;
-              c.run.batch_size = b;
-              c.run.num_nodes = placement.netns() ? k + w : 1;
-              RETURN_IF_ERROR(CheckRoom(placement, k, w, "--workers"));
-              JobSpec spec = SpecFromFlags(mode.mode, k, w);
-              spec.set_batch_size(b);
-              spec.set_wire_dtype(wire);
-              if (allreduce) {
-                spec.set_collective(std::string(Spelling(mode.collective)));
-              } else {
-                spec.set_compression(compression);
-              }
-              if (steps > 0) {
-                spec.set_epochs(1);
-                spec.set_max_steps_per_epoch(
-                    StepsPerWorker(steps, w, lists.scaling));
-              }
-              absl::StatusOr<JobConfig> config = CheckSpec(spec, dataset);
-              if (!config.ok()) {
-                return absl::InvalidArgumentError(
-                    absl::StrCat(label, " with ", w, " workers, batch ", b,
-                                 ": ", config.status().message()));
-              }
-              c.config = *std::move(config);
-              configs.push_back(std::move(c));
-            }
+        series.push_back(
+            {&mode, compression, wire,
+             absl::StrCat(mode.label,
+                          compression == "none" || compression.empty()
+                              ? ""
+                              : absl::StrCat("+", compression),
+                          wire == "fp32" ? "" : absl::StrCat("+", wire))});
+      }
+    }
+  }
+  return series;
+}
+
+absl::StatusOr<std::vector<CompareConfig>> CompareConfigs(
+    const CompareLists& lists, const Placement& placement,
+    const Dataset* dataset) {
+  const int steps = absl::GetFlag(FLAGS_steps);
+  std::vector<CompareConfig> configs;
+  for (const CompareSeries& s : SeriesOf(lists)) {
+    const bool allreduce = s.mode->mode == MODE_ALLREDUCE;
+    for (int b : lists.batch_sizes) {
+      for (int k : allreduce ? std::vector<int>{0} : lists.num_ps) {
+        for (int w : lists.workers) {
+          CompareConfig c;
+          c.run.mode = s.label;
+          c.run.num_ps = k;
+          c.run.num_workers = w;
+          c.run.batch_size = b;
+          c.run.num_nodes = placement.netns() ? k + w : 1;
+          RETURN_IF_ERROR(CheckRoom(placement, k, w, "--workers"));
+          JobSpec spec = SpecFromFlags(s.mode->mode, k, w);
+          spec.set_batch_size(b);
+          spec.set_wire_dtype(s.wire);
+          if (allreduce) {
+            spec.set_collective(std::string(Spelling(s.mode->collective)));
+          } else {
+            spec.set_compression(s.compression);
           }
+          if (steps > 0) {
+            spec.set_epochs(1);
+            spec.set_max_steps_per_epoch(
+                StepsPerWorker(steps, w, lists.scaling));
+          }
+          absl::StatusOr<JobConfig> config = CheckSpec(spec, dataset);
+          if (!config.ok()) {
+            return absl::InvalidArgumentError(
+                absl::StrCat(s.label, " with ", w, " workers, batch ", b, ": ",
+                             config.status().message()));
+          }
+          c.config = *std::move(config);
+          configs.push_back(std::move(c));
         }
       }
     }

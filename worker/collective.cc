@@ -179,23 +179,15 @@ absl::Status GlooCollective::AllreduceSum(float* data, size_t n) {
 
 namespace {
 
-// Gloo reduction functions over 16-bit values (Collective::AllreduceSum16):
-// c[i] = round(widen(a[i]) + widen(b[i])).
-void SumBfloat16(void* c, const void* a, const void* b, size_t n) {
+// Gloo's reduction function over 16-bit values (Collective::AllreduceSum16)
+// in the type `Widen` and `Round` convert: c[i] = Round(Widen(a[i]) +
+// Widen(b[i])).
+template <float (*Widen)(uint16_t), uint16_t (*Round)(float)>
+void Sum16(void* c, const void* a, const void* b, size_t n) {
   const uint16_t* x = static_cast<const uint16_t*>(a);
   const uint16_t* y = static_cast<const uint16_t*>(b);
   uint16_t* z = static_cast<uint16_t*>(c);
-  for (size_t i = 0; i < n; ++i) {
-    z[i] = FloatToBfloat16(Bfloat16ToFloat(x[i]) + Bfloat16ToFloat(y[i]));
-  }
-}
-void SumFloat16(void* c, const void* a, const void* b, size_t n) {
-  const uint16_t* x = static_cast<const uint16_t*>(a);
-  const uint16_t* y = static_cast<const uint16_t*>(b);
-  uint16_t* z = static_cast<uint16_t*>(c);
-  for (size_t i = 0; i < n; ++i) {
-    z[i] = FloatToFloat16(Float16ToFloat(x[i]) + Float16ToFloat(y[i]));
-  }
+  for (size_t i = 0; i < n; ++i) z[i] = Round(Widen(x[i]) + Widen(y[i]));
 }
 
 }  // namespace
@@ -204,7 +196,9 @@ absl::Status GlooCollective::AllreduceSum16(uint16_t* data, size_t n,
                                             DType dtype) {
   RETURN_IF_ERROR(Check16(dtype));
   return RingAllreduce(data, n,
-                       dtype == DTYPE_BFLOAT16 ? &SumBfloat16 : &SumFloat16,
+                       dtype == DTYPE_BFLOAT16
+                           ? &Sum16<Bfloat16ToFloat, FloatToBfloat16>
+                           : &Sum16<Float16ToFloat, FloatToFloat16>,
                        absl::StrCat("allreduce of ", n, " ",
                                     WireDtypeSpelling(dtype), " values"));
 }

@@ -208,10 +208,9 @@ class PsExchange : public GradientExchange, public WeightsGate {
   }
 
   void BeforeRecovery() override {
-    if (!saves_residuals()) return;
-    const int64_t announced =
-        std::max(client_->announced_checkpoint_step(), own_checkpoint_step_);
-    if (announced > residual_saved_) residual_wait_abandoned_.store(true);
+    if (saves_residuals() && AnnouncedCut() > residual_saved_) {
+      residual_wait_abandoned_.store(true);
+    }
   }
 
   absl::Status BeforePause() override {
@@ -503,9 +502,14 @@ class PsExchange : public GradientExchange, public WeightsGate {
   // After a step: the residual of the newest checkpoint shard 0 announced
   // into its folder, once this worker holds it (sync: it has finished the
   // step before the cut; async: the residual now).
+  // The newest checkpoint cut this worker must save its residual of: shard
+  // 0's announcement, or worker 0's own pick.
+  int64_t AnnouncedCut() const {
+    return std::max(client_->announced_checkpoint_step(), own_checkpoint_step_);
+  }
+
   absl::Status SaveAnnouncedResiduals() {
-    const int64_t announced =
-        std::max(client_->announced_checkpoint_step(), own_checkpoint_step_);
+    const int64_t announced = AnnouncedCut();
     if (!saves_residuals() || announced <= residual_saved_) {
       return absl::OkStatus();
     }
@@ -678,7 +682,6 @@ class AllreduceExchange : public GradientExchange {
       filled += n;
     }
     flat_.assign(buckets_.size(), {});
-    halves_.assign(buckets_.size(), {});
     prev_w_.assign(num_tensors, {});
     prev_m_.assign(num_params, {});
     prev_v_.assign(num_params, {});
@@ -1059,7 +1062,7 @@ class AllreduceExchange : public GradientExchange {
                      ? ScaleExponent(absl::MakeConstSpan(&bound, 1))
                      : 0;
     }
-    std::vector<uint16_t>& halves = halves_[b];
+    std::vector<uint16_t>& halves = halves_;
     halves.resize(params);
     EncodeHalves(grads, wire_dtype_, exponent, halves.data());
     RETURN_IF_ERROR(
@@ -1079,8 +1082,9 @@ class AllreduceExchange : public GradientExchange {
   const double clip_grad_norm_;
   // DTYPE_FLOAT32, or a 16-bit wire (Allreduce16).
   const DType wire_dtype_;
-  // Allreduce16's 16-bit copies, per bucket (communication thread's).
-  std::vector<std::vector<uint16_t>> halves_;
+  // Allreduce16's 16-bit copy of the bucket in hand, reused bucket after
+  // bucket (the communication thread's).
+  std::vector<uint16_t> halves_;
   // The communication thread's: flat_ already holds averages (clipping).
   bool averaged_ = false;
   const int64_t bucket_elements_;
