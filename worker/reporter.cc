@@ -42,10 +42,10 @@ absl::StatusOr<std::unique_ptr<Reporter>> Reporter::Create(
   auto reporter = absl::WrapUnique(
       new Reporter(options, exchange, result, samples_at_start));
   if (!options.metrics_dir.empty()) {
-    ASSIGN_OR_RETURN(reporter->metrics_,
-                     MetricsWriter::Create(options.metrics_dir,
-                                           options.worker_id,
-                                           options.append_metrics));
+    ASSIGN_OR_RETURN(
+        reporter->metrics_,
+        MetricsWriter::Create(options.metrics_dir, options.worker_id,
+                              options.append_metrics));
   }
   return reporter;
 }
@@ -86,7 +86,8 @@ void Reporter::StepExchanged(const StepTimes& times) {
   if (times.late) ++late_steps_;
 }
 
-absl::Status Reporter::StepEnded(int64_t next, int epoch, int64_t index) {
+absl::Status Reporter::StepEnded(int64_t trained, int64_t next, int epoch,
+                                 int64_t index) {
   report_.StepTrained(
       last_members_ > 0 ? int64_t{last_members_} * options_.batch_size : -1);
   if (options_.on_progress) {
@@ -95,7 +96,8 @@ absl::Status Reporter::StepEnded(int64_t next, int epoch, int64_t index) {
         next, options_.batch_size * (index + 1) / std::max(seconds, 1e-9));
   }
   const bool log_step =
-      options_.log_every_steps > 0 && next % options_.log_every_steps == 0;
+      options_.log_every_steps > 0 && next > trained &&
+      next / options_.log_every_steps > trained / options_.log_every_steps;
   if (!log_step && (metrics_ == nullptr || next != options_.total_steps)) {
     return absl::OkStatus();
   }
@@ -189,8 +191,8 @@ absl::Status Reporter::Finish(int64_t steps, double train_seconds) {
   result_->set_steps(steps);
   result_->set_runtime_seconds(train_seconds);
   if (timed_steps_ > 0) {
-    result_->set_compute_seconds_per_step(
-        absl::ToDoubleSeconds(compute_time_) / timed_steps_);
+    result_->set_compute_seconds_per_step(absl::ToDoubleSeconds(compute_time_) /
+                                          timed_steps_);
     result_->set_exchange_seconds_per_step(
         absl::ToDoubleSeconds(exchange_time_) / timed_steps_);
   }

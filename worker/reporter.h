@@ -103,12 +103,17 @@ class Reporter {
     int members = 0;
   };
   void StepExchanged(const StepTimes& times);
-  // Then (after its checkpoint, if any): the step to train next, `next`,
-  // the epoch being trained and the step's index in it. Writes the
-  // interval's row (and worker 0's step line) when `next` is a multiple
-  // of log_every_steps, or is the run's last step with metrics files; the
-  // metrics files' error.
-  absl::Status StepEnded(int64_t next, int epoch, int64_t index);
+  // Then (after its checkpoint, if any): the step just trained,
+  // `trained`, the step to train next, `next` (trained + 1, or later when
+  // backup workers left this worker behind and it jumps to the shards'
+  // step), the epoch being trained and the step's index in it. Writes the
+  // interval's row (and worker 0's step line, named by `next`) when
+  // (trained, next] holds a multiple of log_every_steps (a jump over a
+  // multiple logs the step it lands on, as CheckpointSchedule checkpoints
+  // it), or `next` is the run's last step with metrics files; the metrics
+  // files' error.
+  absl::Status StepEnded(int64_t trained, int64_t next, int epoch,
+                         int64_t index);
 
   // A recovery has ended (shard 0's counter starts a new window).
   absl::Status Recovered();

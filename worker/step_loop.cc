@@ -266,7 +266,7 @@ absl::Status StepLoop::TrainStep(int epoch, int64_t index) {
   if (parts_.checkpoints != nullptr) {
     RETURN_IF_ERROR(parts_.checkpoints->AfterStep(trained, step_, absl::Now()));
   }
-  return parts_.reporter->StepEnded(step_, epoch, index);
+  return parts_.reporter->StepEnded(trained, step_, epoch, index);
 }
 
 absl::Status StepLoop::SetStepRows() {
