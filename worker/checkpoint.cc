@@ -42,6 +42,7 @@ constexpr int kMaxShards = 4096;
 constexpr int64_t kMaxStepsPerEpoch = int64_t{1} << 40;
 constexpr int64_t kMaxBatchSize = 65536;
 constexpr int64_t kMaxWorkers = 4096;
+constexpr int64_t kMaxLossScalerGrowthTracker = int64_t{1} << 40;
 constexpr size_t kMaxTensors = 1 << 20;
 constexpr size_t kMaxTensorDims = 8;
 constexpr int64_t kMaxTensorElements = int64_t{1} << 40;
@@ -499,6 +500,26 @@ absl::StatusOr<CheckpointManifest> ReadCheckpointManifest(
     ASSIGN_OR_RETURN(m.checkpoint_count,
                      Field<int64_t>(path, j, "checkpoint_count"));
   }
+  if (j.contains("loss_scaler")) {
+    const std::string scaler_path = path + " loss_scaler";
+    LossScaler::State state;
+    ASSIGN_OR_RETURN(state.scale,
+                     Field<float>(scaler_path, j["loss_scaler"], "scale"));
+    ASSIGN_OR_RETURN(
+        state.growth_tracker,
+        Field<int64_t>(scaler_path, j["loss_scaler"], "growth_tracker"));
+    if (state.scale <= 0) {
+      return BadManifest(scaler_path, absl::StrCat("scale ", state.scale,
+                                                   "; expected above 0"));
+    }
+    if (state.growth_tracker > kMaxLossScalerGrowthTracker) {
+      return BadManifest(
+          scaler_path,
+          absl::StrCat("growth_tracker ", state.growth_tracker,
+                       "; expected 0 to ", kMaxLossScalerGrowthTracker));
+    }
+    m.loss_scaler = state;
+  }
   if (!j.contains("model_file")) return BadManifest(path, "no \"model_file\"");
   ASSIGN_OR_RETURN(m.model_file, FileField(path, j["model_file"]));
   if (m.model_file.name != kModelFile) {
@@ -734,8 +755,10 @@ absl::Status CheckpointWriter::Begin(
     absl::MutexLock lock(&mu_);
     in_flight_ = true;
   }
-  background_ = std::thread([this, step, position = at]() {
-    absl::Status s = Finish(step, position, weights_copy_);
+  std::optional<LossScaler::State> loss_scaler;
+  if (loss_scaler_ != nullptr) loss_scaler = loss_scaler_->state();
+  background_ = std::thread([this, step, position = at, loss_scaler]() {
+    absl::Status s = Finish(step, position, loss_scaler, weights_copy_);
     absl::MutexLock lock(&mu_);
     background_status_ = s;
     in_flight_ = false;
@@ -745,6 +768,7 @@ absl::Status CheckpointWriter::Begin(
 
 absl::Status CheckpointWriter::Finish(
     int64_t step, const DataPosition& position,
+    const std::optional<LossScaler::State>& loss_scaler,
     const std::vector<std::vector<float>>& weights) {
   const std::string step_dir = CheckpointStepDir(dir_, step);
   // The model file while the shards write theirs, then the shards' replies.
@@ -823,6 +847,10 @@ absl::Status CheckpointWriter::Finish(
                         {"batch_size", position.batch_size},
                         {"num_workers", position.num_workers}};
   if (position.offset >= 0) j["data_position"]["offset"] = position.offset;
+  if (loss_scaler.has_value()) {
+    j["loss_scaler"] = {{"scale", loss_scaler->scale},
+                        {"growth_tracker", loss_scaler->growth_tracker}};
+  }
   json tensors = json::array();
   for (size_t t = 0; t < job_.tensor_names.size(); ++t) {
     tensors.push_back(

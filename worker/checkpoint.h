@@ -21,7 +21,11 @@
 // size_bytes, crc32, min_version, max_version), "model_file" (file,
 // size_bytes, crc32), "checkpoint_count" (the job's durable checkpoints,
 // this one included, across restarts of worker 0; optional on reading:
-// older manifests have none), and "crc32": zlib's crc32 of the manifest's own
+// older manifests have none), "loss_scaler" (fp16 precision only: worker
+// 0's dynamic loss scale and good steps since its last change, as
+// GradScaler's state_dict "scale" and "_growth_tracker"; optional on
+// reading: absent, a resumed fp16 job starts from GradScaler's 65536),
+// and "crc32": zlib's crc32 of the manifest's own
 // canonical JSON (nlohmann's dump(1)) without that field, so that no
 // damaged manifest loads.
 //
@@ -79,6 +83,7 @@
 #include "absl/types/span.h"
 #include "catalog/job_config.h"
 #include "optim/adam.h"
+#include "optim/loss_scaler.h"
 #include "optim/optimizer.h"
 #include "server/shard_checkpoint.h"
 #include "worker/gradient_exchange.h"
@@ -132,6 +137,9 @@ struct CheckpointManifest {
   File model_file;
   // The job's durable checkpoints, this one included (0: not recorded).
   int64_t checkpoint_count = 0;
+  // fp16 precision: worker 0's loss scaler when the cut was taken (scale
+  // finite and positive, growth_tracker from 0 to 2^40).
+  std::optional<LossScaler::State> loss_scaler;
 };
 
 // "DIR/step-<step>".
@@ -235,6 +243,10 @@ class CheckpointWriter {
   // counts the job's (default 0).
   void ContinueCount(int64_t checkpoints_before);
 
+  // fp16 precision: `scaler` (not owned; read by Begin() on the training
+  // thread) goes into each manifest's "loss_scaler". Default none.
+  void set_loss_scaler(const LossScaler* scaler) { loss_scaler_ = scaler; }
+
   // Bounded staleness: the weights worker 0 pulled before step S may be
   // older than S (the shards' cut of S comes later, ParameterShard::
   // BeginDeferredSnapshot), so the model file is written from the shard
@@ -250,6 +262,7 @@ class CheckpointWriter {
 
  private:
   absl::Status Finish(int64_t step, const DataPosition& position,
+                      const std::optional<LossScaler::State>& loss_scaler,
                       const std::vector<std::vector<float>>& weights);
 
   const std::string dir_;
@@ -258,6 +271,7 @@ class CheckpointWriter {
   GradientExchange* const exchange_;
   const SaveModelFn save_model_;
   bool model_from_shards_ = false;
+  const LossScaler* loss_scaler_ = nullptr;
   int64_t begun_step_ = -1;  // training thread only
   // The weights Begin() copied, kept between checkpoints (read by the
   // background thread; written by Begin() only after it is joined).

@@ -244,6 +244,37 @@ TEST_F(CheckpointTest, ManifestFieldsOutOfRangeOrContradictoryAreRefused) {
        "size_bytes 1125899906842624"},
       {"versions", [](json& j) { j["shards"][0]["min_version"] = 99; },
        "after max_version"},
+      {"loss scale 0",
+       [](json& j) {
+         j["loss_scaler"] = {{"scale", 0.0}, {"growth_tracker", 0}};
+       },
+       "loss_scaler: scale 0; expected above 0"},
+      {"loss scale null (NaN)",
+       [](json& j) {
+         j["loss_scaler"] = {{"scale", nullptr}, {"growth_tracker", 0}};
+       },
+       "\"scale\" is not a finite number"},
+      {"loss scale 1e300 (inf as float)",
+       [](json& j) {
+         j["loss_scaler"] = {{"scale", 1e300}, {"growth_tracker", 0}};
+       },
+       "\"scale\" is not a finite number"},
+      {"growth_tracker -1",
+       [](json& j) {
+         j["loss_scaler"] = {{"scale", 1024.0}, {"growth_tracker", -1}};
+       },
+       "\"growth_tracker\" is not a non-negative integer"},
+      {"growth_tracker 2^41",
+       [](json& j) {
+         j["loss_scaler"] = {{"scale", 1024.0},
+                             {"growth_tracker", int64_t{1} << 41}};
+       },
+       "growth_tracker 2199023255552; expected 0 to 1099511627776"},
+      {"loss_scaler without growth_tracker",
+       [](json& j) {
+         j["loss_scaler"] = {{"scale", 1024.0}};
+       },
+       "no \"growth_tracker\""},
   };
   for (const Case& c : cases) {
     WriteBytes(manifest_, original);

@@ -20,6 +20,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "gtest/gtest.h"
+#include "optim/loss_scaler.h"
 #include "worker/checkpoint.h"
 #include "worker/fake_exchange.h"
 
@@ -57,6 +58,7 @@ class PickingExchange : public FakeExchange {
           step_dir, ": no residual file of step ", step, " from worker(s) 0"));
     }
     reply.set_step(step);
+    reply.set_size_bytes(64);  // what a manifest accepts; no file is read
     return std::vector<CheckpointResponse>{reply};
   }
 };
@@ -74,6 +76,7 @@ class CheckpointWriterTest : public ::testing::Test {
     job.model = "synthetic";
     job.dataset = "synthetic";
     job.num_shards = 1;
+    job.partition_bytes = 1 << 20;
     job.tensor_names = {"w"};
     job.tensor_shapes = {{4}};
     writer_ = std::make_unique<CheckpointWriter>(
@@ -84,7 +87,9 @@ class CheckpointWriterTest : public ::testing::Test {
           std::FILE* f = std::fopen(path.c_str(), "wb");
           if (f == nullptr) return absl::InternalError(path);
           std::fclose(f);
-          return safetensors::WriteResult{};
+          safetensors::WriteResult written;
+          written.size_bytes = 64;
+          return written;
         });
   }
 
@@ -93,6 +98,8 @@ class CheckpointWriterTest : public ::testing::Test {
     p.steps_per_epoch = 100;
     p.epoch = step / 100;
     p.step_in_epoch = step % 100;
+    p.batch_size = 8;
+    p.num_workers = 2;
     return p;
   }
 
@@ -128,6 +135,33 @@ TEST_F(CheckpointWriterTest, ACutAheadOfTheStepIsNotWaitedForByTheNextBegin) {
   ASSERT_TRUE(writer_->Begin(450, 600, At(450), weights_).ok());
   EXPECT_EQ(writer_->begun_step(), 450);
   ASSERT_TRUE(writer_->Wait().ok());
+}
+
+TEST_F(CheckpointWriterTest, TheLossScaleAtBeginIsInTheManifest) {
+  exchange_.residual_written.Notify();
+  // No scaler (fp32, bf16): no "loss_scaler".
+  ASSERT_TRUE(writer_->Begin(100, 600, At(100), weights_).ok());
+  ASSERT_TRUE(writer_->Wait().ok());
+  absl::StatusOr<CheckpointManifest> m = ReadLatestCheckpoint(dir_);
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_FALSE(m->loss_scaler.has_value());
+  // fp16: the state when Begin() ran, not what the scaler holds later.
+  LossScaler::Options options;
+  options.growth_interval = 3;
+  LossScaler scaler(options);
+  scaler.Update(/*skipped=*/true);  // 32768
+  scaler.Update(false);
+  scaler.Update(false);  // 2 good steps since the back-off
+  writer_->set_loss_scaler(&scaler);
+  ASSERT_TRUE(writer_->Begin(200, 600, At(200), weights_).ok());
+  scaler.Update(false);  // grows to 65536 while the checkpoint is written
+  ASSERT_TRUE(writer_->Wait().ok());
+  m = ReadLatestCheckpoint(dir_);
+  ASSERT_TRUE(m.ok()) << m.status();
+  ASSERT_TRUE(m->loss_scaler.has_value());
+  EXPECT_EQ(m->loss_scaler->scale, 32768.0f);
+  EXPECT_EQ(m->loss_scaler->growth_tracker, 2);
+  EXPECT_EQ(scaler.scale(), 65536.0f);
 }
 
 TEST_F(CheckpointWriterTest, ACutAtTheJobsEndIsNoCheckpoint) {

@@ -303,14 +303,15 @@ ElasticOptions ElasticOptionsOf(const TrainerOptions& options,
 }
 
 // Resume: the newest checkpoint's data position (every worker: the step to
-// start at) and state (worker 0, for the shards; allreduce: every worker,
-// which holds it all), put into the weights. The state is stored per
-// parameter, so a checkpoint of any mode loads.
+// start at), loss scale (fp16: every worker, into `loss_scaler` when set)
+// and state (worker 0, for the shards; allreduce: every worker, which
+// holds it all), put into the weights. The state is stored per parameter,
+// so a checkpoint of any mode loads.
 absl::StatusOr<int64_t> ReadResume(const TrainerOptions& options,
                                    const RunKind& kind,
                                    DataPositions& positions, Workload& workload,
-                                   ModelState* state, std::string* dir,
-                                   const LineFn& say) {
+                                   LossScaler* loss_scaler, ModelState* state,
+                                   std::string* dir, const LineFn& say) {
   ASSIGN_OR_RETURN(CheckpointManifest manifest,
                    ReadLatestCheckpoint(options.checkpoint_dir));
   *dir = manifest.dir;
@@ -324,6 +325,9 @@ absl::StatusOr<int64_t> ReadResume(const TrainerOptions& options,
                      OptimizerName(options.adam.kind),
                      ": its optimizer state cannot be restored"));
   }
+  if (loss_scaler != nullptr && manifest.loss_scaler.has_value()) {
+    loss_scaler->Restore(*manifest.loss_scaler);
+  }
   if (options.worker_id == 0 || kind.allreduce) {
     ASSIGN_OR_RETURN(
         *state,
@@ -335,8 +339,15 @@ absl::StatusOr<int64_t> ReadResume(const TrainerOptions& options,
                 weights[t].begin());
     }
     if (options.verbose) {
+      std::string scale;
+      if (loss_scaler != nullptr) {
+        scale = absl::StrCat(manifest.loss_scaler.has_value()
+                                 ? ", loss scale "
+                                 : ", no loss scale saved: starting from ",
+                             loss_scaler->scale());
+      }
       say(absl::StrCat("Resuming from ", manifest.dir, " (step ", manifest.step,
-                       ", epoch ", manifest.position.epoch, ")"));
+                       ", epoch ", manifest.position.epoch, scale, ")"));
     }
   }
   return step;
@@ -345,18 +356,17 @@ absl::StatusOr<int64_t> ReadResume(const TrainerOptions& options,
 // Every worker's weights from the shards (or worker 0's, allreduce), in
 // the model: a fresh or resumed start, or a restarted task's rejoin. The
 // step to start at.
-absl::StatusOr<int64_t> StartExchange(const TrainerOptions& options,
-                                      const RunKind& kind,
-                                      DataPositions& positions,
-                                      Workload& workload,
-                                      GradientExchange& exchange,
-                                      Recovery& recovery, const LineFn& say) {
+absl::StatusOr<int64_t> StartExchange(
+    const TrainerOptions& options, const RunKind& kind,
+    DataPositions& positions, Workload& workload, GradientExchange& exchange,
+    Recovery& recovery, LossScaler* loss_scaler, const LineFn& say) {
   int64_t step = 0;
   ModelState resume_state;
   std::string resume_dir;
   if (options.resume) {
-    ASSIGN_OR_RETURN(step, ReadResume(options, kind, positions, workload,
-                                      &resume_state, &resume_dir, say));
+    ASSIGN_OR_RETURN(step,
+                     ReadResume(options, kind, positions, workload, loss_scaler,
+                                &resume_state, &resume_dir, say));
   }
   // An elastic job's workers but 0 join the generation that has them (at
   // the start, the first one; later, the one that added them).
@@ -599,9 +609,13 @@ absl::StatusOr<TrainerOutput> RunWorker(const TrainerOptions& options,
           [&elastic](int64_t version) { return elastic->AtVersion(version); });
     }
   }
+  // fp16 precision: GradScaler's defaults, or the resumed checkpoint's.
+  LossScaler loss_scaler;
+  LossScaler* const scaler =
+      options.precision == PRECISION_FP16 ? &loss_scaler : nullptr;
   ASSIGN_OR_RETURN(const int64_t start_step,
                    StartExchange(options, kind, positions, *workload, *exchange,
-                                 *recovery, say));
+                                 *recovery, scaler, say));
   if (elastic.has_value()) {
     ASSIGN_OR_RETURN(const bool member, elastic->Started(start_step));
     if (!member) return TrainerOutput{};
@@ -616,6 +630,7 @@ absl::StatusOr<TrainerOutput> RunWorker(const TrainerOptions& options,
         options, kind, dataset, workload.get(), exchange.get(),
         partition.partition_bytes, &checkpoints_before);
     recovery->set_checkpoint_writer(checkpoints.get());
+    checkpoints->set_loss_scaler(scaler);
     schedule.emplace(
         CheckpointSchedule::Options{options.checkpoint_every_steps,
                                     options.checkpoint_every_secs},
@@ -662,8 +677,7 @@ absl::StatusOr<TrainerOutput> RunWorker(const TrainerOptions& options,
   if (chief && options.evaluate && workload->can_evaluate()) {
     parts.end_epoch = EndEpochFnOf(*workload, *exchange, *reporter);
   }
-  LossScaler loss_scaler;  // fp16 precision: GradScaler's defaults
-  if (options.precision == PRECISION_FP16) parts.loss_scaler = &loss_scaler;
+  parts.loss_scaler = scaler;
   StepLoop loop(
       StepLoopOptionsOf(options, kind, *workload, std::move(injection)),
       positions, std::move(parts));
