@@ -58,8 +58,13 @@ Fashion-MNIST's 10,000 test images takes ~160 s on 2 cores, the synthetic
 set's 1,000 a tenth of it), so its accuracies are only compared with each
 other.
 
+With --staleness=S every run (the baseline too) has bounded staleness S:
+worker 0 first waits until every shard has decided its last step, then
+reopens them or moves their state; the others' steps run ahead are redone
+in the new generation (docs/ARCHITECTURE.md, "Applying").
+
 Usage: python3 bench/elastic_bench.py [--repeats=3] [--models=lenet5,resnet18]
-                                      [--kinds=workers,shards]
+                                      [--kinds=workers,shards] [--staleness=0]
 Needs `bazel build //cli:pstrain //server:pstrain_ps //worker:pstrain_worker`
 and Fashion-MNIST.
 """
@@ -237,7 +242,7 @@ def copy_checkpoint(name, ckpt, copy):
         f.write(name + "\n")
 
 
-def one_repeat(model, cfg, change, work, log_dir):
+def one_repeat(model, cfg, change, work, log_dir, staleness):
     ctl = os.path.join(work, "ctl")
     open(ctl, "w").close()
     ckpt = os.path.join(work, "ck")
@@ -246,6 +251,8 @@ def one_repeat(model, cfg, change, work, log_dir):
               "--batch_size=%d" % cfg["batch"], "--seed=1",
               "--log_every_steps=1",
               "--checkpoint_every_steps=%d" % cfg["every"]]
+    if staleness > 0:
+        common.append("--staleness=%d" % staleness)
     runs = []
     try:
         return measure(model, change, work, log_dir, ctl, ckpt, common,
@@ -339,6 +346,8 @@ def main():
     parser.add_argument("--models", default="lenet5,resnet18")
     parser.add_argument("--kinds", default="workers,shards",
                         help="what to scale: workers, shards or both")
+    parser.add_argument("--staleness", type=int, default=0,
+                        help="bounded staleness of every run (0: none)")
     parser.add_argument("--log_dir", default="",
                         help="keep every run's output here (default: none)")
     args = parser.parse_args()
@@ -376,9 +385,10 @@ def main():
     for r in rows:
         print("| %s | %s | %.2f | %.2f | %.0f | %.2f | %.2f | %.2f | %.2f "
               "| %.2f | %.2f | %s | %.2f | %.2fx | %s | %s |" % r)
-    print("\nmedians of %d repeats; sync; workers: 2 shards, "
+    print("\nmedians of %d repeats; sync%s; workers: 2 shards, "
           "--max_workers=3; shards: 2 workers, --max_ps=3; %.0f s in all" %
-          (args.repeats, time.monotonic() - began))
+          (args.repeats, ", staleness %d" % args.staleness
+           if args.staleness else "", time.monotonic() - began))
 
 
 def one_row(model, cfg, change, args):
@@ -390,7 +400,8 @@ def one_row(model, cfg, change, args):
             if args.log_dir:
                 log_dir = os.path.join(args.log_dir, str(i))
                 os.makedirs(log_dir, exist_ok=True)
-            r = one_repeat(model, cfg, change, work, log_dir)
+            r = one_repeat(model, cfg, change, work, log_dir,
+                           args.staleness)
         results.append(r)
         print("# %s %s, repeat %d: %s" % (model, change.label(), i,
               {k: (round(v, 3) if isinstance(v, float) else v)

@@ -337,7 +337,7 @@ CommandInfo RunInfo() {
               "Elastic workers: each membership's lr is --lr x members / "
               "num_workers (Goyal et al. 2017's linear scaling rule)."},
              {"max_ps",
-              "Mode sync without staleness: at most this many shards (num_ps "
+              "Mode sync: at most this many shards (num_ps "
               "to 64; 0: the shards fixed); --control_file's num_ps=M moves "
               "the state onto M shards while the job runs."},
              {"control_file",

@@ -299,7 +299,7 @@ ABSL_FLAG(bool, linear_lr_scaling, false,
           "run, elastic workers: each membership's lr is --lr x members / "
           "num_workers (Goyal et al. 2017's linear scaling rule).");
 ABSL_FLAG(int, max_ps, 0,
-          "run, mode sync without staleness: at most this many shards "
+          "run, mode sync: at most this many shards "
           "(num_ps to 64), scaled with --control_file's num_ps=M (0: the "
           "shards fixed).");
 ABSL_FLAG(std::string, control_file, "",

@@ -428,11 +428,15 @@ absl::Status CheckElastic(const JobConfig& config) {
                             "allreduce job would restart every worker; not "
                             "built)"));
   }
-  if (spec.staleness() > 0) {
-    return Bad(field, absl::StrCat(value, " with staleness ", spec.staleness(),
-                                   "; expected 0 (the shards reopen in place "
-                                   "for a new membership only without "
-                                   "staleness; not built yet)"));
+  if (spec.staleness() > 0 && spec.backup_workers() > 0) {
+    return Bad(field,
+               absl::StrCat(value, " with staleness ", spec.staleness(),
+                            " and backup_workers ", spec.backup_workers(),
+                            "; expected 0 (backup workers decide steps "
+                            "without worker 0, up to the staleness bound "
+                            "ahead, so the shards may stand at different "
+                            "steps when it reopens them for a new "
+                            "membership; not built yet)"));
   }
   return absl::OkStatus();
 }
@@ -440,7 +444,9 @@ absl::Status CheckElastic(const JobConfig& config) {
 // Elastic shards (issue 40): max_ps, its range and where moving the state
 // to another number of shards is refused. The state moves at a step
 // boundary where every shard holds one decided version of every chunk:
-// sync without staleness only (as a worker membership). Top-k residuals
+// sync only (with staleness, worker 0 waits there until every shard has
+// decided its last step; not with staleness and backup workers, as a
+// worker membership). Top-k residuals
 // stay with their workers (GradientExchange::ChangeShards).
 absl::Status CheckElasticShards(const JobConfig& config) {
   const JobSpec& spec = config.spec;
@@ -459,16 +465,16 @@ absl::Status CheckElasticShards(const JobConfig& config) {
                                       "state moves to another number of "
                                       "shards at a step boundary where every "
                                       "shard holds one decided version: sync "
-                                      "without staleness only)"));
+                                      "only)"));
   }
-  if (spec.staleness() > 0) {
+  if (spec.staleness() > 0 && spec.backup_workers() > 0) {
     return Bad("max_ps",
                absl::StrCat(value, " with staleness ", spec.staleness(),
-                            "; expected 0 (the state moves to "
-                            "another number of shards at a step "
-                            "boundary where every shard holds one "
-                            "decided version: sync without "
-                            "staleness only)"));
+                            " and backup_workers ", spec.backup_workers(),
+                            "; expected 0 (backup workers decide steps "
+                            "without worker 0, up to the staleness bound "
+                            "ahead, so the shards may stand at different "
+                            "steps when the state moves; not built yet)"));
   }
   return absl::OkStatus();
 }

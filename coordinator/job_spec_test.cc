@@ -452,6 +452,9 @@ TEST(JobSpecTest, ElasticRangesAndRefusals) {
        {base + "max_workers: 2", base + "max_workers: 4096",
         base + "min_workers: 1", base + "min_workers: 2 max_workers: 4",
         base + "max_workers: 4 backup_workers: 1",
+        // Worker 0 waits for every shard to decide its last step, then
+        // reopens them (GradientExchange::ChangeMembership).
+        base + "max_workers: 4 min_workers: 1 staleness: 2",
         // Top-k residuals stay with their workers across a membership
         // change (GradientExchange::ChangeMembership).
         base + "max_workers: 4 compression: \"topk:0.1\" checkpoint_dir: "
@@ -481,9 +484,11 @@ TEST(JobSpecTest, ElasticRangesAndRefusals) {
        "min_workers: 1 with mode allreduce; expected 0 (the collective's "
        "world is fixed: an elastic allreduce job would restart every worker; "
        "not built)"},
-      {base + "max_workers: 4 staleness: 2",
-       "max_workers: 4 with staleness 2; expected 0 (the shards reopen in "
-       "place for a new membership only without staleness; not built yet)"},
+      {base + "max_workers: 4 staleness: 2 backup_workers: 1",
+       "max_workers: 4 with staleness 2 and backup_workers 1; expected 0 "
+       "(backup workers decide steps without worker 0, up to the staleness "
+       "bound ahead, so the shards may stand at different steps when it "
+       "reopens them for a new membership; not built yet)"},
       {base + "max_workers: 3 worker_hosts { host: \"a\" } "
               "worker_hosts { host: \"b\" }",
        "worker_hosts: 2 entries; expected 3 (one per task) or none"},
@@ -517,13 +522,14 @@ TEST(JobSpecTest, LinearLrScalingNeedsElasticWorkers) {
 
 // Issue 40, elastic shards: max_ps, its range and what it refuses (the
 // state moves at a step boundary where every shard holds one decided
-// version: sync without staleness only).
+// version: sync only, not with staleness and backup workers together).
 TEST(JobSpecTest, ElasticShardRangesAndRefusals) {
   const std::string base = "num_ps: 2 num_workers: 2 batch_size: 8 epochs: 1 ";
   for (const std::string& good :
        {base + "max_ps: 2", base + "max_ps: 64",
         base + "max_ps: 3 max_workers: 4 min_workers: 1",
         base + "max_ps: 4 backup_workers: 1",
+        base + "max_ps: 4 staleness: 2 max_workers: 3",
         base + "max_ps: 3 compression: \"topk:0.1\"",
         base + "max_ps: 3 compression: \"topk:0.1\" checkpoint_dir: "
                "\"/tmp/c\" max_workers: 3",
@@ -534,8 +540,7 @@ TEST(JobSpecTest, ElasticShardRangesAndRefusals) {
   }
   const std::string sync_only =
       "(the state moves to another number of shards at a step boundary "
-      "where every shard holds one decided version: sync without staleness "
-      "only)";
+      "where every shard holds one decided version: sync only)";
   const struct {
     std::string text;
     std::string error;
@@ -552,8 +557,11 @@ TEST(JobSpecTest, ElasticShardRangesAndRefusals) {
        "\"allreduce\" max_ps: 2",
        "max_ps: 2 with mode allreduce; expected 0 (allreduce has no "
        "shards)"},
-      {base + "max_ps: 4 staleness: 2",
-       "max_ps: 4 with staleness 2; expected 0 " + sync_only},
+      {base + "max_ps: 4 staleness: 2 backup_workers: 1",
+       "max_ps: 4 with staleness 2 and backup_workers 1; expected 0 (backup "
+       "workers decide steps without worker 0, up to the staleness bound "
+       "ahead, so the shards may stand at different steps when the state "
+       "moves; not built yet)"},
       {base + "max_ps: 3 ps_hosts { host: \"a\" } ps_hosts { host: \"b\" }",
        "ps_hosts: 2 entries; expected 3 (one per task) or none"},
   };

@@ -296,11 +296,9 @@ absl::StatusOr<int64_t> ParameterShard::Reopen(
                      " holds no state to reopen (not initialised: a restarted "
                      "shard takes a checkpoint)"));
   }
-  if (policy_.rejoin() != StepPolicy::Rejoin::kReopenInPlace) {
+  if (!policy_.reopens()) {
     return absl::FailedPreconditionError(absl::StrCat(
-        shard, " runs ",
-        policy_.has_steps() ? "with bounded staleness" : "async",
-        ": only a sync shard without staleness reopens at its own state"));
+        shard, " runs async: only a sync shard reopens at its own state"));
   }
   if (generation <= generation_.load()) {
     return absl::FailedPreconditionError(
@@ -340,6 +338,10 @@ absl::StatusOr<int64_t> ParameterShard::Reopen(
     }
     c->version = version;
     c->undo_step = -1;
+    // A deferred checkpoint cut (staleness) will not come in this
+    // generation: its waiter ends ABORTED (AwaitDeferredSnapshot()).
+    c->snap_into = nullptr;
+    c->snap_version = -1;
     for (StepSlot& slot : c->slots) {
       std::fill(slot.has_pending.begin(), slot.has_pending.end(), false);
       slot.num_pending = 0;

@@ -324,23 +324,25 @@ class ParameterShard {
                           const WorkerMembership* membership = nullptr,
                           int num_shards = 0);
 
-  // Sync mode without staleness, after a worker died (its stream broke the
-  // barrier): the shard takes `generation` (above its own) keeping its own
-  // state as of its last decided step d, so that the job goes on from
-  // where it was instead of from a checkpoint: an update of step d + 1
-  // applied but not decided is undone (its second buffers swapped back),
-  // pending pushes and step ends are dropped, and every chunk is at
-  // version d + 1, which it returns. Every worker then redoes step d + 1,
-  // whose batch is a function of the step: the same model, bit for bit,
-  // as the run nobody killed. The older generation's pushes and pulls end
-  // with ABORTED; its barrier is broken first, so nothing changes while
-  // the shard checks. Shards decide a step on their own (a worker may die
-  // between its step ends to two shards), so the caller compares the
-  // versions of every shard and restores a checkpoint if they differ.
-  // FAILED_PRECONDITION, the shard's state unchanged (its barrier broken):
-  // not initialised (a restarted shard), async mode or staleness > 0,
-  // `generation` not above the shard's, `expected_version` >= 0 and not
-  // d + 1, or a chunk not at version d + 1 or d + 2.
+  // Sync mode, after a worker died (its stream broke the barrier; a job with
+  // staleness restores a checkpoint instead, StepPolicy::rejoin()), or for an
+  // elastic job's planned membership change: the shard takes `generation`
+  // (above its own) keeping its own state as of its last decided step d, so
+  // that the job goes on from where it was instead of from a checkpoint: an
+  // update of step d + 1 applied but not decided is undone (its second buffers
+  // swapped back), pending pushes and step ends are dropped (with staleness s,
+  // those of steps d + 1 to d + 1 + s, and a deferred checkpoint cut: its
+  // waiter ends ABORTED), and every chunk is at version d + 1, which it
+  // returns. Every worker then redoes step d + 1, whose batch is a function of
+  // the step: the same model, bit for bit, as the run nobody killed. The older
+  // generation's pushes and pulls end with ABORTED; its barrier is broken
+  // first, so nothing changes while the shard checks. Shards decide a step on
+  // their own (a worker may die between its step ends to two shards), so the
+  // caller compares the versions of every shard and restores a checkpoint if
+  // they differ. FAILED_PRECONDITION, the shard's state unchanged (its barrier
+  // broken): not initialised (a restarted shard), async mode, `generation` not
+  // above the shard's, `expected_version` >= 0 and not d + 1, or a chunk not at
+  // version d + 1 or d + 2.
   //
   // `membership` (if not null): an elastic job's membership change (issue
   // 40): the workers of the new generation, from the version returned on

@@ -177,6 +177,51 @@ TEST(ShardMembershipTest, TheStepInFlightIsRedoneByTheNewMembers) {
   EXPECT_FLOAT_EQ(Pull(shard, 1, 1)[2][0], 7.0f - 0.3f);
 }
 
+// Bounded staleness 2: worker 1 ran two steps ahead of worker 0 (steps 1
+// and 2 pushed and ended, not decided) when worker 0 reopens the shard for
+// a third worker at its step 1. The reopen drops worker 1's steps, so step
+// 1 equals a shard that had the three workers from step 1 on, bit for bit;
+// an old generation's push is refused, and a checkpoint cut deferred to
+// step 2 ends ABORTED instead of waiting for a version of the old
+// generation.
+TEST(ShardMembershipTest, WithStalenessTheStepsRunAheadAreRedone) {
+  ShardOptions stale = Options(3, 2);
+  stale.staleness = 2;
+  ParameterShard shard(stale);
+  ASSERT_TRUE(shard.Initialize({6, 2}, 16, Chunks(Initial(), 0)).ok());
+  Step(shard, 0, 0, 1.0f, 0);
+  Step(shard, 1, 0, 3.0f, 0);
+  const std::vector<std::vector<float>> after0 = Pull(shard, 1, 0);
+  Step(shard, 1, 1, 100.0f, 0);
+  Step(shard, 1, 2, 100.0f, 0);
+  std::vector<ChunkSnapshot> cut;
+  ASSERT_TRUE(shard.BeginDeferredSnapshot(2, &cut).ok());
+
+  const WorkerMembership three = Members({0, 1, 2}, 1);
+  absl::StatusOr<int64_t> v = shard.Reopen(1, -1, &three);
+  ASSERT_TRUE(v.ok()) << v.status();
+  EXPECT_EQ(*v, 1);
+  EXPECT_EQ(
+      shard.AwaitDeferredSnapshot(2, absl::Now() + absl::Seconds(5)).code(),
+      absl::StatusCode::kAborted);
+  EXPECT_EQ(shard.Push(1, 1, 0, 2, std::vector<float>(2, 1.0f), 0).code(),
+            absl::StatusCode::kAborted);
+  Step(shard, 0, 1, 1.0f, 1);
+  Step(shard, 1, 1, 2.0f, 1);
+  Step(shard, 2, 1, 6.0f, 1);
+  const std::vector<std::vector<float>> after1 = Pull(shard, 2, 1);
+
+  ShardOptions fixed = Options(3, 3);
+  fixed.staleness = 2;
+  ParameterShard three_from_one(fixed);
+  ASSERT_TRUE(three_from_one.Initialize({6, 2}, 16, Chunks(after0, 1)).ok());
+  Step(three_from_one, 0, 1, 1.0f, 0);
+  Step(three_from_one, 1, 1, 2.0f, 0);
+  Step(three_from_one, 2, 1, 6.0f, 0);
+  EXPECT_EQ(Pull(three_from_one, 2, 0), after1);
+  EXPECT_FLOAT_EQ(after1[2][0], after0[2][0] - 0.1f * 3.0f);
+}
+
 // Backup workers keep their count b: R = members - b (at least 1).
 TEST(ShardMembershipTest, BackupWorkersKeepTheirCount) {
   ParameterShard shard(Options(5, 3, /*replicas=*/2));

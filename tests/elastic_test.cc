@@ -7,6 +7,7 @@
 // each epoch is trained once (the workers record each counted step's samples:
 // PSTRAIN_RECORD_SAMPLES), the accuracy is within a point of the fixed 2x2
 // run's, and the final model evaluates to it. SKIP without Fashion-MNIST.
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -477,6 +478,72 @@ TEST(ElasticTest, TopKWithCheckpointsGrowsAndShrinks) {
        "--dataset=fashion_mnist"}));
   ASSERT_EQ(eval.exit_code, 0) << eval.output;
   EXPECT_EQ(Accuracy(eval.output), accuracy) << eval.output;
+}
+
+// Bounded staleness 2 with checkpoints: worker 0 waits for every shard to
+// decide its last step before it reopens them or moves their state (the
+// others may be two steps ahead; their steps past it are redone in the new
+// generation, and their records of them dropped), so one LeNet-5 epoch
+// grows 2 -> 3 workers, moves 2 -> 3 shards and shrinks back to 2
+// workers, each step trained by its membership and every sample once.
+TEST(ElasticTest, StalenessGrowsAndShrinksTrainingEverySampleOnce) {
+  if (!HaveFashionMnist()) GTEST_SKIP() << "dataset-fashion-mnist missing";
+  const ElasticFiles files =
+      PrepareRun("staleness", "num_workers=3 at_step=100");
+  const std::string &records = files.records, &control = files.control,
+                    &log = files.log;
+  std::vector<std::string> argv =
+      ElasticArgv(files, {"--max_workers=3", "--max_ps=3", "--staleness=2",
+                          "--checkpoint_every_steps=50"});
+  std::replace(argv.begin(), argv.end(), std::string("--epochs=2"),
+               std::string("--epochs=1"));
+  Process run(argv, log, {"PSTRAIN_RECORD_SAMPLES=" + records});
+  ASSERT_TRUE(Logged(log, "membership 1: 2 -> 3 workers")) << ReadTextFile(log);
+  AppendLine(control, "num_ps=3 at_step=250");
+  ASSERT_TRUE(Logged(log, "membership 2: 3 -> 3 workers, 2 -> 3 shards"))
+      << ReadTextFile(log);
+  AppendLine(control, "num_workers=2 at_step=400");
+  const int exit_code = run.Wait(300);
+  const std::string output = ReadTextFile(log);
+  ASSERT_EQ(exit_code, 0) << output;
+
+  std::smatch grow, shrink;
+  ASSERT_TRUE(std::regex_search(
+      output, grow,
+      std::regex(R"(membership 1: 2 -> 3 workers at step ([0-9]+) )")))
+      << output;
+  ASSERT_TRUE(std::regex_search(
+      output, shrink,
+      std::regex(R"(membership 3: 3 -> 2 workers at step ([0-9]+) )")))
+      << output;
+  const int64_t grown_at = std::stoll(grow[1].str());
+  const int64_t shrunk_at = std::stoll(shrink[1].str());
+  EXPECT_GE(grown_at, 100);
+  EXPECT_GE(shrunk_at, 400);
+  EXPECT_NE(output.find("Wrote "), std::string::npos) << output;
+
+  const Recorded r = ReadRecords(records, 3);
+  for (const auto& [step, workers] : r.workers_of_step) {
+    const std::set<int> expected = step >= grown_at && step < shrunk_at
+                                       ? std::set<int>{0, 1, 2}
+                                       : std::set<int>{0, 1};
+    const std::set<int> got(workers.begin(), workers.end());
+    EXPECT_EQ(got.size(), workers.size()) << "step " << step;
+    EXPECT_EQ(got, expected) << "step " << step;
+  }
+  int64_t trained = 0;
+  for (const auto& [key, times] : r.times_trained) {
+    EXPECT_EQ(times, 1) << "epoch " << key.first << ", sample " << key.second;
+    EXPECT_EQ(key.first, 0);
+    trained += times;
+  }
+  // The epoch's permutation up to a tail of less than one step of 2.
+  const int64_t steps = shrunk_at + (kTrainSamples - grown_at * 2 * kBatchSize -
+                                     (shrunk_at - grown_at) * 3 * kBatchSize) /
+                                        (2 * kBatchSize);
+  EXPECT_EQ(static_cast<int64_t>(r.workers_of_step.size()), steps);
+  EXPECT_GT(trained, kTrainSamples - 2 * kBatchSize);
+  EXPECT_GT(Accuracy(output), 0.7) << output;
 }
 
 }  // namespace

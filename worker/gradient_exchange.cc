@@ -261,13 +261,7 @@ class PsExchange : public GradientExchange, public WeightsGate {
 
   absl::StatusOr<int64_t> ChangeMembership(const WorkerMembership& membership,
                                            absl::Duration timeout) override {
-    if (!sync_ || staleness_ > 0) {
-      return absl::FailedPreconditionError(
-          "a membership change reopens the shards in place: mode sync without "
-          "staleness only");
-    }
-    // The step in flight is this worker's next: nothing pushed yet.
-    DropStepInFlight();
+    RETURN_IF_ERROR(SettleAtOwnStep("a membership change"));
     // Every shard's version; the pull below brings it into version_.
     RETURN_IF_ERROR(client_->Reopen(timeout, &membership).status());
     RETURN_IF_ERROR(client_->WaitReady(timeout, client_->generation(),
@@ -280,12 +274,7 @@ class PsExchange : public GradientExchange, public WeightsGate {
   absl::StatusOr<int64_t> ChangeShards(
       const std::vector<std::string>& addresses,
       const MembershipAt& membership_at, absl::Duration timeout) override {
-    if (!sync_ || staleness_ > 0) {
-      return absl::FailedPreconditionError(
-          "a change of shards moves the state at one decided step: mode sync "
-          "without staleness only");
-    }
-    DropStepInFlight();
+    RETURN_IF_ERROR(SettleAtOwnStep("a change of shards"));
     ASSIGN_OR_RETURN(ModelState state, client_->ExportState(timeout));
     ASSIGN_OR_RETURN(std::unique_ptr<PsClient> next,
                      client_->WithShards(addresses));
@@ -442,6 +431,38 @@ class PsExchange : public GradientExchange, public WeightsGate {
                        " decided, but the pull brought version ", *finished));
     }
     return SaveAnnouncedResiduals();
+  }
+
+  // Before worker 0 reopens the shards at a step boundary (`what`: a
+  // membership change, a change of shards), between its pull of version
+  // step_ and its push of it: with staleness, waits until every shard has
+  // decided step_ - 1 (a pull of version step_), then drops the step in
+  // flight (nothing pushed yet) and the streams. The others may be up to
+  // `staleness` steps behind this worker and each shard decides steps on
+  // its own, but none can decide step_ without this worker's push, so then
+  // every shard stands at version step_ and reopens there; the others'
+  // pushes of later steps are dropped, and they redo those steps in the
+  // new generation. FAILED_PRECONDITION in async mode (no step to reopen at)
+  // and with staleness and backup workers (the shards may have decided
+  // different steps past this worker's).
+  absl::Status SettleAtOwnStep(absl::string_view what) {
+    if (!sync_) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(what, " reopens the shards at a step: mode sync only"));
+    }
+    if (staleness_ > 0 && backup_workers_) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          what,
+          " with staleness and backup workers: the shards may have decided "
+          "different steps past worker 0's"));
+    }
+    if (staleness_ > 0) {
+      // On the open streams, before they are dropped: a member's stream
+      // that ends breaks the shard's barrier (PushPullSession::Finish).
+      ASSIGN_OR_RETURN(version_, client_->PushPull(0, {}, step_, 0, weights_));
+    }
+    DropStepInFlight();
+    return absl::OkStatus();
   }
 
   // Gives up the step in flight and every stream (a recovery, or a

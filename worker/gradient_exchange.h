@@ -127,6 +127,10 @@ class GradientExchange {
   // the step in flight are dropped, and they recover into the new
   // generation. Pulls and returns the version every shard reopened at
   // (`step`, or later where backup workers went on without worker 0).
+  // With staleness (and no backup workers, FAILED_PRECONDITION) worker 0
+  // first pulls version `step` from every shard, so that all of them have
+  // decided its last step and none can decide its next without it: they
+  // reopen at `step`, dropping the later steps the others ran ahead.
   // Top-k residuals stay with their workers (a leaving worker's are
   // dropped, a joining one starts from zeros), see Recover().
   // UNIMPLEMENTED where the exchange has no shards.
@@ -146,19 +150,20 @@ class GradientExchange {
   using MembershipAt = std::function<WorkerMembership(int64_t version)>;
   virtual void set_restore_membership(MembershipAt membership_at) {}
   // Elastic shards (issue 40; docs/ARCHITECTURE.md "Elastic shards"), PS
-  // sync mode without staleness: worker 0, where ChangeMembership() is
-  // called, moves the shards' state in memory onto the shards at
-  // `addresses` (the new layout, shard by shard; old shards among them
-  // keep their index): every old shard closes at a new generation and
-  // sends its state (PsClient::ExportState), worker 0 restores it onto
-  // the new layout at the generation after with `membership_at(version)`
-  // as its workers, and works on it from then on. The other workers' step
-  // in flight fails (ABORTED) and they recover onto the new shards (their
-  // addresses from the coordinator). Pulls and returns the version (the
-  // shards' last decided step + 1). A failure half way leaves the old
-  // shards closed: the caller recovers as from any failure (a reopen or
-  // the last checkpoint opens them). Top-k residuals are the workers' and
-  // do not move. UNIMPLEMENTED without shards.
+  // sync mode (with staleness, settled at worker 0's step first, as
+  // ChangeMembership() does; not with staleness and backup workers):
+  // worker 0, where ChangeMembership() is called, moves the shards' state in
+  // memory onto the shards at `addresses` (the new layout, shard by shard; old
+  // shards among them keep their index): every old shard closes at a new
+  // generation and sends its state (PsClient::ExportState), worker 0 restores
+  // it onto the new layout at the generation after with
+  // `membership_at(version)` as its workers, and works on it from then on. The
+  // other workers' step in flight fails (ABORTED) and they recover onto the new
+  // shards (their addresses from the coordinator). Pulls and returns the
+  // version (the shards' last decided step + 1). A failure half way leaves the
+  // old shards closed: the caller recovers as from any failure (a reopen or the
+  // last checkpoint opens them). Top-k residuals are the workers' and do not
+  // move. UNIMPLEMENTED without shards.
   virtual absl::StatusOr<int64_t> ChangeShards(
       const std::vector<std::string>& addresses,
       const MembershipAt& membership_at, absl::Duration timeout) {

@@ -149,7 +149,8 @@ class PsClient {
       const ModelState& state, absl::Duration timeout,
       const WorkerMembership* membership = nullptr);
 
-  // Worker 0 only, after a worker died (sync mode without staleness):
+  // Worker 0 only, after a worker died or for an elastic job's change
+  // (sync mode):
   // every shard keeps its own state as of its last decided step and takes
   // generation G+1 (G as in Restore(); InitRequest.reopen), dropping the
   // step in flight. Returns the version every shard is at, which the

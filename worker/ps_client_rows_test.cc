@@ -93,10 +93,10 @@ JobResult RunJob(bool by_rows) {
         const std::vector<float> dense_grad = {0.5f, -0.5f, 0.25f * w};
         if (by_rows) (*client)->SetStepRows({touched, {}}, {next, {}});
         const std::vector<float> before = table;
-        ASSERT_TRUE((*client)
-                        ->PushPull(step, {grad, dense_grad}, step + 1, 1,
-                                   Spans(table, dense))
-                        .ok());
+        const absl::StatusOr<int64_t> pulled = (*client)->PushPull(
+            step, {grad, dense_grad}, step + 1, 1, Spans(table, dense));
+        ASSERT_TRUE(pulled.ok())
+            << "worker " << w << ", step " << step << ": " << pulled.status();
         if (step < kSteps - 1) {  // the last pulls every row
           bytes += (*client)->last_step_times().bytes_pushed +
                    (*client)->last_step_times().bytes_pulled;

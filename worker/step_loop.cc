@@ -3,8 +3,11 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <fstream>
 #include <memory>
+#include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -103,6 +106,31 @@ void StepLoop::AppendSamplesLine(const std::string& line) const {
   std::fclose(f);
 }
 
+void StepLoop::DropSamplesLinesFrom(int64_t step) const {
+  const std::string path = absl::StrCat(
+      options_.record_samples_dir, "/samples-", options_.worker_id, ".txt");
+  std::ifstream in(path);
+  if (!in) return;
+  std::string kept;
+  bool dropped = false;
+  for (std::string line; std::getline(in, line);) {
+    // "epoch step sample...": the second field.
+    const std::vector<absl::string_view> fields =
+        absl::StrSplit(line, absl::MaxSplits(' ', 2));
+    int64_t line_step = 0;
+    if (fields.size() >= 2 && absl::SimpleAtoi(fields[1], &line_step) &&
+        line_step >= step) {
+      dropped = true;
+      continue;
+    }
+    absl::StrAppend(&kept, line, "\n");
+  }
+  in.close();
+  if (!dropped) return;
+  std::ofstream out(path, std::ios::trunc);
+  out << kept;
+}
+
 void StepLoop::BeginSlice() {
   const DataPositions::Place place = positions_.Locate(step_);
   const int64_t first = step_ - place.step_in_epoch;  // the epoch's
@@ -182,6 +210,10 @@ absl::StatusOr<bool> StepLoop::EndEpoch(int epoch) {
 
 absl::Status StepLoop::Recover(absl::Status cause) {
   ASSIGN_OR_RETURN(step_, parts_.recovery->Recover(std::move(cause)));
+  // Steps from the one recovered at were undone (a rollback, or, with
+  // staleness, steps this worker ran ahead of the shards' decisions that
+  // a reopen dropped): their lines are no longer trained samples.
+  if (!options_.record_samples_dir.empty()) DropSamplesLinesFrom(step_);
   // A step whose exchange failed after the shards applied it (a membership
   // change reopening the shards while this worker pulled): in sync mode
   // without backup workers its push was in.

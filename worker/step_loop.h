@@ -214,6 +214,8 @@ class StepLoop {
   // appending one to this worker's file.
   std::string SamplesLine(int epoch) const;
   void AppendSamplesLine(const std::string& line) const;
+  // Removes this worker's lines of steps at or after `step`.
+  void DropSamplesLinesFrom(int64_t step) const;
   void GradientsReady(absl::Span<const int> tensors,
                       std::shared_ptr<CopyFence> fence);
 

@@ -308,6 +308,17 @@ TEST_F(StepLoopTest, ARecordedStepThatIsRedoneIsWrittenOnce) {
   EXPECT_EQ(exchange_.stepped, Join(Steps(0, 6), Steps(5, 12)));
 }
 
+// With staleness a step's exchange returns before the shards decide it;
+// a reopen (a membership change) or a rollback to an earlier step undoes
+// the steps from there, so their lines go, and the redone steps write
+// theirs once.
+TEST_F(StepLoopTest, RecordedStepsARecoveryUndidAreDropped) {
+  exchange_.step_errors[7].push_back(absl::AbortedError("reopened"));
+  exchange_.recover_results.push_back(int64_t{5});
+  EXPECT_EQ(RecordedSteps(), Steps(0, 12));
+  EXPECT_EQ(exchange_.stepped, Join(Steps(0, 8), Steps(5, 12)));
+}
+
 TEST_F(StepLoopTest, ARollbackGoesBackToTheRecoveredStepsEpoch) {
   exchange_.step_errors[7].push_back(absl::AbortedError("barrier broken"));
   // Restored to the checkpoint of step 3, in epoch 0.
