@@ -111,6 +111,27 @@ absl::StatusOr<T> Field(const std::string& path, const json& j,
   return v.get<T>();
 }
 
+// A manifest's "loss_scaler" object (fp16 precision), or DATA_LOSS naming
+// the field out of range.
+absl::StatusOr<LossScaler::State> LossScalerField(const std::string& manifest,
+                                                  const json& j) {
+  const std::string path = manifest + " loss_scaler";
+  LossScaler::State state;
+  ASSIGN_OR_RETURN(state.scale, Field<float>(path, j, "scale"));
+  ASSIGN_OR_RETURN(state.growth_tracker,
+                   Field<int64_t>(path, j, "growth_tracker"));
+  if (state.scale <= 0) {
+    return BadManifest(
+        path, absl::StrCat("scale ", state.scale, "; expected above 0"));
+  }
+  if (state.growth_tracker > kMaxLossScalerGrowthTracker) {
+    return BadManifest(
+        path, absl::StrCat("growth_tracker ", state.growth_tracker,
+                           "; expected 0 to ", kMaxLossScalerGrowthTracker));
+  }
+  return state;
+}
+
 absl::StatusOr<CheckpointManifest::File> FileField(const std::string& path,
                                                    const json& j) {
   CheckpointManifest::File f;
@@ -501,24 +522,7 @@ absl::StatusOr<CheckpointManifest> ReadCheckpointManifest(
                      Field<int64_t>(path, j, "checkpoint_count"));
   }
   if (j.contains("loss_scaler")) {
-    const std::string scaler_path = path + " loss_scaler";
-    LossScaler::State state;
-    ASSIGN_OR_RETURN(state.scale,
-                     Field<float>(scaler_path, j["loss_scaler"], "scale"));
-    ASSIGN_OR_RETURN(
-        state.growth_tracker,
-        Field<int64_t>(scaler_path, j["loss_scaler"], "growth_tracker"));
-    if (state.scale <= 0) {
-      return BadManifest(scaler_path, absl::StrCat("scale ", state.scale,
-                                                   "; expected above 0"));
-    }
-    if (state.growth_tracker > kMaxLossScalerGrowthTracker) {
-      return BadManifest(
-          scaler_path,
-          absl::StrCat("growth_tracker ", state.growth_tracker,
-                       "; expected 0 to ", kMaxLossScalerGrowthTracker));
-    }
-    m.loss_scaler = state;
+    ASSIGN_OR_RETURN(m.loss_scaler, LossScalerField(path, j["loss_scaler"]));
   }
   if (!j.contains("model_file")) return BadManifest(path, "no \"model_file\"");
   ASSIGN_OR_RETURN(m.model_file, FileField(path, j["model_file"]));

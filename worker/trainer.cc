@@ -396,11 +396,14 @@ absl::StatusOr<int64_t> StartExchange(
   return step;
 }
 
-// Worker 0's checkpoint writer (worker/checkpoint.h), and the checkpoints
-// the job made durable before it (a restarted worker 0 goes on counting).
+// Worker 0's checkpoint writer (worker/checkpoint.h), with fp16's
+// `loss_scaler` (null: none) and given to `recovery` to wait for, and the
+// checkpoints the job made durable before it (a restarted worker 0 goes on
+// counting).
 std::unique_ptr<CheckpointWriter> CreateCheckpointWriter(
     const TrainerOptions& options, const RunKind& kind, const Dataset& dataset,
     Workload* workload, GradientExchange* exchange, int64_t partition_bytes,
+    const LossScaler* loss_scaler, Recovery* recovery,
     int64_t* checkpoints_before) {
   CheckpointJobInfo job;
   job.mode = options.mode;
@@ -436,6 +439,8 @@ std::unique_ptr<CheckpointWriter> CreateCheckpointWriter(
     if (newest.ok()) *checkpoints_before = newest->checkpoint_count;
   }
   writer->ContinueCount(*checkpoints_before);
+  writer->set_loss_scaler(loss_scaler);
+  recovery->set_checkpoint_writer(writer.get());
   return writer;
 }
 
@@ -628,9 +633,7 @@ absl::StatusOr<TrainerOutput> RunWorker(const TrainerOptions& options,
   if (chief && checkpointing) {
     checkpoints = CreateCheckpointWriter(
         options, kind, dataset, workload.get(), exchange.get(),
-        partition.partition_bytes, &checkpoints_before);
-    recovery->set_checkpoint_writer(checkpoints.get());
-    checkpoints->set_loss_scaler(scaler);
+        partition.partition_bytes, scaler, recovery.get(), &checkpoints_before);
     schedule.emplace(
         CheckpointSchedule::Options{options.checkpoint_every_steps,
                                     options.checkpoint_every_secs},
