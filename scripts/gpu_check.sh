@@ -17,7 +17,8 @@
 #               with a per-layer time table                               420
 #   pstrain_run pstrain run --backend=cuda, sync PS with 1 and 2 workers
 #               on the one GPU, LeNet-5 and ResNet-18 on Fashion-MNIST,
-#               beside the same runs on the CPU backend                   420
+#               beside the same runs on the CPU backend; and fp16 LeNet-5
+#               checkpointed, then resumed (the loss scale it restored)   420
 #   allreduce   allreduce over NCCL with one rank, and Gloo between two
 #               CUDA workers                                              180
 #   ps_worker   the PS worker on the GPU: pstrain run --backend=cuda,
@@ -378,8 +379,43 @@ pstrain_run_section() {
       done
     done
   done
+  fp16_resume_rows || rc=1
   return $rc
 }
+
+# fp16's loss scale through a checkpoint: LeNet-5 for 120 steps with a
+# checkpoint every 50, then --resume of the same run from step 100; the
+# resume line names the scale the manifest held (worker/checkpoint.h,
+# "loss_scaler"), GradScaler's 65536 unless a step overflowed.
+fp16_resume_rows() {
+  local dir="$out/logs/fp16_checkpoints" line flags
+  {
+    echo
+    echo "| fp16 checkpoint, then --resume (cuda, lenet5, 120 steps) | result |"
+    echo "|---|---|"
+  } >> "$out/pstrain_run.md"
+  if [ "$gpu" != 1 ]; then
+    echo "| the resume line | skipped: no GPU |" >> "$out/pstrain_run.md"
+    return 0
+  fi
+  rm -rf "$dir" "$out/logs/fp16_first.out" "$out/logs/fp16_resume.out"
+  flags="--backend=cuda --precision=fp16 --model=lenet5 --dataset=fashion_mnist
+    --data_dir=$data --num_ps=2 --num_workers=1 --epochs=1
+    --max_steps_per_epoch=120 --checkpoint_every_steps=50 --checkpoint_dir=$dir"
+  echo "== pstrain run $flags, then --resume"
+  # shellcheck disable=SC2086
+  if "$root/cli/pstrain" run $flags > "$out/logs/fp16_first.out" 2>&1 &&
+    "$root/cli/pstrain" run $flags --resume > "$out/logs/fp16_resume.out" 2>&1 &&
+    line=$(grep -m1 -o 'Resuming from .*loss scale [0-9.e+]*)' "$out/logs/fp16_resume.out"); then
+    echo "| the resume line | $line |" >> "$out/pstrain_run.md"
+    return 0
+  fi
+  local last="$out/logs/fp16_resume.out"
+  [ -s "$last" ] || last="$out/logs/fp16_first.out"
+  echo "| the resume line | failed: $(tail -1 "$last") |" >> "$out/pstrain_run.md"
+  return 1
+}
+export -f fp16_resume_rows
 
 allreduce_section() {
   local rc=0
