@@ -324,9 +324,9 @@ class ParameterShard {
                           const WorkerMembership* membership = nullptr,
                           int num_shards = 0);
 
-  // Sync mode, after a worker died (its stream broke the barrier; a job with
-  // staleness restores a checkpoint instead, StepPolicy::rejoin()), or for an
-  // elastic job's planned membership change: the shard takes `generation`
+  // Sync mode, after a worker died (its stream broke the barrier;
+  // StepPolicy::rejoin()), or for an elastic job's planned membership
+  // change: the shard takes `generation`
   // (above its own) keeping its own state as of its last decided step d, so
   // that the job goes on from where it was instead of from a checkpoint: an
   // update of step d + 1 applied but not decided is undone (its second buffers

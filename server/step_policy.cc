@@ -86,11 +86,12 @@ StepPolicy::Cut StepPolicy::checkpoint_cut() const {
 }
 
 StepPolicy::Rejoin StepPolicy::rejoin() const {
-  // With staleness the shards hold several undecided steps' pushes (and
-  // without backups their updates), and async has no step to reopen at.
-  return staleness_ == 0 && (kind_ == Kind::kSync || kind_ == Kind::kBackups)
-             ? Rejoin::kReopenInPlace
-             : Rejoin::kRestoreCheckpoint;
+  // Async has no step to reopen at. With staleness a reopen drops the
+  // pushes of every open step (at most one update is undoable); shards
+  // that decided different steps (a worker died between its step ends to
+  // two of them) restore the checkpoint instead (PsClient::Reopen).
+  return kind_ != Kind::kAsync ? Rejoin::kReopenInPlace
+                               : Rejoin::kRestoreCheckpoint;
 }
 
 }  // namespace pstrain

@@ -125,12 +125,11 @@ class StepPolicy {
 
   Rejoin rejoin() const;
   // The shard can go on from its own state at its last decided step
-  // (ParameterShard::Reopen): every sync kind, staleness included (at most
-  // one update is undoable at a time, and the pushes of later steps are
-  // dropped); async has no step to reopen at. rejoin() says whether a job
-  // does so after a failure; an elastic job's planned membership change
-  // reopens whenever this holds (worker/elastic.h).
-  bool reopens() const { return kind_ != Kind::kAsync; }
+  // (ParameterShard::Reopen), after a worker's death (rejoin()) or for an
+  // elastic job's membership change (worker/elastic.h): every sync kind,
+  // staleness included (at most one update is undoable at a time, and the
+  // pushes of later steps are dropped); async has no step to reopen at.
+  bool reopens() const { return rejoin() == Rejoin::kReopenInPlace; }
 
  private:
   Kind kind_;

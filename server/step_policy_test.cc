@@ -93,7 +93,9 @@ TEST(StepPolicyTest, StalenessCollectsSPlusOneStepsAndDefersItsCut) {
   EXPECT_EQ(p.checkpoint_cut(), Cut::kDeferred);
   EXPECT_TRUE(p.deferred_snapshot());
   EXPECT_FALSE(p.picks_checkpoint_step());
-  EXPECT_EQ(p.rejoin(), Rejoin::kRestoreCheckpoint);
+  // A reopen drops every open step's pushes.
+  EXPECT_EQ(p.rejoin(), Rejoin::kReopenInPlace);
+  EXPECT_TRUE(p.reopens());
 
   const StepPolicy clipped(Clipped(Staleness(2)));
   EXPECT_EQ(clipped.update(), Update::kAtDecision);
@@ -153,8 +155,8 @@ TEST(StepPolicyTest, BackupsWithStalenessAdmitSeveralStepsAndRestore) {
   EXPECT_EQ(p.open_steps(), 3);
   EXPECT_EQ(p.ends_to_decide(), 3);
   EXPECT_EQ(p.checkpoint_cut(), StepPolicy::Cut::kPickedByShardZero);
-  // Pushes of several steps are pending: a restore, not a reopen.
-  EXPECT_EQ(p.rejoin(), StepPolicy::Rejoin::kRestoreCheckpoint);
+  // Pushes of several steps are pending: a reopen drops them all.
+  EXPECT_EQ(p.rejoin(), StepPolicy::Rejoin::kReopenInPlace);
   EXPECT_EQ(p.Describe(), "sync with backup workers (3 of 4) and staleness 2");
 }
 
@@ -182,6 +184,7 @@ TEST(StepPolicyTest, AsyncAppliesEachPushAndIgnoresTheSyncOptions) {
   EXPECT_FALSE(p.deferred_snapshot());
   EXPECT_FALSE(p.picks_checkpoint_step());
   EXPECT_EQ(p.rejoin(), Rejoin::kRestoreCheckpoint);
+  EXPECT_FALSE(p.reopens());
 }
 
 }  // namespace

@@ -331,17 +331,17 @@ class PsExchange : public GradientExchange, public WeightsGate {
           "live only in checkpoints, so the shards restore one";
     }
     if (restore != nullptr) {
-      // Sync without staleness: every shard goes on from its own state at
-      // its last decided step when it still holds it (no rollback); a
-      // restarted shard, or shards that decided different steps, take the
+      // Sync: every shard goes on from its own state at its last decided
+      // step when it still holds it (no rollback; with staleness the
+      // steps the workers ran ahead of it are dropped and redone); a
+      // restarted shard, or shards that decided different steps (a worker
+      // that died between its step ends to two shards), take the
       // checkpoint instead.
       absl::StatusOr<int64_t> reopened =
-          sync_ && staleness_ == 0 && !saves_residuals()
+          sync_ && !saves_residuals()
               ? client_->Reopen(timeout)
               : absl::FailedPreconditionError(
-                    sync_ ? "with bounded staleness the shards always "
-                            "restore the checkpoint"
-                          : "async: the shards always restore the checkpoint");
+                    "async: the shards always restore the checkpoint");
       if (reopened.ok()) {
         reopened_ = true;
         min_generation = client_->generation();

@@ -80,19 +80,18 @@ class GradientExchange {
   // elsewhere; empty: unchanged), and continues on the shards' next
   // generation (proto/ps.proto, RequestHeader): worker 0 (`restore`
   // non-null: the newest checkpoint's state, or the job's initial weights)
-  // restores every shard to it first, or in sync mode without staleness
-  // reopens every shard at its own last decided step when all of them
-  // still hold their state at one version (see RecoveredInPlace()); the
-  // others wait for that. Then pulls
-  // the restored weights into the Start() spans and returns the smallest
-  // version pulled. Each wait lasts at most `timeout`: a shard that is not
-  // back yet, or an address that is stale (the coordinator did not know of
-  // the death yet), gives UNAVAILABLE or DEADLINE_EXCEEDED, and the caller
-  // tries again with fresh addresses. Top-k residuals (sync): this
-  // worker's own at the shards' version, a step of it that the shards
-  // decided without it seeing the end committed (a restarted or joining
-  // worker's Rejoin(): the checkpoint's file of that version, or zeros).
-  // UNIMPLEMENTED for allreduce.
+  // restores every shard to it first, or in sync mode (without top-k
+  // residuals to restore) reopens every shard at its own last decided step when
+  // all of them still hold their state at one version (see RecoveredInPlace());
+  // the others wait for that. Then pulls the restored weights into the Start()
+  // spans and returns the smallest version pulled. Each wait lasts at most
+  // `timeout`: a shard that is not back yet, or an address that is stale (the
+  // coordinator did not know of the death yet), gives UNAVAILABLE or
+  // DEADLINE_EXCEEDED, and the caller tries again with fresh addresses. Top-k
+  // residuals (sync): this worker's own at the shards' version, a step of it
+  // that the shards decided without it seeing the end committed (a restarted or
+  // joining worker's Rejoin(): the checkpoint's file of that version, or
+  // zeros). UNIMPLEMENTED for allreduce.
   virtual absl::StatusOr<int64_t> Recover(
       const std::vector<std::string>& addresses, const ModelState* restore,
       absl::Duration timeout) {
@@ -114,8 +113,8 @@ class GradientExchange {
   }
 
   // After worker 0's Recover() or Rejoin(): whether the shards were
-  // reopened at their own state (sync mode without staleness, every shard
-  // alive and at one version: no rollback, PsClient::Reopen) rather than
+  // reopened at their own state (sync mode, every shard alive and at one
+  // version: no rollback, PsClient::Reopen) rather than
   // restored to `restore`; and if not, why (empty if not tried).
   virtual bool RecoveredInPlace() const { return false; }
   virtual std::string ReopenRefusal() const { return ""; }
