@@ -12,6 +12,8 @@
 #include <thread>
 #include <vector>
 
+#include "absl/cleanup/cleanup.h"
+#include "absl/synchronization/mutex.h"
 #include "gtest/gtest.h"
 #include "server/local_shards.h"
 #include "worker/ps_client.h"
@@ -59,6 +61,12 @@ JobResult RunJob(bool by_rows) {
   std::vector<float> table0(kRows * kD), dense0 = {1, 2, 3};
   for (int64_t i = 0; i < kRows * kD; ++i) table0[i] = 0.01f * i - 1.0f;
   JobResult result;
+  // No client goes away before every worker's last pull returned: its
+  // streams end cancelled, and a member's ended stream breaks the shards'
+  // barrier, which failed the other worker's last pull (ABORTED) when it
+  // came later (CI, 2026-11-28).
+  absl::Mutex mu;
+  int finished = 0;  // workers past their last pull (or failed)
   std::vector<std::thread> workers;
   for (int w = 0; w < kWorkers; ++w) {
     workers.emplace_back([&, w] {
@@ -68,6 +76,12 @@ JobResult RunJob(bool by_rows) {
       client_options.worker_id = w;
       absl::StatusOr<std::unique_ptr<PsClient>> client =
           PsClient::Create(client_options, *plan);
+      absl::Cleanup together = [&mu, &finished] {
+        absl::MutexLock lock(&mu);
+        ++finished;
+        mu.Await(absl::Condition(
+            +[](int* n) { return *n == kWorkers; }, &finished));
+      };
       ASSERT_TRUE(client.ok()) << client.status();
       if (w == 0) {
         ASSERT_TRUE((*client)->Initialize({table0, dense0}).ok());
