@@ -146,7 +146,10 @@ grpc::ByteBuffer EncodeChunk(const google::protobuf::Message& envelope,
   grpc::Slice slices[2] = {grpc::Slice(head), grpc::Slice()};
   if (payload == 0) return grpc::ByteBuffer(slices, 1);
   if (half) {
-    grpc_slice data = grpc_slice_malloc(payload);
+    // (grpc_slice_malloc keeps a small payload inside the slice itself, at
+    // an odd address: the uint16_t stores were misaligned, which the
+    // fuzzer's UBSan build caught. A large slice is heap memory, aligned.)
+    grpc_slice data = grpc_slice_malloc_large(payload);
     EncodeHalves(values, wire, scale_exponent,
                  reinterpret_cast<uint16_t*>(GRPC_SLICE_START_PTR(data)));
     slices[1] = grpc::Slice(data, grpc::Slice::STEAL_REF);
