@@ -58,6 +58,10 @@ Fashion-MNIST's 10,000 test images takes ~160 s on 2 cores, the synthetic
 set's 1,000 a tenth of it), so its accuracies are only compared with each
 other.
 
+With --mode=async every run (the baseline too) is async (workers only:
+an async job's shards are fixed): worker 0 reopens the shards at their own
+state from its step, and every member goes on from there.
+
 With --staleness=S every run (the baseline too) has bounded staleness S:
 worker 0 first waits until every shard has decided its last step, then
 reopens them or moves their state; the others' steps run ahead are redone
@@ -65,6 +69,7 @@ in the new generation (docs/ARCHITECTURE.md, "Applying").
 
 Usage: python3 bench/elastic_bench.py [--repeats=3] [--models=lenet5,resnet18]
                                       [--kinds=workers,shards] [--staleness=0]
+                                      [--mode=sync|async]
 Needs `bazel build //cli:pstrain //server:pstrain_ps //worker:pstrain_worker`
 and Fashion-MNIST.
 """
@@ -242,7 +247,7 @@ def copy_checkpoint(name, ckpt, copy):
         f.write(name + "\n")
 
 
-def one_repeat(model, cfg, change, work, log_dir, staleness):
+def one_repeat(model, cfg, change, work, log_dir, args):
     ctl = os.path.join(work, "ctl")
     open(ctl, "w").close()
     ckpt = os.path.join(work, "ck")
@@ -251,8 +256,10 @@ def one_repeat(model, cfg, change, work, log_dir, staleness):
               "--batch_size=%d" % cfg["batch"], "--seed=1",
               "--log_every_steps=1",
               "--checkpoint_every_steps=%d" % cfg["every"]]
-    if staleness > 0:
-        common.append("--staleness=%d" % staleness)
+    if args.staleness > 0:
+        common.append("--staleness=%d" % args.staleness)
+    if args.mode == "async":
+        common.append("--mode=async")
     runs = []
     try:
         return measure(model, change, work, log_dir, ctl, ckpt, common,
@@ -348,9 +355,17 @@ def main():
                         help="what to scale: workers, shards or both")
     parser.add_argument("--staleness", type=int, default=0,
                         help="bounded staleness of every run (0: none)")
+    parser.add_argument("--mode", default="sync", choices=["sync", "async"],
+                        help="every run's mode (async: workers only)")
     parser.add_argument("--log_dir", default="",
                         help="keep every run's output here (default: none)")
     args = parser.parse_args()
+    if args.mode == "async" and "shards" in args.kinds.split(","):
+        parser.error("--kinds=shards with --mode=async: an async job's "
+                     "shards are fixed (max_ps needs sync's step boundary)")
+    if args.mode == "async" and args.staleness > 0:
+        parser.error("--staleness with --mode=async: staleness bounds sync "
+                     "steps")
     # steps: per epoch (the run's length); every: checkpoint interval (the
     # request follows the first); batch: per worker.
     # ResNet-18 trains synthetic 3 x 28 x 28 images of 10 classes: evaluating
@@ -385,9 +400,9 @@ def main():
     for r in rows:
         print("| %s | %s | %.2f | %.2f | %.0f | %.2f | %.2f | %.2f | %.2f "
               "| %.2f | %.2f | %s | %.2f | %.2fx | %s | %s |" % r)
-    print("\nmedians of %d repeats; sync%s; workers: 2 shards, "
+    print("\nmedians of %d repeats; %s%s; workers: 2 shards, "
           "--max_workers=3; shards: 2 workers, --max_ps=3; %.0f s in all" %
-          (args.repeats, ", staleness %d" % args.staleness
+          (args.repeats, args.mode, ", staleness %d" % args.staleness
            if args.staleness else "", time.monotonic() - began))
 
 
@@ -400,8 +415,7 @@ def one_row(model, cfg, change, args):
             if args.log_dir:
                 log_dir = os.path.join(args.log_dir, str(i))
                 os.makedirs(log_dir, exist_ok=True)
-            r = one_repeat(model, cfg, change, work, log_dir,
-                           args.staleness)
+            r = one_repeat(model, cfg, change, work, log_dir, args)
         results.append(r)
         print("# %s %s, repeat %d: %s" % (model, change.label(), i,
               {k: (round(v, 3) if isinstance(v, float) else v)

@@ -415,11 +415,6 @@ absl::Status CheckElastic(const JobConfig& config) {
   const char* field = spec.max_workers() != 0 ? "max_workers" : "min_workers";
   const int value =
       spec.max_workers() != 0 ? spec.max_workers() : spec.min_workers();
-  if (config.mode == MODE_ASYNC) {
-    return Bad(field, absl::StrCat(value,
-                                   " with mode async; expected 0 (elastic "
-                                   "async jobs are not built yet)"));
-  }
   if (config.mode == MODE_ALLREDUCE) {
     return Bad(field,
                absl::StrCat(value,

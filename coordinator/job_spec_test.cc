@@ -460,7 +460,8 @@ TEST(JobSpecTest, ElasticRangesAndRefusals) {
         base + "max_workers: 4 compression: \"topk:0.1\" checkpoint_dir: "
                "\"/tmp/c\"",
         base + "max_workers: 3 worker_hosts { host: \"a\" } "
-               "worker_hosts { host: \"b\" } worker_hosts { host: \"c\" }"}) {
+               "worker_hosts { host: \"b\" } worker_hosts { host: \"c\" }",
+        base + "max_workers: 4 min_workers: 1 mode: \"async\""}) {
     absl::StatusOr<JobSpec> spec = ParseJobSpec(good, "job.pbtxt");
     EXPECT_TRUE(spec.ok()) << good << ": " << spec.status();
   }
@@ -476,9 +477,6 @@ TEST(JobSpecTest, ElasticRangesAndRefusals) {
        "min_workers: 3; expected 1 to 2 (0: never shrink)"},
       {base + "min_workers: -1",
        "min_workers: -1; expected 1 to 2 (0: never shrink)"},
-      {base + "max_workers: 4 mode: \"async\"",
-       "max_workers: 4 with mode async; expected 0 (elastic async jobs are "
-       "not built yet)"},
       {"num_ps: 0 num_workers: 2 batch_size: 8 epochs: 1 mode: "
        "\"allreduce\" min_workers: 1",
        "min_workers: 1 with mode allreduce; expected 0 (the collective's "

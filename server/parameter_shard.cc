@@ -296,9 +296,16 @@ absl::StatusOr<int64_t> ParameterShard::Reopen(
                      " holds no state to reopen (not initialised: a restarted "
                      "shard takes a checkpoint)"));
   }
-  if (!policy_.reopens()) {
+  // Async has no decided step: it reopens only for an elastic job's
+  // membership change, its state kept as it is (every push applied is
+  // final); after a death it restores the checkpoint (StepPolicy).
+  const bool async = !policy_.has_steps();
+  if (async && (membership == nullptr || close)) {
     return absl::FailedPreconditionError(absl::StrCat(
-        shard, " runs async: only a sync shard reopens at its own state"));
+        shard,
+        " runs async: it reopens at its own state only for a membership "
+        "change (after a failure it restores the checkpoint; its state "
+        "moves to other shards only at a step boundary of sync mode)"));
   }
   if (generation <= generation_.load()) {
     return absl::FailedPreconditionError(
@@ -313,6 +320,7 @@ absl::StatusOr<int64_t> ParameterShard::Reopen(
     broken_.store(true);
   }
   absl::MutexLock step_lock(&step_mu_);
+  if (async) return ReopenAsyncLocked(generation, *membership);
   const int64_t version = decided_step_ + 1;
   if (expected_version >= 0 && version != expected_version) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -358,6 +366,35 @@ absl::StatusOr<int64_t> ParameterShard::Reopen(
   broken_.store(false);
   NoteUpdate();
   return version;
+}
+
+int64_t ParameterShard::ReopenAsyncLocked(int64_t generation,
+                                          const WorkerMembership& membership) {
+  generation_.store(generation);
+  closed_.store(false);
+  std::vector<bool> member(options_.num_workers, false);
+  for (int w : membership.workers) member[w] = true;
+  int64_t version = -1;
+  for (const std::unique_ptr<ChunkState>& c : chunks_) {
+    absl::MutexLock chunk_lock(&c->mu);
+    version = version < 0 ? c->version : std::min(version, c->version);
+    // A buffer averages its members' latest values: a worker that left
+    // is no longer one of them (its value stays in the buffer until the
+    // next member's push).
+    StepSlot& latest = c->slots[0];
+    for (int w = 0; w < options_.num_workers; ++w) {
+      if (!member[w] && latest.has_pending[w]) {
+        latest.has_pending[w] = false;
+        --c->num_latest;
+      }
+    }
+  }
+  // Async has no shared step: the membership starts at worker 0's
+  // (from_step as sent), the chunks keep their own versions.
+  SetMembershipLocked(membership);
+  broken_.store(false);
+  NoteUpdate();
+  return std::max<int64_t>(version, 0);
 }
 
 absl::Status ParameterShard::WaitReady(absl::Time deadline,

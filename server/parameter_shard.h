@@ -340,15 +340,21 @@ class ParameterShard {
   // their own (a worker may die between its step ends to two shards), so the
   // caller compares the versions of every shard and restores a checkpoint if
   // they differ. FAILED_PRECONDITION, the shard's state unchanged (its barrier
-  // broken): not initialised (a restarted shard), async mode, `generation` not
-  // above the shard's, `expected_version` >= 0 and not d + 1, or a chunk not at
-  // version d + 1 or d + 2.
+  // broken): not initialised (a restarted shard), async mode without a
+  // membership or with `close`, `generation` not above the shard's,
+  // `expected_version` >= 0 and not d + 1, or a chunk not at version d + 1
+  // or d + 2.
   //
   // `membership` (if not null): an elastic job's membership change (issue
   // 40): the workers of the new generation, from the version returned on
   // (its from_step is set to it). INVALID_ARGUMENT, nothing changed, if
   // it is empty, not ascending, holds an id outside [0, num_workers) or
-  // lacks worker 0.
+  // lacks worker 0. Async mode (no decided step; workers come and go):
+  // the generation and membership change and nothing else (every push
+  // applied is final, each chunk keeps its version; `expected_version` is
+  // not checked; the membership keeps the from_step sent, worker 0's
+  // step); the buffers' average forgets the workers that left; returns
+  // the smallest chunk version.
   //
   // `close` (an elastic job moving its state onto another number of
   // shards, issue 40; PsService Export): the shard also stays closed to
@@ -853,6 +859,11 @@ class ParameterShard {
   // generation frozen.
   void SetMembershipLocked(const WorkerMembership& membership)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(init_mu_);
+  // Reopen() of an async shard for `membership` (checked), the older
+  // generation frozen: see Reopen(). Returns the smallest chunk version.
+  int64_t ReopenAsyncLocked(int64_t generation,
+                            const WorkerMembership& membership)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(init_mu_, step_mu_);
   // INVALID_ARGUMENT naming the chunk, step and element if `values` (a
   // pushed gradient, or buffer values) holds a NaN or an infinity.
   absl::Status CheckFinite(int32_t param_id, int32_t chunk_index, int64_t step,

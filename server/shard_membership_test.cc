@@ -254,5 +254,57 @@ TEST(ShardMembershipTest, AMalformedMembershipChangesNothing) {
   EXPECT_EQ(Pull(shard, 1, 0).size(), 3u);
 }
 
+// Async (no decided step; workers come and go): a membership change keeps
+// every update applied and each chunk's version, takes the membership from
+// the step worker 0 sends, refuses the old generation's and the removed
+// worker's pushes, and applies the new member's at once. The buffer (the
+// second tensor: the average of the members' latest values) forgets the
+// worker that left. Without a membership (a failure) an async shard does
+// not reopen: it restores the checkpoint.
+TEST(ShardMembershipTest, AsyncKeepsItsStateAndTakesWorkerZerosStep) {
+  ShardOptions async = Options(3, 2);
+  async.mode = SyncMode::kAsync;
+  ParameterShard shard(async);
+  ASSERT_TRUE(shard
+                  .Initialize({6, 2}, 16, Chunks(Initial(), 0),
+                              /*num_buffers=*/1)
+                  .ok());
+  auto push = [&](int w, float value, int64_t generation) {
+    absl::Status a =
+        shard.Push(w, 0, 0, 0, std::vector<float>(4, value), generation);
+    absl::Status b =
+        shard.Push(w, 0, 1, 0, std::vector<float>(2, value), generation);
+    absl::Status c =
+        shard.Push(w, 1, 0, 0, std::vector<float>(2, value), generation);
+    return a.ok() && b.ok() ? c : (a.ok() ? b : a);
+  };
+  ASSERT_TRUE(push(0, 1.0f, 0).ok());
+  ASSERT_TRUE(push(1, 3.0f, 0).ok());
+  const std::vector<std::vector<float>> before = Pull(shard, 0, 0);
+  // SGD lr 0.1: two pushes applied one by one; the buffer is the average.
+  EXPECT_FLOAT_EQ(before[0][0], 1.0f - 0.1f - 0.3f);
+  EXPECT_FLOAT_EQ(before[2][0], 2.0f);
+
+  EXPECT_EQ(shard.Reopen(1).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  WorkerMembership grown = Members({0, 2}, 1);
+  grown.from_step = 57;
+  absl::StatusOr<int64_t> v = shard.Reopen(1, /*expected_version=*/5, &grown);
+  ASSERT_TRUE(v.ok()) << v.status();
+  EXPECT_EQ(*v, 2);  // two pushes per chunk, kept
+  EXPECT_EQ(shard.membership().from_step, 57);
+  EXPECT_EQ(shard.membership().workers, grown.workers);
+  EXPECT_EQ(Pull(shard, 0, 1), before);
+  EXPECT_EQ(push(0, 1.0f, 0).code(), absl::StatusCode::kAborted);
+  EXPECT_EQ(push(1, 1.0f, 1).code(), absl::StatusCode::kAborted);
+  EXPECT_EQ(Pull(shard, 0, 1), before);
+  ASSERT_TRUE(shard.WaitReady(absl::Now() + absl::Seconds(1), 1, 2).ok());
+  ASSERT_TRUE(push(2, 5.0f, 1).ok());
+  const std::vector<std::vector<float>> after = Pull(shard, 0, 1);
+  EXPECT_FLOAT_EQ(after[0][0], before[0][0] - 0.5f);
+  // Worker 0's 1 (its latest) and worker 2's 5; worker 1's 3 forgotten.
+  EXPECT_FLOAT_EQ(after[2][0], 3.0f);
+}
+
 }  // namespace
 }  // namespace pstrain

@@ -128,7 +128,9 @@ class StepPolicy {
   // (ParameterShard::Reopen), after a worker's death (rejoin()) or for an
   // elastic job's membership change (worker/elastic.h): every sync kind,
   // staleness included (at most one update is undoable at a time, and the
-  // pushes of later steps are dropped); async has no step to reopen at.
+  // pushes of later steps are dropped); async has no step to reopen at
+  // (Reopen keeps an async shard's state as it is for a membership change
+  // only).
   bool reopens() const { return rejoin() == Rejoin::kReopenInPlace; }
 
  private:

@@ -541,5 +541,94 @@ TEST(ElasticTest, StalenessGrowsAndShrinksTrainingEverySampleOnce) {
   EXPECT_GT(Accuracy(output), 0.7) << output;
 }
 
+// Worker `w`'s record: its steps in the order trained, and how many times
+// it trained each sample of epoch 0.
+struct WorkerRecord {
+  std::vector<int64_t> steps;
+  std::map<int64_t, int> times;
+};
+WorkerRecord ReadWorker(const std::string& dir, int w) {
+  WorkerRecord r;
+  std::ifstream in(absl::StrCat(dir, "/samples-", w, ".txt"));
+  std::string line;
+  while (std::getline(in, line)) {
+    std::istringstream fields(line);
+    int64_t epoch, step, sample;
+    fields >> epoch >> step;
+    r.steps.push_back(step);
+    while (fields >> sample) ++r.times[sample];
+  }
+  return r;
+}
+
+// Async workers come and go (a membership change reopens the shards at
+// their own state, from worker 0's step s): one LeNet-5 epoch grows from
+// 2 workers to 3 at step 100 and shrinks back to 2 at step 400 (worker 2
+// leaves), worker 1 a straggler (10 ms a step) that is behind worker 0 at
+// both changes. A member behind s trains its old split's blocks up to s,
+// then the new split (ElasticMembership::Follow), so worker 1 trains
+// steps 0, 1, 2, ... each once, however far worker 0 ran alone at the
+// start, and no sample is trained twice by workers 0 and 1; worker 2
+// trains only from the first change to about the second, and the epoch
+// is trained up to what worker 2 skipped or repeated when it left behind
+// or ahead of worker 0 (async is not exact there).
+TEST(ElasticTest, AsyncWorkersComeAndGo) {
+  if (!HaveFashionMnist()) GTEST_SKIP() << "dataset-fashion-mnist missing";
+  const ElasticFiles files = PrepareRun("async", "num_workers=3 at_step=100");
+  std::vector<std::string> argv =
+      ElasticArgv(files, {"--mode=async", "--max_workers=3", "--min_workers=1",
+                          "--straggler=1:10"});
+  std::replace(argv.begin(), argv.end(), std::string("--epochs=2"),
+               std::string("--epochs=1"));
+  Process run(argv, files.log, {"PSTRAIN_RECORD_SAMPLES=" + files.records});
+  ASSERT_TRUE(Logged(files.log, "membership 1: 2 -> 3 workers"))
+      << ReadTextFile(files.log);
+  AppendLine(files.control, "num_workers=2 at_step=400");
+  const int exit_code = run.Wait(300);
+  const std::string output = ReadTextFile(files.log);
+  ASSERT_EQ(exit_code, 0) << output;
+  const int64_t grown_at = StepOfChange(output, "membership 1: 2 -> 3 workers");
+  const int64_t shrunk_at =
+      StepOfChange(output, "membership 2: 3 -> 2 workers");
+  ASSERT_GE(grown_at, 100) << output;
+  ASSERT_GE(shrunk_at, 400) << output;
+  EXPECT_NE(output.find("worker 2 is not a member"), std::string::npos)
+      << output;
+
+  const Recorded r = ReadRecords(files.records, 3);
+  const WorkerRecord w0 = ReadWorker(files.records, 0);
+  const WorkerRecord w1 = ReadWorker(files.records, 1);
+  ASSERT_FALSE(w1.steps.empty()) << output;
+  for (size_t i = 0; i < w1.steps.size(); ++i) {
+    ASSERT_EQ(w1.steps[i], static_cast<int64_t>(i)) << output;
+  }
+  for (const auto& [sample, times] : w0.times) {
+    EXPECT_EQ(times, 1) << "sample " << sample;
+  }
+  for (const auto& [sample, times] : w1.times) {
+    EXPECT_EQ(times + (w0.times.count(sample) ? w0.times.at(sample) : 0), 1)
+        << "sample " << sample;
+  }
+  int64_t worker2_steps = 0;
+  for (const auto& [step, workers] : r.workers_of_step) {
+    for (int w : workers) {
+      if (w != 2) continue;
+      ++worker2_steps;
+      EXPECT_GE(step, grown_at) << "worker 2 trained step " << step;
+      // (It may have run ahead of worker 0 before it left.)
+      EXPECT_LT(step, shrunk_at + 300) << "worker 2 trained step " << step;
+    }
+  }
+  EXPECT_GT(worker2_steps, (shrunk_at - grown_at) / 4) << output;
+  int64_t trained = 0;
+  for (const auto& [key, times] : r.times_trained) {
+    EXPECT_EQ(key.first, 0);
+    trained += times;
+  }
+  EXPECT_NEAR(static_cast<double>(trained), kTrainSamples, 0.1 * kTrainSamples)
+      << output;
+  EXPECT_GT(Accuracy(output), 0.7) << output;
+}
+
 }  // namespace
 }  // namespace pstrain

@@ -9,8 +9,8 @@ namespace pstrain {
 
 DataPositions::DataPositions(int64_t samples_per_epoch,
                              int64_t max_steps_per_epoch, int epochs,
-                             uint64_t seed, int64_t batch_size,
-                             int num_workers, int rank)
+                             uint64_t seed, int64_t batch_size, int num_workers,
+                             int rank)
     : samples_per_epoch_(samples_per_epoch),
       max_steps_per_epoch_(max_steps_per_epoch),
       epochs_(epochs),
@@ -20,6 +20,7 @@ DataPositions::DataPositions(int64_t samples_per_epoch,
       rank_(rank) {
   Segment first;
   first.members = num_workers;
+  first.rank = rank;
   segments_.push_back(first);
   ComputeTotal();
 }
@@ -32,8 +33,8 @@ int64_t DataPositions::StepsFrom(int64_t offset, int64_t steps_done,
     steps = std::max<int64_t>(0, samples_per_epoch_ - offset) / per_step;
   }
   if (max_steps_per_epoch_ > 0) {
-    steps = std::min(
-        steps, std::max<int64_t>(0, max_steps_per_epoch_ - steps_done));
+    steps = std::min(steps,
+                     std::max<int64_t>(0, max_steps_per_epoch_ - steps_done));
   }
   return steps;
 }
@@ -73,6 +74,21 @@ const DataPositions::Segment& DataPositions::SegmentOf(int64_t step) const {
   return segments_[i];
 }
 
+DataPositions::Split DataPositions::SplitAt(int64_t step) const {
+  const Segment& segment = SegmentOf(step);
+  Split split;
+  split.members = segment.members;
+  split.rank = segment.rank;
+  split.next_rebase = std::numeric_limits<int64_t>::max() / 4;
+  for (const Segment& s : segments_) {
+    if (s.step > segment.step) {
+      split.next_rebase = s.step;
+      break;
+    }
+  }
+  return split;
+}
+
 int64_t DataPositions::SegmentStart(int64_t step) const {
   return SegmentOf(step).step;
 }
@@ -83,8 +99,8 @@ DataPositions::Place DataPositions::Locate(int64_t step) const {
 
 void DataPositions::ComputeTotal() {
   const Segment& last = segments_.back();
-  total_steps_ = LocateIn(last, std::numeric_limits<int64_t>::max() / 2)
-                     .epoch_end;
+  total_steps_ =
+      LocateIn(last, std::numeric_limits<int64_t>::max() / 2).epoch_end;
 }
 
 void DataPositions::Rebase(int64_t step, int epoch, int64_t offset,
@@ -98,6 +114,7 @@ void DataPositions::Rebase(int64_t step, int epoch, int64_t offset,
   segment.place.offset = offset;
   segment.place.step_in_epoch = step_in_epoch;
   segment.members = members;
+  segment.rank = rank;
   segments_.push_back(segment);
   members_ = members;
   rank_ = rank;
@@ -123,10 +140,10 @@ DataPosition DataPositions::At(int64_t step) const {
 absl::Status DataPositions::Resume(int64_t step, const DataPosition& saved,
                                    const std::string& where) {
   if (saved.batch_size != batch_size_ || saved.seed != seed_) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        where, ": saved with batch size ", saved.batch_size, " and seed ",
-        saved.seed, "; this job has ", batch_size_, " and ", seed_,
-        ": its data position cannot be restored"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, ": saved with batch size ", saved.batch_size,
+                     " and seed ", saved.seed, "; this job has ", batch_size_,
+                     " and ", seed_, ": its data position cannot be restored"));
   }
   const int64_t offset =
       saved.offset >= 0

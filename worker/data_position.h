@@ -53,8 +53,8 @@ class DataPositions {
   // the two > 0), `num_workers` members of which this worker has rank
   // `rank`, from step 0.
   DataPositions(int64_t samples_per_epoch, int64_t max_steps_per_epoch,
-                int epochs, uint64_t seed, int64_t batch_size,
-                int num_workers, int rank = 0);
+                int epochs, uint64_t seed, int64_t batch_size, int num_workers,
+                int rank = 0);
 
   int epochs() const { return epochs_; }
   int members() const { return members_; }
@@ -100,12 +100,27 @@ class DataPositions {
   // epoch begins at the step it goes on from).
   int64_t SkipInEpoch(int64_t step, int64_t jumped) const;
 
+  // Who trains `step`: the members and this worker's rank of the rebase
+  // at or before it, and where the next rebase begins (a large number if
+  // none). Only an async worker that was behind worker 0 at a membership
+  // change trains steps before the last rebase (its own blocks of the
+  // old split, up to worker 0's step: ElasticMembership::Follow); in
+  // every other case `step` is in the last one.
+  struct Split {
+    int members = 1;
+    int rank = 0;
+    int64_t next_rebase = 0;
+  };
+  Split SplitAt(int64_t step) const;
+
  private:
-  // A rebase: from `step` on, `members` workers, `step` at `place`.
+  // A rebase: from `step` on, `members` workers of which this one has
+  // rank `rank`, `step` at `place`.
   struct Segment {
     int64_t step = 0;
     Place place;
     int members = 1;
+    int rank = 0;
   };
   // Steps an epoch of `members` workers has left from `offset` after
   // `steps_done` of its steps.

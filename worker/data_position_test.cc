@@ -161,6 +161,24 @@ TEST(DataPositionsTest, ARebaseIsForgottenWhenARestoreGoesBeforeIt) {
   EXPECT_EQ(positions.rank(), 1);
 }
 
+// An async worker behind worker 0 at a membership change trains the old
+// split up to the rebase: each step's split is its segment's, and the
+// slice before the rebase ends there.
+TEST(DataPositionsTest, EachStepHasItsSegmentsSplit) {
+  DataPositions positions(600, 0, 2, 7, 5, 2, /*rank=*/1);
+  positions.Rebase(20, 0, 200, 20, 3, 2);
+  const DataPositions::Split before = positions.SplitAt(12);
+  EXPECT_EQ(before.members, 2);
+  EXPECT_EQ(before.rank, 1);
+  EXPECT_EQ(before.next_rebase, 20);
+  const DataPositions::Split after = positions.SplitAt(20);
+  EXPECT_EQ(after.members, 3);
+  EXPECT_EQ(after.rank, 2);
+  EXPECT_GT(after.next_rebase, positions.total_steps());
+  EXPECT_EQ(positions.rank(), 2);
+  EXPECT_EQ(positions.Locate(12).offset, 120);
+}
+
 TEST(DataPositionsTest, AJumpSkipsTheBatchesUpToTheEpochsEnd) {
   const DataPositions positions(80, 0, 3, 7, 8, 2);
   // After step 1, 2 steps jumped: steps 2 and 3 are skipped.

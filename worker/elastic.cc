@@ -1,5 +1,6 @@
 #include "worker/elastic.h"
 
+#include <algorithm>
 #include <utility>
 #include <vector>
 
@@ -117,8 +118,9 @@ absl::StatusOr<std::optional<int64_t>> ElasticMembership::MaybeApply(
   return version;
 }
 
-absl::StatusOr<bool> ElasticMembership::Started(int64_t step) {
-  ASSIGN_OR_RETURN(const bool member, Follow(step));
+absl::StatusOr<bool> ElasticMembership::Started(int64_t* step) {
+  ASSIGN_OR_RETURN(const bool member,
+                   FollowAt(step, /*own_step=*/-1, /*at_start=*/true));
   exchange_->set_joining(false);
   return member;
 }
@@ -139,7 +141,14 @@ void ElasticMembership::AwaitVerdict() {
   }
 }
 
-absl::StatusOr<bool> ElasticMembership::Follow(int64_t step) {
+absl::StatusOr<bool> ElasticMembership::Follow(int64_t* step,
+                                               int64_t own_step) {
+  return FollowAt(step, own_step, /*at_start=*/false);
+}
+
+absl::StatusOr<bool> ElasticMembership::FollowAt(int64_t* step,
+                                                 int64_t own_step,
+                                                 bool at_start) {
   const std::optional<WorkerMembership> m = exchange_->membership();
   if (!m.has_value()) return true;
   const int rank = m->RankOf(options_.worker_id);
@@ -150,19 +159,30 @@ absl::StatusOr<bool> ElasticMembership::Follow(int64_t step) {
                               m->size(), "); leaving the job"));
     return false;
   }
-  if (m->from_step > step) {
+  const bool async_change = options_.async && m->epoch != current_.epoch;
+  if (async_change) {
+    // No step is shared: a worker behind worker 0 at the change goes on
+    // from its own step (its old split's blocks up to worker 0's step,
+    // then the new split), one ahead from worker 0's (the new split's),
+    // one that starts from worker 0's or later (a restarted one's
+    // estimate from the pushes).
+    *step = at_start ? std::max(*step, m->from_step)
+                     : std::min(own_step, m->from_step);
+  }
+  if (m->from_step > *step && !async_change) {
     return absl::InternalError(
         absl::StrCat("the shards' membership starts at step ", m->from_step,
-                     " after the step recovered to, ", step));
+                     " after the step recovered to, ", *step));
   }
   const int old = positions_->members();
   current_ = *m;
   positions_->Rebase(m->from_step, m->data_epoch, m->data_offset, m->data_steps,
                      m->size(), rank);
   if (old != m->size()) {
-    options_.say(absl::StrCat("worker ", options_.worker_id, ": membership ",
-                              m->epoch, ", ", m->size(), " workers from step ",
-                              m->from_step, " (rank ", rank, ")"));
+    options_.say(absl::StrCat(
+        "worker ", options_.worker_id, ": membership ", m->epoch, ", ",
+        m->size(), " workers from step ", m->from_step, " (rank ", rank, ")",
+        async_change ? absl::StrCat("; going on from step ", *step) : ""));
   }
   return true;
 }

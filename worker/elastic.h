@@ -35,6 +35,10 @@ class GradientExchange;
 
 struct ElasticOptions {
   int worker_id = 0;
+  // Mode async: no step is shared, so a membership change reopens the
+  // shards at worker 0's step, from which every member goes on (as every
+  // worker goes on from one step after an async restore).
+  bool async = false;
   // Worker 0: the coordinator's newest membership (TaskAgent), or none
   // known yet.
   std::function<std::optional<Membership>()> newest;
@@ -78,20 +82,28 @@ class ElasticMembership {
   // of addresses than num_ps.
   absl::StatusOr<std::optional<int64_t>> MaybeApply(int64_t step);
 
-  // After the start (or a joining worker's rejoin) at `step`: Follow(),
+  // After the start (or a joining worker's rejoin) at `*step`: Follow(),
   // and from then on a recovery takes whatever membership the shards have
   // (one without this worker: it leaves).
-  absl::StatusOr<bool> Started(int64_t step);
+  absl::StatusOr<bool> Started(int64_t* step);
 
   // Worker 0, after a failure's recovery: waits up to verdict_wait for a
   // membership newer than the one applied (a dead worker removed), which
   // the next MaybeApply() applies; returns at once if one is known.
   void AwaitVerdict();
 
-  // After a recovery or rejoin at `step`: takes the shards' membership
+  // After a recovery at `*step` of a step this worker was training at
+  // `own_step`: takes the shards' membership
   // (GradientExchange::membership()) and re-splits the epoch where it
   // says; false if this worker is not a member (it leaves the run).
-  absl::StatusOr<bool> Follow(int64_t step);
+  // Async: a membership this worker has not followed yet moves `*step` to
+  // min(own_step, its from_step): a worker behind worker 0 at the change
+  // trains its own blocks of the old split up to worker 0's step, then
+  // the new split (DataPositions::SplitAt), one ahead goes back to worker
+  // 0's step; at a start (Started), to at least from_step (a restarted
+  // worker keeps its estimate from the shards' pushes,
+  // Recovery::StepOfVersion, when that is later).
+  absl::StatusOr<bool> Follow(int64_t* step, int64_t own_step);
 
   // Worker 0: the membership to restore the shards with at `version`
   // (the current workers, and the data position at `version`).
@@ -121,6 +133,7 @@ class ElasticMembership {
  private:
   WorkerMembership Anchored(std::vector<int> workers, int64_t epoch,
                             int64_t step) const;
+  absl::StatusOr<bool> FollowAt(int64_t* step, int64_t own_step, bool at_start);
 
   ElasticOptions options_;
   // The shards worker 0 trains on (options_.num_ps, then each applied

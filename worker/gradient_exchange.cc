@@ -261,7 +261,13 @@ class PsExchange : public GradientExchange, public WeightsGate {
 
   absl::StatusOr<int64_t> ChangeMembership(const WorkerMembership& membership,
                                            absl::Duration timeout) override {
-    RETURN_IF_ERROR(SettleAtOwnStep("a membership change"));
+    // Async: nothing to settle (every push applied is final); the shards
+    // keep their state and take the membership from worker 0's step.
+    if (sync_) {
+      RETURN_IF_ERROR(SettleAtOwnStep("a membership change"));
+    } else {
+      DropStepInFlight();
+    }
     // Every shard's version; the pull below brings it into version_.
     RETURN_IF_ERROR(client_->Reopen(timeout, &membership).status());
     RETURN_IF_ERROR(client_->WaitReady(timeout, client_->generation(),
@@ -269,7 +275,7 @@ class PsExchange : public GradientExchange, public WeightsGate {
     ASSIGN_OR_RETURN(version_, client_->PushPull(0, {}, 0, 0, weights_));
     step_ = version_;
     RETURN_IF_ERROR(KeepResiduals(/*live=*/true));
-    return version_;
+    return sync_ ? version_ : membership.from_step;
   }
   absl::StatusOr<int64_t> ChangeShards(
       const std::vector<std::string>& addresses,

@@ -132,6 +132,10 @@ class GradientExchange {
   // reopen at `step`, dropping the later steps the others ran ahead.
   // Top-k residuals stay with their workers (a leaving worker's are
   // dropped, a joining one starts from zeros), see Recover().
+  // Async: the step in flight is dropped, every shard keeps its state as
+  // it is and takes `membership` from its from_step (worker 0's step),
+  // which is returned (async has no shared step; the others go on from it,
+  // ElasticMembership::Follow).
   // UNIMPLEMENTED where the exchange has no shards.
   virtual absl::StatusOr<int64_t> ChangeMembership(
       const WorkerMembership& membership, absl::Duration timeout) {

@@ -165,7 +165,9 @@ class PsClient {
   // lasts at most `timeout`.
   // `membership` (an elastic job's membership change, issue 40): the
   // workers of the new generation, from its version on; its from_step is
-  // set by each shard to the version.
+  // set by each shard to the version. Async (a membership change only):
+  // every shard keeps its state as it is and the from_step sent (async has
+  // no shared step); returns shard 0's smallest chunk version.
   absl::StatusOr<int64_t> Reopen(absl::Duration timeout,
                                  const WorkerMembership* membership = nullptr);
 

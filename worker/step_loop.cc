@@ -134,21 +134,24 @@ void StepLoop::DropSamplesLinesFrom(int64_t step) const {
 void StepLoop::BeginSlice() {
   const DataPositions::Place place = positions_.Locate(step_);
   const int64_t first = step_ - place.step_in_epoch;  // the epoch's
+  const DataPositions::Split split = positions_.SplitAt(step_);
+  slice_until_rebase_ = split.next_rebase;
+  const int64_t end = std::min(place.epoch_end, split.next_rebase);
   EpochSlice slice;
   slice.epoch = place.epoch;
-  slice.rank = positions_.rank();
-  slice.members = positions_.members();
+  slice.rank = split.rank;
+  slice.members = split.members;
   if (positions_.SegmentStart(step_) <= first) {
     // One membership since the epoch began: its batches from the first,
     // skipping those before (a streamed pipeline's augmentation draws as
     // in the run that never stopped).
-    slice.steps = place.epoch_end - first;
+    slice.steps = end - first;
     parts_.compute->BeginEpoch(slice);
     parts_.compute->SkipBatches(place.step_in_epoch);
     return;
   }
   slice.offset = place.offset;
-  slice.steps = place.epoch_end - step_;
+  slice.steps = end - step_;
   parts_.compute->BeginEpoch(slice);
 }
 
@@ -191,6 +194,9 @@ absl::StatusOr<bool> StepLoop::TrainEpoch(int epoch) {
       parts_.compute->SkipBatches(positions_.SkipInEpoch(trained, jumped_));
       jumped_ = 0;
     }
+    if (step_ >= slice_until_rebase_ && positions_.EpochOf(step_) == epoch) {
+      BeginSlice();  // the new membership's split from here
+    }
   }
   return false;
 }
@@ -209,11 +215,16 @@ absl::StatusOr<bool> StepLoop::EndEpoch(int epoch) {
 }
 
 absl::Status StepLoop::Recover(absl::Status cause) {
+  const int64_t own_step = step_;
   ASSIGN_OR_RETURN(step_, parts_.recovery->Recover(std::move(cause)));
   // Steps from the one recovered at were undone (a rollback, or, with
   // staleness, steps this worker ran ahead of the shards' decisions that
-  // a reopen dropped): their lines are no longer trained samples.
-  if (!options_.record_samples_dir.empty()) DropSamplesLinesFrom(step_);
+  // a reopen dropped): their lines are no longer trained samples. (Async
+  // undoes no step but by a restore, and is not counted exactly: its
+  // lines stay.)
+  if (!options_.record_samples_dir.empty() && !options_.async) {
+    DropSamplesLinesFrom(step_);
+  }
   // A step whose exchange failed after the shards applied it (a membership
   // change reopening the shards while this worker pulled): in sync mode
   // without backup workers its push was in.
@@ -227,7 +238,8 @@ absl::Status StepLoop::Recover(absl::Status cause) {
     // change is a reopen): re-split the epoch, or leave the job. Worker 0
     // first gives the coordinator a moment to remove a dead worker.
     parts_.elastic->AwaitVerdict();
-    ASSIGN_OR_RETURN(const bool member, parts_.elastic->Follow(step_));
+    ASSIGN_OR_RETURN(const bool member,
+                     parts_.elastic->Follow(&step_, own_step));
     if (!member) {
       removed_ = true;
       step_ = positions_.total_steps();

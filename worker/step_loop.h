@@ -205,7 +205,9 @@ class StepLoop {
   std::string DescribeSkip(const SkippedStepInfo& skip) const;
   // `cause` recovered from: step_ is the step to go on from.
   absl::Status Recover(absl::Status cause);
-  // The compute's batches from step_ to its epoch's end.
+  // The compute's batches from step_ to its epoch's end, or to the next
+  // rebase if one lies ahead (an async worker that was behind worker 0 at
+  // a membership change: DataPositions::SplitAt).
   void BeginSlice();
   // Options::sparse_rows: the rows of the step's batch and the next one's,
   // given to the exchange.
@@ -226,6 +228,8 @@ class StepLoop {
   int64_t step_ = 0;
   // The steps the last step's NextStep jumped over.
   int64_t jumped_ = 0;
+  // Where the slice BeginSlice() began ends for a rebase (see there).
+  int64_t slice_until_rebase_ = 0;
   // The epoch's losses, and the steps skipped in a row.
   double loss_sum_ = 0;
   int consecutive_skips_ = 0;

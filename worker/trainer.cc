@@ -290,9 +290,10 @@ std::unique_ptr<Recovery> CreateRecovery(const TrainerOptions& options,
 
 // An elastic job's membership (worker/elastic.h) as the options say.
 ElasticOptions ElasticOptionsOf(const TrainerOptions& options,
-                                const LineFn& say) {
+                                const RunKind& kind, const LineFn& say) {
   ElasticOptions elastic;
   elastic.worker_id = options.worker_id;
+  elastic.async = kind.async;
   elastic.newest = options.newest_membership;
   elastic.num_ps = static_cast<int>(options.ps_addresses.size());
   elastic.applied = options.membership_applied;
@@ -375,7 +376,14 @@ absl::StatusOr<int64_t> StartExchange(
     // A restarted task: the shards run already.
     if (joins) exchange.set_joining(true);
     if (joins && options.prepared) options.prepared();
+    const int64_t own_start = step;
     ASSIGN_OR_RETURN(step, recovery.Rejoin(workload.weights()));
+    // An async elastic job's first workers start where a fixed async
+    // job's do (step 0, or the resume's step), however far worker 0 ran
+    // without them (async waits for nobody; the shards' pushes would place
+    // them ahead, skipping their first batches); one a Scale added goes on
+    // from its membership's step (ElasticMembership::Started).
+    if (kind.async && !options.rejoin) step = own_start;
   } else {
     const bool resumes =
         (options.worker_id == 0 || kind.allreduce) && options.resume;
@@ -608,7 +616,8 @@ absl::StatusOr<TrainerOutput> RunWorker(const TrainerOptions& options,
       CreateRecovery(options, kind, workload.get(), exchange.get(), say);
   std::optional<ElasticMembership> elastic;
   if (options.elastic && !kind.allreduce) {
-    elastic.emplace(ElasticOptionsOf(options, say), &positions, exchange.get());
+    elastic.emplace(ElasticOptionsOf(options, kind, say), &positions,
+                    exchange.get());
     if (chief) {
       exchange->set_restore_membership(
           [&elastic](int64_t version) { return elastic->AtVersion(version); });
@@ -618,11 +627,11 @@ absl::StatusOr<TrainerOutput> RunWorker(const TrainerOptions& options,
   LossScaler loss_scaler;
   LossScaler* const scaler =
       options.precision == PRECISION_FP16 ? &loss_scaler : nullptr;
-  ASSIGN_OR_RETURN(const int64_t start_step,
+  ASSIGN_OR_RETURN(int64_t start_step,
                    StartExchange(options, kind, positions, *workload, *exchange,
                                  *recovery, scaler, say));
   if (elastic.has_value()) {
-    ASSIGN_OR_RETURN(const bool member, elastic->Started(start_step));
+    ASSIGN_OR_RETURN(const bool member, elastic->Started(&start_step));
     if (!member) return TrainerOutput{};
   }
   // Worker 0's checkpoints, due by CheckpointSchedule (time counted from
