@@ -326,18 +326,18 @@ CommandInfo RunInfo() {
               "Continue from --checkpoint_dir's newest checkpoint "
               "(weights, optimizer state, step, data position)."},
              {"max_workers",
-              "Mode sync: an elastic job of at most this many workers "
-              "(num_workers to 4096; 0: not elastic), scaled with "
+              "Modes sync and async: an elastic job of at most this many "
+              "workers (num_workers to 4096; 0: not elastic), scaled with "
               "--control_file."},
              {"min_workers",
-              "Mode sync: a worker whose restart budget is spent is removed "
-              "instead of failing the job while this many remain (0: "
-              "never)."},
+              "Modes sync and async: a worker whose restart budget is spent "
+              "is removed instead of failing the job while this many remain "
+              "(0: never)."},
              {"linear_lr_scaling",
               "Elastic workers: each membership's lr is --lr x members / "
               "num_workers (Goyal et al. 2017's linear scaling rule)."},
              {"max_ps",
-              "Mode sync: at most this many shards (num_ps "
+              "Modes sync and async: at most this many shards (num_ps "
               "to 64; 0: the shards fixed); --control_file's num_ps=M moves "
               "the state onto M shards while the job runs."},
              {"control_file",
@@ -455,7 +455,8 @@ std::vector<CommandInfo> JobInfos() {
        "[--coordinator=HOST:PORT]",
        "Changes the number of workers (its spec's max_workers) or of "
        "parameter-server shards (max_ps) of a running elastic job, mode "
-       "sync, and prints the new membership: worker 0 applies it at a step "
+       "sync or async, and prints the new membership: worker 0 applies it at a "
+       "step "
        "boundary once every new worker and shard has registered (new shards "
        "receive the state, removed ones exit). N from max(1, min_workers) "
        "to max_workers, M from 1 to max_ps; at least one of the two; the "

@@ -437,11 +437,12 @@ absl::Status CheckElastic(const JobConfig& config) {
 }
 
 // Elastic shards (issue 40): max_ps, its range and where moving the state
-// to another number of shards is refused. The state moves at a step
-// boundary where every shard holds one decided version of every chunk:
-// sync only (with staleness, worker 0 waits there until every shard has
-// decided its last step; not with staleness and backup workers, as a
-// worker membership). Top-k residuals
+// to another number of shards is refused. Sync: the state moves at a step
+// boundary where every shard holds one decided version of every chunk
+// (with staleness, worker 0 waits there until every shard has decided its
+// last step; not with staleness and backup workers, as a worker
+// membership); async: as it is, each chunk at its own version. Top-k
+// residuals
 // stay with their workers (GradientExchange::ChangeShards).
 absl::Status CheckElasticShards(const JobConfig& config) {
   const JobSpec& spec = config.spec;
@@ -454,14 +455,6 @@ absl::Status CheckElasticShards(const JobConfig& config) {
   }
   RETURN_IF_ERROR(CheckRange("max_ps", value, spec.num_ps(), kMaxElasticPs,
                              "(num_ps to 64; 0: the shards fixed)"));
-  if (config.mode == MODE_ASYNC) {
-    return Bad("max_ps", absl::StrCat(value,
-                                      " with mode async; expected 0 (the "
-                                      "state moves to another number of "
-                                      "shards at a step boundary where every "
-                                      "shard holds one decided version: sync "
-                                      "only)"));
-  }
   if (spec.staleness() > 0 && spec.backup_workers() > 0) {
     return Bad("max_ps",
                absl::StrCat(value, " with staleness ", spec.staleness(),

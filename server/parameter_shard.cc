@@ -300,12 +300,12 @@ absl::StatusOr<int64_t> ParameterShard::Reopen(
   // membership change, its state kept as it is (every push applied is
   // final); after a death it restores the checkpoint (StepPolicy).
   const bool async = !policy_.has_steps();
-  if (async && (membership == nullptr || close)) {
+  if (async && membership == nullptr && !close) {
     return absl::FailedPreconditionError(absl::StrCat(
         shard,
         " runs async: it reopens at its own state only for a membership "
-        "change (after a failure it restores the checkpoint; its state "
-        "moves to other shards only at a step boundary of sync mode)"));
+        "change or a move of its state (after a failure it restores the "
+        "checkpoint)"));
   }
   if (generation <= generation_.load()) {
     return absl::FailedPreconditionError(
@@ -320,7 +320,7 @@ absl::StatusOr<int64_t> ParameterShard::Reopen(
     broken_.store(true);
   }
   absl::MutexLock step_lock(&step_mu_);
-  if (async) return ReopenAsyncLocked(generation, *membership);
+  if (async) return ReopenAsyncLocked(generation, membership, close);
   const int64_t version = decided_step_ + 1;
   if (expected_version >= 0 && version != expected_version) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -369,11 +369,15 @@ absl::StatusOr<int64_t> ParameterShard::Reopen(
 }
 
 int64_t ParameterShard::ReopenAsyncLocked(int64_t generation,
-                                          const WorkerMembership& membership) {
+                                          const WorkerMembership* membership,
+                                          bool close) {
   generation_.store(generation);
-  closed_.store(false);
+  closed_.store(close);
   std::vector<bool> member(options_.num_workers, false);
-  for (int w : membership.workers) member[w] = true;
+  for (int w :
+       (membership != nullptr ? *membership : this->membership()).workers) {
+    member[w] = true;
+  }
   int64_t version = -1;
   for (const std::unique_ptr<ChunkState>& c : chunks_) {
     absl::MutexLock chunk_lock(&c->mu);
@@ -391,7 +395,7 @@ int64_t ParameterShard::ReopenAsyncLocked(int64_t generation,
   }
   // Async has no shared step: the membership starts at worker 0's
   // (from_step as sent), the chunks keep their own versions.
-  SetMembershipLocked(membership);
+  if (membership != nullptr) SetMembershipLocked(*membership);
   broken_.store(false);
   NoteUpdate();
   return std::max<int64_t>(version, 0);

@@ -340,8 +340,8 @@ class ParameterShard {
   // their own (a worker may die between its step ends to two shards), so the
   // caller compares the versions of every shard and restores a checkpoint if
   // they differ. FAILED_PRECONDITION, the shard's state unchanged (its barrier
-  // broken): not initialised (a restarted shard), async mode without a
-  // membership or with `close`, `generation` not above the shard's,
+  // broken): not initialised (a restarted shard), async mode with neither
+  // a membership nor `close`, `generation` not above the shard's,
   // `expected_version` >= 0 and not d + 1, or a chunk not at version d + 1
   // or d + 2.
   //
@@ -353,8 +353,9 @@ class ParameterShard {
   // the generation and membership change and nothing else (every push
   // applied is final, each chunk keeps its version; `expected_version` is
   // not checked; the membership keeps the from_step sent, worker 0's
-  // step); the buffers' average forgets the workers that left; returns
-  // the smallest chunk version.
+  // step; with `close`, its state as it is for the move); the buffers'
+  // average forgets the workers that left; returns the smallest chunk
+  // version.
   //
   // `close` (an elastic job moving its state onto another number of
   // shards, issue 40; PsService Export): the shard also stays closed to
@@ -859,10 +860,11 @@ class ParameterShard {
   // generation frozen.
   void SetMembershipLocked(const WorkerMembership& membership)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(init_mu_);
-  // Reopen() of an async shard for `membership` (checked), the older
-  // generation frozen: see Reopen(). Returns the smallest chunk version.
+  // Reopen() of an async shard for `membership` (checked; null: kept) or
+  // `close`, the older generation frozen: see Reopen(). Returns the
+  // smallest chunk version.
   int64_t ReopenAsyncLocked(int64_t generation,
-                            const WorkerMembership& membership)
+                            const WorkerMembership* membership, bool close)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(init_mu_, step_mu_);
   // INVALID_ARGUMENT naming the chunk, step and element if `values` (a
   // pushed gradient, or buffer values) holds a NaN or an infinity.

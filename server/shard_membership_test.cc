@@ -260,7 +260,8 @@ TEST(ShardMembershipTest, AMalformedMembershipChangesNothing) {
 // worker's pushes, and applies the new member's at once. The buffer (the
 // second tensor: the average of the members' latest values) forgets the
 // worker that left. Without a membership (a failure) an async shard does
-// not reopen: it restores the checkpoint.
+// not reopen: it restores the checkpoint; for a move of its state it
+// closes as it is.
 TEST(ShardMembershipTest, AsyncKeepsItsStateAndTakesWorkerZerosStep) {
   ShardOptions async = Options(3, 2);
   async.mode = SyncMode::kAsync;
@@ -304,6 +305,17 @@ TEST(ShardMembershipTest, AsyncKeepsItsStateAndTakesWorkerZerosStep) {
   EXPECT_FLOAT_EQ(after[0][0], before[0][0] - 0.5f);
   // Worker 0's 1 (its latest) and worker 2's 5; worker 1's 3 forgotten.
   EXPECT_FLOAT_EQ(after[2][0], 3.0f);
+
+  // A move of its state to other shards (PsService Export): closed at a
+  // new generation as it is, the membership kept.
+  absl::StatusOr<int64_t> closed = shard.Reopen(2, -1, nullptr, true);
+  ASSERT_TRUE(closed.ok()) << closed.status();
+  EXPECT_TRUE(shard.closed());
+  EXPECT_EQ(*closed, 3);
+  EXPECT_EQ(shard.membership().workers, grown.workers);
+  EXPECT_EQ(push(2, 1.0f, 1).code(), absl::StatusCode::kAborted);
+  EXPECT_EQ(shard.WaitReady(absl::Now() + absl::Milliseconds(50), 2).code(),
+            absl::StatusCode::kDeadlineExceeded);
 }
 
 }  // namespace

@@ -563,11 +563,12 @@ WorkerRecord ReadWorker(const std::string& dir, int w) {
 
 // Async workers come and go (a membership change reopens the shards at
 // their own state, from worker 0's step s): one LeNet-5 epoch grows from
-// 2 workers to 3 at step 100 and shrinks back to 2 at step 400 (worker 2
-// leaves), worker 1 a straggler (10 ms a step) that is behind worker 0 at
-// both changes. A member behind s trains its old split's blocks up to s,
-// then the new split (ElasticMembership::Follow), so worker 1 trains
-// steps 0, 1, 2, ... each once, however far worker 0 ran alone at the
+// 2 workers to 3 at step 100, moves from 2 shards to 3 at step 250 (each
+// chunk as it is, at its own version) and shrinks back to 2 workers at
+// step 400 (worker 2 leaves), worker 1 a straggler (10 ms a step) that is
+// behind worker 0 at every change. A member behind s trains its old split's
+// blocks up to s, then the new split (ElasticMembership::Follow), so worker 1
+// trains steps 0, 1, 2, ... each once, however far worker 0 ran alone at the
 // start, and no sample is trained twice by workers 0 and 1; worker 2
 // trains only from the first change to about the second, and the epoch
 // is trained up to what worker 2 skipped or repeated when it left behind
@@ -577,11 +578,14 @@ TEST(ElasticTest, AsyncWorkersComeAndGo) {
   const ElasticFiles files = PrepareRun("async", "num_workers=3 at_step=100");
   std::vector<std::string> argv =
       ElasticArgv(files, {"--mode=async", "--max_workers=3", "--min_workers=1",
-                          "--straggler=1:10"});
+                          "--max_ps=3", "--straggler=1:10"});
   std::replace(argv.begin(), argv.end(), std::string("--epochs=2"),
                std::string("--epochs=1"));
   Process run(argv, files.log, {"PSTRAIN_RECORD_SAMPLES=" + files.records});
   ASSERT_TRUE(Logged(files.log, "membership 1: 2 -> 3 workers"))
+      << ReadTextFile(files.log);
+  AppendLine(files.control, "num_ps=3 at_step=250");
+  ASSERT_TRUE(Logged(files.log, "membership 2: 3 -> 3 workers, 2 -> 3 shards"))
       << ReadTextFile(files.log);
   AppendLine(files.control, "num_workers=2 at_step=400");
   const int exit_code = run.Wait(300);
@@ -589,7 +593,7 @@ TEST(ElasticTest, AsyncWorkersComeAndGo) {
   ASSERT_EQ(exit_code, 0) << output;
   const int64_t grown_at = StepOfChange(output, "membership 1: 2 -> 3 workers");
   const int64_t shrunk_at =
-      StepOfChange(output, "membership 2: 3 -> 2 workers");
+      StepOfChange(output, "membership 3: 3 -> 2 workers");
   ASSERT_GE(grown_at, 100) << output;
   ASSERT_GE(shrunk_at, 400) << output;
   EXPECT_NE(output.find("worker 2 is not a member"), std::string::npos)

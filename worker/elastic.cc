@@ -73,12 +73,16 @@ absl::StatusOr<std::optional<int64_t>> ElasticMembership::MaybeApply(
     const int64_t epoch = newest->epoch();
     // The data position of the shards' version (backup workers may have
     // decided steps past worker 0's), under the old membership.
+    // Async: no step is shared; the new layout's membership starts at
+    // worker 0's.
     ASSIGN_OR_RETURN(version, exchange_->ChangeShards(
                                   addresses,
-                                  [this, &workers, epoch](int64_t v) {
-                                    return Anchored(workers, epoch, v);
+                                  [this, &workers, epoch, step](int64_t v) {
+                                    return Anchored(workers, epoch,
+                                                    options_.async ? step : v);
                                   },
                                   options_.timeout));
+    if (options_.async) version = step;
     num_ps_ = newest->num_ps();
     current_ = Anchored(workers, epoch, version);
   } else {
@@ -178,7 +182,7 @@ absl::StatusOr<bool> ElasticMembership::FollowAt(int64_t* step,
   current_ = *m;
   positions_->Rebase(m->from_step, m->data_epoch, m->data_offset, m->data_steps,
                      m->size(), rank);
-  if (old != m->size()) {
+  if (old != m->size() || async_change) {
     options_.say(absl::StrCat(
         "worker ", options_.worker_id, ": membership ", m->epoch, ", ",
         m->size(), " workers from step ", m->from_step, " (rank ", rank, ")",

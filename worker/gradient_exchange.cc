@@ -280,11 +280,19 @@ class PsExchange : public GradientExchange, public WeightsGate {
   absl::StatusOr<int64_t> ChangeShards(
       const std::vector<std::string>& addresses,
       const MembershipAt& membership_at, absl::Duration timeout) override {
-    RETURN_IF_ERROR(SettleAtOwnStep("a change of shards"));
-    ASSIGN_OR_RETURN(ModelState state, client_->ExportState(timeout));
+    // Async: every push applied is final; the state moves as it is, each
+    // chunk at its own version.
+    if (sync_) {
+      RETURN_IF_ERROR(SettleAtOwnStep("a change of shards"));
+    } else {
+      DropStepInFlight();
+    }
+    ASSIGN_OR_RETURN(ModelState state,
+                     client_->ExportState(timeout, /*one_version=*/sync_));
     ASSIGN_OR_RETURN(std::unique_ptr<PsClient> next,
                      client_->WithShards(addresses));
-    // Sync: one version throughout (ExportState checked it).
+    // Sync: one version throughout (ExportState checked it); async: the
+    // caller's membership_at anchors worker 0's step instead.
     int64_t version = 0;
     for (const auto& ranges : state.versions) {
       if (!ranges.empty()) version = ranges.front().version;

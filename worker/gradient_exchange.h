@@ -166,7 +166,10 @@ class GradientExchange {
   // version (the shards' last decided step + 1). A failure half way leaves the
   // old shards closed: the caller recovers as from any failure (a reopen or the
   // last checkpoint opens them). Top-k residuals are the workers' and do not
-  // move. UNIMPLEMENTED without shards.
+  // move. Async: the step in flight is dropped and every chunk moves as it
+  // is, at its own version; `membership_at` is given the smallest version,
+  // which means no step (the caller anchors worker 0's step). UNIMPLEMENTED
+  // without shards.
   virtual absl::StatusOr<int64_t> ChangeShards(
       const std::vector<std::string>& addresses,
       const MembershipAt& membership_at, absl::Duration timeout) {

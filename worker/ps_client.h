@@ -227,11 +227,14 @@ class PsClient {
   // tensor at one version, which the caller restores onto the new layout
   // (Restore() through WithShards()'s client, whose generation is then
   // above G+1). FAILED_PRECONDITION where a shard cannot reopen (as
-  // Reopen()) or the shards are at different versions; DATA_LOSS for a
+  // Reopen()) or, with `one_version` (sync), the shards are at different
+  // versions; async (not `one_version`): every chunk as it is, at its own
+  // version. DATA_LOSS for a
   // shard's export that does not fit the plan. Each call lasts at most
   // `timeout`. The shards stay closed on an error: the caller recovers
   // (a restore or a reopen at a higher generation opens them).
-  absl::StatusOr<ModelState> ExportState(absl::Duration timeout);
+  absl::StatusOr<ModelState> ExportState(absl::Duration timeout,
+                                         bool one_version = true);
   const PartitionPlan& plan() const { return plan_; }
 
   // The generation this client's requests carry.

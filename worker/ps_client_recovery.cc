@@ -231,7 +231,8 @@ absl::StatusOr<std::unique_ptr<PsClient>> PsClient::WithShards(
   return client;
 }
 
-absl::StatusOr<ModelState> PsClient::ExportState(absl::Duration timeout) {
+absl::StatusOr<ModelState> PsClient::ExportState(absl::Duration timeout,
+                                                 bool one_version) {
   ASSIGN_OR_RETURN(const int64_t highest, HighestGeneration(timeout));
   const int64_t generation = highest + 1;
   // Every shard's export at once (as InitializeAs()), each chunk decoded
@@ -254,8 +255,8 @@ absl::StatusOr<ModelState> PsClient::ExportState(absl::Duration timeout) {
   RETURN_IF_ERROR(ForEachShard([&](int s) {
     return ExportShard(s, generation, timeout, &state, &chunk_versions);
   }));
-  // Every chunk once (ExportShard() refused a second), and sync: one
-  // version throughout.
+  // Every chunk once (ExportShard() refused a second), and (one_version,
+  // sync) one version throughout.
   int64_t version = -1;
   for (size_t i = 0; i < plan_.chunks().size(); ++i) {
     const ChunkSpec& c = plan_.chunks()[i];
@@ -264,7 +265,7 @@ absl::StatusOr<ModelState> PsClient::ExportState(absl::Duration timeout) {
           "shard ", c.shard, " (", addresses_[c.shard],
           ") did not export chunk (", c.param_id, ", ", c.chunk_index, ")"));
     }
-    if (version >= 0 && chunk_versions[i] != version) {
+    if (one_version && version >= 0 && chunk_versions[i] != version) {
       return absl::FailedPreconditionError(absl::StrCat(
           "shard ", c.shard, " (", addresses_[c.shard], ") is at version ",
           chunk_versions[i], " and another chunk at ", version,
