@@ -58,9 +58,9 @@ Fashion-MNIST's 10,000 test images takes ~160 s on 2 cores, the synthetic
 set's 1,000 a tenth of it), so its accuracies are only compared with each
 other.
 
-With --mode=async every run (the baseline too) is async (workers only:
-an async job's shards are fixed): worker 0 reopens the shards at their own
-state from its step, and every member goes on from there.
+With --mode=async every run (the baseline too) is async: worker 0 reopens
+the shards at their own state (or moves each chunk as it is) from its step,
+and every member follows from its own place (docs/ARCHITECTURE.md, "Async").
 
 With --staleness=S every run (the baseline too) has bounded staleness S:
 worker 0 first waits until every shard has decided its last step, then
@@ -356,13 +356,10 @@ def main():
     parser.add_argument("--staleness", type=int, default=0,
                         help="bounded staleness of every run (0: none)")
     parser.add_argument("--mode", default="sync", choices=["sync", "async"],
-                        help="every run's mode (async: workers only)")
+                        help="every run's mode")
     parser.add_argument("--log_dir", default="",
                         help="keep every run's output here (default: none)")
     args = parser.parse_args()
-    if args.mode == "async" and "shards" in args.kinds.split(","):
-        parser.error("--kinds=shards with --mode=async: an async job's "
-                     "shards are fixed (max_ps needs sync's step boundary)")
     if args.mode == "async" and args.staleness > 0:
         parser.error("--staleness with --mode=async: staleness bounds sync "
                      "steps")

@@ -289,6 +289,14 @@ std::unique_ptr<Recovery> CreateRecovery(const TrainerOptions& options,
 }
 
 // An elastic job's membership (worker/elastic.h) as the options say.
+// Which batch each step trains, from step 0 with the job's workers.
+DataPositions PositionsOf(const TrainerOptions& options,
+                          const Workload& workload) {
+  return DataPositions(
+      workload.samples_per_epoch(), options.max_steps_per_epoch, options.epochs,
+      options.seed, options.batch_size, options.num_workers, options.worker_id);
+}
+
 ElasticOptions ElasticOptionsOf(const TrainerOptions& options,
                                 const RunKind& kind, const LineFn& say) {
   ElasticOptions elastic;
@@ -602,10 +610,7 @@ absl::StatusOr<TrainerOutput> RunWorker(const TrainerOptions& options,
       workload->SetWeightsGate(gate);
     }
   }
-  DataPositions positions(workload->samples_per_epoch(),
-                          options.max_steps_per_epoch, options.epochs,
-                          options.seed, options.batch_size, options.num_workers,
-                          options.worker_id);
+  DataPositions positions = PositionsOf(options, *workload);
   const bool checkpointing =
       options.checkpoint_every_steps > 0 || options.checkpoint_every_secs > 0;
   if ((options.resume || checkpointing) && options.checkpoint_dir.empty()) {
