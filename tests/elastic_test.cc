@@ -634,5 +634,33 @@ TEST(ElasticTest, AsyncWorkersComeAndGo) {
   EXPECT_GT(Accuracy(output), 0.7) << output;
 }
 
+// An elastic async job restores the checkpoint when a shard dies, as any
+// async job, with the membership anchored at the step the workers go on
+// from (a restore's version counts pushes): grown to 3 workers, then ps 1
+// killed; the job ends 0 (the restored membership once started after the
+// workers' step, an INTERNAL error).
+TEST(ElasticTest, AsyncJobSurvivesAKilledShard) {
+  if (!HaveFashionMnist()) GTEST_SKIP() << "dataset-fashion-mnist missing";
+  const ElasticFiles files =
+      PrepareRun("async_killed", "num_workers=3 at_step=100");
+  std::vector<std::string> argv =
+      ElasticArgv(files, {"--mode=async", "--max_workers=3", "--max_restarts=2",
+                          "--checkpoint_every_steps=100"});
+  std::replace(argv.begin(), argv.end(), std::string("--epochs=2"),
+               std::string("--epochs=1"));
+  Process run(argv, files.log);
+  ASSERT_TRUE(Logged(files.log, "membership 1: 2 -> 3 workers"))
+      << ReadTextFile(files.log);
+  ASSERT_TRUE(Logged(files.log, "Step400:")) << ReadTextFile(files.log);
+  ASSERT_TRUE(KillChild(run.pid(), "pstrain_ps .*--task_index=1"))
+      << ReadTextFile(files.log);
+  const int exit_code = run.Wait(300);
+  const std::string output = ReadTextFile(files.log);
+  ASSERT_EQ(exit_code, 0) << output;
+  EXPECT_NE(output.find("Restored the shards to "), std::string::npos)
+      << output;
+  EXPECT_GT(Accuracy(output), 0.7) << output;
+}
+
 }  // namespace
 }  // namespace pstrain

@@ -106,7 +106,9 @@ class ElasticMembership {
   absl::StatusOr<bool> Follow(int64_t* step, int64_t own_step);
 
   // Worker 0: the membership to restore the shards with at `version`
-  // (the current workers, and the data position at `version`).
+  // (the current workers, and the data position at `version`). Async: a
+  // restore's version counts pushes; the caller passes the step the
+  // workers go on from instead (Recovery::StepOfVersion).
   WorkerMembership AtVersion(int64_t version) const;
 
   // The shards this worker trains on: the job's first, then worker 0's

@@ -371,12 +371,15 @@ class PsExchange : public GradientExchange, public WeightsGate {
         }
         std::optional<WorkerMembership> membership;
         if (restore_membership_) {
-          // Sync: every range of the restored state has one version.
-          int64_t version = 0;
+          // Sync: every range of the restored state has one version;
+          // async: the smallest, which the workers' pulls go on from.
+          int64_t version = -1;
           for (const auto& ranges : restore->versions) {
-            if (!ranges.empty()) version = ranges.front().version;
+            for (const ModelState::Range& r : ranges) {
+              if (version < 0 || r.version < version) version = r.version;
+            }
           }
-          membership = restore_membership_(version);
+          membership = restore_membership_(std::max<int64_t>(version, 0));
         }
         ASSIGN_OR_RETURN(
             min_generation,

@@ -95,12 +95,14 @@ class Recovery {
   // yet in the model (the caller loads them as after Start()).
   absl::StatusOr<int64_t> Rejoin(const std::vector<absl::Span<float>>& weights);
 
-  bool enabled() const {
-    return options_.max_restarts > 0 || options_.elastic;
-  }
+  bool enabled() const { return options_.max_restarts > 0 || options_.elastic; }
   // Recoveries begun so far, and the most a run may begin.
   int recoveries() const { return recoveries_; }
   int max_recoveries() const { return 2 * options_.max_restarts + 2; }
+  // The step every worker goes on from after the shards came back at
+  // `version`: sync, the version; async, version / num_workers (each
+  // worker's share of the pushes).
+  int64_t StepOfVersion(int64_t version) const;
 
  private:
   bool chief() const { return options_.worker_id == 0; }
@@ -113,7 +115,6 @@ class Recovery {
       const ModelState* restore,
       const std::vector<absl::Span<float>>* rejoin_weights);
   void SayHowRestored(int64_t version);
-  int64_t StepOfVersion(int64_t version) const;
 
   const RecoveryOptions options_;
   GradientExchange* const exchange_;

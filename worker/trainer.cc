@@ -624,8 +624,9 @@ absl::StatusOr<TrainerOutput> RunWorker(const TrainerOptions& options,
     elastic.emplace(ElasticOptionsOf(options, kind, say), &positions,
                     exchange.get());
     if (chief) {
-      exchange->set_restore_membership(
-          [&elastic](int64_t version) { return elastic->AtVersion(version); });
+      exchange->set_restore_membership([&elastic, &recovery](int64_t v) {
+        return elastic->AtVersion(recovery->StepOfVersion(v));
+      });
     }
   }
   // fp16 precision: GradScaler's defaults, or the resumed checkpoint's.
