@@ -297,8 +297,9 @@ absl::StatusOr<int64_t> ParameterShard::Reopen(
                      "shard takes a checkpoint)"));
   }
   // Async has no decided step: it reopens only for an elastic job's
-  // membership change, its state kept as it is (every push applied is
-  // final); after a death it restores the checkpoint (StepPolicy).
+  // membership change or move of its state, its state kept as it is
+  // (every push applied is final); after a death it restores the
+  // checkpoint (StepPolicy).
   const bool async = !policy_.has_steps();
   if (async && membership == nullptr && !close) {
     return absl::FailedPreconditionError(absl::StrCat(

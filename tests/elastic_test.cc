@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <initializer_list>
 #include <map>
 #include <regex>
@@ -82,24 +83,35 @@ struct Recorded {
   std::map<int64_t, int64_t> epoch_of_step;
   std::map<std::pair<int64_t, int64_t>, int> times_trained;  // (epoch, sample)
 };
+// Calls `visit(epoch, step, samples)` for each line of worker `w`'s
+// record ("epoch step sample...").
+void ForEachRecordLine(
+    const std::string& dir, int w,
+    const std::function<void(int64_t, int64_t, const std::vector<int64_t>&)>&
+        visit) {
+  std::ifstream in(absl::StrCat(dir, "/samples-", w, ".txt"));
+  std::string line;
+  while (std::getline(in, line)) {
+    std::istringstream fields(line);
+    int64_t epoch, step, sample;
+    fields >> epoch >> step;
+    std::vector<int64_t> samples;
+    while (fields >> sample) samples.push_back(sample);
+    EXPECT_EQ(samples.size(), static_cast<size_t>(kBatchSize)) << line;
+    visit(epoch, step, samples);
+  }
+}
+
 Recorded ReadRecords(const std::string& dir, int max_workers) {
   Recorded r;
   for (int w = 0; w < max_workers; ++w) {
-    std::ifstream in(absl::StrCat(dir, "/samples-", w, ".txt"));
-    std::string line;
-    while (std::getline(in, line)) {
-      std::istringstream fields(line);
-      int64_t epoch, step, sample;
-      fields >> epoch >> step;
-      r.workers_of_step[step].push_back(w);
-      r.epoch_of_step[step] = epoch;
-      int n = 0;
-      while (fields >> sample) {
-        ++r.times_trained[{epoch, sample}];
-        ++n;
-      }
-      EXPECT_EQ(n, kBatchSize) << line;
-    }
+    ForEachRecordLine(
+        dir, w,
+        [&](int64_t epoch, int64_t step, const std::vector<int64_t>& samples) {
+          r.workers_of_step[step].push_back(w);
+          r.epoch_of_step[step] = epoch;
+          for (int64_t s : samples) ++r.times_trained[{epoch, s}];
+        });
   }
   return r;
 }
@@ -549,15 +561,11 @@ struct WorkerRecord {
 };
 WorkerRecord ReadWorker(const std::string& dir, int w) {
   WorkerRecord r;
-  std::ifstream in(absl::StrCat(dir, "/samples-", w, ".txt"));
-  std::string line;
-  while (std::getline(in, line)) {
-    std::istringstream fields(line);
-    int64_t epoch, step, sample;
-    fields >> epoch >> step;
-    r.steps.push_back(step);
-    while (fields >> sample) ++r.times[sample];
-  }
+  ForEachRecordLine(
+      dir, w, [&](int64_t, int64_t step, const std::vector<int64_t>& samples) {
+        r.steps.push_back(step);
+        for (int64_t s : samples) ++r.times[s];
+      });
   return r;
 }
 
