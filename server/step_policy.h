@@ -130,7 +130,7 @@ class StepPolicy {
   // staleness included (at most one update is undoable at a time, and the
   // pushes of later steps are dropped); async has no step to reopen at
   // (Reopen keeps an async shard's state as it is for a membership change
-  // only).
+  // or a move of its state only).
   bool reopens() const { return rejoin() == Rejoin::kReopenInPlace; }
 
  private:

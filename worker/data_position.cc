@@ -15,9 +15,7 @@ DataPositions::DataPositions(int64_t samples_per_epoch,
       max_steps_per_epoch_(max_steps_per_epoch),
       epochs_(epochs),
       seed_(seed),
-      batch_size_(batch_size),
-      members_(num_workers),
-      rank_(rank) {
+      batch_size_(batch_size) {
   Segment first;
   first.members = num_workers;
   first.rank = rank;
@@ -116,8 +114,6 @@ void DataPositions::Rebase(int64_t step, int epoch, int64_t offset,
   segment.members = members;
   segment.rank = rank;
   segments_.push_back(segment);
-  members_ = members;
-  rank_ = rank;
   ComputeTotal();
 }
 
@@ -160,16 +156,18 @@ absl::Status DataPositions::Resume(int64_t step, const DataPosition& saved,
         absl::StrCat(where, ": data position epoch ", saved.epoch, ", step ",
                      saved.step_in_epoch, " of it, does not fit step ", step));
   }
+  const int members = this->members();
+  const int rank = this->rank();
   segments_.clear();
-  if (offset == saved.step_in_epoch * members_ * batch_size_) {
+  if (offset == saved.step_in_epoch * members * batch_size_) {
     // The epoch so far as this membership would have trained it: one
     // segment from the epoch's first step (worker/step_loop.h begins the
     // epoch there and skips, as a run that never stopped).
     Rebase(step - saved.step_in_epoch, static_cast<int>(saved.epoch), 0, 0,
-           members_, rank_);
+           members, rank);
   } else {
     Rebase(step, static_cast<int>(saved.epoch), offset, saved.step_in_epoch,
-           members_, rank_);
+           members, rank);
   }
   return absl::OkStatus();
 }

@@ -57,14 +57,15 @@ class DataPositions {
                 int rank = 0);
 
   int epochs() const { return epochs_; }
-  int members() const { return members_; }
-  int rank() const { return rank_; }
+  // The current (last) rebase's members and this worker's rank there.
+  int members() const { return segments_.back().members; }
+  int rank() const { return segments_.back().rank; }
   int64_t batch_size() const { return batch_size_; }
   // The step the run ends at (its last step + 1) under the current
   // membership.
   int64_t total_steps() const { return total_steps_; }
   // Steps of a whole epoch under the current membership.
-  int64_t steps_per_epoch() const { return StepsFrom(0, 0, members_); }
+  int64_t steps_per_epoch() const { return StepsFrom(0, 0, members()); }
 
   // Where `step` is (the run's end: epoch == epochs()), under the
   // membership of the last rebase at or before it. Steps before the first
@@ -135,8 +136,6 @@ class DataPositions {
   const int epochs_;
   const uint64_t seed_;
   const int64_t batch_size_;
-  int members_;
-  int rank_;
   // Every rebase, by step (the first at the run's start or resume).
   std::vector<Segment> segments_;
   int64_t total_steps_ = 0;

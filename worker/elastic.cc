@@ -82,7 +82,6 @@ absl::StatusOr<std::optional<int64_t>> ElasticMembership::MaybeApply(
                                                     options_.async ? step : v);
                                   },
                                   options_.timeout));
-    if (options_.async) version = step;
     num_ps_ = newest->num_ps();
     current_ = Anchored(workers, epoch, version);
   } else {

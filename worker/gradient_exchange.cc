@@ -25,6 +25,19 @@
 namespace pstrain {
 namespace {
 
+// The smallest version of any range of `state` (0 if it has none): sync
+// state has one version throughout; async's chunks each have their own,
+// and the workers' pulls go on from the smallest.
+int64_t SmallestVersion(const ModelState& state) {
+  int64_t version = -1;
+  for (const std::vector<ModelState::Range>& ranges : state.versions) {
+    for (const ModelState::Range& r : ranges) {
+      if (version < 0 || r.version < version) version = r.version;
+    }
+  }
+  return std::max<int64_t>(version, 0);
+}
+
 class PsExchange : public GradientExchange, public WeightsGate {
  public:
   PsExchange(std::unique_ptr<PsClient> client, bool sync, bool chief,
@@ -261,13 +274,7 @@ class PsExchange : public GradientExchange, public WeightsGate {
 
   absl::StatusOr<int64_t> ChangeMembership(const WorkerMembership& membership,
                                            absl::Duration timeout) override {
-    // Async: nothing to settle (every push applied is final); the shards
-    // keep their state and take the membership from worker 0's step.
-    if (sync_) {
-      RETURN_IF_ERROR(SettleAtOwnStep("a membership change"));
-    } else {
-      DropStepInFlight();
-    }
+    RETURN_IF_ERROR(SettleAtOwnStep("a membership change"));
     // Every shard's version; the pull below brings it into version_.
     RETURN_IF_ERROR(client_->Reopen(timeout, &membership).status());
     RETURN_IF_ERROR(client_->WaitReady(timeout, client_->generation(),
@@ -280,24 +287,15 @@ class PsExchange : public GradientExchange, public WeightsGate {
   absl::StatusOr<int64_t> ChangeShards(
       const std::vector<std::string>& addresses,
       const MembershipAt& membership_at, absl::Duration timeout) override {
-    // Async: every push applied is final; the state moves as it is, each
-    // chunk at its own version.
-    if (sync_) {
-      RETURN_IF_ERROR(SettleAtOwnStep("a change of shards"));
-    } else {
-      DropStepInFlight();
-    }
+    RETURN_IF_ERROR(SettleAtOwnStep("a change of shards"));
+    // Async: every chunk moves as it is, at its own version.
     ASSIGN_OR_RETURN(ModelState state,
                      client_->ExportState(timeout, /*one_version=*/sync_));
     ASSIGN_OR_RETURN(std::unique_ptr<PsClient> next,
                      client_->WithShards(addresses));
     // Sync: one version throughout (ExportState checked it); async: the
     // caller's membership_at anchors worker 0's step instead.
-    int64_t version = 0;
-    for (const auto& ranges : state.versions) {
-      if (!ranges.empty()) version = ranges.front().version;
-    }
-    const WorkerMembership membership = membership_at(version);
+    const WorkerMembership membership = membership_at(SmallestVersion(state));
     std::vector<absl::Span<const float>> weights;
     for (const std::vector<float>& w : state.weights) {
       weights.push_back(absl::MakeConstSpan(w));
@@ -310,7 +308,7 @@ class PsExchange : public GradientExchange, public WeightsGate {
     ASSIGN_OR_RETURN(version_, client_->PushPull(0, {}, 0, 0, weights_));
     step_ = version_;
     RETURN_IF_ERROR(KeepResiduals(/*live=*/true));
-    return version_;
+    return sync_ ? version_ : membership.from_step;
   }
   std::optional<WorkerMembership> membership() const override {
     return client_->membership();
@@ -371,15 +369,7 @@ class PsExchange : public GradientExchange, public WeightsGate {
         }
         std::optional<WorkerMembership> membership;
         if (restore_membership_) {
-          // Sync: every range of the restored state has one version;
-          // async: the smallest, which the workers' pulls go on from.
-          int64_t version = -1;
-          for (const auto& ranges : restore->versions) {
-            for (const ModelState::Range& r : ranges) {
-              if (version < 0 || r.version < version) version = r.version;
-            }
-          }
-          membership = restore_membership_(std::max<int64_t>(version, 0));
+          membership = restore_membership_(SmallestVersion(*restore));
         }
         ASSIGN_OR_RETURN(
             min_generation,
@@ -459,13 +449,14 @@ class PsExchange : public GradientExchange, public WeightsGate {
   // its own, but none can decide step_ without this worker's push, so then
   // every shard stands at version step_ and reopens there; the others'
   // pushes of later steps are dropped, and they redo those steps in the
-  // new generation. FAILED_PRECONDITION in async mode (no step to reopen at)
-  // and with staleness and backup workers (the shards may have decided
-  // different steps past this worker's).
+  // new generation. Async: nothing to settle (every push applied is final,
+  // the shards keep their state as it is): the step in flight is dropped.
+  // FAILED_PRECONDITION with staleness and backup workers (the shards may
+  // have decided different steps past this worker's).
   absl::Status SettleAtOwnStep(absl::string_view what) {
     if (!sync_) {
-      return absl::FailedPreconditionError(
-          absl::StrCat(what, " reopens the shards at a step: mode sync only"));
+      DropStepInFlight();
+      return absl::OkStatus();
     }
     if (staleness_ > 0 && backup_workers_) {
       return absl::FailedPreconditionError(absl::StrCat(

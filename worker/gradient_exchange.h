@@ -168,8 +168,9 @@ class GradientExchange {
   // last checkpoint opens them). Top-k residuals are the workers' and do not
   // move. Async: the step in flight is dropped and every chunk moves as it
   // is, at its own version; `membership_at` is given the smallest version,
-  // which means no step (the caller anchors worker 0's step). UNIMPLEMENTED
-  // without shards.
+  // which means no step (the caller anchors worker 0's step), and the
+  // membership's from_step is returned, as ChangeMembership() does.
+  // UNIMPLEMENTED without shards.
   virtual absl::StatusOr<int64_t> ChangeShards(
       const std::vector<std::string>& addresses,
       const MembershipAt& membership_at, absl::Duration timeout) {

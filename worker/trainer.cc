@@ -288,7 +288,6 @@ std::unique_ptr<Recovery> CreateRecovery(const TrainerOptions& options,
       [workload] { return workload->LoadWeights(); }, say);
 }
 
-// An elastic job's membership (worker/elastic.h) as the options say.
 // Which batch each step trains, from step 0 with the job's workers.
 DataPositions PositionsOf(const TrainerOptions& options,
                           const Workload& workload) {
@@ -297,6 +296,7 @@ DataPositions PositionsOf(const TrainerOptions& options,
       options.seed, options.batch_size, options.num_workers, options.worker_id);
 }
 
+// An elastic job's membership (worker/elastic.h) as the options say.
 ElasticOptions ElasticOptionsOf(const TrainerOptions& options,
                                 const RunKind& kind, const LineFn& say) {
   ElasticOptions elastic;
