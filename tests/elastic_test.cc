@@ -3,12 +3,14 @@
 // run's control file), from 2 shards to 3 at step 300, shrinks to 3
 // workers when worker 3 is killed with its restart budget spent
 // (min_workers 2) past step 400, and goes back to 2 shards at step 500 (or
-// the first boundary after the shrink). The job ends 0, every sample of
-// each epoch is trained once (the workers record each counted step's samples:
-// PSTRAIN_RECORD_SAMPLES), the accuracy is within a point of the fixed 2x2
-// run's, and the final model evaluates to it. SKIP without Fashion-MNIST.
+// the first boundary after the shrink), checkpointing every 100 steps. The job
+// ends 0, every sample of each epoch is trained once (the workers record each
+// counted step's samples: PSTRAIN_RECORD_SAMPLES), the accuracy is within a
+// point of the fixed 2x2 run's, and the final model evaluates to it. SKIP
+// without Fashion-MNIST.
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -35,6 +37,7 @@ using testing::HaveFashionMnist;
 using testing::JoinArgv;
 using testing::KillChild;
 using testing::Process;
+using testing::ReadLatest;
 using testing::ReadTextFile;
 using testing::RunCommand;
 using testing::TempDir;
@@ -102,12 +105,18 @@ void ForEachRecordLine(
   }
 }
 
-Recorded ReadRecords(const std::string& dir, int max_workers) {
+// `undone(w, step)`: worker w's line of `step` is of a step the job undid
+// after w died (a live worker drops its lines of undone steps itself; a
+// dead one cannot), so it is not counted.
+Recorded ReadRecords(
+    const std::string& dir, int max_workers,
+    const std::function<bool(int, int64_t)>& undone = nullptr) {
   Recorded r;
   for (int w = 0; w < max_workers; ++w) {
     ForEachRecordLine(
         dir, w,
         [&](int64_t epoch, int64_t step, const std::vector<int64_t>& samples) {
+          if (undone && undone(w, step)) return;
           r.workers_of_step[step].push_back(w);
           r.epoch_of_step[step] = epoch;
           for (int64_t s : samples) ++r.times_trained[{epoch, s}];
@@ -175,7 +184,8 @@ TEST(ElasticTest, GrowsAndShrinksTrainingEverySampleOnce) {
   const std::string &dir = files.dir, &records = files.records,
                     &control = files.control, &log = files.log;
   Process run(ElasticArgv(files, {"--max_workers=4", "--min_workers=2",
-                                  "--max_restarts=0", "--max_ps=3"}),
+                                  "--max_restarts=0", "--max_ps=3",
+                                  "--checkpoint_every_steps=100"}),
               log, {"PSTRAIN_RECORD_SAMPLES=" + records});
   auto logged = [&](const std::string& text) { return Logged(log, text); };
   ASSERT_TRUE(logged("membership 1: 2 -> 4 workers")) << ReadTextFile(log);
@@ -188,6 +198,16 @@ TEST(ElasticTest, GrowsAndShrinksTrainingEverySampleOnce) {
   // ARCHITECTURE.md), worker 3 dies for good.
   ASSERT_TRUE(logged("Step400:")) << ReadTextFile(log);
   ASSERT_TRUE(logged("[worker3] worker 3: recovered in")) << ReadTextFile(log);
+  // A kill between worker 3's pushes of one step to two shards leaves them
+  // at different steps, and the job restores its newest checkpoint: one
+  // past the shard change.
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        const std::string latest = ReadLatest(dir);
+        return latest.size() > 5 && std::atoi(latest.c_str() + 5) >= 400;
+      },
+      absl::Minutes(4), absl::Milliseconds(50)))
+      << ReadTextFile(log);
   ASSERT_TRUE(KillChild(run.pid(), "pstrain_worker .*--task_index=3"));
   ASSERT_TRUE(logged("membership 3: 4 -> 3 workers")) << ReadTextFile(log);
   AppendLine(control, "num_ps=2 at_step=500");
@@ -239,8 +259,19 @@ TEST(ElasticTest, GrowsAndShrinksTrainingEverySampleOnce) {
   EXPECT_GT(shards_shrunk_at, shrunk_at);
 
   // Each step was trained by its membership's workers, and every sample
-  // once: the epoch's permutation up to a tail of less than one step.
-  const Recorded r = ReadRecords(records, 4);
+  // once: the epoch's permutation up to a tail of less than one step. The
+  // shards either reopened at worker 0's step (no step from shrunk_at on
+  // had worker 3's push) or, worker 3 killed between its pushes of a step
+  // to two shards, restored the newest checkpoint and the membership
+  // without worker 3 was applied there: its lines from shrunk_at on are
+  // of undone steps.
+  const bool restored = std::regex_search(
+      output, std::regex(R"(\[worker0\] Restored the shards to .*/step-)"));
+  std::printf("worker 3's death: shards %s\n",
+              restored ? "restored a checkpoint" : "reopened in place");
+  const Recorded r = ReadRecords(records, 4, [&](int w, int64_t step) {
+    return w == 3 && step >= shrunk_at;
+  });
   for (const auto& [step, workers] : r.workers_of_step) {
     const std::vector<int> expected = step < grown_at ? std::vector<int>{0, 1}
                                       : step < shrunk_at
