@@ -322,11 +322,23 @@ absl::StatusOr<int64_t> ParameterShard::Reopen(
   }
   absl::MutexLock step_lock(&step_mu_);
   if (async) return ReopenAsyncLocked(generation, membership, close);
-  const int64_t version = decided_step_ + 1;
+  int64_t version = decided_step_ + 1;
+  if (expected_version >= 0 && version == expected_version + 1 &&
+      LastDecisionUndoableLocked()) {
+    // Another shard has not decided step d (a worker died between its step
+    // ends to the two): this one goes back to version d, the loop below
+    // undoing d's update.
+    version = expected_version;
+  }
   if (expected_version >= 0 && version != expected_version) {
     return absl::FailedPreconditionError(absl::StrCat(
         shard, " has decided step ", decided_step_, " and reopens at version ",
-        version, ", not ", expected_version));
+        decided_step_ + 1, ", not ", expected_version,
+        version == expected_version + 1
+            ? absl::StrCat(" (step ", decided_step_,
+                           "'s update cannot be undone: its chunks hold no "
+                           "state from before it)")
+            : ""));
   }
   for (const std::unique_ptr<ChunkState>& c : chunks_) {
     absl::MutexLock chunk_lock(&c->mu);
@@ -367,6 +379,17 @@ absl::StatusOr<int64_t> ParameterShard::Reopen(
   broken_.store(false);
   NoteUpdate();
   return version;
+}
+
+bool ParameterShard::LastDecisionUndoableLocked() {
+  if (decided_step_ < 0) return false;
+  for (const std::unique_ptr<ChunkState>& c : chunks_) {
+    absl::MutexLock chunk_lock(&c->mu);
+    if (c->version != decided_step_ + 1 || c->undo_step != decided_step_) {
+      return false;
+    }
+  }
+  return true;
 }
 
 int64_t ParameterShard::ReopenAsyncLocked(int64_t generation,
@@ -544,6 +567,7 @@ ShardStats ParameterShard::Stats() const {
   stats.late_pushes = late_pushes_.load();
   stats.late_steps = late_steps_.load();
   stats.overflowed = overflowed(&stats.last_overflow);
+  stats.decided_step = policy_.has_steps() ? decided_through_.load() : -1;
   // init_mu_: chunks_ as no re-layout changes it meanwhile.
   absl::ReaderMutexLock init_lock(&init_mu_);
   if (initialized_.load()) {

@@ -256,6 +256,9 @@ struct ShardStats {
   int64_t generation = 0;
   int64_t samples = 0;
   int64_t min_version = 0;
+  // Sync: the last step decided (-1: none); what a reopen starts after
+  // (Reopen()). Async: -1.
+  int64_t decided_step = -1;
   int64_t pushes = 0;
   int64_t pulls = 0;
   // Sync: steps skipped (non-finite values); async: pushes dropped.
@@ -338,12 +341,18 @@ class ParameterShard {
   // generation's pushes and pulls end with ABORTED; its barrier is broken
   // first, so nothing changes while the shard checks. Shards decide a step on
   // their own (a worker may die between its step ends to two shards), so the
-  // caller compares the versions of every shard and restores a checkpoint if
-  // they differ. FAILED_PRECONDITION, the shard's state unchanged (its barrier
-  // broken): not initialised (a restarted shard), async mode with neither
-  // a membership nor `close`, `generation` not above the shard's,
-  // `expected_version` >= 0 and not d + 1, or a chunk not at version d + 1
-  // or d + 2.
+  // caller asks every shard for the smallest version any of them stands at
+  // (`expected_version`). A shard one decided step past it (d + 1 ==
+  // expected_version + 1) steps back when every chunk still holds its
+  // state before step d's update (plain sync: the update was applied at
+  // the barrier, and no update of d + 1 has come since): the update is
+  // undone bit for bit and the shard reopens at version d, as if the step
+  // had not been decided. FAILED_PRECONDITION, the shard's state unchanged
+  // (its barrier broken): not initialised (a restarted shard), async mode
+  // with neither a membership nor `close`, `generation` not above the
+  // shard's, `expected_version` >= 0 and neither d + 1 nor, undoable, d, or
+  // a chunk not at version d + 1 or d + 2; the caller then restores a
+  // checkpoint.
   //
   // `membership` (if not null): an elastic job's membership change (issue
   // 40): the workers of the new generation, from the version returned on
@@ -860,6 +869,10 @@ class ParameterShard {
   // generation frozen.
   void SetMembershipLocked(const WorkerMembership& membership)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(init_mu_);
+  // Sync: every chunk is at version decided_step_ + 1 holding its state
+  // from before decided_step_'s update (undo_step), so the decision can be
+  // taken back (Reopen() at version decided_step_).
+  bool LastDecisionUndoableLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(step_mu_);
   // Reopen() of an async shard for `membership` (checked; null: kept) or
   // `close`, the older generation frozen: see Reopen(). Returns the
   // smallest chunk version.

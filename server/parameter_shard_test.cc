@@ -758,6 +758,70 @@ TEST(ParameterShardTest, ReopenDropsTheUndecidedStepAndGoesOnBitForBit) {
   EXPECT_EQ(shard.Stats().min_version, 3);
 }
 
+// A worker dies between its step ends to two shards: this shard decided
+// step 1, another did not (it lacks the dead worker's end). Worker 0
+// reopens every shard at the smallest version any stands at (1): this one
+// takes its decision back, undoing step 1's update (weights and Adam
+// moments) bit for bit, and redoing steps 1 and 2 gives the model of a
+// shard that never saw the failure. Once a later update is applied over
+// it, the step cannot be taken back, and the reopen is refused.
+TEST(ParameterShardTest, ReopenTakesBackAStepAnotherShardDidNotDecide) {
+  ParameterShard shard(Options(2, SyncMode::kSync));
+  ParameterShard clean(Options(2, SyncMode::kSync));
+  ASSERT_TRUE(shard.Initialize({6, 2}, 16, InitChunks()).ok());
+  ASSERT_TRUE(clean.Initialize({6, 2}, 16, InitChunks()).ok());
+  for (ParameterShard* s : {&shard, &clean}) {
+    PushStep(*s, 0, 0, 1.0f);
+    PushStep(*s, 1, 0, -3.0f);
+    EndAll(*s, 2, 0);
+  }
+  const auto before_step1 = PullAll(shard, 1);
+  PushStep(shard, 0, 1, 4.0f);
+  PushStep(shard, 1, 1, 2.0f);
+  EndAll(shard, 2, 1);
+  EXPECT_EQ(shard.Stats().decided_step, 1);
+  ASSERT_NE(PullAll(shard, 2), before_step1);
+  shard.BreakBarrier(0, "worker 1's stream broke");
+
+  // Asked for its own version (2), it would go on from there; asked for
+  // the other shard's (1), it steps back.
+  absl::StatusOr<int64_t> version = shard.Reopen(1, /*expected_version=*/1);
+  ASSERT_TRUE(version.ok()) << version.status();
+  EXPECT_EQ(*version, 1);
+  EXPECT_EQ(shard.Stats().decided_step, 0);
+  EXPECT_EQ(shard.Stats().min_version, 1);
+  EXPECT_EQ(PullAt(shard, 1, 1), before_step1);
+  for (int64_t step : {1, 2}) {
+    PushStep(shard, 0, step, 0.5f * step, 1);
+    PushStep(shard, 1, step, -2.0f, 1);
+    for (int w = 0; w < 2; ++w) {
+      ASSERT_TRUE(shard.EndStep(w, step, nullptr, 1).ok());
+    }
+    PushStep(clean, 0, step, 0.5f * step);
+    PushStep(clean, 1, step, -2.0f);
+    EndAll(clean, 2, step);
+  }
+  EXPECT_EQ(PullAt(shard, 3, 1), PullAll(clean, 3));
+
+  // Step 3's pushes are all in (its update applied, undecided): step 2's
+  // state is gone, and a reopen at version 2 is refused, nothing changed.
+  PushStep(shard, 0, 3, 1.0f, 1);
+  PushStep(shard, 1, 3, 1.0f, 1);
+  shard.BreakBarrier(1, "worker 1's stream broke");
+  version = shard.Reopen(2, /*expected_version=*/2);
+  EXPECT_EQ(version.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(version.status().message().find(
+                "reopens at version 3, not 2 (step 2's update cannot be "
+                "undone"),
+            std::string::npos)
+      << version.status();
+  EXPECT_EQ(shard.generation(), 1);
+  // At its own version it reopens, the undecided step 3 undone.
+  version = shard.Reopen(2, /*expected_version=*/3);
+  ASSERT_TRUE(version.ok()) << version.status();
+  EXPECT_EQ(PullAt(shard, 3, 2), PullAll(clean, 3));
+}
+
 TEST(ParameterShardTest, ReopenIsRefusedWhereTheStateCannotGoOn) {
   ParameterShard fresh(Options(2, SyncMode::kSync));
   absl::StatusOr<int64_t> v = fresh.Reopen(1);

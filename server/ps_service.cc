@@ -613,6 +613,7 @@ grpc::Status PsService::Stats(grpc::ServerContext* context,
   response->set_generation(stats.generation);
   response->set_samples(stats.samples);
   response->set_min_version(stats.min_version);
+  response->set_decided_step(stats.decided_step);
   response->set_pushes(stats.pushes);
   response->set_pulls(stats.pulls);
   response->set_skipped(stats.skipped);

@@ -372,6 +372,64 @@ TEST(ElasticTest, AWorkerKilledInARecoveryIsRemovedAndTheJobGoesOn) {
   EXPECT_GT(Accuracy(output), 0.6) << output;
 }
 
+// A worker killed between its step ends to two shards: worker 1 sends
+// step 150's end to shard 0 and holds it from shard 1 (the
+// PSTRAIN_HOLD_STEP_END test aid) until it is killed with its restart
+// budget spent (3 workers, min_workers 2). Shard 0 decided step 150, shard
+// 1 did not: worker 0 reopens both at version 150, shard 0 taking its
+// decision back (ParameterShard::Reopen), instead of restoring the
+// checkpoint of step 100, and the job goes on with workers 0 and 2 from
+// step 150. Each step trained by its membership, every sample once, 300
+// steps in all.
+TEST(ElasticTest, AWorkerKilledBetweenItsStepEndsCostsNoRollback) {
+  if (!HaveFashionMnist()) GTEST_SKIP() << "dataset-fashion-mnist missing";
+  const std::string dir = TempDir() + "/between_ends";
+  const std::string records = dir + "_records", log = dir + ".log";
+  ASSERT_EQ(
+      std::system(("rm -rf " + records + " " + dir + " && mkdir -p " + records)
+                      .c_str()),
+      0);
+  std::vector<std::string> argv = RunArgv(dir);
+  for (const char* flag :
+       {"--num_workers=3", "--max_workers=3", "--min_workers=2",
+        "--max_restarts=0", "--epochs=1", "--max_steps_per_epoch=300",
+        "--checkpoint_every_steps=100"}) {
+    argv.push_back(flag);
+  }
+  Process run(
+      argv, log,
+      {"PSTRAIN_RECORD_SAMPLES=" + records, "PSTRAIN_HOLD_STEP_END=150"});
+  ASSERT_TRUE(Logged(log, "worker 1: holding step 150's end from shard 1"))
+      << ReadTextFile(log);
+  ASSERT_TRUE(KillChild(run.pid(), "pstrain_worker .*--task_index=1"));
+  const int exit_code = run.Wait(240);
+  const std::string output = ReadTextFile(log);
+  ASSERT_EQ(exit_code, 0) << output;
+  EXPECT_NE(output.find("[worker0] Reopened the shards"), std::string::npos)
+      << output;
+  EXPECT_EQ(output.find("Restored the shards"), std::string::npos) << output;
+  EXPECT_EQ(StepOfChange(output, "membership 1: 3 -> 2 workers"), 150)
+      << output;
+
+  const Recorded r = ReadRecords(records, 3);
+  EXPECT_EQ(r.workers_of_step.size(), 300u);
+  for (const auto& [step, workers] : r.workers_of_step) {
+    const std::set<int> expected =
+        step < 150 ? std::set<int>{0, 1, 2} : std::set<int>{0, 2};
+    EXPECT_EQ(std::set<int>(workers.begin(), workers.end()), expected)
+        << "step " << step;
+    EXPECT_EQ(std::set<int>(workers.begin(), workers.end()).size(),
+              workers.size())
+        << "step " << step;
+  }
+  int64_t trained = 0;
+  for (const auto& [key, times] : r.times_trained) {
+    EXPECT_EQ(times, 1) << "epoch " << key.first << ", sample " << key.second;
+    trained += times;
+  }
+  EXPECT_EQ(trained, (150 * 3 + 150 * 2) * kBatchSize);
+}
+
 // On a cluster the per-node agent starts what a Scale adds: a submitted
 // elastic job (2 workers, 2 shards; max 3 of each) under `pstrain node`,
 // scaled with `pstrain scale` (the admin key) to 3 workers and 3 shards

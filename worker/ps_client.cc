@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <deque>
 #include <thread>  // NOLINT(build/c++11)
 #include <utility>
@@ -9,6 +10,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
 #include "common/chunk_message.h"
 #include "common/rpc_options.h"
 #include "common/status.h"
@@ -398,6 +400,12 @@ absl::Status PsClient::WriteStepEnd(int lane, StepState* state,
       report->set_element(state->nonfinite->element);
       report->set_value(state->nonfinite->value);
     }
+  }
+  if (shard > 0 && state->step == options_.hold_step_end) {
+    std::fprintf(stderr, "worker %d: holding step %lld's end from shard %d\n",
+                 options_.worker_id, static_cast<long long>(state->step),
+                 shard);
+    while (true) absl::SleepFor(absl::Hours(1));
   }
   if (!s.stream->Write(EncodeSmallMessage(end))) {
     return absl::UnavailableError("stream broke");

@@ -99,6 +99,11 @@ struct PsClientOptions {
   // param_id), so that the weights the next forward needs first arrive
   // first. Pushes keep backward's order (last layers first).
   bool priority_pulls = false;
+  // A test aid (PSTRAIN_HOLD_STEP_END=STEP, worker 1 only): the end of
+  // step `hold_step_end` goes to shard 0 and is held from every other
+  // shard (the call never returns), as a worker that dies between its
+  // step ends to two shards (the test kills it there); -1: none.
+  int64_t hold_step_end = -1;
 };
 
 // One step's exchange as this worker saw it (worker/metrics.h), measured
@@ -154,10 +159,14 @@ class PsClient {
   // every shard keeps its own state as of its last decided step and takes
   // generation G+1 (G as in Restore(); InitRequest.reopen), dropping the
   // step in flight. Returns the version every shard is at, which the
-  // client then works on. FAILED_PRECONDITION if a shard cannot (a
-  // restarted shard holds no state: "shard 1 restarted ...", before any
-  // shard is reopened) or a shard's version differs from
-  // shard 0's (a worker died between its step ends to two shards; that
+  // client then works on: the smallest any shard stands at (StatsResponse
+  // .decided_step + 1), since a worker may have died between its step ends
+  // to two shards; a shard one decided step past it undoes that step's
+  // update (ParameterShard::Reopen: plain sync, bit for bit).
+  // FAILED_PRECONDITION if a shard cannot (a restarted shard holds no
+  // state: "shard 1 restarted ...", before any shard is reopened) or a
+  // shard cannot reopen at that version (further ahead, or its update of
+  // the step applied at the decision: backup workers, clipping; that
   // shard and those after it stay at the old generation, so no worker
   // works on shards at two versions): the caller restores
   // a checkpoint instead (Restore() takes a generation above any reopened
@@ -416,9 +425,12 @@ class PsClient {
 
   PsClient(const PsClientOptions& options, const PartitionPlan& plan);
   // The highest generation any shard is at (Stats of each); where
-  // `uninitialised` is given, the shards not initialised (restarted ones).
+  // `uninitialised` is given, the shards not initialised (restarted ones);
+  // where `decided_step` is, the smallest step any shard has decided (-1:
+  // none, or async).
   absl::StatusOr<int64_t> HighestGeneration(
-      absl::Duration timeout, std::vector<int>* uninitialised = nullptr);
+      absl::Duration timeout, std::vector<int>* uninitialised = nullptr,
+      int64_t* decided_step = nullptr);
   absl::Status InitializeAs(const std::vector<absl::Span<const float>>& params,
                             const ModelState* resume, int64_t generation,
                             const WorkerMembership* membership = nullptr);

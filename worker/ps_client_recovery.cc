@@ -30,7 +30,8 @@ absl::Status PsClient::Initialize(
 }
 
 absl::StatusOr<int64_t> PsClient::HighestGeneration(
-    absl::Duration timeout, std::vector<int>* uninitialised) {
+    absl::Duration timeout, std::vector<int>* uninitialised,
+    int64_t* decided_step) {
   int64_t highest = 0;
   for (int s = 0; s < num_shards(); ++s) {
     grpc::ClientContext context;
@@ -43,6 +44,10 @@ absl::StatusOr<int64_t> PsClient::HighestGeneration(
     highest = std::max(highest, response.generation());
     if (uninitialised != nullptr && !response.initialized()) {
       uninitialised->push_back(s);
+    }
+    if (decided_step != nullptr) {
+      *decided_step = s == 0 ? response.decided_step()
+                             : std::min(*decided_step, response.decided_step());
     }
   }
   return highest;
@@ -62,8 +67,9 @@ absl::StatusOr<int64_t> PsClient::Restore(
 absl::StatusOr<int64_t> PsClient::Reopen(absl::Duration timeout,
                                          const WorkerMembership* membership) {
   std::vector<int> restarted;
+  int64_t decided = -1;
   ASSIGN_OR_RETURN(const int64_t highest,
-                   HighestGeneration(timeout, &restarted));
+                   HighestGeneration(timeout, &restarted, &decided));
   if (!restarted.empty()) {
     // The ordinary shard death: nothing to reopen, the checkpoint it is.
     const bool one = restarted.size() == 1;
@@ -73,7 +79,11 @@ absl::StatusOr<int64_t> PsClient::Reopen(absl::Duration timeout,
         " no state, so every shard restores the checkpoint"));
   }
   const int64_t generation = highest + 1;
-  int64_t version = -1;
+  // Every shard at the smallest version any stands at: one a step past it
+  // (a worker died between its step ends to two shards) undoes that step.
+  // Async keeps each chunk's version (not checked).
+  const int64_t version = decided + 1;
+  int64_t reopened = version;  // async: shard 0's smallest chunk version
   for (int s = 0; s < num_shards(); ++s) {
     grpc::ClientContext context;
     SetDeadline(&context, timeout);
@@ -81,9 +91,8 @@ absl::StatusOr<int64_t> PsClient::Reopen(absl::Duration timeout,
     auto writer = stubs_[s]->Init(&context, &response);
     InitRequest first = FirstInitRequest(generation, membership);
     first.set_reopen(true);
-    // Shard 0 at its own version, the others at the same one or not at
-    // all (they then stay at the old generation until the restore).
-    first.set_reopen_version(s == 0 ? -1 : version);
+    // A shard that cannot stays at the old generation until the restore.
+    first.set_reopen_version(version);
     writer->Write(first);
     writer->WritesDone();
     const grpc::Status status = writer->Finish();
@@ -95,10 +104,10 @@ absl::StatusOr<int64_t> PsClient::Reopen(absl::Duration timeout,
       }
       return error;
     }
-    if (s == 0) version = response.version();
+    if (s == 0) reopened = response.version();
   }
   generation_ = generation;
-  return version;
+  return reopened;
 }
 
 InitRequest PsClient::FirstInitRequest(

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "absl/memory/memory.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
@@ -86,6 +87,11 @@ PsClientOptions PsClientOptionsOf(const TrainerOptions& options,
   client_options.wire_dtype = options.wire_dtype;
   client_options.channels_per_shard = options.channels_per_shard;
   client_options.priority_pulls = options.priority_pulls;
+  const char* hold = std::getenv("PSTRAIN_HOLD_STEP_END");
+  if (hold != nullptr && options.worker_id == 1 &&
+      !absl::SimpleAtoi(hold, &client_options.hold_step_end)) {
+    client_options.hold_step_end = -1;
+  }
   return client_options;
 }
 
