@@ -159,10 +159,11 @@ class PsClient {
   // every shard keeps its own state as of its last decided step and takes
   // generation G+1 (G as in Restore(); InitRequest.reopen), dropping the
   // step in flight. Returns the version every shard is at, which the
-  // client then works on: the smallest any shard stands at (StatsResponse
-  // .decided_step + 1), since a worker may have died between its step ends
-  // to two shards; a shard one decided step past it undoes that step's
-  // update (ParameterShard::Reopen: plain sync, bit for bit).
+  // client then works on: shard 0's own where every shard has decided the
+  // same step (StatsResponse.decided_step), else the smallest any stands
+  // at (a worker died between its step ends to two shards), a shard one
+  // decided step past it undoing that step's update (ParameterShard::
+  // Reopen: plain sync, bit for bit).
   // FAILED_PRECONDITION if a shard cannot (a restarted shard holds no
   // state: "shard 1 restarted ...", before any shard is reopened) or a
   // shard cannot reopen at that version (further ahead, or its update of
@@ -426,11 +427,11 @@ class PsClient {
   PsClient(const PsClientOptions& options, const PartitionPlan& plan);
   // The highest generation any shard is at (Stats of each); where
   // `uninitialised` is given, the shards not initialised (restarted ones);
-  // where `decided_step` is, the smallest step any shard has decided (-1:
-  // none, or async).
+  // where `decided_steps` is, each shard's last decided step (-1: none, or
+  // async), by shard index.
   absl::StatusOr<int64_t> HighestGeneration(
       absl::Duration timeout, std::vector<int>* uninitialised = nullptr,
-      int64_t* decided_step = nullptr);
+      std::vector<int64_t>* decided_steps = nullptr);
   absl::Status InitializeAs(const std::vector<absl::Span<const float>>& params,
                             const ModelState* resume, int64_t generation,
                             const WorkerMembership* membership = nullptr);

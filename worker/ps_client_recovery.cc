@@ -31,7 +31,7 @@ absl::Status PsClient::Initialize(
 
 absl::StatusOr<int64_t> PsClient::HighestGeneration(
     absl::Duration timeout, std::vector<int>* uninitialised,
-    int64_t* decided_step) {
+    std::vector<int64_t>* decided_steps) {
   int64_t highest = 0;
   for (int s = 0; s < num_shards(); ++s) {
     grpc::ClientContext context;
@@ -45,9 +45,8 @@ absl::StatusOr<int64_t> PsClient::HighestGeneration(
     if (uninitialised != nullptr && !response.initialized()) {
       uninitialised->push_back(s);
     }
-    if (decided_step != nullptr) {
-      *decided_step = s == 0 ? response.decided_step()
-                             : std::min(*decided_step, response.decided_step());
+    if (decided_steps != nullptr) {
+      decided_steps->push_back(response.decided_step());
     }
   }
   return highest;
@@ -67,7 +66,7 @@ absl::StatusOr<int64_t> PsClient::Restore(
 absl::StatusOr<int64_t> PsClient::Reopen(absl::Duration timeout,
                                          const WorkerMembership* membership) {
   std::vector<int> restarted;
-  int64_t decided = -1;
+  std::vector<int64_t> decided;
   ASSIGN_OR_RETURN(const int64_t highest,
                    HighestGeneration(timeout, &restarted, &decided));
   if (!restarted.empty()) {
@@ -79,11 +78,15 @@ absl::StatusOr<int64_t> PsClient::Reopen(absl::Duration timeout,
         " no state, so every shard restores the checkpoint"));
   }
   const int64_t generation = highest + 1;
-  // Every shard at the smallest version any stands at: one a step past it
-  // (a worker died between its step ends to two shards) undoes that step.
-  // Async keeps each chunk's version (not checked).
-  const int64_t version = decided + 1;
-  int64_t reopened = version;  // async: shard 0's smallest chunk version
+  // Shards that decided different steps (a worker died between its step
+  // ends to two of them) reopen at the smallest version any stands at, one
+  // a step past it undoing that step. Otherwise shard 0 at its own version
+  // (the shards of a job with backup workers may decide steps until the
+  // reopen freezes them) and the others at the same. Async keeps each
+  // chunk's version (not checked).
+  const auto [least, most] =
+      std::minmax_element(decided.begin(), decided.end());
+  int64_t version = least == decided.end() || *least == *most ? -1 : *least + 1;
   for (int s = 0; s < num_shards(); ++s) {
     grpc::ClientContext context;
     SetDeadline(&context, timeout);
@@ -104,10 +107,10 @@ absl::StatusOr<int64_t> PsClient::Reopen(absl::Duration timeout,
       }
       return error;
     }
-    if (s == 0) reopened = response.version();
+    if (s == 0) version = response.version();
   }
   generation_ = generation;
-  return reopened;
+  return version;
 }
 
 InitRequest PsClient::FirstInitRequest(
