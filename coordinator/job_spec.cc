@@ -423,16 +423,6 @@ absl::Status CheckElastic(const JobConfig& config) {
                             "allreduce job would restart every worker; not "
                             "built)"));
   }
-  if (spec.staleness() > 0 && spec.backup_workers() > 0) {
-    return Bad(field,
-               absl::StrCat(value, " with staleness ", spec.staleness(),
-                            " and backup_workers ", spec.backup_workers(),
-                            "; expected 0 (backup workers decide steps "
-                            "without worker 0, up to the staleness bound "
-                            "ahead, so the shards may stand at different "
-                            "steps when it reopens them for a new "
-                            "membership; not built yet)"));
-  }
   return absl::OkStatus();
 }
 
@@ -440,10 +430,10 @@ absl::Status CheckElastic(const JobConfig& config) {
 // to another number of shards is refused. Sync: the state moves at a step
 // boundary where every shard holds one decided version of every chunk
 // (with staleness, worker 0 waits there until every shard has decided its
-// last step; not with staleness and backup workers, as a worker
-// membership); async: as it is, each chunk at its own version. Top-k
-// residuals
-// stay with their workers (GradientExchange::ChangeShards).
+// last step; with backup workers, shard 0 holds a cut's admissions until
+// every shard has decided the steps before it); async: as it is, each
+// chunk at its own version. Top-k residuals stay with their workers
+// (GradientExchange::ChangeShards).
 absl::Status CheckElasticShards(const JobConfig& config) {
   const JobSpec& spec = config.spec;
   if (spec.max_ps() == 0) return absl::OkStatus();
@@ -455,15 +445,6 @@ absl::Status CheckElasticShards(const JobConfig& config) {
   }
   RETURN_IF_ERROR(CheckRange("max_ps", value, spec.num_ps(), kMaxElasticPs,
                              "(num_ps to 64; 0: the shards fixed)"));
-  if (spec.staleness() > 0 && spec.backup_workers() > 0) {
-    return Bad("max_ps",
-               absl::StrCat(value, " with staleness ", spec.staleness(),
-                            " and backup_workers ", spec.backup_workers(),
-                            "; expected 0 (backup workers decide steps "
-                            "without worker 0, up to the staleness bound "
-                            "ahead, so the shards may stand at different "
-                            "steps when the state moves; not built yet)"));
-  }
   return absl::OkStatus();
 }
 

@@ -455,6 +455,9 @@ TEST(JobSpecTest, ElasticRangesAndRefusals) {
         // Worker 0 waits for every shard to decide its last step, then
         // reopens them (GradientExchange::ChangeMembership).
         base + "max_workers: 4 min_workers: 1 staleness: 2",
+        // Shard 0 holds a cut's admissions until every shard has decided
+        // the steps before it (PsClient::HoldAndSettle).
+        base + "max_workers: 4 staleness: 2 backup_workers: 1",
         // Top-k residuals stay with their workers across a membership
         // change (GradientExchange::ChangeMembership).
         base + "max_workers: 4 compression: \"topk:0.1\" checkpoint_dir: "
@@ -482,11 +485,6 @@ TEST(JobSpecTest, ElasticRangesAndRefusals) {
        "min_workers: 1 with mode allreduce; expected 0 (the collective's "
        "world is fixed: an elastic allreduce job would restart every worker; "
        "not built)"},
-      {base + "max_workers: 4 staleness: 2 backup_workers: 1",
-       "max_workers: 4 with staleness 2 and backup_workers 1; expected 0 "
-       "(backup workers decide steps without worker 0, up to the staleness "
-       "bound ahead, so the shards may stand at different steps when it "
-       "reopens them for a new membership; not built yet)"},
       {base + "max_workers: 3 worker_hosts { host: \"a\" } "
               "worker_hosts { host: \"b\" }",
        "worker_hosts: 2 entries; expected 3 (one per task) or none"},
@@ -519,8 +517,7 @@ TEST(JobSpecTest, LinearLrScalingNeedsElasticWorkers) {
 }
 
 // Issue 40, elastic shards: max_ps, its range and what it refuses (not
-// allreduce, which has no shards; not staleness and backup workers
-// together, whose shards may have decided different steps).
+// allreduce, which has no shards).
 TEST(JobSpecTest, ElasticShardRangesAndRefusals) {
   const std::string base = "num_ps: 2 num_workers: 2 batch_size: 8 epochs: 1 ";
   for (const std::string& good :
@@ -528,6 +525,7 @@ TEST(JobSpecTest, ElasticShardRangesAndRefusals) {
         base + "max_ps: 3 max_workers: 4 min_workers: 1",
         base + "max_ps: 4 backup_workers: 1",
         base + "max_ps: 4 staleness: 2 max_workers: 3",
+        base + "max_ps: 4 staleness: 2 backup_workers: 1 max_workers: 3",
         base + "max_ps: 3 compression: \"topk:0.1\"",
         base + "max_ps: 3 compression: \"topk:0.1\" checkpoint_dir: "
                "\"/tmp/c\" max_workers: 3",
@@ -551,11 +549,6 @@ TEST(JobSpecTest, ElasticShardRangesAndRefusals) {
        "\"allreduce\" max_ps: 2",
        "max_ps: 2 with mode allreduce; expected 0 (allreduce has no "
        "shards)"},
-      {base + "max_ps: 4 staleness: 2 backup_workers: 1",
-       "max_ps: 4 with staleness 2 and backup_workers 1; expected 0 (backup "
-       "workers decide steps without worker 0, up to the staleness bound "
-       "ahead, so the shards may stand at different steps when the state "
-       "moves; not built yet)"},
       {base + "max_ps: 3 ps_hosts { host: \"a\" } ps_hosts { host: \"b\" }",
        "ps_hosts: 2 entries; expected 3 (one per task) or none"},
   };

@@ -641,6 +641,17 @@ class ParameterShard {
                                              absl::Duration hold);
   // Ends the hold (a no-op without one).
   void ReleaseCheckpointHold();
+  // Backup workers, shard 0: holds, as HoldCheckpointStep() does, the
+  // first step this shard has not decided (at least `min_step`), whose
+  // ends some workers may have had admitted already: no step is decided
+  // past the one before it on any shard (the others decide what shard 0
+  // admits, in order) until the hold ends (ReleaseCheckpointHold(), `hold`
+  // passes, or a reopen). Returns the held step. For worker 0's settle
+  // before an elastic change (PsClient::HoldAndSettle), which then reopens
+  // every shard at it, dropping its admitted ends. FAILED_PRECONDITION as
+  // HoldCheckpointStep().
+  absl::StatusOr<int64_t> HoldFirstUndecidedStep(int64_t min_step,
+                                                 absl::Duration hold);
 
   // Ends every wait (WaitReady, Pull) now and later with ABORTED and
   // `reason`: the job has ended elsewhere (a lost worker, a cancel), so no

@@ -323,6 +323,21 @@ absl::StatusOr<int64_t> ParameterShard::HoldCheckpointStep(
   return hold_step_;
 }
 
+absl::StatusOr<int64_t> ParameterShard::HoldFirstUndecidedStep(
+    int64_t min_step, absl::Duration hold) {
+  if (!initialized_.load() || !policy_.picks_checkpoint_step()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "a hold of shard ", options_.shard_index, "'s admissions at step ",
+        min_step,
+        ": only shard 0 of an initialised job with backup workers holds "
+        "them"));
+  }
+  absl::MutexLock lock(&step_mu_);
+  hold_step_ = std::max(min_step, ending_step_);
+  hold_until_ = absl::Now() + hold;
+  return hold_step_;
+}
+
 void ParameterShard::ReleaseCheckpointHold() {
   absl::MutexLock lock(&step_mu_);
   hold_step_ = -1;

@@ -1634,6 +1634,59 @@ TEST(ParameterShardTest, BackupWorkersCheckpointIsShardZerosCut) {
   EXPECT_GE(absl::Now() - before, absl::Milliseconds(50));
 }
 
+// An elastic change with backup workers (issue 40): worker 0 will not push
+// the steps between its own and the others', so shard 0 holds the first
+// step it has not decided, even one with an end admitted already (a
+// checkpoint's cut would skip it and wait for worker 0's end for ever);
+// no shard decides it, and a reopen of both at it drops its admitted end
+// and ends the held one's wait.
+TEST(ParameterShardTest, BackupWorkersHoldTheFirstUndecidedStepForAChange) {
+  BackupJob job(BackupJob::kWorkers, 2, /*clip=*/0, /*staleness=*/1);
+  ParameterShard& arbiter = *job.shards[0];
+  ParameterShard& other = *job.shards[1];
+  const std::vector<std::vector<float>> initial = job.Weights(0);
+  EXPECT_EQ(other.HoldFirstUndecidedStep(0, absl::Seconds(1)).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  for (int w : {1, 2}) {
+    for (int s = 0; s < 2; ++s) job.Push(s, w, 0);
+  }
+  absl::StatusOr<bool> a =
+      arbiter.EndStepWithBackups(2, 0, nullptr, 0, AdmissionClaim::kDecide, 8);
+  ASSERT_TRUE(a.ok() && *a) << a.status();
+  ASSERT_TRUE(
+      other.EndStepWithBackups(2, 0, nullptr, 0, AdmissionClaim::kAdmitted, 8)
+          .ok());
+  absl::StatusOr<int64_t> held =
+      arbiter.HoldFirstUndecidedStep(0, absl::Seconds(5));
+  ASSERT_TRUE(held.ok()) << held.status();
+  EXPECT_EQ(*held, 0);
+  absl::Status ended;
+  std::atomic<bool> done{false};
+  std::thread ender([&] {
+    ended =
+        arbiter.EndStepWithBackups(1, 0, nullptr, 0, AdmissionClaim::kDecide, 8)
+            .status();
+    done = true;
+  });
+  absl::SleepFor(absl::Milliseconds(150));
+  EXPECT_FALSE(done.load()) << "admitted while the step was held";
+  for (ParameterShard* shard : {&arbiter, &other}) {
+    EXPECT_EQ(shard->Stats().decided_step, -1);
+  }
+  for (ParameterShard* shard : {&arbiter, &other}) {
+    absl::StatusOr<int64_t> version = shard->Reopen(1, /*expected_version=*/0);
+    ASSERT_TRUE(version.ok()) << version.status();
+    EXPECT_EQ(*version, 0);
+  }
+  ender.join();
+  EXPECT_EQ(ended.code(), absl::StatusCode::kAborted) << ended;
+  std::vector<std::vector<float>> reopened;
+  for (ParameterShard* shard : {&arbiter, &other}) {
+    for (std::vector<float>& w : PullAt(*shard, 0, 1)) reopened.push_back(w);
+  }
+  EXPECT_EQ(reopened, initial);
+}
+
 // Backup workers with staleness (issue 36): a fast worker pushes and ends
 // step 1 before step 0 is decided; each step is still decided by its first
 // R admitted ends, in step order, so the weights equal backups without

@@ -135,6 +135,18 @@ grpc::Status PsService::Checkpoint(grpc::ServerContext* context,
     shard_->ReleaseCheckpointHold();
     return grpc::Status::OK;
   }
+  if (request->hold_only()) {
+    if (!request->pick_step()) {
+      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                          "checkpoint hold_only without pick_step: a hold is "
+                          "of the step shard 0 picks");
+    }
+    absl::StatusOr<int64_t> cut =
+        shard_->HoldFirstUndecidedStep(request->step(), absl::Seconds(10));
+    if (!cut.ok()) return ToGrpcStatus(cut.status());
+    response->set_step(*cut);
+    return grpc::Status::OK;
+  }
   int64_t step = request->step();
   absl::MutexLock lock(&checkpoint_mu_);
   if (request->wait()) {

@@ -430,6 +430,66 @@ TEST(ElasticTest, AWorkerKilledBetweenItsStepEndsCostsNoRollback) {
   EXPECT_EQ(trained, (150 * 3 + 150 * 2) * kBatchSize);
 }
 
+// One backup worker and bounded staleness 2 with checkpoints and a
+// clipped norm: the others decide steps without worker 0, so before each
+// change shard 0 holds a cut's admissions until every shard has decided
+// the steps before it (PsClient::HoldAndSettle), and every shard reopens
+// there. One LeNet-5 epoch of 600 steps grows 3 -> 4 workers, moves 2 -> 3
+// shards and shrinks back to 3 workers: exit 0, no checkpoint restored,
+// each recorded step trained by members of its membership (a late
+// worker's batch is not trained, so not recorded) and no sample twice.
+TEST(ElasticTest, BackupsAndStalenessGrowAndShrink) {
+  if (!HaveFashionMnist()) GTEST_SKIP() << "dataset-fashion-mnist missing";
+  const ElasticFiles files = PrepareRun("backups", "num_workers=4 at_step=100");
+  const std::string &records = files.records, &control = files.control,
+                    &log = files.log;
+  std::vector<std::string> argv = ElasticArgv(
+      files, {"--num_workers=3", "--max_workers=4", "--max_ps=3",
+              "--backup_workers=1", "--staleness=2", "--clip_grad_norm=1",
+              "--checkpoint_every_steps=50", "--max_steps_per_epoch=600"});
+  std::replace(argv.begin(), argv.end(), std::string("--epochs=2"),
+               std::string("--epochs=1"));
+  Process run(argv, log, {"PSTRAIN_RECORD_SAMPLES=" + records});
+  ASSERT_TRUE(Logged(log, "membership 1: 3 -> 4 workers")) << ReadTextFile(log);
+  AppendLine(control, "num_ps=3 at_step=250");
+  ASSERT_TRUE(Logged(log, "membership 2: 4 -> 4 workers, 2 -> 3 shards"))
+      << ReadTextFile(log);
+  AppendLine(control, "num_workers=3 at_step=400");
+  const int exit_code = run.Wait(300);
+  const std::string output = ReadTextFile(log);
+  ASSERT_EQ(exit_code, 0) << output;
+  EXPECT_EQ(output.find("Restored the shards"), std::string::npos) << output;
+
+  const int64_t grown_at = StepOfChange(output, "membership 1: 3 -> 4 workers");
+  const int64_t moved_at =
+      StepOfChange(output, "membership 2: 4 -> 4 workers, 2 -> 3 shards");
+  const int64_t shrunk_at =
+      StepOfChange(output, "membership 3: 4 -> 3 workers");
+  ASSERT_GE(grown_at, 100) << output;
+  ASSERT_GE(moved_at, 250) << output;
+  ASSERT_GE(shrunk_at, 400) << output;
+  EXPECT_NE(output.find("Wrote "), std::string::npos) << output;
+
+  const Recorded r = ReadRecords(records, 4);
+  for (const auto& [step, workers] : r.workers_of_step) {
+    const std::set<int> members = step >= grown_at && step < shrunk_at
+                                      ? std::set<int>{0, 1, 2, 3}
+                                      : std::set<int>{0, 1, 2};
+    const std::set<int> got(workers.begin(), workers.end());
+    EXPECT_EQ(got.size(), workers.size()) << "step " << step;
+    EXPECT_TRUE(
+        std::includes(members.begin(), members.end(), got.begin(), got.end()))
+        << "step " << step;
+    // The admitted ends: all members but the one backup (a recovery may
+    // leave a step's admitted workers unrecorded, never more).
+    EXPECT_LE(got.size(), members.size() - 1) << "step " << step;
+  }
+  for (const auto& [key, times] : r.times_trained) {
+    EXPECT_EQ(times, 1) << "epoch " << key.first << ", sample " << key.second;
+  }
+  EXPECT_GT(Accuracy(output), 0.7) << output;
+}
+
 // On a cluster the per-node agent starts what a Scale adds: a submitted
 // elastic job (2 workers, 2 shards; max 3 of each) under `pstrain node`,
 // scaled with `pstrain scale` (the admin key) to 3 workers and 3 shards

@@ -274,7 +274,7 @@ class PsExchange : public GradientExchange, public WeightsGate {
 
   absl::StatusOr<int64_t> ChangeMembership(const WorkerMembership& membership,
                                            absl::Duration timeout) override {
-    RETURN_IF_ERROR(SettleAtOwnStep("a membership change"));
+    RETURN_IF_ERROR(SettleAtOwnStep("a membership change", timeout));
     // Every shard's version; the pull below brings it into version_.
     RETURN_IF_ERROR(client_->Reopen(timeout, &membership).status());
     RETURN_IF_ERROR(client_->WaitReady(timeout, client_->generation(),
@@ -287,7 +287,7 @@ class PsExchange : public GradientExchange, public WeightsGate {
   absl::StatusOr<int64_t> ChangeShards(
       const std::vector<std::string>& addresses,
       const MembershipAt& membership_at, absl::Duration timeout) override {
-    RETURN_IF_ERROR(SettleAtOwnStep("a change of shards"));
+    RETURN_IF_ERROR(SettleAtOwnStep("a change of shards", timeout));
     // Async: every chunk moves as it is, at its own version.
     ASSIGN_OR_RETURN(ModelState state,
                      client_->ExportState(timeout, /*one_version=*/sync_));
@@ -449,22 +449,26 @@ class PsExchange : public GradientExchange, public WeightsGate {
   // its own, but none can decide step_ without this worker's push, so then
   // every shard stands at version step_ and reopens there; the others'
   // pushes of later steps are dropped, and they redo those steps in the
-  // new generation. Async: nothing to settle (every push applied is final,
-  // the shards keep their state as it is): the step in flight is dropped.
-  // FAILED_PRECONDITION with staleness and backup workers (the shards may
-  // have decided different steps past this worker's).
-  absl::Status SettleAtOwnStep(absl::string_view what) {
+  // new generation. Backup workers (with or without staleness): the
+  // others decide steps without this worker, so shard 0 holds the
+  // admissions of a cut at or past step_ and every shard decides the steps
+  // before it (PsClient::HoldAndSettle): every shard then stands at the
+  // cut's version; the others' pushes of later steps are dropped and
+  // redone. Async: nothing to settle (every push applied is final, the
+  // shards keep their state as it is): the step in flight is dropped.
+  absl::Status SettleAtOwnStep(absl::string_view what, absl::Duration timeout) {
     if (!sync_) {
       DropStepInFlight();
       return absl::OkStatus();
     }
-    if (staleness_ > 0 && backup_workers_) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          what,
-          " with staleness and backup workers: the shards may have decided "
-          "different steps past worker 0's"));
-    }
-    if (staleness_ > 0) {
+    if (backup_workers_) {
+      // On the open streams, as below.
+      absl::StatusOr<int64_t> cut = client_->HoldAndSettle(step_, timeout);
+      if (!cut.ok()) {
+        return absl::Status(cut.status().code(),
+                            absl::StrCat(what, ": ", cut.status().message()));
+      }
+    } else if (staleness_ > 0) {
       // On the open streams, before they are dropped: a member's stream
       // that ends breaks the shard's barrier (PushPullSession::Finish).
       ASSIGN_OR_RETURN(version_, client_->PushPull(0, {}, step_, 0, weights_));

@@ -197,6 +197,18 @@ class PsClient {
                                                              int64_t end_step,
                                                              bool wait);
 
+  // Worker 0 of a job with backup workers, before it reopens the shards
+  // for a membership change or a move of their state (nothing of its step
+  // `step` pushed): shard 0 holds the admissions of the first step it has
+  // not decided, the cut (at least `step`; CheckpointRequest.hold_only;
+  // for 10 s, or until the reopen), and this waits until every shard has
+  // decided the step before it (StatsResponse.decided_step,
+  // polled every 5 ms), so that every shard stands at version cut when
+  // they are reopened. Returns the cut. FAILED_PRECONDITION without backup
+  // workers; DEADLINE_EXCEEDED past `timeout`, naming the shard behind;
+  // a shard's error otherwise.
+  absl::StatusOr<int64_t> HoldAndSettle(int64_t step, absl::Duration timeout);
+
   // Waits until every shard is initialised (at most `timeout`) at one
   // generation of at least `min_generation`, checks each shard's layout
   // equals this worker's plan (FAILED_PRECONDITION if not: the workers

@@ -9,6 +9,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "common/membership.h"
 #include "common/status.h"
 #include "common/tensor_codec.h"
@@ -465,6 +467,53 @@ absl::StatusOr<std::vector<CheckpointResponse>> PsClient::Checkpoint(
   }
   if (pick) RETURN_IF_ERROR(call(0, false, true));
   return responses;
+}
+
+absl::StatusOr<int64_t> PsClient::HoldAndSettle(int64_t step,
+                                                absl::Duration timeout) {
+  if (!options_.backup_workers) {
+    return absl::FailedPreconditionError(
+        "a hold of shard 0's admissions: backup workers only");
+  }
+  const absl::Time deadline = absl::Now() + timeout;
+  int64_t cut = 0;
+  {
+    grpc::ClientContext context;
+    SetDeadline(&context, std::min(timeout, options_.rpc_timeout));
+    CheckpointRequest request;
+    SetHeader(request.mutable_header());
+    request.set_step(step);
+    request.set_pick_step(true);
+    request.set_hold_only(true);
+    CheckpointResponse response;
+    const grpc::Status status =
+        stubs_[0]->Checkpoint(&context, request, &response);
+    if (!status.ok()) return ShardError(0, status);
+    cut = response.step();
+  }
+  // The admitted ends of the steps before the cut reach every shard; no
+  // shard can decide the cut while shard 0 holds it.
+  for (int s = 0; s < num_shards(); ++s) {
+    while (true) {
+      grpc::ClientContext context;
+      SetDeadline(&context, std::min(timeout, options_.rpc_timeout));
+      StatsRequest request;
+      SetHeader(request.mutable_header());
+      StatsResponse response;
+      const grpc::Status status =
+          stubs_[s]->Stats(&context, request, &response);
+      if (!status.ok()) return ShardError(s, status);
+      if (response.decided_step() >= cut - 1) break;
+      if (absl::Now() >= deadline) {
+        return absl::DeadlineExceededError(absl::StrCat(
+            "shard ", s, " decided step ", response.decided_step(), " and not ",
+            cut - 1, " within ", absl::FormatDuration(timeout),
+            " of shard 0's hold of step ", cut));
+      }
+      absl::SleepFor(absl::Milliseconds(5));
+    }
+  }
+  return cut;
 }
 
 }  // namespace pstrain

@@ -6,6 +6,7 @@
 #include <fstream>
 #include <memory>
 #include <string>
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -225,26 +226,32 @@ absl::Status StepLoop::Recover(absl::Status cause) {
   if (!options_.record_samples_dir.empty() && !options_.async) {
     DropSamplesLinesFrom(step_);
   }
-  // A step whose exchange failed after the shards applied it (a membership
-  // change reopening the shards while this worker pulled): in sync mode
-  // without backup workers its push was in.
-  if (unrecorded_.has_value() && step_ > unrecorded_->first &&
-      !options_.async && !options_.allreduce && !options_.backup_workers) {
-    AppendSamplesLine(unrecorded_->second);
-  }
-  unrecorded_.reset();
+  const int64_t recovered = step_;
+  const std::optional<std::pair<int64_t, std::string>> unrecorded =
+      std::exchange(unrecorded_, std::nullopt);
+  bool member = true;
   if (parts_.elastic != nullptr) {
     // The generation recovered into may have other members (a membership
     // change is a reopen): re-split the epoch, or leave the job. Worker 0
     // first gives the coordinator a moment to remove a dead worker.
     parts_.elastic->AwaitVerdict();
-    ASSIGN_OR_RETURN(const bool member,
-                     parts_.elastic->Follow(&step_, own_step));
-    if (!member) {
-      removed_ = true;
-      step_ = positions_.total_steps();
-      return absl::OkStatus();
-    }
+    ASSIGN_OR_RETURN(member, parts_.elastic->Follow(&step_, own_step));
+  }
+  // A step whose exchange failed after the shards applied it (a membership
+  // change reopening the shards while this worker pulled): in sync mode
+  // without backup workers its push was in; not where this worker left at
+  // that step or before (the reopen dropped its push, and the members
+  // without it may have decided the step since).
+  if (unrecorded.has_value() && recovered > unrecorded->first &&
+      !options_.async && !options_.allreduce && !options_.backup_workers &&
+      (member ||
+       unrecorded->first < parts_.exchange->membership()->from_step)) {
+    AppendSamplesLine(unrecorded->second);
+  }
+  if (!member) {
+    removed_ = true;
+    step_ = positions_.total_steps();
+    return absl::OkStatus();
   }
   return parts_.reporter->Recovered();
 }
