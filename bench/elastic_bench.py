@@ -67,9 +67,14 @@ worker 0 first waits until every shard has decided its last step, then
 reopens them or moves their state; the others' steps run ahead are redone
 in the new generation (docs/ARCHITECTURE.md, "Applying").
 
+With --backup_workers=B every run (the baseline too) has B backup workers:
+worker 0 first has shard 0 hold its first undecided step's admissions and
+waits until every shard has decided the step before it
+(PsClient::HoldAndSettle), then reopens them or moves their state.
+
 Usage: python3 bench/elastic_bench.py [--repeats=3] [--models=lenet5,resnet18]
                                       [--kinds=workers,shards] [--staleness=0]
-                                      [--mode=sync|async]
+                                      [--backup_workers=0] [--mode=sync|async]
 Needs `bazel build //cli:pstrain //server:pstrain_ps //worker:pstrain_worker`
 and Fashion-MNIST.
 """
@@ -258,6 +263,8 @@ def one_repeat(model, cfg, change, work, log_dir, args):
               "--checkpoint_every_steps=%d" % cfg["every"]]
     if args.staleness > 0:
         common.append("--staleness=%d" % args.staleness)
+    if args.backup_workers > 0:
+        common.append("--backup_workers=%d" % args.backup_workers)
     if args.mode == "async":
         common.append("--mode=async")
     runs = []
@@ -355,14 +362,20 @@ def main():
                         help="what to scale: workers, shards or both")
     parser.add_argument("--staleness", type=int, default=0,
                         help="bounded staleness of every run (0: none)")
+    parser.add_argument("--backup_workers", type=int, default=0,
+                        help="backup workers of every run (0: none; at most "
+                        "1: the runs have 2 workers at their smallest)")
     parser.add_argument("--mode", default="sync", choices=["sync", "async"],
                         help="every run's mode")
     parser.add_argument("--log_dir", default="",
                         help="keep every run's output here (default: none)")
     args = parser.parse_args()
-    if args.mode == "async" and args.staleness > 0:
-        parser.error("--staleness with --mode=async: staleness bounds sync "
-                     "steps")
+    if args.mode == "async" and (args.staleness > 0 or args.backup_workers):
+        parser.error("--staleness or --backup_workers with --mode=async: "
+                     "they shape sync steps")
+    if not 0 <= args.backup_workers <= 1:
+        parser.error("--backup_workers=%d: expected 0 or 1 (the runs have 2 "
+                     "workers at their smallest)" % args.backup_workers)
     # steps: per epoch (the run's length); every: checkpoint interval (the
     # request follows the first); batch: per worker.
     # ResNet-18 trains synthetic 3 x 28 x 28 images of 10 classes: evaluating
@@ -397,10 +410,12 @@ def main():
     for r in rows:
         print("| %s | %s | %.2f | %.2f | %.0f | %.2f | %.2f | %.2f | %.2f "
               "| %.2f | %.2f | %s | %.2f | %.2fx | %s | %s |" % r)
-    print("\nmedians of %d repeats; %s%s; workers: 2 shards, "
+    print("\nmedians of %d repeats; %s%s%s; workers: 2 shards, "
           "--max_workers=3; shards: 2 workers, --max_ps=3; %.0f s in all" %
           (args.repeats, args.mode, ", staleness %d" % args.staleness
-           if args.staleness else "", time.monotonic() - began))
+           if args.staleness else "",
+           ", %d backup worker" % args.backup_workers
+           if args.backup_workers else "", time.monotonic() - began))
 
 
 def one_row(model, cfg, change, args):

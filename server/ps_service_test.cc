@@ -271,6 +271,28 @@ TEST_F(PsServiceTest, CheckpointRefusesAStepFolderThatLinksOutside) {
 }
 
 // A job without a checkpoint_dir: no checkpoint at all.
+// A hold of shard 0's admissions (CheckpointRequest.hold_only, before an
+// elastic change with backup workers) is of the step the shard picks, and
+// only a job with backup workers has admissions to hold; nothing else is
+// asked of the shard.
+TEST_F(PsServiceTest, CheckpointHoldOnlyIsCheckedAndWritesNothing) {
+  CheckpointRequest request = CheckpointOf(0, false);
+  request.set_hold_only(true);
+  grpc::Status status = Checkpoint(request);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(status.error_message(),
+            "checkpoint hold_only without pick_step: a hold is of the step "
+            "shard 0 picks");
+  request.set_pick_step(true);
+  status = Checkpoint(request);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_NE(status.error_message().find("only shard 0 of an initialised job "
+                                        "with backup workers holds them"),
+            std::string::npos)
+      << status.error_message();
+  EXPECT_FALSE(std::filesystem::exists(checkpoint_root_ + "/step-0"));
+}
+
 TEST_F(PsServiceTest, CheckpointWithoutAFolderIsAFailedPrecondition) {
   ShardOptions options = shard_->options();
   options.checkpoint_dir.clear();
