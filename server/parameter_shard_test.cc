@@ -702,6 +702,33 @@ TEST(ParameterShardTest, ClippingWaitsForTheAgreedNormAndChecksIt) {
             absl::StatusCode::kFailedPrecondition);
 }
 
+// Two sync shards of 2 workers (Adam) that both decided step 0 with the
+// same pushes: one to fail and reopen, and a clean one to compare with.
+void TwoShardsAfterStepZero(ParameterShard& shard, ParameterShard& clean) {
+  ASSERT_TRUE(shard.Initialize({6, 2}, 16, InitChunks()).ok());
+  ASSERT_TRUE(clean.Initialize({6, 2}, 16, InitChunks()).ok());
+  for (ParameterShard* s : {&shard, &clean}) {
+    PushStep(*s, 0, 0, 1.0f);
+    PushStep(*s, 1, 0, -3.0f);
+    EndAll(*s, 2, 0);
+  }
+}
+
+// Steps 1 and 2 with the same pushes on both: `shard` reopened at
+// generation 1 and version 1, `clean` at generation 0.
+void RedoStepsOneAndTwo(ParameterShard& shard, ParameterShard& clean) {
+  for (int64_t step : {1, 2}) {
+    PushStep(shard, 0, step, 0.5f * step, 1);
+    PushStep(shard, 1, step, -2.0f, 1);
+    for (int w = 0; w < 2; ++w) {
+      ASSERT_TRUE(shard.EndStep(w, step, nullptr, 1).ok());
+    }
+    PushStep(clean, 0, step, 0.5f * step);
+    PushStep(clean, 1, step, -2.0f);
+    EndAll(clean, 2, step);
+  }
+}
+
 // A sync worker dies mid-step (issue 20): worker 0 reopens the shard at its
 // last decided step instead of restoring a checkpoint. The step in flight
 // (one chunk's update applied but undecided, others half pushed) is put
@@ -710,13 +737,7 @@ TEST(ParameterShardTest, ClippingWaitsForTheAgreedNormAndChecksIt) {
 TEST(ParameterShardTest, ReopenDropsTheUndecidedStepAndGoesOnBitForBit) {
   ParameterShard shard(Options(2, SyncMode::kSync));
   ParameterShard clean(Options(2, SyncMode::kSync));
-  ASSERT_TRUE(shard.Initialize({6, 2}, 16, InitChunks()).ok());
-  ASSERT_TRUE(clean.Initialize({6, 2}, 16, InitChunks()).ok());
-  for (ParameterShard* s : {&shard, &clean}) {
-    PushStep(*s, 0, 0, 1.0f);
-    PushStep(*s, 1, 0, -3.0f);
-    EndAll(*s, 2, 0);
-  }
+  ASSERT_NO_FATAL_FAILURE(TwoShardsAfterStepZero(shard, clean));
   const auto decided = PullAll(shard, 1);
   ASSERT_EQ(decided.size(), 3u);
   // Nothing of step 1 is in: no step waits for anyone.
@@ -744,16 +765,7 @@ TEST(ParameterShardTest, ReopenDropsTheUndecidedStepAndGoesOnBitForBit) {
             absl::StatusCode::kFailedPrecondition);
 
   // Both redo step 1 and do step 2: the same weights as the clean shard's.
-  for (int64_t step : {1, 2}) {
-    PushStep(shard, 0, step, 0.5f * step, 1);
-    PushStep(shard, 1, step, -2.0f, 1);
-    for (int w = 0; w < 2; ++w) {
-      ASSERT_TRUE(shard.EndStep(w, step, nullptr, 1).ok());
-    }
-    PushStep(clean, 0, step, 0.5f * step);
-    PushStep(clean, 1, step, -2.0f);
-    EndAll(clean, 2, step);
-  }
+  ASSERT_NO_FATAL_FAILURE(RedoStepsOneAndTwo(shard, clean));
   EXPECT_EQ(PullAt(shard, 3, 1), PullAll(clean, 3));
   EXPECT_EQ(shard.Stats().min_version, 3);
 }
@@ -768,13 +780,7 @@ TEST(ParameterShardTest, ReopenDropsTheUndecidedStepAndGoesOnBitForBit) {
 TEST(ParameterShardTest, ReopenTakesBackAStepAnotherShardDidNotDecide) {
   ParameterShard shard(Options(2, SyncMode::kSync));
   ParameterShard clean(Options(2, SyncMode::kSync));
-  ASSERT_TRUE(shard.Initialize({6, 2}, 16, InitChunks()).ok());
-  ASSERT_TRUE(clean.Initialize({6, 2}, 16, InitChunks()).ok());
-  for (ParameterShard* s : {&shard, &clean}) {
-    PushStep(*s, 0, 0, 1.0f);
-    PushStep(*s, 1, 0, -3.0f);
-    EndAll(*s, 2, 0);
-  }
+  ASSERT_NO_FATAL_FAILURE(TwoShardsAfterStepZero(shard, clean));
   const auto before_step1 = PullAll(shard, 1);
   PushStep(shard, 0, 1, 4.0f);
   PushStep(shard, 1, 1, 2.0f);
@@ -791,16 +797,7 @@ TEST(ParameterShardTest, ReopenTakesBackAStepAnotherShardDidNotDecide) {
   EXPECT_EQ(shard.Stats().decided_step, 0);
   EXPECT_EQ(shard.Stats().min_version, 1);
   EXPECT_EQ(PullAt(shard, 1, 1), before_step1);
-  for (int64_t step : {1, 2}) {
-    PushStep(shard, 0, step, 0.5f * step, 1);
-    PushStep(shard, 1, step, -2.0f, 1);
-    for (int w = 0; w < 2; ++w) {
-      ASSERT_TRUE(shard.EndStep(w, step, nullptr, 1).ok());
-    }
-    PushStep(clean, 0, step, 0.5f * step);
-    PushStep(clean, 1, step, -2.0f);
-    EndAll(clean, 2, step);
-  }
+  ASSERT_NO_FATAL_FAILURE(RedoStepsOneAndTwo(shard, clean));
   EXPECT_EQ(PullAt(shard, 3, 1), PullAll(clean, 3));
 
   // Step 3's pushes are all in (its update applied, undecided): step 2's
