@@ -1054,8 +1054,13 @@ void PsClient::NoteUnfinished(StepState* state) {
 }
 
 absl::StatusOr<StatsResponse> PsClient::Stats(int shard) {
+  return Stats(shard, options_.rpc_timeout);
+}
+
+absl::StatusOr<StatsResponse> PsClient::Stats(int shard,
+                                              absl::Duration timeout) {
   grpc::ClientContext context;
-  SetDeadline(&context, options_.rpc_timeout);
+  SetDeadline(&context, timeout);
   StatsRequest request;
   SetHeader(request.mutable_header());
   StatsResponse response;

@@ -399,7 +399,10 @@ class PsClient {
     return announced_checkpoint_step_;
   }
 
+  // Shard `shard`'s Stats, within `timeout` (the unary deadline if not
+  // given); the shard's error as ShardError().
   absl::StatusOr<StatsResponse> Stats(int shard);
+  absl::StatusOr<StatsResponse> Stats(int shard, absl::Duration timeout);
 
   // Half-closes and finishes every PushPull stream; the next PushPull opens
   // new ones. Called before work that leaves the streams idle for long (a

@@ -36,13 +36,7 @@ absl::StatusOr<int64_t> PsClient::HighestGeneration(
     std::vector<int64_t>* decided_steps) {
   int64_t highest = 0;
   for (int s = 0; s < num_shards(); ++s) {
-    grpc::ClientContext context;
-    SetDeadline(&context, timeout);
-    StatsRequest request;
-    SetHeader(request.mutable_header());
-    StatsResponse response;
-    const grpc::Status status = stubs_[s]->Stats(&context, request, &response);
-    if (!status.ok()) return ShardError(s, status);
+    ASSIGN_OR_RETURN(const StatsResponse response, Stats(s, timeout));
     highest = std::max(highest, response.generation());
     if (uninitialised != nullptr && !response.initialized()) {
       uninitialised->push_back(s);
@@ -495,14 +489,8 @@ absl::StatusOr<int64_t> PsClient::HoldAndSettle(int64_t step,
   // shard can decide the cut while shard 0 holds it.
   for (int s = 0; s < num_shards(); ++s) {
     while (true) {
-      grpc::ClientContext context;
-      SetDeadline(&context, std::min(timeout, options_.rpc_timeout));
-      StatsRequest request;
-      SetHeader(request.mutable_header());
-      StatsResponse response;
-      const grpc::Status status =
-          stubs_[s]->Stats(&context, request, &response);
-      if (!status.ok()) return ShardError(s, status);
+      ASSIGN_OR_RETURN(const StatsResponse response,
+                       Stats(s, std::min(timeout, options_.rpc_timeout)));
       if (response.decided_step() >= cut - 1) break;
       if (absl::Now() >= deadline) {
         return absl::DeadlineExceededError(absl::StrCat(

@@ -5,8 +5,8 @@
 #include <cstdio>
 #include <fstream>
 #include <memory>
-#include <string>
 #include <optional>
+#include <string>
 #include <utility>
 #include <vector>
 
