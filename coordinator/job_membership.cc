@@ -146,6 +146,9 @@ void FillHeartbeatMembership(const JobInfo& job, TaskRole role, int index,
     return;
   }
   *response->mutable_membership() = job.membership();
+  if (const Membership* applied = AppliedMembership(job)) {
+    *response->mutable_applied_membership() = *applied;
+  }
   response->set_removed(WorkerRemoved(job, index));
 }
 

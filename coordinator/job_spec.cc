@@ -412,17 +412,6 @@ absl::Status CheckElastic(const JobConfig& config) {
     }
     return absl::OkStatus();
   }
-  const char* field = spec.max_workers() != 0 ? "max_workers" : "min_workers";
-  const int value =
-      spec.max_workers() != 0 ? spec.max_workers() : spec.min_workers();
-  if (config.mode == MODE_ALLREDUCE) {
-    return Bad(field,
-               absl::StrCat(value,
-                            " with mode allreduce; expected 0 (the "
-                            "collective's world is fixed: an elastic "
-                            "allreduce job would restart every worker; not "
-                            "built)"));
-  }
   return absl::OkStatus();
 }
 

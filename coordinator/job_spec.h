@@ -59,17 +59,11 @@
 //   staleness                0 to 1000; 0 unless mode sync  0 (sync)
 //   backup_workers           0 to num_workers-1; 0 unless   0 (none)
 //                            mode sync
-//   max_workers (elastic)    num_workers to 4096; 0 in      0 (not elastic)
-//                            async, allreduce and with
-//                            staleness (not built)
-//   min_workers (elastic)    1 to num_workers; 0 as         0 (never shrink)
-//                            max_workers
+//   max_workers (elastic)    num_workers to 4096            0 (not elastic)
+//   min_workers (elastic)    1 to num_workers               0 (never shrink)
 //   linear_lr_scaling        only with max_workers or       false
 //                            min_workers
-//   max_ps (elastic shards)  num_ps to 64; 0 in async,      0 (shards fixed)
-//                            allreduce, with staleness, and
-//                            with top-k error feedback and
-//                            checkpoints
+//   max_ps (elastic shards)  num_ps to 64; 0 in allreduce   0 (shards fixed)
 //   wire_dtype               fp32, bf16, fp16; fp32 in      fp32
 //                            allreduce
 //   compression              none or topk:R, 0 < R <= 1;    none

@@ -464,7 +464,12 @@ TEST(JobSpecTest, ElasticRangesAndRefusals) {
                "\"/tmp/c\"",
         base + "max_workers: 3 worker_hosts { host: \"a\" } "
                "worker_hosts { host: \"b\" } worker_hosts { host: \"c\" }",
-        base + "max_workers: 4 min_workers: 1 mode: \"async\""}) {
+        base + "max_workers: 4 min_workers: 1 mode: \"async\"",
+        // The collective's world changes in place
+        // (GradientExchange::ChangeWorld).
+        std::string("num_ps: 0 num_workers: 2 batch_size: 8 epochs: 1 mode: "
+                    "\"allreduce\" max_workers: 4 min_workers: 1 "
+                    "linear_lr_scaling: true")}) {
     absl::StatusOr<JobSpec> spec = ParseJobSpec(good, "job.pbtxt");
     EXPECT_TRUE(spec.ok()) << good << ": " << spec.status();
   }
@@ -480,11 +485,6 @@ TEST(JobSpecTest, ElasticRangesAndRefusals) {
        "min_workers: 3; expected 1 to 2 (0: never shrink)"},
       {base + "min_workers: -1",
        "min_workers: -1; expected 1 to 2 (0: never shrink)"},
-      {"num_ps: 0 num_workers: 2 batch_size: 8 epochs: 1 mode: "
-       "\"allreduce\" min_workers: 1",
-       "min_workers: 1 with mode allreduce; expected 0 (the collective's "
-       "world is fixed: an elastic allreduce job would restart every worker; "
-       "not built)"},
       {base + "max_workers: 3 worker_hosts { host: \"a\" } "
               "worker_hosts { host: \"b\" }",
        "worker_hosts: 2 entries; expected 3 (one per task) or none"},

@@ -319,6 +319,9 @@ bool TaskAgent::NoteMembership(const HeartbeatResponse& response) {
       (!membership_.has_value() ||
        response.membership().epoch() >= membership_->epoch())) {
     membership_ = response.membership();
+    if (response.has_applied_membership()) {
+      applied_membership_ = response.applied_membership();
+    }
   }
   const bool newly_removed = response.removed() && !removed_;
   removed_ |= response.removed();
@@ -330,6 +333,11 @@ bool TaskAgent::NoteMembership(const HeartbeatResponse& response) {
 std::optional<Membership> TaskAgent::membership() const {
   absl::MutexLock lock(&mu_);
   return membership_;
+}
+
+std::optional<Membership> TaskAgent::applied_membership() const {
+  absl::MutexLock lock(&mu_);
+  return applied_membership_;
 }
 
 bool TaskAgent::removed() const {

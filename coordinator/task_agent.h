@@ -158,6 +158,9 @@ class TaskAgent {
   // elastic). The coordinator's intent: worker 0 applies it once
   // `ready` at a step boundary >= at_step.
   std::optional<Membership> membership() const;
+  // The newest membership worker 0 had applied when that answer was
+  // given (HeartbeatResponse.applied_membership).
+  std::optional<Membership> applied_membership() const;
   // An answer said this worker is no longer a member (see on_removed).
   bool removed() const;
   // Elastic jobs, shards: the workers the last answer named as removed
@@ -259,6 +262,7 @@ class TaskAgent {
   std::unique_ptr<RunResult> result_ ABSL_GUARDED_BY(mu_);
   // Elastic jobs (membership()).
   std::optional<Membership> membership_ ABSL_GUARDED_BY(mu_);
+  std::optional<Membership> applied_membership_ ABSL_GUARDED_BY(mu_);
   bool removed_ ABSL_GUARDED_BY(mu_) = false;
   std::vector<int> removed_workers_ ABSL_GUARDED_BY(mu_);
   // The heartbeats stopped (WaitForMembership returns).

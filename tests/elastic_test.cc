@@ -819,5 +819,112 @@ TEST(ElasticTest, AsyncJobSurvivesAKilledShard) {
   EXPECT_GT(Accuracy(output), 0.7) << output;
 }
 
+// An elastic allreduce job changes its collective's world in place (no
+// restart, GradientExchange::ChangeWorld): two LeNet-5 epochs grow from 2
+// workers to 3 at step 200 (the joining worker gets worker 0's weights and
+// optimizer state in the new world) and shrink back to 2 when worker 2 is
+// killed with its restart budget spent (min_workers 2): the survivors'
+// step in flight is undone or kept as worker 0 had it, and they meet in
+// the next membership's world. Exit 0, each step trained by its
+// membership, every sample of each epoch once, the accuracy within a point
+// of a fixed 2-worker allreduce run's, and the model file evaluates to it.
+TEST(ElasticTest, AllreduceGrowsAndShrinksInPlace) {
+  if (!HaveFashionMnist()) GTEST_SKIP() << "dataset-fashion-mnist missing";
+  auto allreduce_argv = [](const std::string& dir) {
+    std::vector<std::string> argv = RunArgv(dir);
+    argv.erase(std::find(argv.begin(), argv.end(), "--num_ps=2"));
+    argv.push_back("--mode=allreduce");
+    return argv;
+  };
+  const CommandResult fixed =
+      RunCommand(JoinArgv(allreduce_argv(TempDir() + "/allreduce_fixed")));
+  ASSERT_EQ(fixed.exit_code, 0) << fixed.output;
+  const double fixed_accuracy = Accuracy(fixed.output);
+  ASSERT_GT(fixed_accuracy, 0.7) << fixed.output;
+
+  const ElasticFiles files =
+      PrepareRun("allreduce", "num_workers=3 at_step=200");
+  std::vector<std::string> argv = allreduce_argv(files.dir);
+  for (const char* flag :
+       {"--max_workers=3", "--min_workers=2", "--max_restarts=0",
+        "--checkpoint_every_steps=100"}) {
+    argv.push_back(flag);
+  }
+  argv.push_back("--control_file=" + files.control);
+  Process run(argv, files.log, {"PSTRAIN_RECORD_SAMPLES=" + files.records});
+  auto logged = [&](const std::string& text) {
+    return Logged(files.log, text);
+  };
+  ASSERT_TRUE(logged("membership 1: 2 -> 3 workers"))
+      << ReadTextFile(files.log);
+  ASSERT_TRUE(logged("Step500:")) << ReadTextFile(files.log);
+  ASSERT_TRUE(KillChild(run.pid(), "pstrain_worker .*--task_index=2"));
+  const int exit_code = run.Wait(300);
+  const std::string output = ReadTextFile(files.log);
+  ASSERT_EQ(exit_code, 0) << output;
+  EXPECT_EQ(output.find("Restored"), std::string::npos) << output;
+  EXPECT_EQ(output.find("stopping for the job's restart"), std::string::npos)
+      << output;
+  const int64_t grown_at = StepOfChange(output, "membership 1: 2 -> 3 workers");
+  std::smatch shrink;
+  ASSERT_TRUE(std::regex_search(
+      output, shrink,
+      std::regex(R"(membership 2: 3 -> 2 workers at step ([0-9]+) )"
+                 R"(\([0-9]+ ms, after a member's death\): worker 2 )"
+                 R"(removed: its restart budget is spent)")))
+      << output;
+  const int64_t shrunk_at = std::stoll(shrink[1].str());
+  std::printf("grown at step %lld, shrunk at step %lld\n",
+              static_cast<long long>(grown_at),
+              static_cast<long long>(shrunk_at));
+  EXPECT_GE(grown_at, 200);
+  EXPECT_GT(shrunk_at, grown_at);
+
+  // Worker 2's lines from shrunk_at on are of steps the survivors undid;
+  // it may have died after its push of shrunk_at - 1 was in the sums but
+  // before it wrote the step down.
+  const Recorded r = ReadRecords(files.records, 3, [&](int w, int64_t step) {
+    return w == 2 && step >= shrunk_at;
+  });
+  for (const auto& [step, workers] : r.workers_of_step) {
+    const std::vector<int> expected = step < grown_at || step >= shrunk_at
+                                          ? std::vector<int>{0, 1}
+                                          : std::vector<int>{0, 1, 2};
+    std::set<int> got(workers.begin(), workers.end());
+    if (step == shrunk_at - 1 && got.count(2) == 0) got.insert(2);
+    EXPECT_EQ(std::vector<int>(got.begin(), got.end()), expected)
+        << "step " << step;
+    EXPECT_EQ(std::set<int>(workers.begin(), workers.end()).size(),
+              workers.size())
+        << "step " << step;
+  }
+  int64_t trained[2] = {0, 0};
+  for (const auto& [key, times] : r.times_trained) {
+    const auto [epoch, sample] = key;
+    EXPECT_EQ(times, 1) << "epoch " << epoch << ", sample " << sample;
+    ASSERT_TRUE(epoch == 0 || epoch == 1) << epoch;
+    trained[epoch] += times;
+  }
+  const int64_t first_epoch =
+      shrunk_at + (kTrainSamples - grown_at * 2 * kBatchSize -
+                   (shrunk_at - grown_at) * 3 * kBatchSize) /
+                      (2 * kBatchSize);
+  const int64_t steps = first_epoch + kTrainSamples / (2 * kBatchSize);
+  EXPECT_EQ(static_cast<int64_t>(r.workers_of_step.size()), steps);
+  EXPECT_EQ(r.epoch_of_step.at(first_epoch), 1);
+  EXPECT_EQ(r.epoch_of_step.at(first_epoch - 1), 0);
+  EXPECT_GT(trained[0], kTrainSamples - 2 * kBatchSize - kBatchSize);
+  EXPECT_EQ(trained[1], kTrainSamples);
+
+  const double accuracy = Accuracy(output);
+  EXPECT_GE(accuracy, fixed_accuracy - 0.01) << output;
+  const CommandResult eval =
+      RunCommand(JoinArgv({"cli/pstrain", "eval",
+                           "--checkpoint=" + files.dir + "/model.safetensors",
+                           "--dataset=fashion_mnist"}));
+  ASSERT_EQ(eval.exit_code, 0) << eval.output;
+  EXPECT_EQ(Accuracy(eval.output), accuracy) << eval.output;
+}
+
 }  // namespace
 }  // namespace pstrain

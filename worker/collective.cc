@@ -1,6 +1,7 @@
 #include "worker/collective.h"
 
 #include <chrono>
+#include <cstring>
 #include <exception>
 #include <utility>
 #include <vector>
@@ -206,6 +207,16 @@ absl::Status GlooCollective::AllreduceSum16(uint16_t* data, size_t n,
 absl::Status GlooCollective::AllreduceMax(float* data, size_t n) {
   return RingAllreduce(data, n, &gloo::max<float>,
                        absl::StrCat("max allreduce of ", n, " floats"));
+}
+
+absl::Status BroadcastInt64(Collective& collective, int64_t* data, size_t n,
+                            int root) {
+  static_assert(sizeof(int64_t) == 2 * sizeof(float), "int64 as two floats");
+  std::vector<float> bits(2 * n);
+  std::memcpy(bits.data(), data, n * sizeof(int64_t));
+  RETURN_IF_ERROR(collective.Broadcast(bits.data(), bits.size(), root));
+  std::memcpy(data, bits.data(), n * sizeof(int64_t));
+  return absl::OkStatus();
 }
 
 absl::Status GlooCollective::Broadcast(float* data, size_t n, int root) {

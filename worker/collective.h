@@ -18,6 +18,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -113,6 +114,22 @@ class Collective {
   const int rank_;
   const int size_;
 };
+
+// Every rank's `n` values at `data` become rank `root`'s. The bit patterns
+// travel in a float broadcast, which copies bytes and adds nothing, so any
+// int64 arrives exact. Errors: the collective's.
+absl::Status BroadcastInt64(Collective& collective, int64_t* data, size_t n,
+                            int root);
+
+// An elastic allreduce job's way to (re)connect its workers (issue 40;
+// worker_main.cc): rank `rank` of `size` in the world of coordinator
+// membership `epoch` (a namespace of the job's rendezvous store of its
+// own, so that each world's ranks meet only each other), failing after
+// `timeout` (which every later call of the collective keeps). Errors as
+// CreateGloo's and CreateNccl's.
+using CollectiveFactory =
+    std::function<absl::StatusOr<std::unique_ptr<Collective>>(
+        int rank, int size, int64_t epoch, absl::Duration timeout)>;
 
 }  // namespace pstrain
 

@@ -40,14 +40,36 @@ WorkerMembership ElasticMembership::AtVersion(int64_t version) const {
   return Anchored(current_.workers, current_.epoch, version);
 }
 
-absl::StatusOr<std::optional<int64_t>> ElasticMembership::MaybeApply(
-    int64_t step) {
+std::optional<Membership> ElasticMembership::Due(int64_t step) const {
   if (options_.worker_id != 0 || !options_.newest) return std::nullopt;
-  const std::optional<Membership> newest = options_.newest();
+  std::optional<Membership> newest = options_.newest();
   if (!newest.has_value() || newest->epoch() <= current_.epoch ||
       !newest->ready() || step < newest->at_step()) {
     return std::nullopt;
   }
+  return newest;
+}
+
+absl::StatusOr<std::optional<int64_t>> ElasticMembership::MaybeApply(
+    int64_t step) {
+  const std::optional<Membership> newest = Due(step);
+  if (options_.allreduce) {
+    // Every member learns worker 0's proposal in the collective.
+    const absl::Time began = absl::Now();
+    std::optional<WorkerMembership> proposal;
+    if (newest.has_value()) {
+      proposal = Anchored({newest->workers().begin(), newest->workers().end()},
+                          newest->epoch(), step);
+    }
+    ASSIGN_OR_RETURN(const std::optional<WorkerMembership> agreed,
+                     exchange_->AgreeMembership(proposal));
+    if (!agreed.has_value()) return std::nullopt;
+    ASSIGN_OR_RETURN(const int64_t version,
+                     SwitchWorld(*agreed, /*after_failure=*/false, began,
+                                 newest.has_value() ? newest->reason() : ""));
+    return version;
+  }
+  if (!newest.has_value()) return std::nullopt;
   if (options_.checkpoint_in_flight && options_.checkpoint_in_flight()) {
     return std::nullopt;  // the next boundary (ElasticOptions)
   }
@@ -121,7 +143,94 @@ absl::StatusOr<std::optional<int64_t>> ElasticMembership::MaybeApply(
   return version;
 }
 
+absl::StatusOr<int64_t> ElasticMembership::SwitchWorld(
+    const WorkerMembership& next, bool after_failure, absl::Time began,
+    const std::string& reason) {
+  const int old_workers = current_.size();
+  attempted_epoch_ = std::max(attempted_epoch_, next.epoch);
+  ASSIGN_OR_RETURN(
+      const int64_t step,
+      exchange_->ChangeWorld(next, after_failure, options_.timeout));
+  current_ = exchange_->membership().value_or(next);
+  const int rank = current_.RankOf(options_.worker_id);
+  if (rank < 0) {
+    removed_ = true;
+    options_.say(absl::StrCat("worker ", options_.worker_id,
+                              " is not a member from step ", step,
+                              " on (membership ", current_.epoch, ": workers ",
+                              current_.size(), "); leaving the job"));
+    return step;
+  }
+  positions_->Rebase(current_.from_step, current_.data_epoch,
+                     current_.data_offset, current_.data_steps, current_.size(),
+                     rank);
+  const double ms = absl::ToDoubleMilliseconds(absl::Now() - began);
+  if (options_.worker_id != 0) {
+    options_.say(absl::StrCat(
+        "worker ", options_.worker_id, ": membership ", current_.epoch, ", ",
+        current_.size(), " workers from step ", step, " (rank ", rank, ")"));
+    return step;
+  }
+  options_.say(absl::StrFormat(
+      "membership %d: %d -> %d workers at step %d (%.0f ms%s): %s",
+      current_.epoch, old_workers, current_.size(), step, ms,
+      after_failure ? ", after a member's death" : "", reason));
+  MembershipApplied applied;
+  applied.set_epoch(current_.epoch);
+  applied.set_step(step);
+  applied.set_elapsed_ms(ms);
+  applied.set_old_workers(old_workers);
+  applied.set_new_workers(current_.size());
+  last_applied_ = applied;
+  if (options_.applied) options_.applied(applied);
+  return step;
+}
+
+absl::StatusOr<int64_t> ElasticMembership::RecoverWorld(absl::Status cause) {
+  const bool death = absl::IsUnavailable(cause) || absl::IsAborted(cause) ||
+                     absl::IsCancelled(cause) ||
+                     absl::IsDeadlineExceeded(cause);
+  if (!options_.allreduce || !options_.newest || !death) return cause;
+  const absl::Time began = absl::Now();
+  const absl::Time deadline = began + options_.timeout;
+  options_.say(absl::StrCat("worker ", options_.worker_id, ": step failed (",
+                            cause.ToString(),
+                            "); waiting for the job's next membership"));
+  // A world is joined once: a rendezvous of an epoch tried before may hold
+  // keys of that try.
+  int64_t tried = std::max(current_.epoch, attempted_epoch_);
+  absl::Status last = std::move(cause);
+  while (absl::Now() < deadline) {
+    const std::optional<Membership> newest = options_.newest();
+    if (!newest.has_value() || newest->epoch() <= tried || !newest->ready()) {
+      absl::SleepFor(absl::Milliseconds(20));
+      continue;
+    }
+    tried = newest->epoch();
+    WorkerMembership next;
+    next.workers.assign(newest->workers().begin(), newest->workers().end());
+    next.epoch = newest->epoch();
+    absl::StatusOr<int64_t> step =
+        SwitchWorld(next, /*after_failure=*/true, began, newest->reason());
+    if (step.ok()) return step;
+    last = step.status();
+    options_.say(absl::StrCat("worker ", options_.worker_id, ": membership ",
+                              next.epoch, ": ", last.ToString()));
+  }
+  return absl::Status(
+      last.code(),
+      absl::StrCat("no membership of the job's could be joined within ",
+                   absl::FormatDuration(options_.timeout), ": ",
+                   last.message()));
+}
+
 absl::StatusOr<bool> ElasticMembership::Started(int64_t* step) {
+  if (options_.allreduce) {
+    // Rank 0's step, which the start's state came with.
+    if (const std::optional<WorkerMembership> m = exchange_->membership()) {
+      *step = m->from_step;
+    }
+  }
   ASSIGN_OR_RETURN(const bool member,
                    FollowAt(step, /*own_step=*/-1, /*at_start=*/true));
   exchange_->set_joining(false);

@@ -14,6 +14,12 @@
 // (WaitReady): each re-splits the epoch at the same place, a removed
 // worker leaves the run, and a joining one starts at that step.
 //
+// Mode allreduce has no shards: every worker takes part in each step
+// boundary's agreement on worker 0's proposal, in the collective, and all
+// move to the new world there (GradientExchange::ChangeWorld); after a
+// member's death each survivor waits for the coordinator's next
+// membership and joins its world with rank 0's state (RecoverWorld).
+//
 // Thread-compatible: the training thread's.
 #ifndef PSTRAIN_WORKER_ELASTIC_H_
 #define PSTRAIN_WORKER_ELASTIC_H_
@@ -39,8 +45,13 @@ struct ElasticOptions {
   // shards at worker 0's step, from which every member goes on (as every
   // worker goes on from one step after an async restore).
   bool async = false;
-  // Worker 0: the coordinator's newest membership (TaskAgent), or none
-  // known yet.
+  // Mode allreduce (an elastic collective, GradientExchange::ChangeWorld):
+  // every worker takes part in each boundary's agreement on worker 0's
+  // proposal, and after a member's death waits for the coordinator's next
+  // membership (`newest`, which every worker has then) and joins its world.
+  bool allreduce = false;
+  // Worker 0 (allreduce: every worker): the coordinator's newest
+  // membership (TaskAgent), or none known yet.
   std::function<std::optional<Membership>()> newest;
   // Worker 0: reports a membership applied (sent with the next heartbeat).
   std::function<void(const MembershipApplied&)> applied;
@@ -80,7 +91,25 @@ class ElasticMembership {
   // moves the shards' state onto its ps_addresses in the same change
   // (GradientExchange::ChangeShards); INTERNAL if it lists another number
   // of addresses than num_ps.
+  // Allreduce: every worker calls it; they agree on worker 0's proposal
+  // (GradientExchange::AgreeMembership) and each joins the new world at
+  // `step` (ChangeWorld); a worker left out is removed() then.
   absl::StatusOr<std::optional<int64_t>> MaybeApply(int64_t step);
+
+  // Allreduce, after `cause` broke a step (a member's death breaks every
+  // rank's collective): waits up to `timeout` for a ready coordinator
+  // membership newer than the current one (min_workers: the dead worker
+  // removed) and joins its world with rank 0's state
+  // (ChangeWorld(after_failure)), trying each newer one in turn; the step
+  // to go on from (rank 0's). A cause no death explains (not UNAVAILABLE,
+  // ABORTED, CANCELLED or DEADLINE_EXCEEDED) is returned as it is, and so
+  // is the last error when no membership could be joined in time. A
+  // restart of every worker (a budget left) ends the process meanwhile
+  // (the heartbeats' kRestartExitCode).
+  absl::StatusOr<int64_t> RecoverWorld(absl::Status cause);
+
+  // Allreduce: the last membership applied left this worker out.
+  bool removed() const { return removed_; }
 
   // After the start (or a joining worker's rejoin) at `*step`: Follow(),
   // and from then on a recovery takes whatever membership the shards have
@@ -135,7 +164,16 @@ class ElasticMembership {
  private:
   WorkerMembership Anchored(std::vector<int> workers, int64_t epoch,
                             int64_t step) const;
+  // Worker 0: the coordinator's newest membership if it is ready, newer
+  // than the one applied and due at `step`; none otherwise (and on the
+  // other workers).
+  std::optional<Membership> Due(int64_t step) const;
   absl::StatusOr<bool> FollowAt(int64_t* step, int64_t own_step, bool at_start);
+  // Allreduce: joins `next`'s world (ChangeWorld) and re-splits the epoch
+  // at the step it returns; worker 0 says so and reports it applied.
+  absl::StatusOr<int64_t> SwitchWorld(const WorkerMembership& next,
+                                      bool after_failure, absl::Time began,
+                                      const std::string& reason);
 
   ElasticOptions options_;
   // The shards worker 0 trains on (options_.num_ps, then each applied
@@ -145,6 +183,9 @@ class ElasticMembership {
   DataPositions* const positions_;
   GradientExchange* const exchange_;
   WorkerMembership current_;
+  bool removed_ = false;
+  // Allreduce: the newest epoch whose world this worker began to join.
+  int64_t attempted_epoch_ = 0;
 };
 
 }  // namespace pstrain

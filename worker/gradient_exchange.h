@@ -180,6 +180,38 @@ class GradientExchange {
   // A worker joining an elastic job waits until a generation has it.
   virtual void set_joining(bool joining) {}
 
+  // Elastic allreduce jobs (issue 40; docs/ARCHITECTURE.md "Elastic
+  // allreduce"): the collective's world changes in place.
+  // At each step boundary every member calls AgreeMembership() with worker
+  // 0's proposal (the others pass none; worker 0 is rank 0): each returns
+  // worker 0's (its workers, epoch, from_step and data position) or none.
+  // A broadcast of 16 bytes per step, and one of the proposal's size when
+  // there is one. Errors: the collective's (a member died).
+  virtual absl::StatusOr<std::optional<WorkerMembership>> AgreeMembership(
+      const std::optional<WorkerMembership>& proposal) {
+    return absl::UnimplementedError(
+        "only an elastic allreduce job agrees on memberships in its "
+        "collective");
+  }
+  // Leaves the current world and joins that of `next` (its epoch's
+  // collective, ElasticWorld::connect) at this worker's rank in it; a
+  // worker `next` leaves out only leaves. `after_failure`: a step failed
+  // part way because a member died; this worker's updates of it are undone
+  // first (as a skipped step's) and rank 0's whole state (its step,
+  // weights and optimizer state) goes to every rank, so that the survivors
+  // agree whether the step happened. Otherwise that state goes out only
+  // when `next` adds workers (they receive it in Start()). membership()
+  // then holds `next` with rank 0's step as from_step and the data
+  // position there (set_restore_membership's, on rank 0). Returns the step
+  // to go on from. Errors: the collective's, DEADLINE_EXCEEDED when the
+  // members do not all meet within `timeout`.
+  virtual absl::StatusOr<int64_t> ChangeWorld(const WorkerMembership& next,
+                                              bool after_failure,
+                                              absl::Duration timeout) {
+    return absl::UnimplementedError(
+        "only an elastic allreduce job changes its collective's world");
+  }
+
   // Worker 0: the exchange's part of checkpoint `step`, whose folder on
   // this worker's host is `step_dir` (worker/checkpoint.h): PS, every
   // shard's file, which each shard writes into ITS checkpoint folder's
@@ -351,11 +383,27 @@ std::unique_ptr<GradientExchange> CreatePsExchange(
     PsCompression compression = {},
     std::optional<int64_t> ready_generation = std::nullopt);
 
+// An elastic allreduce job's worlds (CreateAllreduceExchange).
+struct ElasticWorld {
+  CollectiveFactory connect;
+  int worker_id = 0;
+  // The world the worker starts in (the coordinator's membership then:
+  // its workers and epoch).
+  WorkerMembership start;
+  // The linear scaling rule (JobSpec.linear_lr_scaling): each world's lr
+  // is adam.lr x its members / initial_workers (the job's num_workers).
+  bool linear_lr_scaling = false;
+  int initial_workers = 1;
+  // Each connection's and every later call's limit.
+  absl::Duration timeout = absl::Seconds(120);
+};
+
 // `collective` (not owned) connects the job's workers. `bucket_bytes` > 0.
 // Communication errors (Gloo's, after the collective's timeout) come back
 // from Step(); the buckets averaged before the error are already applied,
 // so the weights are a mix of two steps and the run must stop (every
-// worker's collective fails with it). Destroying the exchange mid-step
+// worker's collective fails with it), unless an elastic job's
+// ChangeWorld(after_failure) undoes them. Destroying the exchange mid-step
 // stops its thread once the collective call in flight returns.
 // `clip_grad_norm` > 0: gradient clipping by global norm, as
 // torch.nn.utils.clip_grad_norm_(parameters, clip_grad_norm) before the
@@ -368,10 +416,17 @@ std::unique_ptr<GradientExchange> CreatePsExchange(
 // bf16_compress_hook/fp16_compress_hook (each rank's gradient divided by
 // the world size, rounded, summed in the type; float16 scaled by a power
 // of two every rank agrees on); buffers stay fp32.
+// `elastic` (an elastic job's; `collective` null then): the exchange
+// connects its own collective through ElasticWorld::connect, at Start()
+// in the world of `start` and at each ChangeWorld() in the next one; the
+// state every rank starts from is rank 0's (the job's initial weights, or
+// its resumed checkpoint), sent at Start() with the optimizer state and
+// the step, which is how a worker joining a running job gets it.
 std::unique_ptr<GradientExchange> CreateAllreduceExchange(
     Collective* collective, const OptimizerOptions& adam, int64_t bucket_bytes,
     int num_buffers, double clip_grad_norm = 0,
-    DType wire_dtype = DTYPE_FLOAT32);
+    DType wire_dtype = DTYPE_FLOAT32,
+    std::optional<ElasticWorld> elastic = std::nullopt);
 
 }  // namespace pstrain
 

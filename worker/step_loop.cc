@@ -172,6 +172,14 @@ absl::StatusOr<bool> StepLoop::TrainEpoch(int epoch) {
       }
       if (changed->has_value()) {
         step_ = **changed;
+        if (parts_.elastic->removed()) {
+          removed_ = true;
+          step_ = positions_.total_steps();
+          return true;
+        }
+        // Allreduce: joining workers got rank 0's state (the others hold
+        // the same); PS: the weights pulled at the change.
+        if (options_.allreduce) RETURN_IF_ERROR(parts_.compute->LoadWeights());
         if (const auto& a = parts_.elastic->last_applied(); a.has_value()) {
           RETURN_IF_ERROR(parts_.reporter->MembershipChanged(
               step_, positions_.EpochOf(step_),
@@ -180,6 +188,9 @@ absl::StatusOr<bool> StepLoop::TrainEpoch(int epoch) {
         }
         if (positions_.EpochOf(step_) != epoch) return true;
         BeginSlice();
+        // Allreduce: the new world's members (a joining one first of all)
+        // agree on this boundary again, in it.
+        if (options_.allreduce) continue;
       }
     }
     const DataPositions::Place place = positions_.Locate(step_);
@@ -216,6 +227,9 @@ absl::StatusOr<bool> StepLoop::EndEpoch(int epoch) {
 }
 
 absl::Status StepLoop::Recover(absl::Status cause) {
+  if (options_.allreduce && parts_.elastic != nullptr) {
+    return RecoverWorld(std::move(cause));
+  }
   const int64_t own_step = step_;
   ASSIGN_OR_RETURN(step_, parts_.recovery->Recover(std::move(cause)));
   // Steps from the one recovered at were undone (a rollback, or, with
@@ -252,6 +266,36 @@ absl::Status StepLoop::Recover(absl::Status cause) {
     removed_ = true;
     step_ = positions_.total_steps();
     return absl::OkStatus();
+  }
+  return parts_.reporter->Recovered();
+}
+
+absl::Status StepLoop::RecoverWorld(absl::Status cause) {
+  const auto& applied = parts_.elastic->last_applied();
+  const int64_t applied_before = applied.has_value() ? applied->epoch() : -1;
+  ASSIGN_OR_RETURN(step_, parts_.elastic->RecoverWorld(std::move(cause)));
+  // Rank 0's step: the steps from it on are undone, and the step in
+  // flight was trained if rank 0 had ended it (its push was in every
+  // sum).
+  const std::optional<std::pair<int64_t, std::string>> unrecorded =
+      std::exchange(unrecorded_, std::nullopt);
+  if (!options_.record_samples_dir.empty()) {
+    DropSamplesLinesFrom(step_);
+    if (unrecorded.has_value() && step_ > unrecorded->first) {
+      AppendSamplesLine(unrecorded->second);
+    }
+  }
+  if (parts_.elastic->removed()) {
+    removed_ = true;
+    step_ = positions_.total_steps();
+    return absl::OkStatus();
+  }
+  RETURN_IF_ERROR(parts_.compute->LoadWeights());
+  if (applied.has_value() && applied->epoch() != applied_before) {
+    RETURN_IF_ERROR(parts_.reporter->MembershipChanged(
+        step_, positions_.EpochOf(step_),
+        {applied->old_workers(), applied->new_workers(), applied->old_ps(),
+         applied->new_ps(), applied->elapsed_ms()}));
   }
   return parts_.reporter->Recovered();
 }

@@ -195,6 +195,9 @@ class StepLoop {
   // Epoch `epoch` from step_ on; whether a recovery interrupted it (step_
   // is then the step to go on from).
   absl::StatusOr<bool> TrainEpoch(int epoch);
+  // An elastic allreduce job's recovery (ElasticMembership::RecoverWorld):
+  // the survivors meet in the next membership's world at rank 0's step.
+  absl::Status RecoverWorld(absl::Status cause);
   // The epoch's end (end_epoch); whether it failed and was recovered from.
   absl::StatusOr<bool> EndEpoch(int epoch);
   // Step step_, of index `index` in `epoch`.

@@ -56,9 +56,11 @@ absl::StatusOr<RunKind> KindOf(const TrainerOptions& options) {
         absl::StrCat("mode ", static_cast<int>(options.mode),
                      " (not a Mode); expected sync, async or allreduce"));
   }
-  if (kind.allreduce && options.collective == nullptr) {
+  if (kind.allreduce && options.collective == nullptr &&
+      !(options.elastic && options.connect_collective)) {
     return absl::InvalidArgumentError(
-        "mode allreduce needs the workers' collective");
+        "mode allreduce needs the workers' collective (an elastic job: a "
+        "way to connect one)");
   }
   if (options.batch_size <= 0) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -217,9 +219,21 @@ absl::StatusOr<std::unique_ptr<GradientExchange>> CreateExchange(
             ? ""
             : absl::StrCat(", gradients in ",
                            WireDtypeSpelling(options.wire_dtype)));
+    std::optional<ElasticWorld> elastic;
+    if (options.elastic) {
+      ElasticWorld world;
+      world.connect = options.connect_collective;
+      world.worker_id = options.worker_id;
+      world.start = options.start_membership;
+      world.linear_lr_scaling = options.linear_lr_scaling;
+      world.initial_workers = options.num_workers;
+      world.timeout = options.init_timeout;
+      elastic = std::move(world);
+    }
     return CreateAllreduceExchange(options.collective, options.adam,
                                    options.bucket_bytes, workload.num_buffers(),
-                                   options.clip_grad_norm, options.wire_dtype);
+                                   options.clip_grad_norm, options.wire_dtype,
+                                   std::move(elastic));
   }
   ASSIGN_OR_RETURN(
       PartitionPlan plan,
@@ -308,6 +322,7 @@ ElasticOptions ElasticOptionsOf(const TrainerOptions& options,
   ElasticOptions elastic;
   elastic.worker_id = options.worker_id;
   elastic.async = kind.async;
+  elastic.allreduce = kind.allreduce;
   elastic.newest = options.newest_membership;
   elastic.num_ps = static_cast<int>(options.ps_addresses.size());
   elastic.applied = options.membership_applied;
@@ -399,6 +414,9 @@ absl::StatusOr<int64_t> StartExchange(
     // from its membership's step (ElasticMembership::Started).
     if (kind.async && !options.rejoin) step = own_start;
   } else {
+    // An elastic allreduce job's joining worker is prepared: the others
+    // may switch to the world it joins in Start().
+    if (joins && options.prepared) options.prepared();
     const bool resumes =
         (options.worker_id == 0 || kind.allreduce) && options.resume;
     RETURN_IF_ERROR(
@@ -626,10 +644,15 @@ absl::StatusOr<TrainerOutput> RunWorker(const TrainerOptions& options,
   const std::unique_ptr<Recovery> recovery =
       CreateRecovery(options, kind, workload.get(), exchange.get(), say);
   std::optional<ElasticMembership> elastic;
-  if (options.elastic && !kind.allreduce) {
+  if (options.elastic) {
     elastic.emplace(ElasticOptionsOf(options, kind, say), &positions,
                     exchange.get());
-    if (chief) {
+    if (kind.allreduce) {
+      // The data position rank 0 sends with its state (a joining
+      // worker's, or every survivor's after a death).
+      exchange->set_restore_membership(
+          [&elastic](int64_t step) { return elastic->AtVersion(step); });
+    } else if (chief) {
       exchange->set_restore_membership([&elastic, &recovery](int64_t v) {
         return elastic->AtVersion(recovery->StepOfVersion(v));
       });

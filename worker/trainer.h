@@ -29,6 +29,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "catalog/job_config.h"
+#include "common/membership.h"
 #include "common/partition.h"
 #include "grpcpp/security/credentials.h"
 #include "models/model.h"
@@ -85,6 +86,11 @@ struct TrainerOptions {
   // (applied on every worker; server/optimizer.h) and the largest gradient
   // bucket, bytes. Every mode: its lr schedule gives the metrics' lr.
   Collective* collective = nullptr;
+  // An elastic allreduce job (`elastic`; `collective` null): how the
+  // exchange connects each world, and the coordinator's membership the
+  // worker starts in (workers and epoch).
+  CollectiveFactory connect_collective;
+  WorkerMembership start_membership;
   OptimizerOptions adam;
   int64_t bucket_bytes = 25 << 20;
   // COMPUTE_MODEL: forward and backward of `model` on the dataset's
@@ -186,13 +192,16 @@ struct TrainerOptions {
   int backup_workers = 0;
   // An elastic job (JobSpec.max_workers > 0; worker/elastic.h): num_workers
   // is the first membership; `newest_membership` (worker 0) gives the
-  // coordinator's newest, `membership_applied` (worker 0) reports one
-  // applied. Every worker other than 0 joins the shards' generation that
-  // has it (as a restarted task does).
+  // coordinator's newest (allreduce: every worker's), `membership_applied`
+  // (worker 0) reports one applied. Every worker other than 0 joins the
+  // shards' generation that has it (as a restarted task does); allreduce,
+  // the world of its start membership.
   bool elastic = false;
   // JobSpec.min_workers: a dead worker whose budget is spent is removed
   // (worker 0 then waits for that verdict after a recovery).
   int min_workers = 0;
+  // JobSpec.linear_lr_scaling (allreduce; the shards apply it otherwise).
+  bool linear_lr_scaling = false;
   std::function<std::optional<Membership>()> newest_membership;
   std::function<void(const MembershipApplied&)> membership_applied;
   // Workers but 0 of an elastic job: called once the model and input

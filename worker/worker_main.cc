@@ -28,6 +28,7 @@
 #include "common/flags_util.h"
 #include "common/tls.h"
 #include "common/trace.h"
+#include "coordinator/job_membership.h"
 #include "coordinator/job_spec.h"
 #include "coordinator/job_table.h"
 #include "coordinator/task_agent.h"
@@ -210,25 +211,58 @@ void StartHeartbeatsThatExit(pstrain::TaskAgent& agent) {
       });
 }
 
-// Allreduce: connects the workers (Gloo: TCP on the advertised host; NCCL:
-// this worker's GPU), under the prefix of the job's generation (after a
-// restart of every worker, keys no earlier worker set).
-absl::StatusOr<std::unique_ptr<pstrain::Collective>> ConnectCollective(
-    const pstrain::JobConfig& config, int index, int gpu,
+// Allreduce: connects rank `rank` of `size` (Gloo: TCP on the advertised
+// host; NCCL: this worker's GPU), under the prefix of the job's generation
+// (after a restart of every worker, keys no earlier worker set) and, in an
+// elastic job, of its membership `epoch` (each world's ranks meet under
+// their own; epoch 0's is the generation's).
+pstrain::CollectiveFactory CollectiveFactoryOf(
+    const pstrain::JobConfig& config, int gpu,
     const pstrain::TaskAddress& address, const pstrain::ClusterLayout& layout,
     pstrain::RendezvousStore* store) {
-  const pstrain::JobSpec& spec = config.spec;
-  const absl::Duration timeout =
-      absl::Seconds(absl::GetFlag(FLAGS_init_timeout_s));
   const std::string generation =
       layout.generation() == 0 ? "" : absl::StrCat("-", layout.generation());
-  if (config.collective == pstrain::COLLECTIVE_NCCL) {
-    return pstrain::Collective::CreateNccl(index, spec.num_workers(), gpu,
-                                           store, "nccl" + generation, timeout);
+  const bool nccl = config.collective == pstrain::COLLECTIVE_NCCL;
+  const std::string host = address.advertise_host;
+  return [=](int rank, int size, int64_t epoch, absl::Duration timeout)
+             -> absl::StatusOr<std::unique_ptr<pstrain::Collective>> {
+    const std::string prefix =
+        absl::StrCat(nccl ? "nccl" : "gloo", generation,
+                     epoch == 0 ? "" : absl::StrCat("-m", epoch));
+    if (nccl) {
+      return pstrain::Collective::CreateNccl(rank, size, gpu, store, prefix,
+                                             timeout);
+    }
+    return pstrain::Collective::CreateGloo(rank, size, host, store, prefix,
+                                           timeout);
+  };
+}
+
+// An elastic allreduce job's worker: the coordinator's membership whose
+// world it starts in, or none when that leaves this worker out (OK: the
+// worker ends). A fresh worker of the applied membership's world (the
+// job's start) starts in that world; any other (a worker a Scale added,
+// or after a restart of every worker, `rejoin`) in the newest membership's,
+// which worker 0 applies at its next due step boundary (a restart: at
+// once, every worker starting there).
+absl::StatusOr<std::optional<pstrain::WorkerMembership>> StartMembership(
+    pstrain::TaskAgent& agent, int index, bool rejoin) {
+  absl::StatusOr<pstrain::Membership> newest = agent.WaitForMembership(
+      0, absl::Now() + absl::Seconds(absl::GetFlag(FLAGS_init_timeout_s)));
+  if (!newest.ok()) return newest.status();
+  const std::optional<pstrain::Membership> applied = agent.applied_membership();
+  auto world = [](const pstrain::Membership& m) {
+    pstrain::WorkerMembership w;
+    w.workers.assign(m.workers().begin(), m.workers().end());
+    w.epoch = m.epoch();
+    return w;
+  };
+  pstrain::WorkerMembership start = world(*newest);
+  if (!rejoin && applied.has_value() && world(*applied).RankOf(index) >= 0) {
+    start = world(*applied);
   }
-  return pstrain::Collective::CreateGloo(index, spec.num_workers(),
-                                         address.advertise_host, store,
-                                         "gloo" + generation, timeout);
+  if (start.RankOf(index) < 0) return std::nullopt;
+  return start;
 }
 
 // The trainer's options from the job spec (validated at submission:
@@ -239,6 +273,8 @@ absl::StatusOr<pstrain::TrainerOptions> TrainerOptionsOf(
     const pstrain::JobConfig& config, pstrain::TaskAgent& agent,
     const pstrain::ClusterLayout& layout, const ThreadPlan& threads,
     pstrain::Collective* collective) {
+  // (An elastic allreduce job's exchange connects its own: main() sets
+  // connect_collective and start_membership.)
   const pstrain::JobSpec& spec = config.spec;
   const int index = agent.options().index;
   pstrain::TrainerOptions options;
@@ -304,14 +340,20 @@ absl::StatusOr<pstrain::TrainerOptions> TrainerOptionsOf(
   options.max_restarts = spec.max_restarts();
   // An elastic job (issue 40): worker 0 applies the coordinator's newest
   // membership (from the heartbeats' answers) and reports it applied.
-  options.elastic = spec.max_workers() > 0 || spec.max_ps() > 0;
+  options.elastic = pstrain::IsElastic(spec);
   options.min_workers = spec.min_workers();
+  options.linear_lr_scaling = spec.linear_lr_scaling();
   if (options.elastic && index != 0) {
     // A membership that adds this worker is ready once it is prepared.
     options.prepared = [&agent] { agent.SetPrepared(); };
   }
-  if (options.elastic && index == 0) {
+  // Allreduce: every worker follows the coordinator's memberships (after
+  // a death each joins the next one's world).
+  if (options.elastic &&
+      (index == 0 || config.mode == pstrain::MODE_ALLREDUCE)) {
     options.newest_membership = [&agent] { return agent.membership(); };
+  }
+  if (options.elastic && index == 0) {
     options.membership_applied =
         [&agent](const pstrain::MembershipApplied& applied) {
           agent.SetMembershipApplied(applied);
@@ -417,9 +459,26 @@ int main(int argc, char** argv) {
 
   CoordinatorStore store(&agent);
   std::unique_ptr<pstrain::Collective> collective;
-  if (config.mode == pstrain::MODE_ALLREDUCE) {
+  const bool elastic = pstrain::IsElastic(spec);
+  const pstrain::CollectiveFactory connect =
+      CollectiveFactoryOf(config, gpu, address, *layout, &store);
+  std::optional<pstrain::WorkerMembership> start;
+  if (config.mode == pstrain::MODE_ALLREDUCE && elastic) {
+    absl::StatusOr<std::optional<pstrain::WorkerMembership>> m =
+        StartMembership(agent, index,
+                        absl::GetFlag(FLAGS_rejoin) || agent.rejoining());
+    if (!m.ok()) return fail(1, std::string(m.status().message()));
+    if (!m->has_value()) {
+      std::printf("%s: %s: not a member of the job's workers; leaving\n",
+                  kProgram, agent.name().c_str());
+      agent.Finish(true, "not a member of the job's membership").IgnoreError();
+      return 0;
+    }
+    start = **m;
+  } else if (config.mode == pstrain::MODE_ALLREDUCE) {
     absl::StatusOr<std::unique_ptr<pstrain::Collective>> connected =
-        ConnectCollective(config, index, gpu, address, *layout, &store);
+        connect(index, spec.num_workers(), 0,
+                absl::Seconds(absl::GetFlag(FLAGS_init_timeout_s)));
     if (!connected.ok()) {
       return FailOrAwaitRestart(agent, config, connected.status(),
                                 std::string(connected.status().message()));
@@ -429,6 +488,10 @@ int main(int argc, char** argv) {
   absl::StatusOr<pstrain::TrainerOptions> options =
       TrainerOptionsOf(config, agent, *layout, thread_plan, collective.get());
   if (!options.ok()) return fail(2, std::string(options.status().message()));
+  if (start.has_value()) {
+    options->connect_collective = connect;
+    options->start_membership = *start;
+  }
 
   absl::StatusOr<pstrain::TrainerOutput> output =
       pstrain::RunWorker(*options, *dataset);
