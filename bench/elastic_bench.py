@@ -62,6 +62,13 @@ With --mode=async every run (the baseline too) is async: worker 0 reopens
 the shards at their own state (or moves each chunk as it is) from its step,
 and every member follows from its own place (docs/ARCHITECTURE.md, "Async").
 
+With --mode=allreduce (workers only) every run (the baseline too) is an
+allreduce job: the workers agree at a step boundary and connect the new
+world's collective, rank 0 sending its state when a worker joins
+(docs/ARCHITECTURE.md, "Allreduce"); the others' lines "worker N:
+membership E, ..." say they are in it, and the joining worker's "start to
+ready" runs until that line (it joins no shards before the change).
+
 With --staleness=S every run (the baseline too) has bounded staleness S:
 worker 0 first waits until every shard has decided its last step, then
 reopens them or moves their state; the others' steps run ahead are redone
@@ -74,7 +81,8 @@ waits until every shard has decided the step before it
 
 Usage: python3 bench/elastic_bench.py [--repeats=3] [--models=lenet5,resnet18]
                                       [--kinds=workers,shards] [--staleness=0]
-                                      [--backup_workers=0] [--mode=sync|async]
+                                      [--backup_workers=0]
+                                      [--mode=sync|async|allreduce]
 Needs `bazel build //cli:pstrain //server:pstrain_ps //worker:pstrain_worker`
 and Fashion-MNIST.
 """
@@ -95,7 +103,8 @@ PSTRAIN = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..",
                        "bazel-bin", "cli", "pstrain")
 
 STEP = r"\[worker0\] Step[0-9]+:"
-RESUMED = r"\[worker[0-9]+\] worker [0-9]+(: recovered in| rejoined the job)"
+RESUMED = (r"\[worker[0-9]+\] worker [0-9]+(: recovered in| rejoined the job"
+           r"|: membership [0-9]+, )")
 RECOVERED = r"\[worker[0-9]+\] worker [0-9]+: recovered in ([0-9.]+) s"
 
 
@@ -103,11 +112,15 @@ class Change:
     """One scale request: `kind` ("workers" or "shards") from `old` to
     `new`; what differs between the two kinds."""
 
-    def __init__(self, kind, old, new):
+    def __init__(self, kind, old, new, allreduce=False):
         self.kind, self.old, self.new = kind, old, new
         workers = kind == "workers"
         # The elastic run's counts and limit, and the baseline's counts.
-        if workers:
+        if allreduce:
+            self.flags = ["--num_workers=%d" % old, "--mode=allreduce",
+                          "--max_workers=3"]
+            self.resume = ["--num_workers=%d" % new, "--mode=allreduce"]
+        elif workers:
             self.flags = ["--num_workers=%d" % old, "--num_ps=2",
                           "--max_workers=3"]
             self.resume = ["--num_workers=%d" % new, "--num_ps=2"]
@@ -125,7 +138,11 @@ class Change:
         # line once it is ready (index `old`: the new one).
         self.joiner = None
         if new > old and workers:
+            # Allreduce: ready is in the new world (it joins no shards
+            # before).
             self.joiner = (r"\[worker%d\] worker %d of job-" % (old, old),
+                           (r"\[worker%d\] worker %d: membership [0-9]+, "
+                            % (old, old)) if allreduce else
                            r"\[worker%d\] worker %d rejoined the job at step"
                            % (old, old))
         elif new > old:
@@ -365,14 +382,20 @@ def main():
     parser.add_argument("--backup_workers", type=int, default=0,
                         help="backup workers of every run (0: none; at most "
                         "1: the runs have 2 workers at their smallest)")
-    parser.add_argument("--mode", default="sync", choices=["sync", "async"],
-                        help="every run's mode")
+    parser.add_argument("--mode", default="sync",
+                        choices=["sync", "async", "allreduce"],
+                        help="every run's mode (allreduce: workers only)")
     parser.add_argument("--log_dir", default="",
                         help="keep every run's output here (default: none)")
     args = parser.parse_args()
     if args.mode == "async" and (args.staleness > 0 or args.backup_workers):
         parser.error("--staleness or --backup_workers with --mode=async: "
                      "they shape sync steps")
+    if args.mode == "allreduce" and (args.staleness > 0 or
+                                     args.backup_workers or
+                                     args.kinds != "workers"):
+        parser.error("--mode=allreduce: only --kinds=workers, without "
+                     "--staleness or --backup_workers (no shards)")
     if not 0 <= args.backup_workers <= 1:
         parser.error("--backup_workers=%d: expected 0 or 1 (the runs have 2 "
                      "workers at their smallest)" % args.backup_workers)
@@ -394,7 +417,9 @@ def main():
         cfg = settings.get(model, settings["resnet18"])
         for kind in args.kinds.split(","):
             for old, new in ((2, 3), (3, 2)):
-                rows.append(one_row(model, cfg, Change(kind, old, new),
+                rows.append(one_row(model, cfg,
+                                    Change(kind, old, new,
+                                           args.mode == "allreduce"),
                                     args))
     print("| model | change | request to every member in the new step (s) "
           "| request to the new count's first step done (s) | "
@@ -410,12 +435,14 @@ def main():
     for r in rows:
         print("| %s | %s | %.2f | %.2f | %.0f | %.2f | %.2f | %.2f | %.2f "
               "| %.2f | %.2f | %s | %.2f | %.2fx | %s | %s |" % r)
-    print("\nmedians of %d repeats; %s%s%s; workers: 2 shards, "
-          "--max_workers=3; shards: 2 workers, --max_ps=3; %.0f s in all" %
+    print("\nmedians of %d repeats; %s%s%s; %s; %.0f s in all" %
           (args.repeats, args.mode, ", staleness %d" % args.staleness
            if args.staleness else "",
            ", %d backup worker" % args.backup_workers
-           if args.backup_workers else "", time.monotonic() - began))
+           if args.backup_workers else "",
+           "workers: no shards, --max_workers=3" if args.mode == "allreduce"
+           else "workers: 2 shards, --max_workers=3; shards: 2 workers, "
+           "--max_ps=3", time.monotonic() - began))
 
 
 def one_row(model, cfg, change, args):

@@ -326,13 +326,13 @@ CommandInfo RunInfo() {
               "Continue from --checkpoint_dir's newest checkpoint "
               "(weights, optimizer state, step, data position)."},
              {"max_workers",
-              "Modes sync and async: an elastic job of at most this many "
-              "workers (num_workers to 4096; 0: not elastic), scaled with "
+              "Every mode: an elastic job of at most this many workers "
+              "(num_workers to 4096; 0: not elastic), scaled with "
               "--control_file."},
              {"min_workers",
-              "Modes sync and async: a worker whose restart budget is spent "
-              "is removed instead of failing the job while this many remain "
-              "(0: never)."},
+              "Every mode: a worker whose restart budget is spent is removed "
+              "instead of failing the job while this many remain (0: "
+              "never)."},
              {"linear_lr_scaling",
               "Elastic workers: each membership's lr is --lr x members / "
               "num_workers (Goyal et al. 2017's linear scaling rule)."},

@@ -290,11 +290,11 @@ ABSL_FLAG(int, backup_workers, 0,
           "replicas_to_aggregate), the late ones' gradients are dropped "
           "(0: every worker; 0 to num_workers - 1).");
 ABSL_FLAG(int, max_workers, 0,
-          "run, modes sync and async: an elastic job of at most this many "
-          "workers, scaled with --control_file (0: not elastic).");
+          "run, every mode: an elastic job of at most this many workers, "
+          "scaled with --control_file (0: not elastic).");
 ABSL_FLAG(int, min_workers, 0,
-          "run, modes sync and async: remove a worker whose restart budget "
-          "is spent while this many remain (0: fail the job).");
+          "run, every mode: remove a worker whose restart budget is spent "
+          "while this many remain (0: fail the job).");
 ABSL_FLAG(bool, linear_lr_scaling, false,
           "run, elastic workers: each membership's lr is --lr x members / "
           "num_workers (Goyal et al. 2017's linear scaling rule).");

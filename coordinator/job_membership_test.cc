@@ -163,11 +163,15 @@ TEST(JobMembershipTest, GrowingAddsTheLowestIdleWorkersReadyOnceRegistered) {
   EXPECT_TRUE(LogHas(job,
                      "scale to 3 workers requested: membership 1 (workers 0, "
                      "1, 2) at step 200 or the next"));
-  // The workers learn it from their heartbeats, not yet ready.
+  // The workers learn it from their heartbeats, not yet ready, beside the
+  // one worker 0 applied (epoch 0: where a fresh allreduce worker of it
+  // starts).
   HeartbeatResponse answer = Beat(table, id, 0);
   EXPECT_EQ(answer.membership().epoch(), 1);
   EXPECT_FALSE(answer.membership().ready());
   EXPECT_FALSE(answer.removed());
+  EXPECT_EQ(answer.applied_membership().epoch(), 0);
+  EXPECT_EQ(Workers(answer.applied_membership()), "0,1");
   // The same count again changes nothing.
   EXPECT_EQ(table.Scale(id, 3, 0, kT0)->epoch(), 1);
   // 4, then 3 again before worker 3 registered: it is not waited for, and
@@ -270,6 +274,7 @@ TEST(JobMembershipTest, ShrinkIsAppliedByWorkerZeroThenTheRemovedExit) {
   const HeartbeatResponse answer = Beat(table, id, 3);
   EXPECT_TRUE(answer.removed());
   EXPECT_EQ(answer.membership().epoch(), 1);
+  EXPECT_EQ(answer.applied_membership().epoch(), 1);
   EXPECT_FALSE(Beat(table, id, 1).removed());
   // A removed worker's end, clean or not, is no failure.
   ASSERT_TRUE(Finish(table, id, 3, true).ok());

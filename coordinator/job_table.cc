@@ -782,7 +782,11 @@ absl::StatusOr<int> JobTable::TaskRestarting(const std::string& id,
   const bool every_worker = ModeOf(job->spec()) == MODE_ALLREDUCE;
   if (every_worker) {
     for (TaskInfo& t : *job->mutable_tasks()) {
-      if (&t == task || t.state() == TASK_WAITING) continue;
+      // An elastic job's standby and removed workers are not running.
+      if (&t == task || t.state() == TASK_WAITING ||
+          t.state() == TASK_IDLE || t.state() == TASK_REMOVED) {
+        continue;
+      }
       t.set_state(TASK_WAITING);
       t.set_restart_requested(true);
       t.set_address("");

@@ -834,6 +834,30 @@ TEST(JobTableTest, AllreduceWorkerDeathRestartsEveryWorkerAsOneRestart) {
             "worker 0 died (signal 9); the job's restart budget (1) is spent");
 }
 
+// An elastic allreduce job's restart of every worker leaves its standby
+// worker idle (it is not running: nothing to restart).
+TEST(JobTableTest, ElasticAllreduceRestartLeavesStandbyWorkersIdle) {
+  JobTable table;
+  const std::string id = *table.Submit(
+      *ParseJobSpec("num_ps: 0 num_workers: 2 max_workers: 3 batch_size: 8 "
+                    "epochs: 1 mode: \"allreduce\" max_restarts: 1 "
+                    "checkpoint_dir: \"/tmp/ck\"",
+                    "test"),
+      kT0);
+  for (int w = 0; w < 2; ++w) {
+    ASSERT_TRUE(
+        table.Register(id, ROLE_WORKER, w, absl::StrCat("h:", w), kT0).ok());
+  }
+  ASSERT_EQ(*table.TaskRestarting(id, ROLE_WORKER, 1, "died (signal 9)", kT0),
+            1);
+  const JobInfo job = *table.Get(id);
+  for (const TaskInfo& t : job.tasks()) {
+    EXPECT_EQ(t.state(), t.index() == 2 ? TASK_IDLE : TASK_WAITING)
+        << t.index();
+    EXPECT_EQ(t.restart_requested(), t.index() == 0) << t.index();
+  }
+}
+
 TEST(JobTableTest, EndedTasksHeartbeatsAreRefused) {
   JobTable table;
   const std::string id = *table.Submit(Spec(), kT0);
