@@ -783,8 +783,8 @@ absl::StatusOr<int> JobTable::TaskRestarting(const std::string& id,
   if (every_worker) {
     for (TaskInfo& t : *job->mutable_tasks()) {
       // An elastic job's standby and removed workers are not running.
-      if (&t == task || t.state() == TASK_WAITING ||
-          t.state() == TASK_IDLE || t.state() == TASK_REMOVED) {
+      if (&t == task || t.state() == TASK_WAITING || t.state() == TASK_IDLE ||
+          t.state() == TASK_REMOVED) {
         continue;
       }
       t.set_state(TASK_WAITING);

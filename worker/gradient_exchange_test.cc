@@ -60,15 +60,16 @@ std::vector<float> Gradient(int rank, int t) {
   return g;
 }
 
-// What one step must give: the optimizer's update number `step` (Adam by
-// default) on the average gradient.
-std::vector<std::vector<float>> Expected(int size, int steps,
-                                         const OptimizerOptions& adam) {
+// What steps must give: the optimizer's update number `step` (Adam by
+// default) on the average gradient of ranks 0 to sizes[step - 1] - 1.
+std::vector<std::vector<float>> ExpectedOver(const std::vector<int>& sizes,
+                                             const OptimizerOptions& adam) {
   std::vector<std::vector<float>> w(kTensors,
                                     std::vector<float>(kElements, 0.1f));
   std::vector<std::vector<float>> m(kTensors, std::vector<float>(kElements));
   std::vector<std::vector<float>> v(kTensors, std::vector<float>(kElements));
-  for (int step = 1; step <= steps; ++step) {
+  for (int step = 1; step <= static_cast<int>(sizes.size()); ++step) {
+    const int size = sizes[step - 1];
     for (int t = 0; t < kTensors; ++t) {
       std::vector<float> average(kElements, 0.0f);
       for (int r = 0; r < size; ++r) {
@@ -83,6 +84,12 @@ std::vector<std::vector<float>> Expected(int size, int steps,
     }
   }
   return w;
+}
+
+// The same with `size` ranks at every step.
+std::vector<std::vector<float>> Expected(int size, int steps,
+                                         const OptimizerOptions& adam) {
+  return ExpectedOver(std::vector<int>(steps, size), adam);
 }
 
 // SGD with Nesterov momentum and weight decay under a warmup + cosine
@@ -411,6 +418,132 @@ TEST(AllreduceExchangeTest, FailedCopyIsStepsErrorAndMidStepExitIsPrompt) {
     exchange->GradientsReady(gradients, 8, {2}, nullptr);
   }
   EXPECT_LT(absl::Now() - start, absl::Seconds(2));
+}
+
+// An elastic allreduce job's worlds (issue 40), ranks as threads: two
+// ranks train 2 steps; worker 0 proposes a membership with worker 2 at
+// the boundary, all agree and move to its world, where worker 2 (started
+// with it) receives rank 0's state; 3 ranks train 2 steps; worker 2 then
+// dies in step 4 after its first bucket was averaged (ranks 0 and 1
+// updated tensor 2 of that step), and ranks 0 and 1 undo it and meet in
+// the next world, training one more step. Every rank's weights equal the
+// optimizer's on the members' average at each step, bit for bit, and the
+// joining worker starts at rank 0's step and data position.
+TEST(AllreduceExchangeTest, ElasticWorldGrowsAndSurvivesADeathInPlace) {
+  InProcessStore store;
+  const AdamOptions adam;
+  auto world = [](std::vector<int> workers, int64_t epoch) {
+    WorkerMembership m;
+    m.workers = std::move(workers);
+    m.epoch = epoch;
+    return m;
+  };
+  auto exchange_of = [&](int worker, const WorkerMembership& start) {
+    ElasticWorld elastic;
+    elastic.connect = [&store](int rank, int size, int64_t epoch,
+                               absl::Duration timeout) {
+      return Collective::CreateGloo(rank, size, "127.0.0.1", &store,
+                                    absl::StrCat("elastic-m", epoch), timeout);
+    };
+    elastic.worker_id = worker;
+    elastic.start = start;
+    elastic.initial_workers = 2;
+    elastic.timeout = absl::Seconds(20);
+    std::unique_ptr<GradientExchange> exchange = CreateAllreduceExchange(
+        nullptr, adam, kElements * sizeof(float), 0, 0, DTYPE_FLOAT32, elastic);
+    // Rank 0's data position of a step (ElasticMembership's, here made up).
+    exchange->set_restore_membership([](int64_t step) {
+      WorkerMembership at;
+      at.data_offset = step * 100;
+      at.data_steps = step;
+      return at;
+    });
+    return exchange;
+  };
+  // At each boundary: worker 0's proposal (the others pass none).
+  auto agree = [](GradientExchange& exchange, int worker,
+                  const std::optional<WorkerMembership>& proposal) {
+    absl::StatusOr<std::optional<WorkerMembership>> agreed =
+        exchange.AgreeMembership(worker == 0 ? proposal : std::nullopt);
+    EXPECT_TRUE(agreed.ok()) << agreed.status();
+    return agreed.ok() ? *agreed : std::nullopt;
+  };
+  std::vector<std::vector<std::vector<float>>> results(3);
+  std::vector<std::vector<float>> partial(2);
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < 2; ++r) {
+    ranks.emplace_back([&, r] {
+      std::unique_ptr<GradientExchange> exchange =
+          exchange_of(r, world({0, 1}, 0));
+      RankTensors tensors(r);
+      ASSERT_TRUE(exchange->Start(tensors.weights).ok());
+      for (int step = 0; step < 2; ++step) {
+        EXPECT_FALSE(agree(*exchange, r, std::nullopt).has_value());
+        ASSERT_TRUE(exchange->Step(tensors.gradients, 8).ok());
+      }
+      WorkerMembership grow = world({0, 1, 2}, 1);
+      grow.from_step = 2;
+      const std::optional<WorkerMembership> agreed = agree(*exchange, r, grow);
+      ASSERT_TRUE(agreed.has_value());
+      EXPECT_EQ(agreed->workers, grow.workers);
+      EXPECT_EQ(agreed->from_step, 2);
+      EXPECT_EQ(*exchange->ChangeWorld(*agreed, false, absl::Seconds(20)), 2);
+      for (int step = 2; step < 4; ++step) {
+        EXPECT_FALSE(agree(*exchange, r, std::nullopt).has_value());
+        ASSERT_TRUE(exchange->Step(tensors.gradients, 8).ok());
+      }
+      EXPECT_FALSE(agree(*exchange, r, std::nullopt).has_value());
+      const std::vector<float> before = tensors.w[2];
+      EXPECT_FALSE(exchange->Step(tensors.gradients, 8).ok());
+      partial[r] = tensors.w[2];
+      EXPECT_NE(partial[r], before) << "tensor 2 was not updated first";
+      // Worker 2 removed: the survivors' world, with rank 0's state.
+      absl::StatusOr<int64_t> step =
+          exchange->ChangeWorld(world({0, 1}, 2), true, absl::Seconds(20));
+      ASSERT_TRUE(step.ok()) << step.status();
+      EXPECT_EQ(*step, 4);
+      EXPECT_EQ(tensors.w[2], before);
+      EXPECT_FALSE(agree(*exchange, r, std::nullopt).has_value());
+      ASSERT_TRUE(exchange->Step(tensors.gradients, 8).ok());
+      EXPECT_EQ(*exchange->SamplesSoFar(), (2 * 2 + 3 * 2 + 2) * 8);
+      results[r] = tensors.w;
+    });
+  }
+  ranks.emplace_back([&] {
+    std::unique_ptr<GradientExchange> exchange =
+        exchange_of(2, world({0, 1, 2}, 1));
+    RankTensors tensors(2);
+    ASSERT_TRUE(exchange->Start(tensors.weights).ok());
+    const std::optional<WorkerMembership> joined = exchange->membership();
+    ASSERT_TRUE(joined.has_value());
+    EXPECT_EQ(joined->from_step, 2);
+    EXPECT_EQ(joined->data_offset, 200);
+    EXPECT_EQ(joined->data_steps, 2);
+    EXPECT_EQ(*exchange->SamplesSoFar(), 2 * 2 * 8);
+    for (int step = 2; step < 4; ++step) {
+      EXPECT_FALSE(agree(*exchange, 2, std::nullopt).has_value());
+      ASSERT_TRUE(exchange->Step(tensors.gradients, 8).ok());
+    }
+    results[2] = tensors.w;
+    // Step 4: its last bucket's gradient only, then it dies (the exchange
+    // and its collective go away once that bucket is averaged).
+    EXPECT_FALSE(agree(*exchange, 2, std::nullopt).has_value());
+    exchange->GradientsReady(tensors.gradients, 8, {2}, nullptr);
+    absl::SleepFor(absl::Milliseconds(500));
+  });
+  for (std::thread& t : ranks) t.join();
+  const std::vector<std::vector<float>> at_death =
+      ExpectedOver({2, 2, 3, 3}, adam);
+  const std::vector<std::vector<float>> expected =
+      ExpectedOver({2, 2, 3, 3, 2}, adam);
+  for (int t = 0; t < kTensors; ++t) {
+    EXPECT_EQ(results[0][t], expected[t]) << "tensor " << t;
+    EXPECT_EQ(results[1][t], expected[t]) << "tensor " << t;
+    EXPECT_EQ(results[2][t], at_death[t]) << "tensor " << t;
+  }
+  // What ranks 0 and 1 held before the undo: step 4's update of tensor 2
+  // with worker 2's gradient in it.
+  EXPECT_EQ(partial[0], ExpectedOver({2, 2, 3, 3, 3}, adam)[2]);
 }
 
 // `num_shards` sync shards of a job of `num_workers` (bounded staleness
