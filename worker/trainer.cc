@@ -332,6 +332,25 @@ ElasticOptions ElasticOptionsOf(const TrainerOptions& options,
   return elastic;
 }
 
+// An elastic job's membership into `elastic` (which must stay where it
+// is: the exchange's restore membership reads it), and the data position
+// its exchange sends: allreduce, with rank 0's state (a joining worker's,
+// or every survivor's after a death); PS, worker 0's with a restore.
+void CreateElastic(const TrainerOptions& options, const RunKind& kind,
+                   const LineFn& say, DataPositions& positions,
+                   GradientExchange& exchange, Recovery& recovery,
+                   std::optional<ElasticMembership>& elastic) {
+  elastic.emplace(ElasticOptionsOf(options, kind, say), &positions, &exchange);
+  if (kind.allreduce) {
+    exchange.set_restore_membership(
+        [&elastic](int64_t step) { return elastic->AtVersion(step); });
+  } else if (options.worker_id == 0) {
+    exchange.set_restore_membership([&elastic, &recovery](int64_t v) {
+      return elastic->AtVersion(recovery.StepOfVersion(v));
+    });
+  }
+}
+
 // Resume: the newest checkpoint's data position (every worker: the step to
 // start at), loss scale (fp16: every worker, into `loss_scaler` when set)
 // and state (worker 0, for the shards; allreduce: every worker, which
@@ -645,18 +664,7 @@ absl::StatusOr<TrainerOutput> RunWorker(const TrainerOptions& options,
       CreateRecovery(options, kind, workload.get(), exchange.get(), say);
   std::optional<ElasticMembership> elastic;
   if (options.elastic) {
-    elastic.emplace(ElasticOptionsOf(options, kind, say), &positions,
-                    exchange.get());
-    if (kind.allreduce) {
-      // The data position rank 0 sends with its state (a joining
-      // worker's, or every survivor's after a death).
-      exchange->set_restore_membership(
-          [&elastic](int64_t step) { return elastic->AtVersion(step); });
-    } else if (chief) {
-      exchange->set_restore_membership([&elastic, &recovery](int64_t v) {
-        return elastic->AtVersion(recovery->StepOfVersion(v));
-      });
-    }
+    CreateElastic(options, kind, say, positions, *exchange, *recovery, elastic);
   }
   // fp16 precision: GradScaler's defaults, or the resumed checkpoint's.
   LossScaler loss_scaler;
