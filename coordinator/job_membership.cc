@@ -3,7 +3,9 @@
 #include <algorithm>
 #include <vector>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
 #include "common/status_macros.h"
 
 namespace pstrain {
@@ -337,6 +339,41 @@ bool UpdateReady(JobInfo* job) {
   return changed;
 }
 
+namespace {
+
+// The membership epoch of an allreduce world's rendezvous key (prefix
+// "gloo" or "nccl", then "-G" in restart generation G, then "-mE" for
+// epoch E > 0: worker_main.cc's CollectiveFactoryOf), or -1 for any other
+// key.
+int64_t WorldEpochOfKey(absl::string_view key) {
+  const size_t slash = key.find('/');
+  if (slash == absl::string_view::npos) return -1;
+  absl::string_view prefix = key.substr(0, slash);
+  if (!absl::ConsumePrefix(&prefix, "gloo") &&
+      !absl::ConsumePrefix(&prefix, "nccl")) {
+    return -1;
+  }
+  const size_t m = prefix.rfind("-m");
+  if (m == absl::string_view::npos) return 0;
+  int64_t epoch = -1;
+  return absl::SimpleAtoi(prefix.substr(m + 2), &epoch) ? epoch : -1;
+}
+
+// An elastic allreduce job's worlds before `epoch` have ended (worker 0
+// applied `epoch`, every member connected its world): their rendezvous
+// keys go, so that the store's key and byte limits hold however many
+// changes a job makes.
+void DropEndedWorldKeys(JobInfo* job, int64_t epoch) {
+  std::vector<std::string> drop;
+  for (const auto& [key, value] : job->kv()) {
+    const int64_t world = WorldEpochOfKey(key);
+    if (world >= 0 && world < epoch) drop.push_back(key);
+  }
+  for (const std::string& key : drop) job->mutable_kv()->erase(key);
+}
+
+}  // namespace
+
 std::optional<std::string> ApplyMembership(JobInfo* job,
                                            const MembershipApplied& applied) {
   if (!IsElastic(job->spec()) || job->memberships().empty()) {
@@ -352,6 +389,7 @@ std::optional<std::string> ApplyMembership(JobInfo* job,
   if (kept.old_ps() == 0) kept.set_old_ps(job->memberships(0).num_ps());
   if (kept.new_ps() == 0) kept.set_new_ps(job->memberships(found).num_ps());
   job->mutable_memberships()->DeleteSubrange(0, found);
+  DropEndedWorldKeys(job, applied.epoch());
   auto* history = job->mutable_membership_history();
   *history->Add() = kept;
   if (history->size() > kMaxMembershipHistory) {

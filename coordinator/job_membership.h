@@ -130,7 +130,8 @@ bool UpdateReady(JobInfo* job);
 
 // Worker 0's report: appends it to membership_history (at most
 // kMaxMembershipHistory), makes its epoch the applied one (dropping the
-// older memberships), marks the shards it removed (ShardRemoved)
+// older memberships, and an allreduce job's rendezvous keys of the worlds
+// before it), marks the shards it removed (ShardRemoved)
 // TASK_REMOVED, and returns the job log's line "membership N: W workers ->
 // W' at step S (T ms): REASON" ("membership N: W workers -> W', P shards
 // -> P' at step S (T ms): REASON" in a job with max_ps; old_ps and new_ps
