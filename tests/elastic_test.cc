@@ -125,6 +125,32 @@ Recorded ReadRecords(
   return r;
 }
 
+// Each step of `r` was trained by `members(step)`, each worker once; the
+// worker `killed` at `shrunk_at` may have died after its part of step
+// shrunk_at - 1 was in but before it wrote the step down. Every sample was
+// trained at most once in its epoch (0 or 1); the samples each epoch
+// trained are added to trained[epoch].
+void ExpectEachStepByItsMembers(
+    const Recorded& r, const std::function<std::vector<int>(int64_t)>& members,
+    int killed, int64_t shrunk_at, int64_t trained[2]) {
+  for (const auto& [step, workers] : r.workers_of_step) {
+    std::set<int> got(workers.begin(), workers.end());
+    if (step == shrunk_at - 1 && got.count(killed) == 0) got.insert(killed);
+    EXPECT_EQ(std::vector<int>(got.begin(), got.end()), members(step))
+        << "step " << step;
+    EXPECT_EQ(std::set<int>(workers.begin(), workers.end()).size(),
+              workers.size())
+        << "step " << step;
+  }
+  for (const auto& [key, times] : r.times_trained) {
+    const auto [epoch, sample] = key;
+    EXPECT_EQ(times, 1) << "epoch " << epoch << ", sample " << sample;
+    EXPECT_LT(sample, kTrainSamples);
+    ASSERT_TRUE(epoch == 0 || epoch == 1) << epoch;
+    trained[epoch] += times;
+  }
+}
+
 // The files of one elastic run under TempDir(): its checkpoint folder,
 // the workers' sample records, the control file (holding `first_request`:
 // one request at a time, since worker 0 applies the newest membership once
@@ -272,29 +298,15 @@ TEST(ElasticTest, GrowsAndShrinksTrainingEverySampleOnce) {
   const Recorded r = ReadRecords(records, 4, [&](int w, int64_t step) {
     return w == 3 && step >= shrunk_at;
   });
-  for (const auto& [step, workers] : r.workers_of_step) {
-    const std::vector<int> expected = step < grown_at ? std::vector<int>{0, 1}
-                                      : step < shrunk_at
-                                          ? std::vector<int>{0, 1, 2, 3}
-                                          : std::vector<int>{0, 1, 2};
-    std::set<int> got(workers.begin(), workers.end());
-    // Worker 3 may die after the shards took its last step but before it
-    // wrote the step's record down.
-    if (step == shrunk_at - 1 && got.count(3) == 0) got.insert(3);
-    EXPECT_EQ(std::vector<int>(got.begin(), got.end()), expected)
-        << "step " << step;
-    EXPECT_EQ(std::set<int>(workers.begin(), workers.end()).size(),
-              workers.size())
-        << "step " << step;
-  }
   int64_t trained[2] = {0, 0};
-  for (const auto& [key, times] : r.times_trained) {
-    const auto [epoch, sample] = key;
-    EXPECT_EQ(times, 1) << "epoch " << epoch << ", sample " << sample;
-    EXPECT_LT(sample, kTrainSamples);
-    ASSERT_TRUE(epoch == 0 || epoch == 1) << epoch;
-    trained[epoch] += times;
-  }
+  ExpectEachStepByItsMembers(
+      r,
+      [&](int64_t step) {
+        return step < grown_at    ? std::vector<int>{0, 1}
+               : step < shrunk_at ? std::vector<int>{0, 1, 2, 3}
+                                  : std::vector<int>{0, 1, 2};
+      },
+      /*killed=*/3, shrunk_at, trained);
   // Epoch 0: the steps at 2 and 4 workers, then those of 3 that fit;
   // epoch 1: 3 workers throughout.
   const int64_t first_epoch =
@@ -886,25 +898,14 @@ TEST(ElasticTest, AllreduceGrowsAndShrinksInPlace) {
   const Recorded r = ReadRecords(files.records, 3, [&](int w, int64_t step) {
     return w == 2 && step >= shrunk_at;
   });
-  for (const auto& [step, workers] : r.workers_of_step) {
-    const std::vector<int> expected = step < grown_at || step >= shrunk_at
-                                          ? std::vector<int>{0, 1}
-                                          : std::vector<int>{0, 1, 2};
-    std::set<int> got(workers.begin(), workers.end());
-    if (step == shrunk_at - 1 && got.count(2) == 0) got.insert(2);
-    EXPECT_EQ(std::vector<int>(got.begin(), got.end()), expected)
-        << "step " << step;
-    EXPECT_EQ(std::set<int>(workers.begin(), workers.end()).size(),
-              workers.size())
-        << "step " << step;
-  }
   int64_t trained[2] = {0, 0};
-  for (const auto& [key, times] : r.times_trained) {
-    const auto [epoch, sample] = key;
-    EXPECT_EQ(times, 1) << "epoch " << epoch << ", sample " << sample;
-    ASSERT_TRUE(epoch == 0 || epoch == 1) << epoch;
-    trained[epoch] += times;
-  }
+  ExpectEachStepByItsMembers(
+      r,
+      [&](int64_t step) {
+        return step < grown_at || step >= shrunk_at ? std::vector<int>{0, 1}
+                                                    : std::vector<int>{0, 1, 2};
+      },
+      /*killed=*/2, shrunk_at, trained);
   const int64_t first_epoch =
       shrunk_at + (kTrainSamples - grown_at * 2 * kBatchSize -
                    (shrunk_at - grown_at) * 3 * kBatchSize) /
