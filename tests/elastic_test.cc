@@ -482,7 +482,13 @@ TEST(ElasticTest, BackupsAndStalenessGrowAndShrink) {
   ASSERT_GE(shrunk_at, 400) << output;
   EXPECT_NE(output.find("Wrote "), std::string::npos) << output;
 
-  const Recorded r = ReadRecords(records, 4);
+  // Worker 3 is left out from shrunk_at on: a line of its from there is of
+  // a step it ran ahead to (staleness 2) whose push the reopen dropped, and
+  // which the members trained again; it may exit on its heartbeat's answer
+  // before its recovery drops such lines, as the members' do.
+  const Recorded r = ReadRecords(records, 4, [&](int w, int64_t step) {
+    return w == 3 && step >= shrunk_at;
+  });
   for (const auto& [step, workers] : r.workers_of_step) {
     const std::set<int> members = step >= grown_at && step < shrunk_at
                                       ? std::set<int>{0, 1, 2, 3}
