@@ -151,6 +151,16 @@ void ExpectEachStepByItsMembers(
   }
 }
 
+// The steps of epoch 0 of a run of `before` workers to step grown_at,
+// `during` to shrunk_at and `after` from there (the last of which that fit
+// in the epoch's samples): the first step of epoch 1.
+int64_t FirstStepOfEpochOne(int64_t grown_at, int64_t shrunk_at, int before,
+                            int during, int after) {
+  return shrunk_at + (kTrainSamples - grown_at * before * kBatchSize -
+                      (shrunk_at - grown_at) * during * kBatchSize) /
+                         (after * kBatchSize);
+}
+
 // The files of one elastic run under TempDir(): its checkpoint folder,
 // the workers' sample records, the control file (holding `first_request`:
 // one request at a time, since worker 0 applies the newest membership once
@@ -309,10 +319,7 @@ TEST(ElasticTest, GrowsAndShrinksTrainingEverySampleOnce) {
       /*killed=*/3, shrunk_at, trained);
   // Epoch 0: the steps at 2 and 4 workers, then those of 3 that fit;
   // epoch 1: 3 workers throughout.
-  const int64_t first_epoch =
-      shrunk_at + (kTrainSamples - grown_at * 2 * kBatchSize -
-                   (shrunk_at - grown_at) * 4 * kBatchSize) /
-                      (3 * kBatchSize);
+  const int64_t first_epoch = FirstStepOfEpochOne(grown_at, shrunk_at, 2, 4, 3);
   const int64_t steps = first_epoch + kTrainSamples / (3 * kBatchSize);
   EXPECT_EQ(static_cast<int64_t>(r.workers_of_step.size()), steps);
   EXPECT_EQ(r.epoch_of_step.rbegin()->first, steps - 1);
@@ -918,10 +925,7 @@ TEST(ElasticTest, AllreduceGrowsAndShrinksInPlace) {
                                                     : std::vector<int>{0, 1, 2};
       },
       /*killed=*/2, shrunk_at, trained);
-  const int64_t first_epoch =
-      shrunk_at + (kTrainSamples - grown_at * 2 * kBatchSize -
-                   (shrunk_at - grown_at) * 3 * kBatchSize) /
-                      (2 * kBatchSize);
+  const int64_t first_epoch = FirstStepOfEpochOne(grown_at, shrunk_at, 2, 3, 2);
   const int64_t steps = first_epoch + kTrainSamples / (2 * kBatchSize);
   EXPECT_EQ(static_cast<int64_t>(r.workers_of_step.size()), steps);
   EXPECT_EQ(r.epoch_of_step.at(first_epoch), 1);
