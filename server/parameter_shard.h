@@ -642,8 +642,11 @@ class ParameterShard {
   // Ends the hold (a no-op without one).
   void ReleaseCheckpointHold();
   // Backup workers, shard 0: holds, as HoldCheckpointStep() does, the
-  // first step this shard has not decided (at least `min_step`), whose
-  // ends some workers may have had admitted already: no step is decided
+  // first step this shard has not decided (at least `min_step`) and whose
+  // admissions are not complete, though some workers' ends may have been
+  // admitted (a step with all its admissions is decided on every shard
+  // whatever the hold; with clipping it may still await its norm): no
+  // step is decided
   // past the one before it on any shard (the others decide what shard 0
   // admits, in order) until the hold ends (ReleaseCheckpointHold(), `hold`
   // passes, or a reopen). Returns the held step. For worker 0's settle

@@ -333,7 +333,14 @@ absl::StatusOr<int64_t> ParameterShard::HoldFirstUndecidedStep(
         "them"));
   }
   absl::MutexLock lock(&step_mu_);
-  hold_step_ = std::max(min_step, ending_step_);
+  // A step whose admissions are complete is decided whatever the hold (with
+  // clipping, once its norm is in), on every shard: the cut is past it.
+  int64_t cut = std::max(min_step, ending_step_);
+  while (cut <= ending_step_ + policy_.staleness() &&
+         ends_[SlotIndex(cut)].num_ended >= EndsToDecide()) {
+    ++cut;
+  }
+  hold_step_ = cut;
   hold_until_ = absl::Now() + hold;
   return hold_step_;
 }

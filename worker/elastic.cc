@@ -83,6 +83,14 @@ absl::StatusOr<std::optional<int64_t>> ElasticMembership::MaybeApply(
   const int old_workers = static_cast<int>(current_.workers.size());
   const int old_ps = num_ps_;
   const bool move_shards = newest->num_ps() > 0 && newest->num_ps() != num_ps_;
+  const int64_t epoch = newest->epoch();
+  // The data position of the version the shards settle at (backup workers
+  // may have decided steps past worker 0's), under the old membership.
+  // Async: no step is shared; the new membership starts at worker 0's.
+  const GradientExchange::MembershipAt anchor = [this, &workers, epoch,
+                                                 step](int64_t v) {
+    return Anchored(workers, epoch, options_.async ? step : v);
+  };
   int64_t version = step;
   if (move_shards) {
     if (newest->ps_addresses_size() != newest->num_ps()) {
@@ -92,34 +100,14 @@ absl::StatusOr<std::optional<int64_t>> ElasticMembership::MaybeApply(
     }
     const std::vector<std::string> addresses(newest->ps_addresses().begin(),
                                              newest->ps_addresses().end());
-    const int64_t epoch = newest->epoch();
-    // The data position of the shards' version (backup workers may have
-    // decided steps past worker 0's), under the old membership.
-    // Async: no step is shared; the new layout's membership starts at
-    // worker 0's.
-    ASSIGN_OR_RETURN(version, exchange_->ChangeShards(
-                                  addresses,
-                                  [this, &workers, epoch, step](int64_t v) {
-                                    return Anchored(workers, epoch,
-                                                    options_.async ? step : v);
-                                  },
-                                  options_.timeout));
+    ASSIGN_OR_RETURN(
+        version, exchange_->ChangeShards(addresses, anchor, options_.timeout));
     num_ps_ = newest->num_ps();
-    current_ = Anchored(workers, epoch, version);
   } else {
-    const WorkerMembership next = Anchored(workers, newest->epoch(), step);
     ASSIGN_OR_RETURN(version,
-                     exchange_->ChangeMembership(next, options_.timeout));
-    current_ = Anchored(workers, newest->epoch(), version);
+                     exchange_->ChangeMembership(anchor, options_.timeout));
   }
-  if (version != step && !move_shards) {
-    // Backup workers decided steps past worker 0's: the shards hold the
-    // data position of `step`; reopen once more (no step ran since) with
-    // that of their version, placed under the old membership.
-    ASSIGN_OR_RETURN(version,
-                     exchange_->ChangeMembership(current_, options_.timeout));
-    current_.from_step = version;
-  }
+  current_ = anchor(version);
   positions_->Rebase(version, current_.data_epoch, current_.data_offset,
                      current_.data_steps, current_.size(), 0);
   const double ms = absl::ToDoubleMilliseconds(absl::Now() - began);

@@ -182,12 +182,15 @@ std::vector<std::vector<std::vector<float>>> Train(const JobRun& run) {
           ASSERT_EQ(*version, step);
         }
         if (r == 0 && step == run.reopen_at) {
-          WorkerMembership m;
-          m.workers = {0, 1};
-          m.epoch = 1;
-          m.from_step = step;
-          absl::StatusOr<int64_t> version =
-              exchange->ChangeMembership(m, absl::Seconds(10));
+          absl::StatusOr<int64_t> version = exchange->ChangeMembership(
+              [](int64_t v) {
+                WorkerMembership m;
+                m.workers = {0, 1};
+                m.epoch = 1;
+                m.from_step = v;
+                return m;
+              },
+              absl::Seconds(10));
           ASSERT_TRUE(version.ok()) << version.status();
           ASSERT_EQ(*version, step);
         }

@@ -272,11 +272,22 @@ class PsExchange : public GradientExchange, public WeightsGate {
   bool RecoveredInPlace() const override { return reopened_; }
   std::string ReopenRefusal() const override { return reopen_refusal_; }
 
-  absl::StatusOr<int64_t> ChangeMembership(const WorkerMembership& membership,
+  absl::StatusOr<int64_t> ChangeMembership(const MembershipAt& membership_at,
                                            absl::Duration timeout) override {
-    RETURN_IF_ERROR(SettleAtOwnStep("a membership change", timeout));
-    // Every shard's version; the pull below brings it into version_.
-    RETURN_IF_ERROR(client_->Reopen(timeout, &membership).status());
+    ASSIGN_OR_RETURN(const int64_t settled,
+                     SettleAtOwnStep("a membership change", timeout));
+    // Anchored at the version every shard stands at now, so that one
+    // reopen gives the followers the data position of the steps they run
+    // in the new generation.
+    const WorkerMembership membership = membership_at(settled);
+    ASSIGN_OR_RETURN(const int64_t reopened,
+                     client_->Reopen(timeout, &membership));
+    if (sync_ && reopened != settled) {
+      return absl::InternalError(absl::StrCat(
+          "a membership change: the shards were settled at version ", settled,
+          " but reopened at ", reopened,
+          "; the membership's data position is that of ", settled));
+    }
     RETURN_IF_ERROR(client_->WaitReady(timeout, client_->generation(),
                                        /*wait_for_connection=*/false));
     ASSIGN_OR_RETURN(version_, client_->PushPull(0, {}, 0, 0, weights_));
@@ -287,7 +298,7 @@ class PsExchange : public GradientExchange, public WeightsGate {
   absl::StatusOr<int64_t> ChangeShards(
       const std::vector<std::string>& addresses,
       const MembershipAt& membership_at, absl::Duration timeout) override {
-    RETURN_IF_ERROR(SettleAtOwnStep("a change of shards", timeout));
+    RETURN_IF_ERROR(SettleAtOwnStep("a change of shards", timeout).status());
     // Async: every chunk moves as it is, at its own version.
     ASSIGN_OR_RETURN(ModelState state,
                      client_->ExportState(timeout, /*one_version=*/sync_));
@@ -456,25 +467,26 @@ class PsExchange : public GradientExchange, public WeightsGate {
   // cut's version; the others' pushes of later steps are dropped and
   // redone. Async: nothing to settle (every push applied is final, the
   // shards keep their state as it is): the step in flight is dropped.
-  absl::Status SettleAtOwnStep(absl::string_view what, absl::Duration timeout) {
-    if (!sync_) {
-      DropStepInFlight();
-      return absl::OkStatus();
-    }
-    if (backup_workers_) {
+  // Returns the version every shard stands at (sync: step_, or the cut;
+  // async: step_, which means no shared step).
+  absl::StatusOr<int64_t> SettleAtOwnStep(absl::string_view what,
+                                          absl::Duration timeout) {
+    int64_t settled = step_;
+    if (sync_ && backup_workers_) {
       // On the open streams, as below.
       absl::StatusOr<int64_t> cut = client_->HoldAndSettle(step_, timeout);
       if (!cut.ok()) {
         return absl::Status(cut.status().code(),
                             absl::StrCat(what, ": ", cut.status().message()));
       }
-    } else if (staleness_ > 0) {
+      settled = *cut;
+    } else if (sync_ && staleness_ > 0) {
       // On the open streams, before they are dropped: a member's stream
       // that ends breaks the shard's barrier (PushPullSession::Finish).
       ASSIGN_OR_RETURN(version_, client_->PushPull(0, {}, step_, 0, weights_));
     }
     DropStepInFlight();
-    return absl::OkStatus();
+    return settled;
   }
 
   // Gives up the step in flight and every stream (a recovery, or a

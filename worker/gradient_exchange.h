@@ -120,25 +120,30 @@ class GradientExchange {
   virtual std::string ReopenRefusal() const { return ""; }
 
   // Elastic jobs (issue 40; worker/elastic.h), PS sync mode:
-  // Worker 0, between its pull of version `step` and its push of it: every
-  // shard reopens at its last decided step with `membership` as the next
-  // generation's workers (PsClient::Reopen); the other workers' pushes of
-  // the step in flight are dropped, and they recover into the new
-  // generation. Pulls and returns the version every shard reopened at
-  // (`step`, or later where backup workers went on without worker 0).
-  // With staleness (and no backup workers, FAILED_PRECONDITION) worker 0
+  // Worker 0, between its pull of version `step` and its push of it: the
+  // shards settle at a version v (`step`, or later where backup workers
+  // went on without worker 0: shard 0 holds the admissions of a cut and
+  // every shard decides the steps before it, PsClient::HoldAndSettle),
+  // then every shard reopens at v with `membership_at(v)` as the next
+  // generation's workers and data position (PsClient::Reopen); the other
+  // workers' pushes of the step in flight and later are dropped, and they
+  // recover into the new generation. Pulls and returns v. INTERNAL where
+  // the shards reopen at another version than the one settled (the
+  // membership's data position would be that of the wrong step).
+  // With staleness (and no backup workers) worker 0
   // first pulls version `step` from every shard, so that all of them have
   // decided its last step and none can decide its next without it: they
   // reopen at `step`, dropping the later steps the others ran ahead.
   // Top-k residuals stay with their workers (a leaving worker's are
   // dropped, a joining one starts from zeros), see Recover().
   // Async: the step in flight is dropped, every shard keeps its state as
-  // it is and takes `membership` from its from_step (worker 0's step),
-  // which is returned (async has no shared step; the others go on from it,
-  // ElasticMembership::Follow).
+  // it is and takes `membership_at(step)` from its from_step (worker 0's
+  // step: the caller anchors it), which is returned (async has no shared
+  // step; the others go on from it, ElasticMembership::Follow).
   // UNIMPLEMENTED where the exchange has no shards.
+  using MembershipAt = std::function<WorkerMembership(int64_t version)>;
   virtual absl::StatusOr<int64_t> ChangeMembership(
-      const WorkerMembership& membership, absl::Duration timeout) {
+      const MembershipAt& membership_at, absl::Duration timeout) {
     return absl::UnimplementedError(
         "only parameter-server jobs change their workers while they run");
   }
@@ -150,7 +155,6 @@ class GradientExchange {
   // Worker 0: the membership a Recover() or Rejoin() that restores the
   // shards to version v sends with the restore (the data position at v);
   // null: none (the shards keep their own).
-  using MembershipAt = std::function<WorkerMembership(int64_t version)>;
   virtual void set_restore_membership(MembershipAt membership_at) {}
   // Elastic shards (issue 40; docs/ARCHITECTURE.md "Elastic shards"), PS
   // sync mode (with staleness, settled at worker 0's step first, as
