@@ -8,8 +8,11 @@
 // back over one connection. Rows: plaintext and mutual TLS in fp32, and
 // plaintext with each 16-bit --wire_dtypes (common/wire_dtype.h) and each
 // --compressions (top-k pushes with error feedback,
-// worker/topk_compression.h), each for every --channels_per_shard (gRPC
-// connections per shard, worker/ps_client.h).
+// worker/topk_compression.h; the shards apply plain SGD there, as under
+// Deep Gradient Compression's momentum correction, and each compression
+// is timed with whole pulls and with delta pulls, "+delta": the changed
+// entries only, PsClientOptions::delta_pulls), each for every
+// --channels_per_shard (gRPC connections per shard, worker/ps_client.h).
 //   ch         = channels (connections) per shard
 //   wire (MB)  = bytes of the step's PushPull messages, both ways, as the
 //                client counts them (payload, sparse indices and protobuf
@@ -19,10 +22,10 @@
 //                per GB), the same work whatever the wire format
 //   ratio      = TCP time / PS time (1.0: as fast as raw TCP)
 //   #wrong: elements of the pulled weights that differ from a local Adam
-//           replica given the same gradients, rounded per chunk as the wire
-//           rounds them (RoundThroughWire), or sparsified as a top-k row's
-//           worker does (its own TopKCompressor, error feedback carried
-//           over the steps), and pulled the same way (0 expected).
+//           (top-k rows: SGD) replica given the same gradients, rounded per
+//           chunk as the wire rounds them (RoundThroughWire), or sparsified as
+//           a top-k row's worker does (its own TopKCompressor, error feedback
+//           carried over the steps), and pulled the same way (0 expected).
 #include <arpa/inet.h>
 #include <grpcpp/grpcpp.h>
 #include <netinet/in.h>
@@ -50,6 +53,7 @@
 #include "common/tls.h"
 #include "common/wire_dtype.h"
 #include "optim/adam.h"
+#include "optim/optimizer.h"
 #include "server/local_shards.h"
 #include "worker/ps_client.h"
 #include "worker/topk_compression.h"
@@ -156,17 +160,25 @@ struct PsRun {
 PsRun TimePs(int num_shards, const std::vector<int64_t>& sizes,
              int64_t partition_bytes, int repeats, const TlsOptions& tls,
              DType wire_dtype, int channels,
-             const CompressionOptions& compression = {}) {
+             const CompressionOptions& compression = {},
+             bool delta_pulls = false) {
   PsRun run;
-  AdamOptions adam;
+  // Top-k: plain SGD, whose update changes only the pushed entries (what
+  // delta pulls need; DGC's shards with momentum correction).
+  OptimizerOptions optimizer = AdamOptions();
+  if (compression.enabled()) {
+    optimizer.kind = OptimizerKind::kSgd;
+    optimizer.lr = 0.01f;
+  }
   ShardOptions shard_options;
-  shard_options.adam = adam;
+  shard_options.adam = optimizer;
   LocalShards shards(num_shards, shard_options, tls);
   auto plan = PartitionPlan::Create(sizes, partition_bytes, num_shards);
   PsClientOptions client_options;
   client_options.addresses = shards.addresses();
   client_options.wire_dtype = wire_dtype;
   client_options.channels_per_shard = channels;
+  client_options.delta_pulls = delta_pulls;
   // The worker's compressor, and the replica's (the same selection, by the
   // same code, on the same sums).
   std::unique_ptr<TopKCompressor> topk, reference;
@@ -257,8 +269,8 @@ PsRun TimePs(int num_shards, const std::vector<int64_t>& sizes,
     const PsStepTimes& times = (*client)->last_step_times();
     run.wire_bytes = times.bytes_pushed + times.bytes_pulled;
     for (size_t p = 0; p < sizes.size(); ++p) {
-      AdamUpdate(adam, version, replica[p].data(), wire_grads[p].data(),
-                 m[p].data(), v[p].data(), sizes[p]);
+      OptimizerUpdate(optimizer, version, replica[p].data(),
+                      wire_grads[p].data(), m[p].data(), v[p].data(), sizes[p]);
     }
   }
   for (const ChunkSpec& chunk : plan->chunks()) {
@@ -378,17 +390,17 @@ int main(int argc, char** argv) {
   }
   const std::vector<pstrain::CompressionOptions> compressions =
       pstrain::CompressionsFromFlag();
-  std::printf("# %12s %7s %3s %-12s %-10s %10s %10s %8s %10s %11s %7s\n",
+  std::printf("# %12s %7s %3s %-12s %-15s %10s %10s %8s %10s %11s %7s\n",
               "payload", "shards", "ch", "transport", "wire", "time", "wire",
               "GB/s", "ratio", "TLS ratio", "#wrong");
-  std::printf("# %12s %7s %3s %-12s %-10s %10s %10s %8s %10s %11s %7s\n", "(B)",
+  std::printf("# %12s %7s %3s %-12s %-15s %10s %10s %8s %10s %11s %7s\n", "(B)",
               "", "", "", "", "(ms)", "(MB)", "", "(vs TCP)", "(vs plain)", "");
   const auto row = [&](const std::string& shards, const std::string& channels,
                        const char* transport, const std::string& wire,
                        double seconds, int64_t wire_bytes,
                        const std::string& tls_ratio, const std::string& wrong) {
     std::printf(
-        "  %12lld %7s %3s %-12s %-10s %10.1f %10.1f %8.2f %10.2f %11s %7s\n",
+        "  %12lld %7s %3s %-12s %-15s %10.1f %10.1f %8.2f %10.2f %11s %7s\n",
         static_cast<long long>(model_bytes), shards.c_str(), channels.c_str(),
         transport, wire.c_str(), seconds * 1e3,
         static_cast<double>(wire_bytes) / 1e6,
@@ -426,12 +438,16 @@ int main(int argc, char** argv) {
             absl::StrCat(half.wrong));
       }
       for (const pstrain::CompressionOptions& c : compressions) {
-        const pstrain::PsRun sparse = pstrain::TimePs(
-            shards, sizes, partition_bytes, repeats,
-            pstrain::InsecureTlsOptions(), pstrain::DTYPE_FLOAT32, channels, c);
-        row(count, ch, "pstrain", pstrain::CompressionSpelling(c),
-            pstrain::Median(sparse.seconds), sparse.wire_bytes, "-",
-            absl::StrCat(sparse.wrong));
+        for (bool delta : {false, true}) {
+          const pstrain::PsRun sparse =
+              pstrain::TimePs(shards, sizes, partition_bytes, repeats,
+                              pstrain::InsecureTlsOptions(),
+                              pstrain::DTYPE_FLOAT32, channels, c, delta);
+          row(count, ch, "pstrain",
+              pstrain::CompressionSpelling(c) + (delta ? "+delta" : ""),
+              pstrain::Median(sparse.seconds), sparse.wire_bytes, "-",
+              absl::StrCat(sparse.wrong));
+        }
       }
     }
   }

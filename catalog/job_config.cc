@@ -241,6 +241,12 @@ absl::StatusOr<JobConfig> ParseJobChoices(const JobSpec& spec) {
         "compression such as topk:0.01 (error feedback keeps what top-k "
         "did not send)");
   }
+  if (spec.dense_pulls() && !config.compression.enabled()) {
+    return absl::InvalidArgumentError(
+        "dense_pulls: true without a compression; expected a compression "
+        "such as topk:0.01 (only sparse pushes make the deltas that pulls "
+        "would otherwise send; every other job's pulls are whole)");
+  }
   if (spec.momentum_correction()) {
     if (!config.compression.enabled() || spec.no_error_feedback()) {
       return absl::InvalidArgumentError(

@@ -142,7 +142,14 @@ TEST(JobConfigTest, CompressionParsesAndIsRefusedWhereItCannotApply) {
             "compression such as topk:0.01 (error feedback keeps what top-k "
             "did not send)");
   spec.set_no_error_feedback(false);
+  spec.set_dense_pulls(true);
+  EXPECT_EQ(ParseJobChoices(spec).status().message(),
+            "dense_pulls: true without a compression; expected a compression "
+            "such as topk:0.01 (only sparse pushes make the deltas that pulls "
+            "would otherwise send; every other job's pulls are whole)");
   spec.set_compression("topk:0.1");
+  EXPECT_TRUE(ParseJobChoices(spec).ok());
+  spec.set_dense_pulls(false);
   spec.set_mode("allreduce");
   EXPECT_EQ(ParseJobChoices(spec).status().message(),
             "compression: \"topk:0.1\" with mode allreduce; expected none "

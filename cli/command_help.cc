@@ -163,6 +163,14 @@ Flags JobFlags(const std::string& what) {
        "second moment after step N (1-bit Adam's compression stage), so "
        "its update is linear in the pushes and error feedback delivers "
        "delayed entries at full size."},
+      {"delta_pulls",
+       "Sync mode with --compression=topk:R (default true): a worker that "
+       "holds the weights' last version pulls only the entries the shards' "
+       "update changed, where that takes fewer bytes than the whole chunk "
+       "(a top-k push under SGD, e.g. with --momentum_correction, changes "
+       "at most the pushed entries); never for fp16 wires, buffers or "
+       "row-sparse tables. false: whole chunks, for contrast. The same "
+       "weights bit for bit either way."},
       {"channels_per_shard",
        "PS modes: gRPC connections each worker opens to each shard, 1 to 16; "
        "0: one per 8 MiB of the shard's chunks, at most 4 (a small model "

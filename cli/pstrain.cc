@@ -175,6 +175,11 @@ ABSL_FLAG(bool, compression_freeze_adam_variance, false,
           "With --compression=topk:R, --optimizer=adam and "
           "--compression_dense_steps=N: the shards' Adam keeps its second "
           "moment from step N on (1-bit Adam's compression stage).");
+ABSL_FLAG(bool, delta_pulls, true,
+          "Sync mode with --compression=topk:R: a worker that holds the "
+          "last version pulls only the entries the update changed where "
+          "that is fewer bytes (a top-k push under SGD); false: whole "
+          "chunks (for contrast). The same weights either way.");
 ABSL_FLAG(int, channels_per_shard, 0,
           "PS modes: gRPC connections each worker opens to each shard, 1 to "
           "16; 0: one per 8 MiB of the shard's chunks, at most 4. Chunk i "
@@ -413,7 +418,7 @@ absl::Status CheckIgnoredFlags(const JobConfig& config,
          {"num_ps", "partition_bytes", "channels_per_shard", "compression",
           "error_feedback", "compression_warmup_steps", "momentum_correction",
           "compression_dense_steps", "compression_freeze_adam_variance",
-          "priority_pulls", "sparse_embeddings"}) {
+          "delta_pulls", "priority_pulls", "sparse_embeddings"}) {
       if (FlagSpecified(flag)) {
         return ignored(flag, absl::StrCat("it is for the parameter-server "
                                           "modes (sync, async), not ",
@@ -492,6 +497,7 @@ JobSpec SpecFromFlags(Mode mode, int num_ps, int num_workers) {
     spec.set_sparse_embeddings(absl::GetFlag(FLAGS_sparse_embeddings));
     spec.set_compression(absl::GetFlag(FLAGS_compression));
     spec.set_no_error_feedback(!absl::GetFlag(FLAGS_error_feedback));
+    spec.set_dense_pulls(!absl::GetFlag(FLAGS_delta_pulls));
     spec.set_compression_warmup_steps(
         absl::GetFlag(FLAGS_compression_warmup_steps));
     spec.set_momentum_correction(absl::GetFlag(FLAGS_momentum_correction));

@@ -76,6 +76,7 @@
 //   compression_dense_steps  >= 0; 0 without a compression  0
 //   compression_freeze_adam_ only adam with                 false
 //     variance               compression_dense_steps > 0
+//   dense_pulls              only with a compression        false
 //   priority_pulls           false in allreduce (no pulls)  false
 //   sparse_embeddings        false in allreduce, with a     false
 //                            compression, weight decay or

@@ -182,6 +182,8 @@ absl::Status ParameterShard::Initialize(
     state.slots.assign(policy_.open_steps(), empty);
     state.num_latest = 0;
     state.undo_step = -1;
+    state.prev_version = -1;
+    state.delta_version = -1;
     state.snap_into = nullptr;  // a restore ends the checkpoint's cut
   };
   // Sync steps restart at the chunks' version (equal in sync mode).
@@ -359,6 +361,9 @@ absl::StatusOr<int64_t> ParameterShard::Reopen(
     }
     c->version = version;
     c->undo_step = -1;
+    // A reopened generation's pulls start whole.
+    c->prev_version = -1;
+    c->delta_version = -1;
     // A deferred checkpoint cut (staleness) will not come in this
     // generation: its waiter ends ABORTED (AwaitDeferredSnapshot()).
     c->snap_into = nullptr;

@@ -217,8 +217,17 @@ struct PullSubset {
   int count = 1;
 };
 
-// How one pull hands out its chunks (PullRequest.priority and
-// announce_decision; P3, Jayarajan et al. MLSys 2019).
+// The entries of a chunk at version v + 1 that differ, bit for bit, from
+// its weights at version v (element offsets into the chunk, strictly
+// ascending, and their values at v + 1), fewer than half of its elements.
+// Valid only during the visit (the chunk's lock is held).
+struct ChunkDelta {
+  absl::Span<const uint32_t> indices;
+  absl::Span<const float> values;
+};
+
+// How one pull hands out its chunks (PullRequest.priority,
+// announce_decision and have_version; P3, Jayarajan et al. MLSys 2019).
 struct PullOrder {
   // Among the chunks ready together, the lowest (param_id, chunk_index)
   // first, chosen again after every chunk: a front layer's chunk that gets
@@ -229,6 +238,21 @@ struct PullOrder {
   // min_version - 1 is decided and was not skipped, before the chunks still
   // unsent; false stops the pull with CANCELLED.
   std::function<bool(int64_t step)> decided;
+  // Delta pulls (PullRequest.have_version): the puller holds every chunk
+  // of the pull at version `have_version` (>= 0; -1: none). A chunk at
+  // have_version + 1 whose update changed fewer than half of its entries
+  // (sync mode, a dense parameter chunk, not a buffer nor a row-sparse
+  // table's, with its weights before that update still kept) goes to
+  // `visit_delta` instead of the pull's visitor, with those entries
+  // (ChunkDelta; computed once per chunk and version, whichever worker
+  // asks first), where its 4-byte indices and values of `wire_bytes`
+  // bytes each take fewer bytes than the whole chunk. Both must be set
+  // for either to count.
+  int64_t have_version = -1;
+  int wire_bytes = 4;
+  std::function<void(const ChunkSpec& chunk, int64_t version,
+                     const ChunkDelta& delta)>
+      visit_delta;
 };
 
 // Initial values of one chunk, as sent by worker 0. A fresh job sends only
@@ -707,6 +731,16 @@ class ParameterShard {
     std::vector<float> prev_m ABSL_GUARDED_BY(mu);
     std::vector<float> prev_v ABSL_GUARDED_BY(mu);
     int64_t undo_step ABSL_GUARDED_BY(mu) = -1;
+    // Delta pulls: prev_weights holds the weights of version prev_version
+    // (== version - 1) bit for bit, from the swap of a dense update until
+    // anything else changes them (-1: not kept); the entries that update
+    // changed, once a pull asked (delta_version: the version they lead
+    // to, -1: none computed; delta_dense: half or more changed).
+    int64_t prev_version ABSL_GUARDED_BY(mu) = -1;
+    std::vector<uint32_t> delta_indices ABSL_GUARDED_BY(mu);
+    std::vector<float> delta_values ABSL_GUARDED_BY(mu);
+    int64_t delta_version ABSL_GUARDED_BY(mu) = -1;
+    bool delta_dense ABSL_GUARDED_BY(mu) = false;
     // Row-sparse chunks: the rows undo_step's update changed, as they were;
     // an async push's rows.
     RowUndo row_undo ABSL_GUARDED_BY(mu);
@@ -737,6 +771,14 @@ class ParameterShard {
                              const std::vector<int>& workers, float clip)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk.mu);
   void UndoLocked(ChunkState& chunk) ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk.mu);
+  // Delta pulls: the entries of `chunk` that changed from version
+  // `have_version` to its version, if it is one update past it, that
+  // update's previous weights are kept and the changed entries' indices
+  // and values (`wire_bytes` each) are fewer bytes than the whole chunk;
+  // else null (the whole chunk goes).
+  const ChunkDelta* DeltaLocked(ChunkState& chunk, int64_t have_version,
+                                int wire_bytes, ChunkDelta* out) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk.mu);
   // The lazy update of `grad`'s rows at the chunk's next version, final
   // (async); false and counted if it overflowed (nothing applied).
   bool ApplyRowsLocked(ChunkState& chunk, const RowValues& grad)
@@ -823,12 +865,13 @@ class ParameterShard {
   // skipped (CANCELLED if `decided` says the stream ended);
   absl::Status AnnounceDecisionIfReady(PullCursor& cursor,
                                        const PullOrder& order);
-  // visits every chunk at the version asked for (front_first: only the
-  // first ready one), each under its lock; whether any was (ABORTED, or
-  // CANCELLED if `after_chunk` says so);
+  // visits every chunk at the version asked for (order.front_first: only
+  // the first ready one; order.visit_delta: a chunk one update past
+  // order.have_version with few entries changed), each under its lock;
+  // whether any was (ABORTED, or CANCELLED if `after_chunk` says so);
   absl::StatusOr<bool> VisitReadyChunks(
       PullCursor& cursor, int64_t generation, const PullVisitor& visit,
-      const std::function<bool()>& after_chunk, bool front_first);
+      const std::function<bool()>& after_chunk, const PullOrder& order);
   // none was: waits for an update after `seen` (updates_), in 100 ms
   // slices when `cancelled` can end it; ABORTED or CANCELLED as Pull();
   absl::Status AwaitPullUpdate(int64_t seen, absl::Time deadline,

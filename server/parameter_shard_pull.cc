@@ -4,6 +4,7 @@
 // a skip) and names what it still waits for at its deadline; see
 // parameter_shard.h.
 #include <algorithm>
+#include <cstring>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -97,8 +98,8 @@ absl::Status ParameterShard::Pull(int64_t min_version, int64_t samples,
     if (cursor.remaining == 0 && PullFinished(cursor, skipped)) {
       return absl::OkStatus();
     }
-    absl::StatusOr<bool> progressed = VisitReadyChunks(
-        cursor, generation, visit, after_chunk, order.front_first);
+    absl::StatusOr<bool> progressed =
+        VisitReadyChunks(cursor, generation, visit, after_chunk, order);
     if (!progressed.ok()) return progressed.status();
     if (*progressed) continue;
     // None ready: wait for the next update.
@@ -178,7 +179,7 @@ absl::Status ParameterShard::AnnounceDecisionIfReady(PullCursor& cursor,
 
 absl::StatusOr<bool> ParameterShard::VisitReadyChunks(
     PullCursor& cursor, int64_t generation, const PullVisitor& visit,
-    const std::function<bool()>& after_chunk, bool front_first) {
+    const std::function<bool()>& after_chunk, const PullOrder& order) {
   // Every chunk ready now, in plan order (which is (param_id, chunk_index)
   // order); front_first: only the first, so that the next round looks from
   // the front again.
@@ -199,16 +200,62 @@ absl::StatusOr<bool> ParameterShard::VisitReadyChunks(
       chunk.mu.Unlock();
       continue;
     }
-    visit(chunk.spec, chunk.version,
-          absl::MakeConstSpan(chunk.weights.data(), chunk.weights.size()));
+    ChunkDelta delta;
+    if (order.visit_delta && DeltaLocked(chunk, order.have_version,
+                                         order.wire_bytes, &delta) != nullptr) {
+      order.visit_delta(chunk.spec, chunk.version, delta);
+    } else {
+      visit(chunk.spec, chunk.version,
+            absl::MakeConstSpan(chunk.weights.data(), chunk.weights.size()));
+    }
     chunk.mu.Unlock();
     cursor.sent[i] = true;
     --cursor.remaining;
     progressed = true;
     if (after_chunk && !after_chunk()) return PullCancelled();
-    if (front_first) break;
+    if (order.front_first) break;
   }
   return progressed;
+}
+
+const ChunkDelta* ParameterShard::DeltaLocked(ChunkState& chunk,
+                                              int64_t have_version,
+                                              int wire_bytes,
+                                              ChunkDelta* out) const {
+  if (have_version < 0 || chunk.version != have_version + 1 ||
+      chunk.prev_version != have_version || chunk.spec.row_elements > 0 ||
+      plan_->is_buffer(chunk.spec.param_id)) {
+    return nullptr;
+  }
+  if (chunk.delta_version != chunk.version) {
+    // Once per chunk and version: the entries whose bits differ (a -0
+    // that became +0 counts; the puller's copy must match bit for bit).
+    const int64_t n = chunk.spec.num_elements;
+    const int64_t most = n / 2;
+    chunk.delta_indices.clear();
+    chunk.delta_values.clear();
+    chunk.delta_dense = false;
+    const float* now = chunk.weights.data();
+    const float* before = chunk.prev_weights.data();
+    for (int64_t i = 0; i < n; ++i) {
+      if (std::memcmp(now + i, before + i, sizeof(float)) == 0) continue;
+      if (static_cast<int64_t>(chunk.delta_indices.size()) >= most) {
+        chunk.delta_dense = true;
+        break;
+      }
+      chunk.delta_indices.push_back(static_cast<uint32_t>(i));
+      chunk.delta_values.push_back(now[i]);
+    }
+    chunk.delta_version = chunk.version;
+  }
+  const int64_t k = static_cast<int64_t>(chunk.delta_indices.size());
+  if (chunk.delta_dense ||
+      k * (4 + wire_bytes) >= chunk.spec.num_elements * wire_bytes) {
+    return nullptr;
+  }
+  out->indices = chunk.delta_indices;
+  out->values = chunk.delta_values;
+  return out;
 }
 
 absl::Status ParameterShard::AwaitPullUpdate(int64_t seen, absl::Time deadline,

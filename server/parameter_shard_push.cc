@@ -103,6 +103,7 @@ absl::Status ParameterShard::Push(int worker_id, int32_t param_id,
       const float scale = 1.0f / static_cast<float>(chunk.num_latest);
       for (int64_t i = 0; i < n; ++i) out.w[i] *= scale;
       if (NoteOverflow(chunk, chunk.version, out.w)) return absl::OkStatus();
+      chunk.prev_version = -1;
       chunk.weights.swap(out.w);
       ++chunk.version;
       NoteUpdate();
@@ -269,6 +270,8 @@ void ParameterShard::CompleteBarrierLocked(ChunkState& chunk,
   StepSlot& slot = chunk.slots[SlotIndex(step)];
   // The workers whose pushes go into the update, in worker-id order.
   const std::vector<int> workers = AveragedWorkers(members);
+  // Kept (prev_version) only by a dense update's swap below.
+  chunk.prev_version = -1;
   if (members == nullptr ? slot.skipped || skip : skip) {
     // A worker skips this step: nothing to apply, nothing to undo.
     chunk.undo_step = -1;
@@ -291,9 +294,9 @@ void ParameterShard::CompleteBarrierLocked(ChunkState& chunk,
       chunk.prev_m.resize(n);
       chunk.prev_v.resize(n);
       const auto start = std::chrono::steady_clock::now();
-      finite = OptimizerUpdateInto(*optimizer(), step + 1,
-                                   chunk.weights.data(), sum, chunk.m.data(),
-                                   chunk.v.data(), chunk.prev_weights.data(),
+      finite = OptimizerUpdateInto(*optimizer(), step + 1, chunk.weights.data(),
+                                   sum, chunk.m.data(), chunk.v.data(),
+                                   chunk.prev_weights.data(),
                                    chunk.prev_m.data(), chunk.prev_v.data(), n);
       optimizer_ns_.fetch_add(ElapsedNs(start), std::memory_order_relaxed);
     }
@@ -306,6 +309,7 @@ void ParameterShard::CompleteBarrierLocked(ChunkState& chunk,
         chunk.v.swap(chunk.prev_v);
       }
       chunk.weights.swap(chunk.prev_weights);
+      chunk.prev_version = step;
       // Backup workers and clipping: decided already, nothing to undo.
       chunk.undo_step =
           policy_.update() == StepPolicy::Update::kAtBarrier ? step : -1;
@@ -337,12 +341,13 @@ void ParameterShard::ApplyLocked(ChunkState& chunk, const float* gradient) {
   out.m.resize(n);
   out.v.resize(n);
   const auto start = std::chrono::steady_clock::now();
-  const bool finite = OptimizerUpdateInto(
-      *optimizer(), chunk.version + 1, chunk.weights.data(), gradient,
-      chunk.m.data(), chunk.v.data(), out.w.data(), out.m.data(), out.v.data(),
-      n);
+  const bool finite =
+      OptimizerUpdateInto(*optimizer(), chunk.version + 1, chunk.weights.data(),
+                          gradient, chunk.m.data(), chunk.v.data(),
+                          out.w.data(), out.m.data(), out.v.data(), n);
   optimizer_ns_.fetch_add(ElapsedNs(start), std::memory_order_relaxed);
   if (!finite && NoteOverflow(chunk, chunk.version, out.w)) return;
+  chunk.prev_version = -1;
   chunk.weights.swap(out.w);
   chunk.m.swap(out.m);
   chunk.v.swap(out.v);

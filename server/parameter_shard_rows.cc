@@ -141,6 +141,7 @@ bool ParameterShard::ApplyRowsLocked(ChunkState& chunk, const RowValues& grad) {
 }
 
 void ParameterShard::UndoLocked(ChunkState& chunk) {
+  chunk.prev_version = -1;
   if (chunk.spec.row_elements > 0) {
     UndoRows(chunk.spec.row_elements, &chunk.row_undo, chunk.weights.data(),
              chunk.m.data(), chunk.v.data());

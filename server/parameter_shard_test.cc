@@ -1787,3 +1787,97 @@ TEST(ParameterShardTest, BackupWorkersWithStalenessDecideInStepOrder) {
 
 }  // namespace
 }  // namespace pstrain
+
+namespace pstrain {
+namespace {
+
+// A delta pull (PullOrder::have_version, visit_delta) of one sync SGD job
+// (lr 0.1, 1 worker): parameter 0 of 8 elements in one chunk, parameter
+// 1 a buffer of 2.
+struct DeltaPull {
+  std::map<int, std::vector<float>> whole;  // param_id -> weights
+  std::map<int, std::pair<std::vector<uint32_t>, std::vector<float>>> deltas;
+};
+DeltaPull PullDeltas(ParameterShard& shard, int64_t min_version,
+                     int64_t have_version, int wire_bytes = 4) {
+  DeltaPull out;
+  PullOrder order;
+  order.have_version = have_version;
+  order.wire_bytes = wire_bytes;
+  order.visit_delta = [&](const ChunkSpec& c, int64_t version,
+                          const ChunkDelta& d) {
+    EXPECT_EQ(version, min_version);
+    out.deltas[c.param_id] = {
+        std::vector<uint32_t>(d.indices.begin(), d.indices.end()),
+        std::vector<float>(d.values.begin(), d.values.end())};
+  };
+  const absl::Status s = shard.Pull(
+      min_version, 0, absl::Now() + absl::Seconds(5),
+      [&](const ChunkSpec& c, int64_t, absl::Span<const float> w) {
+        out.whole[c.param_id].assign(w.begin(), w.end());
+      },
+      nullptr, nullptr, 0, nullptr, nullptr, {}, order);
+  EXPECT_TRUE(s.ok()) << s;
+  return out;
+}
+
+TEST(ParameterShardTest, DeltaPullsSendTheEntriesTheUpdateChanged) {
+  ShardOptions options = Options(1, SyncMode::kSync);
+  options.adam.kind = OptimizerKind::kSgd;
+  ParameterShard shard(options);
+  std::vector<InitChunk> chunks(2);
+  chunks[0].values = {1, 2, 3, 4, 5, 6, 7, 8};
+  chunks[1].param_id = 1;
+  chunks[1].values = {9, 9};
+  ASSERT_TRUE(shard.Initialize({8, 2}, 32, chunks, /*num_buffers=*/1).ok());
+  // Step 0: a top-k push of 2 entries: SGD changes those two only.
+  ASSERT_TRUE(
+      shard.Push(0, 0, 0, 0, std::vector<float>{0, 0, 1, 0, 0, 0, 0, -2}).ok());
+  ASSERT_TRUE(shard.Push(0, 1, 0, 0, std::vector<float>{3, 4}).ok());
+  EndAll(shard, 1, 0);
+  DeltaPull pulled = PullDeltas(shard, 1, /*have_version=*/0);
+  ASSERT_EQ(pulled.deltas.count(0), 1u);
+  EXPECT_EQ(pulled.deltas[0].first, (std::vector<uint32_t>{2, 7}));
+  EXPECT_EQ(pulled.deltas[0].second,
+            (std::vector<float>{3 - 0.1f * 1, 8 - 0.1f * -2}));
+  // The buffer goes whole (a worker's forward changes its copy).
+  EXPECT_EQ(pulled.whole[1], (std::vector<float>{3, 4}));
+  // Applied to version 0's weights, the delta is version 1, bit for bit.
+  std::vector<float> mine = {1, 2, 3, 4, 5, 6, 7, 8};
+  for (size_t i = 0; i < pulled.deltas[0].first.size(); ++i) {
+    mine[pulled.deltas[0].first[i]] = pulled.deltas[0].second[i];
+  }
+  EXPECT_EQ(mine, PullAll(shard, 1)[0]);
+  // A puller that holds another version, or none, gets the whole chunk.
+  EXPECT_EQ(PullDeltas(shard, 1, /*have_version=*/1).whole[0], mine);
+  EXPECT_EQ(PullDeltas(shard, 1, /*have_version=*/-1).whole[0], mine);
+  // A 16-bit wire: 3 changed entries of 8 are 18 bytes against 16 whole.
+  ASSERT_TRUE(
+      shard.Push(0, 0, 0, 1, std::vector<float>{1, 1, 1, 0, 0, 0, 0, 0}).ok());
+  ASSERT_TRUE(shard.Push(0, 1, 0, 1, std::vector<float>{3, 4}).ok());
+  EndAll(shard, 1, 1);
+  EXPECT_EQ(PullDeltas(shard, 2, 1, /*wire_bytes=*/2).deltas.count(0), 0u);
+  EXPECT_EQ(PullDeltas(shard, 2, 1, /*wire_bytes=*/4).deltas[0].first,
+            (std::vector<uint32_t>{0, 1, 2}));
+  // A dense update (half the entries or more): whole.
+  ASSERT_TRUE(shard.Push(0, 0, 0, 2, std::vector<float>(8, 1.0f)).ok());
+  ASSERT_TRUE(shard.Push(0, 1, 0, 2, std::vector<float>{3, 4}).ok());
+  EndAll(shard, 1, 2);
+  EXPECT_EQ(PullDeltas(shard, 3, 2).deltas.count(0), 0u);
+  // A skipped step puts the weights back: the pull's second round sends
+  // them whole (the first had sent the delta of the undone update).
+  const std::vector<float> before = PullAll(shard, 3)[0];
+  ASSERT_TRUE(
+      shard.Push(0, 0, 0, 3, std::vector<float>{0, 0, 0, 0, 0, 0, 0, 5}).ok());
+  ASSERT_TRUE(shard.Push(0, 1, 0, 3, std::vector<float>{3, 4}).ok());
+  NonFiniteValue nan;
+  nan.value = "nan";
+  ASSERT_TRUE(shard.EndStep(0, 3, &nan).ok());
+  pulled = PullDeltas(shard, 4, 3);
+  EXPECT_EQ(pulled.deltas.count(0), 0u);
+  EXPECT_EQ(pulled.whole[0], before);
+  EXPECT_EQ(PullDeltas(shard, 4, 3).deltas.count(0), 0u);
+}
+
+}  // namespace
+}  // namespace pstrain

@@ -265,6 +265,17 @@ std::optional<grpc::Status> PsService::PushPullSession::QueuePull(
     if (!parsed.ok()) return ToGrpcStatus(parsed.status());
     rows = std::make_shared<const PullRowSets>(*std::move(parsed));
   }
+  if (pull.has_have_version() && pull.have_version() < 0) {
+    return grpc::Status(
+        grpc::StatusCode::INVALID_ARGUMENT,
+        absl::StrCat("worker ", worker_id_, " says it holds version ",
+                     pull.have_version(), "; expected a version >= 0"));
+  }
+  // fp16's scale exponent is chosen per chunk from its largest value: the
+  // unchanged entries of a delta would keep another scale's rounding.
+  const int64_t have_version = pull.has_have_version() && wire != DTYPE_FLOAT16
+                                   ? pull.have_version()
+                                   : -1;
   absl::MutexLock lock(&mu_);
   if (jobs_.size() >= kMaxPendingPulls) {
     return grpc::Status(
@@ -275,7 +286,7 @@ std::optional<grpc::Status> PsService::PushPullSession::QueuePull(
   }
   jobs_.push_back({pull.min_version(), pull.samples(), generation_, worker_id_,
                    wire, subset, pull.priority(), pull.announce_decision(),
-                   std::move(rows)});
+                   std::move(rows), have_version});
   return std::nullopt;
 }
 
@@ -309,6 +320,19 @@ bool PsService::PushPullSession::ServePull(const PullJob& job) {
   const int64_t pull_start_us = trace::NowUs();
   PullOrder order;
   order.front_first = job.priority;
+  if (job.have_version >= 0) {
+    order.have_version = job.have_version;
+    order.wire_bytes = WireBytesPerElement(job.wire_dtype);
+    order.visit_delta = [&](const ChunkSpec& spec, int64_t version,
+                            const ChunkDelta& delta) {
+      // The changed entries only (TensorChunk.sparse, element offsets).
+      reply = EncodeSparseChunkMessage(
+          no_fields, kPullChunkField, spec.param_id, spec.chunk_index, version,
+          spec.num_elements, delta.indices, delta.values, job.wire_dtype);
+      reply_bytes = static_cast<int64_t>(
+          delta.indices.size() * (4 + WireBytesPerElement(job.wire_dtype)));
+    };
+  }
   if (job.announce_decision) {
     order.decided = [&](int64_t step) {
       PushPullResponse decided;

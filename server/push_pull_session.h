@@ -84,6 +84,9 @@ class PsService::PushPullSession {
     bool announce_decision;
     // PullRequest.rows (server/pull_rows.h); null: every chunk whole.
     std::shared_ptr<const PullRowSets> rows;
+    // PullRequest.have_version (delta pulls); -1: none, or an fp16 wire
+    // (whose per-chunk scale a delta would not keep).
+    int64_t have_version;
   };
 
   // One message read; nullopt to go on, else the status to finish with

@@ -39,9 +39,11 @@ constexpr int64_t kPartitionBytes = 64 * sizeof(float);
 // shard tasks), with every shard's checkpoint folder under `dir`.
 class ShardPool {
  public:
-  ShardPool(int count, int initial, const std::string& dir) {
+  ShardPool(int count, int initial, const std::string& dir,
+            OptimizerKind optimizer = OptimizerKind::kAdam) {
     for (int s = 0; s < count; ++s) {
       ShardOptions options;
+      options.adam.kind = optimizer;
       options.job_id = "job";
       options.shard_index = s;
       options.num_shards = initial;
@@ -66,6 +68,12 @@ class ShardPool {
     return {addresses_.begin() + first, addresses_.begin() + first + n};
   }
   const ParameterShard& shard(int s) const { return *shards_[s]; }
+  // Payload bytes every shard sent in pulls.
+  int64_t bytes_sent() const {
+    int64_t sum = 0;
+    for (const auto& service : services_) sum += service->counters().bytes_sent;
+    return sum;
+  }
 
  private:
   std::vector<std::unique_ptr<ParameterShard>> shards_;
@@ -79,8 +87,9 @@ class ShardPool {
 // checkpoints runs; no checkpoint is taken here).
 std::unique_ptr<GradientExchange> Exchange(
     const std::vector<std::string>& addresses, int worker, double topk_ratio,
-    const std::string& checkpoint_dir) {
+    const std::string& checkpoint_dir, bool delta_pulls = false) {
   PsClientOptions options;
+  options.delta_pulls = delta_pulls;
   options.addresses = addresses;
   options.job_id = "job";
   options.worker_id = worker;
@@ -145,6 +154,8 @@ struct JobRun {
   int64_t reopen_at = -1;
   // Top-k pushes (Exchange()); 0: dense.
   double topk_ratio = 0;
+  // PsClientOptions::delta_pulls.
+  bool delta_pulls = false;
   std::string checkpoint_dir;
 };
 
@@ -155,7 +166,8 @@ std::vector<std::vector<std::vector<float>>> Train(const JobRun& run) {
   for (int r = 0; r < kWorkers; ++r) {
     threads.emplace_back([&, r] {
       std::unique_ptr<GradientExchange> exchange =
-          Exchange(run.addresses, r, run.topk_ratio, run.checkpoint_dir);
+          Exchange(run.addresses, r, run.topk_ratio, run.checkpoint_dir,
+                   run.delta_pulls);
       std::vector<std::vector<float>> w, g;
       for (size_t t = 0; t < kSizes.size(); ++t) {
         w.emplace_back(kSizes[t], 0.05f * static_cast<float>(t + 1));
@@ -200,9 +212,10 @@ std::vector<std::vector<std::vector<float>>> Train(const JobRun& run) {
           // Worker 0 closed the old layout under this step.
           ASSERT_NE(r, 0) << s;
           ASSERT_TRUE(absl::IsAborted(s)) << s;
-          absl::StatusOr<int64_t> version =
-              exchange->Recover(run.change_at >= 0 ? run.after : run.addresses,
-                                nullptr, absl::Seconds(10));
+          absl::StatusOr<int64_t> version = exchange->Recover(
+              run.change_at >= 0 && step >= run.change_at ? run.after
+                                                          : run.addresses,
+              nullptr, absl::Seconds(10));
           ASSERT_TRUE(version.ok()) << version.status();
           step = *version;
           continue;
@@ -374,6 +387,44 @@ TEST(ElasticShardsTest, TopKResidualsStayWithTheirWorkersAcrossAReopen) {
   for (int r = 0; r < kWorkers; ++r) {
     EXPECT_EQ(reopened[r], stayed[r]) << "worker " << r;
   }
+}
+
+// Delta pulls (PsClientOptions::delta_pulls; issue 39): top-k pushes of
+// 5% under plain SGD change at most 2 x 3 entries of each 64-element chunk
+// a step, so every pull after the first sends those entries only. Across
+// a reopen (step 4) and a move from 2 shards to 3 (step 7), each of which
+// pulls whole again, the weights equal the dense-pull job's bit for bit,
+// for fewer bytes pulled.
+TEST(ElasticShardsTest, DeltaPullsEqualWholePullsForFewerBytes) {
+  JobRun run;
+  run.to_step = kSteps;
+  run.topk_ratio = 0.05;
+  run.reopen_at = 4;
+  run.change_at = kChangeAt;
+  const std::string dense_dir = TempDir("delta_dense");
+  ShardPool dense_pool(3, 2, dense_dir, OptimizerKind::kSgd);
+  run.addresses = dense_pool.Addresses(0, 2);
+  run.after = dense_pool.Addresses(0, 3);
+  run.checkpoint_dir = dense_dir;
+  const auto dense = Train(run);
+
+  const std::string delta_dir = TempDir("delta");
+  ShardPool delta_pool(3, 2, delta_dir, OptimizerKind::kSgd);
+  run.addresses = delta_pool.Addresses(0, 2);
+  run.after = delta_pool.Addresses(0, 3);
+  run.checkpoint_dir = delta_dir;
+  run.delta_pulls = true;
+  const auto delta = Train(run);
+
+  for (int r = 0; r < kWorkers; ++r) {
+    EXPECT_EQ(delta[r], dense[r]) << "worker " << r;
+  }
+  EXPECT_NE(delta[0][0][0], 0.05f);
+  // 15 steps' pulls: 3 whole (start, reopen, move) and 12 deltas of the
+  // parameters (8 bytes an entry, at most 6 of 64 entries a chunk); the
+  // buffer always whole.
+  EXPECT_LT(delta_pool.bytes_sent(), dense_pool.bytes_sent() / 2)
+      << "dense " << dense_pool.bytes_sent();
 }
 
 }  // namespace

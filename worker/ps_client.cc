@@ -162,6 +162,7 @@ absl::Status PsClient::SetAddresses(const std::vector<std::string>& addresses) {
         absl::StrCat(addresses.size(), " PS addresses for a client of ",
                      num_shards(), " shards"));
   }
+  delta_base_ = -1;
   Reset();
   for (int s = 0; s < num_shards(); ++s) {
     if (addresses[s] == addresses_[s]) continue;
@@ -172,6 +173,7 @@ absl::Status PsClient::SetAddresses(const std::vector<std::string>& addresses) {
 }
 
 void PsClient::Reset() {
+  delta_base_ = -1;
   AbortStep();
   absl::MutexLock lock(&streams_mu_);
   for (Stream& s : streams_) {
@@ -545,8 +547,19 @@ absl::Status PsClient::TakePulledChunk(int lane, StepState* state,
                      lanes_[lane].channel, ", which did not ask for it"));
   }
   const ChunkSpec& c = plan_.chunks()[index];
+  if (chunk.sparse() && chunk.row_elements() <= 1 &&
+      (!state->pull.pull().has_have_version() ||
+       chunk.version() != state->pull.pull().have_version() + 1)) {
+    return absl::DataLossError(absl::StrCat(
+        "shard ", shard, " sent chunk (", chunk.key().param_id(), ", ",
+        chunk.key().chunk_index(), ") of version ", chunk.version(),
+        " as a delta, but this worker ",
+        state->pull.pull().has_have_version()
+            ? absl::StrCat("holds version ", state->pull.pull().have_version())
+            : "asked for whole chunks"));
+  }
   // One copy, from the received slices into the weights (a table's chunk:
-  // the rows asked for, the others left).
+  // the rows asked for, the others left; a delta: its entries).
   RETURN_IF_ERROR(received.ScatterFloatPayload(
       state->weights[c.param_id].subspan(c.offset, c.num_elements)));
   {
@@ -787,6 +800,9 @@ absl::Status PsClient::BeginStep(
     state->pull.mutable_pull()->set_wire_dtype(options_.wire_dtype);
   }
   if (options_.priority_pulls) state->pull.mutable_pull()->set_priority(true);
+  if (HoldsDeltaBase(weights)) {
+    state->pull.mutable_pull()->set_have_version(delta_base_);
+  }
   // A pull without a push (start, recovery, a late worker's) brings every
   // table whole: the worker's copy is fresh everywhere after it.
   if (!gradients.empty()) AddPullRows(state->pull.mutable_pull());
@@ -936,6 +952,7 @@ absl::StatusOr<int64_t> PsClient::FinishStep() {
     }
   }
   if (first != nullptr) {
+    delta_base_ = -1;
     NoteUnfinished(done.get());
     return *first;
   }
@@ -967,7 +984,31 @@ absl::StatusOr<int64_t> PsClient::FinishStep() {
   }
   last_max_version_ =
       *std::max_element(done->largest.begin(), done->largest.end());
-  return *std::min_element(done->versions.begin(), done->versions.end());
+  const int64_t smallest =
+      *std::min_element(done->versions.begin(), done->versions.end());
+  // Every chunk at one version, in these weights: the next pull's base.
+  delta_base_ = -1;
+  if (options_.delta_pulls && smallest == last_max_version_ && smallest >= 0) {
+    delta_base_ = smallest;
+    delta_generation_ = generation_;
+    delta_weights_.clear();
+    for (const absl::Span<float>& w : done->weights) {
+      delta_weights_.push_back(w.data());
+    }
+  }
+  return smallest;
+}
+
+bool PsClient::HoldsDeltaBase(
+    const std::vector<absl::Span<float>>& weights) const {
+  if (delta_base_ < 0 || delta_generation_ != generation_ ||
+      weights.size() != delta_weights_.size()) {
+    return false;
+  }
+  for (size_t t = 0; t < weights.size(); ++t) {
+    if (weights[t].data() != delta_weights_[t]) return false;
+  }
+  return true;
 }
 
 void PsClient::ReleaseAll(StepState* state) {

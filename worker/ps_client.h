@@ -99,6 +99,13 @@ struct PsClientOptions {
   // param_id), so that the weights the next forward needs first arrive
   // first. Pushes keep backward's order (last layers first).
   bool priority_pulls = false;
+  // Delta pulls (sync mode only; PullRequest.have_version): once a pull
+  // brought every chunk at one version v into the same weights, the next
+  // pull says this worker holds v, and a shard may send a chunk one update
+  // past it as the entries that changed (a top-k push under plain SGD).
+  // The weights come out the same bit for bit. Dropped after any failure,
+  // Reset(), or a change of generation or shard addresses.
+  bool delta_pulls = false;
   // A test aid (PSTRAIN_HOLD_STEP_END=STEP, worker 1 only): the end of
   // step `hold_step_end` goes to shard 0 and is held from every other
   // shard (the call never returns), as a worker that dies between its
@@ -550,6 +557,14 @@ class PsClient {
   int64_t announced_checkpoint_step_ = -1;
   PsStepTimes last_step_times_;
   bool announce_decisions_ = false;
+  // Delta pulls: the version every chunk of `delta_weights_` (the weights'
+  // data, per tensor) holds as the shards of generation `delta_generation_`
+  // sent it; -1: none known.
+  int64_t delta_base_ = -1;
+  int64_t delta_generation_ = -1;
+  std::vector<const float*> delta_weights_;
+  // Whether `weights` are delta_weights_ at delta_base_, in this generation.
+  bool HoldsDeltaBase(const std::vector<absl::Span<float>>& weights) const;
   // SetStepRows(): per tensor, whether it travels by rows, and its rows.
   std::vector<bool> by_rows_;
   std::vector<std::vector<uint32_t>> touched_rows_, next_rows_;

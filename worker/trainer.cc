@@ -89,6 +89,9 @@ PsClientOptions PsClientOptionsOf(const TrainerOptions& options,
   client_options.wire_dtype = options.wire_dtype;
   client_options.channels_per_shard = options.channels_per_shard;
   client_options.priority_pulls = options.priority_pulls;
+  // Only sparse pushes make sparse updates (a top-k push under SGD).
+  client_options.delta_pulls =
+      kind.sync && options.compression.enabled() && !options.dense_pulls;
   const char* hold = std::getenv("PSTRAIN_HOLD_STEP_END");
   if (hold != nullptr && options.worker_id == 1 &&
       !absl::SimpleAtoi(hold, &client_options.hold_step_end)) {

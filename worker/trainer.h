@@ -148,6 +148,10 @@ struct TrainerOptions {
   // PS modes: top-k compression of pushed gradients with (or without)
   // error feedback (the job's compression; worker/topk_compression.h).
   CompressionOptions compression;
+  // PS sync mode with a compression: pulls send whole chunks always
+  // (JobSpec.dense_pulls); otherwise delta pulls
+  // (PsClientOptions::delta_pulls).
+  bool dense_pulls = false;
   // 0: every full batch of the worker's shard; otherwise at most this many
   // steps per epoch (short test and benchmark runs).
   int64_t max_steps_per_epoch = 0;

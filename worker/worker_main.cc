@@ -318,6 +318,7 @@ absl::StatusOr<pstrain::TrainerOptions> TrainerOptionsOf(
   options.compression = config.compression;
   options.channels_per_shard = spec.channels_per_shard();
   options.priority_pulls = spec.priority_pulls();
+  options.dense_pulls = spec.dense_pulls();
   options.sparse_embeddings = spec.sparse_embeddings();
   options.max_steps_per_epoch = spec.max_steps_per_epoch();
   options.init_from = spec.init_from();
