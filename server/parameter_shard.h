@@ -665,7 +665,10 @@ class ParameterShard {
                                              absl::Duration hold);
   // Ends the hold (a no-op without one).
   void ReleaseCheckpointHold();
-  // Backup workers, shard 0: holds, as HoldCheckpointStep() does, the
+  // Backup workers, shard 0: holds, unlike HoldCheckpointStep() without
+  // making the ends wait (each end of the held step or a later one is
+  // answered late at once: a waiting end would stall its stream, and with
+  // it the global norm of an earlier step that the settle waits for), the
   // first step this shard has not decided (at least `min_step`) and whose
   // admissions are not complete, though some workers' ends may have been
   // admitted (a step with all its admissions is decided on every shard
@@ -1019,9 +1022,12 @@ class ParameterShard {
   // partial (PartialNormLocked()) and awaits the norm; true if so.
   bool MaybeAwaitNormLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(step_mu_);
   // Backup workers, shard 0: a checkpoint's cut (HoldCheckpointStep()),
-  // whose admissions wait until hold_until_ (-1: none).
+  // whose admissions wait until hold_until_ (-1: none); or, with
+  // hold_closes_ (HoldFirstUndecidedStep()), the cut of a change, from
+  // which on every end is answered late until hold_until_.
   int64_t hold_step_ ABSL_GUARDED_BY(step_mu_) = -1;
   absl::Time hold_until_ ABSL_GUARDED_BY(step_mu_);
+  bool hold_closes_ ABSL_GUARDED_BY(step_mu_) = false;
   // decided_step_, readable under a chunk's lock: a sync push of step s
   // needs step s - 1 decided.
   std::atomic<int64_t> decided_through_{-1};

@@ -25,6 +25,7 @@ void ParameterShard::ResetStepsLocked(int64_t version) {
   norm_partial_ = 0;
   recent_norms_.clear();
   hold_step_ = -1;
+  hold_closes_ = false;
 }
 
 double ParameterShard::PartialNormLocked(int64_t step, bool skip,
@@ -225,6 +226,16 @@ absl::StatusOr<bool> ParameterShard::EndStepWithBackups(
   if (absl::Status current = CheckGeneration(generation); !current.ok()) {
     return current;
   }
+  if (arbiter && hold_closes_ && step >= hold_step_) {
+    if (absl::Now() < hold_until_) {
+      // A change's cut (HoldFirstUndecidedStep()): the reopen drops the
+      // step and every later one, which the new generation redoes.
+      late_steps_.fetch_add(1, std::memory_order_relaxed);
+      return false;
+    }
+    hold_step_ = -1;  // worker 0 never reopened: the job goes on
+    hold_closes_ = false;
+  }
   if (arbiter && step == hold_step_) {
     // A checkpoint's cut: the other shards register it before any of
     // them can decide the step (HoldCheckpointStep()).
@@ -320,6 +331,7 @@ absl::StatusOr<int64_t> ParameterShard::HoldCheckpointStep(
   }
   hold_step_ = cut;
   hold_until_ = absl::Now() + hold;
+  hold_closes_ = false;
   return hold_step_;
 }
 
@@ -342,12 +354,14 @@ absl::StatusOr<int64_t> ParameterShard::HoldFirstUndecidedStep(
   }
   hold_step_ = cut;
   hold_until_ = absl::Now() + hold;
+  hold_closes_ = true;
   return hold_step_;
 }
 
 void ParameterShard::ReleaseCheckpointHold() {
   absl::MutexLock lock(&step_mu_);
   hold_step_ = -1;
+  hold_closes_ = false;
 }
 
 void ParameterShard::DecideWithBackupsLocked(int64_t step, StepEnds& ends) {
