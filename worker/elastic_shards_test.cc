@@ -212,9 +212,11 @@ std::vector<std::vector<std::vector<float>>> Train(const JobRun& run) {
           // Worker 0 closed the old layout under this step.
           ASSERT_NE(r, 0) << s;
           ASSERT_TRUE(absl::IsAborted(s)) << s;
+          // The move aborts step change_at, or the pull of the one before
+          // it (worker 0 may be that pull ahead).
           absl::StatusOr<int64_t> version = exchange->Recover(
-              run.change_at >= 0 && step >= run.change_at ? run.after
-                                                          : run.addresses,
+              run.change_at >= 0 && step + 1 >= run.change_at ? run.after
+                                                              : run.addresses,
               nullptr, absl::Seconds(10));
           ASSERT_TRUE(version.ok()) << version.status();
           step = *version;
