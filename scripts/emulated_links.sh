@@ -9,7 +9,8 @@
 #        [--model_bytes=102228128] [--steps=10]
 #        [--batch_size=32] [--partition_bytes=4194304]
 #        [--bucket_bytes=26214400] [--out_dir=DIR]
-#        [--wire_dtype=fp32] [--compression=none]
+#        [--wire_dtype=fp32] [--compression=none] [--optimizer=adam]
+#        [--delta_pulls=true]
 #        [--queue_ms=10] [--tcp_cc=NAME] [--mtu=1500] [--bin=bazel-bin]
 #
 # Hosts: 10.78.0.1 runs `pstrain compare` and its coordinator (its link is
@@ -63,6 +64,10 @@ MODES=ps_sync,allreduce
 # --compression=none,topk:0.01 gives a PS row of each).
 WIRE_DTYPE=fp32
 COMPRESSION=none
+# The job's optimizer for every row (pstrain's --optimizer): sgd makes a
+# top-k push's update sparse, which delta pulls carry (--delta_pulls).
+OPTIMIZER=adam
+DELTA_PULLS=true
 COMPUTE_MS=100
 BACKWARD_FRACTION=0
 MODEL_BYTES=102228128
@@ -91,6 +96,8 @@ for arg in "$@"; do
     --bucket_bytes=*) BUCKET_BYTES="${arg#*=}" ;;
     --wire_dtype=*) WIRE_DTYPE="${arg#*=}" ;;
     --compression=*) COMPRESSION="${arg#*=}" ;;
+    --optimizer=*) OPTIMIZER="${arg#*=}" ;;
+    --delta_pulls=*) DELTA_PULLS="${arg#*=}" ;;
     --out_dir=*) OUT_DIR="${arg#*=}" ;;
     --bin=*) BIN="${arg#*=}" ;;
     *)
@@ -314,15 +321,18 @@ OUT_DIR="$(cd "$OUT_DIR" && pwd)"
 # --wire_dtype applies to every mode (allreduce averages in the 16-bit
 # type too).
 ps_wire=()
+# Only allreduce has buckets: a PS-only comparison refuses the flag.
+[[ ",$MODES," == *,allreduce,* ]] && ps_wire+=(--bucket_bytes="$BUCKET_BYTES")
 [ "$WIRE_DTYPE" = fp32 ] || ps_wire+=(--wire_dtype="$WIRE_DTYPE")
-[ "$COMPRESSION" = none ] || ps_wire+=(--compression="$COMPRESSION")
+[ "$COMPRESSION" = none ] ||
+  ps_wire+=(--compression="$COMPRESSION" --delta_pulls="$DELTA_PULLS")
 ip netns exec "$(ns_of c)" "$PSTRAIN" compare --compute=synthetic \
   --compute_ms="$COMPUTE_MS" --backward_fraction="$BACKWARD_FRACTION" \
   --model_bytes="$MODEL_BYTES" \
   --batch_size="$BATCH_SIZE" --partition_bytes="$PARTITION_BYTES" \
-  --bucket_bytes="$BUCKET_BYTES" --workers="$WORKERS" --num_ps="$NUM_PS" \
+  --workers="$WORKERS" --num_ps="$NUM_PS" \
   --modes="$MODES" --steps="$STEPS" --log_every_steps=1000000 \
-  "${ps_wire[@]}" \
+  "${ps_wire[@]}" --optimizer="$OPTIMIZER" \
   --link_mbit="$LINK_MBIT" --coordinator_host="$(ip_of c)" \
   --ps_netns="$ps_netns" --worker_netns="$worker_netns" \
   --heartbeat_timeout_s=120 --out_dir="$OUT_DIR"
