@@ -17,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/grpc_server.h"
 #include "common/partition.h"
+#include "common/wire_dtype.h"
 #include "gtest/gtest.h"
 #include "server/parameter_shard.h"
 #include "server/ps_service.h"
@@ -82,14 +83,39 @@ class ShardPool {
   std::vector<std::string> addresses_;
 };
 
-// `topk_ratio` > 0: top-k pushes with error feedback, each worker's
-// residuals saved with checkpoints under `checkpoint_dir` (what a job with
-// checkpoints runs; no checkpoint is taken here).
+struct JobRun {
+  std::vector<std::string> addresses;  // the shards at the start
+  int64_t from_step = 0, to_step = 0;
+  const ModelState* resume = nullptr;  // worker 0's, at from_step
+  // Worker 0 changes the shards to `after` before step `change_at` (-1:
+  // never); the other worker recovers onto them.
+  int64_t change_at = -1;
+  std::vector<std::string> after;
+  // Worker 0 checkpoints step to_step at the end (-1: no).
+  bool checkpoint_at_end = false;
+  // Worker 0 applies a new membership (the same two workers, as a
+  // membership change reopens the shards) before step `reopen_at` (-1:
+  // never).
+  int64_t reopen_at = -1;
+  // Top-k pushes (Exchange()); 0: dense.
+  double topk_ratio = 0;
+  // PsClientOptions::delta_pulls and wire_dtype.
+  bool delta_pulls = false;
+  DType wire_dtype = DTYPE_FLOAT32;
+  std::string checkpoint_dir;
+};
+
+// Worker `worker`'s exchange of `run` with the shards at `addresses`.
+// run.topk_ratio > 0: top-k pushes with error feedback, each worker's
+// residuals saved with checkpoints under run.checkpoint_dir (what a job
+// with checkpoints runs; no checkpoint is taken here).
 std::unique_ptr<GradientExchange> Exchange(
-    const std::vector<std::string>& addresses, int worker, double topk_ratio,
-    const std::string& checkpoint_dir, bool delta_pulls = false) {
+    const std::vector<std::string>& addresses, int worker, const JobRun& run) {
+  const double topk_ratio = run.topk_ratio;
+  const std::string& checkpoint_dir = run.checkpoint_dir;
   PsClientOptions options;
-  options.delta_pulls = delta_pulls;
+  options.delta_pulls = run.delta_pulls;
+  options.wire_dtype = run.wire_dtype;
   options.addresses = addresses;
   options.job_id = "job";
   options.worker_id = worker;
@@ -138,27 +164,6 @@ void Gradients(int rank, int64_t step, const std::vector<std::vector<float>>& w,
   }
 }
 
-struct JobRun {
-  std::vector<std::string> addresses;  // the shards at the start
-  int64_t from_step = 0, to_step = 0;
-  const ModelState* resume = nullptr;  // worker 0's, at from_step
-  // Worker 0 changes the shards to `after` before step `change_at` (-1:
-  // never); the other worker recovers onto them.
-  int64_t change_at = -1;
-  std::vector<std::string> after;
-  // Worker 0 checkpoints step to_step at the end (-1: no).
-  bool checkpoint_at_end = false;
-  // Worker 0 applies a new membership (the same two workers, as a
-  // membership change reopens the shards) before step `reopen_at` (-1:
-  // never).
-  int64_t reopen_at = -1;
-  // Top-k pushes (Exchange()); 0: dense.
-  double topk_ratio = 0;
-  // PsClientOptions::delta_pulls.
-  bool delta_pulls = false;
-  std::string checkpoint_dir;
-};
-
 // Every worker's weights after `run`.
 std::vector<std::vector<std::vector<float>>> Train(const JobRun& run) {
   std::vector<std::vector<std::vector<float>>> results(kWorkers);
@@ -166,8 +171,7 @@ std::vector<std::vector<std::vector<float>>> Train(const JobRun& run) {
   for (int r = 0; r < kWorkers; ++r) {
     threads.emplace_back([&, r] {
       std::unique_ptr<GradientExchange> exchange =
-          Exchange(run.addresses, r, run.topk_ratio, run.checkpoint_dir,
-                   run.delta_pulls);
+          Exchange(run.addresses, r, run);
       std::vector<std::vector<float>> w, g;
       for (size_t t = 0; t < kSizes.size(); ++t) {
         w.emplace_back(kSizes[t], 0.05f * static_cast<float>(t + 1));
@@ -178,31 +182,27 @@ std::vector<std::vector<std::vector<float>>> Train(const JobRun& run) {
       std::vector<absl::Span<const float>> gradients(g.begin(), g.end());
       ASSERT_TRUE(exchange->Start(weights, r == 0 ? run.resume : nullptr).ok());
       int64_t step = run.from_step;
+      // Worker 0's changes keep both workers, from the version settled.
+      int64_t epoch = 0;
+      const auto both_workers = [&epoch](int64_t v) {
+        WorkerMembership m;
+        m.workers = {0, 1};
+        m.epoch = epoch;
+        m.from_step = v;
+        return m;
+      };
       while (step < run.to_step) {
         if (r == 0 && step == run.change_at) {
+          ++epoch;
           absl::StatusOr<int64_t> version = exchange->ChangeShards(
-              run.after,
-              [](int64_t v) {
-                WorkerMembership m;
-                m.workers = {0, 1};
-                m.epoch = 1;
-                m.from_step = v;
-                return m;
-              },
-              absl::Seconds(10));
+              run.after, both_workers, absl::Seconds(10));
           ASSERT_TRUE(version.ok()) << version.status();
           ASSERT_EQ(*version, step);
         }
         if (r == 0 && step == run.reopen_at) {
-          absl::StatusOr<int64_t> version = exchange->ChangeMembership(
-              [](int64_t v) {
-                WorkerMembership m;
-                m.workers = {0, 1};
-                m.epoch = 1;
-                m.from_step = v;
-                return m;
-              },
-              absl::Seconds(10));
+          ++epoch;
+          absl::StatusOr<int64_t> version =
+              exchange->ChangeMembership(both_workers, absl::Seconds(10));
           ASSERT_TRUE(version.ok()) << version.status();
           ASSERT_EQ(*version, step);
         }
@@ -396,37 +396,42 @@ TEST(ElasticShardsTest, TopKResidualsStayWithTheirWorkersAcrossAReopen) {
 // a step, so every pull after the first sends those entries only. Across
 // a reopen (step 4) and a move from 2 shards to 3 (step 7), each of which
 // pulls whole again, the weights equal the dense-pull job's bit for bit,
-// for fewer bytes pulled.
+// for fewer bytes pulled; over fp32 and bf16 wires (a delta's unchanged
+// entries keep the bf16 rounding the worker holds).
 TEST(ElasticShardsTest, DeltaPullsEqualWholePullsForFewerBytes) {
-  JobRun run;
-  run.to_step = kSteps;
-  run.topk_ratio = 0.05;
-  run.reopen_at = 4;
-  run.change_at = kChangeAt;
-  const std::string dense_dir = TempDir("delta_dense");
-  ShardPool dense_pool(3, 2, dense_dir, OptimizerKind::kSgd);
-  run.addresses = dense_pool.Addresses(0, 2);
-  run.after = dense_pool.Addresses(0, 3);
-  run.checkpoint_dir = dense_dir;
-  const auto dense = Train(run);
+  for (DType wire : {DTYPE_FLOAT32, DTYPE_BFLOAT16}) {
+    SCOPED_TRACE(WireDtypeSpelling(wire));
+    JobRun run;
+    run.to_step = kSteps;
+    run.topk_ratio = 0.05;
+    run.reopen_at = 4;
+    run.change_at = kChangeAt;
+    run.wire_dtype = wire;
+    const std::string dense_dir = TempDir("delta_dense");
+    ShardPool dense_pool(3, 2, dense_dir, OptimizerKind::kSgd);
+    run.addresses = dense_pool.Addresses(0, 2);
+    run.after = dense_pool.Addresses(0, 3);
+    run.checkpoint_dir = dense_dir;
+    const auto dense = Train(run);
 
-  const std::string delta_dir = TempDir("delta");
-  ShardPool delta_pool(3, 2, delta_dir, OptimizerKind::kSgd);
-  run.addresses = delta_pool.Addresses(0, 2);
-  run.after = delta_pool.Addresses(0, 3);
-  run.checkpoint_dir = delta_dir;
-  run.delta_pulls = true;
-  const auto delta = Train(run);
+    const std::string delta_dir = TempDir("delta");
+    ShardPool delta_pool(3, 2, delta_dir, OptimizerKind::kSgd);
+    run.addresses = delta_pool.Addresses(0, 2);
+    run.after = delta_pool.Addresses(0, 3);
+    run.checkpoint_dir = delta_dir;
+    run.delta_pulls = true;
+    const auto delta = Train(run);
 
-  for (int r = 0; r < kWorkers; ++r) {
-    EXPECT_EQ(delta[r], dense[r]) << "worker " << r;
+    for (int r = 0; r < kWorkers; ++r) {
+      EXPECT_EQ(delta[r], dense[r]) << "worker " << r;
+    }
+    EXPECT_NE(delta[0][0][0], 0.05f);
+    // 15 steps' pulls: 3 whole (start, reopen, move) and 12 deltas of the
+    // parameters (4 + 4 or 2 bytes an entry, at most 6 of 64 entries a
+    // chunk); the buffer always whole.
+    EXPECT_LT(delta_pool.bytes_sent(), dense_pool.bytes_sent() / 2)
+        << "dense " << dense_pool.bytes_sent();
   }
-  EXPECT_NE(delta[0][0][0], 0.05f);
-  // 15 steps' pulls: 3 whole (start, reopen, move) and 12 deltas of the
-  // parameters (8 bytes an entry, at most 6 of 64 entries a chunk); the
-  // buffer always whole.
-  EXPECT_LT(delta_pool.bytes_sent(), dense_pool.bytes_sent() / 2)
-      << "dense " << dense_pool.bytes_sent();
 }
 
 }  // namespace
