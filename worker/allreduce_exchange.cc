@@ -3,6 +3,7 @@
 // applied on every worker.
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <memory>
 #include <optional>
 #include <thread>  // NOLINT(build/c++11)
@@ -185,6 +186,7 @@ class AllreduceExchange : public GradientExchange {
   void set_restore_membership(MembershipAt membership_at) override {
     anchor_ = std::move(membership_at);
   }
+  void set_loss_scaler(LossScaler* scaler) override { loss_scaler_ = scaler; }
 
   void GradientsReady(const std::vector<absl::Span<const float>>& gradients,
                       int64_t samples, absl::Span<const int> tensors,
@@ -591,25 +593,38 @@ class AllreduceExchange : public GradientExchange {
     return sync_state ? SyncState() : absl::OkStatus();
   }
 
-  // Rank 0's state to every rank: its step (update count), samples so far
-  // and the data position of its step (anchor_), then every tensor's
-  // weights and every parameter's optimizer state. membership_ takes the
-  // step and the position.
+  // Rank 0's state to every rank: its step (update count), samples so far,
+  // the data position of its step (anchor_) and its loss scaler's state
+  // (fp16), then every tensor's weights and every parameter's optimizer
+  // state. membership_ takes the step and the position.
   absl::Status SyncState() {
-    int64_t head[5] = {step_, samples_, 0, 0, 0};
+    int64_t head[7] = {step_, samples_, 0, 0, 0, 0, 0};
     if (collective_->rank() == 0 && anchor_) {
       const WorkerMembership at = anchor_(step_);
       head[2] = at.data_epoch;
       head[3] = at.data_offset;
       head[4] = at.data_steps;
     }
-    RETURN_IF_ERROR(BroadcastInt64(*collective_, head, 5, 0));
+    if (loss_scaler_ != nullptr) {
+      uint32_t bits;
+      std::memcpy(&bits, &loss_scaler_->state().scale, sizeof(bits));
+      head[5] = bits;
+      head[6] = loss_scaler_->state().growth_tracker;
+    }
+    RETURN_IF_ERROR(BroadcastInt64(*collective_, head, 7, 0));
     step_ = head[0];
     samples_ = head[1];
     membership_.from_step = head[0];
     membership_.data_epoch = static_cast<int>(head[2]);
     membership_.data_offset = head[3];
     membership_.data_steps = head[4];
+    if (loss_scaler_ != nullptr) {
+      LossScaler::State scaler;
+      const uint32_t bits = static_cast<uint32_t>(head[5]);
+      std::memcpy(&scaler.scale, &bits, sizeof(bits));
+      scaler.growth_tracker = head[6];
+      loss_scaler_->Restore(scaler);
+    }
     for (const absl::Span<float>& w : weights_) {
       RETURN_IF_ERROR(collective_->Broadcast(w.data(), w.size(), 0));
     }
@@ -649,6 +664,8 @@ class AllreduceExchange : public GradientExchange {
   WorkerMembership membership_;
   // The data position of a step (ElasticMembership's), for SyncState.
   MembershipAt anchor_;
+  // fp16 precision: the worker's loss scaler (set_loss_scaler); null: none.
+  LossScaler* loss_scaler_ = nullptr;
   // Gradient clipping by global norm; 0: none.
   const double clip_grad_norm_;
   // DTYPE_FLOAT32, or a 16-bit wire (Allreduce16).

@@ -41,6 +41,7 @@
 #include "absl/types/span.h"
 #include "common/nonfinite.h"
 #include "models/backend.h"
+#include "optim/loss_scaler.h"
 #include "optim/optimizer.h"
 #include "worker/collective.h"
 #include "worker/ps_client.h"
@@ -183,6 +184,13 @@ class GradientExchange {
   }
   // A worker joining an elastic job waits until a generation has it.
   virtual void set_joining(bool joining) {}
+  // fp16 precision: the worker's loss scaler (not owned; null: none),
+  // before Start(). Elastic allreduce: where rank 0 sends its state to a
+  // new world (a joiner's, or the survivors' after a member's death), the
+  // scaler's state goes with it, so that every member scales, skips and
+  // grows alike. Elsewhere unused (PS workers' scalers agree through the
+  // shards' skip decisions; a PS job's joiner starts from the defaults).
+  virtual void set_loss_scaler(LossScaler* scaler) {}
 
   // Elastic allreduce jobs (issue 40; docs/ARCHITECTURE.md "Elastic
   // allreduce"): the collective's world changes in place.

@@ -470,11 +470,20 @@ TEST(AllreduceExchangeTest, ElasticWorldGrowsAndSurvivesADeathInPlace) {
   };
   std::vector<std::vector<std::vector<float>>> results(3);
   std::vector<std::vector<float>> partial(2);
+  // fp16 precision's loss scalers: worker 0's state goes with its weights
+  // to every new world (the others start from the defaults).
+  std::vector<LossScaler> scalers(3);
+  scalers[0].Restore({1024.0f, 7});
+  auto expect_worker_0s_scale = [](const LossScaler& scaler) {
+    EXPECT_EQ(scaler.state().scale, 1024.0f);
+    EXPECT_EQ(scaler.state().growth_tracker, 7);
+  };
   std::vector<std::thread> ranks;
   for (int r = 0; r < 2; ++r) {
     ranks.emplace_back([&, r] {
       std::unique_ptr<GradientExchange> exchange =
           exchange_of(r, world({0, 1}, 0));
+      exchange->set_loss_scaler(&scalers[r]);
       RankTensors tensors(r);
       ASSERT_TRUE(exchange->Start(tensors.weights).ok());
       for (int step = 0; step < 2; ++step) {
@@ -506,14 +515,17 @@ TEST(AllreduceExchangeTest, ElasticWorldGrowsAndSurvivesADeathInPlace) {
       EXPECT_FALSE(agree(*exchange, r, std::nullopt).has_value());
       ASSERT_TRUE(exchange->Step(tensors.gradients, 8).ok());
       EXPECT_EQ(*exchange->SamplesSoFar(), (2 * 2 + 3 * 2 + 2) * 8);
+      expect_worker_0s_scale(scalers[r]);
       results[r] = tensors.w;
     });
   }
   ranks.emplace_back([&] {
     std::unique_ptr<GradientExchange> exchange =
         exchange_of(2, world({0, 1, 2}, 1));
+    exchange->set_loss_scaler(&scalers[2]);
     RankTensors tensors(2);
     ASSERT_TRUE(exchange->Start(tensors.weights).ok());
+    expect_worker_0s_scale(scalers[2]);
     const std::optional<WorkerMembership> joined = exchange->membership();
     ASSERT_TRUE(joined.has_value());
     EXPECT_EQ(joined->from_step, 2);

@@ -673,6 +673,7 @@ absl::StatusOr<TrainerOutput> RunWorker(const TrainerOptions& options,
   LossScaler loss_scaler;
   LossScaler* const scaler =
       options.precision == PRECISION_FP16 ? &loss_scaler : nullptr;
+  exchange->set_loss_scaler(scaler);
   ASSIGN_OR_RETURN(int64_t start_step,
                    StartExchange(options, kind, positions, *workload, *exchange,
                                  *recovery, scaler, say));
