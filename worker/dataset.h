@@ -90,10 +90,14 @@ struct LabeledImages {
 
 // The bytes of a memory-mapped split: sample i's C*H*W pixel bytes (CHW) at
 // pixels + i * pixel_stride and its label at labels + i * label_stride, one
-// unsigned byte (IDX) or an int32 little-endian (records).
+// unsigned byte (IDX) or an int32 little-endian (records). The bytes live in
+// the mapped files, or (a gzipped IDX split, decompressed once at load) in
+// the buffers, and the files are null.
 struct MappedSplit {
   std::shared_ptr<const MappedFile> pixel_file;
   std::shared_ptr<const MappedFile> label_file;
+  std::shared_ptr<const std::vector<uint8_t>> pixel_buffer;
+  std::shared_ptr<const std::vector<uint8_t>> label_buffer;
   const uint8_t* pixels = nullptr;
   int64_t pixel_stride = 0;
   const uint8_t* labels = nullptr;

@@ -144,20 +144,29 @@ TEST(MappedDatasetTest, MappedIdxGivesTheLoadedBatches) {
                gzip);
   }
 
-  absl::StatusOr<Dataset> loaded_gz = LoadDataset("mnist", gz);
   DatasetOptions in_memory;
   in_memory.map_files = false;
+  absl::StatusOr<Dataset> loaded_gz = LoadDataset("mnist", gz, in_memory);
   absl::StatusOr<Dataset> loaded_plain = LoadDataset("mnist", plain, in_memory);
   absl::StatusOr<Dataset> mapped = LoadDataset("mnist", plain);
+  // Gzipped files are decompressed once into bytes read as a mapping's.
+  absl::StatusOr<Dataset> inflated = LoadDataset("mnist", gz);
   ASSERT_TRUE(loaded_gz.ok()) << loaded_gz.status();
   ASSERT_TRUE(loaded_plain.ok()) << loaded_plain.status();
   ASSERT_TRUE(mapped.ok()) << mapped.status();
+  ASSERT_TRUE(inflated.ok()) << inflated.status();
   EXPECT_EQ(loaded_gz->train.mapped, nullptr);
   EXPECT_EQ(loaded_plain->train.mapped, nullptr);
   EXPECT_NE(mapped->train.mapped, nullptr);
   EXPECT_TRUE(mapped->train.images.empty());
+  ASSERT_NE(inflated->train.mapped, nullptr);
+  EXPECT_EQ(inflated->train.mapped->pixel_file, nullptr);
+  EXPECT_TRUE(inflated->train.images.empty());
+  EXPECT_EQ(inflated->channel_mean, loaded_gz->channel_mean);
+  EXPECT_EQ(inflated->channel_stddev, loaded_gz->channel_stddev);
   ExpectSameBatches(*loaded_gz, *loaded_plain);
   ExpectSameBatches(*loaded_gz, *mapped);
+  ExpectSameBatches(*loaded_gz, *inflated);
 }
 
 TEST(MappedDatasetTest, RgbRecordsGiveTheCifarReadersBatches) {
