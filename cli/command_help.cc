@@ -88,54 +88,10 @@ Flags DataFlags(bool trains) {
   };
 }
 
-// The flags that `run` and `compare` both turn into a job spec; `what` is
-// "the job" or "each run".
-Flags JobFlags(const std::string& what) {
+// The PS modes' wire compression flags (top-k pushes and what goes with
+// them), part of JobFlags.
+Flags CompressionFlags() {
   return {
-      {"model", "Model: alexnet, lenet5, mlp, resnet18/34/50/101 or vgg16."},
-      {"batch_size", "Samples per step per worker."},
-      {"epochs", "Epochs over the training set."},
-      {"bucket_bytes", "Mode allreduce: largest gradient bucket, bytes."},
-      {"lr", "Learning rate (the schedule's peak)."},
-      {"beta1", "Adam beta1."},
-      {"beta2", "Adam beta2."},
-      {"epsilon", "Adam epsilon."},
-      {"weight_decay",
-       "Weight decay: decoupled for adam (AdamW), L2 for sgd (as torch)."},
-      {"optimizer",
-       "adam (AdamW with --weight_decay), adamw (the same) or "
-       "sgd (torch.optim.SGD)."},
-      {"momentum", "--optimizer=sgd: momentum, 0 <= m < 1."},
-      {"dampening", "--optimizer=sgd: dampening of the momentum, 0 to 1."},
-      {"nesterov",
-       "--optimizer=sgd: Nesterov momentum (needs --momentum > "
-       "0, dampening 0)."},
-      {"lr_schedule",
-       "lr by global step: constant, step (StepLR) or cosine "
-       "(CosineAnnealingLR to --lr_min)."},
-      {"warmup_steps",
-       "Linear warmup from 0 to --lr over this many steps, "
-       "then the schedule (0: none)."},
-      {"lr_step_size",
-       "--lr_schedule=step: multiply the lr by --lr_gamma "
-       "every this many steps."},
-      {"lr_gamma", "--lr_schedule=step: the factor."},
-      {"lr_min", "--lr_schedule=cosine: the final lr."},
-      {"lr_total_steps",
-       "--lr_schedule=cosine: its horizon, steps (0: epochs x "
-       "--max_steps_per_epoch)."},
-      {"seed", "Seed of the initial weights and the shuffles."},
-      {"dropout",
-       "bert_* models: dropout probability of the embeddings, attention "
-       "and encoder blocks (0: deterministic steps)."},
-      {"log_every_steps", "Steps between throughput lines."},
-      {"partition_bytes",
-       "Largest chunk of a tensor on the wire, bytes; auto: chosen by "
-       "timing a few sizes before the first step."},
-      {"wire_dtype",
-       "fp32, bf16 or fp16 (scaled by a power of two): PS pushes and pulls "
-       "(fp32 on the shards), or allreduce's gradient average summed in 16 "
-       "bits as DDP's bf16_compress_hook; a list gives rows named mode+bf16."},
       {"compression",
        "PS modes: none, or topk:R (0 < R <= 1): each worker pushes the "
        "largest R fraction of each chunk's gradient entries as index/value "
@@ -171,82 +127,153 @@ Flags JobFlags(const std::string& what) {
        "at most the pushed entries); never for fp16 wires, buffers or "
        "row-sparse tables. false: whole chunks, for contrast. The same "
        "weights bit for bit either way."},
-      {"channels_per_shard",
-       "PS modes: gRPC connections each worker opens to each shard, 1 to 16; "
-       "0: one per 8 MiB of the shard's chunks, at most 4 (a small model "
-       "keeps one). Chunk i of a shard travels on connection i mod N, so "
-       "TLS encryption runs on N cores."},
-      {"priority_pulls",
-       "PS modes (default false): shards send the ready chunks front layers "
-       "first, and in sync mode (cpu backend; not with staleness, backup "
-       "workers, clipping or saved top-k residuals) the next forward starts "
-       "on the first layers' weights while the last ones still arrive. The "
-       "same weights either way."},
-      {"sparse_embeddings",
-       "PS modes (default false; issue 41): a model's untied embedding table "
-       "(bert_tiny_untied, bert_base_untied) is pushed as the rows each "
-       "batch touches and pulled as the rows the next batch reads, and the "
-       "shards update only those rows with lazy Adam "
-       "(torch.optim.SparseAdam's: untouched rows keep their moments), or "
-       "SGD without momentum. No weight decay, momentum or compression; "
-       "allreduce keeps the dense path (pstrain compare sets the two side "
-       "by side)."},
-      {"max_steps_per_epoch",
-       "If > 0, at most this many steps per epoch (short runs)."},
-      {"ps_binary",
-       "pstrain_ps to run; default: the one built beside this program."},
-      {"worker_binary",
-       "pstrain_worker to run; default: the one built beside this program."},
-      {"compute",
-       "model: forward and backward of --model on --dataset; synthetic: a "
-       "stand-in for a GPU that sleeps --compute_ms per step and exchanges "
-       "--model_bytes of gradients (no dataset)."},
-      {"compute_ms", "--compute=synthetic: milliseconds per step."},
-      {"backward_fraction",
-       "--compute=synthetic: the share (0 to 1) of --compute_ms that is a "
-       "backward pass announcing gradients last tensor first (0: all at the "
-       "end of the step)."},
-      {"model_bytes",
-       "--compute=synthetic: bytes of fp32 gradients per "
-       "worker per step."},
-      {"ps_netns", "NETNS:IP,...: run PS shard i of " + what +
-                       " in network namespace NETNS, bound to IP. With "
-                       "--worker_netns."},
-      {"worker_netns", "NETNS:IP,...: run worker i of " + what +
-                           " in its network namespace, as --ps_netns."},
-      {"coordinator_host",
-       "Address the in-process coordinator listens on (with namespaces: one "
-       "every namespace can reach)."},
-      {"heartbeat_timeout_s",
-       "Seconds of silence after which a task is lost "
-       "and " +
-           what + " fails."},
-      {"registration_timeout_s",
-       "Seconds every task has to register before " + what + " fails."},
-      {"max_nonfinite_steps",
-       "A step whose loss or gradients hold a NaN or an infinity is skipped "
-       "everywhere; after this many consecutive skipped steps " +
-           what + " fails (0: at the first)."},
-      {"straggler",
-       "A test aid: WORKER:DELAY_MS makes that worker sleep "
-       "DELAY_MS at the start of every step; empty: none."},
-      {"staleness",
-       "Mode sync: a worker may run at most this many steps "
-       "ahead of the slowest (0: plain sync; 0 to 1000)."},
-      {"backup_workers",
-       "Mode sync: each step averages the first num_workers - b workers (0: "
-       "every worker)."},
-      {"clip_grad_norm",
-       "Modes allreduce and sync: clip gradients by global "
-       "norm before each step (0: none)."},
-      {"insecure",
-       "Plaintext gRPC among " + what +
-           "'s processes (no encryption, no authentication); prints a "
-           "warning."},
-      {"insecure_allow_remote",
-       "With --insecure: let " + what +
-           "'s processes listen on an address other than loopback."},
   };
+}
+
+// The flags that `run` and `compare` both turn into a job spec; `what` is
+// "the job" or "each run".
+Flags JobFlags(const std::string& what) {
+  return Join(
+      {{
+           {"model",
+            "Model: alexnet, lenet5, mlp, resnet18/34/50/101 or vgg16."},
+           {"batch_size", "Samples per step per worker."},
+           {"epochs", "Epochs over the training set."},
+           {"bucket_bytes", "Mode allreduce: largest gradient bucket, bytes."},
+           {"lr", "Learning rate (the schedule's peak)."},
+           {"beta1", "Adam beta1."},
+           {"beta2", "Adam beta2."},
+           {"epsilon", "Adam epsilon."},
+           {"weight_decay",
+            "Weight decay: decoupled for adam (AdamW), L2 for sgd (as torch)."},
+           {"optimizer",
+            "adam (AdamW with --weight_decay), adamw (the same) or "
+            "sgd (torch.optim.SGD)."},
+           {"momentum", "--optimizer=sgd: momentum, 0 <= m < 1."},
+           {"dampening", "--optimizer=sgd: dampening of the momentum, 0 to 1."},
+           {"nesterov",
+            "--optimizer=sgd: Nesterov momentum (needs --momentum > "
+            "0, dampening 0)."},
+           {"lr_schedule",
+            "lr by global step: constant, step (StepLR) or cosine "
+            "(CosineAnnealingLR to --lr_min)."},
+           {"warmup_steps",
+            "Linear warmup from 0 to --lr over this many steps, "
+            "then the schedule (0: none)."},
+           {"lr_step_size",
+            "--lr_schedule=step: multiply the lr by --lr_gamma "
+            "every this many steps."},
+           {"lr_gamma", "--lr_schedule=step: the factor."},
+           {"lr_min", "--lr_schedule=cosine: the final lr."},
+           {"lr_total_steps",
+            "--lr_schedule=cosine: its horizon, steps (0: epochs x "
+            "--max_steps_per_epoch)."},
+           {"seed", "Seed of the initial weights and the shuffles."},
+           {"dropout",
+            "bert_* models: dropout probability of the embeddings, attention "
+            "and encoder blocks (0: deterministic steps)."},
+           {"log_every_steps", "Steps between throughput lines."},
+           {"partition_bytes",
+            "Largest chunk of a tensor on the wire, bytes; auto: chosen by "
+            "timing a few sizes before the first step."},
+           {"wire_dtype",
+            "fp32, bf16 or fp16 (scaled by a power of two): PS pushes and "
+            "pulls "
+            "(fp32 on the shards), or allreduce's gradient average summed in "
+            "16 "
+            "bits as DDP's bf16_compress_hook; a list gives rows named "
+            "mode+bf16."},
+       },
+       CompressionFlags(),
+       {
+           {"channels_per_shard",
+            "PS modes: gRPC connections each worker opens to each shard, 1 to "
+            "16; "
+            "0: one per 8 MiB of the shard's chunks, at most 4 (a small model "
+            "keeps one). Chunk i of a shard travels on connection i mod N, so "
+            "TLS encryption runs on N cores."},
+           {"priority_pulls",
+            "PS modes (default false): shards send the ready chunks front "
+            "layers "
+            "first, and in sync mode (cpu backend; not with staleness, backup "
+            "workers, clipping or saved top-k residuals) the next forward "
+            "starts "
+            "on the first layers' weights while the last ones still arrive. "
+            "The "
+            "same weights either way."},
+           {"sparse_embeddings",
+            "PS modes (default false; issue 41): a model's untied embedding "
+            "table "
+            "(bert_tiny_untied, bert_base_untied) is pushed as the rows each "
+            "batch touches and pulled as the rows the next batch reads, and "
+            "the "
+            "shards update only those rows with lazy Adam "
+            "(torch.optim.SparseAdam's: untouched rows keep their moments), or "
+            "SGD without momentum. No weight decay, momentum or compression; "
+            "allreduce keeps the dense path (pstrain compare sets the two side "
+            "by side)."},
+           {"max_steps_per_epoch",
+            "If > 0, at most this many steps per epoch (short runs)."},
+           {"ps_binary",
+            "pstrain_ps to run; default: the one built beside this program."},
+           {"worker_binary",
+            "pstrain_worker to run; default: the one built beside this "
+            "program."},
+           {"compute",
+            "model: forward and backward of --model on --dataset; synthetic: a "
+            "stand-in for a GPU that sleeps --compute_ms per step and "
+            "exchanges "
+            "--model_bytes of gradients (no dataset)."},
+           {"compute_ms", "--compute=synthetic: milliseconds per step."},
+           {"backward_fraction",
+            "--compute=synthetic: the share (0 to 1) of --compute_ms that is a "
+            "backward pass announcing gradients last tensor first (0: all at "
+            "the "
+            "end of the step)."},
+           {"model_bytes",
+            "--compute=synthetic: bytes of fp32 gradients per "
+            "worker per step."},
+           {"ps_netns", "NETNS:IP,...: run PS shard i of " + what +
+                            " in network namespace NETNS, bound to IP. With "
+                            "--worker_netns."},
+           {"worker_netns", "NETNS:IP,...: run worker i of " + what +
+                                " in its network namespace, as --ps_netns."},
+           {"coordinator_host",
+            "Address the in-process coordinator listens on (with namespaces: "
+            "one "
+            "every namespace can reach)."},
+           {"heartbeat_timeout_s",
+            "Seconds of silence after which a task is lost "
+            "and " +
+                what + " fails."},
+           {"registration_timeout_s",
+            "Seconds every task has to register before " + what + " fails."},
+           {"max_nonfinite_steps",
+            "A step whose loss or gradients hold a NaN or an infinity is "
+            "skipped "
+            "everywhere; after this many consecutive skipped steps " +
+                what + " fails (0: at the first)."},
+           {"straggler",
+            "A test aid: WORKER:DELAY_MS makes that worker sleep "
+            "DELAY_MS at the start of every step; empty: none."},
+           {"staleness",
+            "Mode sync: a worker may run at most this many steps "
+            "ahead of the slowest (0: plain sync; 0 to 1000)."},
+           {"backup_workers",
+            "Mode sync: each step averages the first num_workers - b workers "
+            "(0: "
+            "every worker)."},
+           {"clip_grad_norm",
+            "Modes allreduce and sync: clip gradients by global "
+            "norm before each step (0: none)."},
+           {"insecure",
+            "Plaintext gRPC among " + what +
+                "'s processes (no encryption, no authentication); prints a "
+                "warning."},
+           {"insecure_allow_remote",
+            "With --insecure: let " + what +
+                "'s processes listen on an address other than loopback."},
+       }});
 }
 
 // The flags of the commands that call a pstrain_coordinator; `retries`:
