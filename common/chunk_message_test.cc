@@ -84,6 +84,29 @@ TEST(ChunkMessageTest, SparseChunkDensifiesWithZerosElsewhere) {
   }
 }
 
+// A delta pull (PullRequest.have_version) scatters its entries over the
+// worker's copy and leaves the rest; one of no entries (an update that
+// changed nothing) leaves it all.
+TEST(ChunkMessageTest, DeltaPullScattersItsEntriesOnly) {
+  const PushPullResponse no_fields;
+  for (const std::vector<uint32_t>& indices :
+       {std::vector<uint32_t>{2, 5}, std::vector<uint32_t>{}}) {
+    const std::vector<float> values(indices.size(), -1.25f);
+    grpc::ByteBuffer buffer =
+        EncodeSparseChunkMessage(no_fields, kPullChunkField, 0, 0, 3, 8,
+                                 indices, values, DTYPE_BFLOAT16);
+    ReceivedChunkMessage received;
+    PushPullResponse envelope;
+    ASSERT_TRUE(received.Parse(&buffer, kPullChunkField, &envelope).ok());
+    ASSERT_TRUE(received.has_chunk());
+    std::vector<float> mine(8, 7.0f);
+    ASSERT_TRUE(received.ScatterFloatPayload(absl::MakeSpan(mine)).ok());
+    std::vector<float> expected(8, 7.0f);
+    for (uint32_t i : indices) expected[i] = -1.25f;
+    EXPECT_EQ(mine, expected);
+  }
+}
+
 TEST(ChunkMessageTest, RejectsBadSparseChunks) {
   auto parse = [](const PushPullRequest& request, int64_t n) {
     grpc::ByteBuffer buffer = FromBytes(request.SerializeAsString());

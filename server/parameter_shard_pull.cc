@@ -229,22 +229,35 @@ const ChunkDelta* ParameterShard::DeltaLocked(ChunkState& chunk,
   }
   if (chunk.delta_version != chunk.version) {
     // Once per chunk and version: the entries whose bits differ (a -0
-    // that became +0 counts; the puller's copy must match bit for bit).
+    // that became +0 counts; the puller's copy must match bit for bit),
+    // counted first so that a dense update (Adam's) stops at half the
+    // chunk and stores nothing.
     const int64_t n = chunk.spec.num_elements;
     const int64_t most = n / 2;
-    chunk.delta_indices.clear();
-    chunk.delta_values.clear();
-    chunk.delta_dense = false;
     const float* now = chunk.weights.data();
     const float* before = chunk.prev_weights.data();
-    for (int64_t i = 0; i < n; ++i) {
-      if (std::memcmp(now + i, before + i, sizeof(float)) == 0) continue;
-      if (static_cast<int64_t>(chunk.delta_indices.size()) >= most) {
-        chunk.delta_dense = true;
-        break;
+    // Compared as bits (memcpy: no float read as an integer).
+    auto differs = [now, before](int64_t i) {
+      uint32_t a, b;
+      std::memcpy(&a, now + i, sizeof(a));
+      std::memcpy(&b, before + i, sizeof(b));
+      return a != b;
+    };
+    int64_t changed = 0;
+    for (int64_t i = 0; i < n && changed < most; ++i) {
+      changed += differs(i);
+    }
+    chunk.delta_indices.clear();
+    chunk.delta_values.clear();
+    chunk.delta_dense = changed >= most;
+    if (!chunk.delta_dense) {
+      chunk.delta_indices.reserve(changed);
+      chunk.delta_values.reserve(changed);
+      for (int64_t i = 0; i < n; ++i) {
+        if (!differs(i)) continue;
+        chunk.delta_indices.push_back(static_cast<uint32_t>(i));
+        chunk.delta_values.push_back(now[i]);
       }
-      chunk.delta_indices.push_back(static_cast<uint32_t>(i));
-      chunk.delta_values.push_back(now[i]);
     }
     chunk.delta_version = chunk.version;
   }
