@@ -361,7 +361,8 @@ absl::StatusOr<int64_t> ParameterShard::Reopen(
     }
     c->version = version;
     c->undo_step = -1;
-    // A reopened generation's pulls start whole.
+    // A reopened generation's pulls start whole, and the delta cached for
+    // an update the reopen undid must not pass for the next update's.
     c->prev_version = -1;
     c->delta_version = -1;
     // A deferred checkpoint cut (staleness) will not come in this

@@ -329,8 +329,8 @@ bool PsService::PushPullSession::ServePull(const PullJob& job) {
       reply = EncodeSparseChunkMessage(
           no_fields, kPullChunkField, spec.param_id, spec.chunk_index, version,
           spec.num_elements, delta.indices, delta.values, job.wire_dtype);
-      reply_bytes = static_cast<int64_t>(
-          delta.indices.size() * (4 + WireBytesPerElement(job.wire_dtype)));
+      reply_bytes =
+          static_cast<int64_t>(delta.indices.size()) * (4 + order.wire_bytes);
     };
   }
   if (job.announce_decision) {

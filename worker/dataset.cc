@@ -189,6 +189,22 @@ absl::StatusOr<LabeledImages> LoadSplit(const std::string& dir,
 
 }  // namespace
 
+void MappedSplit::NoteSequentialRead(int64_t pixel_bytes) const {
+  if (pixel_file != nullptr) pixel_file->NoteRead(pixel_bytes);
+}
+
+void MappedSplit::NoteSampleRead(int64_t pixel_bytes) const {
+  if (pixel_file == nullptr) return;
+  pixel_file->NoteRandomRead(pixel_bytes);
+  if (label_file != pixel_file) label_file->NoteRandomRead(label_bytes);
+}
+
+void MappedSplit::ReleaseResident() const {
+  if (pixel_file == nullptr) return;
+  pixel_file->ReleaseResident();
+  label_file->ReleaseResident();
+}
+
 absl::StatusOr<IdxArray> ReadIdx(const std::string& path) {
   struct stat st;
   if (stat(path.c_str(), &st) != 0) {
@@ -541,8 +557,8 @@ absl::Status SumChannels(const LabeledImages& split, int num_classes,
       (*sum)[c] = s;
       (*sum_sq)[c] = s2;
     }
-    if (split.mapped != nullptr && split.mapped->pixel_file != nullptr) {
-      split.mapped->pixel_file->NoteRead(channels * plane);
+    if (split.mapped != nullptr) {
+      split.mapped->NoteSequentialRead(channels * plane);
     }
   }
   if (split.mapped != nullptr) {
@@ -554,10 +570,7 @@ absl::Status SumChannels(const LabeledImages& split, int num_classes,
                          " is outside [0, ", num_classes, ")"));
       }
     }
-    if (split.mapped->pixel_file != nullptr) {
-      split.mapped->pixel_file->ReleaseResident();
-      split.mapped->label_file->ReleaseResident();
-    }
+    split.mapped->ReleaseResident();
   }
   return absl::OkStatus();
 }
@@ -830,12 +843,7 @@ void GatherBatch(const LabeledImages& source, const SampleOrder& indices,
           out[ch * plane + j] = value[p[ch * plane + j]];
         }
       }
-      if (mapped->pixel_file != nullptr) {
-        mapped->pixel_file->NoteRandomRead(per);
-        if (mapped->label_file != mapped->pixel_file) {
-          mapped->label_file->NoteRandomRead(mapped->label_bytes);
-        }
-      }
+      mapped->NoteSampleRead(per);
       if (augment == nullptr) continue;
       src = out;
     } else {

@@ -106,6 +106,12 @@ struct MappedSplit {
   // value_of[c * 256 + b]: the float of byte b in channel c; b / 255 as
   // read, the standardised value once LoadDataset has standardised.
   std::vector<float> value_of;
+
+  // The mapped files' page accounting (MappedFile::NoteRead, NoteRandomRead
+  // and ReleaseResident); no-ops for bytes held in the buffers.
+  void NoteSequentialRead(int64_t pixel_bytes) const;
+  void NoteSampleRead(int64_t pixel_bytes) const;
+  void ReleaseResident() const;
 };
 
 struct Dataset {

@@ -162,7 +162,6 @@ absl::Status PsClient::SetAddresses(const std::vector<std::string>& addresses) {
         absl::StrCat(addresses.size(), " PS addresses for a client of ",
                      num_shards(), " shards"));
   }
-  delta_base_ = -1;
   Reset();
   for (int s = 0; s < num_shards(); ++s) {
     if (addresses[s] == addresses_[s]) continue;
