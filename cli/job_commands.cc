@@ -60,7 +60,7 @@ int Fail(int code, const std::string& message) {
 // A stub as the administrator (the admin certificate of --tls_dir,
 // PSTRAIN_ADMIN_TLS_DIR or PSTRAIN_TLS_DIR), or
 // plaintext with --insecure; exits 2 naming the problem otherwise.
-std::unique_ptr<Coordinator::Stub> Stub() {
+std::unique_ptr<Coordinator::Stub> NewStub() {
   if (absl::Status s =
           CheckFlagRange("rpc_timeout_s", absl::GetFlag(FLAGS_rpc_timeout_s), 1,
                          86400, "seconds");
@@ -82,6 +82,15 @@ std::unique_ptr<Coordinator::Stub> Stub() {
   SetPeerServerName(TlsIdentity{TlsRole::kCoordinator}, &args);
   return Coordinator::NewStub(grpc::CreateCustomChannel(
       absl::GetFlag(FLAGS_coordinator), *credentials, args));
+}
+
+// The process's one stub, made on the first call and never destroyed: its
+// channel may still be reconnecting on gRPC's threads when the command
+// ends (a coordinator that went away), and the command ends with
+// ExitAfterCommand rather than a teardown that races them.
+Coordinator::Stub* Stub() {
+  static Coordinator::Stub* const stub = NewStub().release();
+  return stub;
 }
 
 void SetDeadline(grpc::ClientContext* context) {
@@ -294,7 +303,7 @@ int StatusCommand(const std::vector<std::string>& args) {
   if (args.size() > 1) {
     return Fail(2, "usage: pstrain status [JOB_ID] [--coordinator=HOST:PORT]");
   }
-  auto stub = Stub();
+  Coordinator::Stub* const stub = Stub();
   if (args.empty()) {
     ListJobsResponse response;
     const grpc::Status status =
@@ -306,8 +315,7 @@ int StatusCommand(const std::vector<std::string>& args) {
     return 0;
   }
   JobInfo job;
-  const grpc::Status status =
-      GetJob(stub.get(), args[0], JobTable::kNoLog, &job);
+  const grpc::Status status = GetJob(stub, args[0], JobTable::kNoLog, &job);
   if (!status.ok()) return RpcFailure(status);
   PrintJobLine(job);
   for (const EpochResult& e : job.result().epoch_results()) {
@@ -416,7 +424,7 @@ int TraceCommand(const std::vector<std::string>& args) {
   if (!fs::is_directory(dir, error)) {
     // A job id: its metrics_dir, from the coordinator.
     JobInfo job;
-    const grpc::Status status = GetJob(Stub().get(), args[0], 0, &job);
+    const grpc::Status status = GetJob(Stub(), args[0], 0, &job);
     if (!status.ok()) return RpcFailure(status);
     if (job.spec().metrics_dir().empty() || !job.spec().trace()) {
       return Fail(2, absl::StrCat(args[0],
@@ -456,7 +464,7 @@ int LogsCommand(const std::vector<std::string>& args) {
     return Fail(2, "usage: pstrain logs JOB_ID [--coordinator=HOST:PORT]");
   }
   JobInfo job;
-  const grpc::Status status = GetJob(Stub().get(), args[0], 0, &job);
+  const grpc::Status status = GetJob(Stub(), args[0], 0, &job);
   if (!status.ok()) return RpcFailure(status);
   PrintLogLines(job);
   return 0;
@@ -471,14 +479,14 @@ int WaitCommand(const std::vector<std::string>& args) {
       !s.ok()) {
     return Fail(2, std::string(s.message()));
   }
-  auto stub = Stub();
+  Coordinator::Stub* const stub = Stub();
   JobState last = JOB_STATE_UNSPECIFIED;
   int64_t log_since = 0;
   // While tasks are missing (a queued launch), which ones, once a minute.
   absl::Time next_report = absl::Now() + absl::Seconds(60);
   while (true) {
     JobInfo job;
-    const grpc::Status status = GetJob(stub.get(), args[0], log_since, &job);
+    const grpc::Status status = GetJob(stub, args[0], log_since, &job);
     if (!status.ok()) return RpcFailure(status);
     PrintLogLines(job);
     if (job.state() != last) {
@@ -504,6 +512,11 @@ int WaitCommand(const std::vector<std::string>& args) {
     }
     absl::SleepFor(absl::Milliseconds(absl::GetFlag(FLAGS_wait_poll_ms)));
   }
+}
+
+void ExitAfterCommand(int code) {
+  std::fflush(nullptr);
+  std::_Exit(code);
 }
 
 }  // namespace pstrain

@@ -81,6 +81,14 @@ int WaitCommand(const std::vector<std::string>& args);
 // trace there, or a file that is not one.
 int TraceCommand(const std::vector<std::string>& args);
 
+// Ends the process with `code` once stdout and stderr are flushed, without
+// static destructors or gRPC's teardown (std::_Exit): the commands above
+// share one coordinator channel that may still be reconnecting on gRPC's
+// threads when they end (a coordinator that went away), and a teardown
+// racing those threads crashed `pstrain wait` after its last line (exit
+// 139, once in CI). LeakSanitizer does not check these commands' exits.
+[[noreturn]] void ExitAfterCommand(int code);
+
 }  // namespace pstrain
 
 #endif  // PSTRAIN_CLI_JOB_COMMANDS_H_

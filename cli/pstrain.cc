@@ -1123,20 +1123,22 @@ int main(int argc, char** argv) {
                                     : 100);
   }
   if (command == "certs") return pstrain::CertsCommand(args);
-  if (command == "submit") return pstrain::SubmitCommand(args);
-  if (command == "status") return pstrain::StatusCommand(args);
-  if (command == "cancel") return pstrain::CancelCommand(args);
+  // The coordinator's clients (cli/job_commands.h): ExitAfterCommand.
+  using pstrain::ExitAfterCommand;
+  if (command == "submit") ExitAfterCommand(pstrain::SubmitCommand(args));
+  if (command == "status") ExitAfterCommand(pstrain::StatusCommand(args));
+  if (command == "cancel") ExitAfterCommand(pstrain::CancelCommand(args));
   if (command == "scale") {
     pstrain::ScaleFlags flags;
     flags.num_workers = absl::GetFlag(FLAGS_num_workers);
     flags.num_workers_given = pstrain::FlagSpecified("num_workers");
     flags.num_ps = absl::GetFlag(FLAGS_num_ps);
     flags.num_ps_given = pstrain::FlagSpecified("num_ps");
-    return pstrain::ScaleCommand(args, flags);
+    ExitAfterCommand(pstrain::ScaleCommand(args, flags));
   }
-  if (command == "wait") return pstrain::WaitCommand(args);
-  if (command == "logs") return pstrain::LogsCommand(args);
-  if (command == "trace") return pstrain::TraceCommand(args);
+  if (command == "wait") ExitAfterCommand(pstrain::WaitCommand(args));
+  if (command == "logs") ExitAfterCommand(pstrain::LogsCommand(args));
+  if (command == "trace") ExitAfterCommand(pstrain::TraceCommand(args));
   if (command == "launch-lines") {
     return pstrain::LaunchLinesCommand(args, absl::GetFlag(FLAGS_ps_binary),
                                        absl::GetFlag(FLAGS_worker_binary));
