@@ -371,6 +371,11 @@ CommandInfo RunInfo() {
              {"linear_lr_scaling",
               "Elastic workers: each membership's lr is --lr x members / "
               "num_workers (Goyal et al. 2017's linear scaling rule)."},
+             {"standby_workers",
+              "Elastic workers: the workers past num_workers (up to "
+              "--max_workers) start with the job as warm standbys (model "
+              "and data loaded, waiting); a grow adds them first, with no "
+              "process start."},
              {"max_ps",
               "Modes sync and async: at most this many shards (num_ps "
               "to 64; 0: the shards fixed); --control_file's num_ps=M moves "

@@ -170,7 +170,14 @@ grpc::Status GetJob(Coordinator::Stub* stub, const std::string& id,
 void PrintJobLine(const JobInfo& job) {
   int registered = 0;
   int tasks = 0;  // an elastic job's idle and removed workers left out
+  int standbys = 0;
+  int prepared = 0;
   for (const TaskInfo& t : job.tasks()) {
+    if (t.state() == TASK_STANDBY) {
+      ++standbys;
+      prepared += t.prepared();
+      continue;
+    }
     if (t.state() == TASK_IDLE || t.state() == TASK_REMOVED) continue;
     registered += !t.address().empty();
     ++tasks;
@@ -182,6 +189,9 @@ void PrintJobLine(const JobInfo& job) {
           ? absl::StrCat(
                 " (membership ", job.membership().epoch(), ", at most ",
                 std::max(job.spec().max_workers(), job.spec().num_workers()),
+                standbys > 0 ? absl::StrCat(", ", standbys, " standby, ",
+                                            prepared, " prepared")
+                             : "",
                 ")")
           : "";
   std::printf(

@@ -242,12 +242,18 @@ SupervisorOptions LocalJob::Supervision() {
 absl::Status LocalJob::StartTasks() {
   std::vector<SupervisedTask> tasks;
   // Shards 0 to num_ps - 1 and workers 0 to num_workers - 1; an elastic
-  // job's others start idle.
+  // job's others start idle, but for standby_workers' workers, which start
+  // now (sharing the cores as if all max_workers ran).
   for (int s = 0; s < spec_.num_ps(); ++s) {
     tasks.push_back(ShardTask(s));
   }
   for (int w = 0; w < spec_.num_workers(); ++w) {
     tasks.push_back(WorkerTask(w, spec_.num_workers()));
+  }
+  if (spec_.standby_workers()) {
+    for (int w = spec_.num_workers(); w < WorkerTaskCount(spec_); ++w) {
+      tasks.push_back(WorkerTask(w, WorkerTaskCount(spec_)));
+    }
   }
   if (!options_.control_file.empty()) {
     control_ = std::make_unique<ControlFile>(options_.control_file);

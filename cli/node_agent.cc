@@ -219,7 +219,10 @@ absl::StatusOr<std::vector<NodeTask>> PlanNodeTasks(
       NodeTask task;
       task.role = role;
       task.index = i;
-      task.standby = i >= first;
+      // standby_workers: the workers past num_workers start with the job
+      // (TASK_STANDBY, waiting to be added).
+      task.on_scale =
+          i >= first && !(role == ROLE_WORKER && spec.standby_workers());
       tasks.push_back(task);
     }
   }
@@ -506,13 +509,13 @@ int NodeCommand(const std::vector<std::string>& args,
 
   std::signal(SIGINT, OnNodeSignal);
   std::signal(SIGTERM, OnNodeSignal);
-  std::vector<std::string> names, standby_names;
-  std::vector<NodeTask> first, standby;
-  for (const NodeTask& t : *tasks) (t.standby ? standby : first).push_back(t);
+  std::vector<std::string> names, planned_names;
+  std::vector<NodeTask> first, on_scale;
+  for (const NodeTask& t : *tasks) (t.on_scale ? on_scale : first).push_back(t);
   const std::vector<SupervisedTask> launches =
       NodeLaunches(first, ps, worker, run, &names);
   // An elastic job: every planned task may be (re)started by a Scale.
-  NodeScaler scaler(run, NodeLaunches(*tasks, ps, worker, run, &standby_names));
+  NodeScaler scaler(run, NodeLaunches(*tasks, ps, worker, run, &planned_names));
   SupervisorOptions supervision = NodeSupervision(run);
   if (IsElastic(run.config.spec)) {
     supervision.more_tasks = [&scaler] { return scaler.Poll(); };
@@ -525,10 +528,10 @@ int NodeCommand(const std::vector<std::string>& args,
   std::printf("%s: node %d of %d, %d cores: started %s%s\n", kProgram,
               placement->node_rank, placement->num_nodes, placement->cores,
               absl::StrJoin(names, ", ").c_str(),
-              standby.empty() ? ""
-                              : absl::StrCat("; ", standby.size(),
-                                             " more if the job scales up")
-                                    .c_str());
+              on_scale.empty() ? ""
+                               : absl::StrCat("; ", on_scale.size(),
+                                              " more if the job scales up")
+                                     .c_str());
   std::fflush(stdout);
   return WaitForNodeTasks(&supervisor, first.size(), scaler);
 }

@@ -55,14 +55,15 @@ struct NodeTask {
   int gpu = -1;
   // An elastic job's task beyond its first num_workers (num_ps): started
   // only once a Scale adds it (the coordinator has it waiting to
-  // register).
-  bool standby = false;
+  // register). Not the workers of a spec with standby_workers: those start
+  // with the job.
+  bool on_scale = false;
 };
 
 // The tasks of `spec` that run on this node: with hosts in the spec, those
 // whose host is one of `local_names`; without, task i of each role goes to
 // node i % num_nodes. An elastic job's tasks up to max_workers (max_ps) are
-// planned the same way, those beyond num_workers (num_ps) as `standby`;
+// planned the same way, those beyond num_workers (num_ps) as `on_scale`;
 // the workers share the cores as if every planned one ran. INVALID_ARGUMENT
 // if the node rank is outside 0..num_nodes-1 or, with hosts, none of them
 // is this node (naming the node's names).

@@ -42,9 +42,10 @@ TEST(PlanNodeTasksTest, WithoutHostsTasksGoRoundRobinByNodeRank) {
 }
 
 // An elastic job's tasks up to max_workers / max_ps are planned too, those
-// beyond the first as standby (started once a Scale adds them), and the
-// workers share the cores as if every planned one ran.
-TEST(PlanNodeTasksTest, ElasticTasksBeyondTheFirstAreStandby) {
+// beyond the first started once a Scale adds them (standby_workers: the
+// workers at once), and the workers share the cores as if every planned
+// one ran.
+TEST(PlanNodeTasksTest, ElasticTasksBeyondTheFirstStartOnAScale) {
   const JobSpec spec = Spec(
       "num_ps: 2 num_workers: 2 max_workers: 4 max_ps: 3 batch_size: 8 "
       "epochs: 1");
@@ -55,18 +56,26 @@ TEST(PlanNodeTasksTest, ElasticTasksBeyondTheFirstAreStandby) {
   const std::vector<NodeTask> tasks =
       PlanNodeTasks(spec, node).value_or(std::vector<NodeTask>{});
   EXPECT_EQ(Names(tasks), "ps0/1 ps2/1 worker0/4 worker2/4 ");
-  std::string standby;
-  for (size_t i = 0; i < tasks.size(); ++i) {
-    standby += tasks[i].standby ? "1" : "0";
-  }
-  EXPECT_EQ(standby, "0101");
-  // A job that is not elastic has no standby task.
+  auto on_scale = [](const std::vector<NodeTask>& planned) {
+    std::string flags;
+    for (const NodeTask& t : planned) flags += t.on_scale ? "1" : "0";
+    return flags;
+  };
+  EXPECT_EQ(on_scale(tasks), "0101");
+  // standby_workers: worker 2 starts with the job; shard 2 on a Scale.
+  JobSpec standby = spec;
+  standby.set_standby_workers(true);
+  const std::vector<NodeTask> warm =
+      PlanNodeTasks(standby, node).value_or(std::vector<NodeTask>{});
+  EXPECT_EQ(Names(warm), "ps0/1 ps2/1 worker0/4 worker2/4 ");
+  EXPECT_EQ(on_scale(warm), "0100");
+  // A job that is not elastic has no task started on a scale.
   const std::vector<NodeTask> fixed =
       PlanNodeTasks(Spec("num_ps: 2 num_workers: 2 batch_size: 8 epochs: 1"),
                     node)
           .value_or(std::vector<NodeTask>{});
   EXPECT_EQ(Names(fixed), "ps0/1 worker0/8 ");
-  for (size_t i = 0; i < fixed.size(); ++i) EXPECT_FALSE(fixed[i].standby);
+  for (size_t i = 0; i < fixed.size(); ++i) EXPECT_FALSE(fixed[i].on_scale);
 }
 
 TEST(PlanNodeTasksTest, WithHostsTheNodesOwnNamesAndAddressesPick) {

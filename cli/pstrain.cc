@@ -303,6 +303,10 @@ ABSL_FLAG(int, min_workers, 0,
 ABSL_FLAG(bool, linear_lr_scaling, false,
           "run, elastic workers: each membership's lr is --lr x members / "
           "num_workers (Goyal et al. 2017's linear scaling rule).");
+ABSL_FLAG(bool, standby_workers, false,
+          "run, elastic workers: the workers past --num_workers (up to "
+          "--max_workers) start with the job and wait prepared, so a grow "
+          "waits for no process start.");
 ABSL_FLAG(int, max_ps, 0,
           "run, modes sync and async: at most this many shards "
           "(num_ps to 64), scaled with --control_file's num_ps=M (0: the "
@@ -535,6 +539,7 @@ JobSpec SpecFromFlags(Mode mode, int num_ps, int num_workers) {
   spec.set_min_workers(absl::GetFlag(FLAGS_min_workers));
   spec.set_max_ps(absl::GetFlag(FLAGS_max_ps));
   spec.set_linear_lr_scaling(absl::GetFlag(FLAGS_linear_lr_scaling));
+  spec.set_standby_workers(absl::GetFlag(FLAGS_standby_workers));
   spec.set_clip_grad_norm(absl::GetFlag(FLAGS_clip_grad_norm));
   spec.set_resume(absl::GetFlag(FLAGS_resume));
   const int max_restarts = absl::GetFlag(FLAGS_max_restarts);

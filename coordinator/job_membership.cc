@@ -101,7 +101,8 @@ void InitMembership(JobInfo* job) {
   first.set_reason("submitted");
   AddMembership(job, first);
   for (int w = spec.num_workers(); w < WorkerTaskCount(spec); ++w) {
-    WorkerTask(job, w)->set_state(TASK_IDLE);
+    WorkerTask(job, w)->set_state(spec.standby_workers() ? TASK_STANDBY
+                                                         : TASK_IDLE);
   }
   for (int s = spec.num_ps(); s < PsTaskCount(spec); ++s) {
     job->mutable_tasks(s)->set_state(TASK_IDLE);
@@ -115,6 +116,11 @@ const Membership* AppliedMembership(const JobInfo& job) {
 
 bool WorkerRemoved(const JobInfo& job, int index) {
   if (!IsElastic(job.spec()) || job.memberships().empty()) return false;
+  // A standby waits to be added.
+  if (index >= 0 && index < WorkerTaskCount(job.spec()) &&
+      WorkerTask(job, index).state() == TASK_STANDBY) {
+    return false;
+  }
   for (const Membership& m : job.memberships()) {
     if (IsMember(m, index)) return false;
   }
@@ -243,13 +249,27 @@ absl::StatusOr<Membership> ScaleMembership(JobInfo* job,
   std::vector<int> workers(newest.workers().begin(), newest.workers().end());
   std::vector<int> joining;
   if (num_workers > current) {
-    for (int w = 0; w < WorkerTaskCount(spec) &&
-                    current + static_cast<int>(joining.size()) < num_workers;
-         ++w) {
-      const TaskState state = WorkerTask(*job, w).state();
-      if (!IsMember(newest, w) &&
-          (state == TASK_IDLE || state == TASK_REMOVED)) {
-        joining.push_back(w);
+    // Prepared standbys first, then registered ones, then those still
+    // starting (each runs already), then the idle and removed tasks a
+    // supervisor starts; the lowest index within each.
+    auto rank = [&](int w) {
+      const TaskInfo& task = WorkerTask(*job, w);
+      if (IsMember(newest, w)) return -1;
+      switch (task.state()) {
+        case TASK_STANDBY:
+          return task.address().empty() ? 2 : task.prepared() ? 0 : 1;
+        case TASK_IDLE:
+        case TASK_REMOVED:
+          return 3;
+        default:
+          return -1;
+      }
+    };
+    for (int r = 0; r <= 3; ++r) {
+      for (int w = 0; w < WorkerTaskCount(spec) &&
+                      current + static_cast<int>(joining.size()) < num_workers;
+           ++w) {
+        if (rank(w) == r) joining.push_back(w);
       }
     }
     if (current + static_cast<int>(joining.size()) < num_workers) {
@@ -299,7 +319,15 @@ absl::StatusOr<Membership> ScaleMembership(JobInfo* job,
                                    " shards before it registered"));
   }
   std::vector<TaskInfo*> starting;
-  for (int w : joining) starting.push_back(WorkerTask(job, w));
+  for (int w : joining) {
+    TaskInfo* task = WorkerTask(job, w);
+    // A registered standby is a registered member now, prepared or not.
+    if (task->state() == TASK_STANDBY && !task->address().empty()) {
+      task->set_state(TASK_REGISTERED);
+      continue;
+    }
+    starting.push_back(task);
+  }
   for (int s = current_ps; s < num_ps; ++s) {
     starting.push_back(job->mutable_tasks(s));
   }

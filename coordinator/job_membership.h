@@ -7,7 +7,8 @@
 // It has PsTaskCount() PS tasks, then WorkerTaskCount() worker tasks;
 // workers 0 to num_workers - 1 are the members of epoch 0, shards 0 to
 // num_ps - 1 its layout (Membership.num_ps, with max_ps), the others start
-// TASK_IDLE. The coordinator holds the
+// TASK_IDLE (workers with standby_workers: TASK_STANDBY, started and
+// waiting to be added). The coordinator holds the
 // job's intent, JobInfo.membership (the newest); worker 0 applies it at a
 // step boundary and reports MembershipApplied. JobInfo.memberships keeps
 // the newest applied membership, then every newer one: a worker in none of
@@ -52,10 +53,11 @@ int WorkerTaskCount(const JobSpec& spec);
 int PsTaskCount(const JobSpec& spec);
 bool IsMember(const Membership& membership, int worker);
 
-// Submit's part: an elastic job's workers from num_workers on and shards
-// from num_ps on go TASK_IDLE, and its membership is epoch 0 (workers 0 to
-// num_workers - 1, num_ps shards with max_ps, ready, reason "submitted";
-// its ps_addresses once the shards registered). Nothing for other jobs.
+// Submit's part: an elastic job's workers from num_workers on (TASK_STANDBY
+// with standby_workers) and shards from num_ps on go TASK_IDLE, and its
+// membership is epoch 0 (workers 0 to num_workers - 1, num_ps shards with
+// max_ps, ready, reason "submitted"; its ps_addresses once the shards
+// registered). Nothing for other jobs.
 void InitMembership(JobInfo* job);
 
 // The newest membership worker 0 applied (epoch 0 before any); null for a
@@ -63,7 +65,8 @@ void InitMembership(JobInfo* job);
 const Membership* AppliedMembership(const JobInfo& job);
 
 // Whether worker `index` of an elastic job is in no membership from the
-// applied one on (HeartbeatResponse.removed). False in other jobs.
+// applied one on (HeartbeatResponse.removed). False in other jobs, and for
+// a TASK_STANDBY worker.
 bool WorkerRemoved(const JobInfo& job, int index);
 
 // Whether worker `index` of an elastic job is outside the newest
@@ -98,9 +101,11 @@ struct ScaleTarget {
 // Scale's part: the newest membership with `target.num_workers` members
 // and `target.num_ps` shards, as a new epoch (reason "scale to N workers",
 // "scale to M shards", "scale to N workers and M shards"), at `at_step`.
-// Workers: growing adds the
-// lowest indices that are not members and whose task is TASK_IDLE or
-// TASK_REMOVED (it goes TASK_WAITING, waiting since `now_ms`); shrinking
+// Workers: growing adds non-members: TASK_STANDBY ones first (prepared,
+// then registered, then still starting), then TASK_IDLE or TASK_REMOVED
+// ones, the lowest index first within each; a registered standby goes
+// TASK_REGISTERED (a prepared one makes the membership ready at once), the
+// others TASK_WAITING, waiting since `now_ms`; shrinking
 // removes the highest members (never worker 0), and the task of one not
 // registered (TASK_WAITING) goes TASK_REMOVED at once. The same count as the
 // newest returns it unchanged. Shards (max_ps): growing to M brings shards

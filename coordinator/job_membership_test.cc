@@ -210,6 +210,111 @@ TEST(JobMembershipTest, GrowingAddsTheLowestIdleWorkersReadyOnceRegistered) {
       << table.Get(id)->message();
 }
 
+// standby_workers: the tasks past num_workers are TASK_STANDBY, started
+// with the job but not waited for; they register and report prepared as
+// standbys (never told removed), a grow takes the prepared ones first and
+// is ready at once, and a standby that dies, goes silent or never
+// registers is removed without failing the job.
+TEST(JobMembershipTest, StandbyWorkersJoinAGrowReadyAtOnce) {
+  JobTable table;
+  const JobSpec spec = Spec(2, "max_workers: 5 standby_workers: true");
+  const std::string id = Running(table, spec, 2);
+  EXPECT_EQ(table.Get(id)->state(), JOB_RUNNING);
+  for (int w = 2; w < 5; ++w)
+    EXPECT_EQ(WorkerState(table, id, w), TASK_STANDBY);
+  // Worker 3 registers and is prepared, worker 2 only registers; worker 4
+  // has not started yet. They stay standbys, and a standby is not removed.
+  ASSERT_TRUE(
+      table.Register(id, ROLE_WORKER, 3, Address(ROLE_WORKER, 3), kT0).ok());
+  Prepared(table, id, 3);
+  ASSERT_TRUE(
+      table.Register(id, ROLE_WORKER, 2, Address(ROLE_WORKER, 2), kT0).ok());
+  EXPECT_EQ(table.Register(id, ROLE_WORKER, 2, "10.0.0.99:7000", kT0).code(),
+            absl::StatusCode::kAlreadyExists);
+  JobInfo job = *table.Get(id);
+  EXPECT_EQ(WorkerState(table, id, 3), TASK_STANDBY);
+  EXPECT_TRUE(job.tasks(4).prepared());
+  EXPECT_FALSE(job.tasks(3).prepared());
+  const HeartbeatResponse standby = Beat(table, id, 3);
+  EXPECT_FALSE(standby.removed());
+  EXPECT_EQ(Workers(standby.membership()), "0,1");
+  // A grow by one takes the prepared standby (3, not the lowest index 2)
+  // and is ready at once.
+  absl::StatusOr<Membership> m = table.Scale(id, 3, 0, kT0);
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ(Workers(*m), "0,1,3");
+  EXPECT_TRUE(m->ready());
+  EXPECT_EQ(WorkerState(table, id, 3), TASK_REGISTERED);
+  EXPECT_EQ(WorkerState(table, id, 2), TASK_STANDBY);
+  EXPECT_EQ(Workers(Beat(table, id, 3).membership()), "0,1,3");
+  // The next takes worker 2 (registered, not prepared: ready once it is),
+  // then worker 4, still starting: it waits for its registration (its
+  // process runs already).
+  m = table.Scale(id, 5, 0, kT0);
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ(Workers(*m), "0,1,2,3,4");
+  EXPECT_FALSE(m->ready());
+  EXPECT_EQ(WorkerState(table, id, 2), TASK_REGISTERED);
+  EXPECT_EQ(WorkerState(table, id, 4), TASK_WAITING);
+  Prepared(table, id, 2);
+  Join(table, id, 4);
+  EXPECT_TRUE(table.Get(id)->membership().ready());
+
+  // Standbys that go away: a silent one and one never registered are
+  // removed, with a line each, and the job goes on.
+  ASSERT_TRUE(table.Cancel(id, kT0).ok());
+  const std::string other = Running(table, spec, 2);
+  auto beat_members = [&](absl::Time now) {
+    for (int w : {0, 1, 4}) Beat(table, other, w, nullptr, now);
+    Beat(table, other, 0, nullptr, now, ROLE_PS);
+  };
+  for (int w : {2, 4}) {
+    ASSERT_TRUE(
+        table.Register(other, ROLE_WORKER, w, Address(ROLE_WORKER, w), kT0)
+            .ok());
+  }
+  EXPECT_TRUE(table.CheckHeartbeats(kT0 + absl::Seconds(30), absl::Seconds(60))
+                  .empty());
+  beat_members(kT0 + absl::Seconds(59));
+  EXPECT_TRUE(table.CheckHeartbeats(kT0 + absl::Seconds(61), absl::Seconds(60))
+                  .empty());
+  job = *table.Get(other);
+  EXPECT_EQ(job.state(), JOB_RUNNING);
+  EXPECT_EQ(WorkerState(table, other, 2), TASK_REMOVED);
+  EXPECT_TRUE(LogHas(job,
+                     "standby worker 2 removed: no heartbeat for 61 s (a "
+                     "scale starts it again)"));
+  EXPECT_EQ(WorkerState(table, other, 3), TASK_STANDBY);
+  beat_members(kT0 + absl::Seconds(600));
+  EXPECT_TRUE(table.CheckHeartbeats(kT0 + absl::Seconds(601), absl::Seconds(60))
+                  .empty());
+  EXPECT_EQ(WorkerState(table, other, 3), TASK_REMOVED);
+  EXPECT_EQ(table.Get(other)->state(), JOB_RUNNING);
+  // A standby's death is a removal too; a grow then starts a removed task
+  // again (TASK_WAITING).
+  EXPECT_EQ(WorkerState(table, other, 4), TASK_STANDBY);
+  EXPECT_TRUE(Finish(table, other, 4, false).ok());
+  EXPECT_EQ(WorkerState(table, other, 4), TASK_REMOVED);
+  EXPECT_EQ(table.Get(other)->state(), JOB_RUNNING);
+  m = table.Scale(other, 3, 0, kT0 + absl::Seconds(602));
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ(Workers(*m), "0,1,2");
+  EXPECT_EQ(WorkerState(table, other, 2), TASK_WAITING);
+
+  // standby_workers needs room past num_workers.
+  for (const char* bad :
+       {"standby_workers: true", "max_workers: 2 standby_workers: true"}) {
+    EXPECT_EQ(ParseJobSpec(absl::StrCat("num_ps: 1 num_workers: 2 batch_size: "
+                                        "8 epochs: 1 ",
+                                        bad),
+                           "test")
+                  .status()
+                  .code(),
+              absl::StatusCode::kInvalidArgument)
+        << bad;
+  }
+}
+
 TEST(JobMembershipTest, ScaleRefusals) {
   JobTable table;
   const std::string plain = Running(table, Spec(2, ""), 2);

@@ -404,6 +404,11 @@ absl::Status CheckElastic(const JobConfig& config) {
                                spec.num_workers(), "(0: never shrink)"));
   }
   if (spec.max_workers() == 0 && spec.min_workers() == 0) {
+    if (spec.standby_workers()) {
+      return Bad("standby_workers",
+                 "true without max_workers; expected false (standbys are "
+                 "the worker tasks past num_workers, up to max_workers)");
+    }
     if (spec.linear_lr_scaling()) {
       return Bad("linear_lr_scaling",
                  "true without max_workers or min_workers; expected false "
@@ -411,6 +416,13 @@ absl::Status CheckElastic(const JobConfig& config) {
                  "follow)");
     }
     return absl::OkStatus();
+  }
+  if (spec.standby_workers() && spec.max_workers() <= spec.num_workers()) {
+    return Bad("standby_workers",
+               absl::StrCat("true with max_workers ", spec.max_workers(),
+                            " and num_workers ", spec.num_workers(),
+                            "; expected max_workers > num_workers (the "
+                            "standbys are the worker tasks past num_workers)"));
   }
   return absl::OkStatus();
 }

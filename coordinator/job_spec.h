@@ -63,6 +63,8 @@
 //   min_workers (elastic)    1 to num_workers               0 (never shrink)
 //   linear_lr_scaling        only with max_workers or       false
 //                            min_workers
+//   standby_workers          only with max_workers >        false
+//                            num_workers
 //   max_ps (elastic shards)  num_ps to 64; 0 in allreduce   0 (shards fixed)
 //   wire_dtype               fp32, bf16, fp16; fp32 in      fp32
 //                            allreduce

@@ -421,6 +421,17 @@ absl::Status JobTable::Register(const std::string& id, TaskRole role, int index,
         TaskState_Name((*task)->state()), "); `pstrain scale` adds ",
         role == ROLE_PS ? "shards" : "workers"));
   }
+  if ((*task)->state() == TASK_STANDBY) {
+    // A standby registers once and stays one until a Scale adds it.
+    if (!(*task)->address().empty() && (*task)->address() != address) {
+      return absl::AlreadyExistsError(absl::StrCat(
+          id, ": standby ", TaskName(role, index), " already registered from ",
+          (*task)->address(), "; refusing ", address));
+    }
+    (*task)->set_address(address);
+    (*task)->set_last_heartbeat_ms(Ms(now));
+    return Persist();
+  }
   if ((*task)->state() != TASK_WAITING) {
     if ((*task)->address() == address) return absl::OkStatus();
     return absl::AlreadyExistsError(absl::StrCat(
@@ -572,7 +583,8 @@ absl::StatusOr<JobState> JobTable::Heartbeat(const HeartbeatRequest& request,
         ref.job_id(), ": ", TaskName(ref.role(), ref.index()), " has ended (",
         TaskState_Name((*task)->state()), "); refusing its heartbeat"));
   }
-  if ((*task)->state() == TASK_REGISTERED) {
+  if ((*task)->state() == TASK_REGISTERED ||
+      ((*task)->state() == TASK_STANDBY && !(*task)->address().empty())) {
     (*task)->set_last_heartbeat_ms(Ms(now));
   }
   if (restart != nullptr) *restart = (*task)->restart_requested();
@@ -586,7 +598,9 @@ absl::StatusOr<JobState> JobTable::Heartbeat(const HeartbeatRequest& request,
   AppendLog(job, *task, ref.role(), ref.index(), request.log_lines(), now,
             request.log_times_ms());
   if (ref.role() == ROLE_WORKER && request.prepared() &&
-      (*task)->state() == TASK_REGISTERED && !(*task)->prepared()) {
+      ((*task)->state() == TASK_REGISTERED ||
+       ((*task)->state() == TASK_STANDBY && !(*task)->address().empty())) &&
+      !(*task)->prepared()) {
     (*task)->set_prepared(true);
     if (UpdateReady(job)) dirty_ = true;
   }
@@ -782,9 +796,10 @@ absl::StatusOr<int> JobTable::TaskRestarting(const std::string& id,
   const bool every_worker = ModeOf(job->spec()) == MODE_ALLREDUCE;
   if (every_worker) {
     for (TaskInfo& t : *job->mutable_tasks()) {
-      // An elastic job's standby and removed workers are not running.
+      // An elastic job's idle and removed workers are not running, and
+      // its standbys are in no world.
       if (&t == task || t.state() == TASK_WAITING || t.state() == TASK_IDLE ||
-          t.state() == TASK_REMOVED) {
+          t.state() == TASK_REMOVED || t.state() == TASK_STANDBY) {
         continue;
       }
       t.set_state(TASK_WAITING);
@@ -842,6 +857,10 @@ std::vector<std::string> JobTable::CheckHeartbeats(absl::Time now,
     if (JobEnded(job.state())) continue;
     std::vector<std::string> problems;
     for (TaskInfo& t : *job.mutable_tasks()) {
+      if (t.state() == TASK_STANDBY) {
+        changed |= CheckStandby(&job, &t, now, limit);
+        continue;
+      }
       const bool silent = t.state() == TASK_REGISTERED &&
                           Ms(now) - t.last_heartbeat_ms() > limit;
       if (silent && t.role() == ROLE_WORKER &&
@@ -999,6 +1018,30 @@ absl::StatusOr<Membership> JobTable::Scale(const std::string& id,
             now);
   RETURN_IF_ERROR(Persist());
   return next;
+}
+
+bool JobTable::CheckStandby(JobInfo* job, TaskInfo* task, absl::Time now,
+                            int64_t limit_ms) {
+  std::string why;
+  if (!task->address().empty()) {
+    const int64_t silent_ms = Ms(now) - task->last_heartbeat_ms();
+    if (silent_ms <= limit_ms) return false;
+    why = absl::StrCat("no heartbeat for ", silent_ms / 1000, " s");
+  } else {
+    const int64_t since =
+        std::max({job->submit_ms(), loaded_ms_, task->waiting_since_ms()});
+    if (Ms(now) - since <= RegistrationLimitMs(*job, *task, limit_ms)) {
+      return false;
+    }
+    why = absl::StrCat("not registered after ", (Ms(now) - since) / 1000, " s");
+  }
+  task->set_state(TASK_REMOVED);
+  task->set_message(why);
+  LogLineOf(job, ROLE_WORKER, task->index(),
+            absl::StrCat("standby worker ", task->index(), " removed: ", why,
+                         " (a scale starts it again)"),
+            now);
+  return true;
 }
 
 bool JobTable::RemoveSilentWorker(JobInfo* job, TaskInfo* task,

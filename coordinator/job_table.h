@@ -320,6 +320,12 @@ class JobTable {
   // index)'s.
   void LogLineOf(JobInfo* job, TaskRole role, int index, std::string text,
                  absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // CheckHeartbeats' part for a TASK_STANDBY worker: one silent for
+  // `limit_ms` (registered) or not registered within its registration
+  // limit goes TASK_REMOVED, with a line in the job's log (the job goes
+  // on). True if it changed.
+  bool CheckStandby(JobInfo* job, TaskInfo* task, absl::Time now,
+                    int64_t limit_ms) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // CheckHeartbeats' part for a silent worker of an elastic job: true if
   // it was removed (already, or now with min_workers) instead of lost.
   bool RemoveSilentWorker(JobInfo* job, TaskInfo* task, absl::Time now)

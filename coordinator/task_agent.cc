@@ -182,6 +182,10 @@ absl::Status TaskAgent::ReportOwnRestart() {
       rejoining_ = slot->restarts() > 0 || slot->restart_requested();
       return absl::OkStatus();
     }
+    // A standby not registered yet: this is its first process.
+    if (slot->state() == TASK_STANDBY && slot->address().empty()) {
+      return absl::OkStatus();
+    }
     // Held by a predecessor: report its death. One try per reading of the
     // slot, so that an answer lost in transit is not counted twice.
     RestartTaskRequest restart;

@@ -518,6 +518,68 @@ TEST(ElasticTest, BackupsAndStalenessGrowAndShrink) {
   EXPECT_GT(Accuracy(output), 0.7) << output;
 }
 
+// standby_workers: worker 2 starts with the job, builds its model and
+// input pipeline and waits, prepared; the grow to 3 workers, requested
+// only then, takes it with no process start and is applied at the next
+// step boundary. One LeNet-5 epoch: exit 0, each step trained by its
+// membership, every sample once, the standby's log lines in order.
+// `allreduce`: the same in an elastic allreduce job (the standby joins the
+// collective's new world).
+void StandbyWorkerJoinsAGrow(bool allreduce) {
+  if (!HaveFashionMnist()) GTEST_SKIP() << "dataset-fashion-mnist missing";
+  const ElasticFiles files = PrepareRun(
+      allreduce ? "allreduce_standby" : "standby", "# after the standby");
+  std::vector<std::string> argv = ElasticArgv(
+      files, {"--max_workers=3", "--standby_workers", "--max_restarts=0"});
+  std::replace(argv.begin(), argv.end(), std::string("--epochs=2"),
+               std::string("--epochs=1"));
+  if (allreduce) {
+    argv.erase(std::find(argv.begin(), argv.end(), "--num_ps=2"));
+    argv.push_back("--mode=allreduce");
+  }
+  Process run(argv, files.log, {"PSTRAIN_RECORD_SAMPLES=" + files.records});
+  const std::string standing_by =
+      "[worker2] worker 2: prepared; standing by until a scale adds it";
+  ASSERT_TRUE(Logged(files.log, standing_by)) << ReadTextFile(files.log);
+  EXPECT_EQ(ReadTextFile(files.log).find("membership 1:"), std::string::npos);
+  AppendLine(files.control, "num_workers=3");
+  ASSERT_TRUE(Logged(files.log, "membership 1: 2 -> 3 workers"))
+      << ReadTextFile(files.log);
+  const int exit_code = run.Wait(300);
+  const std::string output = ReadTextFile(files.log);
+  ASSERT_EQ(exit_code, 0) << output;
+  const size_t joined =
+      output.find("[worker2] worker 2: added by membership 1; joining");
+  ASSERT_NE(joined, std::string::npos) << output;
+  EXPECT_LT(output.find(standing_by), joined);
+  const int64_t grown_at = StepOfChange(output, "membership 1: 2 -> 3 workers");
+  ASSERT_GT(grown_at, 0) << output;
+  std::printf("grown at step %lld\n", static_cast<long long>(grown_at));
+
+  const Recorded r = ReadRecords(files.records, 3);
+  int64_t trained[2] = {0, 0};
+  ExpectEachStepByItsMembers(
+      r,
+      [&](int64_t step) {
+    return step < grown_at ? std::vector<int>{0, 1} : std::vector<int>{0, 1, 2};
+      },
+      /*killed=*/-1, /*shrunk_at=*/-1, trained);
+  const int64_t steps =
+      grown_at + (kTrainSamples - grown_at * 2 * kBatchSize) / (3 * kBatchSize);
+  EXPECT_EQ(static_cast<int64_t>(r.workers_of_step.size()), steps);
+  EXPECT_GT(trained[0], kTrainSamples - 3 * kBatchSize);
+  EXPECT_EQ(trained[1], 0);
+  EXPECT_GT(Accuracy(output), 0.7) << output;
+}
+
+TEST(ElasticTest, StandbyWorkerJoinsAGrowWithoutAProcessStart) {
+  StandbyWorkerJoinsAGrow(/*allreduce=*/false);
+}
+
+TEST(ElasticTest, AllreduceStandbyWorkerJoinsAGrowWithoutAProcessStart) {
+  StandbyWorkerJoinsAGrow(/*allreduce=*/true);
+}
+
 // On a cluster the per-node agent starts what a Scale adds: a submitted
 // elastic job (2 workers, 2 shards; max 3 of each) under `pstrain node`,
 // scaled with `pstrain scale` (the admin key) to 3 workers and 3 shards

@@ -118,7 +118,12 @@ class AllreduceExchange : public GradientExchange {
     }
     if (!elastic_.has_value()) return absl::OkStatus();
     // An elastic job's world: the start's membership (a joining worker's
-    // is the one that adds it), whose rank 0 gives every rank its state.
+    // is the one that adds it; a standby's, the one that adds it once a
+    // Scale did), whose rank 0 gives every rank its state.
+    if (elastic_->await_start) {
+      ASSIGN_OR_RETURN(const WorkerMembership start, elastic_->await_start());
+      return JoinWorld(start, /*sync_state=*/true);
+    }
     return JoinWorld(elastic_->start, /*sync_state=*/true);
   }
 

@@ -402,6 +402,10 @@ struct ElasticWorld {
   // The world the worker starts in (the coordinator's membership then:
   // its workers and epoch).
   WorkerMembership start;
+  // A standby worker (TrainerOptions::await_membership): Start() waits for
+  // the membership that adds it and starts in its world instead of
+  // `start`. Null: `start`.
+  std::function<absl::StatusOr<WorkerMembership>()> await_start;
   // The linear scaling rule (JobSpec.linear_lr_scaling): each world's lr
   // is adam.lr x its members / initial_workers (the job's num_workers).
   bool linear_lr_scaling = false;

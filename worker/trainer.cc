@@ -228,6 +228,7 @@ absl::StatusOr<std::unique_ptr<GradientExchange>> CreateExchange(
       world.connect = options.connect_collective;
       world.worker_id = options.worker_id;
       world.start = options.start_membership;
+      world.await_start = options.await_membership;
       world.linear_lr_scaling = options.linear_lr_scaling;
       world.initial_workers = options.num_workers;
       world.timeout = options.init_timeout;
@@ -427,6 +428,9 @@ absl::StatusOr<int64_t> StartExchange(
     // A restarted task: the shards run already.
     if (joins) exchange.set_joining(true);
     if (joins && options.prepared) options.prepared();
+    if (options.await_membership) {
+      RETURN_IF_ERROR(options.await_membership().status());
+    }
     const int64_t own_start = step;
     ASSIGN_OR_RETURN(step, recovery.Rejoin(workload.weights()));
     // An async elastic job's first workers start where a fixed async

@@ -212,6 +212,12 @@ struct TrainerOptions {
   // pipeline are built, before the worker waits to join
   // (TaskAgent::SetPrepared); null: nothing.
   std::function<void()> prepared;
+  // A standby worker (JobSpec.standby_workers; not a member when it
+  // started): called after `prepared`, it blocks until the coordinator's
+  // newest membership has this worker and returns it; the worker then
+  // joins that membership's generation (PS) or world (allreduce) as a
+  // worker a Scale started does. Its error ends the run. Null: a member.
+  std::function<absl::StatusOr<WorkerMembership>()> await_membership;
   // Gradient clipping by global norm (JobSpec.clip_grad_norm; 0: none):
   // mode allreduce, here (worker/gradient_exchange.h); mode sync, on the
   // shards, with the norm agreed through the workers (worker/ps_client.h).

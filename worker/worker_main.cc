@@ -265,6 +265,48 @@ absl::StatusOr<std::optional<pstrain::WorkerMembership>> StartMembership(
   return start;
 }
 
+// A standby worker (JobSpec.standby_workers) of an elastic job: one that
+// is in none of the coordinator's memberships when it starts (a worker a
+// Scale started, or a restarted one, is in the newest).
+absl::StatusOr<bool> IsStandby(pstrain::TaskAgent& agent,
+                               const pstrain::JobSpec& spec, int index,
+                               bool rejoin) {
+  if (!pstrain::IsElastic(spec) || !spec.standby_workers() || index == 0 ||
+      rejoin) {
+    return false;
+  }
+  absl::StatusOr<pstrain::Membership> newest = agent.WaitForMembership(
+      0, absl::Now() + absl::Seconds(absl::GetFlag(FLAGS_init_timeout_s)));
+  if (!newest.ok()) return newest.status();
+  return !pstrain::IsMember(*newest, index);
+}
+
+// A standby's wait (TrainerOptions::await_membership): the newest
+// membership, from the heartbeats' answers, once one has this worker (its
+// world: workers and epoch). Unbounded while the job runs; the heartbeat
+// thread ends the process when the job ends or removes this worker, and
+// CANCELLED comes back when the heartbeats stop otherwise.
+absl::StatusOr<pstrain::WorkerMembership> AwaitMembership(
+    pstrain::TaskAgent& agent, int index) {
+  agent.Log(absl::StrCat("worker ", index,
+                         ": prepared; standing by until a scale adds it"));
+  int64_t epoch = 0;
+  while (true) {
+    absl::StatusOr<pstrain::Membership> newest =
+        agent.WaitForMembership(epoch, absl::InfiniteFuture());
+    if (!newest.ok()) return newest.status();
+    if (pstrain::IsMember(*newest, index)) {
+      pstrain::WorkerMembership world;
+      world.workers.assign(newest->workers().begin(), newest->workers().end());
+      world.epoch = newest->epoch();
+      agent.Log(absl::StrCat("worker ", index, ": added by membership ",
+                             world.epoch, "; joining"));
+      return world;
+    }
+    epoch = newest->epoch() + 1;
+  }
+}
+
 // The trainer's options from the job spec (validated at submission:
 // coordinator/job_spec.h), the flags and the cluster's layout; the
 // callbacks report through `agent`, which must outlive training. Errors:
@@ -464,10 +506,14 @@ int main(int argc, char** argv) {
   const pstrain::CollectiveFactory connect =
       CollectiveFactoryOf(config, gpu, address, *layout, &store);
   std::optional<pstrain::WorkerMembership> start;
-  if (config.mode == pstrain::MODE_ALLREDUCE && elastic) {
+  const bool rejoin = absl::GetFlag(FLAGS_rejoin) || agent.rejoining();
+  absl::StatusOr<bool> standby = IsStandby(agent, spec, index, rejoin);
+  if (!standby.ok()) return fail(1, std::string(standby.status().message()));
+  if (*standby) {
+    // Its world (allreduce) is the membership that adds it.
+  } else if (config.mode == pstrain::MODE_ALLREDUCE && elastic) {
     absl::StatusOr<std::optional<pstrain::WorkerMembership>> m =
-        StartMembership(agent, index,
-                        absl::GetFlag(FLAGS_rejoin) || agent.rejoining());
+        StartMembership(agent, index, rejoin);
     if (!m.ok()) return fail(1, std::string(m.status().message()));
     if (!m->has_value()) {
       std::printf("%s: %s: not a member of the job's workers; leaving\n",
@@ -489,9 +535,15 @@ int main(int argc, char** argv) {
   absl::StatusOr<pstrain::TrainerOptions> options =
       TrainerOptionsOf(config, agent, *layout, thread_plan, collective.get());
   if (!options.ok()) return fail(2, std::string(options.status().message()));
-  if (start.has_value()) {
+  if (start.has_value() ||
+      (*standby && elastic && config.mode == pstrain::MODE_ALLREDUCE)) {
     options->connect_collective = connect;
-    options->start_membership = *start;
+    if (start.has_value()) options->start_membership = *start;
+  }
+  if (*standby) {
+    options->await_membership = [&agent, index] {
+      return AwaitMembership(agent, index);
+    };
   }
 
   absl::StatusOr<pstrain::TrainerOutput> output =
