@@ -74,6 +74,12 @@ worker 0 first waits until every shard has decided its last step, then
 reopens them or moves their state; the others' steps run ahead are redone
 in the new generation (docs/ARCHITECTURE.md, "Applying").
 
+With --standby (workers, grow only) the elastic run has
+--standby_workers: worker 2 starts with the job, builds its model and
+waits prepared; the request follows its "standing by" line, and a grow
+takes it with no process start (its "start" is then before the request:
+negative).
+
 With --backup_workers=B every run (the baseline too) has B backup workers:
 worker 0 first has shard 0 hold its first undecided step's admissions and
 waits until every shard has decided the step before it
@@ -81,7 +87,7 @@ waits until every shard has decided the step before it
 
 Usage: python3 bench/elastic_bench.py [--repeats=3] [--models=lenet5,resnet18]
                                       [--kinds=workers,shards] [--staleness=0]
-                                      [--backup_workers=0]
+                                      [--backup_workers=0] [--standby]
                                       [--mode=sync|async|allreduce]
 Needs `bazel build //cli:pstrain //server:pstrain_ps //worker:pstrain_worker`
 and Fashion-MNIST.
@@ -287,15 +293,17 @@ def one_repeat(model, cfg, change, work, log_dir, args):
     runs = []
     try:
         return measure(model, change, work, log_dir, ctl, ckpt, common,
-                       runs)
+                       runs, args.standby)
     finally:
         for r in runs:
             r.stop()
 
 
-def measure(model, change, work, log_dir, ctl, ckpt, common, runs):
+def measure(model, change, work, log_dir, ctl, ckpt, common, runs,
+            standby=False):
     run = Run([PSTRAIN, "run", "--checkpoint_dir=" + ckpt,
-               "--control_file=" + ctl] + change.flags + common)
+               "--control_file=" + ctl] + change.flags + common +
+              (["--standby_workers"] if standby else []))
     runs.append(run)
     # The request follows the first durable checkpoint.
     first_ckpt = wait_checkpoint(run, ckpt, 0)
@@ -306,6 +314,9 @@ def measure(model, change, work, log_dir, ctl, ckpt, common, runs):
         # change failed to resume ("PS tensor 1 has elements from 0 of 64
         # in no shard file"), ResNet-18, 2026-11-27.
         copy_checkpoint(first_ckpt, ckpt, copy)
+    if standby:
+        run.wait_for(r"\[worker%d\] worker %d: prepared; standing by" %
+                     (change.old, change.old))
     run.wait_for(STEP, time.monotonic())
     requested = time.monotonic()
     with open(ctl, "a") as f:
@@ -336,7 +347,9 @@ def measure(model, change, work, log_dir, ctl, ckpt, common, runs):
         "applied_at": applied_at,
     }
     if change.joiner:
-        started, _ = run.wait_for(change.joiner[0], requested)
+        # A standby started with the job.
+        started, _ = run.wait_for(change.joiner[0],
+                                  0.0 if standby else requested)
         ready, _ = run.wait_for(change.joiner[1], requested)
         result["joiner_start"] = started - requested
         result["joiner_load"] = ready - started
@@ -385,6 +398,9 @@ def main():
     parser.add_argument("--mode", default="sync",
                         choices=["sync", "async", "allreduce"],
                         help="every run's mode (allreduce: workers only)")
+    parser.add_argument("--standby", action="store_true",
+                        help="workers, grow only: the elastic run has "
+                        "--standby_workers (worker 2 waits prepared)")
     parser.add_argument("--log_dir", default="",
                         help="keep every run's output here (default: none)")
     args = parser.parse_args()
@@ -396,6 +412,9 @@ def main():
                                      args.kinds != "workers"):
         parser.error("--mode=allreduce: only --kinds=workers, without "
                      "--staleness or --backup_workers (no shards)")
+    if args.standby and args.kinds != "workers":
+        parser.error("--standby: only --kinds=workers (standby workers; the "
+                     "grow only)")
     if not 0 <= args.backup_workers <= 1:
         parser.error("--backup_workers=%d: expected 0 or 1 (the runs have 2 "
                      "workers at their smallest)" % args.backup_workers)
@@ -416,7 +435,7 @@ def main():
     for model in args.models.split(","):
         cfg = settings.get(model, settings["resnet18"])
         for kind in args.kinds.split(","):
-            for old, new in ((2, 3), (3, 2)):
+            for old, new in ((2, 3),) if args.standby else ((2, 3), (3, 2)):
                 rows.append(one_row(model, cfg,
                                     Change(kind, old, new,
                                            args.mode == "allreduce"),
@@ -435,9 +454,10 @@ def main():
     for r in rows:
         print("| %s | %s | %.2f | %.2f | %.0f | %.2f | %.2f | %.2f | %.2f "
               "| %.2f | %.2f | %s | %.2f | %.2fx | %s | %s |" % r)
-    print("\nmedians of %d repeats; %s%s%s; %s; %.0f s in all" %
+    print("\nmedians of %d repeats; %s%s%s%s; %s; %.0f s in all" %
           (args.repeats, args.mode, ", staleness %d" % args.staleness
            if args.staleness else "",
+           ", standby workers" if args.standby else "",
            ", %d backup worker" % args.backup_workers
            if args.backup_workers else "",
            "workers: no shards, --max_workers=3" if args.mode == "allreduce"

@@ -374,14 +374,14 @@ absl::StatusOr<std::string> KubernetesManifests(const JobSpec& spec,
         "--job=", options.job,
         ": expected an id with letters or digits, at most 40 characters"));
   }
-  absl::StrAppend(&out, "# The ", spec.num_ps(), " ps and ", spec.num_workers(),
-                  " worker tasks of ", spec.model(), " job ", options.job,
-                  " on coordinator ", options.coordinator,
+  absl::StrAppend(&out, "# The ", spec.num_ps(), " ps and ",
+                  LaunchedWorkers(spec), " worker tasks of ", spec.model(),
+                  " job ", options.job, " on coordinator ", options.coordinator,
                   ": per role a headless\n# Service and an Indexed Job; each "
                   "task reads its certificate from the Secret ",
                   Quote(options.tls_secret), ".\n");
   const RoleTasks roles[] = {{"ps", spec.num_ps(), options.ps_binary, 0},
-                             {"worker", spec.num_workers(),
+                             {"worker", LaunchedWorkers(spec),
                               options.worker_binary, options.gpus_per_worker}};
   for (const RoleTasks& role : roles) {
     if (role.count > 0) {

@@ -237,6 +237,16 @@ HostSlots SlotsOf(const google::protobuf::RepeatedPtrField<HostPort>& hosts) {
   return out;
 }
 
+}  // namespace
+
+int LaunchedWorkers(const JobSpec& spec) {
+  return spec.standby_workers()
+             ? std::max(spec.num_workers(), spec.max_workers())
+             : spec.num_workers();
+}
+
+namespace {
+
 bool HasHosts(const JobSpec& spec) {
   return !spec.ps_hosts().empty() || !spec.worker_hosts().empty();
 }
@@ -244,7 +254,7 @@ bool HasHosts(const JobSpec& spec) {
 // Every task of the spec has a host.
 bool HasAllHosts(const JobSpec& spec) {
   return spec.ps_hosts().size() == spec.num_ps() &&
-         spec.worker_hosts().size() == spec.num_workers() && HasHosts(spec);
+         spec.worker_hosts().size() == LaunchedWorkers(spec) && HasHosts(spec);
 }
 
 // The launcher and the options LaunchScript can carry out for `spec`.
@@ -304,7 +314,7 @@ ScriptPlan PlanOf(const JobSpec& spec, const LaunchOptions& options) {
   plan.all_hosts = HasAllHosts(spec);
   plan.roles = {
       {"ps", spec.num_ps(), &spec.ps_hosts(), "$PS"},
-      {"worker", spec.num_workers(), &spec.worker_hosts(), "$WORKER"}};
+      {"worker", LaunchedWorkers(spec), &spec.worker_hosts(), "$WORKER"}};
   for (const Role& role : plan.roles) {
     for (const HostPort& h : *role.hosts) {
       if (std::find(plan.distinct_hosts.begin(), plan.distinct_hosts.end(),
@@ -354,7 +364,7 @@ std::string SbatchHeader(const ScriptPlan& plan) {
                     "#SBATCH --ntasks-per-node=", most, "\n");
   } else {
     absl::StrAppend(
-        &out, "#SBATCH --ntasks=", spec.num_ps() + spec.num_workers(), "\n");
+        &out, "#SBATCH --ntasks=", spec.num_ps() + LaunchedWorkers(spec), "\n");
   }
   absl::StrAppend(&out, "#SBATCH --cpus-per-task=", plan.cpus, "\n");
   return out;
@@ -368,7 +378,7 @@ std::string ScriptHead(const ScriptPlan& plan) {
   const LaunchOptions& options = *plan.options;
   std::string out = absl::StrCat(
       "# Printed by `pstrain launch-lines --launcher=", options.launcher,
-      "`: ", "starts the ", spec.num_ps(), " ps and ", spec.num_workers(),
+      "`: ", "starts the ", spec.num_ps(), " ps and ", LaunchedWorkers(spec),
       " worker tasks of a ", spec.model(), " job on coordinator ",
       options.coordinator,
       ",\n# waits for each, and exits 0 once all exited 0; otherwise it "

@@ -111,6 +111,13 @@ struct LaunchOptions {
 absl::StatusOr<std::string> LaunchScript(const JobSpec& spec,
                                          const LaunchOptions& options);
 
+// The worker tasks a launch script (or the Kubernetes manifests) starts:
+// num_workers, or max_workers with standby_workers (the standbys start
+// with the job and wait for a grow, so a static launcher scales up to
+// max_workers). An elastic job's other tasks need `pstrain node` (one
+// agent per node), which starts what a Scale adds.
+int LaunchedWorkers(const JobSpec& spec);
+
 // Kubernetes manifests (YAML, `---` between objects) for `kubectl apply -f`:
 //   k8s_objects "coordinator": the coordinator as a Deployment of one replica
 //       (strategy Recreate) and a Service named by --coordinator's host

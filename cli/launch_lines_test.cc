@@ -146,6 +146,31 @@ TEST(LaunchScriptTest, SlurmStepsRunSideBySideWithTheirTaskCounts) {
       << run.stderr_text;
 }
 
+// standby_workers: the script starts every worker task up to max_workers
+// (the standbys wait for a grow), so a static launcher scales up too.
+TEST(LaunchScriptTest, StandbyWorkersStartWithTheJob) {
+  const std::string spec =
+      "num_ps: 2 num_workers: 2 max_workers: 3 standby_workers: true "
+      "batch_size: 64 epochs: 1\n";
+  ScriptRun run =
+      RunScript(*LaunchScript(Spec(spec), Options("slurm")), "JOB=job-3");
+  EXPECT_EQ(run.exit_code, 0) << run.stderr_text;
+  EXPECT_NE(run.calls.find("srun --exact --ntasks=3 --cpus-per-task=1 "
+                           "--job-name=pstrain-worker "),
+            std::string::npos)
+      << run.calls;
+  // Without standbys only num_workers start (`pstrain node` starts what a
+  // Scale adds).
+  run = RunScript(*LaunchScript(Spec("num_ps: 2 num_workers: 2 max_workers: 3 "
+                                     "batch_size: 64 epochs: 1\n"),
+                                Options("slurm")),
+                  "JOB=job-3");
+  EXPECT_NE(run.calls.find("srun --exact --ntasks=2 --cpus-per-task=1 "
+                           "--job-name=pstrain-worker "),
+            std::string::npos)
+      << run.calls;
+}
+
 TEST(LaunchScriptTest, SlurmWithHostsOneStepPerTaskOnItsNode) {
   LaunchOptions options = Options("slurm");
   options.cpus_per_task = 4;
@@ -427,6 +452,17 @@ TEST(KubernetesManifestsTest, IndexedJobAndHeadlessServicePerRole) {
   // The PS pods ask for no GPU.
   EXPECT_EQ(yaml->find("nvidia.com/gpu"), yaml->rfind("nvidia.com/gpu"));
   EXPECT_GT(yaml->find("nvidia.com/gpu"), yaml->find("kind: Job"));
+}
+
+// standby_workers: every worker task up to max_workers gets a pod.
+TEST(KubernetesManifestsTest, StandbyWorkersHavePods) {
+  absl::StatusOr<std::string> yaml = KubernetesManifests(
+      Spec("num_ps: 2 num_workers: 2 max_workers: 3 standby_workers: true "
+           "batch_size: 64 epochs: 1\n"),
+      KubernetesOptions("tasks"));
+  ASSERT_TRUE(yaml.ok()) << yaml.status();
+  EXPECT_NE(yaml->find("The 2 ps and 3 worker tasks"), std::string::npos)
+      << *yaml;
 }
 
 // max_restarts: 2 of 2 PS and 3 workers: containers restart in their pods

@@ -111,8 +111,13 @@ absl::Status Reporter::StepEnded(int64_t trained, int64_t next, int epoch,
     row.job_samples_per_sec =
         report_.TakeWindowSamplesPerSec(absl::Now(), samples);
     if (options_.verbose) {
-      Say(absl::StrFormat("Step%d: %.2f data/sec", next,
-                          *row.job_samples_per_sec) +
+      // "-": shard 0 counted no sample since the last rate (RunReport);
+      // the next line's covers this window too.
+      Say(absl::StrCat("Step", next, ": ",
+                       row.job_samples_per_sec.has_value()
+                           ? absl::StrFormat("%.2f", *row.job_samples_per_sec)
+                           : "-",
+                       " data/sec") +
           FormatStepDetails(row, options_.total_steps));
     }
   }

@@ -30,8 +30,13 @@ void RunReport::NewWindow(absl::Time now, int64_t counter) {
   window_step_samples_ = 0;
 }
 
-double RunReport::TakeWindowSamplesPerSec(absl::Time now, int64_t counter) {
+std::optional<double> RunReport::TakeWindowSamplesPerSec(absl::Time now,
+                                                         int64_t counter) {
   const int64_t samples = WindowSamples(counter);
+  if (!options_.count_on_worker && samples == 0) {
+    window_counter_ = std::min(window_counter_, counter);
+    return std::nullopt;
+  }
   const double seconds = absl::ToDoubleSeconds(now - window_start_);
   closed_samples_ += samples;
   NewWindow(now, counter);

@@ -18,7 +18,12 @@
 //     the recovery; the samples between the last reading and the failure are
 //     not counted, and the window's time starts at the recovery too. The
 //     rate is never negative: a counter below the window's start (a shard 0
-//     that restarted unseen) starts a new window as Recovered() does.
+//     that restarted unseen) goes on from its value. A window in which
+//     shard 0 counted nothing yet has no rate and stays open: with backup
+//     workers the others decide steps without worker 0, so a worker 0 left
+//     behind (late, or just recovered) may jump to their version and reach a
+//     Step line before shard 0 admitted any end since the window's start
+//     (CI showed "Step405: 0.00 data/sec" after a recovery).
 //
 // Checkpoints: the job's count, checkpoints_before (those a previous worker
 // 0 of the same job made durable: the newest manifest's checkpoint_count)
@@ -29,6 +34,7 @@
 #define PSTRAIN_WORKER_RUN_REPORT_H_
 
 #include <cstdint>
+#include <optional>
 
 #include "absl/time/time.h"
 
@@ -55,10 +61,14 @@ class RunReport {
   void StepTrained(int64_t samples_per_step = -1);
 
   // Samples per second of every worker since the window's start (the last
-  // call, Resume() or Recovered()), and a new window from `now`. `counter`:
-  // shard 0's count now (ignored when counting on the worker). Never
-  // negative; 0 for an empty window.
-  double TakeWindowSamplesPerSec(absl::Time now, int64_t counter);
+  // call that returned a rate, Resume() or Recovered()), and a new window
+  // from `now`. `counter`: shard 0's count now (ignored when counting on
+  // the worker). Never negative; counting on the worker, 0 for an empty
+  // window. Counting by shard 0: nullopt while the window holds no counted
+  // sample (the window stays open; a counter below its start becomes its
+  // start).
+  std::optional<double> TakeWindowSamplesPerSec(absl::Time now,
+                                                int64_t counter);
 
   // A recovery has ended: shard 0's count now starts a new window.
   void Recovered(absl::Time now, int64_t counter);
