@@ -267,12 +267,13 @@ absl::StatusOr<std::optional<pstrain::WorkerMembership>> StartMembership(
 
 // A standby worker (JobSpec.standby_workers) of an elastic job: one that
 // is in none of the coordinator's memberships when it starts (a worker a
-// Scale started, or a restarted one, is in the newest).
+// Scale started, or a restarted one, is in the newest). Workers below
+// num_workers never are (no wait for the first heartbeat's answer).
 absl::StatusOr<bool> IsStandby(pstrain::TaskAgent& agent,
                                const pstrain::JobSpec& spec, int index,
                                bool rejoin) {
-  if (!pstrain::IsElastic(spec) || !spec.standby_workers() || index == 0 ||
-      rejoin) {
+  if (!pstrain::IsElastic(spec) || !spec.standby_workers() ||
+      index < spec.num_workers() || rejoin) {
     return false;
   }
   absl::StatusOr<pstrain::Membership> newest = agent.WaitForMembership(
