@@ -550,6 +550,34 @@ TEST(JobMembershipTest, MembershipSurvivesLoad) {
   EXPECT_TRUE(Beat(**loaded, id, 2).removed());
 }
 
+// A registered standby survives a coordinator restart: its state and
+// prepared flag come back, and its silence counts from the load (its
+// heartbeats are not written), as a member's does.
+TEST(JobMembershipTest, StandbySurvivesLoad) {
+  const std::string file =
+      std::string(std::getenv("TEST_TMPDIR")) + "/standby.jobs";
+  std::string id;
+  {
+    JobTable table(file);
+    id = Running(table, Spec(2, "max_workers: 3 standby_workers: true"), 2);
+    ASSERT_TRUE(
+        table.Register(id, ROLE_WORKER, 2, Address(ROLE_WORKER, 2), kT0).ok());
+    Prepared(table, id, 2);
+  }
+  const absl::Time later = kT0 + absl::Seconds(300);
+  absl::StatusOr<std::unique_ptr<JobTable>> loaded =
+      JobTable::Load(file, later);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_EQ(WorkerState(**loaded, id, 2), TASK_STANDBY);
+  EXPECT_TRUE((*loaded)->Get(id)->tasks(3).prepared());
+  EXPECT_TRUE(
+      (*loaded)
+          ->CheckHeartbeats(later + absl::Seconds(30), absl::Seconds(60))
+          .empty());
+  EXPECT_EQ(WorkerState(**loaded, id, 2), TASK_STANDBY);
+  EXPECT_TRUE((*loaded)->Scale(id, 3, 0, later + absl::Seconds(31))->ready());
+}
+
 // Elastic shards (max_ps): `num_ps` shards, `num_workers` workers.
 JobSpec ShardSpec(int num_ps, int num_workers, const std::string& extra) {
   absl::StatusOr<JobSpec> spec = ParseJobSpec(

@@ -191,7 +191,11 @@ absl::StatusOr<std::unique_ptr<JobTable>> JobTable::Load(
     job.set_log_bytes(log_bytes);
     if (JobEnded(job.state())) continue;
     for (TaskInfo& t : *job.mutable_tasks()) {
-      if (t.state() == TASK_REGISTERED) t.set_last_heartbeat_ms(Ms(now));
+      // A registered standby's silence counts from here too.
+      if (t.state() == TASK_REGISTERED ||
+          (t.state() == TASK_STANDBY && !t.address().empty())) {
+        t.set_last_heartbeat_ms(Ms(now));
+      }
     }
   }
   return table;
