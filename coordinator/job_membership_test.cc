@@ -550,9 +550,10 @@ TEST(JobMembershipTest, MembershipSurvivesLoad) {
   EXPECT_TRUE(Beat(**loaded, id, 2).removed());
 }
 
-// A registered standby survives a coordinator restart: its state and
-// prepared flag come back, and its silence counts from the load (its
-// heartbeats are not written), as a member's does.
+// A registered standby survives a coordinator restart: its state comes
+// back, its silence counts from the load (its heartbeats are not written),
+// as a member's does, and its next heartbeat says again that it is
+// prepared (every one does).
 TEST(JobMembershipTest, StandbySurvivesLoad) {
   const std::string file =
       std::string(std::getenv("TEST_TMPDIR")) + "/standby.jobs";
@@ -568,13 +569,22 @@ TEST(JobMembershipTest, StandbySurvivesLoad) {
   absl::StatusOr<std::unique_ptr<JobTable>> loaded =
       JobTable::Load(file, later);
   ASSERT_TRUE(loaded.ok()) << loaded.status();
-  EXPECT_EQ(WorkerState(**loaded, id, 2), TASK_STANDBY);
-  EXPECT_TRUE((*loaded)->Get(id)->tasks(3).prepared());
+  // Silent since its registration 300 s before the load, but not since
+  // the load.
   EXPECT_TRUE(
       (*loaded)
           ->CheckHeartbeats(later + absl::Seconds(30), absl::Seconds(60))
           .empty());
   EXPECT_EQ(WorkerState(**loaded, id, 2), TASK_STANDBY);
+  HeartbeatRequest beat;
+  beat.mutable_task()->set_job_id(id);
+  beat.mutable_task()->set_role(ROLE_WORKER);
+  beat.mutable_task()->set_index(2);
+  beat.set_prepared(true);
+  ASSERT_TRUE((*loaded)
+                  ->Heartbeat(beat, later + absl::Seconds(1), nullptr, nullptr)
+                  .ok());
+  EXPECT_TRUE((*loaded)->Get(id)->tasks(3).prepared());
   EXPECT_TRUE((*loaded)->Scale(id, 3, 0, later + absl::Seconds(31))->ready());
 }
 
