@@ -561,7 +561,8 @@ void StandbyWorkerJoinsAGrow(bool allreduce) {
   ExpectEachStepByItsMembers(
       r,
       [&](int64_t step) {
-    return step < grown_at ? std::vector<int>{0, 1} : std::vector<int>{0, 1, 2};
+        return step < grown_at ? std::vector<int>{0, 1}
+                               : std::vector<int>{0, 1, 2};
       },
       /*killed=*/-1, /*shrunk_at=*/-1, trained);
   const int64_t steps =
@@ -768,7 +769,14 @@ TEST(ElasticTest, StalenessGrowsAndShrinksTrainingEverySampleOnce) {
   ASSERT_GE(shrunk_at, 400) << output;
   EXPECT_NE(output.find("Wrote "), std::string::npos) << output;
 
-  const Recorded r = ReadRecords(records, 3);
+  // Worker 2 is left out from shrunk_at on: a line of its from there is of
+  // a step it ran ahead to (staleness 2) whose push the reopen dropped and
+  // which the members trained again; it may exit on its heartbeat's answer
+  // before its recovery drops such lines, as the members' do (CI, once:
+  // worker 2's line of step 400, the shrink's step, and its samples twice).
+  const Recorded r = ReadRecords(records, 3, [&](int w, int64_t step) {
+    return w == 2 && step >= shrunk_at;
+  });
   for (const auto& [step, workers] : r.workers_of_step) {
     const std::set<int> expected = step >= grown_at && step < shrunk_at
                                        ? std::set<int>{0, 1, 2}
