@@ -90,6 +90,11 @@ bool IsMember(const Membership& membership, int worker) {
                             membership.workers().end(), worker);
 }
 
+bool RegisteredAndBeating(const TaskInfo& t) {
+  return t.state() == TASK_REGISTERED ||
+         (t.state() == TASK_STANDBY && !t.address().empty());
+}
+
 void InitMembership(JobInfo* job) {
   const JobSpec& spec = job->spec();
   if (!IsElastic(spec)) return;

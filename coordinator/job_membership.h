@@ -52,6 +52,10 @@ int WorkerTaskCount(const JobSpec& spec);
 // The job's PS tasks: max(num_ps, max_ps).
 int PsTaskCount(const JobSpec& spec);
 bool IsMember(const Membership& membership, int worker);
+// Whether task `t` has registered and is expected to heartbeat (its
+// silence timed, its prepared flag taken): TASK_REGISTERED, or a
+// TASK_STANDBY with its address.
+bool RegisteredAndBeating(const TaskInfo& t);
 
 // Submit's part: an elastic job's workers from num_workers on (TASK_STANDBY
 // with standby_workers) and shards from num_ps on go TASK_IDLE, and its

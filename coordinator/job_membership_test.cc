@@ -35,13 +35,14 @@ std::string Address(TaskRole role, int index) {
 
 // Worker `worker` says it built its model and waits to join
 // (HeartbeatRequest.prepared).
-void Prepared(JobTable& table, const std::string& id, int worker) {
+void Prepared(JobTable& table, const std::string& id, int worker,
+              absl::Time now = kT0) {
   HeartbeatRequest request;
   request.mutable_task()->set_job_id(id);
   request.mutable_task()->set_role(ROLE_WORKER);
   request.mutable_task()->set_index(worker);
   request.set_prepared(true);
-  EXPECT_TRUE(table.Heartbeat(request, kT0, nullptr, nullptr).ok());
+  EXPECT_TRUE(table.Heartbeat(request, now, nullptr, nullptr).ok());
 }
 
 // Worker `worker` registers and, but for worker 0, says it is prepared.
@@ -576,14 +577,7 @@ TEST(JobMembershipTest, StandbySurvivesLoad) {
           ->CheckHeartbeats(later + absl::Seconds(30), absl::Seconds(60))
           .empty());
   EXPECT_EQ(WorkerState(**loaded, id, 2), TASK_STANDBY);
-  HeartbeatRequest beat;
-  beat.mutable_task()->set_job_id(id);
-  beat.mutable_task()->set_role(ROLE_WORKER);
-  beat.mutable_task()->set_index(2);
-  beat.set_prepared(true);
-  ASSERT_TRUE((*loaded)
-                  ->Heartbeat(beat, later + absl::Seconds(1), nullptr, nullptr)
-                  .ok());
+  Prepared(**loaded, id, 2, later + absl::Seconds(1));
   EXPECT_TRUE((*loaded)->Get(id)->tasks(3).prepared());
   EXPECT_TRUE((*loaded)->Scale(id, 3, 0, later + absl::Seconds(31))->ready());
 }

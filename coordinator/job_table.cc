@@ -192,10 +192,7 @@ absl::StatusOr<std::unique_ptr<JobTable>> JobTable::Load(
     if (JobEnded(job.state())) continue;
     for (TaskInfo& t : *job.mutable_tasks()) {
       // A registered standby's silence counts from here too.
-      if (t.state() == TASK_REGISTERED ||
-          (t.state() == TASK_STANDBY && !t.address().empty())) {
-        t.set_last_heartbeat_ms(Ms(now));
-      }
+      if (RegisteredAndBeating(t)) t.set_last_heartbeat_ms(Ms(now));
     }
   }
   return table;
@@ -587,10 +584,7 @@ absl::StatusOr<JobState> JobTable::Heartbeat(const HeartbeatRequest& request,
         ref.job_id(), ": ", TaskName(ref.role(), ref.index()), " has ended (",
         TaskState_Name((*task)->state()), "); refusing its heartbeat"));
   }
-  if ((*task)->state() == TASK_REGISTERED ||
-      ((*task)->state() == TASK_STANDBY && !(*task)->address().empty())) {
-    (*task)->set_last_heartbeat_ms(Ms(now));
-  }
+  if (RegisteredAndBeating(**task)) (*task)->set_last_heartbeat_ms(Ms(now));
   if (restart != nullptr) *restart = (*task)->restart_requested();
   if (ref.role() == ROLE_WORKER && request.steps() > 0) {
     (*task)->set_steps(request.steps());
@@ -602,9 +596,7 @@ absl::StatusOr<JobState> JobTable::Heartbeat(const HeartbeatRequest& request,
   AppendLog(job, *task, ref.role(), ref.index(), request.log_lines(), now,
             request.log_times_ms());
   if (ref.role() == ROLE_WORKER && request.prepared() &&
-      ((*task)->state() == TASK_REGISTERED ||
-       ((*task)->state() == TASK_STANDBY && !(*task)->address().empty())) &&
-      !(*task)->prepared()) {
+      RegisteredAndBeating(**task) && !(*task)->prepared()) {
     (*task)->set_prepared(true);
     if (UpdateReady(job)) dirty_ = true;
   }
