@@ -299,7 +299,8 @@ TEST_F(TlsCoordinatorTest, AWorkerSetsOnlyItsOwnKeys) {
   for (const char* key : {"gloo/1", "gloo/rank_1", "worker-1/x"}) {
     EXPECT_TRUE(Set(worker1.get(), key).ok()) << key;
   }
-  for (const char* key : {"gloo/0", "gloo/rank_0", "nccl/nccl_id", "k"}) {
+  for (const char* key :
+       {"gloo/0", "gloo/rank_0", "nccl/nccl_id", "gloo-m2/world", "k"}) {
     const grpc::Status status = Set(worker1.get(), key);
     EXPECT_EQ(status.error_code(), grpc::StatusCode::PERMISSION_DENIED) << key;
   }
@@ -307,12 +308,14 @@ TEST_F(TlsCoordinatorTest, AWorkerSetsOnlyItsOwnKeys) {
             "worker:1@job-1 may not call /pstrain.Coordinator/KvSet for key "
             "\"gloo/0\" of job job-1: it is "
             "worker 0's; a worker sets only its own keys (worker-<i>/..., "
-            "<prefix>/<i>, <prefix>/rank_<i>; <prefix>/nccl_id: worker 0)");
-  for (const char* key : {"gloo/0", "gloo/rank_0", "nccl/nccl_id"}) {
+            "<prefix>/<i>, <prefix>/rank_<i>; <prefix>/nccl_id, "
+            "<prefix>/world: worker 0)");
+  for (const char* key :
+       {"gloo/0", "gloo/rank_0", "nccl/nccl_id", "gloo-m2/world"}) {
     EXPECT_TRUE(Set(worker0.get(), key).ok()) << key;
   }
   const JobInfo job = *server_->table().Get("job-1");
-  EXPECT_EQ(job.kv().size(), 6u);
+  EXPECT_EQ(job.kv().size(), 7u);
   EXPECT_FALSE(job.kv().contains("k"));
 }
 

@@ -285,7 +285,8 @@ grpc::Status CoordinatorService::KvSet(grpc::ServerContext* context,
               request->key(), "\" of job ", request->job_id(), ": it is ",
               owner >= 0 ? absl::StrCat("worker ", owner, "'s") : "no worker's",
               "; a worker sets only its own keys (worker-<i>/..., "
-              "<prefix>/<i>, <prefix>/rank_<i>; <prefix>/nccl_id: worker 0)"));
+              "<prefix>/<i>, <prefix>/rank_<i>; <prefix>/nccl_id, "
+              "<prefix>/world: worker 0)"));
     }
   }
   return ToGrpcStatus(

@@ -106,7 +106,7 @@ int KvKeyOwner(const std::string& key) {
   const size_t slash = key.rfind('/');
   if (slash == std::string::npos || slash == 0) return -1;
   absl::string_view last = absl::string_view(key).substr(slash + 1);
-  if (last == "nccl_id") return 0;
+  if (last == "nccl_id" || last == "world") return 0;
   if (absl::ConsumePrefix(&last, "rank_")) {
     return ParseIndex(last, &index) ? index : -1;
   }

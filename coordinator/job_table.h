@@ -111,7 +111,9 @@ struct JobTableLimits {
 //   <prefix>/<i>, <prefix>/rank_<i>
 //                               Gloo's full-mesh rendezvous of rank i
 //                               (its pair addresses and its host name);
-//   <prefix>/nccl_id            NCCL's unique id, made by rank 0.
+//   <prefix>/nccl_id            NCCL's unique id, made by rank 0;
+//   <prefix>/world              an elastic allreduce job's world worker 0
+//                               chose (worker/world_announcement.h).
 // <i> is a decimal without sign or leading zeros. Everyone may read every
 // key (KvWait).
 int KvKeyOwner(const std::string& key);

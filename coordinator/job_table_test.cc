@@ -669,6 +669,8 @@ TEST(JobTableTest, KvKeyOwnerGivesEachWorkerItsOwnKeys) {
   EXPECT_EQ(KvKeyOwner("gloo/2"), 2);        // Gloo: rank 2's addresses
   EXPECT_EQ(KvKeyOwner("gloo/rank_2"), 2);   // Gloo: rank 2's host name
   EXPECT_EQ(KvKeyOwner("nccl/nccl_id"), 0);  // NCCL: made by rank 0
+  // Elastic allreduce: the world worker 0 chose (worker/world_announcement.h)
+  EXPECT_EQ(KvKeyOwner("gloo-2-m3/world"), 0);
   EXPECT_EQ(KvKeyOwner("a/b/12"), 12);
   for (const char* nobody :
        {"k", "gloo", "gloo/", "/1", "gloo/01", "gloo/-1", "gloo/rank_",

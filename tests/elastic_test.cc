@@ -585,6 +585,67 @@ TEST(ElasticTest, AllreduceStandbyWorkerJoinsAGrowWithoutAProcessStart) {
   StandbyWorkerJoinsAGrow(/*allreduce=*/true);
 }
 
+// Two Scale requests in quick succession, the second ready first: worker 2
+// learns of membership 1 (2 -> 3 workers, due at step 600) and starts
+// joining its world; then membership 2 (-> 4 workers, due at the same
+// step) comes and worker 0 applies it, skipping 1. Worker 2 connects the
+// world worker 0 announced (worker/world_announcement.h), not the one it
+// knew: the job trains on with 4 workers from that step, each step by its
+// members and every sample once, exit 0 (without the announcement worker
+// 2 waited in world 1 and the others in world 2 until the collective's
+// timeout).
+TEST(ElasticTest, AllreduceJoinerConnectsTheWorldWorker0Chose) {
+  if (!HaveFashionMnist()) GTEST_SKIP() << "dataset-fashion-mnist missing";
+  const ElasticFiles files = PrepareRun("allreduce_quick", "# two grows");
+  std::vector<std::string> argv =
+      ElasticArgv(files, {"--max_workers=4", "--standby_workers",
+                          "--max_restarts=0", "--mode=allreduce"});
+  std::replace(argv.begin(), argv.end(), std::string("--epochs=2"),
+               std::string("--epochs=1"));
+  argv.erase(std::find(argv.begin(), argv.end(), "--num_ps=2"));
+  Process run(argv, files.log, {"PSTRAIN_RECORD_SAMPLES=" + files.records});
+  auto logged = [&](const std::string& text) {
+    return Logged(files.log, text);
+  };
+  for (int w : {2, 3}) {
+    ASSERT_TRUE(logged(
+        absl::StrCat("[worker", w, "] worker ", w, ": prepared; standing by")))
+        << ReadTextFile(files.log);
+  }
+  ASSERT_TRUE(logged("[worker0] Step100:")) << ReadTextFile(files.log);
+  AppendLine(files.control, "num_workers=3 at_step=600");
+  ASSERT_TRUE(logged("[worker2] worker 2: added by membership 1; joining"))
+      << ReadTextFile(files.log);
+  AppendLine(files.control, "num_workers=4 at_step=600");
+  const int exit_code = run.Wait(300);
+  const std::string output = ReadTextFile(files.log);
+  ASSERT_EQ(exit_code, 0) << output;
+  const int64_t grown_at = StepOfChange(output, "membership 2: 2 -> 4 workers");
+  ASSERT_GE(grown_at, 600) << output;
+  EXPECT_EQ(output.find("membership 1: 2 -> 3 workers"), std::string::npos)
+      << output;
+  EXPECT_NE(output.find("[worker2] worker 2: worker 0 chose membership 2 "
+                        "(not 1); joining its world"),
+            std::string::npos)
+      << output;
+  std::printf("grown at step %lld\n", static_cast<long long>(grown_at));
+
+  const Recorded r = ReadRecords(files.records, 4);
+  int64_t trained[2] = {0, 0};
+  ExpectEachStepByItsMembers(
+      r,
+      [&](int64_t step) {
+        return step < grown_at ? std::vector<int>{0, 1}
+                               : std::vector<int>{0, 1, 2, 3};
+      },
+      /*killed=*/-1, /*shrunk_at=*/-1, trained);
+  const int64_t steps =
+      grown_at + (kTrainSamples - grown_at * 2 * kBatchSize) / (4 * kBatchSize);
+  EXPECT_EQ(static_cast<int64_t>(r.workers_of_step.size()), steps);
+  EXPECT_GT(trained[0], kTrainSamples - 4 * kBatchSize);
+  EXPECT_GT(Accuracy(output), 0.7) << output;
+}
+
 // On a cluster the per-node agent starts what a Scale adds: a submitted
 // elastic job (2 workers, 2 shards; max 3 of each) under `pstrain node`,
 // scaled with `pstrain scale` (the admin key) to 3 workers and 3 shards

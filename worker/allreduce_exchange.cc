@@ -122,9 +122,9 @@ class AllreduceExchange : public GradientExchange {
     // Scale did), whose rank 0 gives every rank its state.
     if (elastic_->await_start) {
       ASSIGN_OR_RETURN(const WorkerMembership start, elastic_->await_start());
-      return JoinWorld(start, /*sync_state=*/true);
+      return JoinWorld(start, /*sync_state=*/true, /*from_epoch=*/-1);
     }
-    return JoinWorld(elastic_->start, /*sync_state=*/true);
+    return JoinWorld(elastic_->start, /*sync_state=*/true, /*from_epoch=*/-1);
   }
 
   absl::StatusOr<std::optional<WorkerMembership>> AgreeMembership(
@@ -179,7 +179,8 @@ class AllreduceExchange : public GradientExchange {
     for (int w : next.workers) {
       if (membership_.RankOf(w) < 0) joiners = true;
     }
-    RETURN_IF_ERROR(JoinWorld(next, after_failure || joiners));
+    RETURN_IF_ERROR(
+        JoinWorld(next, after_failure || joiners, membership_.epoch));
     return step_;
   }
 
@@ -579,14 +580,20 @@ class AllreduceExchange : public GradientExchange {
   bool wire16() const { return wire_dtype_ != DTYPE_FLOAT32; }
 
   // Elastic jobs: leaves the world this worker is in and joins `next`'s as
-  // its rank there (none: it only leaves); with `sync_state`, rank 0's
-  // state goes to every rank (SyncState). membership_ becomes `next`.
-  absl::Status JoinWorld(const WorkerMembership& next, bool sync_state) {
+  // its rank there (none: it only leaves); rank 0 announces it first
+  // (ElasticWorld::announce, from world `from_epoch`, -1 at the start);
+  // with `sync_state`, rank 0's state goes to every rank (SyncState).
+  // membership_ becomes `next`.
+  absl::Status JoinWorld(const WorkerMembership& next, bool sync_state,
+                         int64_t from_epoch) {
     collective_ = nullptr;
     owned_.reset();
     membership_ = next;
     const int rank = next.RankOf(elastic_->worker_id);
     if (rank < 0) return absl::OkStatus();
+    if (rank == 0 && elastic_->announce) {
+      RETURN_IF_ERROR(elastic_->announce(from_epoch, next));
+    }
     ASSIGN_OR_RETURN(owned_, elastic_->connect(rank, next.size(), next.epoch,
                                                elastic_->timeout));
     collective_ = owned_.get();

@@ -406,6 +406,12 @@ struct ElasticWorld {
   // the membership that adds it and starts in its world instead of
   // `start`. Null: `start`.
   std::function<absl::StatusOr<WorkerMembership>()> await_start;
+  // Rank 0 (worker 0), before it connects each world: tells the joiners
+  // which (worker/world_announcement.h AnnounceWorld; `from_epoch` its
+  // world's epoch before, -1 at the start). Its error fails the change.
+  // Null: nothing announced.
+  std::function<absl::Status(int64_t from_epoch, const WorkerMembership&)>
+      announce;
   // The linear scaling rule (JobSpec.linear_lr_scaling): each world's lr
   // is adam.lr x its members / initial_workers (the job's num_workers).
   bool linear_lr_scaling = false;

@@ -229,6 +229,7 @@ absl::StatusOr<std::unique_ptr<GradientExchange>> CreateExchange(
       world.worker_id = options.worker_id;
       world.start = options.start_membership;
       world.await_start = options.await_membership;
+      world.announce = options.announce_world;
       world.linear_lr_scaling = options.linear_lr_scaling;
       world.initial_workers = options.num_workers;
       world.timeout = options.init_timeout;

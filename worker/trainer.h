@@ -218,6 +218,9 @@ struct TrainerOptions {
   // joins that membership's generation (PS) or world (allreduce) as a
   // worker a Scale started does. Its error ends the run. Null: a member.
   std::function<absl::StatusOr<WorkerMembership>()> await_membership;
+  // An elastic allreduce job's worker 0: ElasticWorld::announce.
+  std::function<absl::Status(int64_t from_epoch, const WorkerMembership&)>
+      announce_world;
   // Gradient clipping by global norm (JobSpec.clip_grad_norm; 0: none):
   // mode allreduce, here (worker/gradient_exchange.h); mode sync, on the
   // shards, with the norm agreed through the workers (worker/ps_client.h).

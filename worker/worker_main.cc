@@ -39,6 +39,7 @@
 #include "worker/input_pipeline.h"
 #include "worker/job_inputs.h"
 #include "worker/trainer.h"
+#include "worker/world_announcement.h"
 
 ABSL_FLAG(int, init_timeout_s, 120,
           "Seconds to wait for the shards to be initialised.");
@@ -216,19 +217,27 @@ void StartHeartbeatsThatExit(pstrain::TaskAgent& agent) {
 // (after a restart of every worker, keys no earlier worker set) and, in an
 // elastic job, of its membership `epoch` (each world's ranks meet under
 // their own; epoch 0's is the generation's).
+pstrain::WorldPrefixFn WorldPrefixOf(const pstrain::JobConfig& config,
+                                     const pstrain::ClusterLayout& layout) {
+  const std::string generation =
+      layout.generation() == 0 ? "" : absl::StrCat("-", layout.generation());
+  const bool nccl = config.collective == pstrain::COLLECTIVE_NCCL;
+  return [=](int64_t epoch) {
+    return absl::StrCat(nccl ? "nccl" : "gloo", generation,
+                        epoch == 0 ? "" : absl::StrCat("-m", epoch));
+  };
+}
+
 pstrain::CollectiveFactory CollectiveFactoryOf(
     const pstrain::JobConfig& config, int gpu,
     const pstrain::TaskAddress& address, const pstrain::ClusterLayout& layout,
     pstrain::RendezvousStore* store) {
-  const std::string generation =
-      layout.generation() == 0 ? "" : absl::StrCat("-", layout.generation());
+  const pstrain::WorldPrefixFn world_prefix = WorldPrefixOf(config, layout);
   const bool nccl = config.collective == pstrain::COLLECTIVE_NCCL;
   const std::string host = address.advertise_host;
   return [=](int rank, int size, int64_t epoch, absl::Duration timeout)
              -> absl::StatusOr<std::unique_ptr<pstrain::Collective>> {
-    const std::string prefix =
-        absl::StrCat(nccl ? "nccl" : "gloo", generation,
-                     epoch == 0 ? "" : absl::StrCat("-m", epoch));
+    const std::string prefix = world_prefix(epoch);
     if (nccl) {
       return pstrain::Collective::CreateNccl(rank, size, gpu, store, prefix,
                                              timeout);
@@ -244,9 +253,11 @@ pstrain::CollectiveFactory CollectiveFactoryOf(
 // job's start) starts in that world; any other (a worker a Scale added,
 // or after a restart of every worker, `rejoin`) in the newest membership's,
 // which worker 0 applies at its next due step boundary (a restart: at
-// once, every worker starting there).
+// once, every worker starting there). Such a worker but 0 (`*announced`)
+// connects the world worker 0 announces (worker/world_announcement.h),
+// which may be a newer membership's than the one it knew.
 absl::StatusOr<std::optional<pstrain::WorkerMembership>> StartMembership(
-    pstrain::TaskAgent& agent, int index, bool rejoin) {
+    pstrain::TaskAgent& agent, int index, bool rejoin, bool* announced) {
   absl::StatusOr<pstrain::Membership> newest = agent.WaitForMembership(
       0, absl::Now() + absl::Seconds(absl::GetFlag(FLAGS_init_timeout_s)));
   if (!newest.ok()) return newest.status();
@@ -258,8 +269,10 @@ absl::StatusOr<std::optional<pstrain::WorkerMembership>> StartMembership(
     return w;
   };
   pstrain::WorkerMembership start = world(*newest);
+  *announced = index != 0;
   if (!rejoin && applied.has_value() && world(*applied).RankOf(index) >= 0) {
     start = world(*applied);
+    *announced = false;
   }
   if (start.RankOf(index) < 0) return std::nullopt;
   return start;
@@ -306,6 +319,27 @@ absl::StatusOr<pstrain::WorkerMembership> AwaitMembership(
     }
     epoch = newest->epoch() + 1;
   }
+}
+
+// A joining worker of an elastic allreduce job: the world worker 0
+// announces that has it (worker/world_announcement.h), from the applied
+// membership on; `known` is the epoch of the coordinator's membership it
+// knew (a different one is logged).
+absl::StatusOr<pstrain::WorkerMembership> AwaitWorld(
+    pstrain::TaskAgent& agent, pstrain::RendezvousStore& store,
+    const pstrain::WorldPrefixFn& world_prefix, int index, int64_t known) {
+  absl::StatusOr<pstrain::WorkerMembership> world =
+      pstrain::AwaitAnnouncedWorld(store, world_prefix, index, [&agent] {
+        const std::optional<pstrain::Membership> applied =
+            agent.applied_membership();
+        return applied.has_value() ? applied->epoch() : int64_t{0};
+      });
+  if (world.ok() && world->epoch != known) {
+    agent.Log(absl::StrCat("worker ", index, ": worker 0 chose membership ",
+                           world->epoch, " (not ", known,
+                           "); joining its world"));
+  }
+  return world;
 }
 
 // The trainer's options from the job spec (validated at submission:
@@ -504,17 +538,21 @@ int main(int argc, char** argv) {
   CoordinatorStore store(&agent);
   std::unique_ptr<pstrain::Collective> collective;
   const bool elastic = pstrain::IsElastic(spec);
+  const bool elastic_allreduce =
+      elastic && config.mode == pstrain::MODE_ALLREDUCE;
   const pstrain::CollectiveFactory connect =
       CollectiveFactoryOf(config, gpu, address, *layout, &store);
+  const pstrain::WorldPrefixFn world_prefix = WorldPrefixOf(config, *layout);
   std::optional<pstrain::WorkerMembership> start;
+  bool announced = false;
   const bool rejoin = absl::GetFlag(FLAGS_rejoin) || agent.rejoining();
   absl::StatusOr<bool> standby = IsStandby(agent, spec, index, rejoin);
   if (!standby.ok()) return fail(1, std::string(standby.status().message()));
   if (*standby) {
     // Its world (allreduce) is the membership that adds it.
-  } else if (config.mode == pstrain::MODE_ALLREDUCE && elastic) {
+  } else if (elastic_allreduce) {
     absl::StatusOr<std::optional<pstrain::WorkerMembership>> m =
-        StartMembership(agent, index, rejoin);
+        StartMembership(agent, index, rejoin, &announced);
     if (!m.ok()) return fail(1, std::string(m.status().message()));
     if (!m->has_value()) {
       std::printf("%s: %s: not a member of the job's workers; leaving\n",
@@ -536,14 +574,30 @@ int main(int argc, char** argv) {
   absl::StatusOr<pstrain::TrainerOptions> options =
       TrainerOptionsOf(config, agent, *layout, thread_plan, collective.get());
   if (!options.ok()) return fail(2, std::string(options.status().message()));
-  if (start.has_value() ||
-      (*standby && elastic && config.mode == pstrain::MODE_ALLREDUCE)) {
+  if (start.has_value() || (*standby && elastic_allreduce)) {
     options->connect_collective = connect;
     if (start.has_value()) options->start_membership = *start;
   }
+  if (elastic_allreduce && index == 0) {
+    options->announce_world = [&store, world_prefix](
+                                  int64_t from_epoch,
+                                  const pstrain::WorkerMembership& next) {
+      return pstrain::AnnounceWorld(store, world_prefix, from_epoch, next);
+    };
+  }
   if (*standby) {
-    options->await_membership = [&agent, index] {
-      return AwaitMembership(agent, index);
+    options->await_membership =
+        [&agent, &store, world_prefix, index,
+         elastic_allreduce]() -> absl::StatusOr<pstrain::WorkerMembership> {
+      absl::StatusOr<pstrain::WorkerMembership> added =
+          AwaitMembership(agent, index);
+      if (!added.ok() || !elastic_allreduce) return added;
+      return AwaitWorld(agent, store, world_prefix, index, added->epoch);
+    };
+  } else if (announced) {
+    options->await_membership = [&agent, &store, world_prefix, index,
+                                 known = start->epoch] {
+      return AwaitWorld(agent, store, world_prefix, index, known);
     };
   }
 
