@@ -189,17 +189,29 @@ absl::StatusOr<int64_t> ElasticMembership::RecoverWorld(absl::Status cause) {
   int64_t tried = std::max(current_.epoch, attempted_epoch_);
   absl::Status last = std::move(cause);
   while (absl::Now() < deadline) {
-    const std::optional<Membership> newest = options_.newest();
-    if (!newest.has_value() || newest->epoch() <= tried || !newest->ready()) {
-      absl::SleepFor(absl::Milliseconds(20));
-      continue;
-    }
-    tried = newest->epoch();
     WorkerMembership next;
-    next.workers.assign(newest->workers().begin(), newest->workers().end());
-    next.epoch = newest->epoch();
+    std::string reason;
+    if (options_.worker_id != 0 && options_.announced_world) {
+      absl::StatusOr<WorkerMembership> world =
+          options_.announced_world(tried + 1, deadline);
+      if (!world.ok()) {
+        last = world.status();
+        break;
+      }
+      next = *std::move(world);
+    } else {
+      const std::optional<Membership> newest = options_.newest();
+      if (!newest.has_value() || newest->epoch() <= tried || !newest->ready()) {
+        absl::SleepFor(absl::Milliseconds(20));
+        continue;
+      }
+      next.workers.assign(newest->workers().begin(), newest->workers().end());
+      next.epoch = newest->epoch();
+      reason = newest->reason();
+    }
+    tried = next.epoch;
     absl::StatusOr<int64_t> step =
-        SwitchWorld(next, /*after_failure=*/true, began, newest->reason());
+        SwitchWorld(next, /*after_failure=*/true, began, reason);
     if (step.ok()) return step;
     last = step.status();
     options_.say(absl::StrCat("worker ", options_.worker_id, ": membership ",

@@ -53,6 +53,15 @@ struct ElasticOptions {
   // Worker 0 (allreduce: every worker): the coordinator's newest
   // membership (TaskAgent), or none known yet.
   std::function<std::optional<Membership>()> newest;
+  // Allreduce, every worker but 0: the first world worker 0 announces
+  // from epoch `from_epoch` on, whoever is in it, or DEADLINE_EXCEEDED
+  // (worker/world_announcement.h). After a death a survivor joins that
+  // world rather than the newest membership it knows, which may differ
+  // from worker 0's choice (a Scale made while the dead worker was
+  // removed). Null: the newest.
+  std::function<absl::StatusOr<WorkerMembership>(int64_t from_epoch,
+                                                 absl::Time deadline)>
+      announced_world;
   // Worker 0: reports a membership applied (sent with the next heartbeat).
   std::function<void(const MembershipApplied&)> applied;
   // Worker 0: waits for its checkpoint in flight (null: none).

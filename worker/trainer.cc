@@ -329,6 +329,7 @@ ElasticOptions ElasticOptionsOf(const TrainerOptions& options,
   elastic.async = kind.async;
   elastic.allreduce = kind.allreduce;
   elastic.newest = options.newest_membership;
+  elastic.announced_world = options.announced_world;
   elastic.num_ps = static_cast<int>(options.ps_addresses.size());
   elastic.applied = options.membership_applied;
   elastic.say = say;

@@ -218,9 +218,13 @@ struct TrainerOptions {
   // joins that membership's generation (PS) or world (allreduce) as a
   // worker a Scale started does. Its error ends the run. Null: a member.
   std::function<absl::StatusOr<WorkerMembership>()> await_membership;
-  // An elastic allreduce job's worker 0: ElasticWorld::announce.
+  // An elastic allreduce job's worker 0: ElasticWorld::announce; every
+  // other worker: ElasticOptions::announced_world.
   std::function<absl::Status(int64_t from_epoch, const WorkerMembership&)>
       announce_world;
+  std::function<absl::StatusOr<WorkerMembership>(int64_t from_epoch,
+                                                 absl::Time deadline)>
+      announced_world;
   // Gradient clipping by global norm (JobSpec.clip_grad_norm; 0: none):
   // mode allreduce, here (worker/gradient_exchange.h); mode sync, on the
   // shards, with the norm agreed through the workers (worker/ps_client.h).

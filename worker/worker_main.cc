@@ -321,6 +321,13 @@ absl::StatusOr<pstrain::WorkerMembership> AwaitMembership(
   }
 }
 
+// The epoch of the membership worker 0 last applied, as the heartbeats'
+// answers tell (0: none yet).
+int64_t AppliedEpoch(pstrain::TaskAgent& agent) {
+  const std::optional<pstrain::Membership> applied = agent.applied_membership();
+  return applied.has_value() ? applied->epoch() : 0;
+}
+
 // A joining worker of an elastic allreduce job: the world worker 0
 // announces that has it (worker/world_announcement.h), from the applied
 // membership on; `known` is the epoch of the coordinator's membership it
@@ -328,12 +335,12 @@ absl::StatusOr<pstrain::WorkerMembership> AwaitMembership(
 absl::StatusOr<pstrain::WorkerMembership> AwaitWorld(
     pstrain::TaskAgent& agent, pstrain::RendezvousStore& store,
     const pstrain::WorldPrefixFn& world_prefix, int index, int64_t known) {
+  pstrain::AwaitWorldOptions joiner;
+  joiner.worker_id = index;
   absl::StatusOr<pstrain::WorkerMembership> world =
-      pstrain::AwaitAnnouncedWorld(store, world_prefix, index, [&agent] {
-        const std::optional<pstrain::Membership> applied =
-            agent.applied_membership();
-        return applied.has_value() ? applied->epoch() : int64_t{0};
-      });
+      pstrain::AwaitAnnouncedWorld(
+          store, world_prefix, [&agent] { return AppliedEpoch(agent); },
+          joiner);
   if (world.ok() && world->epoch != known) {
     agent.Log(absl::StrCat("worker ", index, ": worker 0 chose membership ",
                            world->epoch, " (not ", known,
@@ -577,6 +584,19 @@ int main(int argc, char** argv) {
   if (start.has_value() || (*standby && elastic_allreduce)) {
     options->connect_collective = connect;
     if (start.has_value()) options->start_membership = *start;
+  }
+  if (elastic_allreduce && index != 0) {
+    options->announced_world = [&agent, &store, world_prefix](
+                                   int64_t from_epoch, absl::Time deadline) {
+      pstrain::AwaitWorldOptions survivor;
+      survivor.deadline = deadline;
+      return pstrain::AwaitAnnouncedWorld(
+          store, world_prefix,
+          [&agent, from_epoch] {
+            return std::max(from_epoch, AppliedEpoch(agent));
+          },
+          survivor);
+    };
   }
   if (elastic_allreduce && index == 0) {
     options->announce_world = [&store, world_prefix](

@@ -69,14 +69,22 @@ absl::Status AnnounceWorld(RendezvousStore& store, const WorldPrefixFn& prefix,
 }
 
 absl::StatusOr<WorkerMembership> AwaitAnnouncedWorld(
-    RendezvousStore& store, const WorldPrefixFn& prefix, int worker_id,
-    const std::function<int64_t()>& applied_epoch, absl::Duration poll) {
+    RendezvousStore& store, const WorldPrefixFn& prefix,
+    const std::function<int64_t()>& start_epoch,
+    const AwaitWorldOptions& options) {
   int64_t epoch = 0;
   while (true) {
     // Keys of epochs before the applied one may be dropped already.
-    epoch = std::max(epoch, applied_epoch());
+    epoch = std::max(epoch, start_epoch());
     const std::string key = KeyOf(prefix, epoch);
-    absl::StatusOr<std::string> value = store.Wait(key, poll);
+    const absl::Duration left = options.deadline - absl::Now();
+    if (left <= absl::ZeroDuration()) {
+      return absl::DeadlineExceededError(
+          absl::StrCat("no world of membership ", epoch,
+                       " or later was announced (", key, ") in time"));
+    }
+    absl::StatusOr<std::string> value =
+        store.Wait(key, std::min(options.poll, left));
     if (absl::IsDeadlineExceeded(value.status())) continue;
     if (!value.ok()) return value.status();
     absl::StatusOr<WorkerMembership> world = DecodeWorld(*value, epoch);
@@ -86,7 +94,7 @@ absl::StatusOr<WorkerMembership> AwaitAnnouncedWorld(
     }
     if (world->workers.empty()) {
       epoch = world->epoch;  // worker 0 went past `epoch`
-    } else if (world->RankOf(worker_id) >= 0) {
+    } else if (options.worker_id < 0 || world->RankOf(options.worker_id) >= 0) {
       return world;
     } else {
       epoch = world->epoch + 1;  // a world without this worker

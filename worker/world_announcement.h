@@ -51,18 +51,30 @@ absl::StatusOr<WorkerMembership> DecodeWorld(const std::string& value,
 absl::Status AnnounceWorld(RendezvousStore& store, const WorldPrefixFn& prefix,
                            int64_t from_epoch, const WorkerMembership& next);
 
-// A joining worker: the first world worker 0 announces from the applied
-// epoch on that has `worker_id` (its workers and epoch; worlds without it
-// are passed over). `applied_epoch()` is read again after each wait of at
-// most `poll` on the store (the keys of ended worlds are dropped). Blocks
-// until such a world is announced: the wait is bounded by the job, whose
-// heartbeats end the process when it ends or removes this worker.
-// Errors: INTERNAL naming the key for a value that does not decode; the
-// store's other than DEADLINE_EXCEEDED.
+// What AwaitAnnouncedWorld waits for.
+struct AwaitWorldOptions {
+  // -1: the first world announced at or after the start epoch, whoever is
+  // in it (a survivor of a member's death: a world without it removed it).
+  // Else the first that has this worker (a joiner: worlds without it are
+  // passed over).
+  int worker_id = -1;
+  // Each wait on the store, after which the start epoch is read again.
+  absl::Duration poll = absl::Milliseconds(500);
+  // DEADLINE_EXCEEDED after this; the infinite future: the wait is bounded
+  // by the job, whose heartbeats end the process when it ends or removes
+  // this worker.
+  absl::Time deadline = absl::InfiniteFuture();
+};
+
+// The first world worker 0 announces from epoch `start_epoch()` on (the
+// applied epoch: the keys of ended worlds are dropped; it is read again
+// after each poll) that `options` asks for: its workers and epoch.
+// Errors: INTERNAL naming the key for a value that does not decode;
+// DEADLINE_EXCEEDED past the deadline; the store's other errors.
 absl::StatusOr<WorkerMembership> AwaitAnnouncedWorld(
-    RendezvousStore& store, const WorldPrefixFn& prefix, int worker_id,
-    const std::function<int64_t()>& applied_epoch,
-    absl::Duration poll = absl::Milliseconds(500));
+    RendezvousStore& store, const WorldPrefixFn& prefix,
+    const std::function<int64_t()>& start_epoch,
+    const AwaitWorldOptions& options);
 
 }  // namespace pstrain
 

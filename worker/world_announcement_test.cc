@@ -12,6 +12,16 @@ namespace {
 
 std::string Prefix(int64_t epoch) { return absl::StrCat("gloo-1-m", epoch); }
 
+AwaitWorldOptions Options(int worker_id,
+                          absl::Duration poll = absl::Milliseconds(500),
+                          absl::Time deadline = absl::InfiniteFuture()) {
+  AwaitWorldOptions options;
+  options.worker_id = worker_id;
+  options.poll = poll;
+  options.deadline = deadline;
+  return options;
+}
+
 WorkerMembership World(int64_t epoch, std::vector<int> workers) {
   WorkerMembership m;
   m.epoch = epoch;
@@ -63,8 +73,8 @@ TEST(WorldAnnouncementTest, AJoinerFindsTheWorldWorker0WentTo) {
   EXPECT_EQ(*store.Wait("gloo-1-m3/world", absl::ZeroDuration()), "3:0,1,2,3");
   // World 1 (applied) has no worker 2; 2 points at 3, which has it.
   for (int64_t applied : {1, 2, 3}) {
-    absl::StatusOr<WorkerMembership> world =
-        AwaitAnnouncedWorld(store, Prefix, 2, [applied] { return applied; });
+    absl::StatusOr<WorkerMembership> world = AwaitAnnouncedWorld(
+        store, Prefix, [applied] { return applied; }, Options(2));
     ASSERT_TRUE(world.ok()) << world.status();
     EXPECT_EQ(world->epoch, 3);
     EXPECT_EQ(world->RankOf(2), 2);
@@ -80,7 +90,8 @@ TEST(WorldAnnouncementTest, AJoinerWaitsPastWorldsWithoutIt) {
   absl::StatusOr<WorkerMembership> world;
   std::thread joiner([&] {
     world = AwaitAnnouncedWorld(
-        store, Prefix, 2, [] { return int64_t{0}; }, absl::Milliseconds(20));
+        store, Prefix, [] { return int64_t{0}; },
+        Options(2, absl::Milliseconds(20)));
     done = true;
   });
   ASSERT_TRUE(AnnounceWorld(store, Prefix, 0, World(1, {0})).ok());
@@ -101,9 +112,8 @@ TEST(WorldAnnouncementTest, AJoinerFollowsTheAppliedEpochPastDroppedKeys) {
   ASSERT_TRUE(AnnounceWorld(store, Prefix, 4, World(5, {0, 3})).ok());
   std::atomic<int> reads{0};
   absl::StatusOr<WorkerMembership> world = AwaitAnnouncedWorld(
-      store, Prefix, 3,
-      [&reads] { return ++reads < 3 ? int64_t{1} : int64_t{5}; },
-      absl::Milliseconds(10));
+      store, Prefix, [&reads] { return ++reads < 3 ? int64_t{1} : int64_t{5}; },
+      Options(3, absl::Milliseconds(10)));
   ASSERT_TRUE(world.ok()) << world.status();
   EXPECT_EQ(world->epoch, 5);
   EXPECT_GE(reads.load(), 3);
@@ -112,11 +122,30 @@ TEST(WorldAnnouncementTest, AJoinerFollowsTheAppliedEpochPastDroppedKeys) {
 TEST(WorldAnnouncementTest, AMalformedAnnouncementIsInternalNamingTheKey) {
   InProcessStore store;
   ASSERT_TRUE(store.Set("gloo-1-m2/world", "2:0,0").ok());
-  absl::StatusOr<WorkerMembership> world =
-      AwaitAnnouncedWorld(store, Prefix, 1, [] { return int64_t{2}; });
+  absl::StatusOr<WorkerMembership> world = AwaitAnnouncedWorld(
+      store, Prefix, [] { return int64_t{2}; }, Options(1));
   EXPECT_EQ(world.status().code(), absl::StatusCode::kInternal);
   EXPECT_NE(world.status().message().find("gloo-1-m2/world"), std::string::npos)
       << world.status();
+}
+
+// A survivor (worker_id -1) takes the first world announced, with it or
+// not; nothing announced by the deadline is DEADLINE_EXCEEDED.
+TEST(WorldAnnouncementTest, ASurvivorTakesTheFirstWorldAnnouncedOrTimesOut) {
+  InProcessStore store;
+  ASSERT_TRUE(AnnounceWorld(store, Prefix, 2, World(3, {0, 2})).ok());
+  absl::StatusOr<WorkerMembership> world =
+      AwaitAnnouncedWorld(store, Prefix, [] { return int64_t{3}; }, {});
+  ASSERT_TRUE(world.ok()) << world.status();
+  EXPECT_EQ(world->workers, (std::vector<int>{0, 2}));
+  const absl::Time began = absl::Now();
+  world = AwaitAnnouncedWorld(
+      store, Prefix, [] { return int64_t{4}; },
+      Options(-1, absl::Milliseconds(20), began + absl::Milliseconds(100)));
+  EXPECT_EQ(world.status().code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_NE(world.status().message().find("gloo-1-m4/world"), std::string::npos)
+      << world.status();
+  EXPECT_LT(absl::Now() - began, absl::Seconds(2));
 }
 
 // At most kMaxPendingMemberships pointers, however far the epochs apart.
