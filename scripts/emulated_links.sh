@@ -10,7 +10,7 @@
 #        [--batch_size=32] [--partition_bytes=4194304]
 #        [--bucket_bytes=26214400] [--out_dir=DIR]
 #        [--wire_dtype=fp32] [--compression=none] [--optimizer=adam]
-#        [--delta_pulls=true]
+#        [--delta_pulls=true] [--priority_pulls=false]
 #        [--queue_ms=10] [--tcp_cc=NAME] [--mtu=1500] [--bin=bazel-bin]
 #
 # Hosts: 10.78.0.1 runs `pstrain compare` and its coordinator (its link is
@@ -18,7 +18,11 @@
 # the workers. Workers use --compute=synthetic: each step sleeps
 # --compute_ms (a GPU's forward and backward) and exchanges --model_bytes of
 # gradients (default: ResNet-50's 25557032 fp32 parameters), so the links,
-# not this machine's cores, should decide the step time.
+# not this machine's cores, should decide the step time. With
+# --priority_pulls=true (PS rows) the shards send the front tensors first
+# and each step's synthetic forward (the first 1 - --backward_fraction of
+# --compute_ms) runs tensor by tensor, each share once its weights are in,
+# as a model's layers do (worker/workload.cc SyntheticWorkload).
 #
 # Before the runs, a plain TCP transfer (iperf3, 3 s) from a worker host to
 # a PS host checks the shaping: it must reach 85-100% of --link_mbit.
@@ -68,6 +72,7 @@ COMPRESSION=none
 # top-k push's update sparse, which delta pulls carry (--delta_pulls).
 OPTIMIZER=adam
 DELTA_PULLS=true
+PRIORITY_PULLS=false
 COMPUTE_MS=100
 BACKWARD_FRACTION=0
 MODEL_BYTES=102228128
@@ -98,6 +103,7 @@ for arg in "$@"; do
     --compression=*) COMPRESSION="${arg#*=}" ;;
     --optimizer=*) OPTIMIZER="${arg#*=}" ;;
     --delta_pulls=*) DELTA_PULLS="${arg#*=}" ;;
+    --priority_pulls=*) PRIORITY_PULLS="${arg#*=}" ;;
     --out_dir=*) OUT_DIR="${arg#*=}" ;;
     --bin=*) BIN="${arg#*=}" ;;
     *)
@@ -119,6 +125,8 @@ fail() {
   fail "--queue_ms=$QUEUE_MS: expected a positive integer (ms)"
 [[ "$MTU" =~ ^[0-9]+$ && "$MTU" -ge 68 && "$MTU" -le 65535 ]] ||
   fail "--mtu=$MTU: expected an integer from 68 to 65535 (bytes)"
+[[ "$PRIORITY_PULLS" == true || "$PRIORITY_PULLS" == false ]] ||
+  fail "--priority_pulls=$PRIORITY_PULLS: expected true or false"
 CC_SYSCTL=/proc/sys/net/ipv4
 # cc_listed LIST NAME: whether NAME is in the space-separated sysctl LIST.
 cc_listed() { tr ' ' '\n' <"$CC_SYSCTL/$1" | grep -qx "$2"; }
@@ -326,6 +334,7 @@ ps_wire=()
 [ "$WIRE_DTYPE" = fp32 ] || ps_wire+=(--wire_dtype="$WIRE_DTYPE")
 [ "$COMPRESSION" = none ] ||
   ps_wire+=(--compression="$COMPRESSION" --delta_pulls="$DELTA_PULLS")
+[ "$PRIORITY_PULLS" = false ] || ps_wire+=(--priority_pulls=true)
 ip netns exec "$(ns_of c)" "$PSTRAIN" compare --compute=synthetic \
   --compute_ms="$COMPUTE_MS" --backward_fraction="$BACKWARD_FRACTION" \
   --model_bytes="$MODEL_BYTES" \

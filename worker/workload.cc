@@ -227,9 +227,9 @@ class ModelWorkload : public Workload {
     const int epoch = slice.epoch;
     slice_steps_ = slice.steps;
     taken_ = 0;
-    indices_ = sampler_.EpochSlice(epoch, slice.offset, slice.rank,
-                                   slice.members,
-                                   slice.steps * options_.batch_size);
+    indices_ =
+        sampler_.EpochSlice(epoch, slice.offset, slice.rank, slice.members,
+                            slice.steps * options_.batch_size);
     epoch_ = epoch;
     next_batch_ = 0;
     if (dataset_.tokens != nullptr) return;  // Masked as each step begins.
@@ -241,8 +241,8 @@ class ModelWorkload : public Workload {
           options_.input_idle_priority, options_.augment);
       input.seed = options_.seed * 104729 + epoch * 131 + options_.worker_id;
       absl::StatusOr<std::unique_ptr<InputPipeline>> pipeline =
-          InputPipeline::Create(*dataset_.train.files, indices_,
-                                slice_steps_, input);
+          InputPipeline::Create(*dataset_.train.files, indices_, slice_steps_,
+                                input);
       if (pipeline.ok()) {
         pipeline_ = *std::move(pipeline);
       } else {
@@ -453,26 +453,47 @@ class SyntheticWorkload : public Workload {
   absl::Status LoadWeights() override { return absl::OkStatus(); }
   int64_t samples_per_epoch() const override { return 0; }
   void BeginEpoch(const EpochSlice&) override {}
-  // Forward: sleep. Backward (the last backward_fraction of the step):
-  // each tensor, last first, is announced once its share of the backward
-  // time (by size) has passed, measured from the step's start so that
-  // announcing does not add to the step. Without a backward fraction, every
-  // gradient at once when the sleep ends.
+  // Priority pulls (PsExchange's early forward): the forward below waits
+  // for each tensor's weights before its share.
+  bool can_gate_weights() const override { return true; }
+  void SetWeightsGate(WeightsGate* gate) override { gate_ = gate; }
+
+  // Forward (the first 1 - backward_fraction of the step): a sleep; with a
+  // weights gate (priority pulls), tensor by tensor, first first, each
+  // share (by size) once its weights are in, as a model's layers ask
+  // (Model::ForwardBackward), then a wait for the whole pull. Backward
+  // (the rest): each tensor, last first, is announced once its share of
+  // the backward time (by size) has passed, measured from the backward's
+  // start so that announcing does not add to the step. Without a backward
+  // fraction, every gradient at once when the sleep ends. A gate's error
+  // (the pull's) ends the step.
   absl::StatusOr<float> Step(const GradientsReadyFn& on_ready) override {
-    const absl::Time start = absl::Now();
     const absl::Duration step = absl::Milliseconds(options_.compute_ms);
     const absl::Duration backward = step * options_.backward_fraction;
+    const absl::Duration forward = step - backward;
+    const double total = static_cast<double>(options_.model_bytes / 4);
+    absl::Time at = absl::Now();  // where the forward has got to
+    if (gate_ != nullptr) {
+      for (size_t t = 0; t < sizes_.size(); ++t) {
+        RETURN_IF_ERROR(gate_->AwaitTensor(static_cast<int>(t)));
+        at = std::max(at, absl::Now()) +
+             forward * (static_cast<double>(sizes_[t]) / total);
+        absl::SleepFor(at - absl::Now());
+      }
+      RETURN_IF_ERROR(gate_->AwaitAll());
+      at = std::max(at, absl::Now());
+    } else {
+      at += forward;
+    }
     if (backward > absl::ZeroDuration()) {
-      const double total = static_cast<double>(options_.model_bytes / 4);
       double done = 0;
       for (int t : all_tensors_) {
         done += static_cast<double>(sizes_[t]);
-        absl::SleepFor(start + (step - backward) + backward * (done / total) -
-                       absl::Now());
+        absl::SleepFor(at + backward * (done / total) - absl::Now());
         on_ready(absl::MakeConstSpan(&t, 1), nullptr);
       }
     }
-    absl::SleepFor(start + step - absl::Now());
+    absl::SleepFor(at + backward - absl::Now());
     if (backward <= absl::ZeroDuration()) on_ready(all_tensors_, nullptr);
     return 0.0f;
   }
@@ -509,6 +530,7 @@ class SyntheticWorkload : public Workload {
       : options_(options) {}
 
   const TrainerOptions& options_;
+  WeightsGate* gate_ = nullptr;  // not owned; null: no priority pulls
   std::vector<int64_t> sizes_;
   std::vector<int> all_tensors_;  // Last first, as backward.
   std::vector<std::vector<float>> weight_storage_;
