@@ -1,6 +1,7 @@
 #include "server/parameter_shard.h"
 
 #include <algorithm>
+#include <cmath>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -92,6 +93,11 @@ std::vector<int> ParameterShard::AveragedWorkers(
   return workers;
 }
 
+std::optional<LossScaler::State> ParameterShard::loss_scaler_state() const {
+  absl::MutexLock lock(&step_mu_);
+  return loss_scaler_;
+}
+
 WorkerMembership ParameterShard::membership() const {
   return *std::atomic_load(&membership_);
 }
@@ -155,9 +161,18 @@ absl::StatusOr<std::vector<InitChunk*>> ParameterShard::MatchInitChunks(
 absl::Status ParameterShard::Initialize(
     const std::vector<int64_t>& param_num_elements, int64_t partition_bytes,
     std::vector<InitChunk> chunks, int num_buffers, int64_t generation,
-    const WorkerMembership* membership, int num_shards) {
+    const WorkerMembership* membership, int num_shards,
+    const LossScaler::State* loss_scaler) {
   if (membership != nullptr) {
     RETURN_IF_ERROR(CheckMembership(*membership, options_.num_workers));
+  }
+  if (loss_scaler != nullptr &&
+      (!std::isfinite(loss_scaler->scale) || !(loss_scaler->scale > 0) ||
+       loss_scaler->growth_tracker < 0)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "loss scaler of shard ", options_.shard_index, ": scale ",
+        loss_scaler->scale, ", growth tracker ", loss_scaler->growth_tracker,
+        "; expected a finite scale > 0 and a tracker >= 0"));
   }
   if (num_shards == 0) num_shards = options_.num_shards;
   if (num_shards <= options_.shard_index ||
@@ -186,8 +201,10 @@ absl::Status ParameterShard::Initialize(
     state.delta_version = -1;
     state.snap_into = nullptr;  // a restore ends the checkpoint's cut
   };
-  // Sync steps restart at the chunks' version (equal in sync mode).
-  auto reset_steps = [this](const std::vector<InitChunk*>& by_local) {
+  // Sync steps restart at the chunks' version (equal in sync mode), with
+  // the loss scaler sent.
+  auto reset_steps = [this,
+                      loss_scaler](const std::vector<InitChunk*>& by_local) {
     int64_t version = 0;
     for (size_t i = 0; i < by_local.size(); ++i) {
       version = i == 0 ? by_local[i]->version
@@ -195,6 +212,11 @@ absl::Status ParameterShard::Initialize(
     }
     absl::MutexLock step_lock(&step_mu_);
     ResetStepsLocked(version);
+    loss_scaler_.reset();
+    loss_scaler_before_.reset();
+    if (loss_scaler != nullptr && policy_.has_steps()) {
+      loss_scaler_ = *loss_scaler;
+    }
   };
   if (initialized_.load()) {
     if (generation <= generation_.load()) {
@@ -381,6 +403,11 @@ absl::StatusOr<int64_t> ParameterShard::Reopen(
     next.from_step = version;
     SetMembershipLocked(next);
   }
+  if (version == decided_step_) {
+    // Step `version`'s decision taken back: its loss scaler update too.
+    loss_scaler_ = loss_scaler_before_;
+  }
+  loss_scaler_before_.reset();
   ResetStepsLocked(version);
   broken_.store(false);
   NoteUpdate();

@@ -195,6 +195,7 @@
 #include "common/membership.h"
 #include "common/nonfinite.h"
 #include "common/partition.h"
+#include "optim/loss_scaler.h"
 #include "optim/optimizer.h"
 #include "server/row_sparse.h"
 #include "server/shard_options.h"
@@ -344,12 +345,23 @@ class ParameterShard {
   // its state onto another number of shards, issue 40); INVALID_ARGUMENT
   // unless shard_index < num_shards <= PartitionPlan::kMaxShards.
   // A restore opens a shard Reopen(close = true) closed.
+  // `loss_scaler` (sync mode; null: none, an async shard ignores it): fp16
+  // precision's loss scaler at the chunks' version, which the shard then
+  // updates at each step it decides (LossScaler::Update with the step's
+  // skip, as every worker does) and takes back with an undone decision
+  // (Reopen); loss_scaler_state() reads it. INVALID_ARGUMENT unless its
+  // scale is finite and > 0 and its growth_tracker >= 0.
   absl::Status Initialize(const std::vector<int64_t>& param_num_elements,
                           int64_t partition_bytes,
                           std::vector<InitChunk> chunks, int num_buffers = 0,
                           int64_t generation = 0,
                           const WorkerMembership* membership = nullptr,
-                          int num_shards = 0);
+                          int num_shards = 0,
+                          const LossScaler::State* loss_scaler = nullptr);
+  // A sync fp16 job's loss scaler after the last decided step: the state
+  // every member holds for the next step (Initialize). None without.
+  // Any thread.
+  std::optional<LossScaler::State> loss_scaler_state() const;
 
   // Sync mode, after a worker died (its stream broke the barrier;
   // StepPolicy::rejoin()), or for an elastic job's planned membership
@@ -1001,6 +1013,11 @@ class ParameterShard {
   std::vector<StepEnds> ends_ ABSL_GUARDED_BY(step_mu_);
   int64_t decided_step_ ABSL_GUARDED_BY(step_mu_) = -1;
   std::vector<SkippedStepInfo> recent_skips_ ABSL_GUARDED_BY(step_mu_);
+  // fp16's loss scaler after decided_step_, and before its update (for a
+  // Reopen that undoes that decision); none without (Initialize).
+  std::optional<LossScaler::State> loss_scaler_ ABSL_GUARDED_BY(step_mu_);
+  std::optional<LossScaler::State> loss_scaler_before_
+      ABSL_GUARDED_BY(step_mu_);
   // Clipping: the step whose ends are all in and whose norm is awaited
   // (-1: none) and this shard's partial of it; the last step decided by
   // a norm, its partial and the sum that decided it.

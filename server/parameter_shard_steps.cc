@@ -85,6 +85,14 @@ void ParameterShard::DecidedLocked(int64_t deciding, StepEnds& ends) {
     recent_skips_.push_back(*ends.skip);
     if (recent_skips_.size() > 8) recent_skips_.erase(recent_skips_.begin());
   }
+  if (loss_scaler_.has_value()) {
+    // As every worker's scaler takes the step (StepLoop).
+    loss_scaler_before_ = loss_scaler_;
+    LossScaler scaler;
+    scaler.Restore(*loss_scaler_);
+    scaler.Update(ends.skip != nullptr);
+    loss_scaler_ = scaler.state();
+  }
   ends.skip.reset();
   ends.ended.assign(options_.num_workers, false);
   ends.num_ended = 0;

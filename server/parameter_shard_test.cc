@@ -819,6 +819,87 @@ TEST(ParameterShardTest, ReopenTakesBackAStepAnotherShardDidNotDecide) {
   EXPECT_EQ(PullAt(shard, 3, 2), PullAll(clean, 3));
 }
 
+// fp16's loss scaler (InitRequest.loss_scaler): the shard takes each
+// decided step as every worker's scaler does (LossScaler::Update: a
+// growth after 2000 good steps, a halving on a skip) and takes back the
+// update of a decision a Reopen undoes; a restore sets it anew; a bad one
+// is INVALID_ARGUMENT and changes nothing.
+TEST(ParameterShardTest, TheLossScalerFollowsTheDecidedSteps) {
+  ParameterShard shard(Options(2, SyncMode::kSync));
+  const LossScaler::State start{1024.0f, 1998};
+  ASSERT_TRUE(
+      shard.Initialize({6, 2}, 16, InitChunks(), 0, 0, nullptr, 0, &start)
+          .ok());
+  auto expect = [&shard](float scale, int64_t tracker) {
+    const std::optional<LossScaler::State> s = shard.loss_scaler_state();
+    ASSERT_TRUE(s.has_value());
+    EXPECT_EQ(s->scale, scale);
+    EXPECT_EQ(s->growth_tracker, tracker);
+  };
+  expect(1024.0f, 1998);
+  PushStep(shard, 0, 0, 1.0f);
+  PushStep(shard, 1, 0, 1.0f);
+  EndAll(shard, 2, 0);
+  expect(1024.0f, 1999);
+  PushStep(shard, 0, 1, 1.0f);
+  PushStep(shard, 1, 1, 1.0f);
+  EndAll(shard, 2, 1);
+  expect(2048.0f, 0);  // the 2000th good step grows it
+  // Step 2: worker 1 found a NaN; the step is skipped and the scale halves.
+  PushStep(shard, 0, 2, 1.0f);
+  ASSERT_TRUE(shard.PushSkipped(1, 0, 0, 2).ok());
+  ASSERT_TRUE(shard.PushSkipped(1, 0, 1, 2).ok());
+  ASSERT_TRUE(shard.PushSkipped(1, 1, 0, 2).ok());
+  ASSERT_TRUE(shard.EndStep(0, 2, nullptr).ok());
+  NonFiniteValue nan;
+  nan.value = "nan";
+  ASSERT_TRUE(shard.EndStep(1, 2, &nan).ok());
+  EXPECT_EQ(shard.Stats().skipped, 1);
+  expect(1024.0f, 0);
+  // Step 3 decided, then taken back by a reopen at version 3.
+  PushStep(shard, 0, 3, 1.0f);
+  PushStep(shard, 1, 3, 1.0f);
+  EndAll(shard, 2, 3);
+  expect(1024.0f, 1);
+  shard.BreakBarrier(0, "worker 1's stream broke");
+  absl::StatusOr<int64_t> version = shard.Reopen(1, /*expected_version=*/3);
+  ASSERT_TRUE(version.ok()) << version.status();
+  EXPECT_EQ(*version, 3);
+  expect(1024.0f, 0);
+  // A reopen at its own version keeps it.
+  shard.BreakBarrier(0, "again");
+  version = shard.Reopen(2);
+  ASSERT_TRUE(version.ok()) << version.status();
+  expect(1024.0f, 0);
+
+  // A bad state is refused and changes nothing.
+  for (const LossScaler::State& bad :
+       {LossScaler::State{0.0f, 0}, LossScaler::State{-1.0f, 0},
+        LossScaler::State{std::numeric_limits<float>::infinity(), 0},
+        LossScaler::State{std::nanf(""), 0}, LossScaler::State{8.0f, -1}}) {
+    EXPECT_EQ(shard.Initialize({6, 2}, 16, InitChunks(), 0, 3, nullptr, 0, &bad)
+                  .code(),
+              absl::StatusCode::kInvalidArgument);
+  }
+  expect(1024.0f, 0);
+  EXPECT_EQ(shard.generation(), 2);
+  // A restore sets it; one without a scaler leaves none.
+  const LossScaler::State restored{256.0f, 7};
+  ASSERT_TRUE(
+      shard.Initialize({6, 2}, 16, InitChunks(), 0, 3, nullptr, 0, &restored)
+          .ok());
+  expect(256.0f, 7);
+  ASSERT_TRUE(shard.Initialize({6, 2}, 16, InitChunks(), 0, 4).ok());
+  EXPECT_FALSE(shard.loss_scaler_state().has_value());
+
+  // An async shard keeps none (each worker's scaler follows its own skips).
+  ParameterShard async(Options(2, SyncMode::kAsync));
+  ASSERT_TRUE(
+      async.Initialize({6, 2}, 16, InitChunks(), 0, 0, nullptr, 0, &start)
+          .ok());
+  EXPECT_FALSE(async.loss_scaler_state().has_value());
+}
+
 TEST(ParameterShardTest, ReopenIsRefusedWhereTheStateCannotGoOn) {
   ParameterShard fresh(Options(2, SyncMode::kSync));
   absl::StatusOr<int64_t> v = fresh.Reopen(1);

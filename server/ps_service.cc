@@ -381,6 +381,12 @@ grpc::Status PsService::Init(grpc::ServerContext* context,
     if (!m.ok()) return ToGrpcStatus(m.status());
     membership = *std::move(m);
   }
+  // fp16's loss scaler at the chunks' version (checked by Initialize).
+  std::optional<LossScaler::State> loss_scaler;
+  if (request.has_loss_scaler()) {
+    loss_scaler = LossScaler::State{request.loss_scaler().scale(),
+                                    request.loss_scaler().growth_tracker()};
+  }
   const bool restore = shard_->initialized() && generation > 0;
   if (restore) restores_in_progress_.fetch_add(1);
   absl::Cleanup restored = [this, restore] {
@@ -469,7 +475,8 @@ grpc::Status PsService::Init(grpc::ServerContext* context,
   shard_->SetRowSparseLayout(row_elements);
   status = shard_->Initialize(
       sizes, partition_bytes, std::move(chunks), num_buffers, generation,
-      membership.has_value() ? &*membership : nullptr, *num_shards);
+      membership.has_value() ? &*membership : nullptr, *num_shards,
+      loss_scaler.has_value() ? &*loss_scaler : nullptr);
   if (relayout) EndRelayout();
   if (!status.ok()) return ToGrpcStatus(status);
   response->set_num_chunks(num_chunks);
@@ -502,6 +509,11 @@ grpc::Status PsService::WaitReady(grpc::ServerContext* context,
   absl::Cleanup left = [this] { LeaveLayout(); };
   response->set_generation(shard_->generation());
   MembershipToProto(shard_->membership(), response->mutable_membership());
+  if (const std::optional<LossScaler::State> scaler =
+          shard_->loss_scaler_state()) {
+    response->mutable_loss_scaler()->set_scale(scaler->scale);
+    response->mutable_loss_scaler()->set_growth_tracker(scaler->growth_tracker);
+  }
   for (int64_t n : shard_->plan().param_num_elements()) {
     response->mutable_layout()->add_param_num_elements(n);
   }

@@ -328,6 +328,10 @@ class PsExchange : public GradientExchange, public WeightsGate {
     restore_membership_ = std::move(membership_at);
   }
   void set_joining(bool joining) override { client_->set_joining(joining); }
+  // Sync: the shards keep the members' loss scale (PsClient::set_loss_scaler).
+  void set_loss_scaler(LossScaler* scaler) override {
+    if (sync_) client_->set_loss_scaler(scaler);
+  }
 
  private:
   // Recover() and Rejoin(): the shards' generation of at least

@@ -188,8 +188,10 @@ class GradientExchange {
   // before Start(). Elastic allreduce: where rank 0 sends its state to a
   // new world (a joiner's, or the survivors' after a member's death), the
   // scaler's state goes with it, so that every member scales, skips and
-  // grows alike. Elsewhere unused (PS workers' scalers agree through the
-  // shards' skip decisions; a PS job's joiner starts from the defaults).
+  // grows alike. Sync PS: the shards keep the members' state and a worker
+  // takes it at each WaitReady (PsClient::set_loss_scaler), so a joining
+  // or restarted worker scales as the others. Async PS: unused (each
+  // worker's scaler follows its own skips).
   virtual void set_loss_scaler(LossScaler* scaler) {}
 
   // Elastic allreduce jobs (issue 40; docs/ARCHITECTURE.md "Elastic

@@ -757,6 +757,59 @@ TEST(PsExchangeTest, PushesStartDuringBackwardAndMatchAdam) {
   }
 }
 
+// fp16 precision's loss scale in sync PS: worker 0's state goes to the
+// shards with its Init, the shards take each decided step as the workers'
+// scalers do, and a worker's WaitReady (its start, a rejoin after a
+// restart, an elastic join) puts the members' state into its scaler, so a
+// restarted worker does not come back at GradScaler's defaults.
+TEST(PsExchangeTest, AJoiningWorkerTakesTheMembersLossScale) {
+  constexpr int kWorkers = 2;
+  Shards shards(/*num_shards=*/2, kWorkers);
+  std::vector<LossScaler> scalers(kWorkers);
+  scalers[0].Restore({1024.0f, 5});
+  // Kept open to the end: a closed stream mid-job breaks the step.
+  std::vector<std::unique_ptr<GradientExchange>> exchanges;
+  for (int r = 0; r < kWorkers; ++r) {
+    exchanges.push_back(shards.Exchange(r, /*chief=*/r == 0));
+  }
+  std::vector<std::thread> threads;
+  for (int r = 0; r < kWorkers; ++r) {
+    threads.emplace_back([&, r] {
+      GradientExchange* exchange = exchanges[r].get();
+      exchange->set_loss_scaler(&scalers[r]);
+      RankTensors tensors(r);
+      ASSERT_TRUE(exchange->Start(tensors.weights).ok());
+      EXPECT_EQ(scalers[r].scale(), 1024.0f) << "worker " << r;
+      EXPECT_EQ(scalers[r].state().growth_tracker, 5) << "worker " << r;
+      for (int step = 0; step < 2; ++step) {
+        ASSERT_TRUE(exchange->Step(tensors.gradients, 8).ok());
+        scalers[r].Update(exchange->SkippedStep().has_value());  // StepLoop
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  for (int s = 0; s < 2; ++s) {
+    const std::optional<LossScaler::State> kept =
+        shards.shard(s).loss_scaler_state();
+    ASSERT_TRUE(kept.has_value()) << "shard " << s;
+    EXPECT_EQ(kept->scale, scalers[0].scale());
+    EXPECT_EQ(kept->growth_tracker, 7);
+  }
+  // Worker 1 restarted: a fresh scaler, GradScaler's defaults, until its
+  // rejoin's WaitReady.
+  LossScaler restarted;
+  ASSERT_EQ(restarted.scale(), 65536.0f);
+  std::unique_ptr<GradientExchange> again = shards.Exchange(1, /*chief=*/false);
+  again->set_loss_scaler(&restarted);
+  RankTensors tensors(1);
+  absl::StatusOr<int64_t> version =
+      again->Rejoin(tensors.weights, {}, nullptr, absl::Seconds(10));
+  ASSERT_TRUE(version.ok()) << version.status();
+  EXPECT_EQ(*version, 2);
+  EXPECT_EQ(restarted.scale(), 1024.0f);
+  EXPECT_EQ(restarted.state().growth_tracker, 7);
+}
+
 // 16-bit wire formats (issue 39): a sync job whose pushes and pulls travel
 // as bfloat16 or float16 ends with the weights of the fp32 job whose
 // gradients and pulled weights were rounded the same way

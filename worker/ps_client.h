@@ -53,6 +53,7 @@
 #include "common/partition.h"
 #include "common/rpc_options.h"
 #include "models/backend.h"
+#include "optim/loss_scaler.h"
 #include "proto/ps.grpc.pb.h"
 #include "server/shard_checkpoint.h"
 #include "worker/topk_compression.h"
@@ -276,6 +277,13 @@ class PsClient {
   // A worker joining an elastic job: WaitReady() also waits until a
   // generation has it as a member (WaitReadyRequest.until_member).
   void set_joining(bool joining) { joining_ = joining; }
+  // fp16 precision (sync): `scaler` (not owned; null: none) is the
+  // worker's loss scaler. Initialize() and Restore() send its state with
+  // the chunks (InitRequest.loss_scaler), and WaitReady() puts shard 0's
+  // (the members' state for the generation's next step) into it, so that
+  // a joining or restarted worker scales as the others do. Copied by
+  // WithShards() and WithPartition(). Called on the training thread.
+  void set_loss_scaler(LossScaler* scaler) { loss_scaler_ = scaler; }
 
   // Points shard s at addresses[s] (a restarted shard listens elsewhere):
   // the streams are dropped, and channels of changed addresses replaced.
@@ -524,6 +532,7 @@ class PsClient {
   // and whether WaitReady() waits until this worker is a member.
   std::optional<WorkerMembership> membership_;
   bool joining_ = false;
+  LossScaler* loss_scaler_ = nullptr;  // not owned
   std::vector<std::vector<ChunkSpec>> shard_chunks_;
   // Every shard's lanes, shard by shard; shard s's first one.
   std::vector<Lane> lanes_;

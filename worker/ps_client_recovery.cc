@@ -3,6 +3,7 @@
 // failure (HighestGeneration, Restore, Reopen), wait for it (WaitReady),
 // and checkpoint it (Checkpoint); see worker/ps_client.h.
 #include <algorithm>
+#include <cmath>
 #include <functional>
 #include <thread>  // NOLINT(build/c++11)
 #include <vector>
@@ -90,6 +91,7 @@ absl::StatusOr<int64_t> PsClient::Reopen(absl::Duration timeout,
     auto writer = stubs_[s]->Init(&context, &response);
     InitRequest first = FirstInitRequest(generation, membership);
     first.set_reopen(true);
+    first.clear_loss_scaler();  // a reopen keeps the shard's
     // A shard that cannot stays at the old generation until the restore.
     first.set_reopen_version(version);
     writer->Write(first);
@@ -126,6 +128,11 @@ InitRequest PsClient::FirstInitRequest(
   first.set_generation(generation);
   if (membership != nullptr) {
     MembershipToProto(*membership, first.mutable_membership());
+  }
+  if (loss_scaler_ != nullptr) {
+    first.mutable_loss_scaler()->set_scale(loss_scaler_->state().scale);
+    first.mutable_loss_scaler()->set_growth_tracker(
+        loss_scaler_->state().growth_tracker);
   }
   return first;
 }
@@ -214,6 +221,7 @@ absl::StatusOr<std::unique_ptr<PsClient>> PsClient::WithPartition(
   if (compressor != nullptr) options.compressor = compressor;
   ASSIGN_OR_RETURN(std::unique_ptr<PsClient> client, Create(options, plan));
   client->generation_ = generation_;
+  client->loss_scaler_ = loss_scaler_;
   return client;
 }
 
@@ -236,6 +244,7 @@ absl::StatusOr<std::unique_ptr<PsClient>> PsClient::WithShards(
   client->generation_ = generation_;
   client->membership_ = membership_;
   client->joining_ = joining_;
+  client->loss_scaler_ = loss_scaler_;
   return client;
 }
 
@@ -361,6 +370,7 @@ absl::Status PsClient::WaitReady(absl::Duration timeout, int64_t min_generation,
   const absl::Time deadline = absl::Now() + timeout;
   int64_t generation = min_generation;
   int64_t partition_bytes = plan_.partition_bytes();
+  std::optional<LossScaler::State> scaler;  // shard 0's
   // Until every shard answers at the same generation (a shard already
   // restored further raises the bar for the others).
   for (int s = 0; s < num_shards();) {
@@ -397,6 +407,19 @@ absl::Status PsClient::WaitReady(absl::Duration timeout, int64_t min_generation,
       if (!m.ok()) return ShardError(s, ToGrpcStatus(m.status()));
       membership_ = *std::move(m);
     }
+    if (s == 0) {
+      scaler.reset();
+      if (response.has_loss_scaler()) {
+        const LossScalerState& sent = response.loss_scaler();
+        if (!std::isfinite(sent.scale()) || !(sent.scale() > 0) ||
+            sent.growth_tracker() < 0) {
+          return absl::DataLossError(absl::StrCat(
+              "shard 0 (", addresses_[0], ") sent a loss scale of ",
+              sent.scale(), " with growth tracker ", sent.growth_tracker()));
+        }
+        scaler = LossScaler::State{sent.scale(), sent.growth_tracker()};
+      }
+    }
     if (response.layout().num_shards() != 0 &&
         response.layout().num_shards() != plan_.num_shards()) {
       // An elastic job whose worker 0 moved the state onto another number
@@ -426,6 +449,9 @@ absl::Status PsClient::WaitReady(absl::Duration timeout, int64_t min_generation,
   generation_ = generation;
   if (shards_partition_bytes != nullptr) {
     *shards_partition_bytes = partition_bytes;
+  }
+  if (loss_scaler_ != nullptr && scaler.has_value()) {
+    loss_scaler_->Restore(*scaler);
   }
   return absl::OkStatus();
 }
