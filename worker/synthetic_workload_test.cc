@@ -53,6 +53,15 @@ struct Announced {
   absl::Duration at;
 };
 
+// A step's on_ready that records each tensor announced and when, from
+// `start`.
+GradientsReadyFn Recorder(absl::Time start, std::vector<Announced>* out) {
+  return
+      [start, out](absl::Span<const int> tensors, std::shared_ptr<CopyFence>) {
+        for (int t : tensors) out->push_back({t, absl::Now() - start});
+      };
+}
+
 TEST(SyntheticWorkloadTest, BackwardAnnouncesLastTensorFirstAfterTheForward) {
   const TrainerOptions options = TwoTensors();
   absl::StatusOr<std::unique_ptr<Workload>> w =
@@ -61,13 +70,7 @@ TEST(SyntheticWorkloadTest, BackwardAnnouncesLastTensorFirstAfterTheForward) {
   EXPECT_TRUE((*w)->can_gate_weights());
   std::vector<Announced> announced;
   const absl::Time start = absl::Now();
-  ASSERT_TRUE((*w)->Step([&](absl::Span<const int> tensors,
-                             std::shared_ptr<CopyFence>) {
-                    for (int t : tensors) {
-                      announced.push_back({t, absl::Now() - start});
-                    }
-                  })
-                  .ok());
+  ASSERT_TRUE((*w)->Step(Recorder(start, &announced)).ok());
   const absl::Duration took = absl::Now() - start;
   ASSERT_EQ(announced.size(), 2u);
   EXPECT_EQ(announced[0].tensor, 1);
@@ -92,13 +95,7 @@ TEST(SyntheticWorkloadTest, AGatedForwardStartsBeforeThePullEnds) {
   TimedGate gate(start, {absl::ZeroDuration(), absl::Milliseconds(60)});
   (*w)->SetWeightsGate(&gate);
   std::vector<Announced> announced;
-  ASSERT_TRUE((*w)->Step([&](absl::Span<const int> tensors,
-                             std::shared_ptr<CopyFence>) {
-                    for (int t : tensors) {
-                      announced.push_back({t, absl::Now() - start});
-                    }
-                  })
-                  .ok());
+  ASSERT_TRUE((*w)->Step(Recorder(start, &announced)).ok());
   const absl::Duration took = absl::Now() - start;
   EXPECT_EQ(gate.calls_, (std::vector<int>{0, 1, -1}));
   ASSERT_EQ(announced.size(), 2u);
