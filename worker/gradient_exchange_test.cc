@@ -22,6 +22,7 @@
 #include "server/parameter_shard.h"
 #include "server/ps_service.h"
 #include "worker/checkpoint.h"
+#include "worker/partition_tuner.h"
 
 namespace pstrain {
 namespace {
@@ -605,7 +606,8 @@ class Shards {
                                   partition_bytes_,
                                   static_cast<int>(shards_.size()));
   }
-  std::unique_ptr<GradientExchange> Exchange(int worker, bool chief) const {
+  // Worker `worker`'s client options (no compressor).
+  PsClientOptions ClientOptions(int worker) const {
     PsClientOptions options;
     options.addresses = addresses_;
     options.job_id = "job";
@@ -616,6 +618,10 @@ class Shards {
     options.channels_per_shard = channels_per_shard_;
     options.priority_pulls = priority_pulls_;
     options.backup_workers = backup_workers_;
+    return options;
+  }
+  std::unique_ptr<GradientExchange> Exchange(int worker, bool chief) const {
+    PsClientOptions options = ClientOptions(worker);
     PsCompression compression;
     if (compression_.enabled()) {
       compression.compressor = std::make_unique<TopKCompressor>(
@@ -808,6 +814,48 @@ TEST(PsExchangeTest, AJoiningWorkerTakesTheMembersLossScale) {
   EXPECT_EQ(*version, 2);
   EXPECT_EQ(restarted.scale(), 1024.0f);
   EXPECT_EQ(restarted.state().growth_tracker, 7);
+}
+
+// --partition_bytes=auto with fp16: the tuning's trial rounds are decided
+// on the shards, but its last restore (the job's initial state at the
+// chosen size) gives them a fresh job's loss scaler, as the workers hold
+// (worker/trainer.cc ChoosePartition sets it on the tuning client).
+TEST(PsExchangeTest, PartitionTuningLeavesTheShardsAFreshLossScaler) {
+  constexpr int kWorkers = 2;
+  Shards shards(/*num_shards=*/2, kWorkers);
+  PartitionTunerOptions tuning;
+  tuning.candidates = {kElements * sizeof(float) / 2,
+                       kElements * sizeof(float)};
+  tuning.init_timeout = absl::Seconds(20);
+  std::vector<absl::StatusOr<PartitionChoice>> choices(kWorkers);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < kWorkers; ++r) {
+    threads.emplace_back([&, r] {
+      absl::StatusOr<std::unique_ptr<PsClient>> client =
+          PsClient::Create(shards.ClientOptions(r), shards.Plan());
+      ASSERT_TRUE(client.ok()) << client.status();
+      LossScaler fresh;
+      (*client)->set_loss_scaler(&fresh);
+      RankTensors tensors(r);
+      std::vector<absl::Span<const float>> initial;
+      if (r == 0) {
+        initial.assign(tensors.weights.begin(), tensors.weights.end());
+      }
+      choices[r] = TunePartition(tuning, **client, initial, r == 0, nullptr);
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  for (int r = 0; r < kWorkers; ++r) {
+    ASSERT_TRUE(choices[r].ok()) << choices[r].status();
+  }
+  for (int s = 0; s < 2; ++s) {
+    const std::optional<LossScaler::State> kept =
+        shards.shard(s).loss_scaler_state();
+    ASSERT_TRUE(kept.has_value()) << "shard " << s;
+    EXPECT_EQ(kept->scale, 65536.0f);
+    EXPECT_EQ(kept->growth_tracker, 0) << "a trial round counted";
+    EXPECT_EQ(shards.shard(s).generation(), choices[0]->generation);
+  }
 }
 
 // 16-bit wire formats (issue 39): a sync job whose pushes and pulls travel

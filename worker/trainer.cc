@@ -176,6 +176,13 @@ absl::StatusOr<PartitionSetting> ChoosePartition(const TrainerOptions& options,
                             RowElementsOf(options, kind, workload)));
   ASSIGN_OR_RETURN(std::unique_ptr<PsClient> client,
                    PsClient::Create(PsClientOptionsOf(options, kind), plan));
+  // fp16 (sync): the tuning's last restore, the job's initial state, gives
+  // the shards a fresh job's loss scaler (GradScaler's defaults), which
+  // they keep from then on (PsClient::set_loss_scaler).
+  LossScaler fresh;
+  if (options.precision == PRECISION_FP16 && kind.sync) {
+    client->set_loss_scaler(&fresh);
+  }
   if (options.rejoin) {
     // No checkpoint yet: the size the shards hold.
     RETURN_IF_ERROR(client->WaitReady(options.init_timeout, 0,
