@@ -10,8 +10,10 @@
 // quick succession it may know the first while worker 0, at its next
 // boundary, applies the second (both have the joiner), and the two sides
 // would wait in different worlds until the collective's timeout. So
-// worker 0 announces each world before it connects it, and a joining
-// worker connects the world announced that has it.
+// worker 0 announces each world before it connects it, a joining worker
+// connects the first world announced that has it, and after a member's
+// death every other survivor the first world announced after its own
+// (ElasticOptions::announced_world).
 //
 // Keys (worker 0's: coordinator/job_table.h KvKeyOwner): an announcement
 // of epoch E from epoch F sets `<prefix(e)>/world` for every e in
