@@ -4,6 +4,10 @@
 
 namespace pstrain {
 
+bool LossScaler::State::valid() const {
+  return std::isfinite(scale) && scale > 0 && growth_tracker >= 0;
+}
+
 void LossScaler::Update(bool skipped) {
   if (skipped) {
     state_.scale *= options_.backoff_factor;

@@ -34,6 +34,9 @@ class LossScaler {
     float scale = 65536.0f;
     // Good steps since the last change of the scale.
     int64_t growth_tracker = 0;
+    // A finite scale > 0 and a tracker >= 0 (what a checkpoint or a
+    // message from another process must hold before Restore()).
+    bool valid() const;
   };
 
   LossScaler() : LossScaler(Options()) {}

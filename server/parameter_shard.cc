@@ -1,7 +1,6 @@
 #include "server/parameter_shard.h"
 
 #include <algorithm>
-#include <cmath>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -166,9 +165,7 @@ absl::Status ParameterShard::Initialize(
   if (membership != nullptr) {
     RETURN_IF_ERROR(CheckMembership(*membership, options_.num_workers));
   }
-  if (loss_scaler != nullptr &&
-      (!std::isfinite(loss_scaler->scale) || !(loss_scaler->scale > 0) ||
-       loss_scaler->growth_tracker < 0)) {
+  if (loss_scaler != nullptr && !loss_scaler->valid()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "loss scaler of shard ", options_.shard_index, ": scale ",
         loss_scaler->scale, ", growth tracker ", loss_scaler->growth_tracker,

@@ -3,7 +3,6 @@
 // failure (HighestGeneration, Restore, Reopen), wait for it (WaitReady),
 // and checkpoint it (Checkpoint); see worker/ps_client.h.
 #include <algorithm>
-#include <cmath>
 #include <functional>
 #include <thread>  // NOLINT(build/c++11)
 #include <vector>
@@ -411,13 +410,12 @@ absl::Status PsClient::WaitReady(absl::Duration timeout, int64_t min_generation,
       scaler.reset();
       if (response.has_loss_scaler()) {
         const LossScalerState& sent = response.loss_scaler();
-        if (!std::isfinite(sent.scale()) || !(sent.scale() > 0) ||
-            sent.growth_tracker() < 0) {
+        scaler = LossScaler::State{sent.scale(), sent.growth_tracker()};
+        if (!scaler->valid()) {
           return absl::DataLossError(absl::StrCat(
               "shard 0 (", addresses_[0], ") sent a loss scale of ",
               sent.scale(), " with growth tracker ", sent.growth_tracker()));
         }
-        scaler = LossScaler::State{sent.scale(), sent.growth_tracker()};
       }
     }
     if (response.layout().num_shards() != 0 &&

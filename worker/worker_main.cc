@@ -485,6 +485,64 @@ absl::StatusOr<pstrain::TrainerOptions> TrainerOptionsOf(
 
 }  // namespace
 
+// How an elastic job's worker starts, into `options` (agent and store
+// outlive training). A `standby` waits for the membership that adds it
+// (AwaitMembership); an elastic allreduce job's worker connects each world
+// through `connect`, starting in `start` (StartMembership) or, when
+// `announced` or a standby, in the world worker 0 announces (AwaitWorld);
+// worker 0 announces every world it connects, and every other worker
+// joins the one worker 0 announces after a member's death
+// (worker/world_announcement.h).
+void SetStartCallbacks(bool standby,
+                       const std::optional<pstrain::WorkerMembership>& start,
+                       bool announced, bool elastic_allreduce,
+                       const pstrain::CollectiveFactory& connect,
+                       const pstrain::WorldPrefixFn& world_prefix,
+                       pstrain::TaskAgent& agent,
+                       pstrain::RendezvousStore& store,
+                       pstrain::TrainerOptions* options) {
+  const int index = agent.options().index;
+  if (start.has_value() || (standby && elastic_allreduce)) {
+    options->connect_collective = connect;
+    if (start.has_value()) options->start_membership = *start;
+  }
+  if (elastic_allreduce && index != 0) {
+    options->announced_world = [&agent, &store, world_prefix](
+                                   int64_t from_epoch, absl::Time deadline) {
+      pstrain::AwaitWorldOptions survivor;
+      survivor.deadline = deadline;
+      return pstrain::AwaitAnnouncedWorld(
+          store, world_prefix,
+          [&agent, from_epoch] {
+            return std::max(from_epoch, AppliedEpoch(agent));
+          },
+          survivor);
+    };
+  }
+  if (elastic_allreduce && index == 0) {
+    options->announce_world = [&store, world_prefix](
+                                  int64_t from_epoch,
+                                  const pstrain::WorkerMembership& next) {
+      return pstrain::AnnounceWorld(store, world_prefix, from_epoch, next);
+    };
+  }
+  if (standby) {
+    options->await_membership =
+        [&agent, &store, world_prefix, index,
+         elastic_allreduce]() -> absl::StatusOr<pstrain::WorkerMembership> {
+      absl::StatusOr<pstrain::WorkerMembership> added =
+          AwaitMembership(agent, index);
+      if (!added.ok() || !elastic_allreduce) return added;
+      return AwaitWorld(agent, store, world_prefix, index, added->epoch);
+    };
+  } else if (announced) {
+    options->await_membership = [&agent, &store, world_prefix, index,
+                                 known = start->epoch] {
+      return AwaitWorld(agent, store, world_prefix, index, known);
+    };
+  }
+}
+
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "One pstrain data-parallel worker: pstrain_worker "
@@ -549,7 +607,6 @@ int main(int argc, char** argv) {
       elastic && config.mode == pstrain::MODE_ALLREDUCE;
   const pstrain::CollectiveFactory connect =
       CollectiveFactoryOf(config, gpu, address, *layout, &store);
-  const pstrain::WorldPrefixFn world_prefix = WorldPrefixOf(config, *layout);
   std::optional<pstrain::WorkerMembership> start;
   bool announced = false;
   const bool rejoin = absl::GetFlag(FLAGS_rejoin) || agent.rejoining();
@@ -581,45 +638,8 @@ int main(int argc, char** argv) {
   absl::StatusOr<pstrain::TrainerOptions> options =
       TrainerOptionsOf(config, agent, *layout, thread_plan, collective.get());
   if (!options.ok()) return fail(2, std::string(options.status().message()));
-  if (start.has_value() || (*standby && elastic_allreduce)) {
-    options->connect_collective = connect;
-    if (start.has_value()) options->start_membership = *start;
-  }
-  if (elastic_allreduce && index != 0) {
-    options->announced_world = [&agent, &store, world_prefix](
-                                   int64_t from_epoch, absl::Time deadline) {
-      pstrain::AwaitWorldOptions survivor;
-      survivor.deadline = deadline;
-      return pstrain::AwaitAnnouncedWorld(
-          store, world_prefix,
-          [&agent, from_epoch] {
-            return std::max(from_epoch, AppliedEpoch(agent));
-          },
-          survivor);
-    };
-  }
-  if (elastic_allreduce && index == 0) {
-    options->announce_world = [&store, world_prefix](
-                                  int64_t from_epoch,
-                                  const pstrain::WorkerMembership& next) {
-      return pstrain::AnnounceWorld(store, world_prefix, from_epoch, next);
-    };
-  }
-  if (*standby) {
-    options->await_membership =
-        [&agent, &store, world_prefix, index,
-         elastic_allreduce]() -> absl::StatusOr<pstrain::WorkerMembership> {
-      absl::StatusOr<pstrain::WorkerMembership> added =
-          AwaitMembership(agent, index);
-      if (!added.ok() || !elastic_allreduce) return added;
-      return AwaitWorld(agent, store, world_prefix, index, added->epoch);
-    };
-  } else if (announced) {
-    options->await_membership = [&agent, &store, world_prefix, index,
-                                 known = start->epoch] {
-      return AwaitWorld(agent, store, world_prefix, index, known);
-    };
-  }
+  SetStartCallbacks(*standby, start, announced, elastic_allreduce, connect,
+                    WorldPrefixOf(config, *layout), agent, store, &*options);
 
   absl::StatusOr<pstrain::TrainerOutput> output =
       pstrain::RunWorker(*options, *dataset);
