@@ -44,6 +44,7 @@
 #include <cstdio>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -65,6 +66,7 @@
 #include "optim/loss_scaler.h"
 #include "worker/data_flags.h"
 #include "worker/dataset.h"
+#include "worker/token_dataset.h"
 
 ABSL_FLAG(std::string, model, "resnet18", "Zoo model to time.");
 ABSL_FLAG(int, batch_size, 64, "Samples per step.");
@@ -161,10 +163,12 @@ TorchResult RunTorch(const std::string& model, const Shape& chw, int classes,
   }
   const std::string cmd = absl::StrCat(
       absl::GetFlag(FLAGS_python), " ", script, " --model ", model,
-      " --channels ", chw[0], " --image_size ", chw[1], " --num_classes ",
-      classes, " --batch_size ", batch, " --steps ", steps, " --warmup ",
-      warmup, " --device ", device, " --threads ", threads, " --precision ",
-      Spelling(precision), " 2>&1");
+      chw.size() == 1
+          ? absl::StrCat(" --seq_len ", chw[0])
+          : absl::StrCat(" --channels ", chw[0], " --image_size ", chw[1]),
+      " --num_classes ", classes, " --batch_size ", batch, " --steps ", steps,
+      " --warmup ", warmup, " --device ", device, " --threads ", threads,
+      " --precision ", Spelling(precision), " 2>&1");
   FILE* pipe = popen(cmd.c_str(), "r");
   if (pipe == nullptr) {
     r.error = "cannot start " + cmd;
@@ -294,21 +298,32 @@ absl::Status CheckBenchFlags() {
   return absl::OkStatus();
 }
 
-// Trains `model` on one fixed batch (the first `batch` training samples)
-// over and over: forward and backward, then Adam on the host
+// Trains `model` on one fixed batch (the first `batch` training samples;
+// a token dataset's masked as a worker's first epoch masks them) over and
+// over: forward and backward, then Adam on the host
 // (`host_update`: state kept on the host, as a PS shard keeps it; weights
 // copied back to the device) or on the backend (Model::AdamStep, no host
 // staging). Not thread-safe.
 class BenchTrainer {
  public:
-  BenchTrainer(Model* model, const LabeledImages& train, int batch,
-               bool host_update)
+  // `masker`: a token dataset's masking (null for images).
+  BenchTrainer(Model* model, const Dataset& dataset, int batch,
+               const MlmMasker* masker, bool host_update)
       : m_(*model),
         host_update_(host_update),
         scaled_(model->backend()->precision() == PRECISION_FP16) {
-    std::vector<SampleIndex> order(train.count);
-    for (int64_t i = 0; i < train.count; ++i) order[i] = i;
-    GatherBatch(train, order, 0, batch, &images_, &labels_);
+    std::vector<SampleIndex> order(dataset.train.count);
+    for (int64_t i = 0; i < dataset.train.count; ++i) order[i] = i;
+    if (masker != nullptr) {
+      MlmBatch tokens = TokenBatch(dataset.tokens->train, order, 0, batch,
+                                   *masker, /*seed=*/1, /*epoch=*/0);
+      images_ = std::move(tokens.ids);
+      padding_mask_ = std::move(tokens.padding_mask);
+      labels_ = std::move(tokens.labels);
+      sequences_ = true;
+    } else {
+      GatherBatch(dataset.train, order, 0, batch, &images_, &labels_);
+    }
     if (host_update_) {
       for (size_t i = 0; i < m_.params().size(); ++i) {
         adam_m_.emplace_back(m_.HostWeights()[i].size());
@@ -341,7 +356,9 @@ class BenchTrainer {
  private:
   absl::StatusOr<double> Step(int s) {
     if (scaled_) m_.set_loss_scale(scaler_.scale());
-    absl::StatusOr<float> loss = m_.ForwardBackward(images_, labels_);
+    absl::StatusOr<float> loss =
+        sequences_ ? m_.ForwardBackward(images_, padding_mask_, labels_)
+                   : m_.ForwardBackward(images_, labels_);
     if (!loss.ok()) return loss.status();
     if (s == 0) first_loss_ = *loss;
     last_loss_ = *loss;
@@ -376,8 +393,10 @@ class BenchTrainer {
   const bool scaled_;  // fp16: dynamic loss scaling
   LossScaler scaler_;
   int64_t skipped_ = 0;
-  Tensor images_;
-  std::vector<int32_t> labels_;
+  Tensor images_;                // a token dataset's ids [N, S]
+  Tensor padding_mask_;          // [N, S]; a token dataset's only
+  std::vector<int32_t> labels_;  // N (images) or N * S (tokens)
+  bool sequences_ = false;
   AdamOptions adam_;
   std::vector<std::vector<float>> adam_m_, adam_v_;
   int64_t adam_step_ = 0;
@@ -492,8 +511,8 @@ void PrintRow(const BenchRun& run, const Model& m, const Backend& backend,
       backend.name().c_str(),
       // Backend::SetPrecision; torch_bench.py --precision runs the same
       // (allow_tf32, torch.autocast).
-      std::string(Spelling(backend.precision())).c_str(),
-      run.threads, run.batch, static_cast<long long>(m.NumParameters()),
+      std::string(Spelling(backend.precision())).c_str(), run.threads,
+      run.batch, static_cast<long long>(m.NumParameters()),
       2.0 * m.ForwardMacsPerSample() / 1e6, absl::GetFlag(FLAGS_update).c_str(),
       absl::StrCat(absl::GetFlag(FLAGS_memory_plan) ? "on" : "off", ", ",
                    absl::GetFlag(FLAGS_fuse_add_relu) ? "add+relu" : "none")
@@ -524,6 +543,15 @@ int Main() {
     PrintError(kProgram, dataset.status().message());
     return 2;
   }
+  if (IsSequenceModel(run.model_name) != (dataset->tokens != nullptr)) {
+    PrintError(kProgram,
+               absl::StrCat("--model=", run.model_name,
+                            " with --dataset=", dataset->name, ": expected ",
+                            IsSequenceModel(run.model_name)
+                                ? "tokens or synthetic_tokens"
+                                : "an image dataset"));
+    return 2;
+  }
   absl::StatusOr<std::unique_ptr<Backend>> backend =
       CreateBackend(absl::GetFlag(FLAGS_backend), absl::GetFlag(FLAGS_gpu));
   if (!backend.ok()) {
@@ -551,7 +579,18 @@ int Main() {
     return 2;
   }
   Model& m = **model;
-  BenchTrainer trainer(&m, dataset->train, run.batch, host_update);
+  std::optional<MlmMasker> masker;
+  if (dataset->tokens != nullptr) {
+    absl::StatusOr<MlmMasker> created =
+        MlmMasker::Create(dataset->tokens->vocab_size, {});
+    if (!created.ok()) {
+      PrintError(kProgram, created.status().message());
+      return 2;
+    }
+    masker = *std::move(created);
+  }
+  BenchTrainer trainer(&m, *dataset, run.batch,
+                       masker.has_value() ? &*masker : nullptr, host_update);
   double warmup_update_seconds = 0;
   absl::Status trained = trainer.Run(0, run.warmup, &warmup_update_seconds);
   const absl::Time start = absl::Now();
@@ -585,11 +624,12 @@ int Main() {
                                  ? CompareWithTorch(run, m, **backend)
                                  : TorchColumns{};
   PrintRow(run, m, **backend, torch);
-  if (trainer.skipped_steps() > 0 || (*backend)->precision() == PRECISION_FP16) {
-    std::printf("\nfp16 loss scaling: %lld steps skipped for overflow; scale "
-                "now %g\n",
-                static_cast<long long>(trainer.skipped_steps()),
-                trainer.loss_scale());
+  if (trainer.skipped_steps() > 0 ||
+      (*backend)->precision() == PRECISION_FP16) {
+    std::printf(
+        "\nfp16 loss scaling: %lld steps skipped for overflow; scale "
+        "now %g\n",
+        static_cast<long long>(trainer.skipped_steps()), trainer.loss_scale());
   }
   if (absl::GetFlag(FLAGS_layer_times)) {
     PrintLayerTimes(m, profile_steps, profile_update_seconds, run.batch,

@@ -15,18 +15,18 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
-#include <random>
 #include <unordered_map>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
-#include "models/backend.h"
-#include "models/cpu_dnnl.h"
-#include "models/cpu_transformer.h"
 #include "catalog/job_config.h"
 #include "common/nonfinite.h"
 #include "common/status_macros.h"
+#include "models/backend.h"
+#include "models/cpu_dnnl.h"
+#include "models/cpu_dropout.h"
+#include "models/cpu_transformer.h"
 #include "oneapi/dnnl/dnnl.hpp"
 
 namespace pstrain {
@@ -221,8 +221,7 @@ class Conv2d final : public Layer {
     const memory::desc src_c_md = WithType(src_md_, compute);
     src_c_ = CopyIf(bf16_, src_c_md);
     wei_md_ = memory::desc(Dims(weight_->value.shape()), dt::f32, tag::oihw);
-    const memory::desc wei_any(Dims(weight_->value.shape()), compute,
-                               tag::any);
+    const memory::desc wei_any(Dims(weight_->value.shape()), compute, tag::any);
     const memory::desc diff_wei_any(Dims(weight_->value.shape()), dt::f32,
                                     tag::any);
     bias_md_ = Flat(spec_.out_channels);
@@ -287,9 +286,9 @@ class Conv2d final : public Layer {
     diff_wei_ = weights_pd.diff_weights_desc() == wei_md_
                     ? memory()
                     : memory(weights_pd.diff_weights_desc(), CpuEngine());
-    plain_dout_c_ = CopyIf(bf16_ && (plain_dout_for_data_ ||
-                                     plain_dout_for_weights_),
-                           plain_dout_c_md);
+    plain_dout_c_ =
+        CopyIf(bf16_ && (plain_dout_for_data_ || plain_dout_for_weights_),
+               plain_dout_c_md);
   }
 
   const LayerSpec spec_;
@@ -393,8 +392,8 @@ class Linear final : public Layer {
             CpuEngine(), fwd_pd));
     bwd_weights_ = dnnl::inner_product_backward_weights(
         dnnl::inner_product_backward_weights::primitive_desc(
-            dnnl::inner_product_backward_weights::desc(src_c, wei_md_,
-                                                       bias_md_, dst_c),
+            dnnl::inner_product_backward_weights::desc(src_c, wei_md_, bias_md_,
+                                                       dst_c),
             CpuEngine(), fwd_pd));
   }
 
@@ -782,7 +781,8 @@ class Flatten final : public Layer {
 // probability p and the rest scaled by 1 / (1 - p); identity in eval.
 class Dropout final : public Layer {
  public:
-  Dropout(const LayerSpec& spec, uint64_t seed) : spec_(spec), rng_(seed) {}
+  Dropout(const LayerSpec& spec, uint64_t seed)
+      : spec_(spec), dropout_(spec.dropout, seed) {}
   absl::Status Forward(absl::Span<const DeviceTensor* const> in,
                        DeviceTensor* out, bool training) override {
     const int64_t n = in[0]->size();
@@ -793,14 +793,7 @@ class Dropout final : public Layer {
       std::memcpy(y, x, sizeof(float) * n);
       return absl::OkStatus();
     }
-    mask_.resize(n);
-    const float keep = 1.0f - spec_.dropout;
-    const float scale = keep > 0 ? 1.0f / keep : 0.0f;
-    std::bernoulli_distribution bern(keep);
-    for (int64_t i = 0; i < n; ++i) {
-      mask_[i] = bern(rng_) ? scale : 0.0f;
-      y[i] = x[i] * mask_[i];
-    }
+    dropout_.Forward(x, n, y);
     return absl::OkStatus();
   }
   absl::Status Backward(absl::Span<const DeviceTensor* const> in,
@@ -808,21 +801,18 @@ class Dropout final : public Layer {
                         absl::Span<DeviceTensor* const> din) override {
     if (din[0] == nullptr) return absl::OkStatus();
     const int64_t n = dout.size();
-    if (static_cast<int64_t>(mask_.size()) != n) {
+    if (dropout_.mask_size() != n) {
       return absl::FailedPreconditionError(
           "dropout: backward without a training forward of this shape");
     }
-    for (int64_t i = 0; i < n; ++i) {
-      din[0]->data()[i] = dout.data()[i] * mask_[i];
-    }
+    dropout_.Backward(dout.data(), n, din[0]->data());
     din[0]->set_layout(in[0]->layout());
     return absl::OkStatus();
   }
 
  private:
   const LayerSpec spec_;
-  std::mt19937_64 rng_;
-  std::vector<float> mask_;
+  CpuDropout dropout_;
 };
 
 // CpuBf16Available's probe: oneDNN 2.6 runs bf16 convolutions on AVX-512
@@ -837,8 +827,8 @@ absl::Status ProbeCpuBf16() {
     const memory::desc dst({1, 16, 8, 8}, dt::f32, tag::any);
     dnnl::convolution_forward::primitive_desc conv(
         dnnl::convolution_forward::desc(prop_kind::forward_training,
-                                        algorithm::convolution_direct, src,
-                                        wei, dst, {1, 1}, {1, 1}, {1, 1}),
+                                        algorithm::convolution_direct, src, wei,
+                                        dst, {1, 1}, {1, 1}, {1, 1}),
         CpuEngine());
     dnnl::inner_product_forward::primitive_desc ip(
         dnnl::inner_product_forward::desc(
@@ -926,11 +916,11 @@ class CpuBackend final : public Backend {
       std::vector<Buffer*> buffers, uint64_t seed) override {
     switch (spec.type) {
       case LayerType::kConv2d:
-        return std::unique_ptr<Layer>(new Conv2d(spec, std::move(params),
-                                                 precision_ == PRECISION_BF16));
+        return std::unique_ptr<Layer>(
+            new Conv2d(spec, std::move(params), precision_ == PRECISION_BF16));
       case LayerType::kLinear:
-        return std::unique_ptr<Layer>(new Linear(spec, std::move(params),
-                                                 precision_ == PRECISION_BF16));
+        return std::unique_ptr<Layer>(
+            new Linear(spec, std::move(params), precision_ == PRECISION_BF16));
       case LayerType::kBatchNorm2d:
         return std::unique_ptr<Layer>(
             new BatchNorm2d(spec, std::move(params), std::move(buffers)));
@@ -1003,8 +993,7 @@ class CpuBackend final : public Backend {
 }  // namespace
 
 absl::Status CpuBf16Available() {
-  static const absl::Status* const available =
-      new absl::Status(ProbeCpuBf16());
+  static const absl::Status* const available = new absl::Status(ProbeCpuBf16());
   return *available;
 }
 

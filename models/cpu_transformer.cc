@@ -3,13 +3,13 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <random>
 #include <string>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "models/cpu_dnnl.h"
+#include "models/cpu_dropout.h"
 #include "oneapi/dnnl/dnnl.hpp"
 
 namespace pstrain {
@@ -41,39 +41,6 @@ absl::Status NoTrainingForward(const LayerSpec& spec) {
   return absl::FailedPreconditionError(absl::StrCat(
       LayerName(spec), ": backward without a training forward of this shape"));
 }
-
-// Inverted dropout with its mask kept for the backward: each element is
-// zeroed with probability p, the rest scaled by 1 / (1 - p); the generator
-// and distribution of the kDropout layer.
-class DropoutMask {
- public:
-  DropoutMask(float p, uint64_t seed) : p_(p), rng_(seed) {}
-
-  // Whether a forward in this mode drops anything.
-  bool active(bool training) const { return training && p_ > 0; }
-
-  // Draws a new mask of `n` elements; y = x * mask (y may be x).
-  void Forward(const float* x, int64_t n, float* y) {
-    mask_.resize(n);
-    const float keep = 1.0f - p_;
-    const float scale = keep > 0 ? 1.0f / keep : 0.0f;
-    std::bernoulli_distribution bern(keep);
-    for (int64_t i = 0; i < n; ++i) {
-      mask_[i] = bern(rng_) ? scale : 0.0f;
-      y[i] = x[i] * mask_[i];
-    }
-  }
-
-  // dx = dy * mask of the last Forward (dx may be dy).
-  void Backward(const float* dy, int64_t n, float* dx) const {
-    for (int64_t i = 0; i < n; ++i) dx[i] = dy[i] * mask_[i];
-  }
-
- private:
-  const float p_;
-  std::mt19937_64 rng_;
-  std::vector<float> mask_;
-};
 
 // y = x W^T + b over `rows` rows on oneDNN's inner product, as the CPU
 // backend's Linear layer.
@@ -469,7 +436,7 @@ class AttentionOp {
   const LayerSpec spec_;
   const int64_t e_, heads_, d_;
   LinearOp in_proj_, out_proj_;
-  DropoutMask dropout_;
+  CpuDropout dropout_;
   int64_t n_ = -1, s_ = -1;
   bool trained_ = false;
   bool dropped_now_ = false;
@@ -830,7 +797,7 @@ class TransformerEncoderLayer final : public Layer {
   LayerNormOp norm1_, norm2_;
   LinearOp linear1_, linear2_;
   GeluOp gelu_;
-  DropoutMask dropout1_, dropout_, dropout2_;
+  CpuDropout dropout1_, dropout_, dropout2_;
   std::vector<Param*> p_;
   int64_t rows_ = -1;
   bool trained_ = false;

@@ -225,6 +225,19 @@ TEST_F(CudaTest, DropoutKeepsAboutOneMinusPAndScales) {
   ExpectInvertedDropout(gpu);
 }
 
+// Both backends draw models/dropout_mask.h's masks: the same, call after
+// call, for the same layer seed.
+TEST_F(CudaTest, DropoutDrawsTheCpuBackendsMasks) {
+  Harness gpu(cuda_.get(), LayerSpec::Dropout(0.1f), 5);
+  Harness cpu(cpu_.get(), LayerSpec::Dropout(0.1f), 5);
+  const std::vector<float> ones(3 * 70001, 1.0f);
+  DeviceTensor xg = gpu.Make({3, 70001}, ones);
+  DeviceTensor xc = cpu.Make({3, 70001}, ones);
+  for (int call = 1; call <= 2; ++call) {
+    EXPECT_EQ(gpu.Forward({&xg}), cpu.Forward({&xc})) << "call " << call;
+  }
+}
+
 // L1 norms of one parameter's gradient and of its difference from another
 // run's.
 struct GradientGap {

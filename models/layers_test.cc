@@ -9,6 +9,8 @@
 //    Conv and linear are linear in their input and weights, so central
 //    differences are exact up to fp32 rounding; ReLU and max pooling get
 //    inputs kept away from their kinks.
+#include <omp.h>
+
 #include <algorithm>
 #include <cmath>
 #include <map>
@@ -17,6 +19,7 @@
 
 #include "gtest/gtest.h"
 #include "models/backend.h"
+#include "models/dropout_mask.h"
 #include "models/layer_fixture.h"
 #include "models/layer_harness.h"
 #include "models/layer_spec.h"
@@ -182,6 +185,34 @@ TEST(Dropout, ZeroesAboutPAndScalesTheRestAndBackwardUsesTheMask) {
   const std::vector<float> ones(4000, 1.0f);
   DeviceTensor x = h.Make({4, 1000}, ones);
   EXPECT_EQ(h.Forward({&x}, false), ones);
+}
+
+// The masks are models/dropout_mask.h's draws (the CUDA backend's too:
+// cuda_test), call after call, whatever the number of threads that fill
+// them.
+TEST(Dropout, MasksAreTheCounterBasedDrawsOnAnyThreadCount) {
+  std::unique_ptr<Backend> cpu = NewCpuBackend();
+  constexpr uint64_t kSeed = 21;
+  const std::vector<float> ones(40000, 1.0f);
+  std::vector<std::vector<float>> by_threads;
+  for (int threads : {1, 2}) {
+    omp_set_num_threads(threads);
+    Harness h(cpu.get(), LayerSpec::Dropout(0.3f), kSeed);
+    DeviceTensor x = h.Make({4, 10000}, ones);
+    for (uint64_t call = 1; call <= 2; ++call) {
+      const std::vector<float> out = h.Forward({&x});
+      for (int64_t i = 0; i < static_cast<int64_t>(out.size()); ++i) {
+        ASSERT_EQ(out[i], DropoutMaskValue(DropoutCallSeed(kSeed, call), i,
+                                           0.7f, 1.0f / 0.7f))
+            << "call " << call << ", element " << i << ", " << threads
+            << " threads";
+      }
+      by_threads.push_back(out);
+    }
+  }
+  omp_set_num_threads(1);
+  EXPECT_EQ(by_threads[0], by_threads[2]);
+  EXPECT_NE(by_threads[0], by_threads[1]);  // a new mask per call
 }
 
 // ---- PyTorch fixtures ----

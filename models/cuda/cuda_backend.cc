@@ -23,6 +23,7 @@
 #include "absl/strings/str_cat.h"
 #include "models/backend.h"
 #include "models/cuda/kernels.h"
+#include "models/dropout_mask.h"
 
 namespace pstrain {
 namespace {
@@ -1013,8 +1014,8 @@ class Dropout final : public Layer {
     if (!s.ok()) return s;
     CUDA_RETURN_IF_LAUNCH_ERROR(
         cuda::LaunchDropout(in[0]->data(), in[0]->size(), 1.0f - spec_.dropout,
-                            seed_ + 0x9E3779B97F4A7C15ull * ++calls_,
-                            mask_.data(), out->data(), b_->compute()));
+                            DropoutCallSeed(seed_, ++calls_), mask_.data(),
+                            out->data(), b_->compute()));
     return absl::OkStatus();
   }
   absl::Status Backward(absl::Span<const DeviceTensor* const> in,

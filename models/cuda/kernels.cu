@@ -4,6 +4,7 @@
 #include <cstdint>
 
 #include "models/cuda/kernels.h"
+#include "models/dropout_mask.h"
 
 namespace pstrain {
 namespace cuda {
@@ -94,21 +95,13 @@ __global__ void MultiplyKernel(const float* a, const float* b, int64_t n,
   }
 }
 
-__device__ uint64_t SplitMix64(uint64_t x) {
-  x += 0x9E3779B97F4A7C15ull;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-  return x ^ (x >> 31);
-}
-
+// models/dropout_mask.h's draw: the CPU backend's masks for the same seed.
 __global__ void DropoutKernel(const float* x, int64_t n, float keep,
                               uint64_t seed, float* mask, float* y) {
   const float scale = keep > 0.0f ? 1.0f / keep : 0.0f;
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
        i += int64_t{blockDim.x} * gridDim.x) {
-    const uint64_t r = SplitMix64(seed ^ SplitMix64(static_cast<uint64_t>(i)));
-    const float u = (r >> 40) * (1.0f / 16777216.0f);  // 24 bits in [0, 1).
-    const float m = u < keep ? scale : 0.0f;
+    const float m = DropoutMaskValue(seed, i, keep, scale);
     mask[i] = m;
     y[i] = x[i] * m;
   }

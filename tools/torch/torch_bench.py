@@ -17,6 +17,11 @@ keeps what it reserved): train_bench measures its own the same way. On the
 CPU it is the peak resident set (VmHWM, reset through /proc/self/clear_refs
 before the model is made) above the resident set then, as train_bench's.
 
+The BERTs (--seq_len S; --num_classes is the vocabulary) train on random
+ids [batch, S] with [CLS] first and BERT's MLM loss: cross-entropy over
+round(0.15 * (S - 1)) labelled positions per sequence, ignore_index -100
+elsewhere, as pstrain's synthetic_tokens batches (worker/token_dataset.h).
+
 Run by `train_bench --compare_pytorch`; also usable by hand:
   python3 tools/torch/torch_bench.py --model resnet18 --channels 1 --image_size 28 \\
       --num_classes 10 --batch_size 64 --steps 20 --device cpu --threads 2
@@ -58,8 +63,10 @@ def reset_peak_rss():
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--model", required=True)
-    p.add_argument("--channels", type=int, required=True)
-    p.add_argument("--image_size", type=int, required=True)
+    p.add_argument("--channels", type=int, default=0)
+    p.add_argument("--image_size", type=int, default=0)
+    p.add_argument("--seq_len", type=int, default=0,
+                   help="the BERTs: tokens per sequence")
     p.add_argument("--num_classes", type=int, required=True)
     p.add_argument("--batch_size", type=int, required=True)
     p.add_argument("--steps", type=int, required=True)
@@ -93,8 +100,22 @@ def main():
     model = build_any(a.model, a.channels, a.image_size, a.num_classes).to(device)
     model.train()
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
-    x = torch.randn(a.batch_size, a.channels, a.image_size, a.image_size, device=device)
-    y = torch.randint(0, a.num_classes, (a.batch_size,), device=device)
+    if a.seq_len > 0:
+        # [CLS] (id 2, text/special_ids.h) then ordinary ids (kFirstPieceId 5
+        # on); 15% of the rest labelled, -100 elsewhere.
+        x = torch.randint(5, a.num_classes, (a.batch_size, a.seq_len),
+                          device=device)
+        x[:, 0] = 2
+        y = torch.full((a.batch_size, a.seq_len), -100, device=device)
+        predicted = max(1, round(0.15 * (a.seq_len - 1)))
+        for row in range(a.batch_size):
+            at = torch.randperm(a.seq_len - 1)[:predicted] + 1
+            y[row, at] = x[row, at]
+            x[row, at] = 4  # [MASK]
+    else:
+        x = torch.randn(a.batch_size, a.channels, a.image_size, a.image_size,
+                        device=device)
+        y = torch.randint(0, a.num_classes, (a.batch_size,), device=device)
 
     scaler = torch.cuda.amp.GradScaler(enabled=a.precision == "fp16")
 
@@ -102,7 +123,9 @@ def main():
         opt.zero_grad(set_to_none=True)
         with torch.autocast(device.type, dtype=autocast,
                             enabled=autocast is not None):
-            loss = F.cross_entropy(model(x), y)
+            logits = model(x)
+            loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]),
+                                   y.reshape(-1), ignore_index=-100)
         scaler.scale(loss).backward()
         scaler.step(opt)
         scaler.update()
