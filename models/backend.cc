@@ -4,6 +4,7 @@
 #include <cmath>
 #include <memory>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -170,7 +171,11 @@ absl::StatusOr<float> HostSoftmaxCrossEntropyIgnoring(
     ++count;
   }
   const double scale = 1.0 / std::max<int64_t>(count, 1);
-  double loss = 0.0;
+  // Rows on every OpenMP thread (a vocabulary's logits are large), each
+  // row's exponentials computed once (kept in its gradient row); the loss
+  // summed in row order, so the same on any thread count.
+  std::vector<double> row_loss(n, 0.0);
+#pragma omp parallel for schedule(static) if (n * k >= 65536)
   for (int64_t i = 0; i < n; ++i) {
     const int32_t label = labels[i];
     const float* row = logits + i * k;
@@ -181,15 +186,24 @@ absl::StatusOr<float> HostSoftmaxCrossEntropyIgnoring(
     }
     const float max = *std::max_element(row, row + k);
     double sum = 0.0;
-    for (int64_t j = 0; j < k; ++j) sum += std::exp(row[j] - max);
-    const double log_sum = std::log(sum);
-    loss += log_sum - (row[label] - max);
+    if (d == nullptr) {
+      for (int64_t j = 0; j < k; ++j) sum += std::exp(row[j] - max);
+    } else {
+      for (int64_t j = 0; j < k; ++j) {
+        d[j] = std::exp(row[j] - max);
+        sum += d[j];
+      }
+    }
+    row_loss[i] = std::log(sum) - (row[label] - max);
     if (d == nullptr) continue;
+    const double inv_sum = 1.0 / sum;
     for (int64_t j = 0; j < k; ++j) {
-      const double p = std::exp(row[j] - max - log_sum);
-      d[j] = static_cast<float>((p - (j == label ? 1.0 : 0.0)) * scale);
+      d[j] = static_cast<float>((d[j] * inv_sum - (j == label ? 1.0 : 0.0)) *
+                                scale);
     }
   }
+  double loss = 0.0;
+  for (int64_t i = 0; i < n; ++i) loss += row_loss[i];
   return static_cast<float>(loss * scale);
 }
 

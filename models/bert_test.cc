@@ -375,6 +375,50 @@ TEST(BertZoo, UntiedDecoderMatchesTheTiedOneAndItsTableIsRowSparse) {
   EXPECT_GT(nonzero_decoder_outside, 37 * 128 / 2);
 }
 
+// The MLM head runs at the predicted positions only (head.gather): a
+// training step's loss is the cross-entropy of the full per-token logits
+// (Forward, every position) at the labelled tokens, and a step that
+// predicts nothing costs 0 and moves no weight.
+TEST(BertTiny, TheHeadRunsAtThePredictedPositions) {
+  std::unique_ptr<Backend> cpu = NewCpuBackend();
+  ModelOptions options;
+  options.transformer_dropout = 0.0f;
+  absl::StatusOr<std::unique_ptr<Model>> model =
+      Model::Create("bert_tiny_untied", {16}, 50, options, cpu.get());
+  ASSERT_TRUE(model.ok()) << model.status();
+  Tensor ids({3, 16});
+  std::vector<int32_t> labels(48, kIgnoreLabel);
+  for (int i = 0; i < 48; ++i) ids.data[i] = 5 + (i * 7) % 45;
+  for (int i : {1, 9, 20, 21, 47}) labels[i] = 5 + (i * 3) % 45;
+  absl::StatusOr<const Tensor*> logits = (*model)->Forward(ids);
+  ASSERT_TRUE(logits.ok()) << logits.status();
+  ASSERT_EQ(logits.value()->shape, (Shape{3, 16, 50}));
+  double expected = 0;
+  for (int i = 0; i < 48; ++i) {
+    if (labels[i] == kIgnoreLabel) continue;
+    const float* row = logits.value()->data.data() + i * 50;
+    const float top = *std::max_element(row, row + 50);
+    double sum = 0;
+    for (int k = 0; k < 50; ++k) sum += std::exp(double{row[k]} - top);
+    expected += std::log(sum) + top - row[labels[i]];
+  }
+  absl::StatusOr<float> loss = (*model)->ForwardBackward(ids, labels);
+  ASSERT_TRUE(loss.ok()) << loss.status();
+  EXPECT_NEAR(*loss, expected / 5, 1e-5);
+  // Forward after a step still gives every position's logits.
+  logits = (*model)->Forward(ids);
+  ASSERT_TRUE(logits.ok()) << logits.status();
+  EXPECT_EQ(logits.value()->shape, (Shape{3, 16, 50}));
+
+  loss = (*model)->ForwardBackward(ids, std::vector<int32_t>(48, kIgnoreLabel));
+  ASSERT_TRUE(loss.ok()) << loss.status();
+  EXPECT_EQ(*loss, 0.0f);
+  for (absl::Span<const float> g : (*model)->HostGradients()) {
+    EXPECT_TRUE(
+        std::all_of(g.begin(), g.end(), [](float v) { return v == 0.0f; }));
+  }
+}
+
 TEST(BertZoo, SequenceInputErrorsAreNamed) {
   std::unique_ptr<Backend> cpu = NewCpuBackend();
   absl::StatusOr<std::unique_ptr<Model>> model =

@@ -941,6 +941,7 @@ class CpuBackend final : public Backend {
       case LayerType::kGelu:
       case LayerType::kMultiheadAttention:
       case LayerType::kTransformerEncoderLayer:
+      case LayerType::kGatherRows:
         return NewCpuTransformerLayer(spec, std::move(params), seed);
     }
     return absl::InvalidArgumentError("unknown layer type");

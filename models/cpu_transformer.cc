@@ -366,10 +366,12 @@ class AttentionOp {
   // Softmax over each row of probs_ (holding the scaled scores) with the
   // padding keys left out: weight exactly 0 there, as PyTorch's -inf mask.
   void MaskedSoftmax(const float* pad, int64_t n, int64_t s) {
+    const int64_t rows = heads_ * s;
+#pragma omp parallel for collapse(2) schedule(static) if (n * rows * s >= 65536)
     for (int64_t b = 0; b < n; ++b) {
-      const float* p = pad + b * s;
-      for (int64_t r = 0; r < heads_ * s; ++r) {
-        float* row = probs_.data() + (b * heads_ * s + r) * s;
+      for (int64_t r = 0; r < rows; ++r) {
+        const float* p = pad + b * s;
+        float* row = probs_.data() + (b * rows + r) * s;
         float max = -INFINITY;
         for (int64_t j = 0; j < s; ++j) {
           if (p[j] == 0.0f) max = std::max(max, row[j]);
@@ -389,6 +391,7 @@ class AttentionOp {
   void SoftmaxBackward(int64_t s) {
     const float scale = 1.0f / std::sqrt(static_cast<float>(d_));
     const int64_t num_rows = static_cast<int64_t>(probs_.size()) / s;
+#pragma omp parallel for schedule(static) if (num_rows * s >= 65536)
     for (int64_t r = 0; r < num_rows; ++r) {
       const float* a = probs_.data() + r * s;
       float* da = dattn_.data() + r * s;
@@ -598,6 +601,77 @@ class Embedding final : public Layer {
   Param* token_;
   Param* position_;
   std::vector<int64_t> ids_;
+};
+
+// LayerSpec::GatherRows: out row p = x's row positions[p]; the backward
+// zeroes dx and adds each dout row into the row it came from.
+class GatherRows final : public Layer {
+ public:
+  explicit GatherRows(const LayerSpec& spec) : spec_(spec) {}
+
+  absl::Status Forward(absl::Span<const DeviceTensor* const> in,
+                       DeviceTensor* out, bool training) override {
+    for (const DeviceTensor* t : in) {
+      absl::Status status = DenseOnly(spec_, *t);
+      if (!status.ok()) return status;
+    }
+    const int64_t e = spec_.in_channels;
+    absl::Status status = ReadPositions(*in[1], in[0]->size() / e);
+    if (!status.ok()) return status;
+    out->set_layout(0);
+    const float* x = in[0]->data();
+    float* y = out->data();
+    const int64_t p = static_cast<int64_t>(rows_.size());
+#pragma omp parallel for schedule(static) if (p * e >= 65536)
+    for (int64_t r = 0; r < p; ++r) {
+      std::memcpy(y + r * e, x + rows_[r] * e, sizeof(float) * e);
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status Backward(absl::Span<const DeviceTensor* const> in,
+                        const DeviceTensor& out, const DeviceTensor& dout,
+                        absl::Span<DeviceTensor* const> din) override {
+    const int64_t e = spec_.in_channels;
+    if (static_cast<int64_t>(rows_.size()) * e != dout.size()) {
+      return NoTrainingForward(spec_);
+    }
+    // The positions have no gradient.
+    if (din.size() > 1 && din[1] != nullptr) {
+      std::fill(din[1]->data(), din[1]->data() + din[1]->size(), 0.0f);
+    }
+    if (din[0] == nullptr) return absl::OkStatus();
+    float* dx = din[0]->data();
+    std::fill(dx, dx + din[0]->size(), 0.0f);
+    din[0]->set_layout(0);
+    for (size_t r = 0; r < rows_.size(); ++r) {
+      const float* g = dout.data() + r * e;
+      float* d = dx + rows_[r] * e;
+      for (int64_t j = 0; j < e; ++j) d[j] += g[j];
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  // The positions as row indices below `rows`; INVALID_ARGUMENT naming the
+  // first bad one.
+  absl::Status ReadPositions(const DeviceTensor& t, int64_t rows) {
+    rows_.resize(t.size());
+    for (int64_t i = 0; i < t.size(); ++i) {
+      const float at = t.data()[i];
+      if (!(at >= 0.0f && at < static_cast<float>(rows)) ||
+          at != std::floor(at)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(LayerName(spec_), ": position ", at, " at [", i,
+                         "] is not a row index in [0, ", rows, ")"));
+      }
+      rows_[i] = static_cast<int64_t>(at);
+    }
+    return absl::OkStatus();
+  }
+
+  const LayerSpec spec_;
+  std::vector<int64_t> rows_;
 };
 
 class MultiheadAttention final : public Layer {
@@ -822,6 +896,8 @@ absl::StatusOr<std::unique_ptr<Layer>> NewCpuTransformerLayer(
       return std::unique_ptr<Layer>(new LayerNorm(spec, std::move(params)));
     case LayerType::kGelu:
       return std::unique_ptr<Layer>(new Gelu(spec));
+    case LayerType::kGatherRows:
+      return std::unique_ptr<Layer>(new GatherRows(spec));
     case LayerType::kMultiheadAttention:
       if (spec.heads < 1 || spec.in_channels % spec.heads != 0) {
         return absl::InvalidArgumentError(

@@ -37,7 +37,7 @@
 namespace pstrain {
 
 // The layer for a spec of type kEmbedding, kLayerNorm, kGelu,
-// kMultiheadAttention or kTransformerEncoderLayer, with `params` as
+// kMultiheadAttention, kTransformerEncoderLayer or kGatherRows, with `params` as
 // ParamSpecs(spec) lists them; `seed` drives the dropout masks (the block's
 // four dropouts draw from four generators derived from it).
 // INVALID_ARGUMENT for another type, a wrong parameter count, heads that do

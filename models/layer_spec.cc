@@ -127,6 +127,13 @@ LayerSpec LayerSpec::TransformerEncoderLayer(int64_t hidden, int64_t heads,
   return s;
 }
 
+LayerSpec LayerSpec::GatherRows(int64_t hidden) {
+  LayerSpec s;
+  s.type = LayerType::kGatherRows;
+  s.in_channels = s.out_channels = hidden;
+  return s;
+}
+
 std::string LayerName(const LayerSpec& s) {
   switch (s.type) {
     case LayerType::kConv2d:
@@ -162,6 +169,8 @@ std::string LayerName(const LayerSpec& s) {
     case LayerType::kTransformerEncoderLayer:
       return absl::StrCat("encoder", s.in_channels, "/", s.heads, "-",
                           s.feedforward);
+    case LayerType::kGatherRows:
+      return absl::StrCat("gather", s.in_channels);
   }
   return "?";
 }
@@ -198,6 +207,8 @@ std::string LayerTypeName(LayerType type) {
       return "multiheadattention";
     case LayerType::kTransformerEncoderLayer:
       return "transformerencoderlayer";
+    case LayerType::kGatherRows:
+      return "gatherrows";
   }
   return "?";
 }
@@ -207,6 +218,7 @@ int NumInputs(const LayerSpec& spec) {
     case LayerType::kAdd:
     case LayerType::kMultiheadAttention:
     case LayerType::kTransformerEncoderLayer:
+    case LayerType::kGatherRows:
       return 2;
     default:
       return 1;
@@ -371,6 +383,14 @@ absl::StatusOr<Shape> OutputShape(const LayerSpec& s,
                                      in[1], "] as the second input"));
       }
       return in;
+    case LayerType::kGatherRows:
+      if (in.empty() || in.back() != s.in_channels) {
+        return BadInput(s, in, absl::StrCat("[..., ", s.in_channels, "]"));
+      }
+      if (inputs[1].size() != 1 || inputs[1][0] < 1) {
+        return BadInput(s, inputs[1], "positions [P] with P >= 1");
+      }
+      return Shape{inputs[1][0], s.in_channels};
   }
   return absl::InternalError("unknown layer type");
 }
@@ -384,8 +404,14 @@ int64_t ForwardMacsPerSample(const LayerSpec& s, const Shape& input) {
              s.kernel;
     }
     case LayerType::kLinear: {
+      // A sample's tokens [1, S, in], or its rows [R, in] (the MLM head's
+      // gathered positions), or one row [1, ...].
       const bool per_token = input.size() == 3 && input[2] == s.in_channels;
-      return (per_token ? input[1] : 1) * s.in_channels * s.out_channels;
+      const bool rows = input.size() == 2 && input[1] == s.in_channels;
+      return (per_token ? input[1]
+              : rows    ? input[0]
+                        : 1) *
+             s.in_channels * s.out_channels;
     }
     case LayerType::kMultiheadAttention: {
       if (input.size() != 3) return 0;
@@ -418,6 +444,7 @@ BackwardReads BackwardReadsOf(const LayerSpec& spec) {
     case LayerType::kGlobalAvgPool:
     case LayerType::kDropout:  // The mask.
     case LayerType::kFlatten:
+    case LayerType::kGatherRows:  // The positions (a model input).
       return {false, false};
     case LayerType::kAdd:  // With the ReLU: dA = dB = dY where Y > 0.
       return {false, spec.relu};

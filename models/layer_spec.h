@@ -41,6 +41,7 @@ enum class LayerType {
   kGelu,                // x Phi(x), the erf form (Hendrycks & Gimpel 2016).
   kMultiheadAttention,  // self-attention with a key padding mask.
   kTransformerEncoderLayer,  // post-LN attention + GELU feed-forward block.
+  kGatherRows,  // rows [..., E] at positions [P] -> [P, E] (MLM head).
 };
 
 struct LayerSpec {
@@ -115,6 +116,14 @@ struct LayerSpec {
   // 2017), LayerNorm eps 1e-5, `dropout` also inside the attention.
   static LayerSpec TransformerEncoderLayer(int64_t hidden, int64_t heads,
                                            int64_t feedforward, float dropout);
+  // BERT's gather_indexes (google-research/bert run_pretraining.py): inputs
+  // x [..., hidden] (viewed as R = size / hidden rows) and positions [P]
+  // (fp32 values that are integers in [0, R), the flat row index n * S + s
+  // of [N, S, hidden]); output [P, hidden], row p = x's row positions[p].
+  // The backward scatters dLoss/dOut back (zeros at rows not gathered,
+  // sums where a row is gathered twice). The MLM head runs on the
+  // predicted positions only.
+  static LayerSpec GatherRows(int64_t hidden);
 };
 
 // "conv3x3-64", "bn64", "fc512-10", "add+relu", "mha768/12", ...
@@ -122,11 +131,11 @@ std::string LayerName(const LayerSpec& spec);
 // The type alone, as PyTorch's module names: "conv2d", "batchnorm2d",
 // "relu", "maxpool2d", "avgpool2d", "globalavgpool", "linear", "dropout",
 // "flatten", "add", "embedding", "layernorm", "gelu",
-// "multiheadattention", "transformerencoderlayer".
+// "multiheadattention", "transformerencoderlayer", "gatherrows".
 std::string LayerTypeName(LayerType type);
 
-// Number of inputs the layer takes (2 for kAdd, kMultiheadAttention and
-// kTransformerEncoderLayer, else 1).
+// Number of inputs the layer takes (2 for kAdd, kMultiheadAttention,
+// kTransformerEncoderLayer and kGatherRows, else 1).
 int NumInputs(const LayerSpec& spec);
 
 struct TensorSpec {
@@ -166,7 +175,8 @@ BackwardReads BackwardReadsOf(const LayerSpec& spec);
 
 // Multiply-accumulates of one forward pass of one sample (FLOPs = 2 x MACs).
 // Counts convolutions and linear layers only, as the field's tables do (a
-// per-token linear layer S in_features out_features);
+// per-token linear layer S in_features out_features, a linear layer on a
+// [R, in_features] sample R in_features out_features);
 // attention counts its four projections and its two S x S products
 // (4 S E^2 + 2 S^2 E for input [N, S, E]), the encoder layer adds its
 // feed-forward (2 S E F).

@@ -43,7 +43,8 @@ struct Model::Node {
 namespace {
 
 constexpr int kInput = -1;
-constexpr int kPaddingMask = -2;  // Sequence models' second input.
+constexpr int kPaddingMask = -2;    // Sequence models' second input.
+constexpr int kHeadPositions = -3;  // And the MLM head's positions [P].
 
 enum class Init {
   kDefault,        // U(-1/sqrt(fan_in), 1/sqrt(fan_in)) for weight and bias.
@@ -163,6 +164,8 @@ class ModelBuilder {
   }
 
   Shape shape(int node) const {
+    // A batch of 1's head positions: every one of its S.
+    if (node == kHeadPositions) return {model_->input_chw_[0]};
     if (node < 0) return model_->InputSampleShape();
     return model_->nodes_[node]->sample_shape;
   }
@@ -435,6 +438,8 @@ void BuildBert(ModelBuilder& b, const BertConfig& c, int64_t vocab,
                                              dropout),
           {b.last(), kPaddingMask}, Init::kBert);
   }
+  b.Add("head.gather", LayerSpec::GatherRows(c.hidden),
+        {b.last(), kHeadPositions});
   b.Add("head.dense", LayerSpec::Linear(c.hidden, c.hidden), {}, Init::kBert);
   b.Add("head.gelu", LayerSpec::Gelu());
   b.Add("head.norm", LayerSpec::LayerNorm(c.hidden), {}, Init::kBert);
@@ -479,6 +484,7 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Create(
   model->input_ = DeviceTensor(backend);
   model->sequence_ = sequence;
   model->padding_mask_ = DeviceTensor(backend);
+  model->positions_ = DeviceTensor(backend);
   model->scratch_ = DeviceTensor(backend);
   model->dlogits_ = DeviceTensor(backend);
   model->memory_plan_ = options.memory_plan;
@@ -565,6 +571,7 @@ Shape Model::InputSampleShape() const {
 DeviceTensor* Model::InputTensor(int i) {
   if (i == kInput) return &input_;
   if (i == kPaddingMask) return &padding_mask_;
+  if (i == kHeadPositions) return &positions_;
   return &nodes_[i]->out;
 }
 
@@ -673,7 +680,10 @@ absl::StatusOr<const Tensor*> Model::Forward(const Tensor& input,
 
 absl::StatusOr<const Tensor*> Model::CopyLogitsToHost() {
   const DeviceTensor& logits = nodes_.back()->out;
-  host_logits_.Resize(logits.shape());
+  // A sequence model's head ran at every position, in order: [N, S, vocab].
+  host_logits_.Resize(sequence_ ? Shape{input_.shape()[0], input_.shape()[1],
+                                        logits.shape().back()}
+                                : logits.shape());
   absl::Status s = backend_->CopyToHost(logits.data(), logits.size(),
                                         host_logits_.data.data());
   if (!s.ok()) return s;
@@ -683,7 +693,8 @@ absl::StatusOr<const Tensor*> Model::CopyLogitsToHost() {
 }
 
 absl::Status Model::RunForward(const Tensor& input, const Tensor* padding_mask,
-                               bool training) {
+                               bool training,
+                               const std::vector<float>* positions) {
   const Shape sample = InputSampleShape();
   const bool fits =
       input.shape.size() == sample.size() && input.shape[0] > 0 &&
@@ -709,8 +720,23 @@ absl::Status Model::RunForward(const Tensor& input, const Tensor* padding_mask,
   absl::Status s = input_.Resize(input.shape);
   if (!s.ok()) return s;
   input_.set_layout(0);
-  if (memory_plan_ && input.shape != planned_input_) {
-    s = PlanMemory(input.shape);
+  if (sequence_ && input.size() > (int64_t{1} << 24)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        name_, ": input ", ShapeToString(input.shape),
+        "; expected at most 2^24 tokens (fp32 row indices are exact below)"));
+  }
+  if (sequence_ && positions == nullptr) {
+    if (static_cast<int64_t>(all_positions_.size()) != input.size()) {
+      all_positions_.resize(input.size());
+      for (int64_t i = 0; i < input.size(); ++i) all_positions_[i] = i;
+    }
+    positions = &all_positions_;
+  }
+  const int64_t num_positions =
+      positions != nullptr ? static_cast<int64_t>(positions->size()) : 0;
+  if (memory_plan_ &&
+      (input.shape != planned_input_ || num_positions != planned_positions_)) {
+    s = PlanMemory(input.shape, num_positions);
     if (!s.ok()) return s;
   }
   s = backend_->CopyToDevice(input.data.data(), input.size(), input_.data());
@@ -727,6 +753,12 @@ absl::Status Model::RunForward(const Tensor& input, const Tensor* padding_mask,
       s = backend_->CopyToDevice(no_padding_.data(), input.size(),
                                  padding_mask_.data());
     }
+    if (!s.ok()) return s;
+    s = positions_.Resize({num_positions});
+    if (!s.ok()) return s;
+    positions_.set_layout(0);
+    s = backend_->CopyToDevice(positions->data(), num_positions,
+                               positions_.data());
     if (!s.ok()) return s;
   }
   if (time_layers_) {  // Work queued before is not the first layer's.
@@ -766,14 +798,17 @@ absl::Status Model::RunForward(const Tensor& input, const Tensor* padding_mask,
   return absl::OkStatus();
 }
 
-absl::Status Model::PlanMemory(const Shape& input) {
+absl::Status Model::PlanMemory(const Shape& input, int64_t positions) {
   const int n_nodes = static_cast<int>(nodes_.size());
   std::vector<Shape> shapes(n_nodes);
   std::vector<std::vector<int>> consumers(n_nodes);
   for (int n = 0; n < n_nodes; ++n) {
     std::vector<Shape> in;
     for (int i : nodes_[n]->inputs) {
-      in.push_back(i < 0 ? input : shapes[i]);  // The mask: the ids' shape.
+      // The mask has the ids' shape.
+      in.push_back(i == kHeadPositions ? Shape{positions}
+                   : i < 0             ? input
+                                       : shapes[i]);
       if (i >= 0) consumers[i].push_back(n);
     }
     absl::StatusOr<Shape> out = OutputShape(nodes_[n]->spec, in);
@@ -859,6 +894,7 @@ absl::Status Model::PlanMemory(const Shape& input) {
     place(2 * n_nodes + n, &nodes_[n]->accum);
   }
   planned_input_ = input;
+  planned_positions_ = positions;
   return absl::OkStatus();
 }
 
@@ -940,7 +976,29 @@ absl::StatusOr<float> Model::TrainStep(const Tensor& input,
                                        absl::Span<const int32_t> labels,
                                        const GradientsReadyFn& on_ready) {
   const absl::Time forward_start = absl::Now();
-  absl::Status s = RunForward(input, padding_mask, /*training=*/true);
+  if (sequence_) {
+    // The MLM head runs at the predicted positions only: their flat row
+    // indices and labels (one ignored row when no token is predicted).
+    if (static_cast<int64_t>(labels.size()) != input.size()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(name_, ": ", labels.size(), " labels for input ",
+                       ShapeToString(input.shape), "; expected one a token"));
+    }
+    step_positions_.clear();
+    step_labels_.clear();
+    for (size_t i = 0; i < labels.size(); ++i) {
+      if (labels[i] == kIgnoreLabel) continue;
+      step_positions_.push_back(static_cast<float>(i));
+      step_labels_.push_back(labels[i]);
+    }
+    if (step_positions_.empty()) {
+      step_positions_.push_back(0.0f);
+      step_labels_.push_back(kIgnoreLabel);
+    }
+    labels = step_labels_;
+  }
+  absl::Status s = RunForward(input, padding_mask, /*training=*/true,
+                              sequence_ ? &step_positions_ : nullptr);
   if (!s.ok()) return s;
   const DeviceTensor& device_logits = nodes_.back()->out;
   s = dlogits_.Resize(device_logits.shape());

@@ -42,7 +42,13 @@
 //   embeddings.norm   LayerNorm(E), then embeddings.dropout
 //   layers.I          TransformerEncoderLayer(E, heads, F, dropout,
 //                     "gelu", post-LN) with the padding mask, I = 0..L-1
-//   head.dense, head.gelu, head.norm: Linear(E, E) per token, GELU,
+//   head.gather       the rows of the predicted positions, [P, E]
+//                     (BERT's gather_indexes: a training step's positions
+//                     are the tokens whose label is not kIgnoreLabel, so
+//                     the head and its logits cost P / (N S) of a
+//                     per-token head, about 15%; Forward gathers every
+//                     position)
+//   head.dense, head.gelu, head.norm: Linear(E, E) per row, GELU,
 //                     LayerNorm(E) (BERT's MLM transform)
 //   head.decoder      logits = h embeddings.token.weight^T + head.decoder.bias
 //                     (the weight tied to the token embedding: one PS
@@ -285,9 +291,12 @@ class Model {
   // of 1: {1, C, H, W} or {1, S}.
   Shape InputSampleShape() const;
   // Checks and copies the input (and the mask: null is no padding) to the
-  // backend, then runs every layer's forward; the logits stay on it.
+  // backend, then runs every layer's forward; the logits stay on it. A
+  // sequence model's head runs at `positions` (flat row indices n * S + s;
+  // null: every position, in order).
   absl::Status RunForward(const Tensor& input, const Tensor* padding_mask,
-                          bool training);
+                          bool training,
+                          const std::vector<float>* positions = nullptr);
   // Asks weights_gate_ for a node's parameters and buffers.
   absl::Status AwaitWeightsOf(const Node& node);
   // The device tensor a node's input `i` names (a node, the model's input
@@ -305,8 +314,9 @@ class Model {
   absl::StatusOr<const Tensor*> CopyLogitsToHost();
   absl::Status CopyGradientsToHost(const Node& node);
   // Places every node's output, gradient and accumulation scratch for
-  // inputs of shape `input` in slots_ (ModelOptions::memory_plan).
-  absl::Status PlanMemory(const Shape& input);
+  // inputs of shape `input` (and a sequence model's `positions` head
+  // positions) in slots_ (ModelOptions::memory_plan).
+  absl::Status PlanMemory(const Shape& input, int64_t positions);
   // on_ready(PS tensors [first_tensor, first_tensor + count), a fence after
   // the copies issued so far); nothing when on_ready is unset or count is 0.
   absl::Status NotifyReady(const GradientsReadyFn& on_ready, int first_tensor,
@@ -322,9 +332,16 @@ class Model {
   bool sequence_ = false;
   DeviceTensor padding_mask_;      // Sequence models: [N, S], 1 = padding.
   std::vector<float> no_padding_;  // Zeros, the mask of unpadded inputs.
+  // Sequence models: the head's positions [P] (flat row indices), and a
+  // training step's positions and labels there (host).
+  DeviceTensor positions_;
+  std::vector<float> all_positions_;
+  std::vector<float> step_positions_;
+  std::vector<int32_t> step_labels_;
   DeviceTensor scratch_;  // Accumulation scratch without the memory plan.
   bool memory_plan_ = true;
-  Shape planned_input_;  // The input shape slots_ are laid out for.
+  Shape planned_input_;            // The input shape slots_ are laid out for,
+  int64_t planned_positions_ = 0;  // and the head positions.
   std::vector<DeviceTensor> slots_;
   DeviceTensor dlogits_;
   Tensor host_logits_;

@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "gtest/gtest.h"
 #include "models/backend.h"
 #include "models/layer_fixture.h"
@@ -299,6 +300,47 @@ TEST(MultiheadAttention, DropoutIsSeededAndOffInEval) {
   EXPECT_NE(forward(0.5f, 1, true), plain);
   EXPECT_EQ(forward(0.5f, 1, true), forward(0.5f, 1, true));
   EXPECT_NE(forward(0.5f, 1, true), forward(0.5f, 2, true));
+}
+
+// BERT's gather_indexes: rows of [N, S, E] at flat positions; the backward
+// adds each output row's gradient into the row it came from (twice for a
+// row gathered twice), zero elsewhere.
+TEST(GatherRows, PicksRowsAndScattersTheirGradientsBack) {
+  std::unique_ptr<Backend> cpu = NewCpuBackend();
+  Harness h(cpu.get(), LayerSpec::GatherRows(2));
+  // x [2, 3, 2]: row r holds (r, 10 r).
+  std::vector<float> x;
+  for (int r = 0; r < 6; ++r) x.insert(x.end(), {1.0f * r, 10.0f * r});
+  DeviceTensor xt = h.Make({2, 3, 2}, x);
+  DeviceTensor at = h.Make({3}, {4, 1, 4});
+  EXPECT_EQ(h.Forward({&xt, &at}), (std::vector<float>{4, 40, 1, 10, 4, 40}));
+  EXPECT_EQ(h.out_shape(), (Shape{3, 2}));
+  const std::vector<std::vector<float>> din =
+      h.Backward({&xt, &at}, {1, 2, 3, 4, 5, 6});
+  EXPECT_EQ(din[0], (std::vector<float>{0, 0, 3, 4, 0, 0, 0, 0, 6, 8, 0, 0}));
+  EXPECT_EQ(din[1], (std::vector<float>{0, 0, 0}));
+}
+
+TEST(GatherRows, PositionsOutsideTheRowsAreInvalid) {
+  std::unique_ptr<Backend> cpu = NewCpuBackend();
+  const LayerSpec spec = LayerSpec::GatherRows(2);
+  std::unique_ptr<Layer> layer = *cpu->CreateLayer(spec, {}, {}, 1);
+  Harness h(cpu.get(), spec);
+  DeviceTensor x = h.Make({1, 3, 2}, std::vector<float>(6, 1.0f));
+  DeviceTensor out(cpu.get());
+  ASSERT_TRUE(out.Resize({2, 2}).ok());
+  for (float bad : {3.0f, -1.0f, 0.5f, std::nanf("")}) {
+    DeviceTensor at = h.Make({2}, {0.0f, bad});
+    const std::vector<const DeviceTensor*> in = {&x, &at};
+    absl::Status s = layer->Forward(in, &out, true);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_TRUE(absl::StrContains(s.message(), "is not a row index in [0, 3)"))
+        << s;
+  }
+  EXPECT_EQ(OutputShape(spec, {{1, 3, 2}, {0}}).status().message(),
+            "gather2: input [0]; expected positions [P] with P >= 1");
+  EXPECT_EQ(OutputShape(spec, {{1, 3, 4}, {2}}).status().message(),
+            "gather2: input [1, 3, 4]; expected [..., 2]");
 }
 
 TEST(MultiheadAttention, EveryKeyPaddedIsInvalid) {

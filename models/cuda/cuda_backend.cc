@@ -1067,6 +1067,7 @@ absl::StatusOr<std::unique_ptr<Layer>> CudaBackend::CreateLayer(
     case LayerType::kGelu:
     case LayerType::kMultiheadAttention:
     case LayerType::kTransformerEncoderLayer:
+    case LayerType::kGatherRows:
       return absl::UnimplementedError(absl::StrCat(
           LayerName(spec), ": not on the CUDA backend yet (issue 41)"));
   }

@@ -19,8 +19,12 @@ before the model is made) above the resident set then, as train_bench's.
 
 The BERTs (--seq_len S; --num_classes is the vocabulary) train on random
 ids [batch, S] with [CLS] first and BERT's MLM loss: cross-entropy over
-round(0.15 * (S - 1)) labelled positions per sequence, ignore_index -100
-elsewhere, as pstrain's synthetic_tokens batches (worker/token_dataset.h).
+round(0.15 * (S - 1)) labelled positions per sequence, as pstrain's
+synthetic_tokens batches (worker/token_dataset.h). The MLM head runs at
+the labelled positions only (Bert.forward's positions, BERT's
+gather_indexes), as pstrain's does; --bert_head=all runs it at every
+position with ignore_index -100 elsewhere (HuggingFace's
+BertForMaskedLM).
 
 Run by `train_bench --compare_pytorch`; also usable by hand:
   python3 tools/torch/torch_bench.py --model resnet18 --channels 1 --image_size 28 \\
@@ -67,6 +71,8 @@ def main():
     p.add_argument("--image_size", type=int, default=0)
     p.add_argument("--seq_len", type=int, default=0,
                    help="the BERTs: tokens per sequence")
+    p.add_argument("--bert_head", choices=("predicted", "all"),
+                   default="predicted")
     p.add_argument("--num_classes", type=int, required=True)
     p.add_argument("--batch_size", type=int, required=True)
     p.add_argument("--steps", type=int, required=True)
@@ -112,6 +118,9 @@ def main():
             at = torch.randperm(a.seq_len - 1)[:predicted] + 1
             y[row, at] = x[row, at]
             x[row, at] = 4  # [MASK]
+        if a.bert_head == "predicted":
+            positions = (y.reshape(-1) != -100).nonzero().squeeze(1)
+            y = y.reshape(-1)[positions]
     else:
         x = torch.randn(a.batch_size, a.channels, a.image_size, a.image_size,
                         device=device)
@@ -123,7 +132,9 @@ def main():
         opt.zero_grad(set_to_none=True)
         with torch.autocast(device.type, dtype=autocast,
                             enabled=autocast is not None):
-            logits = model(x)
+            logits = (model(x, positions=positions)
+                      if a.seq_len > 0 and a.bert_head == "predicted"
+                      else model(x))
             loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]),
                                    y.reshape(-1), ignore_index=-100)
         scaler.scale(loss).backward()

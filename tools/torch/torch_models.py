@@ -228,10 +228,15 @@ class Bert(nn.Module):
                 else:
                     p.normal_(0.0, 0.02)
 
-    def forward(self, ids, padding_mask=None):
+    def forward(self, ids, padding_mask=None, positions=None):
+        """positions: flat row indices n * S + s (long [P]) to run the head
+        at (BERT's gather_indexes; pstrain's head.gather in training) ->
+        logits [P, vocab]; None: every position."""
         x = self.embeddings(ids)
         for layer in self.layers:
             x = layer(x, src_key_padding_mask=padding_mask)
+        if positions is not None:
+            x = x.reshape(-1, x.shape[-1])[positions]
         return self.head(x, self.embeddings.token.weight)
 
 
