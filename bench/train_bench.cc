@@ -73,6 +73,8 @@ ABSL_FLAG(int, batch_size, 64, "Samples per step.");
 ABSL_FLAG(int, steps, 20, "Timed steps.");
 ABSL_FLAG(int, warmup, 3, "Untimed steps first.");
 ABSL_FLAG(int, threads, 0, "CPU threads (0: all cores).");
+ABSL_FLAG(double, lr, 1e-3,
+          "Adam's learning rate (both sides; BERT-base wants about 1e-4).");
 ABSL_FLAG(bool, compare_pytorch, false,
           "Also time the same model in PyTorch (python3 "
           "tools/torch/torch_bench.py).");
@@ -167,8 +169,9 @@ TorchResult RunTorch(const std::string& model, const Shape& chw, int classes,
           ? absl::StrCat(" --seq_len ", chw[0])
           : absl::StrCat(" --channels ", chw[0], " --image_size ", chw[1]),
       " --num_classes ", classes, " --batch_size ", batch, " --steps ", steps,
-      " --warmup ", warmup, " --device ", device, " --threads ", threads,
-      " --precision ", Spelling(precision), " 2>&1");
+      " --warmup ", warmup, " --lr ", absl::GetFlag(FLAGS_lr), " --device ",
+      device, " --threads ", threads, " --precision ", Spelling(precision),
+      " 2>&1");
   FILE* pipe = popen(cmd.c_str(), "r");
   if (pipe == nullptr) {
     r.error = "cannot start " + cmd;
@@ -397,7 +400,11 @@ class BenchTrainer {
   Tensor padding_mask_;          // [N, S]; a token dataset's only
   std::vector<int32_t> labels_;  // N (images) or N * S (tokens)
   bool sequences_ = false;
-  AdamOptions adam_;
+  AdamOptions adam_ = [] {
+    AdamOptions adam;
+    adam.lr = static_cast<float>(absl::GetFlag(FLAGS_lr));
+    return adam;
+  }();
   std::vector<std::vector<float>> adam_m_, adam_v_;
   int64_t adam_step_ = 0;
   float first_loss_ = NAN, last_loss_ = NAN;

@@ -77,6 +77,7 @@ def main():
     p.add_argument("--batch_size", type=int, required=True)
     p.add_argument("--steps", type=int, required=True)
     p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--device", default="cpu")
     p.add_argument("--threads", type=int, default=0)
     p.add_argument("--precision", choices=("fp32", "tf32", "bf16", "fp16"),
@@ -105,7 +106,7 @@ def main():
     torch.manual_seed(1)
     model = build_any(a.model, a.channels, a.image_size, a.num_classes).to(device)
     model.train()
-    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    opt = torch.optim.Adam(model.parameters(), lr=a.lr)
     if a.seq_len > 0:
         # [CLS] (id 2, text/special_ids.h) then ordinary ids (kFirstPieceId 5
         # on); 15% of the rest labelled, -100 elsewhere.
