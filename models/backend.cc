@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/status_macros.h"
 
 namespace pstrain {
 
@@ -151,9 +152,9 @@ absl::StatusOr<float> HostSoftmaxCrossEntropy(const float* logits, int64_t n,
   return static_cast<float>(loss / std::max<int64_t>(n, 1));
 }
 
-absl::StatusOr<float> HostSoftmaxCrossEntropyIgnoring(
-    const float* logits, int64_t n, int64_t k, absl::Span<const int32_t> labels,
-    int32_t ignore_index, float* dlogits) {
+absl::StatusOr<int64_t> CountPredictedRows(absl::Span<const int32_t> labels,
+                                           int64_t n, int64_t k,
+                                           int32_t ignore_index) {
   if (static_cast<int64_t>(labels.size()) != n) {
     return absl::InvalidArgumentError(
         absl::StrCat("softmax cross-entropy: ", labels.size(), " labels for ",
@@ -170,6 +171,14 @@ absl::StatusOr<float> HostSoftmaxCrossEntropyIgnoring(
     }
     ++count;
   }
+  return count;
+}
+
+absl::StatusOr<float> HostSoftmaxCrossEntropyIgnoring(
+    const float* logits, int64_t n, int64_t k, absl::Span<const int32_t> labels,
+    int32_t ignore_index, float* dlogits) {
+  ASSIGN_OR_RETURN(const int64_t count,
+                   CountPredictedRows(labels, n, k, ignore_index));
   const double scale = 1.0 / std::max<int64_t>(count, 1);
   // Rows on every OpenMP thread (a vocabulary's logits are large), each
   // row's exponentials computed once (kept in its gradient row); the loss

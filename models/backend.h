@@ -34,8 +34,8 @@
 #include "absl/types/span.h"
 #include "models/layer_spec.h"
 #include "models/tensor.h"
-#include "proto/job.pb.h"
 #include "optim/adam.h"
+#include "proto/job.pb.h"
 
 namespace pstrain {
 
@@ -285,6 +285,11 @@ absl::StatusOr<float> HostSoftmaxCrossEntropy(const float* logits, int64_t n,
                                               int64_t k,
                                               absl::Span<const int32_t> labels,
                                               float* dlogits);
+// The rows of an ignoring cross-entropy that count (label not
+// `ignore_index`); INVALID_ARGUMENT as SoftmaxCrossEntropyIgnoring says.
+absl::StatusOr<int64_t> CountPredictedRows(absl::Span<const int32_t> labels,
+                                           int64_t n, int64_t k,
+                                           int32_t ignore_index);
 // Backend::SoftmaxCrossEntropyIgnoring on the host: `logits` is n x k
 // row-major; ignored rows cost nothing (their dlogits are zeroed).
 absl::StatusOr<float> HostSoftmaxCrossEntropyIgnoring(

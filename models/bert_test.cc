@@ -117,6 +117,40 @@ TEST(IgnoringCrossEntropy, IgnoredRowsCostNothingAndGetNoGradient) {
   for (float x : d) EXPECT_EQ(x, 0.0f);
 }
 
+// The CPU backend's oneDNN path (log-softmax, exp) against the host loop:
+// a vocabulary's rows with some ignored, and every row ignored.
+TEST(IgnoringCrossEntropy, TheCpuBackendMatchesTheHostLoop) {
+  std::unique_ptr<Backend> cpu = NewCpuBackend();
+  constexpr int64_t kRows = 7, kVocab = 30522;
+  std::vector<float> values(kRows * kVocab);
+  for (size_t i = 0; i < values.size(); ++i) {
+    values[i] = 8.0f * std::sin(0.37f * i) + 0.01f * (i % 101);
+  }
+  DeviceTensor logits(cpu.get()), dlogits(cpu.get());
+  ASSERT_TRUE(logits.Resize({kRows, kVocab}).ok());
+  ASSERT_TRUE(dlogits.Resize({kRows, kVocab}).ok());
+  std::copy(values.begin(), values.end(), logits.data());
+  for (const std::vector<int32_t>& labels :
+       {std::vector<int32_t>{5, kIgnoreLabel, 30521, 0, kIgnoreLabel, 77, 9},
+        std::vector<int32_t>(kRows, kIgnoreLabel)}) {
+    std::vector<float> expected(values.size());
+    absl::StatusOr<float> host = HostSoftmaxCrossEntropyIgnoring(
+        values.data(), kRows, kVocab, labels, kIgnoreLabel, expected.data());
+    ASSERT_TRUE(host.ok()) << host.status();
+    std::fill(dlogits.data(), dlogits.data() + dlogits.size(), 7.0f);
+    absl::StatusOr<float> loss = cpu->SoftmaxCrossEntropyIgnoring(
+        logits, labels, kIgnoreLabel, &dlogits);
+    ASSERT_TRUE(loss.ok()) << loss.status();
+    EXPECT_NEAR(*loss, *host, 1e-5 * std::fabs(*host) + 1e-7);
+    ExpectAllNear(Values(dlogits), expected, "dlogits", 1e-9f, 1e-5f);
+  }
+  absl::StatusOr<float> bad = cpu->SoftmaxCrossEntropyIgnoring(
+      logits, std::vector<int32_t>(kRows, kVocab), kIgnoreLabel, &dlogits);
+  EXPECT_EQ(bad.status().message(),
+            "label 30522 of row 0 is outside [0, 30522) and not the ignore "
+            "index -100");
+}
+
 TEST(IgnoringCrossEntropy, BadLabelsAreInvalidArguments) {
   const std::vector<float> logits(6, 0.0f);
   absl::StatusOr<float> loss = HostSoftmaxCrossEntropyIgnoring(

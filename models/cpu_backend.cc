@@ -987,8 +987,83 @@ class CpuBackend final : public Backend {
         dlogits != nullptr ? dlogits->data() : nullptr);
   }
 
+  // The MLM loss on oneDNN's JIT kernels: log-softmax of every row into
+  // dlogits (oneDNN logsoftmax_forward, axis 1), the loss from the labels'
+  // log-probabilities (summed in row order), then dlogits = (exp(that) -
+  // onehot) / count (eltwise_exp, then a scaling pass over the rows on
+  // every OpenMP thread; ignored rows zeroed). The host loop
+  // (HostSoftmaxCrossEntropyIgnoring) without dlogits.
+  absl::StatusOr<float> SoftmaxCrossEntropyIgnoring(
+      const DeviceTensor& logits, absl::Span<const int32_t> labels,
+      int32_t ignore_index, DeviceTensor* dlogits) override {
+    if (dlogits == nullptr || logits.shape().empty() || logits.layout() != 0) {
+      return Backend::SoftmaxCrossEntropyIgnoring(logits, labels, ignore_index,
+                                                  dlogits);
+    }
+    const int64_t k = logits.shape().back();
+    const int64_t n = k > 0 ? logits.size() / k : 0;
+    ASSIGN_OR_RETURN(const int64_t count,
+                     CountPredictedRows(labels, n, k, ignore_index));
+    if (n == 0) return 0.0f;
+    float* d = dlogits->data();
+    const memory::desc md({n, k}, dt::f32, tag::ab);
+    auto run = [](auto&& f) -> absl::Status {
+      try {
+        f();
+        CpuStream().wait();
+      } catch (const dnnl::error& e) {
+        return absl::InternalError(
+            absl::StrCat("softmax cross-entropy: oneDNN: ", e.what()));
+      }
+      return absl::OkStatus();
+    };
+    RETURN_IF_ERROR(run([&] {
+      if (!(loss_md_ == md)) {
+        absl::MutexLock lock(&CreationMutex());
+        log_softmax_ =
+            dnnl::logsoftmax_forward(dnnl::logsoftmax_forward::primitive_desc(
+                dnnl::logsoftmax_forward::desc(prop_kind::forward_inference, md,
+                                               1),
+                CpuEngine()));
+        exp_ = dnnl::eltwise_forward(dnnl::eltwise_forward::primitive_desc(
+            dnnl::eltwise_forward::desc(prop_kind::forward_inference,
+                                        algorithm::eltwise_exp, md),
+            CpuEngine()));
+        loss_md_ = md;
+      }
+      log_softmax_.execute(CpuStream(),
+                           {{DNNL_ARG_SRC, Wrap(md, logits.data())},
+                            {DNNL_ARG_DST, Wrap(md, d)}});
+    }));
+    const double scale = 1.0 / std::max<int64_t>(count, 1);
+    double loss = 0.0;
+    for (int64_t i = 0; i < n; ++i) {
+      if (labels[i] != ignore_index) loss -= d[i * k + labels[i]];
+    }
+    RETURN_IF_ERROR(run([&] {
+      exp_.execute(CpuStream(),
+                   {{DNNL_ARG_SRC, Wrap(md, d)}, {DNNL_ARG_DST, Wrap(md, d)}});
+    }));
+    const float s = static_cast<float>(scale);
+#pragma omp parallel for schedule(static) if (n * k >= 65536)
+    for (int64_t i = 0; i < n; ++i) {
+      float* row = d + i * k;
+      if (labels[i] == ignore_index) {
+        std::fill(row, row + k, 0.0f);
+        continue;
+      }
+      for (int64_t j = 0; j < k; ++j) row[j] *= s;
+      row[labels[i]] -= s;
+    }
+    return static_cast<float>(loss * scale);
+  }
+
  private:
   PrecisionKind precision_ = PRECISION_FP32;
+  // SoftmaxCrossEntropyIgnoring's primitives, for logits of shape loss_md_.
+  memory::desc loss_md_;
+  dnnl::logsoftmax_forward log_softmax_;
+  dnnl::eltwise_forward exp_;
 };
 
 }  // namespace
