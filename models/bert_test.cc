@@ -180,6 +180,16 @@ void SetFixtureWeights(Model& model) {
   ASSERT_TRUE(model.LoadHostWeights().ok());
 }
 
+// Zoo model `name` with dropout 0 (deterministic steps), sequences of
+// `seq` tokens, vocabulary `vocab`.
+absl::StatusOr<std::unique_ptr<Model>> NoDropoutBert(const std::string& name,
+                                                     int64_t seq, int vocab,
+                                                     Backend* backend) {
+  ModelOptions options;
+  options.transformer_dropout = 0.0f;
+  return Model::Create(name, {seq}, vocab, options, backend);
+}
+
 std::unique_ptr<Model> MakeBertTiny(Backend* backend, bool memory_plan) {
   ModelOptions options;
   options.transformer_dropout = 0.0f;
@@ -249,10 +259,8 @@ TEST(BertTiny, AdamTrainingFollowsPyTorchStepForStep) {
   ASSERT_TRUE(fixture.count("bert_tiny_adam"));
   const auto& v = fixture["bert_tiny_adam"].values;
   std::unique_ptr<Backend> cpu = NewCpuBackend();
-  ModelOptions options;
-  options.transformer_dropout = 0.0f;
   absl::StatusOr<std::unique_ptr<Model>> model =
-      Model::Create("bert_tiny", {32}, 97, options, cpu.get());
+      NoDropoutBert("bert_tiny", 32, 97, cpu.get());
   ASSERT_TRUE(model.ok()) << model.status();
   SetFixtureWeights(**model);
   (*model)->set_stage_gradients(false);
@@ -333,12 +341,10 @@ TEST(BertZoo, ParameterCountsAndTheTiedDecoder) {
 // the decoder's into the table's: float sums in another order).
 TEST(BertZoo, UntiedDecoderMatchesTheTiedOneAndItsTableIsRowSparse) {
   std::unique_ptr<Backend> cpu = NewCpuBackend();
-  ModelOptions options;
-  options.transformer_dropout = 0.0f;
   absl::StatusOr<std::unique_ptr<Model>> tied =
-      Model::Create("bert_tiny", {16}, 97, options, cpu.get());
+      NoDropoutBert("bert_tiny", 16, 97, cpu.get());
   absl::StatusOr<std::unique_ptr<Model>> untied =
-      Model::Create("bert_tiny_untied", {16}, 97, options, cpu.get());
+      NoDropoutBert("bert_tiny_untied", 16, 97, cpu.get());
   ASSERT_TRUE(tied.ok() && untied.ok()) << untied.status();
   EXPECT_EQ((*untied)->NumParameters(), (*tied)->NumParameters() + 97 * 128);
   const std::vector<std::string> names = (*untied)->PsTensorNames();
@@ -415,10 +421,8 @@ TEST(BertZoo, UntiedDecoderMatchesTheTiedOneAndItsTableIsRowSparse) {
 // predicts nothing costs 0 and moves no weight.
 TEST(BertTiny, TheHeadRunsAtThePredictedPositions) {
   std::unique_ptr<Backend> cpu = NewCpuBackend();
-  ModelOptions options;
-  options.transformer_dropout = 0.0f;
   absl::StatusOr<std::unique_ptr<Model>> model =
-      Model::Create("bert_tiny_untied", {16}, 50, options, cpu.get());
+      NoDropoutBert("bert_tiny_untied", 16, 50, cpu.get());
   ASSERT_TRUE(model.ok()) << model.status();
   Tensor ids({3, 16});
   std::vector<int32_t> labels(48, kIgnoreLabel);
