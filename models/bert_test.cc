@@ -424,6 +424,10 @@ TEST(BertTiny, TheHeadRunsAtThePredictedPositions) {
   absl::StatusOr<std::unique_ptr<Model>> model =
       NoDropoutBert("bert_tiny_untied", 16, 50, cpu.get());
   ASSERT_TRUE(model.ok()) << model.status();
+  // Per sample the head's rows are its 16 positions (all, as Forward's).
+  EXPECT_TRUE(absl::StrContains((*model)->Summary(), "gather128"))
+      << (*model)->Summary();
+  EXPECT_TRUE(absl::StrContains((*model)->Summary(), "[16, 50]"));
   Tensor ids({3, 16});
   std::vector<int32_t> labels(48, kIgnoreLabel);
   for (int i = 0; i < 48; ++i) ids.data[i] = 5 + (i * 7) % 45;

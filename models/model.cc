@@ -633,7 +633,12 @@ std::string Model::Summary() const {
   for (const auto& node : nodes_) {
     int64_t n = 0;
     for (const Param& p : node->params) n += p.value.size();
-    Shape shape(node->sample_shape.begin() + 1, node->sample_shape.end());
+    // Per sample: without the batch axis of 1 (the MLM head's rows, S per
+    // sample, are shown whole).
+    const bool batch_axis =
+        node->sample_shape.size() > 1 && node->sample_shape[0] == 1;
+    Shape shape(node->sample_shape.begin() + (batch_axis ? 1 : 0),
+                node->sample_shape.end());
     absl::StrAppendFormat(&out, "  %-24s %-16s %-18s %lld\n", node->name,
                           LayerName(node->spec), ShapeToString(shape),
                           static_cast<long long>(n));
