@@ -444,6 +444,24 @@ TEST(BertTiny, TheHeadRunsAtThePredictedPositions) {
     for (int k = 0; k < 50; ++k) sum += std::exp(double{row[k]} - top);
     expected += std::log(sum) + top - row[labels[i]];
   }
+  const std::vector<float> full = logits.value()->data;
+  // ForwardAt (evaluation): the same rows at the positions asked.
+  const Tensor no_padding({3, 16});
+  absl::StatusOr<const Tensor*> at =
+      (*model)->ForwardAt(ids, no_padding, {47.0f, 1.0f, 9.0f});
+  ASSERT_TRUE(at.ok()) << at.status();
+  ASSERT_EQ(at.value()->shape, (Shape{3, 50}));
+  for (int r = 0; r < 3; ++r) {
+    const int t = r == 0 ? 47 : r == 1 ? 1 : 9;
+    for (int k = 0; k < 50; ++k) {
+      EXPECT_NEAR(at.value()->data[r * 50 + k], full[t * 50 + k], 1e-5)
+          << "row " << t << ", logit " << k;
+    }
+  }
+  EXPECT_EQ((*model)->ForwardAt(ids, no_padding, {48.0f}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ((*model)->ForwardAt(ids, no_padding, {}).status().code(),
+            absl::StatusCode::kInvalidArgument);
   absl::StatusOr<float> loss = (*model)->ForwardBackward(ids, labels);
   ASSERT_TRUE(loss.ok()) << loss.status();
   EXPECT_NEAR(*loss, expected / 5, 1e-5);

@@ -683,12 +683,28 @@ absl::StatusOr<const Tensor*> Model::Forward(const Tensor& input,
   return CopyLogitsToHost();
 }
 
-absl::StatusOr<const Tensor*> Model::CopyLogitsToHost() {
+absl::StatusOr<const Tensor*> Model::ForwardAt(
+    const Tensor& input, const Tensor& padding_mask,
+    const std::vector<float>& positions) {
+  if (!sequence_ || positions.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        name_, ": ForwardAt with ", positions.size(),
+        " positions; expected a sequence model and at least one position"));
+  }
+  absl::Status s =
+      RunForward(input, &padding_mask, /*training=*/false, &positions);
+  if (!s.ok()) return s;
+  return CopyLogitsToHost(/*all_positions=*/false);
+}
+
+absl::StatusOr<const Tensor*> Model::CopyLogitsToHost(bool all_positions) {
   const DeviceTensor& logits = nodes_.back()->out;
-  // A sequence model's head ran at every position, in order: [N, S, vocab].
-  host_logits_.Resize(sequence_ ? Shape{input_.shape()[0], input_.shape()[1],
-                                        logits.shape().back()}
-                                : logits.shape());
+  // A sequence model's head that ran at every position, in order:
+  // [N, S, vocab].
+  host_logits_.Resize(
+      sequence_ && all_positions
+          ? Shape{input_.shape()[0], input_.shape()[1], logits.shape().back()}
+          : logits.shape());
   absl::Status s = backend_->CopyToHost(logits.data(), logits.size(),
                                         host_logits_.data.data());
   if (!s.ok()) return s;

@@ -197,6 +197,14 @@ class Model {
   absl::StatusOr<const Tensor*> Forward(const Tensor& input,
                                         const Tensor& padding_mask,
                                         bool training = false);
+  // A sequence model's eval-mode forward with the MLM head at `positions`
+  // only (flat row indices n * S + s in [0, N S), as a training step runs
+  // it at the predicted tokens): logits [P, vocab] on the host, row p for
+  // positions[p], valid until the next call. INVALID_ARGUMENT for an image
+  // model, no positions, or one out of range.
+  absl::StatusOr<const Tensor*> ForwardAt(const Tensor& input,
+                                          const Tensor& padding_mask,
+                                          const std::vector<float>& positions);
 
   // Training forward and backward on one batch. Fills every Param::grad with
   // d(mean cross-entropy)/d(param) and the host gradient staging with the
@@ -310,8 +318,9 @@ class Model {
   // Adds the gradients of the parameters tied to `owner`'s into its own
   // (after its backward overwrote them).
   absl::Status AddTiedGradients(const Node& owner);
-  // The last forward's logits into host_logits_.
-  absl::StatusOr<const Tensor*> CopyLogitsToHost();
+  // The last forward's logits into host_logits_ (a sequence model's
+  // `all_positions`: as [N, S, vocab], else [P, vocab]).
+  absl::StatusOr<const Tensor*> CopyLogitsToHost(bool all_positions = true);
   absl::Status CopyGradientsToHost(const Node& node);
   // Places every node's output, gradient and accumulation scratch for
   // inputs of shape `input` (and a sequence model's `positions` head

@@ -87,13 +87,21 @@ absl::StatusOr<Evaluation> EvaluateMlm(Model& model, const Dataset& dataset,
     const int64_t n = std::min<int64_t>(eval_batch, test.count - begin);
     const MlmBatch batch =
         TokenBatch(test, in_order, begin, n, masker, kEvalMaskSeed, 0);
-    ASSIGN_OR_RETURN(const Tensor* logits,
-                     model.Forward(batch.ids, batch.padding_mask));
-    const int64_t vocab = logits->shape[2];
+    // The head runs at the masked tokens only (Model::ForwardAt).
+    std::vector<float> positions;
+    std::vector<int32_t> labels;
     for (size_t t = 0; t < batch.labels.size(); ++t) {
-      const int32_t label = batch.labels[t];
-      if (label == kIgnoreLabel) continue;
-      const float* row = &logits->data[t * vocab];
+      if (batch.labels[t] == kIgnoreLabel) continue;
+      positions.push_back(static_cast<float>(t));
+      labels.push_back(batch.labels[t]);
+    }
+    if (positions.empty()) continue;
+    ASSIGN_OR_RETURN(const Tensor* logits,
+                     model.ForwardAt(batch.ids, batch.padding_mask, positions));
+    const int64_t vocab = logits->shape[1];
+    for (size_t p = 0; p < labels.size(); ++p) {
+      const int32_t label = labels[p];
+      const float* row = &logits->data[p * vocab];
       const float top = *std::max_element(row, row + vocab);
       double sum = 0;
       for (int64_t k = 0; k < vocab; ++k) sum += std::exp(double{row[k]} - top);
