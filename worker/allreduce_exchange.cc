@@ -184,6 +184,12 @@ class AllreduceExchange : public GradientExchange {
     return step_;
   }
 
+  void LeaveWorld() override {
+    if (!elastic_.has_value()) return;
+    collective_ = nullptr;
+    owned_.reset();
+  }
+
   std::optional<WorkerMembership> membership() const override {
     if (!elastic_.has_value()) return std::nullopt;
     return membership_;

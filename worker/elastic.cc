@@ -184,6 +184,10 @@ absl::StatusOr<int64_t> ElasticMembership::RecoverWorld(absl::Status cause) {
   options_.say(absl::StrCat("worker ", options_.worker_id, ": step failed (",
                             cause.ToString(),
                             "); waiting for the job's next membership"));
+  // A member blocked on this one (a ring neighbour) fails now, not at the
+  // collective's timeout after this worker's wait for the next world ran
+  // out.
+  exchange_->LeaveWorld();
   // A world is joined once: a rendezvous of an epoch tried before may hold
   // keys of that try.
   int64_t tried = std::max(current_.epoch, attempted_epoch_);

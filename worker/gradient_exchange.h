@@ -225,6 +225,12 @@ class GradientExchange {
     return absl::UnimplementedError(
         "only an elastic allreduce job changes its collective's world");
   }
+  // An elastic allreduce job whose step failed because a member died:
+  // closes this worker's connections of the current world now, so that a
+  // member still blocked in a collective with it fails at once instead of
+  // at the collective's timeout (and does not miss the next world). The
+  // next ChangeWorld joins a new world. Nothing elsewhere.
+  virtual void LeaveWorld() {}
 
   // Worker 0: the exchange's part of checkpoint `step`, whose folder on
   // this worker's host is `step_dir` (worker/checkpoint.h): PS, every
