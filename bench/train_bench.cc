@@ -550,13 +550,9 @@ int Main() {
     PrintError(kProgram, dataset.status().message());
     return 2;
   }
-  if (IsSequenceModel(run.model_name) != (dataset->tokens != nullptr)) {
-    PrintError(kProgram,
-               absl::StrCat("--model=", run.model_name,
-                            " with --dataset=", dataset->name, ": expected ",
-                            IsSequenceModel(run.model_name)
-                                ? "tokens or synthetic_tokens"
-                                : "an image dataset"));
+  if (absl::Status takes = CheckModelTakesDataset(run.model_name, *dataset);
+      !takes.ok()) {
+    PrintError(kProgram, takes.message());
     return 2;
   }
   absl::StatusOr<std::unique_ptr<Backend>> backend =

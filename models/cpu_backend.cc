@@ -1007,17 +1007,7 @@ class CpuBackend final : public Backend {
     if (n == 0) return 0.0f;
     float* d = dlogits->data();
     const memory::desc md({n, k}, dt::f32, tag::ab);
-    auto run = [](auto&& f) -> absl::Status {
-      try {
-        f();
-        CpuStream().wait();
-      } catch (const dnnl::error& e) {
-        return absl::InternalError(
-            absl::StrCat("softmax cross-entropy: oneDNN: ", e.what()));
-      }
-      return absl::OkStatus();
-    };
-    RETURN_IF_ERROR(run([&] {
+    RETURN_IF_ERROR(Run("softmax cross-entropy", [&] {
       if (!(loss_md_ == md)) {
         absl::MutexLock lock(&CreationMutex());
         log_softmax_ =
@@ -1040,7 +1030,7 @@ class CpuBackend final : public Backend {
     for (int64_t i = 0; i < n; ++i) {
       if (labels[i] != ignore_index) loss -= d[i * k + labels[i]];
     }
-    RETURN_IF_ERROR(run([&] {
+    RETURN_IF_ERROR(Run("softmax cross-entropy", [&] {
       exp_.execute(CpuStream(),
                    {{DNNL_ARG_SRC, Wrap(md, d)}, {DNNL_ARG_DST, Wrap(md, d)}});
     }));

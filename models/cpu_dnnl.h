@@ -12,6 +12,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "models/layer_spec.h"
 #include "oneapi/dnnl/dnnl.hpp"
@@ -44,17 +45,20 @@ inline dnnl::memory Wrap(const dnnl::memory::desc& md, const float* data) {
 }
 
 // Runs `f` and waits for the stream. oneDNN reports errors by exception;
-// they become INTERNAL naming the layer.
+// they become INTERNAL naming `what` (the layer, or the operation).
 template <typename F>
-absl::Status Run(const LayerSpec& spec, F&& f) {
+absl::Status Run(absl::string_view what, F&& f) {
   try {
     std::forward<F>(f)();
     CpuStream().wait();
   } catch (const dnnl::error& e) {
-    return absl::InternalError(
-        absl::StrCat(LayerName(spec), ": oneDNN: ", e.what()));
+    return absl::InternalError(absl::StrCat(what, ": oneDNN: ", e.what()));
   }
   return absl::OkStatus();
+}
+template <typename F>
+absl::Status Run(const LayerSpec& spec, F&& f) {
+  return Run(LayerName(spec), std::forward<F>(f));
 }
 
 }  // namespace cpu_dnnl

@@ -453,6 +453,17 @@ void BuildBert(ModelBuilder& b, const BertConfig& c, int64_t vocab,
 
 }  // namespace
 
+void FindPredictedTokens(absl::Span<const int32_t> labels,
+                         PredictedTokens* out) {
+  out->positions.clear();
+  out->labels.clear();
+  for (size_t i = 0; i < labels.size(); ++i) {
+    if (labels[i] == kIgnoreLabel) continue;
+    out->positions.push_back(static_cast<float>(i));
+    out->labels.push_back(labels[i]);
+  }
+}
+
 absl::StatusOr<std::unique_ptr<Model>> Model::Create(
     const std::string& name, const Shape& input_chw, int num_classes,
     const ModelOptions& options, Backend* backend) {
@@ -1005,21 +1016,15 @@ absl::StatusOr<float> Model::TrainStep(const Tensor& input,
           absl::StrCat(name_, ": ", labels.size(), " labels for input ",
                        ShapeToString(input.shape), "; expected one a token"));
     }
-    step_positions_.clear();
-    step_labels_.clear();
-    for (size_t i = 0; i < labels.size(); ++i) {
-      if (labels[i] == kIgnoreLabel) continue;
-      step_positions_.push_back(static_cast<float>(i));
-      step_labels_.push_back(labels[i]);
+    FindPredictedTokens(labels, &step_predicted_);
+    if (step_predicted_.positions.empty()) {
+      step_predicted_.positions.push_back(0.0f);
+      step_predicted_.labels.push_back(kIgnoreLabel);
     }
-    if (step_positions_.empty()) {
-      step_positions_.push_back(0.0f);
-      step_labels_.push_back(kIgnoreLabel);
-    }
-    labels = step_labels_;
+    labels = step_predicted_.labels;
   }
   absl::Status s = RunForward(input, padding_mask, /*training=*/true,
-                              sequence_ ? &step_positions_ : nullptr);
+                              sequence_ ? &step_predicted_.positions : nullptr);
   if (!s.ok()) return s;
   const DeviceTensor& device_logits = nodes_.back()->out;
   s = dlogits_.Resize(device_logits.shape());

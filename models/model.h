@@ -146,6 +146,17 @@ struct ModelOptions {
   bool fuse_add_relu = true;
 };
 
+// A batch's predicted tokens, where a sequence model's MLM head runs: the
+// flat row index n * S + s (fp32, as Model::ForwardAt takes it) and the
+// label of every token whose label is not kIgnoreLabel, in order.
+struct PredictedTokens {
+  std::vector<float> positions;
+  std::vector<int32_t> labels;
+};
+// Fills *out from `labels` (N * S, one per token), reusing its storage.
+void FindPredictedTokens(absl::Span<const int32_t> labels,
+                         PredictedTokens* out);
+
 class Model {
  public:
   // Builds zoo model `name` on `backend` (not owned; must outlive the model)
@@ -345,8 +356,7 @@ class Model {
   // training step's positions and labels there (host).
   DeviceTensor positions_;
   std::vector<float> all_positions_;
-  std::vector<float> step_positions_;
-  std::vector<int32_t> step_labels_;
+  PredictedTokens step_predicted_;
   DeviceTensor scratch_;  // Accumulation scratch without the memory plan.
   bool memory_plan_ = true;
   Shape planned_input_;            // The input shape slots_ are laid out for,

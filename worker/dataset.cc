@@ -608,6 +608,18 @@ absl::StatusOr<Dataset> MakeSynthetic(DatasetOptions o) {
 
 }  // namespace
 
+absl::Status CheckModelTakesDataset(const std::string& model,
+                                    const Dataset& dataset) {
+  const bool sequence = IsSequenceModel(model);
+  if (sequence == (dataset.tokens != nullptr)) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      "model ", model, " takes ", sequence ? "token sequences" : "images",
+      " but dataset ", dataset.name, " holds ",
+      sequence ? "images" : "token sequences", "; expected ",
+      sequence ? "dataset tokens or synthetic_tokens"
+               : "an image dataset (not tokens or synthetic_tokens)"));
+}
+
 absl::StatusOr<Dataset> LoadDataset(const std::string& name,
                                     const std::string& data_dir,
                                     const DatasetOptions& options) {

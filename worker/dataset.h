@@ -203,6 +203,12 @@ absl::StatusOr<Dataset> LoadDataset(const std::string& name,
                                     const std::string& data_dir,
                                     const DatasetOptions& options = {});
 
+// A sequence model (catalog/catalog.h IsSequenceModel) trains on token
+// sequences, an image model on images: INVALID_ARGUMENT naming both
+// otherwise.
+absl::Status CheckModelTakesDataset(const std::string& model,
+                                    const Dataset& dataset);
+
 // MemAvailable of /proc/meminfo's `text`, in bytes; NOT_FOUND without the
 // line, DATA_LOSS for a line that is not "MemAvailable: N kB".
 absl::StatusOr<int64_t> ParseMemAvailable(absl::string_view meminfo);

@@ -54,19 +54,6 @@ InputPipelineOptions StreamInputOptions(const Dataset& dataset,
   return input;
 }
 
-// A sequence model trains on token sequences, an image model on images.
-absl::Status CheckModelTakesDataset(const std::string& model,
-                                    const Dataset& dataset) {
-  const bool sequence = IsSequenceModel(model);
-  if (sequence == (dataset.tokens != nullptr)) return absl::OkStatus();
-  return absl::InvalidArgumentError(absl::StrCat(
-      "model ", model, " takes ", sequence ? "token sequences" : "images",
-      " but dataset ", dataset.name, " holds ",
-      sequence ? "images" : "token sequences", "; expected ",
-      sequence ? "dataset tokens or synthetic_tokens"
-               : "an image dataset (not tokens or synthetic_tokens)"));
-}
-
 // The fixed masking of every evaluation (the same masks each epoch, and in
 // every run of a test split, whatever the job's seed).
 constexpr uint64_t kEvalMaskSeed = 0x7E57;
@@ -83,24 +70,20 @@ absl::StatusOr<Evaluation> EvaluateMlm(Model& model, const Dataset& dataset,
   const SampleOrder in_order(std::move(indices));
   double loss_sum = 0;
   int64_t masked = 0, correct = 0;
+  PredictedTokens predicted;
   for (int64_t begin = 0; begin < test.count; begin += eval_batch) {
     const int64_t n = std::min<int64_t>(eval_batch, test.count - begin);
     const MlmBatch batch =
         TokenBatch(test, in_order, begin, n, masker, kEvalMaskSeed, 0);
     // The head runs at the masked tokens only (Model::ForwardAt).
-    std::vector<float> positions;
-    std::vector<int32_t> labels;
-    for (size_t t = 0; t < batch.labels.size(); ++t) {
-      if (batch.labels[t] == kIgnoreLabel) continue;
-      positions.push_back(static_cast<float>(t));
-      labels.push_back(batch.labels[t]);
-    }
-    if (positions.empty()) continue;
-    ASSIGN_OR_RETURN(const Tensor* logits,
-                     model.ForwardAt(batch.ids, batch.padding_mask, positions));
+    FindPredictedTokens(batch.labels, &predicted);
+    if (predicted.positions.empty()) continue;
+    ASSIGN_OR_RETURN(
+        const Tensor* logits,
+        model.ForwardAt(batch.ids, batch.padding_mask, predicted.positions));
     const int64_t vocab = logits->shape[1];
-    for (size_t p = 0; p < labels.size(); ++p) {
-      const int32_t label = labels[p];
+    for (size_t p = 0; p < predicted.labels.size(); ++p) {
+      const int32_t label = predicted.labels[p];
       const float* row = &logits->data[p * vocab];
       const float top = *std::max_element(row, row + vocab);
       double sum = 0;
