@@ -298,10 +298,17 @@ class PsExchange : public GradientExchange, public WeightsGate {
   absl::StatusOr<int64_t> ChangeShards(
       const std::vector<std::string>& addresses,
       const MembershipAt& membership_at, absl::Duration timeout) override {
+    trace::Scope traced(
+        "change shards", "elastic",
+        {{"step", step_},
+         {"old_shards", client_->num_shards()},
+         {"new_shards", static_cast<int64_t>(addresses.size())}});
     RETURN_IF_ERROR(SettleAtOwnStep("a change of shards", timeout).status());
     // Async: every chunk moves as it is, at its own version.
+    trace::Scope exported("export", "elastic");
     ASSIGN_OR_RETURN(ModelState state,
                      client_->ExportState(timeout, /*one_version=*/sync_));
+    exported.End();
     ASSIGN_OR_RETURN(std::unique_ptr<PsClient> next,
                      client_->WithShards(addresses));
     // Sync: one version throughout (ExportState checked it); async: the
@@ -311,12 +318,16 @@ class PsExchange : public GradientExchange, public WeightsGate {
     for (const std::vector<float>& w : state.weights) {
       weights.push_back(absl::MakeConstSpan(w));
     }
+    trace::Scope restored("restore", "elastic");
     ASSIGN_OR_RETURN(const int64_t generation,
                      next->Restore(weights, state, timeout, &membership));
+    restored.End();
     client_ = std::move(next);
+    trace::Scope ready("wait ready and pull", "elastic");
     RETURN_IF_ERROR(client_->WaitReady(timeout, generation,
                                        /*wait_for_connection=*/false));
     ASSIGN_OR_RETURN(version_, client_->PushPull(0, {}, 0, 0, weights_));
+    ready.End();
     step_ = version_;
     RETURN_IF_ERROR(KeepResiduals(/*live=*/true));
     return sync_ ? version_ : membership.from_step;
@@ -587,9 +598,22 @@ class PsExchange : public GradientExchange, public WeightsGate {
                    std::string(residuals.status().message()).c_str());
       return absl::OkStatus();
     }
-    return WriteResidualFile(
-        compression_.step_dir(announced), compression_.worker_id, announced,
-        client_->generation(), compression_.names, *residuals);
+    if (absl::Status written = WriteResidualFile(
+            compression_.step_dir(announced), compression_.worker_id, announced,
+            client_->generation(), compression_.names, *residuals);
+        !written.ok()) {
+      // Worker 0 gave the checkpoint up and removed its folder while this
+      // file was written (a shard died: RemoveOldCheckpoints takes the
+      // folders after `latest`), or the write itself failed: either way
+      // worker 0's wait for the file fails and that checkpoint is not
+      // taken. Training goes on, as it does when a shard's write fails.
+      std::fprintf(stderr,
+                   "worker %d: residual file of checkpoint %lld not written "
+                   "(that checkpoint is not taken): %s\n",
+                   compression_.worker_id, static_cast<long long>(announced),
+                   written.ToString().c_str());
+    }
+    return absl::OkStatus();
   }
 
   absl::Status BeginStep(const std::vector<absl::Span<const float>>& gradients,
