@@ -59,15 +59,24 @@ absl::Status DecodeFloatChunk(const TensorChunk& chunk,
   return absl::OkStatus();
 }
 
-absl::Status DecodeFloatChunkInto(const TensorChunk& chunk,
-                                  absl::Span<float> out) {
+absl::Status CheckFloatChunk(const TensorChunk& chunk,
+                             int64_t expected_elements) {
   absl::Status status = CheckChunk(chunk);
   if (!status.ok()) return status;
-  if (static_cast<size_t>(chunk.num_elements()) != out.size()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "chunk (", chunk.key().param_id(), ", ", chunk.key().chunk_index(),
-        ") has ", chunk.num_elements(), " elements; expected ", out.size()));
+  if (chunk.num_elements() != expected_elements) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("chunk (", chunk.key().param_id(), ", ",
+                     chunk.key().chunk_index(), ") has ", chunk.num_elements(),
+                     " elements; expected ", expected_elements));
   }
+  return absl::OkStatus();
+}
+
+absl::Status DecodeFloatChunkInto(const TensorChunk& chunk,
+                                  absl::Span<float> out) {
+  absl::Status status =
+      CheckFloatChunk(chunk, static_cast<int64_t>(out.size()));
+  if (!status.ok()) return status;
   if (!out.empty()) {
     std::memcpy(out.data(), chunk.data().data(), chunk.data().size());
   }

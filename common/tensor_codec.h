@@ -29,6 +29,12 @@ void EncodeFloatChunk(int32_t param_id, int32_t chunk_index, int64_t version,
 absl::Status DecodeFloatChunk(const TensorChunk& chunk,
                               std::vector<float>* values);
 
+// DecodeFloatChunk's checks, and num_elements == `expected_elements`
+// (INVALID_ARGUMENT naming the chunk otherwise), without copying: for a
+// chunk passed on as it is.
+absl::Status CheckFloatChunk(const TensorChunk& chunk,
+                             int64_t expected_elements);
+
 // As DecodeFloatChunk, into caller memory of exactly `out.size()` elements.
 absl::Status DecodeFloatChunkInto(const TensorChunk& chunk,
                                   absl::Span<float> out);

@@ -415,6 +415,8 @@ grpc::Status PsService::Init(grpc::ServerContext* context,
   std::vector<bool> seen(plan->chunks().size(), false);
   std::vector<InitChunk> chunks;
   int64_t elements = 0;
+  trace::Scope received("init receive", "elastic",
+                        {{"generation", generation}});
   while (reader->Read(&request)) {
     InitChunk chunk;
     chunk.param_id = request.chunk().key().param_id();
@@ -458,6 +460,9 @@ grpc::Status PsService::Init(grpc::ServerContext* context,
     elements += static_cast<int64_t>(chunk.values.size());
     chunks.push_back(std::move(chunk));
   }
+  received.End();
+  trace::Scope initialised("init apply", "elastic",
+                           {{"generation", generation}});
   const int64_t num_chunks = static_cast<int64_t>(chunks.size());
   // Another partition: no stream or checkpoint may use the chunks while the
   // shard makes them anew (every worker closes its streams first).
@@ -553,6 +558,7 @@ grpc::Status PsService::Export(grpc::ServerContext* context,
   if (!version.ok()) return ToGrpcStatus(version.status());
   // Each chunk encoded straight from the shard's state (no snapshot copy:
   // the closed shard's chunks change no more).
+  trace::Scope traced("export", "elastic", {{"version", *version}});
   ExportResponse response;
   status =
       shard_->VisitChunks(*version, [&](const ParameterShard::ChunkView& c) {

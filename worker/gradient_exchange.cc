@@ -303,25 +303,20 @@ class PsExchange : public GradientExchange, public WeightsGate {
         {{"step", step_},
          {"old_shards", client_->num_shards()},
          {"new_shards", static_cast<int64_t>(addresses.size())}});
-    RETURN_IF_ERROR(SettleAtOwnStep("a change of shards", timeout).status());
-    // Async: every chunk moves as it is, at its own version.
-    trace::Scope exported("export", "elastic");
-    ASSIGN_OR_RETURN(ModelState state,
-                     client_->ExportState(timeout, /*one_version=*/sync_));
-    exported.End();
+    ASSIGN_OR_RETURN(const int64_t settled,
+                     SettleAtOwnStep("a change of shards", timeout));
     ASSIGN_OR_RETURN(std::unique_ptr<PsClient> next,
                      client_->WithShards(addresses));
-    // Sync: one version throughout (ExportState checked it); async: the
-    // caller's membership_at anchors worker 0's step instead.
-    const WorkerMembership membership = membership_at(SmallestVersion(state));
-    std::vector<absl::Span<const float>> weights;
-    for (const std::vector<float>& w : state.weights) {
-      weights.push_back(absl::MakeConstSpan(w));
-    }
-    trace::Scope restored("restore", "elastic");
+    // Sync: every chunk at the settled version (MoveStateTo checks it),
+    // the new membership's data position that of its step; async: every
+    // chunk moves as it is, at its own version, and the caller's
+    // membership_at anchors worker 0's step instead.
+    const WorkerMembership membership = membership_at(settled);
+    trace::Scope moved("move", "elastic");
     ASSIGN_OR_RETURN(const int64_t generation,
-                     next->Restore(weights, state, timeout, &membership));
-    restored.End();
+                     client_->MoveStateTo(*next, sync_ ? settled : -1,
+                                          &membership, timeout));
+    moved.End();
     client_ = std::move(next);
     trace::Scope ready("wait ready and pull", "elastic");
     RETURN_IF_ERROR(client_->WaitReady(timeout, generation,

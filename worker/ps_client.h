@@ -250,21 +250,32 @@ class PsClient {
       const std::vector<std::string>& addresses) const;
 
   // Worker 0 of an elastic job, at a step boundary (nothing of its next
-  // step pushed): every shard takes generation G+1 (G the highest any
-  // shard is at) closed, keeping its state as of its last decided step
-  // (proto/ps.proto ExportRequest), and sends it; returns the whole
-  // model's state (server/shard_checkpoint.h, as a checkpoint's), every
-  // tensor at one version, which the caller restores onto the new layout
-  // (Restore() through WithShards()'s client, whose generation is then
-  // above G+1). FAILED_PRECONDITION where a shard cannot reopen (as
-  // Reopen()) or, with `one_version` (sync), the shards are at different
-  // versions; async (not `one_version`): every chunk as it is, at its own
-  // version. DATA_LOSS for a
-  // shard's export that does not fit the plan. Each call lasts at most
-  // `timeout`. The shards stay closed on an error: the caller recovers
-  // (a restore or a reopen at a higher generation opens them).
-  absl::StatusOr<ModelState> ExportState(absl::Duration timeout,
-                                         bool one_version = true);
+  // step pushed), moves the model's whole state (weights, Adam state,
+  // versions) from these shards onto `next`'s (WithShards(): the same
+  // model and partition over another number of shards, some of them these
+  // shards): every shard here takes generation G+1 (G the highest any
+  // shard of either layout is at) closed, keeping its state as of its last
+  // decided step, and streams its chunks (proto/ps.proto ExportRequest);
+  // each chunk, checked against the plan, goes on as it arrives, without
+  // being decoded, on the Init stream of the shard that owns it in
+  // `next`'s layout, whose first message carries generation G+2 and
+  // `membership` (if not null). Each Init stream ends once every export
+  // has, so that no shard applies its new chunks before its own export is
+  // read out. Returns G+2, the generation `next`'s shards then stand at
+  // (its WaitReady() follows). Worker 0 holds one chunk per old shard at a
+  // time, not the model.
+  // `version`: sync, the version every chunk must be at (the step the
+  // shards settled at), else FAILED_PRECONDITION; -1 (async): every chunk
+  // moves at its own version. FAILED_PRECONDITION also where a shard
+  // cannot reopen (as Reopen()); DATA_LOSS for an export that does not fit
+  // the plan (a chunk not its own, twice, missing, of the wrong size or
+  // dtype); a new shard's error as Restore()'s. Each call lasts at most
+  // `timeout`. On an error the old shards stay closed and the new ones
+  // apply nothing: the caller recovers (a restore or a reopen at a higher
+  // generation opens them).
+  absl::StatusOr<int64_t> MoveStateTo(PsClient& next, int64_t version,
+                                      const WorkerMembership* membership,
+                                      absl::Duration timeout);
   const PartitionPlan& plan() const { return plan_; }
 
   // The generation this client's requests carry.
@@ -469,14 +480,19 @@ class PsClient {
   // and (if not null) `membership`.
   InitRequest FirstInitRequest(int64_t generation,
                                const WorkerMembership* membership) const;
-  // InitializeAs() and ExportState() of shard `s`.
+  // InitializeAs() of shard `s`.
   absl::Status InitializeShard(
       int s, const std::vector<absl::Span<const float>>& params,
       const ModelState* resume, int64_t generation,
       const WorkerMembership* membership);
-  absl::Status ExportShard(int s, int64_t generation, absl::Duration timeout,
-                           ModelState* state,
-                           std::vector<int64_t>* chunk_versions);
+  // MoveStateTo()'s export of shard `s` at `generation`, each chunk
+  // forwarded to `next`'s owner of it through `sink(shard, request)`;
+  // (*chunk_versions)[i] set for each chunk i it sent.
+  absl::Status ForwardShard(
+      int s, int64_t generation, int64_t version, absl::Duration timeout,
+      const PsClient& next,
+      const std::function<absl::Status(int, InitRequest&)>& sink,
+      std::vector<int64_t>* chunk_versions);
   // Runs fn(s) for every shard, each on its own thread (shard 0 on the
   // caller's); the first error by shard index.
   absl::Status ForEachShard(const std::function<absl::Status(int)>& fn);

@@ -3,6 +3,7 @@
 // failure (HighestGeneration, Restore, Reopen), wait for it (WaitReady),
 // and checkpoint it (Checkpoint); see worker/ps_client.h.
 #include <algorithm>
+#include <atomic>
 #include <functional>
 #include <thread>  // NOLINT(build/c++11)
 #include <vector>
@@ -14,6 +15,7 @@
 #include "common/membership.h"
 #include "common/status.h"
 #include "common/tensor_codec.h"
+#include "common/trace.h"
 #include "worker/ps_client.h"
 
 namespace pstrain {
@@ -167,6 +169,8 @@ absl::Status PsClient::InitializeShard(
     int s, const std::vector<absl::Span<const float>>& params,
     const ModelState* resume, int64_t generation,
     const WorkerMembership* membership) {
+  trace::Scope traced("init shard", "elastic",
+                      {{"shard", s}, {"generation", generation}});
   grpc::ClientContext context;
   SetDeadline(&context, options_.rpc_timeout);
   // The job's first Init (generation 0): the shard has registered, but a
@@ -247,63 +251,84 @@ absl::StatusOr<std::unique_ptr<PsClient>> PsClient::WithShards(
   return client;
 }
 
-absl::StatusOr<ModelState> PsClient::ExportState(absl::Duration timeout,
-                                                 bool one_version) {
-  ASSIGN_OR_RETURN(const int64_t highest, HighestGeneration(timeout));
-  const int64_t generation = highest + 1;
-  // Every shard's export at once (as InitializeAs()), each chunk decoded
-  // straight into its place in the whole tensors (the shards' threads
-  // write disjoint ranges and chunk slots).
-  ModelState state;
-  const std::vector<int64_t>& sizes = plan_.param_num_elements();
-  state.weights.resize(sizes.size());
-  state.m.resize(sizes.size());
-  state.v.resize(sizes.size());
-  state.versions.resize(sizes.size());
-  for (size_t t = 0; t < sizes.size(); ++t) {
-    state.weights[t].resize(sizes[t]);
-    if (!plan_.is_buffer(static_cast<int32_t>(t))) {
-      state.m[t].resize(sizes[t]);
-      state.v[t].resize(sizes[t]);
-    }
+absl::StatusOr<int64_t> PsClient::MoveStateTo(
+    PsClient& next, int64_t version, const WorkerMembership* membership,
+    absl::Duration timeout) {
+  ASSIGN_OR_RETURN(const int64_t old_highest, HighestGeneration(timeout));
+  ASSIGN_OR_RETURN(const int64_t new_highest, next.HighestGeneration(timeout));
+  const int64_t export_generation = std::max(old_highest, new_highest) + 1;
+  const int64_t generation = export_generation + 1;
+  // One Init stream per new shard; the export threads write to it in turn.
+  struct Sink {
+    grpc::ClientContext context;
+    InitResponse response;
+    std::unique_ptr<grpc::ClientWriter<InitRequest>> writer;
+    absl::Mutex mu;
+    bool open ABSL_GUARDED_BY(mu) = true;
+  };
+  std::vector<std::unique_ptr<Sink>> sinks;
+  for (int s = 0; s < next.num_shards(); ++s) {
+    auto sink = std::make_unique<Sink>();
+    SetDeadline(&sink->context, timeout);
+    sink->writer = next.stubs_[s]->Init(&sink->context, &sink->response);
+    absl::MutexLock lock(&sink->mu);
+    sink->open =
+        sink->writer->Write(next.FirstInitRequest(generation, membership));
+    sinks.push_back(std::move(sink));
   }
+  // A new shard whose stream broke: its Finish() below says why.
+  std::atomic<int> broken{-1};
+  auto forward = [&](int s, InitRequest& request) {
+    Sink& sink = *sinks[s];
+    absl::MutexLock lock(&sink.mu);
+    if (sink.open) sink.open = sink.writer->Write(request);
+    if (sink.open) return absl::OkStatus();
+    int none = -1;
+    broken.compare_exchange_strong(none, s);
+    return absl::UnavailableError(absl::StrCat("the init stream to new shard ",
+                                               s, " (", next.addresses_[s],
+                                               ") broke"));
+  };
   std::vector<int64_t> chunk_versions(plan_.chunks().size(), -1);
-  RETURN_IF_ERROR(ForEachShard([&](int s) {
-    return ExportShard(s, generation, timeout, &state, &chunk_versions);
-  }));
-  // Every chunk once (ExportShard() refused a second), and (one_version,
-  // sync) one version throughout.
-  int64_t version = -1;
-  for (size_t i = 0; i < plan_.chunks().size(); ++i) {
+  absl::Status moved = ForEachShard([&](int s) {
+    return ForwardShard(s, export_generation, version, timeout, next, forward,
+                        &chunk_versions);
+  });
+  for (size_t i = 0; moved.ok() && i < plan_.chunks().size(); ++i) {
     const ChunkSpec& c = plan_.chunks()[i];
     if (chunk_versions[i] < 0) {
-      return absl::DataLossError(absl::StrCat(
+      moved = absl::DataLossError(absl::StrCat(
           "shard ", c.shard, " (", addresses_[c.shard],
           ") did not export chunk (", c.param_id, ", ", c.chunk_index, ")"));
     }
-    if (one_version && version >= 0 && chunk_versions[i] != version) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "shard ", c.shard, " (", addresses_[c.shard], ") is at version ",
-          chunk_versions[i], " and another chunk at ", version,
-          ": the shards cannot move to a new layout at one step"));
+  }
+  generation_ = export_generation;
+  // Every export is read out: the new shards may apply their chunks now
+  // (after an error every Init is cancelled, so that no shard applies a
+  // part). The first new shard's error, or the one whose stream broke.
+  absl::Status restored;
+  for (int s = 0; s < next.num_shards(); ++s) {
+    Sink& sink = *sinks[s];
+    if (!moved.ok() && s != broken.load()) sink.context.TryCancel();
+    sink.writer->WritesDone();
+    const grpc::Status status = sink.writer->Finish();
+    if ((moved.ok() || s == broken.load()) && restored.ok() && !status.ok()) {
+      restored = next.ShardError(s, status);
     }
-    version = chunk_versions[i];
-    state.versions[c.param_id].push_back(
-        {c.offset, c.num_elements, chunk_versions[i]});
   }
-  for (std::vector<ModelState::Range>& ranges : state.versions) {
-    std::sort(ranges.begin(), ranges.end(),
-              [](const ModelState::Range& a, const ModelState::Range& b) {
-                return a.offset < b.offset;
-              });
-  }
-  generation_ = generation;
-  return state;
+  if (!restored.ok()) return restored;
+  if (!moved.ok()) return moved;
+  next.generation_ = generation;
+  return generation;
 }
 
-absl::Status PsClient::ExportShard(int s, int64_t generation,
-                                   absl::Duration timeout, ModelState* state,
-                                   std::vector<int64_t>* chunk_versions) {
+absl::Status PsClient::ForwardShard(
+    int s, int64_t generation, int64_t version, absl::Duration timeout,
+    const PsClient& next,
+    const std::function<absl::Status(int, InitRequest&)>& sink,
+    std::vector<int64_t>* chunk_versions) {
+  trace::Scope traced("export shard", "elastic",
+                      {{"shard", s}, {"generation", generation}});
   grpc::ClientContext context;
   SetDeadline(&context, timeout);
   ExportRequest request;
@@ -311,47 +336,63 @@ absl::Status PsClient::ExportShard(int s, int64_t generation,
   request.set_generation(generation);
   auto reader = stubs_[s]->Export(&context, request);
   ExportResponse response;
+  InitRequest forwarded;
+  next.SetHeader(forwarded.mutable_header());
   absl::Status bad;
   const std::string shard = absl::StrCat("shard ", s, " (", addresses_[s], ")");
   while (bad.ok() && reader->Read(&response)) {
     const ChunkKey& key = response.chunk().key();
+    const std::string chunk =
+        absl::StrCat("chunk (", key.param_id(), ", ", key.chunk_index(), ")");
     const int global = plan_.FindChunk(key.param_id(), key.chunk_index());
     if (global < 0 || plan_.chunks()[global].shard != s) {
       bad = absl::DataLossError(
-          absl::StrCat(shard, " exported chunk (", key.param_id(), ", ",
-                       key.chunk_index(), "), which is not its own"));
+          absl::StrCat(shard, " exported ", chunk, ", which is not its own"));
       break;
     }
     if ((*chunk_versions)[global] >= 0) {
-      bad = absl::DataLossError(absl::StrCat(shard, " exported chunk (",
-                                             key.param_id(), ", ",
-                                             key.chunk_index(), ") twice"));
+      bad = absl::DataLossError(
+          absl::StrCat(shard, " exported ", chunk, " twice"));
       break;
     }
     const ChunkSpec& c = plan_.chunks()[global];
-    auto into = [&](std::vector<float>& tensor) {
-      return absl::MakeSpan(tensor).subspan(c.offset, c.num_elements);
-    };
-    // DecodeFloatChunkInto refuses a size other than the plan's.
-    bad = DecodeFloatChunkInto(response.chunk(),
-                               into(state->weights[c.param_id]));
+    bad = CheckFloatChunk(response.chunk(), c.num_elements);
     if (bad.ok() && !plan_.is_buffer(c.param_id)) {
-      bad = DecodeFloatChunkInto(response.adam_m(), into(state->m[c.param_id]));
-      if (bad.ok()) {
-        bad =
-            DecodeFloatChunkInto(response.adam_v(), into(state->v[c.param_id]));
-      }
+      bad = CheckFloatChunk(response.adam_m(), c.num_elements);
+      if (bad.ok()) bad = CheckFloatChunk(response.adam_v(), c.num_elements);
     }
-    if (bad.ok() && response.chunk().version() < 0) {
-      bad = absl::InvalidArgumentError(
-          absl::StrCat("chunk (", key.param_id(), ", ", key.chunk_index(),
-                       ") at version ", response.chunk().version()));
+    const int64_t at = response.chunk().version();
+    if (bad.ok() && at < 0) {
+      bad = absl::InvalidArgumentError(absl::StrCat(chunk, " at version ", at));
     }
     if (!bad.ok()) {
       bad = absl::DataLossError(absl::StrCat(shard, ": ", bad.message()));
       break;
     }
-    (*chunk_versions)[global] = response.chunk().version();
+    if (version >= 0 && at != version) {
+      bad = absl::FailedPreconditionError(
+          absl::StrCat(shard, " exported ", chunk, " at version ", at,
+                       " but the shards settled at ", version,
+                       ": they cannot move to a new layout at one step"));
+      break;
+    }
+    (*chunk_versions)[global] = at;
+    // The export's buffers go on as they came (no copy on this worker).
+    forwarded.mutable_chunk()->Swap(response.mutable_chunk());
+    forwarded.clear_adam_m();
+    forwarded.clear_adam_v();
+    if (!plan_.is_buffer(c.param_id)) {
+      forwarded.mutable_adam_m()->Swap(response.mutable_adam_m());
+      forwarded.mutable_adam_v()->Swap(response.mutable_adam_v());
+    }
+    // The same chunk in `next`'s plan (chunks do not depend on the number
+    // of shards), owned by another shard maybe.
+    const int in_next = next.plan_.FindChunk(key.param_id(), key.chunk_index());
+    if (in_next < 0) {
+      bad = absl::InternalError(absl::StrCat(chunk, " is in no new shard"));
+      break;
+    }
+    bad = sink(next.plan_.chunks()[in_next].shard, forwarded);
   }
   if (!bad.ok()) {
     context.TryCancel();
