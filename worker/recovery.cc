@@ -44,13 +44,12 @@ void Recovery::SayHowRestored(int64_t version) {
   // Async: the checkpoint's step is worker 0's, its version every worker's
   // pushes (the job goes on from version / num_workers).
   const std::string at =
-      options_.sync ? ""
-                    : absl::StrCat("; version ", version, ", step ",
-                                   version / options_.num_workers,
-                                   " of each worker");
+      options_.sync
+          ? ""
+          : absl::StrCat("; version ", version, ", step ",
+                         version / options_.num_workers, " of each worker");
   say_(absl::StrCat("Restored the shards to ", restore_source_,
-                    why.empty() ? "" : " (", why, why.empty() ? "" : ")",
-                    at));
+                    why.empty() ? "" : " (", why, why.empty() ? "" : ")", at));
 }
 
 int64_t Recovery::StepOfVersion(int64_t version) const {
@@ -88,22 +87,26 @@ absl::StatusOr<int64_t> Recovery::Reconnect(
   }
 }
 
-absl::StatusOr<int64_t> Recovery::Recover(absl::Status cause) {
+absl::StatusOr<int64_t> Recovery::Recover(absl::Status cause, bool counted) {
   while (true) {
     const bool recoverable = absl::IsUnavailable(cause) ||
-                             absl::IsAborted(cause) ||
-                             absl::IsCancelled(cause);
+                             absl::IsAborted(cause) || absl::IsCancelled(cause);
     if (!enabled() || !recoverable) return cause;
-    if (recoveries_ >= max_recoveries()) {
+    if (counted && recoveries_ >= max_recoveries()) {
       return absl::Status(cause.code(),
                           absl::StrCat("gave up after ", recoveries_,
                                        " recoveries: ", cause.message()));
     }
-    ++recoveries_;
+    const bool incremented = counted;
+    if (counted) ++recoveries_;
     const absl::Time began = absl::Now();
-    say_(absl::StrCat("worker ", options_.worker_id, ": step failed (",
-                      cause.ToString(), "); recovering (", recoveries_,
-                      " of at most ", max_recoveries(), ")"));
+    say_(absl::StrCat(
+        "worker ", options_.worker_id, ": step failed (", cause.ToString(),
+        counted ? absl::StrCat("); recovering (", recoveries_, " of at most ",
+                               max_recoveries(), ")")
+                : "); recovering (its second exchange: not counted)"));
+    // A failed reconnect below is a new cause, counted.
+    counted = true;
     if (writer_ != nullptr) {
       // The checkpoint in flight may have lost a shard: it never becomes
       // `latest` then. One that still needs this worker's own residual
@@ -129,7 +132,7 @@ absl::StatusOr<int64_t> Recovery::Recover(absl::Status cause) {
       if (m.has_value() && m->epoch != membership_epoch_) {
         // The other workers' side of a membership change, not a failure.
         membership_epoch_ = m->epoch;
-        --recoveries_;
+        if (incremented) --recoveries_;
       }
     }
     RETURN_IF_ERROR(load_weights_());
@@ -152,8 +155,8 @@ absl::StatusOr<int64_t> Recovery::Rejoin(
                    Reconnect(chief() ? &state : nullptr, &weights));
   if (chief()) SayHowRestored(version);
   const int64_t step = StepOfVersion(version);
-  say_(absl::StrCat("worker ", options_.worker_id,
-                    " rejoined the job at step ", step));
+  say_(absl::StrCat("worker ", options_.worker_id, " rejoined the job at step ",
+                    step));
   return step;
 }
 

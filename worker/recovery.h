@@ -87,8 +87,13 @@ class Recovery {
   void set_checkpoint_writer(CheckpointWriter* writer) { writer_ = writer; }
 
   // After `cause` (a failed step), the step to go on from, or the error
-  // that ends the run (above).
-  absl::StatusOr<int64_t> Recover(absl::Status cause);
+  // that ends the run (above). Not `counted`: the failure does not count
+  // against the recoveries allowed (the second exchange of a step whose
+  // gradients a recovery kept, StepLoop::RetryKeptStep, which fails where
+  // the generation recovered into could not last: a dead worker's removal
+  // came after it; the step is then computed anew, and a failure of that
+  // counts).
+  absl::StatusOr<int64_t> Recover(absl::Status cause, bool counted = true);
 
   // A restarted task: joins the running job, the exchange keeping
   // `weights` as Start() does; the step to start at. The weights are not

@@ -197,6 +197,7 @@ absl::StatusOr<bool> StepLoop::TrainEpoch(int epoch) {
     if (place.epoch != epoch) break;
     if (absl::Status s = TrainStep(epoch, place.step_in_epoch); !s.ok()) {
       RETURN_IF_ERROR(Recover(std::move(s)));
+      RETURN_IF_ERROR(RetryKeptStep());
       return true;
     }
     if (jumped_ > 0) {
@@ -226,12 +227,12 @@ absl::StatusOr<bool> StepLoop::EndEpoch(int epoch) {
   return true;
 }
 
-absl::Status StepLoop::Recover(absl::Status cause) {
+absl::Status StepLoop::Recover(absl::Status cause, bool counted) {
   if (options_.allreduce && parts_.elastic != nullptr) {
     return RecoverWorld(std::move(cause));
   }
   const int64_t own_step = step_;
-  ASSIGN_OR_RETURN(step_, parts_.recovery->Recover(std::move(cause)));
+  ASSIGN_OR_RETURN(step_, parts_.recovery->Recover(std::move(cause), counted));
   // Steps from the one recovered at were undone (a rollback, or, with
   // staleness, steps this worker ran ahead of the shards' decisions that
   // a reopen dropped): their lines are no longer trained samples. (Async
@@ -302,7 +303,55 @@ absl::Status StepLoop::RecoverWorld(absl::Status cause) {
 
 absl::Status StepLoop::TrainStep(int epoch, int64_t index) {
   trace::Scope traced_step("step", "step", {{"step", step_}});
-  Reporter::StepTimes times;
+  kept_.reset();
+  ASSIGN_OR_RETURN(ComputedStep computed, ComputeStep(epoch, index));
+  absl::Status exchanged = ExchangeStep(computed);
+  if (!exchanged.ok()) kept_ = std::move(computed);
+  return exchanged;
+}
+
+absl::Status StepLoop::RetryKeptStep() {
+  const std::optional<ComputedStep> kept = std::exchange(kept_, std::nullopt);
+  if (!kept.has_value() || removed_ || options_.async || options_.allreduce ||
+      step_ != kept->step) {
+    return absl::OkStatus();
+  }
+  const DataPositions::Place place = positions_.Locate(step_);
+  const DataPositions::Split split = positions_.SplitAt(step_);
+  const bool same_batch =
+      place.epoch == kept->place.epoch && place.offset == kept->place.offset &&
+      place.step_in_epoch == kept->place.step_in_epoch &&
+      split.members == kept->split.members && split.rank == kept->split.rank;
+  const float scale =
+      parts_.loss_scaler != nullptr ? parts_.loss_scaler->scale() : 0;
+  // The epoch's last step is left to the epoch loop, whose end (the
+  // evaluation, the epoch's checkpoint) follows it.
+  if (!same_batch || scale != kept->loss_scale ||
+      positions_.EpochOf(step_ + 1) != place.epoch) {
+    return absl::OkStatus();
+  }
+  trace::Scope traced_step("step", "step", {{"step", step_}, {"again", 1}});
+  parts_.reporter->Say(absl::StrCat(
+      "worker ", options_.worker_id, ": step ", step_,
+      " exchanged again with the gradients computed before the recovery "
+      "(the same weights and batch)"));
+  if (options_.sparse_rows) RETURN_IF_ERROR(SetStepRows());
+  absl::Status again = ExchangeStep(*kept);
+  // The epoch loop goes on from step_ (BeginSlice()).
+  jumped_ = 0;
+  if (again.ok()) return absl::OkStatus();
+  return Recover(std::move(again), /*counted=*/false);
+}
+
+absl::StatusOr<StepLoop::ComputedStep> StepLoop::ComputeStep(int epoch,
+                                                             int64_t index) {
+  ComputedStep computed;
+  computed.epoch = epoch;
+  computed.index = index;
+  computed.step = step_;
+  computed.place = positions_.Locate(step_);
+  computed.split = positions_.SplitAt(step_);
+  Reporter::StepTimes& times = computed.times;
   times.step = step_;
   times.members = positions_.members();
   times.start = absl::Now();
@@ -312,17 +361,29 @@ absl::Status StepLoop::TrainStep(int epoch, int64_t index) {
   }
   if (options_.sparse_rows) RETURN_IF_ERROR(SetStepRows());
   if (parts_.loss_scaler != nullptr) {
-    parts_.compute->SetLossScale(parts_.loss_scaler->scale());
+    computed.loss_scale = parts_.loss_scaler->scale();
+    parts_.compute->SetLossScale(computed.loss_scale);
   }
-  ASSIGN_OR_RETURN(const float loss, parts_.compute->Step(on_ready_));
+  ASSIGN_OR_RETURN(computed.loss, parts_.compute->Step(on_ready_));
   times.computed = absl::Now();
+  if (!options_.record_samples_dir.empty()) {
+    computed.samples_line = SamplesLine(epoch);
+  }
+  return computed;
+}
+
+absl::Status StepLoop::ExchangeStep(const ComputedStep& computed) {
+  const int epoch = computed.epoch;
+  const int64_t index = computed.index;
+  const float loss = computed.loss;
+  Reporter::StepTimes times = computed.times;
   if (!std::isfinite(loss)) {
     NonFiniteValue value;
     value.value = NonFiniteText(loss);
     parts_.exchange->MarkStepNonFinite(value);
   }
   if (!options_.record_samples_dir.empty()) {
-    unrecorded_.emplace(step_, SamplesLine(epoch));
+    unrecorded_.emplace(step_, computed.samples_line);
   }
   RETURN_IF_ERROR(
       parts_.exchange->Step(parts_.compute->gradients(), options_.batch_size));

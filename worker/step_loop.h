@@ -200,14 +200,44 @@ class StepLoop {
   absl::Status RecoverWorld(absl::Status cause);
   // The epoch's end (end_epoch); whether it failed and was recovered from.
   absl::StatusOr<bool> EndEpoch(int epoch);
-  // Step step_, of index `index` in `epoch`.
+  // A step whose gradients are computed and not yet exchanged: what its
+  // exchange needs, and what its gradients were computed from.
+  struct ComputedStep {
+    int epoch = 0;
+    int64_t index = 0;  // in the epoch
+    int64_t step = 0;
+    float loss = 0;
+    // The loss scale the gradients carry (0: no loss scaler).
+    float loss_scale = 0;
+    // The batch: its place in the epoch and this worker's part of it.
+    DataPositions::Place place;
+    DataPositions::Split split;
+    // Options::record_samples_dir: the batch's line.
+    std::string samples_line;
+    Reporter::StepTimes times;
+  };
+  // Step step_, of index `index` in `epoch`: ComputeStep() then
+  // ExchangeStep(). Where the exchange fails, the computed step is kept
+  // for RetryKeptStep().
   absl::Status TrainStep(int epoch, int64_t index);
+  absl::StatusOr<ComputedStep> ComputeStep(int epoch, int64_t index);
+  absl::Status ExchangeStep(const ComputedStep& computed);
+  // After the recovery from a failed TrainStep(): where the recovery goes
+  // on at that very step, with the same weights (the shards' version of
+  // it: sync, not allreduce), the same batch (the same place, members and
+  // rank) and loss scale, and it is not its epoch's last, the kept
+  // gradients are exchanged again instead of being computed anew (a
+  // change of shards, whose workers' step in flight fails with the old
+  // layout's streams: docs/ARCHITECTURE.md, "Elastic shards"). An error of
+  // that exchange is recovered from as any.
+  absl::Status RetryKeptStep();
   // The step's skip, if any (step 3 above): its line and the run's end
   // after too many in a row.
   absl::Status HandleSkip(std::optional<SkippedStepInfo>& skipped);
   std::string DescribeSkip(const SkippedStepInfo& skip) const;
   // `cause` recovered from: step_ is the step to go on from.
-  absl::Status Recover(absl::Status cause);
+  // Not `counted`: as Recovery::Recover().
+  absl::Status Recover(absl::Status cause, bool counted = true);
   // The compute's batches from step_ to its epoch's end, or to the next
   // rebase if one lies ahead (an async worker that was behind worker 0 at
   // a membership change: DataPositions::SplitAt).
@@ -241,6 +271,8 @@ class StepLoop {
   // with its step. A sync step (no backup workers) the recovery goes on
   // past counted this worker's push, so its line is written then.
   std::optional<std::pair<int64_t, std::string>> unrecorded_;
+  // The step whose exchange failed last (TrainStep()), for RetryKeptStep().
+  std::optional<ComputedStep> kept_;
 };
 
 }  // namespace pstrain

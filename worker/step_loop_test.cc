@@ -269,14 +269,59 @@ TEST_F(StepLoopTest, ACheckpointIsOfTheNextStepAndNeverOfTheLast) {
   EXPECT_EQ(checkpoint_positions_[1].num_workers, kWorkers);
 }
 
-TEST_F(StepLoopTest, AFailedStepRecoversAndIsRedone) {
+// A recovery that goes on at the failed step with its batch (the shards
+// reopened, or moved to another layout): the gradients computed are
+// exchanged again, not computed anew.
+TEST_F(StepLoopTest, AFailedStepRecoversAndIsExchangedAgain) {
   exchange_.step_errors[5].push_back(absl::UnavailableError("shard 1 died"));
   exchange_.recover_results.push_back(int64_t{5});  // reopened: no rollback
   ASSERT_TRUE(Run().ok());
   EXPECT_EQ(exchange_.stepped, Join(Steps(0, 6), Steps(5, 12)));
-  // The failed step computed its batch; the redone step the same batch.
+  // Every batch computed once.
+  EXPECT_EQ(compute_.batches, Steps(0, 12));
+  // Epoch 1 goes on after step 5's batch.
+  EXPECT_EQ(compute_.epochs_begun, (std::vector<int>{0, 1, 1, 2}));
+  EXPECT_EQ(LinesStarting("worker 0: step 5 exchanged again with the "
+                          "gradients computed before the recovery")
+                .size(),
+            1u);
+  EXPECT_EQ(exchange_.recover_calls.size(), 1u);
+  EXPECT_EQ(EndedEpochs(), (std::vector<int>{0, 1, 2}));
+  EXPECT_EQ(checkpoints_, (std::vector<int64_t>{3, 6, 9}));
+  EXPECT_EQ(StepsCounted(), 12);
+  EXPECT_EQ(loop_->step(), 12);
+}
+
+// An exchange that fails again is recovered from as any; the step is then
+// computed anew.
+TEST_F(StepLoopTest, AStepWhoseSecondExchangeFailsIsRedone) {
+  exchange_.step_errors[5].push_back(absl::UnavailableError("shard 1 died"));
+  exchange_.step_errors[5].push_back(absl::UnavailableError("again"));
+  exchange_.recover_results.push_back(int64_t{5});
+  exchange_.recover_results.push_back(int64_t{5});
+  ASSERT_TRUE(Run().ok());
+  EXPECT_EQ(exchange_.stepped, Join(Steps(0, 6), Join({5}, Steps(5, 12))));
   EXPECT_EQ(compute_.batches, Join(Steps(0, 6), Steps(5, 12)));
-  // Epoch 1 begins again, at step 5's batch.
+  EXPECT_EQ(exchange_.recover_calls.size(), 2u);
+  // The second exchange's failure is not counted.
+  EXPECT_EQ(recovery_->recoveries(), 1);
+  EXPECT_EQ(LinesStarting("worker 0: step failed (UNAVAILABLE: again); "
+                          "recovering (its second exchange: not counted)")
+                .size(),
+            1u);
+  EXPECT_EQ(StepsCounted(), 12);
+}
+
+// The epoch's last step is computed anew after a recovery (its exchange
+// is followed by the epoch's end, which the epoch loop runs).
+TEST_F(StepLoopTest, AFailedStepRecoversAndIsRedone) {
+  exchange_.step_errors[7].push_back(absl::UnavailableError("shard 1 died"));
+  exchange_.recover_results.push_back(int64_t{7});  // reopened: no rollback
+  ASSERT_TRUE(Run().ok());
+  EXPECT_EQ(exchange_.stepped, Join(Steps(0, 8), Steps(7, 12)));
+  // The failed step computed its batch; the redone step the same batch.
+  EXPECT_EQ(compute_.batches, Join(Steps(0, 8), Steps(7, 12)));
+  // Epoch 1 begins again, at step 7's batch.
   EXPECT_EQ(compute_.epochs_begun, (std::vector<int>{0, 1, 1, 2}));
   EXPECT_EQ(exchange_.recover_calls.size(), 1u);
   EXPECT_EQ(recovery_->recoveries(), 1);
