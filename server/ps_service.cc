@@ -51,6 +51,61 @@ absl::StatusOr<int> LayoutShards(const ModelLayout& layout,
   return num_shards;
 }
 
+// Init's chunks after its first message, each checked against `plan` as
+// it arrives, before its bytes are decoded (owned by `shard_index`, once,
+// of the plan's size), so what Init holds is bounded by this shard's part
+// of the layout; `elements` counts their weights. INVALID_ARGUMENT
+// naming the chunk otherwise.
+grpc::Status ReadInitChunks(grpc::ServerReader<InitRequest>* reader,
+                            const PartitionPlan& plan, int shard_index,
+                            std::vector<InitChunk>* chunks, int64_t* elements) {
+  InitRequest request;
+  std::vector<bool> seen(plan.chunks().size(), false);
+  while (reader->Read(&request)) {
+    InitChunk chunk;
+    chunk.param_id = request.chunk().key().param_id();
+    chunk.chunk_index = request.chunk().key().chunk_index();
+    const int global = plan.FindChunk(chunk.param_id, chunk.chunk_index);
+    if (global < 0 || plan.chunks()[global].shard != shard_index) {
+      return grpc::Status(
+          grpc::StatusCode::INVALID_ARGUMENT,
+          absl::StrCat("init chunk (", chunk.param_id, ", ", chunk.chunk_index,
+                       ") is not owned by shard ", shard_index,
+                       " in the layout sent"));
+    }
+    if (seen[global]) {
+      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                          absl::StrCat("init chunk (", chunk.param_id, ", ",
+                                       chunk.chunk_index, ") sent twice"));
+    }
+    seen[global] = true;
+    const int64_t expected = plan.chunks()[global].num_elements;
+    for (const TensorChunk* part :
+         {&request.chunk(), request.has_adam_m() ? &request.adam_m() : nullptr,
+          request.has_adam_v() ? &request.adam_v() : nullptr}) {
+      if (part != nullptr && part->num_elements() != expected) {
+        return grpc::Status(
+            grpc::StatusCode::INVALID_ARGUMENT,
+            absl::StrCat("init chunk (", chunk.param_id, ", ",
+                         chunk.chunk_index, ") has ", part->num_elements(),
+                         " elements; the layout says ", expected));
+      }
+    }
+    absl::Status status = DecodeFloatChunk(request.chunk(), &chunk.values);
+    if (!status.ok()) return ToGrpcStatus(status);
+    chunk.version = request.chunk().version();
+    if (request.has_adam_m())
+      status = DecodeFloatChunk(request.adam_m(), &chunk.m);
+    if (status.ok() && request.has_adam_v()) {
+      status = DecodeFloatChunk(request.adam_v(), &chunk.v);
+    }
+    if (!status.ok()) return ToGrpcStatus(status);
+    *elements += static_cast<int64_t>(chunk.values.size());
+    chunks->push_back(std::move(chunk));
+  }
+  return grpc::Status::OK;
+}
+
 }  // namespace
 
 PsService::PsService(ParameterShard* shard, absl::Duration pull_timeout,
@@ -412,53 +467,14 @@ grpc::Status PsService::Init(grpc::ServerContext* context,
   absl::StatusOr<PartitionPlan> plan = PartitionPlan::Create(
       sizes, partition_bytes, *num_shards, num_buffers, row_elements);
   if (!plan.ok()) return ToGrpcStatus(plan.status());
-  std::vector<bool> seen(plan->chunks().size(), false);
   std::vector<InitChunk> chunks;
   int64_t elements = 0;
   trace::Scope received("init receive", "elastic",
                         {{"generation", generation}});
-  while (reader->Read(&request)) {
-    InitChunk chunk;
-    chunk.param_id = request.chunk().key().param_id();
-    chunk.chunk_index = request.chunk().key().chunk_index();
-    const int global = plan->FindChunk(chunk.param_id, chunk.chunk_index);
-    if (global < 0 ||
-        plan->chunks()[global].shard != shard_->options().shard_index) {
-      return grpc::Status(
-          grpc::StatusCode::INVALID_ARGUMENT,
-          absl::StrCat("init chunk (", chunk.param_id, ", ", chunk.chunk_index,
-                       ") is not owned by shard ",
-                       shard_->options().shard_index, " in the layout sent"));
-    }
-    if (seen[global]) {
-      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                          absl::StrCat("init chunk (", chunk.param_id, ", ",
-                                       chunk.chunk_index, ") sent twice"));
-    }
-    seen[global] = true;
-    const int64_t expected = plan->chunks()[global].num_elements;
-    for (const TensorChunk* part :
-         {&request.chunk(), request.has_adam_m() ? &request.adam_m() : nullptr,
-          request.has_adam_v() ? &request.adam_v() : nullptr}) {
-      if (part != nullptr && part->num_elements() != expected) {
-        return grpc::Status(
-            grpc::StatusCode::INVALID_ARGUMENT,
-            absl::StrCat("init chunk (", chunk.param_id, ", ",
-                         chunk.chunk_index, ") has ", part->num_elements(),
-                         " elements; the layout says ", expected));
-      }
-    }
-    status = DecodeFloatChunk(request.chunk(), &chunk.values);
-    if (!status.ok()) return ToGrpcStatus(status);
-    chunk.version = request.chunk().version();
-    if (request.has_adam_m())
-      status = DecodeFloatChunk(request.adam_m(), &chunk.m);
-    if (status.ok() && request.has_adam_v()) {
-      status = DecodeFloatChunk(request.adam_v(), &chunk.v);
-    }
-    if (!status.ok()) return ToGrpcStatus(status);
-    elements += static_cast<int64_t>(chunk.values.size());
-    chunks.push_back(std::move(chunk));
+  if (grpc::Status read = ReadInitChunks(
+          reader, *plan, shard_->options().shard_index, &chunks, &elements);
+      !read.ok()) {
+    return read;
   }
   received.End();
   trace::Scope initialised("init apply", "elastic",
