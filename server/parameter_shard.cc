@@ -101,6 +101,12 @@ WorkerMembership ParameterShard::membership() const {
   return *std::atomic_load(&membership_);
 }
 
+WorkerMembership ParameterShard::membership(int64_t* generation) const {
+  absl::MutexLock lock(&step_mu_);
+  *generation = generation_.load();
+  return membership();
+}
+
 absl::Status ParameterShard::CheckWorker(const std::string& job_id,
                                          int worker_id) const {
   if (job_id != options_.job_id) {
@@ -249,6 +255,10 @@ absl::Status ParameterShard::Initialize(
     absl::StatusOr<std::vector<InitChunk*>> by_local =
         MatchInitChunks(*plan_, local_index_, sizes, chunks);
     if (!by_local.ok()) return by_local.status();
+    {
+      absl::MutexLock step_lock(&step_mu_);
+      ForgetSwitchLocked();
+    }
     // From here on the older generation's pushes (checked under each
     // chunk's lock) and pulls are refused; the new generation's wait in
     // WaitReady() until init_mu_ is released.
@@ -292,6 +302,10 @@ absl::Status ParameterShard::Initialize(
   plan_ = std::make_unique<PartitionPlan>(*std::move(plan));
   chunks_ = std::move(states);
   local_index_ = std::move(local_index);
+  {
+    absl::MutexLock step_lock(&step_mu_);
+    ForgetSwitchLocked();
+  }
   generation_.store(generation);
   closed_.store(false);
   if (membership != nullptr) SetMembershipLocked(*membership);
@@ -342,6 +356,10 @@ absl::StatusOr<int64_t> ParameterShard::Reopen(
     broken_.store(true);
   }
   absl::MutexLock step_lock(&step_mu_);
+  const GenerationSwitch switched = last_switch();
+  const std::optional<WorkerMembership> members_before =
+      std::move(members_before_switch_);
+  ForgetSwitchLocked();
   if (async) return ReopenAsyncLocked(generation, membership, close);
   int64_t version = decided_step_ + 1;
   if (expected_version >= 0 && version == expected_version + 1 &&
@@ -399,6 +417,12 @@ absl::StatusOr<int64_t> ParameterShard::Reopen(
     WorkerMembership next = *membership;
     next.from_step = version;
     SetMembershipLocked(next);
+  } else if (version == decided_step_ && switched.version == version + 1 &&
+             members_before.has_value()) {
+    // The decision taken back took a planned change (PlanReopen()): the
+    // members before it train the step again, as on the shards that had
+    // not decided it.
+    SetMembershipLocked(*members_before);
   }
   if (version == decided_step_) {
     // Step `version`'s decision taken back: its loss scaler update too.
@@ -409,6 +433,63 @@ absl::StatusOr<int64_t> ParameterShard::Reopen(
   broken_.store(false);
   NoteUpdate();
   return version;
+}
+
+absl::Status ParameterShard::PlanReopen(int64_t generation, int64_t version,
+                                        const WorkerMembership& membership) {
+  RETURN_IF_ERROR(CheckMembership(membership, options_.num_workers));
+  absl::MutexLock lock(&init_mu_);
+  const std::string shard = absl::StrCat("shard ", options_.shard_index);
+  if (!initialized_.load()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(shard,
+                     " plans no membership change before it is "
+                     "initialised"));
+  }
+  if (!policy_.has_steps() || policy_.staleness() > 0 || policy_.admits()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        shard,
+        " takes a membership change at a decision only in sync mode "
+        "without staleness or backup workers (where every step's decision "
+        "waits for every member's push); reopen it instead"));
+  }
+  if (generation != generation_.load() + 1) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        shard, " is at generation ", generation_.load(),
+        "; a planned change must name the next one, not ", generation));
+  }
+  absl::MutexLock step_lock(&step_mu_);
+  if (version != ending_step_ + 1) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(shard, " is collecting the ends of step ", ending_step_,
+                     "; a change planned for version ", version,
+                     " needs those of step ", version - 1));
+  }
+  PlannedReopen planned;
+  planned.generation = generation;
+  planned.version = version;
+  planned.membership = membership;
+  planned.membership.from_step = version;
+  planned_ = std::move(planned);
+  return absl::OkStatus();
+}
+
+ParameterShard::GenerationSwitch ParameterShard::last_switch() const {
+  absl::MutexLock lock(&switch_mu_);
+  return last_switch_;
+}
+
+void ParameterShard::ForgetSwitchLocked() {
+  planned_.reset();
+  members_before_switch_.reset();
+  absl::MutexLock lock(&switch_mu_);
+  last_switch_ = GenerationSwitch();
+}
+
+void ParameterShard::WakeReadyAfterSwitch() {
+  if (!wake_ready_.exchange(false)) return;
+  // Releasing init_mu_ re-evaluates WaitReady()'s condition.
+  absl::MutexLock lock(&init_mu_);
 }
 
 bool ParameterShard::LastDecisionUndoableLocked() {
@@ -507,6 +588,18 @@ absl::Status ParameterShard::CheckFinite(int32_t param_id, int32_t chunk_index,
       "weights are unchanged"));
 }
 
+absl::Status ParameterShard::CheckGenerationAt(int64_t generation,
+                                               int64_t version) const {
+  if (generation != generation_.load()) {
+    const GenerationSwitch last = last_switch();
+    if (last.from == generation && version <= last.version) {
+      // The members' requests of the step the change was planned at.
+      return CheckGeneration(last.to);
+    }
+  }
+  return CheckGeneration(generation);
+}
+
 absl::Status ParameterShard::CheckGeneration(int64_t generation) const {
   const int64_t current = generation_.load();
   if (generation != current) {
@@ -530,8 +623,14 @@ void ParameterShard::BreakBarrier(int64_t generation,
   if (!policy_.has_steps()) return;
   {
     absl::MutexLock init_lock(&init_mu_);
-    if (!initialized_.load() || generation != generation_.load() ||
-        broken_.load()) {
+    // A member of a planned change's old generation whose stream breaks
+    // before its first request of the new one: no step of the new can
+    // complete either.
+    const GenerationSwitch last = last_switch();
+    const bool just_left =
+        last.from == generation && last.to == generation_.load();
+    if (!initialized_.load() ||
+        (generation != generation_.load() && !just_left) || broken_.load()) {
       return;
     }
     absl::MutexLock lock(&abort_mu_);

@@ -412,11 +412,44 @@ class ParameterShard {
                                  int64_t expected_version = -1,
                                  const WorkerMembership* membership = nullptr,
                                  bool close = false);
+  // Sync mode without staleness or backup workers: an elastic job's
+  // membership change planned ahead (issue 40; worker 0 at a step
+  // boundary, before its first push of that step, PsClient::PlanReopen).
+  // When this shard decides step `version` - 1 it takes `generation` and
+  // `membership` (its from_step set to `version`) in the same decision,
+  // keeping every chunk's state: no step is undone or dropped. The
+  // members' requests of the generation left that belong to the decided
+  // step (a pull of `version`, a late global-norm sum) are still
+  // answered, a pull's end naming the generation taken
+  // (last_switch()); any other request of it is ABORTED, as after a
+  // Reopen(). WaitReady() wakes then. A later plan replaces this one;
+  // Reopen() and a restore drop it. The decision is taken by pushes of
+  // the old members, so the plan changes nothing a step already holds.
+  // FAILED_PRECONDITION, nothing changed: not initialised, another
+  // policy (async, staleness, backup workers: the caller reopens at once,
+  // Reopen()), `generation` not the shard's + 1, or `version` - 1 not the
+  // step whose ends are being collected (decided already, or ahead).
+  // INVALID_ARGUMENT: a membership Reopen() refuses.
+  absl::Status PlanReopen(int64_t generation, int64_t version,
+                          const WorkerMembership& membership);
+  // The last planned change a decision took (PlanReopen()): the
+  // generation it left, the one it took, and the version it took effect
+  // at; from == -1: none since the last Reopen() or restore. Any thread.
+  struct GenerationSwitch {
+    int64_t from = -1;
+    int64_t to = -1;
+    int64_t version = -1;
+  };
+  GenerationSwitch last_switch() const;
+
   // Closed by Reopen(close = true) and not restored since. Any thread.
   bool closed() const { return closed_.load(); }
 
   // The current generation's members (see WorkerMembership). Any thread.
   WorkerMembership membership() const;
+  // The same with the generation it belongs to, read together (a planned
+  // change takes both at a decision, PlanReopen()). Any thread.
+  WorkerMembership membership(int64_t* generation) const;
   // How many ends decide a step of the current members: all of them, or
   // with backup workers the first members - b (at least 1), b being the
   // job's initial_workers - replicas_to_aggregate. Any thread.
@@ -586,7 +619,9 @@ class ParameterShard {
   // complete any more (`reason`: which worker's stream broke). Every
   // waiting and later push and pull of that generation ends with ABORTED
   // and `reason`, until a restore (Initialize() of a higher generation).
-  // A no-op in async mode and for another generation. Thread-safe.
+  // A no-op in async mode and for another generation, except the one a
+  // planned change just left (PlanReopen(): its members' streams carry it
+  // until their next request). Thread-safe.
   void BreakBarrier(int64_t generation, const std::string& reason);
   // Sync mode without backup workers: some step of the current generation
   // has another worker's push in and not `worker_id`'s (so no pull of it
@@ -839,9 +874,16 @@ class ParameterShard {
                             absl::FunctionRef<bool(const ChunkState&)> pushed)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(step_mu_);
   // Sync mode: step `deciding`'s ends are all in, and (clipping) its norm:
-  // the step counters, the skip record, and the pulls woken.
+  // the step counters, the skip record, and the pulls woken; a change
+  // planned for version `deciding` + 1 (PlanReopen()) is taken.
   void DecidedLocked(int64_t deciding, StepEnds& ends)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(step_mu_);
+  // WaitReady() waits on init_mu_, and a planned change is taken under
+  // step_mu_ only: once step_mu_ is released, a change taken wakes it.
+  void WakeReadyAfterSwitch() ABSL_LOCKS_EXCLUDED(step_mu_, init_mu_);
+  // Drops a planned change and the record of the last one taken (a
+  // Reopen() or restore, before it takes its generation).
+  void ForgetSwitchLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(step_mu_);
   // Backup workers: step `step` is decided (its R admitted ends are in):
   // every chunk's update, then the step counters.
   void DecideWithBackupsLocked(int64_t step, StepEnds& ends)
@@ -891,7 +933,7 @@ class ParameterShard {
   // slices when `cancelled` can end it; ABORTED or CANCELLED as Pull();
   absl::Status AwaitPullUpdate(int64_t seen, absl::Time deadline,
                                const std::atomic<bool>* cancelled,
-                               int64_t generation) const;
+                               int64_t generation, int64_t min_version) const;
   // past the deadline: DEADLINE_EXCEEDED naming what the pull waits for
   // (the workers whose ends, norm or push it lacks), or nullopt if that
   // arrived just now.
@@ -957,6 +999,11 @@ class ParameterShard {
                            absl::Span<const float> values) const;
   // OK if `generation` is the shard's and its barrier holds; else ABORTED.
   absl::Status CheckGeneration(int64_t generation) const;
+  // As CheckGeneration(), for a request about the weights of `version` (a
+  // pull's min_version; a global-norm sum: its step + 1): the generation
+  // a planned change left passes for versions up to the one it took
+  // effect at (PlanReopen()).
+  absl::Status CheckGenerationAt(int64_t generation, int64_t version) const;
   // Checks `chunks` against the plan (each owned chunk once, sizes, versions)
   // and returns them by local chunk index; changes nothing.
   absl::StatusOr<std::vector<InitChunk*>> MatchInitChunks(
@@ -1045,6 +1092,24 @@ class ParameterShard {
   int64_t hold_step_ ABSL_GUARDED_BY(step_mu_) = -1;
   absl::Time hold_until_ ABSL_GUARDED_BY(step_mu_);
   bool hold_closes_ ABSL_GUARDED_BY(step_mu_) = false;
+  // A planned membership change (PlanReopen()), taken when step
+  // version - 1 is decided.
+  struct PlannedReopen {
+    int64_t generation = 0;
+    int64_t version = 0;
+    WorkerMembership membership;
+  };
+  std::optional<PlannedReopen> planned_ ABSL_GUARDED_BY(step_mu_);
+  // The members before the last planned change taken, for a Reopen()
+  // that takes back the decision it was taken at.
+  std::optional<WorkerMembership> members_before_switch_
+      ABSL_GUARDED_BY(step_mu_);
+  // The last planned change taken; a leaf lock (taken under a chunk's or
+  // step_mu_, never before them).
+  mutable absl::Mutex switch_mu_;
+  GenerationSwitch last_switch_ ABSL_GUARDED_BY(switch_mu_);
+  // Set when a decision took a planned change (WakeReadyAfterSwitch()).
+  std::atomic<bool> wake_ready_{false};
   // decided_step_, readable under a chunk's lock: a sync push of step s
   // needs step s - 1 decided.
   std::atomic<int64_t> decided_through_{-1};

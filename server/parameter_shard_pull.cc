@@ -103,7 +103,8 @@ absl::Status ParameterShard::Pull(int64_t min_version, int64_t samples,
     if (!progressed.ok()) return progressed.status();
     if (*progressed) continue;
     // None ready: wait for the next update.
-    if (absl::Status s = AwaitPullUpdate(seen, deadline, cancelled, generation);
+    if (absl::Status s =
+            AwaitPullUpdate(seen, deadline, cancelled, generation, min_version);
         !s.ok()) {
       return s;
     }
@@ -192,7 +193,9 @@ absl::StatusOr<bool> ParameterShard::VisitReadyChunks(
       chunk.mu.Unlock();
       return AbortedStatus();
     }
-    if (absl::Status current = CheckGeneration(generation); !current.ok()) {
+    if (absl::Status current =
+            CheckGenerationAt(generation, cursor.min_version);
+        !current.ok()) {
       chunk.mu.Unlock();
       return current;
     }
@@ -273,7 +276,8 @@ const ChunkDelta* ParameterShard::DeltaLocked(ChunkState& chunk,
 
 absl::Status ParameterShard::AwaitPullUpdate(int64_t seen, absl::Time deadline,
                                              const std::atomic<bool>* cancelled,
-                                             int64_t generation) const {
+                                             int64_t generation,
+                                             int64_t min_version) const {
   // In slices, so that a broken caller is noticed.
   auto changed = [this, seen]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
     return updates_ != seen || aborted_.load() || broken_.load();
@@ -285,7 +289,8 @@ absl::Status ParameterShard::AwaitPullUpdate(int64_t seen, absl::Time deadline,
   updates_mu_.LockWhenWithDeadline(absl::Condition(&changed), slice);
   updates_mu_.Unlock();
   if (aborted_.load()) return AbortedStatus();
-  if (absl::Status current = CheckGeneration(generation); !current.ok()) {
+  if (absl::Status current = CheckGenerationAt(generation, min_version);
+      !current.ok()) {
     return current;
   }
   if (cancelled != nullptr && cancelled->load()) return PullCancelled();

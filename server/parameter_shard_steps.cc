@@ -7,6 +7,7 @@
 #include <memory>
 #include <vector>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "server/parameter_shard.h"
@@ -99,6 +100,21 @@ void ParameterShard::DecidedLocked(int64_t deciding, StepEnds& ends) {
   decided_step_ = deciding;
   decided_through_.store(deciding);
   ending_step_ = deciding + 1;
+  if (planned_.has_value() && planned_->version == deciding + 1) {
+    // A membership change planned for this decision (PlanReopen()): no
+    // push of the next step can be in yet (each needs this decision), so
+    // the new members start from here with every chunk's state as it is.
+    {
+      absl::MutexLock switch_lock(&switch_mu_);
+      last_switch_ = {generation_.load(), planned_->generation,
+                      planned_->version};
+    }
+    members_before_switch_ = membership();
+    SetMembershipLocked(planned_->membership);
+    generation_.store(planned_->generation);
+    planned_.reset();
+    wake_ready_.store(true);
+  }
 }
 
 absl::Status ParameterShard::AddEndLocked(
@@ -134,6 +150,8 @@ absl::Status ParameterShard::AddEndLocked(
 absl::Status ParameterShard::EndStep(int worker_id, int64_t step,
                                      const NonFiniteValue* nonfinite,
                                      int64_t generation) {
+  // After step_mu_'s release (declared before its lock).
+  absl::Cleanup wake = [this] { WakeReadyAfterSwitch(); };
   if (!initialized_.load()) {
     return absl::FailedPreconditionError(
         absl::StrCat("end of step ", step, " on shard ", options_.shard_index,
@@ -405,8 +423,13 @@ absl::Status ParameterShard::ApplyStepNorm(int worker_id, int64_t step,
         "worker ", worker_id, " sent ", sum_sq, " as the squared global norm ",
         "of step ", step, "; expected a finite sum >= 0"));
   }
+  // After step_mu_'s release (declared before its lock).
+  absl::Cleanup wake = [this] { WakeReadyAfterSwitch(); };
   absl::MutexLock lock(&step_mu_);
-  if (absl::Status current = CheckGeneration(generation); !current.ok()) {
+  // A late sum of the step a planned change was taken at comes from its
+  // old generation.
+  if (absl::Status current = CheckGenerationAt(generation, step + 1);
+      !current.ok()) {
     return current;
   }
   if (chunks_.empty()) return absl::OkStatus();  // nothing to decide

@@ -454,6 +454,20 @@ grpc::Status PsService::Init(grpc::ServerContext* context,
                           "a reopen carries no chunks (the shard keeps its "
                           "own state)");
     }
+    if (request.reopen_at_decision()) {
+      if (!membership.has_value()) {
+        return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                            "a change planned at a decision must carry the "
+                            "membership it changes to");
+      }
+      if (absl::Status planned =
+              shard_->PlanReopen(generation, reopen_version, *membership);
+          !planned.ok()) {
+        return ToGrpcStatus(planned);
+      }
+      response->set_version(reopen_version);
+      return grpc::Status::OK;
+    }
     absl::StatusOr<int64_t> version =
         shard_->Reopen(generation, reopen_version,
                        membership.has_value() ? &*membership : nullptr);
@@ -528,8 +542,10 @@ grpc::Status PsService::WaitReady(grpc::ServerContext* context,
   if (!status.ok()) return ToGrpcStatus(status);
   EnterLayout();
   absl::Cleanup left = [this] { LeaveLayout(); };
-  response->set_generation(shard_->generation());
-  MembershipToProto(shard_->membership(), response->mutable_membership());
+  int64_t generation = 0;
+  MembershipToProto(shard_->membership(&generation),
+                    response->mutable_membership());
+  response->set_generation(generation);
   if (const std::optional<LossScaler::State> scaler =
           shard_->loss_scaler_state()) {
     response->mutable_loss_scaler()->set_scale(scaler->scale);

@@ -333,10 +333,19 @@ bool PsService::PushPullSession::ServePull(const PullJob& job) {
           static_cast<int64_t>(delta.indices.size()) * (4 + order.wire_bytes);
     };
   }
+  // The generation a planned change took at the step this pull waits for
+  // (ParameterShard::PlanReopen), if any: -1 otherwise.
+  auto switched_to = [&job, this]() -> int64_t {
+    const ParameterShard::GenerationSwitch last = shard_->last_switch();
+    return last.from == job.generation && last.version == job.min_version
+               ? last.to
+               : -1;
+  };
   if (job.announce_decision) {
     order.decided = [&](int64_t step) {
       PushPullResponse decided;
       decided.set_decided_step(step);
+      if (const int64_t to = switched_to(); to >= 0) decided.set_generation(to);
       write_failed = !Write(EncodeSmallMessage(decided));
       return !write_failed;
     };
@@ -382,6 +391,7 @@ bool PsService::PushPullSession::ServePull(const PullJob& job) {
     // The end of this pull: a message without a chunk.
     PushPullResponse last;
     last.set_last_of_pull(true);
+    if (const int64_t to = switched_to(); to >= 0) last.set_generation(to);
     if (const int64_t announced = service_->announced_checkpoint_step_.load();
         announced >= 0) {
       last.set_checkpoint_step(announced);

@@ -1,6 +1,7 @@
 // An elastic job's membership on a shard (issue 40): a reopen that names
 // other workers changes whose pushes a step waits for and averages, from
 // the reopen's version on, and nothing else.
+#include <thread>
 #include <vector>
 
 #include "absl/time/clock.h"
@@ -220,6 +221,135 @@ TEST(ShardMembershipTest, WithStalenessTheStepsRunAheadAreRedone) {
   Step(three_from_one, 2, 1, 6.0f, 0);
   EXPECT_EQ(Pull(three_from_one, 2, 0), after1);
   EXPECT_FLOAT_EQ(after1[2][0], after0[2][0] - 0.1f * 3.0f);
+}
+
+// A change planned ahead (PlanReopen): the step in flight is the old
+// members', none of it dropped; the shard takes the new generation and
+// members in the decision of that step, waking a joiner's WaitReady; the
+// old members' pulls of the next version are still answered (and say the
+// generation taken), any other request of the old generation is ABORTED;
+// and the next step averages the new members', bit for bit as a shard
+// that had them from there.
+TEST(ShardMembershipTest, APlannedChangeIsTakenAtTheDecisionOfItsStep) {
+  ParameterShard shard(Options(4, 2));
+  ASSERT_TRUE(shard.Initialize({6, 2}, 16, Chunks(Initial(), 0)).ok());
+  Step(shard, 0, 0, 1.0f, 0);
+  Step(shard, 1, 0, 3.0f, 0);
+  ASSERT_EQ(Pull(shard, 1, 0).size(), 3u);
+
+  const WorkerMembership three = Members({0, 1, 2}, 1);
+  // Refused, nothing changed: not the next generation, not the step whose
+  // ends are collected (step 1's), a membership without worker 0.
+  EXPECT_EQ(shard.PlanReopen(2, 2, three).code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(shard.PlanReopen(1, 3, three).code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(shard.PlanReopen(1, 1, three).code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(shard.PlanReopen(1, 2, Members({1, 2}, 1)).code(),
+            absl::StatusCode::kInvalidArgument);
+  ASSERT_TRUE(shard.PlanReopen(1, 2, three).ok());
+  EXPECT_EQ(shard.generation(), 0);
+  EXPECT_EQ(shard.last_switch().from, -1);
+
+  absl::Status joined = absl::UnknownError("not run");
+  std::thread joiner(
+      [&] { joined = shard.WaitReady(absl::Now() + absl::Seconds(10), 0, 2); });
+  // Step 1 is the old members': worker 2 is not one yet.
+  EXPECT_EQ(shard.Push(2, 1, 0, 1, std::vector<float>(2, 1.0f), 0).code(),
+            absl::StatusCode::kAborted);
+  Step(shard, 0, 1, 2.0f, 0);
+  EXPECT_EQ(shard.generation(), 0);
+  Step(shard, 1, 1, 4.0f, 0);
+  joiner.join();
+  EXPECT_TRUE(joined.ok()) << joined;
+  EXPECT_EQ(shard.generation(), 1);
+  EXPECT_EQ(shard.membership().workers, three.workers);
+  EXPECT_EQ(shard.membership().from_step, 2);
+  EXPECT_EQ(shard.membership().data_offset, 40);
+  EXPECT_EQ(shard.EndsToDecide(), 3);
+  const ParameterShard::GenerationSwitch taken = shard.last_switch();
+  EXPECT_EQ(taken.from, 0);
+  EXPECT_EQ(taken.to, 1);
+  EXPECT_EQ(taken.version, 2);
+  // The old generation's pull of version 2 is answered, as the new one's.
+  const std::vector<std::vector<float>> after1 = Pull(shard, 2, 0);
+  EXPECT_EQ(Pull(shard, 2, 1), after1);
+  // Both workers' step 1 counted: 7 - 0.1 x (2 + 4) / 2 after step 0's.
+  EXPECT_FLOAT_EQ(after1[2][0], 7.0f - 0.2f - 0.3f);
+  EXPECT_EQ(shard.Push(0, 1, 0, 2, std::vector<float>(2, 1.0f), 0).code(),
+            absl::StatusCode::kAborted);
+  int64_t generation = -1;
+  EXPECT_EQ(shard.membership(&generation).workers, three.workers);
+  EXPECT_EQ(generation, 1);
+
+  Step(shard, 0, 2, 1.0f, 1);
+  Step(shard, 1, 2, 2.0f, 1);
+  Step(shard, 2, 2, 6.0f, 1);
+  ParameterShard three_from_two(Options(3, 3));
+  ASSERT_TRUE(three_from_two.Initialize({6, 2}, 16, Chunks(after1, 2)).ok());
+  Step(three_from_two, 0, 2, 1.0f, 0);
+  Step(three_from_two, 1, 2, 2.0f, 0);
+  Step(three_from_two, 2, 2, 6.0f, 0);
+  EXPECT_EQ(Pull(shard, 3, 1), Pull(three_from_two, 3, 0));
+}
+
+// A reopen after a failure that takes back the decision a planned change
+// was taken at (another shard had not decided that step) goes back to the
+// members before it; a reopen before the decision drops the plan. A
+// member's stream breaking with the generation a change just left breaks
+// the new generation's barrier.
+TEST(ShardMembershipTest, AReopenUndoesOrDropsAPlannedChange) {
+  ParameterShard shard(Options(4, 2));
+  ASSERT_TRUE(shard.Initialize({6, 2}, 16, Chunks(Initial(), 0)).ok());
+  const WorkerMembership three = Members({0, 1, 2}, 1);
+  ASSERT_TRUE(shard.PlanReopen(1, 1, three).ok());
+  Step(shard, 0, 0, 1.0f, 0);
+  Step(shard, 1, 0, 3.0f, 0);
+  ASSERT_EQ(shard.generation(), 1);
+  absl::StatusOr<int64_t> v = shard.Reopen(2, /*expected_version=*/0);
+  ASSERT_TRUE(v.ok()) << v.status();
+  EXPECT_EQ(*v, 0);
+  EXPECT_EQ(shard.membership().workers, (std::vector<int>{0, 1}));
+  EXPECT_EQ(shard.last_switch().from, -1);
+  EXPECT_EQ(Pull(shard, 0, 2), Initial());
+
+  // Planned, then a reopen before the decision: the old members go on.
+  ASSERT_TRUE(shard.PlanReopen(3, 1, three).ok());
+  ASSERT_TRUE(shard.Reopen(4).ok());
+  Step(shard, 0, 0, 1.0f, 4);
+  Step(shard, 1, 0, 3.0f, 4);
+  EXPECT_EQ(shard.generation(), 4);
+  EXPECT_EQ(shard.membership().workers, (std::vector<int>{0, 1}));
+
+  // Taken at step 1; worker 1's stream (still of generation 4) breaks.
+  ASSERT_TRUE(shard.PlanReopen(5, 2, three).ok());
+  Step(shard, 0, 1, 1.0f, 4);
+  Step(shard, 1, 1, 3.0f, 4);
+  ASSERT_EQ(shard.generation(), 5);
+  shard.BreakBarrier(4, "worker 1's stream broke");
+  EXPECT_EQ(shard.Push(0, 1, 0, 2, std::vector<float>(2, 1.0f), 5).code(),
+            absl::StatusCode::kAborted);
+}
+
+// Only sync shards without staleness or backup workers decide each step
+// on every member's push: the others refuse a plan (the caller reopens).
+TEST(ShardMembershipTest, OtherPoliciesRefuseAPlannedChange) {
+  const WorkerMembership three = Members({0, 1, 2}, 1);
+  ShardOptions async = Options(3, 2);
+  async.mode = SyncMode::kAsync;
+  ShardOptions stale = Options(3, 2);
+  stale.staleness = 1;
+  for (const ShardOptions& options :
+       {async, stale, Options(3, 3, /*replicas=*/2)}) {
+    ParameterShard shard(options);
+    ASSERT_TRUE(shard.Initialize({6, 2}, 16, Chunks(Initial(), 0)).ok());
+    EXPECT_EQ(shard.PlanReopen(1, 1, three).code(),
+              absl::StatusCode::kFailedPrecondition);
+  }
+  ParameterShard uninitialised(Options(3, 2));
+  EXPECT_EQ(uninitialised.PlanReopen(1, 1, three).code(),
+            absl::StatusCode::kFailedPrecondition);
 }
 
 // Backup workers keep their count b: R = members - b (at least 1).

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "common/status_macros.h"
 #include "worker/gradient_exchange.h"
@@ -70,6 +71,9 @@ absl::StatusOr<std::optional<int64_t>> ElasticMembership::MaybeApply(
     return version;
   }
   if (!newest.has_value()) return std::nullopt;
+  // A planned change not taken yet is taken at the end of this step
+  // (TakeSwitch()); a newer membership waits for the next boundary.
+  if (planned_.has_value()) return std::nullopt;
   if (options_.checkpoint_in_flight && options_.checkpoint_in_flight()) {
     return std::nullopt;  // the next boundary (ElasticOptions)
   }
@@ -91,6 +95,26 @@ absl::StatusOr<std::optional<int64_t>> ElasticMembership::MaybeApply(
                                                  step](int64_t v) {
     return Anchored(workers, epoch, options_.async ? step : v);
   };
+  if (!move_shards && !options_.async && exchanged_since_recovery_) {
+    // Sync without staleness or backup workers: the step about to be
+    // trained is the old members', and the shards take the new ones when
+    // they decide it; nobody's step in flight is dropped. Not after a
+    // recovery with no step exchanged since: a member that died (the
+    // change may remove it) would never push that step.
+    WorkerMembership next = Anchored(workers, epoch, step + 1);
+    absl::Status planned =
+        exchange_->PlanMembership(next, step, options_.timeout);
+    if (planned.ok()) {
+      options_.say(absl::StrFormat(
+          "membership %d: %d -> %d workers planned for step %d (at the "
+          "shards' decision of step %d)",
+          epoch, old_workers, next.size(), step + 1, step));
+      planned_ = Planned{*newest, std::move(next), began, old_workers};
+      return std::nullopt;
+    }
+    // Another policy: at once, below.
+    if (!absl::IsFailedPrecondition(planned)) return planned;
+  }
   int64_t version = step;
   if (move_shards) {
     if (newest->ps_addresses_size() != newest->num_ps()) {
@@ -110,16 +134,23 @@ absl::StatusOr<std::optional<int64_t>> ElasticMembership::MaybeApply(
   current_ = anchor(version);
   positions_->Rebase(version, current_.data_epoch, current_.data_offset,
                      current_.data_steps, current_.size(), 0);
+  ReportApplied(*newest, version, old_workers, old_ps, began);
+  return version;
+}
+
+void ElasticMembership::ReportApplied(const Membership& newest, int64_t version,
+                                      int old_workers, int old_ps,
+                                      absl::Time began) {
   const double ms = absl::ToDoubleMilliseconds(absl::Now() - began);
   const std::string shards =
       old_ps == num_ps_ ? ""
                         : absl::StrFormat(", %d -> %d shards", old_ps, num_ps_);
   options_.say(absl::StrFormat(
       "membership %d: %d -> %d workers%s at step %d (%.0f ms): %s",
-      newest->epoch(), old_workers, current_.size(), shards, version, ms,
-      newest->reason()));
+      newest.epoch(), old_workers, current_.size(), shards, version, ms,
+      newest.reason()));
   MembershipApplied applied;
-  applied.set_epoch(newest->epoch());
+  applied.set_epoch(newest.epoch());
   applied.set_step(version);
   applied.set_elapsed_ms(ms);
   applied.set_old_workers(old_workers);
@@ -128,7 +159,19 @@ absl::StatusOr<std::optional<int64_t>> ElasticMembership::MaybeApply(
   applied.set_new_ps(num_ps_);
   last_applied_ = applied;
   if (options_.applied) options_.applied(applied);
-  return version;
+}
+
+absl::StatusOr<std::optional<bool>> ElasticMembership::TakeSwitch(
+    int64_t step) {
+  exchanged_since_recovery_ = true;
+  if (options_.allreduce || options_.async) return std::nullopt;
+  const std::optional<WorkerMembership> m = exchange_->membership();
+  if (!m.has_value() || m->epoch == current_.epoch || m->from_step != step) {
+    return std::nullopt;
+  }
+  int64_t at = step;
+  ASSIGN_OR_RETURN(const bool member, FollowAt(&at, step, /*at_start=*/false));
+  return member;
 }
 
 absl::StatusOr<int64_t> ElasticMembership::SwitchWorld(
@@ -143,10 +186,10 @@ absl::StatusOr<int64_t> ElasticMembership::SwitchWorld(
   const int rank = current_.RankOf(options_.worker_id);
   if (rank < 0) {
     removed_ = true;
-    options_.say(absl::StrCat("worker ", options_.worker_id,
-                              " is not a member from step ", step,
-                              " on (membership ", current_.epoch, ": workers ",
-                              current_.size(), "); leaving the job"));
+    options_.say(absl::StrCat(
+        "worker ", options_.worker_id, " is not a member from step ", step,
+        " on (membership ", current_.epoch, ": workers ",
+        absl::StrJoin(current_.workers, ","), "); leaving the job"));
     return step;
   }
   positions_->Rebase(current_.from_step, current_.data_epoch,
@@ -259,6 +302,7 @@ void ElasticMembership::AwaitVerdict() {
 
 absl::StatusOr<bool> ElasticMembership::Follow(int64_t* step,
                                                int64_t own_step) {
+  exchanged_since_recovery_ = false;
   return FollowAt(step, own_step, /*at_start=*/false);
 }
 
@@ -269,10 +313,10 @@ absl::StatusOr<bool> ElasticMembership::FollowAt(int64_t* step,
   if (!m.has_value()) return true;
   const int rank = m->RankOf(options_.worker_id);
   if (rank < 0) {
-    options_.say(absl::StrCat("worker ", options_.worker_id,
-                              " is not a member from step ", m->from_step,
-                              " on (membership ", m->epoch, ": workers ",
-                              m->size(), "); leaving the job"));
+    options_.say(absl::StrCat(
+        "worker ", options_.worker_id, " is not a member from step ",
+        m->from_step, " on (membership ", m->epoch, ": workers ",
+        absl::StrJoin(m->workers, ","), "); leaving the job"));
     return false;
   }
   const bool async_change = options_.async && m->epoch != current_.epoch;
@@ -294,6 +338,17 @@ absl::StatusOr<bool> ElasticMembership::FollowAt(int64_t* step,
   current_ = *m;
   positions_->Rebase(m->from_step, m->data_epoch, m->data_offset, m->data_steps,
                      m->size(), rank);
+  if (planned_.has_value()) {
+    // Worker 0's planned change: taken where the shards' membership is
+    // its (at its step, or by a recovery after it), else dropped (a
+    // recovery before the shards decided its step), to be planned again.
+    const Planned planned = *std::exchange(planned_, std::nullopt);
+    if (m->epoch == planned.next.epoch) {
+      ReportApplied(planned.membership, m->from_step, planned.old_workers,
+                    num_ps_, planned.began);
+      return true;  // its line said it
+    }
+  }
   if (old != m->size() || async_change) {
     options_.say(absl::StrCat(
         "worker ", options_.worker_id, ": membership ", m->epoch, ", ",

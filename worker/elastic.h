@@ -100,6 +100,12 @@ class ElasticMembership {
   // moves the shards' state onto its ps_addresses in the same change
   // (GradientExchange::ChangeShards); INTERNAL if it lists another number
   // of addresses than num_ps.
+  // Sync PS without staleness or backup workers, the same shards: the
+  // change is planned instead (GradientExchange::PlanMembership): step
+  // `step` is trained by the old members, the shards take the new ones
+  // at its decision, and TakeSwitch() follows them after its exchange;
+  // none is returned (nobody's step in flight is dropped). No other
+  // membership is applied until the planned one is taken or dropped.
   // Allreduce: every worker calls it; they agree on worker 0's proposal
   // (GradientExchange::AgreeMembership) and each joins the new world at
   // `step` (ChangeWorld); a worker left out is removed() then.
@@ -116,6 +122,14 @@ class ElasticMembership {
   // restart of every worker (a budget left) ends the process meanwhile
   // (the heartbeats' kRestartExitCode).
   absl::StatusOr<int64_t> RecoverWorld(absl::Status cause);
+
+  // Sync PS, after step `step` - 1's exchange: where the shards took a
+  // planned membership change at its decision (worker 0 planned it in
+  // MaybeApply(), GradientExchange::PlanMembership), follows it from
+  // `step` as after a recovery (Follow(): the epoch re-split there) and
+  // returns whether this worker is a member; worker 0 reports the change
+  // applied. None where no change was taken.
+  absl::StatusOr<std::optional<bool>> TakeSwitch(int64_t step);
 
   // Allreduce: the last membership applied left this worker out.
   bool removed() const { return removed_; }
@@ -178,6 +192,10 @@ class ElasticMembership {
   // other workers).
   std::optional<Membership> Due(int64_t step) const;
   absl::StatusOr<bool> FollowAt(int64_t* step, int64_t own_step, bool at_start);
+  // Worker 0: `newest` applied from `version` (current_ is its): the
+  // line, last_applied_ and the applied() report, timed from `began`.
+  void ReportApplied(const Membership& newest, int64_t version, int old_workers,
+                     int old_ps, absl::Time began);
   // Allreduce: joins `next`'s world (ChangeWorld) and re-splits the epoch
   // at the step it returns; worker 0 says so and reports it applied.
   absl::StatusOr<int64_t> SwitchWorld(const WorkerMembership& next,
@@ -193,6 +211,21 @@ class ElasticMembership {
   GradientExchange* const exchange_;
   WorkerMembership current_;
   bool removed_ = false;
+  // Worker 0: a change planned for the shards' decision of a step
+  // (MaybeApply(), GradientExchange::PlanMembership), until the shards'
+  // membership shows it taken (TakeSwitch(), or a recovery's Follow()) or
+  // a recovery dropped it.
+  struct Planned {
+    Membership membership;  // the coordinator's
+    WorkerMembership next;
+    absl::Time began;
+    int old_workers = 0;
+  };
+  std::optional<Planned> planned_;
+  // A step's exchange succeeded since the start or the last recovery
+  // (TakeSwitch() is called after each): only then does worker 0 plan a
+  // change rather than apply it at once.
+  bool exchanged_since_recovery_ = false;
   // Allreduce: the newest epoch whose world this worker began to join.
   int64_t attempted_epoch_ = 0;
 };

@@ -295,6 +295,19 @@ class PsExchange : public GradientExchange, public WeightsGate {
     RETURN_IF_ERROR(KeepResiduals(/*live=*/true));
     return sync_ ? version_ : membership.from_step;
   }
+  absl::Status PlanMembership(const WorkerMembership& next, int64_t step,
+                              absl::Duration timeout) override {
+    if (!sync_ || staleness_ > 0 || backup_workers_) {
+      return GradientExchange::PlanMembership(next, step, timeout);
+    }
+    if (step != step_) {
+      return absl::InternalError(
+          absl::StrCat("a membership change planned at step ", step,
+                       " while this worker pulled version ", step_));
+    }
+    trace::Scope traced("plan membership", "elastic", {{"step", step}});
+    return client_->PlanReopen(step + 1, next, timeout);
+  }
   absl::StatusOr<int64_t> ChangeShards(
       const std::vector<std::string>& addresses,
       const MembershipAt& membership_at, absl::Duration timeout) override {

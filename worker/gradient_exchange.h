@@ -148,8 +148,24 @@ class GradientExchange {
     return absl::UnimplementedError(
         "only parameter-server jobs change their workers while they run");
   }
+  // Worker 0, sync PS without staleness or backup workers, at the boundary
+  // before step `step` (before its first push of it): plans the change to
+  // `next` (anchored at step + 1) for the shards' decision of `step`
+  // (PsClient::PlanReopen). The step is trained by the old members, none
+  // dropped; every member's Step() that ends it takes the new generation,
+  // whose membership membership() then returns (each member re-splits the
+  // epoch there, ElasticMembership::TakeSwitch). FAILED_PRECONDITION where
+  // this exchange or its shards cannot plan one (another mode or policy;
+  // a shard without chunks): the caller changes the membership at once
+  // (ChangeMembership()). Other errors are the step's.
+  virtual absl::Status PlanMembership(const WorkerMembership& next,
+                                      int64_t step, absl::Duration timeout) {
+    return absl::FailedPreconditionError(
+        "this exchange changes its membership at a step boundary only");
+  }
   // The membership of the shards' generation this exchange works on
-  // (found by Start(), Recover() and Rejoin()); none without shards.
+  // (found by Start(), Recover() and Rejoin(), or taken at a planned
+  // change's step, PlanMembership()); none without shards.
   virtual std::optional<WorkerMembership> membership() const {
     return std::nullopt;
   }

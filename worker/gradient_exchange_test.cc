@@ -817,6 +817,77 @@ TEST(PsExchangeTest, AJoiningWorkerTakesTheMembersLossScale) {
   EXPECT_EQ(restarted.state().growth_tracker, 7);
 }
 
+// A planned membership change (GradientExchange::PlanMembership): worker
+// 0 plans 3 -> 2 workers at step 1, before its pushes of it. Every
+// worker's step 1 counts (the weights after it equal a fixed 3-worker
+// job's, bit for bit), each worker's Step() of it ends on the new
+// generation with its membership, and the two members go on without the
+// third. The same with priority pulls, whose next forward would start
+// before the pull ends: a pull whose decision took a change is completed
+// first. The workers' loss scalers stay their own (the StepLoop updates
+// them after the exchange; the shards' copy has taken the step already).
+TEST(PsExchangeTest, APlannedMembershipChangeDropsNoStep) {
+  constexpr int kWorkers = 3;
+  for (const bool priority : {false, true}) {
+    SCOPED_TRACE(priority ? "priority pulls" : "plain pulls");
+    Shards reference(/*num_shards=*/2, kWorkers);
+    const std::vector<std::vector<std::vector<float>>> expected =
+        TrainOnShards(reference, kWorkers, 2);
+    Shards shards(/*num_shards=*/2, kWorkers);
+    shards.set_priority_pulls(priority);
+    std::vector<std::unique_ptr<GradientExchange>> exchanges;
+    std::vector<LossScaler> scalers(kWorkers);
+    for (int r = 0; r < kWorkers; ++r) {
+      exchanges.push_back(shards.Exchange(r, /*chief=*/r == 0));
+      scalers[r].Restore({1024.0f, 5});
+      exchanges[r]->set_loss_scaler(&scalers[r]);
+    }
+    WorkerMembership two;
+    two.workers = {0, 1};
+    two.epoch = 1;
+    two.from_step = 2;
+    two.data_offset = 7;
+    std::vector<std::thread> threads;
+    for (int r = 0; r < kWorkers; ++r) {
+      threads.emplace_back([&, r] {
+        GradientExchange* exchange = exchanges[r].get();
+        RankTensors tensors(r);
+        ASSERT_TRUE(exchange->Start(tensors.weights).ok());
+        ASSERT_TRUE(exchange->Step(tensors.gradients, 8).ok());
+        if (r == 0) {
+          const absl::Status planned =
+              exchange->PlanMembership(two, 1, absl::Seconds(10));
+          ASSERT_TRUE(planned.ok()) << planned;
+          // Not where it is not this step's.
+          EXPECT_EQ(exchange->PlanMembership(two, 2, absl::Seconds(10)).code(),
+                    absl::StatusCode::kInternal);
+        }
+        const absl::Status stepped = exchange->Step(tensors.gradients, 8);
+        ASSERT_TRUE(stepped.ok()) << stepped;
+        EXPECT_EQ(tensors.w, expected[r]) << "worker " << r;
+        const std::optional<WorkerMembership> m = exchange->membership();
+        ASSERT_TRUE(m.has_value()) << "worker " << r;
+        EXPECT_EQ(m->workers, two.workers) << "worker " << r;
+        EXPECT_EQ(m->epoch, 1);
+        EXPECT_EQ(m->from_step, 2);
+        EXPECT_EQ(m->data_offset, 7);
+        EXPECT_EQ(scalers[r].state().growth_tracker, 5) << "worker " << r;
+        if (r == 2) return;  // not a member from step 2 on
+        for (int step = 2; step < 4; ++step) {
+          const absl::Status s = exchange->Step(tensors.gradients, 8);
+          ASSERT_TRUE(s.ok()) << s;
+        }
+        ASSERT_TRUE(exchange->Finish().ok());
+      });
+    }
+    for (std::thread& t : threads) t.join();
+    for (int s = 0; s < 2; ++s) {
+      EXPECT_EQ(shards.shard(s).generation(), 1);
+      EXPECT_EQ(shards.shard(s).EndsToDecide(), 2);
+    }
+  }
+}
+
 // --partition_bytes=auto with fp16: the tuning's trial rounds are decided
 // on the shards, but its last restore (the job's initial state at the
 // chosen size) gives them a fresh job's loss scaler, as the workers hold

@@ -247,6 +247,12 @@ struct PsClient::StepState {
   std::vector<int> tensor_missing ABSL_GUARDED_BY(mu);
   std::vector<bool> chunk_pulled ABSL_GUARDED_BY(mu);
   bool decided ABSL_GUARDED_BY(mu) = false;
+  // Per lane: the generation its shard took at the decision this pull
+  // waited for (PushPullResponse.generation; -1: none); and whether a
+  // shard announced one with its decision (AwaitDecision() then leaves
+  // the pull to FinishStep(), which takes the generation).
+  std::vector<int64_t> switched_to ABSL_GUARDED_BY(mu);
+  bool switch_announced ABSL_GUARDED_BY(mu) = false;
   int pushers_finished ABSL_GUARDED_BY(mu) = 0;
   int lanes_ended ABSL_GUARDED_BY(mu) = 0;
 
@@ -707,6 +713,8 @@ absl::Status PsClient::PushPullLane(int lane, StepState* state,
             "shard ", shard, " announced the decision of step ",
             envelope.decided_step(), ", which this pull did not ask for")));
       }
+      status = TakeSwitchedGeneration(lane, state, envelope);
+      if (!status.ok()) return fail(status);
       absl::MutexLock lock(&state->mu);
       state->decided = true;
       continue;
@@ -727,6 +735,8 @@ absl::Status PsClient::PushPullLane(int lane, StepState* state,
       ++received_chunks;
     }
     if (envelope.last_of_pull()) {
+      status = TakeSwitchedGeneration(lane, state, envelope);
+      if (!status.ok()) return fail(status);
       pull_complete = true;
       TakePullEnd(lane, state, envelope);
       if (!awaiting_admission) break;
@@ -750,6 +760,57 @@ absl::Status PsClient::PushPullLane(int lane, StepState* state,
         lanes_[lane].count > 1 ? absl::StrCat(" on channel ", channel) : ""));
   }
   *version = smallest;
+  return absl::OkStatus();
+}
+
+absl::Status PsClient::TakeSwitchedGeneration(int lane, StepState* state,
+                                              const PushPullResponse& message) {
+  if (!message.has_generation()) return absl::OkStatus();
+  if (message.generation() != generation_ + 1) {
+    return absl::DataLossError(
+        absl::StrCat("shard ", lanes_[lane].shard, " says it took generation ",
+                     message.generation(),
+                     " at the decision this pull waited for; "
+                     "this worker works on generation ",
+                     generation_, " and expected the next"));
+  }
+  absl::MutexLock lock(&state->mu);
+  state->switched_to[lane] = message.generation();
+  if (message.has_decided_step()) state->switch_announced = true;
+  return absl::OkStatus();
+}
+
+absl::Status PsClient::TakeGenerationSwitch(
+    int64_t step, const std::vector<int64_t>& switched_to) {
+  int64_t to = -1;
+  int lanes_switched = 0;
+  for (int64_t g : switched_to) {
+    if (g < 0) continue;
+    to = g;
+    ++lanes_switched;
+  }
+  if (lanes_switched == 0) return absl::OkStatus();
+  if (lanes_switched != num_lanes()) {
+    // A reopen came between (a failure): the recovery sorts it out.
+    return absl::AbortedError(
+        absl::StrCat("only ", lanes_switched, " of ", num_lanes(),
+                     " streams to the shards ended step ", step,
+                     " with the planned generation ", to));
+  }
+  // The worker's own scaler takes this step's skip after the exchange,
+  // as every member's does (StepLoop): the shards' copy, which has taken
+  // it already, is not put into it.
+  std::optional<LossScaler::State> own;
+  if (loss_scaler_ != nullptr) own = loss_scaler_->state();
+  absl::Status ready =
+      WaitReady(options_.rpc_timeout, to, /*wait_for_connection=*/false);
+  if (own.has_value()) loss_scaler_->Restore(*own);
+  RETURN_IF_ERROR(ready);
+  if (generation_ != to) {
+    return absl::AbortedError(
+        absl::StrCat("the shards took generation ", to, " at step ", step,
+                     " and were reopened at ", generation_, " since"));
+  }
   return absl::OkStatus();
 }
 
@@ -830,6 +891,10 @@ absl::Status PsClient::BeginStep(
   state->versions.assign(n, 0);
   state->largest.assign(n, 0);
   state->skipped.assign(n, SkippedStepInfo());
+  {
+    absl::MutexLock lock(&state->mu);
+    state->switched_to.assign(n, -1);
+  }
   state->first_push_us.assign(n, -1);
   state->last_push_us.assign(n, -1);
   state->bytes_pushed.assign(n, 0);
@@ -955,6 +1020,17 @@ absl::StatusOr<int64_t> PsClient::FinishStep() {
     NoteUnfinished(done.get());
     return *first;
   }
+  std::vector<int64_t> switched_to;
+  {
+    absl::MutexLock lock(&done->mu);
+    switched_to = done->switched_to;
+  }
+  // A planned membership change taken at this step's decision.
+  if (absl::Status switched = TakeGenerationSwitch(done->step, switched_to);
+      !switched.ok()) {
+    delta_base_ = -1;
+    return switched;
+  }
   // Every shard decides alike (proto/ps.proto StepEnd); a shard without
   // chunks decides nothing.
   for (const SkippedStepInfo& skip : done->skipped) {
@@ -1034,7 +1110,8 @@ bool PsClient::AwaitDecision() {
            (state->decided && state->pushers_finished == lanes);
   };
   state->mu.Await(absl::Condition(&known));
-  return !state->aborted && state->lanes_ended < lanes && state->decided;
+  return !state->aborted && state->lanes_ended < lanes && state->decided &&
+         !state->switch_announced;
 }
 
 bool PsClient::AwaitTensor(int t) {

@@ -189,6 +189,23 @@ class PsClient {
   absl::StatusOr<int64_t> Reopen(absl::Duration timeout,
                                  const WorkerMembership* membership = nullptr);
 
+  // Worker 0 only, sync mode without staleness or backup workers, between
+  // its pull of version `version` - 1 and its first push of that step: an
+  // elastic job's membership change planned ahead (issue 40). Every shard
+  // takes generation G+1 (G this client's) and `membership` (from
+  // `version` on) when it decides step `version` - 1
+  // (InitRequest.reopen_at_decision, ParameterShard::PlanReopen), so that
+  // the step in flight is every member's, nothing is dropped, and the
+  // members' pulls of `version` end with the new generation, which
+  // FinishStep() then takes (WaitReady: its membership; membership()).
+  // FAILED_PRECONDITION where a shard cannot plan (another policy; a shard
+  // that owns no chunk decides no step; a shard at another generation or
+  // step): the caller changes the membership at once instead (Reopen(),
+  // which drops the plans other shards took). UNAVAILABLE or
+  // DEADLINE_EXCEEDED as Reopen(); each call lasts at most `timeout`.
+  absl::Status PlanReopen(int64_t version, const WorkerMembership& membership,
+                          absl::Duration timeout);
+
   // Worker 0 only: asks every shard to save its part of checkpoint `step`
   // into its own checkpoint folder (see CheckpointRequest in
   // proto/ps.proto: !wait copies the state and starts the write; wait waits
@@ -520,6 +537,18 @@ class PsClient {
                                const NormSum& partial);
   // A pull's last message: the checkpoint step shard 0 announces; with
   // clipping, whether a partial never came.
+  // A pull's message that says its shard took a planned generation
+  // (PushPullResponse.generation): recorded for FinishStep(); DATA_LOSS
+  // unless it is this client's + 1.
+  absl::Status TakeSwitchedGeneration(int lane, StepState* state,
+                                      const PushPullResponse& message);
+  // FinishStep(), every lane's pull done: where they say the shards took
+  // a planned change (PlanReopen()), this client takes its generation and
+  // membership (WaitReady); ABORTED where only some did, or the shards
+  // went on to another generation since (a recovery follows).
+  // `switched_to`: per lane, as StepState's.
+  absl::Status TakeGenerationSwitch(int64_t step,
+                                    const std::vector<int64_t>& switched_to);
   void TakePullEnd(int lane, StepState* state, const PushPullResponse& last);
   absl::Status TakePulledChunk(int lane, StepState* state,
                                ReceivedChunkMessage& received,

@@ -112,6 +112,35 @@ absl::StatusOr<int64_t> PsClient::Reopen(absl::Duration timeout,
   return version;
 }
 
+absl::Status PsClient::PlanReopen(int64_t version,
+                                  const WorkerMembership& membership,
+                                  absl::Duration timeout) {
+  for (int s = 0; s < num_shards(); ++s) {
+    if (plan_.ChunksOfShard(s).empty()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("shard ", s,
+                       " owns no chunk of the model, so it decides no step "
+                       "at which a planned membership change could be taken"));
+    }
+  }
+  return ForEachShard([&](int s) {
+    grpc::ClientContext context;
+    SetDeadline(&context, timeout);
+    InitResponse response;
+    auto writer = stubs_[s]->Init(&context, &response);
+    InitRequest first = FirstInitRequest(generation_ + 1, &membership);
+    first.set_reopen(true);
+    first.set_reopen_at_decision(true);
+    first.set_reopen_version(version);
+    first.clear_loss_scaler();  // the shards keep theirs
+    writer->Write(first);
+    writer->WritesDone();
+    const grpc::Status status = writer->Finish();
+    if (!status.ok()) return ShardError(s, status);
+    return absl::OkStatus();
+  });
+}
+
 InitRequest PsClient::FirstInitRequest(
     int64_t generation, const WorkerMembership* membership) const {
   InitRequest first;

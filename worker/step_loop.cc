@@ -180,12 +180,7 @@ absl::StatusOr<bool> StepLoop::TrainEpoch(int epoch) {
         // Allreduce: joining workers got rank 0's state (the others hold
         // the same); PS: the weights pulled at the change.
         if (options_.allreduce) RETURN_IF_ERROR(parts_.compute->LoadWeights());
-        if (const auto& a = parts_.elastic->last_applied(); a.has_value()) {
-          RETURN_IF_ERROR(parts_.reporter->MembershipChanged(
-              step_, positions_.EpochOf(step_),
-              {a->old_workers(), a->new_workers(), a->old_ps(), a->new_ps(),
-               a->elapsed_ms()}));
-        }
+        RETURN_IF_ERROR(ReportMembershipChanged());
         if (positions_.EpochOf(step_) != epoch) return true;
         BeginSlice();
         // Allreduce: the new world's members (a joining one first of all)
@@ -199,6 +194,25 @@ absl::StatusOr<bool> StepLoop::TrainEpoch(int epoch) {
       RETURN_IF_ERROR(Recover(std::move(s)));
       RETURN_IF_ERROR(RetryKeptStep());
       return true;
+    }
+    if (parts_.elastic != nullptr) {
+      // A membership change the shards took at this step's decision
+      // (planned by worker 0): the epoch is re-split from the next step.
+      absl::StatusOr<std::optional<bool>> switched =
+          parts_.elastic->TakeSwitch(step_);
+      if (!switched.ok()) {
+        RETURN_IF_ERROR(Recover(switched.status()));
+        return true;
+      }
+      if (switched->has_value()) {
+        if (!**switched) {
+          removed_ = true;
+          step_ = positions_.total_steps();
+          return true;
+        }
+        RETURN_IF_ERROR(ReportMembershipChanged());
+        if (positions_.EpochOf(step_) == epoch) BeginSlice();
+      }
     }
     if (jumped_ > 0) {
       // The batches of the steps taken without this worker; past the
@@ -247,10 +261,16 @@ absl::Status StepLoop::Recover(absl::Status cause, bool counted) {
   bool member = true;
   if (parts_.elastic != nullptr) {
     // The generation recovered into may have other members (a membership
-    // change is a reopen): re-split the epoch, or leave the job. Worker 0
-    // first gives the coordinator a moment to remove a dead worker.
+    // change is a reopen, or a planned change the shards took before the
+    // failure): re-split the epoch, or leave the job. Worker 0 first gives
+    // the coordinator a moment to remove a dead worker.
     parts_.elastic->AwaitVerdict();
+    const auto& applied = parts_.elastic->last_applied();
+    const int64_t applied_before = applied.has_value() ? applied->epoch() : -1;
     ASSIGN_OR_RETURN(member, parts_.elastic->Follow(&step_, own_step));
+    if (applied.has_value() && applied->epoch() != applied_before) {
+      RETURN_IF_ERROR(ReportMembershipChanged());
+    }
   }
   // A step whose exchange failed after the shards applied it (a membership
   // change reopening the shards while this worker pulled): in sync mode
@@ -269,6 +289,15 @@ absl::Status StepLoop::Recover(absl::Status cause, bool counted) {
     return absl::OkStatus();
   }
   return parts_.reporter->Recovered();
+}
+
+absl::Status StepLoop::ReportMembershipChanged() {
+  const auto& a = parts_.elastic->last_applied();
+  if (!a.has_value()) return absl::OkStatus();
+  return parts_.reporter->MembershipChanged(
+      step_, positions_.EpochOf(step_),
+      {a->old_workers(), a->new_workers(), a->old_ps(), a->new_ps(),
+       a->elapsed_ms()});
 }
 
 absl::Status StepLoop::RecoverWorld(absl::Status cause) {
@@ -293,10 +322,7 @@ absl::Status StepLoop::RecoverWorld(absl::Status cause) {
   }
   RETURN_IF_ERROR(parts_.compute->LoadWeights());
   if (applied.has_value() && applied->epoch() != applied_before) {
-    RETURN_IF_ERROR(parts_.reporter->MembershipChanged(
-        step_, positions_.EpochOf(step_),
-        {applied->old_workers(), applied->new_workers(), applied->old_ps(),
-         applied->new_ps(), applied->elapsed_ms()}));
+    RETURN_IF_ERROR(ReportMembershipChanged());
   }
   return parts_.reporter->Recovered();
 }

@@ -198,6 +198,9 @@ class StepLoop {
   // An elastic allreduce job's recovery (ElasticMembership::RecoverWorld):
   // the survivors meet in the next membership's world at rank 0's step.
   absl::Status RecoverWorld(absl::Status cause);
+  // Worker 0: the membership change last applied, to the reporter (the
+  // console and metrics; Reporter::MembershipChanged) at step_.
+  absl::Status ReportMembershipChanged();
   // The epoch's end (end_epoch); whether it failed and was recovered from.
   absl::StatusOr<bool> EndEpoch(int epoch);
   // A step whose gradients are computed and not yet exchanged: what its
