@@ -52,7 +52,9 @@ grpc::Status CallCoordinatorWithRetry(
   }
 }
 
-TaskAgent::TaskAgent(TaskAgentOptions options) : options_(std::move(options)) {
+TaskAgent::TaskAgent(TaskAgentOptions options)
+    : options_(std::move(options)),
+      heartbeat_interval_(options_.heartbeat_interval) {
   TlsIdentity self;
   self.role = options_.role == ROLE_PS ? TlsRole::kPs : TlsRole::kWorker;
   self.index = options_.index;
@@ -417,6 +419,11 @@ absl::StatusOr<ClockOffset> TaskAgent::MeasureClockOffset(int samples) {
   return *best;
 }
 
+void TaskAgent::set_heartbeat_interval(absl::Duration interval) {
+  absl::MutexLock lock(&mu_);
+  heartbeat_interval_ = interval;
+}
+
 void TaskAgent::HeartbeatLoop(
     std::function<void(JobState, const std::string&)> on_end,
     std::function<void(const std::string&)> on_restart,
@@ -426,8 +433,7 @@ void TaskAgent::HeartbeatLoop(
     {
       // Every interval, or at once on a membership applied or the stop.
       absl::MutexLock lock(&mu_);
-      mu_.AwaitWithTimeout(absl::Condition(&wake_),
-                           options_.heartbeat_interval);
+      mu_.AwaitWithTimeout(absl::Condition(&wake_), heartbeat_interval_);
       wake_ = false;
     }
     if (stop_.HasBeenNotified()) return;

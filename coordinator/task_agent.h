@@ -153,6 +153,11 @@ class TaskAgent {
       std::function<void(const std::string& why)> on_restart = nullptr,
       std::function<void()> on_removed = nullptr);
 
+  // Heartbeats every `interval` (> 0) from the next wait on, instead of
+  // TaskAgentOptions::heartbeat_interval: worker 0 of an elastic job hears
+  // of a scale request sooner (worker/worker_main.cc). Any thread.
+  void set_heartbeat_interval(absl::Duration interval);
+
   // Elastic jobs, workers: the newest membership a heartbeat's answer
   // carried (nullopt before the first answer, and in a job that is not
   // elastic). The coordinator's intent: worker 0 applies it once
@@ -254,6 +259,7 @@ class TaskAgent {
   bool rejoining_ = false;
 
   mutable absl::Mutex mu_;
+  absl::Duration heartbeat_interval_ ABSL_GUARDED_BY(mu_);
   std::deque<std::string> pending_lines_ ABSL_GUARDED_BY(mu_);
   // When each of pending_lines_ was logged, Unix ms (same length).
   std::deque<int64_t> pending_times_ms_ ABSL_GUARDED_BY(mu_);

@@ -78,6 +78,10 @@ absl::StatusOr<std::optional<int64_t>> ElasticMembership::MaybeApply(
     return std::nullopt;  // the next boundary (ElasticOptions)
   }
   const absl::Time began = absl::Now();
+  ASSIGN_OR_RETURN(const bool planned, TryPlan(*newest, step, began));
+  if (planned) return std::nullopt;
+  // A reopen: the checkpoint in flight first (a planned change leaves the
+  // shards' state and checkpoints as they are).
   if (options_.wait_checkpoint) {
     if (absl::Status s = options_.wait_checkpoint(); !s.ok()) {
       options_.say(absl::StrCat("checkpoint abandoned: ", s.ToString()));
@@ -95,26 +99,6 @@ absl::StatusOr<std::optional<int64_t>> ElasticMembership::MaybeApply(
                                                  step](int64_t v) {
     return Anchored(workers, epoch, options_.async ? step : v);
   };
-  if (!move_shards && !options_.async && exchanged_since_recovery_) {
-    // Sync without staleness or backup workers: the step about to be
-    // trained is the old members', and the shards take the new ones when
-    // they decide it; nobody's step in flight is dropped. Not after a
-    // recovery with no step exchanged since: a member that died (the
-    // change may remove it) would never push that step.
-    WorkerMembership next = Anchored(workers, epoch, step + 1);
-    absl::Status planned =
-        exchange_->PlanMembership(next, step, options_.timeout);
-    if (planned.ok()) {
-      options_.say(absl::StrFormat(
-          "membership %d: %d -> %d workers planned for step %d (at the "
-          "shards' decision of step %d)",
-          epoch, old_workers, next.size(), step + 1, step));
-      planned_ = Planned{*newest, std::move(next), began, old_workers};
-      return std::nullopt;
-    }
-    // Another policy: at once, below.
-    if (!absl::IsFailedPrecondition(planned)) return planned;
-  }
   int64_t version = step;
   if (move_shards) {
     if (newest->ps_addresses_size() != newest->num_ps()) {
@@ -136,6 +120,54 @@ absl::StatusOr<std::optional<int64_t>> ElasticMembership::MaybeApply(
                      current_.data_steps, current_.size(), 0);
   ReportApplied(*newest, version, old_workers, old_ps, began);
   return version;
+}
+
+absl::StatusOr<bool> ElasticMembership::TryPlan(const Membership& newest,
+                                                int64_t step,
+                                                absl::Time began) {
+  const bool move_shards = newest.num_ps() > 0 && newest.num_ps() != num_ps_;
+  // Sync without staleness or backup workers: the step about to be
+  // trained is the old members', and the shards take the new ones when
+  // they decide it; nobody's step in flight is dropped. Not after a
+  // recovery with no step exchanged since: a member that died (the change
+  // may remove it) would never push that step.
+  if (move_shards || options_.async || options_.allreduce ||
+      !exchanged_since_recovery_ || planned_.has_value()) {
+    return false;
+  }
+  const int old_workers = current_.size();
+  WorkerMembership next =
+      Anchored({newest.workers().begin(), newest.workers().end()},
+               newest.epoch(), step + 1);
+  const absl::Status planned =
+      exchange_->PlanMembership(next, step, options_.timeout);
+  // Another policy: at once, at the boundary (MaybeApply()).
+  if (absl::IsFailedPrecondition(planned)) return false;
+  RETURN_IF_ERROR(planned);
+  options_.say(absl::StrFormat(
+      "membership %d: %d -> %d workers planned for step %d (at the shards' "
+      "decision of step %d)",
+      newest.epoch(), old_workers, next.size(), step + 1, step));
+  planned_ = Planned{newest, std::move(next), began, old_workers};
+  return true;
+}
+
+void ElasticMembership::PlanBeforePush(int64_t step) {
+  if (options_.allreduce || options_.async || planned_.has_value()) return;
+  const std::optional<Membership> newest = Due(step);
+  if (!newest.has_value() ||
+      (options_.checkpoint_in_flight && options_.checkpoint_in_flight())) {
+    return;
+  }
+  absl::StatusOr<bool> planned = TryPlan(*newest, step, absl::Now());
+  // The shards that took the plan and those that did not cannot both
+  // decide the step with it (PsClient::FinishStep: ABORTED, recovered);
+  // with none, the boundary tries again.
+  if (!planned.ok()) {
+    options_.say(absl::StrCat("membership ", newest->epoch(),
+                              ": not planned at step ", step, ": ",
+                              planned.status().ToString()));
+  }
 }
 
 void ElasticMembership::ReportApplied(const Membership& newest, int64_t version,

@@ -123,6 +123,16 @@ class ElasticMembership {
   // (the heartbeats' kRestartExitCode).
   absl::StatusOr<int64_t> RecoverWorld(absl::Status cause);
 
+  // Worker 0, step `step`'s first gradients ready, before any push of
+  // them (StepLoop::GradientsReady): plans the coordinator's newest
+  // membership for this step's decision where MaybeApply() would (sync PS
+  // without staleness or backup workers, a step exchanged since the last
+  // recovery, the same shards) and it became due since the boundary, so
+  // that a scale request that came during the forward is taken at this
+  // step's end rather than the next one's. Never applies one at once; an
+  // error is said and left to the step.
+  void PlanBeforePush(int64_t step);
+
   // Sync PS, after step `step` - 1's exchange: where the shards took a
   // planned membership change at its decision (worker 0 planned it in
   // MaybeApply(), GradientExchange::PlanMembership), follows it from
@@ -192,6 +202,13 @@ class ElasticMembership {
   // other workers).
   std::optional<Membership> Due(int64_t step) const;
   absl::StatusOr<bool> FollowAt(int64_t* step, int64_t own_step, bool at_start);
+  // Worker 0: plans `newest` for the shards' decision of `step`
+  // (GradientExchange::PlanMembership) where that can be done: true if
+  // planned, false where it is applied at once instead (a change of
+  // shards, async, allreduce, no step exchanged since a recovery, another
+  // policy); the exchange's other errors.
+  absl::StatusOr<bool> TryPlan(const Membership& newest, int64_t step,
+                               absl::Time began);
   // Worker 0: `newest` applied from `version` (current_ is its): the
   // line, last_applied_ and the applied() report, timed from `began`.
   void ReportApplied(const Membership& newest, int64_t version, int old_workers,

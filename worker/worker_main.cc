@@ -53,6 +53,8 @@ ABSL_FLAG(bool, rejoin, false,
 namespace {
 
 constexpr char kProgram[] = "pstrain_worker";
+// Worker 0's heartbeat interval in an elastic job (at most).
+constexpr absl::Duration kWorker0Heartbeat = absl::Milliseconds(250);
 
 // The allreduce workers' rendezvous, in the coordinator's per-job store.
 class CoordinatorStore : public pstrain::RendezvousStore {
@@ -595,6 +597,13 @@ int main(int argc, char** argv) {
   }
   if (absl::Status s = StartTrace(spec, index, agent); !s.ok()) {
     return fail(1, std::string(s.message()));
+  }
+  if (index == 0 && pstrain::IsElastic(spec)) {
+    // Worker 0 applies the coordinator's memberships, which reach it in
+    // the heartbeats' answers: a scale is planned at most this much later
+    // (ElasticMembership), for 4 small RPCs a second.
+    agent.set_heartbeat_interval(
+        std::min(agent.options().heartbeat_interval, kWorker0Heartbeat));
   }
   StartHeartbeatsThatExit(agent);
   absl::StatusOr<pstrain::ClusterLayout> layout = agent.WaitForLayout();
