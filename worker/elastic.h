@@ -123,14 +123,16 @@ class ElasticMembership {
   // (the heartbeats' kRestartExitCode).
   absl::StatusOr<int64_t> RecoverWorld(absl::Status cause);
 
-  // Worker 0, step `step`'s first gradients ready, before any push of
-  // them (StepLoop::GradientsReady): plans the coordinator's newest
-  // membership for this step's decision where MaybeApply() would (sync PS
-  // without staleness or backup workers, a step exchanged since the last
-  // recovery, the same shards) and it became due since the boundary, so
-  // that a scale request that came during the forward is taken at this
-  // step's end rather than the next one's. Never applies one at once; an
-  // error is said and left to the step.
+  // Worker 0, whenever some of step `step`'s gradients are ready, before
+  // they are pushed (StepLoop::GradientsReady; the step's ends go to the
+  // shards only after every gradient is pushed, so no shard can have
+  // decided it): plans the coordinator's newest membership for this
+  // step's decision where MaybeApply() would (sync PS without staleness
+  // or backup workers, a step exchanged since the last recovery, the same
+  // shards) and it became due since the boundary, so that a scale request
+  // that came during the step is taken at its end rather than the next
+  // one's. Returns at once without a due membership or with one planned.
+  // Never applies one at once; an error is said and left to the step.
   void PlanBeforePush(int64_t step);
 
   // Sync PS, after step `step` - 1's exchange: where the shards took a

@@ -62,11 +62,12 @@ StepLoop::StepLoop(Options options, const DataPositions& positions, Parts parts)
 
 void StepLoop::GradientsReady(absl::Span<const int> tensors,
                               std::shared_ptr<CopyFence> fence) {
-  if (!plan_checked_) {
-    // Before this step's first push: a membership that became due during
-    // the forward is planned for this step's decision (worker 0).
-    plan_checked_ = true;
-    if (parts_.elastic != nullptr) parts_.elastic->PlanBeforePush(step_);
+  if (options_.worker_id == 0 && parts_.elastic != nullptr) {
+    // Before these gradients go out: a membership that became due since
+    // the boundary is planned for this step's decision. (The step's ends
+    // go to the shards only once every gradient is pushed, so any call
+    // is early enough.)
+    parts_.elastic->PlanBeforePush(step_);
   }
   const std::vector<absl::Span<const float>>& gradients =
       parts_.compute->gradients();
@@ -396,7 +397,6 @@ absl::StatusOr<StepLoop::ComputedStep> StepLoop::ComputeStep(int epoch,
     computed.loss_scale = parts_.loss_scaler->scale();
     parts_.compute->SetLossScale(computed.loss_scale);
   }
-  plan_checked_ = options_.worker_id != 0;
   ASSIGN_OR_RETURN(computed.loss, parts_.compute->Step(on_ready_));
   times.computed = absl::Now();
   if (!options_.record_samples_dir.empty()) {

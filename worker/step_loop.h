@@ -276,9 +276,6 @@ class StepLoop {
   std::optional<std::pair<int64_t, std::string>> unrecorded_;
   // The step whose exchange failed last (TrainStep()), for RetryKeptStep().
   std::optional<ComputedStep> kept_;
-  // Worker 0: this step's first gradients were ready (GradientsReady())
-  // and a due membership checked for (ElasticMembership::PlanBeforePush).
-  bool plan_checked_ = true;
 };
 
 }  // namespace pstrain
