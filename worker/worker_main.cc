@@ -187,11 +187,15 @@ absl::Status StartTrace(const pstrain::JobSpec& spec, int index,
 void StartHeartbeatsThatExit(pstrain::TaskAgent& agent) {
   agent.StartHeartbeats(
       [&agent](pstrain::JobState state, const std::string& message) {
-        pstrain::PrintError(
-            kProgram,
-            absl::StrCat(agent.name(), ": the job ended (",
-                         pstrain::JobState_Name(state), ")",
-                         message.empty() ? "" : ": ", message, "; stopping"));
+        const std::string line = absl::StrCat(
+            agent.name(), ": the job ended (", pstrain::JobState_Name(state),
+            ")", message.empty() ? "" : ": ", message, "; stopping");
+        if (state == pstrain::JOB_SUCCEEDED) {
+          // A standby never added, or a worker past its last step.
+          std::printf("%s: %s\n", kProgram, line.c_str());
+        } else {
+          pstrain::PrintError(kProgram, line);
+        }
         std::fflush(stdout);
         std::_Exit(state == pstrain::JOB_SUCCEEDED ? 0 : 1);
       },
