@@ -396,6 +396,74 @@ TEST_F(PsServiceTest, InitRefusesEachBadChunkAsItArrives) {
   EXPECT_EQ(replies[0].chunk().data(), Bytes({1, 2, 3, 4}));
 }
 
+// An elastic change planned for a step's decision
+// (InitRequest.reopen_at_decision): its fields are checked (a membership,
+// with worker 0; the next generation; the step being collected; worker 0
+// only), and once the step is decided every member's pull of the next
+// version ends with the generation taken.
+TEST_F(PsServiceTest, APlannedChangeIsCheckedAndNamedAtThePullsEnd) {
+  auto plan = [&](int worker, int64_t generation, int64_t version,
+                  std::vector<int> workers) {
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() +
+                         std::chrono::seconds(10));
+    InitResponse response;
+    auto writer = stub_->Init(&context, &response);
+    InitRequest first;
+    first.mutable_header()->set_job_id("job");
+    first.mutable_header()->set_worker_id(worker);
+    first.mutable_layout()->add_param_num_elements(4);
+    first.mutable_layout()->set_partition_bytes(16);
+    first.set_generation(generation);
+    first.set_reopen(true);
+    first.set_reopen_at_decision(true);
+    first.set_reopen_version(version);
+    if (!workers.empty()) {
+      for (int w : workers) first.mutable_membership()->add_workers(w);
+      first.mutable_membership()->set_epoch(1);
+    }
+    writer->Write(first);
+    writer->WritesDone();
+    return writer->Finish();
+  };
+  EXPECT_EQ(plan(0, 1, 1, {}).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(plan(0, 1, 1, {1}).error_code(),
+            grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(plan(1, 1, 1, {0, 1}).error_code(),
+            grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(plan(0, 2, 1, {0, 1}).error_code(),
+            grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_EQ(plan(0, 1, 5, {0, 1}).error_code(),
+            grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_EQ(shard_->generation(), 0);
+  ASSERT_TRUE(plan(0, 1, 1, {0, 1}).ok());
+  EXPECT_EQ(shard_->generation(), 0);
+
+  auto step = [&](int worker, std::vector<PushPullResponse>* replies) {
+    PushPullRequest pull;
+    pull.mutable_header()->set_job_id("job");
+    pull.mutable_header()->set_worker_id(worker);
+    pull.mutable_pull()->set_min_version(1);
+    return Exchange(
+        {Push(worker, Bytes({1, 1, 1, 1}), 4), End(worker, 0), pull}, replies);
+  };
+  std::vector<PushPullResponse> replies0, replies1;
+  grpc::Status status0;
+  std::thread worker0([&] { status0 = step(0, &replies0); });
+  const grpc::Status status1 = step(1, &replies1);
+  worker0.join();
+  ASSERT_TRUE(status0.ok()) << status0.error_message();
+  ASSERT_TRUE(status1.ok()) << status1.error_message();
+  for (const std::vector<PushPullResponse>* replies : {&replies0, &replies1}) {
+    ASSERT_FALSE(replies->empty());
+    EXPECT_TRUE(replies->back().last_of_pull());
+    ASSERT_TRUE(replies->back().has_generation());
+    EXPECT_EQ(replies->back().generation(), 1);
+  }
+  EXPECT_EQ(shard_->generation(), 1);
+  EXPECT_EQ(shard_->membership().epoch, 1);
+}
+
 // A stream that sends pulls for a version that never comes, without
 // reading, is refused once its queue is full (RESOURCE_EXHAUSTED) instead
 // of growing it without bound.
