@@ -16,8 +16,9 @@ Measured from the append (time.monotonic() of each output line as it
 comes):
   - "request to every member in the new step": until the latest of worker
     0's `membership E: A -> B workers[, P -> Q shards] at step S (T ms)`
-    line and the other workers' "recovered" or "rejoined" lines before
-    worker 0's next Step line (each starts the step at the new count then);
+    line and the other workers' "recovered", "rejoined" or "membership E,"
+    lines before worker 0's next Step line (each starts the step at the
+    new count then);
   - "request to the new count's first step done": until worker 0's first
     Step line after its membership line (a step line comes at the end of
     its step, so this holds one whole step at the new count, and the wait
@@ -25,10 +26,12 @@ comes):
   - "worker 0's T": the time worker 0 reports for the change itself (from
     the boundary at which it applies the membership until the shards
     reopened with it; for shards, the export from the old shards and the
-    restore onto the new ones in it);
+    restore onto the new ones in it; a change of workers in plain sync
+    mode is planned for the decision of the step in flight, and T runs
+    from the plan to that decision);
   - "to the boundary": request to the membership line less T (when worker
-    0 began the change: the control file's poll, the coordinator's Scale,
-    worker 0 learning of it, the step in flight);
+    0 began the change, or planned it: the control file's poll, the
+    coordinator's Scale, worker 0 learning of it, the step in flight);
   - "others' recovery": the longest "recovered in X s" the other workers
     report for the change (their failed step's retries onto the new
     layout included);
