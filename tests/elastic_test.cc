@@ -277,6 +277,13 @@ TEST(ElasticTest, GrowsAndShrinksTrainingEverySampleOnce) {
       << output;
   EXPECT_NE(output.find("worker 3 removed from the job"), std::string::npos)
       << output;
+  // The grow (plain sync, no failure before it) was planned for the
+  // shards' decision of the step in flight, which the two workers finished
+  // (ARCHITECTURE.md, "Planned"); the samples below count it.
+  EXPECT_NE(output.find("[worker0] membership 1: 2 -> 4 workers planned for "
+                        "step "),
+            std::string::npos)
+      << output;
   const int64_t grown_at = std::stoll(grow[1].str());
   const int64_t shrunk_at = std::stoll(shrink[1].str());
   std::printf("grown at step %lld, shrunk at step %lld\n",
