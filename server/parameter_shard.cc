@@ -255,16 +255,10 @@ absl::Status ParameterShard::Initialize(
     absl::StatusOr<std::vector<InitChunk*>> by_local =
         MatchInitChunks(*plan_, local_index_, sizes, chunks);
     if (!by_local.ok()) return by_local.status();
-    {
-      absl::MutexLock step_lock(&step_mu_);
-      ForgetSwitchLocked();
-    }
     // From here on the older generation's pushes (checked under each
     // chunk's lock) and pulls are refused; the new generation's wait in
     // WaitReady() until init_mu_ is released.
-    generation_.store(generation);
-    closed_.store(false);
-    if (membership != nullptr) SetMembershipLocked(*membership);
+    OpenRestoredLocked(generation, membership);
     reset_steps(*by_local);
     for (size_t i = 0; i < chunks_.size(); ++i) {
       absl::MutexLock chunk_lock(&chunks_[i]->mu);
@@ -302,6 +296,17 @@ absl::Status ParameterShard::Initialize(
   plan_ = std::make_unique<PartitionPlan>(*std::move(plan));
   chunks_ = std::move(states);
   local_index_ = std::move(local_index);
+  OpenRestoredLocked(generation, membership);
+  initialized_.store(true);
+  if (relayout) {
+    broken_.store(false);
+    NoteUpdate();
+  }
+  return absl::OkStatus();
+}
+
+void ParameterShard::OpenRestoredLocked(int64_t generation,
+                                        const WorkerMembership* membership) {
   {
     absl::MutexLock step_lock(&step_mu_);
     ForgetSwitchLocked();
@@ -309,12 +314,6 @@ absl::Status ParameterShard::Initialize(
   generation_.store(generation);
   closed_.store(false);
   if (membership != nullptr) SetMembershipLocked(*membership);
-  initialized_.store(true);
-  if (relayout) {
-    broken_.store(false);
-    NoteUpdate();
-  }
-  return absl::OkStatus();
 }
 
 absl::StatusOr<int64_t> ParameterShard::Reopen(

@@ -881,6 +881,12 @@ class ParameterShard {
   // WaitReady() waits on init_mu_, and a planned change is taken under
   // step_mu_ only: once step_mu_ is released, a change taken wakes it.
   void WakeReadyAfterSwitch() ABSL_LOCKS_EXCLUDED(step_mu_, init_mu_);
+  // Initialize()'s state installed or about to be: the shard takes
+  // `generation` (a planned change dropped first, ForgetSwitchLocked()),
+  // opens, and takes `membership` if not null.
+  void OpenRestoredLocked(int64_t generation,
+                          const WorkerMembership* membership)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(init_mu_);
   // Drops a planned change and the record of the last one taken (a
   // Reopen() or restore, before it takes its generation).
   void ForgetSwitchLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(step_mu_);
