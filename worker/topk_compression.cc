@@ -1,7 +1,10 @@
 #include "worker/topk_compression.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
+#include <cstring>
+#include <functional>
 #include <numeric>
 #include <utility>
 
@@ -50,23 +53,78 @@ int64_t TopKCount(double ratio, int64_t n) {
   return std::clamp<int64_t>(static_cast<int64_t>(k), 1, n);
 }
 
+namespace {
+
+// |x| as an unsigned key of the same order: IEEE 754 magnitudes order as
+// their bit patterns with the sign cleared (+0 and -0 are equal, as in
+// std::fabs; a NaN's key is above infinity's).
+inline uint32_t MagnitudeKey(float x) {
+  uint32_t bits;
+  std::memcpy(&bits, &x, sizeof(bits));
+  return bits & 0x7fffffffu;
+}
+
+// The first pass's bins: a key's top 11 bits (the exponent and 3 mantissa
+// bits), an eighth of an octave each.
+constexpr int kBinShift = 20;
+constexpr int kBins = 1 << (31 - kBinShift);
+
+}  // namespace
+
 void SelectTopK(absl::Span<const float> values, int64_t k,
                 std::vector<uint32_t>* indices) {
   const int64_t n = static_cast<int64_t>(values.size());
-  indices->resize(n);
-  std::iota(indices->begin(), indices->end(), 0u);
-  if (k < n) {
-    // Larger magnitude first, then the lower index: a strict total order.
-    auto before = [&values](uint32_t a, uint32_t b) {
-      const float fa = std::fabs(values[a]);
-      const float fb = std::fabs(values[b]);
-      return fa > fb || (fa == fb && a < b);
-    };
-    std::nth_element(indices->begin(), indices->begin() + k, indices->end(),
-                     before);
-    indices->resize(k);
-    std::sort(indices->begin(), indices->end());
+  indices->clear();
+  if (k >= n) {
+    indices->resize(n);
+    std::iota(indices->begin(), indices->end(), 0u);
+    return;
   }
+  if (k <= 0) return;
+  // A radix select. Pass 1: how many keys fall in each bin; the bin where
+  // the count from the top reaches k holds the k-th key, every entry of a
+  // higher bin is selected.
+  std::array<int64_t, kBins> counts{};
+  for (int64_t i = 0; i < n; ++i)
+    ++counts[MagnitudeKey(values[i]) >> kBinShift];
+  int threshold_bin = kBins - 1;
+  int64_t above = 0;
+  while (above + counts[threshold_bin] < k) above += counts[threshold_bin--];
+  // Pass 2: the higher bins' indices (ascending), and the threshold bin's
+  // entries as candidates, each packed so that a larger number comes first
+  // in the order (the key, then the lower index).
+  thread_local std::vector<uint32_t> selected;
+  thread_local std::vector<uint64_t> candidates;
+  selected.clear();
+  selected.reserve(above);
+  candidates.clear();
+  for (int64_t i = 0; i < n; ++i) {
+    const uint32_t key = MagnitudeKey(values[i]);
+    const int bin = static_cast<int>(key >> kBinShift);
+    if (bin > threshold_bin) {
+      selected.push_back(static_cast<uint32_t>(i));
+    } else if (bin == threshold_bin) {
+      candidates.push_back((static_cast<uint64_t>(key) << 32) |
+                           (0xffffffffu - static_cast<uint32_t>(i)));
+    }
+  }
+  // The first k - above candidates in the order (usually a few percent of
+  // n), merged with the higher bins' into ascending order.
+  const int64_t wanted = k - above;
+  if (wanted < static_cast<int64_t>(candidates.size())) {
+    std::nth_element(candidates.begin(), candidates.begin() + wanted,
+                     candidates.end(), std::greater<uint64_t>());
+    candidates.resize(wanted);
+  }
+  thread_local std::vector<uint32_t> chosen;
+  chosen.clear();
+  for (uint64_t c : candidates) {
+    chosen.push_back(0xffffffffu - static_cast<uint32_t>(c));
+  }
+  std::sort(chosen.begin(), chosen.end());
+  indices->resize(k);
+  std::merge(selected.begin(), selected.end(), chosen.begin(), chosen.end(),
+             indices->begin());
 }
 
 TopKCompressor::TopKCompressor(const CompressionOptions& options,
@@ -145,9 +203,7 @@ void TopKCompressor::Compress(int tensor, int64_t offset,
     }
     sum = absl::MakeConstSpan(next, n);
   }
-  thread_local std::vector<uint32_t> order;
-  SelectTopK(sum, k, &order);
-  indices->assign(order.begin(), order.end());
+  SelectTopK(sum, k, indices);
   values->resize(indices->size());
   for (size_t i = 0; i < indices->size(); ++i) {
     (*values)[i] = sum[(*indices)[i]];

@@ -105,7 +105,14 @@ int64_t TopKCount(double ratio, int64_t n);
 
 // Writes into `indices` (ascending) the positions of the `k` entries of
 // `values` of the largest magnitude, ties to the lower index (the order
-// above). k <= values.size().
+// above; a NaN counts as larger than infinity). k <= values.size().
+// A radix select on the magnitudes' bit patterns: one pass counts them in
+// 2,048 bins (an eighth of an octave each), a second collects the bins
+// above the k-th entry's and the entries of its bin, among which the rest
+// are chosen (std::nth_element; a few percent of `values` for gradients):
+// O(n), ~2 ns an element on one core against ~20 ns for std::nth_element
+// over all of them (bench/topk_bench.cc). Thread-safe for distinct
+// outputs (thread-local scratch).
 void SelectTopK(absl::Span<const float> values, int64_t k,
                 std::vector<uint32_t>* indices);
 

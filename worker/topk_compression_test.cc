@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <numeric>
 #include <random>
 #include <vector>
@@ -75,6 +76,50 @@ TEST(SelectTopKTest, MatchesSortingEverything) {
       EXPECT_EQ(got, BruteTopK(v, k)) << n << " " << k;
     }
   }
+}
+
+// Distributions that put many entries in the k-th entry's bin, or exactly
+// on its key: zeros (a ReLU's dead units), a few repeated values, +0 and
+// -0, denormals, one bin's worth of nearby values, and a wide spread.
+TEST(SelectTopKTest, MatchesSortingEverythingWhereManyEntriesTie) {
+  std::mt19937 rng(11);
+  std::normal_distribution<float> normal;
+  std::uniform_int_distribution<int> small(-3, 3);
+  const int n = 100003;
+  std::vector<std::vector<float>> inputs;
+  std::vector<float> v(n);
+  for (int i = 0; i < n; ++i) v[i] = i % 10 == 0 ? normal(rng) : 0.0f;
+  inputs.push_back(v);
+  for (float& x : v) x = static_cast<float>(small(rng));
+  inputs.push_back(v);
+  for (int i = 0; i < n; ++i) v[i] = i % 2 ? 0.0f : -0.0f;
+  inputs.push_back(v);
+  for (float& x : v) x = normal(rng) * 1e-40f;  // denormals
+  inputs.push_back(v);
+  for (float& x : v) x = 1.0f + normal(rng) * 1e-3f;  // one or two bins
+  inputs.push_back(v);
+  for (float& x : v) x = normal(rng) * std::exp(normal(rng) * 8.0f);
+  inputs.push_back(v);
+  for (size_t c = 0; c < inputs.size(); ++c) {
+    for (int64_t k : {int64_t{1}, TopKCount(0.001, n), TopKCount(0.01, n),
+                      TopKCount(0.3, n), int64_t{n - 1}}) {
+      std::vector<uint32_t> got;
+      SelectTopK(inputs[c], k, &got);
+      EXPECT_EQ(got, BruteTopK(inputs[c], k)) << "input " << c << " k " << k;
+    }
+  }
+}
+
+TEST(SelectTopKTest, NaNAndInfinityComeFirst) {
+  const float inf = std::numeric_limits<float>::infinity();
+  const std::vector<float> v = {1.0f, -inf, std::nanf(""), 5.0f, inf};
+  std::vector<uint32_t> got;
+  SelectTopK(v, 1, &got);
+  EXPECT_THAT(got, ElementsAre(2));
+  SelectTopK(v, 3, &got);
+  EXPECT_THAT(got, ElementsAre(1, 2, 4));
+  SelectTopK(v, 4, &got);
+  EXPECT_THAT(got, ElementsAre(1, 2, 3, 4));
 }
 
 TEST(SelectTopKTest, TiesGoToTheLowerIndexWhateverTheSign) {
