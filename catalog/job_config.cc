@@ -254,20 +254,30 @@ absl::StatusOr<JobConfig> ParseJobChoices(const JobSpec& spec) {
           "feedback; expected a compression such as topk:0.01 (the velocity "
           "accumulates into the residual)");
     }
-    if (config.optimizer != OPTIMIZER_SGD || !(o.momentum() > 0)) {
-      // DGC moves the momentum before the selection; it equals momentum
-      // SGD because the shard's update is then linear in what it
-      // receives. Adam's is not (docs/ARCHITECTURE.md, "Sparse pushes").
-      return absl::InvalidArgumentError(absl::StrCat(
-          "momentum_correction: true with optimizer ", o.name(),
-          o.name() == "sgd" ? " without momentum" : "",
-          "; expected sgd with momentum > 0 (the workers keep the momentum "
-          "and the shards apply plain SGD, which needs an update linear in "
-          "the gradient)"));
+    if (config.optimizer == OPTIMIZER_SGD && !(o.momentum() > 0)) {
+      // DGC moves the momentum before the selection; plain SGD has none.
+      return absl::InvalidArgumentError(
+          "momentum_correction: true with optimizer sgd without momentum; "
+          "expected momentum > 0, or adam (the workers keep the optimizer's "
+          "momentum, or Adam's moments, before the selection)");
     }
-    config.compression.momentum = o.momentum();
-    config.compression.dampening = o.dampening();
-    config.compression.nesterov = o.nesterov();
+    if (spec.compression_freeze_adam_variance()) {
+      return absl::InvalidArgumentError(
+          "momentum_correction: true with compression_freeze_adam_variance; "
+          "expected one of them (with momentum correction Adam's moments "
+          "are on the workers and the shards apply plain SGD: there is no "
+          "shard variance to freeze)");
+    }
+    if (config.optimizer == OPTIMIZER_ADAM) {
+      config.compression.adam = true;
+      config.compression.beta1 = o.has_beta1() ? o.beta1() : 0.9;
+      config.compression.beta2 = o.has_beta2() ? o.beta2() : 0.999;
+      config.compression.epsilon = o.has_epsilon() ? o.epsilon() : 1e-8;
+    } else {
+      config.compression.momentum = o.momentum();
+      config.compression.dampening = o.dampening();
+      config.compression.nesterov = o.nesterov();
+    }
   }
   config.compression.dense_steps = spec.compression_dense_steps();
   if (spec.compression_dense_steps() < 0 ||

@@ -161,7 +161,7 @@ TEST(JobConfigTest, CompressionParsesAndIsRefusedWhereItCannotApply) {
 // dampening and Nesterov; refused without a compression with error
 // feedback and without SGD momentum, and the shards then apply SGD
 // without momentum.
-TEST(JobConfigTest, MomentumCorrectionNeedsTopKWithFeedbackAndSgdMomentum) {
+TEST(JobConfigTest, MomentumCorrectionNeedsTopKWithFeedbackAndMomentum) {
   JobSpec spec;
   spec.set_backend("cpu");
   spec.set_mode("sync");
@@ -192,14 +192,31 @@ TEST(JobConfigTest, MomentumCorrectionNeedsTopKWithFeedbackAndSgdMomentum) {
   spec.mutable_optimizer()->set_nesterov(false);
   EXPECT_EQ(ParseJobChoices(spec).status().message(),
             "momentum_correction: true with optimizer sgd without momentum; "
-            "expected sgd with momentum > 0 (the workers keep the momentum "
-            "and the shards apply plain SGD, which needs an update linear in "
-            "the gradient)");
+            "expected momentum > 0, or adam (the workers keep the optimizer's "
+            "momentum, or Adam's moments, before the selection)");
+  // Adam: its moments go to the workers, with the job's betas and epsilon.
   spec.mutable_optimizer()->set_name("adam");
+  spec.mutable_optimizer()->set_beta1(0.8);
+  spec.mutable_optimizer()->set_beta2(0.99);
+  spec.mutable_optimizer()->set_epsilon(1e-6);
+  config = ParseJobChoices(spec);
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_TRUE(config->compression.adam);
+  EXPECT_EQ(config->compression.moments(), 2);
+  EXPECT_DOUBLE_EQ(config->compression.beta1, 0.8);
+  EXPECT_DOUBLE_EQ(config->compression.beta2, 0.99);
+  EXPECT_DOUBLE_EQ(config->compression.epsilon, 1e-6);
+  EXPECT_DOUBLE_EQ(config->compression.momentum, 0);
+  // 1-bit Adam's frozen shard variance has no shard variance to freeze.
+  spec.set_compression_dense_steps(10);
+  spec.set_compression_freeze_adam_variance(true);
   EXPECT_EQ(ParseJobChoices(spec).status().message(),
-            "momentum_correction: true with optimizer adam; expected sgd "
-            "with momentum > 0 (the workers keep the momentum and the shards "
-            "apply plain SGD, which needs an update linear in the gradient)");
+            "momentum_correction: true with compression_freeze_adam_variance; "
+            "expected one of them (with momentum correction Adam's moments "
+            "are on the workers and the shards apply plain SGD: there is no "
+            "shard variance to freeze)");
+  spec.set_compression_freeze_adam_variance(false);
+  spec.set_compression_dense_steps(0);
   spec.set_momentum_correction(false);
   EXPECT_FALSE(ParseJobChoices(spec)->compression.momentum_correction());
 }

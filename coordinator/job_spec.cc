@@ -689,8 +689,11 @@ OptimizerOptions OptimizerOptionsOf(const JobConfig& config) {
   o.dampening = static_cast<float>(optimizer.dampening());
   o.nesterov = optimizer.nesterov();
   if (config.compression.momentum_correction()) {
-    // DGC: the workers apply the momentum (worker/topk_compression.h);
-    // the shards plain SGD to the average of what they push.
+    // DGC: the workers apply the momentum, or Adam's moments
+    // (worker/topk_compression.h); the shards plain SGD to the average of
+    // what they push (AdamW's decoupled decay is then SGD's coupled term:
+    // the same w (1 - lr wd) - lr d).
+    o.kind = OptimizerKind::kSgd;
     o.momentum = 0;
     o.dampening = 0;
     o.nesterov = false;

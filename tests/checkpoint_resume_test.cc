@@ -167,17 +167,26 @@ INSTANTIATE_TEST_SUITE_P(Models, ResumeTest,
 // Without the residuals (files removed) the resumed run differs: they are
 // what carries it.
 // The same with DGC's momentum correction (SGD momentum on the workers,
-// plain SGD on the shards): the files hold each worker's velocities too.
-class CompressionResumeTest : public ::testing::TestWithParam<bool> {};
+// plain SGD on the shards): the files hold each worker's velocities too,
+// and with Adam's moments on the workers, its m and v.
+// Parameter: 0 plain top-k, 1 SGD momentum on the workers, 2 Adam's
+// moments on the workers (m and v in the files beside the residuals).
+class CompressionResumeTest : public ::testing::TestWithParam<int> {};
 
 TEST_P(CompressionResumeTest, ResidualsMakeTheResumeExact) {
   const Dataset data = MakeDataset(48);
   RunConfig plain;
   plain.compression = CompressionOptions{0.05, true};
-  if (GetParam()) {
+  if (GetParam() == 1) {
     plain.compression.momentum = 0.9;
     plain.optimizer.kind = OptimizerKind::kSgd;
     plain.optimizer.lr = 0.05f;
+  } else if (GetParam() == 2) {
+    // As coordinator/job_spec.cc sets the shards for it: plain SGD at
+    // Adam's lr.
+    plain.compression.adam = true;
+    plain.optimizer.kind = OptimizerKind::kSgd;
+    plain.optimizer.lr = 0.001f;
   }
   const std::vector<std::vector<float>> uninterrupted = Train(data, plain);
   ASSERT_FALSE(uninterrupted.empty());
@@ -212,7 +221,7 @@ TEST_P(CompressionResumeTest, ResidualsMakeTheResumeExact) {
 }
 
 INSTANTIATE_TEST_SUITE_P(MomentumCorrection, CompressionResumeTest,
-                         ::testing::Bool());
+                         ::testing::Values(0, 1, 2));
 
 // Allreduce: worker 0 writes the whole state (weights, Adam's m and v, the
 // BatchNorm buffers) as one file per checkpoint; every worker resumes from

@@ -156,6 +156,12 @@ int64_t TopKCompressor::newest_step() const {
 
 void TopKCompressor::BeginStep(int64_t step) {
   ratio_ = options_.RatioAt(step);
+  if (options_.adam) {
+    const double t = static_cast<double>(std::max<int64_t>(step, 0) + 1);
+    adam_scale_ = static_cast<float>(1.0 / (1.0 - std::pow(options_.beta1, t)));
+    adam_inv_bias_correction2_sqrt_ =
+        static_cast<float>(1.0 / std::sqrt(1.0 - std::pow(options_.beta2, t)));
+  }
   if (ring_.empty()) return;
   read_ = Newest();
   // The oldest other buffer (an unused one first: tag -1).
@@ -181,7 +187,29 @@ void TopKCompressor::Compress(int tensor, int64_t offset,
     // entries are then cleared.
     const float* residual = ring_[read_][tensor].data() + offset;
     next = ring_[write_][tensor].data() + offset;
-    if (options_.momentum_correction()) {
+    if (options_.adam) {
+      const int mt = num_tensors() + tensor;
+      const int vt = 2 * num_tensors() + tensor;
+      const float* m_in = ring_[read_][mt].data() + offset;
+      const float* v_in = ring_[read_][vt].data() + offset;
+      float* m_out = ring_[write_][mt].data() + offset;
+      float* v_out = ring_[write_][vt].data() + offset;
+      const float b1 = static_cast<float>(options_.beta1);
+      const float b2 = static_cast<float>(options_.beta2);
+      const float c1 = 1.0f - b1;
+      const float c2 = 1.0f - b2;
+      const float eps = static_cast<float>(options_.epsilon);
+      const float scale = adam_scale_;
+      const float ibc2 = adam_inv_bias_correction2_sqrt_;
+      for (int64_t i = 0; i < n; ++i) {
+        const float g = gradient[i];
+        const float m = b1 * m_in[i] + c1 * g;
+        const float v = b2 * v_in[i] + c2 * g * g;
+        m_out[i] = m;
+        v_out[i] = v;
+        next[i] = residual[i] + scale * m / (std::sqrt(v) * ibc2 + eps);
+      }
+    } else if (options_.momentum_correction()) {
       const int u = num_tensors() + tensor;
       const float* previous = ring_[read_][u].data() + offset;
       velocity = ring_[write_][u].data() + offset;
@@ -215,6 +243,7 @@ void TopKCompressor::Compress(int tensor, int64_t offset,
     // Momentum factor masking.
     for (uint32_t i : *indices) velocity[i] = 0.0f;
   }
+
 }
 
 void TopKCompressor::CommitStep(int64_t step) {

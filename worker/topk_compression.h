@@ -45,6 +45,27 @@
 // warm-up's first steps are nearly so). The velocities are worker state
 // as the residuals are: in the same ring and the same files.
 //
+// With Adam the same flag keeps Adam's moments on the workers: per step
+// and entry (t = step + 1, the shards' update number in sync; Kingma & Ba's
+// formula as optim/adam.h computes it)
+//   m = beta1 * m + (1 - beta1) * g,  v = beta2 * v + (1 - beta2) * g * g,
+//   d = (1 / (1 - beta1^t)) * m / (sqrt(v) / sqrt(1 - beta2^t) + eps),
+//   r = r + d,
+// the worker pushes the top k of r, and the shards apply plain SGD at the
+// job's lr (its schedule; AdamW's decay as SGD's coupled term, which is
+// the same w = w (1 - lr wd) - lr d) to the average of what is pushed.
+// What error feedback accumulates is then the update itself, already
+// divided by each entry's RMS, so an entry pushed once in a hundred steps
+// moves its weight by the sum of those steps' updates (as dense Adam
+// would), not by one normalised burst (the shards' Adam on a sparse
+// gradient: docs/ARCHITECTURE.md, "Sparse pushes"). The moments are not
+// masked (they are the optimizer's, not a stale push). What differs from
+// dense Adam with several workers: each worker's v is of its own
+// gradient (higher variance than the average's), and t counts steps, not
+// a shard's applied updates (equal in sync unless a step is skipped). As
+// Lin et al.'s correction for momentum, and 1-bit Adam's momentum on the
+// workers (Tang et al., ICML 2021), without its frozen variance.
+//
 // Tensors: fp32, host memory, element counts as the model's PS tensors.
 // Thread-safety: Compress() may run concurrently for disjoint chunks of one
 // step (the client's pusher threads); every other call is the worker
@@ -84,13 +105,24 @@ struct CompressionOptions {
   double momentum = 0;
   double dampening = 0;
   bool nesterov = false;
+  // Adam's moments on the workers (the job's `momentum_correction` with
+  // Adam; above): 0 < beta1, beta2 < 1, epsilon > 0 as the job's Adam.
+  bool adam = false;
+  double beta1 = 0.9;
+  double beta2 = 0.999;
+  double epsilon = 1e-8;
 
   // The fraction pushed at step `step` (sync: the step; async: the
   // worker's pushes so far).
   double RatioAt(int64_t step) const;
 
   bool enabled() const { return topk_ratio > 0; }
-  bool momentum_correction() const { return enabled() && momentum > 0; }
+  bool momentum_correction() const {
+    return enabled() && (momentum > 0 || adam);
+  }
+  // Moment tensors the worker keeps per parameter: 0, 1 (SGD's velocity)
+  // or 2 (Adam's m and v).
+  int moments() const { return !momentum_correction() ? 0 : adam ? 2 : 1; }
 };
 
 // Parses a job's `compression`: "" or "none" (no compression), or
@@ -129,9 +161,10 @@ class TopKCompressor {
   int num_tensors() const { return static_cast<int>(sizes_.size()); }
   int64_t size(int tensor) const { return sizes_[tensor]; }
   // The worker state a checkpoint holds: the residuals of the
-  // num_tensors() tensors, then (momentum correction) their velocities.
+  // num_tensors() tensors, then (momentum correction) their velocities, or
+  // Adam's m, then v.
   int num_state_tensors() const {
-    return num_tensors() * (options_.momentum_correction() ? 2 : 1);
+    return num_tensors() * (1 + options_.moments());
   }
   int64_t state_size(int i) const { return sizes_[i % num_tensors()]; }
 
@@ -191,6 +224,10 @@ class TopKCompressor {
   int read_ = 0;
   int write_ = 1;
   double ratio_ = 0;
+  // Adam (momentum correction): 1 / (1 - beta1^t), 1 / sqrt(1 - beta2^t)
+  // of the step in flight.
+  float adam_scale_ = 1.0f;
+  float adam_inv_bias_correction2_sqrt_ = 1.0f;
 };
 
 }  // namespace pstrain

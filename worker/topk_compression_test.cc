@@ -9,6 +9,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "optim/adam.h"
 
 namespace pstrain {
 namespace {
@@ -227,6 +228,63 @@ TEST(TopKCompressorTest, MomentumCorrectionKeepsAndMasksTheVelocity) {
                              std::vector<float>(40, 2.0f)})
                   .ok());
   EXPECT_EQ(compressor.ResidualAt(5).value()[1][7], 2.0f);
+}
+
+// Adam's moments on the workers: m and v are Adam's (optim/adam.h) bit for
+// bit and never masked; at ratio 1 the pushed d, applied by the shards'
+// plain SGD (w -= lr d), is dense Adam's update within float rounding; at
+// 0.1 what is pushed plus the residual is the old residual plus d.
+TEST(TopKCompressorTest, AdamMomentsOnTheWorkersAreAdamsUpdate) {
+  std::mt19937 rng(9);
+  std::normal_distribution<float> normal;
+  const int n = 50;
+  for (double ratio : {1.0, 0.1}) {
+    CompressionOptions options{ratio, true};
+    options.adam = true;
+    ASSERT_TRUE(options.momentum_correction());
+    TopKCompressor compressor(options, {n}, 3);
+    ASSERT_EQ(compressor.num_state_tensors(), 3);
+    AdamOptions adam;  // the same betas and epsilon as the defaults above
+    adam.lr = 0.01f;
+    std::vector<float> w(n), w_pushed(n), m(n, 0.0f), v(n, 0.0f);
+    std::vector<float> r(n, 0.0f);
+    for (float& x : w) x = normal(rng);
+    w_pushed = w;
+    for (int64_t step = 0; step < 10; ++step) {
+      std::vector<float> g(n);
+      for (float& x : g) x = normal(rng) * (1.0f + step);
+      compressor.BeginStep(step);
+      std::vector<uint32_t> indices;
+      std::vector<float> values;
+      compressor.Compress(0, 0, g, &indices, &values);
+      compressor.CommitStep(step);
+      AdamUpdate(adam, step + 1, w.data(), g.data(), m.data(), v.data(), n);
+      const std::vector<absl::Span<const float>> state =
+          compressor.ResidualAt(step + 1).value();
+      ASSERT_EQ(state.size(), 3u);
+      EXPECT_EQ(std::vector<float>(state[1].begin(), state[1].end()), m);
+      EXPECT_EQ(std::vector<float>(state[2].begin(), state[2].end()), v);
+      // d as Adam's step: w_before - w_after = lr * d.
+      std::vector<float> sent(n, 0.0f);
+      for (size_t j = 0; j < indices.size(); ++j) {
+        sent[indices[j]] = values[j];
+      }
+      for (int i = 0; i < n; ++i) {
+        const double d = (1.0 / (1.0 - std::pow(0.9, step + 1))) * m[i] /
+                         (std::sqrt(static_cast<double>(v[i])) /
+                              std::sqrt(1.0 - std::pow(0.999, step + 1)) +
+                          1e-8);
+        EXPECT_NEAR(sent[i] + state[0][i], r[i] + d, 1e-5 * (1 + std::fabs(d)))
+            << "step " << step << " entry " << i;
+        r[i] = state[0][i];
+        w_pushed[i] -= adam.lr * sent[i];
+        if (ratio == 1.0) {
+          EXPECT_EQ(state[0][i], 0.0f);
+          EXPECT_NEAR(w_pushed[i], w[i], 1e-5f) << "step " << step;
+        }
+      }
+    }
+  }
 }
 
 TEST(TopKCompressorTest, RingKeepsTheLastResidualsAndSkipsUncommitted) {

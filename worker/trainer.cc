@@ -260,10 +260,16 @@ absl::StatusOr<std::unique_ptr<GradientExchange>> CreateExchange(
   if (options.compression.enabled()) {
     compression.names = workload.TensorNames();
     compression.names.resize(compression.names.size() - workload.num_buffers());
-    if (options.compression.momentum_correction()) {
-      const size_t n = compression.names.size();
+    const size_t n = compression.names.size();
+    const std::vector<std::string> moments =
+        options.compression.adam
+            ? std::vector<std::string>{"adam_m.", "adam_v."}
+        : options.compression.momentum_correction()
+            ? std::vector<std::string>{"velocity."}
+            : std::vector<std::string>{};
+    for (const std::string& prefix : moments) {
       for (size_t t = 0; t < n; ++t) {
-        compression.names.push_back("velocity." + compression.names[t]);
+        compression.names.push_back(prefix + compression.names[t]);
       }
     }
     compression.compressor = CompressorOf(options, workload);
