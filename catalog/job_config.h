@@ -109,7 +109,8 @@ struct JobConfig {
   // DTYPE_FLOAT32, DTYPE_BFLOAT16 or DTYPE_FLOAT16.
   DType wire_dtype = DTYPE_FLOAT32;
   // Top-k compression of pushes (spec.compression, spec.no_error_feedback,
-  // spec.momentum_correction with the optimizer's momentum;
+  // spec.momentum_correction with the optimizer's momentum or Adam's
+  // betas and epsilon;
   // worker/topk_compression.h); disabled: none.
   CompressionOptions compression;
 
@@ -127,7 +128,8 @@ struct JobConfig {
 // one)") and a 16-bit wire_dtype with mode allreduce ("wire_dtype: \"bf16\"
 // with mode allreduce; expected fp32 ..."), and likewise a compression or
 // no_error_feedback with mode allreduce, and momentum_correction without
-// a compression with error feedback or without sgd momentum (the one
+// a compression with error feedback, with sgd without momentum, or with
+// compression_freeze_adam_variance (the one
 // line names the field and what was expected); every other check is
 // ValidateJobSpec's. The config holds a copy of `spec`.
 absl::StatusOr<JobConfig> ParseJobChoices(const JobSpec& spec);

@@ -109,7 +109,9 @@ Flags CompressionFlags() {
        "With --compression=topk:R and --optimizer=sgd --momentum=M: Deep "
        "Gradient Compression's momentum correction and masking (the workers "
        "keep the velocity, added to the residual before the selection and "
-       "zeroed where pushed; the shards apply SGD without momentum)."},
+       "zeroed where pushed; the shards apply SGD without momentum). With "
+       "--optimizer=adam: the workers keep Adam's moments and add Adam's "
+       "update to the residual; the shards apply plain SGD at the lr."},
       {"compression_dense_steps",
        "With --compression=topk:R: the first N steps push every entry "
        "(dense), then the warm-up, then R."},

@@ -164,10 +164,10 @@ ABSL_FLAG(int64_t, compression_warmup_steps, 0,
           "exponentially over this many steps (Deep Gradient Compression's "
           "warm-up); 0: R from the start.");
 ABSL_FLAG(bool, momentum_correction, false,
-          "With --compression=topk:R and --optimizer=sgd --momentum=M: "
-          "Deep Gradient Compression's momentum correction (the workers "
-          "keep the momentum before the selection; the shards apply plain "
-          "SGD).");
+          "With --compression=topk:R and --optimizer=sgd --momentum=M or "
+          "adam: Deep Gradient Compression's momentum correction (the "
+          "workers keep the momentum, or Adam's moments, before the "
+          "selection; the shards apply plain SGD).");
 ABSL_FLAG(int64_t, compression_dense_steps, 0,
           "With --compression=topk:R: the first N steps push dense (then "
           "the warm-up, then R).");

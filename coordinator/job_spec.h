@@ -73,8 +73,10 @@
 //   no_error_feedback        only with a compression        false
 //   compression_warmup_steps >= 0; 0 without a compression  0
 //   momentum_correction      only with a compression with   false
-//                            error feedback and sgd with
-//                            momentum > 0
+//                            error feedback, with sgd
+//                            momentum > 0 or adam, and not
+//                            with compression_freeze_adam_
+//                            variance
 //   compression_dense_steps  >= 0; 0 without a compression  0
 //   compression_freeze_adam_ only adam with                 false
 //     variance               compression_dense_steps > 0
@@ -216,8 +218,9 @@ absl::Status ValidateJobSpec(const JobSpec& spec);
 AdamOptions AdamOptionsOf(const OptimizerSpec& optimizer);
 // The whole optimizer of a resolved job: kind, Adam's and SGD's
 // hyperparameters, the lr schedule. With momentum_correction the momentum
-// is the workers' (worker/topk_compression.h): momentum, dampening and
-// nesterov are 0 here, so the shards apply plain SGD; with
+// (or Adam's moments) is the workers' (worker/topk_compression.h): kind
+// SGD with momentum, dampening and nesterov 0 here, so the shards apply
+// plain SGD; with
 // compression_freeze_adam_variance Adam's variance stops after
 // compression_dense_steps (AdamOptions::freeze_variance_after).
 OptimizerOptions OptimizerOptionsOf(const JobConfig& config);
