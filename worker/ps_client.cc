@@ -17,12 +17,20 @@
 #include "common/tensor_codec.h"
 #include "common/tls.h"
 #include "common/trace.h"
+#include "common/wire_dtype.h"
 
 namespace pstrain {
 namespace {
 
 void SetDeadline(grpc::ClientContext* context, absl::Duration timeout) {
   context->set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+}
+
+// Whether `k` of `n` entries as index/value pairs (4 index bytes and a
+// value each) take at least the bytes of the whole chunk in `wire`.
+bool SparseCostsMore(int64_t k, int64_t n, DType wire) {
+  const int64_t value_bytes = WireBytesPerElement(wire);
+  return k * (4 + value_bytes) >= n * value_bytes;
 }
 
 }  // namespace
@@ -332,6 +340,20 @@ absl::Status PsClient::PushChunk(int lane, StepState* state,
     push->mutable_key()->set_chunk_index(c.chunk_index);
     push->set_step(state->step);
     message = EncodeSmallMessage(skipped);
+  } else if (sparse &&
+             SparseCostsMore(static_cast<int64_t>(topk_indices.size()),
+                             c.num_elements, options_.wire_dtype)) {
+    // A warm-up's dense end (half the entries or more pushed): the same
+    // chunk as zeros and the selected values, at the dense chunk's bytes
+    // (the shard densifies a sparse push into exactly this).
+    thread_local std::vector<float> dense;
+    dense.assign(c.num_elements, 0.0f);
+    for (size_t i = 0; i < topk_indices.size(); ++i) {
+      dense[topk_indices[i]] = topk_values[i];
+    }
+    message = EncodeChunkMessage(envelope, kPushChunkField, c.param_id,
+                                 c.chunk_index, state->step, dense,
+                                 /*lease=*/nullptr, options_.wire_dtype);
   } else if (sparse) {
     message = EncodeSparseChunkMessage(
         envelope, kPushChunkField, c.param_id, c.chunk_index, state->step,
