@@ -808,8 +808,14 @@ absl::Status CheckCompareFlags(const CompareLists& lists) {
     shared.set_max_steps_per_epoch(steps);
   }
   // Each --compression and --wire_dtype entry is checked with its
-  // configuration.
-  shared.set_compression(lists.compressions[0]);
+  // configuration; the shared check takes a compression where the list
+  // has one, so that the flags for compressed rows are checked with it.
+  const auto compressed =
+      std::find_if(lists.compressions.begin(), lists.compressions.end(),
+                   [](const std::string& c) { return c != "none"; });
+  shared.set_compression(compressed != lists.compressions.end()
+                             ? *compressed
+                             : lists.compressions[0]);
   shared.set_wire_dtype(lists.wire_dtypes[0]);
   ASSIGN_OR_RETURN(const JobConfig config, CheckSpec(shared, nullptr));
   RETURN_IF_ERROR(CheckIgnoredFlags(config, "compare", lists.any_ps_mode,
@@ -861,6 +867,19 @@ struct CompareSeries {
   std::string label;
 };
 
+// A PS row without compression beside compressed ones (--compression=
+// none,topk:R): the flags that only mean something with a compression
+// (error feedback, warm-up, dense steps, momentum correction, delta
+// pulls) are the compressed rows'; this row runs as a plain job.
+void ClearCompressionFlags(JobSpec* spec) {
+  spec->set_no_error_feedback(false);
+  spec->set_dense_pulls(false);
+  spec->set_compression_warmup_steps(0);
+  spec->set_momentum_correction(false);
+  spec->set_compression_dense_steps(0);
+  spec->set_compression_freeze_adam_variance(false);
+}
+
 std::vector<CompareSeries> SeriesOf(const CompareLists& lists) {
   std::vector<CompareSeries> series;
   for (const CompareMode& mode : lists.modes) {
@@ -905,6 +924,7 @@ absl::StatusOr<std::vector<CompareConfig>> CompareConfigs(
             spec.set_collective(std::string(Spelling(s.mode->collective)));
           } else {
             spec.set_compression(s.compression);
+            if (s.compression == "none") ClearCompressionFlags(&spec);
           }
           if (steps > 0) {
             spec.set_epochs(1);

@@ -11,6 +11,8 @@
 #        [--bucket_bytes=26214400] [--out_dir=DIR]
 #        [--wire_dtype=fp32] [--compression=none] [--optimizer=adam]
 #        [--delta_pulls=true] [--priority_pulls=false]
+#        [--momentum=0] [--nesterov=false] [--momentum_correction=false]
+#        [--compression_warmup_steps=0]  (the last three: top-k rows only)
 #        [--queue_ms=10] [--tcp_cc=NAME] [--mtu=1500] [--bin=bazel-bin]
 #
 # Hosts: 10.78.0.1 runs `pstrain compare` and its coordinator (its link is
@@ -71,6 +73,13 @@ COMPRESSION=none
 # The job's optimizer for every row (pstrain's --optimizer): sgd makes a
 # top-k push's update sparse, which delta pulls carry (--delta_pulls).
 OPTIMIZER=adam
+# SGD's momentum for every row; Deep Gradient Compression's momentum
+# correction and sparsity warm-up for the top-k rows (pstrain's flags of
+# the same names): a top-k run as DGC trains, warm-up steps included.
+MOMENTUM=0
+NESTEROV=false
+MOMENTUM_CORRECTION=false
+COMPRESSION_WARMUP_STEPS=0
 DELTA_PULLS=true
 PRIORITY_PULLS=false
 COMPUTE_MS=100
@@ -103,6 +112,10 @@ for arg in "$@"; do
     --compression=*) COMPRESSION="${arg#*=}" ;;
     --optimizer=*) OPTIMIZER="${arg#*=}" ;;
     --delta_pulls=*) DELTA_PULLS="${arg#*=}" ;;
+    --momentum=*) MOMENTUM="${arg#*=}" ;;
+    --nesterov=*) NESTEROV="${arg#*=}" ;;
+    --momentum_correction=*) MOMENTUM_CORRECTION="${arg#*=}" ;;
+    --compression_warmup_steps=*) COMPRESSION_WARMUP_STEPS="${arg#*=}" ;;
     --priority_pulls=*) PRIORITY_PULLS="${arg#*=}" ;;
     --out_dir=*) OUT_DIR="${arg#*=}" ;;
     --bin=*) BIN="${arg#*=}" ;;
@@ -123,6 +136,15 @@ fail() {
   fail "--link_delay_ms=$LINK_DELAY_MS: expected a number >= 0 (ms)"
 [[ "$QUEUE_MS" =~ ^[0-9]+$ && "$QUEUE_MS" -ge 1 ]] ||
   fail "--queue_ms=$QUEUE_MS: expected a positive integer (ms)"
+[[ "$MOMENTUM" =~ ^(0|0?\.[0-9]+)$ ]] ||
+  fail "--momentum=$MOMENTUM: expected a number in [0, 1)"
+for flag in NESTEROV MOMENTUM_CORRECTION; do
+  [[ "${!flag}" =~ ^(true|false)$ ]] ||
+    fail "--${flag,,}=${!flag}: expected true or false"
+done
+[[ "$COMPRESSION_WARMUP_STEPS" =~ ^[0-9]+$ ]] ||
+  fail "--compression_warmup_steps=$COMPRESSION_WARMUP_STEPS: expected a" \
+    "step count >= 0"
 [[ "$MTU" =~ ^[0-9]+$ && "$MTU" -ge 68 && "$MTU" -le 65535 ]] ||
   fail "--mtu=$MTU: expected an integer from 68 to 65535 (bytes)"
 [[ "$PRIORITY_PULLS" == true || "$PRIORITY_PULLS" == false ]] ||
@@ -335,6 +357,11 @@ ps_wire=()
 [ "$COMPRESSION" = none ] ||
   ps_wire+=(--compression="$COMPRESSION" --delta_pulls="$DELTA_PULLS")
 [ "$PRIORITY_PULLS" = false ] || ps_wire+=(--priority_pulls=true)
+[ "$MOMENTUM_CORRECTION" = false ] || ps_wire+=(--momentum_correction=true)
+[ "$COMPRESSION_WARMUP_STEPS" = 0 ] ||
+  ps_wire+=(--compression_warmup_steps="$COMPRESSION_WARMUP_STEPS")
+[ "$MOMENTUM" = 0 ] || ps_wire+=(--momentum="$MOMENTUM")
+[ "$NESTEROV" = false ] || ps_wire+=(--nesterov=true)
 ip netns exec "$(ns_of c)" "$PSTRAIN" compare --compute=synthetic \
   --compute_ms="$COMPUTE_MS" --backward_fraction="$BACKWARD_FRACTION" \
   --model_bytes="$MODEL_BYTES" \

@@ -481,6 +481,10 @@ TEST(CompareCliTest, BadInputGetsOneLineErrorBeforeAnythingStarts) {
       {"--steps=0 --scaling=strong", "--scaling would be ignored"},
       {"--ps_netns=a:10.0.0.1 --worker_netns=b",
        "--worker_netns=b: \"b\"; expected NETNS:IP entries"},
+      // A compressed row's flag with no compressed row to take it.
+      {"--momentum_correction --optimizer=sgd --momentum=0.9",
+       "momentum_correction: true without a compression with error "
+       "feedback"},
   };
   for (const Case& c : cases) {
     const Result r = pstrain::testing::RunCommand(
@@ -495,6 +499,26 @@ TEST(CompareCliTest, BadInputGetsOneLineErrorBeforeAnythingStarts) {
     std::string unused;
     EXPECT_FALSE(pstrain::ReadFile(out + "/results.md", &unused).ok());
   }
+}
+
+// --compression=none,topk:R with DGC's flags: they are the top-k rows'
+// (momentum correction, warm-up); the uncompressed PS row runs plain, and
+// every row trains (synthetic compute, a few steps).
+TEST(CompareCliTest, CompressionFlagsGoToTheCompressedRowsOnly) {
+  const std::string out = TempDir() + "/compare_dgc";
+  const Result r = pstrain::testing::RunCommand(
+      "cli/pstrain compare --compute=synthetic --compute_ms=5 "
+      "--model_bytes=400000 --modes=ps_sync,allreduce --workers=2 "
+      "--num_ps=1 --steps=6 --compression=none,topk:0.01 "
+      "--momentum_correction --compression_warmup_steps=3 --optimizer=sgd "
+      "--momentum=0.9 --nesterov --out_dir=" +
+      out);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  std::string md;
+  ASSERT_TRUE(pstrain::ReadFile(out + "/results.md", &md).ok());
+  EXPECT_NE(md.find("| ps_sync | 1 |"), std::string::npos) << md;
+  EXPECT_NE(md.find("| ps_sync+topk:0.01 | 1 |"), std::string::npos) << md;
+  EXPECT_NE(md.find("| allreduce | 0 |"), std::string::npos) << md;
 }
 
 TEST(RunCliTest, CorruptDatasetGetsOneLineErrorAndExitCode2) {
