@@ -12,7 +12,7 @@
 #        [--wire_dtype=fp32] [--compression=none] [--optimizer=adam]
 #        [--delta_pulls=true] [--priority_pulls=false]
 #        [--momentum=0] [--nesterov=false] [--momentum_correction=false]
-#        [--compression_warmup_steps=0]  (the last three: top-k rows only)
+#        [--compression_warmup_steps=0]  (the last two: top-k rows only)
 #        [--queue_ms=10] [--tcp_cc=NAME] [--mtu=1500] [--bin=bazel-bin]
 #
 # Hosts: 10.78.0.1 runs `pstrain compare` and its coordinator (its link is
