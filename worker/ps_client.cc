@@ -502,19 +502,8 @@ absl::Status PsClient::WritePushes(int lane, StepState* state) {
         return absl::CancelledError("step aborted");
       }
       if (state->ready[lane].empty()) break;  // all released and pushed
-      // Priority (P3's both directions): of the chunks let go and not yet
-      // written, the front-most layer's first, so that the first layers'
-      // gradients, computed last, overtake the back layers' still waiting
-      // for the link, and their update (pulled first) is ready first.
-      // Otherwise backward's order.
-      auto it = state->ready[lane].begin();
-      if (options_.priority_pulls) {
-        it = std::min_element(
-            state->ready[lane].begin(), state->ready[lane].end(),
-            [](const auto& a, const auto& b) { return a.first < b.first; });
-      }
-      next = std::move(*it);
-      state->ready[lane].erase(it);
+      next = std::move(state->ready[lane].front());
+      state->ready[lane].pop_front();
     }
     if (next.second != nullptr) {
       absl::Status fenced = next.second->Wait();
