@@ -270,9 +270,9 @@ absl::StatusOr<JobConfig> ParseJobChoices(const JobSpec& spec) {
     }
     if (config.optimizer == OPTIMIZER_ADAM) {
       config.compression.adam = true;
-      config.compression.beta1 = o.has_beta1() ? o.beta1() : 0.9;
-      config.compression.beta2 = o.has_beta2() ? o.beta2() : 0.999;
-      config.compression.epsilon = o.has_epsilon() ? o.epsilon() : 1e-8;
+      config.compression.beta1 = o.beta1();
+      config.compression.beta2 = o.beta2();
+      config.compression.epsilon = o.epsilon();
     } else {
       config.compression.momentum = o.momentum();
       config.compression.dampening = o.dampening();

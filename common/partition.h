@@ -42,6 +42,15 @@ struct ChunkSpec {
   int64_t row_elements = 0;
 };
 
+// Whether `k` of a chunk's `n` entries sent as index/value pairs (a 4-byte
+// index and a value of `value_bytes` each: TensorChunk.sparse) take at
+// least the bytes of the `n` values sent whole. A sender that may send
+// either (a worker's top-k push, a shard's delta pull) sends the whole
+// chunk then.
+inline bool SparseAtLeastDense(int64_t k, int64_t n, int value_bytes) {
+  return k * (4 + value_bytes) >= n * value_bytes;
+}
+
 class PartitionPlan {
  public:
   // Default chunk bound: 4 MiB, as in BytePS.

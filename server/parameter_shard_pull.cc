@@ -266,7 +266,7 @@ const ChunkDelta* ParameterShard::DeltaLocked(ChunkState& chunk,
   }
   const int64_t k = static_cast<int64_t>(chunk.delta_indices.size());
   if (chunk.delta_dense ||
-      k * (4 + wire_bytes) >= chunk.spec.num_elements * wire_bytes) {
+      SparseAtLeastDense(k, chunk.spec.num_elements, wire_bytes)) {
     return nullptr;
   }
   out->indices = chunk.delta_indices;

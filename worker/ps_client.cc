@@ -26,13 +26,6 @@ void SetDeadline(grpc::ClientContext* context, absl::Duration timeout) {
   context->set_deadline(absl::ToChronoTime(absl::Now() + timeout));
 }
 
-// Whether `k` of `n` entries as index/value pairs (4 index bytes and a
-// value each) take at least the bytes of the whole chunk in `wire`.
-bool SparseCostsMore(int64_t k, int64_t n, DType wire) {
-  const int64_t value_bytes = WireBytesPerElement(wire);
-  return k * (4 + value_bytes) >= n * value_bytes;
-}
-
 }  // namespace
 
 grpc::ChannelArguments PsChannelArguments() {
@@ -341,8 +334,9 @@ absl::Status PsClient::PushChunk(int lane, StepState* state,
     push->set_step(state->step);
     message = EncodeSmallMessage(skipped);
   } else if (sparse &&
-             SparseCostsMore(static_cast<int64_t>(topk_indices.size()),
-                             c.num_elements, options_.wire_dtype)) {
+             SparseAtLeastDense(static_cast<int64_t>(topk_indices.size()),
+                                c.num_elements,
+                                WireBytesPerElement(options_.wire_dtype))) {
     // A warm-up's dense end (half the entries or more pushed): the same
     // chunk as zeros and the selected values, at the dense chunk's bytes
     // (the shard densifies a sparse push into exactly this).

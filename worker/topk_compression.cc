@@ -157,10 +157,14 @@ int64_t TopKCompressor::newest_step() const {
 void TopKCompressor::BeginStep(int64_t step) {
   ratio_ = options_.RatioAt(step);
   if (options_.adam) {
-    const double t = static_cast<double>(std::max<int64_t>(step, 0) + 1);
-    adam_scale_ = static_cast<float>(1.0 / (1.0 - std::pow(options_.beta1, t)));
-    adam_inv_bias_correction2_sqrt_ =
-        static_cast<float>(1.0 / std::sqrt(1.0 - std::pow(options_.beta2, t)));
+    // Adam's own per-step scalars (rounded as the shards' Adam rounds
+    // them), at lr 1: the shards apply the lr.
+    AdamOptions adam;
+    adam.lr = 1.0f;
+    adam.beta1 = static_cast<float>(options_.beta1);
+    adam.beta2 = static_cast<float>(options_.beta2);
+    adam.epsilon = static_cast<float>(options_.epsilon);
+    adam_step_ = AdamConstantsFor(adam, std::max<int64_t>(step, 0) + 1);
   }
   if (ring_.empty()) return;
   read_ = Newest();
@@ -194,20 +198,16 @@ void TopKCompressor::Compress(int tensor, int64_t offset,
       const float* v_in = ring_[read_][vt].data() + offset;
       float* m_out = ring_[write_][mt].data() + offset;
       float* v_out = ring_[write_][vt].data() + offset;
-      const float b1 = static_cast<float>(options_.beta1);
-      const float b2 = static_cast<float>(options_.beta2);
-      const float c1 = 1.0f - b1;
-      const float c2 = 1.0f - b2;
-      const float eps = static_cast<float>(options_.epsilon);
-      const float scale = adam_scale_;
-      const float ibc2 = adam_inv_bias_correction2_sqrt_;
+      const AdamStepConstants c = adam_step_;
       for (int64_t i = 0; i < n; ++i) {
         const float g = gradient[i];
-        const float m = b1 * m_in[i] + c1 * g;
-        const float v = b2 * v_in[i] + c2 * g * g;
+        const float m = c.beta1 * m_in[i] + c.one_minus_beta1 * g;
+        const float v = c.beta2 * v_in[i] + c.one_minus_beta2 * g * g;
         m_out[i] = m;
         v_out[i] = v;
-        next[i] = residual[i] + scale * m / (std::sqrt(v) * ibc2 + eps);
+        next[i] = residual[i] +
+                  c.step_size * m /
+                      (std::sqrt(v) * c.inv_bias_correction2_sqrt + c.epsilon);
       }
     } else if (options_.momentum_correction()) {
       const int u = num_tensors() + tensor;
@@ -243,7 +243,6 @@ void TopKCompressor::Compress(int tensor, int64_t offset,
     // Momentum factor masking.
     for (uint32_t i : *indices) velocity[i] = 0.0f;
   }
-
 }
 
 void TopKCompressor::CommitStep(int64_t step) {

@@ -81,6 +81,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
+#include "optim/adam.h"
 
 namespace pstrain {
 
@@ -224,10 +225,9 @@ class TopKCompressor {
   int read_ = 0;
   int write_ = 1;
   double ratio_ = 0;
-  // Adam (momentum correction): 1 / (1 - beta1^t), 1 / sqrt(1 - beta2^t)
-  // of the step in flight.
-  float adam_scale_ = 1.0f;
-  float adam_inv_bias_correction2_sqrt_ = 1.0f;
+  // Adam (momentum correction): optim/adam.h's scalars of the step in
+  // flight at lr 1 (step_size = 1 / (1 - beta1^t)).
+  AdamStepConstants adam_step_{};
 };
 
 }  // namespace pstrain

@@ -260,13 +260,14 @@ absl::StatusOr<std::unique_ptr<GradientExchange>> CreateExchange(
   if (options.compression.enabled()) {
     compression.names = workload.TensorNames();
     compression.names.resize(compression.names.size() - workload.num_buffers());
+    // The residual file's names: the parameters', then each moment's.
+    std::vector<std::string> moments;
+    if (options.compression.adam) {
+      moments = {"adam_m.", "adam_v."};
+    } else if (options.compression.momentum_correction()) {
+      moments = {"velocity."};
+    }
     const size_t n = compression.names.size();
-    const std::vector<std::string> moments =
-        options.compression.adam
-            ? std::vector<std::string>{"adam_m.", "adam_v."}
-        : options.compression.momentum_correction()
-            ? std::vector<std::string>{"velocity."}
-            : std::vector<std::string>{};
     for (const std::string& prefix : moments) {
       for (size_t t = 0; t < n; ++t) {
         compression.names.push_back(prefix + compression.names[t]);
