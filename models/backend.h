@@ -8,8 +8,9 @@
 //    attention's masked softmax (models/cpu_transformer.h). Always built.
 //  - "cuda": device memory on GPU --gpu; cuDNN (convolution, batch
 //    normalisation, pooling, activations), cuBLAS (linear layers) and our own
-//    kernels for softmax cross-entropy, elementwise add and dropout (no
-//    transformer layers yet: CreateLayer is UNIMPLEMENTED for them). Built
+//    kernels for softmax cross-entropy, elementwise add and dropout, and
+//    for the transformer layers cuBLAS products and our kernels
+//    (models/cuda/cuda_transformer.h). Built
 //    only with `bazel build --config=cuda`; fp32 storage, TF32 tensor-core
 //    math for convolutions and GEMMs by default (as PyTorch's default for
 //    cuDNN convolutions; Backend::SetPrecision).
@@ -266,7 +267,7 @@ class Backend {
   // (PyTorch gives NaN). INVALID_ARGUMENT for another label or a label
   // count that is not the row count. The default runs on the host
   // (HostSoftmaxCrossEntropyIgnoring) for host-memory backends and is
-  // UNIMPLEMENTED elsewhere (CUDA: not yet, issue 41).
+  // UNIMPLEMENTED elsewhere; the CUDA backend computes it on the device.
   virtual absl::StatusOr<float> SoftmaxCrossEntropyIgnoring(
       const DeviceTensor& logits, absl::Span<const int32_t> labels,
       int32_t ignore_index, DeviceTensor* dlogits);

@@ -884,11 +884,8 @@ class TransformerEncoderLayer final : public Layer {
 
 absl::StatusOr<std::unique_ptr<Layer>> NewCpuTransformerLayer(
     const LayerSpec& spec, std::vector<Param*> params, uint64_t seed) {
-  if (params.size() != ParamSpecs(spec).size()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(LayerName(spec), ": ", params.size(),
-                     " parameters; expected ", ParamSpecs(spec).size()));
-  }
+  absl::Status status = CheckTransformerLayer(spec, params.size());
+  if (!status.ok()) return status;
   switch (spec.type) {
     case LayerType::kEmbedding:
       return std::unique_ptr<Layer>(new Embedding(spec, std::move(params)));
@@ -899,21 +896,9 @@ absl::StatusOr<std::unique_ptr<Layer>> NewCpuTransformerLayer(
     case LayerType::kGatherRows:
       return std::unique_ptr<Layer>(new GatherRows(spec));
     case LayerType::kMultiheadAttention:
-      if (spec.heads < 1 || spec.in_channels % spec.heads != 0) {
-        return absl::InvalidArgumentError(
-            absl::StrCat(LayerName(spec), ": hidden ", spec.in_channels,
-                         " is not a multiple of heads ", spec.heads));
-      }
       return std::unique_ptr<Layer>(
           new MultiheadAttention(spec, std::move(params), seed));
     case LayerType::kTransformerEncoderLayer:
-      if (spec.heads < 1 || spec.in_channels % spec.heads != 0 ||
-          spec.feedforward < 1) {
-        return absl::InvalidArgumentError(
-            absl::StrCat(LayerName(spec), ": hidden ", spec.in_channels,
-                         " not a multiple of heads ", spec.heads,
-                         " or feedforward ", spec.feedforward, " < 1"));
-      }
       return std::unique_ptr<Layer>(
           new TransformerEncoderLayer(spec, std::move(params), seed));
     default:

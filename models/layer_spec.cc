@@ -458,4 +458,27 @@ BackwardReads BackwardReadsOf(const LayerSpec& spec) {
   return {true, true};
 }
 
+absl::Status CheckTransformerLayer(const LayerSpec& spec, size_t num_params) {
+  if (num_params != ParamSpecs(spec).size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(LayerName(spec), ": ", num_params,
+                     " parameters; expected ", ParamSpecs(spec).size()));
+  }
+  if (spec.type == LayerType::kMultiheadAttention &&
+      (spec.heads < 1 || spec.in_channels % spec.heads != 0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(LayerName(spec), ": hidden ", spec.in_channels,
+                     " is not a multiple of heads ", spec.heads));
+  }
+  if (spec.type == LayerType::kTransformerEncoderLayer &&
+      (spec.heads < 1 || spec.in_channels % spec.heads != 0 ||
+       spec.feedforward < 1)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(LayerName(spec), ": hidden ", spec.in_channels,
+                     " not a multiple of heads ", spec.heads,
+                     " or feedforward ", spec.feedforward, " < 1"));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace pstrain

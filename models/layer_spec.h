@@ -173,6 +173,13 @@ struct BackwardReads {
 };
 BackwardReads BackwardReadsOf(const LayerSpec& spec);
 
+// What every backend checks before it builds a transformer layer (kEmbedding,
+// kLayerNorm, kGelu, kMultiheadAttention, kTransformerEncoderLayer,
+// kGatherRows) with `num_params` parameters: INVALID_ARGUMENT for another
+// parameter count than ParamSpecs(spec)'s, heads that do not divide the
+// hidden size, or a feed-forward width < 1.
+absl::Status CheckTransformerLayer(const LayerSpec& spec, size_t num_params);
+
 // Multiply-accumulates of one forward pass of one sample (FLOPs = 2 x MACs).
 // Counts convolutions and linear layers only, as the field's tables do (a
 // per-token linear layer S in_features out_features, a linear layer on a

@@ -7,7 +7,9 @@
 # Sections, each under its own time limit (seconds, --quick in brackets):
 #   host        GPU, driver, CUDA/cuDNN/cuBLAS/NCCL, glibc, cores       60
 #   cuda_tests  tests/cuda_test (every layer and zoo model against the
-#               CPU backend: a max abs/rel error table) and the NCCL
+#               CPU backend: a max abs/rel error table),
+#               tests/cuda_transformer_test (the BERT layers, the MLM
+#               loss and bert_tiny against the CPU backend) and the NCCL
 #               tests of tests/collective_test                           240
 #   train_bench train_bench --backend=cuda against PyTorch on the same
 #               GPU in the same run (ResNet-50 224x224 batch 64 and 128,
@@ -19,6 +21,10 @@
 #               on the one GPU, LeNet-5 and ResNet-18 on Fashion-MNIST,
 #               beside the same runs on the CPU backend; and fp16 LeNet-5
 #               checkpointed, then resumed (the loss scale it restored)   420
+#   transformer train_bench --backend=cuda --model=bert_base (the seeds'
+#               third table's batch 96, 128 tokens, synthetic tokens,
+#               TF32) against PyTorch on the same GPU, with a per-layer
+#               time table                                                240
 #   allreduce   allreduce over NCCL with one rank, and Gloo between two
 #               CUDA workers                                              180
 #   ps_worker   the PS worker on the GPU: pstrain run --backend=cuda,
@@ -44,8 +50,8 @@
 # /usr/local/nvidia; the rest is in the bundle's lib/.
 set -uo pipefail
 
-usage="usage: gpu_check.sh [--quick] [--dry_run] [--only=host,cuda_tests,train_bench,pstrain_run,allreduce,ps_worker,ps_bench] OUT_DIR"
-all_sections="host cuda_tests train_bench pstrain_run allreduce ps_worker ps_bench"
+usage="usage: gpu_check.sh [--quick] [--dry_run] [--only=host,cuda_tests,train_bench,transformer,pstrain_run,allreduce,ps_worker,ps_bench] OUT_DIR"
+all_sections="host cuda_tests train_bench transformer pstrain_run allreduce ps_worker ps_bench"
 command_line="gpu_check.sh $*"
 quick=0
 dry_run=0
@@ -261,6 +267,8 @@ cuda_tests_section() {
   local rc=0
   PSTRAIN_LAYER_ERRORS="$out/layer_errors.md" "$root/tests/cuda_test" 2>&1 | tee "$out/logs/cuda_test.out"
   [ "${PIPESTATUS[0]}" = 0 ] || rc=1
+  "$root/tests/cuda_transformer_test" 2>&1 | tee "$out/logs/cuda_transformer_test.out"
+  [ "${PIPESTATUS[0]}" = 0 ] || rc=1
   "$root/tests/collective_test" --gtest_filter='Nccl*' 2>&1 | tee "$out/logs/collective_test.out"
   [ "${PIPESTATUS[0]}" = 0 ] || rc=1
   {
@@ -273,12 +281,12 @@ cuda_tests_section() {
       n=$(sed -n "s/^\[  $1 *\] \([0-9]*\) tests*[,.].*/\1/p" "$2" | tail -1)
       echo "${n:-0}"
     }
-    for t in cuda_test collective_test; do
+    for t in cuda_test cuda_transformer_test collective_test; do
       f="$out/logs/$t.out"
       printf '| %s | %s | %s | %s |\n' "$t" "$(count PASSED "$f")" \
         "$(count FAILED "$f")" "$(count SKIPPED "$f")"
     done
-    for t in cuda_test collective_test; do
+    for t in cuda_test cuda_transformer_test collective_test; do
       awk -v t="$t" '/^\[  (FAILED|SKIPPED) *\] [0-9]+ tests?, listed below/ {list = $0 ~ /FAILED/ ? "failed" : "skipped"; next}
         list != "" && /^\[  (FAILED|SKIPPED) *\] [A-Za-z]/ {line = $0; sub(/^\[[^]]*\] /, "", line); print "- " t " " list ": " line}' "$out/logs/$t.out"
     done
@@ -288,6 +296,13 @@ cuda_tests_section() {
     if [ -s "$out/layer_errors.md" ]; then
       echo
       cat "$out/layer_errors.md"
+    fi
+    if grep -q 'largest GPU-CPU difference' "$out/logs/cuda_transformer_test.out"; then
+      echo
+      echo "Transformer layers and bert_tiny, TF32 off (cuda_transformer_test):"
+      echo
+      sed -n 's/^\(.*\(largest GPU-CPU difference\|worst gradient\).*\)$/- \1/p' \
+        "$out/logs/cuda_transformer_test.out"
     fi
     if grep -q 'worst gradient' "$out/logs/cuda_test.out"; then
       echo
@@ -331,6 +346,25 @@ train_bench_section() {
   if [ -s "$out/layer_times.md" ]; then
     { echo; cat "$out/layer_times.md"; } >> "$out/train_bench.md"
   fi
+  return $rc
+}
+
+# BERT-base through train_bench against PyTorch (issue 41): the seeds'
+# third table's setting, batch 96 of 128 synthetic tokens, TF32.
+transformer_section() {
+  local rc=0
+  "$root/bench/train_bench" --backend=cuda --model=bert_base \
+    --dataset=synthetic_tokens --batch_size=96 --steps="$bench_steps" \
+    --warmup=3 --layer_times --compare_pytorch --python="${python:-python3}" \
+    > "$out/logs/train_bench_bert.out" 2>&1 || rc=1
+  cat "$out/logs/train_bench_bert.out"
+  {
+    grep '^|' "$out/logs/train_bench_bert.out" | head -2
+    grep '^| bert' "$out/logs/train_bench_bert.out" ||
+      echo "| failed: $(tail -1 "$out/logs/train_bench_bert.out") |"
+    echo
+    sed -n '/^Per-layer/,$p' "$out/logs/train_bench_bert.out"
+  } > "$out/transformer.md"
   return $rc
 }
 
@@ -559,9 +593,11 @@ run_section host 60 host_section
 if [ "$gpu" = 1 ]; then
   run_section cuda_tests 240 cuda_tests_section
   run_section train_bench 420 train_bench_section
+  run_section transformer 240 transformer_section
 else
   skip_section cuda_tests
   skip_section train_bench
+  skip_section transformer
 fi
 # CPU rows run without a GPU; the CUDA rows say "skipped: no GPU".
 run_section pstrain_run 420 pstrain_run_section

@@ -38,7 +38,7 @@ check() {  # check DESCRIPTION COMMAND...
 # --- layout ----------------------------------------------------------------
 for f in cli/pstrain coordinator/pstrain_coordinator bench/train_bench \
   bench/ps_bench server/pstrain_ps worker/pstrain_worker tests/cuda_test \
-  tests/collective_test gpu_check.sh; do
+  tests/cuda_transformer_test tests/collective_test gpu_check.sh; do
   check "$bundle/$f is executable" test -x "$bundle/$f"
 done
 for f in tools/torch/torch_bench.py tools/torch/torch_models.py BUNDLE_INFO \
@@ -95,12 +95,12 @@ cat "$out/dry_run.log"
 check "the dry run exits 0" test $rc -eq 0
 report="$out/report/gpu_report.md"
 check "the dry run wrote gpu_report.md" test -s "$report"
-check "gpu_report.json parses and has seven sections" python3 -c "
+check "gpu_report.json parses and has eight sections" python3 -c "
 import json, sys
 r = json.load(open('$out/report/gpu_report.json'))
 names = [s['section'] for s in r['sections']]
-sys.exit(names != ['host', 'cuda_tests', 'train_bench', 'pstrain_run', 'allreduce', 'ps_worker', 'ps_bench'])"
-for s in cuda_tests train_bench allreduce ps_worker; do
+sys.exit(names != ['host', 'cuda_tests', 'train_bench', 'transformer', 'pstrain_run', 'allreduce', 'ps_worker', 'ps_bench'])"
+for s in cuda_tests train_bench transformer allreduce ps_worker; do
   check "$s is 'skipped: no GPU'" grep -q "^| $s | skipped: no GPU" "$report"
 done
 for s in host pstrain_run ps_bench; do

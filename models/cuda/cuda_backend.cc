@@ -22,6 +22,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "models/backend.h"
+#include "models/cuda/cuda_transformer.h"
 #include "models/cuda/kernels.h"
 #include "models/dropout_mask.h"
 
@@ -352,7 +353,21 @@ class CudaBackend final : public Backend {
     return static_cast<float>(sum / n);
   }
 
+  absl::StatusOr<float> SoftmaxCrossEntropyIgnoring(
+      const DeviceTensor& logits, absl::Span<const int32_t> labels,
+      int32_t ignore_index, DeviceTensor* dlogits) override {
+    return CudaSoftmaxCrossEntropyIgnoring(LayerContext(), logits, labels,
+                                           ignore_index, dlogits);
+  }
+
   // Shared by the layers.
+  CudaLayerContext LayerContext() {
+    CudaLayerContext context;
+    context.backend = this;
+    context.cublas = cublas_;
+    context.stream = compute_;
+    return context;
+  }
   cudnnHandle_t cudnn() const { return cudnn_; }
   cublasHandle_t cublas() const { return cublas_; }
   cudaStream_t compute() const { return compute_; }
@@ -1068,8 +1083,8 @@ absl::StatusOr<std::unique_ptr<Layer>> CudaBackend::CreateLayer(
     case LayerType::kMultiheadAttention:
     case LayerType::kTransformerEncoderLayer:
     case LayerType::kGatherRows:
-      return absl::UnimplementedError(absl::StrCat(
-          LayerName(spec), ": not on the CUDA backend yet (issue 41)"));
+      return NewCudaTransformerLayer(LayerContext(), spec, std::move(params),
+                                     seed);
   }
   return absl::InvalidArgumentError("unknown layer type");
 }

@@ -1,0 +1,73 @@
+// The CUDA backend's transformer layers (issue 41): token + position
+// embedding, LayerNorm, GELU, multi-head self-attention with a key padding
+// mask, the post-LN TransformerEncoderLayer made of them, and the MLM
+// head's row gather; the same mathematics as the CPU backend's
+// (models/cpu_transformer.h, checked against PyTorch 1.13 fixtures), which
+// models/cuda_test.cc holds them to.
+//
+// Libraries: cuBLAS for every matrix product (the projections with
+// cublasSgemm; the attention's four products per (sample, head) in one
+// cublasSgemmStridedBatched each, on per-head blocks
+// models/cuda/transformer_kernels.h moves the packed projections into and
+// out of). Our kernels for the rest (transformer_kernels.h); the dropouts
+// draw models/dropout_mask.h's masks, the CPU backend's for the same seed.
+// Not yet cuDNN's fused attention (its graph API), nor 16-bit math: under
+// bf16/fp16 precision these layers compute in fp32 (TF32 under tf32, as
+// the backend's cuBLAS handle says).
+//
+// Tensors are dense row-major fp32, [N, S, E] activations, [N, S] token ids
+// and key padding masks (nonzero: padding), [P] gathered positions. The
+// ids and positions are read back to the host once per forward to check
+// them (a stream synchronisation): INVALID_ARGUMENT for a token id that is
+// not an integer in [0, vocab), a position outside the rows, and for a
+// sample whose every key is padding (PyTorch returns NaN there). Backward
+// without a training forward of the same shape: FAILED_PRECONDITION.
+// Gradients scattered into rows (the token table, a gathered row) are
+// summed with atomic adds, so their rounding may differ from run to run.
+//
+// Thread-safety: as backend.h's layers, one training thread per layer.
+#ifndef PSTRAIN_MODELS_CUDA_CUDA_TRANSFORMER_H_
+#define PSTRAIN_MODELS_CUDA_CUDA_TRANSFORMER_H_
+
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "models/backend.h"
+#include "models/layer_spec.h"
+
+namespace pstrain {
+
+// What the layers use of the CUDA backend: its allocations (scratch
+// tensors), its cuBLAS handle and its compute stream (the handle is bound
+// to it).
+struct CudaLayerContext {
+  Backend* backend = nullptr;
+  cublasHandle_t cublas = nullptr;
+  cudaStream_t stream = nullptr;
+};
+
+// The layer for a spec of type kEmbedding, kLayerNorm, kGelu,
+// kMultiheadAttention, kTransformerEncoderLayer or kGatherRows, with
+// `params` as ParamSpecs(spec) lists them (device tensors); `seed` drives
+// the dropout masks as on the CPU backend. INVALID_ARGUMENT as
+// CheckTransformerLayer (layer_spec.h) says, or for another type.
+absl::StatusOr<std::unique_ptr<Layer>> NewCudaTransformerLayer(
+    const CudaLayerContext& context, const LayerSpec& spec,
+    std::vector<Param*> params, uint64_t seed);
+
+// Backend::SoftmaxCrossEntropyIgnoring on the device: `logits` [rows, k]
+// on the context's stream, the labels checked on the host
+// (CountPredictedRows), the loss summed on the host from per-row losses.
+absl::StatusOr<float> CudaSoftmaxCrossEntropyIgnoring(
+    const CudaLayerContext& context, const DeviceTensor& logits,
+    absl::Span<const int32_t> labels, int32_t ignore_index,
+    DeviceTensor* dlogits);
+
+}  // namespace pstrain
+
+#endif  // PSTRAIN_MODELS_CUDA_CUDA_TRANSFORMER_H_
