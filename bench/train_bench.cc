@@ -129,8 +129,9 @@ bool ResetPeakRss() {
   return std::fclose(f) == 0 && ok;
 }
 
-// tools/torch/torch_bench.py next to the binary's runfiles or in the source
-// tree.
+// tools/torch/torch_bench.py next to the binary's runfiles, beside its
+// folder (the GPU bundle's bench/ and tools/, scripts/gpu_bundle.sh) or in
+// the source tree.
 std::string FindTorchBench() {
   char buf[4096];
   const ssize_t n = readlink("/proc/self/exe", buf, sizeof(buf) - 1);
@@ -139,6 +140,12 @@ std::string FindTorchBench() {
     buf[n] = '\0';
     candidates.push_back(
         absl::StrCat(buf, ".runfiles/pstrain/tools/torch/torch_bench.py"));
+    const std::string exe(buf);
+    const size_t slash = exe.rfind('/');
+    if (slash != std::string::npos) {
+      candidates.push_back(absl::StrCat(exe.substr(0, slash),
+                                        "/../tools/torch/torch_bench.py"));
+    }
   }
   candidates.push_back("tools/torch/torch_bench.py");
   for (const std::string& c : candidates) {

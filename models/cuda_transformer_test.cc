@@ -77,12 +77,13 @@ struct TransformerCase {
   std::vector<float> second;
 };
 
-// Key padding masks [n, s]: sample b has its last b * 2 keys padded.
+// Key padding masks [n, s]: sample b has its last min(2 b, s - 1) keys
+// padded (one key always attended).
 std::vector<float> PaddingMask(int64_t n, int64_t s) {
   std::vector<float> mask(n * s, 0.0f);
   for (int64_t b = 0; b < n; ++b) {
-    for (int64_t t = s - 2 * b; t < s; ++t) {
-      if (t >= 0) mask[b * s + t] = 1.0f;
+    for (int64_t t = std::max<int64_t>(s - 2 * b, 1); t < s; ++t) {
+      mask[b * s + t] = 1.0f;
     }
   }
   return mask;

@@ -24,7 +24,10 @@
 #   transformer train_bench --backend=cuda --model=bert_base (the seeds'
 #               third table's batch 96, 128 tokens, synthetic tokens,
 #               TF32) against PyTorch on the same GPU, with a per-layer
-#               time table                                                240
+#               time table; and the PS worker on the GPU with it (sync, 1
+#               worker, 2 shards on the host): fp32 and bf16 wires over
+#               mutual TLS, and bert_base_untied with row-sparse
+#               embeddings                                                300
 #   allreduce   allreduce over NCCL with one rank, and Gloo between two
 #               CUDA workers                                              180
 #   ps_worker   the PS worker on the GPU: pstrain run --backend=cuda,
@@ -364,7 +367,34 @@ transformer_section() {
       echo "| failed: $(tail -1 "$out/logs/train_bench_bert.out") |"
     echo
     sed -n '/^Per-layer/,$p' "$out/logs/train_bench_bert.out"
+    echo
+    echo "| model | options | #PS | #Workers | Batchsize | Steps | Throughput (data/sec) | compute (ms/step) | exchange (ms/step) |"
+    echo "|---|---|---:|---:|---:|---:|---:|---:|---:|"
   } > "$out/transformer.md"
+  local steps=20 model options json
+  [ "$quick" = 1 ] && steps=2
+  for config in "bert_base:" "bert_base:--wire_dtype=bf16" \
+    "bert_base_untied:--sparse_embeddings"; do
+    model=${config%%:*}
+    options=${config#*:}
+    json="$out/logs/transformer_${model}_${options//[^a-z0-9]/_}.json"
+    echo "== pstrain run --backend=cuda --model=$model $options"
+    # shellcheck disable=SC2086
+    if "$root/cli/pstrain" run --backend=cuda --model="$model" \
+      --dataset=synthetic_tokens --synthetic_samples=$((steps * 96)) \
+      --batch_size=96 --num_workers=1 --num_ps=2 --mode=sync --epochs=1 \
+      $options --results_json="$json"; then
+      echo "| $model | ${options:-default (mTLS, fp32)} $(result_row "$json" '| %d | %d | %d | %d | %.1f | %.6f | %.6f |' \
+        num_ps num_workers batch_size steps throughput_samples_per_sec \
+        compute_seconds_per_step exchange_seconds_per_step)" >> "$out/transformer.md"
+    else
+      rc=1
+      echo "| $model | $options | 2 | 1 | 96 | - | failed | - | - |" >> "$out/transformer.md"
+    fi
+  done
+  # Seconds per step to milliseconds in the PS table's last two columns.
+  awk -F'|' 'BEGIN {OFS="|"} $2 ~ /bert/ && NF == 11 && $9 ~ /[0-9]/ {$9 = sprintf(" %.1f ", $9 * 1000); $10 = sprintf(" %.1f ", $10 * 1000)} {print}' \
+    "$out/transformer.md" > "$out/transformer.md.new" && mv "$out/transformer.md.new" "$out/transformer.md"
   return $rc
 }
 
@@ -593,7 +623,7 @@ run_section host 60 host_section
 if [ "$gpu" = 1 ]; then
   run_section cuda_tests 240 cuda_tests_section
   run_section train_bench 420 train_bench_section
-  run_section transformer 240 transformer_section
+  run_section transformer 300 transformer_section
 else
   skip_section cuda_tests
   skip_section train_bench
