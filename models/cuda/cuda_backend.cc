@@ -104,6 +104,7 @@ class CudaBackend final : public Backend {
  public:
   ~CudaBackend() override {
     for (DeviceTensor& t : scratch16_) t = DeviceTensor();
+    transformer_scratch_.Clear();
     if (workspace_ != nullptr) cudaFree(workspace_);
     if (ones_ != nullptr) cudaFree(ones_);
     if (scratch_ != nullptr) cudaFree(scratch_);
@@ -366,6 +367,7 @@ class CudaBackend final : public Backend {
     context.backend = this;
     context.cublas = cublas_;
     context.stream = compute_;
+    context.pool = &transformer_scratch_;
     return context;
   }
   cudnnHandle_t cudnn() const { return cudnn_; }
@@ -448,6 +450,8 @@ class CudaBackend final : public Backend {
   void* workspace_ = nullptr;
   size_t workspace_bytes_ = 0;
   DeviceTensor scratch16_[4];
+  // The transformer layers' shared scratch (cuda_transformer.h).
+  CudaScratchPool transformer_scratch_{this};
   float* ones_ = nullptr;
   int64_t ones_size_ = 0;
   float* scratch_ = nullptr;

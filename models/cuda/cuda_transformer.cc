@@ -60,6 +60,28 @@ absl::StatusOr<float*> Scratch(const CudaLayerContext& c, DeviceTensor* t,
     var = *_scratch;                                               \
   } while (0)
 
+#define ASSIGN_POOL(var, context, slot, n)             \
+  float* var = nullptr;                                \
+  do {                                                 \
+    absl::StatusOr<float*> _scratch =                  \
+        (context).pool->Get(CudaScratchPool::slot, n); \
+    if (!_scratch.ok()) return _scratch.status();      \
+    var = *_scratch;                                   \
+  } while (0)
+
+// out[c] = sum_r a[r, c] over a row-major [rows, cols]: cuBLAS's gemv of
+// the column-major [cols, rows] view with ones (a bias gradient).
+absl::Status ColumnSums(const CudaLayerContext& c, const float* a, int64_t rows,
+                        int64_t cols, float* out) {
+  absl::StatusOr<const float*> ones = c.pool->Ones(rows);
+  if (!ones.ok()) return ones.status();
+  const float one = 1.0f, zero = 0.0f;
+  RETURN_IF_CUDA_ERROR(cublasSgemv(
+      c.cublas, CUBLAS_OP_N, static_cast<int>(cols), static_cast<int>(rows),
+      &one, a, static_cast<int>(cols), *ones, 1, &zero, out, 1));
+  return absl::OkStatus();
+}
+
 // Device values copied to the host (a synchronisation of the stream).
 absl::Status ToHost(const CudaLayerContext& c, const float* device, int64_t n,
                     std::vector<float>* host) {
@@ -165,7 +187,7 @@ class LinearOp {
                         float* db) const {
     RETURN_IF_ERROR_STATUS(RowGemm(c, true, false, out_, in_, rows, 1.0f, dy, 0,
                                    x, 0, 0.0f, dw, 0));
-    RETURN_IF_CUDA_ERROR(cuda::LaunchColumnSum(dy, rows, out_, db, c.stream));
+    RETURN_IF_ERROR_STATUS(ColumnSums(c, dy, rows, out_, db));
     if (dx == nullptr) return absl::OkStatus();
     return RowGemm(c, false, false, rows, in_, out_, 1.0f, dy, 0, w, 0, 0.0f,
                    dx, 0);
@@ -199,14 +221,12 @@ class LayerNormOp {
                         float* dweight, float* dbias) const {
     if (rows != rows_) return NoTrainingForward(spec_);
     const int64_t cols = spec_.in_channels;
-    if (dx != nullptr) {
-      RETURN_IF_CUDA_ERROR(cuda::LaunchLayerNormBackwardData(
-          x, dy, mean_.data(), rstd_.data(), weight, rows, cols, dx, c.stream));
-    }
-    RETURN_IF_CUDA_ERROR(cuda::LaunchLayerNormBackwardParams(
-        x, dy, mean_.data(), rstd_.data(), rows, cols, dweight, dbias,
-        c.stream));
-    return absl::OkStatus();
+    ASSIGN_POOL(dy_xhat, c, kDyXhat, rows * cols);
+    RETURN_IF_CUDA_ERROR(
+        cuda::LaunchLayerNormBackward(x, dy, mean_.data(), rstd_.data(), weight,
+                                      rows, cols, dx, dy_xhat, c.stream));
+    RETURN_IF_ERROR_STATUS(ColumnSums(c, dy_xhat, rows, cols, dweight));
+    return ColumnSums(c, dy, rows, cols, dbias);
   }
 
  private:
@@ -263,10 +283,10 @@ class AttentionOp {
     }
     const int64_t rows = n * s, block = n * heads_ * s * d_;
     const int64_t attn_size = n * heads_ * s * s;
-    ASSIGN_SCRATCH(qkv, c, &qkv_, rows * 3 * e_);
+    ASSIGN_POOL(qkv, c, kQkv, rows * 3 * e_);
     ASSIGN_SCRATCH(heads, c, &heads_qkv_, 3 * block);
     ASSIGN_SCRATCH(probs, c, &probs_, attn_size);
-    ASSIGN_SCRATCH(ctx_heads, c, &ctx_heads_, block);
+    ASSIGN_POOL(ctx_heads, c, kCtxHeads, block);
     ASSIGN_SCRATCH(ctx, c, &ctx_, rows * e_);
     RETURN_IF_ERROR_STATUS(in_proj_.Forward(c, x, rows, w.in_w, w.in_b, qkv));
     RETURN_IF_CUDA_ERROR(
@@ -305,11 +325,11 @@ class AttentionOp {
     if (!trained_ || n != n_ || s != s_) return NoTrainingForward(spec_);
     const int64_t rows = n * s, block = n * heads_ * s * d_;
     const int64_t attn_size = n * heads_ * s * s, batch = n * heads_;
-    ASSIGN_SCRATCH(dctx, c, &dctx_, rows * e_);
-    ASSIGN_SCRATCH(dctx_heads, c, &dctx_heads_, block);
-    ASSIGN_SCRATCH(dattn, c, &dattn_, attn_size);
-    ASSIGN_SCRATCH(dheads, c, &dheads_, 3 * block);
-    ASSIGN_SCRATCH(dqkv, c, &dqkv_, rows * 3 * e_);
+    ASSIGN_POOL(dctx, c, kDctx, rows * e_);
+    ASSIGN_POOL(dctx_heads, c, kDctxHeads, block);
+    ASSIGN_POOL(dattn, c, kDattn, attn_size);
+    ASSIGN_POOL(dheads, c, kDheads, 3 * block);
+    ASSIGN_POOL(dqkv, c, kDqkv, rows * 3 * e_);
     RETURN_IF_ERROR_STATUS(out_proj_.Backward(c, ctx_.data(), rows, w.out_w, dy,
                                               dctx, g.out_w, g.out_b));
     RETURN_IF_CUDA_ERROR(cuda::LaunchSplitHeads(dctx, n, s, 1, heads_, d_,
@@ -353,8 +373,7 @@ class AttentionOp {
   bool trained_ = false;
   bool dropped_now_ = false;
   std::vector<float> host_pad_;
-  DeviceTensor qkv_, heads_qkv_, probs_, dropped_, ctx_heads_, ctx_;
-  DeviceTensor dctx_, dctx_heads_, dattn_, dheads_, dqkv_;
+  DeviceTensor heads_qkv_, probs_, dropped_, ctx_;
 };
 
 // ---- Layers over the ops ----
@@ -663,11 +682,11 @@ class TransformerEncoderLayer final : public Layer {
     const int64_t n = shape[0], s = shape[1], rows = n * s;
     if (!trained_ || rows != rows_) return NoTrainingForward(spec_);
     const int64_t ne = rows * e_, nf = rows * f_;
-    ASSIGN_SCRATCH(dh2, c_, &dh2_, ne);
-    ASSIGN_SCRATCH(df, c_, &df_, ne);
-    ASSIGN_SCRATCH(dg, c_, &dg_, nf);
-    ASSIGN_SCRATCH(dy1, c_, &dy1_, ne);
-    ASSIGN_SCRATCH(dh1, c_, &dh1_, ne);
+    ASSIGN_POOL(dh2, c_, kDh2, ne);
+    ASSIGN_POOL(df, c_, kDf, ne);
+    ASSIGN_POOL(dg, c_, kDg, nf);
+    ASSIGN_POOL(dy1, c_, kDy1, ne);
+    ASSIGN_POOL(dh1, c_, kDh1, ne);
     // out = norm2(h2); h2 = y1 + f.
     RETURN_IF_ERROR_STATUS(norm2_.Backward(
         c_, h2_.data(), rows, Value(10), dout.data(), dh2, Grad(10), Grad(11)));
@@ -727,10 +746,37 @@ class TransformerEncoderLayer final : public Layer {
   bool trained_ = false;
   bool dropped_ = false;
   DeviceTensor h1_, y1_, f1_, g_, h2_;
-  DeviceTensor dh2_, df_, dg_, dy1_, dh1_;
 };
 
 }  // namespace
+
+absl::StatusOr<float*> CudaScratchPool::Get(Slot slot, int64_t n) {
+  DeviceTensor& t = slots_[slot];
+  if (t.backend() == nullptr) t = DeviceTensor(backend_);
+  if (t.size() < n) {
+    absl::Status s = t.Resize({n});
+    if (!s.ok()) return s;
+  }
+  return t.data();
+}
+
+void CudaScratchPool::Clear() {
+  for (DeviceTensor& t : slots_) t = DeviceTensor();
+  ones_ = DeviceTensor();
+}
+
+absl::StatusOr<const float*> CudaScratchPool::Ones(int64_t n) {
+  if (ones_.backend() == nullptr) ones_ = DeviceTensor(backend_);
+  if (ones_.size() < n) {
+    absl::Status s = ones_.Resize({n});
+    if (!s.ok()) return s;
+    const std::vector<float> host(n, 1.0f);
+    s = backend_->CopyToDevice(host.data(), n, ones_.data());
+    if (s.ok()) s = backend_->Synchronize();
+    if (!s.ok()) return s;
+  }
+  return ones_.data();
+}
 
 absl::StatusOr<std::unique_ptr<Layer>> NewCudaTransformerLayer(
     const CudaLayerContext& context, const LayerSpec& spec,

@@ -99,11 +99,11 @@ __global__ void LayerNormForwardKernel(const float* x, int64_t rows,
   }
 }
 
-__global__ void LayerNormBackwardDataKernel(const float* x, const float* dy,
-                                            const float* mean,
-                                            const float* rstd,
-                                            const float* weight, int64_t rows,
-                                            int64_t cols, float* dx) {
+__global__ void LayerNormBackwardKernel(const float* x, const float* dy,
+                                        const float* mean, const float* rstd,
+                                        const float* weight, int64_t rows,
+                                        int64_t cols, float* dx,
+                                        float* dy_xhat) {
   const int lane = threadIdx.x % 32;
   PSTRAIN_FOR_EACH_WARP_ROW(r, rows) {
     const float* xr = x + r * cols;
@@ -117,63 +117,14 @@ __global__ void LayerNormBackwardDataKernel(const float* x, const float* dy,
     }
     const float mean_g = WarpSum(sum_g) / cols;
     const float mean_gx = WarpSum(sum_gx) / cols;
-    float* dxr = dx + r * cols;
     for (int64_t c = lane; c < cols; c += 32) {
       const float xhat = (xr[c] - m) * rs;
-      dxr[c] = rs * (dyr[c] * weight[c] - mean_g - xhat * mean_gx);
+      const float d = dyr[c];
+      dy_xhat[r * cols + c] = d * xhat;
+      if (dx != nullptr) {
+        dx[r * cols + c] = rs * (d * weight[c] - mean_g - xhat * mean_gx);
+      }
     }
-  }
-}
-
-// Column sums: blocks of 32 columns x 8 row lanes; each lane sums every
-// 8th row, then the 8 partial sums are added in lane order.
-constexpr int kColumnLanes = 8;
-
-__global__ void LayerNormBackwardParamsKernel(const float* x, const float* dy,
-                                              const float* mean,
-                                              const float* rstd, int64_t rows,
-                                              int64_t cols, float* dweight,
-                                              float* dbias) {
-  __shared__ float sw[kColumnLanes][33], sb[kColumnLanes][33];
-  const int64_t c = blockIdx.x * int64_t{32} + threadIdx.x;
-  float aw = 0.0f, ab = 0.0f;
-  if (c < cols) {
-    for (int64_t r = threadIdx.y; r < rows; r += kColumnLanes) {
-      const float g = dy[r * cols + c];
-      aw += g * (x[r * cols + c] - mean[r]) * rstd[r];
-      ab += g;
-    }
-  }
-  sw[threadIdx.y][threadIdx.x] = aw;
-  sb[threadIdx.y][threadIdx.x] = ab;
-  __syncthreads();
-  if (threadIdx.y == 0 && c < cols) {
-    float tw = 0.0f, tb = 0.0f;
-    for (int l = 0; l < kColumnLanes; ++l) {
-      tw += sw[l][threadIdx.x];
-      tb += sb[l][threadIdx.x];
-    }
-    dweight[c] = tw;
-    dbias[c] = tb;
-  }
-}
-
-__global__ void ColumnSumKernel(const float* a, int64_t rows, int64_t cols,
-                                float* out) {
-  __shared__ float partial[kColumnLanes][33];
-  const int64_t c = blockIdx.x * int64_t{32} + threadIdx.x;
-  float acc = 0.0f;
-  if (c < cols) {
-    for (int64_t r = threadIdx.y; r < rows; r += kColumnLanes) {
-      acc += a[r * cols + c];
-    }
-  }
-  partial[threadIdx.y][threadIdx.x] = acc;
-  __syncthreads();
-  if (threadIdx.y == 0 && c < cols) {
-    float total = 0.0f;
-    for (int l = 0; l < kColumnLanes; ++l) total += partial[l][threadIdx.x];
-    out[c] = total;
   }
 }
 
@@ -371,33 +322,13 @@ cudaError_t LaunchLayerNormForward(const float* x, int64_t rows, int64_t cols,
   return cudaGetLastError();
 }
 
-cudaError_t LaunchLayerNormBackwardData(const float* x, const float* dy,
-                                        const float* mean, const float* rstd,
-                                        const float* weight, int64_t rows,
-                                        int64_t cols, float* dx,
-                                        cudaStream_t stream) {
-  LayerNormBackwardDataKernel<<<WarpBlocks(rows), kThreads, 0, stream>>>(
-      x, dy, mean, rstd, weight, rows, cols, dx);
-  return cudaGetLastError();
-}
-
-cudaError_t LaunchLayerNormBackwardParams(const float* x, const float* dy,
-                                          const float* mean, const float* rstd,
-                                          int64_t rows, int64_t cols,
-                                          float* dweight, float* dbias,
-                                          cudaStream_t stream) {
-  const dim3 block(32, kColumnLanes);
-  const int blocks = static_cast<int>((cols + 31) / 32);
-  LayerNormBackwardParamsKernel<<<blocks, block, 0, stream>>>(
-      x, dy, mean, rstd, rows, cols, dweight, dbias);
-  return cudaGetLastError();
-}
-
-cudaError_t LaunchColumnSum(const float* a, int64_t rows, int64_t cols,
-                            float* out, cudaStream_t stream) {
-  const dim3 block(32, kColumnLanes);
-  const int blocks = static_cast<int>((cols + 31) / 32);
-  ColumnSumKernel<<<blocks, block, 0, stream>>>(a, rows, cols, out);
+cudaError_t LaunchLayerNormBackward(const float* x, const float* dy,
+                                    const float* mean, const float* rstd,
+                                    const float* weight, int64_t rows,
+                                    int64_t cols, float* dx, float* dy_xhat,
+                                    cudaStream_t stream) {
+  LayerNormBackwardKernel<<<WarpBlocks(rows), kThreads, 0, stream>>>(
+      x, dy, mean, rstd, weight, rows, cols, dx, dy_xhat);
   return cudaGetLastError();
 }
 

@@ -3,7 +3,7 @@
 // LayerNorm, GELU, the attention's masked softmax and the moves between
 // the packed [N, S, parts, H, d] projections and per-head [parts, N, H, S,
 // d] blocks (so that cuBLAS's strided batched GEMM runs every (sample,
-// head) product in one call), row gathers, column sums, and the masked
+// head) product in one call), row gathers, and the masked
 // language model's softmax cross-entropy over rows with an ignored label.
 // The matrix products themselves are cuBLAS's.
 //
@@ -43,23 +43,15 @@ cudaError_t LaunchLayerNormForward(const float* x, int64_t rows, int64_t cols,
                                    float eps, const float* weight,
                                    const float* bias, float* y, float* mean,
                                    float* rstd, cudaStream_t stream);
-// dx = rstd (g - mean(g) - xhat mean(g xhat)), g = dy weight, xhat = (x -
-// mean) rstd, per row (`dx` may not alias `dy`).
-cudaError_t LaunchLayerNormBackwardData(const float* x, const float* dy,
-                                        const float* mean, const float* rstd,
-                                        const float* weight, int64_t rows,
-                                        int64_t cols, float* dx,
-                                        cudaStream_t stream);
-// dweight[c] = sum_r dy[r, c] xhat[r, c]; dbias[c] = sum_r dy[r, c].
-cudaError_t LaunchLayerNormBackwardParams(const float* x, const float* dy,
-                                          const float* mean, const float* rstd,
-                                          int64_t rows, int64_t cols,
-                                          float* dweight, float* dbias,
-                                          cudaStream_t stream);
-
-// out[c] = sum_r a[r, c] (a linear layer's bias gradient), rows in order.
-cudaError_t LaunchColumnSum(const float* a, int64_t rows, int64_t cols,
-                            float* out, cudaStream_t stream);
+// Per row, with g = dy weight and xhat = (x - mean) rstd: dx = rstd (g -
+// mean(g) - xhat mean(g xhat)) when `dx` is not null (it may alias `dy`),
+// and dy_xhat = dy xhat, whose column sums are dweight (cuBLAS sums them,
+// and dy's for dbias).
+cudaError_t LaunchLayerNormBackward(const float* x, const float* dy,
+                                    const float* mean, const float* rstd,
+                                    const float* weight, int64_t rows,
+                                    int64_t cols, float* dx, float* dy_xhat,
+                                    cudaStream_t stream);
 // y[r, c] = bias[c] (before a GEMM adds x W^T with beta 1).
 cudaError_t LaunchBroadcastRows(const float* bias, int64_t rows, int64_t cols,
                                 float* y, cudaStream_t stream);
