@@ -8,8 +8,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "models/attention_weights.h"
 #include "models/cpu_dnnl.h"
 #include "models/cpu_dropout.h"
+#include "models/dropout_mask.h"
 #include "oneapi/dnnl/dnnl.hpp"
 
 namespace pstrain {
@@ -235,20 +237,6 @@ class GeluOp {
   memory::desc md_;
   dnnl::eltwise_forward fwd_;
   dnnl::eltwise_backward bwd_;
-};
-
-struct AttentionWeights {
-  const float* in_w;   // [3E, E]: q, k, v rows.
-  const float* in_b;   // [3E]
-  const float* out_w;  // [E, E]
-  const float* out_b;  // [E]
-};
-
-struct AttentionGrads {
-  float* in_w;
-  float* in_b;
-  float* out_w;
-  float* out_b;
 };
 
 // Multi-head self-attention as torch.nn.MultiheadAttention (batch_first,
@@ -728,12 +716,6 @@ void AddInto(const float* b, int64_t n, float* a) {
   for (int64_t i = 0; i < n; ++i) a[i] += b[i];
 }
 
-// The generator seed of a block's k-th dropout (k = 0: the attention's own,
-// `seed` unchanged), distinct per k.
-uint64_t SubSeed(uint64_t seed, uint64_t k) {
-  return seed ^ (k * 0x9E3779B97F4A7C15ULL);
-}
-
 // torch.nn.TransformerEncoderLayer with activation "gelu", batch_first and
 // norm_first=False, composed of the ops above:
 //   a  = dropout1(attn(x));      h1 = x + a;   y1 = norm1(h1)
@@ -749,15 +731,15 @@ class TransformerEncoderLayer final : public Layer {
       : spec_(spec),
         e_(spec.in_channels),
         f_(spec.feedforward),
-        attention_(spec, SubSeed(seed, 0)),
+        attention_(spec, EncoderDropoutSeed(seed, 0)),
         norm1_(spec),
         norm2_(spec),
         linear1_(spec, e_, f_),
         linear2_(spec, f_, e_),
         gelu_(spec),
-        dropout1_(spec.dropout, SubSeed(seed, 1)),
-        dropout_(spec.dropout, SubSeed(seed, 2)),
-        dropout2_(spec.dropout, SubSeed(seed, 3)),
+        dropout1_(spec.dropout, EncoderDropoutSeed(seed, 1)),
+        dropout_(spec.dropout, EncoderDropoutSeed(seed, 2)),
+        dropout2_(spec.dropout, EncoderDropoutSeed(seed, 3)),
         p_(std::move(params)) {}
 
   absl::Status Forward(absl::Span<const DeviceTensor* const> in,

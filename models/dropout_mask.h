@@ -45,6 +45,14 @@ PSTRAIN_HOST_DEVICE inline uint64_t DropoutCallSeed(uint64_t layer_seed,
   return layer_seed + kDropoutCallStride * call;
 }
 
+// The layer seed of a transformer encoder block's k-th dropout (k = 0: the
+// attention's own, `seed` unchanged; 1, 2, 3: after the attention, inside
+// and after the feed-forward), distinct per k: both backends' blocks.
+PSTRAIN_HOST_DEVICE inline uint64_t EncoderDropoutSeed(uint64_t seed,
+                                                       uint64_t k) {
+  return seed ^ (k * kDropoutCallStride);
+}
+
 // Element i's mask value for call seed `call_seed`: `scale` (1 / keep) if
 // kept, else 0.
 PSTRAIN_HOST_DEVICE inline float DropoutMaskValue(uint64_t call_seed, int64_t i,

@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <memory>
 #include <string>
 #include <utility>
@@ -22,40 +23,13 @@
 
 #include "absl/strings/str_cat.h"
 #include "models/backend.h"
+#include "models/cuda/cuda_status.h"
 #include "models/cuda/cuda_transformer.h"
 #include "models/cuda/kernels.h"
 #include "models/dropout_mask.h"
 
 namespace pstrain {
 namespace {
-
-// Every CUDA, cuDNN and cuBLAS status becomes an absl::Status here, naming
-// the call that failed.
-absl::Status CudaStatus(cudaError_t e, const char* call) {
-  if (e == cudaSuccess) return absl::OkStatus();
-  return absl::InternalError(
-      absl::StrCat("CUDA: ", call, ": ", cudaGetErrorString(e)));
-}
-absl::Status CudaStatus(cudnnStatus_t s, const char* call) {
-  if (s == CUDNN_STATUS_SUCCESS) return absl::OkStatus();
-  return absl::InternalError(
-      absl::StrCat("cuDNN: ", call, ": ", cudnnGetErrorString(s)));
-}
-absl::Status CudaStatus(cublasStatus_t s, const char* call) {
-  if (s == CUBLAS_STATUS_SUCCESS) return absl::OkStatus();
-  return absl::InternalError(
-      absl::StrCat("cuBLAS: ", call, ": ", cublasGetStatusString(s)));
-}
-
-#define CUDA_RETURN_IF_ERROR(expr)                                  \
-  do {                                                              \
-    absl::Status _cuda_status = ::pstrain::CudaStatus(expr, #expr); \
-    if (!_cuda_status.ok()) return _cuda_status;                    \
-  } while (0)
-
-// A kernel launch: the launch error, then (in debug builds of the caller)
-// nothing more; asynchronous errors surface at the next Synchronize().
-#define CUDA_RETURN_IF_LAUNCH_ERROR(launch) CUDA_RETURN_IF_ERROR(launch)
 
 const float kOne = 1.0f;
 const float kZero = 0.0f;
@@ -341,9 +315,11 @@ class CudaBackend final : public Backend {
     CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(labels_, labels.data(),
                                          sizeof(int32_t) * n,
                                          cudaMemcpyHostToDevice, compute_));
+    // Every label is in [0, k): none is the ignore index.
     CUDA_RETURN_IF_LAUNCH_ERROR(cuda::LaunchSoftmaxCrossEntropy(
-        logits.data(), labels_, n, k,
-        dlogits != nullptr ? dlogits->data() : nullptr, losses_, compute_));
+        logits.data(), labels_, n, k, std::numeric_limits<int32_t>::min(),
+        static_cast<float>(n), dlogits != nullptr ? dlogits->data() : nullptr,
+        losses_, compute_));
     std::vector<float> host(n);
     CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(host.data(), losses_,
                                          sizeof(float) * n,

@@ -6,29 +6,14 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "models/attention_weights.h"
+#include "models/cuda/cuda_status.h"
 #include "models/cuda/kernels.h"
 #include "models/cuda/transformer_kernels.h"
 #include "models/dropout_mask.h"
 
 namespace pstrain {
 namespace {
-
-absl::Status Check(cudaError_t e, const char* call) {
-  if (e == cudaSuccess) return absl::OkStatus();
-  return absl::InternalError(
-      absl::StrCat("CUDA: ", call, ": ", cudaGetErrorString(e)));
-}
-absl::Status Check(cublasStatus_t s, const char* call) {
-  if (s == CUBLAS_STATUS_SUCCESS) return absl::OkStatus();
-  return absl::InternalError(
-      absl::StrCat("cuBLAS: ", call, ": ", cublasGetStatusString(s)));
-}
-
-#define RETURN_IF_CUDA_ERROR(expr)               \
-  do {                                           \
-    absl::Status _status = Check((expr), #expr); \
-    if (!_status.ok()) return _status;           \
-  } while (0)
 
 #define RETURN_IF_ERROR_STATUS(expr)   \
   do {                                 \
@@ -76,7 +61,7 @@ absl::Status ColumnSums(const CudaLayerContext& c, const float* a, int64_t rows,
   absl::StatusOr<const float*> ones = c.pool->Ones(rows);
   if (!ones.ok()) return ones.status();
   const float one = 1.0f, zero = 0.0f;
-  RETURN_IF_CUDA_ERROR(cublasSgemv(
+  CUDA_RETURN_IF_ERROR(cublasSgemv(
       c.cublas, CUBLAS_OP_N, static_cast<int>(cols), static_cast<int>(rows),
       &one, a, static_cast<int>(cols), *ones, 1, &zero, out, 1));
   return absl::OkStatus();
@@ -86,9 +71,9 @@ absl::Status ColumnSums(const CudaLayerContext& c, const float* a, int64_t rows,
 absl::Status ToHost(const CudaLayerContext& c, const float* device, int64_t n,
                     std::vector<float>* host) {
   host->resize(n);
-  RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(host->data(), device, sizeof(float) * n,
+  CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(host->data(), device, sizeof(float) * n,
                                        cudaMemcpyDeviceToHost, c.stream));
-  RETURN_IF_CUDA_ERROR(cudaStreamSynchronize(c.stream));
+  CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(c.stream));
   return absl::OkStatus();
 }
 
@@ -102,14 +87,14 @@ absl::StatusOr<int32_t*> IntsToDevice(const CudaLayerContext& c,
   int32_t* ints = reinterpret_cast<int32_t*>(*data);
   // Pageable memory: the copy completes before cudaMemcpyAsync returns
   // for the source, so `host` may change afterwards.
-  RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(ints, host.data(),
+  CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(ints, host.data(),
                                        sizeof(int32_t) * host.size(),
                                        cudaMemcpyHostToDevice, c.stream));
   return ints;
 }
 
 absl::Status Zero(const CudaLayerContext& c, float* data, int64_t n) {
-  RETURN_IF_CUDA_ERROR(cudaMemsetAsync(data, 0, sizeof(float) * n, c.stream));
+  CUDA_RETURN_IF_ERROR(cudaMemsetAsync(data, 0, sizeof(float) * n, c.stream));
   return absl::OkStatus();
 }
 
@@ -126,13 +111,13 @@ absl::Status RowGemm(const CudaLayerContext& c, bool ta, bool tb, int64_t m,
   const cublasOperation_t op_a = ta ? CUBLAS_OP_T : CUBLAS_OP_N;
   const cublasOperation_t op_b = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
   if (batch == 1) {
-    RETURN_IF_CUDA_ERROR(cublasSgemm(c.cublas, op_b, op_a, static_cast<int>(n),
+    CUDA_RETURN_IF_ERROR(cublasSgemm(c.cublas, op_b, op_a, static_cast<int>(n),
                                      static_cast<int>(m), static_cast<int>(k),
                                      &alpha, b, ldb, a, lda, &beta, out,
                                      static_cast<int>(n)));
     return absl::OkStatus();
   }
-  RETURN_IF_CUDA_ERROR(cublasSgemmStridedBatched(
+  CUDA_RETURN_IF_ERROR(cublasSgemmStridedBatched(
       c.cublas, op_b, op_a, static_cast<int>(n), static_cast<int>(m),
       static_cast<int>(k), &alpha, b, ldb, stride_b, a, lda, stride_a, &beta,
       out, static_cast<int>(n), stride_out, static_cast<int>(batch)));
@@ -150,14 +135,14 @@ class DeviceDropout {
   absl::Status Forward(const CudaLayerContext& c, const float* x, int64_t n,
                        float* y) {
     ASSIGN_SCRATCH(mask, c, &mask_, n);
-    RETURN_IF_CUDA_ERROR(cuda::LaunchDropout(
+    CUDA_RETURN_IF_ERROR(cuda::LaunchDropout(
         x, n, 1.0f - p_, DropoutCallSeed(seed_, ++calls_), mask, y, c.stream));
     return absl::OkStatus();
   }
   // dx = dy * the last mask (dx may be dy).
   absl::Status Backward(const CudaLayerContext& c, const float* dy, int64_t n,
                         float* dx) const {
-    RETURN_IF_CUDA_ERROR(
+    CUDA_RETURN_IF_ERROR(
         cuda::LaunchMultiply(dy, mask_.data(), n, dx, c.stream));
     return absl::OkStatus();
   }
@@ -176,7 +161,7 @@ class LinearOp {
 
   absl::Status Forward(const CudaLayerContext& c, const float* x, int64_t rows,
                        const float* w, const float* b, float* y) const {
-    RETURN_IF_CUDA_ERROR(cuda::LaunchBroadcastRows(b, rows, out_, y, c.stream));
+    CUDA_RETURN_IF_ERROR(cuda::LaunchBroadcastRows(b, rows, out_, y, c.stream));
     return RowGemm(c, false, true, rows, out_, in_, 1.0f, x, 0, w, 0, 1.0f, y,
                    0);
   }
@@ -208,7 +193,7 @@ class LayerNormOp {
     ASSIGN_SCRATCH(mean, c, &mean_, rows);
     ASSIGN_SCRATCH(rstd, c, &rstd_, rows);
     rows_ = rows;
-    RETURN_IF_CUDA_ERROR(
+    CUDA_RETURN_IF_ERROR(
         cuda::LaunchLayerNormForward(x, rows, spec_.in_channels, spec_.epsilon,
                                      weight, bias, y, mean, rstd, c.stream));
     return absl::OkStatus();
@@ -222,7 +207,7 @@ class LayerNormOp {
     if (rows != rows_) return NoTrainingForward(spec_);
     const int64_t cols = spec_.in_channels;
     ASSIGN_POOL(dy_xhat, c, kDyXhat, rows * cols);
-    RETURN_IF_CUDA_ERROR(
+    CUDA_RETURN_IF_ERROR(
         cuda::LaunchLayerNormBackward(x, dy, mean_.data(), rstd_.data(), weight,
                                       rows, cols, dx, dy_xhat, c.stream));
     RETURN_IF_ERROR_STATUS(ColumnSums(c, dy_xhat, rows, cols, dweight));
@@ -233,20 +218,6 @@ class LayerNormOp {
   const LayerSpec spec_;
   int64_t rows_ = -1;
   DeviceTensor mean_, rstd_;
-};
-
-struct AttentionWeights {
-  const float* in_w;   // [3E, E]: q, k, v rows.
-  const float* in_b;   // [3E]
-  const float* out_w;  // [E, E]
-  const float* out_b;  // [E]
-};
-
-struct AttentionGrads {
-  float* in_w;
-  float* in_b;
-  float* out_w;
-  float* out_b;
 };
 
 // Multi-head self-attention as the CPU backend's AttentionOp
@@ -289,7 +260,7 @@ class AttentionOp {
     ASSIGN_POOL(ctx_heads, c, kCtxHeads, block);
     ASSIGN_SCRATCH(ctx, c, &ctx_, rows * e_);
     RETURN_IF_ERROR_STATUS(in_proj_.Forward(c, x, rows, w.in_w, w.in_b, qkv));
-    RETURN_IF_CUDA_ERROR(
+    CUDA_RETURN_IF_ERROR(
         cuda::LaunchSplitHeads(qkv, n, s, 3, heads_, d_, heads, c.stream));
     const float* q = heads;
     const float* k = heads + block;
@@ -297,7 +268,7 @@ class AttentionOp {
     const int64_t batch = n * heads_;
     RETURN_IF_ERROR_STATUS(RowGemm(c, false, true, s, s, d_, Scale(), q, s * d_,
                                    k, s * d_, 0.0f, probs, s * s, batch));
-    RETURN_IF_CUDA_ERROR(
+    CUDA_RETURN_IF_ERROR(
         cuda::LaunchMaskedSoftmax(pad, n, heads_, s, probs, c.stream));
     dropped_now_ = dropout_.active(training);
     const float* attn = probs;
@@ -308,7 +279,7 @@ class AttentionOp {
     }
     RETURN_IF_ERROR_STATUS(RowGemm(c, false, false, s, d_, s, 1.0f, attn, s * s,
                                    v, s * d_, 0.0f, ctx_heads, s * d_, batch));
-    RETURN_IF_CUDA_ERROR(
+    CUDA_RETURN_IF_ERROR(
         cuda::LaunchMergeHeads(ctx_heads, n, s, 1, heads_, d_, ctx, c.stream));
     RETURN_IF_ERROR_STATUS(
         out_proj_.Forward(c, ctx, rows, w.out_w, w.out_b, y));
@@ -332,7 +303,7 @@ class AttentionOp {
     ASSIGN_POOL(dqkv, c, kDqkv, rows * 3 * e_);
     RETURN_IF_ERROR_STATUS(out_proj_.Backward(c, ctx_.data(), rows, w.out_w, dy,
                                               dctx, g.out_w, g.out_b));
-    RETURN_IF_CUDA_ERROR(cuda::LaunchSplitHeads(dctx, n, s, 1, heads_, d_,
+    CUDA_RETURN_IF_ERROR(cuda::LaunchSplitHeads(dctx, n, s, 1, heads_, d_,
                                                 dctx_heads, c.stream));
     const float* q = heads_qkv_.data();
     const float* k = q + block;
@@ -348,7 +319,7 @@ class AttentionOp {
     if (dropped_now_) {
       RETURN_IF_ERROR_STATUS(dropout_.Backward(c, dattn, attn_size, dattn));
     }
-    RETURN_IF_CUDA_ERROR(cuda::LaunchSoftmaxBackward(
+    CUDA_RETURN_IF_ERROR(cuda::LaunchSoftmaxBackward(
         probs_.data(), batch * s, s, Scale(), dattn, c.stream));
     // dq = dS k; dk = dS^T q.
     RETURN_IF_ERROR_STATUS(RowGemm(c, false, false, s, d_, s, 1.0f, dattn,
@@ -357,7 +328,7 @@ class AttentionOp {
     RETURN_IF_ERROR_STATUS(RowGemm(c, true, false, s, d_, s, 1.0f, dattn, s * s,
                                    q, s * d_, 0.0f, dheads + block, s * d_,
                                    batch));
-    RETURN_IF_CUDA_ERROR(
+    CUDA_RETURN_IF_ERROR(
         cuda::LaunchMergeHeads(dheads, n, s, 3, heads_, d_, dqkv, c.stream));
     return in_proj_.Backward(c, x, rows, w.in_w, dqkv, dx, g.in_w, g.in_b);
   }
@@ -416,7 +387,7 @@ class Gelu final : public Layer {
   absl::Status Forward(absl::Span<const DeviceTensor* const> in,
                        DeviceTensor* out, bool training) override {
     out->set_layout(0);
-    RETURN_IF_CUDA_ERROR(cuda::LaunchGeluForward(in[0]->data(), in[0]->size(),
+    CUDA_RETURN_IF_ERROR(cuda::LaunchGeluForward(in[0]->data(), in[0]->size(),
                                                  out->data(), c_.stream));
     return absl::OkStatus();
   }
@@ -426,7 +397,7 @@ class Gelu final : public Layer {
                         absl::Span<DeviceTensor* const> din) override {
     if (din[0] == nullptr) return absl::OkStatus();
     din[0]->set_layout(0);
-    RETURN_IF_CUDA_ERROR(cuda::LaunchGeluBackward(
+    CUDA_RETURN_IF_ERROR(cuda::LaunchGeluBackward(
         in[0]->data(), dout.data(), in[0]->size(), din[0]->data(), c_.stream));
     return absl::OkStatus();
   }
@@ -464,7 +435,7 @@ class Embedding final : public Layer {
     if (!device_ids.ok()) return device_ids.status();
     rows_ = n * s;
     out->set_layout(0);
-    RETURN_IF_CUDA_ERROR(cuda::LaunchEmbeddingForward(
+    CUDA_RETURN_IF_ERROR(cuda::LaunchEmbeddingForward(
         *device_ids, rows_, s, spec_.out_channels, token_->value.data(),
         position_->value.data(), out->data(), c_.stream));
     return absl::OkStatus();
@@ -477,10 +448,10 @@ class Embedding final : public Layer {
     if (n * s != rows_) return NoTrainingForward(spec_);
     const int64_t e = spec_.out_channels;
     RETURN_IF_ERROR_STATUS(Zero(c_, token_->grad.data(), token_->grad.size()));
-    RETURN_IF_CUDA_ERROR(cuda::LaunchEmbeddingTokenGrad(
+    CUDA_RETURN_IF_ERROR(cuda::LaunchEmbeddingTokenGrad(
         reinterpret_cast<const int32_t*>(ids_.data()), rows_, e, dout.data(),
         token_->grad.data(), c_.stream));
-    RETURN_IF_CUDA_ERROR(cuda::LaunchEmbeddingPositionGrad(
+    CUDA_RETURN_IF_ERROR(cuda::LaunchEmbeddingPositionGrad(
         n, s, e, dout.data(), position_->grad.data(), c_.stream));
     // Positions past s get no gradient.
     const int64_t used = s * e;
@@ -532,7 +503,7 @@ class GatherRows final : public Layer {
     if (!device_rows.ok()) return device_rows.status();
     count_ = static_cast<int64_t>(positions.size());
     out->set_layout(0);
-    RETURN_IF_CUDA_ERROR(cuda::LaunchGatherRows(
+    CUDA_RETURN_IF_ERROR(cuda::LaunchGatherRows(
         in[0]->data(), *device_rows, count_, e, out->data(), c_.stream));
     return absl::OkStatus();
   }
@@ -551,7 +522,7 @@ class GatherRows final : public Layer {
     if (din[0] == nullptr) return absl::OkStatus();
     din[0]->set_layout(0);
     RETURN_IF_ERROR_STATUS(Zero(c_, din[0]->data(), din[0]->size()));
-    RETURN_IF_CUDA_ERROR(cuda::LaunchScatterAddRows(
+    CUDA_RETURN_IF_ERROR(cuda::LaunchScatterAddRows(
         dout.data(), reinterpret_cast<const int32_t*>(rows_.data()), count_, e,
         din[0]->data(), c_.stream));
     return absl::OkStatus();
@@ -609,12 +580,6 @@ class MultiheadAttention final : public Layer {
   std::vector<Param*> p_;
 };
 
-// The generator seed of a block's k-th dropout (k = 0: the attention's own,
-// `seed` unchanged), as the CPU backend's.
-uint64_t SubSeed(uint64_t seed, uint64_t k) {
-  return seed ^ (k * 0x9E3779B97F4A7C15ULL);
-}
-
 // torch.nn.TransformerEncoderLayer (gelu, batch_first, post-LN), as the CPU
 // backend's:
 //   a  = dropout1(attn(x));      h1 = x + a;   y1 = norm1(h1)
@@ -630,14 +595,14 @@ class TransformerEncoderLayer final : public Layer {
         spec_(spec),
         e_(spec.in_channels),
         f_(spec.feedforward),
-        attention_(spec, SubSeed(seed, 0)),
+        attention_(spec, EncoderDropoutSeed(seed, 0)),
         norm1_(spec),
         norm2_(spec),
         linear1_(e_, f_),
         linear2_(f_, e_),
-        dropout1_(spec.dropout, SubSeed(seed, 1)),
-        dropout_(spec.dropout, SubSeed(seed, 2)),
-        dropout2_(spec.dropout, SubSeed(seed, 3)),
+        dropout1_(spec.dropout, EncoderDropoutSeed(seed, 1)),
+        dropout_(spec.dropout, EncoderDropoutSeed(seed, 2)),
+        dropout2_(spec.dropout, EncoderDropoutSeed(seed, 3)),
         p_(std::move(params)) {}
 
   absl::Status Forward(absl::Span<const DeviceTensor* const> in,
@@ -657,17 +622,17 @@ class TransformerEncoderLayer final : public Layer {
     RETURN_IF_ERROR_STATUS(attention_.Forward(c_, x, in[1]->data(), n, s,
                                               AttentionParams(), h1, training));
     if (dropped_) RETURN_IF_ERROR_STATUS(dropout1_.Forward(c_, h1, ne, h1));
-    RETURN_IF_CUDA_ERROR(cuda::LaunchAdd(h1, x, ne, h1, c_.stream));
+    CUDA_RETURN_IF_ERROR(cuda::LaunchAdd(h1, x, ne, h1, c_.stream));
     RETURN_IF_ERROR_STATUS(
         norm1_.Forward(c_, h1, rows, Value(8), Value(9), y1));
     RETURN_IF_ERROR_STATUS(
         linear1_.Forward(c_, y1, rows, Value(4), Value(5), f1));
-    RETURN_IF_CUDA_ERROR(cuda::LaunchGeluForward(f1, nf, g, c_.stream));
+    CUDA_RETURN_IF_ERROR(cuda::LaunchGeluForward(f1, nf, g, c_.stream));
     if (dropped_) RETURN_IF_ERROR_STATUS(dropout_.Forward(c_, g, nf, g));
     RETURN_IF_ERROR_STATUS(
         linear2_.Forward(c_, g, rows, Value(6), Value(7), h2));
     if (dropped_) RETURN_IF_ERROR_STATUS(dropout2_.Forward(c_, h2, ne, h2));
-    RETURN_IF_CUDA_ERROR(cuda::LaunchAdd(h2, y1, ne, h2, c_.stream));
+    CUDA_RETURN_IF_ERROR(cuda::LaunchAdd(h2, y1, ne, h2, c_.stream));
     RETURN_IF_ERROR_STATUS(
         norm2_.Forward(c_, h2, rows, Value(10), Value(11), out->data()));
     trained_ = training;
@@ -699,11 +664,11 @@ class TransformerEncoderLayer final : public Layer {
                                              dg, Grad(6), Grad(7)));
     if (dropped_) RETURN_IF_ERROR_STATUS(dropout_.Backward(c_, dg, nf, dg));
     // gelu's backward reads linear1's output; dg becomes dLoss/dF1.
-    RETURN_IF_CUDA_ERROR(
+    CUDA_RETURN_IF_ERROR(
         cuda::LaunchGeluBackward(f1_.data(), dg, nf, dg, c_.stream));
     RETURN_IF_ERROR_STATUS(linear1_.Backward(c_, y1_.data(), rows, Value(4), dg,
                                              dy1, Grad(4), Grad(5)));
-    RETURN_IF_CUDA_ERROR(cuda::LaunchAdd(dy1, dh2, ne, dy1, c_.stream));
+    CUDA_RETURN_IF_ERROR(cuda::LaunchAdd(dy1, dh2, ne, dy1, c_.stream));
     // y1 = norm1(h1); h1 = x + a.
     RETURN_IF_ERROR_STATUS(norm1_.Backward(c_, h1_.data(), rows, Value(8), dy1,
                                            dh1, Grad(8), Grad(9)));
@@ -717,7 +682,7 @@ class TransformerEncoderLayer final : public Layer {
         attention_.Backward(c_, in[0]->data(), n, s, AttentionParams(), da, dx,
                             {Grad(0), Grad(1), Grad(2), Grad(3)}));
     if (dx != nullptr) {
-      RETURN_IF_CUDA_ERROR(cuda::LaunchAdd(dx, dh1, ne, dx, c_.stream));
+      CUDA_RETURN_IF_ERROR(cuda::LaunchAdd(dx, dh1, ne, dx, c_.stream));
       din[0]->set_layout(0);
     }
     if (din.size() > 1 && din[1] != nullptr) {
@@ -821,7 +786,7 @@ absl::StatusOr<float> CudaSoftmaxCrossEntropyIgnoring(
                    &device_labels);
   if (!d_labels.ok()) return d_labels.status();
   ASSIGN_SCRATCH(d_losses, context, &losses, n);
-  RETURN_IF_CUDA_ERROR(cuda::LaunchSoftmaxCrossEntropyIgnoring(
+  CUDA_RETURN_IF_ERROR(cuda::LaunchSoftmaxCrossEntropy(
       logits.data(), *d_labels, n, k, ignore_index,
       static_cast<float>(std::max<int64_t>(*count, 1)),
       dlogits != nullptr ? dlogits->data() : nullptr, d_losses,

@@ -20,10 +20,20 @@ int Blocks(int64_t n) {
 // One block per row; threads stride over the k classes.
 __global__ void SoftmaxCrossEntropyKernel(const float* logits,
                                           const int32_t* labels, int64_t n,
-                                          int64_t k, float* dlogits,
+                                          int64_t k, int32_t ignore_index,
+                                          float count, float* dlogits,
                                           float* loss) {
   __shared__ float shared[kThreads];
   for (int64_t row = blockIdx.x; row < n; row += gridDim.x) {
+    if (labels[row] == ignore_index) {
+      if (threadIdx.x == 0) loss[row] = 0.0f;
+      if (dlogits != nullptr) {
+        for (int64_t j = threadIdx.x; j < k; j += blockDim.x) {
+          dlogits[row * k + j] = 0.0f;
+        }
+      }
+      continue;
+    }
     const float* x = logits + row * k;
     float max = -INFINITY;
     for (int64_t j = threadIdx.x; j < k; j += blockDim.x)
@@ -55,7 +65,7 @@ __global__ void SoftmaxCrossEntropyKernel(const float* logits,
     if (dlogits != nullptr) {
       for (int64_t j = threadIdx.x; j < k; j += blockDim.x) {
         const float p = expf(x[j] - max - log_sum);
-        dlogits[row * k + j] = (p - (j == label ? 1.0f : 0.0f)) / n;
+        dlogits[row * k + j] = (p - (j == label ? 1.0f : 0.0f)) / count;
       }
     }
   }
@@ -199,11 +209,12 @@ cudaError_t LaunchFlagNonFinite(const float* x, int64_t n, int* flag,
 
 cudaError_t LaunchSoftmaxCrossEntropy(const float* logits,
                                       const int32_t* labels, int64_t n,
-                                      int64_t k, float* dlogits, float* loss,
+                                      int64_t k, int32_t ignore_index,
+                                      float count, float* dlogits, float* loss,
                                       cudaStream_t stream) {
   const int blocks = static_cast<int>(n < 65535 ? (n > 0 ? n : 1) : 65535);
-  SoftmaxCrossEntropyKernel<<<blocks, kThreads, 0, stream>>>(logits, labels, n,
-                                                             k, dlogits, loss);
+  SoftmaxCrossEntropyKernel<<<blocks, kThreads, 0, stream>>>(
+      logits, labels, n, k, ignore_index, count, dlogits, loss);
   return cudaGetLastError();
 }
 

@@ -19,11 +19,14 @@
 namespace pstrain {
 namespace cuda {
 
-// Per row i of logits [n, k]: loss[i] = logsumexp(row) - row[label[i]];
-// dlogits (may be null) = (softmax(row) - onehot(label)) / n.
+// Per row i of logits [n, k] with label[i] in [0, k) or `ignore_index`:
+// loss[i] = logsumexp(row) - row[label[i]] (0 when ignored); dlogits (may
+// be null) = (softmax(row) - onehot(label)) / count, 0 on ignored rows
+// (count = n and an ignore_index no label has: the plain mean loss).
 cudaError_t LaunchSoftmaxCrossEntropy(const float* logits,
                                       const int32_t* labels, int64_t n,
-                                      int64_t k, float* dlogits, float* loss,
+                                      int64_t k, int32_t ignore_index,
+                                      float count, float* dlogits, float* loss,
                                       cudaStream_t stream);
 
 // out = a + b.

@@ -232,60 +232,6 @@ __global__ void ScatterAddRowsKernel(const float* dout, const int32_t* rows,
   }
 }
 
-// One block per row, as kernels.cu's SoftmaxCrossEntropyKernel.
-__global__ void SoftmaxCrossEntropyIgnoringKernel(
-    const float* logits, const int32_t* labels, int64_t n, int64_t k,
-    int32_t ignore_index, float count, float* dlogits, float* loss) {
-  __shared__ float shared[kThreads];
-  for (int64_t row = blockIdx.x; row < n; row += gridDim.x) {
-    const int32_t label = labels[row];
-    if (label == ignore_index) {
-      if (threadIdx.x == 0) loss[row] = 0.0f;
-      if (dlogits != nullptr) {
-        for (int64_t j = threadIdx.x; j < k; j += blockDim.x) {
-          dlogits[row * k + j] = 0.0f;
-        }
-      }
-      continue;
-    }
-    const float* x = logits + row * k;
-    float max = -INFINITY;
-    for (int64_t j = threadIdx.x; j < k; j += blockDim.x) {
-      max = fmaxf(max, x[j]);
-    }
-    shared[threadIdx.x] = max;
-    __syncthreads();
-    for (int s = blockDim.x / 2; s > 0; s >>= 1) {
-      if (threadIdx.x < s) {
-        shared[threadIdx.x] =
-            fmaxf(shared[threadIdx.x], shared[threadIdx.x + s]);
-      }
-      __syncthreads();
-    }
-    max = shared[0];
-    __syncthreads();
-    float sum = 0.0f;
-    for (int64_t j = threadIdx.x; j < k; j += blockDim.x) {
-      sum += expf(x[j] - max);
-    }
-    shared[threadIdx.x] = sum;
-    __syncthreads();
-    for (int s = blockDim.x / 2; s > 0; s >>= 1) {
-      if (threadIdx.x < s) shared[threadIdx.x] += shared[threadIdx.x + s];
-      __syncthreads();
-    }
-    const float log_sum = logf(shared[0]);
-    __syncthreads();
-    if (threadIdx.x == 0) loss[row] = log_sum - (x[label] - max);
-    if (dlogits != nullptr) {
-      for (int64_t j = threadIdx.x; j < k; j += blockDim.x) {
-        const float p = expf(x[j] - max - log_sum);
-        dlogits[row * k + j] = (p - (j == label ? 1.0f : 0.0f)) / count;
-      }
-    }
-  }
-}
-
 }  // namespace
 
 cudaError_t LaunchEmbeddingForward(const int32_t* ids, int64_t rows, int64_t s,
@@ -393,18 +339,6 @@ cudaError_t LaunchScatterAddRows(const float* dout, const int32_t* rows,
                                  cudaStream_t stream) {
   ScatterAddRowsKernel<<<Blocks(p * e), kThreads, 0, stream>>>(dout, rows, p, e,
                                                                dx);
-  return cudaGetLastError();
-}
-
-cudaError_t LaunchSoftmaxCrossEntropyIgnoring(const float* logits,
-                                              const int32_t* labels, int64_t n,
-                                              int64_t k, int32_t ignore_index,
-                                              float count, float* dlogits,
-                                              float* loss,
-                                              cudaStream_t stream) {
-  const int blocks = static_cast<int>(n < 65535 ? (n > 0 ? n : 1) : 65535);
-  SoftmaxCrossEntropyIgnoringKernel<<<blocks, kThreads, 0, stream>>>(
-      logits, labels, n, k, ignore_index, count, dlogits, loss);
   return cudaGetLastError();
 }
 

@@ -3,8 +3,7 @@
 // LayerNorm, GELU, the attention's masked softmax and the moves between
 // the packed [N, S, parts, H, d] projections and per-head [parts, N, H, S,
 // d] blocks (so that cuBLAS's strided batched GEMM runs every (sample,
-// head) product in one call), row gathers, and the masked
-// language model's softmax cross-entropy over rows with an ignored label.
+// head) product in one call) and row gathers.
 // The matrix products themselves are cuBLAS's.
 //
 // Each launcher enqueues on `stream` and returns cudaGetLastError() after
@@ -93,15 +92,6 @@ cudaError_t LaunchGatherRows(const float* x, const int32_t* rows, int64_t p,
 cudaError_t LaunchScatterAddRows(const float* dout, const int32_t* rows,
                                  int64_t p, int64_t e, float* dx,
                                  cudaStream_t stream);
-
-// Softmax cross-entropy per row of logits [n, k] with label[i] in [0, k) or
-// `ignore_index`: loss[i] = logsumexp(row) - row[label] (0 when ignored);
-// dlogits (may be null) = (softmax - onehot) / count, 0 on ignored rows.
-cudaError_t LaunchSoftmaxCrossEntropyIgnoring(const float* logits,
-                                              const int32_t* labels, int64_t n,
-                                              int64_t k, int32_t ignore_index,
-                                              float count, float* dlogits,
-                                              float* loss, cudaStream_t stream);
 
 }  // namespace cuda
 }  // namespace pstrain
