@@ -28,6 +28,10 @@
 #               worker, 2 shards on the host): fp32 and bf16 wires over
 #               mutual TLS, and bert_base_untied with row-sparse
 #               embeddings                                                300
+#   bert_table  the seeds' third table on this GPU: pstrain compare
+#               --preset=bert --backend=cuda --batch_size=96 (sync PS
+#               with row-sparse embeddings against Gloo allreduce, 1 and
+#               2 workers sharing the GPU, 7 repeats a row)               480
 #   allreduce   allreduce over NCCL with one rank, and Gloo between two
 #               CUDA workers                                              180
 #   ps_worker   the PS worker on the GPU: pstrain run --backend=cuda,
@@ -53,8 +57,8 @@
 # /usr/local/nvidia; the rest is in the bundle's lib/.
 set -uo pipefail
 
-usage="usage: gpu_check.sh [--quick] [--dry_run] [--only=host,cuda_tests,train_bench,transformer,pstrain_run,allreduce,ps_worker,ps_bench] OUT_DIR"
-all_sections="host cuda_tests train_bench transformer pstrain_run allreduce ps_worker ps_bench"
+usage="usage: gpu_check.sh [--quick] [--dry_run] [--only=host,cuda_tests,train_bench,transformer,bert_table,pstrain_run,allreduce,ps_worker,ps_bench] OUT_DIR"
+all_sections="host cuda_tests train_bench transformer bert_table pstrain_run allreduce ps_worker ps_bench"
 command_line="gpu_check.sh $*"
 quick=0
 dry_run=0
@@ -398,6 +402,26 @@ transformer_section() {
   return $rc
 }
 
+# The seeds' BERT table (issue 41) on this GPU: `pstrain compare
+# --preset=bert` at the table's batch 96; its report's tables go into the
+# section (gnuplot is not on a GPU host: no plot).
+bert_table_section() {
+  local args="--steps=4"
+  [ "$quick" = 1 ] && args="--steps=1 --repeats=1"
+  # shellcheck disable=SC2086
+  "$root/cli/pstrain" compare --preset=bert --backend=cuda --batch_size=96 \
+    $args --noplot --out_dir="$out/logs/bert_table" \
+    > "$out/logs/bert_table.out" 2>&1
+  local rc=$?
+  tail -40 "$out/logs/bert_table.out"
+  if [ -s "$out/logs/bert_table/results.md" ]; then
+    sed -n '/^\*\*/,$p' "$out/logs/bert_table/results.md" > "$out/bert_table.md"
+  else
+    echo "| failed: $(tail -1 "$out/logs/bert_table.out") |" > "$out/bert_table.md"
+  fi
+  return $rc
+}
+
 # result_row RESULTS_JSON FORMAT FIELD...: FORMAT (Python %-style) applied
 # to those fields of a RunResult that `pstrain run --results_json` wrote
 # (int64 fields arrive as strings there).
@@ -624,10 +648,12 @@ if [ "$gpu" = 1 ]; then
   run_section cuda_tests 240 cuda_tests_section
   run_section train_bench 420 train_bench_section
   run_section transformer 300 transformer_section
+  run_section bert_table 480 bert_table_section
 else
   skip_section cuda_tests
   skip_section train_bench
   skip_section transformer
+  skip_section bert_table
 fi
 # CPU rows run without a GPU; the CUDA rows say "skipped: no GPU".
 run_section pstrain_run 420 pstrain_run_section

@@ -95,12 +95,12 @@ cat "$out/dry_run.log"
 check "the dry run exits 0" test $rc -eq 0
 report="$out/report/gpu_report.md"
 check "the dry run wrote gpu_report.md" test -s "$report"
-check "gpu_report.json parses and has eight sections" python3 -c "
+check "gpu_report.json parses and has nine sections" python3 -c "
 import json, sys
 r = json.load(open('$out/report/gpu_report.json'))
 names = [s['section'] for s in r['sections']]
-sys.exit(names != ['host', 'cuda_tests', 'train_bench', 'transformer', 'pstrain_run', 'allreduce', 'ps_worker', 'ps_bench'])"
-for s in cuda_tests train_bench transformer allreduce ps_worker; do
+sys.exit(names != ['host', 'cuda_tests', 'train_bench', 'transformer', 'bert_table', 'pstrain_run', 'allreduce', 'ps_worker', 'ps_bench'])"
+for s in cuda_tests train_bench transformer bert_table allreduce ps_worker; do
   check "$s is 'skipped: no GPU'" grep -q "^| $s | skipped: no GPU" "$report"
 done
 for s in host pstrain_run ps_bench; do
