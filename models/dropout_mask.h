@@ -47,10 +47,12 @@ PSTRAIN_HOST_DEVICE inline uint64_t DropoutCallSeed(uint64_t layer_seed,
 
 // The layer seed of a transformer encoder block's k-th dropout (k = 0: the
 // attention's own, `seed` unchanged; 1, 2, 3: after the attention, inside
-// and after the feed-forward), distinct per k: both backends' blocks.
+// and after the feed-forward): both backends' blocks. Mixed rather than
+// offset by multiples of kDropoutCallStride, so that no dropout's call c
+// seed is another's call c' seed.
 PSTRAIN_HOST_DEVICE inline uint64_t EncoderDropoutSeed(uint64_t seed,
                                                        uint64_t k) {
-  return seed ^ (k * kDropoutCallStride);
+  return k == 0 ? seed : SplitMix64(seed ^ SplitMix64(k));
 }
 
 // Element i's mask value for call seed `call_seed`: `scale` (1 / keep) if

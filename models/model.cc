@@ -12,6 +12,7 @@
 #include "absl/time/time.h"
 #include "catalog/catalog.h"
 #include "common/trace.h"
+#include "models/dropout_mask.h"
 #include "models/memory_plan.h"
 
 namespace pstrain {
@@ -152,8 +153,10 @@ class ModelBuilder {
       buffers.push_back(&b);
     }
     if (!Check(backend->Synchronize())) return last_;
+    // Mixed, not added: with seed * stride + node, worker w's call c
+    // (workers' dropout seeds differ by 1) drew worker 0's call c + w mask.
     const uint64_t seed =
-        dropout_seed_ * 0x9E3779B97F4A7C15ull + model_->nodes_.size();
+        SplitMix64(dropout_seed_ ^ SplitMix64(model_->nodes_.size()));
     absl::StatusOr<std::unique_ptr<Layer>> layer =
         backend->CreateLayer(spec, std::move(params), std::move(buffers), seed);
     if (!Check(layer.status())) return last_;
