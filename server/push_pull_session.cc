@@ -362,11 +362,17 @@ bool PsService::PushPullSession::ServePull(const PullJob& job) {
                                   &reply_bytes);
           return;
         }
+        // Buffers (BatchNorm's running statistics) travel fp32 on every
+        // wire, as in allreduce: they are statistics the model evaluates
+        // with, not weights the shard keeps in fp32 behind a rounding.
+        const DType dtype = shard_->plan().is_buffer(spec.param_id)
+                                ? DTYPE_FLOAT32
+                                : job.wire_dtype;
         reply = EncodeChunkMessage(no_fields, kPullChunkField, spec.param_id,
                                    spec.chunk_index, version, weights, nullptr,
-                                   job.wire_dtype);
-        reply_bytes = static_cast<int64_t>(weights.size() *
-                                           WireBytesPerElement(job.wire_dtype));
+                                   dtype);
+        reply_bytes =
+            static_cast<int64_t>(weights.size() * WireBytesPerElement(dtype));
       },
       [&] {
         service_->bytes_sent_.fetch_add(reply_bytes, std::memory_order_relaxed);

@@ -603,9 +603,9 @@ class Shards {
     for (auto& server : servers_) server->Shutdown();
   }
   PartitionPlan Plan() const {
-    return *PartitionPlan::Create(std::vector<int64_t>(kTensors, kElements),
-                                  partition_bytes_,
-                                  static_cast<int>(shards_.size()));
+    return *PartitionPlan::Create(
+        std::vector<int64_t>(kTensors, kElements), partition_bytes_,
+        static_cast<int>(shards_.size()), num_buffers_);
   }
   // Worker `worker`'s client options (no compressor).
   PsClientOptions ClientOptions(int worker) const {
@@ -661,10 +661,13 @@ class Shards {
   void set_partition_bytes(int64_t bytes) { partition_bytes_ = bytes; }
   // Priority pulls (PsClientOptions; default off).
   void set_priority_pulls(bool on) { priority_pulls_ = on; }
+  // The last `n` tensors are buffers (default none).
+  void set_num_buffers(int n) { num_buffers_ = n; }
   const std::vector<std::string>& addresses() const { return addresses_; }
 
  private:
   bool priority_pulls_ = false;
+  int num_buffers_ = 0;
   DType wire_dtype_ = DTYPE_FLOAT32;
   CompressionOptions compression_;
   int channels_per_shard_ = 1;
@@ -974,6 +977,54 @@ TEST(PsExchangeTest, SixteenBitWireEqualsFp32OnRoundedValuesBitForBit) {
             << WireDtypeSpelling(dtype) << " worker " << r << " tensor " << t;
         EXPECT_NE(results[r][t], fp32[t]) << "no rounding happened";
       }
+    }
+  }
+}
+
+// Buffers (BatchNorm's running statistics, the plan's last tensors) travel
+// fp32 both ways on a 16-bit wire, as allreduce averages them: the workers
+// end with the fp32 average of the values they pushed, which bf16 would
+// have rounded, while the parameters' pulled weights are bf16's.
+TEST(PsExchangeTest, SixteenBitWireCarriesBuffersInFp32) {
+  constexpr int kWorkers = 2;
+  constexpr int kBuffer = kTensors - 1;
+  Shards shards(/*num_shards=*/2, kWorkers);
+  shards.set_num_buffers(1);
+  shards.set_wire_dtype(DTYPE_BFLOAT16);
+  // More significant bits than bf16's 8.
+  auto value = [](int r, int i) { return 0.1f * (r + 1) + 0.001f * i; };
+  std::vector<std::vector<std::vector<float>>> results(kWorkers);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < kWorkers; ++r) {
+    threads.emplace_back([&, r] {
+      std::unique_ptr<GradientExchange> exchange =
+          shards.Exchange(r, /*chief=*/r == 0);
+      RankTensors tensors(r);
+      for (int i = 0; i < kElements; ++i) tensors.g[kBuffer][i] = value(r, i);
+      ASSERT_TRUE(exchange->Start(tensors.weights).ok());
+      for (int step = 0; step < 2; ++step) {
+        const absl::Status s = exchange->Step(tensors.gradients, 8);
+        ASSERT_TRUE(s.ok()) << s;
+      }
+      results[r] = tensors.w;
+      ASSERT_TRUE(exchange->Finish().ok());
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  std::vector<float> average(kElements);
+  for (int i = 0; i < kElements; ++i) {
+    average[i] = (value(0, i) + value(1, i)) * 0.5f;
+  }
+  std::vector<float> rounded = average;
+  RoundThroughWire(DTYPE_BFLOAT16, absl::MakeSpan(rounded));
+  ASSERT_NE(rounded, average) << "the test's buffer values are bf16's";
+  for (int r = 0; r < kWorkers; ++r) {
+    EXPECT_EQ(results[r][kBuffer], average) << "worker " << r;
+    for (int t = 0; t < kBuffer; ++t) {
+      std::vector<float> w = results[r][t];
+      RoundThroughWire(DTYPE_BFLOAT16, absl::MakeSpan(w));
+      EXPECT_EQ(w, results[r][t])
+          << "worker " << r << " tensor " << t << ": pulled weights are bf16's";
     }
   }
 }

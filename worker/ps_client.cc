@@ -324,6 +324,11 @@ absl::Status PsClient::PushChunk(int lane, StepState* state,
       found(c.offset + topk_indices[bad], topk_values[bad]);
     }
   }
+  // Buffers (BatchNorm's running statistics) travel fp32 on every wire,
+  // as the shards send them back (push_pull_session.cc) and as allreduce
+  // averages them.
+  const DType wire =
+      plan_.is_buffer(c.param_id) ? DTYPE_FLOAT32 : options_.wire_dtype;
   const int64_t push_start_us = trace::NowUs();
   grpc::ByteBuffer message;
   if (skip) {
@@ -355,9 +360,9 @@ absl::Status PsClient::PushChunk(int lane, StepState* state,
   } else if (rows != nullptr) {
     message = EncodeRowsPush(envelope, c, state->step, *rows);
   } else {
-    message = EncodeChunkMessage(envelope, kPushChunkField, c.param_id,
-                                 c.chunk_index, state->step, values,
-                                 leases_[shard].get(), options_.wire_dtype);
+    message =
+        EncodeChunkMessage(envelope, kPushChunkField, c.param_id, c.chunk_index,
+                           state->step, values, leases_[shard].get(), wire);
   }
   const int64_t bytes = static_cast<int64_t>(message.Length());
   if (!s.stream->Write(message)) {
