@@ -70,13 +70,6 @@ void ExpectClose(const std::vector<float>& gpu, const std::vector<float>& cpu,
   }
 }
 
-std::vector<float> Formula(int64_t n, double a, double b) {
-  std::vector<float> v(n);
-  for (int64_t i = 0; i < n; ++i)
-    v[i] = static_cast<float>(std::sin(a * i + b));
-  return v;
-}
-
 // Mixed precision (issue 38): under bf16 and fp16 the CUDA backend's
 // convolutions and linear layers equal the CPU backend's fp32 layers run on
 // the input, weights and output gradient rounded to the 16-bit type (their

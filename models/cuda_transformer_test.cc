@@ -58,14 +58,6 @@ double ExpectClose(const std::vector<float>& gpu, const std::vector<float>& cpu,
   return worst;
 }
 
-std::vector<float> Formula(int64_t n, double a, double b) {
-  std::vector<float> v(n);
-  for (int64_t i = 0; i < n; ++i) {
-    v[i] = static_cast<float>(std::sin(a * i + b));
-  }
-  return v;
-}
-
 // A layer case: the spec, the first input's shape and values, and the
 // second input (mask or positions) when the layer takes two.
 struct TransformerCase {

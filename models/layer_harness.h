@@ -24,6 +24,15 @@ inline std::vector<float> Values(const DeviceTensor& t) {
   return v;
 }
 
+// `n` test inputs sin(a i + b), the same on every backend.
+inline std::vector<float> Formula(int64_t n, double a, double b) {
+  std::vector<float> v(n);
+  for (int64_t i = 0; i < n; ++i) {
+    v[i] = static_cast<float>(std::sin(a * i + b));
+  }
+  return v;
+}
+
 // One layer on the CPU backend with its own parameters and buffers.
 class Harness {
  public:

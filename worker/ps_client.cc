@@ -340,8 +340,7 @@ absl::Status PsClient::PushChunk(int lane, StepState* state,
     message = EncodeSmallMessage(skipped);
   } else if (sparse &&
              SparseAtLeastDense(static_cast<int64_t>(topk_indices.size()),
-                                c.num_elements,
-                                WireBytesPerElement(options_.wire_dtype))) {
+                                c.num_elements, WireBytesPerElement(wire))) {
     // A warm-up's dense end (half the entries or more pushed): the same
     // chunk as zeros and the selected values, at the dense chunk's bytes
     // (the shard densifies a sparse push into exactly this).
@@ -352,11 +351,11 @@ absl::Status PsClient::PushChunk(int lane, StepState* state,
     }
     message = EncodeChunkMessage(envelope, kPushChunkField, c.param_id,
                                  c.chunk_index, state->step, dense,
-                                 /*lease=*/nullptr, options_.wire_dtype);
+                                 /*lease=*/nullptr, wire);
   } else if (sparse) {
     message = EncodeSparseChunkMessage(
         envelope, kPushChunkField, c.param_id, c.chunk_index, state->step,
-        c.num_elements, topk_indices, topk_values, options_.wire_dtype);
+        c.num_elements, topk_indices, topk_values, wire);
   } else if (rows != nullptr) {
     message = EncodeRowsPush(envelope, c, state->step, *rows);
   } else {

@@ -303,6 +303,39 @@ class CudaBackend final : public Backend {
             "label ", labels[i], " of sample ", i, " is outside [0, ", k, ")"));
       }
     }
+    // Every label is in [0, k): none is the ignore index.
+    absl::StatusOr<double> sum = CrossEntropySum(
+        logits, labels, n, k, std::numeric_limits<int32_t>::min(), n, dlogits);
+    if (!sum.ok()) return sum.status();
+    return static_cast<float>(*sum / n);
+  }
+
+  // On the device, the labels checked on the host (CountPredictedRows).
+  absl::StatusOr<float> SoftmaxCrossEntropyIgnoring(
+      const DeviceTensor& logits, absl::Span<const int32_t> labels,
+      int32_t ignore_index, DeviceTensor* dlogits) override {
+    const int64_t k = logits.shape().empty() ? 0 : logits.shape().back();
+    const int64_t n = k > 0 ? logits.size() / k : 0;
+    absl::StatusOr<int64_t> count =
+        CountPredictedRows(labels, n, k, ignore_index);
+    if (!count.ok()) return count.status();
+    if (n == 0) return 0.0f;
+    const int64_t divisor = std::max<int64_t>(*count, 1);
+    absl::StatusOr<double> sum =
+        CrossEntropySum(logits, labels, n, k, ignore_index, divisor, dlogits);
+    if (!sum.ok()) return sum.status();
+    return static_cast<float>(*sum / divisor);
+  }
+
+  // Both cross-entropies: uploads the `n` labels (checked by the caller) into
+  // labels_, runs kernels.h's LaunchSoftmaxCrossEntropy over logits [n, k]
+  // (dlogits divided by `divisor`) and returns the sum of the per-row
+  // losses, ignored rows adding 0.
+  absl::StatusOr<double> CrossEntropySum(const DeviceTensor& logits,
+                                         absl::Span<const int32_t> labels,
+                                         int64_t n, int64_t k,
+                                         int32_t ignore_index, int64_t divisor,
+                                         DeviceTensor* dlogits) {
     if (n > label_capacity_) {
       if (labels_ != nullptr) cudaFree(labels_);
       if (losses_ != nullptr) cudaFree(losses_);
@@ -315,11 +348,9 @@ class CudaBackend final : public Backend {
     CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(labels_, labels.data(),
                                          sizeof(int32_t) * n,
                                          cudaMemcpyHostToDevice, compute_));
-    // Every label is in [0, k): none is the ignore index.
     CUDA_RETURN_IF_LAUNCH_ERROR(cuda::LaunchSoftmaxCrossEntropy(
-        logits.data(), labels_, n, k, std::numeric_limits<int32_t>::min(),
-        static_cast<float>(n), dlogits != nullptr ? dlogits->data() : nullptr,
-        losses_, compute_));
+        logits.data(), labels_, n, k, ignore_index, static_cast<float>(divisor),
+        dlogits != nullptr ? dlogits->data() : nullptr, losses_, compute_));
     std::vector<float> host(n);
     CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(host.data(), losses_,
                                          sizeof(float) * n,
@@ -327,14 +358,7 @@ class CudaBackend final : public Backend {
     CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(compute_));
     double sum = 0;
     for (float l : host) sum += l;
-    return static_cast<float>(sum / n);
-  }
-
-  absl::StatusOr<float> SoftmaxCrossEntropyIgnoring(
-      const DeviceTensor& logits, absl::Span<const int32_t> labels,
-      int32_t ignore_index, DeviceTensor* dlogits) override {
-    return CudaSoftmaxCrossEntropyIgnoring(LayerContext(), logits, labels,
-                                           ignore_index, dlogits);
+    return sum;
   }
 
   // Shared by the layers.

@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 #include "models/attention_weights.h"
 #include "models/cuda/cuda_status.h"
 #include "models/cuda/kernels.h"
@@ -14,12 +15,6 @@
 
 namespace pstrain {
 namespace {
-
-#define RETURN_IF_ERROR_STATUS(expr)   \
-  do {                                 \
-    absl::Status _status = (expr);     \
-    if (!_status.ok()) return _status; \
-  } while (0)
 
 absl::Status NoTrainingForward(const LayerSpec& spec) {
   return absl::FailedPreconditionError(absl::StrCat(
@@ -30,40 +25,19 @@ absl::Status NoTrainingForward(const LayerSpec& spec) {
 absl::StatusOr<float*> Scratch(const CudaLayerContext& c, DeviceTensor* t,
                                int64_t n) {
   if (t->backend() == nullptr) *t = DeviceTensor(c.backend);
-  if (t->size() != n) {
-    absl::Status s = t->Resize({std::max<int64_t>(n, 1)});
-    if (!s.ok()) return s;
-  }
+  if (t->size() != n) RETURN_IF_ERROR(t->Resize({std::max<int64_t>(n, 1)}));
   return t->data();
 }
-
-#define ASSIGN_SCRATCH(var, context, tensor, n)                    \
-  float* var = nullptr;                                            \
-  do {                                                             \
-    absl::StatusOr<float*> _scratch = Scratch(context, tensor, n); \
-    if (!_scratch.ok()) return _scratch.status();                  \
-    var = *_scratch;                                               \
-  } while (0)
-
-#define ASSIGN_POOL(var, context, slot, n)             \
-  float* var = nullptr;                                \
-  do {                                                 \
-    absl::StatusOr<float*> _scratch =                  \
-        (context).pool->Get(CudaScratchPool::slot, n); \
-    if (!_scratch.ok()) return _scratch.status();      \
-    var = *_scratch;                                   \
-  } while (0)
 
 // out[c] = sum_r a[r, c] over a row-major [rows, cols]: cuBLAS's gemv of
 // the column-major [cols, rows] view with ones (a bias gradient).
 absl::Status ColumnSums(const CudaLayerContext& c, const float* a, int64_t rows,
                         int64_t cols, float* out) {
-  absl::StatusOr<const float*> ones = c.pool->Ones(rows);
-  if (!ones.ok()) return ones.status();
+  ASSIGN_OR_RETURN(const float* ones, c.pool->Ones(rows));
   const float one = 1.0f, zero = 0.0f;
   CUDA_RETURN_IF_ERROR(cublasSgemv(
       c.cublas, CUBLAS_OP_N, static_cast<int>(cols), static_cast<int>(rows),
-      &one, a, static_cast<int>(cols), *ones, 1, &zero, out, 1));
+      &one, a, static_cast<int>(cols), ones, 1, &zero, out, 1));
   return absl::OkStatus();
 }
 
@@ -81,10 +55,9 @@ absl::Status ToHost(const CudaLayerContext& c, const float* device, int64_t n,
 absl::StatusOr<int32_t*> IntsToDevice(const CudaLayerContext& c,
                                       const std::vector<int32_t>& host,
                                       DeviceTensor* t) {
-  absl::StatusOr<float*> data =
-      Scratch(c, t, static_cast<int64_t>(host.size()));
-  if (!data.ok()) return data.status();
-  int32_t* ints = reinterpret_cast<int32_t*>(*data);
+  ASSIGN_OR_RETURN(float* data,
+                   Scratch(c, t, static_cast<int64_t>(host.size())));
+  int32_t* ints = reinterpret_cast<int32_t*>(data);
   // Pageable memory: the copy completes before cudaMemcpyAsync returns
   // for the source, so `host` may change afterwards.
   CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(ints, host.data(),
@@ -134,7 +107,7 @@ class DeviceDropout {
   // y = x * the next call's mask (y may be x).
   absl::Status Forward(const CudaLayerContext& c, const float* x, int64_t n,
                        float* y) {
-    ASSIGN_SCRATCH(mask, c, &mask_, n);
+    ASSIGN_OR_RETURN(float* mask, Scratch(c, &mask_, n));
     CUDA_RETURN_IF_ERROR(cuda::LaunchDropout(
         x, n, 1.0f - p_, DropoutCallSeed(seed_, ++calls_), mask, y, c.stream));
     return absl::OkStatus();
@@ -170,9 +143,9 @@ class LinearOp {
   absl::Status Backward(const CudaLayerContext& c, const float* x, int64_t rows,
                         const float* w, const float* dy, float* dx, float* dw,
                         float* db) const {
-    RETURN_IF_ERROR_STATUS(RowGemm(c, true, false, out_, in_, rows, 1.0f, dy, 0,
-                                   x, 0, 0.0f, dw, 0));
-    RETURN_IF_ERROR_STATUS(ColumnSums(c, dy, rows, out_, db));
+    RETURN_IF_ERROR(RowGemm(c, true, false, out_, in_, rows, 1.0f, dy, 0, x, 0,
+                            0.0f, dw, 0));
+    RETURN_IF_ERROR(ColumnSums(c, dy, rows, out_, db));
     if (dx == nullptr) return absl::OkStatus();
     return RowGemm(c, false, false, rows, in_, out_, 1.0f, dy, 0, w, 0, 0.0f,
                    dx, 0);
@@ -190,8 +163,8 @@ class LayerNormOp {
 
   absl::Status Forward(const CudaLayerContext& c, const float* x, int64_t rows,
                        const float* weight, const float* bias, float* y) {
-    ASSIGN_SCRATCH(mean, c, &mean_, rows);
-    ASSIGN_SCRATCH(rstd, c, &rstd_, rows);
+    ASSIGN_OR_RETURN(float* mean, Scratch(c, &mean_, rows));
+    ASSIGN_OR_RETURN(float* rstd, Scratch(c, &rstd_, rows));
     rows_ = rows;
     CUDA_RETURN_IF_ERROR(
         cuda::LaunchLayerNormForward(x, rows, spec_.in_channels, spec_.epsilon,
@@ -206,11 +179,12 @@ class LayerNormOp {
                         float* dweight, float* dbias) const {
     if (rows != rows_) return NoTrainingForward(spec_);
     const int64_t cols = spec_.in_channels;
-    ASSIGN_POOL(dy_xhat, c, kDyXhat, rows * cols);
+    ASSIGN_OR_RETURN(float* dy_xhat,
+                     c.pool->Get(CudaScratchPool::kDyXhat, rows * cols));
     CUDA_RETURN_IF_ERROR(
         cuda::LaunchLayerNormBackward(x, dy, mean_.data(), rstd_.data(), weight,
                                       rows, cols, dx, dy_xhat, c.stream));
-    RETURN_IF_ERROR_STATUS(ColumnSums(c, dy_xhat, rows, cols, dweight));
+    RETURN_IF_ERROR(ColumnSums(c, dy_xhat, rows, cols, dweight));
     return ColumnSums(c, dy, rows, cols, dbias);
   }
 
@@ -243,7 +217,7 @@ class AttentionOp {
                        const float* pad, int64_t n, int64_t s,
                        const AttentionWeights& w, float* y, bool training) {
     trained_ = false;
-    RETURN_IF_ERROR_STATUS(ToHost(c, pad, n * s, &host_pad_));
+    RETURN_IF_ERROR(ToHost(c, pad, n * s, &host_pad_));
     for (int64_t b = 0; b < n; ++b) {
       const float* p = host_pad_.data() + b * s;
       if (std::all_of(p, p + s, [](float v) { return v != 0.0f; })) {
@@ -254,35 +228,36 @@ class AttentionOp {
     }
     const int64_t rows = n * s, block = n * heads_ * s * d_;
     const int64_t attn_size = n * heads_ * s * s;
-    ASSIGN_POOL(qkv, c, kQkv, rows * 3 * e_);
-    ASSIGN_SCRATCH(heads, c, &heads_qkv_, 3 * block);
-    ASSIGN_SCRATCH(probs, c, &probs_, attn_size);
-    ASSIGN_POOL(ctx_heads, c, kCtxHeads, block);
-    ASSIGN_SCRATCH(ctx, c, &ctx_, rows * e_);
-    RETURN_IF_ERROR_STATUS(in_proj_.Forward(c, x, rows, w.in_w, w.in_b, qkv));
+    ASSIGN_OR_RETURN(float* qkv,
+                     c.pool->Get(CudaScratchPool::kQkv, rows * 3 * e_));
+    ASSIGN_OR_RETURN(float* heads, Scratch(c, &heads_qkv_, 3 * block));
+    ASSIGN_OR_RETURN(float* probs, Scratch(c, &probs_, attn_size));
+    ASSIGN_OR_RETURN(float* ctx_heads,
+                     c.pool->Get(CudaScratchPool::kCtxHeads, block));
+    ASSIGN_OR_RETURN(float* ctx, Scratch(c, &ctx_, rows * e_));
+    RETURN_IF_ERROR(in_proj_.Forward(c, x, rows, w.in_w, w.in_b, qkv));
     CUDA_RETURN_IF_ERROR(
         cuda::LaunchSplitHeads(qkv, n, s, 3, heads_, d_, heads, c.stream));
     const float* q = heads;
     const float* k = heads + block;
     const float* v = heads + 2 * block;
     const int64_t batch = n * heads_;
-    RETURN_IF_ERROR_STATUS(RowGemm(c, false, true, s, s, d_, Scale(), q, s * d_,
-                                   k, s * d_, 0.0f, probs, s * s, batch));
+    RETURN_IF_ERROR(RowGemm(c, false, true, s, s, d_, Scale(), q, s * d_, k,
+                            s * d_, 0.0f, probs, s * s, batch));
     CUDA_RETURN_IF_ERROR(
         cuda::LaunchMaskedSoftmax(pad, n, heads_, s, probs, c.stream));
     dropped_now_ = dropout_.active(training);
     const float* attn = probs;
     if (dropped_now_) {
-      ASSIGN_SCRATCH(dropped, c, &dropped_, attn_size);
-      RETURN_IF_ERROR_STATUS(dropout_.Forward(c, probs, attn_size, dropped));
+      ASSIGN_OR_RETURN(float* dropped, Scratch(c, &dropped_, attn_size));
+      RETURN_IF_ERROR(dropout_.Forward(c, probs, attn_size, dropped));
       attn = dropped;
     }
-    RETURN_IF_ERROR_STATUS(RowGemm(c, false, false, s, d_, s, 1.0f, attn, s * s,
-                                   v, s * d_, 0.0f, ctx_heads, s * d_, batch));
+    RETURN_IF_ERROR(RowGemm(c, false, false, s, d_, s, 1.0f, attn, s * s, v,
+                            s * d_, 0.0f, ctx_heads, s * d_, batch));
     CUDA_RETURN_IF_ERROR(
         cuda::LaunchMergeHeads(ctx_heads, n, s, 1, heads_, d_, ctx, c.stream));
-    RETURN_IF_ERROR_STATUS(
-        out_proj_.Forward(c, ctx, rows, w.out_w, w.out_b, y));
+    RETURN_IF_ERROR(out_proj_.Forward(c, ctx, rows, w.out_w, w.out_b, y));
     n_ = n;
     s_ = s;
     trained_ = training;
@@ -296,13 +271,18 @@ class AttentionOp {
     if (!trained_ || n != n_ || s != s_) return NoTrainingForward(spec_);
     const int64_t rows = n * s, block = n * heads_ * s * d_;
     const int64_t attn_size = n * heads_ * s * s, batch = n * heads_;
-    ASSIGN_POOL(dctx, c, kDctx, rows * e_);
-    ASSIGN_POOL(dctx_heads, c, kDctxHeads, block);
-    ASSIGN_POOL(dattn, c, kDattn, attn_size);
-    ASSIGN_POOL(dheads, c, kDheads, 3 * block);
-    ASSIGN_POOL(dqkv, c, kDqkv, rows * 3 * e_);
-    RETURN_IF_ERROR_STATUS(out_proj_.Backward(c, ctx_.data(), rows, w.out_w, dy,
-                                              dctx, g.out_w, g.out_b));
+    ASSIGN_OR_RETURN(float* dctx,
+                     c.pool->Get(CudaScratchPool::kDctx, rows * e_));
+    ASSIGN_OR_RETURN(float* dctx_heads,
+                     c.pool->Get(CudaScratchPool::kDctxHeads, block));
+    ASSIGN_OR_RETURN(float* dattn,
+                     c.pool->Get(CudaScratchPool::kDattn, attn_size));
+    ASSIGN_OR_RETURN(float* dheads,
+                     c.pool->Get(CudaScratchPool::kDheads, 3 * block));
+    ASSIGN_OR_RETURN(float* dqkv,
+                     c.pool->Get(CudaScratchPool::kDqkv, rows * 3 * e_));
+    RETURN_IF_ERROR(out_proj_.Backward(c, ctx_.data(), rows, w.out_w, dy, dctx,
+                                       g.out_w, g.out_b));
     CUDA_RETURN_IF_ERROR(cuda::LaunchSplitHeads(dctx, n, s, 1, heads_, d_,
                                                 dctx_heads, c.stream));
     const float* q = heads_qkv_.data();
@@ -310,24 +290,21 @@ class AttentionOp {
     const float* v = q + 2 * block;
     const float* attn = dropped_now_ ? dropped_.data() : probs_.data();
     // dA = dctx v^T; dv = A^T dctx.
-    RETURN_IF_ERROR_STATUS(RowGemm(c, false, true, s, s, d_, 1.0f, dctx_heads,
-                                   s * d_, v, s * d_, 0.0f, dattn, s * s,
-                                   batch));
-    RETURN_IF_ERROR_STATUS(RowGemm(c, true, false, s, d_, s, 1.0f, attn, s * s,
-                                   dctx_heads, s * d_, 0.0f, dheads + 2 * block,
-                                   s * d_, batch));
+    RETURN_IF_ERROR(RowGemm(c, false, true, s, s, d_, 1.0f, dctx_heads, s * d_,
+                            v, s * d_, 0.0f, dattn, s * s, batch));
+    RETURN_IF_ERROR(RowGemm(c, true, false, s, d_, s, 1.0f, attn, s * s,
+                            dctx_heads, s * d_, 0.0f, dheads + 2 * block,
+                            s * d_, batch));
     if (dropped_now_) {
-      RETURN_IF_ERROR_STATUS(dropout_.Backward(c, dattn, attn_size, dattn));
+      RETURN_IF_ERROR(dropout_.Backward(c, dattn, attn_size, dattn));
     }
     CUDA_RETURN_IF_ERROR(cuda::LaunchSoftmaxBackward(
         probs_.data(), batch * s, s, Scale(), dattn, c.stream));
     // dq = dS k; dk = dS^T q.
-    RETURN_IF_ERROR_STATUS(RowGemm(c, false, false, s, d_, s, 1.0f, dattn,
-                                   s * s, k, s * d_, 0.0f, dheads, s * d_,
-                                   batch));
-    RETURN_IF_ERROR_STATUS(RowGemm(c, true, false, s, d_, s, 1.0f, dattn, s * s,
-                                   q, s * d_, 0.0f, dheads + block, s * d_,
-                                   batch));
+    RETURN_IF_ERROR(RowGemm(c, false, false, s, d_, s, 1.0f, dattn, s * s, k,
+                            s * d_, 0.0f, dheads, s * d_, batch));
+    RETURN_IF_ERROR(RowGemm(c, true, false, s, d_, s, 1.0f, dattn, s * s, q,
+                            s * d_, 0.0f, dheads + block, s * d_, batch));
     CUDA_RETURN_IF_ERROR(
         cuda::LaunchMergeHeads(dheads, n, s, 3, heads_, d_, dqkv, c.stream));
     return in_proj_.Backward(c, x, rows, w.in_w, dqkv, dx, g.in_w, g.in_b);
@@ -419,7 +396,7 @@ class Embedding final : public Layer {
   absl::Status Forward(absl::Span<const DeviceTensor* const> in,
                        DeviceTensor* out, bool training) override {
     const int64_t n = in[0]->shape()[0], s = in[0]->shape()[1];
-    RETURN_IF_ERROR_STATUS(ToHost(c_, in[0]->data(), in[0]->size(), &host_));
+    RETURN_IF_ERROR(ToHost(c_, in[0]->data(), in[0]->size(), &host_));
     std::vector<int32_t> ids(host_.size());
     for (size_t i = 0; i < host_.size(); ++i) {
       const float id = host_[i];
@@ -431,12 +408,11 @@ class Embedding final : public Layer {
       }
       ids[i] = static_cast<int32_t>(id);
     }
-    absl::StatusOr<int32_t*> device_ids = IntsToDevice(c_, ids, &ids_);
-    if (!device_ids.ok()) return device_ids.status();
+    ASSIGN_OR_RETURN(const int32_t* device_ids, IntsToDevice(c_, ids, &ids_));
     rows_ = n * s;
     out->set_layout(0);
     CUDA_RETURN_IF_ERROR(cuda::LaunchEmbeddingForward(
-        *device_ids, rows_, s, spec_.out_channels, token_->value.data(),
+        device_ids, rows_, s, spec_.out_channels, token_->value.data(),
         position_->value.data(), out->data(), c_.stream));
     return absl::OkStatus();
   }
@@ -447,7 +423,7 @@ class Embedding final : public Layer {
     const int64_t n = in[0]->shape()[0], s = in[0]->shape()[1];
     if (n * s != rows_) return NoTrainingForward(spec_);
     const int64_t e = spec_.out_channels;
-    RETURN_IF_ERROR_STATUS(Zero(c_, token_->grad.data(), token_->grad.size()));
+    RETURN_IF_ERROR(Zero(c_, token_->grad.data(), token_->grad.size()));
     CUDA_RETURN_IF_ERROR(cuda::LaunchEmbeddingTokenGrad(
         reinterpret_cast<const int32_t*>(ids_.data()), rows_, e, dout.data(),
         token_->grad.data(), c_.stream));
@@ -456,12 +432,12 @@ class Embedding final : public Layer {
     // Positions past s get no gradient.
     const int64_t used = s * e;
     if (position_->grad.size() > used) {
-      RETURN_IF_ERROR_STATUS(Zero(c_, position_->grad.data() + used,
-                                  position_->grad.size() - used));
+      RETURN_IF_ERROR(Zero(c_, position_->grad.data() + used,
+                           position_->grad.size() - used));
     }
     if (din[0] != nullptr) {
       din[0]->set_layout(0);
-      RETURN_IF_ERROR_STATUS(Zero(c_, din[0]->data(), din[0]->size()));
+      RETURN_IF_ERROR(Zero(c_, din[0]->data(), din[0]->size()));
     }
     return absl::OkStatus();
   }
@@ -487,7 +463,7 @@ class GatherRows final : public Layer {
                        DeviceTensor* out, bool training) override {
     const int64_t e = spec_.in_channels;
     const int64_t rows = in[0]->size() / e;
-    RETURN_IF_ERROR_STATUS(ToHost(c_, in[1]->data(), in[1]->size(), &host_));
+    RETURN_IF_ERROR(ToHost(c_, in[1]->data(), in[1]->size(), &host_));
     std::vector<int32_t> positions(host_.size());
     for (size_t i = 0; i < host_.size(); ++i) {
       const float at = host_[i];
@@ -499,12 +475,12 @@ class GatherRows final : public Layer {
       }
       positions[i] = static_cast<int32_t>(at);
     }
-    absl::StatusOr<int32_t*> device_rows = IntsToDevice(c_, positions, &rows_);
-    if (!device_rows.ok()) return device_rows.status();
+    ASSIGN_OR_RETURN(const int32_t* device_rows,
+                     IntsToDevice(c_, positions, &rows_));
     count_ = static_cast<int64_t>(positions.size());
     out->set_layout(0);
     CUDA_RETURN_IF_ERROR(cuda::LaunchGatherRows(
-        in[0]->data(), *device_rows, count_, e, out->data(), c_.stream));
+        in[0]->data(), device_rows, count_, e, out->data(), c_.stream));
     return absl::OkStatus();
   }
 
@@ -517,11 +493,11 @@ class GatherRows final : public Layer {
     }
     // The positions have no gradient.
     if (din.size() > 1 && din[1] != nullptr) {
-      RETURN_IF_ERROR_STATUS(Zero(c_, din[1]->data(), din[1]->size()));
+      RETURN_IF_ERROR(Zero(c_, din[1]->data(), din[1]->size()));
     }
     if (din[0] == nullptr) return absl::OkStatus();
     din[0]->set_layout(0);
-    RETURN_IF_ERROR_STATUS(Zero(c_, din[0]->data(), din[0]->size()));
+    RETURN_IF_ERROR(Zero(c_, din[0]->data(), din[0]->size()));
     CUDA_RETURN_IF_ERROR(cuda::LaunchScatterAddRows(
         dout.data(), reinterpret_cast<const int32_t*>(rows_.data()), count_, e,
         din[0]->data(), c_.stream));
@@ -555,16 +531,16 @@ class MultiheadAttention final : public Layer {
                         absl::Span<DeviceTensor* const> din) override {
     const Shape& shape = in[0]->shape();
     float* dx = din[0] != nullptr ? din[0]->data() : nullptr;
-    RETURN_IF_ERROR_STATUS(op_.Backward(
-        c_, in[0]->data(), shape[0], shape[1], Weights(), dout.data(), dx,
-        {p_[0]->grad.data(), p_[1]->grad.data(), p_[2]->grad.data(),
-         p_[3]->grad.data()}));
+    RETURN_IF_ERROR(op_.Backward(c_, in[0]->data(), shape[0], shape[1],
+                                 Weights(), dout.data(), dx,
+                                 {p_[0]->grad.data(), p_[1]->grad.data(),
+                                  p_[2]->grad.data(), p_[3]->grad.data()}));
     for (DeviceTensor* d : din) {
       if (d != nullptr) d->set_layout(0);
     }
     // The mask has no gradient.
     if (din.size() > 1 && din[1] != nullptr) {
-      RETURN_IF_ERROR_STATUS(Zero(c_, din[1]->data(), din[1]->size()));
+      RETURN_IF_ERROR(Zero(c_, din[1]->data(), din[1]->size()));
     }
     return absl::OkStatus();
   }
@@ -613,27 +589,24 @@ class TransformerEncoderLayer final : public Layer {
     const int64_t n = shape[0], s = shape[1], rows = n * s;
     const int64_t ne = rows * e_, nf = rows * f_;
     const float* x = in[0]->data();
-    ASSIGN_SCRATCH(h1, c_, &h1_, ne);
-    ASSIGN_SCRATCH(y1, c_, &y1_, ne);
-    ASSIGN_SCRATCH(f1, c_, &f1_, nf);
-    ASSIGN_SCRATCH(g, c_, &g_, nf);
-    ASSIGN_SCRATCH(h2, c_, &h2_, ne);
+    ASSIGN_OR_RETURN(float* h1, Scratch(c_, &h1_, ne));
+    ASSIGN_OR_RETURN(float* y1, Scratch(c_, &y1_, ne));
+    ASSIGN_OR_RETURN(float* f1, Scratch(c_, &f1_, nf));
+    ASSIGN_OR_RETURN(float* g, Scratch(c_, &g_, nf));
+    ASSIGN_OR_RETURN(float* h2, Scratch(c_, &h2_, ne));
     dropped_ = dropout1_.active(training);
-    RETURN_IF_ERROR_STATUS(attention_.Forward(c_, x, in[1]->data(), n, s,
-                                              AttentionParams(), h1, training));
-    if (dropped_) RETURN_IF_ERROR_STATUS(dropout1_.Forward(c_, h1, ne, h1));
+    RETURN_IF_ERROR(attention_.Forward(c_, x, in[1]->data(), n, s,
+                                       AttentionParams(), h1, training));
+    if (dropped_) RETURN_IF_ERROR(dropout1_.Forward(c_, h1, ne, h1));
     CUDA_RETURN_IF_ERROR(cuda::LaunchAdd(h1, x, ne, h1, c_.stream));
-    RETURN_IF_ERROR_STATUS(
-        norm1_.Forward(c_, h1, rows, Value(8), Value(9), y1));
-    RETURN_IF_ERROR_STATUS(
-        linear1_.Forward(c_, y1, rows, Value(4), Value(5), f1));
+    RETURN_IF_ERROR(norm1_.Forward(c_, h1, rows, Value(8), Value(9), y1));
+    RETURN_IF_ERROR(linear1_.Forward(c_, y1, rows, Value(4), Value(5), f1));
     CUDA_RETURN_IF_ERROR(cuda::LaunchGeluForward(f1, nf, g, c_.stream));
-    if (dropped_) RETURN_IF_ERROR_STATUS(dropout_.Forward(c_, g, nf, g));
-    RETURN_IF_ERROR_STATUS(
-        linear2_.Forward(c_, g, rows, Value(6), Value(7), h2));
-    if (dropped_) RETURN_IF_ERROR_STATUS(dropout2_.Forward(c_, h2, ne, h2));
+    if (dropped_) RETURN_IF_ERROR(dropout_.Forward(c_, g, nf, g));
+    RETURN_IF_ERROR(linear2_.Forward(c_, g, rows, Value(6), Value(7), h2));
+    if (dropped_) RETURN_IF_ERROR(dropout2_.Forward(c_, h2, ne, h2));
     CUDA_RETURN_IF_ERROR(cuda::LaunchAdd(h2, y1, ne, h2, c_.stream));
-    RETURN_IF_ERROR_STATUS(
+    RETURN_IF_ERROR(
         norm2_.Forward(c_, h2, rows, Value(10), Value(11), out->data()));
     trained_ = training;
     rows_ = rows;
@@ -647,46 +620,46 @@ class TransformerEncoderLayer final : public Layer {
     const int64_t n = shape[0], s = shape[1], rows = n * s;
     if (!trained_ || rows != rows_) return NoTrainingForward(spec_);
     const int64_t ne = rows * e_, nf = rows * f_;
-    ASSIGN_POOL(dh2, c_, kDh2, ne);
-    ASSIGN_POOL(df, c_, kDf, ne);
-    ASSIGN_POOL(dg, c_, kDg, nf);
-    ASSIGN_POOL(dy1, c_, kDy1, ne);
-    ASSIGN_POOL(dh1, c_, kDh1, ne);
+    ASSIGN_OR_RETURN(float* dh2, c_.pool->Get(CudaScratchPool::kDh2, ne));
+    ASSIGN_OR_RETURN(float* df, c_.pool->Get(CudaScratchPool::kDf, ne));
+    ASSIGN_OR_RETURN(float* dg, c_.pool->Get(CudaScratchPool::kDg, nf));
+    ASSIGN_OR_RETURN(float* dy1, c_.pool->Get(CudaScratchPool::kDy1, ne));
+    ASSIGN_OR_RETURN(float* dh1, c_.pool->Get(CudaScratchPool::kDh1, ne));
     // out = norm2(h2); h2 = y1 + f.
-    RETURN_IF_ERROR_STATUS(norm2_.Backward(
-        c_, h2_.data(), rows, Value(10), dout.data(), dh2, Grad(10), Grad(11)));
+    RETURN_IF_ERROR(norm2_.Backward(c_, h2_.data(), rows, Value(10),
+                                    dout.data(), dh2, Grad(10), Grad(11)));
     const float* dfp = dh2;
     if (dropped_) {
-      RETURN_IF_ERROR_STATUS(dropout2_.Backward(c_, dh2, ne, df));
+      RETURN_IF_ERROR(dropout2_.Backward(c_, dh2, ne, df));
       dfp = df;
     }
-    RETURN_IF_ERROR_STATUS(linear2_.Backward(c_, g_.data(), rows, Value(6), dfp,
-                                             dg, Grad(6), Grad(7)));
-    if (dropped_) RETURN_IF_ERROR_STATUS(dropout_.Backward(c_, dg, nf, dg));
+    RETURN_IF_ERROR(linear2_.Backward(c_, g_.data(), rows, Value(6), dfp, dg,
+                                      Grad(6), Grad(7)));
+    if (dropped_) RETURN_IF_ERROR(dropout_.Backward(c_, dg, nf, dg));
     // gelu's backward reads linear1's output; dg becomes dLoss/dF1.
     CUDA_RETURN_IF_ERROR(
         cuda::LaunchGeluBackward(f1_.data(), dg, nf, dg, c_.stream));
-    RETURN_IF_ERROR_STATUS(linear1_.Backward(c_, y1_.data(), rows, Value(4), dg,
-                                             dy1, Grad(4), Grad(5)));
+    RETURN_IF_ERROR(linear1_.Backward(c_, y1_.data(), rows, Value(4), dg, dy1,
+                                      Grad(4), Grad(5)));
     CUDA_RETURN_IF_ERROR(cuda::LaunchAdd(dy1, dh2, ne, dy1, c_.stream));
     // y1 = norm1(h1); h1 = x + a.
-    RETURN_IF_ERROR_STATUS(norm1_.Backward(c_, h1_.data(), rows, Value(8), dy1,
-                                           dh1, Grad(8), Grad(9)));
+    RETURN_IF_ERROR(norm1_.Backward(c_, h1_.data(), rows, Value(8), dy1, dh1,
+                                    Grad(8), Grad(9)));
     const float* da = dh1;
     if (dropped_) {
-      RETURN_IF_ERROR_STATUS(dropout1_.Backward(c_, dh1, ne, df));
+      RETURN_IF_ERROR(dropout1_.Backward(c_, dh1, ne, df));
       da = df;
     }
     float* dx = din[0] != nullptr ? din[0]->data() : nullptr;
-    RETURN_IF_ERROR_STATUS(
-        attention_.Backward(c_, in[0]->data(), n, s, AttentionParams(), da, dx,
-                            {Grad(0), Grad(1), Grad(2), Grad(3)}));
+    RETURN_IF_ERROR(attention_.Backward(c_, in[0]->data(), n, s,
+                                        AttentionParams(), da, dx,
+                                        {Grad(0), Grad(1), Grad(2), Grad(3)}));
     if (dx != nullptr) {
       CUDA_RETURN_IF_ERROR(cuda::LaunchAdd(dx, dh1, ne, dx, c_.stream));
       din[0]->set_layout(0);
     }
     if (din.size() > 1 && din[1] != nullptr) {
-      RETURN_IF_ERROR_STATUS(Zero(c_, din[1]->data(), din[1]->size()));
+      RETURN_IF_ERROR(Zero(c_, din[1]->data(), din[1]->size()));
       din[1]->set_layout(0);
     }
     return absl::OkStatus();
@@ -718,10 +691,7 @@ class TransformerEncoderLayer final : public Layer {
 absl::StatusOr<float*> CudaScratchPool::Get(Slot slot, int64_t n) {
   DeviceTensor& t = slots_[slot];
   if (t.backend() == nullptr) t = DeviceTensor(backend_);
-  if (t.size() < n) {
-    absl::Status s = t.Resize({n});
-    if (!s.ok()) return s;
-  }
+  if (t.size() < n) RETURN_IF_ERROR(t.Resize({n}));
   return t.data();
 }
 
@@ -733,12 +703,10 @@ void CudaScratchPool::Clear() {
 absl::StatusOr<const float*> CudaScratchPool::Ones(int64_t n) {
   if (ones_.backend() == nullptr) ones_ = DeviceTensor(backend_);
   if (ones_.size() < n) {
-    absl::Status s = ones_.Resize({n});
-    if (!s.ok()) return s;
+    RETURN_IF_ERROR(ones_.Resize({n}));
     const std::vector<float> host(n, 1.0f);
-    s = backend_->CopyToDevice(host.data(), n, ones_.data());
-    if (s.ok()) s = backend_->Synchronize();
-    if (!s.ok()) return s;
+    RETURN_IF_ERROR(backend_->CopyToDevice(host.data(), n, ones_.data()));
+    RETURN_IF_ERROR(backend_->Synchronize());
   }
   return ones_.data();
 }
@@ -746,7 +714,7 @@ absl::StatusOr<const float*> CudaScratchPool::Ones(int64_t n) {
 absl::StatusOr<std::unique_ptr<Layer>> NewCudaTransformerLayer(
     const CudaLayerContext& context, const LayerSpec& spec,
     std::vector<Param*> params, uint64_t seed) {
-  RETURN_IF_ERROR_STATUS(CheckTransformerLayer(spec, params.size()));
+  RETURN_IF_ERROR(CheckTransformerLayer(spec, params.size()));
   switch (spec.type) {
     case LayerType::kEmbedding:
       return std::unique_ptr<Layer>(
@@ -768,34 +736,6 @@ absl::StatusOr<std::unique_ptr<Layer>> NewCudaTransformerLayer(
       return absl::InvalidArgumentError(
           absl::StrCat(LayerName(spec), ": not a transformer layer"));
   }
-}
-
-absl::StatusOr<float> CudaSoftmaxCrossEntropyIgnoring(
-    const CudaLayerContext& context, const DeviceTensor& logits,
-    absl::Span<const int32_t> labels, int32_t ignore_index,
-    DeviceTensor* dlogits) {
-  const int64_t k = logits.shape().empty() ? 0 : logits.shape().back();
-  const int64_t n = k > 0 ? logits.size() / k : 0;
-  absl::StatusOr<int64_t> count =
-      CountPredictedRows(labels, n, k, ignore_index);
-  if (!count.ok()) return count.status();
-  if (n == 0) return 0.0f;
-  DeviceTensor device_labels, losses;
-  absl::StatusOr<int32_t*> d_labels =
-      IntsToDevice(context, std::vector<int32_t>(labels.begin(), labels.end()),
-                   &device_labels);
-  if (!d_labels.ok()) return d_labels.status();
-  ASSIGN_SCRATCH(d_losses, context, &losses, n);
-  CUDA_RETURN_IF_ERROR(cuda::LaunchSoftmaxCrossEntropy(
-      logits.data(), *d_labels, n, k, ignore_index,
-      static_cast<float>(std::max<int64_t>(*count, 1)),
-      dlogits != nullptr ? dlogits->data() : nullptr, d_losses,
-      context.stream));
-  std::vector<float> host;
-  RETURN_IF_ERROR_STATUS(ToHost(context, d_losses, n, &host));
-  double sum = 0;
-  for (float l : host) sum += l;
-  return static_cast<float>(sum / std::max<int64_t>(*count, 1));
 }
 
 }  // namespace pstrain

@@ -103,14 +103,6 @@ absl::StatusOr<std::unique_ptr<Layer>> NewCudaTransformerLayer(
     const CudaLayerContext& context, const LayerSpec& spec,
     std::vector<Param*> params, uint64_t seed);
 
-// Backend::SoftmaxCrossEntropyIgnoring on the device: `logits` [rows, k]
-// on the context's stream, the labels checked on the host
-// (CountPredictedRows), the loss summed on the host from per-row losses.
-absl::StatusOr<float> CudaSoftmaxCrossEntropyIgnoring(
-    const CudaLayerContext& context, const DeviceTensor& logits,
-    absl::Span<const int32_t> labels, int32_t ignore_index,
-    DeviceTensor* dlogits);
-
 }  // namespace pstrain
 
 #endif  // PSTRAIN_MODELS_CUDA_CUDA_TRANSFORMER_H_
