@@ -274,7 +274,11 @@ grpc::Status PsService::Checkpoint(grpc::ServerContext* context,
     return ToGrpcStatus(snapshot);
   }
   checkpoint_step_ = step;
-  announced_checkpoint_step_.store(step);
+  {
+    absl::MutexLock lock(&announce_mu_);
+    announced_checkpoint_step_ = step;
+    announced_generation_ = shard_->generation();
+  }
   checkpoint_done_ = false;
   checkpoint_status_ = absl::OkStatus();
   checkpoint_result_.Clear();
@@ -332,6 +336,13 @@ grpc::Status PsService::Authorize(const grpc::ServerContext& context,
 
 void PsService::Touch() {
   last_request_unix_ms_.store(absl::ToUnixMillis(absl::Now()));
+}
+
+int64_t PsService::AnnouncedCheckpointStep() const {
+  absl::MutexLock lock(&announce_mu_);
+  return announced_generation_ == shard_->generation()
+             ? announced_checkpoint_step_
+             : -1;
 }
 
 absl::Status PsService::NotePushesSent(int worker, int64_t generation,

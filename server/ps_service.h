@@ -114,6 +114,10 @@ class PsService final : public ParameterServer::Service {
 
   void Touch();
 
+  // The newest checkpoint cut begun in the shard's current generation (-1:
+  // none; see announced_checkpoint_step_).
+  int64_t AnnouncedCheckpointStep() const;
+
   // Re-layouts (ParameterShard::Initialize with another partition_bytes,
   // --partition_bytes=auto): every PushPull stream, Checkpoint call and
   // WaitReady's read of the layout holds a use of the shard's chunks
@@ -192,9 +196,17 @@ class PsService final : public ParameterServer::Service {
   CheckpointResponse checkpoint_result_ ABSL_GUARDED_BY(checkpoint_mu_);
   // Set by the destructor: a writer waiting for a deferred cut gives up.
   std::atomic<bool> closing_{false};
-  // The step of the newest checkpoint begun (-1: none), announced on every
-  // pull's last message (PushPullResponse.checkpoint_step).
-  std::atomic<int64_t> announced_checkpoint_step_{-1};
+  // The step of the newest checkpoint begun (-1: none) and the generation
+  // it was begun in, announced on every pull's last message of that
+  // generation (PushPullResponse.checkpoint_step; AnnouncedCheckpointStep).
+  // A restore or a reopen starts a generation in which no checkpoint is
+  // begun yet: a cut of an older one (abandoned when a worker or a shard
+  // died) is not announced, or the workers would write residual files for
+  // it before worker 0 begins the new generation's checkpoint of that step
+  // (whose RemoveOldCheckpoints takes them) and never again.
+  mutable absl::Mutex announce_mu_;
+  int64_t announced_checkpoint_step_ ABSL_GUARDED_BY(announce_mu_) = -1;
+  int64_t announced_generation_ ABSL_GUARDED_BY(announce_mu_) = -1;
   // Bounded staleness or backup workers (StepPolicy::deferred_snapshot()):
   // checkpoints take the shard's deferred snapshot
   // (ParameterShard::BeginDeferredSnapshot), which the writer thread waits

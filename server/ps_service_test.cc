@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -462,6 +463,59 @@ TEST_F(PsServiceTest, APlannedChangeIsCheckedAndNamedAtThePullsEnd) {
   }
   EXPECT_EQ(shard_->generation(), 1);
   EXPECT_EQ(shard_->membership().epoch, 1);
+}
+
+// A pull's last message announces the newest checkpoint begun, in the
+// generation it was begun in only: after a reopen (or a restore) the cut
+// of a checkpoint the dead generation abandoned is not announced, or the
+// workers would write residual files for it that worker 0's next
+// checkpoint of that step clears (composition_test's top-k jobs, killed
+// mid-checkpoint, failed on the missing file).
+TEST_F(PsServiceTest, ACheckpointCutIsAnnouncedInItsGenerationOnly) {
+  auto pull = [&](int64_t generation) -> std::optional<int64_t> {
+    PushPullRequest request;
+    request.mutable_header()->set_job_id("job");
+    request.mutable_header()->set_worker_id(1);
+    request.mutable_header()->set_generation(generation);
+    request.mutable_pull()->set_min_version(0);
+    std::vector<PushPullResponse> replies;
+    const grpc::Status status = Exchange({request}, &replies);
+    EXPECT_TRUE(status.ok()) << status.error_message();
+    if (replies.empty() || !replies.back().last_of_pull()) return -2;
+    if (!replies.back().has_checkpoint_step()) return std::nullopt;
+    return replies.back().checkpoint_step();
+  };
+  EXPECT_EQ(pull(0), std::nullopt);
+  ASSERT_TRUE(Checkpoint(CheckpointOf(0, /*wait=*/false)).ok());
+  ASSERT_TRUE(Checkpoint(CheckpointOf(0, /*wait=*/true)).ok());
+  EXPECT_EQ(pull(0), 0);
+
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() +
+                       std::chrono::seconds(10));
+  InitResponse response;
+  auto writer = stub_->Init(&context, &response);
+  InitRequest reopen;
+  reopen.mutable_header()->set_job_id("job");
+  reopen.mutable_header()->set_worker_id(0);
+  reopen.mutable_layout()->add_param_num_elements(4);
+  reopen.mutable_layout()->set_partition_bytes(16);
+  reopen.set_generation(1);
+  reopen.set_reopen(true);
+  reopen.set_reopen_version(-1);
+  writer->Write(reopen);
+  writer->WritesDone();
+  const grpc::Status reopened = writer->Finish();
+  ASSERT_TRUE(reopened.ok()) << reopened.error_message();
+  ASSERT_EQ(shard_->generation(), 1);
+
+  EXPECT_EQ(pull(1), std::nullopt);
+  CheckpointRequest again = CheckpointOf(0, /*wait=*/false);
+  again.mutable_header()->set_generation(1);
+  ASSERT_TRUE(Checkpoint(again).ok());
+  again.set_wait(true);
+  ASSERT_TRUE(Checkpoint(again).ok());
+  EXPECT_EQ(pull(1), 0);
 }
 
 // A stream that sends pulls for a version that never comes, without

@@ -398,7 +398,7 @@ bool PsService::PushPullSession::ServePull(const PullJob& job) {
     PushPullResponse last;
     last.set_last_of_pull(true);
     if (const int64_t to = switched_to(); to >= 0) last.set_generation(to);
-    if (const int64_t announced = service_->announced_checkpoint_step_.load();
+    if (const int64_t announced = service_->AnnouncedCheckpointStep();
         announced >= 0) {
       last.set_checkpoint_step(announced);
     }

@@ -190,7 +190,10 @@ class PsExchange : public GradientExchange, public WeightsGate {
       bool wait) override {
     if (!wait) {
       residual_wait_abandoned_.store(false);
-      checkpoint_generation_.store(client_->generation());
+      if (checkpoint_generation_.exchange(client_->generation()) !=
+          client_->generation()) {
+        own_checkpoint_step_ = -1;  // an older generation's pick
+      }
     }
     ASSIGN_OR_RETURN(std::vector<CheckpointResponse> replies,
                      client_->Checkpoint(step, end_step, wait));
@@ -571,9 +574,14 @@ class PsExchange : public GradientExchange, public WeightsGate {
   // into its folder, once this worker holds it (sync: it has finished the
   // step before the cut; async: the residual now).
   // The newest checkpoint cut this worker must save its residual of: shard
-  // 0's announcement, or worker 0's own pick.
+  // 0's announcement, or worker 0's own pick, of the current generation
+  // (a recovery or a reopen abandons the checkpoint in flight: its cut is
+  // not the next checkpoint's, whose folder worker 0 clears first).
   int64_t AnnouncedCut() const {
-    return std::max(client_->announced_checkpoint_step(), own_checkpoint_step_);
+    const int64_t own = checkpoint_generation_.load() == client_->generation()
+                            ? own_checkpoint_step_
+                            : -1;
+    return std::max(client_->announced_checkpoint_step(), own);
   }
 
   absl::Status SaveAnnouncedResiduals() {

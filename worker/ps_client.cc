@@ -1074,7 +1074,12 @@ absl::StatusOr<int64_t> PsClient::FinishStep() {
   {
     absl::MutexLock lock(&done->mu);
     if (done->checkpoint_step >= 0) {
-      announced_checkpoint_step_ = done->checkpoint_step;
+      if (announced_generation_ != generation_) {
+        announced_checkpoint_step_ = -1;
+        announced_generation_ = generation_;
+      }
+      announced_checkpoint_step_ =
+          std::max(announced_checkpoint_step_, done->checkpoint_step);
     }
   }
   last_max_version_ =

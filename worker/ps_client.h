@@ -437,9 +437,12 @@ class PsClient {
   // straddled an update this worker did not wait for (backup workers).
   int64_t last_max_version() const { return last_max_version_; }
   // The newest checkpoint step shard 0 announced on a pull
-  // (PushPullResponse.checkpoint_step) so far; -1: none.
+  // (PushPullResponse.checkpoint_step) in this worker's current
+  // generation; -1: none (a recovery or a reopen starts a generation with
+  // no checkpoint begun: the cut of an abandoned one is not this one's).
   int64_t announced_checkpoint_step() const {
-    return announced_checkpoint_step_;
+    return announced_generation_ == generation_ ? announced_checkpoint_step_
+                                                : -1;
   }
 
   // Shard `shard`'s Stats, within `timeout` (the unary deadline if not
@@ -609,6 +612,7 @@ class PsClient {
   bool last_step_late_ = false;
   int64_t last_max_version_ = 0;
   int64_t announced_checkpoint_step_ = -1;
+  int64_t announced_generation_ = -1;
   PsStepTimes last_step_times_;
   bool announce_decisions_ = false;
   // Delta pulls: the version every chunk of `delta_weights_` (the weights'
