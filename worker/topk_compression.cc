@@ -127,9 +127,24 @@ void SelectTopK(absl::Span<const float> values, int64_t k,
              indices->begin());
 }
 
+std::vector<bool> WholeTensors(
+    const std::vector<std::vector<int64_t>>& shapes) {
+  std::vector<bool> whole;
+  whole.reserve(shapes.size());
+  for (const std::vector<int64_t>& shape : shapes) {
+    whole.push_back(shape.size() <= 1);
+  }
+  return whole;
+}
+
 TopKCompressor::TopKCompressor(const CompressionOptions& options,
-                               std::vector<int64_t> sizes, int history)
-    : options_(options), sizes_(std::move(sizes)), ratio_(options.RatioAt(0)) {
+                               std::vector<int64_t> sizes, int history,
+                               std::vector<bool> whole)
+    : options_(options),
+      sizes_(std::move(sizes)),
+      whole_(std::move(whole)),
+      ratio_(options.RatioAt(0)) {
+  if (!whole_.empty()) whole_.resize(sizes_.size(), false);
   const int buffers = options_.error_feedback ? std::max(2, history) : 0;
   ring_.resize(buffers);
   tags_.assign(buffers, -1);
@@ -182,7 +197,8 @@ void TopKCompressor::Compress(int tensor, int64_t offset,
                               std::vector<uint32_t>* indices,
                               std::vector<float>* values) {
   const int64_t n = static_cast<int64_t>(gradient.size());
-  const int64_t k = TopKCount(ratio_, n);
+  const bool whole_tensor = whole(tensor);
+  const int64_t k = whole_tensor ? n : TopKCount(ratio_, n);
   absl::Span<const float> sum = gradient;
   float* next = nullptr;
   float* velocity = nullptr;
@@ -231,7 +247,12 @@ void TopKCompressor::Compress(int tensor, int64_t offset,
     }
     sum = absl::MakeConstSpan(next, n);
   }
-  SelectTopK(sum, k, indices);
+  if (whole_tensor) {
+    indices->resize(n);
+    std::iota(indices->begin(), indices->end(), 0u);
+  } else {
+    SelectTopK(sum, k, indices);
+  }
   values->resize(indices->size());
   for (size_t i = 0; i < indices->size(); ++i) {
     (*values)[i] = sum[(*indices)[i]];
@@ -239,7 +260,7 @@ void TopKCompressor::Compress(int tensor, int64_t offset,
   if (next != nullptr) {
     for (uint32_t i : *indices) next[i] = 0.0f;
   }
-  if (velocity != nullptr) {
+  if (velocity != nullptr && !whole_tensor) {
     // Momentum factor masking.
     for (uint32_t i : *indices) velocity[i] = 0.0f;
   }

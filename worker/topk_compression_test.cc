@@ -10,6 +10,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "optim/adam.h"
+#include "optim/optimizer.h"
 
 namespace pstrain {
 namespace {
@@ -347,6 +348,76 @@ TEST(TopKCompressorTest, WithoutErrorFeedbackTheRestIsDropped) {
     EXPECT_THAT(values, ElementsAre(-4.0f, 3.0f));
   }
   EXPECT_TRUE(compressor.ResidualAt(5).value().empty());
+}
+
+TEST(WholeTensorsTest, OneDimensionalParametersGoWhole) {
+  EXPECT_THAT(WholeTensors({{6, 1, 5, 5}, {6}, {10, 84}, {10}, {}}),
+              ElementsAre(false, true, false, true, true));
+}
+
+// Whole tensors (DGC's uncompressed one-dimensional parameters): every
+// entry pushed each step, no residual, and with momentum correction an
+// unmasked velocity, so that two workers' pushes averaged and applied by
+// the shards' plain SGD (w -= lr * average) train the tensor as SGD with
+// momentum (PyTorch's, optim/optimizer.h) on the average gradient, within
+// float rounding; a compressed tensor beside it still pushes its top k.
+TEST(TopKCompressorTest, WholeTensorsTrainAsDenseMomentumSgd) {
+  for (bool nesterov : {false, true}) {
+    std::mt19937 rng(13);
+    std::normal_distribution<float> normal;
+    const int n = 16, big = 100;
+    CompressionOptions options{0.1, true};
+    options.momentum = 0.9;
+    options.nesterov = nesterov;
+    std::vector<TopKCompressor> workers;
+    for (int w = 0; w < 2; ++w) {
+      workers.emplace_back(options, std::vector<int64_t>{n, big}, 3,
+                           std::vector<bool>{true, false});
+    }
+    ASSERT_TRUE(workers[0].whole(0));
+    ASSERT_FALSE(workers[0].whole(1));
+    OptimizerOptions sgd;
+    sgd.kind = OptimizerKind::kSgd;
+    sgd.momentum = 0.9f;
+    sgd.nesterov = nesterov;
+    const float lr = 0.1f;
+    std::vector<float> w_pushed(n), w_dense(n), buf(n, 0.0f);
+    for (float& x : w_pushed) x = normal(rng);
+    w_dense = w_pushed;
+    for (int64_t step = 0; step < 8; ++step) {
+      std::vector<float> average(n, 0.0f), pushed(n, 0.0f);
+      for (TopKCompressor& worker : workers) {
+        std::vector<float> g(n), g_big(big);
+        for (float& x : g) x = normal(rng);
+        for (float& x : g_big) x = normal(rng);
+        worker.BeginStep(step);
+        std::vector<uint32_t> indices;
+        std::vector<float> values;
+        worker.Compress(1, 0, g_big, &indices, &values);
+        EXPECT_EQ(indices.size(), 10u);
+        worker.Compress(0, 0, g, &indices, &values);
+        worker.CommitStep(step);
+        ASSERT_EQ(indices.size(), static_cast<size_t>(n));
+        for (int i = 0; i < n; ++i) {
+          ASSERT_EQ(indices[i], static_cast<uint32_t>(i));
+          pushed[i] += values[i] / 2;
+          average[i] += g[i] / 2;
+        }
+        const std::vector<absl::Span<const float>> state =
+            worker.ResidualAt(step + 1).value();
+        EXPECT_THAT(std::vector<float>(state[0].begin(), state[0].end()),
+                    ::testing::Each(0.0f));
+      }
+      for (int i = 0; i < n; ++i) w_pushed[i] -= lr * pushed[i];
+      SgdUpdate(sgd, lr, step + 1, w_dense.data(), average.data(), buf.data(),
+                n);
+      for (int i = 0; i < n; ++i) {
+        EXPECT_NEAR(w_pushed[i], w_dense[i],
+                    2e-5f * (1 + std::fabs(w_dense[i])))
+            << "nesterov " << nesterov << " step " << step << " entry " << i;
+      }
+    }
+  }
 }
 
 }  // namespace

@@ -110,16 +110,26 @@ struct PartitionSetting {
 };
 
 // The top-k compressor of the job's parameters (not its buffers: those
-// are values, pushed dense), or null without compression.
+// are values, pushed dense), or null without compression. A model's
+// one-dimensional parameters go whole (WholeTensors); synthetic compute's
+// flat tensors stand for weights and are all compressed.
 std::unique_ptr<TopKCompressor> CompressorOf(const TrainerOptions& options,
+                                             const RunKind& kind,
                                              const Workload& workload) {
   if (!options.compression.enabled()) return nullptr;
   std::vector<int64_t> sizes = workload.TensorNumElements();
   sizes.resize(sizes.size() - workload.num_buffers());
+  std::vector<bool> whole;
+  if (!kind.synthetic) {
+    std::vector<std::vector<int64_t>> shapes = workload.TensorShapes();
+    shapes.resize(sizes.size());
+    whole = WholeTensors(shapes);
+  }
   // Residuals back to the furthest checkpoint a worker can hear of late
   // (worker/topk_compression.h).
   return std::make_unique<TopKCompressor>(options.compression, std::move(sizes),
-                                          options.staleness + 3);
+                                          options.staleness + 3,
+                                          std::move(whole));
 }
 
 // The plan's row-sparse tables (issue 41): the workload's where the job
@@ -204,7 +214,7 @@ absl::StatusOr<PartitionSetting> ChoosePartition(const TrainerOptions& options,
       for (absl::Span<float> w : workload.weights()) initial.push_back(w);
     }
     const std::unique_ptr<TopKCompressor> trial_compressor =
-        CompressorOf(options, workload);
+        CompressorOf(options, kind, workload);
     ASSIGN_OR_RETURN(
         PartitionChoice choice,
         TunePartition(tuning, *client, initial, chief, trial_compressor.get()));
@@ -273,7 +283,7 @@ absl::StatusOr<std::unique_ptr<GradientExchange>> CreateExchange(
         compression.names.push_back(prefix + compression.names[t]);
       }
     }
-    compression.compressor = CompressorOf(options, workload);
+    compression.compressor = CompressorOf(options, kind, workload);
     client_options.compressor = compression.compressor.get();
     if (!options.checkpoint_dir.empty()) {
       compression.step_dir = [dir = options.checkpoint_dir](int64_t step) {
