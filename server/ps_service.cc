@@ -274,11 +274,7 @@ grpc::Status PsService::Checkpoint(grpc::ServerContext* context,
     return ToGrpcStatus(snapshot);
   }
   checkpoint_step_ = step;
-  {
-    absl::MutexLock lock(&announce_mu_);
-    announced_checkpoint_step_ = step;
-    announced_generation_ = shard_->generation();
-  }
+  AnnounceCheckpointStep(step);
   checkpoint_done_ = false;
   checkpoint_status_ = absl::OkStatus();
   checkpoint_result_.Clear();
@@ -336,6 +332,12 @@ grpc::Status PsService::Authorize(const grpc::ServerContext& context,
 
 void PsService::Touch() {
   last_request_unix_ms_.store(absl::ToUnixMillis(absl::Now()));
+}
+
+void PsService::AnnounceCheckpointStep(int64_t step) {
+  absl::MutexLock lock(&announce_mu_);
+  announced_checkpoint_step_ = step;
+  announced_generation_ = shard_->generation();
 }
 
 int64_t PsService::AnnouncedCheckpointStep() const {

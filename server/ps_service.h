@@ -114,8 +114,10 @@ class PsService final : public ParameterServer::Service {
 
   void Touch();
 
-  // The newest checkpoint cut begun in the shard's current generation (-1:
-  // none; see announced_checkpoint_step_).
+  // Records `step` as the newest checkpoint cut begun, in the shard's
+  // current generation; and reads it back (-1: none begun in the current
+  // generation; see announced_checkpoint_step_).
+  void AnnounceCheckpointStep(int64_t step);
   int64_t AnnouncedCheckpointStep() const;
 
   // Re-layouts (ParameterShard::Initialize with another partition_bytes,

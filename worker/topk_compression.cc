@@ -198,7 +198,6 @@ void TopKCompressor::Compress(int tensor, int64_t offset,
                               std::vector<float>* values) {
   const int64_t n = static_cast<int64_t>(gradient.size());
   const bool whole_tensor = whole(tensor);
-  const int64_t k = whole_tensor ? n : TopKCount(ratio_, n);
   absl::Span<const float> sum = gradient;
   float* next = nullptr;
   float* velocity = nullptr;
@@ -251,7 +250,7 @@ void TopKCompressor::Compress(int tensor, int64_t offset,
     indices->resize(n);
     std::iota(indices->begin(), indices->end(), 0u);
   } else {
-    SelectTopK(sum, k, indices);
+    SelectTopK(sum, TopKCount(ratio_, n), indices);
   }
   values->resize(indices->size());
   for (size_t i = 0; i < indices->size(); ++i) {
