@@ -195,6 +195,114 @@ absl::string_view Spelling(PrecisionKind precision) {
   return SpellingIn(precision, kPrecisions);
 }
 
+namespace {
+
+// The compression fields of `spec` into config->compression (the mode and
+// optimizer already parsed): INVALID_ARGUMENT where one would shape nothing
+// or is out of range.
+absl::Status ParseCompressionChoices(const JobSpec& spec, JobConfig* config) {
+  const OptimizerSpec& o = spec.optimizer();
+  ASSIGN_OR_RETURN(config->compression, ParseCompression(spec.compression()));
+  config->compression.error_feedback = !spec.no_error_feedback();
+  config->compression.warmup_steps = spec.compression_warmup_steps();
+  if (spec.compression_warmup_steps() < 0 ||
+      (spec.compression_warmup_steps() > 0 && !config->compression.enabled())) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "compression_warmup_steps: ", spec.compression_warmup_steps(),
+        "; expected 0, or a positive step count with a compression"));
+  }
+  const double warmup_start = spec.compression_warmup_start();
+  if (warmup_start != 0) {
+    if (spec.compression_warmup_steps() <= 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "compression_warmup_start: ", warmup_start,
+          " without compression_warmup_steps; expected 0 (it is where the "
+          "warm-up's fraction starts)"));
+    }
+    if (!(warmup_start >= config->compression.topk_ratio &&
+          warmup_start <= 1)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "compression_warmup_start: ", warmup_start, "; expected 0 (",
+          CompressionOptions::kDgcWarmupStart,
+          ", Deep Gradient Compression's) or a fraction in [",
+          config->compression.topk_ratio, ", 1] (from topk:R's R to dense)"));
+    }
+    config->compression.warmup_start = warmup_start;
+  }
+  if (config->mode == MODE_ALLREDUCE && config->compression.enabled()) {
+    // Sparse pushes go to shards, which densify and average them; the
+    // collectives reduce dense buffers (a sparse allgather is not built:
+    // docs/ARCHITECTURE.md, "Sparse pushes").
+    return absl::InvalidArgumentError(absl::StrCat(
+        "compression: ", Quoted(spec.compression()),
+        " with mode allreduce; expected none (top-k pushes go to parameter "
+        "servers; the allreduce collectives reduce dense buffers)"));
+  }
+  if (spec.no_error_feedback() && !config->compression.enabled()) {
+    return absl::InvalidArgumentError(
+        "no_error_feedback: true without a compression; expected a "
+        "compression such as topk:0.01 (error feedback keeps what top-k "
+        "did not send)");
+  }
+  if (spec.dense_pulls() && !config->compression.enabled()) {
+    return absl::InvalidArgumentError(
+        "dense_pulls: true without a compression; expected a compression "
+        "such as topk:0.01 (only sparse pushes make the deltas that pulls "
+        "would otherwise send; every other job's pulls are whole)");
+  }
+  if (spec.momentum_correction()) {
+    if (!config->compression.enabled() || spec.no_error_feedback()) {
+      return absl::InvalidArgumentError(
+          "momentum_correction: true without a compression with error "
+          "feedback; expected a compression such as topk:0.01 (the velocity "
+          "accumulates into the residual)");
+    }
+    if (config->optimizer == OPTIMIZER_SGD && !(o.momentum() > 0)) {
+      // DGC moves the momentum before the selection; plain SGD has none.
+      return absl::InvalidArgumentError(
+          "momentum_correction: true with optimizer sgd without momentum; "
+          "expected momentum > 0, or adam (the workers keep the optimizer's "
+          "momentum, or Adam's moments, before the selection)");
+    }
+    if (spec.compression_freeze_adam_variance()) {
+      return absl::InvalidArgumentError(
+          "momentum_correction: true with compression_freeze_adam_variance; "
+          "expected one of them (with momentum correction Adam's moments "
+          "are on the workers and the shards apply plain SGD: there is no "
+          "shard variance to freeze)");
+    }
+    if (config->optimizer == OPTIMIZER_ADAM) {
+      config->compression.adam = true;
+      config->compression.beta1 = o.beta1();
+      config->compression.beta2 = o.beta2();
+      config->compression.epsilon = o.epsilon();
+    } else {
+      config->compression.momentum = o.momentum();
+      config->compression.dampening = o.dampening();
+      config->compression.nesterov = o.nesterov();
+    }
+  }
+  config->compression.dense_steps = spec.compression_dense_steps();
+  if (spec.compression_dense_steps() < 0 ||
+      (spec.compression_dense_steps() > 0 && !config->compression.enabled())) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "compression_dense_steps: ", spec.compression_dense_steps(),
+        "; expected 0, or a positive step count with a compression"));
+  }
+  if (spec.compression_freeze_adam_variance() &&
+      (config->optimizer != OPTIMIZER_ADAM ||
+       spec.compression_dense_steps() <= 0)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "compression_freeze_adam_variance: true with optimizer ", o.name(),
+        " and compression_dense_steps ", spec.compression_dense_steps(),
+        "; expected adam with compression_dense_steps > 0 (the variance is "
+        "taken from the dense steps)"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::StatusOr<JobConfig> ParseJobChoices(const JobSpec& spec) {
   JobConfig config;
   ASSIGN_OR_RETURN(config.backend, ParseBackend(spec.backend()));
@@ -217,84 +325,7 @@ absl::StatusOr<JobConfig> ParseJobChoices(const JobSpec& spec) {
   if (!spec.wire_dtype().empty()) {
     ASSIGN_OR_RETURN(config.wire_dtype, ParseWireDtype(spec.wire_dtype()));
   }
-  ASSIGN_OR_RETURN(config.compression, ParseCompression(spec.compression()));
-  config.compression.error_feedback = !spec.no_error_feedback();
-  config.compression.warmup_steps = spec.compression_warmup_steps();
-  if (spec.compression_warmup_steps() < 0 ||
-      (spec.compression_warmup_steps() > 0 && !config.compression.enabled())) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "compression_warmup_steps: ", spec.compression_warmup_steps(),
-        "; expected 0, or a positive step count with a compression"));
-  }
-  if (config.mode == MODE_ALLREDUCE && config.compression.enabled()) {
-    // Sparse pushes go to shards, which densify and average them; the
-    // collectives reduce dense buffers (a sparse allgather is not built:
-    // docs/ARCHITECTURE.md, "Sparse pushes").
-    return absl::InvalidArgumentError(absl::StrCat(
-        "compression: ", Quoted(spec.compression()),
-        " with mode allreduce; expected none (top-k pushes go to parameter "
-        "servers; the allreduce collectives reduce dense buffers)"));
-  }
-  if (spec.no_error_feedback() && !config.compression.enabled()) {
-    return absl::InvalidArgumentError(
-        "no_error_feedback: true without a compression; expected a "
-        "compression such as topk:0.01 (error feedback keeps what top-k "
-        "did not send)");
-  }
-  if (spec.dense_pulls() && !config.compression.enabled()) {
-    return absl::InvalidArgumentError(
-        "dense_pulls: true without a compression; expected a compression "
-        "such as topk:0.01 (only sparse pushes make the deltas that pulls "
-        "would otherwise send; every other job's pulls are whole)");
-  }
-  if (spec.momentum_correction()) {
-    if (!config.compression.enabled() || spec.no_error_feedback()) {
-      return absl::InvalidArgumentError(
-          "momentum_correction: true without a compression with error "
-          "feedback; expected a compression such as topk:0.01 (the velocity "
-          "accumulates into the residual)");
-    }
-    if (config.optimizer == OPTIMIZER_SGD && !(o.momentum() > 0)) {
-      // DGC moves the momentum before the selection; plain SGD has none.
-      return absl::InvalidArgumentError(
-          "momentum_correction: true with optimizer sgd without momentum; "
-          "expected momentum > 0, or adam (the workers keep the optimizer's "
-          "momentum, or Adam's moments, before the selection)");
-    }
-    if (spec.compression_freeze_adam_variance()) {
-      return absl::InvalidArgumentError(
-          "momentum_correction: true with compression_freeze_adam_variance; "
-          "expected one of them (with momentum correction Adam's moments "
-          "are on the workers and the shards apply plain SGD: there is no "
-          "shard variance to freeze)");
-    }
-    if (config.optimizer == OPTIMIZER_ADAM) {
-      config.compression.adam = true;
-      config.compression.beta1 = o.beta1();
-      config.compression.beta2 = o.beta2();
-      config.compression.epsilon = o.epsilon();
-    } else {
-      config.compression.momentum = o.momentum();
-      config.compression.dampening = o.dampening();
-      config.compression.nesterov = o.nesterov();
-    }
-  }
-  config.compression.dense_steps = spec.compression_dense_steps();
-  if (spec.compression_dense_steps() < 0 ||
-      (spec.compression_dense_steps() > 0 && !config.compression.enabled())) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "compression_dense_steps: ", spec.compression_dense_steps(),
-        "; expected 0, or a positive step count with a compression"));
-  }
-  if (spec.compression_freeze_adam_variance() &&
-      (config.optimizer != OPTIMIZER_ADAM ||
-       spec.compression_dense_steps() <= 0)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "compression_freeze_adam_variance: true with optimizer ", o.name(),
-        " and compression_dense_steps ", spec.compression_dense_steps(),
-        "; expected adam with compression_dense_steps > 0 (the variance is "
-        "taken from the dense steps)"));
-  }
+  RETURN_IF_ERROR(ParseCompressionChoices(spec, &config));
   config.spec = spec;
   return config;
 }

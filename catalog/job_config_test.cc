@@ -1,5 +1,6 @@
 #include "catalog/job_config.h"
 
+#include <cmath>
 #include <string>
 
 #include "absl/flags/marshalling.h"
@@ -123,6 +124,25 @@ TEST(JobConfigTest, CompressionParsesAndIsRefusedWhereItCannotApply) {
   EXPECT_DOUBLE_EQ(config->compression.topk_ratio, 0.01);
   EXPECT_TRUE(config->compression.error_feedback);
   EXPECT_EQ(config->compression.warmup_steps, 100);
+  EXPECT_DOUBLE_EQ(config->compression.warmup_start, 0.25);  // DGC's
+  spec.set_compression_warmup_start(1);
+  EXPECT_DOUBLE_EQ(ParseJobChoices(spec)->compression.warmup_start, 1);
+  spec.set_compression_warmup_start(0.005);
+  EXPECT_EQ(ParseJobChoices(spec).status().message(),
+            "compression_warmup_start: 0.005; expected 0 (0.25, Deep "
+            "Gradient Compression's) or a fraction in [0.01, 1] (from "
+            "topk:R's R to dense)");
+  spec.set_compression_warmup_start(1.5);
+  EXPECT_FALSE(ParseJobChoices(spec).ok());
+  spec.set_compression_warmup_start(std::nan(""));
+  EXPECT_FALSE(ParseJobChoices(spec).ok());
+  spec.set_compression_warmup_steps(0);
+  spec.set_compression_warmup_start(0.5);
+  EXPECT_EQ(ParseJobChoices(spec).status().message(),
+            "compression_warmup_start: 0.5 without compression_warmup_steps; "
+            "expected 0 (it is where the warm-up's fraction starts)");
+  spec.set_compression_warmup_start(0);
+  spec.set_compression_warmup_steps(100);
   spec.set_no_error_feedback(true);
   EXPECT_FALSE(ParseJobChoices(spec)->compression.error_feedback);
 

@@ -103,8 +103,12 @@ Flags CompressionFlags() {
        "(default); false drops them (for contrast)."},
       {"compression_warmup_steps",
        "With --compression=topk:R: the fraction pushed falls exponentially "
-       "from 1 to R over this many steps (Deep Gradient Compression's "
-       "warm-up); 0: R from the first step."},
+       "from --compression_warmup_start to R over this many steps (Deep "
+       "Gradient Compression's warm-up); 0: R from the first step."},
+      {"compression_warmup_start",
+       "With --compression_warmup_steps: the fraction pushed at the "
+       "warm-up's first step, in [R, 1]; 0: 0.25 (Deep Gradient "
+       "Compression's first warm-up sparsity, 75%); 1 starts dense."},
       {"momentum_correction",
        "With --compression=topk:R and --optimizer=sgd --momentum=M: Deep "
        "Gradient Compression's momentum correction and masking (the workers "

@@ -160,9 +160,13 @@ ABSL_FLAG(bool, error_feedback, true,
           "With --compression=topk:R: keep what was not sent as a residual "
           "(false: drop it, for contrast).");
 ABSL_FLAG(int64_t, compression_warmup_steps, 0,
-          "With --compression=topk:R: the fraction pushed falls from 1 to R "
-          "exponentially over this many steps (Deep Gradient Compression's "
-          "warm-up); 0: R from the start.");
+          "With --compression=topk:R: the fraction pushed falls from "
+          "--compression_warmup_start to R exponentially over this many "
+          "steps (Deep Gradient Compression's warm-up); 0: R from the start.");
+ABSL_FLAG(double, compression_warmup_start, 0,
+          "With --compression_warmup_steps: the fraction pushed at the "
+          "warm-up's first step, in [R, 1]; 0: 0.25 (Deep Gradient "
+          "Compression's first warm-up sparsity, 75%); 1 starts dense.");
 ABSL_FLAG(bool, momentum_correction, false,
           "With --compression=topk:R and --optimizer=sgd --momentum=M or "
           "adam: Deep Gradient Compression's momentum correction (the "
@@ -420,7 +424,8 @@ absl::Status CheckIgnoredFlags(const JobConfig& config,
     // Checkpoints, --resume and restarts are for every mode.
     for (const char* flag :
          {"num_ps", "partition_bytes", "channels_per_shard", "compression",
-          "error_feedback", "compression_warmup_steps", "momentum_correction",
+          "error_feedback", "compression_warmup_steps",
+          "compression_warmup_start", "momentum_correction",
           "compression_dense_steps", "compression_freeze_adam_variance",
           "delta_pulls", "priority_pulls", "sparse_embeddings"}) {
       if (FlagSpecified(flag)) {
@@ -504,6 +509,8 @@ JobSpec SpecFromFlags(Mode mode, int num_ps, int num_workers) {
     spec.set_dense_pulls(!absl::GetFlag(FLAGS_delta_pulls));
     spec.set_compression_warmup_steps(
         absl::GetFlag(FLAGS_compression_warmup_steps));
+    spec.set_compression_warmup_start(
+        absl::GetFlag(FLAGS_compression_warmup_start));
     spec.set_momentum_correction(absl::GetFlag(FLAGS_momentum_correction));
     spec.set_compression_dense_steps(
         absl::GetFlag(FLAGS_compression_dense_steps));
@@ -875,6 +882,7 @@ void ClearCompressionFlags(JobSpec* spec) {
   spec->set_no_error_feedback(false);
   spec->set_dense_pulls(false);
   spec->set_compression_warmup_steps(0);
+  spec->set_compression_warmup_start(0);
   spec->set_momentum_correction(false);
   spec->set_compression_dense_steps(0);
   spec->set_compression_freeze_adam_variance(false);

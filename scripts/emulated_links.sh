@@ -12,7 +12,8 @@
 #        [--wire_dtype=fp32] [--compression=none] [--optimizer=adam]
 #        [--delta_pulls=true] [--priority_pulls=false]
 #        [--momentum=0] [--nesterov=false] [--momentum_correction=false]
-#        [--compression_warmup_steps=0]  (the last two: top-k rows only)
+#        [--compression_warmup_steps=0] [--compression_warmup_start=0]
+#        (the last three: top-k rows only)
 #        [--queue_ms=10] [--tcp_cc=NAME] [--mtu=1500] [--bin=bazel-bin]
 #
 # Hosts: 10.78.0.1 runs `pstrain compare` and its coordinator (its link is
@@ -80,6 +81,7 @@ MOMENTUM=0
 NESTEROV=false
 MOMENTUM_CORRECTION=false
 COMPRESSION_WARMUP_STEPS=0
+COMPRESSION_WARMUP_START=0
 DELTA_PULLS=true
 PRIORITY_PULLS=false
 COMPUTE_MS=100
@@ -116,6 +118,7 @@ for arg in "$@"; do
     --nesterov=*) NESTEROV="${arg#*=}" ;;
     --momentum_correction=*) MOMENTUM_CORRECTION="${arg#*=}" ;;
     --compression_warmup_steps=*) COMPRESSION_WARMUP_STEPS="${arg#*=}" ;;
+    --compression_warmup_start=*) COMPRESSION_WARMUP_START="${arg#*=}" ;;
     --priority_pulls=*) PRIORITY_PULLS="${arg#*=}" ;;
     --out_dir=*) OUT_DIR="${arg#*=}" ;;
     --bin=*) BIN="${arg#*=}" ;;
@@ -145,6 +148,9 @@ done
 [[ "$COMPRESSION_WARMUP_STEPS" =~ ^[0-9]+$ ]] ||
   fail "--compression_warmup_steps=$COMPRESSION_WARMUP_STEPS: expected a" \
     "step count >= 0"
+[[ "$COMPRESSION_WARMUP_START" =~ ^(0|1|0?\.[0-9]+)$ ]] ||
+  fail "--compression_warmup_start=$COMPRESSION_WARMUP_START: expected a" \
+    "fraction in [0, 1] (0: pstrain's default)"
 [[ "$MTU" =~ ^[0-9]+$ && "$MTU" -ge 68 && "$MTU" -le 65535 ]] ||
   fail "--mtu=$MTU: expected an integer from 68 to 65535 (bytes)"
 [[ "$PRIORITY_PULLS" == true || "$PRIORITY_PULLS" == false ]] ||
@@ -360,6 +366,8 @@ ps_wire=()
 [ "$MOMENTUM_CORRECTION" = false ] || ps_wire+=(--momentum_correction=true)
 [ "$COMPRESSION_WARMUP_STEPS" = 0 ] ||
   ps_wire+=(--compression_warmup_steps="$COMPRESSION_WARMUP_STEPS")
+[ "$COMPRESSION_WARMUP_START" = 0 ] ||
+  ps_wire+=(--compression_warmup_start="$COMPRESSION_WARMUP_START")
 [ "$MOMENTUM" = 0 ] || ps_wire+=(--momentum="$MOMENTUM")
 [ "$NESTEROV" = false ] || ps_wire+=(--nesterov=true)
 ip netns exec "$(ns_of c)" "$PSTRAIN" compare --compute=synthetic \

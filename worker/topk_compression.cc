@@ -38,8 +38,10 @@ double CompressionOptions::RatioAt(int64_t step) const {
   if (step < dense_steps) return 1.0;
   step -= dense_steps;
   if (warmup_steps <= 0 || step >= warmup_steps) return topk_ratio;
-  return std::pow(topk_ratio, static_cast<double>(std::max<int64_t>(step, 0)) /
-                                  static_cast<double>(warmup_steps));
+  const double start = std::max(warmup_start, topk_ratio);
+  return start * std::pow(topk_ratio / start,
+                          static_cast<double>(std::max<int64_t>(step, 0)) /
+                              static_cast<double>(warmup_steps));
 }
 
 std::string CompressionSpelling(const CompressionOptions& options) {

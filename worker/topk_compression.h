@@ -106,9 +106,15 @@ struct CompressionOptions {
   bool error_feedback = true;
   // Sparsity warm-up (Lin et al., "Deep Gradient Compression", ICLR 2018,
   // section 3.3): step t < warmup_steps pushes the fraction
-  // topk_ratio^(t / warmup_steps) (1 at step 0, falling exponentially to
-  // topk_ratio). 0: topk_ratio from the first step.
+  // s * (topk_ratio / s)^(t / warmup_steps), s = warmup_start (s at step
+  // 0, falling exponentially to topk_ratio). 0: topk_ratio from the first
+  // step.
   int64_t warmup_steps = 0;
+  // The warm-up's first fraction s, in [topk_ratio, 1]. DGC's schedule
+  // starts at sparsity 75% (kDgcWarmupStart) and divides the fraction by
+  // 4 each epoch; 1 starts dense.
+  double warmup_start = kDgcWarmupStart;
+  static constexpr double kDgcWarmupStart = 0.25;
   // Steps 0 to dense_steps - 1 push every entry (ratio 1); the warm-up,
   // if any, starts after them (step t >= dense_steps pushes RatioAt of
   // t - dense_steps as above). 0: none.
