@@ -192,9 +192,13 @@ grpc::ByteBuffer EncodeSparseChunkMessage(
   meta.set_version(version);
   meta.set_sparse(true);
   if (row_elements > 1) meta.set_row_elements(row_elements);
-  // Little-endian hosts only (static_assert above): the array is the bytes.
-  meta.set_indices(reinterpret_cast<const char*>(indices.data()),
-                   indices.size() * sizeof(uint32_t));
+  google::protobuf::RepeatedField<uint32_t>* gaps = meta.mutable_index_gaps();
+  gaps->Reserve(static_cast<int>(indices.size()));
+  uint32_t before = 0;
+  for (const uint32_t at : indices) {
+    gaps->AddAlreadyReserved(at - before);
+    before = at;
+  }
   return EncodeChunk(envelope, chunk_field, meta, values, nullptr, wire);
 }
 
@@ -283,7 +287,7 @@ absl::Status ReceivedChunkMessage::CheckFloat(int64_t num_elements) const {
   // to 0 and passed with no payload. Divide the byte count instead.)
   const int64_t n = chunk_.num_elements();
   if (chunk_.sparse()) return CheckSparse(num_elements, width);
-  if (!chunk_.indices().empty()) {
+  if (chunk_.index_gaps_size() > 0) {
     return absl::InvalidArgumentError(
         absl::StrCat(ChunkName(chunk_), " carries indices but is not sparse"));
   }
@@ -319,25 +323,21 @@ absl::Status ReceivedChunkMessage::CheckSparse(int64_t num_elements,
                      " elements"));
   }
   const int64_t rows = n / row;
-  const std::string& indices = chunk_.indices();
-  const int64_t k = static_cast<int64_t>(indices.size() / sizeof(uint32_t));
-  if (indices.size() % sizeof(uint32_t) != 0 || k > rows ||
-      payload_bytes_ % width != 0 || payload_bytes_ / width / row != k ||
-      payload_bytes_ / width % row != 0) {
+  const int64_t k = chunk_.index_gaps_size();
+  if (k > rows || payload_bytes_ % width != 0 ||
+      payload_bytes_ / width / row != k || payload_bytes_ / width % row != 0) {
     return absl::InvalidArgumentError(absl::StrCat(
-        ChunkName(chunk_), " (sparse) carries ", indices.size(),
-        " index bytes and ", payload_bytes_,
-        " value bytes; expected 4 bytes per index, at most ", rows,
+        ChunkName(chunk_), " (sparse) carries ", k, " indices and ",
+        payload_bytes_, " value bytes; expected at most ", rows,
         " indices, and ", row == 1 ? "one" : absl::StrCat(row), " ", width,
         "-byte value", row == 1 ? "" : "s", " per index"));
   }
-  const uint32_t* index = reinterpret_cast<const uint32_t*>(indices.data());
+  // The offsets are the gaps' running sums (64-bit: no wrap).
+  int64_t at = 0;
   for (int64_t i = 0; i < k; ++i) {
-    uint32_t at;
-    std::memcpy(&at, index + i, sizeof(at));
-    uint32_t before = 0;
-    if (i > 0) std::memcpy(&before, index + i - 1, sizeof(before));
-    if (at >= rows || (i > 0 && at <= before)) {
+    const uint32_t gap = chunk_.index_gaps(static_cast<int>(i));
+    at += gap;
+    if (at >= rows || (i > 0 && gap == 0)) {
       return absl::InvalidArgumentError(
           absl::StrCat(ChunkName(chunk_), " (sparse): index ", i, " is ", at,
                        "; expected strictly ascending ", row > 1 ? "row " : "",
@@ -350,14 +350,13 @@ absl::Status ReceivedChunkMessage::CheckSparse(int64_t num_elements,
 template <typename Put>
 absl::Status ReceivedChunkMessage::ForEachSparseIndex(Put put) {
   const int64_t row = IndexWidth();
-  const int64_t k = static_cast<int64_t>(chunk_.indices().size() / 4);
+  const int64_t k = chunk_.index_gaps_size();
   thread_local std::vector<float> values;
   values.resize(k * row);
   RETURN_IF_ERROR(ReadValues(absl::MakeSpan(values)));
-  const char* index = chunk_.indices().data();
+  uint32_t at = 0;  // checked by CheckSparse: ascending, below the rows
   for (int64_t i = 0; i < k; ++i) {
-    uint32_t at;
-    std::memcpy(&at, index + i * sizeof(uint32_t), sizeof(at));
+    at += chunk_.index_gaps(static_cast<int>(i));
     put(at, values.data() + i * row);
   }
   return absl::OkStatus();
@@ -400,9 +399,13 @@ absl::Status ReceivedChunkMessage::CopyRowsPayload(int64_t num_elements,
         "; the tensor is row-sparse: expected a sparse chunk of rows of ",
         row_elements, " elements"));
   }
-  const int64_t k = static_cast<int64_t>(chunk_.indices().size() / 4);
+  const int64_t k = chunk_.index_gaps_size();
   rows->resize(k);
-  if (k > 0) std::memcpy(rows->data(), chunk_.indices().data(), k * 4);
+  uint32_t at = 0;  // checked by CheckFloat
+  for (int64_t i = 0; i < k; ++i) {
+    at += chunk_.index_gaps(static_cast<int>(i));
+    (*rows)[i] = at;
+  }
   values->resize(k * row_elements);
   return ReadValues(absl::MakeSpan(*values));
 }

@@ -130,10 +130,10 @@ class ReceivedChunkMessage {
   // num_elements == `num_elements`.
   absl::Status CheckFloat(int64_t num_elements) const;
 
-  // A sparse chunk (TensorChunk.sparse) passes where its index bytes are 4
-  // per index, its values row_elements (D; 0 counts as 1) per index, D
-  // divides `num_elements`, and its indices are strictly ascending and
-  // below num_elements / D (so no index repeats).
+  // A sparse chunk (TensorChunk.sparse) passes where its values are
+  // row_elements (D; 0 counts as 1) per index, D divides `num_elements`,
+  // and its indices (the running sums of index_gaps) are strictly
+  // ascending and below num_elements / D (so no index repeats).
   //
   // CheckFloat(out.size()), then copies the payload into `out` (one copy,
   // from the received slices; a 16-bit payload converted to fp32 on the

@@ -71,7 +71,8 @@ TEST(ChunkMessageTest, SparseChunkDensifiesWithZerosElsewhere) {
     ASSERT_TRUE(plain.ParseFromString(Flatten(buffer)));
     EXPECT_TRUE(plain.push().sparse());
     EXPECT_EQ(plain.push().num_elements(), 10);
-    EXPECT_EQ(plain.push().indices().size(), 12u);
+    // Offsets 0, 3, 9 as gaps 0, 3, 6: one varint byte each.
+    EXPECT_THAT(plain.push().index_gaps(), ElementsAreArray({0u, 3u, 6u}));
     ReceivedChunkMessage received;
     PushPullRequest envelope;
     ASSERT_TRUE(received.Parse(&buffer, kPushChunkField, &envelope).ok());
@@ -116,29 +117,31 @@ TEST(ChunkMessageTest, RejectsBadSparseChunks) {
     std::vector<float> out(n);
     return received.CopyFloatPayload(absl::MakeSpan(out));
   };
-  auto sparse = [](std::vector<uint32_t> indices, int values) {
+  // The offsets as the wire carries them: gaps (TensorChunk.index_gaps).
+  auto sparse = [](std::vector<uint32_t> gaps, int values) {
     PushPullRequest request = PushEnvelope();
     TensorChunk* chunk = request.mutable_push();
     chunk->set_dtype(DTYPE_FLOAT32);
     chunk->set_num_elements(8);
     chunk->set_sparse(true);
-    chunk->set_indices(reinterpret_cast<const char*>(indices.data()),
-                       indices.size() * 4);
+    for (uint32_t gap : gaps) chunk->add_index_gaps(gap);
     chunk->set_data(std::string(values * 4, '\0'));
     return request;
   };
-  EXPECT_TRUE(parse(sparse({1, 2, 7}, 3), 8).ok());
-  EXPECT_THAT(parse(sparse({2, 1}, 2), 8).message(),
+  EXPECT_TRUE(parse(sparse({1, 1, 5}, 3), 8).ok());  // offsets 1, 2, 7
+  // A repeated offset (a gap of 0 after the first).
+  EXPECT_THAT(parse(sparse({1, 0}, 2), 8).message(),
               HasSubstr("strictly ascending"));
-  EXPECT_THAT(parse(sparse({1, 1}, 2), 8).message(),
-              HasSubstr("strictly ascending"));
-  EXPECT_THAT(parse(sparse({1, 8}, 2), 8).message(), HasSubstr("below 8"));
-  EXPECT_THAT(parse(sparse({1, 2}, 3), 8).message(),
+  EXPECT_THAT(parse(sparse({1, 7}, 2), 8).message(), HasSubstr("below 8"));
+  // A gap that a 32-bit running sum would wrap back to offset 0.
+  EXPECT_THAT(parse(sparse({1, 0xffffffffu}, 2), 8).message(),
+              HasSubstr("is 4294967296; expected strictly ascending indices "
+                        "below 8"));
+  EXPECT_THAT(parse(sparse({1, 1}, 3), 8).message(),
               HasSubstr("one 4-byte value per index"));
-  EXPECT_THAT(parse(sparse({1, 2}, 2), 9).message(), HasSubstr("expected 9"));
-  PushPullRequest odd = sparse({1, 2}, 2);
-  odd.mutable_push()->mutable_indices()->push_back('x');
-  EXPECT_THAT(parse(odd, 8).message(), HasSubstr("4 bytes per index"));
+  EXPECT_THAT(parse(sparse({1, 1}, 2), 9).message(), HasSubstr("expected 9"));
+  EXPECT_THAT(parse(sparse({0, 1, 1, 1, 1, 1, 1, 1, 1}, 9), 8).message(),
+              HasSubstr("at most 8 indices"));
   PushPullRequest dense_with_indices = sparse({1}, 8);
   dense_with_indices.mutable_push()->set_sparse(false);
   EXPECT_THAT(parse(dense_with_indices, 8).message(), HasSubstr("not sparse"));
@@ -158,7 +161,7 @@ TEST(ChunkMessageTest, RowSparseChunkRoundTrips) {
     PushPullRequest plain;
     ASSERT_TRUE(plain.ParseFromString(bytes));
     EXPECT_EQ(plain.push().row_elements(), 3);
-    EXPECT_EQ(plain.push().indices().size(), 8u);
+    EXPECT_THAT(plain.push().index_gaps(), ElementsAreArray({0u, 2u}));
     ReceivedChunkMessage received;
     PushPullRequest envelope;
     ASSERT_TRUE(received.Parse(&buffer, kPushChunkField, &envelope).ok());
@@ -191,33 +194,34 @@ TEST(ChunkMessageTest, RejectsBadRowSparseChunks) {
     return received.CopyRowsPayload(n, d, &rows, &values);
   };
   // 4 rows of 3 elements.
-  auto sparse = [](std::vector<uint32_t> rows, int values, int64_t d = 3) {
+  // The row offsets as the wire carries them: gaps (TensorChunk.index_gaps).
+  auto sparse = [](std::vector<uint32_t> gaps, int values, int64_t d = 3) {
     PushPullRequest request = PushEnvelope();
     TensorChunk* chunk = request.mutable_push();
     chunk->set_dtype(DTYPE_FLOAT32);
     chunk->set_num_elements(12);
     chunk->set_sparse(true);
     chunk->set_row_elements(d);
-    chunk->set_indices(reinterpret_cast<const char*>(rows.data()),
-                       rows.size() * 4);
+    for (uint32_t gap : gaps) chunk->add_index_gaps(gap);
     chunk->set_data(std::string(values * 4, '\0'));
     return request;
   };
-  EXPECT_TRUE(rows_of(sparse({0, 3}, 6), 12, 3).ok());
+  EXPECT_TRUE(rows_of(sparse({0, 3}, 6), 12, 3).ok());  // rows 0 and 3
   EXPECT_TRUE(rows_of(sparse({}, 0), 12, 3).ok());
-  // A duplicate row, rows out of order, a row id past the chunk.
-  EXPECT_THAT(rows_of(sparse({1, 1}, 6), 12, 3).message(),
+  // A duplicate row, a row id past the chunk (directly, by the sum of the
+  // gaps, or by a sum that 32 bits would wrap).
+  EXPECT_THAT(rows_of(sparse({1, 0}, 6), 12, 3).message(),
               HasSubstr("strictly ascending row indices below 4"));
-  EXPECT_THAT(rows_of(sparse({2, 1}, 6), 12, 3).message(),
-              HasSubstr("strictly ascending"));
-  EXPECT_THAT(rows_of(sparse({1, 4}, 6), 12, 3).message(),
+  EXPECT_THAT(rows_of(sparse({1, 3}, 6), 12, 3).message(),
               HasSubstr("below 4"));
   EXPECT_THAT(rows_of(sparse({0xffffffffu}, 3), 12, 3).message(),
               HasSubstr("below 4"));
+  EXPECT_THAT(rows_of(sparse({2, 0xfffffffeu}, 6), 12, 3).message(),
+              HasSubstr("below 4"));
   // Values not D per row; more rows than the chunk has.
-  EXPECT_THAT(rows_of(sparse({1, 2}, 5), 12, 3).message(),
+  EXPECT_THAT(rows_of(sparse({1, 1}, 5), 12, 3).message(),
               HasSubstr("3 4-byte values per index"));
-  EXPECT_THAT(rows_of(sparse({0, 1, 2, 3, 4}, 15), 12, 3).message(),
+  EXPECT_THAT(rows_of(sparse({0, 1, 1, 1, 1}, 15), 12, 3).message(),
               HasSubstr("at most 4 indices"));
   // A row width that does not divide the chunk, or a negative one.
   EXPECT_THAT(rows_of(sparse({0}, 5, 5), 12, 5).message(),

@@ -6,10 +6,33 @@
 #include <queue>
 #include <utility>
 
+#include "absl/numeric/bits.h"
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 
 namespace pstrain {
+
+int64_t IndexGapBytes(absl::Span<const uint32_t> indices) {
+  int64_t bytes = 0;
+  uint32_t before = 0;
+  for (const uint32_t at : indices) {
+    // A varint holds 7 bits a byte; 0 takes one byte.
+    bytes +=
+        std::max(1, (static_cast<int>(absl::bit_width(at - before)) + 6) / 7);
+    before = at;
+  }
+  return bytes;
+}
+
+bool SparseAtLeastDense(absl::Span<const uint32_t> indices, int64_t n,
+                        int value_bytes) {
+  const int64_t k = static_cast<int64_t>(indices.size());
+  // A varint takes 1 to 5 bytes: most chunks are decided without the
+  // pass over the gaps.
+  if (k * (1 + value_bytes) >= n * value_bytes) return true;
+  if (k * (5 + value_bytes) < n * value_bytes) return false;
+  return IndexGapBytes(indices) + k * value_bytes >= n * value_bytes;
+}
 
 namespace {
 

@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/types/span.h"
 
 namespace pstrain {
 
@@ -42,14 +43,17 @@ struct ChunkSpec {
   int64_t row_elements = 0;
 };
 
-// Whether `k` of a chunk's `n` entries sent as index/value pairs (a 4-byte
-// index and a value of `value_bytes` each: TensorChunk.sparse) take at
-// least the bytes of the `n` values sent whole. A sender that may send
-// either (a worker's top-k push, a shard's delta pull) sends the whole
-// chunk then.
-inline bool SparseAtLeastDense(int64_t k, int64_t n, int value_bytes) {
-  return k * (4 + value_bytes) >= n * value_bytes;
-}
+// The bytes of a sparse chunk's offsets on the wire (TensorChunk.index_gaps:
+// the first offset, then each minus the one before, one varint each, 1 to 5
+// bytes). `indices` strictly ascending.
+int64_t IndexGapBytes(absl::Span<const uint32_t> indices);
+
+// Whether the pairs at `indices` of a chunk of `n` entries (the offsets as
+// above, a value of `value_bytes` each: TensorChunk.sparse) take at least
+// the bytes of the `n` values sent whole. A sender that may send either (a
+// worker's top-k push, a shard's delta pull) sends the whole chunk then.
+bool SparseAtLeastDense(absl::Span<const uint32_t> indices, int64_t n,
+                        int value_bytes);
 
 class PartitionPlan {
  public:

@@ -122,3 +122,38 @@ TEST(PartitionPlanTest, RejectsBadRowElements) {
 
 }  // namespace
 }  // namespace pstrain
+
+namespace pstrain {
+namespace {
+
+// Offsets go as varint gaps: 7 bits a byte, at least one.
+TEST(SparseWireTest, IndexGapBytesCountsEachGapsVarint) {
+  EXPECT_EQ(IndexGapBytes({}), 0);
+  EXPECT_EQ(IndexGapBytes({0}), 1);
+  EXPECT_EQ(IndexGapBytes({127}), 1);
+  EXPECT_EQ(IndexGapBytes({128}), 2);
+  // Gaps 5, 123, 16384 (3 bytes), 2^32 - 1 - 16512 (5 bytes).
+  EXPECT_EQ(IndexGapBytes({5, 128, 16512, 0xffffffffu}), 1 + 1 + 3 + 5);
+}
+
+TEST(SparseWireTest, PairsGoWholeWhereTheyCostAtLeastTheDenseBytes) {
+  // 1% of 10,000 fp32 entries: 100 pairs of about 5 bytes, not 40,000.
+  std::vector<uint32_t> every_hundredth;
+  for (uint32_t i = 0; i < 10000; i += 100) every_hundredth.push_back(i);
+  EXPECT_FALSE(SparseAtLeastDense(every_hundredth, 10000, 4));
+  // 80% of 10 entries at 1-byte gaps: 8 x 5 bytes = 40 bytes = 10 x 4.
+  const std::vector<uint32_t> most = {0, 1, 2, 3, 4, 5, 6, 7};
+  EXPECT_TRUE(SparseAtLeastDense(most, 10, 4));
+  EXPECT_FALSE(SparseAtLeastDense(most, 11, 4));
+  // bf16 values: 8 x 3 bytes against 12 x 2.
+  EXPECT_TRUE(SparseAtLeastDense(most, 12, 2));
+  EXPECT_FALSE(SparseAtLeastDense(most, 13, 2));
+  // A 3-byte gap decides by the exact count: 10 index bytes and 8 x 2
+  // value bytes (26) against 13 x 2 and 14 x 2.
+  const std::vector<uint32_t> far_last = {0, 1, 2, 3, 4, 5, 6, 16390};
+  EXPECT_TRUE(SparseAtLeastDense(far_last, 13, 2));
+  EXPECT_FALSE(SparseAtLeastDense(far_last, 14, 2));
+}
+
+}  // namespace
+}  // namespace pstrain

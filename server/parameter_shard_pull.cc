@@ -264,9 +264,9 @@ const ChunkDelta* ParameterShard::DeltaLocked(ChunkState& chunk,
     }
     chunk.delta_version = chunk.version;
   }
-  const int64_t k = static_cast<int64_t>(chunk.delta_indices.size());
   if (chunk.delta_dense ||
-      SparseAtLeastDense(k, chunk.spec.num_elements, wire_bytes)) {
+      SparseAtLeastDense(chunk.delta_indices, chunk.spec.num_elements,
+                         wire_bytes)) {
     return nullptr;
   }
   out->indices = chunk.delta_indices;

@@ -18,6 +18,7 @@
 namespace pstrain {
 namespace {
 
+using ::testing::ElementsAreArray;
 using ::testing::HasSubstr;
 
 // A table of 8 rows of 2 (param 0, one chunk) and a dense tensor of 2; one
@@ -81,6 +82,16 @@ class PsServiceRowsTest : public ::testing::Test {
     return std::string(reinterpret_cast<const char*>(ids.data()),
                        ids.size() * sizeof(uint32_t));
   }
+  // Row offsets as the wire's gaps (TensorChunk.index_gaps).
+  static std::vector<uint32_t> Gaps(const std::vector<uint32_t>& rows) {
+    std::vector<uint32_t> gaps;
+    uint32_t before = 0;
+    for (uint32_t row : rows) {
+      gaps.push_back(row - before);
+      before = row;
+    }
+    return gaps;
+  }
   static PushPullRequest RowPush(const std::vector<uint32_t>& rows,
                                  const std::vector<float>& values) {
     PushPullRequest request;
@@ -91,7 +102,7 @@ class PsServiceRowsTest : public ::testing::Test {
     chunk->set_num_elements(16);
     chunk->set_sparse(true);
     chunk->set_row_elements(2);
-    chunk->set_indices(Ids(rows));
+    for (uint32_t gap : Gaps(rows)) chunk->add_index_gaps(gap);
     chunk->set_data(Bytes(values));
     return request;
   }
@@ -173,7 +184,7 @@ TEST_F(PsServiceRowsTest, PushesRowsAndPullsTheRowsAskedFor) {
   EXPECT_TRUE(rows->sparse());
   EXPECT_EQ(rows->row_elements(), 2);
   EXPECT_EQ(rows->version(), 1);
-  EXPECT_EQ(rows->indices(), Ids({0, 5, 7}));
+  EXPECT_THAT(rows->index_gaps(), ElementsAreArray(Gaps({0, 5, 7})));
   std::vector<float> w = table_, m(16, 0.0f), v(16, 0.0f);
   AdamOptions adam;
   adam.lr = 0.1f;
@@ -192,7 +203,7 @@ TEST_F(PsServiceRowsTest, PushesRowsAndPullsTheRowsAskedFor) {
     if (!r.has_chunk() || r.chunk().key().param_id() != 0) continue;
     EXPECT_EQ(r.chunk().dtype(), DTYPE_BFLOAT16);
     EXPECT_EQ(r.chunk().data().size(), 4u);
-    EXPECT_EQ(r.chunk().indices(), Ids({5}));
+    EXPECT_THAT(r.chunk().index_gaps(), ElementsAreArray(Gaps({5})));
   }
 }
 

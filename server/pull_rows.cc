@@ -75,8 +75,8 @@ grpc::ByteBuffer EncodeRowsReply(const ChunkSpec& spec, int64_t version,
                   weights.begin() + (local + 1) * d);
   }
   *payload_bytes =
-      static_cast<int64_t>(rows.size() * sizeof(uint32_t) +
-                           values.size() * WireBytesPerElement(wire));
+      IndexGapBytes(rows) +
+      static_cast<int64_t>(values.size() * WireBytesPerElement(wire));
   const PushPullResponse no_fields;
   return EncodeSparseChunkMessage(no_fields, kPullChunkField, spec.param_id,
                                   spec.chunk_index, version, spec.num_elements,

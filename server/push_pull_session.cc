@@ -330,7 +330,8 @@ bool PsService::PushPullSession::ServePull(const PullJob& job) {
           no_fields, kPullChunkField, spec.param_id, spec.chunk_index, version,
           spec.num_elements, delta.indices, delta.values, job.wire_dtype);
       reply_bytes =
-          static_cast<int64_t>(delta.indices.size()) * (4 + order.wire_bytes);
+          IndexGapBytes(delta.indices) +
+          static_cast<int64_t>(delta.values.size()) * order.wire_bytes;
     };
   }
   // The generation a planned change took at the step this pull waits for

@@ -338,9 +338,8 @@ absl::Status PsClient::PushChunk(int lane, StepState* state,
     push->mutable_key()->set_chunk_index(c.chunk_index);
     push->set_step(state->step);
     message = EncodeSmallMessage(skipped);
-  } else if (sparse &&
-             SparseAtLeastDense(static_cast<int64_t>(topk_indices.size()),
-                                c.num_elements, WireBytesPerElement(wire))) {
+  } else if (sparse && SparseAtLeastDense(topk_indices, c.num_elements,
+                                          WireBytesPerElement(wire))) {
     // A warm-up's dense end (half the entries or more pushed): the same
     // chunk as zeros and the selected values, at the dense chunk's bytes
     // (the shard densifies a sparse push into exactly this).
