@@ -55,12 +55,27 @@ def chunk_message():
     chunk = encode("proto/ps.proto", "TensorChunk",
                    'key { param_id: 1 chunk_index: 0 } dtype: DTYPE_FLOAT32 '
                    'num_elements: 4 data: %s version: 2' % vals)
+    # A top-k push (offsets 0, 3, 9 as varint gaps) and a row-sparse one
+    # (rows 1 and 3 of 4 rows of 2 elements).
+    sparse = encode("proto/ps.proto", "PushPullRequest",
+                    'header { job_id: "job-1" worker_id: 1 } push { key { '
+                    'param_id: 2 chunk_index: 0 } dtype: DTYPE_FLOAT32 '
+                    'num_elements: 10 sparse: true index_gaps: [0, 3, 6] '
+                    'data: %s version: 7 }' % pb_bytes(f32([1.5, -2.0, 3.25])))
+    rows = encode("proto/ps.proto", "PushPullRequest",
+                  'header { job_id: "job-1" worker_id: 1 } push { key { '
+                  'param_id: 0 chunk_index: 0 } dtype: DTYPE_FLOAT32 '
+                  'num_elements: 8 sparse: true row_elements: 2 '
+                  'index_gaps: [1, 2] data: %s version: 3 }'
+                  % pb_bytes(f32([1.0, 2.0, 3.0, 4.0])))
     # Two leading bytes choose where the input is cut into slices.
     write("chunk_message_fuzzer", "push", b"\x00\x00" + push)
     write("chunk_message_fuzzer", "push_sliced", b"\x05\x11" + push)
     write("chunk_message_fuzzer", "pull_answer", b"\x03\x00" + pull)
     write("chunk_message_fuzzer", "pull_request", b"\x00\x00" + pull_req)
     write("chunk_message_fuzzer", "tensor_chunk", b"\x00\x00" + chunk)
+    write("chunk_message_fuzzer", "sparse_push", b"\x00\x00" + sparse)
+    write("chunk_message_fuzzer", "row_sparse_push", b"\x07\x03" + rows)
 
 
 JOB_SPECS = {
