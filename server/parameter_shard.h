@@ -246,8 +246,9 @@ struct PullOrder {
   // table's, with its weights before that update still kept) goes to
   // `visit_delta` instead of the pull's visitor, with those entries
   // (ChunkDelta; computed once per chunk and version, whichever worker
-  // asks first), where its 4-byte indices and values of `wire_bytes`
-  // bytes each take fewer bytes than the whole chunk. Both must be set
+  // asks first), where its offsets (varint gaps) and values of
+  // `wire_bytes` bytes each take fewer bytes than the whole chunk
+  // (SparseAtLeastDense, common/partition.h). Both must be set
   // for either to count.
   int64_t have_version = -1;
   int wire_bytes = 4;
