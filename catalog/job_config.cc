@@ -222,10 +222,11 @@ absl::Status ParseCompressionChoices(const JobSpec& spec, JobConfig* config) {
     if (!(warmup_start >= config->compression.topk_ratio &&
           warmup_start <= 1)) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "compression_warmup_start: ", warmup_start, "; expected 0 (",
-          CompressionOptions::kDgcWarmupStart,
-          ", Deep Gradient Compression's) or a fraction in [",
-          config->compression.topk_ratio, ", 1] (from topk:R's R to dense)"));
+          "compression_warmup_start: ", warmup_start,
+          "; expected 0 (dense) or a fraction in [",
+          config->compression.topk_ratio,
+          ", 1] (from topk:R's R to dense; Deep Gradient Compression's is "
+          "0.25)"));
     }
     config->compression.warmup_start = warmup_start;
   }

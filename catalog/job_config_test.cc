@@ -124,14 +124,14 @@ TEST(JobConfigTest, CompressionParsesAndIsRefusedWhereItCannotApply) {
   EXPECT_DOUBLE_EQ(config->compression.topk_ratio, 0.01);
   EXPECT_TRUE(config->compression.error_feedback);
   EXPECT_EQ(config->compression.warmup_steps, 100);
-  EXPECT_DOUBLE_EQ(config->compression.warmup_start, 0.25);  // DGC's
-  spec.set_compression_warmup_start(1);
-  EXPECT_DOUBLE_EQ(ParseJobChoices(spec)->compression.warmup_start, 1);
+  EXPECT_DOUBLE_EQ(config->compression.warmup_start, 1);  // dense
+  spec.set_compression_warmup_start(0.25);
+  EXPECT_DOUBLE_EQ(ParseJobChoices(spec)->compression.warmup_start, 0.25);
   spec.set_compression_warmup_start(0.005);
   EXPECT_EQ(ParseJobChoices(spec).status().message(),
-            "compression_warmup_start: 0.005; expected 0 (0.25, Deep "
-            "Gradient Compression's) or a fraction in [0.01, 1] (from "
-            "topk:R's R to dense)");
+            "compression_warmup_start: 0.005; expected 0 (dense) or a "
+            "fraction in [0.01, 1] (from topk:R's R to dense; Deep Gradient "
+            "Compression's is 0.25)");
   spec.set_compression_warmup_start(1.5);
   EXPECT_FALSE(ParseJobChoices(spec).ok());
   spec.set_compression_warmup_start(std::nan(""));

@@ -107,8 +107,8 @@ Flags CompressionFlags() {
        "Gradient Compression's warm-up); 0: R from the first step."},
       {"compression_warmup_start",
        "With --compression_warmup_steps: the fraction pushed at the "
-       "warm-up's first step, in [R, 1]; 0: 0.25 (Deep Gradient "
-       "Compression's first warm-up sparsity, 75%); 1 starts dense."},
+       "warm-up's first step, in [R, 1]; 0: 1 (dense). Deep Gradient "
+       "Compression's first warm-up sparsity is 75%: 0.25."},
       {"momentum_correction",
        "With --compression=topk:R and --optimizer=sgd --momentum=M: Deep "
        "Gradient Compression's momentum correction and masking (the workers "

@@ -165,8 +165,8 @@ ABSL_FLAG(int64_t, compression_warmup_steps, 0,
           "steps (Deep Gradient Compression's warm-up); 0: R from the start.");
 ABSL_FLAG(double, compression_warmup_start, 0,
           "With --compression_warmup_steps: the fraction pushed at the "
-          "warm-up's first step, in [R, 1]; 0: 0.25 (Deep Gradient "
-          "Compression's first warm-up sparsity, 75%); 1 starts dense.");
+          "warm-up's first step, in [R, 1]; 0: 1 (dense). Deep Gradient "
+          "Compression's first warm-up sparsity is 75%: 0.25.");
 ABSL_FLAG(bool, momentum_correction, false,
           "With --compression=topk:R and --optimizer=sgd --momentum=M or "
           "adam: Deep Gradient Compression's momentum correction (the "

@@ -72,7 +72,7 @@
 //                            none in allreduce
 //   no_error_feedback        only with a compression        false
 //   compression_warmup_steps >= 0; 0 without a compression  0
-//   compression_warmup_start 0, or R to 1 with              0 (0.25, DGC's)
+//   compression_warmup_start 0, or R to 1 with              0 (1: dense)
 //                            compression_warmup_steps
 //   momentum_correction      only with a compression with   false
 //                            error feedback, with sgd

@@ -110,11 +110,12 @@ struct CompressionOptions {
   // 0, falling exponentially to topk_ratio). 0: topk_ratio from the first
   // step.
   int64_t warmup_steps = 0;
-  // The warm-up's first fraction s, in [topk_ratio, 1]. DGC's schedule
-  // starts at sparsity 75% (kDgcWarmupStart) and divides the fraction by
-  // 4 each epoch; 1 starts dense.
-  double warmup_start = kDgcWarmupStart;
-  static constexpr double kDgcWarmupStart = 0.25;
+  // The warm-up's first fraction s, in [topk_ratio, 1]; 1 (the default)
+  // starts dense. DGC's schedule starts at sparsity 75% (s = 0.25) and
+  // divides the fraction by 4 each epoch: fewer bytes in the warm-up
+  // (BENCHMARKS.md), but on ResNet-18's one epoch it ended further from
+  // fp32 by the median of 3 seeds (docs/ARCHITECTURE.md, "Sparse pushes").
+  double warmup_start = 1;
   // Steps 0 to dense_steps - 1 push every entry (ratio 1); the warm-up,
   // if any, starts after them (step t >= dense_steps pushes RatioAt of
   // t - dense_steps as above). 0: none.

@@ -426,24 +426,25 @@ TEST(TopKCompressorTest, WholeTensorsTrainAsDenseMomentumSgd) {
 namespace pstrain {
 namespace {
 
-// DGC's schedule (section 3.3) starts at sparsity 75% and ends at the
-// ratio; a start of 1 is dense at step 0.
+// The default start is dense; DGC's schedule (section 3.3) starts at
+// sparsity 75%. Either falls exponentially to the ratio.
 TEST(CompressionOptionsTest, WarmupFallsExponentiallyFromItsStartToTheRatio) {
   CompressionOptions o{0.01, true, 100};
-  EXPECT_DOUBLE_EQ(o.RatioAt(0), 0.25);
-  EXPECT_DOUBLE_EQ(o.RatioAt(50), 0.05);  // 0.25 * (0.04)^(1/2)
-  EXPECT_NEAR(o.RatioAt(75), 0.25 * std::pow(0.04, 0.75), 1e-15);
-  EXPECT_DOUBLE_EQ(o.RatioAt(100), 0.01);
-  EXPECT_DOUBLE_EQ(o.RatioAt(5000), 0.01);
-  o.warmup_start = 1;
   EXPECT_DOUBLE_EQ(o.RatioAt(0), 1.0);
   EXPECT_DOUBLE_EQ(o.RatioAt(50), 0.1);
   EXPECT_NEAR(o.RatioAt(75), std::pow(0.01, 0.75), 1e-15);
   EXPECT_DOUBLE_EQ(o.RatioAt(100), 0.01);
+  EXPECT_DOUBLE_EQ(o.RatioAt(5000), 0.01);
+  o.warmup_start = 0.25;
+  EXPECT_DOUBLE_EQ(o.RatioAt(0), 0.25);
+  EXPECT_DOUBLE_EQ(o.RatioAt(50), 0.05);  // 0.25 * (0.04)^(1/2)
+  EXPECT_NEAR(o.RatioAt(75), 0.25 * std::pow(0.04, 0.75), 1e-15);
+  EXPECT_DOUBLE_EQ(o.RatioAt(100), 0.01);
   o.warmup_steps = 0;
   EXPECT_DOUBLE_EQ(o.RatioAt(0), 0.01);
-  // A ratio above DGC's start has no warm-up left to do.
+  // A ratio above the start has no warm-up left to do.
   CompressionOptions wide{0.5, true, 100};
+  wide.warmup_start = 0.25;
   EXPECT_DOUBLE_EQ(wide.RatioAt(0), 0.5);
   EXPECT_DOUBLE_EQ(wide.RatioAt(50), 0.5);
 }
@@ -459,8 +460,7 @@ TEST(TopKCompressorTest, WarmupPushesMoreInEarlySteps) {
     compressor.CommitStep(step);
     EXPECT_EQ(
         static_cast<int64_t>(indices.size()),
-        TopKCount(0.25 * std::pow(0.04, std::min<int64_t>(step, 10) / 10.0),
-                  1000))
+        TopKCount(std::pow(0.01, std::min<int64_t>(step, 10) / 10.0), 1000))
         << step;
   }
 }
