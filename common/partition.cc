@@ -31,7 +31,12 @@ bool SparseAtLeastDense(absl::Span<const uint32_t> indices, int64_t n,
   // pass over the gaps.
   if (k * (1 + value_bytes) >= n * value_bytes) return true;
   if (k * (5 + value_bytes) < n * value_bytes) return false;
-  return IndexGapBytes(indices) + k * value_bytes >= n * value_bytes;
+  return PairsAtLeastDense(IndexGapBytes(indices), k, n, value_bytes);
+}
+
+bool PairsAtLeastDense(int64_t index_bytes, int64_t k, int64_t n,
+                       int value_bytes) {
+  return index_bytes + k * value_bytes >= n * value_bytes;
 }
 
 namespace {

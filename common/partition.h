@@ -54,6 +54,10 @@ int64_t IndexGapBytes(absl::Span<const uint32_t> indices);
 // worker's top-k push, a shard's delta pull) sends the whole chunk then.
 bool SparseAtLeastDense(absl::Span<const uint32_t> indices, int64_t n,
                         int value_bytes);
+// The same for `k` pairs whose offsets take `index_bytes` (IndexGapBytes,
+// counted once by a sender that sends the same pairs again).
+bool PairsAtLeastDense(int64_t index_bytes, int64_t k, int64_t n,
+                       int value_bytes);
 
 class PartitionPlan {
  public:

@@ -225,6 +225,8 @@ struct PullSubset {
 struct ChunkDelta {
   absl::Span<const uint32_t> indices;
   absl::Span<const float> values;
+  // The offsets' bytes on the wire (IndexGapBytes of `indices`).
+  int64_t index_bytes = 0;
 };
 
 // How one pull hands out its chunks (PullRequest.priority,
@@ -786,9 +788,11 @@ class ParameterShard {
     // (== version - 1) bit for bit, from the swap of a dense update until
     // anything else changes them (-1: not kept); the entries that update
     // changed, once a pull asked (delta_version: the version they lead
-    // to, -1: none computed; delta_dense: half or more changed).
+    // to, -1: none computed; delta_dense: half or more changed;
+    // delta_index_bytes: the offsets' bytes on the wire).
     int64_t prev_version ABSL_GUARDED_BY(mu) = -1;
     std::vector<uint32_t> delta_indices ABSL_GUARDED_BY(mu);
+    int64_t delta_index_bytes ABSL_GUARDED_BY(mu) = 0;
     std::vector<float> delta_values ABSL_GUARDED_BY(mu);
     int64_t delta_version ABSL_GUARDED_BY(mu) = -1;
     bool delta_dense ABSL_GUARDED_BY(mu) = false;

@@ -262,15 +262,18 @@ const ChunkDelta* ParameterShard::DeltaLocked(ChunkState& chunk,
         chunk.delta_values.push_back(now[i]);
       }
     }
+    chunk.delta_index_bytes = IndexGapBytes(chunk.delta_indices);
     chunk.delta_version = chunk.version;
   }
   if (chunk.delta_dense ||
-      SparseAtLeastDense(chunk.delta_indices, chunk.spec.num_elements,
-                         wire_bytes)) {
+      PairsAtLeastDense(chunk.delta_index_bytes,
+                        static_cast<int64_t>(chunk.delta_indices.size()),
+                        chunk.spec.num_elements, wire_bytes)) {
     return nullptr;
   }
   out->indices = chunk.delta_indices;
   out->values = chunk.delta_values;
+  out->index_bytes = chunk.delta_index_bytes;
   return out;
 }
 

@@ -330,7 +330,7 @@ bool PsService::PushPullSession::ServePull(const PullJob& job) {
           no_fields, kPullChunkField, spec.param_id, spec.chunk_index, version,
           spec.num_elements, delta.indices, delta.values, job.wire_dtype);
       reply_bytes =
-          IndexGapBytes(delta.indices) +
+          delta.index_bytes +
           static_cast<int64_t>(delta.values.size()) * order.wire_bytes;
     };
   }
