@@ -131,7 +131,10 @@ class PsExchange : public GradientExchange, public WeightsGate {
       // on from there (its gradients are computed on one version). With
       // staleness a pull's chunks may be at several versions anyway: the
       // worker goes on from the oldest, if it is past the worker's step.
-      while (staleness_ == 0 && client_->last_max_version() > version_) {
+      // A pull by rows brought the rows of batch step_ only: a worker that
+      // jumps past it trains another batch, so it pulls again, whole.
+      while ((staleness_ == 0 && client_->last_max_version() > version_) ||
+             (client_->last_pull_by_rows() && version_ > step_)) {
         ASSIGN_OR_RETURN(
             version_,
             client_->PushPull(0, {}, client_->last_max_version(), 0, weights_));

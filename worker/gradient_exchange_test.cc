@@ -14,6 +14,7 @@
 #include <thread>  // NOLINT(build/c++11)
 #include <vector>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "common/grpc_server.h"
@@ -605,7 +606,7 @@ class Shards {
   PartitionPlan Plan() const {
     return *PartitionPlan::Create(
         std::vector<int64_t>(kTensors, kElements), partition_bytes_,
-        static_cast<int>(shards_.size()), num_buffers_);
+        static_cast<int>(shards_.size()), num_buffers_, row_elements_);
   }
   // Worker `worker`'s client options (no compressor).
   PsClientOptions ClientOptions(int worker) const {
@@ -663,11 +664,15 @@ class Shards {
   void set_priority_pulls(bool on) { priority_pulls_ = on; }
   // The last `n` tensors are buffers (default none).
   void set_num_buffers(int n) { num_buffers_ = n; }
+  // Per tensor, its elements per row if it is a row-sparse table, else 0
+  // (default: every tensor dense).
+  void set_row_elements(std::vector<int64_t> d) { row_elements_ = d; }
   const std::vector<std::string>& addresses() const { return addresses_; }
 
  private:
   bool priority_pulls_ = false;
   int num_buffers_ = 0;
+  std::vector<int64_t> row_elements_;
   DType wire_dtype_ = DTYPE_FLOAT32;
   CompressionOptions compression_;
   int channels_per_shard_ = 1;
@@ -1592,6 +1597,107 @@ TEST(PsExchangeTest, AResidualFileThatCannotBeWrittenLosesOnlyItsCheckpoint) {
   }
   w0->BeforeRecovery();
   both([&] { return w0->Finish(); }, [&] { return w1->Finish(); });
+}
+
+// Backup workers with a row-sparse table (issue 41): 1 backup of 3 workers,
+// SGD, tensor 0 a table of 100 rows of 10. Workers 0 and 1 run steps 0 to
+// 3 by rows while worker 2 waits; then worker 2 pushes step 0 and pulls
+// the rows of its batch 1, but the shards are at version 4: it is late and
+// jumps to step 4, whose batch reads other rows. Its exchange then pulls
+// again, whole: every row batch 4 reads is the shards' (with the rows of
+// batch 1 alone, batch 4's rows kept their initial values).
+TEST(PsExchangeTest, ABackupWorkerThatJumpsPullsTheTableWhole) {
+  OptimizerOptions sgd;
+  sgd.kind = OptimizerKind::kSgd;
+  sgd.lr = 0.1f;
+  Shards shards(2, 3, /*staleness=*/0, sgd, /*clip_grad_norm=*/0,
+                /*replicas_to_aggregate=*/2);
+  constexpr int64_t kD = 10;
+  shards.set_row_elements({kD, 0, 0});
+  constexpr int kSteps = 4;
+  // The rows worker w's batch of step `step` reads: worker 2's of steps 1
+  // and 4 are disjoint, and workers 0 and 1 update the latter's.
+  auto rows_of = [](int64_t step, int w) {
+    std::vector<uint32_t> rows;
+    for (uint32_t r = 0; r < kElements / kD; ++r) {
+      if ((r + step + w) % 5 == 0) rows.push_back(r);
+    }
+    return std::vector<std::vector<uint32_t>>{rows, {}, {}};
+  };
+  absl::Mutex mu;
+  int started = 0, trained = 0;
+  bool checked = false;
+  std::vector<std::thread> threads;
+  for (int w = 0; w < 3; ++w) {
+    threads.emplace_back([&, w] {
+      std::unique_ptr<GradientExchange> exchange =
+          shards.Exchange(w, /*chief=*/w == 0);
+      RankTensors tensors(w);
+      // Whatever fails, the others do not wait for ever.
+      bool failed = true;
+      absl::Cleanup release = [&] {
+        if (!failed) return;
+        absl::MutexLock lock(&mu);
+        started = 3;
+        trained = 2;
+        checked = true;
+      };
+      ASSERT_TRUE(exchange->Start(tensors.weights).ok());
+      {
+        absl::MutexLock lock(&mu);
+        ++started;
+        mu.Await(absl::Condition(
+            +[](int* n) { return *n >= 3; }, &started));
+      }
+      if (w < 2) {
+        for (int step = 0; step < kSteps; ++step) {
+          exchange->SetStepRows(rows_of(step, w), rows_of(step + 1, w), true);
+          const absl::Status s = exchange->Step(tensors.gradients, 8);
+          ASSERT_TRUE(s.ok()) << "worker " << w << " step " << step << s;
+        }
+        {
+          absl::MutexLock lock(&mu);
+          ++trained;
+          mu.Await(absl::Condition(&checked));
+        }
+      } else {
+        {
+          absl::MutexLock lock(&mu);
+          mu.Await(absl::Condition(
+              +[](int* n) { return *n >= 2; }, &trained));
+        }
+        exchange->SetStepRows(rows_of(0, 2), rows_of(1, 2), true);
+        ASSERT_TRUE(exchange->Step(tensors.gradients, 8).ok());
+        ASSERT_EQ(exchange->NextStep(0), kSteps);
+        std::vector<float> table(kElements, -1.0f);
+        for (int s = 0; s < 2; ++s) {
+          absl::StatusOr<std::vector<ChunkSnapshot>> chunks =
+              shards.shard(s).Snapshot(kSteps);
+          ASSERT_TRUE(chunks.ok()) << chunks.status();
+          for (const ChunkSnapshot& c : *chunks) {
+            if (c.spec.param_id != 0) continue;
+            std::copy(c.weights.begin(), c.weights.end(),
+                      table.begin() + c.spec.offset);
+          }
+        }
+        int moved = 0;
+        const std::vector<uint32_t> read = rows_of(kSteps, 2)[0];
+        for (uint32_t r : read) {
+          for (int64_t j = 0; j < kD; ++j) {
+            const int64_t i = r * kD + j;
+            EXPECT_EQ(tensors.w[0][i], table[i]) << "row " << r;
+            moved += table[i] != 0.1f;
+          }
+        }
+        EXPECT_GT(moved, 0);  // batch 4's rows were updated
+        absl::MutexLock lock(&mu);
+        checked = true;
+      }
+      ASSERT_TRUE(exchange->Finish().ok());
+      failed = false;
+    });
+  }
+  for (std::thread& t : threads) t.join();
 }
 
 // Bounded staleness 2 (issue 25) through the client and gRPC: worker 1 is

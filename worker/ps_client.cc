@@ -885,6 +885,7 @@ absl::Status PsClient::BeginStep(
   // A pull without a push (start, recovery, a late worker's) brings every
   // table whole: the worker's copy is fresh everywhere after it.
   if (!gradients.empty()) AddPullRows(state->pull.mutable_pull());
+  last_pull_by_rows_ = state->pull.pull().rows_size() > 0;
   state->pull_first = !gradients.empty() && min_version > 0;
   state->send_step_end = state->pull_first;
   if (announce_decisions_ && state->pull_first) {

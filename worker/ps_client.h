@@ -436,6 +436,11 @@ class PsClient {
   // smallest is FinishStep()'s result). They differ only where a pull
   // straddled an update this worker did not wait for (backup workers).
   int64_t last_max_version() const { return last_max_version_; }
+  // Whether the last step's pull asked for rows of a row-sparse table
+  // (SetStepRows()): the worker's copy of a table is then fresh only in the
+  // next batch's rows. False after a pull without pushes (every table
+  // whole).
+  bool last_pull_by_rows() const { return last_pull_by_rows_; }
   // The newest checkpoint step shard 0 announced on a pull
   // (PushPullResponse.checkpoint_step) in this worker's current
   // generation; -1: none (a recovery or a reopen starts a generation with
@@ -611,6 +616,7 @@ class PsClient {
   std::optional<UnfinishedStep> unfinished_step_;
   bool last_step_late_ = false;
   int64_t last_max_version_ = 0;
+  bool last_pull_by_rows_ = false;
   int64_t announced_checkpoint_step_ = -1;
   int64_t announced_generation_ = -1;
   PsStepTimes last_step_times_;

@@ -470,7 +470,7 @@ absl::Status StepLoop::SetStepRows() {
   // epoch's batches end with it, or with a membership change, which pulls
   // whole anyway).
   const bool pull_rows =
-      !options_.pull_whole_tables && step_ + 1 < positions_.total_steps() &&
+      step_ + 1 < positions_.total_steps() &&
       positions_.EpochOf(step_ + 1) == positions_.EpochOf(step_) &&
       parts_.compute->BatchRows(1, &next);
   parts_.exchange->SetStepRows(std::move(touched), std::move(next), pull_rows);

@@ -147,11 +147,10 @@ class StepLoop {
     // the exchange gets the rows its batch touches and the rows the next
     // step's batch reads (GradientExchange::SetStepRows), or a whole pull
     // where the next batch is not this epoch's (its last step: worker 0
-    // evaluates and the run's final model is written with every row) or
-    // `pull_whole_tables` (backup workers: a worker left behind jumps to a
-    // batch known only after the pull).
+    // evaluates and the run's final model is written with every row). With
+    // backup workers a worker left behind jumps to a later batch: its
+    // exchange then pulls again, whole (PsExchange::Step).
     bool sparse_rows = false;
-    bool pull_whole_tables = false;
   };
   // After an epoch's last step: the epoch, the step to train next, the
   // epoch's training seconds and its mean training loss (skipped steps

@@ -615,7 +615,6 @@ StepLoop::Options StepLoopOptionsOf(const TrainerOptions& options,
   const std::vector<int64_t> rows = RowElementsOf(options, kind, workload);
   loop.sparse_rows =
       std::any_of(rows.begin(), rows.end(), [](int64_t d) { return d > 0; });
-  loop.pull_whole_tables = options.backup_workers > 0;
   loop.backup_workers = options.backup_workers > 0;
   return loop;
 }
