@@ -173,7 +173,7 @@ Flags JobFlags(const std::string& what) {
            {"lr_min", "--lr_schedule=cosine: the final lr."},
            {"lr_total_steps",
             "--lr_schedule=cosine: its horizon, steps (0: epochs x "
-            "--max_steps_per_epoch)."},
+            "--max_steps_per_epoch, or the job's steps of its dataset)."},
            {"seed", "Seed of the initial weights and the shuffles."},
            {"dropout",
             "bert_* models: dropout probability of the embeddings, attention "

@@ -136,14 +136,15 @@ absl::Status CheckOptimizer(const JobConfig& config) {
                              kMaxSteps));
   RETURN_IF_ERROR(
       CheckRange("optimizer.lr_total_steps", o.lr_total_steps(), 0, kMaxSteps));
-  if (config.lr_schedule == LR_SCHEDULE_COSINE &&
+  // 0: the job's total steps, which worker 0 counts from its dataset
+  // (trainer.cc WithLrHorizon) and checks against warmup_steps there.
+  if (config.lr_schedule == LR_SCHEDULE_COSINE && o.lr_total_steps() > 0 &&
       o.lr_total_steps() <= o.warmup_steps()) {
-    return Bad(
-        "optimizer.lr_total_steps",
-        absl::StrCat(o.lr_total_steps(),
-                     " with a cosine schedule; expected more than "
-                     "warmup_steps (",
-                     o.warmup_steps(), "): set it, or max_steps_per_epoch"));
+    return Bad("optimizer.lr_total_steps",
+               absl::StrCat(o.lr_total_steps(),
+                            " with a cosine schedule; expected more than "
+                            "warmup_steps (",
+                            o.warmup_steps(), "), or 0 for the job's steps"));
   }
   return absl::OkStatus();
 }
@@ -709,7 +710,9 @@ OptimizerOptions OptimizerOptionsOf(const JobConfig& config) {
   s.warmup_start_factor = optimizer.warmup_start_factor();
   s.step_size = std::max<int64_t>(1, optimizer.lr_step_size());
   s.gamma = optimizer.lr_gamma();
-  s.total_steps = std::max<int64_t>(1, optimizer.lr_total_steps());
+  // 0 with cosine: the job's steps, set by the worker (and given to the
+  // shards at Init: ParameterShard::SetLrHorizon).
+  s.total_steps = optimizer.lr_total_steps();
   s.min_lr = optimizer.lr_min();
   return o;
 }

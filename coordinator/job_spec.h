@@ -105,8 +105,9 @@
 //   optimizer.lr_step_size   1 to 1e9 for step              0
 //   optimizer.lr_gamma       0 to 1                         0.1
 //   optimizer.lr_min         0 to lr                        0
-//   optimizer.lr_total_steps above warmup_steps for cosine  epochs x
-//                                                      max_steps_per_epoch
+//   optimizer.lr_total_steps 0, or above warmup_steps for   epochs x
+//                            cosine (0: the job's steps,    max_steps_per_epoch,
+//                            counted by worker 0)           else 0
 //   data_dir, init_from,     at most 4096 characters
 //   checkpoint_dir, metrics_dir
 //   trace                    needs metrics_dir              false

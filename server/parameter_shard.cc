@@ -72,6 +72,9 @@ void ParameterShard::SetMembershipLocked(const WorkerMembership& membership) {
   num_members_.store(n);
   ends_to_decide_.store(policy_.admits() ? std::max(1, n - backups_) : n);
   auto optimizer = std::make_shared<OptimizerOptions>(options_.adam);
+  if (optimizer->schedule.total_steps == 0) {
+    optimizer->schedule.total_steps = std::max<int64_t>(1, lr_horizon_);
+  }
   if (options_.linear_lr_scaling) {
     // The linear scaling rule: the lr follows the effective batch.
     const int initial = PolicyOptions(options_).num_workers;
@@ -80,6 +83,30 @@ void ParameterShard::SetMembershipLocked(const WorkerMembership& membership) {
   }
   std::atomic_store(&optimizer_, std::shared_ptr<const OptimizerOptions>(
                                      std::move(optimizer)));
+}
+
+absl::Status ParameterShard::SetLrHorizon(int64_t total_steps) {
+  const LrSchedule& schedule = options_.adam.schedule;
+  if (total_steps < 0 || total_steps > 1000000000) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("lr_total_steps ", total_steps, "; expected 0 to 1e9"));
+  }
+  if (schedule.decay != LrDecay::kCosine || schedule.total_steps != 0) {
+    return absl::OkStatus();  // the job's own horizon, or none needed
+  }
+  absl::MutexLock lock(&init_mu_);
+  if (total_steps == 0 && lr_horizon_ > 0) return absl::OkStatus();  // kept
+  if (total_steps <= schedule.warmup_steps) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "lr_total_steps ", total_steps, " for shard ", options_.shard_index,
+        "'s cosine schedule (the job's steps, counted by worker 0); expected "
+        "more than warmup_steps (",
+        schedule.warmup_steps, ")"));
+  }
+  if (lr_horizon_ == total_steps) return absl::OkStatus();
+  lr_horizon_ = total_steps;
+  SetMembershipLocked(*std::atomic_load(&membership_));  // its optimizer
+  return absl::OkStatus();
 }
 
 std::vector<int> ParameterShard::AveragedWorkers(

@@ -511,6 +511,14 @@ class ParameterShard {
   // with other row widths than the shard's layout is refused as another
   // layout is.
   void SetRowSparseLayout(std::vector<int64_t> param_row_elements);
+  // The job's total steps as worker 0 counts them (InitRequest
+  // .lr_total_steps): the horizon of a cosine schedule whose own
+  // total_steps is 0 (JobSpec optimizer.lr_total_steps unset); ignored by
+  // any other schedule. A service sets it before Initialize(). Errors:
+  // INVALID_ARGUMENT outside 0 to 1e9, or, where the schedule needs it, not
+  // above its warmup steps (0 included: a worker that did not count).
+  // Any thread.
+  absl::Status SetLrHorizon(int64_t total_steps);
 
   // In place of Push(): worker `worker_id` skips its chunk of `step` (a
   // non-finite value in it or in a chunk before it). The same checks as
@@ -1147,6 +1155,9 @@ class ParameterShard {
   std::atomic<int64_t> late_pushes_{0};
   std::atomic<int64_t> late_steps_{0};
   std::vector<int64_t> row_elements_ ABSL_GUARDED_BY(init_mu_);
+  // SetLrHorizon(): a cosine schedule's total steps where options_.adam's
+  // is 0; 0 until set.
+  int64_t lr_horizon_ ABSL_GUARDED_BY(init_mu_) = 0;
   mutable absl::Mutex overflow_mu_;
   int64_t overflowed_ ABSL_GUARDED_BY(overflow_mu_) = 0;
   std::string last_overflow_ ABSL_GUARDED_BY(overflow_mu_);

@@ -190,6 +190,48 @@ TEST(ParameterShardTest, SyncAveragesWorkersThenAppliesAdamOnce) {
   EXPECT_GT(shard.Stats().optimizer_ns, 0);
 }
 
+// A cosine schedule with total_steps 0 (the job's lr_total_steps unset)
+// takes worker 0's count of the job's steps (InitRequest.lr_total_steps):
+// SGD at lr 1 over a horizon of 2 moves the weights by 1 at step 0 and by
+// 0.5 at step 1 (CosineAnnealingLR's (1 + cos(pi t / 2)) / 2); a horizon
+// of 1 (none) would stop at step 1. Bad values change nothing.
+TEST(ParameterShardTest, CosineScheduleTakesWorkerZerosHorizon) {
+  ShardOptions options = Options(1, SyncMode::kSync);
+  options.adam.kind = OptimizerKind::kSgd;
+  options.adam.lr = 1.0f;
+  options.adam.schedule.decay = LrDecay::kCosine;
+  options.adam.schedule.total_steps = 0;
+  options.adam.schedule.warmup_steps = 1;
+  ParameterShard shard(options);
+  EXPECT_EQ(shard.SetLrHorizon(-1).message(),
+            "lr_total_steps -1; expected 0 to 1e9");
+  EXPECT_EQ(shard.SetLrHorizon(int64_t{2000000000}).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(shard.SetLrHorizon(0).message(),
+            "lr_total_steps 0 for shard 0's cosine schedule (the job's "
+            "steps, counted by worker 0); expected more than warmup_steps "
+            "(1)");
+  EXPECT_EQ(shard.SetLrHorizon(1).code(), absl::StatusCode::kInvalidArgument);
+  options.adam.schedule.warmup_steps = 0;
+  ParameterShard cosine(options);
+  ASSERT_TRUE(cosine.SetLrHorizon(2).ok());
+  EXPECT_TRUE(cosine.SetLrHorizon(0).ok());  // a reopen's: kept
+  ASSERT_TRUE(cosine.Initialize({6, 2}, 16, InitChunks()).ok());
+  for (int step = 0; step < 2; ++step) {
+    ASSERT_TRUE(cosine.Push(0, 0, 0, step, std::vector<float>(4, 1.0f)).ok());
+    ASSERT_TRUE(cosine.Push(0, 0, 1, step, std::vector<float>(2, 1.0f)).ok());
+    ASSERT_TRUE(cosine.Push(0, 1, 0, step, std::vector<float>(2, 1.0f)).ok());
+    EndAll(cosine, 1, step);
+  }
+  const auto weights = PullAll(cosine, 2);
+  ASSERT_EQ(weights.size(), 3u);
+  EXPECT_FLOAT_EQ(weights[0][0], 1.0f - 1.5f);
+  EXPECT_FLOAT_EQ(weights[2][1], 8.0f - 1.5f);
+  // Another schedule needs no horizon.
+  ParameterShard constant(Options(1, SyncMode::kSync));
+  EXPECT_TRUE(constant.SetLrHorizon(0).ok());
+}
+
 TEST(ParameterShardTest, PullWaitsForBarrierFromAnotherThread) {
   ParameterShard shard(Options(2, SyncMode::kSync));
   ASSERT_TRUE(shard.Initialize({6, 2}, 16, InitChunks()).ok());

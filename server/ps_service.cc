@@ -455,6 +455,11 @@ grpc::Status PsService::Init(grpc::ServerContext* context,
     loss_scaler = LossScaler::State{request.loss_scaler().scale(),
                                     request.loss_scaler().growth_tracker()};
   }
+  // A cosine schedule's horizon where the job left it to worker 0's count.
+  if (absl::Status horizon = shard_->SetLrHorizon(request.lr_total_steps());
+      !horizon.ok()) {
+    return ToGrpcStatus(horizon);
+  }
   const bool restore = shard_->initialized() && generation > 0;
   if (restore) restores_in_progress_.fetch_add(1);
   absl::Cleanup restored = [this, restore] {

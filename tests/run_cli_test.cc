@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <nlohmann/json.hpp>
 #include <regex>
 #include <sstream>
@@ -174,6 +175,45 @@ TEST(RunCliTest, AllreduceModeRunsWithoutParameterServers) {
       std::regex(R"(\| 0 \| 2 \| allreduce \| lenet5 \| 64 \| 1 \| 30 \| )")))
       << r.output;
   EXPECT_EQ(CountProcesses("pstrain_worker"), 0);
+}
+
+// A cosine schedule with neither --lr_total_steps nor
+// --max_steps_per_epoch decays over the job's steps as the workers count
+// them from the data: 60,000 images in batches of 1,000 on 2 workers, 30
+// steps, which worker 0 gives the shards at their Init. The model equals
+// the one of --lr_total_steps=30 byte for byte, with the shards' optimizer
+// (sync) and with the workers' (allreduce).
+TEST(RunCliTest, CosineScheduleTakesItsHorizonFromTheData) {
+  if (!HaveFashionMnist())
+    GTEST_SKIP() << "dataset-fashion-mnist not installed";
+  for (const std::string mode : {"sync", "allreduce"}) {
+    std::string models[2];
+    for (int explicit_total = 0; explicit_total < 2; ++explicit_total) {
+      const std::string dir =
+          TempDir() + "/cosine_" + mode + std::to_string(explicit_total);
+      const Result r = RunPstrain(
+          "--mode=" + mode +
+          " --epochs=1 --batch_size=1000 --lr_schedule=cosine --lr=0.01 "
+          "--log_every_steps=10 --checkpoint_dir=" +
+          dir + (explicit_total ? " --lr_total_steps=30" : ""));
+      ASSERT_EQ(r.exit_code, 0) << r.output;
+      EXPECT_NE(r.output.find("step 30/30"), std::string::npos) << r.output;
+      std::ifstream in(dir + "/model.safetensors", std::ios::binary);
+      models[explicit_total] = std::string(std::istreambuf_iterator<char>(in),
+                                           std::istreambuf_iterator<char>());
+    }
+    ASSERT_GT(models[0].size(), 100000u) << mode;
+    EXPECT_TRUE(models[0] == models[1])
+        << mode << ": the model of the horizon from the data differs";
+  }
+  // Past the warmup or refused, by the worker that counted.
+  const Result r = RunPstrain(
+      "--epochs=1 --batch_size=1000 --lr_schedule=cosine --warmup_steps=30");
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("lr_total_steps: the job's 30 steps with a cosine "
+                          "schedule; expected more than warmup_steps (30)"),
+            std::string::npos)
+      << r.output;
 }
 
 // Backup workers (issue 25): 3 workers, each step aggregating the first 2,

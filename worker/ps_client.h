@@ -75,6 +75,10 @@ struct PsClientOptions {
   // Sync mode with backup workers (proto/ps.proto StepEnd): each step is
   // ended on shard 0 first, and on the others with shard 0's admission.
   bool backup_workers = false;
+  // The job's total steps as this worker counts them, sent with every
+  // Init (InitRequest.lr_total_steps): a cosine schedule's horizon where
+  // the job leaves it to the data. 0: none.
+  int64_t lr_total_steps = 0;
   // Sync mode with gradient clipping by global norm (proto/ps.proto
   // NormSum): after each step's end, the worker waits for every shard's
   // partial sum of squares and sends their sum back to every shard. The

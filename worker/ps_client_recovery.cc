@@ -156,6 +156,7 @@ InitRequest PsClient::FirstInitRequest(
     layout->add_param_row_elements(d);
   }
   first.set_generation(generation);
+  first.set_lr_total_steps(options_.lr_total_steps);
   if (membership != nullptr) {
     MembershipToProto(*membership, first.mutable_membership());
   }

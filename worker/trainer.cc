@@ -85,6 +85,7 @@ PsClientOptions PsClientOptionsOf(const TrainerOptions& options,
   client_options.rpc_timeout = options.rpc_timeout;
   client_options.credentials = options.ps_credentials;
   client_options.backup_workers = kind.sync && options.backup_workers > 0;
+  client_options.lr_total_steps = options.adam.schedule.total_steps;
   client_options.clip_by_global_norm = kind.sync && options.clip_grad_norm > 0;
   client_options.wire_dtype = options.wire_dtype;
   client_options.channels_per_shard = options.channels_per_shard;
@@ -665,17 +666,40 @@ StepLoop::EndEpochFn EndEpochFnOf(Workload& workload,
 
 }  // namespace
 
-absl::StatusOr<TrainerOutput> RunWorker(const TrainerOptions& options,
+// `options` with a cosine schedule's horizon where the job leaves it to
+// the data (total_steps 0): the job's total steps, epochs x steps per
+// epoch of this worker's count, which every worker reaches alike and
+// worker 0 gives the shards at their Init (PsClientOptions
+// ::lr_total_steps). An elastic job keeps its start's count.
+absl::StatusOr<TrainerOptions> WithLrHorizon(const TrainerOptions& options,
+                                             const DataPositions& positions) {
+  TrainerOptions out = options;
+  LrSchedule& s = out.adam.schedule;
+  if (s.decay != LrDecay::kCosine || s.total_steps != 0) return out;
+  s.total_steps = positions.total_steps();
+  if (s.total_steps <= s.warmup_steps) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "lr_total_steps: the job's ", s.total_steps,
+        " steps with a cosine schedule; expected more than warmup_steps (",
+        s.warmup_steps, ")"));
+  }
+  return out;
+}
+
+absl::StatusOr<TrainerOutput> RunWorker(const TrainerOptions& job_options,
                                         const Dataset& dataset) {
-  ASSIGN_OR_RETURN(const RunKind kind, KindOf(options));
-  const bool chief = options.worker_id == 0;
-  const LineFn say = ConsoleLines(options.log_line);
+  ASSIGN_OR_RETURN(const RunKind kind, KindOf(job_options));
   std::unique_ptr<Workload> workload;
   if (kind.synthetic) {
-    ASSIGN_OR_RETURN(workload, CreateSyntheticWorkload(options));
+    ASSIGN_OR_RETURN(workload, CreateSyntheticWorkload(job_options));
   } else {
-    ASSIGN_OR_RETURN(workload, CreateModelWorkload(options, dataset));
+    ASSIGN_OR_RETURN(workload, CreateModelWorkload(job_options, dataset));
   }
+  DataPositions positions = PositionsOf(job_options, *workload);
+  ASSIGN_OR_RETURN(const TrainerOptions options,
+                   WithLrHorizon(job_options, positions));
+  const bool chief = options.worker_id == 0;
+  const LineFn say = ConsoleLines(options.log_line);
   if (!options.init_from.empty()) {
     RETURN_IF_ERROR(workload->LoadModel(options.init_from));
   }
@@ -692,7 +716,6 @@ absl::StatusOr<TrainerOutput> RunWorker(const TrainerOptions& options,
       workload->SetWeightsGate(gate);
     }
   }
-  DataPositions positions = PositionsOf(options, *workload);
   const bool checkpointing =
       options.checkpoint_every_steps > 0 || options.checkpoint_every_secs > 0;
   if ((options.resume || checkpointing) && options.checkpoint_dir.empty()) {
