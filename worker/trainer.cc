@@ -664,8 +664,6 @@ StepLoop::EndEpochFn EndEpochFnOf(Workload& workload,
   };
 }
 
-}  // namespace
-
 // `options` with a cosine schedule's horizon where the job leaves it to
 // the data (total_steps 0): the job's total steps, epochs x steps per
 // epoch of this worker's count, which every worker reaches alike and
@@ -685,6 +683,8 @@ absl::StatusOr<TrainerOptions> WithLrHorizon(const TrainerOptions& options,
   }
   return out;
 }
+
+}  // namespace
 
 absl::StatusOr<TrainerOutput> RunWorker(const TrainerOptions& job_options,
                                         const Dataset& dataset) {
