@@ -52,8 +52,19 @@ struct LrSchedule {
   int64_t step_size = 1;
   double gamma = 0.1;
   // kCosine: the job's total steps (warmup included) and the final lr.
+  // 0: not known yet (needs_horizon()); the schedule reads it as 1.
   int64_t total_steps = 1;
   double min_lr = 0.0;
+
+  // A cosine schedule whose horizon is the job's steps as the workers
+  // count them (JobSpec optimizer.lr_total_steps 0 and no
+  // max_steps_per_epoch): the worker sets total_steps, and worker 0 gives
+  // it to the shards (ParameterShard::SetLrHorizon).
+  bool needs_horizon() const {
+    return decay == LrDecay::kCosine && total_steps == 0;
+  }
+  // The largest horizon a job may name, steps (JobSpec's bound on steps).
+  static constexpr int64_t kMaxHorizon = 1000000000;
 };
 
 // The optimizer and its hyperparameters. The Adam fields and `lr` and

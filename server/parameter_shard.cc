@@ -72,7 +72,7 @@ void ParameterShard::SetMembershipLocked(const WorkerMembership& membership) {
   num_members_.store(n);
   ends_to_decide_.store(policy_.admits() ? std::max(1, n - backups_) : n);
   auto optimizer = std::make_shared<OptimizerOptions>(options_.adam);
-  if (optimizer->schedule.total_steps == 0) {
+  if (optimizer->schedule.needs_horizon()) {
     optimizer->schedule.total_steps = std::max<int64_t>(1, lr_horizon_);
   }
   if (options_.linear_lr_scaling) {
@@ -87,13 +87,11 @@ void ParameterShard::SetMembershipLocked(const WorkerMembership& membership) {
 
 absl::Status ParameterShard::SetLrHorizon(int64_t total_steps) {
   const LrSchedule& schedule = options_.adam.schedule;
-  if (total_steps < 0 || total_steps > 1000000000) {
+  if (total_steps < 0 || total_steps > LrSchedule::kMaxHorizon) {
     return absl::InvalidArgumentError(
         absl::StrCat("lr_total_steps ", total_steps, "; expected 0 to 1e9"));
   }
-  if (schedule.decay != LrDecay::kCosine || schedule.total_steps != 0) {
-    return absl::OkStatus();  // the job's own horizon, or none needed
-  }
+  if (!schedule.needs_horizon()) return absl::OkStatus();
   absl::MutexLock lock(&init_mu_);
   if (total_steps == 0 && lr_horizon_ > 0) return absl::OkStatus();  // kept
   if (total_steps <= schedule.warmup_steps) {

@@ -673,7 +673,7 @@ absl::StatusOr<TrainerOptions> WithLrHorizon(const TrainerOptions& options,
                                              const DataPositions& positions) {
   TrainerOptions out = options;
   LrSchedule& s = out.adam.schedule;
-  if (s.decay != LrDecay::kCosine || s.total_steps != 0) return out;
+  if (!s.needs_horizon()) return out;
   s.total_steps = positions.total_steps();
   if (s.total_steps <= s.warmup_steps) {
     return absl::InvalidArgumentError(absl::StrCat(
