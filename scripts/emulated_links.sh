@@ -15,6 +15,7 @@
 #        [--compression_warmup_steps=0] [--compression_warmup_start=0]
 #        (the last three: top-k rows only)
 #        [--queue_ms=10] [--tcp_cc=NAME] [--mtu=1500] [--bin=bazel-bin]
+#        [--link_profile=false]
 #
 # Hosts: 10.78.0.1 runs `pstrain compare` and its coordinator (its link is
 # not shaped: control traffic only); 10.78.0.11.. the PS shards; 10.78.0.71..
@@ -54,6 +55,13 @@
 # in tcp_allowed_congestion_control, so --tcp_cc adds it there for the run
 # and puts the list back on exit. The report names the one used.
 #
+# --link_profile=true (one ps_sync row only: --modes=ps_sync and one
+# --num_ps) samples every link's byte counters every 5 ms during the run
+# (scripts/link_profile.py, in the switch's namespace; OUT_DIR/
+# link_samples.csv) and adds to the report where the step's time goes:
+# the shards' ingress, the pull tail after the last push, and the links'
+# idle gap before the next step's pushes (the forward no transfer overlaps).
+#
 # Needs root (network namespaces, tc), iproute2 and iperf3.
 set -euo pipefail
 # shellcheck source=scripts/netns_hosts.sh
@@ -84,6 +92,7 @@ COMPRESSION_WARMUP_STEPS=0
 COMPRESSION_WARMUP_START=0
 DELTA_PULLS=true
 PRIORITY_PULLS=false
+LINK_PROFILE=false
 COMPUTE_MS=100
 BACKWARD_FRACTION=0
 MODEL_BYTES=102228128
@@ -120,6 +129,7 @@ for arg in "$@"; do
     --compression_warmup_steps=*) COMPRESSION_WARMUP_STEPS="${arg#*=}" ;;
     --compression_warmup_start=*) COMPRESSION_WARMUP_START="${arg#*=}" ;;
     --priority_pulls=*) PRIORITY_PULLS="${arg#*=}" ;;
+    --link_profile=*) LINK_PROFILE="${arg#*=}" ;;
     --out_dir=*) OUT_DIR="${arg#*=}" ;;
     --bin=*) BIN="${arg#*=}" ;;
     *)
@@ -155,6 +165,14 @@ done
   fail "--mtu=$MTU: expected an integer from 68 to 65535 (bytes)"
 [[ "$PRIORITY_PULLS" == true || "$PRIORITY_PULLS" == false ]] ||
   fail "--priority_pulls=$PRIORITY_PULLS: expected true or false"
+[[ "$LINK_PROFILE" == true || "$LINK_PROFILE" == false ]] ||
+  fail "--link_profile=$LINK_PROFILE: expected true or false"
+if [[ "$LINK_PROFILE" == true ]]; then
+  [[ "$MODES" == ps_sync && "$NUM_PS" =~ ^[0-9]+$ ]] ||
+    fail "--link_profile=true profiles one sync PS run's steps: expected" \
+      "--modes=ps_sync and one --num_ps (got --modes=$MODES" \
+      "--num_ps=$NUM_PS)"
+fi
 CC_SYSCTL=/proc/sys/net/ipv4
 # cc_listed LIST NAME: whether NAME is in the space-separated sysctl LIST.
 cc_listed() { tr ' ' '\n' <"$CC_SYSCTL/$1" | grep -qx "$2"; }
@@ -370,6 +388,13 @@ ps_wire=()
   ps_wire+=(--compression_warmup_start="$COMPRESSION_WARMUP_START")
 [ "$MOMENTUM" = 0 ] || ps_wire+=(--momentum="$MOMENTUM")
 [ "$NESTEROV" = false ] || ps_wire+=(--nesterov=true)
+PROFILER_PID=""
+if [[ "$LINK_PROFILE" == true ]]; then
+  PROFILER="$(cd "$(dirname "$0")" && pwd)/link_profile.py"
+  ip netns exec "$SWITCH" python3 "$PROFILER" sample \
+    "$OUT_DIR/link_samples.csv" --strip_prefix="$TAG" &
+  PROFILER_PID=$!
+fi
 ip netns exec "$(ns_of c)" "$PSTRAIN" compare --compute=synthetic \
   --compute_ms="$COMPUTE_MS" --backward_fraction="$BACKWARD_FRACTION" \
   --model_bytes="$MODEL_BYTES" \
@@ -380,6 +405,16 @@ ip netns exec "$(ns_of c)" "$PSTRAIN" compare --compute=synthetic \
   --link_mbit="$LINK_MBIT" --coordinator_host="$(ip_of c)" \
   --ps_netns="$ps_netns" --worker_netns="$worker_netns" \
   --heartbeat_timeout_s=120 --out_dir="$OUT_DIR"
+if [[ -n "$PROFILER_PID" ]]; then
+  kill -TERM "$PROFILER_PID" && wait "$PROFILER_PID" || true
+  ps_ports=""
+  for ((i = 0; i < NUM_PS; i++)); do ps_ports+="${ps_ports:+,}p$i"; done
+  {
+    echo
+    python3 "$PROFILER" report "$OUT_DIR/link_samples.csv" \
+      --ps="$ps_ports" || echo "(no link profile: see the error above)"
+  } >>"$OUT_DIR/results.md"
+fi
 {
   echo
   echo "Emulated links: \`bash scripts/emulated_links.sh $*\`:" \
