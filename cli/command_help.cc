@@ -228,8 +228,10 @@ Flags JobFlags(const std::string& what) {
            {"compute",
             "model: forward and backward of --model on --dataset; synthetic: a "
             "stand-in for a GPU that sleeps --compute_ms per step and "
-            "exchanges "
-            "--model_bytes of gradients (no dataset)."},
+            "exchanges --model_bytes of gradients in tensors of at most 1 "
+            "MiB, each taking time by its size, or with --model that model's "
+            "tensors (on Fashion-MNIST's input; bert_*: 128 tokens), each "
+            "taking time by its layer's multiply-accumulates (no dataset)."},
            {"compute_ms", "--compute=synthetic: milliseconds per step."},
            {"backward_fraction",
             "--compute=synthetic: the share (0 to 1) of --compute_ms that is a "
@@ -321,7 +323,8 @@ CommandInfo RunInfo() {
       "--max_restarts); mode "
       "allreduce: --bucket_bytes; both: --wire_dtype. --compute=synthetic: "
       "--compute_ms, "
-      "--model_bytes, --backward_fraction and no dataset flags. A flag "
+      "--model_bytes or --model, --backward_fraction and no dataset flags. "
+      "A flag "
       "the run would ignore is an error. Exit 0 done, 1 a task failed, 2 "
       "bad flags (nothing started), 128+signal interrupted.",
       Join({{{"num_ps",

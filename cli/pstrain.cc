@@ -208,8 +208,10 @@ ABSL_FLAG(std::string, worker_binary, "",
 ABSL_FLAG(pstrain::ComputeKind, compute, pstrain::COMPUTE_MODEL,
           "model: forward and backward of --model on --dataset; synthetic: "
           "a stand-in for a GPU that sleeps --compute_ms per step and "
-          "exchanges --model_bytes of gradients (no dataset; set "
-          "--max_steps_per_epoch or, for compare, --steps).");
+          "exchanges --model_bytes of gradients, or with --model that "
+          "model's tensors, the time split by its layers' multiply-"
+          "accumulates (no dataset; set --max_steps_per_epoch or, for "
+          "compare, --steps).");
 ABSL_FLAG(double, compute_ms, 100, "synthetic compute: ms per step.");
 ABSL_FLAG(double, backward_fraction, 0,
           "synthetic compute: the share (0 to 1) of --compute_ms that is a "
@@ -445,6 +447,12 @@ absl::Status CheckIgnoredFlags(const JobConfig& config,
       return ignored(flag, "it is for --compute=synthetic");
     }
   }
+  if (synthetic && FlagSpecified("model") && FlagSpecified("model_bytes")) {
+    return ignored(
+        "model_bytes",
+        absl::StrCat("--compute=synthetic --model=", absl::GetFlag(FLAGS_model),
+                     " exchanges that model's tensors"));
+  }
   if (synthetic) {
     for (const char* flag : {"dataset", "data_dir", "image_size", "num_classes",
                              "synthetic_samples", "seq_len"}) {
@@ -524,6 +532,9 @@ JobSpec SpecFromFlags(Mode mode, int num_ps, int num_workers) {
   spec.set_compute_ms(absl::GetFlag(FLAGS_compute_ms));
   spec.set_model_bytes(absl::GetFlag(FLAGS_model_bytes));
   spec.set_backward_fraction(absl::GetFlag(FLAGS_backward_fraction));
+  // --model given with synthetic compute: the step takes its shape.
+  spec.set_synthetic_layers(absl::GetFlag(FLAGS_compute) == COMPUTE_SYNTHETIC &&
+                            FlagSpecified("model"));
   spec.set_registration_timeout_s(absl::GetFlag(FLAGS_registration_timeout_s));
   // Absolute, so that every task finds them whatever its folder.
   auto absolute = [](const std::string& path) -> std::string {

@@ -293,9 +293,19 @@ absl::Status CheckPaths(const JobSpec& spec) {
 // Synthetic compute's sizes, and what it has no model for.
 absl::Status CheckCompute(const JobConfig& config) {
   const JobSpec& spec = config.spec;
-  if (config.compute != COMPUTE_SYNTHETIC) return absl::OkStatus();
-  RETURN_IF_ERROR(
-      CheckBytes("model_bytes", spec.model_bytes(), 4, kMaxModelBytes));
+  if (config.compute != COMPUTE_SYNTHETIC) {
+    if (spec.synthetic_layers()) {
+      return Bad("synthetic_layers",
+                 "true with compute model; expected compute synthetic (a "
+                 "model job's layers take their own time)");
+    }
+    return absl::OkStatus();
+  }
+  // Shaped like `model`, the step exchanges the model's tensors.
+  if (!spec.synthetic_layers()) {
+    RETURN_IF_ERROR(
+        CheckBytes("model_bytes", spec.model_bytes(), 4, kMaxModelBytes));
+  }
   RETURN_IF_ERROR(
       CheckRange("compute_ms", spec.compute_ms(), 0.0, kMaxComputeMs, "ms"));
   RETURN_IF_ERROR(CheckRange("backward_fraction", spec.backward_fraction(), 0.0,

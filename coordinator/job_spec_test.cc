@@ -241,6 +241,12 @@ TEST(JobSpecTest, RangesAcceptTheirBoundsAndRefuseOneBeyond) {
        synthetic_no_model_bytes + "model_bytes: 17179869188",
        "model_bytes: 17179869188; expected a multiple of 4 from 4 to "
        "17179869184 bytes"},
+      // Shaped like a model, the synthetic step needs no model_bytes; a
+      // model job's layers are its own.
+      {synthetic_no_model_bytes + "synthetic_layers: true model: \"resnet18\"",
+       base + "synthetic_layers: true model: \"resnet18\"",
+       "synthetic_layers: true with compute model; expected compute "
+       "synthetic (a model job's layers take their own time)"},
       {synthetic + "compute_ms: 3600000", synthetic + "compute_ms: 3600000.5",
        "compute_ms: 3600000.5; expected 0 to 3600000 ms"},
       {synthetic + "compute_ms: 0", synthetic + "compute_ms: nan",

@@ -642,6 +642,26 @@ int64_t Model::ForwardMacsPerSample() const {
   return macs;
 }
 
+std::vector<int64_t> Model::ForwardMacsPerPsTensor() const {
+  std::vector<int64_t> macs(params_.size() + buffers_.size(), 0);
+  for (const auto& node : nodes_) {
+    const Shape in = node->inputs[0] < 0
+                         ? InputSampleShape()
+                         : nodes_[node->inputs[0]]->sample_shape;
+    const int64_t layer = pstrain::ForwardMacsPerSample(node->spec, in);
+    int64_t elements = 0;
+    for (const Param& p : node->params) elements += p.value.size();
+    if (layer == 0 || elements == 0) continue;
+    for (size_t i = 0; i < node->params.size(); ++i) {
+      macs[node->first_param + i] = static_cast<int64_t>(
+          static_cast<double>(layer) *
+          static_cast<double>(node->params[i].value.size()) /
+          static_cast<double>(elements));
+    }
+  }
+  return macs;
+}
+
 std::string Model::Summary() const {
   std::string out;
   for (const auto& node : nodes_) {

@@ -193,6 +193,12 @@ class Model {
   // Trainable parameters (buffers not counted, as torchvision's tables).
   int64_t NumParameters() const;
   int64_t ForwardMacsPerSample() const;
+  // ForwardMacsPerSample's count by PS tensor, in PsTensorNumElements'
+  // order: each layer's multiply-accumulates split over its own parameters
+  // by their sizes (a convolution's weight takes nearly all, its bias the
+  // rest); buffers 0. Sums to ForwardMacsPerSample() up to the splits'
+  // rounding, less the layers that own no parameter (a tied MLM decoder).
+  std::vector<int64_t> ForwardMacsPerPsTensor() const;
   // One line per layer: name, type, output shape per sample, parameters.
   std::string Summary() const;
 

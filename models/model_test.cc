@@ -56,6 +56,33 @@ TEST(ModelZoo, ParameterCountsMatchTorchvision) {
   }
 }
 
+// Model::ForwardMacsPerPsTensor: ResNet-18's count by tensor sums to the
+// model's (each split rounds down by under one), convolutions' weights
+// carry it, BatchNorm's parameters and the buffers none.
+TEST(ModelZoo, ForwardMacsPerPsTensorSplitTheModelsCount) {
+  std::unique_ptr<Backend> cpu = NewCpuBackend();
+  absl::StatusOr<std::unique_ptr<Model>> model =
+      Model::Create("resnet18", {1, 28, 28}, 10, ModelOptions(), cpu.get());
+  ASSERT_TRUE(model.ok()) << model.status();
+  const std::vector<int64_t> macs = (*model)->ForwardMacsPerPsTensor();
+  const std::vector<std::string> names = (*model)->PsTensorNames();
+  ASSERT_EQ(macs.size(), names.size());
+  int64_t sum = 0;
+  for (size_t t = 0; t < macs.size(); ++t) {
+    sum += macs[t];
+    if (names[t].find("bn") != std::string::npos ||
+        t >= (*model)->params().size()) {
+      EXPECT_EQ(macs[t], 0) << names[t];
+    }
+    if (names[t] == "conv1.weight") {
+      EXPECT_GT(macs[t], 0);
+    }
+  }
+  const int64_t total = (*model)->ForwardMacsPerSample();
+  EXPECT_LE(sum, total);
+  EXPECT_GE(sum, total - static_cast<int64_t>(macs.size()));
+}
+
 TEST(ModelZoo, ForwardMacsOfResNet50MatchThePublishedFigure) {
   std::unique_ptr<Backend> cpu = NewCpuBackend();
   std::unique_ptr<Model> model =

@@ -561,6 +561,27 @@ TEST(CompareCliTest, CompressionFlagsGoToTheCompressedRowsOnly) {
   EXPECT_NE(md.find("| allreduce | 0 |"), std::string::npos) << md;
 }
 
+// --compute=synthetic --model=NAME: the synthetic step exchanges that
+// model's tensors (LeNet-5's 61,706 parameters on Fashion-MNIST's input:
+// 246,824 bytes, the default run's), not --model_bytes.
+TEST(CompareCliTest, SyntheticComputeTakesTheModelsTensors) {
+  const std::string out = TempDir() + "/compare_synthetic_layers";
+  const Result r = pstrain::testing::RunCommand(
+      "cli/pstrain compare --compute=synthetic --model=lenet5 --compute_ms=5 "
+      "--backward_fraction=0.5 --modes=ps_sync,allreduce --workers=2 "
+      "--num_ps=1 --steps=3 --out_dir=" +
+      out);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("246824 bytes of gradients in 10 tensors shaped "
+                          "like lenet5's"),
+            std::string::npos)
+      << r.output;
+  std::string md;
+  ASSERT_TRUE(pstrain::ReadFile(out + "/results.md", &md).ok());
+  EXPECT_NE(md.find("| ps_sync | 1 | 246824 |"), std::string::npos) << md;
+  EXPECT_NE(md.find("| allreduce | 0 | 246824 |"), std::string::npos) << md;
+}
+
 TEST(RunCliTest, CorruptDatasetGetsOneLineErrorAndExitCode2) {
   const std::string dir = TempDir() + "/corrupt";
   ASSERT_EQ(std::system(("mkdir -p " + dir).c_str()), 0);
@@ -764,6 +785,10 @@ TEST(RunCliTest, IgnoredFlagsAreErrors) {
        "parameter-server modes (sync, async), not --mode=allreduce"},
       {"run --compute=synthetic --max_steps_per_epoch=3 --dataset=mnist",
        "--dataset would be ignored: --compute=synthetic reads no dataset"},
+      {"run --compute=synthetic --max_steps_per_epoch=3 --model=resnet18 "
+       "--model_bytes=400",
+       "--model_bytes would be ignored: --compute=synthetic --model=resnet18 "
+       "exchanges that model's tensors"},
       {"run --num_classes=10",
        "--num_classes would be ignored: it is for --dataset=synthetic, not "
        "fashion_mnist"},

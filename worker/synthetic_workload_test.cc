@@ -2,12 +2,14 @@
 // with the gradients announced through backward and, with priority pulls,
 // a forward that waits for each tensor's weights.
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "gtest/gtest.h"
 #include "models/backend.h"
+#include "models/model.h"
 #include "worker/trainer.h"
 #include "worker/workload.h"
 
@@ -103,6 +105,54 @@ TEST(SyntheticWorkloadTest, AGatedForwardStartsBeforeThePullEnds) {
   EXPECT_GE(took, absl::Milliseconds(135));
   EXPECT_LT(took, absl::Milliseconds(160) + absl::Milliseconds(400))
       << "a loaded machine's slack only";
+}
+
+// Shaped like ResNet-18 (JobSpec.synthetic_layers): the model's PS tensors,
+// and each layer's time by its multiply-accumulates. layer4 holds 75% of
+// the bytes but about a fifth of the multiply-accumulates, so a backward
+// timed by size would announce its last tensor (the first layer4 one,
+// backward going last first) at about 1 + 0.75 = 1.75 s of a 2-s step with
+// 1 s of backward; by multiply-accumulates it is about 1.2 s.
+TEST(SyntheticWorkloadTest, ShapedLikeAModelItTakesItsTensorsAndLayerTimes) {
+  TrainerOptions options;
+  options.synthetic_layers = true;
+  options.model = "resnet18";
+  options.model_bytes = 0;  // unused: the model's
+  options.compute_ms = 2000;
+  options.backward_fraction = 0.5;
+  options.max_steps_per_epoch = 10;
+  absl::StatusOr<std::unique_ptr<Workload>> w =
+      CreateSyntheticWorkload(options);
+  ASSERT_TRUE(w.ok()) << w.status();
+  std::unique_ptr<Backend> cpu = NewCpuBackend();
+  absl::StatusOr<std::unique_ptr<Model>> model =
+      Model::Create("resnet18", {1, 28, 28}, 10, ModelOptions(), cpu.get());
+  ASSERT_TRUE(model.ok()) << model.status();
+  EXPECT_EQ((*w)->TensorNumElements(), (*model)->PsTensorNumElements());
+  const std::vector<std::string> names = (*w)->TensorNames();
+  EXPECT_EQ(names, (*model)->PsTensorNames());
+  int first_layer4 = -1;
+  for (size_t t = 0; t < names.size() && first_layer4 < 0; ++t) {
+    if (names[t].rfind("layer4.", 0) == 0) first_layer4 = static_cast<int>(t);
+  }
+  ASSERT_GT(first_layer4, 0);
+
+  std::vector<Announced> announced;
+  const absl::Time start = absl::Now();
+  ASSERT_TRUE((*w)->Step(Recorder(start, &announced)).ok());
+  ASSERT_EQ(announced.size(), names.size());
+  EXPECT_EQ(announced.back().tensor, 0);  // conv1's weight, last
+  for (const Announced& a : announced) {
+    if (a.tensor != first_layer4) continue;
+    EXPECT_GE(a.at, absl::Milliseconds(1000));
+    EXPECT_LT(a.at, absl::Milliseconds(1500))
+        << "layer4 took its share of the bytes, not of the "
+           "multiply-accumulates";
+  }
+
+  options.model = "no_such_model";
+  EXPECT_EQ(CreateSyntheticWorkload(options).status().code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 TEST(SyntheticWorkloadTest, TheGatesErrorEndsTheStep) {

@@ -106,6 +106,9 @@ struct TrainerOptions {
   // the gradients one tensor at a time, last first, each after its share
   // by size (a backward pass to overlap); 0: all at the end of the sleep.
   double backward_fraction = 0;
+  // Synthetic: the tensors of `model` instead of model_bytes, their time
+  // split by each layer's multiply-accumulates (JobSpec.synthetic_layers).
+  bool synthetic_layers = false;
   // Per worker.
   int batch_size = 64;
   int epochs = 2;

@@ -394,6 +394,7 @@ absl::StatusOr<pstrain::TrainerOptions> TrainerOptionsOf(
   options.compute_ms = spec.compute_ms();
   options.model_bytes = spec.model_bytes();
   options.backward_fraction = spec.backward_fraction();
+  options.synthetic_layers = spec.synthetic_layers();
   options.batch_size = spec.batch_size();
   options.input_threads = threads.input_threads;
   options.input_idle_priority = threads.idle_input;

@@ -375,7 +375,8 @@ class SyntheticWorkload : public Workload {
  public:
   static absl::StatusOr<std::unique_ptr<Workload>> Create(
       const TrainerOptions& options) {
-    if (options.model_bytes < 4 || options.model_bytes % 4 != 0) {
+    if (!options.synthetic_layers &&
+        (options.model_bytes < 4 || options.model_bytes % 4 != 0)) {
       return absl::InvalidArgumentError(
           absl::StrCat("synthetic compute: model_bytes ", options.model_bytes,
                        "; expected a positive multiple of 4"));
@@ -396,11 +397,22 @@ class SyntheticWorkload : public Workload {
           "(max_steps_per_epoch > 0)");
     }
     auto w = absl::WrapUnique(new SyntheticWorkload(options));
-    int64_t left = options.model_bytes / 4;
-    while (left > 0) {
-      const int64_t n = std::min(left, kTensorElements);
-      w->sizes_.push_back(n);
-      left -= n;
+    std::vector<int64_t> weights;  // of each tensor's time
+    if (options.synthetic_layers) {
+      RETURN_IF_ERROR(w->ShapeLike(options.model, &weights));
+    } else {
+      int64_t left = options.model_bytes / 4;
+      while (left > 0) {
+        const int64_t n = std::min(left, kTensorElements);
+        w->sizes_.push_back(n);
+        left -= n;
+      }
+      weights = w->sizes_;
+    }
+    double total = 0;
+    for (int64_t x : weights) total += static_cast<double>(x);
+    for (int64_t x : weights) {
+      w->shares_.push_back(static_cast<double>(x) / total);
     }
     // Weights as a model's initialisation: the same on every worker (the
     // exchange broadcasts worker 0's anyway). Gradients: small fixed
@@ -429,6 +441,7 @@ class SyntheticWorkload : public Workload {
   int num_buffers() const override { return 0; }
   std::vector<int64_t> TensorNumElements() const override { return sizes_; }
   std::vector<std::string> TensorNames() const override {
+    if (!names_.empty()) return names_;
     std::vector<std::string> names;
     for (size_t t = 0; t < sizes_.size(); ++t) {
       names.push_back(absl::StrCat("synthetic.", t));
@@ -451,10 +464,10 @@ class SyntheticWorkload : public Workload {
 
   // Forward (the first 1 - backward_fraction of the step): a sleep; with a
   // weights gate (priority pulls), tensor by tensor, first first, each
-  // share (by size) once its weights are in, as a model's layers ask
+  // share (shares_) once its weights are in, as a model's layers ask
   // (Model::ForwardBackward), then a wait for the whole pull. Backward
   // (the rest): each tensor, last first, is announced once its share of
-  // the backward time (by size) has passed, measured from the backward's
+  // the backward time (shares_) has passed, measured from the backward's
   // start so that announcing does not add to the step. Without a backward
   // fraction, every gradient at once when the sleep ends. A gate's error
   // (the pull's) ends the step.
@@ -462,13 +475,12 @@ class SyntheticWorkload : public Workload {
     const absl::Duration step = absl::Milliseconds(options_.compute_ms);
     const absl::Duration backward = step * options_.backward_fraction;
     const absl::Duration forward = step - backward;
-    const double total = static_cast<double>(options_.model_bytes / 4);
+
     absl::Time at = absl::Now();  // where the forward has got to
     if (gate_ != nullptr) {
       for (size_t t = 0; t < sizes_.size(); ++t) {
         RETURN_IF_ERROR(gate_->AwaitTensor(static_cast<int>(t)));
-        at = std::max(at, absl::Now()) +
-             forward * (static_cast<double>(sizes_[t]) / total);
+        at = std::max(at, absl::Now()) + forward * shares_[t];
         absl::SleepFor(at - absl::Now());
       }
       RETURN_IF_ERROR(gate_->AwaitAll());
@@ -479,8 +491,8 @@ class SyntheticWorkload : public Workload {
     if (backward > absl::ZeroDuration()) {
       double done = 0;
       for (int t : all_tensors_) {
-        done += static_cast<double>(sizes_[t]);
-        absl::SleepFor(at + backward * (done / total) - absl::Now());
+        done += shares_[t];
+        absl::SleepFor(at + backward * done - absl::Now());
         on_ready(absl::MakeConstSpan(&t, 1), nullptr);
       }
     }
@@ -504,13 +516,21 @@ class SyntheticWorkload : public Workload {
   absl::StatusOr<Evaluation> Evaluate() override {
     return absl::FailedPreconditionError("synthetic compute has no test set");
   }
-  int64_t num_parameters() const override { return options_.model_bytes / 4; }
+  int64_t num_parameters() const override {
+    int64_t n = 0;
+    for (int64_t s : sizes_) n += s;
+    return n;
+  }
   std::string Describe() const override {
     return absl::StrFormat(
         "synthetic compute: %.1f ms per step (the last %.0f%% a backward "
-        "pass), %d bytes of gradients in %d tensors",
+        "pass), %d bytes of gradients in %d tensors%s",
         options_.compute_ms, options_.backward_fraction * 100,
-        options_.model_bytes, sizes_.size());
+        4 * num_parameters(), sizes_.size(),
+        options_.synthetic_layers
+            ? absl::StrCat(" shaped like ", options_.model,
+                           "'s (time by multiply-accumulates)")
+            : "");
   }
 
  private:
@@ -520,9 +540,47 @@ class SyntheticWorkload : public Workload {
   explicit SyntheticWorkload(const TrainerOptions& options)
       : options_(options) {}
 
+  // sizes_ and names_ become `model`'s PS tensors (built on the CPU backend
+  // on Fashion-MNIST's input, a bert_* model on 128 tokens of BERT's
+  // vocabulary; JobSpec.synthetic_layers), `time_weights` each one's
+  // forward multiply-accumulates. INVALID_ARGUMENT for an unknown model or
+  // one that counts none.
+  absl::Status ShapeLike(const std::string& model,
+                         std::vector<int64_t>* time_weights) {
+    std::unique_ptr<Backend> cpu = NewCpuBackend();
+    const bool sequence = IsSequenceModel(model);
+    absl::StatusOr<std::unique_ptr<Model>> built =
+        Model::Create(model, sequence ? Shape{kSequence} : Shape{1, 28, 28},
+                      sequence ? kVocabulary : 10, ModelOptions(), cpu.get());
+    if (!built.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("synthetic compute shaped like model ", model, ": ",
+                       built.status().message()));
+    }
+    sizes_ = (*built)->PsTensorNumElements();
+    names_ = (*built)->PsTensorNames();
+    *time_weights = (*built)->ForwardMacsPerPsTensor();
+    int64_t macs = 0;
+    for (int64_t m : *time_weights) macs += m;
+    if (macs <= 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("synthetic compute shaped like model ", model,
+                       ": it counts no multiply-accumulates to share the "
+                       "step's time by"));
+    }
+    return absl::OkStatus();
+  }
+
+  static constexpr int64_t kSequence = 128;
+  static constexpr int kVocabulary = 30522;
+
   const TrainerOptions& options_;
   WeightsGate* gate_ = nullptr;  // not owned; null: no priority pulls
   std::vector<int64_t> sizes_;
+  std::vector<std::string> names_;  // a model's (synthetic_layers)
+  // Each tensor's share of the forward and of the backward time (sum 1):
+  // by size, or by its layer's multiply-accumulates (synthetic_layers).
+  std::vector<double> shares_;
   std::vector<int> all_tensors_;  // Last first, as backward.
   std::vector<std::vector<float>> weight_storage_;
   std::vector<std::vector<float>> gradient_storage_;
