@@ -15,7 +15,11 @@
 #        [--compression_warmup_steps=0] [--compression_warmup_start=0]
 #        (the last three: top-k rows only)
 #        [--queue_ms=10] [--tcp_cc=NAME] [--mtu=1500] [--bin=bazel-bin]
-#        [--link_profile=false]
+#        [--link_profile=false] [--tcp_notsent_lowat=0]
+#        [--channels_per_shard=0] (PS rows; 0: pstrain's automatic count)
+#        [--model=NAME] (the synthetic step shaped like NAME: its tensors,
+#        each layer's time by its multiply-accumulates; --model_bytes must
+#        then be the model's bytes, which the raw TCP baseline moves)
 #
 # Hosts: 10.78.0.1 runs `pstrain compare` and its coordinator (its link is
 # not shaped: control traffic only); 10.78.0.11.. the PS shards; 10.78.0.71..
@@ -62,6 +66,13 @@
 # the shards' ingress, the pull tail after the last push, and the links'
 # idle gap before the next step's pushes (the forward no transfer overlaps).
 #
+# --tcp_notsent_lowat=BYTES (> 0) sets every host's
+# net.ipv4.tcp_notsent_lowat: a socket takes no more data while that many
+# bytes wait unsent in it, so a sender's backlog stays in the application,
+# where a priority order can still reorder it, instead of in the kernel's
+# send buffer (megabytes a connection otherwise). 0 keeps the kernel's
+# default (no limit).
+#
 # Needs root (network namespaces, tc), iproute2 and iperf3.
 set -euo pipefail
 # shellcheck source=scripts/netns_hosts.sh
@@ -93,6 +104,9 @@ COMPRESSION_WARMUP_START=0
 DELTA_PULLS=true
 PRIORITY_PULLS=false
 LINK_PROFILE=false
+TCP_NOTSENT_LOWAT=0
+CHANNELS_PER_SHARD=0
+MODEL=""
 COMPUTE_MS=100
 BACKWARD_FRACTION=0
 MODEL_BYTES=102228128
@@ -130,6 +144,9 @@ for arg in "$@"; do
     --compression_warmup_start=*) COMPRESSION_WARMUP_START="${arg#*=}" ;;
     --priority_pulls=*) PRIORITY_PULLS="${arg#*=}" ;;
     --link_profile=*) LINK_PROFILE="${arg#*=}" ;;
+    --tcp_notsent_lowat=*) TCP_NOTSENT_LOWAT="${arg#*=}" ;;
+    --channels_per_shard=*) CHANNELS_PER_SHARD="${arg#*=}" ;;
+    --model=*) MODEL="${arg#*=}" ;;
     --out_dir=*) OUT_DIR="${arg#*=}" ;;
     --bin=*) BIN="${arg#*=}" ;;
     *)
@@ -165,6 +182,11 @@ done
   fail "--mtu=$MTU: expected an integer from 68 to 65535 (bytes)"
 [[ "$PRIORITY_PULLS" == true || "$PRIORITY_PULLS" == false ]] ||
   fail "--priority_pulls=$PRIORITY_PULLS: expected true or false"
+[[ "$CHANNELS_PER_SHARD" =~ ^[0-9]+$ ]] ||
+  fail "--channels_per_shard=$CHANNELS_PER_SHARD: expected a count >= 0" \
+    "(0: automatic)"
+[[ "$TCP_NOTSENT_LOWAT" =~ ^[0-9]+$ ]] ||
+  fail "--tcp_notsent_lowat=$TCP_NOTSENT_LOWAT: expected bytes >= 0"
 [[ "$LINK_PROFILE" == true || "$LINK_PROFILE" == false ]] ||
   fail "--link_profile=$LINK_PROFILE: expected true or false"
 if [[ "$LINK_PROFILE" == true ]]; then
@@ -253,6 +275,11 @@ for h in "${HOSTS[@]}"; do
     fail "cannot set --mtu=$MTU on host $h's link"
   ip netns exec "$ns" sysctl -qw net.ipv4.tcp_congestion_control="$TCP_CC" ||
     fail "cannot set TCP congestion control $TCP_CC in $ns"
+  if ((TCP_NOTSENT_LOWAT > 0)); then
+    ip netns exec "$ns" sysctl -qw \
+      net.ipv4.tcp_notsent_lowat="$TCP_NOTSENT_LOWAT" ||
+      fail "cannot set net.ipv4.tcp_notsent_lowat in $ns"
+  fi
   if [[ "$h" != c ]]; then
     shape "$ns" eth0
     shape "$SWITCH" "${TAG}$h"
@@ -381,6 +408,8 @@ ps_wire=()
 [ "$COMPRESSION" = none ] ||
   ps_wire+=(--compression="$COMPRESSION" --delta_pulls="$DELTA_PULLS")
 [ "$PRIORITY_PULLS" = false ] || ps_wire+=(--priority_pulls=true)
+[ "$CHANNELS_PER_SHARD" = 0 ] ||
+  ps_wire+=(--channels_per_shard="$CHANNELS_PER_SHARD")
 [ "$MOMENTUM_CORRECTION" = false ] || ps_wire+=(--momentum_correction=true)
 [ "$COMPRESSION_WARMUP_STEPS" = 0 ] ||
   ps_wire+=(--compression_warmup_steps="$COMPRESSION_WARMUP_STEPS")
@@ -395,9 +424,12 @@ if [[ "$LINK_PROFILE" == true ]]; then
     "$OUT_DIR/link_samples.csv" --strip_prefix="$TAG" &
   PROFILER_PID=$!
 fi
+# The synthetic step's shape: --model's tensors, or --model_bytes of them.
+shape=(--model_bytes="$MODEL_BYTES")
+[[ -z "$MODEL" ]] || shape=(--model="$MODEL")
 ip netns exec "$(ns_of c)" "$PSTRAIN" compare --compute=synthetic \
   --compute_ms="$COMPUTE_MS" --backward_fraction="$BACKWARD_FRACTION" \
-  --model_bytes="$MODEL_BYTES" \
+  "${shape[@]}" \
   --batch_size="$BATCH_SIZE" --partition_bytes="$PARTITION_BYTES" \
   --workers="$WORKERS" --num_ps="$NUM_PS" \
   --modes="$MODES" --steps="$STEPS" --log_every_steps=1000000 \
