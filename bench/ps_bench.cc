@@ -76,6 +76,10 @@ ABSL_FLAG(std::vector<std::string>, channels_per_shard,
           std::vector<std::string>({"1", "2", "4"}),
           "Comma-separated gRPC channels (TCP connections) per shard to time "
           "for each shard count, 1 to 16 (worker/ps_client.h).");
+ABSL_FLAG(int, sync_server_queues, 0,
+          "The shards' gRPC completion queues, N to 2N pollers each run "
+          "(common/grpc_server.h ServerLimits::sync_server_queues), 0 to 64; "
+          "0: gRPC's defaults.");
 ABSL_FLAG(std::vector<std::string>, compressions,
           std::vector<std::string>({"topk:0.01"}),
           "Top-k compressions (with error feedback) to time beside fp32 "
@@ -172,7 +176,9 @@ PsRun TimePs(int num_shards, const std::vector<int64_t>& sizes,
   }
   ShardOptions shard_options;
   shard_options.adam = optimizer;
-  LocalShards shards(num_shards, shard_options, tls);
+  ServerLimits limits;
+  limits.sync_server_queues = absl::GetFlag(FLAGS_sync_server_queues);
+  LocalShards shards(num_shards, shard_options, tls, limits);
   auto plan = PartitionPlan::Create(sizes, partition_bytes, num_shards);
   PsClientOptions client_options;
   client_options.addresses = shards.addresses();
@@ -338,6 +344,13 @@ int main(int argc, char** argv) {
     }
     channel_counts.push_back(n);
   }
+  if (const int q = absl::GetFlag(FLAGS_sync_server_queues); q < 0 || q > 64) {
+    std::fprintf(stderr,
+                 "ps_bench: --sync_server_queues=%d: expected 0 (gRPC's "
+                 "defaults) to 64\n",
+                 q);
+    return 2;
+  }
   if (absl::GetFlag(FLAGS_model_bytes) < 4 ||
       absl::GetFlag(FLAGS_tensor_bytes) < 4) {
     std::fprintf(stderr,
@@ -390,6 +403,12 @@ int main(int argc, char** argv) {
   }
   const std::vector<pstrain::CompressionOptions> compressions =
       pstrain::CompressionsFromFlag();
+  if (const int q = absl::GetFlag(FLAGS_sync_server_queues); q > 0) {
+    std::printf(
+        "# shards' gRPC servers: %d completion queues, %d to %d "
+        "pollers\n",
+        q, q, 2 * q);
+  }
   std::printf("# %12s %7s %3s %-12s %-15s %10s %10s %8s %10s %11s %7s\n",
               "payload", "shards", "ch", "transport", "wire", "time", "wire",
               "GB/s", "ratio", "TLS ratio", "#wrong");

@@ -6,6 +6,7 @@
 #include <grpcpp/health_check_service_interface.h>
 #include <grpcpp/impl/server_builder_option.h>
 
+#include <algorithm>
 #include <utility>
 #include <vector>
 
@@ -142,6 +143,12 @@ absl::StatusOr<ListeningServer> StartGrpcServer(
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA,
                              kMaxPingsWithoutData);
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PING_STRIKES, kMaxPingStrikes);
+  if (limits.sync_server_queues > 0) {
+    const int n = std::min(limits.sync_server_queues, 64);
+    builder.SetSyncServerOption(grpc::ServerBuilder::NUM_CQS, n);
+    builder.SetSyncServerOption(grpc::ServerBuilder::MIN_POLLERS, n);
+    builder.SetSyncServerOption(grpc::ServerBuilder::MAX_POLLERS, 2 * n);
+  }
   // gRPC sets SO_REUSEPORT by default, which would let two tasks listen on
   // one port and split its connections; a port in use must fail instead.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);

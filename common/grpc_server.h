@@ -66,6 +66,13 @@ struct ServerLimits {
   // the connections already open carry on. Applied only where
   // ConnectionCapSupported(); ignored otherwise.
   int max_connections = 4096;
+  // The synchronous server's completion queues and poller threads, count
+  // (ServerBuilder::SetSyncServerOption): 0 keeps gRPC's defaults (one
+  // queue, one to two pollers); N > 0 runs N queues with N to 2N pollers.
+  // Pollers read the connections, and over TLS unprotect their records, so
+  // on a many-core host more of them may spread mutual TLS's cost (issue
+  // 39; BENCHMARKS.md "Mutual TLS"). At most 64.
+  int sync_server_queues = 0;
 };
 
 // Whether the gRPC this was built with can cap a server's connections

@@ -438,7 +438,8 @@ ip netns exec "$(ns_of c)" "$PSTRAIN" compare --compute=synthetic \
   --ps_netns="$ps_netns" --worker_netns="$worker_netns" \
   --heartbeat_timeout_s=120 --out_dir="$OUT_DIR"
 if [[ -n "$PROFILER_PID" ]]; then
-  kill -TERM "$PROFILER_PID" && wait "$PROFILER_PID" || true
+  kill -TERM "$PROFILER_PID" 2>/dev/null || true
+  wait "$PROFILER_PID" || true
   ps_ports=""
   for ((i = 0; i < NUM_PS; i++)); do ps_ports+="${ps_ports:+,}p$i"; done
   {

@@ -8,7 +8,7 @@
 namespace pstrain {
 
 LocalShards::LocalShards(int num_shards, ShardOptions options,
-                         const TlsOptions& tls) {
+                         const TlsOptions& tls, const ServerLimits& limits) {
   for (int s = 0; s < num_shards; ++s) {
     options.shard_index = s;
     options.num_shards = num_shards;
@@ -19,7 +19,7 @@ LocalShards::LocalShards(int num_shards, ShardOptions options,
         ServerCredentials(tls, TlsIdentity{TlsRole::kPs, s, options.job_id});
     if (!credentials.ok()) std::abort();  // test-only: the caller's files
     absl::StatusOr<ListeningServer> listening = StartGrpcServer(
-        "127.0.0.1:0", services_.back().get(), "", *credentials);
+        "127.0.0.1:0", services_.back().get(), "", *credentials, limits);
     // Test-only: failing to bind a loopback port 0 is a broken machine.
     if (!listening.ok()) std::abort();
     servers_.push_back(std::move(listening->server));

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "common/grpc_server.h"
 #include "common/tls.h"
 #include "server/parameter_shard.h"
 #include "server/ps_service.h"
@@ -24,8 +25,10 @@ class LocalShards {
   // Starts `num_shards` shards of `options` (shard_index and num_shards are
   // set here for each). With `tls` not insecure, each serves mutual TLS as
   // ps:<i>@<job_id> from tls.dir (common/tls.h) and authorizes every call.
+  // Each gRPC server runs with `limits`.
   LocalShards(int num_shards, ShardOptions options,
-              const TlsOptions& tls = InsecureTlsOptions());
+              const TlsOptions& tls = InsecureTlsOptions(),
+              const ServerLimits& limits = ServerLimits());
   ~LocalShards();
 
   // host:port of each shard, by shard index.
