@@ -48,6 +48,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "common/flags_util.h"
+#include "common/malloc_tuning.h"
 #include "common/partition.h"
 #include "common/rpc_options.h"
 #include "common/tls.h"
@@ -76,6 +77,10 @@ ABSL_FLAG(std::vector<std::string>, channels_per_shard,
           std::vector<std::string>({"1", "2", "4"}),
           "Comma-separated gRPC channels (TCP connections) per shard to time "
           "for each shard count, 1 to 16 (worker/ps_client.h).");
+ABSL_FLAG(bool, malloc_defaults, false,
+          "Keep glibc's malloc thresholds instead of pstrain's "
+          "(common/malloc_tuning.h, as pstrain_ps and pstrain_worker set "
+          "them), to measure what they change.");
 ABSL_FLAG(int, sync_server_queues, 0,
           "The shards' gRPC completion queues, N to 2N pollers each run "
           "(common/grpc_server.h ServerLimits::sync_server_queues), 0 to 64; "
@@ -318,6 +323,12 @@ int main(int argc, char** argv) {
       "ps_bench [--flags]: push+pull of a model between one worker and "
       "--shards PS shards on loopback, against plain TCP sockets.");
   pstrain::ParseFlagsOrExit(argc, argv, "ps_bench", "ps_bench --help");
+  // As pstrain_ps and pstrain_worker do, unless asked for glibc's defaults.
+  if (!absl::GetFlag(FLAGS_malloc_defaults) &&
+      !pstrain::KeepFreedMemoryForReuse()) {
+    std::fprintf(stderr, "ps_bench: glibc refused the malloc thresholds\n");
+    return 1;
+  }
   std::vector<int> shard_counts;
   for (const std::string& s : absl::GetFlag(FLAGS_shards)) {
     int n = 0;

@@ -39,6 +39,7 @@
 #include "catalog/job_config.h"
 #include "common/flags_util.h"
 #include "common/grpc_server.h"
+#include "common/malloc_tuning.h"
 #include "common/tls.h"
 #include "common/tls_flags.h"
 #include "common/trace.h"
@@ -339,6 +340,14 @@ int ServeUntilEnd(pstrain::TaskAgent& agent, pstrain::ParameterShard* shard,
 }  // namespace
 
 int main(int argc, char** argv) {
+  // Before any thread allocates: a step's buffers are reused, not faulted
+  // in again (common/malloc_tuning.h).
+  if (!pstrain::KeepFreedMemoryForReuse()) {
+    std::fprintf(stderr,
+                 "%s: glibc refused the malloc thresholds of "
+                 "common/malloc_tuning.h; running with its defaults\n",
+                 kProgram);
+  }
   absl::SetProgramUsageMessage(
       "One pstrain parameter-server shard: pstrain_ps --coordinator=HOST:PORT "
       "--job=ID --task_index=N [--bind=ADDR --port=P --advertise=HOST]");

@@ -26,6 +26,7 @@
 #include "absl/time/clock.h"
 #include "catalog/job_config.h"
 #include "common/flags_util.h"
+#include "common/malloc_tuning.h"
 #include "common/tls.h"
 #include "common/trace.h"
 #include "coordinator/job_membership.h"
@@ -551,6 +552,14 @@ void SetStartCallbacks(bool standby,
 }
 
 int main(int argc, char** argv) {
+  // Before any thread allocates: a step's buffers are reused, not faulted
+  // in again (common/malloc_tuning.h).
+  if (!pstrain::KeepFreedMemoryForReuse()) {
+    std::fprintf(stderr,
+                 "%s: glibc refused the malloc thresholds of "
+                 "common/malloc_tuning.h; running with its defaults\n",
+                 kProgram);
+  }
   absl::SetProgramUsageMessage(
       "One pstrain data-parallel worker: pstrain_worker "
       "--coordinator=HOST:PORT --job=ID --task_index=N [--gpu=G]");
