@@ -315,6 +315,58 @@ std::vector<CompressionOptions> CompressionsFromFlag() {
   return compressions;
 }
 
+// A list of counts from 1 to `max` (--shards, --channels_per_shard);
+// exits 2 naming a bad entry.
+std::vector<int> CountsFromFlag(const std::vector<std::string>& values,
+                                const char* flag, const char* noun, int max) {
+  std::vector<int> counts;
+  for (const std::string& s : values) {
+    int n = 0;
+    if (!absl::SimpleAtoi(s, &n) || n < 1 || n > max) {
+      std::fprintf(stderr,
+                   "ps_bench: --%s: '%s' is not a %s count; expected whole "
+                   "numbers from 1 to %d, e.g. --%s=1,2,4\n",
+                   flag, s.c_str(), noun, max, flag);
+      std::exit(2);
+    }
+    counts.push_back(n);
+  }
+  return counts;
+}
+
+// --wire_dtypes, parsed; exits 2 naming a bad entry.
+std::vector<DType> WireDtypesFromFlag() {
+  std::vector<DType> wire_dtypes;
+  for (const std::string& spelling : absl::GetFlag(FLAGS_wire_dtypes)) {
+    absl::StatusOr<DType> dtype = ParseWireDtype(spelling, "--wire_dtypes");
+    if (!dtype.ok() || *dtype == DTYPE_FLOAT32) {
+      std::fprintf(stderr,
+                   "ps_bench: --wire_dtypes: '%s'; expected bf16 or fp16 (fp32 "
+                   "rows are always timed)\n",
+                   spelling.c_str());
+      std::exit(2);
+    }
+    wire_dtypes.push_back(*dtype);
+  }
+  return wire_dtypes;
+}
+
+// Certificates for the TLS rows: a fresh CA in a private folder, which
+// `tls` then names; exits 1 if they cannot be made.
+std::unique_ptr<PrivateFolder> MakeTlsFolder(TlsOptions* tls) {
+  auto made = PrivateFolder::Create("ps_bench-tls");
+  std::vector<TlsIdentity> ids = {TlsIdentity{TlsRole::kWorker, 0, "local"}};
+  for (int s = 0; s < 64; ++s) {
+    ids.push_back(TlsIdentity{TlsRole::kPs, s, "local"});
+  }
+  if (!made.ok() || !MakeCertificates((*made)->path(), ids).ok()) {
+    std::fprintf(stderr, "ps_bench: cannot make the TLS certificates\n");
+    std::exit(1);
+  }
+  tls->dir = (*made)->path();
+  return *std::move(made);
+}
+
 }  // namespace
 }  // namespace pstrain
 
@@ -329,32 +381,11 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "ps_bench: glibc refused the malloc thresholds\n");
     return 1;
   }
-  std::vector<int> shard_counts;
-  for (const std::string& s : absl::GetFlag(FLAGS_shards)) {
-    int n = 0;
-    if (!absl::SimpleAtoi(s, &n) || n < 1 || n > 64) {
-      std::fprintf(stderr,
-                   "ps_bench: --shards: '%s' is not a shard count; expected "
-                   "whole numbers from 1 to 64, e.g. --shards=1,2,4\n",
-                   s.c_str());
-      return 2;
-    }
-    shard_counts.push_back(n);
-  }
-  std::vector<int> channel_counts;
-  for (const std::string& s : absl::GetFlag(FLAGS_channels_per_shard)) {
-    int n = 0;
-    if (!absl::SimpleAtoi(s, &n) || n < 1 ||
-        n > pstrain::kMaxChannelsPerShard) {
-      std::fprintf(stderr,
-                   "ps_bench: --channels_per_shard: '%s' is not a channel "
-                   "count; expected whole numbers from 1 to %d, e.g. "
-                   "--channels_per_shard=1,2,4\n",
-                   s.c_str(), pstrain::kMaxChannelsPerShard);
-      return 2;
-    }
-    channel_counts.push_back(n);
-  }
+  const std::vector<int> shard_counts = pstrain::CountsFromFlag(
+      absl::GetFlag(FLAGS_shards), "shards", "shard", 64);
+  const std::vector<int> channel_counts = pstrain::CountsFromFlag(
+      absl::GetFlag(FLAGS_channels_per_shard), "channels_per_shard", "channel",
+      pstrain::kMaxChannelsPerShard);
   if (const int q = absl::GetFlag(FLAGS_sync_server_queues); q < 0 || q > 64) {
     std::fprintf(stderr,
                  "ps_bench: --sync_server_queues=%d: expected 0 (gRPC's "
@@ -369,19 +400,7 @@ int main(int argc, char** argv) {
                  "least 4 bytes (one fp32)\n");
     return 2;
   }
-  std::vector<pstrain::DType> wire_dtypes;
-  for (const std::string& spelling : absl::GetFlag(FLAGS_wire_dtypes)) {
-    absl::StatusOr<pstrain::DType> dtype =
-        pstrain::ParseWireDtype(spelling, "--wire_dtypes");
-    if (!dtype.ok() || *dtype == pstrain::DTYPE_FLOAT32) {
-      std::fprintf(stderr,
-                   "ps_bench: --wire_dtypes: '%s'; expected bf16 or fp16 (fp32 "
-                   "rows are always timed)\n",
-                   spelling.c_str());
-      return 2;
-    }
-    wire_dtypes.push_back(*dtype);
-  }
+  const std::vector<pstrain::DType> wire_dtypes = pstrain::WireDtypesFromFlag();
   const int64_t model_bytes = absl::GetFlag(FLAGS_model_bytes);
   const int64_t tensor_bytes = absl::GetFlag(FLAGS_tensor_bytes);
   const int repeats = std::max(1, absl::GetFlag(FLAGS_repeats));
@@ -395,23 +414,9 @@ int main(int argc, char** argv) {
       "# ps_bench: push+pull of a %lld-byte model (%zu tensors), 1 "
       "worker, loopback, median of %d steps\n",
       static_cast<long long>(model_bytes), sizes.size(), repeats);
-  // Certificates for the TLS rows: a fresh CA in a private folder.
   std::unique_ptr<pstrain::PrivateFolder> folder;
   pstrain::TlsOptions tls;
-  if (absl::GetFlag(FLAGS_tls)) {
-    auto made = pstrain::PrivateFolder::Create("ps_bench-tls");
-    std::vector<pstrain::TlsIdentity> ids = {
-        pstrain::TlsIdentity{pstrain::TlsRole::kWorker, 0, "local"}};
-    for (int s = 0; s < 64; ++s) {
-      ids.push_back(pstrain::TlsIdentity{pstrain::TlsRole::kPs, s, "local"});
-    }
-    if (!made.ok() || !pstrain::MakeCertificates((*made)->path(), ids).ok()) {
-      std::fprintf(stderr, "ps_bench: cannot make the TLS certificates\n");
-      return 1;
-    }
-    folder = *std::move(made);
-    tls.dir = folder->path();
-  }
+  if (absl::GetFlag(FLAGS_tls)) folder = pstrain::MakeTlsFolder(&tls);
   const std::vector<pstrain::CompressionOptions> compressions =
       pstrain::CompressionsFromFlag();
   if (const int q = absl::GetFlag(FLAGS_sync_server_queues); q > 0) {

@@ -33,6 +33,11 @@ constexpr int kMallocTrimThresholdBytes = 1 << 30;
 
 bool KeepFreedMemoryForReuse();
 
+// KeepFreedMemoryForReuse() for a program's main: if glibc refuses, one
+// line on stderr ("<program>: glibc refused ...") and the program runs on
+// with glibc's defaults.
+void KeepFreedMemoryForReuseOrWarn(const char* program);
+
 }  // namespace pstrain
 
 #endif  // PSTRAIN_COMMON_MALLOC_TUNING_H_

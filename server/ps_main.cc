@@ -342,12 +342,7 @@ int ServeUntilEnd(pstrain::TaskAgent& agent, pstrain::ParameterShard* shard,
 int main(int argc, char** argv) {
   // Before any thread allocates: a step's buffers are reused, not faulted
   // in again (common/malloc_tuning.h).
-  if (!pstrain::KeepFreedMemoryForReuse()) {
-    std::fprintf(stderr,
-                 "%s: glibc refused the malloc thresholds of "
-                 "common/malloc_tuning.h; running with its defaults\n",
-                 kProgram);
-  }
+  pstrain::KeepFreedMemoryForReuseOrWarn(kProgram);
   absl::SetProgramUsageMessage(
       "One pstrain parameter-server shard: pstrain_ps --coordinator=HOST:PORT "
       "--job=ID --task_index=N [--bind=ADDR --port=P --advertise=HOST]");

@@ -554,12 +554,7 @@ void SetStartCallbacks(bool standby,
 int main(int argc, char** argv) {
   // Before any thread allocates: a step's buffers are reused, not faulted
   // in again (common/malloc_tuning.h).
-  if (!pstrain::KeepFreedMemoryForReuse()) {
-    std::fprintf(stderr,
-                 "%s: glibc refused the malloc thresholds of "
-                 "common/malloc_tuning.h; running with its defaults\n",
-                 kProgram);
-  }
+  pstrain::KeepFreedMemoryForReuseOrWarn(kProgram);
   absl::SetProgramUsageMessage(
       "One pstrain data-parallel worker: pstrain_worker "
       "--coordinator=HOST:PORT --job=ID --task_index=N [--gpu=G]");
