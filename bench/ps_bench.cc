@@ -52,6 +52,7 @@
 #include "common/partition.h"
 #include "common/rpc_options.h"
 #include "common/tls.h"
+#include "common/trace.h"
 #include "common/wire_dtype.h"
 #include "optim/adam.h"
 #include "optim/optimizer.h"
@@ -85,6 +86,11 @@ ABSL_FLAG(int, sync_server_queues, 0,
           "The shards' gRPC completion queues, N to 2N pollers each run "
           "(common/grpc_server.h ServerLimits::sync_server_queues), 0 to 64; "
           "0: gRPC's defaults.");
+ABSL_FLAG(std::string, trace_file, "",
+          "Write the run's trace events (common/trace.h: the worker's "
+          "pushes and pulls, the shards' pushes, updates and barrier "
+          "waits, each with its step) to this Chrome trace JSON file; "
+          "empty: no trace.");
 ABSL_FLAG(std::vector<std::string>, compressions,
           std::vector<std::string>({"topk:0.01"}),
           "Top-k compressions (with error feedback) to time beside fp32 "
@@ -381,6 +387,17 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "ps_bench: glibc refused the malloc thresholds\n");
     return 1;
   }
+  if (const std::string path = absl::GetFlag(FLAGS_trace_file); !path.empty()) {
+    pstrain::trace::TraceOptions trace;
+    trace.path = path;
+    trace.process_name = "ps_bench";
+    trace.flush_interval = absl::ZeroDuration();
+    if (absl::Status started = pstrain::trace::Start(trace); !started.ok()) {
+      std::fprintf(stderr, "ps_bench: --trace_file: %s\n",
+                   started.ToString().c_str());
+      return 2;
+    }
+  }
   const std::vector<int> shard_counts = pstrain::CountsFromFlag(
       absl::GetFlag(FLAGS_shards), "shards", "shard", 64);
   const std::vector<int> channel_counts = pstrain::CountsFromFlag(
@@ -485,6 +502,11 @@ int main(int argc, char** argv) {
         }
       }
     }
+  }
+  if (absl::Status stopped = pstrain::trace::Stop(); !stopped.ok()) {
+    std::fprintf(stderr, "ps_bench: --trace_file: %s\n",
+                 stopped.ToString().c_str());
+    return 1;
   }
   return 0;
 }
