@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/nonfinite.h"
 #include "common/status_macros.h"
 #include "common/tensor_codec.h"
 #include "common/wire_dtype.h"
@@ -376,6 +377,20 @@ absl::Status ReceivedChunkMessage::CopyFloatPayload(absl::Span<float> out) {
   return ReadValues(out);
 }
 
+absl::StatusOr<int64_t> ReceivedChunkMessage::CopyFloatPayloadFindNonFinite(
+    absl::Span<float> out) {
+  if (chunk_.sparse()) {
+    // Densified: zeros around the values, so only the values can be
+    // non-finite; they are few, so a pass over `out` after is cheap enough.
+    RETURN_IF_ERROR(CopyFloatPayload(out));
+    return FindNonFinite(out);
+  }
+  RETURN_IF_ERROR(CheckFloat(static_cast<int64_t>(out.size())));
+  int64_t nonfinite = -1;
+  RETURN_IF_ERROR(ReadValues(out, &nonfinite));
+  return nonfinite;
+}
+
 absl::Status ReceivedChunkMessage::ScatterFloatPayload(absl::Span<float> out) {
   RETURN_IF_ERROR(CheckFloat(static_cast<int64_t>(out.size())));
   if (!chunk_.sparse()) return ReadValues(out);
@@ -410,23 +425,49 @@ absl::Status ReceivedChunkMessage::CopyRowsPayload(int64_t num_elements,
   return ReadValues(absl::MakeSpan(*values));
 }
 
-absl::Status ReceivedChunkMessage::ReadValues(absl::Span<float> out) {
+absl::Status ReceivedChunkMessage::ReadValues(absl::Span<float> out,
+                                              int64_t* nonfinite) {
+  if (nonfinite != nullptr) *nonfinite = -1;
   if (payload_bytes_ == 0) return absl::OkStatus();
+  const bool half = chunk_.dtype() != DTYPE_FLOAT32;
+  const int64_t width = half ? 2 : 4;
+  const int64_t n = static_cast<int64_t>(out.size());
+  if (n * width != payload_bytes_) {
+    return absl::InternalError(
+        absl::StrCat(ChunkName(chunk_), ": ", payload_bytes_,
+                     " payload bytes for ", n, " values of ", width, " bytes"));
+  }
   grpc::ProtoBufferReader reader(&buffer_);
   CodedInputStream in(&reader);
-  const bool half = chunk_.dtype() != DTYPE_FLOAT32;
-  // A 16-bit payload goes through a per-thread buffer (an element may
-  // straddle two received slices), then is widened into `out`.
-  thread_local std::vector<uint16_t> halves;
-  if (half) halves.resize(out.size());
-  void* into = half ? static_cast<void*>(halves.data()) : out.data();
-  if (!in.Skip(static_cast<int>(payload_offset_)) ||
-      !in.ReadRaw(into, static_cast<int>(payload_bytes_))) {
+  if (!in.Skip(static_cast<int>(payload_offset_))) {
     return absl::InternalError(
         absl::StrCat(ChunkName(chunk_), ": payload not where it was parsed"));
   }
-  if (half) {
-    DecodeHalves(halves.data(), chunk_.dtype(), chunk_.scale_exponent(), out);
+  // A 16-bit payload goes through a per-thread buffer (an element may
+  // straddle two received slices), then is widened into `out`. With a
+  // scan, blocks of 16 KiB of fp32 (L1-sized) are copied, widened and
+  // scanned in turn; without, the payload is one block.
+  constexpr int64_t kScanBlock = 4096;
+  const int64_t block = nonfinite != nullptr ? kScanBlock : n;
+  thread_local std::vector<uint16_t> halves;
+  if (half) halves.resize(std::min(block, n));
+  for (int64_t begin = 0; begin < n; begin += block) {
+    const int64_t count = std::min(block, n - begin);
+    void* into = half ? static_cast<void*>(halves.data())
+                      : static_cast<void*>(out.data() + begin);
+    if (!in.ReadRaw(into, static_cast<int>(count * width))) {
+      return absl::InternalError(
+          absl::StrCat(ChunkName(chunk_), ": payload not where it was parsed"));
+    }
+    const absl::Span<float> values = out.subspan(begin, count);
+    if (half) {
+      DecodeHalves(halves.data(), chunk_.dtype(), chunk_.scale_exponent(),
+                   values);
+    }
+    if (nonfinite != nullptr && *nonfinite < 0) {
+      const int64_t at = FindNonFinite(values);
+      if (at >= 0) *nonfinite = begin + at;
+    }
   }
   return absl::OkStatus();
 }

@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
@@ -140,6 +141,13 @@ class ReceivedChunkMessage {
   // way; a sparse chunk densified: zeros but at its indices' elements or
   // rows).
   absl::Status CopyFloatPayload(absl::Span<float> out);
+  // As CopyFloatPayload, and also returns the index of the first NaN or
+  // infinity written to `out`, or -1 if every value is finite
+  // (FindNonFinite()'s answer, common/nonfinite.h). A dense payload is
+  // scanned block by block right after each block's copy, while it is in
+  // the core's cache, instead of in a second pass over `out` (a shard
+  // checks every pushed gradient this way).
+  absl::StatusOr<int64_t> CopyFloatPayloadFindNonFinite(absl::Span<float> out);
   // As CopyFloatPayload, but a sparse chunk writes only its indices'
   // elements or rows and leaves the rest of `out` as it was (a row-sparse
   // pull: the rows the worker asked for, into its copy of the table).
@@ -162,8 +170,10 @@ class ReceivedChunkMessage {
   // calls `put(index, values of that index)` for each index in order.
   template <typename Put>
   absl::Status ForEachSparseIndex(Put put);
-  // Reads the payload's values (as many as `out` holds) into `out`.
-  absl::Status ReadValues(absl::Span<float> out);
+  // Reads the payload's values (as many as `out` holds) into `out`; with
+  // `nonfinite`, also the index of the first NaN or infinity among them
+  // (-1: none).
+  absl::Status ReadValues(absl::Span<float> out, int64_t* nonfinite = nullptr);
 
   grpc::ByteBuffer buffer_;
   bool has_chunk_ = false;

@@ -1,10 +1,16 @@
 #include "common/chunk_message.h"
 
+#include <cstring>
+#include <limits>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/nonfinite.h"
 #include "common/tensor_codec.h"
 #include "common/wire_dtype.h"
 #include "gmock/gmock.h"
@@ -368,6 +374,78 @@ TEST(ChunkMessageTest, RejectsMalformedBytes) {
 
 // A lent payload is not copied: the buffer reads the caller's memory, and
 // the lease counts the slice until the last buffer holding it is gone.
+// The push a shard takes: copied and scanned for NaN and infinity in one
+// pass. The payload arrives in 999-byte slices (values straddle them) and
+// spans three 4096-value scan blocks; the first non-finite value is found
+// wherever it is, in every wire format, as FindNonFinite finds it.
+TEST(ChunkMessageTest, CopyFindsTheFirstNonFiniteValueAcrossBlocksAndSlices) {
+  constexpr int64_t n = 10000;
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const float inf = std::numeric_limits<float>::infinity();
+  struct Case {
+    std::vector<std::pair<int64_t, float>> bad;
+    int64_t expected;
+  };
+  const std::vector<Case> cases = {
+      {{}, -1},
+      {{{0, nan}}, 0},
+      {{{4095, inf}}, 4095},
+      {{{4096, -inf}}, 4096},
+      {{{9999, nan}}, 9999},
+      {{{8200, inf}, {5000, nan}}, 5000},
+  };
+  for (DType wire : {DTYPE_FLOAT32, DTYPE_BFLOAT16, DTYPE_FLOAT16}) {
+    for (const Case& c : cases) {
+      std::vector<float> values(n);
+      for (int64_t i = 0; i < n; ++i) {
+        values[i] = 0.25f * static_cast<float>(i % 17) - 2.0f;
+      }
+      for (const auto& [at, value] : c.bad) values[at] = value;
+      const std::string bytes = Flatten(EncodeChunkMessage(
+          PushEnvelope(), kPushChunkField, 1, 0, 3, values, nullptr, wire));
+      std::vector<grpc::Slice> slices;
+      for (size_t at = 0; at < bytes.size(); at += 999) {
+        slices.emplace_back(bytes.substr(at, 999));
+      }
+      grpc::ByteBuffer buffer(slices.data(), slices.size());
+      ReceivedChunkMessage received;
+      PushPullRequest envelope;
+      ASSERT_TRUE(received.Parse(&buffer, kPushChunkField, &envelope).ok());
+      std::vector<float> out(n, 7.0f);
+      const absl::StatusOr<int64_t> found =
+          received.CopyFloatPayloadFindNonFinite(absl::MakeSpan(out));
+      ASSERT_TRUE(found.ok()) << found.status();
+      const std::string name =
+          absl::StrCat(WireDtypeSpelling(wire), " bad at ",
+                       c.bad.empty() ? -1 : c.bad[0].first);
+      EXPECT_EQ(*found, c.expected) << name;
+      EXPECT_EQ(*found, FindNonFinite(out)) << name;
+      // The values are those CopyFloatPayload writes.
+      std::vector<float> copied(n);
+      grpc::ByteBuffer again(slices.data(), slices.size());
+      ReceivedChunkMessage second;
+      ASSERT_TRUE(second.Parse(&again, kPushChunkField, &envelope).ok());
+      ASSERT_TRUE(second.CopyFloatPayload(absl::MakeSpan(copied)).ok());
+      EXPECT_EQ(std::memcmp(out.data(), copied.data(), n * sizeof(float)), 0)
+          << name;
+    }
+  }
+  // A sparse push: its values are scanned as well.
+  const std::vector<uint32_t> indices = {2, 4097, 9000};
+  const std::vector<float> sparse_values = {1.0f, nan, 2.0f};
+  grpc::ByteBuffer sparse =
+      EncodeSparseChunkMessage(PushEnvelope(), kPushChunkField, 1, 0, 3, n,
+                               indices, sparse_values, DTYPE_FLOAT32);
+  ReceivedChunkMessage received;
+  PushPullRequest envelope;
+  ASSERT_TRUE(received.Parse(&sparse, kPushChunkField, &envelope).ok());
+  std::vector<float> out(n);
+  const absl::StatusOr<int64_t> found =
+      received.CopyFloatPayloadFindNonFinite(absl::MakeSpan(out));
+  ASSERT_TRUE(found.ok()) << found.status();
+  EXPECT_EQ(*found, 4097);
+}
+
 TEST(ChunkMessageTest, LentPayloadIsReleasedWithTheLastBuffer) {
   std::vector<float> values = {1.0f, 2.0f, 3.0f};
   PayloadLease lease;

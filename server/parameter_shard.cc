@@ -598,8 +598,9 @@ absl::Status ParameterShard::AbortedStatus() const {
 
 absl::Status ParameterShard::CheckFinite(int32_t param_id, int32_t chunk_index,
                                          int64_t step,
-                                         absl::Span<const float> values) const {
-  const int64_t i = FindNonFinite(values);
+                                         absl::Span<const float> values,
+                                         int64_t first_nonfinite) const {
+  const int64_t i = first_nonfinite;
   if (i < 0) return absl::OkStatus();
   const ChunkSpec& spec =
       plan_->chunks()[plan_->FindChunk(param_id, chunk_index)];

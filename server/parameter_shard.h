@@ -188,6 +188,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
@@ -483,9 +484,13 @@ class ParameterShard {
                     int64_t generation = 0);
 
   // Writes a gradient of exactly out.size() elements into `out` (a server
-  // copies a received payload straight into the shard's pending slot).
-  // Called with the chunk's lock held; an error aborts the push.
-  using GradientSource = absl::FunctionRef<absl::Status(absl::Span<float>)>;
+  // copies a received payload straight into the shard's pending slot) and
+  // returns the index of its first NaN or infinity, or -1 if none
+  // (FindNonFinite()'s answer: a source that copies finds it on the way,
+  // ReceivedChunkMessage::CopyFloatPayloadFindNonFinite). Called with the
+  // chunk's lock held; an error aborts the push.
+  using GradientSource =
+      absl::FunctionRef<absl::StatusOr<int64_t>(absl::Span<float>)>;
   // As above, the gradient of `num_elements` elements coming from `fill`.
   // Checks worker, chunk, element count and step before `fill` runs, so a
   // rejected push neither calls it nor changes any state. If `fill` fails
@@ -1013,9 +1018,12 @@ class ParameterShard {
                             const WorkerMembership* membership, bool close)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(init_mu_, step_mu_);
   // INVALID_ARGUMENT naming the chunk, step and element if `values` (a
-  // pushed gradient, or buffer values) holds a NaN or an infinity.
+  // pushed gradient, or buffer values) holds a NaN or an infinity;
+  // `first_nonfinite` is its first one's index (-1: none), as
+  // FindNonFinite(values) answers.
   absl::Status CheckFinite(int32_t param_id, int32_t chunk_index, int64_t step,
-                           absl::Span<const float> values) const;
+                           absl::Span<const float> values,
+                           int64_t first_nonfinite) const;
   // OK if `generation` is the shard's and its barrier holds; else ABORTED.
   absl::Status CheckGeneration(int64_t generation) const;
   // As CheckGeneration(), for a request about the weights of `version` (a

@@ -7,6 +7,8 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/nonfinite.h"
+#include "common/status_macros.h"
 #include "common/trace.h"
 #include "server/parameter_shard.h"
 
@@ -19,9 +21,9 @@ absl::Status ParameterShard::Push(int worker_id, int32_t param_id,
   return Push(
       worker_id, param_id, chunk_index, step,
       static_cast<int64_t>(gradient.size()),
-      [gradient](absl::Span<float> out) {
+      [gradient](absl::Span<float> out) -> absl::StatusOr<int64_t> {
         std::copy(gradient.begin(), gradient.end(), out.begin());
-        return absl::OkStatus();
+        return FindNonFinite(out);
       },
       generation);
 }
@@ -66,9 +68,10 @@ absl::Status ParameterShard::Push(int worker_id, int32_t param_id,
         [&](int64_t, int64_t row_elements, RowValues* out) {
           thread_local std::vector<float> dense;
           dense.resize(n);
-          absl::Status filled = fill(absl::MakeSpan(dense));
+          // PushRows scans the rows' values itself.
+          absl::StatusOr<int64_t> filled = fill(absl::MakeSpan(dense));
           if (filled.ok()) AllRows(dense, row_elements, out);
-          return filled;
+          return filled.status();
         },
         generation);
   }
@@ -79,11 +82,10 @@ absl::Status ParameterShard::Push(int worker_id, int32_t param_id,
   if (!current.ok()) return current;
   if (policy_.update() == StepPolicy::Update::kEachPush) {
     chunk.incoming.resize(n);
-    absl::Status status = fill(absl::MakeSpan(chunk.incoming));
-    if (status.ok()) {
-      status = CheckFinite(param_id, chunk_index, step, chunk.incoming);
-    }
-    if (!status.ok()) return status;
+    absl::StatusOr<int64_t> filled = fill(absl::MakeSpan(chunk.incoming));
+    if (!filled.ok()) return filled.status();
+    RETURN_IF_ERROR(
+        CheckFinite(param_id, chunk_index, step, chunk.incoming, *filled));
     pushes_.fetch_add(1, std::memory_order_relaxed);
     if (plan_->is_buffer(param_id)) {
       // The average of every worker's latest values, in worker-id order.
@@ -125,11 +127,11 @@ absl::Status ParameterShard::Push(int worker_id, int32_t param_id,
   // nothing behind.
   StepSlot& slot = chunk.slots[SlotIndex(step)];
   slot.pending[worker_id].resize(n);
-  absl::Status status = fill(absl::MakeSpan(slot.pending[worker_id]));
-  if (status.ok()) {
-    status = CheckFinite(param_id, chunk_index, step, slot.pending[worker_id]);
-  }
-  if (!status.ok()) return status;
+  absl::StatusOr<int64_t> filled =
+      fill(absl::MakeSpan(slot.pending[worker_id]));
+  if (!filled.ok()) return filled.status();
+  RETURN_IF_ERROR(CheckFinite(param_id, chunk_index, step,
+                              slot.pending[worker_id], *filled));
   pushes_.fetch_add(1, std::memory_order_relaxed);
   slot.has_pending[worker_id] = true;
   ++slot.num_pending;

@@ -45,7 +45,8 @@ absl::Status ParameterShard::PushRows(int worker_id, int32_t param_id,
   auto take = [&](RowValues* out) {
     RETURN_IF_ERROR(fill(n, d, out));
     RETURN_IF_ERROR(CheckRowValues(param_id, chunk_index, n / d, d, *out));
-    return CheckFinite(param_id, chunk_index, step, out->values);
+    return CheckFinite(param_id, chunk_index, step, out->values,
+                       FindNonFinite(out->values));
   };
   absl::MutexLock lock(&chunk.mu);
   RETURN_IF_ERROR(CheckGeneration(generation));

@@ -139,7 +139,7 @@ std::optional<grpc::Status> PsService::PushPullSession::HandlePush() {
         worker_id_, chunk.key().param_id(), chunk.key().chunk_index(),
         chunk.version(), chunk.num_elements(),
         [this](absl::Span<float> out) {
-          return received_.CopyFloatPayload(out);
+          return received_.CopyFloatPayloadFindNonFinite(out);
         },
         generation_);
   }
