@@ -120,10 +120,16 @@ namespace {
 
 // EncodeChunkMessage and EncodeSparseChunkMessage: `meta` is the chunk
 // without its data; `values` its payload, converted to `wire`.
-grpc::ByteBuffer EncodeChunk(const google::protobuf::Message& envelope,
-                             int chunk_field, TensorChunk& meta,
-                             absl::Span<const float> values,
-                             PayloadLease* lease, DType wire) {
+// The slices' destroy callback for EncodeSharedChunkMessage: drops the
+// payload owner's reference.
+void DropOwner(void* owner) {
+  delete static_cast<std::shared_ptr<const void>*>(owner);
+}
+
+grpc::ByteBuffer EncodeChunk(
+    const google::protobuf::Message& envelope, int chunk_field,
+    TensorChunk& meta, absl::Span<const float> values, PayloadLease* lease,
+    DType wire, const std::shared_ptr<const void>* owner = nullptr) {
   const bool half = WireBytesPerElement(wire) == 2;
   meta.set_dtype(half ? wire : DTYPE_FLOAT32);
   const int scale_exponent = wire == DTYPE_FLOAT16 ? ScaleExponent(values) : 0;
@@ -160,6 +166,13 @@ grpc::ByteBuffer EncodeChunk(const google::protobuf::Message& envelope,
     slices[1] = lease->Lend(values.data(), payload);
     return grpc::ByteBuffer(slices, 2);
   }
+  if (owner != nullptr) {
+    // gRPC only reads the slice (the pointer is non-const in its API).
+    slices[1] =
+        grpc::Slice(const_cast<float*>(values.data()), payload, &DropOwner,
+                    new std::shared_ptr<const void>(*owner));
+    return grpc::ByteBuffer(slices, 2);
+  }
   grpc_slice data = grpc_slice_malloc(payload);
   std::memcpy(GRPC_SLICE_START_PTR(data), values.data(), payload);
   slices[1] = grpc::Slice(data, grpc::Slice::STEAL_REF);
@@ -179,6 +192,19 @@ grpc::ByteBuffer EncodeChunkMessage(const google::protobuf::Message& envelope,
   meta.set_num_elements(static_cast<int64_t>(values.size()));
   meta.set_version(version);
   return EncodeChunk(envelope, chunk_field, meta, values, lease, wire);
+}
+
+grpc::ByteBuffer EncodeSharedChunkMessage(
+    const google::protobuf::Message& envelope, int chunk_field,
+    int32_t param_id, int32_t chunk_index, int64_t version,
+    absl::Span<const float> values, std::shared_ptr<const void> owner) {
+  TensorChunk meta;
+  meta.mutable_key()->set_param_id(param_id);
+  meta.mutable_key()->set_chunk_index(chunk_index);
+  meta.set_num_elements(static_cast<int64_t>(values.size()));
+  meta.set_version(version);
+  return EncodeChunk(envelope, chunk_field, meta, values, /*lease=*/nullptr,
+                     DTYPE_FLOAT32, &owner);
 }
 
 grpc::ByteBuffer EncodeSparseChunkMessage(

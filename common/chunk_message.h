@@ -25,6 +25,7 @@
 #define PSTRAIN_COMMON_CHUNK_MESSAGE_H_
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -84,6 +85,16 @@ grpc::ByteBuffer EncodeChunkMessage(const google::protobuf::Message& envelope,
                                     absl::Span<const float> values,
                                     PayloadLease* lease = nullptr,
                                     DType wire = DTYPE_FLOAT32);
+
+// As EncodeChunkMessage in fp32, with the payload `values` lent to gRPC
+// rather than copied: `owner` (non-null) keeps that memory alive and
+// unchanged until gRPC releases the slice, when this message's reference
+// to it is dropped (on whichever thread gRPC releases it). A shard's pull
+// replies send a chunk's weights so (server/shared_floats.h).
+grpc::ByteBuffer EncodeSharedChunkMessage(
+    const google::protobuf::Message& envelope, int chunk_field,
+    int32_t param_id, int32_t chunk_index, int64_t version,
+    absl::Span<const float> values, std::shared_ptr<const void> owner);
 
 // As EncodeChunkMessage, a sparse chunk (TensorChunk.sparse): a chunk of
 // `num_elements` elements of which only `values` at `indices` (strictly

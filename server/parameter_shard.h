@@ -200,6 +200,7 @@
 #include "optim/optimizer.h"
 #include "server/row_sparse.h"
 #include "server/shard_options.h"
+#include "server/shared_floats.h"
 #include "server/step_policy.h"
 
 namespace pstrain {
@@ -258,6 +259,14 @@ struct PullOrder {
   std::function<void(const ChunkSpec& chunk, int64_t version,
                      const ChunkDelta& delta)>
       visit_delta;
+  // Optional: a dense chunk's whole weights (not a row-sparse table's)
+  // go here instead of to the pull's visitor, as a reference that keeps
+  // them alive and unchanged until it is released (the shard's next
+  // write to that storage goes elsewhere, server/shared_floats.h): a
+  // server writes them to the stream without a copy.
+  std::function<void(const ChunkSpec& chunk, int64_t version,
+                     std::shared_ptr<const std::vector<float>> weights)>
+      visit_shared;
 };
 
 // Initial values of one chunk, as sent by worker 0. A fresh job sends only
@@ -778,7 +787,8 @@ class ParameterShard {
   struct ChunkState {
     ChunkSpec spec;
     mutable absl::Mutex mu;
-    std::vector<float> weights ABSL_GUARDED_BY(mu);
+    // Shared with pull replies in flight (server/shared_floats.h).
+    SharedFloats weights ABSL_GUARDED_BY(mu);
     std::vector<float> m ABSL_GUARDED_BY(mu);
     std::vector<float> v ABSL_GUARDED_BY(mu);
     int64_t version ABSL_GUARDED_BY(mu) = 0;
@@ -793,7 +803,7 @@ class ParameterShard {
     // Sync mode: the state before the update of step `undo_step` (-1:
     // none kept), until that step is decided; swapped back if it is
     // skipped. Also the buffers the next update is written into.
-    std::vector<float> prev_weights ABSL_GUARDED_BY(mu);
+    SharedFloats prev_weights ABSL_GUARDED_BY(mu);
     std::vector<float> prev_m ABSL_GUARDED_BY(mu);
     std::vector<float> prev_v ABSL_GUARDED_BY(mu);
     int64_t undo_step ABSL_GUARDED_BY(mu) = -1;
@@ -977,7 +987,8 @@ class ParameterShard {
   // chunks are updated concurrently under their own locks. After a swap it
   // holds the chunk's old storage, reused for the next update.
   struct UpdateScratch {
-    std::vector<float> w, m, v;
+    SharedFloats w;  // swapped with a chunk's weights
+    std::vector<float> m, v;
   };
   static UpdateScratch& ThreadUpdateScratch();
   // True if `updated` (a chunk's new weights for `step`) holds a NaN or an

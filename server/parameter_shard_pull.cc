@@ -207,9 +207,11 @@ absl::StatusOr<bool> ParameterShard::VisitReadyChunks(
     if (order.visit_delta && DeltaLocked(chunk, order.have_version,
                                          order.wire_bytes, &delta) != nullptr) {
       order.visit_delta(chunk.spec, chunk.version, delta);
+    } else if (order.visit_shared && chunk.spec.row_elements == 0 &&
+               !chunk.weights.empty()) {
+      order.visit_shared(chunk.spec, chunk.version, chunk.weights.Share());
     } else {
-      visit(chunk.spec, chunk.version,
-            absl::MakeConstSpan(chunk.weights.data(), chunk.weights.size()));
+      visit(chunk.spec, chunk.version, chunk.weights.span());
     }
     chunk.mu.Unlock();
     cursor.sent[i] = true;

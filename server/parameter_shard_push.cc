@@ -96,15 +96,18 @@ absl::Status ParameterShard::Push(int worker_id, int32_t param_id,
       }
       latest.pending[worker_id].swap(chunk.incoming);
       UpdateScratch& out = ThreadUpdateScratch();
-      out.w.assign(n, 0.0f);
+      float* const sum = out.w.overwrite_data(n);
+      std::fill(sum, sum + n, 0.0f);
       for (int w = 0; w < options_.num_workers; ++w) {
         if (!latest.has_pending[w]) continue;
         const float* v = latest.pending[w].data();
-        for (int64_t i = 0; i < n; ++i) out.w[i] += v[i];
+        for (int64_t i = 0; i < n; ++i) sum[i] += v[i];
       }
       const float scale = 1.0f / static_cast<float>(chunk.num_latest);
-      for (int64_t i = 0; i < n; ++i) out.w[i] *= scale;
-      if (NoteOverflow(chunk, chunk.version, out.w)) return absl::OkStatus();
+      for (int64_t i = 0; i < n; ++i) sum[i] *= scale;
+      if (NoteOverflow(chunk, chunk.version, out.w.span())) {
+        return absl::OkStatus();
+      }
       chunk.prev_version = -1;
       chunk.weights.swap(out.w);
       ++chunk.version;
@@ -287,22 +290,22 @@ void ParameterShard::CompleteBarrierLocked(ChunkState& chunk,
     if (clip != 1.0f && !plan_->is_buffer(chunk.spec.param_id)) {
       for (int64_t i = 0; i < n; ++i) sum[i] *= clip;
     }
-    chunk.prev_weights.resize(n);
+    // Written whole: a pull reply still holding this storage keeps it.
+    float* const updated = chunk.prev_weights.overwrite_data(n);
     const bool buffer = plan_->is_buffer(chunk.spec.param_id);
     bool finite = false;  // false: NoteOverflow() looks
     if (buffer) {
-      std::copy(sum, sum + n, chunk.prev_weights.begin());
+      std::copy(sum, sum + n, updated);
     } else {
       chunk.prev_m.resize(n);
       chunk.prev_v.resize(n);
       const auto start = std::chrono::steady_clock::now();
       finite = OptimizerUpdateInto(*optimizer(), step + 1, chunk.weights.data(),
-                                   sum, chunk.m.data(), chunk.v.data(),
-                                   chunk.prev_weights.data(),
+                                   sum, chunk.m.data(), chunk.v.data(), updated,
                                    chunk.prev_m.data(), chunk.prev_v.data(), n);
       optimizer_ns_.fetch_add(ElapsedNs(start), std::memory_order_relaxed);
     }
-    if (!finite && NoteOverflow(chunk, step, chunk.prev_weights)) {
+    if (!finite && NoteOverflow(chunk, step, chunk.prev_weights.span())) {
       // Not applied: the chunk keeps its state, nothing to undo.
       chunk.undo_step = -1;
     } else {
@@ -339,16 +342,15 @@ void ParameterShard::ApplyLocked(ChunkState& chunk, const float* gradient) {
   const int64_t n = chunk.spec.num_elements;
   // Written beside the current state, and swapped in only if finite.
   UpdateScratch& out = ThreadUpdateScratch();
-  out.w.resize(n);
+  float* const w_out = out.w.overwrite_data(n);
   out.m.resize(n);
   out.v.resize(n);
   const auto start = std::chrono::steady_clock::now();
-  const bool finite =
-      OptimizerUpdateInto(*optimizer(), chunk.version + 1, chunk.weights.data(),
-                          gradient, chunk.m.data(), chunk.v.data(),
-                          out.w.data(), out.m.data(), out.v.data(), n);
+  const bool finite = OptimizerUpdateInto(
+      *optimizer(), chunk.version + 1, chunk.weights.data(), gradient,
+      chunk.m.data(), chunk.v.data(), w_out, out.m.data(), out.v.data(), n);
   optimizer_ns_.fetch_add(ElapsedNs(start), std::memory_order_relaxed);
-  if (!finite && NoteOverflow(chunk, chunk.version, out.w)) return;
+  if (!finite && NoteOverflow(chunk, chunk.version, out.w.span())) return;
   chunk.prev_version = -1;
   chunk.weights.swap(out.w);
   chunk.m.swap(out.m);

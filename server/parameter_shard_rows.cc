@@ -96,9 +96,9 @@ void ParameterShard::ApplyRowBarrierLocked(ChunkState& chunk, StepSlot& slot,
     for (float& g : grad.values) g *= clip;
   }
   const auto start = std::chrono::steady_clock::now();
-  const bool finite =
-      LazyUpdateRows(*optimizer(), step + 1, d, grad, chunk.weights.data(),
-                     chunk.m.data(), chunk.v.data(), &chunk.row_undo);
+  const bool finite = LazyUpdateRows(
+      *optimizer(), step + 1, d, grad, chunk.weights.mutable_data(),
+      chunk.m.data(), chunk.v.data(), &chunk.row_undo);
   optimizer_ns_.fetch_add(ElapsedNs(start), std::memory_order_relaxed);
   if (!finite) {
     absl::MutexLock lock(&overflow_mu_);
@@ -122,9 +122,10 @@ bool ParameterShard::ApplyRowsLocked(ChunkState& chunk, const RowValues& grad) {
                        {"chunk", chunk.spec.chunk_index},
                        {"step", chunk.version}});
   const auto start = std::chrono::steady_clock::now();
-  const bool finite = LazyUpdateRows(
-      *optimizer(), chunk.version + 1, chunk.spec.row_elements, grad,
-      chunk.weights.data(), chunk.m.data(), chunk.v.data(), &chunk.row_undo);
+  const bool finite =
+      LazyUpdateRows(*optimizer(), chunk.version + 1, chunk.spec.row_elements,
+                     grad, chunk.weights.mutable_data(), chunk.m.data(),
+                     chunk.v.data(), &chunk.row_undo);
   optimizer_ns_.fetch_add(ElapsedNs(start), std::memory_order_relaxed);
   if (!finite) {
     absl::MutexLock lock(&overflow_mu_);
@@ -144,8 +145,8 @@ bool ParameterShard::ApplyRowsLocked(ChunkState& chunk, const RowValues& grad) {
 void ParameterShard::UndoLocked(ChunkState& chunk) {
   chunk.prev_version = -1;
   if (chunk.spec.row_elements > 0) {
-    UndoRows(chunk.spec.row_elements, &chunk.row_undo, chunk.weights.data(),
-             chunk.m.data(), chunk.v.data());
+    UndoRows(chunk.spec.row_elements, &chunk.row_undo,
+             chunk.weights.mutable_data(), chunk.m.data(), chunk.v.data());
     return;
   }
   chunk.weights.swap(chunk.prev_weights);

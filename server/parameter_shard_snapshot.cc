@@ -26,7 +26,8 @@ void ParameterShard::CopyChunkLocked(const ChunkState& chunk,
   out.version = chunk.version;
   // Copy-assignment keeps the vectors' memory: a reused snapshot touches
   // no fresh pages.
-  out.weights = chunk.weights;
+  out.weights.assign(chunk.weights.data(),
+                     chunk.weights.data() + chunk.weights.size());
   if (out.is_buffer) {
     out.m.clear();
     out.v.clear();
@@ -79,7 +80,7 @@ absl::Status ParameterShard::VisitChunks(
     const ChunkView view{chunk.spec,
                          is_buffer,
                          chunk.version,
-                         chunk.weights,
+                         chunk.weights.span(),
                          is_buffer ? absl::Span<const float>() : chunk.m,
                          is_buffer ? absl::Span<const float>() : chunk.v};
     if (!visit(view)) {

@@ -351,6 +351,30 @@ bool PsService::PushPullSession::ServePull(const PullJob& job) {
       return !write_failed;
     };
   }
+  // Buffers (BatchNorm's running statistics) travel fp32 on every wire,
+  // as in allreduce: they are statistics the model evaluates with, not
+  // weights the shard keeps in fp32 behind a rounding.
+  auto reply_dtype = [&](const ChunkSpec& spec) {
+    return shard_->plan().is_buffer(spec.param_id) ? DTYPE_FLOAT32
+                                                   : job.wire_dtype;
+  };
+  // A dense chunk's weights: in fp32 the reply holds the shard's storage
+  // itself until gRPC has sent it (no copy); a 16-bit reply is converted
+  // into its own slice. Under the chunk's lock; written after it.
+  order.visit_shared = [&](const ChunkSpec& spec, int64_t version,
+                           std::shared_ptr<const std::vector<float>> weights) {
+    const DType dtype = reply_dtype(spec);
+    const absl::Span<const float> values = *weights;
+    reply = dtype == DTYPE_FLOAT32
+                ? EncodeSharedChunkMessage(no_fields, kPullChunkField,
+                                           spec.param_id, spec.chunk_index,
+                                           version, values, std::move(weights))
+                : EncodeChunkMessage(no_fields, kPullChunkField, spec.param_id,
+                                     spec.chunk_index, version, values, nullptr,
+                                     dtype);
+    reply_bytes =
+        static_cast<int64_t>(values.size() * WireBytesPerElement(dtype));
+  };
   absl::Status status = shard_->Pull(
       job.min_version, job.samples, absl::Now() + service_->pull_timeout_,
       [&](const ChunkSpec& spec, int64_t version,
@@ -363,12 +387,7 @@ bool PsService::PushPullSession::ServePull(const PullJob& job) {
                                   &reply_bytes);
           return;
         }
-        // Buffers (BatchNorm's running statistics) travel fp32 on every
-        // wire, as in allreduce: they are statistics the model evaluates
-        // with, not weights the shard keeps in fp32 behind a rounding.
-        const DType dtype = shard_->plan().is_buffer(spec.param_id)
-                                ? DTYPE_FLOAT32
-                                : job.wire_dtype;
+        const DType dtype = reply_dtype(spec);
         reply = EncodeChunkMessage(no_fields, kPullChunkField, spec.param_id,
                                    spec.chunk_index, version, weights, nullptr,
                                    dtype);
