@@ -511,6 +511,98 @@ TEST(ParameterShardTest, AsyncBuffersAverageEachWorkersLatestPush) {
   EXPECT_EQ(PullAll(shard, 0)[2], (std::vector<float>{2, 4}));
 }
 
+// A pull reply holds a chunk's weights themselves (PullOrder::visit_shared:
+// no copy) until gRPC has sent them; whatever the shard writes next must
+// leave them as they were: a sync update writing beside the state, an
+// undone step's storage written by the next update, a buffer's average,
+// and an async update swapping the chunk with its thread's scratch.
+struct HeldReply {
+  std::shared_ptr<const std::vector<float>> weights;
+  std::vector<float> when_pulled;
+};
+
+absl::Status PullShared(ParameterShard& shard, int64_t min_version,
+                        std::vector<HeldReply>* held) {
+  PullOrder order;
+  order.visit_shared = [held](const ChunkSpec&, int64_t,
+                              std::shared_ptr<const std::vector<float>> w) {
+    held->push_back({w, *w});
+  };
+  return shard.Pull(
+      min_version, 0, absl::Now() + absl::Seconds(10),
+      [](const ChunkSpec&, int64_t, absl::Span<const float>) {
+        ADD_FAILURE() << "a dense chunk was copied, not shared";
+      },
+      nullptr, nullptr, 0, nullptr, nullptr, {}, order);
+}
+
+void ExpectHeldUnchanged(const std::vector<HeldReply>& held,
+                         const std::string& what) {
+  for (size_t i = 0; i < held.size(); ++i) {
+    EXPECT_EQ(*held[i].weights, held[i].when_pulled) << what << " reply " << i;
+  }
+}
+
+TEST(ParameterShardTest, PullRepliesHoldTheirWeightsThroughLaterWrites) {
+  ParameterShard shard(Options(1, SyncMode::kSync));
+  ASSERT_TRUE(shard.Initialize({6, 2}, 16, InitChunks(), 1).ok());
+  auto push_step = [&](int64_t step, float g) {
+    ASSERT_TRUE(shard.Push(0, 0, 0, step, std::vector<float>(4, g)).ok());
+    ASSERT_TRUE(shard.Push(0, 0, 1, step, std::vector<float>(2, g)).ok());
+    ASSERT_TRUE(shard.Push(0, 1, 0, step, std::vector<float>{g, -g}).ok());
+  };
+  push_step(0, 1.0f);
+  EndAll(shard, 1, 0);
+  std::vector<HeldReply> first, undone, last, again;
+  ASSERT_TRUE(PullShared(shard, 1, &first).ok());
+  ASSERT_EQ(first.size(), 3u);
+  // Step 1 is handed out, then skipped: its storage goes back to being the
+  // buffer the next update writes into, while the replies still hold it.
+  absl::Status undone_status;
+  SkippedStepInfo skipped;
+  std::thread puller([&] { undone_status = PullShared(shard, 2, &undone); });
+  push_step(1, 2.0f);
+  NonFiniteValue nan;
+  nan.param_id = 0;
+  nan.value = "nan";
+  ASSERT_TRUE(shard.EndStep(0, 1, &nan).ok());
+  puller.join();
+  ASSERT_TRUE(undone_status.ok()) << undone_status;
+  ASSERT_GE(undone.size(), 3u);
+  push_step(2, 3.0f);
+  EndAll(shard, 1, 2);
+  push_step(3, 4.0f);
+  EndAll(shard, 1, 3);
+  ASSERT_TRUE(PullShared(shard, 4, &last).ok());
+  ExpectHeldUnchanged(first, "version 1");
+  ExpectHeldUnchanged(undone, "version 2, undone");
+  ExpectHeldUnchanged(last, "version 4");
+  EXPECT_NE(*last[0].weights, first[0].when_pulled);
+  // The replies share the shard's storage: two pulls of one version hold
+  // the same memory.
+  ASSERT_TRUE(PullShared(shard, 4, &again).ok());
+  ASSERT_EQ(again.size(), last.size());
+  for (size_t i = 0; i < last.size(); ++i) {
+    EXPECT_EQ(again[i].weights->data(), last[i].weights->data()) << i;
+  }
+}
+
+TEST(ParameterShardTest, AsyncPullRepliesHoldTheirWeightsThroughUpdates) {
+  ParameterShard shard(Options(1, SyncMode::kAsync));
+  ASSERT_TRUE(shard.Initialize({6, 2}, 16, InitChunks(), 1).ok());
+  std::vector<HeldReply> held;
+  for (int i = 0; i < 4; ++i) {
+    // Each update swaps the chunk with this thread's scratch, which then
+    // holds the storage a reply took one update before.
+    ASSERT_TRUE(shard.Push(0, 0, 0, i, std::vector<float>(4, 1.0f + i)).ok());
+    ASSERT_TRUE(shard.Push(0, 1, 0, i, std::vector<float>{1.0f * i, 2}).ok());
+    ASSERT_TRUE(PullShared(shard, 0, &held).ok());
+  }
+  ASSERT_EQ(held.size(), 12u);
+  ExpectHeldUnchanged(held, "async");
+  EXPECT_NE(*held[0].weights, *held[9].weights);
+}
+
 TEST(ParameterShardTest, LayoutWithOnlyBuffersIsRefused) {
   ParameterShard shard(Options(1, SyncMode::kSync));
   EXPECT_EQ(shard.Initialize({6, 2}, 16, InitChunks(), 2).message(),
