@@ -1,5 +1,6 @@
 #include "server/shared_floats.h"
 
+#include <atomic>
 #include <utility>
 
 namespace pstrain {
@@ -16,9 +17,19 @@ std::vector<float> SharedFloats::ToVector() const {
   return storage_ ? *storage_ : std::vector<float>();
 }
 
+bool SharedFloats::Unshared() const {
+  if (storage_.use_count() > 1) return false;
+  // use_count() is a relaxed load. A reply's last read of the storage
+  // comes before its release of the reference (shared_ptr drops a
+  // reference with acquire-release ordering); this fence orders that read
+  // before the writes that follow here.
+  std::atomic_thread_fence(std::memory_order_acquire);
+  return true;
+}
+
 float* SharedFloats::mutable_data() {
   if (!storage_) return nullptr;
-  if (storage_.use_count() > 1) {
+  if (!Unshared()) {
     // A reply holds it: it keeps the old storage, this the copy.
     storage_ = std::make_shared<std::vector<float>>(*storage_);
   }
@@ -26,7 +37,7 @@ float* SharedFloats::mutable_data() {
 }
 
 float* SharedFloats::overwrite_data(size_t n) {
-  if (!storage_ || storage_.use_count() > 1) {
+  if (!storage_ || !Unshared()) {
     storage_ = std::make_shared<std::vector<float>>(n);
   } else {
     storage_->resize(n);

@@ -65,6 +65,10 @@ class SharedFloats {
   bool shared() const { return storage_ && storage_.use_count() > 1; }
 
  private:
+  // Whether no reply holds the (non-null) storage, so that it may be
+  // written in place.
+  bool Unshared() const;
+
   std::shared_ptr<std::vector<float>> storage_;
 };
 
