@@ -375,45 +375,49 @@ absl::Status ReceivedChunkMessage::CheckSparse(int64_t num_elements,
 }
 
 template <typename Put>
-absl::Status ReceivedChunkMessage::ForEachSparseIndex(Put put) {
+absl::Status ReceivedChunkMessage::ForEachSparseIndex(Put put,
+                                                      int64_t* nonfinite) {
   const int64_t row = IndexWidth();
   const int64_t k = chunk_.index_gaps_size();
   thread_local std::vector<float> values;
   values.resize(k * row);
-  RETURN_IF_ERROR(ReadValues(absl::MakeSpan(values)));
+  int64_t bad = -1;  // the first non-finite value's place in `values`
+  RETURN_IF_ERROR(ReadValues(absl::MakeSpan(values),
+                             nonfinite != nullptr ? &bad : nullptr));
+  if (nonfinite != nullptr) *nonfinite = -1;
   uint32_t at = 0;  // checked by CheckSparse: ascending, below the rows
   for (int64_t i = 0; i < k; ++i) {
     at += chunk_.index_gaps(static_cast<int>(i));
     put(at, values.data() + i * row);
+    // Ascending indices: the first bad value is the lowest bad element.
+    if (bad >= 0 && i == bad / row) *nonfinite = int64_t{at} * row + bad % row;
   }
   return absl::OkStatus();
 }
 
+absl::Status ReceivedChunkMessage::CopyFloatPayloadInto(absl::Span<float> out,
+                                                        int64_t* nonfinite) {
+  RETURN_IF_ERROR(CheckFloat(static_cast<int64_t>(out.size())));
+  if (!chunk_.sparse()) return ReadValues(out, nonfinite);
+  // Densified: zeros, then the K values (or rows) at their indices; only
+  // those values are scanned.
+  std::fill(out.begin(), out.end(), 0.0f);
+  const int64_t row = IndexWidth();
+  return ForEachSparseIndex(
+      [&](uint32_t at, const float* v) {
+        std::copy(v, v + row, out.begin() + int64_t{at} * row);
+      },
+      nonfinite);
+}
+
 absl::Status ReceivedChunkMessage::CopyFloatPayload(absl::Span<float> out) {
-  absl::Status status = CheckFloat(static_cast<int64_t>(out.size()));
-  if (!status.ok()) return status;
-  if (chunk_.sparse()) {
-    // Densified: zeros, then the K values (or rows) at their indices.
-    std::fill(out.begin(), out.end(), 0.0f);
-    const int64_t row = IndexWidth();
-    return ForEachSparseIndex([&](uint32_t at, const float* v) {
-      std::copy(v, v + row, out.begin() + int64_t{at} * row);
-    });
-  }
-  return ReadValues(out);
+  return CopyFloatPayloadInto(out, nullptr);
 }
 
 absl::StatusOr<int64_t> ReceivedChunkMessage::CopyFloatPayloadFindNonFinite(
     absl::Span<float> out) {
-  if (chunk_.sparse()) {
-    // Densified: zeros around the values, so only the values can be
-    // non-finite; they are few, so a pass over `out` after is cheap enough.
-    RETURN_IF_ERROR(CopyFloatPayload(out));
-    return FindNonFinite(out);
-  }
-  RETURN_IF_ERROR(CheckFloat(static_cast<int64_t>(out.size())));
   int64_t nonfinite = -1;
-  RETURN_IF_ERROR(ReadValues(out, &nonfinite));
+  RETURN_IF_ERROR(CopyFloatPayloadInto(out, &nonfinite));
   return nonfinite;
 }
 

@@ -156,8 +156,9 @@ class ReceivedChunkMessage {
   // infinity written to `out`, or -1 if every value is finite
   // (FindNonFinite()'s answer, common/nonfinite.h). A dense payload is
   // scanned block by block right after each block's copy, while it is in
-  // the core's cache, instead of in a second pass over `out` (a shard
-  // checks every pushed gradient this way).
+  // the core's cache, instead of in a second pass over `out`; a sparse
+  // one's values only, not the zeros around them (a shard checks every
+  // pushed gradient this way).
   absl::StatusOr<int64_t> CopyFloatPayloadFindNonFinite(absl::Span<float> out);
   // As CopyFloatPayload, but a sparse chunk writes only its indices'
   // elements or rows and leaves the rest of `out` as it was (a row-sparse
@@ -178,9 +179,15 @@ class ReceivedChunkMessage {
     return chunk_.row_elements() > 1 ? chunk_.row_elements() : 1;
   }
   // Reads a checked sparse chunk's values into a per-thread buffer and
-  // calls `put(index, values of that index)` for each index in order.
+  // calls `put(index, values of that index)` for each index in order; with
+  // `nonfinite`, also the element (index times the row width, plus the
+  // value's place in its row) of the first NaN or infinity among the
+  // values (-1: none).
   template <typename Put>
-  absl::Status ForEachSparseIndex(Put put);
+  absl::Status ForEachSparseIndex(Put put, int64_t* nonfinite = nullptr);
+  // CopyFloatPayload; with `nonfinite`, also where the first NaN or
+  // infinity written to `out` is (-1: none).
+  absl::Status CopyFloatPayloadInto(absl::Span<float> out, int64_t* nonfinite);
   // Reads the payload's values (as many as `out` holds) into `out`; with
   // `nonfinite`, also the index of the first NaN or infinity among them
   // (-1: none).

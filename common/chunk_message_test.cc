@@ -33,6 +33,16 @@ std::string Flatten(const grpc::ByteBuffer& buffer) {
   return bytes;
 }
 
+// `bytes` as a received message arrives: in slices of `size` bytes (the
+// last shorter).
+grpc::ByteBuffer InSlices(const std::string& bytes, size_t size) {
+  std::vector<grpc::Slice> slices;
+  for (size_t at = 0; at < bytes.size(); at += size) {
+    slices.emplace_back(bytes.substr(at, size));
+  }
+  return grpc::ByteBuffer(slices.data(), slices.size());
+}
+
 grpc::ByteBuffer FromBytes(const std::string& bytes) {
   const grpc::Slice slice(bytes);
   return grpc::ByteBuffer(&slice, 1);
@@ -277,11 +287,7 @@ TEST(ChunkMessageTest, RoundTripOverManySlices) {
   PushPullResponse last;
   const std::string bytes =
       Flatten(EncodeChunkMessage(last, kPullChunkField, 0, 5, 3, values));
-  std::vector<grpc::Slice> slices;
-  for (size_t at = 0; at < bytes.size(); at += 1000) {
-    slices.emplace_back(bytes.substr(at, 1000));
-  }
-  grpc::ByteBuffer buffer(slices.data(), slices.size());
+  grpc::ByteBuffer buffer = InSlices(bytes, 1000);
   ReceivedChunkMessage received;
   PushPullResponse envelope;
   ASSERT_TRUE(received.Parse(&buffer, kPullChunkField, &envelope).ok());
@@ -403,11 +409,7 @@ TEST(ChunkMessageTest, CopyFindsTheFirstNonFiniteValueAcrossBlocksAndSlices) {
       for (const auto& [at, value] : c.bad) values[at] = value;
       const std::string bytes = Flatten(EncodeChunkMessage(
           PushEnvelope(), kPushChunkField, 1, 0, 3, values, nullptr, wire));
-      std::vector<grpc::Slice> slices;
-      for (size_t at = 0; at < bytes.size(); at += 999) {
-        slices.emplace_back(bytes.substr(at, 999));
-      }
-      grpc::ByteBuffer buffer(slices.data(), slices.size());
+      grpc::ByteBuffer buffer = InSlices(bytes, 999);
       ReceivedChunkMessage received;
       PushPullRequest envelope;
       ASSERT_TRUE(received.Parse(&buffer, kPushChunkField, &envelope).ok());
@@ -422,7 +424,7 @@ TEST(ChunkMessageTest, CopyFindsTheFirstNonFiniteValueAcrossBlocksAndSlices) {
       EXPECT_EQ(*found, FindNonFinite(out)) << name;
       // The values are those CopyFloatPayload writes.
       std::vector<float> copied(n);
-      grpc::ByteBuffer again(slices.data(), slices.size());
+      grpc::ByteBuffer again = InSlices(bytes, 999);
       ReceivedChunkMessage second;
       ASSERT_TRUE(second.Parse(&again, kPushChunkField, &envelope).ok());
       ASSERT_TRUE(second.CopyFloatPayload(absl::MakeSpan(copied)).ok());

@@ -351,29 +351,33 @@ bool PsService::PushPullSession::ServePull(const PullJob& job) {
       return !write_failed;
     };
   }
-  // Buffers (BatchNorm's running statistics) travel fp32 on every wire,
-  // as in allreduce: they are statistics the model evaluates with, not
-  // weights the shard keeps in fp32 behind a rounding.
-  auto reply_dtype = [&](const ChunkSpec& spec) {
-    return shard_->plan().is_buffer(spec.param_id) ? DTYPE_FLOAT32
-                                                   : job.wire_dtype;
-  };
-  // A dense chunk's weights: in fp32 the reply holds the shard's storage
-  // itself until gRPC has sent it (no copy); a 16-bit reply is converted
-  // into its own slice. Under the chunk's lock; written after it.
-  order.visit_shared = [&](const ChunkSpec& spec, int64_t version,
-                           std::shared_ptr<const std::vector<float>> weights) {
-    const DType dtype = reply_dtype(spec);
-    const absl::Span<const float> values = *weights;
-    reply = dtype == DTYPE_FLOAT32
+  // A chunk's whole weights as the reply. Buffers (BatchNorm's running
+  // statistics) travel fp32 on every wire, as in allreduce: they are
+  // statistics the model evaluates with, not weights the shard keeps in
+  // fp32 behind a rounding. In fp32 with an `owner` (the shard's storage,
+  // PullOrder::visit_shared) the reply holds it until gRPC has sent it, no
+  // copy; else the values are copied, or converted to 16 bits, into a
+  // slice of the reply's own. Under the chunk's lock; written after it.
+  auto encode_whole = [&](const ChunkSpec& spec, int64_t version,
+                          absl::Span<const float> values,
+                          std::shared_ptr<const void> owner) {
+    const DType dtype = shard_->plan().is_buffer(spec.param_id)
+                            ? DTYPE_FLOAT32
+                            : job.wire_dtype;
+    reply = dtype == DTYPE_FLOAT32 && owner != nullptr
                 ? EncodeSharedChunkMessage(no_fields, kPullChunkField,
                                            spec.param_id, spec.chunk_index,
-                                           version, values, std::move(weights))
+                                           version, values, std::move(owner))
                 : EncodeChunkMessage(no_fields, kPullChunkField, spec.param_id,
                                      spec.chunk_index, version, values, nullptr,
                                      dtype);
     reply_bytes =
         static_cast<int64_t>(values.size() * WireBytesPerElement(dtype));
+  };
+  order.visit_shared = [&](const ChunkSpec& spec, int64_t version,
+                           std::shared_ptr<const std::vector<float>> weights) {
+    const absl::Span<const float> values = *weights;
+    encode_whole(spec, version, values, std::move(weights));
   };
   absl::Status status = shard_->Pull(
       job.min_version, job.samples, absl::Now() + service_->pull_timeout_,
@@ -387,12 +391,7 @@ bool PsService::PushPullSession::ServePull(const PullJob& job) {
                                   &reply_bytes);
           return;
         }
-        const DType dtype = reply_dtype(spec);
-        reply = EncodeChunkMessage(no_fields, kPullChunkField, spec.param_id,
-                                   spec.chunk_index, version, weights, nullptr,
-                                   dtype);
-        reply_bytes =
-            static_cast<int64_t>(weights.size() * WireBytesPerElement(dtype));
+        encode_whole(spec, version, weights, nullptr);
       },
       [&] {
         service_->bytes_sent_.fetch_add(reply_bytes, std::memory_order_relaxed);
