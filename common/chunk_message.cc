@@ -118,26 +118,19 @@ bool PayloadLease::WaitReleased(absl::Time deadline) {
 
 namespace {
 
-// EncodeChunkMessage and EncodeSparseChunkMessage: `meta` is the chunk
-// without its data; `values` its payload, converted to `wire`.
 // The slices' destroy callback for EncodeSharedChunkMessage: drops the
 // payload owner's reference.
 void DropOwner(void* owner) {
   delete static_cast<std::shared_ptr<const void>*>(owner);
 }
 
-grpc::ByteBuffer EncodeChunk(
-    const google::protobuf::Message& envelope, int chunk_field,
-    TensorChunk& meta, absl::Span<const float> values, PayloadLease* lease,
-    DType wire, const std::shared_ptr<const void>* owner = nullptr) {
-  const bool half = WireBytesPerElement(wire) == 2;
-  meta.set_dtype(half ? wire : DTYPE_FLOAT32);
-  const int scale_exponent = wire == DTYPE_FLOAT16 ? ScaleExponent(values) : 0;
-  if (scale_exponent != 0) meta.set_scale_exponent(scale_exponent);
+// The message up to its payload: `envelope`, then field `chunk_field`'s
+// tag and length, `meta` (the chunk without its data) and the data's tag
+// and length, for `payload` bytes of data.
+grpc::Slice EncodeHead(const google::protobuf::Message& envelope,
+                       int chunk_field, const TensorChunk& meta,
+                       uint64_t payload) {
   const std::string meta_bytes = meta.SerializeAsString();
-  const uint64_t payload =
-      values.size() * (half ? sizeof(uint16_t) : sizeof(float));
-
   std::string head = envelope.SerializeAsString();
   {
     StringOutputStream stream(&head);
@@ -150,7 +143,32 @@ grpc::ByteBuffer EncodeChunk(
     out.WriteTag(kDataTag);
     out.WriteVarint64(payload);
   }  // `out` flushes and trims `head` here.
-  grpc::Slice slices[2] = {grpc::Slice(head), grpc::Slice()};
+  return grpc::Slice(head);
+}
+
+// A slice over `bytes` bytes at `data` that holds `owner` (a reference to
+// that memory) until gRPC releases it. gRPC only reads the slice (the
+// pointer is non-const in its API).
+grpc::Slice OwnedSlice(const void* data, size_t bytes,
+                       const std::shared_ptr<const void>& owner) {
+  return grpc::Slice(const_cast<void*>(data), bytes, &DropOwner,
+                     new std::shared_ptr<const void>(owner));
+}
+
+// EncodeChunkMessage and EncodeSparseChunkMessage: `meta` is the chunk
+// without its data; `values` its payload, converted to `wire`.
+grpc::ByteBuffer EncodeChunk(
+    const google::protobuf::Message& envelope, int chunk_field,
+    TensorChunk& meta, absl::Span<const float> values, PayloadLease* lease,
+    DType wire, const std::shared_ptr<const void>* owner = nullptr) {
+  const bool half = WireBytesPerElement(wire) == 2;
+  meta.set_dtype(half ? wire : DTYPE_FLOAT32);
+  const int scale_exponent = wire == DTYPE_FLOAT16 ? ScaleExponent(values) : 0;
+  if (scale_exponent != 0) meta.set_scale_exponent(scale_exponent);
+  const uint64_t payload =
+      values.size() * (half ? sizeof(uint16_t) : sizeof(float));
+  grpc::Slice slices[2] = {EncodeHead(envelope, chunk_field, meta, payload),
+                           grpc::Slice()};
   if (payload == 0) return grpc::ByteBuffer(slices, 1);
   if (half) {
     // (grpc_slice_malloc keeps a small payload inside the slice itself, at
@@ -167,10 +185,7 @@ grpc::ByteBuffer EncodeChunk(
     return grpc::ByteBuffer(slices, 2);
   }
   if (owner != nullptr) {
-    // gRPC only reads the slice (the pointer is non-const in its API).
-    slices[1] =
-        grpc::Slice(const_cast<float*>(values.data()), payload, &DropOwner,
-                    new std::shared_ptr<const void>(*owner));
+    slices[1] = OwnedSlice(values.data(), payload, *owner);
     return grpc::ByteBuffer(slices, 2);
   }
   grpc_slice data = grpc_slice_malloc(payload);
@@ -205,6 +220,27 @@ grpc::ByteBuffer EncodeSharedChunkMessage(
   meta.set_version(version);
   return EncodeChunk(envelope, chunk_field, meta, values, /*lease=*/nullptr,
                      DTYPE_FLOAT32, &owner);
+}
+
+grpc::ByteBuffer EncodeSharedChunkMessage(
+    const google::protobuf::Message& envelope, int chunk_field,
+    int32_t param_id, int32_t chunk_index, int64_t version,
+    std::shared_ptr<const EncodedHalves> halves) {
+  TensorChunk meta;
+  meta.mutable_key()->set_param_id(param_id);
+  meta.mutable_key()->set_chunk_index(chunk_index);
+  meta.set_num_elements(static_cast<int64_t>(halves->bits.size()));
+  meta.set_version(version);
+  meta.set_dtype(halves->dtype);
+  if (halves->scale_exponent != 0) {
+    meta.set_scale_exponent(halves->scale_exponent);
+  }
+  const uint64_t payload = halves->bits.size() * sizeof(uint16_t);
+  grpc::Slice slices[2] = {EncodeHead(envelope, chunk_field, meta, payload),
+                           grpc::Slice()};
+  if (payload == 0) return grpc::ByteBuffer(slices, 1);
+  slices[1] = OwnedSlice(halves->bits.data(), payload, halves);
+  return grpc::ByteBuffer(slices, 2);
 }
 
 grpc::ByteBuffer EncodeSparseChunkMessage(

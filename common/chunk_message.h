@@ -33,6 +33,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
+#include "common/wire_dtype.h"
 #include "google/protobuf/message.h"
 #include "grpcpp/support/byte_buffer.h"
 #include "proto/ps.pb.h"
@@ -95,6 +96,16 @@ grpc::ByteBuffer EncodeSharedChunkMessage(
     const google::protobuf::Message& envelope, int chunk_field,
     int32_t param_id, int32_t chunk_index, int64_t version,
     absl::Span<const float> values, std::shared_ptr<const void> owner);
+
+// As EncodeSharedChunkMessage, values converted to a 16-bit wire dtype
+// already (`halves`, non-null: common/wire_dtype.h), lent to gRPC without
+// a copy and held until gRPC releases them: the same bytes as
+// EncodeChunkMessage of the fp32 values in halves->dtype. A shard converts
+// a chunk's weights once per update for every worker's pull reply so.
+grpc::ByteBuffer EncodeSharedChunkMessage(
+    const google::protobuf::Message& envelope, int chunk_field,
+    int32_t param_id, int32_t chunk_index, int64_t version,
+    std::shared_ptr<const EncodedHalves> halves);
 
 // As EncodeChunkMessage, a sparse chunk (TensorChunk.sparse): a chunk of
 // `num_elements` elements of which only `values` at `indices` (strictly

@@ -468,5 +468,43 @@ TEST(ChunkMessageTest, LentPayloadIsReleasedWithTheLastBuffer) {
   EXPECT_TRUE(lease.WaitReleased(absl::Now() + absl::Milliseconds(10)));
 }
 
+// A shard's shared pull replies: the fp32 weights lent, or their 16-bit
+// form converted once and lent, each the same bytes as the copying
+// encoder's and each held until the last buffer is gone.
+TEST(ChunkMessageTest, SharedPayloadsEncodeAsCopiedOnesAndAreHeld) {
+  std::vector<float> values(300);
+  for (size_t i = 0; i < values.size(); ++i) {
+    values[i] = 0.37f * static_cast<float>(i) - 41.0f;
+  }
+  PushPullResponse envelope;
+  auto weights = std::make_shared<const std::vector<float>>(values);
+  std::weak_ptr<const std::vector<float>> weights_alive = weights;
+  auto buffer = std::make_unique<grpc::ByteBuffer>(EncodeSharedChunkMessage(
+      envelope, kPullChunkField, 3, 1, 9, *weights, weights));
+  weights.reset();
+  EXPECT_FALSE(weights_alive.expired());  // held by the buffer
+  EXPECT_EQ(Flatten(*buffer), Flatten(EncodeChunkMessage(
+                                  envelope, kPullChunkField, 3, 1, 9, values)));
+  buffer.reset();
+  EXPECT_TRUE(weights_alive.expired());
+
+  for (DType wire : {DTYPE_BFLOAT16, DTYPE_FLOAT16}) {
+    auto halves =
+        std::make_shared<const EncodedHalves>(EncodeHalvesOf(values, wire));
+    std::weak_ptr<const EncodedHalves> alive = halves;
+    auto shared = std::make_unique<grpc::ByteBuffer>(EncodeSharedChunkMessage(
+        envelope, kPullChunkField, 3, 1, 9, std::move(halves)));
+    auto copy = std::make_unique<grpc::ByteBuffer>(*shared);
+    EXPECT_EQ(Flatten(*shared),
+              Flatten(EncodeChunkMessage(envelope, kPullChunkField, 3, 1, 9,
+                                         values, nullptr, wire)))
+        << WireDtypeSpelling(wire);
+    shared.reset();
+    EXPECT_FALSE(alive.expired());
+    copy.reset();
+    EXPECT_TRUE(alive.expired());
+  }
+}
+
 }  // namespace
 }  // namespace pstrain

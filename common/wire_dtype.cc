@@ -285,6 +285,15 @@ void EncodeHalves(absl::Span<const float> values, DType dtype,
   }
 }
 
+EncodedHalves EncodeHalvesOf(absl::Span<const float> values, DType dtype) {
+  EncodedHalves out;
+  out.dtype = dtype;
+  out.scale_exponent = dtype == DTYPE_FLOAT16 ? ScaleExponent(values) : 0;
+  out.bits.resize(values.size());
+  EncodeHalves(values, dtype, out.scale_exponent, out.bits.data());
+  return out;
+}
+
 void DecodeHalves(const uint16_t* halves, DType dtype, int scale_exponent,
                   absl::Span<float> out) {
   const size_t n = out.size();

@@ -22,6 +22,7 @@
 #define PSTRAIN_COMMON_WIRE_DTYPE_H_
 
 #include <cstdint>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -54,6 +55,19 @@ int ScaleExponent(absl::Span<const float> values);
 // FLOAT16; FLOAT16 scaled by 2^scale_exponent first).
 void EncodeHalves(absl::Span<const float> values, DType dtype,
                   int scale_exponent, uint16_t* out);
+// Values converted to a 16-bit wire dtype once, for every receiver that
+// gets them so (a shard's pull replies to several workers,
+// server/shared_floats.h): `bits` in `dtype`, scaled by 2^scale_exponent
+// (FLOAT16's ScaleExponent of the values; 0 for BFLOAT16).
+struct EncodedHalves {
+  DType dtype = DTYPE_BFLOAT16;
+  int scale_exponent = 0;
+  std::vector<uint16_t> bits;
+};
+// `values` in `dtype` (BFLOAT16 or FLOAT16), as EncodeHalves with the
+// exponent ScaleExponent chooses.
+EncodedHalves EncodeHalvesOf(absl::Span<const float> values, DType dtype);
+
 // The reverse: `halves` in `dtype` into `out`, times 2^-scale_exponent.
 void DecodeHalves(const uint16_t* halves, DType dtype, int scale_exponent,
                   absl::Span<float> out);

@@ -260,12 +260,15 @@ struct PullOrder {
                      const ChunkDelta& delta)>
       visit_delta;
   // Optional: a dense chunk's whole weights (not a row-sparse table's)
-  // go here instead of to the pull's visitor, as a reference that keeps
-  // them alive and unchanged until it is released (the shard's next
-  // write to that storage goes elsewhere, server/shared_floats.h): a
-  // server writes them to the stream without a copy.
+  // go here instead of to the pull's visitor, as the chunk's SharedFloats
+  // (server/shared_floats.h), under the chunk's lock: the visitor may take
+  // a reference that keeps them alive and unchanged until it is released
+  // (Share(): the shard's next write to that storage goes elsewhere) or
+  // their 16-bit form, converted once per update for every puller
+  // (ShareHalves()), so that a server writes them to the stream without a
+  // copy.
   std::function<void(const ChunkSpec& chunk, int64_t version,
-                     std::shared_ptr<const std::vector<float>> weights)>
+                     SharedFloats& weights)>
       visit_shared;
 };
 

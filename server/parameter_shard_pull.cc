@@ -209,7 +209,7 @@ absl::StatusOr<bool> ParameterShard::VisitReadyChunks(
       order.visit_delta(chunk.spec, chunk.version, delta);
     } else if (order.visit_shared && chunk.spec.row_elements == 0 &&
                !chunk.weights.empty()) {
-      order.visit_shared(chunk.spec, chunk.version, chunk.weights.Share());
+      order.visit_shared(chunk.spec, chunk.version, chunk.weights);
     } else {
       visit(chunk.spec, chunk.version, chunk.weights.span());
     }

@@ -13,7 +13,9 @@
 
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
+#include "common/wire_dtype.h"
 #include "gtest/gtest.h"
+#include "server/shared_floats.h"
 
 namespace pstrain {
 namespace {
@@ -512,21 +514,42 @@ TEST(ParameterShardTest, AsyncBuffersAverageEachWorkersLatestPush) {
 }
 
 // A pull reply holds a chunk's weights themselves (PullOrder::visit_shared:
-// no copy) until gRPC has sent them; whatever the shard writes next must
-// leave them as they were: a sync update writing beside the state, an
-// undone step's storage written by the next update, a buffer's average,
-// and an async update swapping the chunk with its thread's scratch.
+// no copy), or in a 16-bit wire dtype their form converted once per
+// update (SharedFloats::ShareHalves), until gRPC has sent them; whatever
+// the shard writes next must leave them as they were: a sync update
+// writing beside the state, an undone step's storage written by the next
+// update, a buffer's average, and an async update swapping the chunk with
+// its thread's scratch. And a 16-bit form handed out must be the current
+// values' (a form kept past a write would send the weights before it).
 struct HeldReply {
-  std::shared_ptr<const std::vector<float>> weights;
+  std::shared_ptr<const std::vector<float>> weights;  // fp32
+  std::shared_ptr<const EncodedHalves> halves;        // 16-bit
   std::vector<float> when_pulled;
+  // The payload's first byte (what two replies share).
+  const void* data() const {
+    return weights != nullptr ? static_cast<const void*>(weights->data())
+                              : static_cast<const void*>(halves->bits.data());
+  }
 };
 
 absl::Status PullShared(ParameterShard& shard, int64_t min_version,
-                        std::vector<HeldReply>* held) {
+                        std::vector<HeldReply>* held,
+                        DType wire = DTYPE_FLOAT32) {
   PullOrder order;
-  order.visit_shared = [held](const ChunkSpec&, int64_t,
-                              std::shared_ptr<const std::vector<float>> w) {
-    held->push_back({w, *w});
+  order.visit_shared = [held, wire](const ChunkSpec& spec, int64_t,
+                                    SharedFloats& w) {
+    HeldReply reply;
+    reply.when_pulled = w.ToVector();
+    if (wire == DTYPE_FLOAT32) {
+      reply.weights = w.Share();
+    } else {
+      reply.halves = w.ShareHalves(wire);
+      EXPECT_EQ(reply.halves->bits,
+                EncodeHalvesOf(reply.when_pulled, wire).bits)
+          << "chunk (" << spec.param_id << ", " << spec.chunk_index
+          << ") handed out a 16-bit form of other values";
+    }
+    held->push_back(std::move(reply));
   };
   return shard.Pull(
       min_version, 0, absl::Now() + absl::Seconds(10),
@@ -539,11 +562,28 @@ absl::Status PullShared(ParameterShard& shard, int64_t min_version,
 void ExpectHeldUnchanged(const std::vector<HeldReply>& held,
                          const std::string& what) {
   for (size_t i = 0; i < held.size(); ++i) {
-    EXPECT_EQ(*held[i].weights, held[i].when_pulled) << what << " reply " << i;
+    if (held[i].weights != nullptr) {
+      EXPECT_EQ(*held[i].weights, held[i].when_pulled)
+          << what << " reply " << i;
+    } else {
+      EXPECT_EQ(held[i].halves->bits,
+                EncodeHalvesOf(held[i].when_pulled, held[i].halves->dtype).bits)
+          << what << " reply " << i;
+    }
   }
 }
 
-TEST(ParameterShardTest, PullRepliesHoldTheirWeightsThroughLaterWrites) {
+class SharedPullTest : public ::testing::TestWithParam<DType> {};
+
+INSTANTIATE_TEST_SUITE_P(WireDtypes, SharedPullTest,
+                         ::testing::Values(DTYPE_FLOAT32, DTYPE_BFLOAT16,
+                                           DTYPE_FLOAT16),
+                         [](const ::testing::TestParamInfo<DType>& info) {
+                           return std::string(WireDtypeSpelling(info.param));
+                         });
+
+TEST_P(SharedPullTest, RepliesHoldTheirWeightsThroughLaterWrites) {
+  const DType wire = GetParam();
   ParameterShard shard(Options(1, SyncMode::kSync));
   ASSERT_TRUE(shard.Initialize({6, 2}, 16, InitChunks(), 1).ok());
   auto push_step = [&](int64_t step, float g) {
@@ -554,13 +594,14 @@ TEST(ParameterShardTest, PullRepliesHoldTheirWeightsThroughLaterWrites) {
   push_step(0, 1.0f);
   EndAll(shard, 1, 0);
   std::vector<HeldReply> first, undone, last, again;
-  ASSERT_TRUE(PullShared(shard, 1, &first).ok());
+  ASSERT_TRUE(PullShared(shard, 1, &first, wire).ok());
   ASSERT_EQ(first.size(), 3u);
   // Step 1 is handed out, then skipped: its storage goes back to being the
   // buffer the next update writes into, while the replies still hold it.
   absl::Status undone_status;
   SkippedStepInfo skipped;
-  std::thread puller([&] { undone_status = PullShared(shard, 2, &undone); });
+  std::thread puller(
+      [&] { undone_status = PullShared(shard, 2, &undone, wire); });
   push_step(1, 2.0f);
   NonFiniteValue nan;
   nan.param_id = 0;
@@ -573,21 +614,22 @@ TEST(ParameterShardTest, PullRepliesHoldTheirWeightsThroughLaterWrites) {
   EndAll(shard, 1, 2);
   push_step(3, 4.0f);
   EndAll(shard, 1, 3);
-  ASSERT_TRUE(PullShared(shard, 4, &last).ok());
+  ASSERT_TRUE(PullShared(shard, 4, &last, wire).ok());
   ExpectHeldUnchanged(first, "version 1");
   ExpectHeldUnchanged(undone, "version 2, undone");
   ExpectHeldUnchanged(last, "version 4");
-  EXPECT_NE(*last[0].weights, first[0].when_pulled);
-  // The replies share the shard's storage: two pulls of one version hold
-  // the same memory.
-  ASSERT_TRUE(PullShared(shard, 4, &again).ok());
+  EXPECT_NE(last[0].when_pulled, first[0].when_pulled);
+  // The replies share the shard's storage, or its one 16-bit form of it:
+  // two pulls of one version hold the same memory.
+  ASSERT_TRUE(PullShared(shard, 4, &again, wire).ok());
   ASSERT_EQ(again.size(), last.size());
   for (size_t i = 0; i < last.size(); ++i) {
-    EXPECT_EQ(again[i].weights->data(), last[i].weights->data()) << i;
+    EXPECT_EQ(again[i].data(), last[i].data()) << i;
   }
 }
 
-TEST(ParameterShardTest, AsyncPullRepliesHoldTheirWeightsThroughUpdates) {
+TEST_P(SharedPullTest, AsyncRepliesHoldTheirWeightsThroughUpdates) {
+  const DType wire = GetParam();
   ParameterShard shard(Options(1, SyncMode::kAsync));
   ASSERT_TRUE(shard.Initialize({6, 2}, 16, InitChunks(), 1).ok());
   std::vector<HeldReply> held;
@@ -596,11 +638,11 @@ TEST(ParameterShardTest, AsyncPullRepliesHoldTheirWeightsThroughUpdates) {
     // holds the storage a reply took one update before.
     ASSERT_TRUE(shard.Push(0, 0, 0, i, std::vector<float>(4, 1.0f + i)).ok());
     ASSERT_TRUE(shard.Push(0, 1, 0, i, std::vector<float>{1.0f * i, 2}).ok());
-    ASSERT_TRUE(PullShared(shard, 0, &held).ok());
+    ASSERT_TRUE(PullShared(shard, 0, &held, wire).ok());
   }
   ASSERT_EQ(held.size(), 12u);
   ExpectHeldUnchanged(held, "async");
-  EXPECT_NE(*held[0].weights, *held[9].weights);
+  EXPECT_NE(held[0].when_pulled, held[9].when_pulled);
 }
 
 TEST(ParameterShardTest, LayoutWithOnlyBuffersIsRefused) {

@@ -354,30 +354,37 @@ bool PsService::PushPullSession::ServePull(const PullJob& job) {
   // A chunk's whole weights as the reply. Buffers (BatchNorm's running
   // statistics) travel fp32 on every wire, as in allreduce: they are
   // statistics the model evaluates with, not weights the shard keeps in
-  // fp32 behind a rounding. In fp32 with an `owner` (the shard's storage,
-  // PullOrder::visit_shared) the reply holds it until gRPC has sent it, no
-  // copy; else the values are copied, or converted to 16 bits, into a
-  // slice of the reply's own. Under the chunk's lock; written after it.
+  // fp32 behind a rounding. With the shard's storage (`shared`,
+  // PullOrder::visit_shared) the reply holds the fp32 values, or their
+  // 16-bit form converted once per update for every worker, until gRPC
+  // has sent it, no copy; else the values are copied, or converted to 16
+  // bits, into a slice of the reply's own. Under the chunk's lock; written
+  // after it.
   auto encode_whole = [&](const ChunkSpec& spec, int64_t version,
                           absl::Span<const float> values,
-                          std::shared_ptr<const void> owner) {
+                          SharedFloats* shared) {
     const DType dtype = shard_->plan().is_buffer(spec.param_id)
                             ? DTYPE_FLOAT32
                             : job.wire_dtype;
-    reply = dtype == DTYPE_FLOAT32 && owner != nullptr
-                ? EncodeSharedChunkMessage(no_fields, kPullChunkField,
-                                           spec.param_id, spec.chunk_index,
-                                           version, values, std::move(owner))
-                : EncodeChunkMessage(no_fields, kPullChunkField, spec.param_id,
-                                     spec.chunk_index, version, values, nullptr,
-                                     dtype);
+    if (shared == nullptr) {
+      reply =
+          EncodeChunkMessage(no_fields, kPullChunkField, spec.param_id,
+                             spec.chunk_index, version, values, nullptr, dtype);
+    } else if (dtype == DTYPE_FLOAT32) {
+      reply = EncodeSharedChunkMessage(no_fields, kPullChunkField,
+                                       spec.param_id, spec.chunk_index, version,
+                                       values, shared->Share());
+    } else {
+      reply = EncodeSharedChunkMessage(no_fields, kPullChunkField,
+                                       spec.param_id, spec.chunk_index, version,
+                                       shared->ShareHalves(dtype));
+    }
     reply_bytes =
         static_cast<int64_t>(values.size() * WireBytesPerElement(dtype));
   };
   order.visit_shared = [&](const ChunkSpec& spec, int64_t version,
-                           std::shared_ptr<const std::vector<float>> weights) {
-    const absl::Span<const float> values = *weights;
-    encode_whole(spec, version, values, std::move(weights));
+                           SharedFloats& weights) {
+    encode_whole(spec, version, weights.span(), &weights);
   };
   absl::Status status = shard_->Pull(
       job.min_version, job.samples, absl::Now() + service_->pull_timeout_,

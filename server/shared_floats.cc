@@ -10,6 +10,7 @@ SharedFloats::SharedFloats(std::vector<float> values)
 
 SharedFloats& SharedFloats::operator=(std::vector<float> values) {
   storage_ = std::make_shared<std::vector<float>>(std::move(values));
+  halves_.reset();
   return *this;
 }
 
@@ -28,6 +29,7 @@ bool SharedFloats::Unshared() const {
 }
 
 float* SharedFloats::mutable_data() {
+  halves_.reset();
   if (!storage_) return nullptr;
   if (!Unshared()) {
     // A reply holds it: it keeps the old storage, this the copy.
@@ -37,12 +39,22 @@ float* SharedFloats::mutable_data() {
 }
 
 float* SharedFloats::overwrite_data(size_t n) {
+  halves_.reset();
   if (!storage_ || !Unshared()) {
     storage_ = std::make_shared<std::vector<float>>(n);
   } else {
     storage_->resize(n);
   }
   return storage_->data();
+}
+
+std::shared_ptr<const EncodedHalves> SharedFloats::ShareHalves(DType dtype) {
+  if (empty()) return nullptr;
+  if (halves_ == nullptr || halves_->dtype != dtype) {
+    halves_ =
+        std::make_shared<const EncodedHalves>(EncodeHalvesOf(span(), dtype));
+  }
+  return halves_;
 }
 
 }  // namespace pstrain

@@ -8,6 +8,11 @@
 // does not, for a write of every element), and the reply's reference frees
 // the old storage when gRPC lets go of it, on whichever thread that is.
 //
+// A pull in a 16-bit wire dtype gets the values converted once per write
+// (ShareHalves): the first reply after a write converts them, every later
+// one, until the next write, shares that conversion (the form is dropped
+// by each write access, and moves with its values in swap()).
+//
 // Thread-compatible, as a std::vector: the owner's lock guards every call
 // but the release of a Share()d reference, which may happen on any thread.
 // Uniqueness is read from the reference count: a count of 1 under the
@@ -22,6 +27,7 @@
 #include <vector>
 
 #include "absl/types/span.h"
+#include "common/wire_dtype.h"
 
 namespace pstrain {
 
@@ -55,11 +61,22 @@ class SharedFloats {
   // one of `n` elements.
   float* overwrite_data(size_t n);
 
-  void swap(SharedFloats& other) noexcept { storage_.swap(other.storage_); }
+  void swap(SharedFloats& other) noexcept {
+    storage_.swap(other.storage_);
+    halves_.swap(other.halves_);
+  }
 
   // A reference that keeps the current values' storage alive and unchanged
   // until it is released (null when empty). For pull replies.
   std::shared_ptr<const std::vector<float>> Share() const { return storage_; }
+
+  // The values in `dtype` (DTYPE_BFLOAT16 or DTYPE_FLOAT16,
+  // EncodeHalvesOf), converted at the first call since the last write
+  // access and shared by the calls after it (null when empty). The form
+  // is immutable: a reply holds it as long as it needs; the next write
+  // access drops this object's reference. A call for the other 16-bit
+  // dtype converts again (one form is kept).
+  std::shared_ptr<const EncodedHalves> ShareHalves(DType dtype);
 
   // Whether a Share()d reference still holds the storage (tests).
   bool shared() const { return storage_ && storage_.use_count() > 1; }
@@ -70,6 +87,9 @@ class SharedFloats {
   bool Unshared() const;
 
   std::shared_ptr<std::vector<float>> storage_;
+  // The values' 16-bit form (ShareHalves), or null: none since the last
+  // write access.
+  std::shared_ptr<const EncodedHalves> halves_;
 };
 
 }  // namespace pstrain
