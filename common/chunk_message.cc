@@ -229,17 +229,17 @@ grpc::ByteBuffer EncodeSharedChunkMessage(
   TensorChunk meta;
   meta.mutable_key()->set_param_id(param_id);
   meta.mutable_key()->set_chunk_index(chunk_index);
-  meta.set_num_elements(static_cast<int64_t>(halves->bits.size()));
+  meta.set_num_elements(static_cast<int64_t>(halves->bits().size()));
   meta.set_version(version);
   meta.set_dtype(halves->dtype);
   if (halves->scale_exponent != 0) {
     meta.set_scale_exponent(halves->scale_exponent);
   }
-  const uint64_t payload = halves->bits.size() * sizeof(uint16_t);
+  const uint64_t payload = halves->bits().size() * sizeof(uint16_t);
   grpc::Slice slices[2] = {EncodeHead(envelope, chunk_field, meta, payload),
                            grpc::Slice()};
   if (payload == 0) return grpc::ByteBuffer(slices, 1);
-  slices[1] = OwnedSlice(halves->bits.data(), payload, halves);
+  slices[1] = OwnedSlice(halves->bits().data(), payload, halves);
   return grpc::ByteBuffer(slices, 2);
 }
 

@@ -289,8 +289,9 @@ EncodedHalves EncodeHalvesOf(absl::Span<const float> values, DType dtype) {
   EncodedHalves out;
   out.dtype = dtype;
   out.scale_exponent = dtype == DTYPE_FLOAT16 ? ScaleExponent(values) : 0;
-  out.bits.resize(values.size());
-  EncodeHalves(values, dtype, out.scale_exponent, out.bits.data());
+  out.size = values.size();
+  out.data.reset(new uint16_t[out.size]);  // default-initialised: no fill
+  EncodeHalves(values, dtype, out.scale_exponent, out.data.get());
   return out;
 }
 

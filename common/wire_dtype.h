@@ -22,7 +22,7 @@
 #define PSTRAIN_COMMON_WIRE_DTYPE_H_
 
 #include <cstdint>
-#include <vector>
+#include <memory>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -62,7 +62,11 @@ void EncodeHalves(absl::Span<const float> values, DType dtype,
 struct EncodedHalves {
   DType dtype = DTYPE_BFLOAT16;
   int scale_exponent = 0;
-  std::vector<uint16_t> bits;
+  // `size` values, allocated without the zero-filling pass a
+  // std::vector's resize would add before the conversion writes them.
+  std::unique_ptr<uint16_t[]> data;
+  size_t size = 0;
+  absl::Span<const uint16_t> bits() const { return {data.get(), size}; }
 };
 // `values` in `dtype` (BFLOAT16 or FLOAT16), as EncodeHalves with the
 // exponent ScaleExponent chooses.

@@ -528,7 +528,7 @@ struct HeldReply {
   // The payload's first byte (what two replies share).
   const void* data() const {
     return weights != nullptr ? static_cast<const void*>(weights->data())
-                              : static_cast<const void*>(halves->bits.data());
+                              : static_cast<const void*>(halves->bits().data());
   }
 };
 
@@ -544,8 +544,8 @@ absl::Status PullShared(ParameterShard& shard, int64_t min_version,
       reply.weights = w.Share();
     } else {
       reply.halves = w.ShareHalves(wire);
-      EXPECT_EQ(reply.halves->bits,
-                EncodeHalvesOf(reply.when_pulled, wire).bits)
+      EXPECT_EQ(reply.halves->bits(),
+                EncodeHalvesOf(reply.when_pulled, wire).bits())
           << "chunk (" << spec.param_id << ", " << spec.chunk_index
           << ") handed out a 16-bit form of other values";
     }
@@ -566,8 +566,9 @@ void ExpectHeldUnchanged(const std::vector<HeldReply>& held,
       EXPECT_EQ(*held[i].weights, held[i].when_pulled)
           << what << " reply " << i;
     } else {
-      EXPECT_EQ(held[i].halves->bits,
-                EncodeHalvesOf(held[i].when_pulled, held[i].halves->dtype).bits)
+      EXPECT_EQ(
+          held[i].halves->bits(),
+          EncodeHalvesOf(held[i].when_pulled, held[i].halves->dtype).bits())
           << what << " reply " << i;
     }
   }

@@ -78,7 +78,7 @@ TEST(SharedFloatsTest, HalvesAreConvertedOncePerWrite) {
   std::shared_ptr<const EncodedHalves> first =
       weights.ShareHalves(DTYPE_BFLOAT16);
   ASSERT_NE(first, nullptr);
-  EXPECT_EQ(first->bits, EncodeHalvesOf(values, DTYPE_BFLOAT16).bits);
+  EXPECT_EQ(first->bits(), EncodeHalvesOf(values, DTYPE_BFLOAT16).bits());
   EXPECT_EQ(weights.ShareHalves(DTYPE_BFLOAT16), first);  // shared
 
   // The other 16-bit dtype: converted again, with fp16's exponent.
@@ -86,30 +86,31 @@ TEST(SharedFloatsTest, HalvesAreConvertedOncePerWrite) {
       weights.ShareHalves(DTYPE_FLOAT16);
   EXPECT_EQ(half->dtype, DTYPE_FLOAT16);
   EXPECT_EQ(half->scale_exponent, ScaleExponent(values));
-  EXPECT_EQ(half->bits, EncodeHalvesOf(values, DTYPE_FLOAT16).bits);
+  EXPECT_EQ(half->bits(), EncodeHalvesOf(values, DTYPE_FLOAT16).bits());
 
   // Each write access drops the form; a held one keeps its bits.
   weights.mutable_data()[0] = 4.0f;
   std::shared_ptr<const EncodedHalves> after =
       weights.ShareHalves(DTYPE_FLOAT16);
   EXPECT_NE(after, half);
-  EXPECT_EQ(after->bits, EncodeHalvesOf(weights.span(), DTYPE_FLOAT16).bits);
-  EXPECT_EQ(half->bits, EncodeHalvesOf(values, DTYPE_FLOAT16).bits);
+  EXPECT_EQ(after->bits(),
+            EncodeHalvesOf(weights.span(), DTYPE_FLOAT16).bits());
+  EXPECT_EQ(half->bits(), EncodeHalvesOf(values, DTYPE_FLOAT16).bits());
   float* w = weights.overwrite_data(3);
   w[0] = w[1] = w[2] = 8.0f;
   EXPECT_NE(weights.ShareHalves(DTYPE_FLOAT16), after);
-  EXPECT_EQ(weights.ShareHalves(DTYPE_FLOAT16)->bits,
-            EncodeHalvesOf(weights.span(), DTYPE_FLOAT16).bits);
+  EXPECT_EQ(weights.ShareHalves(DTYPE_FLOAT16)->bits(),
+            EncodeHalvesOf(weights.span(), DTYPE_FLOAT16).bits());
   weights = std::vector<float>{9.0f};
-  EXPECT_EQ(weights.ShareHalves(DTYPE_FLOAT16)->bits.size(), 1u);
+  EXPECT_EQ(weights.ShareHalves(DTYPE_FLOAT16)->bits().size(), 1u);
 
   // swap(): each side's form goes with its values.
   SharedFloats a(std::vector<float>{1.0f}), b(std::vector<float>{2.0f});
   std::shared_ptr<const EncodedHalves> of_a = a.ShareHalves(DTYPE_BFLOAT16);
   a.swap(b);
   EXPECT_EQ(b.ShareHalves(DTYPE_BFLOAT16), of_a);
-  EXPECT_EQ(a.ShareHalves(DTYPE_BFLOAT16)->bits,
-            EncodeHalvesOf(std::vector<float>{2.0f}, DTYPE_BFLOAT16).bits);
+  EXPECT_EQ(a.ShareHalves(DTYPE_BFLOAT16)->bits(),
+            EncodeHalvesOf(std::vector<float>{2.0f}, DTYPE_BFLOAT16).bits());
 }
 
 }  // namespace
