@@ -8,14 +8,15 @@
 // and apply Adam in between, so a step moves W times the bytes and the
 // shards' aggregation (and their reply to every worker) is timed with it.
 // The TCP baseline sends the model's fp32 bytes to a socket server and
-// reads them back over one connection per worker, all at once. Rows: plaintext
-// and mutual TLS in fp32, and plaintext with each 16-bit --wire_dtypes
-// (common/wire_dtype.h) and each
-// --compressions (top-k pushes with error feedback,
-// worker/topk_compression.h; the shards apply plain SGD there, as under
-// Deep Gradient Compression's momentum correction, and each compression
-// is timed with whole pulls and with delta pulls, "+delta": the changed
-// entries only, PsClientOptions::delta_pulls), each for every
+// reads them back over one connection per worker, all at once. Rows:
+// plaintext and mutual TLS in fp32, and plaintext with each 16-bit
+// --wire_dtypes (common/wire_dtype.h) and each --compressions (top-k pushes
+// with error feedback, worker/topk_compression.h, in fp32 and in each
+// 16-bit wire dtype, "bf16+topk:R", whose rounding is fed back too; the shards
+// apply plain SGD there, as under Deep Gradient Compression's momentum
+// correction, and each compression is timed with whole pulls and with delta
+// pulls, "+delta": the changed entries only, PsClientOptions::delta_pulls),
+// each for every
 // --channels_per_shard (gRPC connections per shard, worker/ps_client.h).
 //   ch         = channels (connections) per shard
 //   wire (MB)  = bytes of the step's PushPull messages, both ways, as the
@@ -340,7 +341,8 @@ PsRun TimePs(int num_shards, int workers, const std::vector<int64_t>& sizes,
         reference->Compress(chunk.param_id, chunk.offset,
                             absl::MakeConstSpan(grads[chunk.param_id])
                                 .subspan(chunk.offset, chunk.num_elements),
-                            &indices, &values);
+                            &indices, &values, wire_dtype);
+        RoundThroughWire(wire_dtype, absl::MakeSpan(values));
         float* out = wire_grads[chunk.param_id].data() + chunk.offset;
         std::fill(out, out + chunk.num_elements, 0.0f);
         for (size_t i = 0; i < indices.size(); ++i) {
@@ -522,10 +524,10 @@ int main(int argc, char** argv) {
         "pollers\n",
         q, q, 2 * q);
   }
-  std::printf("# %12s %3s %7s %3s %-12s %-15s %10s %10s %8s %10s %11s %7s\n",
+  std::printf("# %12s %3s %7s %3s %-12s %-20s %10s %10s %8s %10s %11s %7s\n",
               "payload", "W", "shards", "ch", "transport", "wire", "time",
               "wire", "GB/s", "ratio", "TLS ratio", "#wrong");
-  std::printf("# %12s %3s %7s %3s %-12s %-15s %10s %10s %8s %10s %11s %7s\n",
+  std::printf("# %12s %3s %7s %3s %-12s %-20s %10s %10s %8s %10s %11s %7s\n",
               "(B)", "", "", "", "", "", "(ms)", "(MB)", "", "(vs TCP)",
               "(vs plain)", "");
   const int64_t partition_bytes = absl::GetFlag(FLAGS_partition_bytes);
@@ -538,7 +540,7 @@ int main(int argc, char** argv) {
                          const std::string& tls_ratio,
                          const std::string& wrong) {
       std::printf(
-          "  %12lld %3d %7s %3s %-12s %-15s %10.1f %10.1f %8.2f %10.2f %11s "
+          "  %12lld %3d %7s %3s %-12s %-20s %10.1f %10.1f %8.2f %10.2f %11s "
           "%7s\n",
           static_cast<long long>(model_bytes), workers, shards.c_str(),
           channels.c_str(), transport, wire.c_str(), seconds * 1e3,
@@ -577,16 +579,27 @@ int main(int argc, char** argv) {
               pstrain::Median(half.seconds), half.wire_bytes, "-",
               absl::StrCat(half.wrong));
         }
+        // Top-k in fp32 and in each 16-bit wire dtype (its values
+        // rounded, the rounding fed back).
+        std::vector<pstrain::DType> topk_wires = {pstrain::DTYPE_FLOAT32};
+        topk_wires.insert(topk_wires.end(), wire_dtypes.begin(),
+                          wire_dtypes.end());
         for (const pstrain::CompressionOptions& c : compressions) {
-          for (bool delta : {false, true}) {
-            const pstrain::PsRun sparse =
-                pstrain::TimePs(shards, workers, sizes, partition_bytes,
-                                repeats, pstrain::InsecureTlsOptions(),
-                                pstrain::DTYPE_FLOAT32, channels, c, delta);
-            row(count, ch, "pstrain",
-                pstrain::CompressionSpelling(c) + (delta ? "+delta" : ""),
-                pstrain::Median(sparse.seconds), sparse.wire_bytes, "-",
-                absl::StrCat(sparse.wrong));
+          for (pstrain::DType dtype : topk_wires) {
+            for (bool delta : {false, true}) {
+              const pstrain::PsRun sparse = pstrain::TimePs(
+                  shards, workers, sizes, partition_bytes, repeats,
+                  pstrain::InsecureTlsOptions(), dtype, channels, c, delta);
+              const std::string wire =
+                  dtype == pstrain::DTYPE_FLOAT32
+                      ? ""
+                      : absl::StrCat(pstrain::WireDtypeSpelling(dtype), "+");
+              row(count, ch, "pstrain",
+                  wire + pstrain::CompressionSpelling(c) +
+                      (delta ? "+delta" : ""),
+                  pstrain::Median(sparse.seconds), sparse.wire_bytes, "-",
+                  absl::StrCat(sparse.wrong));
+            }
           }
         }
       }

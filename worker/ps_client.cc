@@ -317,7 +317,10 @@ absl::Status PsClient::PushChunk(int lane, StepState* state,
   const bool sparse =
       !skip && topk != nullptr && c.param_id < topk->num_tensors();
   if (sparse) {
-    topk->Compress(c.param_id, c.offset, values, &topk_indices, &topk_values);
+    // (A parameter's chunk: it goes in the job's wire dtype, whose
+    // rounding the residual keeps.)
+    topk->Compress(c.param_id, c.offset, values, &topk_indices, &topk_values,
+                   options_.wire_dtype);
     const int64_t bad = FindNonFinite(topk_values);
     if (bad >= 0) {
       skip = true;

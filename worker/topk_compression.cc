@@ -197,7 +197,7 @@ void TopKCompressor::BeginStep(int64_t step) {
 void TopKCompressor::Compress(int tensor, int64_t offset,
                               absl::Span<const float> gradient,
                               std::vector<uint32_t>* indices,
-                              std::vector<float>* values) {
+                              std::vector<float>* values, DType wire) {
   const int64_t n = static_cast<int64_t>(gradient.size());
   // Indexed as a raw pointer: Span's operator[] asserts its bound without
   // NDEBUG, and that branch keeps GCC from vectorising the loops below.
@@ -261,7 +261,15 @@ void TopKCompressor::Compress(int tensor, int64_t offset,
   for (size_t i = 0; i < indices->size(); ++i) {
     (*values)[i] = sum[(*indices)[i]];
   }
-  if (next != nullptr) {
+  if (next != nullptr && wire != DTYPE_FLOAT32) {
+    // What the wire's rounding drops stays behind.
+    thread_local std::vector<float> rounded;
+    rounded.assign(values->begin(), values->end());
+    RoundThroughWire(wire, absl::MakeSpan(rounded));
+    for (size_t j = 0; j < indices->size(); ++j) {
+      next[(*indices)[j]] = (*values)[j] - rounded[j];
+    }
+  } else if (next != nullptr) {
     for (uint32_t i : *indices) next[i] = 0.0f;
   }
   if (velocity != nullptr && !whole_tensor) {

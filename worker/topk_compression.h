@@ -73,7 +73,8 @@
 // bytes (ResNet-18: 9,610 of 11.2 M entries) but each entry carries a
 // whole channel's scale or shift, and at 1% a 64-entry gain would push one
 // entry a step. Their sum (residual, velocity or Adam's update as above)
-// is pushed entirely, so their residual stays zero, and with momentum
+// is pushed entirely, so their residual stays zero (but for a 16-bit
+// wire's rounding, below), and with momentum
 // correction their velocity is not masked: the shards' plain SGD on the
 // workers' average velocity is then SGD with momentum on the average
 // gradient (velocities are linear in the gradients), exactly; with Adam
@@ -94,6 +95,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
+#include "common/wire_dtype.h"
 #include "optim/adam.h"
 
 namespace pstrain {
@@ -209,9 +211,19 @@ class TopKCompressor {
   // selects the top k of the sum, writes their offsets within the chunk
   // into `indices` and their values into `values`, and (with error
   // feedback) the rest into the step's residual. A whole tensor's chunk
-  // selects every entry (no residual) and keeps its velocity unmasked.
+  // selects every entry and keeps its velocity unmasked.
+  //
+  // `wire`: the dtype the values go in (common/wire_dtype.h). With a
+  // 16-bit one and error feedback, what its rounding drops (each value
+  // minus RoundThroughWire's of the chunk's values, the bits the shard
+  // receives) stays in the residual at the pushed entries instead of 0,
+  // so the rounding is fed back as the unsent entries are (Seide et al.,
+  // "1-bit SGD", Interspeech 2014; Karimireddy et al., "Error Feedback
+  // Fixes SignSGD", ICML 2019). `values` stay unrounded: the encoder
+  // rounds them once, to the same bits.
   void Compress(int tensor, int64_t offset, absl::Span<const float> gradient,
-                std::vector<uint32_t>* indices, std::vector<float>* values);
+                std::vector<uint32_t>* indices, std::vector<float>* values,
+                DType wire = DTYPE_FLOAT32);
 
   // Step `step` was pushed and taken (not skipped, not failed): its
   // residual becomes the newest, the residual at the start of step + 1.

@@ -7,6 +7,7 @@
 #include <random>
 #include <vector>
 
+#include "common/wire_dtype.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "optim/adam.h"
@@ -462,6 +463,64 @@ TEST(TopKCompressorTest, WarmupPushesMoreInEarlySteps) {
         static_cast<int64_t>(indices.size()),
         TopKCount(std::pow(0.01, std::min<int64_t>(step, 10) / 10.0), 1000))
         << step;
+  }
+}
+
+// A 16-bit wire rounds the pushed values; with error feedback what the
+// rounding drops stays in the residual, so that the values the shards
+// receive add up to the gradients' sum within one rounding, where
+// rounding each push on its own drifts by every step's.
+TEST(TopKCompressorTest, WireRoundingIsFedBack) {
+  for (DType wire : {DTYPE_BFLOAT16, DTYPE_FLOAT16}) {
+    SCOPED_TRACE(WireDtypeSpelling(wire));
+    // 1 + 2^-9 (bf16 keeps 8 bits: it rounds to 1) and 3 * 2^-14 + 2^-25
+    // (below fp16's 11 bits once the chunk is scaled to its largest).
+    const std::vector<float> g = {1.0f + 0x1p-9f, 0.25f,
+                                  3 * 0x1p-14f + 0x1p-25f, -0.5f};
+    TopKCompressor compressor({0.5, true, 0}, {4}, 3);
+    std::vector<uint32_t> indices;
+    std::vector<float> values;
+    std::vector<double> received(4, 0.0), rounded_alone(4, 0.0);
+    const int steps = 64;
+    for (int step = 0; step < steps; ++step) {
+      compressor.BeginStep(step);
+      compressor.Compress(0, 0, g, &indices, &values, wire);
+      compressor.CommitStep(step);
+      std::vector<float> sent = values;
+      RoundThroughWire(wire, absl::MakeSpan(sent));  // what the shard gets
+      for (size_t j = 0; j < indices.size(); ++j) {
+        received[indices[j]] += sent[j];
+      }
+      if (step == 0) {
+        // The first push: entries 0 and 3 (the largest); each one's
+        // residual is what its rounding dropped, the others' their value.
+        ASSERT_EQ(indices, (std::vector<uint32_t>{0, 3}));
+        absl::StatusOr<std::vector<absl::Span<const float>>> r =
+            compressor.ResidualAt(1);
+        ASSERT_TRUE(r.ok()) << r.status();
+        EXPECT_EQ((*r)[0][0], values[0] - sent[0]);
+        EXPECT_EQ((*r)[0][3], values[1] - sent[1]);
+        EXPECT_EQ((*r)[0][1], g[1]);
+        EXPECT_EQ((*r)[0][2], g[2]);
+        if (wire == DTYPE_BFLOAT16) {
+          EXPECT_EQ((*r)[0][0], 0x1p-9f);
+        }
+      }
+    }
+    absl::StatusOr<std::vector<absl::Span<const float>>> r =
+        compressor.ResidualAt(steps);
+    ASSERT_TRUE(r.ok()) << r.status();
+    for (int i = 0; i < 4; ++i) {
+      // Received plus the residual left is the gradients' sum (the float
+      // sums are exact here), and the residual stays small.
+      EXPECT_NEAR(received[i] + (*r)[0][i], steps * static_cast<double>(g[i]),
+                  1e-6)
+          << i;
+    }
+    // Entry 0 is pushed every step: its sum is off by less than one
+    // rounding of a value, where rounding each push alone (1 + 2^-9 to
+    // bf16's 1) would be 64 * 2^-9 = 0.125 short.
+    EXPECT_NEAR(received[0], steps * static_cast<double>(g[0]), 0x1p-7);
   }
 }
 
