@@ -1040,22 +1040,33 @@ TEST(PsExchangeTest, SixteenBitWireCarriesBuffersInFp32) {
 // (SelectTopK, tested against sorting in topk_compression_test), averages
 // the sparse gradients in worker order and runs Adam: bit for bit, with
 // error feedback and without, and at 70% (a push that goes dense); each
-// differs from the dense job.
+// differs from the dense job. Over a 16-bit wire the pushed values arrive
+// rounded (per chunk, RoundThroughWire), what the rounding drops stays in
+// the residual, and the pulled weights are rounded too.
 TEST(PsExchangeTest, TopKPushesEqualTheirReferenceBitForBit) {
   constexpr int kWorkers = 2;
   constexpr int kSteps = 4;
   constexpr int64_t kChunk = kElements / 2;
   const std::vector<std::vector<float>> dense =
       Expected(kWorkers, kSteps, AdamOptions());
+  struct Case {
+    double ratio;
+    bool error_feedback;
+    DType wire;
+  };
   // At 0.7 the pairs would take more bytes than the chunk: the push goes
   // dense (zeros and the selected values), with the same result.
-  for (const auto& [ratio, error_feedback] :
-       std::vector<std::pair<double, bool>>{
-           {0.05, true}, {0.05, false}, {0.7, true}}) {
-    const CompressionOptions topk{ratio, error_feedback};
+  for (const Case& c : std::vector<Case>{{0.05, true, DTYPE_FLOAT32},
+                                         {0.05, false, DTYPE_FLOAT32},
+                                         {0.7, true, DTYPE_FLOAT32},
+                                         {0.05, true, DTYPE_BFLOAT16},
+                                         {0.05, true, DTYPE_FLOAT16},
+                                         {0.7, true, DTYPE_BFLOAT16}}) {
+    const CompressionOptions topk{c.ratio, c.error_feedback};
     Shards shards(/*num_shards=*/2, kWorkers);
     shards.set_partition_bytes(kChunk * sizeof(float));
     shards.set_compression(topk);
+    shards.set_wire_dtype(c.wire);
     const std::vector<std::vector<std::vector<float>>> results =
         TrainOnShards(shards, kWorkers, kSteps);
 
@@ -1074,16 +1085,19 @@ TEST(PsExchangeTest, TopKPushesEqualTheirReferenceBitForBit) {
           const std::vector<float> g = Gradient(r, t);
           std::vector<float> sum(kElements);
           for (int i = 0; i < kElements; ++i) {
-            sum[i] = g[i] + (error_feedback ? residual[r][t][i] : 0.0f);
+            sum[i] = g[i] + (c.error_feedback ? residual[r][t][i] : 0.0f);
           }
           std::vector<float> sparse(kElements, 0.0f);
           for (int64_t offset = 0; offset < kElements; offset += kChunk) {
             std::vector<uint32_t> picked;
             SelectTopK(absl::MakeConstSpan(sum).subspan(offset, kChunk),
                        TopKCount(topk.topk_ratio, kChunk), &picked);
-            for (uint32_t i : picked) {
-              sparse[offset + i] = sum[offset + i];
-              sum[offset + i] = 0.0f;
+            std::vector<float> sent;
+            for (uint32_t i : picked) sent.push_back(sum[offset + i]);
+            RoundThroughWire(c.wire, absl::MakeSpan(sent));
+            for (size_t j = 0; j < picked.size(); ++j) {
+              sparse[offset + picked[j]] = sent[j];
+              sum[offset + picked[j]] -= sent[j];
             }
           }
           residual[r][t] = sum;
@@ -1094,11 +1108,18 @@ TEST(PsExchangeTest, TopKPushesEqualTheirReferenceBitForBit) {
                         m[t].data(), v[t].data(), kElements);
       }
     }
+    for (std::vector<float>& tensor : w) {
+      for (int64_t offset = 0; offset < kElements; offset += kChunk) {
+        RoundThroughWire(c.wire,
+                         absl::MakeSpan(tensor).subspan(offset, kChunk));
+      }
+    }
     for (int r = 0; r < kWorkers; ++r) {
       for (int t = 0; t < kTensors; ++t) {
         EXPECT_EQ(results[r][t], w[t])
-            << "ratio " << ratio << " error feedback " << error_feedback
-            << " worker " << r << " tensor " << t;
+            << "ratio " << c.ratio << " error feedback " << c.error_feedback
+            << " wire " << WireDtypeSpelling(c.wire) << " worker " << r
+            << " tensor " << t;
         EXPECT_NE(results[r][t], dense[t]) << "nothing was left out";
       }
     }
