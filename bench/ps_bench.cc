@@ -11,8 +11,9 @@
 // reads them back over one connection per worker, all at once. Rows:
 // plaintext and mutual TLS in fp32, and plaintext with each 16-bit
 // --wire_dtypes (common/wire_dtype.h) and each --compressions (top-k pushes
-// with error feedback, worker/topk_compression.h, in fp32 and in each
-// 16-bit wire dtype, "bf16+topk:R", whose rounding is fed back too; the shards
+// with error feedback, worker/topk_compression.h, in each
+// --topk_wire_dtypes: fp32, or 16-bit as "bf16+topk:R", whose rounding is
+// fed back too; the shards
 // apply plain SGD there, as under Deep Gradient Compression's momentum
 // correction, and each compression is timed with whole pulls and with delta
 // pulls, "+delta": the changed entries only, PsClientOptions::delta_pulls),
@@ -104,6 +105,10 @@ ABSL_FLAG(std::string, trace_file, "",
           "pushes and pulls, the shards' pushes, updates and barrier "
           "waits, each with its step) to this Chrome trace JSON file; "
           "empty: no trace.");
+ABSL_FLAG(std::vector<std::string>, topk_wire_dtypes,
+          std::vector<std::string>({"fp32"}),
+          "Wire dtypes of the top-k rows (--compressions): fp32, bf16, fp16; "
+          "a 16-bit one's rows are named e.g. bf16+topk:0.01.");
 ABSL_FLAG(std::vector<std::string>, compressions,
           std::vector<std::string>({"topk:0.01"}),
           "Top-k compressions (with error feedback) to time beside fp32 "
@@ -416,6 +421,22 @@ std::vector<int> CountsFromFlag(const std::vector<std::string>& values,
   return counts;
 }
 
+// --topk_wire_dtypes, parsed; exits 2 naming a bad entry.
+std::vector<DType> TopKWireDtypesFromFlag() {
+  std::vector<DType> wire_dtypes;
+  for (const std::string& spelling : absl::GetFlag(FLAGS_topk_wire_dtypes)) {
+    absl::StatusOr<DType> dtype =
+        ParseWireDtype(spelling, "--topk_wire_dtypes");
+    if (!dtype.ok()) {
+      std::fprintf(stderr, "ps_bench: %s\n",
+                   std::string(dtype.status().message()).c_str());
+      std::exit(2);
+    }
+    wire_dtypes.push_back(*dtype);
+  }
+  return wire_dtypes;
+}
+
 // --wire_dtypes, parsed; exits 2 naming a bad entry.
 std::vector<DType> WireDtypesFromFlag() {
   std::vector<DType> wire_dtypes;
@@ -499,6 +520,8 @@ int main(int argc, char** argv) {
     return 2;
   }
   const std::vector<pstrain::DType> wire_dtypes = pstrain::WireDtypesFromFlag();
+  const std::vector<pstrain::DType> topk_wires =
+      pstrain::TopKWireDtypesFromFlag();
   const int64_t model_bytes = absl::GetFlag(FLAGS_model_bytes);
   const int64_t tensor_bytes = absl::GetFlag(FLAGS_tensor_bytes);
   const int repeats = std::max(1, absl::GetFlag(FLAGS_repeats));
@@ -579,11 +602,8 @@ int main(int argc, char** argv) {
               pstrain::Median(half.seconds), half.wire_bytes, "-",
               absl::StrCat(half.wrong));
         }
-        // Top-k in fp32 and in each 16-bit wire dtype (its values
+        // Top-k in each --topk_wire_dtypes (a 16-bit one's values
         // rounded, the rounding fed back).
-        std::vector<pstrain::DType> topk_wires = {pstrain::DTYPE_FLOAT32};
-        topk_wires.insert(topk_wires.end(), wire_dtypes.begin(),
-                          wire_dtypes.end());
         for (const pstrain::CompressionOptions& c : compressions) {
           for (pstrain::DType dtype : topk_wires) {
             for (bool delta : {false, true}) {
