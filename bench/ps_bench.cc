@@ -122,6 +122,27 @@ double Median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
+// Reads exactly `bytes` bytes from `fd` into `data`; false if the
+// connection ends or fails first.
+bool ReadAll(int fd, char* data, int64_t bytes) {
+  for (int64_t got = 0; got < bytes;) {
+    const ssize_t n = read(fd, data + got, bytes - got);
+    if (n <= 0) return false;
+    got += n;
+  }
+  return true;
+}
+
+// Writes the `bytes` bytes at `data` to `fd`; false if it fails first.
+bool WriteAll(int fd, const char* data, int64_t bytes) {
+  for (int64_t sent = 0; sent < bytes;) {
+    const ssize_t n = write(fd, data + sent, bytes - sent);
+    if (n <= 0) return false;
+    sent += n;
+  }
+  return true;
+}
+
 // Sends `bytes` to a loopback echo server and reads them back over each of
 // `connections` connections at once; seconds per round (until the last
 // connection has its bytes back).
@@ -141,17 +162,9 @@ std::vector<double> TimeTcp(int64_t bytes, int repeats, int connections) {
       const int fd = accept(listener, nullptr, nullptr);
       std::vector<char> buffer(bytes);
       for (int r = 0; r < repeats + 1; ++r) {
-        int64_t got = 0;
-        while (got < bytes) {
-          const ssize_t n = read(fd, buffer.data() + got, bytes - got);
-          if (n <= 0) return;
-          got += n;
-        }
-        int64_t sent = 0;
-        while (sent < bytes) {
-          const ssize_t n = write(fd, buffer.data() + sent, bytes - sent);
-          if (n <= 0) return;
-          sent += n;
+        if (!ReadAll(fd, buffer.data(), bytes) ||
+            !WriteAll(fd, buffer.data(), bytes)) {
+          return;
         }
       }
       close(fd);
@@ -171,20 +184,8 @@ std::vector<double> TimeTcp(int64_t bytes, int repeats, int connections) {
     for (int c = 0; c < connections; ++c) {
       clients.emplace_back([&, c] {
         const int fd = fds[c];
-        std::thread writer([&] {
-          int64_t sent = 0;
-          while (sent < bytes) {
-            const ssize_t n = write(fd, out.data() + sent, bytes - sent);
-            if (n <= 0) return;
-            sent += n;
-          }
-        });
-        int64_t got = 0;
-        while (got < bytes) {
-          const ssize_t n = read(fd, in[c].data() + got, bytes - got);
-          if (n <= 0) break;
-          got += n;
-        }
+        std::thread writer([&] { WriteAll(fd, out.data(), bytes); });
+        ReadAll(fd, in[c].data(), bytes);
         writer.join();
       });
     }
