@@ -212,177 +212,270 @@ void CheckOk(const absl::Status& status, const char* what) {
   std::exit(1);
 }
 
-// `tls`: mutual TLS between the workers and the shards (common/tls.h), or
-// plaintext (tls.insecure). `workers` workers, each a PsClient driven by a
-// thread of its own, push the same gradients in sync mode.
-PsRun TimePs(int num_shards, int workers, const std::vector<int64_t>& sizes,
-             int64_t partition_bytes, int repeats, const TlsOptions& tls,
-             DType wire_dtype, int channels,
-             const CompressionOptions& compression = {},
-             bool delta_pulls = false) {
-  PsRun run;
-  // Top-k: plain SGD, whose update changes only the pushed entries (what
-  // delta pulls need; DGC's shards with momentum correction).
-  OptimizerOptions optimizer = AdamOptions();
-  if (compression.enabled()) {
-    optimizer.kind = OptimizerKind::kSgd;
-    optimizer.lr = 0.01f;
-  }
-  ShardOptions shard_options;
-  shard_options.adam = optimizer;
-  shard_options.num_workers = workers;
-  ServerLimits limits;
-  limits.sync_server_queues = absl::GetFlag(FLAGS_sync_server_queues);
-  LocalShards shards(num_shards, shard_options, tls, limits);
-  auto plan = PartitionPlan::Create(sizes, partition_bytes, num_shards);
-  // Each worker's compressor, and the replica's (the same selection, by the
-  // same code, on the same sums: every worker selects alike).
-  std::vector<std::unique_ptr<TopKCompressor>> topk;
-  std::unique_ptr<TopKCompressor> reference;
-  std::vector<std::unique_ptr<PsClient>> clients;
-  for (int w = 0; w < workers; ++w) {
-    PsClientOptions client_options;
-    client_options.addresses = shards.addresses();
-    client_options.worker_id = w;
-    client_options.wire_dtype = wire_dtype;
-    client_options.channels_per_shard = channels;
-    client_options.delta_pulls = delta_pulls;
-    if (compression.enabled()) {
-      topk.push_back(std::make_unique<TopKCompressor>(compression, sizes, 3));
-      client_options.compressor = topk.back().get();
-    }
-    if (!tls.insecure) {
-      auto credentials = ChannelCredentials(
-          tls, TlsIdentity{TlsRole::kWorker, w, shard_options.job_id});
-      CheckOk(credentials.status(), "worker credentials");
-      client_options.credentials = *credentials;
-    }
-    auto client = PsClient::Create(client_options, *plan);
-    CheckOk(client.status(), "worker client");
-    clients.push_back(*std::move(client));
-  }
-  if (compression.enabled()) {
-    reference = std::make_unique<TopKCompressor>(compression, sizes, 3);
-  }
-  std::vector<std::vector<float>> grads, replica, m, v;
-  // Per worker: its weights, as pulled.
-  std::vector<std::vector<std::vector<float>>> weights(workers);
-  // The average of the workers' gradients as the shards receive them
-  // (rounded chunk by chunk) and sum them (in worker-id order, then scaled
-  // by 1/W: ParameterShard::AverageInto).
-  std::vector<std::vector<float>> wire_grads;
-  std::vector<absl::Span<const float>> grad_spans;
-  for (size_t p = 0; p < sizes.size(); ++p) {
-    std::vector<float> initial(sizes[p]);
-    grads.emplace_back(sizes[p]);
-    for (int64_t i = 0; i < sizes[p]; ++i) {
-      initial[i] = 0.001f * static_cast<float>((i * 31 + p) % 1000);
-      grads[p][i] = 0.01f * static_cast<float>((i * 17 + p) % 200 - 100);
-    }
-    for (int w = 0; w < workers; ++w) weights[w].push_back(initial);
-    replica.push_back(initial);
-    wire_grads.push_back(grads[p]);
-    m.emplace_back(sizes[p], 0.0f);
-    v.emplace_back(sizes[p], 0.0f);
-    grad_spans.push_back(absl::MakeConstSpan(grads[p]));
-  }
-  std::vector<std::vector<absl::Span<float>>> weight_spans(workers);
-  for (int w = 0; w < workers; ++w) {
-    for (std::vector<float>& p : weights[w]) {
-      weight_spans[w].push_back(absl::MakeSpan(p));
+// One timed configuration: the shards, the wire and the compression.
+struct PsSetup {
+  int num_shards = 1;
+  int workers = 1;
+  // `tls`: mutual TLS between the workers and the shards (common/tls.h),
+  // or plaintext (tls.insecure).
+  TlsOptions tls = InsecureTlsOptions();
+  DType wire_dtype = DTYPE_FLOAT32;
+  int channels = 1;
+  CompressionOptions compression;
+  bool delta_pulls = false;
+};
+
+// The model's tensors: their initial weights and the gradients every worker
+// pushes at every step.
+struct ModelTensors {
+  explicit ModelTensors(const std::vector<int64_t>& sizes) {
+    for (size_t p = 0; p < sizes.size(); ++p) {
+      initial.emplace_back(sizes[p]);
+      grads.emplace_back(sizes[p]);
+      for (int64_t i = 0; i < sizes[p]; ++i) {
+        initial[p][i] = 0.001f * static_cast<float>((i * 31 + p) % 1000);
+        grads[p][i] = 0.01f * static_cast<float>((i * 17 + p) % 200 - 100);
+      }
     }
   }
-  std::vector<absl::Span<const float>> init(weight_spans[0].begin(),
-                                            weight_spans[0].end());
-  CheckOk(clients[0]->Initialize(init), "init");
-  for (const std::unique_ptr<PsClient>& client : clients) {
-    CheckOk(client->WaitReady(absl::Seconds(10)), "init");
-  }
-  // The average of W equal gradients, as the shards compute it.
-  auto average = [workers](absl::Span<float> g) {
-    if (workers == 1) return;
-    const float scale = 1.0f / static_cast<float>(workers);
-    for (float& x : g) {
-      float sum = x;
-      for (int w = 1; w < workers; ++w) sum += x;
-      x = sum * scale;
+  std::vector<std::vector<float>> initial, grads;
+};
+
+// The workers: a PsClient each (with its own top-k compressor), holding
+// its pulled weights. Exits 1 if a client cannot start.
+class Workers {
+ public:
+  Workers(const PsSetup& setup, const LocalShards& shards,
+          const std::string& job_id, const PartitionPlan& plan,
+          const std::vector<int64_t>& sizes, const ModelTensors& model) {
+    for (int w = 0; w < setup.workers; ++w) {
+      PsClientOptions options;
+      options.addresses = shards.addresses();
+      options.worker_id = w;
+      options.wire_dtype = setup.wire_dtype;
+      options.channels_per_shard = setup.channels;
+      options.delta_pulls = setup.delta_pulls;
+      if (setup.compression.enabled()) {
+        topk_.push_back(
+            std::make_unique<TopKCompressor>(setup.compression, sizes, 3));
+        options.compressor = topk_.back().get();
+      }
+      if (!setup.tls.insecure) {
+        auto credentials = ChannelCredentials(
+            setup.tls, TlsIdentity{TlsRole::kWorker, w, job_id});
+        CheckOk(credentials.status(), "worker credentials");
+        options.credentials = *credentials;
+      }
+      auto client = PsClient::Create(options, plan);
+      CheckOk(client.status(), "worker client");
+      clients_.push_back(*std::move(client));
+      weights_.push_back(model.initial);
     }
-  };
-  for (const ChunkSpec& chunk : plan->chunks()) {
-    const absl::Span<float> g = absl::MakeSpan(wire_grads[chunk.param_id])
-                                    .subspan(chunk.offset, chunk.num_elements);
-    RoundThroughWire(wire_dtype, g);
-    average(g);
+    for (const std::vector<float>& g : model.grads) grads_.push_back(g);
+    std::vector<absl::Span<const float>> init(model.initial.begin(),
+                                              model.initial.end());
+    CheckOk(clients_[0]->Initialize(init), "init");
+    for (const std::unique_ptr<PsClient>& client : clients_) {
+      CheckOk(client->WaitReady(absl::Seconds(10)), "init");
+    }
   }
-  int64_t version = 0;
-  for (int r = 0; r < repeats + 1; ++r) {  // the first is warm-up
-    // Every worker's step at once: started together, timed from the first
-    // start to the last end.
+
+  // Every worker's push+pull of step `version` at once, started together;
+  // seconds from the first start to the last end. Sets `version` to the
+  // version pulled.
+  double Step(int64_t* version) {
+    const int workers = static_cast<int>(clients_.size());
     std::vector<absl::Time> starts(workers), ends(workers);
     std::vector<absl::StatusOr<int64_t>> pulled(workers, int64_t{0});
     absl::Barrier* start_together = new absl::Barrier(workers);
     std::vector<std::thread> threads;
     for (int w = 0; w < workers; ++w) {
       threads.emplace_back([&, w] {
+        std::vector<absl::Span<float>> out(weights_[w].begin(),
+                                           weights_[w].end());
         if (start_together->Block()) delete start_together;
         starts[w] = absl::Now();
-        if (!topk.empty()) topk[w]->BeginStep(version);
-        pulled[w] = clients[w]->PushPull(version, grad_spans, version + 1, 0,
-                                         weight_spans[w]);
+        if (!topk_.empty()) topk_[w]->BeginStep(*version);
+        pulled[w] =
+            clients_[w]->PushPull(*version, grads_, *version + 1, 0, out);
         ends[w] = absl::Now();
-        if (!topk.empty()) topk[w]->CommitStep(version);
+        if (!topk_.empty()) topk_[w]->CommitStep(*version);
       });
     }
     for (std::thread& t : threads) t.join();
     for (int w = 0; w < workers; ++w) CheckOk(pulled[w].status(), "step");
-    const double seconds =
-        absl::ToDoubleSeconds(*std::max_element(ends.begin(), ends.end()) -
-                              *std::min_element(starts.begin(), starts.end()));
-    if (reference != nullptr) {
-      // This step's sparse gradient, as the shards densify and average it.
-      reference->BeginStep(version);
-      std::vector<uint32_t> indices;
-      std::vector<float> values;
-      for (const ChunkSpec& chunk : plan->chunks()) {
-        reference->Compress(chunk.param_id, chunk.offset,
-                            absl::MakeConstSpan(grads[chunk.param_id])
-                                .subspan(chunk.offset, chunk.num_elements),
-                            &indices, &values, wire_dtype);
-        RoundThroughWire(wire_dtype, absl::MakeSpan(values));
-        float* out = wire_grads[chunk.param_id].data() + chunk.offset;
-        std::fill(out, out + chunk.num_elements, 0.0f);
-        for (size_t i = 0; i < indices.size(); ++i) {
-          out[indices[i]] = values[i];
-        }
-        average(absl::MakeSpan(out, chunk.num_elements));
-      }
-      reference->CommitStep(version);
-    }
-    version = *pulled[0];
-    if (r > 0) run.seconds.push_back(seconds);
-    run.wire_bytes = 0;
-    for (const std::unique_ptr<PsClient>& client : clients) {
+    *version = *pulled[0];
+    return absl::ToDoubleSeconds(
+        *std::max_element(ends.begin(), ends.end()) -
+        *std::min_element(starts.begin(), starts.end()));
+  }
+
+  // Bytes of every worker's last step's messages, both ways.
+  int64_t WireBytes() const {
+    int64_t bytes = 0;
+    for (const std::unique_ptr<PsClient>& client : clients_) {
       const PsStepTimes& times = client->last_step_times();
-      run.wire_bytes += times.bytes_pushed + times.bytes_pulled;
+      bytes += times.bytes_pushed + times.bytes_pulled;
     }
-    for (size_t p = 0; p < sizes.size(); ++p) {
-      OptimizerUpdate(optimizer, version, replica[p].data(),
-                      wire_grads[p].data(), m[p].data(), v[p].data(), sizes[p]);
+    return bytes;
+  }
+
+  const std::vector<std::vector<std::vector<float>>>& weights() const {
+    return weights_;
+  }
+
+  void Done() {
+    for (const std::unique_ptr<PsClient>& client : clients_) {
+      (void)client->Done();
     }
   }
-  for (const ChunkSpec& chunk : plan->chunks()) {
-    RoundThroughWire(wire_dtype,
-                     absl::MakeSpan(replica[chunk.param_id])
-                         .subspan(chunk.offset, chunk.num_elements));
+
+ private:
+  std::vector<std::unique_ptr<TopKCompressor>> topk_;
+  std::vector<std::unique_ptr<PsClient>> clients_;
+  std::vector<std::vector<std::vector<float>>> weights_;
+  std::vector<absl::Span<const float>> grads_;
+};
+
+// What the pulled weights must be: the shards' optimizer, run locally on
+// the average of the workers' gradients as the shards receive them
+// (rounded chunk by chunk, or sparsified as a top-k worker does with its
+// own TopKCompressor, error feedback carried over the steps) and sum them
+// (in worker-id order, then scaled by 1/W: ParameterShard::AverageInto).
+class Replica {
+ public:
+  Replica(const PsSetup& setup, const OptimizerOptions& optimizer,
+          const PartitionPlan& plan, const std::vector<int64_t>& sizes,
+          const ModelTensors& model)
+      : setup_(setup),
+        optimizer_(optimizer),
+        plan_(plan),
+        sizes_(sizes),
+        grads_(model.grads),
+        weights_(model.initial),
+        wire_grads_(model.grads) {
+    for (int64_t n : sizes) {
+      m_.emplace_back(n, 0.0f);
+      v_.emplace_back(n, 0.0f);
+    }
+    if (setup.compression.enabled()) {
+      // The same selection, by the same code, on the same sums: every
+      // worker selects alike.
+      topk_ = std::make_unique<TopKCompressor>(setup.compression, sizes, 3);
+    }
+    for (const ChunkSpec& chunk : plan.chunks()) {
+      const absl::Span<float> g = Chunk(wire_grads_, chunk);
+      RoundThroughWire(setup.wire_dtype, g);
+      Average(g);
+    }
   }
-  for (int w = 0; w < workers; ++w) {
-    for (size_t p = 0; p < sizes.size(); ++p) {
-      for (int64_t i = 0; i < sizes[p]; ++i) {
-        if (replica[p][i] != weights[w][p][i]) ++run.wrong;
+
+  // Step `step`'s update, after which the shards are at `version`.
+  void Step(int64_t step, int64_t version) {
+    if (topk_ != nullptr) SparseGradients(step);
+    for (size_t p = 0; p < sizes_.size(); ++p) {
+      OptimizerUpdate(optimizer_, version, weights_[p].data(),
+                      wire_grads_[p].data(), m_[p].data(), v_[p].data(),
+                      sizes_[p]);
+    }
+  }
+
+  // Elements of `pulled` (every worker's weights) that differ from the
+  // replica's, rounded per chunk as the wire rounds them.
+  int64_t CountWrong(
+      const std::vector<std::vector<std::vector<float>>>& pulled) const {
+    std::vector<std::vector<float>> expected = weights_;
+    for (const ChunkSpec& chunk : plan_.chunks()) {
+      RoundThroughWire(setup_.wire_dtype, Chunk(expected, chunk));
+    }
+    int64_t wrong = 0;
+    for (const std::vector<std::vector<float>>& worker : pulled) {
+      for (size_t p = 0; p < sizes_.size(); ++p) {
+        for (int64_t i = 0; i < sizes_[p]; ++i) {
+          if (expected[p][i] != worker[p][i]) ++wrong;
+        }
       }
     }
+    return wrong;
   }
-  for (const std::unique_ptr<PsClient>& client : clients) (void)client->Done();
+
+ private:
+  static absl::Span<float> Chunk(std::vector<std::vector<float>>& tensors,
+                                 const ChunkSpec& chunk) {
+    return absl::MakeSpan(tensors[chunk.param_id])
+        .subspan(chunk.offset, chunk.num_elements);
+  }
+
+  // The average of W equal gradients, as the shards compute it.
+  void Average(absl::Span<float> g) const {
+    if (setup_.workers == 1) return;
+    const float scale = 1.0f / static_cast<float>(setup_.workers);
+    for (float& x : g) {
+      float sum = x;
+      for (int w = 1; w < setup_.workers; ++w) sum += x;
+      x = sum * scale;
+    }
+  }
+
+  // Step `step`'s sparse gradient, as the shards densify and average it.
+  void SparseGradients(int64_t step) {
+    topk_->BeginStep(step);
+    std::vector<uint32_t> indices;
+    std::vector<float> values;
+    for (const ChunkSpec& chunk : plan_.chunks()) {
+      topk_->Compress(chunk.param_id, chunk.offset,
+                      absl::MakeConstSpan(grads_[chunk.param_id])
+                          .subspan(chunk.offset, chunk.num_elements),
+                      &indices, &values, setup_.wire_dtype);
+      RoundThroughWire(setup_.wire_dtype, absl::MakeSpan(values));
+      const absl::Span<float> out = Chunk(wire_grads_, chunk);
+      std::fill(out.begin(), out.end(), 0.0f);
+      for (size_t i = 0; i < indices.size(); ++i) out[indices[i]] = values[i];
+      Average(out);
+    }
+    topk_->CommitStep(step);
+  }
+
+  const PsSetup setup_;
+  const OptimizerOptions optimizer_;
+  const PartitionPlan& plan_;
+  const std::vector<int64_t> sizes_;
+  const std::vector<std::vector<float>> grads_;
+  std::vector<std::vector<float>> weights_, wire_grads_, m_, v_;
+  std::unique_ptr<TopKCompressor> topk_;
+};
+
+// `repeats` timed steps (after one warm-up) of `setup` on fresh shards.
+PsRun TimePs(const PsSetup& setup, const std::vector<int64_t>& sizes,
+             int64_t partition_bytes, int repeats) {
+  // Top-k: plain SGD, whose update changes only the pushed entries (what
+  // delta pulls need; DGC's shards with momentum correction).
+  OptimizerOptions optimizer = AdamOptions();
+  if (setup.compression.enabled()) {
+    optimizer.kind = OptimizerKind::kSgd;
+    optimizer.lr = 0.01f;
+  }
+  ShardOptions shard_options;
+  shard_options.adam = optimizer;
+  shard_options.num_workers = setup.workers;
+  ServerLimits limits;
+  limits.sync_server_queues = absl::GetFlag(FLAGS_sync_server_queues);
+  LocalShards shards(setup.num_shards, shard_options, setup.tls, limits);
+  auto plan = PartitionPlan::Create(sizes, partition_bytes, setup.num_shards);
+  const ModelTensors model(sizes);
+  Workers workers(setup, shards, shard_options.job_id, *plan, sizes, model);
+  Replica replica(setup, optimizer, *plan, sizes, model);
+  PsRun run;
+  int64_t version = 0;
+  for (int r = 0; r < repeats + 1; ++r) {  // the first is warm-up
+    const int64_t step = version;
+    const double seconds = workers.Step(&version);
+    if (r > 0) run.seconds.push_back(seconds);
+    run.wire_bytes = workers.WireBytes();
+    replica.Step(step, version);
+  }
+  run.wrong = replica.CountWrong(workers.weights());
+  workers.Done();
   return run;
 }
 
@@ -422,37 +515,23 @@ std::vector<int> CountsFromFlag(const std::vector<std::string>& values,
   return counts;
 }
 
-// --topk_wire_dtypes, parsed; exits 2 naming a bad entry.
-std::vector<DType> TopKWireDtypesFromFlag() {
-  std::vector<DType> wire_dtypes;
-  for (const std::string& spelling : absl::GetFlag(FLAGS_topk_wire_dtypes)) {
-    absl::StatusOr<DType> dtype =
-        ParseWireDtype(spelling, "--topk_wire_dtypes");
-    if (!dtype.ok()) {
-      std::fprintf(stderr, "ps_bench: %s\n",
-                   std::string(dtype.status().message()).c_str());
+// A list of wire dtypes (--wire_dtypes, --topk_wire_dtypes), fp32 among
+// them only where `fp32_allowed`; exits 2 naming a bad entry.
+std::vector<DType> DtypesFromFlag(const std::vector<std::string>& values,
+                                  const char* flag, bool fp32_allowed) {
+  std::vector<DType> dtypes;
+  for (const std::string& spelling : values) {
+    absl::StatusOr<DType> dtype = ParseWireDtype(spelling, flag);
+    if (!dtype.ok() || (!fp32_allowed && *dtype == DTYPE_FLOAT32)) {
+      std::fprintf(stderr, "ps_bench: --%s: '%s'; expected %s\n", flag,
+                   spelling.c_str(),
+                   fp32_allowed ? "fp32, bf16 or fp16"
+                                : "bf16 or fp16 (fp32 rows are always timed)");
       std::exit(2);
     }
-    wire_dtypes.push_back(*dtype);
+    dtypes.push_back(*dtype);
   }
-  return wire_dtypes;
-}
-
-// --wire_dtypes, parsed; exits 2 naming a bad entry.
-std::vector<DType> WireDtypesFromFlag() {
-  std::vector<DType> wire_dtypes;
-  for (const std::string& spelling : absl::GetFlag(FLAGS_wire_dtypes)) {
-    absl::StatusOr<DType> dtype = ParseWireDtype(spelling, "--wire_dtypes");
-    if (!dtype.ok() || *dtype == DTYPE_FLOAT32) {
-      std::fprintf(stderr,
-                   "ps_bench: --wire_dtypes: '%s'; expected bf16 or fp16 (fp32 "
-                   "rows are always timed)\n",
-                   spelling.c_str());
-      std::exit(2);
-    }
-    wire_dtypes.push_back(*dtype);
-  }
-  return wire_dtypes;
+  return dtypes;
 }
 
 // Certificates for the TLS rows: a fresh CA in a private folder, which
@@ -473,6 +552,105 @@ std::unique_ptr<PrivateFolder> MakeTlsFolder(TlsOptions* tls, int workers) {
   tls->dir = (*made)->path();
   return *std::move(made);
 }
+
+// The table's rows for a number of workers: raw TCP, then each shard and
+// channel count in fp32, mTLS, each 16-bit wire and each top-k.
+struct Rows {
+  std::vector<int64_t> sizes;
+  int64_t model_bytes = 0;
+  int64_t partition_bytes = 0;
+  int repeats = 1;
+  std::vector<int> shard_counts, channel_counts;
+  const TlsOptions* tls = nullptr;  // null: no mTLS rows
+  std::vector<DType> wire_dtypes, topk_wires;
+  std::vector<CompressionOptions> compressions;
+
+  void Print(int workers) {
+    tcp_median_ = Median(TimeTcp(model_bytes, repeats, workers));
+    workers_ = workers;
+    Row("-", "1", "raw TCP", "fp32", tcp_median_, 2 * workers * model_bytes,
+        "-", "-");
+    for (int shards : shard_counts) {
+      for (int channels : channel_counts) {
+        PsSetup setup;
+        setup.num_shards = shards;
+        setup.workers = workers;
+        setup.channels = channels;
+        PrintSetup(setup);
+      }
+    }
+  }
+
+ private:
+  // The rows of one shard and channel count.
+  void PrintSetup(const PsSetup& plain) const {
+    const PsRun run = Time(plain, "fp32");
+    if (tls != nullptr) {
+      PsSetup secure = plain;
+      secure.tls = *tls;
+      const PsRun mtls = TimePs(secure, sizes, partition_bytes, repeats);
+      Print(
+          plain, "pstrain+mTLS", "fp32", mtls,
+          absl::StrFormat("%.2f", Median(run.seconds) / Median(mtls.seconds)));
+    }
+    for (DType dtype : wire_dtypes) {
+      PsSetup half = plain;
+      half.wire_dtype = dtype;
+      Time(half, WireDtypeSpelling(dtype));
+    }
+    // Top-k in each --topk_wire_dtypes (a 16-bit one's values rounded, the
+    // rounding fed back), with whole and delta pulls.
+    for (const CompressionOptions& c : compressions) {
+      for (DType dtype : topk_wires) {
+        for (bool delta : {false, true}) {
+          PsSetup sparse = plain;
+          sparse.wire_dtype = dtype;
+          sparse.compression = c;
+          sparse.delta_pulls = delta;
+          Time(sparse,
+               absl::StrCat(dtype == DTYPE_FLOAT32
+                                ? ""
+                                : absl::StrCat(WireDtypeSpelling(dtype), "+"),
+                            CompressionSpelling(c), delta ? "+delta" : ""));
+        }
+      }
+    }
+  }
+
+  // Times `setup` in plaintext and prints its row as `wire`.
+  PsRun Time(const PsSetup& setup, const std::string& wire) const {
+    const PsRun run = TimePs(setup, sizes, partition_bytes, repeats);
+    Print(setup, "pstrain", wire, run, "-");
+    return run;
+  }
+
+  void Print(const PsSetup& setup, const char* transport,
+             const std::string& wire, const PsRun& run,
+             const std::string& tls_ratio) const {
+    Row(absl::StrCat(setup.num_shards), absl::StrCat(setup.channels), transport,
+        wire, Median(run.seconds), run.wire_bytes, tls_ratio,
+        absl::StrCat(run.wrong));
+  }
+
+  void Row(const std::string& shards, const std::string& channels,
+           const char* transport, const std::string& wire, double seconds,
+           int64_t wire_bytes, const std::string& tls_ratio,
+           const std::string& wrong) const {
+    std::printf(
+        "  %12lld %3d %7s %3s %-12s %-20s %10.1f %10.1f %8.2f %10.2f %11s "
+        "%7s\n",
+        static_cast<long long>(model_bytes), workers_, shards.c_str(),
+        channels.c_str(), transport, wire.c_str(), seconds * 1e3,
+        static_cast<double>(wire_bytes) / 1e6,
+        2.0 * workers_ * model_bytes / seconds / 1e9, tcp_median_ / seconds,
+        tls_ratio.c_str(), wrong.c_str());
+    std::fflush(stdout);
+  }
+
+  // The worker count being printed and its raw TCP time.
+  int workers_ = 1;
+  double tcp_median_ = 0;
+};
 
 }  // namespace
 }  // namespace pstrain
@@ -520,9 +698,10 @@ int main(int argc, char** argv) {
                  "least 4 bytes (one fp32)\n");
     return 2;
   }
-  const std::vector<pstrain::DType> wire_dtypes = pstrain::WireDtypesFromFlag();
-  const std::vector<pstrain::DType> topk_wires =
-      pstrain::TopKWireDtypesFromFlag();
+  const std::vector<pstrain::DType> wire_dtypes = pstrain::DtypesFromFlag(
+      absl::GetFlag(FLAGS_wire_dtypes), "wire_dtypes", false);
+  const std::vector<pstrain::DType> topk_wires = pstrain::DtypesFromFlag(
+      absl::GetFlag(FLAGS_topk_wire_dtypes), "topk_wire_dtypes", true);
   const int64_t model_bytes = absl::GetFlag(FLAGS_model_bytes);
   const int64_t tensor_bytes = absl::GetFlag(FLAGS_tensor_bytes);
   const int repeats = std::max(1, absl::GetFlag(FLAGS_repeats));
@@ -554,78 +733,18 @@ int main(int argc, char** argv) {
   std::printf("# %12s %3s %7s %3s %-12s %-20s %10s %10s %8s %10s %11s %7s\n",
               "(B)", "", "", "", "", "", "(ms)", "(MB)", "", "(vs TCP)",
               "(vs plain)", "");
-  const int64_t partition_bytes = absl::GetFlag(FLAGS_partition_bytes);
-  for (int workers : worker_counts) {
-    const double tcp_median =
-        pstrain::Median(pstrain::TimeTcp(model_bytes, repeats, workers));
-    const auto row = [&](const std::string& shards, const std::string& channels,
-                         const char* transport, const std::string& wire,
-                         double seconds, int64_t wire_bytes,
-                         const std::string& tls_ratio,
-                         const std::string& wrong) {
-      std::printf(
-          "  %12lld %3d %7s %3s %-12s %-20s %10.1f %10.1f %8.2f %10.2f %11s "
-          "%7s\n",
-          static_cast<long long>(model_bytes), workers, shards.c_str(),
-          channels.c_str(), transport, wire.c_str(), seconds * 1e3,
-          static_cast<double>(wire_bytes) / 1e6,
-          2.0 * workers * model_bytes / seconds / 1e9, tcp_median / seconds,
-          tls_ratio.c_str(), wrong.c_str());
-      std::fflush(stdout);
-    };
-    row("-", "1", "raw TCP", "fp32", tcp_median, 2 * workers * model_bytes, "-",
-        "-");
-    for (int shards : shard_counts) {
-      const std::string count = absl::StrCat(shards);
-      for (int channels : channel_counts) {
-        const std::string ch = absl::StrCat(channels);
-        const pstrain::PsRun run = pstrain::TimePs(
-            shards, workers, sizes, partition_bytes, repeats,
-            pstrain::InsecureTlsOptions(), pstrain::DTYPE_FLOAT32, channels);
-        const double median = pstrain::Median(run.seconds);
-        row(count, ch, "pstrain", "fp32", median, run.wire_bytes, "-",
-            absl::StrCat(run.wrong));
-        if (folder != nullptr) {
-          const pstrain::PsRun secure =
-              pstrain::TimePs(shards, workers, sizes, partition_bytes, repeats,
-                              tls, pstrain::DTYPE_FLOAT32, channels);
-          const double secure_median = pstrain::Median(secure.seconds);
-          row(count, ch, "pstrain+mTLS", "fp32", secure_median,
-              secure.wire_bytes,
-              absl::StrFormat("%.2f", median / secure_median),
-              absl::StrCat(secure.wrong));
-        }
-        for (pstrain::DType dtype : wire_dtypes) {
-          const pstrain::PsRun half =
-              pstrain::TimePs(shards, workers, sizes, partition_bytes, repeats,
-                              pstrain::InsecureTlsOptions(), dtype, channels);
-          row(count, ch, "pstrain", pstrain::WireDtypeSpelling(dtype),
-              pstrain::Median(half.seconds), half.wire_bytes, "-",
-              absl::StrCat(half.wrong));
-        }
-        // Top-k in each --topk_wire_dtypes (a 16-bit one's values
-        // rounded, the rounding fed back).
-        for (const pstrain::CompressionOptions& c : compressions) {
-          for (pstrain::DType dtype : topk_wires) {
-            for (bool delta : {false, true}) {
-              const pstrain::PsRun sparse = pstrain::TimePs(
-                  shards, workers, sizes, partition_bytes, repeats,
-                  pstrain::InsecureTlsOptions(), dtype, channels, c, delta);
-              const std::string wire =
-                  dtype == pstrain::DTYPE_FLOAT32
-                      ? ""
-                      : absl::StrCat(pstrain::WireDtypeSpelling(dtype), "+");
-              row(count, ch, "pstrain",
-                  wire + pstrain::CompressionSpelling(c) +
-                      (delta ? "+delta" : ""),
-                  pstrain::Median(sparse.seconds), sparse.wire_bytes, "-",
-                  absl::StrCat(sparse.wrong));
-            }
-          }
-        }
-      }
-    }
-  }
+  pstrain::Rows rows;
+  rows.sizes = sizes;
+  rows.model_bytes = model_bytes;
+  rows.partition_bytes = absl::GetFlag(FLAGS_partition_bytes);
+  rows.repeats = repeats;
+  rows.shard_counts = shard_counts;
+  rows.channel_counts = channel_counts;
+  rows.tls = folder != nullptr ? &tls : nullptr;
+  rows.wire_dtypes = wire_dtypes;
+  rows.topk_wires = topk_wires;
+  rows.compressions = compressions;
+  for (int workers : worker_counts) rows.Print(workers);
   if (absl::Status stopped = pstrain::trace::Stop(); !stopped.ok()) {
     std::fprintf(stderr, "ps_bench: --trace_file: %s\n",
                  stopped.ToString().c_str());

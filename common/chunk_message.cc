@@ -155,6 +155,17 @@ grpc::Slice OwnedSlice(const void* data, size_t bytes,
                      new std::shared_ptr<const void>(owner));
 }
 
+// A chunk's fields but its payload's: key, element count and version.
+TensorChunk ChunkMeta(int32_t param_id, int32_t chunk_index,
+                      int64_t num_elements, int64_t version) {
+  TensorChunk meta;
+  meta.mutable_key()->set_param_id(param_id);
+  meta.mutable_key()->set_chunk_index(chunk_index);
+  meta.set_num_elements(num_elements);
+  meta.set_version(version);
+  return meta;
+}
+
 // EncodeChunkMessage and EncodeSparseChunkMessage: `meta` is the chunk
 // without its data; `values` its payload, converted to `wire`.
 grpc::ByteBuffer EncodeChunk(
@@ -201,11 +212,8 @@ grpc::ByteBuffer EncodeChunkMessage(const google::protobuf::Message& envelope,
                                     int32_t chunk_index, int64_t version,
                                     absl::Span<const float> values,
                                     PayloadLease* lease, DType wire) {
-  TensorChunk meta;
-  meta.mutable_key()->set_param_id(param_id);
-  meta.mutable_key()->set_chunk_index(chunk_index);
-  meta.set_num_elements(static_cast<int64_t>(values.size()));
-  meta.set_version(version);
+  TensorChunk meta = ChunkMeta(param_id, chunk_index,
+                               static_cast<int64_t>(values.size()), version);
   return EncodeChunk(envelope, chunk_field, meta, values, lease, wire);
 }
 
@@ -213,11 +221,8 @@ grpc::ByteBuffer EncodeSharedChunkMessage(
     const google::protobuf::Message& envelope, int chunk_field,
     int32_t param_id, int32_t chunk_index, int64_t version,
     absl::Span<const float> values, std::shared_ptr<const void> owner) {
-  TensorChunk meta;
-  meta.mutable_key()->set_param_id(param_id);
-  meta.mutable_key()->set_chunk_index(chunk_index);
-  meta.set_num_elements(static_cast<int64_t>(values.size()));
-  meta.set_version(version);
+  TensorChunk meta = ChunkMeta(param_id, chunk_index,
+                               static_cast<int64_t>(values.size()), version);
   return EncodeChunk(envelope, chunk_field, meta, values, /*lease=*/nullptr,
                      DTYPE_FLOAT32, &owner);
 }
@@ -226,11 +231,9 @@ grpc::ByteBuffer EncodeSharedChunkMessage(
     const google::protobuf::Message& envelope, int chunk_field,
     int32_t param_id, int32_t chunk_index, int64_t version,
     std::shared_ptr<const EncodedHalves> halves) {
-  TensorChunk meta;
-  meta.mutable_key()->set_param_id(param_id);
-  meta.mutable_key()->set_chunk_index(chunk_index);
-  meta.set_num_elements(static_cast<int64_t>(halves->bits().size()));
-  meta.set_version(version);
+  TensorChunk meta =
+      ChunkMeta(param_id, chunk_index,
+                static_cast<int64_t>(halves->bits().size()), version);
   meta.set_dtype(halves->dtype);
   if (halves->scale_exponent != 0) {
     meta.set_scale_exponent(halves->scale_exponent);
@@ -248,11 +251,7 @@ grpc::ByteBuffer EncodeSparseChunkMessage(
     int32_t param_id, int32_t chunk_index, int64_t version,
     int64_t num_elements, absl::Span<const uint32_t> indices,
     absl::Span<const float> values, DType wire, int64_t row_elements) {
-  TensorChunk meta;
-  meta.mutable_key()->set_param_id(param_id);
-  meta.mutable_key()->set_chunk_index(chunk_index);
-  meta.set_num_elements(num_elements);
-  meta.set_version(version);
+  TensorChunk meta = ChunkMeta(param_id, chunk_index, num_elements, version);
   meta.set_sparse(true);
   if (row_elements > 1) meta.set_row_elements(row_elements);
   google::protobuf::RepeatedField<uint32_t>* gaps = meta.mutable_index_gaps();
