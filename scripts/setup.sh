@@ -23,6 +23,8 @@ packages=(
   # tests/kubernetes_test.sh: parses the manifests and checks them against
   # the Kubernetes API's schema (python3-kubernetes' models), offline.
   python3-yaml python3-kubernetes
+  # scripts/code_size.sh (in the test command): functions' line ranges.
+  universal-ctags
 )
 install_only=0
 for arg in "$@"; do

@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/status_macros.h"
+#include "server/parameter_shard_state.h"
 
 namespace pstrain {
 
@@ -32,6 +33,9 @@ ParameterShard::ParameterShard(const ShardOptions& options)
   absl::MutexLock lock(&init_mu_);
   SetMembershipLocked(first);
 }
+
+// Here, where ChunkState, StepEnds and NormDecision are complete.
+ParameterShard::~ParameterShard() = default;
 
 absl::Status ParameterShard::CheckWorkerId(int worker_id) const {
   if (worker_id < 0 || worker_id >= options_.num_workers) {

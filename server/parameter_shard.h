@@ -200,133 +200,16 @@
 #include "optim/optimizer.h"
 #include "server/row_sparse.h"
 #include "server/shard_options.h"
+#include "server/shard_types.h"
 #include "server/shared_floats.h"
 #include "server/step_policy.h"
 
 namespace pstrain {
 
-// Backup workers: what a worker's step end says about its admission.
-enum class AdmissionClaim {
-  kDecide,    // to shard 0, which admits or refuses
-  kAdmitted,  // to another shard: shard 0 admitted the worker to the step
-  kLate,      // to another shard: shard 0 refused it (late)
-};
-
-// A part of a shard's chunks that one pull asks for (PullRequest.channel and
-// channels): those whose index i among the shard's chunks in plan order has
-// i % count == index.
-struct PullSubset {
-  int index = 0;
-  int count = 1;
-};
-
-// The entries of a chunk at version v + 1 that differ, bit for bit, from
-// its weights at version v (element offsets into the chunk, strictly
-// ascending, and their values at v + 1), fewer than half of its elements.
-// Valid only during the visit (the chunk's lock is held).
-struct ChunkDelta {
-  absl::Span<const uint32_t> indices;
-  absl::Span<const float> values;
-  // The offsets' bytes on the wire (IndexGapBytes of `indices`).
-  int64_t index_bytes = 0;
-};
-
-// How one pull hands out its chunks (PullRequest.priority,
-// announce_decision and have_version; P3, Jayarajan et al. MLSys 2019).
-struct PullOrder {
-  // Among the chunks ready together, the lowest (param_id, chunk_index)
-  // first, chosen again after every chunk: a front layer's chunk that gets
-  // ready while another is written passes the later layers' chunks still
-  // waiting. false: one pass in plan order per round.
-  bool front_first = false;
-  // Sync, min_version >= 1 (optional): called once, as soon as step
-  // min_version - 1 is decided and was not skipped, before the chunks still
-  // unsent; false stops the pull with CANCELLED.
-  std::function<bool(int64_t step)> decided;
-  // Delta pulls (PullRequest.have_version): the puller holds every chunk
-  // of the pull at version `have_version` (>= 0; -1: none). A chunk at
-  // have_version + 1 whose update changed fewer than half of its entries
-  // (sync mode, a dense parameter chunk, not a buffer nor a row-sparse
-  // table's, with its weights before that update still kept) goes to
-  // `visit_delta` instead of the pull's visitor, with those entries
-  // (ChunkDelta; computed once per chunk and version, whichever worker
-  // asks first), where its offsets (varint gaps) and values of
-  // `wire_bytes` bytes each take fewer bytes than the whole chunk
-  // (SparseAtLeastDense, common/partition.h). Both must be set
-  // for either to count.
-  int64_t have_version = -1;
-  int wire_bytes = 4;
-  std::function<void(const ChunkSpec& chunk, int64_t version,
-                     const ChunkDelta& delta)>
-      visit_delta;
-  // Optional: a dense chunk's whole weights (not a row-sparse table's)
-  // go here instead of to the pull's visitor, as the chunk's SharedFloats
-  // (server/shared_floats.h), under the chunk's lock: the visitor may take
-  // a reference that keeps them alive and unchanged until it is released
-  // (Share(): the shard's next write to that storage goes elsewhere) or
-  // their 16-bit form, converted once per update for every puller
-  // (ShareHalves()), so that a server writes them to the stream without a
-  // copy.
-  std::function<void(const ChunkSpec& chunk, int64_t version,
-                     SharedFloats& weights)>
-      visit_shared;
-};
-
-// Initial values of one chunk, as sent by worker 0. A fresh job sends only
-// `values`; a job resumed from a checkpoint also sends the Adam state `m`
-// and `v` (empty: zeros; buffers have none) and the chunk's `version` (the
-// updates applied so far, which is also Adam's step count).
-struct InitChunk {
-  int32_t param_id = 0;
-  int32_t chunk_index = 0;
-  std::vector<float> values;
-  std::vector<float> m, v;
-  int64_t version = 0;
-};
-
-// One chunk's state as Snapshot() copied it.
-struct ChunkSnapshot {
-  ChunkSpec spec;
-  bool is_buffer = false;
-  int64_t version = 0;
-  std::vector<float> weights, m, v;  // m and v empty for buffers.
-};
-
-struct ShardStats {
-  bool initialized = false;
-  int64_t generation = 0;
-  int64_t samples = 0;
-  int64_t min_version = 0;
-  // Sync: the last step decided (-1: none); what a reopen starts after
-  // (Reopen()). Async: -1.
-  int64_t decided_step = -1;
-  int64_t pushes = 0;
-  int64_t pulls = 0;
-  // Sync: steps skipped (non-finite values); async: pushes dropped.
-  int64_t skipped = 0;
-  // Chunk updates applied (one per chunk per completed barrier in sync
-  // mode, per push in async mode), and the time spent in the optimizer for
-  // them, ns (steady clock around each chunk's update; the averaging of
-  // the workers' gradients is not counted).
-  int64_t updates = 0;
-  int64_t optimizer_ns = 0;
-  // Backup workers: pushes of a step already decided, dropped; step ends
-  // refused (shard 0) or reported late (the others).
-  int64_t late_pushes = 0;
-  int64_t late_steps = 0;
-  // Chunk updates not applied because their result was not finite
-  // (finite gradients whose sum, or optimizer state, left float's range):
-  // the chunk kept its weights for that step (sync: while the step's other
-  // chunks were updated; async: the push is dropped). The last one's
-  // description ("update of chunk (p, c) for step s overflowed to inf at
-  // element i; not applied"), empty if none.
-  int64_t overflowed = 0;
-  std::string last_overflow;
-};
-
 class ParameterShard {
  public:
   explicit ParameterShard(const ShardOptions& options);
+  ~ParameterShard();
   ParameterShard(const ParameterShard&) = delete;
   ParameterShard& operator=(const ParameterShard&) = delete;
 
@@ -764,73 +647,11 @@ class ParameterShard {
   void Abort(const std::string& reason);
 
  private:
-  // The pushes of one chunk and step: one gradient slot per worker; the
-  // barrier sums into pending[0].
-  struct StepSlot {
-    std::vector<std::vector<float>> pending;
-    std::vector<bool> has_pending;
-    int num_pending = 0;
-    // A worker skipped its push of the step.
-    bool skipped = false;
-    // Clipping: pending[0] holds the step's average already (a row-sparse
-    // chunk: row_average).
-    bool averaged = false;
-    // Row-sparse chunks: each worker's rows, and their average.
-    std::vector<RowValues> row_pending;
-    RowValues row_average;
-  };
-  // The ends of one step (EndStep): who has ended it, and the first
-  // non-finite report (lowest worker id).
-  struct StepEnds {
-    std::vector<bool> ended;
-    int num_ended = 0;
-    std::unique_ptr<SkippedStepInfo> skip;
-  };
-
-  struct ChunkState {
-    ChunkSpec spec;
-    mutable absl::Mutex mu;
-    // Shared with pull replies in flight (server/shared_floats.h).
-    SharedFloats weights ABSL_GUARDED_BY(mu);
-    std::vector<float> m ABSL_GUARDED_BY(mu);
-    std::vector<float> v ABSL_GUARDED_BY(mu);
-    int64_t version ABSL_GUARDED_BY(mu) = 0;
-    // Sync mode: slots[step % (staleness + 1)] collects the pushes of
-    // `step`, for steps version to version + staleness. Async mode:
-    // slots[0] holds the buffers' latest values per worker.
-    std::vector<StepSlot> slots ABSL_GUARDED_BY(mu);
-    // Async mode: the gradient being pushed.
-    std::vector<float> incoming ABSL_GUARDED_BY(mu);
-    // Buffers in async mode: which workers' latest values are in slots[0].
-    int num_latest ABSL_GUARDED_BY(mu) = 0;
-    // Sync mode: the state before the update of step `undo_step` (-1:
-    // none kept), until that step is decided; swapped back if it is
-    // skipped. Also the buffers the next update is written into.
-    SharedFloats prev_weights ABSL_GUARDED_BY(mu);
-    std::vector<float> prev_m ABSL_GUARDED_BY(mu);
-    std::vector<float> prev_v ABSL_GUARDED_BY(mu);
-    int64_t undo_step ABSL_GUARDED_BY(mu) = -1;
-    // Delta pulls: prev_weights holds the weights of version prev_version
-    // (== version - 1) bit for bit, from the swap of a dense update until
-    // anything else changes them (-1: not kept); the entries that update
-    // changed, once a pull asked (delta_version: the version they lead
-    // to, -1: none computed; delta_dense: half or more changed;
-    // delta_index_bytes: the offsets' bytes on the wire).
-    int64_t prev_version ABSL_GUARDED_BY(mu) = -1;
-    std::vector<uint32_t> delta_indices ABSL_GUARDED_BY(mu);
-    int64_t delta_index_bytes ABSL_GUARDED_BY(mu) = 0;
-    std::vector<float> delta_values ABSL_GUARDED_BY(mu);
-    int64_t delta_version ABSL_GUARDED_BY(mu) = -1;
-    bool delta_dense ABSL_GUARDED_BY(mu) = false;
-    // Row-sparse chunks: the rows undo_step's update changed, as they were;
-    // an async push's rows.
-    RowUndo row_undo ABSL_GUARDED_BY(mu);
-    RowValues incoming_rows ABSL_GUARDED_BY(mu);
-    // A deferred snapshot (BeginDeferredSnapshot()) this chunk still owes:
-    // where it copies itself when it is at snap_version; null: none.
-    ChunkSnapshot* snap_into ABSL_GUARDED_BY(mu) = nullptr;
-    int64_t snap_version ABSL_GUARDED_BY(mu) = -1;
-  };
+  // A chunk's state, one step's pushes of a chunk, one step's ends
+  // (server/parameter_shard_state.h, as UpdateScratch and NormDecision).
+  struct StepSlot;
+  struct StepEnds;
+  struct ChunkState;
 
   // The chunk's state into `out` (its memory reused).
   void CopyChunkLocked(const ChunkState& chunk, ChunkSnapshot& out) const
@@ -892,9 +713,7 @@ class ParameterShard {
   // `members` as CompleteBarrierLocked() and PartialNormLocked() take
   // them: step `ends`' admitted workers (kAdmitted), or null: every worker.
   static const std::vector<bool>* MaskOf(StepPolicy::Members members,
-                                         const StepEnds& ends) {
-    return members == StepPolicy::Members::kAdmitted ? &ends.ended : nullptr;
-  }
+                                         const StepEnds& ends);
   // Step `step`'s end by `worker_id` into `ends`, once `pushed` (called
   // under each chunk's lock) says it pushed every chunk of the step:
   // INVALID_ARGUMENT for a second end or a chunk not pushed (naming it),
@@ -985,14 +804,8 @@ class ParameterShard {
   // NoteOverflow().
   void ApplyLocked(ChunkState& chunk, const float* gradient)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk.mu);
-  // Where an update is written before it replaces a chunk's state (async
-  // mode; sync mode uses the chunk's undo buffers): one per thread, since
-  // chunks are updated concurrently under their own locks. After a swap it
-  // holds the chunk's old storage, reused for the next update.
-  struct UpdateScratch {
-    SharedFloats w;  // swapped with a chunk's weights
-    std::vector<float> m, v;
-  };
+  // Where an async update is written first: one per thread.
+  struct UpdateScratch;
   static UpdateScratch& ThreadUpdateScratch();
   // True if `updated` (a chunk's new weights for `step`) holds a NaN or an
   // infinity, which finite gradients can still give (a sum of workers'
@@ -1113,11 +926,7 @@ class ParameterShard {
   double norm_partial_ ABSL_GUARDED_BY(step_mu_) = 0;
   // The last few steps decided by a norm (oldest first): a pull of one of
   // them still gets its partial, a late sum is checked against it.
-  struct NormDecision {
-    int64_t step = -1;
-    double partial = 0;
-    double sum_sq = 0;
-  };
+  struct NormDecision;
   std::vector<NormDecision> recent_norms_ ABSL_GUARDED_BY(step_mu_);
   // The decision of `step` among recent_norms_, or null.
   const NormDecision* RecentNormLocked(int64_t step) const

@@ -8,6 +8,7 @@
 #include "common/status_macros.h"
 #include "common/trace.h"
 #include "server/parameter_shard.h"
+#include "server/parameter_shard_state.h"
 
 namespace pstrain {
 

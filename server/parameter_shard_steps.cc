@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "server/parameter_shard.h"
+#include "server/parameter_shard_state.h"
 
 namespace pstrain {
 
