@@ -201,7 +201,7 @@ Flags JobFlags(const std::string& what) {
            {"priority_pulls",
             "PS modes (default false): shards send the ready chunks front "
             "layers "
-            "first, and in sync mode (cpu backend; not with staleness, backup "
+            "first, and in sync mode (cpu and cuda; not with staleness, backup "
             "workers, clipping or saved top-k residuals) the next forward "
             "starts "
             "on the first layers' weights while the last ones still arrive. "

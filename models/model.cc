@@ -354,6 +354,17 @@ absl::Status Model::RunForward(const Tensor& input, const Tensor* padding_mask,
                                positions_.data());
     if (!s.ok()) return s;
   }
+  // Priority pulls: a training forward asks for each layer's weights as it
+  // reaches the layer (AwaitWeightsOf(), which also copies them to a
+  // device); any other forward of weights still arriving waits for all.
+  const bool gated = training && weights_gate_ != nullptr;
+  if (!gated && device_weights_stale_) {
+    s = weights_gate_ != nullptr ? weights_gate_->AwaitAll() : absl::OkStatus();
+    if (!s.ok()) return s;
+    s = CopyWeightsToDevice(0, static_cast<int>(host_weights_.size()));
+    if (!s.ok()) return s;
+    device_weights_stale_ = false;
+  }
   if (time_layers_) {  // Work queued before is not the first layer's.
     s = backend_->Synchronize();
     if (!s.ok()) return s;
@@ -371,7 +382,7 @@ absl::Status Model::RunForward(const Tensor& input, const Tensor* padding_mask,
     if (!out_shape.ok()) return out_shape.status();
     s = node->out.Resize(*out_shape);
     if (!s.ok()) return s;
-    if (training && weights_gate_ != nullptr) {
+    if (gated) {
       s = AwaitWeightsOf(*node);
       if (!s.ok()) return s;
     }
@@ -517,6 +528,7 @@ absl::Status Model::CopyGradientsToHost(const Node& node) {
 }
 
 absl::Status Model::AwaitWeightsOf(const Node& node) {
+  const int first_buffer = static_cast<int>(params_.size()) + node.first_buffer;
   for (size_t i = 0; i < node.params.size(); ++i) {
     absl::Status s =
         weights_gate_->AwaitTensor(node.first_param + static_cast<int>(i));
@@ -524,9 +536,24 @@ absl::Status Model::AwaitWeightsOf(const Node& node) {
   }
   for (size_t i = 0; i < node.buffers.size(); ++i) {
     absl::Status s =
-        weights_gate_->AwaitTensor(static_cast<int>(params_.size()) +
-                                   node.first_buffer + static_cast<int>(i));
+        weights_gate_->AwaitTensor(first_buffer + static_cast<int>(i));
     if (!s.ok()) return s;
+  }
+  if (!device_weights_stale_) return absl::OkStatus();
+  RETURN_IF_ERROR(CopyWeightsToDevice(node.first_param,
+                                      static_cast<int>(node.params.size())));
+  return CopyWeightsToDevice(first_buffer,
+                             static_cast<int>(node.buffers.size()));
+}
+
+absl::Status Model::CopyWeightsToDevice(int first, int count) {
+  if (backend_->host_memory()) return absl::OkStatus();
+  const int num_params = static_cast<int>(params_.size());
+  for (int i = first; i < first + count; ++i) {
+    DeviceTensor& t =
+        i < num_params ? params_[i]->value : buffers_[i - num_params]->value;
+    RETURN_IF_ERROR(
+        backend_->CopyToDevice(host_weights_[i].data(), t.size(), t.data()));
   }
   return absl::OkStatus();
 }
@@ -608,6 +635,8 @@ absl::StatusOr<float> Model::TrainStep(const Tensor& input,
     // Backward overwrites the gradients the last step's pushes lent out.
     s = weights_gate_->AwaitAll();
     if (!s.ok()) return s;
+    // Every layer's forward copied its tensors.
+    device_weights_stale_ = false;
   }
   const absl::Time backward_start = absl::Now();
   last_forward_time_ = backward_start - forward_start;
@@ -740,14 +769,12 @@ absl::Status Model::AdamStep(const AdamOptions& options) {
 
 absl::Status Model::LoadHostWeights() {
   if (backend_->host_memory()) return absl::OkStatus();
-  for (size_t i = 0; i < host_weights_.size(); ++i) {
-    DeviceTensor& t = i < params_.size() ? params_[i]->value
-                                         : buffers_[i - params_.size()]->value;
-    absl::Status s =
-        backend_->CopyToDevice(host_weights_[i].data(), t.size(), t.data());
-    if (!s.ok()) return s;
+  if (weights_gate_ != nullptr) {
+    // The weights may still be arriving: the next forward copies them.
+    device_weights_stale_ = true;
+    return absl::OkStatus();
   }
-  return absl::OkStatus();
+  return CopyWeightsToDevice(0, static_cast<int>(host_weights_.size()));
 }
 
 absl::Status Model::StoreHostWeights() {

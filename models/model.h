@@ -255,7 +255,9 @@ class Model {
   const std::vector<absl::Span<const float>>& HostGradients() {
     return host_gradients_;
   }
-  // Copies HostWeights() into the model's params and buffers.
+  // Copies HostWeights() into the model's params and buffers (with a
+  // weights gate on a device backend: at the next forward, see
+  // set_weights_gate()).
   absl::Status LoadHostWeights();
   // Copies the model's params and buffers into HostWeights().
   absl::Status StoreHostWeights();
@@ -263,8 +265,11 @@ class Model {
   // Priority pulls: ForwardBackward() asks `gate` (not owned; null: none)
   // before each layer's forward for the layer's PS tensors, and for all of
   // them before backward, so that the first layers' forward runs while the
-  // last layers' weights are still arriving. Host-memory backends only
-  // (elsewhere LoadHostWeights() copies every tensor before the step).
+  // last layers' weights are still arriving. On a device backend (CUDA)
+  // LoadHostWeights() then copies nothing: the forward copies each
+  // layer's tensors from the host staging once the gate lets them
+  // through, and any other forward (evaluation) first asks the gate for
+  // all of them and copies them all.
   void set_weights_gate(WeightsGate* gate) { weights_gate_ = gate; }
 
   // Whether ForwardBackward() fills the host staging (HostGradients()) and
@@ -322,8 +327,12 @@ class Model {
   absl::Status RunForward(const Tensor& input, const Tensor* padding_mask,
                           bool training,
                           const std::vector<float>* positions = nullptr);
-  // Asks weights_gate_ for a node's parameters and buffers.
+  // Asks weights_gate_ for a node's parameters and buffers, and copies
+  // them to the device if the device's copies are stale.
   absl::Status AwaitWeightsOf(const Node& node);
+  // Copies host weights [first, first + count) (PS tensor order: params,
+  // then buffers) to the device; nothing on host-memory backends.
+  absl::Status CopyWeightsToDevice(int first, int count);
   // The device tensor a node's input `i` names (a node, the model's input
   // or its padding mask).
   DeviceTensor* InputTensor(int i);
@@ -381,6 +390,10 @@ class Model {
   bool stage_gradients_ = true;
   float loss_scale_ = 1.0f;
   WeightsGate* weights_gate_ = nullptr;
+  // A device backend with a gate: LoadHostWeights() was called and the
+  // device holds older weights than the host staging until a forward
+  // copies them.
+  bool device_weights_stale_ = false;
   // AdamStep()'s state, one m and v per param, and its update count.
   std::vector<DeviceTensor> adam_m_, adam_v_;
   int64_t adam_step_ = 0;

@@ -15,6 +15,7 @@
 #include "absl/strings/match.h"
 #include "catalog/catalog.h"
 #include "gtest/gtest.h"
+#include "models/staged_backend.h"
 #include "optim/adam.h"
 
 namespace pstrain {
@@ -645,6 +646,99 @@ TEST(ModelWeightsGate, AsksPerLayerInForwardOrderThenForAllBeforeBackward) {
   absl::StatusOr<float> loss = model->ForwardBackward(x, {3, 7});
   EXPECT_TRUE(absl::IsUnavailable(loss.status())) << loss.status();
   model->set_weights_gate(nullptr);
+}
+
+// A pull that lands while the forward runs: AwaitTensor(t) writes tensor
+// t's new weights into the host staging just then, as a pull's chunk
+// arriving at the gate would.
+class ArrivingGate : public WeightsGate {
+ public:
+  explicit ArrivingGate(Model* model) : model_(model) {}
+  // The weights each tensor gets when it arrives.
+  static float Arrived(float w) { return 0.5f * w + 0.01f; }
+  absl::Status AwaitTensor(int t) override {
+    for (float& w : model_->HostWeights()[t]) w = Arrived(w);
+    ++tensors;
+    return absl::OkStatus();
+  }
+  absl::Status AwaitAll() override {
+    ++alls;
+    return absl::OkStatus();
+  }
+  int tensors = 0;
+  int alls = 0;
+
+ private:
+  Model* model_;
+};
+
+// Priority pulls on a device backend (the CPU backend behind a
+// device-memory face, models/staged_backend.h): with a gate,
+// LoadHostWeights() copies nothing, each layer's forward copies the
+// weights its gate just let through, and the step equals an ungated one
+// (the CPU backend) on the arrived weights bit for bit: loss, gradients
+// and the BatchNorm buffers staged for the push. An evaluation forward
+// after the next LoadHostWeights() asks for all and copies all. A model
+// that copied at LoadHostWeights() would train on the weights from before
+// the arrival and fail here.
+TEST(ModelWeightsGate, DeviceBackendCopiesEachLayerAfterItsWait) {
+  std::unique_ptr<StagedCpuBackend> staged = NewStagedCpuBackend();
+  std::unique_ptr<Backend> cpu = NewCpuBackend();
+  std::unique_ptr<Model> device =
+      MustCreate("resnet18", {1, 28, 28}, 10, staged.get());
+  std::unique_ptr<Model> reference =
+      MustCreate("resnet18", {1, 28, 28}, 10, cpu.get());
+  ASSERT_NE(device, nullptr);
+  ASSERT_NE(reference, nullptr);
+  const int tensors = device->num_ps_tensors();
+  Tensor x({2, 1, 28, 28});
+  for (int64_t i = 0; i < x.size(); ++i) {
+    x.data[i] = static_cast<float>(0.5 * std::cos(0.37 * i));
+  }
+  ArrivingGate gate(device.get());
+  device->set_weights_gate(&gate);
+  const int64_t copies_before = staged->copies_to_device();
+  ASSERT_TRUE(device->LoadHostWeights().ok());
+  EXPECT_EQ(staged->copies_to_device(), copies_before)
+      << "LoadHostWeights() copied while the weights may still arrive";
+  // The reference holds the arrived weights from the start.
+  for (int t = 0; t < tensors; ++t) {
+    for (float& w : reference->HostWeights()[t]) w = ArrivingGate::Arrived(w);
+  }
+  absl::StatusOr<float> gated = device->ForwardBackward(x, {3, 7});
+  absl::StatusOr<float> plain = reference->ForwardBackward(x, {3, 7});
+  ASSERT_TRUE(gated.ok()) << gated.status();
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  EXPECT_EQ(gate.tensors, tensors);
+  EXPECT_EQ(gate.alls, 1);
+  EXPECT_EQ(staged->copies_to_device() - copies_before, tensors + 1)
+      << "one copy per tensor, after its wait, and the input";
+  EXPECT_EQ(*gated, *plain);
+  for (int t = 0; t < tensors; ++t) {
+    const absl::Span<const float> g = device->HostGradients()[t];
+    const absl::Span<const float> want = reference->HostGradients()[t];
+    ASSERT_EQ(g.size(), want.size());
+    EXPECT_TRUE(std::equal(g.begin(), g.end(), want.begin()))
+        << "tensor " << t << " (" << device->PsTensorNames()[t] << ")";
+  }
+
+  // The next pull arrived whole (the exchange completed it; the same
+  // weights and BatchNorm buffers for both); an evaluation reads it, not
+  // the device's older copies.
+  for (int t = 0; t < tensors; ++t) {
+    const absl::Span<float> want = reference->HostWeights()[t];
+    for (float& w : want) w = ArrivingGate::Arrived(w);
+    std::copy(want.begin(), want.end(), device->HostWeights()[t].begin());
+  }
+  ASSERT_TRUE(device->LoadHostWeights().ok());
+  absl::StatusOr<const Tensor*> eval = device->Forward(x);
+  ASSERT_TRUE(eval.ok()) << eval.status();
+  const std::vector<float> device_logits = (*eval)->data;
+  absl::StatusOr<const Tensor*> want = reference->Forward(x);
+  ASSERT_TRUE(want.ok()) << want.status();
+  EXPECT_EQ(device_logits, (*want)->data);
+  EXPECT_EQ(gate.alls, 2) << "the evaluation waits for the whole pull";
+  device->set_weights_gate(nullptr);
 }
 
 }  // namespace

@@ -44,6 +44,11 @@
 #               the shards' servers on 8 completion queues, 1 and 2
 #               shards, 4 and 8 channels; then 4 workers on 1 and 2
 #               shards, plaintext fp32 and bf16                           300
+#   priority_pulls
+#               the early forward on CUDA (issue 39 item 4): LeNet-5, sync
+#               PS, 2 workers on the GPU, 2 shards, 200 steps with and
+#               without --priority_pulls; the same seed gives the same
+#               model, so the accuracy and loss must match exactly       180
 # Without a GPU (or with --dry_run) the GPU parts are marked "skipped: no
 # GPU" and the rest runs. --quick shrinks every run (steps, bytes) to check
 # the script itself (tests/gpu_bundle_test.sh). --only=a,b runs those
@@ -60,8 +65,8 @@
 # /usr/local/nvidia; the rest is in the bundle's lib/.
 set -uo pipefail
 
-usage="usage: gpu_check.sh [--quick] [--dry_run] [--only=host,cuda_tests,train_bench,transformer,bert_table,pstrain_run,allreduce,ps_worker,ps_bench] OUT_DIR"
-all_sections="host cuda_tests train_bench transformer bert_table pstrain_run allreduce ps_worker ps_bench"
+usage="usage: gpu_check.sh [--quick] [--dry_run] [--only=host,cuda_tests,train_bench,transformer,bert_table,pstrain_run,allreduce,ps_worker,ps_bench,priority_pulls] OUT_DIR"
+all_sections="host cuda_tests train_bench transformer bert_table pstrain_run allreduce ps_worker ps_bench priority_pulls"
 command_line="gpu_check.sh $*"
 quick=0
 dry_run=0
@@ -584,6 +589,43 @@ ps_worker_section() {
   return $rc
 }
 
+# Priority pulls' early forward on the GPU: each layer's weights copied to
+# the device once its pull is in (Model::set_weights_gate). The same seed
+# with and without gives the same model bit for bit (sync mode), so the
+# accuracy and test loss must be equal; the throughputs are beside them.
+priority_pulls_section() {
+  local steps=200 on json row same
+  [ "$quick" = 1 ] && steps=10
+  {
+    echo "| priority pulls | #PS | #Workers | Steps | Throughput (data/sec) | Test accuracy | Test loss |"
+    echo "|---|---:|---:|---:|---:|---:|---:|"
+  } > "$out/priority_pulls.md"
+  for on in false true; do
+    json="$out/logs/priority_pulls_$on.json"
+    echo "== pstrain run --backend=cuda --model=lenet5 --priority_pulls=$on"
+    if ! "$root/cli/pstrain" run --backend=cuda --model=lenet5 \
+      --dataset=fashion_mnist --data_dir="$data" --num_ps=2 --num_workers=2 \
+      --mode=sync --epochs=1 --max_steps_per_epoch="$steps" \
+      --priority_pulls="$on" --results_json="$json"; then
+      echo "| $on | 2 | 2 | $steps | failed | - | - |" >> "$out/priority_pulls.md"
+      return 1
+    fi
+    row=$(result_row "$json" '| %d | %d | %d | %.1f | %.4f |' num_ps \
+      num_workers steps throughput_samples_per_sec test_accuracy)
+    echo "| $on $row $("$python" -c "import json,sys; print(repr(json.load(open(sys.argv[1]))['epoch_results'][-1]['test_loss']))" "$json") |" \
+      >> "$out/priority_pulls.md"
+  done
+  same=$("$python" - "$out/logs/priority_pulls_false.json" "$out/logs/priority_pulls_true.json" <<'PY'
+import json, sys
+a, b = (json.load(open(p)) for p in sys.argv[1:])
+key = lambda r: (r["test_accuracy"], r["epoch_results"][-1]["test_loss"])
+print("yes" if key(a) == key(b) else "no")
+PY
+)
+  { echo; echo "Same model with and without: $same"; } >> "$out/priority_pulls.md"
+  [ "$same" = yes ]
+}
+
 ps_bench_section() {
   # shellcheck disable=SC2086
   "$root/bench/ps_bench" --shards=1,2,4 --channels_per_shard=1,4 \
@@ -682,6 +724,11 @@ else
   skip_section ps_worker
 fi
 run_section ps_bench 300 ps_bench_section
+if [ "$gpu" = 1 ]; then
+  run_section priority_pulls 180 priority_pulls_section
+else
+  skip_section priority_pulls
+fi
 report
 if cut -f2 "$out/sections.tsv" | grep -qv -e '^ok$' -e '^skipped'; then
   echo "gpu_check: some sections failed; see $out/gpu_report.md"

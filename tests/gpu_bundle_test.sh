@@ -99,8 +99,8 @@ check "gpu_report.json parses and has nine sections" python3 -c "
 import json, sys
 r = json.load(open('$out/report/gpu_report.json'))
 names = [s['section'] for s in r['sections']]
-sys.exit(names != ['host', 'cuda_tests', 'train_bench', 'transformer', 'bert_table', 'pstrain_run', 'allreduce', 'ps_worker', 'ps_bench'])"
-for s in cuda_tests train_bench transformer bert_table allreduce ps_worker; do
+sys.exit(names != ['host', 'cuda_tests', 'train_bench', 'transformer', 'bert_table', 'pstrain_run', 'allreduce', 'ps_worker', 'ps_bench', 'priority_pulls'])"
+for s in cuda_tests train_bench transformer bert_table allreduce ps_worker priority_pulls; do
   check "$s is 'skipped: no GPU'" grep -q "^| $s | skipped: no GPU" "$report"
 done
 for s in host pstrain_run ps_bench; do

@@ -207,7 +207,7 @@ class ModelWorkload : public Workload {
   }
   absl::Status LoadWeights() override { return model_->LoadHostWeights(); }
   void SetLossScale(float scale) override { model_->set_loss_scale(scale); }
-  bool can_gate_weights() const override { return backend_->host_memory(); }
+  bool can_gate_weights() const override { return true; }
   void SetWeightsGate(WeightsGate* gate) override {
     model_->set_weights_gate(gate);
   }

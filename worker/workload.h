@@ -58,8 +58,9 @@ class Workload : public StepCompute {
   virtual absl::StatusOr<safetensors::WriteResult> SaveWeights(
       const std::vector<absl::Span<float>>& weights, const std::string& path,
       int64_t steps, const safetensors::WriteOptions& write_options) = 0;
-  // Whether Step()'s forward can ask a WeightsGate per tensor (a model on
-  // a host-memory backend), and the gate it asks from then on.
+  // Whether Step()'s forward can ask a WeightsGate per tensor (a model, on
+  // any backend: Model::set_weights_gate; the synthetic compute), and the
+  // gate it asks from then on.
   virtual bool can_gate_weights() const { return false; }
   virtual void SetWeightsGate(WeightsGate* gate) {}
 };
