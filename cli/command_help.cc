@@ -215,9 +215,10 @@ Flags JobFlags(const std::string& what) {
             "the "
             "shards update only those rows with lazy Adam "
             "(torch.optim.SparseAdam's: untouched rows keep their moments), or "
-            "SGD without momentum. No weight decay, momentum or compression; "
-            "allreduce keeps the dense path (pstrain compare sets the two side "
-            "by side)."},
+            "SGD without momentum. No weight decay or momentum; with a top-k "
+            "compression the other parameters go as their top-k and the "
+            "table by rows (not with momentum_correction); allreduce keeps "
+            "the dense path (pstrain compare sets the two side by side)."},
            {"max_steps_per_epoch",
             "If > 0, at most this many steps per epoch (short runs)."},
            {"ps_binary",

@@ -473,9 +473,21 @@ absl::Status CheckSparseEmbeddings(const JobConfig& config) {
         "with mode allreduce; expected false (the collectives reduce dense "
         "buffers: allreduce keeps the dense path)");
   }
-  if (config.compression.topk_ratio > 0) {
-    return refuse(absl::StrCat("with compression ", spec.compression(),
-                               "; expected none (a table pushes its rows)"));
+  // Top-k compresses the other parameters; a table pushes its step's rows
+  // whole (no residual) and the shards update them lazily. Not where the
+  // workers keep the optimizer's state, whose shards apply plain SGD.
+  if (spec.momentum_correction()) {
+    return refuse(
+        "with momentum_correction; expected false (it moves the optimizer's "
+        "state to the workers, each of its own gradient, and the shards "
+        "apply plain SGD: a table's lazy update, torch.optim.SparseAdam's, "
+        "is of the average gradient, on the shards)");
+  }
+  if (spec.compression_freeze_adam_variance()) {
+    return refuse(
+        "with compression_freeze_adam_variance; expected false (1-bit "
+        "Adam's frozen variance is of dense Adam; torch.optim.SparseAdam, "
+        "a table's update, has none)");
   }
   if (spec.optimizer().weight_decay() != 0) {
     return refuse(absl::StrCat(

@@ -580,9 +580,17 @@ TEST(JobSpecTest, SparseEmbeddingsRefusals) {
        "sparse_embeddings: true",
        "sparse_embeddings: true with mode allreduce; expected false (the "
        "collectives reduce dense buffers: allreduce keeps the dense path)"},
-      {base + "compression: \"topk:0.01\"",
-       "sparse_embeddings: true with compression topk:0.01; expected none (a "
-       "table pushes its rows)"},
+      {base + "compression: \"topk:0.01\" momentum_correction: true",
+       "sparse_embeddings: true with momentum_correction; expected false (it "
+       "moves the optimizer's state to the workers, each of its own "
+       "gradient, and the shards apply plain SGD: a table's lazy update, "
+       "torch.optim.SparseAdam's, is of the average gradient, on the "
+       "shards)"},
+      {base + "compression: \"topk:0.01\" compression_dense_steps: 5 "
+              "compression_freeze_adam_variance: true",
+       "sparse_embeddings: true with compression_freeze_adam_variance; "
+       "expected false (1-bit Adam's frozen variance is of dense Adam; "
+       "torch.optim.SparseAdam, a table's update, has none)"},
       {base + "optimizer { weight_decay: 0.01 }",
        "sparse_embeddings: true with optimizer.weight_decay 0.01; expected 0 "
        "(torch.optim.SparseAdam has no weight decay)"},
@@ -612,10 +620,12 @@ TEST(JobSpecTest, SparseEmbeddingsRefusals) {
       "job.pbtxt");
   EXPECT_TRUE(off.ok()) << off.status();
   // The untied BERTs, in sync (also with staleness, backup workers and
-  // clipping), async, with SGD, bf16 wires and checkpoints.
+  // clipping), async, with SGD, bf16 wires, checkpoints and top-k.
   for (const std::string extra :
        {"", "mode: \"async\"", "staleness: 2", "backup_workers: 1",
         "clip_grad_norm: 1", "optimizer { name: \"sgd\" }",
+        "compression: \"topk:0.01\" checkpoint_dir: \"/tmp/c\" "
+        "checkpoint_every_steps: 5",
         "wire_dtype: \"bf16\" checkpoint_dir: \"/tmp/c\" "
         "checkpoint_every_steps: 5"}) {
     for (const char* model : {"bert_tiny_untied", "bert_base_untied"}) {

@@ -29,6 +29,9 @@
 //    first checkpoint is restarted, every shard restores it (the tables'
 //    rows' w, m, v come back from the shard files) and the job trains on
 //    to its end.
+//  - Top-k compresses the other parameters while the table goes by rows:
+//    at a ratio of 1 the SGD job equals the uncompressed row job byte for
+//    byte, and a top-k job resumes exactly from its checkpoint.
 //  - Async trains; refusals are one line and exit 2.
 #include <signal.h>
 
@@ -253,6 +256,54 @@ TEST(SparseEmbeddingsRunTest, AdamRowJobResumesExactly) {
               ReadBytes(resumed + "/step-6/model.safetensors"));
 }
 
+// Top-k compression of the other parameters beside a table's rows (which
+// go whole, never a top-k of them). At a ratio of 1 every entry of every
+// parameter is pushed and the residual stays zero, so the SGD job with
+// rows and topk:1 (pulls of the changed entries and of the next batch's
+// rows) ends with the uncompressed row job's model file byte for byte; a
+// table routed through the compressor (whose residual it does not have)
+// would not. At topk:0.05 with Adam the job resumed from its step-6
+// checkpoint (the workers' residuals, the table's empty, beside the
+// shards' rows) ends with the uninterrupted run's model file.
+TEST(SparseEmbeddingsRunTest, TopKCompressesTheOtherParameters) {
+  const std::string sgd =
+      "--epochs=2 --max_steps_per_epoch=5 --optimizer=sgd --lr=0.5 "
+      "--sparse_embeddings ";
+  std::string files[2];
+  for (int topk = 0; topk < 2; ++topk) {
+    const std::string dir = TempDir() + "/topk_sgd_" + std::to_string(topk);
+    const Result r =
+        RunCommand(Job(sgd + (topk ? "--compression=topk:1 " : "") +
+                       "--checkpoint_dir=" + dir));
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    files[topk] = ReadBytes(dir + "/model.safetensors");
+  }
+  ASSERT_GT(files[0].size(), 3000000u);
+  EXPECT_TRUE(files[0] == files[1])
+      << "the topk:1 row job's model.safetensors differs from the row job's";
+
+  const std::string args =
+      "--epochs=1 --max_steps_per_epoch=12 --checkpoint_every_steps=6 "
+      "--sparse_embeddings --compression=topk:0.05 --checkpoint_dir=";
+  const std::string whole = TempDir() + "/topk_whole";
+  const Result a = RunCommand(Job(args + whole));
+  ASSERT_EQ(a.exit_code, 0) << a.output;
+  ASSERT_TRUE(std::filesystem::exists(whole + "/step-6/residual-0.safetensors"))
+      << a.output;
+  const std::string resumed = TempDir() + "/topk_resumed";
+  std::filesystem::create_directories(resumed);
+  std::filesystem::copy(whole + "/step-6", resumed + "/step-6",
+                        std::filesystem::copy_options::recursive);
+  pstrain::testing::WriteTextFile(resumed + "/latest", "step-6\n");
+  const Result b = RunCommand(Job(args + resumed + " --resume"));
+  ASSERT_EQ(b.exit_code, 0) << b.output;
+  const std::string expected = ReadBytes(whole + "/model.safetensors");
+  ASSERT_GT(expected.size(), 3000000u);
+  EXPECT_TRUE(ReadBytes(resumed + "/model.safetensors") == expected)
+      << "the resumed top-k row job's model.safetensors differs";
+  EXPECT_EQ(Accuracies(b.output), Accuracies(a.output)) << b.output;
+}
+
 TEST(SparseEmbeddingsRunTest, AsyncTrains) {
   const Result r = RunCommand(Job(
       "--mode=async --epochs=1 --max_steps_per_epoch=10 --sparse_embeddings"));
@@ -277,6 +328,13 @@ TEST(SparseEmbeddingsRunTest, RefusalsAreOneLineAndExit2) {
   r = RunCommand(Job("--sparse_embeddings --weight_decay=0.01"));
   EXPECT_EQ(r.exit_code, 2) << r.output;
   EXPECT_NE(r.output.find("torch.optim.SparseAdam has no weight decay"),
+            std::string::npos)
+      << r.output;
+  r = RunCommand(
+      Job("--sparse_embeddings --compression=topk:0.01 --momentum_correction"));
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("--sparse_embeddings: true with momentum_correction; "
+                          "expected false"),
             std::string::npos)
       << r.output;
   r = RunCommand(std::string("cli/pstrain run --model=bert_tiny_untied "

@@ -53,14 +53,14 @@ absl::Status PsClient::PushChunk(int lane, StepState* state,
     }
   }
   // Top-k compression (worker/topk_compression.h) of a parameter's chunk
-  // (buffers go dense): the residual is added and the sum's largest
-  // entries go; a sum that overflowed skips the step as a gradient's
-  // non-finite value would.
+  // (buffers go dense, a row-sparse table's chunk by its rows): the
+  // residual is added and the sum's largest entries go; a sum that
+  // overflowed skips the step as a gradient's non-finite value would.
   thread_local std::vector<uint32_t> topk_indices;
   thread_local std::vector<float> topk_values;
   TopKCompressor* const topk = options_.compressor;
-  const bool sparse =
-      !skip && topk != nullptr && c.param_id < topk->num_tensors();
+  const bool sparse = !skip && topk != nullptr &&
+                      c.param_id < topk->num_tensors() && c.row_elements == 0;
   if (sparse) {
     // (A parameter's chunk: it goes in the job's wire dtype, whose
     // rounding the residual keeps.)

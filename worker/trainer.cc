@@ -110,16 +110,30 @@ struct PartitionSetting {
   std::optional<PartitionChoice> choice;
 };
 
+// The plan's row-sparse tables (issue 41): the workload's where the job
+// asks for them in a PS mode, else none (every tensor dense).
+std::vector<int64_t> RowElementsOf(const TrainerOptions& options,
+                                   const RunKind& kind,
+                                   const Workload& workload) {
+  if (!options.sparse_embeddings || kind.allreduce) return {};
+  return workload.TensorRowElements();
+}
+
 // The top-k compressor of the job's parameters (not its buffers: those
 // are values, pushed dense), or null without compression. A model's
 // one-dimensional parameters go whole (WholeTensors); synthetic compute's
-// flat tensors stand for weights and are all compressed.
+// flat tensors stand for weights and are all compressed. A row-sparse
+// table pushes its step's rows whole, never a top-k of them: no residual.
 std::unique_ptr<TopKCompressor> CompressorOf(const TrainerOptions& options,
                                              const RunKind& kind,
                                              const Workload& workload) {
   if (!options.compression.enabled()) return nullptr;
   std::vector<int64_t> sizes = workload.TensorNumElements();
   sizes.resize(sizes.size() - workload.num_buffers());
+  const std::vector<int64_t> rows = RowElementsOf(options, kind, workload);
+  for (size_t t = 0; t < sizes.size() && t < rows.size(); ++t) {
+    if (rows[t] > 0) sizes[t] = 0;
+  }
   std::vector<bool> whole;
   if (!kind.synthetic) {
     std::vector<std::vector<int64_t>> shapes = workload.TensorShapes();
@@ -131,15 +145,6 @@ std::unique_ptr<TopKCompressor> CompressorOf(const TrainerOptions& options,
   return std::make_unique<TopKCompressor>(options.compression, std::move(sizes),
                                           options.staleness + 3,
                                           std::move(whole));
-}
-
-// The plan's row-sparse tables (issue 41): the workload's where the job
-// asks for them in a PS mode, else none (every tensor dense).
-std::vector<int64_t> RowElementsOf(const TrainerOptions& options,
-                                   const RunKind& kind,
-                                   const Workload& workload) {
-  if (!options.sparse_embeddings || kind.allreduce) return {};
-  return workload.TensorRowElements();
 }
 
 // INVALID_ARGUMENT where the job asks for row-sparse tables in a PS mode
