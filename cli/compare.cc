@@ -88,6 +88,11 @@ std::string OrEmpty(double x, int decimals) {
   return x > 0 ? absl::StrFormat("%.*f", decimals, x) : std::string();
 }
 
+// Bytes as MB (10^6) with two decimals; "-" for 0 (not measured).
+std::string Megabytes(double bytes) {
+  return bytes > 0 ? absl::StrFormat("%.2f MB", bytes / 1e6) : std::string("-");
+}
+
 // `title` broken into lines of about `width` characters at ", ", as a
 // gnuplot double-quoted string's contents ("\n" between lines).
 std::string WrapTitle(const std::string& title, size_t width) {
@@ -303,12 +308,13 @@ std::string FormatCommunicationTable(const std::vector<CompareRun>& runs,
                                      double link_bytes_per_sec) {
   const bool bounds = link_bytes_per_sec > 0;
   const bool batch = HasBatchSweep(runs);
-  std::string out =
-      absl::StrCat("| #Workers | Mode | #PS |", batch ? " Batchsize |" : "",
-                   " Model bytes | Compute/step | Exchange/step |",
-                   bounds ? " Bound/step | Exchange/bound |" : "", "\n",
-                   "|---:|---|---:|", batch ? "---:|" : "", "---:|---:|---:|",
-                   bounds ? "---:|---:|" : "", "\n");
+  std::string out = absl::StrCat(
+      "| #Workers | Mode | #PS |", batch ? " Batchsize |" : "",
+      " Model bytes | Compute/step | Exchange/step | "
+      "Pushed/step | Pulled/step |",
+      bounds ? " Bound/step | Exchange/bound |" : "", "\n", "|---:|---|---:|",
+      batch ? "---:|" : "", "---:|---:|---:|---:|---:|",
+      bounds ? "---:|---:|" : "", "\n");
   for (const CompareRun& run : runs) {
     const RunResult& r = run.result;
     absl::StrAppend(
@@ -318,6 +324,8 @@ std::string FormatCommunicationTable(const std::vector<CompareRun>& runs,
                         batch ? absl::StrCat(" ", run.batch_size, " |") : "",
                         r.model_bytes(), r.compute_seconds_per_step() * 1e3,
                         r.exchange_seconds_per_step() * 1e3));
+    absl::StrAppend(&out, " ", Megabytes(r.bytes_pushed_per_step()), " | ",
+                    Megabytes(r.bytes_pulled_per_step()), " |");
     if (bounds) {
       const double bound = BoundSeconds(run, link_bytes_per_sec);
       absl::StrAppend(
@@ -337,6 +345,7 @@ std::string CompareCsv(const std::vector<CompareRun>& runs,
       "mode,num_ps,num_workers,num_nodes,model,compute,batch_size,steps,"
       "runtime_s,throughput_samples_per_sec,speedup,ps_over_allreduce,"
       "test_accuracy,model_bytes,compute_ms_per_step,exchange_ms_per_step,"
+      "bytes_pushed_per_step,bytes_pulled_per_step,"
       "bound_ms_per_step,repeats,throughput_mean,throughput_stddev,"
       "throughput_cv\n";
   for (const CompareRun& run : runs) {
@@ -347,7 +356,7 @@ std::string CompareCsv(const std::vector<CompareRun>& runs,
         &out,
         absl::StrFormat(
             "%s,%d,%d,%d,%s,%s,%d,%d,%.3f,%.2f,%s,%s,%s,%d,"
-            "%.3f,%.3f,%s,%d,%s,%s,%s\n",
+            "%.3f,%.3f,%s,%s,%s,%d,%s,%s,%s\n",
             run.mode, run.num_ps, run.num_workers, run.num_nodes, r.model(),
             r.compute(), r.batch_size(), r.steps(), r.runtime_seconds(),
             r.throughput_samples_per_sec(), OrEmpty(Speedup(runs, run), 4),
@@ -356,6 +365,8 @@ std::string CompareCsv(const std::vector<CompareRun>& runs,
                          : absl::StrFormat("%.4f", r.test_accuracy()),
             r.model_bytes(), r.compute_seconds_per_step() * 1e3,
             r.exchange_seconds_per_step() * 1e3,
+            OrEmpty(r.bytes_pushed_per_step(), 0),
+            OrEmpty(r.bytes_pulled_per_step(), 0),
             OrEmpty(BoundSeconds(run, link_bytes_per_sec) * 1e3, 3),
             spread.repeats,
             spread_applies ? absl::StrFormat("%.2f", spread.mean) : "",

@@ -109,8 +109,11 @@ double BoundSeconds(const CompareRun& run, double link_bytes_per_sec);
 std::string FormatScalingTable(const std::vector<CompareRun>& runs);
 
 // Per step, ms: | #Workers | Mode | #PS | Compute/step | Exchange/step |
-// Bound/step | Exchange/bound |, the last two only when
-// link_bytes_per_sec > 0. Exchange: push+barrier+pull, or allreduce+Adam.
+// Pushed/step | Pulled/step | Bound/step | Exchange/bound |, the last two
+// only when link_bytes_per_sec > 0. Exchange: push+barrier+pull, or
+// allreduce+Adam. Pushed and pulled: worker 0's measured bytes per step in
+// MB (10^6), PS rows ("-" for allreduce, whose ring sends and receives
+// 2 (W - 1) / W of the gradient's bytes, as Bound/step counts them).
 std::string FormatCommunicationTable(const std::vector<CompareRun>& runs,
                                      double link_bytes_per_sec);
 

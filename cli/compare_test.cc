@@ -122,12 +122,23 @@ TEST(CommunicationTableTest, RatioToBound) {
       {MakeRun("ps_sync", 4, 4, 1, 0.88), MakeRun("allreduce", 0, 4, 1, 1.32)},
       link);
   EXPECT_THAT(table, HasSubstr("| 4 | ps_sync | 4 | 100000000 | 100.0 ms | "
-                               "880.0 ms | 800.0 ms | 1.10x |"));
+                               "880.0 ms | - | - | 800.0 ms | 1.10x |"));
   EXPECT_THAT(table, HasSubstr("| 4 | allreduce | 0 | 100000000 | 100.0 ms | "
-                               "1320.0 ms | 1200.0 ms | 1.10x |"));
+                               "1320.0 ms | - | - | 1200.0 ms | 1.10x |"));
   // Without a link rate there are no bound columns.
   EXPECT_THAT(FormatCommunicationTable({MakeRun("ps_sync", 4, 4, 1, 0.88)}, 0),
               ::testing::Not(HasSubstr("Bound")));
+}
+
+// A PS row's measured bytes per step (worker 0's), in MB; in the CSV as
+// bytes.
+TEST(CommunicationTableTest, BytesPushedAndPulled) {
+  CompareRun run = MakeRun("ps_sync+topk:0.01", 1, 2, 1, 0.01);
+  run.result.set_bytes_pushed_per_step(823000);
+  run.result.set_bytes_pulled_per_step(10512000);
+  EXPECT_THAT(FormatCommunicationTable({run}, 0),
+              HasSubstr("| 10.0 ms | 0.82 MB | 10.51 MB |\n"));
+  EXPECT_THAT(CompareCsv({run}, 0), HasSubstr(",10.000,823000,10512000,,"));
 }
 
 TEST(CsvTest, OneLinePerRunWithEveryColumn) {
@@ -139,7 +150,7 @@ TEST(CsvTest, OneLinePerRunWithEveryColumn) {
   ASSERT_EQ(lines.size(), 3u);
   const size_t columns =
       std::vector<std::string>(absl::StrSplit(lines[0], ',')).size();
-  EXPECT_EQ(columns, 21u);
+  EXPECT_EQ(columns, 23u);
   for (const std::string& line : lines) {
     EXPECT_EQ(std::vector<std::string>(absl::StrSplit(line, ',')).size(),
               columns)

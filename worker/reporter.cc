@@ -82,6 +82,12 @@ void Reporter::StepExchanged(const StepTimes& times) {
     compute_time_ += compute;
     exchange_time_ += exchange;
     ++timed_steps_;
+    if (times.phases.bytes_pushed.has_value()) {
+      bytes_pushed_ += static_cast<double>(*times.phases.bytes_pushed);
+      bytes_pulled_ +=
+          static_cast<double>(times.phases.bytes_pulled.value_or(0));
+      ++byte_steps_;
+    }
   }
   if (times.late) ++late_steps_;
 }
@@ -200,6 +206,10 @@ absl::Status Reporter::Finish(int64_t steps, double train_seconds) {
                                           timed_steps_);
     result_->set_exchange_seconds_per_step(
         absl::ToDoubleSeconds(exchange_time_) / timed_steps_);
+  }
+  if (byte_steps_ > 0) {
+    result_->set_bytes_pushed_per_step(bytes_pushed_ / byte_steps_);
+    result_->set_bytes_pulled_per_step(bytes_pulled_ / byte_steps_);
   }
   if (chief()) {
     // Samples of every worker, redone steps included (RunReport).

@@ -179,6 +179,9 @@ class Reporter {
   absl::Duration compute_time_;
   absl::Duration exchange_time_;
   int64_t timed_steps_ = 0;
+  // The timed steps' bytes (PS modes), and how many steps measured them.
+  double bytes_pushed_ = 0, bytes_pulled_ = 0;
+  int64_t byte_steps_ = 0;
 };
 
 }  // namespace pstrain
