@@ -200,13 +200,10 @@ Flags JobFlags(const std::string& what) {
             "TLS encryption runs on N cores."},
            {"priority_pulls",
             "PS modes (default false): shards send the ready chunks front "
-            "layers "
-            "first, and in sync mode (cpu and cuda; not with staleness, backup "
-            "workers, clipping or saved top-k residuals) the next forward "
-            "starts "
+            "layers first, and in sync mode (cpu and cuda; not with "
+            "staleness, backup workers or clipping) the next forward starts "
             "on the first layers' weights while the last ones still arrive. "
-            "The "
-            "same weights either way."},
+            "The same weights either way."},
            {"sparse_embeddings",
             "PS modes (default false; issue 41): a model's untied embedding "
             "table "

@@ -45,6 +45,8 @@ struct RunConfig {
   CompressionOptions compression;
   // The shards' optimizer (Adam by default).
   OptimizerOptions optimizer;
+  // Priority pulls: the next forward starts while the pull goes on.
+  bool priority_pulls = false;
 };
 
 constexpr int kWorkers = 2;
@@ -95,6 +97,7 @@ std::vector<std::vector<float>> Train(const Dataset& data,
       options.resume = run.resume;
       options.compression = run.compression;
       options.adam = run.optimizer;
+      options.priority_pulls = run.priority_pulls;
       outputs[w] = RunWorker(options, data);
     });
   }
@@ -170,7 +173,10 @@ INSTANTIATE_TEST_SUITE_P(Models, ResumeTest,
 // plain SGD on the shards): the files hold each worker's velocities too,
 // and with Adam's moments on the workers, its m and v.
 // Parameter: 0 plain top-k, 1 SGD momentum on the workers, 2 Adam's
-// moments on the workers (m and v in the files beside the residuals).
+// moments on the workers (m and v in the files beside the residuals), 3
+// plain top-k with priority pulls, whose next forward starts before the
+// pull that announces a checkpoint ends (each worker saves its residual
+// when the pull completes): the same weights as without, resumed or not.
 class CompressionResumeTest : public ::testing::TestWithParam<int> {};
 
 TEST_P(CompressionResumeTest, ResidualsMakeTheResumeExact) {
@@ -188,8 +194,14 @@ TEST_P(CompressionResumeTest, ResidualsMakeTheResumeExact) {
     plain.optimizer.kind = OptimizerKind::kSgd;
     plain.optimizer.lr = 0.001f;
   }
+  if (GetParam() == 3) plain.priority_pulls = true;
   const std::vector<std::vector<float>> uninterrupted = Train(data, plain);
   ASSERT_FALSE(uninterrupted.empty());
+  if (GetParam() == 3) {
+    RunConfig without = plain;
+    without.priority_pulls = false;
+    EXPECT_EQ(Train(data, without), uninterrupted);
+  }
 
   RunConfig first = plain;
   first.dir = NewDir("resume_topk");
@@ -221,7 +233,7 @@ TEST_P(CompressionResumeTest, ResidualsMakeTheResumeExact) {
 }
 
 INSTANTIATE_TEST_SUITE_P(MomentumCorrection, CompressionResumeTest,
-                         ::testing::Values(0, 1, 2));
+                         ::testing::Values(0, 1, 2, 3));
 
 // Allreduce: worker 0 writes the whole state (weights, Adam's m and v, the
 // BatchNorm buffers) as one file per checkpoint; every worker resumes from

@@ -334,7 +334,7 @@ class GradientExchange {
   }
 
   // Forward before the pull ends (priority pulls; PS sync without
-  // staleness, backup workers, clipping or saved top-k residuals): from
+  // staleness, backup workers or clipping): from
   // now on Step() returns once this worker's pushes and step end are out
   // and a shard has announced the step decided and not skipped, while the
   // pull goes on; the next step's compute must then ask the returned gate
@@ -344,10 +344,12 @@ class GradientExchange {
   // where the exchange or its mode keeps the whole wait in Step(): backup
   // workers decide a step's weights only at the pull's end (a late worker
   // pulls again), clipping updates the chunks only after the norm round,
-  // staleness pulls weights whose step may still be undone, and a saved
-  // residual's checkpoint step arrives on the pull's last message. A
-  // skipped step is known only then too: Step() waits for the whole pull
-  // whenever no shard announced the decision. Call before the first Step().
+  // and staleness pulls weights whose step may still be undone. A skipped
+  // step is known only then too: Step() waits for the whole pull whenever
+  // no shard announced the decision. Top-k's residual of a checkpoint the
+  // pull announces (on its last message) is saved when the pull completes,
+  // before the next step's pushes compress again (the compressor keeps
+  // the last few steps' residuals). Call before the first Step().
   virtual WeightsGate* StartEarlyForward() { return nullptr; }
   // Returns once the last Step()'s weights are all in: before anything
   // but the gated compute reads them (a checkpoint, an evaluation, the
