@@ -201,7 +201,7 @@ Flags JobFlags(const std::string& what) {
            {"priority_pulls",
             "PS modes (default false): shards send the ready chunks front "
             "layers first, and in sync mode (cpu and cuda; not with "
-            "staleness, backup workers or clipping) the next forward starts "
+            "staleness or backup workers) the next forward starts "
             "on the first layers' weights while the last ones still arrive. "
             "The same weights either way."},
            {"sparse_embeddings",

@@ -244,7 +244,7 @@ class PsExchange : public GradientExchange, public WeightsGate {
   WeightsGate* StartEarlyForward() override {
     const PsClientOptions& options = client_->options();
     if (!options.priority_pulls || !sync_ || staleness_ > 0 ||
-        backup_workers_ || options.clip_by_global_norm) {
+        backup_workers_) {
       return nullptr;
     }
     early_forward_ = true;

@@ -334,7 +334,7 @@ class GradientExchange {
   }
 
   // Forward before the pull ends (priority pulls; PS sync without
-  // staleness, backup workers or clipping): from
+  // staleness or backup workers): from
   // now on Step() returns once this worker's pushes and step end are out
   // and a shard has announced the step decided and not skipped, while the
   // pull goes on; the next step's compute must then ask the returned gate
@@ -343,8 +343,9 @@ class GradientExchange {
   // from the gate, or from the next Step(). Null (and nothing changes)
   // where the exchange or its mode keeps the whole wait in Step(): backup
   // workers decide a step's weights only at the pull's end (a late worker
-  // pulls again), clipping updates the chunks only after the norm round,
-  // and staleness pulls weights whose step may still be undone. A skipped
+  // pulls again), and staleness pulls weights whose step may still be
+  // undone. With clipping the step is announced decided once the norm
+  // round is over (the pushers send the sum). A skipped
   // step is known only then too: Step() waits for the whole pull whenever
   // no shard announced the decision. Top-k's residual of a checkpoint the
   // pull announces (on its last message) is saved when the pull completes,

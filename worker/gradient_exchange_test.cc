@@ -1376,7 +1376,8 @@ std::vector<std::vector<std::vector<float>>> TrainAsAModel(
 // the next forward started on the first tensors while the pull goes on,
 // end with the weights of plain pulls bit for bit: 2 shards, 4 chunks per
 // tensor, 1 and 2 channels, with a skipped step (whose pull Step() waits
-// for whole) and with clipping (which keeps the whole wait: no gate).
+// for whole) and with clipping (the shards announce the step decided once
+// the norm round is over; the forward starts then).
 TEST(PsExchangeTest, PriorityPullsAndEarlyForwardEqualPlainPullsBitForBit) {
   constexpr int kWorkers = 2;
   constexpr int kSteps = 5;
@@ -1390,6 +1391,7 @@ TEST(PsExchangeTest, PriorityPullsAndEarlyForwardEqualPlainPullsBitForBit) {
       {"1 channel", 1, -1, 0},
       {"2 channels, step 2 skipped", 2, 2, 0},
       {"clipped", 1, -1, 3.0},
+      {"clipped, 2 channels, step 2 skipped", 2, 2, 3.0},
   };
   for (const Case& c : cases) {
     std::vector<std::vector<std::vector<float>>> results[2];
@@ -1398,9 +1400,8 @@ TEST(PsExchangeTest, PriorityPullsAndEarlyForwardEqualPlainPullsBitForBit) {
       shards.set_partition_bytes(kElements);
       shards.set_channels_per_shard(c.channels);
       shards.set_priority_pulls(priority);
-      results[priority] =
-          TrainAsAModel(shards, kWorkers, kSteps,
-                        /*gated=*/priority && c.clip == 0, c.skip_step);
+      results[priority] = TrainAsAModel(shards, kWorkers, kSteps,
+                                        /*gated=*/priority, c.skip_step);
     }
     for (int r = 0; r < kWorkers; ++r) {
       ASSERT_EQ(results[1][r].size(), static_cast<size_t>(kTensors)) << c.name;
