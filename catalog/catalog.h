@@ -1,6 +1,6 @@
 // The catalog of model and dataset names a job spec may give: the one list
 // that job validation (coordinator/job_spec.cc), the model zoo
-// (models/model.cc: Model::Create builds each model named here) and the
+// (models/model_zoo.cc: Model::Create builds each model named here) and the
 // dataset readers (worker/dataset.cc: LoadDataset reads each dataset named
 // here) share. models/model_test.cc and worker/dataset_test.cc check that
 // every name here is built or read.

@@ -1,7 +1,7 @@
-// oneDNN plumbing the CPU backend's layer files share (cpu_backend.cc,
-// cpu_transformer.cc): the engine, the calling thread's stream, the lock
-// every primitive is created under, and the conversion of oneDNN's
-// exceptions into a status. Internal to models/.
+// oneDNN plumbing the CPU backend's files share (cpu_backend.cc,
+// cpu_layers.cc, cpu_transformer.cc): the engine, the calling thread's
+// stream, the lock every primitive is created under, and the conversion of
+// oneDNN's exceptions into a status. Internal to models/.
 //
 // Thread-safety: CpuEngine() and CreationMutex() are process-wide and safe
 // from any thread; CpuStream() is the calling thread's own stream.

@@ -129,7 +129,9 @@
 // once from ShardOptions. The code: parameter_shard.cc (state,
 // generations, Reopen), parameter_shard_push.cc (chunk store, pushes,
 // updates), parameter_shard_steps.cc (step decisions),
-// parameter_shard_pull.cc, parameter_shard_snapshot.cc.
+// parameter_shard_pull.cc, parameter_shard_snapshot.cc,
+// parameter_shard_rows.cc (row-sparse tables); the state they share is
+// parameter_shard_state.h's, the values callers pass shard_types.h's.
 //
 // The gRPC service (ps_service.h) only converts messages and statuses.
 //

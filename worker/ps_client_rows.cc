@@ -1,6 +1,6 @@
 // PsClient's row-sparse tables (issue 41; worker/ps_client.h SetStepRows):
 // a table's chunk pushed as the rows the step touched, and the pull's rows
-// of the next step. Kept apart from ps_client.cc, which is long already.
+// of the next step.
 #include <algorithm>
 #include <cstring>
 #include <utility>

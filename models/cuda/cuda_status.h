@@ -1,6 +1,7 @@
 // CUDA, cuDNN and cuBLAS status codes as absl::Status, for the CUDA
-// backend's files (cuda_backend.cc, cuda_transformer.cc): INTERNAL naming
-// the library, the call's source text and the library's own message.
+// backend's files (cuda_backend.cc, cuda_layers.cc, cuda_transformer.cc):
+// INTERNAL naming the library, the call's source text and the library's
+// own message.
 // Header-only; thread-safe (pure functions).
 #ifndef PSTRAIN_MODELS_CUDA_CUDA_STATUS_H_
 #define PSTRAIN_MODELS_CUDA_CUDA_STATUS_H_

@@ -4,7 +4,7 @@
 // with CUDNN_BATCHNORM_OPS_BN_ADD_ACTIVATION, takes NHWC half tensors
 // only), dropout and the Adam step. Each
 // launcher enqueues on `stream` and returns cudaGetLastError() after the launch
-// (the caller turns it into a status, cuda_backend.cc).
+// (the caller turns it into a status: cuda_backend.cc, cuda_layers.cc).
 //
 // All pointers are device pointers; sizes are element counts.
 #ifndef PSTRAIN_MODELS_CUDA_KERNELS_H_
