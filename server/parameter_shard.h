@@ -126,12 +126,8 @@
 // step, whose pushes it averages, whether its update is applied before the
 // decision, the checkpoint's cut, where a job rejoins, the norm's
 // members), is its StepPolicy (server/step_policy.h, policy()), computed
-// once from ShardOptions. The code: parameter_shard.cc (state,
-// generations, Reopen), parameter_shard_push.cc (chunk store, pushes,
-// updates), parameter_shard_steps.cc (step decisions),
-// parameter_shard_pull.cc, parameter_shard_snapshot.cc,
-// parameter_shard_rows.cc (row-sparse tables); the state they share is
-// parameter_shard_state.h's, the values callers pass shard_types.h's.
+// once from ShardOptions. The code (docs/ARCHITECTURE.md names each
+// file's part): parameter_shard*.cc, sharing parameter_shard_state.h.
 //
 // The gRPC service (ps_service.h) only converts messages and statuses.
 //
