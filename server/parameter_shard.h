@@ -197,6 +197,7 @@
 #include "optim/loss_scaler.h"
 #include "optim/optimizer.h"
 #include "server/row_sparse.h"
+#include "server/shard_chunk_state.h"
 #include "server/shard_options.h"
 #include "server/shard_types.h"
 #include "server/shared_floats.h"
@@ -645,11 +646,11 @@ class ParameterShard {
   void Abort(const std::string& reason);
 
  private:
-  // A chunk's state, one step's pushes of a chunk, one step's ends
-  // (server/parameter_shard_state.h, as UpdateScratch and NormDecision).
-  struct StepSlot;
+  // A chunk's state and one step's pushes of it (shard_chunk_state.h);
+  // one step's ends (parameter_shard_state.h, as UpdateScratch).
+  using StepSlot = ShardStepSlot;
+  using ChunkState = ShardChunkState;
   struct StepEnds;
-  struct ChunkState;
 
   // The chunk's state into `out` (its memory reused).
   void CopyChunkLocked(const ChunkState& chunk, ChunkSnapshot& out) const

@@ -75,10 +75,14 @@ const Policy kPolicies[] = {
     {"backups_clip",
      {"--num_workers=3", "--backup_workers=1", "--clip_grad_norm=1"},
      true},
+    // Three points: a CI run of 2026-11-30 drew a band of 0.8268 to
+    // 0.8361 and a killed-shard run ending at 0.7910 (epoch 0 at 0.7632),
+    // its rolled-back steps averaged over other late workers' pushes.
     {"backups_staleness_clip",
      {"--num_workers=3", "--backup_workers=1", "--staleness=2",
       "--clip_grad_norm=1"},
-     true},
+     true,
+     0.03},
     // Top-k pushes with error feedback (issue 39) on top of every policy:
     // each worker's residual is saved with each checkpoint, read on resume
     // and restore.
