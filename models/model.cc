@@ -18,7 +18,6 @@ namespace pstrain {
 
 namespace {
 
-using model_internal::IsSequenceModel;
 using model_internal::kBertMaxPositions;
 using model_internal::kHeadPositions;
 using model_internal::kInput;

@@ -53,9 +53,6 @@ constexpr int kHeadPositions = -3;  // And the MLM head's positions [P].
 // BERT's learned position table: 512 rows (the longest sequence).
 constexpr int64_t kBertMaxPositions = 512;
 
-// Whether `name` is of model.h's sequence zoo (the BERTs).
-bool IsSequenceModel(const std::string& name);
-
 // Adds `name`'s layers to `model` (Model::Create's, whose nodes are still
 // empty) and draws their initial weights with `options.seed`. `input_chw`
 // and `num_classes` are checked by the caller. Returns InvalidArgument for

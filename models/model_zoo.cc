@@ -9,6 +9,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "catalog/catalog.h"
 #include "models/dropout_mask.h"
 #include "models/model.h"
 #include "models/model_internal.h"
@@ -424,10 +425,6 @@ void BuildBert(ModelBuilder& b, const BertConfig& c, int64_t vocab,
 }  // namespace
 
 namespace model_internal {
-
-bool IsSequenceModel(const std::string& name) {
-  return absl::StartsWith(name, "bert_");
-}
 
 absl::Status BuildArchitecture(const std::string& name, const Shape& input_chw,
                                int num_classes, const ModelOptions& options,
