@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "common/wire_dtype.h"
+#include "gloo/allgather.h"
 #include "gloo/allreduce.h"
 #include "gloo/broadcast.h"
 #include "gloo/math.h"
@@ -97,6 +98,7 @@ class GlooCollective : public Collective {
   absl::Status AllreduceSum(float* data, size_t n) override;
   absl::Status AllreduceSum16(uint16_t* data, size_t n, DType dtype) override;
   absl::Status AllreduceMax(float* data, size_t n) override;
+  absl::Status Allgather(const void* in, size_t bytes, void* out) override;
   absl::Status Broadcast(float* data, size_t n, int root) override;
 
   using ReduceFn = void (*)(void*, const void*, const void*, size_t);
@@ -207,6 +209,27 @@ absl::Status GlooCollective::AllreduceSum16(uint16_t* data, size_t n,
 absl::Status GlooCollective::AllreduceMax(float* data, size_t n) {
   return RingAllreduce(data, n, &gloo::max<float>,
                        absl::StrCat("max allreduce of ", n, " floats"));
+}
+
+absl::Status GlooCollective::Allgather(const void* in, size_t bytes,
+                                       void* out) {
+  if (bytes == 0) return absl::OkStatus();
+  if (size() == 1) {
+    std::memcpy(out, in, bytes);
+    return absl::OkStatus();
+  }
+  try {
+    gloo::AllgatherOptions options(context_);
+    // Gloo reads the input only; its API takes a mutable pointer.
+    options.setInput(static_cast<uint8_t*>(const_cast<void*>(in)), bytes);
+    options.setOutput(static_cast<uint8_t*>(out), bytes * size());
+    options.setTag(next_tag_++);
+    gloo::allgather(options);
+  } catch (const std::exception& e) {
+    return absl::DeadlineExceededError(absl::StrCat(
+        "allgather of ", bytes, " bytes on rank ", rank(), ": ", e.what()));
+  }
+  return absl::OkStatus();
 }
 
 absl::Status BroadcastInt64(Collective& collective, int64_t* data, size_t n,

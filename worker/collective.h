@@ -97,6 +97,13 @@ class Collective {
   // on every rank. INVALID_ARGUMENT for another dtype.
   virtual absl::Status AllreduceSum16(uint16_t* data, size_t n,
                                       DType dtype) = 0;
+  // Every rank's `bytes` bytes at `in` in rank order: out[r * bytes, (r +
+  // 1) * bytes) become rank r's (this rank's own included), `out` holding
+  // size() * bytes. Every rank passes the same `bytes` (a sparse allgather
+  // of top-k pairs, worker/gradient_exchange.h: the same k on every rank).
+  // A ring allgather (Gloo's; NCCL's AllGather): each rank receives
+  // (size() - 1) * bytes.
+  virtual absl::Status Allgather(const void* in, size_t bytes, void* out) = 0;
   // data[i] = max over ranks of data[i] (fp32), in place.
   virtual absl::Status AllreduceMax(float* data, size_t n) = 0;
   // Every rank's data becomes rank `root`'s.

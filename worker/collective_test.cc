@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -136,6 +137,33 @@ TEST(CollectiveTest, BroadcastCopiesTheRootsArray) {
   for (const auto& r : results) EXPECT_EQ(r, std::vector<float>(10, 2.0f));
 }
 
+// Allgather: rank r's bytes land at slot r of every rank's output, also
+// with one rank, and a length that is no multiple of anything.
+TEST(CollectiveTest, AllgatherPlacesEveryRanksBytesInRankOrder) {
+  for (int size : {1, 2, 3}) {
+    constexpr size_t kBytes = 1003;
+    std::vector<std::string> results(size);
+    OnRanks(size, [&](Collective& c) {
+      std::string mine(kBytes, '\0');
+      for (size_t i = 0; i < kBytes; ++i) {
+        mine[i] = static_cast<char>(c.rank() * 31 + i % 251);
+      }
+      std::string all(kBytes * c.size(), 'x');
+      ASSERT_TRUE(c.Allgather(mine.data(), kBytes, all.data()).ok());
+      results[c.rank()] = all;
+    });
+    std::string expected;
+    for (int r = 0; r < size; ++r) {
+      for (size_t i = 0; i < kBytes; ++i) {
+        expected.push_back(static_cast<char>(r * 31 + i % 251));
+      }
+    }
+    for (int r = 0; r < size; ++r) {
+      EXPECT_EQ(results[r], expected) << "size " << size << " rank " << r;
+    }
+  }
+}
+
 TEST(CollectiveTest, MissingRankTimesOutNamingTheKey) {
   InProcessStore store;
   absl::StatusOr<std::unique_ptr<Collective>> c = Collective::CreateGloo(
@@ -183,7 +211,7 @@ TEST(NcclTest, AllreduceAndBroadcastOnTwoGpus) {
   SKIP_UNLESS_NCCL_GPU(1);
   constexpr int kN = 1001;
   InProcessStore store;
-  std::vector<std::vector<float>> sums(2), copies(2);
+  std::vector<std::vector<float>> sums(2), copies(2), gathered(2);
   std::vector<std::thread> threads;
   for (int r = 0; r < 2; ++r) {
     threads.emplace_back([&, r] {
@@ -197,6 +225,13 @@ TEST(NcclTest, AllreduceAndBroadcastOnTwoGpus) {
       std::vector<float> mine(10, static_cast<float>(r + 7));
       ASSERT_TRUE((*c)->Broadcast(mine.data(), mine.size(), 1).ok());
       copies[r] = mine;
+      // Allgather: [rank 0's 3 floats, rank 1's 3 floats].
+      const std::vector<float> own = {r + 0.5f, r + 1.5f, r + 2.5f};
+      std::vector<float> all(6);
+      ASSERT_TRUE(
+          (*c)->Allgather(own.data(), own.size() * sizeof(float), all.data())
+              .ok());
+      gathered[r] = all;
     });
   }
   for (std::thread& t : threads) t.join();
@@ -207,6 +242,9 @@ TEST(NcclTest, AllreduceAndBroadcastOnTwoGpus) {
       ASSERT_EQ(sums[r][i], 1000.0f + 2 * i) << "rank " << r;
     }
     EXPECT_EQ(copies[r], std::vector<float>(10, 8.0f)) << "rank " << r;
+    EXPECT_EQ(gathered[r],
+              (std::vector<float>{0.5f, 1.5f, 2.5f, 1.5f, 2.5f, 3.5f}))
+        << "rank " << r;
   }
 }
 

@@ -10,6 +10,7 @@
 #include <cuda_runtime.h>
 #include <nccl.h>
 
+#include <algorithm>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -122,6 +123,21 @@ class NcclCollective : public Collective {
                });
   }
 
+  absl::Status Allgather(const void* in, size_t bytes, void* out) override {
+    if (size() == 1) {
+      if (bytes > 0) std::memcpy(out, in, bytes);
+      return absl::OkStatus();
+    }
+    // In place on the GPU: this rank's bytes at its slot of the output.
+    const size_t slot = static_cast<size_t>(rank()) * bytes;
+    return Run(in, slot, bytes, out, bytes * size(),
+               absl::StrCat("allgather of ", bytes, " bytes"), [&] {
+                 return ncclAllGather(static_cast<char*>(buffer_) + slot,
+                                      buffer_, bytes, ncclUint8, comm_,
+                                      stream_);
+               });
+  }
+
   absl::Status Broadcast(float* data, size_t n, int root) override {
     if (root < 0 || root >= size()) {
       return absl::InvalidArgumentError(
@@ -145,6 +161,15 @@ class NcclCollective : public Collective {
   // back.
   template <typename Op>
   absl::Status Run(void* data, size_t bytes, const std::string& what, Op op) {
+    return Run(data, 0, bytes, data, bytes, what, op);
+  }
+  // The same with `in_bytes` at `in` copied to offset `in_offset` of the
+  // GPU buffer and its first `out_bytes` copied back to `out`.
+  template <typename Op>
+  absl::Status Run(const void* in, size_t in_offset, size_t in_bytes,
+                   void* out, size_t out_bytes, const std::string& what,
+                   Op op) {
+    const size_t bytes = std::max(in_offset + in_bytes, out_bytes);
     if (comm_ == nullptr) {
       return absl::FailedPreconditionError(
           absl::StrCat(what, " on NCCL rank ", rank(),
@@ -162,16 +187,16 @@ class NcclCollective : public Collective {
       if (error == cudaSuccess) capacity_ = bytes;
     }
     if (error == cudaSuccess) {
-      error = cudaMemcpyAsync(buffer_, data, bytes, cudaMemcpyHostToDevice,
-                              stream_);
+      error = cudaMemcpyAsync(static_cast<char*>(buffer_) + in_offset, in,
+                              in_bytes, cudaMemcpyHostToDevice, stream_);
     }
     if (error != cudaSuccess) {
       return CudaFailed(what, error);
     }
     absl::Status status = Finish(op(), what, deadline);
     if (!status.ok()) return status;
-    error =
-        cudaMemcpyAsync(data, buffer_, bytes, cudaMemcpyDeviceToHost, stream_);
+    error = cudaMemcpyAsync(out, buffer_, out_bytes, cudaMemcpyDeviceToHost,
+                            stream_);
     if (error != cudaSuccess) {
       return CudaFailed(what, error);
     }
