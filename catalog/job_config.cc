@@ -230,20 +230,19 @@ absl::Status ParseCompressionChoices(const JobSpec& spec, JobConfig* config) {
     }
     config->compression.warmup_start = warmup_start;
   }
-  if (config->mode == MODE_ALLREDUCE && config->compression.enabled()) {
-    // Sparse pushes go to shards, which densify and average them; the
-    // collectives reduce dense buffers (a sparse allgather is not built:
-    // docs/ARCHITECTURE.md, "Sparse pushes").
-    return absl::InvalidArgumentError(absl::StrCat(
-        "compression: ", Quoted(spec.compression()),
-        " with mode allreduce; expected none (top-k pushes go to parameter "
-        "servers; the allreduce collectives reduce dense buffers)"));
-  }
   if (spec.no_error_feedback() && !config->compression.enabled()) {
     return absl::InvalidArgumentError(
         "no_error_feedback: true without a compression; expected a "
         "compression such as topk:0.01 (error feedback keeps what top-k "
         "did not send)");
+  }
+  if (spec.dense_pulls() && config->mode == MODE_ALLREDUCE) {
+    // Top-k in allreduce sums every rank's pairs on every rank
+    // (worker/topk_allgather.h): nothing is pulled.
+    return absl::InvalidArgumentError(
+        "dense_pulls: true with mode allreduce; expected false (an "
+        "allreduce job pulls nothing: every worker sums the others' top-k "
+        "pairs itself)");
   }
   if (spec.dense_pulls() && !config->compression.enabled()) {
     return absl::InvalidArgumentError(

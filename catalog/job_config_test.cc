@@ -169,12 +169,16 @@ TEST(JobConfigTest, CompressionParsesAndIsRefusedWhereItCannotApply) {
             "would otherwise send; every other job's pulls are whole)");
   spec.set_compression("topk:0.1");
   EXPECT_TRUE(ParseJobChoices(spec).ok());
-  spec.set_dense_pulls(false);
+  // Allreduce takes top-k (a sparse allgather); it pulls nothing.
   spec.set_mode("allreduce");
   EXPECT_EQ(ParseJobChoices(spec).status().message(),
-            "compression: \"topk:0.1\" with mode allreduce; expected none "
-            "(top-k pushes go to parameter servers; the allreduce collectives "
-            "reduce dense buffers)");
+            "dense_pulls: true with mode allreduce; expected false (an "
+            "allreduce job pulls nothing: every worker sums the others' top-k "
+            "pairs itself)");
+  spec.set_dense_pulls(false);
+  absl::StatusOr<JobConfig> allreduce = ParseJobChoices(spec);
+  ASSERT_TRUE(allreduce.ok()) << allreduce.status();
+  EXPECT_DOUBLE_EQ(allreduce->compression.topk_ratio, 0.1);
 }
 
 // DGC's momentum correction (issue 39): takes the optimizer's momentum,

@@ -2,7 +2,9 @@
 // gradients averaged over the workers' collective in buckets, the optimizer
 // applied on every worker.
 #include <algorithm>
+#include <atomic>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <memory>
 #include <optional>
@@ -20,6 +22,8 @@
 #include "common/wire_dtype.h"
 #include "server/shard_checkpoint.h"
 #include "worker/gradient_exchange.h"
+#include "worker/residual_files.h"
+#include "worker/topk_allgather.h"
 
 namespace pstrain {
 namespace {
@@ -29,7 +33,8 @@ class AllreduceExchange : public GradientExchange {
   AllreduceExchange(Collective* collective, const OptimizerOptions& adam,
                     int64_t bucket_bytes, int num_buffers,
                     double clip_grad_norm, DType wire_dtype,
-                    std::optional<ElasticWorld> elastic)
+                    std::optional<ElasticWorld> elastic,
+                    ExchangeCompression compression)
       : collective_(collective),
         adam_(adam),
         base_lr_(adam.lr),
@@ -37,7 +42,13 @@ class AllreduceExchange : public GradientExchange {
         clip_grad_norm_(clip_grad_norm),
         wire_dtype_(wire_dtype),
         bucket_elements_(std::max<int64_t>(1, bucket_bytes / 4)),
-        num_buffers_(num_buffers) {}
+        num_buffers_(num_buffers),
+        compression_(std::move(compression)) {
+    if (compression_.compressor != nullptr) {
+      topk_.emplace(compression_.compressor.get(),
+                    compression_.partition_bytes / 4, wire_dtype_);
+    }
+  }
 
   ~AllreduceExchange() override {
     {
@@ -175,12 +186,17 @@ class AllreduceExchange : public GradientExchange {
       return GradientExchange::ChangeWorld(next, after_failure, timeout);
     }
     if (after_failure) UndoStepInFlight();
+    const int64_t in_flight = step_;
     bool joiners = false;
     for (int w : next.workers) {
       if (membership_.RankOf(w) < 0) joiners = true;
     }
     RETURN_IF_ERROR(
         JoinWorld(next, after_failure || joiners, membership_.epoch));
+    if (after_failure && topk_.has_value() &&
+        membership_.RankOf(worker_id()) >= 0) {
+      AlignResiduals(in_flight);
+    }
     return step_;
   }
 
@@ -230,6 +246,15 @@ class AllreduceExchange : public GradientExchange {
       fences_.assign(fences_.size(), nullptr);
     }
     RETURN_IF_ERROR(communicated);
+    if (topk_.has_value()) {
+      // Rank 0 wrote its own in Checkpoint().
+      if (checkpoint_heard_ == step_ && collective_->rank() != 0) {
+        SaveResiduals(step_);
+      }
+      // A skipped step's residual is not kept (it pushed nothing).
+      if (!skip_.has_value()) compression_.compressor->CommitStep(step_);
+      last_traffic_ = topk_->TakeTraffic();
+    }
     // A non-finite average (every worker sees the same sums): the tensors
     // updated before it go back to their state before the step.
     last_skip_.reset();
@@ -261,6 +286,10 @@ class AllreduceExchange : public GradientExchange {
   ExchangeStepTimes LastStepTimes() const override {
     ExchangeStepTimes times;
     times.allreduce = last_allreduce_;
+    if (topk_.has_value()) {
+      times.bytes_pushed = last_traffic_.sent;
+      times.bytes_pulled = last_traffic_.received;
+    }
     return times;
   }
 
@@ -281,6 +310,20 @@ class AllreduceExchange : public GradientExchange {
       }
       checkpoint_writer_.join();
       RETURN_IF_ERROR(checkpoint_written_.status());
+      if (saves_residuals()) {
+        // Every worker's residual file of the step before the manifest
+        // can name the checkpoint (an elastic job's members: worker 0
+        // applies no membership while a checkpoint is in flight).
+        std::vector<int> workers;
+        if (elastic_.has_value()) {
+          workers = membership_.workers;
+        } else {
+          for (int w = 0; w < collective_->size(); ++w) workers.push_back(w);
+        }
+        RETURN_IF_ERROR(
+            WaitForResidualFiles(step_dir, workers, step, /*generation=*/0,
+                                 absl::Now() + compression_.residual_wait));
+      }
       CheckpointResponse response;
       response.set_size_bytes(
           static_cast<int64_t>(checkpoint_written_->size_bytes));
@@ -312,6 +355,10 @@ class AllreduceExchange : public GradientExchange {
       }
     }
     checkpoint_step_ = step;
+    if (saves_residuals()) {
+      SaveResiduals(step);
+      announced_.store(step);  // to the others in the step's first message
+    }
     checkpoint_written_ = absl::UnknownError("not written");
     checkpoint_writer_ =
         std::thread([this, step, path = step_dir + "/shard-0.safetensors"] {
@@ -323,6 +370,28 @@ class AllreduceExchange : public GradientExchange {
           checkpoint_written_ = std::move(written);  // read after the join
         });
     return std::vector<CheckpointResponse>{};
+  }
+
+  absl::StatusOr<bool> RestoreResiduals(const std::string& step_dir,
+                                        int64_t step) override {
+    TopKCompressor* topk = compression_.compressor.get();
+    if (topk == nullptr) return false;
+    std::vector<int64_t> sizes;
+    for (int t = 0; t < topk->num_state_tensors(); ++t) {
+      sizes.push_back(topk->state_size(t));
+    }
+    absl::StatusOr<std::vector<std::vector<float>>> residuals =
+        topk->options().error_feedback
+            ? ReadResidualFile(step_dir, worker_id(), step, compression_.names,
+                               sizes)
+            : absl::NotFoundError("no error feedback");
+    if (absl::IsNotFound(residuals.status())) {
+      RETURN_IF_ERROR(topk->Reset(step, {}));
+      return false;
+    }
+    RETURN_IF_ERROR(residuals.status());
+    RETURN_IF_ERROR(topk->Reset(step, *residuals));
+    return true;
   }
 
   // Every worker steps in lockstep with the same batch size.
@@ -381,7 +450,7 @@ class AllreduceExchange : public GradientExchange {
       skip_ = std::move(skip);
       return;
     }
-    if (size > 1 && !averaged_ && !wire16()) {
+    if (size > 1 && !averaged_ && !ReturnsAverages()) {
       const float scale = 1.0f / static_cast<float>(size);
       for (float& x : flat) x *= scale;
     }
@@ -420,6 +489,11 @@ class AllreduceExchange : public GradientExchange {
   // worker, as collectives require), each as soon as it is ready.
   void Communicate() {
     if (trace::Enabled()) trace::SetThreadName("allreduce");
+    if (absl::Status s = BeginTopKStep(); !s.ok()) {
+      absl::MutexLock lock(&mu_);
+      communicator_status_ = std::move(s);
+      return;
+    }
     for (size_t b = 0; b < buckets_.size(); ++b) {
       const std::vector<int>& bucket = buckets_[b];
       std::vector<std::shared_ptr<CopyFence>> fences;
@@ -465,14 +539,16 @@ class AllreduceExchange : public GradientExchange {
             offset += static_cast<int64_t>((*gradients)[t].size());
           }
         }
-        trace::Scope traced("allreduce", "allreduce",
-                            {{"step", step_},
-                             {"bucket", static_cast<int64_t>(b)},
-                             {"bytes", static_cast<int64_t>(
-                                           flat.size() * (wire16() ? 2 : 4))}});
+        trace::Scope traced(
+            "allreduce", "allreduce",
+            {{"step", step_},
+             {"bucket", static_cast<int64_t>(b)},
+             {"bytes", static_cast<int64_t>(flat.size() * (wire16() ? 2 : 4))},
+             {"topk", topk_.has_value() ? 1 : 0}});
         const absl::Time start = absl::Now();
-        s = wire16() ? Allreduce16(b)
-                     : collective_->AllreduceSum(flat.data(), flat.size());
+        s = topk_.has_value() ? AllgatherTopK(b)
+            : wire16()        ? Allreduce16(b)
+                       : collective_->AllreduceSum(flat.data(), flat.size());
         allreduce_ += absl::Now() - start;
       }
       if (!s.ok()) {
@@ -512,7 +588,7 @@ class AllreduceExchange : public GradientExchange {
     double sum = 0;
     for (size_t b = 0; b < buckets_.size(); ++b) {
       std::vector<float>& flat = flat_[b];
-      if (size > 1 && !wire16()) {
+      if (size > 1 && !ReturnsAverages()) {
         const float scale = 1.0f / static_cast<float>(size);
         for (float& x : flat) x *= scale;
       }
@@ -584,6 +660,83 @@ class AllreduceExchange : public GradientExchange {
     return absl::OkStatus();
   }
   bool wire16() const { return wire_dtype_ != DTYPE_FLOAT32; }
+  // Whether a bucket comes back averaged (a 16-bit allreduce divides
+  // before it rounds) rather than summed.
+  bool ReturnsAverages() const { return wire16() && !topk_.has_value(); }
+
+  // Top-k (compression_): bucket `b`'s buffers (its first elements: the
+  // buffers are the model's last tensors) summed densely in fp32, its
+  // parameters' gradients as every rank's top-k selection
+  // (TopKAllgather). flat_[b] holds sums on return.
+  absl::Status AllgatherTopK(size_t b) {
+    const int num_params = static_cast<int>(weights_.size()) - num_buffers_;
+    std::vector<float>& flat = flat_[b];
+    int64_t buffers = 0;
+    std::vector<int> params;
+    for (int t : buckets_[b]) {
+      if (t >= num_params) {
+        buffers += static_cast<int64_t>(weights_[t].size());
+      } else {
+        params.push_back(t);
+      }
+    }
+    if (buffers > 0) {
+      RETURN_IF_ERROR(collective_->AllreduceSum(flat.data(), buffers));
+    }
+    return topk_->SumBucket(
+        *collective_, params,
+        absl::MakeSpan(flat).subspan(static_cast<size_t>(buffers)));
+  }
+
+  // The start of a step's communication with top-k: the compressor's step
+  // begins, and (with residual files) rank 0 tells every rank whether a
+  // checkpoint of this step was begun (announced_), so that each writes its
+  // residual file of it in Step().
+  absl::Status BeginTopKStep() {
+    if (!topk_.has_value()) return absl::OkStatus();
+    compression_.compressor->BeginStep(step_);
+    checkpoint_heard_ = -1;
+    if (!saves_residuals()) return absl::OkStatus();
+    int64_t announced = collective_->rank() == 0 ? announced_.load() : -1;
+    if (collective_->size() > 1) {
+      RETURN_IF_ERROR(BroadcastInt64(*collective_, &announced, 1, 0));
+    }
+    checkpoint_heard_ = announced;
+    return absl::OkStatus();
+  }
+
+  bool saves_residuals() const {
+    return compression_.compressor != nullptr &&
+           compression_.compressor->options().error_feedback &&
+           compression_.step_dir != nullptr;
+  }
+  int worker_id() const {
+    return elastic_.has_value() ? elastic_->worker_id : compression_.worker_id;
+  }
+
+  // This worker's residual file of checkpoint `step` (the residual at its
+  // start: the newest commit at or before it). A failure is reported and
+  // training goes on: worker 0's wait for the file fails and that
+  // checkpoint is not taken (as a PS worker's, gradient_exchange.cc).
+  void SaveResiduals(int64_t step) {
+    absl::Status written;
+    absl::StatusOr<std::vector<absl::Span<const float>>> residuals =
+        compression_.compressor->ResidualAt(step);
+    if (residuals.ok()) {
+      written =
+          WriteResidualFile(compression_.step_dir(step), worker_id(), step,
+                            /*generation=*/0, compression_.names, *residuals);
+    } else {
+      written = residuals.status();
+    }
+    if (!written.ok()) {
+      std::fprintf(stderr,
+                   "worker %d: residual file of checkpoint %lld not written: "
+                   "%s\n",
+                   worker_id(), static_cast<long long>(step),
+                   std::string(written.message()).c_str());
+    }
+  }
 
   // Elastic jobs: leaves the world this worker is in and joins `next`'s as
   // its rank there (none: it only leaves); rank 0 announces it first
@@ -616,7 +769,8 @@ class AllreduceExchange : public GradientExchange {
   // (fp16), then every tensor's weights and every parameter's optimizer
   // state. membership_ takes the step and the position.
   absl::Status SyncState() {
-    int64_t head[7] = {step_, samples_, 0, 0, 0, 0, 0};
+    int64_t head[8] = {step_, samples_, 0, 0, 0, 0, 0, -1};
+    if (topk_.has_value()) head[7] = compression_.compressor->newest_step();
     if (collective_->rank() == 0 && anchor_) {
       const WorkerMembership at = anchor_(step_);
       head[2] = at.data_epoch;
@@ -629,8 +783,9 @@ class AllreduceExchange : public GradientExchange {
       head[5] = bits;
       head[6] = loss_scaler_->state().growth_tracker;
     }
-    RETURN_IF_ERROR(BroadcastInt64(*collective_, head, 7, 0));
+    RETURN_IF_ERROR(BroadcastInt64(*collective_, head, 8, 0));
     step_ = head[0];
+    rank0_newest_ = head[7];
     samples_ = head[1];
     membership_.from_step = head[0];
     membership_.data_epoch = static_cast<int>(head[2]);
@@ -651,6 +806,31 @@ class AllreduceExchange : public GradientExchange {
       RETURN_IF_ERROR(collective_->Broadcast(v_[t].data(), v_[t].size(), 0));
     }
     return absl::OkStatus();
+  }
+
+  // Top-k after a member's death, once rank 0's state is this worker's
+  // (SyncState): its residual goes to the step rank 0's is at the start
+  // of (rank0_newest_), so that the residual matches the weights. A step at
+  // the failure's edge may have ended on some ranks and not on others:
+  // where rank 0 committed this worker's step in flight `in_flight` (which
+  // it could only finish with every rank's pairs, so this worker's
+  // compression of it is complete in the compressor's step buffer), it is
+  // committed here too; where this worker committed a step rank 0 did not
+  // finish, it is rewound.
+  void AlignResiduals(int64_t in_flight) {
+    TopKCompressor* topk = compression_.compressor.get();
+    if (topk->newest_step() > rank0_newest_) {
+      if (!topk->RewindTo(rank0_newest_)) {
+        std::fprintf(stderr,
+                     "worker %d: no residual at step %lld to go back to; "
+                     "error feedback starts from zero\n",
+                     worker_id(), static_cast<long long>(rank0_newest_));
+        topk->Reset(rank0_newest_, {}).IgnoreError();
+      }
+    } else if (topk->newest_step() < rank0_newest_ &&
+               in_flight + 1 == rank0_newest_) {
+      topk->CommitStep(in_flight);
+    }
   }
 
   // A step that failed part way (a member died): the tensors it updated go
@@ -740,6 +920,20 @@ class AllreduceExchange : public GradientExchange {
   int64_t checkpoint_step_ ABSL_GUARDED_BY(checkpoint_mu_) = -1;
   std::thread checkpoint_writer_ ABSL_GUARDED_BY(checkpoint_mu_);
   absl::StatusOr<safetensors::WriteResult> checkpoint_written_;
+
+  // Top-k with error feedback (compression_.compressor non-null): the
+  // sparse allgather of each bucket (the communication thread's), the
+  // checkpoint step rank 0 announces (worker 0's Checkpoint() sets it
+  // between steps; the communication thread reads it), the one this
+  // worker heard at the start of the step (the communication thread's,
+  // then Step()'s), the bytes of the last step, and rank 0's newest
+  // commit from the last SyncState.
+  ExchangeCompression compression_;
+  std::optional<TopKAllgather> topk_;
+  std::atomic<int64_t> announced_{-1};
+  int64_t checkpoint_heard_ = -1;
+  TopKAllgather::Traffic last_traffic_;
+  int64_t rank0_newest_ = -1;
 };
 
 }  // namespace
@@ -747,10 +941,10 @@ class AllreduceExchange : public GradientExchange {
 std::unique_ptr<GradientExchange> CreateAllreduceExchange(
     Collective* collective, const OptimizerOptions& adam, int64_t bucket_bytes,
     int num_buffers, double clip_grad_norm, DType wire_dtype,
-    std::optional<ElasticWorld> elastic) {
-  return std::make_unique<AllreduceExchange>(collective, adam, bucket_bytes,
-                                             num_buffers, clip_grad_norm,
-                                             wire_dtype, std::move(elastic));
+    std::optional<ElasticWorld> elastic, ExchangeCompression compression) {
+  return std::make_unique<AllreduceExchange>(
+      collective, adam, bucket_bytes, num_buffers, clip_grad_norm, wire_dtype,
+      std::move(elastic), std::move(compression));
 }
 
 }  // namespace pstrain

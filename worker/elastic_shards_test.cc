@@ -120,7 +120,7 @@ std::unique_ptr<GradientExchange> Exchange(
   options.job_id = "job";
   options.worker_id = worker;
   options.rpc_timeout = absl::Seconds(10);
-  PsCompression compression;
+  ExchangeCompression compression;
   if (topk_ratio > 0) {
     CompressionOptions topk;
     topk.topk_ratio = topk_ratio;

@@ -42,7 +42,7 @@ class PsExchange : public GradientExchange, public WeightsGate {
  public:
   PsExchange(std::unique_ptr<PsClient> client, bool sync, bool chief,
              absl::Duration init_timeout, int staleness, bool backup_workers,
-             PsCompression compression, std::optional<int64_t> ready_generation)
+             ExchangeCompression compression, std::optional<int64_t> ready_generation)
       : client_(std::move(client)),
         sync_(sync),
         chief_(chief),
@@ -678,7 +678,7 @@ class PsExchange : public GradientExchange, public WeightsGate {
   // step in flight (sync: the step; async: this worker's pushes so far,
   // `pushes_`); the newest checkpoint whose residual was saved (or
   // restored).
-  PsCompression compression_;
+  ExchangeCompression compression_;
   // The shards' generation holding the initial state already (a partition
   // tuning's), or nullopt.
   const std::optional<int64_t> ready_generation_;
@@ -700,7 +700,7 @@ class PsExchange : public GradientExchange, public WeightsGate {
 std::unique_ptr<GradientExchange> CreatePsExchange(
     std::unique_ptr<PsClient> client, bool sync, bool chief,
     absl::Duration init_timeout, int staleness, bool backup_workers,
-    PsCompression compression, std::optional<int64_t> ready_generation) {
+    ExchangeCompression compression, std::optional<int64_t> ready_generation) {
   return std::make_unique<PsExchange>(std::move(client), sync, chief,
                                       init_timeout, staleness, backup_workers,
                                       std::move(compression), ready_generation);

@@ -40,6 +40,7 @@
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "common/nonfinite.h"
+#include "common/partition.h"
 #include "models/backend.h"
 #include "optim/loss_scaler.h"
 #include "optim/optimizer.h"
@@ -323,11 +324,11 @@ class GradientExchange {
     return std::nullopt;
   }
 
-  // Top-k compression with error feedback (PS modes): after Start() of a
-  // resumed job, this worker's residuals at the start of `step` from the
+  // Top-k compression with error feedback: after Start() of a resumed
+  // job, this worker's residuals at the start of `step` from the
   // checkpoint folder `step_dir` (worker/residual_files.h). False where the
   // folder holds none (a checkpoint of a job without compression): the
-  // residuals start at zero. Other exchanges: false.
+  // residuals start at zero. An exchange without compression: false.
   virtual absl::StatusOr<bool> RestoreResiduals(const std::string& step_dir,
                                                 int64_t step) {
     return false;
@@ -381,10 +382,11 @@ class GradientExchange {
   virtual absl::Status Finish() = 0;
 };
 
-// Top-k compression of a PS job's pushes (worker/topk_compression.h) and
-// where its residuals go.
-struct PsCompression {
-  // Null: dense pushes. The client's options point at it
+// Top-k compression of a job's gradients (worker/topk_compression.h: a PS
+// job's pushes, an allreduce job's sparse allgather, worker/topk_allgather.h)
+// and where its residuals go.
+struct ExchangeCompression {
+  // Null: dense gradients. A PS client's options point at it
   // (PsClientOptions::compressor); the exchange begins and commits its
   // steps (a skipped step, or one the shards dropped as late, is not
   // committed).
@@ -399,6 +401,11 @@ struct PsCompression {
   // (TopKCompressor::num_state_tensors(): the parameters' state_dict
   // names, then, with momentum correction, "velocity." and each).
   std::vector<std::string> names;
+  // Allreduce: each selection's chunk bound, the job's partition_bytes (a
+  // PS job of the same partition_bytes selects from the same chunks), and
+  // how long worker 0's checkpoint waits for the others' residual files.
+  int64_t partition_bytes = PartitionPlan::kDefaultPartitionBytes;
+  absl::Duration residual_wait = absl::Seconds(120);
 };
 
 // `client` is connected to the job's shards; `sync` selects the barrier.
@@ -419,7 +426,7 @@ struct PsCompression {
 std::unique_ptr<GradientExchange> CreatePsExchange(
     std::unique_ptr<PsClient> client, bool sync, bool chief,
     absl::Duration init_timeout, int staleness = 0, bool backup_workers = false,
-    PsCompression compression = {},
+    ExchangeCompression compression = {},
     std::optional<int64_t> ready_generation = std::nullopt);
 
 // An elastic allreduce job's worlds (CreateAllreduceExchange).
@@ -465,6 +472,16 @@ struct ElasticWorld {
 // bf16_compress_hook/fp16_compress_hook (each rank's gradient divided by
 // the world size, rounded, summed in the type; float16 scaled by a power
 // of two every rank agrees on); buffers stay fp32.
+// `compression` (its compressor null: none): top-k with error feedback,
+// each bucket's parameter gradients summed over a sparse allgather of every
+// rank's selection (worker/topk_allgather.h) and averaged as a dense
+// bucket's sums are; buffers stay dense fp32. With checkpoints, every
+// worker writes its residual file (worker/residual_files.h) of each
+// checkpoint, which rank 0 announces to the others at the start of the
+// checkpoint's step (a broadcast of 8 bytes a step), and worker 0's
+// Checkpoint(wait) waits for all of them; a resumed worker reads its own
+// (RestoreResiduals). An elastic job's residuals stay with their workers: a
+// joining worker starts from zeros, a leaving one's go with it.
 // `elastic` (an elastic job's; `collective` null then): the exchange
 // connects its own collective through ElasticWorld::connect, at Start()
 // in the world of `start` and at each ChangeWorld() in the next one; the
@@ -475,7 +492,8 @@ std::unique_ptr<GradientExchange> CreateAllreduceExchange(
     Collective* collective, const OptimizerOptions& adam, int64_t bucket_bytes,
     int num_buffers, double clip_grad_norm = 0,
     DType wire_dtype = DTYPE_FLOAT32,
-    std::optional<ElasticWorld> elastic = std::nullopt);
+    std::optional<ElasticWorld> elastic = std::nullopt,
+    ExchangeCompression compression = {});
 
 }  // namespace pstrain
 

@@ -624,7 +624,7 @@ class Shards {
   }
   std::unique_ptr<GradientExchange> Exchange(int worker, bool chief) const {
     PsClientOptions options = ClientOptions(worker);
-    PsCompression compression;
+    ExchangeCompression compression;
     if (compression_.enabled()) {
       compression.compressor = std::make_unique<TopKCompressor>(
           compression_, std::vector<int64_t>(kTensors, kElements), 3);

@@ -166,9 +166,8 @@ class NcclCollective : public Collective {
   // The same with `in_bytes` at `in` copied to offset `in_offset` of the
   // GPU buffer and its first `out_bytes` copied back to `out`.
   template <typename Op>
-  absl::Status Run(const void* in, size_t in_offset, size_t in_bytes,
-                   void* out, size_t out_bytes, const std::string& what,
-                   Op op) {
+  absl::Status Run(const void* in, size_t in_offset, size_t in_bytes, void* out,
+                   size_t out_bytes, const std::string& what, Op op) {
     const size_t bytes = std::max(in_offset + in_bytes, out_bytes);
     if (comm_ == nullptr) {
       return absl::FailedPreconditionError(

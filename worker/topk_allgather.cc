@@ -9,8 +9,8 @@
 
 namespace pstrain {
 
-TopKAllgather::TopKAllgather(TopKCompressor* compressor,
-                             int64_t chunk_elements, DType wire)
+TopKAllgather::TopKAllgather(TopKCompressor* compressor, int64_t chunk_elements,
+                             DType wire)
     : compressor_(compressor),
       chunk_elements_(std::max<int64_t>(1, chunk_elements)),
       wire_(wire) {}
@@ -43,8 +43,7 @@ absl::Status TopKAllgather::SumBucket(Collective& collective,
                             &chunk_indices_, &chunk_values_, wire_);
       indices_.insert(indices_.end(), chunk_indices_.begin(),
                       chunk_indices_.end());
-      values_.insert(values_.end(), chunk_values_.begin(),
-                     chunk_values_.end());
+      values_.insert(values_.end(), chunk_values_.begin(), chunk_values_.end());
       counts_.push_back(static_cast<int64_t>(chunk_indices_.size()));
       chunk_sizes.push_back(length);
     }
@@ -140,9 +139,9 @@ absl::Status TopKAllgather::SumBucket(Collective& collective,
       for (int64_t i = 0; i < counts_[c]; ++i) {
         const uint32_t offset = offsets[pair + i];
         if (offset >= static_cast<uint64_t>(chunk_sizes[c])) {
-          return absl::InternalError(absl::StrCat(
-              "top-k allgather: rank ", r, " sent offset ", offset,
-              " in a chunk of ", chunk_sizes[c], " elements"));
+          return absl::InternalError(
+              absl::StrCat("top-k allgather: rank ", r, " sent offset ", offset,
+                           " in a chunk of ", chunk_sizes[c], " elements"));
         }
         flat[base + offset] += decoded_[pair + i];
       }

@@ -58,8 +58,7 @@ class TopKAllgather {
   // `compressor` (not owned) holds the rank's residuals of the model's
   // parameters; `chunk_elements` > 0: the partition's chunk bound in
   // elements (partition_bytes / 4); `wire`: the values' dtype.
-  TopKAllgather(TopKCompressor* compressor, int64_t chunk_elements,
-                DType wire);
+  TopKAllgather(TopKCompressor* compressor, int64_t chunk_elements, DType wire);
 
   // One bucket: `flat` holds this rank's gradients of parameter tensors
   // `tensors` (ids of the compressor's tensors, their elements one after

@@ -232,6 +232,42 @@ absl::StatusOr<PartitionSetting> ChoosePartition(const TrainerOptions& options,
   return setting;
 }
 
+// The job's top-k compression (none without one) and its residual files.
+ExchangeCompression CompressionOf(const TrainerOptions& options,
+                                  const RunKind& kind,
+                                  const Workload& workload) {
+  ExchangeCompression compression;
+  if (!options.compression.enabled()) return compression;
+  compression.names = workload.TensorNames();
+  compression.names.resize(compression.names.size() - workload.num_buffers());
+  // The residual file's names: the parameters', then each moment's.
+  std::vector<std::string> moments;
+  if (options.compression.adam) {
+    moments = {"adam_m.", "adam_v."};
+  } else if (options.compression.momentum_correction()) {
+    moments = {"velocity."};
+  }
+  const size_t n = compression.names.size();
+  for (const std::string& prefix : moments) {
+    for (size_t t = 0; t < n; ++t) {
+      compression.names.push_back(prefix + compression.names[t]);
+    }
+  }
+  compression.compressor = CompressorOf(options, kind, workload);
+  if (!options.checkpoint_dir.empty()) {
+    compression.step_dir = [dir = options.checkpoint_dir](int64_t step) {
+      return CheckpointStepDir(dir, step);
+    };
+  }
+  compression.worker_id = options.worker_id;
+  compression.num_workers = options.num_workers;
+  if (options.partition_bytes > 0) {
+    compression.partition_bytes = options.partition_bytes;
+  }
+  compression.residual_wait = options.init_timeout;
+  return compression;
+}
+
 // The mode's exchange, and where its tensors go ("12 chunks on 2 shards").
 absl::StatusOr<std::unique_ptr<GradientExchange>> CreateExchange(
     const TrainerOptions& options, const RunKind& kind,
@@ -239,12 +275,16 @@ absl::StatusOr<std::unique_ptr<GradientExchange>> CreateExchange(
     std::string* placement) {
   if (kind.allreduce) {
     *placement = absl::StrFormat(
-        "ring allreduce over %d workers, buckets of %d bytes%s",
+        "ring allreduce over %d workers, buckets of %d bytes%s%s",
         options.num_workers, options.bucket_bytes,
         options.wire_dtype == DTYPE_FLOAT32
             ? ""
             : absl::StrCat(", gradients in ",
-                           WireDtypeSpelling(options.wire_dtype)));
+                           WireDtypeSpelling(options.wire_dtype)),
+        options.compression.enabled()
+            ? absl::StrCat(", ", CompressionSpelling(options.compression),
+                           " pairs in a sparse allgather")
+            : "");
     std::optional<ElasticWorld> elastic;
     if (options.elastic) {
       ElasticWorld world;
@@ -258,10 +298,10 @@ absl::StatusOr<std::unique_ptr<GradientExchange>> CreateExchange(
       world.timeout = options.init_timeout;
       elastic = std::move(world);
     }
-    return CreateAllreduceExchange(options.collective, options.adam,
-                                   options.bucket_bytes, workload.num_buffers(),
-                                   options.clip_grad_norm, options.wire_dtype,
-                                   std::move(elastic));
+    return CreateAllreduceExchange(
+        options.collective, options.adam, options.bucket_bytes,
+        workload.num_buffers(), options.clip_grad_norm, options.wire_dtype,
+        std::move(elastic), CompressionOf(options, kind, workload));
   }
   ASSIGN_OR_RETURN(
       PartitionPlan plan,
@@ -272,33 +312,8 @@ absl::StatusOr<std::unique_ptr<GradientExchange>> CreateExchange(
   *placement = absl::StrFormat("%d chunks on %d shards", plan.chunks().size(),
                                plan.num_shards());
   PsClientOptions client_options = PsClientOptionsOf(options, kind);
-  PsCompression compression;
-  if (options.compression.enabled()) {
-    compression.names = workload.TensorNames();
-    compression.names.resize(compression.names.size() - workload.num_buffers());
-    // The residual file's names: the parameters', then each moment's.
-    std::vector<std::string> moments;
-    if (options.compression.adam) {
-      moments = {"adam_m.", "adam_v."};
-    } else if (options.compression.momentum_correction()) {
-      moments = {"velocity."};
-    }
-    const size_t n = compression.names.size();
-    for (const std::string& prefix : moments) {
-      for (size_t t = 0; t < n; ++t) {
-        compression.names.push_back(prefix + compression.names[t]);
-      }
-    }
-    compression.compressor = CompressorOf(options, kind, workload);
-    client_options.compressor = compression.compressor.get();
-    if (!options.checkpoint_dir.empty()) {
-      compression.step_dir = [dir = options.checkpoint_dir](int64_t step) {
-        return CheckpointStepDir(dir, step);
-      };
-    }
-    compression.worker_id = options.worker_id;
-    compression.num_workers = options.num_workers;
-  }
+  ExchangeCompression compression = CompressionOf(options, kind, workload);
+  client_options.compressor = compression.compressor.get();
   ASSIGN_OR_RETURN(std::unique_ptr<PsClient> client,
                    PsClient::Create(client_options, plan));
   return CreatePsExchange(std::move(client), kind.sync, options.worker_id == 0,
