@@ -176,14 +176,19 @@ INSTANTIATE_TEST_SUITE_P(Models, ResumeTest,
 // moments on the workers (m and v in the files beside the residuals), 3
 // plain top-k with priority pulls, whose next forward starts before the
 // pull that announces a checkpoint ends (each worker saves its residual
-// when the pull completes): the same weights as without, resumed or not.
+// when the pull completes): the same weights as without, resumed or not;
+// 4 plain top-k and 5 SGD momentum on the workers, both in mode allreduce
+// (a sparse allgather, worker/topk_allgather.h): the same weights as the
+// sync PS job of the same partition (two workers: the same sums), each
+// worker's residual file written at rank 0's announced checkpoints, and
+// its checkpoints resume the allreduce job and a sync PS job alike.
 class CompressionResumeTest : public ::testing::TestWithParam<int> {};
 
 TEST_P(CompressionResumeTest, ResidualsMakeTheResumeExact) {
   const Dataset data = MakeDataset(48);
   RunConfig plain;
   plain.compression = CompressionOptions{0.05, true};
-  if (GetParam() == 1) {
+  if (GetParam() == 1 || GetParam() == 5) {
     plain.compression.momentum = 0.9;
     plain.optimizer.kind = OptimizerKind::kSgd;
     plain.optimizer.lr = 0.05f;
@@ -195,8 +200,18 @@ TEST_P(CompressionResumeTest, ResidualsMakeTheResumeExact) {
     plain.optimizer.lr = 0.001f;
   }
   if (GetParam() == 3) plain.priority_pulls = true;
+  const bool allreduce = GetParam() >= 4;
+  if (allreduce) plain.mode = MODE_ALLREDUCE;
   const std::vector<std::vector<float>> uninterrupted = Train(data, plain);
   ASSERT_FALSE(uninterrupted.empty());
+  if (allreduce) {
+    RunConfig sync = plain;
+    sync.mode = MODE_SYNC;
+    EXPECT_EQ(Train(data, sync), uninterrupted);
+    RunConfig dense = plain;
+    dense.compression = CompressionOptions{};
+    EXPECT_NE(Train(data, dense), uninterrupted) << "top-k did not act";
+  }
   if (GetParam() == 3) {
     RunConfig without = plain;
     without.priority_pulls = false;
@@ -221,6 +236,8 @@ TEST_P(CompressionResumeTest, ResidualsMakeTheResumeExact) {
     EXPECT_EQ(Train(data, resumed), uninterrupted);
     RewindTo(first.dir, step);
     resumed.shards = 3;
+    // Allreduce: its checkpoint resumes a sync PS job (on 3 shards).
+    if (allreduce) resumed.mode = MODE_SYNC;
     EXPECT_EQ(Train(data, resumed), uninterrupted);
   }
   RewindTo(first.dir, 2);
@@ -233,7 +250,7 @@ TEST_P(CompressionResumeTest, ResidualsMakeTheResumeExact) {
 }
 
 INSTANTIATE_TEST_SUITE_P(MomentumCorrection, CompressionResumeTest,
-                         ::testing::Values(0, 1, 2, 3));
+                         ::testing::Values(0, 1, 2, 3, 4, 5));
 
 // Allreduce: worker 0 writes the whole state (weights, Adam's m and v, the
 // BatchNorm buffers) as one file per checkpoint; every worker resumes from

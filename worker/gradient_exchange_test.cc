@@ -89,6 +89,48 @@ std::vector<std::vector<float>> ExpectedOver(const std::vector<int>& sizes,
   return w;
 }
 
+// The same with top-k compression at `ratio` (one chunk per tensor): each
+// member's own compressor (a joining worker's from zeros at its first
+// step), the members' selections summed in rank order, as the allreduce
+// exchange's sparse allgather sums them (worker/topk_allgather.h).
+std::vector<std::vector<float>> ExpectedTopKOver(const std::vector<int>& sizes,
+                                                 const OptimizerOptions& adam,
+                                                 double ratio) {
+  std::vector<std::vector<float>> w(kTensors,
+                                    std::vector<float>(kElements, 0.1f));
+  std::vector<std::vector<float>> m(kTensors, std::vector<float>(kElements));
+  std::vector<std::vector<float>> v(kTensors, std::vector<float>(kElements));
+  CompressionOptions options;
+  options.topk_ratio = ratio;
+  std::vector<std::unique_ptr<TopKCompressor>> compressors;
+  std::vector<uint32_t> indices;
+  std::vector<float> values;
+  for (int step = 1; step <= static_cast<int>(sizes.size()); ++step) {
+    const int size = sizes[step - 1];
+    while (static_cast<int>(compressors.size()) < size) {
+      compressors.push_back(std::make_unique<TopKCompressor>(
+          options, std::vector<int64_t>(kTensors, kElements), 3));
+    }
+    for (int r = 0; r < size; ++r) compressors[r]->BeginStep(step - 1);
+    for (int t = 0; t < kTensors; ++t) {
+      std::vector<float> average(kElements, 0.0f);
+      for (int r = 0; r < size; ++r) {
+        compressors[r]->Compress(t, 0, Gradient(r, t), &indices, &values);
+        for (size_t i = 0; i < indices.size(); ++i) {
+          average[indices[i]] += values[i];
+        }
+      }
+      if (size > 1) {
+        for (float& x : average) x *= 1.0f / size;
+      }
+      OptimizerUpdate(adam, step, w[t].data(), average.data(), m[t].data(),
+                      v[t].data(), kElements);
+    }
+    for (int r = 0; r < size; ++r) compressors[r]->CommitStep(step - 1);
+  }
+  return w;
+}
+
 // The same with `size` ranks at every step.
 std::vector<std::vector<float>> Expected(int size, int steps,
                                          const OptimizerOptions& adam) {
@@ -431,8 +473,12 @@ TEST(AllreduceExchangeTest, FailedCopyIsStepsErrorAndMidStepExitIsPrompt) {
 // updated tensor 2 of that step), and ranks 0 and 1 undo it and meet in
 // the next world, training one more step. Every rank's weights equal the
 // optimizer's on the members' average at each step, bit for bit, and the
-// joining worker starts at rank 0's step and data position.
-TEST(AllreduceExchangeTest, ElasticWorldGrowsAndSurvivesADeathInPlace) {
+// joining worker starts at rank 0's step and data position. With top-k
+// (`topk_ratio` > 0; worker/topk_allgather.h) the same, each worker with
+// its own residuals: the joining worker's start at zeros, the survivors'
+// step undone was not committed (they redo it from the residual before
+// it), so the weights equal ExpectedTopKOver's.
+void ElasticWorldScenario(double topk_ratio) {
   InProcessStore store;
   const AdamOptions adam;
   auto world = [](std::vector<int> workers, int64_t epoch) {
@@ -452,8 +498,18 @@ TEST(AllreduceExchangeTest, ElasticWorldGrowsAndSurvivesADeathInPlace) {
     elastic.start = start;
     elastic.initial_workers = 2;
     elastic.timeout = absl::Seconds(20);
-    std::unique_ptr<GradientExchange> exchange = CreateAllreduceExchange(
-        nullptr, adam, kElements * sizeof(float), 0, 0, DTYPE_FLOAT32, elastic);
+    ExchangeCompression compression;
+    if (topk_ratio > 0) {
+      CompressionOptions options;
+      options.topk_ratio = topk_ratio;
+      compression.compressor = std::make_unique<TopKCompressor>(
+          options, std::vector<int64_t>(kTensors, kElements), 3);
+      compression.worker_id = worker;
+      compression.partition_bytes = kElements * sizeof(float);
+    }
+    std::unique_ptr<GradientExchange> exchange =
+        CreateAllreduceExchange(nullptr, adam, kElements * sizeof(float), 0, 0,
+                                DTYPE_FLOAT32, elastic, std::move(compression));
     // Rank 0's data position of a step (ElasticMembership's, here made up).
     exchange->set_restore_membership([](int64_t step) {
       WorkerMembership at;
@@ -547,10 +603,13 @@ TEST(AllreduceExchangeTest, ElasticWorldGrowsAndSurvivesADeathInPlace) {
     absl::SleepFor(absl::Milliseconds(500));
   });
   for (std::thread& t : ranks) t.join();
-  const std::vector<std::vector<float>> at_death =
-      ExpectedOver({2, 2, 3, 3}, adam);
+  auto expected_over = [&](const std::vector<int>& sizes) {
+    return topk_ratio > 0 ? ExpectedTopKOver(sizes, adam, topk_ratio)
+                          : ExpectedOver(sizes, adam);
+  };
+  const std::vector<std::vector<float>> at_death = expected_over({2, 2, 3, 3});
   const std::vector<std::vector<float>> expected =
-      ExpectedOver({2, 2, 3, 3, 2}, adam);
+      expected_over({2, 2, 3, 3, 2});
   for (int t = 0; t < kTensors; ++t) {
     EXPECT_EQ(results[0][t], expected[t]) << "tensor " << t;
     EXPECT_EQ(results[1][t], expected[t]) << "tensor " << t;
@@ -558,7 +617,19 @@ TEST(AllreduceExchangeTest, ElasticWorldGrowsAndSurvivesADeathInPlace) {
   }
   // What ranks 0 and 1 held before the undo: step 4's update of tensor 2
   // with worker 2's gradient in it.
-  EXPECT_EQ(partial[0], ExpectedOver({2, 2, 3, 3, 3}, adam)[2]);
+  EXPECT_EQ(partial[0], expected_over({2, 2, 3, 3, 3})[2]);
+  if (topk_ratio > 0) {
+    EXPECT_NE(expected, ExpectedOver({2, 2, 3, 3, 2}, adam))
+        << "top-k did not act";
+  }
+}
+
+TEST(AllreduceExchangeTest, ElasticWorldGrowsAndSurvivesADeathInPlace) {
+  ElasticWorldScenario(/*topk_ratio=*/0);
+}
+
+TEST(AllreduceExchangeTest, ElasticTopKKeepsEachWorkersResiduals) {
+  ElasticWorldScenario(/*topk_ratio=*/0.1);
 }
 
 // `num_shards` sync shards of a job of `num_workers` (bounded staleness
