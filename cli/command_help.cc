@@ -88,16 +88,18 @@ Flags DataFlags(bool trains) {
   };
 }
 
-// The PS modes' wire compression flags (top-k pushes and what goes with
-// them), part of JobFlags.
+// The wire compression flags (top-k pairs and what goes with them; every
+// mode but --delta_pulls), part of JobFlags.
 Flags CompressionFlags() {
   return {
       {"compression",
-       "PS modes: none, or topk:R (0 < R <= 1): each worker pushes the "
-       "largest R fraction of each chunk's gradient entries as index/value "
-       "pairs and keeps the rest as a residual added to its next step "
-       "(error feedback, as Deep Gradient Compression); residuals are saved "
-       "with checkpoints."},
+       "none, or topk:R (0 < R <= 1): each worker sends the largest R "
+       "fraction of each chunk's gradient entries as index/value pairs and "
+       "keeps the rest as a residual added to its next step (error "
+       "feedback, as Deep Gradient Compression); residuals are saved with "
+       "checkpoints. PS modes push the pairs to the shards; allreduce "
+       "gathers every worker's pairs (a sparse allgather, chunks of "
+       "--partition_bytes) and sums them on each worker."},
       {"error_feedback",
        "With --compression=topk:R: keep the unsent entries as residuals "
        "(default); false drops them (for contrast)."},
@@ -180,8 +182,9 @@ Flags JobFlags(const std::string& what) {
             "and encoder blocks (0: deterministic steps)."},
            {"log_every_steps", "Steps between throughput lines."},
            {"partition_bytes",
-            "Largest chunk of a tensor on the wire, bytes; auto: chosen by "
-            "timing a few sizes before the first step."},
+            "Largest chunk of a tensor on the wire, bytes (allreduce with "
+            "--compression: of each top-k selection); auto: chosen by "
+            "timing a few sizes before the first step (PS modes)."},
            {"wire_dtype",
             "fp32, bf16 or fp16 (scaled by a power of two): PS pushes and "
             "pulls "
@@ -316,10 +319,10 @@ CommandInfo RunInfo() {
       "--num_workers workers as local processes (or one network namespace "
       "per task with --ps_netns/--worker_netns) under an in-process "
       "coordinator; streams their lines and prints a table of results. "
-      "Mode sync or async: PS flags (--num_ps, --partition_bytes, "
-      "--compression, --channels_per_shard, checkpoints, "
+      "Mode sync or async: PS flags (--num_ps, --channels_per_shard, "
       "--max_restarts); mode "
-      "allreduce: --bucket_bytes; both: --wire_dtype. --compute=synthetic: "
+      "allreduce: --bucket_bytes; both: --wire_dtype, --compression, "
+      "--partition_bytes, checkpoints. --compute=synthetic: "
       "--compute_ms, "
       "--model_bytes or --model, --backward_fraction and no dataset flags. "
       "A flag "

@@ -144,17 +144,19 @@ absl::Status CheckIgnoredFlags(const JobConfig& config,
   }
   if (!any_ps_mode) {
     // Checkpoints, --resume and restarts are for every mode.
-    for (const char* flag :
-         {"num_ps", "partition_bytes", "channels_per_shard", "compression",
-          "error_feedback", "compression_warmup_steps",
-          "compression_warmup_start", "momentum_correction",
-          "compression_dense_steps", "compression_freeze_adam_variance",
-          "delta_pulls", "priority_pulls", "sparse_embeddings"}) {
+    for (const char* flag : {"num_ps", "channels_per_shard", "delta_pulls",
+                             "priority_pulls", "sparse_embeddings"}) {
       if (FlagSpecified(flag)) {
         return ignored(flag, absl::StrCat("it is for the parameter-server "
                                           "modes (sync, async), not ",
                                           modes));
       }
+    }
+    if (FlagSpecified("partition_bytes") && !config.compression.enabled()) {
+      return ignored("partition_bytes",
+                     absl::StrCat("allreduce partitions only the top-k "
+                                  "selection of a --compression, and ",
+                                  modes, " has none"));
     }
   }
   if (!IsSequenceModel(spec.model()) && FlagSpecified("dropout")) {
@@ -232,9 +234,12 @@ JobSpec SpecFromFlags(Mode mode, int num_ps, int num_workers) {
     spec.set_channels_per_shard(absl::GetFlag(FLAGS_channels_per_shard));
     spec.set_priority_pulls(absl::GetFlag(FLAGS_priority_pulls));
     spec.set_sparse_embeddings(absl::GetFlag(FLAGS_sparse_embeddings));
+    spec.set_dense_pulls(!absl::GetFlag(FLAGS_delta_pulls));
+  }
+  {
+    // Every mode: allreduce sums top-k pairs in a sparse allgather.
     spec.set_compression(absl::GetFlag(FLAGS_compression));
     spec.set_no_error_feedback(!absl::GetFlag(FLAGS_error_feedback));
-    spec.set_dense_pulls(!absl::GetFlag(FLAGS_delta_pulls));
     spec.set_compression_warmup_steps(
         absl::GetFlag(FLAGS_compression_warmup_steps));
     spec.set_compression_warmup_start(
@@ -595,12 +600,12 @@ struct CompareConfig {
 // count, nested in that order, each checked against `placement` and
 // `dataset` (null with synthetic compute); INVALID_ARGUMENT naming the
 // configuration.
-// One series of rows: a mode with one compression (PS modes) and one wire.
+// One series of rows: a mode with one compression and one wire.
 // Its label names both past the mode ("ps_sync+topk:0.01",
 // "allreduce+bf16"; compare.h CompareRun::mode).
 struct CompareSeries {
   const CompareMode* mode;
-  std::string compression;  // "none" for allreduce
+  std::string compression;
   std::string wire;
   std::string label;
 };
@@ -623,8 +628,14 @@ std::vector<CompareSeries> SeriesOf(const CompareLists& lists) {
   std::vector<CompareSeries> series;
   for (const CompareMode& mode : lists.modes) {
     const bool allreduce = mode.mode == MODE_ALLREDUCE;
-    for (const std::string& compression :
-         allreduce ? std::vector<std::string>{"none"} : lists.compressions) {
+    // Allreduce keeps its dense row beside compressed ones: the seeds'
+    // tables set compressed PS rows against the dense allreduce.
+    std::vector<std::string> compressions = lists.compressions;
+    if (allreduce && std::find(compressions.begin(), compressions.end(),
+                               "none") == compressions.end()) {
+      compressions.insert(compressions.begin(), "none");
+    }
+    for (const std::string& compression : compressions) {
       for (const std::string& wire : lists.wire_dtypes) {
         series.push_back(
             {&mode, compression, wire,
@@ -661,10 +672,9 @@ absl::StatusOr<std::vector<CompareConfig>> CompareConfigs(
           spec.set_wire_dtype(s.wire);
           if (allreduce) {
             spec.set_collective(std::string(Spelling(s.mode->collective)));
-          } else {
-            spec.set_compression(s.compression);
-            if (s.compression == "none") ClearCompressionFlags(&spec);
           }
+          spec.set_compression(s.compression);
+          if (s.compression == "none") ClearCompressionFlags(&spec);
           if (steps > 0) {
             spec.set_epochs(1);
             spec.set_max_steps_per_epoch(

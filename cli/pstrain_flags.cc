@@ -89,17 +89,18 @@ std::string AbslUnparseFlag(const PartitionBytesFlag& value) {
 
 ABSL_FLAG(pstrain::PartitionBytesFlag, partition_bytes,
           pstrain::PartitionBytesFlag{},
-          "PS modes: largest chunk of a tensor on the wire, bytes; auto: "
-          "worker 0 times a few sizes before the first step and keeps the "
-          "fastest.");
+          "Largest chunk of a tensor on the wire, bytes (allreduce: of "
+          "each --compression top-k selection); auto (PS modes): worker 0 "
+          "times a few sizes before the first step and keeps the fastest.");
 ABSL_FLAG(std::string, wire_dtype, "fp32",
           "How gradients (and in PS modes weights) travel: fp32, bf16 or "
           "fp16 (the shards keep fp32; allreduce averages the gradients in "
           "the 16-bit type).");
 ABSL_FLAG(std::string, compression, "none",
-          "PS modes: none, or topk:R: each worker pushes the largest R "
-          "fraction (0 < R <= 1) of each chunk's gradient entries and keeps "
-          "the rest as a residual for its next step (error feedback).");
+          "none, or topk:R: each worker sends the largest R fraction (0 < "
+          "R <= 1) of each chunk's gradient entries (PS: pushes; allreduce: "
+          "a sparse allgather) and keeps the rest as a residual for its "
+          "next step (error feedback).");
 ABSL_FLAG(bool, error_feedback, true,
           "With --compression=topk:R: keep what was not sent as a residual "
           "(false: drop it, for contrast).");

@@ -781,8 +781,11 @@ TEST(RunCliTest, IgnoredFlagsAreErrors) {
        "--num_ps would be ignored: it is for the parameter-server modes "
        "(sync, async), not --mode=allreduce"},
       {"run --mode=allreduce --partition_bytes=4096",
-       "--partition_bytes would be ignored: it is for the "
-       "parameter-server modes (sync, async), not --mode=allreduce"},
+       "--partition_bytes would be ignored: allreduce partitions only the "
+       "top-k selection of a --compression, and --mode=allreduce has none"},
+      {"run --mode=allreduce --compression=topk:0.01 --delta_pulls=false",
+       "--delta_pulls would be ignored: it is for the parameter-server "
+       "modes (sync, async), not --mode=allreduce"},
       {"run --compute=synthetic --max_steps_per_epoch=3 --dataset=mnist",
        "--dataset would be ignored: --compute=synthetic reads no dataset"},
       {"run --compute=synthetic --max_steps_per_epoch=3 --model=resnet18 "
