@@ -108,6 +108,22 @@ TEST(ScalingTableTest, PsOverAllreduceOfTheSameWire) {
   EXPECT_THAT(lines[6], HasSubstr("| 320.00 | - | - | - |"));
 }
 
+// Top-k in allreduce (a sparse allgather): an allreduce row, no ratio of
+// its own; a compressed PS row is still set against the dense allreduce.
+TEST(ScalingTableTest, AllreduceTopKRowIsAnAllreduceRow) {
+  const std::vector<CompareRun> runs = {
+      MakeRun("ps_sync+topk:0.01", 2, 4, 300, 0.9),
+      MakeRun("allreduce", 0, 4, 200, 1.3),
+      MakeRun("allreduce+topk:0.01", 0, 4, 400, 0.6)};
+  EXPECT_TRUE(IsAllreduce("allreduce+topk:0.01"));
+  const std::vector<std::string> lines =
+      absl::StrSplit(FormatScalingTable(runs), '\n');
+  ASSERT_GE(lines.size(), 5u);
+  EXPECT_THAT(lines[2], HasSubstr("| 300.00 | - | - | 1.50x | - |"));
+  EXPECT_THAT(lines[4], HasSubstr("| allreduce+topk:0.01 | 0 |"));
+  EXPECT_THAT(lines[4], HasSubstr("| 400.00 | - | - | - |"));
+}
+
 TEST(ScalingTableTest, NoOneWorkerRunMeansNoSpeedup) {
   CompareRun run = MakeRun("ps_async", 1, 2, 50, 0.1);
   run.result.set_compute("model");

@@ -253,8 +253,8 @@ class AllreduceExchange : public GradientExchange {
       }
       // A skipped step's residual is not kept (it pushed nothing).
       if (!skip_.has_value()) compression_.compressor->CommitStep(step_);
-      last_traffic_ = topk_->TakeTraffic();
     }
+    last_traffic_ = std::exchange(traffic_, TopKAllgather::Traffic{});
     // A non-finite average (every worker sees the same sums): the tensors
     // updated before it go back to their state before the step.
     last_skip_.reset();
@@ -286,10 +286,8 @@ class AllreduceExchange : public GradientExchange {
   ExchangeStepTimes LastStepTimes() const override {
     ExchangeStepTimes times;
     times.allreduce = last_allreduce_;
-    if (topk_.has_value()) {
-      times.bytes_pushed = last_traffic_.sent;
-      times.bytes_pulled = last_traffic_.received;
-    }
+    times.bytes_pushed = last_traffic_.sent;
+    times.bytes_pulled = last_traffic_.received;
     return times;
   }
 
@@ -550,6 +548,12 @@ class AllreduceExchange : public GradientExchange {
             : wire16()        ? Allreduce16(b)
                        : collective_->AllreduceSum(flat.data(), flat.size());
         allreduce_ += absl::Now() - start;
+        if (s.ok() && !topk_.has_value()) {
+          const int64_t ring =
+              RingBytes(static_cast<int64_t>(flat.size()) * (wire16() ? 2 : 4));
+          traffic_.sent += ring;
+          traffic_.received += ring;
+        }
       }
       if (!s.ok()) {
         absl::MutexLock lock(&mu_);
@@ -682,10 +686,23 @@ class AllreduceExchange : public GradientExchange {
     }
     if (buffers > 0) {
       RETURN_IF_ERROR(collective_->AllreduceSum(flat.data(), buffers));
+      traffic_.sent += RingBytes(4 * buffers);
+      traffic_.received += RingBytes(4 * buffers);
     }
-    return topk_->SumBucket(
+    RETURN_IF_ERROR(topk_->SumBucket(
         *collective_, params,
-        absl::MakeSpan(flat).subspan(static_cast<size_t>(buffers)));
+        absl::MakeSpan(flat).subspan(static_cast<size_t>(buffers))));
+    const TopKAllgather::Traffic pairs = topk_->TakeTraffic();
+    traffic_.sent += pairs.sent;
+    traffic_.received += pairs.received;
+    return absl::OkStatus();
+  }
+
+  // What a ring allreduce of `bytes` sends (and receives) on each rank:
+  // 2 (W - 1) / W of them (Patarasuk & Yuan 2009).
+  int64_t RingBytes(int64_t bytes) const {
+    const int64_t size = collective_->size();
+    return size > 1 ? 2 * (size - 1) * bytes / size : 0;
   }
 
   // The start of a step's communication with top-k: the compressor's step
@@ -926,14 +943,17 @@ class AllreduceExchange : public GradientExchange {
   // checkpoint step rank 0 announces (worker 0's Checkpoint() sets it
   // between steps; the communication thread reads it), the one this
   // worker heard at the start of the step (the communication thread's,
-  // then Step()'s), the bytes of the last step, and rank 0's newest
-  // commit from the last SyncState.
+  // then Step()'s), and rank 0's newest commit from the last SyncState.
   ExchangeCompression compression_;
   std::optional<TopKAllgather> topk_;
   std::atomic<int64_t> announced_{-1};
   int64_t checkpoint_heard_ = -1;
-  TopKAllgather::Traffic last_traffic_;
   int64_t rank0_newest_ = -1;
+  // The bytes this rank sent and received this step (the ring's or the
+  // allgather's by their algorithms; the communication thread's, then
+  // Step()'s) and in the last step.
+  TopKAllgather::Traffic traffic_;
+  TopKAllgather::Traffic last_traffic_;
 };
 
 }  // namespace

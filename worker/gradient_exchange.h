@@ -53,7 +53,10 @@ namespace pstrain {
 // One step's exchange, measured where it happens (worker/metrics.h): PS
 // modes: PsStepTimes (worker/ps_client.h); allreduce: the time the
 // communication thread spent in the step's bucket allreduces (summed; it
-// overlaps backward). Absent: not this mode's.
+// overlaps backward), and as bytes pushed and pulled what this rank sent
+// and received by its algorithms (a ring allreduce of B bytes: 2 (W - 1) /
+// W x B each way; top-k's allgather: (W - 1) x its message). Absent: not
+// this mode's.
 struct ExchangeStepTimes {
   std::optional<absl::Duration> push, barrier_wait, pull;
   std::optional<int64_t> bytes_pushed, bytes_pulled;
