@@ -144,19 +144,21 @@ absl::Status CheckIgnoredFlags(const JobConfig& config,
   }
   if (!any_ps_mode) {
     // Checkpoints, --resume and restarts are for every mode.
-    for (const char* flag : {"num_ps", "channels_per_shard", "delta_pulls",
-                             "priority_pulls", "sparse_embeddings"}) {
+    for (const char* flag :
+         {"num_ps", "channels_per_shard", "delta_pulls", "priority_pulls"}) {
       if (FlagSpecified(flag)) {
         return ignored(flag, absl::StrCat("it is for the parameter-server "
                                           "modes (sync, async), not ",
                                           modes));
       }
     }
-    if (FlagSpecified("partition_bytes") && !config.compression.enabled()) {
+    if (FlagSpecified("partition_bytes") && !config.compression.enabled() &&
+        !spec.sparse_embeddings()) {
       return ignored("partition_bytes",
                      absl::StrCat("allreduce partitions only the top-k "
-                                  "selection of a --compression, and ",
-                                  modes, " has none"));
+                                  "selection of a --compression and a "
+                                  "table's rows (--sparse_embeddings), and ",
+                                  modes, " has neither"));
     }
   }
   if (!IsSequenceModel(spec.model()) && FlagSpecified("dropout")) {
@@ -233,11 +235,12 @@ JobSpec SpecFromFlags(Mode mode, int num_ps, int num_workers) {
   if (mode != MODE_ALLREDUCE) {
     spec.set_channels_per_shard(absl::GetFlag(FLAGS_channels_per_shard));
     spec.set_priority_pulls(absl::GetFlag(FLAGS_priority_pulls));
-    spec.set_sparse_embeddings(absl::GetFlag(FLAGS_sparse_embeddings));
     spec.set_dense_pulls(!absl::GetFlag(FLAGS_delta_pulls));
   }
   {
-    // Every mode: allreduce sums top-k pairs in a sparse allgather.
+    // Every mode: allreduce sums top-k pairs in a sparse allgather, and
+    // gathers a table's rows.
+    spec.set_sparse_embeddings(absl::GetFlag(FLAGS_sparse_embeddings));
     spec.set_compression(absl::GetFlag(FLAGS_compression));
     spec.set_no_error_feedback(!absl::GetFlag(FLAGS_error_feedback));
     spec.set_compression_warmup_steps(

@@ -468,11 +468,6 @@ absl::Status CheckSparseEmbeddings(const JobConfig& config) {
   auto refuse = [](absl::string_view why) {
     return Bad("sparse_embeddings", absl::StrCat("true ", why));
   };
-  if (config.mode == MODE_ALLREDUCE) {
-    return refuse(
-        "with mode allreduce; expected false (the collectives reduce dense "
-        "buffers: allreduce keeps the dense path)");
-  }
   // Top-k compresses the other parameters; a table pushes its step's rows
   // whole (no residual) and the shards update them lazily. Not where the
   // workers keep the optimizer's state, whose shards apply plain SGD.

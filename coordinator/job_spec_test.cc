@@ -576,10 +576,6 @@ TEST(JobSpecTest, SparseEmbeddingsRefusals) {
     std::string text;
     std::string error;
   } cases[] = {
-      {"num_ps: 0 num_workers: 2 batch_size: 8 epochs: 1 mode: \"allreduce\" "
-       "sparse_embeddings: true",
-       "sparse_embeddings: true with mode allreduce; expected false (the "
-       "collectives reduce dense buffers: allreduce keeps the dense path)"},
       {base + "compression: \"topk:0.01\" momentum_correction: true",
        "sparse_embeddings: true with momentum_correction; expected false (it "
        "moves the optimizer's state to the workers, each of its own "
@@ -635,6 +631,17 @@ TEST(JobSpecTest, SparseEmbeddingsRefusals) {
                        "job.pbtxt");
       EXPECT_TRUE(on.ok()) << model << " " << extra << ": " << on.status();
     }
+  }
+  // Allreduce gathers the tables' rows (worker/gradient_exchange.h
+  // AllreduceRows), also with top-k.
+  for (const std::string extra : {"", "compression: \"topk:0.01\""}) {
+    absl::StatusOr<JobSpec> allreduce = ParseJobSpec(
+        "num_ps: 0 num_workers: 2 batch_size: 8 epochs: 1 mode: "
+        "\"allreduce\" sparse_embeddings: true dataset: \"synthetic_tokens\" "
+        "model: \"bert_tiny_untied\" " +
+            extra,
+        "job.pbtxt");
+    EXPECT_TRUE(allreduce.ok()) << extra << ": " << allreduce.status();
   }
 }
 

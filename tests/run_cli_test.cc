@@ -782,7 +782,8 @@ TEST(RunCliTest, IgnoredFlagsAreErrors) {
        "(sync, async), not --mode=allreduce"},
       {"run --mode=allreduce --partition_bytes=4096",
        "--partition_bytes would be ignored: allreduce partitions only the "
-       "top-k selection of a --compression, and --mode=allreduce has none"},
+       "top-k selection of a --compression and a table's rows "
+       "(--sparse_embeddings), and --mode=allreduce has neither"},
       {"run --mode=allreduce --compression=topk:0.01 --delta_pulls=false",
        "--delta_pulls would be ignored: it is for the parameter-server "
        "modes (sync, async), not --mode=allreduce"},

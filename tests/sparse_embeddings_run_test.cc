@@ -304,6 +304,63 @@ TEST(SparseEmbeddingsRunTest, TopKCompressesTheOtherParameters) {
   EXPECT_EQ(Accuracies(b.output), Accuracies(a.output)) << b.output;
 }
 
+// Mode allreduce gathers each worker's rows (worker/gradient_exchange.h
+// AllreduceRows) and every worker updates their union lazily, as the
+// shards do: with two workers the sums are the shards', so the Adam row job
+// (lazy Adam) ends with the sync row job's model file byte for byte, also
+// with top-k compressing the other parameters (the same chunks of
+// --partition_bytes); and it sends fewer bytes than the dense allreduce
+// job, whose model (dense Adam) differs.
+TEST(SparseEmbeddingsRunTest, AllreduceRowJobEqualsTheSyncRowJob) {
+  auto allreduce_job = [](const std::string& args) {
+    std::string command = Job(args);
+    const std::string ps = " --num_ps=2 ";
+    command.replace(command.find(ps), ps.size(), " --mode=allreduce ");
+    // A dense allreduce job has no chunks.
+    const std::string partition = "--partition_bytes=65536 ";
+    if (args.find("--sparse_embeddings") == std::string::npos) {
+      command.erase(command.find(partition), partition.size());
+    }
+    return command;
+  };
+  const std::string args = "--epochs=1 --max_steps_per_epoch=8 ";
+  double pushed[2] = {0, 0};
+  for (const std::string extra : {"", "--compression=topk:0.05 "}) {
+    std::string files[2];
+    Result runs[2];
+    for (int allreduce = 0; allreduce < 2; ++allreduce) {
+      const std::string dir = TempDir() + "/allreduce_rows_" +
+                              std::to_string(extra.size()) + "_" +
+                              std::to_string(allreduce);
+      const std::string flags = args + "--sparse_embeddings " + extra +
+                                "--checkpoint_dir=" + dir +
+                                " --metrics_dir=" + dir + "/m";
+      runs[allreduce] =
+          RunCommand(allreduce ? allreduce_job(flags) : Job(flags));
+      ASSERT_EQ(runs[allreduce].exit_code, 0) << runs[allreduce].output;
+      files[allreduce] = ReadBytes(dir + "/model.safetensors");
+      if (allreduce && extra.empty()) {
+        pushed[1] = SumColumn(dir + "/m/worker0.csv", "bytes_pushed");
+      }
+    }
+    ASSERT_GT(files[0].size(), 3000000u);
+    EXPECT_TRUE(files[0] == files[1])
+        << extra << ": the allreduce row job's model differs from the sync's";
+    EXPECT_EQ(Accuracies(runs[1].output), Accuracies(runs[0].output));
+  }
+  const std::string dense = TempDir() + "/allreduce_dense";
+  const Result r = RunCommand(allreduce_job(args + "--checkpoint_dir=" + dense +
+                                            " --metrics_dir=" + dense + "/m"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  pushed[0] = SumColumn(dense + "/m/worker0.csv", "bytes_pushed");
+  std::printf("allreduce bytes sent by worker 0: dense %.0f, rows %.0f\n",
+              pushed[0], pushed[1]);
+  EXPECT_LT(pushed[1], pushed[0]);
+  EXPECT_GT(pushed[1], 0);
+  EXPECT_FALSE(ReadBytes(dense + "/model.safetensors") ==
+               ReadBytes(TempDir() + "/allreduce_rows_0_1/model.safetensors"));
+}
+
 TEST(SparseEmbeddingsRunTest, AsyncTrains) {
   const Result r = RunCommand(Job(
       "--mode=async --epochs=1 --max_steps_per_epoch=10 --sparse_embeddings"));

@@ -70,17 +70,21 @@ absl::Status AllreduceExchange::Start(
   // Buckets of whole tensors, last tensor first (the first gradients
   // backward produces), each at most bucket_elements_ unless one tensor
   // is larger on its own.
+  // A row-sparse table (rows_) has a bucket of its own.
   buckets_.clear();
   int64_t filled = 0;
   for (int t = num_tensors - 1; t >= 0; --t) {
     const int64_t n = static_cast<int64_t>(weights[t].size());
-    if (buckets_.empty() || filled + n > bucket_elements_) {
+    if (buckets_.empty() || filled + n > bucket_elements_ ||
+        RowElements(t) > 0 || RowElements(buckets_.back().back()) > 0) {
       buckets_.emplace_back();
       filled = 0;
     }
     buckets_.back().push_back(t);
     filled += n;
   }
+  union_rows_.assign(num_tensors, {});
+  row_undo_.assign(num_tensors, {});
   flat_.assign(buckets_.size(), {});
   prev_w_.assign(num_tensors, {});
   prev_m_.assign(num_params, {});
@@ -144,13 +148,7 @@ absl::Status AllreduceExchange::Step(
   // updated before it go back to their state before the step.
   last_skip_.reset();
   if (skip_.has_value()) {
-    for (int t : updated_) {
-      std::copy(prev_w_[t].begin(), prev_w_[t].end(), weights_[t].data());
-      if (t < static_cast<int>(m_.size())) {
-        m_[t].swap(prev_m_[t]);
-        v_[t].swap(prev_v_[t]);
-      }
-    }
+    for (int t : updated_) UndoUpdate(t);
     skip_->step = step_;
     last_skip_ = std::move(skip_);
     skip_.reset();
@@ -209,6 +207,11 @@ void AllreduceExchange::Update(size_t b, float clip) {
     if (clip != 1.0f && t < num_params) {
       for (int64_t i = 0; i < n; ++i) average[i] *= clip;
     }
+    if (RowElements(t) > 0) {
+      UpdateRows(t, step, average);
+      average += n;
+      continue;
+    }
     prev_w_[t].assign(weights_[t].begin(), weights_[t].end());
     if (t >= num_params) {
       std::copy(average, average + n, weights_[t].data());
@@ -224,6 +227,118 @@ void AllreduceExchange::Update(size_t b, float clip) {
     updated_.push_back(t);
     average += n;
   }
+}
+
+void AllreduceExchange::UpdateRows(int t, int64_t step, const float* average) {
+  // The union's rows of the average (every other row's is 0).
+  const int64_t d = RowElements(t);
+  RowValues grad;
+  grad.rows = union_rows_[t];
+  grad.values.resize(grad.rows.size() * d);
+  for (size_t k = 0; k < grad.rows.size(); ++k) {
+    std::copy(average + int64_t{grad.rows[k]} * d,
+              average + (int64_t{grad.rows[k]} + 1) * d,
+              grad.values.data() + k * d);
+  }
+  if (!LazyUpdateRows(adam_, step, d, grad, weights_[t].data(), m_[t].data(),
+                      v_[t].data(), &row_undo_[t])) {
+    // As a shard's chunk whose rows overflow: put back (by LazyUpdateRows),
+    // the rest of the step applied.
+    std::fprintf(stderr,
+                 "update of tensor %d for step %lld overflowed in one of its "
+                 "%zu touched rows; not applied\n",
+                 t, static_cast<long long>(step_), grad.rows.size());
+    return;
+  }
+  updated_.push_back(t);
+}
+
+void AllreduceExchange::UndoUpdate(int t) {
+  if (RowElements(t) > 0) {
+    UndoRows(RowElements(t), &row_undo_[t], weights_[t].data(), m_[t].data(),
+             v_[t].data());
+    return;
+  }
+  std::copy(prev_w_[t].begin(), prev_w_[t].end(), weights_[t].data());
+  if (t < static_cast<int>(m_.size())) {
+    m_[t].swap(prev_m_[t]);
+    v_[t].swap(prev_v_[t]);
+  }
+}
+
+absl::Status AllreduceExchange::AllgatherRows(size_t b) {
+  const int t = buckets_[b][0];
+  const int64_t d = RowElements(t);
+  std::vector<float>& flat = flat_[b];
+  const int64_t num_rows = static_cast<int64_t>(flat.size()) / d;
+  // This step's rows (SetStepRows); none announced: every row.
+  std::vector<uint32_t> all;
+  const std::vector<uint32_t>* mine = &all;
+  if (t < static_cast<int>(step_rows_.size()) && !step_rows_[t].empty()) {
+    mine = &step_rows_[t];
+  } else {
+    all.resize(num_rows);
+    for (int64_t r = 0; r < num_rows; ++r) all[r] = static_cast<uint32_t>(r);
+  }
+  const int size = collective_->size();
+  int64_t count = static_cast<int64_t>(mine->size());
+  std::vector<int64_t> counts(size);
+  RETURN_IF_ERROR(collective_->Allgather(&count, sizeof(count), counts.data()));
+  const int64_t most = *std::max_element(counts.begin(), counts.end());
+  // This rank's message, padded to the longest: row ids, then the rows'
+  // values (fp32; a 16-bit wire's rounding applied as a PS push rounds
+  // them, chunk by chunk of the partition).
+  const int64_t bytes = most * 4 + most * d * 4;
+  std::vector<uint8_t> message(bytes, 0);
+  std::memcpy(message.data(), mine->data(), 4 * count);
+  std::vector<float> values(count * d);
+  for (int64_t k = 0; k < count; ++k) {
+    std::copy(flat.begin() + int64_t{(*mine)[k]} * d,
+              flat.begin() + (int64_t{(*mine)[k]} + 1) * d,
+              values.begin() + k * d);
+  }
+  if (wire16()) {
+    const int64_t per_chunk =
+        std::max<int64_t>(1, rows_.partition_bytes / (4 * d));
+    for (int64_t k = 0; k < count;) {
+      int64_t e = k + 1;
+      while (e < count && (*mine)[e] / per_chunk == (*mine)[k] / per_chunk) ++e;
+      RoundThroughWire(wire_dtype_,
+                       absl::MakeSpan(values.data() + k * d, (e - k) * d));
+      k = e;
+    }
+  }
+  std::memcpy(message.data() + most * 4, values.data(), 4 * count * d);
+  std::vector<uint8_t> gathered(static_cast<size_t>(bytes) * size);
+  RETURN_IF_ERROR(
+      collective_->Allgather(message.data(), bytes, gathered.data()));
+  traffic_.sent += (size - 1) * (bytes + 8);
+  traffic_.received += (size - 1) * (bytes + 8);
+  // Every rank's rows, in rank order, into zeros; the union's ids.
+  std::fill(flat.begin(), flat.end(), 0.0f);
+  std::vector<uint32_t>& rows = union_rows_[t];
+  rows.clear();
+  std::vector<uint32_t> ids;
+  std::vector<float> row(d);
+  for (int r = 0; r < size; ++r) {
+    const uint8_t* in = gathered.data() + static_cast<size_t>(r) * bytes;
+    ids.resize(counts[r]);
+    std::memcpy(ids.data(), in, 4 * counts[r]);
+    for (int64_t k = 0; k < counts[r]; ++k) {
+      if (ids[k] >= num_rows) {
+        return absl::InternalError(absl::StrCat("rows of tensor ", t, ": rank ",
+                                                r, " sent row ", ids[k],
+                                                " of a table of ", num_rows));
+      }
+      std::memcpy(row.data(), in + most * 4 + k * d * 4, 4 * d);
+      float* into = flat.data() + int64_t{ids[k]} * d;
+      for (int64_t j = 0; j < d; ++j) into[j] += row[j];
+    }
+    rows.insert(rows.end(), ids.begin(), ids.end());
+  }
+  std::sort(rows.begin(), rows.end());
+  rows.erase(std::unique(rows.begin(), rows.end()), rows.end());
+  return absl::OkStatus();
 }
 
 bool AllreduceExchange::AllReady(const std::vector<int>& tensors) const {
@@ -292,11 +407,13 @@ void AllreduceExchange::Communicate() {
            {"bytes", static_cast<int64_t>(flat.size() * (wire16() ? 2 : 4))},
            {"topk", topk_.has_value() ? 1 : 0}});
       const absl::Time start = absl::Now();
-      s = topk_.has_value() ? AllgatherTopK(b)
-          : wire16()        ? Allreduce16(b)
+      const bool rows = RowElements(bucket[0]) > 0;
+      s = rows                ? AllgatherRows(b)
+          : topk_.has_value() ? AllgatherTopK(b)
+          : wire16()          ? Allreduce16(b)
                      : collective_->AllreduceSum(flat.data(), flat.size());
       allreduce_ += absl::Now() - start;
-      if (s.ok() && !topk_.has_value()) {
+      if (s.ok() && !rows && !topk_.has_value()) {
         const int64_t ring =
             RingBytes(static_cast<int64_t>(flat.size()) * (wire16() ? 2 : 4));
         traffic_.sent += ring;
@@ -434,10 +551,11 @@ absl::Status AllreduceExchange::BeginTopKStep() {
 std::unique_ptr<GradientExchange> CreateAllreduceExchange(
     Collective* collective, const OptimizerOptions& adam, int64_t bucket_bytes,
     int num_buffers, double clip_grad_norm, DType wire_dtype,
-    std::optional<ElasticWorld> elastic, ExchangeCompression compression) {
+    std::optional<ElasticWorld> elastic, ExchangeCompression compression,
+    AllreduceRows rows) {
   return std::make_unique<AllreduceExchange>(
       collective, adam, bucket_bytes, num_buffers, clip_grad_norm, wire_dtype,
-      std::move(elastic), std::move(compression));
+      std::move(elastic), std::move(compression), std::move(rows));
 }
 
 }  // namespace pstrain

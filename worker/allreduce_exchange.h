@@ -26,6 +26,7 @@
 #include "absl/types/span.h"
 #include "common/nonfinite.h"
 #include "common/safetensors.h"
+#include "server/row_sparse.h"
 #include "server/shard_checkpoint.h"
 #include "worker/gradient_exchange.h"
 #include "worker/topk_allgather.h"
@@ -40,7 +41,7 @@ class AllreduceExchange : public GradientExchange {
                     int64_t bucket_bytes, int num_buffers,
                     double clip_grad_norm, DType wire_dtype,
                     std::optional<ElasticWorld> elastic,
-                    ExchangeCompression compression)
+                    ExchangeCompression compression, AllreduceRows rows)
       : collective_(collective),
         adam_(adam),
         base_lr_(adam.lr),
@@ -49,7 +50,8 @@ class AllreduceExchange : public GradientExchange {
         wire_dtype_(wire_dtype),
         bucket_elements_(std::max<int64_t>(1, bucket_bytes / 4)),
         num_buffers_(num_buffers),
-        compression_(std::move(compression)) {
+        compression_(std::move(compression)),
+        rows_(std::move(rows)) {
     if (compression_.compressor != nullptr) {
       topk_.emplace(compression_.compressor.get(),
                     compression_.partition_bytes / 4, wire_dtype_);
@@ -85,6 +87,12 @@ class AllreduceExchange : public GradientExchange {
     anchor_ = std::move(membership_at);
   }
   void set_loss_scaler(LossScaler* scaler) override { loss_scaler_ = scaler; }
+
+  void SetStepRows(std::vector<std::vector<uint32_t>> touched,
+                   std::vector<std::vector<uint32_t>> /*next*/,
+                   bool /*pull_rows*/) override {
+    step_rows_ = std::move(touched);  // read by the next step's thread
+  }
 
   void GradientsReady(const std::vector<absl::Span<const float>>& gradients,
                       int64_t samples, absl::Span<const int> tensors,
@@ -143,6 +151,25 @@ class AllreduceExchange : public GradientExchange {
   // `clip` (ClipCoefficient(); 1: none) multiplies the parameters' average
   // gradients, as torch.nn.utils.clip_grad_norm_ does before step().
   void Update(size_t b, float clip = 1.0f);
+  // Update()'s part for row-sparse table `t`: update number `step` of the
+  // union's rows (union_rows_[t]) of the average at `average` (the table's
+  // elements), lazily (server/row_sparse.h LazyUpdateRows), its undo in
+  // row_undo_[t]. An update that overflows is put back and reported, the
+  // rest of the step applied, as a shard does with a chunk's.
+  void UpdateRows(int t, int64_t step, const float* average);
+  // Puts tensor `t`'s state before this step's update back (a skipped
+  // step, a failed one).
+  void UndoUpdate(int t);
+  // Row-sparse table bucket `b` (one table): every rank's step rows summed
+  // in rank order into flat_[b] (zeros elsewhere), their union's ids into
+  // union_rows_ (AllreduceRows in worker/gradient_exchange.h).
+  absl::Status AllgatherRows(size_t b);
+  // Elements per row of tensor `t` if it is a row-sparse table, else 0.
+  int64_t RowElements(int t) const {
+    return t < static_cast<int>(rows_.row_elements.size())
+               ? rows_.row_elements[t]
+               : 0;
+  }
 
   bool AllReady(const std::vector<int>& tensors) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -328,6 +355,15 @@ class AllreduceExchange : public GradientExchange {
   // Step()'s) and in the last step.
   TopKAllgather::Traffic traffic_;
   TopKAllgather::Traffic last_traffic_;
+
+  // Row-sparse tables: which tensors (AllreduceRows), the rows of the next
+  // step (SetStepRows, between steps; the communication thread reads them
+  // during the step), each table's union of the step's rows and its undo
+  // (the communication thread's during a step, Step()'s after).
+  const AllreduceRows rows_;
+  std::vector<std::vector<uint32_t>> step_rows_;
+  std::vector<std::vector<uint32_t>> union_rows_;
+  std::vector<RowUndo> row_undo_;
 };
 
 }  // namespace pstrain

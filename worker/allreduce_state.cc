@@ -265,13 +265,7 @@ void AllreduceExchange::AlignResiduals(int64_t in_flight) {
 }
 
 void AllreduceExchange::UndoStepInFlight() {
-  for (int t : updated_) {
-    std::copy(prev_w_[t].begin(), prev_w_[t].end(), weights_[t].data());
-    if (t < static_cast<int>(m_.size())) {
-      m_[t].swap(prev_m_[t]);
-      v_[t].swap(prev_v_[t]);
-    }
-  }
+  for (int t : updated_) UndoUpdate(t);
   updated_.clear();
   skip_.reset();
   own_nonfinite_.reset();

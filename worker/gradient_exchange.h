@@ -299,12 +299,12 @@ class GradientExchange {
       const std::vector<absl::Span<const float>>& gradients,
       int64_t samples) = 0;
 
-  // Row-sparse tables (issue 41; PS modes, PsClient::SetStepRows): from
-  // the next step on, each table's push is the rows of `touched` (the
-  // step's batch; every other row's gradient is zero) and its pull the rows
-  // of `next` (the next step's batch), or the whole table where
-  // `pull_rows` is false. Call between steps, before the step's compute.
-  // Allreduce: ignored (the dense path).
+  // Row-sparse tables (issue 41; PsClient::SetStepRows): from the next
+  // step on, each table's push is the rows of `touched` (the step's batch;
+  // every other row's gradient is zero) and its pull the rows of `next`
+  // (the next step's batch), or the whole table where `pull_rows` is
+  // false. Call between steps, before the step's compute. Allreduce: the
+  // rows `touched` travel (AllreduceRows); nothing is pulled.
   virtual void SetStepRows(std::vector<std::vector<uint32_t>> touched,
                            std::vector<std::vector<uint32_t>> next,
                            bool pull_rows) {}
@@ -457,6 +457,24 @@ struct ElasticWorld {
   absl::Duration timeout = absl::Seconds(120);
 };
 
+// Row-sparse tables in an allreduce job (`sparse_embeddings`; issue 41,
+// docs/ARCHITECTURE.md "Row-sparse embeddings"): each table is a bucket of
+// its own whose step's rows (SetStepRows' `touched`) every rank sends in
+// an allgather (row ids and rows, padded to the most rows of any rank);
+// every rank sums them in rank order into the union of the ranks' rows,
+// averages them and updates those rows alone, as a sync shard does
+// (server/row_sparse.h: lazy Adam, torch.optim.SparseAdam's; SGD on the
+// rows).
+struct AllreduceRows {
+  // Per PS tensor, the elements per row of a row-sparse table, 0 for a
+  // dense tensor; empty: none.
+  std::vector<int64_t> row_elements;
+  // The partition's chunk bound in bytes: a 16-bit wire rounds a table's
+  // rows chunk by chunk of it, as a PS push of them is rounded (the values
+  // then travel in fp32).
+  int64_t partition_bytes = PartitionPlan::kDefaultPartitionBytes;
+};
+
 // `collective` (not owned) connects the job's workers. `bucket_bytes` > 0.
 // Communication errors (Gloo's, after the collective's timeout) come back
 // from Step(); the buckets averaged before the error are already applied,
@@ -496,7 +514,7 @@ std::unique_ptr<GradientExchange> CreateAllreduceExchange(
     int num_buffers, double clip_grad_norm = 0,
     DType wire_dtype = DTYPE_FLOAT32,
     std::optional<ElasticWorld> elastic = std::nullopt,
-    ExchangeCompression compression = {});
+    ExchangeCompression compression = {}, AllreduceRows rows = {});
 
 }  // namespace pstrain
 

@@ -115,7 +115,7 @@ struct PartitionSetting {
 std::vector<int64_t> RowElementsOf(const TrainerOptions& options,
                                    const RunKind& kind,
                                    const Workload& workload) {
-  if (!options.sparse_embeddings || kind.allreduce) return {};
+  if (!options.sparse_embeddings) return {};
   return workload.TensorRowElements();
 }
 
@@ -152,7 +152,7 @@ std::unique_ptr<TopKCompressor> CompressorOf(const TrainerOptions& options,
 absl::Status CheckRowTables(const TrainerOptions& options, const RunKind& kind,
                             const Workload& workload) {
   const std::vector<int64_t> rows = RowElementsOf(options, kind, workload);
-  if (!options.sparse_embeddings || kind.allreduce ||
+  if (!options.sparse_embeddings ||
       std::any_of(rows.begin(), rows.end(), [](int64_t d) { return d > 0; })) {
     return absl::OkStatus();
   }
@@ -298,10 +298,16 @@ absl::StatusOr<std::unique_ptr<GradientExchange>> CreateExchange(
       world.timeout = options.init_timeout;
       elastic = std::move(world);
     }
+    AllreduceRows rows;
+    rows.row_elements = RowElementsOf(options, kind, workload);
+    if (options.partition_bytes > 0) {
+      rows.partition_bytes = options.partition_bytes;
+    }
     return CreateAllreduceExchange(
         options.collective, options.adam, options.bucket_bytes,
         workload.num_buffers(), options.clip_grad_norm, options.wire_dtype,
-        std::move(elastic), CompressionOf(options, kind, workload));
+        std::move(elastic), CompressionOf(options, kind, workload),
+        std::move(rows));
   }
   ASSIGN_OR_RETURN(
       PartitionPlan plan,
