@@ -208,17 +208,16 @@ Flags JobFlags(const std::string& what) {
             "on the first layers' weights while the last ones still arrive. "
             "The same weights either way."},
            {"sparse_embeddings",
-            "PS modes (default false; issue 41): a model's untied embedding "
-            "table "
+            "Default false (issue 41): a model's untied embedding table "
             "(bert_tiny_untied, bert_base_untied) is pushed as the rows each "
             "batch touches and pulled as the rows the next batch reads, and "
-            "the "
-            "shards update only those rows with lazy Adam "
+            "the shards update only those rows with lazy Adam "
             "(torch.optim.SparseAdam's: untouched rows keep their moments), or "
-            "SGD without momentum. No weight decay or momentum; with a top-k "
-            "compression the other parameters go as their top-k and the "
-            "table by rows (not with momentum_correction); allreduce keeps "
-            "the dense path (pstrain compare sets the two side by side)."},
+            "SGD without momentum; in allreduce every worker gathers the "
+            "others' rows and updates their union the same way. No weight "
+            "decay or momentum; with a top-k compression the other "
+            "parameters go as their top-k and the table by rows (not with "
+            "momentum_correction)."},
            {"max_steps_per_epoch",
             "If > 0, at most this many steps per epoch (short runs)."},
            {"ps_binary",

@@ -152,6 +152,13 @@ absl::Status CheckIgnoredFlags(const JobConfig& config,
                                           modes));
       }
     }
+    if (command == "compare" && FlagSpecified("sparse_embeddings")) {
+      return ignored("sparse_embeddings",
+                     absl::StrCat("compare's allreduce rows stay dense (the "
+                                  "seeds' tables set the row-sparse PS "
+                                  "against them), and ",
+                                  modes, " has no PS mode"));
+    }
     if (FlagSpecified("partition_bytes") && !config.compression.enabled() &&
         !spec.sparse_embeddings()) {
       return ignored("partition_bytes",
@@ -675,6 +682,10 @@ absl::StatusOr<std::vector<CompareConfig>> CompareConfigs(
           spec.set_wire_dtype(s.wire);
           if (allreduce) {
             spec.set_collective(std::string(Spelling(s.mode->collective)));
+            // The seeds' tables set the row-sparse PS against the dense
+            // allreduce (`pstrain run --mode=allreduce --sparse_embeddings`
+            // gathers rows).
+            spec.set_sparse_embeddings(false);
           }
           spec.set_compression(s.compression);
           if (s.compression == "none") ClearCompressionFlags(&spec);

@@ -140,10 +140,11 @@ ABSL_FLAG(bool, priority_pulls, false,
           "while the last ones still arrive (the same weights); false: plan "
           "order and the whole pull before the next step.");
 ABSL_FLAG(bool, sparse_embeddings, false,
-          "PS modes: an untied embedding table (bert_*_untied) is pushed as "
-          "the rows each batch touches and pulled as the rows the next "
-          "batch reads, and the shards update only those rows (lazy Adam, "
-          "torch.optim.SparseAdam's); allreduce keeps the dense path.");
+          "An untied embedding table (bert_*_untied) is pushed as the rows "
+          "each batch touches and pulled as the rows the next batch reads, "
+          "and the shards update only those rows (lazy Adam, "
+          "torch.optim.SparseAdam's); allreduce gathers the rows and every "
+          "worker updates their union so.");
 ABSL_FLAG(int64_t, max_steps_per_epoch, 0,
           "If > 0, at most this many steps per epoch (short runs).");
 ABSL_FLAG(std::string, ps_binary, "",

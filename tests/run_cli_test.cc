@@ -804,6 +804,11 @@ TEST(RunCliTest, IgnoredFlagsAreErrors) {
       {"compare --out_dir=/tmp/x --modes=ps_sync --bucket_bytes=8",
        "--bucket_bytes would be ignored: only allreduce has gradient "
        "buckets, not --modes=ps_sync"},
+      {"compare --out_dir=/tmp/x --modes=allreduce --sparse_embeddings "
+       "--model=bert_tiny_untied --dataset=synthetic_tokens",
+       "--sparse_embeddings would be ignored: compare's allreduce rows stay "
+       "dense (the seeds' tables set the row-sparse PS against them), and "
+       "--modes=allreduce has no PS mode"},
       {"compare --out_dir=/tmp/x --steps=5 --epochs=3",
        "--epochs would be ignored: --steps sets one epoch of that many steps"},
       {"compare --out_dir=/tmp/x --num_workers=3",
