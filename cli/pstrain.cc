@@ -638,11 +638,13 @@ std::vector<CompareSeries> SeriesOf(const CompareLists& lists) {
   std::vector<CompareSeries> series;
   for (const CompareMode& mode : lists.modes) {
     const bool allreduce = mode.mode == MODE_ALLREDUCE;
-    // Allreduce keeps its dense row beside compressed ones: the seeds'
-    // tables set compressed PS rows against the dense allreduce.
+    // Beside PS modes allreduce keeps its dense row: the seeds' tables set
+    // compressed PS rows against the dense allreduce. Alone it takes the
+    // list as given.
     std::vector<std::string> compressions = lists.compressions;
-    if (allreduce && std::find(compressions.begin(), compressions.end(),
-                               "none") == compressions.end()) {
+    if (allreduce && lists.any_ps_mode &&
+        std::find(compressions.begin(), compressions.end(), "none") ==
+            compressions.end()) {
       compressions.insert(compressions.begin(), "none");
     }
     for (const std::string& compression : compressions) {
