@@ -414,10 +414,15 @@ void AllreduceExchange::Communicate() {
                      : collective_->AllreduceSum(flat.data(), flat.size());
       allreduce_ += absl::Now() - start;
       if (s.ok() && !rows && !topk_.has_value()) {
-        const int64_t ring =
-            RingBytes(static_cast<int64_t>(flat.size()) * (wire16() ? 2 : 4));
-        traffic_.sent += ring;
-        traffic_.received += ring;
+        // A 16-bit wire's buffers go in fp32.
+        int64_t bytes = 0;
+        for (int t : bucket) {
+          const bool buffer = t >= static_cast<int>(m_.size());
+          bytes += static_cast<int64_t>(weights_[t].size()) *
+                   (wire16() && !buffer ? 2 : 4);
+        }
+        traffic_.sent += RingBytes(bytes);
+        traffic_.received += RingBytes(bytes);
       }
     }
     if (!s.ok()) {
