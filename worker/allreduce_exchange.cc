@@ -197,7 +197,7 @@ void AllreduceExchange::Update(size_t b, float clip) {
     skip_ = std::move(skip);
     return;
   }
-  if (size > 1 && !averaged_ && !ReturnsAverages()) {
+  if (size > 1 && !averaged_ && !ReturnsAverages(b)) {
     const float scale = 1.0f / static_cast<float>(size);
     for (float& x : flat) x *= scale;
   }
@@ -285,10 +285,15 @@ absl::Status AllreduceExchange::AllgatherRows(size_t b) {
   std::vector<int64_t> counts(size);
   RETURN_IF_ERROR(collective_->Allgather(&count, sizeof(count), counts.data()));
   const int64_t most = *std::max_element(counts.begin(), counts.end());
-  // This rank's message, padded to the longest: row ids, then the rows'
-  // values (fp32; a 16-bit wire's rounding applied as a PS push rounds
-  // them, chunk by chunk of the partition).
-  const int64_t bytes = most * 4 + most * d * 4;
+  // This rank's message, padded to the longest: row ids, (fp16) each row's
+  // scale exponent, then the rows' values in the wire dtype. A 16-bit wire
+  // encodes them chunk by chunk of the partition (fp16: one exponent a
+  // chunk), as a PS push of the chunk's rows is encoded.
+  const int value_bytes = WireBytesPerElement(wire_dtype_);
+  const bool fp16 = wire_dtype_ == DTYPE_FLOAT16;
+  const int64_t exponents_at = most * 4;
+  const int64_t values_at = exponents_at + (fp16 ? most * 4 : 0);
+  const int64_t bytes = values_at + most * d * value_bytes;
   std::vector<uint8_t> message(bytes, 0);
   std::memcpy(message.data(), mine->data(), 4 * count);
   std::vector<float> values(count * d);
@@ -297,18 +302,27 @@ absl::Status AllreduceExchange::AllgatherRows(size_t b) {
               flat.begin() + (int64_t{(*mine)[k]} + 1) * d,
               values.begin() + k * d);
   }
-  if (wire16()) {
+  if (value_bytes == 4) {
+    std::memcpy(message.data() + values_at, values.data(), 4 * count * d);
+  } else {
     const int64_t per_chunk =
         std::max<int64_t>(1, rows_.partition_bytes / (4 * d));
+    std::vector<uint16_t> halves(count * d);
+    std::vector<int32_t> exponents(count, 0);
     for (int64_t k = 0; k < count;) {
       int64_t e = k + 1;
       while (e < count && (*mine)[e] / per_chunk == (*mine)[k] / per_chunk) ++e;
-      RoundThroughWire(wire_dtype_,
-                       absl::MakeSpan(values.data() + k * d, (e - k) * d));
+      const absl::Span<const float> chunk(values.data() + k * d, (e - k) * d);
+      const int exponent = fp16 ? ScaleExponent(chunk) : 0;
+      EncodeHalves(chunk, wire_dtype_, exponent, halves.data() + k * d);
+      std::fill(exponents.begin() + k, exponents.begin() + e, exponent);
       k = e;
     }
+    if (fp16) {
+      std::memcpy(message.data() + exponents_at, exponents.data(), 4 * count);
+    }
+    std::memcpy(message.data() + values_at, halves.data(), 2 * count * d);
   }
-  std::memcpy(message.data() + most * 4, values.data(), 4 * count * d);
   std::vector<uint8_t> gathered(static_cast<size_t>(bytes) * size);
   RETURN_IF_ERROR(
       collective_->Allgather(message.data(), bytes, gathered.data()));
@@ -320,6 +334,7 @@ absl::Status AllreduceExchange::AllgatherRows(size_t b) {
   rows.clear();
   std::vector<uint32_t> ids;
   std::vector<float> row(d);
+  std::vector<uint16_t> row_halves(d);
   for (int r = 0; r < size; ++r) {
     const uint8_t* in = gathered.data() + static_cast<size_t>(r) * bytes;
     ids.resize(counts[r]);
@@ -330,7 +345,16 @@ absl::Status AllreduceExchange::AllgatherRows(size_t b) {
                                                 r, " sent row ", ids[k],
                                                 " of a table of ", num_rows));
       }
-      std::memcpy(row.data(), in + most * 4 + k * d * 4, 4 * d);
+      const uint8_t* at = in + values_at + k * d * value_bytes;
+      if (value_bytes == 4) {
+        std::memcpy(row.data(), at, 4 * d);
+      } else {
+        int32_t exponent = 0;
+        if (fp16) std::memcpy(&exponent, in + exponents_at + 4 * k, 4);
+        std::memcpy(row_halves.data(), at, 2 * d);
+        DecodeHalves(row_halves.data(), wire_dtype_, exponent,
+                     absl::MakeSpan(row));
+      }
       float* into = flat.data() + int64_t{ids[k]} * d;
       for (int64_t j = 0; j < d; ++j) into[j] += row[j];
     }
@@ -454,7 +478,7 @@ float AllreduceExchange::ClipCoefficient() {
   double sum = 0;
   for (size_t b = 0; b < buckets_.size(); ++b) {
     std::vector<float>& flat = flat_[b];
-    if (size > 1 && !ReturnsAverages()) {
+    if (size > 1 && !ReturnsAverages(b)) {
       const float scale = 1.0f / static_cast<float>(size);
       for (float& x : flat) x *= scale;
     }

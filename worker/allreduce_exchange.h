@@ -201,9 +201,12 @@ class AllreduceExchange : public GradientExchange {
   // flat_[b] holds averages on return.
   absl::Status Allreduce16(size_t b);
   bool wire16() const { return wire_dtype_ != DTYPE_FLOAT32; }
-  // Whether a bucket comes back averaged (a 16-bit allreduce divides
-  // before it rounds) rather than summed.
-  bool ReturnsAverages() const { return wire16() && !topk_.has_value(); }
+  // Whether bucket `b` comes back averaged (a 16-bit allreduce divides
+  // before it rounds) rather than summed (fp32, top-k pairs, a table's
+  // rows).
+  bool ReturnsAverages(size_t b) const {
+    return wire16() && !topk_.has_value() && RowElements(buckets_[b][0]) == 0;
+  }
 
   // Top-k (compression_): bucket `b`'s buffers (its first elements: the
   // buffers are the model's last tensors) summed densely in fp32, its

@@ -469,9 +469,10 @@ struct AllreduceRows {
   // Per PS tensor, the elements per row of a row-sparse table, 0 for a
   // dense tensor; empty: none.
   std::vector<int64_t> row_elements;
-  // The partition's chunk bound in bytes: a 16-bit wire rounds a table's
-  // rows chunk by chunk of it, as a PS push of them is rounded (the values
-  // then travel in fp32).
+  // The partition's chunk bound in bytes: a 16-bit wire encodes a table's
+  // rows chunk by chunk of it (fp16: one scale exponent a chunk), as a PS
+  // push of them is encoded, so the values every rank sums are the ones a
+  // shard would.
   int64_t partition_bytes = PartitionPlan::kDefaultPartitionBytes;
 };
 

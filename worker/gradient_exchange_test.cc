@@ -23,6 +23,7 @@
 #include "gtest/gtest.h"
 #include "server/parameter_shard.h"
 #include "server/ps_service.h"
+#include "server/row_sparse.h"
 #include "worker/checkpoint.h"
 #include "worker/partition_tuner.h"
 
@@ -430,6 +431,112 @@ TEST(AllreduceExchangeTest, ClipsByGlobalNormAsPyTorch) {
   // 0.1 - 0.1 * (-61.6875) = 6.27, not about 0.116.
   const float average = (Gradient(0, 0)[999] + Gradient(1, 0)[999]) / 2;
   EXPECT_GT(std::fabs(0.1f - 0.1f * average - expected[0][999]), 5.0f);
+}
+
+// A row-sparse table in mode allreduce (AllreduceRows): tensor 0 as a
+// table of 100 rows of 10, each rank's gradient zero off the rows its batch
+// touched (SetStepRows), two ranks, two Adam steps, on every wire dtype.
+// The table's weights equal, bit for bit, lazy Adam (server/row_sparse.h
+// LazyUpdateRows, the shards' update) on the union of the ranks' rows of
+// the average: each rank's rows encoded chunk by chunk of 4 rows
+// (partition_bytes 160) as RoundThroughWire rounds them, summed in rank
+// order, halved; the rows no rank touched keep their weights exactly.
+TEST(AllreduceExchangeTest, RowTablesGoAsTheirRowsAndUpdateLazily) {
+  constexpr int64_t kD = 10;
+  const std::vector<std::vector<uint32_t>> touched = {{1, 2, 5, 7, 50},
+                                                      {5, 8, 9, 99}};
+  auto table_gradient = [&](int rank) {
+    std::vector<float> g = Gradient(rank, 0);
+    std::vector<float> masked(kElements, 0.0f);
+    for (uint32_t row : touched[rank]) {
+      for (int64_t j = 0; j < kD; ++j) {
+        masked[row * kD + j] = g[row * kD + j] * (1 + 0.37f * j);
+      }
+    }
+    return masked;
+  };
+  const OptimizerOptions adam;
+  for (DType wire : {DTYPE_FLOAT32, DTYPE_BFLOAT16, DTYPE_FLOAT16}) {
+    SCOPED_TRACE(WireDtypeSpelling(wire));
+    InProcessStore store;
+    std::vector<std::vector<float>> tables(2);
+    std::vector<std::thread> ranks;
+    for (int r = 0; r < 2; ++r) {
+      ranks.emplace_back([&, r] {
+        absl::StatusOr<std::unique_ptr<Collective>> c = Collective::CreateGloo(
+            r, 2, "127.0.0.1", &store, "rows", absl::Seconds(20));
+        ASSERT_TRUE(c.ok()) << c.status();
+        AllreduceRows rows;
+        rows.row_elements = {kD, 0, 0};
+        rows.partition_bytes = 4 * kD * 4;
+        std::unique_ptr<GradientExchange> exchange =
+            CreateAllreduceExchange(c->get(), adam, kElements * sizeof(float),
+                                    0, 0, wire, std::nullopt, {}, rows);
+        RankTensors tensors(r);
+        // In place: the exchange's spans point into g[0].
+        const std::vector<float> table = table_gradient(r);
+        std::copy(table.begin(), table.end(), tensors.g[0].begin());
+        ASSERT_TRUE(exchange->Start(tensors.weights).ok());
+        for (int step = 0; step < 2; ++step) {
+          std::vector<std::vector<uint32_t>> step_rows(kTensors);
+          step_rows[0] = touched[r];
+          exchange->SetStepRows(step_rows, {}, false);
+          ASSERT_TRUE(exchange->Step(tensors.gradients, 8).ok());
+        }
+        tables[r] = tensors.w[0];
+      });
+    }
+    for (std::thread& t : ranks) t.join();
+    // The reference.
+    std::vector<float> w(kElements, 0.1f), m(kElements), v(kElements);
+    std::vector<uint32_t> all = touched[0];
+    all.insert(all.end(), touched[1].begin(), touched[1].end());
+    std::sort(all.begin(), all.end());
+    all.erase(std::unique(all.begin(), all.end()), all.end());
+    for (int step = 1; step <= 2; ++step) {
+      std::vector<float> sum(kElements, 0.0f);
+      for (int r = 0; r < 2; ++r) {
+        const std::vector<float> g = table_gradient(r);
+        // Chunks of 4 rows: rows 0-3, 4-7, ...
+        for (size_t k = 0; k < touched[r].size();) {
+          size_t e = k + 1;
+          while (e < touched[r].size() &&
+                 touched[r][e] / 4 == touched[r][k] / 4) {
+            ++e;
+          }
+          std::vector<float> chunk;
+          for (size_t i = k; i < e; ++i) {
+            chunk.insert(chunk.end(), g.begin() + touched[r][i] * kD,
+                         g.begin() + (touched[r][i] + 1) * kD);
+          }
+          RoundThroughWire(wire, absl::MakeSpan(chunk));
+          for (size_t i = k; i < e; ++i) {
+            for (int64_t j = 0; j < kD; ++j) {
+              sum[touched[r][i] * kD + j] += chunk[(i - k) * kD + j];
+            }
+          }
+          k = e;
+        }
+      }
+      RowValues grad;
+      grad.rows = all;
+      for (uint32_t row : all) {
+        for (int64_t j = 0; j < kD; ++j) {
+          grad.values.push_back(sum[row * kD + j] * 0.5f);
+        }
+      }
+      RowUndo undo;
+      ASSERT_TRUE(LazyUpdateRows(adam, step, kD, grad, w.data(), m.data(),
+                                 v.data(), &undo));
+    }
+    for (int r = 0; r < 2; ++r) {
+      for (int i = 0; i < kElements; ++i) {
+        ASSERT_EQ(tables[r][i], w[i]) << "rank " << r << ", element " << i;
+      }
+    }
+    EXPECT_EQ(tables[0][0], 0.1f) << "row 0, touched by no rank, moved";
+    EXPECT_NE(tables[0][5 * kD], 0.1f);
+  }
 }
 
 TEST(AllreduceExchangeTest, FailedCopyIsStepsErrorAndMidStepExitIsPrompt) {
