@@ -405,8 +405,14 @@ ps_wire=()
 # Only allreduce has buckets: a PS-only comparison refuses the flag.
 [[ ",$MODES," == *,allreduce,* ]] && ps_wire+=(--bucket_bytes="$BUCKET_BYTES")
 [ "$WIRE_DTYPE" = fp32 ] || ps_wire+=(--wire_dtype="$WIRE_DTYPE")
-[ "$COMPRESSION" = none ] ||
-  ps_wire+=(--compression="$COMPRESSION" --delta_pulls="$DELTA_PULLS")
+# --num_ps and --delta_pulls only with a PS mode (an allreduce-only
+# comparison refuses them); --compression is every mode's.
+any_ps=false
+[[ ",$MODES," == *,ps_* ]] && any_ps=true
+[ "$any_ps" = false ] || ps_wire+=(--num_ps="$NUM_PS")
+[ "$COMPRESSION" = none ] || ps_wire+=(--compression="$COMPRESSION")
+[ "$COMPRESSION" = none ] || [ "$any_ps" = false ] ||
+  ps_wire+=(--delta_pulls="$DELTA_PULLS")
 [ "$PRIORITY_PULLS" = false ] || ps_wire+=(--priority_pulls=true)
 [ "$CHANNELS_PER_SHARD" = 0 ] ||
   ps_wire+=(--channels_per_shard="$CHANNELS_PER_SHARD")
@@ -431,7 +437,7 @@ ip netns exec "$(ns_of c)" "$PSTRAIN" compare --compute=synthetic \
   --compute_ms="$COMPUTE_MS" --backward_fraction="$BACKWARD_FRACTION" \
   "${shape[@]}" \
   --batch_size="$BATCH_SIZE" --partition_bytes="$PARTITION_BYTES" \
-  --workers="$WORKERS" --num_ps="$NUM_PS" \
+  --workers="$WORKERS" \
   --modes="$MODES" --steps="$STEPS" --log_every_steps=1000000 \
   "${ps_wire[@]}" --optimizer="$OPTIMIZER" \
   --link_mbit="$LINK_MBIT" --coordinator_host="$(ip_of c)" \
