@@ -147,24 +147,9 @@ absl::StatusOr<std::vector<CheckpointResponse>> AllreduceExchange::Checkpoint(
 
 absl::StatusOr<bool> AllreduceExchange::RestoreResiduals(
     const std::string& step_dir, int64_t step) {
-  TopKCompressor* topk = compression_.compressor.get();
-  if (topk == nullptr) return false;
-  std::vector<int64_t> sizes;
-  for (int t = 0; t < topk->num_state_tensors(); ++t) {
-    sizes.push_back(topk->state_size(t));
-  }
-  absl::StatusOr<std::vector<std::vector<float>>> residuals =
-      topk->options().error_feedback
-          ? ReadResidualFile(step_dir, worker_id(), step, compression_.names,
-                             sizes)
-          : absl::NotFoundError("no error feedback");
-  if (absl::IsNotFound(residuals.status())) {
-    RETURN_IF_ERROR(topk->Reset(step, {}));
-    return false;
-  }
-  RETURN_IF_ERROR(residuals.status());
-  RETURN_IF_ERROR(topk->Reset(step, *residuals));
-  return true;
+  if (compression_.compressor == nullptr) return false;
+  return RestoreResidualFile(step_dir, worker_id(), step, step,
+                             compression_.names, compression_.compressor.get());
 }
 
 void AllreduceExchange::SaveResiduals(int64_t step) {

@@ -42,7 +42,8 @@ class PsExchange : public GradientExchange, public WeightsGate {
  public:
   PsExchange(std::unique_ptr<PsClient> client, bool sync, bool chief,
              absl::Duration init_timeout, int staleness, bool backup_workers,
-             ExchangeCompression compression, std::optional<int64_t> ready_generation)
+             ExchangeCompression compression,
+             std::optional<int64_t> ready_generation)
       : client_(std::move(client)),
         sync_(sync),
         chief_(chief),
@@ -552,25 +553,11 @@ class PsExchange : public GradientExchange, public WeightsGate {
     // missed), so they are its residual at every earlier cut too: a
     // checkpoint in flight still gets this worker's file, of zeros.
     residual_saved_ = -1;
-    if (step_dir.empty() || !topk->options().error_feedback) {
-      RETURN_IF_ERROR(topk->Reset(0, {}));
-      return false;
-    }
-    std::vector<int64_t> sizes;
-    for (int t = 0; t < topk->num_state_tensors(); ++t) {
-      sizes.push_back(topk->state_size(t));
-    }
-    absl::StatusOr<std::vector<std::vector<float>>> residuals =
-        ReadResidualFile(step_dir, compression_.worker_id, step,
-                         compression_.names, sizes);
-    if (absl::IsNotFound(residuals.status())) {
-      RETURN_IF_ERROR(topk->Reset(0, {}));
-      return false;
-    }
-    RETURN_IF_ERROR(residuals.status());
-    RETURN_IF_ERROR(topk->Reset(tag, *residuals));
-    residual_saved_ = step;
-    return true;
+    ASSIGN_OR_RETURN(const bool restored,
+                     RestoreResidualFile(step_dir, compression_.worker_id, step,
+                                         tag, compression_.names, topk));
+    if (restored) residual_saved_ = step;
+    return restored;
   }
 
   // After a step: the residual of the newest checkpoint shard 0 announced

@@ -164,4 +164,27 @@ absl::Status WaitForResidualFiles(const std::string& step_dir,
   }
 }
 
+absl::StatusOr<bool> RestoreResidualFile(const std::string& step_dir,
+                                         int worker, int64_t step, int64_t tag,
+                                         const std::vector<std::string>& names,
+                                         TopKCompressor* compressor) {
+  if (step_dir.empty() || !compressor->options().error_feedback) {
+    RETURN_IF_ERROR(compressor->Reset(0, {}));
+    return false;
+  }
+  std::vector<int64_t> sizes;
+  for (int t = 0; t < compressor->num_state_tensors(); ++t) {
+    sizes.push_back(compressor->state_size(t));
+  }
+  absl::StatusOr<std::vector<std::vector<float>>> residuals =
+      ReadResidualFile(step_dir, worker, step, names, sizes);
+  if (absl::IsNotFound(residuals.status())) {
+    RETURN_IF_ERROR(compressor->Reset(0, {}));
+    return false;
+  }
+  RETURN_IF_ERROR(residuals.status());
+  RETURN_IF_ERROR(compressor->Reset(tag, *residuals));
+  return true;
+}
+
 }  // namespace pstrain

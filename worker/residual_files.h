@@ -31,6 +31,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
+#include "worker/topk_compression.h"
 
 namespace pstrain {
 
@@ -50,6 +51,18 @@ absl::Status WriteResidualFile(
 absl::StatusOr<std::vector<std::vector<float>>> ReadResidualFile(
     const std::string& step_dir, int worker, int64_t step,
     const std::vector<std::string>& names, const std::vector<int64_t>& sizes);
+
+// Worker `worker`'s state of `step` (the compressor's num_state_tensors()
+// tensors, named `names`) from `step_dir`'s file into `compressor`
+// (TopKCompressor::Reset at `tag`, the step its residual is the start of:
+// `step` in sync and allreduce jobs). False, and zeros from step 0, where
+// `step_dir` is empty, the compressor keeps no residuals (no error
+// feedback) or the folder holds no file of this worker. Other errors:
+// ReadResidualFile's.
+absl::StatusOr<bool> RestoreResidualFile(const std::string& step_dir,
+                                         int worker, int64_t step, int64_t tag,
+                                         const std::vector<std::string>& names,
+                                         TopKCompressor* compressor);
 
 // Waits (polling every 20 ms, until `deadline`, or until `abandoned` is
 // set: CANCELLED) for the files of `workers` (ids; an elastic job's
