@@ -5,9 +5,14 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/partition.h"
 #include "common/status_macros.h"
+#include "google/protobuf/io/coded_stream.h"
 
 namespace pstrain {
+
+using google::protobuf::io::CodedInputStream;
+using google::protobuf::io::CodedOutputStream;
 
 TopKAllgather::TopKAllgather(TopKCompressor* compressor, int64_t chunk_elements,
                              DType wire)
@@ -19,16 +24,12 @@ TopKAllgather::Traffic TopKAllgather::TakeTraffic() {
   return std::exchange(traffic_, Traffic{});
 }
 
-absl::Status TopKAllgather::SumBucket(Collective& collective,
-                                      absl::Span<const int> tensors,
-                                      absl::Span<float> flat) {
-  // This rank's selection, chunk by chunk (the partition's chunks of each
-  // tensor, in order): counts_[c] pairs, their offsets within the chunk
-  // in indices_ and their values in values_.
+absl::StatusOr<int64_t> TopKAllgather::Select(absl::Span<const int> tensors,
+                                              absl::Span<float> flat) {
   indices_.clear();
   values_.clear();
   counts_.clear();
-  std::vector<int64_t> chunk_sizes;
+  chunk_sizes_.clear();
   int64_t position = 0;
   for (int t : tensors) {
     const int64_t n = compressor_->size(t);
@@ -45,109 +46,186 @@ absl::Status TopKAllgather::SumBucket(Collective& collective,
                       chunk_indices_.end());
       values_.insert(values_.end(), chunk_values_.begin(), chunk_values_.end());
       counts_.push_back(static_cast<int64_t>(chunk_indices_.size()));
-      chunk_sizes.push_back(length);
+      chunk_sizes_.push_back(length);
     }
     position += n;
   }
+  return position;
+}
+
+absl::Status TopKAllgather::SumDense(Collective& collective,
+                                     absl::Span<float> flat) {
+  std::fill(flat.begin(), flat.end(), 0.0f);
+  int64_t pair = 0;
+  int64_t base = 0;
+  for (size_t c = 0; c < counts_.size(); ++c) {
+    absl::Span<float> values(values_.data() + pair, counts_[c]);
+    RoundThroughWire(wire_, values);
+    for (int64_t i = 0; i < counts_[c]; ++i) {
+      flat[base + indices_[pair + i]] = values[i];
+    }
+    // The chunk's start: the chunks lie one after the other.
+    base += chunk_sizes_[c];
+    pair += counts_[c];
+  }
+  RETURN_IF_ERROR(collective.AllreduceSum(flat.data(), flat.size()));
+  const int size = collective.size();
+  const int64_t dense_bytes = 4 * static_cast<int64_t>(flat.size());
+  const int64_t ring = size > 1 ? 2 * (size - 1) * dense_bytes / size : 0;
+  traffic_.sent += ring;
+  traffic_.received += ring;
+  return absl::OkStatus();
+}
+
+int64_t TopKAllgather::Encode() {
   const int64_t pairs = static_cast<int64_t>(indices_.size());
   const int64_t chunks = static_cast<int64_t>(counts_.size());
   const bool fp16 = wire_ == DTYPE_FLOAT16;
   const int value_bytes = WireBytesPerElement(wire_);
-  const int64_t bytes =
-      4 * pairs + (fp16 ? 4 * chunks : 0) + value_bytes * pairs;
-  const int size = collective.size();
-  const int64_t dense_bytes = 4 * position;
-
-  if (static_cast<int64_t>(size) * bytes >= 2 * dense_bytes) {
-    // Dense fallback: the selections (rounded as the wire would round them)
-    // in zeros, summed by the ring.
-    std::fill(flat.begin(), flat.begin() + position, 0.0f);
-    int64_t pair = 0;
-    int64_t base = 0;
-    for (int64_t c = 0; c < chunks; ++c) {
-      absl::Span<float> values(values_.data() + pair, counts_[c]);
-      RoundThroughWire(wire_, values);
-      for (int64_t i = 0; i < counts_[c]; ++i) {
-        flat[base + indices_[pair + i]] = values[i];
-      }
-      // The chunk's start: the chunks lie one after the other.
-      base += chunk_sizes[c];
-      pair += counts_[c];
-    }
-    RETURN_IF_ERROR(collective.AllreduceSum(flat.data(), position));
-    const int64_t ring = size > 1 ? 2 * (size - 1) * dense_bytes / size : 0;
-    traffic_.sent += ring;
-    traffic_.received += ring;
-    return absl::OkStatus();
+  int64_t gap_bytes = 0;
+  int64_t pair = 0;
+  for (int64_t c = 0; c < chunks; ++c) {
+    gap_bytes +=
+        IndexGapBytes(absl::MakeConstSpan(indices_.data() + pair, counts_[c]));
+    pair += counts_[c];
   }
-
-  // This rank's message: offsets, (fp16) exponents, values.
+  const int64_t bytes =
+      value_bytes * pairs + (fp16 ? 4 * chunks : 0) + gap_bytes;
   message_.resize(bytes);
   uint8_t* out = message_.data();
-  std::memcpy(out, indices_.data(), 4 * pairs);
-  out += 4 * pairs;
   if (value_bytes == 4) {
     std::memcpy(out, values_.data(), 4 * pairs);
+    out += 4 * pairs;
   } else {
-    std::vector<uint16_t> halves(pairs);
-    std::vector<int32_t> exponents(chunks, 0);
-    int64_t pair = 0;
+    halves_.resize(pairs);
+    exponents_.assign(chunks, 0);
+    pair = 0;
     for (int64_t c = 0; c < chunks; ++c) {
       absl::Span<const float> values(values_.data() + pair, counts_[c]);
-      if (fp16) exponents[c] = ScaleExponent(values);
-      EncodeHalves(values, wire_, exponents[c], halves.data() + pair);
+      if (fp16) exponents_[c] = ScaleExponent(values);
+      EncodeHalves(values, wire_, exponents_[c], halves_.data() + pair);
       pair += counts_[c];
     }
+    std::memcpy(out, halves_.data(), 2 * pairs);
+    out += 2 * pairs;
     if (fp16) {
-      std::memcpy(out, exponents.data(), 4 * chunks);
+      std::memcpy(out, exponents_.data(), 4 * chunks);
       out += 4 * chunks;
     }
-    std::memcpy(out, halves.data(), 2 * pairs);
   }
-  gathered_.resize(static_cast<size_t>(bytes) * size);
-  RETURN_IF_ERROR(
-      collective.Allgather(message_.data(), bytes, gathered_.data()));
-  traffic_.sent += (size - 1) * bytes;
-  traffic_.received += (size - 1) * bytes;
-
-  // Every rank's pairs, in rank order, into zeros.
-  std::fill(flat.begin(), flat.begin() + position, 0.0f);
-  std::vector<uint32_t> offsets(pairs);
-  std::vector<int32_t> exponents(fp16 ? chunks : 0);
-  std::vector<uint16_t> halves(value_bytes == 2 ? pairs : 0);
-  decoded_.resize(pairs);
-  for (int r = 0; r < size; ++r) {
-    const uint8_t* in = gathered_.data() + static_cast<size_t>(r) * bytes;
-    std::memcpy(offsets.data(), in, 4 * pairs);
-    in += 4 * pairs;
-    if (value_bytes == 4) {
-      std::memcpy(decoded_.data(), in, 4 * pairs);
-    } else {
-      if (fp16) {
-        std::memcpy(exponents.data(), in, 4 * chunks);
-        in += 4 * chunks;
-      }
-      std::memcpy(halves.data(), in, 2 * pairs);
+  // Each chunk's offsets as varint gaps from the chunk's start.
+  pair = 0;
+  for (int64_t c = 0; c < chunks; ++c) {
+    uint32_t before = 0;
+    for (int64_t i = 0; i < counts_[c]; ++i) {
+      const uint32_t at = indices_[pair + i];
+      out = CodedOutputStream::WriteVarint32ToArray(at - before, out);
+      before = at;
     }
+    pair += counts_[c];
+  }
+  return bytes;
+}
+
+absl::Status TopKAllgather::Accumulate(int rank, const uint8_t* in,
+                                       int64_t bytes, absl::Span<float> flat) {
+  const int64_t pairs = static_cast<int64_t>(indices_.size());
+  const int64_t chunks = static_cast<int64_t>(counts_.size());
+  const bool fp16 = wire_ == DTYPE_FLOAT16;
+  const int value_bytes = WireBytesPerElement(wire_);
+  // The fixed part (values, exponents) fits: Sum() checked every rank's
+  // message is at least as long.
+  decoded_.resize(pairs);
+  if (value_bytes == 4) {
+    std::memcpy(decoded_.data(), in, 4 * pairs);
+  } else {
+    halves_.resize(pairs);
+    std::memcpy(halves_.data(), in, 2 * pairs);
+    exponents_.assign(chunks, 0);
+    if (fp16) std::memcpy(exponents_.data(), in + 2 * pairs, 4 * chunks);
     int64_t pair = 0;
-    int64_t base = 0;
     for (int64_t c = 0; c < chunks; ++c) {
-      if (value_bytes == 2) {
-        DecodeHalves(halves.data() + pair, wire_, fp16 ? exponents[c] : 0,
-                     absl::Span<float>(decoded_.data() + pair, counts_[c]));
-      }
-      for (int64_t i = 0; i < counts_[c]; ++i) {
-        const uint32_t offset = offsets[pair + i];
-        if (offset >= static_cast<uint64_t>(chunk_sizes[c])) {
-          return absl::InternalError(
-              absl::StrCat("top-k allgather: rank ", r, " sent offset ", offset,
-                           " in a chunk of ", chunk_sizes[c], " elements"));
-        }
-        flat[base + offset] += decoded_[pair + i];
-      }
-      base += chunk_sizes[c];
+      DecodeHalves(halves_.data() + pair, wire_, exponents_[c],
+                   absl::Span<float>(decoded_.data() + pair, counts_[c]));
       pair += counts_[c];
     }
+  }
+  const int64_t fixed = value_bytes * pairs + (fp16 ? 4 * chunks : 0);
+  CodedInputStream gaps(in + fixed, static_cast<int>(bytes - fixed));
+  int64_t pair = 0;
+  int64_t base = 0;
+  for (int64_t c = 0; c < chunks; ++c) {
+    uint64_t offset = 0;
+    for (int64_t i = 0; i < counts_[c]; ++i) {
+      uint32_t gap = 0;
+      if (!gaps.ReadVarint32(&gap) || (i > 0 && gap == 0)) {
+        return absl::InternalError(
+            absl::StrCat("top-k allgather: rank ", rank,
+                         " sent a truncated or repeated offset in chunk ", c));
+      }
+      offset += gap;
+      if (offset >= static_cast<uint64_t>(chunk_sizes_[c])) {
+        return absl::InternalError(absl::StrCat(
+            "top-k allgather: rank ", rank, " sent offset ", offset,
+            " in a chunk of ", chunk_sizes_[c], " elements"));
+      }
+      flat[base + offset] += decoded_[pair + i];
+    }
+    base += chunk_sizes_[c];
+    pair += counts_[c];
+  }
+  return absl::OkStatus();
+}
+
+absl::Status TopKAllgather::SumBucket(Collective& collective,
+                                      absl::Span<const int> tensors,
+                                      absl::Span<float> flat) {
+  ASSIGN_OR_RETURN(const int64_t position, Select(tensors, flat));
+  absl::Span<float> bucket = flat.first(position);
+  const int64_t pairs = static_cast<int64_t>(indices_.size());
+  const int64_t chunks = static_cast<int64_t>(counts_.size());
+  const int value_bytes = WireBytesPerElement(wire_);
+  const int64_t fixed =
+      value_bytes * pairs + (wire_ == DTYPE_FLOAT16 ? 4 * chunks : 0);
+  const int size = collective.size();
+  const int64_t dense_bytes = 4 * position;
+  // Every rank knows every rank's k, so the fixed part and the least the
+  // gaps take (a byte each) decide the dense steps without a round.
+  if (static_cast<int64_t>(size) * (fixed + pairs) >= 2 * dense_bytes) {
+    return SumDense(collective, bucket);
+  }
+  const int64_t bytes = Encode();
+  // The gaps' bytes differ by rank: every rank's length first, then every
+  // message padded to the longest.
+  lengths_.resize(size);
+  RETURN_IF_ERROR(collective.Allgather(&bytes, sizeof(bytes), lengths_.data()));
+  const int64_t longest = *std::max_element(lengths_.begin(), lengths_.end());
+  traffic_.sent += (size - 1) * static_cast<int64_t>(sizeof(bytes));
+  traffic_.received += (size - 1) * static_cast<int64_t>(sizeof(bytes));
+  for (int r = 0; r < size; ++r) {
+    if (lengths_[r] < fixed + pairs || lengths_[r] > fixed + 5 * pairs) {
+      return absl::InternalError(
+          absl::StrCat("top-k allgather: rank ", r, " sent a message of ",
+                       lengths_[r], " bytes; expected ", fixed + pairs, " to ",
+                       fixed + 5 * pairs, " for its ", pairs, " pairs"));
+    }
+  }
+  if (static_cast<int64_t>(size) * longest >= 2 * dense_bytes) {
+    return SumDense(collective, bucket);
+  }
+  message_.resize(longest, 0);
+  gathered_.resize(static_cast<size_t>(longest) * size);
+  RETURN_IF_ERROR(
+      collective.Allgather(message_.data(), longest, gathered_.data()));
+  traffic_.sent += (size - 1) * longest;
+  traffic_.received += (size - 1) * longest;
+
+  // Every rank's pairs, in rank order, into zeros.
+  std::fill(bucket.begin(), bucket.end(), 0.0f);
+  for (int r = 0; r < size; ++r) {
+    RETURN_IF_ERROR(
+        Accumulate(r, gathered_.data() + static_cast<size_t>(r) * longest,
+                   lengths_[r], bucket));
   }
   return absl::OkStatus();
 }

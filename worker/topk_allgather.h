@@ -21,20 +21,26 @@
 // (ICDCS 2019), which gather each worker's top-k rather than reduce dense
 // buffers; an allgather costs each rank (W - 1) x its pairs' bytes in.
 //
-// Wire: a rank's message is its bucket's k offsets (uint32, within the
-// chunk), then (float16) one scale exponent per chunk, then the k values in
-// the job's wire dtype (fp32 4 bytes; bf16 and fp16 2, each chunk's values
-// encoded as a PS push encodes them: common/wire_dtype.h), so a 16-bit
-// wire's values arrive rounded exactly as RoundThroughWire rounds them,
-// which is the rounding the compressor fed back into the residual.
+// Wire: a rank's message is its bucket's k values in the job's wire dtype
+// (fp32 4 bytes; bf16 and fp16 2, each chunk's values encoded as a PS push
+// encodes them: common/wire_dtype.h), so a 16-bit wire's values arrive
+// rounded exactly as RoundThroughWire rounds them, which is the rounding
+// the compressor fed back into the residual; then (float16) each chunk's
+// scale exponent (int32); then each chunk's offsets as a PS push sends
+// them (TensorChunk.index_gaps, proto/ps.proto: the first offset, then
+// each minus the one before, one varint each, protobuf's encoding; about
+// 1.3 bytes an offset at 1%, against a uint32's 4). The gaps' bytes
+// differ by rank, so every rank's length goes first (an 8-byte allgather)
+// and every message is padded to the longest.
 //
 // Where the pairs would cost more than the dense buffer (the warm-up's
-// first, dense steps: W x message >= 2 x 4 n bytes, the ring allreduce's
-// traffic at fp32), the bucket goes as a dense fp32 ring allreduce of the
-// selected (wire-rounded) values and zeros instead: the same sums (up to
-// the order of additions with three or more ranks), fewer bytes. The
-// choice depends on the step and the sizes only, so every rank makes the
-// same.
+// first, dense steps: W x the longest message >= 2 x 4 n bytes, the ring
+// allreduce's traffic at fp32; decided before the lengths' round where a
+// byte an offset already reaches it), the bucket goes as a dense fp32 ring
+// allreduce of the selected (wire-rounded) values and zeros instead: the
+// same sums (up to the order of additions with three or more ranks), fewer
+// bytes. The choice depends on the step and every rank's lengths only, so
+// every rank makes the same.
 //
 // Thread-compatible: one thread (the exchange's communication thread)
 // calls SumBucket(); the compressor's BeginStep() and CommitStep() are the
@@ -46,6 +52,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "common/wire_dtype.h"
 #include "worker/collective.h"
@@ -71,8 +78,8 @@ class TopKAllgather {
                          absl::Span<float> flat);
 
   // Bytes this rank sent and received in the SumBucket() calls since the
-  // last Take (the ring's: allgather (W - 1) x message each way; dense
-  // fallback 2 (W - 1) / W x 4 n each way).
+  // last Take (the ring's: allgather (W - 1) x (8 + the longest message)
+  // each way; dense fallback 2 (W - 1) / W x 4 n each way).
   struct Traffic {
     int64_t sent = 0;
     int64_t received = 0;
@@ -80,6 +87,19 @@ class TopKAllgather {
   Traffic TakeTraffic();
 
  private:
+  // Compresses each chunk of `tensors` into the selections below; returns
+  // the bucket's elements.
+  absl::StatusOr<int64_t> Select(absl::Span<const int> tensors,
+                                 absl::Span<float> flat);
+  // The dense fallback: the selections, wire-rounded, in zeros, summed by
+  // the ring over `bucket`.
+  absl::Status SumDense(Collective& collective, absl::Span<float> bucket);
+  // This rank's message (the wire above) into message_; returns its bytes.
+  int64_t Encode();
+  // Adds rank `rank`'s message of `bytes` at `in` into `bucket`.
+  absl::Status Accumulate(int rank, const uint8_t* in, int64_t bytes,
+                          absl::Span<float> bucket);
+
   TopKCompressor* const compressor_;
   const int64_t chunk_elements_;
   const DType wire_;
@@ -91,6 +111,10 @@ class TopKAllgather {
   std::vector<uint32_t> chunk_indices_;
   std::vector<float> chunk_values_;
   std::vector<int64_t> counts_;
+  std::vector<int64_t> chunk_sizes_;
+  std::vector<uint16_t> halves_;
+  std::vector<int32_t> exponents_;
+  std::vector<int64_t> lengths_;
   std::vector<uint8_t> message_;
   std::vector<uint8_t> gathered_;
   std::vector<float> decoded_;

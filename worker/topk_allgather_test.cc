@@ -19,18 +19,33 @@
 namespace pstrain {
 namespace {
 
-// Two tensors of 37 and 20 elements (a bucket), chunks of 16 elements.
-const std::vector<int64_t> kSizes = {37, 20};
-constexpr int64_t kChunk = 16;
+// A bucket: its tensors' sizes and the partition's chunk bound, both in
+// elements.
+struct Shape {
+  std::vector<int64_t> sizes;
+  int64_t chunk = 0;
+  // Rank 0's largest entries every `spread` elements (gaps of several
+  // varint bytes), the other ranks' anywhere; 0: every rank's anywhere.
+  int64_t spread = 0;
+};
+// Two tensors of 37 and 20 elements, chunks of 16 elements.
+const Shape kSmall = {{37, 20}, 16, 0};
+// Chunks of 1024 where rank 0's selection lies 300 apart (two-byte gaps)
+// and the others' close together: messages of different lengths.
+const Shape kWide = {{3000, 700}, 1024, 300};
 
 // Rank `rank`'s gradients of the bucket: distinct magnitudes, both signs,
 // a spread of exponents (fp16 scaling and bf16 rounding both act).
-std::vector<float> Gradients(int rank) {
+std::vector<float> Gradients(const Shape& shape, int rank) {
   std::vector<float> g;
-  for (int64_t n : kSizes) {
+  for (int64_t n : shape.sizes) {
     for (int64_t i = 0; i < n; ++i) {
-      const float x = std::sin(0.7f * (i + 1) + 1.3f * rank) *
-                      std::pow(2.0f, static_cast<float>((i * 5 + rank) % 9));
+      float x = std::sin(0.7f * (i + 1) + 1.3f * rank) *
+                std::pow(2.0f, static_cast<float>((i * 5 + rank) % 9));
+      if (shape.spread > 0) {
+        const bool large = rank == 0 ? i % shape.spread == 0 : i % 97 < 3;
+        x = large ? x + (x < 0 ? -1000.0f : 1000.0f) : x;
+      }
       g.push_back(x);
     }
   }
@@ -39,14 +54,20 @@ std::vector<float> Gradients(int rank) {
 
 // The reference: per chunk, the k of the largest magnitude (ties to the
 // lower index), rounded through `wire` chunk by chunk, summed over ranks.
-std::vector<float> Reference(int size, double ratio, DType wire) {
-  std::vector<float> sum(Gradients(0).size(), 0.0f);
+// `gap_bytes` (if not null): each rank's offsets' bytes as varint gaps
+// (each chunk's first offset, then each minus the one before; a byte per
+// 7 bits, at least one).
+std::vector<float> Reference(const Shape& shape, int size, double ratio,
+                             DType wire,
+                             std::vector<int64_t>* gap_bytes = nullptr) {
+  std::vector<float> sum(Gradients(shape, 0).size(), 0.0f);
+  if (gap_bytes != nullptr) gap_bytes->assign(size, 0);
   for (int r = 0; r < size; ++r) {
-    const std::vector<float> g = Gradients(r);
+    const std::vector<float> g = Gradients(shape, r);
     int64_t base = 0;
-    for (int64_t n : kSizes) {
-      for (int64_t offset = 0; offset < n; offset += kChunk) {
-        const int64_t length = std::min(kChunk, n - offset);
+    for (int64_t n : shape.sizes) {
+      for (int64_t offset = 0; offset < n; offset += shape.chunk) {
+        const int64_t length = std::min(shape.chunk, n - offset);
         std::vector<int64_t> order(length);
         std::iota(order.begin(), order.end(), 0);
         const float* chunk = g.data() + base + offset;
@@ -59,8 +80,19 @@ std::vector<float> Reference(int size, double ratio, DType wire) {
         std::vector<float> values;
         for (int64_t i : order) values.push_back(chunk[i]);
         RoundThroughWire(wire, absl::MakeSpan(values));
+        int64_t before = 0;
         for (int64_t j = 0; j < k; ++j) {
           sum[base + offset + order[j]] += values[j];
+          if (gap_bytes != nullptr) {
+            int64_t gap = order[j] - before;
+            int64_t varint = 1;
+            while (gap >= 128) {
+              gap >>= 7;
+              ++varint;
+            }
+            (*gap_bytes)[r] += varint;
+          }
+          before = order[j];
         }
       }
       base += n;
@@ -74,7 +106,8 @@ struct RankResult {
   TopKAllgather::Traffic traffic;
 };
 
-std::vector<RankResult> RunRanks(int size, double ratio, DType wire) {
+std::vector<RankResult> RunRanks(const Shape& shape, int size, double ratio,
+                                 DType wire) {
   InProcessStore store;
   std::vector<RankResult> results(size);
   std::vector<std::unique_ptr<Collective>> collectives(size);
@@ -86,10 +119,10 @@ std::vector<RankResult> RunRanks(int size, double ratio, DType wire) {
       ASSERT_TRUE(c.ok()) << c.status();
       CompressionOptions options;
       options.topk_ratio = ratio;
-      TopKCompressor compressor(options, kSizes, 3);
+      TopKCompressor compressor(options, shape.sizes, 3);
       compressor.BeginStep(0);
-      TopKAllgather gather(&compressor, kChunk, wire);
-      std::vector<float> flat = Gradients(r);
+      TopKAllgather gather(&compressor, shape.chunk, wire);
+      std::vector<float> flat = Gradients(shape, r);
       const std::vector<int> tensors = {0, 1};
       absl::Status s = gather.SumBucket(**c, tensors, absl::MakeSpan(flat));
       ASSERT_TRUE(s.ok()) << s;
@@ -107,8 +140,10 @@ TEST(TopKAllgatherTest, EveryRankGetsTheSumOfEveryRanksSelection) {
     for (DType wire : {DTYPE_FLOAT32, DTYPE_BFLOAT16, DTYPE_FLOAT16}) {
       SCOPED_TRACE(::testing::Message()
                    << size << " ranks, " << WireDtypeSpelling(wire));
-      const std::vector<RankResult> results = RunRanks(size, 0.2, wire);
-      const std::vector<float> expected = Reference(size, 0.2, wire);
+      const std::vector<RankResult> results = RunRanks(kSmall, size, 0.2, wire);
+      std::vector<int64_t> gap_bytes;
+      const std::vector<float> expected =
+          Reference(kSmall, size, 0.2, wire, &gap_bytes);
       for (int r = 0; r < size; ++r) {
         ASSERT_EQ(results[r].sum.size(), expected.size());
         for (size_t i = 0; i < expected.size(); ++i) {
@@ -117,8 +152,11 @@ TEST(TopKAllgatherTest, EveryRankGetsTheSumOfEveryRanksSelection) {
         }
       }
       // Pairs of 37 and 20 elements in chunks of 16 at 20%: k = 4, 4, 1
-      // and 4, 1: 14 pairs; fp16 adds an exponent per chunk (5).
-      const int64_t bytes = 14 * (4 + WireBytesPerElement(wire)) +
+      // and 4, 1: 14 pairs, each offset a byte (chunks of 16); fp16 adds
+      // an exponent per chunk (5). Each rank sends its length (8 bytes),
+      // then its message padded to the longest.
+      for (int r = 0; r < size; ++r) EXPECT_EQ(gap_bytes[r], 14);
+      const int64_t bytes = 8 + 14 * (1 + WireBytesPerElement(wire)) +
                             (wire == DTYPE_FLOAT16 ? 5 * 4 : 0);
       EXPECT_EQ(results[0].traffic.sent, (size - 1) * bytes);
       EXPECT_EQ(results[0].traffic.received, (size - 1) * bytes);
@@ -126,16 +164,48 @@ TEST(TopKAllgatherTest, EveryRankGetsTheSumOfEveryRanksSelection) {
   }
 }
 
+// Offsets go as varint gaps, a message's length depends on where its pairs
+// lie, and every message is padded to the longest: rank 0's gaps of 300
+// take two bytes, the others' one.
+TEST(TopKAllgatherTest, MessagesOfDifferentLengthsArePaddedToTheLongest) {
+  for (int size : {2, 3}) {
+    for (DType wire : {DTYPE_FLOAT32, DTYPE_FLOAT16}) {
+      SCOPED_TRACE(::testing::Message()
+                   << size << " ranks, " << WireDtypeSpelling(wire));
+      const std::vector<RankResult> results = RunRanks(kWide, size, 0.01, wire);
+      std::vector<int64_t> gap_bytes;
+      const std::vector<float> expected =
+          Reference(kWide, size, 0.01, wire, &gap_bytes);
+      for (int r = 0; r < size; ++r) {
+        ASSERT_EQ(results[r].sum, expected) << "rank " << r;
+      }
+      ASSERT_GT(gap_bytes[0], gap_bytes[1]);
+      // k: 11 in each full chunk of 1024 (1% of 1024, rounded up), 10 in
+      // 952, 7 in 700: 11 x 2 + 10 + 7 = 39 pairs in 4 chunks.
+      const int64_t fixed =
+          39 * WireBytesPerElement(wire) + (wire == DTYPE_FLOAT16 ? 4 * 4 : 0);
+      const int64_t longest =
+          fixed + *std::max_element(gap_bytes.begin(), gap_bytes.end());
+      EXPECT_EQ(results[0].traffic.sent, (size - 1) * (8 + longest));
+      EXPECT_EQ(results[1].traffic.received, (size - 1) * (8 + longest));
+    }
+  }
+}
+
 // Where the pairs would cost more than the ring's dense traffic (ratio 1:
 // every entry a pair), the selections go through a dense fp32 allreduce:
-// the same sums, the ring's bytes.
+// the same sums, the ring's bytes. With 2 ranks that holds for fp32's
+// pairs (5 bytes an entry, at least) but not bf16's (3 bytes: a byte of
+// gap and 2 of value, under the ring's 4 of fp32), which go as pairs.
 TEST(TopKAllgatherTest, DenseSelectionsGoThroughTheRing) {
   for (DType wire : {DTYPE_FLOAT32, DTYPE_BFLOAT16}) {
-    const std::vector<RankResult> results = RunRanks(2, 1.0, wire);
-    const std::vector<float> expected = Reference(2, 1.0, wire);
+    SCOPED_TRACE(WireDtypeSpelling(wire));
+    const std::vector<RankResult> results = RunRanks(kSmall, 2, 1.0, wire);
+    const std::vector<float> expected = Reference(kSmall, 2, 1.0, wire);
     for (int r = 0; r < 2; ++r) EXPECT_EQ(results[r].sum, expected);
-    // 57 elements in fp32, 2 ranks: 2 (W - 1) / W x 228 bytes each way.
-    EXPECT_EQ(results[0].traffic.sent, 228);
+    // 57 elements: the ring's 2 (W - 1) / W x 228 bytes each way; the
+    // allgather's 8 + 57 x (1 + 2).
+    EXPECT_EQ(results[0].traffic.sent, wire == DTYPE_FLOAT32 ? 228 : 8 + 171);
   }
 }
 
