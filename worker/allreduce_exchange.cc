@@ -294,38 +294,43 @@ absl::Status AllreduceExchange::AllgatherRows(size_t b) {
   const int64_t exponents_at = most * 4;
   const int64_t values_at = exponents_at + (fp16 ? most * 4 : 0);
   const int64_t bytes = values_at + most * d * value_bytes;
-  std::vector<uint8_t> message(bytes, 0);
-  std::memcpy(message.data(), mine->data(), 4 * count);
-  std::vector<float> values(count * d);
-  for (int64_t k = 0; k < count; ++k) {
-    std::copy(flat.begin() + int64_t{(*mine)[k]} * d,
-              flat.begin() + (int64_t{(*mine)[k]} + 1) * d,
-              values.begin() + k * d);
-  }
+  row_message_.assign(bytes, 0);
+  uint8_t* const message = row_message_.data();
+  std::memcpy(message, mine->data(), 4 * count);
   if (value_bytes == 4) {
-    std::memcpy(message.data() + values_at, values.data(), 4 * count * d);
+    // fp32: each row straight from the bucket into the message.
+    for (int64_t k = 0; k < count; ++k) {
+      std::memcpy(message + values_at + 4 * k * d,
+                  flat.data() + int64_t{(*mine)[k]} * d, 4 * d);
+    }
   } else {
+    row_values_.resize(count * d);
+    for (int64_t k = 0; k < count; ++k) {
+      std::copy(flat.begin() + int64_t{(*mine)[k]} * d,
+                flat.begin() + (int64_t{(*mine)[k]} + 1) * d,
+                row_values_.begin() + k * d);
+    }
     const int64_t per_chunk =
         std::max<int64_t>(1, rows_.partition_bytes / (4 * d));
-    std::vector<uint16_t> halves(count * d);
+    row_halves_.resize(count * d);
     std::vector<int32_t> exponents(count, 0);
     for (int64_t k = 0; k < count;) {
       int64_t e = k + 1;
       while (e < count && (*mine)[e] / per_chunk == (*mine)[k] / per_chunk) ++e;
-      const absl::Span<const float> chunk(values.data() + k * d, (e - k) * d);
+      const absl::Span<const float> chunk(row_values_.data() + k * d,
+                                          (e - k) * d);
       const int exponent = fp16 ? ScaleExponent(chunk) : 0;
-      EncodeHalves(chunk, wire_dtype_, exponent, halves.data() + k * d);
+      EncodeHalves(chunk, wire_dtype_, exponent, row_halves_.data() + k * d);
       std::fill(exponents.begin() + k, exponents.begin() + e, exponent);
       k = e;
     }
     if (fp16) {
-      std::memcpy(message.data() + exponents_at, exponents.data(), 4 * count);
+      std::memcpy(message + exponents_at, exponents.data(), 4 * count);
     }
-    std::memcpy(message.data() + values_at, halves.data(), 2 * count * d);
+    std::memcpy(message + values_at, row_halves_.data(), 2 * count * d);
   }
-  std::vector<uint8_t> gathered(static_cast<size_t>(bytes) * size);
-  RETURN_IF_ERROR(
-      collective_->Allgather(message.data(), bytes, gathered.data()));
+  row_gathered_.resize(static_cast<size_t>(bytes) * size);
+  RETURN_IF_ERROR(collective_->Allgather(message, bytes, row_gathered_.data()));
   traffic_.sent += (size - 1) * (bytes + 8);
   traffic_.received += (size - 1) * (bytes + 8);
   // Every rank's rows, in rank order, into zeros; the union's ids.
@@ -336,7 +341,7 @@ absl::Status AllreduceExchange::AllgatherRows(size_t b) {
   std::vector<float> row(d);
   std::vector<uint16_t> row_halves(d);
   for (int r = 0; r < size; ++r) {
-    const uint8_t* in = gathered.data() + static_cast<size_t>(r) * bytes;
+    const uint8_t* in = row_gathered_.data() + static_cast<size_t>(r) * bytes;
     ids.resize(counts[r]);
     std::memcpy(ids.data(), in, 4 * counts[r]);
     for (int64_t k = 0; k < counts[r]; ++k) {

@@ -367,6 +367,13 @@ class AllreduceExchange : public GradientExchange {
   std::vector<std::vector<uint32_t>> step_rows_;
   std::vector<std::vector<uint32_t>> union_rows_;
   std::vector<RowUndo> row_undo_;
+  // AllgatherRows()'s scratch, kept between steps (the communication
+  // thread's): this rank's message, every rank's, and a 16-bit wire's
+  // rows before and after encoding.
+  std::vector<uint8_t> row_message_;
+  std::vector<uint8_t> row_gathered_;
+  std::vector<float> row_values_;
+  std::vector<uint16_t> row_halves_;
 };
 
 }  // namespace pstrain
