@@ -266,6 +266,24 @@ void AllreduceExchange::UndoUpdate(int t) {
   }
 }
 
+namespace {
+
+// Calls `each(k, e)` for each run [k, e) of `ids` (ascending) that lies in
+// one chunk of `per_chunk` rows: the groups a PS push encodes together.
+template <typename Each>
+void ForEachChunkOfRows(const std::vector<uint32_t>& ids, int64_t per_chunk,
+                        Each each) {
+  const int64_t count = static_cast<int64_t>(ids.size());
+  for (int64_t k = 0; k < count;) {
+    int64_t e = k + 1;
+    while (e < count && ids[e] / per_chunk == ids[k] / per_chunk) ++e;
+    each(k, e);
+    k = e;
+  }
+}
+
+}  // namespace
+
 absl::Status AllreduceExchange::AllgatherRows(size_t b) {
   const int t = buckets_[b][0];
   const int64_t d = RowElements(t);
@@ -284,6 +302,8 @@ absl::Status AllreduceExchange::AllgatherRows(size_t b) {
   int64_t count = static_cast<int64_t>(mine->size());
   std::vector<int64_t> counts(size);
   RETURN_IF_ERROR(collective_->Allgather(&count, sizeof(count), counts.data()));
+  traffic_.sent += (size - 1) * 8;
+  traffic_.received += (size - 1) * 8;
   const int64_t most = *std::max_element(counts.begin(), counts.end());
   // This rank's message, padded to the longest: row ids, (fp16) each row's
   // scale exponent, then the rows' values in the wire dtype. A 16-bit wire
@@ -294,10 +314,39 @@ absl::Status AllreduceExchange::AllgatherRows(size_t b) {
   const int64_t exponents_at = most * 4;
   const int64_t values_at = exponents_at + (fp16 ? most * 4 : 0);
   const int64_t bytes = values_at + most * d * value_bytes;
-  row_message_.assign(bytes, 0);
+  const int64_t per_chunk =
+      std::max<int64_t>(1, rows_.partition_bytes / (4 * d));
+  // Where the rows would cost more than the ring (each rank receives
+  // (W - 1) x the message, against the ring's 2 (W - 1) / W x 4n and the
+  // ids' (W - 1) x 4 x most: W x (bytes - ids) >= 2 x 4n, as many ranks
+  // touching most of a table: BERT's 30k-token vocabulary at 12k tokens a
+  // worker), the ids go alone and the rows as a dense fp32 ring allreduce
+  // of each rank's (wire-rounded) rows and zeros: the same sums (up to the
+  // order of additions with three or more ranks).
+  const bool dense =
+      size > 1 && static_cast<int64_t>(size) * (bytes - exponents_at) >=
+                      2 * 4 * static_cast<int64_t>(flat.size());
+  const int64_t sent = dense ? exponents_at : bytes;
+  row_message_.assign(sent, 0);
   uint8_t* const message = row_message_.data();
   std::memcpy(message, mine->data(), 4 * count);
-  if (value_bytes == 4) {
+  if (dense) {
+    row_values_.resize(count * d);
+    for (int64_t k = 0; k < count; ++k) {
+      std::copy(flat.begin() + int64_t{(*mine)[k]} * d,
+                flat.begin() + (int64_t{(*mine)[k]} + 1) * d,
+                row_values_.begin() + k * d);
+    }
+    ForEachChunkOfRows(*mine, per_chunk, [&](int64_t k, int64_t e) {
+      RoundThroughWire(wire_dtype_,
+                       absl::MakeSpan(row_values_.data() + k * d, (e - k) * d));
+    });
+    std::fill(flat.begin(), flat.end(), 0.0f);
+    for (int64_t k = 0; k < count; ++k) {
+      std::copy(row_values_.begin() + k * d, row_values_.begin() + (k + 1) * d,
+                flat.begin() + int64_t{(*mine)[k]} * d);
+    }
+  } else if (value_bytes == 4) {
     // fp32: each row straight from the bucket into the message.
     for (int64_t k = 0; k < count; ++k) {
       std::memcpy(message + values_at + 4 * k * d,
@@ -310,38 +359,42 @@ absl::Status AllreduceExchange::AllgatherRows(size_t b) {
                 flat.begin() + (int64_t{(*mine)[k]} + 1) * d,
                 row_values_.begin() + k * d);
     }
-    const int64_t per_chunk =
-        std::max<int64_t>(1, rows_.partition_bytes / (4 * d));
     row_halves_.resize(count * d);
     std::vector<int32_t> exponents(count, 0);
-    for (int64_t k = 0; k < count;) {
-      int64_t e = k + 1;
-      while (e < count && (*mine)[e] / per_chunk == (*mine)[k] / per_chunk) ++e;
+    ForEachChunkOfRows(*mine, per_chunk, [&](int64_t k, int64_t e) {
       const absl::Span<const float> chunk(row_values_.data() + k * d,
                                           (e - k) * d);
       const int exponent = fp16 ? ScaleExponent(chunk) : 0;
       EncodeHalves(chunk, wire_dtype_, exponent, row_halves_.data() + k * d);
       std::fill(exponents.begin() + k, exponents.begin() + e, exponent);
-      k = e;
-    }
+    });
     if (fp16) {
       std::memcpy(message + exponents_at, exponents.data(), 4 * count);
     }
     std::memcpy(message + values_at, row_halves_.data(), 2 * count * d);
   }
-  row_gathered_.resize(static_cast<size_t>(bytes) * size);
-  RETURN_IF_ERROR(collective_->Allgather(message, bytes, row_gathered_.data()));
-  traffic_.sent += (size - 1) * (bytes + 8);
-  traffic_.received += (size - 1) * (bytes + 8);
-  // Every rank's rows, in rank order, into zeros; the union's ids.
-  std::fill(flat.begin(), flat.end(), 0.0f);
+  row_gathered_.resize(static_cast<size_t>(sent) * size);
+  RETURN_IF_ERROR(collective_->Allgather(message, sent, row_gathered_.data()));
+  traffic_.sent += (size - 1) * sent;
+  traffic_.received += (size - 1) * sent;
+  if (dense) {
+    RETURN_IF_ERROR(collective_->AllreduceSum(flat.data(), flat.size()));
+    const int64_t ring =
+        2 * (size - 1) * 4 * static_cast<int64_t>(flat.size()) / size;
+    traffic_.sent += ring;
+    traffic_.received += ring;
+  } else {
+    // Every rank's rows, in rank order, into zeros.
+    std::fill(flat.begin(), flat.end(), 0.0f);
+  }
+  // The union's ids (and, from the messages, the rows).
   std::vector<uint32_t>& rows = union_rows_[t];
   rows.clear();
   std::vector<uint32_t> ids;
   std::vector<float> row(d);
   std::vector<uint16_t> row_halves(d);
   for (int r = 0; r < size; ++r) {
-    const uint8_t* in = row_gathered_.data() + static_cast<size_t>(r) * bytes;
+    const uint8_t* in = row_gathered_.data() + static_cast<size_t>(r) * sent;
     ids.resize(counts[r]);
     std::memcpy(ids.data(), in, 4 * counts[r]);
     for (int64_t k = 0; k < counts[r]; ++k) {
@@ -350,6 +403,7 @@ absl::Status AllreduceExchange::AllgatherRows(size_t b) {
                                                 r, " sent row ", ids[k],
                                                 " of a table of ", num_rows));
       }
+      if (dense) continue;
       const uint8_t* at = in + values_at + k * d * value_bytes;
       if (value_bytes == 4) {
         std::memcpy(row.data(), at, 4 * d);

@@ -435,108 +435,167 @@ TEST(AllreduceExchangeTest, ClipsByGlobalNormAsPyTorch) {
 
 // A row-sparse table in mode allreduce (AllreduceRows): tensor 0 as a
 // table of 100 rows of 10, each rank's gradient zero off the rows its batch
-// touched (SetStepRows), two ranks, two Adam steps, on every wire dtype.
-// The table's weights equal, bit for bit, lazy Adam (server/row_sparse.h
-// LazyUpdateRows, the shards' update) on the union of the ranks' rows of
-// the average: each rank's rows encoded chunk by chunk of 4 rows
-// (partition_bytes 160) as RoundThroughWire rounds them, summed in rank
-// order, halved; the rows no rank touched keep their weights exactly.
+// touched (`touched[rank]`, SetStepRows), two Adam steps over the wire
+// dtype `wire`. Each rank's table after them, and the step's bytes sent.
+constexpr int64_t kRowElements = 10;
+
+std::vector<float> TableGradient(const std::vector<uint32_t>& touched,
+                                 int rank) {
+  const std::vector<float> g = Gradient(rank, 0);
+  std::vector<float> masked(kElements, 0.0f);
+  for (uint32_t row : touched) {
+    for (int64_t j = 0; j < kRowElements; ++j) {
+      // Multiples of 1/64 under 2^8: fp32 sums them exactly in any order.
+      masked[row * kRowElements + j] =
+          g[row * kRowElements + j] * (1 + 0.25f * j);
+    }
+  }
+  return masked;
+}
+
+struct RowRun {
+  std::vector<std::vector<float>> tables;
+  int64_t bytes_sent = 0;
+};
+
+RowRun RunRowTable(const std::vector<std::vector<uint32_t>>& touched,
+                   DType wire) {
+  const int size = static_cast<int>(touched.size());
+  InProcessStore store;
+  RowRun run;
+  run.tables.resize(size);
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < size; ++r) {
+    ranks.emplace_back([&, r] {
+      absl::StatusOr<std::unique_ptr<Collective>> c = Collective::CreateGloo(
+          r, size, "127.0.0.1", &store, "rows", absl::Seconds(20));
+      ASSERT_TRUE(c.ok()) << c.status();
+      AllreduceRows rows;
+      rows.row_elements = {kRowElements, 0, 0};
+      rows.partition_bytes = 4 * kRowElements * 4;
+      std::unique_ptr<GradientExchange> exchange = CreateAllreduceExchange(
+          c->get(), OptimizerOptions(), kElements * sizeof(float), 0, 0, wire,
+          std::nullopt, {}, rows);
+      RankTensors tensors(r);
+      // In place: the exchange's spans point into g[0].
+      const std::vector<float> table = TableGradient(touched[r], r);
+      std::copy(table.begin(), table.end(), tensors.g[0].begin());
+      ASSERT_TRUE(exchange->Start(tensors.weights).ok());
+      for (int step = 0; step < 2; ++step) {
+        std::vector<std::vector<uint32_t>> step_rows(kTensors);
+        step_rows[0] = touched[r];
+        exchange->SetStepRows(step_rows, {}, false);
+        ASSERT_TRUE(exchange->Step(tensors.gradients, 8).ok());
+      }
+      run.tables[r] = tensors.w[0];
+      if (r == 0) {
+        run.bytes_sent = exchange->LastStepTimes().bytes_pushed.value_or(-1);
+      }
+    });
+  }
+  for (std::thread& t : ranks) t.join();
+  return run;
+}
+
+// The reference: lazy Adam (server/row_sparse.h LazyUpdateRows, the
+// shards' update) on the union of the ranks' rows of the average: each
+// rank's rows encoded chunk by chunk of 4 rows (partition_bytes 160) as
+// RoundThroughWire rounds them, summed in rank order, times 1 / W.
+std::vector<float> LazyRowReference(
+    const std::vector<std::vector<uint32_t>>& touched, DType wire) {
+  const int size = static_cast<int>(touched.size());
+  const int64_t d = kRowElements;
+  std::vector<float> w(kElements, 0.1f), m(kElements), v(kElements);
+  std::vector<uint32_t> all;
+  for (const std::vector<uint32_t>& mine : touched) {
+    all.insert(all.end(), mine.begin(), mine.end());
+  }
+  std::sort(all.begin(), all.end());
+  all.erase(std::unique(all.begin(), all.end()), all.end());
+  for (int step = 1; step <= 2; ++step) {
+    std::vector<float> sum(kElements, 0.0f);
+    for (int r = 0; r < size; ++r) {
+      const std::vector<uint32_t>& mine = touched[r];
+      const std::vector<float> g = TableGradient(mine, r);
+      // Chunks of 4 rows: rows 0-3, 4-7, ...
+      for (size_t k = 0; k < mine.size();) {
+        size_t e = k + 1;
+        while (e < mine.size() && mine[e] / 4 == mine[k] / 4) ++e;
+        std::vector<float> chunk;
+        for (size_t i = k; i < e; ++i) {
+          chunk.insert(chunk.end(), g.begin() + mine[i] * d,
+                       g.begin() + (mine[i] + 1) * d);
+        }
+        RoundThroughWire(wire, absl::MakeSpan(chunk));
+        for (size_t i = k; i < e; ++i) {
+          for (int64_t j = 0; j < d; ++j) {
+            sum[mine[i] * d + j] += chunk[(i - k) * d + j];
+          }
+        }
+        k = e;
+      }
+    }
+    RowValues grad;
+    grad.rows = all;
+    const float inverse = 1.0f / static_cast<float>(size);
+    for (uint32_t row : all) {
+      for (int64_t j = 0; j < d; ++j) {
+        grad.values.push_back(sum[row * d + j] * inverse);
+      }
+    }
+    RowUndo undo;
+    EXPECT_TRUE(LazyUpdateRows(OptimizerOptions(), step, d, grad, w.data(),
+                               m.data(), v.data(), &undo));
+  }
+  return w;
+}
+
+// Two ranks, a few rows each, every wire dtype: the rows go in the
+// allgather, and the table equals the reference bit for bit; the rows no
+// rank touched keep their weights exactly.
 TEST(AllreduceExchangeTest, RowTablesGoAsTheirRowsAndUpdateLazily) {
-  constexpr int64_t kD = 10;
   const std::vector<std::vector<uint32_t>> touched = {{1, 2, 5, 7, 50},
                                                       {5, 8, 9, 99}};
-  auto table_gradient = [&](int rank) {
-    std::vector<float> g = Gradient(rank, 0);
-    std::vector<float> masked(kElements, 0.0f);
-    for (uint32_t row : touched[rank]) {
-      for (int64_t j = 0; j < kD; ++j) {
-        masked[row * kD + j] = g[row * kD + j] * (1 + 0.37f * j);
-      }
-    }
-    return masked;
-  };
-  const OptimizerOptions adam;
   for (DType wire : {DTYPE_FLOAT32, DTYPE_BFLOAT16, DTYPE_FLOAT16}) {
     SCOPED_TRACE(WireDtypeSpelling(wire));
-    InProcessStore store;
-    std::vector<std::vector<float>> tables(2);
-    std::vector<std::thread> ranks;
-    for (int r = 0; r < 2; ++r) {
-      ranks.emplace_back([&, r] {
-        absl::StatusOr<std::unique_ptr<Collective>> c = Collective::CreateGloo(
-            r, 2, "127.0.0.1", &store, "rows", absl::Seconds(20));
-        ASSERT_TRUE(c.ok()) << c.status();
-        AllreduceRows rows;
-        rows.row_elements = {kD, 0, 0};
-        rows.partition_bytes = 4 * kD * 4;
-        std::unique_ptr<GradientExchange> exchange =
-            CreateAllreduceExchange(c->get(), adam, kElements * sizeof(float),
-                                    0, 0, wire, std::nullopt, {}, rows);
-        RankTensors tensors(r);
-        // In place: the exchange's spans point into g[0].
-        const std::vector<float> table = table_gradient(r);
-        std::copy(table.begin(), table.end(), tensors.g[0].begin());
-        ASSERT_TRUE(exchange->Start(tensors.weights).ok());
-        for (int step = 0; step < 2; ++step) {
-          std::vector<std::vector<uint32_t>> step_rows(kTensors);
-          step_rows[0] = touched[r];
-          exchange->SetStepRows(step_rows, {}, false);
-          ASSERT_TRUE(exchange->Step(tensors.gradients, 8).ok());
-        }
-        tables[r] = tensors.w[0];
-      });
-    }
-    for (std::thread& t : ranks) t.join();
-    // The reference.
-    std::vector<float> w(kElements, 0.1f), m(kElements), v(kElements);
-    std::vector<uint32_t> all = touched[0];
-    all.insert(all.end(), touched[1].begin(), touched[1].end());
-    std::sort(all.begin(), all.end());
-    all.erase(std::unique(all.begin(), all.end()), all.end());
-    for (int step = 1; step <= 2; ++step) {
-      std::vector<float> sum(kElements, 0.0f);
-      for (int r = 0; r < 2; ++r) {
-        const std::vector<float> g = table_gradient(r);
-        // Chunks of 4 rows: rows 0-3, 4-7, ...
-        for (size_t k = 0; k < touched[r].size();) {
-          size_t e = k + 1;
-          while (e < touched[r].size() &&
-                 touched[r][e] / 4 == touched[r][k] / 4) {
-            ++e;
-          }
-          std::vector<float> chunk;
-          for (size_t i = k; i < e; ++i) {
-            chunk.insert(chunk.end(), g.begin() + touched[r][i] * kD,
-                         g.begin() + (touched[r][i] + 1) * kD);
-          }
-          RoundThroughWire(wire, absl::MakeSpan(chunk));
-          for (size_t i = k; i < e; ++i) {
-            for (int64_t j = 0; j < kD; ++j) {
-              sum[touched[r][i] * kD + j] += chunk[(i - k) * kD + j];
-            }
-          }
-          k = e;
-        }
-      }
-      RowValues grad;
-      grad.rows = all;
-      for (uint32_t row : all) {
-        for (int64_t j = 0; j < kD; ++j) {
-          grad.values.push_back(sum[row * kD + j] * 0.5f);
-        }
-      }
-      RowUndo undo;
-      ASSERT_TRUE(LazyUpdateRows(adam, step, kD, grad, w.data(), m.data(),
-                                 v.data(), &undo));
-    }
+    const RowRun run = RunRowTable(touched, wire);
+    const std::vector<float> w = LazyRowReference(touched, wire);
     for (int r = 0; r < 2; ++r) {
       for (int i = 0; i < kElements; ++i) {
-        ASSERT_EQ(tables[r][i], w[i]) << "rank " << r << ", element " << i;
+        ASSERT_EQ(run.tables[r][i], w[i]) << "rank " << r << ", element " << i;
       }
     }
-    EXPECT_EQ(tables[0][0], 0.1f) << "row 0, touched by no rank, moved";
-    EXPECT_NE(tables[0][5 * kD], 0.1f);
+    EXPECT_EQ(run.tables[0][0], 0.1f) << "row 0, touched by no rank, moved";
+    EXPECT_NE(run.tables[0][5 * kRowElements], 0.1f);
   }
+}
+
+// Three ranks, one of which touches 98 of the 100 rows: the rows would
+// cost more than the ring (3 x 98 rows x 40 bytes >= 2 x 4,000), so the ids
+// go alone and the rows as a dense ring allreduce: the same table (the
+// values sum exactly in any order), fewer bytes than the allgather's
+// 2 x (8 + 98 x 44), and the rows no rank touched still untouched.
+TEST(AllreduceExchangeTest, RowTablesTouchedAlmostWholeGoThroughTheRing) {
+  std::vector<std::vector<uint32_t>> touched(3);
+  for (uint32_t row = 0; row < 100; ++row) {
+    if (row != 0 && row != 20) touched[0].push_back(row);
+    if (row >= 40 && row < 90) touched[2].push_back(row);
+  }
+  touched[1] = {5, 10, 99};
+  const RowRun run = RunRowTable(touched, DTYPE_FLOAT32);
+  const std::vector<float> w = LazyRowReference(touched, DTYPE_FLOAT32);
+  for (int r = 0; r < 3; ++r) {
+    for (int i = 0; i < kElements; ++i) {
+      ASSERT_EQ(run.tables[r][i], w[i]) << "rank " << r << ", element " << i;
+    }
+  }
+  EXPECT_EQ(run.tables[1][20 * kRowElements + 3], 0.1f);
+  // The step's bytes: the table's counts (2 x 8), ids (2 x 98 x 4) and
+  // ring (2 x 2 / 3 x 4,000), and the two dense tensors' rings (each 2 x
+  // 2 / 3 x 4,000).
+  const int64_t ring = 2 * 2 * 4000 / 3;
+  EXPECT_EQ(run.bytes_sent, 2 * 8 + 2 * 98 * 4 + 3 * ring);
+  EXPECT_LT(run.bytes_sent - 2 * ring, 2 * (8 + 98 * 44));
 }
 
 TEST(AllreduceExchangeTest, FailedCopyIsStepsErrorAndMidStepExitIsPrompt) {
