@@ -330,13 +330,16 @@ absl::Status AllreduceExchange::AllgatherRows(size_t b) {
   row_message_.assign(sent, 0);
   uint8_t* const message = row_message_.data();
   std::memcpy(message, mine->data(), 4 * count);
-  if (dense) {
+  if (dense || value_bytes == 2) {
+    // The rows, one after the other, to round or encode.
     row_values_.resize(count * d);
     for (int64_t k = 0; k < count; ++k) {
       std::copy(flat.begin() + int64_t{(*mine)[k]} * d,
                 flat.begin() + (int64_t{(*mine)[k]} + 1) * d,
                 row_values_.begin() + k * d);
     }
+  }
+  if (dense) {
     ForEachChunkOfRows(*mine, per_chunk, [&](int64_t k, int64_t e) {
       RoundThroughWire(wire_dtype_,
                        absl::MakeSpan(row_values_.data() + k * d, (e - k) * d));
@@ -353,12 +356,6 @@ absl::Status AllreduceExchange::AllgatherRows(size_t b) {
                   flat.data() + int64_t{(*mine)[k]} * d, 4 * d);
     }
   } else {
-    row_values_.resize(count * d);
-    for (int64_t k = 0; k < count; ++k) {
-      std::copy(flat.begin() + int64_t{(*mine)[k]} * d,
-                flat.begin() + (int64_t{(*mine)[k]} + 1) * d,
-                row_values_.begin() + k * d);
-    }
     row_halves_.resize(count * d);
     std::vector<int32_t> exponents(count, 0);
     ForEachChunkOfRows(*mine, per_chunk, [&](int64_t k, int64_t e) {
