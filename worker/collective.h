@@ -100,7 +100,8 @@ class Collective {
   // Every rank's `bytes` bytes at `in` in rank order: out[r * bytes, (r +
   // 1) * bytes) become rank r's (this rank's own included), `out` holding
   // size() * bytes. Every rank passes the same `bytes` (a sparse allgather
-  // of top-k pairs, worker/gradient_exchange.h: the same k on every rank).
+  // of top-k pairs, worker/topk_allgather.h, pads each rank's message to
+  // the longest, whose length an allgather of the lengths gave).
   // A ring allgather (Gloo's; NCCL's AllGather): each rank receives
   // (size() - 1) * bytes.
   virtual absl::Status Allgather(const void* in, size_t bytes, void* out) = 0;

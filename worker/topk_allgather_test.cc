@@ -6,11 +6,14 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
+#include <functional>
 #include <memory>
 #include <numeric>
 #include <thread>  // NOLINT(build/c++11)
 #include <vector>
 
+#include "absl/status/status.h"
 #include "common/wire_dtype.h"
 #include "gtest/gtest.h"
 #include "worker/collective.h"
@@ -207,6 +210,95 @@ TEST(TopKAllgatherTest, DenseSelectionsGoThroughTheRing) {
     // allgather's 8 + 57 x (1 + 2).
     EXPECT_EQ(results[0].traffic.sent, wire == DTYPE_FLOAT32 ? 228 : 8 + 171);
   }
+}
+
+// Rank 0 of 2 whose peer (rank 1) sends what `craft` makes of rank 0's own
+// message, and a length `length_delta` bytes off rank 0's: a malformed or
+// hostile peer, without a network.
+class CraftedPeer : public Collective {
+ public:
+  CraftedPeer(std::function<void(uint8_t*)> craft, int64_t length_delta)
+      : Collective(0, 2), craft_(std::move(craft)), delta_(length_delta) {}
+  absl::Status AllreduceSum(float*, size_t) override {
+    return absl::OkStatus();
+  }
+  absl::Status AllreduceSum16(uint16_t*, size_t, DType) override {
+    return absl::OkStatus();
+  }
+  absl::Status AllreduceMax(float*, size_t) override {
+    return absl::OkStatus();
+  }
+  absl::Status Broadcast(float*, size_t, int) override {
+    return absl::OkStatus();
+  }
+  absl::Status Allgather(const void* in, size_t bytes, void* out) override {
+    uint8_t* slots = static_cast<uint8_t*>(out);
+    std::memcpy(slots, in, bytes);
+    std::memcpy(slots + bytes, in, bytes);
+    if (!lengths_sent_) {
+      // The first round: the lengths.
+      lengths_sent_ = true;
+      int64_t length = 0;
+      std::memcpy(&length, in, 8);
+      length += delta_;
+      std::memcpy(slots + 8, &length, 8);
+    } else {
+      craft_(slots + bytes);
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  std::function<void(uint8_t*)> craft_;
+  const int64_t delta_;
+  bool lengths_sent_ = false;
+};
+
+absl::Status SumWithPeer(std::function<void(uint8_t*)> craft,
+                         int64_t length_delta) {
+  CraftedPeer peer(std::move(craft), length_delta);
+  CompressionOptions options;
+  options.topk_ratio = 0.2;
+  TopKCompressor compressor(options, kSmall.sizes, 3);
+  compressor.BeginStep(0);
+  TopKAllgather gather(&compressor, kSmall.chunk, DTYPE_FLOAT32);
+  std::vector<float> flat = Gradients(kSmall, 0);
+  const std::vector<int> tensors = {0, 1};
+  return gather.SumBucket(peer, tensors, absl::MakeSpan(flat));
+}
+
+// A peer's message is checked before it is summed: its length against its
+// pairs' bounds (the values' bytes and 1 to 5 bytes an offset), each gap
+// after a chunk's first at least 1 (offsets strictly ascending), each
+// offset inside its chunk. kSmall's 14 pairs in fp32: 56 bytes of values,
+// then 14 one-byte gaps.
+TEST(TopKAllgatherTest, MalformedPeerMessagesAreInternalErrors) {
+  EXPECT_TRUE(SumWithPeer([](uint8_t*) {}, 0).ok());
+  absl::Status s = SumWithPeer([](uint8_t*) {}, -1);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInternal);
+  EXPECT_EQ(s.message(),
+            "top-k allgather: rank 1 sent a message of 69 bytes; expected 70 "
+            "to 126 for its 14 pairs");
+  s = SumWithPeer([](uint8_t*) {}, 57);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInternal) << s;
+  // Chunk 0's second gap 0: a repeated offset.
+  s = SumWithPeer([](uint8_t* m) { m[57] = 0; }, 0);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInternal);
+  EXPECT_EQ(s.message(),
+            "top-k allgather: rank 1 sent a truncated or repeated offset in "
+            "chunk 0");
+  // Chunk 0's first offset 100, in a chunk of 16.
+  s = SumWithPeer([](uint8_t* m) { m[56] = 100; }, 0);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInternal);
+  EXPECT_EQ(s.message(),
+            "top-k allgather: rank 1 sent offset 100 in a chunk of 16 "
+            "elements");
+  // The last gap a varint that goes on past the message: truncated.
+  s = SumWithPeer([](uint8_t* m) { m[69] = 0x80; }, 0);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInternal);
+  EXPECT_EQ(s.message(),
+            "top-k allgather: rank 1 sent a truncated or repeated offset in "
+            "chunk 4");
 }
 
 }  // namespace
