@@ -484,15 +484,16 @@ absl::Status CheckSparseEmbeddings(const JobConfig& config) {
         "Adam's frozen variance is of dense Adam; torch.optim.SparseAdam, "
         "a table's update, has none)");
   }
-  if (spec.optimizer().weight_decay() != 0) {
+  // SGD with momentum or weight decay updates every row of a table, as the
+  // dense update of the densified gradient (server/row_sparse.h); Adam's
+  // rows are SparseAdam's, lazy, which has no weight decay.
+  if (config.optimizer != OPTIMIZER_SGD &&
+      spec.optimizer().weight_decay() != 0) {
     return refuse(absl::StrCat(
-        "with optimizer.weight_decay ", Number(spec.optimizer().weight_decay()),
-        "; expected 0 (torch.optim.SparseAdam has no weight decay)"));
-  }
-  if (spec.optimizer().momentum() != 0) {
-    return refuse(absl::StrCat(
-        "with optimizer.momentum ", Number(spec.optimizer().momentum()),
-        "; expected 0 (PyTorch's SGD has no momentum for sparse gradients)"));
+        "with optimizer adam and weight_decay ",
+        Number(spec.optimizer().weight_decay()),
+        "; expected 0 (a table's update is torch.optim.SparseAdam's, which "
+        "has no weight decay; SGD takes it)"));
   }
   if (!HasUntiedEmbedding(spec.model())) {
     return refuse(absl::StrCat(

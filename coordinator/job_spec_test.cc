@@ -588,11 +588,9 @@ TEST(JobSpecTest, SparseEmbeddingsRefusals) {
        "expected false (1-bit Adam's frozen variance is of dense Adam; "
        "torch.optim.SparseAdam, a table's update, has none)"},
       {base + "optimizer { weight_decay: 0.01 }",
-       "sparse_embeddings: true with optimizer.weight_decay 0.01; expected 0 "
-       "(torch.optim.SparseAdam has no weight decay)"},
-      {base + "optimizer { name: \"sgd\" momentum: 0.9 }",
-       "sparse_embeddings: true with optimizer.momentum 0.9; expected 0 "
-       "(PyTorch's SGD has no momentum for sparse gradients)"},
+       "sparse_embeddings: true with optimizer adam and weight_decay 0.01; "
+       "expected 0 (a table's update is torch.optim.SparseAdam's, which has "
+       "no weight decay; SGD takes it)"},
       {base + "model: \"bert_tiny\" dataset: \"synthetic_tokens\"",
        "sparse_embeddings: true with model bert_tiny; expected a model with "
        "an untied embedding table (bert_tiny_untied, bert_base_untied: "
@@ -616,10 +614,14 @@ TEST(JobSpecTest, SparseEmbeddingsRefusals) {
       "job.pbtxt");
   EXPECT_TRUE(off.ok()) << off.status();
   // The untied BERTs, in sync (also with staleness, backup workers and
-  // clipping), async, with SGD, bf16 wires, checkpoints and top-k.
+  // clipping), async, with SGD (also with momentum and weight decay:
+  // PyTorch's dense SGD on a sparse gradient), bf16 wires, checkpoints and
+  // top-k.
   for (const std::string extra :
        {"", "mode: \"async\"", "staleness: 2", "backup_workers: 1",
         "clip_grad_norm: 1", "optimizer { name: \"sgd\" }",
+        "optimizer { name: \"sgd\" momentum: 0.9 nesterov: true "
+        "weight_decay: 0.01 }",
         "compression: \"topk:0.01\" checkpoint_dir: \"/tmp/c\" "
         "checkpoint_every_steps: 5",
         "wire_dtype: \"bf16\" checkpoint_dir: \"/tmp/c\" "

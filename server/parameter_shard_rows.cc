@@ -97,9 +97,10 @@ void ParameterShard::ApplyRowBarrierLocked(ChunkState& chunk, StepSlot& slot,
     for (float& g : grad.values) g *= clip;
   }
   const auto start = std::chrono::steady_clock::now();
-  const bool finite = LazyUpdateRows(
-      *optimizer(), step + 1, d, grad, chunk.weights.mutable_data(),
-      chunk.m.data(), chunk.v.data(), &chunk.row_undo);
+  const bool finite =
+      LazyUpdateRows(*optimizer(), step + 1, d, chunk.spec.num_elements / d,
+                     grad, chunk.weights.mutable_data(), chunk.m.data(),
+                     chunk.v.data(), &chunk.row_undo);
   optimizer_ns_.fetch_add(ElapsedNs(start), std::memory_order_relaxed);
   if (!finite) {
     absl::MutexLock lock(&overflow_mu_);
@@ -125,7 +126,8 @@ bool ParameterShard::ApplyRowsLocked(ChunkState& chunk, const RowValues& grad) {
   const auto start = std::chrono::steady_clock::now();
   const bool finite =
       LazyUpdateRows(*optimizer(), chunk.version + 1, chunk.spec.row_elements,
-                     grad, chunk.weights.mutable_data(), chunk.m.data(),
+                     chunk.spec.num_elements / chunk.spec.row_elements, grad,
+                     chunk.weights.mutable_data(), chunk.m.data(),
                      chunk.v.data(), &chunk.row_undo);
   optimizer_ns_.fetch_add(ElapsedNs(start), std::memory_order_relaxed);
   if (!finite) {

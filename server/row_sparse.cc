@@ -98,10 +98,29 @@ void Scatter(absl::Span<const uint32_t> rows, int64_t d,
 
 }  // namespace
 
+bool SgdMovesEveryRow(const OptimizerOptions& options) {
+  return options.kind == OptimizerKind::kSgd &&
+         (options.momentum != 0.0f || options.weight_decay != 0.0f);
+}
+
 bool LazyUpdateRows(const OptimizerOptions& options, int64_t step,
-                    int64_t row_elements, const RowValues& grad, float* w,
-                    float* m, float* v, RowUndo* undo) {
+                    int64_t row_elements, int64_t num_rows,
+                    const RowValues& grad, float* w, float* m, float* v,
+                    RowUndo* undo) {
   const int64_t d = row_elements;
+  if (SgdMovesEveryRow(options) &&
+      static_cast<int64_t>(grad.rows.size()) < num_rows) {
+    // SGD's momentum buffer and weight decay act on every row (above): the
+    // update of the densified gradient, an untouched row's zero.
+    RowValues dense;
+    dense.rows.resize(num_rows);
+    for (int64_t r = 0; r < num_rows; ++r) {
+      dense.rows[r] = static_cast<uint32_t>(r);
+    }
+    dense.values.assign(num_rows * d, 0.0f);
+    Scatter(grad.rows, d, grad.values, dense.values.data());
+    return LazyUpdateRows(options, step, d, num_rows, dense, w, m, v, undo);
+  }
   undo->rows = grad.rows;
   Gather(grad.rows, d, w, &undo->w);
   Gather(grad.rows, d, m, &undo->m);

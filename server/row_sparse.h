@@ -11,14 +11,23 @@
 // over all the step's workers, as torch.optim.SparseAdam sees the sum of
 // the workers' sparse gradients (coalesced) divided by W.
 //
-// The lazy update: Adam as torch.optim.SparseAdam (only the union's rows
-// have m and v decayed and w moved; the step count t is the chunk's
-// version + 1, every step counting), SGD as torch.optim.SGD on a sparse
-// gradient (the rows' w - lr * g; momentum and weight decay are refused by
-// the job's validation, as PyTorch has no sparse form of them). With SGD
-// and no momentum the lazy update equals the dense one bit for bit (a zero
-// gradient moves nothing); with Adam it does not (dense Adam decays every
-// row's moments each step).
+// The update, as each optimizer's PyTorch reference defines it for a
+// sparse gradient: Adam as torch.optim.SparseAdam, lazily (only the union's
+// rows have m and v decayed and w moved; the step count t is the chunk's
+// version + 1, every step counting; no weight decay: SparseAdam has none),
+// SGD as torch.optim.SGD on a sparse gradient. Plain SGD moves the touched
+// rows only (w - lr * g: a zero gradient moves nothing). With momentum,
+// PyTorch 1.13's SGD keeps the buffer of a sparse gradient as a sparse
+// tensor, buf.mul_(momentum).add_(grad): every row with a momentum moves,
+// as the dense update of the densified gradient moves it (torch.equal of
+// the two, checked with Debian's python3-torch). With weight decay PyTorch
+// refuses a sparse gradient (grad.add(param): "add(sparse, dense) is not
+// supported"); here its L2 term is the dense one, every row decayed, as a
+// dense table's. So with momentum or weight decay every row of the chunk
+// is updated, an untouched one by a zero gradient: with SGD the row update
+// equals the dense one bit for bit, and the rows still travel alone (only
+// the shard's optimizer work is the chunk's); with Adam it does not (dense
+// Adam decays every row's moments each step).
 //
 // Thread-compatible: the shard calls these under the chunk's lock.
 #ifndef PSTRAIN_SERVER_ROW_SPARSE_H_
@@ -64,13 +73,20 @@ void AllRows(absl::Span<const float> values, int64_t row_elements,
 void AverageRows(const std::vector<const RowValues*>& pushes,
                  int64_t row_elements, RowValues* out);
 
-// Update number `step` (1-based) of `grad`'s rows, in place in the chunk's
-// w, m and v (each of the chunk's size), at the lr of ScheduledLr(options,
-// step - 1). Their state before goes to `undo` first. Returns whether every
-// new weight is finite; if not, the rows are already put back.
+// Whether `options` move every row of a chunk on a sparse gradient (SGD
+// with momentum or weight decay, above), not just the touched ones.
+bool SgdMovesEveryRow(const OptimizerOptions& options);
+
+// Update number `step` (1-based) of `grad`'s rows (every one of the chunk's
+// `num_rows` where SgdMovesEveryRow), in place in the chunk's w, m and v
+// (each num_rows * row_elements floats), at the lr of ScheduledLr(options,
+// step - 1). The updated rows' state before goes to `undo` first. Returns
+// whether every new weight is finite; if not, the rows are already put
+// back.
 bool LazyUpdateRows(const OptimizerOptions& options, int64_t step,
-                    int64_t row_elements, const RowValues& grad, float* w,
-                    float* m, float* v, RowUndo* undo);
+                    int64_t row_elements, int64_t num_rows,
+                    const RowValues& grad, float* w, float* m, float* v,
+                    RowUndo* undo);
 
 // Puts `undo`'s rows back and clears it.
 void UndoRows(int64_t row_elements, RowUndo* undo, float* w, float* m,

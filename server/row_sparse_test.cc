@@ -157,20 +157,45 @@ TEST(RowSparseTest, SyncAveragesTheUnionThenAppliesLazyAdamToItsRowsOnly) {
 // SGD without momentum: a zero gradient moves nothing, so the job pushing
 // rows and the job pushing the same gradients dense (no row layout) end
 // with the same weights, bit for bit.
+void ExpectSgdRowPushesEqualDensePushes(const ShardOptions& options,
+                                        bool every_row_moves);
+
+// SGD on row pushes is the dense SGD of their densified average, bit for
+// bit: plain (the touched rows move, a zero gradient moves nothing), and
+// with Nesterov momentum and weight decay, which move every row as PyTorch's
+// SGD on a sparse gradient does (server/row_sparse.h).
 TEST(RowSparseTest, SgdRowPushesEqualDensePushesBitForBit) {
-  ParameterShard sparse(Options(2, SyncMode::kSync, OptimizerKind::kSgd));
-  ParameterShard dense(Options(2, SyncMode::kSync, OptimizerKind::kSgd));
+  for (const bool momentum : {false, true}) {
+    SCOPED_TRACE(momentum ? "momentum 0.9, Nesterov, weight decay 0.01"
+                          : "plain SGD");
+    ShardOptions options = Options(2, SyncMode::kSync, OptimizerKind::kSgd);
+    if (momentum) {
+      options.adam.momentum = 0.9f;
+      options.adam.nesterov = true;
+      options.adam.weight_decay = 0.01f;
+    }
+    ExpectSgdRowPushesEqualDensePushes(options, momentum);
+  }
+}
+
+void ExpectSgdRowPushesEqualDensePushes(const ShardOptions& options,
+                                        bool every_row_moves) {
+  ParameterShard sparse(options);
+  ParameterShard dense(options);
   ASSERT_TRUE(InitRows(sparse).ok());
   ASSERT_TRUE(dense.Initialize(kSizes, kPartitionBytes, InitChunks()).ok());
   std::mt19937 rng(41);
   std::uniform_real_distribution<float> value(-1.0f, 1.0f);
+  std::vector<std::vector<float>> before = PullAll(sparse, 0);
   for (int64_t step = 0; step < 5; ++step) {
+    std::vector<bool> touched(8, false);
     for (int w = 0; w < 2; ++w) {
       for (int32_t c = 0; c < 2; ++c) {
         RowValues rows;
         for (uint32_t r = 0; r < 4; ++r) {
           if (rng() % 2 == 0) continue;
           rows.rows.push_back(r);
+          touched[c * 4 + r] = true;
           for (int j = 0; j < kD; ++j) rows.values.push_back(value(rng));
         }
         ASSERT_TRUE(PushRows(sparse, w, 0, c, step, rows).ok());
@@ -186,6 +211,15 @@ TEST(RowSparseTest, SgdRowPushesEqualDensePushesBitForBit) {
     for (int i = 0; i < 3; ++i) {
       EXPECT_TRUE(SameBits(a[i], b[i])) << "step " << step << " chunk " << i;
     }
+    // A row no worker touched this step: moved only where every row moves.
+    for (int row = 0; row < 8; ++row) {
+      if (touched[row]) continue;
+      const float* now = a[row / 4].data() + (row % 4) * kD;
+      const float* was = before[row / 4].data() + (row % 4) * kD;
+      EXPECT_EQ(std::memcmp(now, was, kD * sizeof(float)) != 0, every_row_moves)
+          << "step " << step << ", untouched row " << row;
+    }
+    before = a;
   }
 }
 

@@ -240,8 +240,9 @@ void AllreduceExchange::UpdateRows(int t, int64_t step, const float* average) {
               average + (int64_t{grad.rows[k]} + 1) * d,
               grad.values.data() + k * d);
   }
-  if (!LazyUpdateRows(adam_, step, d, grad, weights_[t].data(), m_[t].data(),
-                      v_[t].data(), &row_undo_[t])) {
+  const int64_t num_rows = static_cast<int64_t>(weights_[t].size()) / d;
+  if (!LazyUpdateRows(adam_, step, d, num_rows, grad, weights_[t].data(),
+                      m_[t].data(), v_[t].data(), &row_undo_[t])) {
     // As a shard's chunk whose rows overflow: put back (by LazyUpdateRows),
     // the rest of the step applied.
     std::fprintf(stderr,

@@ -544,8 +544,8 @@ std::vector<float> LazyRowReference(
       }
     }
     RowUndo undo;
-    EXPECT_TRUE(LazyUpdateRows(OptimizerOptions(), step, d, grad, w.data(),
-                               m.data(), v.data(), &undo));
+    EXPECT_TRUE(LazyUpdateRows(OptimizerOptions(), step, d, kElements / d, grad,
+                               w.data(), m.data(), v.data(), &undo));
   }
   return w;
 }
