@@ -212,12 +212,13 @@ Flags JobFlags(const std::string& what) {
             "(bert_tiny_untied, bert_base_untied) is pushed as the rows each "
             "batch touches and pulled as the rows the next batch reads, and "
             "the shards update only those rows with lazy Adam "
-            "(torch.optim.SparseAdam's: untouched rows keep their moments), or "
-            "SGD without momentum; in allreduce every worker gathers the "
-            "others' rows and updates their union the same way. No weight "
-            "decay or momentum; with a top-k compression the other "
-            "parameters go as their top-k and the table by rows (not with "
-            "momentum_correction)."},
+            "(torch.optim.SparseAdam's: untouched rows keep their moments; "
+            "no weight decay), or SGD (with momentum or weight decay every "
+            "row is updated, as the dense job's, while the rows alone "
+            "travel); in allreduce every worker gathers the others' rows "
+            "and updates them the same way. With a top-k compression the "
+            "other parameters go as their top-k and the table by rows (not "
+            "with momentum_correction)."},
            {"max_steps_per_epoch",
             "If > 0, at most this many steps per epoch (short runs)."},
            {"ps_binary",
