@@ -105,10 +105,10 @@ void ParameterShard::ApplyRowBarrierLocked(ChunkState& chunk, StepSlot& slot,
   if (!finite) {
     absl::MutexLock lock(&overflow_mu_);
     ++overflowed_;
-    last_overflow_ = absl::StrCat(
-        "update of chunk (", chunk.spec.param_id, ", ", chunk.spec.chunk_index,
-        ") for step ", step, " overflowed in one of its ", grad.rows.size(),
-        " touched rows; not applied");
+    last_overflow_ = absl::StrCat("update of chunk (", chunk.spec.param_id,
+                                  ", ", chunk.spec.chunk_index, ") for step ",
+                                  step, " overflowed in one of its rows (",
+                                  grad.rows.size(), " touched); not applied");
     chunk.undo_step = -1;
     return;
   }
@@ -135,8 +135,8 @@ bool ParameterShard::ApplyRowsLocked(ChunkState& chunk, const RowValues& grad) {
     ++overflowed_;
     last_overflow_ = absl::StrCat(
         "update of chunk (", chunk.spec.param_id, ", ", chunk.spec.chunk_index,
-        ") for step ", chunk.version, " overflowed in one of its ",
-        grad.rows.size(), " touched rows; not applied");
+        ") for step ", chunk.version, " overflowed in one of its rows (",
+        grad.rows.size(), " touched); not applied");
     return false;
   }
   ++chunk.version;

@@ -124,7 +124,12 @@ bool LazyUpdateRows(const OptimizerOptions& options, int64_t step,
   undo->rows = grad.rows;
   Gather(grad.rows, d, w, &undo->w);
   Gather(grad.rows, d, m, &undo->m);
-  Gather(grad.rows, d, v, &undo->v);
+  // SGD leaves v as it was.
+  if (options.kind == OptimizerKind::kSgd) {
+    undo->v.clear();
+  } else {
+    Gather(grad.rows, d, v, &undo->v);
+  }
   const float lr = static_cast<float>(ScheduledLr(options, step - 1));
   bool finite = true;
   if (options.kind == OptimizerKind::kSgd) {
@@ -151,7 +156,7 @@ void UndoRows(int64_t row_elements, RowUndo* undo, float* w, float* m,
               float* v) {
   Scatter(undo->rows, row_elements, undo->w, w);
   Scatter(undo->rows, row_elements, undo->m, m);
-  Scatter(undo->rows, row_elements, undo->v, v);
+  if (!undo->v.empty()) Scatter(undo->rows, row_elements, undo->v, v);
   undo->rows.clear();
 }
 

@@ -50,7 +50,8 @@ struct RowValues {
 };
 
 // The rows' previous weights and optimizer state, kept to undo an update
-// (a skipped step, a reopen) or one that overflowed.
+// (a skipped step, a reopen) or one that overflowed; `v` empty after SGD's,
+// which leaves v as it was.
 struct RowUndo {
   std::vector<uint32_t> rows;
   std::vector<float> w, m, v;

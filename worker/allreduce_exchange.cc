@@ -247,7 +247,7 @@ void AllreduceExchange::UpdateRows(int t, int64_t step, const float* average) {
     // the rest of the step applied.
     std::fprintf(stderr,
                  "update of tensor %d for step %lld overflowed in one of its "
-                 "%zu touched rows; not applied\n",
+                 "rows (%zu touched); not applied\n",
                  t, static_cast<long long>(step_), grad.rows.size());
     return;
   }
@@ -298,6 +298,13 @@ absl::Status AllreduceExchange::AllgatherRows(size_t b) {
   } else {
     all.resize(num_rows);
     for (int64_t r = 0; r < num_rows; ++r) all[r] = static_cast<uint32_t>(r);
+  }
+  for (size_t k = 0; k < mine->size(); ++k) {
+    if ((*mine)[k] >= num_rows || (k > 0 && (*mine)[k] <= (*mine)[k - 1])) {
+      return absl::InternalError(absl::StrCat(
+          "rows of tensor ", t, ": this worker's row ", (*mine)[k], " at ", k,
+          " is not ascending below the table's ", num_rows));
+    }
   }
   const int size = collective_->size();
   int64_t count = static_cast<int64_t>(mine->size());

@@ -152,10 +152,11 @@ class AllreduceExchange : public GradientExchange {
   // gradients, as torch.nn.utils.clip_grad_norm_ does before step().
   void Update(size_t b, float clip = 1.0f);
   // Update()'s part for row-sparse table `t`: update number `step` of the
-  // union's rows (union_rows_[t]) of the average at `average` (the table's
-  // elements), lazily (server/row_sparse.h LazyUpdateRows), its undo in
-  // row_undo_[t]. An update that overflows is put back and reported, the
-  // rest of the step applied, as a shard does with a chunk's.
+  // union's rows (union_rows_[t]; every row where SgdMovesEveryRow) of the
+  // average at `average` (the table's elements), as a shard does
+  // (server/row_sparse.h LazyUpdateRows), its undo in row_undo_[t]. An update
+  // that overflows is put back and reported, the rest of the step applied, as a
+  // shard does with a chunk's.
   void UpdateRows(int t, int64_t step, const float* average);
   // Puts tensor `t`'s state before this step's update back (a skipped
   // step, a failed one).

@@ -462,12 +462,12 @@ struct ElasticWorld {
 // its own whose step's rows (SetStepRows' `touched`) every rank sends in
 // an allgather (row ids and rows, padded to the most rows of any rank);
 // every rank sums them in rank order into the union of the ranks' rows,
-// averages them and updates those rows alone, as a sync shard does
-// (server/row_sparse.h: lazy Adam, torch.optim.SparseAdam's; SGD on the
-// rows). Where the rows would cost more than the ring (W x their bytes >=
-// 2 x 4n), the ids go alone and the rows as a dense fp32 ring allreduce
-// of each rank's wire-rounded rows in zeros (the same sums, up to the
-// order of additions with three or more ranks).
+// averages them and updates them as a sync shard does (server/row_sparse.h:
+// lazy Adam, torch.optim.SparseAdam's, those rows alone; SGD on the rows,
+// every row with momentum or weight decay). Where the rows would cost more than
+// the ring (W x their bytes >= 2 x 4n), the ids go alone and the rows as a
+// dense fp32 ring allreduce of each rank's wire-rounded rows in zeros (the same
+// sums, up to the order of additions with three or more ranks).
 struct AllreduceRows {
   // Per PS tensor, the elements per row of a row-sparse table, 0 for a
   // dense tensor; empty: none.

@@ -437,6 +437,10 @@ TEST(AllreduceExchangeTest, ClipsByGlobalNormAsPyTorch) {
 // table of 100 rows of 10, each rank's gradient zero off the rows its batch
 // touched (`touched[rank]`, SetStepRows), two Adam steps over the wire
 // dtype `wire`. Each rank's table after them, and the step's bytes sent.
+//
+// Both Adam and SGD: Adam's steps on a constant gradient are close to lr x
+// its sign whatever the gradient's rounding, so only SGD's (w - lr g,
+// linear in g) shows a wire's rounding in the weights.
 constexpr int64_t kRowElements = 10;
 
 std::vector<float> TableGradient(const std::vector<uint32_t>& touched,
@@ -459,7 +463,7 @@ struct RowRun {
 };
 
 RowRun RunRowTable(const std::vector<std::vector<uint32_t>>& touched,
-                   DType wire) {
+                   DType wire, const OptimizerOptions& optimizer) {
   const int size = static_cast<int>(touched.size());
   InProcessStore store;
   RowRun run;
@@ -474,7 +478,7 @@ RowRun RunRowTable(const std::vector<std::vector<uint32_t>>& touched,
       rows.row_elements = {kRowElements, 0, 0};
       rows.partition_bytes = 4 * kRowElements * 4;
       std::unique_ptr<GradientExchange> exchange = CreateAllreduceExchange(
-          c->get(), OptimizerOptions(), kElements * sizeof(float), 0, 0, wire,
+          c->get(), optimizer, kElements * sizeof(float), 0, 0, wire,
           std::nullopt, {}, rows);
       RankTensors tensors(r);
       // In place: the exchange's spans point into g[0].
@@ -497,12 +501,14 @@ RowRun RunRowTable(const std::vector<std::vector<uint32_t>>& touched,
   return run;
 }
 
-// The reference: lazy Adam (server/row_sparse.h LazyUpdateRows, the
-// shards' update) on the union of the ranks' rows of the average: each
+// The reference: `optimizer`'s row update (server/row_sparse.h
+// LazyUpdateRows, the shards': lazy Adam, SGD) of the average on the union
+// of the ranks' rows: each
 // rank's rows encoded chunk by chunk of 4 rows (partition_bytes 160) as
 // RoundThroughWire rounds them, summed in rank order, times 1 / W.
 std::vector<float> LazyRowReference(
-    const std::vector<std::vector<uint32_t>>& touched, DType wire) {
+    const std::vector<std::vector<uint32_t>>& touched, DType wire,
+    const OptimizerOptions& optimizer) {
   const int size = static_cast<int>(touched.size());
   const int64_t d = kRowElements;
   std::vector<float> w(kElements, 0.1f), m(kElements), v(kElements);
@@ -544,10 +550,17 @@ std::vector<float> LazyRowReference(
       }
     }
     RowUndo undo;
-    EXPECT_TRUE(LazyUpdateRows(OptimizerOptions(), step, d, kElements / d, grad,
+    EXPECT_TRUE(LazyUpdateRows(optimizer, step, d, kElements / d, grad,
                                w.data(), m.data(), v.data(), &undo));
   }
   return w;
+}
+
+std::vector<OptimizerOptions> AdamAndSgd() {
+  OptimizerOptions sgd;
+  sgd.kind = OptimizerKind::kSgd;
+  sgd.lr = 0.01f;
+  return {OptimizerOptions(), sgd};
 }
 
 // Two ranks, a few rows each, every wire dtype: the rows go in the
@@ -556,46 +569,64 @@ std::vector<float> LazyRowReference(
 TEST(AllreduceExchangeTest, RowTablesGoAsTheirRowsAndUpdateLazily) {
   const std::vector<std::vector<uint32_t>> touched = {{1, 2, 5, 7, 50},
                                                       {5, 8, 9, 99}};
-  for (DType wire : {DTYPE_FLOAT32, DTYPE_BFLOAT16, DTYPE_FLOAT16}) {
-    SCOPED_TRACE(WireDtypeSpelling(wire));
-    const RowRun run = RunRowTable(touched, wire);
-    const std::vector<float> w = LazyRowReference(touched, wire);
-    for (int r = 0; r < 2; ++r) {
-      for (int i = 0; i < kElements; ++i) {
-        ASSERT_EQ(run.tables[r][i], w[i]) << "rank " << r << ", element " << i;
+  for (const OptimizerOptions& optimizer : AdamAndSgd()) {
+    for (DType wire : {DTYPE_FLOAT32, DTYPE_BFLOAT16, DTYPE_FLOAT16}) {
+      SCOPED_TRACE(::testing::Message() << WireDtypeSpelling(wire) << ", "
+                                        << OptimizerName(optimizer.kind));
+      const RowRun run = RunRowTable(touched, wire, optimizer);
+      const std::vector<float> w = LazyRowReference(touched, wire, optimizer);
+      for (int r = 0; r < 2; ++r) {
+        for (int i = 0; i < kElements; ++i) {
+          ASSERT_EQ(run.tables[r][i], w[i])
+              << "rank " << r << ", element " << i;
+        }
       }
+      EXPECT_EQ(run.tables[0][0], 0.1f) << "row 0, touched by no rank, moved";
+      EXPECT_NE(run.tables[0][5 * kRowElements], 0.1f);
     }
-    EXPECT_EQ(run.tables[0][0], 0.1f) << "row 0, touched by no rank, moved";
-    EXPECT_NE(run.tables[0][5 * kRowElements], 0.1f);
   }
 }
 
-// Three ranks, one of which touches 98 of the 100 rows: the rows would
-// cost more than the ring (3 x 98 rows x 40 bytes >= 2 x 4,000), so the ids
-// go alone and the rows as a dense ring allreduce: the same table (the
-// values sum exactly in any order), fewer bytes than the allgather's
-// 2 x (8 + 98 x 44), and the rows no rank touched still untouched.
+// Where one rank touches 98 of the 100 rows, the rows would cost more than
+// the ring: fp32 with 3 ranks (3 x 98 rows x 40 bytes >= 2 x 4,000), fp16
+// with 4 (4 x 98 x (4 + 20) >= 8,000). The ids go alone and the rows as a
+// dense ring allreduce of each rank's rows, rounded through the wire chunk
+// by chunk as the allgather would send them: the same table (the rounded
+// values, multiples of 1/64 under 2^8, sum exactly in any order), the rows
+// no rank touched still untouched, and in fp32 the ring's bytes, fewer
+// than the allgather's 2 x (8 + 98 x 44).
 TEST(AllreduceExchangeTest, RowTablesTouchedAlmostWholeGoThroughTheRing) {
-  std::vector<std::vector<uint32_t>> touched(3);
-  for (uint32_t row = 0; row < 100; ++row) {
-    if (row != 0 && row != 20) touched[0].push_back(row);
-    if (row >= 40 && row < 90) touched[2].push_back(row);
-  }
-  touched[1] = {5, 10, 99};
-  const RowRun run = RunRowTable(touched, DTYPE_FLOAT32);
-  const std::vector<float> w = LazyRowReference(touched, DTYPE_FLOAT32);
-  for (int r = 0; r < 3; ++r) {
-    for (int i = 0; i < kElements; ++i) {
-      ASSERT_EQ(run.tables[r][i], w[i]) << "rank " << r << ", element " << i;
+  for (const OptimizerOptions& optimizer : AdamAndSgd()) {
+    for (const auto& [wire, size] :
+         {std::pair{DTYPE_FLOAT32, 3}, std::pair{DTYPE_FLOAT16, 4}}) {
+      SCOPED_TRACE(::testing::Message()
+                   << WireDtypeSpelling(wire) << ", " << size << " ranks, "
+                   << OptimizerName(optimizer.kind));
+      std::vector<std::vector<uint32_t>> touched(size);
+      for (uint32_t row = 0; row < 100; ++row) {
+        if (row != 0 && row != 20) touched[0].push_back(row);
+        if (row >= 40 && row < 90) touched[2].push_back(row);
+      }
+      touched[1] = {5, 10, 99};
+      if (size > 3) touched[3] = {2, 4, 6, 99};
+      const RowRun run = RunRowTable(touched, wire, optimizer);
+      const std::vector<float> w = LazyRowReference(touched, wire, optimizer);
+      for (int r = 0; r < size; ++r) {
+        for (int i = 0; i < kElements; ++i) {
+          ASSERT_EQ(run.tables[r][i], w[i])
+              << "rank " << r << ", element " << i;
+        }
+      }
+      EXPECT_EQ(run.tables[1][20 * kRowElements + 3], 0.1f);
+      if (wire != DTYPE_FLOAT32) continue;
+      // The step's bytes: the table's counts (2 x 8), ids (2 x 98 x 4) and
+      // ring (2 x 2 / 3 x 4,000), and the two dense tensors' rings (each 2
+      // x 2 / 3 x 4,000).
+      const int64_t ring = 2 * 2 * 4000 / 3;
+      EXPECT_EQ(run.bytes_sent, 2 * 8 + 2 * 98 * 4 + 3 * ring);
+      EXPECT_LT(run.bytes_sent - 2 * ring, 2 * (8 + 98 * 44));
     }
   }
-  EXPECT_EQ(run.tables[1][20 * kRowElements + 3], 0.1f);
-  // The step's bytes: the table's counts (2 x 8), ids (2 x 98 x 4) and
-  // ring (2 x 2 / 3 x 4,000), and the two dense tensors' rings (each 2 x
-  // 2 / 3 x 4,000).
-  const int64_t ring = 2 * 2 * 4000 / 3;
-  EXPECT_EQ(run.bytes_sent, 2 * 8 + 2 * 98 * 4 + 3 * ring);
-  EXPECT_LT(run.bytes_sent - 2 * ring, 2 * (8 + 98 * 44));
 }
 
 TEST(AllreduceExchangeTest, FailedCopyIsStepsErrorAndMidStepExitIsPrompt) {

@@ -212,13 +212,15 @@ TEST(TopKAllgatherTest, DenseSelectionsGoThroughTheRing) {
   }
 }
 
-// Rank 0 of 2 whose peer (rank 1) sends what `craft` makes of rank 0's own
-// message, and a length `length_delta` bytes off rank 0's: a malformed or
-// hostile peer, without a network.
-class CraftedPeer : public Collective {
+// Rank 0 of `size` whose peers (ranks 1 and up) each send what `craft`
+// makes of rank 0's own message, and a length `length_delta` bytes off rank
+// 0's: a malformed or hostile peer, or many ranks, without a network. Its
+// AllreduceSum leaves the data as it is (this rank's alone).
+class CraftedPeers : public Collective {
  public:
-  CraftedPeer(std::function<void(uint8_t*)> craft, int64_t length_delta)
-      : Collective(0, 2), craft_(std::move(craft)), delta_(length_delta) {}
+  CraftedPeers(int size, std::function<void(uint8_t*)> craft,
+               int64_t length_delta)
+      : Collective(0, size), craft_(std::move(craft)), delta_(length_delta) {}
   absl::Status AllreduceSum(float*, size_t) override {
     return absl::OkStatus();
   }
@@ -233,17 +235,16 @@ class CraftedPeer : public Collective {
   }
   absl::Status Allgather(const void* in, size_t bytes, void* out) override {
     uint8_t* slots = static_cast<uint8_t*>(out);
-    std::memcpy(slots, in, bytes);
-    std::memcpy(slots + bytes, in, bytes);
+    for (int r = 0; r < size(); ++r) std::memcpy(slots + r * bytes, in, bytes);
     if (!lengths_sent_) {
       // The first round: the lengths.
       lengths_sent_ = true;
       int64_t length = 0;
       std::memcpy(&length, in, 8);
       length += delta_;
-      std::memcpy(slots + 8, &length, 8);
+      for (int r = 1; r < size(); ++r) std::memcpy(slots + 8 * r, &length, 8);
     } else {
-      craft_(slots + bytes);
+      for (int r = 1; r < size(); ++r) craft_(slots + r * bytes);
     }
     return absl::OkStatus();
   }
@@ -254,17 +255,32 @@ class CraftedPeer : public Collective {
   bool lengths_sent_ = false;
 };
 
-absl::Status SumWithPeer(std::function<void(uint8_t*)> craft,
-                         int64_t length_delta) {
-  CraftedPeer peer(std::move(craft), length_delta);
+struct PeerRun {
+  absl::Status status;
+  std::vector<float> sum;
+  TopKAllgather::Traffic traffic;
+};
+
+// Rank 0's bucket of `shape` at `ratio` over `peers`.
+PeerRun SumWithPeers(CraftedPeers& peers, const Shape& shape, double ratio,
+                     DType wire = DTYPE_FLOAT32) {
   CompressionOptions options;
-  options.topk_ratio = 0.2;
-  TopKCompressor compressor(options, kSmall.sizes, 3);
+  options.topk_ratio = ratio;
+  TopKCompressor compressor(options, shape.sizes, 3);
   compressor.BeginStep(0);
-  TopKAllgather gather(&compressor, kSmall.chunk, DTYPE_FLOAT32);
-  std::vector<float> flat = Gradients(kSmall, 0);
+  TopKAllgather gather(&compressor, shape.chunk, wire);
+  PeerRun run;
+  run.sum = Gradients(shape, 0);
   const std::vector<int> tensors = {0, 1};
-  return gather.SumBucket(peer, tensors, absl::MakeSpan(flat));
+  run.status = gather.SumBucket(peers, tensors, absl::MakeSpan(run.sum));
+  run.traffic = gather.TakeTraffic();
+  return run;
+}
+
+absl::Status SumWithPeer(std::function<void(uint8_t*)> craft,
+                         int64_t length_delta, const Shape& shape = kSmall) {
+  CraftedPeers peer(2, std::move(craft), length_delta);
+  return SumWithPeers(peer, shape, shape.spread > 0 ? 0.01 : 0.2).status;
 }
 
 // A peer's message is checked before it is summed: its length against its
@@ -299,6 +315,82 @@ TEST(TopKAllgatherTest, MalformedPeerMessagesAreInternalErrors) {
   EXPECT_EQ(s.message(),
             "top-k allgather: rank 1 sent a truncated or repeated offset in "
             "chunk 4");
+  // A peer one byte shorter than rank 0 (kWide: rank 0's gaps of 300 take
+  // two bytes), its region padded with rank 0's bytes: its own length
+  // bounds the read, so its last varint is cut off.
+  s = SumWithPeer([](uint8_t*) {}, -1, kWide);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInternal);
+  EXPECT_EQ(s.message(),
+            "top-k allgather: rank 1 sent a truncated or repeated offset in "
+            "chunk 3");
+}
+
+// The dense fallback decided after the lengths' round: with 100 ranks whose
+// pairs take a byte an offset (kWide's 39 pairs in fp32: 156 + 39 bytes, x
+// 100 < 2 x 14,800) but whose longest message takes five (156 + 195 bytes,
+// x 100 >= 29,600), every rank goes to the ring. The fake's ring leaves
+// this rank's selection, so the bucket holds it alone.
+TEST(TopKAllgatherTest, TheLongestMessageDecidesTheDenseFallback) {
+  const int64_t fixed = 39 * 4;
+  for (const int64_t longest : {fixed + 39 * 2, fixed + 39 * 5}) {
+    SCOPED_TRACE(::testing::Message() << "longest " << longest << " bytes");
+    // Rank 0's own message, for its length.
+    CraftedPeers probe(
+        2, [](uint8_t*) {}, 0);
+    const PeerRun own = SumWithPeers(probe, kWide, 0.01);
+    ASSERT_TRUE(own.status.ok()) << own.status;
+    const int64_t own_bytes = own.traffic.sent - 8;
+    CraftedPeers wide(
+        100, [](uint8_t*) {}, longest - own_bytes);
+    const PeerRun run = SumWithPeers(wide, kWide, 0.01);
+    const bool dense = 100 * longest >= 2 * 4 * 3700;
+    if (dense) {
+      ASSERT_TRUE(run.status.ok()) << run.status;
+      EXPECT_EQ(run.sum, Reference(kWide, 1, 0.01, DTYPE_FLOAT32));
+      EXPECT_EQ(run.traffic.sent, 99 * 8 + 2 * 99 * 4 * 3700 / 100);
+    } else {
+      // The allgather: each peer a copy of rank 0's pairs, padded.
+      ASSERT_TRUE(run.status.ok()) << run.status;
+      EXPECT_EQ(run.traffic.sent, 99 * 8 + 99 * longest);
+    }
+  }
+}
+
+// One TopKAllgather sums bucket after bucket, its scratch reused: a wide
+// bucket of many pairs, then a small one of fewer, each its reference.
+TEST(TopKAllgatherTest, BucketAfterBucketEachItsOwnSum) {
+  InProcessStore store;
+  const std::vector<int64_t> sizes = {3000, 700, 37, 20};
+  constexpr int64_t kChunk = 64;
+  const Shape wide = {{3000, 700}, kChunk, 300};
+  const Shape small = {{37, 20}, kChunk, 0};
+  std::vector<std::vector<float>> sums(2 * 2);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r) {
+    threads.emplace_back([&, r] {
+      absl::StatusOr<std::unique_ptr<Collective>> c = Collective::CreateGloo(
+          r, 2, "127.0.0.1", &store, "buckets", absl::Seconds(20));
+      ASSERT_TRUE(c.ok()) << c.status();
+      CompressionOptions options;
+      options.topk_ratio = 0.05;
+      TopKCompressor compressor(options, sizes, 3);
+      compressor.BeginStep(0);
+      TopKAllgather gather(&compressor, kChunk, DTYPE_FLOAT16);
+      std::vector<float> first = Gradients(wide, r);
+      ASSERT_TRUE(gather.SumBucket(**c, {0, 1}, absl::MakeSpan(first)).ok());
+      std::vector<float> second = Gradients(small, r);
+      ASSERT_TRUE(gather.SumBucket(**c, {2, 3}, absl::MakeSpan(second)).ok());
+      sums[2 * r] = first;
+      sums[2 * r + 1] = second;
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  const std::vector<float> wide_sum = Reference(wide, 2, 0.05, DTYPE_FLOAT16);
+  const std::vector<float> small_sum = Reference(small, 2, 0.05, DTYPE_FLOAT16);
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(sums[2 * r], wide_sum) << "rank " << r;
+    EXPECT_EQ(sums[2 * r + 1], small_sum) << "rank " << r;
+  }
 }
 
 }  // namespace
