@@ -79,7 +79,8 @@ class TopKAllgather {
 
   // Bytes this rank sent and received in the SumBucket() calls since the
   // last Take (the ring's: allgather (W - 1) x (8 + the longest message)
-  // each way; dense fallback 2 (W - 1) / W x 4 n each way).
+  // each way; dense fallback 2 (W - 1) / W x 4 n each way, and (W - 1) x 8
+  // more where the lengths' round decided it).
   struct Traffic {
     int64_t sent = 0;
     int64_t received = 0;
