@@ -230,17 +230,26 @@ void AllreduceExchange::Update(size_t b, float clip) {
 }
 
 void AllreduceExchange::UpdateRows(int t, int64_t step, const float* average) {
-  // The union's rows of the average (every other row's is 0).
+  // The union's rows of the average (every other row's is 0); where SGD
+  // moves every row, the average as it is, already dense.
   const int64_t d = RowElements(t);
-  RowValues grad;
-  grad.rows = union_rows_[t];
-  grad.values.resize(grad.rows.size() * d);
-  for (size_t k = 0; k < grad.rows.size(); ++k) {
-    std::copy(average + int64_t{grad.rows[k]} * d,
-              average + (int64_t{grad.rows[k]} + 1) * d,
-              grad.values.data() + k * d);
-  }
   const int64_t num_rows = static_cast<int64_t>(weights_[t].size()) / d;
+  RowValues grad;
+  if (SgdMovesEveryRow(adam_)) {
+    grad.rows.resize(num_rows);
+    for (int64_t r = 0; r < num_rows; ++r) {
+      grad.rows[r] = static_cast<uint32_t>(r);
+    }
+    grad.values.assign(average, average + num_rows * d);
+  } else {
+    grad.rows = union_rows_[t];
+    grad.values.resize(grad.rows.size() * d);
+    for (size_t k = 0; k < grad.rows.size(); ++k) {
+      std::copy(average + int64_t{grad.rows[k]} * d,
+                average + (int64_t{grad.rows[k]} + 1) * d,
+                grad.values.data() + k * d);
+    }
+  }
   if (!LazyUpdateRows(adam_, step, d, num_rows, grad, weights_[t].data(),
                       m_[t].data(), v_[t].data(), &row_undo_[t])) {
     // As a shard's chunk whose rows overflow: put back (by LazyUpdateRows),
@@ -248,7 +257,7 @@ void AllreduceExchange::UpdateRows(int t, int64_t step, const float* average) {
     std::fprintf(stderr,
                  "update of tensor %d for step %lld overflowed in one of its "
                  "rows (%zu touched); not applied\n",
-                 t, static_cast<long long>(step_), grad.rows.size());
+                 t, static_cast<long long>(step_), union_rows_[t].size());
     return;
   }
   updated_.push_back(t);
