@@ -108,22 +108,23 @@ bool LazyUpdateRows(const OptimizerOptions& options, int64_t step,
                     const RowValues& grad, float* w, float* m, float* v,
                     RowUndo* undo) {
   const int64_t d = row_elements;
-  if (SgdMovesEveryRow(options) &&
-      static_cast<int64_t>(grad.rows.size()) < num_rows) {
-    // SGD's momentum buffer and weight decay act on every row (above): the
-    // update of the densified gradient, an untouched row's zero.
-    RowValues dense;
-    dense.rows.resize(num_rows);
+  // SGD's momentum buffer and weight decay act on every row (above): every
+  // row is updated, an untouched one with a zero gradient, as the dense
+  // update of the densified gradient (element by element the same
+  // arithmetic, so bit for bit).
+  const bool every_row = SgdMovesEveryRow(options);
+  if (every_row) {
+    undo->rows.resize(num_rows);
     for (int64_t r = 0; r < num_rows; ++r) {
-      dense.rows[r] = static_cast<uint32_t>(r);
+      undo->rows[r] = static_cast<uint32_t>(r);
     }
-    dense.values.assign(num_rows * d, 0.0f);
-    Scatter(grad.rows, d, grad.values, dense.values.data());
-    return LazyUpdateRows(options, step, d, num_rows, dense, w, m, v, undo);
+    undo->w.assign(w, w + num_rows * d);
+    undo->m.assign(m, m + num_rows * d);
+  } else {
+    undo->rows = grad.rows;
+    Gather(grad.rows, d, w, &undo->w);
+    Gather(grad.rows, d, m, &undo->m);
   }
-  undo->rows = grad.rows;
-  Gather(grad.rows, d, w, &undo->w);
-  Gather(grad.rows, d, m, &undo->m);
   // SGD leaves v as it was.
   if (options.kind == OptimizerKind::kSgd) {
     undo->v.clear();
@@ -133,13 +134,19 @@ bool LazyUpdateRows(const OptimizerOptions& options, int64_t step,
   const float lr = static_cast<float>(ScheduledLr(options, step - 1));
   bool finite = true;
   if (options.kind == OptimizerKind::kSgd) {
-    for (size_t i = 0; i < grad.rows.size(); ++i) {
-      const int64_t base = int64_t{grad.rows[i]} * d;
-      SgdUpdate(options, lr, step, w + base, grad.values.data() + i * d,
-                m + base, d);
+    const absl::Span<const uint32_t> rows = undo->rows;
+    const std::vector<float> zeros(every_row ? d : 0, 0.0f);
+    size_t next = 0;  // grad's next row
+    for (const uint32_t r : rows) {
+      const float* g = zeros.data();
+      if (next < grad.rows.size() && grad.rows[next] == r) {
+        g = grad.values.data() + next++ * d;
+      }
+      const int64_t base = int64_t{r} * d;
+      SgdUpdate(options, lr, step, w + base, g, m + base, d);
     }
-    for (size_t i = 0; i < grad.rows.size() && finite; ++i) {
-      const float* row = w + int64_t{grad.rows[i]} * d;
+    for (size_t i = 0; i < rows.size() && finite; ++i) {
+      const float* row = w + int64_t{rows[i]} * d;
       for (int64_t j = 0; j < d; ++j) finite &= std::isfinite(row[j]);
     }
   } else {

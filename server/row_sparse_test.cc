@@ -322,8 +322,24 @@ TEST(RowSparseTest, BadRowPushesAreInvalidArgumentAndChangeNothing) {
   EXPECT_NE(pulled[0][9], InitChunks()[0].values[9]);
 }
 
+void ExpectASkippedStepPutsTheRowsBack(const ShardOptions& options);
+
+// A skipped step (a non-finite value) leaves the rows it touched, and with
+// SGD's momentum and weight decay every row, as they were: weights, m, v.
 TEST(RowSparseTest, ASkippedStepPutsTheRowsBack) {
-  ParameterShard shard(Options(1, SyncMode::kSync));
+  ShardOptions sgd = Options(1, SyncMode::kSync, OptimizerKind::kSgd);
+  sgd.adam.momentum = 0.9f;
+  sgd.adam.weight_decay = 0.01f;
+  for (const ShardOptions& options : {Options(1, SyncMode::kSync), sgd}) {
+    SCOPED_TRACE(options.adam.kind == OptimizerKind::kSgd
+                     ? "SGD, momentum and weight decay"
+                     : "Adam");
+    ExpectASkippedStepPutsTheRowsBack(options);
+  }
+}
+
+void ExpectASkippedStepPutsTheRowsBack(const ShardOptions& options) {
+  ParameterShard shard(options);
   ASSERT_TRUE(InitRows(shard).ok());
   auto step = [&](int64_t s, const NonFiniteValue* nonfinite) {
     ASSERT_TRUE(PushRows(shard, 0, 0, 0, s, {{1, 3}, {1, 2, 3, 4, 5, 6}}).ok());
@@ -332,15 +348,16 @@ TEST(RowSparseTest, ASkippedStepPutsTheRowsBack) {
     ASSERT_TRUE(shard.EndStep(0, s, nonfinite).ok());
   };
   step(0, nullptr);
-  const auto before = PullAll(shard, 1);
-  absl::StatusOr<std::vector<ChunkSnapshot>> snap_before = shard.Snapshot(1);
+  step(1, nullptr);  // m nonzero in every row SGD moves
+  const auto before = PullAll(shard, 2);
+  absl::StatusOr<std::vector<ChunkSnapshot>> snap_before = shard.Snapshot(2);
   ASSERT_TRUE(snap_before.ok());
   NonFiniteValue nan;
   nan.param_id = 1;
   nan.value = "nan";
-  step(1, &nan);
-  const auto after = PullAll(shard, 2);
-  absl::StatusOr<std::vector<ChunkSnapshot>> snap_after = shard.Snapshot(2);
+  step(2, &nan);
+  const auto after = PullAll(shard, 3);
+  absl::StatusOr<std::vector<ChunkSnapshot>> snap_after = shard.Snapshot(3);
   ASSERT_TRUE(snap_after.ok());
   for (int i = 0; i < 3; ++i) {
     EXPECT_TRUE(SameBits(before[i], after[i])) << i;
