@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <cstring>
 
 #include "common/nonfinite.h"
 
@@ -118,16 +117,17 @@ void OptimizerUpdate(const OptimizerOptions& options, int64_t step, float* w,
   }
 }
 
+bool UpdatesSecondMoment(const OptimizerOptions& options) {
+  return options.kind == OptimizerKind::kAdam;
+}
+
 bool OptimizerUpdateInto(const OptimizerOptions& options, int64_t step,
                          const float* w_in, const float* g, const float* m_in,
                          const float* v_in, float* w_out, float* m_out,
                          float* v_out, int64_t n) {
   const float lr = static_cast<float>(ScheduledLr(options, step - 1));
   if (options.kind == OptimizerKind::kSgd) {
-    const bool finite =
-        SgdUpdateInto(options, lr, step, w_in, g, m_in, w_out, m_out, n);
-    if (n > 0) std::memcpy(v_out, v_in, sizeof(float) * n);
-    return finite;
+    return SgdUpdateInto(options, lr, step, w_in, g, m_in, w_out, m_out, n);
   }
   return AdamUpdateInto(AtLr(options, lr), step, w_in, g, m_in, v_in, w_out,
                         m_out, v_out, n);

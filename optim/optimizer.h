@@ -101,11 +101,17 @@ bool SgdUpdateInto(const OptimizerOptions& options, float lr, int64_t step,
                    const float* w_in, const float* g, const float* m_in,
                    float* w_out, float* m_out, int64_t n);
 
+// Whether options.kind's update reads and writes the second moment v
+// (Adam); SGD leaves v alone.
+bool UpdatesSecondMoment(const OptimizerOptions& options);
+
 // Update number `step` (1-based) with options.kind's optimizer at the
 // scheduled lr (ScheduledLr(options, step - 1)). In place: w, m, v; out of
-// place: reads *_in, writes *_out (SGD copies v_in to v_out), as
-// AdamUpdateInto, for the shard's update written beside its state; the
-// out-of-place form returns whether every new weight is finite.
+// place: reads *_in, writes *_out, as AdamUpdateInto, for the shard's
+// update written beside its state; the out-of-place form returns whether
+// every new weight is finite. Where !UpdatesSecondMoment(options) neither
+// form touches v (v_in and v_out may be null): a caller swapping its state
+// with *_out keeps its v.
 void OptimizerUpdate(const OptimizerOptions& options, int64_t step, float* w,
                      const float* g, float* m, float* v, int64_t n);
 bool OptimizerUpdateInto(const OptimizerOptions& options, int64_t step,

@@ -294,12 +294,13 @@ void ParameterShard::CompleteBarrierLocked(ChunkState& chunk,
     // Written whole: a pull reply still holding this storage keeps it.
     float* const updated = chunk.prev_weights.overwrite_data(n);
     const bool buffer = plan_->is_buffer(chunk.spec.param_id);
+    const bool updates_v = UpdatesSecondMoment(*optimizer());
     bool finite = false;  // false: NoteOverflow() looks
     if (buffer) {
       std::copy(sum, sum + n, updated);
     } else {
       chunk.prev_m.resize(n);
-      chunk.prev_v.resize(n);
+      if (updates_v) chunk.prev_v.resize(n);
       const auto start = std::chrono::steady_clock::now();
       finite = OptimizerUpdateInto(*optimizer(), step + 1, chunk.weights.data(),
                                    sum, chunk.m.data(), chunk.v.data(), updated,
@@ -312,7 +313,7 @@ void ParameterShard::CompleteBarrierLocked(ChunkState& chunk,
     } else {
       if (!buffer) {
         chunk.m.swap(chunk.prev_m);
-        chunk.v.swap(chunk.prev_v);
+        if (updates_v) chunk.v.swap(chunk.prev_v);
       }
       chunk.weights.swap(chunk.prev_weights);
       chunk.prev_version = step;
@@ -345,7 +346,8 @@ void ParameterShard::ApplyLocked(ChunkState& chunk, const float* gradient) {
   UpdateScratch& out = ThreadUpdateScratch();
   float* const w_out = out.w.overwrite_data(n);
   out.m.resize(n);
-  out.v.resize(n);
+  const bool updates_v = UpdatesSecondMoment(*optimizer());
+  if (updates_v) out.v.resize(n);
   const auto start = std::chrono::steady_clock::now();
   const bool finite = OptimizerUpdateInto(
       *optimizer(), chunk.version + 1, chunk.weights.data(), gradient,
@@ -355,7 +357,7 @@ void ParameterShard::ApplyLocked(ChunkState& chunk, const float* gradient) {
   chunk.prev_version = -1;
   chunk.weights.swap(out.w);
   chunk.m.swap(out.m);
-  chunk.v.swap(out.v);
+  if (updates_v) chunk.v.swap(out.v);
   ++chunk.version;
   applied_.fetch_add(1, std::memory_order_relaxed);
   NoteUpdate();

@@ -155,7 +155,7 @@ void ParameterShard::UndoLocked(ChunkState& chunk) {
   chunk.weights.swap(chunk.prev_weights);
   if (!plan_->is_buffer(chunk.spec.param_id)) {
     chunk.m.swap(chunk.prev_m);
-    chunk.v.swap(chunk.prev_v);
+    if (UpdatesSecondMoment(*optimizer())) chunk.v.swap(chunk.prev_v);
   }
 }
 

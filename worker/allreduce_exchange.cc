@@ -217,12 +217,13 @@ void AllreduceExchange::Update(size_t b, float clip) {
       std::copy(average, average + n, weights_[t].data());
     } else {
       prev_m_[t].resize(n);
-      prev_v_[t].resize(n);
+      const bool updates_v = UpdatesSecondMoment(adam_);
+      if (updates_v) prev_v_[t].resize(n);
       OptimizerUpdateInto(adam_, step, prev_w_[t].data(), average, m_[t].data(),
                           v_[t].data(), weights_[t].data(), prev_m_[t].data(),
                           prev_v_[t].data(), n);
       m_[t].swap(prev_m_[t]);
-      v_[t].swap(prev_v_[t]);
+      if (updates_v) v_[t].swap(prev_v_[t]);
     }
     updated_.push_back(t);
     average += n;
@@ -272,7 +273,7 @@ void AllreduceExchange::UndoUpdate(int t) {
   std::copy(prev_w_[t].begin(), prev_w_[t].end(), weights_[t].data());
   if (t < static_cast<int>(m_.size())) {
     m_[t].swap(prev_m_[t]);
-    v_[t].swap(prev_v_[t]);
+    if (UpdatesSecondMoment(adam_)) v_[t].swap(prev_v_[t]);
   }
 }
 
