@@ -2,22 +2,22 @@
 // worker's CPU per step. The worker compresses each chunk of a parameter's
 // gradient (the partition plan's chunks, --partition_bytes) on a pusher
 // thread: adds the residual, selects the k largest magnitudes
-// (worker/topk_compression.h, SelectTopK: a radix select) and keeps the
-// rest as the next residual. This times, over a zoo model's real gradients
-// (one forward + backward on a Fashion-MNIST batch, CPU backend), on one
-// thread:
+// (worker/topk_compression.h, SelectTopK: a sampled threshold, or a radix
+// select where the sample misleads) and keeps the rest as the next
+// residual. This times, over a zoo model's real gradients (one forward +
+// backward on a Fashion-MNIST batch, CPU backend), on one thread:
 //
 //   nth_element  the baseline, measured in the same run: the selection as
 //                the standard library does it, std::nth_element over every
 //                index with the same order (larger |value|, then the lower
 //                index), then sorted (what SelectTopK was until 2026-11-29)
-//   radix        SelectTopK over the same chunks
+//   select       SelectTopK over the same chunks
 //   compress     TopKCompressor::Compress over every chunk of a step (the
 //                residual added and written back, error feedback on)
 //   link         the pushed bytes' time at --link_mbit (index and value,
 //                8 bytes an entry), for scale: what the selection buys
 //
-// Columns are medians of --repeats; speedup = nth_element / radix; same =
+// Columns are medians of --repeats; speedup = nth_element / select; same =
 // SelectTopK's indices equal the baseline's in every chunk of every repeat
 // (the correctness column).
 //
@@ -117,7 +117,7 @@ int Main() {
   }
   std::printf(
       "| model | elements | chunks | ratio | pushed | nth_element (ms) | "
-      "radix (ms) | speedup | radix ns/element | compress (ms) | link (ms) | "
+      "select (ms) | speedup | select ns/element | compress (ms) | link (ms) | "
       "same |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n");
   const std::vector<std::string> names =
       absl::StrSplit(absl::GetFlag(FLAGS_models), ',');

@@ -71,18 +71,17 @@ inline uint32_t MagnitudeKey(float x) {
 constexpr int kBinShift = 20;
 constexpr int kBins = 1 << (31 - kBinShift);
 
-}  // namespace
+// An entry's place in the order as one number: a larger number comes first
+// (the key, then the lower index).
+inline uint64_t Ranked(uint32_t key, int64_t i) {
+  return (static_cast<uint64_t>(key) << 32) |
+         (0xffffffffu - static_cast<uint32_t>(i));
+}
 
-void SelectTopK(absl::Span<const float> values, int64_t k,
-                std::vector<uint32_t>* indices) {
+// The radix select over every entry (0 < k < n).
+void RadixSelect(absl::Span<const float> values, int64_t k,
+                 std::vector<uint32_t>* indices) {
   const int64_t n = static_cast<int64_t>(values.size());
-  indices->clear();
-  if (k >= n) {
-    indices->resize(n);
-    std::iota(indices->begin(), indices->end(), 0u);
-    return;
-  }
-  if (k <= 0) return;
   // A radix select. Pass 1: how many keys fall in each bin; the bin where
   // the count from the top reaches k holds the k-th key, every entry of a
   // higher bin is selected.
@@ -106,8 +105,7 @@ void SelectTopK(absl::Span<const float> values, int64_t k,
     if (bin > threshold_bin) {
       selected.push_back(static_cast<uint32_t>(i));
     } else if (bin == threshold_bin) {
-      candidates.push_back((static_cast<uint64_t>(key) << 32) |
-                           (0xffffffffu - static_cast<uint32_t>(i)));
+      candidates.push_back(Ranked(key, i));
     }
   }
   // The first k - above candidates in the order (usually a few percent of
@@ -127,6 +125,89 @@ void SelectTopK(absl::Span<const float> values, int64_t k,
   indices->resize(k);
   std::merge(selected.begin(), selected.end(), chosen.begin(), chosen.end(),
              indices->begin());
+}
+
+// Sampled selection, for a small k of a large chunk: the keys of every
+// kSampleStride-th entry give a threshold that about 1.25 k entries reach
+// (the sample's quantile with a margin of four standard deviations of its
+// count); one pass collects the entries at or above it, in index order, and
+// the k-th of them in the order picks the chosen. Exact whenever at least k
+// entries reach the threshold (the k largest then all do); returns false,
+// having written nothing, where fewer do or more than an eighth of the
+// chunk does (a sample that missed the chunk's shape; the caller falls
+// back to RadixSelect).
+constexpr int64_t kSampleStride = 64;
+constexpr int64_t kSampledFrom = 1 << 16;  // elements
+
+bool SampledSelect(absl::Span<const float> values, int64_t k,
+                   std::vector<uint32_t>* indices) {
+  const int64_t n = static_cast<int64_t>(values.size());
+  thread_local std::vector<uint32_t> sample;
+  sample.clear();
+  for (int64_t i = 0; i < n; i += kSampleStride) {
+    sample.push_back(MagnitudeKey(values[i]));
+  }
+  const double expected = static_cast<double>(k) *
+                          static_cast<double>(sample.size()) /
+                          static_cast<double>(n);
+  const int64_t m = static_cast<int64_t>(
+      std::ceil(1.25 * expected + 4.0 * std::sqrt(expected) + 8.0));
+  if (m >= static_cast<int64_t>(sample.size())) return false;
+  std::nth_element(sample.begin(), sample.begin() + (m - 1), sample.end(),
+                   std::greater<uint32_t>());
+  const uint32_t threshold = sample[m - 1];
+  const int64_t limit = n / 8;
+  thread_local std::vector<uint64_t> candidates;
+  candidates.clear();
+  // Blocks of 16 entries, most of which no entry reaches: a branch-free
+  // test of the whole block (which the compiler vectorises) first.
+  constexpr int64_t kBlock = 16;
+  const float* v = values.data();
+  for (int64_t start = 0; start < n; start += kBlock) {
+    const int64_t end = std::min(n, start + kBlock);
+    if (end - start == kBlock) {
+      uint32_t any = 0;
+      for (int64_t j = 0; j < kBlock; ++j) {
+        any |= MagnitudeKey(v[start + j]) >= threshold ? 1u : 0u;
+      }
+      if (any == 0) continue;
+    }
+    for (int64_t i = start; i < end; ++i) {
+      const uint32_t key = MagnitudeKey(v[i]);
+      if (key >= threshold) candidates.push_back(Ranked(key, i));
+    }
+    if (static_cast<int64_t>(candidates.size()) > limit) return false;
+  }
+  if (static_cast<int64_t>(candidates.size()) < k) return false;
+  thread_local std::vector<uint64_t> order;
+  order.assign(candidates.begin(), candidates.end());
+  std::nth_element(order.begin(), order.begin() + (k - 1), order.end(),
+                   std::greater<uint64_t>());
+  const uint64_t kth = order[k - 1];  // every Ranked() differs
+  indices->clear();
+  indices->reserve(k);
+  for (uint64_t c : candidates) {
+    if (c >= kth) indices->push_back(0xffffffffu - static_cast<uint32_t>(c));
+  }
+  return true;
+}
+
+}  // namespace
+
+void SelectTopK(absl::Span<const float> values, int64_t k,
+                std::vector<uint32_t>* indices) {
+  const int64_t n = static_cast<int64_t>(values.size());
+  indices->clear();
+  if (k >= n) {
+    indices->resize(n);
+    std::iota(indices->begin(), indices->end(), 0u);
+    return;
+  }
+  if (k <= 0) return;
+  if (n >= kSampledFrom && 8 * k <= n && SampledSelect(values, k, indices)) {
+    return;
+  }
+  RadixSelect(values, k, indices);
 }
 
 std::vector<bool> WholeTensors(

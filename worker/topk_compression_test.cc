@@ -113,6 +113,38 @@ TEST(SelectTopKTest, MatchesSortingEverythingWhereManyEntriesTie) {
   }
 }
 
+// Chunks of 65,536 entries and more first try a threshold from every 64th
+// entry: inputs whose large entries the sample misses (all between its
+// positions: the threshold is 0, which every entry reaches) or only sees
+// (all on its positions: fewer than k reach the threshold) fall back to
+// the radix select, and every answer is the sort's.
+TEST(SelectTopKTest, MatchesSortingEverythingWhereTheSampleMisleads) {
+  std::mt19937 rng(13);
+  std::normal_distribution<float> normal;
+  const int n = 1 << 17;
+  std::vector<std::vector<float>> inputs;
+  std::vector<float> v(n);
+  for (int i = 0; i < n; ++i) v[i] = i % 64 == 0 ? 0.0f : normal(rng);
+  inputs.push_back(v);
+  for (int i = 0; i < n; ++i) v[i] = i % 64 == 0 ? 10.0f + normal(rng) : 0.0f;
+  inputs.push_back(v);
+  for (int i = 0; i < n; ++i) {
+    v[i] = i % 64 == 0 ? 10.0f + normal(rng) : normal(rng);
+  }
+  inputs.push_back(v);
+  for (int i = 0; i < n; ++i)
+    v[i] = i < n / 2 ? normal(rng) : 100 * normal(rng);
+  inputs.push_back(v);
+  for (size_t c = 0; c < inputs.size(); ++c) {
+    for (int64_t k : {int64_t{1}, TopKCount(0.001, n), TopKCount(0.01, n),
+                      TopKCount(0.02, n), int64_t{n / 8}}) {
+      std::vector<uint32_t> got;
+      SelectTopK(inputs[c], k, &got);
+      EXPECT_EQ(got, BruteTopK(inputs[c], k)) << "input " << c << " k " << k;
+    }
+  }
+}
+
 TEST(SelectTopKTest, NaNAndInfinityComeFirst) {
   const float inf = std::numeric_limits<float>::infinity();
   const std::vector<float> v = {1.0f, -inf, std::nanf(""), 5.0f, inf};
