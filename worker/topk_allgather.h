@@ -119,6 +119,7 @@ class TopKAllgather {
   std::vector<uint8_t> message_;
   std::vector<uint8_t> gathered_;
   std::vector<float> decoded_;
+  std::vector<int64_t> positions_;  // Accumulate(): the pairs' in the bucket
 };
 
 }  // namespace pstrain
