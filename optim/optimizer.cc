@@ -61,8 +61,9 @@ SgdConstants SgdConstantsFor(const OptimizerOptions& o, float lr,
   return c;
 }
 
-// One element, in torch's order of operations; shared by both loops.
-// Returns NonFiniteBit() of the new weight (as AdamElement).
+// One element, in torch's order of operations; shared by the loops. m and
+// m_out are the momentum buffer's (unused without momentum). Returns
+// NonFiniteBit() of the new weight (as AdamElement).
 inline uint32_t SgdElement(const SgdConstants& c, float w, float g, float m,
                            float* w_out, float* m_out) {
   float d = c.weight_decay != 0.0f ? g + c.weight_decay * w : g;
@@ -70,8 +71,6 @@ inline uint32_t SgdElement(const SgdConstants& c, float w, float g, float m,
     const float buf = c.first ? d : c.momentum * m + c.one_minus_dampening * d;
     *m_out = buf;
     d = c.nesterov ? d + c.momentum * buf : buf;
-  } else {
-    *m_out = m;
   }
   const float out = w + c.neg_lr * d;
   *w_out = out;
@@ -90,6 +89,13 @@ void SgdUpdate(const OptimizerOptions& options, float lr, int64_t step,
                float* __restrict w, const float* __restrict g,
                float* __restrict m, int64_t n) {
   const SgdConstants c = SgdConstantsFor(options, lr, step);
+  if (!c.use_momentum) {
+    float unused;
+    for (int64_t i = 0; i < n; ++i) {
+      SgdElement(c, w[i], g[i], 0.0f, &w[i], &unused);
+    }
+    return;
+  }
   for (int64_t i = 0; i < n; ++i) {
     SgdElement(c, w[i], g[i], m[i], &w[i], &m[i]);
   }
@@ -101,6 +107,13 @@ bool SgdUpdateInto(const OptimizerOptions& options, float lr, int64_t step,
                    float* __restrict m_out, int64_t n) {
   const SgdConstants c = SgdConstantsFor(options, lr, step);
   uint32_t nonfinite = 0;
+  if (!c.use_momentum) {
+    float unused;
+    for (int64_t i = 0; i < n; ++i) {
+      nonfinite |= SgdElement(c, w_in[i], g[i], 0.0f, &w_out[i], &unused);
+    }
+    return nonfinite == 0;
+  }
   for (int64_t i = 0; i < n; ++i) {
     nonfinite |= SgdElement(c, w_in[i], g[i], m_in[i], &w_out[i], &m_out[i]);
   }
@@ -115,6 +128,10 @@ void OptimizerUpdate(const OptimizerOptions& options, int64_t step, float* w,
   } else {
     AdamUpdate(AtLr(options, lr), step, w, g, m, v, n);
   }
+}
+
+bool UpdatesFirstMoment(const OptimizerOptions& options) {
+  return options.kind == OptimizerKind::kAdam || options.momentum != 0.0f;
 }
 
 bool UpdatesSecondMoment(const OptimizerOptions& options) {

@@ -94,24 +94,28 @@ double ScheduledLr(const OptimizerOptions& options, int64_t step);
 
 // SGD as above, `step` 1-based (as AdamUpdate's): in place, and out of place
 // (bit-identical; no array may overlap another; returns whether every new
-// weight is finite). `m` is the momentum buffer.
+// weight is finite). `m` is the momentum buffer, neither read nor written
+// without momentum (then it may be null).
 void SgdUpdate(const OptimizerOptions& options, float lr, int64_t step,
                float* w, const float* g, float* m, int64_t n);
 bool SgdUpdateInto(const OptimizerOptions& options, float lr, int64_t step,
                    const float* w_in, const float* g, const float* m_in,
                    float* w_out, float* m_out, int64_t n);
 
-// Whether options.kind's update reads and writes the second moment v
-// (Adam); SGD leaves v alone.
+// Whether options' update reads and writes the first moment m (Adam's, or
+// SGD's momentum buffer: not without momentum), and the second moment v
+// (Adam's; SGD leaves v alone).
+bool UpdatesFirstMoment(const OptimizerOptions& options);
 bool UpdatesSecondMoment(const OptimizerOptions& options);
 
 // Update number `step` (1-based) with options.kind's optimizer at the
 // scheduled lr (ScheduledLr(options, step - 1)). In place: w, m, v; out of
 // place: reads *_in, writes *_out, as AdamUpdateInto, for the shard's
 // update written beside its state; the out-of-place form returns whether
-// every new weight is finite. Where !UpdatesSecondMoment(options) neither
-// form touches v (v_in and v_out may be null): a caller swapping its state
-// with *_out keeps its v.
+// every new weight is finite. Neither form touches m where
+// !UpdatesFirstMoment(options), nor v where !UpdatesSecondMoment(options)
+// (those pointers may then be null): a caller swapping its state with
+// *_out keeps them.
 void OptimizerUpdate(const OptimizerOptions& options, int64_t step, float* w,
                      const float* g, float* m, float* v, int64_t n);
 bool OptimizerUpdateInto(const OptimizerOptions& options, int64_t step,

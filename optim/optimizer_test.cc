@@ -109,32 +109,43 @@ TEST(OptimizerTest, MatchesPyTorchSgdAndSchedules) {
   EXPECT_EQ(checked_lrs, 200);
 }
 
-// ... and SGD leaves v alone: the out-of-place form neither reads nor
-// writes it (null is allowed), so a caller swapping state keeps its v.
+// ... and SGD leaves v alone, and m too without momentum: the out-of-place
+// form neither reads nor writes them (null is allowed), so a caller
+// swapping state keeps them.
 TEST(OptimizerTest, SgdOutOfPlaceEqualsInPlaceBitForBit) {
-  OptimizerOptions options;
-  options.kind = OptimizerKind::kSgd;
-  options.lr = 0.05f;
-  options.momentum = 0.9f;
-  options.nesterov = true;
-  options.weight_decay = 1e-4f;
-  EXPECT_FALSE(UpdatesSecondMoment(options));
-  EXPECT_TRUE(UpdatesSecondMoment(OptimizerOptions{}));
-  const int n = 1000;
-  std::vector<float> w(n), m(n, 0.0f), v(n, 7.0f), g(n);
-  for (int i = 0; i < n; ++i) w[i] = std::sin(0.37f * i);
-  std::vector<float> w2 = w, m2 = m, w_out(n), m_out(n);
-  for (int step = 1; step <= 4; ++step) {
-    for (int i = 0; i < n; ++i) g[i] = std::cos(0.11f * i * step);
-    OptimizerUpdate(options, step, w.data(), g.data(), m.data(), v.data(), n);
-    OptimizerUpdateInto(options, step, w2.data(), g.data(), m2.data(), nullptr,
-                        w_out.data(), m_out.data(), nullptr, n);
-    w2.swap(w_out);
-    m2.swap(m_out);
+  for (const bool momentum : {true, false}) {
+    SCOPED_TRACE(momentum ? "Nesterov momentum" : "no momentum");
+    OptimizerOptions options;
+    options.kind = OptimizerKind::kSgd;
+    options.lr = 0.05f;
+    options.momentum = momentum ? 0.9f : 0.0f;
+    options.nesterov = momentum;
+    options.weight_decay = 1e-4f;
+    EXPECT_EQ(UpdatesFirstMoment(options), momentum);
+    EXPECT_FALSE(UpdatesSecondMoment(options));
+    const int n = 1000;
+    std::vector<float> w(n), m(n, momentum ? 0.0f : 5.0f), v(n, 7.0f), g(n);
+    for (int i = 0; i < n; ++i) w[i] = std::sin(0.37f * i);
+    std::vector<float> w2 = w, m2 = m, w_out(n), m_out(n);
+    for (int step = 1; step <= 4; ++step) {
+      for (int i = 0; i < n; ++i) g[i] = std::cos(0.11f * i * step);
+      OptimizerUpdate(options, step, w.data(), g.data(), m.data(), v.data(), n);
+      OptimizerUpdateInto(options, step, w2.data(), g.data(),
+                          momentum ? m2.data() : nullptr, nullptr, w_out.data(),
+                          momentum ? m_out.data() : nullptr, nullptr, n);
+      w2.swap(w_out);
+      if (momentum) m2.swap(m_out);
+    }
+    EXPECT_EQ(0, std::memcmp(w.data(), w2.data(), n * sizeof(float)));
+    EXPECT_EQ(0, std::memcmp(m.data(), m2.data(), n * sizeof(float)));
+    EXPECT_EQ(v, std::vector<float>(n, 7.0f));
+    if (!momentum) {
+      EXPECT_EQ(m, std::vector<float>(n, 5.0f));
+    }
   }
-  EXPECT_EQ(0, std::memcmp(w.data(), w2.data(), n * sizeof(float)));
-  EXPECT_EQ(0, std::memcmp(m.data(), m2.data(), n * sizeof(float)));
-  EXPECT_EQ(v, std::vector<float>(n, 7.0f));
+  OptimizerOptions adam;
+  EXPECT_TRUE(UpdatesFirstMoment(adam));
+  EXPECT_TRUE(UpdatesSecondMoment(adam));
 }
 
 TEST(OptimizerTest, AdamWithAConstantLrIsAdamUpdateBitForBit) {

@@ -4,6 +4,7 @@
 // parameter_shard.h.
 #include <algorithm>
 #include <chrono>
+#include <memory>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -294,15 +295,17 @@ void ParameterShard::CompleteBarrierLocked(ChunkState& chunk,
     // Written whole: a pull reply still holding this storage keeps it.
     float* const updated = chunk.prev_weights.overwrite_data(n);
     const bool buffer = plan_->is_buffer(chunk.spec.param_id);
-    const bool updates_v = UpdatesSecondMoment(*optimizer());
+    const std::shared_ptr<const OptimizerOptions> options = optimizer();
+    const bool updates_m = UpdatesFirstMoment(*options);
+    const bool updates_v = UpdatesSecondMoment(*options);
     bool finite = false;  // false: NoteOverflow() looks
     if (buffer) {
       std::copy(sum, sum + n, updated);
     } else {
-      chunk.prev_m.resize(n);
+      if (updates_m) chunk.prev_m.resize(n);
       if (updates_v) chunk.prev_v.resize(n);
       const auto start = std::chrono::steady_clock::now();
-      finite = OptimizerUpdateInto(*optimizer(), step + 1, chunk.weights.data(),
+      finite = OptimizerUpdateInto(*options, step + 1, chunk.weights.data(),
                                    sum, chunk.m.data(), chunk.v.data(), updated,
                                    chunk.prev_m.data(), chunk.prev_v.data(), n);
       optimizer_ns_.fetch_add(ElapsedNs(start), std::memory_order_relaxed);
@@ -312,7 +315,7 @@ void ParameterShard::CompleteBarrierLocked(ChunkState& chunk,
       chunk.undo_step = -1;
     } else {
       if (!buffer) {
-        chunk.m.swap(chunk.prev_m);
+        if (updates_m) chunk.m.swap(chunk.prev_m);
         if (updates_v) chunk.v.swap(chunk.prev_v);
       }
       chunk.weights.swap(chunk.prev_weights);
@@ -345,18 +348,20 @@ void ParameterShard::ApplyLocked(ChunkState& chunk, const float* gradient) {
   // Written beside the current state, and swapped in only if finite.
   UpdateScratch& out = ThreadUpdateScratch();
   float* const w_out = out.w.overwrite_data(n);
-  out.m.resize(n);
-  const bool updates_v = UpdatesSecondMoment(*optimizer());
+  const std::shared_ptr<const OptimizerOptions> options = optimizer();
+  const bool updates_m = UpdatesFirstMoment(*options);
+  const bool updates_v = UpdatesSecondMoment(*options);
+  if (updates_m) out.m.resize(n);
   if (updates_v) out.v.resize(n);
   const auto start = std::chrono::steady_clock::now();
   const bool finite = OptimizerUpdateInto(
-      *optimizer(), chunk.version + 1, chunk.weights.data(), gradient,
+      *options, chunk.version + 1, chunk.weights.data(), gradient,
       chunk.m.data(), chunk.v.data(), w_out, out.m.data(), out.v.data(), n);
   optimizer_ns_.fetch_add(ElapsedNs(start), std::memory_order_relaxed);
   if (!finite && NoteOverflow(chunk, chunk.version, out.w.span())) return;
   chunk.prev_version = -1;
   chunk.weights.swap(out.w);
-  chunk.m.swap(out.m);
+  if (updates_m) chunk.m.swap(out.m);
   if (updates_v) chunk.v.swap(out.v);
   ++chunk.version;
   applied_.fetch_add(1, std::memory_order_relaxed);

@@ -2,6 +2,7 @@
 // and the lazy update (server/row_sparse.h), undone by rows; see
 // parameter_shard.h ("row-sparse tensors").
 #include <chrono>
+#include <memory>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -154,8 +155,9 @@ void ParameterShard::UndoLocked(ChunkState& chunk) {
   }
   chunk.weights.swap(chunk.prev_weights);
   if (!plan_->is_buffer(chunk.spec.param_id)) {
-    chunk.m.swap(chunk.prev_m);
-    if (UpdatesSecondMoment(*optimizer())) chunk.v.swap(chunk.prev_v);
+    const std::shared_ptr<const OptimizerOptions> options = optimizer();
+    if (UpdatesFirstMoment(*options)) chunk.m.swap(chunk.prev_m);
+    if (UpdatesSecondMoment(*options)) chunk.v.swap(chunk.prev_v);
   }
 }
 

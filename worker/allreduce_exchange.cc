@@ -216,13 +216,14 @@ void AllreduceExchange::Update(size_t b, float clip) {
     if (t >= num_params) {
       std::copy(average, average + n, weights_[t].data());
     } else {
-      prev_m_[t].resize(n);
+      const bool updates_m = UpdatesFirstMoment(adam_);
       const bool updates_v = UpdatesSecondMoment(adam_);
+      if (updates_m) prev_m_[t].resize(n);
       if (updates_v) prev_v_[t].resize(n);
       OptimizerUpdateInto(adam_, step, prev_w_[t].data(), average, m_[t].data(),
                           v_[t].data(), weights_[t].data(), prev_m_[t].data(),
                           prev_v_[t].data(), n);
-      m_[t].swap(prev_m_[t]);
+      if (updates_m) m_[t].swap(prev_m_[t]);
       if (updates_v) v_[t].swap(prev_v_[t]);
     }
     updated_.push_back(t);
@@ -272,7 +273,7 @@ void AllreduceExchange::UndoUpdate(int t) {
   }
   std::copy(prev_w_[t].begin(), prev_w_[t].end(), weights_[t].data());
   if (t < static_cast<int>(m_.size())) {
-    m_[t].swap(prev_m_[t]);
+    if (UpdatesFirstMoment(adam_)) m_[t].swap(prev_m_[t]);
     if (UpdatesSecondMoment(adam_)) v_[t].swap(prev_v_[t]);
   }
 }
