@@ -478,25 +478,37 @@ void AllreduceExchange::Communicate() {
       s.Update(fence->Wait());
     }
     std::vector<float>& flat = flat_[b];
+    const bool rows = RowElements(bucket[0]) > 0;
     if (s.ok()) {
       flat.clear();
-      for (int t : bucket) {
-        flat.insert(flat.end(), (*gradients)[t].begin(), (*gradients)[t].end());
+      if (topk_.has_value() && !rows) {
+        // Top-k reads the parameters' gradients where they are (they stay
+        // until Step returns); only the buffers' go in first.
+        size_t total = 0;
+        for (int t : bucket) {
+          const absl::Span<const float> g = (*gradients)[t];
+          if (t >= num_params()) flat.insert(flat.end(), g.begin(), g.end());
+          total += g.size();
+        }
+        flat.resize(total);
+      } else {
+        for (int t : bucket) {
+          flat.insert(flat.end(), (*gradients)[t].begin(),
+                      (*gradients)[t].end());
+        }
       }
       if (!own_nonfinite_.has_value()) {
         // Where this worker's own gradients hold one, to name it.
-        int64_t offset = 0;
         for (int t : bucket) {
           const int64_t bad = FindNonFinite((*gradients)[t]);
           if (bad >= 0) {
             NonFiniteValue own;
             own.param_id = t;
             own.element = bad;
-            own.value = NonFiniteText(flat[offset + bad]);
+            own.value = NonFiniteText((*gradients)[t][bad]);
             own_nonfinite_ = std::move(own);
             break;
           }
-          offset += static_cast<int64_t>((*gradients)[t].size());
         }
       }
       trace::Scope traced(
@@ -506,9 +518,8 @@ void AllreduceExchange::Communicate() {
            {"bytes", static_cast<int64_t>(flat.size() * (wire16() ? 2 : 4))},
            {"topk", topk_.has_value() ? 1 : 0}});
       const absl::Time start = absl::Now();
-      const bool rows = RowElements(bucket[0]) > 0;
       s = rows                ? AllgatherRows(b)
-          : topk_.has_value() ? AllgatherTopK(b)
+          : topk_.has_value() ? AllgatherTopK(b, *gradients)
           : wire16()          ? Allreduce16(b)
                      : collective_->AllreduceSum(flat.data(), flat.size());
       allreduce_ += absl::Now() - start;
@@ -613,16 +624,18 @@ absl::Status AllreduceExchange::Allreduce16(size_t b) {
   return absl::OkStatus();
 }
 
-absl::Status AllreduceExchange::AllgatherTopK(size_t b) {
-  const int num_params = static_cast<int>(weights_.size()) - num_buffers_;
+absl::Status AllreduceExchange::AllgatherTopK(
+    size_t b, const std::vector<absl::Span<const float>>& gradients) {
   std::vector<float>& flat = flat_[b];
   int64_t buffers = 0;
   std::vector<int> params;
+  std::vector<absl::Span<const float>> grads;
   for (int t : buckets_[b]) {
-    if (t >= num_params) {
+    if (t >= num_params()) {
       buffers += static_cast<int64_t>(weights_[t].size());
     } else {
       params.push_back(t);
+      grads.push_back(gradients[t]);
     }
   }
   if (buffers > 0) {
@@ -631,7 +644,7 @@ absl::Status AllreduceExchange::AllgatherTopK(size_t b) {
     traffic_.received += RingBytes(4 * buffers);
   }
   RETURN_IF_ERROR(topk_->SumBucket(
-      *collective_, params,
+      *collective_, params, grads,
       absl::MakeSpan(flat).subspan(static_cast<size_t>(buffers))));
   const TopKAllgather::Traffic pairs = topk_->TakeTraffic();
   traffic_.sent += pairs.sent;

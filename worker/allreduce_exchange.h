@@ -210,10 +210,17 @@ class AllreduceExchange : public GradientExchange {
   }
 
   // Top-k (compression_): bucket `b`'s buffers (its first elements: the
-  // buffers are the model's last tensors) summed densely in fp32, its
-  // parameters' gradients as every rank's top-k selection
-  // (TopKAllgather). flat_[b] holds sums on return.
-  absl::Status AllgatherTopK(size_t b);
+  // buffers are the model's last tensors, in flat_[b]) summed densely in
+  // fp32, its parameters' `gradients` (by tensor id, read where they are)
+  // as every rank's top-k selection (TopKAllgather). flat_[b] holds sums
+  // on return.
+  absl::Status AllgatherTopK(
+      size_t b, const std::vector<absl::Span<const float>>& gradients);
+
+  // The model's parameters: weights_' first tensors (the buffers follow).
+  int num_params() const {
+    return static_cast<int>(weights_.size()) - num_buffers_;
+  }
 
   // What a ring allreduce of `bytes` sends (and receives) on each rank:
   // 2 (W - 1) / W of them (Patarasuk & Yuan 2009).

@@ -24,23 +24,32 @@ TopKAllgather::Traffic TopKAllgather::TakeTraffic() {
   return std::exchange(traffic_, Traffic{});
 }
 
-absl::StatusOr<int64_t> TopKAllgather::Select(absl::Span<const int> tensors,
-                                              absl::Span<float> flat) {
+absl::StatusOr<int64_t> TopKAllgather::Select(
+    absl::Span<const int> tensors,
+    absl::Span<const absl::Span<const float>> gradients, int64_t capacity) {
   indices_.clear();
   values_.clear();
   counts_.clear();
   chunk_sizes_.clear();
+  if (gradients.size() != tensors.size()) {
+    return absl::InternalError(
+        absl::StrCat("top-k allgather: ", gradients.size(), " gradients for ",
+                     tensors.size(), " tensors"));
+  }
   int64_t position = 0;
-  for (int t : tensors) {
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const int t = tensors[i];
     const int64_t n = compressor_->size(t);
-    if (position + n > static_cast<int64_t>(flat.size())) {
-      return absl::InternalError(absl::StrCat(
-          "top-k allgather: tensor ", t, " of ", n, " elements at ", position,
-          " overruns its bucket of ", flat.size()));
+    const absl::Span<const float> gradient = gradients[i];
+    if (static_cast<int64_t>(gradient.size()) != n || position + n > capacity) {
+      return absl::InternalError(
+          absl::StrCat("top-k allgather: tensor ", t, " of ", n,
+                       " elements (a gradient of ", gradient.size(), ") at ",
+                       position, " overruns its bucket of ", capacity));
     }
     for (int64_t offset = 0; offset < n; offset += chunk_elements_) {
       const int64_t length = std::min(chunk_elements_, n - offset);
-      compressor_->Compress(t, offset, flat.subspan(position + offset, length),
+      compressor_->Compress(t, offset, gradient.subspan(offset, length),
                             &chunk_indices_, &chunk_values_, wire_);
       indices_.insert(indices_.end(), chunk_indices_.begin(),
                       chunk_indices_.end());
@@ -189,11 +198,14 @@ absl::Status TopKAllgather::Accumulate(int rank, const uint8_t* in,
   return absl::OkStatus();
 }
 
-absl::Status TopKAllgather::SumBucket(Collective& collective,
-                                      absl::Span<const int> tensors,
-                                      absl::Span<float> flat) {
-  ASSIGN_OR_RETURN(const int64_t position, Select(tensors, flat));
-  absl::Span<float> bucket = flat.first(position);
+absl::Status TopKAllgather::SumBucket(
+    Collective& collective, absl::Span<const int> tensors,
+    absl::Span<const absl::Span<const float>> gradients,
+    absl::Span<float> sum) {
+  ASSIGN_OR_RETURN(
+      const int64_t position,
+      Select(tensors, gradients, static_cast<int64_t>(sum.size())));
+  absl::Span<float> bucket = sum.first(position);
   const int64_t pairs = static_cast<int64_t>(indices_.size());
   const int64_t chunks = static_cast<int64_t>(counts_.size());
   const int value_bytes = WireBytesPerElement(wire_);

@@ -67,15 +67,19 @@ class TopKAllgather {
   // elements (partition_bytes / 4); `wire`: the values' dtype.
   TopKAllgather(TopKCompressor* compressor, int64_t chunk_elements, DType wire);
 
-  // One bucket: `flat` holds this rank's gradients of parameter tensors
-  // `tensors` (ids of the compressor's tensors, their elements one after
-  // the other in that order). On return it holds, per element, the sum
-  // over the ranks of what each selected (0 where no rank selected it).
-  // The compressor's step must have begun (BeginStep). Errors: the
+  // One bucket: `gradients[i]` is this rank's gradient of parameter tensor
+  // `tensors[i]` (ids of the compressor's tensors, of its sizes). On
+  // return `sum` (the tensors' elements one after the other, in that
+  // order; at least their total) holds, per element, the sum over the
+  // ranks of what each selected (0 where no rank selected it). `sum` may be
+  // the gradients' own memory laid out so: they are read first. The
+  // compressor's step must have begun (BeginStep). Errors: INTERNAL where
+  // a gradient's size is not its tensor's, or `sum` is short; the
   // collective's; INTERNAL where a rank's pairs do not fit its chunk (a
   // rank of another model or step).
   absl::Status SumBucket(Collective& collective, absl::Span<const int> tensors,
-                         absl::Span<float> flat);
+                         absl::Span<const absl::Span<const float>> gradients,
+                         absl::Span<float> sum);
 
   // Bytes this rank sent and received in the SumBucket() calls since the
   // last Take (the ring's: allgather (W - 1) x (8 + the longest message)
@@ -88,10 +92,11 @@ class TopKAllgather {
   Traffic TakeTraffic();
 
  private:
-  // Compresses each chunk of `tensors` into the selections below; returns
-  // the bucket's elements.
-  absl::StatusOr<int64_t> Select(absl::Span<const int> tensors,
-                                 absl::Span<float> flat);
+  // Compresses each chunk of `gradients` (of `tensors`) into the
+  // selections below; returns the bucket's elements (at most `capacity`).
+  absl::StatusOr<int64_t> Select(
+      absl::Span<const int> tensors,
+      absl::Span<const absl::Span<const float>> gradients, int64_t capacity);
   // The dense fallback: the selections, wire-rounded, in zeros, summed by
   // the ring over `bucket`.
   absl::Status SumDense(Collective& collective, absl::Span<float> bucket);

@@ -55,6 +55,19 @@ std::vector<float> Gradients(const Shape& shape, int rank) {
   return g;
 }
 
+// The tensors' gradients as SumBucket takes them: one span each, over
+// `flat` (the tensors' elements one after the other).
+std::vector<absl::Span<const float>> PerTensor(
+    const std::vector<float>& flat, const std::vector<int64_t>& sizes) {
+  std::vector<absl::Span<const float>> spans;
+  int64_t at = 0;
+  for (int64_t n : sizes) {
+    spans.push_back(absl::MakeConstSpan(flat).subspan(at, n));
+    at += n;
+  }
+  return spans;
+}
+
 // The reference: per chunk, the k of the largest magnitude (ties to the
 // lower index), rounded through `wire` chunk by chunk, summed over ranks.
 // `gap_bytes` (if not null): each rank's offsets' bytes as varint gaps
@@ -125,11 +138,14 @@ std::vector<RankResult> RunRanks(const Shape& shape, int size, double ratio,
       TopKCompressor compressor(options, shape.sizes, 3);
       compressor.BeginStep(0);
       TopKAllgather gather(&compressor, shape.chunk, wire);
-      std::vector<float> flat = Gradients(shape, r);
+      // The sum in a buffer of its own, as the allreduce exchange's.
+      const std::vector<float> gradients = Gradients(shape, r);
+      std::vector<float> sum(gradients.size(), -1.0f);
       const std::vector<int> tensors = {0, 1};
-      absl::Status s = gather.SumBucket(**c, tensors, absl::MakeSpan(flat));
+      absl::Status s = gather.SumBucket(
+          **c, tensors, PerTensor(gradients, shape.sizes), absl::MakeSpan(sum));
       ASSERT_TRUE(s.ok()) << s;
-      results[r].sum = flat;
+      results[r].sum = sum;
       results[r].traffic = gather.TakeTraffic();
       collectives[r] = *std::move(c);
     });
@@ -272,7 +288,9 @@ PeerRun SumWithPeers(CraftedPeers& peers, const Shape& shape, double ratio,
   PeerRun run;
   run.sum = Gradients(shape, 0);
   const std::vector<int> tensors = {0, 1};
-  run.status = gather.SumBucket(peers, tensors, absl::MakeSpan(run.sum));
+  // In the gradients' own memory (SumBucket reads them first).
+  run.status = gather.SumBucket(peers, tensors, PerTensor(run.sum, shape.sizes),
+                                absl::MakeSpan(run.sum));
   run.traffic = gather.TakeTraffic();
   return run;
 }
@@ -288,6 +306,34 @@ absl::Status SumWithPeer(std::function<void(uint8_t*)> craft,
 // after a chunk's first at least 1 (offsets strictly ascending), each
 // offset inside its chunk. kSmall's 14 pairs in fp32: 56 bytes of values,
 // then 14 one-byte gaps.
+// A gradient of another size than its tensor's, or a sum shorter than the
+// bucket: INTERNAL before anything is selected or sent.
+TEST(TopKAllgatherTest, GradientsOfAnotherShapeAreInternalErrors) {
+  CompressionOptions options;
+  options.topk_ratio = 0.1;
+  TopKCompressor compressor(options, kSmall.sizes, 3);
+  compressor.BeginStep(0);
+  TopKAllgather gather(&compressor, kSmall.chunk, DTYPE_FLOAT32);
+  CraftedPeers peers(
+      2, [](uint8_t*) {}, 0);
+  std::vector<float> g = Gradients(kSmall, 0);
+  std::vector<float> sum(g.size());
+  std::vector<absl::Span<const float>> spans = PerTensor(g, kSmall.sizes);
+  spans[1] = spans[1].first(19);
+  absl::Status s = gather.SumBucket(peers, {0, 1}, spans, absl::MakeSpan(sum));
+  EXPECT_EQ(s.code(), absl::StatusCode::kInternal) << s;
+  EXPECT_NE(s.message().find("tensor 1 of 20 elements (a gradient of 19)"),
+            absl::string_view::npos)
+      << s;
+  s = gather.SumBucket(peers, {0, 1}, PerTensor(g, kSmall.sizes),
+                       absl::MakeSpan(sum).first(56));
+  EXPECT_EQ(s.code(), absl::StatusCode::kInternal) << s;
+  EXPECT_NE(s.message().find("overruns its bucket of 56"),
+            absl::string_view::npos)
+      << s;
+  EXPECT_EQ(gather.TakeTraffic().sent, 0);
+}
+
 TEST(TopKAllgatherTest, MalformedPeerMessagesAreInternalErrors) {
   EXPECT_TRUE(SumWithPeer([](uint8_t*) {}, 0).ok());
   absl::Status s = SumWithPeer([](uint8_t*) {}, -1);
@@ -377,9 +423,15 @@ TEST(TopKAllgatherTest, BucketAfterBucketEachItsOwnSum) {
       compressor.BeginStep(0);
       TopKAllgather gather(&compressor, kChunk, DTYPE_FLOAT16);
       std::vector<float> first = Gradients(wide, r);
-      ASSERT_TRUE(gather.SumBucket(**c, {0, 1}, absl::MakeSpan(first)).ok());
+      ASSERT_TRUE(gather
+                      .SumBucket(**c, {0, 1}, PerTensor(first, wide.sizes),
+                                 absl::MakeSpan(first))
+                      .ok());
       std::vector<float> second = Gradients(small, r);
-      ASSERT_TRUE(gather.SumBucket(**c, {2, 3}, absl::MakeSpan(second)).ok());
+      ASSERT_TRUE(gather
+                      .SumBucket(**c, {2, 3}, PerTensor(second, small.sizes),
+                                 absl::MakeSpan(second))
+                      .ok());
       sums[2 * r] = first;
       sums[2 * r + 1] = second;
     });
