@@ -30,6 +30,30 @@ int64_t FindNonFinite(absl::Span<const float> values) {
   return -1;
 }
 
+int64_t ScaleFindingNonFinite(absl::Span<float> values, float scale) {
+  // As FindNonFinite(), with the products written in the same pass.
+  constexpr size_t kBlock = 4096;
+  float* const v = values.data();
+  const size_t n = values.size();
+  int64_t first = -1;
+  for (size_t begin = 0; begin < n; begin += kBlock) {
+    const size_t end = begin + kBlock < n ? begin + kBlock : n;
+    uint32_t any = 0;
+    for (size_t i = begin; i < end; ++i) {
+      v[i] *= scale;
+      any |= NonFiniteBit(v[i]);
+    }
+    if (any == 0 || first >= 0) continue;
+    for (size_t i = begin; i < end; ++i) {
+      if (!std::isfinite(v[i])) {
+        first = static_cast<int64_t>(i);
+        break;
+      }
+    }
+  }
+  return first;
+}
+
 std::string NonFiniteText(float value) {
   if (std::isnan(value)) return "nan";
   if (std::isinf(value)) return value > 0 ? "inf" : "-inf";

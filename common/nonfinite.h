@@ -50,6 +50,12 @@ inline uint32_t NonFiniteBit(float value) {
 // bandwidth: ~10 GB/s on one core of the machines in BENCHMARKS.md).
 int64_t FindNonFinite(absl::Span<const float> values);
 
+// Multiplies every value by `scale` (0 < scale <= 1: an average's 1 / W)
+// and returns what FindNonFinite() of the products would: a product is
+// NaN or infinite exactly where its value was, so this is the scan of a
+// sum and its division in one pass.
+int64_t ScaleFindingNonFinite(absl::Span<float> values, float scale);
+
 // "nan", "inf", "-inf"; for a finite value, its shortest decimal form.
 std::string NonFiniteText(float value);
 

@@ -176,7 +176,14 @@ void AllreduceExchange::Update(size_t b, float clip) {
   const int num_params = static_cast<int>(weights_.size()) - num_buffers_;
   std::vector<float>& flat = flat_[b];
   if (skip_.has_value()) return;  // an earlier bucket decided the step
-  if (const int64_t bad = FindNonFinite(flat); bad >= 0) {
+  // A sum comes back to be divided by the workers (the average) in the
+  // pass that scans it.
+  const bool divide = size > 1 && !averaged_ && !ReturnsAverages(b);
+  const int64_t bad =
+      divide ? ScaleFindingNonFinite(absl::MakeSpan(flat),
+                                     1.0f / static_cast<float>(size))
+             : FindNonFinite(flat);
+  if (bad >= 0) {
     SkippedStepInfo skip;
     int64_t offset = bad;
     for (int t : buckets_[b]) {
@@ -197,10 +204,6 @@ void AllreduceExchange::Update(size_t b, float clip) {
     skip_ = std::move(skip);
     return;
   }
-  if (size > 1 && !averaged_ && !ReturnsAverages(b)) {
-    const float scale = 1.0f / static_cast<float>(size);
-    for (float& x : flat) x *= scale;
-  }
   float* average = flat.data();
   for (int t : buckets_[b]) {
     const int64_t n = static_cast<int64_t>(weights_[t].size());
@@ -212,17 +215,30 @@ void AllreduceExchange::Update(size_t b, float clip) {
       average += n;
       continue;
     }
-    prev_w_[t].assign(weights_[t].begin(), weights_[t].end());
+    prev_w_[t].resize(n);
+    float* const prev = prev_w_[t].data();
+    float* const w = weights_[t].data();
     if (t >= num_params) {
-      std::copy(average, average + n, weights_[t].data());
+      std::copy(w, w + n, prev);
+      std::copy(average, average + n, w);
     } else {
       const bool updates_m = UpdatesFirstMoment(adam_);
       const bool updates_v = UpdatesSecondMoment(adam_);
       if (updates_m) prev_m_[t].resize(n);
       if (updates_v) prev_v_[t].resize(n);
-      OptimizerUpdateInto(adam_, step, prev_w_[t].data(), average, m_[t].data(),
-                          v_[t].data(), weights_[t].data(), prev_m_[t].data(),
-                          prev_v_[t].data(), n);
+      // The undo copy a block at a time, so the update reads it back from
+      // the cache (element by element the same arithmetic).
+      auto at = [](std::vector<float>& v, int64_t i) {
+        return v.empty() ? nullptr : v.data() + i;
+      };
+      constexpr int64_t kBlock = 16384;  // elements
+      for (int64_t i = 0; i < n; i += kBlock) {
+        const int64_t len = std::min(kBlock, n - i);
+        std::copy(w + i, w + i + len, prev + i);
+        OptimizerUpdateInto(adam_, step, prev + i, average + i, at(m_[t], i),
+                            at(v_[t], i), w + i, at(prev_m_[t], i),
+                            at(prev_v_[t], i), len);
+      }
       if (updates_m) m_[t].swap(prev_m_[t]);
       if (updates_v) v_[t].swap(prev_v_[t]);
     }
