@@ -119,18 +119,15 @@ bool LazyUpdateRows(const OptimizerOptions& options, int64_t step,
       undo->rows[r] = static_cast<uint32_t>(r);
     }
     undo->w.assign(w, w + num_rows * d);
-    undo->m.assign(m, m + num_rows * d);
   } else {
     undo->rows = grad.rows;
     Gather(grad.rows, d, w, &undo->w);
-    Gather(grad.rows, d, m, &undo->m);
   }
-  // SGD leaves v as it was.
-  if (options.kind == OptimizerKind::kSgd) {
-    undo->v.clear();
-  } else {
-    Gather(grad.rows, d, v, &undo->v);
-  }
+  // The moments the update writes (SGD: m only with momentum, never v).
+  undo->m.clear();
+  undo->v.clear();
+  if (UpdatesFirstMoment(options)) Gather(undo->rows, d, m, &undo->m);
+  if (UpdatesSecondMoment(options)) Gather(undo->rows, d, v, &undo->v);
   const float lr = static_cast<float>(ScheduledLr(options, step - 1));
   bool finite = true;
   if (options.kind == OptimizerKind::kSgd) {
@@ -162,7 +159,7 @@ bool LazyUpdateRows(const OptimizerOptions& options, int64_t step,
 void UndoRows(int64_t row_elements, RowUndo* undo, float* w, float* m,
               float* v) {
   Scatter(undo->rows, row_elements, undo->w, w);
-  Scatter(undo->rows, row_elements, undo->m, m);
+  if (!undo->m.empty()) Scatter(undo->rows, row_elements, undo->m, m);
   if (!undo->v.empty()) Scatter(undo->rows, row_elements, undo->v, v);
   undo->rows.clear();
 }

@@ -50,8 +50,9 @@ struct RowValues {
 };
 
 // The rows' previous weights and optimizer state, kept to undo an update
-// (a skipped step, a reopen) or one that overflowed; `v` empty after SGD's,
-// which leaves v as it was.
+// (a skipped step, a reopen) or one that overflowed; `m` empty after SGD's
+// without momentum and `v` after any SGD's (those leave them as they
+// were).
 struct RowUndo {
   std::vector<uint32_t> rows;
   std::vector<float> w, m, v;
@@ -78,12 +79,13 @@ void AverageRows(const std::vector<const RowValues*>& pushes,
 // with momentum or weight decay, above), not just the touched ones.
 bool SgdMovesEveryRow(const OptimizerOptions& options);
 
-// Update number `step` (1-based) of `grad`'s rows (every one of the chunk's
-// `num_rows` where SgdMovesEveryRow), in place in the chunk's w, m and v
-// (each num_rows * row_elements floats), at the lr of ScheduledLr(options,
-// step - 1). The updated rows' state before goes to `undo` first. Returns
-// whether every new weight is finite; if not, the rows are already put
-// back.
+// Update number `step` (1-based) of `grad`'s rows (strictly ascending and
+// below `num_rows`, as CheckRowValues and AverageRows leave them; every
+// one of the chunk's `num_rows` where SgdMovesEveryRow), in place in the
+// chunk's w, m and v (each num_rows * row_elements floats), at the lr of
+// ScheduledLr(options, step - 1). The updated rows' state before goes to
+// `undo` first. Returns whether every new weight is finite; if not, the
+// rows are already put back.
 bool LazyUpdateRows(const OptimizerOptions& options, int64_t step,
                     int64_t row_elements, int64_t num_rows,
                     const RowValues& grad, float* w, float* m, float* v,

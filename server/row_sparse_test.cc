@@ -325,16 +325,23 @@ TEST(RowSparseTest, BadRowPushesAreInvalidArgumentAndChangeNothing) {
 void ExpectASkippedStepPutsTheRowsBack(const ShardOptions& options);
 
 // A skipped step (a non-finite value) leaves the rows it touched, and with
-// SGD's momentum and weight decay every row, as they were: weights, m, v.
+// SGD's momentum or weight decay every row, as they were: weights, m, v
+// (SGD without momentum keeps no m to put back: its m stays as it was).
 TEST(RowSparseTest, ASkippedStepPutsTheRowsBack) {
-  ShardOptions sgd = Options(1, SyncMode::kSync, OptimizerKind::kSgd);
-  sgd.adam.momentum = 0.9f;
-  sgd.adam.weight_decay = 0.01f;
-  for (const ShardOptions& options : {Options(1, SyncMode::kSync), sgd}) {
-    SCOPED_TRACE(options.adam.kind == OptimizerKind::kSgd
-                     ? "SGD, momentum and weight decay"
-                     : "Adam");
-    ExpectASkippedStepPutsTheRowsBack(options);
+  auto sgd_with = [](float momentum) {
+    ShardOptions o = Options(1, SyncMode::kSync, OptimizerKind::kSgd);
+    o.adam.momentum = momentum;
+    o.adam.weight_decay = 0.01f;
+    return o;
+  };
+  const ShardOptions adam = Options(1, SyncMode::kSync);
+  const ShardOptions sgd = sgd_with(0.9f);
+  const ShardOptions decay = sgd_with(0.0f);
+  for (const ShardOptions* options : {&adam, &sgd, &decay}) {
+    SCOPED_TRACE(options == &adam  ? "Adam"
+                 : options == &sgd ? "SGD, momentum and weight decay"
+                                   : "SGD, weight decay");
+    ExpectASkippedStepPutsTheRowsBack(*options);
   }
 }
 

@@ -496,18 +496,21 @@ void AllreduceExchange::Communicate() {
     std::vector<float>& flat = flat_[b];
     const bool rows = RowElements(bucket[0]) > 0;
     if (s.ok()) {
-      flat.clear();
       if (topk_.has_value() && !rows) {
         // Top-k reads the parameters' gradients where they are (they stay
-        // until Step returns); only the buffers' go in first.
+        // until Step returns); only the buffers' (the bucket's first) go
+        // in, and the sums overwrite the rest (no fill of it here).
         size_t total = 0;
-        for (int t : bucket) {
-          const absl::Span<const float> g = (*gradients)[t];
-          if (t >= num_params()) flat.insert(flat.end(), g.begin(), g.end());
-          total += g.size();
-        }
+        for (int t : bucket) total += (*gradients)[t].size();
         flat.resize(total);
+        float* at = flat.data();
+        for (int t : bucket) {
+          if (t < num_params()) continue;
+          const absl::Span<const float> g = (*gradients)[t];
+          at = std::copy(g.begin(), g.end(), at);
+        }
       } else {
+        flat.clear();
         for (int t : bucket) {
           flat.insert(flat.end(), (*gradients)[t].begin(),
                       (*gradients)[t].end());

@@ -307,8 +307,9 @@ class AllreduceExchange : public GradientExchange {
   // Set by Start(); read by both threads.
   std::vector<absl::Span<float>> weights_;
   std::vector<std::vector<int>> buckets_;
-  // Each bucket's gradients, then their sum, then their average; the
-  // communication thread's alone.
+  // Each bucket's gradients (a top-k bucket's buffers only, its
+  // parameters' read where they are), then their sum, then their average;
+  // the communication thread's alone.
   std::vector<std::vector<float>> flat_;
   // Adam state, and the number of updates so far: written by the
   // communication thread, step_ by Step() after joining it.

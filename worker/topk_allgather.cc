@@ -36,17 +36,28 @@ absl::StatusOr<int64_t> TopKAllgather::Select(
         absl::StrCat("top-k allgather: ", gradients.size(), " gradients for ",
                      tensors.size(), " tensors"));
   }
+  // Every size first: nothing is compressed (no residual written) for a
+  // bucket that does not fit.
+  int64_t total = 0;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const int64_t n = compressor_->size(tensors[i]);
+    if (static_cast<int64_t>(gradients[i].size()) != n) {
+      return absl::InternalError(
+          absl::StrCat("top-k allgather: tensor ", tensors[i], " has ", n,
+                       " elements; its gradient ", gradients[i].size()));
+    }
+    total += n;
+  }
+  if (total > capacity) {
+    return absl::InternalError(absl::StrCat("top-k allgather: the bucket has ",
+                                            total, " elements; the sum holds ",
+                                            capacity));
+  }
   int64_t position = 0;
   for (size_t i = 0; i < tensors.size(); ++i) {
     const int t = tensors[i];
     const int64_t n = compressor_->size(t);
     const absl::Span<const float> gradient = gradients[i];
-    if (static_cast<int64_t>(gradient.size()) != n || position + n > capacity) {
-      return absl::InternalError(
-          absl::StrCat("top-k allgather: tensor ", t, " of ", n,
-                       " elements (a gradient of ", gradient.size(), ") at ",
-                       position, " overruns its bucket of ", capacity));
-    }
     for (int64_t offset = 0; offset < n; offset += chunk_elements_) {
       const int64_t length = std::min(chunk_elements_, n - offset);
       compressor_->Compress(t, offset, gradient.subspan(offset, length),

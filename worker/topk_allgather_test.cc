@@ -301,13 +301,8 @@ absl::Status SumWithPeer(std::function<void(uint8_t*)> craft,
   return SumWithPeers(peer, shape, shape.spread > 0 ? 0.01 : 0.2).status;
 }
 
-// A peer's message is checked before it is summed: its length against its
-// pairs' bounds (the values' bytes and 1 to 5 bytes an offset), each gap
-// after a chunk's first at least 1 (offsets strictly ascending), each
-// offset inside its chunk. kSmall's 14 pairs in fp32: 56 bytes of values,
-// then 14 one-byte gaps.
 // A gradient of another size than its tensor's, or a sum shorter than the
-// bucket: INTERNAL before anything is selected or sent.
+// bucket: INTERNAL, each named, before anything is compressed or sent.
 TEST(TopKAllgatherTest, GradientsOfAnotherShapeAreInternalErrors) {
   CompressionOptions options;
   options.topk_ratio = 0.1;
@@ -322,18 +317,23 @@ TEST(TopKAllgatherTest, GradientsOfAnotherShapeAreInternalErrors) {
   spans[1] = spans[1].first(19);
   absl::Status s = gather.SumBucket(peers, {0, 1}, spans, absl::MakeSpan(sum));
   EXPECT_EQ(s.code(), absl::StatusCode::kInternal) << s;
-  EXPECT_NE(s.message().find("tensor 1 of 20 elements (a gradient of 19)"),
+  EXPECT_NE(s.message().find("tensor 1 has 20 elements; its gradient 19"),
             absl::string_view::npos)
       << s;
   s = gather.SumBucket(peers, {0, 1}, PerTensor(g, kSmall.sizes),
                        absl::MakeSpan(sum).first(56));
   EXPECT_EQ(s.code(), absl::StatusCode::kInternal) << s;
-  EXPECT_NE(s.message().find("overruns its bucket of 56"),
+  EXPECT_NE(s.message().find("57 elements; the sum holds 56"),
             absl::string_view::npos)
       << s;
   EXPECT_EQ(gather.TakeTraffic().sent, 0);
 }
 
+// A peer's message is checked before it is summed: its length against its
+// pairs' bounds (the values' bytes and 1 to 5 bytes an offset), each gap
+// after a chunk's first at least 1 (offsets strictly ascending), each
+// offset inside its chunk. kSmall's 14 pairs in fp32: 56 bytes of values,
+// then 14 one-byte gaps.
 TEST(TopKAllgatherTest, MalformedPeerMessagesAreInternalErrors) {
   EXPECT_TRUE(SumWithPeer([](uint8_t*) {}, 0).ok());
   absl::Status s = SumWithPeer([](uint8_t*) {}, -1);
