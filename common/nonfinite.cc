@@ -31,24 +31,16 @@ int64_t FindNonFinite(absl::Span<const float> values) {
 }
 
 int64_t ScaleFindingNonFinite(absl::Span<float> values, float scale) {
-  // As FindNonFinite(), with the products written in the same pass.
+  // A block at a time, scanned while it is still in the cache.
   constexpr size_t kBlock = 4096;
-  float* const v = values.data();
-  const size_t n = values.size();
   int64_t first = -1;
-  for (size_t begin = 0; begin < n; begin += kBlock) {
-    const size_t end = begin + kBlock < n ? begin + kBlock : n;
-    uint32_t any = 0;
-    for (size_t i = begin; i < end; ++i) {
-      v[i] *= scale;
-      any |= NonFiniteBit(v[i]);
-    }
-    if (any == 0 || first >= 0) continue;
-    for (size_t i = begin; i < end; ++i) {
-      if (!std::isfinite(v[i])) {
-        first = static_cast<int64_t>(i);
-        break;
-      }
+  for (size_t begin = 0; begin < values.size(); begin += kBlock) {
+    const absl::Span<float> block = values.subspan(begin, kBlock);
+    float* const v = block.data();  // a raw pointer: see FindNonFinite()
+    for (size_t i = 0; i < block.size(); ++i) v[i] *= scale;
+    if (first >= 0) continue;
+    if (const int64_t bad = FindNonFinite(block); bad >= 0) {
+      first = static_cast<int64_t>(begin) + bad;
     }
   }
   return first;

@@ -173,7 +173,6 @@ void AllreduceExchange::StartCommunicator(
 void AllreduceExchange::Update(size_t b, float clip) {
   const int size = collective_->size();
   const int64_t step = step_ + 1;
-  const int num_params = static_cast<int>(weights_.size()) - num_buffers_;
   std::vector<float>& flat = flat_[b];
   if (skip_.has_value()) return;  // an earlier bucket decided the step
   // A sum comes back to be divided by the workers (the average) in the
@@ -207,7 +206,7 @@ void AllreduceExchange::Update(size_t b, float clip) {
   float* average = flat.data();
   for (int t : buckets_[b]) {
     const int64_t n = static_cast<int64_t>(weights_[t].size());
-    if (clip != 1.0f && t < num_params) {
+    if (clip != 1.0f && t < num_params()) {
       for (int64_t i = 0; i < n; ++i) average[i] *= clip;
     }
     if (RowElements(t) > 0) {
@@ -218,7 +217,7 @@ void AllreduceExchange::Update(size_t b, float clip) {
     prev_w_[t].resize(n);
     float* const prev = prev_w_[t].data();
     float* const w = weights_[t].data();
-    if (t >= num_params) {
+    if (t >= num_params()) {
       std::copy(w, w + n, prev);
       std::copy(average, average + n, w);
     } else {
@@ -254,11 +253,7 @@ void AllreduceExchange::UpdateRows(int t, int64_t step, const float* average) {
   const int64_t num_rows = static_cast<int64_t>(weights_[t].size()) / d;
   RowValues grad;
   if (SgdMovesEveryRow(adam_)) {
-    grad.rows.resize(num_rows);
-    for (int64_t r = 0; r < num_rows; ++r) {
-      grad.rows[r] = static_cast<uint32_t>(r);
-    }
-    grad.values.assign(average, average + num_rows * d);
+    AllRows(absl::MakeConstSpan(average, num_rows * d), d, &grad);
   } else {
     grad.rows = union_rows_[t];
     grad.values.resize(grad.rows.size() * d);
@@ -579,7 +574,6 @@ void AllreduceExchange::Communicate() {
 
 float AllreduceExchange::ClipCoefficient() {
   const int size = collective_->size();
-  const int num_params = static_cast<int>(weights_.size()) - num_buffers_;
   double sum = 0;
   for (size_t b = 0; b < buckets_.size(); ++b) {
     std::vector<float>& flat = flat_[b];
@@ -590,7 +584,7 @@ float AllreduceExchange::ClipCoefficient() {
     const float* g = flat.data();
     for (int t : buckets_[b]) {
       const int64_t n = static_cast<int64_t>(weights_[t].size());
-      if (t < num_params) {
+      if (t < num_params()) {
         for (int64_t i = 0; i < n; ++i) {
           sum += static_cast<double>(g[i]) * g[i];
         }
@@ -606,13 +600,12 @@ float AllreduceExchange::ClipCoefficient() {
 
 absl::Status AllreduceExchange::Allreduce16(size_t b) {
   const int size = collective_->size();
-  const int num_params = static_cast<int>(weights_.size()) - num_buffers_;
   std::vector<float>& flat = flat_[b];
   // A bucket holds consecutive tensors, last first, and the buffers are
   // the model's last tensors: its buffers' elements come first.
   int64_t buffers = 0;
   for (int t : buckets_[b]) {
-    if (t >= num_params) buffers += static_cast<int64_t>(weights_[t].size());
+    if (t >= num_params()) buffers += static_cast<int64_t>(weights_[t].size());
   }
   const int64_t params = static_cast<int64_t>(flat.size()) - buffers;
   const float inverse = 1.0f / static_cast<float>(size);
