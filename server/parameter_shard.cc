@@ -493,6 +493,15 @@ absl::Status ParameterShard::PlanReopen(int64_t generation, int64_t version,
                      "; a change planned for version ", version,
                      " needs those of step ", version - 1));
   }
+  if (FiniteByVerdictsLocked(ending_step_)) {
+    // The pulls may have said the step decided without a change: the
+    // members may be training the next step already (worker 0 plans
+    // before its own verdict, NoteFiniteVerdict()).
+    return absl::FailedPreconditionError(absl::StrCat(
+        shard, " has every member's verdict of step ", ending_step_,
+        ", whose pulls announce it decided without a membership change; "
+        "plan the change before worker 0's pushes of the step"));
+  }
   PlannedReopen planned;
   planned.generation = generation;
   planned.version = version;

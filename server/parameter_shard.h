@@ -91,36 +91,10 @@
 //    version: a consistent cut taken by shard 0's decision, not by worker
 //    0's own step.
 //
-//  - gradient clipping by global norm (sync mode, with or without
-//    staleness or backup workers, options.clip_grad_norm = c > 0; as
-//    torch.nn.utils.clip_grad_norm_(parameters, c) before the optimizer
-//    step, which in data-parallel training acts on the workers' average
-//    gradient): every chunk's average gradient is multiplied by
-//    min(1, c / (norm + 1e-6)), norm the L2 norm over all parameters of
-//    every shard (buffers left out). No shard sees the others' chunks, so
-//    the norm is agreed through the workers, in one more round per step:
-//    once every worker's EndStep() is in, a shard averages each chunk's
-//    pushes (in worker-id order, as above) and sums their squares in
-//    double (its partial, PartialNorm()), which every worker's pull
-//    receives before the chunks (Pull()'s `norm_partial`); each worker
-//    adds the partials of every shard in shard order and sends the sum
-//    back to every shard (ApplyStepNorm()); the first sum to arrive
-//    decides the step: every chunk's update is applied with the
-//    coefficient, final (not undoable: nothing is applied before the
-//    decision), and the version advances. Every worker adds the same
-//    doubles in the same order, so every worker sends the same sum and
-//    every shard clips with the same coefficient; a later sum that
-//    differs is refused. A skipped step (non-finite value) goes the same
-//    round with partial 0 and applies nothing. With backup workers the
-//    partial is of the admitted workers' average, taken once the R-th
-//    admitted end is in (a late worker's pushes are not in the step, so
-//    not in its norm). With staleness s the norm round of step t is that
-//    of the pulls of version t + 1 (every worker's pull at its step
-//    t + s); steps still decide in order, each once its ends are all in,
-//    the step before it decided, and its norm arrived. A pull of a version
-//    whose step was decided long ago carries no partial; its worker sends
-//    no sum (someone else's decided the step). A sum for a step decided
-//    earlier is checked against the recent decisions it still holds.
+//  - gradient clipping by global norm (sync mode, options.clip_grad_norm
+//    c > 0, with or without staleness or backup workers): one more round
+//    per step agrees the global norm through the workers; see "Gradient
+//    clipping" in server/step_policy.h.
 //
 // Which of the above a shard runs, and each one's answers (who decides a
 // step, whose pushes it averages, whether its update is applied before the
@@ -439,6 +413,19 @@ class ParameterShard {
   absl::Status EndStep(int worker_id, int64_t step,
                        const NonFiniteValue* nonfinite, int64_t generation = 0);
 
+  // Sync mode without staleness, backup workers or clipping: worker
+  // `worker_id` says, ahead of its pushes, that every value of its `step`
+  // is finite (proto/ps.proto StepVerdict). With every member's verdict or
+  // finite EndStep() of the step being collected in, and no change planned
+  // at its decision, the step cannot be skipped: pulls announce it decided
+  // (PullOrder::decided) and PlanReopen() is refused. A later PushSkipped()
+  // or non-finite EndStep() of the step by that worker is INVALID_ARGUMENT.
+  // A verdict of a decided step, or a repeated one, changes nothing.
+  // Errors: FAILED_PRECONDITION before Initialize(), in another mode, or
+  // for a later step than the one collected; ABORTED as Push().
+  absl::Status NoteFiniteVerdict(int worker_id, int64_t step,
+                                 int64_t generation = 0);
+
   // Backup workers (see the top of this file), in place of EndStep():
   // worker `worker_id` has pushed every chunk of `step` on this shard (a
   // late worker: maybe not) and trained on `samples` samples in it.
@@ -510,10 +497,10 @@ class ParameterShard {
                     const NormVisitor& norm_partial = nullptr,
                     PullSubset subset = {}, const PullOrder& order = {});
 
-  // Clipping (see "Gradient clipping" above): worker `worker_id` sends the
-  // squared global norm of `step`, the sum over every shard of the
-  // partials its pulls received. The first sum decides the step on this
-  // shard (the clipped updates applied, the version advanced, the pulls
+  // Clipping (see "Gradient clipping" in server/step_policy.h): worker
+  // `worker_id` sends the squared global norm of `step`, the sum over every
+  // shard of the partials its pulls received. The first sum decides the step on
+  // this shard (the clipped updates applied, the version advanced, the pulls
   // answered); a later one must equal it.
   // Errors: FAILED_PRECONDITION without clipping, before Initialize(), or
   // for a step that is neither awaiting its norm (every worker's end in)
@@ -630,13 +617,12 @@ class ParameterShard {
   // admissions are not complete, though some workers' ends may have been
   // admitted (a step with all its admissions is decided on every shard
   // whatever the hold; with clipping it may still await its norm): no
-  // step is decided
-  // past the one before it on any shard (the others decide what shard 0
-  // admits, in order) until the hold ends (ReleaseCheckpointHold(), `hold`
-  // passes, or a reopen). Returns the held step. For worker 0's settle
-  // before an elastic change (PsClient::HoldAndSettle), which then reopens
-  // every shard at it, dropping its admitted ends. FAILED_PRECONDITION as
-  // HoldCheckpointStep().
+  // step is decided past the one before it on any shard (the others
+  // decide what shard 0 admits, in order) until the hold ends
+  // (ReleaseCheckpointHold(), `hold` passes, or a reopen). Returns the held
+  // step. For worker 0's settle before an elastic change
+  // (PsClient::HoldAndSettle), which then reopens every shard at it, dropping
+  // its admitted ends. FAILED_PRECONDITION as HoldCheckpointStep().
   absl::StatusOr<int64_t> HoldFirstUndecidedStep(int64_t min_step,
                                                  absl::Duration hold);
 
@@ -721,6 +707,10 @@ class ParameterShard {
   absl::Status AddEndLocked(StepEnds& ends, int worker_id, int64_t step,
                             const NonFiniteValue* nonfinite,
                             absl::FunctionRef<bool(const ChunkState&)> pushed)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(step_mu_);
+  // Step `step` is the one collected and cannot be skipped any more
+  // (NoteFiniteVerdict()).
+  bool FiniteByVerdictsLocked(int64_t step) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(step_mu_);
   // Sync mode: step `deciding`'s ends are all in, and (clipping) its norm:
   // the step counters, the skip record, and the pulls woken; a change

@@ -165,7 +165,13 @@ absl::Status ParameterShard::AnnounceDecisionIfReady(PullCursor& cursor,
   if (cursor.decision_sent || cursor.resent) return absl::OkStatus();
   {
     absl::MutexLock lock(&step_mu_);
-    if (decided_step_ < cursor.deciding) return absl::OkStatus();
+    // Not decided yet, but every member said its step is finite
+    // (NoteFiniteVerdict()): it cannot be skipped, so every chunk this pull
+    // sends at its version is final: the word goes now.
+    if (decided_step_ < cursor.deciding &&
+        !FiniteByVerdictsLocked(cursor.deciding)) {
+      return absl::OkStatus();
+    }
     for (const SkippedStepInfo& skip : recent_skips_) {
       // Skipped: the pull's last message says so, after the chunks again.
       if (skip.step == cursor.deciding) {

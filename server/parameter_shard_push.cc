@@ -195,6 +195,17 @@ absl::Status ParameterShard::PushSkipped(int worker_id, int32_t param_id,
       FindPushChunk(worker_id, param_id, chunk_index, /*num_elements=*/-1);
   if (!found.ok()) return found.status();
   ChunkState& chunk = **found;
+  if (policy_.has_steps()) {
+    // A worker cannot take back its verdict (NoteFiniteVerdict()).
+    absl::MutexLock step_lock(&step_mu_);
+    if (step == ending_step_ && !ends_.empty() &&
+        ends_[SlotIndex(step)].said_finite[worker_id]) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "worker ", worker_id, " skipped chunk (", param_id, ", ", chunk_index,
+          ") of step ", step, " on shard ", options_.shard_index,
+          " after its verdict that every value of the step was finite"));
+    }
+  }
   absl::MutexLock lock(&chunk.mu);
   absl::Status current = CheckGeneration(generation);
   if (!current.ok()) return current;

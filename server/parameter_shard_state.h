@@ -21,11 +21,13 @@
 namespace pstrain {
 
 // The ends of one step (EndStep): who has ended it, and the first
-// non-finite report (lowest worker id).
+// non-finite report (lowest worker id); who said ahead of its pushes that
+// every value of its step is finite (NoteFiniteVerdict()).
 struct ParameterShard::StepEnds {
   std::vector<bool> ended;
   int num_ended = 0;
   std::unique_ptr<SkippedStepInfo> skip;
+  std::vector<bool> said_finite;
 };
 
 // Where an update is written before it replaces a chunk's state (async

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "absl/cleanup/cleanup.h"
@@ -19,7 +20,10 @@ void ParameterShard::ResetStepsLocked(int64_t version) {
   ending_step_ = version;
   ends_.clear();
   ends_.resize(policy_.open_steps());
-  for (StepEnds& e : ends_) e.ended.assign(options_.num_workers, false);
+  for (StepEnds& e : ends_) {
+    e.ended.assign(options_.num_workers, false);
+    e.said_finite.assign(options_.num_workers, false);
+  }
   decided_step_ = version - 1;
   decided_through_.store(decided_step_);
   recent_skips_.clear();
@@ -98,6 +102,7 @@ void ParameterShard::DecidedLocked(int64_t deciding, StepEnds& ends) {
   ends.skip.reset();
   ends.ended.assign(options_.num_workers, false);
   ends.num_ended = 0;
+  ends.said_finite.assign(options_.num_workers, false);
   decided_step_ = deciding;
   decided_through_.store(deciding);
   ending_step_ = deciding + 1;
@@ -126,6 +131,13 @@ absl::Status ParameterShard::AddEndLocked(
     return absl::InvalidArgumentError(
         absl::StrCat("worker ", worker_id, " ended step ", step,
                      " twice on shard ", options_.shard_index));
+  }
+  if (nonfinite != nullptr && ends.said_finite[worker_id]) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "worker ", worker_id, " ended step ", step, " on shard ",
+        options_.shard_index,
+        " with a non-finite value after its verdict that every value of "
+        "the step was finite"));
   }
   for (const std::unique_ptr<ChunkState>& c : chunks_) {
     absl::MutexLock chunk_lock(&c->mu);
@@ -224,6 +236,68 @@ absl::Status ParameterShard::EndStep(int worker_id, int64_t step,
     }
   }
   if (decided_any) NoteUpdate();
+  return absl::OkStatus();
+}
+
+bool ParameterShard::FiniteByVerdictsLocked(int64_t step) const {
+  if (step != ending_step_ || policy_.staleness() > 0 || policy_.admits() ||
+      clipping()) {
+    return false;
+  }
+  // A change planned for this decision names the generation the pull's
+  // word carries: it waits for the decision itself.
+  if (planned_.has_value() && planned_->version == step + 1) return false;
+  const StepEnds& ends = ends_[SlotIndex(step)];
+  if (ends.skip != nullptr) return false;
+  // A member that ended the step without a non-finite value counts as one
+  // that said so ahead.
+  int finite = 0;
+  for (size_t w = 0; w < ends.ended.size(); ++w) {
+    if (ends.ended[w] || ends.said_finite[w]) ++finite;
+  }
+  return finite >= EndsToDecide();
+}
+
+absl::Status ParameterShard::NoteFiniteVerdict(int worker_id, int64_t step,
+                                               int64_t generation) {
+  const std::string what = absl::StrCat("verdict of step ", step, " on shard ",
+                                        options_.shard_index);
+  if (!initialized_.load()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(what, " before it was initialised"));
+  }
+  if (!policy_.has_steps() || policy_.staleness() > 0 || policy_.admits() ||
+      clipping()) {
+    // Staleness and backup workers decide a step without waiting for every
+    // member's pushes of the steps before it, and clipping's decision
+    // waits for the global norm of every push: a step's finiteness does
+    // not settle its weights there.
+    return absl::FailedPreconditionError(absl::StrCat(
+        what,
+        ": verdicts are for sync mode without staleness, backup workers or "
+        "clipping"));
+  }
+  if (absl::Status s = CheckMember(worker_id); !s.ok()) return s;
+  absl::MutexLock lock(&step_mu_);
+  if (absl::Status current = CheckGeneration(generation); !current.ok()) {
+    return current;
+  }
+  if (chunks_.empty() || step < ending_step_) {
+    return absl::OkStatus();  // nothing to decide, or decided already
+  }
+  if (step > ending_step_) {
+    return absl::FailedPreconditionError(absl::StrCat("worker ", worker_id,
+                                                      " sent the ", what,
+                                                      ", which is collecting "
+                                                      "the ends of step ",
+                                                      ending_step_));
+  }
+  StepEnds& ends = ends_[SlotIndex(step)];
+  if (ends.ended[worker_id] || ends.said_finite[worker_id]) {
+    return absl::OkStatus();  // its end, or this word, is in already
+  }
+  ends.said_finite[worker_id] = true;
+  if (FiniteByVerdictsLocked(step)) NoteUpdate();  // the pulls' word
   return absl::OkStatus();
 }
 

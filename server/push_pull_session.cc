@@ -102,10 +102,14 @@ std::optional<grpc::Status> PsService::PushPullSession::Handle(
     return QueuePull(request.pull());
   } else if (request.has_pushes_sent()) {
     return HandlePushesSent(request.pushes_sent());
+  } else if (request.has_step_verdict()) {
+    status = shard_->NoteFiniteVerdict(
+        worker_id_, request.step_verdict().step(), generation_);
   } else {
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                         "push/pull message carries no push, skipped push, "
-                        "step end, step norm, pushes sent or pull");
+                        "step end, step norm, pushes sent, step verdict or "
+                        "pull");
   }
   if (!status.ok()) return ToGrpcStatus(status);
   return std::nullopt;

@@ -48,7 +48,7 @@ struct ShardOptions {
   // step.
   int replicas_to_aggregate = 0;
   // Sync mode: gradient clipping by global norm (see "Gradient clipping" in
-  // server/parameter_shard.h), 0 to 1e6; 0: none.
+  // server/step_policy.h), 0 to 1e6; 0: none.
   double clip_grad_norm = 0;
   // The job's checkpoint folder on this shard's host (the job spec's
   // checkpoint_dir as the coordinator validated it); the shard writes

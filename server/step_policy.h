@@ -15,7 +15,37 @@
 //  - kAsync: no steps; every push is applied at once.
 // Clipping moves a sync or staleness update to the decision too (the
 // step's norm decides it). See server/parameter_shard.h for the
-// mechanisms; docs/ARCHITECTURE.md, "Step policies", for the table.
+// mechanisms (clipping's below); docs/ARCHITECTURE.md, "Step policies",
+// for the table.
+//
+// Gradient clipping by global norm (sync mode, with or without staleness or
+// backup workers, options.clip_grad_norm = c > 0; as
+// torch.nn.utils.clip_grad_norm_(parameters, c) before the optimizer step,
+// which in data-parallel training acts on the workers' average gradient): every
+// chunk's average gradient is multiplied by min(1, c / (norm + 1e-6)), norm the
+// L2 norm over all parameters of every shard (buffers left out). No shard sees
+// the others' chunks, so the norm is agreed through the workers, in one more
+// round per step: once every worker's EndStep() is in, a shard averages each
+// chunk's pushes (in worker-id order, as the sync update) and sums their
+// squares in double (its partial, ParameterShard::PartialNormLocked()), which
+// every worker's pull receives before the chunks (Pull()'s `norm_partial`);
+// each worker adds the partials of every shard in shard order and sends the sum
+// back to every shard (ParameterShard::ApplyStepNorm()); the first sum to
+// arrive decides the step: every chunk's update is applied with the
+// coefficient, final (not undoable: nothing is applied before the decision),
+// and the version advances. Every worker adds the same doubles in the same
+// order, so every worker sends the same sum and every shard clips with the same
+// coefficient; a later sum that differs is refused. A skipped step (non-finite
+// value) goes the same round with partial 0 and applies nothing. With backup
+// workers the partial is of the admitted workers' average, taken once the R-th
+// admitted end is in (a late worker's pushes are not in the step, so not in its
+// norm). With staleness s the norm round of step t is that of the pulls of
+// version t + 1 (every worker's pull at its step t + s); steps still decide in
+// order, each once its ends are all in, the step before it decided, and its
+// norm arrived. A pull of a version whose step was decided long ago carries no
+// partial; its worker sends no sum (someone else's decided the step). A sum for
+// a step decided earlier is checked against the recent decisions it still
+// holds.
 //
 // A value computed once from ShardOptions (the constructor reads it, no
 // later change reaches it); immutable, so any thread may query it.

@@ -17,6 +17,7 @@
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "common/grpc_server.h"
 #include "common/partition.h"
 #include "common/wire_dtype.h"
@@ -1683,6 +1684,76 @@ TEST(PsExchangeTest, PriorityPullsAndEarlyForwardEqualPlainPullsBitForBit) {
   }
 }
 
+// A worker speaking the wire protocol by hand: one stream per shard, each
+// with the pull of version 1 sent first; its gradients are Gradient(worker,
+// t), one chunk per tensor (chunk 0), of step 0.
+class RawWorker {
+ public:
+  RawWorker(const Shards& shards, int worker_id) : streams_(2) {
+    header_.set_job_id("job");
+    header_.set_worker_id(worker_id);
+    header_.set_generation(0);
+    for (int s = 0; s < 2; ++s) {
+      streams_[s].stub = ParameterServer::NewStub(grpc::CreateChannel(
+          shards.addresses()[s], grpc::InsecureChannelCredentials()));
+      streams_[s].context.set_deadline(
+          absl::ToChronoTime(absl::Now() + absl::Seconds(20)));
+      streams_[s].stream = streams_[s].stub->PushPull(&streams_[s].context);
+      PushPullRequest pull = Request();
+      pull.mutable_pull()->set_min_version(1);
+      EXPECT_TRUE(streams_[s].stream->Write(pull));
+    }
+  }
+  void Push(int shard, int t) {
+    const std::vector<float> g = Gradient(header_.worker_id(), t);
+    PushPullRequest request = Request();
+    TensorChunk* chunk = request.mutable_push();
+    chunk->mutable_key()->set_param_id(t);
+    chunk->set_dtype(DTYPE_FLOAT32);
+    chunk->set_num_elements(kElements);
+    chunk->set_data(std::string(reinterpret_cast<const char*>(g.data()),
+                                g.size() * sizeof(float)));
+    chunk->set_version(0);
+    EXPECT_TRUE(streams_[shard].stream->Write(request));
+  }
+  void EndStep(int shard) {
+    PushPullRequest request = Request();
+    request.mutable_step_end()->set_step(0);
+    EXPECT_TRUE(streams_[shard].stream->Write(request));
+  }
+  // Every value of step 0 is finite (proto/ps.proto StepVerdict).
+  void Verdict(int shard) {
+    PushPullRequest request = Request();
+    request.mutable_step_verdict()->set_step(0);
+    EXPECT_TRUE(streams_[shard].stream->Write(request));
+  }
+  // Reads each pull to its last message and ends the streams.
+  void Finish() {
+    for (Stream& s : streams_) {
+      PushPullResponse response;
+      while (s.stream->Read(&response) && !response.last_of_pull()) {
+      }
+      s.stream->WritesDone();
+      EXPECT_TRUE(s.stream->Finish().ok());
+    }
+  }
+
+ private:
+  PushPullRequest Request() const {
+    PushPullRequest request;
+    *request.mutable_header() = header_;
+    return request;
+  }
+  struct Stream {
+    std::unique_ptr<ParameterServer::Stub> stub;
+    grpc::ClientContext context;
+    std::unique_ptr<grpc::ClientReaderWriter<PushPullRequest, PushPullResponse>>
+        stream;
+  };
+  RequestHeader header_;
+  std::vector<Stream> streams_;
+};
+
 // Issue 39 item 4: the next step's forward of tensor 0 (layer 0) starts
 // before the last chunk of the pull arrives. Worker 1 speaks the wire
 // protocol by hand and holds back its push of a tensor on the other shard
@@ -1708,53 +1779,13 @@ TEST(PsExchangeTest, ForwardOfLayerZeroStartsBeforeTheLastChunkArrives) {
   WeightsGate* gate = exchange->StartEarlyForward();
   ASSERT_NE(gate, nullptr);
 
-  // Worker 1's streams: the pull of version 1 on both shards, and its
-  // pushes of step 0 with the step's end on tensor 0's shard only.
-  struct RawStream {
-    std::unique_ptr<ParameterServer::Stub> stub;
-    grpc::ClientContext context;
-    std::unique_ptr<grpc::ClientReaderWriter<PushPullRequest, PushPullResponse>>
-        stream;
-  };
-  RequestHeader header;
-  header.set_job_id("job");
-  header.set_worker_id(1);
-  header.set_generation(0);
-  auto push = [&](RawStream& s, int t) {
-    const std::vector<float> g = Gradient(1, t);
-    PushPullRequest request;
-    *request.mutable_header() = header;
-    TensorChunk* chunk = request.mutable_push();
-    chunk->mutable_key()->set_param_id(t);
-    chunk->set_dtype(DTYPE_FLOAT32);
-    chunk->set_num_elements(kElements);
-    chunk->set_data(std::string(reinterpret_cast<const char*>(g.data()),
-                                g.size() * sizeof(float)));
-    chunk->set_version(0);
-    ASSERT_TRUE(s.stream->Write(request));
-  };
-  auto end_step = [&](RawStream& s) {
-    PushPullRequest request;
-    *request.mutable_header() = header;
-    request.mutable_step_end()->set_step(0);
-    ASSERT_TRUE(s.stream->Write(request));
-  };
-  std::vector<RawStream> raw(2);
-  for (int s = 0; s < 2; ++s) {
-    raw[s].stub = ParameterServer::NewStub(grpc::CreateChannel(
-        shards.addresses()[s], grpc::InsecureChannelCredentials()));
-    raw[s].context.set_deadline(
-        absl::ToChronoTime(absl::Now() + absl::Seconds(20)));
-    raw[s].stream = raw[s].stub->PushPull(&raw[s].context);
-    PushPullRequest pull;
-    *pull.mutable_header() = header;
-    pull.mutable_pull()->set_min_version(1);
-    ASSERT_TRUE(raw[s].stream->Write(pull));
-  }
+  // Worker 1: its pushes of step 0 with the step's end on tensor 0's
+  // shard only.
+  RawWorker worker1(shards, 1);
   for (int t = 0; t < kTensors; ++t) {
-    if (t != held) push(raw[first_shard], t);
+    if (t != held) worker1.Push(first_shard, t);
   }
-  end_step(raw[first_shard]);
+  worker1.EndStep(first_shard);
 
   // Worker 0: backward's order, then the step; it returns with the pull
   // still running (the held tensor cannot be updated yet).
@@ -1769,8 +1800,8 @@ TEST(PsExchangeTest, ForwardOfLayerZeroStartsBeforeTheLastChunkArrives) {
   EXPECT_EQ(tensors.w[held], std::vector<float>(kElements, 0.1f))
       << "the held tensor arrived before worker 1 pushed it";
 
-  push(raw[1 - first_shard], held);
-  end_step(raw[1 - first_shard]);
+  worker1.Push(1 - first_shard, held);
+  worker1.EndStep(1 - first_shard);
   const absl::Status all = gate->AwaitAll();
   ASSERT_TRUE(all.ok()) << all;
   const std::vector<std::vector<float>> expected =
@@ -1778,13 +1809,88 @@ TEST(PsExchangeTest, ForwardOfLayerZeroStartsBeforeTheLastChunkArrives) {
   for (int t = 0; t < kTensors; ++t) {
     EXPECT_EQ(tensors.w[t], expected[t]) << "tensor " << t;
   }
-  for (RawStream& s : raw) {
-    PushPullResponse response;
-    while (s.stream->Read(&response) && !response.last_of_pull()) {
-    }
-    s.stream->WritesDone();
-    EXPECT_TRUE(s.stream->Finish().ok());
+  worker1.Finish();
+  ASSERT_TRUE(exchange->Finish().ok());
+}
+
+// A copy fence (models/backend.h) that holds its chunks' pushes until
+// Open().
+class HeldFence : public CopyFence {
+ public:
+  absl::Status Wait() override {
+    open_.WaitForNotification();
+    return absl::OkStatus();
   }
+  void Open() { open_.Notify(); }
+
+ private:
+  absl::Notification open_;
+};
+
+// Early verdicts (issue 39; proto/ps.proto StepVerdict): worker 1 (by
+// hand) says its step is finite, pushes and ends it; worker 0's push of
+// tensor 0 is held behind a fence, so no shard can decide the step. Worker
+// 0's Step() scans its gradients, finds them finite and says so, on the
+// other shard's stream while its own push still waits: that shard
+// announces the step, and Step() returns. The forward gets the other
+// shard's tensors, waits for tensor 0 until the fence opens, and every
+// weight is Adam's on the average gradient, as without verdicts.
+TEST(PsExchangeTest, EveryVerdictLetsTheForwardStartBeforeThePushes) {
+  constexpr int kWorkers = 2;
+  Shards shards(/*num_shards=*/2, kWorkers);
+  shards.set_priority_pulls(true);
+  const PartitionPlan plan = shards.Plan();
+  auto shard_of = [&plan](int t) {
+    return plan.chunks()[plan.FindChunk(t, 0)].shard;
+  };
+  int other = -1;  // a tensor on the other shard than tensor 0's
+  for (int t = 1; t < kTensors; ++t) {
+    if (shard_of(t) != shard_of(0)) other = t;
+  }
+  ASSERT_GE(other, 0);
+  std::unique_ptr<GradientExchange> exchange =
+      shards.Exchange(0, /*chief=*/true);
+  RankTensors tensors(0);
+  ASSERT_TRUE(exchange->Start(tensors.weights).ok());
+  WeightsGate* gate = exchange->StartEarlyForward();
+  ASSERT_NE(gate, nullptr);
+  RawWorker worker1(shards, 1);
+  for (int s = 0; s < 2; ++s) worker1.Verdict(s);
+  for (int t = 0; t < kTensors; ++t) worker1.Push(shard_of(t), t);
+  for (int s = 0; s < 2; ++s) worker1.EndStep(s);
+
+  auto held = std::make_shared<HeldFence>();
+  for (int t = kTensors; t-- > 0;) {
+    exchange->GradientsReady(tensors.gradients, 8, {t},
+                             t == 0 ? held : nullptr);
+  }
+  absl::Status stepped = absl::UnknownError("not returned");
+  absl::Notification returned;
+  std::thread stepper([&] {
+    stepped = exchange->Step(tensors.gradients, 8);
+    returned.Notify();
+  });
+  EXPECT_TRUE(returned.WaitForNotificationWithTimeout(absl::Seconds(10)))
+      << "Step() waited for its own held push";
+  if (returned.HasBeenNotified()) {
+    ASSERT_TRUE(stepped.ok()) << stepped;
+    const absl::Status in = gate->AwaitTensor(other);
+    ASSERT_TRUE(in.ok()) << in;
+    EXPECT_NE(tensors.w[other], std::vector<float>(kElements, 0.1f));
+    EXPECT_EQ(tensors.w[0], std::vector<float>(kElements, 0.1f))
+        << "tensor 0 changed before worker 0 pushed it";
+  }
+  held->Open();
+  stepper.join();
+  ASSERT_TRUE(stepped.ok()) << stepped;
+  const absl::Status all = gate->AwaitAll();
+  ASSERT_TRUE(all.ok()) << all;
+  const std::vector<std::vector<float>> expected =
+      Expected(kWorkers, 1, AdamOptions());
+  for (int t = 0; t < kTensors; ++t) {
+    EXPECT_EQ(tensors.w[t], expected[t]) << "tensor " << t;
+  }
+  worker1.Finish();
   ASSERT_TRUE(exchange->Finish().ok());
 }
 

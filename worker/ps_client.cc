@@ -772,15 +772,35 @@ bool PsClient::AwaitDecision() {
   if (step_ == nullptr) return false;
   StepState* state = step_.get();
   ReleaseAll(state);
+  if (sends_verdicts() && state->send_step_end) SayFiniteIfSo(state);
   const int lanes = num_lanes();
   absl::MutexLock lock(&state->mu);
+  // With the verdict said, the pushes may still be on the wire: the
+  // next forward waits per tensor for the pull, and the backward after
+  // it for the whole step (FinishStep()) before it writes gradients.
   auto known = [state, lanes]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(state->mu) {
     return state->aborted || state->lanes_ended == lanes ||
-           (state->decided && state->pushers_finished == lanes);
+           (state->decided &&
+            (state->say_finite || state->pushers_finished == lanes));
   };
   state->mu.Await(absl::Condition(&known));
   return !state->aborted && state->lanes_ended < lanes && state->decided &&
          !state->switch_announced;
+}
+
+void PsClient::SayFiniteIfSo(StepState* state) {
+  {
+    absl::MutexLock lock(&state->mu);
+    if (state->nonfinite != nullptr) return;  // the loss, or a push's scan
+  }
+  // The chunks' values as the pushes send them: every gradient, scanned
+  // whole (a row-sparse table's untouched rows too: a value there only
+  // withholds the verdict).
+  for (const absl::Span<const float>& g : state->gradients) {
+    if (FindNonFinite(g) >= 0) return;  // the pushes report it
+  }
+  absl::MutexLock lock(&state->mu);
+  if (state->nonfinite == nullptr) state->say_finite = true;
 }
 
 bool PsClient::AwaitTensor(int t) {

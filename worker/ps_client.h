@@ -102,7 +102,9 @@ struct PsClientOptions {
   // Priority pulls (P3, Jayarajan et al. MLSys 2019; PullRequest.priority):
   // each shard sends the chunks ready together front layers first (lowest
   // param_id), so that the weights the next forward needs first arrive
-  // first. Pushes keep backward's order (last layers first).
+  // first; and each stream pushes, among the chunks let go and waiting
+  // (backward lets the last layers go first), the front layers' first,
+  // so that the front chunks' barriers complete first on every shard.
   bool priority_pulls = false;
   // Delta pulls (sync mode only; PullRequest.have_version): once a pull
   // brought every chunk at one version v into the same weights, the next
@@ -388,6 +390,11 @@ class PsClient {
                    bool pull_rows = true);
   // Lets every other chunk go, then waits until every stream has written
   // its pushes and its step end, and until the step's decision is known.
+  // With verdicts (sends_verdicts()) it first scans every gradient of the
+  // step (and the loss, MarkStepNonFinite()); all finite, each shard's
+  // first stream says so ahead of its queued pushes (proto/ps.proto
+  // StepVerdict) and the wait is for the decision only, which the shards
+  // announce once every worker's verdict is in.
   // True: a shard announced the step decided and not skipped, so every
   // chunk the pull still brings is final and the step's outcome is known;
   // the pull goes on (AwaitTensor(), then FinishStep()). False: the pull
@@ -395,6 +402,13 @@ class PsClient {
   // call FinishStep(), which then waits for nothing more than it must.
   // FAILED_PRECONDITION is FinishStep()'s to report: false without a step.
   bool AwaitDecision();
+  // Early verdicts (issue 39): announce_decisions on, without clipping,
+  // backup workers or a compressor (whose pushes' values are only known
+  // as they are compressed).
+  bool sends_verdicts() const {
+    return announce_decisions_ && !options_.clip_by_global_norm &&
+           !options_.backup_workers && options_.compressor == nullptr;
+  }
   // After AwaitDecision(): waits until every chunk of tensor `t` has been
   // pulled into the weights (at once without a step in flight, or for a
   // tensor out of range). False: the step failed (FinishStep() says why).
@@ -538,7 +552,12 @@ class PsClient {
   // workers, shard 0's admission; with clipping, the squared norm).
   absl::Status PushChunk(int lane, StepState* state,
                          const PushPullRequest& envelope, const ChunkSpec& c);
+  // (`verdict_sent`: whether this lane said the step's verdict, which it
+  // still says while it waits for the other lanes' pushes.)
   absl::Status WriteStepEnd(int lane, StepState* state,
+                            const PushPullRequest& envelope, bool verdict_sent);
+  // The step is finite (StepVerdict), ahead of the lane's queued pushes.
+  absl::Status WriteVerdict(int lane, StepState* state,
                             const PushPullRequest& envelope);
   // The lane's pull request (its channel; samples on channel 0 only).
   grpc::ByteBuffer PullOf(int lane, const StepState& state) const;
@@ -570,6 +589,9 @@ class PsClient {
   void AbortStep();
   // Lets every chunk not let go yet go (FinishStep(), AwaitDecision()).
   void ReleaseAll(StepState* state);
+  // AwaitDecision() with verdicts: sets state->say_finite if no value of
+  // the step is non-finite (every gradient scanned; the loss marked).
+  void SayFiniteIfSo(StepState* state);
   // Cancels every stream of the step but lane `except`'s (-1: all) and wakes
   // its pushers: the step failed on one stream.
   void CancelStep(StepState* state, int except);

@@ -1,7 +1,9 @@
 // PsClient's pushes: each lane's pusher thread writes the chunks backward
-// lets go (PushReady), in the order they become ready, then the step's
-// end and the pull request (the lane's reader is PushPullLane, in
-// ps_client.cc).
+// lets go (PushReady), in the order they become ready (priority pulls: the
+// front layers' first among those waiting), the step's verdict when it
+// comes due, then the step's end and the pull request (the lane's reader is
+// PushPullLane, in ps_client.cc).
+#include <algorithm>
 #include <cstdio>
 #include <memory>
 #include <utility>
@@ -131,7 +133,8 @@ absl::Status PsClient::PushChunk(int lane, StepState* state,
 }
 
 absl::Status PsClient::WriteStepEnd(int lane, StepState* state,
-                                    const PushPullRequest& envelope) {
+                                    const PushPullRequest& envelope,
+                                    bool verdict_sent) {
   const int shard = lanes_[lane].shard;
   Stream& s = streams_[lane];
   // The end of the step, once every shard's chunks have been checked, so
@@ -149,19 +152,35 @@ absl::Status PsClient::WriteStepEnd(int lane, StepState* state,
   {
     absl::MutexLock lock(&state->mu);
     ++state->pushers_done;
-    const int lanes = num_lanes();
-    // Backup workers: shard 0 first; the others with its answer.
-    const bool wait_admission = backups && shard > 0;
-    auto all_pushed = [state, lane, lanes, wait_admission]()
-                          ABSL_EXCLUSIVE_LOCKS_REQUIRED(state->mu) {
-                            return state->aborted || state->stopped[lane] ||
-                                   (state->pushers_done == lanes &&
-                                    (!wait_admission || state->admission >= 0));
-                          };
-    state->mu.Await(absl::Condition(&all_pushed));
+  }
+  const int lanes = num_lanes();
+  // Backup workers: shard 0 first; the others with its answer.
+  const bool wait_admission = backups && shard > 0;
+  auto all_pushed = [state, lanes, wait_admission]()
+                        ABSL_EXCLUSIVE_LOCKS_REQUIRED(state->mu) {
+                          return state->pushers_done == lanes &&
+                                 (!wait_admission || state->admission >= 0);
+                        };
+  while (true) {
+    // While other lanes still push, the step's verdict may come due: it
+    // goes now, so that this shard can announce the decision before the
+    // other shards' pushes are in.
+    absl::ReleasableMutexLock lock(&state->mu);
+    auto go = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(state->mu) {
+      return state->aborted || state->stopped[lane] || all_pushed() ||
+             (state->say_finite && !verdict_sent);
+    };
+    state->mu.Await(absl::Condition(&go));
     if (state->aborted || state->stopped[lane]) {
       return absl::CancelledError("step aborted");
     }
+    if (all_pushed()) break;
+    verdict_sent = true;
+    lock.Release();
+    RETURN_IF_ERROR(WriteVerdict(lane, state, envelope));
+  }
+  {
+    absl::MutexLock lock(&state->mu);
     if (backups) {
       end.mutable_step_end()->set_admission(
           shard == 0              ? StepEnd::ADMISSION_DECIDE
@@ -226,6 +245,19 @@ grpc::ByteBuffer PsClient::PullOf(int lane, const StepState& state) const {
   return EncodeSmallMessage(pull);
 }
 
+absl::Status PsClient::WriteVerdict(int lane, StepState* state,
+                                    const PushPullRequest& envelope) {
+  PushPullRequest verdict = envelope;
+  verdict.mutable_step_verdict()->set_step(state->step);
+  const int64_t start_us = trace::NowUs();
+  if (!streams_[lane].stream->Write(EncodeSmallMessage(verdict))) {
+    return absl::UnavailableError("stream broke");
+  }
+  trace::Complete("verdict", "ps", start_us, trace::NowUs(),
+                  {{"step", state->step}, {"shard", lanes_[lane].shard}});
+  return absl::OkStatus();
+}
+
 absl::Status PsClient::WritePushes(int lane, StepState* state) {
   const int shard = lanes_[lane].shard;
   Stream& s = streams_[lane];
@@ -234,21 +266,44 @@ absl::Status PsClient::WritePushes(int lane, StepState* state) {
   }
   PushPullRequest envelope;
   SetHeader(envelope.mutable_header());
+  // The step's verdict (AwaitDecision()) goes on the shard's first lane,
+  // once, before the lane's next write.
+  bool verdict_sent = !state->send_step_end || lanes_[lane].channel != 0;
   while (true) {
     std::pair<int, std::shared_ptr<CopyFence>> next;
+    bool say = false;
     {
       absl::MutexLock lock(&state->mu);
-      auto go = [state, lane]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(state->mu) {
+      auto go = [state, lane,
+                 &verdict_sent]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(state->mu) {
         return state->aborted || state->stopped[lane] || state->all_released ||
-               !state->ready[lane].empty();
+               !state->ready[lane].empty() ||
+               (state->say_finite && !verdict_sent);
       };
       state->mu.Await(absl::Condition(&go));
       if (state->aborted || state->stopped[lane]) {
         return absl::CancelledError("step aborted");
       }
-      if (state->ready[lane].empty()) break;  // all released and pushed
-      next = std::move(state->ready[lane].front());
-      state->ready[lane].pop_front();
+      if (state->say_finite && !verdict_sent) {
+        say = verdict_sent = true;
+      } else if (state->ready[lane].empty()) {
+        break;  // all released and pushed
+      } else {
+        // Priority pulls: the front layers' chunks first (shard_chunks_
+        // is in plan order), so that their barriers complete first.
+        auto it = state->ready[lane].begin();
+        if (options_.priority_pulls) {
+          it = std::min_element(
+              state->ready[lane].begin(), state->ready[lane].end(),
+              [](const auto& a, const auto& b) { return a.first < b.first; });
+        }
+        next = std::move(*it);
+        state->ready[lane].erase(it);
+      }
+    }
+    if (say) {
+      RETURN_IF_ERROR(WriteVerdict(lane, state, envelope));
+      continue;
     }
     if (next.second != nullptr) {
       absl::Status fenced = next.second->Wait();
@@ -258,7 +313,7 @@ absl::Status PsClient::WritePushes(int lane, StepState* state) {
         PushChunk(lane, state, envelope, shard_chunks_[shard][next.first]));
   }
   if (state->send_step_end && lanes_[lane].channel == 0) {
-    RETURN_IF_ERROR(WriteStepEnd(lane, state, envelope));
+    RETURN_IF_ERROR(WriteStepEnd(lane, state, envelope, verdict_sent));
   } else if (state->send_step_end) {
     // This lane's pushes are in: the shard's first lane ends the step.
     {

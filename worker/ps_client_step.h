@@ -69,6 +69,10 @@ struct PsClient::StepState {
   std::vector<int> tensor_missing ABSL_GUARDED_BY(mu);
   std::vector<bool> chunk_pulled ABSL_GUARDED_BY(mu);
   bool decided ABSL_GUARDED_BY(mu) = false;
+  // Verdicts (sends_verdicts()): AwaitDecision() found every value of the
+  // step finite; each shard's first lane's pusher says so before its next
+  // write (StepVerdict), once.
+  bool say_finite ABSL_GUARDED_BY(mu) = false;
   // Per lane: the generation its shard took at the decision this pull
   // waited for (PushPullResponse.generation; -1: none); and whether a
   // shard announced one with its decision (AwaitDecision() then leaves
