@@ -17,9 +17,10 @@
       pushed byte in to the last pulled byte out) and the links' idle gap
       before the next step's pushes (the forward pass that no transfer
       overlaps). A step starts where the shards' ingress rises above
-      --active_mbit after at least --quiet_ms of quiet on every PS link
-      and stays up for --min_ingress_ms (a shorter burst belongs to the
-      step before it).
+      --active_mbit after at least --quiet_ms of quiet ingress on every PS
+      link (their egress may still run: an early forward's pulls) and
+      stays up for --min_ingress_ms (a shorter burst belongs to the step
+      before it).
 
 The phases are what bounds priority pulls (issue 39 item 4): the next
 step's forward can overlap only transfers still running when its first
@@ -105,21 +106,24 @@ def report(args):
                                 for p in ps) * 8 / b / 1e6
         bins.append((t, rate('to_host'), rate('from_host')))
         t += b
+    # Quiet is the shards' ingress only: with an early forward (priority
+    # pulls) the pulls run into the next step's forward, and the links may
+    # never be idle between steps; a step's pulls end before the next
+    # step's pushes begin (its backward needs the whole pull).
     steps, quiet, cur = [], args.quiet_ms / 1000, None
     for t, ingress, egress in bins:
-        if ingress <= args.active_mbit and egress <= args.active_mbit:
-            quiet += b
-            continue
-        if quiet * 1000 >= args.quiet_ms and ingress > args.active_mbit:
+        if ingress > args.active_mbit:
+            if quiet * 1000 >= args.quiet_ms:
+                if cur:
+                    steps.append(cur)
+                cur = {'start': t, 'push_end': t + b, 'pull_end': t + b}
+            quiet = 0.0
             if cur:
-                steps.append(cur)
-            cur = {'start': t, 'push_end': t + b, 'pull_end': t + b}
-        quiet = 0.0
-        if cur:
-            if ingress > args.active_mbit:
                 cur['push_end'] = t + b
-            if egress > args.active_mbit:
-                cur['pull_end'] = t + b
+        else:
+            quiet += b
+        if cur and egress > args.active_mbit:
+            cur['pull_end'] = t + b
     if cur:
         steps.append(cur)  # ends no step: the run's last has no next start
     # A short burst after a quiet gap (a late retransmission, a heartbeat)

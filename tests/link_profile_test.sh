@@ -43,6 +43,42 @@ for name, ms in want.items():
     assert abs(median - ms) <= 10, f'{name}: median {median} ms, expected {ms}'
 print('medians as built')
 PY
+# An early forward (priority pulls): the pulls run from 100 ms to the
+# next step's first push, so the links are never idle; steps are still
+# cut where the pushes begin after quiet ingress.
+python3 - "$DIR/overlap.csv" <<'PY'
+import sys
+with open(sys.argv[1], 'w') as out:
+    out.write('t_s,p0_to_host,p0_from_host\n')
+    to_host = from_host = 0.0
+    dt = 0.005
+    for i in range(int(13.0 / dt)):
+        t = i * dt
+        phase = t % 1.0
+        if phase < 0.6:
+            to_host += 800e6 / 8 * dt
+        if phase >= 0.1:
+            from_host += 400e6 / 8 * dt
+        out.write(f'{t + dt:.4f},{int(to_host)},{int(from_host)}\n')
+PY
+python3 "$PROFILE" report "$DIR/overlap.csv" --ps=p0 >"$DIR/overlap.md"
+cat "$DIR/overlap.md"
+python3 - "$DIR/overlap.md" <<'PY'
+import sys
+text = open(sys.argv[1]).read()
+assert '10 steps after the first 2' in text, 'expected 10 steps counted'
+rows = {}
+for line in text.splitlines():
+    cells = [c.strip() for c in line.strip('|').split('|')]
+    if len(cells) == 4 and cells[1].isdigit():
+        rows[cells[0].split(' (')[0]] = [int(c) for c in cells[1:]]
+want = {'step': 1000, "shards' ingress": 600, 'pull tail': 400,
+        'links idle': 0}
+for name, ms in want.items():
+    median = rows[name][0]
+    assert abs(median - ms) <= 10, f'{name}: median {median} ms, expected {ms}'
+print('overlapped medians as built')
+PY
 # Errors: exit 2 and one line naming the input.
 expect_error() {
   local want="$1"
