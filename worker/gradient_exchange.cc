@@ -164,7 +164,8 @@ class PsExchange : public GradientExchange, public WeightsGate {
                    std::vector<std::vector<uint32_t>> next,
                    bool pull_rows) override {
     // A pull still in flight (forward before the pull ends) has sent its
-    // request and its pushes: the rows are the next step's.
+    // request, and its pushes (still going after a verdict) keep the rows
+    // their step began with: these are the next step's.
     client_->SetStepRows(std::move(touched), std::move(next), pull_rows);
   }
 
@@ -307,6 +308,10 @@ class PsExchange : public GradientExchange, public WeightsGate {
     if (!sync_ || staleness_ > 0 || backup_workers_) {
       return GradientExchange::PlanMembership(next, step, timeout);
     }
+    // The plan names the decision of step `step`: every shard must have
+    // decided the one before (a pull Step() left running, whose pushes
+    // may still be going after a verdict).
+    RETURN_IF_ERROR(CompletePull());
     if (step != step_) {
       return absl::InternalError(
           absl::StrCat("a membership change planned at step ", step,
@@ -501,6 +506,9 @@ class PsExchange : public GradientExchange, public WeightsGate {
   // async: step_, which means no shared step).
   absl::StatusOr<int64_t> SettleAtOwnStep(absl::string_view what,
                                           absl::Duration timeout) {
+    // A pull Step() left running (its pushes may still be going after a
+    // verdict): the shards decide that step before anything is dropped.
+    RETURN_IF_ERROR(CompletePull());
     int64_t settled = step_;
     if (sync_ && backup_workers_) {
       // On the open streams, as below.

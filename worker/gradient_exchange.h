@@ -338,23 +338,27 @@ class GradientExchange {
   }
 
   // Forward before the pull ends (priority pulls; PS sync without
-  // staleness or backup workers): from
-  // now on Step() returns once this worker's pushes and step end are out
-  // and a shard has announced the step decided and not skipped, while the
-  // pull goes on; the next step's compute must then ask the returned gate
+  // staleness or backup workers): from now on Step() returns once a shard
+  // has announced the step decided and not skipped, or (early verdicts,
+  // without clipping or top-k; worker/ps_client.h AwaitDecision) unable
+  // to be skipped once every worker said its step is finite, while this
+  // worker's pushes may still be going and the pull goes on; without a
+  // verdict, once this worker's pushes and step end are out too. Its
+  // Step() does not wait for the decision's chunks: the next step's
+  // compute must then ask the returned gate
   // (models/backend.h WeightsGate) before it reads a tensor's weights, and
   // before backward writes the gradients. An error of the pull comes back
   // from the gate, or from the next Step(). Null (and nothing changes)
   // where the exchange or its mode keeps the whole wait in Step(): backup
   // workers decide a step's weights only at the pull's end (a late worker
   // pulls again), and staleness pulls weights whose step may still be
-  // undone. With clipping the step is announced decided once the norm
-  // round is over (the pushers send the sum). A skipped
-  // step is known only then too: Step() waits for the whole pull whenever
-  // no shard announced the decision. Top-k's residual of a checkpoint the
-  // pull announces (on its last message) is saved when the pull completes,
-  // before the next step's pushes compress again (the compressor keeps
-  // the last few steps' residuals). Call before the first Step().
+  // undone. With clipping no shard announces the decision (the norm
+  // round decides the step, and every chunk comes after it), and a
+  // skipped step is known only at the pull's end: Step() waits for the
+  // whole pull whenever no shard announced the decision. Top-k's residual of a
+  // checkpoint the pull announces (on its last message) is saved when the pull
+  // completes, before the next step's pushes compress again (the compressor
+  // keeps the last few steps' residuals). Call before the first Step().
   virtual WeightsGate* StartEarlyForward() { return nullptr; }
   // Returns once the last Step()'s weights are all in: before anything
   // but the gated compute reads them (a checkpoint, an evaluation, the

@@ -1587,10 +1587,22 @@ TEST(PsExchangeTest, ThreeChannelsPerShardEqualOneBitForBit) {
 // result. `gated`: the exchange's StartEarlyForward() gate is asked per
 // tensor, then for all, as Model::ForwardBackward() asks (Step() returns
 // with the pull still running). Worker 1 reports a non-finite loss at step
-// `skip_step` (-1: none), which every worker's exchange skips. Each
-// worker's weights at the end.
+// `skip_step` (-1: none), which every worker's exchange skips. `row_d` >
+// 0: tensor 0 is a row-sparse table of rows of `row_d` (the shards'
+// row_elements), each step's gradient nonzero in the rows its batch
+// touches only, set before each forward (SetStepRows) as the step loop
+// does, while the step before may still be pushing. Each worker's weights
+// at the end.
 std::vector<std::vector<std::vector<float>>> TrainAsAModel(
-    const Shards& shards, int workers, int steps, bool gated, int skip_step) {
+    const Shards& shards, int workers, int steps, bool gated, int skip_step,
+    int64_t row_d = 0) {
+  auto rows_of = [row_d](int64_t step, int r) {
+    std::vector<uint32_t> rows;
+    for (uint32_t i = 0; row_d > 0 && i < kElements / row_d; ++i) {
+      if ((i + step + r) % 3 == 0) rows.push_back(i);
+    }
+    return std::vector<std::vector<uint32_t>>{rows, {}, {}};
+  };
   std::vector<std::vector<std::vector<float>>> results(workers);
   std::vector<std::thread> threads;
   for (int r = 0; r < workers; ++r) {
@@ -1603,6 +1615,9 @@ std::vector<std::vector<std::vector<float>>> TrainAsAModel(
       ASSERT_EQ(gate != nullptr, gated);
       std::vector<std::vector<float>> read(kTensors);
       for (int step = 0; step < steps; ++step) {
+        if (row_d > 0) {
+          exchange->SetStepRows(rows_of(step, r), rows_of(step + 1, r), false);
+        }
         for (int t = 0; t < kTensors; ++t) {
           if (gate != nullptr) {
             ASSERT_TRUE(gate->AwaitTensor(t).ok());
@@ -1617,6 +1632,17 @@ std::vector<std::vector<std::vector<float>>> TrainAsAModel(
           for (int i = 0; i < kElements; ++i) {
             tensors.g[t][i] = base[i] + read[t][i] * 0.25f;
           }
+        }
+        if (row_d > 0) {
+          // The table's gradient: the touched rows' only.
+          std::vector<float> table(kElements, 0.0f);
+          const std::vector<std::vector<uint32_t>> touched = rows_of(step, r);
+          for (uint32_t row : touched[0]) {
+            for (int64_t i = row * row_d; i < (row + 1) * row_d; ++i) {
+              table[i] = tensors.g[0][i];
+            }
+          }
+          tensors.g[0] = table;
         }
         // Backward's order: the last tensor first.
         for (int t = kTensors; t-- > 0;) {
@@ -1645,8 +1671,9 @@ std::vector<std::vector<std::vector<float>>> TrainAsAModel(
 // the next forward started on the first tensors while the pull goes on,
 // end with the weights of plain pulls bit for bit: 2 shards, 4 chunks per
 // tensor, 1 and 2 channels, with a skipped step (whose pull Step() waits
-// for whole) and with clipping (the shards announce the step decided once
-// the norm round is over; the forward starts then).
+// for whole), with clipping (no announcement: Step() waits for the whole
+// pull) and with a row-sparse table whose next rows are set while the
+// step before may still push (early verdicts).
 TEST(PsExchangeTest, PriorityPullsAndEarlyForwardEqualPlainPullsBitForBit) {
   constexpr int kWorkers = 2;
   constexpr int kSteps = 5;
@@ -1655,12 +1682,14 @@ TEST(PsExchangeTest, PriorityPullsAndEarlyForwardEqualPlainPullsBitForBit) {
     int channels;
     int skip_step;
     double clip;
+    int64_t row_d;
   };
   const std::vector<Case> cases = {
-      {"1 channel", 1, -1, 0},
-      {"2 channels, step 2 skipped", 2, 2, 0},
-      {"clipped", 1, -1, 3.0},
-      {"clipped, 2 channels, step 2 skipped", 2, 2, 3.0},
+      {"1 channel", 1, -1, 0, 0},
+      {"2 channels, step 2 skipped", 2, 2, 0, 0},
+      {"clipped", 1, -1, 3.0, 0},
+      {"clipped, 2 channels, step 2 skipped", 2, 2, 3.0, 0},
+      {"a row-sparse table, 2 channels", 2, -1, 0, 10},
   };
   for (const Case& c : cases) {
     std::vector<std::vector<std::vector<float>>> results[2];
@@ -1669,8 +1698,10 @@ TEST(PsExchangeTest, PriorityPullsAndEarlyForwardEqualPlainPullsBitForBit) {
       shards.set_partition_bytes(kElements);
       shards.set_channels_per_shard(c.channels);
       shards.set_priority_pulls(priority);
-      results[priority] = TrainAsAModel(shards, kWorkers, kSteps,
-                                        /*gated=*/priority, c.skip_step);
+      if (c.row_d > 0) shards.set_row_elements({c.row_d, 0, 0});
+      results[priority] =
+          TrainAsAModel(shards, kWorkers, kSteps,
+                        /*gated=*/priority, c.skip_step, c.row_d);
     }
     for (int r = 0; r < kWorkers; ++r) {
       ASSERT_EQ(results[1][r].size(), static_cast<size_t>(kTensors)) << c.name;

@@ -516,6 +516,7 @@ absl::Status PsClient::BeginStep(
   state->step = step;
   state->gradients = gradients;
   state->weights = weights;
+  state->rows = rows_;
   SetHeader(state->pull.mutable_header());
   state->pull.mutable_pull()->set_min_version(min_version);
   state->pull.mutable_pull()->set_samples(samples);
@@ -789,18 +790,31 @@ bool PsClient::AwaitDecision() {
 }
 
 void PsClient::SayFiniteIfSo(StepState* state) {
-  {
-    absl::MutexLock lock(&state->mu);
-    if (state->nonfinite != nullptr) return;  // the loss, or a push's scan
-  }
-  // The chunks' values as the pushes send them: every gradient, scanned
-  // whole (a row-sparse table's untouched rows too: a value there only
-  // withholds the verdict).
-  for (const absl::Span<const float>& g : state->gradients) {
-    if (FindNonFinite(g) >= 0) return;  // the pushes report it
-  }
   absl::MutexLock lock(&state->mu);
-  if (state->nonfinite == nullptr) state->say_finite = true;
+  // Every chunk a pusher took is checked there (a non-finite value sets
+  // `nonfinite`); then, under the lock, no pusher takes another, and the
+  // chunks still waiting are checked here, as PushChunk() would: neither
+  // pushed nor pulled yet, so their values are the step's (a buffer's
+  // pushed values are its weights, which its pull writes once every
+  // worker pushed it).
+  auto checked = [state]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(state->mu) {
+    return state->aborted || state->unchecked_taken == 0;
+  };
+  state->mu.Await(absl::Condition(&checked));
+  if (state->aborted || state->nonfinite != nullptr) return;
+  for (int lane = 0; lane < num_lanes(); ++lane) {
+    const std::vector<ChunkSpec>& chunks = shard_chunks_[lanes_[lane].shard];
+    for (const auto& [index, fence] : state->ready[lane]) {
+      const ChunkSpec& c = chunks[index];
+      const absl::Span<const float> values =
+          state->gradients[c.param_id].subspan(c.offset, c.num_elements);
+      const ChunkRows* rows = RowsOfChunk(*state->rows, c, values);
+      if (FindNonFinite(rows ? rows->Values() : values) >= 0) {
+        return;  // the pushers report it
+      }
+    }
+  }
+  state->say_finite = true;
 }
 
 bool PsClient::AwaitTensor(int t) {

@@ -383,15 +383,17 @@ class PsClient {
   // table whole (`next` unused; the next batch is not known). A pull
   // without gradients (PushPull() with none: the start, a recovery, a
   // membership change, a late worker's second pull) always brings every
-  // table whole. Between steps only; ids past a table are
-  // INVALID_ARGUMENT from the shard.
+  // table whole. The training thread's, before BeginStep(); a step in
+  // flight (its pushes still going after a verdict, AwaitDecision())
+  // keeps the rows it began with. Ids past a table are INVALID_ARGUMENT
+  // from the shard.
   void SetStepRows(std::vector<std::vector<uint32_t>> touched,
                    std::vector<std::vector<uint32_t>> next,
                    bool pull_rows = true);
   // Lets every other chunk go, then waits until every stream has written
   // its pushes and its step end, and until the step's decision is known.
-  // With verdicts (sends_verdicts()) it first scans every gradient of the
-  // step (and the loss, MarkStepNonFinite()); all finite, each shard's
+  // With verdicts (sends_verdicts()) it first checks every value the step
+  // pushes (and the loss, MarkStepNonFinite()); all finite, each shard's
   // first stream says so ahead of its queued pushes (proto/ps.proto
   // StepVerdict) and the wait is for the decision only, which the shards
   // announce once every worker's verdict is in.
@@ -590,7 +592,8 @@ class PsClient {
   // Lets every chunk not let go yet go (FinishStep(), AwaitDecision()).
   void ReleaseAll(StepState* state);
   // AwaitDecision() with verdicts: sets state->say_finite if no value of
-  // the step is non-finite (every gradient scanned; the loss marked).
+  // the step is non-finite (the loss marked; each chunk checked by its
+  // pusher, or here while it waits).
   void SayFiniteIfSo(StepState* state);
   // Cancels every stream of the step but lane `except`'s (-1: all) and wakes
   // its pushers: the step failed on one stream.
@@ -656,9 +659,15 @@ class PsClient {
   // Whether `weights` are delta_weights_ at delta_base_, in this generation.
   bool HoldsDeltaBase(const std::vector<absl::Span<float>>& weights) const;
   // SetStepRows(): per tensor, whether it travels by rows, and its rows.
-  std::vector<bool> by_rows_;
-  std::vector<std::vector<uint32_t>> touched_rows_, next_rows_;
-  bool pull_rows_ = true;
+  // Each step keeps those it began with (StepState::rows): its pushers may
+  // still read them after Step() returned on a verdict, while the next
+  // step's are set (the training thread's).
+  struct StepRows {
+    std::vector<bool> by_rows;
+    std::vector<std::vector<uint32_t>> touched, next;
+    bool pull_rows = true;
+  };
+  std::shared_ptr<const StepRows> rows_ = std::make_shared<const StepRows>();
   // PushChunk's rows of a table's chunk: the step's touched rows in it
   // (offsets in the chunk) and their values, row-major.
   struct ChunkRows {
@@ -671,10 +680,10 @@ class PsClient {
              i % c.row_elements;
     }
   };
-  // The rows of chunk `c` (its gradient `values`) this step pushes, in a
-  // per-thread buffer; null for a chunk that goes whole.
-  const ChunkRows* RowsOfChunk(const ChunkSpec& c,
-                               absl::Span<const float> values) const;
+  // The rows of chunk `c` (its gradient `values`) the step of `rows`
+  // pushes, in a per-thread buffer; null for a chunk that goes whole.
+  static const ChunkRows* RowsOfChunk(const StepRows& rows, const ChunkSpec& c,
+                                      absl::Span<const float> values);
   grpc::ByteBuffer EncodeRowsPush(const PushPullRequest& envelope,
                                   const ChunkSpec& c, int64_t step,
                                   const ChunkRows& rows) const;

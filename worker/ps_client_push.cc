@@ -45,7 +45,7 @@ absl::Status PsClient::PushChunk(int lane, StepState* state,
     skip = state->nonfinite != nullptr;
   }
   // A row-sparse table's chunk goes as the step's rows (ps_client_rows.cc).
-  const ChunkRows* rows = RowsOfChunk(c, values);
+  const ChunkRows* rows = RowsOfChunk(*state->rows, c, values);
   const absl::Span<const float> scanned = rows ? rows->Values() : values;
   if (!skip) {
     const int64_t bad = FindNonFinite(scanned);
@@ -73,6 +73,10 @@ absl::Status PsClient::PushChunk(int lane, StepState* state,
       skip = true;
       found(c.offset + topk_indices[bad], topk_values[bad]);
     }
+  }
+  {
+    absl::MutexLock lock(&state->mu);
+    --state->unchecked_taken;  // checked (WritePushes() took it)
   }
   // Buffers (BatchNorm's running statistics) travel fp32 on every wire,
   // as the shards send them back (push_pull_session.cc) and as allreduce
@@ -299,6 +303,7 @@ absl::Status PsClient::WritePushes(int lane, StepState* state) {
         }
         next = std::move(*it);
         state->ready[lane].erase(it);
+        ++state->unchecked_taken;  // until PushChunk() checked it
       }
     }
     if (say) {
@@ -307,7 +312,11 @@ absl::Status PsClient::WritePushes(int lane, StepState* state) {
     }
     if (next.second != nullptr) {
       absl::Status fenced = next.second->Wait();
-      if (!fenced.ok()) return fenced;
+      if (!fenced.ok()) {
+        absl::MutexLock lock(&state->mu);
+        --state->unchecked_taken;
+        return fenced;
+      }
     }
     RETURN_IF_ERROR(
         PushChunk(lane, state, envelope, shard_chunks_[shard][next.first]));

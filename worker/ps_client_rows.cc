@@ -3,6 +3,7 @@
 // of the next step.
 #include <algorithm>
 #include <cstring>
+#include <memory>
 #include <utility>
 
 #include "worker/ps_client.h"
@@ -12,23 +13,26 @@ namespace pstrain {
 void PsClient::SetStepRows(std::vector<std::vector<uint32_t>> touched,
                            std::vector<std::vector<uint32_t>> next,
                            bool pull_rows) {
-  pull_rows_ = pull_rows;
+  auto rows = std::make_shared<StepRows>();
+  rows->pull_rows = pull_rows;
   const size_t n = plan_.param_num_elements().size();
-  by_rows_.assign(n, false);
+  rows->by_rows.assign(n, false);
   touched.resize(n);
   next.resize(n);
   for (size_t p = 0; p < n; ++p) {
-    by_rows_[p] = plan_.row_elements(static_cast<int32_t>(p)) > 0;
+    rows->by_rows[p] = plan_.row_elements(static_cast<int32_t>(p)) > 0;
   }
-  touched_rows_ = std::move(touched);
-  next_rows_ = std::move(next);
+  rows->touched = std::move(touched);
+  rows->next = std::move(next);
+  rows_ = std::move(rows);
 }
 
 const PsClient::ChunkRows* PsClient::RowsOfChunk(
-    const ChunkSpec& c, absl::Span<const float> values) const {
+    const StepRows& step_rows, const ChunkSpec& c,
+    absl::Span<const float> values) {
   if (c.row_elements == 0 ||
-      by_rows_.size() <= static_cast<size_t>(c.param_id) ||
-      !by_rows_[c.param_id]) {
+      step_rows.by_rows.size() <= static_cast<size_t>(c.param_id) ||
+      !step_rows.by_rows[c.param_id]) {
     return nullptr;
   }
   thread_local ChunkRows out;
@@ -37,7 +41,7 @@ const PsClient::ChunkRows* PsClient::RowsOfChunk(
   const int64_t d = c.row_elements;
   const int64_t first = c.offset / d;
   const int64_t last = first + c.num_elements / d;
-  const std::vector<uint32_t>& touched = touched_rows_[c.param_id];
+  const std::vector<uint32_t>& touched = step_rows.touched[c.param_id];
   auto begin = std::lower_bound(touched.begin(), touched.end(), first);
   auto end = std::lower_bound(begin, touched.end(), last);
   rows->clear();
@@ -61,12 +65,12 @@ grpc::ByteBuffer PsClient::EncodeRowsPush(const PushPullRequest& envelope,
 }
 
 void PsClient::AddPullRows(PullRequest* pull) const {
-  if (!pull_rows_) return;  // every table whole
-  for (size_t p = 0; p < by_rows_.size(); ++p) {
-    if (!by_rows_[p]) continue;
+  if (!rows_->pull_rows) return;  // every table whole
+  for (size_t p = 0; p < rows_->by_rows.size(); ++p) {
+    if (!rows_->by_rows[p]) continue;
     PullRows* entry = pull->add_rows();
     entry->set_param_id(static_cast<int32_t>(p));
-    const std::vector<uint32_t>& ids = next_rows_[p];
+    const std::vector<uint32_t>& ids = rows_->next[p];
     entry->set_row_ids(reinterpret_cast<const char*>(ids.data()),
                        ids.size() * sizeof(uint32_t));
   }

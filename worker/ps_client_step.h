@@ -26,6 +26,8 @@ struct PsClient::StepState {
   int64_t step = 0;
   std::vector<absl::Span<const float>> gradients;
   std::vector<absl::Span<float>> weights;
+  // The row-sparse tables' rows the step began with (SetStepRows()).
+  std::shared_ptr<const StepRows> rows;
   // The pull request, sent by each lane's pusher (PullOf()).
   PushPullRequest pull;
   bool pull_first = false;
@@ -73,6 +75,10 @@ struct PsClient::StepState {
   // step finite; each shard's first lane's pusher says so before its next
   // write (StepVerdict), once.
   bool say_finite ABSL_GUARDED_BY(mu) = false;
+  // Chunks a pusher has taken from `ready` and not yet checked for
+  // non-finite values (PushChunk()): AwaitDecision()'s scan waits for
+  // them, and checks the chunks still in `ready` itself.
+  int unchecked_taken ABSL_GUARDED_BY(mu) = 0;
   // Per lane: the generation its shard took at the decision this pull
   // waited for (PushPullResponse.generation; -1: none); and whether a
   // shard announced one with its decision (AwaitDecision() then leaves

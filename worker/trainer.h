@@ -137,10 +137,11 @@ struct TrainerOptions {
   // (PsClientOptions; 0: common/rpc_options.h's default).
   int channels_per_shard = 0;
   // PS modes: priority pulls (PsClientOptions::priority_pulls); in sync
-  // mode without staleness, backup workers, clipping or saved residuals,
-  // and on host-memory backends, the next step's forward also starts on
-  // the first layers' weights while the last ones still arrive
-  // (GradientExchange::StartEarlyForward). The same weights bit for bit.
+  // mode without staleness or backup workers the next step's forward also
+  // starts on the first layers' weights while the last ones still arrive,
+  // once the step is decided or (without clipping or top-k) every worker
+  // said its step is finite (GradientExchange::StartEarlyForward). The
+  // same weights bit for bit.
   bool priority_pulls = false;
   // PS modes: row-sparse embedding tables (JobSpec.sparse_embeddings;
   // issue 41): the model's untied token table is pushed as the rows each
