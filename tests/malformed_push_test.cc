@@ -678,8 +678,8 @@ class Battery {
         bytes = header;
         c.detail = "header only";
         c.contains = {
-            "carries no push, skipped push, step end, step norm, pushes sent "
-            "or pull"};
+            "carries no push, skipped push, step end, step norm, pushes sent, "
+            "step verdict or pull"};
         break;
       case 3:  // a push then a field of a bad wire type (6, 7) or a group
         bytes = push;
@@ -823,6 +823,40 @@ class Battery {
     return c;
   }
 
+  // A step verdict (proto/ps.proto StepVerdict) that cannot be taken
+  // (never one of the step collected: that would change the state): a
+  // later step's, a bad worker's, another generation's; async: any.
+  Case StepVerdict(int64_t collecting) {
+    Case c("step verdict");
+    PushPullRequest r = Header(AnyWorker());
+    const int64_t later = collecting + Uniform(1, 1000);
+    r.mutable_step_verdict()->set_step(
+        Pick<int64_t>({later, kI64Max, int64_t{1} << 40}));
+    if (mode_ == SyncMode::kAsync) {
+      c.code = grpc::StatusCode::FAILED_PRECONDITION;
+      c.detail = "verdict in async mode";
+      c.contains = {"verdicts are for sync mode"};
+    } else if (Uniform(0, 3) == 0) {
+      r.mutable_header()->set_worker_id(-1 - AnyWorker());
+      c.detail = "bad worker";
+      c.contains = {absl::StrCat("worker id ", r.header().worker_id())};
+    } else if (Uniform(0, 2) == 0) {
+      r.mutable_header()->set_generation(Uniform(1, 5));
+      c.code = grpc::StatusCode::ABORTED;
+      c.detail = "generation";
+      c.contains = {"generation"};
+    } else {
+      c.code = grpc::StatusCode::FAILED_PRECONDITION;
+      c.detail = absl::StrCat("step ", r.step_verdict().step());
+      c.contains = {absl::StrCat("verdict of step ", r.step_verdict().step(),
+                                 " on shard 0, which is collecting the ends "
+                                 "of step ",
+                                 collecting)};
+    }
+    c.messages.push_back(EncodeSmallMessage(r));
+    return c;
+  }
+
   Case AsyncStepEnd() {
     Case c("step end");
     PushPullRequest r = Header(AnyWorker());
@@ -889,7 +923,7 @@ TEST(MalformedPushTest, SyncBatteryLeavesTheModelUnchangedAndServing) {
 
   // Phase A: step 0, nothing pushed yet.
   std::vector<Case> cases;
-  constexpr int kRounds = 85;  // 13 kinds each round
+  constexpr int kRounds = 85;  // 14 kinds each round
   for (int round = 0; round < kRounds; ++round) {
     cases.push_back(b.ChunkKey());
     cases.push_back(b.ElementCount());
@@ -904,6 +938,7 @@ TEST(MalformedPushTest, SyncBatteryLeavesTheModelUnchangedAndServing) {
     cases.push_back(round % 2 == 0 ? b.Truncated() : b.Garbage());
     cases.push_back(b.SkippedPush());
     cases.push_back(b.StepEnd(0, b.AnyWorker()));
+    cases.push_back(b.StepVerdict(0));
     cases.push_back(b.Garbage());
   }
   std::map<std::string, int> counts;
@@ -1003,6 +1038,7 @@ TEST(MalformedPushTest, SyncBatteryLeavesTheModelUnchangedAndServing) {
   for (int i = 0; i < 12; ++i) {
     cases.push_back(b.Step(1));
     cases.push_back(b.StepEnd(1, b.AnyWorker()));
+    cases.push_back(b.StepVerdict(1));
     cases.push_back(b.NonFinite());
     cases.push_back(b.Generation());
     cases.push_back(b.Truncated());
@@ -1036,6 +1072,7 @@ TEST(MalformedPushTest, AsyncBatteryLeavesTheModelUnchangedAndServing) {
     cases.push_back(b.Truncated());
     cases.push_back(b.Garbage());
     cases.push_back(b.AsyncStepEnd());
+    cases.push_back(b.StepVerdict(0));
   }
   std::map<std::string, int> counts;
   EXPECT_EQ(ps.Run(cases, "async", &counts), 0);
