@@ -195,7 +195,7 @@ absl::Status ParameterShard::PushSkipped(int worker_id, int32_t param_id,
       FindPushChunk(worker_id, param_id, chunk_index, /*num_elements=*/-1);
   if (!found.ok()) return found.status();
   ChunkState& chunk = **found;
-  if (policy_.has_steps()) {
+  if (policy_.takes_verdicts()) {
     // A worker cannot take back its verdict (NoteFiniteVerdict()).
     absl::MutexLock step_lock(&step_mu_);
     if (step == ending_step_ && !ends_.empty() &&

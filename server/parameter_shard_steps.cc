@@ -240,10 +240,7 @@ absl::Status ParameterShard::EndStep(int worker_id, int64_t step,
 }
 
 bool ParameterShard::FiniteByVerdictsLocked(int64_t step) const {
-  if (step != ending_step_ || policy_.staleness() > 0 || policy_.admits() ||
-      clipping()) {
-    return false;
-  }
+  if (step != ending_step_ || !policy_.takes_verdicts()) return false;
   // A change planned for this decision names the generation the pull's
   // word carries: it waits for the decision itself.
   if (planned_.has_value() && planned_->version == step + 1) return false;
@@ -266,12 +263,7 @@ absl::Status ParameterShard::NoteFiniteVerdict(int worker_id, int64_t step,
     return absl::FailedPreconditionError(
         absl::StrCat(what, " before it was initialised"));
   }
-  if (!policy_.has_steps() || policy_.staleness() > 0 || policy_.admits() ||
-      clipping()) {
-    // Staleness and backup workers decide a step without waiting for every
-    // member's pushes of the steps before it, and clipping's decision
-    // waits for the global norm of every push: a step's finiteness does
-    // not settle its weights there.
+  if (!policy_.takes_verdicts()) {
     return absl::FailedPreconditionError(absl::StrCat(
         what,
         ": verdicts are for sync mode without staleness, backup workers or "

@@ -138,6 +138,12 @@ class StepPolicy {
   bool clipping() const { return clip_grad_norm_ > 0; }
   // Clipping: c (0 without).
   double clip_grad_norm() const { return clip_grad_norm_; }
+  // Early verdicts (ParameterShard::NoteFiniteVerdict): kSync without
+  // clipping, where a step whose members all said it is finite cannot be
+  // skipped and its updates are final as every push of them arrives.
+  // Staleness and backups decide a step without every member's pushes of
+  // the steps before it; clipping's decision waits for the global norm.
+  bool takes_verdicts() const { return kind_ == Kind::kSync && !clipping(); }
   // Clipping: whose average gradient the shard's partial norm sums
   // (kEveryWorker or kAdmitted); kOwnPush without clipping.
   Members norm_members() const;

@@ -7,9 +7,13 @@ set -euo pipefail
 PROFILE="${TEST_SRCDIR:-.}/${TEST_WORKSPACE:-pstrain}/scripts/link_profile.py"
 [[ -f "$PROFILE" ]] || PROFILE="$(dirname "$0")/../scripts/link_profile.py"
 DIR="${TEST_TMPDIR:-$(mktemp -d)}"
-python3 - "$DIR/samples.csv" <<'PY'
+# samples FILE PULL_END BURST: the steps above, pulls until PULL_END of
+# each step (1.0: the next step's first push), the late burst if BURST.
+samples() {
+  python3 - "$1" "$2" "$3" <<'PY'
 import sys
-with open(sys.argv[1], 'w') as out:
+path, pull_end, burst = sys.argv[1], float(sys.argv[2]), sys.argv[3] == '1'
+with open(path, 'w') as out:
     out.write('t_s,p0_to_host,p0_from_host,w0_to_host,w0_from_host\n')
     to_host = from_host = 0.0
     dt = 0.005
@@ -18,15 +22,19 @@ with open(sys.argv[1], 'w') as out:
         phase = t % 1.0
         if phase < 0.6:
             to_host += 800e6 / 8 * dt
-        if 5.8 <= t < 5.81:  # the late burst, in step 5's quiet links
+        if burst and 5.8 <= t < 5.81:  # the late burst, in step 5's quiet
             to_host += 800e6 / 8 * dt
-        if 0.1 <= phase < 0.7:
+        if 0.1 <= phase < pull_end:
             from_host += 400e6 / 8 * dt
         out.write(f'{t + dt:.4f},{int(to_host)},{int(from_host)},0,0\n')
 PY
-python3 "$PROFILE" report "$DIR/samples.csv" --ps=p0 >"$DIR/report.md"
-cat "$DIR/report.md"
-python3 - "$DIR/report.md" <<'PY'
+}
+# expect_medians FILE PULL_TAIL IDLE: the report's medians (ms) of 10
+# steps of 1000 ms with 600 ms of ingress.
+expect_medians() {
+  python3 "$PROFILE" report "$1" --ps=p0 >"$1.md"
+  cat "$1.md"
+  python3 - "$1.md" "$2" "$3" <<'PY'
 import sys
 text = open(sys.argv[1]).read()
 # 13 steps begin; the last has no next step to end it, 2 are skipped.
@@ -36,49 +44,21 @@ for line in text.splitlines():
     cells = [c.strip() for c in line.strip('|').split('|')]
     if len(cells) == 4 and cells[1].isdigit():
         rows[cells[0].split(' (')[0]] = [int(c) for c in cells[1:]]
-want = {'step': 1000, "shards' ingress": 600, 'pull tail': 100,
-        'links idle': 300}
+want = {'step': 1000, "shards' ingress": 600,
+        'pull tail': int(sys.argv[2]), 'links idle': int(sys.argv[3])}
 for name, ms in want.items():
     median = rows[name][0]
     assert abs(median - ms) <= 10, f'{name}: median {median} ms, expected {ms}'
 print('medians as built')
 PY
+}
+samples "$DIR/samples.csv" 0.7 1
+expect_medians "$DIR/samples.csv" 100 300
 # An early forward (priority pulls): the pulls run from 100 ms to the
 # next step's first push, so the links are never idle; steps are still
 # cut where the pushes begin after quiet ingress.
-python3 - "$DIR/overlap.csv" <<'PY'
-import sys
-with open(sys.argv[1], 'w') as out:
-    out.write('t_s,p0_to_host,p0_from_host\n')
-    to_host = from_host = 0.0
-    dt = 0.005
-    for i in range(int(13.0 / dt)):
-        t = i * dt
-        phase = t % 1.0
-        if phase < 0.6:
-            to_host += 800e6 / 8 * dt
-        if phase >= 0.1:
-            from_host += 400e6 / 8 * dt
-        out.write(f'{t + dt:.4f},{int(to_host)},{int(from_host)}\n')
-PY
-python3 "$PROFILE" report "$DIR/overlap.csv" --ps=p0 >"$DIR/overlap.md"
-cat "$DIR/overlap.md"
-python3 - "$DIR/overlap.md" <<'PY'
-import sys
-text = open(sys.argv[1]).read()
-assert '10 steps after the first 2' in text, 'expected 10 steps counted'
-rows = {}
-for line in text.splitlines():
-    cells = [c.strip() for c in line.strip('|').split('|')]
-    if len(cells) == 4 and cells[1].isdigit():
-        rows[cells[0].split(' (')[0]] = [int(c) for c in cells[1:]]
-want = {'step': 1000, "shards' ingress": 600, 'pull tail': 400,
-        'links idle': 0}
-for name, ms in want.items():
-    median = rows[name][0]
-    assert abs(median - ms) <= 10, f'{name}: median {median} ms, expected {ms}'
-print('overlapped medians as built')
-PY
+samples "$DIR/overlap.csv" 1.0 0
+expect_medians "$DIR/overlap.csv" 400 0
 # Errors: exit 2 and one line naming the input.
 expect_error() {
   local want="$1"
