@@ -31,7 +31,7 @@ ParameterShard::ParameterShard(const ShardOptions& options)
   WorkerMembership first;
   for (int w = 0; w < initial; ++w) first.workers.push_back(w);
   absl::MutexLock lock(&init_mu_);
-  SetMembershipLocked(first);
+  SetMembership(first);
 }
 
 // Here, where ChunkState, StepEnds and NormDecision are complete.
@@ -61,6 +61,11 @@ absl::Status ParameterShard::CheckMember(int worker_id) const {
                      m.from_step, ")"));
   }
   return absl::OkStatus();
+}
+
+void ParameterShard::SetMembership(const WorkerMembership& membership) {
+  absl::MutexLock lock(&membership_mu_);
+  SetMembershipLocked(membership);
 }
 
 void ParameterShard::SetMembershipLocked(const WorkerMembership& membership) {
@@ -96,7 +101,7 @@ absl::Status ParameterShard::SetLrHorizon(int64_t total_steps) {
         absl::StrCat("lr_total_steps ", total_steps, "; expected 0 to 1e9"));
   }
   if (!schedule.needs_horizon()) return absl::OkStatus();
-  absl::MutexLock lock(&init_mu_);
+  absl::MutexLock lock(&membership_mu_);
   if (total_steps == 0 && lr_horizon_ > 0) return absl::OkStatus();  // kept
   if (total_steps <= schedule.warmup_steps) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -342,7 +347,7 @@ void ParameterShard::OpenRestoredLocked(int64_t generation,
   }
   generation_.store(generation);
   closed_.store(false);
-  if (membership != nullptr) SetMembershipLocked(*membership);
+  if (membership != nullptr) SetMembership(*membership);
 }
 
 absl::StatusOr<int64_t> ParameterShard::Reopen(
@@ -444,13 +449,13 @@ absl::StatusOr<int64_t> ParameterShard::Reopen(
   if (membership != nullptr) {
     WorkerMembership next = *membership;
     next.from_step = version;
-    SetMembershipLocked(next);
+    SetMembership(next);
   } else if (version == decided_step_ && switched.version == version + 1 &&
              members_before.has_value()) {
     // The decision taken back took a planned change (PlanReopen()): the
     // members before it train the step again, as on the shards that had
     // not decided it.
-    SetMembershipLocked(*members_before);
+    SetMembership(*members_before);
   }
   if (version == decided_step_) {
     // Step `version`'s decision taken back: its loss scaler update too.
@@ -567,7 +572,7 @@ int64_t ParameterShard::ReopenAsyncLocked(int64_t generation,
   }
   // Async has no shared step: the membership starts at worker 0's
   // (from_step as sent), the chunks keep their own versions.
-  if (membership != nullptr) SetMembershipLocked(*membership);
+  if (membership != nullptr) SetMembership(*membership);
   broken_.store(false);
   NoteUpdate();
   return std::max<int64_t>(version, 0);

@@ -819,10 +819,14 @@ class ParameterShard {
   // The workers a step averages, ascending: `admitted` (backup workers'
   // admitted set) or, when null, every member.
   std::vector<int> AveragedWorkers(const std::vector<bool>* admitted) const;
-  // Installs `membership` (checked); under init_mu_, with the older
-  // generation frozen.
+  // Installs `membership` (checked) with its optimizer, under
+  // membership_mu_: called with the older generation frozen (under
+  // init_mu_, or under step_mu_ when a planned change is taken at a
+  // decision, DecidedLocked()).
+  void SetMembership(const WorkerMembership& membership)
+      ABSL_LOCKS_EXCLUDED(membership_mu_);
   void SetMembershipLocked(const WorkerMembership& membership)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(init_mu_);
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(membership_mu_);
   // Sync: every chunk is at version decided_step_ + 1 holding its state
   // from before decided_step_'s update (undo_step), so the decision can be
   // taken back (Reopen() at version decided_step_).
@@ -975,9 +979,12 @@ class ParameterShard {
   std::atomic<int64_t> late_pushes_{0};
   std::atomic<int64_t> late_steps_{0};
   std::vector<int64_t> row_elements_ ABSL_GUARDED_BY(init_mu_);
-  // SetLrHorizon(): a cosine schedule's total steps where options_.adam's
-  // is 0; 0 until set.
-  int64_t lr_horizon_ ABSL_GUARDED_BY(init_mu_) = 0;
+  // A leaf lock (nothing is taken under it) over SetMembership()'s
+  // install, so SetLrHorizon() and a change taken at a decision do not
+  // undo each other. lr_horizon_: a cosine schedule's total steps where
+  // options_.adam's is 0; 0 until set.
+  absl::Mutex membership_mu_;
+  int64_t lr_horizon_ ABSL_GUARDED_BY(membership_mu_) = 0;
   mutable absl::Mutex overflow_mu_;
   int64_t overflowed_ ABSL_GUARDED_BY(overflow_mu_) = 0;
   std::string last_overflow_ ABSL_GUARDED_BY(overflow_mu_);

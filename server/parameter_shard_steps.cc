@@ -116,7 +116,7 @@ void ParameterShard::DecidedLocked(int64_t deciding, StepEnds& ends) {
                       planned_->version};
     }
     members_before_switch_ = membership();
-    SetMembershipLocked(planned_->membership);
+    SetMembership(planned_->membership);
     generation_.store(planned_->generation);
     planned_.reset();
     wake_ready_.store(true);
