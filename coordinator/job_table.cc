@@ -256,8 +256,9 @@ void JobTable::Prune() {
       static_cast<int>(ended.size()) - limits_.keep_finished_jobs;
   if (excess <= 0) return;
   // Oldest ended first; a tie keeps the table's (submission) order.
-  std::stable_sort(ended.begin(), ended.end(), [this](int a, int b) {
-    return table_.jobs(a).end_ms() < table_.jobs(b).end_ms();
+  const auto& all = table_.jobs();
+  std::stable_sort(ended.begin(), ended.end(), [&all](int a, int b) {
+    return all[a].end_ms() < all[b].end_ms();
   });
   std::vector<bool> drop(table_.jobs_size(), false);
   for (int k = 0; k < excess; ++k) drop[ended[k]] = true;

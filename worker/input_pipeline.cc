@@ -306,10 +306,9 @@ InputPipeline::InputPipeline(const ImageFiles& files, SampleOrder order,
 
 InputPipeline::~InputPipeline() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     stop_ = true;
   }
-  cv_.notify_all();
   for (std::thread& t : threads_) t.join();
 }
 
@@ -353,47 +352,47 @@ void InputPipeline::Work() {
   while (true) {
     int64_t b;
     {
-      std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait(lock, [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      absl::MutexLock lock(&mu_);
+      auto buildable = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
         return stop_ || next_to_build_ >= num_batches_ ||
                next_to_build_ < consumed_ + options_.prefetch_batches;
-      });
+      };
+      mu_.Await(absl::Condition(&buildable));
       if (stop_ || next_to_build_ >= num_batches_) return;
       b = next_to_build_++;
     }
     Batch batch;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      absl::MutexLock lock(&mu_);
       if (!spare_.empty()) {
         batch = std::move(spare_.back());
         spare_.pop_back();
       }
     }
     absl::Status status = Build(b, &batch);
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     if (status.ok()) {
       ready_.emplace(b, std::move(batch));
     } else {
       ready_.emplace(b, std::move(status));
     }
-    cv_.notify_all();
   }
 }
 
 absl::StatusOr<bool> InputPipeline::Next(Batch* batch) {
-  std::unique_lock<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   if (consumed_ >= num_batches_) return false;
   const int64_t b = consumed_;
-  cv_.wait(lock, [this, b]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+  auto built = [this, b]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return ready_.count(b) > 0;
-  });
+  };
+  mu_.Await(absl::Condition(&built));
   auto it = ready_.find(b);
   absl::StatusOr<Batch> result = std::move(it->second);
   ready_.erase(it);
   if (!result.ok()) {
     consumed_ = num_batches_;  // Finished: no batch after an error.
     stop_ = true;
-    cv_.notify_all();
     return result.status();
   }
   // The caller's previous batch is done with: its storage is reused for a
@@ -405,7 +404,6 @@ absl::StatusOr<bool> InputPipeline::Next(Batch* batch) {
   }
   *batch = *std::move(result);
   ++consumed_;
-  cv_.notify_all();
   return true;
 }
 

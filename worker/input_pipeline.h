@@ -42,16 +42,15 @@
 #ifndef PSTRAIN_WORKER_INPUT_PIPELINE_H_
 #define PSTRAIN_WORKER_INPUT_PIPELINE_H_
 
-#include <condition_variable>
 #include <cstdint>
 #include <map>
-#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "models/tensor.h"
 #include "worker/dataset.h"
 #include "worker/image_folder.h"
@@ -123,8 +122,8 @@ class InputPipeline {
   const SampleOrder order_;
   const int64_t num_batches_;
   const InputPipelineOptions options_;
-  std::mutex mu_;
-  std::condition_variable cv_;
+  // Waits are absl::Mutex::Await conditions (re-checked on each unlock).
+  absl::Mutex mu_;
   int64_t next_to_build_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t consumed_ ABSL_GUARDED_BY(mu_) = 0;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
