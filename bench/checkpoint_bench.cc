@@ -484,7 +484,10 @@ absl::StatusOr<TrainRun> RunTraining(int checkpoint_every, int index) {
   TrainRun run;
   // Protobuf's JSON writes int64 fields as strings.
   if (j.contains("steps") && j["steps"].is_string()) {
-    absl::SimpleAtoi(j["steps"].get<std::string>(), &run.steps);
+    if (!absl::SimpleAtoi(j["steps"].get<std::string>(), &run.steps)) {
+      return absl::DataLossError(
+          absl::StrCat(json_path, ": steps is not an integer"));
+    }
   } else if (j.contains("steps") && j["steps"].is_number_integer()) {
     run.steps = j["steps"].get<int64_t>();
   }
