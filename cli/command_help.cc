@@ -184,7 +184,8 @@ Flags JobFlags(const std::string& what) {
            {"partition_bytes",
             "Largest chunk of a tensor on the wire, bytes (allreduce with "
             "--compression: of each top-k selection); auto: chosen by "
-            "timing a few sizes before the first step (PS modes)."},
+            "timing a few sizes before the first step (PS modes). Default "
+            "4 MiB, or 256 KiB with --priority_pulls."},
            {"wire_dtype",
             "fp32, bf16 or fp16 (scaled by a power of two): PS pushes and "
             "pulls "
@@ -206,7 +207,8 @@ Flags JobFlags(const std::string& what) {
             "layers first, and in sync mode (cpu and cuda; not with "
             "staleness or backup workers) the next forward starts "
             "on the first layers' weights while the last ones still arrive. "
-            "The same weights either way."},
+            "The same weights either way. --partition_bytes defaults to 256 "
+            "KiB with it (P3's slices)."},
            {"sparse_embeddings",
             "Default false (issue 41): a model's untied embedding table "
             "(bert_tiny_untied, bert_base_untied) is pushed as the rows each "

@@ -51,6 +51,7 @@
 #include "cli/node_agent.h"
 #include "cli/pstrain_flags.h"
 #include "common/flags_util.h"
+#include "common/partition.h"
 #include "common/status_macros.h"
 #include "common/tls_flags.h"
 #include "common/wire_dtype.h"
@@ -237,6 +238,11 @@ JobSpec SpecFromFlags(Mode mode, int num_ps, int num_workers) {
       absl::GetFlag(FLAGS_partition_bytes);
   spec.set_partition_bytes(partition.bytes);
   spec.set_partition_bytes_auto(partition.automatic);
+  if (mode != MODE_ALLREDUCE && !FlagSpecified("partition_bytes") &&
+      absl::GetFlag(FLAGS_priority_pulls)) {
+    // P3's small slices (PartitionPlan::kPriorityPartitionBytes).
+    spec.set_partition_bytes(PartitionPlan::kPriorityPartitionBytes);
+  }
   // Every mode: allreduce averages the gradients in the 16-bit type.
   spec.set_wire_dtype(absl::GetFlag(FLAGS_wire_dtype));
   if (mode != MODE_ALLREDUCE) {

@@ -91,7 +91,8 @@ ABSL_FLAG(pstrain::PartitionBytesFlag, partition_bytes,
           pstrain::PartitionBytesFlag{},
           "Largest chunk of a tensor on the wire, bytes (allreduce: of "
           "each --compression top-k selection); auto (PS modes): worker 0 "
-          "times a few sizes before the first step and keeps the fastest.");
+          "times a few sizes before the first step and keeps the fastest. "
+          "Default 4 MiB, or 256 KiB with --priority_pulls (PS modes).");
 ABSL_FLAG(std::string, wire_dtype, "fp32",
           "How gradients (and in PS modes weights) travel: fp32, bf16 or "
           "fp16 (the shards keep fp32; allreduce averages the gradients in "

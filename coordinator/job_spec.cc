@@ -13,6 +13,7 @@
 #include "absl/strings/str_format.h"
 #include "catalog/catalog.h"
 #include "catalog/job_config.h"
+#include "common/partition.h"
 #include "common/rpc_options.h"
 #include "common/status_macros.h"
 #include "common/utf8.h"
@@ -635,7 +636,11 @@ void ApplyJobDefaults(JobSpec* spec) {
   if (spec->backend().empty()) spec->set_backend("cpu");
   if (spec->mode().empty()) spec->set_mode("sync");
   if (spec->seed() == 0) spec->set_seed(1);
-  if (spec->partition_bytes() == 0) spec->set_partition_bytes(4 << 20);
+  if (spec->partition_bytes() == 0) {
+    spec->set_partition_bytes(spec->priority_pulls()
+                                  ? PartitionPlan::kPriorityPartitionBytes
+                                  : PartitionPlan::kDefaultPartitionBytes);
+  }
   if (spec->log_every_steps() == 0) spec->set_log_every_steps(200);
   // image_folder's 0 keeps the images' own size.
   if (spec->image_size() == 0 && spec->dataset() != "image_folder") {

@@ -36,7 +36,9 @@
 //   seq_len (token datasets) 0, 2 to 512 (0: the token      0
 //                            file's; synthetic_tokens 128)
 //   dropout (bert_*)         0 <= dropout < 1               0.1
-//   partition_bytes          4 to 128 MiB, a multiple of 4  4 MiB
+//   partition_bytes          4 to 128 MiB, a multiple of 4  4 MiB (256 KiB
+//                                                          with priority_
+//                                                          pulls)
 //   partition_bytes_auto     true or false (PS modes; true: false
 //                            chosen by measurement, then
 //                            partition_bytes is unused)

@@ -52,6 +52,22 @@ TEST(JobSpecTest, ParsesAndFillsDefaults) {
   EXPECT_TRUE(nccl.ok()) << nccl.status();
 }
 
+// Priority pulls take P3's small slices unless a size is given.
+TEST(JobSpecTest, PriorityPullsDefaultToSmallPartitions) {
+  const std::string base = "num_ps: 2 num_workers: 2 batch_size: 8 epochs: 1 ";
+  absl::StatusOr<JobSpec> spec =
+      ParseJobSpec(base + "priority_pulls: true", "job.pbtxt");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->partition_bytes(), 256 << 10);
+  spec = ParseJobSpec(base + "priority_pulls: true partition_bytes: 8388608",
+                      "job.pbtxt");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->partition_bytes(), 8 << 20);
+  spec = ParseJobSpec(base + "priority_pulls: false", "job.pbtxt");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->partition_bytes(), 4 << 20);
+}
+
 TEST(JobSpecTest, AdamOptionsComeFromTheOptimizer) {
   absl::StatusOr<JobSpec> spec = ParseJobSpec(kGood, "job.pbtxt");
   ASSERT_TRUE(spec.ok()) << spec.status();

@@ -7,7 +7,7 @@
 #        [--workers=4] [--num_ps=2,4] [--modes=ps_sync,allreduce]
 #        [--compute_ms=100] [--backward_fraction=0]
 #        [--model_bytes=102228128] [--steps=10]
-#        [--batch_size=32] [--partition_bytes=4194304]
+#        [--batch_size=32] [--partition_bytes=BYTES]
 #        [--bucket_bytes=26214400] [--out_dir=DIR]
 #        [--wire_dtype=fp32] [--compression=none] [--optimizer=adam]
 #        [--delta_pulls=true] [--priority_pulls=false]
@@ -112,7 +112,7 @@ BACKWARD_FRACTION=0
 MODEL_BYTES=102228128
 STEPS=10
 BATCH_SIZE=32
-PARTITION_BYTES=4194304
+PARTITION_BYTES=""  # pstrain's default: 4 MiB, 256 KiB with priority pulls
 BUCKET_BYTES=26214400
 OUT_DIR=""
 BIN=bazel-bin
@@ -433,10 +433,11 @@ fi
 # The synthetic step's shape: --model's tensors, or --model_bytes of them.
 shape=(--model_bytes="$MODEL_BYTES")
 [[ -z "$MODEL" ]] || shape=(--model="$MODEL")
+[[ -z "$PARTITION_BYTES" ]] || shape+=(--partition_bytes="$PARTITION_BYTES")
 ip netns exec "$(ns_of c)" "$PSTRAIN" compare --compute=synthetic \
   --compute_ms="$COMPUTE_MS" --backward_fraction="$BACKWARD_FRACTION" \
   "${shape[@]}" \
-  --batch_size="$BATCH_SIZE" --partition_bytes="$PARTITION_BYTES" \
+  --batch_size="$BATCH_SIZE" \
   --workers="$WORKERS" \
   --modes="$MODES" --steps="$STEPS" --log_every_steps=1000000 \
   "${ps_wire[@]}" --optimizer="$OPTIMIZER" \

@@ -216,6 +216,43 @@ TEST(RunCliTest, CosineScheduleTakesItsHorizonFromTheData) {
       << r.output;
 }
 
+// --priority_pulls takes 256-KiB partitions unless --partition_bytes says
+// otherwise (P3's slices), and trains the same model bit for bit as plain
+// pulls at the 4-MiB default: a sync step sums each element in worker order
+// whatever the chunk it travels in.
+TEST(RunCliTest, PriorityPullsTakeSmallPartitionsAndTheSameModel) {
+  if (!HaveFashionMnist())
+    GTEST_SKIP() << "dataset-fashion-mnist not installed";
+  std::string models[2];
+  for (int priority = 0; priority < 2; ++priority) {
+    const std::string dir = TempDir() + "/priority" + std::to_string(priority);
+    const std::string json_path = dir + ".json";
+    const Result r = RunPstrain(
+        "--epochs=1 --max_steps_per_epoch=20 --checkpoint_dir=" + dir +
+        " --results_json=" + json_path +
+        (priority ? " --priority_pulls=true" : ""));
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    std::ifstream json_in(json_path);
+    std::stringstream json;
+    json << json_in.rdbuf();
+    pstrain::RunResult result;
+    ASSERT_TRUE(
+        google::protobuf::util::JsonStringToMessage(json.str(), &result).ok())
+        << json.str();
+    EXPECT_EQ(result.partition_bytes(), priority ? 256 << 10 : 4 << 20);
+    std::ifstream in(dir + "/model.safetensors", std::ios::binary);
+    models[priority] = std::string(std::istreambuf_iterator<char>(in),
+                                   std::istreambuf_iterator<char>());
+  }
+  ASSERT_GT(models[0].size(), 100000u);
+  EXPECT_TRUE(models[0] == models[1]) << "priority pulls changed the model";
+  // A size given is kept; it is checked as any other.
+  const Result r =
+      RunPstrain("--priority_pulls=true --partition_bytes=6 --epochs=1");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("--partition_bytes"), std::string::npos) << r.output;
+}
+
 // Backup workers (issue 25): 3 workers, each step aggregating the first 2,
 // worker 2 slowed by 40 ms a step (a LeNet-5 step takes a few ms here):
 // the job finishes its 60 steps, worker 2's late steps are dropped and
