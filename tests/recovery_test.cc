@@ -387,6 +387,51 @@ TEST(RecoveryTest, PriorityPullsJobSurvivesAKilledWorkerWithTheSameModel) {
             ReadTextFile(clean_dir + "/model.safetensors"));
 }
 
+// The window early verdicts open: worker 1 has told shard 1 that its step
+// 150 is finite and pushed all of it, so shard 1 announced the decision
+// and worker 0's next forward began, but worker 1 dies before its step
+// end reaches shard 1 (PSTRAIN_HOLD_STEP_END, in its first process only).
+// The job recovers and ends with the clean run's model, byte for byte.
+TEST(RecoveryTest, PriorityPullsWorkerKilledBetweenItsVerdictAndItsStepEnd) {
+  if (!HaveFashionMnist()) GTEST_SKIP() << "dataset-fashion-mnist missing";
+  const std::string priority = "--priority_pulls=true";
+  const std::string clean_dir = TempDir() + "/verdict_clean";
+  const auto clean = RunCommand(
+      pstrain::testing::JoinArgv(RunArgv("sync", clean_dir, priority)));
+  ASSERT_EQ(clean.exit_code, 0) << clean.output;
+
+  const std::string dir = TempDir() + "/verdict_faulted";
+  const std::string log = TempDir() + "/verdict_faulted.log";
+  Process run(RunArgv("sync", dir, priority), log,
+              {"PSTRAIN_HOLD_STEP_END=150",
+               "PSTRAIN_HOLD_ONCE=" + TempDir() + "/verdict_held"});
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        return ReadTextFile(log).find(
+                   "worker 1: holding step 150's end from shard 1 after its "
+                   "verdict") != std::string::npos;
+      },
+      absl::Minutes(2)))
+      << ReadTextFile(log);
+  ASSERT_TRUE(KillChild(run.pid(), "pstrain_worker .*--task_index=1"))
+      << ReadTextFile(log);
+  ASSERT_EQ(run.Wait(240), 0) << ReadTextFile(log);
+  const std::string output = ReadTextFile(log);
+  EXPECT_NE(output.find("pstrain: worker 1 died (signal 9); restarting it"),
+            std::string::npos)
+      << output;
+  // Shard 0 decided step 150, shard 1 did not: both reopen at 150, shard
+  // 0 taking its decision back, with no checkpoint restored.
+  EXPECT_NE(output.find("Reopened the shards at their own state, version "
+                        "150 (no rollback)"),
+            std::string::npos)
+      << output;
+  EXPECT_NE(output.find("worker 0: recovered"), std::string::npos) << output;
+  EXPECT_EQ(Accuracy(output), Accuracy(clean.output)) << output;
+  EXPECT_EQ(ReadTextFile(dir + "/model.safetensors"),
+            ReadTextFile(clean_dir + "/model.safetensors"));
+}
+
 TEST(RecoveryTest, SpentRestartBudgetFailsNamingEveryDeathAndCheckpoint) {
   if (!HaveFashionMnist()) GTEST_SKIP() << "dataset-fashion-mnist missing";
   const std::string dir = TempDir() + "/budget";

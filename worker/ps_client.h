@@ -113,10 +113,13 @@ struct PsClientOptions {
   // The weights come out the same bit for bit. Dropped after any failure,
   // Reset(), or a change of generation or shard addresses.
   bool delta_pulls = false;
-  // A test aid (PSTRAIN_HOLD_STEP_END=STEP, worker 1 only): the end of
-  // step `hold_step_end` goes to shard 0 and is held from every other
-  // shard (the call never returns), as a worker that dies between its
-  // step ends to two shards (the test kills it there); -1: none.
+  // A test aid (PSTRAIN_HOLD_STEP_END=STEP, worker 1 only; with
+  // PSTRAIN_HOLD_ONCE=FILE only in the process that creates FILE): the
+  // end of step `hold_step_end` goes to shard 0 and is held from every
+  // other shard (the call never returns), as a worker that dies between
+  // its step ends to two shards (the test kills it there); with verdicts
+  // the verdict goes first, as a worker that dies between its verdict
+  // and its end. -1: none.
   int64_t hold_step_end = -1;
 };
 
@@ -561,6 +564,12 @@ class PsClient {
   // The step is finite (StepVerdict), ahead of the lane's queued pushes.
   absl::Status WriteVerdict(int lane, StepState* state,
                             const PushPullRequest& envelope);
+  // The hold_step_end test aid: never returns. With verdicts, this lane's
+  // verdict goes first (once the step's values are found finite), so the
+  // shard holds the verdict without the end.
+  [[noreturn]] void HoldStepEnd(int lane, StepState* state,
+                                const PushPullRequest& envelope,
+                                bool verdict_sent);
   // The lane's pull request (its channel; samples on channel 0 only).
   grpc::ByteBuffer PullOf(int lane, const StepState& state) const;
   // PushPullShard's parts: a shard's partial squared norm (clipping), and

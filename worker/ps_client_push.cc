@@ -199,10 +199,7 @@ absl::Status PsClient::WriteStepEnd(int lane, StepState* state,
     }
   }
   if (shard > 0 && state->step == options_.hold_step_end) {
-    std::fprintf(stderr, "worker %d: holding step %lld's end from shard %d\n",
-                 options_.worker_id, static_cast<long long>(state->step),
-                 shard);
-    while (true) absl::SleepFor(absl::Hours(1));
+    HoldStepEnd(lane, state, envelope, verdict_sent);
   }
   if (!s.stream->Write(EncodeSmallMessage(end))) {
     return absl::UnavailableError("stream broke");
@@ -247,6 +244,29 @@ grpc::ByteBuffer PsClient::PullOf(int lane, const StepState& state) const {
   // The step's samples count once per shard.
   if (lanes_[lane].channel > 0) pull.mutable_pull()->set_samples(0);
   return EncodeSmallMessage(pull);
+}
+
+void PsClient::HoldStepEnd(int lane, StepState* state,
+                           const PushPullRequest& envelope, bool verdict_sent) {
+  // Said already while the other lanes pushed, or now.
+  bool said = verdict_sent && sends_verdicts() && lanes_[lane].channel == 0;
+  if (!verdict_sent && sends_verdicts()) {
+    bool finite = false;
+    {
+      absl::MutexLock lock(&state->mu);
+      auto due = [state]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(state->mu) {
+        return state->say_finite || state->aborted;
+      };
+      finite =
+          state->mu.AwaitWithTimeout(absl::Condition(&due), absl::Minutes(1)) &&
+          state->say_finite;
+    }
+    said = finite && WriteVerdict(lane, state, envelope).ok();
+  }
+  std::fprintf(stderr, "worker %d: holding step %lld's end from shard %d%s\n",
+               options_.worker_id, static_cast<long long>(state->step),
+               lanes_[lane].shard, said ? " after its verdict" : "");
+  while (true) absl::SleepFor(absl::Hours(1));
 }
 
 absl::Status PsClient::WriteVerdict(int lane, StepState* state,

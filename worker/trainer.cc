@@ -1,6 +1,8 @@
 #include "worker/trainer.h"
 
+#include <fcntl.h>
 #include <omp.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstdlib>
@@ -98,6 +100,17 @@ PsClientOptions PsClientOptionsOf(const TrainerOptions& options,
       !absl::SimpleAtoi(hold, &client_options.hold_step_end)) {
     client_options.hold_step_end = -1;
   }
+  // PSTRAIN_HOLD_ONCE=FILE: only the worker 1 process that creates FILE
+  // (on its first call here) holds, so a restarted worker 1 trains on.
+  if (client_options.hold_step_end < 0) return client_options;
+  static const bool holder = [] {
+    const char* once = std::getenv("PSTRAIN_HOLD_ONCE");
+    if (once == nullptr) return true;
+    const int fd = open(once, O_CREAT | O_EXCL | O_WRONLY, 0644);
+    if (fd >= 0) close(fd);
+    return fd >= 0;
+  }();
+  if (!holder) client_options.hold_step_end = -1;
   return client_options;
 }
 
