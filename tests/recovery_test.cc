@@ -354,12 +354,19 @@ TEST(RecoveryTest, TopKJobSurvivesAKilledWorkerWithTheSameModel) {
 
 // Priority pulls with early verdicts (issue 39; proto/ps.proto
 // StepVerdict): each worker says its step is finite before its pushes are
-// in, and the shards let the next forward start on that word. A worker
-// killed mid-run may die between its verdict and its step's end: the step
-// stays undecided, the shards reopen at their decided version (or, when
-// they differ, at the newest checkpoint), every worker redoes the step
-// (the forward begun on it is dropped), and the job ends with the model of
-// the run nobody killed, bit for bit.
+// in, and the shards let the next forward start on that word. Two faulted
+// runs against one clean run:
+// - worker 1 killed once the first checkpoint is durable, wherever it is
+//   in its step;
+// - worker 1 killed in the window verdicts open: it has told shard 1 that
+//   step 150 is finite and pushed all of it, so shard 1 announced the
+//   decision and worker 0's next forward began, but its step end never
+//   reached shard 1 (PSTRAIN_HOLD_STEP_END, in its first process only).
+//   Shard 0 decided step 150, shard 1 did not: both reopen at 150, shard
+//   0 taking its decision back, with no checkpoint restored.
+// Each time the step stays undecided, every worker redoes it (the forward
+// begun on it is dropped), and the job ends with the model of the run
+// nobody killed, bit for bit.
 TEST(RecoveryTest, PriorityPullsJobSurvivesAKilledWorkerWithTheSameModel) {
   if (!HaveFashionMnist()) GTEST_SKIP() << "dataset-fashion-mnist missing";
   const std::string priority = "--priority_pulls=true";
@@ -368,68 +375,43 @@ TEST(RecoveryTest, PriorityPullsJobSurvivesAKilledWorkerWithTheSameModel) {
       pstrain::testing::JoinArgv(RunArgv("sync", clean_dir, priority)));
   ASSERT_EQ(clean.exit_code, 0) << clean.output;
 
-  const std::string dir = TempDir() + "/priority_faulted";
-  const std::string log = TempDir() + "/priority_faulted.log";
-  Process run(RunArgv("sync", dir, priority), log);
-  ASSERT_TRUE(
-      WaitFor([&] { return !ReadLatest(dir).empty(); }, absl::Minutes(2)))
-      << ReadTextFile(log);
-  ASSERT_TRUE(KillChild(run.pid(), "pstrain_worker .*--task_index=1"))
-      << ReadTextFile(log);
-  ASSERT_EQ(run.Wait(240), 0) << ReadTextFile(log);
-  const std::string output = ReadTextFile(log);
-  EXPECT_NE(output.find("pstrain: worker 1 died (signal 9); restarting it"),
-            std::string::npos)
-      << output;
-  EXPECT_NE(output.find("worker 0: recovered"), std::string::npos) << output;
-  EXPECT_EQ(Accuracy(output), Accuracy(clean.output)) << output;
-  EXPECT_EQ(ReadTextFile(dir + "/model.safetensors"),
-            ReadTextFile(clean_dir + "/model.safetensors"));
-}
-
-// The window early verdicts open: worker 1 has told shard 1 that its step
-// 150 is finite and pushed all of it, so shard 1 announced the decision
-// and worker 0's next forward began, but worker 1 dies before its step
-// end reaches shard 1 (PSTRAIN_HOLD_STEP_END, in its first process only).
-// The job recovers and ends with the clean run's model, byte for byte.
-TEST(RecoveryTest, PriorityPullsWorkerKilledBetweenItsVerdictAndItsStepEnd) {
-  if (!HaveFashionMnist()) GTEST_SKIP() << "dataset-fashion-mnist missing";
-  const std::string priority = "--priority_pulls=true";
-  const std::string clean_dir = TempDir() + "/verdict_clean";
-  const auto clean = RunCommand(
-      pstrain::testing::JoinArgv(RunArgv("sync", clean_dir, priority)));
-  ASSERT_EQ(clean.exit_code, 0) << clean.output;
-
-  const std::string dir = TempDir() + "/verdict_faulted";
-  const std::string log = TempDir() + "/verdict_faulted.log";
-  Process run(RunArgv("sync", dir, priority), log,
-              {"PSTRAIN_HOLD_STEP_END=150",
-               "PSTRAIN_HOLD_ONCE=" + TempDir() + "/verdict_held"});
-  ASSERT_TRUE(WaitFor(
-      [&] {
-        return ReadTextFile(log).find(
-                   "worker 1: holding step 150's end from shard 1 after its "
-                   "verdict") != std::string::npos;
-      },
-      absl::Minutes(2)))
-      << ReadTextFile(log);
-  ASSERT_TRUE(KillChild(run.pid(), "pstrain_worker .*--task_index=1"))
-      << ReadTextFile(log);
-  ASSERT_EQ(run.Wait(240), 0) << ReadTextFile(log);
-  const std::string output = ReadTextFile(log);
-  EXPECT_NE(output.find("pstrain: worker 1 died (signal 9); restarting it"),
-            std::string::npos)
-      << output;
-  // Shard 0 decided step 150, shard 1 did not: both reopen at 150, shard
-  // 0 taking its decision back, with no checkpoint restored.
-  EXPECT_NE(output.find("Reopened the shards at their own state, version "
-                        "150 (no rollback)"),
-            std::string::npos)
-      << output;
-  EXPECT_NE(output.find("worker 0: recovered"), std::string::npos) << output;
-  EXPECT_EQ(Accuracy(output), Accuracy(clean.output)) << output;
-  EXPECT_EQ(ReadTextFile(dir + "/model.safetensors"),
-            ReadTextFile(clean_dir + "/model.safetensors"));
+  for (const bool held : {false, true}) {
+    SCOPED_TRACE(held ? "between verdict and step end" : "anywhere");
+    const std::string name = held ? "/verdict_faulted" : "/priority_faulted";
+    const std::string dir = TempDir() + name, log = dir + ".log";
+    std::vector<std::string> env;
+    if (held) {
+      env = {"PSTRAIN_HOLD_STEP_END=150",
+             "PSTRAIN_HOLD_ONCE=" + TempDir() + "/verdict_held"};
+    }
+    Process run(RunArgv("sync", dir, priority), log, env);
+    ASSERT_TRUE(WaitFor(
+        [&] {
+          return held ? ReadTextFile(log).find(
+                            "worker 1: holding step 150's end from shard 1 "
+                            "after its verdict") != std::string::npos
+                      : !ReadLatest(dir).empty();
+        },
+        absl::Minutes(2)))
+        << ReadTextFile(log);
+    ASSERT_TRUE(KillChild(run.pid(), "pstrain_worker .*--task_index=1"))
+        << ReadTextFile(log);
+    ASSERT_EQ(run.Wait(240), 0) << ReadTextFile(log);
+    const std::string output = ReadTextFile(log);
+    EXPECT_NE(output.find("pstrain: worker 1 died (signal 9); restarting it"),
+              std::string::npos)
+        << output;
+    if (held) {
+      EXPECT_NE(output.find("Reopened the shards at their own state, version "
+                            "150 (no rollback)"),
+                std::string::npos)
+          << output;
+    }
+    EXPECT_NE(output.find("worker 0: recovered"), std::string::npos) << output;
+    EXPECT_EQ(Accuracy(output), Accuracy(clean.output)) << output;
+    EXPECT_EQ(ReadTextFile(dir + "/model.safetensors"),
+              ReadTextFile(clean_dir + "/model.safetensors"));
+  }
 }
 
 TEST(RecoveryTest, SpentRestartBudgetFailsNamingEveryDeathAndCheckpoint) {
