@@ -238,9 +238,10 @@ JobSpec SpecFromFlags(Mode mode, int num_ps, int num_workers) {
       absl::GetFlag(FLAGS_partition_bytes);
   spec.set_partition_bytes(partition.bytes);
   spec.set_partition_bytes_auto(partition.automatic);
-  if (mode != MODE_ALLREDUCE && !FlagSpecified("partition_bytes") &&
+  if (!FlagSpecified("partition_bytes") &&
       absl::GetFlag(FLAGS_priority_pulls)) {
-    // P3's small slices (PartitionPlan::kPriorityPartitionBytes).
+    // P3's small slices (PartitionPlan::kPriorityPartitionBytes); also
+    // compare's allreduce rows, whose top-k selects from the same chunks.
     spec.set_partition_bytes(PartitionPlan::kPriorityPartitionBytes);
   }
   // Every mode: allreduce averages the gradients in the 16-bit type.

@@ -3,11 +3,11 @@
 //
 // Defaults (as `pstrain run`): model "lenet5", dataset "fashion_mnist",
 // data_dir "/usr/share/datasets/fashion-mnist", backend "cpu", mode "sync",
-// seed 1, partition_bytes 4 MiB, log_every_steps 200, image_size 224,
-// num_classes 1000, synthetic_samples 12800, bucket_bytes 25 MiB, the
-// optimizer's defaults (proto/job.proto); and, unlike `pstrain run` (60),
-// registration_timeout_s 600, since a submitted job's tasks may wait in a
-// scheduler's queue.
+// seed 1, partition_bytes 4 MiB (256 KiB with priority_pulls),
+// log_every_steps 200, image_size 224, num_classes 1000, synthetic_samples
+// 12800, bucket_bytes 25 MiB, the optimizer's defaults (proto/job.proto);
+// and, unlike `pstrain run` (60), registration_timeout_s 600, since a
+// submitted job's tasks may wait in a scheduler's queue.
 // num_ps (except in mode allreduce, where it is 0), num_workers, batch_size
 // and epochs have no default: they must be set, and >= 1. They are the
 // job's size, which the launcher must start as many tasks for, and proto3
@@ -108,7 +108,7 @@
 //   optimizer.lr_gamma       0 to 1                         0.1
 //   optimizer.lr_min         0 to lr                        0
 //   optimizer.lr_total_steps 0, or above warmup_steps for   epochs x
-//                            cosine (0: the job's steps,    max_steps_per_epoch,
+//                            cosine (0: the job's steps, max_steps_per_epoch,
 //                            counted by worker 0)           else 0
 //   data_dir, init_from,     at most 4096 characters
 //   checkpoint_dir, metrics_dir

@@ -30,7 +30,6 @@ ParameterShard::ParameterShard(const ShardOptions& options)
   if (policy_.admits()) backups_ = initial - policy_.ends_to_decide();
   WorkerMembership first;
   for (int w = 0; w < initial; ++w) first.workers.push_back(w);
-  absl::MutexLock lock(&init_mu_);
   SetMembership(first);
 }
 

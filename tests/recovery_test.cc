@@ -381,6 +381,7 @@ TEST(RecoveryTest, PriorityPullsJobSurvivesAKilledWorkerWithTheSameModel) {
     const std::string dir = TempDir() + name, log = dir + ".log";
     std::vector<std::string> env;
     if (held) {
+      std::filesystem::remove(TempDir() + "/verdict_held");
       env = {"PSTRAIN_HOLD_STEP_END=150",
              "PSTRAIN_HOLD_ONCE=" + TempDir() + "/verdict_held"};
     }

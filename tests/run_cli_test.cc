@@ -218,19 +218,24 @@ TEST(RunCliTest, CosineScheduleTakesItsHorizonFromTheData) {
 
 // --priority_pulls takes 256-KiB partitions unless --partition_bytes says
 // otherwise (P3's slices), and trains the same model bit for bit as plain
-// pulls at the 4-MiB default: a sync step sums each element in worker order
-// whatever the chunk it travels in.
+// pulls at the 4-MiB default and as priority pulls at 64 KiB, which cuts
+// fc1 (192,000 bytes) in three: a sync step sums each element in worker
+// order whatever the chunk it travels in.
 TEST(RunCliTest, PriorityPullsTakeSmallPartitionsAndTheSameModel) {
   if (!HaveFashionMnist())
     GTEST_SKIP() << "dataset-fashion-mnist not installed";
-  std::string models[2];
-  for (int priority = 0; priority < 2; ++priority) {
-    const std::string dir = TempDir() + "/priority" + std::to_string(priority);
+  const std::string flags[3] = {
+      "", " --priority_pulls=true",
+      " --priority_pulls=true --partition_bytes=65536"};
+  const int64_t partition_bytes[3] = {4 << 20, 256 << 10, 64 << 10};
+  std::string models[3];
+  for (int run = 0; run < 3; ++run) {
+    const std::string dir = TempDir() + "/priority" + std::to_string(run);
     const std::string json_path = dir + ".json";
     const Result r = RunPstrain(
-        "--epochs=1 --max_steps_per_epoch=20 --checkpoint_dir=" + dir +
-        " --results_json=" + json_path +
-        (priority ? " --priority_pulls=true" : ""));
+        "--epochs=1 --max_steps_per_epoch=20 "
+        "--checkpoint_dir=" +
+        dir + " --results_json=" + json_path + flags[run]);
     ASSERT_EQ(r.exit_code, 0) << r.output;
     std::ifstream json_in(json_path);
     std::stringstream json;
@@ -239,13 +244,14 @@ TEST(RunCliTest, PriorityPullsTakeSmallPartitionsAndTheSameModel) {
     ASSERT_TRUE(
         google::protobuf::util::JsonStringToMessage(json.str(), &result).ok())
         << json.str();
-    EXPECT_EQ(result.partition_bytes(), priority ? 256 << 10 : 4 << 20);
+    EXPECT_EQ(result.partition_bytes(), partition_bytes[run]) << flags[run];
     std::ifstream in(dir + "/model.safetensors", std::ios::binary);
-    models[priority] = std::string(std::istreambuf_iterator<char>(in),
-                                   std::istreambuf_iterator<char>());
+    models[run] = std::string(std::istreambuf_iterator<char>(in),
+                              std::istreambuf_iterator<char>());
   }
   ASSERT_GT(models[0].size(), 100000u);
   EXPECT_TRUE(models[0] == models[1]) << "priority pulls changed the model";
+  EXPECT_TRUE(models[0] == models[2]) << "64-KiB chunks changed the model";
   // A size given is kept; it is checked as any other.
   const Result r =
       RunPstrain("--priority_pulls=true --partition_bytes=6 --epochs=1");
