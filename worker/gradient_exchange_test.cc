@@ -889,6 +889,10 @@ class Shards {
     options.channels_per_shard = channels_per_shard_;
     options.priority_pulls = priority_pulls_;
     options.backup_workers = backup_workers_;
+    if (before_push_write_) {
+      options.before_push_write = [f = before_push_write_, worker](
+                                      const ChunkSpec& c) { f(worker, c); };
+    }
     return options;
   }
   std::unique_ptr<GradientExchange> Exchange(int worker, bool chief) const {
@@ -931,6 +935,11 @@ class Shards {
   void set_partition_bytes(int64_t bytes) { partition_bytes_ = bytes; }
   // Priority pulls (PsClientOptions; default off).
   void set_priority_pulls(bool on) { priority_pulls_ = on; }
+  // PsClientOptions::before_push_write, told the worker (default none).
+  void set_before_push_write(
+      std::function<void(int worker, const ChunkSpec& c)> f) {
+    before_push_write_ = std::move(f);
+  }
   // The last `n` tensors are buffers (default none).
   void set_num_buffers(int n) { num_buffers_ = n; }
   // Per tensor, its elements per row if it is a row-sparse table, else 0
@@ -940,6 +949,7 @@ class Shards {
 
  private:
   bool priority_pulls_ = false;
+  std::function<void(int worker, const ChunkSpec& c)> before_push_write_;
   int num_buffers_ = 0;
   std::vector<int64_t> row_elements_;
   DType wire_dtype_ = DTYPE_FLOAT32;
@@ -1860,69 +1870,88 @@ class HeldFence : public CopyFence {
 
 // Early verdicts (issue 39; proto/ps.proto StepVerdict): worker 1 (by
 // hand) says its step is finite, pushes and ends it; worker 0's push of
-// tensor 0 is held behind a fence, so no shard can decide the step. Worker
-// 0's Step() scans its gradients, finds them finite and says so, on the
-// other shard's stream while its own push still waits: that shard
-// announces the step, and Step() returns. The forward gets the other
-// shard's tensors, waits for tensor 0 until the fence opens, and every
-// weight is Adam's on the average gradient, as without verdicts.
+// tensor 0 is held on its way to the wire, after its check
+// (PsClientOptions::before_push_write), so no shard can decide the step.
+// Worker 0's Step() finds every value finite and says so, on the other
+// shard's stream while its own push still waits: that shard announces the
+// step, and Step() returns. The forward gets the other shard's tensors,
+// waits for tensor 0 until the push goes, and every weight is Adam's on
+// the average gradient, as without verdicts. A chunk behind a copy fence,
+// whose values are not final yet, holds the verdict until the fence opens
+// (the second step).
 TEST(PsExchangeTest, EveryVerdictLetsTheForwardStartBeforeThePushes) {
   constexpr int kWorkers = 2;
-  Shards shards(/*num_shards=*/2, kWorkers);
-  shards.set_priority_pulls(true);
-  const PartitionPlan plan = shards.Plan();
-  auto shard_of = [&plan](int t) {
-    return plan.chunks()[plan.FindChunk(t, 0)].shard;
-  };
-  int other = -1;  // a tensor on the other shard than tensor 0's
-  for (int t = 1; t < kTensors; ++t) {
-    if (shard_of(t) != shard_of(0)) other = t;
-  }
-  ASSERT_GE(other, 0);
-  std::unique_ptr<GradientExchange> exchange =
-      shards.Exchange(0, /*chief=*/true);
-  RankTensors tensors(0);
-  ASSERT_TRUE(exchange->Start(tensors.weights).ok());
-  WeightsGate* gate = exchange->StartEarlyForward();
-  ASSERT_NE(gate, nullptr);
-  RawWorker worker1(shards, 1);
-  for (int s = 0; s < 2; ++s) worker1.Verdict(s);
-  for (int t = 0; t < kTensors; ++t) worker1.Push(shard_of(t), t);
-  for (int s = 0; s < 2; ++s) worker1.EndStep(s);
+  for (const bool fenced : {false, true}) {
+    SCOPED_TRACE(fenced ? "behind a copy fence" : "held after its check");
+    Shards shards(/*num_shards=*/2, kWorkers);
+    shards.set_priority_pulls(true);
+    absl::Notification release;
+    if (!fenced) {
+      shards.set_before_push_write([&release](int worker, const ChunkSpec& c) {
+        if (worker == 0 && c.param_id == 0) release.WaitForNotification();
+      });
+    }
+    const PartitionPlan plan = shards.Plan();
+    auto shard_of = [&plan](int t) {
+      return plan.chunks()[plan.FindChunk(t, 0)].shard;
+    };
+    int other = -1;  // a tensor on the other shard than tensor 0's
+    for (int t = 1; t < kTensors; ++t) {
+      if (shard_of(t) != shard_of(0)) other = t;
+    }
+    ASSERT_GE(other, 0);
+    std::unique_ptr<GradientExchange> exchange =
+        shards.Exchange(0, /*chief=*/true);
+    RankTensors tensors(0);
+    ASSERT_TRUE(exchange->Start(tensors.weights).ok());
+    WeightsGate* gate = exchange->StartEarlyForward();
+    ASSERT_NE(gate, nullptr);
+    RawWorker worker1(shards, 1);
+    for (int s = 0; s < 2; ++s) worker1.Verdict(s);
+    for (int t = 0; t < kTensors; ++t) worker1.Push(shard_of(t), t);
+    for (int s = 0; s < 2; ++s) worker1.EndStep(s);
 
-  auto held = std::make_shared<HeldFence>();
-  for (int t = kTensors; t-- > 0;) {
-    exchange->GradientsReady(tensors.gradients, 8, {t},
-                             t == 0 ? held : nullptr);
-  }
-  absl::Status stepped = absl::UnknownError("not returned");
-  absl::Notification returned;
-  std::thread stepper([&] {
-    stepped = exchange->Step(tensors.gradients, 8);
-    returned.Notify();
-  });
-  EXPECT_TRUE(returned.WaitForNotificationWithTimeout(absl::Seconds(10)))
-      << "Step() waited for its own held push";
-  if (returned.HasBeenNotified()) {
+    auto held = std::make_shared<HeldFence>();
+    for (int t = kTensors; t-- > 0;) {
+      exchange->GradientsReady(tensors.gradients, 8, {t},
+                               fenced && t == 0 ? held : nullptr);
+    }
+    absl::Status stepped = absl::UnknownError("not returned");
+    absl::Notification returned;
+    std::thread stepper([&] {
+      stepped = exchange->Step(tensors.gradients, 8);
+      returned.Notify();
+    });
+    if (fenced) {
+      EXPECT_FALSE(
+          returned.WaitForNotificationWithTimeout(absl::Milliseconds(500)))
+          << "a verdict on values not final yet";
+    } else {
+      EXPECT_TRUE(returned.WaitForNotificationWithTimeout(absl::Seconds(10)))
+          << "Step() waited for its own held push";
+    }
+    if (returned.HasBeenNotified() && !fenced) {
+      ASSERT_TRUE(stepped.ok()) << stepped;
+      const absl::Status in = gate->AwaitTensor(other);
+      ASSERT_TRUE(in.ok()) << in;
+      EXPECT_NE(tensors.w[other], std::vector<float>(kElements, 0.1f));
+      EXPECT_EQ(tensors.w[0], std::vector<float>(kElements, 0.1f))
+          << "tensor 0 changed before worker 0 pushed it";
+    }
+    release.Notify();
+    held->Open();
+    stepper.join();
     ASSERT_TRUE(stepped.ok()) << stepped;
-    const absl::Status in = gate->AwaitTensor(other);
-    ASSERT_TRUE(in.ok()) << in;
-    EXPECT_NE(tensors.w[other], std::vector<float>(kElements, 0.1f));
-    EXPECT_EQ(tensors.w[0], std::vector<float>(kElements, 0.1f))
-        << "tensor 0 changed before worker 0 pushed it";
+    const absl::Status all = gate->AwaitAll();
+    ASSERT_TRUE(all.ok()) << all;
+    const std::vector<std::vector<float>> expected =
+        Expected(kWorkers, 1, AdamOptions());
+    for (int t = 0; t < kTensors; ++t) {
+      EXPECT_EQ(tensors.w[t], expected[t]) << "tensor " << t;
+    }
+    worker1.Finish();
+    ASSERT_TRUE(exchange->Finish().ok());
   }
-  held->Open();
-  stepper.join();
-  ASSERT_TRUE(stepped.ok()) << stepped;
-  const absl::Status all = gate->AwaitAll();
-  ASSERT_TRUE(all.ok()) << all;
-  const std::vector<std::vector<float>> expected =
-      Expected(kWorkers, 1, AdamOptions());
-  for (int t = 0; t < kTensors; ++t) {
-    EXPECT_EQ(tensors.w[t], expected[t]) << "tensor " << t;
-  }
-  worker1.Finish();
-  ASSERT_TRUE(exchange->Finish().ok());
 }
 
 // Backup workers with top-k residual files: shard 0 picks worker 0's

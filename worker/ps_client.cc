@@ -790,6 +790,22 @@ bool PsClient::AwaitDecision() {
 }
 
 void PsClient::SayFiniteIfSo(StepState* state) {
+  // A chunk's values are final once its copy fence is passed (a device
+  // backend's copy to the host staging; GradientsReady()): each fence of
+  // a chunk still waiting is passed first, outside the lock, so that the
+  // pushers go on meanwhile. After backward no chunk joins `ready`.
+  std::vector<std::shared_ptr<CopyFence>> fences;
+  {
+    absl::MutexLock lock(&state->mu);
+    for (int lane = 0; lane < num_lanes(); ++lane) {
+      for (const auto& [index, fence] : state->ready[lane]) {
+        if (fence != nullptr) fences.push_back(fence);
+      }
+    }
+  }
+  for (const std::shared_ptr<CopyFence>& fence : fences) {
+    if (!fence->Wait().ok()) return;  // the pusher reports it
+  }
   absl::MutexLock lock(&state->mu);
   // Every chunk a pusher took is checked there (a non-finite value sets
   // `nonfinite`); then, under the lock, no pusher takes another, and the

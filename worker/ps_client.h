@@ -121,6 +121,10 @@ struct PsClientOptions {
   // the verdict goes first, as a worker that dies between its verdict
   // and its end. -1: none.
   int64_t hold_step_end = -1;
+  // A test aid: called by a pusher once it has checked chunk `c`'s values
+  // and before it writes the push (a test holds a push on the wire with
+  // it); null: none.
+  std::function<void(const ChunkSpec& c)> before_push_write;
 };
 
 // One step's exchange as this worker saw it (worker/metrics.h), measured
@@ -602,7 +606,7 @@ class PsClient {
   void ReleaseAll(StepState* state);
   // AwaitDecision() with verdicts: sets state->say_finite if no value of
   // the step is non-finite (the loss marked; each chunk checked by its
-  // pusher, or here while it waits).
+  // pusher, or here while it waits, once its copy fence is passed).
   void SayFiniteIfSo(StepState* state);
   // Cancels every stream of the step but lane `except`'s (-1: all) and wakes
   // its pushers: the step failed on one stream.

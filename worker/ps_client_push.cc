@@ -78,6 +78,7 @@ absl::Status PsClient::PushChunk(int lane, StepState* state,
     absl::MutexLock lock(&state->mu);
     --state->unchecked_taken;  // checked (WritePushes() took it)
   }
+  if (options_.before_push_write) options_.before_push_write(c);
   // Buffers (BatchNorm's running statistics) travel fp32 on every wire,
   // as the shards send them back (push_pull_session.cc) and as allreduce
   // averages them.
