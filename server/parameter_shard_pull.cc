@@ -26,10 +26,13 @@ struct ParameterShard::PullCursor {
   // Per chunk (local index): visited in this round, or not asked for.
   std::vector<bool> sent;
   size_t remaining = 0;
+  // Every chunk before it is sent: where a scan starts.
+  size_t first_unsent = 0;
   // Marks every chunk asked for unsent (a round's start).
   void Reset(size_t num_chunks) {
     sent.assign(num_chunks, true);
     remaining = 0;
+    first_unsent = 0;
     for (size_t i = static_cast<size_t>(subset.index); i < num_chunks;
          i += static_cast<size_t>(subset.count)) {
       sent[i] = false;
@@ -191,8 +194,16 @@ absl::StatusOr<bool> ParameterShard::VisitReadyChunks(
   // Every chunk ready now, in plan order (which is (param_id, chunk_index)
   // order); front_first: only the first, so that the next round looks from
   // the front again.
+  // The sent front is skipped at once: with front_first, where a pull
+  // looks again from the front after every chunk, a pull of N chunks all
+  // ready took N^2 / 2 checks of `sent` (22 ms for 4,000 chunks;
+  // bench/pull_scan_bench).
   bool progressed = false;
-  for (size_t i = 0; i < chunks_.size(); ++i) {
+  while (cursor.first_unsent < chunks_.size() &&
+         cursor.sent[cursor.first_unsent]) {
+    ++cursor.first_unsent;
+  }
+  for (size_t i = cursor.first_unsent; i < chunks_.size(); ++i) {
     if (cursor.sent[i]) continue;
     ChunkState& chunk = *chunks_[i];
     chunk.mu.Lock();
