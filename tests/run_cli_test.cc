@@ -36,6 +36,13 @@ Result RunPstrain(const std::string& args) {
   return pstrain::testing::RunCommand("cli/pstrain run " + args);
 }
 
+// `path` (a --results_json file) into `result`; false if it does not parse.
+bool ReadRunResult(const std::string& path, pstrain::RunResult* result) {
+  return google::protobuf::util::JsonStringToMessage(
+             pstrain::testing::ReadTextFile(path), result)
+      .ok();
+}
+
 TEST(RunCliTest, SmallJobPrintsStepEpochLinesTableAndJson) {
   if (!HaveFashionMnist())
     GTEST_SKIP() << "dataset-fashion-mnist not installed";
@@ -72,13 +79,9 @@ TEST(RunCliTest, SmallJobPrintsStepEpochLinesTableAndJson) {
       r.output,
       std::regex(R"(\| 2 \| 2 \| sync \| lenet5 \| 64 \| 2 \| 60 \| )")));
 
-  std::ifstream in(json_path);
-  std::stringstream json;
-  json << in.rdbuf();
   pstrain::RunResult result;
-  ASSERT_TRUE(
-      google::protobuf::util::JsonStringToMessage(json.str(), &result).ok())
-      << json.str();
+  ASSERT_TRUE(ReadRunResult(json_path, &result))
+      << pstrain::testing::ReadTextFile(json_path);
   EXPECT_EQ(result.num_ps(), 2);
   EXPECT_EQ(result.num_workers(), 2);
   EXPECT_EQ(result.steps(), 60);
@@ -237,17 +240,11 @@ TEST(RunCliTest, PriorityPullsTakeSmallPartitionsAndTheSameModel) {
         "--checkpoint_dir=" +
         dir + " --results_json=" + json_path + flags[run]);
     ASSERT_EQ(r.exit_code, 0) << r.output;
-    std::ifstream json_in(json_path);
-    std::stringstream json;
-    json << json_in.rdbuf();
     pstrain::RunResult result;
-    ASSERT_TRUE(
-        google::protobuf::util::JsonStringToMessage(json.str(), &result).ok())
-        << json.str();
+    ASSERT_TRUE(ReadRunResult(json_path, &result))
+        << pstrain::testing::ReadTextFile(json_path);
     EXPECT_EQ(result.partition_bytes(), partition_bytes[run]) << flags[run];
-    std::ifstream in(dir + "/model.safetensors", std::ios::binary);
-    models[run] = std::string(std::istreambuf_iterator<char>(in),
-                              std::istreambuf_iterator<char>());
+    models[run] = pstrain::testing::ReadTextFile(dir + "/model.safetensors");
   }
   ASSERT_GT(models[0].size(), 100000u);
   EXPECT_TRUE(models[0] == models[1]) << "priority pulls changed the model";
@@ -687,12 +684,8 @@ TEST(RunCliTest, CheckpointDirKeepsTheModelThatEvalScores) {
                           "/model.safetensors"),
             std::string::npos)
       << r.output;
-  std::ifstream in(json_path);
-  std::stringstream json;
-  json << in.rdbuf();
   pstrain::RunResult result;
-  ASSERT_TRUE(
-      google::protobuf::util::JsonStringToMessage(json.str(), &result).ok());
+  ASSERT_TRUE(ReadRunResult(json_path, &result));
 
   const Result eval =
       pstrain::testing::RunCommand("cli/pstrain eval --checkpoint=" + dir);

@@ -1795,6 +1795,16 @@ class RawWorker {
   std::vector<Stream> streams_;
 };
 
+// Every tensor of `tensors` holds Adam's first step on the average of
+// `workers` workers' gradients (Expected()).
+void ExpectOneAdamStep(const RankTensors& tensors, int workers) {
+  const std::vector<std::vector<float>> expected =
+      Expected(workers, 1, AdamOptions());
+  for (int t = 0; t < kTensors; ++t) {
+    EXPECT_EQ(tensors.w[t], expected[t]) << "tensor " << t;
+  }
+}
+
 // Issue 39 item 4: the next step's forward of tensor 0 (layer 0) starts
 // before the last chunk of the pull arrives. Worker 1 speaks the wire
 // protocol by hand and holds back its push of a tensor on the other shard
@@ -1845,11 +1855,7 @@ TEST(PsExchangeTest, ForwardOfLayerZeroStartsBeforeTheLastChunkArrives) {
   worker1.EndStep(1 - first_shard);
   const absl::Status all = gate->AwaitAll();
   ASSERT_TRUE(all.ok()) << all;
-  const std::vector<std::vector<float>> expected =
-      Expected(kWorkers, 1, AdamOptions());
-  for (int t = 0; t < kTensors; ++t) {
-    EXPECT_EQ(tensors.w[t], expected[t]) << "tensor " << t;
-  }
+  ExpectOneAdamStep(tensors, kWorkers);
   worker1.Finish();
   ASSERT_TRUE(exchange->Finish().ok());
 }
@@ -1944,11 +1950,7 @@ TEST(PsExchangeTest, EveryVerdictLetsTheForwardStartBeforeThePushes) {
     ASSERT_TRUE(stepped.ok()) << stepped;
     const absl::Status all = gate->AwaitAll();
     ASSERT_TRUE(all.ok()) << all;
-    const std::vector<std::vector<float>> expected =
-        Expected(kWorkers, 1, AdamOptions());
-    for (int t = 0; t < kTensors; ++t) {
-      EXPECT_EQ(tensors.w[t], expected[t]) << "tensor " << t;
-    }
+    ExpectOneAdamStep(tensors, kWorkers);
     worker1.Finish();
     ASSERT_TRUE(exchange->Finish().ok());
   }
