@@ -30,6 +30,19 @@
 //                time is a step's, from the first worker's start to the
 //                last one's end
 //   ratio      = TCP time / PS time (1.0: as fast as raw TCP)
+//   CPU        = core-ms a step: the process's user+system time (every
+//                thread: the workers', the shards', gRPC's and the TCP
+//                baseline's), median over the timed steps
+//   cores      = CPU / time: how many cores the step kept busy
+//   TLS floor  = mTLS rows: the best mTLS / plaintext ratio this machine
+//                allows. mTLS does all of plaintext's work and encrypts
+//                and decrypts every byte of the step's messages once
+//                (2 * 2 * W * model bytes of AES-GCM); at best that
+//                cipher work runs at the speed measured at the start
+//                (OpenSSL's EVP AES-128-GCM, TLS 1.3's fastest suite, on
+//                one core, 16-KiB records), spread over every core this
+//                process may use, so the mTLS step is at least
+//                max(plain time, (plain CPU + cipher CPU) / cores)
 //   #wrong: elements of the pulled weights (every worker's) that differ
 //           from a local Adam
 //           (top-k rows: SGD) replica given the same gradients, rounded per
@@ -40,7 +53,11 @@
 #include <grpcpp/grpcpp.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <openssl/evp.h>
+#include <sched.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -122,6 +139,72 @@ double Median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
+// The process's user+system CPU seconds so far, every thread's.
+double ProcessCpuSeconds() {
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  auto seconds = [](const timeval& t) {
+    return static_cast<double>(t.tv_sec) + 1e-6 * t.tv_usec;
+  };
+  return seconds(usage.ru_utime) + seconds(usage.ru_stime);
+}
+
+// Cores this process may run on (its affinity mask).
+int UsableCores() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof(set), &set) != 0) return 1;
+  return std::max(1, CPU_COUNT(&set));
+}
+
+// One core's AES-128-GCM seconds per byte (OpenSSL's EVP), the mean of
+// encrypting and decrypting 32 MiB as 16-KiB TLS records (a 12-byte nonce
+// and a 16-byte tag each), the best of 3; exits 1 if OpenSSL fails.
+double CipherSecondsPerByte() {
+  constexpr int kRecord = 16 << 10, kRecords = 2048;
+  std::vector<unsigned char> plain(int64_t{kRecord} * kRecords, 7);
+  std::vector<unsigned char> sealed(plain.size()), tags(16 * kRecords);
+  const unsigned char key[16] = {1}, iv[12] = {2};
+  EVP_CIPHER_CTX* ctx = EVP_CIPHER_CTX_new();
+  auto run = [&](bool encrypt) {
+    for (int r = 0; r < kRecords; ++r) {
+      unsigned char* in =
+          (encrypt ? plain : sealed).data() + int64_t{r} * kRecord;
+      unsigned char* out =
+          (encrypt ? sealed : plain).data() + int64_t{r} * kRecord;
+      unsigned char* tag = tags.data() + 16 * r;
+      int n = 0, last = 0;
+      const bool ok =
+          EVP_CipherInit_ex(ctx, EVP_aes_128_gcm(), nullptr, key, iv,
+                            encrypt ? 1 : 0) == 1 &&
+          (encrypt ||
+           EVP_CIPHER_CTX_ctrl(ctx, EVP_CTRL_GCM_SET_TAG, 16, tag) == 1) &&
+          EVP_CipherUpdate(ctx, out, &n, in, kRecord) == 1 &&
+          EVP_CipherFinal_ex(ctx, out + n, &last) == 1 &&
+          (!encrypt ||
+           EVP_CIPHER_CTX_ctrl(ctx, EVP_CTRL_GCM_GET_TAG, 16, tag) == 1);
+      if (!ok) {
+        std::fprintf(stderr, "ps_bench: OpenSSL's AES-128-GCM failed\n");
+        std::exit(1);
+      }
+    }
+  };
+  auto thread_seconds = [] {
+    timespec t{};
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+    return static_cast<double>(t.tv_sec) + 1e-9 * t.tv_nsec;
+  };
+  double best = 1e30;
+  for (int repeat = 0; repeat < 3; ++repeat) {
+    const double start = thread_seconds();
+    run(true);
+    run(false);
+    best = std::min(best, (thread_seconds() - start) / 2);
+  }
+  EVP_CIPHER_CTX_free(ctx);
+  return best / static_cast<double>(plain.size());
+}
+
 // Reads exactly `bytes` bytes from `fd` into `data`; false if the
 // connection ends or fails first.
 bool ReadAll(int fd, char* data, int64_t bytes) {
@@ -143,10 +226,19 @@ bool WriteAll(int fd, const char* data, int64_t bytes) {
   return true;
 }
 
+// Timed steps: wall seconds and process CPU seconds of each.
+struct Timings {
+  std::vector<double> seconds, cpu_seconds;
+  void Add(double wall, double cpu) {
+    seconds.push_back(wall);
+    cpu_seconds.push_back(cpu);
+  }
+};
+
 // Sends `bytes` to a loopback echo server and reads them back over each of
 // `connections` connections at once; seconds per round (until the last
 // connection has its bytes back).
-std::vector<double> TimeTcp(int64_t bytes, int repeats, int connections) {
+Timings TimeTcp(int64_t bytes, int repeats, int connections) {
   const int listener = socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
@@ -177,9 +269,10 @@ std::vector<double> TimeTcp(int64_t bytes, int repeats, int connections) {
   }
   std::vector<char> out(bytes, 1);
   std::vector<std::vector<char>> in(connections, std::vector<char>(bytes));
-  std::vector<double> times;
+  Timings times;
   for (int r = 0; r < repeats + 1; ++r) {  // the first is warm-up
     const absl::Time start = absl::Now();
+    const double cpu_start = ProcessCpuSeconds();
     std::vector<std::thread> clients;
     for (int c = 0; c < connections; ++c) {
       clients.emplace_back([&, c] {
@@ -190,7 +283,10 @@ std::vector<double> TimeTcp(int64_t bytes, int repeats, int connections) {
       });
     }
     for (std::thread& t : clients) t.join();
-    if (r > 0) times.push_back(absl::ToDoubleSeconds(absl::Now() - start));
+    if (r > 0) {
+      times.Add(absl::ToDoubleSeconds(absl::Now() - start),
+                ProcessCpuSeconds() - cpu_start);
+    }
   }
   for (int fd : fds) close(fd);
   for (std::thread& t : servers) t.join();
@@ -199,7 +295,7 @@ std::vector<double> TimeTcp(int64_t bytes, int repeats, int connections) {
 }
 
 struct PsRun {
-  std::vector<double> seconds;
+  Timings timings;
   int64_t wrong = 0;
   // Bytes of the last timed step's messages, both ways.
   int64_t wire_bytes = 0;
@@ -281,9 +377,11 @@ class Workers {
   }
 
   // Every worker's push+pull of step `version` at once, started together;
-  // seconds from the first start to the last end. Sets `version` to the
-  // version pulled.
-  double Step(int64_t* version) {
+  // adds its seconds from the first start to the last end, and the
+  // process's CPU seconds over the step, to `timings`. Sets `version` to
+  // the version pulled.
+  void Step(int64_t* version, Timings* timings) {
+    const double cpu_start = ProcessCpuSeconds();
     const int workers = static_cast<int>(clients_.size());
     std::vector<absl::Time> starts(workers), ends(workers);
     std::vector<absl::StatusOr<int64_t>> pulled(workers, int64_t{0});
@@ -303,11 +401,15 @@ class Workers {
       });
     }
     for (std::thread& t : threads) t.join();
+    const double cpu = ProcessCpuSeconds() - cpu_start;
     for (int w = 0; w < workers; ++w) CheckOk(pulled[w].status(), "step");
     *version = *pulled[0];
-    return absl::ToDoubleSeconds(
-        *std::max_element(ends.begin(), ends.end()) -
-        *std::min_element(starts.begin(), starts.end()));
+    if (timings != nullptr) {
+      timings->Add(absl::ToDoubleSeconds(
+                       *std::max_element(ends.begin(), ends.end()) -
+                       *std::min_element(starts.begin(), starts.end())),
+                   cpu);
+    }
   }
 
   // Bytes of every worker's last step's messages, both ways.
@@ -469,8 +571,7 @@ PsRun TimePs(const PsSetup& setup, const std::vector<int64_t>& sizes,
   int64_t version = 0;
   for (int r = 0; r < repeats + 1; ++r) {  // the first is warm-up
     const int64_t step = version;
-    const double seconds = workers.Step(&version);
-    if (r > 0) run.seconds.push_back(seconds);
+    workers.Step(&version, r > 0 ? &run.timings : nullptr);
     run.wire_bytes = workers.WireBytes();
     replica.Step(step, version);
   }
@@ -564,12 +665,17 @@ struct Rows {
   const TlsOptions* tls = nullptr;  // null: no mTLS rows
   std::vector<DType> wire_dtypes, topk_wires;
   std::vector<CompressionOptions> compressions;
+  // One core's AES-128-GCM seconds per byte (CipherSecondsPerByte) and the
+  // cores the process may use: the mTLS rows' floor.
+  double cipher_seconds_per_byte = 0;
+  int cores = 1;
 
   void Print(int workers) {
-    tcp_median_ = Median(TimeTcp(model_bytes, repeats, workers));
+    const Timings tcp = TimeTcp(model_bytes, repeats, workers);
+    tcp_median_ = Median(tcp.seconds);
     workers_ = workers;
-    Row("-", "1", "raw TCP", "fp32", tcp_median_, 2 * workers * model_bytes,
-        "-", "-");
+    Row("-", "1", "raw TCP", "fp32", tcp, 2 * workers * model_bytes, "-", "-",
+        "-");
     for (int shards : shard_counts) {
       for (int channels : channel_counts) {
         PsSetup setup;
@@ -589,9 +695,17 @@ struct Rows {
       PsSetup secure = plain;
       secure.tls = *tls;
       const PsRun mtls = TimePs(secure, sizes, partition_bytes, repeats);
+      const double plain_seconds = Median(run.timings.seconds);
+      // Every byte of the step's messages sealed once and opened once.
+      const double cipher_seconds =
+          cipher_seconds_per_byte * 4.0 * plain.workers * model_bytes;
+      const double floor_seconds =
+          std::max(plain_seconds,
+                   (Median(run.timings.cpu_seconds) + cipher_seconds) / cores);
       Print(
           plain, "pstrain+mTLS", "fp32", mtls,
-          absl::StrFormat("%.2f", Median(run.seconds) / Median(mtls.seconds)));
+          absl::StrFormat("%.2f", plain_seconds / Median(mtls.timings.seconds)),
+          absl::StrFormat("%.2f", plain_seconds / floor_seconds));
     }
     for (DType dtype : wire_dtypes) {
       PsSetup half = plain;
@@ -620,30 +734,34 @@ struct Rows {
   // Times `setup` in plaintext and prints its row as `wire`.
   PsRun Time(const PsSetup& setup, const std::string& wire) const {
     const PsRun run = TimePs(setup, sizes, partition_bytes, repeats);
-    Print(setup, "pstrain", wire, run, "-");
+    Print(setup, "pstrain", wire, run, "-", "-");
     return run;
   }
 
   void Print(const PsSetup& setup, const char* transport,
              const std::string& wire, const PsRun& run,
-             const std::string& tls_ratio) const {
+             const std::string& tls_ratio, const std::string& tls_floor) const {
     Row(absl::StrCat(setup.num_shards), absl::StrCat(setup.channels), transport,
-        wire, Median(run.seconds), run.wire_bytes, tls_ratio,
+        wire, run.timings, run.wire_bytes, tls_ratio, tls_floor,
         absl::StrCat(run.wrong));
   }
 
   void Row(const std::string& shards, const std::string& channels,
-           const char* transport, const std::string& wire, double seconds,
-           int64_t wire_bytes, const std::string& tls_ratio,
+           const char* transport, const std::string& wire,
+           const Timings& timings, int64_t wire_bytes,
+           const std::string& tls_ratio, const std::string& tls_floor,
            const std::string& wrong) const {
+    const double seconds = Median(timings.seconds);
+    const double cpu = Median(timings.cpu_seconds);
     std::printf(
-        "  %12lld %3d %7s %3s %-12s %-20s %10.1f %10.1f %8.2f %10.2f %11s "
-        "%7s\n",
+        "  %12lld %3d %7s %3s %-12s %-20s %10.1f %10.1f %8.2f %10.2f %9.1f "
+        "%5.2f %11s %9s %7s\n",
         static_cast<long long>(model_bytes), workers_, shards.c_str(),
         channels.c_str(), transport, wire.c_str(), seconds * 1e3,
         static_cast<double>(wire_bytes) / 1e6,
         2.0 * workers_ * model_bytes / seconds / 1e9, tcp_median_ / seconds,
-        tls_ratio.c_str(), wrong.c_str());
+        cpu * 1e3, cpu / seconds, tls_ratio.c_str(), tls_floor.c_str(),
+        wrong.c_str());
     std::fflush(stdout);
   }
 
@@ -727,12 +845,25 @@ int main(int argc, char** argv) {
         "pollers\n",
         q, q, 2 * q);
   }
-  std::printf("# %12s %3s %7s %3s %-12s %-20s %10s %10s %8s %10s %11s %7s\n",
-              "payload", "W", "shards", "ch", "transport", "wire", "time",
-              "wire", "GB/s", "ratio", "TLS ratio", "#wrong");
-  std::printf("# %12s %3s %7s %3s %-12s %-20s %10s %10s %8s %10s %11s %7s\n",
-              "(B)", "", "", "", "", "", "(ms)", "(MB)", "", "(vs TCP)",
-              "(vs plain)", "");
+  const int cores = pstrain::UsableCores();
+  const double cipher =
+      folder != nullptr ? pstrain::CipherSecondsPerByte() : 0.0;
+  if (folder != nullptr) {
+    std::printf(
+        "# AES-128-GCM (OpenSSL EVP, 16-KiB records) on one core: %.2f "
+        "GB/s; %d cores usable\n",
+        1e-9 / cipher, cores);
+  }
+  std::printf(
+      "# %12s %3s %7s %3s %-12s %-20s %10s %10s %8s %10s %9s %5s %11s %9s "
+      "%7s\n",
+      "payload", "W", "shards", "ch", "transport", "wire", "time", "wire",
+      "GB/s", "ratio", "CPU", "cores", "TLS ratio", "TLS floor", "#wrong");
+  std::printf(
+      "# %12s %3s %7s %3s %-12s %-20s %10s %10s %8s %10s %9s %5s %11s %9s "
+      "%7s\n",
+      "(B)", "", "", "", "", "", "(ms)", "(MB)", "", "(vs TCP)", "(core-ms)",
+      "", "(vs plain)", "(best)", "");
   pstrain::Rows rows;
   rows.sizes = sizes;
   rows.model_bytes = model_bytes;
@@ -744,6 +875,8 @@ int main(int argc, char** argv) {
   rows.wire_dtypes = wire_dtypes;
   rows.topk_wires = topk_wires;
   rows.compressions = compressions;
+  rows.cipher_seconds_per_byte = cipher;
+  rows.cores = cores;
   for (int workers : worker_counts) rows.Print(workers);
   if (absl::Status stopped = pstrain::trace::Stop(); !stopped.ok()) {
     std::fprintf(stderr, "ps_bench: --trace_file: %s\n",
