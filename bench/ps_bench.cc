@@ -110,7 +110,7 @@ ABSL_FLAG(std::vector<std::string>, channels_per_shard,
           "Comma-separated gRPC channels (TCP connections) per shard to time "
           "for each shard count, 1 to 16 (worker/ps_client.h).");
 ABSL_FLAG(bool, malloc_defaults, false,
-          "Keep glibc's malloc thresholds instead of pstrain's "
+          "Keep glibc's malloc settings instead of pstrain's "
           "(common/malloc_tuning.h, as pstrain_ps and pstrain_worker set "
           "them), to measure what they change.");
 ABSL_FLAG(int, sync_server_queues, 0,
@@ -781,7 +781,7 @@ int main(int argc, char** argv) {
   // As pstrain_ps and pstrain_worker do, unless asked for glibc's defaults.
   if (!absl::GetFlag(FLAGS_malloc_defaults) &&
       !pstrain::KeepFreedMemoryForReuse()) {
-    std::fprintf(stderr, "ps_bench: glibc refused the malloc thresholds\n");
+    std::fprintf(stderr, "ps_bench: glibc refused the malloc settings\n");
     return 1;
   }
   if (const std::string path = absl::GetFlag(FLAGS_trace_file); !path.empty()) {

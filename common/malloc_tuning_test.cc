@@ -1,9 +1,13 @@
 #include "common/malloc_tuning.h"
 
+#include <malloc.h>
 #include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <cstdlib>
 #include <cstring>
+#include <thread>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -48,6 +52,76 @@ TEST(MallocTuningTest, AStepsFreedBuffersAreReusedWithoutPageFaults) {
   ASSERT_TRUE(KeepFreedMemoryForReuse());
   const long kept = FaultsOfLaterSteps(6);
   EXPECT_LT(kept, 4 * 6400 / 20);
+}
+
+// In a child process (fork: this process's malloc settings stay as they
+// are): `settings` first, then one new thread allocates, writes and frees
+// 24 blocks of 4 MiB (96 MiB: more than one 64-MiB heap of a thread's
+// arena) `steps` times. Returns the minor faults of the steps after the
+// first two, or -1 if the child failed.
+template <typename Settings>
+long ThreadFaultsOfLaterSteps(int steps, Settings settings) {
+  int fds[2];
+  if (pipe(fds) != 0) return -1;
+  const pid_t child = fork();
+  if (child < 0) return -1;
+  if (child == 0) {
+    close(fds[0]);
+    long faults = -1;
+    if (settings()) {
+      std::thread([&] {
+        long before = 0;
+        for (int s = 0; s < steps; ++s) {
+          if (s == 2) before = MinorFaults();
+          // Reserved first: a small block left between the large ones
+          // would keep the second heap in use.
+          std::vector<char*> blocks;
+          blocks.reserve(24);
+          for (int b = 0; b < 24; ++b) {
+            char* block = static_cast<char*>(std::malloc(size_t{4} << 20));
+            std::memset(block, s + 1, size_t{4} << 20);
+            static_cast<volatile char*>(block)[b] = static_cast<char>(s);
+            blocks.push_back(block);
+          }
+          for (char* block : blocks) std::free(block);
+        }
+        faults = MinorFaults() - before;
+      }).join();
+    }
+    const bool sent = write(fds[1], &faults, sizeof(faults)) ==
+                      static_cast<ssize_t>(sizeof(faults));
+    _exit(sent ? 0 : 1);
+  }
+  close(fds[1]);
+  long faults = -1;
+  if (read(fds[0], &faults, sizeof(faults)) !=
+      static_cast<ssize_t>(sizeof(faults))) {
+    faults = -1;
+  }
+  close(fds[0]);
+  int status = 0;
+  waitpid(child, &status, 0);
+  return WIFEXITED(status) && WEXITSTATUS(status) == 0 ? faults : -1;
+}
+
+// With only the two thresholds (and arenas for threads, as glibc's default
+// of 8 per core gives; set here because another test of this process may
+// have limited them already), a thread's arena unmaps its second heap
+// whenever the step's blocks are freed, and every later step faults its
+// 32 MiB (8,192 pages) in again; with one arena (the main heap, which only
+// the trim threshold shrinks) the later steps fault hardly at all.
+TEST(MallocTuningTest, AThreadsFreedBuffersAreReusedWithoutPageFaults) {
+  const long thresholds_only = ThreadFaultsOfLaterSteps(6, [] {
+    return mallopt(M_MMAP_THRESHOLD, kMallocMmapThresholdBytes) == 1 &&
+           mallopt(M_TRIM_THRESHOLD, kMallocTrimThresholdBytes) == 1 &&
+           mallopt(M_ARENA_MAX, 8) == 1;
+  });
+  const long kept =
+      ThreadFaultsOfLaterSteps(6, [] { return KeepFreedMemoryForReuse(); });
+  ASSERT_GE(thresholds_only, 0);
+  ASSERT_GE(kept, 0);
+  EXPECT_GE(thresholds_only, 4 * 8192 / 2) << "glibc's arenas changed?";
+  EXPECT_LT(kept, 4 * 8192 / 20);
 }
 
 }  // namespace
