@@ -40,10 +40,10 @@
 #               TLS and plaintext, 1 and 4 channels per shard (compute and
 #               exchange ms per step)                                     300
 #   ps_bench    PS push+pull against raw TCP on loopback, 1, 2, 4 shards,
-#               1 and 4 channels per shard, fp32 and bf16; then mTLS with
-#               the shards' servers on 8 completion queues, 1 and 2
-#               shards, 4 and 8 channels; then 4 workers on 1 and 2
-#               shards, plaintext fp32 and bf16                           300
+#               1 and 4 channels per shard, fp32 and bf16; then mTLS on 1
+#               and 2 shards, 4 and 8 channels (CPU against its floor);
+#               then 4 workers on 1 and 2 shards, plaintext fp32 and
+#               bf16, with pstrain's malloc settings and glibc's          300
 #   priority_pulls
 #               the early forward on CUDA (issue 39 item 4): LeNet-5, sync
 #               PS, 2 workers on the GPU, 2 shards, 200 steps with and
@@ -632,20 +632,27 @@ ps_bench_section() {
   "$root/bench/ps_bench" --shards=1,2,4 --channels_per_shard=1,4 \
     --wire_dtypes=bf16 $ps_bench_args > "$out/logs/ps_bench.out" 2>&1
   local rc=$?
-  # Mutual TLS with the shards' gRPC servers on 8 completion queues (8 to
-  # 16 pollers): does spreading the records' unprotect over more pollers
-  # lift mTLS's 0.48-0.58x of plaintext on a many-core host (issue 39)?
+  # Mutual TLS with 4 and 8 channels: its CPU against the floor the
+  # cipher's own speed allows (the CPU, cores and TLS floor columns) on a
+  # many-core host (issue 39 item 1).
   # shellcheck disable=SC2086
   "$root/bench/ps_bench" --shards=1,2 --channels_per_shard=4,8 \
-    --wire_dtypes= --compressions= --sync_server_queues=8 $ps_bench_args \
+    --wire_dtypes= --compressions= $ps_bench_args \
     >> "$out/logs/ps_bench.out" 2>&1 || rc=$?
   # Four workers on the shards, plaintext: the shards' aggregation and
   # the 16-bit replies shared by every worker (0.47-0.55x of four raw TCP
-  # connections on 2 cores, where both ends share them).
-  # shellcheck disable=SC2086
-  "$root/bench/ps_bench" --workers=4 --shards=1,2 --channels_per_shard=4 \
-    --tls=false --wire_dtypes=bf16 --compressions= $ps_bench_args \
-    >> "$out/logs/ps_bench.out" 2>&1 || rc=$?
+  # connections on 2 cores, where both ends share them); then the same
+  # with glibc's malloc defaults, since common/malloc_tuning.h's one arena
+  # puts every thread's allocations behind one lock (2.03x faster on 2
+  # cores, unmeasured on many).
+  for defaults in false true; do
+    echo "# --malloc_defaults=$defaults" >> "$out/logs/ps_bench.out"
+    # shellcheck disable=SC2086
+    "$root/bench/ps_bench" --workers=4 --shards=1,2 --channels_per_shard=4 \
+      --tls=false --wire_dtypes=bf16 --compressions= \
+      --malloc_defaults=$defaults $ps_bench_args \
+      >> "$out/logs/ps_bench.out" 2>&1 || rc=$?
+  done
   cat "$out/logs/ps_bench.out"
   { echo '```'; cat "$out/logs/ps_bench.out"; echo '```'; } > "$out/ps_bench.md"
   return $rc
