@@ -39,8 +39,9 @@
 //                and decrypts every byte of the step's messages once
 //                (2 * 2 * W * model bytes of AES-GCM); at best that
 //                cipher work runs at the speed measured at the start
-//                (OpenSSL's EVP AES-128-GCM, TLS 1.3's fastest suite, on
-//                one core, 16-KiB records), spread over every core this
+//                (OpenSSL's EVP AES-128-GCM and AES-256-GCM, TLS 1.3's
+//                two AES suites, the faster one; one core, 16-KiB
+//                records, the key set once), spread over every core this
 //                process may use, so the mTLS step is at least
 //                max(plain time, (plain CPU + cipher CPU) / cores)
 //   #wrong: elements of the pulled weights (every worker's) that differ
@@ -51,6 +52,7 @@
 //           carried over the steps), and pulled the same way (0 expected).
 #include <arpa/inet.h>
 #include <grpcpp/grpcpp.h>
+#include <malloc.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <openssl/evp.h>
@@ -113,6 +115,11 @@ ABSL_FLAG(bool, malloc_defaults, false,
           "Keep glibc's malloc settings instead of pstrain's "
           "(common/malloc_tuning.h, as pstrain_ps and pstrain_worker set "
           "them), to measure what they change.");
+ABSL_FLAG(bool, malloc_one_arena, true,
+          "With pstrain's malloc settings: false gives threads their own "
+          "arenas again, as glibc's default (8 per core), keeping the two "
+          "thresholds: to measure the one arena's lock against the faults "
+          "it saves.");
 ABSL_FLAG(int, sync_server_queues, 0,
           "The shards' gRPC completion queues, N to 2N pollers each run "
           "(common/grpc_server.h ServerLimits::sync_server_queues), 0 to 64; "
@@ -157,17 +164,32 @@ int UsableCores() {
   return std::max(1, CPU_COUNT(&set));
 }
 
-// One core's AES-128-GCM seconds per byte (OpenSSL's EVP), the mean of
-// encrypting and decrypting 32 MiB as 16-KiB TLS records (a 12-byte nonce
-// and a 16-byte tag each), the best of 3; exits 1 if OpenSSL fails.
-double CipherSecondsPerByte() {
+// One core's seconds per byte of `cipher` (an AES-GCM of OpenSSL's EVP),
+// the mean of sealing and opening 32 MiB as 16-KiB TLS records, each with
+// its own 12-byte nonce (a counter, as TLS's per-record nonce) and 16-byte
+// tag, the key set once as a connection does; the best of 3. Exits 1 if
+// OpenSSL fails.
+double CipherSecondsPerByte(const EVP_CIPHER* cipher) {
   constexpr int kRecord = 16 << 10, kRecords = 2048;
   std::vector<unsigned char> plain(int64_t{kRecord} * kRecords, 7);
   std::vector<unsigned char> sealed(plain.size()), tags(16 * kRecords);
-  const unsigned char key[16] = {1}, iv[12] = {2};
-  EVP_CIPHER_CTX* ctx = EVP_CIPHER_CTX_new();
+  const unsigned char key[32] = {1};
+  EVP_CIPHER_CTX* seal = EVP_CIPHER_CTX_new();
+  EVP_CIPHER_CTX* open = EVP_CIPHER_CTX_new();
+  auto fail = [] {
+    std::fprintf(stderr, "ps_bench: OpenSSL's AES-GCM failed\n");
+    std::exit(1);
+  };
+  if (seal == nullptr || open == nullptr ||
+      EVP_CipherInit_ex(seal, cipher, nullptr, key, nullptr, 1) != 1 ||
+      EVP_CipherInit_ex(open, cipher, nullptr, key, nullptr, 0) != 1) {
+    fail();
+  }
   auto run = [&](bool encrypt) {
+    EVP_CIPHER_CTX* ctx = encrypt ? seal : open;
     for (int r = 0; r < kRecords; ++r) {
+      unsigned char iv[12] = {2};
+      std::memcpy(iv + 8, &r, sizeof(r));
       unsigned char* in =
           (encrypt ? plain : sealed).data() + int64_t{r} * kRecord;
       unsigned char* out =
@@ -175,18 +197,14 @@ double CipherSecondsPerByte() {
       unsigned char* tag = tags.data() + 16 * r;
       int n = 0, last = 0;
       const bool ok =
-          EVP_CipherInit_ex(ctx, EVP_aes_128_gcm(), nullptr, key, iv,
-                            encrypt ? 1 : 0) == 1 &&
+          EVP_CipherInit_ex(ctx, nullptr, nullptr, nullptr, iv, -1) == 1 &&
           (encrypt ||
            EVP_CIPHER_CTX_ctrl(ctx, EVP_CTRL_GCM_SET_TAG, 16, tag) == 1) &&
           EVP_CipherUpdate(ctx, out, &n, in, kRecord) == 1 &&
           EVP_CipherFinal_ex(ctx, out + n, &last) == 1 &&
           (!encrypt ||
            EVP_CIPHER_CTX_ctrl(ctx, EVP_CTRL_GCM_GET_TAG, 16, tag) == 1);
-      if (!ok) {
-        std::fprintf(stderr, "ps_bench: OpenSSL's AES-128-GCM failed\n");
-        std::exit(1);
-      }
+      if (!ok) fail();
     }
   };
   auto thread_seconds = [] {
@@ -201,7 +219,8 @@ double CipherSecondsPerByte() {
     run(false);
     best = std::min(best, (thread_seconds() - start) / 2);
   }
-  EVP_CIPHER_CTX_free(ctx);
+  EVP_CIPHER_CTX_free(seal);
+  EVP_CIPHER_CTX_free(open);
   return best / static_cast<double>(plain.size());
 }
 
@@ -665,8 +684,8 @@ struct Rows {
   const TlsOptions* tls = nullptr;  // null: no mTLS rows
   std::vector<DType> wire_dtypes, topk_wires;
   std::vector<CompressionOptions> compressions;
-  // One core's AES-128-GCM seconds per byte (CipherSecondsPerByte) and the
-  // cores the process may use: the mTLS rows' floor.
+  // One core's AES-GCM seconds per byte (CipherSecondsPerByte, the faster
+  // suite) and the cores the process may use: the mTLS rows' floor.
   double cipher_seconds_per_byte = 0;
   int cores = 1;
 
@@ -780,7 +799,9 @@ int main(int argc, char** argv) {
   pstrain::ParseFlagsOrExit(argc, argv, "ps_bench", "ps_bench --help");
   // As pstrain_ps and pstrain_worker do, unless asked for glibc's defaults.
   if (!absl::GetFlag(FLAGS_malloc_defaults) &&
-      !pstrain::KeepFreedMemoryForReuse()) {
+      (!pstrain::KeepFreedMemoryForReuse() ||
+       (!absl::GetFlag(FLAGS_malloc_one_arena) &&
+        mallopt(M_ARENA_MAX, 8 * pstrain::UsableCores()) != 1))) {
     std::fprintf(stderr, "ps_bench: glibc refused the malloc settings\n");
     return 1;
   }
@@ -846,13 +867,17 @@ int main(int argc, char** argv) {
         q, q, 2 * q);
   }
   const int cores = pstrain::UsableCores();
-  const double cipher =
-      folder != nullptr ? pstrain::CipherSecondsPerByte() : 0.0;
+  // The floor takes the faster of TLS 1.3's two AES-GCM suites, whichever
+  // the connection negotiated: a lower bound either way.
+  double cipher = 0.0;
   if (folder != nullptr) {
+    const double aes128 = pstrain::CipherSecondsPerByte(EVP_aes_128_gcm());
+    const double aes256 = pstrain::CipherSecondsPerByte(EVP_aes_256_gcm());
+    cipher = std::min(aes128, aes256);
     std::printf(
-        "# AES-128-GCM (OpenSSL EVP, 16-KiB records) on one core: %.2f "
-        "GB/s; %d cores usable\n",
-        1e-9 / cipher, cores);
+        "# one core, OpenSSL EVP, 16-KiB records: AES-128-GCM %.2f GB/s, "
+        "AES-256-GCM %.2f GB/s; %d cores usable\n",
+        1e-9 / aes128, 1e-9 / aes256, cores);
   }
   std::printf(
       "# %12s %3s %7s %3s %-12s %-20s %10s %10s %8s %10s %9s %5s %11s %9s "

@@ -43,7 +43,7 @@
 #               1 and 4 channels per shard, fp32 and bf16; then mTLS on 1
 #               and 2 shards, 4 and 8 channels (CPU against its floor);
 #               then 4 workers on 1 and 2 shards, plaintext fp32 and
-#               bf16, with pstrain's malloc settings and glibc's          300
+#               bf16, with one malloc arena and with one per thread       300
 #   priority_pulls
 #               the early forward on CUDA (issue 39 item 4): LeNet-5, sync
 #               PS, 2 workers on the GPU, 2 shards, 200 steps with and
@@ -642,15 +642,16 @@ ps_bench_section() {
   # Four workers on the shards, plaintext: the shards' aggregation and
   # the 16-bit replies shared by every worker (0.47-0.55x of four raw TCP
   # connections on 2 cores, where both ends share them); then the same
-  # with glibc's malloc defaults, since common/malloc_tuning.h's one arena
-  # puts every thread's allocations behind one lock (2.03x faster on 2
-  # cores, unmeasured on many).
-  for defaults in false true; do
-    echo "# --malloc_defaults=$defaults" >> "$out/logs/ps_bench.out"
+  # with an arena per thread, since common/malloc_tuning.h's one arena
+  # puts every thread's allocations behind one lock (2.03x faster than
+  # the thresholds alone on 2 cores, unmeasured on many).
+  local one_arena
+  for one_arena in true false; do
+    echo "# --malloc_one_arena=$one_arena" >> "$out/logs/ps_bench.out"
     # shellcheck disable=SC2086
     "$root/bench/ps_bench" --workers=4 --shards=1,2 --channels_per_shard=4 \
       --tls=false --wire_dtypes=bf16 --compressions= \
-      --malloc_defaults=$defaults $ps_bench_args \
+      --malloc_one_arena=$one_arena $ps_bench_args \
       >> "$out/logs/ps_bench.out" 2>&1 || rc=$?
   done
   cat "$out/logs/ps_bench.out"
