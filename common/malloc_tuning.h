@@ -33,7 +33,8 @@
 //     main heap, which only the trim threshold shrinks. The cost is one
 //     lock for every thread's allocations of more than tcache's 1 KiB;
 //     ps_bench with 4 workers on 2 cores lost nothing by it, and a 16-core
-//     host has not measured it yet (ps_bench --malloc_defaults compares).
+//     host has not measured it yet (ps_bench --malloc_one_arena=false
+//     compares).
 // Call it at the start of main, before any thread allocates. Returns false
 // if glibc refused a value (mallopt returned 0). Not thread-safe.
 #ifndef PSTRAIN_COMMON_MALLOC_TUNING_H_
