@@ -56,7 +56,6 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <openssl/evp.h>
-#include <sched.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <time.h>
@@ -83,6 +82,7 @@
 #include "common/rpc_options.h"
 #include "common/tls.h"
 #include "common/trace.h"
+#include "common/usable_cores.h"
 #include "common/wire_dtype.h"
 #include "optim/adam.h"
 #include "optim/optimizer.h"
@@ -154,14 +154,6 @@ double ProcessCpuSeconds() {
     return static_cast<double>(t.tv_sec) + 1e-6 * t.tv_usec;
   };
   return seconds(usage.ru_utime) + seconds(usage.ru_stime);
-}
-
-// Cores this process may run on (its affinity mask).
-int UsableCores() {
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  if (sched_getaffinity(0, sizeof(set), &set) != 0) return 1;
-  return std::max(1, CPU_COUNT(&set));
 }
 
 // One core's seconds per byte of `cipher` (an AES-GCM of OpenSSL's EVP),

@@ -3,7 +3,6 @@
 #include <arpa/inet.h>
 #include <ifaddrs.h>
 #include <netinet/in.h>
-#include <sched.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -27,6 +26,7 @@
 #include "common/status_macros.h"
 #include "common/tls.h"
 #include "common/tls_flags.h"
+#include "common/usable_cores.h"
 #include "coordinator/job_membership.h"
 #include "coordinator/job_table.h"
 #include "grpcpp/grpcpp.h"
@@ -148,17 +148,6 @@ absl::StatusOr<JobInfo> FetchJob(const std::string& coordinator,
     }
     absl::SleepFor(absl::Seconds(1));
   }
-}
-
-// The cores this process may run on (coordinator/task_flags' UsableCores;
-// that library's flags would clash with the CLI's).
-int UsableCores() {
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  if (sched_getaffinity(0, sizeof(set), &set) == 0) {
-    return std::max(1, CPU_COUNT(&set));
-  }
-  return std::max(1, static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN)));
 }
 
 }  // namespace

@@ -1,6 +1,5 @@
 #include "coordinator/task_flags.h"
 
-#include <sched.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -211,15 +210,6 @@ absl::StatusOr<TaskThreads> ResolveTaskThreads(
   out.source = absl::StrCat("all ", cores, " cores");
   out.warning = true;
   return out;
-}
-
-int UsableCores() {
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  if (sched_getaffinity(0, sizeof(set), &set) == 0) {
-    return std::max(1, CPU_COUNT(&set));
-  }
-  return std::max(1, static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN)));
 }
 
 absl::StatusOr<int> TaskThreadsFromFlags(TaskAgent& agent, const char* program,

@@ -27,6 +27,7 @@
 #include "absl/flags/declare.h"
 #include "absl/status/statusor.h"
 #include "catalog/job_config.h"
+#include "common/usable_cores.h"
 #include "coordinator/task_agent.h"
 #include "proto/job.pb.h"
 
@@ -105,9 +106,6 @@ struct TaskThreads {
 // variable that is not a positive integer, naming it.
 absl::StatusOr<TaskThreads> ResolveTaskThreads(
     int flag, int cores, const std::function<const char*(const char*)>& getenv);
-
-// The cores this process may run on (its CPU affinity; at least 1).
-int UsableCores();
 
 // Resolves --threads from the flags and the environment and reports it:
 // "`agent`'s name: N threads (source)" through the agent's log, and the
