@@ -8,7 +8,10 @@
 // and apply Adam in between, so a step moves W times the bytes and the
 // shards' aggregation (and their reply to every worker) is timed with it.
 // The TCP baseline sends the model's fp32 bytes to a socket server and
-// reads them back over one connection per worker, all at once. Rows:
+// reads them back over one connection per worker, all at once; with --tls,
+// the TLS baseline does the same in mutual TLS 1.3 (OpenSSL's record layer
+// straight on the sockets, the job's kind of certificates), what a
+// transport adding only TLS to TCP reaches. Rows:
 // plaintext and mutual TLS in fp32, and plaintext with each 16-bit
 // --wire_dtypes (common/wire_dtype.h) and each --compressions (top-k pushes
 // with error feedback, worker/topk_compression.h, in each
@@ -34,7 +37,10 @@
 //                thread: the workers', the shards', gRPC's and the TCP
 //                baseline's), median over the timed steps
 //   cores      = CPU / time: how many cores the step kept busy
-//   TLS floor  = mTLS rows: the best mTLS / plaintext ratio this machine
+//   TLS ratio  = mTLS rows: plaintext time / mTLS time; raw TLS: raw TCP
+//                time / raw TLS time
+//   TLS floor  = mTLS rows (raw TLS: against raw TCP, the same way): the
+//                best mTLS / plaintext ratio this machine
 //                allows. mTLS does all of plaintext's work and encrypts
 //                and decrypts every byte of the step's messages once
 //                (2 * 2 * W * model bytes of AES-GCM); at best that
@@ -55,7 +61,9 @@
 #include <malloc.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <openssl/err.h>
 #include <openssl/evp.h>
+#include <openssl/ssl.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <time.h>
@@ -216,27 +224,6 @@ double CipherSecondsPerByte(const EVP_CIPHER* cipher) {
   return best / static_cast<double>(plain.size());
 }
 
-// Reads exactly `bytes` bytes from `fd` into `data`; false if the
-// connection ends or fails first.
-bool ReadAll(int fd, char* data, int64_t bytes) {
-  for (int64_t got = 0; got < bytes;) {
-    const ssize_t n = read(fd, data + got, bytes - got);
-    if (n <= 0) return false;
-    got += n;
-  }
-  return true;
-}
-
-// Writes the `bytes` bytes at `data` to `fd`; false if it fails first.
-bool WriteAll(int fd, const char* data, int64_t bytes) {
-  for (int64_t sent = 0; sent < bytes;) {
-    const ssize_t n = write(fd, data + sent, bytes - sent);
-    if (n <= 0) return false;
-    sent += n;
-  }
-  return true;
-}
-
 // Timed steps: wall seconds and process CPU seconds of each.
 struct Timings {
   std::vector<double> seconds, cpu_seconds;
@@ -246,10 +233,124 @@ struct Timings {
   }
 };
 
+// One echo connection of the TCP and TLS baselines: a socket, and over
+// it, for the TLS one, an OpenSSL session (blocking; one thread at a time,
+// as OpenSSL requires of an SSL object).
+struct EchoConnection {
+  int fd = -1;
+  SSL* ssl = nullptr;  // null: plain TCP
+
+  // Reads exactly `bytes` bytes into `data`; false if the connection ends
+  // or fails first.
+  bool ReadAll(char* data, int64_t bytes) const {
+    for (int64_t got = 0; got < bytes;) {
+      size_t n = 0;
+      if (ssl != nullptr) {
+        if (SSL_read_ex(ssl, data + got, bytes - got, &n) != 1) return false;
+      } else {
+        const ssize_t r = read(fd, data + got, bytes - got);
+        if (r <= 0) return false;
+        n = static_cast<size_t>(r);
+      }
+      got += static_cast<int64_t>(n);
+    }
+    return true;
+  }
+
+  // Writes the `bytes` bytes at `data`; false if it fails first.
+  bool WriteAll(const char* data, int64_t bytes) const {
+    for (int64_t sent = 0; sent < bytes;) {
+      size_t n = 0;
+      if (ssl != nullptr) {
+        if (SSL_write_ex(ssl, data + sent, bytes - sent, &n) != 1) {
+          return false;
+        }
+      } else {
+        const ssize_t w = write(fd, data + sent, bytes - sent);
+        if (w <= 0) return false;
+        n = static_cast<size_t>(w);
+      }
+      sent += static_cast<int64_t>(n);
+    }
+    return true;
+  }
+
+  void Close() {
+    if (ssl != nullptr) {
+      SSL_shutdown(ssl);
+      SSL_free(ssl);
+      ssl = nullptr;
+    }
+    if (fd >= 0) close(fd);
+    fd = -1;
+  }
+};
+
+// Exits 1 naming `what` and OpenSSL's first queued error.
+[[noreturn]] void OpenSslFailed(const std::string& what) {
+  char error[256] = "no error queued";
+  if (const unsigned long code = ERR_get_error(); code != 0) {
+    ERR_error_string_n(code, error, sizeof(error));
+  }
+  std::fprintf(stderr, "ps_bench: raw TLS: %s: %s\n", what.c_str(), error);
+  std::exit(1);
+}
+
+// A TLS 1.3 context of `stem`.pem and .key in `dir`, which requires and
+// checks the peer's certificate against `dir`/ca.pem (mutual TLS, as
+// pstrain's gRPC channels: common/tls.h). Exits 1 if OpenSSL refuses.
+SSL_CTX* MutualTlsContext(const std::string& dir, const std::string& stem,
+                          bool server) {
+  SSL_CTX* ctx =
+      SSL_CTX_new(server ? TLS_server_method() : TLS_client_method());
+  const std::string pem = absl::StrCat(dir, "/", stem, ".pem");
+  const std::string key = absl::StrCat(dir, "/", stem, ".key");
+  const std::string ca = absl::StrCat(dir, "/ca.pem");
+  if (ctx == nullptr ||
+      SSL_CTX_set_min_proto_version(ctx, TLS1_3_VERSION) != 1 ||
+      SSL_CTX_use_certificate_chain_file(ctx, pem.c_str()) != 1 ||
+      SSL_CTX_use_PrivateKey_file(ctx, key.c_str(), SSL_FILETYPE_PEM) != 1 ||
+      SSL_CTX_load_verify_locations(ctx, ca.c_str(), nullptr) != 1) {
+    OpenSslFailed(absl::StrCat("context of ", pem));
+  }
+  // Whole socket reads of many records, not a header and a body apiece.
+  SSL_CTX_set_read_ahead(ctx, 1);
+  SSL_CTX_set_default_read_buffer_len(ctx, 1 << 20);
+  SSL_CTX_set_verify(
+      ctx, SSL_VERIFY_PEER | (server ? SSL_VERIFY_FAIL_IF_NO_PEER_CERT : 0),
+      nullptr);
+  return ctx;
+}
+
+// The TLS baseline's certificates: `dir` as MakeTlsFolder made it, shard
+// 0's server certificate and worker c's client certificate.
+struct EchoTls {
+  std::string dir;
+  int workers = 1;
+};
+
 // Sends `bytes` to a loopback echo server and reads them back over each of
-// `connections` connections at once; seconds per round (until the last
-// connection has its bytes back).
-Timings TimeTcp(int64_t bytes, int repeats, int connections) {
+// `connections` connections at once (each client writes all, then reads
+// all: the server echoes only once it has every byte); seconds per round
+// (until the last connection has its bytes back). `tls`: each connection is
+// a mutual TLS 1.3 session of OpenSSL over its socket, the handshake done
+// before the timing (what a TLS transport that adds only the cipher's work
+// to TCP costs); null: plain TCP. `cipher` (when not null) gets the
+// suite the TLS sessions negotiated.
+Timings TimeEcho(int64_t bytes, int repeats, int connections,
+                 const EchoTls* tls, std::string* cipher = nullptr) {
+  SSL_CTX* server_ctx = nullptr;
+  std::vector<SSL_CTX*> client_ctx;
+  if (tls != nullptr) {
+    server_ctx = MutualTlsContext(
+        tls->dir, IdentityStem(TlsIdentity{TlsRole::kPs, 0, "local"}), true);
+    for (int c = 0; c < connections; ++c) {
+      client_ctx.push_back(MutualTlsContext(
+          tls->dir,
+          ClientStem(TlsIdentity{TlsRole::kWorker, c % tls->workers, "local"}),
+          false));
+    }
+  }
   const int listener = socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
@@ -262,21 +363,41 @@ Timings TimeTcp(int64_t bytes, int repeats, int connections) {
   std::vector<std::thread> servers;
   for (int c = 0; c < connections; ++c) {
     servers.emplace_back([&, bytes] {
-      const int fd = accept(listener, nullptr, nullptr);
-      std::vector<char> buffer(bytes);
-      for (int r = 0; r < repeats + 1; ++r) {
-        if (!ReadAll(fd, buffer.data(), bytes) ||
-            !WriteAll(fd, buffer.data(), bytes)) {
-          return;
+      EchoConnection conn;
+      conn.fd = accept(listener, nullptr, nullptr);
+      if (server_ctx != nullptr) {
+        conn.ssl = SSL_new(server_ctx);
+        if (conn.ssl == nullptr || SSL_set_fd(conn.ssl, conn.fd) != 1 ||
+            SSL_accept(conn.ssl) != 1) {
+          OpenSslFailed("the echo server's handshake");
         }
       }
-      close(fd);
+      std::vector<char> buffer(bytes);
+      for (int r = 0; r < repeats + 1; ++r) {
+        if (!conn.ReadAll(buffer.data(), bytes) ||
+            !conn.WriteAll(buffer.data(), bytes)) {
+          break;
+        }
+      }
+      conn.Close();
     });
   }
-  std::vector<int> fds(connections);
-  for (int& fd : fds) {
-    fd = socket(AF_INET, SOCK_STREAM, 0);
-    connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+  std::vector<EchoConnection> conns(connections);
+  for (int c = 0; c < connections; ++c) {
+    EchoConnection& conn = conns[c];
+    conn.fd = socket(AF_INET, SOCK_STREAM, 0);
+    connect(conn.fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+    if (tls != nullptr) {
+      conn.ssl = SSL_new(client_ctx[c]);
+      const std::string host =
+          ServerName(TlsIdentity{TlsRole::kPs, 0, "local"});
+      if (conn.ssl == nullptr || SSL_set_fd(conn.ssl, conn.fd) != 1 ||
+          SSL_set1_host(conn.ssl, host.c_str()) != 1 ||
+          SSL_connect(conn.ssl) != 1) {
+        OpenSslFailed("the client's handshake");
+      }
+      if (cipher != nullptr) *cipher = SSL_get_cipher_name(conn.ssl);
+    }
   }
   std::vector<char> out(bytes, 1);
   std::vector<std::vector<char>> in(connections, std::vector<char>(bytes));
@@ -287,10 +408,11 @@ Timings TimeTcp(int64_t bytes, int repeats, int connections) {
     std::vector<std::thread> clients;
     for (int c = 0; c < connections; ++c) {
       clients.emplace_back([&, c] {
-        const int fd = fds[c];
-        std::thread writer([&] { WriteAll(fd, out.data(), bytes); });
-        ReadAll(fd, in[c].data(), bytes);
-        writer.join();
+        if (!conns[c].WriteAll(out.data(), bytes) ||
+            !conns[c].ReadAll(in[c].data(), bytes)) {
+          std::fprintf(stderr, "ps_bench: the echo baseline failed\n");
+          std::exit(1);
+        }
       });
     }
     for (std::thread& t : clients) t.join();
@@ -299,9 +421,11 @@ Timings TimeTcp(int64_t bytes, int repeats, int connections) {
                 ProcessCpuSeconds() - cpu_start);
     }
   }
-  for (int fd : fds) close(fd);
+  for (EchoConnection& conn : conns) conn.Close();
   for (std::thread& t : servers) t.join();
   close(listener);
+  SSL_CTX_free(server_ctx);
+  for (SSL_CTX* ctx : client_ctx) SSL_CTX_free(ctx);
   return times;
 }
 
@@ -682,11 +806,24 @@ struct Rows {
   int cores = 1;
 
   void Print(int workers) {
-    const Timings tcp = TimeTcp(model_bytes, repeats, workers);
+    const Timings tcp = TimeEcho(model_bytes, repeats, workers, nullptr);
     tcp_median_ = Median(tcp.seconds);
     workers_ = workers;
     Row("-", "1", "raw TCP", "fp32", tcp, 2 * workers * model_bytes, "-", "-",
         "-");
+    if (tls != nullptr) {
+      // The same echo in mutual TLS: its ratio to raw TCP is what a
+      // transport that adds only OpenSSL's record layer would reach, beside
+      // its floor (as the mTLS rows' below).
+      const EchoTls echo{tls->dir, workers};
+      std::string suite;
+      const Timings secure =
+          TimeEcho(model_bytes, repeats, workers, &echo, &suite);
+      std::printf("# raw TLS: OpenSSL %s over the sockets\n", suite.c_str());
+      Row("-", "1", "raw TLS", "fp32", secure, 2 * workers * model_bytes,
+          absl::StrFormat("%.2f", tcp_median_ / Median(secure.seconds)),
+          absl::StrFormat("%.2f", TlsFloor(tcp, workers)), "-");
+    }
     for (int shards : shard_counts) {
       for (int channels : channel_counts) {
         PsSetup setup;
@@ -699,6 +836,19 @@ struct Rows {
   }
 
  private:
+  // The best TLS / plaintext ratio the machine allows a transport whose
+  // plaintext steps took `plain`: every byte of a step's messages (2 * 2 *
+  // W * model bytes) sealed once and opened once at one core's measured
+  // speed, spread over every usable core.
+  double TlsFloor(const Timings& plain, int workers) const {
+    const double plain_seconds = Median(plain.seconds);
+    const double cipher_seconds =
+        cipher_seconds_per_byte * 4.0 * workers * model_bytes;
+    return plain_seconds /
+           std::max(plain_seconds,
+                    (Median(plain.cpu_seconds) + cipher_seconds) / cores);
+  }
+
   // The rows of one shard and channel count.
   void PrintSetup(const PsSetup& plain) const {
     const PsRun run = Time(plain, "fp32");
@@ -707,16 +857,10 @@ struct Rows {
       secure.tls = *tls;
       const PsRun mtls = TimePs(secure, sizes, partition_bytes, repeats);
       const double plain_seconds = Median(run.timings.seconds);
-      // Every byte of the step's messages sealed once and opened once.
-      const double cipher_seconds =
-          cipher_seconds_per_byte * 4.0 * plain.workers * model_bytes;
-      const double floor_seconds =
-          std::max(plain_seconds,
-                   (Median(run.timings.cpu_seconds) + cipher_seconds) / cores);
       Print(
           plain, "pstrain+mTLS", "fp32", mtls,
           absl::StrFormat("%.2f", plain_seconds / Median(mtls.timings.seconds)),
-          absl::StrFormat("%.2f", plain_seconds / floor_seconds));
+          absl::StrFormat("%.2f", TlsFloor(run.timings, plain.workers)));
     }
     for (DType dtype : wire_dtypes) {
       PsSetup half = plain;

@@ -272,6 +272,9 @@ EOF
     row "CPU cores" "$cores ($(sed -n 's/^model name[^:]*: //p' /proc/cpuinfo | head -1))"
     row memory "$(awk '/MemTotal/ {printf "%.0f GiB", $2 / 1048576}' /proc/meminfo)"
     row kernel "$(uname -r)"
+    # Kernel TLS (a route to mTLS without gRPC's TLS copies) needs the
+    # kernel's `tls` upper-layer protocol; this records whether it is there.
+    row "TCP upper-layer protocols" "$(cat /proc/sys/net/ipv4/tcp_available_ulp 2>/dev/null || echo unknown)"
     row bundle "$(head -1 "$root/BUNDLE_INFO" 2>/dev/null)"
     row "NVIDIA library path" "${LD_LIBRARY_PATH:-none}"
   } > "$out/host.md"
