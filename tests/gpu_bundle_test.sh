@@ -106,6 +106,8 @@ done
 for s in host pstrain_run ps_bench; do
   check "$s ran" grep -q "^| $s | ok |" "$report"
 done
+check "the host table records the kernel's TCP upper-layer protocols (kernel TLS needs 'tls')" \
+  grep -Eq '^\| TCP upper-layer protocols \| [a-z]' "$report"
 check "the host table names glibc and the cores" \
   bash -c "grep -q '^| glibc | glibc' '$report' && grep -q '^| CPU cores | [0-9]' '$report'"
 check "pstrain_run has CPU rows with an accuracy and CUDA rows skipped" \
