@@ -8,7 +8,9 @@
 // and apply Adam in between, so a step moves W times the bytes and the
 // shards' aggregation (and their reply to every worker) is timed with it.
 // The TCP baseline sends the model's fp32 bytes to a socket server and
-// reads them back over one connection per worker, all at once; with --tls,
+// reads them back over one connection per worker, all at once (and again
+// over as many connections per worker as each --channels_per_shard count
+// above 1, the bytes split over them); with --tls,
 // the TLS baseline does the same in mutual TLS 1.3 (OpenSSL's record layer
 // straight on the sockets, the job's kind of certificates), what a
 // transport adding only TLS to TCP reaches. Rows:
@@ -22,7 +24,8 @@
 // pulls, "+delta": the changed entries only, PsClientOptions::delta_pulls),
 // each for every
 // --channels_per_shard (gRPC connections per shard, worker/ps_client.h).
-//   ch         = channels (connections) per shard
+//   ch         = channels (connections) per shard; raw rows: connections
+//                per worker
 //   wire (MB)  = bytes of the step's PushPull messages, both ways, as the
 //                client counts them (payload, sparse indices and protobuf
 //                envelope; gRPC's HTTP/2 framing and TLS not counted),
@@ -806,22 +809,35 @@ struct Rows {
   int cores = 1;
 
   void Print(int workers) {
-    const Timings tcp = TimeEcho(model_bytes, repeats, workers, nullptr);
-    tcp_median_ = Median(tcp.seconds);
     workers_ = workers;
-    Row("-", "1", "raw TCP", "fp32", tcp, 2 * workers * model_bytes, "-", "-",
-        "-");
-    if (tls != nullptr) {
-      // The same echo in mutual TLS: its ratio to raw TCP is what a
-      // transport that adds only OpenSSL's record layer would reach, beside
-      // its floor (as the mTLS rows' below).
+    // The baselines: one connection per worker (raw TCP's is every row's
+    // `ratio`), then as many per worker as each channel count > 1 gives the
+    // PS, the model's bytes split over them. With --tls, each in mutual
+    // TLS too: its ratio to raw TCP at the same connections is what a
+    // transport adding only OpenSSL's record layer would reach, beside its
+    // floor (as the mTLS rows' below).
+    std::vector<int> per_worker = {1};
+    for (int channels : channel_counts) {
+      if (channels > 1) per_worker.push_back(channels);
+    }
+    for (int c : per_worker) {
+      const int connections = workers * c;
+      const int64_t bytes = model_bytes / c;
+      const Timings tcp = TimeEcho(bytes, repeats, connections, nullptr);
+      if (c == 1) tcp_median_ = Median(tcp.seconds);
+      Row("-", absl::StrCat(c), "raw TCP", "fp32", tcp, 2 * connections * bytes,
+          "-", "-", "-");
+      if (tls == nullptr) continue;
       const EchoTls echo{tls->dir, workers};
       std::string suite;
       const Timings secure =
-          TimeEcho(model_bytes, repeats, workers, &echo, &suite);
-      std::printf("# raw TLS: OpenSSL %s over the sockets\n", suite.c_str());
-      Row("-", "1", "raw TLS", "fp32", secure, 2 * workers * model_bytes,
-          absl::StrFormat("%.2f", tcp_median_ / Median(secure.seconds)),
+          TimeEcho(bytes, repeats, connections, &echo, &suite);
+      if (c == 1) {
+        std::printf("# raw TLS: OpenSSL %s over the sockets\n", suite.c_str());
+      }
+      Row("-", absl::StrCat(c), "raw TLS", "fp32", secure,
+          2 * connections * bytes,
+          absl::StrFormat("%.2f", Median(tcp.seconds) / Median(secure.seconds)),
           absl::StrFormat("%.2f", TlsFloor(tcp, workers)), "-");
     }
     for (int shards : shard_counts) {
