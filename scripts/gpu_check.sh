@@ -640,7 +640,7 @@ ps_bench_section() {
   # Mutual TLS with 4 and 8 channels: its CPU against the floor the
   # cipher's own speed allows (the CPU, cores and TLS floor columns) on a
   # many-core host, and the raw TLS rows (OpenSSL straight on 1, 4 and 8
-  # sockets): on 2 cores they reach 0.39x of raw TCP, below gRPC's mTLS
+  # sockets): on 2 cores they reach 0.44-0.48x of raw TCP, no more than gRPC's mTLS
   # against its plaintext; if they reach 0.95x here, a data plane on
   # OpenSSL would meet issue 39 item 1 where gRPC's TLS does not.
   # shellcheck disable=SC2086
