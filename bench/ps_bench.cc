@@ -58,7 +58,9 @@
 //           (top-k rows: SGD) replica given the same gradients, rounded per
 //           chunk as the wire rounds them (RoundThroughWire), or sparsified as
 //           a top-k row's worker does (its own TopKCompressor, error feedback
-//           carried over the steps), and pulled the same way (0 expected).
+//           carried over the steps), and pulled the same way (0 expected);
+//           raw rows: bytes of the last round that came back different
+//           from those sent (0 expected)
 #include <grpcpp/grpcpp.h>
 #include <malloc.h>
 #include <openssl/evp.h>
@@ -543,7 +545,7 @@ struct Rows {
       const Timings tcp = TimeEcho(bytes, repeats, connections, nullptr);
       if (c == 1) tcp_median_ = Median(tcp.seconds);
       Row("-", absl::StrCat(c), "raw TCP", "fp32", tcp, 2 * connections * bytes,
-          "-", "-", "-");
+          "-", "-", absl::StrCat(tcp.wrong_bytes));
       if (tls == nullptr) continue;
       const EchoTls echo{tls->dir, workers};
       std::string suite;
@@ -555,7 +557,8 @@ struct Rows {
       Row("-", absl::StrCat(c), "raw TLS", "fp32", secure,
           2 * connections * bytes,
           absl::StrFormat("%.2f", Median(tcp.seconds) / Median(secure.seconds)),
-          absl::StrFormat("%.2f", TlsFloor(tcp, workers)), "-");
+          absl::StrFormat("%.2f", TlsFloor(tcp, workers)),
+          absl::StrCat(secure.wrong_bytes));
     }
     for (int shards : shard_counts) {
       for (int channels : channel_counts) {

@@ -254,10 +254,13 @@ Timings TimeEcho(int64_t bytes, int repeats, int connections,
       if (cipher != nullptr) *cipher = SSL_get_cipher_name(conn.ssl);
     }
   }
-  std::vector<char> out(bytes, 1);
+  // A pattern that a lost, repeated or reordered record would change.
+  std::vector<char> out(bytes);
+  for (int64_t i = 0; i < bytes; ++i) out[i] = static_cast<char>(i * 131 % 251);
   std::vector<std::vector<char>> in(connections, std::vector<char>(bytes));
   Timings times;
   for (int r = 0; r < repeats + 1; ++r) {  // the first is warm-up
+    for (std::vector<char>& back : in) std::fill(back.begin(), back.end(), 0);
     const absl::Time start = absl::Now();
     const double cpu_start = ProcessCpuSeconds();
     std::vector<std::thread> clients;
@@ -275,6 +278,9 @@ Timings TimeEcho(int64_t bytes, int repeats, int connections,
       times.Add(absl::ToDoubleSeconds(absl::Now() - start),
                 ProcessCpuSeconds() - cpu_start);
     }
+  }
+  for (const std::vector<char>& back : in) {
+    for (int64_t i = 0; i < bytes; ++i) times.wrong_bytes += back[i] != out[i];
   }
   for (EchoConnection& conn : conns) conn.Close();
   for (std::thread& t : servers) t.join();

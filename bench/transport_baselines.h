@@ -21,6 +21,9 @@ namespace pstrain {
 // Timed steps: wall seconds and process CPU seconds of each.
 struct Timings {
   std::vector<double> seconds, cpu_seconds;
+  // TimeEcho only: bytes of the last round that came back different from
+  // those sent, over every connection (0 expected).
+  int64_t wrong_bytes = 0;
   void Add(double wall, double cpu) {
     seconds.push_back(wall);
     cpu_seconds.push_back(cpu);

@@ -117,8 +117,8 @@ check "pstrain_run's fp16 checkpoint-and-resume row is skipped without a GPU" \
   grep -q '^| the resume line | skipped: no GPU |' "$report"
 check "ps_bench timed 1 worker on 1, 2 and 4 shards, 1 and 4 channels, with no wrong element" \
   bash -c "for k in 1 2 4; do for c in 1 4; do grep -Eq \"^ +[0-9]+ +1 +\$k +\$c +pstrain .* 0\$\" '$report' || exit 1; done; done"
-check "ps_bench timed the raw TLS baseline (OpenSSL on the sockets) beside raw TCP" \
-  bash -c "grep -Eq '^ +[0-9]+ +1 +- +1 +raw TCP ' '$report' && grep -Eq '^ +[0-9]+ +1 +- +1 +raw TLS .* -\$' '$report'"
+check "ps_bench timed the raw TLS baseline (OpenSSL on the sockets) beside raw TCP, every byte echoed back" \
+  bash -c "grep -Eq '^ +[0-9]+ +1 +- +1 +raw TCP ' '$report' && grep -Eq '^ +[0-9]+ +1 +- +1 +raw TLS .* 0\$' '$report'"
 
 echo "gpu_bundle_test: $((checks - failures)) passed, $failures failed"
 [ "$failures" -eq 0 ]
