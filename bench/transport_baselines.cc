@@ -27,6 +27,19 @@
 namespace pstrain {
 namespace {
 
+// Calls `some(at, left)`, which moves up to `left` bytes from offset `at`
+// and returns how many (0: the connection ended or failed), until `bytes`
+// have moved; false if a call moved none.
+template <typename Some>
+bool MoveAll(int64_t bytes, Some some) {
+  for (int64_t at = 0; at < bytes;) {
+    const size_t n = some(at, static_cast<size_t>(bytes - at));
+    if (n == 0) return false;
+    at += static_cast<int64_t>(n);
+  }
+  return true;
+}
+
 // One echo connection of the TCP and TLS baselines: a socket, and over
 // it, for the TLS one, an OpenSSL session (blocking; one thread at a time,
 // as OpenSSL requires of an SSL object).
@@ -37,36 +50,26 @@ struct EchoConnection {
   // Reads exactly `bytes` bytes into `data`; false if the connection ends
   // or fails first.
   bool ReadAll(char* data, int64_t bytes) const {
-    for (int64_t got = 0; got < bytes;) {
+    return MoveAll(bytes, [&](int64_t at, size_t left) -> size_t {
       size_t n = 0;
       if (ssl != nullptr) {
-        if (SSL_read_ex(ssl, data + got, bytes - got, &n) != 1) return false;
-      } else {
-        const ssize_t r = read(fd, data + got, bytes - got);
-        if (r <= 0) return false;
-        n = static_cast<size_t>(r);
+        return SSL_read_ex(ssl, data + at, left, &n) == 1 ? n : 0;
       }
-      got += static_cast<int64_t>(n);
-    }
-    return true;
+      const ssize_t r = read(fd, data + at, left);
+      return r > 0 ? static_cast<size_t>(r) : 0;
+    });
   }
 
   // Writes the `bytes` bytes at `data`; false if it fails first.
   bool WriteAll(const char* data, int64_t bytes) const {
-    for (int64_t sent = 0; sent < bytes;) {
+    return MoveAll(bytes, [&](int64_t at, size_t left) -> size_t {
       size_t n = 0;
       if (ssl != nullptr) {
-        if (SSL_write_ex(ssl, data + sent, bytes - sent, &n) != 1) {
-          return false;
-        }
-      } else {
-        const ssize_t w = write(fd, data + sent, bytes - sent);
-        if (w <= 0) return false;
-        n = static_cast<size_t>(w);
+        return SSL_write_ex(ssl, data + at, left, &n) == 1 ? n : 0;
       }
-      sent += static_cast<int64_t>(n);
-    }
-    return true;
+      const ssize_t w = write(fd, data + at, left);
+      return w > 0 ? static_cast<size_t>(w) : 0;
+    });
   }
 
   void Close() {
@@ -197,10 +200,11 @@ Timings TimeEcho(int64_t bytes, int repeats, int connections,
   if (tls != nullptr) {
     server_ctx = MutualTlsContext(
         tls->dir, IdentityStem(TlsIdentity{TlsRole::kPs, 0, "local"}), true);
-    for (int c = 0; c < connections; ++c) {
+    // One context per worker's certificate; connection c is worker
+    // c % workers's.
+    for (int w = 0; w < std::min(connections, tls->workers); ++w) {
       client_ctx.push_back(MutualTlsContext(
-          tls->dir,
-          ClientStem(TlsIdentity{TlsRole::kWorker, c % tls->workers, "local"}),
+          tls->dir, ClientStem(TlsIdentity{TlsRole::kWorker, w, "local"}),
           false));
     }
   }
@@ -236,6 +240,7 @@ Timings TimeEcho(int64_t bytes, int repeats, int connections,
       conn.Close();
     });
   }
+  const std::string host = ServerName(TlsIdentity{TlsRole::kPs, 0, "local"});
   std::vector<EchoConnection> conns(connections);
   for (int c = 0; c < connections; ++c) {
     EchoConnection& conn = conns[c];
@@ -243,9 +248,7 @@ Timings TimeEcho(int64_t bytes, int repeats, int connections,
     NoDelay(conn.fd);
     connect(conn.fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
     if (tls != nullptr) {
-      conn.ssl = SSL_new(client_ctx[c]);
-      const std::string host =
-          ServerName(TlsIdentity{TlsRole::kPs, 0, "local"});
+      conn.ssl = SSL_new(client_ctx[c % client_ctx.size()]);
       if (conn.ssl == nullptr || SSL_set_fd(conn.ssl, conn.fd) != 1 ||
           SSL_set1_host(conn.ssl, host.c_str()) != 1 ||
           SSL_connect(conn.ssl) != 1) {
@@ -260,7 +263,11 @@ Timings TimeEcho(int64_t bytes, int repeats, int connections,
   std::vector<std::vector<char>> in(connections, std::vector<char>(bytes));
   Timings times;
   for (int r = 0; r < repeats + 1; ++r) {  // the first is warm-up
-    for (std::vector<char>& back : in) std::fill(back.begin(), back.end(), 0);
+    if (r == repeats) {                    // the round whose bytes are checked
+      for (std::vector<char>& back : in) {
+        std::fill(back.begin(), back.end(), 0);
+      }
+    }
     const absl::Time start = absl::Now();
     const double cpu_start = ProcessCpuSeconds();
     std::vector<std::thread> clients;
