@@ -187,6 +187,30 @@ TEST_F(PsServiceTest, ProtobufClientPushesAndPulls) {
   EXPECT_EQ(pulled, weights);
 }
 
+// A worker's non-finite value is echoed to every worker in its first 16
+// bytes: cut on a character boundary, so the reply is still a message
+// protobuf parses (a proto3 string holds UTF-8 only).
+TEST_F(PsServiceTest, ANonFiniteValueIsCutOnACharacterBoundary) {
+  const std::vector<float> g = {0.5f, -1.0f, 2.0f, 0.0f};
+  std::vector<PushPullResponse> replies;
+  PushPullRequest end0 = End(0, 0);
+  end0.mutable_step_end()->mutable_nonfinite()->set_value(
+      std::string(15, 'a') + "\xc3\xa9");  // 15 'a', then U+00E9 in 2 bytes
+  ASSERT_TRUE(Exchange({Push(0, Bytes(g), 4), end0}, &replies).ok());
+  PushPullRequest pull = Push(1, Bytes(g), 4);
+  std::vector<PushPullRequest> requests = {pull, End(1, 0)};
+  pull.mutable_pull()->set_min_version(1);
+  requests.push_back(pull);
+  const grpc::Status status = Exchange(requests, &replies);
+  ASSERT_TRUE(status.ok()) << status.error_message();
+  ASSERT_FALSE(replies.empty());
+  const PushPullResponse& last = replies.back();
+  EXPECT_TRUE(last.last_of_pull());
+  ASSERT_TRUE(last.has_skipped_step());
+  EXPECT_EQ(last.skipped_step().worker_id(), 0);
+  EXPECT_EQ(last.skipped_step().nonfinite().value(), std::string(15, 'a'));
+}
+
 TEST_F(PsServiceTest, WrongShapedPushesAreRejectedAndChangeNothing) {
   struct Case {
     PushPullRequest request;

@@ -9,6 +9,7 @@
 #include "common/tensor_codec.h"
 #include "common/trace.h"
 #include "common/wire_dtype.h"
+#include "google/protobuf/stubs/common.h"
 
 namespace pstrain {
 
@@ -159,8 +160,12 @@ std::optional<grpc::Status> PsService::PushPullSession::HandleStepEnd(
   if (end.has_nonfinite()) {
     nonfinite.param_id = end.nonfinite().param_id();
     nonfinite.element = end.nonfinite().element();
-    // Bounded: it is echoed to every worker.
-    nonfinite.value = end.nonfinite().value().substr(0, 16);
+    // Bounded: it is echoed to every worker, in a proto3 string, so cut
+    // on a UTF-8 character boundary (a cut character would make every
+    // worker's reply unparsable).
+    const std::string head = end.nonfinite().value().substr(0, 16);
+    nonfinite.value = head.substr(
+        0, google::protobuf::internal::UTF8SpnStructurallyValid(head));
   }
   const NonFiniteValue* reported = end.has_nonfinite() ? &nonfinite : nullptr;
   if (end.channels() > 1) {
