@@ -119,4 +119,17 @@ grpc::Status Authorizer::Check(const grpc::ServerContext& context,
   return ToGrpcStatus(Authorize(*caller, method, claims));
 }
 
+grpc::Status Authorizer::CheckCaller(const grpc::ServerContext& context,
+                                     const std::string& method,
+                                     const std::string& job) const {
+  if (!enabled_) return grpc::Status::OK;
+  absl::StatusOr<TlsIdentity> caller = PeerIdentity(context);
+  if (!caller.ok()) return ToGrpcStatus(caller.status());
+  RequestClaims claims;
+  claims.job = job;
+  claims.role = caller->role;
+  claims.index = caller->index;
+  return ToGrpcStatus(Authorize(*caller, method, claims));
+}
+
 }  // namespace pstrain

@@ -82,6 +82,14 @@ class Authorizer {
   grpc::Status Check(const grpc::ServerContext& context,
                      const std::string& method,
                      const RequestClaims& claims) const;
+  // Before a call's first message is read: whether the caller may call
+  // `method` of `job` at all, with its own certificate's role and index as
+  // the claims. A server checks it on streams whose messages are large
+  // (PushPull, Init), so a caller of another job or role costs it no
+  // parsing; each request's claims are then checked with Check().
+  grpc::Status CheckCaller(const grpc::ServerContext& context,
+                           const std::string& method,
+                           const std::string& job) const;
 
  private:
   const bool enabled_;

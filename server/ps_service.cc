@@ -330,6 +330,13 @@ grpc::Status PsService::Authorize(const grpc::ServerContext& context,
       context, absl::StrCat("/pstrain.ParameterServer/", method), claims);
 }
 
+grpc::Status PsService::AuthorizeCaller(const grpc::ServerContext& context,
+                                        const char* method) const {
+  return authorizer_.CheckCaller(
+      context, absl::StrCat("/pstrain.ParameterServer/", method),
+      shard_->options().job_id);
+}
+
 void PsService::Touch() {
   last_request_unix_ms_.store(absl::ToUnixMillis(absl::Now()));
 }
@@ -407,6 +414,10 @@ grpc::Status PsService::Init(grpc::ServerContext* context,
                              grpc::ServerReader<InitRequest>* reader,
                              InitResponse* response) {
   Touch();
+  // Before the first message is read: a layout message can be large.
+  if (grpc::Status denied = AuthorizeCaller(*context, "Init"); !denied.ok()) {
+    return denied;
+  }
   InitRequest request;
   if (!reader->Read(&request)) {
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
@@ -635,6 +646,12 @@ grpc::Status PsService::Export(grpc::ServerContext* context,
 grpc::Status PsService::PushPullStream(
     grpc::ServerContext* context,
     grpc::ServerReaderWriter<grpc::ByteBuffer, grpc::ByteBuffer>* stream) {
+  // Before any message is read (a push can be large); each message's
+  // header is checked as it arrives (PushPullSession::HandleFirst, Handle).
+  if (grpc::Status denied = AuthorizeCaller(*context, "PushPull");
+      !denied.ok()) {
+    return denied;
+  }
   EnterLayout();
   absl::Cleanup left = [this] { LeaveLayout(); };
   PushPullSession session(this, context, stream);

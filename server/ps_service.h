@@ -146,6 +146,10 @@ class PsService final : public ParameterServer::Service {
   // worker.
   grpc::Status Authorize(const grpc::ServerContext& context, const char* method,
                          const RequestHeader& header) const;
+  // The caller may call `method` of the shard's job at all (as itself),
+  // checked before a stream's first message is read.
+  grpc::Status AuthorizeCaller(const grpc::ServerContext& context,
+                               const char* method) const;
 
   // A PushPull stream's write in progress, for the watchdog.
   struct WriteWatch {

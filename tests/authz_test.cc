@@ -450,5 +450,54 @@ TEST_F(AuthzTest, EveryMethodServesItsCallersAndRefusesEveryoneElse) {
   EXPECT_EQ(shard_->Stats().pushes, 0);
 }
 
+// The shard's streams whose messages can be large (PushPull's pushes,
+// Init's layout) check the caller before reading a message: bytes that are
+// no message at all get PERMISSION_DENIED from every caller that may not
+// call the method, so such a caller costs the shard no parsing; a caller
+// that may is told the message is malformed.
+TEST_F(AuthzTest, ShardStreamsCheckTheCallerBeforeReadingAMessage) {
+  // Field 1 (the header), length-delimited, 2^28 bytes long, then nothing.
+  const std::string garbage("\x0a\x80\x80\x80\x80\x01", 6);
+  for (const auto& [method, allowed] :
+       std::vector<std::pair<std::string, std::set<std::string>>>{
+           {"/pstrain.ParameterServer/PushPull",
+            {"worker:0@job-1", "worker:1@job-1"}},
+           {"/pstrain.ParameterServer/Init", {"worker:0@job-1"}}}) {
+    for (const Client& client : clients_) {
+      if (!client.of_this_cluster) continue;
+      std::shared_ptr<grpc::Channel> channel = Channel(client, true);
+      grpc::ClientContext context;
+      Deadline(&context);
+      const grpc::internal::RpcMethod rpc(
+          method.c_str(), grpc::internal::RpcMethod::BIDI_STREAMING);
+      std::unique_ptr<
+          grpc::ClientReaderWriter<grpc::ByteBuffer, grpc::ByteBuffer>>
+          stream(grpc::internal::ClientReaderWriterFactory<
+                 grpc::ByteBuffer, grpc::ByteBuffer>::Create(channel.get(), rpc,
+                                                             &context));
+      const grpc::Slice slice(garbage);
+      stream->Write(grpc::ByteBuffer(&slice, 1));
+      stream->WritesDone();
+      grpc::ByteBuffer reply;
+      while (stream->Read(&reply)) {
+      }
+      const grpc::Status s = stream->Finish();
+      const std::string where =
+          absl::StrCat(method, " by ", client.name, ": ", s.error_code(), " ",
+                       s.error_message());
+      if (allowed.count(client.name)) {
+        EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << where;
+      } else {
+        EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED) << where;
+        EXPECT_NE(s.error_message().find(" may not call " + method),
+                  std::string::npos)
+            << where;
+      }
+    }
+  }
+  EXPECT_FALSE(shard_->initialized());
+  EXPECT_EQ(shard_->Stats().pushes, 0);
+}
+
 }  // namespace
 }  // namespace pstrain
