@@ -71,15 +71,19 @@ class PsExchange : public GradientExchange, public WeightsGate {
   void GradientsReady(const std::vector<absl::Span<const float>>& gradients,
                       int64_t samples, absl::Span<const int> tensors,
                       std::shared_ptr<CopyFence> fence) override {
+    // After an error no tensor begins the step: Step() reports the error.
+    if (!pull_error_.ok()) return;
     if (pull_in_flight_) {
       // (The gated compute completed it before backward already.)
       pull_error_ = CompletePull();
-      if (!pull_error_.ok()) return;  // Step() reports it
+      if (!pull_error_.ok()) return;
     }
     if (!client_->step_begun()) {
-      // An error here (none is expected: no step is in flight) comes back
-      // from Step(), which begins the step itself.
-      if (!BeginStep(gradients, samples).ok()) return;
+      // An error here (a stream re-opened for its age that did not close
+      // cleanly: its shard died between steps; PsClient::BeginStep()) is
+      // the step's.
+      pull_error_ = BeginStep(gradients, samples);
+      if (!pull_error_.ok()) return;
     }
     client_->PushReady(tensors, std::move(fence));
   }

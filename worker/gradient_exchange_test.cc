@@ -889,6 +889,7 @@ class Shards {
     options.channels_per_shard = channels_per_shard_;
     options.priority_pulls = priority_pulls_;
     options.backup_workers = backup_workers_;
+    options.stream_timeout = stream_timeout_;
     if (before_push_write_) {
       options.before_push_write = [f = before_push_write_, worker](
                                       const ChunkSpec& c) { f(worker, c); };
@@ -935,6 +936,8 @@ class Shards {
   void set_partition_bytes(int64_t bytes) { partition_bytes_ = bytes; }
   // Priority pulls (PsClientOptions; default off).
   void set_priority_pulls(bool on) { priority_pulls_ = on; }
+  // Each PushPull stream's deadline (PsClientOptions; default its own).
+  void set_stream_timeout(absl::Duration d) { stream_timeout_ = d; }
   // PsClientOptions::before_push_write, told the worker (default none).
   void set_before_push_write(
       std::function<void(int worker, const ChunkSpec& c)> f) {
@@ -949,6 +952,7 @@ class Shards {
 
  private:
   bool priority_pulls_ = false;
+  absl::Duration stream_timeout_ = PsClientOptions().stream_timeout;
   std::function<void(int worker, const ChunkSpec& c)> before_push_write_;
   int num_buffers_ = 0;
   std::vector<int64_t> row_elements_;
@@ -1531,6 +1535,49 @@ TEST(PsClientTest, AutomaticChannelsFollowTheShardsBytes) {
       EXPECT_EQ((*client)->channels_of(s), c.channels[s])
           << c.elements[0] << " elements, shard " << s;
     }
+  }
+}
+
+// A stream's deadline (stream_timeout) bounds one stream, not the job:
+// only worker 0 closes its streams (before an evaluation), so the other
+// workers kept theirs from step to step, and a job that ran past the
+// deadline failed on all of them at once with DEADLINE_EXCEEDED, which no
+// recovery takes. With a 2-s deadline, 2 workers (2 streams to each of 2
+// shards) run sync steps for over 5 s: every step succeeds (each step
+// begun on a stream older than 1 s re-opens it first), and each shard
+// decides every step with both workers in it.
+TEST(PsClientTest, StreamsAreReopenedBetweenStepsBeforeTheirDeadline) {
+  constexpr int kWorkers = 2;
+  constexpr int kSteps = 50;
+  constexpr absl::Duration kBetweenSteps = absl::Milliseconds(100);
+  Shards shards(/*num_shards=*/2, kWorkers);
+  shards.set_stream_timeout(absl::Seconds(2));
+  shards.set_partition_bytes(kElements);  // 6 chunks a shard, 3 a stream
+  shards.set_channels_per_shard(2);
+  const absl::Time start = absl::Now();
+  std::vector<std::thread> threads;
+  for (int r = 0; r < kWorkers; ++r) {
+    threads.emplace_back([&, r] {
+      std::unique_ptr<GradientExchange> exchange =
+          shards.Exchange(r, /*chief=*/r == 0);
+      RankTensors tensors(r);
+      ASSERT_TRUE(exchange->Start(tensors.weights).ok());
+      for (int step = 0; step < kSteps; ++step) {
+        absl::SleepFor(kBetweenSteps);
+        const absl::Status s = exchange->Step(tensors.gradients, 8);
+        ASSERT_TRUE(s.ok())
+            << "worker " << r << ", step " << step << " at "
+            << absl::FormatDuration(absl::Now() - start) << ": " << s;
+      }
+      ASSERT_TRUE(exchange->Finish().ok());
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  EXPECT_GE(absl::Now() - start, kSteps * kBetweenSteps);
+  for (int s = 0; s < 2; ++s) {
+    const ShardStats stats = shards.shard(s).Stats();
+    EXPECT_EQ(stats.decided_step, kSteps - 1) << "shard " << s;
+    EXPECT_EQ(stats.samples, kWorkers * kSteps * 8) << "shard " << s;
   }
 }
 

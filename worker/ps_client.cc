@@ -184,16 +184,19 @@ void PsClient::Reset() {
   }
 }
 
-absl::Status PsClient::FinishStream(int lane) {
-  const int shard = lanes_[lane].shard;
+grpc::Status PsClient::CloseStream(int lane) {
   Stream& s = streams_[lane];
   s.stream->WritesDone();
   const grpc::Status status = s.stream->Finish();
-  {
-    absl::MutexLock lock(&streams_mu_);
-    s.stream.reset();
-    s.context.reset();
-  }
+  absl::MutexLock lock(&streams_mu_);
+  s.stream.reset();
+  s.context.reset();
+  return status;
+}
+
+absl::Status PsClient::FinishStream(int lane) {
+  const int shard = lanes_[lane].shard;
+  const grpc::Status status = CloseStream(lane);
   if (status.ok()) {
     return absl::UnavailableError(absl::StrCat(
         "shard ", shard, " (", addresses_[shard], "): stream ended early"));
@@ -511,6 +514,27 @@ absl::Status PsClient::BeginStep(
                      " is still in flight"));
   }
   const int n = num_lanes();
+  // A stream's deadline is stream_timeout after its opening (every call
+  // has one), while a job may run for many times that: between steps,
+  // each stream past half of it is closed the way CloseStreams() closes
+  // them (the shard does not take that for the worker leaving) and a new
+  // one is opened below, so that no step meets a stream's deadline.
+  const absl::Time now = absl::Now();
+  absl::Status closed;
+  for (int l = 0; l < n; ++l) {
+    if (streams_[l].stream == nullptr ||
+        now - streams_[l].opened < options_.stream_timeout / 2) {
+      continue;
+    }
+    const grpc::Status status = CloseStream(l);
+    if (!status.ok() && closed.ok()) {
+      closed = ShardError(lanes_[l].shard, status);
+    }
+  }
+  // An idle stream ends badly only where its shard or the connection
+  // failed meanwhile, which the step would have met on it: the step's
+  // error (UNAVAILABLE for a dead shard, which a recovery handles).
+  RETURN_IF_ERROR(closed);
   step_ = std::make_unique<StepState>();
   StepState* state = step_.get();
   state->step = step;
@@ -568,8 +592,10 @@ absl::Status PsClient::BeginStep(
   for (int l = 0; l < n; ++l) {
     Stream& stream = streams_[l];
     if (stream.stream == nullptr) {
+      stream.opened = absl::Now();
       stream.context = std::make_unique<grpc::ClientContext>();
-      SetDeadline(stream.context.get(), options_.stream_timeout);
+      stream.context->set_deadline(
+          absl::ToChronoTime(stream.opened + options_.stream_timeout));
       // The stream moves grpc::ByteBuffers (common/chunk_message.h),
       // created the way gRPC's generated stubs create theirs.
       stream.stream.reset(grpc::internal::ClientReaderWriterFactory<
@@ -910,10 +936,7 @@ absl::Status PsClient::CloseStreams() {
   absl::Status first_error;
   for (int l = 0; l < num_lanes(); ++l) {
     if (streams_[l].stream == nullptr) continue;
-    streams_[l].stream->WritesDone();
-    const grpc::Status status = streams_[l].stream->Finish();
-    streams_[l].stream.reset();
-    streams_[l].context.reset();
+    const grpc::Status status = CloseStream(l);
     if (!status.ok() && first_error.ok()) {
       first_error = ShardError(lanes_[l].shard, status);
     }

@@ -9,9 +9,13 @@
 // gRPC protects one connection's TLS records on one core at a time, so N
 // connections spread encryption over N cores (proto/ps.proto PushesSent,
 // PullRequest.channel). Unary calls (Init, WaitReady, Stats, WorkerDone) go
-// on each shard's first channel, each with a deadline of `rpc_timeout`; the
-// streams carry `stream_timeout` (the whole job's bound) and rely on gRPC
-// keepalive and the server's pull timeout, so that no call waits forever.
+// on each shard's first channel, each with a deadline of `rpc_timeout`.
+// Each stream has a deadline of `stream_timeout` from its opening, a bound
+// on one stream, not on the job: a step that begins on a stream older than
+// half of it first closes that stream cleanly and opens a new one, so the
+// streams of a job that runs for days never reach their deadline. Within
+// a step they rely on gRPC keepalive and the server's pull timeout, so
+// that no call waits forever.
 //
 // Tensors: `params`, `gradients` and `weights` are spans over each parameter
 // tensor in model order, fp32, with the plan's element counts.
@@ -67,7 +71,11 @@ struct PsClientOptions {
   int worker_id = 0;
   // Deadline of each unary call.
   absl::Duration rpc_timeout = absl::Seconds(60);
-  // Deadline of each long-lived PushPull stream.
+  // Deadline of one PushPull stream, from its opening (every call has a
+  // deadline); not the job's bound. BeginStep() closes a stream older than
+  // half of this, between steps, and opens a new one, so a job may run for
+  // many times this; one step must end within the other half (the shards'
+  // pull timeout bounds its waits).
   absl::Duration stream_timeout = absl::Hours(24);
   // TLS as this worker (common/tls.h): each shard s must prove to be
   // "<job_id>.ps-<s>.pstrain". Null: plaintext.
@@ -346,14 +354,18 @@ class PsClient {
   // One step in three calls, so that pushes can start during backward (as
   // BytePS schedules them) while later gradients are still being computed.
   //
-  // BeginStep() opens the streams and starts, per shard, a thread that
+  // BeginStep() opens the streams (first closing, as CloseStreams() does,
+  // each one older than half of `stream_timeout`, so that no step meets a
+  // stream's deadline) and starts, per shard, a thread that
   // sends the pull (sync, min_version > 0: first, so that updated chunks
   // come back while later gradients still go up; async: after the pushes,
   // so that the pulled weights include this worker's update) and pushes
   // chunks as they are let go, and a thread that reads the pulled chunks
   // into `weights` as the shard sends them. `samples` is the number of
   // training samples of this step (for the shards' throughput counters).
-  // FAILED_PRECONDITION if a step is already begun.
+  // FAILED_PRECONDITION if a step is already begun; where a stream closed
+  // for its age ends with an error (its shard died between steps), that
+  // error as ShardError() and no step begun (the stream is dropped).
   absl::Status BeginStep(int64_t step,
                          const std::vector<absl::Span<const float>>& gradients,
                          int64_t min_version, int64_t samples,
@@ -498,6 +510,8 @@ class PsClient {
 
  private:
   struct Stream {
+    // When the stream was opened: its deadline is this + stream_timeout.
+    absl::Time opened;
     std::unique_ptr<grpc::ClientContext> context;
     std::unique_ptr<
         grpc::ClientReaderWriter<grpc::ByteBuffer, grpc::ByteBuffer>>
@@ -613,6 +627,11 @@ class PsClient {
   void CancelStep(StepState* state, int except);
   // Ends a broken stream and returns its status.
   absl::Status FinishStream(int lane);
+  // Half-closes lane `lane`'s open stream, waits for the shard's final
+  // status of it (a clean half-close is not the worker leaving: the shard
+  // serves what was asked for and ends the call OK) and drops it. Not
+  // during a step but from the lane's own thread.
+  grpc::Status CloseStream(int lane);
   // Channels, stub and PushPull methods of shard `s` for addresses_[s].
   void Connect(int s);
   void SetHeader(RequestHeader* header) const;
