@@ -2,13 +2,13 @@
 
 #include <algorithm>
 #include <cstdio>
-#include <fstream>
 #include <utility>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "common/regular_file.h"
 
 namespace pstrain {
 namespace {
@@ -60,9 +60,22 @@ absl::StatusOr<ScaleLine> ParseControlLine(absl::string_view line) {
 
 std::vector<ScaleLine> ControlFile::Poll() {
   std::vector<ScaleLine> requests;
-  std::ifstream in(path_, std::ios::binary | std::ios::ate);
-  if (!in) return requests;
-  const int64_t size = static_cast<int64_t>(in.tellg());
+  // Never blocks: a FIFO or a device in the file's place is refused (a
+  // warning, once) rather than waited on by the run's supervisor.
+  absl::StatusOr<RegularFile> file =
+      OpenRegularFile(path_, /*follow_symlinks=*/true);
+  if (!file.ok()) {
+    const std::string message(file.status().message());
+    if (file.status().code() != absl::StatusCode::kNotFound &&
+        message != warned_) {
+      std::fprintf(stderr, "pstrain: warning: %s; ignored\n", message.c_str());
+      std::fflush(stderr);
+    }
+    warned_ = message;
+    return requests;
+  }
+  warned_.clear();
+  const int64_t size = static_cast<int64_t>(file->size_bytes());
   if (size < offset_) {  // written anew
     offset_ = 0;
     line_ = 0;
@@ -70,9 +83,11 @@ std::vector<ScaleLine> ControlFile::Poll() {
   if (size == offset_) return requests;
   const int64_t want = std::min(size - offset_, kMaxPollBytes);
   std::string bytes(static_cast<size_t>(want), '\0');
-  in.seekg(offset_);
-  in.read(bytes.data(), want);
-  bytes.resize(static_cast<size_t>(in.gcount()));
+  if (!file->ReadAt(path_, static_cast<uint64_t>(offset_), bytes.data(),
+                    static_cast<uint64_t>(want))
+           .ok()) {
+    return requests;  // it shrank meanwhile: read again at the next poll
+  }
   size_t start = 0;
   while (start < bytes.size()) {
     size_t end = bytes.find('\n', start);

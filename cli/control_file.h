@@ -46,7 +46,9 @@ class ControlFile {
   // The requests of the complete lines added since the last call. A line
   // that does not parse is printed as a warning on stderr ("pstrain:
   // warning: PATH:LINE: ...; ignored") and left out. A file that cannot
-  // be read (not there yet) gives none.
+  // be read (not there yet) gives none; one that is not a regular file (a
+  // FIFO, a device, a folder) gives none and a warning, once, without
+  // blocking.
   std::vector<ScaleLine> Poll();
 
   const std::string& path() const { return path_; }
@@ -56,6 +58,9 @@ class ControlFile {
   // Bytes of the file consumed, and lines read so far.
   int64_t offset_ = 0;
   int line_ = 0;
+  // The last warning about the file itself (not a regular file), so that
+  // it is printed once, not at every poll.
+  std::string warned_;
 };
 
 }  // namespace pstrain

@@ -1,9 +1,13 @@
 #include "cli/control_file.h"
 
+#include <sys/stat.h>
+
+#include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <string>
 
+#include "absl/time/clock.h"
 #include "gtest/gtest.h"
 
 namespace pstrain {
@@ -99,6 +103,25 @@ TEST(ControlFileTest, PollReadsEachCompleteLineOnce) {
   EXPECT_EQ(lines[0].num_workers, 0);
   EXPECT_EQ(lines[0].num_ps, 3);
   EXPECT_EQ(lines[0].at_step, 7);
+}
+
+// A FIFO in the file's place (a user's `mkfifo`) is refused at once with
+// a warning, instead of blocking the run's supervisor until a writer
+// comes; a regular file put there later is read.
+TEST(ControlFileTest, AFifoIsRefusedWithoutWaitingForAWriter) {
+  const std::string path = TempFile("control_fifo");
+  std::remove(path.c_str());
+  ASSERT_EQ(mkfifo(path.c_str(), 0600), 0);
+  ControlFile control(path);
+  const absl::Time start = absl::Now();
+  EXPECT_TRUE(control.Poll().empty());
+  EXPECT_TRUE(control.Poll().empty());
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+  std::remove(path.c_str());
+  Append(path, "num_workers=2\n");
+  const std::vector<ScaleLine> lines = control.Poll();
+  ASSERT_EQ(lines.size(), 1u);
+  EXPECT_EQ(lines[0].num_workers, 2);
 }
 
 }  // namespace
