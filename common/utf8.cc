@@ -6,6 +6,7 @@
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 #include "google/protobuf/descriptor.h"
 #include "google/protobuf/stubs/common.h"
 
@@ -53,7 +54,101 @@ std::pair<std::string, std::string> FirstNonUtf8(const Message& message,
   return {};
 }
 
+// Bytes of the UTF-8 character `text` starts with (1 to 4), or 0 if its
+// first byte begins none (RFC 3629 section 4: no overlong forms, no
+// surrogates, nothing past U+10FFFF, no character cut short).
+size_t Utf8CharBytes(absl::string_view text) {
+  const auto byte = [&text](size_t i) {
+    return static_cast<unsigned char>(text[i]);
+  };
+  const unsigned char first = byte(0);
+  if (first < 0x80) return 1;
+  size_t bytes = 0;
+  // The range of the second byte; the others are 0x80..0xBF.
+  unsigned char low = 0x80;
+  unsigned char high = 0xBF;
+  if (first >= 0xC2 && first <= 0xDF) {
+    bytes = 2;
+  } else if (first >= 0xE0 && first <= 0xEF) {
+    bytes = 3;
+    if (first == 0xE0) low = 0xA0;   // overlong
+    if (first == 0xED) high = 0x9F;  // surrogates
+  } else if (first >= 0xF0 && first <= 0xF4) {
+    bytes = 4;
+    if (first == 0xF0) low = 0x90;   // overlong
+    if (first == 0xF4) high = 0x8F;  // past U+10FFFF
+  } else {
+    return 0;
+  }
+  if (text.size() < bytes || byte(1) < low || byte(1) > high) return 0;
+  for (size_t i = 2; i < bytes; ++i) {
+    if ((byte(i) & 0xC0) != 0x80) return 0;
+  }
+  return bytes;
+}
+
+bool IsUtf8(absl::string_view text) {
+  return google::protobuf::internal::IsStructurallyValidUTF8(
+      text.data(), static_cast<int>(text.size()));
+}
+
+int EscapeFields(Message* message) {
+  const Reflection* reflection = message->GetReflection();
+  std::vector<const FieldDescriptor*> fields;
+  reflection->ListFields(*message, &fields);
+  int changed = 0;
+  for (const FieldDescriptor* field : fields) {
+    const int count =
+        field->is_repeated() ? reflection->FieldSize(*message, field) : 1;
+    for (int i = 0; i < count; ++i) {
+      if (field->type() == FieldDescriptor::TYPE_STRING) {
+        std::string scratch;
+        const std::string& value =
+            field->is_repeated()
+                ? reflection->GetRepeatedStringReference(*message, field, i,
+                                                         &scratch)
+                : reflection->GetStringReference(*message, field, &scratch);
+        if (IsUtf8(value)) continue;
+        std::string escaped = EscapeNonUtf8(value);
+        if (field->is_repeated()) {
+          reflection->SetRepeatedString(message, field, i, std::move(escaped));
+        } else {
+          reflection->SetString(message, field, std::move(escaped));
+        }
+        ++changed;
+      } else if (field->cpp_type() == FieldDescriptor::CPPTYPE_MESSAGE) {
+        changed += EscapeFields(
+            field->is_repeated()
+                ? reflection->MutableRepeatedMessage(message, field, i)
+                : reflection->MutableMessage(message, field));
+      }
+    }
+  }
+  return changed;
+}
+
 }  // namespace
+
+std::string EscapeNonUtf8(absl::string_view text) {
+  if (IsUtf8(text)) return std::string(text);
+  std::string out;
+  out.reserve(text.size() + 16);
+  while (!text.empty()) {
+    const size_t bytes = Utf8CharBytes(text);
+    if (bytes > 0) {
+      out.append(text.data(), bytes);
+      text.remove_prefix(bytes);
+      continue;
+    }
+    absl::StrAppend(
+        &out, "\\x",
+        absl::Hex(static_cast<unsigned char>(text[0]), absl::kZeroPad2));
+    text.remove_prefix(1);
+  }
+  return out;
+}
+
+int EscapeNonUtf8Fields(Message* message) { return EscapeFields(message); }
 
 absl::Status CheckUtf8Fields(const Message& message) {
   const auto [path, value] = FirstNonUtf8(message, "");

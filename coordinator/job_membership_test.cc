@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "coordinator/job_spec.h"
 #include "coordinator/job_table.h"
+#include "google/protobuf/util/message_differencer.h"
 #include "gtest/gtest.h"
 
 namespace pstrain {
@@ -431,6 +432,36 @@ TEST(JobMembershipTest, ShrinkIsAppliedByWorkerZeroThenTheRemovedExit) {
   EXPECT_EQ(table.Get(id)->state(), JOB_RUNNING);
   ASSERT_TRUE(Finish(table, id, 0, true).ok());
   EXPECT_EQ(table.Get(id)->state(), JOB_SUCCEEDED);
+}
+
+// An ended job accepts nothing: worker 0's report that it applied a
+// membership and a standby's "prepared" after the end are answered (the
+// answer still carries the membership) but not kept.
+TEST(JobMembershipTest, AnEndedJobKeepsNoMembershipReports) {
+  JobTable table;
+  const std::string id =
+      Running(table, Spec(3, "max_workers: 4 standby_workers: true"), 3);
+  // Worker 3, a standby, registers but is not prepared yet.
+  ASSERT_TRUE(
+      table.Register(id, ROLE_WORKER, 3, Address(ROLE_WORKER, 3), kT0).ok());
+  absl::StatusOr<Membership> m = table.Scale(id, 2, 0, kT0);
+  ASSERT_TRUE(m.ok()) << m.status();
+  ASSERT_TRUE(m->ready());
+  ASSERT_TRUE(table.Cancel(id, kT0).ok());
+  const JobInfo cancelled = *table.Get(id);
+  ASSERT_EQ(WorkerState(table, id, 3), TASK_STANDBY);
+  const MembershipApplied applied = Applied(1, 100, 3, 2);
+  const HeartbeatResponse answer = Beat(table, id, 0, &applied);
+  EXPECT_EQ(answer.state(), JOB_CANCELLED);
+  EXPECT_EQ(answer.membership().epoch(), 1);
+  Prepared(table, id, 3);
+  const JobInfo job = *table.Get(id);
+  EXPECT_EQ(job.membership_history_size(), 0);
+  EXPECT_FALSE(job.tasks(1 + 3).prepared());
+  EXPECT_TRUE(
+      google::protobuf::util::MessageDifferencer::Equals(job, cancelled))
+      << "before: " << cancelled.ShortDebugString()
+      << "\nafter: " << job.ShortDebugString();
 }
 
 TEST(JobMembershipTest, ShrinkOnFailureKeepsMinWorkers) {

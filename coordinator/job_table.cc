@@ -74,6 +74,26 @@ absl::Status ReadJobFile(const std::string& path, int64_t max_bytes,
   return absl::OkStatus();
 }
 
+// INVALID_ARGUMENT if a request of `ref` (`what`: "heartbeat", "report")
+// carries more than JobTable::kMaxLogLinesPerRequest log lines, or more
+// log_times_ms than log lines (a line without one is timed on arrival).
+absl::Status CheckLogLineCounts(const TaskRef& ref, const char* what, int lines,
+                                int times) {
+  const std::string task = absl::StrCat(
+      ref.job_id(), ": ", TaskName(ref.role(), ref.index()), "'s ", what);
+  if (lines > JobTable::kMaxLogLinesPerRequest) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(task, " carries ", lines, " log_lines; the limit is ",
+                     JobTable::kMaxLogLinesPerRequest, " per request"));
+  }
+  if (times > lines) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(task, " carries ", times, " log_times_ms for ", lines,
+                     " log_lines; expected at most one per line"));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 std::string CutText(const std::string& text, int64_t max_bytes,
@@ -478,26 +498,36 @@ void JobTable::AppendLog(
           limits_.max_text_bytes_per_task - task->text_bytes();
       const int64_t job_left =
           limits_.max_text_bytes_per_job - job->text_bytes();
-      const int64_t left = std::max<int64_t>(0, std::min(task_left, job_left));
+      // Each line costs kLogLineCostBytes besides its text, empty or not.
+      const int64_t left = std::min(task_left, job_left) - kLogLineCostBytes;
       const std::string budget =
           task_left <= job_left
               ? absl::StrCat("per-task budget of ",
                              limits_.max_text_bytes_per_task, " bytes")
               : absl::StrCat("per-job budget of ",
                              limits_.max_text_bytes_per_job, " bytes");
-      if (kept > left) text = CutText(sent, left, budget, &kept);
-      task->set_text_bytes(task->text_bytes() + kept);
-      job->set_text_bytes(job->text_bytes() + kept);
+      // Nothing of it fits the budget (not even an empty line's cost).
+      bool spent = left < 0;
+      if (spent) {
+        kept = 0;
+      } else if (kept > left) {
+        text = CutText(sent, left, budget, &kept);
+        spent = kept == 0;
+      }
+      if (!spent) {
+        task->set_text_bytes(task->text_bytes() + kept + kLogLineCostBytes);
+        job->set_text_bytes(job->text_bytes() + kept + kLogLineCostBytes);
+      }
       task->set_text_bytes_cut(task->text_bytes_cut() + sent.size() - kept);
-      if (kept == 0 && !sent.empty() &&
-          static_cast<int64_t>(sent.size()) > left) {
-        // Nothing of it fits the budget: once, a line saying so; after
-        // that the task's lines are only counted.
+      if (spent) {
+        // Once, a line saying so; after that the task's lines are only
+        // counted.
         if (task->text_budget_spent()) continue;
         task->set_text_budget_spent(true);
-        text = absl::StrCat("\u2026[cut: ", sent.size(), " bytes over the ",
-                            budget, "; ", TaskName(role, index),
-                            "'s later lines are only counted]");
+        text = absl::StrCat(
+            "\u2026[cut: ", sent.size(), " bytes over the ", budget,
+            " (each line also costs ", kLogLineCostBytes, " bytes); ",
+            TaskName(role, index), "'s later lines are only counted]");
       }
     }
     LogLine* line = job->add_log();
@@ -539,6 +569,9 @@ absl::StatusOr<JobState> JobTable::Heartbeat(const HeartbeatRequest& request,
                                              HeartbeatResponse* answer) {
   if (restart != nullptr) *restart = false;
   const TaskRef& ref = request.task();
+  // Before the lock: a request too large to keep holds up no other call.
+  RETURN_IF_ERROR(CheckLogLineCounts(ref, "heartbeat", request.log_lines_size(),
+                                     request.log_times_ms_size()));
   absl::MutexLock lock(&mu_);
   ASSIGN_OR_RETURN(JobInfo * job, FindJob(ref.job_id()));
   absl::StatusOr<TaskInfo*> task = FindTask(job, ref.role(), ref.index());
@@ -548,8 +581,15 @@ absl::StatusOr<JobState> JobTable::Heartbeat(const HeartbeatRequest& request,
         ref.job_id(), ": ", TaskName(ref.role(), ref.index()), " has ended (",
         TaskState_Name((*task)->state()), "); refusing its heartbeat"));
   }
-  if (RegisteredAndBeating(**task)) (*task)->set_last_heartbeat_ms(Ms(now));
   if (restart != nullptr) *restart = (*task)->restart_requested();
+  if (JobEnded(job->state())) {
+    // An ended job accepts nothing: the task only learns the end.
+    if (answer != nullptr) {
+      FillHeartbeatMembership(*job, ref.role(), ref.index(), answer);
+    }
+    return job->state();
+  }
+  if (RegisteredAndBeating(**task)) (*task)->set_last_heartbeat_ms(Ms(now));
   if (ref.role() == ROLE_WORKER && request.steps() > 0) {
     (*task)->set_steps(request.steps());
     (*task)->set_samples_per_sec(request.samples_per_sec());
@@ -584,6 +624,8 @@ absl::StatusOr<JobState> JobTable::Heartbeat(const HeartbeatRequest& request,
 absl::Status JobTable::TaskFinished(const TaskFinishedRequest& request,
                                     absl::Time now) {
   const TaskRef& ref = request.task();
+  RETURN_IF_ERROR(CheckLogLineCounts(ref, "report", request.log_lines_size(),
+                                     request.log_times_ms_size()));
   absl::MutexLock lock(&mu_);
   ASSIGN_OR_RETURN(JobInfo * job, FindJob(ref.job_id()));
   absl::StatusOr<TaskInfo*> task = FindTask(job, ref.role(), ref.index());
@@ -600,6 +642,26 @@ absl::Status JobTable::TaskFinished(const TaskFinishedRequest& request,
         " has already ended (", TaskState_Name((*task)->state()),
         "); refusing a report of ", request.ok() ? "success" : "failure"));
   }
+  const std::string message =
+      CutText(request.message(), limits_.max_text_item_bytes,
+              absl::StrCat("per-message limit of ", limits_.max_text_item_bytes,
+                           " bytes"));
+  if (JobEnded(job->state())) {
+    // An ended job accepts nothing (the task is answered OK and exits as it
+    // meant to), but for the one final report of a task that its success
+    // did not stop: a shard, which exits once every worker is done, its
+    // report usually landing just after the last worker's ended the job,
+    // or with backup workers a straggler. Its lines and outcome are kept,
+    // not its progress or result; a later report is a retry.
+    if (job->state() != JOB_SUCCEEDED || (*task)->state() != TASK_REGISTERED) {
+      return absl::OkStatus();
+    }
+    AppendLog(job, *task, ref.role(), ref.index(), request.log_lines(), now,
+              request.log_times_ms());
+    (*task)->set_state(request.ok() ? TASK_DONE : TASK_FAILED);
+    (*task)->set_message(message);
+    return Persist();
+  }
   AppendLog(job, *task, ref.role(), ref.index(), request.log_lines(), now,
             request.log_times_ms());
   if (ref.role() == ROLE_WORKER && request.steps() > 0) {
@@ -608,15 +670,6 @@ absl::Status JobTable::TaskFinished(const TaskFinishedRequest& request,
   }
   if (ref.role() == ROLE_WORKER && ref.index() == 0 && request.has_result()) {
     KeepResult(job, *task, request.result());
-  }
-  const std::string message =
-      CutText(request.message(), limits_.max_text_item_bytes,
-              absl::StrCat("per-message limit of ", limits_.max_text_item_bytes,
-                           " bytes"));
-  if (JobEnded(job->state())) {
-    // Stopped by the job's end: a task that still finished cleanly is DONE.
-    if (request.ok()) (*task)->set_state(TASK_DONE);
-    return Persist();
   }
   // Elastic jobs: a removed worker's end, or (min_workers) the death of
   // one whose restart budget is spent, neither fails the job nor is waited

@@ -29,11 +29,24 @@
 // is cut, never refused: a log line, TaskFinished.message and
 // RestartTask.why to `max_text_item_bytes` each; log lines also to what is
 // left of the task's and the job's text budgets (`max_text_bytes_per_task`,
-// `max_text_bytes_per_job`, bytes over the job's life), each cut ending in
-// a marker ("…[cut: 120 bytes over the per-line limit of 4096 bytes]"); a
-// task whose budget is spent gets one line saying so and its later lines
-// are only counted (TaskInfo.text_bytes_cut). Each job keeps its last
-// kMaxLogLines log lines and at most `max_log_bytes_per_job` bytes of them.
+// `max_text_bytes_per_job`, bytes over the job's life, each line costing
+// its text plus kLogLineCostBytes, so empty lines count too), each cut
+// ending in a marker ("…[cut: 120 bytes over the per-line limit of 4096
+// bytes]"); a task whose budget is spent gets one line saying so and its
+// later lines are only counted (TaskInfo.text_bytes_cut). What is refused
+// is a request of more than kMaxLogLinesPerRequest log lines, or with more
+// log_times_ms than log lines (INVALID_ARGUMENT, before the table is
+// locked). Each job keeps its last kMaxLogLines log lines and at most
+// `max_log_bytes_per_job` bytes of them.
+//
+// An ended job (SUCCEEDED, FAILED, CANCELLED) accepts nothing: its tasks'
+// heartbeats are answered (so that they learn the end) but change nothing
+// (no log lines, progress, result, membership_applied or prepared), a
+// TaskFinished is OK and changes nothing, and Register, TaskRestarting and
+// Set are FAILED_PRECONDITION. The one exception is the final report of a
+// task a success left running (TASK_REGISTERED: the shards, which exit
+// once every worker is done, and with backup workers a straggler): its log
+// lines, outcome and message are kept, once; never a result or progress.
 // The table never writes a job file larger than `max_job_file_bytes`,
 // which is also the most Load() reads: past it, the logs then the
 // key-value stores of ended jobs (oldest-ended first), then the oldest log
@@ -135,6 +148,14 @@ absl::Status ValidateJobTableLimits(const JobTableLimits& limits);
 class JobTable {
  public:
   static constexpr int kMaxLogLines = 10000;
+  // Most log lines (and log_times_ms) in one HeartbeatRequest or
+  // TaskFinishedRequest: what a TaskAgent queues at most (it sends its
+  // whole queue with each call, coordinator/task_agent.cc).
+  static constexpr int kMaxLogLinesPerRequest = 10000;
+  // What each log line a task sends costs against the text budgets besides
+  // its text, bytes: about what a kept line costs the table besides its
+  // text (its LogLine, string and fields), so that empty lines are counted.
+  static constexpr int64_t kLogLineCostBytes = 64;
   // Longest address a task registers, bytes.
   static constexpr int64_t kMaxAddressBytes = 1024;
   // A `log_since` for Get() that returns no log lines.
@@ -208,9 +229,13 @@ class JobTable {
   // job's log (cut as above) and, for workers, its progress; returns the
   // job's state (RUNNING: go on; an ended state: stop). Heartbeats and log
   // lines are written to the job file with the next write, not on their
-  // own. FAILED_PRECONDITION, keeping nothing, for a task that has itself
-  // ended (DONE or FAILED); a task stopped or lost by the job's end is
-  // answered, so that it learns the job's state.
+  // own. INVALID_ARGUMENT, before the table is locked, for more than
+  // kMaxLogLinesPerRequest log lines or more log_times_ms than log lines.
+  // FAILED_PRECONDITION, keeping nothing, for a task that has itself
+  // ended (DONE or FAILED). Once the job has ended a task (stopped or
+  // lost by the end, or still running) is answered, so that it learns the
+  // job's state (and `restart`, `answer` as below), and nothing of its
+  // request is kept.
   // `restart` (if not null) is set to whether the task is to exit and be
   // started again (TaskInfo.restart_requested; see TaskRestarting).
   // `answer` (if not null), for a worker of an elastic job: its membership
@@ -226,9 +251,14 @@ class JobTable {
   // ("worker 1 on 10.0.0.5:7001 failed: ..."); a task may report a failure
   // before it registered (a PS that cannot bind its port). The job
   // succeeds when every worker is done. Worker 0's `result` becomes the
-  // job's. Reports after the job ended only add their log lines. A report
-  // repeated (a retry: the task is already DONE, or FAILED, as `ok` says)
-  // is OK and keeps nothing; the other outcome is FAILED_PRECONDITION.
+  // job's; the report's log lines, progress and result are kept before the
+  // job ends on it. A report after the job ended is OK and keeps nothing
+  // (the task's state stays what the end made it), but for a task still
+  // TASK_REGISTERED in a SUCCEEDED job (see the class comment), whose log
+  // lines, outcome (DONE or FAILED) and message are kept. A report repeated (a
+  // retry: the task is already DONE, or FAILED, as `ok` says) is OK and
+  // keeps nothing; the other outcome is FAILED_PRECONDITION. Log lines
+  // are checked as Heartbeat's (INVALID_ARGUMENT).
   absl::Status TaskFinished(const TaskFinishedRequest& request, absl::Time now);
 
   // The supervisor restarts task (role, index) of job `id`, which died
@@ -269,8 +299,9 @@ class JobTable {
   // The job's key-value store. INVALID_ARGUMENT for an empty key;
   // RESOURCE_EXHAUSTED, naming the size or count and the limit, for a key
   // or value over its limit, a new key past the job's key count, or a store
-  // past its job's or the key owner's byte budget; the store is then
-  // unchanged. Written to the job file within a second (see above).
+  // past its job's or the key owner's byte budget; FAILED_PRECONDITION,
+  // naming the job and its state, once the job has ended; the store is
+  // then unchanged. Written to the job file within a second (see above).
   absl::Status Set(const std::string& id, const std::string& key,
                    const std::string& value);
   // Blocks until `key` is set or `deadline` passes (DEADLINE_EXCEEDED

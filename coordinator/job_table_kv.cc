@@ -70,6 +70,12 @@ absl::Status JobTable::Set(const std::string& id, const std::string& key,
   }
   absl::MutexLock lock(&mu_);
   ASSIGN_OR_RETURN(JobInfo * job, FindJob(id));
+  // An ended job accepts nothing (job_table.h).
+  if (JobEnded(job->state())) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(id, " has ended (", JobStateName(job->state()),
+                     "); refusing to set key \"", key, "\""));
+  }
   auto* kv = job->mutable_kv();
   auto it = kv->find(key);
   if (it == kv->end() &&

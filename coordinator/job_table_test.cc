@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/flags_util.h"
 #include "coordinator/job_spec.h"
+#include "google/protobuf/util/message_differencer.h"
 #include "gtest/gtest.h"
 
 namespace pstrain {
@@ -96,7 +97,9 @@ TEST(JobTableTest, PendingRunningSucceeded) {
 
 // With backup workers the job is done when worker 0 is (the last step's
 // update is decided); a straggler still running is not waited for, and
-// still counts as DONE if it reports a clean finish after the end.
+// still counts as DONE if it reports a clean finish after the end: its
+// final report's lines are kept, not its progress (a task the success left
+// running, as the shards).
 TEST(JobTableTest, BackupWorkersJobEndsWithWorkerZero) {
   JobTable table;
   JobSpec spec = Spec();
@@ -117,8 +120,36 @@ TEST(JobTableTest, BackupWorkersJobEndsWithWorkerZero) {
   ASSERT_TRUE(Finish(table2, id2, ROLE_WORKER, 0, true, "", kT0).ok());
   EXPECT_EQ(table2.Get(id2)->state(), JOB_SUCCEEDED);
   EXPECT_EQ(*Beat(table2, id2, ROLE_WORKER, 1, kT0), JOB_SUCCEEDED);
-  ASSERT_TRUE(Finish(table2, id2, ROLE_WORKER, 1, true, "", kT0).ok());
-  EXPECT_EQ(table2.Get(id2)->tasks(3).state(), TASK_DONE);
+  TaskFinishedRequest straggler;
+  *straggler.mutable_task() = Ref(id2, ROLE_WORKER, 1);
+  straggler.set_ok(true);
+  straggler.set_steps(77);
+  straggler.add_log_lines("straggler done");
+  straggler.mutable_result()->set_test_accuracy(0.1);
+  ASSERT_TRUE(table2.TaskFinished(straggler, kT0).ok());
+  JobInfo job2 = *table2.Get(id2);
+  EXPECT_EQ(job2.tasks(3).state(), TASK_DONE);
+  EXPECT_EQ(job2.tasks(3).steps(), 0);
+  EXPECT_FALSE(job2.has_result());
+  ASSERT_EQ(job2.log_size(), 1);
+  EXPECT_EQ(job2.log(0).text(), "straggler done");
+  // Once: a retry keeps nothing more; its heartbeats are refused.
+  ASSERT_TRUE(table2.TaskFinished(straggler, kT0).ok());
+  EXPECT_EQ(table2.Get(id2)->log_size(), 1);
+  EXPECT_EQ(Beat(table2, id2, ROLE_WORKER, 1, kT0).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  // The shards, which exit once every worker is done, report after the end
+  // too: their last lines are kept ("all workers done; shard 0 exiting").
+  TaskFinishedRequest shard;
+  *shard.mutable_task() = Ref(id2, ROLE_PS, 0);
+  shard.set_ok(true);
+  shard.add_log_lines("all workers done; shard 0 exiting");
+  ASSERT_TRUE(table2.TaskFinished(shard, kT0).ok());
+  job2 = *table2.Get(id2);
+  EXPECT_EQ(job2.tasks(0).state(), TASK_DONE);
+  EXPECT_EQ(job2.log(job2.log_size() - 1).text(),
+            "all workers done; shard 0 exiting");
+  EXPECT_EQ(job2.state(), JOB_SUCCEEDED);
   // Without backup workers worker 0 alone does not end the job.
   JobTable table3;
   const std::string id3 = *table3.Submit(Spec(), kT0);
@@ -310,10 +341,13 @@ TEST(JobTableTest, LogLinesProgressAndResult) {
   EXPECT_DOUBLE_EQ(job.result().test_accuracy(), 0.8);
   EXPECT_EQ(job.log(2).text(), "Epoch 0 in 1.00 sec, test accuracy: 0.8000");
 
-  // The cap: the oldest lines go, the numbering goes on.
+  // The cap (in a job still running: an ended job keeps no more lines):
+  // the oldest lines go, the numbering goes on.
+  const std::string b = *table.Submit(Spec(), kT0);
+  ASSERT_TRUE(Beat(table, b, ROLE_PS, 0, kT0, {"a", "b", "c"}).ok());
   std::vector<std::string> many(JobTable::kMaxLogLines, "x");
-  ASSERT_TRUE(Beat(table, id, ROLE_PS, 1, kT0, many).ok());
-  job = *table.Get(id);
+  ASSERT_TRUE(Beat(table, b, ROLE_PS, 1, kT0, many).ok());
+  job = *table.Get(b);
   EXPECT_EQ(job.log_size(), JobTable::kMaxLogLines);
   EXPECT_EQ(job.log(0).seq(), 3);
   EXPECT_EQ(job.next_log_seq(), 3 + JobTable::kMaxLogLines);
@@ -321,7 +355,7 @@ TEST(JobTableTest, LogLinesProgressAndResult) {
 
 // A cancelled job's tasks show what happened to them: told to stop
 // (registered) or never came (waiting); none stays REGISTERED. A task that
-// still reports a clean finish is DONE.
+// still reports a clean finish is answered OK and stays STOPPED.
 TEST(JobTableTest, CancelledJobsTasksAreStoppedNotRegistered) {
   JobTable table;
   const std::string id = *table.Submit(Spec(), kT0);
@@ -334,7 +368,7 @@ TEST(JobTableTest, CancelledJobsTasksAreStoppedNotRegistered) {
   }
   EXPECT_EQ(job.tasks(0).address(), "10.0.0.2:7000");
   ASSERT_TRUE(Finish(table, id, ROLE_WORKER, 0, true, "", kT0).ok());
-  EXPECT_EQ(table.Get(id)->tasks(2).state(), TASK_DONE);
+  EXPECT_EQ(table.Get(id)->tasks(2).state(), TASK_STOPPED);
   EXPECT_EQ(table.Get(id)->state(), JOB_CANCELLED);
 
   // A lost task fails the job: it is LOST, the others STOPPED.
@@ -769,7 +803,9 @@ TEST(JobTableTest, TextIsCutWithAMarkerNeverRefused) {
   const TaskInfo& w0 = job.tasks(2);
   EXPECT_LE(w0.text_bytes(), 250);
   EXPECT_GT(w0.text_bytes(), 150);
-  EXPECT_EQ(w0.text_bytes() + w0.text_bytes_cut(), 5 + 300 + 6 * 90);
+  // Its 2 lines kept cost kLogLineCostBytes each besides their text.
+  EXPECT_EQ(w0.text_bytes() + w0.text_bytes_cut(),
+            5 + 300 + 6 * 90 + 2 * JobTable::kLogLineCostBytes);
   for (int i = 0; i < 6; ++i) {
     ASSERT_TRUE(Beat(table, id, ROLE_WORKER, 1, kT0, {line90}).ok());
   }
@@ -880,14 +916,176 @@ TEST(JobTableTest, EndedTasksHeartbeatsAreRefused) {
   for (const LogLine& line : after.log()) {
     EXPECT_NE(line.text(), "late line");
   }
-  // Tasks stopped by the job's end are still answered, to learn it.
+  // Tasks stopped by the job's end are still answered, to learn it, and
+  // nothing they send is kept: an ended job accepts nothing.
+  ASSERT_TRUE(table.Set(id, "worker-0/x", "before").ok());
   ASSERT_TRUE(table.Cancel(id, kT0).ok());
-  state = Beat(table, id, ROLE_PS, 0, kT0);
+  const JobInfo cancelled = *table.Get(id);
+  state = Beat(table, id, ROLE_PS, 0, kT0, {"after the end"});
   ASSERT_TRUE(state.ok()) << state.status();
   EXPECT_EQ(*state, JOB_CANCELLED);
+  HeartbeatRequest beat;
+  *beat.mutable_task() = Ref(id, ROLE_WORKER, 0);
+  beat.add_log_lines("accuracy rewritten");
+  beat.set_steps(999);
+  beat.set_samples_per_sec(1e9);
+  beat.set_prepared(true);
+  beat.mutable_result()->set_test_accuracy(0.999);
+  bool restart = true;
+  state = table.Heartbeat(beat, kT0 + absl::Seconds(1), &restart);
+  ASSERT_TRUE(state.ok()) << state.status();
+  EXPECT_EQ(*state, JOB_CANCELLED);
+  EXPECT_FALSE(restart);
+  // Its report, with a result, is answered OK and keeps nothing either.
+  TaskFinishedRequest done;
+  *done.mutable_task() = Ref(id, ROLE_WORKER, 0);
+  done.set_ok(true);
+  done.add_log_lines("final accuracy rewritten");
+  done.set_steps(1000);
+  done.mutable_result()->set_test_accuracy(0.999);
+  EXPECT_TRUE(table.TaskFinished(done, kT0 + absl::Seconds(2)).ok());
+  // Nor is a key-value write.
+  absl::Status set = table.Set(id, "worker-0/x", "after");
+  EXPECT_EQ(set.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(set.message(),
+            "job-1 has ended (CANCELLED); refusing to set key \"worker-0/x\"");
+  EXPECT_TRUE(google::protobuf::util::MessageDifferencer::Equals(*table.Get(id),
+                                                                 cancelled))
+      << "before: " << cancelled.ShortDebugString()
+      << "\nafter: " << table.Get(id)->ShortDebugString();
   EXPECT_EQ(
       table.Register(id, ROLE_WORKER, 0, std::string(1025, 'a'), kT0).code(),
       absl::StatusCode::kInvalidArgument);
+}
+
+// A failed job's worker 0 cannot rewrite the job's result or log
+// afterwards, while its report before the end is kept: the job ends on it.
+TEST(JobTableTest, AFailedJobKeepsTheResultItEndedWith) {
+  JobTable table;
+  JobSpec spec = Spec();
+  spec.set_mode("sync");
+  spec.set_backup_workers(1);
+  const std::string id = *table.Submit(spec, kT0);
+  for (const Task& t : Tasks()) {
+    ASSERT_TRUE(table.Register(id, t.role, t.index, t.address, kT0).ok());
+  }
+  // Worker 0's final lines and result arrive with the report that ends the
+  // job (backup workers: worker 0 done is the job done).
+  TaskFinishedRequest done;
+  *done.mutable_task() = Ref(id, ROLE_WORKER, 0);
+  done.set_ok(true);
+  done.add_log_lines("final line");
+  done.mutable_result()->set_test_accuracy(0.8);
+  ASSERT_TRUE(table.TaskFinished(done, kT0).ok());
+  JobInfo job = *table.Get(id);
+  EXPECT_EQ(job.state(), JOB_SUCCEEDED);
+  EXPECT_DOUBLE_EQ(job.result().test_accuracy(), 0.8);
+  ASSERT_EQ(job.log_size(), 1);
+  EXPECT_EQ(job.log(0).text(), "final line");
+
+  // Job b fails on ps 1; worker 0, stopped by the end, still heartbeats
+  // with a result and a log line, then reports one: none is kept.
+  const std::string b = *table.Submit(Spec(), kT0);
+  for (const Task& t : Tasks()) {
+    ASSERT_TRUE(table.Register(b, t.role, t.index, t.address, kT0).ok());
+  }
+  HeartbeatRequest beat;
+  *beat.mutable_task() = Ref(b, ROLE_WORKER, 0);
+  beat.mutable_result()->set_test_accuracy(0.5);
+  ASSERT_TRUE(table.Heartbeat(beat, kT0).ok());
+  ASSERT_TRUE(Finish(table, b, ROLE_PS, 1, false, "out of memory", kT0).ok());
+  ASSERT_EQ(table.Get(b)->state(), JOB_FAILED);
+  beat.mutable_result()->set_test_accuracy(0.99);
+  beat.add_log_lines("rewritten");
+  EXPECT_EQ(*table.Heartbeat(beat, kT0), JOB_FAILED);
+  TaskFinishedRequest late;
+  *late.mutable_task() = Ref(b, ROLE_WORKER, 0);
+  late.set_ok(true);
+  late.mutable_result()->set_test_accuracy(0.99);
+  EXPECT_TRUE(table.TaskFinished(late, kT0).ok());
+  job = *table.Get(b);
+  EXPECT_DOUBLE_EQ(job.result().test_accuracy(), 0.5);
+  EXPECT_EQ(job.log_size(), 0);
+  EXPECT_EQ(job.tasks(2).state(), TASK_STOPPED);
+}
+
+// One request carries at most kMaxLogLinesPerRequest log lines and no more
+// times than lines; past them it is refused whole, naming the field.
+TEST(JobTableTest, TooManyLogLinesInOneRequestAreRefused) {
+  JobTable table;
+  const std::string id = *table.Submit(Spec(), kT0);
+  for (const Task& t : Tasks()) {
+    ASSERT_TRUE(table.Register(id, t.role, t.index, t.address, kT0).ok());
+  }
+  HeartbeatRequest beat;
+  *beat.mutable_task() = Ref(id, ROLE_WORKER, 0);
+  for (int i = 0; i <= JobTable::kMaxLogLinesPerRequest; ++i) {
+    beat.add_log_lines("");
+  }
+  beat.set_steps(5);
+  absl::StatusOr<JobState> state = table.Heartbeat(beat, kT0);
+  EXPECT_EQ(state.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(state.status().message(),
+            "job-1: worker 0's heartbeat carries 10001 log_lines; the limit "
+            "is 10000 per request");
+  TaskFinishedRequest done;
+  *done.mutable_task() = Ref(id, ROLE_WORKER, 0);
+  done.set_ok(true);
+  *done.mutable_log_lines() = beat.log_lines();
+  absl::Status s = table.TaskFinished(done, kT0);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(s.message(),
+            "job-1: worker 0's report carries 10001 log_lines; the limit is "
+            "10000 per request");
+  HeartbeatRequest times;
+  *times.mutable_task() = Ref(id, ROLE_PS, 1);
+  times.add_log_lines("one");
+  times.add_log_times_ms(1);
+  times.add_log_times_ms(2);
+  state = table.Heartbeat(times, kT0);
+  EXPECT_EQ(state.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(state.status().message(),
+            "job-1: ps 1's heartbeat carries 2 log_times_ms for 1 log_lines; "
+            "expected at most one per line");
+  // Nothing of them was kept.
+  const JobInfo job = *table.Get(id);
+  EXPECT_EQ(job.log_size(), 0);
+  EXPECT_EQ(job.tasks(2).steps(), 0);
+  EXPECT_EQ(job.tasks(2).state(), TASK_REGISTERED);
+  EXPECT_EQ(job.text_bytes(), 0);
+  // The cap itself passes (LogLinesProgressAndResult).
+  beat.mutable_log_lines()->RemoveLast();
+  EXPECT_TRUE(table.Heartbeat(beat, kT0).ok());
+}
+
+// An empty line costs kLogLineCostBytes of the text budgets: a task that
+// sends nothing but empty lines spends its budget like any other.
+TEST(JobTableTest, EmptyLogLinesCostTheirShareOfTheBudget) {
+  JobTableLimits limits;
+  limits.max_text_item_bytes = 64;
+  limits.max_text_bytes_per_task = 100 * JobTable::kLogLineCostBytes;
+  limits.max_text_bytes_per_job = 1000 * JobTable::kLogLineCostBytes;
+  JobTable table("", limits);
+  const std::string id = *table.Submit(Spec(), kT0);
+  for (const Task& t : Tasks()) {
+    ASSERT_TRUE(table.Register(id, t.role, t.index, t.address, kT0).ok());
+  }
+  for (int beat = 0; beat < 10; ++beat) {
+    ASSERT_TRUE(
+        Beat(table, id, ROLE_WORKER, 0, kT0, std::vector<std::string>(1000, ""))
+            .ok());
+  }
+  const JobInfo job = *table.Get(id);
+  // 100 empty lines, then the one saying the budget is spent.
+  ASSERT_EQ(job.log_size(), 101);
+  EXPECT_EQ(job.log(99).text(), "");
+  EXPECT_EQ(job.log(100).text(),
+            "\u2026[cut: 0 bytes over the per-task budget of 6400 bytes (each "
+            "line also costs 64 bytes); worker 0's later lines are only "
+            "counted]");
+  EXPECT_EQ(job.tasks(2).text_bytes(), 6400);
+  EXPECT_EQ(job.text_bytes(), 6400);
+  EXPECT_TRUE(job.tasks(2).text_budget_spent());
 }
 
 // Fill every budget of several jobs; the job file stays within its read

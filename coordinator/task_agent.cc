@@ -12,13 +12,16 @@
 #include "absl/time/clock.h"
 #include "common/status.h"
 #include "common/status_macros.h"
+#include "common/utf8.h"
 #include "coordinator/job_table.h"
 #include "grpcpp/grpcpp.h"
 
 namespace pstrain {
 namespace {
 
-constexpr size_t kMaxPendingLines = 10000;
+// Every request carries the whole queue, so no request has more lines than
+// the coordinator accepts in one.
+constexpr size_t kMaxPendingLines = JobTable::kMaxLogLinesPerRequest;
 
 void SetDeadline(grpc::ClientContext* context, absl::Duration timeout) {
   context->set_deadline(absl::ToChronoTime(absl::Now() + timeout));
@@ -136,6 +139,7 @@ absl::StatusOr<JobSpec> TaskAgent::FetchSpec() {
   JobRequest request;
   request.set_job_id(options_.job_id);
   request.set_log_since(JobTable::kNoLog);
+  EscapeNonUtf8Fields(&request);
   JobInfo job;
   const grpc::Status status = CallWithRetry(
       options_.coordinator_timeout, [&](grpc::ClientContext* context) {
@@ -160,6 +164,7 @@ absl::Status TaskAgent::ReportOwnRestart() {
     JobRequest request;
     request.set_job_id(options_.job_id);
     request.set_log_since(JobTable::kNoLog);
+    EscapeNonUtf8Fields(&request);
     JobInfo job;
     const grpc::Status read = CallWithRetry(
         options_.coordinator_timeout, [&](grpc::ClientContext* context) {
@@ -196,6 +201,7 @@ absl::Status TaskAgent::ReportOwnRestart() {
         absl::StrCat("died; restarted by its container's restart "
                      "policy (",
                      kSelfRestartVariable, "=1)"));
+    EscapeNonUtf8Fields(&restart);
     RestartTaskResponse response;
     grpc::ClientContext context;
     SetDeadline(&context, options_.rpc_timeout);
@@ -231,6 +237,7 @@ absl::Status TaskAgent::Register(const std::string& address) {
   RegisterRequest request;
   *request.mutable_task() = Ref();
   request.set_address(address);
+  EscapeNonUtf8Fields(&request);
   RegisterResponse response;
   // A retried registration from the same address is a no-op, so retrying
   // after a lost answer is safe.
@@ -252,6 +259,7 @@ absl::StatusOr<ClusterLayout> TaskAgent::WaitForLayout() {
     SetDeadline(&context, options_.rpc_timeout);
     JobRequest request;
     request.set_job_id(options_.job_id);
+    EscapeNonUtf8Fields(&request);
     ClusterLayout layout;
     const grpc::Status status =
         stub_->WaitForLayout(&context, request, &layout);
@@ -278,6 +286,7 @@ absl::Status TaskAgent::KvSet(const std::string& key,
   request.set_job_id(options_.job_id);
   request.set_key(key);
   request.set_value(value);
+  EscapeNonUtf8Fields(&request);
   KvSetResponse response;
   const grpc::Status status =
       CallWithRetry(options_.rpc_timeout, [&](grpc::ClientContext* context) {
@@ -296,6 +305,7 @@ absl::StatusOr<std::string> TaskAgent::KvWait(const std::string& key,
   KvWaitRequest request;
   request.set_job_id(options_.job_id);
   request.set_key(key);
+  EscapeNonUtf8Fields(&request);
   KvWaitResponse response;
   const grpc::Status status = stub_->KvWait(&context, request, &response);
   if (!status.ok()) {
@@ -395,6 +405,7 @@ absl::StatusOr<ClockOffset> TaskAgent::MeasureClockOffset(int samples) {
   for (int i = 0; i < samples; ++i) {
     HeartbeatRequest request;
     *request.mutable_task() = Ref();
+    EscapeNonUtf8Fields(&request);
     HeartbeatResponse response;
     grpc::ClientContext context;
     context.set_deadline(
@@ -440,6 +451,10 @@ void TaskAgent::HeartbeatLoop(
     HeartbeatRequest request;
     *request.mutable_task() = Ref();
     TakePending(&request);
+    // A proto3 string that is not UTF-8 fails to parse at the coordinator
+    // (INTERNAL, which ends the task); a task's lines quote file names
+    // and other bytes as they come.
+    EscapeNonUtf8Fields(&request);
     grpc::ClientContext context;
     // No wait_for_ready: a heartbeat that cannot be sent now is retried at
     // the next interval.
@@ -543,6 +558,7 @@ absl::Status TaskAgent::Finish(bool ok, const std::string& message,
   request.set_message(message);
   TakePending(&request);
   if (result != nullptr) *request.mutable_result() = *result;
+  EscapeNonUtf8Fields(&request);
   TaskFinishedResponse response;
   const grpc::Status status =
       CallWithRetry(options_.rpc_timeout, [&](grpc::ClientContext* context) {

@@ -16,6 +16,11 @@
 // restart (cli/local_cluster.h, cli/node_agent.h); the job table keeps
 // the budget (max_restarts) either way.
 //
+// Every string field of every request is made UTF-8 before it is sent
+// (EscapeNonUtf8Fields: a byte that is not becomes `\xNN`), since the
+// coordinator cannot parse a proto3 string that is not and would answer
+// INTERNAL, which ends the task.
+//
 // Every call has a deadline (`rpc_timeout`) and waits for the coordinator's
 // channel to connect (gRPC wait_for_ready), so tasks may start before the
 // coordinator. A coordinator that cannot be reached for `coordinator_timeout`
@@ -191,7 +196,10 @@ class TaskAgent {
   void SetPrepared();
 
   // Prints `line` (no newline) on stdout and sends it with the next
-  // heartbeat (at most 10000 lines are queued; older ones are dropped).
+  // heartbeat (at most JobTable::kMaxLogLinesPerRequest lines, 10000, are
+  // queued, older ones dropped, and each call sends the whole queue, so no
+  // request carries more than the coordinator accepts). Bytes that are not
+  // UTF-8 are sent as `\xNN` (common/utf8.h EscapeNonUtf8).
   void Log(const std::string& line);
 
   // Sends `samples` heartbeats (carrying nothing) back to back, each

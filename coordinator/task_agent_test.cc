@@ -183,5 +183,64 @@ TEST(TaskAgentMembershipTest, HeartbeatsCarryTheMembershipBothWays) {
             absl::StatusCode::kCancelled);
 }
 
+// A task's lines quote bytes as they come (a file name that is not UTF-8,
+// worker/image_folder_scan.cc): they reach the table escaped, the task
+// keeps running, and its report with such text lands too.
+TEST(TaskAgentUtf8Test, TextThatIsNotUtf8ReachesTheTableEscaped) {
+  CoordinatorServerOptions server_options;
+  server_options.address = "127.0.0.1:0";
+  absl::StatusOr<std::unique_ptr<CoordinatorServer>> server =
+      CoordinatorServer::Start(server_options);
+  ASSERT_TRUE(server.ok()) << server.status();
+  JobTable& table = (*server)->table();
+  JobSpec spec;
+  spec.set_num_ps(1);
+  spec.set_num_workers(1);
+  const std::string job = *table.Submit(spec, absl::Now());
+  ASSERT_TRUE(table.Register(job, ROLE_PS, 0, "ps0:1", absl::Now()).ok());
+  absl::Notification ended;
+  std::string why;
+  TaskAgentOptions options;
+  options.coordinator = absl::StrCat("127.0.0.1:", (*server)->port());
+  options.job_id = job;
+  options.rpc_timeout = absl::Seconds(5);
+  options.heartbeat_interval = absl::Milliseconds(20);
+  TaskAgent agent(options);
+  ASSERT_TRUE(agent.Register("w0:1").ok());
+  agent.StartHeartbeats([&](JobState, const std::string& message) {
+    why = message;
+    ended.Notify();
+  });
+  agent.Log("cannot decode photo-\xff.jpg");
+  auto logged = [&](const std::string& text) {
+    const JobInfo info = *table.Get(job);
+    for (const LogLine& line : info.log()) {
+      if (line.text() == text) return true;
+    }
+    return false;
+  };
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  while (!logged("cannot decode photo-\\xff.jpg") && !ended.HasBeenNotified() &&
+         absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  EXPECT_TRUE(logged("cannot decode photo-\\xff.jpg"));
+  // More heartbeats pass; none is refused.
+  absl::SleepFor(absl::Milliseconds(100));
+  EXPECT_FALSE(ended.HasBeenNotified()) << why;
+
+  agent.Log("last line \xfe");
+  RunResult result;
+  result.set_model("lenet5\xc3");
+  result.set_test_accuracy(0.5);
+  const absl::Status finished = agent.Finish(true, "done \xff", &result);
+  ASSERT_TRUE(finished.ok()) << finished;
+  const JobInfo info = *table.Get(job);
+  EXPECT_EQ(info.state(), JOB_SUCCEEDED);
+  EXPECT_EQ(info.result().model(), "lenet5\\xc3");
+  EXPECT_TRUE(logged("last line \\xfe"));
+  EXPECT_FALSE(ended.HasBeenNotified()) << why;
+}
+
 }  // namespace
 }  // namespace pstrain
