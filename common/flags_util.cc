@@ -8,7 +8,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
-#include <fstream>
 #include <iostream>
 #include <sstream>
 
@@ -24,6 +23,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "common/regular_file.h"
 #include "common/status_macros.h"
 
 namespace pstrain {
@@ -331,11 +331,12 @@ absl::Status WriteFileAtomically(const std::string& path,
 }
 
 absl::Status ReadFile(const std::string& path, std::string* contents) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return ErrnoToStatus(errno, path);
-  std::ostringstream buffer;
-  buffer << in.rdbuf();
-  *contents = buffer.str();
+  // Never blocks: a FIFO or a device in the file's place is refused.
+  ASSIGN_OR_RETURN(RegularFile file,
+                   OpenRegularFile(path, /*follow_symlinks=*/true));
+  std::string bytes(file.size_bytes(), '\0');
+  RETURN_IF_ERROR(file.ReadAt(path, 0, bytes.data(), bytes.size()));
+  *contents = std::move(bytes);
   return absl::OkStatus();
 }
 

@@ -62,7 +62,9 @@ absl::Status CheckFlagRange(absl::string_view flag, int64_t value, int64_t lo,
 absl::Status WriteFileAtomically(const std::string& path,
                                  absl::string_view contents);
 
-// Reads a whole file. NOT_FOUND / PERMISSION_DENIED / INTERNAL naming it.
+// Reads a whole regular file (symbolic links followed), without blocking:
+// NOT_FOUND / PERMISSION_DENIED / INTERNAL naming it, INVALID_ARGUMENT for
+// a FIFO, a device or a folder (common/regular_file.h).
 absl::Status ReadFile(const std::string& path, std::string* contents);
 
 // Prints "<program>: error: <message>" on one line to stderr.

@@ -9,6 +9,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "common/flags_util.h"
 #include "gtest/gtest.h"
 
 namespace pstrain {
@@ -65,6 +66,21 @@ TEST(RegularFileTest, FifoDoesNotHang) {
   EXPECT_NE(status.message().find("FIFO"), std::string::npos) << status;
   EXPECT_EQ(OpenRegularFile(TempDir("dir")).status().code(),
             absl::StatusCode::kInvalidArgument);
+}
+
+// flags_util's ReadFile (flag files, job specs, launch bundles) is built on
+// OpenRegularFile: a FIFO is refused at once, a symbolic link followed.
+TEST(RegularFileTest, ReadFileRefusesAFifoAndFollowsALink) {
+  const std::string dir = TempDir("read_file");
+  WriteBytes(dir + "/spec", "model: \"lenet5\"\n");
+  ASSERT_EQ(::symlink((dir + "/spec").c_str(), (dir + "/link").c_str()), 0);
+  std::string text;
+  ASSERT_TRUE(ReadFile(dir + "/link", &text).ok());
+  EXPECT_EQ(text, "model: \"lenet5\"\n");
+  ASSERT_EQ(::mkfifo((dir + "/fifo").c_str(), 0600), 0);
+  const absl::Status status = ReadFile(dir + "/fifo", &text);
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
+  EXPECT_EQ(ReadFile(dir + "/none", &text).code(), absl::StatusCode::kNotFound);
 }
 
 TEST(RegularFileTest, EscapesAndCutsTextForMessages) {

@@ -25,14 +25,13 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <memory>
-#include <sstream>
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/regular_file.h"
 
 namespace pstrain {
 namespace {
@@ -64,15 +63,18 @@ absl::Status OpenSslError(const std::string& what) {
       absl::StrCat(what, ": ", detail.empty() ? "OpenSSL failed" : detail));
 }
 
+// A PEM file: regular (symbolic links followed, as Kubernetes mounts its
+// secrets), read without blocking (a FIFO is refused), at most 1 MiB.
+constexpr uint64_t kMaxPemBytes = 1 << 20;
+
 absl::StatusOr<std::string> ReadAll(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    return absl::FailedPreconditionError(
-        absl::StrCat(path, ": cannot read it (", std::strerror(errno), ")"));
-  }
-  std::stringstream bytes;
-  bytes << in.rdbuf();
-  return bytes.str();
+  absl::StatusOr<std::string> bytes =
+      ReadSmallFile(path, kMaxPemBytes, /*follow_symlinks=*/true);
+  // "PATH: No such file or directory", "PATH: a FIFO; expected a regular
+  // file": a file the caller must provide first.
+  if (!bytes.ok())
+    return absl::FailedPreconditionError(bytes.status().message());
+  return bytes;
 }
 
 absl::Status PosixError(const std::string& path, const std::string& what) {

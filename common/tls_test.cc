@@ -218,6 +218,27 @@ TEST(TlsFilesTest, EveryCertificateHasOneUsage) {
       << missing;
 }
 
+// A FIFO in a key's place is refused at once, naming it, instead of
+// blocking the process until something writes to it; a certificate folder
+// of symbolic links (Kubernetes' secret volumes) still loads.
+TEST(TlsFilesTest, AFifoInAKeysPlaceIsRefusedWithoutBlocking) {
+  const std::string dir = NewDir("fifo");
+  ASSERT_TRUE(MakeCertificates(dir, {kAdmin, kWorkerA}).ok());
+  const std::string linked = NewDir("linked");
+  fs::create_directories(linked);
+  for (const char* name : {"ca.pem", "worker-0.pem", "worker-0.key"}) {
+    ASSERT_EQ(
+        symlink((dir + "/" + name).c_str(), (linked + "/" + name).c_str()), 0);
+  }
+  EXPECT_TRUE(CheckTlsFiles(In(linked), kWorkerA).ok());
+  fs::remove(dir + "/worker-0.key");
+  ASSERT_EQ(mkfifo((dir + "/worker-0.key").c_str(), 0600), 0);
+  const absl::Status fifo = CheckTlsFiles(In(dir), kWorkerA);
+  EXPECT_EQ(fifo.code(), absl::StatusCode::kFailedPrecondition) << fifo;
+  EXPECT_NE(fifo.message().find("worker-0.key: a FIFO"), std::string::npos)
+      << fifo;
+}
+
 TEST(TlsFilesTest, KeyFileIsCreatedNotFollowed) {
   const std::string dir = NewDir("planted");
   ASSERT_TRUE(MakeCertificates(dir, {kAdmin}).ok());

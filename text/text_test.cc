@@ -4,6 +4,7 @@
 // here: this binary links SentencePiece, so it must not link protobuf
 // (third_party/BUILD); text/bert_fortunes_test trains bert_tiny on the
 // corpus through a token file.
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cmath>
@@ -163,6 +164,12 @@ TEST(Tokenizer, TrainingIsDeterministicAndErrorsAreNamed) {
   WriteFile(TempDir() + "/junk.model", "not a model");
   EXPECT_EQ(Tokenizer::Load(TempDir() + "/junk.model").status().code(),
             absl::StatusCode::kDataLoss);
+  // A FIFO in the model's place is refused, not waited on.
+  const std::string fifo = TempDir() + "/fifo.model";
+  std::remove(fifo.c_str());
+  ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0);
+  EXPECT_EQ(Tokenizer::Load(fifo).status().code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 TEST(TokenFile, RoundTripsAndRefusesDamage) {

@@ -1,12 +1,12 @@
 #include "text/tokenizer.h"
 
 #include <fstream>
-#include <sstream>
 #include <string>
 #include <unordered_map>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/regular_file.h"
 #include "text/sentencepiece_shim.h"
 
 namespace pstrain {
@@ -70,18 +70,24 @@ Tokenizer::Tokenizer(std::unique_ptr<spm::Processor> processor)
 
 Tokenizer::~Tokenizer() = default;
 
+// The largest tokenizer model read, in bytes (a 32k-piece model is ~0.8
+// MB; SentencePiece models of 250k pieces are ~5 MB).
+constexpr uint64_t kMaxModelBytes = uint64_t{256} << 20;
+
 absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::Load(
     const std::string& model_path) {
-  std::ifstream file(model_path, std::ios::binary);
-  if (!file) {
-    return absl::NotFoundError(
-        absl::StrCat(model_path, ": cannot open the tokenizer model"));
+  // Never blocks (a FIFO in the file's place is refused); a model is a few
+  // MB, so at most kMaxModelBytes is read.
+  absl::StatusOr<std::string> bytes =
+      ReadSmallFile(model_path, kMaxModelBytes, /*follow_symlinks=*/true);
+  if (!bytes.ok()) {
+    return absl::Status(
+        bytes.status().code(),
+        absl::StrCat(bytes.status().message(), " (the tokenizer model)"));
   }
-  std::stringstream bytes;
-  bytes << file.rdbuf();
   spm::Result loaded;
   std::unique_ptr<spm::Processor> processor =
-      spm::Processor::Load(bytes.str(), &loaded);
+      spm::Processor::Load(*bytes, &loaded);
   if (processor == nullptr) {
     return absl::DataLossError(absl::StrCat(
         model_path, ": not a SentencePiece model: ", loaded.message));

@@ -61,7 +61,9 @@ absl::Status TrainTokenizer(const std::vector<std::string>& documents,
 class Tokenizer {
  public:
   // Loads a model TrainTokenizer wrote. NOT_FOUND for a missing file,
-  // DATA_LOSS for one that is not a SentencePiece model, FAILED_PRECONDITION
+  // INVALID_ARGUMENT for a FIFO, a device or a folder in its place (not
+  // waited on), DATA_LOSS for one that is not a SentencePiece model or is
+  // larger than 256 MiB, FAILED_PRECONDITION
   // for a model whose special ids are not the ones above (another trainer's
   // model), each naming `model_path`.
   static absl::StatusOr<std::unique_ptr<Tokenizer>> Load(

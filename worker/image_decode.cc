@@ -8,17 +8,14 @@
 #include <png.h>
 
 #include <algorithm>
-#include <cerrno>
 #include <csetjmp>
 #include <cstring>
-#include <filesystem>
-#include <fstream>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/regular_file.h"
 
 namespace pstrain {
-namespace fs = std::filesystem;
 namespace {
 
 std::string Hex4(const uint8_t* data, size_t size) {
@@ -328,32 +325,29 @@ absl::StatusOr<DecodedImage> DecodePng(const uint8_t* data, size_t size,
 }
 
 // Largest image file read, in bytes.
-constexpr std::streamoff kMaxImageFileBytes = std::streamoff{1} << 30;
+constexpr uint64_t kMaxImageFileBytes = uint64_t{1} << 30;
 
 absl::StatusOr<std::vector<uint8_t>> ReadFileBytes(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    return absl::NotFoundError(
-        absl::StrCat(path, ": cannot open: ", std::strerror(errno)));
+  // Never blocks: a FIFO, a device or a folder in the file's place is an
+  // unreadable image (DATA_LOSS naming it); symbolic links are followed.
+  absl::StatusOr<RegularFile> file =
+      OpenRegularFile(path, /*follow_symlinks=*/true);
+  if (file.status().code() == absl::StatusCode::kInvalidArgument) {
+    return absl::DataLossError(file.status().message());
   }
-  std::error_code error;
-  if (!fs::is_regular_file(path, error)) {
-    return absl::DataLossError(absl::StrCat(path, ": not a regular file"));
-  }
-  // One read of the size the file has now (a file that shrinks meanwhile is
-  // a read error).
-  in.seekg(0, std::ios::end);
-  const std::streamoff size = in.tellg();
-  in.seekg(0);
-  if (size < 0 || size > kMaxImageFileBytes) {
+  if (!file.ok()) return file.status();
+  const uint64_t size = file->size_bytes();
+  if (size > kMaxImageFileBytes) {
     return absl::DataLossError(absl::StrCat(path, ": ", size,
                                             " bytes (expected at most ",
                                             kMaxImageFileBytes, ")"));
   }
+  // One read of the size the file has now (a file that shrinks meanwhile is
+  // a read error).
   std::vector<uint8_t> bytes(static_cast<size_t>(size));
-  if (!in.read(reinterpret_cast<char*>(bytes.data()), size)) {
-    return absl::DataLossError(absl::StrCat(path, ": read error"));
-  }
+  absl::Status read =
+      file->ReadAt(path, 0, reinterpret_cast<char*>(bytes.data()), size);
+  if (!read.ok()) return read;
   return bytes;
 }
 

@@ -61,7 +61,8 @@ absl::StatusOr<DecodedImage> DecodeImage(const uint8_t* data, size_t size,
                                          bool header_only = false);
 
 // Reads and decodes the file at `path`; errors as DecodeImage's, with
-// "PATH: " before them; NOT_FOUND if it cannot be opened.
+// "PATH: " before them; NOT_FOUND if it cannot be opened; DATA_LOSS for a
+// FIFO, a device or a folder in its place (refused without waiting).
 absl::StatusOr<DecodedImage> DecodeImageFile(const std::string& path,
                                              bool header_only = false);
 

@@ -1,16 +1,14 @@
 #include "worker/image_folder_scan.h"
 
 #include <algorithm>
-#include <cerrno>
-#include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <set>
 #include <utility>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "common/regular_file.h"
 
 namespace pstrain {
 namespace fs = std::filesystem;
@@ -111,15 +109,19 @@ absl::Status AddClassFolders(const std::string& dir,
   return absl::OkStatus();
 }
 
+// The largest class list or annotation table read, in bytes (ImageNet's
+// validation labels are 1.5 MB).
+constexpr uint64_t kMaxListBytes = uint64_t{256} << 20;
+
 absl::StatusOr<std::vector<std::string>> ReadLines(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) {
-    return absl::DataLossError(
-        absl::StrCat(path, ": cannot open: ", std::strerror(errno)));
-  }
-  std::vector<std::string> lines;
-  std::string line;
-  while (std::getline(in, line)) lines.push_back(line);
+  // Never blocks (a FIFO in the file's place is refused) and reads at most
+  // kMaxListBytes: a class list or an annotation table, not a dataset.
+  absl::StatusOr<std::string> text =
+      ReadSmallFile(path, kMaxListBytes, /*follow_symlinks=*/true);
+  if (!text.ok()) return absl::DataLossError(text.status().message());
+  std::vector<std::string> lines = absl::StrSplit(*text, '\n');
+  // As getline: a last newline ends the last line, it starts none.
+  if (!lines.empty() && lines.back().empty()) lines.pop_back();
   return lines;
 }
 

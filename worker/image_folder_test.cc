@@ -1,5 +1,7 @@
 #include "worker/image_folder.h"
 
+#include <sys/stat.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
@@ -122,6 +124,17 @@ TEST(DecodeImageTest, PngDecodesToExactlyThePixelsWritten) {
     EXPECT_EQ(image->channels, c);
     EXPECT_EQ(image->pixels, pixels);
   }
+}
+
+// A FIFO where an image should be is an unreadable image, refused at once.
+TEST(DecodeImageTest, AFifoIsDataLossWithoutBlocking) {
+  const std::string path = FreshDir("fifo") + "/a.jpg";
+  ASSERT_EQ(mkfifo(path.c_str(), 0600), 0);
+  const absl::StatusOr<DecodedImage> image = DecodeImageFile(path);
+  EXPECT_EQ(image.status().code(), absl::StatusCode::kDataLoss)
+      << image.status();
+  EXPECT_NE(image.status().message().find("a FIFO"), std::string::npos)
+      << image.status();
 }
 
 TEST(DecodeImageTest, PngAlphaIsDropped) {

@@ -266,6 +266,19 @@ TEST(MappedDatasetTest, WriterRefusesLabelsOutsideTheClasses) {
       absl::StatusCode::kInvalidArgument);
 }
 
+// A FIFO where a data file should be is refused at once (INVALID_ARGUMENT
+// naming it), not waited on.
+TEST(MappedDatasetTest, AFifoIsRefusedWithoutBlocking) {
+  const std::string path = TempDir() + "/mapped_fifo";
+  std::remove(path.c_str());
+  ASSERT_EQ(mkfifo(path.c_str(), 0600), 0);
+  const auto mapped = MappedFile::Open(path);
+  EXPECT_EQ(mapped.status().code(), absl::StatusCode::kInvalidArgument)
+      << mapped.status();
+  EXPECT_NE(mapped.status().message().find("a FIFO"), std::string::npos)
+      << mapped.status();
+}
+
 TEST(MappedDatasetTest, MappedFileReleaseKeepsTheBytes) {
   const std::string path = TempDir() + "/release.bin";
   std::vector<uint8_t> bytes(1 << 20);

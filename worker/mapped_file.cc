@@ -8,33 +8,25 @@
 #include <cerrno>
 
 #include "absl/memory/memory.h"
+#include "common/regular_file.h"
 #include "common/status_macros.h"
 
 namespace pstrain {
 
 absl::StatusOr<std::unique_ptr<MappedFile>> MappedFile::Open(
     const std::string& path, uint64_t release_every_bytes) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return ErrnoToStatus(errno, path);
-  struct stat st;
-  if (::fstat(fd, &st) != 0) {
-    const int error = errno;
-    ::close(fd);
-    return ErrnoToStatus(error, path);
-  }
-  const size_t size = static_cast<size_t>(st.st_size);
+  // Never blocks: a FIFO or a device in the file's place is refused.
+  ASSIGN_OR_RETURN(RegularFile file,
+                   OpenRegularFile(path, /*follow_symlinks=*/true));
+  const size_t size = static_cast<size_t>(file.size_bytes());
   void* data = nullptr;
   if (size > 0) {
-    data = ::mmap(nullptr, size, PROT_READ, MAP_SHARED, fd, 0);
-    if (data == MAP_FAILED) {
-      const int error = errno;
-      ::close(fd);
-      return ErrnoToStatus(error, path);
-    }
+    data = ::mmap(nullptr, size, PROT_READ, MAP_SHARED, file.fd(), 0);
+    if (data == MAP_FAILED) return ErrnoToStatus(errno, path);
     // Advice only: a refusal changes speed, not results.
     (void)::madvise(data, size, MADV_RANDOM);
   }
-  ::close(fd);  // The mapping keeps the file open.
+  // Closing the file (`file` ends here) keeps the mapping.
   return absl::WrapUnique(new MappedFile(
       path, static_cast<const uint8_t*>(data), size, release_every_bytes));
 }

@@ -34,7 +34,9 @@ class MappedFile {
 
   // Maps `path` read-only (PROT_READ, MAP_SHARED) and advises random access
   // (MADV_RANDOM: no read-ahead, samples are read in shuffled order).
-  // NOT_FOUND if it cannot be opened for that reason, otherwise the errno of
+  // NOT_FOUND if it cannot be opened for that reason, INVALID_ARGUMENT for
+  // what is not a regular file (a FIFO, a device, a folder: refused without
+  // waiting; symbolic links are followed), otherwise the errno of
   // open/fstat/mmap as a status naming the file. An empty file maps to
   // data() == nullptr and size() == 0.
   static absl::StatusOr<std::unique_ptr<MappedFile>> Open(
