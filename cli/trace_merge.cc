@@ -7,13 +7,13 @@
 #include <fstream>
 #include <limits>
 #include <nlohmann/json.hpp>
-#include <sstream>
 #include <string>
 #include <system_error>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/flags_util.h"
 #include "common/status_macros.h"
 
 namespace pstrain {
@@ -48,12 +48,10 @@ absl::StatusOr<TraceMergeSummary> MergeTraces(const std::string& trace_dir,
   nlohmann::json tasks = nlohmann::json::array();
   int64_t origin = std::numeric_limits<int64_t>::max();
   for (const std::string& path : summary.files) {
-    std::ifstream in(path);
-    if (!in) return ErrnoToStatus(errno, path);
-    std::stringstream text;
-    text << in.rdbuf();
+    // A regular file, read without blocking (common/flags_util.h).
+    std::string body;
+    RETURN_IF_ERROR(ReadFile(path, &body));
     // A task still running (or killed) has not closed its array yet.
-    std::string body = text.str();
     nlohmann::json file =
         nlohmann::json::parse(body, nullptr, /*allow_exceptions=*/false);
     if (file.is_discarded()) {
