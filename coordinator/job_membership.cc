@@ -407,6 +407,10 @@ void DropEndedWorldKeys(JobInfo* job, int64_t epoch) {
 
 }  // namespace
 
+// The longest time a membership change may be reported to have taken, ms
+// (a year).
+constexpr double kMaxElapsedMs = 365.0 * 24 * 3600 * 1000;
+
 std::optional<std::string> ApplyMembership(JobInfo* job,
                                            const MembershipApplied& applied) {
   if (!IsElastic(job->spec()) || job->memberships().empty()) {
@@ -419,6 +423,11 @@ std::optional<std::string> ApplyMembership(JobInfo* job,
   if (found < 0) return std::nullopt;  // applied already, or never made
   const std::string reason = job->memberships(found).reason();
   MembershipApplied kept = applied;
+  // A duration, or 0 ms: the report is worker 0's word, and the message
+  // below casts it to an integer (NaN or 1e300 would be undefined).
+  if (!(kept.elapsed_ms() >= 0 && kept.elapsed_ms() <= kMaxElapsedMs)) {
+    kept.set_elapsed_ms(0);
+  }
   if (kept.old_ps() == 0) kept.set_old_ps(job->memberships(0).num_ps());
   if (kept.new_ps() == 0) kept.set_new_ps(job->memberships(found).num_ps());
   job->mutable_memberships()->DeleteSubrange(0, found);
@@ -446,7 +455,7 @@ std::optional<std::string> ApplyMembership(JobInfo* job,
   return absl::StrCat(
       "membership ", applied.epoch(), ": ", applied.old_workers(),
       " workers -> ", applied.new_workers(), shards, " at step ",
-      applied.step(), " (", static_cast<int64_t>(applied.elapsed_ms()),
+      applied.step(), " (", static_cast<int64_t>(kept.elapsed_ms()),
       " ms): ", reason);
 }
 

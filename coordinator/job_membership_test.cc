@@ -4,6 +4,7 @@
 #include "coordinator/job_membership.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <string>
 #include <vector>
@@ -377,6 +378,28 @@ TEST(JobMembershipTest, ApplyingDropsTheEndedWorldsRendezvousKeys) {
   EXPECT_EQ(kept, (std::vector<std::string>{"gloo-2-m1/rank_1",
                                             "gloo-m1/rank_1", "gloo-m2/rank_0",
                                             "gloo-mx/rank_0", "worker-0/x"}));
+}
+
+// A reported time that is not a duration (NaN, infinite, negative, past
+// any job's length) is kept as 0 ms, not cast to an integer undefined.
+TEST(JobMembershipTest, AHostileElapsedTimeIsKeptAsZero) {
+  for (const double elapsed :
+       {std::nan(""), HUGE_VAL, -HUGE_VAL, -5.0, 1e300}) {
+    JobTable table;
+    const std::string id = Running(table, Spec(3, "max_workers: 3"), 3);
+    ASSERT_TRUE(table.Scale(id, 2, 0, kT0).ok());
+    MembershipApplied applied = Applied(1, 100, 3, 2);
+    applied.set_elapsed_ms(elapsed);
+    Beat(table, id, 0, &applied);
+    const JobInfo job = *table.Get(id);
+    ASSERT_EQ(job.membership_history_size(), 1) << elapsed;
+    EXPECT_EQ(job.membership_history(0).elapsed_ms(), 0.0) << elapsed;
+    bool logged = false;
+    for (const LogLine& line : job.log()) {
+      logged |= line.text().find("at step 100 (0 ms)") != std::string::npos;
+    }
+    EXPECT_TRUE(logged) << elapsed;
+  }
 }
 
 TEST(JobMembershipTest, ShrinkIsAppliedByWorkerZeroThenTheRemovedExit) {
