@@ -103,8 +103,14 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
 }
 
 CoordinatorServer::~CoordinatorServer() {
+  // gRPC's Shutdown waits for every call to return: the long polls (up to
+  // max_wait) end first, UNAVAILABLE.
+  if (table_ != nullptr) table_->StopWaits();
   stop_.Notify();
   if (checker_.joinable()) checker_.join();
+  // Written before the grace too, so that a SIGKILL during it loses none
+  // of the key-value writes; and after it, for those made during it.
+  if (table_ != nullptr) table_->FlushIfDirty().IgnoreError();
   listening_.Shutdown(std::chrono::system_clock::now() +
                       std::chrono::seconds(2));
   if (table_ != nullptr) table_->FlushIfDirty().IgnoreError();

@@ -63,7 +63,10 @@ struct CoordinatorServerOptions {
   // A registered task silent this long is lost and its job FAILED; a task
   // not registered this long after submission fails its job too.
   absl::Duration heartbeat_timeout = absl::Seconds(60);
-  // Longest a blocking call (layout, key wait) waits.
+  // Longest a blocking call (layout, key wait) waits. One whose caller
+  // cancels it, or goes away, ends within about 100 ms
+  // (JobTable::kCancelledCheckInterval), and stopping the server ends them
+  // all at once.
   absl::Duration max_wait = absl::Seconds(600);
   // Blocking calls one caller may have in flight (see
   // coordinator_service.h).
@@ -93,8 +96,11 @@ class CoordinatorServer {
   // UNAVAILABLE when the address cannot be bound (see grpc_server.h).
   static absl::StatusOr<std::unique_ptr<CoordinatorServer>> Start(
       CoordinatorServerOptions options);
-  // Stops the checks and the server (2 s grace for calls in flight), then
-  // writes key-value changes not yet written.
+  // Ends the long polls in flight (WaitForLayout, KvWait: UNAVAILABLE
+  // "coordinator shutting down", JobTable::StopWaits), stops the checks,
+  // writes key-value changes not yet written, stops the server (2 s grace
+  // for calls in flight), then writes those made during the grace. Takes
+  // about the grace at most, whatever max_wait is.
   ~CoordinatorServer();
 
   JobTable& table() { return *table_; }

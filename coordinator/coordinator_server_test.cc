@@ -1,7 +1,8 @@
 // CoordinatorServer: the line it prints once a minute while a job's tasks
 // have not all registered (WaitingReport); its bounds over real gRPC (the
 // key-value store's limits, the message size, the thread cap), after which
-// it keeps serving.
+// it keeps serving; its long polls, which end when their caller cancels
+// them or the server stops.
 #include "coordinator/coordinator_server.h"
 
 #include <sys/stat.h>
@@ -19,6 +20,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "common/tls.h"
 #include "coordinator/job_spec.h"
@@ -94,6 +96,20 @@ class BoundedCoordinatorTest : public ::testing::Test {
     request.set_key(key);
     KvWaitResponse response;
     return stub_->KvWait(&context, request, &response);
+  }
+  // Polls a key that is set until the caller's long polls in flight are
+  // at its cap (RESOURCE_EXHAUSTED), for up to 10 s; false if never.
+  bool PollsInFlightReachTheCap() {
+    const absl::Time give_up = absl::Now() + absl::Seconds(10);
+    while (absl::Now() < give_up) {
+      const grpc::Status status = Wait("set", absl::Seconds(5));
+      if (status.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED) {
+        return true;
+      }
+      EXPECT_TRUE(status.ok()) << status.error_message();
+      absl::SleepFor(absl::Milliseconds(10));
+    }
+    return false;
   }
   // The coordinator still answers.
   void ExpectServing() {
@@ -184,6 +200,113 @@ TEST_F(BoundedCoordinatorTest, PastTheThreadCapCallsAreRefusedNotQueued) {
   EXPECT_TRUE(status.ok()) << status.error_message();
 }
 
+// SIGTERM: the server stops within its grace (2 s; a Kubernetes grace
+// period is 30 s), not at max_wait: the long polls in flight, a rendezvous
+// key's and a layout's, end UNAVAILABLE.
+TEST_F(BoundedCoordinatorTest, StoppingEndsTheLongPollsInFlight) {
+  CoordinatorServerOptions options;
+  options.max_wait = absl::Seconds(600);
+  options.max_long_polls_per_caller = 2;
+  Start(options);
+  ASSERT_TRUE(Set("set", "v").ok());
+  grpc::Status key_status, layout_status;
+  std::thread key_waiter(
+      [&] { key_status = Wait("never", absl::Seconds(600)); });
+  std::thread layout_waiter([&] {
+    grpc::ClientContext context;
+    context.set_deadline(In(absl::Seconds(600)));
+    JobRequest request;
+    request.set_job_id(job_);
+    ClusterLayout layout;
+    layout_status = stub_->WaitForLayout(&context, request, &layout);
+  });
+  // Both wait once a third long poll is over the cap of 2.
+  ASSERT_TRUE(PollsInFlightReachTheCap());
+
+  JobTable* table = &server_->table();
+  absl::Notification stopped;
+  const absl::Time start = absl::Now();
+  std::thread stopper([&] {
+    server_.reset();
+    stopped.Notify();
+  });
+  const bool in_time = stopped.WaitForNotificationWithTimeout(absl::Seconds(5));
+  EXPECT_TRUE(in_time) << "the stop waited for the long polls";
+  if (!stopped.HasBeenNotified()) {
+    // Before the fix: the stop waits for the polls up to max_wait; end them
+    // (the table lives until the stop ends).
+    table->Cancel(job_, absl::Now()).IgnoreError();
+  }
+  stopper.join();
+  key_waiter.join();
+  layout_waiter.join();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+  EXPECT_EQ(key_status.error_code(), grpc::StatusCode::UNAVAILABLE)
+      << key_status.error_message();
+  EXPECT_EQ(key_status.error_message(),
+            job_ + ": coordinator shutting down; key \"never\" is not set yet");
+  EXPECT_EQ(layout_status.error_code(), grpc::StatusCode::UNAVAILABLE)
+      << layout_status.error_message();
+  EXPECT_EQ(layout_status.error_message(),
+            job_ +
+                ": coordinator shutting down; still waiting for ps 0, "
+                "worker 0");
+}
+
+// A caller that cancels its long polls (or dies) has its places under the
+// per-caller cap back within about JobTable::kCancelledCheckInterval, not
+// at max_wait (600 s).
+TEST_F(BoundedCoordinatorTest, CancelledLongPollsGiveTheirPlacesBack) {
+  Start();
+  ASSERT_TRUE(Set("set", "v").ok());
+  grpc::CompletionQueue queue;
+  struct Poll {
+    grpc::ClientContext context;
+    KvWaitResponse response;
+    grpc::Status status;
+    std::unique_ptr<grpc::ClientAsyncResponseReader<KvWaitResponse>> reader;
+  };
+  std::vector<std::unique_ptr<Poll>> polls;
+  for (int i = 0; i < CoordinatorService::kMaxLongPollsPerCaller; ++i) {
+    auto poll = std::make_unique<Poll>();
+    poll->context.set_deadline(In(absl::Seconds(600)));
+    KvWaitRequest request;
+    request.set_job_id(job_);
+    request.set_key("never");
+    poll->reader = stub_->AsyncKvWait(&poll->context, request, &queue);
+    poll->reader->Finish(&poll->response, &poll->status, poll.get());
+    polls.push_back(std::move(poll));
+  }
+  ASSERT_TRUE(PollsInFlightReachTheCap());
+
+  for (auto& poll : polls) poll->context.TryCancel();
+  const absl::Time cancelled = absl::Now();
+  grpc::Status status;
+  while (absl::Now() - cancelled < absl::Seconds(5)) {
+    status = Wait("set", absl::Seconds(5));
+    if (status.error_code() != grpc::StatusCode::RESOURCE_EXHAUSTED) break;
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  const absl::Duration took = absl::Now() - cancelled;
+  EXPECT_TRUE(status.ok()) << status.error_code() << " "
+                           << status.error_message();
+  EXPECT_LT(took, absl::Seconds(1));
+  // Before the fix the polls still wait: end them, so that the server stops.
+  EXPECT_TRUE(Set("never", "v").ok());
+  for (size_t done = 0; done < polls.size(); ++done) {
+    void* tag;
+    bool ok;
+    if (!queue.Next(&tag, &ok)) break;
+    EXPECT_EQ(static_cast<Poll*>(tag)->status.error_code(),
+              grpc::StatusCode::CANCELLED);
+  }
+  queue.Shutdown();
+  void* tag;
+  bool ok;
+  while (queue.Next(&tag, &ok)) {
+  }
+}
+
 TEST(CoordinatorServerTest, AMissingJobFileFolderIsCreatedPrivate) {
   const std::string root = testing::TempDir() + "/fresh-node";
   std::filesystem::remove_all(root);
@@ -244,8 +367,8 @@ class TlsCoordinatorTest : public ::testing::Test {
     tls.dir = *dir_ + "/job-1";
     CoordinatorServerOptions options;
     options.address = "127.0.0.1:0";
-    // The longest a poll waits; the server's shutdown waits for them.
-    options.max_wait = absl::Seconds(15);
+    // Long polls wait up to the default max_wait (600 s): the server's
+    // stop ends those still in flight (JobTable::StopWaits).
     auto credentials = ServerCredentials(tls, kCoordinatorId);
     ASSERT_TRUE(credentials.ok()) << credentials.status();
     options.credentials = *credentials;

@@ -1,6 +1,7 @@
 #include "coordinator/coordinator_service.h"
 
 #include <algorithm>
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -76,6 +77,11 @@ absl::Time CoordinatorService::Deadline(
     deadline = std::min(deadline, absl::FromChrono(client));
   }
   return deadline;
+}
+
+std::function<bool()> CoordinatorService::Cancelled(
+    grpc::ServerContext* context) {
+  return [context] { return context->IsCancelled(); };
 }
 
 grpc::Status CoordinatorService::Submit(grpc::ServerContext* context,
@@ -173,8 +179,8 @@ grpc::Status CoordinatorService::WaitForLayout(grpc::ServerContext* context,
   }
   LongPoll poll(this, CallerName(*context));
   if (!poll.status().ok()) return poll.status();
-  absl::StatusOr<std::vector<std::string>> addresses =
-      table_->WaitForLayout(request->job_id(), Deadline(context));
+  absl::StatusOr<std::vector<std::string>> addresses = table_->WaitForLayout(
+      request->job_id(), Deadline(context), Cancelled(context));
   if (!addresses.ok()) return ToGrpcStatus(addresses.status());
   absl::StatusOr<JobInfo> job =
       table_->Get(request->job_id(), JobTable::kNoLog);
@@ -302,8 +308,8 @@ grpc::Status CoordinatorService::KvWait(grpc::ServerContext* context,
   }
   LongPoll poll(this, CallerName(*context));
   if (!poll.status().ok()) return poll.status();
-  absl::StatusOr<std::string> value =
-      table_->WaitForKey(request->job_id(), request->key(), Deadline(context));
+  absl::StatusOr<std::string> value = table_->WaitForKey(
+      request->job_id(), request->key(), Deadline(context), Cancelled(context));
   if (!value.ok()) return ToGrpcStatus(value.status());
   response->set_value(*std::move(value));
   return grpc::Status::OK;

@@ -8,6 +8,9 @@
 //    RESOURCE_EXHAUSTED at once, so that one key cannot take the server's
 //    threads from other jobs. The caller is its certificate's identity
 //    ("worker:0@job-1") on a TLS server, its IP address on a plaintext one.
+//    A long poll whose caller cancels it or goes away ends within about
+//    JobTable::kCancelledCheckInterval, freeing its thread and its place
+//    under the cap; JobTable::StopWaits() ends them all (UNAVAILABLE).
 //  - On a TLS server a worker sets only its own keys (KvKeyOwner in
 //    job_table.h): another worker's key is PERMISSION_DENIED.
 //
@@ -16,6 +19,7 @@
 #ifndef PSTRAIN_COORDINATOR_COORDINATOR_SERVICE_H_
 #define PSTRAIN_COORDINATOR_COORDINATOR_SERVICE_H_
 
+#include <functional>
 #include <string>
 
 #include "absl/base/thread_annotations.h"
@@ -84,6 +88,9 @@ class CoordinatorService final : public Coordinator::Service {
  private:
   // The earlier of the caller's deadline and now + max_wait_.
   absl::Time Deadline(const grpc::ServerContext* context) const;
+  // Whether the call was cancelled (by its caller, or its connection
+  // lost): the long polls' `cancelled` (job_table.h).
+  static std::function<bool()> Cancelled(grpc::ServerContext* context);
 
   // The caller may call `method` (common/authz.h) about `job`, as task
   // (`role`, `index`) where the rule names one.

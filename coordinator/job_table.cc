@@ -435,53 +435,6 @@ absl::Status JobTable::Register(const std::string& id, TaskRole role, int index,
   return Persist();
 }
 
-absl::StatusOr<std::vector<std::string>> JobTable::WaitForLayout(
-    const std::string& id, absl::Time deadline) {
-  absl::MutexLock lock(&mu_);
-  auto all_registered = [](const JobInfo& job) {
-    for (const TaskInfo& t : job.tasks()) {
-      if (t.state() == TASK_WAITING) return false;
-    }
-    return true;
-  };
-  auto ready = [this, &id,
-                &all_registered]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    JobInfo* job = Find(id);
-    return job == nullptr || JobEnded(job->state()) ||
-           (job->state() != JOB_PENDING && all_registered(*job));
-  };
-  mu_.AwaitWithDeadline(absl::Condition(&ready), deadline);
-  ASSIGN_OR_RETURN(JobInfo * job, FindJob(id));
-  if (JobEnded(job->state())) {
-    return absl::FailedPreconditionError(
-        absl::StrCat(id, " has ended: ", job->message()));
-  }
-  if (!all_registered(*job)) {
-    std::vector<std::string> missing;
-    for (const TaskInfo& t : job->tasks()) {
-      if (t.state() == TASK_WAITING) {
-        missing.push_back(TaskName(t.role(), t.index()));
-      }
-    }
-    return absl::DeadlineExceededError(
-        absl::StrCat(id, ": still waiting for ", absl::StrJoin(missing, ", ")));
-  }
-  // Elastic shards: the applied membership's layout, shards 0 to its
-  // num_ps - 1 (a worker recovering after worker 0 changed it finds the
-  // new shards).
-  const Membership* applied = AppliedMembership(*job);
-  const int shards = IsShardElastic(job->spec()) && applied != nullptr
-                         ? applied->num_ps()
-                         : job->spec().num_ps();
-  std::vector<std::string> addresses;
-  for (const TaskInfo& t : job->tasks()) {
-    if (t.role() == ROLE_PS && t.index() >= shards) continue;
-    const bool member = t.state() != TASK_IDLE && t.state() != TASK_REMOVED;
-    addresses.push_back(member ? t.address() : "");
-  }
-  return addresses;
-}
-
 void JobTable::AppendLog(
     JobInfo* job, TaskInfo* task, TaskRole role, int index,
     const google::protobuf::RepeatedPtrField<std::string>& lines,

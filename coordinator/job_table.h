@@ -68,11 +68,13 @@
 // and it is not restarted.
 //
 // Thread-safety: all methods may be called concurrently; WaitForLayout and
-// WaitForKey block without holding up other callers.
+// WaitForKey block without holding up other callers, and StopWaits() ends
+// them (a coordinator shutting down).
 #ifndef PSTRAIN_COORDINATOR_JOB_TABLE_H_
 #define PSTRAIN_COORDINATOR_JOB_TABLE_H_
 
 #include <cstdint>
+#include <functional>
 #include <limits>
 #include <string>
 #include <vector>
@@ -160,6 +162,10 @@ class JobTable {
   static constexpr int64_t kMaxAddressBytes = 1024;
   // A `log_since` for Get() that returns no log lines.
   static constexpr int64_t kNoLog = std::numeric_limits<int64_t>::max();
+  // How often WaitForLayout and WaitForKey ask whether their caller
+  // cancelled: about the longest a cancelled wait lasts.
+  static constexpr absl::Duration kCancelledCheckInterval =
+      absl::Milliseconds(100);
 
   // `job_file`: where the table is kept ("" for none). `limits` must be
   // valid (ValidateJobTableLimits).
@@ -221,9 +227,14 @@ class JobTable {
   // applied membership's shards 0 to num_ps - 1 (so the PS part is the
   // answer's size less WorkerTaskCount).
   // DEADLINE_EXCEEDED naming the tasks still missing; FAILED_PRECONDITION
-  // if the job ended first (with its message).
-  absl::StatusOr<std::vector<std::string>> WaitForLayout(const std::string& id,
-                                                         absl::Time deadline);
+  // if the job ended first (with its message); UNAVAILABLE instead of
+  // waiting (on) once StopWaits() was called. `cancelled` (if set) is asked
+  // every kCancelledCheckInterval of the wait, without the table locked;
+  // once it answers true the wait ends CANCELLED (a caller gone frees its
+  // thread).
+  absl::StatusOr<std::vector<std::string>> WaitForLayout(
+      const std::string& id, absl::Time deadline,
+      const std::function<bool()>& cancelled = nullptr);
 
   // Records a heartbeat of `request.task()`, appends its log lines to the
   // job's log (cut as above) and, for workers, its progress; returns the
@@ -306,10 +317,19 @@ class JobTable {
                    const std::string& value);
   // Blocks until `key` is set or `deadline` passes (DEADLINE_EXCEEDED
   // naming the key). A key that Set() would refuse is refused at once, as
-  // there.
-  absl::StatusOr<std::string> WaitForKey(const std::string& id,
-                                         const std::string& key,
-                                         absl::Time deadline);
+  // there. UNAVAILABLE instead of waiting (on) once StopWaits() was called;
+  // `cancelled` as WaitForLayout's.
+  absl::StatusOr<std::string> WaitForKey(
+      const std::string& id, const std::string& key, absl::Time deadline,
+      const std::function<bool()>& cancelled = nullptr);
+
+  // Ends the WaitForLayout and WaitForKey calls in flight, and those to
+  // come, with what is there now: the answer if it is ready (the layout,
+  // the key's value, the job's end), else UNAVAILABLE "coordinator shutting
+  // down" at once instead of a wait. For a coordinator about to stop,
+  // whose gRPC server waits for every call to return. Everything else goes
+  // on as before; calling it again changes nothing.
+  void StopWaits();
 
   // A copy of job `id` (NOT_FOUND if unknown) with the log lines whose seq
   // is >= `log_since`, and of every job without their logs.
@@ -363,6 +383,13 @@ class JobTable {
   // it was removed (already, or now with min_workers) instead of lost.
   bool RemoveSilentWorker(JobInfo* job, TaskInfo* task, absl::Time now)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Waits until `ready` holds or `deadline` passes, as
+  // mu_.AwaitWithDeadline; with `cancelled`, in slices of
+  // kCancelledCheckInterval, asking it between them with mu_ released.
+  // True if it answered true (the wait was given up).
+  bool AwaitUnlessCancelled(const absl::Condition& ready, absl::Time deadline,
+                            const std::function<bool()>& cancelled)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The key checks of Set() and WaitForKey().
   absl::Status CheckKey(const std::string& key) const;
 
@@ -378,6 +405,8 @@ class JobTable {
   bool dirty_ ABSL_GUARDED_BY(mu_) = false;
   // SetIdSuffix(); "" for plain "job-<n>".
   std::string id_suffix_ ABSL_GUARDED_BY(mu_);
+  // StopWaits() was called.
+  bool waits_stopped_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 // OK if `table` is a job table this JobTable could have written: next_id

@@ -2,15 +2,23 @@
 // KvKeyOwner), where the workers of an allreduce job meet (Gloo's and
 // NCCL's rendezvous, the elastic world announcements): its keys and values
 // checked against the table's byte limits, each key charged to its owner.
+// Also the table's long polls (WaitForLayout, WaitForKey): their waits for
+// a cancelled caller and StopWaits().
+#include <algorithm>
 #include <cstdint>
+#include <functional>
 #include <string>
+#include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
 #include "common/status_macros.h"
+#include "coordinator/job_membership.h"
 #include "coordinator/job_table.h"
 
 namespace pstrain {
@@ -117,22 +125,111 @@ absl::Status JobTable::Set(const std::string& id, const std::string& key,
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::string> JobTable::WaitForKey(const std::string& id,
-                                                 const std::string& key,
-                                                 absl::Time deadline) {
+bool JobTable::AwaitUnlessCancelled(const absl::Condition& ready,
+                                    absl::Time deadline,
+                                    const std::function<bool()>& cancelled) {
+  if (!cancelled) {
+    mu_.AwaitWithDeadline(ready, deadline);
+    return false;
+  }
+  while (!mu_.AwaitWithDeadline(
+      ready, std::min(deadline, absl::Now() + kCancelledCheckInterval))) {
+    if (absl::Now() >= deadline) return false;
+    // The caller's code (gRPC's) runs without the table locked.
+    mu_.Unlock();
+    const bool gone = cancelled();
+    mu_.Lock();
+    if (gone) return true;
+  }
+  return false;
+}
+
+absl::StatusOr<std::vector<std::string>> JobTable::WaitForLayout(
+    const std::string& id, absl::Time deadline,
+    const std::function<bool()>& cancelled) {
+  absl::MutexLock lock(&mu_);
+  auto all_registered = [](const JobInfo& job) {
+    for (const TaskInfo& t : job.tasks()) {
+      if (t.state() == TASK_WAITING) return false;
+    }
+    return true;
+  };
+  auto ready = [this, &id,
+                &all_registered]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    JobInfo* job = Find(id);
+    return waits_stopped_ || job == nullptr || JobEnded(job->state()) ||
+           (job->state() != JOB_PENDING && all_registered(*job));
+  };
+  if (AwaitUnlessCancelled(absl::Condition(&ready), deadline, cancelled)) {
+    return absl::CancelledError(
+        absl::StrCat(id, ": the wait for the layout was cancelled"));
+  }
+  ASSIGN_OR_RETURN(JobInfo * job, FindJob(id));
+  if (JobEnded(job->state())) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(id, " has ended: ", job->message()));
+  }
+  if (!all_registered(*job)) {
+    std::vector<std::string> missing;
+    for (const TaskInfo& t : job->tasks()) {
+      if (t.state() == TASK_WAITING) {
+        missing.push_back(TaskName(t.role(), t.index()));
+      }
+    }
+    const std::string waiting =
+        absl::StrCat("still waiting for ", absl::StrJoin(missing, ", "));
+    if (waits_stopped_) {
+      return absl::UnavailableError(
+          absl::StrCat(id, ": coordinator shutting down; ", waiting));
+    }
+    return absl::DeadlineExceededError(absl::StrCat(id, ": ", waiting));
+  }
+  // Elastic shards: the applied membership's layout, shards 0 to its
+  // num_ps - 1 (a worker recovering after worker 0 changed it finds the
+  // new shards).
+  const Membership* applied = AppliedMembership(*job);
+  const int shards = IsShardElastic(job->spec()) && applied != nullptr
+                         ? applied->num_ps()
+                         : job->spec().num_ps();
+  std::vector<std::string> addresses;
+  for (const TaskInfo& t : job->tasks()) {
+    if (t.role() == ROLE_PS && t.index() >= shards) continue;
+    const bool member = t.state() != TASK_IDLE && t.state() != TASK_REMOVED;
+    addresses.push_back(member ? t.address() : "");
+  }
+  return addresses;
+}
+
+void JobTable::StopWaits() {
+  // The waits' conditions are evaluated again when the lock is released.
+  absl::MutexLock lock(&mu_);
+  waits_stopped_ = true;
+}
+
+absl::StatusOr<std::string> JobTable::WaitForKey(
+    const std::string& id, const std::string& key, absl::Time deadline,
+    const std::function<bool()>& cancelled) {
   RETURN_IF_ERROR(CheckKey(key));
   absl::MutexLock lock(&mu_);
   auto ready = [this, &id, &key]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     JobInfo* job = Find(id);
-    return job == nullptr || job->kv().contains(key) || JobEnded(job->state());
+    return waits_stopped_ || job == nullptr || job->kv().contains(key) ||
+           JobEnded(job->state());
   };
-  mu_.AwaitWithDeadline(absl::Condition(&ready), deadline);
+  if (AwaitUnlessCancelled(absl::Condition(&ready), deadline, cancelled)) {
+    return absl::CancelledError(
+        absl::StrCat(id, ": the wait for key \"", key, "\" was cancelled"));
+  }
   ASSIGN_OR_RETURN(JobInfo * job, FindJob(id));
   auto it = job->kv().find(key);
   if (it != job->kv().end()) return it->second;
   if (JobEnded(job->state())) {
     return absl::FailedPreconditionError(
         absl::StrCat(id, " has ended: ", job->message()));
+  }
+  if (waits_stopped_) {
+    return absl::UnavailableError(absl::StrCat(
+        id, ": coordinator shutting down; key \"", key, "\" is not set yet"));
   }
   return absl::DeadlineExceededError(
       absl::StrCat(id, ": key \"", key, "\" was not set in time"));

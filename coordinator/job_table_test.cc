@@ -1,6 +1,7 @@
 #include "coordinator/job_table.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -435,6 +436,88 @@ TEST(JobTableTest, KeyValueStoreWaitsForKeys) {
   setter.join();
   ASSERT_TRUE(value.ok()) << value.status();
   EXPECT_EQ(*value, std::string("\x01\x00\x02", 3));
+}
+
+// A coordinator shutting down: the waits in flight end at once, and later
+// ones do not start; what is ready is still answered.
+TEST(JobTableTest, StopWaitsEndsTheWaitsUnavailable) {
+  JobTable table;
+  const std::string id = *table.Submit(Spec(), kT0);
+  ASSERT_TRUE(table.Set(id, "set", "v").ok());
+  absl::StatusOr<std::string> value;
+  absl::StatusOr<std::vector<std::string>> layout;
+  const absl::Time start = absl::Now();
+  std::thread key_waiter([&] {
+    value = table.WaitForKey(id, "never", absl::Now() + absl::Seconds(600));
+  });
+  std::thread layout_waiter([&] {
+    layout = table.WaitForLayout(id, absl::Now() + absl::Seconds(600));
+  });
+  absl::SleepFor(absl::Milliseconds(50));
+  table.StopWaits();
+  key_waiter.join();
+  layout_waiter.join();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+  EXPECT_TRUE(absl::IsUnavailable(value.status())) << value.status();
+  EXPECT_EQ(value.status().message(),
+            "job-1: coordinator shutting down; key \"never\" is not set yet");
+  EXPECT_TRUE(absl::IsUnavailable(layout.status())) << layout.status();
+  EXPECT_EQ(layout.status().message(),
+            "job-1: coordinator shutting down; still waiting for ps 0, ps 1, "
+            "worker 0, worker 1");
+  // Later waits: no wait.
+  EXPECT_TRUE(absl::IsUnavailable(
+      table.WaitForKey(id, "never", absl::Now() + absl::Seconds(600))
+          .status()));
+  EXPECT_EQ(*table.WaitForKey(id, "set", absl::Now() + absl::Seconds(600)),
+            "v");
+  ASSERT_TRUE(table.Cancel(id, kT0).ok());
+  EXPECT_TRUE(absl::IsFailedPrecondition(
+      table.WaitForKey(id, "never", absl::Now() + absl::Seconds(600))
+          .status()));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+}
+
+// A wait whose caller went away ends within about a check interval.
+TEST(JobTableTest, ACancelledWaitEnds) {
+  JobTable table;
+  const std::string id = *table.Submit(Spec(), kT0);
+  std::atomic<bool> gone{false};
+  std::function<bool()> cancelled = [&gone] { return gone.load(); };
+  absl::StatusOr<std::string> value;
+  absl::StatusOr<std::vector<std::string>> layout;
+  std::thread key_waiter([&] {
+    value = table.WaitForKey(id, "never", absl::Now() + absl::Seconds(600),
+                             cancelled);
+  });
+  std::thread layout_waiter([&] {
+    layout =
+        table.WaitForLayout(id, absl::Now() + absl::Seconds(600), cancelled);
+  });
+  absl::SleepFor(absl::Milliseconds(250));
+  const absl::Time start = absl::Now();
+  gone = true;
+  key_waiter.join();
+  layout_waiter.join();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(2));
+  EXPECT_TRUE(absl::IsCancelled(value.status())) << value.status();
+  EXPECT_TRUE(absl::IsCancelled(layout.status())) << layout.status();
+  // Not cancelled: the answers as before.
+  gone = false;
+  std::thread setter([&] {
+    absl::SleepFor(absl::Milliseconds(250));
+    EXPECT_TRUE(table.Set(id, "k", "v").ok());
+  });
+  EXPECT_EQ(
+      *table.WaitForKey(id, "k", absl::Now() + absl::Seconds(10), cancelled),
+      "v");
+  setter.join();
+  EXPECT_EQ(table
+                .WaitForKey(id, "never", absl::Now() + absl::Milliseconds(250),
+                            cancelled)
+                .status()
+                .message(),
+            "job-1: key \"never\" was not set in time");
 }
 
 TEST(JobTableTest, RestartFromTheJobFileKeepsJobs) {
