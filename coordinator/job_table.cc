@@ -37,7 +37,9 @@ std::string PlannedAddress(const JobSpec& spec, TaskRole role, int index) {
 absl::Status ReadJobFile(const std::string& path, int64_t max_bytes,
                          std::string* bytes) {
   const std::string name = absl::StrCat("job file ", path);
-  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  // O_NONBLOCK: a FIFO in the file's place is refused below, not waited on
+  // (regular files ignore the flag).
+  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) return ErrnoToStatus(errno, name);
   struct stat st;
   if (fstat(fd, &st) != 0) {

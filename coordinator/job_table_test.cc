@@ -1,5 +1,7 @@
 #include "coordinator/job_table.h"
 
+#include <sys/stat.h>
+
 #include <algorithm>
 #include <atomic>
 #include <cstdio>
@@ -697,6 +699,14 @@ TEST(JobTableTest, BrokenJobFilesAreRefusedNamingThem) {
   EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(s.message(), absl::StrCat("job file ", std::getenv("TEST_TMPDIR"),
                                       ": is a folder, not a job file"));
+  // A FIFO is refused at once, not waited on.
+  const std::string fifo = TempFile("fifo.pb");
+  std::remove(fifo.c_str());
+  ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0);
+  s = load(fifo);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(s.message(),
+            "job file " + fifo + ": is not a regular file, not a job file");
 
   // Consistent tables only: the tasks the spec says, in order, known ids.
   JobTable good(TempFile("good.pb"));
