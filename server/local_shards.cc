@@ -28,6 +28,8 @@ LocalShards::LocalShards(int num_shards, ShardOptions options,
 }
 
 LocalShards::~LocalShards() {
+  // As pstrain_ps: the checkpoint waits end before Shutdown waits for them.
+  for (auto& service : services_) service->Close();
   for (auto& server : servers_) server->Shutdown();
 }
 

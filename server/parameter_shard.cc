@@ -93,14 +93,13 @@ void ParameterShard::SetMembershipLocked(const WorkerMembership& membership) {
                                      std::move(optimizer)));
 }
 
-absl::Status ParameterShard::SetLrHorizon(int64_t total_steps) {
+absl::Status ParameterShard::CheckLrHorizonLocked(int64_t total_steps) const {
   const LrSchedule& schedule = options_.adam.schedule;
   if (total_steps < 0 || total_steps > LrSchedule::kMaxHorizon) {
     return absl::InvalidArgumentError(
         absl::StrCat("lr_total_steps ", total_steps, "; expected 0 to 1e9"));
   }
   if (!schedule.needs_horizon()) return absl::OkStatus();
-  absl::MutexLock lock(&membership_mu_);
   if (total_steps == 0 && lr_horizon_ > 0) return absl::OkStatus();  // kept
   if (total_steps <= schedule.warmup_steps) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -109,10 +108,38 @@ absl::Status ParameterShard::SetLrHorizon(int64_t total_steps) {
         "more than warmup_steps (",
         schedule.warmup_steps, ")"));
   }
-  if (lr_horizon_ == total_steps) return absl::OkStatus();
+  return absl::OkStatus();
+}
+
+absl::Status ParameterShard::CheckLrHorizon(int64_t total_steps) const {
+  absl::MutexLock lock(&membership_mu_);
+  return CheckLrHorizonLocked(total_steps);
+}
+
+absl::Status ParameterShard::SetLrHorizon(int64_t total_steps) {
+  absl::MutexLock lock(&membership_mu_);
+  if (absl::Status s = CheckLrHorizonLocked(total_steps); !s.ok()) return s;
+  if (!options_.adam.schedule.needs_horizon() || total_steps == 0 ||
+      lr_horizon_ == total_steps) {
+    return absl::OkStatus();
+  }
   lr_horizon_ = total_steps;
   SetMembershipLocked(*std::atomic_load(&membership_));  // its optimizer
   return absl::OkStatus();
+}
+
+int64_t ParameterShard::lr_horizon() const {
+  absl::MutexLock lock(&membership_mu_);
+  return lr_horizon_;
+}
+
+void ParameterShard::RestoreLrHorizon(int64_t total_steps) {
+  absl::MutexLock lock(&membership_mu_);
+  if (!options_.adam.schedule.needs_horizon() || lr_horizon_ == total_steps) {
+    return;
+  }
+  lr_horizon_ = total_steps;
+  SetMembershipLocked(*std::atomic_load(&membership_));  // its optimizer
 }
 
 std::vector<int> ParameterShard::AveragedWorkers(

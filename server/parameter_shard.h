@@ -392,6 +392,16 @@ class ParameterShard {
   // above its warmup steps (0 included: a worker that did not count).
   // Any thread.
   absl::Status SetLrHorizon(int64_t total_steps);
+  // SetLrHorizon()'s checks alone (nothing set): a service refuses a bad
+  // horizon before it reads the rest of an Init.
+  absl::Status CheckLrHorizon(int64_t total_steps) const;
+  // The horizon set (0: none yet, or a schedule that needs none).
+  int64_t lr_horizon() const;
+  // Puts back a horizon lr_horizon() returned, 0 included: a service whose
+  // Init the shard refused after the service set the request's horizon
+  // (set before the shard opens the new generation to pushes, so that no
+  // update of it runs with the old one).
+  void RestoreLrHorizon(int64_t total_steps);
 
   // In place of Push(): worker `worker_id` skips its chunk of `step` (a
   // non-finite value in it or in a chunk before it). The same checks as
@@ -578,7 +588,11 @@ class ParameterShard {
   // returns OK, the next registration, CancelDeferredSnapshot() or the
   // shard's end. Replaces an earlier registration.
   // FAILED_PRECONDITION (nothing registered): before Initialize(), another
-  // mode, or a chunk already past `version` (naming it).
+  // mode, a chunk already past `version`, or one more than s + 2 steps
+  // behind it (naming it): a worker 0 at step v has pulled version v - s of
+  // every chunk, and shard 0's cut is at most one step past the ends it
+  // admitted, whose workers pulled version cut - 1 - s; the other step
+  // allows for an update a skip takes back.
   absl::Status BeginDeferredSnapshot(int64_t version,
                                      std::vector<ChunkSnapshot>* out);
   // Blocks until every chunk of the registration of `version` has copied
@@ -827,6 +841,9 @@ class ParameterShard {
       ABSL_LOCKS_EXCLUDED(membership_mu_);
   void SetMembershipLocked(const WorkerMembership& membership)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(membership_mu_);
+  // CheckLrHorizon() under membership_mu_.
+  absl::Status CheckLrHorizonLocked(int64_t total_steps) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(membership_mu_);
   // Sync: every chunk is at version decided_step_ + 1 holding its state
   // from before decided_step_'s update (undo_step), so the decision can be
   // taken back (Reopen() at version decided_step_).
@@ -969,6 +986,9 @@ class ParameterShard {
   int64_t snap_version_ ABSL_GUARDED_BY(snap_mu_) = -1;
   int64_t snap_generation_ ABSL_GUARDED_BY(snap_mu_) = 0;
   int64_t snap_remaining_ ABSL_GUARDED_BY(snap_mu_) = 0;
+  // The registration's chunk count, for AwaitDeferredSnapshot()'s message
+  // (chunks_ itself may be replaced by a re-layout meanwhile).
+  int64_t snap_chunks_ ABSL_GUARDED_BY(snap_mu_) = 0;
 
   std::atomic<int64_t> samples_{0};
   std::atomic<int64_t> skipped_{0};
@@ -983,7 +1003,7 @@ class ParameterShard {
   // install, so SetLrHorizon() and a change taken at a decision do not
   // undo each other. lr_horizon_: a cosine schedule's total steps where
   // options_.adam's is 0; 0 until set.
-  absl::Mutex membership_mu_;
+  mutable absl::Mutex membership_mu_;
   int64_t lr_horizon_ ABSL_GUARDED_BY(membership_mu_) = 0;
   mutable absl::Mutex overflow_mu_;
   int64_t overflowed_ ABSL_GUARDED_BY(overflow_mu_) = 0;

@@ -128,6 +128,18 @@ absl::Status ParameterShard::BeginDeferredSnapshot(
     return absl::FailedPreconditionError(
         absl::StrCat(what, ": a deferred snapshot is for sync mode"));
   }
+  // A cut no chunk can be near is refused before anything is registered
+  // (see the header): it would only keep the writer waiting.
+  const int64_t ahead = policy_.open_steps() + 1;
+  for (const std::unique_ptr<ChunkState>& c : chunks_) {
+    absl::MutexLock lock(&c->mu);
+    if (c->version + ahead < version) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          what, ": chunk (", c->spec.param_id, ", ", c->spec.chunk_index,
+          ") is at version ", c->version, ", more than ", ahead,
+          " steps behind it (a cut is at most that far ahead of the shard)"));
+    }
+  }
   // Whatever an earlier registration left goes first, so that no chunk
   // writes into `out` for it.
   ClearChunkSnapshots();
@@ -137,6 +149,7 @@ absl::Status ParameterShard::BeginDeferredSnapshot(
     snap_version_ = version;
     snap_generation_ = generation_.load();
     snap_remaining_ = static_cast<int64_t>(chunks_.size());
+    snap_chunks_ = snap_remaining_;
   }
   absl::Status status;
   for (size_t i = 0; i < chunks_.size() && status.ok(); ++i) {
@@ -179,10 +192,10 @@ absl::Status ParameterShard::AwaitDeferredSnapshot(
     }
     const absl::Time now = absl::Now();
     if (now >= deadline) {
-      return absl::DeadlineExceededError(absl::StrCat(
-          "checkpoint of step ", version, " on shard ", options_.shard_index,
-          ": ", snap_remaining_, " of ", chunks_.size(),
-          " chunks have not reached that version"));
+      return absl::DeadlineExceededError(
+          absl::StrCat("checkpoint of step ", version, " on shard ",
+                       options_.shard_index, ": ", snap_remaining_, " of ",
+                       snap_chunks_, " chunks have not reached that version"));
     }
     snap_cv_.WaitWithTimeout(&snap_mu_,
                              std::min(deadline - now, absl::Milliseconds(100)));

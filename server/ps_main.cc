@@ -435,6 +435,11 @@ int main(int argc, char** argv) {
       ServeUntilEnd(agent, &shard, &service, &*listening, &files, &job_end);
   files.Finish();
   std::fflush(stdout);
+  // The server's Shutdown waits for every handler: a Checkpoint call
+  // waiting for a write, and that write waiting for a deferred cut that no
+  // worker will bring now, end first (a job whose workers are all done
+  // aborts nothing).
+  service.Close();
   listening->Shutdown(std::chrono::system_clock::now() +
                       std::chrono::seconds(2));
   return exit_code;

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <cstring>
 #include <deque>
@@ -156,14 +157,14 @@ PsService::~PsService() {
     watch_cv_.Signal();
   }
   watchdog_.join();
+  // A writer still waiting for a deferred cut gives up; no chunk copies
+  // itself into snapshot_ once it is gone.
+  Close();
   std::thread writer;
   {
     absl::MutexLock lock(&checkpoint_mu_);
     writer = std::move(checkpoint_writer_);
   }
-  // A writer still waiting for a deferred cut gives up; no chunk copies
-  // itself into snapshot_ once it is gone.
-  closing_.store(true);
   if (writer.joinable()) writer.join();
   if (deferred_snapshot()) shard_->CancelDeferredSnapshot();
 }
@@ -180,6 +181,7 @@ grpc::Status PsService::Checkpoint(grpc::ServerContext* context,
   absl::Status status = shard_->CheckWorker(request->header().job_id(),
                                             request->header().worker_id());
   if (!status.ok()) return ToGrpcStatus(status);
+  if (closing_.load()) return ClosingStatus();
   EnterLayout();
   absl::Cleanup left = [this] { LeaveLayout(); };
   if (request->header().worker_id() != 0) {
@@ -202,23 +204,30 @@ grpc::Status PsService::Checkpoint(grpc::ServerContext* context,
     response->set_step(*cut);
     return grpc::Status::OK;
   }
+  const int shard_index = shard_->options().shard_index;
   int64_t step = request->step();
+  // Every wait below ends before the caller's deadline (so that it reads
+  // this answer, not its own DEADLINE_EXCEEDED) and within the pull
+  // timeout, a call without a deadline included.
+  const absl::Time deadline = CheckpointWaitDeadline(*context);
   absl::MutexLock lock(&checkpoint_mu_);
   if (request->wait()) {
     if (step != checkpoint_step_) {
       return grpc::Status(
           grpc::StatusCode::FAILED_PRECONDITION,
-          absl::StrCat("shard ", shard_->options().shard_index,
-                       " began no checkpoint of step ", step,
-                       " (the last begun: ", checkpoint_step_, ")"));
+          absl::StrCat("shard ", shard_index, " began no checkpoint of step ",
+                       step, " (the last begun: ", checkpoint_step_, ")"));
     }
-    const absl::Time deadline = absl::FromChrono(context->deadline());
-    if (!checkpoint_mu_.AwaitWithDeadline(absl::Condition(&checkpoint_done_),
-                                          deadline)) {
+    auto done = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(checkpoint_mu_) {
+      return checkpoint_done_ || closing_.load();
+    };
+    checkpoint_mu_.AwaitWithDeadline(absl::Condition(&done), deadline);
+    if (!checkpoint_done_) {
+      if (closing_.load()) return ClosingStatus();
       return grpc::Status(
           grpc::StatusCode::DEADLINE_EXCEEDED,
-          absl::StrCat("shard ", shard_->options().shard_index,
-                       ": checkpoint of step ", step, " still being written"));
+          absl::StrCat("shard ", shard_index, ": checkpoint of step ", step,
+                       " is still being written"));
     }
     if (!checkpoint_status_.ok()) return ToGrpcStatus(checkpoint_status_);
     *response = checkpoint_result_;
@@ -230,6 +239,11 @@ grpc::Status PsService::Checkpoint(grpc::ServerContext* context,
         absl::StrCat("checkpoint end_step ", request->end_step(),
                      ": expected the job's number of steps (>= 0)"));
   }
+  // One write at a time: the one in flight finishes first (before shard 0
+  // holds any admissions for this one).
+  if (grpc::Status busy = JoinCheckpointWriterLocked(deadline); !busy.ok()) {
+    return busy;
+  }
   if (request->pick_step()) {
     // Backup workers: the cut is shard 0's to pick (its admissions), held
     // while worker 0 registers it on the other shards.
@@ -238,26 +252,25 @@ grpc::Status PsService::Checkpoint(grpc::ServerContext* context,
     if (!cut.ok()) return ToGrpcStatus(cut.status());
     step = *cut;
   }
+  absl::Cleanup release = [this, pick = request->pick_step()] {
+    if (pick) shard_->ReleaseCheckpointHold();
+  };
   response->set_step(step);
-  // The file's path comes from the shard's own configuration; the request
+  // The request is checked before anything is made on the shard's host:
+  // the step folder is made only for a cut that will be written. The
+  // file's path comes from the shard's own configuration; the request
   // names only the step (server/shard_checkpoint.h).
   const ShardOptions& o = shard_->options();
-  absl::StatusOr<std::string> path =
-      ShardCheckpointPath(o.checkpoint_dir, step, o.shard_index);
-  if (!path.ok()) {
-    if (request->pick_step()) shard_->ReleaseCheckpointHold();
-    return ToGrpcStatus(path.status());
-  }
-  // One write at a time: the one in flight finishes first. A concurrent
-  // call may start another while this one joins, hence the loop; each
-  // thread is joined by the one call that moved it out.
-  while (checkpoint_writer_.joinable()) {
-    checkpoint_mu_.Await(absl::Condition(&checkpoint_done_));
-    if (!checkpoint_writer_.joinable()) continue;  // another call took it
-    std::thread finished = std::move(checkpoint_writer_);
-    checkpoint_mu_.Unlock();
-    finished.join();
-    checkpoint_mu_.Lock();
+  status = CheckShardCheckpointPath(o.checkpoint_dir, step, o.shard_index);
+  if (!status.ok()) return ToGrpcStatus(status);
+  // Within a generation worker 0's steps only grow: a step behind the
+  // last cut begun would rewrite an older checkpoint's file.
+  if (const int64_t begun = AnnouncedCheckpointStep(); step < begun) {
+    return grpc::Status(
+        grpc::StatusCode::FAILED_PRECONDITION,
+        absl::StrCat("shard ", shard_index, " began a checkpoint of step ",
+                     begun, " in generation ", shard_->generation(),
+                     " already; a checkpoint of step ", step, " is behind it"));
   }
   if (snapshot_ == nullptr) {
     snapshot_ = std::make_shared<std::vector<ChunkSnapshot>>();
@@ -266,13 +279,17 @@ grpc::Status PsService::Checkpoint(grpc::ServerContext* context,
   // the chunks reach the step at different times, so each copies itself
   // when it gets there (ParameterShard::BeginDeferredSnapshot) and the
   // writer waits for the last; else every chunk is at the step now.
-  absl::Status snapshot =
-      deferred_snapshot() ? shard_->BeginDeferredSnapshot(step, snapshot_.get())
-                          : shard_->SnapshotInto(step, snapshot_.get());
-  if (!snapshot.ok()) {
-    if (request->pick_step()) shard_->ReleaseCheckpointHold();
-    return ToGrpcStatus(snapshot);
+  status = deferred_snapshot()
+               ? shard_->BeginDeferredSnapshot(step, snapshot_.get())
+               : shard_->SnapshotInto(step, snapshot_.get());
+  if (!status.ok()) return ToGrpcStatus(status);
+  absl::StatusOr<std::string> path =
+      ShardCheckpointPath(o.checkpoint_dir, step, o.shard_index);
+  if (!path.ok()) {
+    if (deferred_snapshot()) shard_->CancelDeferredSnapshot();
+    return ToGrpcStatus(path.status());
   }
+  std::move(release).Cancel();
   checkpoint_step_ = step;
   AnnounceCheckpointStep(step);
   checkpoint_done_ = false;
@@ -280,17 +297,22 @@ grpc::Status PsService::Checkpoint(grpc::ServerContext* context,
   checkpoint_result_.Clear();
   // The layout's shard count (an elastic job's may change after).
   const int num_shards = shard_->plan().num_shards();
-  checkpoint_writer_ = std::thread(
-      [this, step, num_shards, path = *std::move(path), chunks = snapshot_]() {
+  // A deferred cut that does not come within the pull timeout (a worker
+  // stopped short of it: a pull of that version would have failed by
+  // then) is given up, and the checkpoint fails with DEADLINE_EXCEEDED.
+  const absl::Time cut_deadline = absl::Now() + pull_timeout_;
+  checkpoint_writer_ =
+      std::thread([this, step, num_shards, cut_deadline,
+                   path = *std::move(path), chunks = snapshot_]() {
         const ShardOptions& o = shard_->options();
         // The file's contents are fsynced; its folder is the caller's to
         // fsync, once for every file of the checkpoint (proto/ps.proto).
         safetensors::WriteOptions in_folder;
         in_folder.sync_folder = false;
         const absl::Status cut =
-            deferred_snapshot() ? shard_->AwaitDeferredSnapshot(
-                                      step, absl::InfiniteFuture(), &closing_)
-                                : absl::OkStatus();
+            deferred_snapshot()
+                ? shard_->AwaitDeferredSnapshot(step, cut_deadline, &closing_)
+                : absl::OkStatus();
         absl::StatusOr<safetensors::WriteResult> written =
             cut.ok() ? WriteShardCheckpoint(path, *chunks, o.shard_index,
                                             num_shards, step, in_folder)
@@ -315,6 +337,59 @@ grpc::Status PsService::Checkpoint(grpc::ServerContext* context,
         checkpoint_done_ = true;
       });
   return grpc::Status::OK;
+}
+
+absl::Time PsService::CheckpointWaitDeadline(
+    const grpc::ServerContext& context) const {
+  const absl::Time now = absl::Now();
+  absl::Time deadline = now + pull_timeout_;
+  const auto theirs = context.deadline();
+  if (theirs != std::chrono::system_clock::time_point::max()) {
+    const absl::Time end = absl::FromChrono(theirs);
+    const absl::Duration margin = std::min(
+        absl::Seconds(1), std::max(absl::ZeroDuration(), end - now) / 10);
+    deadline = std::min(deadline, end - margin);
+  }
+  return deadline;
+}
+
+grpc::Status PsService::JoinCheckpointWriterLocked(absl::Time deadline) {
+  auto done = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(checkpoint_mu_) {
+    return checkpoint_done_ || closing_.load();
+  };
+  // A concurrent call may start another write while this one joins, hence
+  // the loop; each thread is joined by the one call that moved it out.
+  while (checkpoint_writer_.joinable() && !closing_.load()) {
+    if (!checkpoint_mu_.AwaitWithDeadline(absl::Condition(&done), deadline)) {
+      return grpc::Status(
+          grpc::StatusCode::UNAVAILABLE,
+          absl::StrCat("shard ", shard_->options().shard_index,
+                       ": checkpoint of step ", checkpoint_step_,
+                       " is still being written (a deferred cut waits at "
+                       "most the pull timeout, ",
+                       absl::FormatDuration(pull_timeout_),
+                       ", for its chunks); ask again once it is done"));
+    }
+    if (closing_.load() || !checkpoint_writer_.joinable()) continue;
+    std::thread finished = std::move(checkpoint_writer_);
+    checkpoint_mu_.Unlock();
+    finished.join();
+    checkpoint_mu_.Lock();
+  }
+  if (closing_.load()) return ClosingStatus();
+  return grpc::Status::OK;
+}
+
+grpc::Status PsService::ClosingStatus() const {
+  return grpc::Status(
+      grpc::StatusCode::UNAVAILABLE,
+      absl::StrCat("shard ", shard_->options().shard_index,
+                   " is shutting down: it takes no more checkpoints"));
+}
+
+void PsService::Close() {
+  absl::MutexLock lock(&checkpoint_mu_);
+  closing_.store(true);
 }
 
 grpc::Status PsService::Authorize(const grpc::ServerContext& context,
@@ -466,11 +541,25 @@ grpc::Status PsService::Init(grpc::ServerContext* context,
     loss_scaler = LossScaler::State{request.loss_scaler().scale(),
                                     request.loss_scaler().growth_tracker()};
   }
-  // A cosine schedule's horizon where the job left it to worker 0's count.
-  if (absl::Status horizon = shard_->SetLrHorizon(request.lr_total_steps());
+  // A cosine schedule's horizon where the job left it to worker 0's count:
+  // checked now, set only once the rest of the request is, just before
+  // the shard's call that opens the new state to pushes (so that no update
+  // of it runs with the old horizon), and put back if the shard refuses
+  // that call: a refused Init changes nothing.
+  const int64_t lr_total_steps = request.lr_total_steps();
+  if (absl::Status horizon = shard_->CheckLrHorizon(lr_total_steps);
       !horizon.ok()) {
     return ToGrpcStatus(horizon);
   }
+  auto with_horizon = [this, lr_total_steps](auto open) -> absl::Status {
+    const int64_t before = shard_->lr_horizon();
+    if (absl::Status set = shard_->SetLrHorizon(lr_total_steps); !set.ok()) {
+      return set;
+    }
+    absl::Status opened = open();
+    if (!opened.ok()) shard_->RestoreLrHorizon(before);
+    return opened;
+  };
   const bool restore = shard_->initialized() && generation > 0;
   if (restore) restores_in_progress_.fetch_add(1);
   absl::Cleanup restored = [this, restore] {
@@ -489,18 +578,22 @@ grpc::Status PsService::Init(grpc::ServerContext* context,
                             "a change planned at a decision must carry the "
                             "membership it changes to");
       }
-      if (absl::Status planned =
-              shard_->PlanReopen(generation, reopen_version, *membership);
+      if (absl::Status planned = with_horizon([&] {
+            return shard_->PlanReopen(generation, reopen_version, *membership);
+          });
           !planned.ok()) {
         return ToGrpcStatus(planned);
       }
       response->set_version(reopen_version);
       return grpc::Status::OK;
     }
-    absl::StatusOr<int64_t> version =
-        shard_->Reopen(generation, reopen_version,
-                       membership.has_value() ? &*membership : nullptr);
-    if (!version.ok()) return ToGrpcStatus(version.status());
+    absl::StatusOr<int64_t> version = absl::UnknownError("not reopened");
+    status = with_horizon([&] {
+      version = shard_->Reopen(generation, reopen_version,
+                               membership.has_value() ? &*membership : nullptr);
+      return version.status();
+    });
+    if (!status.ok()) return ToGrpcStatus(status);
     response->set_version(*version);
     return grpc::Status::OK;
   }
@@ -537,10 +630,12 @@ grpc::Status PsService::Init(grpc::ServerContext* context,
     if (!status.ok()) return ToGrpcStatus(status);
   }
   shard_->SetRowSparseLayout(row_elements);
-  status = shard_->Initialize(
-      sizes, partition_bytes, std::move(chunks), num_buffers, generation,
-      membership.has_value() ? &*membership : nullptr, *num_shards,
-      loss_scaler.has_value() ? &*loss_scaler : nullptr);
+  status = with_horizon([&] {
+    return shard_->Initialize(
+        sizes, partition_bytes, std::move(chunks), num_buffers, generation,
+        membership.has_value() ? &*membership : nullptr, *num_shards,
+        loss_scaler.has_value() ? &*loss_scaler : nullptr);
+  });
   if (relayout) EndRelayout();
   if (!status.ok()) return ToGrpcStatus(status);
   response->set_num_chunks(num_chunks);

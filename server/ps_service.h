@@ -8,7 +8,8 @@
 //   - the background writer of this shard's checkpoint file (one at a time,
 //     under the job's checkpoint_dir; server/shard_checkpoint.h), which
 //     with bounded staleness or backup workers first waits for the
-//     shard's deferred cut (StepPolicy::deferred_snapshot());
+//     shard's deferred cut (StepPolicy::deferred_snapshot()), at most the
+//     pull timeout;
 //   - the authorization of every call (common/authz.h) and the counters its
 //     metrics read.
 //
@@ -51,8 +52,17 @@ class PsService final : public ParameterServer::Service {
   PsService(ParameterShard* shard, absl::Duration pull_timeout,
             bool authorize = false,
             absl::Duration write_timeout = absl::Seconds(60));
-  // Waits for a checkpoint write in flight; stops the write watchdog.
+  // Close(), then waits for a checkpoint write in flight; stops the write
+  // watchdog.
   ~PsService() override;
+
+  // Ends the checkpoint waits, for the server's shutdown: a Checkpoint call
+  // waiting for the write in flight answers UNAVAILABLE, the writer
+  // waiting for a deferred cut gives it up (the checkpoint fails with
+  // CANCELLED), and every later Checkpoint call is UNAVAILABLE. The gRPC
+  // server's Shutdown waits for every handler, so the shard's process
+  // calls this before it (server/ps_main.cc). Idempotent; any thread.
+  void Close();
 
   grpc::Status Init(grpc::ServerContext* context,
                     grpc::ServerReader<InitRequest>* reader,
@@ -67,6 +77,16 @@ class PsService final : public ParameterServer::Service {
       grpc::ServerReaderWriter<grpc::ByteBuffer, grpc::ByteBuffer>* stream);
   grpc::Status Stats(grpc::ServerContext* context, const StatsRequest* request,
                      StatsResponse* response) override;
+  // Worker 0's checkpoint of a step (proto/ps.proto CheckpointRequest).
+  // Checked before anything is made on the shard's host (the step folder
+  // is made only for a cut the shard will write): the folder
+  // (ShardCheckpointPath), a step not behind the last begun in the
+  // shard's generation (FAILED_PRECONDITION), the step the shard's chunks
+  // are at (sync) or near (a deferred cut; ParameterShard::SnapshotInto,
+  // BeginDeferredSnapshot). A write still in flight is waited for until
+  // just before the caller's deadline and at most the pull timeout, then
+  // UNAVAILABLE naming its step (`wait`: DEADLINE_EXCEEDED); UNAVAILABLE
+  // once Close() was called.
   grpc::Status Checkpoint(grpc::ServerContext* context,
                           const CheckpointRequest* request,
                           CheckpointResponse* response) override;
@@ -113,6 +133,18 @@ class PsService final : public ParameterServer::Service {
   class PushPullSession;
 
   void Touch();
+
+  // How long a Checkpoint call may wait for the write in flight: a tenth
+  // of its time left (at most 1 s) before the caller's deadline, so that
+  // the caller reads the answer, and at most the pull timeout from now.
+  absl::Time CheckpointWaitDeadline(const grpc::ServerContext& context) const;
+  // Joins the checkpoint writer in flight, waiting for it until `deadline`
+  // (checkpoint_mu_ is released while it joins): UNAVAILABLE naming the
+  // write's step past `deadline`, or once Close() was called.
+  grpc::Status JoinCheckpointWriterLocked(absl::Time deadline)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(checkpoint_mu_);
+  // UNAVAILABLE: the service is closing (Close()).
+  grpc::Status ClosingStatus() const;
 
   // Records `step` as the newest checkpoint cut begun, in the shard's
   // current generation; and reads it back (-1: none begun in the current
@@ -200,7 +232,9 @@ class PsService final : public ParameterServer::Service {
   bool checkpoint_done_ ABSL_GUARDED_BY(checkpoint_mu_) = true;
   absl::Status checkpoint_status_ ABSL_GUARDED_BY(checkpoint_mu_);
   CheckpointResponse checkpoint_result_ ABSL_GUARDED_BY(checkpoint_mu_);
-  // Set by the destructor: a writer waiting for a deferred cut gives up.
+  // Set by Close() under checkpoint_mu_ (so that the waits on it see it):
+  // the waits for the writer end and a writer waiting for a deferred cut
+  // gives up.
   std::atomic<bool> closing_{false};
   // The step of the newest checkpoint begun (-1: none) and the generation
   // it was begun in, announced on every pull's last message of that

@@ -17,13 +17,16 @@
 #include <thread>
 #include <vector>
 
+#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "common/chunk_message.h"
 #include "common/grpc_server.h"
 #include "gmock/gmock.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "optim/adam.h"
+#include "optim/optimizer.h"
 #include "server/shard_checkpoint.h"
 
 namespace pstrain {
@@ -35,22 +38,39 @@ using ::testing::HasSubstr;
 class PsServiceTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    ShardOptions options;
-    options.job_id = "job";
-    options.num_workers = 2;
-    options.mode = SyncMode::kSync;
-    options.adam.lr = 0.1f;
     checkpoint_root_ =
         ::testing::TempDir() + "/ps_service_test_ckpt/" +
         ::testing::UnitTest::GetInstance()->current_test_info()->name();
     std::filesystem::remove_all(checkpoint_root_);
     std::filesystem::create_directories(checkpoint_root_);
+    ASSERT_NO_FATAL_FAILURE(Serve(BaseOptions(), absl::Seconds(5)));
+  }
+  void TearDown() override {
+    if (server_) server_->Shutdown();
+  }
+
+  // 2 sync workers, Adam at lr 0.1, checkpoints under checkpoint_root_.
+  ShardOptions BaseOptions() const {
+    ShardOptions options;
+    options.job_id = "job";
+    options.num_workers = 2;
+    options.mode = SyncMode::kSync;
+    options.adam.lr = 0.1f;
     options.checkpoint_dir = checkpoint_root_;
+    return options;
+  }
+  // (Re)starts the shard (initialised with the one chunk {1, 2, 3, 4}),
+  // its service with `pull_timeout`, and its server.
+  void Serve(const ShardOptions& options, absl::Duration pull_timeout) {
+    if (server_) server_->Shutdown();
+    stub_.reset();
+    server_.reset();
+    service_.reset();
     shard_ = std::make_unique<ParameterShard>(options);
     std::vector<InitChunk> chunks(1);
     chunks[0].values = {1, 2, 3, 4};
     ASSERT_TRUE(shard_->Initialize({4}, 16, std::move(chunks)).ok());
-    service_ = std::make_unique<PsService>(shard_.get(), absl::Seconds(5));
+    service_ = std::make_unique<PsService>(shard_.get(), pull_timeout);
     absl::StatusOr<ListeningServer> listening =
         StartGrpcServer("127.0.0.1:0", service_.get(), "");
     ASSERT_TRUE(listening.ok()) << listening.status();
@@ -59,9 +79,6 @@ class PsServiceTest : public ::testing::Test {
         grpc::CreateChannel("127.0.0.1:" + std::to_string(listening->port),
                             grpc::InsecureChannelCredentials());
     stub_ = ParameterServer::NewStub(channel_);
-  }
-  void TearDown() override {
-    if (server_) server_->Shutdown();
   }
 
   static PushPullRequest Push(int worker, const std::string& data,
@@ -128,12 +145,15 @@ class PsServiceTest : public ::testing::Test {
     return stream->Finish();
   }
 
-  // Worker 0's Checkpoint call for `step` (`wait` as in proto/ps.proto).
+  // Worker 0's Checkpoint call for `step` (`wait` as in proto/ps.proto),
+  // with a deadline `timeout` ahead (InfiniteDuration: none).
   grpc::Status Checkpoint(const CheckpointRequest& request,
-                          CheckpointResponse* response = nullptr) {
+                          CheckpointResponse* response = nullptr,
+                          absl::Duration timeout = absl::Seconds(10)) {
     grpc::ClientContext context;
-    context.set_deadline(std::chrono::system_clock::now() +
-                         std::chrono::seconds(10));
+    if (timeout != absl::InfiniteDuration()) {
+      context.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+    }
     CheckpointResponse ignored;
     return stub_->Checkpoint(&context, request, response ? response : &ignored);
   }
@@ -566,6 +586,206 @@ TEST_F(PsServiceTest, PullsWaitingOnOneStreamAreCapped) {
   EXPECT_EQ(status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED)
       << status.error_message() << " after " << written << " pulls";
   EXPECT_THAT(status.error_message(), HasSubstr("pulls waiting"));
+}
+
+// Bounded staleness 1: a checkpoint's cut is deferred until every chunk
+// reaches it. Cut 1 needs both workers' pushes of step 0, which never come
+// here. Every wait on it ends by its call's deadline with a status that
+// names it, and the shard still shuts down at once: a Checkpoint handler
+// once parked past its deadline (holding a layout use) behind a writer
+// that only the service's destructor, after the server's Shutdown, would
+// stop, so the shard's process never exited.
+TEST_F(PsServiceTest, CheckpointWaitsForACutThatNeverComesEndByTheirDeadline) {
+  ShardOptions options = BaseOptions();
+  options.staleness = 1;
+  ASSERT_NO_FATAL_FAILURE(Serve(options, absl::Seconds(10)));
+  ASSERT_TRUE(Checkpoint(CheckpointOf(1, /*wait=*/false)).ok());
+
+  absl::Time start = absl::Now();
+  const grpc::Status waited =
+      Checkpoint(CheckpointOf(1, /*wait=*/true), nullptr, absl::Seconds(1));
+  EXPECT_LT(absl::Now() - start, absl::Milliseconds(1500));
+  EXPECT_EQ(waited.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
+  EXPECT_EQ(waited.error_message(),
+            "shard 0: checkpoint of step 1 is still being written");
+
+  // The next checkpoint does not park behind it past its own deadline.
+  start = absl::Now();
+  const grpc::Status again =
+      Checkpoint(CheckpointOf(1, /*wait=*/false), nullptr, absl::Seconds(1));
+  EXPECT_LT(absl::Now() - start, absl::Milliseconds(1500));
+  EXPECT_EQ(again.error_code(), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_THAT(again.error_message(),
+              HasSubstr("shard 0: checkpoint of step 1 is still being "
+                        "written"));
+
+  // Shutdown: Close() (pstrain_ps calls it first) ends a call still
+  // waiting and the writer's wait, so the server's Shutdown, which waits
+  // for every handler, ends at once.
+  grpc::Status closed;
+  std::thread waiting([&] {
+    closed =
+        Checkpoint(CheckpointOf(1, /*wait=*/true), nullptr, absl::Seconds(30));
+  });
+  absl::SleepFor(absl::Milliseconds(300));
+  service_->Close();
+  absl::Notification shut_down;
+  std::thread shutdown([&] {
+    server_->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(2)));
+    shut_down.Notify();
+  });
+  const bool ended = shut_down.WaitForNotificationWithTimeout(absl::Seconds(4));
+  EXPECT_TRUE(ended) << "the server's Shutdown still waits for a handler";
+  if (!ended) {
+    // Leaked: their destructors would wait for the stuck handler too.
+    shutdown.detach();
+    waiting.detach();
+    server_.release();
+    service_.release();
+    shard_.release();
+    return;
+  }
+  shutdown.join();
+  waiting.join();
+  EXPECT_EQ(closed.error_code(), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_EQ(closed.error_message(),
+            "shard 0 is shutting down: it takes no more checkpoints");
+}
+
+// A wait without a deadline ends too: the shard's pull timeout caps every
+// checkpoint wait, and the writer gives a cut that has not come by then up
+// (DEADLINE_EXCEEDED naming the chunks short of it), so that the next
+// checkpoint can begin.
+TEST_F(PsServiceTest, ACheckpointWaitWithoutADeadlineEndsWithinThePullTimeout) {
+  ShardOptions options = BaseOptions();
+  options.staleness = 1;
+  ASSERT_NO_FATAL_FAILURE(Serve(options, absl::Seconds(1)));
+  ASSERT_TRUE(Checkpoint(CheckpointOf(1, /*wait=*/false)).ok());
+  grpc::Status waited;
+  absl::Notification answered;
+  const absl::Time start = absl::Now();
+  std::thread caller([&] {
+    waited = Checkpoint(CheckpointOf(1, /*wait=*/true), nullptr,
+                        absl::InfiniteDuration());
+    answered.Notify();
+  });
+  const bool ended = answered.WaitForNotificationWithTimeout(absl::Seconds(4));
+  EXPECT_TRUE(ended) << "a wait without a deadline waits on";
+  if (!ended) service_->Close();  // ends it, so that it can be joined
+  caller.join();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(3));
+  EXPECT_EQ(waited.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED)
+      << waited.error_message();
+  // The writer gave the cut up: a new checkpoint begins at once.
+  absl::SleepFor(absl::Milliseconds(300));
+  const grpc::Status begun =
+      Checkpoint(CheckpointOf(1, /*wait=*/false), nullptr, absl::Seconds(1));
+  EXPECT_TRUE(begun.ok()) << begun.error_message();
+}
+
+// A refused checkpoint makes nothing on the shard's host: the step folder
+// is made only for a cut the shard writes. Refused: a step the chunks are
+// not at (sync), a deferred cut far ahead of every chunk (staleness), a
+// step behind the last one begun in the generation (async).
+TEST_F(PsServiceTest, ARefusedCheckpointLeavesNoFolder) {
+  auto folder = [&](int64_t step) {
+    return std::filesystem::exists(checkpoint_root_ + "/step-" +
+                                   std::to_string(step));
+  };
+  grpc::Status status = Checkpoint(CheckpointOf(5, /*wait=*/false));
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_THAT(status.error_message(), HasSubstr("is at version 0"));
+  EXPECT_FALSE(folder(5));
+  CheckpointRequest other = CheckpointOf(6, /*wait=*/false);
+  other.mutable_header()->set_worker_id(1);
+  EXPECT_EQ(Checkpoint(other).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_FALSE(folder(6));
+  ASSERT_TRUE(Checkpoint(CheckpointOf(0, /*wait=*/false)).ok());
+  EXPECT_TRUE(folder(0));
+
+  ShardOptions staleness = BaseOptions();
+  staleness.staleness = 1;
+  ASSERT_NO_FATAL_FAILURE(Serve(staleness, absl::Seconds(5)));
+  status = Checkpoint(CheckpointOf(1000000, /*wait=*/false));
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_EQ(status.error_message(),
+            "checkpoint of step 1000000 on shard 0: chunk (0, 0) is at "
+            "version 0, more than 3 steps behind it (a cut is at most that "
+            "far ahead of the shard)");
+  EXPECT_FALSE(folder(1000000));
+  // As far ahead as a worker 0 can ask for: registered.
+  ASSERT_TRUE(Checkpoint(CheckpointOf(3, /*wait=*/false)).ok());
+  EXPECT_TRUE(folder(3));
+
+  ShardOptions async = BaseOptions();
+  async.mode = SyncMode::kAsync;
+  ASSERT_NO_FATAL_FAILURE(Serve(async, absl::Seconds(5)));
+  ASSERT_TRUE(Checkpoint(CheckpointOf(20, /*wait=*/false)).ok());
+  ASSERT_TRUE(Checkpoint(CheckpointOf(20, /*wait=*/true)).ok());
+  status = Checkpoint(CheckpointOf(10, /*wait=*/false));
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_EQ(status.error_message(),
+            "shard 0 began a checkpoint of step 20 in generation 0 already; "
+            "a checkpoint of step 10 is behind it");
+  EXPECT_FALSE(folder(10));
+  EXPECT_TRUE(Checkpoint(CheckpointOf(20, /*wait=*/false)).ok());  // again
+}
+
+// A cosine schedule's horizon (InitRequest.lr_total_steps) changes only
+// with an Init the shard takes: a refused one (a repeated chunk, a restore
+// at a generation not above the shard's, a reopen carrying chunks or at
+// an older generation) leaves it as it was.
+TEST_F(PsServiceTest, ARefusedInitLeavesTheLrHorizon) {
+  ShardOptions options = BaseOptions();
+  options.adam.schedule.decay = LrDecay::kCosine;
+  options.adam.schedule.total_steps = 0;  // worker 0's count
+  ASSERT_NO_FATAL_FAILURE(Serve(options, absl::Seconds(5)));
+  ASSERT_TRUE(shard_->SetLrHorizon(10).ok());  // as the first Init's
+
+  auto init = [&](int64_t generation, bool reopen, int num_chunks) {
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+    InitResponse response;
+    auto writer = stub_->Init(&context, &response);
+    InitRequest first;
+    first.mutable_header()->set_job_id("job");
+    first.mutable_header()->set_worker_id(0);
+    first.mutable_layout()->add_param_num_elements(4);
+    first.mutable_layout()->set_partition_bytes(16);
+    first.set_generation(generation);
+    first.set_lr_total_steps(50);
+    first.set_reopen(reopen);
+    first.set_reopen_version(-1);
+    writer->Write(first);
+    InitRequest chunk;
+    chunk.mutable_header()->set_job_id("job");
+    chunk.mutable_header()->set_worker_id(0);
+    chunk.mutable_chunk()->set_dtype(DTYPE_FLOAT32);
+    chunk.mutable_chunk()->set_num_elements(4);
+    chunk.mutable_chunk()->set_data(Bytes({9, 9, 9, 9}));
+    for (int i = 0; i < num_chunks; ++i) writer->Write(chunk);
+    writer->WritesDone();
+    return writer->Finish();
+  };
+  struct Refused {
+    int64_t generation;
+    bool reopen;
+    int num_chunks;
+    grpc::StatusCode code;
+  };
+  for (const Refused& r : {
+           Refused{1, false, 2, grpc::StatusCode::INVALID_ARGUMENT},
+           Refused{0, false, 1, grpc::StatusCode::FAILED_PRECONDITION},
+           Refused{1, true, 1, grpc::StatusCode::INVALID_ARGUMENT},
+           Refused{0, true, 0, grpc::StatusCode::FAILED_PRECONDITION},
+       }) {
+    const grpc::Status status = init(r.generation, r.reopen, r.num_chunks);
+    EXPECT_EQ(status.error_code(), r.code) << status.error_message();
+    EXPECT_EQ(shard_->lr_horizon(), 10) << status.error_message();
+  }
+  const grpc::Status reopened = init(1, /*reopen=*/true, 0);
+  ASSERT_TRUE(reopened.ok()) << reopened.error_message();
+  EXPECT_EQ(shard_->lr_horizon(), 50);
 }
 
 TEST(ShardCheckpointPathTest, BuildsTheFileUnderRootAndMakesTheStepFolder) {

@@ -38,10 +38,11 @@ absl::StatusOr<std::string> RealPath(const std::string& path) {
   return std::string(resolved);
 }
 
-}  // namespace
-
-absl::StatusOr<std::string> ShardCheckpointPath(const std::string& root,
-                                                int64_t step, int shard_index) {
+// ShardCheckpointPath and CheckShardCheckpointPath: the step folder is made
+// only where `create`; else a missing one is fine (nothing is made).
+absl::StatusOr<std::string> StepFolderPath(const std::string& root,
+                                           int64_t step, int shard_index,
+                                           bool create) {
   if (root.empty()) {
     return absl::FailedPreconditionError(
         "this shard takes no checkpoints: the job has no checkpoint_dir");
@@ -57,11 +58,14 @@ absl::StatusOr<std::string> ShardCheckpointPath(const std::string& root,
         "checkpoint folder ", root, ": not a folder on this shard's host"));
   }
   const std::string step_dir = absl::StrCat(root, "/step-", step);
+  const std::string file =
+      absl::StrCat(step_dir, "/shard-", shard_index, ".safetensors");
   if (::lstat(step_dir.c_str(), &st) != 0) {
     if (errno != ENOENT) {
       return absl::InternalError(
           absl::StrCat(step_dir, ": ", std::strerror(errno)));
     }
+    if (!create) return file;
     // Worker 0 usually made it first; EEXIST is then a race with it, and
     // the lstat below checks what is there.
     if (::mkdir(step_dir.c_str(), 0777) != 0 && errno != EEXIST) {
@@ -88,7 +92,19 @@ absl::StatusOr<std::string> ShardCheckpointPath(const std::string& root,
         absl::StrCat(step_dir, ": resolves to ", *real_step,
                      ", outside the checkpoint folder ", *real_root));
   }
-  return absl::StrCat(step_dir, "/shard-", shard_index, ".safetensors");
+  return file;
+}
+
+}  // namespace
+
+absl::StatusOr<std::string> ShardCheckpointPath(const std::string& root,
+                                                int64_t step, int shard_index) {
+  return StepFolderPath(root, step, shard_index, /*create=*/true);
+}
+
+absl::Status CheckShardCheckpointPath(const std::string& root, int64_t step,
+                                      int shard_index) {
+  return StepFolderPath(root, step, shard_index, /*create=*/false).status();
 }
 
 absl::StatusOr<safetensors::WriteResult> WriteShardCheckpoint(

@@ -52,6 +52,13 @@ inline constexpr char kShardCheckpointFormat[] = "pstrain-shard-checkpoint/1";
 absl::StatusOr<std::string> ShardCheckpointPath(const std::string& root,
                                                 int64_t step, int shard_index);
 
+// ShardCheckpointPath's checks, creating nothing: a missing step folder is
+// fine (ShardCheckpointPath makes it). A shard runs them before it takes a
+// checkpoint's snapshot, and makes the folder only for a cut it will write
+// (PsService::Checkpoint), so that a refused request leaves no folder.
+absl::Status CheckShardCheckpointPath(const std::string& root, int64_t step,
+                                      int shard_index);
+
 // Writes `chunks` (ParameterShard::Snapshot()) durably to `path`
 // (safetensors::Write with `options`).
 absl::StatusOr<safetensors::WriteResult> WriteShardCheckpoint(
