@@ -78,10 +78,11 @@ std::unique_ptr<Coordinator::Stub> NewStub() {
       tls.ok() ? ChannelCredentials(*tls, TlsIdentity{TlsRole::kAdmin})
                : tls.status();
   if (!credentials.ok()) std::exit(Fail(2, credentials.status().ToString()));
-  grpc::ChannelArguments args;
-  SetPeerServerName(TlsIdentity{TlsRole::kCoordinator}, &args);
-  return Coordinator::NewStub(grpc::CreateCustomChannel(
-      absl::GetFlag(FLAGS_coordinator), *credentials, args));
+  // Any answer the coordinator sends, a whole log or every job's store
+  // (kMaxCoordinatorAnswerBytes), is received.
+  return Coordinator::NewStub(
+      grpc::CreateCustomChannel(absl::GetFlag(FLAGS_coordinator), *credentials,
+                                CoordinatorChannelArguments()));
 }
 
 // The process's one stub, made on the first call and never destroyed: its
@@ -432,9 +433,9 @@ int TraceCommand(const std::vector<std::string>& args) {
   std::string dir = args[0];
   std::error_code error;
   if (!fs::is_directory(dir, error)) {
-    // A job id: its metrics_dir, from the coordinator.
+    // A job id: its metrics_dir, from the coordinator (not its log).
     JobInfo job;
-    const grpc::Status status = GetJob(Stub(), args[0], 0, &job);
+    const grpc::Status status = GetJob(Stub(), args[0], JobTable::kNoLog, &job);
     if (!status.ok()) return RpcFailure(status);
     if (job.spec().metrics_dir().empty() || !job.spec().trace()) {
       return Fail(2, absl::StrCat(args[0],

@@ -11,7 +11,9 @@
 #include "catalog/job_config.h"
 #include "common/flags_util.h"
 #include "common/status.h"
+#include "common/utf8.h"
 #include "coordinator/job_table.h"
+#include "coordinator/task_agent.h"
 #include "grpcpp/grpcpp.h"
 #include "worker/checkpoint.h"
 
@@ -50,10 +52,8 @@ absl::StatusOr<std::unique_ptr<Coordinator::Stub>> CoordinatorStubAs(
   absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials =
       ChannelCredentials(tls, self);
   if (!credentials.ok()) return credentials.status();
-  grpc::ChannelArguments args;
-  SetPeerServerName(TlsIdentity{TlsRole::kCoordinator}, &args);
-  return Coordinator::NewStub(
-      grpc::CreateCustomChannel(address, *credentials, args));
+  return Coordinator::NewStub(grpc::CreateCustomChannel(
+      address, *credentials, CoordinatorChannelArguments()));
 }
 
 NodeSupervisor::NodeSupervisor(SupervisorOptions options)
@@ -246,6 +246,10 @@ void NodeSupervisor::ReportDeath(const SupervisedTask& task,
   report.mutable_task()->set_role(task.role);
   report.mutable_task()->set_index(task.index);
   report.set_message(message);
+  // The message ends with the task's last line, which may hold any bytes:
+  // a string that is not UTF-8 would not parse at the coordinator
+  // (INTERNAL), and the death would go unreported.
+  EscapeNonUtf8Fields(&report);
   TaskFinishedResponse response;
   // An error changes nothing: the coordinator's heartbeat check finds the
   // task lost.

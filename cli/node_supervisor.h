@@ -132,7 +132,8 @@ struct SupervisorResult {
 };
 
 // A stub to the coordinator at `address` as `self` (mutual TLS from `tls`,
-// or plaintext with tls.insecure).
+// or plaintext with tls.insecure) that receives any answer the coordinator
+// sends (coordinator/task_agent.h CoordinatorChannelArguments).
 absl::StatusOr<std::unique_ptr<Coordinator::Stub>> CoordinatorStubAs(
     const std::string& address, const TlsOptions& tls, const TlsIdentity& self);
 
@@ -175,7 +176,8 @@ class NodeSupervisor {
   bool RestartOrReport(const SupervisedTask& task, const ChildExit& exit,
                        const std::string& status);
   // Reports the task's death (TaskFinished, not ok); the table ignores it
-  // when the task reported its own failure or the job has ended.
+  // when the task reported its own failure or the job has ended. Bytes of
+  // `message` that are not UTF-8 (the task's last line) are sent as `\xNN`.
   void ReportDeath(const SupervisedTask& task, const std::string& message);
   // Starts `task` again, with --rejoin when `rejoin`.
   bool StartAgain(const SupervisedTask& task, bool rejoin);

@@ -7,6 +7,7 @@
 #include "cli/node_supervisor.h"
 
 #include <atomic>
+#include <chrono>
 #include <csignal>
 #include <fstream>
 #include <memory>
@@ -18,6 +19,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
+#include "cli/job_at_caps_test_util.h"
 #include "common/tls.h"
 #include "coordinator/coordinator_server.h"
 #include "coordinator/job_spec.h"
@@ -271,6 +273,55 @@ TEST_F(NodeSupervisorTest, WithoutRestartsADeathFailsTheJob) {
               HasSubstr("worker 0 (not registered) failed: exited with "
                         "signal 9: error: the disk is full"));
   EXPECT_THAT(job.message(), Not(HasSubstr("budget")));
+}
+
+// A death whose last line holds a byte that is not UTF-8 is still reported
+// (the byte as \xff): a message that is not UTF-8 does not parse at the
+// coordinator (INTERNAL), and the job ran on as if nothing had died.
+TEST_F(NodeSupervisorTest, ADeathsLastLineThatIsNotUtf8IsReported) {
+  StartJob(/*num_ps=*/1, /*num_workers=*/1, /*max_restarts=*/0);
+  std::string output;
+  const SupervisorResult result =
+      Supervise(Options(),
+                {Task(ROLE_PS, 0, "utf8-ps", "exec sleep 60"),
+                 Task(ROLE_WORKER, 0, "utf8-worker",
+                      "printf 'error: cannot open photo-\\377.jpg\\n'; "
+                      "kill -9 $$")},
+                &output);
+  EXPECT_EQ(result.first_failure.role, "worker0");
+  EXPECT_EQ(result.first_failure.last_error_line,
+            "error: cannot open photo-\xff.jpg");
+  const JobInfo job = Job();
+  EXPECT_EQ(job.state(), JOB_FAILED);
+  EXPECT_THAT(job.message(),
+              HasSubstr("worker 0 (not registered) failed: exited with "
+                        "signal 9: error: cannot open photo-\\xff.jpg"));
+}
+
+// The supervisors' stub (CoordinatorStubAs) reads a job at its caps, with
+// its log or without: each answer is over gRPC's default 4 MiB.
+TEST_F(NodeSupervisorTest, TheStubReadsAJobAtItsCaps) {
+  StartJob(/*num_ps=*/1, /*num_workers=*/kWorkersToFillTheStore,
+           /*max_restarts=*/0);
+  absl::StatusOr<std::string> last =
+      FillJobToItsCaps(coordinator_->table(), job_id_);
+  ASSERT_TRUE(last.ok()) << last.status();
+  absl::StatusOr<std::unique_ptr<Coordinator::Stub>> stub = CoordinatorStubAs(
+      Options().coordinator, tls_, TlsIdentity{TlsRole::kWorker, 0, job_id_});
+  ASSERT_TRUE(stub.ok()) << stub.status();
+  for (const int64_t log_since : {JobTable::kNoLog, int64_t{0}}) {
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() +
+                         std::chrono::seconds(10));
+    JobRequest request;
+    request.set_job_id(job_id_);
+    request.set_log_since(log_since);
+    JobInfo job;
+    const grpc::Status status = (*stub)->GetJob(&context, request, &job);
+    ASSERT_TRUE(status.ok()) << status.error_message();
+    EXPECT_GT(job.ByteSizeLong(), size_t{4} << 20);
+    EXPECT_EQ(job.log_size(), log_since == 0 ? kLogLinesAtTheCap : 0);
+  }
 }
 
 // Issue 40, min_workers: a worker whose death finds the budget spent is

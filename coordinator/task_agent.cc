@@ -55,6 +55,13 @@ grpc::Status CallCoordinatorWithRetry(
   }
 }
 
+grpc::ChannelArguments CoordinatorChannelArguments() {
+  grpc::ChannelArguments args;
+  SetPeerServerName(TlsIdentity{TlsRole::kCoordinator}, &args);
+  args.SetMaxReceiveMessageSize(kMaxCoordinatorAnswerBytes);
+  return args;
+}
+
 TaskAgent::TaskAgent(TaskAgentOptions options)
     : options_(std::move(options)),
       heartbeat_interval_(options_.heartbeat_interval) {
@@ -71,10 +78,8 @@ TaskAgent::TaskAgent(TaskAgentOptions options)
                  std::string(credentials.status().message()).c_str());
     std::exit(2);
   }
-  grpc::ChannelArguments args;
-  SetPeerServerName(TlsIdentity{TlsRole::kCoordinator}, &args);
-  stub_ = Coordinator::NewStub(
-      grpc::CreateCustomChannel(options_.coordinator, *credentials, args));
+  stub_ = Coordinator::NewStub(grpc::CreateCustomChannel(
+      options_.coordinator, *credentials, CoordinatorChannelArguments()));
 }
 
 TaskAgent::~TaskAgent() { StopHeartbeats(); }

@@ -53,6 +53,8 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "common/tls.h"
+#include "coordinator/job_table.h"
+#include "grpcpp/support/channel_arguments.h"
 #include "proto/coordinator.grpc.pb.h"
 
 namespace pstrain {
@@ -102,6 +104,32 @@ grpc::Status CallCoordinatorWithRetry(
 
 // Whether CallCoordinatorWithRetry retries a call that ended with `status`.
 bool RetryableCoordinatorStatus(const grpc::Status& status);
+
+// The largest answer the coordinator sends, bytes, and so what every client
+// of it (TaskAgent, the node supervisors and agents, the CLI) receives: 1 GiB.
+// Each answer is a copy of part of the job table: GetJob one job (its spec,
+// tasks, key-value store, result and the log lines asked for), ListJobs
+// every job without its log, KvWait one value, WaitForLayout the tasks'
+// addresses; the others are smaller still. The table keeps itself within its
+// job file's cap (JobTableLimits::max_job_file_bytes, at most
+// JobTable::kMaxJobFileBytes) at each change it writes, dropping ended jobs'
+// logs and stores, then running jobs' oldest log lines, and refusing a
+// Submit that still does not fit (coordinator/job_table.h). No sum of the
+// per-job caps is a smaller bound: one job holds up to 4 MiB of log lines
+// (with up to 10000 lines' framing), 4 MiB of keys and values, a 1 MiB
+// result, its spec (the up to 4 MiB one Submit carries) and up to 5120
+// tasks (kMaxNumPs + kMaxNumWorkers) of a 1 KiB address and a 4 KiB message
+// each (25 MiB); ListJobs carries every running job and the newest 100
+// ended ones. gRPC's default, 4 MiB, refused a job's full log, and a job
+// whose store neared its cap to every caller.
+inline constexpr int kMaxCoordinatorAnswerBytes =
+    static_cast<int>(JobTable::kMaxJobFileBytes);
+static_assert(kMaxCoordinatorAnswerBytes == JobTable::kMaxJobFileBytes);
+
+// The arguments of every client channel to the coordinator: its TLS server
+// name (common/tls.h SetPeerServerName; ignored in plaintext) and a
+// receive limit of kMaxCoordinatorAnswerBytes.
+grpc::ChannelArguments CoordinatorChannelArguments();
 
 class TaskAgent {
  public:

@@ -242,5 +242,76 @@ TEST(TaskAgentUtf8Test, TextThatIsNotUtf8ReachesTheTableEscaped) {
   EXPECT_FALSE(ended.HasBeenNotified()) << why;
 }
 
+// A job at the table's caps: its key-value store full (4 MiB, 16 workers'
+// 256 KiB each), a result of nearly 1 MiB and a full log (4 MiB). GetJob
+// without the log still answers 5 MB, over gRPC's default receive limit
+// of 4 MiB, which made FetchSpec and a self-restarting task's Register fail
+// with RESOURCE_EXHAUSTED (no task of the job could start or restart).
+TEST(TaskAgentCapsTest, AJobAtItsCapsIsRead) {
+  CoordinatorServerOptions server_options;
+  server_options.address = "127.0.0.1:0";
+  absl::StatusOr<std::unique_ptr<CoordinatorServer>> server =
+      CoordinatorServer::Start(server_options);
+  ASSERT_TRUE(server.ok()) << server.status();
+  JobTable& table = (*server)->table();
+  const JobTableLimits limits;
+  constexpr int kWorkers = 16;
+  ASSERT_EQ(kWorkers * limits.max_kv_bytes_per_task,
+            limits.max_kv_bytes_per_job);
+  JobSpec spec;
+  spec.set_num_ps(1);
+  spec.set_num_workers(kWorkers);
+  spec.set_max_restarts(1);
+  absl::StatusOr<std::string> job = table.Submit(spec, absl::Now());
+  ASSERT_TRUE(job.ok()) << job.status();
+  for (int w = 0; w < kWorkers; ++w) {
+    for (int k = 0; k < 4; ++k) {
+      const std::string key = absl::StrCat("worker-", w, "/k", k);
+      const absl::Status set = table.Set(
+          *job, key,
+          std::string(limits.max_kv_bytes_per_task / 4 - key.size(), 'v'));
+      ASSERT_TRUE(set.ok()) << set;
+    }
+  }
+  HeartbeatRequest beat;
+  beat.mutable_task()->set_job_id(*job);
+  beat.mutable_task()->set_role(ROLE_WORKER);
+  beat.mutable_task()->set_index(1);
+  for (int i = 0; i < 1100; ++i) {
+    beat.add_log_lines(std::string(limits.max_text_item_bytes, 'x'));
+  }
+  ASSERT_TRUE(table.Heartbeat(beat, absl::Now()).ok());
+  beat.clear_log_lines();
+  beat.mutable_task()->set_index(0);
+  beat.mutable_result()->set_dataset(
+      std::string(limits.max_result_bytes - 64, 'r'));
+  ASSERT_TRUE(table.Heartbeat(beat, absl::Now()).ok());
+  absl::StatusOr<JobInfo> info = table.Get(*job, JobTable::kNoLog);
+  ASSERT_TRUE(info.ok()) << info.status();
+  EXPECT_GT(info->ByteSizeLong(), size_t{5} << 20);
+  EXPECT_EQ(table.Get(*job)->log_bytes(), limits.max_log_bytes_per_job);
+
+  TaskAgentOptions options;
+  options.coordinator = absl::StrCat("127.0.0.1:", (*server)->port());
+  options.job_id = *job;
+  options.role = ROLE_WORKER;
+  options.index = 2;
+  options.rpc_timeout = absl::Seconds(5);
+  options.coordinator_timeout = absl::Seconds(5);
+  options.self_restart = true;
+  TaskAgent agent(options);
+  absl::StatusOr<JobSpec> fetched = agent.FetchSpec();
+  ASSERT_TRUE(fetched.ok()) << fetched.status();
+  EXPECT_EQ(fetched->num_workers(), kWorkers);
+  // Register first reads the task's slot (GetJob) as well.
+  const absl::Status registered = agent.Register("worker-2.pod");
+  ASSERT_TRUE(registered.ok()) << registered;
+  // A value at its cap, by KvWait.
+  absl::StatusOr<std::string> value =
+      agent.KvWait("worker-15/k3", absl::Seconds(5));
+  ASSERT_TRUE(value.ok()) << value.status();
+  EXPECT_EQ(value->size(), limits.max_kv_bytes_per_task / 4 - 12);
+}
+
 }  // namespace
 }  // namespace pstrain
