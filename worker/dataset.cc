@@ -1,6 +1,7 @@
 #include "worker/dataset.h"
 
 #include <sys/stat.h>
+#include <unistd.h>
 #include <zlib.h>
 
 #include <algorithm>
@@ -20,6 +21,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "catalog/catalog.h"
+#include "common/regular_file.h"
 #include "common/status_macros.h"
 #include "worker/image_folder.h"
 #include "worker/record_file.h"
@@ -27,6 +29,27 @@
 
 namespace pstrain {
 namespace {
+
+// `path`, gzipped or plain, open for gzread(): opened as OpenRegularFile
+// does (a FIFO or device in its place is refused, not waited on; symbolic
+// links are followed, as Debian's dataset packages use them), its size in
+// *size_bytes. The caller gzclose()s it.
+absl::StatusOr<gzFile> OpenGzipped(const std::string& path,
+                                   uint64_t* size_bytes) {
+  ASSIGN_OR_RETURN(RegularFile file,
+                   OpenRegularFile(path, /*follow_symlinks=*/true));
+  *size_bytes = file.size_bytes();
+  // gzdopen() owns the descriptor it is given; `file` closes its own.
+  const int fd = ::dup(file.fd());
+  if (fd < 0) return ErrnoToStatus(errno, absl::StrCat(path, ": dup"));
+  gzFile f = gzdopen(fd, "rb");
+  if (f == nullptr) {
+    ::close(fd);
+    return absl::ResourceExhaustedError(
+        absl::StrCat(path, ": no memory for zlib's reader"));
+  }
+  return f;
+}
 
 // Reads exactly `n` bytes; false at a short read.
 bool ReadExactly(gzFile f, void* out, size_t n) {
@@ -206,13 +229,14 @@ void MappedSplit::ReleaseResident() const {
 }
 
 absl::StatusOr<IdxArray> ReadIdx(const std::string& path) {
-  struct stat st;
-  if (stat(path.c_str(), &st) != 0) {
+  uint64_t size_bytes = 0;
+  absl::StatusOr<gzFile> opened = OpenGzipped(path, &size_bytes);
+  if (absl::IsNotFound(opened.status())) {
     return absl::NotFoundError(absl::StrCat(
         path, ": no such file (expected an IDX file, gzipped or plain)"));
   }
-  gzFile f = gzopen(path.c_str(), "rb");
-  if (f == nullptr) return ErrnoToStatus(errno, path);
+  if (!opened.ok()) return opened.status();
+  gzFile f = *opened;
   IdxArray out;
   absl::Status status;
   unsigned char header[4];
@@ -272,27 +296,21 @@ absl::StatusOr<IdxArray> ReadIdx(const std::string& path) {
 
 absl::StatusOr<LabeledImages> ReadCifarBatch(const std::string& path) {
   constexpr int64_t kRecord = 1 + 3 * 32 * 32;
-  struct stat st;
-  if (::stat(path.c_str(), &st) != 0) {
-    return absl::NotFoundError(
-        absl::StrCat(path, ": cannot open: ", std::strerror(errno)));
-  }
-  if (st.st_size <= 0 || st.st_size % kRecord != 0) {
+  uint64_t size_bytes = 0;
+  ASSIGN_OR_RETURN(gzFile f, OpenGzipped(path, &size_bytes));
+  if (size_bytes == 0 || size_bytes % kRecord != 0) {
+    gzclose(f);
     return absl::DataLossError(absl::StrCat(
-        path, ": ", st.st_size, " bytes; expected a positive multiple of ",
+        path, ": ", size_bytes, " bytes; expected a positive multiple of ",
         kRecord, " (CIFAR-10 records of 1 label byte and 3072 pixels)"));
   }
-  gzFile f = gzopen(path.c_str(), "rb");
-  if (f == nullptr) {
-    return absl::NotFoundError(absl::StrCat(path, ": cannot open"));
-  }
-  std::vector<uint8_t> raw(st.st_size);
+  std::vector<uint8_t> raw(size_bytes);
   const bool ok = ReadExactly(f, raw.data(), raw.size());
   gzclose(f);
   if (!ok) return absl::DataLossError(absl::StrCat(path, ": short read"));
   LabeledImages out;
   out.chw = {3, 32, 32};
-  out.count = out.stored = st.st_size / kRecord;
+  out.count = out.stored = static_cast<int64_t>(size_bytes) / kRecord;
   out.images.resize(out.count * 3072);
   out.labels.resize(out.count);
   for (int64_t i = 0; i < out.count; ++i) {

@@ -51,9 +51,11 @@ struct IdxArray {
   std::vector<uint8_t> data;
 };
 
-// Reads `path` (gzip or plain). Errors name the file and what was expected:
-// NOT_FOUND if missing; DATA_LOSS for a bad magic number, a truncated or
-// corrupt file, or trailing bytes.
+// Reads `path` (gzip or plain; a symbolic link is followed). Errors name
+// the file and what was expected: NOT_FOUND if missing; INVALID_ARGUMENT
+// for a FIFO, device or folder in its place (refused without waiting for a
+// writer; common/regular_file.h); DATA_LOSS for a bad magic number, a
+// truncated or corrupt file, or trailing bytes.
 absl::StatusOr<IdxArray> ReadIdx(const std::string& path);
 
 // "<dir>/<base>.gz" if it exists, else "<dir>/<base>" (an IDX file of an
@@ -217,8 +219,9 @@ absl::StatusOr<int64_t> ParseMemAvailable(absl::string_view meminfo);
 // (UNAVAILABLE when /proc/meminfo cannot be read or parsed).
 absl::StatusOr<int64_t> DatasetMemoryLimit(const DatasetOptions& options);
 
-// Reads one CIFAR-10 binary batch file: NOT_FOUND if missing; DATA_LOSS if
-// its size is not a positive multiple of 3073 bytes or a label is >= 10.
+// Reads one CIFAR-10 binary batch file: NOT_FOUND if missing;
+// INVALID_ARGUMENT if not a regular file (as ReadIdx); DATA_LOSS if its
+// size is not a positive multiple of 3073 bytes or a label is >= 10.
 // Pixels scaled to [0, 1], not standardised.
 absl::StatusOr<LabeledImages> ReadCifarBatch(const std::string& path);
 

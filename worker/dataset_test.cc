@@ -1,5 +1,7 @@
 #include "worker/dataset.h"
 
+#include <sys/stat.h>
+#include <unistd.h>
 #include <zlib.h>
 
 #include <algorithm>
@@ -99,6 +101,25 @@ TEST(IdxTest, RejectsMissingBadMagicTruncatedAndTrailing) {
   WritePlain(dir + "/cut.gz", gz);
   EXPECT_EQ(ReadIdx(dir + "/cut.gz").status().code(),
             absl::StatusCode::kDataLoss);
+}
+
+// A FIFO where an IDX or CIFAR-10 file should be is refused at once (gzopen
+// waited for a writer forever); a symbolic link to a file is followed.
+TEST(IdxTest, AFifoIsRefusedWithoutBlockingAndALinkIsFollowed) {
+  const std::string dir = TempDir() + "/idx_fifo";
+  std::system(("rm -rf " + dir + " && mkdir -p " + dir).c_str());
+  ASSERT_EQ(mkfifo((dir + "/fifo.gz").c_str(), 0600), 0);
+  for (const absl::Status& status :
+       {ReadIdx(dir + "/fifo.gz").status(),
+        ReadCifarBatch(dir + "/fifo.gz").status()}) {
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
+    EXPECT_NE(status.message().find("a FIFO"), std::string::npos) << status;
+  }
+  WritePlain(dir + "/labels", IdxBytes(1, {2}, {4, 7}));
+  ASSERT_EQ(symlink("labels", (dir + "/link").c_str()), 0);
+  absl::StatusOr<IdxArray> linked = ReadIdx(dir + "/link");
+  ASSERT_TRUE(linked.ok()) << linked.status();
+  EXPECT_EQ(linked->data, (std::vector<uint8_t>{4, 7}));
 }
 
 // catalog/catalog.h's list is LoadDataset's: every name in it has a reader
