@@ -448,6 +448,15 @@ int Run() {
   if (absl::Status s = CheckBinaries(); !s.ok()) {
     return Fail(2, std::string(s.message()));
   }
+  // What the job writes, before it trains: a result that cannot be written
+  // would lose the run.
+  for (absl::Status s :
+       {CheckOutputFile("results_json", absl::GetFlag(FLAGS_results_json)),
+        CheckOutputFolder("metrics_dir", absl::GetFlag(FLAGS_metrics_dir)),
+        CheckOutputFolder("checkpoint_dir",
+                          absl::GetFlag(FLAGS_checkpoint_dir))}) {
+    if (!s.ok()) return Fail(2, std::string(s.message()));
+  }
   if (absl::Status s = CheckModelFiles(spec, dataset->get()); !s.ok()) {
     return Fail(2, std::string(s.message()));
   }
@@ -584,6 +593,7 @@ absl::Status CheckCompareFlags(const CompareLists& lists) {
     return absl::InvalidArgumentError(
         "--out_dir: expected a directory for the table, CSV, JSON and plot");
   }
+  RETURN_IF_ERROR(CheckOutputFolder("out_dir", absl::GetFlag(FLAGS_out_dir)));
   if (steps < 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--steps=", steps, ": expected >= 1, or 0 for whole --epochs"));

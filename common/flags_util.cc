@@ -7,6 +7,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <iostream>
 #include <sstream>
@@ -297,6 +298,58 @@ absl::Status CheckFlagRange(absl::string_view flag, int64_t value, int64_t lo,
   return absl::InvalidArgumentError(
       absl::StrCat("--", flag, "=", value, ": expected ", lo, " to ", hi,
                    unit.empty() ? "" : " ", unit));
+}
+
+namespace {
+
+// OK when `folder` is a folder this process may create files in.
+absl::Status CheckWritableFolder(absl::string_view flag,
+                                 const std::string& path,
+                                 const std::filesystem::path& folder) {
+  std::error_code error;
+  if (!std::filesystem::is_directory(folder, error)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--", flag, "=", path, ": ", folder.string(), " is not a folder"));
+  }
+  if (::access(folder.c_str(), W_OK | X_OK) != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--", flag, "=", path, ": cannot write in ",
+                     folder.string(), " (", std::strerror(errno), ")"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status CheckOutputFile(absl::string_view flag, const std::string& path) {
+  if (path.empty()) return absl::OkStatus();
+  std::error_code error;
+  if (std::filesystem::is_directory(path, error)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--", flag, "=", path, ": a folder; expected a file name"));
+  }
+  std::filesystem::path folder = std::filesystem::path(path).parent_path();
+  if (folder.empty()) folder = ".";
+  if (!std::filesystem::exists(folder, error)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--", flag, "=", path, ": its folder ", folder.string(),
+                     " does not exist"));
+  }
+  return CheckWritableFolder(flag, path, folder);
+}
+
+absl::Status CheckOutputFolder(absl::string_view flag,
+                               const std::string& path) {
+  if (path.empty()) return absl::OkStatus();
+  std::filesystem::path folder = std::filesystem::absolute(path);
+  std::error_code error;
+  // The nearest component that exists; what must be made below it is.
+  while (!std::filesystem::exists(
+             std::filesystem::symlink_status(folder, error)) &&
+         folder.has_parent_path() && folder.parent_path() != folder) {
+    folder = folder.parent_path();
+  }
+  return CheckWritableFolder(flag, path, folder);
 }
 
 absl::Status WriteFileAtomically(const std::string& path,

@@ -56,6 +56,19 @@ std::string FlagHelpText(absl::string_view name);
 absl::Status CheckFlagRange(absl::string_view flag, int64_t value, int64_t lo,
                             int64_t hi, absl::string_view unit = "");
 
+// Checks, before a long job, that the file `path` (flag --`flag`) can be
+// written at its end (WriteFileAtomically): its folder exists and this
+// process may create files in it, and `path` is not a folder. OK for an
+// empty path (the flag unset). INVALID_ARGUMENT "--flag=path: ..." naming
+// what is wrong. Nothing is created.
+absl::Status CheckOutputFile(absl::string_view flag, const std::string& path);
+
+// The same for a folder the job will make and write in: `path` is a folder
+// this process may create files in, or its nearest existing ancestor is
+// (every component on the way is missing, none a file). OK for an empty
+// path. Nothing is created.
+absl::Status CheckOutputFolder(absl::string_view flag, const std::string& path);
+
 // Writes `contents` to `path` atomically and durably (a temporary file in
 // the same folder, fsynced, renamed over `path`, then the folder fsynced), so
 // a reader never sees a partial file and an OK return survives a crash.

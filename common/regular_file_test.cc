@@ -83,6 +83,40 @@ TEST(RegularFileTest, ReadFileRefusesAFifoAndFollowsALink) {
   EXPECT_EQ(ReadFile(dir + "/none", &text).code(), absl::StatusCode::kNotFound);
 }
 
+// Output flags are checked before a job starts, so that hours of training
+// do not end in a result that cannot be written.
+TEST(RegularFileTest, OutputFlagsAreCheckedBeforeAnythingIsWritten) {
+  const std::string dir = TempDir("outputs");
+  EXPECT_TRUE(CheckOutputFile("results_json", "").ok());
+  EXPECT_TRUE(CheckOutputFile("results_json", dir + "/r.json").ok());
+  const absl::Status folder = CheckOutputFile("results_json", dir);
+  EXPECT_EQ(folder.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(folder.message(), absl::StrCat("--results_json=", dir,
+                                           ": a folder; expected a file name"));
+  EXPECT_EQ(CheckOutputFile("results_json", dir + "/none/r.json").message(),
+            absl::StrCat("--results_json=", dir, "/none/r.json: its folder ",
+                         dir, "/none does not exist"));
+  WriteBytes(dir + "/file", "x");
+  EXPECT_EQ(CheckOutputFile("results_json", dir + "/file/r.json").message(),
+            absl::StrCat("--results_json=", dir, "/file/r.json: ", dir,
+                         "/file is not a folder"));
+
+  EXPECT_TRUE(CheckOutputFolder("metrics_dir", dir).ok());
+  EXPECT_TRUE(CheckOutputFolder("metrics_dir", dir + "/a/b/c").ok());
+  EXPECT_EQ(CheckOutputFolder("metrics_dir", dir + "/file/m").message(),
+            absl::StrCat("--metrics_dir=", dir, "/file/m: ", dir,
+                         "/file is not a folder"));
+  EXPECT_FALSE(fs::exists(dir + "/a"));  // nothing made
+  if (::geteuid() != 0) {                // root may write anywhere
+    fs::create_directories(dir + "/ro");
+    fs::permissions(dir + "/ro", fs::perms::owner_read | fs::perms::owner_exec);
+    EXPECT_EQ(CheckOutputFolder("metrics_dir", dir + "/ro/m").code(),
+              absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ(CheckOutputFile("results_json", dir + "/ro/r.json").code(),
+              absl::StatusCode::kInvalidArgument);
+  }
+}
+
 TEST(RegularFileTest, EscapesAndCutsTextForMessages) {
   EXPECT_EQ(EscapeForMessage(std::string("a\nb\0z", 5)), "a\\nb\\x00z");
   EXPECT_EQ(EscapeForMessage("\"q\"\x1b"), "\\\"q\\\"\\x1b");

@@ -430,11 +430,21 @@ TEST(RunCliTest, BadInputGetsOneLineErrorAndExitCode2) {
        "pstrain help run\n"},
       {"--dataset=cifar10 --data_dir=/nonexistent",
        "pstrain: error: --dataset=cifar10 --data_dir=/nonexistent: "
-       "/nonexistent/data_batch_1.bin: cannot open: No such file or "
-       "directory\n"},
+       "/nonexistent/data_batch_1.bin: no such file (expected a CIFAR-10 "
+       "binary batch)\n"},
       {"--mode=semi",
        "pstrain: error: --mode: \"semi\"; expected sync, async or "
        "allreduce; see pstrain help run\n"},
+      // What the job writes is checked before it trains.
+      {"--results_json=no_such_folder/r.json",
+       "pstrain: error: --results_json=no_such_folder/r.json: its folder "
+       "no_such_folder does not exist\n"},
+      {"--results_json=/tmp",
+       "pstrain: error: --results_json=/tmp: a folder; expected a file "
+       "name\n"},
+      {"--metrics_dir=/dev/null/m",
+       "pstrain: error: --metrics_dir=/dev/null/m: /dev/null is not a "
+       "folder\n"},
   };
   for (const Case& c : cases) {
     const Result r = RunPstrain(c.args);
@@ -565,6 +575,9 @@ TEST(CompareCliTest, BadInputGetsOneLineErrorBeforeAnythingStarts) {
       {"--momentum_correction --optimizer=sgd --momentum=0.9",
        "momentum_correction: true without a compression with error "
        "feedback"},
+      {"--out_dir=/dev/null/o",
+       "--out_dir=/dev/null/o: /dev/null is not a "
+       "folder"},
   };
   for (const Case& c : cases) {
     const Result r = pstrain::testing::RunCommand(

@@ -297,7 +297,13 @@ absl::StatusOr<IdxArray> ReadIdx(const std::string& path) {
 absl::StatusOr<LabeledImages> ReadCifarBatch(const std::string& path) {
   constexpr int64_t kRecord = 1 + 3 * 32 * 32;
   uint64_t size_bytes = 0;
-  ASSIGN_OR_RETURN(gzFile f, OpenGzipped(path, &size_bytes));
+  absl::StatusOr<gzFile> opened = OpenGzipped(path, &size_bytes);
+  if (absl::IsNotFound(opened.status())) {
+    return absl::NotFoundError(absl::StrCat(
+        path, ": no such file (expected a CIFAR-10 binary batch)"));
+  }
+  if (!opened.ok()) return opened.status();
+  gzFile f = *opened;
   if (size_bytes == 0 || size_bytes % kRecord != 0) {
     gzclose(f);
     return absl::DataLossError(absl::StrCat(
