@@ -73,6 +73,11 @@ std::unique_ptr<Coordinator::Stub> NewStub() {
       !s.ok()) {
     std::exit(Fail(2, std::string(s.message())));
   }
+  if (absl::Status s =
+          CheckGrpcTarget("coordinator", absl::GetFlag(FLAGS_coordinator));
+      !s.ok()) {
+    std::exit(Fail(2, std::string(s.message())));
+  }
   absl::StatusOr<TlsOptions> tls = AdminTlsOptionsFromFlags(kProgram);
   absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials =
       tls.ok() ? ChannelCredentials(*tls, TlsIdentity{TlsRole::kAdmin})

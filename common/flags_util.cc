@@ -12,6 +12,7 @@
 #include <iostream>
 #include <sstream>
 
+#include "absl/algorithm/container.h"
 #include "absl/flags/commandlineflag.h"
 #include "absl/flags/internal/parse.h"
 #include "absl/flags/internal/usage.h"
@@ -21,6 +22,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
@@ -350,6 +352,43 @@ absl::Status CheckOutputFolder(absl::string_view flag,
     folder = folder.parent_path();
   }
   return CheckWritableFolder(flag, path, folder);
+}
+
+absl::Status CheckGrpcTarget(absl::string_view flag, absl::string_view target) {
+  const auto bad = [&](absl::string_view why) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--", flag, "=", EscapeForMessage(target), ": ", why,
+                     "; expected HOST:PORT (PORT 1 to 65535), or unix:PATH"));
+  };
+  if (target.empty()) return bad("empty");
+  for (const char c : target) {
+    if (absl::ascii_isspace(static_cast<unsigned char>(c)) ||
+        absl::ascii_iscntrl(static_cast<unsigned char>(c))) {
+      return bad("a space or control character");
+    }
+  }
+  if (absl::StartsWith(target, "unix:")) {
+    return target.size() > 5 ? absl::OkStatus() : bad("no path");
+  }
+  absl::string_view rest = target;
+  for (absl::string_view scheme : {"dns:///", "dns:", "ipv4:", "ipv6:"}) {
+    if (absl::ConsumePrefix(&rest, scheme)) break;
+  }
+  const size_t colon = rest.rfind(':');
+  if (colon == absl::string_view::npos) return bad("no port");
+  const absl::string_view host = rest.substr(0, colon);
+  const absl::string_view port = rest.substr(colon + 1);
+  int port_number = 0;
+  if (!absl::SimpleAtoi(port, &port_number) || port_number < 1 ||
+      port_number > 65535 || !absl::c_all_of(port, absl::ascii_isdigit)) {
+    return bad(absl::StrCat("port \"", EscapeForMessage(port), "\""));
+  }
+  if (host.empty()) return bad("no host");
+  const bool bracketed = host.front() == '[' && host.back() == ']';
+  if (!bracketed && host.find(':') != absl::string_view::npos) {
+    return bad("an IPv6 address goes in brackets");
+  }
+  return absl::OkStatus();
 }
 
 absl::Status WriteFileAtomically(const std::string& path,

@@ -69,6 +69,15 @@ absl::Status CheckOutputFile(absl::string_view flag, const std::string& path);
 // path. Nothing is created.
 absl::Status CheckOutputFolder(absl::string_view flag, const std::string& path);
 
+// Checks the gRPC target `target` of flag --`flag` (a coordinator's or a
+// shard's address) before anything dials it, so that a typo is an error at
+// once rather than a connection retried until a timeout: HOST:PORT (HOST a
+// name, an IPv4 address or a bracketed IPv6 one; PORT 1 to 65535),
+// optionally after gRPC's "dns:", "dns:///", "ipv4:" or "ipv6:" scheme, or
+// "unix:PATH". INVALID_ARGUMENT "--flag=target: ..." otherwise (an empty
+// one included).
+absl::Status CheckGrpcTarget(absl::string_view flag, absl::string_view target);
+
 // Writes `contents` to `path` atomically and durably (a temporary file in
 // the same folder, fsynced, renamed over `path`, then the folder fsynced), so
 // a reader never sees a partial file and an OK return survives a crash.

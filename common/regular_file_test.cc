@@ -117,6 +117,39 @@ TEST(RegularFileTest, OutputFlagsAreCheckedBeforeAnythingIsWritten) {
   }
 }
 
+// An address typo is an error before anything dials it.
+TEST(RegularFileTest, GrpcTargetsAreCheckedBeforeTheyAreDialled) {
+  for (const char* good :
+       {"localhost:7070", "10.0.0.1:1", "[::1]:65535", "dns:///head:7070",
+        "dns:head:7070", "ipv4:127.0.0.1:80", "ipv6:[::1]:80",
+        "unix:/run/pstrain.sock", "coordinator.default.svc:443"}) {
+    EXPECT_TRUE(CheckGrpcTarget("coordinator", good).ok()) << good;
+  }
+  const struct {
+    const char* target;
+    const char* why;
+  } bad[] = {
+      {"", "empty"},
+      {"localhost", "no port"},
+      {"localhost:70000", "port \"70000\""},
+      {"localhost:0", "port \"0\""},
+      {"localhost:+80", "port \"+80\""},
+      {"localhost:http", "port \"http\""},
+      {":7070", "no host"},
+      {"::1:7070", "an IPv6 address goes in brackets"},
+      {"head :7070", "a space or control character"},
+      {"unix:", "no path"},
+  };
+  for (const auto& c : bad) {
+    const absl::Status status = CheckGrpcTarget("coordinator", c.target);
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << c.target;
+    EXPECT_EQ(status.message(),
+              absl::StrCat("--coordinator=", c.target, ": ", c.why,
+                           "; expected HOST:PORT (PORT 1 to 65535), or "
+                           "unix:PATH"));
+  }
+}
+
 TEST(RegularFileTest, EscapesAndCutsTextForMessages) {
   EXPECT_EQ(EscapeForMessage(std::string("a\nb\0z", 5)), "a\\nb\\x00z");
   EXPECT_EQ(EscapeForMessage("\"q\"\x1b"), "\\\"q\\\"\\x1b");

@@ -675,6 +675,11 @@ TEST(JobCliTest, DaemonFlagRangesExit2) {
        "seconds\n"},
       {"cli/pstrain wait job-1 --wait_poll_ms=0",
        "pstrain: error: --wait_poll_ms=0: expected 1 to 60000 ms\n"},
+      // A typo in the address, before the command dials it (it retried
+      // for --coordinator_timeout_s).
+      {"cli/pstrain status job-1 --coordinator=localhost:70700",
+       "pstrain: error: --coordinator=localhost:70700: port \"70700\"; "
+       "expected HOST:PORT (PORT 1 to 65535), or unix:PATH\n"},
   };
   for (const auto& c : cases) {
     const Result r = RunCommand(c.command);
