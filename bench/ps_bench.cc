@@ -702,12 +702,23 @@ int main(int argc, char** argv) {
                  q);
     return 2;
   }
-  if (absl::GetFlag(FLAGS_model_bytes) < 4 ||
-      absl::GetFlag(FLAGS_tensor_bytes) < 4) {
-    std::fprintf(stderr,
-                 "ps_bench: --model_bytes and --tensor_bytes: expected at "
-                 "least 4 bytes (one fp32)\n");
-    return 2;
+  // Sizes checked before any shard is built: a partition_bytes of 0
+  // aborted the process.
+  for (const absl::Status& s :
+       {pstrain::CheckFlagRange("model_bytes", absl::GetFlag(FLAGS_model_bytes),
+                                4, int64_t{16} << 30, "bytes"),
+        pstrain::CheckFlagRange("tensor_bytes",
+                                absl::GetFlag(FLAGS_tensor_bytes), 4,
+                                int64_t{16} << 30, "bytes"),
+        pstrain::CheckFlagRange("partition_bytes",
+                                absl::GetFlag(FLAGS_partition_bytes), 4,
+                                int64_t{1} << 30, "bytes"),
+        pstrain::CheckFlagRange("repeats", absl::GetFlag(FLAGS_repeats), 1,
+                                1000)}) {
+    if (!s.ok()) {
+      pstrain::PrintError("ps_bench", s.message());
+      return 2;
+    }
   }
   const std::vector<pstrain::DType> wire_dtypes = pstrain::DtypesFromFlag(
       absl::GetFlag(FLAGS_wire_dtypes), "wire_dtypes", false);

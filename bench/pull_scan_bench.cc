@@ -23,10 +23,11 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
+#include "common/flags_util.h"
 #include "server/parameter_shard.h"
 
 ABSL_FLAG(std::string, chunks, "100,1000,4000",
@@ -148,6 +149,20 @@ int Main() {
 }  // namespace pstrain
 
 int main(int argc, char** argv) {
-  absl::ParseCommandLine(argc, argv);
+  absl::SetProgramUsageMessage(
+      "pull_scan_bench [--flags]: what a shard's pull spends finding its "
+      "ready chunks as the chunk count grows.");
+  pstrain::ParseFlagsOrExit(argc, argv, "pull_scan_bench",
+                            "pull_scan_bench --help");
+  for (const absl::Status& s :
+       {pstrain::CheckFlagRange(
+            "chunk_elements", absl::GetFlag(FLAGS_chunk_elements), 1, 1 << 24),
+        pstrain::CheckFlagRange("repeats", absl::GetFlag(FLAGS_repeats), 1,
+                                1000)}) {
+    if (!s.ok()) {
+      pstrain::PrintError("pull_scan_bench", s.message());
+      return 2;
+    }
+  }
   return pstrain::Main();
 }
