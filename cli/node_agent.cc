@@ -32,10 +32,11 @@
 #include "grpcpp/grpcpp.h"
 #include "proto/coordinator.grpc.pb.h"
 
-ABSL_DECLARE_FLAG(std::string, coordinator);  // cli/job_commands.cc
-ABSL_DECLARE_FLAG(std::string, job);          // cli/launch_lines.cc
-ABSL_DECLARE_FLAG(std::string, bin_dir);      // cli/launch_lines.cc
-ABSL_DECLARE_FLAG(int, gpus_per_node);        // cli/launch_lines.cc
+ABSL_DECLARE_FLAG(std::string, coordinator);     // cli/job_commands.cc
+ABSL_DECLARE_FLAG(std::string, job);             // cli/launch_lines.cc
+ABSL_DECLARE_FLAG(std::string, bin_dir);         // cli/launch_lines.cc
+ABSL_DECLARE_FLAG(int, gpus_per_node);           // cli/launch_lines.cc
+ABSL_DECLARE_FLAG(bool, insecure_allow_remote);  // common/tls_flags.cc
 
 ABSL_FLAG(int, node_rank, -1,
           "node: this node's rank, for specs without hosts; unset: "
@@ -236,6 +237,33 @@ absl::StatusOr<std::vector<NodeTask>> PlanNodeTasks(
   return tasks;
 }
 
+std::vector<std::string> TaskTlsFlags(const TlsOptions& tls,
+                                      bool insecure_allow_remote) {
+  if (!tls.insecure) {
+    if (tls.dir.empty()) return {};
+    return {absl::StrCat("--tls_dir=", tls.dir)};
+  }
+  std::vector<std::string> flags = {"--insecure"};
+  if (insecure_allow_remote) flags.push_back("--insecure_allow_remote");
+  return flags;
+}
+
+std::vector<std::string> NodeTaskArgv(const NodeTask& task,
+                                      const std::string& binary,
+                                      const NodeTaskContext& context) {
+  std::vector<std::string> argv = {
+      binary, absl::StrCat("--coordinator=", context.coordinator),
+      absl::StrCat("--job=", context.job_id),
+      absl::StrCat("--task_index=", task.index),
+      absl::StrCat("--threads=", task.threads)};
+  if (task.gpu >= 0) argv.push_back(absl::StrCat("--gpu=", task.gpu));
+  for (std::string& flag :
+       TaskTlsFlags(context.tls, context.insecure_allow_remote)) {
+    argv.push_back(std::move(flag));
+  }
+  return argv;
+}
+
 namespace {
 
 // --job, else $JOB when --job is "$JOB"; INVALID_ARGUMENT if neither is set.
@@ -278,11 +306,9 @@ absl::StatusOr<NodePlacement> PlacementFromFlags() {
   return placement;
 }
 
-// One node's part of a job.
-struct NodeRun {
-  std::string coordinator;  // host:port
-  std::string job_id;
-  TlsOptions tls;
+// One node's part of a job: its coordinator, job and TLS, which its tasks
+// are given too, and the job's spec.
+struct NodeRun : NodeTaskContext {
   // The job's spec, as the coordinator holds it, and its choices.
   JobConfig config;
 };
@@ -301,12 +327,7 @@ std::vector<SupervisedTask> NodeLaunches(const std::vector<NodeTask>& tasks,
     SupervisedTask launch;
     launch.role = t.role;
     launch.index = t.index;
-    launch.argv = {is_ps ? ps : worker,
-                   absl::StrCat("--coordinator=", run.coordinator),
-                   absl::StrCat("--job=", run.job_id),
-                   absl::StrCat("--task_index=", t.index),
-                   absl::StrCat("--threads=", t.threads)};
-    if (t.gpu >= 0) launch.argv.push_back(absl::StrCat("--gpu=", t.gpu));
+    launch.argv = NodeTaskArgv(t, is_ps ? ps : worker, run);
     names->push_back(absl::StrCat(
         launch.key(), t.gpu >= 0 ? absl::StrCat(" (GPU ", t.gpu, ")") : "", " ",
         t.threads, t.threads == 1 ? " thread" : " threads"));
@@ -468,10 +489,15 @@ int NodeCommand(const std::vector<std::string>& args,
   }
   NodeRun run;
   run.coordinator = absl::GetFlag(FLAGS_coordinator);
+  if (absl::Status s = CheckGrpcTarget("coordinator", run.coordinator);
+      !s.ok()) {
+    return Fail(2, std::string(s.message()));
+  }
   run.job_id = *job_id;
   absl::StatusOr<TlsOptions> tls = TlsOptionsFromFlags(kProgram);
   if (!tls.ok()) return Fail(2, std::string(tls.status().message()));
   run.tls = *tls;
+  run.insecure_allow_remote = absl::GetFlag(FLAGS_insecure_allow_remote);
   absl::StatusOr<JobInfo> job =
       FetchJob(run.coordinator, run.job_id, run.tls, absl::Seconds(120));
   if (!job.ok()) return Fail(1, std::string(job.status().message()));

@@ -17,7 +17,8 @@
 // from the TLS folder, allows it (the job table counts the spec's
 // `max_restarts` over every node); a restarted worker gets --rejoin. The
 // coordinator is reached over mutual TLS with the key of any of the job's
-// tasks in $PSTRAIN_TLS_DIR (--tls_dir), or plaintext with --insecure.
+// tasks in $PSTRAIN_TLS_DIR (--tls_dir), or plaintext with --insecure; the
+// tasks it starts are given the same (NodeTaskArgv).
 #ifndef PSTRAIN_CLI_NODE_AGENT_H_
 #define PSTRAIN_CLI_NODE_AGENT_H_
 
@@ -26,6 +27,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/tls.h"
 #include "proto/coordinator.pb.h"
 #include "proto/job.pb.h"
 
@@ -69,6 +71,32 @@ struct NodeTask {
 // is this node (naming the node's names).
 absl::StatusOr<std::vector<NodeTask>> PlanNodeTasks(
     const JobSpec& spec, const NodePlacement& placement);
+
+// What every task a node starts is told besides its own place: its
+// coordinator and job, and how to reach the coordinator, as the node does.
+struct NodeTaskContext {
+  std::string coordinator;  // host:port
+  std::string job_id;
+  // The node's --tls_dir (or PSTRAIN_TLS_DIR) or --insecure.
+  TlsOptions tls;
+  // The node's --insecure_allow_remote: with --insecure, a shard may listen
+  // on an address other than loopback.
+  bool insecure_allow_remote = false;
+};
+
+// The TLS flags of a task that speaks as `tls` says: --insecure (and
+// --insecure_allow_remote when `insecure_allow_remote`), else --tls_dir=DIR
+// (the folder's path, so that a --tls_dir given to the node reaches the
+// task; no key travels in argv), or nothing without a folder.
+std::vector<std::string> TaskTlsFlags(const TlsOptions& tls,
+                                      bool insecure_allow_remote);
+
+// The command line of `task` (`binary`: its pstrain_ps or pstrain_worker):
+// --coordinator, --job, --task_index, --threads, --gpu for a worker with
+// one, and the context's TaskTlsFlags.
+std::vector<std::string> NodeTaskArgv(const NodeTask& task,
+                                      const std::string& binary,
+                                      const NodeTaskContext& context);
 
 // This machine's names and interface addresses.
 std::set<std::string> LocalNames();

@@ -1,5 +1,9 @@
-// Which of a job's tasks a node agent starts (PlanNodeTasks).
+// Which of a job's tasks a node agent starts (PlanNodeTasks), and with
+// which command line (NodeTaskArgv).
 #include "cli/node_agent.h"
+
+#include <string>
+#include <vector>
 
 #include "coordinator/job_spec.h"
 #include "gtest/gtest.h"
@@ -91,6 +95,42 @@ TEST(PlanNodeTasksTest, WithHostsTheNodesOwnNamesAndAddressesPick) {
   EXPECT_EQ(PlanNodeTasks(spec, node).status().message(),
             "no task of the job runs on this node (10.0.0.9, n9); expected "
             "one of the spec's hosts");
+}
+
+// The tasks speak to the coordinator as the node does: a node with
+// --insecure starts plaintext tasks (they refused to start without a TLS
+// folder, failing the job), one with a TLS folder hands it on.
+TEST(NodeTaskArgvTest, TasksGetTheNodesTlsFlags) {
+  NodeTask worker;
+  worker.role = ROLE_WORKER;
+  worker.index = 1;
+  worker.threads = 4;
+  worker.gpu = 1;
+  NodeTaskContext context;
+  context.coordinator = "10.0.0.1:7070";
+  context.job_id = "job-3";
+  context.tls.insecure = true;
+  EXPECT_EQ(
+      NodeTaskArgv(worker, "/b/pstrain_worker", context),
+      (std::vector<std::string>{
+          "/b/pstrain_worker", "--coordinator=10.0.0.1:7070", "--job=job-3",
+          "--task_index=1", "--threads=4", "--gpu=1", "--insecure"}));
+  NodeTask ps;
+  ps.role = ROLE_PS;
+  ps.index = 0;
+  context.insecure_allow_remote = true;
+  EXPECT_EQ(
+      NodeTaskArgv(ps, "/b/pstrain_ps", context),
+      (std::vector<std::string>{"/b/pstrain_ps", "--coordinator=10.0.0.1:7070",
+                                "--job=job-3", "--task_index=0", "--threads=1",
+                                "--insecure", "--insecure_allow_remote"}));
+  context.tls.insecure = false;
+  context.tls.dir = "/etc/pstrain/tls";
+  EXPECT_EQ(
+      NodeTaskArgv(ps, "/b/pstrain_ps", context),
+      (std::vector<std::string>{"/b/pstrain_ps", "--coordinator=10.0.0.1:7070",
+                                "--job=job-3", "--task_index=0", "--threads=1",
+                                "--tls_dir=/etc/pstrain/tls"}));
 }
 
 TEST(LocalNamesTest, HasLoopbackAndHostname) {

@@ -69,7 +69,78 @@ absl::StatusOr<int> ResolveTaskIndex(
                    " is in the environment; expected the task's index"));
 }
 
+namespace {
+
+// --advertise's port, if it names one: -1 if not (a host alone),
+// INVALID_ARGUMENT if it is not 0 to 65535.
+absl::StatusOr<int> AdvertisedPort(const std::string& advertise) {
+  const size_t colon = advertise.rfind(':');
+  if (colon == std::string::npos) return -1;
+  int port = -1;
+  if (!absl::SimpleAtoi(advertise.substr(colon + 1), &port) || port < 0 ||
+      port > 65535) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--advertise=", advertise,
+                     ": expected host or host:PORT, PORT 0 to 65535"));
+  }
+  return port;
+}
+
+}  // namespace
+
+absl::Status CheckTaskFlags(TaskRole role) {
+  const int max_index = (role == ROLE_PS ? kMaxNumPs : kMaxNumWorkers) - 1;
+  const int index = absl::GetFlag(FLAGS_task_index);
+  if (index < -1 || index > max_index) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--task_index=", index, ": expected 0 to ", max_index,
+                     " (-1: from the launcher's environment)"));
+  }
+  const int port = absl::GetFlag(FLAGS_port);
+  if (port < -1 || port > 65535) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--port=", port,
+                     ": expected 0 to 65535 (0: any free port; -1: the job "
+                     "spec's)"));
+  }
+  const int threads = absl::GetFlag(FLAGS_threads);
+  if (threads < 0 || threads > kMaxTaskThreads) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--threads=", threads, ": expected 1 to ", kMaxTaskThreads,
+                     " (0: automatic)"));
+  }
+  const std::string advertise = absl::GetFlag(FLAGS_advertise);
+  ASSIGN_OR_RETURN(const int advertised_port, AdvertisedPort(advertise));
+  if (advertised_port >= 0 && port > 0 && advertised_port != port) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--advertise=", advertise, ": expected host or host:", port,
+        " (the port this task listens on, --port)"));
+  }
+  // An empty one is named below, with the task's other identity flags.
+  if (const std::string coordinator = absl::GetFlag(FLAGS_coordinator);
+      !coordinator.empty()) {
+    RETURN_IF_ERROR(CheckGrpcTarget("coordinator", coordinator));
+  }
+  const double interval = absl::GetFlag(FLAGS_heartbeat_interval_s);
+  if (!(interval >= 0.01 && interval <= 3600)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--heartbeat_interval_s=", interval,
+                     ": expected 0.01 to 3600 seconds"));
+  }
+  for (const absl::Status& s :
+       {CheckFlagRange("coordinator_timeout_s",
+                       absl::GetFlag(FLAGS_coordinator_timeout_s), 1, 86400,
+                       "seconds"),
+        CheckFlagRange("coordinator_rpc_timeout_s",
+                       absl::GetFlag(FLAGS_coordinator_rpc_timeout_s), 1, 86400,
+                       "seconds")}) {
+    if (!s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<TaskAgentOptions> TaskAgentOptionsFromFlags(TaskRole role) {
+  RETURN_IF_ERROR(CheckTaskFlags(role));
   TaskAgentOptions options;
   options.role = role;
   const char* role_name = role == ROLE_PS ? "ps" : "worker";
@@ -106,22 +177,8 @@ absl::StatusOr<TaskAgentOptions> TaskAgentOptionsFromFlags(TaskRole role) {
   self.job = options.job_id;
   if (absl::Status s = CheckTlsFiles(*tls, self); !s.ok()) return s;
   options.tls = *tls;
-  const double interval = absl::GetFlag(FLAGS_heartbeat_interval_s);
-  if (!(interval >= 0.01 && interval <= 3600)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--heartbeat_interval_s=", interval,
-                     ": expected 0.01 to 3600 seconds"));
-  }
-  for (const absl::Status& s :
-       {CheckFlagRange("coordinator_timeout_s",
-                       absl::GetFlag(FLAGS_coordinator_timeout_s), 1, 86400,
-                       "seconds"),
-        CheckFlagRange("coordinator_rpc_timeout_s",
-                       absl::GetFlag(FLAGS_coordinator_rpc_timeout_s), 1, 86400,
-                       "seconds")}) {
-    if (!s.ok()) return s;
-  }
-  options.heartbeat_interval = absl::Seconds(interval);
+  options.heartbeat_interval =
+      absl::Seconds(absl::GetFlag(FLAGS_heartbeat_interval_s));
   options.coordinator_timeout =
       absl::Seconds(absl::GetFlag(FLAGS_coordinator_timeout_s));
   options.rpc_timeout =

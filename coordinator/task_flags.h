@@ -58,9 +58,23 @@ inline constexpr const char* kTaskIndexVariables[] = {
 absl::StatusOr<int> ResolveTaskIndex(
     int flag, const std::function<const char*(const char*)>& getenv);
 
+// The ranges of the task flags above, checked from the flags alone (no
+// spec, no coordinator), so that a typo ends the task at its start with
+// exit 2 instead of failing the job: --task_index -1 (unset) or an index a
+// job of `role` can have, --port -1 (unset) to 65535, --threads 0 to
+// kMaxTaskThreads, --advertise's port 0 to 65535 and equal to a --port set
+// above 0, --coordinator a gRPC target (common/flags_util.h
+// CheckGrpcTarget) when set, --heartbeat_interval_s 0.01 to 3600, the
+// coordinator timeouts 1 to 86400. INVALID_ARGUMENT "--flag=value: expected
+// ..." for the first out of range.
+absl::Status CheckTaskFlags(TaskRole role);
+
 // The task's identity and timeouts from the flags. INVALID_ARGUMENT naming
-// the flag: --coordinator or --job empty, --role not `role`, no index
-// (neither --task_index nor a launcher's rank variable), a negative index.
+// the flag: CheckTaskFlags, --coordinator or --job empty, --role not
+// `role`, no index (neither --task_index nor a launcher's rank variable),
+// a negative index, the TLS flags (neither a folder nor --insecure, the
+// task's files missing). Reads no file but the TLS folder's and contacts
+// nothing.
 absl::StatusOr<TaskAgentOptions> TaskAgentOptionsFromFlags(TaskRole role);
 
 struct TaskAddress {
@@ -121,13 +135,15 @@ absl::StatusOr<int> TaskThreadsFromFlags(TaskAgent& agent, const char* program,
 int FailTask(TaskAgent& agent, const char* program, int exit_code,
              const std::string& message);
 
-// The start every task shares: its identity from the flags, the job's spec
+// The start every task shares: its flags checked (TaskAgentOptionsFromFlags,
+// before anything is contacted), its identity from them, the job's spec
 // from the coordinator, its index checked against the spec's task count,
 // the spec resolved into the job's config (once, here), and its address. On
 // error prints one line and sets `*exit_code`: 2 for bad flags or an index
-// outside the job (a spec that does not resolve, or a bad --advertise or
-// --port, is also reported to the coordinator, failing the job), 1 when the
-// coordinator cannot be reached, has no such job, or the job has ended.
+// outside the job (a spec that does not resolve, or an --advertise port
+// other than the spec's port for the task, is also reported to the
+// coordinator, failing the job), 1 when the coordinator cannot be reached,
+// has no such job, or the job has ended.
 absl::StatusOr<JoinedTask> JoinJobFromFlags(TaskRole role, const char* program,
                                             int* exit_code);
 

@@ -1,10 +1,15 @@
 // Where a task's index (ResolveTaskIndex) and thread count
-// (ResolveTaskThreads) come from.
+// (ResolveTaskThreads) come from, and the flags' ranges checked at the
+// task's start (CheckTaskFlags).
 #include "coordinator/task_flags.h"
 
+#include <functional>
 #include <map>
 #include <string>
+#include <vector>
 
+#include "absl/flags/flag.h"
+#include "absl/flags/reflection.h"
 #include "gtest/gtest.h"
 
 namespace pstrain {
@@ -95,6 +100,74 @@ TEST(TaskThreadsTest, BadValuesAreNamed) {
                 .message(),
             "SLURM_CPUS_PER_TASK=x: expected a positive integer (or pass "
             "--threads)");
+}
+
+// A typo in a task's flags is named before anything is contacted, the
+// flag and its range in one line (it failed the whole job once the task
+// had joined it).
+TEST(CheckTaskFlagsTest, OutOfRangeFlagsAreNamedWithTheirRange) {
+  absl::FlagSaver saver;
+  EXPECT_TRUE(CheckTaskFlags(ROLE_PS).ok());
+  struct Case {
+    std::function<void()> set;
+    std::string message;
+  };
+  const std::vector<Case> cases = {
+      {[] { absl::SetFlag(&FLAGS_port, 70000); },
+       "--port=70000: expected 0 to 65535 (0: any free port; -1: the job "
+       "spec's)"},
+      {[] { absl::SetFlag(&FLAGS_port, -2); },
+       "--port=-2: expected 0 to 65535 (0: any free port; -1: the job "
+       "spec's)"},
+      {[] { absl::SetFlag(&FLAGS_threads, -3); },
+       "--threads=-3: expected 1 to 1024 (0: automatic)"},
+      {[] { absl::SetFlag(&FLAGS_threads, 5000); },
+       "--threads=5000: expected 1 to 1024 (0: automatic)"},
+      {[] { absl::SetFlag(&FLAGS_task_index, -5); },
+       "--task_index=-5: expected 0 to 1023 (-1: from the launcher's "
+       "environment)"},
+      {[] { absl::SetFlag(&FLAGS_task_index, 1024); },
+       "--task_index=1024: expected 0 to 1023 (-1: from the launcher's "
+       "environment)"},
+      {[] { absl::SetFlag(&FLAGS_advertise, "h:99999"); },
+       "--advertise=h:99999: expected host or host:PORT, PORT 0 to 65535"},
+      {[] { absl::SetFlag(&FLAGS_advertise, "h:x"); },
+       "--advertise=h:x: expected host or host:PORT, PORT 0 to 65535"},
+      {[] {
+         absl::SetFlag(&FLAGS_port, 7000);
+         absl::SetFlag(&FLAGS_advertise, "h:7001");
+       },
+       "--advertise=h:7001: expected host or host:7000 (the port this task "
+       "listens on, --port)"},
+      {[] { absl::SetFlag(&FLAGS_coordinator, "head:99999"); },
+       "--coordinator=head:99999: port \"99999\"; expected HOST:PORT (PORT "
+       "1 to 65535), or unix:PATH"},
+  };
+  for (const Case& c : cases) {
+    absl::FlagSaver each;
+    c.set();
+    const absl::Status s = CheckTaskFlags(ROLE_PS);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << c.message;
+    EXPECT_EQ(s.message(), c.message);
+  }
+}
+
+TEST(CheckTaskFlagsTest, InRangeFlagsPass) {
+  absl::FlagSaver saver;
+  // A worker's index goes higher than a shard's.
+  absl::SetFlag(&FLAGS_task_index, 4095);
+  EXPECT_TRUE(CheckTaskFlags(ROLE_WORKER).ok());
+  EXPECT_FALSE(CheckTaskFlags(ROLE_PS).ok());
+  absl::SetFlag(&FLAGS_task_index, -1);
+  absl::SetFlag(&FLAGS_port, 0);
+  absl::SetFlag(&FLAGS_advertise, "h:7001");
+  absl::SetFlag(&FLAGS_threads, 1024);
+  EXPECT_TRUE(CheckTaskFlags(ROLE_PS).ok());
+  absl::SetFlag(&FLAGS_port, 65535);
+  absl::SetFlag(&FLAGS_advertise, "h:65535");
+  EXPECT_TRUE(CheckTaskFlags(ROLE_PS).ok());
+  absl::SetFlag(&FLAGS_advertise, "h");
+  EXPECT_TRUE(CheckTaskFlags(ROLE_PS).ok());
 }
 
 TEST(TaskThreadsTest, UsableCoresIsAtLeastOne) { EXPECT_GE(UsableCores(), 1); }

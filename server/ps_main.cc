@@ -7,10 +7,11 @@
 // workers, Adam's hyperparameters), listens on --bind:--port (see
 // coordinator/task_flags.h), registers its advertised address, sends
 // heartbeats, and serves the ParameterServer service for shard N. It exits
-// 0 once every worker has said WorkerDone; 1 when the job ends otherwise
-// (a lost or failed task, a cancel: the coordinator's message is printed),
-// when the port cannot be bound (the job fails naming host and port), or
-// after --idle_timeout_s without any request; 128+signal on SIGTERM/SIGINT.
+// 2 at once, contacting nothing, for a flag out of range (the job is left
+// alone); 0 once every worker has said WorkerDone; 1 when the job ends
+// otherwise (a lost or failed task, a cancel: the coordinator's message is
+// printed), when the port cannot be bound (the job fails naming host and port),
+// or after --idle_timeout_s without any request; 128+signal on SIGTERM/SIGINT.
 // With the job's metrics_dir, writes the shard's metrics rows (every second
 // while busy, and at exit; server/shard_metrics.h); with its trace, a
 // Chrome trace to metrics_dir/trace/psN.json (common/trace.h), with the
@@ -190,8 +191,17 @@ class ShardFiles {
   bool finished_ = false;
 };
 
-// The flags' ranges: the first out of range, as INVALID_ARGUMENT.
+// The flags' ranges, and --insecure on a --bind that is not loopback
+// without --insecure_allow_remote (a bind from the job's spec is checked
+// once the spec is known): the first wrong, as INVALID_ARGUMENT. The task
+// flags (coordinator/task_flags.h CheckTaskFlags) are checked next, also
+// before the coordinator is contacted.
 absl::Status CheckFlags() {
+  if (const std::string bind = absl::GetFlag(FLAGS_bind); !bind.empty()) {
+    absl::StatusOr<pstrain::TlsOptions> tls =
+        pstrain::TlsOptionsFromFlags(kProgram, bind, /*warn=*/false);
+    if (!tls.ok()) return tls.status();
+  }
   for (const absl::Status& s :
        {pstrain::CheckFlagRange("pull_timeout_s",
                                 absl::GetFlag(FLAGS_pull_timeout_s), 1, 86400,

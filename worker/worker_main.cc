@@ -7,9 +7,11 @@
 // sends heartbeats (with its step and epoch lines and its progress), waits
 // for every task's address, and trains its shard of the data against the
 // job's PS shards (see worker/trainer.h). Worker 0 reports the job's results
-// when it finishes. Exit codes: 0 done; 2 bad flags or spec input (the job
-// fails with the message); 1 a training or coordinator error, or the job
-// ended elsewhere (a lost task, a cancel): the task stops at once.
+// when it finishes. Exit codes: 0 done; 2 a flag out of range (checked
+// before the coordinator is contacted, so the job is left alone) or bad
+// spec input (the job fails with the message); 1 a training or coordinator
+// error, or the job ended elsewhere (a lost task, a cancel): the task stops
+// at once.
 #include <omp.h>
 
 #include <algorithm>
