@@ -120,7 +120,15 @@ grpc::Status CoordinatorService::ListJobs(grpc::ServerContext* context,
   if (grpc::Status denied = Authorize(*context, "ListJobs", ""); !denied.ok()) {
     return denied;
   }
-  for (JobInfo& job : table_->List()) *response->add_jobs() = std::move(job);
+  // A summary of each job (proto/coordinator.proto ListJobsResponse): its
+  // store, result and membership history, up to megabytes each, are
+  // GetJob's to return.
+  for (JobInfo& job : table_->List()) {
+    job.clear_kv();
+    job.clear_result();
+    job.clear_membership_history();
+    *response->add_jobs() = std::move(job);
+  }
   return grpc::Status::OK;
 }
 

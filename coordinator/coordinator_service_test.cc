@@ -115,6 +115,50 @@ TEST_F(CoordinatorServiceTest, SubmitRegisterLayoutHeartbeatFinish) {
   EXPECT_EQ(job.state(), JOB_SUCCEEDED);
 }
 
+// ListJobs answers a summary of every job: the store (up to 4 MiB a job)
+// is GetJob's.
+TEST_F(CoordinatorServiceTest, ListJobsLeavesTheStoreToGetJob) {
+  grpc::ClientContext c;
+  SetDeadline(&c);
+  SubmitRequest submit;
+  submit.mutable_spec()->set_num_ps(1);
+  submit.mutable_spec()->set_num_workers(1);
+  submit.mutable_spec()->set_batch_size(8);
+  submit.mutable_spec()->set_epochs(1);
+  SubmitResponse submitted;
+  ASSERT_TRUE(stub_->Submit(&c, submit, &submitted).ok());
+  const std::string id = submitted.job_id();
+  ASSERT_TRUE(Register(id, ROLE_PS, 0, "p0:7000").ok());
+  ASSERT_TRUE(Register(id, ROLE_WORKER, 0, "w0:7001").ok());
+  grpc::ClientContext kc;
+  SetDeadline(&kc);
+  KvSetRequest set;
+  set.set_job_id(id);
+  set.set_key("worker-0/blob");
+  set.set_value(std::string(60000, 'x'));
+  KvSetResponse set_response;
+  ASSERT_TRUE(stub_->KvSet(&kc, set, &set_response).ok());
+
+  grpc::ClientContext lc;
+  SetDeadline(&lc);
+  ListJobsResponse listed;
+  ASSERT_TRUE(stub_->ListJobs(&lc, ListJobsRequest(), &listed).ok());
+  ASSERT_EQ(listed.jobs_size(), 1);
+  EXPECT_EQ(listed.jobs(0).id(), id);
+  EXPECT_EQ(listed.jobs(0).tasks_size(), 2);
+  EXPECT_EQ(listed.jobs(0).tasks(1).address(), "w0:7001");
+  EXPECT_TRUE(listed.jobs(0).kv().empty());
+  EXPECT_LT(listed.ByteSizeLong(), 2000u);
+
+  grpc::ClientContext gc;
+  SetDeadline(&gc);
+  JobRequest get;
+  get.set_job_id(id);
+  JobInfo job;
+  ASSERT_TRUE(stub_->GetJob(&gc, get, &job).ok());
+  EXPECT_EQ(job.kv().at("worker-0/blob").size(), 60000u);
+}
+
 TEST_F(CoordinatorServiceTest, ErrorsReachTheClientWithTheirCodes) {
   grpc::ClientContext c;
   SetDeadline(&c);

@@ -109,7 +109,8 @@ bool RetryableCoordinatorStatus(const grpc::Status& status);
 // of it (TaskAgent, the node supervisors and agents, the CLI) receives: 1 GiB.
 // Each answer is a copy of part of the job table: GetJob one job (its spec,
 // tasks, key-value store, result and the log lines asked for), ListJobs
-// every job without its log, KvWait one value, WaitForLayout the tasks'
+// every job without its log, store, result or membership history (its spec
+// and tasks), KvWait one value, WaitForLayout the tasks'
 // addresses; the others are smaller still. The table keeps itself within its
 // job file's cap (JobTableLimits::max_job_file_bytes, at most
 // JobTable::kMaxJobFileBytes) at each change it writes, dropping ended jobs'
