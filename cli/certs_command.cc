@@ -1,9 +1,13 @@
 #include "cli/certs_command.h"
 
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
+#include <filesystem>
 #include <string>
+#include <system_error>
 #include <vector>
 
 #include "absl/flags/declare.h"
@@ -76,6 +80,87 @@ std::vector<TlsIdentity> IdentitiesToMint(const std::string& out, int num_ps,
   return identities;
 }
 
+// The files CopyForNodes() writes into the nodes' folder for `identities`:
+// ca.pem and the shards' and workers' .pem and .key.
+std::vector<std::string> NodeFileNames(
+    const std::vector<TlsIdentity>& identities) {
+  std::vector<std::string> names = {"ca.pem"};
+  for (const TlsIdentity& identity : identities) {
+    if (identity.role != TlsRole::kPs && identity.role != TlsRole::kWorker) {
+      continue;
+    }
+    for (const std::string& stem :
+         {IdentityStem(identity), ClientStem(identity)}) {
+      for (const char* suffix : {".pem", ".key"}) {
+        const std::string name = stem + suffix;
+        if (std::find(names.begin(), names.end(), name) == names.end()) {
+          names.push_back(name);
+        }
+      }
+    }
+  }
+  return names;
+}
+
+// `path` made absolute with its existing part's links resolved, to compare
+// two spellings of a folder that may not exist yet.
+std::filesystem::path Resolved(const std::string& path) {
+  std::error_code error;
+  std::filesystem::path p = std::filesystem::weakly_canonical(
+      std::filesystem::absolute(path, error), error);
+  if (error) return std::filesystem::path(path).lexically_normal();
+  // "a/b/" and "a/b" name the same folder.
+  return p.has_filename() ? p : p.parent_path();
+}
+
+// OK when --nodes_out=`nodes_out` can take the nodes' files without
+// replacing anything: it is not --out's folder however spelled, not a link
+// or a file, holds no CA's key and none of the files it would get (every
+// nodes folder is a new one: one per job). Checked before anything is
+// written, so that a refused command leaves both folders as they were.
+absl::Status CheckNodesOut(const std::string& out, const std::string& nodes_out,
+                           const std::vector<TlsIdentity>& identities) {
+  namespace fs = std::filesystem;
+  const std::string flag = absl::StrCat("--nodes_out=", nodes_out);
+  std::error_code error;
+  if (Resolved(out) == Resolved(nodes_out) ||
+      fs::equivalent(out, nodes_out, error)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(flag, ": the same folder as --out=", out,
+                     " (the head node's, with ca.key); expected a folder of "
+                     "its own for the nodes"));
+  }
+  struct stat st;
+  if (lstat(nodes_out.c_str(), &st) != 0) return absl::OkStatus();  // made
+  if (!S_ISDIR(st.st_mode) || st.st_uid != geteuid() ||
+      access(nodes_out.c_str(), W_OK | X_OK) != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        flag, ": ",
+        S_ISLNK(st.st_mode)      ? "a link"
+        : !S_ISDIR(st.st_mode)   ? "not a folder"
+        : st.st_uid != geteuid() ? "another user's folder"
+                                 : "a folder this user cannot write in",
+        "; expected a new folder, or one of this user's"));
+  }
+  for (const char* key : {"ca.key", "admin.key", "coordinator.key"}) {
+    if (fs::exists(fs::symlink_status(fs::path(nodes_out) / key, error))) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          flag, ": holds ", key,
+          " (a head node's folder); expected a folder of its own for the "
+          "nodes"));
+    }
+  }
+  for (const std::string& name : NodeFileNames(identities)) {
+    if (fs::exists(fs::symlink_status(fs::path(nodes_out) / name, error))) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          flag, ": already holds ", name,
+          "; expected a new folder (certs never replaces a certificate or "
+          "key: one nodes folder per job, or remove the old one first)"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 int CertsCommand(const std::vector<std::string>& args) {
@@ -114,6 +199,13 @@ int CertsCommand(const std::vector<std::string>& args) {
   }
   const std::vector<TlsIdentity> identities =
       IdentitiesToMint(out, num_ps, num_workers, *job);
+  const std::string nodes_out = absl::GetFlag(FLAGS_nodes_out);
+  if (!nodes_out.empty()) {
+    if (absl::Status s = CheckNodesOut(out, nodes_out, identities); !s.ok()) {
+      PrintError(kProgram, s.message());
+      return 2;
+    }
+  }
   if (absl::Status s = MakeCertificates(out, identities, hosts); !s.ok()) {
     PrintError(kProgram, s.message());
     return 2;
@@ -125,7 +217,6 @@ int CertsCommand(const std::vector<std::string>& args) {
       "Give every node ca.pem and its tasks' .pem and .key (--nodes_out); "
       "keep ca.key, admin.key and coordinator.key off the nodes.\n",
       out.c_str(), num_ps - 1, num_workers - 1, job->c_str());
-  const std::string nodes_out = absl::GetFlag(FLAGS_nodes_out);
   if (nodes_out.empty()) return 0;
   if (absl::Status s = CopyForNodes(out, nodes_out, identities); !s.ok()) {
     PrintError(kProgram,

@@ -7,7 +7,10 @@
 // (server and client) and worker-0..M-1 of job ID ("*", the default: any
 // job of this CA, said in a warning line on stderr). --nodes_out copies
 // what the nodes need (ca.pem and the tasks' files; no ca.key, no admin or
-// coordinator key) into a folder of its own.
+// coordinator key) into a folder of its own: a new one, or one of this
+// user's holding none of those files and no ca.key, admin.key or
+// coordinator.key, and never --out's folder however spelled (checked
+// before anything is written; nothing there is ever replaced).
 // --hosts adds host names or addresses to every certificate, for tools
 // that reach a server by name.
 #ifndef PSTRAIN_CLI_CERTS_COMMAND_H_
@@ -18,7 +21,8 @@
 
 namespace pstrain {
 
-// Exit code: 0 done, 2 bad flags or an unwritable folder.
+// Exit code: 0 done, 2 bad flags, a --nodes_out refused as above (one line
+// naming it; nothing written) or an unwritable folder.
 int CertsCommand(const std::vector<std::string>& args);
 
 }  // namespace pstrain

@@ -15,6 +15,7 @@
 #include "absl/flags/declare.h"
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "common/flags_util.h"
 #include "common/status_macros.h"
@@ -622,7 +623,13 @@ std::string InstalledBinDir() {
 }
 
 absl::Status InstallBinaries(const std::vector<std::string>& sources,
-                             const std::string& prefix) {
+                             const std::string& prefix,
+                             const std::vector<std::string>& names) {
+  if (!names.empty() && names.size() != sources.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("install: ", names.size(), " names for ", sources.size(),
+                     " binaries; expected one each"));
+  }
   const std::string bin = prefix + "/bin";
   std::error_code error;
   std::filesystem::create_directories(bin, error);
@@ -630,10 +637,12 @@ absl::Status InstallBinaries(const std::vector<std::string>& sources,
     return absl::InternalError(
         absl::StrCat("cannot create ", bin, ": ", error.message()));
   }
-  for (const std::string& source : sources) {
+  for (size_t i = 0; i < sources.size(); ++i) {
+    const std::string& source = sources[i];
     std::string contents;
     RETURN_IF_ERROR(ReadFile(source, &contents));
-    const std::string name = source.substr(source.rfind('/') + 1);
+    const std::string name =
+        names.empty() ? source.substr(source.rfind('/') + 1) : names[i];
     const std::string target = absl::StrCat(bin, "/", name);
     const std::string temporary = absl::StrCat(target, ".tmp");
     const int fd = open(temporary.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0755);
@@ -733,25 +742,52 @@ int LaunchLinesCommand(const std::vector<std::string>& args,
   return 0;
 }
 
+std::string ExecutableFileProblem(const std::string& path) {
+  struct stat st;
+  if (stat(path.c_str(), &st) != 0) {
+    return errno == ENOENT
+               ? "does not exist"
+               : absl::StrCat("cannot be read (", std::strerror(errno), ")");
+  }
+  if (S_ISDIR(st.st_mode)) return "a folder";
+  if (!S_ISREG(st.st_mode)) return "not a regular file";
+  if (access(path.c_str(), X_OK) != 0) {
+    return absl::StrFormat("not executable (mode %04o)", st.st_mode & 07777);
+  }
+  return "";
+}
+
 int InstallCommand(const std::vector<std::string>& args,
-                   const std::vector<std::string>& binaries) {
+                   const std::vector<InstallSource>& binaries) {
   const std::string prefix = absl::GetFlag(FLAGS_prefix);
   if (!args.empty() || prefix.empty()) {
     return Fail(2, "usage: pstrain install --prefix=DIR");
   }
-  for (const std::string& b : binaries) {
-    if (access(b.c_str(), X_OK) != 0) {
-      return Fail(1, absl::StrCat("install: ", b,
-                                  " is missing; build it first (bazel build "
-                                  "//cli:pstrain)"));
+  // Every binary, before anything is copied: a half-installed PREFIX/bin
+  // is a broken one.
+  for (const InstallSource& b : binaries) {
+    const std::string problem = ExecutableFileProblem(b.path);
+    if (problem.empty()) continue;
+    if (!b.flag.empty()) {
+      return Fail(2, absl::StrCat("install: --", b.flag, "=", b.path, ": ",
+                                  problem, "; expected the ", b.name,
+                                  " program (an executable file)"));
     }
+    return Fail(1, absl::StrCat("install: ", b.path, " ", problem,
+                                "; expected the ", b.name,
+                                " program: build it first (bazel build "
+                                "//cli:pstrain)"));
   }
-  if (absl::Status s = InstallBinaries(binaries, prefix); !s.ok()) {
+  std::vector<std::string> sources, names;
+  for (const InstallSource& b : binaries) {
+    sources.push_back(b.path);
+    names.push_back(b.name);
+  }
+  if (absl::Status s = InstallBinaries(sources, prefix, names); !s.ok()) {
     return Fail(1, absl::StrCat("install: ", s.message()));
   }
-  for (const std::string& b : binaries) {
-    std::printf("%s/bin/%s\n", prefix.c_str(),
-                b.substr(b.rfind('/') + 1).c_str());
+  for (const std::string& name : names) {
+    std::printf("%s/bin/%s\n", prefix.c_str(), name.c_str());
   }
   return 0;
 }

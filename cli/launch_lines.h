@@ -150,11 +150,27 @@ std::string ShellQuote(const std::string& s);
 std::string InstalledBinDir();
 
 // Copies `sources` (executables) into `prefix`/bin, creating the folders
-// that are missing; each file is
+// that are missing, as `names` (one per source; empty: each source's own
+// file name); each file is
 // written beside its final name and renamed over it, so a running copy is
 // never overwritten in place. Errors name the file.
 absl::Status InstallBinaries(const std::vector<std::string>& sources,
-                             const std::string& prefix);
+                             const std::string& prefix,
+                             const std::vector<std::string>& names = {});
+
+// What is wrong with `path` as a program to copy or run: "" when it is a
+// regular file (a link to one is followed) this user may execute, else
+// "does not exist", "a folder", "not a regular file" or "not executable
+// (mode 0644)".
+std::string ExecutableFileProblem(const std::string& path);
+
+// A binary `pstrain install` copies: the file, its name in PREFIX/bin, and
+// the flag that named it ("" when this program found it itself).
+struct InstallSource {
+  std::string path;
+  std::string name;
+  std::string flag;
+};
 
 // `args`: the positional arguments after the command name. `ps_binary` and
 // `worker_binary`: --ps_binary / --worker_binary when set, else "".
@@ -162,9 +178,13 @@ int LaunchLinesCommand(const std::vector<std::string>& args,
                        const std::string& ps_binary,
                        const std::string& worker_binary);
 // `binaries`: pstrain itself, pstrain_ps, pstrain_worker and
-// pstrain_coordinator as this program finds them.
+// pstrain_coordinator, as this program finds them or as --ps_binary and
+// --worker_binary name them. Every one is checked before anything is
+// copied: exit 2 naming the flag for a flag's path that is not an
+// executable regular file (a folder, a missing or non-executable file),
+// exit 1 for one this program found that is not (not built yet).
 int InstallCommand(const std::vector<std::string>& args,
-                   const std::vector<std::string>& binaries);
+                   const std::vector<InstallSource>& binaries);
 
 }  // namespace pstrain
 

@@ -955,9 +955,16 @@ int main(int argc, char** argv) {
                                 pstrain::WorkerBinary());
   }
   if (command == "install") {
+    auto named_by = [](const std::string& value, const char* flag) {
+      return value.empty() ? std::string() : std::string(flag);
+    };
     return pstrain::InstallCommand(
-        args, {pstrain::SelfBinary(), pstrain::PsBinary(),
-               pstrain::WorkerBinary(), pstrain::CoordinatorBinary()});
+        args, {{pstrain::SelfBinary(), "pstrain", ""},
+               {pstrain::PsBinary(), "pstrain_ps",
+                named_by(absl::GetFlag(FLAGS_ps_binary), "ps_binary")},
+               {pstrain::WorkerBinary(), "pstrain_worker",
+                named_by(absl::GetFlag(FLAGS_worker_binary), "worker_binary")},
+               {pstrain::CoordinatorBinary(), "pstrain_coordinator", ""}});
   }
   return 2;  // Commands() lists no other command.
 }

@@ -1,6 +1,7 @@
 // `pstrain submit | status | cancel | wait` against a real
 // pstrain_coordinator process: what a user sees, exit codes, and that a
 // restarted coordinator still knows the job (its job file).
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <memory>
@@ -229,6 +230,46 @@ TEST(JobCliTest, LaunchLinesNameInstalledBinariesNeverBazelsCache) {
   r = RunCommand("cli/pstrain install");
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_EQ(r.output, "pstrain: error: usage: pstrain install --prefix=DIR\n");
+}
+
+// --ps_binary and --worker_binary of `pstrain install` must name a program:
+// a folder, a missing or a non-executable file is refused with exit 2 and
+// one line naming the flag, before anything is copied. A program of
+// another name is installed under the name the launchers start.
+TEST(JobCliTest, InstallRefusesABinaryFlagThatIsNoProgram) {
+  const std::string prefix = TempDir() + "/refused-install";
+  const std::string folder = TempDir() + "/a-folder";
+  const std::string text = TempDir() + "/not-a-program";
+  ASSERT_EQ(mkdir(folder.c_str(), 0755), 0);
+  WriteFile(text, "#!/bin/sh\n");
+  ASSERT_EQ(chmod(text.c_str(), 0644), 0);
+  struct Case {
+    std::string flag, path, name, says;
+  };
+  for (const Case& c : std::vector<Case>{
+           {"ps_binary", folder, "pstrain_ps", "a folder"},
+           {"worker_binary", folder + "/", "pstrain_worker", "a folder"},
+           {"ps_binary", text, "pstrain_ps", "not executable (mode 0644)"},
+           {"worker_binary", TempDir() + "/missing", "pstrain_worker",
+            "does not exist"}}) {
+    const Result r = RunCommand("cli/pstrain install --prefix=" + prefix +
+                                " --" + c.flag + "=" + c.path);
+    EXPECT_EQ(r.exit_code, 2) << r.output;
+    EXPECT_EQ(r.output, "pstrain: error: install: --" + c.flag + "=" + c.path +
+                            ": " + c.says + "; expected the " + c.name +
+                            " program (an executable file)\n");
+    EXPECT_NE(access(prefix.c_str(), F_OK), 0) << c.path << ": installed";
+  }
+  const std::string script = TempDir() + "/my_ps";
+  WriteFile(script, "#!/bin/sh\necho ps\n");
+  ASSERT_EQ(chmod(script.c_str(), 0755), 0);
+  const Result r = RunCommand("cli/pstrain install --prefix=" + prefix +
+                              " --ps_binary=" + script);
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_THAT(r.output, HasSubstr(prefix + "/bin/pstrain_ps\n"));
+  EXPECT_EQ(pstrain::testing::ReadTextFile(prefix + "/bin/pstrain_ps"),
+            "#!/bin/sh\necho ps\n");
+  EXPECT_NE(access((prefix + "/bin/my_ps").c_str(), F_OK), 0);
 }
 
 TEST(JobCliTest, BadSpecIsRefusedBeforeSubmitWithTheFieldNamed) {

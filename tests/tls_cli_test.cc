@@ -10,6 +10,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -18,6 +19,7 @@
 #include <fstream>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -93,6 +95,83 @@ TEST(CertsCliTest, NodesFolderHoldsNoMintingKey) {
   EXPECT_EQ(st.st_mode & 0777, 0700u);
   ASSERT_EQ(stat((nodes + "/worker-1.key").c_str(), &st), 0);
   EXPECT_EQ(st.st_mode & 0777, 0600u);
+}
+
+// The key, certificate and CA files of `dir`, by name, to check that a
+// refused command changed none of them.
+std::vector<std::pair<std::string, std::string>> Snapshot(
+    const std::string& dir) {
+  std::vector<std::pair<std::string, std::string>> files;
+  for (const auto& entry : fs::directory_iterator(dir)) {
+    files.emplace_back(entry.path().filename().string(),
+                       testing::ReadTextFile(entry.path().string()));
+  }
+  std::sort(files.begin(), files.end());
+  return files;
+}
+
+// --nodes_out never replaces a key or certificate: not --out's own folder
+// (however spelled), not another CA's folder, not an earlier nodes folder;
+// each refusal is one line naming the flag, exit 2, before anything is
+// written to either folder.
+TEST(CertsCliTest, NodesOutNeverReplacesKeysOrCertificates) {
+  const std::string ops = TempDir() + "/refuse-ops";
+  const std::string other_ca = TempDir() + "/refuse-other-ca";
+  const std::string nodes = TempDir() + "/refuse-nodes";
+  const std::string tasks = " --job=job-1 --num_ps=1 --num_workers=1";
+  ASSERT_EQ(RunCommand("cli/pstrain certs --out=" + ops +
+                       " --nodes_out=" + nodes + tasks)
+                .exit_code,
+            0);
+  ASSERT_EQ(RunCommand("cli/pstrain certs --out=" + other_ca + tasks).exit_code,
+            0);
+  fs::create_symlink(ops, TempDir() + "/refuse-ops-link");
+  const auto ops_files = Snapshot(ops);
+  const auto other_files = Snapshot(other_ca);
+  const auto nodes_files = Snapshot(nodes);
+  struct Case {
+    std::string nodes_out;
+    std::string says;
+  };
+  for (const Case& c : std::vector<Case>{
+           {ops + "/.", "the same folder as --out"},
+           {TempDir() + "/refuse-ops-link/", "the same folder as --out"},
+           {other_ca, "holds ca.key"},
+           {nodes, "already holds ca.pem"},
+           {ops + "/ca.key", "not a folder"}}) {
+    const auto r = RunCommand("cli/pstrain certs --out=" + ops +
+                              " --nodes_out=" + c.nodes_out + tasks);
+    EXPECT_EQ(r.exit_code, 2) << c.nodes_out << ": " << r.output;
+    EXPECT_EQ(r.output.rfind("pstrain certs: error: --nodes_out=" +
+                                 c.nodes_out + ": " + c.says,
+                             0),
+              0u)
+        << r.output;
+    EXPECT_EQ(Lines(r.output, ""), 1) << r.output;
+    EXPECT_EQ(Snapshot(ops), ops_files) << c.nodes_out;
+    EXPECT_EQ(Snapshot(other_ca), other_files) << c.nodes_out;
+    EXPECT_EQ(Snapshot(nodes), nodes_files) << c.nodes_out;
+  }
+  // A new --out spelled two ways is refused before either is made.
+  const std::string fresh = TempDir() + "/refuse-fresh";
+  const auto r = RunCommand("cli/pstrain certs --out=" + fresh +
+                            " --nodes_out=" + fresh + "/" + tasks);
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_FALSE(fs::exists(fresh));
+  // Every file the nodes get is private when a key, and none is left over.
+  const std::string nodes2 = TempDir() + "/refuse-nodes-2";
+  ASSERT_EQ(RunCommand("cli/pstrain certs --out=" + ops +
+                       " --nodes_out=" + nodes2 + tasks)
+                .exit_code,
+            0);
+  for (const auto& [name, text] : Snapshot(nodes2)) {
+    struct stat st;
+    ASSERT_EQ(lstat((nodes2 + "/" + name).c_str(), &st), 0);
+    EXPECT_TRUE(S_ISREG(st.st_mode)) << name;
+    EXPECT_EQ(st.st_mode & 0777,
+              name.find(".key") != std::string::npos ? 0600u : 0644u)
+        << name;
+  }
 }
 
 TEST(TlsCliTest, TaskWithoutItsKeyExitsTwoNamingIt) {

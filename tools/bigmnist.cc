@@ -1,13 +1,18 @@
 #include "tools/bigmnist.h"
 
+#include <fcntl.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <memory>
+#include <system_error>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -18,6 +23,12 @@ namespace pstrain {
 namespace {
 
 constexpr double kPi = 3.14159265358979323846;
+
+// The four files of an MNIST-style folder, read from the input (plain or
+// .gz) and written to the output (plain), in this order.
+constexpr const char* kOutputNames[] = {
+    "train-images-idx3-ubyte", "train-labels-idx1-ubyte",
+    "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"};
 
 // SplitMix64 (Steele, Lea and Flood 2014): the per-image generator, and the
 // hash of (seed, image) that seeds it.
@@ -85,33 +96,66 @@ std::vector<uint8_t> IdxHeader(const std::vector<int64_t>& dims) {
   return h;
 }
 
+// An IDX file written beside its final name (`path`.tmp, created anew) and
+// renamed over it by Close(), so that a reader never sees a partial file and
+// whatever `path` was (a link, another name of a source file) is replaced,
+// never written through. Removed when not closed.
 class IdxOut {
  public:
   static absl::StatusOr<std::unique_ptr<IdxOut>> Open(
       const std::string& path, const std::vector<int64_t>& dims) {
-    FILE* f = std::fopen(path.c_str(), "wb");
-    if (f == nullptr) return ErrnoToStatus(errno, path);
-    auto out = std::unique_ptr<IdxOut>(new IdxOut(path, f));
+    const std::string tmp = path + ".tmp";
+    if (::unlink(tmp.c_str()) != 0 && errno != ENOENT) {
+      return ErrnoToStatus(errno, tmp);
+    }
+    const int fd =
+        ::open(tmp.c_str(),
+               O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+    if (fd < 0) return ErrnoToStatus(errno, tmp);
+    FILE* f = ::fdopen(fd, "wb");
+    if (f == nullptr) {
+      const int error = errno;
+      ::close(fd);
+      ::unlink(tmp.c_str());
+      return ErrnoToStatus(error, tmp);
+    }
+    auto out = std::unique_ptr<IdxOut>(new IdxOut(path, tmp, f));
     const std::vector<uint8_t> header = IdxHeader(dims);
-    RETURN_IF_ERROR(WriteAll(f, header.data(), header.size(), path));
+    RETURN_IF_ERROR(WriteAll(f, header.data(), header.size(), tmp));
     return out;
   }
   ~IdxOut() {
-    if (file_ != nullptr) std::fclose(file_);
+    if (file_ != nullptr) {
+      std::fclose(file_);
+      ::unlink(tmp_.c_str());
+    }
   }
   absl::Status Write(const uint8_t* data, size_t n) {
-    return WriteAll(file_, data, n, path_);
+    return WriteAll(file_, data, n, tmp_);
   }
   absl::Status Close() {
     FILE* f = file_;
     file_ = nullptr;
-    if (std::fclose(f) != 0) return ErrnoToStatus(errno, path_);
+    int error = 0;
+    if (std::fflush(f) != 0 || ::fsync(::fileno(f)) != 0) error = errno;
+    if (std::fclose(f) != 0 && error == 0) error = errno;
+    if (error != 0) {
+      ::unlink(tmp_.c_str());
+      return ErrnoToStatus(error, tmp_);
+    }
+    if (std::rename(tmp_.c_str(), path_.c_str()) != 0) {
+      error = errno;
+      ::unlink(tmp_.c_str());
+      return ErrnoToStatus(error, path_);
+    }
     return absl::OkStatus();
   }
 
  private:
-  IdxOut(std::string path, FILE* file) : path_(std::move(path)), file_(file) {}
+  IdxOut(std::string path, std::string tmp, FILE* file)
+      : path_(std::move(path)), tmp_(std::move(tmp)), file_(file) {}
   const std::string path_;
+  const std::string tmp_;
   FILE* file_;
 };
 
@@ -119,6 +163,44 @@ absl::Status CopyIdx(const IdxArray& array, const std::string& path) {
   ASSIGN_OR_RETURN(std::unique_ptr<IdxOut> out, IdxOut::Open(path, array.dims));
   RETURN_IF_ERROR(out->Write(array.data.data(), array.data.size()));
   return out->Close();
+}
+
+// `path` absolute, lexically normal, with the links of its existing part
+// resolved: two spellings of one folder compare equal, made or not.
+std::filesystem::path Resolved(const std::string& path) {
+  std::error_code error;
+  std::filesystem::path p = std::filesystem::weakly_canonical(
+      std::filesystem::absolute(path, error), error);
+  if (error) return std::filesystem::path(path).lexically_normal();
+  return p.has_filename() ? p : p.parent_path();  // "a/" is "a"
+}
+
+// INVALID_ARGUMENT when writing the output would replace source data: the
+// output folder is the input folder (however spelled, through links too),
+// or an output file already there is one of `inputs` by another name (a
+// hard or symbolic link: same device and inode).
+absl::Status CheckOutputIsNotInput(const BigMnistOptions& o,
+                                   const std::vector<std::string>& inputs) {
+  namespace fs = std::filesystem;
+  std::error_code error;
+  if (Resolved(o.output_dir) == Resolved(o.input_dir) ||
+      fs::equivalent(o.output_dir, o.input_dir, error)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--output_dir=", o.output_dir,
+        ": the same folder as --input_dir=", o.input_dir,
+        "; expected another folder (the output would replace the source)"));
+  }
+  for (const char* name : kOutputNames) {
+    const std::string path = absl::StrCat(o.output_dir, "/", name);
+    for (const std::string& input : inputs) {
+      if (fs::equivalent(path, input, error)) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "--output_dir=", o.output_dir, ": its ", name, " is the input ",
+            input, " by another name (a link); expected another file there"));
+      }
+    }
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -179,15 +261,15 @@ absl::Status WriteBigMnist(const BigMnistOptions& o) {
         ", sigma ", d.elastic_sigma,
         "; expected copies and threads >= 1, bounds >= 0, scale < 1"));
   }
-  auto find = [&](const std::string& base) {
-    return FindIdxFile(o.input_dir, base);
-  };
-  ASSIGN_OR_RETURN(IdxArray images, ReadIdx(find("train-images-idx3-ubyte")));
-  ASSIGN_OR_RETURN(IdxArray labels, ReadIdx(find("train-labels-idx1-ubyte")));
-  ASSIGN_OR_RETURN(IdxArray test_images,
-                   ReadIdx(find("t10k-images-idx3-ubyte")));
-  ASSIGN_OR_RETURN(IdxArray test_labels,
-                   ReadIdx(find("t10k-labels-idx1-ubyte")));
+  std::vector<std::string> inputs;
+  for (const char* name : kOutputNames) {
+    inputs.push_back(FindIdxFile(o.input_dir, name));
+  }
+  RETURN_IF_ERROR(CheckOutputIsNotInput(o, inputs));
+  ASSIGN_OR_RETURN(IdxArray images, ReadIdx(inputs[0]));
+  ASSIGN_OR_RETURN(IdxArray labels, ReadIdx(inputs[1]));
+  ASSIGN_OR_RETURN(IdxArray test_images, ReadIdx(inputs[2]));
+  ASSIGN_OR_RETURN(IdxArray test_labels, ReadIdx(inputs[3]));
   if (images.dims.size() != 3 || labels.dims.size() != 1 ||
       images.dims[0] != labels.dims[0]) {
     return absl::DataLossError(absl::StrCat(

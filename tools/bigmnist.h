@@ -58,7 +58,9 @@ struct BigMnistOptions {
   // Folder for the plain IDX output (made if missing): train-* with
   // copies * N images, output image k * N + i being copy k of source image
   // i with its label; t10k-* copied from the input unchanged (the test set
-  // stays the original one).
+  // stays the original one). Never input_dir (however spelled), and none
+  // of its files may be an input file by another name (a link); each file
+  // is written as <name>.tmp and renamed over <name>.
   std::string output_dir;
   int64_t copies = 10;
   // Copy 0 is the source image itself (not deformed) when set.
@@ -70,8 +72,10 @@ struct BigMnistOptions {
 
 // Streams the output: memory holds the source set and one block of 8192
 // output images, whatever `copies` is. INVALID_ARGUMENT for copies < 1, more
-// than 2^31 output images, threads < 1 or negative deformation bounds;
-// ReadIdx's errors for the input; the errno of a write, naming the file.
+// than 2^31 output images, threads < 1 or negative deformation bounds, and
+// for an output that would replace an input (output_dir above), before
+// anything is read or written; ReadIdx's errors for the input; the errno
+// of a write, naming the file.
 absl::Status WriteBigMnist(const BigMnistOptions& options);
 
 }  // namespace pstrain

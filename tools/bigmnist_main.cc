@@ -7,8 +7,9 @@
 // writes 67 x 60,000 = 4,020,000 training images (3.15 GB) and copies the
 // 10,000 test images; train with --dataset=fashion_mnist
 // --data_dir=/data/bigfmnist (the files are memory-mapped, not loaded).
-// Exit 0 when written, 2 with one line on a bad flag or an unreadable input,
-// 1 when a write fails.
+// Exit 0 when written, 2 with one line on a bad flag (--output_dir naming
+// --input_dir's folder or files included) or an unreadable input, 1 when a
+// write fails.
 #include <algorithm>
 #include <cstdio>
 #include <thread>

@@ -1,11 +1,13 @@
 #include "tools/bigmnist.h"
 
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <cstdio>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -107,22 +109,35 @@ std::string ReadAll(const std::string& path) {
   return s;
 }
 
-TEST(WriteBigMnistTest, LabelsKeptOutputReadableAndThreadCountFree) {
-  const std::string in = TempDir() + "/bigmnist_in";
+constexpr const char* kIdxNames[] = {
+    "train-images-idx3-ubyte", "train-labels-idx1-ubyte",
+    "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"};
+
+// A source folder `in` (made): `count` training digits with labels i % 10,
+// and the first 5 of them as the test set. Its training pixels and labels.
+std::pair<std::vector<uint8_t>, std::vector<uint8_t>> WriteSource(
+    const std::string& in, int count) {
   ::mkdir(in.c_str(), 0755);
-  constexpr int kCount = 20;
   std::vector<uint8_t> pixels, labels;
-  for (int i = 0; i < kCount; ++i) {
+  for (int i = 0; i < count; ++i) {
     const std::vector<uint8_t> d = Digit(i);
     pixels.insert(pixels.end(), d.begin(), d.end());
     labels.push_back(i % 10);
   }
-  WriteIdx(in + "/train-images-idx3-ubyte", {kCount, 28, 28}, pixels);
-  WriteIdx(in + "/train-labels-idx1-ubyte", {kCount}, labels);
+  const uint32_t n = static_cast<uint32_t>(count);
+  WriteIdx(in + "/train-images-idx3-ubyte", {n, 28, 28}, pixels);
+  WriteIdx(in + "/train-labels-idx1-ubyte", {n}, labels);
   WriteIdx(in + "/t10k-images-idx3-ubyte", {5, 28, 28},
            std::vector<uint8_t>(pixels.begin(), pixels.begin() + 5 * 784));
   WriteIdx(in + "/t10k-labels-idx1-ubyte", {5},
            std::vector<uint8_t>(labels.begin(), labels.begin() + 5));
+  return {pixels, labels};
+}
+
+TEST(WriteBigMnistTest, LabelsKeptOutputReadableAndThreadCountFree) {
+  const std::string in = TempDir() + "/bigmnist_in";
+  constexpr int kCount = 20;
+  const auto [pixels, labels] = WriteSource(in, kCount);
   BigMnistOptions o;
   o.input_dir = in;
   o.copies = 3;
@@ -175,6 +190,83 @@ TEST(WriteBigMnistTest, LabelsKeptOutputReadableAndThreadCountFree) {
   o.copies = 1;
   o.input_dir = TempDir() + "/no_such_dir";
   EXPECT_EQ(WriteBigMnist(o).code(), absl::StatusCode::kNotFound);
+}
+
+// An output that would replace the source is refused before anything is
+// read or written: the input folder however spelled, or an output file that
+// is an input file by another name. A link at an output name to anything
+// else is replaced by the new file, never written through.
+TEST(WriteBigMnistTest, NeverReplacesTheSource) {
+  const std::string in = TempDir() + "/bigmnist_source";
+  WriteSource(in, 20);
+  std::vector<std::string> before;
+  for (const char* name : kIdxNames) before.push_back(ReadAll(in + "/" + name));
+  auto source_unchanged = [&](const std::string& why) {
+    for (size_t i = 0; i < before.size(); ++i) {
+      EXPECT_TRUE(ReadAll(in + "/" + kIdxNames[i]) == before[i])
+          << why << ": " << kIdxNames[i] << " changed";
+    }
+  };
+  BigMnistOptions o;
+  o.input_dir = in;
+  o.copies = 2;
+  const std::string link = TempDir() + "/bigmnist_source_link";
+  ASSERT_EQ(::symlink(in.c_str(), link.c_str()), 0);
+  for (const std::string& out : {in, in + "/", in + "/./", link}) {
+    o.output_dir = out;
+    const absl::Status s = WriteBigMnist(o);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << out;
+    EXPECT_EQ(std::string(s.message())
+                  .rfind("--output_dir=" + out +
+                             ": the same folder as --input_dir=" + in,
+                         0),
+              0u)
+        << s;
+    source_unchanged(out);
+  }
+  // An output file that is an input file: a hard link, a symbolic one.
+  const std::string hard = TempDir() + "/bigmnist_hard";
+  const std::string soft = TempDir() + "/bigmnist_soft";
+  ::mkdir(hard.c_str(), 0755);
+  ::mkdir(soft.c_str(), 0755);
+  ASSERT_EQ(::link((in + "/train-images-idx3-ubyte").c_str(),
+                   (hard + "/train-images-idx3-ubyte").c_str()),
+            0);
+  ASSERT_EQ(::symlink((in + "/t10k-labels-idx1-ubyte").c_str(),
+                      (soft + "/t10k-labels-idx1-ubyte").c_str()),
+            0);
+  for (const auto& [out, name] :
+       {std::pair<std::string, std::string>{hard, "train-images-idx3-ubyte"},
+        {soft, "t10k-labels-idx1-ubyte"}}) {
+    o.output_dir = out;
+    const absl::Status s = WriteBigMnist(o);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << out;
+    EXPECT_NE(s.message().find("--output_dir=" + out + ": its " + name +
+                               " is the input " + in + "/" + name),
+              std::string::npos)
+        << s;
+    source_unchanged(out);
+  }
+  // A link to another file at an output name: replaced, not written through;
+  // no temporary file left.
+  const std::string over = TempDir() + "/bigmnist_over_link";
+  const std::string victim = TempDir() + "/bigmnist_victim";
+  ::mkdir(over.c_str(), 0755);
+  WriteIdx(victim, {1}, {7});
+  const std::string victim_bytes = ReadAll(victim);
+  ASSERT_EQ(
+      ::symlink(victim.c_str(), (over + "/train-labels-idx1-ubyte").c_str()),
+      0);
+  o.output_dir = over;
+  ASSERT_TRUE(WriteBigMnist(o).ok());
+  EXPECT_TRUE(ReadAll(victim) == victim_bytes) << victim << " written through";
+  for (const char* name : kIdxNames) {
+    struct stat st;
+    ASSERT_EQ(::lstat((over + "/" + name).c_str(), &st), 0) << name;
+    EXPECT_TRUE(S_ISREG(st.st_mode)) << name;
+    EXPECT_NE(::lstat((over + "/" + name + ".tmp").c_str(), &st), 0) << name;
+  }
+  source_unchanged("after a good run");
 }
 
 }  // namespace
