@@ -52,11 +52,7 @@
 //    for bit: one slot, the same checks, the same arithmetic. A pulled
 //    chunk may carry an update whose step is not decided yet (a later skip
 //    puts it back); its version says which. A checkpoint is a deferred
-//    snapshot (BeginDeferredSnapshot()): worker 0 names step v before it
-//    pushes step v, and each chunk copies itself when it reaches version v
-//    with step v - 1 decided; no chunk can pass v before worker 0's push,
-//    so the copies form one cut even though the chunks reach it at
-//    different times.
+//    snapshot (BeginDeferredSnapshot(); docs/ARCHITECTURE.md, Checkpoints).
 //
 //  - backup workers (sync mode, options.replicas_to_aggregate = R with
 //    0 < R < num_workers; Chen et al., "Revisiting Distributed Synchronous
@@ -82,14 +78,9 @@
 //    at once (each step's first R), and steps are decided in order, each
 //    once its R admitted ends are in and the step before it is decided; a
 //    late worker goes on from the oldest version its pull returned.
-//    Checkpoints: worker 0 may be late, so the cut is decided where the
-//    admissions are, on shard 0 (HoldCheckpointStep()): the first step
-//    shard 0 has admitted no end of, whose admissions it holds until every
-//    shard has registered a deferred snapshot of that version
-//    (BeginDeferredSnapshot()); no shard can decide that step before its
-//    admissions, so every chunk of every shard copies itself at the one
-//    version: a consistent cut taken by shard 0's decision, not by worker
-//    0's own step.
+//    Checkpoints: worker 0 may be late, so shard 0 picks the cut where the
+//    admissions are (HoldCheckpointStep(), then BeginDeferredSnapshot() on
+//    every shard).
 //
 //  - gradient clipping by global norm (sync mode, options.clip_grad_norm
 //    c > 0, with or without staleness or backup workers): one more round
@@ -114,8 +105,7 @@
 //  - FAILED_PRECONDITION: push or pull before Initialize(); a sync push for a
 //    step other than the chunk's current version (staleness s: outside
 //    version to version + s, or more than s steps past the last decided
-//    step); a second Initialize() of
-//    a generation not above the shard's.
+//    step); a second Initialize() of a generation not above the shard's.
 //  - DEADLINE_EXCEEDED: Pull() or WaitReady() past their deadline.
 //  - ABORTED: a push or pull of another generation than the shard's, or
 //    (sync mode) of a generation whose barrier is broken (see below).
@@ -133,16 +123,13 @@
 // waiting pull ends at once with ABORTED naming it, instead of at the pull
 // timeout.
 //
-//  - row-sparse tensors (embedding tables, issue 41; the layout's
-//    param_row_elements, SetRowSparseLayout()): their chunks are whole
-//    rows (common/partition.h). PushRows() takes the rows a worker's batch
-//    touched; a dense Push() to such a chunk touches every row. Every
-//    policy above runs unchanged on them, with the average over the
-//    step's workers of the union of their rows and a lazy update of those
-//    rows only (server/row_sparse.h: Adam as torch.optim.SparseAdam), undone
-//    by rows. Untouched rows keep w, m and v; the chunk's version (Adam's
-//    t) advances every step. Pulls, snapshots and Initialize() see the
-//    chunk as any other (dense w, m, v), so checkpoints are unchanged.
+//  - row-sparse tensors (embedding tables, issue 41; SetRowSparseLayout()):
+//    chunks of whole rows, pushed by the rows a batch touched (PushRows();
+//    a dense Push() touches every row) under every policy above, averaged
+//    over the union of the workers' rows and updated lazily on those rows
+//    (server/row_sparse.h: torch.optim.SparseAdam); untouched rows keep w,
+//    m and v, the version advances. Pulls, snapshots and checkpoints see
+//    dense chunks.
 //
 // Thread-safety: all methods may be called concurrently. Each chunk has its
 // own mutex, so chunks aggregate and update in parallel.
@@ -392,15 +379,13 @@ class ParameterShard {
   // above its warmup steps (0 included: a worker that did not count).
   // Any thread.
   absl::Status SetLrHorizon(int64_t total_steps);
-  // SetLrHorizon()'s checks alone (nothing set): a service refuses a bad
-  // horizon before it reads the rest of an Init.
+  // SetLrHorizon()'s checks alone: a service refuses a bad horizon before
+  // it reads the rest of an Init.
   absl::Status CheckLrHorizon(int64_t total_steps) const;
-  // The horizon set (0: none yet, or a schedule that needs none).
+  // The horizon set (0: none), and putting one back, 0 included, where the
+  // shard refused an Init after its horizon was set (set just before the
+  // new state opens to pushes: PsService::OpenWithLrHorizon).
   int64_t lr_horizon() const;
-  // Puts back a horizon lr_horizon() returned, 0 included: a service whose
-  // Init the shard refused after the service set the request's horizon
-  // (set before the shard opens the new generation to pushes, so that no
-  // update of it runs with the old one).
   void RestoreLrHorizon(int64_t total_steps);
 
   // In place of Push(): worker `worker_id` skips its chunk of `step` (a

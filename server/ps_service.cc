@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <cstring>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <thread>
@@ -211,28 +212,7 @@ grpc::Status PsService::Checkpoint(grpc::ServerContext* context,
   // timeout, a call without a deadline included.
   const absl::Time deadline = CheckpointWaitDeadline(*context);
   absl::MutexLock lock(&checkpoint_mu_);
-  if (request->wait()) {
-    if (step != checkpoint_step_) {
-      return grpc::Status(
-          grpc::StatusCode::FAILED_PRECONDITION,
-          absl::StrCat("shard ", shard_index, " began no checkpoint of step ",
-                       step, " (the last begun: ", checkpoint_step_, ")"));
-    }
-    auto done = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(checkpoint_mu_) {
-      return checkpoint_done_ || closing_.load();
-    };
-    checkpoint_mu_.AwaitWithDeadline(absl::Condition(&done), deadline);
-    if (!checkpoint_done_) {
-      if (closing_.load()) return ClosingStatus();
-      return grpc::Status(
-          grpc::StatusCode::DEADLINE_EXCEEDED,
-          absl::StrCat("shard ", shard_index, ": checkpoint of step ", step,
-                       " is still being written"));
-    }
-    if (!checkpoint_status_.ok()) return ToGrpcStatus(checkpoint_status_);
-    *response = checkpoint_result_;
-    return grpc::Status::OK;
-  }
+  if (request->wait()) return AwaitCheckpointLocked(step, deadline, response);
   if (request->end_step() < 0) {
     return grpc::Status(
         grpc::StatusCode::INVALID_ARGUMENT,
@@ -304,39 +284,71 @@ grpc::Status PsService::Checkpoint(grpc::ServerContext* context,
   checkpoint_writer_ =
       std::thread([this, step, num_shards, cut_deadline,
                    path = *std::move(path), chunks = snapshot_]() {
-        const ShardOptions& o = shard_->options();
-        // The file's contents are fsynced; its folder is the caller's to
-        // fsync, once for every file of the checkpoint (proto/ps.proto).
-        safetensors::WriteOptions in_folder;
-        in_folder.sync_folder = false;
-        const absl::Status cut =
-            deferred_snapshot()
-                ? shard_->AwaitDeferredSnapshot(step, cut_deadline, &closing_)
-                : absl::OkStatus();
-        absl::StatusOr<safetensors::WriteResult> written =
-            cut.ok() ? WriteShardCheckpoint(path, *chunks, o.shard_index,
-                                            num_shards, step, in_folder)
-                     : absl::StatusOr<safetensors::WriteResult>(cut);
-        CheckpointResponse result;
-        int64_t min_version = INT64_MAX, max_version = 0;
-        for (const ChunkSnapshot& c : *chunks) {
-          min_version = std::min(min_version, c.version);
-          max_version = std::max(max_version, c.version);
-        }
-        result.set_step(step);
-        result.set_num_chunks(static_cast<int64_t>(chunks->size()));
-        result.set_min_version(chunks->empty() ? 0 : min_version);
-        result.set_max_version(max_version);
-        if (written.ok()) {
-          result.set_size_bytes(static_cast<int64_t>(written->size_bytes));
-          result.set_crc32(written->crc32);
-        }
-        absl::MutexLock lock(&checkpoint_mu_);
-        checkpoint_status_ = written.status();
-        checkpoint_result_ = result;
-        checkpoint_done_ = true;
+        WriteCheckpoint(step, num_shards, cut_deadline, path, *chunks);
       });
   return grpc::Status::OK;
+}
+
+grpc::Status PsService::AwaitCheckpointLocked(int64_t step, absl::Time deadline,
+                                              CheckpointResponse* response) {
+  const int shard_index = shard_->options().shard_index;
+  if (step != checkpoint_step_) {
+    return grpc::Status(
+        grpc::StatusCode::FAILED_PRECONDITION,
+        absl::StrCat("shard ", shard_index, " began no checkpoint of step ",
+                     step, " (the last begun: ", checkpoint_step_, ")"));
+  }
+  auto done = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(checkpoint_mu_) {
+    return checkpoint_done_ || closing_.load();
+  };
+  checkpoint_mu_.AwaitWithDeadline(absl::Condition(&done), deadline);
+  if (!checkpoint_done_) {
+    if (closing_.load()) return ClosingStatus();
+    return grpc::Status(
+        grpc::StatusCode::DEADLINE_EXCEEDED,
+        absl::StrCat("shard ", shard_index, ": checkpoint of step ", step,
+                     " is still being written"));
+  }
+  if (!checkpoint_status_.ok()) return ToGrpcStatus(checkpoint_status_);
+  *response = checkpoint_result_;
+  return grpc::Status::OK;
+}
+
+void PsService::WriteCheckpoint(int64_t step, int num_shards,
+                                absl::Time cut_deadline,
+                                const std::string& path,
+                                const std::vector<ChunkSnapshot>& chunks) {
+  const ShardOptions& o = shard_->options();
+  // The file's contents are fsynced; its folder is the caller's to fsync,
+  // once for every file of the checkpoint (proto/ps.proto).
+  safetensors::WriteOptions in_folder;
+  in_folder.sync_folder = false;
+  const absl::Status cut =
+      deferred_snapshot()
+          ? shard_->AwaitDeferredSnapshot(step, cut_deadline, &closing_)
+          : absl::OkStatus();
+  absl::StatusOr<safetensors::WriteResult> written =
+      cut.ok() ? WriteShardCheckpoint(path, chunks, o.shard_index, num_shards,
+                                      step, in_folder)
+               : absl::StatusOr<safetensors::WriteResult>(cut);
+  CheckpointResponse result;
+  int64_t min_version = INT64_MAX, max_version = 0;
+  for (const ChunkSnapshot& c : chunks) {
+    min_version = std::min(min_version, c.version);
+    max_version = std::max(max_version, c.version);
+  }
+  result.set_step(step);
+  result.set_num_chunks(static_cast<int64_t>(chunks.size()));
+  result.set_min_version(chunks.empty() ? 0 : min_version);
+  result.set_max_version(max_version);
+  if (written.ok()) {
+    result.set_size_bytes(static_cast<int64_t>(written->size_bytes));
+    result.set_crc32(written->crc32);
+  }
+  absl::MutexLock lock(&checkpoint_mu_);
+  checkpoint_status_ = written.status();
+  checkpoint_result_ = result;
+  checkpoint_done_ = true;
 }
 
 absl::Time PsService::CheckpointWaitDeadline(
@@ -551,51 +563,13 @@ grpc::Status PsService::Init(grpc::ServerContext* context,
       !horizon.ok()) {
     return ToGrpcStatus(horizon);
   }
-  auto with_horizon = [this, lr_total_steps](auto open) -> absl::Status {
-    const int64_t before = shard_->lr_horizon();
-    if (absl::Status set = shard_->SetLrHorizon(lr_total_steps); !set.ok()) {
-      return set;
-    }
-    absl::Status opened = open();
-    if (!opened.ok()) shard_->RestoreLrHorizon(before);
-    return opened;
-  };
   const bool restore = shard_->initialized() && generation > 0;
   if (restore) restores_in_progress_.fetch_add(1);
   absl::Cleanup restored = [this, restore] {
     if (restore) restores_in_progress_.fetch_sub(1);
   };
   if (request.reopen()) {
-    const int64_t reopen_version = request.reopen_version();
-    if (reader->Read(&request)) {
-      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                          "a reopen carries no chunks (the shard keeps its "
-                          "own state)");
-    }
-    if (request.reopen_at_decision()) {
-      if (!membership.has_value()) {
-        return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                            "a change planned at a decision must carry the "
-                            "membership it changes to");
-      }
-      if (absl::Status planned = with_horizon([&] {
-            return shard_->PlanReopen(generation, reopen_version, *membership);
-          });
-          !planned.ok()) {
-        return ToGrpcStatus(planned);
-      }
-      response->set_version(reopen_version);
-      return grpc::Status::OK;
-    }
-    absl::StatusOr<int64_t> version = absl::UnknownError("not reopened");
-    status = with_horizon([&] {
-      version = shard_->Reopen(generation, reopen_version,
-                               membership.has_value() ? &*membership : nullptr);
-      return version.status();
-    });
-    if (!status.ok()) return ToGrpcStatus(status);
-    response->set_version(*version);
-    return grpc::Status::OK;
+    return InitReopen(reader, request, membership, response);
   }
   // Each chunk is checked against the layout's plan as it arrives, before
   // its bytes are decoded, so what Init holds is bounded by this shard's
@@ -630,7 +604,7 @@ grpc::Status PsService::Init(grpc::ServerContext* context,
     if (!status.ok()) return ToGrpcStatus(status);
   }
   shard_->SetRowSparseLayout(row_elements);
-  status = with_horizon([&] {
+  status = OpenWithLrHorizon(lr_total_steps, [&] {
     return shard_->Initialize(
         sizes, partition_bytes, std::move(chunks), num_buffers, generation,
         membership.has_value() ? &*membership : nullptr, *num_shards,
@@ -640,6 +614,58 @@ grpc::Status PsService::Init(grpc::ServerContext* context,
   if (!status.ok()) return ToGrpcStatus(status);
   response->set_num_chunks(num_chunks);
   response->set_num_elements(elements);
+  return grpc::Status::OK;
+}
+
+absl::Status PsService::OpenWithLrHorizon(
+    int64_t lr_total_steps, const std::function<absl::Status()>& open) {
+  const int64_t before = shard_->lr_horizon();
+  if (absl::Status set = shard_->SetLrHorizon(lr_total_steps); !set.ok()) {
+    return set;
+  }
+  absl::Status opened = open();
+  if (!opened.ok()) shard_->RestoreLrHorizon(before);
+  return opened;
+}
+
+grpc::Status PsService::InitReopen(
+    grpc::ServerReader<InitRequest>* reader, const InitRequest& first,
+    const std::optional<WorkerMembership>& membership, InitResponse* response) {
+  const int64_t generation = first.generation();
+  const int64_t reopen_version = first.reopen_version();
+  const int64_t lr_total_steps = first.lr_total_steps();
+  InitRequest more;
+  if (reader->Read(&more)) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        "a reopen carries no chunks (the shard keeps its "
+                        "own state)");
+  }
+  if (first.reopen_at_decision()) {
+    if (!membership.has_value()) {
+      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                          "a change planned at a decision must carry the "
+                          "membership it changes to");
+    }
+    if (absl::Status planned =
+            OpenWithLrHorizon(lr_total_steps,
+                              [&] {
+                                return shard_->PlanReopen(
+                                    generation, reopen_version, *membership);
+                              });
+        !planned.ok()) {
+      return ToGrpcStatus(planned);
+    }
+    response->set_version(reopen_version);
+    return grpc::Status::OK;
+  }
+  absl::StatusOr<int64_t> version = absl::UnknownError("not reopened");
+  const absl::Status status = OpenWithLrHorizon(lr_total_steps, [&] {
+    version = shard_->Reopen(generation, reopen_version,
+                             membership.has_value() ? &*membership : nullptr);
+    return version.status();
+  });
+  if (!status.ok()) return ToGrpcStatus(status);
+  response->set_version(*version);
   return grpc::Status::OK;
 }
 

@@ -21,8 +21,10 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <thread>
@@ -138,6 +140,32 @@ class PsService final : public ParameterServer::Service {
   // of its time left (at most 1 s) before the caller's deadline, so that
   // the caller reads the answer, and at most the pull timeout from now.
   absl::Time CheckpointWaitDeadline(const grpc::ServerContext& context) const;
+  // Sets a cosine schedule's horizon to `lr_total_steps` (see Init), runs
+  // `open` (the shard's call that opens its new state to pushes), and puts
+  // the horizon back if `open` fails: a refused Init changes nothing.
+  absl::Status OpenWithLrHorizon(int64_t lr_total_steps,
+                                 const std::function<absl::Status()>& open);
+  // Init's reopen (`first.reopen()`): the shard keeps its own state, closed
+  // at `first`'s generation, and opens it again at its reopen_version, now
+  // or, with reopen_at_decision, at the decision of the step being
+  // collected (ParameterShard::Reopen, PlanReopen). INVALID_ARGUMENT for a
+  // stream with more than one message.
+  grpc::Status InitReopen(grpc::ServerReader<InitRequest>* reader,
+                          const InitRequest& first,
+                          const std::optional<WorkerMembership>& membership,
+                          InitResponse* response);
+  // A `wait` call's part of Checkpoint(): waits until `deadline` for the
+  // write of `step` (the last begun) and answers its result.
+  grpc::Status AwaitCheckpointLocked(int64_t step, absl::Time deadline,
+                                     CheckpointResponse* response)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(checkpoint_mu_);
+  // The checkpoint writer's thread: waits for a deferred cut until
+  // `cut_deadline`, writes `chunks` to `path`, and records the result for
+  // the `wait` call.
+  void WriteCheckpoint(int64_t step, int num_shards, absl::Time cut_deadline,
+                       const std::string& path,
+                       const std::vector<ChunkSnapshot>& chunks)
+      ABSL_LOCKS_EXCLUDED(checkpoint_mu_);
   // Joins the checkpoint writer in flight, waiting for it until `deadline`
   // (checkpoint_mu_ is released while it joins): UNAVAILABLE naming the
   // write's step past `deadline`, or once Close() was called.
