@@ -281,10 +281,34 @@ absl::StatusOr<std::string> NodeJobId() {
   return job_id;
 }
 
+// The most nodes and GPUs per node the flags take.
+constexpr int kMaxNodes = 65536;
+constexpr int kMaxGpusPerNode = 64;
+
 // This node's names, cores and GPUs, and its rank among the job's nodes
 // from --node_rank/--num_nodes, else Slurm's or Open MPI's environment;
-// INVALID_ARGUMENT naming a variable that is not a count.
+// INVALID_ARGUMENT naming a flag out of range or a variable that is not a
+// count.
 absl::StatusOr<NodePlacement> PlacementFromFlags() {
+  // The flags' ranges first (a negative --gpus_per_node divided by it).
+  for (const absl::Status& s :
+       {CheckFlagRange("node_rank", absl::GetFlag(FLAGS_node_rank), -1,
+                       kMaxNodes - 1),
+        CheckFlagRange("num_nodes", absl::GetFlag(FLAGS_num_nodes), 0,
+                       kMaxNodes),
+        CheckFlagRange("gpus_per_node", absl::GetFlag(FLAGS_gpus_per_node), 0,
+                       kMaxGpusPerNode),
+        CheckFlagRange("node_grace_s", absl::GetFlag(FLAGS_node_grace_s), 0,
+                       86400, "seconds")}) {
+    RETURN_IF_ERROR(s);
+  }
+  if (const int rank = absl::GetFlag(FLAGS_node_rank),
+      nodes = absl::GetFlag(FLAGS_num_nodes);
+      rank >= 0 && nodes > 0 && rank >= nodes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--node_rank=", rank, ": expected 0 to ", nodes - 1,
+                     " (--num_nodes=", nodes, ")"));
+  }
   NodePlacement placement;
   placement.local_names = LocalNames();
   placement.cores = UsableCores();

@@ -718,9 +718,51 @@ TEST(JobCliTest, DaemonFlagRangesExit2) {
        "pstrain: error: --wait_poll_ms=0: expected 1 to 60000 ms\n"},
       // A typo in the address, before the command dials it (it retried
       // for --coordinator_timeout_s).
+      {"cli/pstrain node --job=job-1 --gpus_per_node=-1",
+       "pstrain node: error: --gpus_per_node=-1: expected 0 to 64\n"},
+      {"cli/pstrain node --job=job-1 --node_rank=2 --num_nodes=2",
+       "pstrain node: error: --node_rank=2: expected 0 to 1 "
+       "(--num_nodes=2)\n"},
       {"cli/pstrain status job-1 --coordinator=localhost:70700",
        "pstrain: error: --coordinator=localhost:70700: port \"70700\"; "
        "expected HOST:PORT (PORT 1 to 65535), or unix:PATH\n"},
+  };
+  for (const auto& c : cases) {
+    const Result r = RunCommand(c.command);
+    EXPECT_EQ(r.exit_code, 2) << c.command << ": " << r.output;
+    EXPECT_EQ(r.output, c.output) << c.command;
+  }
+}
+
+// The tools and benchmarks check their flags, and the places they write,
+// before their work: ps_bench --partition_bytes=0 aborted, and
+// train_tokenizer found a bad --seq_len or output folder only after
+// training the tokenizer.
+TEST(JobCliTest, ToolsCheckTheirFlagsBeforeTheirWork) {
+  const struct {
+    std::string command;
+    std::string output;
+  } cases[] = {
+      {"bench/ps_bench --partition_bytes=0",
+       "ps_bench: error: --partition_bytes=0: expected 4 to 1073741824 "
+       "bytes\n"},
+      {"bench/pull_scan_bench --repeats=0",
+       "pull_scan_bench: error: --repeats=0: expected 1 to 1000\n"},
+      {"bench/pull_scan_bench --bogus",
+       "pull_scan_bench: error: unknown flag --bogus; see pull_scan_bench "
+       "--help\n"},
+      {"bench/checkpoint_bench --num_ps=0",
+       "checkpoint_bench: error: --num_ps=0: expected 1 to 64\n"},
+      {"text/train_tokenizer --output=t.model --seq_len=1",
+       "train_tokenizer: error: --seq_len=1: expected 2 to 65536\n"},
+      {"text/train_tokenizer --output=t.model --vocab_size=8",
+       "train_tokenizer: error: --vocab_size=8: expected 16 to 1048576\n"},
+      {"text/train_tokenizer --output=no_such_folder/t.model",
+       "train_tokenizer: error: --output=no_such_folder/t.model: its folder "
+       "no_such_folder does not exist\n"},
+      {"text/train_tokenizer --output=t.model --tokens_dir=/dev/null/t",
+       "train_tokenizer: error: --tokens_dir=/dev/null/t: /dev/null is not a "
+       "folder\n"},
   };
   for (const auto& c : cases) {
     const Result r = RunCommand(c.command);
