@@ -19,6 +19,7 @@
 #include "cli/node_supervisor.h"
 #include "common/status_macros.h"
 #include "common/tls.h"
+#include "common/tls_flags.h"
 #include "coordinator/coordinator_server.h"
 #include "coordinator/job_membership.h"
 #include "coordinator/job_spec.h"
@@ -151,10 +152,7 @@ absl::Status LocalJob::StartCoordinator() {
   coordinator_flag_ = absl::StrCat(
       "--coordinator=", placement_.coordinator_host, ":", coordinator_->port());
   if (tls_.insecure) {
-    tls_flags_.push_back("--insecure");
-    if (options_.insecure_allow_remote) {
-      tls_flags_.push_back("--insecure_allow_remote");
-    }
+    tls_flags_ = TaskTlsFlags(tls_, options_.insecure_allow_remote);
     return absl::OkStatus();
   }
   std::vector<TlsIdentity> tasks;
@@ -171,7 +169,7 @@ absl::Status LocalJob::StartCoordinator() {
   // No key that mints identities outlives the minting, failed or not.
   minted.Update(RemoveMintingKeys(tls_.dir));
   RETURN_IF_ERROR(minted);
-  tls_flags_.push_back("--tls_dir=" + tls_.dir);
+  tls_flags_ = TaskTlsFlags(tls_, options_.insecure_allow_remote);
   return absl::OkStatus();
 }
 

@@ -237,17 +237,6 @@ absl::StatusOr<std::vector<NodeTask>> PlanNodeTasks(
   return tasks;
 }
 
-std::vector<std::string> TaskTlsFlags(const TlsOptions& tls,
-                                      bool insecure_allow_remote) {
-  if (!tls.insecure) {
-    if (tls.dir.empty()) return {};
-    return {absl::StrCat("--tls_dir=", tls.dir)};
-  }
-  std::vector<std::string> flags = {"--insecure"};
-  if (insecure_allow_remote) flags.push_back("--insecure_allow_remote");
-  return flags;
-}
-
 std::vector<std::string> NodeTaskArgv(const NodeTask& task,
                                       const std::string& binary,
                                       const NodeTaskContext& context) {

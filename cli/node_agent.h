@@ -84,16 +84,9 @@ struct NodeTaskContext {
   bool insecure_allow_remote = false;
 };
 
-// The TLS flags of a task that speaks as `tls` says: --insecure (and
-// --insecure_allow_remote when `insecure_allow_remote`), else --tls_dir=DIR
-// (the folder's path, so that a --tls_dir given to the node reaches the
-// task; no key travels in argv), or nothing without a folder.
-std::vector<std::string> TaskTlsFlags(const TlsOptions& tls,
-                                      bool insecure_allow_remote);
-
 // The command line of `task` (`binary`: its pstrain_ps or pstrain_worker):
 // --coordinator, --job, --task_index, --threads, --gpu for a worker with
-// one, and the context's TaskTlsFlags.
+// one, and the context's TaskTlsFlags (common/tls_flags.h).
 std::vector<std::string> NodeTaskArgv(const NodeTask& task,
                                       const std::string& binary,
                                       const NodeTaskContext& context);

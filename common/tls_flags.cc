@@ -8,6 +8,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <initializer_list>
+#include <string>
+#include <vector>
 
 #include "absl/flags/flag.h"
 #include "absl/strings/match.h"
@@ -106,6 +108,17 @@ absl::StatusOr<TlsOptions> TlsOptionsFromFlags(const char* program,
 absl::StatusOr<TlsOptions> AdminTlsOptionsFromFlags(const char* program) {
   return OptionsFromFlags(program, "", true,
                           {"PSTRAIN_ADMIN_TLS_DIR", "PSTRAIN_TLS_DIR"});
+}
+
+std::vector<std::string> TaskTlsFlags(const TlsOptions& tls,
+                                      bool insecure_allow_remote) {
+  if (!tls.insecure) {
+    if (tls.dir.empty()) return {};
+    return {absl::StrCat("--tls_dir=", tls.dir)};
+  }
+  std::vector<std::string> flags = {"--insecure"};
+  if (insecure_allow_remote) flags.push_back("--insecure_allow_remote");
+  return flags;
 }
 
 }  // namespace pstrain

@@ -11,6 +11,7 @@
 #define PSTRAIN_COMMON_TLS_FLAGS_H_
 
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "common/tls.h"
@@ -32,6 +33,14 @@ absl::StatusOr<TlsOptions> TlsOptionsFromFlags(const char* program,
 // launches inherit PSTRAIN_TLS_DIR, the nodes' folder. Errors as
 // TlsOptionsFromFlags().
 absl::StatusOr<TlsOptions> AdminTlsOptionsFromFlags(const char* program);
+
+// The TLS flags of a task launched to speak as `tls` says (pstrain run's
+// and pstrain node's tasks): --insecure (and --insecure_allow_remote when
+// `insecure_allow_remote`), else --tls_dir=DIR (the folder's path, so that
+// a folder given to the launcher reaches the task; no key travels in
+// argv), or nothing without a folder.
+std::vector<std::string> TaskTlsFlags(const TlsOptions& tls,
+                                      bool insecure_allow_remote);
 
 // Whether `host` (a name, an address, or [an IPv6 address]) is loopback:
 // it resolves, and every address it resolves to is in 127.0.0.0/8 or ::1
