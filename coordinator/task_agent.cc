@@ -305,14 +305,18 @@ absl::Status TaskAgent::KvSet(const std::string& key,
 
 absl::StatusOr<std::string> TaskAgent::KvWait(const std::string& key,
                                               absl::Duration timeout) {
-  grpc::ClientContext context;
-  SetDeadline(&context, timeout);
   KvWaitRequest request;
   request.set_job_id(options_.job_id);
   request.set_key(key);
   EscapeNonUtf8Fields(&request);
   KvWaitResponse response;
-  const grpc::Status status = stub_->KvWait(&context, request, &response);
+  // A stopping coordinator ends the poll UNAVAILABLE: it is asked again
+  // (its successor answers) until `timeout`, as every other call rides
+  // out a restart.
+  const grpc::Status status = CallCoordinatorWithRetry(
+      timeout, timeout, [&](grpc::ClientContext* context) {
+        return stub_->KvWait(context, request, &response);
+      });
   if (!status.ok()) {
     return absl::Status(FromGrpcStatus(status).code(),
                         absl::StrCat("waiting for key \"", key,

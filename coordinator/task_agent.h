@@ -247,7 +247,8 @@ class TaskAgent {
 
   // The job's key-value store (rendezvous of the allreduce workers):
   // KvSet retried while the coordinator is unreachable (at most
-  // rpc_timeout); KvWait blocks until `key` is set, at most `timeout`
+  // rpc_timeout); KvWait blocks until `key` is set, at most `timeout`,
+  // asking again while the coordinator is unreachable or stopping
   // (DEADLINE_EXCEEDED naming the key; FAILED_PRECONDITION if the job
   // ended).
   absl::Status KvSet(const std::string& key, const std::string& value);

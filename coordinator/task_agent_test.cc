@@ -5,8 +5,10 @@
 // registration is as before.
 #include "coordinator/task_agent.h"
 
+#include <cstdio>
 #include <memory>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -247,6 +249,50 @@ TEST(TaskAgentUtf8Test, TextThatIsNotUtf8ReachesTheTableEscaped) {
 // without the log still answers 5 MB, over gRPC's default receive limit
 // of 4 MiB, which made FetchSpec and a self-restarting task's Register fail
 // with RESOURCE_EXHAUSTED (no task of the job could start or restart).
+// A KvWait parked on a coordinator that stops (its polls end UNAVAILABLE)
+// asks its successor on the same port and job file, and gets the value set
+// there, within its timeout (it failed at the stop).
+TEST(TaskAgentKvWaitTest, AWaitRidesOutACoordinatorRestart) {
+  const std::string job_file =
+      absl::StrCat(::testing::TempDir(), "/kv_wait_restart_jobs.pb");
+  std::remove(job_file.c_str());
+  CoordinatorServerOptions server_options;
+  server_options.address = "127.0.0.1:0";
+  server_options.job_file = job_file;
+  absl::StatusOr<std::unique_ptr<CoordinatorServer>> first =
+      CoordinatorServer::Start(server_options);
+  ASSERT_TRUE(first.ok()) << first.status();
+  const int port = (*first)->port();
+  JobSpec spec;
+  spec.set_num_ps(1);
+  spec.set_num_workers(2);
+  absl::StatusOr<std::string> job = (*first)->table().Submit(spec, absl::Now());
+  ASSERT_TRUE(job.ok()) << job.status();
+
+  TaskAgentOptions options;
+  options.coordinator = absl::StrCat("127.0.0.1:", port);
+  options.job_id = *job;
+  options.role = ROLE_WORKER;
+  options.index = 1;
+  options.rpc_timeout = absl::Seconds(5);
+  options.coordinator_timeout = absl::Seconds(5);
+  TaskAgent agent(options);
+  absl::StatusOr<std::string> value = absl::UnknownError("not waited");
+  std::thread waiter(
+      [&] { value = agent.KvWait("worker-0/address", absl::Seconds(20)); });
+  absl::SleepFor(absl::Milliseconds(500));  // parked on the first
+  first->reset();
+  server_options.address = absl::StrCat("127.0.0.1:", port);
+  absl::StatusOr<std::unique_ptr<CoordinatorServer>> second =
+      CoordinatorServer::Start(server_options);
+  ASSERT_TRUE(second.ok()) << second.status();
+  ASSERT_TRUE(
+      (*second)->table().Set(*job, "worker-0/address", "w0.pod:7001").ok());
+  waiter.join();
+  ASSERT_TRUE(value.ok()) << value.status();
+  EXPECT_EQ(*value, "w0.pod:7001");
+}
+
 TEST(TaskAgentCapsTest, AJobAtItsCapsIsRead) {
   CoordinatorServerOptions server_options;
   server_options.address = "127.0.0.1:0";
