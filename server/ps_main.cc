@@ -108,6 +108,7 @@ pstrain::ShardOptions ShardOptionsOf(const pstrain::JobConfig& config,
   // Checkpoint files go only under the job's own checkpoint_dir, never a
   // path a request names (server/shard_checkpoint.h).
   options.checkpoint_dir = spec.checkpoint_dir();
+  options.keep_checkpoints = spec.keep_checkpoints();
   return options;
 }
 

@@ -345,6 +345,14 @@ void PsService::WriteCheckpoint(int64_t step, int num_shards,
     result.set_size_bytes(static_cast<int64_t>(written->size_bytes));
     result.set_crc32(written->crc32);
   }
+  // A stolen worker 0 key can ask for a file a step, but the shard keeps
+  // keep + 1 of them; what it cannot remove fails nothing (the checkpoint
+  // is written) and is left to the next write.
+  if (written.ok()) {
+    RemoveOldShardCheckpoints(o.checkpoint_dir, o.shard_index, step,
+                              o.keep_checkpoints)
+        .IgnoreError();
+  }
   absl::MutexLock lock(&checkpoint_mu_);
   checkpoint_status_ = written.status();
   checkpoint_result_ = result;

@@ -11,12 +11,14 @@
 #include <atomic>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <memory>
 #include <optional>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
@@ -299,6 +301,50 @@ TEST_F(PsServiceTest, CheckpointGoesUnderTheShardsOwnFolderWhateverTheCaller) {
   EXPECT_EQ(static_cast<int64_t>(std::filesystem::file_size(file)),
             done.size_bytes());
   EXPECT_FALSE(std::filesystem::exists(target));
+}
+
+// Whatever steps a worker 0 key names, a shard keeps its files of the
+// newest keep_checkpoints cuts before the one it wrote, and that one:
+// files of later steps (an abandoned timeline) and older ones go, a folder
+// left empty goes, a folder with worker 0's files stays, and a step folder
+// that is a link is not followed.
+TEST_F(PsServiceTest, AShardKeepsKeepPlusOneFilesOfItsState) {
+  ShardOptions options = BaseOptions();
+  options.mode = SyncMode::kAsync;  // any step from the last one on
+  options.keep_checkpoints = 2;
+  ASSERT_NO_FATAL_FAILURE(Serve(options, absl::Seconds(5)));
+  namespace fs = std::filesystem;
+  const std::string root = checkpoint_root_;
+  auto shard_file = [&](int step) {
+    return absl::StrCat(root, "/step-", step, "/shard-0.safetensors");
+  };
+  auto write = [&](int step) {
+    ASSERT_TRUE(Checkpoint(CheckpointOf(step, false)).ok()) << step;
+    const grpc::Status waited = Checkpoint(CheckpointOf(step, true));
+    ASSERT_TRUE(waited.ok()) << step << ": " << waited.error_message();
+  };
+  // An abandoned timeline's file, worker 0's model file beside one of the
+  // shard's, and a linked step folder holding a file of the same name.
+  fs::create_directories(root + "/step-100");
+  std::ofstream(shard_file(100)) << "abandoned";
+  const std::string elsewhere = ::testing::TempDir() + "/ps_service_kept";
+  fs::remove_all(elsewhere);
+  fs::create_directories(elsewhere);
+  std::ofstream(elsewhere + "/shard-0.safetensors") << "not ours";
+  fs::create_directory_symlink(elsewhere, root + "/step-1");
+  for (int step : {0, 5, 10}) ASSERT_NO_FATAL_FAILURE(write(step));
+  std::ofstream(root + "/step-5/model.safetensors") << "worker 0's";
+  for (int step : {15, 20, 25, 30, 35}) ASSERT_NO_FATAL_FAILURE(write(step));
+
+  std::vector<int> kept;
+  for (int step = 0; step <= 100; ++step) {
+    if (fs::exists(shard_file(step)) && step != 1) kept.push_back(step);
+  }
+  EXPECT_EQ(kept, (std::vector<int>{25, 30, 35}));
+  EXPECT_FALSE(fs::exists(root + "/step-100"));
+  EXPECT_FALSE(fs::exists(root + "/step-0"));
+  EXPECT_TRUE(fs::exists(root + "/step-5/model.safetensors"));
+  EXPECT_TRUE(fs::exists(elsewhere + "/shard-0.safetensors"));
 }
 
 // ROOT/step-N as a symbolic link to a folder elsewhere: refused, and the

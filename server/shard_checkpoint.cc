@@ -1,15 +1,20 @@
 #include "server/shard_checkpoint.h"
 
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <climits>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <map>
+#include <system_error>
 #include <utility>
+#include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 
@@ -105,6 +110,48 @@ absl::StatusOr<std::string> ShardCheckpointPath(const std::string& root,
 absl::Status CheckShardCheckpointPath(const std::string& root, int64_t step,
                                       int shard_index) {
   return StepFolderPath(root, step, shard_index, /*create=*/false).status();
+}
+
+absl::Status RemoveOldShardCheckpoints(const std::string& root, int shard_index,
+                                       int64_t written_step, int keep) {
+  if (keep <= 0 || root.empty()) return absl::OkStatus();
+  const std::string file = absl::StrCat("shard-", shard_index, ".safetensors");
+  std::vector<int64_t> older;
+  std::vector<int64_t> remove;
+  std::error_code error;
+  for (const std::filesystem::directory_entry& e :
+       std::filesystem::directory_iterator(root, error)) {
+    const std::string name = e.path().filename().string();
+    int64_t step = 0;
+    if (!absl::StartsWith(name, "step-") ||
+        !absl::SimpleAtoi(absl::string_view(name).substr(5), &step) ||
+        step == written_step) {
+      continue;
+    }
+    struct stat st;
+    const std::string path = absl::StrCat(root, "/", name, "/", file);
+    if (!e.is_directory(error) || e.is_symlink(error) ||
+        ::lstat(path.c_str(), &st) != 0) {
+      continue;
+    }
+    (step < written_step ? older : remove).push_back(step);
+  }
+  std::sort(older.rbegin(), older.rend());
+  for (size_t i = static_cast<size_t>(keep); i < older.size(); ++i) {
+    remove.push_back(older[i]);
+  }
+  absl::Status status;
+  for (const int64_t step : remove) {
+    const std::string step_dir = absl::StrCat(root, "/step-", step);
+    const std::string path = absl::StrCat(step_dir, "/", file);
+    if (::unlink(path.c_str()) != 0 && errno != ENOENT && status.ok()) {
+      status = absl::InternalError(absl::StrCat(
+          path,
+          ": cannot remove an old checkpoint file: ", std::strerror(errno)));
+    }
+    ::rmdir(step_dir.c_str());  // only if empty: worker 0's files stay
+  }
+  return status;
 }
 
 absl::StatusOr<safetensors::WriteResult> WriteShardCheckpoint(
