@@ -616,7 +616,8 @@ CommandInfo CertsInfo() {
            {"nodes_out",
             "Also a folder for the nodes: ca.pem and the shards' "
             "and workers' certificates and keys, without the keys "
-            "that stay on the head node."},
+            "that stay on the head node. A new folder (one per job): "
+            "certs never replaces a key or certificate in it."},
            {"hosts",
             "Host names or IP addresses, comma-separated, added to "
             "every certificate."},
