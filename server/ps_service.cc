@@ -277,15 +277,19 @@ grpc::Status PsService::Checkpoint(grpc::ServerContext* context,
   checkpoint_result_.Clear();
   // The layout's shard count (an elastic job's may change after).
   const int num_shards = shard_->plan().num_shards();
-  // A deferred cut that does not come within the pull timeout (a worker
-  // stopped short of it: a pull of that version would have failed by
-  // then) is given up, and the checkpoint fails with DEADLINE_EXCEEDED.
-  const absl::Time cut_deadline = absl::Now() + pull_timeout_;
-  checkpoint_writer_ =
-      std::thread([this, step, num_shards, cut_deadline,
-                   path = *std::move(path), chunks = snapshot_]() {
-        WriteCheckpoint(step, num_shards, cut_deadline, path, *chunks);
-      });
+  // A deferred cut that does not come within a pull timeout for each step
+  // the slowest worker may still have to end before it (staleness s: s + 1;
+  // a worker that stopped short of it would have failed a pull by then) is
+  // given up, and the checkpoint fails with DEADLINE_EXCEEDED.
+  const absl::Time cut_deadline =
+      absl::Now() + pull_timeout_ * shard_->policy().open_steps();
+  const int64_t latest_step =
+      request->has_latest_step() ? request->latest_step() : -1;
+  checkpoint_writer_ = std::thread([this, step, latest_step, num_shards,
+                                    cut_deadline, path = *std::move(path),
+                                    chunks = snapshot_]() {
+    WriteCheckpoint(step, latest_step, num_shards, cut_deadline, path, *chunks);
+  });
   return grpc::Status::OK;
 }
 
@@ -314,8 +318,8 @@ grpc::Status PsService::AwaitCheckpointLocked(int64_t step, absl::Time deadline,
   return grpc::Status::OK;
 }
 
-void PsService::WriteCheckpoint(int64_t step, int num_shards,
-                                absl::Time cut_deadline,
+void PsService::WriteCheckpoint(int64_t step, int64_t latest_step,
+                                int num_shards, absl::Time cut_deadline,
                                 const std::string& path,
                                 const std::vector<ChunkSnapshot>& chunks) {
   const ShardOptions& o = shard_->options();
@@ -346,11 +350,12 @@ void PsService::WriteCheckpoint(int64_t step, int num_shards,
     result.set_crc32(written->crc32);
   }
   // A stolen worker 0 key can ask for a file a step, but the shard keeps
-  // keep + 1 of them; what it cannot remove fails nothing (the checkpoint
-  // is written) and is left to the next write.
+  // keep + 1 of them, whatever `latest_step` says; what it cannot remove
+  // fails nothing (the checkpoint is written) and is left to the next
+  // write.
   if (written.ok()) {
     RemoveOldShardCheckpoints(o.checkpoint_dir, o.shard_index, step,
-                              o.keep_checkpoints)
+                              latest_step, o.keep_checkpoints)
         .IgnoreError();
   }
   absl::MutexLock lock(&checkpoint_mu_);

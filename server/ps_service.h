@@ -160,10 +160,11 @@ class PsService final : public ParameterServer::Service {
                                      CheckpointResponse* response)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(checkpoint_mu_);
   // The checkpoint writer's thread: waits for a deferred cut until
-  // `cut_deadline`, writes `chunks` to `path`, and records the result for
-  // the `wait` call.
-  void WriteCheckpoint(int64_t step, int num_shards, absl::Time cut_deadline,
-                       const std::string& path,
+  // `cut_deadline`, writes `chunks` to `path`, records the result for the
+  // `wait` call, and removes the shard's old files (`latest_step`:
+  // CheckpointRequest's; RemoveOldShardCheckpoints).
+  void WriteCheckpoint(int64_t step, int64_t latest_step, int num_shards,
+                       absl::Time cut_deadline, const std::string& path,
                        const std::vector<ChunkSnapshot>& chunks)
       ABSL_LOCKS_EXCLUDED(checkpoint_mu_);
   // Joins the checkpoint writer in flight, waiting for it until `deadline`

@@ -347,6 +347,43 @@ TEST_F(PsServiceTest, AShardKeepsKeepPlusOneFilesOfItsState) {
   EXPECT_TRUE(fs::exists(elsewhere + "/shard-0.safetensors"));
 }
 
+// With worker 0's newest complete checkpoint in the request, the shard
+// keeps that one and removes the cuts after it that never completed (a
+// worker died after the shard's write, and the job went back): keeping the
+// newest file alone would have removed the one the job can restore.
+TEST_F(PsServiceTest, AShardRemovesTheCutsThatNeverCompleted) {
+  ShardOptions options = BaseOptions();
+  options.mode = SyncMode::kAsync;
+  options.keep_checkpoints = 1;
+  ASSERT_NO_FATAL_FAILURE(Serve(options, absl::Seconds(5)));
+  auto write = [&](int step, int latest) {
+    CheckpointRequest begin = CheckpointOf(step, false);
+    if (latest >= 0) begin.set_latest_step(latest);
+    ASSERT_TRUE(Checkpoint(begin).ok()) << step;
+    const grpc::Status waited = Checkpoint(CheckpointOf(step, true));
+    ASSERT_TRUE(waited.ok()) << step << ": " << waited.error_message();
+  };
+  auto kept = [&] {
+    std::vector<int> steps;
+    for (int step = 0; step <= 400; step += 10) {
+      if (std::filesystem::exists(absl::StrCat(checkpoint_root_, "/step-", step,
+                                               "/shard-0.safetensors"))) {
+        steps.push_back(step);
+      }
+    }
+    return steps;
+  };
+  ASSERT_NO_FATAL_FAILURE(write(200, -1));
+  ASSERT_NO_FATAL_FAILURE(write(300, 200));  // its manifest never came
+  EXPECT_EQ(kept(), (std::vector<int>{200, 300}));
+  ASSERT_NO_FATAL_FAILURE(write(320, 200));
+  EXPECT_EQ(kept(), (std::vector<int>{200, 320}));
+  // A latest at or past the written step says nothing: the newest before
+  // it is kept.
+  ASSERT_NO_FATAL_FAILURE(write(340, 900));
+  EXPECT_EQ(kept(), (std::vector<int>{320, 340}));
+}
+
 // ROOT/step-N as a symbolic link to a folder elsewhere: refused, and the
 // folder it points to gets nothing.
 TEST_F(PsServiceTest, CheckpointRefusesAStepFolderThatLinksOutside) {

@@ -1,5 +1,6 @@
 #include "server/shard_checkpoint.h"
 
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -113,7 +114,8 @@ absl::Status CheckShardCheckpointPath(const std::string& root, int64_t step,
 }
 
 absl::Status RemoveOldShardCheckpoints(const std::string& root, int shard_index,
-                                       int64_t written_step, int keep) {
+                                       int64_t written_step,
+                                       int64_t latest_step, int keep) {
   if (keep <= 0 || root.empty()) return absl::OkStatus();
   const std::string file = absl::StrCat("shard-", shard_index, ".safetensors");
   std::vector<int64_t> older;
@@ -134,23 +136,41 @@ absl::Status RemoveOldShardCheckpoints(const std::string& root, int shard_index,
         ::lstat(path.c_str(), &st) != 0) {
       continue;
     }
-    (step < written_step ? older : remove).push_back(step);
+    // Kept: the newest `keep` of those below the written one, or with
+    // worker 0's latest, of those at or below it.
+    const int64_t complete_up_to =
+        latest_step >= 0 && latest_step < written_step ? latest_step
+                                                       : written_step - 1;
+    (step <= complete_up_to ? older : remove).push_back(step);
   }
   std::sort(older.rbegin(), older.rend());
   for (size_t i = static_cast<size_t>(keep); i < older.size(); ++i) {
     remove.push_back(older[i]);
   }
+  // Each step folder is opened without following a link (one put in its
+  // place since the listing is not followed), and the file removed in it.
+  const int root_fd = ::open(root.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (root_fd < 0) {
+    return absl::InternalError(
+        absl::StrCat(root, ": cannot open it: ", std::strerror(errno)));
+  }
   absl::Status status;
   for (const int64_t step : remove) {
-    const std::string step_dir = absl::StrCat(root, "/step-", step);
-    const std::string path = absl::StrCat(step_dir, "/", file);
-    if (::unlink(path.c_str()) != 0 && errno != ENOENT && status.ok()) {
+    const std::string name = absl::StrCat("step-", step);
+    const int step_fd = ::openat(
+        root_fd, name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (step_fd < 0) continue;
+    if (::unlinkat(step_fd, file.c_str(), 0) != 0 && errno != ENOENT &&
+        status.ok()) {
       status = absl::InternalError(absl::StrCat(
-          path,
+          root, "/", name, "/", file,
           ": cannot remove an old checkpoint file: ", std::strerror(errno)));
     }
-    ::rmdir(step_dir.c_str());  // only if empty: worker 0's files stay
+    ::close(step_fd);
+    // Only if empty (worker 0's files stay), and never a link.
+    ::unlinkat(root_fd, name.c_str(), AT_REMOVEDIR);
   }
+  ::close(root_fd);
   return status;
 }
 

@@ -67,19 +67,23 @@ absl::StatusOr<safetensors::WriteResult> WriteShardCheckpoint(
     const safetensors::WriteOptions& options = {});
 
 // The shard's own retention, after it wrote its file of checkpoint
-// `written_step` under `root`: of the files of shard `shard_index` in
+// `written_step` under `root`, as worker 0 keeps its own
+// (worker/checkpoint.h): of the files of shard `shard_index` in
 // ROOT/step-<N> folders (real folders, not links), it removes those of
 // steps after `written_step` (an abandoned timeline: within a generation a
-// shard's cuts only grow, and a restore goes back to an older one) and all
-// but the newest `keep` before it (worker 0 keeps the newest `keep`
-// complete checkpoints, and the one just begun may yet fail), then each
-// step folder left empty. So a shard holds at most keep + 1 files of its
-// state whatever a worker 0 key asks for (docs/SECURITY.md), and the files
+// shard's cuts only grow, and a restore goes back to an older one); with
+// `latest_step` (worker 0's newest complete checkpoint, below
+// `written_step`; else -1) those of steps between the two (cuts that never
+// completed), keeping the newest `keep` at or below it; without, the
+// newest `keep` before `written_step` (the one just begun may yet fail).
+// Then each step folder left empty. So a shard holds at most keep + 1 files of
+// its state whatever a worker 0 key asks for (docs/SECURITY.md), and the files
 // on a shard host that worker 0 cannot reach are kept as worker 0 keeps
 // its own. `keep` <= 0: nothing is removed. Best effort: the files it
 // could not remove, as one INTERNAL status naming the first.
 absl::Status RemoveOldShardCheckpoints(const std::string& root, int shard_index,
-                                       int64_t written_step, int keep);
+                                       int64_t written_step,
+                                       int64_t latest_step, int keep);
 
 // Reads a shard file back; `options` carries the manifest's size and crc32.
 // Only spec.param_id, spec.offset and spec.num_elements of each chunk are

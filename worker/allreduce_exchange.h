@@ -120,8 +120,8 @@ class AllreduceExchange : public GradientExchange {
   // writes them on a thread of its own; wait: joins that thread and returns the
   // file's size and crc32.
   absl::StatusOr<std::vector<CheckpointResponse>> Checkpoint(
-      int64_t step, int64_t /*end_step*/, const std::string& step_dir,
-      bool wait) override;
+      int64_t step, int64_t /*end_step*/, int64_t /*latest_step*/,
+      const std::string& step_dir, bool wait) override;
 
   absl::StatusOr<bool> RestoreResiduals(const std::string& step_dir,
                                         int64_t step) override;

@@ -73,8 +73,8 @@ absl::StatusOr<int64_t> AllreduceExchange::ChangeWorld(
 }
 
 absl::StatusOr<std::vector<CheckpointResponse>> AllreduceExchange::Checkpoint(
-    int64_t step, int64_t /*end_step*/, const std::string& step_dir,
-    bool wait) {
+    int64_t step, int64_t /*end_step*/, int64_t /*latest_step*/,
+    const std::string& step_dir, bool wait) {
   absl::MutexLock lock(&checkpoint_mu_);
   if (wait) {
     if (!checkpoint_writer_.joinable() || checkpoint_step_ != step) {

@@ -712,9 +712,8 @@ absl::Status CheckpointWriter::Begin(
   RETURN_IF_ERROR(Wait());
   // What a writer killed before this one left (this step's folder among
   // them) goes first, so that DIR holds at most keep + 1 step folders.
-  if (const int64_t latest = LatestStep(dir_); latest >= 0) {
-    RemoveOldCheckpoints(dir_, latest, keep_);
-  }
+  const int64_t latest = LatestStep(dir_);
+  if (latest >= 0) RemoveOldCheckpoints(dir_, latest, keep_);
   std::string step_dir = CheckpointStepDir(dir_, step);
   std::error_code error;
   fs::create_directories(step_dir, error);
@@ -723,7 +722,7 @@ absl::Status CheckpointWriter::Begin(
         absl::StrCat(step_dir, ": cannot create it: ", error.message()));
   }
   absl::StatusOr<std::vector<CheckpointResponse>> begun_or =
-      exchange_->Checkpoint(step, end_step, step_dir, /*wait=*/false);
+      exchange_->Checkpoint(step, end_step, latest, step_dir, /*wait=*/false);
   if (absl::IsOutOfRange(begun_or.status())) {
     fs::remove(step_dir, error);  // empty: nothing was written there
     return absl::OkStatus();
@@ -791,7 +790,8 @@ absl::Status CheckpointWriter::Finish(
     model_file = save_model_(spans, model_path, step, in_folder);
   }
   ASSIGN_OR_RETURN(std::vector<CheckpointResponse> shards,
-                   exchange_->Checkpoint(step, /*end_step=*/0, step_dir,
+                   exchange_->Checkpoint(step, /*end_step=*/0,
+                                         /*latest_step=*/-1, step_dir,
                                          /*wait=*/true));
   // One file per shard of the layout the cut was taken on: an elastic job's
   // worker 0 may have moved the state onto another number of shards since

@@ -40,8 +40,8 @@ class PickingExchange : public FakeExchange {
   std::vector<int64_t> asked;  // the step of every Checkpoint(!wait)
 
   absl::StatusOr<std::vector<CheckpointResponse>> Checkpoint(
-      int64_t step, int64_t end_step, const std::string& step_dir,
-      bool wait) override {
+      int64_t step, int64_t end_step, int64_t /*latest_step*/,
+      const std::string& step_dir, bool wait) override {
     CheckpointResponse reply;
     if (!wait) {
       asked.push_back(step);

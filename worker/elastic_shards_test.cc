@@ -225,11 +225,16 @@ std::vector<std::vector<std::vector<float>>> Train(const JobRun& run) {
         ++step;
       }
       if (r == 0 && run.checkpoint_at_end) {
-        ASSERT_TRUE(
-            exchange->Checkpoint(step, /*end_step=*/0, "", /*wait=*/false)
-                .ok());
-        ASSERT_TRUE(
-            exchange->Checkpoint(step, /*end_step=*/0, "", /*wait=*/true).ok());
+        ASSERT_TRUE(exchange
+                        ->Checkpoint(step, /*end_step=*/0, /*latest_step=*/-1,
+                                     "",
+                                     /*wait=*/false)
+                        .ok());
+        ASSERT_TRUE(exchange
+                        ->Checkpoint(step, /*end_step=*/0, /*latest_step=*/-1,
+                                     "",
+                                     /*wait=*/true)
+                        .ok());
       }
       results[r] = w;
       ASSERT_TRUE(exchange->Finish().ok());

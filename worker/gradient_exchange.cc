@@ -195,8 +195,8 @@ class PsExchange : public GradientExchange, public WeightsGate {
   }
 
   absl::StatusOr<std::vector<CheckpointResponse>> Checkpoint(
-      int64_t step, int64_t end_step, const std::string& step_dir,
-      bool wait) override {
+      int64_t step, int64_t end_step, int64_t latest_step,
+      const std::string& step_dir, bool wait) override {
     if (!wait) {
       residual_wait_abandoned_.store(false);
       if (checkpoint_generation_.exchange(client_->generation()) !=
@@ -205,7 +205,7 @@ class PsExchange : public GradientExchange, public WeightsGate {
       }
     }
     ASSIGN_OR_RETURN(std::vector<CheckpointResponse> replies,
-                     client_->Checkpoint(step, end_step, wait));
+                     client_->Checkpoint(step, end_step, latest_step, wait));
     if (!wait && saves_residuals()) {
       // Worker 0 knows its cut now (backup workers: shard 0's pick), and
       // saves its own residual as soon as it holds it: at once unless the

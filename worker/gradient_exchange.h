@@ -264,9 +264,12 @@ class GradientExchange {
   // may wait (`wait` true) while training goes on. `end_step` (not wait):
   // the job's number of steps; a PS job with backup workers whose cut
   // would be at or past it (worker 0 fell behind the workers that ended)
-  // takes no checkpoint: OUT_OF_RANGE, nothing begun.
+  // takes no checkpoint: OUT_OF_RANGE, nothing begun. `latest_step` (not
+  // wait): the newest checkpoint completed before this one (-1: none), for
+  // the shards' retention (CheckpointRequest.latest_step).
   virtual absl::StatusOr<std::vector<CheckpointResponse>> Checkpoint(
-      int64_t step, int64_t end_step, const std::string& step_dir, bool wait) {
+      int64_t step, int64_t end_step, int64_t latest_step,
+      const std::string& step_dir, bool wait) {
     return absl::UnimplementedError("this exchange writes no checkpoints");
   }
   // A recovery begins on this worker (Recovery::Recover, before worker 0

@@ -2028,7 +2028,8 @@ TEST(PsExchangeTest, ARecoveryGivesUpACheckpointWaitingForItsOwnResidual) {
   }
   constexpr int64_t kEndStep = 100;
   absl::StatusOr<std::vector<CheckpointResponse>> begun =
-      w0->Checkpoint(0, kEndStep, CheckpointStepDir(dir, 0), /*wait=*/false);
+      w0->Checkpoint(0, kEndStep, /*latest_step=*/-1, CheckpointStepDir(dir, 0),
+                     /*wait=*/false);
   ASSERT_TRUE(begun.ok()) << begun.status();
   ASSERT_FALSE(begun->empty());
   const int64_t cut = (*begun)[0].step();
@@ -2036,7 +2037,8 @@ TEST(PsExchangeTest, ARecoveryGivesUpACheckpointWaitingForItsOwnResidual) {
   std::atomic<bool> waited{false};
   absl::Status wait_status;
   std::thread wait([&] {
-    wait_status = w0->Checkpoint(cut, kEndStep, CheckpointStepDir(dir, cut),
+    wait_status = w0->Checkpoint(cut, kEndStep, /*latest_step=*/-1,
+                                 CheckpointStepDir(dir, cut),
                                  /*wait=*/true)
                       .status();
     waited.store(true);
@@ -2090,7 +2092,8 @@ TEST(PsExchangeTest, AResidualFileThatCannotBeWrittenLosesOnlyItsCheckpoint) {
     std::filesystem::create_directories(step_dir + "/" + name + "/in_the_way");
   }
   absl::StatusOr<std::vector<CheckpointResponse>> begun =
-      w0->Checkpoint(1, /*end_step=*/100, step_dir, /*wait=*/false);
+      w0->Checkpoint(1, /*end_step=*/100, /*latest_step=*/-1, step_dir,
+                     /*wait=*/false);
   ASSERT_TRUE(begun.ok()) << begun.status();
   for (int step = 1; step < 3; ++step) {
     both([&] { return w0->Step(t0.gradients, 8); },

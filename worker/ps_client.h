@@ -238,10 +238,9 @@ class PsClient {
   // wait and the cut's step afterwards. `end_step` (> 0, backup workers):
   // the job's number of steps; OUT_OF_RANGE from shard 0, nothing
   // registered anywhere, where the cut would be at or past it
-  // (CheckpointRequest.end_step).
-  absl::StatusOr<std::vector<CheckpointResponse>> Checkpoint(int64_t step,
-                                                             int64_t end_step,
-                                                             bool wait);
+  // (CheckpointRequest.end_step). `latest_step`: CheckpointRequest's.
+  absl::StatusOr<std::vector<CheckpointResponse>> Checkpoint(
+      int64_t step, int64_t end_step, int64_t latest_step, bool wait);
 
   // Worker 0 of a job with backup workers, before it reopens the shards
   // for a membership change or a move of their state (nothing of its step

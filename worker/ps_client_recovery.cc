@@ -526,7 +526,7 @@ absl::Status PsClient::WaitReady(absl::Duration timeout, int64_t min_generation,
 }
 
 absl::StatusOr<std::vector<CheckpointResponse>> PsClient::Checkpoint(
-    int64_t step, int64_t end_step, bool wait) {
+    int64_t step, int64_t end_step, int64_t latest_step, bool wait) {
   std::vector<CheckpointResponse> responses(num_shards());
   // Backup workers: shard 0 picks the cut and holds its admissions until
   // the others have registered it (proto/ps.proto pick_step).
@@ -541,6 +541,7 @@ absl::StatusOr<std::vector<CheckpointResponse>> PsClient::Checkpoint(
     request.set_pick_step(pick_step);
     if (pick_step) request.set_end_step(std::max<int64_t>(0, end_step));
     request.set_release(release);
+    if (!wait && latest_step >= 0) request.set_latest_step(latest_step);
     CheckpointResponse released;
     const grpc::Status status = stubs_[s]->Checkpoint(
         &context, request, release ? &released : &responses[s]);
