@@ -49,7 +49,8 @@ grpc::Status CallCoordinatorWithRetry(
                                                          absl::Seconds(1))));
     const grpc::Status status = call(&context);
     if (status.ok() || !RetryableCoordinatorStatus(status)) return status;
-    if (absl::Now() > give_up) return status;
+    // No try after the budget: one that would start past it is not made.
+    if (absl::Now() + kCoordinatorRetryInterval > give_up) return status;
     if (on_retry) on_retry(status);
     absl::SleepFor(kCoordinatorRetryInterval);
   }
