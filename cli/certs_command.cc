@@ -130,8 +130,22 @@ absl::Status CheckNodesOut(const std::string& out, const std::string& nodes_out,
                      " (the head node's, with ca.key); expected a folder of "
                      "its own for the nodes"));
   }
+  // --out inside it would put ca.key on the nodes' share.
+  const fs::path head = Resolved(out);
+  const fs::path nodes = Resolved(nodes_out);
+  if (std::mismatch(nodes.begin(), nodes.end(), head.begin(), head.end())
+          .first == nodes.end()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(flag, ": holds --out=", out,
+                     " (the head node's keys); expected a folder of its own "
+                     "for the nodes, outside --out"));
+  }
+  // "link/" would name the folder it points to: the link itself is looked
+  // at.
+  std::string bare = nodes_out;
+  while (bare.size() > 1 && bare.back() == '/') bare.pop_back();
   struct stat st;
-  if (lstat(nodes_out.c_str(), &st) != 0) return absl::OkStatus();  // made
+  if (lstat(bare.c_str(), &st) != 0) return absl::OkStatus();  // made
   if (!S_ISDIR(st.st_mode) || st.st_uid != geteuid() ||
       access(nodes_out.c_str(), W_OK | X_OK) != 0) {
     return absl::InvalidArgumentError(absl::StrCat(

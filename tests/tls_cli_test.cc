@@ -126,6 +126,9 @@ TEST(CertsCliTest, NodesOutNeverReplacesKeysOrCertificates) {
   ASSERT_EQ(RunCommand("cli/pstrain certs --out=" + other_ca + tasks).exit_code,
             0);
   fs::create_symlink(ops, TempDir() + "/refuse-ops-link");
+  fs::create_directories(TempDir() + "/refuse-empty");
+  fs::create_symlink(TempDir() + "/refuse-empty",
+                     TempDir() + "/refuse-empty-link");
   const auto ops_files = Snapshot(ops);
   const auto other_files = Snapshot(other_ca);
   const auto nodes_files = Snapshot(nodes);
@@ -138,7 +141,11 @@ TEST(CertsCliTest, NodesOutNeverReplacesKeysOrCertificates) {
            {TempDir() + "/refuse-ops-link/", "the same folder as --out"},
            {other_ca, "holds ca.key"},
            {nodes, "already holds ca.pem"},
-           {ops + "/ca.key", "not a folder"}}) {
+           {ops + "/ca.key", "not a folder"},
+           // A folder holding --out would put ca.key on the nodes' share.
+           {TempDir(), "holds --out=" + ops},
+           // A trailing slash does not get a link past the check.
+           {TempDir() + "/refuse-empty-link/", "a link"}}) {
     const auto r = RunCommand("cli/pstrain certs --out=" + ops +
                               " --nodes_out=" + c.nodes_out + tasks);
     EXPECT_EQ(r.exit_code, 2) << c.nodes_out << ": " << r.output;
