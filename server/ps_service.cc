@@ -331,6 +331,16 @@ void PsService::WriteCheckpoint(int64_t step, int64_t latest_step,
       deferred_snapshot()
           ? shard_->AwaitDeferredSnapshot(step, cut_deadline, &closing_)
           : absl::OkStatus();
+  // Before the write, as worker 0 removes its own (so the disk holds at
+  // most keep + 1 files of the shard's state even while it writes): a
+  // stolen worker 0 key can ask for a file a step, but the shard keeps
+  // keep + 1 of them, whatever `latest_step` says. What it cannot remove
+  // fails nothing and is left to the next write.
+  if (cut.ok()) {
+    RemoveOldShardCheckpoints(o.checkpoint_dir, o.shard_index, step,
+                              latest_step, o.keep_checkpoints)
+        .IgnoreError();
+  }
   absl::StatusOr<safetensors::WriteResult> written =
       cut.ok() ? WriteShardCheckpoint(path, chunks, o.shard_index, num_shards,
                                       step, in_folder)
@@ -348,15 +358,6 @@ void PsService::WriteCheckpoint(int64_t step, int64_t latest_step,
   if (written.ok()) {
     result.set_size_bytes(static_cast<int64_t>(written->size_bytes));
     result.set_crc32(written->crc32);
-  }
-  // A stolen worker 0 key can ask for a file a step, but the shard keeps
-  // keep + 1 of them, whatever `latest_step` says; what it cannot remove
-  // fails nothing (the checkpoint is written) and is left to the next
-  // write.
-  if (written.ok()) {
-    RemoveOldShardCheckpoints(o.checkpoint_dir, o.shard_index, step,
-                              latest_step, o.keep_checkpoints)
-        .IgnoreError();
   }
   absl::MutexLock lock(&checkpoint_mu_);
   checkpoint_status_ = written.status();

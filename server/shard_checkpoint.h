@@ -66,8 +66,8 @@ absl::StatusOr<safetensors::WriteResult> WriteShardCheckpoint(
     int shard_index, int num_shards, int64_t step,
     const safetensors::WriteOptions& options = {});
 
-// The shard's own retention, after it wrote its file of checkpoint
-// `written_step` under `root`, as worker 0 keeps its own
+// The shard's own retention, run just before it writes its file of
+// checkpoint `written_step` under `root`, as worker 0 keeps its own
 // (worker/checkpoint.h): of the files of shard `shard_index` in
 // ROOT/step-<N> folders (real folders, not links), it removes those of
 // steps after `written_step` (an abandoned timeline: within a generation a

@@ -55,7 +55,7 @@ struct ShardOptions {
   // checkpoint files only inside it (ShardCheckpointPath in
   // server/shard_checkpoint.h). Empty: the shard takes no checkpoints.
   std::string checkpoint_dir;
-  // The job's keep_checkpoints: after each file it writes, the shard keeps
+  // The job's keep_checkpoints: as it writes each file, the shard keeps
   // its files of the newest this many checkpoints before it and removes
   // the rest (RemoveOldShardCheckpoints in server/shard_checkpoint.h).
   // 0: it removes none.
