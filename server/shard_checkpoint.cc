@@ -118,6 +118,11 @@ absl::Status RemoveOldShardCheckpoints(const std::string& root, int shard_index,
                                        int64_t latest_step, int keep) {
   if (keep <= 0 || root.empty()) return absl::OkStatus();
   const std::string file = absl::StrCat("shard-", shard_index, ".safetensors");
+  // Kept: the newest `keep` of those below the written one, or with
+  // worker 0's latest, of those at or below it.
+  const int64_t complete_up_to = latest_step >= 0 && latest_step < written_step
+                                     ? latest_step
+                                     : written_step - 1;
   std::vector<int64_t> older;
   std::vector<int64_t> remove;
   std::error_code error;
@@ -136,11 +141,6 @@ absl::Status RemoveOldShardCheckpoints(const std::string& root, int shard_index,
         ::lstat(path.c_str(), &st) != 0) {
       continue;
     }
-    // Kept: the newest `keep` of those below the written one, or with
-    // worker 0's latest, of those at or below it.
-    const int64_t complete_up_to =
-        latest_step >= 0 && latest_step < written_step ? latest_step
-                                                       : written_step - 1;
     (step <= complete_up_to ? older : remove).push_back(step);
   }
   std::sort(older.rbegin(), older.rend());
