@@ -624,20 +624,18 @@ int main(int argc, char** argv) {
       "time with and without checkpoints).");
   pstrain::ParseFlagsOrExit(argc, argv, "checkpoint_bench",
                             "checkpoint_bench --help");
-  for (const absl::Status& s :
-       {pstrain::CheckFlagRange("num_ps", absl::GetFlag(FLAGS_num_ps), 1, 64),
-        pstrain::CheckFlagRange("partition_bytes",
-                                absl::GetFlag(FLAGS_partition_bytes), 4,
-                                int64_t{1} << 30, "bytes"),
-        pstrain::CheckFlagRange("repeats", absl::GetFlag(FLAGS_repeats), 1,
-                                1000),
-        pstrain::CheckFlagRange("train_repeats",
-                                absl::GetFlag(FLAGS_train_repeats), 1, 1000)}) {
-    if (!s.ok()) {
-      pstrain::PrintError("checkpoint_bench", s.message());
-      return 2;
-    }
-  }
+  pstrain::ExitOnFlagError(
+      "checkpoint_bench",
+      pstrain::FirstError(
+          {pstrain::CheckFlagRange("num_ps", absl::GetFlag(FLAGS_num_ps), 1,
+                                   64),
+           pstrain::CheckFlagRange("partition_bytes",
+                                   absl::GetFlag(FLAGS_partition_bytes), 4,
+                                   int64_t{1} << 30, "bytes"),
+           pstrain::CheckFlagRange("repeats", absl::GetFlag(FLAGS_repeats), 1,
+                                   1000),
+           pstrain::CheckFlagRange(
+               "train_repeats", absl::GetFlag(FLAGS_train_repeats), 1, 1000)}));
   absl::Status status;
   if (absl::GetFlag(FLAGS_write)) status = pstrain::WriteBench();
   if (status.ok() && absl::GetFlag(FLAGS_train)) status = pstrain::TrainBench();

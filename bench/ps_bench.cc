@@ -704,22 +704,20 @@ int main(int argc, char** argv) {
   }
   // Sizes checked before any shard is built: a partition_bytes of 0
   // aborted the process.
-  for (const absl::Status& s :
-       {pstrain::CheckFlagRange("model_bytes", absl::GetFlag(FLAGS_model_bytes),
-                                4, int64_t{16} << 30, "bytes"),
-        pstrain::CheckFlagRange("tensor_bytes",
-                                absl::GetFlag(FLAGS_tensor_bytes), 4,
-                                int64_t{16} << 30, "bytes"),
-        pstrain::CheckFlagRange("partition_bytes",
-                                absl::GetFlag(FLAGS_partition_bytes), 4,
-                                int64_t{1} << 30, "bytes"),
-        pstrain::CheckFlagRange("repeats", absl::GetFlag(FLAGS_repeats), 1,
-                                1000)}) {
-    if (!s.ok()) {
-      pstrain::PrintError("ps_bench", s.message());
-      return 2;
-    }
-  }
+  pstrain::ExitOnFlagError(
+      "ps_bench",
+      pstrain::FirstError(
+          {pstrain::CheckFlagRange("model_bytes",
+                                   absl::GetFlag(FLAGS_model_bytes), 4,
+                                   int64_t{16} << 30, "bytes"),
+           pstrain::CheckFlagRange("tensor_bytes",
+                                   absl::GetFlag(FLAGS_tensor_bytes), 4,
+                                   int64_t{16} << 30, "bytes"),
+           pstrain::CheckFlagRange("partition_bytes",
+                                   absl::GetFlag(FLAGS_partition_bytes), 4,
+                                   int64_t{1} << 30, "bytes"),
+           pstrain::CheckFlagRange("repeats", absl::GetFlag(FLAGS_repeats), 1,
+                                   1000)}));
   const std::vector<pstrain::DType> wire_dtypes = pstrain::DtypesFromFlag(
       absl::GetFlag(FLAGS_wire_dtypes), "wire_dtypes", false);
   const std::vector<pstrain::DType> topk_wires = pstrain::DtypesFromFlag(

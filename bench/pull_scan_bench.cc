@@ -154,15 +154,13 @@ int main(int argc, char** argv) {
       "ready chunks as the chunk count grows.");
   pstrain::ParseFlagsOrExit(argc, argv, "pull_scan_bench",
                             "pull_scan_bench --help");
-  for (const absl::Status& s :
-       {pstrain::CheckFlagRange(
-            "chunk_elements", absl::GetFlag(FLAGS_chunk_elements), 1, 1 << 24),
-        pstrain::CheckFlagRange("repeats", absl::GetFlag(FLAGS_repeats), 1,
-                                1000)}) {
-    if (!s.ok()) {
-      pstrain::PrintError("pull_scan_bench", s.message());
-      return 2;
-    }
-  }
+  pstrain::ExitOnFlagError(
+      "pull_scan_bench",
+      pstrain::FirstError(
+          {pstrain::CheckFlagRange("chunk_elements",
+                                   absl::GetFlag(FLAGS_chunk_elements), 1,
+                                   1 << 24),
+           pstrain::CheckFlagRange("repeats", absl::GetFlag(FLAGS_repeats), 1,
+                                   1000)}));
   return pstrain::Main();
 }

@@ -80,28 +80,6 @@ std::vector<TlsIdentity> IdentitiesToMint(const std::string& out, int num_ps,
   return identities;
 }
 
-// The files CopyForNodes() writes into the nodes' folder for `identities`:
-// ca.pem and the shards' and workers' .pem and .key.
-std::vector<std::string> NodeFileNames(
-    const std::vector<TlsIdentity>& identities) {
-  std::vector<std::string> names = {"ca.pem"};
-  for (const TlsIdentity& identity : identities) {
-    if (identity.role != TlsRole::kPs && identity.role != TlsRole::kWorker) {
-      continue;
-    }
-    for (const std::string& stem :
-         {IdentityStem(identity), ClientStem(identity)}) {
-      for (const char* suffix : {".pem", ".key"}) {
-        const std::string name = stem + suffix;
-        if (std::find(names.begin(), names.end(), name) == names.end()) {
-          names.push_back(name);
-        }
-      }
-    }
-  }
-  return names;
-}
-
 // `path` made absolute with its existing part's links resolved, to compare
 // two spellings of a folder that may not exist yet.
 std::filesystem::path Resolved(const std::string& path) {

@@ -280,17 +280,15 @@ constexpr int kMaxGpusPerNode = 64;
 // count.
 absl::StatusOr<NodePlacement> PlacementFromFlags() {
   // The flags' ranges first (a negative --gpus_per_node divided by it).
-  for (const absl::Status& s :
-       {CheckFlagRange("node_rank", absl::GetFlag(FLAGS_node_rank), -1,
-                       kMaxNodes - 1),
-        CheckFlagRange("num_nodes", absl::GetFlag(FLAGS_num_nodes), 0,
-                       kMaxNodes),
-        CheckFlagRange("gpus_per_node", absl::GetFlag(FLAGS_gpus_per_node), 0,
-                       kMaxGpusPerNode),
-        CheckFlagRange("node_grace_s", absl::GetFlag(FLAGS_node_grace_s), 0,
-                       86400, "seconds")}) {
-    RETURN_IF_ERROR(s);
-  }
+  RETURN_IF_ERROR(FirstError(
+      {CheckFlagRange("node_rank", absl::GetFlag(FLAGS_node_rank), -1,
+                      kMaxNodes - 1),
+       CheckFlagRange("num_nodes", absl::GetFlag(FLAGS_num_nodes), 0,
+                      kMaxNodes),
+       CheckFlagRange("gpus_per_node", absl::GetFlag(FLAGS_gpus_per_node), 0,
+                      kMaxGpusPerNode),
+       CheckFlagRange("node_grace_s", absl::GetFlag(FLAGS_node_grace_s), 0,
+                      86400, "seconds")}));
   if (const int rank = absl::GetFlag(FLAGS_node_rank),
       nodes = absl::GetFlag(FLAGS_num_nodes);
       rank >= 0 && nodes > 0 && rank >= nodes) {

@@ -302,6 +302,19 @@ absl::Status CheckFlagRange(absl::string_view flag, int64_t value, int64_t lo,
                    unit.empty() ? "" : " ", unit));
 }
 
+absl::Status FirstError(std::initializer_list<absl::Status> checks) {
+  for (const absl::Status& s : checks) {
+    if (!s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+void ExitOnFlagError(absl::string_view program, const absl::Status& status) {
+  if (status.ok()) return;
+  PrintError(program, status.message());
+  std::exit(2);
+}
+
 namespace {
 
 // OK when `folder` is a folder this process may create files in.

@@ -3,6 +3,7 @@
 #define PSTRAIN_COMMON_FLAGS_UTIL_H_
 
 #include <cstdint>
+#include <initializer_list>
 #include <string>
 #include <vector>
 
@@ -55,6 +56,15 @@ std::string FlagHelpText(absl::string_view name);
 // lo <= value <= hi; for the daemons' own flags (ports, timeouts, threads).
 absl::Status CheckFlagRange(absl::string_view flag, int64_t value, int64_t lo,
                             int64_t hi, absl::string_view unit = "");
+
+// The first error of `checks` (flag checks such as CheckFlagRange, all
+// evaluated first, reported in order), or OK when there is none.
+absl::Status FirstError(std::initializer_list<absl::Status> checks);
+
+// A command's refusal of its flags: when `status` is an error, prints
+// "program: message" (PrintError) and exits with status 2; returns
+// otherwise.
+void ExitOnFlagError(absl::string_view program, const absl::Status& status);
 
 // Checks, before a long job, that the file `path` (flag --`flag`) can be
 // written at its end (WriteFileAtomically): its folder exists and this

@@ -150,6 +150,20 @@ TEST(RegularFileTest, GrpcTargetsAreCheckedBeforeTheyAreDialled) {
   }
 }
 
+TEST(RegularFileTest, FlagChecksReportTheFirstErrorInOrder) {
+  EXPECT_TRUE(FirstError({}).ok());
+  EXPECT_TRUE(FirstError({CheckFlagRange("port", 80, 0, 65535)}).ok());
+  const absl::Status first =
+      FirstError({CheckFlagRange("port", 80, 0, 65535),
+                  CheckFlagRange("threads", 0, 1, 64),
+                  CheckFlagRange("repeats", 2000, 1, 1000, "runs")});
+  EXPECT_EQ(first.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(first.message(), "--threads=0: expected 1 to 64");
+  ExitOnFlagError("prog", absl::OkStatus());  // returns
+  EXPECT_EXIT(ExitOnFlagError("prog", first), testing::ExitedWithCode(2),
+              "prog: error: --threads=0: expected 1 to 64");
+}
+
 TEST(RegularFileTest, EscapesAndCutsTextForMessages) {
   EXPECT_EQ(EscapeForMessage(std::string("a\nb\0z", 5)), "a\\nb\\x00z");
   EXPECT_EQ(EscapeForMessage("\"q\"\x1b"), "\\\"q\\\"\\x1b");

@@ -524,6 +524,26 @@ absl::Status MakeCertificates(const std::string& dir,
   return absl::OkStatus();
 }
 
+std::vector<std::string> NodeFileNames(
+    const std::vector<TlsIdentity>& identities) {
+  std::vector<std::string> names = {"ca.pem"};
+  for (const TlsIdentity& identity : identities) {
+    if (identity.role != TlsRole::kPs && identity.role != TlsRole::kWorker) {
+      continue;
+    }
+    for (const std::string& stem :
+         {IdentityStem(identity), ClientStem(identity)}) {
+      for (const char* suffix : {".pem", ".key"}) {
+        const std::string name = stem + suffix;
+        if (std::find(names.begin(), names.end(), name) == names.end()) {
+          names.push_back(name);
+        }
+      }
+    }
+  }
+  return names;
+}
+
 absl::Status CopyForNodes(const std::string& from, const std::string& to,
                           const std::vector<TlsIdentity>& identities) {
   std::error_code error;
@@ -532,18 +552,7 @@ absl::Status CopyForNodes(const std::string& from, const std::string& to,
         to, ": is the folder of the CA's key; expected another for the nodes"));
   }
   if (absl::Status s = MakePrivateDir(to); !s.ok()) return s;
-  std::vector<std::string> names = {"ca.pem"};
-  for (const TlsIdentity& identity : identities) {
-    if (identity.role != TlsRole::kPs && identity.role != TlsRole::kWorker) {
-      continue;
-    }
-    for (const std::string& stem :
-         {IdentityStem(identity), ClientStem(identity)}) {
-      names.push_back(stem + ".pem");
-      names.push_back(stem + ".key");
-    }
-  }
-  for (const std::string& name : names) {
+  for (const std::string& name : NodeFileNames(identities)) {
     absl::StatusOr<std::string> bytes = ReadAll(absl::StrCat(from, "/", name));
     if (!bytes.ok()) return bytes.status();
     const bool key = absl::EndsWith(name, ".key");

@@ -98,6 +98,13 @@ absl::Status MakeCertificates(const std::string& dir,
 // FAILED_PRECONDITION naming the file when one cannot be removed.
 absl::Status RemoveMintingKeys(const std::string& dir);
 
+// The names of the files CopyForNodes() writes for `identities`, each once:
+// ca.pem, then the .pem and .key of every shard's and worker's server and
+// client certificate (a caller checks the nodes' folder holds none of them
+// before minting).
+std::vector<std::string> NodeFileNames(
+    const std::vector<TlsIdentity>& identities);
+
 // Copies what the nodes of a cluster need from `from` (a folder of
 // MakeCertificates) into `to` (created 0700): ca.pem and the certificates
 // and keys of the shards and workers among `identities`; never ca.key, nor

@@ -77,19 +77,17 @@ int main(int argc, char** argv) {
   absl::SetProgramUsageMessage("The pstrain job coordinator.");
   pstrain::ParseFlagsOrExit(argc, argv, kProgram, "pstrain_coordinator --help");
   const int timeout_s = absl::GetFlag(FLAGS_heartbeat_timeout_s);
-  for (const absl::Status& s :
-       {pstrain::CheckFlagRange("heartbeat_timeout_s", timeout_s, 1,
-                                pstrain::kMaxHeartbeatTimeoutS, "seconds"),
-        pstrain::CheckFlagRange("port", absl::GetFlag(FLAGS_port), 0, 65535),
-        pstrain::CheckFlagRange("health_port", absl::GetFlag(FLAGS_health_port),
-                                0, 65535),
-        pstrain::CheckFlagRange("max_wait_s", absl::GetFlag(FLAGS_max_wait_s),
-                                1, 86400, "seconds")}) {
-    if (!s.ok()) {
-      pstrain::PrintError(kProgram, s.message());
-      return 2;
-    }
-  }
+  pstrain::ExitOnFlagError(
+      kProgram,
+      pstrain::FirstError(
+          {pstrain::CheckFlagRange("heartbeat_timeout_s", timeout_s, 1,
+                                   pstrain::kMaxHeartbeatTimeoutS, "seconds"),
+           pstrain::CheckFlagRange("port", absl::GetFlag(FLAGS_port), 0, 65535),
+           pstrain::CheckFlagRange("health_port",
+                                   absl::GetFlag(FLAGS_health_port), 0, 65535),
+           pstrain::CheckFlagRange("max_wait_s",
+                                   absl::GetFlag(FLAGS_max_wait_s), 1, 86400,
+                                   "seconds")}));
   const std::string job_file = absl::GetFlag(FLAGS_job_file);
   pstrain::CoordinatorServerOptions options;
   options.address =
@@ -118,24 +116,21 @@ int main(int argc, char** argv) {
       absl::GetFlag(FLAGS_max_kv_keys_per_job);
   // The store lives in the job file and in memory: bounded even when
   // raised. A value travels in one message of at most 4 MiB.
-  for (const absl::Status& s :
-       {pstrain::CheckFlagRange("keep_finished_jobs",
-                                options.table_limits.keep_finished_jobs, 0,
-                                1000000, "jobs"),
-        pstrain::CheckFlagRange("max_kv_key_bytes",
-                                options.table_limits.max_kv_key_bytes, 1,
-                                64 << 10, "bytes"),
-        pstrain::CheckFlagRange("max_kv_value_bytes",
-                                options.table_limits.max_kv_value_bytes, 0,
-                                1 << 20, "bytes"),
-        pstrain::CheckFlagRange("max_kv_keys_per_job",
-                                options.table_limits.max_kv_keys_per_job, 1,
-                                1000000, "keys")}) {
-    if (!s.ok()) {
-      pstrain::PrintError(kProgram, s.message());
-      return 2;
-    }
-  }
+  pstrain::ExitOnFlagError(
+      kProgram,
+      pstrain::FirstError(
+          {pstrain::CheckFlagRange("keep_finished_jobs",
+                                   options.table_limits.keep_finished_jobs, 0,
+                                   1000000, "jobs"),
+           pstrain::CheckFlagRange("max_kv_key_bytes",
+                                   options.table_limits.max_kv_key_bytes, 1,
+                                   64 << 10, "bytes"),
+           pstrain::CheckFlagRange("max_kv_value_bytes",
+                                   options.table_limits.max_kv_value_bytes, 0,
+                                   1 << 20, "bytes"),
+           pstrain::CheckFlagRange("max_kv_keys_per_job",
+                                   options.table_limits.max_kv_keys_per_job, 1,
+                                   1000000, "keys")}));
   // TLS as the coordinator, every call authorized (common/authz.h); or
   // --insecure, refused on a non-loopback address unless allowed.
   absl::StatusOr<pstrain::TlsOptions> tls =

@@ -127,16 +127,13 @@ absl::Status CheckTaskFlags(TaskRole role) {
         absl::StrCat("--heartbeat_interval_s=", interval,
                      ": expected 0.01 to 3600 seconds"));
   }
-  for (const absl::Status& s :
-       {CheckFlagRange("coordinator_timeout_s",
-                       absl::GetFlag(FLAGS_coordinator_timeout_s), 1, 86400,
-                       "seconds"),
-        CheckFlagRange("coordinator_rpc_timeout_s",
-                       absl::GetFlag(FLAGS_coordinator_rpc_timeout_s), 1, 86400,
-                       "seconds")}) {
-    if (!s.ok()) return s;
-  }
-  return absl::OkStatus();
+  return FirstError(
+      {CheckFlagRange("coordinator_timeout_s",
+                      absl::GetFlag(FLAGS_coordinator_timeout_s), 1, 86400,
+                      "seconds"),
+       CheckFlagRange("coordinator_rpc_timeout_s",
+                      absl::GetFlag(FLAGS_coordinator_rpc_timeout_s), 1, 86400,
+                      "seconds")});
 }
 
 absl::StatusOr<TaskAgentOptions> TaskAgentOptionsFromFlags(TaskRole role) {

@@ -203,18 +203,15 @@ absl::Status CheckFlags() {
         pstrain::TlsOptionsFromFlags(kProgram, bind, /*warn=*/false);
     if (!tls.ok()) return tls.status();
   }
-  for (const absl::Status& s :
-       {pstrain::CheckFlagRange("pull_timeout_s",
-                                absl::GetFlag(FLAGS_pull_timeout_s), 1, 86400,
-                                "seconds"),
-        pstrain::CheckFlagRange("idle_timeout_s",
-                                absl::GetFlag(FLAGS_idle_timeout_s), 1,
-                                7 * 86400, "seconds"),
-        pstrain::CheckFlagRange("health_port", absl::GetFlag(FLAGS_health_port),
-                                0, 65535)}) {
-    if (!s.ok()) return s;
-  }
-  return absl::OkStatus();
+  return pstrain::FirstError(
+      {pstrain::CheckFlagRange("pull_timeout_s",
+                               absl::GetFlag(FLAGS_pull_timeout_s), 1, 86400,
+                               "seconds"),
+       pstrain::CheckFlagRange("idle_timeout_s",
+                               absl::GetFlag(FLAGS_idle_timeout_s), 1,
+                               7 * 86400, "seconds"),
+       pstrain::CheckFlagRange("health_port", absl::GetFlag(FLAGS_health_port),
+                               0, 65535)});
 }
 
 // Serves `service` on the task's --bind:--port (and --health_port), health

@@ -102,23 +102,20 @@ int main(int argc, char** argv) {
   }
   // Every flag and output place before the training (minutes on a large
   // corpus): they were checked only once it was done.
-  for (const absl::Status& s :
-       {pstrain::CheckFlagRange("vocab_size", absl::GetFlag(FLAGS_vocab_size),
-                                16, 1 << 20),
-        pstrain::CheckFlagRange("seq_len", absl::GetFlag(FLAGS_seq_len), 2,
-                                1 << 16),
-        pstrain::CheckFlagRange("threads", absl::GetFlag(FLAGS_threads), 1,
-                                1024),
-        pstrain::CheckOutputFile("output", output),
-        pstrain::CheckOutputFile("tokens_output",
-                                 absl::GetFlag(FLAGS_tokens_output)),
-        pstrain::CheckOutputFolder("tokens_dir",
-                                   absl::GetFlag(FLAGS_tokens_dir))}) {
-    if (!s.ok()) {
-      pstrain::PrintError(kProgram, s.message());
-      return 2;
-    }
-  }
+  pstrain::ExitOnFlagError(
+      kProgram,
+      pstrain::FirstError(
+          {pstrain::CheckFlagRange(
+               "vocab_size", absl::GetFlag(FLAGS_vocab_size), 16, 1 << 20),
+           pstrain::CheckFlagRange("seq_len", absl::GetFlag(FLAGS_seq_len), 2,
+                                   1 << 16),
+           pstrain::CheckFlagRange("threads", absl::GetFlag(FLAGS_threads), 1,
+                                   1024),
+           pstrain::CheckOutputFile("output", output),
+           pstrain::CheckOutputFile("tokens_output",
+                                    absl::GetFlag(FLAGS_tokens_output)),
+           pstrain::CheckOutputFolder("tokens_dir",
+                                      absl::GetFlag(FLAGS_tokens_dir))}));
   absl::StatusOr<std::vector<std::string>> documents =
       pstrain::ReadFortunes(absl::GetFlag(FLAGS_corpus_dir));
   if (!documents.ok()) {

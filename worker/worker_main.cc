@@ -77,17 +77,14 @@ class CoordinatorStore : public pstrain::RendezvousStore {
 
 // The flags' ranges: the first out of range, as INVALID_ARGUMENT.
 absl::Status CheckFlags() {
-  for (const absl::Status& s :
-       {pstrain::CheckFlagRange("init_timeout_s",
-                                absl::GetFlag(FLAGS_init_timeout_s), 1, 86400,
-                                "seconds"),
-        pstrain::CheckFlagRange("rpc_timeout_s",
-                                absl::GetFlag(FLAGS_rpc_timeout_s), 1, 86400,
-                                "seconds"),
-        pstrain::CheckFlagRange("gpu", absl::GetFlag(FLAGS_gpu), 0, 1023)}) {
-    if (!s.ok()) return s;
-  }
-  return absl::OkStatus();
+  return pstrain::FirstError(
+      {pstrain::CheckFlagRange("init_timeout_s",
+                               absl::GetFlag(FLAGS_init_timeout_s), 1, 86400,
+                               "seconds"),
+       pstrain::CheckFlagRange("rpc_timeout_s",
+                               absl::GetFlag(FLAGS_rpc_timeout_s), 1, 86400,
+                               "seconds"),
+       pstrain::CheckFlagRange("gpu", absl::GetFlag(FLAGS_gpu), 0, 1023)});
 }
 
 // Fails the task with exit code 1 and `message`, after `status` broke
