@@ -153,7 +153,8 @@ class CpuBackend final : public Backend {
       case LayerType::kMultiheadAttention:
       case LayerType::kTransformerEncoderLayer:
       case LayerType::kGatherRows:
-        return NewCpuTransformerLayer(spec, std::move(params), seed);
+        return NewCpuTransformerLayer(spec, std::move(params), seed,
+                                      precision_ == PRECISION_BF16);
     }
     return absl::InvalidArgumentError("unknown layer type");
   }

@@ -18,5 +18,30 @@ absl::Mutex& CreationMutex() {
   return *mu;
 }
 
+dnnl::reorder MakeReorder(const dnnl::memory& src, const dnnl::memory& dst) {
+  absl::MutexLock lock(&CreationMutex());
+  return dnnl::reorder(src, dst);
+}
+
+dnnl::memory::desc WithType(const dnnl::memory::desc& md,
+                            dnnl::memory::data_type type) {
+  if (md.data_type() == type) return md;
+  dnnl_memory_desc_t data = md.data;
+  data.data_type = static_cast<dnnl_data_type_t>(type);
+  return dnnl::memory::desc(data);
+}
+
+dnnl::memory CopyIf(bool convert, const dnnl::memory::desc& md) {
+  return convert ? dnnl::memory(md, CpuEngine()) : dnnl::memory();
+}
+
+dnnl::memory Converted(const dnnl::memory& src, const dnnl::memory& dst) {
+  if (dst.get(true) == nullptr) return src;
+  dnnl::memory& out = const_cast<dnnl::memory&>(dst);
+  MakeReorder(src, out).execute(CpuStream(), const_cast<dnnl::memory&>(src),
+                                out);
+  return dst;
+}
+
 }  // namespace cpu_dnnl
 }  // namespace pstrain

@@ -1,7 +1,9 @@
 // oneDNN plumbing the CPU backend's files share (cpu_backend.cc,
 // cpu_layers.cc, cpu_transformer.cc): the engine, the calling thread's
-// stream, the lock every primitive is created under, and the conversion of
-// oneDNN's exceptions into a status. Internal to models/.
+// stream, the lock every primitive is created under, bf16 copies of fp32
+// tensors, the conversion of oneDNN's exceptions into a status, and the
+// inner product (torch.nn.Linear) both the CNN and transformer layers run.
+// Internal to models/.
 //
 // Thread-safety: CpuEngine() and CreationMutex() are process-wide and safe
 // from any thread; CpuStream() is the calling thread's own stream.
@@ -43,6 +45,22 @@ absl::Mutex& CreationMutex();
 inline dnnl::memory Wrap(const dnnl::memory::desc& md, const float* data) {
   return dnnl::memory(md, CpuEngine(), const_cast<float*>(data));
 }
+
+// A reorder primitive from `src` to `dst`, created under CreationMutex().
+dnnl::reorder MakeReorder(const dnnl::memory& src, const dnnl::memory& dst);
+
+// The same tensor as `md` in type `type` (a bf16 copy's descriptor).
+dnnl::memory::desc WithType(const dnnl::memory::desc& md,
+                            dnnl::memory::data_type type);
+
+// A oneDNN memory of `md` owned by oneDNN when `convert` (a layer's bf16
+// copy of a tensor), else empty.
+dnnl::memory CopyIf(bool convert, const dnnl::memory::desc& md);
+
+// Converts `src` (a wrapped fp32 tensor) into `dst` when `dst` is a
+// converted copy (not empty); returns what a primitive reads: `dst` after
+// the conversion, else `src` itself.
+dnnl::memory Converted(const dnnl::memory& src, const dnnl::memory& dst);
 
 // Runs `f` and waits for the stream. oneDNN reports errors by exception;
 // they become INTERNAL naming `what` (the layer, or the operation).

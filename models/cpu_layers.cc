@@ -29,6 +29,7 @@
 #include "models/backend.h"
 #include "models/cpu_dnnl.h"
 #include "models/cpu_dropout.h"
+#include "models/cpu_inner_product.h"
 #include "oneapi/dnnl/dnnl.hpp"
 
 namespace pstrain {
@@ -40,17 +41,15 @@ using dnnl::prop_kind;
 using tag = dnnl::memory::format_tag;
 using dt = dnnl::memory::data_type;
 
+using cpu_dnnl::Converted;
+using cpu_dnnl::CopyIf;
 using cpu_dnnl::CpuEngine;
 using cpu_dnnl::CpuStream;
 using cpu_dnnl::CreationMutex;
+using cpu_dnnl::MakeReorder;
 using cpu_dnnl::Run;
+using cpu_dnnl::WithType;
 using cpu_dnnl::Wrap;
-
-// A reorder primitive from `src` to `dst`, created under CreationMutex().
-dnnl::reorder MakeReorder(const memory& src, const memory& dst) {
-  absl::MutexLock lock(&CreationMutex());
-  return dnnl::reorder(src, dst);
-}
 
 memory::dims Dims(const Shape& s) { return memory::dims(s.begin(), s.end()); }
 
@@ -80,30 +79,6 @@ memory::desc Md(const Shape& s, int layout, dt type = dt::f32) {
   }
   if (s.size() == 2) return memory::desc(Dims(s), type, tag::nc);
   return memory::desc({NumElements(s)}, type, tag::x);
-}
-
-// The same tensor as `md` in type `type` (a bf16 copy's descriptor).
-memory::desc WithType(const memory::desc& md, dt type) {
-  if (md.data_type() == type) return md;
-  dnnl_memory_desc_t data = md.data;
-  data.data_type = static_cast<dnnl_data_type_t>(type);
-  return memory::desc(data);
-}
-
-// Converts `src` (a wrapped fp32 tensor) into `dst` when `dst` is a
-// converted copy (not empty); returns what a primitive reads: `dst` after
-// the conversion, else `src` itself.
-memory Converted(const memory& src, const memory& dst) {
-  if (dst.get(true) == nullptr) return src;
-  memory& out = const_cast<memory&>(dst);
-  MakeReorder(src, out).execute(CpuStream(), const_cast<memory&>(src), out);
-  return dst;
-}
-
-// A oneDNN memory of `md` owned by oneDNN when `convert` (a layer's bf16
-// copy of a tensor), else empty.
-memory CopyIf(bool convert, const memory::desc& md) {
-  return convert ? memory(md, CpuEngine()) : memory();
 }
 
 // Copies `src` (shape `s`, layout `from`) into `dst` in layout `to`.
@@ -310,12 +285,16 @@ class Conv2d final : public Layer {
   dnnl::convolution_backward_weights bwd_weights_;
 };
 
-// y = x W^T + b on oneDNN's inner product. bf16 precision as Conv2d's: bf16
-// source, weights and output gradient, fp32 accumulation and outputs.
+// y = x W^T + b on oneDNN's inner product (InnerProductOp; bf16 precision
+// as Conv2d's: bf16 source, weights and output gradient, fp32 accumulation
+// and outputs), per sample [N, I] or per token [N, S, I].
 class Linear final : public Layer {
  public:
   Linear(const LayerSpec& spec, std::vector<Param*> params, bool bf16)
-      : spec_(spec), weight_(params[0]), bias_(params[1]), bf16_(bf16) {}
+      : spec_(spec),
+        weight_(params[0]),
+        bias_(params[1]),
+        op_(LayerName(spec), spec.in_channels, spec.out_channels, bf16) {}
 
   absl::Status Forward(absl::Span<const DeviceTensor* const> in,
                        DeviceTensor* out, bool training) override {
@@ -324,86 +303,30 @@ class Linear final : public Layer {
           absl::StrCat(LayerName(spec_), ": input in blocked layout"));
     }
     out->set_layout(0);
-    return Run(spec_, [&] {
-      Prepare(in[0]->size() / spec_.in_channels);  // Rows: samples or tokens.
-      fwd_.execute(
-          CpuStream(),
-          {{DNNL_ARG_SRC, Converted(Wrap(src_md_, in[0]->data()), src_c_)},
-           {DNNL_ARG_WEIGHTS,
-            Converted(Wrap(wei_md_, weight_->value.data()), wei_c_)},
-           {DNNL_ARG_BIAS, Wrap(bias_md_, bias_->value.data())},
-           {DNNL_ARG_DST, Wrap(dst_md_, out->data())}});
-    });
+    return op_.Forward(in[0]->data(), Rows(*in[0]), weight_->value.data(),
+                       bias_->value.data(), out->data());
   }
 
   absl::Status Backward(absl::Span<const DeviceTensor* const> in,
                         const DeviceTensor& out, const DeviceTensor& dout,
                         absl::Span<DeviceTensor* const> din) override {
-    return Run(spec_, [&] {
-      Prepare(in[0]->size() / spec_.in_channels);  // Rows: samples or tokens.
-      const memory dy = Converted(Wrap(dst_md_, dout.data()), dout_c_);
-      bwd_weights_.execute(
-          CpuStream(),
-          {{DNNL_ARG_SRC, Converted(Wrap(src_md_, in[0]->data()), src_c_)},
-           {DNNL_ARG_DIFF_DST, dy},
-           {DNNL_ARG_DIFF_WEIGHTS, Wrap(wei_md_, weight_->grad.data())},
-           {DNNL_ARG_DIFF_BIAS, Wrap(bias_md_, bias_->grad.data())}});
-      if (din[0] != nullptr) {
-        bwd_data_.execute(
-            CpuStream(),
-            {{DNNL_ARG_DIFF_DST, dy},
-             {DNNL_ARG_WEIGHTS,
-              Converted(Wrap(wei_md_, weight_->value.data()), wei_c_)},
-             {DNNL_ARG_DIFF_SRC, Wrap(src_md_, din[0]->data())}});
-        din[0]->set_layout(0);
-      }
-    });
+    float* dx = din[0] != nullptr ? din[0]->data() : nullptr;
+    if (din[0] != nullptr) din[0]->set_layout(0);
+    return op_.Backward(in[0]->data(), Rows(*in[0]), weight_->value.data(),
+                        dout.data(), dx, weight_->grad.data(),
+                        bias_->grad.data());
   }
 
  private:
-  void Prepare(int64_t n) {
-    if (n == n_) return;
-    absl::MutexLock lock(&CreationMutex());
-    n_ = n;
-    const int64_t in_f = spec_.in_channels, out_f = spec_.out_channels;
-    const dt compute = bf16_ ? dt::bf16 : dt::f32;
-    src_md_ = memory::desc({n, in_f}, dt::f32, tag::nc);
-    wei_md_ = memory::desc({out_f, in_f}, dt::f32, tag::oi);
-    bias_md_ = Flat(out_f);
-    dst_md_ = memory::desc({n, out_f}, dt::f32, tag::nc);
-    const memory::desc src_c = WithType(src_md_, compute);
-    const memory::desc wei_c = WithType(wei_md_, compute);
-    const memory::desc dst_c = WithType(dst_md_, compute);
-    src_c_ = CopyIf(bf16_, src_c);
-    wei_c_ = CopyIf(bf16_, wei_c);
-    dout_c_ = CopyIf(bf16_, dst_c);
-    dnnl::inner_product_forward::primitive_desc fwd_pd(
-        dnnl::inner_product_forward::desc(prop_kind::forward_training, src_c,
-                                          wei_c, bias_md_, dst_md_),
-        CpuEngine());
-    fwd_ = dnnl::inner_product_forward(fwd_pd);
-    bwd_data_ = dnnl::inner_product_backward_data(
-        dnnl::inner_product_backward_data::primitive_desc(
-            dnnl::inner_product_backward_data::desc(src_md_, wei_c, dst_c),
-            CpuEngine(), fwd_pd));
-    bwd_weights_ = dnnl::inner_product_backward_weights(
-        dnnl::inner_product_backward_weights::primitive_desc(
-            dnnl::inner_product_backward_weights::desc(src_c, wei_md_, bias_md_,
-                                                       dst_c),
-            CpuEngine(), fwd_pd));
+  // Samples, or tokens for a per-token [N, S, I] input.
+  int64_t Rows(const DeviceTensor& x) const {
+    return x.size() / spec_.in_channels;
   }
 
   const LayerSpec spec_;
   Param* weight_;
   Param* bias_;
-  const bool bf16_;
-  int64_t n_ = -1;
-  memory::desc src_md_, wei_md_, bias_md_, dst_md_;
-  // bf16: the source's, weights' and output gradient's bf16 copies.
-  memory src_c_, wei_c_, dout_c_;
-  dnnl::inner_product_forward fwd_;
-  dnnl::inner_product_backward_data bwd_data_;
-  dnnl::inner_product_backward_weights bwd_weights_;
+  InnerProductOp op_;
 };
 
 // BatchNorm2d on oneDNN's batch_normalization with separate scale and shift.

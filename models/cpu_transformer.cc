@@ -11,6 +11,7 @@
 #include "models/attention_weights.h"
 #include "models/cpu_dnnl.h"
 #include "models/cpu_dropout.h"
+#include "models/cpu_inner_product.h"
 #include "models/dropout_mask.h"
 #include "oneapi/dnnl/dnnl.hpp"
 
@@ -43,77 +44,6 @@ absl::Status NoTrainingForward(const LayerSpec& spec) {
   return absl::FailedPreconditionError(absl::StrCat(
       LayerName(spec), ": backward without a training forward of this shape"));
 }
-
-// y = x W^T + b over `rows` rows on oneDNN's inner product, as the CPU
-// backend's Linear layer.
-class LinearOp {
- public:
-  LinearOp(const LayerSpec& spec, int64_t in, int64_t out)
-      : spec_(spec), in_(in), out_(out) {}
-
-  absl::Status Forward(const float* x, int64_t rows, const float* w,
-                       const float* b, float* y) {
-    return Run(spec_, [&] {
-      Prepare(rows);
-      fwd_.execute(CpuStream(), {{DNNL_ARG_SRC, Wrap(src_md_, x)},
-                                 {DNNL_ARG_WEIGHTS, Wrap(wei_md_, w)},
-                                 {DNNL_ARG_BIAS, Wrap(bias_md_, b)},
-                                 {DNNL_ARG_DST, Wrap(dst_md_, y)}});
-    });
-  }
-
-  // dW, db from x and dy; dx (when not null) = dy W.
-  absl::Status Backward(const float* x, int64_t rows, const float* w,
-                        const float* dy, float* dx, float* dw, float* db) {
-    return Run(spec_, [&] {
-      Prepare(rows);
-      bwd_weights_.execute(CpuStream(),
-                           {{DNNL_ARG_SRC, Wrap(src_md_, x)},
-                            {DNNL_ARG_DIFF_DST, Wrap(dst_md_, dy)},
-                            {DNNL_ARG_DIFF_WEIGHTS, Wrap(wei_md_, dw)},
-                            {DNNL_ARG_DIFF_BIAS, Wrap(bias_md_, db)}});
-      if (dx != nullptr) {
-        bwd_data_.execute(CpuStream(),
-                          {{DNNL_ARG_DIFF_DST, Wrap(dst_md_, dy)},
-                           {DNNL_ARG_WEIGHTS, Wrap(wei_md_, w)},
-                           {DNNL_ARG_DIFF_SRC, Wrap(src_md_, dx)}});
-      }
-    });
-  }
-
- private:
-  void Prepare(int64_t rows) {
-    if (rows == rows_) return;
-    absl::MutexLock lock(&CreationMutex());
-    rows_ = rows;
-    src_md_ = memory::desc({rows, in_}, dt::f32, tag::nc);
-    wei_md_ = memory::desc({out_, in_}, dt::f32, tag::oi);
-    bias_md_ = Flat(out_);
-    dst_md_ = memory::desc({rows, out_}, dt::f32, tag::nc);
-    dnnl::inner_product_forward::primitive_desc fwd_pd(
-        dnnl::inner_product_forward::desc(prop_kind::forward_training, src_md_,
-                                          wei_md_, bias_md_, dst_md_),
-        CpuEngine());
-    fwd_ = dnnl::inner_product_forward(fwd_pd);
-    bwd_data_ = dnnl::inner_product_backward_data(
-        dnnl::inner_product_backward_data::primitive_desc(
-            dnnl::inner_product_backward_data::desc(src_md_, wei_md_, dst_md_),
-            CpuEngine(), fwd_pd));
-    bwd_weights_ = dnnl::inner_product_backward_weights(
-        dnnl::inner_product_backward_weights::primitive_desc(
-            dnnl::inner_product_backward_weights::desc(src_md_, wei_md_,
-                                                       bias_md_, dst_md_),
-            CpuEngine(), fwd_pd));
-  }
-
-  const LayerSpec spec_;
-  const int64_t in_, out_;
-  int64_t rows_ = -1;
-  memory::desc src_md_, wei_md_, bias_md_, dst_md_;
-  dnnl::inner_product_forward fwd_;
-  dnnl::inner_product_backward_data bwd_data_;
-  dnnl::inner_product_backward_weights bwd_weights_;
-};
 
 // LayerNorm over rows of `hidden` on oneDNN's layer_normalization: y = (x -
 // mean) / sqrt(var + eps) * weight + bias, biased variance (Ba et al. 2016;
@@ -249,13 +179,13 @@ class GeluOp {
 // S, S], the dropped weights when dropout ran, and ctx [N, S, E].
 class AttentionOp {
  public:
-  AttentionOp(const LayerSpec& spec, uint64_t seed)
+  AttentionOp(const LayerSpec& spec, uint64_t seed, bool bf16)
       : spec_(spec),
         e_(spec.in_channels),
         heads_(spec.heads),
         d_(spec.in_channels / spec.heads),
-        in_proj_(spec, e_, 3 * e_),
-        out_proj_(spec, e_, e_),
+        in_proj_(LayerName(spec), e_, 3 * e_, bf16),
+        out_proj_(LayerName(spec), e_, e_, bf16),
         dropout_(spec.dropout, seed) {}
 
   // x [n, s, E]; pad [n, s] (nonzero: padding key); y [n, s, E].
@@ -426,7 +356,7 @@ class AttentionOp {
 
   const LayerSpec spec_;
   const int64_t e_, heads_, d_;
-  LinearOp in_proj_, out_proj_;
+  InnerProductOp in_proj_, out_proj_;
   CpuDropout dropout_;
   int64_t n_ = -1, s_ = -1;
   bool trained_ = false;
@@ -665,8 +595,8 @@ class GatherRows final : public Layer {
 class MultiheadAttention final : public Layer {
  public:
   MultiheadAttention(const LayerSpec& spec, std::vector<Param*> params,
-                     uint64_t seed)
-      : spec_(spec), op_(spec, seed), params_(std::move(params)) {}
+                     uint64_t seed, bool bf16)
+      : spec_(spec), op_(spec, seed, bf16), params_(std::move(params)) {}
 
   absl::Status Forward(absl::Span<const DeviceTensor* const> in,
                        DeviceTensor* out, bool training) override {
@@ -727,15 +657,15 @@ void AddInto(const float* b, int64_t n, float* a) {
 class TransformerEncoderLayer final : public Layer {
  public:
   TransformerEncoderLayer(const LayerSpec& spec, std::vector<Param*> params,
-                          uint64_t seed)
+                          uint64_t seed, bool bf16)
       : spec_(spec),
         e_(spec.in_channels),
         f_(spec.feedforward),
-        attention_(spec, EncoderDropoutSeed(seed, 0)),
+        attention_(spec, EncoderDropoutSeed(seed, 0), bf16),
         norm1_(spec),
         norm2_(spec),
-        linear1_(spec, e_, f_),
-        linear2_(spec, f_, e_),
+        linear1_(LayerName(spec), e_, f_, bf16),
+        linear2_(LayerName(spec), f_, e_, bf16),
         gelu_(spec),
         dropout1_(spec.dropout, EncoderDropoutSeed(seed, 1)),
         dropout_(spec.dropout, EncoderDropoutSeed(seed, 2)),
@@ -851,7 +781,7 @@ class TransformerEncoderLayer final : public Layer {
   const int64_t e_, f_;
   AttentionOp attention_;
   LayerNormOp norm1_, norm2_;
-  LinearOp linear1_, linear2_;
+  InnerProductOp linear1_, linear2_;
   GeluOp gelu_;
   CpuDropout dropout1_, dropout_, dropout2_;
   std::vector<Param*> p_;
@@ -865,7 +795,8 @@ class TransformerEncoderLayer final : public Layer {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Layer>> NewCpuTransformerLayer(
-    const LayerSpec& spec, std::vector<Param*> params, uint64_t seed) {
+    const LayerSpec& spec, std::vector<Param*> params, uint64_t seed,
+    bool bf16) {
   absl::Status status = CheckTransformerLayer(spec, params.size());
   if (!status.ok()) return status;
   switch (spec.type) {
@@ -879,10 +810,10 @@ absl::StatusOr<std::unique_ptr<Layer>> NewCpuTransformerLayer(
       return std::unique_ptr<Layer>(new GatherRows(spec));
     case LayerType::kMultiheadAttention:
       return std::unique_ptr<Layer>(
-          new MultiheadAttention(spec, std::move(params), seed));
+          new MultiheadAttention(spec, std::move(params), seed, bf16));
     case LayerType::kTransformerEncoderLayer:
       return std::unique_ptr<Layer>(
-          new TransformerEncoderLayer(spec, std::move(params), seed));
+          new TransformerEncoderLayer(spec, std::move(params), seed, bf16));
     default:
       return absl::InvalidArgumentError(
           absl::StrCat(LayerName(spec), ": not a transformer layer"));

@@ -5,12 +5,19 @@
 // Internal to models/: the CPU backend's CreateLayer() calls it.
 //
 // Libraries: oneDNN 2.6 where it has the op: layer_normalization (LayerNorm),
-// eltwise_gelu_erf (GELU), inner_product (the attention's q/k/v and output
-// projections) and matmul on strided [N, heads, S, S|d] views of the packed
-// q/k/v (the attention's four products, batched over batch and heads, no
-// copies). Our own loops: the embedding's gather and scatter-add, the
-// masked softmax and its backward, and dropout (std::mt19937_64 and
-// std::bernoulli_distribution, as the kDropout layer).
+// eltwise_gelu_erf (GELU), inner_product (InnerProductOp: the attention's
+// q/k/v and output projections, the feed-forward's two linears) and matmul
+// on strided [N, heads, S, S|d] views of the packed q/k/v (the attention's
+// four products, batched over batch and heads, no copies).
+//
+// Precision: under bf16 (`bf16`, Backend::SetPrecision) the four
+// projections of a block run in bf16 with fp32 accumulation, as
+// torch.autocast casts linear layers (cpu_inner_product.h); everything else
+// stays fp32: the attention's score and context products (matmul, 3% of
+// bert_base's multiply-adds at 128 tokens), the softmax, LayerNorm, GELU,
+// dropout and the embeddings. Our own loops: the embedding's gather and
+// scatter-add, the masked softmax and its backward, and dropout
+// (std::mt19937_64 and std::bernoulli_distribution, as the kDropout layer).
 //
 // Tensors are dense row-major fp32 (layout 0): an input in a blocked layout
 // is INTERNAL. Forward errors: INVALID_ARGUMENT for a token id that is not
@@ -37,13 +44,15 @@
 namespace pstrain {
 
 // The layer for a spec of type kEmbedding, kLayerNorm, kGelu,
-// kMultiheadAttention, kTransformerEncoderLayer or kGatherRows, with `params` as
-// ParamSpecs(spec) lists them; `seed` drives the dropout masks (the block's
-// four dropouts draw from four generators derived from it).
+// kMultiheadAttention, kTransformerEncoderLayer or kGatherRows, with `params`
+// as ParamSpecs(spec) lists them; `seed` drives the dropout masks (the block's
+// four dropouts draw from four generators derived from it); `bf16`: bf16
+// projections (above; the caller checked CpuBf16Available).
 // INVALID_ARGUMENT for another type, a wrong parameter count, heads that do
 // not divide the hidden size, or a feed-forward width < 1.
 absl::StatusOr<std::unique_ptr<Layer>> NewCpuTransformerLayer(
-    const LayerSpec& spec, std::vector<Param*> params, uint64_t seed);
+    const LayerSpec& spec, std::vector<Param*> params, uint64_t seed,
+    bool bf16);
 
 }  // namespace pstrain
 

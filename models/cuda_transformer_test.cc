@@ -19,12 +19,11 @@
 #include "models/backend.h"
 #include "models/layer_harness.h"
 #include "models/model.h"
+#include "models/precision_checks.h"
 #include "optim/adam.h"
 
 namespace pstrain {
 namespace {
-
-constexpr int32_t kIgnoreLabel = -100;
 
 class CudaTransformerTest : public ::testing::Test {
  protected:
@@ -68,25 +67,6 @@ struct TransformerCase {
   Shape second_shape;
   std::vector<float> second;
 };
-
-// Key padding masks [n, s]: sample b has its last min(2 b, s - 1) keys
-// padded (one key always attended).
-std::vector<float> PaddingMask(int64_t n, int64_t s) {
-  std::vector<float> mask(n * s, 0.0f);
-  for (int64_t b = 0; b < n; ++b) {
-    for (int64_t t = std::max<int64_t>(s - 2 * b, 1); t < s; ++t) {
-      mask[b * s + t] = 1.0f;
-    }
-  }
-  return mask;
-}
-
-std::vector<float> TokenIds(int64_t n, int64_t vocab) {
-  std::vector<float> ids(n);
-  for (int64_t i = 0; i < n; ++i)
-    ids[i] = static_cast<float>((i * 7 + 3) % vocab);
-  return ids;
-}
 
 std::vector<TransformerCase> Cases() {
   std::vector<TransformerCase> cases = {
@@ -295,21 +275,29 @@ TEST_F(CudaTransformerTest, BadIdsPositionsAndMasksAreInvalid) {
   }
 }
 
-Tensor MakeTensor(const Shape& shape, const std::vector<float>& values) {
-  Tensor t(shape);
-  t.data = values;
-  return t;
-}
-
-// MLM labels for [n, s] tokens: every 5th unpadded position predicts its
-// token, the rest are ignored.
-std::vector<int32_t> MlmLabels(const std::vector<float>& ids,
-                               const std::vector<float>& mask) {
-  std::vector<int32_t> labels(ids.size(), kIgnoreLabel);
-  for (size_t i = 0; i < ids.size(); i += 5) {
-    if (mask[i] == 0.0f) labels[i] = static_cast<int32_t>(ids[i]);
+// bf16 and fp16 (cuda_transformer.h) against the CPU backend's fp32: the
+// attention's and the encoder block's projections round, within
+// precision_checks.h's bounds, and bert_tiny's loss and gradients stay
+// close. bf16 is skipped on a GPU before compute capability 8.0, which
+// refuses it.
+TEST_F(CudaTransformerTest, SixteenBitProjectionsStayCloseToFp32) {
+  struct Case {
+    PrecisionKind precision;
+    double unit_roundoff;
+  };
+  for (const Case& c : {Case{PRECISION_BF16, kBf16UnitRoundoff},
+                        Case{PRECISION_FP16, kFp16UnitRoundoff}}) {
+    absl::StatusOr<std::unique_ptr<Backend>> sixteen =
+        Backend::Create("cuda", 0);
+    ASSERT_TRUE(sixteen.ok()) << sixteen.status();
+    if (absl::Status s = (*sixteen)->SetPrecision(c.precision); !s.ok()) {
+      std::printf("skipped: %s\n", std::string(s.message()).c_str());
+      continue;
+    }
+    SCOPED_TRACE((*sixteen)->name());
+    ExpectProjectionsRound(sixteen->get(), cpu_.get(), c.unit_roundoff);
+    ExpectBertTinyCloseTo(sixteen->get(), cpu_.get());
   }
-  return labels;
 }
 
 // bert_tiny (dropout 0) from the same weights on both backends: the loss

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <memory>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -167,6 +168,100 @@ inline void ExpectInvertedDropout(Harness& h) {
   for (size_t i = 0; i < din.size(); ++i) {
     EXPECT_FLOAT_EQ(din[i], out[i] * 2.0f);
   }
+}
+
+// ||a - ref||_2 / ||ref||_2 (0 when both are zero; a NaN or a size
+// mismatch gives infinity, so that a bound fails).
+inline double RelativeL2(const std::vector<float>& a,
+                         const std::vector<float>& ref) {
+  if (a.size() != ref.size()) return INFINITY;
+  double diff = 0, norm = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    const double d = double{a[i]} - ref[i];
+    diff += d * d;
+    norm += double{ref[i]} * ref[i];
+  }
+  if (!(diff <= INFINITY)) return INFINITY;  // NaN
+  if (diff == 0) return 0;
+  return std::sqrt(diff) / std::sqrt(norm);
+}
+
+// The largest RelativeL2 of the output, input gradients and parameter
+// gradients of layer `spec` on `backend` against the same layer on
+// `reference`: parameters from seed 7 on both, input x of `shape` =
+// Formula(0.37, 0.1), and the second input (the key padding mask) when
+// `second` is not empty; one training forward and backward with dLoss/dOut =
+// Formula(0.53, 0.2).
+struct LayerDistance {
+  double out = 0, din = 0, grads = 0;
+};
+inline LayerDistance CompareLayer(Backend* backend, Backend* reference,
+                                  const LayerSpec& spec, const Shape& shape,
+                                  const Shape& second_shape,
+                                  const std::vector<float>& second) {
+  Harness got(backend, spec, 7), want(reference, spec, 7);
+  const std::vector<float> x = Formula(NumElements(shape), 0.37, 0.1);
+  DeviceTensor gx = got.Make(shape, x), wx = want.Make(shape, x);
+  std::vector<DeviceTensor*> gin = {&gx}, win = {&wx};
+  DeviceTensor g2, w2;
+  if (!second.empty()) {
+    g2 = got.Make(second_shape, second);
+    w2 = want.Make(second_shape, second);
+    gin.push_back(&g2);
+    win.push_back(&w2);
+  }
+  LayerDistance d;
+  const std::vector<float> want_out = want.Forward(win);
+  d.out = RelativeL2(got.Forward(gin), want_out);
+  const std::vector<float> dout = Formula(want_out.size(), 0.53, 0.2);
+  const auto gdin = got.Backward(gin, dout);
+  const auto wdin = want.Backward(win, dout);
+  d.din = RelativeL2(gdin[0], wdin[0]);
+  for (size_t p = 0; p < want.params().size(); ++p) {
+    d.grads = std::max(d.grads, RelativeL2(Values(got.params()[p].grad),
+                                           Values(want.params()[p].grad)));
+  }
+  return d;
+}
+
+// Test batches of a masked-language model: [n, s] token ids and key padding
+// masks, the same on every backend.
+// Key padding masks [n, s]: sample b has its last min(2 b, s - 1) keys
+// padded (one key always attended).
+inline std::vector<float> PaddingMask(int64_t n, int64_t s) {
+  std::vector<float> mask(n * s, 0.0f);
+  for (int64_t b = 0; b < n; ++b) {
+    for (int64_t t = std::max<int64_t>(s - 2 * b, 1); t < s; ++t) {
+      mask[b * s + t] = 1.0f;
+    }
+  }
+  return mask;
+}
+
+// `n` token ids (i * 7 + 3) mod vocab.
+inline std::vector<float> TokenIds(int64_t n, int64_t vocab) {
+  std::vector<float> ids(n);
+  for (int64_t i = 0; i < n; ++i) {
+    ids[i] = static_cast<float>((i * 7 + 3) % vocab);
+  }
+  return ids;
+}
+
+inline Tensor MakeTensor(const Shape& shape, const std::vector<float>& values) {
+  Tensor t(shape);
+  t.data = values;
+  return t;
+}
+
+// MLM labels for [n, s] tokens: every 5th unpadded position predicts its
+// token, the rest are ignored.
+inline std::vector<int32_t> MlmLabels(const std::vector<float>& ids,
+                                      const std::vector<float>& mask) {
+  std::vector<int32_t> labels(ids.size(), kIgnoreLabel);
+  for (size_t i = 0; i < ids.size(); i += 5) {
+    if (mask[i] == 0.0f) labels[i] = static_cast<int32_t>(ids[i]);
+  }
+  return labels;
 }
 
 struct LayerCase;

@@ -1,5 +1,6 @@
 // bf16 precision on the CPU backend (issue 38; Backend::SetPrecision):
-// convolutions and linear layers on oneDNN's bf16 primitives.
+// convolutions, linear layers and the transformer's projections on oneDNN's
+// bf16 primitives.
 //
 // Two checks per layer, forward output, input gradient and parameter
 // gradients:
@@ -31,6 +32,7 @@
 #include "models/layer_harness.h"
 #include "models/layer_spec.h"
 #include "models/model.h"
+#include "models/precision_checks.h"
 
 namespace pstrain {
 namespace {
@@ -98,8 +100,8 @@ void ExpectWithin(const std::vector<float>& got, const std::vector<float>& ref,
   for (size_t i = 0; i < got.size(); ++i) {
     const double bound = relative * mass[i] + 1e-6;
     EXPECT_LE(std::fabs(double{got[i]} - ref[i]), bound)
-        << what << "[" << i << "]: " << got[i] << " vs " << ref[i]
-        << " (mass " << mass[i] << ")";
+        << what << "[" << i << "]: " << got[i] << " vs " << ref[i] << " (mass "
+        << mass[i] << ")";
     if (differing != nullptr && got[i] != ref[i]) ++*differing;
   }
 }
@@ -132,7 +134,8 @@ TEST_P(Bf16LayerTest, IsFp32OnRoundedValuesWithinTheBf16Bound) {
   const Results b = RunLayer(bf16.get(), c.spec, c.shape, x, dy, false, same);
   const Results ref =
       RunLayer(fp32.get(), c.spec, c.shape, x, dy, false, rounded);
-  const Results exact = RunLayer(fp32.get(), c.spec, c.shape, x, dy, false, same);
+  const Results exact =
+      RunLayer(fp32.get(), c.spec, c.shape, x, dy, false, same);
   const Results mass = RunLayer(fp32.get(), c.spec, c.shape, x, dy, true, abs);
 
   // bf16 products are exact in fp32: only the accumulation order differs.
@@ -166,14 +169,18 @@ INSTANTIATE_TEST_SUITE_P(
              {2, 3, 6, 6}},
         // LeNet's convolutions: 1 and 6 input channels, 16 output channels
         // in the blocked layout (the dense output gradient path).
-        Case{"lenet_conv1", LayerSpec::Conv2d(1, 6, 5, 1, 2, true),
+        Case{"lenet_conv1",
+             LayerSpec::Conv2d(1, 6, 5, 1, 2, true),
              {2, 1, 12, 12}},
-        Case{"lenet_conv2", LayerSpec::Conv2d(6, 16, 5, 1, 0, true),
+        Case{"lenet_conv2",
+             LayerSpec::Conv2d(6, 16, 5, 1, 0, true),
              {2, 6, 10, 10}},
         // ResNet's: blocked output, 1x1 stride 2.
-        Case{"conv16_32", LayerSpec::Conv2d(16, 32, 3, 1, 1, false),
+        Case{"conv16_32",
+             LayerSpec::Conv2d(16, 32, 3, 1, 1, false),
              {2, 16, 6, 6}},
-        Case{"conv1x1_stride2", LayerSpec::Conv2d(16, 32, 1, 2, 0, false),
+        Case{"conv1x1_stride2",
+             LayerSpec::Conv2d(16, 32, 1, 2, 0, false),
              {2, 16, 6, 6}},
         Case{"linear", LayerSpec::Linear(40, 10), {3, 40}}),
     [](const ::testing::TestParamInfo<Case>& info) { return info.param.name; });
@@ -241,6 +248,28 @@ TEST(PrecisionTest, Bf16ModelsTrainCloseToFp32) {
           << name << " " << (*a)->params()[t]->name;
     }
   }
+}
+
+// bf16 in the transformer (cpu_transformer.h): the attention's and the
+// encoder block's projections round, within precision_checks.h's bounds of
+// fp32; LayerNorm and GELU stay fp32 bit for bit; bert_tiny's loss and
+// gradients stay close to fp32's (precision_checks.h).
+TEST(PrecisionTest, Bf16TransformerRoundsItsProjectionsOnly) {
+  if (absl::Status s = CpuBf16Available(); !s.ok()) {
+    GTEST_SKIP() << s.message();
+  }
+  std::unique_ptr<Backend> fp32 = NewCpuBackend();
+  std::unique_ptr<Backend> bf16 = NewCpuBackend();
+  ASSERT_TRUE(bf16->SetPrecision(PRECISION_BF16).ok());
+  ExpectProjectionsRound(bf16.get(), fp32.get(), kBf16UnitRoundoff);
+  for (const LayerSpec& spec : {LayerSpec::LayerNorm(16), LayerSpec::Gelu()}) {
+    const LayerDistance d =
+        CompareLayer(bf16.get(), fp32.get(), spec, {2, 6, 16}, {}, {});
+    EXPECT_EQ(d.out, 0) << LayerName(spec);
+    EXPECT_EQ(d.din, 0) << LayerName(spec);
+    EXPECT_EQ(d.grads, 0) << LayerName(spec);
+  }
+  ExpectBertTinyCloseTo(bf16.get(), fp32.get());
 }
 
 // fp16's loss scaling in the model (Model::set_loss_scale): a power-of-two

@@ -6,7 +6,8 @@
 #     cli/    pstrain               coordinator/ pstrain_coordinator
 #     server/ pstrain_ps            worker/ pstrain_worker
 #     bench/  train_bench ps_bench  tools/torch/ torch_bench.py torch_models.py
-#     tests/  cuda_test cuda_transformer_test collective_test (CUDA tests)
+#     tests/  cuda_test cuda_transformer_test collective_test (CUDA tests),
+#             precision_test (bf16 on the CPU: the GPU host has AVX-512)
 #     lib/    every shared library the binaries need except glibc's and
 #             NVIDIA's (gRPC, protobuf, Abseil, oneDNN, Gloo, libstdc++, ...),
 #             found with the binaries through an $ORIGIN rpath
@@ -62,7 +63,8 @@ binaries=(
   cli/pstrain coordinator/pstrain_coordinator bench/train_bench bench/ps_bench
   server/pstrain_ps worker/pstrain_worker
 )
-test_binaries=(models/cuda_test models/cuda_transformer_test worker/collective_test)
+test_binaries=(models/cuda_test models/cuda_transformer_test worker/collective_test
+  models/precision_test)
 # What the GPU host provides (glibc's and NVIDIA's libraries).
 source scripts/gpu_host_libs.sh  # host_lib_re
 

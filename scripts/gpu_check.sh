@@ -9,8 +9,10 @@
 #   cuda_tests  tests/cuda_test (every layer and zoo model against the
 #               CPU backend: a max abs/rel error table),
 #               tests/cuda_transformer_test (the BERT layers, the MLM
-#               loss and bert_tiny against the CPU backend) and the NCCL
-#               tests of tests/collective_test                           240
+#               loss and bert_tiny against the CPU backend, in fp32, bf16
+#               and fp16), the NCCL tests of tests/collective_test, and
+#               tests/precision_test (the CPU backend's bf16, which needs
+#               this host's AVX-512)                                      240
 #   train_bench train_bench --backend=cuda against PyTorch on the same
 #               GPU in the same run (ResNet-50 224x224 batch 64 and 128,
 #               batch 64 in fp32 (TF32 off) and with the update on the
@@ -23,11 +25,11 @@
 #               checkpointed, then resumed (the loss scale it restored)   420
 #   transformer train_bench --backend=cuda --model=bert_base (the seeds'
 #               third table's batch 96, 128 tokens, synthetic tokens,
-#               TF32) against PyTorch on the same GPU, with a per-layer
-#               time table; and the PS worker on the GPU with it (sync, 1
-#               worker, 2 shards on the host): fp32 and bf16 wires over
-#               mutual TLS, and bert_base_untied with row-sparse
-#               embeddings                                                300
+#               TF32, then bf16 against PyTorch's autocast) against
+#               PyTorch on the same GPU, with a per-layer time table;
+#               and the PS worker on the GPU with it (sync, 1 worker,
+#               2 shards on the host): fp32 and bf16 wires over mutual
+#               TLS, and bert_base_untied with row-sparse embeddings      300
 #   bert_table  the seeds' third table on this GPU: pstrain compare
 #               --preset=bert --backend=cuda --batch_size=96 (sync PS
 #               with row-sparse embeddings against Gloo allreduce, 1 and
@@ -291,6 +293,8 @@ cuda_tests_section() {
   [ "${PIPESTATUS[0]}" = 0 ] || rc=1
   "$root/tests/collective_test" --gtest_filter='Nccl*' 2>&1 | tee "$out/logs/collective_test.out"
   [ "${PIPESTATUS[0]}" = 0 ] || rc=1
+  "$root/tests/precision_test" 2>&1 | tee "$out/logs/precision_test.out"
+  [ "${PIPESTATUS[0]}" = 0 ] || rc=1
   {
     echo "| binary | passed | failed | skipped |"
     echo "|---|---:|---:|---:|"
@@ -301,12 +305,12 @@ cuda_tests_section() {
       n=$(sed -n "s/^\[  $1 *\] \([0-9]*\) tests*[,.].*/\1/p" "$2" | tail -1)
       echo "${n:-0}"
     }
-    for t in cuda_test cuda_transformer_test collective_test; do
+    for t in cuda_test cuda_transformer_test collective_test precision_test; do
       f="$out/logs/$t.out"
       printf '| %s | %s | %s | %s |\n' "$t" "$(count PASSED "$f")" \
         "$(count FAILED "$f")" "$(count SKIPPED "$f")"
     done
-    for t in cuda_test cuda_transformer_test collective_test; do
+    for t in cuda_test cuda_transformer_test collective_test precision_test; do
       awk -v t="$t" '/^\[  (FAILED|SKIPPED) *\] [0-9]+ tests?, listed below/ {list = $0 ~ /FAILED/ ? "failed" : "skipped"; next}
         list != "" && /^\[  (FAILED|SKIPPED) *\] [A-Za-z]/ {line = $0; sub(/^\[[^]]*\] /, "", line); print "- " t " " list ": " line}' "$out/logs/$t.out"
     done
@@ -319,10 +323,17 @@ cuda_tests_section() {
     fi
     if grep -q 'largest GPU-CPU difference' "$out/logs/cuda_transformer_test.out"; then
       echo
-      echo "Transformer layers and bert_tiny, TF32 off (cuda_transformer_test):"
+      echo "Transformer layers and bert_tiny, TF32 off, then bf16 and fp16 (cuda_transformer_test):"
       echo
-      sed -n 's/^\(.*\(largest GPU-CPU difference\|worst gradient\).*\)$/- \1/p' \
+      sed -n 's/^\(.*\(largest GPU-CPU difference\|worst gradient\|relative L2 from\).*\)$/- \1/p' \
         "$out/logs/cuda_transformer_test.out"
+    fi
+    if grep -q 'relative L2 from' "$out/logs/precision_test.out"; then
+      echo
+      echo "The CPU backend's bf16 transformer (precision_test):"
+      echo
+      sed -n 's/^\(.*\(relative L2 from\|worst gradient\).*\)$/- \1/p' \
+        "$out/logs/precision_test.out"
     fi
     if grep -q 'worst gradient' "$out/logs/cuda_test.out"; then
       echo
@@ -378,10 +389,20 @@ transformer_section() {
     --warmup=3 --layer_times --compare_pytorch --python="${python:-python3}" \
     > "$out/logs/train_bench_bert.out" 2>&1 || rc=1
   cat "$out/logs/train_bench_bert.out"
+  # bf16: the encoder's projections on 16-bit tensor cores, against
+  # PyTorch's autocast.
+  "$root/bench/train_bench" --backend=cuda --model=bert_base \
+    --dataset=synthetic_tokens --batch_size=96 --steps="$bench_steps" \
+    --warmup=3 --precision=bf16 --compare_pytorch \
+    --python="${python:-python3}" \
+    > "$out/logs/train_bench_bert_bf16.out" 2>&1 || rc=1
+  cat "$out/logs/train_bench_bert_bf16.out"
   {
     grep '^|' "$out/logs/train_bench_bert.out" | head -2
     grep '^| bert' "$out/logs/train_bench_bert.out" ||
       echo "| failed: $(tail -1 "$out/logs/train_bench_bert.out") |"
+    grep '^| bert' "$out/logs/train_bench_bert_bf16.out" ||
+      echo "| failed (bf16): $(tail -1 "$out/logs/train_bench_bert_bf16.out") |"
     echo
     sed -n '/^Per-layer/,$p' "$out/logs/train_bench_bert.out"
     echo

@@ -38,7 +38,8 @@ check() {  # check DESCRIPTION COMMAND...
 # --- layout ----------------------------------------------------------------
 for f in cli/pstrain coordinator/pstrain_coordinator bench/train_bench \
   bench/ps_bench server/pstrain_ps worker/pstrain_worker tests/cuda_test \
-  tests/cuda_transformer_test tests/collective_test gpu_check.sh; do
+  tests/cuda_transformer_test tests/collective_test tests/precision_test \
+  gpu_check.sh; do
   check "$bundle/$f is executable" test -x "$bundle/$f"
 done
 for f in tools/torch/torch_bench.py tools/torch/torch_models.py BUNDLE_INFO \

@@ -292,6 +292,7 @@ CudaLayerContext CudaBackend::LayerContext() {
   context.cublas = cublas_;
   context.stream = compute_;
   context.pool = &transformer_scratch_;
+  context.precision = precision_;
   return context;
 }
 

@@ -97,6 +97,33 @@ absl::Status RowGemm(const CudaLayerContext& c, bool ta, bool tb, int64_t m,
   return absl::OkStatus();
 }
 
+// RowGemm's C (fp32) = alpha op(A) op(B) + beta C for one pair of 16-bit
+// matrices of `type` (CUDA_R_16BF or CUDA_R_16F), with fp32 accumulation on
+// tensor cores (cublasGemmEx, CUBLAS_COMPUTE_32F).
+absl::Status RowGemm16(const CudaLayerContext& c, cudaDataType_t type, bool ta,
+                       bool tb, int64_t m, int64_t n, int64_t k, float alpha,
+                       const uint16_t* a, const uint16_t* b, float beta,
+                       float* out) {
+  const int lda = static_cast<int>(ta ? m : k);
+  const int ldb = static_cast<int>(tb ? k : n);
+  CUDA_RETURN_IF_ERROR(cublasGemmEx(
+      c.cublas, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N,
+      static_cast<int>(n), static_cast<int>(m), static_cast<int>(k), &alpha, b,
+      type, ldb, a, type, lda, &beta, out, CUDA_R_32F, static_cast<int>(n),
+      CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  return absl::OkStatus();
+}
+
+// `n` fp32 values at `x` converted to the 16-bit type into the pool's
+// `slot` (bf16 when `bf16`, else fp16).
+absl::StatusOr<const uint16_t*> To16(const CudaLayerContext& c,
+                                     CudaScratchPool::Slot slot, const float* x,
+                                     int64_t n, bool bf16) {
+  ASSIGN_OR_RETURN(uint16_t * y, c.pool->Get16(slot, n));
+  CUDA_RETURN_IF_ERROR(cuda::LaunchTo16(x, n, bf16, y, c.stream));
+  return y;
+}
+
 // Inverted dropout on the device with models/dropout_mask.h's masks: call
 // c's mask is the CPU backend's CpuDropout's for the same seed.
 class DeviceDropout {
@@ -127,32 +154,64 @@ class DeviceDropout {
   DeviceTensor mask_;
 };
 
-// y = x W^T + b over `rows` rows (torch.nn.Linear).
+// y = x W^T + b over `rows` rows (torch.nn.Linear). Under bf16 or fp16
+// precision x, W and dy are multiplied as 16-bit copies (the pool's kA16
+// and kB16, reused by the next projection: the stream orders the
+// conversions after the products that read them); outputs, gradients and
+// the bias stay fp32.
 class LinearOp {
  public:
-  LinearOp(int64_t in, int64_t out) : in_(in), out_(out) {}
+  LinearOp(int64_t in, int64_t out, PrecisionKind precision)
+      : in_(in),
+        out_(out),
+        sixteen_(precision == PRECISION_BF16 || precision == PRECISION_FP16),
+        bf16_(precision == PRECISION_BF16) {}
 
   absl::Status Forward(const CudaLayerContext& c, const float* x, int64_t rows,
                        const float* w, const float* b, float* y) const {
     CUDA_RETURN_IF_ERROR(cuda::LaunchBroadcastRows(b, rows, out_, y, c.stream));
-    return RowGemm(c, false, true, rows, out_, in_, 1.0f, x, 0, w, 0, 1.0f, y,
-                   0);
+    if (!sixteen_) {
+      return RowGemm(c, false, true, rows, out_, in_, 1.0f, x, 0, w, 0, 1.0f, y,
+                     0);
+    }
+    ASSIGN_OR_RETURN(const uint16_t* x16,
+                     To16(c, CudaScratchPool::kA16, x, rows * in_, bf16_));
+    ASSIGN_OR_RETURN(const uint16_t* w16,
+                     To16(c, CudaScratchPool::kB16, w, out_ * in_, bf16_));
+    return RowGemm16(c, Type16(), false, true, rows, out_, in_, 1.0f, x16, w16,
+                     1.0f, y);
   }
 
   // dW = dy^T x, db = the column sums of dy; dx (when not null) = dy W.
   absl::Status Backward(const CudaLayerContext& c, const float* x, int64_t rows,
                         const float* w, const float* dy, float* dx, float* dw,
                         float* db) const {
-    RETURN_IF_ERROR(RowGemm(c, true, false, out_, in_, rows, 1.0f, dy, 0, x, 0,
-                            0.0f, dw, 0));
     RETURN_IF_ERROR(ColumnSums(c, dy, rows, out_, db));
+    if (!sixteen_) {
+      RETURN_IF_ERROR(RowGemm(c, true, false, out_, in_, rows, 1.0f, dy, 0, x,
+                              0, 0.0f, dw, 0));
+      if (dx == nullptr) return absl::OkStatus();
+      return RowGemm(c, false, false, rows, in_, out_, 1.0f, dy, 0, w, 0, 0.0f,
+                     dx, 0);
+    }
+    ASSIGN_OR_RETURN(const uint16_t* dy16,
+                     To16(c, CudaScratchPool::kA16, dy, rows * out_, bf16_));
+    ASSIGN_OR_RETURN(const uint16_t* x16,
+                     To16(c, CudaScratchPool::kB16, x, rows * in_, bf16_));
+    RETURN_IF_ERROR(RowGemm16(c, Type16(), true, false, out_, in_, rows, 1.0f,
+                              dy16, x16, 0.0f, dw));
     if (dx == nullptr) return absl::OkStatus();
-    return RowGemm(c, false, false, rows, in_, out_, 1.0f, dy, 0, w, 0, 0.0f,
-                   dx, 0);
+    ASSIGN_OR_RETURN(const uint16_t* w16,
+                     To16(c, CudaScratchPool::kB16, w, out_ * in_, bf16_));
+    return RowGemm16(c, Type16(), false, false, rows, in_, out_, 1.0f, dy16,
+                     w16, 0.0f, dx);
   }
 
  private:
+  cudaDataType_t Type16() const { return bf16_ ? CUDA_R_16BF : CUDA_R_16F; }
+
   const int64_t in_, out_;
+  const bool sixteen_, bf16_;
 };
 
 // LayerNorm over rows of the spec's hidden size, the row statistics kept
@@ -203,13 +262,13 @@ class LayerNormOp {
 // [N, H, S, S], the dropped weights when dropout ran, and ctx [N, S, E].
 class AttentionOp {
  public:
-  AttentionOp(const LayerSpec& spec, uint64_t seed)
+  AttentionOp(const LayerSpec& spec, uint64_t seed, PrecisionKind precision)
       : spec_(spec),
         e_(spec.in_channels),
         heads_(spec.heads),
         d_(spec.in_channels / spec.heads),
-        in_proj_(e_, 3 * e_),
-        out_proj_(e_, e_),
+        in_proj_(e_, 3 * e_, precision),
+        out_proj_(e_, e_, precision),
         dropout_(spec.dropout, seed) {}
 
   // x [n, s, E]; pad [n, s] (nonzero: padding key); y [n, s, E].
@@ -516,7 +575,7 @@ class MultiheadAttention final : public Layer {
  public:
   MultiheadAttention(const CudaLayerContext& c, const LayerSpec& spec,
                      std::vector<Param*> params, uint64_t seed)
-      : c_(c), op_(spec, seed), p_(std::move(params)) {}
+      : c_(c), op_(spec, seed, c.precision), p_(std::move(params)) {}
 
   absl::Status Forward(absl::Span<const DeviceTensor* const> in,
                        DeviceTensor* out, bool training) override {
@@ -571,11 +630,11 @@ class TransformerEncoderLayer final : public Layer {
         spec_(spec),
         e_(spec.in_channels),
         f_(spec.feedforward),
-        attention_(spec, EncoderDropoutSeed(seed, 0)),
+        attention_(spec, EncoderDropoutSeed(seed, 0), c.precision),
         norm1_(spec),
         norm2_(spec),
-        linear1_(e_, f_),
-        linear2_(f_, e_),
+        linear1_(e_, f_, c.precision),
+        linear2_(f_, e_, c.precision),
         dropout1_(spec.dropout, EncoderDropoutSeed(seed, 1)),
         dropout_(spec.dropout, EncoderDropoutSeed(seed, 2)),
         dropout2_(spec.dropout, EncoderDropoutSeed(seed, 3)),
@@ -693,6 +752,12 @@ absl::StatusOr<float*> CudaScratchPool::Get(Slot slot, int64_t n) {
   if (t.backend() == nullptr) t = DeviceTensor(backend_);
   if (t.size() < n) RETURN_IF_ERROR(t.Resize({n}));
   return t.data();
+}
+
+absl::StatusOr<uint16_t*> CudaScratchPool::Get16(Slot slot, int64_t n) {
+  // Two 16-bit values a float element.
+  ASSIGN_OR_RETURN(float* data, Get(slot, (n + 1) / 2));
+  return reinterpret_cast<uint16_t*>(data);
 }
 
 void CudaScratchPool::Clear() {

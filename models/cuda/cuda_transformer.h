@@ -6,14 +6,24 @@
 // models/cuda_test.cc holds them to.
 //
 // Libraries: cuBLAS for every matrix product (the projections with
-// cublasSgemm; the attention's four products per (sample, head) in one
-// cublasSgemmStridedBatched each, on per-head blocks
-// models/cuda/transformer_kernels.h moves the packed projections into and
-// out of). Our kernels for the rest (transformer_kernels.h); the dropouts
-// draw models/dropout_mask.h's masks, the CPU backend's for the same seed.
-// Not yet cuDNN's fused attention (its graph API), nor 16-bit math: under
-// bf16/fp16 precision these layers compute in fp32 (TF32 under tf32, as
-// the backend's cuBLAS handle says).
+// cublasSgemm, or cublasGemmEx under 16-bit precision; the attention's four
+// products per (sample, head) in one cublasSgemmStridedBatched each, on
+// per-head blocks models/cuda/transformer_kernels.h moves the packed
+// projections into and out of). Our kernels for the rest
+// (transformer_kernels.h); the dropouts draw models/dropout_mask.h's masks,
+// the CPU backend's for the same seed. Not yet cuDNN's fused attention (its
+// graph API).
+//
+// Precision (the backend's when a layer is created): fp32, or TF32 as the
+// backend's cuBLAS handle says; under bf16 or fp16 the four projections of
+// a block (q/k/v, output, the feed-forward's two) convert their input,
+// weights and output gradient to the 16-bit type (kernels.h's LaunchTo16)
+// and multiply on tensor cores with fp32 accumulation and fp32 outputs
+// (cublasGemmEx, CUBLAS_COMPUTE_32F), as torch.autocast casts linear
+// layers and as the CPU backend's bf16 (cpu_transformer.h). The attention's
+// score and context products (about 3% of bert_base's multiply-adds at 128
+// tokens), the softmax, LayerNorm, GELU, dropout, the embeddings and every
+// bias stay fp32.
 //
 // Tensors are dense row-major fp32, [N, S, E] activations, [N, S] token ids
 // and key padding masks (nonzero: padding), [P] gathered positions. The
@@ -65,6 +75,8 @@ class CudaScratchPool {
     kDy1,        // encoder backward
     kDh1,        // encoder backward
     kDyXhat,     // LayerNorm backward: dy xhat, summed into dweight
+    kA16,        // 16-bit precision: a projection's first operand
+    kB16,        // 16-bit precision: a projection's second operand
     kNumSlots
   };
   explicit CudaScratchPool(Backend* backend) : backend_(backend) {}
@@ -73,6 +85,8 @@ class CudaScratchPool {
   // RESOURCE_EXHAUSTED when the device cannot allocate it. Growing frees
   // the old buffer (cudaFree waits for the work that used it).
   absl::StatusOr<float*> Get(Slot slot, int64_t n);
+  // Slot `slot` with room for `n` 16-bit values (kA16, kB16).
+  absl::StatusOr<uint16_t*> Get16(Slot slot, int64_t n);
   // `n` ones (for cuBLAS's column sums), filled once per growth.
   absl::StatusOr<const float*> Ones(int64_t n);
   // Frees every buffer (the backend's destructor, before its streams go).
@@ -86,12 +100,14 @@ class CudaScratchPool {
 
 // What the layers use of the CUDA backend: its allocations (scratch
 // tensors), its cuBLAS handle, its compute stream (the handle is bound to
-// it) and the shared scratch (owned by the backend, outliving the layers).
+// it), the shared scratch (owned by the backend, outliving the layers) and
+// its precision when the layer is made.
 struct CudaLayerContext {
   Backend* backend = nullptr;
   cublasHandle_t cublas = nullptr;
   cudaStream_t stream = nullptr;
   CudaScratchPool* pool = nullptr;
+  PrecisionKind precision = PRECISION_TF32;
 };
 
 // The layer for a spec of type kEmbedding, kLayerNorm, kGelu,
