@@ -367,6 +367,30 @@ absl::Status CheckOutputFolder(absl::string_view flag,
   return CheckWritableFolder(flag, path, folder);
 }
 
+namespace {
+
+// Why `address` is not HOST:PORT (HOST a name, an IPv4 address or a
+// bracketed IPv6 one; PORT 1 to 65535), or "" when it is.
+std::string HostPortError(absl::string_view address) {
+  const size_t colon = address.rfind(':');
+  if (colon == absl::string_view::npos) return "no port";
+  const absl::string_view host = address.substr(0, colon);
+  const absl::string_view port = address.substr(colon + 1);
+  int port_number = 0;
+  if (!absl::SimpleAtoi(port, &port_number) || port_number < 1 ||
+      port_number > 65535 || !absl::c_all_of(port, absl::ascii_isdigit)) {
+    return absl::StrCat("port \"", EscapeForMessage(port), "\"");
+  }
+  if (host.empty()) return "no host";
+  const bool bracketed = host.front() == '[' && host.back() == ']';
+  if (!bracketed && host.find(':') != absl::string_view::npos) {
+    return "an IPv6 address goes in brackets";
+  }
+  return "";
+}
+
+}  // namespace
+
 absl::Status CheckGrpcTarget(absl::string_view flag, absl::string_view target) {
   const auto bad = [&](absl::string_view why) {
     return absl::InvalidArgumentError(
@@ -380,26 +404,34 @@ absl::Status CheckGrpcTarget(absl::string_view flag, absl::string_view target) {
       return bad("a space or control character");
     }
   }
-  if (absl::StartsWith(target, "unix:")) {
-    return target.size() > 5 ? absl::OkStatus() : bad("no path");
+  // gRPC's naming (doc/naming.md): unix:PATH, unix://ABSOLUTE_PATH,
+  // unix-abstract:NAME; dns:[//AUTHORITY/]HOST:PORT; ipv4: and ipv6: with
+  // a comma-separated list of addresses.
+  for (absl::string_view scheme : {"unix:", "unix-abstract:"}) {
+    absl::string_view path = target;
+    if (absl::ConsumePrefix(&path, scheme)) {
+      if (path.empty() || path == "//") return bad("no path");
+      return absl::OkStatus();
+    }
   }
   absl::string_view rest = target;
-  for (absl::string_view scheme : {"dns:///", "dns:", "ipv4:", "ipv6:"}) {
-    if (absl::ConsumePrefix(&rest, scheme)) break;
+  if (absl::ConsumePrefix(&rest, "dns:") && absl::ConsumePrefix(&rest, "//")) {
+    // The DNS server to ask ("" for the system's), then the name.
+    const size_t slash = rest.find('/');
+    if (slash == absl::string_view::npos) {
+      return bad("no \"/\" after dns://AUTHORITY");
+    }
+    rest.remove_prefix(slash + 1);
   }
-  const size_t colon = rest.rfind(':');
-  if (colon == absl::string_view::npos) return bad("no port");
-  const absl::string_view host = rest.substr(0, colon);
-  const absl::string_view port = rest.substr(colon + 1);
-  int port_number = 0;
-  if (!absl::SimpleAtoi(port, &port_number) || port_number < 1 ||
-      port_number > 65535 || !absl::c_all_of(port, absl::ascii_isdigit)) {
-    return bad(absl::StrCat("port \"", EscapeForMessage(port), "\""));
+  std::vector<absl::string_view> addresses = {rest};
+  if (absl::ConsumePrefix(&rest, "ipv4:") ||
+      absl::ConsumePrefix(&rest, "ipv6:")) {
+    addresses = absl::StrSplit(rest, ',');
   }
-  if (host.empty()) return bad("no host");
-  const bool bracketed = host.front() == '[' && host.back() == ']';
-  if (!bracketed && host.find(':') != absl::string_view::npos) {
-    return bad("an IPv6 address goes in brackets");
+  for (absl::string_view address : addresses) {
+    if (const std::string why = HostPortError(address); !why.empty()) {
+      return bad(why);
+    }
   }
   return absl::OkStatus();
 }

@@ -83,9 +83,10 @@ absl::Status CheckOutputFolder(absl::string_view flag, const std::string& path);
 // shard's address) before anything dials it, so that a typo is an error at
 // once rather than a connection retried until a timeout: HOST:PORT (HOST a
 // name, an IPv4 address or a bracketed IPv6 one; PORT 1 to 65535),
-// optionally after gRPC's "dns:", "dns:///", "ipv4:" or "ipv6:" scheme, or
-// "unix:PATH". INVALID_ARGUMENT "--flag=target: ..." otherwise (an empty
-// one included).
+// optionally after gRPC's "dns:", "dns:///" or "dns://AUTHORITY/" scheme;
+// "ipv4:" or "ipv6:" and a comma-separated list of them; "unix:PATH",
+// "unix://ABSOLUTE_PATH" or "unix-abstract:NAME" (gRPC's doc/naming.md).
+// INVALID_ARGUMENT "--flag=target: ..." otherwise (an empty one included).
 absl::Status CheckGrpcTarget(absl::string_view flag, absl::string_view target);
 
 // Writes `contents` to `path` atomically and durably (a temporary file in

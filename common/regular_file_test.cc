@@ -122,7 +122,10 @@ TEST(RegularFileTest, GrpcTargetsAreCheckedBeforeTheyAreDialled) {
   for (const char* good :
        {"localhost:7070", "10.0.0.1:1", "[::1]:65535", "dns:///head:7070",
         "dns:head:7070", "ipv4:127.0.0.1:80", "ipv6:[::1]:80",
-        "unix:/run/pstrain.sock", "coordinator.default.svc:443"}) {
+        "unix:/run/pstrain.sock", "coordinator.default.svc:443",
+        "dns://10.0.0.53/head:7070", "dns://10.0.0.53:53/head:7070",
+        "ipv4:10.0.0.1:7070,10.0.0.2:7070", "ipv6:[::1]:80,[fe80::1]:81",
+        "unix:///run/pstrain.sock", "unix-abstract:pstrain-coordinator"}) {
     EXPECT_TRUE(CheckGrpcTarget("coordinator", good).ok()) << good;
   }
   const struct {
@@ -139,6 +142,11 @@ TEST(RegularFileTest, GrpcTargetsAreCheckedBeforeTheyAreDialled) {
       {"::1:7070", "an IPv6 address goes in brackets"},
       {"head :7070", "a space or control character"},
       {"unix:", "no path"},
+      {"unix-abstract:", "no path"},
+      {"dns://10.0.0.53", "no \"/\" after dns://AUTHORITY"},
+      {"dns://10.0.0.53/head", "no port"},
+      {"ipv4:10.0.0.1:7070,", "no port"},
+      {"ipv4:10.0.0.1:7070,10.0.0.2:0", "port \"0\""},
   };
   for (const auto& c : bad) {
     const absl::Status status = CheckGrpcTarget("coordinator", c.target);
