@@ -723,7 +723,11 @@ OptimizerOptions OptimizerOptionsOf(const JobConfig& config) {
     o.nesterov = false;
   }
   if (config.spec.compression_freeze_adam_variance()) {
-    o.freeze_variance_after = config.spec.compression_dense_steps();
+    // Adam's updates: in async mode a shard applies every worker's push
+    // alone, so each worker's dense steps are num_workers updates.
+    o.freeze_variance_after =
+        config.spec.compression_dense_steps() *
+        (config.mode == MODE_ASYNC ? config.spec.num_workers() : 1);
   }
   LrSchedule& s = o.schedule;
   s.decay = config.lr_schedule == LR_SCHEDULE_STEP     ? LrDecay::kStep

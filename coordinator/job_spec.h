@@ -225,9 +225,9 @@ AdamOptions AdamOptionsOf(const OptimizerSpec& optimizer);
 // hyperparameters, the lr schedule. With momentum_correction the momentum
 // (or Adam's moments) is the workers' (worker/topk_compression.h): kind
 // SGD with momentum, dampening and nesterov 0 here, so the shards apply
-// plain SGD; with
-// compression_freeze_adam_variance Adam's variance stops after
-// compression_dense_steps (AdamOptions::freeze_variance_after).
+// plain SGD; with compression_freeze_adam_variance Adam's variance stops
+// after compression_dense_steps updates (AdamOptions::freeze_variance_after;
+// async: x num_workers, a shard's updates being every worker's pushes).
 OptimizerOptions OptimizerOptionsOf(const JobConfig& config);
 
 }  // namespace pstrain

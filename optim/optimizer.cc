@@ -142,7 +142,15 @@ bool OptimizerUpdateInto(const OptimizerOptions& options, int64_t step,
                          const float* w_in, const float* g, const float* m_in,
                          const float* v_in, float* w_out, float* m_out,
                          float* v_out, int64_t n) {
-  const float lr = static_cast<float>(ScheduledLr(options, step - 1));
+  return OptimizerUpdateAtInto(options, step, step - 1, w_in, g, m_in, v_in,
+                               w_out, m_out, v_out, n);
+}
+
+bool OptimizerUpdateAtInto(const OptimizerOptions& options, int64_t step,
+                           int64_t lr_step, const float* w_in, const float* g,
+                           const float* m_in, const float* v_in, float* w_out,
+                           float* m_out, float* v_out, int64_t n) {
+  const float lr = static_cast<float>(ScheduledLr(options, lr_step));
   if (options.kind == OptimizerKind::kSgd) {
     return SgdUpdateInto(options, lr, step, w_in, g, m_in, w_out, m_out, n);
   }

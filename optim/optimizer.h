@@ -123,6 +123,16 @@ bool OptimizerUpdateInto(const OptimizerOptions& options, int64_t step,
                          const float* v_in, float* w_out, float* m_out,
                          float* v_out, int64_t n);
 
+// OptimizerUpdateInto at the scheduled lr of global step `lr_step`
+// (0-based, ScheduledLr(options, lr_step)) rather than step - 1: an async
+// shard's update, where `step` counts the updates this state has taken
+// (Adam's bias correction and frozen variance, SGD's first momentum step)
+// and the schedule follows the pushing worker's step.
+bool OptimizerUpdateAtInto(const OptimizerOptions& options, int64_t step,
+                           int64_t lr_step, const float* w_in, const float* g,
+                           const float* m_in, const float* v_in, float* w_out,
+                           float* m_out, float* v_out, int64_t n);
+
 }  // namespace pstrain
 
 #endif  // PSTRAIN_OPTIM_OPTIMIZER_H_

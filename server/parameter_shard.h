@@ -665,9 +665,9 @@ class ParameterShard {
   const ChunkDelta* DeltaLocked(ChunkState& chunk, int64_t have_version,
                                 int wire_bytes, ChunkDelta* out) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk.mu);
-  // The lazy update of `grad`'s rows at the chunk's next version, final
-  // (async); false and counted if it overflowed (nothing applied).
-  bool ApplyRowsLocked(ChunkState& chunk, const RowValues& grad)
+  // Async: ApplyLocked for `grad`'s rows (lazy); false if it overflowed.
+  bool ApplyRowsLocked(ChunkState& chunk, const RowValues& grad,
+                       int64_t worker_step)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk.mu);
 
   // Sync mode: the barrier of `chunk`'s step is complete (every worker
@@ -787,11 +787,11 @@ class ParameterShard {
 
   // Wakes pulls waiting for a chunk: after a version change.
   void NoteUpdate();
-  // Async mode: one push's update of a parameter (buffers are averaged in
-  // Push()), written beside the chunk's state and swapped in unless
-  // NoteOverflow().
-  void ApplyLocked(ChunkState& chunk, const float* gradient)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk.mu);
+  // Async: one push's update (buffers are averaged in Push()) at the lr of
+  // the pusher's `worker_step`, written beside the chunk's state and
+  // swapped in unless NoteOverflow().
+  void ApplyLocked(ChunkState& chunk, const float* gradient,
+                   int64_t worker_step) ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk.mu);
   // Where an async update is written first: one per thread.
   struct UpdateScratch;
   static UpdateScratch& ThreadUpdateScratch();

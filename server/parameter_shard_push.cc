@@ -116,7 +116,7 @@ absl::Status ParameterShard::Push(int worker_id, int32_t param_id,
       NoteUpdate();
       return absl::OkStatus();
     }
-    ApplyLocked(chunk, chunk.incoming.data());
+    ApplyLocked(chunk, chunk.incoming.data(), step);
     return absl::OkStatus();
   }
   if (policy_.drops_late_pushes() && step < chunk.version) {
@@ -350,7 +350,8 @@ void ParameterShard::NoteUpdate() {
   ++updates_;
 }
 
-void ParameterShard::ApplyLocked(ChunkState& chunk, const float* gradient) {
+void ParameterShard::ApplyLocked(ChunkState& chunk, const float* gradient,
+                                 int64_t worker_step) {
   trace::Scope traced("update", "shard",
                       {{"param", chunk.spec.param_id},
                        {"chunk", chunk.spec.chunk_index},
@@ -365,8 +366,10 @@ void ParameterShard::ApplyLocked(ChunkState& chunk, const float* gradient) {
   if (updates_m) out.m.resize(n);
   if (updates_v) out.v.resize(n);
   const auto start = std::chrono::steady_clock::now();
-  const bool finite = OptimizerUpdateInto(
-      *options, chunk.version + 1, chunk.weights.data(), gradient,
+  // Adam's bias correction counts this chunk's updates; the lr is that of
+  // the pushing worker's step, as the horizon and the console count.
+  const bool finite = OptimizerUpdateAtInto(
+      *options, chunk.version + 1, worker_step, chunk.weights.data(), gradient,
       chunk.m.data(), chunk.v.data(), w_out, out.m.data(), out.v.data(), n);
   optimizer_ns_.fetch_add(ElapsedNs(start), std::memory_order_relaxed);
   if (!finite && NoteOverflow(chunk, chunk.version, out.w.span())) return;

@@ -55,7 +55,7 @@ absl::Status ParameterShard::PushRows(int worker_id, int32_t param_id,
   if (policy_.update() == StepPolicy::Update::kEachPush) {
     RETURN_IF_ERROR(take(&chunk.incoming_rows));
     pushes_.fetch_add(1, std::memory_order_relaxed);
-    ApplyRowsLocked(chunk, chunk.incoming_rows);
+    ApplyRowsLocked(chunk, chunk.incoming_rows, step);
     return absl::OkStatus();
   }
   if (policy_.drops_late_pushes() && step < chunk.version) {
@@ -98,10 +98,10 @@ void ParameterShard::ApplyRowBarrierLocked(ChunkState& chunk, StepSlot& slot,
     for (float& g : grad.values) g *= clip;
   }
   const auto start = std::chrono::steady_clock::now();
-  const bool finite =
-      LazyUpdateRows(*optimizer(), step + 1, d, chunk.spec.num_elements / d,
-                     grad, chunk.weights.mutable_data(), chunk.m.data(),
-                     chunk.v.data(), &chunk.row_undo);
+  const bool finite = LazyUpdateRows(
+      *optimizer(), step + 1, step, d, chunk.spec.num_elements / d, grad,
+      chunk.weights.mutable_data(), chunk.m.data(), chunk.v.data(),
+      &chunk.row_undo);
   optimizer_ns_.fetch_add(ElapsedNs(start), std::memory_order_relaxed);
   if (!finite) {
     absl::MutexLock lock(&overflow_mu_);
@@ -119,17 +119,18 @@ void ParameterShard::ApplyRowBarrierLocked(ChunkState& chunk, StepSlot& slot,
   applied_.fetch_add(1, std::memory_order_relaxed);
 }
 
-bool ParameterShard::ApplyRowsLocked(ChunkState& chunk, const RowValues& grad) {
+bool ParameterShard::ApplyRowsLocked(ChunkState& chunk, const RowValues& grad,
+                                     int64_t worker_step) {
   trace::Scope traced("update", "shard",
                       {{"param", chunk.spec.param_id},
                        {"chunk", chunk.spec.chunk_index},
                        {"step", chunk.version}});
   const auto start = std::chrono::steady_clock::now();
-  const bool finite =
-      LazyUpdateRows(*optimizer(), chunk.version + 1, chunk.spec.row_elements,
-                     chunk.spec.num_elements / chunk.spec.row_elements, grad,
-                     chunk.weights.mutable_data(), chunk.m.data(),
-                     chunk.v.data(), &chunk.row_undo);
+  const bool finite = LazyUpdateRows(
+      *optimizer(), chunk.version + 1, worker_step, chunk.spec.row_elements,
+      chunk.spec.num_elements / chunk.spec.row_elements, grad,
+      chunk.weights.mutable_data(), chunk.m.data(), chunk.v.data(),
+      &chunk.row_undo);
   optimizer_ns_.fetch_add(ElapsedNs(start), std::memory_order_relaxed);
   if (!finite) {
     absl::MutexLock lock(&overflow_mu_);

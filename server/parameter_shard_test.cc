@@ -478,6 +478,30 @@ TEST(ParameterShardTest, AsyncAppliesEveryPush) {
   EXPECT_EQ(weights[0], (std::vector<float>{1, 2, 3, 4}));
 }
 
+// Async: each push takes the lr of the step it carries (the pushing
+// worker's), not of the shard's update count, which grows num_workers
+// times faster: with StepLR halving every step, both workers' step-0
+// pushes move the weight by lr x g and a step-1 push by lr / 2 x g (the
+// count would have given the second step-0 push lr / 2 and the step-1 push
+// lr / 4, and a cosine horizon of T steps would end after T / W). The
+// momentum-free SGD update is w - lr g, so each move is exact to rounding.
+TEST(ParameterShardTest, AsyncPushesTakeTheLrOfTheirWorkersStep) {
+  ShardOptions options = Options(2, SyncMode::kAsync);
+  options.adam.kind = OptimizerKind::kSgd;
+  options.adam.schedule.decay = LrDecay::kStep;
+  options.adam.schedule.step_size = 1;
+  options.adam.schedule.gamma = 0.5;
+  ParameterShard shard(options);
+  ASSERT_TRUE(shard.Initialize({6, 2}, 16, InitChunks()).ok());
+  const std::vector<float> g = {1.0f, 1.0f};
+  ASSERT_TRUE(shard.Push(0, 1, 0, /*step=*/0, g).ok());
+  EXPECT_NEAR(PullAll(shard, 0)[2][0], 7 - 0.1f, 1e-6f);
+  ASSERT_TRUE(shard.Push(1, 1, 0, /*step=*/0, g).ok());
+  EXPECT_NEAR(PullAll(shard, 0)[2][0], 7 - 0.2f, 1e-6f);
+  ASSERT_TRUE(shard.Push(0, 1, 0, /*step=*/1, g).ok());
+  EXPECT_NEAR(PullAll(shard, 0)[2][0], 7 - 0.25f, 1e-6f);
+}
+
 // Tensor 1 (2 elements) is a buffer: its pushes are values, averaged over
 // workers with no Adam, while tensor 0 is still trained.
 TEST(ParameterShardTest, SyncBuffersAreTheWorkersAverageWithoutAdam) {

@@ -104,7 +104,7 @@ bool SgdMovesEveryRow(const OptimizerOptions& options) {
 }
 
 bool LazyUpdateRows(const OptimizerOptions& options, int64_t step,
-                    int64_t row_elements, int64_t num_rows,
+                    int64_t lr_step, int64_t row_elements, int64_t num_rows,
                     const RowValues& grad, float* w, float* m, float* v,
                     RowUndo* undo) {
   const int64_t d = row_elements;
@@ -128,7 +128,7 @@ bool LazyUpdateRows(const OptimizerOptions& options, int64_t step,
   undo->v.clear();
   if (UpdatesFirstMoment(options)) Gather(undo->rows, d, m, &undo->m);
   if (UpdatesSecondMoment(options)) Gather(undo->rows, d, v, &undo->v);
-  const float lr = static_cast<float>(ScheduledLr(options, step - 1));
+  const float lr = static_cast<float>(ScheduledLr(options, lr_step));
   bool finite = true;
   if (options.kind == OptimizerKind::kSgd) {
     const absl::Span<const uint32_t> rows = undo->rows;

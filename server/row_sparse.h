@@ -83,11 +83,12 @@ bool SgdMovesEveryRow(const OptimizerOptions& options);
 // below `num_rows`, as CheckRowValues and AverageRows leave them; every
 // one of the chunk's `num_rows` where SgdMovesEveryRow), in place in the
 // chunk's w, m and v (each num_rows * row_elements floats), at the lr of
-// ScheduledLr(options, step - 1). The updated rows' state before goes to
-// `undo` first. Returns whether every new weight is finite; if not, the
-// rows are already put back.
+// ScheduledLr(options, lr_step): `lr_step` is step - 1 but in an async
+// shard, where it is the pushing worker's step (OptimizerUpdateAtInto).
+// The updated rows' state before goes to `undo` first. Returns whether
+// every new weight is finite; if not, the rows are already put back.
 bool LazyUpdateRows(const OptimizerOptions& options, int64_t step,
-                    int64_t row_elements, int64_t num_rows,
+                    int64_t lr_step, int64_t row_elements, int64_t num_rows,
                     const RowValues& grad, float* w, float* m, float* v,
                     RowUndo* undo);
 

@@ -388,6 +388,30 @@ TEST(RowSparseTest, AsyncAppliesEachRowPushAtOnce) {
   EXPECT_TRUE(SameBits(pulled[0], InitChunks()[0].values));
 }
 
+// Async row pushes take the lr of their worker's step, as dense ones
+// (parameter_shard_test AsyncPushesTakeTheLrOfTheirWorkersStep): a warm-up
+// from lr x 0.5 to lr over 2 steps gives both workers' step-0 pushes lr /
+// 2, SparseAdam's first update and then its second (update count 2) at the
+// same lr.
+TEST(RowSparseTest, AsyncRowPushesTakeTheLrOfTheirWorkersStep) {
+  ShardOptions options = Options(2, SyncMode::kAsync);
+  options.adam.schedule.warmup_steps = 2;
+  options.adam.schedule.warmup_start_factor = 0.5;
+  ParameterShard shard(options);
+  ASSERT_TRUE(InitRows(shard).ok());
+  ASSERT_TRUE(PushRows(shard, 0, 0, 1, 0, {{2}, {1, 1, 1}}).ok());
+  ASSERT_TRUE(PushRows(shard, 1, 0, 1, 0, {{2}, {1, 1, 1}}).ok());
+  const auto pulled = PullAll(shard, 0);
+  std::vector<float> w = InitChunks()[1].values, m(12, 0.0f), v(12, 0.0f);
+  AdamOptions adam;
+  adam.lr = 0.05f;  // the warm-up's first step
+  const std::vector<float> g = {1, 1, 1};
+  const std::vector<uint32_t> rows = {2};
+  SparseAdamRows(adam, 1, kD, rows, g.data(), w.data(), m.data(), v.data());
+  SparseAdamRows(adam, 2, kD, rows, g.data(), w.data(), m.data(), v.data());
+  EXPECT_TRUE(SameBits(pulled[1], w));
+}
+
 // A checkpoint holds the table and its moments as any chunk: a shard
 // initialised from a snapshot (a resume) goes on exactly as the one that
 // took it.

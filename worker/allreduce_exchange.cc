@@ -263,8 +263,9 @@ void AllreduceExchange::UpdateRows(int t, int64_t step, const float* average) {
                 grad.values.data() + k * d);
     }
   }
-  if (!LazyUpdateRows(adam_, step, d, num_rows, grad, weights_[t].data(),
-                      m_[t].data(), v_[t].data(), &row_undo_[t])) {
+  if (!LazyUpdateRows(adam_, step, step - 1, d, num_rows, grad,
+                      weights_[t].data(), m_[t].data(), v_[t].data(),
+                      &row_undo_[t])) {
     // As a shard's chunk whose rows overflow: put back (by LazyUpdateRows),
     // the rest of the step applied.
     std::fprintf(stderr,

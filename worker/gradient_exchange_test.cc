@@ -551,8 +551,8 @@ std::vector<float> LazyRowReference(
       }
     }
     RowUndo undo;
-    EXPECT_TRUE(LazyUpdateRows(optimizer, step, d, kElements / d, grad,
-                               w.data(), m.data(), v.data(), &undo));
+    EXPECT_TRUE(LazyUpdateRows(optimizer, step, step - 1, d, kElements / d,
+                               grad, w.data(), m.data(), v.data(), &undo));
   }
   return w;
 }
