@@ -137,6 +137,24 @@ absl::Status CheckOptimizer(const JobConfig& config) {
                              kMaxSteps));
   RETURN_IF_ERROR(
       CheckRange("optimizer.lr_total_steps", o.lr_total_steps(), 0, kMaxSteps));
+  // A schedule's own knobs, set for another schedule, would be ignored.
+  if (config.lr_schedule != LR_SCHEDULE_COSINE &&
+      (o.lr_min() != 0 || o.lr_total_steps() != 0)) {
+    return Bad(
+        o.lr_min() != 0 ? "optimizer.lr_min" : "optimizer.lr_total_steps",
+        absl::StrCat(o.lr_min() != 0 ? Number(o.lr_min())
+                                     : absl::StrCat(o.lr_total_steps()),
+                     " with lr_schedule ", Spelling(config.lr_schedule),
+                     "; expected 0 (only cosine decays to lr_min over "
+                     "lr_total_steps)"));
+  }
+  if (config.lr_schedule != LR_SCHEDULE_STEP && o.lr_step_size() != 0) {
+    return Bad("optimizer.lr_step_size",
+               absl::StrCat(o.lr_step_size(), " with lr_schedule ",
+                            Spelling(config.lr_schedule),
+                            "; expected 0 (only step multiplies the lr by "
+                            "lr_gamma every lr_step_size steps)"));
+  }
   // 0: the job's total steps, which worker 0 counts from its dataset
   // (trainer.cc WithLrHorizon) and checks against warmup_steps there.
   if (config.lr_schedule == LR_SCHEDULE_COSINE && o.lr_total_steps() > 0 &&

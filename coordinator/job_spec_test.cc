@@ -173,6 +173,18 @@ TEST(JobSpecTest, BadSpecsNameTheField) {
        "134217728 bytes"},
       {counts + "optimizer { lr: 0 }",
        "job.pbtxt: optimizer.lr: 0; expected 1e-30 to 10"},
+      // A schedule's knobs with another schedule would be ignored.
+      {counts + "optimizer { lr_min: 0.0001 }",
+       "job.pbtxt: optimizer.lr_min: 0.0001 with lr_schedule constant; "
+       "expected 0 (only cosine decays to lr_min over lr_total_steps)"},
+      {counts + "optimizer { lr_schedule: \"step\" lr_step_size: 5 "
+                "lr_total_steps: 100 }",
+       "job.pbtxt: optimizer.lr_total_steps: 100 with lr_schedule step; "
+       "expected 0 (only cosine decays to lr_min over lr_total_steps)"},
+      {counts + "optimizer { lr_schedule: \"cosine\" lr_step_size: 5 }",
+       "job.pbtxt: optimizer.lr_step_size: 5 with lr_schedule cosine; "
+       "expected 0 (only step multiplies the lr by lr_gamma every "
+       "lr_step_size steps)"},
       {counts + "optimizer { beta1: 1 }",
        "job.pbtxt: optimizer.beta1: 1; expected 0 <= beta < 1, and below 1 "
        "in fp32 (at most 0.99999994)"},

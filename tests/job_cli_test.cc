@@ -506,6 +506,16 @@ TEST(JobCliTest, FlagfileFlagsAreCheckedLikeTheCommandLines) {
       {"cli/pstrain run --fromenv=bogus",
        "pstrain: error: --fromenv=bogus: FLAGS_bogus is not set; see pstrain "
        "help run\n"},
+      // Schedule and optimizer knobs the chosen ones would ignore.
+      {"cli/pstrain run --lr_gamma=0.5",
+       "pstrain: error: --lr_gamma would be ignored: only "
+       "--lr_schedule=step multiplies the lr by it; see pstrain help run\n"},
+      {"cli/pstrain run --optimizer=sgd --beta2=0.98",
+       "pstrain: error: --beta2 would be ignored: it is Adam's, not "
+       "--optimizer=sgd's; see pstrain help run\n"},
+      {"cli/pstrain run --lr_min=1e-5 --lr_total_steps=5000",
+       "pstrain: error: --lr_min: 1e-05 with lr_schedule constant; "
+       "expected 0 (only cosine decays to lr_min over lr_total_steps)\n"},
       {"FLAGS_bogus=1 cli/pstrain run --fromenv=bogus",
        "pstrain: error: unknown flag --bogus (--fromenv); see pstrain help "
        "run\n"},
