@@ -361,8 +361,8 @@ std::string CompareCsv(const std::vector<CompareRun>& runs,
             r.compute(), r.batch_size(), r.steps(), r.runtime_seconds(),
             r.throughput_samples_per_sec(), OrEmpty(Speedup(runs, run), 4),
             OrEmpty(PsOverAllreduce(runs, run), 4),
-            Synthetic(r) ? std::string("")
-                         : absl::StrFormat("%.4f", r.test_accuracy()),
+            r.has_test_accuracy() ? absl::StrFormat("%.4f", r.test_accuracy())
+                                  : std::string(""),
             r.model_bytes(), r.compute_seconds_per_step() * 1e3,
             r.exchange_seconds_per_step() * 1e3,
             OrEmpty(r.bytes_pushed_per_step(), 0),

@@ -66,6 +66,13 @@ int EvalCommand(const std::string& checkpoint, int batch_size) {
   }
   absl::StatusOr<Dataset> dataset = LoadDatasetFromFlags();
   if (!dataset.ok()) return Fail(2, std::string(dataset.status().message()));
+  if (TestSamples(*dataset) == 0) {
+    return Fail(2, absl::StrCat("--dataset=", dataset->name,
+                                ": no test split to evaluate on; expected a "
+                                "dataset with one (image folders: train/ and "
+                                "test/, or tiny-ImageNet's val/; records: "
+                                "test.records)"));
+  }
   if (dataset->test.chw != info->input_chw ||
       dataset->num_classes != info->num_classes) {
     return Fail(

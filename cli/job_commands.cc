@@ -278,11 +278,9 @@ std::string FormatResultTable(const RunResult& r) {
 }
 
 std::string FormatTestAccuracy(const RunResult& r) {
-  // Synthetic compute has no test set.
-  return ParseCompute(r.compute()).value_or(COMPUTE_UNSPECIFIED) ==
-                 COMPUTE_SYNTHETIC
-             ? std::string("-")
-             : absl::StrFormat("%.4f", r.test_accuracy());
+  // Synthetic compute and a dataset without a test split evaluate nothing.
+  return r.has_test_accuracy() ? absl::StrFormat("%.4f", r.test_accuracy())
+                               : std::string("-");
 }
 
 std::string ResultJson(const RunResult& result) {

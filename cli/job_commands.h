@@ -46,8 +46,8 @@ namespace pstrain {
 // | #PS | #Workers | Mode | Model | Batchsize | Epochs | Steps | Runtime |
 // Throughput (data/sec) | Test accuracy |.
 std::string FormatResultTable(const RunResult& result);
-// The test accuracy column of the tables: "0.8596", or "-" for synthetic
-// compute (no test set).
+// The test accuracy column of the tables: "0.8596", or "-" where no
+// evaluation ran (synthetic compute, a dataset without a test split).
 std::string FormatTestAccuracy(const RunResult& result);
 // `result` as JSON (protobuf's printer, field names as in the .proto),
 // with its 64-bit integers (steps, model_bytes, ...) as JSON numbers.

@@ -343,6 +343,48 @@ TEST(RunCliTest, StreamedImageFolderTrains) {
       << augmented.output;
 }
 
+// An image folder of class folders only has no test split: the run trains
+// and says so, its table and results carry no test accuracy (it printed
+// 0.0000, an evaluation of no samples), and `pstrain eval` refuses it.
+TEST(RunCliTest, AFolderWithoutATestSplitReportsNoAccuracy) {
+  const std::string tree = TempDir() + "/no_test_split";
+  std::filesystem::remove_all(tree);
+  for (int i = 0; i < 8; ++i) {
+    const std::string dir = tree + "/c" + std::to_string(i % 2);
+    std::filesystem::create_directories(dir);
+    ASSERT_TRUE(pstrain::WritePngFile(dir + "/" + std::to_string(i) + ".png",
+                                      28, 28, 1,
+                                      std::vector<uint8_t>(28 * 28, 30 * i))
+                    .ok());
+  }
+  const std::string ckpt = TempDir() + "/no_test_split_ckpt";
+  const std::string json_path = TempDir() + "/no_test_split.json";
+  const Result r = RunPstrain(
+      "--dataset=image_folder --data_dir=" + tree +
+      " --num_workers=1 --batch_size=2 --epochs=1 --checkpoint_dir=" + ckpt +
+      " --results_json=" + json_path);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("has no test split: epochs end without an "
+                          "evaluation (no test accuracy)"),
+            std::string::npos)
+      << r.output;
+  EXPECT_EQ(r.output.find("accuracy 0.0000"), std::string::npos) << r.output;
+  EXPECT_TRUE(std::regex_search(
+      r.output, std::regex(R"(\| lenet5 \| 2 \| 1 \| 4 \| .* \| - \|)")))
+      << r.output;
+  pstrain::RunResult result;
+  ASSERT_TRUE(ReadRunResult(json_path, &result));
+  EXPECT_FALSE(result.has_test_accuracy());
+  const Result eval = pstrain::testing::RunCommand(
+      "cli/pstrain eval --checkpoint=" + ckpt +
+      " --dataset=image_folder --data_dir=" + tree);
+  EXPECT_EQ(eval.exit_code, 2) << eval.output;
+  EXPECT_NE(eval.output.find("--dataset=image_folder: no test split to "
+                             "evaluate on; expected a dataset with one"),
+            std::string::npos)
+      << eval.output;
+}
+
 // An image folder too large to decode into each worker's memory stops the
 // run at once, from the headers alone, with exit 2 and one line giving the
 // figure and the ways out (issue 37: 70,000 files at 224x224 were

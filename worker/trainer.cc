@@ -831,6 +831,12 @@ absl::StatusOr<TrainerOutput> RunWorker(const TrainerOptions& job_options,
     }
     parts.elastic = &*elastic;
   }
+  if (chief && options.evaluate && !workload->can_evaluate() &&
+      options.verbose && workload->samples_per_epoch() > 0) {
+    say(absl::StrCat(dataset.name,
+                     " has no test split: epochs end without an evaluation "
+                     "(no test accuracy)"));
+  }
   if (chief && options.evaluate && workload->can_evaluate()) {
     const bool others_wait = !kind.async && options.backup_workers == 0;
     parts.end_epoch =

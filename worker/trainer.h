@@ -294,12 +294,17 @@ absl::StatusOr<TrainerOutput> RunWorker(const TrainerOptions& options,
 // `dataset`'s test split, in batches of `batch_size`. A streamed split
 // (LabeledImages.files) is decoded on `input_threads` threads as it is
 // evaluated; a file that cannot be decoded is the error, naming it.
+// FAILED_PRECONDITION for a dataset without a test split (an accuracy of
+// no samples is no figure).
 struct Evaluation {
   double loss = 0;
   double accuracy = 0;
 };
 absl::StatusOr<Evaluation> EvaluateModel(Model& model, const Dataset& dataset,
                                          int batch_size, int input_threads = 1);
+// The samples of `dataset`'s test split (sequences of a token dataset); 0
+// where it has none.
+int64_t TestSamples(const Dataset& dataset);
 
 // How a streamed image_folder split becomes batches: with `augment`
 // AUGMENT_NONE (evaluation, and training by default) kResize to the split's

@@ -289,7 +289,7 @@ class ModelWorkload : public Workload {
     phases.backward = model_->last_backward_time();
     return phases;
   }
-  bool can_evaluate() const override { return true; }
+  bool can_evaluate() const override { return TestSamples(dataset_) > 0; }
   absl::StatusOr<Evaluation> Evaluate() override {
     const int eval_batch =
         options_.eval_batch_size > 0
@@ -634,8 +634,17 @@ absl::StatusOr<AugmentOptions> StreamAugmentOptions(const Dataset& dataset,
   return options;
 }
 
+int64_t TestSamples(const Dataset& dataset) {
+  return dataset.tokens != nullptr ? dataset.tokens->test.count
+                                   : dataset.test.count;
+}
+
 absl::StatusOr<Evaluation> EvaluateModel(Model& model, const Dataset& dataset,
                                          int eval_batch, int input_threads) {
+  if (TestSamples(dataset) == 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(dataset.name, " has no test split to evaluate on"));
+  }
   if (dataset.tokens != nullptr) {
     RETURN_IF_ERROR(CheckModelTakesDataset(model.name(), dataset));
     return EvaluateMlm(model, dataset, eval_batch);

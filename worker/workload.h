@@ -44,6 +44,9 @@ class Workload : public StepCompute {
   // The training split's samples (an epoch's permutation,
   // worker/data_position.h); 0 for synthetic compute (no dataset).
   virtual int64_t samples_per_epoch() const = 0;
+  // Whether Evaluate() has a test split to run: false for synthetic
+  // compute and for a dataset without one (an image folder of class
+  // folders only, records without test.records).
   virtual bool can_evaluate() const = 0;
   virtual absl::StatusOr<Evaluation> Evaluate() = 0;
   virtual int64_t num_parameters() const = 0;
