@@ -174,8 +174,8 @@ Flags JobFlags(const std::string& what) {
            {"lr_gamma", "--lr_schedule=step: the factor."},
            {"lr_min", "--lr_schedule=cosine: the final lr."},
            {"lr_total_steps",
-            "--lr_schedule=cosine: its horizon, steps (0: epochs x "
-            "--max_steps_per_epoch, or the job's steps of its dataset)."},
+            "--lr_schedule=cosine: its horizon, steps (0: the job's steps: "
+            "epochs x steps per epoch, at most --max_steps_per_epoch)."},
            {"seed", "Seed of the initial weights and the shuffles."},
            {"dropout",
             "bert_* models: dropout probability of the embeddings, attention "

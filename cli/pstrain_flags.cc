@@ -47,8 +47,8 @@ ABSL_FLAG(int64_t, lr_step_size, 0,
 ABSL_FLAG(double, lr_gamma, 0.1, "--lr_schedule=step: the factor.");
 ABSL_FLAG(double, lr_min, 0.0, "--lr_schedule=cosine: the final lr.");
 ABSL_FLAG(int64_t, lr_total_steps, 0,
-          "--lr_schedule=cosine: its horizon, steps (0: epochs x "
-          "--max_steps_per_epoch, or the job's steps of its dataset).");
+          "--lr_schedule=cosine: its horizon, steps (0: the job's steps: "
+          "epochs x steps per epoch, at most --max_steps_per_epoch).");
 ABSL_FLAG(uint64_t, seed, 1, "Seed of the initial weights and the shuffles.");
 ABSL_FLAG(double, dropout, 0.1,
           "bert_* models: dropout probability of the embeddings, attention "

@@ -694,14 +694,9 @@ void ApplyJobDefaults(JobSpec* spec) {
   if (o->lr_schedule().empty()) o->set_lr_schedule("constant");
   if (!o->has_warmup_start_factor()) o->set_warmup_start_factor(0.0);
   if (!o->has_lr_gamma()) o->set_lr_gamma(0.1);
-  const absl::StatusOr<LrScheduleKind> schedule =
-      ParseLrSchedule(o->lr_schedule());
-  if (schedule.ok() && *schedule == LR_SCHEDULE_COSINE &&
-      o->lr_total_steps() == 0 && spec->max_steps_per_epoch() > 0 &&
-      spec->epochs() > 0) {
-    o->set_lr_total_steps(int64_t{spec->epochs()} *
-                          spec->max_steps_per_epoch());
-  }
+  // A cosine schedule's lr_total_steps stays 0: worker 0 counts the job's
+  // steps (epochs x min(max_steps_per_epoch, the dataset's steps)), as
+  // `pstrain run`'s workers do.
 }
 
 absl::StatusOr<JobSpec> ParseJobSpec(absl::string_view text,

@@ -52,6 +52,18 @@ TEST(JobSpecTest, ParsesAndFillsDefaults) {
   EXPECT_TRUE(nccl.ok()) << nccl.status();
 }
 
+// A submitted cosine schedule leaves its horizon to worker 0's count, as
+// `pstrain run` does: a default of epochs x max_steps_per_epoch overshot a
+// dataset with fewer steps per epoch, so the lr never reached lr_min.
+TEST(JobSpecTest, ACosineHorizonIsLeftToTheWorkersCount) {
+  absl::StatusOr<JobSpec> spec = ParseJobSpec(
+      "num_ps: 1 num_workers: 1 batch_size: 8 epochs: 2 "
+      "max_steps_per_epoch: 100000 optimizer { lr_schedule: \"cosine\" }",
+      "job.pbtxt");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->optimizer().lr_total_steps(), 0);
+}
+
 // Priority pulls take P3's small slices unless a size is given.
 TEST(JobSpecTest, PriorityPullsDefaultToSmallPartitions) {
   const std::string base = "num_ps: 2 num_workers: 2 batch_size: 8 epochs: 1 ";

@@ -57,9 +57,9 @@ struct LrSchedule {
   double min_lr = 0.0;
 
   // A cosine schedule whose horizon is the job's steps as the workers
-  // count them (JobSpec optimizer.lr_total_steps 0 and no
-  // max_steps_per_epoch): the worker sets total_steps, and worker 0 gives
-  // it to the shards (ParameterShard::SetLrHorizon).
+  // count them (JobSpec optimizer.lr_total_steps 0): the worker sets
+  // total_steps, and worker 0 gives it to the shards
+  // (ParameterShard::SetLrHorizon).
   bool needs_horizon() const {
     return decay == LrDecay::kCosine && total_steps == 0;
   }
