@@ -19,6 +19,7 @@
 #include "absl/strings/str_join.h"
 #include "common/flags_util.h"
 #include "common/status_macros.h"
+#include "coordinator/job_membership.h"
 #include "coordinator/job_spec.h"
 
 ABSL_DECLARE_FLAG(std::string, coordinator);  // cli/job_commands.cc
@@ -252,10 +253,12 @@ bool HasHosts(const JobSpec& spec) {
   return !spec.ps_hosts().empty() || !spec.worker_hosts().empty();
 }
 
-// Every task of the spec has a host.
+// Every task of the spec has a host: an elastic job's up to max_ps and
+// max_workers (ValidateJobSpec's count), of which the script starts the
+// first num_ps and LaunchedWorkers().
 bool HasAllHosts(const JobSpec& spec) {
-  return spec.ps_hosts().size() == spec.num_ps() &&
-         spec.worker_hosts().size() == LaunchedWorkers(spec) && HasHosts(spec);
+  return spec.ps_hosts().size() == PsTaskCount(spec) &&
+         spec.worker_hosts().size() == WorkerTaskCount(spec) && HasHosts(spec);
 }
 
 // The launcher and the options LaunchScript can carry out for `spec`.

@@ -171,6 +171,34 @@ TEST(LaunchScriptTest, StandbyWorkersStartWithTheJob) {
       << run.calls;
 }
 
+// An elastic spec lists a host for every task up to max_workers and max_ps
+// (ValidateJobSpec): the script starts num_workers and num_ps of them on
+// their hosts, and with --agent puts an agent on every host, those of the
+// tasks a scale adds included. It was refused as "hosts for one role only".
+TEST(LaunchScriptTest, ElasticSpecsWithHostsLaunch) {
+  const std::string spec =
+      "num_ps: 1 max_ps: 2 num_workers: 1 max_workers: 2 batch_size: 64 "
+      "epochs: 1 ps_hosts { host: \"n2\" port: 7000 } "
+      "ps_hosts { host: \"n3\" port: 7000 } worker_hosts { host: \"n4\" } "
+      "worker_hosts { host: \"n5\" }\n";
+  absl::StatusOr<std::string> script =
+      LaunchScript(Spec(spec), Options("slurm"));
+  ASSERT_TRUE(script.ok()) << script.status();
+  ScriptRun run = RunScript(*script, "JOB=job-3");
+  EXPECT_EQ(run.exit_code, 0) << run.stderr_text;
+  EXPECT_EQ(std::count(run.calls.begin(), run.calls.end(), '\n'), 2)
+      << run.calls;
+  EXPECT_NE(run.calls.find("--nodelist=n4 "), std::string::npos) << run.calls;
+  EXPECT_EQ(run.calls.find("--nodelist=n5 "), std::string::npos) << run.calls;
+  LaunchOptions options = Options("ssh");
+  options.agent = true;
+  options.pstrain_binary = "/opt/pstrain/bin/pstrain";
+  run = RunScript(*LaunchScript(Spec(spec), options), "JOB=job-3");
+  EXPECT_EQ(run.exit_code, 0) << run.stderr_text;
+  EXPECT_EQ(std::count(run.calls.begin(), run.calls.end(), '\n'), 4)
+      << run.calls;
+}
+
 TEST(LaunchScriptTest, SlurmWithHostsOneStepPerTaskOnItsNode) {
   LaunchOptions options = Options("slurm");
   options.cpus_per_task = 4;
