@@ -123,13 +123,13 @@ struct JobConfig {
 // backend, mode, collective, compute, augment, optimizer.name,
 // optimizer.lr_schedule, precision (empty: the backend's default),
 // wire_dtype (empty: fp32), compression (empty: none). Also refuses a
-// precision the backend does not compute (CheckPrecisionOnBackend), and refuses a collective outside mode allreduce
-// ("collective: \"gloo\" with mode sync; expected none (only allreduce has
-// one)") and a 16-bit wire_dtype with mode allreduce ("wire_dtype: \"bf16\"
-// with mode allreduce; expected fp32 ..."), and likewise a compression or
-// no_error_feedback with mode allreduce, and momentum_correction without
-// a compression with error feedback, with sgd without momentum, or with
-// compression_freeze_adam_variance (the one
+// precision the backend does not compute (CheckPrecisionOnBackend), a
+// collective outside mode allreduce ("collective: \"gloo\" with mode sync;
+// expected none (only allreduce has one)"), the compression fields that
+// would shape nothing (no_error_feedback and the warm-up without a
+// compression), dense_pulls with mode allreduce or without a compression,
+// and momentum_correction without a compression with error feedback, with
+// sgd without momentum, or with compression_freeze_adam_variance (the one
 // line names the field and what was expected); every other check is
 // ValidateJobSpec's. The config holds a copy of `spec`.
 absl::StatusOr<JobConfig> ParseJobChoices(const JobSpec& spec);

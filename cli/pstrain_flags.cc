@@ -137,7 +137,8 @@ ABSL_FLAG(int, channels_per_shard, 0,
           "on N cores.");
 ABSL_FLAG(bool, priority_pulls, false,
           "PS modes: shards send the ready chunks front layers first, and "
-          "(sync, cpu) the next forward starts on the first layers' weights "
+          "(sync without staleness or backup workers) the next forward "
+          "starts on the first layers' weights "
           "while the last ones still arrive (the same weights); false: plan "
           "order and the whole pull before the next step.");
 ABSL_FLAG(bool, sparse_embeddings, false,

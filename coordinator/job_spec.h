@@ -68,10 +68,8 @@
 //   standby_workers          only with max_workers >        false
 //                            num_workers
 //   max_ps (elastic shards)  num_ps to 64; 0 in allreduce   0 (shards fixed)
-//   wire_dtype               fp32, bf16, fp16; fp32 in      fp32
-//                            allreduce
-//   compression              none or topk:R, 0 < R <= 1;    none
-//                            none in allreduce
+//   wire_dtype               fp32, bf16, fp16               fp32
+//   compression              none or topk:R, 0 < R <= 1     none
 //   no_error_feedback        only with a compression        false
 //   compression_warmup_steps >= 0; 0 without a compression  0
 //   compression_warmup_start 0, or R to 1 with              0 (1: dense)
@@ -86,9 +84,10 @@
 //     variance               compression_dense_steps > 0
 //   dense_pulls              only with a compression        false
 //   priority_pulls           false in allreduce (no pulls)  false
-//   sparse_embeddings        false in allreduce, with a     false
-//                            compression, weight decay or
-//                            SGD momentum, and for a model
+//   sparse_embeddings        false with momentum_           false
+//                            correction, compression_
+//                            freeze_adam_variance or adam's
+//                            weight decay, and for a model
 //                            without an untied table (only
 //                            bert_*_untied have one)
 //   optimizer.lr             1e-30 to 10                    0.001

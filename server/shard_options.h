@@ -39,8 +39,8 @@ struct ShardOptions {
   // Named for the Adam-only days; an AdamOptions converts to it.
   OptimizerOptions adam;
   // Sync mode: bounded staleness s (see "Bounded staleness" in
-  // server/parameter_shard.h), 0 to 1000; 0 is plain sync. Ignored in
-  // async mode and with backup workers.
+  // server/parameter_shard.h), 0 to 1000; 0 is plain sync. Composes with
+  // backup workers; ignored in async mode.
   int staleness = 0;
   // Sync mode without staleness: backup workers (see "Backup workers" in
   // server/parameter_shard.h) when 0 < replicas_to_aggregate <

@@ -143,11 +143,12 @@ struct TrainerOptions {
   // said its step is finite (GradientExchange::StartEarlyForward). The
   // same weights bit for bit.
   bool priority_pulls = false;
-  // PS modes: row-sparse embedding tables (JobSpec.sparse_embeddings;
-  // issue 41): the model's untied token table is pushed as the rows each
-  // step's batch touches and pulled as the rows the next batch reads
-  // (PsClient::SetStepRows), and updated by the shards' lazy Adam
-  // (optim/sparse_adam.h). Ignored in allreduce (the dense path).
+  // Row-sparse embedding tables (JobSpec.sparse_embeddings; issue 41): PS
+  // modes push the model's untied token table as the rows each step's
+  // batch touches and pull the rows the next batch reads
+  // (PsClient::SetStepRows), updated by the shards' lazy Adam
+  // (optim/sparse_adam.h); allreduce allgathers the rows and applies the
+  // same lazy update on every worker (worker/allreduce_exchange.h).
   bool sparse_embeddings = false;
   // PS modes: top-k compression of pushed gradients with (or without)
   // error feedback (the job's compression; worker/topk_compression.h).
