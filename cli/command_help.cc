@@ -833,6 +833,17 @@ absl::Status CheckIgnoredDataFlags(const std::string& dataset,
                                           dataset));
       }
     }
+    return absl::OkStatus();
+  }
+  // The limit is on decoding the whole folder into memory, which a streamed
+  // one never does.
+  const absl::CommandLineFlag* stream =
+      absl::FindCommandLineFlag("stream_images");
+  if (stream != nullptr && stream->CurrentValue() == "true" &&
+      FlagSpecified("max_dataset_memory")) {
+    return ignored("max_dataset_memory",
+                   "--stream_images decodes each batch as it trains and never "
+                   "holds the folder in memory");
   }
   return absl::OkStatus();
 }

@@ -510,6 +510,11 @@ TEST(JobCliTest, FlagfileFlagsAreCheckedLikeTheCommandLines) {
       {"cli/pstrain run --lr_gamma=0.5",
        "pstrain: error: --lr_gamma would be ignored: only "
        "--lr_schedule=step multiplies the lr by it; see pstrain help run\n"},
+      {"cli/pstrain run --dataset=image_folder --data_dir=/nowhere "
+       "--stream_images --max_dataset_memory=1G",
+       "pstrain: error: --max_dataset_memory would be ignored: "
+       "--stream_images decodes each batch as it trains and never holds the "
+       "folder in memory; see pstrain help run\n"},
       {"cli/pstrain run --optimizer=sgd --beta2=0.98",
        "pstrain: error: --beta2 would be ignored: it is Adam's, not "
        "--optimizer=sgd's; see pstrain help run\n"},
