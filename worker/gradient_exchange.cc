@@ -260,11 +260,7 @@ class PsExchange : public GradientExchange, public WeightsGate {
   absl::Status AwaitWeights() override { return CompletePull(); }
   absl::Status AwaitFinalWeights() override {
     RETURN_IF_ERROR(CompletePull());
-    // Backup workers decide a step without the late ones, whose pulls jump
-    // (the job ends when worker 0 does): no final version to wait for.
-    if (!sync_ || staleness_ == 0 || backup_workers_) {
-      return absl::OkStatus();
-    }
+    if (!sync_ || staleness_ == 0) return absl::OkStatus();
     // Version step_: every step this worker made, decided with every
     // worker's pushes (the others may still be behind by up to s steps).
     ASSIGN_OR_RETURN(version_, client_->PushPull(0, {}, step_, 0, weights_));

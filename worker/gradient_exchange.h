@@ -370,11 +370,10 @@ class GradientExchange {
   virtual absl::Status AwaitWeights() { return absl::OkStatus(); }
   // After the last Step(): the weights every worker's steps made, for the
   // final model and results. AwaitWeights(), except in sync PS with
-  // staleness s and no backup workers, whose last pull may lag the job's
-  // last update by up to s steps: then it pulls the final version, once
-  // the shards have decided every worker's last step (up to the pull
-  // timeout). With backup workers too, and in async PS: the newest pull
-  // (the late or other workers may still be pushing).
+  // staleness s, whose last pull may lag the job's last update by up to s
+  // steps: then it pulls the final version, once the shards have decided
+  // every worker's last step (up to the pull timeout). Async PS: the
+  // newest pull (the others may still be pushing).
   virtual absl::Status AwaitFinalWeights() { return AwaitWeights(); }
 
   // After Step(): how its exchange went. With forward before the pull
