@@ -258,14 +258,6 @@ class PsExchange : public GradientExchange, public WeightsGate {
     return this;
   }
   absl::Status AwaitWeights() override { return CompletePull(); }
-  absl::Status AwaitFinalWeights() override {
-    RETURN_IF_ERROR(CompletePull());
-    if (!sync_ || staleness_ == 0) return absl::OkStatus();
-    // Version step_: every step this worker made, decided with every
-    // worker's pushes (the others may still be behind by up to s steps).
-    ASSIGN_OR_RETURN(version_, client_->PushPull(0, {}, step_, 0, weights_));
-    return absl::OkStatus();
-  }
 
   // WeightsGate: the compute's forward asks per tensor, then for all.
   absl::Status AwaitTensor(int t) override {

@@ -368,13 +368,6 @@ class GradientExchange {
   // final weights). The pull's error, if it failed. At once without a
   // pull in flight.
   virtual absl::Status AwaitWeights() { return absl::OkStatus(); }
-  // After the last Step(): the weights every worker's steps made, for the
-  // final model and results. AwaitWeights(), except in sync PS with
-  // staleness s, whose last pull may lag the job's last update by up to s
-  // steps: then it pulls the final version, once the shards have decided
-  // every worker's last step (up to the pull timeout). Async PS: the
-  // newest pull (the others may still be pushing).
-  virtual absl::Status AwaitFinalWeights() { return AwaitWeights(); }
 
   // After Step(): how its exchange went. With forward before the pull
   // ends, the pull's figures (barrier_wait, pull, bytes_pulled) are those

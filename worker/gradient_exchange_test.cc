@@ -2211,8 +2211,7 @@ TEST(PsExchangeTest, ABackupWorkerThatJumpsPullsTheTableWhole) {
 // Bounded staleness 2 (issue 25) through the client and gRPC: worker 1 is
 // held between steps; worker 0 runs at most 2 steps ahead of it (after the
 // first step, whose pull waits for step 0), and the shards end with the
-// sync model: each step's update is the average of both workers' pushes,
-// which AwaitFinalWeights() gives each worker (worker 0's last pull lagged).
+// sync model: each step's update is the average of both workers' pushes.
 TEST(PsExchangeTest, StalenessLetsAWorkerRunAtMostThatFarAhead) {
   constexpr int kWorkers = 2;
   constexpr int kSteps = 6;
@@ -2222,7 +2221,6 @@ TEST(PsExchangeTest, StalenessLetsAWorkerRunAtMostThatFarAhead) {
   absl::Mutex mu;
   int allowed1 ABSL_GUARDED_BY(mu) = 0;  // steps worker 1 may run
   std::atomic<int> done1{0};
-  std::vector<std::vector<float>> final0, final1;
   std::thread fast([&] {
     std::unique_ptr<GradientExchange> exchange = shards.Exchange(0, true);
     RankTensors tensors(0);
@@ -2232,10 +2230,6 @@ TEST(PsExchangeTest, StalenessLetsAWorkerRunAtMostThatFarAhead) {
       ASSERT_TRUE(s.ok()) << s;
       ++done0;
     }
-    // Its last pull lagged worker 1 by up to 2 steps: the final weights
-    // wait for worker 1's last step.
-    ASSERT_TRUE(exchange->AwaitFinalWeights().ok());
-    final0 = tensors.w;
     ASSERT_TRUE(exchange->Finish().ok());
   });
   std::thread slow([&] {
@@ -2255,8 +2249,6 @@ TEST(PsExchangeTest, StalenessLetsAWorkerRunAtMostThatFarAhead) {
       ASSERT_TRUE(s.ok()) << s;
       ++done1;
     }
-    ASSERT_TRUE(exchange->AwaitFinalWeights().ok());
-    final1 = tensors.w;
     ASSERT_TRUE(exchange->Finish().ok());
   });
   // Waits up to 10 s for `count` to reach `n`.
@@ -2297,9 +2289,6 @@ TEST(PsExchangeTest, StalenessLetsAWorkerRunAtMostThatFarAhead) {
       EXPECT_EQ(c.weights, expected[c.spec.param_id]) << c.spec.param_id;
     }
   }
-  // Each worker ends holding that model (AwaitFinalWeights).
-  EXPECT_EQ(final0, expected);
-  EXPECT_EQ(final1, expected);
 }
 
 TEST(PsExchangeTest, FailedCopyIsStepsErrorAndMidStepExitIsPrompt) {

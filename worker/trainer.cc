@@ -852,7 +852,7 @@ absl::StatusOr<TrainerOutput> RunWorker(const TrainerOptions& job_options,
     // report; the shards do not wait for this worker.
     return TrainerOutput{};
   }
-  RETURN_IF_ERROR(exchange->AwaitFinalWeights());
+  RETURN_IF_ERROR(exchange->AwaitWeights());
   const int64_t steps = loop.step();
   const double train_seconds = reporter->TrainingSeconds();
   if (checkpoints != nullptr) {
