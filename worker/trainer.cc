@@ -688,10 +688,24 @@ absl::Status EvaluateEpoch(Workload& workload, GradientExchange& exchange,
   return reporter.ResumeTraining();
 }
 
-// Worker 0's evaluation after each epoch.
-StepLoop::EndEpochFn EndEpochFnOf(Workload& workload,
+// Worker 0's evaluation after each epoch; null where it evaluates nothing
+// (options.evaluate false, synthetic compute, or `dataset` without a test
+// split, which it says).
+StepLoop::EndEpochFn EndEpochFnOf(const TrainerOptions& options,
+                                  const RunKind& kind, const Dataset& dataset,
+                                  Workload& workload,
                                   GradientExchange& exchange,
-                                  Reporter& reporter, bool others_wait) {
+                                  Reporter& reporter, const LineFn& say) {
+  if (!options.evaluate) return nullptr;
+  if (!workload.can_evaluate()) {
+    if (options.verbose && workload.samples_per_epoch() > 0) {
+      say(absl::StrCat(dataset.name,
+                       " has no test split: epochs end without an evaluation "
+                       "(no test accuracy)"));
+    }
+    return nullptr;
+  }
+  const bool others_wait = !kind.async && options.backup_workers == 0;
   return [&workload, &exchange, &reporter, others_wait](
              int epoch, int64_t step, double train_seconds, double train_loss) {
     Reporter::EpochEvaluation evaluation;
@@ -831,16 +845,9 @@ absl::StatusOr<TrainerOutput> RunWorker(const TrainerOptions& job_options,
     }
     parts.elastic = &*elastic;
   }
-  if (chief && options.evaluate && !workload->can_evaluate() &&
-      options.verbose && workload->samples_per_epoch() > 0) {
-    say(absl::StrCat(dataset.name,
-                     " has no test split: epochs end without an evaluation "
-                     "(no test accuracy)"));
-  }
-  if (chief && options.evaluate && workload->can_evaluate()) {
-    const bool others_wait = !kind.async && options.backup_workers == 0;
-    parts.end_epoch =
-        EndEpochFnOf(*workload, *exchange, *reporter, others_wait);
+  if (chief) {
+    parts.end_epoch = EndEpochFnOf(options, kind, dataset, *workload, *exchange,
+                                   *reporter, say);
   }
   parts.loss_scaler = scaler;
   StepLoop loop(
