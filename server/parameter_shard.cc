@@ -756,6 +756,7 @@ ShardStats ParameterShard::Stats() const {
   ShardStats stats;
   stats.initialized = initialized_.load();
   stats.generation = generation_.load();
+  stats.barrier_broken = broken_.load();
   stats.samples = samples_.load();
   stats.pushes = pushes_.load();
   stats.pulls = pulls_.load();

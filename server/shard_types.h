@@ -112,6 +112,10 @@ struct ShardStats {
   // Sync: the last step decided (-1: none); what a reopen starts after
   // (Reopen()). Async: -1.
   int64_t decided_step = -1;
+  // Sync: the generation's barrier is broken (a member's stream broke
+  // mid-step, or worker 0 is reopening the shards): no step of it can
+  // complete until a reopen or restore starts the next generation.
+  bool barrier_broken = false;
   int64_t pushes = 0;
   int64_t pulls = 0;
   // Sync: steps skipped (non-finite values); async: pushes dropped.

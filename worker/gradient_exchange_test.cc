@@ -2315,7 +2315,14 @@ TEST(PsExchangeTest, FailedCopyIsStepsErrorAndMidStepExitIsPrompt) {
   }
   // The step given up mid-way broke the shard's barrier (its pull was in,
   // its pushes never came): no step of this generation can complete, and
-  // a worker that joins hears why at once.
+  // a worker that joins hears why at once. The shard learns of the broken
+  // stream when gRPC delivers its cancel, asynchronously: wait for that.
+  const absl::Time break_deadline = absl::Now() + absl::Seconds(5);
+  while (!shards.shard(0).Stats().barrier_broken &&
+         absl::Now() < break_deadline) {
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  ASSERT_TRUE(shards.shard(0).Stats().barrier_broken);
   {
     std::unique_ptr<GradientExchange> exchange = shards.Exchange(0, false);
     const absl::Status s = exchange->Start(weights);
