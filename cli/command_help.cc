@@ -458,7 +458,9 @@ CommandInfo EvalInfo() {
           "pstrain eval --checkpoint=FILE_OR_DIR [--dataset=... --data_dir=... "
           "--backend=...]",
           "Test loss and accuracy of a saved model (model.safetensors) on the "
-          "test set of --dataset. A flag the dataset or backend would ignore "
+          "test set of --dataset, its images standardised with the model's "
+          "training set statistics (kept in the file). A flag the dataset or "
+          "backend would ignore "
           "(--num_classes without --dataset=synthetic, --gpu with "
           "--backend=cpu, ...) is an error. It evaluates in batches of "
           "--batch_size when given, else 100 (the activations of a batch are "

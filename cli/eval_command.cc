@@ -82,6 +82,16 @@ int EvalCommand(const std::string& checkpoint, int batch_size) {
                         " has ", ShapeToString(dataset->test.chw), " and ",
                         dataset->num_classes));
   }
+  // The inputs the model learned: its training set's standardisation, not
+  // the evaluated dataset's (files written before these keys: the
+  // dataset's own).
+  if (!info->input_mean.empty()) {
+    if (absl::Status s =
+            StandardiseAs(info->input_mean, info->input_stddev, &*dataset);
+        !s.ok()) {
+      return Fail(2, absl::StrCat(path, ": ", s.message()));
+    }
+  }
   absl::StatusOr<std::unique_ptr<Backend>> backend =
       CreateBackend(absl::GetFlag(FLAGS_backend), absl::GetFlag(FLAGS_gpu));
   if (!backend.ok()) return Fail(2, std::string(backend.status().message()));

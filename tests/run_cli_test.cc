@@ -758,6 +758,44 @@ TEST(RunCliTest, CheckpointDirKeepsTheModelThatEvalScores) {
   ASSERT_EQ(small_batches.exit_code, 0) << small_batches.output;
   EXPECT_NE(small_batches.output.find(accuracy), std::string::npos)
       << small_batches.output;
+  // Another dataset holding the same test split, whose training images are
+  // darker: eval standardises with the model file's statistics (the run's
+  // training set's), so the score is the run's, not that of inputs shifted
+  // by the other set's mean.
+  const std::string dark = TempDir() + "/dark_fashion";
+  std::filesystem::create_directories(dark);
+  for (const char* name :
+       {"t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz"}) {
+    std::filesystem::copy_file(
+        std::string(pstrain::testing::kFashionMnistDir) + "/" + name,
+        dark + "/" + name, std::filesystem::copy_options::overwrite_existing);
+  }
+  {
+    gzFile in = gzopen((std::string(pstrain::testing::kFashionMnistDir) +
+                        "/train-images-idx3-ubyte.gz")
+                           .c_str(),
+                       "rb");
+    ASSERT_NE(in, nullptr);
+    std::vector<unsigned char> images(16 + 200 * 784);
+    ASSERT_EQ(gzread(in, images.data(), images.size()),
+              static_cast<int>(images.size()));
+    gzclose(in);
+    images[6] = 0;  // 200 images.
+    images[7] = 200;
+    for (size_t i = 16; i < images.size(); ++i) images[i] /= 4;
+    std::ofstream(dark + "/train-images-idx3-ubyte", std::ios::binary)
+        .write(reinterpret_cast<const char*>(images.data()), images.size());
+    std::vector<unsigned char> labels = {0, 0, 8, 1, 0, 0, 0, 200};
+    labels.resize(8 + 200, 3);
+    std::ofstream(dark + "/train-labels-idx1-ubyte", std::ios::binary)
+        .write(reinterpret_cast<const char*>(labels.data()), labels.size());
+  }
+  const Result other = pstrain::testing::RunCommand(
+      "cli/pstrain eval --dataset=mnist --data_dir=" + dark +
+      " --checkpoint=" + dir);
+  ASSERT_EQ(other.exit_code, 0) << other.output;
+  EXPECT_NE(other.output.find(accuracy), std::string::npos)
+      << other.output << " expected " << accuracy;
   const Result no_batch = pstrain::testing::RunCommand(
       "cli/pstrain eval --batch_size=0 --checkpoint=" + dir);
   EXPECT_EQ(no_batch.exit_code, 2) << no_batch.output;

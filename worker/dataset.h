@@ -205,6 +205,23 @@ absl::StatusOr<Dataset> LoadDataset(const std::string& name,
                                     const std::string& data_dir,
                                     const DatasetOptions& options = {});
 
+// Re-standardises both splits of `dataset` (as LoadDataset left them:
+// standardised with its own training split's statistics) to
+// (x - mean[c]) / stddev[c], x the pixel in [0, 1]: the statistics a model
+// was trained with (models/model_file.h input_mean and input_stddev), so
+// that `pstrain eval` scores a model on the inputs it learned whatever
+// dataset it evaluates. In-memory and synthetic images are rewritten, a
+// mapped split's byte tables (MappedSplit::value_of) likewise, and a
+// streamed split's pipeline takes channel_mean and channel_stddev, which
+// become `mean` and `stddev`. Statistics within 1e-8 (relative) of the
+// dataset's change nothing (a model file keeps 9 significant digits, so
+// a model scored on its own dataset sees the values it was trained on,
+// bit for bit). INVALID_ARGUMENT, nothing changed: a token dataset, one
+// headers_only loaded, `mean` or `stddev` without one value per channel,
+// a value not finite or a stddev not positive.
+absl::Status StandardiseAs(const std::vector<double>& mean,
+                           const std::vector<double>& stddev, Dataset* dataset);
+
 // A sequence model (catalog/catalog.h IsSequenceModel) trains on token
 // sequences, an image model on images: INVALID_ARGUMENT naming both
 // otherwise.

@@ -6,10 +6,12 @@
 #include <sys/stat.h>
 #include <zlib.h>
 
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -298,6 +300,70 @@ TEST(MappedDatasetTest, MappedFileReleaseKeepsTheBytes) {
   EXPECT_EQ(0, std::memcmp((*f)->data(), bytes.data(), bytes.size()));
   EXPECT_EQ(MappedFile::Open(TempDir() + "/missing.bin").status().code(),
             absl::StatusCode::kNotFound);
+}
+
+// `pstrain eval` standardises another dataset with a model's statistics:
+// every value, in memory and mapped, is (pixel / 255 - mean) / stddev with
+// the statistics given, not the dataset's own; its own change nothing.
+TEST(MappedDatasetTest, StandardiseAsUsesTheGivenStatistics) {
+  // Pixels in [0, 127]: statistics far from a model's trained on [0, 255].
+  RawSplit train = RandomSplit(50, 5 * 4, 10, 7);
+  RawSplit test = RandomSplit(13, 5 * 4, 10, 8);
+  for (RawSplit* split : {&train, &test}) {
+    for (uint8_t& p : split->pixels) p /= 2;
+  }
+  const std::string dir = MakeDir("idx_dark");
+  WriteBytes(dir + "/train-images-idx3-ubyte", Idx({50, 5, 4}, train.pixels),
+             false);
+  WriteBytes(dir + "/train-labels-idx1-ubyte", Idx({50}, train.labels), false);
+  WriteBytes(dir + "/t10k-images-idx3-ubyte", Idx({13, 5, 4}, test.pixels),
+             false);
+  WriteBytes(dir + "/t10k-labels-idx1-ubyte", Idx({13}, test.labels), false);
+  const std::vector<double> mean = {0.2860}, stddev = {0.3530};
+  DatasetOptions in_memory;
+  in_memory.map_files = false;
+  for (bool map : {false, true}) {
+    absl::StatusOr<Dataset> d =
+        LoadDataset("mnist", dir, map ? DatasetOptions() : in_memory);
+    ASSERT_TRUE(d.ok()) << d.status();
+    ASSERT_EQ(d->test.mapped != nullptr, map);
+    ASSERT_LT(d->channel_mean[0], 0.26);
+    ASSERT_TRUE(StandardiseAs(mean, stddev, &*d).ok());
+    EXPECT_EQ(d->channel_mean, mean);
+    EXPECT_EQ(d->channel_stddev, stddev);
+    for (const auto& [split, raw] :
+         {std::make_pair(&d->train, &train), std::make_pair(&d->test, &test)}) {
+      std::vector<SampleIndex> all(split->count);
+      for (int64_t i = 0; i < split->count; ++i) all[i] = i;
+      Tensor images;
+      std::vector<int32_t> labels;
+      GatherBatch(*split, all, 0, all.size(), &images, &labels);
+      ASSERT_EQ(images.data.size(), raw->pixels.size());
+      for (size_t i = 0; i < raw->pixels.size(); ++i) {
+        const double want = (raw->pixels[i] / 255.0 - mean[0]) / stddev[0];
+        ASSERT_NEAR(images.data[i], want, 1e-6 * (1 + std::abs(want)))
+            << "map " << map << " value " << i;
+      }
+    }
+  }
+  // A dataset's own statistics (to a model file's 9 digits) change nothing.
+  absl::StatusOr<Dataset> a = LoadDataset("mnist", dir, in_memory);
+  absl::StatusOr<Dataset> b = LoadDataset("mnist", dir, in_memory);
+  ASSERT_TRUE(a.ok() && b.ok());
+  const std::vector<double> own_mean = {a->channel_mean[0] * (1 + 3e-9)};
+  ASSERT_TRUE(StandardiseAs(own_mean, a->channel_stddev, &*a).ok());
+  EXPECT_EQ(a->train.images, b->train.images);
+  EXPECT_EQ(a->test.images, b->test.images);
+  // Bad statistics: refused, nothing changed.
+  EXPECT_EQ(StandardiseAs({0.1, 0.2, 0.3}, {1, 1, 1}, &*a).message(),
+            "input statistics for 3 and 3 channels (mean, stddev); dataset "
+            "mnist has 1");
+  EXPECT_EQ(StandardiseAs({0.1}, {0}, &*a).message(),
+            "input statistics of channel 0: mean 0.1, stddev 0; expected "
+            "finite values and a positive stddev");
+  EXPECT_EQ(StandardiseAs({NAN}, {1}, &*a).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(a->test.images, b->test.images);
 }
 
 }  // namespace
