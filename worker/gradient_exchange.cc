@@ -258,6 +258,15 @@ class PsExchange : public GradientExchange, public WeightsGate {
     return this;
   }
   absl::Status AwaitWeights() override { return CompletePull(); }
+  absl::Status AwaitFinalWeights() override {
+    RETURN_IF_ERROR(CompletePull());
+    if (!sync_ || staleness_ == 0) return absl::OkStatus();
+    // The last pull answered the norm of step step_ - 1 - s.
+    ASSIGN_OR_RETURN(version_,
+                     client_->PullDecided(step_ - staleness_, step_, weights_));
+    // A checkpoint those pulls announced takes this worker's residual.
+    return SaveAnnouncedResiduals();
+  }
 
   // WeightsGate: the compute's forward asks per tensor, then for all.
   absl::Status AwaitTensor(int t) override {

@@ -368,6 +368,16 @@ class GradientExchange {
   // final weights). The pull's error, if it failed. At once without a
   // pull in flight.
   virtual absl::Status AwaitWeights() { return absl::OkStatus(); }
+  // After the job's last Step() (before its last evaluation): the weights
+  // of every step, decided. AwaitWeights(), except in sync PS with
+  // staleness s, whose last pull (of version T - s, T the job's steps) may
+  // lag the shards by up to s steps, and with clipping leaves the norm
+  // rounds of the last s steps unanswered, so that the shards would never
+  // apply them: then it answers those rounds and pulls version T
+  // (PsClient::PullDecided()), waiting, up to the pull timeout, until every
+  // worker ended step T - 1. Async PS: the newest pull (the others may
+  // still be pushing). The pull's error, as Step()'s.
+  virtual absl::Status AwaitFinalWeights() { return AwaitWeights(); }
 
   // After Step(): how its exchange went. With forward before the pull
   // ends, the pull's figures (barrier_wait, pull, bytes_pulled) are those

@@ -973,9 +973,9 @@ class Shards {
 
 // `workers` workers (threads, worker 0 the chief) run `steps` sync steps of
 // Gradient() through `shards`: each worker's weights after its last pull.
-std::vector<std::vector<std::vector<float>>> TrainOnShards(const Shards& shards,
-                                                           int workers,
-                                                           int steps) {
+// `await_final`: each worker ends with AwaitFinalWeights().
+std::vector<std::vector<std::vector<float>>> TrainOnShards(
+    const Shards& shards, int workers, int steps, bool await_final = false) {
   std::vector<std::vector<std::vector<float>>> results(workers);
   std::vector<std::thread> threads;
   for (int r = 0; r < workers; ++r) {
@@ -986,6 +986,10 @@ std::vector<std::vector<std::vector<float>>> TrainOnShards(const Shards& shards,
       ASSERT_TRUE(exchange->Start(tensors.weights).ok());
       for (int step = 0; step < steps; ++step) {
         const absl::Status s = exchange->Step(tensors.gradients, 8);
+        ASSERT_TRUE(s.ok()) << s;
+      }
+      if (await_final) {
+        const absl::Status s = exchange->AwaitFinalWeights();
         ASSERT_TRUE(s.ok()) << s;
       }
       results[r] = tensors.w;
@@ -2287,6 +2291,37 @@ TEST(PsExchangeTest, StalenessLetsAWorkerRunAtMostThatFarAhead) {
     ASSERT_TRUE(snapshot.ok()) << snapshot.status();
     for (const ChunkSnapshot& c : *snapshot) {
       EXPECT_EQ(c.weights, expected[c.spec.param_id]) << c.spec.param_id;
+    }
+  }
+}
+
+// With staleness s a worker's last pull is of version T - s, and with
+// clipping a step's pull answers the norm round of the step s before it:
+// the job's last s steps were decided by no one (their updates never
+// applied) and the final weights lagged. AwaitFinalWeights() answers those
+// rounds and pulls version T: every worker ends with the sync model, and
+// so do the shards.
+TEST(PsExchangeTest, StalenessEndsWithEveryStepDecidedWithAndWithoutClipping) {
+  constexpr int kWorkers = 2;
+  constexpr int kSteps = 6;
+  for (double clip : {0.0, 3.0}) {
+    std::vector<std::vector<std::vector<float>>> sync;
+    {
+      Shards shards(/*num_shards=*/2, kWorkers, /*staleness=*/0,
+                    NesterovCosine(), clip);
+      sync = TrainOnShards(shards, kWorkers, kSteps);
+    }
+    Shards shards(/*num_shards=*/2, kWorkers, /*staleness=*/2, NesterovCosine(),
+                  clip);
+    const std::vector<std::vector<std::vector<float>>> stale =
+        TrainOnShards(shards, kWorkers, kSteps, /*await_final=*/true);
+    for (int s = 0; s < 2; ++s) {
+      const ShardStats stats = shards.shard(s).Stats();
+      EXPECT_EQ(stats.decided_step, kSteps - 1) << "clip " << clip;
+      EXPECT_EQ(stats.min_version, kSteps) << "clip " << clip;
+    }
+    for (int r = 0; r < kWorkers; ++r) {
+      EXPECT_EQ(stale[r], sync[0]) << "clip " << clip << " worker " << r;
     }
   }
 }

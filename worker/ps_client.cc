@@ -208,7 +208,7 @@ absl::Status PsClient::TakeNormPartial(int shard, StepState* state,
                                        const NormSum& partial) {
   // A pull without pushes (of a version whose step was decided) may carry
   // the partial too: not this worker's to answer.
-  if (options_.clip_by_global_norm && !state->send_step_end) {
+  if (options_.clip_by_global_norm && !state->answer_norm) {
     return absl::OkStatus();
   }
   if (!options_.clip_by_global_norm || partial.step() != state->norm_step()) {
@@ -504,6 +504,23 @@ absl::StatusOr<int64_t> PsClient::PushPull(
   return FinishStep();
 }
 
+absl::StatusOr<int64_t> PsClient::PullDecided(
+    int64_t first_step, int64_t version,
+    const std::vector<absl::Span<float>>& weights) {
+  int64_t pulled = -1;
+  for (int64_t v = options_.clip_by_global_norm
+                       ? std::max<int64_t>(first_step + 1, 1)
+                       : version;
+       v <= version; ++v) {
+    answer_norm_ = true;
+    absl::Status begun = BeginStep(v - 1, {}, v, 0, weights);
+    answer_norm_ = false;
+    RETURN_IF_ERROR(begun);
+    ASSIGN_OR_RETURN(pulled, FinishStep());
+  }
+  return pulled;
+}
+
 absl::Status PsClient::BeginStep(
     int64_t step, const std::vector<absl::Span<const float>>& gradients,
     int64_t min_version, int64_t samples,
@@ -557,6 +574,8 @@ absl::Status PsClient::BeginStep(
   last_pull_by_rows_ = state->pull.pull().rows_size() > 0;
   state->pull_first = !gradients.empty() && min_version > 0;
   state->send_step_end = state->pull_first;
+  state->answer_norm =
+      options_.clip_by_global_norm && (state->send_step_end || answer_norm_);
   if (announce_decisions_ && state->pull_first) {
     state->pull.mutable_pull()->set_announce_decision(true);
   }

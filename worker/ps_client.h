@@ -350,6 +350,19 @@ class PsClient {
       int64_t min_version, int64_t samples,
       const std::vector<absl::Span<float>>& weights);
 
+  // After a sync job's last step with staleness s: pulls every chunk at
+  // version `version` (the job's step count) into `weights` without
+  // pushing, once step version - 1 is decided. With clipping the norm
+  // round of each step from `first_step` to version - 1 is answered
+  // first, in step order (a pull of its next version that sends the sum of
+  // the shards' partials, as a step's pusher does after its end): a step's
+  // pull answers the norm of the step s before it, so no pull would answer
+  // the job's last s steps' norms, and the shards would never decide
+  // them. Returns the smallest version pulled; errors as PushPull().
+  absl::StatusOr<int64_t> PullDecided(
+      int64_t first_step, int64_t version,
+      const std::vector<absl::Span<float>>& weights);
+
   // One step in three calls, so that pushes can start during backward (as
   // BytePS schedules them) while later gradients are still being computed.
   //
@@ -578,6 +591,11 @@ class PsClient {
   // still says while it waits for the other lanes' pushes.)
   absl::Status WriteStepEnd(int lane, StepState* state,
                             const PushPullRequest& envelope, bool verdict_sent);
+  // Clipping: the squared global norm of the step the pull decides (the
+  // sum of every shard's partial, in shard order), once every partial is
+  // in; nothing where one will not come (decided without this worker).
+  absl::Status WriteStepNorm(int lane, StepState* state,
+                             const PushPullRequest& envelope);
   // The step is finite (StepVerdict), ahead of the lane's queued pushes.
   absl::Status WriteVerdict(int lane, StepState* state,
                             const PushPullRequest& envelope);
@@ -681,6 +699,8 @@ class PsClient {
   int64_t announced_generation_ = -1;
   PsStepTimes last_step_times_;
   bool announce_decisions_ = false;
+  // PullDecided(): the step begun answers its norm round without pushes.
+  bool answer_norm_ = false;
   // Delta pulls: the version every chunk of `delta_weights_` (the weights'
   // data, per tensor) holds as the shards of generation `delta_generation_`
   // sent it; -1: none known.

@@ -205,34 +205,42 @@ absl::Status PsClient::WriteStepEnd(int lane, StepState* state,
   if (!s.stream->Write(EncodeSmallMessage(end))) {
     return absl::UnavailableError("stream broke");
   }
-  if (options_.clip_by_global_norm) {
-    // The squared global norm: every shard's partial, added in shard
-    // order, so every worker sends every shard the same sum.
-    PushPullRequest norm = envelope;
-    norm.mutable_step_norm()->set_step(state->norm_step());
-    {
-      absl::MutexLock lock(&state->mu);
-      const int shards = num_shards();
-      // Backup workers: a late worker's step is not in the norm.
-      auto all_in = [state, lane, shards,
-                     backups]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(state->mu) {
-        return state->aborted || state->stopped[lane] ||
-               state->norm_partials_in == shards || state->norm_missing ||
-               (backups && state->admission == 0);
-      };
-      state->mu.Await(absl::Condition(&all_in));
-      if (state->aborted || state->stopped[lane]) {
-        return absl::CancelledError("step aborted");
-      }
-      // Decided (or to be) without this worker's sum.
-      if (state->norm_partials_in < shards) return absl::OkStatus();
-      double sum_sq = 0;
-      for (double partial : state->norm_partials) sum_sq += partial;
-      norm.mutable_step_norm()->set_sum_sq(sum_sq);
+  if (state->answer_norm) {
+    RETURN_IF_ERROR(WriteStepNorm(lane, state, envelope));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status PsClient::WriteStepNorm(int lane, StepState* state,
+                                     const PushPullRequest& envelope) {
+  Stream& s = streams_[lane];
+  const bool backups = options_.backup_workers;
+  // The squared global norm: every shard's partial, added in shard
+  // order, so every worker sends every shard the same sum.
+  PushPullRequest norm = envelope;
+  norm.mutable_step_norm()->set_step(state->norm_step());
+  {
+    absl::MutexLock lock(&state->mu);
+    const int shards = num_shards();
+    // Backup workers: a late worker's step is not in the norm.
+    auto all_in = [state, lane, shards,
+                   backups]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(state->mu) {
+      return state->aborted || state->stopped[lane] ||
+             state->norm_partials_in == shards || state->norm_missing ||
+             (backups && state->admission == 0);
+    };
+    state->mu.Await(absl::Condition(&all_in));
+    if (state->aborted || state->stopped[lane]) {
+      return absl::CancelledError("step aborted");
     }
-    if (!s.stream->Write(EncodeSmallMessage(norm))) {
-      return absl::UnavailableError("stream broke");
-    }
+    // Decided (or to be) without this worker's sum.
+    if (state->norm_partials_in < shards) return absl::OkStatus();
+    double sum_sq = 0;
+    for (double partial : state->norm_partials) sum_sq += partial;
+    norm.mutable_step_norm()->set_sum_sq(sum_sq);
+  }
+  if (!s.stream->Write(EncodeSmallMessage(norm))) {
+    return absl::UnavailableError("stream broke");
   }
   return absl::OkStatus();
 }
@@ -358,6 +366,11 @@ absl::Status PsClient::WritePushes(int lane, StepState* state) {
   }
   if (!state->pull_first && !s.stream->Write(PullOf(lane, *state))) {
     return absl::UnavailableError("stream broke");
+  }
+  // A pull without pushes that answers its step's norm (PullDecided()).
+  if (state->answer_norm && !state->send_step_end &&
+      lanes_[lane].channel == 0) {
+    return WriteStepNorm(lane, state, envelope);
   }
   return absl::OkStatus();
 }

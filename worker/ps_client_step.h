@@ -47,6 +47,9 @@ struct PsClient::StepState {
   // StepEnd, once every lane's pusher has pushed all (so that it reports
   // the whole step); the other lanes' with a PushesSent.
   bool send_step_end = false;
+  // Clipping: this worker sends the norm of norm_step() (after its end,
+  // or for a pull without pushes, PullDecided(), after its pull).
+  bool answer_norm = false;
   int pushers_done ABSL_GUARDED_BY(mu) = 0;
   // The first non-finite value found in this step (null: none yet).
   std::unique_ptr<NonFiniteValue> nonfinite ABSL_GUARDED_BY(mu);

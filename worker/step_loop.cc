@@ -236,12 +236,20 @@ absl::StatusOr<bool> StepLoop::TrainEpoch(int epoch) {
 }
 
 absl::StatusOr<bool> StepLoop::EndEpoch(int epoch) {
-  // The training time since the last epoch's end: recoveries and redone
-  // steps included, so that the epochs add up to the Runtime.
+  // The job's last epoch: every step's update in first (with staleness the
+  // last pull lags), for the evaluation, the results and the model file.
+  absl::Status ended = epoch + 1 == positions_.epochs()
+                           ? parts_.exchange->AwaitFinalWeights()
+                           : absl::OkStatus();
+  // The training time since the last epoch's end (that final pull, the
+  // recoveries and redone steps included), so that the epochs add up to
+  // the Runtime.
   const double train_seconds = parts_.reporter->EpochEnded();
-  if (!parts_.end_epoch) return false;
-  absl::Status ended = parts_.end_epoch(
-      epoch, step_, train_seconds, loss_sum_ / positions_.steps_per_epoch());
+  if (ended.ok() && !parts_.end_epoch) return false;
+  if (ended.ok()) {
+    ended = parts_.end_epoch(epoch, step_, train_seconds,
+                             loss_sum_ / positions_.steps_per_epoch());
+  }
   if (ended.ok()) return false;
   parts_.reporter->ResumeAfterFailure();  // a recovery is training time
   RETURN_IF_ERROR(Recover(std::move(ended)));
