@@ -169,19 +169,8 @@ absl::Status CheckIgnoredFlags(const JobConfig& config,
                                   modes, " has neither"));
     }
   }
-  // lr_min, lr_total_steps and lr_step_size are the spec's checks
-  // (ValidateJobSpec); these have defaults a spec always holds.
-  if (config.lr_schedule != LR_SCHEDULE_STEP && FlagSpecified("lr_gamma")) {
-    return ignored("lr_gamma",
-                   "only --lr_schedule=step multiplies the lr by it");
-  }
-  if (config.optimizer == OPTIMIZER_SGD) {
-    for (const char* flag : {"beta1", "beta2", "epsilon"}) {
-      if (FlagSpecified(flag)) {
-        return ignored(flag, "it is Adam's, not --optimizer=sgd's");
-      }
-    }
-  }
+  // The lr schedule's and the optimizer's knobs that another schedule or
+  // optimizer would ignore are the spec's checks (ValidateJobSpec).
   if (!IsSequenceModel(spec.model()) && FlagSpecified("dropout")) {
     return ignored("dropout", absl::StrCat("it is for the bert_* models, not ",
                                            spec.model()));

@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <limits>
 #include <map>
+#include <tuple>
 #include <utility>
 
 #include "absl/strings/escaping.h"
@@ -147,6 +148,29 @@ absl::Status CheckOptimizer(const JobConfig& config) {
                      " with lr_schedule ", Spelling(config.lr_schedule),
                      "; expected 0 (only cosine decays to lr_min over "
                      "lr_total_steps)"));
+  }
+  // lr_gamma and Adam's constants have defaults a spec always holds after
+  // ApplyJobDefaults: a value other than the default, where it would be
+  // ignored, is a mistake to name (the default itself changes nothing).
+  if (config.lr_schedule != LR_SCHEDULE_STEP && o.lr_gamma() != 0.1) {
+    return Bad("optimizer.lr_gamma",
+               absl::StrCat(Number(o.lr_gamma()), " with lr_schedule ",
+                            Spelling(config.lr_schedule),
+                            "; expected it unset (only step multiplies the "
+                            "lr by lr_gamma)"));
+  }
+  if (sgd) {
+    for (const auto& [field, value, unset] :
+         {std::tuple<const char*, double, double>{"optimizer.beta1", o.beta1(),
+                                                  0.9},
+          {"optimizer.beta2", o.beta2(), 0.999},
+          {"optimizer.epsilon", o.epsilon(), 1e-8}}) {
+      if (value != unset) {
+        return Bad(field, absl::StrCat(Number(value),
+                                       " with optimizer sgd; expected it "
+                                       "unset (it is Adam's)"));
+      }
+    }
   }
   if (config.lr_schedule != LR_SCHEDULE_STEP && o.lr_step_size() != 0) {
     return Bad("optimizer.lr_step_size",

@@ -197,6 +197,17 @@ TEST(JobSpecTest, BadSpecsNameTheField) {
        "job.pbtxt: optimizer.lr_step_size: 5 with lr_schedule cosine; "
        "expected 0 (only step multiplies the lr by lr_gamma every "
        "lr_step_size steps)"},
+      // So would a value other than the default of lr_gamma or Adam's
+      // constants.
+      {counts + "optimizer { lr_gamma: 0.5 }",
+       "job.pbtxt: optimizer.lr_gamma: 0.5 with lr_schedule constant; "
+       "expected it unset (only step multiplies the lr by lr_gamma)"},
+      {counts + "optimizer { name: \"sgd\" beta2: 0.99 }",
+       "job.pbtxt: optimizer.beta2: 0.99 with optimizer sgd; expected it "
+       "unset (it is Adam's)"},
+      {counts + "optimizer { name: \"sgd\" epsilon: 0.001 }",
+       "job.pbtxt: optimizer.epsilon: 0.001 with optimizer sgd; expected it "
+       "unset (it is Adam's)"},
       {counts + "optimizer { beta1: 1 }",
        "job.pbtxt: optimizer.beta1: 1; expected 0 <= beta < 1, and below 1 "
        "in fp32 (at most 0.99999994)"},

@@ -508,16 +508,16 @@ TEST(JobCliTest, FlagfileFlagsAreCheckedLikeTheCommandLines) {
        "help run\n"},
       // Schedule and optimizer knobs the chosen ones would ignore.
       {"cli/pstrain run --lr_gamma=0.5",
-       "pstrain: error: --lr_gamma would be ignored: only "
-       "--lr_schedule=step multiplies the lr by it; see pstrain help run\n"},
+       "pstrain: error: --lr_gamma: 0.5 with lr_schedule constant; expected "
+       "it unset (only step multiplies the lr by lr_gamma)\n"},
       {"cli/pstrain run --dataset=image_folder --data_dir=/nowhere "
        "--stream_images --max_dataset_memory=1G",
        "pstrain: error: --max_dataset_memory would be ignored: "
        "--stream_images decodes each batch as it trains and never holds the "
        "folder in memory; see pstrain help run\n"},
       {"cli/pstrain run --optimizer=sgd --beta2=0.98",
-       "pstrain: error: --beta2 would be ignored: it is Adam's, not "
-       "--optimizer=sgd's; see pstrain help run\n"},
+       "pstrain: error: --beta2: 0.98 with optimizer sgd; expected it unset "
+       "(it is Adam's)\n"},
       {"cli/pstrain run --lr_min=1e-5 --lr_total_steps=5000",
        "pstrain: error: --lr_min: 1e-05 with lr_schedule constant; "
        "expected 0 (only cosine decays to lr_min over lr_total_steps)\n"},
