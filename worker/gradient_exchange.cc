@@ -260,10 +260,13 @@ class PsExchange : public GradientExchange, public WeightsGate {
   absl::Status AwaitWeights() override { return CompletePull(); }
   absl::Status AwaitFinalWeights() override {
     RETURN_IF_ERROR(CompletePull());
-    if (!sync_ || staleness_ == 0) return absl::OkStatus();
-    // The last pull answered the norm of step step_ - 1 - s.
-    ASSIGN_OR_RETURN(version_,
-                     client_->PullDecided(step_ - staleness_, step_, weights_));
+    const bool stale = sync_ && staleness_ > 0;
+    if (!stale && !client_->sixteen_bit_wire()) return absl::OkStatus();
+    // Sync: version step_ (the last pull answered the norm of step
+    // step_ - 1 - s); async: the shards' weights as they are. In fp32.
+    ASSIGN_OR_RETURN(version_, sync_ ? client_->PullDecided(step_ - staleness_,
+                                                            step_, weights_)
+                                     : client_->PullDecided(0, 0, weights_));
     // A checkpoint those pulls announced takes this worker's residual.
     return SaveAnnouncedResiduals();
   }

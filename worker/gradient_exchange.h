@@ -376,7 +376,10 @@ class GradientExchange {
   // apply them: then it answers those rounds and pulls version T
   // (PsClient::PullDecided()), waiting, up to the pull timeout, until every
   // worker ended step T - 1. Async PS: the newest pull (the others may
-  // still be pushing). The pull's error, as Step()'s.
+  // still be pushing). On a 16-bit wire (bf16, fp16) the weights are
+  // pulled once more in fp32 (sync: version T; async: as they are), so
+  // that they are the shards' fp32 weights, not their rounding. The
+  // pull's error, as Step()'s.
   virtual absl::Status AwaitFinalWeights() { return AwaitWeights(); }
 
   // After Step(): how its exchange went. With forward before the pull

@@ -1270,6 +1270,15 @@ TEST(PsExchangeTest, SixteenBitWireEqualsFp32OnRoundedValuesBitForBit) {
         EXPECT_NE(results[r][t], fp32[t]) << "no rounding happened";
       }
     }
+    // The final weights (AwaitFinalWeights()) are the shards' fp32 ones.
+    Shards again(/*num_shards=*/2, kWorkers);
+    again.set_wire_dtype(dtype);
+    const std::vector<std::vector<std::vector<float>>> final_weights =
+        TrainOnShards(again, kWorkers, kSteps, /*await_final=*/true);
+    for (int r = 0; r < kWorkers; ++r) {
+      EXPECT_EQ(final_weights[r], fp32)
+          << WireDtypeSpelling(dtype) << " worker " << r;
+    }
   }
 }
 

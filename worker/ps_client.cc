@@ -508,13 +508,15 @@ absl::StatusOr<int64_t> PsClient::PullDecided(
     int64_t first_step, int64_t version,
     const std::vector<absl::Span<float>>& weights) {
   int64_t pulled = -1;
-  for (int64_t v = options_.clip_by_global_norm
-                       ? std::max<int64_t>(first_step + 1, 1)
-                       : version;
-       v <= version; ++v) {
-    answer_norm_ = true;
+  const int64_t start =
+      options_.clip_by_global_norm
+          ? std::max<int64_t>(std::min(first_step + 1, version), 0)
+          : version;
+  for (int64_t v = start; v <= version; ++v) {
+    answer_norm_ = v > first_step;  // the round of step v - 1
+    full_precision_pull_ = v == version;
     absl::Status begun = BeginStep(v - 1, {}, v, 0, weights);
-    answer_norm_ = false;
+    answer_norm_ = full_precision_pull_ = false;
     RETURN_IF_ERROR(begun);
     ASSIGN_OR_RETURN(pulled, FinishStep());
   }
@@ -561,11 +563,12 @@ absl::Status PsClient::BeginStep(
   SetHeader(state->pull.mutable_header());
   state->pull.mutable_pull()->set_min_version(min_version);
   state->pull.mutable_pull()->set_samples(samples);
-  if (options_.wire_dtype != DTYPE_FLOAT32) {
+  state->full_precision = full_precision_pull_;
+  if (options_.wire_dtype != DTYPE_FLOAT32 && !state->full_precision) {
     state->pull.mutable_pull()->set_wire_dtype(options_.wire_dtype);
   }
   if (options_.priority_pulls) state->pull.mutable_pull()->set_priority(true);
-  if (HoldsDeltaBase(weights)) {
+  if (HoldsDeltaBase(weights) && !state->full_precision) {
     state->pull.mutable_pull()->set_have_version(delta_base_);
   }
   // A pull without a push (start, recovery, a late worker's) brings every
@@ -778,7 +781,10 @@ absl::StatusOr<int64_t> PsClient::FinishStep() {
       *std::min_element(done->versions.begin(), done->versions.end());
   // Every chunk at one version, in these weights: the next pull's base.
   delta_base_ = -1;
-  if (options_.delta_pulls && smallest == last_max_version_ && smallest >= 0) {
+  // (Not after a full-precision pull: a delta against it would mix its
+  // fp32 values with the wire's rounding.)
+  if (options_.delta_pulls && !done->full_precision &&
+      smallest == last_max_version_ && smallest >= 0) {
     delta_base_ = smallest;
     delta_generation_ = generation_;
     delta_weights_.clear();

@@ -317,6 +317,11 @@ class PsClient {
 
   // The generation this client's requests carry.
   int64_t generation() const { return generation_; }
+  // Pulls come in bf16 or fp16 (PsClientOptions.wire_dtype).
+  bool sixteen_bit_wire() const {
+    return options_.wire_dtype == DTYPE_BFLOAT16 ||
+           options_.wire_dtype == DTYPE_FLOAT16;
+  }
   // An elastic job: the membership of the generation the last WaitReady()
   // found (none before, or from shards that send none).
   const std::optional<WorkerMembership>& membership() const {
@@ -358,7 +363,10 @@ class PsClient {
   // the shards' partials, as a step's pusher does after its end): a step's
   // pull answers the norm of the step s before it, so no pull would answer
   // the job's last s steps' norms, and the shards would never decide
-  // them. Returns the smallest version pulled; errors as PushPull().
+  // them. That last pull comes in fp32 and whole whatever the wire
+  // (wire_dtype), so that the weights are the shards' own, not their
+  // 16-bit rounding. `version` 0 (async): the shards' weights as they are.
+  // Returns the smallest version pulled; errors as PushPull().
   absl::StatusOr<int64_t> PullDecided(
       int64_t first_step, int64_t version,
       const std::vector<absl::Span<float>>& weights);
@@ -699,8 +707,10 @@ class PsClient {
   int64_t announced_generation_ = -1;
   PsStepTimes last_step_times_;
   bool announce_decisions_ = false;
-  // PullDecided(): the step begun answers its norm round without pushes.
+  // PullDecided(): the step begun answers its norm round without pushes,
+  // and its pull comes in fp32.
   bool answer_norm_ = false;
+  bool full_precision_pull_ = false;
   // Delta pulls: the version every chunk of `delta_weights_` (the weights'
   // data, per tensor) holds as the shards of generation `delta_generation_`
   // sent it; -1: none known.

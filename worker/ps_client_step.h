@@ -50,6 +50,9 @@ struct PsClient::StepState {
   // Clipping: this worker sends the norm of norm_step() (after its end,
   // or for a pull without pushes, PullDecided(), after its pull).
   bool answer_norm = false;
+  // The pull comes in fp32 whatever the wire, and whole (no delta against
+  // the weights' base): PullDecided()'s last.
+  bool full_precision = false;
   int pushers_done ABSL_GUARDED_BY(mu) = 0;
   // The first non-finite value found in this step (null: none yet).
   std::unique_ptr<NonFiniteValue> nonfinite ABSL_GUARDED_BY(mu);
