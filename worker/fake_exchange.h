@@ -42,6 +42,8 @@ class FakeExchange : public GradientExchange {
   std::deque<absl::StatusOr<int64_t>> recover_results;
   bool recovered_in_place = false;
   std::string reopen_refusal;
+  // AwaitFinalWeights() fails with these errors, one per call, in order.
+  std::deque<absl::Status> final_weights_errors;
   // SamplesSoFar(): this, plus the samples of every successful Step().
   int64_t samples = 0;
 
@@ -66,6 +68,7 @@ class FakeExchange : public GradientExchange {
   std::vector<float> first_gradient;
   bool started = false;
   bool finished = false;
+  int64_t final_weights_calls = 0;
   int64_t pauses = 0;
 
   int64_t step() const { return step_; }
@@ -91,6 +94,13 @@ class FakeExchange : public GradientExchange {
   std::optional<SkippedStepInfo> SkippedStep() const override;
   int64_t NextStep(int64_t step) const override;
   bool LastStepLate() const override;
+  absl::Status AwaitFinalWeights() override {
+    ++final_weights_calls;
+    if (final_weights_errors.empty()) return absl::OkStatus();
+    absl::Status error = final_weights_errors.front();
+    final_weights_errors.pop_front();
+    return error;
+  }
   absl::StatusOr<int64_t> SamplesSoFar() override { return samples; }
   absl::Status BeforePause() override;
   absl::Status Finish() override;

@@ -91,6 +91,12 @@ absl::Status StepLoop::Run(int64_t start_step) {
     if (!recovered) {
       ASSIGN_OR_RETURN(recovered, EndEpoch(epoch));
     }
+    // Recovered at the job's last step (its end, or its last exchange,
+    // failed with every step decided): the job ends again, final weights
+    // and evaluation included.
+    while (recovered && !removed_ && step_ == positions_.total_steps()) {
+      ASSIGN_OR_RETURN(recovered, EndEpoch(positions_.epochs() - 1));
+    }
     // Go on at the epoch of the step recovered to (then ++epoch).
     if (recovered) epoch = positions_.EpochOf(step_) - 1;
   }
@@ -237,10 +243,13 @@ absl::StatusOr<bool> StepLoop::TrainEpoch(int epoch) {
 
 absl::StatusOr<bool> StepLoop::EndEpoch(int epoch) {
   // The job's last epoch: every step's update in first (with staleness the
-  // last pull lags), for the evaluation, the results and the model file.
-  absl::Status ended = epoch + 1 == positions_.epochs()
-                           ? parts_.exchange->AwaitFinalWeights()
-                           : absl::OkStatus();
+  // last pull lags), for the evaluation (in the device's copy too), the
+  // results and the model file.
+  absl::Status ended;
+  if (epoch + 1 == positions_.epochs()) {
+    ended = parts_.exchange->AwaitFinalWeights();
+    if (ended.ok()) ended = parts_.compute->LoadWeights();
+  }
   // The training time since the last epoch's end (that final pull, the
   // recoveries and redone steps included), so that the epochs add up to
   // the Runtime.

@@ -241,7 +241,9 @@ TEST_F(StepLoopTest, TrainsEveryStepOnItsBatch) {
   EXPECT_EQ(compute_.batches, Steps(0, 12));
   EXPECT_EQ(exchange_.next_step_calls, Steps(0, 12));
   EXPECT_EQ(compute_.epochs_begun, (std::vector<int>{0, 1, 2}));
-  EXPECT_EQ(compute_.loads, 12);
+  // Each step's pulled weights, and the final ones (AwaitFinalWeights).
+  EXPECT_EQ(compute_.loads, 13);
+  EXPECT_EQ(exchange_.final_weights_calls, 1);
   EXPECT_EQ(exchange_.gradients_ready_calls, 12);
   EXPECT_EQ(loop_->step(), 12);
   EXPECT_EQ(EndedEpochs(), (std::vector<int>{0, 1, 2}));
@@ -397,6 +399,21 @@ TEST_F(StepLoopTest, AFailedEvaluationIsRecoveredFrom) {
   EXPECT_EQ(result_.epoch_results_size(), 3);
   EXPECT_EQ(LinesStarting("Epoch ").size(), 3u);
   EXPECT_EQ(StepsCounted(), 8 + 6);
+  EXPECT_EQ(loop_->step(), 12);
+}
+
+// The final weights' pull fails (a shard died) and the recovery lands on
+// the last step (every step decided): the job ends again, with the final
+// weights and the last evaluation, and redoes no step.
+TEST_F(StepLoopTest, AFailedFinalPullThatRecoversAtTheEndEndsTheJobAgain) {
+  exchange_.final_weights_errors.push_back(
+      absl::UnavailableError("shard 1 died"));
+  exchange_.recover_results.push_back(int64_t{12});
+  ASSERT_TRUE(Run().ok());
+  EXPECT_EQ(exchange_.stepped, Steps(0, 12));
+  EXPECT_EQ(exchange_.final_weights_calls, 2);
+  EXPECT_EQ(EndedEpochs(), (std::vector<int>{0, 1, 2}));
+  EXPECT_EQ(compute_.loads, 12 + 1 + 1);  // the recovery's, the final one
   EXPECT_EQ(loop_->step(), 12);
 }
 
