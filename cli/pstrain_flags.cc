@@ -8,6 +8,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "catalog/job_config.h"
+#include "coordinator/job_spec.h"
 
 ABSL_FLAG(std::string, model, "lenet5",
           "Model: alexnet, lenet5, mlp, resnet18/34/50/101 or vgg16.");
@@ -23,9 +24,9 @@ ABSL_FLAG(pstrain::Mode, mode, pstrain::MODE_SYNC,
 ABSL_FLAG(int64_t, bucket_bytes, 25 << 20,
           "allreduce: largest gradient bucket, bytes.");
 ABSL_FLAG(double, lr, 1e-3, "Learning rate (the schedule's peak).");
-ABSL_FLAG(double, beta1, 0.9, "Adam beta1.");
-ABSL_FLAG(double, beta2, 0.999, "Adam beta2.");
-ABSL_FLAG(double, epsilon, 1e-8, "Adam epsilon.");
+ABSL_FLAG(double, beta1, pstrain::kDefaultBeta1, "Adam beta1.");
+ABSL_FLAG(double, beta2, pstrain::kDefaultBeta2, "Adam beta2.");
+ABSL_FLAG(double, epsilon, pstrain::kDefaultEpsilon, "Adam epsilon.");
 ABSL_FLAG(double, weight_decay, 0.0,
           "Weight decay: decoupled for adam (AdamW), L2 for sgd (as torch).");
 ABSL_FLAG(pstrain::OptimizerAlgorithm, optimizer, pstrain::OPTIMIZER_ADAM,
@@ -44,7 +45,8 @@ ABSL_FLAG(int64_t, warmup_steps, 0,
 ABSL_FLAG(int64_t, lr_step_size, 0,
           "--lr_schedule=step: multiply the lr by --lr_gamma every this many "
           "steps.");
-ABSL_FLAG(double, lr_gamma, 0.1, "--lr_schedule=step: the factor.");
+ABSL_FLAG(double, lr_gamma, pstrain::kDefaultLrGamma,
+          "--lr_schedule=step: the factor.");
 ABSL_FLAG(double, lr_min, 0.0, "--lr_schedule=cosine: the final lr.");
 ABSL_FLAG(int64_t, lr_total_steps, 0,
           "--lr_schedule=cosine: its horizon, steps (0: the job's steps: "

@@ -152,7 +152,8 @@ absl::Status CheckOptimizer(const JobConfig& config) {
   // lr_gamma and Adam's constants have defaults a spec always holds after
   // ApplyJobDefaults: a value other than the default, where it would be
   // ignored, is a mistake to name (the default itself changes nothing).
-  if (config.lr_schedule != LR_SCHEDULE_STEP && o.lr_gamma() != 0.1) {
+  if (config.lr_schedule != LR_SCHEDULE_STEP &&
+      o.lr_gamma() != kDefaultLrGamma) {
     return Bad("optimizer.lr_gamma",
                absl::StrCat(Number(o.lr_gamma()), " with lr_schedule ",
                             Spelling(config.lr_schedule),
@@ -162,9 +163,9 @@ absl::Status CheckOptimizer(const JobConfig& config) {
   if (sgd) {
     for (const auto& [field, value, unset] :
          {std::tuple<const char*, double, double>{"optimizer.beta1", o.beta1(),
-                                                  0.9},
-          {"optimizer.beta2", o.beta2(), 0.999},
-          {"optimizer.epsilon", o.epsilon(), 1e-8}}) {
+                                                  kDefaultBeta1},
+          {"optimizer.beta2", o.beta2(), kDefaultBeta2},
+          {"optimizer.epsilon", o.epsilon(), kDefaultEpsilon}}) {
       if (value != unset) {
         return Bad(field, absl::StrCat(Number(value),
                                        " with optimizer sgd; expected it "
@@ -708,16 +709,16 @@ void ApplyJobDefaults(JobSpec* spec) {
   }
   OptimizerSpec* o = spec->mutable_optimizer();
   if (!o->has_lr()) o->set_lr(1e-3);
-  if (!o->has_beta1()) o->set_beta1(0.9);
-  if (!o->has_beta2()) o->set_beta2(0.999);
-  if (!o->has_epsilon()) o->set_epsilon(1e-8);
+  if (!o->has_beta1()) o->set_beta1(kDefaultBeta1);
+  if (!o->has_beta2()) o->set_beta2(kDefaultBeta2);
+  if (!o->has_epsilon()) o->set_epsilon(kDefaultEpsilon);
   if (!o->has_weight_decay()) o->set_weight_decay(0.0);
   if (o->name().empty()) o->set_name("adam");
   if (!o->has_momentum()) o->set_momentum(0.0);
   if (!o->has_dampening()) o->set_dampening(0.0);
   if (o->lr_schedule().empty()) o->set_lr_schedule("constant");
   if (!o->has_warmup_start_factor()) o->set_warmup_start_factor(0.0);
-  if (!o->has_lr_gamma()) o->set_lr_gamma(0.1);
+  if (!o->has_lr_gamma()) o->set_lr_gamma(kDefaultLrGamma);
   // A cosine schedule's lr_total_steps stays 0: worker 0 counts the job's
   // steps (epochs x min(max_steps_per_epoch, the dataset's steps)), as
   // `pstrain run`'s workers do.

@@ -148,6 +148,13 @@ inline constexpr int64_t kMaxSteps = 1000000000;
 inline constexpr int kMaxImageSize = 1024;
 inline constexpr int kMaxNumClasses = 100000;
 inline constexpr int64_t kMaxSyntheticSamples = 100000000;
+// The defaults ApplyJobDefaults fills in for optimizer fields that another
+// schedule or optimizer ignores (ValidateJobSpec refuses any other value
+// there), and `pstrain run`'s flags' defaults.
+inline constexpr double kDefaultLrGamma = 0.1;
+inline constexpr double kDefaultBeta1 = 0.9;
+inline constexpr double kDefaultBeta2 = 0.999;
+inline constexpr double kDefaultEpsilon = 1e-8;
 inline constexpr int kMaxSeqLen = 512;  // The models' position table.
 inline constexpr double kMaxDropout = 0.99;
 inline constexpr int64_t kMaxPartitionBytes = int64_t{128} << 20;

@@ -513,11 +513,10 @@ absl::StatusOr<int64_t> PsClient::PullDecided(
           ? std::max<int64_t>(std::min(first_step + 1, version), 0)
           : version;
   for (int64_t v = start; v <= version; ++v) {
-    answer_norm_ = v > first_step;  // the round of step v - 1
-    full_precision_pull_ = v == version;
-    absl::Status begun = BeginStep(v - 1, {}, v, 0, weights);
-    answer_norm_ = full_precision_pull_ = false;
-    RETURN_IF_ERROR(begun);
+    PullOnly pull_only;
+    pull_only.answer_norm = v > first_step;  // the round of step v - 1
+    pull_only.full_precision = v == version;
+    RETURN_IF_ERROR(BeginStep(v - 1, {}, v, 0, weights, pull_only));
     ASSIGN_OR_RETURN(pulled, FinishStep());
   }
   return pulled;
@@ -527,6 +526,13 @@ absl::Status PsClient::BeginStep(
     int64_t step, const std::vector<absl::Span<const float>>& gradients,
     int64_t min_version, int64_t samples,
     const std::vector<absl::Span<float>>& weights) {
+  return BeginStep(step, gradients, min_version, samples, weights, PullOnly());
+}
+
+absl::Status PsClient::BeginStep(
+    int64_t step, const std::vector<absl::Span<const float>>& gradients,
+    int64_t min_version, int64_t samples,
+    const std::vector<absl::Span<float>>& weights, PullOnly pull_only) {
   if (step_ != nullptr) {
     return absl::FailedPreconditionError(
         absl::StrCat("step ", step, " begun while step ", step_->step,
@@ -563,7 +569,7 @@ absl::Status PsClient::BeginStep(
   SetHeader(state->pull.mutable_header());
   state->pull.mutable_pull()->set_min_version(min_version);
   state->pull.mutable_pull()->set_samples(samples);
-  state->full_precision = full_precision_pull_;
+  state->full_precision = pull_only.full_precision;
   if (options_.wire_dtype != DTYPE_FLOAT32 && !state->full_precision) {
     state->pull.mutable_pull()->set_wire_dtype(options_.wire_dtype);
   }
@@ -577,8 +583,8 @@ absl::Status PsClient::BeginStep(
   last_pull_by_rows_ = state->pull.pull().rows_size() > 0;
   state->pull_first = !gradients.empty() && min_version > 0;
   state->send_step_end = state->pull_first;
-  state->answer_norm =
-      options_.clip_by_global_norm && (state->send_step_end || answer_norm_);
+  state->answer_norm = options_.clip_by_global_norm &&
+                       (state->send_step_end || pull_only.answer_norm);
   if (announce_decisions_ && state->pull_first) {
     state->pull.mutable_pull()->set_announce_decision(true);
   }

@@ -318,10 +318,7 @@ class PsClient {
   // The generation this client's requests carry.
   int64_t generation() const { return generation_; }
   // Pulls come in bf16 or fp16 (PsClientOptions.wire_dtype).
-  bool sixteen_bit_wire() const {
-    return options_.wire_dtype == DTYPE_BFLOAT16 ||
-           options_.wire_dtype == DTYPE_FLOAT16;
-  }
+  bool sixteen_bit_wire() const { return options_.wire_dtype != DTYPE_FLOAT32; }
   // An elastic job: the membership of the generation the last WaitReady()
   // found (none before, or from shards that send none).
   const std::optional<WorkerMembership>& membership() const {
@@ -540,6 +537,20 @@ class PsClient {
 
   struct StepState;
 
+  // How a pull without pushes goes (PullDecided()): it answers its step's
+  // norm round (StepState::answer_norm), and comes in fp32 and whole
+  // (StepState::full_precision).
+  struct PullOnly {
+    bool answer_norm = false;
+    bool full_precision = false;
+  };
+  // BeginStep(), with `pull_only` for a pull without gradients.
+  absl::Status BeginStep(int64_t step,
+                         const std::vector<absl::Span<const float>>& gradients,
+                         int64_t min_version, int64_t samples,
+                         const std::vector<absl::Span<float>>& weights,
+                         PullOnly pull_only);
+
   // One channel to a shard and its stream: shard `shard`'s chunks i (plan
   // order) with i % count == channel.
   struct Lane {
@@ -707,10 +718,6 @@ class PsClient {
   int64_t announced_generation_ = -1;
   PsStepTimes last_step_times_;
   bool announce_decisions_ = false;
-  // PullDecided(): the step begun answers its norm round without pushes,
-  // and its pull comes in fp32.
-  bool answer_norm_ = false;
-  bool full_precision_pull_ = false;
   // Delta pulls: the version every chunk of `delta_weights_` (the weights'
   // data, per tensor) holds as the shards of generation `delta_generation_`
   // sent it; -1: none known.

@@ -254,8 +254,7 @@ absl::StatusOr<bool> StepLoop::EndEpoch(int epoch) {
   // recoveries and redone steps included), so that the epochs add up to
   // the Runtime.
   const double train_seconds = parts_.reporter->EpochEnded();
-  if (ended.ok() && !parts_.end_epoch) return false;
-  if (ended.ok()) {
+  if (ended.ok() && parts_.end_epoch) {
     ended = parts_.end_epoch(epoch, step_, train_seconds,
                              loss_sum_ / positions_.steps_per_epoch());
   }
