@@ -117,7 +117,8 @@ PsService::PsService(ParameterShard* shard, absl::Duration pull_timeout,
       write_timeout_(write_timeout),
       authorizer_(authorize),
       last_request_unix_ms_(absl::ToUnixMillis(absl::Now())),
-      done_(shard->options().num_workers, false) {
+      done_(shard->options().num_workers, false),
+      steps_ended_(shard->options().num_workers, -1) {
   // PushPull moves grpc::ByteBuffers (common/chunk_message.h), not protobuf
   // messages: its handler is replaced by one of ByteBuffer type, the way
   // gRPC's generated code registers handlers. 2 is PushPull's index in
@@ -870,12 +871,33 @@ grpc::Status PsService::WorkerDone(grpc::ServerContext* context,
   absl::Status status = shard_->CheckWorker(request->header().job_id(),
                                             request->header().worker_id());
   if (!status.ok()) return ToGrpcStatus(status);
+  const int64_t generation = shard_->generation();
+  if (request->steps_ended() && request->header().generation() != generation) {
+    // Steps ended in another generation (a restore since): the worker
+    // recovers, as from a pull of it.
+    return grpc::Status(grpc::StatusCode::ABORTED,
+                        absl::StrCat("shard ", shard_->options().shard_index,
+                                     " is at generation ", generation,
+                                     "; the steps ended in generation ",
+                                     request->header().generation()));
+  }
   absl::MutexLock lock(&done_mu_);
-  done_[request->header().worker_id()] = true;
+  const int worker = request->header().worker_id();
+  if (request->steps_ended()) {
+    steps_ended_[worker] = generation;
+  } else {
+    done_[worker] = true;
+  }
   // An elastic job's removed workers are not waited for.
   int remaining = 0;
-  for (int w : shard_->membership().workers) remaining += done_[w] ? 0 : 1;
+  int training = 0;
+  for (int w : shard_->membership().workers) {
+    remaining += done_[w] ? 0 : 1;
+    training += done_[w] || steps_ended_[w] == generation ? 0 : 1;
+  }
   response->set_workers_remaining(remaining);
+  response->set_workers_training(training);
+  response->set_pushes(shard_->Stats().pushes);
   if (remaining == 0 && !all_workers_done_.HasBeenNotified()) {
     all_workers_done_.Notify();
   }

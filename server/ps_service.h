@@ -240,6 +240,9 @@ class PsService final : public ParameterServer::Service {
   std::atomic<int64_t> last_request_unix_ms_;
   absl::Mutex done_mu_;
   std::vector<bool> done_ ABSL_GUARDED_BY(done_mu_);
+  // Per worker, the generation in which it said its steps ended
+  // (WorkerDoneRequest.steps_ended); -1: never.
+  std::vector<int64_t> steps_ended_ ABSL_GUARDED_BY(done_mu_);
   absl::Notification all_workers_done_;
   std::atomic<int> restores_in_progress_{0};
   absl::Mutex layout_mu_;

@@ -168,6 +168,29 @@ class PsServiceTest : public ::testing::Test {
     return request;
   }
 
+  // Worker 0 reopens the shard in place at `generation`.
+  void Reopen(int64_t generation) {
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() +
+                         std::chrono::seconds(10));
+    InitResponse response;
+    auto writer = stub_->Init(&context, &response);
+    InitRequest reopen;
+    reopen.mutable_header()->set_job_id("job");
+    reopen.mutable_header()->set_worker_id(0);
+    reopen.mutable_header()->set_generation(generation - 1);
+    reopen.mutable_layout()->add_param_num_elements(4);
+    reopen.mutable_layout()->set_partition_bytes(16);
+    reopen.set_generation(generation);
+    reopen.set_reopen(true);
+    reopen.set_reopen_version(-1);
+    writer->Write(reopen);
+    writer->WritesDone();
+    const grpc::Status reopened = writer->Finish();
+    ASSERT_TRUE(reopened.ok()) << reopened.error_message();
+    ASSERT_EQ(shard_->generation(), generation);
+  }
+
   std::string checkpoint_root_;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<ParameterShard> shard_;
@@ -617,25 +640,7 @@ TEST_F(PsServiceTest, ACheckpointCutIsAnnouncedInItsGenerationOnly) {
   ASSERT_TRUE(Checkpoint(CheckpointOf(0, /*wait=*/true)).ok());
   EXPECT_EQ(pull(0), 0);
 
-  grpc::ClientContext context;
-  context.set_deadline(std::chrono::system_clock::now() +
-                       std::chrono::seconds(10));
-  InitResponse response;
-  auto writer = stub_->Init(&context, &response);
-  InitRequest reopen;
-  reopen.mutable_header()->set_job_id("job");
-  reopen.mutable_header()->set_worker_id(0);
-  reopen.mutable_layout()->add_param_num_elements(4);
-  reopen.mutable_layout()->set_partition_bytes(16);
-  reopen.set_generation(1);
-  reopen.set_reopen(true);
-  reopen.set_reopen_version(-1);
-  writer->Write(reopen);
-  writer->WritesDone();
-  const grpc::Status reopened = writer->Finish();
-  ASSERT_TRUE(reopened.ok()) << reopened.error_message();
-  ASSERT_EQ(shard_->generation(), 1);
-
+  ASSERT_NO_FATAL_FAILURE(Reopen(1));
   EXPECT_EQ(pull(1), std::nullopt);
   CheckpointRequest again = CheckpointOf(0, /*wait=*/false);
   again.mutable_header()->set_generation(1);
@@ -643,6 +648,42 @@ TEST_F(PsServiceTest, ACheckpointCutIsAnnouncedInItsGenerationOnly) {
   again.set_wait(true);
   ASSERT_TRUE(Checkpoint(again).ok());
   EXPECT_EQ(pull(1), 0);
+}
+
+// WorkerDone with steps_ended (the async final weights' wait): a worker's
+// steps count as ended in the generation it said so in; a restore or a
+// reopen forgets it, and a worker saying so in an older generation is
+// ABORTED (it recovers). Done counts as ended in any generation.
+TEST_F(PsServiceTest, StepsEndedCountInTheirGenerationOnly) {
+  auto done = [&](int worker, int64_t generation, bool steps_ended,
+                  WorkerDoneResponse* response) {
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() +
+                         std::chrono::seconds(10));
+    WorkerDoneRequest request;
+    request.mutable_header()->set_job_id("job");
+    request.mutable_header()->set_worker_id(worker);
+    request.mutable_header()->set_generation(generation);
+    request.set_steps_ended(steps_ended);
+    return stub_->WorkerDone(&context, request, response);
+  };
+  WorkerDoneResponse r;
+  ASSERT_TRUE(done(1, 0, true, &r).ok());
+  EXPECT_EQ(r.workers_training(), 1);  // worker 0
+  EXPECT_EQ(r.workers_remaining(), 2);
+  ASSERT_TRUE(done(0, 0, true, &r).ok());
+  EXPECT_EQ(r.workers_training(), 0);
+
+  ASSERT_NO_FATAL_FAILURE(Reopen(1));
+  const grpc::Status stale = done(1, 0, true, &r);
+  EXPECT_EQ(stale.error_code(), grpc::StatusCode::ABORTED);
+  EXPECT_THAT(stale.error_message(), HasSubstr("is at generation 1"));
+  ASSERT_TRUE(done(1, 1, true, &r).ok());
+  EXPECT_EQ(r.workers_training(), 1);  // worker 0 said so in generation 0
+  ASSERT_TRUE(done(0, 1, false, &r).ok());
+  EXPECT_EQ(r.workers_training(), 0);
+  EXPECT_EQ(r.workers_remaining(), 1);
+  EXPECT_FALSE(service_->all_workers_done().HasBeenNotified());
 }
 
 // A stream that sends pulls for a version that never comes, without

@@ -261,9 +261,14 @@ class PsExchange : public GradientExchange, public WeightsGate {
   absl::Status AwaitFinalWeights() override {
     RETURN_IF_ERROR(CompletePull());
     const bool stale = sync_ && staleness_ > 0;
-    if (!stale && !client_->sixteen_bit_wire()) return absl::OkStatus();
-    // Sync: version step_ (the last pull answered the norm of step
-    // step_ - 1 - s); async: the shards' weights as they are. In fp32.
+    if (sync_ && !stale && !client_->sixteen_bit_wire()) {
+      return absl::OkStatus();
+    }
+    // Async: once every member's last push is in (the stall bound: no push
+    // for init_timeout), the shards' weights as they are; sync: version
+    // step_ (the last pull answered the norm of step step_ - 1 - s). In
+    // fp32.
+    if (!sync_) RETURN_IF_ERROR(client_->AwaitStepsEnded(init_timeout_));
     ASSIGN_OR_RETURN(version_, sync_ ? client_->PullDecided(step_ - staleness_,
                                                             step_, weights_)
                                      : client_->PullDecided(0, 0, weights_));

@@ -375,11 +375,15 @@ class GradientExchange {
   // rounds of the last s steps unanswered, so that the shards would never
   // apply them: then it answers those rounds and pulls version T
   // (PsClient::PullDecided()), waiting, up to the pull timeout, until every
-  // worker ended step T - 1. Async PS: the newest pull (the others may
-  // still be pushing). On a 16-bit wire (bf16, fp16) the weights are
-  // pulled once more in fp32 (sync: version T; async: as they are), so
-  // that they are the shards' fp32 weights, not their rounding. The
-  // pull's error, as Step()'s.
+  // worker ended step T - 1. Async PS: tells the shards this worker's
+  // steps ended, waits until every member's have (PsClient
+  // ::AwaitStepsEnded(); DEADLINE_EXCEEDED when no push reaches the shards
+  // for the init timeout meanwhile), then pulls the weights as they are:
+  // every worker's every push is in them, where the newest pull lacked
+  // the pushes of the workers still training. On a 16-bit wire (bf16,
+  // fp16) the weights are pulled once more in fp32 (sync: version T;
+  // async: that pull), so that they are the shards' fp32 weights, not
+  // their rounding. The pull's error, as Step()'s.
   virtual absl::Status AwaitFinalWeights() { return AwaitWeights(); }
 
   // After Step(): how its exchange went. With forward before the pull

@@ -830,10 +830,11 @@ TEST(AllreduceExchangeTest, ElasticTopKKeepsEachWorkersResiduals) {
   ElasticWorldScenario(/*topk_ratio=*/0.1);
 }
 
-// `num_shards` sync shards of a job of `num_workers` (bounded staleness
-// `staleness`; `optimizer`, Adam by default; clipping by global norm at
-// `clip_grad_norm`, 0: none), each behind its own gRPC server on
-// 127.0.0.1, for tensors of kTensors x kElements in one chunk each.
+// `num_shards` shards of a job of `num_workers` in `mode` (sync by
+// default; bounded staleness `staleness`; `optimizer`, Adam by default;
+// clipping by global norm at `clip_grad_norm`, 0: none), each behind its
+// own gRPC server on 127.0.0.1, for tensors of kTensors x kElements in one
+// chunk each.
 class Shards {
  public:
   // `replicas_to_aggregate` > 0: backup workers (a step is decided by the
@@ -841,8 +842,10 @@ class Shards {
   Shards(int num_shards, int num_workers, int staleness = 0,
          const OptimizerOptions& optimizer = OptimizerOptions(),
          double clip_grad_norm = 0, int replicas_to_aggregate = 0,
-         const std::string& checkpoint_dir = "")
-      : staleness_(staleness),
+         const std::string& checkpoint_dir = "",
+         SyncMode mode = SyncMode::kSync)
+      : mode_(mode),
+        staleness_(staleness),
         clip_grad_norm_(clip_grad_norm),
         backup_workers_(replicas_to_aggregate > 0),
         checkpoint_dir_(checkpoint_dir) {
@@ -853,7 +856,7 @@ class Shards {
       options.shard_index = s;
       options.num_shards = num_shards;
       options.num_workers = num_workers;
-      options.mode = SyncMode::kSync;
+      options.mode = mode;
       options.staleness = staleness;
       options.adam = optimizer;
       options.clip_grad_norm = clip_grad_norm;
@@ -920,7 +923,7 @@ class Shards {
     for (int s = 0; s < (*client)->num_shards(); ++s) {
       EXPECT_EQ((*client)->channels_of(s), channels_per_shard_);
     }
-    return CreatePsExchange(*std::move(client), /*sync=*/true, chief,
+    return CreatePsExchange(*std::move(client), mode_ == SyncMode::kSync, chief,
                             absl::Seconds(10), staleness_, backup_workers_,
                             std::move(compression));
   }
@@ -960,6 +963,7 @@ class Shards {
   CompressionOptions compression_;
   int channels_per_shard_ = 1;
   int64_t partition_bytes_ = kElements * sizeof(float);
+  const SyncMode mode_;
   const int staleness_;
   const double clip_grad_norm_;
   const bool backup_workers_;
@@ -2333,6 +2337,63 @@ TEST(PsExchangeTest, StalenessEndsWithEveryStepDecidedWithAndWithoutClipping) {
       EXPECT_EQ(stale[r], sync[0]) << "clip " << clip << " worker " << r;
     }
   }
+}
+
+// Async: a worker's newest pull lacks the pushes of the workers still
+// training. AwaitFinalWeights() waits for every member's last push and
+// pulls then: worker 0, done first, ends with the shards' final weights,
+// worker 1's last push in them, bit for bit.
+TEST(PsExchangeTest, AsyncFinalWeightsHoldEveryWorkersLastPush) {
+  constexpr int kSteps = 4;
+  Shards shards(/*num_shards=*/2, /*num_workers=*/2, /*staleness=*/0,
+                AdamOptions(), /*clip_grad_norm=*/0,
+                /*replicas_to_aggregate=*/0,
+                /*checkpoint_dir=*/"", SyncMode::kAsync);
+  absl::Notification worker0_ended;  // its steps, before its final pull
+  std::atomic<bool> worker0_final{false};
+  std::vector<std::vector<std::vector<float>>> results(2);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r) {
+    threads.emplace_back([&, r] {
+      std::unique_ptr<GradientExchange> exchange =
+          shards.Exchange(r, /*chief=*/r == 0);
+      RankTensors tensors(r);
+      ASSERT_TRUE(exchange->Start(tensors.weights).ok());
+      for (int step = 0; step < kSteps; ++step) {
+        if (r == 1 && step + 1 == kSteps) {
+          // Worker 1's last step once worker 0 has ended its steps.
+          ASSERT_TRUE(
+              worker0_ended.WaitForNotificationWithTimeout(absl::Seconds(30)));
+          absl::SleepFor(absl::Milliseconds(300));
+          EXPECT_FALSE(worker0_final.load())
+              << "worker 0 took its final weights before worker 1's last step";
+        }
+        const absl::Status s = exchange->Step(tensors.gradients, 8);
+        ASSERT_TRUE(s.ok()) << s;
+      }
+      if (r == 0) worker0_ended.Notify();
+      const absl::Status s = exchange->AwaitFinalWeights();
+      ASSERT_TRUE(s.ok()) << s;
+      if (r == 0) worker0_final.store(true);
+      results[r] = tensors.w;
+      ASSERT_TRUE(exchange->Finish().ok());
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  int64_t pushes = 0;
+  for (int s = 0; s < 2; ++s) {
+    pushes += shards.shard(s).Stats().pushes;
+    absl::StatusOr<std::vector<ChunkSnapshot>> snapshot =
+        shards.shard(s).Snapshot(0);
+    ASSERT_TRUE(snapshot.ok()) << snapshot.status();
+    for (const ChunkSnapshot& c : *snapshot) {
+      for (int r = 0; r < 2; ++r) {
+        EXPECT_EQ(results[r][c.spec.param_id], c.weights)
+            << "worker " << r << " tensor " << c.spec.param_id;
+      }
+    }
+  }
+  EXPECT_EQ(pushes, 2 * kSteps * kTensors);  // every push applied
 }
 
 TEST(PsExchangeTest, FailedCopyIsStepsErrorAndMidStepExitIsPrompt) {

@@ -975,19 +975,4 @@ absl::Status PsClient::CloseStreams() {
   return first_error;
 }
 
-absl::Status PsClient::Done() {
-  absl::Status first_error = CloseStreams();
-  for (int s = 0; s < num_shards(); ++s) {
-    grpc::ClientContext context;
-    SetDeadline(&context, options_.rpc_timeout);
-    WorkerDoneRequest request;
-    SetHeader(request.mutable_header());
-    WorkerDoneResponse response;
-    const grpc::Status status =
-        stubs_[s]->WorkerDone(&context, request, &response);
-    if (!status.ok() && first_error.ok()) first_error = ShardError(s, status);
-  }
-  return first_error;
-}
-
 }  // namespace pstrain

@@ -518,6 +518,15 @@ class PsClient {
   // watchdog timeout". Errors: the first stream's final status.
   absl::Status CloseStreams();
 
+  // Tells every shard this worker has ended its last step (its pushes are
+  // in; WorkerDoneRequest.steps_ended) and returns once every member of
+  // the job has, or has said Done(): asks each shard again, every 5 to
+  // 100 ms, while any has a member training. Errors: a shard's
+  // (ShardError(); ABORTED once a restore began another generation);
+  // DEADLINE_EXCEEDED when no push reached the shards for `stall_timeout`
+  // while members still trained.
+  absl::Status AwaitStepsEnded(absl::Duration stall_timeout);
+
   // Tells every shard this worker has finished and closes the streams.
   absl::Status Done();
 

@@ -1,0 +1,67 @@
+// PsClient's end of a job (worker/ps_client.h): the wait for every member's
+// last step (AwaitStepsEnded) and WorkerDone (Done).
+#include <algorithm>
+#include <cstdint>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "worker/ps_client.h"
+
+namespace pstrain {
+
+absl::Status PsClient::AwaitStepsEnded(absl::Duration stall_timeout) {
+  absl::Duration pause = absl::Milliseconds(5);
+  int64_t last_pushes = -1;
+  absl::Time progress = absl::Now();
+  for (;;) {
+    int training = 0;
+    int64_t pushes = 0;
+    for (int s = 0; s < num_shards(); ++s) {
+      grpc::ClientContext context;
+      context.set_deadline(
+          absl::ToChronoTime(absl::Now() + options_.rpc_timeout));
+      WorkerDoneRequest request;
+      SetHeader(request.mutable_header());
+      request.set_steps_ended(true);
+      WorkerDoneResponse response;
+      const grpc::Status status =
+          stubs_[s]->WorkerDone(&context, request, &response);
+      if (!status.ok()) return ShardError(s, status);
+      training = std::max(training, response.workers_training());
+      pushes += response.pushes();
+    }
+    if (training == 0) return absl::OkStatus();
+    const absl::Time now = absl::Now();
+    if (pushes != last_pushes) {
+      last_pushes = pushes;
+      progress = now;
+    } else if (now - progress >= stall_timeout) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          "the final weights: ", training,
+          " worker(s) had not ended their last step, and no push reached the "
+          "shards for ",
+          absl::FormatDuration(stall_timeout)));
+    }
+    absl::SleepFor(pause);
+    pause = std::min(pause * 2, absl::Milliseconds(100));
+  }
+}
+
+absl::Status PsClient::Done() {
+  absl::Status first_error = CloseStreams();
+  for (int s = 0; s < num_shards(); ++s) {
+    grpc::ClientContext context;
+    context.set_deadline(
+        absl::ToChronoTime(absl::Now() + options_.rpc_timeout));
+    WorkerDoneRequest request;
+    SetHeader(request.mutable_header());
+    WorkerDoneResponse response;
+    const grpc::Status status =
+        stubs_[s]->WorkerDone(&context, request, &response);
+    if (!status.ok() && first_error.ok()) first_error = ShardError(s, status);
+  }
+  return first_error;
+}
+
+}  // namespace pstrain
