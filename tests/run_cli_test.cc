@@ -281,16 +281,19 @@ TEST(RunCliTest, BackupWorkersLeaveTheStragglerBehind) {
   // running two tests at once), so the count is held against theirs below,
   // not a fixed number.
   EXPECT_GE(std::stoi(late[1].str()), 3) << r.output;
-  // The fast workers are hardly ever late: each step has 2 admitted
-  // workers (a loaded machine, or a sanitized build, can make one of them
-  // miss a step now and then).
+  // The fast workers are seldom late: each step has 2 admitted workers (a
+  // loaded machine, or a sanitized build, makes one of them miss a step
+  // now and then: 8 of 60 once with four tests on 2 cores, when the
+  // straggler was late 31 times). So each is late in at most a quarter of
+  // the job's 60 steps, and less often than the straggler.
   for (const char* fast : {"0", "1"}) {
     std::smatch fast_late;
     if (std::regex_search(
             r.output, fast_late,
             std::regex(std::string(R"(\[worker)") + fast + R"(\] worker )" +
                        fast + R"(: ([0-9]+) steps ended late)"))) {
-      EXPECT_LE(4 * std::stoi(fast_late[1].str()), std::stoi(late[1].str()))
+      EXPECT_LE(4 * std::stoi(fast_late[1].str()), 60) << r.output;
+      EXPECT_LT(std::stoi(fast_late[1].str()), std::stoi(late[1].str()))
           << r.output;
     }
   }
