@@ -680,6 +680,9 @@ class PsClient {
   // Channels, stub and PushPull methods of shard `s` for addresses_[s].
   void Connect(int s);
   void SetHeader(RequestHeader* header) const;
+  // One WorkerDone call to `shard` (proto/ps.proto), within rpc_timeout.
+  grpc::Status WorkerDone(int shard, bool steps_ended,
+                          WorkerDoneResponse* response);
   // The step's PsStepTimes, from its threads' records (after they joined).
   PsStepTimes StepTimesOf(const StepState& state) const;
 

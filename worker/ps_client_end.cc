@@ -10,6 +10,16 @@
 
 namespace pstrain {
 
+grpc::Status PsClient::WorkerDone(int shard, bool steps_ended,
+                                  WorkerDoneResponse* response) {
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + options_.rpc_timeout));
+  WorkerDoneRequest request;
+  SetHeader(request.mutable_header());
+  request.set_steps_ended(steps_ended);
+  return stubs_[shard]->WorkerDone(&context, request, response);
+}
+
 absl::Status PsClient::AwaitStepsEnded(absl::Duration stall_timeout) {
   absl::Duration pause = absl::Milliseconds(5);
   int64_t last_pushes = -1;
@@ -18,15 +28,9 @@ absl::Status PsClient::AwaitStepsEnded(absl::Duration stall_timeout) {
     int training = 0;
     int64_t pushes = 0;
     for (int s = 0; s < num_shards(); ++s) {
-      grpc::ClientContext context;
-      context.set_deadline(
-          absl::ToChronoTime(absl::Now() + options_.rpc_timeout));
-      WorkerDoneRequest request;
-      SetHeader(request.mutable_header());
-      request.set_steps_ended(true);
       WorkerDoneResponse response;
       const grpc::Status status =
-          stubs_[s]->WorkerDone(&context, request, &response);
+          WorkerDone(s, /*steps_ended=*/true, &response);
       if (!status.ok()) return ShardError(s, status);
       training = std::max(training, response.workers_training());
       pushes += response.pushes();
@@ -51,14 +55,8 @@ absl::Status PsClient::AwaitStepsEnded(absl::Duration stall_timeout) {
 absl::Status PsClient::Done() {
   absl::Status first_error = CloseStreams();
   for (int s = 0; s < num_shards(); ++s) {
-    grpc::ClientContext context;
-    context.set_deadline(
-        absl::ToChronoTime(absl::Now() + options_.rpc_timeout));
-    WorkerDoneRequest request;
-    SetHeader(request.mutable_header());
     WorkerDoneResponse response;
-    const grpc::Status status =
-        stubs_[s]->WorkerDone(&context, request, &response);
+    const grpc::Status status = WorkerDone(s, /*steps_ended=*/false, &response);
     if (!status.ok() && first_error.ok()) first_error = ShardError(s, status);
   }
   return first_error;
