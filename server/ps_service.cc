@@ -893,7 +893,10 @@ grpc::Status PsService::WorkerDone(grpc::ServerContext* context,
   int training = 0;
   for (int w : shard_->membership().workers) {
     remaining += done_[w] ? 0 : 1;
-    training += done_[w] || steps_ended_[w] == generation ? 0 : 1;
+    if (!done_[w] && steps_ended_[w] != generation) {
+      ++training;
+      response->add_training_ids(w);
+    }
   }
   response->set_workers_remaining(remaining);
   response->set_workers_training(training);

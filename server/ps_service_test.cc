@@ -34,6 +34,7 @@
 namespace pstrain {
 namespace {
 
+using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
 // One parameter of 4 elements in one chunk; 2 sync workers.
@@ -669,7 +670,8 @@ TEST_F(PsServiceTest, StepsEndedCountInTheirGenerationOnly) {
   };
   WorkerDoneResponse r;
   ASSERT_TRUE(done(1, 0, true, &r).ok());
-  EXPECT_EQ(r.workers_training(), 1);  // worker 0
+  EXPECT_EQ(r.workers_training(), 1);
+  EXPECT_THAT(r.training_ids(), ElementsAre(0));
   EXPECT_EQ(r.workers_remaining(), 2);
   ASSERT_TRUE(done(0, 0, true, &r).ok());
   EXPECT_EQ(r.workers_training(), 0);
@@ -679,7 +681,7 @@ TEST_F(PsServiceTest, StepsEndedCountInTheirGenerationOnly) {
   EXPECT_EQ(stale.error_code(), grpc::StatusCode::ABORTED);
   EXPECT_THAT(stale.error_message(), HasSubstr("is at generation 1"));
   ASSERT_TRUE(done(1, 1, true, &r).ok());
-  EXPECT_EQ(r.workers_training(), 1);  // worker 0 said so in generation 0
+  EXPECT_THAT(r.training_ids(), ElementsAre(0));  // said in generation 0
   ASSERT_TRUE(done(0, 1, false, &r).ok());
   EXPECT_EQ(r.workers_training(), 0);
   EXPECT_EQ(r.workers_remaining(), 1);

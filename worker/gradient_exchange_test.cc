@@ -2396,6 +2396,32 @@ TEST(PsExchangeTest, AsyncFinalWeightsHoldEveryWorkersLastPush) {
   EXPECT_EQ(pushes, 2 * kSteps * kTensors);  // every push applied
 }
 
+// The wait for the other workers' last pushes ends when no push reaches
+// the shards for its stall timeout, naming the workers still training.
+TEST(PsExchangeTest, AsyncFinalWaitWithoutProgressNamesTheWorkersTraining) {
+  Shards shards(/*num_shards=*/2, /*num_workers=*/3, /*staleness=*/0,
+                AdamOptions(), /*clip_grad_norm=*/0,
+                /*replicas_to_aggregate=*/0,
+                /*checkpoint_dir=*/"", SyncMode::kAsync);
+  std::unique_ptr<GradientExchange> exchange = shards.Exchange(0, true);
+  RankTensors tensors(0);
+  ASSERT_TRUE(exchange->Start(tensors.weights).ok());
+  ASSERT_TRUE(exchange->Step(tensors.gradients, 8).ok());
+  absl::StatusOr<std::unique_ptr<PsClient>> client =
+      PsClient::Create(shards.ClientOptions(0), shards.Plan());
+  ASSERT_TRUE(client.ok()) << client.status();
+  const absl::Time start = absl::Now();
+  const absl::Status waited =
+      (*client)->AwaitStepsEnded(absl::Milliseconds(300));
+  EXPECT_EQ(waited.code(), absl::StatusCode::kDeadlineExceeded) << waited;
+  EXPECT_NE(waited.message().find("worker(s) 1,2 had not ended their last "
+                                  "step, and no push reached the shards for "
+                                  "300ms"),
+            std::string::npos)
+      << waited;
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+}
+
 TEST(PsExchangeTest, FailedCopyIsStepsErrorAndMidStepExitIsPrompt) {
   Shards shards(/*num_shards=*/1, /*num_workers=*/1);
   std::vector<std::vector<float>> w(kTensors,

@@ -523,8 +523,8 @@ class PsClient {
   // the job has, or has said Done(): asks each shard again, every 5 to
   // 100 ms, while any has a member training. Errors: a shard's
   // (ShardError(); ABORTED once a restore began another generation);
-  // DEADLINE_EXCEEDED when no push reached the shards for `stall_timeout`
-  // while members still trained.
+  // DEADLINE_EXCEEDED, naming the members still training, when no push
+  // reached the shards for `stall_timeout` meanwhile.
   absl::Status AwaitStepsEnded(absl::Duration stall_timeout);
 
   // Tells every shard this worker has finished and closes the streams.

@@ -2,8 +2,10 @@
 // last step (AwaitStepsEnded) and WorkerDone (Done).
 #include <algorithm>
 #include <cstdint>
+#include <set>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "worker/ps_client.h"
@@ -25,26 +27,27 @@ absl::Status PsClient::AwaitStepsEnded(absl::Duration stall_timeout) {
   int64_t last_pushes = -1;
   absl::Time progress = absl::Now();
   for (;;) {
-    int training = 0;
+    std::set<int> training;
     int64_t pushes = 0;
     for (int s = 0; s < num_shards(); ++s) {
       WorkerDoneResponse response;
       const grpc::Status status =
           WorkerDone(s, /*steps_ended=*/true, &response);
       if (!status.ok()) return ShardError(s, status);
-      training = std::max(training, response.workers_training());
+      training.insert(response.training_ids().begin(),
+                      response.training_ids().end());
       pushes += response.pushes();
     }
-    if (training == 0) return absl::OkStatus();
+    if (training.empty()) return absl::OkStatus();
     const absl::Time now = absl::Now();
     if (pushes != last_pushes) {
       last_pushes = pushes;
       progress = now;
     } else if (now - progress >= stall_timeout) {
       return absl::DeadlineExceededError(absl::StrCat(
-          "the final weights: ", training,
-          " worker(s) had not ended their last step, and no push reached the "
-          "shards for ",
+          "the final weights: worker(s) ", absl::StrJoin(training, ","),
+          " had not ended their last step, and no push reached the shards "
+          "for ",
           absl::FormatDuration(stall_timeout)));
     }
     absl::SleepFor(pause);
