@@ -295,6 +295,7 @@ int ServeUntilEnd(pstrain::TaskAgent& agent, pstrain::ParameterShard* shard,
     }
     files->MaybeWriteRow();
     BreakBarrierForRemovedWorkers(agent, shard);
+    service->SetRemovedWorkers(agent.removed_workers());
     if (service->all_workers_done().WaitForNotificationWithTimeout(
             absl::Milliseconds(100))) {
       agent.Log(absl::StrCat("all workers done; shard ", index, " exiting"));

@@ -118,7 +118,8 @@ PsService::PsService(ParameterShard* shard, absl::Duration pull_timeout,
       authorizer_(authorize),
       last_request_unix_ms_(absl::ToUnixMillis(absl::Now())),
       done_(shard->options().num_workers, false),
-      steps_ended_(shard->options().num_workers, -1) {
+      steps_ended_(shard->options().num_workers, -1),
+      removed_(shard->options().num_workers, false) {
   // PushPull moves grpc::ByteBuffers (common/chunk_message.h), not protobuf
   // messages: its handler is replaced by one of ByteBuffer type, the way
   // gRPC's generated code registers handlers. 2 is PushPull's index in
@@ -859,6 +860,13 @@ grpc::Status PsService::Stats(grpc::ServerContext* context,
   return grpc::Status::OK;
 }
 
+void PsService::SetRemovedWorkers(const std::vector<int>& workers) {
+  absl::MutexLock lock(&done_mu_);
+  for (int w : workers) {
+    if (w >= 0 && w < static_cast<int>(removed_.size())) removed_[w] = true;
+  }
+}
+
 grpc::Status PsService::WorkerDone(grpc::ServerContext* context,
                                    const WorkerDoneRequest* request,
                                    WorkerDoneResponse* response) {
@@ -893,14 +901,14 @@ grpc::Status PsService::WorkerDone(grpc::ServerContext* context,
   int training = 0;
   for (int w : shard_->membership().workers) {
     remaining += done_[w] ? 0 : 1;
-    if (!done_[w] && steps_ended_[w] != generation) {
+    if (!done_[w] && steps_ended_[w] != generation && !removed_[w]) {
       ++training;
       response->add_training_ids(w);
     }
   }
   response->set_workers_remaining(remaining);
   response->set_workers_training(training);
-  response->set_pushes(shard_->Stats().pushes);
+  response->set_bytes_received(bytes_received_.load());
   if (remaining == 0 && !all_workers_done_.HasBeenNotified()) {
     all_workers_done_.Notify();
   }

@@ -29,6 +29,7 @@
 #include <string>
 #include <thread>
 #include <tuple>
+#include <vector>
 
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
@@ -92,9 +93,18 @@ class PsService final : public ParameterServer::Service {
   grpc::Status Checkpoint(grpc::ServerContext* context,
                           const CheckpointRequest* request,
                           CheckpointResponse* response) override;
+  // A worker's end (proto/ps.proto WorkerDoneRequest): done, or, with
+  // steps_ended, its last step ended; answers how many members have not
+  // (a worker removed after its death is not waited for by the latter).
+  // ABORTED for steps_ended of another generation than the shard's.
   grpc::Status WorkerDone(grpc::ServerContext* context,
                           const WorkerDoneRequest* request,
                           WorkerDoneResponse* response) override;
+  // Elastic jobs: the workers the coordinator removed after their death
+  // (HeartbeatResponse.removed_workers), which will never end their steps:
+  // WorkerDone's workers_training leaves them out. Ids outside the job's
+  // capacity are ignored. Any thread.
+  void SetRemovedWorkers(const std::vector<int>& workers);
   // Worker 0 of an elastic job moving its state onto another number of
   // shards (proto/ps.proto ExportRequest): reopens the shard closed at the
   // request's generation (ParameterShard::Reopen) and streams every chunk
@@ -243,6 +253,8 @@ class PsService final : public ParameterServer::Service {
   // Per worker, the generation in which it said its steps ended
   // (WorkerDoneRequest.steps_ended); -1: never.
   std::vector<int64_t> steps_ended_ ABSL_GUARDED_BY(done_mu_);
+  // Workers removed from the job after their death (SetRemovedWorkers).
+  std::vector<bool> removed_ ABSL_GUARDED_BY(done_mu_);
   absl::Notification all_workers_done_;
   std::atomic<int> restores_in_progress_{0};
   absl::Mutex layout_mu_;

@@ -169,6 +169,20 @@ class PsServiceTest : public ::testing::Test {
     return request;
   }
 
+  // Worker `worker`'s WorkerDone call (proto/ps.proto).
+  grpc::Status WorkerDone(int worker, int64_t generation, bool steps_ended,
+                          WorkerDoneResponse* response) {
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() +
+                         std::chrono::seconds(10));
+    WorkerDoneRequest request;
+    request.mutable_header()->set_job_id("job");
+    request.mutable_header()->set_worker_id(worker);
+    request.mutable_header()->set_generation(generation);
+    request.set_steps_ended(steps_ended);
+    return stub_->WorkerDone(&context, request, response);
+  }
+
   // Worker 0 reopens the shard in place at `generation`.
   void Reopen(int64_t generation) {
     grpc::ClientContext context;
@@ -658,15 +672,7 @@ TEST_F(PsServiceTest, ACheckpointCutIsAnnouncedInItsGenerationOnly) {
 TEST_F(PsServiceTest, StepsEndedCountInTheirGenerationOnly) {
   auto done = [&](int worker, int64_t generation, bool steps_ended,
                   WorkerDoneResponse* response) {
-    grpc::ClientContext context;
-    context.set_deadline(std::chrono::system_clock::now() +
-                         std::chrono::seconds(10));
-    WorkerDoneRequest request;
-    request.mutable_header()->set_job_id("job");
-    request.mutable_header()->set_worker_id(worker);
-    request.mutable_header()->set_generation(generation);
-    request.set_steps_ended(steps_ended);
-    return stub_->WorkerDone(&context, request, response);
+    return WorkerDone(worker, generation, steps_ended, response);
   };
   WorkerDoneResponse r;
   ASSERT_TRUE(done(1, 0, true, &r).ok());
@@ -686,6 +692,21 @@ TEST_F(PsServiceTest, StepsEndedCountInTheirGenerationOnly) {
   EXPECT_EQ(r.workers_training(), 0);
   EXPECT_EQ(r.workers_remaining(), 1);
   EXPECT_FALSE(service_->all_workers_done().HasBeenNotified());
+}
+
+// A worker removed after its death never ends its steps: the others do not
+// wait for it (its done is still waited for by the shard's exit).
+TEST_F(PsServiceTest, StepsEndedLeaveOutWorkersRemovedAfterTheirDeath) {
+  auto ended = [&](int worker, WorkerDoneResponse* response) {
+    return WorkerDone(worker, /*generation=*/0, /*steps_ended=*/true, response);
+  };
+  WorkerDoneResponse r;
+  ASSERT_TRUE(ended(1, &r).ok());
+  EXPECT_THAT(r.training_ids(), ElementsAre(0));
+  service_->SetRemovedWorkers({0, 7, -1});  // out of range: ignored
+  ASSERT_TRUE(ended(1, &r).ok());
+  EXPECT_EQ(r.workers_training(), 0);
+  EXPECT_EQ(r.workers_remaining(), 2);
 }
 
 // A stream that sends pulls for a version that never comes, without

@@ -44,6 +44,8 @@ class FakeExchange : public GradientExchange {
   std::string reopen_refusal;
   // AwaitFinalWeights() fails with these errors, one per call, in order.
   std::deque<absl::Status> final_weights_errors;
+  // What FinalWeightsShortfall() says.
+  std::string final_weights_shortfall;
   // SamplesSoFar(): this, plus the samples of every successful Step().
   int64_t samples = 0;
 
@@ -100,6 +102,9 @@ class FakeExchange : public GradientExchange {
     absl::Status error = final_weights_errors.front();
     final_weights_errors.pop_front();
     return error;
+  }
+  std::string FinalWeightsShortfall() const override {
+    return final_weights_shortfall;
   }
   absl::StatusOr<int64_t> SamplesSoFar() override { return samples; }
   absl::Status BeforePause() override;

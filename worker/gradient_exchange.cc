@@ -7,12 +7,14 @@
 #include <limits>
 #include <memory>
 #include <optional>
+#include <string>
 #include <thread>  // NOLINT(build/c++11)
 #include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
 #include "common/nonfinite.h"
 #include "common/safetensors.h"
@@ -264,16 +266,33 @@ class PsExchange : public GradientExchange, public WeightsGate {
     if (sync_ && !stale && !client_->sixteen_bit_wire()) {
       return absl::OkStatus();
     }
-    // Async: once every member's last push is in (the stall bound: no push
-    // for init_timeout), the shards' weights as they are; sync: version
-    // step_ (the last pull answered the norm of step step_ - 1 - s). In
-    // fp32.
-    if (!sync_) RETURN_IF_ERROR(client_->AwaitStepsEnded(init_timeout_));
+    // Async: once every member's last push is in (or no push came for
+    // init_timeout: the streams idle meanwhile are closed), the shards'
+    // weights as they are; sync: version step_ (the last pull answered the
+    // norm of step step_ - 1 - s). In fp32.
+    final_shortfall_.clear();
+    if (!sync_) {
+      RETURN_IF_ERROR(client_->CloseStreams());
+      ASSIGN_OR_RETURN(const std::vector<int> training,
+                       client_->AwaitStepsEnded(init_timeout_));
+      if (!training.empty()) {
+        final_shortfall_ = absl::StrCat(
+            "the final weights: worker(s) ", absl::StrJoin(training, ","),
+            " had not ended their last step and no push reached the shards "
+            "for ",
+            absl::FormatDuration(init_timeout_),
+            "; they hold the pushes in so far");
+      }
+    }
     ASSIGN_OR_RETURN(version_, sync_ ? client_->PullDecided(step_ - staleness_,
                                                             step_, weights_)
                                      : client_->PullDecided(0, 0, weights_));
     // A checkpoint those pulls announced takes this worker's residual.
     return SaveAnnouncedResiduals();
+  }
+
+  std::string FinalWeightsShortfall() const override {
+    return final_shortfall_;
   }
 
   // WeightsGate: the compute's forward asks per tensor, then for all.
@@ -671,6 +690,8 @@ class PsExchange : public GradientExchange, public WeightsGate {
   const bool sync_;
   const bool chief_;
   const absl::Duration init_timeout_;
+  // AwaitFinalWeights(): what the final weights lack ("" nothing).
+  std::string final_shortfall_;
   const int staleness_;
   const bool backup_workers_;
   std::vector<absl::Span<float>> weights_;

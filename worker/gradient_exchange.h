@@ -377,14 +377,19 @@ class GradientExchange {
   // (PsClient::PullDecided()), waiting, up to the pull timeout, until every
   // worker ended step T - 1. Async PS: tells the shards this worker's
   // steps ended, waits until every member's have (PsClient
-  // ::AwaitStepsEnded(); DEADLINE_EXCEEDED when no push reaches the shards
-  // for the init timeout meanwhile), then pulls the weights as they are:
-  // every worker's every push is in them, where the newest pull lacked
-  // the pushes of the workers still training. On a 16-bit wire (bf16,
-  // fp16) the weights are pulled once more in fp32 (sync: version T;
-  // async: that pull), so that they are the shards' fp32 weights, not
-  // their rounding. The pull's error, as Step()'s.
+  // ::AwaitStepsEnded(); its streams closed meanwhile), then pulls the
+  // weights as they are: every worker's every push is in them, where the
+  // newest pull lacked the pushes of the workers still training. When no
+  // push reaches the shards for the init timeout meanwhile (a member
+  // evaluating, checkpointing or dead), it pulls at once and
+  // FinalWeightsShortfall() says which members' pushes may be missing. On a
+  // 16-bit wire (bf16, fp16) the weights are pulled once more in fp32 (sync:
+  // version T; async: that pull), so that they are the shards' fp32 weights,
+  // not their rounding. The pull's error, as Step()'s.
   virtual absl::Status AwaitFinalWeights() { return AwaitWeights(); }
+  // After AwaitFinalWeights(): a line on what the final weights lack, for
+  // the job's log; empty when they hold every step.
+  virtual std::string FinalWeightsShortfall() const { return ""; }
 
   // After Step(): how its exchange went. With forward before the pull
   // ends, the pull's figures (barrier_wait, pull, bytes_pulled) are those

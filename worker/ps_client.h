@@ -520,12 +520,15 @@ class PsClient {
 
   // Tells every shard this worker has ended its last step (its pushes are
   // in; WorkerDoneRequest.steps_ended) and returns once every member of
-  // the job has, or has said Done(): asks each shard again, every 5 to
-  // 100 ms, while any has a member training. Errors: a shard's
-  // (ShardError(); ABORTED once a restore began another generation);
-  // DEADLINE_EXCEEDED, naming the members still training, when no push
-  // reached the shards for `stall_timeout` meanwhile.
-  absl::Status AwaitStepsEnded(absl::Duration stall_timeout);
+  // the job has, or has said Done(), or was removed after its death:
+  // asks each shard again, every 5 to 100 ms, while any has a member
+  // training. Returns the members still training (ascending) when it
+  // stopped waiting because no push reached the shards for
+  // `stall_timeout` (a member evaluating, checkpointing or dead); empty
+  // when every member ended. Errors: a shard's (ShardError(); ABORTED once
+  // the shard is at another generation: a restore, a reopen, a move).
+  absl::StatusOr<std::vector<int>> AwaitStepsEnded(
+      absl::Duration stall_timeout);
 
   // Tells every shard this worker has finished and closes the streams.
   absl::Status Done();

@@ -3,9 +3,9 @@
 #include <algorithm>
 #include <cstdint>
 #include <set>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "worker/ps_client.h"
@@ -22,13 +22,14 @@ grpc::Status PsClient::WorkerDone(int shard, bool steps_ended,
   return stubs_[shard]->WorkerDone(&context, request, response);
 }
 
-absl::Status PsClient::AwaitStepsEnded(absl::Duration stall_timeout) {
+absl::StatusOr<std::vector<int>> PsClient::AwaitStepsEnded(
+    absl::Duration stall_timeout) {
   absl::Duration pause = absl::Milliseconds(5);
-  int64_t last_pushes = -1;
+  int64_t last_bytes = -1;
   absl::Time progress = absl::Now();
   for (;;) {
     std::set<int> training;
-    int64_t pushes = 0;
+    int64_t bytes = 0;
     for (int s = 0; s < num_shards(); ++s) {
       WorkerDoneResponse response;
       const grpc::Status status =
@@ -36,20 +37,16 @@ absl::Status PsClient::AwaitStepsEnded(absl::Duration stall_timeout) {
       if (!status.ok()) return ShardError(s, status);
       training.insert(response.training_ids().begin(),
                       response.training_ids().end());
-      pushes += response.pushes();
+      bytes += response.bytes_received();
     }
-    if (training.empty()) return absl::OkStatus();
     const absl::Time now = absl::Now();
-    if (pushes != last_pushes) {
-      last_pushes = pushes;
+    if (bytes != last_bytes) {
+      last_bytes = bytes;
       progress = now;
     } else if (now - progress >= stall_timeout) {
-      return absl::DeadlineExceededError(absl::StrCat(
-          "the final weights: worker(s) ", absl::StrJoin(training, ","),
-          " had not ended their last step, and no push reached the shards "
-          "for ",
-          absl::FormatDuration(stall_timeout)));
+      return std::vector<int>(training.begin(), training.end());
     }
+    if (training.empty()) return std::vector<int>();
     absl::SleepFor(pause);
     pause = std::min(pause * 2, absl::Milliseconds(100));
   }

@@ -248,7 +248,15 @@ absl::StatusOr<bool> StepLoop::EndEpoch(int epoch) {
   absl::Status ended;
   if (epoch + 1 == positions_.epochs()) {
     ended = parts_.exchange->AwaitFinalWeights();
-    if (ended.ok()) ended = parts_.compute->LoadWeights();
+    if (ended.ok()) {
+      if (const std::string shortfall =
+              parts_.exchange->FinalWeightsShortfall();
+          !shortfall.empty()) {
+        parts_.reporter->Say(
+            absl::StrCat("worker ", options_.worker_id, ": ", shortfall));
+      }
+      ended = parts_.compute->LoadWeights();
+    }
   }
   // The training time since the last epoch's end (that final pull, the
   // recoveries and redone steps included), so that the epochs add up to

@@ -237,6 +237,7 @@ class StepLoopTest : public ::testing::Test {
 
 TEST_F(StepLoopTest, TrainsEveryStepOnItsBatch) {
   ASSERT_TRUE(Run().ok());
+  EXPECT_TRUE(LinesStarting("worker 0: the final weights").empty());
   EXPECT_EQ(exchange_.stepped, Steps(0, 12));
   EXPECT_EQ(compute_.batches, Steps(0, 12));
   EXPECT_EQ(exchange_.next_step_calls, Steps(0, 12));
@@ -415,6 +416,21 @@ TEST_F(StepLoopTest, AFailedFinalPullThatRecoversAtTheEndEndsTheJobAgain) {
   EXPECT_EQ(EndedEpochs(), (std::vector<int>{0, 1, 2}));
   EXPECT_EQ(compute_.loads, 12 + 1 + 1);  // the recovery's, the final one
   EXPECT_EQ(loop_->step(), 12);
+}
+
+// Final weights that may lack a member's pushes (async: no push for the
+// init timeout) are still the job's end, with the exchange's word in the
+// log.
+TEST_F(StepLoopTest, FinalWeightsThatLackPushesAreSaidAndEndTheJob) {
+  exchange_.final_weights_shortfall =
+      "the final weights: worker(s) 1 had not ended their last step";
+  ASSERT_TRUE(Run().ok());
+  EXPECT_EQ(LinesStarting("worker 0: the final weights: worker(s) 1 had not "
+                          "ended their last step")
+                .size(),
+            1u);
+  EXPECT_EQ(EndedEpochs(), (std::vector<int>{0, 1, 2}));
+  EXPECT_EQ(compute_.loads, 13);
 }
 
 TEST_F(StepLoopTest, TheLastStepEndsTheRunWithItsRow) {
