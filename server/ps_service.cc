@@ -898,16 +898,13 @@ grpc::Status PsService::WorkerDone(grpc::ServerContext* context,
   }
   // An elastic job's removed workers are not waited for.
   int remaining = 0;
-  int training = 0;
   for (int w : shard_->membership().workers) {
     remaining += done_[w] ? 0 : 1;
     if (!done_[w] && steps_ended_[w] != generation && !removed_[w]) {
-      ++training;
       response->add_training_ids(w);
     }
   }
   response->set_workers_remaining(remaining);
-  response->set_workers_training(training);
   response->set_bytes_received(bytes_received_.load());
   if (remaining == 0 && !all_workers_done_.HasBeenNotified()) {
     all_workers_done_.Notify();

@@ -102,7 +102,7 @@ class PsService final : public ParameterServer::Service {
                           WorkerDoneResponse* response) override;
   // Elastic jobs: the workers the coordinator removed after their death
   // (HeartbeatResponse.removed_workers), which will never end their steps:
-  // WorkerDone's workers_training leaves them out. Ids outside the job's
+  // WorkerDone's training_ids leave them out. Ids outside the job's
   // capacity are ignored. Any thread.
   void SetRemovedWorkers(const std::vector<int>& workers);
   // Worker 0 of an elastic job moving its state onto another number of

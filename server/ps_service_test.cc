@@ -670,26 +670,22 @@ TEST_F(PsServiceTest, ACheckpointCutIsAnnouncedInItsGenerationOnly) {
 // reopen forgets it, and a worker saying so in an older generation is
 // ABORTED (it recovers). Done counts as ended in any generation.
 TEST_F(PsServiceTest, StepsEndedCountInTheirGenerationOnly) {
-  auto done = [&](int worker, int64_t generation, bool steps_ended,
-                  WorkerDoneResponse* response) {
-    return WorkerDone(worker, generation, steps_ended, response);
-  };
   WorkerDoneResponse r;
-  ASSERT_TRUE(done(1, 0, true, &r).ok());
-  EXPECT_EQ(r.workers_training(), 1);
+  ASSERT_TRUE(WorkerDone(1, /*generation=*/0, /*steps_ended=*/true, &r).ok());
   EXPECT_THAT(r.training_ids(), ElementsAre(0));
   EXPECT_EQ(r.workers_remaining(), 2);
-  ASSERT_TRUE(done(0, 0, true, &r).ok());
-  EXPECT_EQ(r.workers_training(), 0);
+  ASSERT_TRUE(WorkerDone(0, /*generation=*/0, /*steps_ended=*/true, &r).ok());
+  EXPECT_EQ(r.training_ids_size(), 0);
 
   ASSERT_NO_FATAL_FAILURE(Reopen(1));
-  const grpc::Status stale = done(1, 0, true, &r);
+  const grpc::Status stale =
+      WorkerDone(1, /*generation=*/0, /*steps_ended=*/true, &r);
   EXPECT_EQ(stale.error_code(), grpc::StatusCode::ABORTED);
   EXPECT_THAT(stale.error_message(), HasSubstr("is at generation 1"));
-  ASSERT_TRUE(done(1, 1, true, &r).ok());
+  ASSERT_TRUE(WorkerDone(1, /*generation=*/1, /*steps_ended=*/true, &r).ok());
   EXPECT_THAT(r.training_ids(), ElementsAre(0));  // said in generation 0
-  ASSERT_TRUE(done(0, 1, false, &r).ok());
-  EXPECT_EQ(r.workers_training(), 0);
+  ASSERT_TRUE(WorkerDone(0, /*generation=*/1, /*steps_ended=*/false, &r).ok());
+  EXPECT_EQ(r.training_ids_size(), 0);
   EXPECT_EQ(r.workers_remaining(), 1);
   EXPECT_FALSE(service_->all_workers_done().HasBeenNotified());
 }
@@ -697,15 +693,12 @@ TEST_F(PsServiceTest, StepsEndedCountInTheirGenerationOnly) {
 // A worker removed after its death never ends its steps: the others do not
 // wait for it (its done is still waited for by the shard's exit).
 TEST_F(PsServiceTest, StepsEndedLeaveOutWorkersRemovedAfterTheirDeath) {
-  auto ended = [&](int worker, WorkerDoneResponse* response) {
-    return WorkerDone(worker, /*generation=*/0, /*steps_ended=*/true, response);
-  };
   WorkerDoneResponse r;
-  ASSERT_TRUE(ended(1, &r).ok());
+  ASSERT_TRUE(WorkerDone(1, /*generation=*/0, /*steps_ended=*/true, &r).ok());
   EXPECT_THAT(r.training_ids(), ElementsAre(0));
   service_->SetRemovedWorkers({0, 7, -1});  // out of range: ignored
-  ASSERT_TRUE(ended(1, &r).ok());
-  EXPECT_EQ(r.workers_training(), 0);
+  ASSERT_TRUE(WorkerDone(1, /*generation=*/0, /*steps_ended=*/true, &r).ok());
+  EXPECT_EQ(r.training_ids_size(), 0);
   EXPECT_EQ(r.workers_remaining(), 2);
 }
 

@@ -39,6 +39,7 @@ absl::StatusOr<std::vector<int>> PsClient::AwaitStepsEnded(
                       response.training_ids().end());
       bytes += response.bytes_received();
     }
+    if (training.empty()) return std::vector<int>();
     const absl::Time now = absl::Now();
     if (bytes != last_bytes) {
       last_bytes = bytes;
@@ -46,7 +47,6 @@ absl::StatusOr<std::vector<int>> PsClient::AwaitStepsEnded(
     } else if (now - progress >= stall_timeout) {
       return std::vector<int>(training.begin(), training.end());
     }
-    if (training.empty()) return std::vector<int>();
     absl::SleepFor(pause);
     pause = std::min(pause * 2, absl::Milliseconds(100));
   }
